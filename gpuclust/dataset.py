@@ -1,0 +1,167 @@
+"""Opening a canonical gpuclust dataset: a folder of per-table Parquet parts plus ``manifest.json``.
+
+Layout (``docs/dataset.md`` is the full description)::
+
+    DATASET/
+      manifest.json            what is in the dataset; the only source of truth
+      instance_usage/part-*.parquet
+      instance_events/part-*.parquet
+      ...
+      _rejects/*.jsonl         rejected raw records: file, line/row, reason, raw text
+
+Only the part files the manifest lists are data.  A file in a table folder that the manifest does
+not list is the leftover of a crashed run and is ignored (and removed by the next ingest).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from gpuclust.schema import DATASET_FORMAT_VERSION, SCHEMAS, TABLES
+
+MANIFEST = "manifest.json"
+REJECTS_DIR = "_rejects"
+
+
+class DatasetError(Exception):
+    """The dataset folder is missing, incomplete, or from an incompatible format version."""
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """Write JSON to ``path`` so that readers see either the old or the new file, never half."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f, indent=1, sort_keys=True, default=_json_default)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    _fsync_dir(path.parent)
+
+
+def _json_default(o: Any) -> Any:
+    if hasattr(o, "item"):
+        return o.item()
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def _fsync_dir(d: Path) -> None:
+    try:
+        fd = os.open(d, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def new_manifest(**fields: Any) -> dict[str, Any]:
+    """An empty manifest with the current format version; ``fields`` override the defaults."""
+    m: dict[str, Any] = {
+        "dataset_format_version": DATASET_FORMAT_VERSION,
+        "trace_version": None,
+        "cell": None,
+        "tier_map": None,
+        "complete": False,
+        "inputs": {},
+        "tables": {t: {"rows": 0, "files": []} for t in TABLES},
+    }
+    m.update(fields)
+    return m
+
+
+class Dataset:
+    """A canonical dataset on disk.
+
+    Parameters
+    ----------
+    path
+        The dataset folder.
+    allow_incomplete
+        Open a dataset whose ingest has not finished (its manifest says ``complete: false``).
+        Off by default: nothing half-written is presented as complete.
+
+    Examples
+    --------
+    >>> ds = Dataset("out/cell")                          # doctest: +SKIP
+    >>> ds.read("machine_events", ["machine_id", "cap_cpu"]).num_rows  # doctest: +SKIP
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, allow_incomplete: bool = False):
+        self.path = Path(path)
+        mpath = self.path / MANIFEST
+        if not mpath.is_file():
+            raise DatasetError(f"{self.path}: not a gpuclust dataset (no {MANIFEST})")
+        try:
+            self.manifest: dict[str, Any] = json.loads(mpath.read_text())
+        except json.JSONDecodeError as e:
+            raise DatasetError(f"{mpath}: unreadable manifest: {e}") from None
+        ver = self.manifest.get("dataset_format_version")
+        if ver != DATASET_FORMAT_VERSION:
+            raise DatasetError(
+                f"{mpath}: dataset format version {ver!r}, this gpuclust reads {DATASET_FORMAT_VERSION}"
+            )
+        if not self.manifest.get("complete") and not allow_incomplete:
+            raise DatasetError(
+                f"{self.path}: ingest has not completed (manifest says complete: false); "
+                "re-run `gpuclust ingest` to finish it, or pass allow_incomplete=True"
+            )
+
+    @property
+    def trace_version(self) -> str | None:
+        return self.manifest.get("trace_version")
+
+    @property
+    def tier_map_name(self) -> str | None:
+        tm = self.manifest.get("tier_map")
+        return tm.get("name") if isinstance(tm, dict) else tm
+
+    def files(self, table: str) -> list[Path]:
+        """The Parquet parts of ``table`` listed in the manifest, in a stable order."""
+        if table not in SCHEMAS:
+            raise KeyError(f"unknown table {table!r}; tables are {list(TABLES)}")
+        entry = self.manifest.get("tables", {}).get(table, {})
+        return [self.path / f for f in sorted(entry.get("files", []))]
+
+    def num_rows(self, table: str) -> int:
+        return int(self.manifest.get("tables", {}).get(table, {}).get("rows", 0))
+
+    def read(self, table: str, columns: Sequence[str] | None = None) -> pa.Table:
+        """Read ``columns`` of ``table`` (all parts) into one Arrow table with the canonical schema."""
+        schema = SCHEMAS[table]
+        cols = list(columns) if columns is not None else schema.names
+        unknown = [c for c in cols if c not in schema.names]
+        if unknown:
+            raise KeyError(f"{table} has no columns {unknown}")
+        files = self.files(table)
+        sub = pa.schema([schema.field(c) for c in cols])
+        if not files:
+            return sub.empty_table()
+        parts = [pq.read_table(f, columns=cols, schema=schema) for f in files]
+        return pa.concat_tables(parts).cast(sub)
+
+    def __repr__(self) -> str:
+        rows = {t: self.num_rows(t) for t in TABLES if self.num_rows(t)}
+        return f"Dataset({str(self.path)!r}, trace={self.trace_version}, rows={rows})"
