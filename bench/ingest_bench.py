@@ -1,0 +1,173 @@
+"""Ingest throughput: `gpuclust ingest` vs DuckDB converting the same v3 JSON shard to Parquet.
+
+    python bench/ingest_bench.py                 # >= 1 GB instance_usage shard, 2 threads
+    python bench/ingest_bench.py --windows 300000 --name ingest-small   # a quick look
+
+Generates (once, cached under bench/data/) a synthetic InstanceUsage shard in the real BigQuery
+export encoding with `gpuclust synth`, then converts it with
+
+* gpuclust: ``gpuclust ingest SHARD --out DS`` (exact int64 parsing, validation, rejects,
+  manifest, zstd Parquet), and
+* DuckDB: ``COPY (SELECT <the same flattened, typed columns> FROM read_json(...)) TO ... (zstd)``
+  with ``SET threads=N`` — the same output columns, no validation beyond DuckDB's own typing.
+
+both on the gzipped shard and on its decompressed twin, each in its own process, sampling the
+summed RSS of the process tree. Writes bench/results/<name>.json and .md with rows/s, MB/s
+(decompressed JSON bytes per second), peak RSS, device, versions and commit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import shutil
+import sys
+import textwrap
+from pathlib import Path
+
+from _harness import environment, run_measured, write_results
+
+HERE = Path(__file__).resolve().parent
+DATA = HERE / "data"
+
+PCT = [0, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100]
+TAIL = [91, 92, 93, 94, 95, 96, 97, 98, 99]
+
+DUCK_COLUMNS = {
+    "start_time": "BIGINT", "end_time": "BIGINT", "collection_id": "BIGINT", "instance_index": "INTEGER",
+    "machine_id": "BIGINT", "alloc_collection_id": "BIGINT", "alloc_instance_index": "INTEGER",
+    "collection_type": "TINYINT",
+    "average_usage": "STRUCT(cpus FLOAT, memory FLOAT)", "maximum_usage": "STRUCT(cpus FLOAT, memory FLOAT)",
+    "random_sample_usage": "STRUCT(cpus FLOAT)", "assigned_memory": "FLOAT", "page_cache_memory": "FLOAT",
+    "cycles_per_instruction": "FLOAT", "memory_accesses_per_instruction": "FLOAT", "sample_rate": "FLOAT",
+    "cpu_usage_distribution": "FLOAT[]", "tail_cpu_usage_distribution": "FLOAT[]",
+}
+
+
+def duck_sql(src: Path, dst: Path) -> str:
+    cols = ",\n".join(f"'{k}': '{v}'" for k, v in DUCK_COLUMNS.items())
+    pct = ", ".join(f"cpu_usage_distribution[{i + 1}] AS cpu_p{p}" for i, p in enumerate(PCT))
+    tail = ", ".join(f"tail_cpu_usage_distribution[{i + 1}] AS cpu_p{p}" for i, p in enumerate(TAIL))
+    return f"""
+COPY (
+  SELECT start_time, end_time, collection_id, instance_index, machine_id,
+         coalesce(alloc_collection_id, 0) AS alloc_collection_id,
+         coalesce(alloc_instance_index, -1) AS alloc_instance_index, collection_type,
+         average_usage.cpus AS avg_cpu, average_usage.memory AS avg_mem,
+         maximum_usage.cpus AS max_cpu, maximum_usage.memory AS max_mem,
+         random_sample_usage.cpus AS sample_cpu, assigned_memory AS assigned_mem,
+         page_cache_memory AS page_cache_mem, cycles_per_instruction AS cpi,
+         memory_accesses_per_instruction AS mai, sample_rate, {pct}, {tail}
+  FROM read_json('{src}', format='newline_delimited', columns={{{cols}}})
+) TO '{dst}' (FORMAT parquet, COMPRESSION zstd)
+"""
+
+
+def make_shard(windows: int, seed: int) -> tuple[Path, Path]:
+    """A gzipped instance_usage shard with about ``windows`` rows, and its decompressed twin."""
+    tag = f"w{windows}-s{seed}"
+    gz = DATA / tag / "instance_usage-000000000000.json.gz"
+    plain = DATA / tag / "plain" / "instance_usage-000000000000.json"
+    if gz.exists() and plain.exists():
+        return gz, plain
+    from gpuclust.synth import SynthConfig, synthesize
+
+    # ~395 usage windows per machine-hour with the default workload (measured on the demo cell).
+    hours = 6.0
+    machines = max(10, round(windows / (395 * hours)))
+    raw = DATA / tag / "raw"
+    res = synthesize(SynthConfig(machines=machines, hours=hours, seed=seed, shard_rows=10**9), raw)
+    shards = res.shards["instance_usage"]
+    gz.parent.mkdir(parents=True, exist_ok=True)
+    with open(gz, "wb") as out:  # concatenated gzip members are one valid gzip stream
+        for s in shards:
+            with open(s, "rb") as f:
+                shutil.copyfileobj(f, out)
+    plain.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(gz, "rb") as f, open(plain, "wb") as out:
+        shutil.copyfileobj(f, out, 16 << 20)
+    shutil.rmtree(raw)
+    return gz, plain
+
+
+def count_lines(p: Path) -> int:
+    n = 0
+    with open(p, "rb") as f:
+        while chunk := f.read(16 << 20):
+            n += chunk.count(b"\n")
+    return n
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--windows", type=int, default=1_500_000, help="usage windows in the shard (1.5M is ~1.1 GB of JSON)")
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--threads", type=int, default=2, help="threads / workers for both tools")
+    ap.add_argument("--name", default="ingest", help="results file stem under bench/results/")
+    args = ap.parse_args(argv)
+
+    gz, plain = make_shard(args.windows, args.seed)
+    rows = count_lines(plain)
+    json_bytes = plain.stat().st_size
+    work = DATA / "work"
+    runs = []
+    for label, src in (("gzip", gz), ("plain", plain)):
+        for tool in ("gpuclust", "duckdb"):
+            shutil.rmtree(work, ignore_errors=True)
+            work.mkdir(parents=True)
+            if tool == "gpuclust":
+                cmd = [sys.executable, "-m", "gpuclust.cli", "ingest", str(src), "--out", str(work / "ds"),
+                       "--workers", str(args.threads), "--no-progress"]
+            else:
+                script = f"import duckdb; c = duckdb.connect(); c.execute('SET threads={args.threads}'); c.execute({duck_sql(src, work / 'out.parquet')!r})"
+                cmd = [sys.executable, "-c", script]
+            m = run_measured(cmd)
+            if m.returncode != 0:
+                print(m.stdout_tail, file=sys.stderr)
+                raise SystemExit(f"{tool} failed on {src}")
+            out_rows = None
+            if tool == "gpuclust":
+                man = json.loads((work / "ds" / "manifest.json").read_text())
+                out_rows = man["tables"]["instance_usage"]["rows"]
+            else:
+                import pyarrow.parquet as pq
+
+                out_rows = pq.ParquetFile(work / "out.parquet").metadata.num_rows
+            if out_rows != rows:
+                raise SystemExit(f"{tool}: wrote {out_rows} rows, shard has {rows}")
+            runs.append({
+                "input": label, "tool": tool, "wall_s": round(m.wall_s, 2), "rows": rows,
+                "rows_per_s": round(rows / m.wall_s), "json_mb_per_s": round(json_bytes / m.wall_s / 1e6, 1),
+                "peak_rss_mib": round(m.peak_rss_bytes / 2**20),
+            })
+            print(json.dumps(runs[-1]), flush=True)
+    shutil.rmtree(work, ignore_errors=True)
+    env = environment()
+    payload = {"benchmark": "ingest", "shard_gz_bytes": gz.stat().st_size, "shard_json_bytes": json_bytes,
+               "rows": rows, "threads": args.threads, "runs": runs, "environment": env}
+    lines = [
+        f"# Ingest benchmark: v3 InstanceUsage JSON shard -> Parquet ({args.threads} threads)",
+        "",
+        f"Shard: {rows:,} rows, {json_bytes / 1e9:.2f} GB of JSON ({gz.stat().st_size / 1e6:.0f} MB gzipped), "
+        f"synthetic (`gpuclust synth`, seed {args.seed}), real export encoding.",
+        "",
+        "| input | tool | wall s | rows/s | JSON MB/s | peak RSS MiB |",
+        "|---|---|---:|---:|---:|---:|",
+        *[f"| {r['input']} | {r['tool']} | {r['wall_s']} | {r['rows_per_s']:,} | {r['json_mb_per_s']} | {r['peak_rss_mib']:,} |" for r in runs],
+        "",
+        "Environment: " + ", ".join(f"{k}={v}" for k, v in env.items()),
+        "",
+    ]
+    by = {(r["input"], r["tool"]): r for r in runs}
+    for label in ("gzip", "plain"):
+        g, d = by[(label, "gpuclust")], by[(label, "duckdb")]
+        lines.append(f"- {label}: gpuclust / DuckDB throughput = {d['wall_s'] / g['wall_s']:.2f}x")
+    jp, mp = write_results(args.name, payload, "\n".join(lines) + "\n")
+    print(textwrap.indent("\n".join(lines), "  "))
+    print(f"wrote {jp} and {mp}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
