@@ -307,7 +307,7 @@ class TierMap:
         return codes
 
     def to_json(self) -> dict[str, object]:
-        return {"name": self.name, "tiers": dict(zip(self.names, self.bounds)), "source": self.source}
+        return {"name": self.name, "tiers": dict(zip(self.names, self.bounds, strict=True)), "source": self.source}
 
 
 TIER_MAPS: dict[str, TierMap] = {

@@ -78,4 +78,4 @@ def test_good_rows_never_lost(values: list[str]) -> None:
     expected = [int(v) for v in values if ok(v)]
     assert t.column("time").to_pylist() == expected
     assert int(bad.sum()) == n - len(expected)
-    assert all((w is None) != b for w, b in zip(why, bad))
+    assert all((w is None) != b for w, b in zip(why, bad, strict=True))

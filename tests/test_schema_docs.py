@@ -54,7 +54,7 @@ def test_code_tables_match_enums() -> None:
 
 def test_tier_maps_documented_and_consistent() -> None:
     for tm in schema.TIER_MAPS.values():
-        tiers = ", ".join(f"{n} {b}" for n, b in zip(tm.names, tm.bounds))
+        tiers = ", ".join(f"{n} {b}" for n, b in zip(tm.names, tm.bounds, strict=True))
         assert f"| `{tm.name}` | {tiers} |" in DOC
     nb = schema.tier_map("notebook")
     codes = nb.tier_codes(np.array([0, 99, 100, 115, 116, 119, 120, 359, 360, 450]))

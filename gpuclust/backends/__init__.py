@@ -1,0 +1,184 @@
+"""Array backends: ``cpu`` (NumPy, the test oracle) and ``gpu`` (CuPy + gpuclust's CUDA kernels).
+
+A :class:`Backend` is a name, an array module ``xp`` (``numpy`` or ``cupy``) and ``ops``, the
+operations that need a custom kernel.  ``backends/cpu.py`` and ``backends/gpu.py`` expose the same
+op names with the same signatures; analyses touch only ``backend.xp`` and ``backend.ops``.
+
+``get_backend("auto")`` resolves once per process (CuPy importable and a CUDA device present
+-> ``gpu``, else ``cpu``).  Asking for ``gpu`` where there is none raises
+:class:`BackendUnavailable`; nothing ever falls back silently.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+__all__ = ["BACKEND_NAMES", "EXTENSION_OP_MODULES", "Backend", "Ops", "BackendUnavailable", "OP_NAMES", "get_backend", "gpu_available"]
+
+#: The custom-kernel ops every backend provides (same names, same signatures).
+OP_NAMES: tuple[str, ...] = ("bucket_overlap", "grouped_sum")
+#: Further op modules per backend (other kernel families keep their twins in their own modules);
+#: ``backend.ops.<name>`` looks in the backend's main module first, then in these, in order.
+EXTENSION_OP_MODULES: dict[str, tuple[str, ...]] = {
+    "cpu": ("gpuclust.backends.moments_cpu", "gpuclust.backends.mixture_cpu"),
+    "gpu": ("gpuclust.backends.moments_gpu",),
+}
+
+
+class Ops:
+    """``backend.ops``: attribute lookup over the backend's op modules (imported lazily)."""
+
+    def __init__(self, main: ModuleType, extensions: tuple[str, ...]):
+        self._main = main
+        self._extensions = extensions
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if hasattr(self._main, name):
+            return getattr(self._main, name)
+        import importlib
+
+        for modname in self._extensions:
+            mod = importlib.import_module(modname)
+            if name in getattr(mod, "__all__", ()):
+                return getattr(mod, name)
+        raise AttributeError(f"backend op {name!r} not found in {self._main.__name__} or {list(self._extensions)}")
+
+    def __repr__(self) -> str:
+        return f"Ops({self._main.__name__}, {list(self._extensions)})"
+BACKEND_NAMES: tuple[str, ...] = ("cpu", "gpu", "auto")
+
+
+class BackendUnavailable(RuntimeError):
+    """The requested backend cannot run here (e.g. ``gpu`` without CuPy or a CUDA device)."""
+
+
+@dataclass(frozen=True)
+class Backend:
+    """An array backend.
+
+    Attributes
+    ----------
+    name
+        ``"cpu"`` or ``"gpu"``.
+    xp
+        The array module: :mod:`numpy` or :mod:`cupy`.
+    ops
+        The custom-kernel operations (:data:`OP_NAMES` from ``backends/cpu.py`` or
+        ``backends/gpu.py``, plus the twins in :data:`EXTENSION_OP_MODULES`).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> be = get_backend("cpu")
+    >>> out = be.ops.grouped_sum(np.array([0, 1, 1], dtype=np.int32), np.ones(3), n_groups=2)
+    >>> out.tolist()
+    [1.0, 2.0]
+    """
+
+    name: str
+    xp: ModuleType = field(repr=False)
+    ops: Any = field(repr=False)
+
+    def asarray(self, a: Any) -> Any:
+        """Move a host (NumPy) array onto this backend."""
+        return self.xp.asarray(a)
+
+    def stage(self, a: np.ndarray) -> Any:
+        """Like :meth:`asarray`, for read-only side inputs (analysis contexts): on the GPU the
+        device copy is cached per host array for the life of that array, so a context used by
+        many partitions is uploaded once per process."""
+        if self.xp is np:
+            return a
+        key = (id(a), self.xp.cuda.Device().id)
+        hit = _staged.get(key)
+        if hit is not None and hit[0]() is a:
+            return hit[1]
+        dev = self.xp.asarray(a)
+        try:
+            ref = weakref.ref(a, lambda _r, k=key: _staged.pop(k, None))
+        except TypeError:  # not weak-referenceable: do not cache
+            return dev
+        _staged[key] = (ref, dev)
+        return dev
+
+    def to_host(self, a: Any) -> np.ndarray:
+        """Return ``a`` as a NumPy array (copying from the device if needed)."""
+        if isinstance(a, np.ndarray):
+            return a
+        get = getattr(a, "get", None)
+        if callable(get):
+            return get()
+        return np.asarray(a)
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        # Backends travel to dask workers by name and are re-resolved there.
+        return (get_backend, (self.name,))
+
+
+_lock = threading.Lock()
+_staged: dict[tuple[int, int], tuple[Any, Any]] = {}
+_cache: dict[str, Backend] = {}
+_auto: list[str] = []
+
+
+def gpu_available() -> bool:
+    """True when CuPy imports and at least one CUDA device is visible.  Never raises."""
+    try:
+        from gpuclust.backends import gpu
+    except Exception:  # pragma: no cover - import of our own module without cupy is fine
+        return False
+    return gpu.device_count() > 0
+
+
+def get_backend(name: str | Backend = "auto") -> Backend:
+    """Resolve a backend by name: ``"cpu"``, ``"gpu"`` or ``"auto"``.
+
+    Parameters
+    ----------
+    name
+        ``"auto"`` picks ``gpu`` when CuPy is importable and a device is present, else ``cpu``;
+        the choice is made once per process.  A :class:`Backend` is returned unchanged.
+
+    Raises
+    ------
+    BackendUnavailable
+        ``"gpu"`` was asked for and CuPy or a CUDA device is missing.
+    ValueError
+        Unknown name.
+
+    Examples
+    --------
+    >>> get_backend("cpu").name
+    'cpu'
+    """
+    if isinstance(name, Backend):
+        return name
+    if name not in BACKEND_NAMES:
+        raise ValueError(f"unknown backend {name!r}; choose one of {list(BACKEND_NAMES)}")
+    with _lock:
+        if name == "auto":
+            if not _auto:
+                _auto.append("gpu" if gpu_available() else "cpu")
+            name = _auto[0]
+        be = _cache.get(name)
+        if be is not None:
+            return be
+        if name == "cpu":
+            from gpuclust.backends import cpu
+
+            be = Backend("cpu", np, Ops(cpu, EXTENSION_OP_MODULES["cpu"]))
+        else:
+            from gpuclust.backends import gpu
+
+            cp = gpu.require()
+            be = Backend("gpu", cp, Ops(gpu, EXTENSION_OP_MODULES["gpu"]))
+        _cache[name] = be
+        return be

@@ -1,0 +1,177 @@
+"""The analysis protocol, and the partial shapes analyses are built from.
+
+An analysis is declared **once**, as a small frozen dataclass (never a CPU class and a GPU class):
+
+``name``, ``table``, ``columns``
+    What it is called, which canonical table it streams, and which columns it reads (column
+    pruning; several analyses over the same table share one read per partition).
+``context(source) -> ctx``
+    Small side inputs computed once on the client and broadcast to every partition (cell
+    capacity, a per-instance priority lookup, ...).  ``source`` is anything with
+    ``read(table, columns) -> pyarrow.Table`` plus ``tier_map_name`` / ``trace_version`` (a
+    :class:`gpuclust.dataset.Dataset` or :class:`gpuclust.engine.TableSource`).
+``empty(backend)``
+    The merge identity.
+``partial(cols, ctx, backend)``
+    The partial result of one partition.  ``cols`` maps column name -> 1-D ``backend.xp`` array;
+    NULLs arrive as NaN (float columns) or the dtype's minimum (integer columns, see
+    :func:`null_int`).  Only ``backend.xp`` and ``backend.ops`` may be used.
+``merge(a, b)``
+    Combine two partials.  Partials are small and *host-resident*: the engine moves each
+    partition's partial to NumPy (:func:`to_host`) before it is merged or crosses workers, so
+    ``merge`` works on NumPy arrays.  It must be associative and commutative (up to float
+    rounding: float sums are not bitwise order-invariant).
+``finalize(partial, ctx) -> dict[str, pandas.DataFrame]``
+    Named result tables.
+
+Partial shapes: *dense* (fixed-shape arrays when the key space is known) merge elementwise;
+*keyed* (sorted unique int64 keys + value arrays) merge by concatenate + group
+(:func:`keyed_reduce` / :func:`merge_keyed`); moments merge as ``(n, mean, M2)``
+(:func:`merge_moments`), never as raw sums of squares.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import pandas as pd
+
+__all__ = [
+    "Analysis",
+    "is_null_int",
+    "keyed_reduce",
+    "merge_keyed",
+    "merge_moments",
+    "null_int",
+    "to_host",
+]
+
+
+def null_int(dtype: Any) -> int:
+    """The value that stands for NULL in an integer column handed to ``partial`` (dtype minimum)."""
+    return int(np.iinfo(np.dtype(dtype)).min)
+
+
+def is_null_int(xp: Any, a: Any) -> Any:
+    """Boolean mask of NULLs in an integer column (see :func:`null_int`)."""
+    return a == xp.asarray(null_int(a.dtype), dtype=a.dtype)
+
+
+def to_host(obj: Any) -> Any:
+    """Recursively copy device arrays in dicts / lists / tuples to NumPy (other values unchanged)."""
+    if isinstance(obj, dict):
+        return {k: to_host(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_host(v) for v in obj)
+    if hasattr(obj, "__cuda_array_interface__") and hasattr(obj, "get"):
+        return obj.get()
+    return obj
+
+
+def keyed_reduce(backend: Any, key: Any, sums: dict[str, Any], counts: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Group by ``key``: sorted unique keys, float64 sums of ``sums`` and int64 sums of ``counts``.
+
+    ``sums`` values are float arrays (NaN ignored, as SQL's SUM ignores NULL); ``counts`` values
+    are integer arrays (a weight per row).  Returns ``{"key": ..., **sums, **counts}``.
+    """
+    xp, ops = backend.xp, backend.ops
+    uniq, inv = xp.unique(key, return_inverse=True)
+    inv = xp.ascontiguousarray(inv.reshape(-1).astype(xp.int64))
+    n = int(uniq.shape[0])
+    out: dict[str, Any] = {"key": uniq.astype(xp.int64)}
+    for name, v in sums.items():
+        out[name] = ops.grouped_sum(inv, xp.ascontiguousarray(v), n_groups=n)
+    for name, c in (counts or {}).items():
+        out[name] = xp.bincount(inv, weights=None, minlength=n).astype(xp.int64) if c is None else (
+            xp.bincount(inv, weights=c.astype(xp.float64), minlength=n).round().astype(xp.int64))
+    return out
+
+
+def merge_keyed(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Merge two host keyed partials (same fields) by concatenate + group."""
+    from gpuclust.backends import get_backend
+
+    if a["key"].shape[0] == 0:
+        return {k: v.copy() for k, v in b.items()}
+    if b["key"].shape[0] == 0:
+        return {k: v.copy() for k, v in a.items()}
+    cat = {k: np.concatenate([a[k], b[k]]) for k in a}
+    fsum = {k: v for k, v in cat.items() if k != "key" and v.dtype.kind == "f"}
+    isum = {k: v for k, v in cat.items() if k != "key" and v.dtype.kind in "iu"}
+    uniq, inv = np.unique(cat["key"], return_inverse=True)
+    inv = inv.reshape(-1).astype(np.int64)
+    n = uniq.shape[0]
+    ops = get_backend("cpu").ops
+    out: dict[str, np.ndarray] = {"key": uniq.astype(np.int64)}
+    for k, v in fsum.items():
+        out[k] = ops.grouped_sum(inv, v, n_groups=n)
+    for k, v in isum.items():
+        acc = np.zeros(n, dtype=v.dtype)
+        np.add.at(acc, inv, v)
+        out[k] = acc
+    return out
+
+
+def merge_moments(a: tuple[Any, Any, Any], b: tuple[Any, Any, Any]) -> tuple[Any, Any, Any]:
+    """Merge ``(n, mean, M2)`` moment triples (Chan et al.); works elementwise on arrays.
+
+    Examples
+    --------
+    >>> n, mean, m2 = merge_moments((2, 1.5, 0.5), (1, 3.0, 0.0))
+    >>> (n, mean, round(m2 / n, 6))
+    (3, 2.0, 0.666667)
+    """
+    na, ma, m2a = a
+    nb, mb, m2b = b
+    n = na + nb
+    with np.errstate(invalid="ignore", divide="ignore"):
+        delta = mb - ma
+        wb = np.where(n > 0, nb / np.where(n > 0, n, 1), 0.0)
+        mean = ma + delta * wb
+        m2 = m2a + m2b + delta * delta * na * wb
+    if np.ndim(mean) == 0:
+        return n, float(mean), float(m2)
+    return n, mean, m2
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """Base class of every analysis (see the module docstring for the protocol)."""
+
+    name: ClassVar[str] = ""
+    table: ClassVar[str] = ""
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """Columns of :attr:`table` that :meth:`partial` reads."""
+        raise NotImplementedError
+
+    def context(self, source: Any) -> Any:
+        """Side inputs computed once on the client; default: none."""
+        return None
+
+    def empty(self, backend: Any = None) -> Any:
+        raise NotImplementedError
+
+    def partial(self, cols: dict[str, Any], ctx: Any, backend: Any) -> Any:
+        raise NotImplementedError
+
+    def merge(self, a: Any, b: Any) -> Any:
+        raise NotImplementedError
+
+    def finalize(self, partial: Any, ctx: Any) -> dict[str, pd.DataFrame]:
+        raise NotImplementedError
+
+    def summary(self, result: dict[str, pd.DataFrame]) -> str:
+        """A short human-readable summary of a finalized result."""
+        lines = [f"{self.name}:"]
+        for tname, df in result.items():
+            lines.append(f"  {tname}: {len(df)} rows, columns {list(df.columns)}")
+        return "\n".join(lines)
+
+    @property
+    def label(self) -> str:
+        """Name plus non-default options, e.g. ``cell-usage[mode=exact]``."""
+        return self.name

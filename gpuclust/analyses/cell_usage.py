@@ -1,0 +1,339 @@
+"""``cell-usage``: hourly CPU and memory usage by priority tier, normalised by cell capacity.
+
+Two named modes:
+
+``notebook``
+    Exactly Google's published analysis notebook (cluster-data, ``clusterdata_analysis_colab``):
+    capacity = sum over machines of MAX(capacity.cpus) / MAX(capacity.memory) from
+    machine_events; priority per (collection_id, instance_index, machine_id) = MAX(priority)
+    over instance_events rows with alloc_collection_id NULL or 0; usage rows with
+    alloc_collection_id NULL or 0 and ``end_time - start_time >= 5 min``, inner-joined on that
+    triple; ``hour = floor(start_time / 3.6e9)``; tier by ``CASE ... ELSE <last tier>`` (a NULL or
+    unmatched-by-range priority lands in the last tier, as the notebook's ELSE does);
+    value = SUM(avg) / (12 x capacity).
+``exact``
+    Every top-level usage window (alloc_collection_id NULL or 0, any length) contributes
+    ``avg x overlap_seconds(window, hour) / 3600``, normalised by the same capacity.  Windows
+    whose instance has no event row (or a NULL / negative priority) go to tier ``unknown``
+    instead of being dropped; windows ending at the 2^63-1 "after the trace" sentinel cannot be
+    placed in time and are excluded (both counted in the ``info`` table).
+
+Output tables: ``usage`` (hour, tier, cpu, mem, windows; ``windows`` = windows *starting* in
+that hour that contributed) and ``info`` (one row: mode, tier map, capacities, row counts).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from gpuclust.analyses.base import Analysis, is_null_int, keyed_reduce, merge_keyed
+from gpuclust.schema import DEFAULT_TIER_MAP, TIME_AFTER_TRACE, TierMap, tier_map
+
+__all__ = ["CellUsage", "HOUR_US", "MODES", "triple_hash"]
+
+HOUR_US = 3_600_000_000
+FIVE_MIN_US = 300_000_000
+MODES = ("notebook", "exact")
+#: Keys pack (hour, tier) as hour * 16 + tier; tier codes are < 16.
+_TIER_BITS = 4
+#: Most hours one partition's windows may span in exact mode (guards against garbage times).
+MAX_EXACT_HOURS = 1 << 20
+#: Counters kept in every partial, in this order.
+STATS = ("rows", "alloc_rows", "short_windows", "unmatched_windows", "unknown_windows",
+         "unbounded_windows", "used_windows")
+
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+_SEED = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _mix(xp: Any, x: Any) -> Any:
+    x = x ^ (x >> xp.uint64(30))
+    x = x * _M1
+    x = x ^ (x >> xp.uint64(27))
+    x = x * _M2
+    return x ^ (x >> xp.uint64(31))
+
+
+def triple_hash(xp: Any, collection_id: Any, instance_index: Any, machine_id: Any) -> Any:
+    """A 64-bit hash of (collection_id, instance_index, machine_id) with splitmix64 mixing."""
+    h = _mix(xp, collection_id.astype(xp.int64).astype(xp.uint64) ^ _SEED)
+    h = _mix(xp, h ^ instance_index.astype(xp.int64).astype(xp.uint64))
+    return _mix(xp, h ^ machine_id.astype(xp.int64).astype(xp.uint64))
+
+
+@dataclass(frozen=True)
+class CellUsageContext:
+    mode: str
+    tier_map: TierMap
+    cpu_capacity: float
+    mem_capacity: float
+    #: priority lookup, sorted by hash: hash, the three key columns, tier code
+    lk_hash: np.ndarray
+    lk_collection: np.ndarray
+    lk_instance: np.ndarray
+    lk_machine: np.ndarray
+    lk_tier: np.ndarray
+
+    @property
+    def tier_names(self) -> tuple[str, ...]:
+        return self.tier_map.names + (("unknown",) if self.mode == "exact" else ())
+
+
+def _null_to_nan(arr: Any) -> np.ndarray:
+    return np.asarray(pc.cast(arr, "float64").to_numpy(zero_copy_only=False), dtype=np.float64)
+
+
+_EVENT_COLUMNS = ["collection_id", "instance_index", "machine_id", "priority", "alloc_collection_id"]
+
+
+def _max_priority(ev: Any) -> pd.DataFrame:
+    """MAX(priority) per (collection_id, instance_index, machine_id) over one Arrow table of events
+    with alloc_collection_id NULL or 0; a NULL machine_id never joins (SQL NULL semantics)."""
+    alloc = ev.column("alloc_collection_id")
+    keep = pc.and_(pc.or_(pc.is_null(alloc), pc.equal(pc.fill_null(alloc, 0), 0)),
+                   pc.is_valid(ev.column("machine_id")))
+    ev = ev.filter(keep)
+    edf = pd.DataFrame({
+        "c": ev.column("collection_id").to_numpy().astype(np.int64),
+        "i": ev.column("instance_index").to_numpy().astype(np.int32),
+        "m": ev.column("machine_id").to_numpy(zero_copy_only=False).astype(np.int64),
+        "p": _null_to_nan(ev.column("priority")),
+    })
+    return edf.groupby(["c", "i", "m"], sort=False)["p"].max().reset_index()
+
+
+def _priority_lookup(source: Any) -> pd.DataFrame:
+    """The per-instance priority table, reduced file by file when the source has Parquet parts
+    (so a real cell's instance_events never has to be in memory at once)."""
+    files = source.files("instance_events") if hasattr(source, "files") else None
+    if not files:
+        return _max_priority(source.read("instance_events", _EVENT_COLUMNS))
+    from gpuclust.schema import SCHEMAS
+
+    sub = pa.schema([SCHEMAS["instance_events"].field(c) for c in _EVENT_COLUMNS])
+    parts = [_max_priority(pq.read_table(f, columns=_EVENT_COLUMNS).cast(sub)) for f in files]
+    if len(parts) == 1:
+        return parts[0]
+    return pd.concat(parts, ignore_index=True).groupby(["c", "i", "m"], sort=False)["p"].max().reset_index()
+
+
+@dataclass(frozen=True)
+class CellUsage(Analysis):
+    """Hourly CPU and memory usage by priority tier, normalised by cell capacity.
+
+    Parameters
+    ----------
+    mode
+        ``"notebook"`` (Google's notebook, exactly) or ``"exact"`` (time-weighted overlap).
+    tier_map
+        Name of a tier map in :data:`gpuclust.schema.TIER_MAPS`; ``None`` uses the dataset
+        manifest's tier map, else the default for its trace version, else ``"notebook"``.
+
+    Examples
+    --------
+    >>> CellUsage(mode="exact").label
+    'cell-usage[mode=exact]'
+    """
+
+    mode: str = "notebook"
+    tier_map: str | None = None
+
+    name = "cell-usage"
+    table = "instance_usage"
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"cell-usage: unknown mode {self.mode!r}; choose one of {list(MODES)}")
+        if self.tier_map is not None:
+            tier_map(self.tier_map)
+
+    @property
+    def label(self) -> str:
+        opts = [f"mode={self.mode}"] + ([f"tier_map={self.tier_map}"] if self.tier_map else [])
+        return f"{self.name}[{','.join(opts)}]"
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return ("start_time", "end_time", "collection_id", "instance_index", "machine_id",
+                "alloc_collection_id", "avg_cpu", "avg_mem")
+
+    # ---------------------------------------------------------------- context (client side)
+    def resolve_tier_map(self, source: Any) -> TierMap:
+        if self.tier_map is not None:
+            return tier_map(self.tier_map)
+        name = getattr(source, "tier_map_name", None)
+        if name:
+            return tier_map(name)
+        return tier_map(DEFAULT_TIER_MAP.get(getattr(source, "trace_version", None) or "v3", "notebook"))
+
+    def context(self, source: Any) -> CellUsageContext:
+        tm = self.resolve_tier_map(source)
+        if len(tm.names) + 1 > (1 << _TIER_BITS):
+            raise ValueError(f"tier map {tm.name!r} has too many tiers")
+        # Capacity: SUM over machines of MAX(capacity); NULLs ignored, all-NULL -> NaN (SQL NULL).
+        me = source.read("machine_events", ["machine_id", "cap_cpu", "cap_mem"])
+        mdf = pd.DataFrame({"machine_id": me.column("machine_id").to_numpy(),
+                            "cpu": _null_to_nan(me.column("cap_cpu")),
+                            "mem": _null_to_nan(me.column("cap_mem"))})
+        per = mdf.groupby("machine_id", sort=False)[["cpu", "mem"]].max()
+        cpu_cap = float(per["cpu"].sum(min_count=1))
+        mem_cap = float(per["mem"].sum(min_count=1))
+        # Priority: MAX(priority) per (collection_id, instance_index, machine_id) over events with
+        # alloc_collection_id NULL or 0.  A NULL machine_id never joins (SQL NULL semantics).
+        lk = _priority_lookup(source)
+        c = lk["c"].to_numpy(np.int64)
+        i = lk["i"].to_numpy(np.int32)
+        m = lk["m"].to_numpy(np.int64)
+        p = lk["p"].to_numpy(np.float64)
+        codes = np.full(p.shape[0], -1, dtype=np.int8)
+        ok = ~np.isnan(p)
+        codes[ok] = tm.tier_codes(p[ok].astype(np.int64))
+        last = len(tm.names) - 1
+        if self.mode == "notebook":
+            codes[codes < 0] = last  # CASE ... ELSE: NULL / unmatched priority -> last tier
+        else:
+            codes[codes < 0] = len(tm.names)  # "unknown"
+        h = triple_hash(np, c, i, m)
+        order = np.argsort(h, kind="stable")
+        h = h[order]
+        if h.shape[0] > 1 and bool((h[1:] == h[:-1]).any()):
+            raise RuntimeError("cell-usage: 64-bit hash collision in the priority lookup (please report)")
+        return CellUsageContext(self.mode, tm, cpu_cap, mem_cap, h, c[order], i[order], m[order],
+                                codes[order].astype(np.int32))
+
+    # ---------------------------------------------------------------- partial / merge
+    def empty(self, backend: Any = None) -> dict[str, np.ndarray]:
+        return {"key": np.zeros(0, np.int64), "cpu": np.zeros(0, np.float64), "mem": np.zeros(0, np.float64),
+                "windows": np.zeros(0, np.int64), "stats": np.zeros(len(STATS), np.int64)}
+
+    def _lookup(self, backend: Any, cols: dict[str, Any], ctx: CellUsageContext) -> tuple[Any, Any]:
+        xp = backend.xp
+        c, i, m = cols["collection_id"], cols["instance_index"], cols["machine_id"]
+        n = c.shape[0]
+        if ctx.lk_hash.shape[0] == 0 or n == 0:
+            return xp.zeros(n, dtype=bool), xp.zeros(n, dtype=xp.int32)
+        lk_h = backend.stage(ctx.lk_hash)
+        h = triple_hash(xp, c, i, m)
+        pos = xp.clip(xp.searchsorted(lk_h, h), 0, lk_h.shape[0] - 1)
+        found = ((lk_h[pos] == h) & (backend.stage(ctx.lk_collection)[pos] == c)
+                 & (backend.stage(ctx.lk_instance)[pos] == i) & (backend.stage(ctx.lk_machine)[pos] == m))
+        return found, backend.stage(ctx.lk_tier)[pos]
+
+    def partial(self, cols: dict[str, Any], ctx: CellUsageContext, backend: Any) -> dict[str, Any]:
+        xp = backend.xp
+        start, end = cols["start_time"], cols["end_time"]
+        alloc = cols["alloc_collection_id"]
+        n = int(start.shape[0])
+        top = (alloc == 0) | is_null_int(xp, alloc)
+        found, tier = self._lookup(backend, cols, ctx)
+        stats = dict.fromkeys(STATS, 0)
+        stats["rows"] = n
+        stats["alloc_rows"] = n - int(top.sum())
+        if self.mode == "notebook":
+            long_ = (end - start) >= FIVE_MIN_US
+            sel = top & long_
+            stats["short_windows"] = int((top & ~long_).sum())
+            stats["unmatched_windows"] = int((sel & ~found).sum())
+            use = sel & found
+            stats["used_windows"] = int(use.sum())
+            hour = start[use] // HOUR_US
+            key = (hour << _TIER_BITS) + tier[use].astype(xp.int64)
+            part = keyed_reduce(backend, key, {"cpu": cols["avg_cpu"][use], "mem": cols["avg_mem"][use]},
+                                {"windows": None})
+        else:
+            unbounded = top & (end == TIME_AFTER_TRACE)
+            stats["unbounded_windows"] = int(unbounded.sum())
+            use = top & ~unbounded
+            t_all = xp.where(found, tier, xp.int32(len(ctx.tier_map.names)))
+            stats["unknown_windows"] = int((use & (t_all == len(ctx.tier_map.names))).sum())
+            stats["used_windows"] = int(use.sum())
+            part = self._exact_partial(backend, start[use], end[use], t_all[use].astype(xp.int32),
+                                       cols["avg_cpu"][use], cols["avg_mem"][use], len(ctx.tier_names))
+        part["stats"] = xp.asarray(np.array([stats[s] for s in STATS], dtype=np.int64))
+        return part
+
+    def _exact_partial(self, backend: Any, start: Any, end: Any, tier: Any, cpu: Any, mem: Any,
+                       n_tiers: int) -> dict[str, Any]:
+        xp, ops = backend.xp, backend.ops
+        if start.shape[0] == 0:
+            return {k: xp.asarray(v) for k, v in self.empty().items() if k != "stats"}
+        hs = start // HOUR_US
+        he = xp.where(end > start, (end - 1) // HOUR_US, hs)
+        h0 = int(hs.min())
+        h1 = int(xp.maximum(he, hs).max()) + 1
+        nb = h1 - h0
+        if nb > MAX_EXACT_HOURS:
+            raise ValueError(f"cell-usage (exact): the windows of one partition span {nb} hours "
+                             f"(> {MAX_EXACT_HOURS}); the start/end times look corrupt")
+        kw = dict(n_groups=n_tiers, n_buckets=nb, origin=h0 * HOUR_US, width=HOUR_US)
+        start = xp.ascontiguousarray(start)
+        end = xp.ascontiguousarray(end)
+        dcpu = ops.bucket_overlap(start, end, xp.ascontiguousarray(cpu), tier, **kw).reshape(-1)
+        dmem = ops.bucket_overlap(start, end, xp.ascontiguousarray(mem), tier, **kw).reshape(-1)
+        dwin = xp.bincount(tier.astype(xp.int64) * nb + (hs - h0), minlength=n_tiers * nb).astype(xp.int64)
+        idx = xp.nonzero((dcpu != 0) | (dmem != 0) | (dwin != 0))[0]
+        key = ((h0 + idx % nb) << _TIER_BITS) + idx // nb
+        order = xp.argsort(key)
+        return {"key": key[order].astype(xp.int64), "cpu": dcpu[idx][order], "mem": dmem[idx][order],
+                "windows": dwin[idx][order]}
+
+    def merge(self, a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        ka = {k: v for k, v in a.items() if k != "stats"}
+        kb = {k: v for k, v in b.items() if k != "stats"}
+        out = merge_keyed(ka, kb)
+        out["stats"] = a["stats"] + b["stats"]
+        return out
+
+    # ---------------------------------------------------------------- finalize
+    def finalize(self, partial: dict[str, np.ndarray], ctx: CellUsageContext) -> dict[str, pd.DataFrame]:
+        key = np.asarray(partial["key"], dtype=np.int64)
+        hour = key >> _TIER_BITS
+        code = (key & ((1 << _TIER_BITS) - 1)).astype(np.int64)
+        per = 12.0 if self.mode == "notebook" else 3600.0
+
+        def norm(v: np.ndarray, cap: float) -> np.ndarray:
+            if not (cap > 0) or not np.isfinite(cap):
+                return np.full(v.shape, np.nan)
+            return np.asarray(v, dtype=np.float64) / (per * cap)
+
+        names = np.array(ctx.tier_names, dtype=object)
+        usage = pd.DataFrame({
+            "hour": hour,
+            "tier": pd.Series(names[code] if code.size else np.array([], dtype=object), dtype=object),
+            "cpu": norm(partial["cpu"], ctx.cpu_capacity),
+            "mem": norm(partial["mem"], ctx.mem_capacity),
+            "windows": np.asarray(partial["windows"], dtype=np.int64),
+        })
+        usage["_code"] = code
+        usage = usage.sort_values(["hour", "_code"], kind="stable").drop(columns="_code").reset_index(drop=True)
+        stats = dict(zip(STATS, (int(x) for x in partial["stats"]), strict=False))
+        info = pd.DataFrame([{
+            "analysis": self.name, "mode": self.mode, "tier_map": ctx.tier_map.name,
+            "tiers": ",".join(ctx.tier_names),
+            "cpu_capacity": ctx.cpu_capacity, "mem_capacity": ctx.mem_capacity, **stats,
+        }])
+        return {"usage": usage, "info": info}
+
+    def summary(self, result: dict[str, pd.DataFrame]) -> str:
+        info = result["info"].iloc[0]
+        u = result["usage"]
+        lines = [f"{self.label}: tier map {info['tier_map']!r}, capacity cpu={info['cpu_capacity']:.6g} "
+                 f"mem={info['mem_capacity']:.6g}",
+                 f"  rows={info['rows']} used={info['used_windows']} alloc={info['alloc_rows']} "
+                 f"short={info['short_windows']} unmatched={info['unmatched_windows']} "
+                 f"unknown-tier={info['unknown_windows']} unbounded={info['unbounded_windows']}"]
+        if len(u):
+            nh = u["hour"].nunique()
+            lines.append(f"  hours {int(u['hour'].min())}..{int(u['hour'].max())} ({nh} with data)")
+            by = u.groupby("tier", sort=False)[["cpu", "mem"]].sum() / max(nh, 1)
+            for t, r in by.iterrows():
+                lines.append(f"  {t:>8}: mean cpu {r['cpu']:.4f}  mean mem {r['mem']:.4f} (fraction of capacity)")
+        return "\n".join(lines)

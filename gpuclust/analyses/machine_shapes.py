@@ -1,0 +1,95 @@
+"""``machine-shapes``: machines grouped by capacity shape (cap_cpu, cap_mem), as in Google's notebook.
+
+The notebook's query is ``SELECT COUNT(DISTINCT machine_id), capacity.cpus, capacity.memory FROM
+machine_events GROUP BY 2, 3``.  So:
+
+* a machine whose capacity changes over the trace (an UPDATE event) is counted in **every**
+  shape it had, and the counts can add up to more than the number of machines;
+* a NULL capacity is its own group (NULL cpus and NULL memory are grouped separately, exactly as
+  SQL's GROUP BY does); NULL is reported as NaN;
+* -0.0 and 0.0 are one shape; shapes are compared as float32 values (the canonical dtype).
+
+Output table ``shapes``: cap_cpu, cap_mem (float64 from the float32 values; NaN = NULL),
+machines; sorted by machines descending, then cap_cpu, cap_mem.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from gpuclust.analyses.base import Analysis
+
+__all__ = ["MachineShapes"]
+
+_NAN32_BITS = 0x7FC00000
+
+
+def _bits(xp: Any, x: Any) -> Any:
+    """Canonical float32 bit patterns as uint64: every NaN -> one quiet NaN, -0.0 -> 0.0."""
+    x = x.astype(xp.float32)
+    clean = xp.where(xp.isnan(x), xp.float32(0), x) + xp.float32(0)
+    b = clean.view(xp.uint32).astype(xp.uint64)
+    return xp.where(xp.isnan(x), xp.uint64(_NAN32_BITS), b)
+
+
+def _distinct_pairs(xp: Any, shape: Any, machine: Any) -> dict[str, Any]:
+    """Sorted distinct (shape, machine) pairs."""
+    if shape.shape[0] == 0:
+        return {"shape": xp.zeros(0, xp.uint64), "machine_id": xp.zeros(0, xp.int64)}
+    order = xp.lexsort(xp.stack([machine.astype(xp.int64), shape.view(xp.int64)]))
+    s, m = shape[order], machine[order].astype(xp.int64)
+    keep = xp.ones(s.shape[0], dtype=bool)
+    keep[1:] = (s[1:] != s[:-1]) | (m[1:] != m[:-1])
+    return {"shape": s[keep], "machine_id": m[keep]}
+
+
+@dataclass(frozen=True)
+class MachineShapes(Analysis):
+    """Machines per capacity shape: COUNT(DISTINCT machine_id) GROUP BY (cap_cpu, cap_mem).
+
+    Examples
+    --------
+    >>> MachineShapes().columns
+    ('machine_id', 'cap_cpu', 'cap_mem')
+    """
+
+    name = "machine-shapes"
+    table = "machine_events"
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return ("machine_id", "cap_cpu", "cap_mem")
+
+    def empty(self, backend: Any = None) -> dict[str, np.ndarray]:
+        return {"shape": np.zeros(0, np.uint64), "machine_id": np.zeros(0, np.int64)}
+
+    def partial(self, cols: dict[str, Any], ctx: Any, backend: Any) -> dict[str, Any]:
+        xp = backend.xp
+        shape = (_bits(xp, cols["cap_cpu"]) << xp.uint64(32)) | _bits(xp, cols["cap_mem"])
+        return _distinct_pairs(xp, shape, cols["machine_id"])
+
+    def merge(self, a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return _distinct_pairs(np, np.concatenate([a["shape"], b["shape"]]),
+                               np.concatenate([a["machine_id"], b["machine_id"]]))
+
+    def finalize(self, partial: dict[str, np.ndarray], ctx: Any) -> dict[str, pd.DataFrame]:
+        shapes, counts = np.unique(np.asarray(partial["shape"], dtype=np.uint64), return_counts=True)
+        cpu = (shapes >> np.uint64(32)).astype(np.uint32).view(np.float32).astype(np.float64)
+        mem = (shapes & np.uint64(0xFFFFFFFF)).astype(np.uint32).view(np.float32).astype(np.float64)
+        df = pd.DataFrame({"cap_cpu": cpu, "cap_mem": mem, "machines": counts.astype(np.int64)})
+        df = df.sort_values(["machines", "cap_cpu", "cap_mem"], ascending=[False, True, True],
+                            na_position="last", kind="stable").reset_index(drop=True)
+        return {"shapes": df}
+
+    def summary(self, result: dict[str, pd.DataFrame]) -> str:
+        df = result["shapes"]
+        lines = [f"{self.name}: {len(df)} capacity shapes, {int(df['machines'].sum())} machine-shape pairs"]
+        for r in df.head(10).itertuples(index=False):
+            lines.append(f"  cpu={r.cap_cpu:<10.6g} mem={r.cap_mem:<10.6g} machines={r.machines}")
+        if len(df) > 10:
+            lines.append(f"  ... {len(df) - 10} more")
+        return "\n".join(lines)

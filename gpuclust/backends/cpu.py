@@ -1,0 +1,140 @@
+"""NumPy twins of every custom-kernel op: the oracle the GPU kernels are tested against.
+
+Each function has the same name, signature, argument checks and semantics as its typed wrapper in
+``backends/gpu.py``.  Accumulation is in float64.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+__all__ = ["bucket_overlap", "check_bucket_overlap", "check_grouped_sum", "grouped_sum"]
+
+_INT64_MAX = 2**63 - 1
+_VALUE_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+_CODE_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
+
+
+def _check_1d(name: str, a: Any, dtypes: tuple[np.dtype, ...], n: int | None) -> int:
+    if getattr(a, "ndim", None) != 1:
+        raise ValueError(f"{name} must be a 1-D array, got {getattr(a, 'shape', type(a).__name__)}")
+    if a.dtype not in dtypes:
+        raise TypeError(f"{name} must have dtype {' or '.join(map(str, dtypes))}, got {a.dtype}")
+    if not a.flags.c_contiguous:
+        raise ValueError(f"{name} must be C-contiguous")
+    if n is not None and a.shape[0] != n:
+        raise ValueError(f"{name} has length {a.shape[0]}, expected {n}")
+    return int(a.shape[0])
+
+
+def check_bucket_overlap(
+    start: Any, end: Any, value: Any, group: Any, n_groups: int, n_buckets: int, origin: int, width: int
+) -> int:
+    """Validate :func:`bucket_overlap` arguments (shared by both backends); returns the length."""
+    n = _check_1d("start", start, (np.dtype(np.int64),), None)
+    _check_1d("end", end, (np.dtype(np.int64),), n)
+    _check_1d("value", value, _VALUE_DTYPES, n)
+    _check_1d("group", group, (np.dtype(np.int32),), n)
+    if n_groups < 0 or n_buckets < 0 or n_groups > 2**31 - 1:
+        raise ValueError("n_groups and n_buckets must be non-negative (n_groups < 2^31)")
+    if width <= 0:
+        raise ValueError(f"width must be positive, got {width}")
+    if not -(2**63) <= origin <= _INT64_MAX or origin + n_buckets * width > _INT64_MAX:
+        raise ValueError("origin + n_buckets * width must fit in int64")
+    return n
+
+
+def check_grouped_sum(codes: Any, values: Any, n_groups: int) -> int:
+    """Validate :func:`grouped_sum` arguments (shared by both backends); returns the length."""
+    n = _check_1d("codes", codes, _CODE_DTYPES, None)
+    _check_1d("values", values, _VALUE_DTYPES, n)
+    if n_groups < 0:
+        raise ValueError(f"n_groups must be non-negative, got {n_groups}")
+    return n
+
+
+def bucket_overlap(
+    start: np.ndarray,
+    end: np.ndarray,
+    value: np.ndarray,
+    group: np.ndarray,
+    *,
+    n_groups: int,
+    n_buckets: int,
+    origin: int,
+    width: int,
+) -> np.ndarray:
+    """Add ``value * overlap_seconds([start, end), bucket)`` into ``out[group, bucket]``.
+
+    Parameters
+    ----------
+    start, end
+        int64 interval bounds in microseconds, half-open ``[start, end)``.
+    value
+        float32 or float64 value per interval (a rate: it is multiplied by seconds).
+    group
+        int32 group code per interval; codes outside ``[0, n_groups)`` are ignored.
+    n_groups, n_buckets
+        Output shape.
+    origin, width
+        Bucket ``b`` covers ``[origin + b*width, origin + (b+1)*width)`` microseconds.
+
+    Returns
+    -------
+    numpy.ndarray
+        float64 array of shape ``(n_groups, n_buckets)``.
+
+    Notes
+    -----
+    Intervals are clipped to the bucket range, so sentinels such as 2^63-1 are safe.  Intervals
+    with ``end <= start`` or a NaN value add nothing.  Overlaps are exact integers, converted to
+    seconds as ``overlap_us / 1e6``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> out = bucket_overlap(np.array([1_800_000_000]), np.array([5_400_000_000]), np.array([2.0]),
+    ...                      np.array([0], dtype=np.int32), n_groups=1, n_buckets=2, origin=0,
+    ...                      width=3_600_000_000)
+    >>> out.tolist()
+    [[3600.0, 3600.0]]
+    """
+    check_bucket_overlap(start, end, value, group, n_groups, n_buckets, origin, width)
+    cells = n_groups * n_buckets
+    if cells == 0 or start.shape[0] == 0:
+        return np.zeros((n_groups, n_buckets), dtype=np.float64)
+    hi = origin + n_buckets * width
+    s = np.clip(start, origin, hi)
+    e = np.clip(end, origin, hi)
+    v = value.astype(np.float64)
+    keep = (e > s) & (group >= 0) & (group < n_groups) & ~np.isnan(v)
+    s, e, v, g = s[keep], e[keep], v[keep], group[keep].astype(np.int64)
+    b0 = (s - origin) // width
+    counts = (e - 1 - origin) // width - b0 + 1
+    idx = np.repeat(np.arange(s.shape[0]), counts)
+    first = np.cumsum(counts) - counts
+    b = b0[idx] + (np.arange(idx.shape[0], dtype=np.int64) - first[idx])
+    bs = origin + b * width
+    ov = np.minimum(e[idx], bs + width) - np.maximum(s[idx], bs)
+    contrib = v[idx] * (ov.astype(np.float64) / 1e6)
+    out = np.bincount(g[idx] * n_buckets + b, weights=contrib, minlength=cells).astype(np.float64)
+    return out.reshape(n_groups, n_buckets)
+
+
+def grouped_sum(codes: np.ndarray, values: np.ndarray, *, n_groups: int) -> np.ndarray:
+    """Sum ``values`` (as float64) by integer code into an array of length ``n_groups``.
+
+    Codes outside ``[0, n_groups)`` and NaN values are ignored.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> grouped_sum(np.array([2, 0, 2], dtype=np.int64), np.array([1.0, 2.0, 3.0]), n_groups=3).tolist()
+    [2.0, 0.0, 4.0]
+    """
+    check_grouped_sum(codes, values, n_groups)
+    v = values.astype(np.float64)
+    keep = (codes >= 0) & (codes < n_groups) & ~np.isnan(v)
+    return np.bincount(codes[keep], weights=v[keep], minlength=n_groups).astype(np.float64)

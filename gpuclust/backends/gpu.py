@@ -1,0 +1,147 @@
+"""CuPy backend: typed wrappers around gpuclust's CUDA kernels (``kernels/*.cu``).
+
+Every op here has a NumPy twin with the same name and signature in ``backends/cpu.py`` (the test
+oracle).  Wrappers check dtypes, shapes and contiguity (raising instead of converting), then
+launch the kernel with *named* arguments ordered by the kernel's declared parameter list.
+
+CuPy is imported lazily: importing this module never needs CuPy.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+import numpy as np
+
+from gpuclust.backends.cpu import check_bucket_overlap, check_grouped_sum
+
+__all__ = ["bucket_overlap", "device_count", "grouped_sum", "require"]
+
+#: Threads per block (a multiple of 32: kernels aggregate across whole warps).
+BLOCK = 256
+#: Shared-memory budget for block-local accumulators, in bytes (48 KiB is always available
+#: without opting in to larger dynamic shared memory).
+SHARED_BYTES = 48 * 1024
+
+_PTR = "ptr"
+#: Declared kernel parameter lists: (name, numpy scalar type or "ptr").  Kept next to the
+#: wrappers and in the order of the CUDA signatures in kernels/*.cu.
+BUCKET_OVERLAP_PARAMS: tuple[tuple[str, Any], ...] = (
+    ("start", _PTR),
+    ("end", _PTR),
+    ("value", _PTR),
+    ("group", _PTR),
+    ("n", np.int64),
+    ("n_groups", np.int32),
+    ("n_buckets", np.int64),
+    ("origin", np.int64),
+    ("width", np.int64),
+    ("out", _PTR),
+)
+GROUPED_SUM_PARAMS: tuple[tuple[str, Any], ...] = (
+    ("codes", _PTR),
+    ("values", _PTR),
+    ("n", np.int64),
+    ("n_groups", np.int64),
+    ("out", _PTR),
+)
+
+_CTYPE = {np.dtype(np.float32): "float", np.dtype(np.float64): "double",
+          np.dtype(np.int32): "int", np.dtype(np.int64): "long long"}
+
+
+def _cupy() -> Any:
+    import cupy
+
+    return cupy
+
+
+def device_count() -> int:
+    """Number of visible CUDA devices; 0 when CuPy is missing or the runtime fails.  Never raises."""
+    try:
+        cp = _cupy()
+        return int(cp.cuda.runtime.getDeviceCount())
+    except Exception:
+        return 0
+
+
+def require() -> Any:
+    """Return the :mod:`cupy` module, or raise a clear error when the GPU backend cannot run."""
+    from gpuclust.backends import BackendUnavailable
+
+    try:
+        cp = _cupy()
+    except Exception as e:
+        raise BackendUnavailable(
+            f"backend 'gpu' needs CuPy (pip install 'gpuclust[gpu]'): import cupy failed: {e}; "
+            "use backend='cpu' to run on the CPU"
+        ) from e
+    try:
+        n = int(cp.cuda.runtime.getDeviceCount())
+    except Exception as e:
+        raise BackendUnavailable(f"backend 'gpu': the CUDA runtime reports no usable device: {e}") from e
+    if n == 0:
+        raise BackendUnavailable("backend 'gpu': CuPy is installed but no CUDA device is visible")
+    return cp
+
+
+@cache
+def _sm_count(device_id: int) -> int:
+    cp = _cupy()
+    return int(cp.cuda.runtime.getDeviceProperties(device_id)["multiProcessorCount"])
+
+
+def _launch(kernel: Any, n_items: int, params: tuple[tuple[str, Any], ...], shared_mem: int = 0,
+            **named: Any) -> None:
+    missing = [p for p, _ in params if p not in named]
+    extra = sorted(set(named) - {p for p, _ in params})
+    if missing or extra:
+        raise TypeError(f"kernel arguments: missing {missing}, unexpected {extra}")
+    args = tuple(named[p] if t is _PTR else t(named[p]) for p, t in params)
+    cp = _cupy()
+    sms = _sm_count(cp.cuda.Device().id)
+    blocks = max(1, min(-(-n_items // BLOCK), sms * 8))
+    kernel((blocks,), (BLOCK,), args, shared_mem=shared_mem)
+
+
+def bucket_overlap(start: Any, end: Any, value: Any, group: Any, *, n_groups: int, n_buckets: int,
+                   origin: int, width: int) -> Any:
+    """GPU twin of :func:`gpuclust.backends.cpu.bucket_overlap` (same arguments and result).
+
+    Uses ``bucket_overlap_shared`` (block-local shared-memory accumulator) when the whole output
+    fits in :data:`SHARED_BYTES`, else ``bucket_overlap_global``; both aggregate equal
+    (group, bucket) keys across a warp before any atomic (see docs/kernels.md).
+    """
+    from gpuclust import _kernels
+
+    cp = _cupy()
+    n = check_bucket_overlap(start, end, value, group, n_groups, n_buckets, origin, width)
+    out = cp.zeros((n_groups, n_buckets), dtype=cp.float64)
+    cells = n_groups * n_buckets
+    if n == 0 or cells == 0:
+        return out
+    small = cells * 8 <= SHARED_BYTES
+    tmpl = "gpuclust::bucket_overlap_shared" if small else "gpuclust::bucket_overlap_global"
+    kernel = _kernels.get_function("bucket_overlap.cu", tmpl, (_CTYPE[value.dtype],))
+    _launch(kernel, n, BUCKET_OVERLAP_PARAMS, shared_mem=cells * 8 if small else 0,
+            start=start, end=end, value=value, group=group, n=n, n_groups=n_groups,
+            n_buckets=n_buckets, origin=origin, width=width, out=out)
+    return out
+
+
+def grouped_sum(codes: Any, values: Any, *, n_groups: int) -> Any:
+    """GPU twin of :func:`gpuclust.backends.cpu.grouped_sum` (same arguments and result)."""
+    from gpuclust import _kernels
+
+    cp = _cupy()
+    n = check_grouped_sum(codes, values, n_groups)
+    out = cp.zeros(n_groups, dtype=cp.float64)
+    if n == 0 or n_groups == 0:
+        return out
+    small = n_groups * 8 <= SHARED_BYTES
+    tmpl = "gpuclust::grouped_sum_shared" if small else "gpuclust::grouped_sum_global"
+    kernel = _kernels.get_function("grouped_sum.cu", tmpl, (_CTYPE[codes.dtype], _CTYPE[values.dtype]))
+    _launch(kernel, n, GROUPED_SUM_PARAMS, shared_mem=n_groups * 8 if small else 0,
+            codes=codes, values=values, n=n, n_groups=n_groups, out=out)
+    return out

@@ -1,0 +1,88 @@
+"""The dask engine: one delayed partial per partition, a tree of merges, one finalize (on the client).
+
+Built only from public dask API (``dask.delayed``, ``dask.compute``, ``distributed.Client``);
+never reaches into graph internals.  Contexts are wrapped in one delayed object so they are
+shipped to each worker once, not embedded in every task.  Partials are host (NumPy) objects by the
+time they leave a partition task (see :func:`gpuclust.analyses.base.to_host`), so they serialise
+with pickle between processes and machines.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from gpuclust.engine.local import merge_lists, partition_partials
+
+__all__ = ["compute_merged", "open_scheduler"]
+
+
+@contextlib.contextmanager
+def open_scheduler(scheduler: Any, backend_name: str) -> Iterator[dict[str, Any]]:
+    """Yield the keyword arguments for ``dask.compute`` that select ``scheduler``.
+
+    Clusters this function creates (``local:N``, ``cuda``) and clients it opens (addresses) are
+    closed on exit; a ``distributed.Client`` passed in is left open.
+    """
+    if isinstance(scheduler, str) and scheduler in ("threads", "sync", "synchronous", "single-threaded"):
+        yield {"scheduler": scheduler}
+        return
+    import distributed
+
+    if isinstance(scheduler, distributed.Client):
+        yield {"scheduler": scheduler}
+        return
+    if not isinstance(scheduler, str):
+        raise TypeError(f"unknown scheduler {scheduler!r}")
+    if scheduler.startswith("local:") or scheduler == "local":
+        n = int(scheduler.split(":", 1)[1]) if ":" in scheduler else 2
+        if backend_name == "gpu":
+            raise ValueError("scheduler 'local:N' runs CPU workers; use scheduler='cuda' with backend='gpu'")
+        with distributed.LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
+                                      dashboard_address=None) as cluster, distributed.Client(cluster) as client:
+            yield {"scheduler": client}
+        return
+    if scheduler == "cuda":
+        try:
+            from dask_cuda import LocalCUDACluster
+        except ImportError as e:
+            raise RuntimeError("scheduler 'cuda' needs dask-cuda (pip install 'gpuclust[gpu]')") from e
+        with LocalCUDACluster(dashboard_address=None) as cluster, distributed.Client(cluster) as client:
+            yield {"scheduler": client}
+        return
+    if "://" in scheduler or ":" in scheduler:
+        with distributed.Client(scheduler) as client:
+            yield {"scheduler": client}
+        return
+    raise ValueError(f"unknown scheduler {scheduler!r}: use threads, sync, local:N, cuda, or an address")
+
+
+def compute_merged(plans: dict[str, tuple[list[int], list[Any]]], analyses: list[Any], ctxs: list[Any],
+                   backend_name: str, scheduler: Any, split_every: int = 8) -> list[Any]:
+    """Build one merge tree per table and compute all of them in one ``dask.compute`` call."""
+    import dask
+
+    if split_every < 2:
+        raise ValueError("split_every must be >= 2")
+    roots, order = [], []
+    for idx, specs in plans.values():
+        sub = [analyses[k] for k in idx]
+        sub_d = dask.delayed(sub, traverse=False)
+        ctx_d = dask.delayed([ctxs[k] for k in idx], traverse=False)
+        level = [dask.delayed(partition_partials)(dask.delayed(spec, traverse=False), sub_d, ctx_d, backend_name)
+                 for spec in specs]
+        if not level:
+            level = [dask.delayed([a.empty() for a in sub], traverse=False)]
+        while len(level) > 1:
+            level = [dask.delayed(merge_lists, pure=True)(sub_d, *level[i:i + split_every])
+                     for i in range(0, len(level), split_every)]
+        roots.append(level[0])
+        order.append(idx)
+    with open_scheduler(scheduler, backend_name) as kw:
+        results = dask.compute(*roots, **kw)
+    merged: list[Any] = [None] * len(analyses)
+    for idx, res in zip(order, results, strict=False):
+        for k, p in zip(idx, res, strict=False):
+            merged[k] = p
+    return merged

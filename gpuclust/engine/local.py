@@ -1,0 +1,145 @@
+"""The engine core: plan partitions, compute contexts once, one partial per partition, merge, finalize.
+
+:func:`run` is the entry point for both the local path (``scheduler=None``: partitions are
+processed one after another in this process) and dask (any other ``scheduler``, see
+:mod:`gpuclust.engine.dask`).  Several analyses that stream the same table share one read per
+partition.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import pandas as pd
+
+from gpuclust.analyses.base import Analysis, to_host
+from gpuclust.backends import Backend, get_backend
+from gpuclust.engine import partition as _partition
+
+__all__ = ["partition_partials", "resolve_analyses", "result_keys", "run"]
+
+
+def resolve_analyses(analyses: Analysis | str | Iterable[Analysis | str]) -> list[Analysis]:
+    """Analysis instances from instances and/or registered names."""
+    from gpuclust.analyses.registry import create
+
+    if isinstance(analyses, (Analysis, str)):
+        analyses = [analyses]
+    out = [create(a) if isinstance(a, str) else a for a in analyses]
+    for a in out:
+        if not isinstance(a, Analysis):
+            raise TypeError(f"not an analysis: {a!r}")
+    if not out:
+        raise ValueError("no analyses given")
+    return out
+
+
+def result_keys(analyses: Sequence[Analysis]) -> list[str]:
+    """Result names: the analysis name, or its label when the same name appears twice."""
+    names = [a.name for a in analyses]
+    keys = [a.name if names.count(a.name) == 1 else a.label for a in analyses]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"the same analysis is requested twice: {keys}")
+    return keys
+
+
+def partition_partials(spec: _partition.PartitionSpec, analyses: Sequence[Analysis], ctxs: Sequence[Any],
+                       backend: Backend | str) -> list[Any]:
+    """Read one partition once (the union of the analyses' columns) and return each analysis'
+    partial, moved to host memory so it can be merged or shipped to another worker."""
+    be = get_backend(backend)
+    columns = sorted({c for a in analyses for c in a.columns})
+    host = _partition.read_partition(spec, columns)
+    cols = {c: be.asarray(v) for c, v in host.items()}
+    return [to_host(a.partial({c: cols[c] for c in a.columns}, ctx, be)) for a, ctx in zip(analyses, ctxs, strict=False)]
+
+
+def merge_lists(analyses: Sequence[Analysis], *lists: list[Any]) -> list[Any]:
+    """Merge several per-partition partial lists analysis by analysis."""
+    out = list(lists[0])
+    for lst in lists[1:]:
+        out = [a.merge(x, y) for a, x, y in zip(analyses, out, lst, strict=False)]
+    return out
+
+
+def run(
+    source: Any,
+    analyses: Analysis | str | Iterable[Analysis | str],
+    *,
+    backend: str | Backend = "cpu",
+    partitions: int | str = 1,
+    scheduler: Any = None,
+    cut_points: dict[str, Sequence[int]] | Sequence[int] | None = None,
+    split_every: int = 8,
+) -> dict[str, dict[str, pd.DataFrame]]:
+    """Run analyses over a dataset or in-memory tables.
+
+    Parameters
+    ----------
+    source
+        A dataset path, :class:`~gpuclust.dataset.Dataset`, dict of canonical Arrow tables, or
+        :class:`~gpuclust.engine.TableSource`.
+    analyses
+        Analysis instances and/or registered names (see :func:`gpuclust.analyses.names`).
+    backend
+        ``"cpu"``, ``"gpu"`` or ``"auto"`` (resolved once, on the client).
+    partitions
+        Partitions per table (Parquet row groups / files, or row slices of in-memory tables);
+        ``"auto"``: about 4 Mi rows per partition.
+    scheduler
+        ``None``: local, in this process.  ``"threads"`` / ``"sync"``: dask's local schedulers.
+        ``"local:N"``: a ``distributed.LocalCluster`` of N worker processes.  ``"cuda"``: a
+        ``dask_cuda.LocalCUDACluster`` (one worker per GPU).  ``"tcp://host:port"``: an existing
+        scheduler.  A ``distributed.Client`` is used as is.
+    cut_points
+        Explicit global row offsets where partitions start (per table as a dict, or one list
+        for every table); overrides ``partitions``.
+    split_every
+        Fan-in of the dask merge tree.
+
+    Returns
+    -------
+    dict
+        ``{analysis name: {table name: pandas.DataFrame}}`` (an analysis requested twice with
+        different options is keyed by its label, e.g. ``cell-usage[mode=exact]``).
+
+    Examples
+    --------
+    >>> import pyarrow as pa
+    >>> from gpuclust.schema import SCHEMAS
+    >>> me = pa.table({"time": [0, 0], "machine_id": [1, 2], "type": [1, 1], "switch_id": ["a", "b"],
+    ...                "cap_cpu": [0.5, 0.5], "cap_mem": [0.25, 0.25], "platform_id": ["p", "p"],
+    ...                "missing_data_reason": [None, None]}, schema=SCHEMAS["machine_events"])
+    >>> run({"machine_events": me}, "machine-shapes")["machine-shapes"]["shapes"].to_dict("records")
+    [{'cap_cpu': 0.5, 'cap_mem': 0.25, 'machines': 2}]
+    """
+    src = _partition.as_source(source)
+    ans = resolve_analyses(analyses)
+    keys = result_keys(ans)
+    be = get_backend(backend)
+    ctxs = [a.context(src) for a in ans]
+    by_table: dict[str, list[int]] = {}
+    for k, a in enumerate(ans):
+        by_table.setdefault(a.table, []).append(k)
+    plans = {}
+    for table, idx in by_table.items():
+        cp = cut_points.get(table) if isinstance(cut_points, dict) else cut_points
+        plans[table] = (idx, _partition.plan_partitions(src, table, partitions, cp))
+
+    if scheduler is None:
+        merged: list[Any] = [None] * len(ans)
+        for idx, specs in plans.values():
+            sub = [ans[k] for k in idx]
+            acc = [a.empty(be) for a in sub]
+            acc = [to_host(x) for x in acc]
+            for spec in specs:
+                parts = partition_partials(spec, sub, [ctxs[k] for k in idx], be)
+                acc = merge_lists(sub, acc, parts)
+            for k, p in zip(idx, acc, strict=False):
+                merged[k] = p
+    else:
+        from gpuclust.engine.dask import compute_merged
+
+        merged = compute_merged(plans, ans, ctxs, be.name, scheduler, split_every)
+    return {key: a.finalize(p, ctx) for key, a, p, ctx in zip(keys, ans, merged, ctxs, strict=False)}

@@ -1,0 +1,211 @@
+"""Sources and partitions: what the engine reads, and how a table is cut into partitions.
+
+A *source* is anything with ``read(table, columns) -> pyarrow.Table`` (used for analysis
+contexts) and, for partitioned reads, either Parquet part files (:class:`gpuclust.dataset.Dataset`)
+or in-memory Arrow tables (:class:`TableSource`).
+
+A table is cut at global row offsets ("cut points").  By default the cuts are spread evenly by
+rows and snapped to Parquet row-group boundaries when there are enough row groups; explicit cut
+points may fall anywhere (a partition then reads the row groups it overlaps and slices them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from gpuclust.schema import SCHEMAS
+
+__all__ = ["PartitionSpec", "TableSource", "as_source", "column_to_numpy", "plan_partitions", "read_partition"]
+
+
+class TableSource:
+    """In-memory canonical tables presented like a dataset.
+
+    Parameters
+    ----------
+    tables
+        Table name -> :class:`pyarrow.Table` (or anything ``pyarrow.table()`` accepts).  Missing
+        canonical tables read as empty.
+    tier_map, trace_version
+        What a manifest would say (used to choose the default tier map).
+
+    Examples
+    --------
+    >>> import pyarrow as pa
+    >>> src = TableSource({"machine_events": pa.table({"machine_id": pa.array([1], pa.int64())})})
+    >>> src.read("machine_events", ["machine_id"]).num_rows
+    1
+    """
+
+    def __init__(self, tables: Mapping[str, Any], *, tier_map: str | None = None, trace_version: str | None = None):
+        unknown = sorted(set(tables) - set(SCHEMAS))
+        if unknown:
+            raise KeyError(f"unknown tables {unknown}; tables are {list(SCHEMAS)}")
+        self.tables = {k: v if isinstance(v, pa.Table) else pa.table(v) for k, v in tables.items()}
+        self.tier_map_name = tier_map
+        self.trace_version = trace_version
+
+    def read(self, table: str, columns: Sequence[str] | None = None) -> pa.Table:
+        schema = SCHEMAS[table]
+        cols = list(columns) if columns is not None else schema.names
+        t = self.tables.get(table)
+        sub = pa.schema([schema.field(c) for c in cols])
+        if t is None:
+            return sub.empty_table()
+        missing = [c for c in cols if c not in t.column_names]
+        if missing:
+            raise KeyError(f"in-memory table {table} has no columns {missing}")
+        return t.select(cols).cast(sub)
+
+    def num_rows(self, table: str) -> int:
+        t = self.tables.get(table)
+        return 0 if t is None else t.num_rows
+
+
+def as_source(obj: Any) -> Any:
+    """A path / :class:`~gpuclust.dataset.Dataset` / dict of tables / source -> a source."""
+    from gpuclust.dataset import Dataset
+
+    if isinstance(obj, (str, Path)):
+        return Dataset(obj)
+    if isinstance(obj, Mapping):
+        return TableSource(obj)
+    if hasattr(obj, "read"):
+        return obj
+    raise TypeError(f"cannot read data from {type(obj).__name__}; pass a dataset path, Dataset or dict of tables")
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Rows ``[start, stop)`` of one Parquet file, or of an in-memory table slice."""
+
+    start: int
+    stop: int
+    file: str | None = None
+    data: pa.Table | None = None
+
+
+@dataclass(frozen=True)
+class PartitionSpec:
+    """One partition of one table: a tuple of pieces (picklable; shipped to dask workers)."""
+
+    table: str
+    index: int
+    pieces: tuple[Piece, ...]
+
+    @property
+    def num_rows(self) -> int:
+        return sum(p.stop - p.start for p in self.pieces)
+
+
+def _units(source: Any, table: str) -> tuple[list[tuple[str | None, int, pa.Table | None]], list[int]]:
+    """(file-or-table units with row counts) and the global row-group boundaries."""
+    if isinstance(source, TableSource):
+        t = source.tables.get(table)
+        n = 0 if t is None else t.num_rows
+        return [(None, n, t)], [0, n]
+    files = source.files(table)
+    units, bounds, off = [], [0], 0
+    for f in files:
+        md = pq.ParquetFile(f).metadata
+        units.append((str(f), md.num_rows, None))
+        for g in range(md.num_row_groups):
+            off += md.row_group(g).num_rows
+            bounds.append(off)
+    return units, sorted(set(bounds))
+
+
+#: Target rows per partition for ``partitions="auto"``.
+AUTO_PARTITION_ROWS = 1 << 22
+
+
+def plan_partitions(source: Any, table: str, partitions: int | str = 1,
+                    cut_points: Sequence[int] | None = None) -> list[PartitionSpec]:
+    """Cut ``table`` of ``source`` into partitions.
+
+    Parameters
+    ----------
+    partitions
+        Number of partitions (ignored when ``cut_points`` is given), or ``"auto"``: about
+        :data:`AUTO_PARTITION_ROWS` rows each.  Partitions may be empty.
+    cut_points
+        Global row offsets where partitions start (0 and the row count are implied).
+    """
+    units, rg_bounds = _units(source, table)
+    total = sum(n for _, n, _ in units)
+    if partitions == "auto":
+        partitions = max(1, -(-total // AUTO_PARTITION_ROWS))
+    if not isinstance(partitions, int) or partitions < 1:
+        raise ValueError(f"partitions must be an integer >= 1 or 'auto', got {partitions!r}")
+    if cut_points is not None:
+        cuts = sorted({int(c) for c in cut_points if 0 < int(c) < total})
+        edges = [0, *cuts, total]
+    else:
+        ideal = [round(j * total / partitions) for j in range(partitions + 1)]
+        inner = rg_bounds[1:-1]
+        if len(inner) >= partitions - 1 and partitions > 1:
+            arr = np.asarray(inner)
+            snapped = [int(arr[np.abs(arr - c).argmin()]) for c in ideal[1:-1]]
+            if len(set(snapped)) == partitions - 1:
+                ideal = [0, *sorted(snapped), total]
+        edges = ideal
+    specs = []
+    offs = np.cumsum([0] + [n for _, n, _ in units])
+    for k in range(len(edges) - 1):
+        lo, hi = edges[k], edges[k + 1]
+        pieces = []
+        for (f, n, data), u0 in zip(units, offs[:-1], strict=False):
+            s, e = max(lo, int(u0)), min(hi, int(u0) + n)
+            if e > s:
+                pieces.append(Piece(s - int(u0), e - int(u0), f, None if data is None else data.slice(s - int(u0), e - s)))
+        specs.append(PartitionSpec(table, k, tuple(pieces)))
+    return specs
+
+
+def column_to_numpy(arr: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """An Arrow column as a contiguous NumPy array; NULL -> NaN (floats) / dtype minimum (ints)."""
+    t = arr.type
+    if arr.null_count:
+        if pa.types.is_floating(t):
+            arr = pc.fill_null(arr, pa.scalar(float("nan"), t))
+        elif pa.types.is_integer(t):
+            arr = pc.fill_null(arr, pa.scalar(int(np.iinfo(t.to_pandas_dtype()).min), t))
+    out = arr.to_numpy(zero_copy_only=False) if isinstance(arr, pa.ChunkedArray) else arr.to_numpy(zero_copy_only=False)
+    return np.ascontiguousarray(out)
+
+
+def _read_piece(p: Piece, table: str, columns: Sequence[str]) -> pa.Table:
+    schema = SCHEMAS[table]
+    sub = pa.schema([schema.field(c) for c in columns])
+    if p.data is not None:
+        return p.data.select(list(columns)).cast(sub)
+    pf = pq.ParquetFile(p.file)
+    md = pf.metadata
+    groups, starts, off = [], [], 0
+    for g in range(md.num_row_groups):
+        n = md.row_group(g).num_rows
+        if off < p.stop and off + n > p.start:
+            groups.append(g)
+            starts.append(off)
+        off += n
+    if not groups:
+        return sub.empty_table()
+    t = pf.read_row_groups(groups, columns=list(columns))
+    return t.slice(p.start - starts[0], p.stop - p.start).cast(sub)
+
+
+def read_partition(spec: PartitionSpec, columns: Sequence[str]) -> dict[str, np.ndarray]:
+    """Read ``columns`` of one partition into host NumPy arrays (see :func:`column_to_numpy`)."""
+    schema = SCHEMAS[spec.table]
+    sub = pa.schema([schema.field(c) for c in columns])
+    parts = [_read_piece(p, spec.table, columns) for p in spec.pieces]
+    t = pa.concat_tables(parts) if parts else sub.empty_table()
+    return {c: column_to_numpy(t.column(c)) for c in columns}

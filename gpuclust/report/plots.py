@@ -1,0 +1,83 @@
+"""Plots of analysis results (matplotlib, Agg backend, written atomically).
+
+Only :func:`plot_result` is needed by callers: it dispatches on the analysis name and returns
+``False`` when there is nothing useful to draw.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+
+__all__ = ["plot_cell_usage", "plot_machine_shapes", "plot_result"]
+
+
+def _figure():  # type: ignore[no-untyped-def]
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(10, 4.5), dpi=100, layout="constrained")
+
+
+def _save_atomic(fig, path: Path) -> None:  # type: ignore[no-untyped-def]
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, format="png")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def plot_cell_usage(result: dict[str, pd.DataFrame], path: Path, *, title: str = "cell-usage") -> bool:
+    """Stacked area of normalised CPU usage by tier over hours (and memory below)."""
+    u = result["usage"]
+    if u.empty:
+        return False
+    tiers = list(dict.fromkeys(result["info"]["tiers"].iloc[0].split(",")))
+    fig = _figure()
+    axes = fig.subplots(2, 1, sharex=True)
+    for ax, col in zip(axes, ("cpu", "mem"), strict=False):
+        wide = u.pivot_table(index="hour", columns="tier", values=col, aggfunc="sum").fillna(0.0)
+        wide = wide.reindex(columns=[t for t in tiers if t in wide.columns])
+        ax.stackplot(wide.index.to_numpy(), *[wide[t].to_numpy() for t in wide.columns], labels=list(wide.columns))
+        ax.set_ylabel(f"{col} / capacity")
+    axes[0].legend(loc="upper right", fontsize="small")
+    axes[0].set_title(title)
+    axes[1].set_xlabel("hour since trace offset")
+    _save_atomic(fig, path)
+    return True
+
+
+def plot_machine_shapes(result: dict[str, pd.DataFrame], path: Path, *, top: int = 20) -> bool:
+    """Bar chart of machine counts per (cap_cpu, cap_mem) shape (largest ``top`` shapes)."""
+    df = result["shapes"].head(top)
+    if df.empty:
+        return False
+    fig = _figure()
+    ax = fig.subplots()
+    labels = [f"{c:.4g}/{m:.4g}" for c, m in zip(df["cap_cpu"], df["cap_mem"], strict=False)]
+    ax.bar(range(len(df)), df["machines"].to_numpy())
+    ax.set_xticks(range(len(df)), labels, rotation=60, ha="right", fontsize="small")
+    ax.set_xlabel("capacity shape (cpu/mem, normalised units; nan = NULL)")
+    ax.set_ylabel("machines")
+    ax.set_title("machine-shapes")
+    _save_atomic(fig, path)
+    return True
+
+
+def plot_result(name: str, result: dict[str, pd.DataFrame], path: Path, *, title: str | None = None) -> bool:
+    """Plot a finalized result of analysis ``name`` to ``path``; ``False`` if it has no plot."""
+    if name == "cell-usage":
+        return plot_cell_usage(result, path, title=title or name)
+    if name == "machine-shapes":
+        return plot_machine_shapes(result, path)
+    return False

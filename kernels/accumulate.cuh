@@ -1,0 +1,71 @@
+// Shared device helpers for gpuclust's accumulation kernels.
+//
+// Contention strategy (see docs/kernels.md):
+//   * Every lane of a warp calls these helpers in lock-step (loops are written with warp-uniform
+//     trip counts, inactive lanes pass key = -1).
+//   * Lanes with the same key are found with __match_any_sync (sm_70+); the group leader sums
+//     its peers' values (32 warp shuffles, fixed lane order) and issues ONE atomicAdd.  When all
+//     32 lanes hit the same (group, bucket) cell this turns 32 serialised atomics into one.
+//   * The "shared" kernels add the warp sums into a block-local copy of the output in shared
+//     memory and flush it to global memory once per block, so global atomics per cell are at
+//     most one per block.
+// All accumulation is in double.  No standard headers: this file is compiled by NVRTC.
+#ifndef GPUCLUST_ACCUMULATE_CUH
+#define GPUCLUST_ACCUMULATE_CUH
+
+namespace gpuclust {
+
+__device__ __forceinline__ int lane_id() { return threadIdx.x & 31; }
+
+// Sum of `v` over the lanes of the warp whose key equals this lane's key; valid in the leader
+// (lowest lane) of each key group, which is reported through `is_leader`.
+__device__ __forceinline__ double warp_key_sum(long long key, double v, bool* is_leader) {
+    const unsigned full = 0xffffffffu;
+    const unsigned peers = __match_any_sync(full, key);
+    double s = 0.0;
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+        const double vj = __shfl_sync(full, v, j);
+        if ((peers >> j) & 1u) s += vj;
+    }
+    *is_leader = (lane_id() == __ffs(peers) - 1);
+    return s;
+}
+
+// Warp-aggregated atomic add of `v` into out[key]; key < 0 means "this lane adds nothing".
+// Must be called by all 32 lanes of the warp.
+__device__ __forceinline__ void warp_aggregated_add(double* out, long long key, double v) {
+    bool leader;
+    const double s = warp_key_sum(key, v, &leader);
+    if (leader && key >= 0) atomicAdd(out + key, s);
+}
+
+// Maximum of a non-negative long long over the warp (all lanes must call).
+__device__ __forceinline__ long long warp_max(long long x) {
+    const unsigned full = 0xffffffffu;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        const long long y = __shfl_xor_sync(full, x, off);
+        x = y > x ? y : x;
+    }
+    return x;
+}
+
+// Zero a shared-memory accumulator of `cells` doubles (whole block).
+__device__ __forceinline__ void block_zero(double* acc, long long cells) {
+    for (long long c = threadIdx.x; c < cells; c += blockDim.x) acc[c] = 0.0;
+    __syncthreads();
+}
+
+// Flush a shared-memory accumulator into global memory, one atomic per non-zero cell.
+__device__ __forceinline__ void block_flush(const double* acc, double* out, long long cells) {
+    __syncthreads();
+    for (long long c = threadIdx.x; c < cells; c += blockDim.x) {
+        const double v = acc[c];
+        if (v != 0.0) atomicAdd(out + c, v);
+    }
+}
+
+}  // namespace gpuclust
+
+#endif  // GPUCLUST_ACCUMULATE_CUH

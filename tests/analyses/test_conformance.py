@@ -1,0 +1,127 @@
+"""Conformance checks applied to every registered analysis (and every choice of its options).
+
+For each analysis: ``empty`` is a merge identity; ``merge`` is commutative and associative; the
+result does not depend on how the table is cut; empty, all-NULL and single-row inputs work.  Float
+sums are not bitwise order-invariant, so results are compared to 1e-12 relative.  Runs on every
+backend (the gpu case is marked ``gpu``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from strategies import cell
+
+from gpuclust.analyses import REGISTRY, create
+from gpuclust.analyses.base import to_host
+from gpuclust.engine import TableSource
+from gpuclust.engine.partition import column_to_numpy
+
+
+def instances():
+    out = {}
+    for name, entry in REGISTRY.items():
+        out[name] = create(name)
+        for opt in entry.options:
+            for choice in (opt.choices or ())[:2]:  # the first two choices of every option (time budget)
+                a = create(name, **{opt.name: choice})
+                out[a.label] = a
+    return out
+
+
+INSTANCES = instances()
+SETTINGS = settings(max_examples=12, deadline=None,
+                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+
+
+def partial_of(a, t: pa.Table, ctx, backend):
+    cols = {c: backend.asarray(column_to_numpy(t.column(c))) for c in a.columns}
+    return to_host(a.partial(cols, ctx, backend))
+
+
+def assert_results_equal(r1, r2, rtol=1e-12):
+    assert r1.keys() == r2.keys()
+    for k in r1:
+        a, b = r1[k].reset_index(drop=True), r2[k].reset_index(drop=True)
+        assert list(a.columns) == list(b.columns)
+        assert len(a) == len(b), (k, a, b)
+        for c in a.columns:
+            if a[c].dtype.kind == "f":
+                np.testing.assert_allclose(a[c].to_numpy(), b[c].to_numpy(), rtol=rtol, atol=1e-300, equal_nan=True)
+            else:
+                assert a[c].tolist() == b[c].tolist(), (k, c)
+
+
+@pytest.fixture(params=sorted(INSTANCES))
+def analysis(request):
+    return INSTANCES[request.param]
+
+
+def test_registry_covers_instances():
+    assert {a.name for a in INSTANCES.values()} == set(REGISTRY)
+
+
+@SETTINGS
+@given(tables=cell(), data=st.data())
+def test_merge_laws_and_partition_invariance(analysis, backend, tables, data):
+    src = TableSource(tables)
+    ctx = analysis.context(src)
+    t = tables[analysis.table]
+    n = t.num_rows
+    whole = partial_of(analysis, t, ctx, backend)
+    full = analysis.finalize(whole, ctx)
+    e = to_host(analysis.empty(backend))
+    # identity
+    assert_results_equal(analysis.finalize(analysis.merge(e, whole), ctx), full)
+    assert_results_equal(analysis.finalize(analysis.merge(whole, e), ctx), full)
+    # partition invariance, commutativity, associativity
+    c1, c2 = sorted(data.draw(st.lists(st.integers(0, n), min_size=2, max_size=2)))
+    pa_, pb, pc = (partial_of(analysis, t.slice(lo, hi - lo), ctx, backend) for lo, hi in ((0, c1), (c1, c2), (c2, n)))
+    left = analysis.merge(analysis.merge(pa_, pb), pc)
+    right = analysis.merge(pa_, analysis.merge(pb, pc))
+    swapped = analysis.merge(pc, analysis.merge(pb, pa_))
+    for p in (left, right, swapped):
+        assert_results_equal(analysis.finalize(p, ctx), full)
+
+
+def test_empty_input(analysis, backend):
+    src = TableSource({})
+    ctx = analysis.context(src)
+    t = src.read(analysis.table)
+    r_empty = analysis.finalize(to_host(analysis.empty(backend)), ctx)
+    r_part = analysis.finalize(partial_of(analysis, t, ctx, backend), ctx)
+    assert_results_equal(r_empty, r_part)
+    assert all(len(df) == 0 for k, df in r_empty.items() if k != "info")
+
+
+@SETTINGS
+@given(tables=cell())
+def test_all_null_input(analysis, backend, tables):
+    nulled = {}
+    for name, t in tables.items():
+        cols = [pa.nulls(t.num_rows, f.type) if f.nullable else t.column(f.name) for f in t.schema]
+        nulled[name] = pa.Table.from_arrays(cols, schema=t.schema)
+    src = TableSource(nulled)
+    ctx = analysis.context(src)
+    res = analysis.finalize(partial_of(analysis, nulled[analysis.table], ctx, backend), ctx)
+    assert all(isinstance(df, pd.DataFrame) for df in res.values())
+    for df in res.values():
+        for c in ("cpu", "mem"):
+            if c in df:
+                assert df[c].isna().all()  # NULL capacity -> undefined normalisation
+
+
+@SETTINGS
+@given(tables=cell())
+def test_single_rows(analysis, backend, tables):
+    src = TableSource(tables)
+    ctx = analysis.context(src)
+    t = tables[analysis.table]
+    acc = to_host(analysis.empty(backend))
+    for k in range(t.num_rows):
+        acc = analysis.merge(acc, partial_of(analysis, t.slice(k, 1), ctx, backend))
+    assert_results_equal(analysis.finalize(acc, ctx), analysis.finalize(partial_of(analysis, t, ctx, backend), ctx))

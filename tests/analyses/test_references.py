@@ -1,0 +1,192 @@
+"""Independent references: DuckDB SQL over the same Parquet files, for every number reported.
+
+The notebook-mode SQL is Google's notebook query (clusterdata_analysis_colab) in DuckDB dialect,
+with canonical column names; the exact-mode SQL expands each window over its hours with
+generate_series.  Engine results are compared to 1e-12 relative.
+"""
+
+from __future__ import annotations
+
+import duckdb
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, given, settings
+from strategies import cell, random_cell, write_dataset
+
+from gpuclust.analyses import CellUsage, MachineShapes
+from gpuclust.dataset import Dataset
+from gpuclust.engine import run
+from gpuclust.schema import TIER_MAPS
+
+
+def _files(ds: Dataset, table: str) -> str:
+    return "[" + ", ".join(f"'{f}'" for f in ds.files(table)) + "]"
+
+
+def _case(tm_name: str, unknown: str | None) -> str:
+    """CASE over priority for a tier map: the notebook's CASE ... ELSE <last tier> (unknown=None),
+    or exact mode's variant where NULL / negative priorities are 'unknown'."""
+    tm = TIER_MAPS[tm_name]
+    parts = []
+    if unknown:
+        parts.append(f"WHEN e.priority IS NULL OR e.priority < {tm.bounds[0]} THEN '{unknown}'")
+    for name, lo, hi in zip(tm.names[:-1], tm.bounds[:-1], tm.bounds[1:], strict=False):
+        parts.append(f"WHEN e.priority BETWEEN {lo} AND {hi - 1} THEN '{name}'")
+    return "CASE " + " ".join(parts) + f" ELSE '{tm.names[-1]}' END"
+
+
+CAPACITY_SQL = """
+SELECT SUM(cpu_cap) AS cpu_capacity, SUM(memory_cap) AS memory_capacity
+FROM (SELECT machine_id, MAX(cap_cpu) AS cpu_cap, MAX(cap_mem) AS memory_cap
+      FROM read_parquet({me}) GROUP BY 1)
+"""
+
+PRIORITY_SQL = """
+SELECT collection_id, instance_index, machine_id, MAX(priority) AS priority
+FROM read_parquet({ev})
+WHERE (alloc_collection_id IS NULL OR alloc_collection_id = 0)
+GROUP BY 1, 2, 3
+"""
+
+
+def notebook_sql(ds: Dataset, tm: str) -> pd.DataFrame:
+    q = f"""
+    WITH cap AS ({CAPACITY_SQL.format(me=_files(ds, 'machine_events'))}),
+    e AS ({PRIORITY_SQL.format(ev=_files(ds, 'instance_events'))}),
+    u AS (
+      SELECT start_time AS time, collection_id, instance_index, machine_id,
+             avg_cpu AS cpu_usage, avg_mem AS memory_usage
+      FROM read_parquet({_files(ds, 'instance_usage')})
+      WHERE (alloc_collection_id IS NULL OR alloc_collection_id = 0)
+        AND (end_time - start_time) >= (5 * 60 * 1e6)
+    ),
+    j AS (
+      SELECT u.time, {_case(tm, None)} AS tier, u.cpu_usage, u.memory_usage
+      FROM u JOIN e ON u.collection_id = e.collection_id AND u.instance_index = e.instance_index
+                   AND u.machine_id = e.machine_id
+    )
+    SELECT CAST(FLOOR(time / (1e6 * 60 * 60)) AS BIGINT) AS hour, tier,
+           COALESCE(SUM(cpu_usage), 0) / (12 * NULLIF(ANY_VALUE(cap.cpu_capacity), 0)) AS cpu,
+           COALESCE(SUM(memory_usage), 0) / (12 * NULLIF(ANY_VALUE(cap.memory_capacity), 0)) AS mem,
+           COUNT(*) AS windows
+    FROM j, cap GROUP BY 1, 2
+    """
+    return duckdb.sql(q).df()
+
+
+def exact_sql(ds: Dataset, tm: str) -> pd.DataFrame:
+    H = 3_600_000_000
+    q = f"""
+    WITH cap AS ({CAPACITY_SQL.format(me=_files(ds, 'machine_events'))}),
+    e AS ({PRIORITY_SQL.format(ev=_files(ds, 'instance_events'))}),
+    u AS (
+      SELECT start_time AS s, end_time AS t, collection_id, instance_index, machine_id, avg_cpu, avg_mem
+      FROM read_parquet({_files(ds, 'instance_usage')})
+      WHERE (alloc_collection_id IS NULL OR alloc_collection_id = 0) AND end_time <> 9223372036854775807
+    ),
+    j AS (
+      SELECT u.*, {_case(tm, 'unknown')} AS tier
+      FROM u LEFT JOIN e ON u.collection_id = e.collection_id AND u.instance_index = e.instance_index
+                        AND u.machine_id = e.machine_id
+    ),
+    x AS (
+      SELECT j.*, g.h AS h FROM j,
+        generate_series(j.s // {H}, GREATEST(j.s // {H}, (j.t - 1) // {H})) AS g(h)
+    )
+    SELECT h AS hour, tier,
+      COALESCE(SUM(avg_cpu * (GREATEST(0, LEAST(t, (h + 1) * {H}) - GREATEST(s, h * {H})) / 1e6)), 0)
+        / (3600 * NULLIF(ANY_VALUE(cap.cpu_capacity), 0)) AS cpu,
+      COALESCE(SUM(avg_mem * (GREATEST(0, LEAST(t, (h + 1) * {H}) - GREATEST(s, h * {H})) / 1e6)), 0)
+        / (3600 * NULLIF(ANY_VALUE(cap.memory_capacity), 0)) AS mem,
+      SUM(CASE WHEN s // {H} = h THEN 1 ELSE 0 END) AS windows,
+      SUM(COALESCE(avg_cpu, 0) * (GREATEST(0, LEAST(t, (h + 1) * {H}) - GREATEST(s, h * {H})))) AS rawc,
+      SUM(COALESCE(avg_mem, 0) * (GREATEST(0, LEAST(t, (h + 1) * {H}) - GREATEST(s, h * {H})))) AS rawm
+    FROM x, cap GROUP BY 1, 2
+    """
+    df = duckdb.sql(q).df()
+    keep = (df["rawc"] != 0) | (df["rawm"] != 0) | (df["windows"] != 0)
+    return df[keep].drop(columns=["rawc", "rawm"])
+
+
+def shapes_sql(ds: Dataset) -> pd.DataFrame:
+    q = f"""SELECT cap_cpu, cap_mem, COUNT(DISTINCT machine_id) AS machines
+            FROM read_parquet({_files(ds, 'machine_events')}) GROUP BY 1, 2"""
+    return duckdb.sql(q).df()
+
+
+def assert_usage_equal(got: pd.DataFrame, want: pd.DataFrame, rtol: float = 1e-12) -> None:
+    key = ["hour", "tier"]
+    g = got.sort_values(key).reset_index(drop=True)
+    w = want.sort_values(key).reset_index(drop=True)
+    assert len(g) == len(w), (g, w)
+    assert g["hour"].tolist() == w["hour"].astype(np.int64).tolist()
+    assert g["tier"].tolist() == w["tier"].tolist()
+    assert g["windows"].tolist() == w["windows"].astype(np.int64).tolist()
+    for c in ("cpu", "mem"):
+        np.testing.assert_allclose(g[c].to_numpy(float), w[c].to_numpy(float), rtol=rtol, atol=1e-300, equal_nan=True)
+
+
+def assert_shapes_equal(got: pd.DataFrame, want: pd.DataFrame) -> None:
+    def norm(df: pd.DataFrame) -> list[tuple[str, str, int]]:
+        rows = []
+        for c, m, n in zip(df["cap_cpu"], df["cap_mem"], df["machines"], strict=False):
+            def f(v):
+                return ("NULL" if v is None or pd.isna(v) else repr(float(np.float32(v)) + 0.0))
+            rows.append((f(c), f(m), int(n)))
+        return sorted(rows)
+
+    assert norm(got) == norm(want)
+
+
+def _check(ds: Dataset, tm: str | None = None, partitions: int = 1) -> None:
+    tmn = tm or "notebook"
+    res = run(ds, [CellUsage(mode="notebook", tier_map=tm), CellUsage(mode="exact", tier_map=tm), MachineShapes()],
+              partitions=partitions)
+    assert_usage_equal(res["cell-usage[mode=notebook" + (f",tier_map={tm}" if tm else "") + "]"]["usage"],
+                       notebook_sql(ds, tmn))
+    assert_usage_equal(res["cell-usage[mode=exact" + (f",tier_map={tm}" if tm else "") + "]"]["usage"],
+                       exact_sql(ds, tmn))
+    assert_shapes_equal(res["machine-shapes"]["shapes"], shapes_sql(ds))
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_random_cell_matches_duckdb(tmp_path, seed):
+    ds = Dataset(write_dataset(tmp_path / "ds", random_cell(seed), files=3, row_group_size=700))
+    _check(ds, partitions=4)
+
+
+@pytest.mark.parametrize("tm", ["seed-002", "v3-doc"])
+def test_other_tier_maps_match_duckdb(tmp_path, tm):
+    ds = Dataset(write_dataset(tmp_path / "ds", random_cell(7, n_windows=1500)))
+    _check(ds, tm=tm, partitions=2)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                  HealthCheck.too_slow])
+@given(tables=cell())
+def test_hypothesis_cells_match_duckdb(tmp_path_factory, tables):
+    ds = Dataset(write_dataset(tmp_path_factory.mktemp("ds"), tables, files=2))
+    _check(ds, partitions=3)
+
+
+def test_info_counts(tmp_path):
+    tables = random_cell(3, n_windows=2000)
+    ds = Dataset(write_dataset(tmp_path / "ds", tables))
+    files = _files(ds, "instance_usage")
+    nb = run(ds, CellUsage(mode="notebook"))["cell-usage"]["info"].iloc[0]
+    ex = run(ds, CellUsage(mode="exact"))["cell-usage"]["info"].iloc[0]
+    top = "(alloc_collection_id IS NULL OR alloc_collection_id = 0)"
+    def one(q: str) -> object:
+        return duckdb.sql(q).fetchall()[0][0]
+
+    assert nb["rows"] == ex["rows"] == one(f"SELECT COUNT(*) FROM read_parquet({files})")
+    assert nb["alloc_rows"] == one(f"SELECT COUNT(*) FROM read_parquet({files}) WHERE NOT {top}")
+    assert nb["short_windows"] == one(
+        f"SELECT COUNT(*) FROM read_parquet({files}) WHERE {top} AND end_time - start_time < 300000000")
+    assert nb["used_windows"] == run(ds, CellUsage())["cell-usage"]["usage"]["windows"].sum()
+    assert nb["used_windows"] + nb["unmatched_windows"] + nb["short_windows"] + nb["alloc_rows"] == nb["rows"]
+    assert ex["used_windows"] + ex["alloc_rows"] + ex["unbounded_windows"] == ex["rows"]
+    assert ex["unknown_windows"] == run(ds, CellUsage(mode="exact"))["cell-usage"]["usage"].query(
+        "tier == 'unknown'")["windows"].sum()
+    assert nb["cpu_capacity"] == pytest.approx(one(CAPACITY_SQL.format(me=_files(ds, "machine_events"))), rel=1e-12)

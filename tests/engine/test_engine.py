@@ -1,0 +1,216 @@
+"""The engine: partitioning, shared reads, local/threaded/distributed schedulers, CLI, GPU parity.
+
+Results must be identical (to 1e-12 relative: float sums are not bitwise order-invariant) for
+1, 2 and 7 partitions, random cut points, the threaded scheduler and a 2-worker LocalCluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import pickle
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from strategies import random_cell, write_dataset
+
+from gpuclust.analyses import CellUsage, MachineShapes
+from gpuclust.backends import BackendUnavailable, gpu_available
+from gpuclust.dataset import Dataset
+from gpuclust.engine import TableSource, partition, plan_partitions, read_partition, run
+from gpuclust.engine.local import partition_partials
+
+# distributed (2026.8) leaks the socket it uses to pick a free port (distributed/node.py); the
+# ResourceWarning surfaces as an "unraisable" warning in whichever test runs at GC time.
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:unclosed <socket:ResourceWarning"),
+    pytest.mark.filterwarnings("ignore:Exception ignored in. <socket:pytest.PytestUnraisableExceptionWarning"),
+]
+
+ANALYSES = [CellUsage(mode="notebook"), CellUsage(mode="exact"), MachineShapes()]
+
+
+def assert_same(r1, r2, rtol=1e-12):
+    assert r1.keys() == r2.keys()
+    for k in r1:
+        assert r1[k].keys() == r2[k].keys()
+        for t in r1[k]:
+            a, b = r1[k][t], r2[k][t]
+            assert list(a.columns) == list(b.columns) and len(a) == len(b), (k, t)
+            for c in a.columns:
+                if a[c].dtype.kind == "f":
+                    np.testing.assert_allclose(a[c].to_numpy(), b[c].to_numpy(), rtol=rtol, atol=1e-300, equal_nan=True)
+                else:
+                    assert a[c].tolist() == b[c].tolist(), (k, t, c)
+
+
+@pytest.fixture(scope="module")
+def tables():
+    return random_cell(11, n_windows=6000)
+
+
+@pytest.fixture(scope="module")
+def dataset(tables, tmp_path_factory):
+    return Dataset(write_dataset(tmp_path_factory.mktemp("ds"), tables, files=3, row_group_size=450))
+
+
+@pytest.fixture(scope="module")
+def reference(dataset):
+    return run(dataset, ANALYSES)
+
+
+def test_results_keyed_by_name_or_label(reference):
+    assert set(reference) == {"cell-usage[mode=notebook]", "cell-usage[mode=exact]", "machine-shapes"}
+    assert set(reference["cell-usage[mode=exact]"]) == {"usage", "info"}
+    assert len(reference["cell-usage[mode=exact]"]["usage"]) > 0
+
+
+@pytest.mark.parametrize("partitions", [1, 2, 7])
+def test_partition_counts(dataset, tables, reference, partitions):
+    assert_same(run(dataset, ANALYSES, partitions=partitions), reference)
+    assert_same(run(tables, ANALYSES, partitions=partitions), reference)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_random_cut_points(dataset, tables, reference, seed):
+    rng = np.random.default_rng(seed)
+    cuts = {t: sorted(rng.integers(0, tables[t].num_rows + 1, rng.integers(1, 9)).tolist()) for t in tables}
+    assert_same(run(dataset, ANALYSES, cut_points=cuts), reference)
+    assert_same(run(tables, ANALYSES, cut_points=cuts), reference)
+
+
+def test_plan_partitions_cover_rows(dataset, tables):
+    t = tables["instance_usage"]
+    for parts in (1, 2, 5, 7, 40):
+        specs = plan_partitions(dataset, "instance_usage", parts)
+        assert len(specs) == parts
+        got = pa.concat_tables([pa.table(read_partition(s, ["start_time", "collection_id"])) for s in specs])
+        assert got.column("start_time").to_pylist() == t.column("start_time").to_pylist()
+        assert got.column("collection_id").to_pylist() == t.column("collection_id").to_pylist()
+    # with few partitions the cuts fall on Parquet row-group boundaries
+    specs = plan_partitions(dataset, "instance_usage", 3)
+    assert all(p.start % 450 == 0 or p.start == 0 for s in specs for p in s.pieces)
+    assert len(plan_partitions(dataset, "instance_usage", "auto")) == 1
+    with pytest.raises(ValueError, match="partitions"):
+        plan_partitions(dataset, "instance_usage", 0)
+    specs = plan_partitions(dataset, "instance_usage", cut_points=[1, 2, 999, 5000])
+    assert [s.num_rows for s in specs] == [1, 1, 997, 4001, t.num_rows - 5000]
+
+
+def test_nulls_reach_partials_as_sentinels(tables):
+    spec = plan_partitions(TableSource(tables), "instance_usage", 1)[0]
+    cols = read_partition(spec, ["alloc_collection_id", "avg_cpu"])
+    n_null = tables["instance_usage"].column("alloc_collection_id").null_count
+    assert n_null > 0 and int((cols["alloc_collection_id"] == np.iinfo(np.int64).min).sum()) == n_null
+    assert int(np.isnan(cols["avg_cpu"]).sum()) == tables["instance_usage"].column("avg_cpu").null_count
+
+
+def test_one_read_per_partition_shared_by_analyses(dataset, monkeypatch):
+    calls = []
+    real = partition.read_partition
+
+    def counting(spec, columns):
+        calls.append((spec.table, spec.index, tuple(columns)))
+        return real(spec, columns)
+
+    monkeypatch.setattr(partition, "read_partition", counting)
+    run(dataset, ANALYSES, partitions=3)
+    assert sorted((t, i) for t, i, _ in calls) == sorted([("instance_usage", i) for i in range(3)]
+                                                       + [("machine_events", i) for i in range(3)])
+    usage_cols = {c for t, _, cols in calls if t == "instance_usage" for c in cols}
+    assert usage_cols == set(CellUsage().columns)  # column pruning: only what the analyses read
+    calls.clear()
+    run(dataset, ANALYSES, partitions=3, scheduler="threads")
+    assert len(calls) == 6
+
+
+def test_threaded_scheduler(dataset, reference):
+    assert_same(run(dataset, ANALYSES, partitions=7, scheduler="threads", split_every=2), reference)
+    assert_same(run(dataset, ANALYSES, partitions=1, scheduler="sync"), reference)
+
+
+def test_partials_are_host_and_picklable(dataset):
+    spec = plan_partitions(dataset, "instance_usage", 2)[1]
+    ans = ANALYSES[:2]
+    parts = partition_partials(spec, ans, [a.context(dataset) for a in ans], "cpu")
+    back = pickle.loads(pickle.dumps(parts))
+    for p, q in zip(parts, back, strict=False):
+        assert p.keys() == q.keys()
+        for k in p:
+            assert isinstance(p[k], np.ndarray)
+            np.testing.assert_array_equal(p[k], q[k])
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
+                                  dashboard_address=None) as c, distributed.Client(c) as client:
+        yield c, client
+    gc.collect()  # surface distributed's leaked sockets here, under this module's filters
+
+
+def test_local_cluster_two_workers(cluster, dataset, tables, reference):
+    c, client = cluster
+    assert_same(run(dataset, ANALYSES, partitions=7, scheduler=client, split_every=3), reference)
+    assert_same(run(tables, ANALYSES, partitions=2, scheduler=client), reference)
+    # an existing scheduler by address
+    assert_same(run(dataset, ANALYSES, partitions=2, scheduler=c.scheduler_address), reference)
+
+
+def test_unknown_scheduler(dataset):
+    with pytest.raises(ValueError, match="unknown scheduler"):
+        run(dataset, ANALYSES[2:], scheduler="warp-drive")
+
+
+@pytest.mark.skipif(gpu_available(), reason="a GPU is present")
+def test_gpu_backend_missing_raises(dataset):
+    with pytest.raises(BackendUnavailable):
+        run(dataset, ANALYSES, backend="gpu")
+
+
+@pytest.mark.gpu
+def test_gpu_matches_cpu(gpu_backend, dataset, reference):
+    assert_same(run(dataset, ANALYSES, partitions=3, backend=gpu_backend), reference, rtol=1e-9)
+    assert_same(run(dataset, ANALYSES, partitions=2, backend="gpu", scheduler="threads"), reference, rtol=1e-9)
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_local_cuda_cluster(gpu_backend, dataset, reference):
+    pytest.importorskip("dask_cuda")
+    assert_same(run(dataset, ANALYSES, partitions=4, backend="gpu", scheduler="cuda"), reference, rtol=1e-9)
+
+
+def test_cli_analyze(dataset, tmp_path, capsys):
+    import pandas as pd
+
+    from gpuclust.engine.command import register
+
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="command")
+    register(sub)
+    out = tmp_path / "out"
+    args = parser.parse_args(["analyze", str(dataset.path), "cell-usage", "machine-shapes", "--out", str(out),
+                              "--partitions", "2", "--mode", "exact", "--tier-map", "seed-002"])
+    assert args.func(args) == 0
+    assert (out / "summary.txt").read_text() == capsys.readouterr().out
+    usage = pd.read_parquet(out / "cell-usage" / "usage.parquet")
+    assert set(usage["tier"]) <= {"free", "beb", "mid", "prod", "monitoring", "unknown"}
+    assert (out / "cell-usage" / "info.parquet").is_file()
+    assert (out / "machine-shapes" / "shapes.parquet").is_file()
+    for png in (out / "cell-usage" / "cell-usage.png", out / "machine-shapes" / "machine-shapes.png"):
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not list(out.rglob(".*.tmp")) and not list(out.rglob(".*.png"))
+    want = run(dataset, [CellUsage(mode="exact", tier_map="seed-002")])["cell-usage"]["usage"]
+    np.testing.assert_allclose(usage["cpu"].to_numpy(), want["cpu"].to_numpy(), rtol=1e-12)
+    bad = parser.parse_args(["analyze", str(tmp_path / "missing"), "machine-shapes", "--out", str(out)])
+    assert bad.func(bad) == 2
+
+
+@pytest.mark.slow
+def test_local_process_cluster_string(dataset, reference):
+    """``scheduler="local:2"``: two worker *processes*, so partials really cross process borders."""
+    assert_same(run(dataset, ANALYSES, partitions=4, scheduler="local:2"), reference)
+    gc.collect()

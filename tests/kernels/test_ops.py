@@ -1,0 +1,157 @@
+"""The custom-kernel ops: NumPy twins against slow loops, argument checks, and CPU/GPU parity."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpuclust.backends import cpu
+
+HOUR = 3_600_000_000
+MAXT = 2**63 - 1
+
+
+def slow_bucket_overlap(start, end, value, group, n_groups, n_buckets, origin, width):
+    out = np.zeros((n_groups, n_buckets))
+    for s, e, v, g in zip(start.tolist(), end.tolist(), value.tolist(), group.tolist(), strict=False):
+        if not (0 <= g < n_groups) or v != v:
+            continue
+        for b in range(n_buckets):
+            lo, hi = origin + b * width, origin + (b + 1) * width
+            ov = min(e, hi) - max(s, lo)
+            if ov > 0:
+                out[g, b] += float(v) * (ov / 1e6)
+    return out
+
+
+@st.composite
+def intervals(draw):
+    n = draw(st.integers(0, 40))
+    width = draw(st.sampled_from([1, 7, 1_000_000, HOUR]))
+    n_buckets = draw(st.integers(0, 12))
+    origin = draw(st.sampled_from([0, -5 * width, 3 * width + 1, 2**40]))
+    lo, hi = origin - 2 * width, origin + (n_buckets + 2) * width
+    ts = st.one_of(st.integers(lo, hi), st.sampled_from([0, MAXT, origin, origin + width]))
+    start = np.array(draw(st.lists(ts, min_size=n, max_size=n)), dtype=np.int64)
+    kind = draw(st.lists(st.sampled_from(["len", "end", "zero"]), min_size=n, max_size=n))
+    end = start.copy()
+    for k in range(n):
+        if kind[k] == "len":
+            end[k] = min(MAXT, int(start[k]) + draw(st.integers(0, 3 * width)))
+        elif kind[k] == "end":
+            end[k] = draw(ts)
+    dtype = draw(st.sampled_from([np.float32, np.float64]))
+    vals = draw(st.lists(st.one_of(st.floats(-10, 10, width=32), st.just(float("nan"))), min_size=n, max_size=n))
+    value = np.array(vals, dtype=dtype)
+    n_groups = draw(st.integers(0, 4))
+    group = np.array(draw(st.lists(st.integers(-1, 4), min_size=n, max_size=n)), dtype=np.int32)
+    return start, end, value, group, n_groups, n_buckets, origin, width
+
+
+@settings(max_examples=150, deadline=None)
+@given(intervals())
+def test_bucket_overlap_twin_matches_slow_loop(args):
+    start, end, value, group, n_groups, n_buckets, origin, width = args
+    got = cpu.bucket_overlap(start, end, value, group, n_groups=n_groups, n_buckets=n_buckets, origin=origin, width=width)
+    want = slow_bucket_overlap(start, end, value, group, n_groups, n_buckets, origin, width)
+    assert got.dtype == np.float64 and got.shape == (n_groups, n_buckets)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-9)
+
+
+def test_bucket_overlap_crossing_and_sentinels():
+    start = np.array([HOUR - 60_000_000, 0, 5, 2 * HOUR], dtype=np.int64)
+    end = np.array([HOUR + 240_000_000, MAXT, 5, 2 * HOUR], dtype=np.int64)
+    value = np.array([1.0, 2.0, 9.0, 9.0])
+    group = np.zeros(4, dtype=np.int32)
+    out = cpu.bucket_overlap(start, end, value, group, n_groups=1, n_buckets=3, origin=0, width=HOUR)
+    np.testing.assert_allclose(out[0], [60 + 2 * 3600, 240 + 2 * 3600, 2 * 3600])
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(-2, 6), st.one_of(st.floats(-1e6, 1e6), st.just(float("nan")))), max_size=50),
+       st.integers(0, 6), st.sampled_from([np.int32, np.int64]), st.sampled_from([np.float32, np.float64]))
+def test_grouped_sum_twin_matches_loop(rows, n_groups, cdt, vdt):
+    codes = np.array([r[0] for r in rows], dtype=cdt)
+    values = np.array([r[1] for r in rows], dtype=vdt)
+    want = np.zeros(n_groups)
+    for c, v in zip(codes.tolist(), values.tolist(), strict=False):
+        if 0 <= c < n_groups and v == v:
+            want[c] += v
+    np.testing.assert_allclose(cpu.grouped_sum(codes, values, n_groups=n_groups), want, rtol=1e-12, atol=1e-6)
+
+
+def test_argument_checks(backend):
+    xp, ops = backend.xp, backend.ops
+    i64 = xp.zeros(4, dtype=xp.int64)
+    f64 = xp.zeros(4, dtype=xp.float64)
+    g32 = xp.zeros(4, dtype=xp.int32)
+    kw = dict(n_groups=1, n_buckets=1, origin=0, width=HOUR)
+    with pytest.raises(TypeError, match="start"):
+        ops.bucket_overlap(i64.astype(xp.int32), i64, f64, g32, **kw)
+    with pytest.raises(TypeError, match="group"):
+        ops.bucket_overlap(i64, i64, f64, g32.astype(xp.int64), **kw)
+    with pytest.raises(ValueError, match="contiguous"):
+        ops.bucket_overlap(xp.zeros(8, dtype=xp.int64)[::2], i64, f64, g32, **kw)
+    with pytest.raises(ValueError, match="length"):
+        ops.bucket_overlap(i64, i64[:3], f64, g32, **kw)
+    with pytest.raises(ValueError, match="width"):
+        ops.bucket_overlap(i64, i64, f64, g32, n_groups=1, n_buckets=1, origin=0, width=0)
+    with pytest.raises(ValueError, match="int64"):
+        ops.bucket_overlap(i64, i64, f64, g32, n_groups=1, n_buckets=2**40, origin=0, width=HOUR)
+    with pytest.raises(TypeError, match="values"):
+        ops.grouped_sum(g32, i64, n_groups=2)
+
+
+# ------------------------------------------------------------------------------ GPU parity
+def _rng_case(rng, n, n_groups, n_buckets, width, dtype, contention):
+    origin = int(rng.integers(-3, 3)) * width
+    span = n_buckets * width
+    start = rng.integers(origin - width, origin + span + width, n).astype(np.int64)
+    length = rng.choice(np.array([0, 1, width // 3, width, 3 * width + 5]), n)
+    end = start + length
+    end[rng.random(n) < 0.01] = MAXT
+    start[rng.random(n) < 0.01] = 0
+    value = rng.random(n).astype(dtype)
+    value[rng.random(n) < 0.01] = np.nan
+    group = rng.integers(-1, n_groups + 1, n).astype(np.int32)
+    if contention:  # every interval in one (group, bucket) cell
+        start[:] = origin + width // 4
+        end[:] = origin + width // 2
+        group[:] = 0
+    return start, end, value, group, origin
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize(("n", "n_groups", "n_buckets", "contention"), [
+    (0, 3, 5, False), (1, 1, 1, False), (1000, 5, 24, False),       # shared-memory path
+    (200_000, 5, 744, False),                                        # shared (5*744*8 < 48 KiB)
+    (200_000, 6, 5000, False),                                       # global-atomics path
+    (300_000, 1, 4, True), (300_000, 2, 20000, True),                # heavy contention, both paths
+])
+def test_bucket_overlap_gpu_parity(gpu_backend, dtype, n, n_groups, n_buckets, contention):
+    cp = gpu_backend.xp
+    rng = np.random.default_rng(n + n_buckets)
+    width = HOUR
+    start, end, value, group, origin = _rng_case(rng, n, n_groups, n_buckets, width, dtype, contention)
+    kw = dict(n_groups=n_groups, n_buckets=n_buckets, origin=origin, width=width)
+    want = cpu.bucket_overlap(start, end, value, group, **kw)
+    got = gpu_backend.ops.bucket_overlap(cp.asarray(start), cp.asarray(end), cp.asarray(value), cp.asarray(group), **kw)
+    np.testing.assert_allclose(cp.asnumpy(got), want, rtol=1e-9, atol=1e-9 * max(1.0, float(np.abs(want).max(initial=0))))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cdt", [np.int32, np.int64])
+@pytest.mark.parametrize("vdt", [np.float32, np.float64])
+@pytest.mark.parametrize(("n", "n_groups"), [(0, 4), (1, 1), (100_000, 7), (500_000, 1), (200_000, 100_000)])
+def test_grouped_sum_gpu_parity(gpu_backend, cdt, vdt, n, n_groups):
+    cp = gpu_backend.xp
+    rng = np.random.default_rng(n + n_groups)
+    codes = rng.integers(-1, n_groups + 1, n).astype(cdt)
+    values = rng.random(n).astype(vdt)
+    values[rng.random(n) < 0.01] = np.nan
+    want = cpu.grouped_sum(codes, values, n_groups=n_groups)
+    got = gpu_backend.ops.grouped_sum(cp.asarray(codes), cp.asarray(values), n_groups=n_groups)
+    np.testing.assert_allclose(cp.asnumpy(got), want, rtol=1e-9, atol=1e-12)

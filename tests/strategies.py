@@ -1,0 +1,161 @@
+"""Hypothesis strategies and helpers that build canonical tables, including the ugly cases.
+
+Ugly cases covered: NULL capacity (and NULL cpu with non-NULL memory), capacity changes (UPDATE),
+time 0 and 2^63-1, ids above 2^53 and above 2^32, windows crossing hour boundaries and spanning
+several hours, zero-length windows, windows shorter than 5 minutes, alloc rows (alloc_collection_id
+non-zero), NULL alloc_collection_id, NULL avg usage, NULL / negative priorities, instances with no
+event row, and event rows inside allocs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from hypothesis import strategies as st
+
+from gpuclust.dataset import new_manifest, write_json_atomic
+from gpuclust.schema import SCHEMAS, TABLES, TIME_AFTER_TRACE
+
+HOUR = 3_600_000_000
+BIG_IDS = [1, 2, 3, 2**32 + 7, 2**53 + 1, 2**62 + 12345, 2**63 - 2]
+
+
+def table(name: str, cols: dict[str, Any]) -> pa.Table:
+    """A canonical table from column lists; missing nullable columns are NULL."""
+    schema = SCHEMAS[name]
+    n = len(next(iter(cols.values()))) if cols else 0
+    arrays = []
+    for f in schema:
+        if f.name in cols:
+            arrays.append(pa.array(cols[f.name], type=f.type))
+        else:
+            assert f.nullable, f.name
+            arrays.append(pa.nulls(n, type=f.type))
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def write_dataset(path: Path, tables: dict[str, pa.Table], *, files: int = 1, row_group_size: int | None = None,
+                  tier_map: str | None = "notebook", trace_version: str = "v3") -> Path:
+    """Write canonical tables as ``<table>/part-*.parquet`` plus a complete manifest."""
+    path = Path(path)
+    m = new_manifest(trace_version=trace_version, tier_map=tier_map, complete=True, cell="test")
+    for name in TABLES:
+        t = tables.get(name, SCHEMAS[name].empty_table())
+        d = path / name
+        d.mkdir(parents=True, exist_ok=True)
+        n = t.num_rows
+        k = max(1, min(files, n)) if n else 1
+        edges = np.linspace(0, n, k + 1).round().astype(int)
+        rel = []
+        for j in range(k):
+            f = f"{name}/part-{j:05d}.parquet"
+            pq.write_table(t.slice(edges[j], edges[j + 1] - edges[j]), path / f,
+                           row_group_size=row_group_size or max(1, n))
+            rel.append(f)
+        m["tables"][name] = {"rows": n, "files": rel}
+    write_json_atomic(path / "manifest.json", m)
+    return path
+
+
+times = st.one_of(
+    st.integers(0, 800 * HOUR),
+    st.sampled_from([0, 600_000_000, HOUR - 1, HOUR, 2 * HOUR + 1]),
+)
+cap = st.one_of(st.none(), st.sampled_from([0.25, 0.5, 0.5, 1.0, -0.0, 0.0]), st.floats(0, 1, width=32))
+
+
+@st.composite
+def machine_events(draw: Any, max_machines: int = 6) -> pa.Table:
+    ids = draw(st.lists(st.sampled_from(BIG_IDS + [10, 11, 12]), min_size=0, max_size=max_machines, unique=True))
+    rows: dict[str, list[Any]] = {k: [] for k in ("time", "machine_id", "type", "cap_cpu", "cap_mem")}
+    for mid in ids:
+        for k in range(draw(st.integers(1, 3))):
+            rows["time"].append(draw(st.sampled_from([0, 1, 2**40, TIME_AFTER_TRACE])))
+            rows["machine_id"].append(mid)
+            rows["type"].append(1 if k == 0 else draw(st.sampled_from([2, 3])))
+            rows["cap_cpu"].append(draw(cap))
+            rows["cap_mem"].append(draw(cap))
+    return table("machine_events", rows)
+
+
+@st.composite
+def cell(draw: Any, max_instances: int = 8, max_windows: int = 30) -> dict[str, pa.Table]:
+    """A small cell: machine_events, instance_events and instance_usage that join in ugly ways."""
+    me = draw(machine_events())
+    machines = me.column("machine_id").to_pylist() or [5]
+    inst = draw(st.lists(st.tuples(st.sampled_from(BIG_IDS), st.integers(0, 3), st.sampled_from(machines)),
+                         min_size=0, max_size=max_instances, unique=True))
+    ev: dict[str, list[Any]] = {k: [] for k in ("time", "type", "collection_id", "instance_index", "machine_id",
+                                                "priority", "alloc_collection_id")}
+    for c, i, m in inst:
+        for _ in range(draw(st.integers(0, 3))):  # 0 events: the instance has usage but no event row
+            ev["time"].append(draw(times))
+            ev["type"].append(draw(st.sampled_from([0, 3, 6])))
+            ev["collection_id"].append(c)
+            ev["instance_index"].append(i)
+            ev["machine_id"].append(draw(st.one_of(st.just(m), st.just(m), st.none(), st.just(0))))
+            ev["priority"].append(draw(st.one_of(st.sampled_from([0, 99, 100, 115, 116, 119, 120, 200, 360, 450]),
+                                                 st.none(), st.just(-1), st.integers(0, 500))))
+            ev["alloc_collection_id"].append(draw(st.one_of(st.none(), st.just(0), st.just(0), st.just(2**40 + 3))))
+    us: dict[str, list[Any]] = {k: [] for k in ("start_time", "end_time", "collection_id", "instance_index",
+                                                "machine_id", "alloc_collection_id", "avg_cpu", "avg_mem")}
+    if inst:
+        for _ in range(draw(st.integers(0, max_windows))):
+            c, i, m = draw(st.sampled_from(inst))
+            s = draw(times)
+            kind = draw(st.sampled_from(["5min", "5min", "5min", "short", "zero", "long", "cross"]))
+            length = {"5min": 300_000_000, "short": draw(st.integers(1, 299_999_999)), "zero": 0,
+                      "long": draw(st.integers(300_000_000, 5 * HOUR)),
+                      "cross": 300_000_000}[kind]
+            if kind == "cross":
+                s = (s // HOUR + 1) * HOUR - draw(st.integers(1, 299_999_999))
+            us["start_time"].append(s)
+            us["end_time"].append(s + length)
+            us["collection_id"].append(c)
+            us["instance_index"].append(i)
+            us["machine_id"].append(m)
+            us["alloc_collection_id"].append(draw(st.one_of(st.none(), st.just(0), st.just(0), st.just(0),
+                                                            st.just(2**33 + 1))))
+            us["avg_cpu"].append(draw(st.one_of(st.none(), st.floats(0, 2, width=32))))
+            us["avg_mem"].append(draw(st.one_of(st.none(), st.floats(0, 2, width=32))))
+    return {"machine_events": me, "instance_events": table("instance_events", ev),
+            "instance_usage": table("instance_usage", us)}
+
+
+def random_cell(seed: int, n_machines: int = 40, n_instances: int = 300, n_windows: int = 5000) -> dict[str, pa.Table]:
+    """A larger random cell (numpy RNG) for partition / dask / reference tests."""
+    rng = np.random.default_rng(seed)
+    mids = rng.choice(np.array([*BIG_IDS, *range(100, 100 + n_machines)], dtype=np.int64), n_machines, replace=False)
+    shapes = np.array([[0.5, 0.25], [0.25, 0.125], [1.0, 1.0], [0.5, 0.5]], dtype=np.float32)
+    mrow = np.repeat(mids, 2)
+    sh = shapes[rng.integers(0, len(shapes), mrow.size)]
+    capc = [None if rng.random() < 0.05 else float(x) for x in sh[:, 0]]
+    capm = [None if rng.random() < 0.05 else float(x) for x in sh[:, 1]]
+    me = table("machine_events", {"time": rng.integers(0, 2**40, mrow.size), "machine_id": mrow,
+                                  "type": np.where(np.arange(mrow.size) % 2 == 0, 1, 3).astype(np.int8),
+                                  "cap_cpu": capc, "cap_mem": capm})
+    ic = rng.choice(np.array([3, 2**40 + 1, 2**53 + 3, 2**62 + 9], dtype=np.int64), n_instances)
+    ii = rng.integers(0, 50, n_instances).astype(np.int32)
+    im = rng.choice(mids, n_instances)
+    k = rng.integers(0, 3, n_instances)  # events per instance (0 = no event row)
+    er = np.repeat(np.arange(n_instances), k)
+    prio = rng.choice(np.array([0, 25, 100, 103, 116, 119, 120, 200, 360, -1]), er.size)
+    ev = table("instance_events", {
+        "time": rng.integers(0, 700 * HOUR, er.size), "type": np.full(er.size, 3, np.int8),
+        "collection_id": ic[er], "instance_index": ii[er], "machine_id": im[er],
+        "priority": [None if rng.random() < 0.03 else int(p) for p in prio],
+        "alloc_collection_id": [None if r < 0.3 else (0 if r < 0.95 else 2**35) for r in rng.random(er.size)]})
+    w = rng.integers(0, n_instances, n_windows)
+    start = rng.integers(0, 48 * HOUR, n_windows)
+    length = rng.choice(np.array([300_000_000, 300_000_000, 120_000_000, 0, 2 * HOUR + 17]), n_windows)
+    us = table("instance_usage", {
+        "start_time": start, "end_time": start + length, "collection_id": ic[w], "instance_index": ii[w],
+        "machine_id": im[w],
+        "alloc_collection_id": [None if r < 0.3 else (0 if r < 0.9 else 2**35 + 1) for r in rng.random(n_windows)],
+        "avg_cpu": [None if r < 0.02 else float(v) for r, v in zip(rng.random(n_windows), rng.random(n_windows), strict=False)],
+        "avg_mem": rng.random(n_windows).astype(np.float32)})
+    return {"machine_events": me, "instance_events": ev, "instance_usage": us}
