@@ -1,0 +1,299 @@
+"""Usage windows from simulated 1 Hz samples, vectorised over (windows x samples).
+
+For every running interval of an instance, the interval is cut on the global 300 s grid (grid
+cell ``g`` = ``[g*300 s, (g+1)*300 s)``; the trace start, 600 s, is a grid boundary) and clipped
+to the trace window ``[600 s, 600 s + hours)`` and to whole seconds inside the interval.  Each
+piece is one usage window with ``n = max(1, round(sample_rate * duration))`` CPU samples:
+
+* ``average_usage.cpus`` = mean of the samples; ``maximum_usage.cpus`` = max of the samples;
+  ``random_sample_usage.cpus`` = one of the samples;
+* the 20 percentiles by linear interpolation between order statistics (numpy's default
+  ``method="linear"``), :func:`window_stats`;
+* memory: ``average_usage.memory`` ~ request x a per-instance fraction x small noise,
+  ``maximum_usage.memory`` >= it, ``assigned_memory`` = the memory request at the start of the
+  interval, ``page_cache_memory`` a per-instance fraction of the average.
+
+Alloc instances report the sum of their tasks: their CPU sample at second ``s`` is the sum of the
+samples of the tasks running in them at ``s`` (0 when none), so an alloc window's average x
+duration equals the sum over its tasks' windows of average x duration in that cell.  Tasks in
+allocs and alloc instances always have ``sample_rate`` 1.
+
+CPI and MAI (only on platforms with counters and machines with a known capacity): see
+:func:`plant_cpi` and ``docs/synth.md``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gpuclust.schema import TRACE_OFFSET_US
+
+from .export import quantize
+
+US = 1_000_000
+CELL_S = 300
+CELL_US = CELL_S * US
+UNIT = 1_000_000
+
+#: Decimals written for each kind of float (the truth is computed on the written values).
+DEC_USAGE = 7
+DEC_CPI = 5
+DEC_RATE = 6
+#: Range of the planted implausible CPI values.
+CPI_OUTLIER_RANGE = (150.0, 1000.0)
+
+#: Percentile levels in source order (11 coarse, then 9 tail), as fractions.
+LEVELS = np.array([0, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 91, 92, 93, 94, 95, 96, 97, 98, 99]) / 100.0
+
+
+def window_stats(samples: np.ndarray, n: np.ndarray, pick: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Mean, max, percentiles (and a picked sample) of the first ``n[w]`` samples of each row.
+
+    ``samples`` is ``(W, S)``; row ``w`` holds its samples in columns ``[0, n[w])`` (the rest is
+    ignored).  Percentiles use numpy's ``linear`` method, including its two-sided lerp, so they
+    equal ``np.percentile(samples[w, :n[w]].astype(float64), 100 * LEVELS)``.
+
+    Examples
+    --------
+    >>> s = np.array([[3.0, 1.0, 2.0, 9.0]], np.float32)
+    >>> st = window_stats(s, np.array([3]))
+    >>> float(st["mean"][0]), float(st["max"][0]), float(st["pct"][0, 5])
+    (2.0, 3.0, 2.0)
+    """
+    W, S = samples.shape
+    n = np.asarray(n, dtype=np.int64)
+    col = np.arange(S)[None, :]
+    valid = col < n[:, None]
+    x = np.where(valid, samples, np.float32(np.inf))
+    srt = np.sort(x, axis=1)
+    s64 = np.where(valid, samples, 0).astype(np.float64)
+    mean = s64.sum(axis=1) / n
+    rows = np.arange(W)[:, None]
+    idx = (n[:, None] - 1) * LEVELS[None, :]
+    lo = np.floor(idx).astype(np.int64)
+    hi = np.minimum(lo + 1, n[:, None] - 1)
+    g = idx - lo
+    a = srt[rows, lo].astype(np.float64)
+    b = srt[rows, hi].astype(np.float64)
+    d = b - a
+    pct = np.where(g >= 0.5, b - d * (1 - g), a + d * g)
+    out = {"mean": mean, "max": srt[np.arange(W), n - 1].astype(np.float64), "pct": pct}
+    if pick is not None:
+        out["pick"] = samples[np.arange(W), pick].astype(np.float64)
+    return out
+
+
+def interval_params(iv: dict[str, np.ndarray], is_alloc: np.ndarray, rng: np.random.Generator, cfg) -> dict:
+    """Per-interval usage parameters (drawn once, after the simulation).
+
+    ``is_alloc`` marks the intervals of alloc instances; they and the tasks inside them keep
+    ``sample_rate`` 1 so the alloc's samples are exact per-second sums of its tasks' samples.
+    """
+    k = iv["coll"].size
+    f_cpu = np.clip(rng.lognormal(np.log(cfg.usage_median_fraction), 0.6, k), 0.01, 2.5)
+    sig = rng.uniform(0.1, 0.7, k)
+    f_mem = rng.uniform(0.3, 0.95, k)
+    pc = rng.uniform(0.0, 0.3, k)
+    rate = np.ones(k)
+    lowr = (rng.random(k) < cfg.low_sample_rate_fraction) & (iv["alloc_iv"] < 0) & ~is_alloc
+    rate[lowr] = rng.choice([0.5, 1 / 3, 0.25], size=int(lowr.sum()))
+    return {"f_cpu": f_cpu, "sig": sig, "f_mem": f_mem, "pc": pc, "rate": rate}
+
+
+def enumerate_windows(iv: dict[str, np.ndarray], g0: int, g1: int, t_end: int) -> dict[str, np.ndarray]:
+    """All windows of grid cells ``[g0, g1)``: interval id, cell, start and end seconds."""
+    lo_us = max(g0 * CELL_US, TRACE_OFFSET_US)
+    hi_us = min(g1 * CELL_US, t_end)
+    sel = np.flatnonzero((iv["start"] < hi_us) & (iv["end"] > lo_us))
+    s = np.maximum(iv["start"][sel], lo_us)
+    e = np.minimum(iv["end"][sel], hi_us)
+    s_sec = -((-s) // US)  # ceil to seconds
+    e_sec = e // US
+    c0 = s_sec // CELL_S
+    c1 = (np.maximum(e_sec, s_sec + 1) - 1) // CELL_S
+    cnt = np.maximum(c1 - c0 + 1, 0)
+    rep = np.repeat(np.arange(sel.size), cnt)
+    off = np.arange(rep.size) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+    cell = c0[rep] + off
+    ws = np.maximum(s_sec[rep], cell * CELL_S)
+    we = np.minimum(e_sec[rep], (cell + 1) * CELL_S)
+    keep = we - ws >= 1
+    return {"iv": sel[rep][keep], "cell": cell[keep], "ws": ws[keep], "we": we[keep]}
+
+
+def plant_cpi(k: np.ndarray, u: np.ndarray, base: np.ndarray, a: float, b: float, sigma: float,
+              rng: np.random.Generator) -> np.ndarray:
+    """``CPI = base x (1 + a (k - 1) + b u) x LogNormal(-sigma^2/2, sigma)`` (the noise has mean 1)."""
+    noise = np.exp(sigma * rng.standard_normal(k.size) - 0.5 * sigma * sigma)
+    return base * (1.0 + a * (k - 1) + b * u) * noise
+
+
+class UsageContext:
+    """Everything the per-block usage generation needs, as flat arrays."""
+
+    def __init__(self, cfg, iv: dict[str, np.ndarray], params: dict[str, np.ndarray], coll: dict[str, np.ndarray],
+                 mach: dict[str, np.ndarray], t_end: int):
+        self.cfg = cfg
+        self.iv = iv
+        self.p = params
+        self.coll = coll  # per collection index: cid, ctype, prio, alloc_cid
+        self.mach = mach  # per machine index: mid, cap_c (NCU, nan if unknown), cpi_base, mai_base (nan = none)
+        self.t_end = t_end
+        self.t_end_s = t_end // US
+
+
+def generate_block(ctx: UsageContext, g0: int, g1: int, rng: np.random.Generator, batch: int = 8192) -> dict[str, np.ndarray]:
+    """Usage rows of grid cells ``[g0, g1)`` (every machine), as columns."""
+    cfg, iv, p = ctx.cfg, ctx.iv, ctx.p
+    w = enumerate_windows(iv, g0, g1, ctx.t_end)
+    ivx = w["iv"]
+    ctype = ctx.coll["ctype"][iv["coll"][ivx]]
+    is_alloc = ctype == 1
+    in_alloc = iv["alloc_iv"][ivx] >= 0
+    # rows: non-alloc windows first, then alloc windows
+    order = np.concatenate([np.flatnonzero(~is_alloc), np.flatnonzero(is_alloc)])
+    for k in w:
+        w[k] = w[k][order]
+    ivx, is_alloc, in_alloc = w["iv"], is_alloc[order], in_alloc[order]
+    W = ivx.size
+    nT = int((~is_alloc).sum())
+    dur = (w["we"] - w["ws"]).astype(np.int64)
+    rate = p["rate"][ivx]
+    n = np.maximum(1, np.rint(rate * dur)).astype(np.int64)
+    n = np.minimum(n, CELL_S)
+    req_c = iv["req_c"][ivx] / UNIT
+    req_m = iv["req_m"][ivx] / UNIT
+    tmid = (w["ws"] + w["we"]) / 2.0 - TRACE_OFFSET_US / US
+    diurnal = 1.0 + cfg.diurnal_amplitude * np.sin(2 * np.pi * tmid / 86400.0)
+    # machine-level load: a per-machine factor (drawn once) and a per-(machine, cell) factor shared by
+    # everything on the machine in that cell, so machine utilisation varies apart from the task count
+    nm = ctx.mach["mid"].size
+    s_mc = cfg.machine_cell_load_sigma
+    mc_fac = np.exp(s_mc * rng.standard_normal((nm, g1 - g0)) - 0.5 * s_mc * s_mc)
+    mach_w = iv["machine"][ivx]
+    level = (req_c * p["f_cpu"][ivx] * np.exp(0.12 * rng.standard_normal(W) - 0.0072) * diurnal
+             * ctx.mach["load"][mach_w] * mc_fac[mach_w, w["cell"] - g0])
+    sig = p["sig"][ivx]
+    u_pick = rng.random(W)
+
+    # alloc windows: map (alloc interval, cell) -> row
+    a_rows = np.arange(nT, W)
+    a_key = ivx[a_rows] * (g1 - g0 + 1) + (w["cell"][a_rows] - g0)
+    srt = np.argsort(a_key, kind="stable")
+    a_key_sorted = a_key[srt]
+    alloc_S = np.zeros((W - nT, CELL_S), dtype=np.float32)
+
+    mean = np.empty(W)
+    mx = np.empty(W)
+    pick = np.empty(W)
+    pct = np.empty((W, LEVELS.size))
+    # memory of tasks (alloc memory = sums over tasks below)
+    f_mem = p["f_mem"][ivx]
+    avg_mem = np.minimum(req_m * f_mem * (1.0 + 0.03 * rng.standard_normal(W)), req_m)
+    max_mem = np.minimum(avg_mem * (1.0 + 0.05 * np.abs(rng.standard_normal(W))), req_m)
+    max_mem = np.maximum(max_mem, avg_mem)
+    page = avg_mem * p["pc"][ivx]
+    assigned = req_m.copy()
+
+    tia = np.flatnonzero(in_alloc[:nT])  # task-in-alloc rows
+    if tia.size:
+        key = iv["alloc_iv"][ivx[tia]] * (g1 - g0 + 1) + (w["cell"][tia] - g0)
+        pos = np.searchsorted(a_key_sorted, key)
+        if np.any(pos >= a_key_sorted.size) or np.any(a_key_sorted[np.minimum(pos, a_key_sorted.size - 1)] != key):
+            raise AssertionError("a task in an alloc has no alloc window in the same cell")
+        tia_alloc = srt[pos]  # index into alloc windows
+        tia_delta = w["ws"][tia] - w["ws"][nT + tia_alloc]
+    else:
+        tia_alloc = tia_delta = np.zeros(0, np.int64)
+    tia_pos = np.full(nT, -1, np.int64)
+    tia_pos[tia] = np.arange(tia.size)
+
+    for b0 in range(0, nT, batch):
+        b1 = min(nT, b0 + batch)
+        nb = b1 - b0
+        z = rng.standard_normal((nb, CELL_S), dtype=np.float32)
+        sg = sig[b0:b1, None].astype(np.float32)
+        S = (level[b0:b1, None].astype(np.float32) * np.exp(sg * z - 0.5 * sg * sg)).astype(np.float32)
+        nn = n[b0:b1]
+        pk = np.minimum((u_pick[b0:b1] * nn).astype(np.int64), nn - 1)
+        st = window_stats(S, nn, pk)
+        mean[b0:b1], mx[b0:b1], pct[b0:b1], pick[b0:b1] = st["mean"], st["max"], st["pct"], st["pick"]
+        tp = tia_pos[b0:b1]
+        sel = np.flatnonzero(tp >= 0)
+        if sel.size:
+            valid = np.arange(CELL_S)[None, :] < nn[sel, None]
+            r, cidx = np.nonzero(valid)
+            np.add.at(alloc_S, (tia_alloc[tp[sel]][r], tia_delta[tp[sel]][r] + cidx), S[sel[r], cidx])
+    if W > nT:
+        na = n[nT:]
+        pk = np.minimum((u_pick[nT:] * na).astype(np.int64), na - 1)
+        for b0 in range(0, W - nT, batch):
+            b1 = min(W - nT, b0 + batch)
+            st = window_stats(alloc_S[b0:b1], na[b0:b1], pk[b0:b1])
+            sl = slice(nT + b0, nT + b1)
+            mean[sl], mx[sl], pct[sl], pick[sl] = st["mean"], st["max"], st["pct"], st["pick"]
+        # alloc memory: sums of its tasks (time-weighted average; max as sum of the tasks' max)
+        am = np.zeros(W - nT)
+        ax = np.zeros(W - nT)
+        ap = np.zeros(W - nT)
+        if tia.size:
+            np.add.at(am, tia_alloc, avg_mem[tia] * dur[tia])
+            np.add.at(ax, tia_alloc, max_mem[tia])
+            np.add.at(ap, tia_alloc, page[tia] * dur[tia])
+        dA = dur[nT:]
+        avg_mem[nT:] = am / dA
+        max_mem[nT:] = np.maximum(np.minimum(ax, req_m[nT:]), avg_mem[nT:])
+        page[nT:] = ap / dA
+
+    q = DEC_USAGE
+    mean, mx, pick, pct = quantize(mean, q), quantize(mx, q), quantize(pick, q), quantize(pct, q)
+    avg_mem, max_mem, page, assigned = quantize(avg_mem, q), quantize(max_mem, q), quantize(page, q), quantize(assigned, q)
+    rate_w = quantize(n / dur, DEC_RATE)
+
+    # machine-level co-location count k and utilisation u per (machine, cell), top-level rows only
+    machine = iv["machine"][ivx]
+    top = ~in_alloc
+    ncell = g1 - g0
+    mkey = machine * ncell + (w["cell"] - g0)
+    size = int(ctx.mach["mid"].size * ncell)
+    k_mc = np.bincount(mkey[top], minlength=size)
+    cs_mc = np.bincount(mkey[top], weights=(mean * dur)[top], minlength=size)
+    cell = w["cell"]
+    cell_len = np.minimum((cell + 1) * CELL_S, ctx.t_end_s) - np.maximum(cell * CELL_S, TRACE_OFFSET_US // US)
+    cap = ctx.mach["cap_c"][machine]
+    kk = k_mc[mkey]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        uu = cs_mc[mkey] / (cell_len * cap)
+    base = ctx.mach["cpi_base"][machine]
+    has_cpi = np.isfinite(base) & np.isfinite(cap)
+    cpi = np.full(W, np.nan)
+    mai = np.full(W, np.nan)
+    hc = np.flatnonzero(has_cpi)
+    if hc.size:
+        clean = plant_cpi(kk[hc].astype(np.float64), uu[hc], base[hc], cfg.cpi_per_task, cfg.cpi_per_util,
+                          cfg.cpi_noise, rng)
+        m_noise = np.exp(cfg.mai_noise * rng.standard_normal(hc.size) - 0.5 * cfg.mai_noise**2)
+        mai[hc] = quantize(ctx.mach["mai_base"][machine[hc]] * (clean / base[hc]) * m_noise, DEC_USAGE)
+        out = rng.random(hc.size) < cfg.cpi_outlier_fraction
+        # implausible values (> 100: beyond the cpi analysis' default plausibility filter)
+        clean[out] = rng.uniform(CPI_OUTLIER_RANGE[0], CPI_OUTLIER_RANGE[1], int(out.sum()))
+        cpi[hc] = quantize(clean, DEC_CPI)
+    cpi_outlier = np.zeros(W, bool)
+    if hc.size:
+        cpi_outlier[hc[out]] = True
+    max_missing = rng.random(W) < cfg.max_usage_missing_fraction
+
+    c = iv["coll"][ivx]
+    return {
+        "start_time": w["ws"] * US, "end_time": w["we"] * US, "dur": dur, "cell": cell,
+        "collection_id": ctx.coll["cid"][c], "instance_index": iv["index"][ivx], "machine_id": ctx.mach["mid"][machine],
+        "machine": machine, "coll": c,
+        "alloc_collection_id": np.where(in_alloc, ctx.coll["alloc_cid"][c], 0),
+        "alloc_instance_index": iv["alloc_index"][ivx], "in_alloc": in_alloc, "top": top,
+        "collection_type": ctx.coll["ctype"][c], "priority": ctx.coll["prio"][c],
+        "avg_cpu": mean, "max_cpu": mx, "sample_cpu": pick, "pct": pct, "n": n,
+        "avg_mem": avg_mem, "max_mem": max_mem, "assigned_mem": assigned, "page_cache_mem": page,
+        "max_missing": max_missing, "sample_rate": rate_w,
+        "cpi": cpi, "mai": mai, "has_cpi": has_cpi, "cpi_outlier": cpi_outlier, "k": kk, "u": uu, "cpi_base": base,
+        "req_cpu": req_c,
+    }
