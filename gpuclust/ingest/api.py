@@ -1,0 +1,519 @@
+"""``gpuclust.ingest.ingest``: raw trace files -> a canonical dataset, crash-safe and resumable.
+
+The calling process owns ``manifest.json``; input files are read in parallel by worker processes
+(:mod:`gpuclust.ingest.writer`), each publishing its parts atomically.  After all parts of an
+input are published the manifest is rewritten atomically, listing them and marking the input
+``done``.  A run that starts on an existing dataset skips inputs already done (same sha256) and
+deletes part / reject files the manifest does not list (leftovers of a crash), so a re-run after
+a kill at any point produces exactly the rows of a clean run.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import fcntl
+import hashlib
+import json
+import logging
+import multiprocessing as mp
+import os
+import queue as queue_mod
+import signal
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpuclust.dataset import MANIFEST, REJECTS_DIR, new_manifest, write_json_atomic
+from gpuclust.ingest.base import ReadOptions, SourceFile
+from gpuclust.ingest.detect import detect, expand_sources
+from gpuclust.ingest.progress import Progress
+from gpuclust.ingest.writer import FileResult, ingest_file, ingest_file_task, init_worker
+from gpuclust.schema import DATASET_FORMAT_VERSION, DEFAULT_TIER_MAP, TABLES
+from gpuclust.schema import tier_map as get_tier_map
+
+log = logging.getLogger("gpuclust.ingest")
+
+#: Test hook: SIGKILL the ingest right after its N-th manifest update.
+KILL_AFTER_MANIFESTS_ENV = "GPUCLUST_TEST_KILL_AFTER_MANIFESTS"
+LOCK_FILE = ".gpuclust-ingest.lock"
+_RESERVED = {"dataset_format_version", "trace_version", "cell", "tier_map", "complete", "inputs", "tables"}
+
+
+class IngestUsageError(ValueError):
+    """The request cannot be carried out as given (mixed trace versions, conflicting cell, ...)."""
+
+
+@dataclass
+class FileReport:
+    """Per-input outcome of one ingest run."""
+
+    path: str
+    sha256: str
+    #: "done", "failed", "skipped" (already in the dataset) or "duplicate" (same content given twice).
+    status: str
+    format: str = ""
+    source_table: str = ""
+    rows_read: int = 0
+    rows_written: dict[str, int] = field(default_factory=dict)
+    rows_rejected: int = 0
+    rows_deduplicated: int = 0
+    rejects_file: str | None = None
+    first_reasons: list[str] = field(default_factory=list)
+    error: str | None = None
+    seconds: float = 0.0
+    bytes: int = 0
+
+
+@dataclass
+class IngestReport:
+    """The result of :func:`ingest`: per-file statistics, totals, failures and the exit status."""
+
+    out: Path
+    files: list[FileReport]
+    rows_read: int
+    rows_written: dict[str, int]
+    rows_rejected: int
+    rows_deduplicated: int
+    max_reject_rate: float
+    complete: bool
+    seconds: float
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def failed(self) -> list[FileReport]:
+        return [f for f in self.files if f.status == "failed"]
+
+    @property
+    def reject_rate(self) -> float:
+        return self.rows_rejected / self.rows_read if self.rows_read else 0.0
+
+    @property
+    def over_threshold(self) -> bool:
+        return self.reject_rate > self.max_reject_rate
+
+    @property
+    def exit_status(self) -> int:
+        """0 when every file was read and rejects stayed under the threshold, else 1."""
+        return 1 if (self.failed or self.over_threshold) else 0
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_status == 0
+
+    def summary(self) -> str:
+        """A human-readable summary: per file rows read / written / rejected, first reasons."""
+        lines = [f"ingest into {self.out}:"]
+        for f in self.files:
+            if f.status in ("skipped", "duplicate"):
+                lines.append(f"  {f.path}: {f.status}")
+                continue
+            w = sum(f.rows_written.values())
+            extra = f", {f.rows_deduplicated:,} deduplicated" if f.rows_deduplicated else ""
+            lines.append(
+                f"  {f.path}: {f.status}; {f.rows_read:,} read, {w:,} written, {f.rows_rejected:,} rejected{extra}"
+            )
+            if f.error:
+                lines.append(f"    error: {f.error}")
+            for r in f.first_reasons[:3]:
+                lines.append(f"    reject {r}")
+            if f.rejects_file:
+                lines.append(f"    rejects: {self.out / f.rejects_file}")
+        w = sum(self.rows_written.values())
+        lines.append(
+            f"total: {self.rows_read:,} read, {w:,} written, {self.rows_rejected:,} rejected "
+            f"({self.reject_rate:.4%}; threshold {self.max_reject_rate:.4%}) in {self.seconds:.1f} s"
+        )
+        for t, n in sorted(self.rows_written.items()):
+            lines.append(f"  {t}: {n:,} rows")
+        for wmsg in self.warnings:
+            lines.append(f"warning: {wmsg}")
+        if self.failed:
+            lines.append(f"FAILED: {len(self.failed)} file(s) could not be read completely; the dataset is incomplete")
+        if self.over_threshold:
+            lines.append("FAILED: the reject rate is over the threshold (--max-reject-rate)")
+        lines.append(f"dataset complete: {str(self.complete).lower()}")
+        return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------
+def sha256_file(path: Path, block: int = 4 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while True:
+            b = f.read(block)
+            if not b:
+                break
+            h.update(b)
+    return h.hexdigest()
+
+
+def _listed(manifest: dict[str, Any]) -> set[str]:
+    keep: set[str] = set()
+    for inp in manifest.get("inputs", {}).values():
+        keep.update(inp.get("outputs") or [])
+        if inp.get("rejects_file"):
+            keep.add(inp["rejects_file"])
+    return keep
+
+
+def _remove_unlisted(out: Path, manifest: dict[str, Any]) -> list[str]:
+    """Delete part/reject/temp files in the dataset folders that the manifest does not list."""
+    keep = _listed(manifest)
+    removed: list[str] = []
+    for d in (*TABLES, REJECTS_DIR):
+        folder = out / d
+        if not folder.is_dir():
+            continue
+        for f in folder.iterdir():
+            rel = f"{d}/{f.name}"
+            if f.is_file() and (f.name.startswith("part-") or f.name.startswith(".")) and rel not in keep:
+                f.unlink()
+                removed.append(rel)
+    return removed
+
+
+def _recompute_tables(manifest: dict[str, Any]) -> None:
+    tables: dict[str, dict[str, Any]] = {t: {"rows": 0, "files": []} for t in TABLES}
+    for inp in manifest["inputs"].values():
+        for t, n in (inp.get("rows_written") or {}).items():
+            tables[t]["rows"] += int(n)
+        for rel in inp.get("outputs") or []:
+            t = rel.split("/", 1)[0]
+            tables[t]["files"].append(rel)
+    for t in tables.values():
+        t["files"].sort()
+    manifest["tables"] = tables
+
+
+class _ManifestWriter:
+    def __init__(self, path: Path, manifest: dict[str, Any]):
+        self.path = path
+        self.m = manifest
+        self.writes = 0
+
+    def write(self) -> None:
+        _recompute_tables(self.m)
+        write_json_atomic(self.path, self.m)
+        self.writes += 1
+        limit = os.environ.get(KILL_AFTER_MANIFESTS_ENV)
+        if limit and self.writes >= int(limit):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _usable_cpus() -> int:
+    """CPUs this process may run on (respects affinity / container pinning)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _resolve_progress(progress: Any) -> Progress | None:
+    if progress is None or progress is False:
+        return None
+    if progress is True:
+        return Progress()
+    return progress  # type: ignore[no-any-return,unused-ignore]
+
+
+# --------------------------------------------------------------------------------------------
+def ingest(
+    sources: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
+    out: str | os.PathLike[str],
+    *,
+    format: str | None = None,
+    table: str | None = None,
+    cell: str | None = None,
+    tier_map: str | None = None,
+    max_reject_rate: float = 0.01,
+    workers: int | None = None,
+    progress: Progress | bool | None = None,
+    extra_manifest: dict[str, Any] | None = None,
+    opts: ReadOptions | None = None,
+) -> IngestReport:
+    """Ingest raw trace files into a canonical dataset folder.
+
+    Parameters
+    ----------
+    sources
+        Input files and/or folders (folders are expanded recursively, sorted).
+    out
+        The dataset folder (created if needed; an existing dataset is extended / resumed).
+    format, table
+        Override format / source-table detection for every input.
+    cell
+        Cell name recorded in the manifest (e.g. ``"a"``).
+    tier_map
+        Name of the priority tier map recorded in the manifest (default: ``notebook`` for v3,
+        ``v2`` for v2; see ``gpuclust.schema.TIER_MAPS``).
+    max_reject_rate
+        Largest acceptable rejected/read ratio over the run; above it the report's
+        ``exit_status`` is 1.
+    workers
+        Worker processes reading files in parallel (default: the CPUs this process may use); one file, or
+        ``workers=1``, is read in the calling process.
+    progress
+        ``True`` for a progress display on stderr, or a :class:`~gpuclust.ingest.progress.Progress`.
+    extra_manifest
+        Extra top-level manifest keys (e.g. ``{"synthetic": {...}}``).
+    opts
+        Reader options (chunk size, threads).
+
+    Returns
+    -------
+    IngestReport
+
+    Raises
+    ------
+    FileNotFoundError
+        A source does not exist.
+    gpuclust.ingest.detect.DetectError
+        A file's format or table cannot be determined.
+    IngestUsageError
+        Mixed trace versions, a conflicting cell or tier map, another ingest running into ``out``.
+
+    Examples
+    --------
+    >>> from gpuclust.ingest import ingest
+    >>> rep = ingest(["cell-a/machine_events-000000000000.json.gz"], "out/cell-a", cell="a")  # doctest: +SKIP
+    >>> rep.exit_status, rep.rows_written["machine_events"]  # doctest: +SKIP
+    (0, 46219)
+    """
+    t0 = time.perf_counter()
+    opts = opts or ReadOptions()
+    prog = _resolve_progress(progress)
+    if isinstance(sources, (str, os.PathLike)):
+        sources = [sources]
+    paths = [Path(os.path.abspath(p)) for p in expand_sources(sources)]
+    if not paths:
+        raise IngestUsageError("no input files")
+    srcs: list[SourceFile] = [detect(p, format=format, table=table) for p in paths]
+    versions = sorted({s.trace_version for s in srcs})
+    if len(versions) > 1:
+        by = {v: next(str(s.path) for s in srcs if s.trace_version == v) for v in versions}
+        raise IngestUsageError(f"inputs mix trace versions {versions} (e.g. {by}); one dataset holds one trace version")
+    version = versions[0]
+    if extra_manifest:
+        clash = set(extra_manifest) & _RESERVED
+        if clash:
+            raise IngestUsageError(f"extra_manifest may not set reserved keys {sorted(clash)}")
+    if not 0 <= max_reject_rate <= 1:
+        raise IngestUsageError(f"max_reject_rate must be within 0..1, got {max_reject_rate}")
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    lock = open(out / LOCK_FILE, "a+")
+    try:
+        try:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise IngestUsageError(f"{out}: another ingest is writing into this dataset") from None
+        return _run(srcs, version, out, cell, tier_map, max_reject_rate, workers, prog, extra_manifest, opts, t0)
+    finally:
+        lock.close()
+
+
+def _load_manifest(out: Path) -> dict[str, Any] | None:
+    mp_ = out / MANIFEST
+    if not mp_.is_file():
+        return None
+    try:
+        m: dict[str, Any] = json.loads(mp_.read_text())
+    except json.JSONDecodeError as e:
+        raise IngestUsageError(f"{mp_}: unreadable manifest ({e}); move the folder away or repair it") from None
+    if m.get("dataset_format_version") != DATASET_FORMAT_VERSION:
+        raise IngestUsageError(
+            f"{mp_}: dataset format version {m.get('dataset_format_version')!r}, this gpuclust writes {DATASET_FORMAT_VERSION}"
+        )
+    return m
+
+
+def _run(
+    srcs: list[SourceFile],
+    version: str,
+    out: Path,
+    cell: str | None,
+    tier_map: str | None,
+    max_reject_rate: float,
+    workers: int | None,
+    prog: Progress | None,
+    extra_manifest: dict[str, Any] | None,
+    opts: ReadOptions,
+    t0: float,
+) -> IngestReport:
+    warnings: list[str] = []
+
+    def warn(msg: str) -> None:
+        warnings.append(msg)
+        log.warning(msg)
+        if prog is not None:
+            prog.warn(msg)
+
+    m = _load_manifest(out)
+    if m is None:
+        m = new_manifest()
+    if m.get("trace_version") not in (None, version):
+        raise IngestUsageError(f"{out} holds a {m['trace_version']} dataset; these inputs are {version}")
+    if cell is not None and m.get("cell") not in (None, cell):
+        raise IngestUsageError(f"{out} holds cell {m['cell']!r}, not {cell!r}")
+    tm_name = tier_map or (m.get("tier_map") or {}).get("name") or DEFAULT_TIER_MAP[version]
+    tm = get_tier_map(tm_name)
+    if tier_map is not None and m.get("tier_map") and m["tier_map"].get("name") != tier_map:
+        raise IngestUsageError(f"{out} was ingested with tier map {m['tier_map'].get('name')!r}, not {tier_map!r}")
+    m["trace_version"] = version
+    if cell is not None:
+        m["cell"] = cell
+    m["tier_map"] = tm.to_json()
+    if extra_manifest:
+        m.update(extra_manifest)
+
+    removed = _remove_unlisted(out, m)
+    if removed:
+        log.info("removed %d leftover file(s) of an interrupted ingest", len(removed))
+
+    # Hash inputs (threads: hashlib releases the GIL).
+    with cf.ThreadPoolExecutor(max_workers=min(4, len(srcs))) as tp:
+        shas = list(tp.map(lambda s: sha256_file(s.path), srcs))
+
+    reports: dict[int, FileReport] = {}
+    todo: list[tuple[int, SourceFile, str]] = []
+    seen: dict[str, str] = {}
+    by_path = {inp.get("path"): k for k, inp in m["inputs"].items()}
+    stale: list[str] = []
+    for i, (s, sha) in enumerate(zip(srcs, shas, strict=True)):
+        if sha in seen:
+            warn(f"{s.path} has the same content as {seen[sha]} (sha256 {sha[:16]}...); ingested once")
+            reports[i] = FileReport(str(s.path), sha, "duplicate", s.format, s.source_table)
+            continue
+        seen[sha] = str(s.path)
+        prev = m["inputs"].get(sha)
+        if prev is not None and prev.get("status") == "done":
+            reports[i] = FileReport(str(s.path), sha, "skipped", s.format, s.source_table)
+            continue
+        if prev is not None:
+            stale.append(sha)  # failed before: redo from scratch
+        old = by_path.get(str(s.path))
+        if old is not None and old != sha and old in m["inputs"]:
+            if m["inputs"][old].get("status") == "done":
+                warn(
+                    f"{s.path} changed since it was ingested (new sha256 {sha[:16]}...); its new content is added as a new input"
+                )
+            else:
+                stale.append(old)
+        todo.append((i, s, sha))
+
+    # Forget failed attempts: manifest first, then their files.
+    drop: list[str] = []
+    for key in stale:
+        inp = m["inputs"].pop(key, None)
+        if inp is not None:
+            drop.extend(inp.get("outputs") or [])
+            if inp.get("rejects_file"):
+                drop.append(inp["rejects_file"])
+    m["complete"] = False
+    mw = _ManifestWriter(out / MANIFEST, m)
+    mw.write()
+    for rel in drop:
+        try:
+            (out / rel).unlink()
+        except FileNotFoundError:
+            pass
+
+    if prog is not None:
+        prog.start(len(todo), sum(s.path.stat().st_size for _, s, _ in todo))
+
+    def record(i: int, res: FileResult) -> None:
+        m["inputs"][res.sha256] = res.manifest_entry()
+        mw.write()
+        reports[i] = FileReport(
+            path=res.path,
+            sha256=res.sha256,
+            status=res.status,
+            format=res.format,
+            source_table=res.source_table,
+            rows_read=res.rows_read,
+            rows_written=dict(res.rows_written),
+            rows_rejected=res.rows_rejected,
+            rows_deduplicated=res.rows_deduplicated,
+            rejects_file=res.rejects_file,
+            first_reasons=list(res.first_reasons),
+            error=res.error,
+            seconds=res.seconds,
+            bytes=res.size,
+        )
+        if prog is not None:
+            prog.file_done(res)
+
+    nworkers = workers if workers is not None else _usable_cpus()
+    if nworkers < 1:
+        raise IngestUsageError(f"workers must be >= 1, got {nworkers}")
+    todo.sort(key=lambda t: -t[1].path.stat().st_size)  # big files first balances the pool
+    if nworkers == 1 or len(todo) <= 1:
+        for i, s, sha in todo:
+            res = ingest_file(s, sha, out, opts, progress=prog.update if prog is not None else None)
+            record(i, res)
+    else:
+        _run_pool(todo, out, opts, min(nworkers, len(todo)), prog, record)
+
+    m["complete"] = bool(m["inputs"]) and all(inp.get("status") == "done" for inp in m["inputs"].values())
+    mw.write()
+    if prog is not None:
+        prog.close()
+
+    files = [reports[i] for i in sorted(reports)]
+    ran = [f for f in files if f.status in ("done", "failed")]
+    written: dict[str, int] = {}
+    for f in ran:
+        for t, n in f.rows_written.items():
+            written[t] = written.get(t, 0) + n
+    return IngestReport(
+        out=out,
+        files=files,
+        rows_read=sum(f.rows_read for f in ran),
+        rows_written=written,
+        rows_rejected=sum(f.rows_rejected for f in ran),
+        rows_deduplicated=sum(f.rows_deduplicated for f in ran),
+        max_reject_rate=max_reject_rate,
+        complete=m["complete"],
+        seconds=time.perf_counter() - t0,
+        warnings=warnings,
+    )
+
+
+def _run_pool(
+    todo: list[tuple[int, SourceFile, str]], out: Path, opts: ReadOptions, n: int, prog: Progress | None, record: Any
+) -> None:
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    with cf.ProcessPoolExecutor(
+        max_workers=n, mp_context=ctx, initializer=init_worker, initargs=(q, os.getpid())
+    ) as pool:
+        futs = {pool.submit(ingest_file_task, s, sha, str(out), opts): (i, s, sha) for i, s, sha in todo}
+        pending = set(futs)
+        while pending:
+            done, pending = cf.wait(pending, timeout=0.2, return_when=cf.FIRST_COMPLETED)
+            _drain(q, prog)
+            for fut in done:
+                i, s, sha = futs[fut]
+                try:
+                    res = fut.result()
+                except Exception as e:  # a worker died (OOM, signal) or could not start
+                    res = FileResult(sha, str(s.path), s.path.stat().st_size, s.format, s.source_table, s.trace_version)
+                    res.error = f"worker failed: {type(e).__name__}: {e}"
+                    # Its parts (if any) are not listed; the next run removes them.
+                record(i, res)
+        _drain(q, prog)
+    q.close()
+    q.join_thread()
+
+
+def _drain(q: Any, prog: Progress | None) -> None:
+    while True:
+        try:
+            key, rows, done = q.get_nowait()
+        except (queue_mod.Empty, OSError, ValueError):
+            return
+        if prog is not None:
+            prog.update(key, rows, done)

@@ -1,0 +1,289 @@
+"""Writing one input file's chunks into the dataset: atomic parts, a rejects file, file statistics.
+
+Runs inside a worker process (or in the calling process); it never touches ``manifest.json``,
+which the parent process owns (:mod:`gpuclust.ingest.api`).  Every file it publishes is written
+to a temporary name in its final folder, fsynced and renamed, so a crash leaves either a complete
+part or a temporary file, never a torn part; parts that the manifest does not list are removed by
+the next ingest.
+
+Output names::
+
+    OUT/<table>/part-<first 16 hex of the input's sha256>-<chunk:05d>.parquet
+    OUT/_rejects/part-<first 16 hex of the input's sha256>.jsonl
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import sys
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from gpuclust.dataset import REJECTS_DIR, _fsync_dir
+from gpuclust.ingest.base import ReadOptions, Reject, SourceError, SourceFile
+from gpuclust.ingest.readers import get_reader
+
+#: Parquet compression of the dataset's parts.
+PART_COMPRESSION = "zstd"
+#: Test hook: SIGKILL the whole ingest (main process and this one) after this many published parts.
+KILL_AFTER_PARTS_ENV = "GPUCLUST_TEST_KILL_AFTER_PARTS"
+#: How many reject reasons a file's result keeps for the summary.
+FIRST_REASONS = 5
+
+ProgressFn = Callable[[str, int, int], None]
+
+
+def stem(sha256: str) -> str:
+    """The name stem of every output of the input with this sha256."""
+    return f"part-{sha256[:16]}"
+
+
+@dataclass
+class FileResult:
+    """What ingesting one input file produced (also the manifest's ``inputs`` entry)."""
+
+    sha256: str
+    path: str
+    size: int
+    format: str
+    source_table: str
+    trace_version: str
+    status: str = "failed"  # "done" | "failed"
+    rows_read: int = 0
+    rows_written: dict[str, int] = field(default_factory=dict)
+    rows_rejected: int = 0
+    rows_deduplicated: int = 0
+    outputs: list[str] = field(default_factory=list)
+    rejects_file: str | None = None
+    error: str | None = None
+    first_reasons: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def manifest_entry(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("trace_version")
+        return d
+
+
+# --------------------------------------------------------------------------------------------
+# Worker-process plumbing
+# --------------------------------------------------------------------------------------------
+_MAIN_PID: int | None = None
+_QUEUE: Any = None
+_parts_published = 0
+
+
+def _set_parent_death_signal() -> None:
+    """Linux: have the kernel SIGKILL this worker when its parent dies (no orphan keeps writing)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def init_worker(queue: Any, main_pid: int) -> None:
+    """ProcessPoolExecutor initializer: remember the parent and the progress queue."""
+    global _MAIN_PID, _QUEUE
+    _MAIN_PID = main_pid
+    _QUEUE = queue
+    _set_parent_death_signal()
+    if os.getppid() != main_pid:  # parent already gone
+        os._exit(70)
+
+
+def _check_parent() -> None:
+    if _MAIN_PID is not None and os.getpid() != _MAIN_PID and os.getppid() != _MAIN_PID:
+        os._exit(70)
+
+
+def _kill_hook() -> None:
+    global _parts_published
+    _parts_published += 1
+    limit = os.environ.get(KILL_AFTER_PARTS_ENV)
+    if limit and _parts_published >= int(limit):
+        if _MAIN_PID is not None and _MAIN_PID != os.getpid():
+            os.kill(_MAIN_PID, signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+# --------------------------------------------------------------------------------------------
+# Atomic files
+# --------------------------------------------------------------------------------------------
+def _tmp_name(final: Path) -> Path:
+    return final.with_name(f".{final.name}.{os.getpid()}.tmp")
+
+
+def write_part(table: pa.Table, final: Path) -> None:
+    """Write ``table`` to ``final`` atomically (temp file in the same folder, fsync, rename)."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _tmp_name(final)
+    try:
+        with open(tmp, "wb") as f:
+            pq.write_table(table, f, compression=PART_COMPRESSION, row_group_size=1 << 20)
+            f.flush()
+            os.fsync(f.fileno())
+        _check_parent()
+        os.replace(tmp, final)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    _fsync_dir(final.parent)
+
+
+class _RejectSink:
+    """Appends rejects as JSON lines to a temporary file; publishes it atomically at the end."""
+
+    def __init__(self, final: Path):
+        self.final = final
+        self.tmp = _tmp_name(final)
+        self.f: Any = None
+        self.count = 0
+        self.first: list[str] = []
+
+    def add(self, rejects: list[Reject]) -> None:
+        if not rejects:
+            return
+        if self.f is None:
+            self.final.parent.mkdir(parents=True, exist_ok=True)
+            self.f = open(self.tmp, "w", encoding="utf-8")
+        for r in rejects:
+            self.f.write(
+                json.dumps(
+                    {"file": r.file, "line": r.line, "row": r.row, "reason": r.reason, "raw": r.raw}, ensure_ascii=False
+                )
+            )
+            self.f.write("\n")
+            if len(self.first) < FIRST_REASONS:
+                where = f"line {r.line}" if r.line is not None else f"row {r.row}"
+                self.first.append(f"{where}: {r.reason}")
+        self.count += len(rejects)
+
+    def publish(self) -> bool:
+        if self.f is None:
+            return False
+        self.f.flush()
+        os.fsync(self.f.fileno())
+        self.f.close()
+        self.f = None
+        _check_parent()
+        os.replace(self.tmp, self.final)
+        _fsync_dir(self.final.parent)
+        return True
+
+    def discard(self) -> None:
+        if self.f is not None:
+            self.f.close()
+            self.f = None
+        try:
+            os.unlink(self.tmp)
+        except FileNotFoundError:
+            pass
+
+
+# --------------------------------------------------------------------------------------------
+# One input file
+# --------------------------------------------------------------------------------------------
+def ingest_file(
+    src: SourceFile, sha256: str, out: Path, opts: ReadOptions, progress: ProgressFn | None = None
+) -> FileResult:
+    """Read ``src`` and publish its canonical parts and rejects under ``out``.
+
+    Never raises for bad input: an unreadable or truncated file gives ``status="failed"`` with
+    ``error`` set, keeping the parts written before the failure.
+    """
+    t0 = time.perf_counter()
+    out = Path(out)
+    res = FileResult(
+        sha256=sha256,
+        path=str(src.path),
+        size=os.path.getsize(src.path),
+        format=src.format,
+        source_table=src.source_table,
+        trace_version=src.trace_version,
+    )
+    st = stem(sha256)
+    sink = _RejectSink(out / REJECTS_DIR / f"{st}.jsonl")
+    if progress is None and _QUEUE is not None:
+
+        def progress(key: str, rows: int, done: int) -> None:
+            _QUEUE.put((key, rows, done))
+
+    # Parts are written by one background thread (Parquet encoding releases the GIL) while the
+    # reader parses the next chunk; at most two parts wait in memory.
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuclust-write")
+    pending: deque[tuple[Future[None], str, str, int]] = deque()
+
+    def settle(keep: int) -> None:
+        while len(pending) > keep:
+            fut, rel, tname, n = pending.popleft()
+            fut.result()
+            res.outputs.append(rel)
+            res.rows_written[tname] = res.rows_written.get(tname, 0) + n
+
+    def publish(tbl: pa.Table, rel: str) -> None:
+        write_part(tbl, out / rel)
+        _kill_hook()
+
+    try:
+        try:
+            reader = get_reader(src.format)
+            for i, chunk in enumerate(reader(src, opts)):
+                for tname in sorted(chunk.tables):
+                    tbl = chunk.tables[tname]
+                    if tbl.num_rows == 0:
+                        continue
+                    rel = f"{tname}/{st}-{i:05d}.parquet"
+                    pending.append((pool.submit(publish, tbl, rel), rel, tname, tbl.num_rows))
+                    settle(2)
+                sink.add(chunk.rejects)
+                res.rows_read += chunk.rows_read
+                res.rows_deduplicated += chunk.rows_deduplicated
+                if progress is not None:
+                    progress(sha256, res.rows_read, chunk.bytes_done)
+            res.status = "done"
+        finally:
+            try:
+                settle(0)
+            finally:
+                pool.shutdown(wait=True, cancel_futures=True)
+    except SourceError as e:
+        res.status = "failed"
+        res.error = str(e)
+    except Exception as e:  # a reader bug or an OS error: the file fails, the run goes on
+        res.status = "failed"
+        res.error = f"{type(e).__name__}: {e}"
+    res.rows_rejected = sink.count
+    res.first_reasons = sink.first
+    try:
+        if sink.publish():
+            res.rejects_file = f"{REJECTS_DIR}/{st}.jsonl"
+    except OSError as e:
+        sink.discard()
+        res.status = "failed"
+        res.error = (res.error + "; " if res.error else "") + f"cannot write rejects: {e}"
+    if progress is not None:
+        progress(sha256, res.rows_read, res.size)
+    res.seconds = time.perf_counter() - t0
+    return res
+
+
+def ingest_file_task(src: SourceFile, sha256: str, out: str, opts: ReadOptions) -> FileResult:
+    """Entry point for worker processes."""
+    return ingest_file(src, sha256, Path(out), opts)

@@ -1,0 +1,127 @@
+"""SIGKILL at many points of an ingest, then resume: the dataset equals a clean run's."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpuclust.dataset import MANIFEST, Dataset
+from gpuclust.ingest import ingest
+from gpuclust.ingest.api import KILL_AFTER_MANIFESTS_ENV
+from gpuclust.ingest.base import ReadOptions
+from gpuclust.ingest.writer import KILL_AFTER_PARTS_ENV
+from gpuclust.schema import TABLES
+
+from .conftest import records, write_json, write_parquet
+
+CHUNK = 8192
+SCRIPT = (
+    "import sys\n"
+    "from gpuclust.ingest import ingest\n"
+    "from gpuclust.ingest.base import ReadOptions\n"
+    f"r = ingest(sys.argv[3:], sys.argv[1], opts=ReadOptions(chunk_bytes={CHUNK}, threads=1), workers=int(sys.argv[2]))\n"
+    "sys.exit(r.exit_status)\n"
+)
+
+
+def _inputs(d: Path) -> list[Path]:
+    return [
+        write_json(d / "machine_events-000000000000.json.gz", records("machine_events", 700, seed=1)),
+        write_json(d / "machine_events-000000000001.json.gz", records("machine_events", 500, seed=2)),
+        write_json(d / "instance_events-000000000000.json.gz", records("instance_events", 500, seed=3)),
+        write_json(d / "collection_events-000000000000.json.gz", records("collection_events", 300, seed=4)),
+        write_parquet(
+            d / "machine_attributes-000000000000.parquet",
+            "machine_attributes",
+            records("machine_attributes", 300, seed=5),
+        ),
+    ]
+
+
+def _snapshot(out: Path) -> tuple[dict[str, list[str]], dict[str, int]]:
+    ds = Dataset(out)
+    rows = {t: sorted(json.dumps(r, sort_keys=True) for r in ds.read(t).to_pylist()) for t in TABLES}
+    counts = {t: ds.manifest["tables"][t]["rows"] for t in TABLES}
+    return rows, counts
+
+
+def _run(out: Path, files: list[Path], workers: int, env_extra: dict[str, str], kill_after: float | None = None) -> int:
+    env = {k: v for k, v in os.environ.items() if k not in (KILL_AFTER_PARTS_ENV, KILL_AFTER_MANIFESTS_ENV)}
+    env.update(env_extra)
+    p = subprocess.Popen(
+        [sys.executable, "-c", SCRIPT, str(out), str(workers), *map(str, files)],
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    if kill_after is not None:
+        try:
+            p.wait(timeout=kill_after)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+    _, err = p.communicate(timeout=120)
+    if p.returncode not in (0, -signal.SIGKILL):
+        raise AssertionError(err.decode())
+    return p.returncode
+
+
+def _check_no_strays(out: Path) -> None:
+    m = json.loads((out / MANIFEST).read_text())
+    listed = {rel for inp in m["inputs"].values() for rel in inp["outputs"]}
+    listed |= {inp["rejects_file"] for inp in m["inputs"].values() if inp["rejects_file"]}
+    found = {f"{d.name}/{f.name}" for d in out.iterdir() if d.is_dir() for f in d.iterdir()}
+    assert found == listed
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[Path], tuple]:
+    d = tmp_path_factory.mktemp("inputs")
+    files = _inputs(d)
+    out = d / "clean"
+    rep = ingest(files, out, opts=ReadOptions(chunk_bytes=CHUNK, threads=1), workers=1)
+    assert rep.ok and rep.complete
+    n_parts = sum(len(Dataset(out).files(t)) for t in TABLES)
+    assert n_parts > 20
+    return files, _snapshot(out)
+
+
+# Each chain: a sequence of runs that are killed at different points, then a final clean resume.
+CHAINS = {
+    "parts": [(2, {KILL_AFTER_PARTS_ENV: "1"}, None), (1, {KILL_AFTER_PARTS_ENV: "9"}, None)],
+    "manifest": [
+        (1, {KILL_AFTER_MANIFESTS_ENV: "1"}, None),
+        (1, {KILL_AFTER_MANIFESTS_ENV: "3"}, None),
+        (1, {KILL_AFTER_PARTS_ENV: "2"}, None),
+    ],
+    "random-delay": [(2, {}, "rand"), (1, {}, "rand")],
+}
+FINAL_WORKERS = {"parts": 1, "manifest": 2, "random-delay": 1}
+
+
+@pytest.mark.parametrize("chain", sorted(CHAINS))
+def test_kill_and_resume(tmp_path: Path, clean: tuple[list[Path], tuple], chain: str) -> None:
+    files, want = clean
+    out = tmp_path / "ds"
+    rng = random.Random(chain)
+    killed = 0
+    for workers, env, delay in CHAINS[chain]:
+        kill_after = rng.uniform(0.2, 0.9) if delay == "rand" else None
+        rc = _run(out, files, workers, env, kill_after)
+        killed += rc == -signal.SIGKILL
+        if (out / MANIFEST).exists():  # whatever the kill point, the manifest is whole JSON
+            Dataset(out, allow_incomplete=True)
+    if chain != "random-delay":
+        assert killed == len(CHAINS[chain])
+    time.sleep(0.05)
+    assert _run(out, files, FINAL_WORKERS[chain], {}) == 0
+    assert _snapshot(out) == want
+    _check_no_strays(out)
