@@ -27,7 +27,7 @@ OP_NAMES: tuple[str, ...] = ("bucket_overlap", "grouped_sum")
 #: ``backend.ops.<name>`` looks in the backend's main module first, then in these, in order.
 EXTENSION_OP_MODULES: dict[str, tuple[str, ...]] = {
     "cpu": ("gpuclust.backends.moments_cpu", "gpuclust.backends.mixture_cpu"),
-    "gpu": ("gpuclust.backends.moments_gpu",),
+    "gpu": ("gpuclust.backends.moments_gpu", "gpuclust.backends.mixture_gpu"),
 }
 
 

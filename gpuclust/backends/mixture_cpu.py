@@ -1,0 +1,403 @@
+"""NumPy ops for merging per-window CPU distributions exactly (the oracle of ``mixture_gpu.py``).
+
+A usage window's CPU percentiles ``q_0 <= ... <= q_19`` at the sorted levels ``l_k``
+(:data:`gpuclust.schema.CPU_PERCENTILE_LEVELS_SORTED`) define a piecewise-linear CDF through the
+points ``(q_k, l_k)``; a flat step ``q_k == q_{k+1}`` is a point mass ``l_{k+1} - l_k`` at
+``q_k``.  A group's distribution is the mixture ``F(x) = sum_i w_i F_i(x)`` (``W = sum_i w_i``).
+See ``docs/mixture.md`` for the algorithm and its numerical envelope.
+
+Three ops, same names and signatures as in ``backends/mixture_gpu.py``:
+
+* :func:`repair_percentiles` -- running-max repair of non-monotone vectors, NULL detection;
+* :func:`window_means` -- the mean of each window's piecewise-linear distribution;
+* :func:`mixture_quantiles` -- exact quantiles of every group's mixture, O(N log N), vectorised
+  over groups (padded per-group rows, sorted and scanned along ``axis=1``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from gpuclust.schema import CPU_PERCENTILE_LEVELS_SORTED
+
+__all__ = [
+    "NARROW_REL",
+    "SNAP_REL",
+    "SOURCE_LEVELS",
+    "check_mixture_quantiles",
+    "check_percentile_matrix",
+    "mixture_quantiles",
+    "repair_percentiles",
+    "source_levels",
+    "window_means",
+]
+
+#: The 20 percentile levels of a usage window, ascending (the columns of ``q``).
+SOURCE_LEVELS: np.ndarray = np.asarray(CPU_PERCENTILE_LEVELS_SORTED, dtype=np.float64)
+SOURCE_LEVELS.setflags(write=False)
+#: A segment narrower than ``NARROW_REL * max(|q_k|, |q_{k+1}|)`` is treated as a point mass at
+#: ``q_k`` (moves any quantile by less than 1e-12 relative; keeps densities below ~1e12/|x| so
+#: the compensated slope scan stays accurate).  Identical in the CUDA kernels.
+NARROW_REL = 2.0**-40
+#: Quantile search tolerance, relative to the group total: the returned ``x`` is the first event
+#: where ``F >= p*W - SNAP_REL*W`` (or the linear inversion of ``F = p*W`` just before it), so a
+#: target that equals ``F`` at a breakpoint up to rounding lands on that breakpoint.
+SNAP_REL = 2.0**-44
+
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+_F64 = (np.dtype(np.float64),)
+_CODES = (np.dtype(np.int32), np.dtype(np.int64))
+#: Elements per padded chunk (rows x width) processed at once (bounds memory, keeps it in cache).
+_CHUNK = 1 << 16
+
+
+# --------------------------------------------------------------------------------------------
+# argument checks (shared with the GPU wrappers: they only read .ndim/.shape/.dtype/.flags)
+# --------------------------------------------------------------------------------------------
+def source_levels(q_levels: Any = None) -> np.ndarray:
+    """The levels of ``q``'s columns as a host float64 array (default :data:`SOURCE_LEVELS`).
+
+    ``q_levels`` must be strictly increasing, start at 0 and end at 1.
+    """
+    if q_levels is None:
+        return SOURCE_LEVELS
+    get = getattr(q_levels, "get", None)
+    lv = np.asarray(get() if callable(get) else q_levels, dtype=np.float64).reshape(-1)
+    if lv.shape[0] < 2 or lv[0] != 0.0 or lv[-1] != 1.0 or not np.all(np.diff(lv) > 0):
+        raise ValueError("q_levels must be strictly increasing from 0 to 1 (at least 2 levels)")
+    return lv
+
+
+def check_percentile_matrix(name: str, q: Any, dtypes: tuple[np.dtype, ...], n_cols: int) -> int:
+    """Validate a C-contiguous ``(n, n_cols)`` matrix; returns ``n``."""
+    if getattr(q, "ndim", None) != 2 or q.shape[1] != n_cols:
+        raise ValueError(f"{name} must have shape (n, {n_cols}), got {getattr(q, 'shape', type(q).__name__)}")
+    if q.dtype not in dtypes:
+        raise TypeError(f"{name} must have dtype {' or '.join(map(str, dtypes))}, got {q.dtype}")
+    if not q.flags.c_contiguous:
+        raise ValueError(f"{name} must be C-contiguous")
+    return int(q.shape[0])
+
+
+def _check_1d(name: str, a: Any, dtypes: tuple[np.dtype, ...], n: int | None) -> int:
+    if getattr(a, "ndim", None) != 1:
+        raise ValueError(f"{name} must be a 1-D array, got {getattr(a, 'shape', type(a).__name__)}")
+    if a.dtype not in dtypes:
+        raise TypeError(f"{name} must have dtype {' or '.join(map(str, dtypes))}, got {a.dtype}")
+    if not a.flags.c_contiguous:
+        raise ValueError(f"{name} must be C-contiguous")
+    if n is not None and a.shape[0] != n:
+        raise ValueError(f"{name} has length {a.shape[0]}, expected {n}")
+    return int(a.shape[0])
+
+
+def check_mixture_quantiles(q: Any, w: Any, group: Any, n_groups: int, levels: Any, q_levels: Any) -> np.ndarray:
+    """Validate :func:`mixture_quantiles` arguments (both backends); returns the source levels."""
+    src = source_levels(q_levels)
+    n = check_percentile_matrix("q", q, _F64, src.shape[0])
+    _check_1d("w", w, _F64, n)
+    _check_1d("group", group, _CODES, n)
+    _check_1d("levels", levels, _F64, None)
+    if int(n_groups) != n_groups or n_groups < 0:
+        raise ValueError(f"n_groups must be a non-negative integer, got {n_groups}")
+    return src
+
+
+def _check_levels_values(levels: np.ndarray) -> None:
+    if levels.size and not (np.all(levels >= 0.0) and np.all(levels <= 1.0)):
+        raise ValueError("levels must lie in [0, 1] (and not be NaN)")
+
+
+# --------------------------------------------------------------------------------------------
+# ops
+# --------------------------------------------------------------------------------------------
+def repair_percentiles(q: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Repair non-monotone percentile vectors by a running maximum; flag NULL rows.
+
+    Parameters
+    ----------
+    q
+        float32 or float64 array of shape ``(n, 20)``, columns in sorted-level order
+        (:data:`gpuclust.schema.CPU_PERCENTILE_COLUMNS_SORTED`), C-contiguous.  NULL is NaN.
+
+    Returns
+    -------
+    q_repaired : numpy.ndarray
+        float64 ``(n, 20)``: ``q_repaired[:, k] = max(q[:, :k+1])``; rows with any NaN or
+        infinite value are all NaN.
+    repaired_mask : numpy.ndarray
+        bool ``(n,)``: the row was not monotone (and not NULL).
+    null_mask : numpy.ndarray
+        bool ``(n,)``: the row has a NaN (NULL) or infinite percentile.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> q = np.tile(np.linspace(0.0, 1.0, 20), (3, 1))
+    >>> q[1, 5] = 0.0
+    >>> q[2, 3] = np.nan
+    >>> r, rep, null = repair_percentiles(q)
+    >>> rep.tolist(), null.tolist(), bool(r[1, 5] == r[1, 4])
+    ([False, True, False], [False, False, True], True)
+    """
+    check_percentile_matrix("q", q, _FLOATS, SOURCE_LEVELS.shape[0])
+    qd = q.astype(np.float64)
+    null = np.logical_not(np.isfinite(qd).all(axis=1))
+    rep = np.maximum.accumulate(qd, axis=1)
+    repaired: np.ndarray = (rep != qd).any(axis=1) & ~null
+    rep[null] = np.nan
+    return rep, repaired, null
+
+
+def window_means(q: np.ndarray) -> np.ndarray:
+    """Mean of each window's piecewise-linear distribution (trapezoid per segment).
+
+    ``mean_i = sum_k (l_{k+1} - l_k) * (q_k + q_{k+1}) / 2``; a flat segment is a point mass at
+    its value, which the same formula gives.  NaN rows give NaN.
+
+    Parameters
+    ----------
+    q
+        float32 or float64 ``(n, 20)`` in sorted-level order, C-contiguous, monotone (repaired).
+
+    Returns
+    -------
+    numpy.ndarray
+        float64 ``(n,)``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> q = np.asarray(SOURCE_LEVELS).reshape(1, -1)   # uniform on [0, 1]
+    >>> window_means(np.vstack([q, 2 * q + 1])).round(12).tolist()
+    [0.5, 2.0]
+    """
+    check_percentile_matrix("q", q, _FLOATS, SOURCE_LEVELS.shape[0])
+    qd = q.astype(np.float64, copy=False)
+    half_dl = np.diff(SOURCE_LEVELS) * 0.5
+    acc = np.zeros(qd.shape[0], dtype=np.float64)
+    for k in range(half_dl.shape[0]):  # sequential over the 19 segments, as the kernel does
+        acc += half_dl[k] * (qd[:, k] + qd[:, k + 1])
+    return acc
+
+
+def _two_sum_err(a: np.ndarray, b: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """Exact rounding error of ``s = fl(a + b)`` (Knuth's TwoSum)."""
+    bb = s - a
+    return (a - (s - bb)) + (b - bb)
+
+
+def _dd_cumsum_rows(hi: np.ndarray, lo: np.ndarray | None) -> np.ndarray:
+    """Compensated inclusive prefix sums of ``hi + lo`` along ``axis=1`` (error ~eps^2 * max|prefix|).
+
+    ``np.cumsum`` (``add.accumulate``) is sequential, so ``s_j == fl(s_{j-1} + hi_j)`` and the
+    TwoSum error of every step can be recomputed exactly afterwards, then summed in a second pass.
+    """
+    s = np.cumsum(hi, axis=1)
+    err = np.empty_like(s)
+    err[:, 0] = 0.0
+    err[:, 1:] = _two_sum_err(s[:, :-1], hi[:, 1:], s[:, 1:])
+    if lo is not None:
+        err += lo
+    return s + np.cumsum(err, axis=1)
+
+
+def _window_payload(q: np.ndarray, v: np.ndarray, src: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per (window, breakpoint) event payload, flattened in (window, k) order with one trailing zero
+    slot: the slope change as a TwoSum pair (hi, lo) and the jump (point mass) at ``q_k``."""
+    n, nl = q.shape
+    dl = np.diff(src)
+    m = v[:, None] * dl[None, :]  # mass of each segment (normalised weights)
+    a, b = q[:, :-1], q[:, 1:]
+    dq = b - a
+    narrow = dq <= NARROW_REL * np.maximum(np.abs(a), np.abs(b))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        d = np.where(narrow, 0.0, m / np.where(narrow, 1.0, dq))
+    plus = np.zeros(n * nl + 1)
+    minus = np.zeros(n * nl + 1)
+    jump = np.zeros(n * nl + 1)
+    plus[:-1].reshape(n, nl)[:, :-1] = d
+    minus[:-1].reshape(n, nl)[:, 1:] = d
+    jump[:-1].reshape(n, nl)[:, :-1] = np.where(narrow, m, 0.0)
+    hi = plus - minus
+    lo = _two_sum_err(plus, -minus, hi)
+    return hi, lo, jump
+
+
+def _width_class(e: np.ndarray) -> np.ndarray:
+    """Padded row width for ``e`` events: rounded up on a 2^(1/4) geometric grid (<= 19% padding)."""
+    e = np.maximum(e, 1)
+    k = np.ceil(4.0 * np.log2(e.astype(np.float64)) - 1e-9)
+    return np.maximum(np.ceil(2.0 ** (k / 4.0)).astype(np.int64), e)
+
+
+def mixture_quantiles(
+    q: np.ndarray,
+    w: np.ndarray,
+    group: np.ndarray,
+    n_groups: int,
+    levels: np.ndarray,
+    *,
+    q_levels: Any = None,
+) -> np.ndarray:
+    """Exact quantiles of each group's mixture of piecewise-linear window CDFs.
+
+    ``quantile(p) = inf{x : F(x) >= p * W}`` with ``F(x) = sum_i w_i F_i(x)`` over the group's
+    windows; ``p = 0`` gives the minimum and ``p = 1`` the maximum of the support.
+
+    Parameters
+    ----------
+    q
+        float64 ``(n, 20)`` percentile vectors in sorted-level order, monotone (see
+        :func:`repair_percentiles`), C-contiguous.  With ``q_levels`` the columns are at those
+        levels instead (used by the bounded summary, ``K + 1`` equally spaced levels).
+    w
+        float64 ``(n,)`` weights (sample counts).  Rows with ``w <= 0``, NaN ``w`` or a non-finite
+        percentile contribute nothing.
+    group
+        int64 (or int32) ``(n,)`` group codes; codes outside ``[0, n_groups)`` are ignored.
+    n_groups
+        Number of groups ``G``.
+    levels
+        float64 ``(L,)`` probability levels in ``[0, 1]``.
+    q_levels
+        Optional levels of ``q``'s columns (strictly increasing from 0 to 1).
+
+    Returns
+    -------
+    numpy.ndarray
+        float64 ``(G, L)``; rows of groups with no positive weight are NaN.
+
+    Raises
+    ------
+    ValueError
+        Bad shapes, levels outside ``[0, 1]``, or a row of ``q`` that is not non-decreasing.
+    TypeError
+        Wrong dtypes.
+
+    Notes
+    -----
+    Each window's breakpoint ``k`` is an event carrying the change of the density
+    (``+d_k - d_{k-1}``, ``d_k = w (l_{k+1} - l_k) / (q_{k+1} - q_k)``) and a jump (point masses
+    of flat segments).  Events are sorted by ``x`` within each group (groups padded to rows of
+    similar width and sorted along ``axis=1``), then the slope and ``F`` at every event are
+    prefix sums with TwoSum compensation, and each (group, level) is a binary search over ``F``
+    followed by one linear inversion.  Weights are normalised per group first.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> lv = np.asarray(SOURCE_LEVELS)
+    >>> q = np.stack([lv, lv + 1.0])        # uniform on [0, 1] and on [1, 2]
+    >>> out = mixture_quantiles(q, np.array([1.0, 1.0]), np.array([0, 0]), 1, np.array([0.25, 0.5, 1.0]))
+    >>> out.round(12).tolist()
+    [[0.5, 1.0, 2.0]]
+    """
+    src = check_mixture_quantiles(q, w, group, n_groups, levels, q_levels)
+    _check_levels_values(levels)
+    G, L = int(n_groups), int(levels.shape[0])
+    out = np.full((G, L), np.nan)
+    if G == 0 or L == 0 or q.shape[0] == 0:
+        return out
+    valid = (group >= 0) & (group < G) & np.isfinite(w) & (w > 0) & _rows_finite(q)
+    idx = np.flatnonzero(valid)
+    if idx.shape[0] == 0:
+        return out
+    gv = group[idx].astype(np.int64)
+    wsum = np.bincount(gv, weights=w[idx], minlength=G)
+    v = np.zeros(q.shape[0])
+    v[idx] = w[idx] / wsum[gv]  # weights normalised per group
+    nl = src.shape[0]
+
+    order = idx[np.argsort(gv, kind="stable")]  # valid windows, grouped
+    counts = np.bincount(gv, minlength=G)
+    gstart = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    present = np.flatnonzero(counts)
+    widths = _width_class(counts[present] * nl)
+    for width in np.unique(widths):
+        gs = present[widths == width]
+        rows_per_chunk = max(1, _CHUNK // int(width))
+        for c0 in range(0, gs.shape[0], rows_per_chunk):
+            g_chunk = gs[c0 : c0 + rows_per_chunk]
+            out[g_chunk] = _chunk_quantiles(q, v, src, order, gstart[g_chunk], counts[g_chunk], int(width), levels)
+    return out
+
+
+def _rows_finite(q: np.ndarray) -> np.ndarray:
+    """``np.isfinite(q).all(axis=1)`` in row blocks (no full-size temporary)."""
+    out = np.empty(q.shape[0], dtype=bool)
+    step = max(1, _CHUNK // max(1, q.shape[1]))
+    for r0 in range(0, q.shape[0], step):
+        out[r0 : r0 + step] = np.isfinite(q[r0 : r0 + step]).all(axis=1)
+    return out
+
+
+def _chunk_quantiles(
+    q: np.ndarray,
+    v: np.ndarray,
+    src: np.ndarray,
+    order: np.ndarray,
+    gstart: np.ndarray,
+    counts: np.ndarray,
+    width: int,
+    levels: np.ndarray,
+) -> np.ndarray:
+    """Quantiles for ``R`` groups laid out as padded rows of ``width`` events (events sorted per row)."""
+    R, nl = counts.shape[0], src.shape[0]
+    n_events = counts * nl
+    # the chunk's windows, grouped by row; their events are contiguous in a flat (window, k) order
+    row_of_win = np.repeat(np.arange(R), counts)
+    first_win = np.cumsum(counts) - counts
+    local = np.arange(row_of_win.shape[0]) - first_win[row_of_win]
+    win = order[np.repeat(gstart, counts) + local]
+    qc = q[win]
+    if np.any(qc[:, 1:] < qc[:, :-1]):
+        raise ValueError("q rows must be non-decreasing; repair them with repair_percentiles first")
+    hi, lo, jump = _window_payload(qc, v[win], src)
+
+    X = np.full((R, width), np.inf)
+    X.reshape(-1)[(row_of_win * width + local * nl)[:, None] + np.arange(nl)[None, :]] = qc
+    perm = np.argsort(X, axis=1)
+    real = np.arange(width)[None, :] < n_events[:, None]
+    total = row_of_win.shape[0] * nl  # index of a zero slot appended to the flat payloads
+    fidx = np.where(real, perm + (first_win * nl)[:, None], total)
+    Xs = np.append(qc.reshape(-1), np.inf)[fidx]
+
+    S = _dd_cumsum_rows(hi[fidx], lo[fidx])
+    np.maximum(S, 0.0, out=S)
+    inc = jump[fidx]
+    with np.errstate(invalid="ignore"):
+        dx = Xs[:, 1:] - Xs[:, :-1]
+    dx[~real[:, 1:]] = 0.0
+    dx *= S[:, :-1]
+    inc[:, 1:] += dx
+    F = _dd_cumsum_rows(inc, None)
+    np.maximum.accumulate(F, axis=1, out=F)
+
+    rows = np.arange(R)[:, None]
+    last = (n_events - 1)[:, None]
+    T = F[rows, last]  # (R, 1)
+    t = levels[None, :] * T
+    thr = t - SNAP_REL * T
+    lo_i = np.zeros((R, levels.shape[0]), dtype=np.int64)
+    hi_i = np.broadcast_to(last, lo_i.shape).copy()
+    while True:
+        open_ = lo_i < hi_i
+        if not open_.any():
+            break
+        mid = (lo_i + hi_i) >> 1
+        ok = F[rows, mid] >= thr
+        hi_i = np.where(open_ & ok, mid, hi_i)
+        lo_i = np.where(open_ & ~ok, mid + 1, lo_i)
+    j = lo_i
+    jm = np.maximum(j - 1, 0)
+    xa, xb = Xs[rows, jm], Xs[rows, j]
+    Fa, Sa = F[rows, jm], S[rows, jm]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        x = np.where(Sa > 0, xa + (t - Fa) / np.where(Sa > 0, Sa, 1.0), xb)
+    x = np.minimum(np.maximum(x, xa), xb)
+    x = np.where(j == 0, xb, x)
+    x = np.where(levels[None, :] >= 1.0, Xs[rows, last], x)
+    return x

@@ -1,0 +1,189 @@
+"""CuPy twins of :mod:`gpuclust.backends.mixture_cpu` (same names, signatures and semantics).
+
+``repair_percentiles`` and ``window_means`` are one thread per row; ``mixture_quantiles`` sorts
+the events by (group, x) with :func:`cupy.lexsort`, then runs ``mixture_sweep`` (one block per
+group, double-double block scans) and ``mixture_invert`` (one thread per (group, level)) from
+``kernels/mixture.cu``.  Wrappers check dtypes, shapes and contiguity (raising, never
+converting) and launch with *named* arguments ordered by the declared parameter lists below.
+
+The instantiations are declared in :data:`INSTANTIATIONS` (same shape as
+``gpuclust._kernels.INSTANTIATIONS``; the loader should list them under ``"mixture.cu"``).  Until
+it does, this module compiles ``mixture.cu`` itself with the loader's source inlining and NVRTC
+options.  CuPy is imported lazily, inside functions.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+from gpuclust.backends.mixture_cpu import (
+    NARROW_REL,
+    SNAP_REL,
+    SOURCE_LEVELS,
+    _check_levels_values,
+    check_mixture_quantiles,
+    check_percentile_matrix,
+)
+
+__all__ = ["INSTANTIATIONS", "KERNEL_FILE", "mixture_quantiles", "name_expressions", "repair_percentiles",
+           "window_means"]
+
+KERNEL_FILE = "mixture.cu"
+#: Threads per block (a multiple of 32; the block scans work on whole warps).
+BLOCK = 256
+
+#: Kernel template -> template-argument tuples, for ``_kernels.INSTANTIATIONS["mixture.cu"]``.
+INSTANTIATIONS: dict[str, list[tuple[str, ...]]] = {
+    "gpuclust::mixture_repair": [("float",), ("double",)],
+    "gpuclust::mixture_window_means": [("float",), ("double",)],
+    "gpuclust::mixture_sweep": [("double",)],
+    "gpuclust::mixture_invert": [("double",)],
+}
+
+#: C parameter types per kernel (``{T}`` substituted); must match kernels/mixture.cu.  Used by the
+#: nvcc test to write explicit instantiations.
+C_SIGNATURES: dict[str, str] = {
+    "gpuclust::mixture_repair": "const {T}*, long long, int, double*, bool*, bool*",
+    "gpuclust::mixture_window_means": "const {T}*, const double*, long long, int, double*",
+    "gpuclust::mixture_sweep": ("const {T}*, const double*, const double*, const long long*, const long long*, "
+                                "long long, int, double, double*, double*, double*"),
+    "gpuclust::mixture_invert": ("const {T}*, const {T}*, const {T}*, const long long*, long long, const double*, "
+                                 "long long, double, {T}*"),
+}
+
+_PTR = "ptr"
+#: Declared kernel parameter lists: (name, NumPy scalar type or "ptr"), in CUDA signature order.
+REPAIR_PARAMS: tuple[tuple[str, Any], ...] = (
+    ("q", _PTR), ("n", np.int64), ("nl", np.int32), ("out", _PTR), ("repaired", _PTR), ("null_mask", _PTR),
+)
+MEANS_PARAMS: tuple[tuple[str, Any], ...] = (
+    ("q", _PTR), ("half_dl", _PTR), ("n", np.int64), ("nl", np.int32), ("out", _PTR),
+)
+SWEEP_PARAMS: tuple[tuple[str, Any], ...] = (
+    ("q", _PTR), ("src", _PTR), ("v", _PTR), ("ev", _PTR), ("row_start", _PTR), ("n_groups", np.int64),
+    ("nl", np.int32), ("narrow_rel", np.float64), ("xs", _PTR), ("slope", _PTR), ("cdf", _PTR),
+)
+INVERT_PARAMS: tuple[tuple[str, Any], ...] = (
+    ("xs", _PTR), ("slope", _PTR), ("cdf", _PTR), ("row_start", _PTR), ("n_groups", np.int64),
+    ("levels", _PTR), ("n_levels", np.int64), ("snap_rel", np.float64), ("out", _PTR),
+)
+
+_CTYPE = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def name_expressions() -> list[str]:
+    """The NVRTC name expressions of :data:`INSTANTIATIONS`, e.g. ``gpuclust::mixture_invert<double>``."""
+    return [f"{t}<{', '.join(a)}>" for t, args in INSTANTIATIONS.items() for a in args]
+
+
+def _cupy() -> Any:
+    from gpuclust.backends import gpu
+
+    return gpu.require()
+
+
+_lock = threading.Lock()
+_own_modules: dict[int, Any] = {}
+
+
+def _function(template: str, args: tuple[str, ...]) -> Any:
+    from gpuclust import _kernels
+
+    if KERNEL_FILE in _kernels.INSTANTIATIONS:
+        return _kernels.get_function(KERNEL_FILE, template, args)
+    cp = _cupy()  # not registered with the loader yet: compile the same source ourselves
+    dev = cp.cuda.Device().id
+    with _lock:
+        mod = _own_modules.get(dev)
+        if mod is None:
+            mod = cp.RawModule(code=_kernels.load_source(KERNEL_FILE), options=_kernels.NVRTC_OPTIONS,
+                               name_expressions=name_expressions())
+            mod.compile()
+            _own_modules[dev] = mod
+    return mod.get_function(f"{template}<{', '.join(args)}>")
+
+
+def _launch(kernel: Any, grid: int, params: tuple[tuple[str, Any], ...], **named: Any) -> None:
+    missing = [p for p, _ in params if p not in named]
+    extra = sorted(set(named) - {p for p, _ in params})
+    if missing or extra:
+        raise TypeError(f"kernel arguments: missing {missing}, unexpected {extra}")
+    args = tuple(named[p] if t is _PTR else t(named[p]) for p, t in params)
+    kernel((max(1, grid),), (BLOCK,), args)
+
+
+def _grid(n_items: int, cp: Any) -> int:
+    sms = cp.cuda.Device().attributes["MultiProcessorCount"]
+    return max(1, min(-(-n_items // BLOCK), sms * 16))
+
+
+def repair_percentiles(q: Any) -> tuple[Any, Any, Any]:
+    """GPU twin of :func:`gpuclust.backends.mixture_cpu.repair_percentiles`."""
+    cp = _cupy()
+    n = check_percentile_matrix("q", q, _FLOATS, SOURCE_LEVELS.shape[0])
+    nl = SOURCE_LEVELS.shape[0]
+    out = cp.empty((n, nl), dtype=cp.float64)
+    repaired = cp.zeros(n, dtype=cp.bool_)
+    null = cp.zeros(n, dtype=cp.bool_)
+    if n:
+        kern = _function("gpuclust::mixture_repair", (_CTYPE[q.dtype],))
+        _launch(kern, _grid(n, cp), REPAIR_PARAMS, q=q, n=n, nl=nl, out=out, repaired=repaired, null_mask=null)
+    return out, repaired, null
+
+
+def window_means(q: Any) -> Any:
+    """GPU twin of :func:`gpuclust.backends.mixture_cpu.window_means`."""
+    cp = _cupy()
+    n = check_percentile_matrix("q", q, _FLOATS, SOURCE_LEVELS.shape[0])
+    nl = SOURCE_LEVELS.shape[0]
+    out = cp.empty(n, dtype=cp.float64)
+    if n:
+        half_dl = cp.asarray(np.diff(SOURCE_LEVELS) * 0.5)
+        kern = _function("gpuclust::mixture_window_means", (_CTYPE[q.dtype],))
+        _launch(kern, _grid(n, cp), MEANS_PARAMS, q=q, half_dl=half_dl, n=n, nl=nl, out=out)
+    return out
+
+
+def mixture_quantiles(q: Any, w: Any, group: Any, n_groups: int, levels: Any, *, q_levels: Any = None) -> Any:
+    """GPU twin of :func:`gpuclust.backends.mixture_cpu.mixture_quantiles` (same arguments and result)."""
+    cp = _cupy()
+    src = check_mixture_quantiles(q, w, group, n_groups, levels, q_levels)
+    _check_levels_values(levels.get())
+    G, L = int(n_groups), int(levels.shape[0])
+    out = cp.full((G, L), cp.nan, dtype=cp.float64)
+    if G == 0 or L == 0 or q.shape[0] == 0:
+        return out
+    nl = src.shape[0]
+    valid = (group >= 0) & (group < G) & cp.isfinite(w) & (w > 0) & cp.isfinite(q).all(axis=1)
+    idx = cp.flatnonzero(valid)
+    nv = int(idx.shape[0])
+    if nv == 0:
+        return out
+    gv = group[idx].astype(cp.int64)
+    wv = w[idx]
+    wsum = cp.bincount(gv, weights=wv, minlength=G)
+    v = cp.ascontiguousarray(wv / wsum[gv])
+    qv = cp.ascontiguousarray(q[idx])
+    if bool(cp.any(qv[:, 1:] < qv[:, :-1])):
+        raise ValueError("q rows must be non-decreasing; repair them with repair_percentiles first")
+    # events sorted by (group, x); ids are i * nl + k into qv
+    keys = cp.stack([qv.reshape(-1), cp.repeat(gv, nl).astype(cp.float64)])
+    ev = cp.ascontiguousarray(cp.lexsort(keys).astype(cp.int64))
+    row_start = cp.zeros(G + 1, dtype=cp.int64)
+    row_start[1:] = cp.cumsum(cp.bincount(gv, minlength=G) * nl)
+    E = nv * nl
+    xs = cp.empty(E, dtype=cp.float64)
+    slope = cp.empty(E, dtype=cp.float64)
+    cdf = cp.empty(E, dtype=cp.float64)
+    sms = cp.cuda.Device().attributes["MultiProcessorCount"]
+    sweep = _function("gpuclust::mixture_sweep", ("double",))
+    _launch(sweep, min(G, sms * 32), SWEEP_PARAMS, q=qv, src=cp.asarray(src), v=v, ev=ev, row_start=row_start,
+            n_groups=G, nl=nl, narrow_rel=NARROW_REL, xs=xs, slope=slope, cdf=cdf)
+    invert = _function("gpuclust::mixture_invert", ("double",))
+    _launch(invert, _grid(G * L, cp), INVERT_PARAMS, xs=xs, slope=slope, cdf=cdf, row_start=row_start,
+            n_groups=G, levels=levels, n_levels=L, snap_rel=SNAP_REL, out=out)
+    return out

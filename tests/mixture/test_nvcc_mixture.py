@@ -1,0 +1,73 @@
+"""Compile kernels/mixture.cu with nvcc for sm_80 and sm_90 (marked ``nvcc``; no GPU needed).
+
+The translation unit is the source exactly as NVRTC sees it (``_kernels.load_source`` inlines the
+local ``mixture_dd.cuh``) followed by one *explicit instantiation* per declared name expression
+(``mixture_gpu.INSTANTIATIONS``), written from the declared C signatures, so a template that does
+not instantiate, or a signature that drifted from the wrapper's parameter lists, fails the build.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from gpuclust import _kernels
+from gpuclust.backends import mixture_gpu
+
+pytestmark = pytest.mark.nvcc
+
+NVCC = shutil.which("nvcc")
+
+
+def _instantiation_lines() -> list[str]:
+    lines = []
+    for template, arglist in mixture_gpu.INSTANTIATIONS.items():
+        sig = mixture_gpu.C_SIGNATURES[template]
+        for (t,) in arglist:
+            lines.append(f"template __global__ void {template}<{t}>({sig.format(T=t)});")
+    return lines
+
+
+def _param_ctypes(params: tuple[tuple[str, object], ...]) -> list[str]:
+    m = {np.int64: "long long", np.int32: "int", np.float64: "double"}
+    return ["ptr" if t == "ptr" else m[t] for _, t in params]  # type: ignore[index]
+
+
+def test_signatures_match_param_lists() -> None:
+    """Scalars in the declared C signatures sit where the wrappers' parameter lists put them."""
+    pairs = {
+        "gpuclust::mixture_repair": mixture_gpu.REPAIR_PARAMS,
+        "gpuclust::mixture_window_means": mixture_gpu.MEANS_PARAMS,
+        "gpuclust::mixture_sweep": mixture_gpu.SWEEP_PARAMS,
+        "gpuclust::mixture_invert": mixture_gpu.INVERT_PARAMS,
+    }
+    assert set(pairs) == set(mixture_gpu.INSTANTIATIONS)
+    for template, params in pairs.items():
+        sig = [s.strip() for s in mixture_gpu.C_SIGNATURES[template].split(",")]
+        want = _param_ctypes(params)
+        assert len(sig) == len(want), template
+        for c, w in zip(sig, want, strict=False):
+            assert c.endswith("*") if w == "ptr" else c == w, (template, c, w)
+
+
+def test_name_expressions() -> None:
+    assert "gpuclust::mixture_invert<double>" in mixture_gpu.name_expressions()
+    assert "gpuclust::mixture_sweep<double>" in mixture_gpu.name_expressions()
+    src = _kernels.load_source(mixture_gpu.KERNEL_FILE)
+    assert '#include "mixture_dd.cuh"' not in src and "block_scan_dd" in src
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not found")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_mixture_compiles(tmp_path, arch) -> None:  # type: ignore[no-untyped-def]
+    tu = tmp_path / "mixture_tu.cu"
+    tu.write_text(_kernels.load_source(mixture_gpu.KERNEL_FILE)
+                  + "\n// explicit instantiations (gpuclust test)\n" + "\n".join(_instantiation_lines()) + "\n")
+    obj = tmp_path / f"mixture.{arch}.o"
+    cmd = [NVCC, *_kernels.NVRTC_OPTIONS, f"-arch={arch}", "-c", "-Werror", "all-warnings", "-o", str(obj), str(tu)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stdout}\n{r.stderr}"
+    assert obj.stat().st_size > 0
