@@ -1,0 +1,295 @@
+"""Analyses benchmark: every registered analysis on the cpu backend, the gpu backend where present,
+and the peers a user would otherwise pick, at 10^6 and 10^7 usage windows (10^8 on a GPU machine).
+
+    python bench/analyses_bench.py                         # 1e6 and 1e7 windows, every analysis
+    python bench/analyses_bench.py --sizes 1e6 --analyses cell-usage,cpi
+    python bench/analyses_bench.py --sizes 1e6,1e7,1e8     # on a GPU machine
+
+Data: `bench/gen_canonical.py` (canonical Parquet written directly, cached under bench/data/).
+Each measurement runs in its own process; the parent samples the process tree's RSS. Reported
+per (size, analysis, contender): seconds inside the timed call (imports and process start
+excluded), rows/s of the analysed table, achieved GB/s over the in-memory bytes of the columns
+the analysis reads, and peak RSS. Writes bench/results/<name>.json and .md with device, versions
+and commit.
+
+Peers (what SQL / pandas can express of each analysis, written the way a user would):
+cell-usage: DuckDB SQL of Google's notebook query and a pandas merge + groupby;
+machine-shapes: DuckDB COUNT(DISTINCT); cpi: DuckDB and pandas grouped weighted Pearson per
+machine; overcommit: DuckDB machine x 5-min bucket usage sums with exact overlap
+(generate_series) and pandas on the 300 s grid; usage-distribution: the straightforward
+per-group loop (timed on a subset of groups and scaled by window count, reported as such).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from _harness import environment, run_measured, write_results  # noqa: E402
+
+DATA = HERE / "data"
+US = 1_000_000
+
+
+# ------------------------------------------------------------------------------------------
+# Contenders (run inside the child process)
+# ------------------------------------------------------------------------------------------
+def _parts(ds: Path) -> int:
+    man = json.loads((ds / "manifest.json").read_text())
+    rows = man["tables"]["instance_usage"]["rows"]
+    return max(1, rows // (4 << 20))
+
+
+def gpuclust_runner(backend: str) -> Callable[[Path, str], Callable[[], Any]]:
+    def make(ds: Path, analysis: str) -> Callable[[], Any]:
+        from gpuclust.dataset import Dataset
+        from gpuclust.engine import run
+
+        d = Dataset(ds)
+        n = _parts(ds)
+        return lambda: run(d, [analysis], backend=backend, partitions=n)
+
+    return make
+
+
+def _duck() -> Any:
+    import duckdb
+
+    con = duckdb.connect()
+    con.execute("SET threads=2")
+    return con
+
+
+def duck_cell_usage(ds: Path, _: str) -> Callable[[], Any]:
+    con = _duck()
+    sql = f"""
+    WITH cap AS (SELECT SUM(c) AS cpu, SUM(m) AS mem FROM (
+            SELECT machine_id, MAX(cap_cpu) AS c, MAX(cap_mem) AS m
+            FROM read_parquet('{ds}/machine_events/*.parquet') GROUP BY machine_id)),
+         e AS (SELECT collection_id, instance_index, machine_id, MAX(priority) AS p
+               FROM read_parquet('{ds}/instance_events/*.parquet')
+               WHERE alloc_collection_id IS NULL OR alloc_collection_id = 0 GROUP BY ALL),
+         u AS (SELECT start_time, collection_id, instance_index, machine_id, avg_cpu, avg_mem
+               FROM read_parquet('{ds}/instance_usage/*.parquet')
+               WHERE (alloc_collection_id IS NULL OR alloc_collection_id = 0)
+                 AND end_time - start_time >= 300000000)
+    SELECT CAST(floor(u.start_time / 3.6e9) AS BIGINT) AS hour,
+           CASE WHEN p BETWEEN 0 AND 99 THEN 'free' WHEN p BETWEEN 100 AND 115 THEN 'beb'
+                WHEN p BETWEEN 116 AND 119 THEN 'mid' ELSE 'prod' END AS tier,
+           SUM(avg_cpu) / (12 * ANY_VALUE(cap.cpu)) AS cpu, SUM(avg_mem) / (12 * ANY_VALUE(cap.mem)) AS mem
+    FROM u JOIN e USING (collection_id, instance_index, machine_id), cap GROUP BY ALL"""
+    return lambda: con.execute(sql).fetchall()
+
+
+def pandas_cell_usage(ds: Path, _: str) -> Callable[[], Any]:
+    import pandas as pd
+
+    def go() -> Any:
+        me = pd.read_parquet(ds / "machine_events", columns=["machine_id", "cap_cpu", "cap_mem"])
+        cap = me.groupby("machine_id").max().sum()
+        ev = pd.read_parquet(ds / "instance_events", columns=["collection_id", "instance_index", "machine_id", "priority", "alloc_collection_id"])
+        ev = ev[ev.alloc_collection_id == 0].groupby(["collection_id", "instance_index", "machine_id"], as_index=False)["priority"].max()
+        u = pd.read_parquet(ds / "instance_usage", columns=["start_time", "end_time", "collection_id", "instance_index", "machine_id", "alloc_collection_id", "avg_cpu", "avg_mem"])
+        u = u[(u.alloc_collection_id == 0) & (u.end_time - u.start_time >= 300 * US)]
+        j = u.merge(ev, on=["collection_id", "instance_index", "machine_id"])
+        j["hour"] = j.start_time // 3_600_000_000
+        j["tier"] = pd.cut(j.priority, [-1, 99, 115, 119, 10**9], labels=["free", "beb", "mid", "prod"])
+        g = j.groupby(["hour", "tier"], observed=True)[["avg_cpu", "avg_mem"]].sum()
+        return g.avg_cpu / (12 * cap.cap_cpu), g.avg_mem / (12 * cap.cap_mem)
+
+    return go
+
+
+def duck_machine_shapes(ds: Path, _: str) -> Callable[[], Any]:
+    con = _duck()
+    sql = f"SELECT cap_cpu, cap_mem, COUNT(DISTINCT machine_id) FROM read_parquet('{ds}/machine_events/*.parquet') GROUP BY ALL"
+    return lambda: con.execute(sql).fetchall()
+
+
+def duck_cpi(ds: Path, _: str) -> Callable[[], Any]:
+    con = _duck()
+    sql = f"""
+    WITH w AS (SELECT machine_id, cpi, mai, avg_cpu * (end_time - start_time) / 1e6 AS w
+               FROM read_parquet('{ds}/instance_usage/*.parquet')
+               WHERE cpi IS NOT NULL AND mai IS NOT NULL AND cpi > 0 AND cpi <= 100 AND mai >= 0 AND mai <= 1),
+         m AS (SELECT machine_id, SUM(w) AS W, SUM(w * cpi) / SUM(w) AS mc, SUM(w * mai) / SUM(w) AS mm FROM w GROUP BY machine_id)
+    SELECT machine_id, COUNT(*), ANY_VALUE(W), ANY_VALUE(mc), ANY_VALUE(mm),
+           SUM(w * (cpi - mc) * (mai - mm)) / sqrt(SUM(w * (cpi - mc) ^ 2) * SUM(w * (mai - mm) ^ 2)) AS r
+    FROM w JOIN m USING (machine_id) GROUP BY machine_id"""
+    return lambda: con.execute(sql).fetchall()
+
+
+def pandas_cpi(ds: Path, _: str) -> Callable[[], Any]:
+    import pandas as pd
+
+    def go() -> Any:
+        u = pd.read_parquet(ds / "instance_usage", columns=["machine_id", "cpi", "mai", "avg_cpu", "start_time", "end_time"])
+        u = u[u.cpi.notna() & u.mai.notna() & (u.cpi > 0) & (u.cpi <= 100) & (u.mai >= 0) & (u.mai <= 1)]
+        u = u.assign(w=u.avg_cpu.astype("float64") * (u.end_time - u.start_time) / 1e6)
+        g = u.groupby("machine_id")
+        mc = g.apply(lambda s: (s.w * s.cpi).sum() / s.w.sum(), include_groups=False)
+        u = u.join(mc.rename("mc"), on="machine_id")
+        mm = g.apply(lambda s: (s.w * s.mai).sum() / s.w.sum(), include_groups=False)
+        u = u.join(mm.rename("mm"), on="machine_id")
+        u = u.assign(xy=u.w * (u.cpi - u.mc) * (u.mai - u.mm), xx=u.w * (u.cpi - u.mc) ** 2, yy=u.w * (u.mai - u.mm) ** 2)
+        s = u.groupby("machine_id")[["xy", "xx", "yy"]].sum()
+        return s.xy / (s.xx * s.yy) ** 0.5
+
+    return go
+
+
+def duck_overcommit(ds: Path, _: str) -> Callable[[], Any]:
+    con = _duck()
+    b = 300 * US
+    sql = f"""
+    SELECT machine_id, g.b AS bucket,
+           SUM(avg_cpu * (LEAST(end_time, (g.b + 1) * {b}) - GREATEST(start_time, g.b * {b}))) / {b} AS cpu
+    FROM read_parquet('{ds}/instance_usage/*.parquet') AS u,
+         generate_series(u.start_time // {b}, (u.end_time - 1) // {b}) AS g(b)
+    WHERE alloc_collection_id = 0 AND end_time > start_time
+    GROUP BY ALL"""
+    return lambda: con.execute(sql).fetchall()
+
+
+def pandas_overcommit(ds: Path, _: str) -> Callable[[], Any]:
+    import pandas as pd
+
+    def go() -> Any:
+        u = pd.read_parquet(ds / "instance_usage", columns=["machine_id", "start_time", "end_time", "avg_cpu", "alloc_collection_id"])
+        u = u[u.alloc_collection_id == 0]
+        u = u.assign(bucket=u.start_time // (300 * US), cs=u.avg_cpu * (u.end_time - u.start_time) / (300 * US))
+        return u.groupby(["machine_id", "bucket"]).cs.sum()  # grid-aligned windows only
+
+    return go
+
+
+def loop_usage_distribution(ds: Path, _: str) -> Callable[[], Any]:
+    """The per-group loop of bench/mixture_bench.py on the per-machine groups of a subset."""
+    import numpy as np
+    import pandas as pd
+    from mixture_bench import per_group_loop
+
+    from gpuclust.schema import CPU_PERCENTILE_COLUMNS_SORTED
+
+    cols = list(CPU_PERCENTILE_COLUMNS_SORTED)
+    u = pd.read_parquet(ds / "instance_usage", columns=["machine_id", "start_time", "end_time", "sample_rate", *cols])
+    u = u.dropna(subset=cols)
+    u["group"] = u.machine_id
+    u["w"] = (u.end_time - u.start_time) / 1e6 * u.sample_rate.fillna(1.0).replace(0, 1.0)
+    machines = u.machine_id.unique()
+    sub = u[u.machine_id.isin(machines[: max(1, len(machines) // 20)])]
+    scale = len(u) / max(1, len(sub))
+    _ = np
+
+    def go() -> Any:
+        per_group_loop(sub, 2049)
+        return scale
+
+    return go
+
+
+PEERS: dict[str, dict[str, Callable[[Path, str], Callable[[], Any]]]] = {
+    "cell-usage": {"duckdb": duck_cell_usage, "pandas": pandas_cell_usage},
+    "machine-shapes": {"duckdb": duck_machine_shapes},
+    "cpi": {"duckdb": duck_cpi, "pandas": pandas_cpi},
+    "overcommit": {"duckdb": duck_overcommit, "pandas": pandas_overcommit},
+    "usage-distribution": {"per-group loop": loop_usage_distribution},
+}
+
+
+def child(analysis: str, contender: str, ds: Path, repeat: int) -> None:
+    if contender.startswith("gpuclust-"):
+        fn = gpuclust_runner(contender.split("-", 1)[1])(ds, analysis)
+    else:
+        fn = PEERS[analysis][contender](ds, analysis)
+    best, scale = float("inf"), 1.0
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        r = fn()
+        best = min(best, time.perf_counter() - t0)
+        if isinstance(r, float):
+            scale = r
+    from gpuclust.analyses.registry import create
+    from gpuclust.dataset import Dataset
+
+    a = create(analysis)
+    d = Dataset(ds)
+    nbytes = d.read(a.table, list(a.columns)).nbytes
+    print(json.dumps({"seconds": best * scale, "measured_seconds": best, "scaled": scale != 1.0,
+                      "rows": d.num_rows(a.table), "table": a.table, "bytes": nbytes}))
+
+
+# ------------------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="1e6,1e7", help="comma-separated window counts")
+    ap.add_argument("--analyses", default="all", help="comma-separated analysis names, or all")
+    ap.add_argument("--backends", default="auto", help="cpu,gpu or auto (gpu when a device is present)")
+    ap.add_argument("--no-peers", action="store_true")
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--name", default="analyses")
+    ap.add_argument("--child", nargs=3, metavar=("ANALYSIS", "CONTENDER", "DATASET"), help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        child(args.child[0], args.child[1], Path(args.child[2]), args.repeat)
+        return 0
+
+    from gen_canonical import make_dataset
+
+    from gpuclust.analyses.registry import names
+    from gpuclust.backends import gpu_available
+
+    analyses = names() if args.analyses == "all" else args.analyses.split(",")
+    backends = ["cpu", "gpu"] if args.backends == "auto" and gpu_available() else (["cpu"] if args.backends == "auto" else args.backends.split(","))
+    rows = []
+    for size in [int(float(s)) for s in args.sizes.split(",")]:
+        ds = DATA / f"canonical-{size}"
+        if not (ds / "manifest.json").exists():
+            print(f"generating {size:,} windows into {ds}", flush=True)
+            make_dataset(ds, size, seed=1)
+        for an in analyses:
+            contenders = [f"gpuclust-{b}" for b in backends] + ([] if args.no_peers else list(PEERS.get(an, {})))
+            for c in contenders:
+                m = run_measured([sys.executable, str(HERE / "analyses_bench.py"), "--repeat", str(args.repeat), "--child", an, c, str(ds)])
+                if m.returncode != 0:
+                    print(f"{an} / {c} failed:\n{m.stdout_tail}", file=sys.stderr)
+                    rows.append({"size": size, "analysis": an, "contender": c, "error": m.stdout_tail[-500:]})
+                    continue
+                r = json.loads(m.stdout_tail.strip().splitlines()[-1])
+                row = {"size": size, "analysis": an, "contender": c, "table": r["table"], "rows": r["rows"],
+                       "seconds": round(r["seconds"], 3), "rows_per_s": round(r["rows"] / r["seconds"]),
+                       "gb_per_s": round(r["bytes"] / r["seconds"] / 1e9, 3), "peak_rss_mib": round(m.peak_rss_bytes / 2**20),
+                       "scaled_from_subset": r["scaled"]}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    env = environment()
+    md = [f"# Analyses benchmark ({env['cores']} cores{', ' + env['gpu'] if env['gpu'] else ', no GPU'})", "",
+          "| windows | analysis | contender | s | rows/s | GB/s | peak RSS MiB | vs gpuclust-cpu |", "|---:|---|---|---:|---:|---:|---:|---:|"]
+    base = {(r["size"], r["analysis"]): r["seconds"] for r in rows if r.get("contender") == "gpuclust-cpu" and "seconds" in r}
+    for r in rows:
+        if "error" in r:
+            md.append(f"| {r['size']:,} | {r['analysis']} | {r['contender']} | failed | | | | |")
+            continue
+        b = base.get((r["size"], r["analysis"]))
+        rel = f"{r['seconds'] / b:.2f}x slower" if b and r["seconds"] >= b else (f"{b / r['seconds']:.2f}x faster" if b else "")
+        if r["contender"] == "gpuclust-cpu":
+            rel = "1"
+        note = " (subset, scaled)" if r["scaled_from_subset"] else ""
+        md.append(f"| {r['size']:,} | {r['analysis']} | {r['contender']}{note} | {r['seconds']} | {r['rows_per_s']:,} | {r['gb_per_s']} | {r['peak_rss_mib']:,} | {rel} |")
+    md += ["", "Environment: " + ", ".join(f"{k}={v}" for k, v in env.items()), ""]
+    jp, mp = write_results(args.name, {"benchmark": "analyses", "rows": rows, "environment": env}, "\n".join(md))
+    print("\n".join(md))
+    print(f"wrote {jp} and {mp}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
