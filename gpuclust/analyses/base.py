@@ -38,6 +38,8 @@ from typing import Any, ClassVar
 import numpy as np
 import pandas as pd
 
+from gpuclust.schema import DEFAULT_TIER_MAP, TierMap, tier_map
+
 __all__ = [
     "Analysis",
     "is_null_int",
@@ -45,8 +47,20 @@ __all__ = [
     "merge_keyed",
     "merge_moments",
     "null_int",
+    "resolve_tier_map",
     "to_host",
 ]
+
+
+def resolve_tier_map(explicit: str | None, source: Any) -> TierMap:
+    """The tier map an analysis uses: its own option, else the dataset manifest's, else the
+    default of the dataset's trace version (``schema.DEFAULT_TIER_MAP``)."""
+    if explicit is not None:
+        return tier_map(explicit)
+    name = getattr(source, "tier_map_name", None)
+    if name:
+        return tier_map(name)
+    return tier_map(DEFAULT_TIER_MAP.get(getattr(source, "trace_version", None) or "v3", "notebook"))
 
 
 def null_int(dtype: Any) -> int:

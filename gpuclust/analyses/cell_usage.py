@@ -33,8 +33,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from gpuclust.analyses.base import Analysis, is_null_int, keyed_reduce, merge_keyed
-from gpuclust.schema import DEFAULT_TIER_MAP, TIME_AFTER_TRACE, TierMap, tier_map
+from gpuclust.analyses.base import Analysis, is_null_int, keyed_reduce, merge_keyed, resolve_tier_map
+from gpuclust.schema import TIME_AFTER_TRACE, TierMap, tier_map
 
 __all__ = ["CellUsage", "HOUR_US", "MODES", "triple_hash"]
 
@@ -167,12 +167,7 @@ class CellUsage(Analysis):
 
     # ---------------------------------------------------------------- context (client side)
     def resolve_tier_map(self, source: Any) -> TierMap:
-        if self.tier_map is not None:
-            return tier_map(self.tier_map)
-        name = getattr(source, "tier_map_name", None)
-        if name:
-            return tier_map(name)
-        return tier_map(DEFAULT_TIER_MAP.get(getattr(source, "trace_version", None) or "v3", "notebook"))
+        return resolve_tier_map(self.tier_map, source)
 
     def context(self, source: Any) -> CellUsageContext:
         tm = self.resolve_tier_map(source)

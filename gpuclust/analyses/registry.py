@@ -12,7 +12,13 @@ from typing import Any
 
 from gpuclust.analyses.base import Analysis
 from gpuclust.analyses.cell_usage import MODES, CellUsage
+from gpuclust.analyses.cpi import BY, REGRESSIONS, SPEARMAN, Cpi
 from gpuclust.analyses.machine_shapes import MachineShapes
+from gpuclust.analyses.overcommit import Overcommit
+from gpuclust.analyses.usage_distribution import BY as UD_BY
+from gpuclust.analyses.usage_distribution import ROWS as UD_ROWS
+from gpuclust.analyses.usage_distribution import STRATEGIES as UD_STRATEGIES
+from gpuclust.analyses.usage_distribution import UsageDistribution
 from gpuclust.schema import TIER_MAPS
 
 __all__ = ["REGISTRY", "AnalysisEntry", "Option", "capability_table", "create", "names"]
@@ -62,11 +68,66 @@ REGISTRY: dict[str, AnalysisEntry] = {
             tables=("instance_usage", "instance_events", "machine_events"),
         ),
         AnalysisEntry(
+            Cpi,
+            "CPI/MAI per group (CPU-second weighted) and the Borg §5.2 CPI interference regression",
+            (
+                Option("by", "platform", BY, "grouping of the groups table (cell = the whole dataset)"),
+                Option("regression", "platform-fixed-effects", REGRESSIONS,
+                       "primary fit (all fits are reported): multiplicative platform fixed effects, "
+                       "one fit per platform, or pooled over platforms"),
+                Option("spearman", "grid", SPEARMAN,
+                       "grid = mergeable estimate with an error bound; exact = carries the rows; none"),
+                Option("spearman_bins", 32, None, "Spearman grid bins per axis"),
+                Option("cpi_min", 0.0, None, "CPI filter: exclusive lower bound"),
+                Option("cpi_max", 100.0, None, "CPI filter: inclusive upper bound"),
+                Option("mai_min", 0.0, None, "MAI filter: inclusive lower bound"),
+                Option("mai_max", 1.0, None, "MAI filter: inclusive upper bound"),
+                Option("min_cpu_seconds", 0.01, None, "minimum CPU-seconds (avg_cpu x duration) of a window"),
+                Option("tier_map", None, tuple(TIER_MAPS), "tier map for by=tier; default: the dataset's"),
+            ),
+            kernels=("grouped_comoments", "grouped_sum"),
+            tables=("instance_usage", "machine_events", "instance_events"),
+        ),
+        AnalysisEntry(
             MachineShapes,
             "Machines per capacity shape (cap_cpu, cap_mem), as in Google's notebook",
             (),
             kernels=(),
             tables=("machine_events",),
+        ),
+        AnalysisEntry(
+            Overcommit,
+            "Per machine x time bucket: capacity vs. requested (by tier) vs. usage, ratios, cell series, summary",
+            (
+                Option("bucket_s", 300, None, "bucket width in seconds"),
+                Option("tier_map", None, tuple(TIER_MAPS),
+                       "priority tier map; default: the dataset manifest's, else the trace version's default"),
+                Option("window_start_us", 600_000_000, None, "trace window start (trace microseconds)"),
+                Option("window_end_us", None, None,
+                       "trace window end; default: the largest finite time in instance_events / instance_usage"),
+            ),
+            kernels=("bucket_overlap", "grouped_sum"),
+            tables=("instance_usage", "instance_events", "machine_events"),
+        ),
+        AnalysisEntry(
+            UsageDistribution,
+            "Exact CPU usage distributions (mixtures of per-window percentile CDFs) per group: mean and quantiles",
+            (
+                Option("by", "tier", UD_BY,
+                       "one or more grouping keys, comma-separated (e.g. tier,time); time uses bucket_s"),
+                Option("bucket_s", 3600, None, "time bucket width in seconds (by=time)"),
+                Option("levels", "20 standard levels", None, "quantile levels in [0, 1] (comma-separated); default: the 20 standard percentile levels"),
+                Option("rows", "auto", UD_ROWS,
+                       "auto = all rows for instance/collection groups, top-level rows otherwise"),
+                Option("strategy", "auto", UD_STRATEGIES,
+                       "exact = partials carry the windows; bounded = fixed-size summary with an error bound; "
+                       "auto = exact up to exact_max_windows usage rows"),
+                Option("k", 512, None, "bounded summary size (CDF error <= (1 + merge depth) / k)"),
+                Option("exact_max_windows", 5_000_000, None, "row budget of strategy=auto for exact"),
+                Option("tier_map", None, tuple(TIER_MAPS), "tier map for by=tier; default: the dataset's"),
+            ),
+            kernels=("repair_percentiles", "window_means", "mixture_quantiles"),
+            tables=("instance_usage", "instance_events"),
         ),
     )
 }

@@ -44,9 +44,65 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--tier-map", choices=sorted(TIER_MAPS), default=None,
                    help="priority tier map (default: the dataset manifest's)")
     p.add_argument("--mode", choices=MODES, default=None, help="cell-usage mode (default notebook)")
+    p.add_argument("-O", "--option", action="append", default=[], metavar="NAME=VALUE",
+                   help="an analysis option (repeatable), e.g. -O by=machine -O bucket_s=3600; it applies to "
+                   "every named analysis that declares it (options: docs/analyses.md)")
     p.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
     p.set_defaults(func=main)
     return p
+
+
+def _coerce(default: Any, text: str) -> Any:
+    """Turn ``text`` into the type of an option's default (bool, int, float; else the text)."""
+    if isinstance(default, bool):
+        low = text.strip().lower()
+        if low in ("1", "true", "yes", "on"):
+            return True
+        if low in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(f"expected a boolean, got {text!r}")
+    if isinstance(default, int):
+        return int(text)
+    if isinstance(default, float):
+        return float(text)
+    return text
+
+
+def build_analyses(names: list[str], raw_options: list[str], *, tier_map: str | None = None,
+                   mode: str | None = None) -> list[Any]:
+    """Create the named analyses with ``NAME=VALUE`` options typed by each one's registry entry.
+
+    An option applies to every named analysis that declares it; one that none declares is an error.
+    """
+    from gpuclust.analyses.registry import REGISTRY, create
+
+    given: dict[str, str] = {}
+    for item in raw_options:
+        key, sep, val = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--option expects NAME=VALUE, got {item!r}")
+        given[key.strip().replace("-", "_")] = val
+    if tier_map is not None:
+        given.setdefault("tier_map", tier_map)
+    if mode is not None:
+        given.setdefault("mode", mode)
+    used: set[str] = set()
+    out = []
+    for name in names:
+        opts = {o.name: o for o in REGISTRY[name].options}
+        kw: dict[str, Any] = {}
+        for key, val in given.items():
+            if key in opts:
+                try:
+                    kw[key] = _coerce(opts[key].default, val)
+                except ValueError as e:
+                    raise ValueError(f"{name}: option {key}: {e}") from None
+                used.add(key)
+        out.append(create(name, **kw))
+    unused = sorted(set(given) - used)
+    if unused:
+        raise ValueError(f"no named analysis has option(s) {unused}")
+    return out
 
 
 def main(args: argparse.Namespace) -> int:
@@ -55,9 +111,9 @@ def main(args: argparse.Namespace) -> int:
     from gpuclust.engine import analyze
 
     try:
-        analyze(args.dataset, list(dict.fromkeys(args.names)), out=args.out, backend=args.backend,
-                scheduler=args.scheduler, partitions=args.partitions, tier_map=args.tier_map,
-                mode=args.mode, plots=not args.no_plots)
+        analyses = build_analyses(list(dict.fromkeys(args.names)), args.option, tier_map=args.tier_map, mode=args.mode)
+        analyze(args.dataset, analyses, out=args.out, backend=args.backend,
+                scheduler=args.scheduler, partitions=args.partitions, plots=not args.no_plots)
     except (BackendUnavailable, DatasetError, ValueError) as e:
         print(f"gpuclust analyze: error: {e}", file=sys.stderr)
         return 2

@@ -80,4 +80,16 @@ def plot_result(name: str, result: dict[str, pd.DataFrame], path: Path, *, title
         return plot_cell_usage(result, path, title=title or name)
     if name == "machine-shapes":
         return plot_machine_shapes(result, path)
+    if name == "overcommit":
+        from gpuclust.report.overcommit_plots import plot_overcommit
+
+        return plot_overcommit(result, path, title=title or name)
+    if name == "cpi":
+        from gpuclust.report.cpi_plots import plot_cpi
+
+        return plot_cpi(result, path, title=title or name)
+    if name == "usage-distribution":
+        from gpuclust.report.distribution_plots import plot_usage_distribution
+
+        return plot_usage_distribution(result, path, title=title or name)
     return False

@@ -1,0 +1,162 @@
+"""The first pass of the ``cpi`` analysis: per (machine, 300 s cell) task count ``k`` and CPU-seconds.
+
+Not registered: :class:`gpuclust.analyses.cpi.Cpi` runs it from its ``context`` with
+:func:`gpuclust.engine.run` and broadcasts the result (a sorted packed-key table) to its partials.
+
+For a usage window on machine ``m`` with ``cell = floor(start_time / 300 s)``:
+
+* ``k(m, cell)`` = number of **top-level** usage rows (``alloc_collection_id`` 0 or NULL: tasks
+  not in allocs, plus alloc instances) on ``m`` whose window starts in ``cell``;
+* ``cpu_seconds(m, cell)`` = the sum over those rows of ``avg_cpu x (end_time - start_time) / 1e6``;
+* ``bad(m, cell)`` = how many of those rows have an unknown CPU time (NULL ``avg_cpu``, an end
+  before the start, or the 2^63-1 "after the trace" end): the cell's utilisation is then unknown.
+
+Only machines with a known CPU capacity (``ctx.machines``) are kept (the others' utilisation is
+undefined anyway).  The key packs ``machine index << 32 | cell``; rows whose cell is outside
+``[0, 2^32)`` are dropped (counted in ``info``).
+
+The same pass also builds fine *fixed* histograms (row counts, exact integers) of CPI and MAI over
+the windows that pass the plausibility filter; :func:`grid_cuts` turns them into the cut points of
+the mergeable Spearman grid, so every partition of the main pass bins with the same cuts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from gpuclust.analyses.base import Analysis, is_null_int, keyed_reduce, merge_keyed
+from gpuclust.schema import TIME_AFTER_TRACE
+from gpuclust.stats import CpiFilter
+
+__all__ = ["CELL_US", "FINE_BINS", "MachineCells", "MachineCellsContext", "cpu_seconds", "grid_cuts", "hist_edges"]
+
+#: Length of a usage-grid cell (the trace's 5-minute windows), microseconds.
+CELL_US = 300_000_000
+#: Bits of the cell index in a packed (machine index, cell) key.
+CELL_BITS = 32
+#: Fine histogram bins per variable (log-spaced; row counts).
+FINE_BINS = 2048
+#: Lower ends of the fine log grids (values below fall in the first bin).
+_LOG_LO = {"cpi": 1e-3, "mai": 1e-7}
+
+
+def hist_edges(var: str, hi: float) -> np.ndarray:
+    """Interior edges of the fine log-spaced histogram of ``var`` ("cpi" or "mai") up to ``hi``."""
+    lo = _LOG_LO[var]
+    hi = max(float(hi), lo * 10.0)
+    return np.geomspace(lo, hi, FINE_BINS - 1)
+
+
+def cpu_seconds(xp: Any, start: Any, end: Any, avg_cpu: Any) -> Any:
+    """``avg_cpu x (end - start) / 1e6`` in float64; NaN when the CPU time is unknown (NULL usage,
+    ``end < start`` or the "after the trace" end)."""
+    ok = (end >= start) & (end != TIME_AFTER_TRACE)
+    dur = xp.where(ok, (end - start).astype(xp.float64), xp.nan) / 1e6
+    return avg_cpu.astype(xp.float64) * dur
+
+
+def grid_cuts(counts: np.ndarray, edges: np.ndarray, bins: int) -> np.ndarray:
+    """Cut points at the row-count quantiles ``1/bins ... (bins-1)/bins`` of a fine histogram.
+
+    Exact integer arithmetic, so the cuts do not depend on how the pass was partitioned.  Cuts are
+    fine-bin edges (duplicates dropped: fewer bins when the data are concentrated).
+    """
+    counts = np.asarray(counts, dtype=np.int64)
+    total = int(counts.sum())
+    if total == 0 or bins < 2:
+        return np.zeros(0)
+    cum = np.cumsum(counts)
+    # the smallest fine bin whose cumulative count reaches q * total (integer: ceil(j * total / bins))
+    targets = -(-np.arange(1, bins, dtype=np.int64) * total // bins)
+    idx = np.searchsorted(cum, targets, side="left")
+    idx = idx[idx < edges.shape[0]]
+    return np.unique(edges[idx])
+
+
+@dataclass(frozen=True)
+class MachineCellsContext:
+    #: sorted machine ids with a known, positive CPU capacity
+    machines: np.ndarray
+    filter: CpiFilter
+    cpi_edges: np.ndarray
+    mai_edges: np.ndarray
+
+
+@dataclass(frozen=True)
+class MachineCells(Analysis):
+    """Per (machine, cell): top-level row count, CPU-seconds, unknown-CPU rows; CPI/MAI histograms.
+
+    ``context`` must be given to :func:`gpuclust.engine.run` indirectly: the instance carries the
+    machine list and filter (set by the ``cpi`` analysis), so ``context(source)`` just packs them.
+    """
+
+    machines: tuple[int, ...] = ()
+    filter: CpiFilter = CpiFilter()
+
+    name = "_machine-cells"
+    table = "instance_usage"
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return ("start_time", "end_time", "machine_id", "alloc_collection_id", "avg_cpu", "cpi", "mai")
+
+    def context(self, source: Any) -> MachineCellsContext:
+        return MachineCellsContext(np.asarray(self.machines, dtype=np.int64), self.filter,
+                                   hist_edges("cpi", self.filter.cpi_max), hist_edges("mai", self.filter.mai_max))
+
+    def empty(self, backend: Any = None) -> dict[str, np.ndarray]:
+        return {"key": np.zeros(0, np.int64), "cpu_seconds": np.zeros(0), "k": np.zeros(0, np.int64),
+                "bad": np.zeros(0, np.int64), "cpi_hist": np.zeros(FINE_BINS, np.int64),
+                "mai_hist": np.zeros(FINE_BINS, np.int64), "stats": np.zeros(2, np.int64)}
+
+    def partial(self, cols: dict[str, Any], ctx: MachineCellsContext, backend: Any) -> dict[str, Any]:
+        xp = backend.xp
+        start, end, mid = cols["start_time"], cols["end_time"], cols["machine_id"]
+        alloc = cols["alloc_collection_id"]
+        cs = cpu_seconds(xp, start, end, cols["avg_cpu"])
+        # fine histograms of the windows that pass the filter (all rows, allocs included)
+        keep, _ = ctx.filter.mask(xp, cols["cpi"], cols["mai"], cs)
+        hists = {}
+        for var, edges in (("cpi", ctx.cpi_edges), ("mai", ctx.mai_edges)):
+            v = cols[var][keep].astype(xp.float64)
+            b = xp.searchsorted(backend.stage(edges), v, side="right")
+            hists[var + "_hist"] = xp.bincount(b, minlength=FINE_BINS).astype(xp.int64)
+        top = (alloc == 0) | is_null_int(xp, alloc)
+        n = int(start.shape[0])
+        if ctx.machines.shape[0] == 0 or n == 0:
+            out = {k: xp.asarray(v) for k, v in self.empty().items()}
+            out.update(hists)
+            out["stats"] = xp.asarray(np.array([0, int(top.sum()) if n else 0], np.int64))
+            return out
+        lk = backend.stage(ctx.machines)
+        pos = xp.clip(xp.searchsorted(lk, mid), 0, lk.shape[0] - 1)
+        known = lk[pos] == mid
+        cell = xp.where(start >= 0, start // CELL_US, -1)
+        cell_ok = (cell >= 0) & (cell < (1 << CELL_BITS))
+        use = top & known & cell_ok
+        key = (pos[use].astype(xp.int64) << CELL_BITS) | cell[use]
+        csu = cs[use]
+        bad = ~xp.isfinite(csu)
+        part = keyed_reduce(backend, key, {"cpu_seconds": xp.where(bad, 0.0, csu)},
+                            {"k": None, "bad": bad.astype(xp.int64)})
+        part.update(hists)
+        # stats: top-level rows with a bad cell index, top-level rows seen
+        part["stats"] = xp.asarray(np.array([int((top & known & ~cell_ok).sum()), int(top.sum())], np.int64))
+        return part
+
+    def merge(self, a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        keyed = ("key", "cpu_seconds", "k", "bad")
+        out = merge_keyed({k: a[k] for k in keyed}, {k: b[k] for k in keyed})
+        for k in ("cpi_hist", "mai_hist", "stats"):
+            out[k] = a[k] + b[k]
+        return out
+
+    def finalize(self, partial: dict[str, np.ndarray], ctx: MachineCellsContext) -> dict[str, pd.DataFrame]:
+        cells = pd.DataFrame({k: np.asarray(partial[k]) for k in ("key", "k", "cpu_seconds", "bad")})
+        hist = pd.DataFrame({"cpi": np.asarray(partial["cpi_hist"]), "mai": np.asarray(partial["mai_hist"])})
+        info = pd.DataFrame([{"bad_cell_rows": int(partial["stats"][0]), "top_level_rows": int(partial["stats"][1])}])
+        return {"cells": cells, "hist": hist, "info": info}

@@ -1,0 +1,658 @@
+"""``cpi``: CPI / MAI statistics per group and the Borg §5.2 CPI interference regression.
+
+Input: ``instance_usage`` windows (all rows, tasks inside allocs and alloc instances included)
+whose CPI and MAI pass the configurable plausibility filter (:class:`gpuclust.stats.CpiFilter`);
+weights are the window's CPU-seconds ``avg_cpu x (end_time - start_time)`` so every CPU-second
+counts equally.  Rejections are counted per reason.
+
+Per group (option ``by``: machine, platform, collection, tier or cell): n, CPU-seconds, weighted
+mean and std of CPI and MAI, weighted Pearson r(CPI, MAI) and a weighted Spearman rank correlation
+(``spearman``: mergeable grid with an error bound, exact from carried rows, or none).
+
+Cell-level regression ``CPI = b0 + b_util * util + b_ntasks * ntasks`` (CPU-second weighted)
+where, for a window on machine m in 300 s cell c = floor(start_time / 300 s), ``k`` = number of
+top-level usage rows on m in c (itself included when top-level), ``ntasks = k - 1`` and
+``util = sum(avg_cpu x duration) over those rows / (cell length x cap_cpu(m))``.  ``k`` and
+``util`` come from a first engine pass run by :meth:`Cpi.context`
+(:mod:`gpuclust.analyses._machine_cells`).  Fits: pooled, per platform, and platform fixed
+effects (multiplicative: CPI relative to its platform's mean, within-platform co-moments pooled);
+option ``regression`` picks the primary one.  Details and the reasoning: ``docs/analysis-cpi.md``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow.compute as pc
+
+from gpuclust.analyses._machine_cells import CELL_BITS, CELL_US, MachineCells, cpu_seconds, grid_cuts, hist_edges
+from gpuclust.analyses.base import Analysis, keyed_reduce, merge_keyed, resolve_tier_map
+from gpuclust.analyses.cell_usage import triple_hash
+from gpuclust.backends.moments_cpu import Moments, regroup_moments
+from gpuclust.schema import TierMap, tier_map
+from gpuclust.stats import (
+    CpiFilter,
+    borg_effects,
+    cpi_mai_summary,
+    spearman_exact,
+    spearman_from_grid,
+    spearman_grid_partial,
+    wls_from_moments,
+)
+
+__all__ = ["BY", "COUNTERS", "Cpi", "CpiContext", "REGRESSIONS", "SPEARMAN"]
+
+BY = ("platform", "machine", "collection", "tier", "cell")
+REGRESSIONS = ("platform-fixed-effects", "per-platform", "pooled")
+SPEARMAN = ("grid", "exact", "none")
+#: Counters kept in every partial, in this order.
+COUNTERS = ("total", "kept", "missing", "cpu_seconds", "cpi_range", "mai_range",
+            "regression_used", "no_capacity", "no_machine_cell", "unknown_util", "unknown_platform")
+#: Utilisation bins of the ``binned`` table (width, count; the last bin is open-ended).
+UTIL_BIN = 0.05
+UTIL_BINS = 40
+#: Task counts k above this share the last bin of the ``binned`` table.
+K_BINS = 1024
+_BIN_BITS = 16
+_BY_COLUMN = {"platform": "platform_id", "machine": "machine_id", "collection": "collection_id",
+              "tier": "tier", "cell": "cell"}
+
+
+def _f64(arr: Any) -> np.ndarray:
+    return np.asarray(pc.cast(arr, "float64").to_numpy(zero_copy_only=False), dtype=np.float64)
+
+
+@dataclass(frozen=True)
+class CpiContext:
+    """Side inputs broadcast to every partition (all host NumPy arrays)."""
+
+    filter: CpiFilter
+    tier_map: TierMap | None
+    #: platform lookup "as of the window": machines of machine_events, platform names, events
+    pm_ids: np.ndarray
+    platforms: tuple[str, ...]
+    pe_times: np.ndarray
+    pe_key: np.ndarray
+    pe_machine: np.ndarray
+    pe_code: np.ndarray
+    pm_first: np.ndarray
+    #: machines with a known positive CPU capacity (sorted) and the (machine, cell) table
+    cap_ids: np.ndarray
+    mc_key: np.ndarray
+    mc_k: np.ndarray
+    mc_u: np.ndarray
+    #: Spearman grid cuts
+    cpi_cuts: np.ndarray
+    mai_cuts: np.ndarray
+    #: per-instance tier lookup (by="tier" only), sorted by hash
+    lk_hash: np.ndarray
+    lk_collection: np.ndarray
+    lk_instance: np.ndarray
+    lk_machine: np.ndarray
+    lk_tier: np.ndarray
+    trace_window_us: tuple[int, int] | None
+    info: dict[str, Any]
+
+    @property
+    def unknown_platform(self) -> int:
+        return len(self.platforms)
+
+    @property
+    def tier_names(self) -> tuple[str, ...]:
+        return (self.tier_map.names if self.tier_map else ()) + ("unknown",)
+
+
+def _trace_window(source: Any) -> tuple[int, int] | None:
+    man = getattr(source, "manifest", None) or {}
+    win = man.get("trace_window_us") or (man.get("synthetic") or {}).get("trace_window_us")
+    if win and len(win) == 2:
+        return int(win[0]), int(win[1])
+    return None
+
+
+def _cell_seconds(cell: np.ndarray, window: tuple[int, int] | None) -> np.ndarray:
+    """Length in seconds of each 300 s cell inside the trace window (300 when it is unknown)."""
+    if window is None:
+        return np.full(cell.shape, CELL_US / 1e6)
+    lo = np.maximum(cell * CELL_US, window[0])
+    hi = np.minimum((cell + 1) * CELL_US, window[1])
+    return np.maximum(hi - lo, 0).astype(np.float64) / 1e6
+
+
+def _platform_lookup(me: Any) -> dict[str, Any]:
+    """Arrays for the as-of-window platform lookup from a machine_events Arrow table."""
+    mid = me.column("machine_id").to_numpy().astype(np.int64)
+    t = me.column("time").to_numpy().astype(np.int64)
+    plat = me.column("platform_id")
+    pm_ids = np.unique(mid)
+    valid = pc.is_valid(plat).to_numpy(zero_copy_only=False)
+    names = np.asarray(plat.to_pylist(), dtype=object)
+    platforms = tuple(sorted({str(p) for p in names[valid]}))
+    code_of = {p: i for i, p in enumerate(platforms)}
+    mid_v, t_v = mid[valid], t[valid]
+    code_v = np.array([code_of[str(p)] for p in names[valid]], dtype=np.int32)
+    times = np.unique(t_v)
+    T = times.shape[0]
+    m2 = np.searchsorted(pm_ids, mid_v)
+    order = np.lexsort((np.arange(m2.shape[0]), t_v, m2))  # by machine, time, then file order
+    m2, t_v, code_v = m2[order], t_v[order], code_v[order]
+    key = m2.astype(np.int64) * (T + 1) + np.searchsorted(times, t_v) + 1
+    first = np.full(pm_ids.shape[0], len(platforms), dtype=np.int32)
+    if m2.shape[0]:
+        is_first = np.ones(m2.shape[0], dtype=bool)
+        is_first[1:] = m2[1:] != m2[:-1]
+        first[m2[is_first]] = code_v[is_first]
+    return {"pm_ids": pm_ids, "platforms": platforms, "pe_times": times, "pe_key": key,
+            "pe_machine": m2.astype(np.int64), "pe_code": code_v, "pm_first": first}
+
+
+def _tier_lookup(source: Any, tm: TierMap) -> dict[str, np.ndarray]:
+    """MAX(priority) per (collection_id, instance_index, machine_id) over all instance_events rows
+    (allocs included: the cpi analysis keeps tasks inside allocs) -> tier code; hash-sorted."""
+    ev = source.read("instance_events", ["collection_id", "instance_index", "machine_id", "priority"])
+    ev = ev.filter(pc.is_valid(ev.column("machine_id")))
+    df = pd.DataFrame({"c": ev.column("collection_id").to_numpy().astype(np.int64),
+                       "i": ev.column("instance_index").to_numpy().astype(np.int32),
+                       "m": ev.column("machine_id").to_numpy(zero_copy_only=False).astype(np.int64),
+                       "p": _f64(ev.column("priority"))})
+    lk = df.groupby(["c", "i", "m"], sort=False)["p"].max().reset_index()
+    p = lk["p"].to_numpy(np.float64)
+    codes = np.full(p.shape[0], len(tm.names), dtype=np.int32)
+    ok = ~np.isnan(p)
+    c = tm.tier_codes(p[ok].astype(np.int64)).astype(np.int32)
+    codes[ok] = np.where(c < 0, len(tm.names), c)
+    cc, ii, mm = lk["c"].to_numpy(np.int64), lk["i"].to_numpy(np.int32), lk["m"].to_numpy(np.int64)
+    h = triple_hash(np, cc, ii, mm)
+    order = np.argsort(h, kind="stable")
+    h = h[order]
+    if h.shape[0] > 1 and bool((h[1:] == h[:-1]).any()):
+        raise RuntimeError("cpi: 64-bit hash collision in the tier lookup (please report)")
+    return {"lk_hash": h, "lk_collection": cc[order], "lk_instance": ii[order], "lk_machine": mm[order],
+            "lk_tier": codes[order]}
+
+
+# ------------------------------------------------------------------------------ keyed moments
+
+def _moments_fields(prefix: str, d: int) -> dict[str, np.ndarray]:
+    return {prefix + "key": np.zeros(0, np.int64), prefix + "n": np.zeros(0, np.int64),
+            prefix + "W": np.zeros(0), prefix + "mean": np.zeros((0, d)), prefix + "C": np.zeros((0, d, d))}
+
+
+def _moments_of(p: dict[str, Any], prefix: str) -> Moments:
+    return Moments(p[prefix + "n"], p[prefix + "W"], p[prefix + "mean"], p[prefix + "C"])
+
+
+def _merge_keyed_moments(a: dict[str, np.ndarray], b: dict[str, np.ndarray], prefix: str,
+                         extra: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
+    """Concatenate + regroup two keyed moment partials (and sum keyed ``extra`` arrays)."""
+    names = (prefix + "key", prefix + "n", prefix + "W", prefix + "mean", prefix + "C", *extra)
+    if a[prefix + "key"].shape[0] == 0:
+        return {k: b[k].copy() for k in names}
+    if b[prefix + "key"].shape[0] == 0:
+        return {k: a[k].copy() for k in names}
+    key = np.concatenate([a[prefix + "key"], b[prefix + "key"]])
+    uniq, inv = np.unique(key, return_inverse=True)
+    inv = inv.reshape(-1)
+    m = regroup_moments(_moments_of(a, prefix).concat(_moments_of(b, prefix)), inv, uniq.shape[0])
+    out = {prefix + "key": uniq.astype(np.int64), prefix + "n": m.n, prefix + "W": m.W,
+           prefix + "mean": m.mean, prefix + "C": m.C}
+    for k in extra:
+        cat = np.concatenate([a[k], b[k]])
+        acc = np.zeros((uniq.shape[0],) + cat.shape[1:], dtype=cat.dtype)
+        np.add.at(acc, inv, cat)
+        out[k] = acc
+    return out
+
+
+def _keyed_comoments(backend: Any, key: Any, x: Any, w: Any, prefix: str) -> tuple[dict[str, Any], Any, int]:
+    xp = backend.xp
+    uniq, inv = xp.unique(key, return_inverse=True)
+    inv = xp.ascontiguousarray(inv.reshape(-1).astype(xp.int64))
+    G = int(uniq.shape[0])
+    m = backend.ops.grouped_comoments(xp.ascontiguousarray(x), xp.ascontiguousarray(w), inv, G)
+    return ({prefix + "key": uniq.astype(xp.int64), prefix + "n": m.n, prefix + "W": m.W,
+             prefix + "mean": m.mean, prefix + "C": m.C}, inv, G)
+
+
+# ------------------------------------------------------------------------------ the analysis
+
+@dataclass(frozen=True)
+class Cpi(Analysis):
+    """CPI/MAI per group and the Borg §5.2 CPI interference regression.
+
+    Parameters
+    ----------
+    by
+        Grouping of the ``groups`` table: ``platform`` (default), ``machine``, ``collection``,
+        ``tier`` or ``cell`` (one group: the whole dataset).
+    regression
+        Primary fit: ``platform-fixed-effects`` (default; recovers the synthetic cell's planted
+        slopes), ``per-platform`` or ``pooled``.  All fits are reported in ``regression``.
+    spearman
+        ``grid`` (mergeable, with an error bound), ``exact`` (carries the filtered rows: memory
+        O(rows)) or ``none``.
+    spearman_bins
+        Grid bins per axis (cuts at CPI/MAI row-count quantiles from the first pass).
+    cpi_min, cpi_max, mai_min, mai_max, min_cpu_seconds
+        The plausibility filter (:class:`gpuclust.stats.CpiFilter`; same defaults).
+    tier_map
+        Tier map for ``by="tier"`` (default: the dataset's, as ``cell-usage``).
+
+    Examples
+    --------
+    >>> Cpi(by="machine").label
+    'cpi[by=machine]'
+    """
+
+    by: str = "platform"
+    regression: str = "platform-fixed-effects"
+    spearman: str = "grid"
+    spearman_bins: int = 32
+    cpi_min: float = CpiFilter.cpi_min
+    cpi_max: float = CpiFilter.cpi_max
+    mai_min: float = CpiFilter.mai_min
+    mai_max: float = CpiFilter.mai_max
+    min_cpu_seconds: float = CpiFilter.min_cpu_seconds
+    tier_map: str | None = None
+
+    name = "cpi"
+    table = "instance_usage"
+
+    def __post_init__(self) -> None:
+        for opt, choices in (("by", BY), ("regression", REGRESSIONS), ("spearman", SPEARMAN)):
+            if getattr(self, opt) not in choices:
+                raise ValueError(f"cpi: unknown {opt} {getattr(self, opt)!r}; choose one of {list(choices)}")
+        if not (isinstance(self.spearman_bins, int) and 2 <= self.spearman_bins <= 1024):
+            raise ValueError(f"cpi: spearman_bins must be an integer in [2, 1024], got {self.spearman_bins!r}")
+        _ = self.filter  # validates the ranges
+        if self.tier_map is not None:
+            tier_map(self.tier_map)
+
+    @property
+    def filter(self) -> CpiFilter:
+        return CpiFilter(self.cpi_min, self.cpi_max, self.mai_min, self.mai_max, self.min_cpu_seconds)
+
+    @property
+    def label(self) -> str:
+        opts = [f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self)
+                if getattr(self, f.name) != f.default]
+        return f"{self.name}[{','.join(opts)}]" if opts else self.name
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return ("start_time", "end_time", "collection_id", "instance_index", "machine_id", "alloc_collection_id",
+                "avg_cpu", "cpi", "mai")
+
+    # ---------------------------------------------------------------- context (client side)
+    def resolve_tier_map(self, source: Any) -> TierMap:
+        return resolve_tier_map(self.tier_map, source)
+
+    def context(self, source: Any) -> CpiContext:
+        from gpuclust.engine import run
+
+        me = source.read("machine_events", ["time", "machine_id", "cap_cpu", "platform_id"])
+        plat = _platform_lookup(me)
+        # capacity: MAX(cap_cpu) per machine over its events (NULLs ignored), as cell-usage
+        cap = (pd.DataFrame({"m": me.column("machine_id").to_numpy().astype(np.int64),
+                             "c": _f64(me.column("cap_cpu"))}).groupby("m")["c"].max())
+        cap = cap[cap > 0]
+        cap_ids = cap.index.to_numpy(np.int64)
+        cap_val = cap.to_numpy(np.float64)
+        flt = self.filter
+        mc = run(source, [MachineCells(tuple(int(x) for x in cap_ids), flt)], partitions="auto")["_machine-cells"]
+        cells = mc["cells"]
+        key = cells["key"].to_numpy(np.int64)
+        midx = key >> CELL_BITS
+        cell = key & ((1 << CELL_BITS) - 1)
+        window = _trace_window(source)
+        denom = _cell_seconds(cell, window) * (cap_val[midx] if key.shape[0] else np.zeros(0))
+        cs = cells["cpu_seconds"].to_numpy(np.float64)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            u = np.where((cells["bad"].to_numpy() == 0) & (denom > 0), cs / np.where(denom > 0, denom, 1.0), np.nan)
+        cpi_cuts = mai_cuts = np.zeros(0)
+        if self.spearman == "grid":
+            cpi_cuts = grid_cuts(mc["hist"]["cpi"].to_numpy(), hist_edges("cpi", flt.cpi_max), self.spearman_bins)
+            mai_cuts = grid_cuts(mc["hist"]["mai"].to_numpy(), hist_edges("mai", flt.mai_max), self.spearman_bins)
+        tm = None
+        lk: dict[str, Any] = {"lk_hash": np.zeros(0, np.uint64), "lk_collection": np.zeros(0, np.int64),
+                              "lk_instance": np.zeros(0, np.int32), "lk_machine": np.zeros(0, np.int64),
+                              "lk_tier": np.zeros(0, np.int32)}
+        if self.by == "tier":
+            tm = self.resolve_tier_map(source)
+            lk = _tier_lookup(source, tm)
+        info = {"machines": int(plat["pm_ids"].shape[0]), "machines_with_capacity": int(cap_ids.shape[0]),
+                "machine_cells": int(key.shape[0]),
+                "machine_cells_unknown_util": int(np.isnan(u).sum()),
+                "bad_cell_rows": int(mc["info"]["bad_cell_rows"].iloc[0])}
+        return CpiContext(filter=flt, tier_map=tm, **plat, cap_ids=cap_ids, mc_key=key,
+                          mc_k=cells["k"].to_numpy(np.int64), mc_u=u, cpi_cuts=cpi_cuts, mai_cuts=mai_cuts,
+                          **lk, trace_window_us=window, info=info)
+
+    # ---------------------------------------------------------------- partial / merge
+    def empty(self, backend: Any = None) -> dict[str, np.ndarray]:
+        b = self.spearman_bins
+        out: dict[str, np.ndarray] = {**_moments_fields("g_", 2), **_moments_fields("r_", 3)}
+        out["g_grid"] = np.zeros((0, b, b)) if self.spearman == "grid" else np.zeros((0, 0, 0))
+        out.update({"s_key": np.zeros(0, np.int64), "s_x": np.zeros(0), "s_y": np.zeros(0), "s_w": np.zeros(0)})
+        out.update({"b_key": np.zeros(0, np.int64), "b_cpu_seconds": np.zeros(0), "b_wcpi": np.zeros(0),
+                    "b_n": np.zeros(0, np.int64)})
+        out["counts"] = np.zeros(len(COUNTERS), np.int64)
+        return out
+
+    def _platform(self, backend: Any, ctx: CpiContext, mid: Any, start: Any) -> Any:
+        """Platform code per row as of the window's start (machine's first known platform before
+        its first platform event; ``unknown_platform`` for machines absent from machine_events)."""
+        xp = backend.xp
+        n = int(mid.shape[0])
+        unknown = xp.full(n, ctx.unknown_platform, dtype=xp.int32)
+        if ctx.pm_ids.shape[0] == 0 or n == 0:
+            return unknown
+        pm = backend.stage(ctx.pm_ids)
+        m2 = xp.clip(xp.searchsorted(pm, mid), 0, pm.shape[0] - 1)
+        known = pm[m2] == mid
+        first = backend.stage(ctx.pm_first)[m2]
+        if ctx.pe_key.shape[0] == 0:
+            return xp.where(known, first, unknown)
+        T = int(ctx.pe_times.shape[0])
+        rk = m2.astype(xp.int64) * (T + 1) + xp.searchsorted(backend.stage(ctx.pe_times), start, side="right")
+        pos = xp.searchsorted(backend.stage(ctx.pe_key), rk, side="right") - 1
+        posc = xp.clip(pos, 0, ctx.pe_key.shape[0] - 1)
+        same = (pos >= 0) & (backend.stage(ctx.pe_machine)[posc] == m2)
+        code = xp.where(same, backend.stage(ctx.pe_code)[posc], first)
+        return xp.where(known, code, unknown).astype(xp.int32)
+
+    def _tier(self, backend: Any, ctx: CpiContext, c: Any, i: Any, m: Any) -> Any:
+        xp = backend.xp
+        n = int(c.shape[0])
+        unknown = xp.full(n, len(ctx.tier_names) - 1, dtype=xp.int32)
+        if ctx.lk_hash.shape[0] == 0 or n == 0:
+            return unknown
+        lk_h = backend.stage(ctx.lk_hash)
+        h = triple_hash(xp, c, i, m)
+        pos = xp.clip(xp.searchsorted(lk_h, h), 0, lk_h.shape[0] - 1)
+        found = ((lk_h[pos] == h) & (backend.stage(ctx.lk_collection)[pos] == c)
+                 & (backend.stage(ctx.lk_instance)[pos] == i) & (backend.stage(ctx.lk_machine)[pos] == m))
+        return xp.where(found, backend.stage(ctx.lk_tier)[pos], unknown).astype(xp.int32)
+
+    def partial(self, cols: dict[str, Any], ctx: CpiContext, backend: Any) -> dict[str, Any]:
+        xp = backend.xp
+        start, end = cols["start_time"], cols["end_time"]
+        cs = cpu_seconds(xp, start, end, cols["avg_cpu"])
+        cpi = cols["cpi"].astype(xp.float64)
+        mai = cols["mai"].astype(xp.float64)
+        keep, fc = ctx.filter.mask(xp, cpi, mai, cs)
+        counts = dict.fromkeys(COUNTERS, 0)
+        counts.update(fc)
+        idx = xp.nonzero(keep)[0]
+        out: dict[str, Any] = {k: xp.asarray(v) for k, v in self.empty().items()}
+        if int(idx.shape[0]) == 0:
+            out["counts"] = xp.asarray(np.array([counts[c] for c in COUNTERS], np.int64))
+            return out
+        y, z, w = cpi[idx], mai[idx], cs[idx]
+        mid, st = cols["machine_id"][idx], start[idx]
+        plat = self._platform(backend, ctx, mid, st)
+        # ---- per-group CPI/MAI moments (keyed)
+        if self.by == "machine":
+            gkey = mid.astype(xp.int64)
+        elif self.by == "collection":
+            gkey = cols["collection_id"][idx].astype(xp.int64)
+        elif self.by == "platform":
+            gkey = plat.astype(xp.int64)
+        elif self.by == "tier":
+            gkey = self._tier(backend, ctx, cols["collection_id"][idx], cols["instance_index"][idx], mid).astype(xp.int64)
+        else:
+            gkey = xp.zeros(int(idx.shape[0]), dtype=xp.int64)
+        g, inv, G = _keyed_comoments(backend, gkey, xp.stack([y, z], axis=1), w, "g_")
+        out.update(g)
+        if self.spearman == "grid":
+            out["g_grid"] = spearman_grid_partial(backend, y, z, inv, G, backend.stage(ctx.cpi_cuts),
+                                                  backend.stage(ctx.mai_cuts), w)
+            if ctx.cpi_cuts.shape[0] + 1 != self.spearman_bins or ctx.mai_cuts.shape[0] + 1 != self.spearman_bins:
+                grid = xp.zeros((G, self.spearman_bins, self.spearman_bins))
+                hx, hy = ctx.cpi_cuts.shape[0] + 1, ctx.mai_cuts.shape[0] + 1
+                grid[:, :hx, :hy] = out["g_grid"]
+                out["g_grid"] = grid
+        else:
+            out["g_grid"] = xp.zeros((G, 0, 0))
+            if self.spearman == "exact":
+                out.update({"s_key": gkey, "s_x": y, "s_y": z, "s_w": w})
+        # ---- regression rows: k and util of the window's (machine, cell)
+        n_kept = int(idx.shape[0])
+        k = xp.zeros(n_kept, dtype=xp.int64)
+        u = xp.full(n_kept, xp.nan)
+        has_cap = xp.zeros(n_kept, dtype=bool)
+        found = xp.zeros(n_kept, dtype=bool)
+        if ctx.cap_ids.shape[0]:
+            cap = backend.stage(ctx.cap_ids)
+            mpos = xp.clip(xp.searchsorted(cap, mid), 0, cap.shape[0] - 1)
+            has_cap = cap[mpos] == mid
+            if ctx.mc_key.shape[0]:
+                cell = xp.where(st >= 0, st // CELL_US, 0)
+                key = (mpos.astype(xp.int64) << CELL_BITS) | xp.clip(cell, 0, (1 << CELL_BITS) - 1)
+                mk = backend.stage(ctx.mc_key)
+                pos = xp.clip(xp.searchsorted(mk, key), 0, mk.shape[0] - 1)
+                found = has_cap & (mk[pos] == key) & (st >= 0) & (cell < (1 << CELL_BITS))
+                k = xp.where(found, backend.stage(ctx.mc_k)[pos], 0)
+                u = xp.where(found, backend.stage(ctx.mc_u)[pos], xp.nan)
+        use = found & xp.isfinite(u)
+        counts["no_capacity"] = int((~has_cap).sum())
+        counts["no_machine_cell"] = int((has_cap & ~found).sum())
+        counts["unknown_util"] = int((found & ~xp.isfinite(u)).sum())
+        counts["regression_used"] = int(use.sum())
+        counts["unknown_platform"] = int((use & (plat == ctx.unknown_platform)).sum())
+        out["counts"] = xp.asarray(np.array([counts[c] for c in COUNTERS], np.int64))
+        ri = xp.nonzero(use)[0]
+        if int(ri.shape[0]) == 0:
+            return out
+        yr, ur, kr, wr, pr = y[ri], u[ri], k[ri], w[ri], plat[ri].astype(xp.int64)
+        x = xp.stack([yr, ur, (kr - 1).astype(xp.float64)], axis=1)
+        r, _, _ = _keyed_comoments(backend, pr, x, wr, "r_")
+        out.update(r)
+        # ---- binned CPI vs util and vs k (for the plot and the `binned` table)
+        ub = xp.clip(xp.floor(ur / UTIL_BIN), 0, UTIL_BINS - 1).astype(xp.int64)
+        kb = xp.clip(kr, 0, K_BINS - 1).astype(xp.int64)
+        bkey = xp.concatenate([((pr * 2) << _BIN_BITS) | ub, ((pr * 2 + 1) << _BIN_BITS) | kb])
+        ww = xp.concatenate([wr, wr])
+        part = keyed_reduce(backend, bkey, {"cpu_seconds": ww, "wcpi": ww * xp.concatenate([yr, yr])}, {"n": None})
+        out.update({"b_" + k_: v for k_, v in part.items()})
+        return out
+
+    def merge(self, a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        out = _merge_keyed_moments(a, b, "g_", ("g_grid",))
+        out.update(_merge_keyed_moments(a, b, "r_"))
+        out.update({k: np.concatenate([a[k], b[k]]) for k in ("s_key", "s_x", "s_y", "s_w")})
+        bins = merge_keyed({k[2:]: a[k] for k in ("b_key", "b_cpu_seconds", "b_wcpi", "b_n")},
+                           {k[2:]: b[k] for k in ("b_key", "b_cpu_seconds", "b_wcpi", "b_n")})
+        out.update({"b_" + k: v for k, v in bins.items()})
+        out["counts"] = a["counts"] + b["counts"]
+        return out
+
+    # ---------------------------------------------------------------- finalize
+    def _group_labels(self, key: np.ndarray, ctx: CpiContext) -> pd.Series:
+        if self.by in ("machine", "collection"):
+            return pd.Series(key.astype(np.int64), dtype=np.int64)
+        if self.by == "platform":
+            names = np.array([*ctx.platforms, None], dtype=object)
+        elif self.by == "tier":
+            names = np.array(ctx.tier_names, dtype=object)
+        else:
+            names = np.array(["cell"], dtype=object)
+        return pd.Series(names[key] if key.size else np.array([], dtype=object), dtype=object)
+
+    def _groups(self, p: dict[str, np.ndarray], ctx: CpiContext) -> pd.DataFrame:
+        key = np.asarray(p["g_key"], dtype=np.int64)
+        m = _moments_of(p, "g_")
+        s = cpi_mai_summary(m)
+        G = key.shape[0]
+        df = pd.DataFrame({_BY_COLUMN[self.by]: self._group_labels(key, ctx)})
+        for c in ("n", "cpu_seconds", "cpi_mean", "cpi_std", "mai_mean", "mai_std", "pearson_r"):
+            df[c] = s[c]
+        if self.spearman == "grid":
+            rho, bound = spearman_from_grid(p["g_grid"]) if G else (np.zeros(0), np.zeros(0))
+        elif self.spearman == "exact":
+            grp = np.searchsorted(key, p["s_key"]) if G else np.zeros(0, np.int64)
+            rho, _ = spearman_exact(p["s_x"], p["s_y"], grp, G, w=p["s_w"])
+            bound = np.where(np.isnan(rho), np.nan, 0.0)
+        else:
+            rho = bound = np.full(G, np.nan)
+        df["spearman_rho"] = np.asarray(rho, dtype=np.float64)
+        df["spearman_bound"] = np.asarray(bound, dtype=np.float64)
+        df["spearman_method"] = pd.Series([self.spearman] * G, dtype=object)
+        return df
+
+    def _fit_rows(self, fit_name: str, plat: list[Any], m: Moments, extra_groups: int = 0) -> list[dict[str, Any]]:
+        fit = wls_from_moments(m, 0, [1, 2])
+        if extra_groups:
+            # platform intercepts: P - 1 more parameters than the pooled design
+            dof = fit.dof - extra_groups
+            with np.errstate(invalid="ignore", divide="ignore"):
+                f = np.where(dof > 0, fit.dof / np.where(dof > 0, dof, 1.0), np.nan)
+                adj = 1.0 - (1.0 - fit.r2) * (fit.n - 1.0 - extra_groups) / np.where(dof > 0, dof, np.nan)
+            fit = dataclasses.replace(fit, dof=dof, sigma2=fit.sigma2 * f, cov=fit.cov * f[:, None, None],
+                                      se=fit.se * np.sqrt(f)[:, None], adj_r2=adj)
+        eff = {ref: borg_effects(fit, util=0, tasks=1, reference=ref) for ref in ("mean", "intercept")}
+        rows = []
+        for g in range(fit.coef.shape[0]):
+            row = {"fit": fit_name, "platform_id": plat[g], "primary": False,
+                   "y": "cpi / platform mean cpi" if fit_name == "platform-fixed-effects" else "cpi",
+                   "n": int(fit.n[g]), "cpu_seconds": float(fit.W[g]),
+                   "intercept": fit.coef[g, 0], "intercept_se": fit.se[g, 0],
+                   "b_util": fit.coef[g, 1], "b_util_se": fit.se[g, 1],
+                   "b_ntasks": fit.coef[g, 2], "b_ntasks_se": fit.se[g, 2],
+                   "r2": fit.r2[g], "adj_r2": fit.adj_r2[g], "dof": float(fit.dof[g]),
+                   "cpi_mean": fit.y_mean[g], "util_mean": fit.x_mean[g, 0], "ntasks_mean": fit.x_mean[g, 1]}
+            for ref, e in eff.items():
+                row[f"pct_per_task_vs_{ref}"] = e["pct_per_task"][g]
+                row[f"pct_per_task_vs_{ref}_se"] = e["pct_per_task_se"][g]
+                row[f"pct_per_10pct_util_vs_{ref}"] = e["pct_per_util_step"][g]
+                row[f"pct_per_10pct_util_vs_{ref}_se"] = e["pct_per_util_step_se"][g]
+            rows.append(row)
+        return rows
+
+    def _regression(self, p: dict[str, np.ndarray], ctx: CpiContext) -> pd.DataFrame:
+        key = np.asarray(p["r_key"], dtype=np.int64)
+        names = [*ctx.platforms, None]
+        per = _moments_of(p, "r_")
+        rows: list[dict[str, Any]] = []
+        if key.shape[0]:
+            pooled = regroup_moments(per, np.zeros(key.shape[0], np.int64), 1)
+            rows += self._fit_rows("pooled", [None], pooled)
+            # fixed effects (multiplicative): CPI / its platform's weighted mean, within co-moments pooled
+            W = per.W
+            ym = per.mean[:, 0]
+            s = np.where(ym > 0, 1.0 / np.where(ym > 0, ym, 1.0), np.nan)
+            mean = per.mean.copy()
+            mean[:, 0] = 1.0
+            C = per.C.copy()
+            C[:, 0, :] *= s[:, None]
+            C[:, :, 0] *= s[:, None]
+            ok = np.isfinite(s) & (W > 0)
+            if ok.any():
+                Wt = W[ok].sum()
+                fe = Moments(np.array([per.n[ok].sum()], np.int64), np.array([Wt]),
+                             ((W[ok, None] * mean[ok]).sum(axis=0) / Wt)[None, :], C[ok].sum(axis=0)[None])
+                rows += self._fit_rows("platform-fixed-effects", [None], fe, extra_groups=int(ok.sum()) - 1)
+            rows += self._fit_rows("per-platform", [names[k] for k in key], per)
+        df = pd.DataFrame(rows, columns=_REGRESSION_COLUMNS)
+        if len(df):
+            df["primary"] = df["fit"] == self.regression
+        df["primary"] = df["primary"].astype(bool)
+        df["n"] = df["n"].astype(np.int64)
+        for c in _REGRESSION_COLUMNS:
+            if c not in ("fit", "platform_id", "primary", "y", "n"):
+                df[c] = df[c].astype(np.float64)
+        for c in ("fit", "platform_id", "y"):
+            df[c] = df[c].astype(object)
+        return df
+
+    def _binned(self, p: dict[str, np.ndarray], ctx: CpiContext) -> pd.DataFrame:
+        key = np.asarray(p["b_key"], dtype=np.int64)
+        pv = key >> _BIN_BITS
+        b = key & ((1 << _BIN_BITS) - 1)
+        var = np.where(pv % 2 == 0, "util", "k").astype(object)
+        names = np.array([*ctx.platforms, None], dtype=object)
+        is_u = pv % 2 == 0
+        lo = np.where(is_u, b * UTIL_BIN, b).astype(np.float64)
+        hi = np.where(is_u, np.where(b == UTIL_BINS - 1, np.inf, (b + 1) * UTIL_BIN),
+                      np.where(b == K_BINS - 1, np.inf, b + 1)).astype(np.float64)
+        W = np.asarray(p["b_cpu_seconds"], dtype=np.float64)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            cm = np.where(W > 0, np.asarray(p["b_wcpi"]) / np.where(W > 0, W, 1.0), np.nan)
+        df = pd.DataFrame({"variable": pd.Series(var, dtype=object),
+                           "platform_id": pd.Series(names[pv // 2] if key.size else np.array([], dtype=object),
+                                                    dtype=object),
+                           "bin_lo": lo, "bin_hi": hi, "n": np.asarray(p["b_n"], dtype=np.int64),
+                           "cpu_seconds": W, "cpi_mean": cm})
+        return df
+
+    def finalize(self, partial: dict[str, np.ndarray], ctx: CpiContext) -> dict[str, pd.DataFrame]:
+        p = {k: np.asarray(v) for k, v in partial.items()}
+        counts = dict(zip(COUNTERS, (int(x) for x in p["counts"]), strict=True))
+        groups = self._groups(p, ctx)
+        regression = self._regression(p, ctx)
+        binned = self._binned(p, ctx)
+        reasons = [("filter", r) for r in ("missing", "cpu_seconds", "cpi_range", "mai_range")] + [
+            ("filter", "kept"), ("regression", "no_capacity"), ("regression", "no_machine_cell"),
+            ("regression", "unknown_util"), ("regression", "regression_used")]
+        flt = pd.DataFrame({"stage": pd.Series([s for s, _ in reasons], dtype=object),
+                            "reason": pd.Series([r for _, r in reasons], dtype=object),
+                            "windows": np.array([counts[r] for _, r in reasons], dtype=np.int64)})
+        flt["fraction"] = flt["windows"] / counts["total"] if counts["total"] else np.nan
+        if counts["total"] == 0:
+            flt = flt.iloc[0:0].reset_index(drop=True)
+        f = ctx.filter
+        info = pd.DataFrame([{
+            "analysis": self.name, "by": self.by, "regression": self.regression, "spearman": self.spearman,
+            "spearman_bins": self.spearman_bins if self.spearman == "grid" else 0,
+            "cpi_bins": int(ctx.cpi_cuts.shape[0] + 1) if self.spearman == "grid" else 0,
+            "mai_bins": int(ctx.mai_cuts.shape[0] + 1) if self.spearman == "grid" else 0,
+            "cpi_min": f.cpi_min, "cpi_max": f.cpi_max, "mai_min": f.mai_min, "mai_max": f.mai_max,
+            "min_cpu_seconds": f.min_cpu_seconds,
+            "tier_map": ctx.tier_map.name if ctx.tier_map else None,
+            "platforms": ",".join(ctx.platforms),
+            "trace_window_start_us": ctx.trace_window_us[0] if ctx.trace_window_us else None,
+            "trace_window_end_us": ctx.trace_window_us[1] if ctx.trace_window_us else None,
+            **ctx.info, **{f"windows_{k}": v for k, v in counts.items()},
+        }])
+        return {"groups": groups, "regression": regression, "binned": binned, "filter": flt, "info": info}
+
+    def summary(self, result: dict[str, pd.DataFrame]) -> str:
+        info = result["info"].iloc[0]
+        lines = [f"{self.label}: {info['windows_kept']} of {info['windows_total']} windows pass the CPI/MAI filter "
+                 f"(missing {info['windows_missing']}, low CPU time {info['windows_cpu_seconds']}, "
+                 f"CPI range {info['windows_cpi_range']}, MAI range {info['windows_mai_range']}); "
+                 f"regression uses {info['windows_regression_used']} (no capacity {info['windows_no_capacity']}, "
+                 f"no machine-cell {info['windows_no_machine_cell']}, unknown util {info['windows_unknown_util']})"]
+        g = result["groups"]
+        if len(g):
+            col = g.columns[0]
+            lines.append(f"  {len(g)} group(s) by {self.by}:")
+            for _, r in g.sort_values("cpu_seconds", ascending=False).head(8).iterrows():
+                lines.append(f"    {str(r[col])[:22]:>22}: n={r['n']} CPI {r['cpi_mean']:.3f} (sd {r['cpi_std']:.3f}) "
+                             f"MAI {r['mai_mean']:.4g} r={r['pearson_r']:.3f} rho={r['spearman_rho']:.3f}"
+                             f" [{r['spearman_method']}]")
+        reg = result["regression"]
+        for _, r in reg.iterrows():
+            tag = r["fit"] + ("" if pd.isna(r["platform_id"]) else f"[{str(r['platform_id'])[:12]}]")
+            star = "*" if r["primary"] else " "
+            lines.append(f"  {star}{tag:>36}: {r['pct_per_task_vs_intercept']:+.3f}% CPI per extra task "
+                         f"(±{r['pct_per_task_vs_intercept_se']:.3f}), {r['pct_per_10pct_util_vs_intercept']:+.2f}% "
+                         f"per +10% util (±{r['pct_per_10pct_util_vs_intercept_se']:.2f}) vs intercept; "
+                         f"vs mean {r['pct_per_task_vs_mean']:+.3f}% / {r['pct_per_10pct_util_vs_mean']:+.2f}%; "
+                         f"R²={r['r2']:.3f} n={r['n']}")
+        if len(reg):
+            lines.append(f"  (* = primary fit: regression={self.regression!r})")
+        return "\n".join(lines)
+
+
+_REGRESSION_COLUMNS = [
+    "fit", "platform_id", "primary", "y", "n", "cpu_seconds", "intercept", "intercept_se", "b_util", "b_util_se",
+    "b_ntasks", "b_ntasks_se", "r2", "adj_r2", "dof", "cpi_mean", "util_mean", "ntasks_mean",
+    "pct_per_task_vs_mean", "pct_per_task_vs_mean_se", "pct_per_10pct_util_vs_mean", "pct_per_10pct_util_vs_mean_se",
+    "pct_per_task_vs_intercept", "pct_per_task_vs_intercept_se", "pct_per_10pct_util_vs_intercept",
+    "pct_per_10pct_util_vs_intercept_se",
+]

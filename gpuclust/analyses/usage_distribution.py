@@ -1,0 +1,594 @@
+"""``usage-distribution``: the exact CPU usage distribution of groups of usage windows.
+
+A window's 20 CPU percentiles define a piecewise-linear CDF (a flat step is a point mass); a
+group's distribution is the mixture of its windows' CDFs weighted by sample count
+(``duration_s x sample_rate``, or ``duration_s`` when the rate is missing or 0).  See
+``docs/analysis-usage-distribution.md`` (meaning, options, columns, strategies, error bound) and
+``docs/mixture.md`` (the ops and the mergeable summaries this analysis is built on).
+
+Groups: any combination (option ``by``) of ``instance`` (collection_id, instance_index),
+``collection``, ``machine``, ``tier`` (MAX(priority) per (collection_id, instance_index,
+machine_id) from instance_events, mapped by a tier map; no event row / NULL or negative priority
+= ``unknown``), ``cell`` and ``time`` (buckets of ``bucket_s`` seconds; a window crossing buckets
+gives each bucket its overlap fraction of the weight, with its whole percentile shape).
+
+Rows (option ``rows``): ``auto`` keeps every row when ``by`` contains ``instance`` or
+``collection`` (a group never holds a task and the alloc instance it runs in) and otherwise only
+top-level rows (alloc_collection_id NULL or 0): machine / tier / cell / time groups would
+otherwise count a task's usage twice, once in its own rows and once in its alloc instance's.
+
+Strategies (option ``strategy``): ``exact`` (partials carry every window; merge concatenates),
+``bounded`` (per group a fixed-size summary with a tracked Kolmogorov-distance bound, reported as
+``cdf_error_bound``), ``auto`` (exact when the usage table has at most ``exact_max_windows`` rows,
+else bounded; decided once on the client, reported in ``info``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from gpuclust.analyses import _hybrid_summary as hs
+from gpuclust.analyses import mixture_summary as ms
+from gpuclust.analyses.base import Analysis, is_null_int, to_host
+from gpuclust.analyses.cell_usage import triple_hash
+from gpuclust.schema import (
+    CPU_PERCENTILE_COLUMNS_SORTED,
+    CPU_PERCENTILE_LEVELS_SORTED,
+    DEFAULT_TIER_MAP,
+    TIME_AFTER_TRACE,
+    TierMap,
+    tier_map,
+)
+
+__all__ = ["BY", "ROWS", "STRATEGIES", "STATS", "UsageDistribution", "level_name"]
+
+#: Grouping keys (option ``by``), in the order the registry lists them.
+BY = ("tier", "time", "instance", "collection", "machine", "cell")
+ROWS = ("auto", "top-level", "all")
+STRATEGIES = ("auto", "exact", "bounded")
+#: Global counters kept in every partial (the ``info`` table), in this order.
+STATS = ("windows_read", "alloc_task_windows", "bad_time_windows", "skipped_no_percentiles", "repaired",
+         "used_windows", "zero_weight_windows", "pieces")
+#: Most (window, bucket) pieces one partition may produce with ``time`` grouping (guards against a
+#: tiny ``bucket_s`` or corrupt times; about 1.3 GB of exact partial).
+MAX_PIECES = 1 << 23
+#: Default row budget of ``strategy="auto"`` for the exact strategy: the merged partial holds about
+#: 180 bytes per window, and ``finalize`` peaks at about 0.5 kB (many groups) to 2.9 kB (one
+#: group) per window (measured, NumPy), i.e. about 2.5-15 GB at this budget.
+DEFAULT_EXACT_MAX_WINDOWS = 5_000_000
+US = 1_000_000
+
+_STD_LEVELS = np.asarray(CPU_PERCENTILE_LEVELS_SORTED, dtype=np.float64)
+_KEY_COLUMNS = {"instance": ("collection_id", "instance_index"), "collection": ("collection_id",),
+                "machine": ("machine_id",), "tier": ("tier",), "cell": (), "time": ("bucket",)}
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+_SEED = np.uint64(0x2545F4914F6CDD1D)
+
+
+def level_name(level: float) -> str:
+    """Quantile column name of a level: ``q0``, ``q50``, ``q99``, ``q100``, ``q0.5``, ``q99.9``."""
+    return "q" + f"{float(level) * 100:.10g}"
+
+
+def _mix(xp: Any, x: Any) -> Any:
+    x = x ^ (x >> xp.uint64(30))
+    x = x * _M1
+    x = x ^ (x >> xp.uint64(27))
+    x = x * _M2
+    return x ^ (x >> xp.uint64(31))
+
+
+def _combine(xp: Any, comps: list[Any], n: int) -> Any:
+    """int64 group key of the component columns: 0 for none, the value itself for one, a
+    splitmix64 chain for several (verified against the components: a collision raises)."""
+    if not comps:
+        return xp.zeros(n, dtype=xp.int64)
+    if len(comps) == 1:
+        return comps[0].astype(xp.int64)
+    h = _mix(xp, comps[0].astype(xp.int64).astype(xp.uint64) ^ _SEED)
+    for c in comps[1:]:
+        h = _mix(xp, h ^ c.astype(xp.int64).astype(xp.uint64))
+    return h.view(xp.int64)
+
+
+def _parse_list(v: Any) -> tuple[str, ...]:
+    if isinstance(v, str):
+        return tuple(s.strip() for s in v.replace("+", ",").split(",") if s.strip())
+    return tuple(str(s) for s in v)
+
+
+def _null_to_nan(arr: Any) -> np.ndarray:
+    return np.asarray(pc.cast(arr, "float64").to_numpy(zero_copy_only=False), dtype=np.float64)
+
+
+_EVENT_COLUMNS = ["collection_id", "instance_index", "machine_id", "priority"]
+
+
+def _max_priority(ev: pa.Table) -> pd.DataFrame:
+    ev = ev.filter(pc.is_valid(ev.column("machine_id")))  # a NULL machine_id never joins
+    df = pd.DataFrame({"c": ev.column("collection_id").to_numpy().astype(np.int64),
+                       "i": ev.column("instance_index").to_numpy().astype(np.int32),
+                       "m": ev.column("machine_id").to_numpy(zero_copy_only=False).astype(np.int64),
+                       "p": _null_to_nan(ev.column("priority"))})
+    return df.groupby(["c", "i", "m"], sort=False)["p"].max().reset_index()
+
+
+def _priority_lookup(source: Any) -> pd.DataFrame:
+    """MAX(priority) per (collection_id, instance_index, machine_id) over all instance_events rows
+    (allocs included, so that ``rows="all"`` can place tasks inside allocs), file by file."""
+    files = source.files("instance_events") if hasattr(source, "files") else None
+    if not files:
+        return _max_priority(source.read("instance_events", _EVENT_COLUMNS))
+    from gpuclust.schema import SCHEMAS
+
+    sub = pa.schema([SCHEMAS["instance_events"].field(c) for c in _EVENT_COLUMNS])
+    parts = [_max_priority(pq.read_table(f, columns=_EVENT_COLUMNS).cast(sub)) for f in files]
+    if len(parts) == 1:
+        return parts[0]
+    return pd.concat(parts, ignore_index=True).groupby(["c", "i", "m"], sort=False)["p"].max().reset_index()
+
+
+@dataclass(frozen=True)
+class UsageDistributionContext:
+    strategy: str
+    rows: str
+    total_rows: int
+    levels: np.ndarray
+    cell: str
+    tier_map: TierMap | None
+    lk_hash: np.ndarray
+    lk_collection: np.ndarray
+    lk_instance: np.ndarray
+    lk_machine: np.ndarray
+    lk_tier: np.ndarray
+
+    @property
+    def tier_names(self) -> tuple[str, ...]:
+        return (self.tier_map.names if self.tier_map else ()) + ("unknown",)
+
+
+@dataclass(frozen=True)
+class UsageDistribution(Analysis):
+    """Exact CPU usage distributions (mixtures of per-window percentile CDFs) per group.
+
+    Parameters
+    ----------
+    by
+        Grouping keys, a sequence or a ``","``/``"+"``-separated string of ``instance``,
+        ``collection``, ``machine``, ``tier``, ``cell``, ``time`` (default ``("tier",)``).
+    bucket_s
+        Width of the ``time`` buckets in seconds (default 3600); buckets are
+        ``floor(t / bucket_s)`` of the trace's time origin (600 s before the trace start).
+    levels
+        Quantile levels in [0, 1] (sorted, duplicates removed); default the 20 standard levels.
+    rows
+        ``auto`` (default), ``top-level`` (alloc_collection_id NULL or 0 only) or ``all``.
+    strategy
+        ``auto`` (default), ``exact`` or ``bounded``.
+    k
+        Knot intervals per group of the bounded summary (error <= (1 + merge depth) / k).
+    exact_max_windows
+        ``strategy="auto"`` uses ``exact`` up to this many usage rows, else ``bounded``.
+    tier_map
+        Tier map for ``tier`` groups; default: the dataset manifest's, else the trace version's.
+
+    Examples
+    --------
+    >>> UsageDistribution(by="tier,time", strategy="bounded").label
+    'usage-distribution[by=tier+time,strategy=bounded]'
+    """
+
+    by: Any = ("tier",)
+    bucket_s: float = 3600
+    levels: Any = None
+    rows: str = "auto"
+    strategy: str = "auto"
+    k: int = ms.DEFAULT_K
+    exact_max_windows: int = DEFAULT_EXACT_MAX_WINDOWS
+    tier_map: str | None = None
+
+    name = "usage-distribution"
+    table = "instance_usage"
+
+    def __post_init__(self) -> None:
+        by = _parse_list(self.by)
+        bad = [b for b in by if b not in BY]
+        if bad or not by:
+            raise ValueError(f"usage-distribution: by must name one or more of {list(BY)}, got {self.by!r}")
+        if len(set(by)) != len(by):
+            raise ValueError(f"usage-distribution: repeated key in by={self.by!r}")
+        if "instance" in by and "collection" in by:
+            raise ValueError("usage-distribution: by 'instance' already includes its collection; drop 'collection'")
+        object.__setattr__(self, "by", by)
+        if self.levels is not None:
+            lv = self.levels
+            if isinstance(lv, str):
+                lv = [float(s) for s in lv.replace("+", ",").split(",") if s.strip()]
+            arr = np.asarray(lv, dtype=np.float64).reshape(-1)
+            if arr.size == 0 or not np.all(np.isfinite(arr)) or arr.min() < 0 or arr.max() > 1:
+                raise ValueError(f"usage-distribution: levels must be in [0, 1], got {self.levels!r}")
+            arr = np.unique(arr)
+            if len({level_name(x) for x in arr}) != arr.size:
+                raise ValueError("usage-distribution: levels closer than 1e-12 give the same column name")
+            object.__setattr__(self, "levels", tuple(float(x) for x in arr))
+        if self.rows not in ROWS:
+            raise ValueError(f"usage-distribution: rows must be one of {list(ROWS)}, got {self.rows!r}")
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"usage-distribution: strategy must be one of {list(STRATEGIES)}, got {self.strategy!r}")
+        if not (float(self.bucket_s) > 0) or round(float(self.bucket_s) * US) < 1:
+            raise ValueError(f"usage-distribution: bucket_s must be > 0, got {self.bucket_s!r}")
+        if int(self.k) != self.k or self.k < 1:
+            raise ValueError(f"usage-distribution: k must be a positive integer, got {self.k!r}")
+        if int(self.exact_max_windows) < 0:
+            raise ValueError("usage-distribution: exact_max_windows must be >= 0")
+        if self.tier_map is not None:
+            tier_map(self.tier_map)
+
+    # ---------------------------------------------------------------- naming
+    @property
+    def label(self) -> str:
+        opts = []
+        if self.by != ("tier",):
+            opts.append("by=" + "+".join(self.by))
+        if "time" in self.by and float(self.bucket_s) != 3600:
+            opts.append(f"bucket_s={self.bucket_s:g}")
+        if self.levels is not None:
+            opts.append("levels=" + "+".join(f"{x:g}" for x in self.levels))
+        for f, d in (("rows", "auto"), ("strategy", "auto"), ("k", ms.DEFAULT_K),
+                     ("exact_max_windows", DEFAULT_EXACT_MAX_WINDOWS), ("tier_map", None)):
+            if getattr(self, f) != d:
+                opts.append(f"{f}={getattr(self, f)}")
+        return self.name + (f"[{','.join(opts)}]" if opts else "")
+
+    @property
+    def bucket_us(self) -> int:
+        return int(round(float(self.bucket_s) * US))
+
+    @property
+    def level_values(self) -> np.ndarray:
+        return _STD_LEVELS.copy() if self.levels is None else np.asarray(self.levels, dtype=np.float64)
+
+    def resolved_rows(self) -> str:
+        """``top-level`` or ``all`` (``auto``: all rows iff ``by`` has instance or collection)."""
+        if self.rows != "auto":
+            return self.rows
+        return "all" if ("instance" in self.by or "collection" in self.by) else "top-level"
+
+    def key_columns(self) -> list[str]:
+        """Output key columns, in ``by`` order (``cell`` -> ``cell``; ``time`` -> ``bucket``,
+        ``bucket_start_s``)."""
+        out: list[str] = []
+        for b in self.by:
+            out.extend({"cell": ("cell",), "time": ("bucket", "bucket_start_s")}.get(b, _KEY_COLUMNS[b]))
+        return out
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return ("start_time", "end_time", "collection_id", "instance_index", "machine_id", "alloc_collection_id",
+                "sample_rate", *CPU_PERCENTILE_COLUMNS_SORTED)
+
+    # ---------------------------------------------------------------- context (client side)
+    def _resolve_tier_map(self, source: Any) -> TierMap:
+        if self.tier_map is not None:
+            return tier_map(self.tier_map)
+        name = getattr(source, "tier_map_name", None)
+        if name:
+            return tier_map(name)
+        return tier_map(DEFAULT_TIER_MAP.get(getattr(source, "trace_version", None) or "v3", "notebook"))
+
+    def context(self, source: Any) -> UsageDistributionContext:
+        if hasattr(source, "num_rows"):
+            total = int(source.num_rows(self.table))
+        else:
+            total = int(source.read(self.table, ["start_time"]).num_rows)
+        strategy = self.strategy
+        if strategy == "auto":
+            strategy = "exact" if total <= int(self.exact_max_windows) else "bounded"
+        manifest = getattr(source, "manifest", None)
+        cell = str(manifest.get("cell") or "all") if isinstance(manifest, dict) else "all"
+        tm = None
+        lk = {k: np.zeros(0, dt) for k, dt in (("h", np.uint64), ("c", np.int64), ("i", np.int32),
+                                                ("m", np.int64), ("t", np.int32))}
+        if "tier" in self.by:
+            tm = self._resolve_tier_map(source)
+            df = _priority_lookup(source)
+            c = df["c"].to_numpy(np.int64)
+            i = df["i"].to_numpy(np.int32)
+            m = df["m"].to_numpy(np.int64)
+            p = df["p"].to_numpy(np.float64)
+            codes = np.full(p.shape[0], len(tm.names), dtype=np.int32)  # unknown
+            ok = ~np.isnan(p)
+            cc = tm.tier_codes(p[ok].astype(np.int64)).astype(np.int32)
+            codes[ok] = np.where(cc < 0, len(tm.names), cc)
+            h = triple_hash(np, c, i, m)
+            order = np.argsort(h, kind="stable")
+            h = h[order]
+            if h.shape[0] > 1 and bool((h[1:] == h[:-1]).any()):
+                raise RuntimeError("usage-distribution: 64-bit hash collision in the tier lookup (please report)")
+            lk = {"h": h, "c": c[order], "i": i[order], "m": m[order], "t": codes[order]}
+        return UsageDistributionContext(strategy, self.resolved_rows(), total, self.level_values, cell, tm,
+                                        lk["h"], lk["c"], lk["i"], lk["m"], lk["t"])
+
+    # ---------------------------------------------------------------- partial
+    def empty(self, backend: Any = None) -> dict[str, Any]:
+        name = getattr(backend, "name", "cpu")
+        return {"backend": name, "ms": None, "groups": self._empty_groups(), "stats": np.zeros(len(STATS), np.int64)}
+
+    def _n_components(self) -> int:
+        return sum(len(_KEY_COLUMNS[b]) for b in self.by)
+
+    def _empty_groups(self, xp: Any = np) -> dict[str, Any]:
+        return {"key": xp.zeros(0, xp.int64), "frac": xp.zeros(0, xp.float64), "wq": xp.zeros((0, 20), xp.float64),
+                "kc": xp.zeros((0, self._n_components()), xp.int64)}
+
+    def _tier(self, backend: Any, ctx: UsageDistributionContext, c: Any, i: Any, m: Any) -> Any:
+        xp = backend.xp
+        n = int(c.shape[0])
+        unknown = len(ctx.tier_names) - 1
+        if ctx.lk_hash.shape[0] == 0 or n == 0:
+            return xp.full(n, unknown, dtype=xp.int64)
+        lk_h = backend.stage(ctx.lk_hash)
+        h = triple_hash(xp, c, i, m)
+        pos = xp.clip(xp.searchsorted(lk_h, h), 0, lk_h.shape[0] - 1)
+        found = ((lk_h[pos] == h) & (backend.stage(ctx.lk_collection)[pos] == c)
+                 & (backend.stage(ctx.lk_instance)[pos] == i) & (backend.stage(ctx.lk_machine)[pos] == m))
+        return xp.where(found, backend.stage(ctx.lk_tier)[pos], unknown).astype(xp.int64)
+
+    def partial(self, cols: dict[str, Any], ctx: UsageDistributionContext, backend: Any) -> dict[str, Any]:
+        xp, ops = backend.xp, backend.ops
+        start, end = cols["start_time"], cols["end_time"]
+        n = int(start.shape[0])
+        stats = dict.fromkeys(STATS, 0)
+        stats["windows_read"] = n
+        keep = xp.ones(n, dtype=bool)
+        if ctx.rows == "top-level":
+            alloc = cols["alloc_collection_id"]
+            top = (alloc == 0) | is_null_int(xp, alloc)
+            stats["alloc_task_windows"] = n - int(top.sum())
+            keep = top
+        bad = keep & ((end == TIME_AFTER_TRACE) | (end < start))
+        stats["bad_time_windows"] = int(bad.sum())
+        idx = xp.flatnonzero(keep & ~bad)
+        q = xp.ascontiguousarray(xp.stack([cols[c][idx].astype(xp.float64) for c in CPU_PERCENTILE_COLUMNS_SORTED],
+                                          axis=1).reshape(-1, 20))
+        qr, repaired, null = ops.repair_percentiles(q)
+        stats["skipped_no_percentiles"] = int(null.sum())
+        stats["repaired"] = int(repaired.sum())
+        use = xp.flatnonzero(~null)
+        idx = idx[use]
+        qr = xp.ascontiguousarray(qr[use])
+        s, e = start[idx], end[idx]
+        w = ms.window_weights((e - s).astype(xp.float64) / US, cols["sample_rate"][idx].astype(xp.float64))
+        stats["used_windows"] = int(idx.shape[0])
+        stats["zero_weight_windows"] = int((w <= 0).sum())
+        comps: list[Any] = []
+        for b in self.by:
+            if b == "instance":
+                comps += [cols["collection_id"][idx], cols["instance_index"][idx]]
+            elif b == "collection":
+                comps.append(cols["collection_id"][idx])
+            elif b == "machine":
+                comps.append(cols["machine_id"][idx])
+            elif b == "tier":
+                comps.append(self._tier(backend, ctx, cols["collection_id"][idx], cols["instance_index"][idx],
+                                        cols["machine_id"][idx]))
+            elif b == "time":
+                comps.append(None)  # filled per piece below
+        frac = xp.ones(idx.shape[0], dtype=xp.float64)
+        if "time" in self.by:
+            row, bucket, frac = self._expand(xp, s, e)
+            qr = xp.ascontiguousarray(qr[row])
+            w = w[row] * frac
+            comps = [bucket if c is None else c[row] for c in comps]
+        comps = [c.astype(xp.int64) for c in comps]
+        m = int(qr.shape[0])
+        stats["pieces"] = m
+        key = _combine(xp, comps, m)
+        kc = xp.stack(comps, axis=1) if comps else xp.zeros((m, 0), dtype=xp.int64)
+        part = hs.leaf(qr, w, key, None if ctx.strategy == "exact" else int(self.k))
+        groups = self._group_extras(xp, key, kc, frac, w, qr)
+        return {"backend": backend.name, "ms": part, "groups": groups,
+                "stats": xp.asarray(np.array([stats[s_] for s_ in STATS], dtype=np.int64))}
+
+    def _expand(self, xp: Any, s: Any, e: Any) -> tuple[Any, Any, Any]:
+        """One piece per (window, bucket it overlaps): row index, bucket, overlap fraction
+        (a zero-length window is one piece in the bucket of its start, fraction 1)."""
+        B = self.bucket_us
+        b0 = s // B
+        b1 = xp.where(e > s, (e - 1) // B, b0)
+        span = b1 - b0 + 1
+        total = int(span.sum()) if span.shape[0] else 0
+        if total > MAX_PIECES:
+            raise ValueError(f"usage-distribution: the windows of one partition cover {total} (window, bucket) "
+                             f"pieces (> {MAX_PIECES}); use a larger bucket_s or more partitions")
+        off = xp.cumsum(span)
+        j = xp.arange(total, dtype=xp.int64)
+        row = xp.searchsorted(off, j, side="right").astype(xp.int64)
+        bucket = b0[row] + (j - (off[row] - span[row]))
+        lo = xp.maximum(s[row], bucket * B)
+        hi = xp.minimum(e[row], (bucket + 1) * B)
+        length = e[row] - s[row]
+        frac = xp.where(length > 0, (hi - lo).astype(xp.float64) / xp.where(length > 0, length, 1).astype(xp.float64),
+                        1.0)
+        return row, bucket, frac
+
+    def _group_extras(self, xp: Any, key: Any, kc: Any, frac: Any, w: Any, qr: Any) -> dict[str, Any]:
+        """Per group: key components (verified: a hash collision raises), fractional window count
+        and the sum of ``w x q`` over weighted rows (the weighted average of percentile vectors)."""
+        if key.shape[0] == 0:
+            return self._empty_groups(xp)
+        order = xp.argsort(key, kind="stable") if xp is np else xp.argsort(key)  # CuPy sorts are stable
+        ks = key[order]
+        first = xp.ones(ks.shape[0], dtype=bool)
+        first[1:] = ks[1:] != ks[:-1]
+        inv = xp.cumsum(first.astype(xp.int64)) - 1
+        kcs = kc[order]
+        kc_u = kcs[first]
+        if kc.shape[1] and bool((kcs != kc_u[inv]).any()):
+            raise RuntimeError("usage-distribution: 64-bit hash collision between group keys (please report)")
+        G = int(kc_u.shape[0])
+        ws = xp.where(w > 0, w, 0.0)[order]
+        wq = xp.stack([xp.bincount(inv, weights=ws * qr[order, j], minlength=G) for j in range(20)], axis=1)
+        return {"key": ks[first], "frac": xp.bincount(inv, weights=frac[order], minlength=G),
+                "wq": wq.reshape(G, 20), "kc": kc_u}
+
+    # ---------------------------------------------------------------- merge
+    def merge(self, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+        be = "gpu" if "gpu" in (a["backend"], b["backend"]) else "cpu"
+        if a["ms"] is None or b["ms"] is None:
+            mp = b["ms"] if a["ms"] is None else a["ms"]
+        else:
+            mp = hs.merge(a["ms"], b["ms"])
+        return {"backend": be, "ms": mp, "groups": _merge_groups(a["groups"], b["groups"]),
+                "stats": np.asarray(a["stats"]) + np.asarray(b["stats"])}
+
+    # ---------------------------------------------------------------- finalize
+    def finalize(self, partial: dict[str, Any], ctx: UsageDistributionContext) -> dict[str, pd.DataFrame]:
+        mp = partial["ms"]
+        if mp is None:
+            mp = hs.empty(None if ctx.strategy == "exact" else int(self.k))
+        res = self._finalize_mixture(mp, ctx.levels, partial["backend"])
+        g = partial["groups"]
+        if not np.array_equal(np.asarray(res["key"]), np.asarray(g["key"])):
+            raise RuntimeError("usage-distribution: summary and group tables disagree (internal error)")
+        G = int(res["key"].shape[0])
+        keys = self._decode_keys(np.asarray(g["kc"]).reshape(G, self._n_components()), ctx)
+        lv = ctx.levels
+        qcols = [level_name(x) for x in lv]
+        df = keys.copy()
+        df["n_windows"] = np.asarray(res["n_windows"], dtype=np.int64)
+        if "time" in self.by:
+            df["n_windows_frac"] = np.asarray(g["frac"], dtype=np.float64)
+        df["weight"] = np.asarray(res["weight"], dtype=np.float64)
+        df["mean"] = np.asarray(res["mean"], dtype=np.float64)
+        df["cdf_error_bound"] = np.asarray(res["err_bound"], dtype=np.float64)
+        quant = np.asarray(res["quantiles"], dtype=np.float64).reshape(G, lv.shape[0])
+        qdf = pd.DataFrame(quant, columns=qcols)
+        df = pd.concat([df.reset_index(drop=True), qdf], axis=1)
+        W = df["weight"].to_numpy()
+        with np.errstate(invalid="ignore", divide="ignore"):
+            navg = np.asarray(g["wq"], dtype=np.float64).reshape(G, 20) / np.where(W > 0, W, np.nan)[:, None]
+        naive = pd.concat([keys.reset_index(drop=True), df[["weight"]],
+                           pd.DataFrame(navg, columns=[level_name(x) for x in _STD_LEVELS])], axis=1)
+        sort_cols = [c for c in self._sort_columns() if c in df.columns]
+        if sort_cols and G:
+            order = np.lexsort([df[c].to_numpy() for c in reversed(sort_cols)])
+            df, naive = df.iloc[order], naive.iloc[order]
+        df = df.drop(columns=[c for c in df.columns if c.startswith("_")]).reset_index(drop=True)
+        naive = naive.drop(columns=[c for c in naive.columns if c.startswith("_")]).reset_index(drop=True)
+        stats = dict(zip(STATS, (int(x) for x in np.asarray(partial["stats"])), strict=False))
+        err = np.asarray(res["err_bound"], dtype=np.float64)
+        info = pd.DataFrame([{
+            "analysis": self.name, "by": ",".join(self.by), "rows": ctx.rows, "rows_option": self.rows,
+            "strategy": ctx.strategy, "strategy_option": self.strategy,
+            "k": int(self.k) if ctx.strategy == "bounded" else 0,
+            "exact_max_windows": int(self.exact_max_windows), "total_rows": int(ctx.total_rows),
+            "bucket_s": float(self.bucket_s) if "time" in self.by else float("nan"),
+            "tier_map": ctx.tier_map.name if ctx.tier_map else "",
+            "levels": ",".join(f"{x:g}" for x in lv), **stats, "groups": G,
+            "max_cdf_error_bound": float(err.max()) if err.size else 0.0,
+        }])
+        return {"quantiles": df, "naive": naive, "info": info}
+
+    def _finalize_mixture(self, mp: dict[str, Any], levels: np.ndarray, backend_name: str) -> dict[str, Any]:
+        """:func:`mixture_summary.finalize` on the backend the partials were computed on (when that
+        backend is available in this process; the exact strategy's inversion is the heavy step)."""
+        if backend_name == "gpu":
+            from gpuclust.backends import get_backend, gpu_available
+
+            if gpu_available() and int(mp["exact"]["key"].shape[0]) + int(mp["bounded"]["key"].shape[0]):
+                be = get_backend("gpu")
+                return to_host(hs.finalize(hs.to_backend(mp, be), levels))
+        return hs.finalize(mp, levels)
+
+    def _sort_columns(self) -> list[str]:
+        out: list[str] = []
+        for b in self.by:
+            out.extend({"tier": ("_tier_code",), "cell": (), "time": ("bucket",)}.get(b, _KEY_COLUMNS[b]))
+        return out
+
+    def _decode_keys(self, kc: np.ndarray, ctx: UsageDistributionContext) -> pd.DataFrame:
+        cols: dict[str, Any] = {}
+        j = 0
+        G = kc.shape[0]
+        for b in self.by:
+            if b == "instance":
+                cols["collection_id"] = kc[:, j].astype(np.int64)
+                cols["instance_index"] = kc[:, j + 1].astype(np.int32)
+                j += 2
+            elif b in ("collection", "machine"):
+                cols[_KEY_COLUMNS[b][0]] = kc[:, j].astype(np.int64)
+                j += 1
+            elif b == "tier":
+                names = np.array(ctx.tier_names, dtype=object)
+                code = kc[:, j].astype(np.int64)
+                cols["tier"] = pd.Series(names[code] if G else np.array([], dtype=object), dtype=object)
+                cols["_tier_code"] = code
+                j += 1
+            elif b == "cell":
+                cols["cell"] = pd.Series([ctx.cell] * G, dtype=object)
+            elif b == "time":
+                cols["bucket"] = kc[:, j].astype(np.int64)
+                cols["bucket_start_s"] = kc[:, j].astype(np.float64) * (self.bucket_us / US)
+                j += 1
+        return pd.DataFrame({k: (v.to_numpy() if isinstance(v, pd.Series) else v) for k, v in cols.items()},
+                            index=pd.RangeIndex(G))
+
+    # ---------------------------------------------------------------- summary
+    def summary(self, result: dict[str, pd.DataFrame], top: int = 12) -> str:
+        info = result["info"].iloc[0]
+        qd = result["quantiles"]
+        lines = [f"{self.label}: by {info['by']}, rows {info['rows']}, strategy {info['strategy']}"
+                 + (f" (K={info['k']}, max CDF error bound {info['max_cdf_error_bound']:.3g})"
+                    if info["strategy"] == "bounded" else " (exact)")
+                 + (f", tier map {info['tier_map']!r}" if info["tier_map"] else ""),
+                 f"  windows read={info['windows_read']} used={info['used_windows']} "
+                 f"alloc-task (filtered)={info['alloc_task_windows']} no-percentiles (skipped)="
+                 f"{info['skipped_no_percentiles']} repaired={info['repaired']} bad-time={info['bad_time_windows']} "
+                 f"zero-weight={info['zero_weight_windows']}; {info['groups']} groups"]
+        if len(qd):
+            keycols = [c for c in self.key_columns() if c in qd.columns and c != "bucket_start_s"]
+            show = [c for c in ("q50", "q90", "q99", "q100") if c in qd.columns]
+            heavy = qd.sort_values("weight", ascending=False, kind="stable").head(top)
+            lines.append(f"  heaviest {len(heavy)} groups (CPU, normalised cores): "
+                         + ", ".join(["mean", *show]) + ("" if info["strategy"] == "exact" else ", bound"))
+            for j in range(len(heavy)):
+                k = " ".join(f"{c}={heavy[c].iloc[j]}" for c in keycols)
+                v = " ".join(f"{heavy[c].iloc[j]:.4g}" for c in ("mean", *show))
+                b = "" if info["strategy"] == "exact" else f" ±{heavy['cdf_error_bound'].iloc[j]:.2g}"
+                lines.append(f"  {k}: weight={heavy['weight'].iloc[j]:.4g} {v}{b}")
+        return "\n".join(lines)
+
+
+def _merge_groups(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Union of two host group tables: fractional counts and ``w x q`` sums add; key components
+    must agree for equal keys (else a hash collision: raise)."""
+    if a["key"].shape[0] == 0:
+        return {k: np.array(v, copy=True) for k, v in b.items()}
+    if b["key"].shape[0] == 0:
+        return {k: np.array(v, copy=True) for k, v in a.items()}
+    key = np.concatenate([a["key"], b["key"]])
+    kc = np.concatenate([a["kc"], b["kc"]])
+    order = np.argsort(key, kind="stable")
+    ks = key[order]
+    first = np.ones(ks.shape[0], dtype=bool)
+    first[1:] = ks[1:] != ks[:-1]
+    inv = np.cumsum(first) - 1
+    kcs = kc[order]
+    kc_u = kcs[first]
+    if kc.shape[1] and bool((kcs != kc_u[inv]).any()):
+        raise RuntimeError("usage-distribution: 64-bit hash collision between group keys (please report)")
+    G = kc_u.shape[0]
+    frac = np.zeros(G)
+    np.add.at(frac, inv, np.concatenate([a["frac"], b["frac"]])[order])
+    wq = np.zeros((G, 20))
+    np.add.at(wq, inv, np.concatenate([a["wq"], b["wq"]])[order])
+    return {"key": ks[first], "frac": frac, "wq": wq, "kc": kc_u}

@@ -1,0 +1,69 @@
+"""Plot of a ``usage-distribution`` result: per-group mixture CDFs against the shortcut.
+
+For the heaviest groups (the tiers or the cell with the default options) the exact mixture CDF
+(quantile levels against the ``quantiles`` table's values, solid) is drawn next to the CDF implied
+by the sample-weighted average of the groups' percentile vectors (the ``naive`` table, dashed),
+the usual shortcut; the left panel shows the body (up to the largest p99), the right one the tail (levels 0.9-1,
+log scale), where they differ most.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["plot_usage_distribution"]
+
+
+def _levels(columns: list[str]) -> tuple[list[str], np.ndarray]:
+    qcols = [c for c in columns if c.startswith("q") and c[1:].replace(".", "", 1).isdigit()]
+    return qcols, np.array([float(c[1:]) / 100 for c in qcols])
+
+
+def plot_usage_distribution(result: dict[str, pd.DataFrame], path: Path, *, title: str = "usage-distribution",
+                            top: int = 6) -> bool:
+    """Mixture CDFs of the ``top`` heaviest groups (solid) and the weighted-average-of-percentiles
+    shortcut (dashed); ``False`` when there is no group with weight."""
+    from gpuclust.report.plots import _figure, _save_atomic
+
+    qd, naive = result["quantiles"], result["naive"]
+    if qd.empty or not (qd["weight"] > 0).any():
+        return False
+    keycols = [c for c in qd.columns[: list(qd.columns).index("n_windows")] if c != "bucket_start_s"]
+    heaviest = np.argsort(-qd["weight"].to_numpy(), kind="stable")[:top]
+    order = [int(i) for i in heaviest if qd["weight"].iloc[int(i)] > 0]
+    qcols, lv = _levels(list(qd.columns))
+    ncols, nlv = _levels(list(naive.columns))
+    fig = _figure()
+    axes = fig.subplots(1, 2)
+    for n, i in enumerate(order):
+        label = " ".join(str(qd[c].iloc[i]) for c in keycols) or "all"
+        color = f"C{n % 10}"
+        x = qd[qcols].iloc[i].to_numpy(np.float64)
+        xn = naive[ncols].iloc[i].to_numpy(np.float64)
+        for ax in axes:
+            ax.plot(x, lv, "-", color=color, label=f"{label} (mixture)" if ax is axes[0] else None)
+            ax.plot(xn, nlv, "--", color=color, alpha=0.7,
+                    label=f"{label} (avg of percentiles)" if ax is axes[0] else None)
+    tail_x = np.concatenate([qd[qcols].iloc[order].to_numpy(np.float64)[:, lv >= 0.9].ravel(),
+                             naive[ncols].iloc[order].to_numpy(np.float64)[:, nlv >= 0.9].ravel()])
+    tail_x = tail_x[np.isfinite(tail_x)]
+    body = [c for c, x in zip(qcols, lv, strict=True) if x <= 0.99]
+    x99 = np.nanmax(qd[body].iloc[order].to_numpy(np.float64)) if body else np.nan
+    if np.isfinite(x99) and x99 > 0:
+        axes[0].set_xlim(0, 1.15 * x99)  # the body; the tail is on the right
+    pos = tail_x[tail_x > 0]
+    if pos.size:
+        axes[1].set_xscale("log")
+        axes[1].set_xlim(pos.min() / 1.5, pos.max() * 1.5)
+    axes[0].set_xlabel("CPU (normalised cores)")
+    axes[0].set_ylabel("fraction of samples <= x")
+    axes[0].set_title(title)
+    axes[0].legend(loc="lower right", fontsize="x-small")
+    axes[1].set_ylim(0.9, 1.0005)
+    axes[1].set_xlabel("CPU (log scale)")
+    axes[1].set_title("tail (levels 0.9-1)")
+    _save_atomic(fig, path)
+    return True

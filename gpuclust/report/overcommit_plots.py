@@ -1,0 +1,61 @@
+"""Plots of the ``overcommit`` analysis: cell-level allocation and usage ratios over time by tier,
+and the distribution of the per-machine-bucket allocation ratio.
+
+Called from :func:`gpuclust.report.plots.plot_result` (matplotlib, Agg backend, written atomically).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["plot_overcommit"]
+
+
+def plot_overcommit(result: dict[str, pd.DataFrame], path: Path, *, title: str = "overcommit") -> bool:
+    """Three panels: cell CPU allocation ratio by tier (stacked) with the total usage ratio, cell
+    CPU usage ratio by tier (stacked), and a histogram of the machine-bucket CPU and memory
+    allocation ratios (machine-buckets with a known, positive capacity).  ``False`` when the
+    cell series is empty."""
+    from gpuclust.report.plots import _figure, _save_atomic
+
+    cell, machine = result["cell"], result["machine"]
+    if cell.empty:
+        return False
+    tiers = result["info"]["tiers"].iloc[0].split(",")
+    fig = _figure()
+    fig.set_size_inches(10, 9)
+    axes = fig.subplots(3, 1)
+    hours = (cell["time"].to_numpy() - cell["time"].to_numpy()[0]) / 3.6e9
+    has_usage = int(result["info"]["usage_rows"].iloc[0]) > 0
+    for ax, kind, label in ((axes[0], "alloc", "requested / capacity"), (axes[1], "usage", "usage / capacity")):
+        if kind == "usage" and not has_usage:
+            ax.text(0.5, 0.5, "no instance_usage in this dataset", ha="center", va="center", transform=ax.transAxes)
+            ax.set_ylabel(f"CPU {label}")
+            continue
+        cols = [t for t in tiers if f"{kind}_ratio_cpu_{t}" in cell and np.nan_to_num(cell[f"{kind}_ratio_cpu_{t}"]).any()]
+        if cols:
+            ax.stackplot(hours, *[np.nan_to_num(cell[f"{kind}_ratio_cpu_{t}"].to_numpy()) for t in cols], labels=cols,
+                         alpha=0.8)
+        ax.plot(hours, cell[f"{kind}_ratio_mem"].to_numpy(), color="k", lw=1, ls="--", label="memory (all tiers)")
+        ax.axhline(1.0, color="r", lw=0.8)
+        ax.set_ylabel(f"CPU {label}")
+        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
+    axes[0].set_title(f"{title}: cell-level ratios (capacity-weighted)")
+    axes[1].set_xlabel("hours since window start")
+    ax = axes[2]
+    for r, color in (("cpu", "tab:blue"), ("mem", "tab:orange")):
+        v = machine[f"alloc_ratio_{r}"].to_numpy(dtype=np.float64)
+        cap = machine[f"cap_{r}"].to_numpy(dtype=np.float64)
+        v = v[np.isfinite(v) & np.isfinite(cap) & (cap > 0)]
+        if v.size:
+            ax.hist(v, bins=100, range=(0.0, max(2.0, float(np.quantile(v, 0.999)))), histtype="step", color=color,
+                    label=f"{r} ({v.size} machine-buckets)")
+    ax.axvline(1.0, color="r", lw=0.8)
+    ax.set_xlabel("requested / capacity per machine-bucket")
+    ax.set_ylabel("machine-buckets")
+    ax.legend(loc="upper right", fontsize="small")
+    _save_atomic(fig, path)
+    return True

@@ -1,0 +1,206 @@
+"""Slow, obviously-correct references for the ``overcommit`` analysis.
+
+* :func:`replay`: plain Python.  Per instance, walk its events in order; per machine, walk its
+  capacity events; integrate every piece over every bucket it overlaps with integer arithmetic.
+  Shares no code with ``gpuclust.analyses._intervals`` / ``overcommit``.
+* :func:`usage_sql`: DuckDB SQL for the usage part (``generate_series`` over buckets).
+
+Semantics restated (see ``docs/analysis-overcommit.md``): events of a thing are ordered by time,
+ties by row order; event times are clipped to the window; tasks inside allocs are dropped row by
+row; SCHEDULE opens (closing a running piece first), UPDATE_RUNNING while running splits,
+EVICT/FAIL/FINISH/KILL/LOST close; NULL requests / priorities carry forward; ADD / UPDATE / REMOVE
+set capacity / change it / make it 0; NULL capacity is unknown.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Any
+
+import pyarrow as pa
+
+SENTINEL = 2**63 - 1
+TERMINALS = {4, 5, 6, 7, 8}
+
+
+def default_window_end(tables: dict[str, pa.Table], start: int) -> int:
+    best = start
+    ev = tables.get("instance_events")
+    if ev is not None:
+        for t in ev.column("time").to_pylist():
+            if t is not None and t < SENTINEL:
+                best = max(best, t)
+    us = tables.get("instance_usage")
+    if us is not None:
+        for t in us.column("end_time").to_pylist():
+            if t is not None and t < SENTINEL:
+                best = max(best, t)
+    return best
+
+
+def tier_of(p: Any, bounds: tuple[int, ...], names: tuple[str, ...]) -> str:
+    if p is None or (isinstance(p, float) and math.isnan(p)) or p < 0:
+        return "unknown"
+    name = names[0]
+    for b, n in zip(bounds, names, strict=True):
+        if p >= b:
+            name = n
+    return name
+
+
+def _rows(t: pa.Table | None) -> list[dict[str, Any]]:
+    return [] if t is None else t.to_pylist()
+
+
+def _integrate(acc: dict, key: tuple, s: int, e: int, value: float, start: int, width: int, n_buckets: int) -> None:
+    """acc[key + (b,)] += value * overlap seconds, bucket by bucket (plain loop)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)) or e <= s:
+        return
+    for b in range(n_buckets):
+        bs = start + b * width
+        ov = min(e, bs + width) - max(s, bs)
+        if ov > 0:
+            acc[(*key, b)] += value * (ov / 1e6)
+
+
+def replay(tables: dict[str, pa.Table], *, bucket_s: int, names: tuple[str, ...], bounds: tuple[int, ...],
+           start: int = 600_000_000, end: int | None = None) -> dict[str, Any]:
+    """Interval-derived series (capacity, requests, instance counts) by plain loops.
+
+    Returns dict with ``end``, ``n_buckets``, ``machines`` (set of machine ids) and accumulators
+    keyed ``(machine, bucket)`` (``up``, ``capc``, ``capm``, ``unkc``, ``unkm``, ``inst``,
+    ``distinct`` -> set) or ``(machine, tier, bucket)`` (``reqc``, ``reqm``) in seconds-weighted
+    sums (value x seconds).
+    """
+    if end is None:
+        end = default_window_end(tables, start)
+    width = bucket_s * 1_000_000
+    n_buckets = -(-(end - start) // width)
+
+    def clip(t: int) -> int:
+        return min(max(t, start), end)
+
+    out: dict[str, Any] = {k: defaultdict(float) for k in ("up", "capc", "capm", "unkc", "unkm", "inst", "reqc", "reqm")}
+    out["distinct"] = defaultdict(set)
+    # ---- instances
+    by_inst: dict[tuple[int, int], list[tuple[int, int, dict]]] = defaultdict(list)
+    for idx, r in enumerate(_rows(tables.get("instance_events"))):
+        if r["alloc_collection_id"] not in (None, 0):
+            continue
+        by_inst[(r["collection_id"], r["instance_index"])].append((r["time"], idx, r))
+    pieces = []  # (instance key, machine, s, e, cpu, mem, prio)
+    for key, evs in by_inst.items():
+        evs.sort(key=lambda x: (x[0], x[1]))
+        running = False
+        cur: list[Any] = []
+        last = {"req_cpu": None, "req_mem": None, "priority": None}
+
+        for t_raw, _, r in evs:
+            for f in last:
+                if r[f] is not None:
+                    last[f] = r[f]
+            t = clip(t_raw)
+            typ = r["type"]
+            if typ == 3:
+                if running:
+                    pieces.append((key, cur[0], cur[1], t, *cur[2:]))
+                cur = [r["machine_id"], t, last["req_cpu"], last["req_mem"], last["priority"]]
+                running = True
+            elif typ == 10:
+                if running:
+                    pieces.append((key, cur[0], cur[1], t, *cur[2:]))
+                    cur = [cur[0], t, last["req_cpu"], last["req_mem"], last["priority"]]
+            elif typ in TERMINALS:
+                if running:
+                    pieces.append((key, cur[0], cur[1], t, *cur[2:]))
+                    running = False
+        if running:
+            pieces.append((key, cur[0], cur[1], end, *cur[2:]))
+    # ---- machines
+    me_rows = _rows(tables.get("machine_events"))
+    machines = {r["machine_id"] for r in me_rows}
+    with_events = set(machines)
+    for p in pieces:
+        if p[1] is not None and p[1] > 0:
+            machines.add(p[1])
+    by_m: dict[int, list[tuple[int, int, dict]]] = defaultdict(list)
+    for idx, r in enumerate(me_rows):
+        if r["type"] in (1, 2, 3):
+            by_m[r["machine_id"]].append((r["time"], idx, r))
+    nan = float("nan")
+    for m, evs in by_m.items():
+        evs.sort(key=lambda x: (x[0], x[1]))
+        up, capc, capm = False, nan, nan
+        for k, (t_raw, _, r) in enumerate(evs):
+            if r["type"] == 1:
+                up = True
+                capc, capm = _val(r["cap_cpu"]), _val(r["cap_mem"])
+            elif r["type"] == 2:
+                up = False
+            else:
+                capc, capm = _val(r["cap_cpu"]), _val(r["cap_mem"])
+            s = clip(t_raw)
+            e = clip(evs[k + 1][0]) if k + 1 < len(evs) else end
+            if up and e > s:
+                _integrate(out["up"], (m,), s, e, 1.0, start, width, n_buckets)
+                _integrate(out["capc"], (m,), s, e, 0.0 if math.isnan(capc) else capc, start, width, n_buckets)
+                _integrate(out["capm"], (m,), s, e, 0.0 if math.isnan(capm) else capm, start, width, n_buckets)
+                _integrate(out["unkc"], (m,), s, e, 1.0 if math.isnan(capc) else 0.0, start, width, n_buckets)
+                _integrate(out["unkm"], (m,), s, e, 1.0 if math.isnan(capm) else 0.0, start, width, n_buckets)
+    # ---- requests and counts
+    for key, m, s, e, cpu, mem, prio in pieces:
+        if m is None or m <= 0:
+            continue
+        tier = tier_of(prio, bounds, names)
+        _integrate(out["reqc"], (m, tier), s, e, cpu, start, width, n_buckets)
+        _integrate(out["reqm"], (m, tier), s, e, mem, start, width, n_buckets)
+        _integrate(out["inst"], (m,), s, e, 1.0, start, width, n_buckets)
+        for b in range(n_buckets):
+            bs = start + b * width
+            if min(e, bs + width) - max(s, bs) > 0:
+                out["distinct"][(m, b)].add(key)
+    out.update(end=end, n_buckets=n_buckets, machines=machines, with_events=with_events, pieces=pieces)
+    return out
+
+
+def _val(v: Any) -> float:
+    return float("nan") if v is None else float(v)
+
+
+def usage_sql(con: Any, *, bucket_s: int, names: tuple[str, ...], bounds: tuple[int, ...], start: int, end: int,
+              machines: set[int]) -> Any:
+    """DuckDB: per (machine, tier, bucket) time-weighted usage seconds, sums of window maxima and
+    window counts over views ``usage`` and ``events``; returns a pandas DataFrame."""
+    width = bucket_s * 1_000_000
+    n_buckets = -(-(end - start) // width)
+    case = "CASE WHEN p IS NULL OR p < 0 THEN 'unknown' " + " ".join(
+        f"WHEN p >= {b} THEN '{n}'" for b, n in reversed(list(zip(bounds, names, strict=True)))) + " END"
+    con.execute("CREATE OR REPLACE TEMP TABLE known_machines (m BIGINT)")
+    if machines:
+        con.executemany("INSERT INTO known_machines VALUES (?)", [[int(m)] for m in machines])
+    return con.execute(f"""
+        WITH u AS (
+            SELECT * FROM usage
+            WHERE coalesce(alloc_collection_id, 0) = 0 AND end_time <> {SENTINEL}
+              AND machine_id IN (SELECT m FROM known_machines)),
+        lk AS (
+            SELECT collection_id AS c, instance_index AS i, machine_id AS m, max(priority) AS p
+            FROM events WHERE coalesce(alloc_collection_id, 0) = 0 AND machine_id IS NOT NULL
+            GROUP BY ALL),
+        j AS (SELECT u.*, {case} AS tier FROM u LEFT JOIN lk
+              ON u.collection_id = lk.c AND u.instance_index = lk.i AND u.machine_id = lk.m),
+        b AS (SELECT generate_series AS b FROM generate_series(0, {n_buckets - 1})),
+        x AS (
+            SELECT j.*, b.b,
+                   least(end_time, {end}::BIGINT, {start}::BIGINT + (b.b + 1) * {width}::BIGINT)
+                   - greatest(start_time, {start}::BIGINT, {start}::BIGINT + b.b * {width}::BIGINT) AS ov
+            FROM j JOIN b
+              ON {start}::BIGINT + b.b * {width}::BIGINT < least(end_time, {end}::BIGINT)
+             AND {start}::BIGINT + (b.b + 1) * {width}::BIGINT > greatest(start_time, {start}::BIGINT))
+        SELECT machine_id, tier, b AS bucket,
+               coalesce(sum(avg_cpu::DOUBLE * ov / 1e6), 0) AS use_cpu_s,
+               coalesce(sum(avg_mem::DOUBLE * ov / 1e6), 0) AS use_mem_s,
+               coalesce(sum(max_cpu::DOUBLE), 0) AS max_cpu, coalesce(sum(max_mem::DOUBLE), 0) AS max_mem,
+               count(*) AS windows
+        FROM x WHERE ov > 0 GROUP BY ALL ORDER BY ALL""").df()
