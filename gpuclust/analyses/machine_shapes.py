@@ -89,7 +89,9 @@ class MachineShapes(Analysis):
         df = result["shapes"]
         lines = [f"{self.name}: {len(df)} capacity shapes, {int(df['machines'].sum())} machine-shape pairs"]
         for r in df.head(10).itertuples(index=False):
-            lines.append(f"  cpu={r.cap_cpu:<10.6g} mem={r.cap_mem:<10.6g} machines={r.machines}")
+            cpu = "unknown" if r.cap_cpu != r.cap_cpu else f"{r.cap_cpu:.6g}"
+            mem = "unknown" if r.cap_mem != r.cap_mem else f"{r.cap_mem:.6g}"
+            lines.append(f"  cpu={cpu:<10} mem={mem:<10} machines={r.machines}")
         if len(df) > 10:
             lines.append(f"  ... {len(df) - 10} more")
         return "\n".join(lines)
