@@ -101,6 +101,8 @@ def environment() -> dict[str, Any]:
         "cores": os.cpu_count(),
         "affinity_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        # Other work on the machine while measuring (1-minute load average when results were written).
+        "load_avg_1m": round(os.getloadavg()[0], 2),
         "gpu": gpu,
         "python": sys.version.split()[0],
         "numpy": numpy.__version__,
