@@ -26,11 +26,12 @@ import json
 import math
 import queue
 import re
+import sys
 import threading
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -646,19 +647,23 @@ def coerce_record(rec: dict[str, Any], fields: dict[str, str]) -> dict[str, Any]
 class _Piece:
     """``buf[start:end]``: whole lines of decompressed text (no copy of the shared buffer)."""
 
-    buf: bytes
+    buf: bytes | bytearray
     start: int
     end: int
     first_line: int  # 1-based number of the first line
     newlines: int
     bytes_done: int  # input (compressed) bytes consumed so far
+    #: Offsets (from ``start``) of the piece's newlines, when :func:`_pieces` found them.
+    nl_pos: np.ndarray | None = None
 
     @property
     def view(self) -> memoryview:
         return memoryview(self.buf)[self.start : self.end]
 
     def tobytes(self) -> bytes:
-        return self.buf if (self.start == 0 and self.end == len(self.buf)) else self.buf[self.start : self.end]
+        if isinstance(self.buf, bytes) and self.start == 0 and self.end == len(self.buf):
+            return self.buf
+        return bytes(self.view)
 
     def __len__(self) -> int:
         return self.end - self.start
@@ -668,6 +673,9 @@ _READ_BLOCK = 256 << 10
 _MAX_OUT = 4 << 20
 #: A line longer than this (or 4 chunks) stops the file: it is not newline-delimited JSON.
 _MAX_LINE = 256 << 20
+
+
+_T = TypeVar("_T")
 
 
 class _Damage(Exception):
@@ -703,8 +711,45 @@ def _blocks(f: Any, gz: bool) -> Iterator[bytes]:
             raise _Damage(f"corrupt gzip data ({e})") from None
 
 
+class _BufferPool:
+    """Reusable text buffers of one size for :func:`_pieces`.
+
+    A fresh ~64 MiB buffer per piece costs a page fault per 4 KiB page (as much CPU as the copy
+    into it); reusing a few buffers avoids that.  A buffer is handed out again only when nothing
+    but the pool refers to it -- no piece, memoryview or Arrow buffer -- so a piece's text is never
+    overwritten while someone may still read it; when none is free a new one is made.
+    """
+
+    def __init__(self, size: int, keep: int = 4):
+        self.size = size
+        self._keep = keep
+        self._bufs: list[bytearray] = [bytearray(1)]
+        self._free_refs = self._refs(0)  # the count of a buffer held by the pool alone
+        self._bufs.clear()
+
+    def _refs(self, i: int) -> int:
+        return sys.getrefcount(self._bufs[i])
+
+    def get(self) -> bytearray:
+        for i in range(len(self._bufs)):
+            if self._refs(i) <= self._free_refs:
+                return self._bufs[i]
+        buf = bytearray(self.size)
+        if len(self._bufs) < self._keep:
+            self._bufs.append(buf)
+        return buf
+
+
+#: Room for one more decompressed block or read beyond a full chunk.
+_SLACK = max(_MAX_OUT, _READ_BLOCK)
+
+
 def _pieces(src: SourceFile, chunk_bytes: int) -> Iterator[_Piece]:
     """Line-aligned pieces of ~chunk_bytes of the decompressed text.
+
+    The text goes straight into reused buffers (:class:`_BufferPool`): a plain file is read into
+    them with ``readinto``, decompressed blocks are copied in; only the partial line left after
+    the last cut is copied again, into the next buffer.
 
     On damage: every complete line read so far, then :class:`SourceError` naming the file and
     the line where reading stopped.
@@ -715,60 +760,87 @@ def _pieces(src: SourceFile, chunk_bytes: int) -> Iterator[_Piece]:
     except OSError as e:
         raise SourceError(path, f"cannot open: {e.strerror or e}") from None
     with f:
-        pending: list[bytes] = []
-        pending_len = 0
+        gz = src.compression == "gzip"
+        pool = _BufferPool(chunk_bytes + _SLACK)
+        buf = pool.get()
+        start = n = 0  # buf[start:n]: text read but not yet cut into pieces
         line = 1
         error: str | None = None
         first = True
         max_line = max(4 * chunk_bytes, _MAX_LINE)
-        it = _blocks(f, src.compression == "gzip")
+        it = _blocks(f, True) if gz else None
+
+        def room(size: int) -> None:
+            """Make ``buf[n:n + size]`` writable, keeping ``buf[start:n]`` (moved to a new buffer)."""
+            nonlocal buf, start, n
+            if n + size <= len(buf):
+                return
+            rest = n - start
+            new = pool.get() if rest + size <= pool.size else bytearray(max(rest + size, 2 * rest))
+            if rest:
+                new[:rest] = memoryview(buf)[start:n]
+            buf, start, n = new, 0, rest
+
         while True:
-            try:
-                data = next(it, None)
-            except _Damage as e:
-                error = str(e)
-                data = None
-            final = data is None
-            if data:
-                pending.append(data)
-                pending_len += len(data)
-            if pending_len < chunk_bytes and not final:
+            final = False
+            if it is not None:
+                try:
+                    data = next(it, None)
+                except _Damage as e:
+                    error = str(e)
+                    data = None
+                if data:
+                    room(len(data))
+                    buf[n : n + len(data)] = data
+                    n += len(data)
+                else:
+                    final = True
+            else:
+                want = max(chunk_bytes - (n - start), _READ_BLOCK)
+                room(want)
+                try:
+                    got = f.readinto(memoryview(buf)[n : n + want])
+                except OSError as e:
+                    error = f"read error: {e.strerror or e}"
+                    got = 0
+                if got:
+                    n += got
+                else:
+                    final = True
+            if n - start < chunk_bytes and not final:
                 continue
-            buf = pending[0] if len(pending) == 1 else b"".join(pending)
-            start = 0
-            if first and buf.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte-order mark
-                start = 3
+            if first and buf.startswith(b"\xef\xbb\xbf", start, n):  # a UTF-8 byte-order mark
+                start += 3
             first = False
-            n = len(buf)
             while n - start >= chunk_bytes or (final and start < n):
-                cut = buf.rfind(b"\n", start, start + chunk_bytes) + 1
+                cut = buf.rfind(b"\n", start, min(start + chunk_bytes, n)) + 1
                 if cut <= start:  # a line longer than chunk_bytes
-                    cut = buf.find(b"\n", start + chunk_bytes) + 1
+                    cut = buf.find(b"\n", start + chunk_bytes, n) + 1
                 if cut <= start:
                     if n - start > max_line and error is None:
                         error = f"line {line} is longer than {max_line >> 20} MiB (is this newline-delimited JSON?)"
                         final = True
-                        pending_len = 0
                         start = n
                         break
                     if not final or error is not None:
                         break  # no line end yet (or never: a damaged file's partial last line)
                     cut = n  # the last line lacks a newline
-                nl = buf.count(b"\n", start, cut)
-                yield _Piece(buf, start, cut, line, nl, f.tell())
+                # One pass finds the newlines: their count, and later the blank-line check.
+                nl_pos = np.flatnonzero(np.frombuffer(buf, np.uint8, cut - start, start) == 10)
+                nl = len(nl_pos)
+                yield _Piece(buf, start, cut, line, nl, f.tell(), nl_pos)
                 line += nl
                 start = cut
-            rest = buf[start:] if start else buf
-            pending, pending_len = ([rest], len(rest)) if rest else ([], 0)
             if final:
                 break
         if error is not None:
-            partial = " (its partial last line was dropped)" if pending_len else ""
+            partial = " (its partial last line was dropped)" if n > start else ""
             raise SourceError(path, error + partial, line=line)
 
 
-def _threaded(it: Iterator[_Piece], depth: int = 1) -> Iterator[_Piece]:
-    """Run the decompression iterator in a background thread (zlib releases the GIL)."""
+def _threaded(it: Iterator[_T], depth: int = 1) -> Iterator[_T]:
+    """Run an iterator (decompression, cutting and Arrow parsing, which mostly release the GIL)
+    in a background thread; at most ``depth`` finished items wait in between."""
     q: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=depth)
     stop = threading.Event()
 
@@ -846,6 +918,13 @@ def _has_blank_line(piece: _Piece) -> bool:
     last = max(last, start)
     if not buf[last:end].strip():  # last line
         return True
+    if piece.nl_pos is not None:
+        # A blank line inside starts right after a newline with a newline, blank or CR; most
+        # pieces have none of those, which spares the regular-expression scan.
+        after = piece.nl_pos[piece.nl_pos < end - start - 1] + 1
+        nxt = np.frombuffer(buf, np.uint8, end - start, start)[after]
+        if not ((nxt == 10) | (nxt == 32) | (nxt == 9) | (nxt == 13)).any():
+            return False
     return _BLANK_INSIDE.search(buf, start, end) is not None
 
 
@@ -959,19 +1038,35 @@ def _isolate(
     return pa.concat_tables(tables), np.concatenate(idx), rejects, total
 
 
-def parse_piece(src: SourceFile, piece: _Piece, opts: ReadOptions) -> Chunk:
-    """Parse one line-aligned piece of v3 JSON into a :class:`Chunk`."""
-    fields = SOURCE_FIELDS[src.source_table]
-    schema = raw_schema(src.source_table)
-    file = str(src.path)
-    rejects: list[Reject] = []
+@dataclass
+class _Parsed:
+    """A piece after the Arrow (or per-line) parse, before :func:`to_canonical`."""
+
+    piece: _Piece
+    raw: pa.Table
     line_idx: np.ndarray | None  # 0-based line index (within the piece) of each raw row; None = row i is line i
+    rejects: list[Reject]
+    rows_read: int
+
+
+def _parse_raw(src: SourceFile, piece: _Piece, opts: ReadOptions) -> _Parsed:
+    """The parse half of :func:`parse_piece` (runs ahead in the reader's thread when threads > 1)."""
+    rejects: list[Reject] = []
+    schema = raw_schema(src.source_table)
     try:
         raw, line_idx, rows_read = _arrow_checked(piece, schema, opts)
     except (pa.ArrowInvalid, _Mismatch):
-        raw, line_idx, rejects, rows_read = _isolate(piece, fields, schema, file, opts)
+        raw, line_idx, rejects, rows_read = _isolate(
+            piece, SOURCE_FIELDS[src.source_table], schema, str(src.path), opts
+        )
+    return _Parsed(piece, raw, line_idx, rejects, rows_read)
 
-    tables, bad, why = to_canonical_batches(src.source_table, raw)
+
+def _finish_piece(src: SourceFile, parsed: _Parsed) -> Chunk:
+    """The canonical half of :func:`parse_piece`."""
+    piece, line_idx, rejects = parsed.piece, parsed.line_idx, parsed.rejects
+    file = str(src.path)
+    tables, bad, why = to_canonical_batches(src.source_table, parsed.raw)
     if bad.any():
         lines_obj = _Lines(piece)
         for i in np.flatnonzero(bad):
@@ -986,11 +1081,21 @@ def parse_piece(src: SourceFile, piece: _Piece, opts: ReadOptions) -> Chunk:
                 )
             )
         rejects.sort(key=lambda r: r.line or 0)
-    return Chunk(tables=tables, rejects=rejects, rows_read=rows_read, bytes_done=piece.bytes_done)
+    return Chunk(tables=tables, rejects=rejects, rows_read=parsed.rows_read, bytes_done=piece.bytes_done)
+
+
+def parse_piece(src: SourceFile, piece: _Piece, opts: ReadOptions) -> Chunk:
+    """Parse one line-aligned piece of v3 JSON into a :class:`Chunk`."""
+    return _finish_piece(src, _parse_raw(src, piece, opts))
 
 
 def read(src: SourceFile, opts: ReadOptions) -> Iterator[Chunk]:
     """Read one v3 JSON file (gzipped or not) as a stream of :class:`Chunk`.
+
+    With ``opts.threads > 1`` one background thread decompresses, cuts and Arrow-parses piece
+    N+1 (Arrow's own threads on) while this thread flattens piece N (:func:`to_canonical`,
+    mostly single-threaded); the hand-over queue holds one piece, so at most three pieces are
+    in memory, as before.  Pieces, rejects and errors come out in file order either way.
 
     Raises
     ------
@@ -1002,6 +1107,8 @@ def read(src: SourceFile, opts: ReadOptions) -> Iterator[Chunk]:
         raise SourceError(src.path, f"v3 JSON has no table {src.source_table!r}")
     pieces = _pieces(src, opts.chunk_bytes)
     if opts.threads > 1:
-        pieces = _threaded(pieces)
+        for parsed in _threaded(_parse_raw(src, p, opts) for p in pieces):
+            yield _finish_piece(src, parsed)
+        return
     for piece in pieces:
         yield parse_piece(src, piece, opts)
