@@ -138,11 +138,39 @@ class MachineCells(Analysis):
         cell = xp.where(start >= 0, start // CELL_US, -1)
         cell_ok = (cell >= 0) & (cell < (1 << CELL_BITS))
         use = top & known & cell_ok
-        key = (pos[use].astype(xp.int64) << CELL_BITS) | cell[use]
+        pu = pos[use].astype(xp.int64)
+        cu = cell[use]
         csu = cs[use]
         bad = ~xp.isfinite(csu)
-        part = keyed_reduce(backend, key, {"cpu_seconds": xp.where(bad, 0.0, csu)},
-                            {"k": None, "bad": bad.astype(xp.int64)})
+        sums = {"cpu_seconds": xp.where(bad, 0.0, csu)}
+        if int(pu.shape[0]):
+            # Dense (machine index, cell) code: same order as the packed key, but a compact range,
+            # so keyed_reduce takes its O(n) bincount path instead of sorting the packed keys
+            # (identical sums: same rows per group, same row order).
+            c0 = int(cu.min())
+            cspan = int(cu.max()) - c0 + 1
+            p0 = int(pu.min())
+            span = (int(pu.max()) - p0 + 1) * cspan
+            code = pu - p0
+            code *= cspan
+            code += cu
+            code -= c0
+            nu = int(code.shape[0])
+            if span <= max(4 * nu, 1 << 16):
+                # keyed_reduce's dense path, without its re-offset copies of the codes
+                cnt = xp.bincount(code, minlength=span)
+                present = xp.nonzero(cnt)[0]
+                part = {"key": present.astype(xp.int64),
+                        "cpu_seconds": backend.ops.grouped_sum(code, xp.ascontiguousarray(sums["cpu_seconds"]),
+                                                               n_groups=span)[present],
+                        "k": cnt[present].astype(xp.int64),
+                        "bad": xp.bincount(code[bad], minlength=span)[present].astype(xp.int64)}
+            else:
+                part = keyed_reduce(backend, code, sums, {"k": None, "bad": bad.astype(xp.int64)})
+            kc = part["key"]
+            part["key"] = (((kc // cspan) + p0) << CELL_BITS) | ((kc % cspan) + c0)
+        else:
+            part = keyed_reduce(backend, (pu << CELL_BITS) | cu, sums, {"k": None, "bad": bad.astype(xp.int64)})
         part.update(hists)
         # stats: top-level rows with a bad cell index, top-level rows seen
         part["stats"] = xp.asarray(np.array([int((top & known & ~cell_ok).sum()), int(top.sum())], np.int64))

@@ -30,7 +30,7 @@ import pandas as pd
 import pyarrow.compute as pc
 
 from gpuclust.analyses._machine_cells import CELL_BITS, CELL_US, MachineCells, cpu_seconds, grid_cuts, hist_edges
-from gpuclust.analyses.base import Analysis, keyed_reduce, merge_keyed, resolve_tier_map
+from gpuclust.analyses.base import Analysis, merge_keyed, resolve_tier_map
 from gpuclust.analyses.cell_usage import triple_hash
 from gpuclust.backends.moments_cpu import Moments, regroup_moments
 from gpuclust.schema import TierMap, tier_map
@@ -85,6 +85,13 @@ class CpiContext:
     mc_key: np.ndarray
     mc_k: np.ndarray
     mc_u: np.ndarray
+    #: dense (capacity machine index, cell - mc_cell0) -> row of the mc_* table (-1: none), flat
+    #: with ``mc_cspan`` cells per machine; empty when too large (then mc_key is searched)
+    mc_dense: np.ndarray
+    mc_cell0: int
+    mc_cspan: int
+    #: per pm_ids entry: its index in cap_ids (-1: no known capacity)
+    pm_cap: np.ndarray
     #: Spearman grid cuts
     cpi_cuts: np.ndarray
     mai_cuts: np.ndarray
@@ -175,6 +182,39 @@ def _tier_lookup(source: Any, tm: TierMap) -> dict[str, np.ndarray]:
             "lk_tier": codes[order]}
 
 
+#: Largest dense (machine, cell) lookup table built by the context (entries; int32 or int64).
+_DENSE_CELLS_MAX = 1 << 26
+
+
+def _dense_cells(midx: np.ndarray, cell: np.ndarray, n_machines: int) -> dict[str, Any]:
+    """Dense ``(machine index, cell)`` -> row lookup of the sorted machine-cell table (an O(1)
+    gather per window instead of a binary search of the packed keys); empty when too large."""
+    none = {"mc_dense": np.zeros(0, np.int32), "mc_cell0": 0, "mc_cspan": 0}
+    if midx.shape[0] == 0 or n_machines == 0:
+        return none
+    c0 = int(cell.min())
+    cspan = int(cell.max()) - c0 + 1
+    size = n_machines * cspan
+    if size > max(_DENSE_CELLS_MAX, 8 * midx.shape[0]) or size > 1 << 31:
+        return none
+    dt = np.int32 if midx.shape[0] < (1 << 31) else np.int64
+    table = np.full(size, -1, dtype=dt)
+    table[midx * cspan + (cell - c0)] = np.arange(midx.shape[0], dtype=dt)
+    return {"mc_dense": table, "mc_cell0": c0, "mc_cspan": cspan}
+
+
+def _dense_groups(xp: Any, code: Any, span: int, keys: Any) -> tuple[Any, Any, int]:
+    """Sorted unique group keys and the inverse for integer codes in ``[0, span)`` whose keys
+    ``keys[code]`` increase with the code: what ``xp.unique(keys[code], return_inverse=True)``
+    returns, by a bincount instead of a sort."""
+    cnt = xp.bincount(code, minlength=span)
+    present = cnt > 0
+    rank = xp.cumsum(present) - 1
+    inv = xp.ascontiguousarray(rank[code].astype(xp.int64))
+    uniq = keys[xp.nonzero(present)[0]].astype(xp.int64)
+    return uniq, inv, int(uniq.shape[0])
+
+
 # ------------------------------------------------------------------------------ keyed moments
 
 def _moments_fields(prefix: str, d: int) -> dict[str, np.ndarray]:
@@ -208,11 +248,15 @@ def _merge_keyed_moments(a: dict[str, np.ndarray], b: dict[str, np.ndarray], pre
     return out
 
 
-def _keyed_comoments(backend: Any, key: Any, x: Any, w: Any, prefix: str) -> tuple[dict[str, Any], Any, int]:
+def _keyed_comoments(backend: Any, key: Any, x: Any, w: Any, prefix: str,
+                     groups: tuple[Any, Any, int] | None = None) -> tuple[dict[str, Any], Any, int]:
     xp = backend.xp
-    uniq, inv = xp.unique(key, return_inverse=True)
-    inv = xp.ascontiguousarray(inv.reshape(-1).astype(xp.int64))
-    G = int(uniq.shape[0])
+    if groups is None:
+        uniq, inv = xp.unique(key, return_inverse=True)
+        inv = xp.ascontiguousarray(inv.reshape(-1).astype(xp.int64))
+        G = int(uniq.shape[0])
+    else:
+        uniq, inv, G = groups
     m = backend.ops.grouped_comoments(xp.ascontiguousarray(x), xp.ascontiguousarray(w), inv, G)
     return ({prefix + "key": uniq.astype(xp.int64), prefix + "n": m.n, prefix + "W": m.W,
              prefix + "mean": m.mean, prefix + "C": m.C}, inv, G)
@@ -324,12 +368,18 @@ class Cpi(Analysis):
         if self.by == "tier":
             tm = self.resolve_tier_map(source)
             lk = _tier_lookup(source, tm)
+        dense = _dense_cells(midx, cell, int(cap_ids.shape[0]))
+        cpos = np.searchsorted(cap_ids, plat["pm_ids"]) if cap_ids.shape[0] else np.zeros(0, np.int64)
+        cposc = np.clip(cpos, 0, max(cap_ids.shape[0] - 1, 0))
+        pm_cap = (np.where(cap_ids[cposc] == plat["pm_ids"], cpos, -1) if cap_ids.shape[0]
+                  else np.full(plat["pm_ids"].shape[0], -1)).astype(np.int64)
         info = {"machines": int(plat["pm_ids"].shape[0]), "machines_with_capacity": int(cap_ids.shape[0]),
                 "machine_cells": int(key.shape[0]),
                 "machine_cells_unknown_util": int(np.isnan(u).sum()),
                 "bad_cell_rows": int(mc["info"]["bad_cell_rows"].iloc[0])}
         return CpiContext(filter=flt, tier_map=tm, **plat, cap_ids=cap_ids, mc_key=key,
-                          mc_k=cells["k"].to_numpy(np.int64), mc_u=u, cpi_cuts=cpi_cuts, mai_cuts=mai_cuts,
+                          mc_k=cells["k"].to_numpy(np.int64), mc_u=u, **dense, pm_cap=pm_cap,
+                          cpi_cuts=cpi_cuts, mai_cuts=mai_cuts,
                           **lk, trace_window_us=window, info=info)
 
     # ---------------------------------------------------------------- partial / merge
@@ -343,7 +393,18 @@ class Cpi(Analysis):
         out["counts"] = np.zeros(len(COUNTERS), np.int64)
         return out
 
-    def _platform(self, backend: Any, ctx: CpiContext, mid: Any, start: Any) -> Any:
+    @staticmethod
+    def _machine_index(backend: Any, ctx: CpiContext, mid: Any) -> tuple[Any, Any] | None:
+        """Per row: index into ``ctx.pm_ids`` (clipped) and whether the machine is there."""
+        if ctx.pm_ids.shape[0] == 0 or int(mid.shape[0]) == 0:
+            return None
+        xp = backend.xp
+        pm = backend.stage(ctx.pm_ids)
+        m2 = xp.clip(xp.searchsorted(pm, mid), 0, pm.shape[0] - 1)
+        return m2, pm[m2] == mid
+
+    def _platform(self, backend: Any, ctx: CpiContext, mid: Any, start: Any,
+                  mi: tuple[Any, Any] | None = None) -> Any:
         """Platform code per row as of the window's start (machine's first known platform before
         its first platform event; ``unknown_platform`` for machines absent from machine_events)."""
         xp = backend.xp
@@ -351,11 +412,11 @@ class Cpi(Analysis):
         unknown = xp.full(n, ctx.unknown_platform, dtype=xp.int32)
         if ctx.pm_ids.shape[0] == 0 or n == 0:
             return unknown
-        pm = backend.stage(ctx.pm_ids)
-        m2 = xp.clip(xp.searchsorted(pm, mid), 0, pm.shape[0] - 1)
-        known = pm[m2] == mid
+        m2, known = self._machine_index(backend, ctx, mid) if mi is None else mi
         first = backend.stage(ctx.pm_first)[m2]
-        if ctx.pe_key.shape[0] == 0:
+        if ctx.pe_key.shape[0] == 0 or bool((ctx.pe_code == ctx.pm_first[ctx.pe_machine]).all()):
+            # no platform changes (every event repeats its machine's first platform): the as-of
+            # lookup below would return ``first`` for every row
             return xp.where(known, first, unknown)
         T = int(ctx.pe_times.shape[0])
         rk = m2.astype(xp.int64) * (T + 1) + xp.searchsorted(backend.stage(ctx.pe_times), start, side="right")
@@ -364,6 +425,26 @@ class Cpi(Analysis):
         same = (pos >= 0) & (backend.stage(ctx.pe_machine)[posc] == m2)
         code = xp.where(same, backend.stage(ctx.pe_code)[posc], first)
         return xp.where(known, code, unknown).astype(xp.int32)
+
+    @staticmethod
+    def _machine_groups(backend: Any, ctx: CpiContext, gkey: Any, mi: tuple[Any, Any]) -> tuple[Any, Any, int]:
+        """``xp.unique(gkey, return_inverse=True)`` for machine-id keys, from the rows' pm_ids
+        index (dense codes, a bincount) and a unique of the rows whose machine is not in pm_ids."""
+        xp = backend.xp
+        m2, known = mi
+        P = int(ctx.pm_ids.shape[0])
+        pm = backend.stage(ctx.pm_ids)
+        if bool(known.all()):
+            return _dense_groups(xp, m2.astype(xp.int64), P, pm)
+        other = ~known
+        ou, oinv = xp.unique(gkey[other], return_inverse=True)
+        code = m2.astype(xp.int64)
+        code[other] = P + oinv.reshape(-1).astype(xp.int64)
+        allk = xp.concatenate([pm.astype(xp.int64), ou.astype(xp.int64)])
+        order = xp.argsort(allk)
+        rank = xp.empty_like(order)
+        rank[order] = xp.arange(order.shape[0], dtype=order.dtype)
+        return _dense_groups(xp, rank[code].astype(xp.int64), int(allk.shape[0]), allk[order])
 
     def _tier(self, backend: Any, ctx: CpiContext, c: Any, i: Any, m: Any) -> Any:
         xp = backend.xp
@@ -394,19 +475,27 @@ class Cpi(Analysis):
             return out
         y, z, w = cpi[idx], mai[idx], cs[idx]
         mid, st = cols["machine_id"][idx], start[idx]
-        plat = self._platform(backend, ctx, mid, st)
+        mi = self._machine_index(backend, ctx, mid)
+        plat = self._platform(backend, ctx, mid, st, mi)
+        groups = None
         # ---- per-group CPI/MAI moments (keyed)
         if self.by == "machine":
             gkey = mid.astype(xp.int64)
+            if mi is not None:
+                groups = self._machine_groups(backend, ctx, gkey, mi)
         elif self.by == "collection":
             gkey = cols["collection_id"][idx].astype(xp.int64)
         elif self.by == "platform":
             gkey = plat.astype(xp.int64)
+            groups = _dense_groups(xp, gkey, ctx.unknown_platform + 1, xp.arange(ctx.unknown_platform + 1))
         elif self.by == "tier":
             gkey = self._tier(backend, ctx, cols["collection_id"][idx], cols["instance_index"][idx], mid).astype(xp.int64)
+            nt = len(ctx.tier_names)
+            groups = _dense_groups(xp, gkey, nt, xp.arange(nt))
         else:
             gkey = xp.zeros(int(idx.shape[0]), dtype=xp.int64)
-        g, inv, G = _keyed_comoments(backend, gkey, xp.stack([y, z], axis=1), w, "g_")
+            groups = _dense_groups(xp, gkey, 1, xp.arange(1))
+        g, inv, G = _keyed_comoments(backend, gkey, xp.stack([y, z], axis=1), w, "g_", groups)
         out.update(g)
         if self.spearman == "grid":
             out["g_grid"] = spearman_grid_partial(backend, y, z, inv, G, backend.stage(ctx.cpi_cuts),
@@ -426,11 +515,22 @@ class Cpi(Analysis):
         u = xp.full(n_kept, xp.nan)
         has_cap = xp.zeros(n_kept, dtype=bool)
         found = xp.zeros(n_kept, dtype=bool)
-        if ctx.cap_ids.shape[0]:
-            cap = backend.stage(ctx.cap_ids)
-            mpos = xp.clip(xp.searchsorted(cap, mid), 0, cap.shape[0] - 1)
-            has_cap = cap[mpos] == mid
-            if ctx.mc_key.shape[0]:
+        if ctx.cap_ids.shape[0] and mi is not None:
+            # cap_ids is a subset of pm_ids: reuse the row's pm_ids index
+            cp = backend.stage(ctx.pm_cap)[mi[0]]
+            has_cap = mi[1] & (cp >= 0)
+            mpos = xp.maximum(cp, 0)
+            if ctx.mc_dense.shape[0]:
+                cell = xp.where(st >= 0, st // CELL_US, -1)
+                rel = cell - ctx.mc_cell0
+                inside = has_cap & (st >= 0) & (rel >= 0) & (rel < ctx.mc_cspan)
+                flat = xp.where(inside, mpos * ctx.mc_cspan + rel, 0)
+                pos = xp.where(inside, backend.stage(ctx.mc_dense)[flat], -1).astype(xp.int64)
+                found = pos >= 0
+                pos = xp.maximum(pos, 0)
+                k = xp.where(found, backend.stage(ctx.mc_k)[pos], 0)
+                u = xp.where(found, backend.stage(ctx.mc_u)[pos], xp.nan)
+            elif ctx.mc_key.shape[0]:
                 cell = xp.where(st >= 0, st // CELL_US, 0)
                 key = (mpos.astype(xp.int64) << CELL_BITS) | xp.clip(cell, 0, (1 << CELL_BITS) - 1)
                 mk = backend.stage(ctx.mc_key)
@@ -450,15 +550,33 @@ class Cpi(Analysis):
             return out
         yr, ur, kr, wr, pr = y[ri], u[ri], k[ri], w[ri], plat[ri].astype(xp.int64)
         x = xp.stack([yr, ur, (kr - 1).astype(xp.float64)], axis=1)
-        r, _, _ = _keyed_comoments(backend, pr, x, wr, "r_")
+        r, _, _ = _keyed_comoments(backend, pr, x, wr, "r_",
+                                   _dense_groups(xp, pr, ctx.unknown_platform + 1, xp.arange(ctx.unknown_platform + 1)))
         out.update(r)
         # ---- binned CPI vs util and vs k (for the plot and the `binned` table)
         ub = xp.clip(xp.floor(ur / UTIL_BIN), 0, UTIL_BINS - 1).astype(xp.int64)
         kb = xp.clip(kr, 0, K_BINS - 1).astype(xp.int64)
-        bkey = xp.concatenate([((pr * 2) << _BIN_BITS) | ub, ((pr * 2 + 1) << _BIN_BITS) | kb])
-        ww = xp.concatenate([wr, wr])
-        part = keyed_reduce(backend, bkey, {"cpu_seconds": ww, "wcpi": ww * xp.concatenate([yr, yr])}, {"n": None})
-        out.update({"b_" + k_: v for k_, v in part.items()})
+        # Dense per-platform bin codes (util and k separately, no concatenated copies); the result
+        # is what keyed_reduce over the packed keys gives: same rows per bin in the same order.
+        n_p = ctx.unknown_platform + 1
+        wy = xp.ascontiguousarray(wr * yr)
+        wr = xp.ascontiguousarray(wr)
+        dense: dict[str, list[Any]] = {"n": [], "cpu_seconds": [], "wcpi": []}
+        for code, nb in ((pr * UTIL_BINS + ub, UTIL_BINS), (pr * K_BINS + kb, K_BINS)):
+            code = xp.ascontiguousarray(code.astype(xp.int64))
+            span = n_p * nb
+            dense["n"].append(xp.bincount(code, minlength=span).reshape(n_p, nb))
+            dense["cpu_seconds"].append(backend.ops.grouped_sum(code, wr, n_groups=span).reshape(n_p, nb))
+            dense["wcpi"].append(backend.ops.grouped_sum(code, wy, n_groups=span).reshape(n_p, nb))
+        pp = xp.arange(n_p, dtype=xp.int64)[:, None]
+        bkeys = xp.concatenate([((pp * 2) << _BIN_BITS) | xp.arange(UTIL_BINS, dtype=xp.int64)[None, :],
+                                ((pp * 2 + 1) << _BIN_BITS) | xp.arange(K_BINS, dtype=xp.int64)[None, :]], axis=1)
+        flat = {k_: xp.concatenate(v, axis=1).reshape(-1) for k_, v in dense.items()}
+        present = xp.nonzero(flat["n"])[0]
+        out["b_key"] = bkeys.reshape(-1)[present].astype(xp.int64)
+        out["b_cpu_seconds"] = flat["cpu_seconds"][present].astype(xp.float64)
+        out["b_wcpi"] = flat["wcpi"][present].astype(xp.float64)
+        out["b_n"] = flat["n"][present].astype(xp.int64)
         return out
 
     def merge(self, a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
