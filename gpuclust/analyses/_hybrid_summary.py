@@ -58,11 +58,11 @@ def empty(k: int | None, xp: ModuleType = np) -> dict[str, Any]:
             "bounded": ms.empty("bounded", ms.DEFAULT_K if k is None else int(k), xp=xp)}
 
 
-def leaf(q: Any, w: Any, keys: Any, k: int | None) -> dict[str, Any]:
+def leaf(q: Any, w: Any, keys: Any, k: int | None, *, repaired: bool = False) -> dict[str, Any]:
     """The partial of one partition (inputs as :func:`mixture_summary.exact_partial`)."""
     xp = _xp_of(q)
     h = empty(k, xp)
-    h["exact"] = ms.exact_partial(q, w, keys)
+    h["exact"] = ms.exact_partial(q, w, keys, repaired=repaired)
     return _spill(h)
 
 
@@ -91,7 +91,8 @@ def _spill(h: dict[str, Any]) -> dict[str, Any]:
         return h
     em = _take_exact(xp, e, move)
     # a leaf of the moved groups (their stats -- zero-weight windows included -- kept from ``em``)
-    tab = ms.bounded_partial(em["q"], em["w"], em["row_key"], k=int(k))
+    # the exact part holds repaired, usable rows only: no second repair
+    tab = ms.bounded_partial(em["q"], em["w"], em["row_key"], k=int(k), repaired=True)
     Gm = int(em["key"].shape[0])
     knots = xp.full((Gm, int(k) + 1), xp.nan)
     err = xp.zeros(Gm)

@@ -104,13 +104,31 @@ def window_weights(duration_s: Any, sample_rate: Any) -> Any:
     return xp.where(xp.isfinite(w) & (w > 0), w, 0.0)
 
 
-def _group_stats(xp: ModuleType, ops: ModuleType, q: Any, w: Any, keys: Any) -> tuple[dict[str, Any], Any, Any, Any]:
-    """Repair, per-key counts/weights/mean sums; returns (stats, inverse codes, repaired q, usable mask)."""
+def _unique_inverse(xp: ModuleType, keys: Any) -> tuple[Any, Any]:
+    """``unique(keys, return_inverse=True)``, without a sort when ``keys`` is already sorted."""
+    keys = keys.astype(xp.int64)
+    n = int(keys.shape[0])
+    if n and bool((keys[1:] >= keys[:-1]).all()):
+        first = xp.ones(n, dtype=bool)
+        first[1:] = keys[1:] != keys[:-1]
+        return keys[first], xp.cumsum(first.astype(xp.int64)) - 1
+    uniq, inv = xp.unique(keys, return_inverse=True)
+    return uniq, inv.reshape(-1).astype(xp.int64)
+
+
+def _group_stats(xp: ModuleType, ops: ModuleType, q: Any, w: Any, keys: Any,
+                 repaired_input: bool = False) -> tuple[dict[str, Any], Any, Any, Any]:
+    """Repair, per-key counts/weights/mean sums; returns (stats, inverse codes, repaired q, usable mask).
+    With ``repaired_input`` the rows of ``q`` are already repaired, finite float64 (no NULL, none
+    left to repair), as :func:`repair_percentiles` would return them."""
     if q.shape[0] != w.shape[0] or q.shape[0] != keys.shape[0]:
         raise ValueError("q, w and keys must have the same number of rows")
-    qr, repaired, null = ops.repair_percentiles(xp.ascontiguousarray(q))
-    uniq, inv = xp.unique(keys.astype(xp.int64), return_inverse=True)
-    inv = inv.reshape(-1).astype(xp.int64)
+    if repaired_input:
+        qr = xp.ascontiguousarray(q, dtype=xp.float64)
+        repaired = null = xp.zeros(q.shape[0], dtype=bool)
+    else:
+        qr, repaired, null = ops.repair_percentiles(xp.ascontiguousarray(q))
+    uniq, inv = _unique_inverse(xp, keys)
     G = int(uniq.shape[0])
     w = w.astype(xp.float64)
     usable = ~null & xp.isfinite(w) & (w > 0)
@@ -159,7 +177,7 @@ def empty(kind: str = "exact", k: int = DEFAULT_K, xp: ModuleType = np) -> dict[
     raise ValueError(f"unknown partial kind {kind!r}")
 
 
-def exact_partial(q: Any, w: Any, keys: Any) -> dict[str, Any]:
+def exact_partial(q: Any, w: Any, keys: Any, *, repaired: bool = False) -> dict[str, Any]:
     """Exact partial of one partition.
 
     Parameters
@@ -171,6 +189,9 @@ def exact_partial(q: Any, w: Any, keys: Any) -> dict[str, Any]:
         ``(n,)`` weights (sample counts, see :func:`window_weights`).
     keys
         ``(n,)`` integer group keys.
+    repaired
+        ``q`` is already the output of :func:`repair_percentiles` with the NULL rows dropped
+        (skips the repair; ``n_repaired`` and ``n_null`` are then 0).
 
     Returns
     -------
@@ -191,16 +212,19 @@ def exact_partial(q: Any, w: Any, keys: Any) -> dict[str, Any]:
     """
     xp = _xp_of(q)
     ops = _ops_for(xp)
-    stats, inv, qr, usable = _group_stats(xp, ops, q, w, keys)
+    stats, inv, qr, usable = _group_stats(xp, ops, q, w, keys, repaired)
+    w = w.astype(xp.float64)
+    if bool(usable.all()):  # no copy of the (n, 20) matrix when every row is usable
+        return {"kind": "exact", **stats, "row_key": stats["key"][inv], "q": qr, "w": w}
     rows = xp.flatnonzero(usable)
     return {"kind": "exact", **stats, "row_key": stats["key"][inv[rows]],
-            "q": xp.ascontiguousarray(qr[rows]), "w": w.astype(xp.float64)[rows]}
+            "q": xp.ascontiguousarray(qr[rows]), "w": w[rows]}
 
 
-def bounded_partial(q: Any, w: Any, keys: Any, k: int = DEFAULT_K) -> dict[str, Any]:
+def bounded_partial(q: Any, w: Any, keys: Any, k: int = DEFAULT_K, *, repaired: bool = False) -> dict[str, Any]:
     """Bounded partial of one partition: per group the exact mixture tabulated at ``K + 1`` knots.
 
-    Same inputs as :func:`exact_partial`.  Per group: the stats of :func:`exact_partial`,
+    Same inputs (and ``repaired`` option) as :func:`exact_partial`.  Per group: the stats of :func:`exact_partial`,
     ``knots`` (``(G, K + 1)``: the mixture's quantiles at ``j / K``; NaN without weight) and
     ``err`` (the guaranteed Kolmogorov-distance bound, ``1/K`` here; 0 without weight).
 
@@ -214,12 +238,16 @@ def bounded_partial(q: Any, w: Any, keys: Any, k: int = DEFAULT_K) -> dict[str, 
     """
     xp = _xp_of(q)
     ops = _ops_for(xp)
-    stats, inv, qr, usable = _group_stats(xp, ops, q, w, keys)
+    stats, inv, qr, usable = _group_stats(xp, ops, q, w, keys, repaired)
     lv = summary_levels(k)
     G = int(stats["key"].shape[0])
-    rows = xp.flatnonzero(usable)
-    knots = ops.mixture_quantiles(xp.ascontiguousarray(qr[rows]), xp.ascontiguousarray(w.astype(xp.float64)[rows]),
-                                  xp.ascontiguousarray(inv[rows]), G, xp.asarray(lv))
+    if bool(usable.all()):  # no copies when every row is usable
+        qu, wu, iu = qr, w.astype(xp.float64), inv
+    else:
+        rows = xp.flatnonzero(usable)
+        qu, wu, iu = qr[rows], w.astype(xp.float64)[rows], inv[rows]
+    knots = ops.mixture_quantiles(xp.ascontiguousarray(qu), xp.ascontiguousarray(wu),
+                                  xp.ascontiguousarray(iu), G, xp.asarray(lv))
     err = xp.where(stats["weight"] > 0, 1.0 / float(k), 0.0)
     return {"kind": "bounded", "k": int(k), **stats, "knots": knots, "err": err}
 

@@ -357,14 +357,22 @@ class UsageDistribution(Analysis):
         bad = keep & ((end == TIME_AFTER_TRACE) | (end < start))
         stats["bad_time_windows"] = int(bad.sum())
         idx = xp.flatnonzero(keep & ~bad)
-        q = xp.ascontiguousarray(xp.stack([cols[c][idx].astype(xp.float64) for c in CPU_PERCENTILE_COLUMNS_SORTED],
-                                          axis=1).reshape(-1, 20))
-        qr, repaired, null = ops.repair_percentiles(q)
+        # one float64 (n, 20) matrix, filled column by column (no stacked intermediate copies)
+        ni = int(idx.shape[0])
+        q = xp.empty((ni, 20), dtype=xp.float64)
+        pcols = [cols[c] for c in CPU_PERCENTILE_COLUMNS_SORTED]
+        step = (1 << 12) if xp is np else max(1, ni)  # host: row blocks that stay in cache
+        for r0 in range(0, ni, step):
+            ib = idx[r0 : r0 + step]
+            qb = q[r0 : r0 + step]
+            for j, col in enumerate(pcols):
+                qb[:, j] = col[ib]
+        qr, repaired, null = ops.repair_percentiles(q)  # the only repair: the leaf gets repaired rows
+        del q
         stats["skipped_no_percentiles"] = int(null.sum())
         stats["repaired"] = int(repaired.sum())
         use = xp.flatnonzero(~null)
         idx = idx[use]
-        qr = xp.ascontiguousarray(qr[use])
         s, e = start[idx], end[idx]
         w = ms.window_weights((e - s).astype(xp.float64) / US, cols["sample_rate"][idx].astype(xp.float64))
         stats["used_windows"] = int(idx.shape[0])
@@ -382,18 +390,29 @@ class UsageDistribution(Analysis):
                                         cols["machine_id"][idx]))
             elif b == "time":
                 comps.append(None)  # filled per piece below
-        frac = xp.ones(idx.shape[0], dtype=xp.float64)
+        src = use  # row of ``qr`` of each piece
         if "time" in self.by:
             row, bucket, frac = self._expand(xp, s, e)
-            qr = xp.ascontiguousarray(qr[row])
+            src = use[row]
             w = w[row] * frac
             comps = [bucket if c is None else c[row] for c in comps]
+        else:
+            frac = xp.ones(idx.shape[0], dtype=xp.float64)
         comps = [c.astype(xp.int64) for c in comps]
-        m = int(qr.shape[0])
+        m = int(src.shape[0])
         stats["pieces"] = m
         key = _combine(xp, comps, m)
+        # sort the pieces by group once (stable: a group keeps its row order, so every per-group
+        # sum below and downstream adds in the same order as before); the leaf, the group table
+        # and the final inversion then see grouped rows (their sorts run on sorted input)
+        order = xp.argsort(key, kind="stable") if xp is np else xp.argsort(key)  # CuPy sorts are stable
+        key = key[order]
+        w = w[order]
+        frac = frac[order]
+        comps = [c[order] for c in comps]
+        qr = xp.ascontiguousarray(qr[src[order]])
         kc = xp.stack(comps, axis=1) if comps else xp.zeros((m, 0), dtype=xp.int64)
-        part = hs.leaf(qr, w, key, None if ctx.strategy == "exact" else int(self.k))
+        part = hs.leaf(qr, w, key, None if ctx.strategy == "exact" else int(self.k), repaired=True)
         groups = self._group_extras(xp, key, kc, frac, w, qr)
         return {"backend": backend.name, "ms": part, "groups": groups,
                 "stats": xp.asarray(np.array([stats[s_] for s_ in STATS], dtype=np.int64))}
@@ -422,22 +441,33 @@ class UsageDistribution(Analysis):
 
     def _group_extras(self, xp: Any, key: Any, kc: Any, frac: Any, w: Any, qr: Any) -> dict[str, Any]:
         """Per group: key components (verified: a hash collision raises), fractional window count
-        and the sum of ``w x q`` over weighted rows (the weighted average of percentile vectors)."""
+        and the sum of ``w x q`` over weighted rows (the weighted average of percentile vectors).
+        Rows come sorted by ``key`` (see :meth:`partial`)."""
         if key.shape[0] == 0:
             return self._empty_groups(xp)
-        order = xp.argsort(key, kind="stable") if xp is np else xp.argsort(key)  # CuPy sorts are stable
-        ks = key[order]
-        first = xp.ones(ks.shape[0], dtype=bool)
-        first[1:] = ks[1:] != ks[:-1]
+        first = xp.ones(key.shape[0], dtype=bool)
+        first[1:] = key[1:] != key[:-1]
         inv = xp.cumsum(first.astype(xp.int64)) - 1
-        kcs = kc[order]
-        kc_u = kcs[first]
-        if kc.shape[1] and bool((kcs != kc_u[inv]).any()):
+        kc_u = kc[first]
+        if kc.shape[1] and bool((kc != kc_u[inv]).any()):
             raise RuntimeError("usage-distribution: 64-bit hash collision between group keys (please report)")
         G = int(kc_u.shape[0])
-        ws = xp.where(w > 0, w, 0.0)[order]
-        wq = xp.stack([xp.bincount(inv, weights=ws * qr[order, j], minlength=G) for j in range(20)], axis=1)
-        return {"key": ks[first], "frac": xp.bincount(inv, weights=frac[order], minlength=G),
+        ws = xp.where(w > 0, w, 0.0)
+        if xp is np:
+            # sequential per-group sums over the contiguous runs, in row blocks (bounded temporaries)
+            starts = np.flatnonzero(first)
+            wq = np.zeros((G, 20))
+            step = 1 << 16
+            r0 = 0
+            while r0 < key.shape[0]:
+                r1 = min(key.shape[0], r0 + step)
+                g0, g1 = int(inv[r0]), int(inv[r1 - 1]) + 1
+                st = np.maximum(starts[g0:g1], r0) - r0
+                wq[g0:g1] += np.add.reduceat(ws[r0:r1, None] * qr[r0:r1], st, axis=0)
+                r0 = r1
+        else:
+            wq = xp.stack([xp.bincount(inv, weights=ws * qr[:, j], minlength=G) for j in range(20)], axis=1)
+        return {"key": key[first], "frac": xp.bincount(inv, weights=frac, minlength=G),
                 "wq": wq.reshape(G, 20), "kc": kc_u}
 
     # ---------------------------------------------------------------- merge

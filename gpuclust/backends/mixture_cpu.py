@@ -51,6 +51,8 @@ _F64 = (np.dtype(np.float64),)
 _CODES = (np.dtype(np.int32), np.dtype(np.int64))
 #: Elements per padded chunk (rows x width) processed at once (bounds memory, keeps it in cache).
 _CHUNK = 1 << 16
+#: Rows per block of the row-wise ops (a (block, 20) float64 slab is 640 kB).
+_ROW_BLOCK = 1 << 12
 
 
 # --------------------------------------------------------------------------------------------
@@ -143,11 +145,29 @@ def repair_percentiles(q: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarra
     ([False, True, False], [False, False, True], True)
     """
     check_percentile_matrix("q", q, _FLOATS, SOURCE_LEVELS.shape[0])
-    qd = q.astype(np.float64)
-    null = np.logical_not(np.isfinite(qd).all(axis=1))
-    rep = np.maximum.accumulate(qd, axis=1)
-    repaired: np.ndarray = (rep != qd).any(axis=1) & ~null
-    rep[null] = np.nan
+    n, nl = q.shape
+    rep = np.empty((n, nl), dtype=np.float64)
+    null = np.empty(n, dtype=bool)
+    changed = np.empty(n, dtype=bool)
+    # row blocks that stay in cache, column by column (a running max along the short axis=1 of the
+    # whole matrix is an inner loop of 20 per row); the same values as np.maximum.accumulate
+    step = _ROW_BLOCK
+    for r0 in range(0, n, step):
+        r1 = min(n, r0 + step)
+        qb = q[r0:r1]
+        rb = rep[r0:r1]
+        nb = null[r0:r1]
+        cb = changed[r0:r1]
+        rb[:, 0] = qb[:, 0]
+        fin = np.isfinite(rb[:, 0])
+        cb[:] = False
+        for k in range(1, nl):
+            np.maximum(rb[:, k - 1], qb[:, k], out=rb[:, k])
+            fin &= np.isfinite(qb[:, k])
+            cb |= rb[:, k] != qb[:, k]
+        np.logical_not(fin, out=nb)
+        rb[nb] = np.nan
+    repaired: np.ndarray = changed & ~null
     return rep, repaired, null
 
 
@@ -175,11 +195,13 @@ def window_means(q: np.ndarray) -> np.ndarray:
     [0.5, 2.0]
     """
     check_percentile_matrix("q", q, _FLOATS, SOURCE_LEVELS.shape[0])
-    qd = q.astype(np.float64, copy=False)
     half_dl = np.diff(SOURCE_LEVELS) * 0.5
-    acc = np.zeros(qd.shape[0], dtype=np.float64)
-    for k in range(half_dl.shape[0]):  # sequential over the 19 segments, as the kernel does
-        acc += half_dl[k] * (qd[:, k] + qd[:, k + 1])
+    acc = np.zeros(q.shape[0], dtype=np.float64)
+    for r0 in range(0, q.shape[0], _ROW_BLOCK):  # row blocks that stay in cache
+        qd = q[r0 : r0 + _ROW_BLOCK].astype(np.float64, copy=False)
+        ab = acc[r0 : r0 + _ROW_BLOCK]
+        for k in range(half_dl.shape[0]):  # sequential over the 19 segments, as the kernel does
+            ab += half_dl[k] * (qd[:, k] + qd[:, k + 1])
     return acc
 
 
@@ -215,14 +237,21 @@ def _window_payload(q: np.ndarray, v: np.ndarray, src: np.ndarray) -> tuple[np.n
     narrow = dq <= NARROW_REL * np.maximum(np.abs(a), np.abs(b))
     with np.errstate(divide="ignore", invalid="ignore"):
         d = np.where(narrow, 0.0, m / np.where(narrow, 1.0, dq))
-    plus = np.zeros(n * nl + 1)
-    minus = np.zeros(n * nl + 1)
-    jump = np.zeros(n * nl + 1)
-    plus[:-1].reshape(n, nl)[:, :-1] = d
-    minus[:-1].reshape(n, nl)[:, 1:] = d
-    jump[:-1].reshape(n, nl)[:, :-1] = np.where(narrow, m, 0.0)
-    hi = plus - minus
-    lo = _two_sum_err(plus, -minus, hi)
+    # hi = plus - minus with plus = (d, 0) and minus = (0, d) per window: only the inner
+    # breakpoints subtract two non-zero values (the end ones are exact, their TwoSum error 0)
+    hi = np.empty(n * nl + 1)
+    lo = np.zeros(n * nl + 1)
+    jump = np.empty(n * nl + 1)
+    hi[-1] = 0.0
+    jump[-1] = 0.0
+    h2 = hi[:-1].reshape(n, nl)
+    h2[:, 0] = d[:, 0]
+    np.subtract(d[:, 1:], d[:, :-1], out=h2[:, 1:-1])
+    np.subtract(0.0, d[:, -1], out=h2[:, -1])
+    lo[:-1].reshape(n, nl)[:, 1:-1] = _two_sum_err(d[:, 1:], -d[:, :-1], h2[:, 1:-1])
+    j2 = jump[:-1].reshape(n, nl)
+    np.copyto(j2[:, :-1], np.where(narrow, m, 0.0))
+    j2[:, -1] = 0.0
     return hi, lo, jump
 
 
@@ -316,6 +345,12 @@ def mixture_quantiles(
     gstart = np.concatenate(([0], np.cumsum(counts)[:-1]))
     present = np.flatnonzero(counts)
     widths = _width_class(counts[present] * nl)
+    big = widths > _CHUNK  # one group per chunk anyway: an unpadded row of exactly its events
+    for g in present[big].tolist():
+        out[g] = _chunk_quantiles(q, v, src, order, gstart[g : g + 1], counts[g : g + 1], int(counts[g]) * nl,
+                                  levels)[0]
+    widths = widths[~big]
+    present = present[~big]
     for width in np.unique(widths):
         gs = present[widths == width]
         rows_per_chunk = max(1, _CHUNK // int(width))
@@ -357,20 +392,27 @@ def _chunk_quantiles(
         raise ValueError("q rows must be non-decreasing; repair them with repair_percentiles first")
     hi, lo, jump = _window_payload(qc, v[win], src)
 
-    X = np.full((R, width), np.inf)
-    X.reshape(-1)[(row_of_win * width + local * nl)[:, None] + np.arange(nl)[None, :]] = qc
-    perm = np.argsort(X, axis=1)
-    real = np.arange(width)[None, :] < n_events[:, None]
     total = row_of_win.shape[0] * nl  # index of a zero slot appended to the flat payloads
-    fidx = np.where(real, perm + (first_win * nl)[:, None], total)
-    Xs = np.append(qc.reshape(-1), np.inf)[fidx]
+    if R == 1 and width == total:
+        # one unpadded row: the flat (window, k) event order is the row itself
+        fidx = np.argsort(qc.reshape(1, -1), axis=1)
+        real = None
+        Xs = qc.reshape(-1)[fidx]
+    else:
+        X = np.full((R, width), np.inf)
+        X.reshape(-1)[(row_of_win * width + local * nl)[:, None] + np.arange(nl)[None, :]] = qc
+        perm = np.argsort(X, axis=1)
+        real = np.arange(width)[None, :] < n_events[:, None]
+        fidx = np.where(real, perm + (first_win * nl)[:, None], total)
+        Xs = np.append(qc.reshape(-1), np.inf)[fidx]
 
     S = _dd_cumsum_rows(hi[fidx], lo[fidx])
     np.maximum(S, 0.0, out=S)
     inc = jump[fidx]
     with np.errstate(invalid="ignore"):
         dx = Xs[:, 1:] - Xs[:, :-1]
-    dx[~real[:, 1:]] = 0.0
+    if real is not None:
+        dx[~real[:, 1:]] = 0.0
     dx *= S[:, :-1]
     inc[:, 1:] += dx
     F = _dd_cumsum_rows(inc, None)
