@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from gpuclust.backends.cpu import _check_1d
 from gpuclust.schema import CPU_PERCENTILE_LEVELS_SORTED
 
 __all__ = [
@@ -83,16 +84,6 @@ def check_percentile_matrix(name: str, q: Any, dtypes: tuple[np.dtype, ...], n_c
     return int(q.shape[0])
 
 
-def _check_1d(name: str, a: Any, dtypes: tuple[np.dtype, ...], n: int | None) -> int:
-    if getattr(a, "ndim", None) != 1:
-        raise ValueError(f"{name} must be a 1-D array, got {getattr(a, 'shape', type(a).__name__)}")
-    if a.dtype not in dtypes:
-        raise TypeError(f"{name} must have dtype {' or '.join(map(str, dtypes))}, got {a.dtype}")
-    if not a.flags.c_contiguous:
-        raise ValueError(f"{name} must be C-contiguous")
-    if n is not None and a.shape[0] != n:
-        raise ValueError(f"{name} has length {a.shape[0]}, expected {n}")
-    return int(a.shape[0])
 
 
 def check_mixture_quantiles(q: Any, w: Any, group: Any, n_groups: int, levels: Any, q_levels: Any) -> np.ndarray:
