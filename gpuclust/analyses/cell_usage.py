@@ -94,12 +94,14 @@ def _null_to_nan(arr: Any) -> np.ndarray:
 _EVENT_COLUMNS = ["collection_id", "instance_index", "machine_id", "priority", "alloc_collection_id"]
 
 
-def _max_priority(ev: Any) -> pd.DataFrame:
+def _max_priority(ev: Any, top_level_only: bool = True) -> pd.DataFrame:
     """MAX(priority) per (collection_id, instance_index, machine_id) over one Arrow table of events
-    with alloc_collection_id NULL or 0; a NULL machine_id never joins (SQL NULL semantics)."""
-    alloc = ev.column("alloc_collection_id")
-    keep = pc.and_(pc.or_(pc.is_null(alloc), pc.equal(pc.fill_null(alloc, 0), 0)),
-                   pc.is_valid(ev.column("machine_id")))
+    (only those with alloc_collection_id NULL or 0 when ``top_level_only``, as the notebook does);
+    a NULL machine_id never joins (SQL NULL semantics)."""
+    keep = pc.is_valid(ev.column("machine_id"))
+    if top_level_only:
+        alloc = ev.column("alloc_collection_id")
+        keep = pc.and_(pc.or_(pc.is_null(alloc), pc.equal(pc.fill_null(alloc, 0), 0)), keep)
     ev = ev.filter(keep)
     edf = pd.DataFrame({
         "c": ev.column("collection_id").to_numpy().astype(np.int64),
@@ -110,16 +112,16 @@ def _max_priority(ev: Any) -> pd.DataFrame:
     return edf.groupby(["c", "i", "m"], sort=False)["p"].max().reset_index()
 
 
-def _priority_lookup(source: Any) -> pd.DataFrame:
-    """The per-instance priority table, reduced file by file when the source has Parquet parts
-    (so a real cell's instance_events never has to be in memory at once)."""
+def _priority_lookup(source: Any, top_level_only: bool = True) -> pd.DataFrame:
+    """The per-instance priority table (see :func:`_max_priority`), reduced file by file when the
+    source has Parquet parts (so a real cell's instance_events never has to be in memory at once)."""
     files = source.files("instance_events") if hasattr(source, "files") else None
     if not files:
-        return _max_priority(source.read("instance_events", _EVENT_COLUMNS))
+        return _max_priority(source.read("instance_events", _EVENT_COLUMNS), top_level_only)
     from gpuclust.schema import SCHEMAS
 
     sub = pa.schema([SCHEMAS["instance_events"].field(c) for c in _EVENT_COLUMNS])
-    parts = [_max_priority(pq.read_table(f, columns=_EVENT_COLUMNS).cast(sub)) for f in files]
+    parts = [_max_priority(pq.read_table(f, columns=_EVENT_COLUMNS).cast(sub), top_level_only) for f in files]
     if len(parts) == 1:
         return parts[0]
     return pd.concat(parts, ignore_index=True).groupby(["c", "i", "m"], sort=False)["p"].max().reset_index()

@@ -30,14 +30,11 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from gpuclust.analyses import _hybrid_summary as hs
 from gpuclust.analyses import mixture_summary as ms
 from gpuclust.analyses.base import Analysis, is_null_int, to_host
-from gpuclust.analyses.cell_usage import triple_hash
+from gpuclust.analyses.cell_usage import _priority_lookup, triple_hash
 from gpuclust.schema import (
     CPU_PERCENTILE_COLUMNS_SORTED,
     CPU_PERCENTILE_LEVELS_SORTED,
@@ -103,37 +100,6 @@ def _parse_list(v: Any) -> tuple[str, ...]:
     if isinstance(v, str):
         return tuple(s.strip() for s in v.replace("+", ",").split(",") if s.strip())
     return tuple(str(s) for s in v)
-
-
-def _null_to_nan(arr: Any) -> np.ndarray:
-    return np.asarray(pc.cast(arr, "float64").to_numpy(zero_copy_only=False), dtype=np.float64)
-
-
-_EVENT_COLUMNS = ["collection_id", "instance_index", "machine_id", "priority"]
-
-
-def _max_priority(ev: pa.Table) -> pd.DataFrame:
-    ev = ev.filter(pc.is_valid(ev.column("machine_id")))  # a NULL machine_id never joins
-    df = pd.DataFrame({"c": ev.column("collection_id").to_numpy().astype(np.int64),
-                       "i": ev.column("instance_index").to_numpy().astype(np.int32),
-                       "m": ev.column("machine_id").to_numpy(zero_copy_only=False).astype(np.int64),
-                       "p": _null_to_nan(ev.column("priority"))})
-    return df.groupby(["c", "i", "m"], sort=False)["p"].max().reset_index()
-
-
-def _priority_lookup(source: Any) -> pd.DataFrame:
-    """MAX(priority) per (collection_id, instance_index, machine_id) over all instance_events rows
-    (allocs included, so that ``rows="all"`` can place tasks inside allocs), file by file."""
-    files = source.files("instance_events") if hasattr(source, "files") else None
-    if not files:
-        return _max_priority(source.read("instance_events", _EVENT_COLUMNS))
-    from gpuclust.schema import SCHEMAS
-
-    sub = pa.schema([SCHEMAS["instance_events"].field(c) for c in _EVENT_COLUMNS])
-    parts = [_max_priority(pq.read_table(f, columns=_EVENT_COLUMNS).cast(sub)) for f in files]
-    if len(parts) == 1:
-        return parts[0]
-    return pd.concat(parts, ignore_index=True).groupby(["c", "i", "m"], sort=False)["p"].max().reset_index()
 
 
 @dataclass(frozen=True)
@@ -299,7 +265,8 @@ class UsageDistribution(Analysis):
                                                 ("m", np.int64), ("t", np.int32))}
         if "tier" in self.by:
             tm = self._resolve_tier_map(source)
-            df = _priority_lookup(source)
+            # All rows (allocs included), so that rows="all" can place tasks inside allocs.
+            df = _priority_lookup(source, top_level_only=False)
             c = df["c"].to_numpy(np.int64)
             i = df["i"].to_numpy(np.int32)
             m = df["m"].to_numpy(np.int64)
