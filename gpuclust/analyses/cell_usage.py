@@ -33,6 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from gpuclust.analyses._lookup import InstanceLookup, triple_hash
 from gpuclust.analyses.base import Analysis, is_null_int, keyed_reduce, merge_keyed, resolve_tier_map
 from gpuclust.schema import TIME_AFTER_TRACE, TierMap, tier_map
 
@@ -49,38 +50,14 @@ MAX_EXACT_HOURS = 1 << 20
 STATS = ("rows", "alloc_rows", "short_windows", "unmatched_windows", "unknown_windows",
          "unbounded_windows", "used_windows")
 
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
-_SEED = np.uint64(0x9E3779B97F4A7C15)
-
-
-def _mix(xp: Any, x: Any) -> Any:
-    x = x ^ (x >> xp.uint64(30))
-    x = x * _M1
-    x = x ^ (x >> xp.uint64(27))
-    x = x * _M2
-    return x ^ (x >> xp.uint64(31))
-
-
-def triple_hash(xp: Any, collection_id: Any, instance_index: Any, machine_id: Any) -> Any:
-    """A 64-bit hash of (collection_id, instance_index, machine_id) with splitmix64 mixing."""
-    h = _mix(xp, collection_id.astype(xp.int64).astype(xp.uint64) ^ _SEED)
-    h = _mix(xp, h ^ instance_index.astype(xp.int64).astype(xp.uint64))
-    return _mix(xp, h ^ machine_id.astype(xp.int64).astype(xp.uint64))
-
-
 @dataclass(frozen=True)
 class CellUsageContext:
     mode: str
     tier_map: TierMap
     cpu_capacity: float
     mem_capacity: float
-    #: priority lookup, sorted by hash: hash, the three key columns, tier code
-    lk_hash: np.ndarray
-    lk_collection: np.ndarray
-    lk_instance: np.ndarray
-    lk_machine: np.ndarray
-    lk_tier: np.ndarray
+    #: (collection_id, instance_index, machine_id) -> tier code
+    lookup: InstanceLookup
 
     @property
     def tier_names(self) -> tuple[str, ...]:
@@ -198,31 +175,13 @@ class CellUsage(Analysis):
             codes[codes < 0] = last  # CASE ... ELSE: NULL / unmatched priority -> last tier
         else:
             codes[codes < 0] = len(tm.names)  # "unknown"
-        h = triple_hash(np, c, i, m)
-        order = np.argsort(h, kind="stable")
-        h = h[order]
-        if h.shape[0] > 1 and bool((h[1:] == h[:-1]).any()):
-            raise RuntimeError("cell-usage: 64-bit hash collision in the priority lookup (please report)")
-        return CellUsageContext(self.mode, tm, cpu_cap, mem_cap, h, c[order], i[order], m[order],
-                                codes[order].astype(np.int32))
+        return CellUsageContext(self.mode, tm, cpu_cap, mem_cap,
+                                InstanceLookup.build(c, i, m, codes, what="cell-usage priority lookup"))
 
     # ---------------------------------------------------------------- partial / merge
     def empty(self, backend: Any = None) -> dict[str, np.ndarray]:
         return {"key": np.zeros(0, np.int64), "cpu": np.zeros(0, np.float64), "mem": np.zeros(0, np.float64),
                 "windows": np.zeros(0, np.int64), "stats": np.zeros(len(STATS), np.int64)}
-
-    def _lookup(self, backend: Any, cols: dict[str, Any], ctx: CellUsageContext) -> tuple[Any, Any]:
-        xp = backend.xp
-        c, i, m = cols["collection_id"], cols["instance_index"], cols["machine_id"]
-        n = c.shape[0]
-        if ctx.lk_hash.shape[0] == 0 or n == 0:
-            return xp.zeros(n, dtype=bool), xp.zeros(n, dtype=xp.int32)
-        lk_h = backend.stage(ctx.lk_hash)
-        h = triple_hash(xp, c, i, m)
-        pos = xp.clip(xp.searchsorted(lk_h, h), 0, lk_h.shape[0] - 1)
-        found = ((lk_h[pos] == h) & (backend.stage(ctx.lk_collection)[pos] == c)
-                 & (backend.stage(ctx.lk_instance)[pos] == i) & (backend.stage(ctx.lk_machine)[pos] == m))
-        return found, backend.stage(ctx.lk_tier)[pos]
 
     def partial(self, cols: dict[str, Any], ctx: CellUsageContext, backend: Any) -> dict[str, Any]:
         xp = backend.xp
@@ -230,7 +189,7 @@ class CellUsage(Analysis):
         alloc = cols["alloc_collection_id"]
         n = int(start.shape[0])
         top = (alloc == 0) | is_null_int(xp, alloc)
-        found, tier = self._lookup(backend, cols, ctx)
+        found, tier = ctx.lookup.find(backend, cols["collection_id"], cols["instance_index"], cols["machine_id"])
         stats = dict.fromkeys(STATS, 0)
         stats["rows"] = n
         stats["alloc_rows"] = n - int(top.sum())

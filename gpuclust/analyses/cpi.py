@@ -29,9 +29,9 @@ import numpy as np
 import pandas as pd
 import pyarrow.compute as pc
 
+from gpuclust.analyses._lookup import InstanceLookup
 from gpuclust.analyses._machine_cells import CELL_BITS, CELL_US, MachineCells, cpu_seconds, grid_cuts, hist_edges
 from gpuclust.analyses.base import Analysis, merge_keyed, resolve_tier_map
-from gpuclust.analyses.cell_usage import triple_hash
 from gpuclust.backends.moments_cpu import Moments, regroup_moments
 from gpuclust.schema import TierMap, tier_map
 from gpuclust.stats import (
@@ -96,11 +96,8 @@ class CpiContext:
     cpi_cuts: np.ndarray
     mai_cuts: np.ndarray
     #: per-instance tier lookup (by="tier" only), sorted by hash
-    lk_hash: np.ndarray
-    lk_collection: np.ndarray
-    lk_instance: np.ndarray
-    lk_machine: np.ndarray
-    lk_tier: np.ndarray
+    #: (collection_id, instance_index, machine_id) -> tier code (``by="tier"`` only)
+    lookup: InstanceLookup
     trace_window_us: tuple[int, int] | None
     info: dict[str, Any]
 
@@ -157,7 +154,7 @@ def _platform_lookup(me: Any) -> dict[str, Any]:
             "pe_machine": m2.astype(np.int64), "pe_code": code_v, "pm_first": first}
 
 
-def _tier_lookup(source: Any, tm: TierMap) -> dict[str, np.ndarray]:
+def _tier_lookup(source: Any, tm: TierMap) -> InstanceLookup:
     """MAX(priority) per (collection_id, instance_index, machine_id) over all instance_events rows
     (allocs included: the cpi analysis keeps tasks inside allocs) -> tier code; hash-sorted."""
     ev = source.read("instance_events", ["collection_id", "instance_index", "machine_id", "priority"])
@@ -172,14 +169,8 @@ def _tier_lookup(source: Any, tm: TierMap) -> dict[str, np.ndarray]:
     ok = ~np.isnan(p)
     c = tm.tier_codes(p[ok].astype(np.int64)).astype(np.int32)
     codes[ok] = np.where(c < 0, len(tm.names), c)
-    cc, ii, mm = lk["c"].to_numpy(np.int64), lk["i"].to_numpy(np.int32), lk["m"].to_numpy(np.int64)
-    h = triple_hash(np, cc, ii, mm)
-    order = np.argsort(h, kind="stable")
-    h = h[order]
-    if h.shape[0] > 1 and bool((h[1:] == h[:-1]).any()):
-        raise RuntimeError("cpi: 64-bit hash collision in the tier lookup (please report)")
-    return {"lk_hash": h, "lk_collection": cc[order], "lk_instance": ii[order], "lk_machine": mm[order],
-            "lk_tier": codes[order]}
+    return InstanceLookup.build(lk["c"].to_numpy(np.int64), lk["i"].to_numpy(np.int32), lk["m"].to_numpy(np.int64),
+                                codes, what="cpi tier lookup")
 
 
 #: Largest dense (machine, cell) lookup table built by the context (entries; int32 or int64).
@@ -362,9 +353,7 @@ class Cpi(Analysis):
             cpi_cuts = grid_cuts(mc["hist"]["cpi"].to_numpy(), hist_edges("cpi", flt.cpi_max), self.spearman_bins)
             mai_cuts = grid_cuts(mc["hist"]["mai"].to_numpy(), hist_edges("mai", flt.mai_max), self.spearman_bins)
         tm = None
-        lk: dict[str, Any] = {"lk_hash": np.zeros(0, np.uint64), "lk_collection": np.zeros(0, np.int64),
-                              "lk_instance": np.zeros(0, np.int32), "lk_machine": np.zeros(0, np.int64),
-                              "lk_tier": np.zeros(0, np.int32)}
+        lk = InstanceLookup.empty()
         if self.by == "tier":
             tm = self.resolve_tier_map(source)
             lk = _tier_lookup(source, tm)
@@ -380,7 +369,7 @@ class Cpi(Analysis):
         return CpiContext(filter=flt, tier_map=tm, **plat, cap_ids=cap_ids, mc_key=key,
                           mc_k=cells["k"].to_numpy(np.int64), mc_u=u, **dense, pm_cap=pm_cap,
                           cpi_cuts=cpi_cuts, mai_cuts=mai_cuts,
-                          **lk, trace_window_us=window, info=info)
+                          lookup=lk, trace_window_us=window, info=info)
 
     # ---------------------------------------------------------------- partial / merge
     def empty(self, backend: Any = None) -> dict[str, np.ndarray]:
@@ -447,17 +436,8 @@ class Cpi(Analysis):
         return _dense_groups(xp, rank[code].astype(xp.int64), int(allk.shape[0]), allk[order])
 
     def _tier(self, backend: Any, ctx: CpiContext, c: Any, i: Any, m: Any) -> Any:
-        xp = backend.xp
-        n = int(c.shape[0])
-        unknown = xp.full(n, len(ctx.tier_names) - 1, dtype=xp.int32)
-        if ctx.lk_hash.shape[0] == 0 or n == 0:
-            return unknown
-        lk_h = backend.stage(ctx.lk_hash)
-        h = triple_hash(xp, c, i, m)
-        pos = xp.clip(xp.searchsorted(lk_h, h), 0, lk_h.shape[0] - 1)
-        found = ((lk_h[pos] == h) & (backend.stage(ctx.lk_collection)[pos] == c)
-                 & (backend.stage(ctx.lk_instance)[pos] == i) & (backend.stage(ctx.lk_machine)[pos] == m))
-        return xp.where(found, backend.stage(ctx.lk_tier)[pos], unknown).astype(xp.int32)
+        found, code = ctx.lookup.find(backend, c, i, m)
+        return backend.xp.where(found, code, len(ctx.tier_names) - 1).astype(backend.xp.int32)
 
     def partial(self, cols: dict[str, Any], ctx: CpiContext, backend: Any) -> dict[str, Any]:
         xp = backend.xp

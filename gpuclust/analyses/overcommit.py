@@ -47,8 +47,9 @@ from gpuclust.analyses._intervals import (
     distinct_running,
     running_intervals,
 )
+from gpuclust.analyses._lookup import InstanceLookup
 from gpuclust.analyses.base import Analysis, is_null_int, keyed_reduce, merge_keyed, resolve_tier_map
-from gpuclust.analyses.cell_usage import _max_priority, triple_hash
+from gpuclust.analyses.cell_usage import _max_priority
 from gpuclust.schema import TIME_AFTER_TRACE, TierMap, tier_map
 
 __all__ = ["Overcommit", "OvercommitContext", "TRACE_START_US"]
@@ -126,11 +127,8 @@ class OvercommitContext:
     #: sorted machine ids (machine_events and placed pieces); a row's machine code is its index
     machine_ids: np.ndarray
     #: usage tier lookup, sorted by hash: hash, the three key columns, tier code
-    lk_hash: np.ndarray
-    lk_collection: np.ndarray
-    lk_instance: np.ndarray
-    lk_machine: np.ndarray
-    lk_tier: np.ndarray
+    #: (collection_id, instance_index, machine_id) -> tier code
+    lookup: InstanceLookup
     series: dict[str, np.ndarray] | None
     stats: dict[str, int]
 
@@ -242,19 +240,13 @@ class Overcommit(Analysis):
         # ---- usage tier lookup: MAX(priority) per (collection, instance, machine), as cell-usage
         lk = _max_priority(ev.select(["collection_id", "instance_index", "machine_id", "priority",
                                       "alloc_collection_id"]))
-        lc = lk["c"].to_numpy(np.int64)
-        li = lk["i"].to_numpy(np.int32)
-        lm = lk["m"].to_numpy(np.int64)
         lp = lk["p"].to_numpy(np.float64)
         codes = np.full(lp.shape[0], T - 1, dtype=np.int32)
         ok = ~np.isnan(lp)
         tc = tm.tier_codes(lp[ok].astype(np.int64)).astype(np.int32)
         codes[ok] = np.where(tc >= 0, tc, T - 1)
-        h = triple_hash(np, lc, li, lm)
-        order = np.argsort(h, kind="stable")
-        h = h[order]
-        if h.shape[0] > 1 and bool((h[1:] == h[:-1]).any()):
-            raise RuntimeError("overcommit: 64-bit hash collision in the priority lookup (please report)")
+        lookup = InstanceLookup.build(lk["c"].to_numpy(np.int64), lk["i"].to_numpy(np.int32), lk["m"].to_numpy(np.int64),
+                                      codes, what="overcommit priority lookup")
         # ---- interval-derived dense series (client only), with the bucket_overlap op
         bo = get_backend("cpu").ops.bucket_overlap
         kw = dict(n_buckets=B, origin=w0, width=width)
@@ -286,8 +278,7 @@ class Overcommit(Analysis):
                  "pieces_unknown_tier": int((ptier == T - 1).sum())}
         return OvercommitContext(
             tier_map=tm, tier_names=tier_names, window_start=w0, window_end=w1, width=width, n_buckets=B,
-            machine_ids=mids, lk_hash=h, lk_collection=lc[order], lk_instance=li[order], lk_machine=lm[order],
-            lk_tier=codes[order], series=series, stats=stats)
+            machine_ids=mids, lookup=lookup, series=series, stats=stats)
 
     # ---------------------------------------------------------------- partial / merge
     def empty(self, backend: Any = None) -> dict[str, np.ndarray]:
@@ -297,17 +288,8 @@ class Overcommit(Analysis):
         return out
 
     def _tiers(self, backend: Any, c: Any, i: Any, m: Any, ctx: OvercommitContext) -> tuple[Any, Any]:
-        xp = backend.xp
-        n = c.shape[0]
-        if ctx.lk_hash.shape[0] == 0 or n == 0:
-            return xp.zeros(n, dtype=bool), xp.full(n, ctx.n_tiers - 1, dtype=xp.int64)
-        lk_h = backend.stage(ctx.lk_hash)
-        h = triple_hash(xp, c, i, m)
-        pos = xp.clip(xp.searchsorted(lk_h, h), 0, lk_h.shape[0] - 1)
-        found = ((lk_h[pos] == h) & (backend.stage(ctx.lk_collection)[pos] == c)
-                 & (backend.stage(ctx.lk_instance)[pos] == i) & (backend.stage(ctx.lk_machine)[pos] == m))
-        tier = xp.where(found, backend.stage(ctx.lk_tier)[pos], ctx.n_tiers - 1).astype(xp.int64)
-        return found, tier
+        found, code = ctx.lookup.find(backend, c, i, m)
+        return found, backend.xp.where(found, code, ctx.n_tiers - 1).astype(backend.xp.int64)
 
     def partial(self, cols: dict[str, Any], ctx: OvercommitContext, backend: Any) -> dict[str, Any]:
         xp = backend.xp

@@ -33,8 +33,9 @@ import pandas as pd
 
 from gpuclust.analyses import _hybrid_summary as hs
 from gpuclust.analyses import mixture_summary as ms
+from gpuclust.analyses._lookup import InstanceLookup
 from gpuclust.analyses.base import Analysis, is_null_int, to_host
-from gpuclust.analyses.cell_usage import _priority_lookup, triple_hash
+from gpuclust.analyses.cell_usage import _priority_lookup
 from gpuclust.schema import (
     CPU_PERCENTILE_COLUMNS_SORTED,
     CPU_PERCENTILE_LEVELS_SORTED,
@@ -110,11 +111,8 @@ class UsageDistributionContext:
     levels: np.ndarray
     cell: str
     tier_map: TierMap | None
-    lk_hash: np.ndarray
-    lk_collection: np.ndarray
-    lk_instance: np.ndarray
-    lk_machine: np.ndarray
-    lk_tier: np.ndarray
+    #: (collection_id, instance_index, machine_id) -> tier code (``tier`` in ``by`` only)
+    lookup: InstanceLookup
 
     @property
     def tier_names(self) -> tuple[str, ...]:
@@ -261,8 +259,7 @@ class UsageDistribution(Analysis):
         manifest = getattr(source, "manifest", None)
         cell = str(manifest.get("cell") or "all") if isinstance(manifest, dict) else "all"
         tm = None
-        lk = {k: np.zeros(0, dt) for k, dt in (("h", np.uint64), ("c", np.int64), ("i", np.int32),
-                                                ("m", np.int64), ("t", np.int32))}
+        lk = InstanceLookup.empty()
         if "tier" in self.by:
             tm = self._resolve_tier_map(source)
             # All rows (allocs included), so that rows="all" can place tasks inside allocs.
@@ -275,14 +272,9 @@ class UsageDistribution(Analysis):
             ok = ~np.isnan(p)
             cc = tm.tier_codes(p[ok].astype(np.int64)).astype(np.int32)
             codes[ok] = np.where(cc < 0, len(tm.names), cc)
-            h = triple_hash(np, c, i, m)
-            order = np.argsort(h, kind="stable")
-            h = h[order]
-            if h.shape[0] > 1 and bool((h[1:] == h[:-1]).any()):
-                raise RuntimeError("usage-distribution: 64-bit hash collision in the tier lookup (please report)")
-            lk = {"h": h, "c": c[order], "i": i[order], "m": m[order], "t": codes[order]}
+            lk = InstanceLookup.build(c, i, m, codes, what="usage-distribution tier lookup")
         return UsageDistributionContext(strategy, self.resolved_rows(), total, self.level_values, cell, tm,
-                                        lk["h"], lk["c"], lk["i"], lk["m"], lk["t"])
+                                        lk)
 
     # ---------------------------------------------------------------- partial
     def empty(self, backend: Any = None) -> dict[str, Any]:
@@ -297,17 +289,8 @@ class UsageDistribution(Analysis):
                 "kc": xp.zeros((0, self._n_components()), xp.int64)}
 
     def _tier(self, backend: Any, ctx: UsageDistributionContext, c: Any, i: Any, m: Any) -> Any:
-        xp = backend.xp
-        n = int(c.shape[0])
-        unknown = len(ctx.tier_names) - 1
-        if ctx.lk_hash.shape[0] == 0 or n == 0:
-            return xp.full(n, unknown, dtype=xp.int64)
-        lk_h = backend.stage(ctx.lk_hash)
-        h = triple_hash(xp, c, i, m)
-        pos = xp.clip(xp.searchsorted(lk_h, h), 0, lk_h.shape[0] - 1)
-        found = ((lk_h[pos] == h) & (backend.stage(ctx.lk_collection)[pos] == c)
-                 & (backend.stage(ctx.lk_instance)[pos] == i) & (backend.stage(ctx.lk_machine)[pos] == m))
-        return xp.where(found, backend.stage(ctx.lk_tier)[pos], unknown).astype(xp.int64)
+        found, code = ctx.lookup.find(backend, c, i, m)
+        return backend.xp.where(found, code, len(ctx.tier_names) - 1).astype(backend.xp.int64)
 
     def partial(self, cols: dict[str, Any], ctx: UsageDistributionContext, backend: Any) -> dict[str, Any]:
         xp, ops = backend.xp, backend.ops

@@ -22,7 +22,7 @@ import numpy as np
 __all__ = ["BACKEND_NAMES", "EXTENSION_OP_MODULES", "Backend", "Ops", "BackendUnavailable", "OP_NAMES", "get_backend", "gpu_available"]
 
 #: The custom-kernel ops every backend provides (same names, same signatures).
-OP_NAMES: tuple[str, ...] = ("bucket_overlap", "grouped_sum")
+OP_NAMES: tuple[str, ...] = ("bucket_overlap", "grouped_sum", "hash_index")
 #: Further op modules per backend (other kernel families keep their twins in their own modules);
 #: ``backend.ops.<name>`` looks in the backend's main module first, then in these, in order.
 EXTENSION_OP_MODULES: dict[str, tuple[str, ...]] = {

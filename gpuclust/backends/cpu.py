@@ -6,11 +6,13 @@ Each function has the same name, signature, argument checks and semantics as its
 
 from __future__ import annotations
 
+import threading
+import weakref
 from typing import Any
 
 import numpy as np
 
-__all__ = ["bucket_overlap", "check_bucket_overlap", "check_grouped_sum", "grouped_sum"]
+__all__ = ["bucket_overlap", "check_bucket_overlap", "check_grouped_sum", "check_hash_index", "grouped_sum", "hash_index"]
 
 _INT64_MAX = 2**63 - 1
 _VALUE_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -138,3 +140,47 @@ def grouped_sum(codes: np.ndarray, values: np.ndarray, *, n_groups: int) -> np.n
     v = values.astype(np.float64)
     keep = (codes >= 0) & (codes < n_groups) & ~np.isnan(v)
     return np.bincount(codes[keep], weights=v[keep], minlength=n_groups).astype(np.float64)
+
+
+def check_hash_index(keys: Any, queries: Any) -> int:
+    """Validate :func:`hash_index` arguments (shared by both backends); returns the query count."""
+    _check_1d("keys", keys, (np.dtype(np.uint64),), None)
+    return _check_1d("queries", queries, (np.dtype(np.uint64),), None)
+
+
+_index_lock = threading.Lock()
+_index_cache: dict[int, tuple[Any, Any]] = {}
+
+
+def _hash_table(keys: np.ndarray) -> Any:
+    """A pandas hash index over ``keys``, built once per keys array (kept while the array lives)."""
+    import pandas as pd
+
+    k = id(keys)
+    with _index_lock:
+        hit = _index_cache.get(k)
+        if hit is not None and hit[0]() is keys:
+            return hit[1]
+        idx = pd.Index(keys, copy=False)
+        idx.get_indexer(keys[:1])  # build the hash table now, under the lock
+        ref = weakref.ref(keys, lambda _r, k=k, cache=_index_cache: cache.pop(k, None))
+        _index_cache[k] = (ref, idx)
+        return idx
+
+
+def hash_index(keys: np.ndarray, queries: np.ndarray) -> np.ndarray:
+    """Position of each query in ``keys`` (sorted, unique uint64 hashes), or -1 where absent.
+
+    The cpu backend probes a hash table (built once per ``keys`` array and cached while it lives);
+    the gpu twin binary-searches the sorted keys.  Both give the same positions.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> hash_index(np.array([3, 9, 12], dtype=np.uint64), np.array([12, 4, 3], dtype=np.uint64)).tolist()
+    [2, -1, 0]
+    """
+    check_hash_index(keys, queries)
+    if keys.shape[0] == 0 or queries.shape[0] == 0:
+        return np.full(queries.shape[0], -1, dtype=np.int64)
+    return np.asarray(_hash_table(keys).get_indexer(queries), dtype=np.int64)

@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from gpuclust.backends.cpu import check_bucket_overlap, check_grouped_sum
+from gpuclust.backends.cpu import check_bucket_overlap, check_grouped_sum, check_hash_index
 
-__all__ = ["bucket_overlap", "device_count", "grouped_sum", "require"]
+__all__ = ["bucket_overlap", "device_count", "grouped_sum", "hash_index", "require"]
 
 #: Threads per block (a multiple of 32: kernels aggregate across whole warps).
 BLOCK = 256
@@ -145,3 +145,14 @@ def grouped_sum(codes: Any, values: Any, *, n_groups: int) -> Any:
     _launch(kernel, n, GROUPED_SUM_PARAMS, shared_mem=n_groups * 8 if small else 0,
             codes=codes, values=values, n=n, n_groups=n_groups, out=out)
     return out
+
+
+def hash_index(keys: Any, queries: Any) -> Any:
+    """GPU twin of :func:`gpuclust.backends.cpu.hash_index`: a binary search of the sorted keys
+    (CuPy's ``searchsorted``), -1 where a query is absent."""
+    cp = _cupy()
+    check_hash_index(keys, queries)
+    if keys.shape[0] == 0 or queries.shape[0] == 0:
+        return cp.full(queries.shape[0], -1, dtype=cp.int64)
+    pos = cp.clip(cp.searchsorted(keys, queries), 0, keys.shape[0] - 1)
+    return cp.where(keys[pos] == queries, pos, -1).astype(cp.int64)

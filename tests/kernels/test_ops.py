@@ -155,3 +155,41 @@ def test_grouped_sum_gpu_parity(gpu_backend, cdt, vdt, n, n_groups):
     want = cpu.grouped_sum(codes, values, n_groups=n_groups)
     got = gpu_backend.ops.grouped_sum(cp.asarray(codes), cp.asarray(values), n_groups=n_groups)
     np.testing.assert_allclose(cp.asnumpy(got), want, rtol=1e-9, atol=1e-12)
+
+
+# ------------------------------------------------------------------------------------------ hash_index
+def slow_hash_index(keys, queries):
+    where = {int(k): p for p, k in enumerate(keys.tolist())}
+    return np.array([where.get(int(q), -1) for q in queries.tolist()], dtype=np.int64)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 2**64 - 1), unique=True, max_size=50),
+       st.lists(st.integers(0, 2**64 - 1), max_size=50), st.data())
+def test_hash_index_matches_dict(keys, extra, data):
+    k = np.sort(np.array(keys, dtype=np.uint64))
+    hits = data.draw(st.lists(st.sampled_from(keys), max_size=30)) if keys else []
+    q = np.array(extra + hits, dtype=np.uint64)
+    np.testing.assert_array_equal(cpu.hash_index(k, q), slow_hash_index(k, q))
+
+
+def test_hash_index_cache_follows_the_array():
+    a = np.array([1, 5, 9], dtype=np.uint64)
+    assert cpu.hash_index(a, np.array([9, 2], dtype=np.uint64)).tolist() == [2, -1]
+    b = np.array([2, 9], dtype=np.uint64)  # a new array never reuses another's table
+    assert cpu.hash_index(b, np.array([9, 2], dtype=np.uint64)).tolist() == [1, 0]
+    with pytest.raises(TypeError, match="uint64"):
+        cpu.hash_index(a.astype(np.int64), a)
+
+
+@pytest.mark.gpu
+def test_hash_index_gpu_parity(gpu_backend):
+    cp = gpu_backend.xp
+    rng = np.random.default_rng(5)
+    keys = np.unique(rng.integers(0, 2**63, 200_000, dtype=np.uint64))
+    q = np.concatenate([rng.choice(keys, 300_000), rng.integers(0, 2**63, 100_000, dtype=np.uint64),
+                        keys[:1], keys[-1:], np.array([0, 2**64 - 1], dtype=np.uint64)])
+    from gpuclust.backends import gpu
+
+    got = gpu.hash_index(cp.asarray(keys), cp.asarray(q)).get()
+    np.testing.assert_array_equal(got, cpu.hash_index(keys, q))

@@ -1,0 +1,101 @@
+"""Per-instance lookup tables keyed by ``(collection_id, instance_index, machine_id)``.
+
+Several analyses attach a per-instance code (a priority tier) to every usage window: cell-usage,
+cpi (``by="tier"``), overcommit and usage-distribution.  The context builds one
+:class:`InstanceLookup` on the client; every partial looks its rows up with
+:meth:`InstanceLookup.find` on its backend.
+
+The table is keyed by a 64-bit splitmix hash of the triple (:func:`triple_hash`), sorted by hash,
+with the three key columns kept beside it: a hit is confirmed on the full key, so a hash
+collision between a *query* and a table key can never attach the wrong code; a collision between
+two *table* keys is detected when the table is built (and raises).
+
+The position search is the backend op ``hash_index`` (a hash table on the cpu backend, a binary
+search on the gpu backend).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = ["InstanceLookup", "triple_hash"]
+
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+_SEED = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _mix(xp: Any, x: Any) -> Any:
+    x = x ^ (x >> xp.uint64(30))
+    x = x * _M1
+    x = x ^ (x >> xp.uint64(27))
+    x = x * _M2
+    return x ^ (x >> xp.uint64(31))
+
+
+def triple_hash(xp: Any, collection_id: Any, instance_index: Any, machine_id: Any) -> Any:
+    """A 64-bit hash of (collection_id, instance_index, machine_id) with splitmix64 mixing."""
+    h = _mix(xp, collection_id.astype(xp.int64).astype(xp.uint64) ^ _SEED)
+    h = _mix(xp, h ^ instance_index.astype(xp.int64).astype(xp.uint64))
+    return _mix(xp, h ^ machine_id.astype(xp.int64).astype(xp.uint64))
+
+
+@dataclass(frozen=True)
+class InstanceLookup:
+    """``(collection_id, instance_index, machine_id) -> int32 code``, sorted by key hash.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from gpuclust.backends import get_backend
+    >>> lk = InstanceLookup.build(np.array([7, 7]), np.array([0, 1]), np.array([5, 5]), np.array([2, 3]))
+    >>> found, code = lk.find(get_backend("cpu"), np.array([7, 7, 8]), np.array([1, 0, 0]), np.array([5, 5, 5]))
+    >>> found.tolist(), code[found].tolist()
+    ([True, True, False], [3, 2])
+    """
+
+    hash: np.ndarray
+    collection: np.ndarray
+    instance: np.ndarray
+    machine: np.ndarray
+    code: np.ndarray
+
+    @classmethod
+    def empty(cls) -> InstanceLookup:
+        return cls(np.zeros(0, np.uint64), np.zeros(0, np.int64), np.zeros(0, np.int32),
+                   np.zeros(0, np.int64), np.zeros(0, np.int32))
+
+    @classmethod
+    def build(cls, collection: Any, instance: Any, machine: Any, code: Any, *, what: str = "instance lookup") -> InstanceLookup:
+        """A lookup from unique key triples (the caller has reduced duplicates) and their codes."""
+        c = np.asarray(collection, dtype=np.int64)
+        i = np.asarray(instance, dtype=np.int32)
+        m = np.asarray(machine, dtype=np.int64)
+        k = np.asarray(code, dtype=np.int32)
+        h = triple_hash(np, c, i, m)
+        order = np.argsort(h, kind="stable")
+        h = h[order]
+        if h.shape[0] > 1 and bool((h[1:] == h[:-1]).any()):
+            raise RuntimeError(f"{what}: 64-bit hash collision between two instance keys (please report)")
+        return cls(h, c[order], i[order], m[order], k[order])
+
+    def __len__(self) -> int:
+        return int(self.hash.shape[0])
+
+    def find(self, backend: Any, collection: Any, instance: Any, machine: Any) -> tuple[Any, Any]:
+        """Per query row: whether its triple is in the table, and its code (0 where not found)."""
+        xp = backend.xp
+        n = int(collection.shape[0])
+        if len(self) == 0 or n == 0:
+            return xp.zeros(n, dtype=bool), xp.zeros(n, dtype=xp.int32)
+        h = triple_hash(xp, collection, instance, machine)
+        pos = backend.ops.hash_index(backend.stage(self.hash), h)
+        hit = pos >= 0
+        pos = xp.maximum(pos, 0)
+        found = (hit & (backend.stage(self.collection)[pos] == collection)
+                 & (backend.stage(self.instance)[pos] == instance) & (backend.stage(self.machine)[pos] == machine))
+        code = xp.where(found, backend.stage(self.code)[pos], xp.int32(0)).astype(xp.int32)
+        return found, code
