@@ -64,7 +64,7 @@ def gpuclust_runner(backend: str) -> Callable[[Path, str], Callable[[], Any]]:
         d = Dataset(ds)
         n = _parts(ds)
         a = create(analysis, **BENCH_OPTIONS.get(analysis, {}))
-        return lambda: run(d, [a], backend=backend, partitions=n)
+        return lambda: run(d, [a], backend=backend, partitions=n, workers=1)
 
     return make
 

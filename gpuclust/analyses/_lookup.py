@@ -29,18 +29,32 @@ _SEED = np.uint64(0x9E3779B97F4A7C15)
 
 
 def _mix(xp: Any, x: Any) -> Any:
-    x = x ^ (x >> xp.uint64(30))
-    x = x * _M1
-    x = x ^ (x >> xp.uint64(27))
-    x = x * _M2
-    return x ^ (x >> xp.uint64(31))
+    """splitmix64's finaliser, in place on the uint64 array ``x`` (one temporary)."""
+    t = x >> xp.uint64(30)
+    x ^= t
+    x *= _M1
+    xp.right_shift(x, xp.uint64(27), out=t)
+    x ^= t
+    x *= _M2
+    xp.right_shift(x, xp.uint64(31), out=t)
+    x ^= t
+    return x
+
+
+def _as_u64(xp: Any, a: Any) -> Any:
+    """``a`` as int64 reinterpreted as uint64 (a view when ``a`` is already int64)."""
+    a = a.astype(xp.int64, copy=False)
+    return a.view(xp.uint64)
 
 
 def triple_hash(xp: Any, collection_id: Any, instance_index: Any, machine_id: Any) -> Any:
     """A 64-bit hash of (collection_id, instance_index, machine_id) with splitmix64 mixing."""
-    h = _mix(xp, collection_id.astype(xp.int64).astype(xp.uint64) ^ _SEED)
-    h = _mix(xp, h ^ instance_index.astype(xp.int64).astype(xp.uint64))
-    return _mix(xp, h ^ machine_id.astype(xp.int64).astype(xp.uint64))
+    h = _as_u64(xp, collection_id) ^ _SEED
+    _mix(xp, h)
+    h ^= _as_u64(xp, instance_index)
+    _mix(xp, h)
+    h ^= _as_u64(xp, machine_id)
+    return _mix(xp, h)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ __all__ = ["PartitionSpec", "TableSource", "analyze", "plan_partitions", "read_p
 
 
 def analyze(dataset, names, *, out=None, backend="cpu", scheduler=None, partitions=1, tier_map=None,
-            mode=None, plots=True):
+            mode=None, plots=True, workers=None):
     """Run registered analyses by name, optionally writing results to ``out``.
 
     Parameters
@@ -27,6 +27,8 @@ def analyze(dataset, names, *, out=None, backend="cpu", scheduler=None, partitio
         written when ``None``.
     tier_map, mode
         Options passed to every analysis that declares them.
+    backend, scheduler, partitions, workers
+        As :func:`run`.
 
     Returns
     -------
@@ -54,7 +56,7 @@ def analyze(dataset, names, *, out=None, backend="cpu", scheduler=None, partitio
         else:
             ans.append(n)
     ans = resolve_analyses(ans)
-    res = run(dataset, ans, backend=backend, partitions=partitions, scheduler=scheduler)
+    res = run(dataset, ans, backend=backend, partitions=partitions, scheduler=scheduler, workers=workers)
     if out is not None:
         from gpuclust.report import write_results
 

@@ -41,6 +41,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                    help="threads | local:N | cuda | ADDRESS (tcp://host:port); default: run locally in-process")
     p.add_argument("--partitions", type=_partitions, default="auto", metavar="N",
                    help="partitions per table, or 'auto' (about 4 Mi rows each; the default)")
+    p.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="local run: threads processing partitions at once (default: the usable CPU cores "
+                   "on the cpu backend, 1 on gpu); results do not depend on it")
     p.add_argument("--tier-map", choices=sorted(TIER_MAPS), default=None,
                    help="priority tier map (default: the dataset manifest's)")
     p.add_argument("--mode", choices=MODES, default=None, help="cell-usage mode (default notebook)")
@@ -113,7 +116,8 @@ def main(args: argparse.Namespace) -> int:
     try:
         analyses = build_analyses(list(dict.fromkeys(args.names)), args.option, tier_map=args.tier_map, mode=args.mode)
         analyze(args.dataset, analyses, out=args.out, backend=args.backend,
-                scheduler=args.scheduler, partitions=args.partitions, plots=not args.no_plots)
+                scheduler=args.scheduler, partitions=args.partitions, plots=not args.no_plots,
+                workers=args.workers)
     except (BackendUnavailable, DatasetError, ValueError) as e:
         print(f"gpuclust analyze: error: {e}", file=sys.stderr)
         return 2

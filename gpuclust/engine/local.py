@@ -1,14 +1,16 @@
 """The engine core: plan partitions, compute contexts once, one partial per partition, merge, finalize.
 
 :func:`run` is the entry point for both the local path (``scheduler=None``: partitions are
-processed one after another in this process) and dask (any other ``scheduler``, see
+processed in this process, by a pool of threads on the cpu backend) and dask (any other ``scheduler``, see
 :mod:`gpuclust.engine.dask`).  Several analyses that stream the same table share one read per
 partition.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pandas as pd
@@ -17,7 +19,7 @@ from gpuclust.analyses.base import Analysis, to_host
 from gpuclust.backends import Backend, get_backend
 from gpuclust.engine import partition as _partition
 
-__all__ = ["partition_partials", "resolve_analyses", "result_keys", "run"]
+__all__ = ["default_workers", "partition_partials", "resolve_analyses", "result_keys", "run"]
 
 
 def resolve_analyses(analyses: Analysis | str | Iterable[Analysis | str]) -> list[Analysis]:
@@ -55,6 +57,26 @@ def partition_partials(spec: _partition.PartitionSpec, analyses: Sequence[Analys
     return [to_host(a.partial({c: cols[c] for c in a.columns}, ctx, be)) for a, ctx in zip(analyses, ctxs, strict=False)]
 
 
+def default_workers(backend: Backend | str) -> int:
+    """Threads for the local path: the usable CPU cores on the cpu backend, 1 on the gpu backend."""
+    if get_backend(backend).name != "cpu":
+        return 1
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def _map_in_order(fn: Any, items: Sequence[Any], threads: int) -> Iterable[Any]:
+    """``map(fn, items)``, on ``threads`` threads when there is more than one item; results come
+    back in item order (at most ``threads`` items are being worked on at once)."""
+    if threads <= 1 or len(items) <= 1:
+        yield from map(fn, items)
+        return
+    with ThreadPoolExecutor(max_workers=min(threads, len(items)), thread_name_prefix="gpuclust-part") as pool:
+        yield from pool.map(fn, items)
+
+
 def merge_lists(analyses: Sequence[Analysis], *lists: list[Any]) -> list[Any]:
     """Merge several per-partition partial lists analysis by analysis."""
     out = list(lists[0])
@@ -72,6 +94,7 @@ def run(
     scheduler: Any = None,
     cut_points: dict[str, Sequence[int]] | Sequence[int] | None = None,
     split_every: int = 8,
+    workers: int | None = None,
 ) -> dict[str, dict[str, pd.DataFrame]]:
     """Run analyses over a dataset or in-memory tables.
 
@@ -97,6 +120,12 @@ def run(
         for every table); overrides ``partitions``.
     split_every
         Fan-in of the dask merge tree.
+    workers
+        Local path only: threads that process partitions at the same time (NumPy and Arrow
+        release the GIL in their heavy loops).  Default: the usable CPU cores on the cpu
+        backend, 1 on the gpu backend.  Partials are merged in partition order whatever the
+        thread count, so the result is bit-for-bit that of ``workers=1``.  With
+        ``partitions="auto"`` the partition count is rounded up to a multiple of ``workers``.
 
     Returns
     -------
@@ -122,10 +151,14 @@ def run(
     by_table: dict[str, list[int]] = {}
     for k, a in enumerate(ans):
         by_table.setdefault(a.table, []).append(k)
+    nthreads = default_workers(be) if workers is None else int(workers)
+    if nthreads < 1:
+        raise ValueError(f"workers must be >= 1, got {workers!r}")
     plans = {}
     for table, idx in by_table.items():
         cp = cut_points.get(table) if isinstance(cut_points, dict) else cut_points
-        plans[table] = (idx, _partition.plan_partitions(src, table, partitions, cp))
+        plans[table] = (idx, _partition.plan_partitions(src, table, partitions, cp,
+                                                        multiple_of=nthreads if scheduler is None else 1))
 
     if scheduler is None:
         merged: list[Any] = [None] * len(ans)
@@ -133,8 +166,9 @@ def run(
             sub = [ans[k] for k in idx]
             acc = [a.empty(be) for a in sub]
             acc = [to_host(x) for x in acc]
-            for spec in specs:
-                parts = partition_partials(spec, sub, [ctxs[k] for k in idx], be)
+            sub_ctxs = [ctxs[k] for k in idx]
+            for parts in _map_in_order(lambda spec, sub=sub, sub_ctxs=sub_ctxs: partition_partials(spec, sub, sub_ctxs, be),
+                                       specs, nthreads):
                 acc = merge_lists(sub, acc, parts)
             for k, p in zip(idx, acc, strict=False):
                 merged[k] = p

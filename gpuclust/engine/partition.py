@@ -128,14 +128,15 @@ AUTO_PARTITION_ROWS = 1 << 22
 
 
 def plan_partitions(source: Any, table: str, partitions: int | str = 1,
-                    cut_points: Sequence[int] | None = None) -> list[PartitionSpec]:
+                    cut_points: Sequence[int] | None = None, multiple_of: int = 1) -> list[PartitionSpec]:
     """Cut ``table`` of ``source`` into partitions.
 
     Parameters
     ----------
     partitions
         Number of partitions (ignored when ``cut_points`` is given), or ``"auto"``: about
-        :data:`AUTO_PARTITION_ROWS` rows each.  Partitions may be empty.
+        :data:`AUTO_PARTITION_ROWS` rows each, rounded up to a multiple of ``multiple_of`` (the
+        local engine's thread count, so every thread gets the same share).  Partitions may be empty.
     cut_points
         Global row offsets where partitions start (0 and the row count are implied).
     """
@@ -143,6 +144,8 @@ def plan_partitions(source: Any, table: str, partitions: int | str = 1,
     total = sum(n for _, n, _ in units)
     if partitions == "auto":
         partitions = max(1, -(-total // AUTO_PARTITION_ROWS))
+        if total >= multiple_of > 1:
+            partitions = -(-partitions // multiple_of) * multiple_of
     if not isinstance(partitions, int) or partitions < 1:
         raise ValueError(f"partitions must be an integer >= 1 or 'auto', got {partitions!r}")
     if cut_points is not None:

@@ -125,6 +125,26 @@ def test_one_read_per_partition_shared_by_analyses(dataset, monkeypatch):
     assert len(calls) == 6
 
 
+def test_local_threads_are_bit_identical(dataset):
+    """The local path's thread pool merges in partition order: any worker count gives exactly the
+    result of one worker, for every registered analysis."""
+    from gpuclust.analyses.registry import create, names
+
+    ans = [create(n) for n in names()]
+    one = run(dataset, ans, partitions=7, workers=1)
+    assert_same(run(dataset, ans, partitions=7, workers=3), one, rtol=0)
+    assert_same(run(dataset, ans, partitions=7), one, rtol=0)  # default: the usable cores
+    with pytest.raises(ValueError, match="workers"):
+        run(dataset, ans, workers=0)
+
+
+def test_auto_partitions_round_to_the_thread_count(dataset, tables):
+    n = tables["instance_usage"].num_rows
+    assert len(plan_partitions(dataset, "instance_usage", "auto", multiple_of=4)) == 4
+    assert len(plan_partitions(dataset, "instance_usage", "auto", multiple_of=n + 1)) == 1  # fewer rows than threads
+    assert len(plan_partitions(dataset, "instance_usage", 3, multiple_of=4)) == 3  # explicit counts are kept
+
+
 def test_threaded_scheduler(dataset, reference):
     assert_same(run(dataset, ANALYSES, partitions=7, scheduler="threads", split_every=2), reference)
     assert_same(run(dataset, ANALYSES, partitions=1, scheduler="sync"), reference)
