@@ -251,14 +251,10 @@ class Overcommit(Analysis):
         bo = get_backend("cpu").ops.bucket_overlap
         kw = dict(n_buckets=B, origin=w0, width=width)
         ccode = np.searchsorted(mids, cap.machine_id).astype(np.int32)
-        ones_c = np.ones(cap.start.shape[0])
-        series: dict[str, np.ndarray] = {
-            "up_s": bo(cap.start, cap.end, ones_c, ccode, n_groups=M, **kw),
-            "capc_s": bo(cap.start, cap.end, cap.cap_cpu, ccode, n_groups=M, **kw),
-            "capm_s": bo(cap.start, cap.end, cap.cap_mem, ccode, n_groups=M, **kw),
-            "unkc_s": bo(cap.start, cap.end, np.isnan(cap.cap_cpu).astype(np.float64), ccode, n_groups=M, **kw),
-            "unkm_s": bo(cap.start, cap.end, np.isnan(cap.cap_mem).astype(np.float64), ccode, n_groups=M, **kw),
-        }
+        capv = np.stack([np.ones(cap.start.shape[0]), cap.cap_cpu, cap.cap_mem,
+                         np.isnan(cap.cap_cpu).astype(np.float64), np.isnan(cap.cap_mem).astype(np.float64)])
+        cs = bo(cap.start, cap.end, capv, ccode, n_groups=M, **kw)  # one sweep for the 5 capacity series
+        series: dict[str, np.ndarray] = {"up_s": cs[0], "capc_s": cs[1], "capm_s": cs[2], "unkc_s": cs[3], "unkm_s": cs[4]}
         ps, pe = run.start[placed], run.end[placed]
         pcode = np.searchsorted(mids, run.machine_id[placed]).astype(np.int64)
         pri = run.priority[placed]
@@ -267,8 +263,9 @@ class Overcommit(Analysis):
         tcp = tm.tier_codes(pri[okp].astype(np.int64)).astype(np.int64)
         ptier[okp] = np.where(tcp >= 0, tcp, T - 1)
         g = (pcode * T + ptier).astype(np.int32)
-        series["reqc_s"] = bo(ps, pe, run.req_cpu[placed], g, n_groups=M * T, **kw).reshape(M, T, B)
-        series["reqm_s"] = bo(ps, pe, run.req_mem[placed], g, n_groups=M * T, **kw).reshape(M, T, B)
+        rs = bo(ps, pe, np.stack([run.req_cpu[placed], run.req_mem[placed]]), g, n_groups=M * T, **kw)
+        series["reqc_s"] = rs[0].reshape(M, T, B)
+        series["reqm_s"] = rs[1].reshape(M, T, B)
         series["inst_s"] = bo(ps, pe, np.ones(ps.shape[0]), pcode.astype(np.int32), n_groups=M, **kw)
         series["distinct"] = distinct_running(pcode, run.instance[placed], ps, pe, M, w0, width, B)
         series["has_me"] = np.isin(mids, me_ids)
@@ -316,16 +313,16 @@ class Overcommit(Analysis):
               "usage_unknown_machine": int((top & bounded & ~known).sum()),
               "usage_no_overlap": int((top & bounded & known & ~(e > s)).sum()),
               "usage_used": int(use.sum()), "usage_unknown_tier": int((use & ~found).sum())}
-        part = self._usage(backend, s[use], e[use], (code[use].astype(xp.int64) * T + tier[use]),
+        part = self._usage(backend, s[use], e[use], (code[use].astype(xp.int64) * T + tier[use]), max(M, 1) * T,
                            {k: cols[c][use] for k, c in (("use_cpu", "avg_cpu"), ("use_mem", "avg_mem"),
                                                         ("max_cpu", "max_cpu"), ("max_mem", "max_mem"))},
                            w0, width, B)
         part["stats"] = xp.asarray(np.array([st[k] for k in STATS], dtype=np.int64))
         return part
 
-    def _usage(self, backend: Any, s: Any, e: Any, g: Any, vals: dict[str, Any], w0: int, width: int,
-               B: int) -> dict[str, Any]:
-        """Keyed usage sums: key = (machine code * T + tier) * B + bucket."""
+    def _usage(self, backend: Any, s: Any, e: Any, g: Any, n_codes: int, vals: dict[str, Any], w0: int,
+               width: int, B: int) -> dict[str, Any]:
+        """Keyed usage sums: key = (machine code * T + tier) * B + bucket; ``g`` in ``[0, n_codes)``."""
         xp, ops = backend.xp, backend.ops
         if s.shape[0] == 0:
             return {k: xp.asarray(v) for k, v in self.empty().items() if k != "stats"}
@@ -334,17 +331,17 @@ class Overcommit(Analysis):
         b1 = (e - 1 - w0) // width
         a_s = xp.ascontiguousarray(w0 + b0 * width)      # bucket-aligned: every overlapped bucket whole,
         a_e = xp.ascontiguousarray(w0 + (b1 + 1) * width)  # so value / width_s adds the value once per bucket
-        ug, ginv = xp.unique(g, return_inverse=True)
-        ginv = ginv.reshape(-1).astype(xp.int32)
+        # dense codes of the (machine, tier) pairs present: a bincount, not a sort
+        present = xp.bincount(g, minlength=n_codes) > 0
+        ug = xp.nonzero(present)[0].astype(xp.int64)
+        ginv = (xp.cumsum(present) - 1).astype(xp.int32)[g]
         G = int(ug.shape[0])
         lo, hi = int(b0.min()), int(b1.max()) + 1
         step = max(1, CELL_LIMIT // max(G, 1))
-        inputs = {
-            "use_cpu": (s, e, vals["use_cpu"]), "use_mem": (s, e, vals["use_mem"]),
-            "max_cpu": (a_s, a_e, vals["max_cpu"].astype(xp.float64) / ws),
-            "max_mem": (a_s, a_e, vals["max_mem"].astype(xp.float64) / ws),
-            "windows": (a_s, a_e, xp.full(s.shape[0], 1.0 / ws, dtype=xp.float64)),
-        }
+        # two sweeps: exact overlap (mean usage) and whole buckets (window maxima, window counts)
+        exact = xp.stack([vals["use_cpu"].astype(xp.float64), vals["use_mem"].astype(xp.float64)])
+        whole = xp.stack([vals["max_cpu"].astype(xp.float64) / ws, vals["max_mem"].astype(xp.float64) / ws,
+                          xp.full(s.shape[0], 1.0 / ws, dtype=xp.float64)])
         keys: list[Any] = []
         outs: dict[str, list[Any]] = {k: [] for k in _USAGE_FIELDS}
         s = xp.ascontiguousarray(s)
@@ -356,18 +353,22 @@ class Overcommit(Analysis):
             cb1 = int(b1[sel].max()) + 1 if sel is not None else hi
             nb = cb1 - c0
             kw = dict(n_groups=G, n_buckets=nb, origin=w0 + c0 * width, width=width)
-            gi = ginv if sel is None else xp.ascontiguousarray(ginv[sel])
-            dense = {}
-            for k, (ss, ee, v) in inputs.items():
-                if sel is not None:
-                    ss, ee, v = ss[sel], ee[sel], v[sel]
-                dense[k] = ops.bucket_overlap(xp.ascontiguousarray(ss), xp.ascontiguousarray(ee),
-                                              xp.ascontiguousarray(v), gi, **kw).reshape(-1)
+            if sel is None:
+                d1 = ops.bucket_overlap(s, e, exact, ginv, **kw)
+                d2 = ops.bucket_overlap(a_s, a_e, whole, ginv, **kw)
+            else:
+                gi = xp.ascontiguousarray(ginv[sel])
+                d1 = ops.bucket_overlap(xp.ascontiguousarray(s[sel]), xp.ascontiguousarray(e[sel]),
+                                        xp.ascontiguousarray(exact[:, sel]), gi, **kw)
+                d2 = ops.bucket_overlap(xp.ascontiguousarray(a_s[sel]), xp.ascontiguousarray(a_e[sel]),
+                                        xp.ascontiguousarray(whole[:, sel]), gi, **kw)
+            dense = {"use_cpu": d1[0].reshape(-1), "use_mem": d1[1].reshape(-1), "max_cpu": d2[0].reshape(-1),
+                     "max_mem": d2[1].reshape(-1), "windows": d2[2].reshape(-1)}
             nz = dense["windows"] != 0
             for k in ("use_cpu", "use_mem", "max_cpu", "max_mem"):
                 nz |= dense[k] != 0
             idx = xp.nonzero(nz)[0]
-            keys.append(ug[idx // nb].astype(xp.int64) * B + (c0 + idx % nb))
+            keys.append(ug[idx // nb] * B + (c0 + idx % nb))
             for k in _USAGE_FIELDS:
                 outs[k].append(dense[k][idx])
         if len(keys) == 1:  # g-major dense layout: keys already sorted and unique

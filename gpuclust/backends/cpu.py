@@ -37,7 +37,15 @@ def check_bucket_overlap(
     """Validate :func:`bucket_overlap` arguments (shared by both backends); returns the length."""
     n = _check_1d("start", start, (np.dtype(np.int64),), None)
     _check_1d("end", end, (np.dtype(np.int64),), n)
-    _check_1d("value", value, _VALUE_DTYPES, n)
+    if getattr(value, "ndim", None) == 2:
+        if value.dtype not in _VALUE_DTYPES:
+            raise TypeError(f"value must have dtype float32 or float64, got {value.dtype}")
+        if not value.flags.c_contiguous:
+            raise ValueError("value must be C-contiguous")
+        if value.shape[1] != n:
+            raise ValueError(f"value has {value.shape[1]} columns, expected {n} (one per interval)")
+    else:
+        _check_1d("value", value, _VALUE_DTYPES, n)
     _check_1d("group", group, (np.dtype(np.int32),), n)
     if n_groups < 0 or n_buckets < 0 or n_groups > 2**31 - 1:
         raise ValueError("n_groups and n_buckets must be non-negative (n_groups < 2^31)")
@@ -75,7 +83,8 @@ def bucket_overlap(
     start, end
         int64 interval bounds in microseconds, half-open ``[start, end)``.
     value
-        float32 or float64 value per interval (a rate: it is multiplied by seconds).
+        float32 or float64 value per interval (a rate: it is multiplied by seconds), shape
+        ``(n,)``; or ``(k, n)`` for ``k`` value series over the same intervals (one sweep).
     group
         int32 group code per interval; codes outside ``[0, n_groups)`` are ignored.
     n_groups, n_buckets
@@ -86,13 +95,16 @@ def bucket_overlap(
     Returns
     -------
     numpy.ndarray
-        float64 array of shape ``(n_groups, n_buckets)``.
+        float64 array of shape ``(n_groups, n_buckets)``, or ``(k, n_groups, n_buckets)`` for a
+        2-D ``value``.
 
     Notes
     -----
     Intervals are clipped to the bucket range, so sentinels such as 2^63-1 are safe.  Intervals
-    with ``end <= start`` or a NaN value add nothing.  Overlaps are exact integers, converted to
-    seconds as ``overlap_us / 1e6``.
+    with ``end <= start`` add nothing; a NaN value adds nothing (to its own series only).
+    Overlaps are exact integers, converted to seconds as ``overlap_us / 1e6``.  Every interval
+    contributes its first and last bucket directly; only the full-width buckets in between
+    (intervals spanning three or more) are expanded piece by piece.
 
     Examples
     --------
@@ -104,25 +116,55 @@ def bucket_overlap(
     [[3600.0, 3600.0]]
     """
     check_bucket_overlap(start, end, value, group, n_groups, n_buckets, origin, width)
+    vals = value if value.ndim == 2 else value.reshape(1, -1)
+    k = vals.shape[0]
     cells = n_groups * n_buckets
+    out = np.zeros((k, cells), dtype=np.float64)
+    shape = (k, n_groups, n_buckets) if value.ndim == 2 else (n_groups, n_buckets)
     if cells == 0 or start.shape[0] == 0:
-        return np.zeros((n_groups, n_buckets), dtype=np.float64)
+        return out.reshape(shape)
     hi = origin + n_buckets * width
     s = np.clip(start, origin, hi)
     e = np.clip(end, origin, hi)
-    v = value.astype(np.float64)
-    keep = (e > s) & (group >= 0) & (group < n_groups) & ~np.isnan(v)
-    s, e, v, g = s[keep], e[keep], v[keep], group[keep].astype(np.int64)
+    keep = (e > s) & (group >= 0) & (group < n_groups)
+    if not keep.all():
+        idx = np.flatnonzero(keep)
+        s, e, g, vals = s[idx], e[idx], group[idx].astype(np.int64), vals[:, idx]
+    else:
+        g = group.astype(np.int64)
+    if s.shape[0] == 0:
+        return out.reshape(shape)
+    v = vals.astype(np.float64)  # a copy: NaN -> 0 below adds nothing, per series
+    v[np.isnan(v)] = 0.0
     b0 = (s - origin) // width
-    counts = (e - 1 - origin) // width - b0 + 1
-    idx = np.repeat(np.arange(s.shape[0]), counts)
-    first = np.cumsum(counts) - counts
-    b = b0[idx] + (np.arange(idx.shape[0], dtype=np.int64) - first[idx])
-    bs = origin + b * width
-    ov = np.minimum(e[idx], bs + width) - np.maximum(s[idx], bs)
-    contrib = v[idx] * (ov.astype(np.float64) / 1e6)
-    out = np.bincount(g[idx] * n_buckets + b, weights=contrib, minlength=cells).astype(np.float64)
-    return out.reshape(n_groups, n_buckets)
+    b1 = (e - 1 - origin) // width
+    base = g * n_buckets
+    # first bucket of every interval
+    ov = np.minimum(e, origin + (b0 + 1) * width) - s
+    key = base + b0
+    sec = ov / 1e6
+    for j in range(k):
+        out[j] += np.bincount(key, weights=v[j] * sec, minlength=cells)
+    multi = np.flatnonzero(b1 > b0)
+    if multi.shape[0]:
+        # last bucket of intervals spanning two or more
+        lb = b1[multi]
+        sec = (e[multi] - (origin + lb * width)) / 1e6
+        key = base[multi] + lb
+        for j in range(k):
+            out[j] += np.bincount(key, weights=v[j, multi] * sec, minlength=cells)
+        # the full buckets in between
+        counts = lb - b0[multi] - 1
+        mid = counts > 0
+        if mid.any():
+            rows, counts = multi[mid], counts[mid]
+            rep = np.repeat(np.arange(rows.shape[0]), counts)
+            first = np.cumsum(counts) - counts
+            key = (base[rows] + b0[rows] + 1)[rep] + (np.arange(rep.shape[0], dtype=np.int64) - first[rep])
+            wsec = width / 1e6
+            for j in range(k):
+                out[j] += np.bincount(key, weights=v[j, rows][rep] * wsec, minlength=cells)
+    return out.reshape(shape)
 
 
 def grouped_sum(codes: np.ndarray, values: np.ndarray, *, n_groups: int) -> np.ndarray:

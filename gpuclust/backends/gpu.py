@@ -117,6 +117,10 @@ def bucket_overlap(start: Any, end: Any, value: Any, group: Any, *, n_groups: in
 
     cp = _cupy()
     n = check_bucket_overlap(start, end, value, group, n_groups, n_buckets, origin, width)
+    if value.ndim == 2:  # k series over the same intervals: one launch per series
+        return cp.stack([bucket_overlap(start, end, value[j], group, n_groups=n_groups, n_buckets=n_buckets,
+                                        origin=origin, width=width) for j in range(value.shape[0])]) \
+            if value.shape[0] else cp.zeros((0, n_groups, n_buckets), dtype=cp.float64)
     out = cp.zeros((n_groups, n_buckets), dtype=cp.float64)
     cells = n_groups * n_buckets
     if n == 0 or cells == 0:

@@ -60,6 +60,23 @@ def test_bucket_overlap_twin_matches_slow_loop(args):
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-9)
 
 
+@settings(max_examples=80, deadline=None)
+@given(intervals(), st.integers(0, 3), st.data())
+def test_bucket_overlap_2d_values_are_independent_series(args, k, data):
+    """A (k, n) value gives k series over the same intervals; a NaN drops the row from its own series only."""
+    start, end, value, group, n_groups, n_buckets, origin, width = args
+    n = start.shape[0]
+    rows = [data.draw(st.lists(st.one_of(st.floats(-10, 10, width=32), st.just(float("nan"))), min_size=n, max_size=n))
+            for _ in range(k)]
+    vals = np.array(rows, dtype=value.dtype).reshape(k, n)
+    kw = dict(n_groups=n_groups, n_buckets=n_buckets, origin=origin, width=width)
+    got = cpu.bucket_overlap(start, end, vals, group, **kw)
+    assert got.shape == (k, n_groups, n_buckets)
+    for j in range(k):
+        np.testing.assert_allclose(got[j], slow_bucket_overlap(start, end, vals[j], group, n_groups, n_buckets, origin, width),
+                                   rtol=1e-12, atol=1e-9)
+
+
 def test_bucket_overlap_crossing_and_sentinels():
     start = np.array([HOUR - 60_000_000, 0, 5, 2 * HOUR], dtype=np.int64)
     end = np.array([HOUR + 240_000_000, MAXT, 5, 2 * HOUR], dtype=np.int64)
@@ -102,6 +119,10 @@ def test_argument_checks(backend):
         ops.bucket_overlap(i64, i64, f64, g32, n_groups=1, n_buckets=2**40, origin=0, width=HOUR)
     with pytest.raises(TypeError, match="values"):
         ops.grouped_sum(g32, i64, n_groups=2)
+    with pytest.raises(ValueError, match="columns"):
+        ops.bucket_overlap(i64, i64, xp.zeros((2, 3)), g32, **kw)
+    with pytest.raises(ValueError, match="contiguous"):
+        ops.bucket_overlap(i64, i64, xp.zeros((4, 2)).T, g32, **kw)
 
 
 # ------------------------------------------------------------------------------ GPU parity
@@ -139,6 +160,19 @@ def test_bucket_overlap_gpu_parity(gpu_backend, dtype, n, n_groups, n_buckets, c
     kw = dict(n_groups=n_groups, n_buckets=n_buckets, origin=origin, width=width)
     want = cpu.bucket_overlap(start, end, value, group, **kw)
     got = gpu_backend.ops.bucket_overlap(cp.asarray(start), cp.asarray(end), cp.asarray(value), cp.asarray(group), **kw)
+    np.testing.assert_allclose(cp.asnumpy(got), want, rtol=1e-9, atol=1e-9 * max(1.0, float(np.abs(want).max(initial=0))))
+
+
+@pytest.mark.gpu
+def test_bucket_overlap_gpu_parity_2d(gpu_backend):
+    cp = gpu_backend.xp
+    rng = np.random.default_rng(3)
+    start, end, value, group, origin = _rng_case(rng, 100_000, 4, 300, HOUR, np.float64, False)
+    vals = np.ascontiguousarray(np.stack([value, rng.random(value.shape[0]), np.ones(value.shape[0])]))
+    kw = dict(n_groups=4, n_buckets=300, origin=origin, width=HOUR)
+    want = cpu.bucket_overlap(start, end, vals, group, **kw)
+    got = gpu_backend.ops.bucket_overlap(cp.asarray(start), cp.asarray(end), cp.asarray(vals), cp.asarray(group), **kw)
+    assert got.shape == (3, 4, 300)
     np.testing.assert_allclose(cp.asnumpy(got), want, rtol=1e-9, atol=1e-9 * max(1.0, float(np.abs(want).max(initial=0))))
 
 
