@@ -78,6 +78,7 @@ class SynthConfig:
     diurnal_amplitude: float = 0.15
     machine_load_sigma: float = 0.4
     machine_cell_load_sigma: float = 0.35
+    max_machine_utilisation: float = 0.95
     low_sample_rate_fraction: float = 0.03
     max_usage_missing_fraction: float = 0.005
     # CPI / MAI
@@ -102,6 +103,8 @@ class SynthConfig:
             raise ValueError("malformed_rate must be in [0, 1)")
         if self.overcommit_cpu < 1 or self.overcommit_mem < 1:
             raise ValueError("overcommit factors must be >= 1")
+        if not self.max_machine_utilisation > 0:
+            raise ValueError("max_machine_utilisation must be > 0 (inf: no limit)")
 
 
 @dataclass
@@ -453,7 +456,8 @@ def synthesize(cfg: SynthConfig, out: Path | str, *, dataset: Path | str | None 
     cap_c = np.where(md.m_null_cap, np.nan, md.m_cap_c / _model.UNIT)
     s_ml = cfg.machine_load_sigma
     load = np.exp(s_ml * np.random.default_rng(s_params.spawn(1)[0]).standard_normal(cfg.machines) - 0.5 * s_ml * s_ml)
-    mach = {"mid": md.m_id, "cap_c": cap_c, "cpi_base": cpi_base, "mai_base": mai_base, "load": load}
+    mach = {"mid": md.m_id, "cap_c": cap_c, "cap_true": md.m_cap_c / _model.UNIT, "cpi_base": cpi_base,
+            "mai_base": mai_base, "load": load}
     ctx = _usage.UsageContext(cfg, iv, params, coll, mach, md.t_end)
     g_first = TRACE_OFFSET_US // _usage.CELL_US
     g_last = -(-md.t_end // _usage.CELL_US)

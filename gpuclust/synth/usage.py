@@ -175,6 +175,21 @@ def generate_block(ctx: UsageContext, g0: int, g1: int, rng: np.random.Generator
              * ctx.mach["load"][mach_w] * mc_fac[mach_w, w["cell"] - g0])
     sig = p["sig"][ivx]
     u_pick = rng.random(W)
+    # a machine cannot run more than its cores: where the expected CPU demand of the tasks on a
+    # machine in a cell exceeds max_machine_utilisation x capacity, scale those tasks' levels down
+    # (draws no random numbers, so everything else stays the same)
+    if np.isfinite(cfg.max_machine_utilisation):
+        tasks = np.flatnonzero(~is_alloc)
+        cap_c = ctx.mach["cap_true"][mach_w[tasks]]
+        ncell = g1 - g0
+        mk = mach_w[tasks] * ncell + (w["cell"][tasks] - g0)
+        demand = np.bincount(mk, weights=level[tasks] * dur[tasks], minlength=nm * ncell)
+        cl = w["cell"][tasks]
+        cell_len = np.minimum((cl + 1) * CELL_S, ctx.t_end_s) - np.maximum(cl * CELL_S, TRACE_OFFSET_US // US)
+        limit = cfg.max_machine_utilisation * cap_c * cell_len
+        with np.errstate(invalid="ignore", divide="ignore"):
+            f = np.where((demand[mk] > limit) & (limit > 0), limit / demand[mk], 1.0)
+        level[tasks] *= f
 
     # alloc windows: map (alloc interval, cell) -> row
     a_rows = np.arange(nT, W)
