@@ -189,7 +189,6 @@ class CellUsage(Analysis):
         alloc = cols["alloc_collection_id"]
         n = int(start.shape[0])
         top = (alloc == 0) | is_null_int(xp, alloc)
-        found, tier = ctx.lookup.find(backend, cols["collection_id"], cols["instance_index"], cols["machine_id"])
         stats = dict.fromkeys(STATS, 0)
         stats["rows"] = n
         stats["alloc_rows"] = n - int(top.sum())
@@ -197,22 +196,31 @@ class CellUsage(Analysis):
             long_ = (end - start) >= FIVE_MIN_US
             sel = top & long_
             stats["short_windows"] = int((top & ~long_).sum())
-            stats["unmatched_windows"] = int((sel & ~found).sum())
-            use = sel & found
-            stats["used_windows"] = int(use.sum())
-            hour = start[use] // HOUR_US
-            key = (hour << _TIER_BITS) + tier[use].astype(xp.int64)
-            part = keyed_reduce(backend, key, {"cpu": cols["avg_cpu"][use], "mem": cols["avg_mem"][use]},
-                                {"windows": None})
         else:
             unbounded = top & (end == TIME_AFTER_TRACE)
             stats["unbounded_windows"] = int(unbounded.sum())
-            use = top & ~unbounded
+            sel = top & ~unbounded
+        # only the selected rows are looked up (same rows, same order: same sums)
+        rows = None if bool(sel.all()) else xp.nonzero(sel)[0]
+
+        def pick(a: Any) -> Any:
+            return a if rows is None else a[rows]
+
+        found, tier = ctx.lookup.find(backend, pick(cols["collection_id"]), pick(cols["instance_index"]),
+                                      pick(cols["machine_id"]))
+        if self.mode == "notebook":
+            stats["unmatched_windows"] = int((~found).sum())
+            stats["used_windows"] = int(found.sum())
+            hour = pick(start)[found] // HOUR_US
+            key = (hour << _TIER_BITS) + tier[found].astype(xp.int64)
+            part = keyed_reduce(backend, key, {"cpu": pick(cols["avg_cpu"])[found], "mem": pick(cols["avg_mem"])[found]},
+                                {"windows": None})
+        else:
             t_all = xp.where(found, tier, xp.int32(len(ctx.tier_map.names)))
-            stats["unknown_windows"] = int((use & (t_all == len(ctx.tier_map.names))).sum())
-            stats["used_windows"] = int(use.sum())
-            part = self._exact_partial(backend, start[use], end[use], t_all[use].astype(xp.int32),
-                                       cols["avg_cpu"][use], cols["avg_mem"][use], len(ctx.tier_names))
+            stats["unknown_windows"] = int((t_all == len(ctx.tier_map.names)).sum())
+            stats["used_windows"] = int(found.shape[0])
+            part = self._exact_partial(backend, pick(start), pick(end), t_all.astype(xp.int32),
+                                       pick(cols["avg_cpu"]), pick(cols["avg_mem"]), len(ctx.tier_names))
         part["stats"] = xp.asarray(np.array([stats[s] for s in STATS], dtype=np.int64))
         return part
 

@@ -189,4 +189,16 @@ def test_info_counts(tmp_path):
     assert ex["used_windows"] + ex["alloc_rows"] + ex["unbounded_windows"] == ex["rows"]
     assert ex["unknown_windows"] == run(ds, CellUsage(mode="exact"))["cell-usage"]["usage"].query(
         "tier == 'unknown'")["windows"].sum()
+    # independently: bounded top-level windows whose instance has no event priority (no match, or
+    # MAX(priority) NULL) -- the notebook tier map covers every priority >= 0
+    ev = _files(ds, "instance_events")
+    unknown = one(f"""
+        WITH e AS (SELECT collection_id, instance_index, machine_id, MAX(priority) AS p FROM read_parquet({ev})
+                   WHERE (alloc_collection_id IS NULL OR alloc_collection_id = 0) AND machine_id IS NOT NULL
+                   GROUP BY ALL)
+        SELECT COUNT(*) FROM read_parquet({files}) AS u LEFT JOIN e USING (collection_id, instance_index, machine_id)
+        WHERE {top} AND end_time <> 9223372036854775807 AND (e.p IS NULL OR e.p < 0)""")
+    assert ex["unknown_windows"] == unknown
+    nulls = one(f"SELECT COUNT(*) FROM read_parquet({ev}) WHERE priority IS NULL")
+    assert unknown > 0 and nulls > 0  # the case is exercised
     assert nb["cpu_capacity"] == pytest.approx(one(CAPACITY_SQL.format(me=_files(ds, "machine_events"))), rel=1e-12)
