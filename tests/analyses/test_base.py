@@ -4,7 +4,10 @@ import doctest
 import importlib
 
 import numpy as np
+import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpuclust.analyses.base import keyed_reduce, merge_keyed, merge_moments, to_host
 from gpuclust.backends import get_backend
@@ -12,7 +15,7 @@ from gpuclust.backends import get_backend
 DOCTEST_MODULES = [
     "gpuclust.analyses.base", "gpuclust.analyses.cell_usage", "gpuclust.analyses.machine_shapes",
     "gpuclust.analyses.registry", "gpuclust.backends", "gpuclust.backends.cpu", "gpuclust.engine.local",
-    "gpuclust.engine.partition",
+    "gpuclust.engine.partition", "gpuclust.analyses._lookup",
 ]
 
 
@@ -46,6 +49,35 @@ def test_keyed_reduce_and_merge(backend):
     q = merge_keyed(p, {"key": np.array([0, 7]), "v": np.array([1.0, 1.0]), "n": np.array([1, 1])})
     assert q["key"].tolist() == [-3, 0, 5, 7] and q["v"].tolist() == [10.0, 1.0, 17.0, 5.0]
     assert q["n"].tolist() == [2, 1, 3, 2]
+
+
+_rows = st.lists(st.tuples(st.integers(-5, 30), st.floats(-1e3, 1e3), st.integers(-3, 3)), max_size=25)
+
+
+def _partial(rows, shuffle_seed):
+    """A keyed partial (unique keys, as keyed_reduce makes), in sorted or shuffled key order."""
+    df = pd.DataFrame(rows, columns=["key", "v", "n"]).astype({"key": np.int64, "v": np.float64, "n": np.int64})
+    df = df.groupby("key", as_index=False).agg(v=("v", "sum"), n=("n", "sum"))
+    if shuffle_seed is not None:
+        df = df.sample(frac=1.0, random_state=shuffle_seed)
+    return {"key": df["key"].to_numpy(np.int64), "v": df["v"].to_numpy(np.float64), "n": df["n"].to_numpy(np.int64)}
+
+
+@settings(max_examples=200, deadline=None)
+@given(_rows, _rows, st.one_of(st.none(), st.integers(0, 9)), st.one_of(st.none(), st.integers(0, 9)))
+def test_merge_keyed_matches_pandas(ra, rb, sa, sb):
+    """Sorted partials take the insert path, shuffled ones the grouping path: both agree with a
+    pandas groupby-sum of the two."""
+    a, b = _partial(ra, sa), _partial(rb, sb)
+    got = merge_keyed(a, b)
+    both = pd.DataFrame({k: np.concatenate([a[k], b[k]]) for k in a})
+    want = both.groupby("key").agg(v=("v", "sum"), n=("n", "sum")).reset_index()
+    if not len(a["key"]) or not len(b["key"]):  # one side empty: the other comes back as it is
+        assert sorted(got["key"].tolist()) == want["key"].tolist()
+        return
+    assert got["key"].tolist() == want["key"].tolist()
+    np.testing.assert_allclose(got["v"], want["v"].to_numpy(), rtol=1e-12, atol=1e-9)
+    assert got["n"].tolist() == want["n"].tolist() and got["n"].dtype == np.int64
 
 
 def test_stage_is_identity_on_cpu():
