@@ -15,9 +15,11 @@ and commit.
 Peers (what SQL / pandas can express of each analysis, written the way a user would):
 cell-usage: DuckDB SQL of Google's notebook query and a pandas merge + groupby;
 machine-shapes: DuckDB COUNT(DISTINCT); cpi: DuckDB and pandas grouped weighted Pearson per
-machine; overcommit: DuckDB machine x 5-min bucket usage sums with exact overlap
-(generate_series) and pandas on the 300 s grid; usage-distribution: the straightforward
-per-group loop (timed on a subset of groups and scaled by window count, reported as such).
+machine (compared with gpuclust's cpi restricted to that: regression=none, spearman=none);
+overcommit: DuckDB machine x 5-min bucket CPU sums with exact overlap (generate_series), DuckDB
+computing all of gpuclust's usage sums (tier join, CPU/memory overlap, maxima, counts), and
+pandas on the 300 s grid; usage-distribution: the straightforward per-group loop (timed on a
+subset of groups and scaled by window count, reported as such).
 """
 
 from __future__ import annotations
@@ -42,29 +44,42 @@ US = 1_000_000
 # ------------------------------------------------------------------------------------------
 # Contenders (run inside the child process)
 # ------------------------------------------------------------------------------------------
-def _parts(ds: Path) -> int:
-    man = json.loads((ds / "manifest.json").read_text())
-    rows = man["tables"]["instance_usage"]["rows"]
-    return max(1, rows // (4 << 20))
-
-
 #: Options that make gpuclust compute what its peers compute (same groups).
 BENCH_OPTIONS: dict[str, dict[str, Any]] = {
     "cpi": {"by": "machine"},                 # peers: grouped weighted Pearson per machine
     "usage-distribution": {"by": "machine"},  # peer: the per-group loop over machines
 }
+#: Extra gpuclust rows: the analysis restricted to what its SQL peer computes (contender name
+#: ``gpuclust-<backend>[opt=value,...]``).
+BENCH_VARIANTS: dict[str, list[dict[str, Any]]] = {
+    "cpi": [{"regression": "none", "spearman": "none"}],  # moments + Pearson only, as the SQL
+}
 
 
-def gpuclust_runner(backend: str) -> Callable[[Path, str], Callable[[], Any]]:
+def _variant_name(backend: str, opts: dict[str, Any]) -> str:
+    return f"gpuclust-{backend}[{','.join(f'{k}={v}' for k, v in opts.items())}]" if opts else f"gpuclust-{backend}"
+
+
+def _parse_contender(name: str) -> tuple[str, dict[str, Any]]:
+    """``gpuclust-cpu[a=1,b=x]`` -> ("cpu", {"a": "1", "b": "x"})."""
+    body = name.split("-", 1)[1]
+    if "[" not in body:
+        return body, {}
+    backend, opts = body[:-1].split("[", 1)
+    return backend, dict(kv.split("=", 1) for kv in opts.split(","))
+
+
+def gpuclust_runner(backend: str, extra: dict[str, Any] | None = None) -> Callable[[Path, str], Callable[[], Any]]:
     def make(ds: Path, analysis: str) -> Callable[[], Any]:
         from gpuclust.analyses.registry import create
         from gpuclust.dataset import Dataset
         from gpuclust.engine import run
 
         d = Dataset(ds)
-        n = _parts(ds)
-        a = create(analysis, **BENCH_OPTIONS.get(analysis, {}))
-        return lambda: run(d, [a], backend=backend, partitions=n, workers=1)
+        a = create(analysis, **{**BENCH_OPTIONS.get(analysis, {}), **(extra or {})})
+        # the engine's defaults: about 4 Mi rows a partition, one thread per usable core (the
+        # DuckDB peers run with threads = 2 on the same 2 cores)
+        return lambda: run(d, [a], backend=backend, partitions="auto")
 
     return make
 
@@ -168,6 +183,31 @@ def duck_overcommit(ds: Path, _: str) -> Callable[[], Any]:
     return lambda: con.execute(sql).fetchall()
 
 
+def duck_overcommit_tiers(ds: Path, _: str) -> Callable[[], Any]:
+    """The usage sums gpuclust's overcommit partial computes: machine x tier x 5-min bucket, tier
+    from MAX(priority) per instance (notebook tier map), exact-overlap CPU and memory, sums of
+    window maxima and window counts per bucket touched."""
+    con = _duck()
+    b = 300 * US
+    sql = f"""
+    WITH e AS (SELECT collection_id, instance_index, machine_id, MAX(priority) AS p
+               FROM read_parquet('{ds}/instance_events/*.parquet')
+               WHERE alloc_collection_id IS NULL OR alloc_collection_id = 0 GROUP BY ALL),
+         u AS (SELECT u.*, CASE WHEN p BETWEEN 0 AND 99 THEN 0 WHEN p BETWEEN 100 AND 115 THEN 1
+                                WHEN p BETWEEN 116 AND 119 THEN 2 WHEN p >= 120 THEN 3 ELSE 4 END AS tier
+               FROM read_parquet('{ds}/instance_usage/*.parquet') AS u
+               LEFT JOIN e USING (collection_id, instance_index, machine_id)
+               WHERE (u.alloc_collection_id IS NULL OR u.alloc_collection_id = 0)
+                 AND end_time > start_time AND end_time < 9223372036854775807)
+    SELECT machine_id, tier, g.b AS bucket,
+           SUM(avg_cpu * (LEAST(end_time, (g.b + 1) * {b}) - GREATEST(start_time, g.b * {b}))) / {b} AS cpu,
+           SUM(avg_mem * (LEAST(end_time, (g.b + 1) * {b}) - GREATEST(start_time, g.b * {b}))) / {b} AS mem,
+           SUM(max_cpu) AS max_cpu, SUM(max_mem) AS max_mem, COUNT(*) AS windows
+    FROM u, generate_series(u.start_time // {b}, (u.end_time - 1) // {b}) AS g(b)
+    GROUP BY ALL"""
+    return lambda: con.execute(sql).fetchall()
+
+
 def pandas_overcommit(ds: Path, _: str) -> Callable[[], Any]:
     import pandas as pd
 
@@ -209,14 +249,16 @@ PEERS: dict[str, dict[str, Callable[[Path, str], Callable[[], Any]]]] = {
     "cell-usage": {"duckdb": duck_cell_usage, "pandas": pandas_cell_usage},
     "machine-shapes": {"duckdb": duck_machine_shapes},
     "cpi": {"duckdb": duck_cpi, "pandas": pandas_cpi},
-    "overcommit": {"duckdb": duck_overcommit, "pandas": pandas_overcommit},
+    "overcommit": {"duckdb": duck_overcommit, "duckdb (usage by tier)": duck_overcommit_tiers,
+                   "pandas": pandas_overcommit},
     "usage-distribution": {"per-group loop": loop_usage_distribution},
 }
 
 
 def child(analysis: str, contender: str, ds: Path, repeat: int) -> None:
     if contender.startswith("gpuclust-"):
-        fn = gpuclust_runner(contender.split("-", 1)[1])(ds, analysis)
+        be, extra = _parse_contender(contender)
+        fn = gpuclust_runner(be, extra)(ds, analysis)
     else:
         fn = PEERS[analysis][contender](ds, analysis)
     best, scale = float("inf"), 1.0
@@ -265,7 +307,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"generating {size:,} windows into {ds}", flush=True)
             make_dataset(ds, size, seed=1)
         for an in analyses:
-            contenders = [f"gpuclust-{b}" for b in backends] + ([] if args.no_peers else list(PEERS.get(an, {})))
+            contenders = ([f"gpuclust-{b}" for b in backends]
+                          + [_variant_name(b, v) for b in backends for v in BENCH_VARIANTS.get(an, [])]
+                          + ([] if args.no_peers else list(PEERS.get(an, {}))))
             for c in contenders:
                 m = run_measured([sys.executable, str(HERE / "analyses_bench.py"), "--repeat", str(args.repeat), "--child", an, c, str(ds)])
                 if m.returncode != 0:
@@ -281,22 +325,39 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps(row), flush=True)
     env = environment()
     notes = ["gpuclust options: " + "; ".join(f"{k}: {v}" for k, v in BENCH_OPTIONS.items()),
-             "gpuclust times include the analysis' context pass (e.g. priority lookups, interval construction), "
-             "reading Parquet and finalize; overcommit computes capacity and request series besides the usage "
-             "sums its peers compute. The per-group loop is timed on 1/20 of the machines and scaled by window count."]
+             "gpuclust runs with the engine's defaults: partitions='auto' (about 4 Mi rows each, rounded up to the "
+             "thread count) on one thread per usable core; DuckDB runs with threads=2.",
+             "gpuclust times include the analysis' context pass (e.g. priority lookups, interval construction, cpi's "
+             "machine-cell pass), reading Parquet and finalize. Rows named gpuclust-cpu[...] run the analysis "
+             "restricted to what its SQL peer computes (cpi: moments and Pearson r only); peers are compared with "
+             "that row where there is one ('base' column). overcommit also computes capacity and request series "
+             "besides the usage sums; 'duckdb (usage by tier)' computes the same usage sums as gpuclust's partial "
+             "(tier join, 5 sums), 'duckdb' only the CPU sum. The per-group loop is timed on 1/20 of the machines "
+             "and scaled by window count."]
     md = [f"# Analyses benchmark ({env['cores']} cores{', ' + env['gpu'] if env['gpu'] else ', no GPU'})", "",
-          "| windows | analysis | contender | s | rows/s | GB/s | peak RSS MiB | vs gpuclust-cpu |", "|---:|---|---|---:|---:|---:|---:|---:|"]
-    base = {(r["size"], r["analysis"]): r["seconds"] for r in rows if r.get("contender") == "gpuclust-cpu" and "seconds" in r}
+          "| windows | analysis | contender | s | rows/s | GB/s | peak RSS MiB | base | vs base |",
+          "|---:|---|---|---:|---:|---:|---:|---|---:|"]
+    times = {(r["size"], r["analysis"], r["contender"]): r["seconds"] for r in rows if "seconds" in r}
+
+    def base_of(r: dict[str, Any]) -> str:
+        own = r["contender"]
+        if own.startswith("gpuclust-"):
+            return "gpuclust-cpu" if own != "gpuclust-cpu" else ""
+        for v in BENCH_VARIANTS.get(r["analysis"], []):
+            if (r["size"], r["analysis"], _variant_name("cpu", v)) in times:
+                return _variant_name("cpu", v)
+        return "gpuclust-cpu"
+
     for r in rows:
         if "error" in r:
-            md.append(f"| {r['size']:,} | {r['analysis']} | {r['contender']} | failed | | | | |")
+            md.append(f"| {r['size']:,} | {r['analysis']} | {r['contender']} | failed | | | | | |")
             continue
-        b = base.get((r["size"], r["analysis"]))
+        bname = base_of(r)
+        b = times.get((r["size"], r["analysis"], bname))
         rel = f"{r['seconds'] / b:.2f}x slower" if b and r["seconds"] >= b else (f"{b / r['seconds']:.2f}x faster" if b else "")
-        if r["contender"] == "gpuclust-cpu":
-            rel = "1"
         note = " (subset, scaled)" if r["scaled_from_subset"] else ""
-        md.append(f"| {r['size']:,} | {r['analysis']} | {r['contender']}{note} | {r['seconds']} | {r['rows_per_s']:,} | {r['gb_per_s']} | {r['peak_rss_mib']:,} | {rel} |")
+        md.append(f"| {r['size']:,} | {r['analysis']} | {r['contender']}{note} | {r['seconds']} | {r['rows_per_s']:,} "
+                  f"| {r['gb_per_s']} | {r['peak_rss_mib']:,} | {bname} | {rel} |")
     md += ["", *notes, "", "Environment: " + ", ".join(f"{k}={v}" for k, v in env.items()), ""]
     jp, mp = write_results(args.name, {"benchmark": "analyses", "rows": rows, "environment": env}, "\n".join(md))
     print("\n".join(md))
