@@ -88,12 +88,15 @@ def environment() -> dict[str, Any]:
                 break
     except OSError:
         pass
-    gpu = None
+    gpu = cupy_version = cuda_runtime = driver = None
     try:
         import cupy  # noqa: TID251 - bench only, optional
 
+        cupy_version = cupy.__version__
         props = cupy.cuda.runtime.getDeviceProperties(0)
         gpu = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
+        cuda_runtime = cupy.cuda.runtime.runtimeGetVersion()
+        driver = cupy.cuda.runtime.driverGetVersion()
     except Exception:
         pass
     return {
@@ -104,6 +107,9 @@ def environment() -> dict[str, Any]:
         # Other work on the machine while measuring (1-minute load average when results were written).
         "load_avg_1m": round(os.getloadavg()[0], 2),
         "gpu": gpu,
+        "cupy": cupy_version,
+        "cuda_runtime": cuda_runtime,
+        "cuda_driver": driver,
         "python": sys.version.split()[0],
         "numpy": numpy.__version__,
         "pyarrow": pyarrow.__version__,

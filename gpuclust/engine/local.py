@@ -52,8 +52,10 @@ def partition_partials(spec: _partition.PartitionSpec, analyses: Sequence[Analys
     partial, moved to host memory so it can be merged or shipped to another worker."""
     be = get_backend(backend)
     columns = sorted({c for a in analyses for c in a.columns})
-    host = _partition.read_partition(spec, columns)
-    cols = {c: be.asarray(v) for c, v in host.items()}
+    cols = _partition.read_partition_device(spec, columns, be)  # cuDF, where RAPIDS is installed
+    if cols is None:
+        host = _partition.read_partition(spec, columns)
+        cols = {c: be.asarray(v) for c, v in host.items()}
     return [to_host(a.partial({c: cols[c] for c in a.columns}, ctx, be)) for a, ctx in zip(analyses, ctxs, strict=False)]
 
 

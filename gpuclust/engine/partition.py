@@ -11,6 +11,7 @@ points may fall anywhere (a partition then reads the row groups it overlaps and 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,8 @@ import pyarrow.parquet as pq
 
 from gpuclust.schema import SCHEMAS
 
-__all__ = ["PartitionSpec", "TableSource", "as_source", "column_to_numpy", "plan_partitions", "read_partition"]
+__all__ = ["PartitionSpec", "TableSource", "as_source", "column_to_numpy", "plan_partitions", "read_partition",
+           "read_partition_device"]
 
 
 class TableSource:
@@ -191,7 +193,16 @@ def _read_piece(p: Piece, table: str, columns: Sequence[str]) -> pa.Table:
     if p.data is not None:
         return p.data.select(list(columns)).cast(sub)
     pf = pq.ParquetFile(p.file)
-    md = pf.metadata
+    groups, first = _row_groups(pf.metadata, p)
+    if not groups:
+        return sub.empty_table()
+    t = pf.read_row_groups(groups, columns=list(columns))
+    return t.slice(p.start - first, p.stop - p.start).cast(sub)
+
+
+def _row_groups(md: Any, p: Piece) -> tuple[list[int], int]:
+    """The row groups of a Parquet file that hold rows ``[p.start, p.stop)``, and the file row
+    offset of the first of them."""
     groups, starts, off = [], [], 0
     for g in range(md.num_row_groups):
         n = md.row_group(g).num_rows
@@ -199,10 +210,7 @@ def _read_piece(p: Piece, table: str, columns: Sequence[str]) -> pa.Table:
             groups.append(g)
             starts.append(off)
         off += n
-    if not groups:
-        return sub.empty_table()
-    t = pf.read_row_groups(groups, columns=list(columns))
-    return t.slice(p.start - starts[0], p.stop - p.start).cast(sub)
+    return groups, (starts[0] if starts else 0)
 
 
 def read_partition(spec: PartitionSpec, columns: Sequence[str]) -> dict[str, np.ndarray]:
@@ -212,3 +220,49 @@ def read_partition(spec: PartitionSpec, columns: Sequence[str]) -> dict[str, np.
     parts = [_read_piece(p, spec.table, columns) for p in spec.pieces]
     t = pa.concat_tables(parts) if parts else sub.empty_table()
     return {c: column_to_numpy(t.column(c)) for c in columns}
+
+
+def _cudf_wanted() -> bool:
+    if os.environ.get("GPUCLUST_NO_CUDF", "") == "1":
+        return False
+    try:
+        import cudf  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def read_partition_device(spec: PartitionSpec, columns: Sequence[str], backend: Any) -> dict[str, Any] | None:
+    """The thin cuDF path: read a partition's Parquet row groups straight into device memory.
+
+    Applies only on the gpu backend, where RAPIDS (``cudf``) is installed (and
+    ``GPUCLUST_NO_CUDF=1`` is not set), for file-backed partitions of numeric columns; returns
+    ``None`` otherwise and the caller uses :func:`read_partition` (Arrow on the host, then one
+    copy to the device).  Same arrays as that path: canonical dtypes, NULL -> NaN / dtype minimum.
+    """
+    if getattr(backend, "name", None) != "gpu" or not spec.pieces or not _cudf_wanted():
+        return None
+    fields = [SCHEMAS[spec.table].field(c) for c in columns]
+    if any(p.data is not None for p in spec.pieces) or not all(
+            pa.types.is_integer(f.type) or pa.types.is_floating(f.type) for f in fields):
+        return None
+    import cudf
+
+    frames = []
+    for p in spec.pieces:
+        groups, first = _row_groups(pq.ParquetFile(p.file).metadata, p)
+        if groups:
+            df = cudf.read_parquet(p.file, columns=list(columns), row_groups=groups)
+            frames.append(df.iloc[p.start - first:p.stop - first])
+    xp = backend.xp
+    out: dict[str, Any] = {}
+    df = (cudf.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]) if frames else None
+    for c, f in zip(columns, fields, strict=True):
+        dt = np.dtype(f.type.to_pandas_dtype())
+        if df is None:
+            out[c] = xp.zeros(0, dtype=dt)
+            continue
+        col = df[c].astype(dt)
+        fill = float("nan") if dt.kind == "f" else int(np.iinfo(dt).min)
+        out[c] = xp.ascontiguousarray(col.fillna(fill).to_cupy())
+    return out

@@ -234,3 +234,25 @@ def test_local_process_cluster_string(dataset, reference):
     """``scheduler="local:2"``: two worker *processes*, so partials really cross process borders."""
     assert_same(run(dataset, ANALYSES, partitions=4, scheduler="local:2"), reference)
     gc.collect()
+
+
+def test_device_read_does_not_apply_on_cpu(dataset):
+    from gpuclust.backends import get_backend
+
+    spec = plan_partitions(dataset, "instance_usage", 2)[1]
+    assert partition.read_partition_device(spec, ["start_time"], get_backend("cpu")) is None
+
+
+@pytest.mark.gpu
+def test_cudf_device_read_matches_host_read(gpu_backend, dataset, tables):
+    """The thin cuDF path (only where RAPIDS is installed) gives the host path's arrays."""
+    pytest.importorskip("cudf")
+    cols = ["start_time", "end_time", "alloc_collection_id", "avg_cpu", "instance_index", "cpi"]
+    for spec in plan_partitions(dataset, "instance_usage", cut_points=[1, 451, 3000]):
+        dev = partition.read_partition_device(spec, cols, gpu_backend)
+        host = read_partition(spec, cols)
+        assert dev is not None and set(dev) == set(host)
+        for c in cols:
+            got = gpu_backend.xp.asnumpy(dev[c])
+            assert got.dtype == host[c].dtype, c
+            np.testing.assert_array_equal(got, host[c], err_msg=c)

@@ -1,0 +1,223 @@
+"""Kernel bandwidth benchmark: each custom op against the machine's measured copy bandwidth.
+
+    python bench/kernels_bench.py                   # on a GPU machine: the CuPy ops, 10^8 intervals
+    python bench/kernels_bench.py --backend cpu --scale 0.01   # the NumPy twins (reference figures)
+
+The issue's target for the GPU: the interval sweep (``bucket_overlap``) and the mixture merge
+(``mixture_quantiles``) at >= 50% of the device's measured copy bandwidth *for the bytes they must
+move*.  Definitions used here (both sides count bytes read + bytes written):
+
+* copy bandwidth: ``dst[...] = src`` over a 1 GiB float64 array (CUDA events on the GPU), best of
+  ``--repeat``; bytes = 2 x 1 GiB;
+* an op's bytes: its inputs read once plus its output written once -- ``bucket_overlap``: start,
+  end (8 B each), value (8 B), group (4 B) per interval + 8 B per output cell; ``grouped_sum``:
+  code + value per row + 8 B per group; ``grouped_comoments``: d x 8 + 8 + 8 B per row + the
+  partial; ``mixture_quantiles``: 20 x 8 (percentiles) + 8 (weight) + 8 (group) B per window +
+  the (groups x 20) result.  Work the op does beyond one pass (e.g. the mixture's sort) is not
+  counted: the ratio is what fraction of a pure streaming copy the op achieves.
+
+Cases cover the shapes the analyses produce: few cells with heavy contention (cell-usage's
+tier x hour), many cells (overcommit's machine x 5-min bucket), all intervals in one cell; groups
+of a few hundred windows (mixture per machine-hour) and of tens of thousands (per machine).
+
+Writes bench/results/kernels_<backend>.{json,md} with device, versions and commit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+from _harness import environment, write_results  # noqa: E402
+
+US = 1_000_000
+HOUR = 3600 * US
+
+
+def _timer(backend: Any) -> Callable[[Callable[[], Any], int], float]:
+    """Best-of-``repeat`` seconds of ``fn`` (CUDA events around each call on the GPU)."""
+    if backend.name == "gpu":
+        cp = backend.xp
+
+        def gpu_time(fn: Callable[[], Any], repeat: int) -> float:
+            fn()  # warm-up: compile / load the kernel
+            cp.cuda.Device().synchronize()
+            best = float("inf")
+            for _ in range(repeat):
+                a, b = cp.cuda.Event(), cp.cuda.Event()
+                a.record()
+                fn()
+                b.record()
+                b.synchronize()
+                best = min(best, cp.cuda.get_elapsed_time(a, b) / 1e3)
+            return best
+
+        return gpu_time
+
+    def cpu_time(fn: Callable[[], Any], repeat: int) -> float:
+        fn()
+        best = float("inf")
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            fn()
+            best = min(best, time.perf_counter() - t0)
+        return best
+
+    return cpu_time
+
+
+def copy_bandwidth(backend: Any, nbytes: int, repeat: int) -> float:
+    """Bytes read + written per second by a plain array copy of ``nbytes``."""
+    xp = backend.xp
+    src = xp.ones(nbytes // 8, dtype=xp.float64)
+    dst = xp.empty_like(src)
+
+    def copy() -> None:
+        dst[...] = src
+
+    t = _timer(backend)(copy, repeat)
+    return 2 * src.nbytes / t
+
+
+def _intervals(rng: np.random.Generator, n: int, n_groups: int, n_buckets: int, width: int,
+               contention: bool) -> dict[str, np.ndarray]:
+    span = n_buckets * width
+    start = rng.integers(0, span, n).astype(np.int64)
+    end = start + 300 * US
+    group = rng.integers(0, n_groups, n).astype(np.int32)
+    if contention:
+        start[:] = width // 4
+        end[:] = width // 2
+        group[:] = 0
+    return {"start": start, "end": end, "value": rng.random(n), "group": group}
+
+
+def cases(scale: float) -> list[dict[str, Any]]:
+    n = max(1000, int(1e8 * scale))
+    nm = max(1000, int(1e7 * scale))
+    return [
+        {"op": "bucket_overlap", "name": "tier x hour (5 x 744, shared-memory variant)", "n": n,
+         "n_groups": 5, "n_buckets": 744, "width": HOUR, "contention": False},
+        {"op": "bucket_overlap", "name": "machine x 5 min (12,500 x 8,928 at scale 1, global variant)", "n": n,
+         "n_groups": max(10, int(12_500 * min(scale, 1.0))), "n_buckets": 8_928, "width": 300 * US, "contention": False},
+        {"op": "bucket_overlap", "name": "all intervals in one cell (contention)", "n": n,
+         "n_groups": 1, "n_buckets": 4, "width": HOUR, "contention": True},
+        {"op": "grouped_sum", "name": "10^5 groups", "n": n, "n_groups": 100_000},
+        {"op": "grouped_comoments", "name": "d=2, 12,500 groups (cpi by machine)", "n": n, "n_groups": 12_500, "d": 2},
+        {"op": "mixture_quantiles", "name": "~300 windows per group", "n": nm, "n_groups": max(1, nm // 300)},
+        {"op": "mixture_quantiles", "name": "~30,000 windows per group", "n": nm, "n_groups": max(1, nm // 30_000)},
+    ]
+
+
+def run_case(backend: Any, c: dict[str, Any], repeat: int, rng: np.random.Generator) -> dict[str, Any]:
+    xp, ops = backend.xp, backend.ops
+    op, n, G = c["op"], c["n"], c["n_groups"]
+    if op == "bucket_overlap":
+        h = _intervals(rng, n, G, c["n_buckets"], c["width"], c["contention"])
+        d = {k: xp.asarray(v) for k, v in h.items()}
+        kw = dict(n_groups=G, n_buckets=c["n_buckets"], origin=0, width=c["width"])
+
+        def fn() -> Any:
+            return ops.bucket_overlap(d["start"], d["end"], d["value"], d["group"], **kw)
+
+        nbytes = n * (8 + 8 + 8 + 4) + G * c["n_buckets"] * 8
+    elif op == "grouped_sum":
+        codes = xp.asarray(rng.integers(0, G, n).astype(np.int64))
+        vals = xp.asarray(rng.random(n))
+
+        def fn() -> Any:
+            return ops.grouped_sum(codes, vals, n_groups=G)
+
+        nbytes = n * 16 + G * 8
+    elif op == "grouped_comoments":
+        dd = c["d"]
+        x = xp.asarray(rng.random((n, dd)))
+        w = xp.asarray(rng.uniform(0.1, 300.0, n))
+        g = xp.asarray(rng.integers(0, G, n).astype(np.int64))
+
+        def fn() -> Any:
+            return ops.grouped_comoments(x, w, g, G)
+
+        nbytes = n * (dd * 8 + 16) + G * (8 + 8 + dd * 8 + dd * dd * 8)
+    elif op == "mixture_quantiles":
+        q = np.sort(rng.gamma(0.6, 0.05, (n, 20)), axis=1)
+        q[rng.random(n) < 0.3, :8] = 0.0
+        qd = xp.asarray(np.ascontiguousarray(q))
+        w = xp.asarray(300.0 * rng.choice([1.0, 0.5, 1.0 / 3.0], n))
+        g = xp.asarray(np.sort(rng.integers(0, G, n)).astype(np.int64))
+        from gpuclust.schema import CPU_PERCENTILE_LEVELS_SORTED
+
+        lv = xp.asarray(np.asarray(CPU_PERCENTILE_LEVELS_SORTED, dtype=np.float64))
+
+        def fn() -> Any:
+            return ops.mixture_quantiles(qd, w, g, G, lv)
+
+        nbytes = n * (20 * 8 + 16) + G * 20 * 8
+    else:
+        raise ValueError(op)
+    t = _timer(backend)(fn, repeat)
+    return {"op": op, "case": c["name"], "n": n, "n_groups": G, "seconds": t, "bytes": nbytes,
+            "gb_per_s": nbytes / t / 1e9, "items_per_s": n / t}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--backend", default="gpu", choices=("cpu", "gpu"))
+    ap.add_argument("--scale", type=float, default=1.0, help="multiply the default sizes (10^8 intervals, 10^7 windows)")
+    ap.add_argument("--copy-gib", type=float, default=1.0, help="size of the copy-bandwidth array, GiB")
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--only", default="", help="comma-separated op names to run (default: all)")
+    ap.add_argument("--name", default=None, help="results file name (default kernels_<backend>)")
+    args = ap.parse_args(argv)
+
+    from gpuclust.backends import BackendUnavailable, get_backend
+
+    try:
+        be = get_backend(args.backend)
+    except BackendUnavailable as e:
+        print(f"kernels_bench: {e}", file=sys.stderr)
+        return 2
+    copy = copy_bandwidth(be, int(args.copy_gib * 2**30), args.repeat)
+    print(f"copy bandwidth (read + write): {copy / 1e9:.1f} GB/s", flush=True)
+    rng = np.random.default_rng(0)
+    only = set(filter(None, args.only.split(",")))
+    rows = []
+    for c in cases(args.scale):
+        if only and c["op"] not in only:
+            continue
+        r = run_case(be, c, args.repeat, rng)
+        r["fraction_of_copy"] = r["gb_per_s"] * 1e9 / copy
+        rows.append(r)
+        print(json.dumps(r), flush=True)
+    env = environment()
+    md = [f"# Kernel bandwidth ({args.backend} backend; {env['gpu'] or env['cpu']})", "",
+          f"Copy bandwidth (read + write, {args.copy_gib:g} GiB float64 copy): **{copy / 1e9:.1f} GB/s**", "",
+          "| op | case | n | groups | s | items/s | GB/s (bytes it must move) | of copy bandwidth |",
+          "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        md.append(f"| {r['op']} | {r['case']} | {r['n']:,} | {r['n_groups']:,} | {r['seconds']:.4f} | "
+                  f"{r['items_per_s']:,.0f} | {r['gb_per_s']:.1f} | {100 * r['fraction_of_copy']:.0f}% |")
+    md += ["", "Bytes: inputs read once + output written once (see the script's docstring); target on a "
+           "GPU: bucket_overlap and mixture_quantiles >= 50% of the copy bandwidth.", "",
+           "Environment: " + ", ".join(f"{k}={v}" for k, v in env.items()), ""]
+    name = args.name or f"kernels_{args.backend}"
+    jp, mp = write_results(name, {"benchmark": "kernels", "backend": args.backend, "copy_bytes_per_s": copy,
+                                  "rows": rows, "environment": env}, "\n".join(md))
+    print("\n".join(md))
+    print(f"wrote {jp} and {mp}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,48 @@
+"""bench/kernels_bench.py runs end to end (tiny sizes) and writes what it reports."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+@pytest.fixture
+def kernels_bench(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    import _harness
+    import kernels_bench
+
+    monkeypatch.setattr(_harness, "RESULTS", tmp_path)
+    yield kernels_bench
+    sys.modules.pop("kernels_bench", None)
+
+
+def _run(mod, tmp_path, backend):
+    rc = mod.main(["--backend", backend, "--scale", "0.0002", "--repeat", "1", "--copy-gib", "0.01", "--name", "k"])
+    assert rc == 0
+    res = json.loads((tmp_path / "k.json").read_text())
+    assert res["copy_bytes_per_s"] > 0
+    ops = {r["op"] for r in res["rows"]}
+    assert ops == {"bucket_overlap", "grouped_sum", "grouped_comoments", "mixture_quantiles"}
+    for r in res["rows"]:
+        assert r["seconds"] > 0 and r["bytes"] > 0
+        assert r["gb_per_s"] == pytest.approx(r["bytes"] / r["seconds"] / 1e9)
+        assert r["fraction_of_copy"] == pytest.approx(r["gb_per_s"] * 1e9 / res["copy_bytes_per_s"])
+    md = (tmp_path / "k.md").read_text()
+    assert md.count("| bucket_overlap |") == 3 and "Copy bandwidth" in md
+    return res
+
+
+def test_cpu(kernels_bench, tmp_path):
+    assert _run(kernels_bench, tmp_path, "cpu")["backend"] == "cpu"
+
+
+@pytest.mark.gpu
+def test_gpu(kernels_bench, tmp_path, gpu_backend):
+    res = _run(kernels_bench, tmp_path, "gpu")
+    assert res["environment"]["gpu"]
