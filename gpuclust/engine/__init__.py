@@ -13,7 +13,7 @@ __all__ = ["PartitionSpec", "TableSource", "analyze", "plan_partitions", "read_p
 
 
 def analyze(dataset, names, *, out=None, backend="cpu", scheduler=None, partitions=1, tier_map=None,
-            mode=None, plots=True, workers=None):
+            mode=None, plots=True, workers=None, progress=None):
     """Run registered analyses by name, optionally writing results to ``out``.
 
     Parameters
@@ -27,7 +27,7 @@ def analyze(dataset, names, *, out=None, backend="cpu", scheduler=None, partitio
         written when ``None``.
     tier_map, mode
         Options passed to every analysis that declares them.
-    backend, scheduler, partitions, workers
+    backend, scheduler, partitions, workers, progress
         As :func:`run`.
 
     Returns
@@ -56,9 +56,12 @@ def analyze(dataset, names, *, out=None, backend="cpu", scheduler=None, partitio
         else:
             ans.append(n)
     ans = resolve_analyses(ans)
-    res = run(dataset, ans, backend=backend, partitions=partitions, scheduler=scheduler, workers=workers)
+    res = run(dataset, ans, backend=backend, partitions=partitions, scheduler=scheduler, workers=workers,
+              progress=progress)
     if out is not None:
         from gpuclust.report import write_results
 
         write_results(res, dict(zip(result_keys(ans), ans, strict=False)), out, plots=plots)
+        if progress is not None:
+            progress.phase(f"wrote {out}")
     return res

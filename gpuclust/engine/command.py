@@ -51,6 +51,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                    help="an analysis option (repeatable), e.g. -O by=machine -O bucket_s=3600; it applies to "
                    "every named analysis that declares it (options: docs/analyses.md)")
     p.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.set_defaults(func=main)
     return p
 
@@ -115,9 +116,11 @@ def main(args: argparse.Namespace) -> int:
 
     try:
         analyses = build_analyses(list(dict.fromkeys(args.names)), args.option, tier_map=args.tier_map, mode=args.mode)
+        from gpuclust.engine.progress import RunProgress
+
         analyze(args.dataset, analyses, out=args.out, backend=args.backend,
                 scheduler=args.scheduler, partitions=args.partitions, plots=not args.no_plots,
-                workers=args.workers)
+                workers=args.workers, progress=None if args.quiet else RunProgress())
     except (BackendUnavailable, DatasetError, ValueError) as e:
         print(f"gpuclust analyze: error: {e}", file=sys.stderr)
         return 2

@@ -97,6 +97,7 @@ def run(
     cut_points: dict[str, Sequence[int]] | Sequence[int] | None = None,
     split_every: int = 8,
     workers: int | None = None,
+    progress: Any = None,
 ) -> dict[str, dict[str, pd.DataFrame]]:
     """Run analyses over a dataset or in-memory tables.
 
@@ -128,6 +129,9 @@ def run(
         backend, 1 on the gpu backend.  Partials are merged in partition order whatever the
         thread count, so the result is bit-for-bit that of ``workers=1``.  With
         ``partitions="auto"`` the partition count is rounded up to a multiple of ``workers``.
+    progress
+        A :class:`gpuclust.engine.progress.RunProgress` (or anything with its methods) told
+        about contexts, partitions done and finalize; ``None``: silent.
 
     Returns
     -------
@@ -149,7 +153,11 @@ def run(
     ans = resolve_analyses(analyses)
     keys = result_keys(ans)
     be = get_backend(backend)
-    ctxs = [a.context(src) for a in ans]
+    ctxs = []
+    for a in ans:
+        if progress is not None:
+            progress.phase(f"context: {a.label}")
+        ctxs.append(a.context(src))
     by_table: dict[str, list[int]] = {}
     for k, a in enumerate(ans):
         by_table.setdefault(a.table, []).append(k)
@@ -169,13 +177,25 @@ def run(
             acc = [a.empty(be) for a in sub]
             acc = [to_host(x) for x in acc]
             sub_ctxs = [ctxs[k] for k in idx]
-            for parts in _map_in_order(lambda spec, sub=sub, sub_ctxs=sub_ctxs: partition_partials(spec, sub, sub_ctxs, be),
-                                       specs, nthreads):
+            if progress is not None:
+                progress.partitions(specs[0].table if specs else "", len(specs), sum(sp.num_rows for sp in specs))
+            for spec, parts in zip(specs, _map_in_order(
+                    lambda spec, sub=sub, sub_ctxs=sub_ctxs: partition_partials(spec, sub, sub_ctxs, be),
+                    specs, nthreads), strict=True):
                 acc = merge_lists(sub, acc, parts)
+                if progress is not None:
+                    progress.partition_done(spec.table, spec.num_rows)
             for k, p in zip(idx, acc, strict=False):
                 merged[k] = p
     else:
         from gpuclust.engine.dask import compute_merged
 
+        if progress is not None:
+            progress.phase(f"dask ({scheduler}): {sum(len(sp) for _, sp in plans.values())} partition(s)")
         merged = compute_merged(plans, ans, ctxs, be.name, scheduler, split_every)
-    return {key: a.finalize(p, ctx) for key, a, p, ctx in zip(keys, ans, merged, ctxs, strict=False)}
+    if progress is not None:
+        progress.phase("finalize")
+    out = {key: a.finalize(p, ctx) for key, a, p, ctx in zip(keys, ans, merged, ctxs, strict=False)}
+    if progress is not None:
+        progress.finish()
+    return out

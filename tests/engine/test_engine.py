@@ -215,7 +215,15 @@ def test_cli_analyze(dataset, tmp_path, capsys):
     args = parser.parse_args(["analyze", str(dataset.path), "cell-usage", "machine-shapes", "--out", str(out),
                               "--partitions", "2", "--mode", "exact", "--tier-map", "seed-002"])
     assert args.func(args) == 0
-    assert (out / "summary.txt").read_text() == capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert (out / "summary.txt").read_text() == captured.out
+    # progress on stderr (log mode: not a terminal): contexts, the partitions, finalize, done
+    err = captured.err.splitlines()
+    assert "analyze: context: cell-usage[mode=exact,tier_map=seed-002]" in err
+    n_usage = dataset.num_rows("instance_usage")
+    assert f"analyze: instance_usage: 2 partition(s), {n_usage:,} rows" in err
+    assert any(line.startswith("analyze: instance_usage: partition 2/2") and "(100%)" in line for line in err)
+    assert "analyze: finalize" in err and err[-2].startswith("analyze: done, ") and err[-1] == f"analyze: wrote {out}"
     usage = pd.read_parquet(out / "cell-usage" / "usage.parquet")
     assert set(usage["tier"]) <= {"free", "beb", "mid", "prod", "monitoring", "unknown"}
     assert (out / "cell-usage" / "info.parquet").is_file()
@@ -256,3 +264,15 @@ def test_cudf_device_read_matches_host_read(gpu_backend, dataset, tables):
             got = gpu_backend.xp.asnumpy(dev[c])
             assert got.dtype == host[c].dtype, c
             np.testing.assert_array_equal(got, host[c], err_msg=c)
+
+
+def test_progress_terminal_mode_redraws_one_line(dataset):
+    import io
+
+    from gpuclust.engine.progress import RunProgress
+
+    out = io.StringIO()
+    run(dataset, ANALYSES, partitions=3, progress=RunProgress(out, tty=True, min_interval=0))
+    text = out.getvalue()
+    assert "\r" in text and "partition 3/3" in text
+    assert text.endswith("\n") and text.rstrip("\n").split("\r")[-1].startswith("analyze: done, ")

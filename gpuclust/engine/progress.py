@@ -1,0 +1,105 @@
+"""Progress of :func:`gpuclust.engine.run`, without dependencies.
+
+On a terminal: one line, redrawn at most 5 times a second (phase, partitions done of total,
+rows, rows/s, elapsed).  Elsewhere (logs, batch jobs): a line per phase and a status line at most
+every ``log_interval`` seconds while partitions stream.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import TextIO
+
+__all__ = ["RunProgress"]
+
+
+def _si(x: float) -> str:
+    for unit, div in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(x) >= div:
+            return f"{x / div:.1f}{unit}"
+    return f"{x:.0f}"
+
+
+class RunProgress:
+    """Progress reporter for :func:`gpuclust.engine.run` (``progress=RunProgress()``).
+
+    The engine calls :meth:`phase` when it starts a context or the finalize step,
+    :meth:`partitions` before streaming a table and :meth:`partition_done` after each partition
+    (from worker threads: the reporter is thread-safe), then :meth:`finish`.
+
+    Examples
+    --------
+    >>> import io
+    >>> out = io.StringIO()
+    >>> p = RunProgress(out, tty=False, log_interval=0)
+    >>> p.partitions("instance_usage", 2, 1000)
+    >>> p.partition_done("instance_usage", 600)
+    >>> p.partition_done("instance_usage", 400)
+    >>> p.finish()
+    >>> print(out.getvalue().splitlines()[-1].split(" in ")[0])
+    analyze: done, 1,000 rows
+    """
+
+    def __init__(self, stream: TextIO | None = None, *, tty: bool | None = None,
+                 min_interval: float = 0.2, log_interval: float = 10.0):
+        self.stream = stream if stream is not None else sys.stderr
+        self.tty = bool(tty if tty is not None else getattr(self.stream, "isatty", lambda: False)())
+        self.min_interval = min_interval
+        self.log_interval = log_interval
+        self._lock = threading.Lock()
+        self._t0 = time.monotonic()
+        self._last = 0.0
+        self._width = 0
+        self._table = ""
+        self._parts_total = 0
+        self._parts_done = 0
+        self._rows_total = 0
+        self._rows_done = 0
+        self._all_rows = 0
+        self._t_table = self._t0
+
+    # -- events ------------------------------------------------------------------------------
+    def phase(self, text: str) -> None:
+        with self._lock:
+            self._emit(f"analyze: {text}", final=not self.tty)
+
+    def partitions(self, table: str, n: int, rows: int) -> None:
+        with self._lock:
+            self._table, self._parts_total, self._parts_done = table, n, 0
+            self._rows_total, self._rows_done = rows, 0
+            self._t_table = time.monotonic()
+            if not self.tty:
+                self._emit(f"analyze: {table}: {n} partition(s), {rows:,} rows", final=True)
+
+    def partition_done(self, table: str, rows: int) -> None:
+        with self._lock:
+            self._parts_done += 1
+            self._rows_done += rows
+            self._all_rows += rows
+            now = time.monotonic()
+            last = self._parts_done == self._parts_total
+            due = now - self._last >= (self.min_interval if self.tty else self.log_interval)
+            if due or last:
+                self._last = now
+                rate = self._rows_done / max(now - self._t_table, 1e-9)
+                pct = 100.0 * self._rows_done / self._rows_total if self._rows_total else 100.0
+                self._emit(f"analyze: {table}: partition {self._parts_done}/{self._parts_total}, "
+                           f"{_si(self._rows_done)} rows ({pct:.0f}%), {_si(rate)} rows/s",
+                           final=not self.tty)
+
+    def finish(self) -> None:
+        with self._lock:
+            dt = time.monotonic() - self._t0
+            self._emit(f"analyze: done, {self._all_rows:,} rows in {dt:.1f} s", final=True)
+
+    # -- output ------------------------------------------------------------------------------
+    def _emit(self, text: str, final: bool) -> None:
+        if self.tty:
+            pad = " " * max(0, self._width - len(text))
+            self.stream.write("\r" + text + pad + ("\n" if final else ""))
+            self._width = 0 if final else len(text)
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
