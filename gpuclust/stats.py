@@ -457,7 +457,7 @@ def quantile_cuts(v: np.ndarray, bins: int, w: np.ndarray | None = None) -> np.n
 
 
 def spearman_grid_partial(backend: Any, x: Any, y: Any, group: Any, n_groups: int, x_cuts: Any, y_cuts: Any,
-                          w: Any = None) -> Any:
+                          w: Any = None, bins: tuple[Any, Any] | None = None) -> Any:
     """Mergeable Spearman partial: per-group weighted counts on a fixed grid, ``(G, Bx, By)``.
 
     ``x`` falls in bin ``searchsorted(x_cuts, x, side="right")`` (``Bx = len(x_cuts) + 1`` bins;
@@ -465,7 +465,9 @@ def spearman_grid_partial(backend: Any, x: Any, y: Any, group: Any, n_groups: in
     merge by addition (exact identity, associative and commutative up to float rounding of
     sums).  Uses ``backend.xp`` and ``backend.ops.grouped_sum``; memory is ``G * Bx * By`` doubles,
     so use it for coarse groups (cells, tiers, platforms), not machines.  Row validity as in
-    :func:`spearman_exact`; ``w=None`` counts rows (the unweighted Spearman).
+    :func:`spearman_exact`; ``w=None`` counts rows (the unweighted Spearman).  ``bins``: the
+    rows' ``(x bin, y bin)`` when the caller has them already (they must equal the searchsorted
+    bins above; the ``cpi`` analysis maps its fine histogram bins through a lookup table).
     """
     xp = backend.xp
     xc = xp.asarray(x_cuts, dtype=xp.float64)
@@ -476,10 +478,21 @@ def spearman_grid_partial(backend: Any, x: Any, y: Any, group: Any, n_groups: in
     g = xp.asarray(group).astype(xp.int64)
     wv = xp.ones(xv.shape[0], dtype=xp.float64) if w is None else xp.asarray(w, dtype=xp.float64)
     ok = xp.isfinite(xv) & xp.isfinite(yv) & (g >= 0) & (g < n_groups) & xp.isfinite(wv) & (wv > 0)
-    code = (g * bx + xp.searchsorted(xc, xv, side="right")) * by + xp.searchsorted(yc, yv, side="right")
-    code = xp.ascontiguousarray(xp.where(ok, code, -1).astype(xp.int64))
-    wv = xp.ascontiguousarray(xp.where(ok, wv, 0.0))
-    h = backend.ops.grouped_sum(code, wv, n_groups=int(n_groups) * bx * by)
+    xb, yb = bins if bins is not None else (xp.searchsorted(xc, xv, side="right"), xp.searchsorted(yc, yv, side="right"))
+    # code = (g * bx + xb) * by + yb, in place in ``g`` (astype made a copy)
+    code = g
+    code *= bx
+    code += xb
+    code *= by
+    code += yb
+    span = int(n_groups) * bx * by
+    if xp is np:
+        # grouped_sum's result (same rows, same order) without its copies of the valid rows
+        h = np.bincount(code, weights=wv, minlength=span) if bool(ok.all()) else np.bincount(
+            code[ok], weights=wv[ok], minlength=span)
+    else:
+        code = xp.ascontiguousarray(xp.where(ok, code, -1).astype(xp.int64))
+        h = backend.ops.grouped_sum(code, xp.ascontiguousarray(xp.where(ok, wv, 0.0)), n_groups=span)
     return h.reshape(int(n_groups), bx, by)
 
 
@@ -577,16 +590,24 @@ class CpiFilter:
         cpi = xp.asarray(cpi)
         mai = xp.asarray(mai)
         cs = xp.asarray(cpu_seconds)
-        present = xp.isfinite(cpi) & xp.isfinite(mai)
-        cs_ok = xp.isfinite(cs) & (cs > 0) & (cs >= self.min_cpu_seconds)
-        cpi_ok = (cpi > self.cpi_min) & (cpi <= self.cpi_max)
-        mai_ok = (mai >= self.mai_min) & (mai <= self.mai_max)
-        r0 = ~present
-        r1 = present & ~cs_ok
-        r2 = present & cs_ok & ~cpi_ok
-        r3 = present & cs_ok & cpi_ok & ~mai_ok
-        keep = present & cs_ok & cpi_ok & mai_ok
-        counts = {"total": int(cpi.shape[0]), "kept": int(keep.sum())}
-        for name, r in zip(REJECT_REASONS, (r0, r1, r2, r3), strict=True):
-            counts[name] = int(r.sum())
-        return keep, counts
+        # Successive passes: each stage keeps the rows that passed the previous ones, so a stage's
+        # rejections are the drop in the count (the first reason a row fails).
+        with np.errstate(invalid="ignore"):
+            ok = xp.isfinite(cpi)
+            ok &= xp.isfinite(mai)
+            n_present = int(xp.count_nonzero(ok))
+            ok &= cs > 0  # with the next two: finite, > 0 and >= the minimum (False for NaN)
+            ok &= cs < np.inf
+            ok &= cs >= self.min_cpu_seconds
+            n_cs = int(xp.count_nonzero(ok))
+            ok &= cpi > self.cpi_min
+            ok &= cpi <= self.cpi_max
+            n_cpi = int(xp.count_nonzero(ok))
+            ok &= mai >= self.mai_min
+            ok &= mai <= self.mai_max
+            kept = int(xp.count_nonzero(ok))
+        total = int(cpi.shape[0])
+        counts = {"total": total, "kept": kept}
+        for name, c in zip(REJECT_REASONS, (total - n_present, n_present - n_cs, n_cs - n_cpi, n_cpi - kept), strict=True):
+            counts[name] = c
+        return ok, counts

@@ -32,7 +32,8 @@ from gpuclust.analyses.base import Analysis, is_null_int, keyed_reduce, merge_ke
 from gpuclust.schema import TIME_AFTER_TRACE
 from gpuclust.stats import CpiFilter
 
-__all__ = ["CELL_US", "FINE_BINS", "MachineCells", "MachineCellsContext", "cpu_seconds", "grid_cuts", "hist_edges"]
+__all__ = ["CELL_US", "FINE_BINS", "MachineCells", "MachineCellsContext", "cpu_seconds", "filter_rows", "fine_bins", "fine_hist",
+           "grid_cuts", "hist_edges"]
 
 #: Length of a usage-grid cell (the trace's 5-minute windows), microseconds.
 CELL_US = 300_000_000
@@ -54,9 +55,86 @@ def hist_edges(var: str, hi: float) -> np.ndarray:
 def cpu_seconds(xp: Any, start: Any, end: Any, avg_cpu: Any) -> Any:
     """``avg_cpu x (end - start) / 1e6`` in float64; NaN when the CPU time is unknown (NULL usage,
     ``end < start`` or the "after the trace" end)."""
-    ok = (end >= start) & (end != TIME_AFTER_TRACE)
-    dur = xp.where(ok, (end - start).astype(xp.float64), xp.nan) / 1e6
-    return avg_cpu.astype(xp.float64) * dur
+    bad = end < start
+    bad |= end == TIME_AFTER_TRACE
+    dur = (end - start).astype(xp.float64)
+    dur[bad] = xp.nan
+    # in place: (avg_cpu as float64) x ((end - start) / 1e6), the same roundings as the plain expression
+    dur /= 1e6
+    dur *= avg_cpu
+    return dur
+
+
+def filter_rows(xp: Any, flt: CpiFilter, cols: dict[str, Any], cs: Any = None) -> tuple[Any, Any, Any, Any, dict[str, int]]:
+    """The windows that pass ``flt``: ``(row indices, cpi, mai, cpu_seconds, counts)``.
+
+    ``cpi``, ``mai`` and ``cpu_seconds`` are float64 arrays of the kept rows; ``counts`` is what
+    ``flt.mask`` gives over all rows.  Same result as ``flt.mask`` on float64 copies of the whole
+    columns, but the CPU time and the float64 copies are only made for the rows whose CPI and MAI
+    are present (finite; a float32 -> float64 cast is exact).  ``cs``: the CPU-seconds of every
+    row when already computed (otherwise from ``start_time``, ``end_time``, ``avg_cpu``).
+    """
+    cpi, mai = cols["cpi"], cols["mai"]
+    n = int(cpi.shape[0])
+    pidx = xp.nonzero(xp.isfinite(cpi) & xp.isfinite(mai))[0]
+    if cs is None:
+        w = cpu_seconds(xp, cols["start_time"][pidx], cols["end_time"][pidx], cols["avg_cpu"][pidx])
+    else:
+        w = cs[pidx]
+    y = cpi[pidx].astype(xp.float64)
+    z = mai[pidx].astype(xp.float64)
+    keep, counts = flt.mask(xp, y, z, w)
+    counts["total"] = n
+    counts["missing"] = n - int(pidx.shape[0])
+    if counts["kept"] < int(pidx.shape[0]):
+        sel = xp.nonzero(keep)[0]
+        pidx, y, z, w = pidx[sel], y[sel], z[sel], w[sel]
+    return pidx, y, z, w, counts
+
+
+def fine_bins(xp: Any, edges: Any, v: Any) -> Any:
+    """``searchsorted(edges, v, side="right")`` (int64) for log-spaced ``edges`` (:func:`hist_edges`).
+
+    A binary search over 2,047 edges mispredicts a branch per level; here the bin is guessed from
+    ``log(v)`` (one pass) and then checked against the edges themselves: rows with
+    ``edges[b - 1] <= v < edges[b]`` are exact by definition; the few others (rounding at a bin
+    boundary) are moved by one bin, and any still wrong fall back to ``searchsorted``.  So the
+    result is exactly the binary search's, for any ``v`` (NaN: the last bin, as the binary search
+    sorts it; ``v <= 0``: bin 0).  Edges that do not start above 0 use ``searchsorted`` itself.
+    """
+    E = int(edges.shape[0])
+    v = xp.asarray(v, dtype=xp.float64)
+    if E < 2 or not float(edges[0]) > 0:
+        return xp.searchsorted(edges, v, side="right").astype(xp.int64)
+    lo = float(np.log(float(edges[0])))
+    step = (float(np.log(float(edges[E - 1]))) - lo) / (E - 1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = xp.log(v)
+        q -= lo
+        q /= step
+        q = xp.where(v > 0, q, -1.0)
+    q = xp.floor(q, out=q)
+    q += 1.0
+    b = xp.clip(q, 0, E, out=q).astype(xp.int64)
+    b[xp.isnan(v)] = E
+    # row ok iff ext[b] <= v < ext[b + 1] (the NaN sentinel: v >= NaN is never true, so b = E
+    # is right for +inf; NaN rows have b = E and are never flagged)
+    ext = xp.concatenate([xp.asarray([-np.inf]), xp.asarray(edges, dtype=xp.float64), xp.asarray([np.nan])])
+    bad = xp.nonzero((v < ext[b]) | (v >= ext[b + 1]))[0]
+    if int(bad.shape[0]):
+        vb, bb = v[bad], b[bad]
+        bb = xp.clip(bb - (vb < ext[bb]).astype(xp.int64) + (vb >= ext[bb + 1]).astype(xp.int64), 0, E)
+        still = (vb < ext[bb]) | (vb >= ext[bb + 1])
+        if bool(still.any()):
+            bb[still] = xp.searchsorted(edges, vb[still], side="right")
+        b[bad] = bb
+    return b
+
+
+def fine_hist(xp: Any, edges: Any, v: Any) -> Any:
+    """Row counts of ``v`` in the fine bins ``searchsorted(edges, v, side="right")`` (int64,
+    :data:`FINE_BINS`; ``edges`` from :func:`hist_edges`)."""
+    return xp.bincount(fine_bins(xp, edges, v), minlength=FINE_BINS).astype(xp.int64)
 
 
 def grid_cuts(counts: np.ndarray, edges: np.ndarray, bins: int) -> np.ndarray:
@@ -84,6 +162,8 @@ class MachineCellsContext:
     filter: CpiFilter
     cpi_edges: np.ndarray
     mai_edges: np.ndarray
+    #: ``machines`` as uint64 hash-index keys; empty when an id is negative (binary search then)
+    machines_hash: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -105,8 +185,10 @@ class MachineCells(Analysis):
         return ("start_time", "end_time", "machine_id", "alloc_collection_id", "avg_cpu", "cpi", "mai")
 
     def context(self, source: Any) -> MachineCellsContext:
-        return MachineCellsContext(np.asarray(self.machines, dtype=np.int64), self.filter,
-                                   hist_edges("cpi", self.filter.cpi_max), hist_edges("mai", self.filter.mai_max))
+        m = np.asarray(self.machines, dtype=np.int64)
+        mh = m.astype(np.uint64) if m.shape[0] and int(m[0]) >= 0 else np.zeros(0, np.uint64)
+        return MachineCellsContext(m, self.filter, hist_edges("cpi", self.filter.cpi_max),
+                                   hist_edges("mai", self.filter.mai_max), mh)
 
     def empty(self, backend: Any = None) -> dict[str, np.ndarray]:
         return {"key": np.zeros(0, np.int64), "cpu_seconds": np.zeros(0), "k": np.zeros(0, np.int64),
@@ -117,30 +199,34 @@ class MachineCells(Analysis):
         xp = backend.xp
         start, end, mid = cols["start_time"], cols["end_time"], cols["machine_id"]
         alloc = cols["alloc_collection_id"]
-        cs = cpu_seconds(xp, start, end, cols["avg_cpu"])
-        # fine histograms of the windows that pass the filter (all rows, allocs included)
-        keep, _ = ctx.filter.mask(xp, cols["cpi"], cols["mai"], cs)
-        hists = {}
-        for var, edges in (("cpi", ctx.cpi_edges), ("mai", ctx.mai_edges)):
-            v = cols[var][keep].astype(xp.float64)
-            b = xp.searchsorted(backend.stage(edges), v, side="right")
-            hists[var + "_hist"] = xp.bincount(b, minlength=FINE_BINS).astype(xp.int64)
-        top = (alloc == 0) | is_null_int(xp, alloc)
         n = int(start.shape[0])
-        if ctx.machines.shape[0] == 0 or n == 0:
+        cells = ctx.machines.shape[0] > 0 and n > 0
+        cs = cpu_seconds(xp, start, end, cols["avg_cpu"]) if cells else None
+        # fine histograms of the windows that pass the filter (all rows, allocs included)
+        _, cpi, mai, _, _ = filter_rows(xp, ctx.filter, cols, cs)
+        hists = {var + "_hist": fine_hist(xp, backend.stage(edges), v)
+                 for var, v, edges in (("cpi", cpi, ctx.cpi_edges), ("mai", mai, ctx.mai_edges))}
+        top = (alloc == 0) | is_null_int(xp, alloc)
+        if not cells:
             out = {k: xp.asarray(v) for k, v in self.empty().items()}
             out.update(hists)
             out["stats"] = xp.asarray(np.array([0, int(top.sum()) if n else 0], np.int64))
             return out
-        lk = backend.stage(ctx.machines)
-        pos = xp.clip(xp.searchsorted(lk, mid), 0, lk.shape[0] - 1)
-        known = lk[pos] == mid
-        cell = xp.where(start >= 0, start // CELL_US, -1)
-        cell_ok = (cell >= 0) & (cell < (1 << CELL_BITS))
+        if ctx.machines_hash.shape[0]:
+            pos = backend.ops.hash_index(backend.stage(ctx.machines_hash), xp.ascontiguousarray(mid).view(xp.uint64))
+            known = pos >= 0
+            pos = xp.maximum(pos, 0)
+        else:
+            lk = backend.stage(ctx.machines)
+            pos = xp.clip(xp.searchsorted(lk, mid), 0, lk.shape[0] - 1)
+            known = lk[pos] == mid
+        # 0 <= floor(start / CELL_US) < 2^32, without dividing every row
+        cell_ok = (start >= 0) & (start < (1 << CELL_BITS) * CELL_US)
         use = top & known & cell_ok
-        pu = pos[use].astype(xp.int64)
-        cu = cell[use]
-        csu = cs[use]
+        ui = xp.nonzero(use)[0]
+        pu = pos[ui].astype(xp.int64, copy=False)
+        cu = start[ui] // CELL_US
+        csu = cs[ui]
         bad = ~xp.isfinite(csu)
         sums = {"cpu_seconds": xp.where(bad, 0.0, csu)}
         if int(pu.shape[0]):
@@ -160,9 +246,12 @@ class MachineCells(Analysis):
                 # keyed_reduce's dense path, without its re-offset copies of the codes
                 cnt = xp.bincount(code, minlength=span)
                 present = xp.nonzero(cnt)[0]
+                v = xp.ascontiguousarray(sums["cpu_seconds"])
+                # codes all in range and no NaN (bad rows are 0): grouped_sum is bincount on the CPU
+                csum = (np.bincount(code, weights=v, minlength=span) if xp is np
+                        else backend.ops.grouped_sum(code, v, n_groups=span))
                 part = {"key": present.astype(xp.int64),
-                        "cpu_seconds": backend.ops.grouped_sum(code, xp.ascontiguousarray(sums["cpu_seconds"]),
-                                                               n_groups=span)[present],
+                        "cpu_seconds": csum[present],
                         "k": cnt[present].astype(xp.int64),
                         "bad": xp.bincount(code[bad], minlength=span)[present].astype(xp.int64)}
             else:

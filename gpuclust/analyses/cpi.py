@@ -16,7 +16,9 @@ top-level usage rows on m in c (itself included when top-level), ``ntasks = k - 
 ``util`` come from a first engine pass run by :meth:`Cpi.context`
 (:mod:`gpuclust.analyses._machine_cells`).  Fits: pooled, per platform, and platform fixed
 effects (multiplicative: CPI relative to its platform's mean, within-platform co-moments pooled);
-option ``regression`` picks the primary one.  Details and the reasoning: ``docs/analysis-cpi.md``.
+option ``regression`` picks the primary one, or ``none`` skips the regression (and, unless the
+Spearman grid needs its cuts, the first pass: the SQL-expressible subset, one pass over the
+windows).  Details and the reasoning: ``docs/analysis-cpi.md``.
 """
 
 from __future__ import annotations
@@ -30,7 +32,15 @@ import pandas as pd
 import pyarrow.compute as pc
 
 from gpuclust.analyses._lookup import InstanceLookup
-from gpuclust.analyses._machine_cells import CELL_BITS, CELL_US, MachineCells, cpu_seconds, grid_cuts, hist_edges
+from gpuclust.analyses._machine_cells import (
+    CELL_BITS,
+    CELL_US,
+    MachineCells,
+    filter_rows,
+    fine_bins,
+    grid_cuts,
+    hist_edges,
+)
 from gpuclust.analyses.base import Analysis, merge_keyed, resolve_tier_map
 from gpuclust.backends.moments_cpu import Moments, regroup_moments
 from gpuclust.schema import TierMap, tier_map
@@ -47,7 +57,7 @@ from gpuclust.stats import (
 __all__ = ["BY", "COUNTERS", "Cpi", "CpiContext", "REGRESSIONS", "SPEARMAN"]
 
 BY = ("platform", "machine", "collection", "tier", "cell")
-REGRESSIONS = ("platform-fixed-effects", "per-platform", "pooled")
+REGRESSIONS = ("platform-fixed-effects", "per-platform", "pooled", "none")
 SPEARMAN = ("grid", "exact", "none")
 #: Counters kept in every partial, in this order.
 COUNTERS = ("total", "kept", "missing", "cpu_seconds", "cpi_range", "mai_range",
@@ -92,9 +102,18 @@ class CpiContext:
     mc_cspan: int
     #: per pm_ids entry: its index in cap_ids (-1: no known capacity)
     pm_cap: np.ndarray
+    #: pm_ids as uint64 hash-index keys (``backend.ops.hash_index``); empty when an id is negative
+    #: (the uint64 view would not be sorted: the lookup then binary-searches pm_ids)
+    pm_hash: np.ndarray
     #: Spearman grid cuts
     cpi_cuts: np.ndarray
     mai_cuts: np.ndarray
+    #: the first pass's fine histogram edges and, per fine bin (``fine_bins``), its grid bin (the
+    #: cuts are fine edges); empty when the cuts are not all fine edges (then searchsorted)
+    cpi_edges: np.ndarray
+    mai_edges: np.ndarray
+    cpi_lut: np.ndarray
+    mai_lut: np.ndarray
     #: per-instance tier lookup (by="tier" only), sorted by hash
     #: (collection_id, instance_index, machine_id) -> tier code (``by="tier"`` only)
     lookup: InstanceLookup
@@ -200,10 +219,21 @@ def _dense_groups(xp: Any, code: Any, span: int, keys: Any) -> tuple[Any, Any, i
     returns, by a bincount instead of a sort."""
     cnt = xp.bincount(code, minlength=span)
     present = cnt > 0
+    if bool(present.all()):  # every code occurs: the inverse is the code itself
+        return keys.astype(xp.int64), xp.ascontiguousarray(code.astype(xp.int64, copy=False)), int(span)
     rank = xp.cumsum(present) - 1
     inv = xp.ascontiguousarray(rank[code].astype(xp.int64))
     uniq = keys[xp.nonzero(present)[0]].astype(xp.int64)
     return uniq, inv, int(uniq.shape[0])
+
+
+def _bin_sum(backend: Any, code: Any, v: Any, span: int) -> Any:
+    """``backend.ops.grouped_sum(code, v, n_groups=span)`` for codes all in ``[0, span)`` and
+    NaN-free values: on the CPU that is exactly ``bincount`` (same rows, same order), without the
+    op's validity mask and copies."""
+    if backend.xp is np:
+        return np.bincount(code, weights=v, minlength=span)
+    return backend.ops.grouped_sum(code, v, n_groups=span)
 
 
 # ------------------------------------------------------------------------------ keyed moments
@@ -267,6 +297,10 @@ class Cpi(Analysis):
     regression
         Primary fit: ``platform-fixed-effects`` (default; recovers the synthetic cell's planted
         slopes), ``per-platform`` or ``pooled``.  All fits are reported in ``regression``.
+        ``none`` skips the regression: no (machine, cell) first pass, empty ``regression`` and
+        ``binned`` tables, no ``regression`` stage in ``filter``.  With ``spearman`` ``none`` or
+        ``exact`` the analysis is then a single pass (what SQL expresses: per-group weighted
+        moments and Pearson r).
     spearman
         ``grid`` (mergeable, with an error bound), ``exact`` (carries the filtered rows: memory
         O(rows)) or ``none``.
@@ -318,9 +352,21 @@ class Cpi(Analysis):
         return f"{self.name}[{','.join(opts)}]" if opts else self.name
 
     @property
+    def first_pass(self) -> bool:
+        """Whether :meth:`context` runs the first pass (:class:`MachineCells`): for the regression's
+        (machine, cell) table and/or the Spearman grid's cuts."""
+        return self.regression != "none" or self.spearman == "grid"
+
+    @property
     def columns(self) -> tuple[str, ...]:
-        return ("start_time", "end_time", "collection_id", "instance_index", "machine_id", "alloc_collection_id",
-                "avg_cpu", "cpi", "mai")
+        cols = ["start_time", "end_time"]
+        if self.by in ("collection", "tier"):
+            cols.append("collection_id")
+        if self.by == "tier":
+            cols.append("instance_index")
+        if self.by in ("machine", "platform", "tier") or self.regression != "none":
+            cols.append("machine_id")
+        return (*cols, "avg_cpu", "cpi", "mai")
 
     # ---------------------------------------------------------------- context (client side)
     def resolve_tier_map(self, source: Any) -> TierMap:
@@ -338,7 +384,12 @@ class Cpi(Analysis):
         cap_ids = cap.index.to_numpy(np.int64)
         cap_val = cap.to_numpy(np.float64)
         flt = self.filter
-        mc = run(source, [MachineCells(tuple(int(x) for x in cap_ids), flt)], partitions="auto")["_machine-cells"]
+        if self.first_pass:
+            # (machine, cell) table only for the regression; the histograms only for the grid cuts
+            machines = tuple(int(x) for x in cap_ids) if self.regression != "none" else ()
+            mc = run(source, [MachineCells(machines, flt)], partitions="auto")["_machine-cells"]
+        else:  # nothing needs the first pass: skip it (no machine cells, no grid cuts)
+            mc = MachineCells().finalize(MachineCells().empty(), None)
         cells = mc["cells"]
         key = cells["key"].to_numpy(np.int64)
         midx = key >> CELL_BITS
@@ -349,9 +400,17 @@ class Cpi(Analysis):
         with np.errstate(invalid="ignore", divide="ignore"):
             u = np.where((cells["bad"].to_numpy() == 0) & (denom > 0), cs / np.where(denom > 0, denom, 1.0), np.nan)
         cpi_cuts = mai_cuts = np.zeros(0)
+        edges = {"cpi": hist_edges("cpi", flt.cpi_max), "mai": hist_edges("mai", flt.mai_max)}
         if self.spearman == "grid":
-            cpi_cuts = grid_cuts(mc["hist"]["cpi"].to_numpy(), hist_edges("cpi", flt.cpi_max), self.spearman_bins)
-            mai_cuts = grid_cuts(mc["hist"]["mai"].to_numpy(), hist_edges("mai", flt.mai_max), self.spearman_bins)
+            cpi_cuts = grid_cuts(mc["hist"]["cpi"].to_numpy(), edges["cpi"], self.spearman_bins)
+            mai_cuts = grid_cuts(mc["hist"]["mai"].to_numpy(), edges["mai"], self.spearman_bins)
+        luts = {}
+        for var, cuts in (("cpi", cpi_cuts), ("mai", mai_cuts)):
+            # fine bin b holds edges[b - 1] <= v < edges[b]; as every cut is an edge, the grid bin
+            # searchsorted(cuts, v, "right") is the same for all of them: the count of cuts <= edges[b - 1]
+            ok = self.spearman == "grid" and bool(np.isin(cuts, edges[var]).all())
+            luts[var + "_lut"] = (np.concatenate([[0], np.searchsorted(cuts, edges[var], side="right")]).astype(np.int64)
+                                  if ok else np.zeros(0, np.int64))
         tm = None
         lk = InstanceLookup.empty()
         if self.by == "tier":
@@ -366,9 +425,11 @@ class Cpi(Analysis):
                 "machine_cells": int(key.shape[0]),
                 "machine_cells_unknown_util": int(np.isnan(u).sum()),
                 "bad_cell_rows": int(mc["info"]["bad_cell_rows"].iloc[0])}
+        pm_hash = (plat["pm_ids"].astype(np.uint64) if plat["pm_ids"].shape[0] and int(plat["pm_ids"][0]) >= 0
+                   else np.zeros(0, np.uint64))
         return CpiContext(filter=flt, tier_map=tm, **plat, cap_ids=cap_ids, mc_key=key,
-                          mc_k=cells["k"].to_numpy(np.int64), mc_u=u, **dense, pm_cap=pm_cap,
-                          cpi_cuts=cpi_cuts, mai_cuts=mai_cuts,
+                          mc_k=cells["k"].to_numpy(np.int64), mc_u=u, **dense, pm_cap=pm_cap, pm_hash=pm_hash,
+                          cpi_cuts=cpi_cuts, mai_cuts=mai_cuts, cpi_edges=edges["cpi"], mai_edges=edges["mai"], **luts,
                           lookup=lk, trace_window_us=window, info=info)
 
     # ---------------------------------------------------------------- partial / merge
@@ -388,6 +449,9 @@ class Cpi(Analysis):
         if ctx.pm_ids.shape[0] == 0 or int(mid.shape[0]) == 0:
             return None
         xp = backend.xp
+        if ctx.pm_hash.shape[0]:
+            pos = backend.ops.hash_index(backend.stage(ctx.pm_hash), xp.ascontiguousarray(mid).view(xp.uint64))
+            return xp.maximum(pos, 0), pos >= 0
         pm = backend.stage(ctx.pm_ids)
         m2 = xp.clip(xp.searchsorted(pm, mid), 0, pm.shape[0] - 1)
         return m2, pm[m2] == mid
@@ -424,7 +488,7 @@ class Cpi(Analysis):
         P = int(ctx.pm_ids.shape[0])
         pm = backend.stage(ctx.pm_ids)
         if bool(known.all()):
-            return _dense_groups(xp, m2.astype(xp.int64), P, pm)
+            return _dense_groups(xp, m2.astype(xp.int64, copy=False), P, pm)
         other = ~known
         ou, oinv = xp.unique(gkey[other], return_inverse=True)
         code = m2.astype(xp.int64)
@@ -441,22 +505,19 @@ class Cpi(Analysis):
 
     def partial(self, cols: dict[str, Any], ctx: CpiContext, backend: Any) -> dict[str, Any]:
         xp = backend.xp
-        start, end = cols["start_time"], cols["end_time"]
-        cs = cpu_seconds(xp, start, end, cols["avg_cpu"])
-        cpi = cols["cpi"].astype(xp.float64)
-        mai = cols["mai"].astype(xp.float64)
-        keep, fc = ctx.filter.mask(xp, cpi, mai, cs)
+        idx, y, z, w, fc = filter_rows(xp, ctx.filter, cols)
         counts = dict.fromkeys(COUNTERS, 0)
         counts.update(fc)
-        idx = xp.nonzero(keep)[0]
         out: dict[str, Any] = {k: xp.asarray(v) for k, v in self.empty().items()}
         if int(idx.shape[0]) == 0:
             out["counts"] = xp.asarray(np.array([counts[c] for c in COUNTERS], np.int64))
             return out
-        y, z, w = cpi[idx], mai[idx], cs[idx]
-        mid, st = cols["machine_id"][idx], start[idx]
-        mi = self._machine_index(backend, ctx, mid)
-        plat = self._platform(backend, ctx, mid, st, mi)
+        regress = self.regression != "none"
+        mid = cols["machine_id"][idx] if "machine_id" in cols else None
+        st = cols["start_time"][idx] if regress else None
+        mi = self._machine_index(backend, ctx, mid) if mid is not None else None
+        plat = self._platform(backend, ctx, mid, st if regress else cols["start_time"][idx], mi) if (
+            regress or self.by == "platform") else None
         groups = None
         # ---- per-group CPI/MAI moments (keyed)
         if self.by == "machine":
@@ -475,11 +536,23 @@ class Cpi(Analysis):
         else:
             gkey = xp.zeros(int(idx.shape[0]), dtype=xp.int64)
             groups = _dense_groups(xp, gkey, 1, xp.arange(1))
-        g, inv, G = _keyed_comoments(backend, gkey, xp.stack([y, z], axis=1), w, "g_", groups)
+        # One scratch buffer for the (CPI, MAI) matrix and, later, the regression's (CPI, util,
+        # ntasks) matrix: a fresh large array costs page faults, a reused one does not.
+        n_kept = int(idx.shape[0])
+        scratch = xp.empty(n_kept * (3 if regress else 2))
+        xg = scratch[:2 * n_kept].reshape(n_kept, 2)
+        xg[:, 0] = y
+        xg[:, 1] = z
+        g, inv, G = _keyed_comoments(backend, gkey, xg, w, "g_", groups)
+        del xg
         out.update(g)
         if self.spearman == "grid":
+            bins = None
+            if ctx.cpi_lut.shape[0] and ctx.mai_lut.shape[0]:
+                bins = tuple(backend.stage(lut)[fine_bins(xp, backend.stage(e), v)]
+                             for lut, e, v in ((ctx.cpi_lut, ctx.cpi_edges, y), (ctx.mai_lut, ctx.mai_edges, z)))
             out["g_grid"] = spearman_grid_partial(backend, y, z, inv, G, backend.stage(ctx.cpi_cuts),
-                                                  backend.stage(ctx.mai_cuts), w)
+                                                  backend.stage(ctx.mai_cuts), w, bins)
             if ctx.cpi_cuts.shape[0] + 1 != self.spearman_bins or ctx.mai_cuts.shape[0] + 1 != self.spearman_bins:
                 grid = xp.zeros((G, self.spearman_bins, self.spearman_bins))
                 hx, hy = ctx.cpi_cuts.shape[0] + 1, ctx.mai_cuts.shape[0] + 1
@@ -489,65 +562,71 @@ class Cpi(Analysis):
             out["g_grid"] = xp.zeros((G, 0, 0))
             if self.spearman == "exact":
                 out.update({"s_key": gkey, "s_x": y, "s_y": z, "s_w": w})
+        if not regress:
+            out["counts"] = xp.asarray(np.array([counts[c] for c in COUNTERS], np.int64))
+            return out
         # ---- regression rows: k and util of the window's (machine, cell)
-        n_kept = int(idx.shape[0])
-        k = xp.zeros(n_kept, dtype=xp.int64)
-        u = xp.full(n_kept, xp.nan)
-        has_cap = xp.zeros(n_kept, dtype=bool)
-        found = xp.zeros(n_kept, dtype=bool)
+        pos = None  # row of the machine-cell table (valid where found)
+        has_cap = found = xp.zeros(n_kept, dtype=bool)
         if ctx.cap_ids.shape[0] and mi is not None:
             # cap_ids is a subset of pm_ids: reuse the row's pm_ids index
             cp = backend.stage(ctx.pm_cap)[mi[0]]
             has_cap = mi[1] & (cp >= 0)
             mpos = xp.maximum(cp, 0)
             if ctx.mc_dense.shape[0]:
-                cell = xp.where(st >= 0, st // CELL_US, -1)
-                rel = cell - ctx.mc_cell0
+                rel = st // CELL_US
+                rel -= ctx.mc_cell0
                 inside = has_cap & (st >= 0) & (rel >= 0) & (rel < ctx.mc_cspan)
-                flat = xp.where(inside, mpos * ctx.mc_cspan + rel, 0)
-                pos = xp.where(inside, backend.stage(ctx.mc_dense)[flat], -1).astype(xp.int64)
+                mpos *= ctx.mc_cspan
+                mpos += rel
+                pos = xp.where(inside, backend.stage(ctx.mc_dense)[xp.where(inside, mpos, 0)], -1)
                 found = pos >= 0
                 pos = xp.maximum(pos, 0)
-                k = xp.where(found, backend.stage(ctx.mc_k)[pos], 0)
-                u = xp.where(found, backend.stage(ctx.mc_u)[pos], xp.nan)
             elif ctx.mc_key.shape[0]:
                 cell = xp.where(st >= 0, st // CELL_US, 0)
                 key = (mpos.astype(xp.int64) << CELL_BITS) | xp.clip(cell, 0, (1 << CELL_BITS) - 1)
                 mk = backend.stage(ctx.mc_key)
                 pos = xp.clip(xp.searchsorted(mk, key), 0, mk.shape[0] - 1)
                 found = has_cap & (mk[pos] == key) & (st >= 0) & (cell < (1 << CELL_BITS))
-                k = xp.where(found, backend.stage(ctx.mc_k)[pos], 0)
-                u = xp.where(found, backend.stage(ctx.mc_u)[pos], xp.nan)
+        u = backend.stage(ctx.mc_u)[pos] if pos is not None else xp.full(n_kept, xp.nan)
         use = found & xp.isfinite(u)
-        counts["no_capacity"] = int((~has_cap).sum())
-        counts["no_machine_cell"] = int((has_cap & ~found).sum())
-        counts["unknown_util"] = int((found & ~xp.isfinite(u)).sum())
-        counts["regression_used"] = int(use.sum())
-        counts["unknown_platform"] = int((use & (plat == ctx.unknown_platform)).sum())
-        out["counts"] = xp.asarray(np.array([counts[c] for c in COUNTERS], np.int64))
+        n_cap, n_found = int(has_cap.sum()), int(found.sum())
         ri = xp.nonzero(use)[0]
-        if int(ri.shape[0]) == 0:
+        n_use = int(ri.shape[0])
+        counts["no_capacity"] = n_kept - n_cap
+        counts["no_machine_cell"] = n_cap - n_found  # found implies has_cap
+        counts["unknown_util"] = n_found - n_use
+        counts["regression_used"] = n_use
+        if n_use == 0:
+            out["counts"] = xp.asarray(np.array([counts[c] for c in COUNTERS], np.int64))
             return out
-        yr, ur, kr, wr, pr = y[ri], u[ri], k[ri], w[ri], plat[ri].astype(xp.int64)
-        x = xp.stack([yr, ur, (kr - 1).astype(xp.float64)], axis=1)
-        r, _, _ = _keyed_comoments(backend, pr, x, wr, "r_",
-                                   _dense_groups(xp, pr, ctx.unknown_platform + 1, xp.arange(ctx.unknown_platform + 1)))
+        pr = plat[ri].astype(xp.int64)
+        counts["unknown_platform"] = int((pr == ctx.unknown_platform).sum())
+        out["counts"] = xp.asarray(np.array([counts[c] for c in COUNTERS], np.int64))
+        yr, ur, wr = y[ri], u[ri], w[ri]
+        kr = backend.stage(ctx.mc_k)[pos[ri]]
+        x = scratch[:3 * n_use].reshape(n_use, 3)
+        x[:, 0] = yr
+        x[:, 1] = ur
+        x[:, 2] = kr - 1
+        n_p = ctx.unknown_platform + 1
+        r, _, _ = _keyed_comoments(backend, pr, x, wr, "r_", _dense_groups(xp, pr, n_p, xp.arange(n_p)))
         out.update(r)
         # ---- binned CPI vs util and vs k (for the plot and the `binned` table)
-        ub = xp.clip(xp.floor(ur / UTIL_BIN), 0, UTIL_BINS - 1).astype(xp.int64)
+        ub = xp.floor(ur / UTIL_BIN)
+        ub = xp.clip(ub, 0, UTIL_BINS - 1, out=ub).astype(xp.int64)
         kb = xp.clip(kr, 0, K_BINS - 1).astype(xp.int64)
         # Dense per-platform bin codes (util and k separately, no concatenated copies); the result
         # is what keyed_reduce over the packed keys gives: same rows per bin in the same order.
-        n_p = ctx.unknown_platform + 1
         wy = xp.ascontiguousarray(wr * yr)
         wr = xp.ascontiguousarray(wr)
         dense: dict[str, list[Any]] = {"n": [], "cpu_seconds": [], "wcpi": []}
-        for code, nb in ((pr * UTIL_BINS + ub, UTIL_BINS), (pr * K_BINS + kb, K_BINS)):
-            code = xp.ascontiguousarray(code.astype(xp.int64))
+        for code, nb in ((ub, UTIL_BINS), (kb, K_BINS)):
+            code += pr * nb
             span = n_p * nb
             dense["n"].append(xp.bincount(code, minlength=span).reshape(n_p, nb))
-            dense["cpu_seconds"].append(backend.ops.grouped_sum(code, wr, n_groups=span).reshape(n_p, nb))
-            dense["wcpi"].append(backend.ops.grouped_sum(code, wy, n_groups=span).reshape(n_p, nb))
+            dense["cpu_seconds"].append(_bin_sum(backend, code, wr, span).reshape(n_p, nb))
+            dense["wcpi"].append(_bin_sum(backend, code, wy, span).reshape(n_p, nb))
         pp = xp.arange(n_p, dtype=xp.int64)[:, None]
         bkeys = xp.concatenate([((pp * 2) << _BIN_BITS) | xp.arange(UTIL_BINS, dtype=xp.int64)[None, :],
                                 ((pp * 2 + 1) << _BIN_BITS) | xp.arange(K_BINS, dtype=xp.int64)[None, :]], axis=1)
@@ -693,9 +772,10 @@ class Cpi(Analysis):
         groups = self._groups(p, ctx)
         regression = self._regression(p, ctx)
         binned = self._binned(p, ctx)
-        reasons = [("filter", r) for r in ("missing", "cpu_seconds", "cpi_range", "mai_range")] + [
-            ("filter", "kept"), ("regression", "no_capacity"), ("regression", "no_machine_cell"),
-            ("regression", "unknown_util"), ("regression", "regression_used")]
+        reasons = [("filter", r) for r in ("missing", "cpu_seconds", "cpi_range", "mai_range")] + [("filter", "kept")]
+        if self.regression != "none":
+            reasons += [("regression", "no_capacity"), ("regression", "no_machine_cell"),
+                        ("regression", "unknown_util"), ("regression", "regression_used")]
         flt = pd.DataFrame({"stage": pd.Series([s for s, _ in reasons], dtype=object),
                             "reason": pd.Series([r for _, r in reasons], dtype=object),
                             "windows": np.array([counts[r] for _, r in reasons], dtype=np.int64)})
@@ -723,8 +803,10 @@ class Cpi(Analysis):
         lines = [f"{self.label}: {info['windows_kept']} of {info['windows_total']} windows pass the CPI/MAI filter "
                  f"(missing {info['windows_missing']}, low CPU time {info['windows_cpu_seconds']}, "
                  f"CPI range {info['windows_cpi_range']}, MAI range {info['windows_mai_range']}); "
-                 f"regression uses {info['windows_regression_used']} (no capacity {info['windows_no_capacity']}, "
-                 f"no machine-cell {info['windows_no_machine_cell']}, unknown util {info['windows_unknown_util']})"]
+                 + ("regression not computed (regression='none'): no regression or binned rows"
+                    if self.regression == "none" else
+                    f"regression uses {info['windows_regression_used']} (no capacity {info['windows_no_capacity']}, "
+                    f"no machine-cell {info['windows_no_machine_cell']}, unknown util {info['windows_unknown_util']})")]
         g = result["groups"]
         if len(g):
             col = g.columns[0]

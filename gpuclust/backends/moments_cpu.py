@@ -179,6 +179,28 @@ def finish_comoments(xp: Any, acc1: Any, acc2: Any, m0: Any, d: int) -> Moments:
     return Moments(n, W, mean, C)
 
 
+#: Rows per block of :func:`grouped_comoments` (at least; ``8 * n_groups`` when that is larger).
+_BLOCK_ROWS = 1 << 15
+
+
+def _valid_block(x: np.ndarray, w: np.ndarray, group: np.ndarray, G: int, lo: int,
+                 hi: int) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+    """Rows ``[lo, hi)`` that are used (see *Row validity*): group codes (intp), weights and the
+    float64 columns of ``x``."""
+    xb, wb, gb = x[lo:hi], w[lo:hi], group[lo:hi]
+    d = xb.shape[1]
+    with np.errstate(invalid="ignore"):
+        ok = (wb > 0) & (wb < np.inf)  # finite and positive (False for NaN)
+        if not (int(gb.min()) >= 0 and int(gb.max()) < G):
+            ok &= (gb >= 0) & (gb < G)
+        for k in range(d):
+            ok &= np.isfinite(xb[:, k])
+    if ok.all():
+        return gb.astype(np.intp, copy=False), wb, [xb[:, k].astype(np.float64) for k in range(d)]
+    idx = np.flatnonzero(ok)
+    return gb[idx].astype(np.intp, copy=False), wb[idx], [xb[idx, k].astype(np.float64) for k in range(d)]
+
+
 def grouped_comoments(x: np.ndarray, w: np.ndarray, group: np.ndarray, n_groups: int) -> Moments:
     """Per-group weighted count, weight sum, means and co-moment matrices (corrected two-pass).
 
@@ -202,7 +224,8 @@ def grouped_comoments(x: np.ndarray, w: np.ndarray, group: np.ndarray, n_groups:
     Notes
     -----
     Accumulation is in float64 (float32 ``x`` is widened first).  A row with any non-finite
-    ``x`` entry is ignored as a whole (listwise deletion).
+    ``x`` entry is ignored as a whole (listwise deletion).  Both passes run over blocks of
+    :data:`_BLOCK_ROWS` rows (``8 * n_groups`` when larger); per-group sums add the blocks' sums.
 
     Examples
     --------
@@ -218,34 +241,33 @@ def grouped_comoments(x: np.ndarray, w: np.ndarray, group: np.ndarray, n_groups:
     G = int(n_groups)
     if G == 0:
         return Moments.empty(0, d)
-    # Column-wise throughout: 1-D bincount / take are several times faster than 2-D fancy indexing.
-    cols = [x[:, k] for k in range(d)]
-    with np.errstate(invalid="ignore"):
-        ok = (group >= 0) & (group < G) & np.isfinite(w) & (w > 0)
-        for c in cols:
-            ok &= np.isfinite(c)
-    if ok.all():
-        g, wv = group.astype(np.int64, copy=False), w
-        cols = [np.ascontiguousarray(c, dtype=np.float64) for c in cols]
-    else:
-        idx = np.flatnonzero(ok)
-        g, wv = group[idx].astype(np.int64, copy=False), w[idx]
-        cols = [c[idx].astype(np.float64, copy=False) for c in cols]
+    # Both passes run over blocks of rows: a block's temporaries (validity mask, widened columns,
+    # deviations, products) stay in cache and are small heap allocations, where whole-column
+    # temporaries would each be a fresh mapping (page faults).  Per-group sums add the blocks'
+    # bincounts; blocks hold at least 8 G rows so the per-block (G,) outputs stay cheap.
+    B = max(_BLOCK_ROWS, 8 * G)
+    iu, ju = tri_indices(d)
     acc1 = np.zeros((G, 2 + d), dtype=np.float64)
-    acc1[:, 0] = np.bincount(g, minlength=G)
-    acc1[:, 1] = np.bincount(g, weights=wv, minlength=G)
-    for k in range(d):
-        acc1[:, 2 + k] = np.bincount(g, weights=wv * cols[k], minlength=G)
+    cnt = np.zeros(G, dtype=np.int64)
+    for lo in range(0, n, B):
+        g, wv, cols = _valid_block(x, w, group, G, lo, min(lo + B, n))
+        cnt += np.bincount(g, minlength=G)
+        acc1[:, 1] += np.bincount(g, weights=wv, minlength=G)
+        for k in range(d):
+            acc1[:, 2 + k] += np.bincount(g, weights=wv * cols[k], minlength=G)
+    acc1[:, 0] = cnt
     has = acc1[:, 1] > 0
     m0 = np.where(has[:, None], acc1[:, 2:] / np.where(has, acc1[:, 1], 1.0)[:, None], 0.0)
-    dev = [cols[k] - np.take(np.ascontiguousarray(m0[:, k]), g) for k in range(d)]
-    iu, ju = tri_indices(d)
+    m0c = [np.ascontiguousarray(m0[:, k]) for k in range(d)]
     acc2 = np.zeros((G, d + iu.shape[0]), dtype=np.float64)
-    for k in range(d):
-        wd = wv * dev[k]
-        acc2[:, k] = np.bincount(g, weights=wd, minlength=G)
-        for t in np.flatnonzero(iu == k).tolist():
-            acc2[:, d + t] = np.bincount(g, weights=wd * dev[int(ju[t])], minlength=G)
+    for lo in range(0, n, B):
+        g, wv, cols = _valid_block(x, w, group, G, lo, min(lo + B, n))
+        dev = [cols[k] - m0c[k][g] for k in range(d)]
+        for k in range(d):
+            wd = wv * dev[k]
+            acc2[:, k] += np.bincount(g, weights=wd, minlength=G)
+            for t in np.flatnonzero(iu == k).tolist():
+                acc2[:, d + t] += np.bincount(g, weights=wd * dev[int(ju[t])], minlength=G)
     return finish_comoments(np, acc1, acc2, m0, d)
 
 

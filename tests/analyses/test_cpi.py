@@ -378,7 +378,10 @@ def _partial(a, t, ctx, backend):
 
 
 VARIANTS = [Cpi(by=b) for b in BY] + [Cpi(by="machine", spearman="exact"), Cpi(by="tier", spearman="none"),
-                                      Cpi(by="collection", regression="pooled", spearman_bins=4)]
+                                      Cpi(by="collection", regression="pooled", spearman_bins=4),
+                                      Cpi(by="machine", regression="none", spearman="none"),
+                                      Cpi(by="platform", regression="none", spearman="exact"),
+                                      Cpi(by="cell", regression="none", spearman_bins=4)]
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -418,8 +421,83 @@ def test_primary_fit_option():
         assert reg[reg["primary"]]["b_util"].notna().all()
 
 
+_MOMENTS = ["n", "cpu_seconds", "cpi_mean", "cpi_std", "mai_mean", "mai_std", "pearson_r"]
+
+
+@pytest.mark.parametrize("by", ["machine", "platform", "collection", "tier", "cell"])
+def test_regression_none_is_the_sql_subset(synth_ds, monkeypatch, by):
+    """``regression="none"``: groups identical to the default run's moments and Pearson r (and
+    Spearman for the same method), regression and binned tables empty with the right columns, no
+    first pass at all unless the Spearman grid needs its cuts."""
+    from gpuclust.analyses import _machine_cells
+
+    full = {sp: engine.run(synth_ds, Cpi(by=by, spearman=sp), partitions=2)["cpi"] for sp in ("exact", "grid")}
+    calls = []
+    orig = _machine_cells.MachineCells.partial
+    monkeypatch.setattr(_machine_cells.MachineCells, "partial",
+                        lambda self, *a, **k: calls.append(self.machines) or orig(self, *a, **k))
+    for sp in ("none", "exact", "grid"):
+        calls.clear()
+        a = Cpi(by=by, regression="none", spearman=sp)
+        r = engine.run(synth_ds, a, partitions=2)["cpi"]
+        ref = full["grid" if sp == "grid" else "exact"]
+        key = r["groups"].columns[0]
+        cols = [key, *_MOMENTS] + (["spearman_rho", "spearman_bound"] if sp != "none" else [])
+        pd.testing.assert_frame_equal(r["groups"][cols], ref["groups"][cols], check_exact=True)
+        if sp == "none":
+            assert r["groups"]["spearman_rho"].isna().all()
+        for t in ("regression", "binned"):
+            assert len(r[t]) == 0 and list(r[t].columns) == list(ref[t].columns)
+        assert (r["filter"]["stage"] == "filter").all()
+        pd.testing.assert_frame_equal(r["filter"], ref["filter"][ref["filter"]["stage"] == "filter"])
+        info = r["info"].iloc[0]
+        assert info["machine_cells"] == 0 and info["windows_regression_used"] == 0
+        assert info["windows_kept"] == ref["info"].iloc[0]["windows_kept"]
+        # the first pass runs only for the grid's cut points, and then without the machine-cell table
+        assert (calls and all(m == () for m in calls)) if sp == "grid" else not calls
+        assert "regression not computed" in a.summary(r)
+        assert "alloc_collection_id" not in a.columns
+        assert ("machine_id" in a.columns) == (by in ("machine", "platform", "tier"))
+
+
+def test_fine_bins_and_grid_lookup_equal_searchsorted():
+    """The log-guess fine binning is the binary search exactly (bin edges, neighbours of edges,
+    float32-cast values, 0, negatives, NaN, infinities), and the fine-bin -> grid-bin table gives
+    the grid partial the searchsorted bins."""
+    from gpuclust.analyses._machine_cells import fine_bins, grid_cuts, hist_edges
+    from gpuclust.backends import get_backend
+    from gpuclust.stats import spearman_grid_partial
+
+    rng = np.random.default_rng(11)
+    for var, hi in (("cpi", 100.0), ("mai", 1.0), ("cpi", 3.0), ("mai", 1e-9)):
+        e = hist_edges(var, hi)
+        v = np.concatenate([np.exp(rng.normal(np.log(e[len(e) // 3]), 4, 20_000)), e, np.nextafter(e, 0),
+                            np.nextafter(e, np.inf), [0.0, -0.0, -1.0, np.nan, np.inf, -np.inf, 1e-300, 1e300]])
+        with np.errstate(over="ignore"):
+            for x in (v, v.astype(np.float32).astype(np.float64)):
+                np.testing.assert_array_equal(fine_bins(np, e, x), np.searchsorted(e, x, side="right"))
+    e = hist_edges("cpi", 100.0)
+    y = np.exp(rng.normal(0.5, 0.4, 5000))
+    z = np.exp(rng.normal(0.0, 0.4, 5000))
+    counts = np.bincount(fine_bins(np, e, y), minlength=len(e) + 1)
+    cuts = grid_cuts(counts, e, 8)
+    lut = np.concatenate([[0], np.searchsorted(cuts, e, side="right")])
+    np.testing.assert_array_equal(lut[fine_bins(np, e, y)], np.searchsorted(cuts, y, side="right"))
+    be = get_backend("cpu")
+    g = rng.integers(0, 3, 5000)
+    w = rng.uniform(0.1, 2.0, 5000)
+    w[::50] = np.nan
+    zc = np.quantile(z, [0.25, 0.5, 0.75])
+    ref = spearman_grid_partial(be, y, z, g, 3, cuts, zc, w)
+    got = spearman_grid_partial(be, y, z, g, 3, cuts, zc, w,
+                                (lut[fine_bins(np, e, y)], np.searchsorted(zc, z, side="right")))
+    np.testing.assert_array_equal(got, ref)
+
+
 def test_empty_and_options():
     r = engine.run({}, Cpi())["cpi"]
+    assert all(len(df) == 0 for k, df in r.items() if k != "info")
+    r = engine.run({}, Cpi(regression="none", spearman="none"))["cpi"]
     assert all(len(df) == 0 for k, df in r.items() if k != "info")
     assert create("cpi", by="machine", regression="pooled") == Cpi(by="machine", regression="pooled")
     assert Cpi(by="tier", cpi_max=20.0).label == "cpi[by=tier,cpi_max=20.0]"

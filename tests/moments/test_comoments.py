@@ -139,6 +139,26 @@ def test_invalid_rows_are_ignored_listwise() -> None:
     assert_close(grouped_comoments(x, w, g32, 3), ref, rtol=1e-10)
 
 
+@pytest.mark.parametrize("block", [1, 7, 64])
+def test_row_blocks_match_direct(monkeypatch: pytest.MonkeyPatch, block: int) -> None:
+    """Both passes run over row blocks (per-group sums add block sums); tiny blocks, invalid rows
+    inside some blocks, blocks of only invalid rows and more groups than block rows."""
+    import gpuclust.backends.moments_cpu as mc
+
+    x, w, g = make_data(4, 700, 3, 5, offset=1e3, wlog=2.0)
+    x[40:60, 1] = np.nan  # whole blocks without a valid row when block <= 20
+    w[100:103] = 0.0
+    g[200] = 9
+    keep = np.isfinite(x).all(axis=1) & (w > 0) & (g < 5)
+    ref = direct(x[keep], w[keep], g[keep], 5)
+    monkeypatch.setattr(mc, "_BLOCK_ROWS", block)
+    assert_close(grouped_comoments(x, w, g, 5), ref, rtol=1e-10)
+    assert_close(grouped_comoments(x, w, g.astype(np.int32), 5), ref, rtol=1e-10)
+    wide = np.random.default_rng(5).integers(0, 300, x.shape[0])
+    kw = np.isfinite(x).all(axis=1) & (w > 0)
+    assert_close(grouped_comoments(x, w, wide, 300), direct(x[kw], w[kw], wide[kw], 300), rtol=1e-10)
+
+
 def test_empty_inputs_and_groups() -> None:
     x = np.zeros((0, 2))
     m = grouped_comoments(x, np.zeros(0), np.zeros(0, dtype=np.int64), 3)
