@@ -178,11 +178,9 @@ def plan_partitions(source: Any, table: str, partitions: int | str = 1,
 def column_to_numpy(arr: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """An Arrow column as a contiguous NumPy array; NULL -> NaN (floats) / dtype minimum (ints)."""
     t = arr.type
-    if arr.null_count:
-        if pa.types.is_floating(t):
-            arr = pc.fill_null(arr, pa.scalar(float("nan"), t))
-        elif pa.types.is_integer(t):
-            arr = pc.fill_null(arr, pa.scalar(int(np.iinfo(t.to_pandas_dtype()).min), t))
+    # floats: Arrow's to_numpy already turns NULL into NaN
+    if arr.null_count and pa.types.is_integer(t):
+        arr = pc.fill_null(arr, pa.scalar(int(np.iinfo(t.to_pandas_dtype()).min), t))
     out = arr.to_numpy(zero_copy_only=False) if isinstance(arr, pa.ChunkedArray) else arr.to_numpy(zero_copy_only=False)
     return np.ascontiguousarray(out)
 
