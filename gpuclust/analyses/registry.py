@@ -64,7 +64,7 @@ REGISTRY: dict[str, AnalysisEntry] = {
                 Option("tier_map", None, tuple(TIER_MAPS),
                        "priority tier map; default: the dataset manifest's, else the trace version's default"),
             ),
-            kernels=("grouped_sum", "bucket_overlap"),
+            kernels=("grouped_sum", "bucket_overlap", "hash_index"),
             tables=("instance_usage", "instance_events", "machine_events"),
         ),
         AnalysisEntry(
@@ -85,7 +85,7 @@ REGISTRY: dict[str, AnalysisEntry] = {
                 Option("min_cpu_seconds", 0.01, None, "minimum CPU-seconds (avg_cpu x duration) of a window"),
                 Option("tier_map", None, tuple(TIER_MAPS), "tier map for by=tier; default: the dataset's"),
             ),
-            kernels=("grouped_comoments", "grouped_sum"),
+            kernels=("grouped_comoments", "grouped_sum", "hash_index"),
             tables=("instance_usage", "machine_events", "instance_events"),
         ),
         AnalysisEntry(
@@ -106,7 +106,7 @@ REGISTRY: dict[str, AnalysisEntry] = {
                 Option("window_end_us", None, None,
                        "trace window end; default: the largest finite time in instance_events / instance_usage"),
             ),
-            kernels=("bucket_overlap", "grouped_sum"),
+            kernels=("bucket_overlap", "grouped_sum", "hash_index"),
             tables=("instance_usage", "instance_events", "machine_events"),
         ),
         AnalysisEntry(
@@ -126,7 +126,7 @@ REGISTRY: dict[str, AnalysisEntry] = {
                 Option("exact_max_windows", 5_000_000, None, "row budget of strategy=auto for exact"),
                 Option("tier_map", None, tuple(TIER_MAPS), "tier map for by=tier; default: the dataset's"),
             ),
-            kernels=("repair_percentiles", "window_means", "mixture_quantiles"),
+            kernels=("repair_percentiles", "window_means", "mixture_quantiles", "hash_index"),
             tables=("instance_usage", "instance_events"),
         ),
     )
