@@ -16,7 +16,8 @@ two disjoint parts:
 
 A group moves ("spills") from ``exact`` to ``bounded`` when its usable windows exceed ``T`` or
 when it is already bounded on the other side of a merge: its windows are tabulated as a leaf
-(``mixture_summary.bounded_partial``, error ``1/K``) and merged into the bounded part with the
+(what ``mixture_summary.bounded_partial`` computes, error ``1/K``; the stats are kept from the
+exact part) and merged into the bounded part with the
 proven bound (``docs/mixture.md``): tabulating any subset of a group's windows is a leaf of the
 same theorem, so every group's tracked bound stays valid.  Memory per group is at most about
 ``8 (K + 8)`` bytes in either part.  Counts, weights and means stay exact.
@@ -89,17 +90,16 @@ def _spill(h: dict[str, Any]) -> dict[str, Any]:
         move |= b["key"][pos] == e["key"]
     if not bool(move.any()):
         return h
-    em = _take_exact(xp, e, move)
-    # a leaf of the moved groups (their stats -- zero-weight windows included -- kept from ``em``)
-    # the exact part holds repaired, usable rows only: no second repair
-    tab = ms.bounded_partial(em["q"], em["w"], em["row_key"], k=int(k), repaired=True)
+    em = e if bool(move.all()) else _take_exact(xp, e, move)  # no copy when every group moves
+    # a leaf of the moved groups: the mixture's quantiles at j / K (what
+    # mixture_summary.bounded_partial tabulates; NaN for a group without usable rows) and the leaf
+    # bound 1/K, their stats -- zero-weight windows included -- kept from ``em``; the exact part
+    # holds repaired, usable rows only: no second repair, no second pass for the stats
     Gm = int(em["key"].shape[0])
-    knots = xp.full((Gm, int(k) + 1), xp.nan)
-    err = xp.zeros(Gm)
-    if int(tab["key"].shape[0]):
-        ix = xp.searchsorted(em["key"], tab["key"])
-        knots[ix] = tab["knots"]
-        err[ix] = tab["err"]
+    codes_m = xp.searchsorted(em["key"], em["row_key"]).astype(xp.int64)
+    knots = ms._ops_for(xp).mixture_quantiles(xp.ascontiguousarray(em["q"]), xp.ascontiguousarray(em["w"]),
+                                              xp.ascontiguousarray(codes_m), Gm, xp.asarray(ms.summary_levels(int(k))))
+    err = xp.where(em["weight"] > 0, 1.0 / float(k), 0.0)
     bm = {"kind": "bounded", "k": int(k), "key": em["key"], **{s: em[s] for s in _STATS}, "knots": knots, "err": err}
     return {"kind": "hybrid", "k": k, "exact": _take_exact(xp, e, ~move),
             "bounded": bm if Gb == 0 else _merge_bounded(b, bm)}

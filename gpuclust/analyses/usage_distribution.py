@@ -307,18 +307,17 @@ class UsageDistribution(Analysis):
         bad = keep & ((end == TIME_AFTER_TRACE) | (end < start))
         stats["bad_time_windows"] = int(bad.sum())
         idx = xp.flatnonzero(keep & ~bad)
-        # one float64 (n, 20) matrix, filled column by column (no stacked intermediate copies)
-        ni = int(idx.shape[0])
-        q = xp.empty((ni, 20), dtype=xp.float64)
         pcols = [cols[c] for c in CPU_PERCENTILE_COLUMNS_SORTED]
-        step = (1 << 12) if xp is np else max(1, ni)  # host: row blocks that stay in cache
-        for r0 in range(0, ni, step):
-            ib = idx[r0 : r0 + step]
-            qb = q[r0 : r0 + step]
+        # the only repair: the leaf gets repaired rows
+        if xp is np and all(c.dtype in (np.float32, np.float64) for c in pcols):
+            qr, repaired, null = _host_gather_repair(pcols, idx)
+        else:
+            # one float64 (n, 20) matrix, filled column by column (no stacked intermediate copies)
+            q = xp.empty((int(idx.shape[0]), 20), dtype=xp.float64)
             for j, col in enumerate(pcols):
-                qb[:, j] = col[ib]
-        qr, repaired, null = ops.repair_percentiles(q)  # the only repair: the leaf gets repaired rows
-        del q
+                q[:, j] = col[idx]
+            qr, repaired, null = ops.repair_percentiles(q)
+            del q
         stats["skipped_no_percentiles"] = int(null.sum())
         stats["repaired"] = int(repaired.sum())
         use = xp.flatnonzero(~null)
@@ -360,7 +359,7 @@ class UsageDistribution(Analysis):
         w = w[order]
         frac = frac[order]
         comps = [c[order] for c in comps]
-        qr = xp.ascontiguousarray(qr[src[order]])
+        qr = xp.take(qr, src[order], axis=0)  # row gather (faster than fancy indexing on the host)
         kc = xp.stack(comps, axis=1) if comps else xp.zeros((m, 0), dtype=xp.int64)
         part = hs.leaf(qr, w, key, None if ctx.strategy == "exact" else int(self.k), repaired=True)
         groups = self._group_extras(xp, key, kc, frac, w, qr)
@@ -546,6 +545,35 @@ class UsageDistribution(Analysis):
                 b = "" if info["strategy"] == "exact" else f" ±{heavy['cdf_error_bound'].iloc[j]:.2g}"
                 lines.append(f"  {k}: weight={heavy['weight'].iloc[j]:.4g} {v}{b}")
         return "\n".join(lines)
+
+
+def _host_gather_repair(pcols: list[np.ndarray], idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``repair_percentiles`` of the rows ``idx`` of the percentile columns ``pcols`` (host, float
+    columns), without the gathered matrix: per block of rows, each column is gathered contiguously
+    and folded into the running maximum (the same values and masks as the op)."""
+    n = int(idx.shape[0])
+    rep = np.empty((n, len(pcols)), dtype=np.float64)
+    null = np.empty(n, dtype=bool)
+    changed = np.empty(n, dtype=bool)
+    step = 1 << 12  # row blocks that stay in cache
+    for r0 in range(0, n, step):
+        ib = idx[r0 : r0 + step]
+        rb = rep[r0 : r0 + step]
+        run = pcols[0][ib].astype(np.float64)
+        fin = np.isfinite(run)
+        ch = np.zeros(ib.shape[0], dtype=bool)
+        rb[:, 0] = run
+        for j in range(1, len(pcols)):
+            c = pcols[j][ib].astype(np.float64, copy=False)
+            fin &= np.isfinite(c)
+            np.maximum(run, c, out=run)
+            ch |= run != c
+            rb[:, j] = run
+        nb = ~fin
+        rb[nb] = np.nan
+        null[r0 : r0 + step] = nb
+        changed[r0 : r0 + step] = ch
+    return rep, changed & ~null, null
 
 
 def _merge_groups(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

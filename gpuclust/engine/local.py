@@ -75,7 +75,9 @@ def _map_in_order(fn: Any, items: Sequence[Any], threads: int) -> Iterable[Any]:
     if threads <= 1 or len(items) <= 1:
         yield from map(fn, items)
         return
-    with ThreadPoolExecutor(max_workers=min(threads, len(items)), thread_name_prefix="gpuclust-part") as pool:
+    from gpuclust.backends.mixture_cpu import ENGINE_THREAD_PREFIX  # ops that thread stay single-threaded here
+
+    with ThreadPoolExecutor(max_workers=min(threads, len(items)), thread_name_prefix=ENGINE_THREAD_PREFIX) as pool:
         yield from pool.map(fn, items)
 
 

@@ -232,3 +232,102 @@ def test_two_windows_reference_by_bisection() -> None:
     fast = mx.mixture_quantiles(q, w, np.zeros(3, np.int64), 1, EXTRA)[0]
     for j, p in enumerate(EXTRA):
         assert ref.quantile_ok(fast[j], ref.mixture_quantile(q, w, float(p)), q, w, float(p))
+
+
+def _payload_rowwise(q: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The event payload written window by window (the definition ``_event_table`` vectorises)."""
+    n, nl = q.shape
+    hi, lo, jump = np.zeros(n * nl + 1), np.zeros(n * nl + 1), np.zeros(n * nl + 1)
+    for i in range(n):
+        d = np.zeros(nl + 1)  # d[k + 1] = density of segment k; d[0] = d[nl] = 0
+        for k in range(nl - 1):
+            m = v[i] * (LV[k + 1] - LV[k])
+            dq = q[i, k + 1] - q[i, k]
+            if dq <= mx.NARROW_REL * max(abs(q[i, k]), abs(q[i, k + 1])):
+                jump[i * nl + k] = m
+            else:
+                d[k + 1] = m / dq
+        for k in range(nl):
+            s = d[k + 1] - d[k]
+            bb = s - d[k + 1]
+            hi[i * nl + k] = s
+            lo[i * nl + k] = (d[k + 1] - (s - bb)) + (-d[k] - bb)
+    return hi, lo, jump
+
+
+@pytest.mark.parametrize("block", [20, 64, 1 << 14])
+def test_event_table_matches_rowwise_definition(monkeypatch: pytest.MonkeyPatch, block: int) -> None:
+    rng = np.random.default_rng(11)
+    n = 60
+    q = np.sort(rng.gamma(0.7, 0.1, (n, 20)), axis=1)
+    q[::4, :8] = 0.0  # point masses
+    q[1::5] = q[1::5, :1]  # one-point windows
+    q[2::7, 9:14] = q[2::7, 9:10] * (1 + 1e-14)  # narrow segments
+    q[3::6] -= 0.05  # negative values
+    q = np.ascontiguousarray(np.sort(q, axis=1))
+    v = rng.uniform(1e-6, 1.0, n)
+    monkeypatch.setattr(mx, "_PAYLOAD_BLOCK", block)  # blocks of windows (20 events: one window each)
+    table = mx._event_table(q, v, LV)
+    for j, want in enumerate(_payload_rowwise(q, v), start=1):
+        np.testing.assert_array_equal(table[:, j], want)
+    np.testing.assert_array_equal(table[:-1, 0], q.reshape(-1))
+    np.testing.assert_array_equal(table[-1], [np.inf, 0.0, 0.0, 0.0])
+
+
+def test_threads_do_not_change_results(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(12)
+    n, G = 4000, 30
+    q = np.ascontiguousarray(np.sort(rng.gamma(0.7, 0.1, (n, 20)), axis=1))
+    w = rng.uniform(1, 300, n)
+    g = rng.zipf(1.5, n) % G  # one big group (unpadded row) and padded chunks of small ones
+    lv = np.concatenate([STD, EXTRA])
+    monkeypatch.setattr(mx, "THREADS", 1)
+    one = mx.mixture_quantiles(q, w, g, G, lv)
+    monkeypatch.setattr(mx, "THREADS", 3)
+    monkeypatch.setattr(mx, "_PARALLEL_MIN_EVENTS", 0)
+    monkeypatch.setattr(mx, "_CHUNK", 512)  # many chunks
+    np.testing.assert_array_equal(mx.mixture_quantiles(q, w, g, G, lv), one)
+    with pytest.raises(ValueError, match="non-decreasing"):  # errors of a worker reach the caller
+        bad = q.copy()
+        bad[5, 3] = -1.0
+        mx.mixture_quantiles(bad, w, g, G, lv)
+
+
+@pytest.mark.parametrize("float32_values", [True, False])
+def test_radix_sorted_big_group(monkeypatch: pytest.MonkeyPatch, float32_values: bool) -> None:
+    """A group wider than the radix threshold (sorted by ``_radix_argsort``): the same quantiles as
+    with ``argsort`` (ties -- point masses, repeated windows, -0.0 -- in another order move only the
+    last bits) and the definition holds against the reference CDF."""
+    rng = np.random.default_rng(13)
+    n = 4000
+    q = np.sort(rng.gamma(0.7, 0.1, (n, 20)), axis=1) * 10 ** rng.uniform(-3, 1, (n, 1)) - 0.01
+    q[rng.random(n) < 0.3, :8] = 0.0
+    q[::50, :3] = -0.0
+    q[1::9] = q[1]  # repeated windows
+    if float32_values:
+        q = q.astype(np.float32).astype(np.float64)
+    q = np.ascontiguousarray(np.sort(q, axis=1))
+    w = rng.uniform(0, 300, n)
+    g = np.zeros(n, np.int64)
+    lv = np.concatenate([STD, EXTRA])
+    monkeypatch.setattr(mx, "_RADIX_MIN_EVENTS", 1)
+    got = mx.mixture_quantiles(q, w, g, 1, lv)[0]
+    monkeypatch.setattr(mx, "_RADIX_MIN_EVENTS", 1 << 60)
+    np.testing.assert_allclose(got, mx.mixture_quantiles(q, w, g, 1, lv)[0], rtol=1e-12, atol=1e-300)
+    f = ref.mixture_cdf_np(q, w, got)  # normalised CDF at the answers, and its left limit
+    fl = ref.mixture_cdf_np(q, w, got, left=True)
+    assert np.all(f >= lv - 1e-10) and np.all(fl <= lv + 1e-10)
+
+
+def test_radix_argsort_orders_like_a_stable_sort() -> None:
+    rng = np.random.default_rng(14)
+    for x in (rng.standard_normal(5000).astype(np.float32).astype(np.float64),  # float32 keys, 2 passes
+              rng.standard_normal(5000) * 10.0 ** rng.uniform(-300, 300, 5000),  # float64 keys, 4 passes
+              np.array([1e200, -1e300, 3.0, 0.0, -0.0, 1e-300, -5e-324, np.inf, 3.0, 0.0])):
+        x = x.copy()
+        x[::9] = x[0]  # ties
+        order = mx._radix_argsort(x)
+        np.testing.assert_array_equal(x[order], np.sort(x))
+        tie = x[order][1:] == x[order][:-1]
+        same_sign = np.signbit(x[order][1:]) == np.signbit(x[order][:-1])
+        assert np.all(order[1:][tie & same_sign] > order[:-1][tie & same_sign])  # stable

@@ -261,3 +261,29 @@ def test_to_frame_uses_schema_column_names() -> None:
     assert list(df.columns[7:]) == list(CPU_PERCENTILE_COLUMNS_SORTED)
     assert df["key"].tolist() == sorted(set(keys.tolist()))
     assert ms.level_column(0.999) == "cpu_p99.9" and ms.level_column(0.07) == "cpu_p7"
+
+
+def test_hybrid_leaf_spill_equals_bounded_partial() -> None:
+    """A leaf tabulates its spilled groups as ``bounded_partial`` does (knots, bound, stats,
+    zero-weight windows included); a group without usable windows stays exact."""
+    from gpuclust.analyses import _hybrid_summary as hs
+
+    rng = np.random.default_rng(21)
+    n, k = 3000, 63  # spill threshold T = 2 windows
+    q = np.sort(rng.gamma(0.7, 0.1, (n, 20)), axis=1)
+    q[rng.random(n) < 0.3, :6] = 0.0
+    q, _, _ = mx.repair_percentiles(np.ascontiguousarray(q))
+    w = rng.uniform(1, 300, n)
+    w[::9] = 0.0
+    keys = np.sort(rng.integers(0, 80, n))
+    w[keys == 7] = 0.0  # a group without weight
+    h = hs.leaf(q, w, keys, k, repaired=True)
+    np.testing.assert_array_equal(h["exact"]["key"], [7])
+    rows = keys != 7
+    b = ms.bounded_partial(q[rows], w[rows], keys[rows], k=k, repaired=True)
+    got = h["bounded"]
+    np.testing.assert_array_equal(got["key"], b["key"])
+    np.testing.assert_array_equal(got["knots"], b["knots"])
+    np.testing.assert_array_equal(got["err"], b["err"])
+    for s in ("n_windows", "n_repaired", "n_null", "weight", "wmean"):
+        np.testing.assert_array_equal(got[s], b[s])
