@@ -134,17 +134,30 @@ def bucket_overlap(
         g = group.astype(np.int64)
     if s.shape[0] == 0:
         return out.reshape(shape)
-    v = vals.astype(np.float64)  # a copy: NaN -> 0 below adds nothing, per series
-    v[np.isnan(v)] = 0.0
-    b0 = (s - origin) // width
-    b1 = (e - 1 - origin) // width
-    base = g * n_buckets
-    # first bucket of every interval
-    ov = np.minimum(e, origin + (b0 + 1) * width) - s
+    v = vals.astype(np.float64, copy=False)
+    nan = np.isnan(v)
+    if nan.any():  # NaN adds nothing, to its own series only
+        v = np.where(nan, 0.0, v)
+    del nan
+    b0 = s - origin
+    b0 //= width
+    b1 = e - (1 + origin)
+    b1 //= width
+    base = g
+    base *= n_buckets  # g is a fresh int64 array (astype or fancy index), safe to scale in place
+    # first bucket of every interval: overlap = min(e, bucket end) - s, in seconds
+    sec = b0 + 1
+    sec *= width
+    sec += origin
+    np.minimum(sec, e, out=sec)
+    sec -= s
+    sec = sec / 1e6
     key = base + b0
-    sec = ov / 1e6
+    wv = np.empty_like(sec)
     for j in range(k):
-        out[j] += np.bincount(key, weights=v[j] * sec, minlength=cells)
+        np.multiply(v[j], sec, out=wv)
+        out[j] = np.bincount(key, weights=wv, minlength=cells)
+    del wv, sec, key
     multi = np.flatnonzero(b1 > b0)
     if multi.shape[0]:
         # last bucket of intervals spanning two or more
