@@ -192,8 +192,11 @@ def grouped_sum(codes: np.ndarray, values: np.ndarray, *, n_groups: int) -> np.n
     [2.0, 0.0, 4.0]
     """
     check_grouped_sum(codes, values, n_groups)
-    v = values.astype(np.float64)
-    keep = (codes >= 0) & (codes < n_groups) & ~np.isnan(v)
+    v = values.astype(np.float64, copy=False)
+    nan = np.isnan(v)
+    if codes.shape[0] and not nan.any() and int(codes.min()) >= 0 and int(codes.max()) < n_groups:
+        return np.bincount(codes, weights=v, minlength=n_groups)  # every row counts: no compaction
+    keep = (codes >= 0) & (codes < n_groups) & ~nan
     return np.bincount(codes[keep], weights=v[keep], minlength=n_groups).astype(np.float64)
 
 
