@@ -297,7 +297,13 @@ class Overcommit(Analysis):
         top = (alloc == 0) | is_null_int(xp, alloc)
         bounded = end != TIME_AFTER_TRACE
         M = int(ctx.machine_ids.shape[0])
-        if M:
+        if M and int(ctx.machine_ids[0]) >= 0:
+            # non-negative sorted ids stay sorted as uint64: the hash_index op (a hash table on the cpu)
+            pos = backend.ops.hash_index(backend.stage(ctx.machine_ids).view(xp.uint64),
+                                         xp.ascontiguousarray(mach).view(xp.uint64))
+            known = pos >= 0
+            code = xp.maximum(pos, 0)
+        elif M:
             mids = backend.stage(ctx.machine_ids)
             code = xp.clip(xp.searchsorted(mids, mach), 0, M - 1)
             known = mids[code] == mach
