@@ -403,3 +403,63 @@ def test_invalid_utf8_record(tmp_path: Path) -> None:
     assert tables["instance_events"].num_rows == 2
     assert [(r.line, r.reason) for r in rejects] == [(3, "record is not valid UTF-8")]
     assert sum(c.rows_read for c in chunks) == 3
+
+
+# ----------------------------------------------------------------------------------------------
+# the full file mixes cells: refused, and `gpuclust kaggle-split` cuts it per cell
+# ----------------------------------------------------------------------------------------------
+def _mixed(tmp_path: Path) -> tuple[Path, list[int], int]:
+    header, recs = _sample_rows()
+    ci, cid = header.index("cluster"), header.index("collection_id")
+    other = []
+    for r in recs:
+        r = list(r)
+        r[ci] = "3"
+        r[cid] = str(int(r[cid]) + 1)  # another cell's IDs
+        for k in ("collection_id_1", "collection_id_2"):
+            if k in header and r[header.index(k)].strip():
+                r[header.index(k)] = str(int(float(r[header.index(k)])) + 1)
+        other.append(r)
+    plain = tmp_path / "borg_traces_data.csv"
+    starts = _write_records(plain, header, recs + other + recs[:2])
+    gz = tmp_path / "borg_traces_data.csv.gz"
+    gz.write_bytes(gzip.compress(plain.read_bytes()))
+    return gz, starts, len(recs)
+
+
+def test_mixed_cells_are_refused_with_the_way_out(tmp_path: Path) -> None:
+    gz, starts, n = _mixed(tmp_path)
+    with pytest.raises(SourceError) as ei:
+        _read_all(gz)
+    e = ei.value
+    assert e.line == starts[n] and "mixes cells" in e.reason and "cluster 1" in e.reason and "cluster 3" in e.reason
+    assert f"gpuclust kaggle-split {gz}" in e.reason
+    from gpuclust.ingest import ingest
+
+    rep = ingest([gz], tmp_path / "ds", progress=None)
+    assert not rep.complete and len(rep.failed) == 1 and "mixes cells" in rep.failed[0].error
+
+
+def test_kaggle_split_parts_ingest_like_their_records(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from gpuclust.cli import main
+
+    gz, starts, n = _mixed(tmp_path)
+    assert main(["kaggle-split", str(gz), str(tmp_path / "parts")]) == 0
+    assert capsys.readouterr().out.splitlines() == [f"cluster 1: {n + 2:,} records", f"cluster 3: {n:,} records"]
+    parts = sorted((tmp_path / "parts").iterdir())
+    assert [p.name for p in parts] == ["borg_traces_data.cluster-1.csv", "borg_traces_data.cluster-3.csv"]
+    # byte for byte: the header and each record's original text, in order
+    text = gzip.decompress(gz.read_bytes()).decode()
+    assert text.endswith("\n")
+    lines = [line + "\n" for line in text.split("\n")[:-1]]
+    rec_text = ["".join(lines[s - 1:e - 1]) for s, e in zip(starts, [*starts[1:], len(lines) + 1], strict=True)]
+    head = "".join(lines[:starts[0] - 1])
+    assert parts[0].read_bytes().decode() == head + "".join(rec_text[:n] + rec_text[2 * n:])
+    assert parts[1].read_bytes().decode() == head + "".join(rec_text[n:2 * n])
+    one, rej1, _ = _read_all(parts[0])
+    three, rej3, _ = _read_all(parts[1])
+    assert rej1 == rej3 == [] and one["instance_events"].num_rows == n + 2 and three["instance_events"].num_rows == n
+    assert set(three["instance_events"].column("collection_id").to_pylist()).isdisjoint(
+        one["instance_events"].column("collection_id").to_pylist())
+    assert not list((tmp_path / "parts").glob(".*.tmp"))
+    assert main(["kaggle-split", str(tmp_path / "missing.csv"), str(tmp_path / "p2")]) == 2

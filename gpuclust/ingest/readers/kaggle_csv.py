@@ -563,8 +563,9 @@ def read(src: SourceFile, opts: ReadOptions) -> Iterator[Chunk]:
     Raises
     ------
     SourceError
-        The file cannot be opened, lacks a header with the needed columns, or its compressed
-        stream is truncated (raised after the chunks read before the damage).
+        The file cannot be opened, lacks a header with the needed columns, its compressed
+        stream is truncated (raised after the chunks read before the damage), or its
+        ``cluster`` column holds more than one cell (see :mod:`gpuclust.ingest.kaggle_split`).
 
     Examples
     --------
@@ -595,6 +596,10 @@ def read(src: SourceFile, opts: ReadOptions) -> Iterator[Chunk]:
         if len(set(header)) != len(header):
             raise SourceError(src.path, "header has duplicate column names", line=1)
         idx = {c: header.index(c) for c in (*REQUIRED_COLUMNS, "collection_id_1", "collection_id_2") if c in header}
+        # One dataset holds one cell: IDs are unique only within a cell, so a file whose `cluster`
+        # column changes (the full published file mixes 8) is refused, with the way out.
+        ci = header.index("cluster") if "cluster" in header else None
+        first_cluster: tuple[str, int] | None = None
 
         def new_batch() -> _Batch:
             return _Batch(src, idx, len(header), seen)
@@ -619,6 +624,18 @@ def read(src: SourceFile, opts: ReadOptions) -> Iterator[Chunk]:
                 if batch.rows_read:
                     yield batch.finish(raw.tell())
                 raise SourceError(src.path, str(e), line=last_line + 1) from None
+            if ci is not None and len(fields) == len(header) and fields[ci].strip():
+                cl = fields[ci].strip()
+                if first_cluster is None:
+                    first_cluster = (cl, last_line + 1)
+                elif cl != first_cluster[0]:
+                    raise SourceError(
+                        src.path,
+                        f"the file mixes cells: cluster {first_cluster[0]} (from line {first_cluster[1]}) and "
+                        f"cluster {cl}; collection and machine IDs are unique only within a cell, so a dataset "
+                        f"holds one cell: split the file with `gpuclust kaggle-split {src.path} DIR` and ingest "
+                        f"each part into its own dataset (--cell)",
+                        line=last_line + 1)
             batch.add(last_line + 1, record_no, fields, feed.take())
             record_no += 1
             last_line = reader.line_num
