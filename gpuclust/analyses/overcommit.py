@@ -501,9 +501,10 @@ class Overcommit(Analysis):
                 req = machine[f"req_{r}" if t == "all" else f"req_{r}_{t}"].to_numpy()[full]
                 ratio = req / c
                 rows.append(("alloc_ratio_mean", r, t, float((req * w).sum() / (c * w).sum())))
-                for q in QUANTILES:
+                qs = np.quantile(ratio, QUANTILES)  # one selection pass for all levels (same values)
+                for q, v in zip(QUANTILES, qs, strict=True):
                     name = "alloc_ratio_max" if q == 1.0 else f"alloc_ratio_p{round(q * 100)}"
-                    rows.append((name, r, t, float(np.quantile(ratio, q))))
+                    rows.append((name, r, t, float(v)))
         return pd.DataFrame(rows, columns=["metric", "resource", "tier", "value"]).astype(
             {"metric": object, "resource": object, "tier": object, "value": np.float64})
 
