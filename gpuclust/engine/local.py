@@ -15,6 +15,7 @@ from typing import Any
 
 import pandas as pd
 
+from gpuclust._memory import tune_allocator
 from gpuclust.analyses.base import Analysis, to_host
 from gpuclust.backends import Backend, get_backend
 from gpuclust.engine import partition as _partition
@@ -51,6 +52,7 @@ def partition_partials(spec: _partition.PartitionSpec, analyses: Sequence[Analys
     """Read one partition once (the union of the analyses' columns) and return each analysis'
     partial, moved to host memory so it can be merged or shipped to another worker."""
     be = get_backend(backend)
+    tune_allocator()  # once per process (dask workers too); see gpuclust/_memory.py
     columns = sorted({c for a in analyses for c in a.columns})
     cols = _partition.read_partition_device(spec, columns, be)  # cuDF, where RAPIDS is installed
     if cols is None:
@@ -151,6 +153,7 @@ def run(
     >>> run({"machine_events": me}, "machine-shapes")["machine-shapes"]["shapes"].to_dict("records")
     [{'cap_cpu': 0.5, 'cap_mem': 0.25, 'machines': 2}]
     """
+    tune_allocator()
     src = _partition.as_source(source)
     ans = resolve_analyses(analyses)
     keys = result_keys(ans)

@@ -276,3 +276,19 @@ def test_progress_terminal_mode_redraws_one_line(dataset):
     text = out.getvalue()
     assert "\r" in text and "partition 3/3" in text
     assert text.endswith("\n") and text.rstrip("\n").split("\r")[-1].startswith("analyze: done, ")
+
+
+def test_allocator_tuning_is_once_and_can_be_turned_off():
+    import subprocess
+    import sys
+
+    code = ("from gpuclust._memory import tune_allocator as t; a = t(); b = t(); "
+            "import gpuclust._memory as m; print(a, b, len(m._done))")
+    on = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    import platform
+
+    glibc = platform.libc_ver()[0] == "glibc"
+    assert on == [str(glibc), str(glibc), "1"]
+    env = {**__import__("os").environ, "GPUCLUST_MALLOC_TUNING": "0"}
+    off = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout.split()
+    assert off == ["False", "False", "1"]
