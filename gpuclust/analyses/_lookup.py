@@ -16,12 +16,14 @@ search on the gpu backend).
 
 from __future__ import annotations
 
+import threading
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-__all__ = ["InstanceLookup", "triple_hash"]
+__all__ = ["InstanceLookup", "id_index", "triple_hash"]
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
@@ -113,3 +115,49 @@ class InstanceLookup:
                  & (backend.stage(self.instance)[pos] == instance) & (backend.stage(self.machine)[pos] == machine))
         code = xp.where(found, backend.stage(self.code)[pos], xp.int32(0)).astype(xp.int32)
         return found, code
+
+
+_views_lock = threading.Lock()
+_u64_views: dict[int, tuple[Any, np.ndarray]] = {}
+
+
+def _u64_view(ids: np.ndarray) -> np.ndarray:
+    """``ids.view(uint64)``, the same view object while ``ids`` lives (so the backend's staging and
+    the cpu hash table, both cached per array object, are built once)."""
+    k = id(ids)
+    with _views_lock:
+        hit = _u64_views.get(k)
+        if hit is not None and hit[0]() is ids:
+            return hit[1]
+        view = ids.view(np.uint64)
+        _u64_views[k] = (weakref.ref(ids, lambda _r, k=k, cache=_u64_views: cache.pop(k, None)), view)
+        return view
+
+
+def id_index(backend: Any, ids: np.ndarray, queries: Any) -> tuple[Any, Any]:
+    """Per query: its position in ``ids`` (a sorted, unique int64 host array; 0 where absent) and
+    whether it is there.
+
+    Non-negative ids (every real machine id) stay sorted as uint64, so the ``hash_index`` op does
+    the search (a hash table on the cpu backend); otherwise a binary search.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from gpuclust.backends import get_backend
+    >>> pos, found = id_index(get_backend("cpu"), np.array([3, 8, 20]), np.array([20, 5, 3]))
+    >>> pos.tolist(), found.tolist()
+    ([2, 0, 0], [True, False, True])
+    """
+    xp = backend.xp
+    n = int(queries.shape[0])
+    if ids.shape[0] == 0 or n == 0:
+        return xp.zeros(n, dtype=xp.int64), xp.zeros(n, dtype=bool)
+    if int(ids[0]) >= 0:
+        pos = backend.ops.hash_index(backend.stage(_u64_view(ids)),
+                                     xp.ascontiguousarray(queries.astype(xp.int64, copy=False)).view(xp.uint64))
+        return xp.maximum(pos, 0), pos >= 0
+    lk = backend.stage(ids)
+    pos = xp.clip(xp.searchsorted(lk, queries), 0, lk.shape[0] - 1)
+    found = lk[pos] == queries
+    return xp.where(found, pos, 0), found

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gpuclust.analyses._lookup import id_index
 from gpuclust.analyses.base import Analysis, is_null_int, keyed_reduce, merge_keyed
 from gpuclust.schema import TIME_AFTER_TRACE
 from gpuclust.stats import CpiFilter
@@ -162,8 +163,6 @@ class MachineCellsContext:
     filter: CpiFilter
     cpi_edges: np.ndarray
     mai_edges: np.ndarray
-    #: ``machines`` as uint64 hash-index keys; empty when an id is negative (binary search then)
-    machines_hash: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -185,10 +184,8 @@ class MachineCells(Analysis):
         return ("start_time", "end_time", "machine_id", "alloc_collection_id", "avg_cpu", "cpi", "mai")
 
     def context(self, source: Any) -> MachineCellsContext:
-        m = np.asarray(self.machines, dtype=np.int64)
-        mh = m.astype(np.uint64) if m.shape[0] and int(m[0]) >= 0 else np.zeros(0, np.uint64)
-        return MachineCellsContext(m, self.filter, hist_edges("cpi", self.filter.cpi_max),
-                                   hist_edges("mai", self.filter.mai_max), mh)
+        return MachineCellsContext(np.asarray(self.machines, dtype=np.int64), self.filter,
+                                   hist_edges("cpi", self.filter.cpi_max), hist_edges("mai", self.filter.mai_max))
 
     def empty(self, backend: Any = None) -> dict[str, np.ndarray]:
         return {"key": np.zeros(0, np.int64), "cpu_seconds": np.zeros(0), "k": np.zeros(0, np.int64),
@@ -212,14 +209,7 @@ class MachineCells(Analysis):
             out.update(hists)
             out["stats"] = xp.asarray(np.array([0, int(top.sum()) if n else 0], np.int64))
             return out
-        if ctx.machines_hash.shape[0]:
-            pos = backend.ops.hash_index(backend.stage(ctx.machines_hash), xp.ascontiguousarray(mid).view(xp.uint64))
-            known = pos >= 0
-            pos = xp.maximum(pos, 0)
-        else:
-            lk = backend.stage(ctx.machines)
-            pos = xp.clip(xp.searchsorted(lk, mid), 0, lk.shape[0] - 1)
-            known = lk[pos] == mid
+        pos, known = id_index(backend, ctx.machines, mid)
         # 0 <= floor(start / CELL_US) < 2^32, without dividing every row
         cell_ok = (start >= 0) & (start < (1 << CELL_BITS) * CELL_US)
         use = top & known & cell_ok

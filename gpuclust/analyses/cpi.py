@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.compute as pc
 
-from gpuclust.analyses._lookup import InstanceLookup
+from gpuclust.analyses._lookup import InstanceLookup, id_index
 from gpuclust.analyses._machine_cells import (
     CELL_BITS,
     CELL_US,
@@ -102,9 +102,6 @@ class CpiContext:
     mc_cspan: int
     #: per pm_ids entry: its index in cap_ids (-1: no known capacity)
     pm_cap: np.ndarray
-    #: pm_ids as uint64 hash-index keys (``backend.ops.hash_index``); empty when an id is negative
-    #: (the uint64 view would not be sorted: the lookup then binary-searches pm_ids)
-    pm_hash: np.ndarray
     #: Spearman grid cuts
     cpi_cuts: np.ndarray
     mai_cuts: np.ndarray
@@ -425,10 +422,8 @@ class Cpi(Analysis):
                 "machine_cells": int(key.shape[0]),
                 "machine_cells_unknown_util": int(np.isnan(u).sum()),
                 "bad_cell_rows": int(mc["info"]["bad_cell_rows"].iloc[0])}
-        pm_hash = (plat["pm_ids"].astype(np.uint64) if plat["pm_ids"].shape[0] and int(plat["pm_ids"][0]) >= 0
-                   else np.zeros(0, np.uint64))
         return CpiContext(filter=flt, tier_map=tm, **plat, cap_ids=cap_ids, mc_key=key,
-                          mc_k=cells["k"].to_numpy(np.int64), mc_u=u, **dense, pm_cap=pm_cap, pm_hash=pm_hash,
+                          mc_k=cells["k"].to_numpy(np.int64), mc_u=u, **dense, pm_cap=pm_cap,
                           cpi_cuts=cpi_cuts, mai_cuts=mai_cuts, cpi_edges=edges["cpi"], mai_edges=edges["mai"], **luts,
                           lookup=lk, trace_window_us=window, info=info)
 
@@ -445,16 +440,10 @@ class Cpi(Analysis):
 
     @staticmethod
     def _machine_index(backend: Any, ctx: CpiContext, mid: Any) -> tuple[Any, Any] | None:
-        """Per row: index into ``ctx.pm_ids`` (clipped) and whether the machine is there."""
+        """Per row: index into ``ctx.pm_ids`` (0 where absent) and whether the machine is there."""
         if ctx.pm_ids.shape[0] == 0 or int(mid.shape[0]) == 0:
             return None
-        xp = backend.xp
-        if ctx.pm_hash.shape[0]:
-            pos = backend.ops.hash_index(backend.stage(ctx.pm_hash), xp.ascontiguousarray(mid).view(xp.uint64))
-            return xp.maximum(pos, 0), pos >= 0
-        pm = backend.stage(ctx.pm_ids)
-        m2 = xp.clip(xp.searchsorted(pm, mid), 0, pm.shape[0] - 1)
-        return m2, pm[m2] == mid
+        return id_index(backend, ctx.pm_ids, mid)
 
     def _platform(self, backend: Any, ctx: CpiContext, mid: Any, start: Any,
                   mi: tuple[Any, Any] | None = None) -> Any:

@@ -47,7 +47,7 @@ from gpuclust.analyses._intervals import (
     distinct_running,
     running_intervals,
 )
-from gpuclust.analyses._lookup import InstanceLookup
+from gpuclust.analyses._lookup import InstanceLookup, id_index
 from gpuclust.analyses.base import Analysis, is_null_int, keyed_reduce, merge_keyed, resolve_tier_map
 from gpuclust.analyses.cell_usage import _max_priority
 from gpuclust.schema import TIME_AFTER_TRACE, TierMap, tier_map
@@ -297,19 +297,7 @@ class Overcommit(Analysis):
         top = (alloc == 0) | is_null_int(xp, alloc)
         bounded = end != TIME_AFTER_TRACE
         M = int(ctx.machine_ids.shape[0])
-        if M and int(ctx.machine_ids[0]) >= 0:
-            # non-negative sorted ids stay sorted as uint64: the hash_index op (a hash table on the cpu)
-            pos = backend.ops.hash_index(backend.stage(ctx.machine_ids).view(xp.uint64),
-                                         xp.ascontiguousarray(mach).view(xp.uint64))
-            known = pos >= 0
-            code = xp.maximum(pos, 0)
-        elif M:
-            mids = backend.stage(ctx.machine_ids)
-            code = xp.clip(xp.searchsorted(mids, mach), 0, M - 1)
-            known = mids[code] == mach
-        else:
-            code = xp.zeros(n, dtype=xp.int64)
-            known = xp.zeros(n, dtype=bool)
+        code, known = id_index(backend, ctx.machine_ids, mach)
         s = xp.clip(start, w0, w1)
         e = xp.clip(end, w0, w1)
         found, tier = self._tiers(backend, cols["collection_id"], cols["instance_index"], mach, ctx)

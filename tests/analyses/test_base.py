@@ -83,3 +83,19 @@ def test_merge_keyed_matches_pandas(ra, rb, sa, sb):
 def test_stage_is_identity_on_cpu():
     a = np.arange(3)
     assert get_backend("cpu").stage(a) is a
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(-2**63 + 1, 2**63 - 1), unique=True, max_size=30), st.lists(st.integers(-50, 50), max_size=30),
+       st.booleans())
+def test_id_index_matches_dict(ids, extra, nonneg):
+    """Sorted int64 ids: the hash path (all ids >= 0) and the binary-search path agree with a dict."""
+    from gpuclust.analyses._lookup import id_index
+
+    ids = sorted({abs(i) for i in ids} if nonneg else set(ids))
+    arr = np.array(ids, dtype=np.int64)
+    q = np.array(extra + ids[::2], dtype=np.int64)
+    pos, found = id_index(get_backend("cpu"), arr, q)
+    where = {v: k for k, v in enumerate(ids)}
+    assert found.tolist() == [int(v) in where for v in q.tolist()]
+    assert pos.tolist() == [where.get(int(v), 0) for v in q.tolist()]
