@@ -16,12 +16,12 @@ search on the gpu backend).
 
 from __future__ import annotations
 
-import threading
-import weakref
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from gpuclust._cache import PerArrayCache
 
 __all__ = ["InstanceLookup", "id_index", "triple_hash"]
 
@@ -117,21 +117,13 @@ class InstanceLookup:
         return found, code
 
 
-_views_lock = threading.Lock()
-_u64_views: dict[int, tuple[Any, np.ndarray]] = {}
+_u64_views = PerArrayCache()
 
 
 def _u64_view(ids: np.ndarray) -> np.ndarray:
     """``ids.view(uint64)``, the same view object while ``ids`` lives (so the backend's staging and
     the cpu hash table, both cached per array object, are built once)."""
-    k = id(ids)
-    with _views_lock:
-        hit = _u64_views.get(k)
-        if hit is not None and hit[0]() is ids:
-            return hit[1]
-        view = ids.view(np.uint64)
-        _u64_views[k] = (weakref.ref(ids, lambda _r, k=k, cache=_u64_views: cache.pop(k, None)), view)
-        return view
+    return _u64_views.get(ids, lambda a: a.view(np.uint64))
 
 
 def id_index(backend: Any, ids: np.ndarray, queries: Any) -> tuple[Any, Any]:

@@ -12,12 +12,13 @@ op names with the same signatures; analyses touch only ``backend.xp`` and ``back
 from __future__ import annotations
 
 import threading
-import weakref
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
 import numpy as np
+
+from gpuclust._cache import PerArrayCache
 
 __all__ = ["BACKEND_NAMES", "EXTENSION_OP_MODULES", "Backend", "Ops", "BackendUnavailable", "OP_NAMES", "get_backend", "gpu_available"]
 
@@ -97,17 +98,7 @@ class Backend:
         many partitions is uploaded once per process."""
         if self.xp is np:
             return a
-        key = (id(a), self.xp.cuda.Device().id)
-        hit = _staged.get(key)
-        if hit is not None and hit[0]() is a:
-            return hit[1]
-        dev = self.xp.asarray(a)
-        try:
-            ref = weakref.ref(a, lambda _r, k=key: _staged.pop(k, None))
-        except TypeError:  # not weak-referenceable: do not cache
-            return dev
-        _staged[key] = (ref, dev)
-        return dev
+        return _staged.get(a, self.xp.asarray, (self.xp.cuda.Device().id,))
 
     def to_host(self, a: Any) -> np.ndarray:
         """Return ``a`` as a NumPy array (copying from the device if needed)."""
@@ -124,7 +115,7 @@ class Backend:
 
 
 _lock = threading.Lock()
-_staged: dict[tuple[int, int], tuple[Any, Any]] = {}
+_staged = PerArrayCache()
 _cache: dict[str, Backend] = {}
 _auto: list[str] = []
 

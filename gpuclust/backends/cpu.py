@@ -6,11 +6,11 @@ Each function has the same name, signature, argument checks and semantics as its
 
 from __future__ import annotations
 
-import threading
-import weakref
 from typing import Any
 
 import numpy as np
+
+from gpuclust._cache import PerArrayCache
 
 __all__ = ["bucket_overlap", "check_bucket_overlap", "check_grouped_sum", "check_hash_index", "grouped_sum", "hash_index"]
 
@@ -206,24 +206,19 @@ def check_hash_index(keys: Any, queries: Any) -> int:
     return _check_1d("queries", queries, (np.dtype(np.uint64),), None)
 
 
-_index_lock = threading.Lock()
-_index_cache: dict[int, tuple[Any, Any]] = {}
+_tables = PerArrayCache()
 
 
 def _hash_table(keys: np.ndarray) -> Any:
     """A pandas hash index over ``keys``, built once per keys array (kept while the array lives)."""
     import pandas as pd
 
-    k = id(keys)
-    with _index_lock:
-        hit = _index_cache.get(k)
-        if hit is not None and hit[0]() is keys:
-            return hit[1]
-        idx = pd.Index(keys, copy=False)
-        idx.get_indexer(keys[:1])  # build the hash table now, under the lock
-        ref = weakref.ref(keys, lambda _r, k=k, cache=_index_cache: cache.pop(k, None))
-        _index_cache[k] = (ref, idx)
+    def build(k: np.ndarray) -> Any:
+        idx = pd.Index(k, copy=False)
+        idx.get_indexer(k[:1])  # build the hash table now, under the cache's lock
         return idx
+
+    return _tables.get(keys, build)
 
 
 def hash_index(keys: np.ndarray, queries: np.ndarray) -> np.ndarray:

@@ -15,7 +15,7 @@ from gpuclust.backends import get_backend
 DOCTEST_MODULES = [
     "gpuclust.analyses.base", "gpuclust.analyses.cell_usage", "gpuclust.analyses.machine_shapes",
     "gpuclust.analyses.registry", "gpuclust.backends", "gpuclust.backends.cpu", "gpuclust.engine.local",
-    "gpuclust.engine.partition", "gpuclust.analyses._lookup", "gpuclust.engine.progress",
+    "gpuclust.engine.partition", "gpuclust.analyses._lookup", "gpuclust.engine.progress", "gpuclust._cache",
 ]
 
 

@@ -1,0 +1,46 @@
+"""A cache of values derived from an array, kept while that array lives (keyed by identity)."""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable, Hashable
+from typing import Any
+
+__all__ = ["PerArrayCache"]
+
+
+class PerArrayCache:
+    """``get(a, make)`` returns ``make(a)``, computed once per live array object ``a``.
+
+    Used for what analyses' read-only context arrays turn into on every partition: their device
+    copies (``Backend.stage``), hash tables (``backends.cpu.hash_index``) and dtype views.  An
+    entry goes when its array is garbage-collected; objects that cannot be weakly referenced are
+    not cached.  Thread-safe (``make`` runs under the cache's lock).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> c = PerArrayCache()
+    >>> a = np.arange(3)
+    >>> c.get(a, lambda x: x.sum()) is c.get(a, lambda x: -1)
+    True
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: dict[tuple[Hashable, ...], tuple[Any, Any]] = {}
+
+    def get(self, a: Any, make: Callable[[Any], Any], extra_key: tuple[Hashable, ...] = ()) -> Any:
+        key = (id(a), *extra_key)
+        with self._lock:
+            hit = self._entries.get(key)
+            if hit is not None and hit[0]() is a:
+                return hit[1]
+            value = make(a)
+            try:
+                ref = weakref.ref(a, lambda _r, key=key, entries=self._entries: entries.pop(key, None))
+            except TypeError:  # not weak-referenceable: do not cache
+                return value
+            self._entries[key] = (ref, value)
+            return value
