@@ -486,13 +486,10 @@ def spearman_grid_partial(backend: Any, x: Any, y: Any, group: Any, n_groups: in
     code *= by
     code += yb
     span = int(n_groups) * bx * by
-    if xp is np:
-        # grouped_sum's result (same rows, same order) without its copies of the valid rows
-        h = np.bincount(code, weights=wv, minlength=span) if bool(ok.all()) else np.bincount(
-            code[ok], weights=wv[ok], minlength=span)
-    else:
-        code = xp.ascontiguousarray(xp.where(ok, code, -1).astype(xp.int64))
-        h = backend.ops.grouped_sum(code, xp.ascontiguousarray(xp.where(ok, wv, 0.0)), n_groups=span)
+    if not bool(ok.all()):  # invalid rows add nothing (grouped_sum skips codes < 0)
+        code = xp.where(ok, code, -1)
+        wv = xp.where(ok, wv, 0.0)
+    h = backend.ops.grouped_sum(xp.ascontiguousarray(code), xp.ascontiguousarray(wv), n_groups=span)
     return h.reshape(int(n_groups), bx, by)
 
 
