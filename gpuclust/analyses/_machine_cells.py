@@ -236,10 +236,7 @@ class MachineCells(Analysis):
                 # keyed_reduce's dense path, without its re-offset copies of the codes
                 cnt = xp.bincount(code, minlength=span)
                 present = xp.nonzero(cnt)[0]
-                v = xp.ascontiguousarray(sums["cpu_seconds"])
-                # codes all in range and no NaN (bad rows are 0): grouped_sum is bincount on the CPU
-                csum = (np.bincount(code, weights=v, minlength=span) if xp is np
-                        else backend.ops.grouped_sum(code, v, n_groups=span))
+                csum = backend.ops.grouped_sum(code, xp.ascontiguousarray(sums["cpu_seconds"]), n_groups=span)
                 part = {"key": present.astype(xp.int64),
                         "cpu_seconds": csum[present],
                         "k": cnt[present].astype(xp.int64),

@@ -224,15 +224,6 @@ def _dense_groups(xp: Any, code: Any, span: int, keys: Any) -> tuple[Any, Any, i
     return uniq, inv, int(uniq.shape[0])
 
 
-def _bin_sum(backend: Any, code: Any, v: Any, span: int) -> Any:
-    """``backend.ops.grouped_sum(code, v, n_groups=span)`` for codes all in ``[0, span)`` and
-    NaN-free values: on the CPU that is exactly ``bincount`` (same rows, same order), without the
-    op's validity mask and copies."""
-    if backend.xp is np:
-        return np.bincount(code, weights=v, minlength=span)
-    return backend.ops.grouped_sum(code, v, n_groups=span)
-
-
 # ------------------------------------------------------------------------------ keyed moments
 
 def _moments_fields(prefix: str, d: int) -> dict[str, np.ndarray]:
@@ -614,8 +605,8 @@ class Cpi(Analysis):
             code += pr * nb
             span = n_p * nb
             dense["n"].append(xp.bincount(code, minlength=span).reshape(n_p, nb))
-            dense["cpu_seconds"].append(_bin_sum(backend, code, wr, span).reshape(n_p, nb))
-            dense["wcpi"].append(_bin_sum(backend, code, wy, span).reshape(n_p, nb))
+            dense["cpu_seconds"].append(backend.ops.grouped_sum(code, wr, n_groups=span).reshape(n_p, nb))
+            dense["wcpi"].append(backend.ops.grouped_sum(code, wy, n_groups=span).reshape(n_p, nb))
         pp = xp.arange(n_p, dtype=xp.int64)[:, None]
         bkeys = xp.concatenate([((pp * 2) << _BIN_BITS) | xp.arange(UTIL_BINS, dtype=xp.int64)[None, :],
                                 ((pp * 2 + 1) << _BIN_BITS) | xp.arange(K_BINS, dtype=xp.int64)[None, :]], axis=1)
