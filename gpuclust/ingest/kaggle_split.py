@@ -22,10 +22,6 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
-from gpuclust.ingest.detect import GZIP_MAGIC
-from gpuclust.ingest.readers.kaggle_csv import _LineFeed
-from gpuclust.ingest.readers.v2_csv import decompressed_pieces
-
 __all__ = ["kaggle_split", "register"]
 
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
@@ -39,6 +35,10 @@ def kaggle_split(path: str | Path, out_dir: str | Path) -> dict[str, int]:
     >>> kaggle_split("borg_traces_data.csv", "by-cell")  # doctest: +SKIP
     {'1': 52031, '2': 48114, ...}
     """
+    from gpuclust.ingest.detect import GZIP_MAGIC
+    from gpuclust.ingest.readers.kaggle_csv import _LineFeed
+    from gpuclust.ingest.readers.v2_csv import decompressed_pieces
+
     path, out_dir = Path(path), Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = path.name
