@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -78,7 +79,7 @@ def gpuclust_runner(backend: str, extra: dict[str, Any] | None = None) -> Callab
         d = Dataset(ds)
         a = create(analysis, **{**BENCH_OPTIONS.get(analysis, {}), **(extra or {})})
         # the engine's defaults: about 4 Mi rows a partition, one thread per usable core (the
-        # DuckDB peers run with threads = 2 on the same 2 cores)
+        # DuckDB peers run with one thread per usable core too: same cores)
         return lambda: run(d, [a], backend=backend, partitions="auto")
 
     return make
@@ -88,7 +89,7 @@ def _duck() -> Any:
     import duckdb
 
     con = duckdb.connect()
-    con.execute("SET threads=2")
+    con.execute(f"SET threads={len(os.sched_getaffinity(0))}")
     return con
 
 
@@ -326,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     env = environment()
     notes = ["gpuclust options: " + "; ".join(f"{k}: {v}" for k, v in BENCH_OPTIONS.items()),
              "gpuclust runs with the engine's defaults: partitions='auto' (about 4 Mi rows each, rounded up to the "
-             "thread count) on one thread per usable core; DuckDB runs with threads=2.",
+             "thread count) on one thread per usable core; DuckDB runs with one thread per usable core (" + str(len(os.sched_getaffinity(0))) + ").",
              "gpuclust times include the analysis' context pass (e.g. priority lookups, interval construction, cpi's "
              "machine-cell pass), reading Parquet and finalize. Rows named gpuclust-cpu[...] run the analysis "
              "restricted to what its SQL peer computes (cpi: moments and Pearson r only); peers are compared with "

@@ -1,45 +1,106 @@
 #!/usr/bin/env bash
-# Everything a GPU machine must run for the GPU acceptance criteria, in one command, from the repo
-# root.  Results land in bench/results/ (and are copied to $OUT when it is set, as on the device
-# machine of this workplace).  Steps that fail are reported and the next step still runs.
+# The GPU acceptance runs, as steps that each fit one call of a device machine (10 minutes per
+# command, 30 minutes per session, at most 8 files back from $OUT).  Run from the repo root:
 #
-#   bash bench/gpu_session.sh            # tests + kernel bandwidth + analyses at 1e6/1e7/1e8
-#   SIZES=1e6,1e7 bash bench/gpu_session.sh
+#   bash bench/gpu_session.sh STEP [STEP ...]
 #
-# Python packages missing on the machine (dask, distributed, dask-cuda, duckdb, psutil, ...) can be
-# carried as wheels in .whl/ (see docs/gpu.md); they are installed into /tmp/site first.
+# Steps (each has its own timeout; a failing step is reported and the next one still runs):
+#   env        nvidia-smi, driver, CUDA, CuPy, Python package versions, commit        (~10 s)
+#   tests      GPUCLUST_REQUIRE_GPU=1 pytest -m gpu (every kernel/analysis vs NumPy)   (~2-4 min)
+#   sanitize   compute-sanitizer memcheck + racecheck over the kernel op tests         (~2-4 min)
+#   kernels    bench/kernels_bench.py: each op's bandwidth against the copy bandwidth (~1-2 min)
+#   mixture    bench/mixture_bench.py --gpu                                            (~1-2 min)
+#   moments    bench/moments_bench.py                                                  (~1 min)
+#   profile    bench/gpu_profile.py: transfer and decode ceilings, cProfile per analysis (~2 min)
+#   analyses   bench/analyses_bench.py at $SIZES (default 1e6,1e7), cpu and gpu        (~5-8 min)
+#
+# Logs go straight to $OUT (when set; else bench/results/) as gpu_<step>.log, so whatever a step
+# wrote comes back even when the call is cut off; result tables (json/md) are copied there too.
+# Python packages missing on the machine (dask, distributed, dask-cuda, duckdb, ...) travel as
+# wheels in .whl/ (docs/gpu.md lists them); they are installed into /tmp/site first, never over
+# the image's own CuPy.
 set -u
 cd "$(dirname "$0")/.."
-SIZES=${SIZES:-1e6,1e7,1e8}
-PY=${PYTHON:-python3}
+export PY=${PYTHON:-python3}
+SIZES=${SIZES:-1e6,1e7}
+LOGS=${OUT:-bench/results}
+mkdir -p "$LOGS" bench/results
 status=0
 
-if ls .whl/*.whl >/dev/null 2>&1; then
+if ls .whl/*.whl >/dev/null 2>&1 && [ ! -e /tmp/site/.gpuclust-installed ]; then
     $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-        && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+        && touch /tmp/site/.gpuclust-installed
 fi
+[ -d /tmp/site ] && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
 export PYTHONPATH=$PWD:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1
-mkdir -p bench/results
+export GPUCLUST_REQUIRE_GPU=1
 
-step() {  # step NAME CMD...: run, log to bench/results/gpu_NAME.log, remember failures
-    local name=$1; shift
-    echo "=== $name: $*"
-    "$@" 2>&1 | tee "bench/results/gpu_$name.log"
-    local rc=${PIPESTATUS[0]}
-    echo "=== $name: exit $rc"
+run() {  # run NAME TIMEOUT CMD...: log to $LOGS/gpu_NAME.log, remember failures
+    local name=$1 limit=$2; shift 2
+    echo "=== $name ($(date -u +%T), limit ${limit}s): $*" | tee -a "$LOGS/gpu_$name.log"
+    if [ "$(type -t "$1")" = function ]; then
+        timeout -k 10 "$limit" bash -c "$(declare -f "$1"); $*" >>"$LOGS/gpu_$name.log" 2>&1
+    else
+        timeout -k 10 "$limit" "$@" >>"$LOGS/gpu_$name.log" 2>&1
+    fi
+    local rc=$?
+    echo "=== $name: exit $rc ($(date -u +%T))" | tee -a "$LOGS/gpu_$name.log"
+    tail -n 15 "$LOGS/gpu_$name.log"
     [ "$rc" -eq 0 ] || status=1
 }
 
-step device nvidia-smi
-step tests env GPUCLUST_REQUIRE_GPU=1 $PY -m pytest -m gpu -q -p no:cacheprovider
-step kernels $PY bench/kernels_bench.py --backend gpu
-step mixture $PY bench/mixture_bench.py --gpu --save
-step moments $PY bench/moments_bench.py --write
-step analyses $PY bench/analyses_bench.py --sizes "$SIZES" --backends cpu,gpu --name analyses_gpu
+keep() {  # copy result tables to $LOGS (no-op without $OUT)
+    [ -n "${OUT:-}" ] || return 0
+    for f in "$@"; do [ -f "$f" ] && cp "$f" "$OUT/"; done
+    return 0
+}
 
-if [ -n "${OUT:-}" ]; then  # one archive: the device tool brings back at most 8 files
-    tar czf "$OUT/gpu_results.tgz" bench/results/gpu_*.log bench/results/kernels_gpu.* \
-        bench/results/analyses_gpu.* bench/results/mixture_bench.* bench/results/moments.* 2>/dev/null
-fi
+env_report() {
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
+    nvidia-smi | head -4
+    nvcc --version | tail -2
+    command -v compute-sanitizer
+    git log -1 --format='commit %H %s' 2>/dev/null || echo "commit: (no git)"
+    $PY - <<'EOF'
+import importlib, platform, sys
+print("python", sys.version.split()[0], platform.machine())
+for m in ("numpy", "pyarrow", "pandas", "cupy", "dask", "distributed", "dask_cuda", "duckdb", "numba", "psutil", "hypothesis", "pytest"):
+    try:
+        print(m, importlib.import_module(m).__version__)
+    except Exception as e:
+        print(m, "MISSING:", e)
+import warnings
+warnings.simplefilter("error")
+from gpuclust.backends import gpu
+cp = gpu.require()
+p = cp.cuda.runtime.getDeviceProperties(0)
+print("device", p["name"].decode(), "cc", p["major"], p["minor"], "SMs", p["multiProcessorCount"],
+      "L2", p["l2CacheSize"], "mem", p["totalGlobalMem"])
+print("cuda runtime", cp.cuda.runtime.runtimeGetVersion(), "driver", cp.cuda.runtime.driverGetVersion())
+EOF
+}
+
+for step in "$@"; do
+    case $step in
+        env) run env 120 env_report ;;
+        tests) run tests 540 $PY -m pytest -m gpu -q -x --timeout 300 -p no:cacheprovider ;;
+        tests-all) run tests-all 540 $PY -m pytest -m gpu -q --timeout 300 -p no:cacheprovider ;;
+        sanitize)
+            run memcheck 220 compute-sanitizer --tool memcheck --error-exitcode 9 --target-processes all \
+                $PY -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_ops.py tests/moments/test_moments_gpu.py
+            run racecheck 150 compute-sanitizer --tool racecheck --error-exitcode 9 --target-processes all \
+                $PY -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_ops.py ;;
+        kernels) run kernels 200 $PY bench/kernels_bench.py --backend gpu
+                 keep bench/results/kernels_gpu.json bench/results/kernels_gpu.md ;;
+        mixture) run mixture 400 $PY bench/mixture_bench.py --gpu --save
+                 keep bench/results/mixture_bench.json bench/results/mixture_bench.md ;;
+        moments) run moments 400 $PY bench/moments_bench.py --write
+                 keep bench/results/moments.json bench/results/moments.md ;;
+        profile) run profile 300 $PY bench/gpu_profile.py --windows "${SIZES##*,}" ;;
+        analyses) run analyses 560 $PY bench/analyses_bench.py --sizes "$SIZES" --backends cpu,gpu --name analyses_gpu
+                  keep bench/results/analyses_gpu.json bench/results/analyses_gpu.md ;;
+        *) echo "unknown step $step"; status=2 ;;
+    esac
+done
 exit $status

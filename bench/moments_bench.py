@@ -15,7 +15,7 @@ and an int64 group code, the shape of ``CPI ~ util + ntasks`` per group.  Conten
 * ``pandas-cov``: unweighted ``groupby().mean()`` + ``groupby().cov()`` (only for <= 1e3 groups:
   pandas computes cov group by group -- 36 s for 1e6 rows in 1e5 groups on the 2-core dev box);
 * ``duckdb-sql``: one GROUP BY with ``regr_slope``, ``regr_intercept``, ``regr_r2``, ``corr``
-  (unweighted) and weighted sums, ``SET threads = 2``.
+  (unweighted) and weighted sums, one DuckDB thread per usable core.
 
 Timings are best-of-``--repeat`` wall times of the computation only (data already in memory).
 """
@@ -23,6 +23,7 @@ Timings are best-of-``--repeat`` wall times of the computation only (data alread
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -122,7 +123,7 @@ def bench_duckdb(d: dict[str, np.ndarray]) -> Callable[[], Any]:
     import pyarrow as pa
 
     con = duckdb.connect()
-    con.execute("SET threads = 2")
+    con.execute(f"SET threads = {len(os.sched_getaffinity(0))}")
     con.register("t", pa.table(d))
     sql = """
         SELECT g, count(*) AS n, sum(w) AS W,

@@ -27,6 +27,7 @@ __all__ = [
     "__version__",
     "analyze",
     "ingest",
+    "open",
     "run",
     "synthesize",
     "tier_map",
@@ -37,6 +38,7 @@ _LAZY = {
     "analyze": ("gpuclust.engine", "analyze"),
     "run": ("gpuclust.engine", "run"),
     "ingest": ("gpuclust.ingest", "ingest"),
+    "open": ("gpuclust.engine.study", "open_study"),
     "synthesize": ("gpuclust.synth", "synthesize"),
 }
 

@@ -21,14 +21,15 @@ def _require_gpu() -> bool:
 
 
 def gpu_backend_or_skip():  # type: ignore[no-untyped-def]
-    from gpuclust.backends import get_backend, gpu_available
+    from gpuclust.backends import BackendUnavailable, get_backend
 
-    if not gpu_available():
-        msg = "gpu backend unavailable (CuPy not importable or no CUDA device)"
+    try:
+        return get_backend("gpu")
+    except BackendUnavailable as e:  # the real cause (import error, warning, no device) is in e
+        msg = f"gpu backend unavailable: {e}"
         if _require_gpu():
-            pytest.fail(msg + " and GPUCLUST_REQUIRE_GPU=1")
+            pytest.fail(msg + " (GPUCLUST_REQUIRE_GPU=1)")
         pytest.skip(msg)
-    return get_backend("gpu")
 
 
 @pytest.fixture(params=["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])

@@ -9,7 +9,9 @@ An analysis is declared **once**, as a small frozen dataclass (never a CPU class
     Small side inputs computed once on the client and broadcast to every partition (cell
     capacity, a per-instance priority lookup, ...).  ``source`` is anything with
     ``read(table, columns) -> pyarrow.Table`` plus ``tier_map_name`` / ``trace_version`` (a
-    :class:`gpuclust.dataset.Dataset` or :class:`gpuclust.engine.TableSource`).
+    :class:`gpuclust.dataset.Dataset` or :class:`gpuclust.engine.TableSource`).  A context that
+    needs a pass over the streamed table itself (cpi's first pass) runs it with
+    :func:`stream_pass` and declares the columns it reads in ``context_columns``.
 ``empty(backend)``
     The merge identity.
 ``partial(cols, ctx, backend)``
@@ -48,6 +50,7 @@ __all__ = [
     "merge_moments",
     "null_int",
     "resolve_tier_map",
+    "stream_pass",
     "to_host",
 ]
 
@@ -174,6 +177,18 @@ def merge_keyed(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str,
     return out
 
 
+def stream_pass(source: Any, analyses: list[Analysis]) -> dict[str, dict[str, pd.DataFrame]]:
+    """Run ``analyses`` over ``source`` from inside a context: through the source's own
+    ``stream`` when it has one (a :class:`gpuclust.engine.study.Study`'s source: resident
+    columns, its backend, no Parquet read), else :func:`gpuclust.engine.run` on the cpu."""
+    stream = getattr(source, "stream", None)
+    if stream is not None:
+        return stream(analyses)
+    from gpuclust.engine import run
+
+    return run(source, analyses, partitions="auto")
+
+
 def merge_moments(a: tuple[Any, Any, Any], b: tuple[Any, Any, Any]) -> tuple[Any, Any, Any]:
     """Merge ``(n, mean, M2)`` moment triples (Chan et al.); works elementwise on arrays.
 
@@ -207,6 +222,11 @@ class Analysis:
     def columns(self) -> tuple[str, ...]:
         """Columns of :attr:`table` that :meth:`partial` reads."""
         raise NotImplementedError
+
+    @property
+    def context_columns(self) -> tuple[str, ...]:
+        """Columns of :attr:`table` that :meth:`context` streams (through :func:`stream_pass`)."""
+        return ()
 
     def context(self, source: Any) -> Any:
         """Side inputs computed once on the client; default: none."""

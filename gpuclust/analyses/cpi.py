@@ -41,7 +41,7 @@ from gpuclust.analyses._machine_cells import (
     grid_cuts,
     hist_edges,
 )
-from gpuclust.analyses.base import Analysis, merge_keyed, resolve_tier_map
+from gpuclust.analyses.base import Analysis, merge_keyed, resolve_tier_map, stream_pass
 from gpuclust.backends.moments_cpu import Moments, regroup_moments
 from gpuclust.schema import TierMap, tier_map
 from gpuclust.stats import (
@@ -360,9 +360,11 @@ class Cpi(Analysis):
     def resolve_tier_map(self, source: Any) -> TierMap:
         return resolve_tier_map(self.tier_map, source)
 
-    def context(self, source: Any) -> CpiContext:
-        from gpuclust.engine import run
+    @property
+    def context_columns(self) -> tuple[str, ...]:
+        return MachineCells().columns if self.first_pass else ()
 
+    def context(self, source: Any) -> CpiContext:
         me = source.read("machine_events", ["time", "machine_id", "cap_cpu", "platform_id"])
         plat = _platform_lookup(me)
         # capacity: MAX(cap_cpu) per machine over its events (NULLs ignored), as cell-usage
@@ -375,7 +377,7 @@ class Cpi(Analysis):
         if self.first_pass:
             # (machine, cell) table only for the regression; the histograms only for the grid cuts
             machines = tuple(int(x) for x in cap_ids) if self.regression != "none" else ()
-            mc = run(source, [MachineCells(machines, flt)], partitions="auto")["_machine-cells"]
+            mc = stream_pass(source, [MachineCells(machines, flt)])["_machine-cells"]
         else:  # nothing needs the first pass: skip it (no machine cells, no grid cuts)
             mc = MachineCells().finalize(MachineCells().empty(), None)
         cells = mc["cells"]

@@ -20,7 +20,8 @@ from gpuclust.analyses.base import Analysis, to_host
 from gpuclust.backends import Backend, get_backend
 from gpuclust.engine import partition as _partition
 
-__all__ = ["default_workers", "partition_partials", "resolve_analyses", "result_keys", "run"]
+__all__ = ["contexts", "default_workers", "finalize_all", "merge_local", "partition_partials", "plan_tables",
+           "resolve_analyses", "result_keys", "run"]
 
 
 def resolve_analyses(analyses: Analysis | str | Iterable[Analysis | str]) -> list[Analysis]:
@@ -156,48 +157,74 @@ def run(
     tune_allocator()
     src = _partition.as_source(source)
     ans = resolve_analyses(analyses)
-    keys = result_keys(ans)
     be = get_backend(backend)
-    ctxs = []
-    for a in ans:
-        if progress is not None:
-            progress.phase(f"context: {a.label}")
-        ctxs.append(a.context(src))
-    by_table: dict[str, list[int]] = {}
-    for k, a in enumerate(ans):
-        by_table.setdefault(a.table, []).append(k)
+    ctxs = contexts(ans, src, progress)
     nthreads = default_workers(be) if workers is None else int(workers)
     if nthreads < 1:
         raise ValueError(f"workers must be >= 1, got {workers!r}")
-    plans = {}
-    for table, idx in by_table.items():
-        cp = cut_points.get(table) if isinstance(cut_points, dict) else cut_points
-        plans[table] = (idx, _partition.plan_partitions(src, table, partitions, cp,
-                                                        multiple_of=nthreads if scheduler is None else 1))
-
+    plans = plan_tables(src, ans, partitions, cut_points, multiple_of=nthreads if scheduler is None else 1)
     if scheduler is None:
-        merged: list[Any] = [None] * len(ans)
-        for idx, specs in plans.values():
-            sub = [ans[k] for k in idx]
-            acc = [a.empty(be) for a in sub]
-            acc = [to_host(x) for x in acc]
-            sub_ctxs = [ctxs[k] for k in idx]
-            if progress is not None:
-                progress.partitions(specs[0].table if specs else "", len(specs), sum(sp.num_rows for sp in specs))
-            for spec, parts in zip(specs, _map_in_order(
-                    lambda spec, sub=sub, sub_ctxs=sub_ctxs: partition_partials(spec, sub, sub_ctxs, be),
-                    specs, nthreads), strict=True):
-                acc = merge_lists(sub, acc, parts)
-                if progress is not None:
-                    progress.partition_done(spec.table, spec.num_rows)
-            for k, p in zip(idx, acc, strict=False):
-                merged[k] = p
+        merged = merge_local(plans, ans, ctxs, be, nthreads, progress,
+                             lambda spec, sub, sub_ctxs: partition_partials(spec, sub, sub_ctxs, be))
     else:
         from gpuclust.engine.dask import compute_merged
 
         if progress is not None:
             progress.phase(f"dask ({scheduler}): {sum(len(sp) for _, sp in plans.values())} partition(s)")
         merged = compute_merged(plans, ans, ctxs, be.name, scheduler, split_every)
+    return finalize_all(ans, merged, ctxs, progress)
+
+
+def contexts(ans: Sequence[Analysis], src: Any, progress: Any = None) -> list[Any]:
+    """Each analysis' context, in order (computed on the client)."""
+    ctxs = []
+    for a in ans:
+        if progress is not None:
+            progress.phase(f"context: {a.label}")
+        ctxs.append(a.context(src))
+    return ctxs
+
+
+def plan_tables(src: Any, ans: Sequence[Analysis], partitions: int | str,
+                cut_points: dict[str, Sequence[int]] | Sequence[int] | None = None,
+                multiple_of: int = 1) -> dict[str, tuple[list[int], list[_partition.PartitionSpec]]]:
+    """``{table: (indices of the analyses streaming it, its partitions)}``."""
+    by_table: dict[str, list[int]] = {}
+    for k, a in enumerate(ans):
+        by_table.setdefault(a.table, []).append(k)
+    plans = {}
+    for table, idx in by_table.items():
+        cp = cut_points.get(table) if isinstance(cut_points, dict) else cut_points
+        plans[table] = (idx, _partition.plan_partitions(src, table, partitions, cp, multiple_of=multiple_of))
+    return plans
+
+
+def merge_local(plans: dict[str, tuple[list[int], list[_partition.PartitionSpec]]], ans: Sequence[Analysis],
+                ctxs: Sequence[Any], be: Backend, nthreads: int, progress: Any,
+                partials: Any) -> list[Any]:
+    """The local path: ``partials(spec, analyses, ctxs)`` per partition on ``nthreads`` threads,
+    merged in partition order (bit-for-bit the result of one thread)."""
+    merged: list[Any] = [None] * len(ans)
+    for idx, specs in plans.values():
+        sub = [ans[k] for k in idx]
+        acc = [to_host(a.empty(be)) for a in sub]
+        sub_ctxs = [ctxs[k] for k in idx]
+        if progress is not None:
+            progress.partitions(specs[0].table if specs else "", len(specs), sum(sp.num_rows for sp in specs))
+        for spec, parts in zip(specs, _map_in_order(
+                lambda spec, sub=sub, sub_ctxs=sub_ctxs: partials(spec, sub, sub_ctxs), specs, nthreads), strict=True):
+            acc = merge_lists(sub, acc, parts)
+            if progress is not None:
+                progress.partition_done(spec.table, spec.num_rows)
+        for k, p in zip(idx, acc, strict=False):
+            merged[k] = p
+    return merged
+
+
+def finalize_all(ans: Sequence[Analysis], merged: Sequence[Any], ctxs: Sequence[Any],
+                 progress: Any = None) -> dict[str, dict[str, pd.DataFrame]]:
+    """``{result key: finalized tables}`` (see :func:`result_keys`)."""
+    keys = result_keys(ans)
     if progress is not None:
         progress.phase("finalize")
     out = {key: a.finalize(p, ctx) for key, a, p, ctx in zip(keys, ans, merged, ctxs, strict=False)}

@@ -24,8 +24,8 @@ import pyarrow.parquet as pq
 
 from gpuclust.schema import SCHEMAS
 
-__all__ = ["PartitionSpec", "TableSource", "as_source", "column_to_numpy", "plan_partitions", "read_partition",
-           "read_partition_device"]
+__all__ = ["PartitionSpec", "TableSource", "as_source", "column_to_numpy", "plan_partitions", "read_arrow",
+           "read_partition", "read_partition_device"]
 
 
 class TableSource:
@@ -211,12 +211,18 @@ def _row_groups(md: Any, p: Piece) -> tuple[list[int], int]:
     return groups, (starts[0] if starts else 0)
 
 
-def read_partition(spec: PartitionSpec, columns: Sequence[str]) -> dict[str, np.ndarray]:
-    """Read ``columns`` of one partition into host NumPy arrays (see :func:`column_to_numpy`)."""
+def read_arrow(spec: PartitionSpec, columns: Sequence[str]) -> pa.Table:
+    """Read ``columns`` of one partition as one Arrow table (canonical types; one chunk per row
+    group read)."""
     schema = SCHEMAS[spec.table]
     sub = pa.schema([schema.field(c) for c in columns])
     parts = [_read_piece(p, spec.table, columns) for p in spec.pieces]
-    t = pa.concat_tables(parts) if parts else sub.empty_table()
+    return pa.concat_tables(parts) if parts else sub.empty_table()
+
+
+def read_partition(spec: PartitionSpec, columns: Sequence[str]) -> dict[str, np.ndarray]:
+    """Read ``columns`` of one partition into host NumPy arrays (see :func:`column_to_numpy`)."""
+    t = read_arrow(spec, columns)
     return {c: column_to_numpy(t.column(c)) for c in columns}
 
 

@@ -140,7 +140,19 @@ def test_q_levels_and_summary_parity(gpu_backend, seed) -> None:  # type: ignore
             np.testing.assert_array_equal(cp.asnumpy(rg[f]), rc[f], err_msg=f"seed={seed} {kind} {f}")
         np.testing.assert_allclose(cp.asnumpy(rg["mean"]), rc["mean"], rtol=1e-12, err_msg=f"seed={seed}")
         np.testing.assert_allclose(cp.asnumpy(rg["err_bound"]), rc["err_bound"], rtol=1e-9, atol=1e-12)
-        np.testing.assert_allclose(cp.asnumpy(rg["quantiles"]), rc["quantiles"], rtol=1e-9, err_msg=f"seed={seed} {kind}")
+        got, want = cp.asnumpy(rg["quantiles"]), rc["quantiles"]
+        if kind == "bounded":
+            np.testing.assert_allclose(got, want, rtol=1e-9, err_msg=f"seed={seed} {kind}")
+            continue
+        # exact: where the quantile is ill-conditioned (F flat at p W, or p within rounding of a
+        # plateau), summation order moves the answer; both must then meet the definition (seen on
+        # an H100: 2 of 1624 at 2e-7 relative, p = 1 - 1e-12)
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=f"seed={seed}")
+        qr, null = np.maximum.accumulate(q, axis=1), np.isnan(q).any(axis=1)
+        for i, j in np.argwhere(~np.isclose(got, want, rtol=1e-9, atol=0.0) & ~np.isnan(want)):
+            use = (keys == rc["key"][i]) & ~null & (w > 0)
+            assert ref.quantile_ok(float(got[i, j]), float(want[i, j]), qr[use], w[use], float(LEVELS[j])), (
+                f"seed={seed} key={rc['key'][i]} p={LEVELS[j]} gpu={got[i, j]!r} cpu={want[i, j]!r}")
 
 
 def test_gpu_argument_checks(gpu_backend) -> None:  # type: ignore[no-untyped-def]

@@ -1,0 +1,167 @@
+"""Where the GPU path's time goes: the ceilings it is bounded by, and a profile per analysis.
+
+    python bench/gpu_profile.py --windows 1e7        # on a GPU machine
+
+Measures, on the machine it runs on:
+
+* host->device bandwidth, pageable (``cupy.asarray`` of a NumPy array) and pinned (page-locked
+  staging buffer, async copy on a non-default stream), and the device copy bandwidth;
+* the host Parquet decode rate of the usage columns the analyses read (pyarrow, all threads), and
+  of Arrow -> NumPy;
+* each analysis on the gpu backend under cProfile (the 15 functions with the most own time), so
+  the host-bound parts can be seen.
+
+Writes bench/results/gpu_profile.{json,txt} (copied to $OUT when set).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import pstats
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+from _harness import environment  # noqa: E402
+
+GIB = 1 << 30
+
+
+def _best(fn, repeat: int = 5) -> float:  # type: ignore[no-untyped-def]
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def transfer_rates(cp) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    n = GIB // 8
+    host = np.random.default_rng(0).random(n)
+    dev = cp.empty(n, dtype=np.float64)
+
+    def pageable() -> None:
+        dev.set(host)
+        cp.cuda.Device().synchronize()
+
+    pinned_mem = cp.cuda.alloc_pinned_memory(GIB)
+    pinned = np.frombuffer(pinned_mem, dtype=np.float64, count=n)
+    pinned[:] = host
+    stream = cp.cuda.Stream(non_blocking=True)
+
+    def from_pinned() -> None:
+        dev.set(pinned, stream=stream)
+        stream.synchronize()
+
+    src = cp.asarray(host)
+
+    def d2d() -> None:
+        dev[...] = src
+        cp.cuda.Device().synchronize()
+
+    out = {"h2d_pageable_gbs": GIB / _best(pageable) / 1e9, "h2d_pinned_gbs": GIB / _best(from_pinned) / 1e9,
+           "d2d_copy_gbs": 2 * GIB / _best(d2d) / 1e9}
+    d2h = np.empty_like(host)
+    out["d2h_pageable_gbs"] = GIB / _best(lambda: dev.get(out=d2h)) / 1e9
+    return out
+
+
+def decode_rates(ds: Path) -> dict[str, float]:
+    import pyarrow.parquet as pq
+
+    from gpuclust.analyses.registry import create, names
+    from gpuclust.dataset import Dataset
+
+    d = Dataset(ds)
+    cols: set[str] = set()
+    for n in names():
+        a = create(n)
+        if a.table == "instance_usage":
+            cols.update(a.columns)
+    files = sorted((ds / "instance_usage").glob("*.parquet"))
+    t = None
+
+    def read() -> None:
+        nonlocal t
+        t = pq.read_table(files, columns=sorted(cols), use_threads=True)
+
+    secs = _best(read, 3)
+    assert t is not None
+    nbytes = t.nbytes
+    to_np = _best(lambda: [c.to_numpy() for c in t.columns], 3)
+    return {"rows": d.num_rows("instance_usage"), "columns": len(cols), "decoded_bytes": nbytes,
+            "decode_s": secs, "decode_gbs": nbytes / secs / 1e9, "to_numpy_s": to_np,
+            "parquet_bytes": sum(f.stat().st_size for f in files)}
+
+
+def profile_analyses(ds: Path, top: int) -> dict[str, dict[str, object]]:
+    from gpuclust.analyses.registry import create, names
+    from gpuclust.dataset import Dataset
+    from gpuclust.engine import run
+
+    d = Dataset(ds)
+    opts = {"cpi": {"by": "machine"}, "usage-distribution": {"by": "machine"}}
+    res: dict[str, dict[str, object]] = {}
+    for n in names():
+        a = create(n, **opts.get(n, {}))
+        run(d, [a], backend="gpu", partitions="auto")  # warm-up: kernels compiled, caches filled
+        t0 = time.perf_counter()
+        run(d, [a], backend="gpu", partitions="auto")
+        wall = time.perf_counter() - t0
+        pr = cProfile.Profile()
+        pr.enable()
+        run(d, [a], backend="gpu", partitions="auto")
+        pr.disable()
+        s = io.StringIO()
+        pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(top)
+        res[n] = {"wall_s": wall, "profile": s.getvalue()}
+        print(f"{n}: {wall:.3f} s", flush=True)
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--windows", type=float, default=1e7)
+    ap.add_argument("--top", type=int, default=15)
+    args = ap.parse_args(argv)
+    from gen_canonical import make_dataset
+
+    from gpuclust.backends import gpu
+
+    cp = gpu.require()
+    n = int(args.windows)
+    ds = HERE / "data" / f"canonical-{n}"
+    if not (ds / "manifest.json").exists():
+        t0 = time.perf_counter()
+        make_dataset(ds, n, seed=1)
+        print(f"generated {n:,} windows in {time.perf_counter() - t0:.1f} s", flush=True)
+    out: dict[str, object] = {"environment": environment(), "windows": n}
+    out["transfer"] = transfer_rates(cp)
+    print(json.dumps(out["transfer"]), flush=True)
+    out["decode"] = decode_rates(ds)
+    print(json.dumps(out["decode"]), flush=True)
+    prof = profile_analyses(ds, args.top)
+    out["analyses"] = {k: v["wall_s"] for k, v in prof.items()}
+    res = HERE / "results"
+    (res / "gpu_profile.json").write_text(json.dumps(out, indent=1, default=str))
+    (res / "gpu_profile.txt").write_text("\n".join(f"## {k} ({v['wall_s']:.3f} s)\n{v['profile']}" for k, v in prof.items()))
+    if os.environ.get("OUT"):
+        for f in ("gpu_profile.json", "gpu_profile.txt"):
+            shutil.copy(res / f, os.environ["OUT"])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,146 @@
+"""Study benchmark: load a cell's usage columns once, then every analysis over the resident data.
+
+    python bench/study_bench.py --sizes 1e6,1e7 --backends cpu,gpu     # on a GPU machine
+    python bench/study_bench.py --sizes 1e6 --backends cpu              # anywhere
+
+Each (size, backend) runs in its own process (``--rounds`` times, interleaved across backends;
+medians reported), which opens the dataset with ``gpuclust.open``, persists the columns every
+registered analysis reads (timed: the load), then runs each analysis ``--repeat`` times on the
+resident data (best time) and all of them in one ``run`` call.  The parent samples the process
+tree's peak RSS and the whole process' wall time.  On the gpu the child also measures the two
+ceilings of the load in the same process: pinned host->device bandwidth and the host Parquet
+decode rate of the same columns (``bench/gpu_profile.py``), and reports the load's rate as a
+fraction of the lower one.  Same data and options as ``bench/analyses_bench.py``.
+
+Writes bench/results/<name>.{json,md} with device, versions and commit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+from _harness import environment, run_measured, write_results  # noqa: E402
+
+DATA = HERE / "data"
+
+
+def child(backend: str, ds: Path, repeat: int) -> None:
+    from analyses_bench import BENCH_OPTIONS
+
+    import gpuclust
+    from gpuclust.analyses.registry import create, names
+
+    t0 = time.perf_counter()
+    study = gpuclust.open(ds, backend=backend).persist()
+    if backend == "gpu":
+        study.backend.xp.cuda.Device().synchronize()
+    load = time.perf_counter() - t0
+    out: dict[str, Any] = {"load_s": load, "loaded_bytes": study.loaded_bytes,
+                           "load_gbs": study.loaded_bytes / load / 1e9, "analyses": {}}
+    ans = [create(n, **BENCH_OPTIONS.get(n, {})) for n in names()]
+    for a in ans:
+        best = float("inf")
+        for _ in range(repeat):
+            t = time.perf_counter()
+            study.run(a)
+            best = min(best, time.perf_counter() - t)
+        out["analyses"][a.name] = best
+    t = time.perf_counter()
+    study.run(ans)
+    out["all_at_once_s"] = time.perf_counter() - t
+    if backend == "gpu":
+        from gpu_profile import decode_rates, transfer_rates
+
+        out["ceilings"] = {**transfer_rates(study.backend.xp), **decode_rates(ds)}
+        floor = min(out["ceilings"]["h2d_pinned_gbs"], out["ceilings"]["decode_gbs"])
+        out["load_vs_ceiling"] = out["load_gbs"] / floor
+    print("RESULT " + json.dumps(out), flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="1e6,1e7")
+    ap.add_argument("--backends", default="cpu,gpu")
+    ap.add_argument("--rounds", type=int, default=1, help="processes per (size, backend), interleaved")
+    ap.add_argument("--repeat", type=int, default=3, help="runs of each analysis inside a process (best)")
+    ap.add_argument("--name", default="study")
+    ap.add_argument("--child", nargs=2, metavar=("BACKEND", "DATASET"), help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        child(args.child[0], Path(args.child[1]), args.repeat)
+        return 0
+    from gen_canonical import make_dataset
+
+    backends = args.backends.split(",")
+    rows = []
+    for size in [int(float(s)) for s in args.sizes.split(",")]:
+        ds = DATA / f"canonical-{size}"
+        if not (ds / "manifest.json").exists():
+            print(f"generating {size:,} windows into {ds}", flush=True)
+            make_dataset(ds, size, seed=1)
+        runs: dict[str, list[dict[str, Any]]] = {b: [] for b in backends}
+        for _ in range(args.rounds):
+            for b in backends:
+                m = run_measured([sys.executable, __file__, "--child", b, str(ds), "--repeat", str(args.repeat)])
+                line = next((ln for ln in m.stdout_tail.splitlines() if ln.startswith("RESULT ")), None)
+                if m.returncode != 0 or line is None:
+                    print(m.stdout_tail[-3000:], flush=True)
+                    raise SystemExit(f"{b} at {size:,} failed (exit {m.returncode})")
+                r = json.loads(line[7:])
+                r.update(wall_s=m.wall_s, peak_rss_mib=m.peak_rss_bytes / 2**20)
+                runs[b].append(r)
+                print(json.dumps({"size": size, "backend": b, **r}), flush=True)
+        for b, rs in runs.items():
+            med = {k: statistics.median(r[k] for r in rs) for k in ("load_s", "load_gbs", "all_at_once_s", "wall_s", "peak_rss_mib")}
+            med["analyses"] = {a: statistics.median(r["analyses"][a] for r in rs) for a in rs[0]["analyses"]}
+            for k in ("ceilings", "load_vs_ceiling", "loaded_bytes"):
+                if k in rs[0]:
+                    med[k] = rs[-1][k]
+            rows.append({"size": size, "backend": b, "rounds": len(rs), **med})
+    env = environment()
+    md = [f"# Study benchmark ({env.get('cores')} cores, {env.get('gpu') or 'no GPU'})", "",
+          "Persist once (`gpuclust.open(ds, backend=...).persist()`: every column a registered analysis reads), "
+          "then each analysis on the resident data (best of the process' runs; median over processes).", "",
+          "| windows | backend | load s | load GB/s | " + " | ".join(rows[0]["analyses"]) + " | all at once s | process s | peak RSS MiB |",
+          "|---:|---|---:|---:|" + "---:|" * len(rows[0]["analyses"]) + "---:|---:|---:|"]
+    for r in rows:
+        md.append(f"| {r['size']:,} | {r['backend']} | {r['load_s']:.3f} | {r['load_gbs']:.2f} | "
+                  + " | ".join(f"{v:.4f}" for v in r["analyses"].values())
+                  + f" | {r['all_at_once_s']:.3f} | {r['wall_s']:.2f} | {r['peak_rss_mib']:,.0f} |")
+    by = {(r["size"], r["backend"]): r for r in rows}
+    ratio_lines = []
+    for (size, b), r in by.items():
+        if b == "gpu" and (size, "cpu") in by:
+            c = by[(size, "cpu")]
+            ratio_lines.append(f"| {size:,} | " + " | ".join(f"{c['analyses'][a] / r['analyses'][a]:.1f}x" for a in r["analyses"])
+                               + f" | {c['all_at_once_s'] / r['all_at_once_s']:.1f}x |")
+    if ratio_lines:
+        md += ["", "gpu speed-up over cpu on resident data (target: >= 20x):", "",
+               "| windows | " + " | ".join(rows[0]["analyses"]) + " | all at once |",
+               "|---:|" + "---:|" * (len(rows[0]["analyses"]) + 1), *ratio_lines]
+    for r in rows:
+        if "ceilings" in r:
+            c = r["ceilings"]
+            md.append(f"\nLoad at {r['size']:,}: {r['load_gbs']:.2f} GB/s of decoded columns; ceilings measured in the same "
+                      f"process: pinned H2D {c['h2d_pinned_gbs']:.1f} GB/s, pageable H2D {c['h2d_pageable_gbs']:.1f} GB/s, "
+                      f"host Parquet decode {c['decode_gbs']:.2f} GB/s -> {100 * r['load_vs_ceiling']:.0f}% of the lower "
+                      "(target: >= 50%).")
+    md += ["", "Environment: " + ", ".join(f"{k}={v}" for k, v in env.items()), ""]
+    jp, mp = write_results(args.name, {"environment": env, "rows": rows}, "\n".join(md))
+    print("\n".join(md))
+    print(f"wrote {jp} and {mp}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

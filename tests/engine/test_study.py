@@ -1,0 +1,163 @@
+"""Studies (gpuclust.open): partitions read once and kept resident, any number of analyses over them.
+
+The reference for every result is :func:`gpuclust.engine.run` over the same dataset (itself tested
+against DuckDB SQL and slow obvious code in tests/analyses); the study must give the same bits on
+the cpu backend with the same partitions, and agree to the backends' tolerance on the gpu.  Reads
+are counted at pyarrow's entry points, so any path that reads Parquet behind the study's back is
+caught.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from strategies import random_cell, write_dataset
+
+import gpuclust
+from gpuclust.analyses.registry import create, names
+from gpuclust.dataset import Dataset
+from gpuclust.engine import run
+from gpuclust.engine import study as study_mod
+from gpuclust.engine.partition import plan_partitions, read_partition
+
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:unclosed <socket:ResourceWarning"),
+]
+
+
+def assert_same(r1, r2, rtol=0.0):
+    assert r1.keys() == r2.keys()
+    for k in r1:
+        assert r1[k].keys() == r2[k].keys(), k
+        for t in r1[k]:
+            a, b = r1[k][t].reset_index(drop=True), r2[k][t].reset_index(drop=True)
+            assert list(a.columns) == list(b.columns) and len(a) == len(b), (k, t)
+            for c in a.columns:
+                if a[c].dtype.kind == "f":
+                    np.testing.assert_allclose(a[c].to_numpy(), b[c].to_numpy(), rtol=rtol, atol=1e-300,
+                                               equal_nan=True, err_msg=f"{k}/{t}/{c}")
+                else:
+                    assert a[c].tolist() == b[c].tolist(), (k, t, c)
+
+
+@pytest.fixture(scope="module")
+def tables():
+    return random_cell(23, n_windows=9000)
+
+
+@pytest.fixture(scope="module")
+def dataset(tables, tmp_path_factory):
+    return Dataset(write_dataset(tmp_path_factory.mktemp("ds"), tables, files=3, row_group_size=500))
+
+
+@pytest.fixture(scope="module")
+def reference(dataset):
+    return {n: run(dataset, n, partitions=4, workers=2)[n] for n in names()}
+
+
+@pytest.fixture
+def read_log(monkeypatch):
+    """Every Parquet read: ("", "row_groups") counts row-group reads, ("table/file", "table") whole-file reads."""
+    log: Counter[tuple[str, str]] = Counter()
+    real_groups, real_table = pq.ParquetFile.read_row_groups, pq.read_table
+
+    def groups(self, *a, **kw):  # type: ignore[no-untyped-def]
+        log[("", "row_groups")] += 1
+        return real_groups(self, *a, **kw)
+
+    def table(source, *a, **kw):  # type: ignore[no-untyped-def]
+        log[("/".join(Path(str(source)).parts[-2:]), "table")] += 1
+        return real_table(source, *a, **kw)
+
+    monkeypatch.setattr(pq.ParquetFile, "read_row_groups", groups)
+    monkeypatch.setattr(pq, "read_table", table)
+    return log
+
+
+def test_cpu_study_is_bit_identical_to_run(dataset, reference):
+    study = gpuclust.open(dataset, backend="cpu", partitions=4, workers=2).persist()
+    for n in names():
+        assert_same(study.run(n), {n: reference[n]})
+    # every analysis at once, twice: the same again
+    both = study.run(names())
+    assert_same(both, reference)
+    assert_same(study.run(names()), reference)
+
+
+def test_each_partition_read_once_whatever_the_number_of_analyses(dataset, read_log):
+    usage_specs = plan_partitions(dataset, "instance_usage", 4)
+    one = gpuclust.open(dataset, partitions=4, workers=2).persist()
+    one.run("cell-usage")
+    reads_one = +read_log
+    read_log.clear()
+    study = gpuclust.open(dataset, partitions=4, workers=2).persist()
+    study.run(names())
+    first = +read_log
+    for _ in range(3):  # many analyses, several times over: nothing is read again
+        study.run(names())
+        for n in names():
+            study.run(n)
+    assert +read_log == first
+    assert study.partition_reads["instance_usage"] == len(usage_specs) == 4
+    usage_reads = sum(v for (f, how), v in read_log.items() if how == "row_groups")
+    pieces = sum(len(s.pieces) for g in study._groups.values() for grp in g for s in grp)
+    assert pieces >= sum(len(s.pieces) for s in usage_specs) and usage_reads == pieces
+    # the streamed table is never read whole (contexts' passes use the resident columns)
+    assert not any(f.startswith("instance_usage/") for (f, how) in read_log if how == "table"), read_log
+    # and running one analysis read the streamed partitions exactly as often as running all
+    assert sum(v for (_, how), v in reads_one.items() if how == "row_groups") == usage_reads
+
+
+def test_joined_partitions_give_the_same_result(dataset, reference):
+    """Consecutive loads filling one resident partition (the gpu layout) at the right offsets."""
+    study = gpuclust.open(dataset, partitions=6, workers=1, run_rows=4000, load_threads=3).persist()
+    groups = study._groups["instance_usage"]
+    assert len(groups) > 1 and any(len(g) > 1 for g in groups)
+    whole = read_partition(plan_partitions(dataset, "instance_usage", 1)[0], study.resident_columns("instance_usage"))
+    for c, want in whole.items():
+        got = np.concatenate([p[c] for p in study._resident["instance_usage"]])
+        np.testing.assert_array_equal(got, want, err_msg=c)
+    res = study.run(names())
+    assert_same(res, reference, rtol=1e-12)
+
+
+def test_persist_refuses_what_does_not_fit(dataset, monkeypatch):
+    monkeypatch.setattr(study_mod, "_available_bytes", lambda backend: 1000)
+    study = gpuclust.open(dataset)
+    with pytest.raises(study_mod.StudyMemoryError, match=r"persisting 2 column\(s\) of instance_usage .* GiB"):
+        study.persist(["avg_cpu", "machine_id"])
+    assert study.resident_bytes == 0 and study.partition_reads == {}
+
+
+def test_persist_validates_columns_and_runs_load_missing_ones(dataset):
+    study = gpuclust.open(dataset, partitions=2, workers=1)
+    with pytest.raises(KeyError, match="no columns"):
+        study.persist(["not_a_column"])
+    study.persist(["avg_cpu"])
+    assert study.resident_columns("instance_usage") == ["avg_cpu"]
+    study.run("cell-usage")  # loads what cell-usage needs besides avg_cpu, once
+    assert set(create("cell-usage").columns) <= set(study.resident_columns("instance_usage"))
+    assert study.partition_reads["instance_usage"] == 4
+    study.run("cell-usage")
+    assert study.partition_reads["instance_usage"] == 4
+    study.release()
+    assert study.resident_bytes == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("run_rows", [None, 4000])
+def test_gpu_study_matches_cpu(gpu_backend, dataset, reference, monkeypatch, run_rows):
+    from gpuclust.engine import staging
+
+    monkeypatch.setattr(staging, "STAGING_BYTES", 4096)  # many staging round trips per column
+    study = gpuclust.open(dataset, backend="gpu", partitions=6, run_rows=run_rows).persist()
+    cp = gpu_backend.xp
+    whole = read_partition(plan_partitions(dataset, "instance_usage", 1)[0], study.resident_columns("instance_usage"))
+    for c, want in whole.items():
+        got = np.concatenate([cp.asnumpy(p[c]) for p in study._resident["instance_usage"]])
+        np.testing.assert_array_equal(got, want, err_msg=c)  # NULL sentinels too
+    assert_same(study.run(names()), reference, rtol=1e-9)
