@@ -27,8 +27,10 @@ from gpuclust.schema import SCHEMAS
 
 __all__ = ["LOAD_THREADS", "STAGING_BYTES", "column_dtypes", "load_partitions"]
 
-#: Host threads that decode partitions at once (each also drives its own copy stream).
-LOAD_THREADS = 3
+#: Host threads that decode partitions at once (each also drives its own copy stream).  On an
+#: H100 node (16 cores) 3 threads loaded 10^7 windows' columns at 2.2-2.5 GB/s, 6 at 2.7-3.1,
+#: 12 at 2.8-2.9 (bench/results/h100-2026-11-23/).
+LOAD_THREADS = 6
 #: Size of each of a loading thread's two page-locked staging buffers.
 STAGING_BYTES = 64 << 20
 
@@ -62,6 +64,27 @@ class _Stager:
 
     def finish(self) -> None:
         self.stream.synchronize()
+
+
+_stagers: dict[int, list[_Stager]] = {}
+_stagers_lock = threading.Lock()
+
+
+def _borrow(cp: Any, device: int) -> _Stager:
+    """A stager for ``device``: pinned buffers are allocated once per process and reused (their
+    allocation costs more than a partition's copies)."""
+    with _stagers_lock:
+        free = _stagers.setdefault(device, [])
+        while free:
+            st = free.pop()
+            if st.nbytes == STAGING_BYTES:
+                return st
+    return _Stager(cp, STAGING_BYTES)
+
+
+def _give_back(device: int, st: _Stager) -> None:
+    with _stagers_lock:
+        _stagers.setdefault(device, []).append(st)
 
 
 def _chunk_host(chunk: pa.Array, dtype: np.dtype) -> np.ndarray:
@@ -114,30 +137,27 @@ def load_partitions(groups: Sequence[Sequence[_partition.PartitionSpec]], column
     if backend.name == "cpu":
         def copy(arr: np.ndarray, off: int, host: np.ndarray) -> None:
             arr[off:off + host.shape[0]] = host
-
-        finish: Callable[[], None] = lambda: None  # noqa: E731
     else:
         cp = xp
         device = cp.cuda.Device().id
         local = threading.local()
 
-        def stager() -> _Stager:
-            if getattr(local, "stager", None) is None:
-                local.stager = _Stager(cp, STAGING_BYTES)
-            return local.stager
-
         def copy(arr: Any, off: int, host: np.ndarray) -> None:
-            stager().copy(arr.data.ptr + off * arr.dtype.itemsize, host)
-
-        def finish() -> None:
-            stager().finish()
+            local.stager.copy(arr.data.ptr + off * arr.dtype.itemsize, host)
 
     def one(task: tuple[int, int, _partition.PartitionSpec]) -> None:
         gi, off, spec = task
-        if backend.name != "cpu":
-            backend.xp.cuda.Device(device).use()
-        _fill(_partition.read_arrow(spec, columns), out[gi], off, copy)
-        finish()  # this partition's copies have landed
+        t = _partition.read_arrow(spec, columns)
+        if backend.name == "cpu":
+            _fill(t, out[gi], off, copy)
+        else:
+            with cp.cuda.Device(device):
+                local.stager = _borrow(cp, device)
+                try:
+                    _fill(t, out[gi], off, copy)
+                    local.stager.finish()  # this partition's copies have landed
+                finally:
+                    _give_back(device, local.stager)
         if on_done is not None:
             on_done(spec)
 
