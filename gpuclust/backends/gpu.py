@@ -16,7 +16,8 @@ import numpy as np
 
 from gpuclust.backends.cpu import check_bucket_overlap, check_grouped_sum, check_hash_index
 
-__all__ = ["bucket_overlap", "device_count", "grouped_sum", "hash_index", "require"]
+__all__ = ["bucket_overlap", "cupy_distributions", "device_count", "grouped_sum", "hash_index", "require",
+           "require_device", "sm_count"]
 
 #: Threads per block (a multiple of 32: kernels aggregate across whole warps).
 BLOCK = 256
@@ -70,11 +71,17 @@ def require() -> Any:
     """Return the :mod:`cupy` module, or raise a clear error when the GPU backend cannot run."""
     from gpuclust.backends import BackendUnavailable
 
+    dists = cupy_distributions()
+    if len(dists) > 1:
+        raise BackendUnavailable(
+            f"backend 'gpu': {len(dists)} CuPy distributions are installed ({', '.join(dists)}); they overwrite "
+            "each other's files. Uninstall all but the one matching your CUDA driver's major version "
+            "(nvidia-smi shows it), e.g. pip uninstall " + dists[0])
     try:
         cp = _cupy()
     except Exception as e:
         raise BackendUnavailable(
-            f"backend 'gpu' needs CuPy (pip install 'gpuclust[gpu]'): import cupy failed: {e}; "
+            f"backend 'gpu' needs CuPy (pip install 'gpuclust[gpu-cu13]' for a CUDA 13 driver, '[gpu-cu12]' for CUDA 12): import cupy failed: {e}; "
             "use backend='cpu' to run on the CPU"
         ) from e
     try:
@@ -86,10 +93,37 @@ def require() -> Any:
     return cp
 
 
+def cupy_distributions() -> list[str]:
+    """Names of the installed CuPy distributions (``cupy``, ``cupy-cuda12x``, ``cupy-cuda13x``, ...)."""
+    from importlib import metadata
+
+    names = set()
+    for d in metadata.distributions():
+        name = (d.metadata["Name"] or "").lower().replace("_", "-")
+        if name == "cupy" or (name.startswith("cupy-cuda") and name[9:10].isdigit()) or name.startswith("cupy-rocm"):
+            names.add(name)
+    return sorted(names)
+
+
 @cache
 def _sm_count(device_id: int) -> int:
     cp = _cupy()
     return int(cp.cuda.runtime.getDeviceProperties(device_id)["multiProcessorCount"])
+
+
+def sm_count() -> int:
+    """Multiprocessors of the current device (queried once per device, not per launch)."""
+    return _sm_count(_cupy().cuda.Device().id)
+
+
+def require_device(**arrays: Any) -> None:
+    """Raise ``TypeError`` naming the argument when one of ``arrays`` is not a CuPy array (the
+    gpu ops never copy host arrays implicitly)."""
+    cp = _cupy()
+    for name, a in arrays.items():
+        if not isinstance(a, cp.ndarray):
+            raise TypeError(f"{name} must be a CuPy (device) array, got {type(a).__module__}.{type(a).__name__}; "
+                            f"pass cupy.asarray({name})")
 
 
 def _launch(kernel: Any, n_items: int, params: tuple[tuple[str, Any], ...], shared_mem: int = 0,
@@ -99,8 +133,7 @@ def _launch(kernel: Any, n_items: int, params: tuple[tuple[str, Any], ...], shar
     if missing or extra:
         raise TypeError(f"kernel arguments: missing {missing}, unexpected {extra}")
     args = tuple(named[p] if t is _PTR else t(named[p]) for p, t in params)
-    cp = _cupy()
-    sms = _sm_count(cp.cuda.Device().id)
+    sms = sm_count()
     blocks = max(1, min(-(-n_items // BLOCK), sms * 8))
     kernel((blocks,), (BLOCK,), args, shared_mem=shared_mem)
 

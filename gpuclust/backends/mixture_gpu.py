@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from gpuclust.backends.gpu import require_device, sm_count
 from gpuclust.backends.mixture_cpu import (
     NARROW_REL,
     SNAP_REL,
@@ -117,8 +118,7 @@ def _launch(kernel: Any, grid: int, params: tuple[tuple[str, Any], ...], **named
 
 
 def _grid(n_items: int, cp: Any) -> int:
-    sms = cp.cuda.Device().attributes["MultiProcessorCount"]
-    return max(1, min(-(-n_items // BLOCK), sms * 16))
+    return max(1, min(-(-n_items // BLOCK), sm_count() * 16))
 
 
 def repair_percentiles(q: Any) -> tuple[Any, Any, Any]:
@@ -152,6 +152,7 @@ def mixture_quantiles(q: Any, w: Any, group: Any, n_groups: int, levels: Any, *,
     """GPU twin of :func:`gpuclust.backends.mixture_cpu.mixture_quantiles` (same arguments and result)."""
     cp = _cupy()
     src = check_mixture_quantiles(q, w, group, n_groups, levels, q_levels)
+    require_device(q=q, w=w, group=group, levels=levels)
     _check_levels_values(levels.get())
     G, L = int(n_groups), int(levels.shape[0])
     out = cp.full((G, L), cp.nan, dtype=cp.float64)
@@ -179,9 +180,8 @@ def mixture_quantiles(q: Any, w: Any, group: Any, n_groups: int, levels: Any, *,
     xs = cp.empty(E, dtype=cp.float64)
     slope = cp.empty(E, dtype=cp.float64)
     cdf = cp.empty(E, dtype=cp.float64)
-    sms = cp.cuda.Device().attributes["MultiProcessorCount"]
     sweep = _function("gpuclust::mixture_sweep", ("double",))
-    _launch(sweep, min(G, sms * 32), SWEEP_PARAMS, q=qv, src=cp.asarray(src), v=v, ev=ev, row_start=row_start,
+    _launch(sweep, min(G, sm_count() * 32), SWEEP_PARAMS, q=qv, src=cp.asarray(src), v=v, ev=ev, row_start=row_start,
             n_groups=G, nl=nl, narrow_rel=NARROW_REL, xs=xs, slope=slope, cdf=cdf)
     invert = _function("gpuclust::mixture_invert", ("double",))
     _launch(invert, _grid(G * L, cp), INVERT_PARAMS, xs=xs, slope=slope, cdf=cdf, row_start=row_start,

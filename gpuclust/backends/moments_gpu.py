@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from gpuclust.backends.gpu import sm_count
 from gpuclust.backends.moments_cpu import (
     Moments,
     check_grouped_comoments,
@@ -81,8 +82,7 @@ def _launch(kernel: Any, n_rows: int, params: tuple[tuple[str, Any], ...], share
     if missing or extra:
         raise TypeError(f"kernel arguments: missing {missing}, unexpected {extra}")
     args = tuple(named[p] if t is _PTR else t(named[p]) for p, t in params)
-    cp = _cupy()
-    sms = cp.cuda.Device().attributes["MultiProcessorCount"]
+    sms = sm_count()
     # Shared variants flush n_groups * K cells per block: fewer, fuller blocks amortise that.
     per_sm = 4 if shared_mem else 8
     blocks = max(1, min(-(-n_rows // BLOCK), sms * per_sm))

@@ -47,7 +47,7 @@ def open_scheduler(scheduler: Any, backend_name: str) -> Iterator[dict[str, Any]
         try:
             from dask_cuda import LocalCUDACluster
         except ImportError as e:
-            raise RuntimeError("scheduler 'cuda' needs dask-cuda (pip install 'gpuclust[gpu]')") from e
+            raise RuntimeError("scheduler 'cuda' needs dask-cuda (pip install 'gpuclust[gpu-cu12]' or '[gpu-cu13]', matching your CuPy)") from e
         with LocalCUDACluster(dashboard_address=None) as cluster, distributed.Client(cluster) as client:
             yield {"scheduler": client}
         return

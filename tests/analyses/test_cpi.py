@@ -5,7 +5,6 @@ hypothesis tables *with* CPI/MAI (the shared conformance tables have none), repo
 
 from __future__ import annotations
 
-import duckdb
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -53,6 +52,7 @@ def synth_result(synth_ds):
 @pytest.fixture(scope="session")
 def synth_rows(synth_ds):
     """The filtered windows joined to k and util, computed with DuckDB SQL over the Parquet parts."""
+    duckdb = pytest.importorskip("duckdb")
     ds = Dataset(synth_ds)
     us = [str(f) for f in ds.files("instance_usage")]
     me = [str(f) for f in ds.files("machine_events")]
@@ -121,6 +121,7 @@ def test_synth_recovers_planted_slopes(synth_ds, synth_result):
 
 
 def test_filter_drops_exactly_the_planted_outliers(synth_ds):
+    duckdb = pytest.importorskip("duckdb")
     planted = Dataset(synth_ds).manifest["synthetic"]["planted"]
     res = engine.run(synth_ds, Cpi(min_cpu_seconds=0.0, spearman="none"))["cpi"]
     f = res["filter"].set_index("reason")["windows"]
@@ -138,6 +139,7 @@ def test_filter_drops_exactly_the_planted_outliers(synth_ds):
 
 def test_k_and_util_match_sql(synth_ds):
     """The first pass' (machine, cell) -> k, util against DuckDB SQL over the same Parquet."""
+    duckdb = pytest.importorskip("duckdb")
     ds = Dataset(synth_ds)
     ctx = Cpi().context(ds)
     con = duckdb.connect()
@@ -160,6 +162,7 @@ def test_k_and_util_match_sql(synth_ds):
 
 @pytest.mark.parametrize("by", ["platform", "machine", "collection", "cell"])
 def test_groups_match_sql(synth_ds, synth_rows, by):
+    duckdb = pytest.importorskip("duckdb")
     res = engine.run(synth_ds, Cpi(by=by, spearman="none"), partitions=2)["cpi"]["groups"]
     col = {"platform": "platform_id", "machine": "machine_id", "collection": "collection_id", "cell": None}[by]
     df = synth_rows.copy()

@@ -14,7 +14,6 @@ import math
 import pickle
 from pathlib import Path
 
-import duckdb
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -59,6 +58,7 @@ def _run(tables, a: Overcommit, **kw):
 
 def check_against_reference(tables, res, a: Overcommit, tm=NB):
     """Every machine-bucket value against the slow replay (intervals) and DuckDB (usage)."""
+    duckdb = pytest.importorskip("duckdb")
     ref = replay(tables, bucket_s=a.bucket_s, names=tm.names, bounds=tm.bounds, start=a.window_start_us,
                  end=a.window_end_us)
     start, end, width = a.window_start_us, ref["end"], a.bucket_s * S

@@ -7,7 +7,6 @@ generate_series.  Engine results are compared to 1e-12 relative.
 
 from __future__ import annotations
 
-import duckdb
 import numpy as np
 import pandas as pd
 import pytest
@@ -51,6 +50,7 @@ GROUP BY 1, 2, 3
 
 
 def notebook_sql(ds: Dataset, tm: str) -> pd.DataFrame:
+    duckdb = pytest.importorskip("duckdb")
     q = f"""
     WITH cap AS ({CAPACITY_SQL.format(me=_files(ds, 'machine_events'))}),
     e AS ({PRIORITY_SQL.format(ev=_files(ds, 'instance_events'))}),
@@ -76,6 +76,7 @@ def notebook_sql(ds: Dataset, tm: str) -> pd.DataFrame:
 
 
 def exact_sql(ds: Dataset, tm: str) -> pd.DataFrame:
+    duckdb = pytest.importorskip("duckdb")
     H = 3_600_000_000
     q = f"""
     WITH cap AS ({CAPACITY_SQL.format(me=_files(ds, 'machine_events'))}),
@@ -110,6 +111,7 @@ def exact_sql(ds: Dataset, tm: str) -> pd.DataFrame:
 
 
 def shapes_sql(ds: Dataset) -> pd.DataFrame:
+    duckdb = pytest.importorskip("duckdb")
     q = f"""SELECT cap_cpu, cap_mem, COUNT(DISTINCT machine_id) AS machines
             FROM read_parquet({_files(ds, 'machine_events')}) GROUP BY 1, 2"""
     return duckdb.sql(q).df()
@@ -178,6 +180,7 @@ def test_info_counts(tmp_path):
     ex = run(ds, CellUsage(mode="exact"))["cell-usage"]["info"].iloc[0]
     top = "(alloc_collection_id IS NULL OR alloc_collection_id = 0)"
     def one(q: str) -> object:
+        duckdb = pytest.importorskip("duckdb")
         return duckdb.sql(q).fetchall()[0][0]
 
     assert nb["rows"] == ex["rows"] == one(f"SELECT COUNT(*) FROM read_parquet({files})")

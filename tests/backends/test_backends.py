@@ -6,6 +6,7 @@ import pickle
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -102,3 +103,36 @@ def test_require_gpu_env_turns_skip_into_failure():
     env["GPUCLUST_REQUIRE_GPU"] = "0"
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=root, timeout=120)
     assert r.returncode == 0 and "1 skipped" in r.stdout, r.stdout + r.stderr
+
+
+def test_gpu_tests_collect_with_only_the_device_image_packages():
+    """The device image has no duckdb, cuDF or dask-cuda: `pytest -m gpu` must still collect every
+    test module (a module-level import of one of them stops the whole GPU run at collection)."""
+    code = textwrap.dedent(
+        """
+        import sys
+        for m in ("duckdb", "cudf", "dask_cudf", "dask_cuda"):
+            sys.modules[m] = None  # makes `import duckdb` raise ImportError
+        import pytest
+        sys.exit(pytest.main(["--collect-only", "-q", "-m", "gpu", "-p", "no:cacheprovider", "tests"]))
+        """)
+    root = Path(__file__).resolve().parents[2]
+    r = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    summary = [ln for ln in r.stdout.splitlines() if ln.strip()][-1]
+    assert "collected" in summary and "error" not in summary, r.stdout[-2000:]
+
+
+def test_two_cupy_distributions_are_refused_with_the_way_out(monkeypatch):
+    from importlib import metadata
+
+    class Dist:
+        def __init__(self, name):
+            self.metadata = {"Name": name}
+
+    fake = [Dist("numpy"), Dist("cupy-cuda12x"), Dist("cupy_cuda13x"), Dist("cupyx-helpers")]
+    monkeypatch.setattr(metadata, "distributions", lambda: iter(fake))
+    assert gpu.cupy_distributions() == ["cupy-cuda12x", "cupy-cuda13x"]
+    with pytest.raises(BackendUnavailable, match=r"2 CuPy distributions are installed \(cupy-cuda12x, cupy-cuda13x\).*"
+                                                 r"pip uninstall cupy-cuda12x"):
+        gpu.require()

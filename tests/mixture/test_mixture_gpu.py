@@ -169,3 +169,5 @@ def test_gpu_argument_checks(gpu_backend) -> None:  # type: ignore[no-untyped-de
         mixture_gpu.mixture_quantiles(q[:, ::-1].copy(), w, g, 1, lv)
     with pytest.raises(ValueError):
         mixture_gpu.mixture_quantiles(q, w, g, 1, cp.asarray([0.5, 2.0]))
+    with pytest.raises(TypeError, match=r"levels must be a CuPy \(device\) array, got numpy.ndarray"):
+        mixture_gpu.mixture_quantiles(q, w, g, 1, STD.copy())
