@@ -18,7 +18,6 @@ import pytest
 from strategies import random_cell, write_dataset
 
 import gpuclust
-import gpuclust.backends
 from gpuclust.analyses.registry import create, names
 from gpuclust.dataset import Dataset
 from gpuclust.engine import run
@@ -163,16 +162,3 @@ def test_gpu_study_matches_cpu(gpu_backend, dataset, reference, monkeypatch, run
         np.testing.assert_array_equal(got, want, err_msg=c)  # NULL sentinels too
     assert_same(study.run(names()), reference, rtol=1e-9)
 
-
-def test_docs_example_runs(dataset, capsys):
-    """The Python example of docs/gpu.md, run as written (on the cpu backend here)."""
-    text = (Path(__file__).resolve().parents[2] / "docs" / "gpu.md").read_text()
-    code = text.split("## Studies", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
-    assert 'backend="gpu"' in code and '"cell/ds"' in code
-    backend = "gpu" if gpuclust.backends.gpu_available() else "cpu"
-    ns: dict = {}
-    exec(code.replace('"cell/ds"', repr(str(dataset.path))).replace('backend="gpu"', f'backend="{backend}"'), ns)
-    assert set(ns["res"]) == {"cell-usage", "overcommit", "usage-distribution"} and "cpi" in ns["more"]
-    study = ns["study"]  # each loaded partition read once, for both runs
-    assert study.partition_reads["instance_usage"] == sum(len(g) for g in study._groups["instance_usage"])
-    assert "Study(backend=" in capsys.readouterr().out
