@@ -41,6 +41,16 @@ def _span(files: list[Path], columns: tuple[str, ...]) -> tuple[int | None, int 
     return lo, hi
 
 
+def _tiers(entry: Any, name: str | None) -> dict[str, int] | None:
+    """Tier name -> lowest priority: the manifest's own record, else the named map's."""
+    from gpuclust.schema import TIER_MAPS
+
+    if isinstance(entry, dict) and entry.get("tiers"):
+        return dict(entry["tiers"])
+    tm = TIER_MAPS.get(name or "")
+    return dict(zip(tm.names, tm.bounds, strict=True)) if tm else None
+
+
 def dataset_info(path: str | Path) -> dict[str, Any]:
     """The facts ``gpuclust info`` prints, as a JSON-ready dict; :class:`~gpuclust.dataset.DatasetError`
     when ``path`` is not a dataset."""
@@ -79,7 +89,7 @@ def dataset_info(path: str | Path) -> dict[str, Any]:
         "trace_version": ds.trace_version,
         "cell": m.get("cell"),
         "tier_map": tm,
-        "tier_map_tiers": (m.get("tier_map") or {}).get("tiers") if isinstance(m.get("tier_map"), dict) else None,
+        "tier_map_tiers": _tiers(m.get("tier_map"), tm),
         "tier_map_warning": tier_map_note(tm, ds),
         "tables": tables,
         "inputs": {"files": len(inputs), "done": len(inputs) - len(failed),
@@ -134,7 +144,8 @@ def format_info(d: dict[str, Any]) -> str:
         lines.append(f"  failed input {f['path']}: {f['status']} {f['error'] or ''}".rstrip())
     for f in d["missing_files"]:
         lines.append(f"  missing part file {f}")
-    lines.append("analyses     " + "; ".join(f"{n}: {s}" for n, s in d["analyses"].items()))
+    lines.append("analyses")
+    lines += [f"  {n:<20} {s}" for n, s in d["analyses"].items()]
     return "\n".join(lines) + "\n"
 
 

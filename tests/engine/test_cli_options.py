@@ -50,7 +50,7 @@ def invalid_text(o: Option) -> str:
     """A value the option's type or choices refuse."""
     tp = o.type
     inner = [a for a in typing.get_args(tp) if a is not type(None)] or [tp]
-    base = inner[0] if typing.get_origin(tp) in (typing.Union, getattr(__import__("types"), "UnionType")) else tp
+    base = inner[0] if typing.get_origin(tp) in (typing.Union, __import__("types").UnionType) else tp
     if o.choices:
         return "nope"
     if base is int:
