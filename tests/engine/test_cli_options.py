@@ -7,6 +7,7 @@ from __future__ import annotations
 import doctest
 import importlib
 import json
+import types
 import typing
 
 import pytest
@@ -48,9 +49,9 @@ ALL = [(name, o) for name, e in sorted(REGISTRY.items()) for o in e.options]
 
 def invalid_text(o: Option) -> str:
     """A value the option's type or choices refuse."""
-    tp = o.type
-    inner = [a for a in typing.get_args(tp) if a is not type(None)] or [tp]
-    base = inner[0] if typing.get_origin(tp) in (typing.Union, __import__("types").UnionType) else tp
+    base = o.type
+    if typing.get_origin(base) in (typing.Union, types.UnionType):  # X | None
+        base = next(a for a in typing.get_args(base) if a is not type(None))
     if o.choices:
         return "nope"
     if base is int:
