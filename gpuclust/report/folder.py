@@ -54,7 +54,8 @@ class ResultsFolder:
     """One run's results folder (see the module docstring)."""
 
     def __init__(self, path: str | os.PathLike[str]):
-        self.path = Path(os.path.abspath(path))
+        # a link to a folder: the folder it points to is replaced (the link stays a link)
+        self.path = Path(os.path.realpath(path) if os.path.islink(path) else os.path.abspath(path))
         self.tmp: Path | None = None
 
     # ------------------------------------------------------------------------- checks

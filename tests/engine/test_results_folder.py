@@ -165,3 +165,13 @@ def test_python_api_writes_the_same_folder(ds, tmp_path):
 
     with pytest.raises(OutputError, match="exists and is not a folder"):
         engine.analyze(ds, ["machine-shapes"], out=out / "_run.json")
+
+
+def test_link_to_a_results_folder_stays_a_link(ds, tmp_path):
+    target = tmp_path / "big" / "results"
+    assert analyze(ds, target, "cell-usage") == 0
+    link = tmp_path / "results"
+    link.symlink_to(target)
+    assert analyze(ds, link) == 0
+    assert link.is_symlink() and not (target / "cell-usage").exists()
+    assert json.loads((link / "_run.json").read_text())["analyses"][0]["name"] == "machine-shapes"
