@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from typing import Any
 
 __all__ = ["build_analyses", "main", "register"]
@@ -37,9 +38,10 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "analyze",
         help="run analyses over a canonical dataset",
-        description="Run analyses over a canonical dataset and write DIR/<analysis>/<table>.parquet, "
-        "DIR/summary.txt, a plot per analysis and DIR/_run.json (what this run wrote, and how). DIR is "
-        "written as a whole: an earlier run's results there are replaced.",
+        description=textwrap.fill(
+            "Run analyses over a canonical dataset and write DIR/<analysis>/<table>.parquet, DIR/summary.txt, a "
+            "plot per analysis and DIR/_run.json (what this run wrote, and how). DIR is written as a whole: an "
+            "earlier run's results there are replaced.", 88),
         epilog="analyses and their options (-O NAME=VALUE):\n" + options_text(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
