@@ -174,10 +174,9 @@ def run(
             progress.phase(f"dask ({scheduler}): {len(specs)} partition(s), {sum(sp.num_rows for sp in specs):,} rows")
             for _, table_specs in plans.values():
                 _announce(progress, table_specs)
-        merged = compute_merged(plans, ans, ctxs, be.name, scheduler, split_every)
-        if progress is not None:  # the partitions ran on dask workers: count them now that all are done
-            for sp in specs:
-                progress.partition_done(sp.table, sp.num_rows)
+        merged = compute_merged(plans, ans, ctxs, be.name, scheduler, split_every,
+                                on_done=None if progress is None else (lambda sp: progress.partition_done(
+                                    sp.table, sp.num_rows)))
     return finalize_all(ans, merged, ctxs, progress)
 
 
