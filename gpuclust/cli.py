@@ -11,6 +11,7 @@ def build_parser() -> argparse.ArgumentParser:
     from gpuclust import __version__
     from gpuclust.demo import register as reg_demo
     from gpuclust.engine.command import register as reg_analyze
+    from gpuclust.info import register as reg_info
     from gpuclust.ingest.command import register as reg_ingest
     from gpuclust.ingest.kaggle_split import register as reg_kaggle_split
     from gpuclust.synth.command import register as reg_synth
@@ -18,7 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gpuclust", description="Analytics for the Google cluster-usage traces.")
     p.add_argument("--version", action="version", version=f"gpuclust {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for reg in (reg_ingest, reg_kaggle_split, reg_synth, reg_analyze, reg_demo):
+    for reg in (reg_ingest, reg_kaggle_split, reg_synth, reg_info, reg_analyze, reg_demo):
         reg(sub)
     return p
 

@@ -343,6 +343,8 @@ TIER_MAPS: dict[str, TierMap] = {
     )
 }
 DEFAULT_TIER_MAP = {"v3": "notebook", "v2": "v2"}
+#: The trace version whose priorities each tier map partitions.
+TIER_MAP_TRACE = {"notebook": "v3", "v3-doc": "v3", "seed-002": "v3", "v2": "v2"}
 
 
 def tier_map(name: str) -> TierMap:

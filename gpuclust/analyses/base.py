@@ -217,6 +217,11 @@ class Analysis:
 
     name: ClassVar[str] = ""
     table: ClassVar[str] = ""
+    #: Tables without which the analysis has nothing to compute (``gpuclust analyze`` refuses a
+    #: dataset that lacks one); :attr:`table` is one of them unless listed as optional.
+    requires: ClassVar[tuple[str, ...]] = ()
+    #: Tables it reads when present; a dataset without one gets a note, not an error.
+    optional_tables: ClassVar[tuple[str, ...]] = ()
 
     @property
     def columns(self) -> tuple[str, ...]:
@@ -253,5 +258,8 @@ class Analysis:
 
     @property
     def label(self) -> str:
-        """Name plus non-default options, e.g. ``cell-usage[mode=exact]``."""
-        return self.name
+        """Name plus non-default options, e.g. ``cell-usage[mode=exact]`` (derived from the option
+        fields, see :func:`gpuclust.analyses.options.label_of`)."""
+        from gpuclust.analyses.options import label_of
+
+        return label_of(self)

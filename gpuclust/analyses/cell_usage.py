@@ -35,6 +35,7 @@ import pyarrow.parquet as pq
 
 from gpuclust.analyses._lookup import InstanceLookup, triple_hash
 from gpuclust.analyses.base import Analysis, is_null_int, keyed_reduce, merge_keyed, resolve_tier_map
+from gpuclust.analyses.options import option, tier_map_option
 from gpuclust.schema import TIME_AFTER_TRACE, TierMap, tier_map
 
 __all__ = ["CellUsage", "HOUR_US", "MODES", "triple_hash"]
@@ -122,22 +123,19 @@ class CellUsage(Analysis):
     'cell-usage[mode=exact]'
     """
 
-    mode: str = "notebook"
-    tier_map: str | None = None
+    mode: str = option("notebook", "notebook = Google's notebook exactly; exact = time-weighted overlap with each hour",
+                       choices=MODES, always_in_label=True)
+    tier_map: str | None = tier_map_option()
 
     name = "cell-usage"
     table = "instance_usage"
+    requires = ("instance_usage", "instance_events", "machine_events")
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"cell-usage: unknown mode {self.mode!r}; choose one of {list(MODES)}")
         if self.tier_map is not None:
             tier_map(self.tier_map)
-
-    @property
-    def label(self) -> str:
-        opts = [f"mode={self.mode}"] + ([f"tier_map={self.tier_map}"] if self.tier_map else [])
-        return f"{self.name}[{','.join(opts)}]"
 
     @property
     def columns(self) -> tuple[str, ...]:

@@ -42,6 +42,7 @@ from gpuclust.analyses._machine_cells import (
     hist_edges,
 )
 from gpuclust.analyses.base import Analysis, merge_keyed, resolve_tier_map, stream_pass
+from gpuclust.analyses.options import option, tier_map_option
 from gpuclust.backends.moments_cpu import Moments, regroup_moments
 from gpuclust.schema import TierMap, tier_map
 from gpuclust.stats import (
@@ -305,19 +306,24 @@ class Cpi(Analysis):
     'cpi[by=machine]'
     """
 
-    by: str = "platform"
-    regression: str = "platform-fixed-effects"
-    spearman: str = "grid"
-    spearman_bins: int = 32
-    cpi_min: float = CpiFilter.cpi_min
-    cpi_max: float = CpiFilter.cpi_max
-    mai_min: float = CpiFilter.mai_min
-    mai_max: float = CpiFilter.mai_max
-    min_cpu_seconds: float = CpiFilter.min_cpu_seconds
-    tier_map: str | None = None
+    by: str = option("platform", "grouping of the groups table (cell = the whole dataset)", choices=BY)
+    regression: str = option("platform-fixed-effects",
+                             "primary fit (all fits are reported): multiplicative platform fixed effects, "
+                             "one fit per platform, or pooled over platforms", choices=REGRESSIONS)
+    spearman: str = option("grid", "grid = mergeable estimate with an error bound; exact = carries the rows; none",
+                           choices=SPEARMAN)
+    spearman_bins: int = option(32, "Spearman grid bins per axis")
+    cpi_min: float = option(CpiFilter.cpi_min, "CPI filter: exclusive lower bound")
+    cpi_max: float = option(CpiFilter.cpi_max, "CPI filter: inclusive upper bound")
+    mai_min: float = option(CpiFilter.mai_min, "MAI filter: inclusive lower bound")
+    mai_max: float = option(CpiFilter.mai_max, "MAI filter: inclusive upper bound")
+    min_cpu_seconds: float = option(CpiFilter.min_cpu_seconds, "minimum CPU-seconds (avg_cpu x duration) of a window")
+    tier_map: str | None = tier_map_option("tier map for by=tier; default: the dataset's")
 
     name = "cpi"
     table = "instance_usage"
+    requires = ("instance_usage", "machine_events")
+    optional_tables = ("instance_events",)
 
     def __post_init__(self) -> None:
         for opt, choices in (("by", BY), ("regression", REGRESSIONS), ("spearman", SPEARMAN)):
@@ -332,12 +338,6 @@ class Cpi(Analysis):
     @property
     def filter(self) -> CpiFilter:
         return CpiFilter(self.cpi_min, self.cpi_max, self.mai_min, self.mai_max, self.min_cpu_seconds)
-
-    @property
-    def label(self) -> str:
-        opts = [f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self)
-                if getattr(self, f.name) != f.default]
-        return f"{self.name}[{','.join(opts)}]" if opts else self.name
 
     @property
     def first_pass(self) -> bool:

@@ -59,6 +59,7 @@ class MachineShapes(Analysis):
 
     name = "machine-shapes"
     table = "machine_events"
+    requires = ("machine_events",)
 
     @property
     def columns(self) -> tuple[str, ...]:

@@ -50,6 +50,7 @@ from gpuclust.analyses._intervals import (
 from gpuclust.analyses._lookup import InstanceLookup, id_index
 from gpuclust.analyses.base import Analysis, is_null_int, keyed_reduce, merge_keyed, resolve_tier_map
 from gpuclust.analyses.cell_usage import _max_priority
+from gpuclust.analyses.options import option, tier_map_option
 from gpuclust.schema import TIME_AFTER_TRACE, TierMap, tier_map
 
 __all__ = ["Overcommit", "OvercommitContext", "TRACE_START_US"]
@@ -167,13 +168,16 @@ class Overcommit(Analysis):
     'overcommit[bucket_s=3600]'
     """
 
-    bucket_s: int = 300
-    tier_map: str | None = None
-    window_start_us: int = TRACE_START_US
-    window_end_us: int | None = None
+    bucket_s: int = option(300, "bucket width in seconds")
+    tier_map: str | None = tier_map_option()
+    window_start_us: int = option(TRACE_START_US, "trace window start (trace microseconds)")
+    window_end_us: int | None = option(None, "trace window end; default: the largest finite time in instance_events / "
+                                       "instance_usage")
 
     name = "overcommit"
     table = "instance_usage"
+    requires = ("instance_events", "machine_events")
+    optional_tables = ("instance_usage",)
     def __post_init__(self) -> None:
         if int(self.bucket_s) <= 0:
             raise ValueError(f"overcommit: bucket_s must be positive, got {self.bucket_s}")
@@ -181,19 +185,6 @@ class Overcommit(Analysis):
             tier_map(self.tier_map)
         if self.window_end_us is not None and self.window_end_us < self.window_start_us:
             raise ValueError("overcommit: window_end_us < window_start_us")
-
-    @property
-    def label(self) -> str:
-        opts = []
-        if self.bucket_s != 300:
-            opts.append(f"bucket_s={self.bucket_s}")
-        if self.tier_map:
-            opts.append(f"tier_map={self.tier_map}")
-        if self.window_start_us != TRACE_START_US:
-            opts.append(f"window_start_us={self.window_start_us}")
-        if self.window_end_us is not None:
-            opts.append(f"window_end_us={self.window_end_us}")
-        return f"{self.name}[{','.join(opts)}]" if opts else self.name
 
     @property
     def columns(self) -> tuple[str, ...]:

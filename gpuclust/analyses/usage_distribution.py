@@ -36,6 +36,7 @@ from gpuclust.analyses import mixture_summary as ms
 from gpuclust.analyses._lookup import InstanceLookup
 from gpuclust.analyses.base import Analysis, is_null_int, to_host
 from gpuclust.analyses.cell_usage import _priority_lookup
+from gpuclust.analyses.options import option, tier_map_option
 from gpuclust.schema import (
     CPU_PERCENTILE_COLUMNS_SORTED,
     CPU_PERCENTILE_LEVELS_SORTED,
@@ -150,17 +151,23 @@ class UsageDistribution(Analysis):
     'usage-distribution[by=tier+time,strategy=bounded]'
     """
 
-    by: Any = ("tier",)
-    bucket_s: float = 3600
-    levels: Any = None
-    rows: str = "auto"
-    strategy: str = "auto"
-    k: int = ms.DEFAULT_K
-    exact_max_windows: int = DEFAULT_EXACT_MAX_WINDOWS
-    tier_map: str | None = None
+    by: tuple[str, ...] = option(("tier",), "one or more grouping keys, comma-separated (e.g. tier,time); "
+                                 "time uses bucket_s", choices=BY)
+    bucket_s: float = option(3600, "time bucket width in seconds (by=time)", fmt="g")
+    levels: tuple[float, ...] | None = option(None, "quantile levels in [0, 1] (comma-separated); default: the 20 "
+                                              "standard percentile levels", default_text="20 standard levels", fmt="g")
+    rows: str = option("auto", "auto = all rows for instance/collection groups, top-level rows otherwise",
+                       choices=ROWS)
+    strategy: str = option("auto", "exact = partials carry the windows; bounded = fixed-size summary with an error "
+                           "bound; auto = exact up to exact_max_windows usage rows", choices=STRATEGIES)
+    k: int = option(ms.DEFAULT_K, "bounded summary size (CDF error <= (1 + merge depth) / k)")
+    exact_max_windows: int = option(DEFAULT_EXACT_MAX_WINDOWS, "row budget of strategy=auto for exact")
+    tier_map: str | None = tier_map_option("tier map for by=tier; default: the dataset's")
 
     name = "usage-distribution"
     table = "instance_usage"
+    requires = ("instance_usage",)
+    optional_tables = ("instance_events",)
 
     def __post_init__(self) -> None:
         by = _parse_list(self.by)
@@ -195,22 +202,6 @@ class UsageDistribution(Analysis):
             raise ValueError("usage-distribution: exact_max_windows must be >= 0")
         if self.tier_map is not None:
             tier_map(self.tier_map)
-
-    # ---------------------------------------------------------------- naming
-    @property
-    def label(self) -> str:
-        opts = []
-        if self.by != ("tier",):
-            opts.append("by=" + "+".join(self.by))
-        if "time" in self.by and float(self.bucket_s) != 3600:
-            opts.append(f"bucket_s={self.bucket_s:g}")
-        if self.levels is not None:
-            opts.append("levels=" + "+".join(f"{x:g}" for x in self.levels))
-        for f, d in (("rows", "auto"), ("strategy", "auto"), ("k", ms.DEFAULT_K),
-                     ("exact_max_windows", DEFAULT_EXACT_MAX_WINDOWS), ("tier_map", None)):
-            if getattr(self, f) != d:
-                opts.append(f"{f}={getattr(self, f)}")
-        return self.name + (f"[{','.join(opts)}]" if opts else "")
 
     @property
     def bucket_us(self) -> int:

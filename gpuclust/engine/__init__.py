@@ -13,8 +13,14 @@ __all__ = ["PartitionSpec", "TableSource", "analyze", "plan_partitions", "read_p
 
 
 def analyze(dataset, names, *, out=None, backend="cpu", scheduler=None, partitions=1, tier_map=None,
-            mode=None, plots=True, workers=None, progress=None):
+            mode=None, plots=True, workers=None, progress=None, note=None):
     """Run registered analyses by name, optionally writing results to ``out``.
+
+    Before anything is computed: the dataset is checked against what the analyses need
+    (:func:`gpuclust.engine.checks.preflight`: a missing required table raises
+    :class:`~gpuclust.engine.checks.MissingTableError`), the backend is resolved, and the output
+    folder is checked and its temporary sibling created (:class:`gpuclust.report.ResultsFolder`:
+    a bad path raises :class:`gpuclust.report.OutputError`).
 
     Parameters
     ----------
@@ -23,12 +29,15 @@ def analyze(dataset, names, *, out=None, backend="cpu", scheduler=None, partitio
     names
         Analysis names (``gpuclust.analyses.names()``) or analysis instances.
     out
-        Folder for ``<analysis>/<table>.parquet``, ``summary.txt`` and plots; nothing is
-        written when ``None``.
+        Folder for ``<analysis>/<table>.parquet``, ``summary.txt``, plots and ``_run.json``,
+        written as a whole (an earlier run's folder is replaced); nothing is written when ``None``.
     tier_map, mode
         Options passed to every analysis that declares them.
     backend, scheduler, partitions, workers, progress
         As :func:`run`.
+    note
+        Called with each note / warning line (optional tables missing, a tier map of the other
+        trace version, what ``backend="auto"`` chose); default: the ``gpuclust`` logger.
 
     Returns
     -------
@@ -39,29 +48,24 @@ def analyze(dataset, names, *, out=None, backend="cpu", scheduler=None, partitio
     --------
     >>> res = analyze("cell", ["machine-shapes"], out="results")   # doctest: +SKIP
     """
-    from gpuclust.analyses.registry import create
-    from gpuclust.engine.local import resolve_analyses, result_keys
+    from gpuclust.engine.run_info import prepare
 
-    if isinstance(names, str):
-        names = [names]
-    opts = {"tier_map": tier_map, "mode": mode}
-    ans = []
-    for n in names:
-        if isinstance(n, str):
-            from gpuclust.analyses.registry import REGISTRY
-
-            entry = REGISTRY.get(n)
-            known = {o.name for o in entry.options} if entry else set()
-            ans.append(create(n, **{k: v for k, v in opts.items() if k in known}))
-        else:
-            ans.append(n)
-    ans = resolve_analyses(ans)
-    res = run(dataset, ans, backend=backend, partitions=partitions, scheduler=scheduler, workers=workers,
-              progress=progress)
+    plan = prepare(dataset, names, backend=backend, tier_map=tier_map, mode=mode, note=note)
+    folder = None
     if out is not None:
-        from gpuclust.report import write_results
+        from gpuclust.report import ResultsFolder
 
-        write_results(res, dict(zip(result_keys(ans), ans, strict=False)), out, plots=plots)
-        if progress is not None:
-            progress.phase(f"wrote {out}")
+        folder = ResultsFolder(out).open()
+    try:
+        res = run(plan.source, plan.analyses, backend=plan.backend, partitions=partitions, scheduler=scheduler,
+                  workers=workers, progress=progress)
+        if folder is not None:
+            folder.write(res, plan.by_key(), plots=plots,
+                         run_info=plan.info(scheduler=scheduler, partitions=partitions, workers=workers))
+            folder.commit()
+            if progress is not None:
+                progress.phase(f"wrote {out}")
+    finally:
+        if folder is not None:
+            folder.abort()
     return res

@@ -1,12 +1,18 @@
-"""``gpuclust analyze DATASET NAME... --out DIR``: run registered analyses from the command line."""
+"""``gpuclust analyze DATASET NAME... --out DIR``: run registered analyses from the command line.
+
+Options come from the analyses' own declarations (:mod:`gpuclust.analyses.options`): ``-O
+NAME=VALUE`` is parsed by the option field's type and choices, and ``--help`` lists every
+analysis with its options.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from typing import Any
 
-__all__ = ["main", "register"]
+__all__ = ["build_analyses", "main", "register"]
 
 
 def _partitions(text: str) -> int | str:
@@ -23,20 +29,27 @@ def _partitions(text: str) -> int | str:
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``analyze`` sub-command to ``subparsers``."""
-    from gpuclust.analyses.cell_usage import MODES
-    from gpuclust.analyses.registry import names
+    from gpuclust.analyses.cell_usage import CellUsage
+    from gpuclust.analyses.options import options_of
+    from gpuclust.analyses.registry import names, options_text
     from gpuclust.schema import TIER_MAPS
 
+    mode = {o.name: o for o in options_of(CellUsage)}["mode"]
     p = subparsers.add_parser(
         "analyze",
         help="run analyses over a canonical dataset",
-        description="Run analyses over a canonical dataset and write DIR/<analysis>/<table>.parquet, "
-        "DIR/summary.txt and a plot per analysis.",
+        description=textwrap.fill(
+            "Run analyses over a canonical dataset and write DIR/<analysis>/<table>.parquet, DIR/summary.txt, a "
+            "plot per analysis and DIR/_run.json (what this run wrote, and how). DIR is written as a whole: an "
+            "earlier run's results there are replaced.", 88),
+        epilog="analyses and their options (-O NAME=VALUE):\n" + options_text(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("dataset", metavar="DATASET", help="canonical dataset folder (from `gpuclust ingest`)")
     p.add_argument("names", metavar="NAME", nargs="+", choices=names(), help=f"analyses: {', '.join(names())}")
-    p.add_argument("--out", required=True, metavar="DIR", help="output folder")
-    p.add_argument("--backend", choices=("cpu", "gpu", "auto"), default="cpu", help="array backend (default cpu)")
+    p.add_argument("--out", required=True, metavar="DIR", help="output folder (new, empty, or an earlier run's)")
+    p.add_argument("--backend", choices=("cpu", "gpu", "auto"), default="cpu",
+                   help="array backend (default cpu; auto says what it chose)")
     p.add_argument("--scheduler", default=None, metavar="SCHED",
                    help="threads | local:N | cuda | ADDRESS (tcp://host:port); default: run locally in-process")
     p.add_argument("--partitions", type=_partitions, default="auto", metavar="N",
@@ -45,40 +58,27 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                    help="local run: threads processing partitions at once (default: the usable CPU cores "
                    "on the cpu backend, 1 on gpu); results do not depend on it")
     p.add_argument("--tier-map", choices=sorted(TIER_MAPS), default=None,
-                   help="priority tier map (default: the dataset manifest's)")
-    p.add_argument("--mode", choices=MODES, default=None, help="cell-usage mode (default notebook)")
+                   help="priority tier map, same as -O tier_map=NAME (default: the dataset manifest's)")
+    p.add_argument("--mode", choices=mode.choices, default=None,
+                   help=f"cell-usage mode, same as -O mode=NAME (default {mode.default})")
     p.add_argument("-O", "--option", action="append", default=[], metavar="NAME=VALUE",
                    help="an analysis option (repeatable), e.g. -O by=machine -O bucket_s=3600; it applies to "
-                   "every named analysis that declares it (options: docs/analyses.md)")
+                   "every named analysis that declares it (listed below)")
     p.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
-    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr (notes and warnings stay)")
     p.set_defaults(func=main)
     return p
 
 
-def _coerce(default: Any, text: str) -> Any:
-    """Turn ``text`` into the type of an option's default (bool, int, float; else the text)."""
-    if isinstance(default, bool):
-        low = text.strip().lower()
-        if low in ("1", "true", "yes", "on"):
-            return True
-        if low in ("0", "false", "no", "off"):
-            return False
-        raise ValueError(f"expected a boolean, got {text!r}")
-    if isinstance(default, int):
-        return int(text)
-    if isinstance(default, float):
-        return float(text)
-    return text
-
-
 def build_analyses(names: list[str], raw_options: list[str], *, tier_map: str | None = None,
                    mode: str | None = None) -> list[Any]:
-    """Create the named analyses with ``NAME=VALUE`` options typed by each one's registry entry.
+    """Create the named analyses with ``NAME=VALUE`` options parsed by each one's option fields.
 
-    An option applies to every named analysis that declares it; one that none declares is an error.
+    An option applies to every named analysis that declares it; one that none declares is an
+    error.  Every error is a :class:`ValueError` with a one-line message.
     """
-    from gpuclust.analyses.registry import REGISTRY, create
+    from gpuclust.analyses.options import OptionError
+    from gpuclust.analyses.registry import create, entry
 
     given: dict[str, str] = {}
     for item in raw_options:
@@ -93,19 +93,23 @@ def build_analyses(names: list[str], raw_options: list[str], *, tier_map: str | 
     used: set[str] = set()
     out = []
     for name in names:
-        opts = {o.name: o for o in REGISTRY[name].options}
+        opts = {o.name: o for o in entry(name).options}
         kw: dict[str, Any] = {}
         for key, val in given.items():
             if key in opts:
                 try:
-                    kw[key] = _coerce(opts[key].default, val)
-                except ValueError as e:
+                    kw[key] = opts[key].parse(val)
+                except OptionError as e:
                     raise ValueError(f"{name}: option {key}: {e}") from None
                 used.add(key)
-        out.append(create(name, **kw))
+        try:
+            out.append(create(name, **kw))
+        except (ValueError, TypeError) as e:
+            msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise ValueError(msg if msg.startswith(name) else f"{name}: {msg}") from None
     unused = sorted(set(given) - used)
     if unused:
-        raise ValueError(f"no named analysis has option(s) {unused}")
+        raise ValueError(f"no named analysis has option(s) {unused}; see gpuclust analyze --help")
     return out
 
 
@@ -113,16 +117,19 @@ def main(args: argparse.Namespace) -> int:
     from gpuclust.backends import BackendUnavailable
     from gpuclust.dataset import DatasetError
     from gpuclust.engine import analyze
+    from gpuclust.engine.progress import RunProgress
+    from gpuclust.report import OutputError
+
+    def say(msg: str) -> None:
+        print(f"gpuclust analyze: {msg}", file=sys.stderr, flush=True)
 
     try:
         analyses = build_analyses(list(dict.fromkeys(args.names)), args.option, tier_map=args.tier_map, mode=args.mode)
-        from gpuclust.engine.progress import RunProgress
-
         analyze(args.dataset, analyses, out=args.out, backend=args.backend,
                 scheduler=args.scheduler, partitions=args.partitions, plots=not args.no_plots,
-                workers=args.workers, progress=None if args.quiet else RunProgress())
-    except (BackendUnavailable, DatasetError, ValueError) as e:
-        print(f"gpuclust analyze: error: {e}", file=sys.stderr)
+                workers=args.workers, progress=None if args.quiet else RunProgress(), note=say)
+    except (BackendUnavailable, DatasetError, OutputError, ValueError, OSError) as e:
+        say(f"error: {' '.join(str(e).split())}")
         return 2
     from pathlib import Path
 

@@ -58,20 +58,39 @@ def open_scheduler(scheduler: Any, backend_name: str) -> Iterator[dict[str, Any]
     raise ValueError(f"unknown scheduler {scheduler!r}: use threads, sync, local:N, cuda, or an address")
 
 
+def _done_callback(keys: dict[Any, Any], on_done: Any) -> Any:
+    """A dask local-scheduler callback calling ``on_done(spec)`` as each partition task finishes."""
+    from dask.callbacks import Callback
+
+    def posttask(key: Any, result: Any, dsk: Any, state: Any, worker_id: Any) -> None:
+        spec = keys.get(key)
+        if spec is not None:
+            on_done(spec)
+
+    return Callback(posttask=posttask)
+
+
 def compute_merged(plans: dict[str, tuple[list[int], list[Any]]], analyses: list[Any], ctxs: list[Any],
-                   backend_name: str, scheduler: Any, split_every: int = 8) -> list[Any]:
-    """Build one merge tree per table and compute all of them in one ``dask.compute`` call."""
+                   backend_name: str, scheduler: Any, split_every: int = 8, on_done: Any = None) -> list[Any]:
+    """Build one merge tree per table and compute all of them in one ``dask.compute`` call.
+
+    ``on_done(spec)`` is called for each partition: as its task finishes on dask's local
+    schedulers (threads, sync), after the compute on distributed ones (the tasks run in other
+    processes).
+    """
     import dask
 
     if split_every < 2:
         raise ValueError("split_every must be >= 2")
     roots, order = [], []
+    task_spec: dict[Any, Any] = {}
     for idx, specs in plans.values():
         sub = [analyses[k] for k in idx]
         sub_d = dask.delayed(sub, traverse=False)
         ctx_d = dask.delayed([ctxs[k] for k in idx], traverse=False)
         level = [dask.delayed(partition_partials)(dask.delayed(spec, traverse=False), sub_d, ctx_d, backend_name)
                  for spec in specs]
+        task_spec.update((d.key, spec) for d, spec in zip(level, specs, strict=True))
         if not level:
             level = [dask.delayed([a.empty() for a in sub], traverse=False)]
         while len(level) > 1:
@@ -80,7 +99,15 @@ def compute_merged(plans: dict[str, tuple[list[int], list[Any]]], analyses: list
         roots.append(level[0])
         order.append(idx)
     with open_scheduler(scheduler, backend_name) as kw:
-        results = dask.compute(*roots, **kw)
+        local = isinstance(kw["scheduler"], str)
+        if on_done is not None and local:
+            with _done_callback(task_spec, on_done):
+                results = dask.compute(*roots, **kw)
+        else:
+            results = dask.compute(*roots, **kw)
+    if on_done is not None and not local:
+        for spec in task_spec.values():
+            on_done(spec)
     merged: list[Any] = [None] * len(analyses)
     for idx, res in zip(order, results, strict=False):
         for k, p in zip(idx, res, strict=False):

@@ -169,9 +169,14 @@ def run(
     else:
         from gpuclust.engine.dask import compute_merged
 
+        specs = [sp for _, table_specs in plans.values() for sp in table_specs]
         if progress is not None:
-            progress.phase(f"dask ({scheduler}): {sum(len(sp) for _, sp in plans.values())} partition(s)")
-        merged = compute_merged(plans, ans, ctxs, be.name, scheduler, split_every)
+            progress.phase(f"dask ({scheduler}): {len(specs)} partition(s), {sum(sp.num_rows for sp in specs):,} rows")
+            for _, table_specs in plans.values():
+                _announce(progress, table_specs)
+        merged = compute_merged(plans, ans, ctxs, be.name, scheduler, split_every,
+                                on_done=None if progress is None else (lambda sp: progress.partition_done(
+                                    sp.table, sp.num_rows)))
     return finalize_all(ans, merged, ctxs, progress)
 
 
@@ -199,6 +204,10 @@ def plan_tables(src: Any, ans: Sequence[Analysis], partitions: int | str,
     return plans
 
 
+def _announce(progress: Any, specs: Sequence[_partition.PartitionSpec]) -> None:
+    progress.partitions(specs[0].table if specs else "", len(specs), sum(sp.num_rows for sp in specs))
+
+
 def merge_local(plans: dict[str, tuple[list[int], list[_partition.PartitionSpec]]], ans: Sequence[Analysis],
                 ctxs: Sequence[Any], be: Backend, nthreads: int, progress: Any,
                 partials: Any) -> list[Any]:
@@ -210,7 +219,7 @@ def merge_local(plans: dict[str, tuple[list[int], list[_partition.PartitionSpec]
         acc = [to_host(a.empty(be)) for a in sub]
         sub_ctxs = [ctxs[k] for k in idx]
         if progress is not None:
-            progress.partitions(specs[0].table if specs else "", len(specs), sum(sp.num_rows for sp in specs))
+            _announce(progress, specs)
         for spec, parts in zip(specs, _map_in_order(
                 lambda spec, sub=sub, sub_ctxs=sub_ctxs: partials(spec, sub, sub_ctxs), specs, nthreads), strict=True):
             acc = merge_lists(sub, acc, parts)

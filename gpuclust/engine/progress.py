@@ -52,13 +52,9 @@ class RunProgress:
         self._t0 = time.monotonic()
         self._last = 0.0
         self._width = 0
-        self._table = ""
-        self._parts_total = 0
-        self._parts_done = 0
-        self._rows_total = 0
-        self._rows_done = 0
+        #: table -> [partitions total, partitions done, rows total, rows done, start time]
+        self._tables: dict[str, list[float]] = {}
         self._all_rows = 0
-        self._t_table = self._t0
 
     # -- events ------------------------------------------------------------------------------
     def phase(self, text: str) -> None:
@@ -66,27 +62,27 @@ class RunProgress:
             self._emit(f"analyze: {text}", final=not self.tty)
 
     def partitions(self, table: str, n: int, rows: int) -> None:
+        """``table`` is about to stream ``n`` partitions of ``rows`` rows (tables may interleave)."""
         with self._lock:
-            self._table, self._parts_total, self._parts_done = table, n, 0
-            self._rows_total, self._rows_done = rows, 0
-            self._t_table = time.monotonic()
+            self._tables[table] = [n, 0, rows, 0, time.monotonic()]
             if not self.tty:
                 self._emit(f"analyze: {table}: {n} partition(s), {rows:,} rows", final=True)
 
     def partition_done(self, table: str, rows: int) -> None:
         with self._lock:
-            self._parts_done += 1
-            self._rows_done += rows
+            st = self._tables.setdefault(table, [0, 0, 0, 0, self._t0])
+            st[1] += 1
+            st[3] += rows
             self._all_rows += rows
             now = time.monotonic()
-            last = self._parts_done == self._parts_total
+            last = st[1] == st[0]
             due = now - self._last >= (self.min_interval if self.tty else self.log_interval)
             if due or last:
                 self._last = now
-                rate = self._rows_done / max(now - self._t_table, 1e-9)
-                pct = 100.0 * self._rows_done / self._rows_total if self._rows_total else 100.0
-                self._emit(f"analyze: {table}: partition {self._parts_done}/{self._parts_total}, "
-                           f"{_si(self._rows_done)} rows ({pct:.0f}%), {_si(rate)} rows/s",
+                rate = st[3] / max(now - st[4], 1e-9)
+                pct = 100.0 * st[3] / st[2] if st[2] else 100.0
+                self._emit(f"analyze: {table}: partition {int(st[1])}/{int(st[0])}, "
+                           f"{_si(st[3])} rows ({pct:.0f}%), {_si(rate)} rows/s",
                            final=not self.tty)
 
     def finish(self) -> None:

@@ -1,9 +1,13 @@
-"""Rendering results: Parquet tables, a readable summary and plots, all written atomically."""
+"""Rendering results: Parquet tables, a readable summary, plots and the run marker ``_run.json``.
+
+:func:`write_results` writes a whole results folder atomically (see :mod:`gpuclust.report.folder`);
+:func:`render` writes the files into a folder that nobody else sees yet.
+"""
 
 from __future__ import annotations
 
+import json
 import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -12,24 +16,58 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-__all__ = ["write_results"]
+from gpuclust.report.folder import RUN_FILE, OutputError, ResultsFolder
+
+__all__ = ["RUN_FILE", "OutputError", "ResultsFolder", "render", "write_results", "write_run_file"]
 
 
-def _write_bytes_atomic(path: Path, write: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+def render(results: Mapping[str, Mapping[str, pd.DataFrame]], analyses: Mapping[str, Any], folder: Path, *,
+           plots: bool = True) -> list[str]:
+    """Write ``<analysis>/<table>.parquet``, ``<analysis>/<analysis>.png`` and ``summary.txt`` into
+    ``folder``; returns the paths written, relative to ``folder``."""
+    from gpuclust.report.plots import plot_result
+
+    folder = Path(folder)
+    written: list[str] = []
+    summary: list[str] = []
+    for key, tables in results.items():
+        (folder / key).mkdir(parents=True, exist_ok=True)
+        for tname, df in tables.items():
+            rel = f"{key}/{tname}.parquet"
+            pq.write_table(pa.Table.from_pandas(df, preserve_index=False), folder / rel)
+            written.append(rel)
+        a = analyses.get(key)
+        summary.append(a.summary(tables) if a is not None else f"{key}: {list(tables)}")
+        if plots and a is not None and plot_result(a.name, tables, folder / key / f"{key}.png",
+                                                   title=getattr(a, "label", key)):
+            written.append(f"{key}/{key}.png")
+    (folder / "summary.txt").write_text("\n\n".join(summary) + "\n")
+    written.append("summary.txt")
+    return written
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, (tuple, list)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, Mapping):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    if hasattr(v, "item"):
+        return v.item()
+    return v if isinstance(v, (str, int, float, bool, type(None))) else str(v)
+
+
+def write_run_file(folder: Path, files: list[str], info: Mapping[str, Any]) -> str:
+    """Write ``_run.json`` (``info`` plus the list of ``files`` this run wrote); returns its name."""
+    doc = {**_jsonable(dict(info)), "files": sorted([*files, RUN_FILE])}
+    (Path(folder) / RUN_FILE).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    return RUN_FILE
 
 
 def write_results(results: Mapping[str, Mapping[str, pd.DataFrame]], analyses: Mapping[str, Any],
-                  out: str | os.PathLike[str], *, plots: bool = True) -> list[Path]:
-    """Write ``OUT/<analysis>/<table>.parquet``, ``OUT/summary.txt`` and ``OUT/<analysis>/<analysis>.png``.
+                  out: str | os.PathLike[str], *, plots: bool = True,
+                  run_info: Mapping[str, Any] | None = None) -> list[Path]:
+    """Write a results folder ``out`` as a whole (replacing an earlier run's; see
+    :mod:`gpuclust.report.folder`).
 
     Parameters
     ----------
@@ -37,32 +75,18 @@ def write_results(results: Mapping[str, Mapping[str, pd.DataFrame]], analyses: M
         As returned by :func:`gpuclust.engine.run`.
     analyses
         Result key -> the analysis instance that produced it (for summaries and plots).
+    run_info
+        What ``_run.json`` records besides the file list.
 
     Returns
     -------
     list of pathlib.Path
         Every file written.
     """
-    from gpuclust.report.plots import plot_result
-
-    out = Path(out)
-    written: list[Path] = []
-    summary: list[str] = []
-    for key, tables in results.items():
-        d = out / key
-        for tname, df in tables.items():
-            p = d / f"{tname}.parquet"
-            table = pa.Table.from_pandas(df, preserve_index=False)
-            _write_bytes_atomic(p, lambda tmp, t=table: pq.write_table(t, tmp))
-            written.append(p)
-        a = analyses.get(key)
-        summary.append(a.summary(tables) if a is not None else f"{key}: {list(tables)}")
-        if plots and a is not None:
-            png = d / f"{key}.png"
-            if plot_result(a.name, tables, png, title=getattr(a, "label", key)):
-                written.append(png)
-    sp = out / "summary.txt"
-    text = "\n\n".join(summary) + "\n"
-    _write_bytes_atomic(sp, lambda tmp: Path(tmp).write_text(text))
-    written.append(sp)
+    folder = ResultsFolder(out).open()
+    try:
+        written = folder.write(results, analyses, plots=plots, run_info=dict(run_info or {}))
+        folder.commit()
+    finally:
+        folder.abort()
     return written

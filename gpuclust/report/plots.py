@@ -6,8 +6,6 @@ Only :func:`plot_result` is needed by callers: it dispatches on the analysis nam
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 import pandas as pd
@@ -25,16 +23,9 @@ def _figure():  # type: ignore[no-untyped-def]
 
 
 def _save_atomic(fig, path: Path) -> None:  # type: ignore[no-untyped-def]
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
-    os.close(fd)
-    try:
-        fig.savefig(tmp, format="png")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    from gpuclust.report._files import write_atomic
+
+    write_atomic(Path(path), lambda tmp: fig.savefig(tmp, format="png"))
 
 
 def plot_cell_usage(result: dict[str, pd.DataFrame], path: Path, *, title: str = "cell-usage") -> bool:

@@ -1,4 +1,4 @@
-"""`gpuclust analyze -O NAME=VALUE`: options typed by the registry, applied per analysis."""
+"""`gpuclust analyze -O NAME=VALUE`: options typed by the analyses' option fields, applied per analysis."""
 
 from __future__ import annotations
 

@@ -1,0 +1,151 @@
+"""A results folder, written per run as a whole: into a temporary sibling, swapped in by rename.
+
+``ResultsFolder(out).open()`` checks the output path and creates the temporary sibling
+``.<name>.gpuclust-tmp-<pid>-<token>`` *before* any computation, so a bad path fails at once.
+:meth:`ResultsFolder.commit` renames the previous folder aside, renames the new one into place
+and deletes the previous one: the folder then holds exactly this run's files, with ``_run.json``
+saying what wrote them.  Outputs of earlier runs are removed, never mixed with new ones.  A run
+killed before the swap leaves the previous folder untouched (its temporary sibling is removed by
+the next run once its process is gone).
+
+Only a folder that is empty, holds ``_run.json`` or looks like the results of an older gpuclust
+(``summary.txt`` plus per-analysis folders) is replaced; any other existing path is refused.
+
+Every OS error becomes an :class:`OutputError`: one line naming the path and the reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+from pathlib import Path
+from typing import Any
+
+__all__ = ["RUN_FILE", "OutputError", "ResultsFolder"]
+
+RUN_FILE = "_run.json"
+_TMP, _OLD = ".gpuclust-tmp-", ".gpuclust-old-"
+
+
+class OutputError(Exception):
+    """The results cannot be written: ``cannot write results to PATH: REASON``."""
+
+    def __init__(self, path: Path | str, reason: BaseException | str):
+        if isinstance(reason, OSError):
+            where = f" ({reason.filename})" if reason.filename and str(reason.filename) != str(path) else ""
+            reason = f"{reason.strerror or reason}{where}"
+        super().__init__(f"cannot write results to {path}: {reason}")
+        self.path = Path(path)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True
+    return True
+
+
+class ResultsFolder:
+    """One run's results folder (see the module docstring)."""
+
+    def __init__(self, path: str | os.PathLike[str]):
+        # a link to a folder: the folder it points to is replaced (the link stays a link)
+        self.path = Path(os.path.realpath(path) if os.path.islink(path) else os.path.abspath(path))
+        self.tmp: Path | None = None
+
+    # ------------------------------------------------------------------------- checks
+    def _check_replaceable(self) -> None:
+        p = self.path
+        try:
+            entries = list(p.iterdir())
+        except OSError as e:
+            raise OutputError(p, e) from None
+        if not entries or (p / RUN_FILE).is_file():
+            return
+        legacy = (p / "summary.txt").is_file() and all(
+            e.name == "summary.txt" or e.name.startswith(".") or e.is_dir() and not (e / "manifest.json").exists()
+            for e in entries)
+        if not legacy:
+            raise OutputError(p, f"folder exists and holds files that are not gpuclust results (no {RUN_FILE}); "
+                              "choose a new or empty folder")
+
+    def _sweep(self) -> None:
+        """Remove temporary siblings left by runs whose process is gone."""
+        with contextlib.suppress(OSError):
+            for q in self.path.parent.glob(f".{self.path.name}.gpuclust-*"):
+                tag = q.name[len(self.path.name) + 1:]
+                if not tag.startswith((_TMP, _OLD)):
+                    continue
+                pid = tag[len(_TMP):].split("-", 1)[0]
+                if pid.isdigit() and not _alive(int(pid)):
+                    shutil.rmtree(q, ignore_errors=True)
+
+    def open(self) -> ResultsFolder:
+        """Check the output path and create the temporary folder; :class:`OutputError` if not possible."""
+        p = self.path
+        if p.exists() and not p.is_dir():
+            raise OutputError(p, "exists and is not a folder")
+        if p.is_dir():
+            self._check_replaceable()
+        anc = p.parent
+        while not anc.exists() and anc != anc.parent:
+            anc = anc.parent
+        if not anc.is_dir():
+            raise OutputError(p, f"{anc} is not a folder")
+        try:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            self._sweep()
+            tmp = p.parent / f".{p.name}{_TMP}{os.getpid()}-{secrets.token_hex(4)}"
+            os.mkdir(tmp)  # mode 0o777 less the umask
+        except OSError as e:
+            raise OutputError(p, e) from None
+        self.tmp = tmp
+        return self
+
+    # ------------------------------------------------------------------------- writing
+    def write(self, results: Any, analyses: Any, *, plots: bool = True,
+              run_info: dict[str, Any] | None = None) -> list[Path]:
+        """Write the results into the temporary folder (see :func:`gpuclust.report.render`); the
+        paths returned are where the files will be after :meth:`commit`."""
+        from gpuclust.report import render, write_run_file
+
+        assert self.tmp is not None, "open() first"
+        try:
+            rel = render(results, analyses, self.tmp, plots=plots)
+            rel.append(write_run_file(self.tmp, rel, run_info or {}))
+        except OSError as e:
+            raise OutputError(self.path, e) from None
+        return [self.path / r for r in rel]
+
+    def commit(self) -> Path:
+        """Swap the new folder in (the previous one, if any, is removed)."""
+        assert self.tmp is not None, "open() first"
+        p, old = self.path, None
+        try:
+            if p.exists():
+                old = p.parent / f".{p.name}{_OLD}{os.getpid()}-{secrets.token_hex(4)}"
+                os.rename(p, old)
+            try:
+                os.rename(self.tmp, p)
+            except OSError:
+                if old is not None:
+                    os.rename(old, p)
+                raise
+        except OSError as e:
+            self.abort()
+            raise OutputError(p, e) from None
+        self.tmp = None
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+        return p
+
+    def abort(self) -> None:
+        """Remove the temporary folder (the previous results stay as they were)."""
+        if self.tmp is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            self.tmp = None
