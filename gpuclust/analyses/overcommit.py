@@ -124,6 +124,10 @@ class OvercommitContext:
     window_end: int
     width: int
     n_buckets: int
+    #: start of the first bucket: ``floor(window_start / width) * width`` (buckets are aligned to
+    #: trace time 0, see "Time buckets" in docs/dataset.md); dense bucket ``j`` is absolute bucket
+    #: ``origin // width + j``
+    origin: int
     #: sorted machine ids (machine_events and placed pieces); a row's machine code is its index
     machine_ids: np.ndarray
     #: usage tier lookup, sorted by hash: hash, the three key columns, tier code
@@ -226,7 +230,10 @@ class Overcommit(Analysis):
             cands = [v for v in (_max_below(ecols["time"]), _max_finite_end(source)) if v is not None]
             w1 = max([w0, *cands])
         width = self.width_us
-        B = -(-(w1 - w0) // width)
+        # Time buckets (docs/dataset.md): aligned to trace time 0, bucket k = [k*width, (k+1)*width);
+        # the window clips the first and last bucket (column covered_s).
+        origin = (w0 // width) * width
+        B = (-(-w1 // width) - w0 // width) if w1 > w0 else 0
         # ---- intervals
         run: RunningIntervals = running_intervals(ecols, w0, w1)
         me = source.read("machine_events", ["time", "machine_id", "type", "cap_cpu", "cap_mem"])
@@ -249,7 +256,7 @@ class Overcommit(Analysis):
                                       codes, what="overcommit priority lookup")
         # ---- interval-derived dense series (client only), with the bucket_overlap op
         bo = get_backend("cpu").ops.bucket_overlap
-        kw = dict(n_buckets=B, origin=w0, width=width)
+        kw = dict(n_buckets=B, origin=origin, width=width)
         ccode = np.searchsorted(mids, cap.machine_id).astype(np.int32)
         capv = np.stack([np.ones(cap.start.shape[0]), cap.cap_cpu, cap.cap_mem,
                          np.isnan(cap.cap_cpu).astype(np.float64), np.isnan(cap.cap_mem).astype(np.float64)])
@@ -267,14 +274,14 @@ class Overcommit(Analysis):
         series["reqc_s"] = rs[0].reshape(M, T, B)
         series["reqm_s"] = rs[1].reshape(M, T, B)
         series["inst_s"] = bo(ps, pe, np.ones(ps.shape[0]), pcode.astype(np.int32), n_groups=M, **kw)
-        series["distinct"] = distinct_running(pcode, run.instance[placed], ps, pe, M, w0, width, B)
+        series["distinct"] = distinct_running(pcode, run.instance[placed], ps, pe, M, origin, width, B)
         series["has_me"] = np.isin(mids, me_ids)
         stats = {**run.stats, **cap.stats,
                  "pieces_unplaced": int(((run.machine_id == 0) | (run.machine_id == np.iinfo(np.int64).min)).sum()),
                  "pieces_dedicated": int((run.machine_id == -1).sum()),
                  "pieces_unknown_tier": int((ptier == T - 1).sum())}
         return OvercommitContext(
-            tier_map=tm, tier_names=tier_names, window_start=w0, window_end=w1, width=width, n_buckets=B,
+            tier_map=tm, tier_names=tier_names, window_start=w0, window_end=w1, width=width, n_buckets=B, origin=origin,
             machine_ids=mids, lookup=lookup, series=series, stats=stats)
 
     # ---------------------------------------------------------------- partial / merge
@@ -310,13 +317,14 @@ class Overcommit(Analysis):
         part = self._usage(backend, s[use], e[use], (code[use].astype(xp.int64) * T + tier[use]), max(M, 1) * T,
                            {k: cols[c][use] for k, c in (("use_cpu", "avg_cpu"), ("use_mem", "avg_mem"),
                                                         ("max_cpu", "max_cpu"), ("max_mem", "max_mem"))},
-                           w0, width, B)
+                           ctx.origin, width, B)
         part["stats"] = xp.asarray(np.array([st[k] for k in STATS], dtype=np.int64))
         return part
 
     def _usage(self, backend: Any, s: Any, e: Any, g: Any, n_codes: int, vals: dict[str, Any], w0: int,
                width: int, B: int) -> dict[str, Any]:
-        """Keyed usage sums: key = (machine code * T + tier) * B + bucket; ``g`` in ``[0, n_codes)``."""
+        """Keyed usage sums: key = (machine code * T + tier) * B + bucket; ``g`` in ``[0, n_codes)``;
+        ``w0`` is the grid origin (the first bucket's start), buckets counted from it."""
         xp, ops = backend.xp, backend.ops
         if s.shape[0] == 0:
             return {k: xp.asarray(v) for k, v in self.empty().items() if k != "stats"}
@@ -382,8 +390,9 @@ class Overcommit(Analysis):
         S = ctx.series
         M, T, B = int(ctx.machine_ids.shape[0]), ctx.n_tiers, ctx.n_buckets
         tiers = list(ctx.tier_names)
-        bstart = ctx.window_start + np.arange(B, dtype=np.int64) * ctx.width
-        L = (np.minimum(bstart + ctx.width, ctx.window_end) - bstart).astype(np.float64) / 1e6
+        bucket = ctx.origin // ctx.width + np.arange(B, dtype=np.int64)  # absolute bucket numbers
+        bstart = bucket * ctx.width
+        L = (np.minimum(bstart + ctx.width, ctx.window_end) - np.maximum(bstart, ctx.window_start)).astype(np.float64) / 1e6
         key = np.asarray(partial["key"], dtype=np.int64)
         if key.size and (int(key.max()) >= M * T * B or int(key.min()) < 0):
             raise ValueError("overcommit: usage partial does not match the context (key out of range)")
@@ -404,9 +413,18 @@ class Overcommit(Analysis):
             inst = S["inst_s"] / L
         present = ((S["up_s"] > 0) | (S["reqc_s"].sum(axis=1) > 0) | (S["reqm_s"].sum(axis=1) > 0)
                    | (S["inst_s"] > 0) | (windows > 0) | (use_c != 0) | (use_m != 0) | (max_c != 0) | (max_m != 0))
+        stats = dict(ctx.stats)
+        stats.update(zip(STATS, (int(x) for x in partial["stats"]), strict=False))
+        has_usage = stats["usage_rows"] > 0
+        if not has_usage:
+            # No instance_usage rows at all: usage was not measured, so it is unknown (NaN), not 0.
+            use_ct, use_mt, use_c, use_m, max_c, max_m, U["max_cpu"], U["max_mem"] = (
+                np.full(np.shape(a), np.nan) for a in (use_ct, use_mt, use_c, use_m, max_c, max_m, U["max_cpu"],
+                                                         U["max_mem"]))
         mi, bi = np.nonzero(present)
         machine = pd.DataFrame({
-            "machine": ctx.machine_ids[mi], "bucket": bi.astype(np.int64), "time": bstart[bi], "bucket_s": L[bi],
+            "machine_id": ctx.machine_ids[mi], "bucket": bucket[bi], "bucket_start_us": bstart[bi],
+            "covered_s": L[bi],
             "up_s": S["up_s"][mi, bi], "cap_cpu": cap_c[mi, bi], "cap_mem": cap_m[mi, bi],
             "cap_unknown": (unk_c | unk_m)[mi, bi],
             "req_cpu": req_c[mi, bi], "req_mem": req_m[mi, bi], "use_cpu": use_c[mi, bi], "use_mem": use_m[mi, bi],
@@ -422,10 +440,13 @@ class Overcommit(Analysis):
         for k, t in enumerate(tiers):
             for col, arr in per_tier.items():
                 machine[f"{col}_{t}"] = arr[mi, k, bi]
-        cell = self._cell(bstart, L, present, S, unk_c, unk_m, cap_c, cap_m, per_tier, windows, inst, tiers)
-        stats = dict(ctx.stats)
-        stats.update(zip(STATS, (int(x) for x in partial["stats"]), strict=False))
-        summary = self._summary(machine, tiers, has_usage=stats["usage_rows"] > 0)
+        cell = self._cell(bucket, bstart, L, present, S, unk_c, unk_m, cap_c, cap_m, per_tier, windows, inst, tiers)
+        if not has_usage:
+            for df in (machine, cell):
+                for c in df.columns:
+                    if c.startswith(("use_", "max_cpu_sum", "max_mem_sum", "usage_ratio_", "peak_ratio_")):
+                        df[c] = np.nan
+        summary = self._summary(machine, tiers, has_usage=has_usage)
         info = pd.DataFrame([{
             "analysis": self.name, "tier_map": ctx.tier_map.name, "tiers": ",".join(tiers),
             "bucket_s": int(self.bucket_s), "window_start_us": ctx.window_start, "window_end_us": ctx.window_end,
@@ -433,14 +454,17 @@ class Overcommit(Analysis):
         return {"machine": machine, "cell": cell, "summary": summary, "info": info}
 
     @staticmethod
-    def _cell(bstart: np.ndarray, L: np.ndarray, present: np.ndarray, S: dict[str, np.ndarray], unk_c: np.ndarray,
+    def _cell(bucket: np.ndarray, bstart: np.ndarray, L: np.ndarray, present: np.ndarray, S: dict[str, np.ndarray], unk_c: np.ndarray,
               unk_m: np.ndarray, cap_c: np.ndarray, cap_m: np.ndarray, per_tier: dict[str, np.ndarray],
               windows: np.ndarray, inst: np.ndarray, tiers: list[str]) -> pd.DataFrame:
         known = {"cpu": present & ~unk_c, "mem": present & ~unk_m}
-        caps = {"cpu": np.where(known["cpu"], cap_c, 0.0).sum(axis=0),
-                "mem": np.where(known["mem"], cap_m, 0.0).sum(axis=0)}
+        # Capacity of the machines with a known capacity; when machines are present but none has a
+        # known capacity the cell's capacity is unknown (NaN), not 0.
+        caps = {r: np.where(known[r].any(axis=0) | ~present.any(axis=0),
+                            np.where(known[r], c, 0.0).sum(axis=0), np.nan)
+                for r, c in (("cpu", cap_c), ("mem", cap_m))}
         cell = pd.DataFrame({
-            "bucket": np.arange(L.shape[0], dtype=np.int64), "time": bstart, "bucket_s": L,
+            "bucket": bucket, "bucket_start_us": bstart, "covered_s": L,
             "machines": present.sum(axis=0).astype(np.int64), "machines_up": (S["up_s"] > 0).sum(axis=0).astype(np.int64),
             "machines_cap_unknown": (present & (unk_c | unk_m)).sum(axis=0).astype(np.int64),
             "cap_cpu": caps["cpu"], "cap_mem": caps["mem"]})
@@ -466,7 +490,7 @@ class Overcommit(Analysis):
         """Statistics over *full* machine-buckets: available the whole bucket, known capacity > 0.
         Usage statistics are NaN when the dataset has no instance_usage rows (e.g. 2011 events only)."""
         rows: list[tuple[str, str, str, float]] = []
-        L = machine["bucket_s"].to_numpy()
+        L = machine["covered_s"].to_numpy()
         up = machine["up_s"].to_numpy()
         avail = float(up.sum())
         for r in ("cpu", "mem"):
@@ -510,15 +534,19 @@ class Overcommit(Analysis):
             v = s[(s["metric"] == metric) & (s["resource"] == r) & (s["tier"] == t)]["value"]
             return float(v.iloc[0]) if len(v) else float("nan")
 
+        def fmt(v: float, spec: str, scale: float = 1.0, unit: str = "") -> str:
+            return "unknown" if not np.isfinite(v) else f"{v * scale:{spec}}{unit}"  # missing is never 0
+
         for r in ("cpu", "mem"):
             if not ((s["resource"] == r).any()):
                 continue
             lines.append(
                 f"  {r}: {int(get('machine_buckets', r))} full machine-buckets; requested/capacity mean "
-                f"{get('alloc_ratio_mean', r):.3f}, p50 {get('alloc_ratio_p50', r):.3f}, p99 {get('alloc_ratio_p99', r):.3f}, "
-                f"max {get('alloc_ratio_max', r):.3f}; over capacity by request {100 * get('share_over_capacity_request', r):.2f}%"
-                f" of machine-time, by usage {100 * get('share_over_capacity_usage', r):.2f}%; usage/capacity mean "
-                f"{get('usage_ratio_mean', r):.3f}")
+                f"{fmt(get('alloc_ratio_mean', r), '.3f')}, p50 {fmt(get('alloc_ratio_p50', r), '.3f')}, "
+                f"p99 {fmt(get('alloc_ratio_p99', r), '.3f')}, max {fmt(get('alloc_ratio_max', r), '.3f')}; "
+                f"over capacity by request {fmt(get('share_over_capacity_request', r), '.2f', 100, '%')}"
+                f" of machine-time, by usage {fmt(get('share_over_capacity_usage', r), '.2f', 100, '%')}; "
+                f"usage/capacity mean {fmt(get('usage_ratio_mean', r), '.3f')}")
         return "\n".join(lines)
 
 
