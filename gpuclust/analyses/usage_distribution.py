@@ -129,8 +129,9 @@ class UsageDistribution(Analysis):
         Grouping keys, a sequence or a ``","``/``"+"``-separated string of ``instance``,
         ``collection``, ``machine``, ``tier``, ``cell``, ``time`` (default ``("tier",)``).
     bucket_s
-        Width of the ``time`` buckets in seconds (default 3600); buckets are
-        ``floor(t / bucket_s)`` of the trace's time origin (600 s before the trace start).
+        Width of the ``time`` buckets in seconds (default 3600); bucket ``k`` is
+        ``[k*bucket_s, (k+1)*bucket_s)`` of trace time (origin 0, 600 s before the trace start),
+        reported as ``bucket`` and ``bucket_start_us`` (see "Time buckets" in docs/dataset.md).
     levels
         Quantile levels in [0, 1] (sorted, duplicates removed); default the 20 standard levels.
     rows
@@ -228,10 +229,10 @@ class UsageDistribution(Analysis):
 
     def key_columns(self) -> list[str]:
         """Output key columns, in ``by`` order (``cell`` -> ``cell``; ``time`` -> ``bucket``,
-        ``bucket_start_s``)."""
+        ``bucket_start_us``)."""
         out: list[str] = []
         for b in self.by:
-            out.extend({"cell": ("cell",), "time": ("bucket", "bucket_start_s")}.get(b, _KEY_COLUMNS[b]))
+            out.extend({"cell": ("cell",), "time": ("bucket", "bucket_start_us")}.get(b, _KEY_COLUMNS[b]))
         return out
 
     @property
@@ -516,7 +517,7 @@ class UsageDistribution(Analysis):
                 cols["cell"] = pd.Series([ctx.cell] * G, dtype=object)
             elif b == "time":
                 cols["bucket"] = kc[:, j].astype(np.int64)
-                cols["bucket_start_s"] = kc[:, j].astype(np.float64) * (self.bucket_us / US)
+                cols["bucket_start_us"] = kc[:, j].astype(np.int64) * np.int64(self.bucket_us)
                 j += 1
         return pd.DataFrame({k: (v.to_numpy() if isinstance(v, pd.Series) else v) for k, v in cols.items()},
                             index=pd.RangeIndex(G))
@@ -534,7 +535,7 @@ class UsageDistribution(Analysis):
                  f"{info['skipped_no_percentiles']} repaired={info['repaired']} bad-time={info['bad_time_windows']} "
                  f"zero-weight={info['zero_weight_windows']}; {info['groups']} groups"]
         if len(qd):
-            keycols = [c for c in self.key_columns() if c in qd.columns and c != "bucket_start_s"]
+            keycols = [c for c in self.key_columns() if c in qd.columns and c != "bucket_start_us"]
             show = [c for c in ("q50", "q90", "q99", "q100") if c in qd.columns]
             heavy = qd.sort_values("weight", ascending=False, kind="stable").head(top)
             lines.append(f"  heaviest {len(heavy)} groups (CPU, normalised cores): "
