@@ -65,6 +65,9 @@ QUANTILES = (0.5, 0.9, 0.99, 1.0)
 STATS = ("usage_rows", "usage_alloc_rows", "usage_unbounded", "usage_unknown_machine",
          "usage_no_overlap", "usage_used", "usage_unknown_tier")
 _USAGE_FIELDS = ("use_cpu", "use_mem", "max_cpu", "max_mem", "windows")
+#: per usage field: how many overlapping windows carry a non-NULL value (0 with windows > 0: unknown)
+_KNOWN_FIELDS = ("n_use_cpu", "n_use_mem", "n_max_cpu", "n_max_mem")
+_PARTIAL_FIELDS = _USAGE_FIELDS + _KNOWN_FIELDS
 _EVENT_COLUMNS = ["time", "type", "collection_id", "instance_index", "machine_id", "alloc_collection_id",
                   "priority", "req_cpu", "req_mem"]
 
@@ -287,7 +290,7 @@ class Overcommit(Analysis):
     # ---------------------------------------------------------------- partial / merge
     def empty(self, backend: Any = None) -> dict[str, np.ndarray]:
         out = {"key": np.zeros(0, np.int64)}
-        out.update({f: np.zeros(0, np.float64) for f in _USAGE_FIELDS})
+        out.update({f: np.zeros(0, np.float64) for f in _PARTIAL_FIELDS})
         out["stats"] = np.zeros(len(STATS), np.int64)
         return out
 
@@ -343,9 +346,11 @@ class Overcommit(Analysis):
         # two sweeps: exact overlap (mean usage) and whole buckets (window maxima, window counts)
         exact = xp.stack([vals["use_cpu"].astype(xp.float64), vals["use_mem"].astype(xp.float64)])
         whole = xp.stack([vals["max_cpu"].astype(xp.float64) / ws, vals["max_mem"].astype(xp.float64) / ws,
-                          xp.full(s.shape[0], 1.0 / ws, dtype=xp.float64)])
+                          xp.full(s.shape[0], 1.0 / ws, dtype=xp.float64),
+                          *[xp.isfinite(vals[k]).astype(xp.float64) / ws
+                            for k in ("use_cpu", "use_mem", "max_cpu", "max_mem")]])
         keys: list[Any] = []
-        outs: dict[str, list[Any]] = {k: [] for k in _USAGE_FIELDS}
+        outs: dict[str, list[Any]] = {k: [] for k in _PARTIAL_FIELDS}
         s = xp.ascontiguousarray(s)
         e = xp.ascontiguousarray(e)
         for c0 in range(lo, hi, step):
@@ -365,13 +370,14 @@ class Overcommit(Analysis):
                 d2 = ops.bucket_overlap(xp.ascontiguousarray(a_s[sel]), xp.ascontiguousarray(a_e[sel]),
                                         xp.ascontiguousarray(whole[:, sel]), gi, **kw)
             dense = {"use_cpu": d1[0].reshape(-1), "use_mem": d1[1].reshape(-1), "max_cpu": d2[0].reshape(-1),
-                     "max_mem": d2[1].reshape(-1), "windows": d2[2].reshape(-1)}
+                     "max_mem": d2[1].reshape(-1), "windows": d2[2].reshape(-1),
+                     **{k: d2[3 + j].reshape(-1) for j, k in enumerate(_KNOWN_FIELDS)}}
             nz = dense["windows"] != 0
             for k in ("use_cpu", "use_mem", "max_cpu", "max_mem"):
                 nz |= dense[k] != 0
             idx = xp.nonzero(nz)[0]
             keys.append(ug[idx // nb] * B + (c0 + idx % nb))
-            for k in _USAGE_FIELDS:
+            for k in _PARTIAL_FIELDS:
                 outs[k].append(dense[k][idx])
         if len(keys) == 1:  # g-major dense layout: keys already sorted and unique
             return {"key": keys[0], **{k: v[0] for k, v in outs.items()}}
@@ -397,8 +403,13 @@ class Overcommit(Analysis):
         if key.size and (int(key.max()) >= M * T * B or int(key.min()) < 0):
             raise ValueError("overcommit: usage partial does not match the context (key out of range)")
         U = {f: (np.bincount(key, weights=np.asarray(partial[f], np.float64), minlength=M * T * B)
-                 .reshape(M, T, B)) for f in _USAGE_FIELDS}
-        windows = np.rint(U["windows"].sum(axis=1)).astype(np.int64)
+                 .reshape(M, T, B)) for f in _PARTIAL_FIELDS}
+        # a (machine, tier, bucket) with windows whose values are all NULL was not measured: NaN
+        wt = np.rint(U["windows"])
+        for f, n in (("use_cpu", "n_use_cpu"), ("use_mem", "n_use_mem"), ("max_cpu", "n_max_cpu"),
+                     ("max_mem", "n_max_mem")):
+            U[f] = np.where((wt > 0) & (np.rint(U[n]) == 0), np.nan, U[f])
+        windows = wt.sum(axis=1).astype(np.int64)
         with np.errstate(invalid="ignore", divide="ignore"):
             no_me = ~S["has_me"][:, None]
             unk_c = (S["unkc_s"] > 0) | no_me
@@ -505,9 +516,14 @@ class Overcommit(Analysis):
             rows.append(("machine_time_share", r, "all", tw / avail if avail > 0 else np.nan))
             for kind, col in (("request", f"req_{r}"), ("usage", f"use_{r}"), ("peak", f"max_{r}_sum")):
                 v = machine[col].to_numpy()[full]
-                share = float(w[v > c * (1 + OVER_EPS)].sum()) / tw
+                kn = np.isfinite(v)  # usage statistics over the machine-buckets whose usage is known
+                tk = float(w[kn].sum())
+                share = float(w[kn & (v > c * (1 + OVER_EPS))].sum()) / tk if tk > 0 else np.nan
                 rows.append((f"share_over_capacity_{kind}", r, "all", share if has_usage or kind == "request" else np.nan))
-            mean_use = float((machine[f"use_{r}"].to_numpy()[full] * w).sum() / (c * w).sum())
+            u = machine[f"use_{r}"].to_numpy()[full]
+            kn = np.isfinite(u)
+            den = float((c[kn] * w[kn]).sum())
+            mean_use = float((u[kn] * w[kn]).sum()) / den if den > 0 else np.nan
             rows.append(("usage_ratio_mean", r, "all", mean_use if has_usage else np.nan))
             for t in ("all", *tiers):
                 req = machine[f"req_{r}" if t == "all" else f"req_{r}_{t}"].to_numpy()[full]

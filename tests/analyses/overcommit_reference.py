@@ -3,7 +3,8 @@
 * :func:`replay`: plain Python.  Per instance, walk its events in order; per machine, walk its
   capacity events; integrate every piece over every bucket it overlaps with integer arithmetic.
   Shares no code with ``gpuclust.analyses._intervals`` / ``overcommit``.
-* :func:`usage_sql`: DuckDB SQL for the usage part (``generate_series`` over buckets).
+* :func:`usage_sql`: DuckDB SQL for the usage part (``generate_series`` over buckets); a group
+  whose values are all NULL is NULL (plain ``SUM``: unknown, never 0).
 
 Semantics restated (see ``docs/analysis-overcommit.md``): events of a thing are ordered by time,
 ties by row order; event times are clipped to the window; tasks inside allocs are dropped row by
@@ -207,8 +208,8 @@ def usage_sql(con: Any, *, bucket_s: int, names: tuple[str, ...], bounds: tuple[
               ON b.b * {width}::BIGINT < least(end_time, {end}::BIGINT)
              AND (b.b + 1) * {width}::BIGINT > greatest(start_time, {start}::BIGINT))
         SELECT machine_id, tier, b AS bucket,
-               coalesce(sum(avg_cpu::DOUBLE * ov / 1e6), 0) AS use_cpu_s,
-               coalesce(sum(avg_mem::DOUBLE * ov / 1e6), 0) AS use_mem_s,
-               coalesce(sum(max_cpu::DOUBLE), 0) AS max_cpu, coalesce(sum(max_mem::DOUBLE), 0) AS max_mem,
+               sum(avg_cpu::DOUBLE * ov / 1e6) AS use_cpu_s,
+               sum(avg_mem::DOUBLE * ov / 1e6) AS use_mem_s,
+               sum(max_cpu::DOUBLE) AS max_cpu, sum(max_mem::DOUBLE) AS max_mem,
                count(*) AS windows
         FROM x WHERE ov > 0 GROUP BY ALL ORDER BY ALL""").df()

@@ -263,6 +263,29 @@ def test_without_usage_is_unknown_not_zero():
     assert "by usage unknown" in text and "usage/capacity mean unknown" in text and "nan" not in text
 
 
+def test_all_null_usage_values_are_unknown():
+    """A machine-bucket whose overlapping windows all have NULL avg_cpu / max_cpu has unknown (NaN)
+    CPU usage and peak there (a SUM over only NULLs), while its known memory usage stays; buckets
+    without any window keep 0 (nothing ran)."""
+    tables = hand_cell()
+    us = tables["instance_usage"].to_pylist()
+    for r in us:
+        if r["machine_id"] == 2:
+            r["avg_cpu"] = None
+            r["max_cpu"] = None
+    tables["instance_usage"] = table("instance_usage", {k: [r[k] for r in us] for k in us[0]})
+    a = Overcommit(bucket_s=300)
+    res = _run(tables, a)
+    check_against_reference(tables, res, a)
+    m = res["machine"].set_index(["machine_id", "bucket"])
+    r = m.loc[(2, 3)]
+    assert r["windows"] == 1 and np.isnan(r["use_cpu"]) and np.isnan(r["use_cpu_prod"])
+    assert np.isnan(r["max_cpu_sum"]) and np.isnan(r["usage_ratio_cpu"])
+    assert r["use_mem_prod"] == pytest.approx(0.1) and r["use_cpu_free"] == 0.0
+    assert m.loc[(1, 2), "use_cpu_prod"] == pytest.approx(0.05 * 200 / 300)  # machine 1 unaffected
+    assert np.isnan(res["cell"].set_index("bucket").loc[3, "use_cpu"])
+
+
 def test_cell_capacity_unknown_when_no_machine_known():
     """A bucket whose present machines all have unknown capacity has an unknown (NaN) cell capacity,
     not 0."""
