@@ -34,7 +34,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from gpuclust.analyses._lookup import InstanceLookup, triple_hash
-from gpuclust.analyses.base import Analysis, is_null_int, keyed_reduce, merge_keyed, resolve_tier_map
+from gpuclust.analyses.base import Analysis, fmt, is_null_int, keyed_reduce, merge_keyed, resolve_tier_map
 from gpuclust.schema import TIME_AFTER_TRACE, TierMap, tier_map
 
 __all__ = ["CellUsage", "HOUR_US", "MODES", "triple_hash"]
@@ -311,8 +311,8 @@ class CellUsage(Analysis):
     def summary(self, result: dict[str, pd.DataFrame]) -> str:
         info = result["info"].iloc[0]
         u = result["usage"]
-        lines = [f"{self.label}: tier map {info['tier_map']!r}, capacity cpu={info['cpu_capacity']:.6g} "
-                 f"mem={info['mem_capacity']:.6g}",
+        lines = [f"{self.label}: tier map {info['tier_map']!r}, capacity cpu={fmt(info['cpu_capacity'], '.6g')} "
+                 f"mem={fmt(info['mem_capacity'], '.6g')}",
                  f"  rows={info['rows']} used={info['used_windows']} alloc={info['alloc_rows']} "
                  f"short={info['short_windows']} unmatched={info['unmatched_windows']} "
                  f"unknown-tier={info['unknown_windows']} unbounded={info['unbounded_windows']}"]
@@ -324,7 +324,7 @@ class CellUsage(Analysis):
             by = g.sum(min_count=1) / max(nh, 1)  # a tier with no measured hour: NaN, shown as unknown
             n_unknown = g.agg(lambda v: int(v.isna().sum()))
             for t, r in by.iterrows():
-                c, m = (("unknown" if not np.isfinite(v) else f"{v:.4f}") for v in (r["cpu"], r["mem"]))
+                c, m = fmt(r["cpu"], ".4f"), fmt(r["mem"], ".4f")
                 unk = int(n_unknown.loc[t, "cpu"])
                 lines.append(f"  {t:>8}: mean cpu {c}  mean mem {m} (fraction of capacity)"
                              + (f"; {unk} hour(s) with unknown cpu usage left out" if unk else ""))

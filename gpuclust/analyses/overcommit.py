@@ -48,7 +48,7 @@ from gpuclust.analyses._intervals import (
     running_intervals,
 )
 from gpuclust.analyses._lookup import InstanceLookup, id_index
-from gpuclust.analyses.base import Analysis, is_null_int, keyed_reduce, merge_keyed, resolve_tier_map
+from gpuclust.analyses.base import Analysis, fmt, is_null_int, keyed_reduce, merge_keyed, resolve_tier_map
 from gpuclust.analyses.cell_usage import _max_priority
 from gpuclust.schema import TIME_AFTER_TRACE, TierMap, tier_map
 
@@ -549,9 +549,6 @@ class Overcommit(Analysis):
         def get(metric: str, r: str, t: str = "all") -> float:
             v = s[(s["metric"] == metric) & (s["resource"] == r) & (s["tier"] == t)]["value"]
             return float(v.iloc[0]) if len(v) else float("nan")
-
-        def fmt(v: float, spec: str, scale: float = 1.0, unit: str = "") -> str:
-            return "unknown" if not np.isfinite(v) else f"{v * scale:{spec}}{unit}"  # missing is never 0
 
         for r in ("cpu", "mem"):
             if not ((s["resource"] == r).any()):

@@ -34,7 +34,7 @@ import pandas as pd
 from gpuclust.analyses import _hybrid_summary as hs
 from gpuclust.analyses import mixture_summary as ms
 from gpuclust.analyses._lookup import InstanceLookup
-from gpuclust.analyses.base import Analysis, is_null_int, to_host
+from gpuclust.analyses.base import Analysis, fmt, is_null_int, to_host
 from gpuclust.analyses.cell_usage import _priority_lookup
 from gpuclust.schema import (
     CPU_PERCENTILE_COLUMNS_SORTED,
@@ -542,8 +542,8 @@ class UsageDistribution(Analysis):
                          + ", ".join(["mean", *show]) + ("" if info["strategy"] == "exact" else ", bound"))
             for j in range(len(heavy)):
                 k = " ".join(f"{c}={heavy[c].iloc[j]}" for c in keycols)
-                v = " ".join(f"{heavy[c].iloc[j]:.4g}" for c in ("mean", *show))
-                b = "" if info["strategy"] == "exact" else f" ±{heavy['cdf_error_bound'].iloc[j]:.2g}"
+                v = " ".join(fmt(heavy[c].iloc[j]) for c in ("mean", *show))
+                b = "" if info["strategy"] == "exact" else f" ±{fmt(heavy['cdf_error_bound'].iloc[j], '.2g')}"
                 lines.append(f"  {k}: weight={heavy['weight'].iloc[j]:.4g} {v}{b}")
         return "\n".join(lines)
 

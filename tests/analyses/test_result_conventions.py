@@ -169,3 +169,30 @@ def test_plots_draw_unknown_values(tmp_path):
     info = pd.DataFrame([{"tiers": "free,beb,mid,prod,unknown"}])
     assert plot_result("cell-usage", {"usage": usage, "info": info}, tmp_path / "cu.png")
     assert (tmp_path / "cu.png").stat().st_size > 1000
+
+
+def test_zero_weight_distribution_is_unknown():
+    """usage-distribution: a group whose windows all have weight 0 has no distribution: mean and
+    quantiles NaN (not 0), and the summary says unknown."""
+    from strategies import table
+
+    from gpuclust.engine import TableSource
+    from gpuclust.schema import CPU_PERCENTILE_COLUMNS_SORTED
+
+    cols = {"start_time": [H, 2 * H], "end_time": [H, 2 * H + 300_000_000], "collection_id": [1, 2],
+            "instance_index": [0, 0], "machine_id": [5, 6], "alloc_collection_id": [0, 0], "sample_rate": [1.0, 1.0]}
+    cols.update({c: [0.5, 0.2] for c in CPU_PERCENTILE_COLUMNS_SORTED})
+    a = UsageDistribution(by="machine")
+    r = _pick(run(TableSource({"instance_usage": table("instance_usage", cols)}), [a]), a)
+    q = r["quantiles"].set_index("machine_id")
+    assert q.loc[5, "weight"] == 0 and np.isnan(q.loc[5, "mean"]) and np.isnan(q.loc[5, "q50"])
+    assert q.loc[6, "mean"] == pytest.approx(0.2)
+    text = a.summary(r)
+    assert "machine_id=5: weight=0 unknown unknown" in text and "nan" not in text
+
+
+def test_fmt():
+    from gpuclust.analyses.base import fmt
+
+    assert fmt(float("nan")) == "unknown" and fmt(None) == "unknown" and fmt(pd.NA) == "unknown"
+    assert fmt(0.0, ".3f") == "0.000" and fmt(0.1234, ".2f", 100, "%") == "12.34%"
