@@ -196,3 +196,31 @@ def test_fmt():
 
     assert fmt(float("nan")) == "unknown" and fmt(None) == "unknown" and fmt(pd.NA) == "unknown"
     assert fmt(0.0, ".3f") == "0.000" and fmt(0.1234, ".2f", 100, "%") == "12.34%"
+
+
+def test_docs_list_the_result_columns(synth_ds):
+    """The docs name the result columns the analyses produce (and none of the old names), and every
+    analysis doc that buckets time links the shared convention."""
+    import re
+    from pathlib import Path
+
+    docs = Path(__file__).resolve().parents[2] / "docs"
+    text = {p.name: p.read_text() for p in docs.glob("*.md")}
+    assert "## Time buckets" in text["dataset.md"] and "## Result tables: names and missing values" in text["dataset.md"]
+    for name in ("analyses.md", "analysis-overcommit.md", "analysis-usage-distribution.md", "analysis-cpi.md"):
+        assert "dataset.md#time-buckets" in text[name], name
+    for name in ("analyses.md", "analysis-overcommit.md", "analysis-usage-distribution.md"):
+        for old in ("`hour`", "`bucket_start_s`", "`machine`,", "`time`, `bucket_s`"):
+            assert old not in text[name], (name, old)
+    oc, cu, ud = Overcommit(bucket_s=W), CellUsage(), UsageDistribution(by="tier,time")
+    res = run(synth_ds, [oc, cu, ud])
+    tiers = _pick(res, oc)["info"]["tiers"].iloc[0].split(",")
+    per_tier = re.compile(r"_(%s)$" % "|".join(tiers))
+    for table in ("machine", "cell"):
+        for c in _pick(res, oc)[table].columns:
+            if not per_tier.search(c):
+                assert f"`{c}`" in text["analysis-overcommit.md"], (table, c)
+    for c in _pick(res, cu)["usage"].columns:
+        assert f"`{c}`" in text["analyses.md"], c
+    for c in ud.key_columns():
+        assert f"`{c}`" in text["analysis-usage-distribution.md"], c
