@@ -215,7 +215,7 @@ def test_docs_list_the_result_columns(synth_ds):
     oc, cu, ud = Overcommit(bucket_s=W), CellUsage(), UsageDistribution(by="tier,time")
     res = run(synth_ds, [oc, cu, ud])
     tiers = _pick(res, oc)["info"]["tiers"].iloc[0].split(",")
-    per_tier = re.compile(r"_(%s)$" % "|".join(tiers))
+    per_tier = re.compile(r"_(" + "|".join(tiers) + r")$")
     for table in ("machine", "cell"):
         for c in _pick(res, oc)[table].columns:
             if not per_tier.search(c):
