@@ -106,7 +106,7 @@ def duck_cell_usage(ds: Path, _: str) -> Callable[[], Any]:
                FROM read_parquet('{ds}/instance_usage/*.parquet')
                WHERE (alloc_collection_id IS NULL OR alloc_collection_id = 0)
                  AND end_time - start_time >= 300000000)
-    SELECT CAST(floor(u.start_time / 3.6e9) AS BIGINT) AS hour,
+    SELECT CAST(floor(u.start_time / 3.6e9) AS BIGINT) AS bucket,
            CASE WHEN p BETWEEN 0 AND 99 THEN 'free' WHEN p BETWEEN 100 AND 115 THEN 'beb'
                 WHEN p BETWEEN 116 AND 119 THEN 'mid' ELSE 'prod' END AS tier,
            SUM(avg_cpu) / (12 * ANY_VALUE(cap.cpu)) AS cpu, SUM(avg_mem) / (12 * ANY_VALUE(cap.mem)) AS mem
@@ -125,9 +125,9 @@ def pandas_cell_usage(ds: Path, _: str) -> Callable[[], Any]:
         u = pd.read_parquet(ds / "instance_usage", columns=["start_time", "end_time", "collection_id", "instance_index", "machine_id", "alloc_collection_id", "avg_cpu", "avg_mem"])
         u = u[(u.alloc_collection_id == 0) & (u.end_time - u.start_time >= 300 * US)]
         j = u.merge(ev, on=["collection_id", "instance_index", "machine_id"])
-        j["hour"] = j.start_time // 3_600_000_000
+        j["bucket"] = j.start_time // 3_600_000_000  # hours from trace time 0 (docs/dataset.md "Time buckets")
         j["tier"] = pd.cut(j.priority, [-1, 99, 115, 119, 10**9], labels=["free", "beb", "mid", "prod"])
-        g = j.groupby(["hour", "tier"], observed=True)[["avg_cpu", "avg_mem"]].sum()
+        g = j.groupby(["bucket", "tier"], observed=True)[["avg_cpu", "avg_mem"]].sum()
         return g.avg_cpu / (12 * cap.cap_cpu), g.avg_mem / (12 * cap.cap_mem)
 
     return go
@@ -172,6 +172,9 @@ def pandas_cpi(ds: Path, _: str) -> Callable[[], Any]:
 
 
 def duck_overcommit(ds: Path, _: str) -> Callable[[], Any]:
+    """Per machine x 5-min bucket CPU usage.  Buckets follow docs/dataset.md "Time buckets" (origin
+    trace time 0: ``bucket = floor(t / width)``), the grid overcommit itself uses, so the peers
+    compute the same buckets (the bench data starts at 600 s, so overcommit's window clips nothing)."""
     con = _duck()
     b = 300 * US
     sql = f"""

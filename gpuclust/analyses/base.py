@@ -44,6 +44,7 @@ from gpuclust.schema import DEFAULT_TIER_MAP, TierMap, tier_map
 
 __all__ = [
     "Analysis",
+    "fmt",
     "is_null_int",
     "keyed_reduce",
     "merge_keyed",
@@ -64,6 +65,18 @@ def resolve_tier_map(explicit: str | None, source: Any) -> TierMap:
     if name:
         return tier_map(name)
     return tier_map(DEFAULT_TIER_MAP.get(getattr(source, "trace_version", None) or "v3", "notebook"))
+
+
+def fmt(v: Any, spec: str = ".4g", scale: float = 1.0, unit: str = "") -> str:
+    """A number for a summary line; NULL / NaN (not measured) prints as ``unknown``, never as 0
+    or ``nan`` (docs/dataset.md, "Result tables: names and missing values")."""
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return "unknown"
+    if x != x:
+        return "unknown"
+    return f"{x * scale:{spec}}{unit}"
 
 
 def null_int(dtype: Any) -> int:

@@ -34,7 +34,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from gpuclust.analyses._lookup import InstanceLookup, triple_hash
-from gpuclust.analyses.base import Analysis, is_null_int, keyed_reduce, merge_keyed, resolve_tier_map
+from gpuclust.analyses.base import Analysis, fmt, is_null_int, keyed_reduce, merge_keyed, resolve_tier_map
 from gpuclust.analyses.options import option, tier_map_option
 from gpuclust.schema import TIME_AFTER_TRACE, TierMap, tier_map
 
@@ -179,6 +179,7 @@ class CellUsage(Analysis):
     # ---------------------------------------------------------------- partial / merge
     def empty(self, backend: Any = None) -> dict[str, np.ndarray]:
         return {"key": np.zeros(0, np.int64), "cpu": np.zeros(0, np.float64), "mem": np.zeros(0, np.float64),
+                "cpu_n": np.zeros(0, np.float64), "mem_n": np.zeros(0, np.float64),
                 "windows": np.zeros(0, np.int64), "stats": np.zeros(len(STATS), np.int64)}
 
     def partial(self, cols: dict[str, Any], ctx: CellUsageContext, backend: Any) -> dict[str, Any]:
@@ -211,8 +212,10 @@ class CellUsage(Analysis):
             stats["used_windows"] = int(found.sum())
             hour = pick(start)[found] // HOUR_US
             key = (hour << _TIER_BITS) + tier[found].astype(xp.int64)
-            part = keyed_reduce(backend, key, {"cpu": pick(cols["avg_cpu"])[found], "mem": pick(cols["avg_mem"])[found]},
-                                {"windows": None})
+            cpu, mem = pick(cols["avg_cpu"])[found], pick(cols["avg_mem"])[found]
+            # cpu_n / mem_n: how many non-NULL values each group sums (0: the group's usage is unknown)
+            part = keyed_reduce(backend, key, {"cpu": cpu, "mem": mem, "cpu_n": xp.isfinite(cpu).astype(xp.float64),
+                                               "mem_n": xp.isfinite(mem).astype(xp.float64)}, {"windows": None})
         else:
             t_all = xp.where(found, tier, xp.int32(len(ctx.tier_map.names)))
             stats["unknown_windows"] = int((t_all == len(ctx.tier_map.names)).sum())
@@ -240,11 +243,22 @@ class CellUsage(Analysis):
         end = xp.ascontiguousarray(end)
         dcpu = ops.bucket_overlap(start, end, xp.ascontiguousarray(cpu), tier, **kw).reshape(-1)
         dmem = ops.bucket_overlap(start, end, xp.ascontiguousarray(mem), tier, **kw).reshape(-1)
-        dwin = xp.bincount(tier.astype(xp.int64) * nb + (hs - h0), minlength=n_tiers * nb).astype(xp.int64)
-        idx = xp.nonzero((dcpu != 0) | (dmem != 0) | (dwin != 0))[0]
+        cell = tier.astype(xp.int64) * nb + (hs - h0)
+        dwin = xp.bincount(cell, minlength=n_tiers * nb).astype(xp.int64)
+        # cpu_n / mem_n > 0 iff some window with a non-NULL value touches the hour (positive overlap,
+        # or starts in it): otherwise the hour's usage is unknown (NaN), not 0
+        known = {}
+        for name, v in (("cpu_n", cpu), ("mem_n", mem)):
+            fin = xp.isfinite(v).astype(xp.float64)
+            known[name] = (ops.bucket_overlap(start, end, xp.ascontiguousarray(fin), tier, **kw).reshape(-1)
+                           + xp.bincount(cell, weights=fin, minlength=n_tiers * nb))
+        # keep the known-coverage of cells this partition does not otherwise touch: another partition
+        # may hold the cell's only NULL-valued windows (finalize drops cells without contribution)
+        idx = xp.nonzero((dcpu != 0) | (dmem != 0) | (dwin != 0) | (known["cpu_n"] != 0) | (known["mem_n"] != 0))[0]
         key = ((h0 + idx % nb) << _TIER_BITS) + idx // nb
         order = xp.argsort(key)
         return {"key": key[order].astype(xp.int64), "cpu": dcpu[idx][order], "mem": dmem[idx][order],
+                "cpu_n": known["cpu_n"][idx][order], "mem_n": known["mem_n"][idx][order],
                 "windows": dwin[idx][order]}
 
     def merge(self, a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -256,29 +270,37 @@ class CellUsage(Analysis):
 
     # ---------------------------------------------------------------- finalize
     def finalize(self, partial: dict[str, np.ndarray], ctx: CellUsageContext) -> dict[str, pd.DataFrame]:
+        # cells with no contribution (all sums 0, no window starting there) are absent
+        keep = ((np.asarray(partial["cpu"]) != 0) | (np.asarray(partial["mem"]) != 0)
+                | (np.asarray(partial["windows"]) != 0))
+        if not keep.all():
+            partial = {k: (v if k == "stats" else np.asarray(v)[keep]) for k, v in partial.items()}
         key = np.asarray(partial["key"], dtype=np.int64)
         hour = key >> _TIER_BITS
         code = (key & ((1 << _TIER_BITS) - 1)).astype(np.int64)
         per = 12.0 if self.mode == "notebook" else 3600.0
 
-        def norm(v: np.ndarray, cap: float) -> np.ndarray:
+        def norm(v: np.ndarray, n: np.ndarray, cap: float) -> np.ndarray:
             if not (cap > 0) or not np.isfinite(cap):
                 return np.full(v.shape, np.nan)
-            return np.asarray(v, dtype=np.float64) / (per * cap)
+            # a group without any non-NULL value was not measured: NaN (unknown), never 0
+            return np.where(np.asarray(n) > 0, np.asarray(v, dtype=np.float64) / (per * cap), np.nan)
 
         names = np.array(ctx.tier_names, dtype=object)
+        # Time buckets (docs/dataset.md): hour k = [k h, (k+1) h) of trace time (origin 0)
         usage = pd.DataFrame({
-            "hour": hour,
+            "bucket": hour,
+            "bucket_start_us": hour * HOUR_US,
             "tier": pd.Series(names[code] if code.size else np.array([], dtype=object), dtype=object),
-            "cpu": norm(partial["cpu"], ctx.cpu_capacity),
-            "mem": norm(partial["mem"], ctx.mem_capacity),
+            "cpu": norm(partial["cpu"], partial["cpu_n"], ctx.cpu_capacity),
+            "mem": norm(partial["mem"], partial["mem_n"], ctx.mem_capacity),
             "windows": np.asarray(partial["windows"], dtype=np.int64),
         })
         usage["_code"] = code
-        usage = usage.sort_values(["hour", "_code"], kind="stable").drop(columns="_code").reset_index(drop=True)
+        usage = usage.sort_values(["bucket", "_code"], kind="stable").drop(columns="_code").reset_index(drop=True)
         stats = dict(zip(STATS, (int(x) for x in partial["stats"]), strict=False))
         info = pd.DataFrame([{
-            "analysis": self.name, "mode": self.mode, "tier_map": ctx.tier_map.name,
+            "analysis": self.name, "mode": self.mode, "bucket_s": HOUR_US // 1_000_000, "tier_map": ctx.tier_map.name,
             "tiers": ",".join(ctx.tier_names),
             "cpu_capacity": ctx.cpu_capacity, "mem_capacity": ctx.mem_capacity, **stats,
         }])
@@ -287,15 +309,21 @@ class CellUsage(Analysis):
     def summary(self, result: dict[str, pd.DataFrame]) -> str:
         info = result["info"].iloc[0]
         u = result["usage"]
-        lines = [f"{self.label}: tier map {info['tier_map']!r}, capacity cpu={info['cpu_capacity']:.6g} "
-                 f"mem={info['mem_capacity']:.6g}",
+        lines = [f"{self.label}: tier map {info['tier_map']!r}, capacity cpu={fmt(info['cpu_capacity'], '.6g')} "
+                 f"mem={fmt(info['mem_capacity'], '.6g')}",
                  f"  rows={info['rows']} used={info['used_windows']} alloc={info['alloc_rows']} "
                  f"short={info['short_windows']} unmatched={info['unmatched_windows']} "
                  f"unknown-tier={info['unknown_windows']} unbounded={info['unbounded_windows']}"]
         if len(u):
-            nh = u["hour"].nunique()
-            lines.append(f"  hours {int(u['hour'].min())}..{int(u['hour'].max())} ({nh} with data)")
-            by = u.groupby("tier", sort=False)[["cpu", "mem"]].sum() / max(nh, 1)
+            nh = u["bucket"].nunique()
+            lines.append(f"  hours (buckets of 3600 s from trace time 0) {int(u['bucket'].min())}.."
+                         f"{int(u['bucket'].max())} ({nh} with data)")
+            g = u.groupby("tier", sort=False)[["cpu", "mem"]]
+            by = g.sum(min_count=1) / max(nh, 1)  # a tier with no measured hour: NaN, shown as unknown
+            n_unknown = g.agg(lambda v: int(v.isna().sum()))
             for t, r in by.iterrows():
-                lines.append(f"  {t:>8}: mean cpu {r['cpu']:.4f}  mean mem {r['mem']:.4f} (fraction of capacity)")
+                c, m = fmt(r["cpu"], ".4f"), fmt(r["mem"], ".4f")
+                unk = int(n_unknown.loc[t, "cpu"])
+                lines.append(f"  {t:>8}: mean cpu {c}  mean mem {m} (fraction of capacity)"
+                             + (f"; {unk} hour(s) with unknown cpu usage left out" if unk else ""))
         return "\n".join(lines)

@@ -41,7 +41,7 @@ from gpuclust.analyses._machine_cells import (
     grid_cuts,
     hist_edges,
 )
-from gpuclust.analyses.base import Analysis, merge_keyed, resolve_tier_map, stream_pass
+from gpuclust.analyses.base import Analysis, fmt, merge_keyed, resolve_tier_map, stream_pass
 from gpuclust.analyses.options import option, tier_map_option
 from gpuclust.backends.moments_cpu import Moments, regroup_moments
 from gpuclust.schema import TierMap, tier_map
@@ -794,18 +794,20 @@ class Cpi(Analysis):
             col = g.columns[0]
             lines.append(f"  {len(g)} group(s) by {self.by}:")
             for _, r in g.sort_values("cpu_seconds", ascending=False).head(8).iterrows():
-                lines.append(f"    {str(r[col])[:22]:>22}: n={r['n']} CPI {r['cpi_mean']:.3f} (sd {r['cpi_std']:.3f}) "
-                             f"MAI {r['mai_mean']:.4g} r={r['pearson_r']:.3f} rho={r['spearman_rho']:.3f}"
-                             f" [{r['spearman_method']}]")
+                lines.append(f"    {str(r[col])[:22]:>22}: n={r['n']} CPI {fmt(r['cpi_mean'], '.3f')} "
+                             f"(sd {fmt(r['cpi_std'], '.3f')}) MAI {fmt(r['mai_mean'])} r={fmt(r['pearson_r'], '.3f')} "
+                             f"rho={fmt(r['spearman_rho'], '.3f')} [{r['spearman_method']}]")
         reg = result["regression"]
         for _, r in reg.iterrows():
             tag = r["fit"] + ("" if pd.isna(r["platform_id"]) else f"[{str(r['platform_id'])[:12]}]")
             star = "*" if r["primary"] else " "
-            lines.append(f"  {star}{tag:>36}: {r['pct_per_task_vs_intercept']:+.3f}% CPI per extra task "
-                         f"(±{r['pct_per_task_vs_intercept_se']:.3f}), {r['pct_per_10pct_util_vs_intercept']:+.2f}% "
-                         f"per +10% util (±{r['pct_per_10pct_util_vs_intercept_se']:.2f}) vs intercept; "
-                         f"vs mean {r['pct_per_task_vs_mean']:+.3f}% / {r['pct_per_10pct_util_vs_mean']:+.2f}%; "
-                         f"R²={r['r2']:.3f} n={r['n']}")
+            lines.append(f"  {star}{tag:>36}: {fmt(r['pct_per_task_vs_intercept'], '+.3f', unit='%')} CPI per extra"
+                         f" task (±{fmt(r['pct_per_task_vs_intercept_se'], '.3f')}), "
+                         f"{fmt(r['pct_per_10pct_util_vs_intercept'], '+.2f', unit='%')} "
+                         f"per +10% util (±{fmt(r['pct_per_10pct_util_vs_intercept_se'], '.2f')}) vs intercept; "
+                         f"vs mean {fmt(r['pct_per_task_vs_mean'], '+.3f', unit='%')} / "
+                         f"{fmt(r['pct_per_10pct_util_vs_mean'], '+.2f', unit='%')}; "
+                         f"R²={fmt(r['r2'], '.3f')} n={r['n']}")
         if len(reg):
             lines.append(f"  (* = primary fit: regression={self.regression!r})")
         return "\n".join(lines)

@@ -48,7 +48,7 @@ from gpuclust.analyses._intervals import (
     running_intervals,
 )
 from gpuclust.analyses._lookup import InstanceLookup, id_index
-from gpuclust.analyses.base import Analysis, is_null_int, keyed_reduce, merge_keyed, resolve_tier_map
+from gpuclust.analyses.base import Analysis, fmt, is_null_int, keyed_reduce, merge_keyed, resolve_tier_map
 from gpuclust.analyses.cell_usage import _max_priority
 from gpuclust.analyses.options import option, tier_map_option
 from gpuclust.schema import TIME_AFTER_TRACE, TierMap, tier_map
@@ -66,6 +66,9 @@ QUANTILES = (0.5, 0.9, 0.99, 1.0)
 STATS = ("usage_rows", "usage_alloc_rows", "usage_unbounded", "usage_unknown_machine",
          "usage_no_overlap", "usage_used", "usage_unknown_tier")
 _USAGE_FIELDS = ("use_cpu", "use_mem", "max_cpu", "max_mem", "windows")
+#: per usage field: how many overlapping windows carry a non-NULL value (0 with windows > 0: unknown)
+_KNOWN_FIELDS = ("n_use_cpu", "n_use_mem", "n_max_cpu", "n_max_mem")
+_PARTIAL_FIELDS = _USAGE_FIELDS + _KNOWN_FIELDS
 _EVENT_COLUMNS = ["time", "type", "collection_id", "instance_index", "machine_id", "alloc_collection_id",
                   "priority", "req_cpu", "req_mem"]
 
@@ -125,6 +128,10 @@ class OvercommitContext:
     window_end: int
     width: int
     n_buckets: int
+    #: start of the first bucket: ``floor(window_start / width) * width`` (buckets are aligned to
+    #: trace time 0, see "Time buckets" in docs/dataset.md); dense bucket ``j`` is absolute bucket
+    #: ``origin // width + j``
+    origin: int
     #: sorted machine ids (machine_events and placed pieces); a row's machine code is its index
     machine_ids: np.ndarray
     #: usage tier lookup, sorted by hash: hash, the three key columns, tier code
@@ -217,7 +224,10 @@ class Overcommit(Analysis):
             cands = [v for v in (_max_below(ecols["time"]), _max_finite_end(source)) if v is not None]
             w1 = max([w0, *cands])
         width = self.width_us
-        B = -(-(w1 - w0) // width)
+        # Time buckets (docs/dataset.md): aligned to trace time 0, bucket k = [k*width, (k+1)*width);
+        # the window clips the first and last bucket (column covered_s).
+        origin = (w0 // width) * width
+        B = (-(-w1 // width) - w0 // width) if w1 > w0 else 0
         # ---- intervals
         run: RunningIntervals = running_intervals(ecols, w0, w1)
         me = source.read("machine_events", ["time", "machine_id", "type", "cap_cpu", "cap_mem"])
@@ -240,7 +250,7 @@ class Overcommit(Analysis):
                                       codes, what="overcommit priority lookup")
         # ---- interval-derived dense series (client only), with the bucket_overlap op
         bo = get_backend("cpu").ops.bucket_overlap
-        kw = dict(n_buckets=B, origin=w0, width=width)
+        kw = dict(n_buckets=B, origin=origin, width=width)
         ccode = np.searchsorted(mids, cap.machine_id).astype(np.int32)
         capv = np.stack([np.ones(cap.start.shape[0]), cap.cap_cpu, cap.cap_mem,
                          np.isnan(cap.cap_cpu).astype(np.float64), np.isnan(cap.cap_mem).astype(np.float64)])
@@ -258,20 +268,20 @@ class Overcommit(Analysis):
         series["reqc_s"] = rs[0].reshape(M, T, B)
         series["reqm_s"] = rs[1].reshape(M, T, B)
         series["inst_s"] = bo(ps, pe, np.ones(ps.shape[0]), pcode.astype(np.int32), n_groups=M, **kw)
-        series["distinct"] = distinct_running(pcode, run.instance[placed], ps, pe, M, w0, width, B)
+        series["distinct"] = distinct_running(pcode, run.instance[placed], ps, pe, M, origin, width, B)
         series["has_me"] = np.isin(mids, me_ids)
         stats = {**run.stats, **cap.stats,
                  "pieces_unplaced": int(((run.machine_id == 0) | (run.machine_id == np.iinfo(np.int64).min)).sum()),
                  "pieces_dedicated": int((run.machine_id == -1).sum()),
                  "pieces_unknown_tier": int((ptier == T - 1).sum())}
         return OvercommitContext(
-            tier_map=tm, tier_names=tier_names, window_start=w0, window_end=w1, width=width, n_buckets=B,
+            tier_map=tm, tier_names=tier_names, window_start=w0, window_end=w1, width=width, n_buckets=B, origin=origin,
             machine_ids=mids, lookup=lookup, series=series, stats=stats)
 
     # ---------------------------------------------------------------- partial / merge
     def empty(self, backend: Any = None) -> dict[str, np.ndarray]:
         out = {"key": np.zeros(0, np.int64)}
-        out.update({f: np.zeros(0, np.float64) for f in _USAGE_FIELDS})
+        out.update({f: np.zeros(0, np.float64) for f in _PARTIAL_FIELDS})
         out["stats"] = np.zeros(len(STATS), np.int64)
         return out
 
@@ -301,13 +311,14 @@ class Overcommit(Analysis):
         part = self._usage(backend, s[use], e[use], (code[use].astype(xp.int64) * T + tier[use]), max(M, 1) * T,
                            {k: cols[c][use] for k, c in (("use_cpu", "avg_cpu"), ("use_mem", "avg_mem"),
                                                         ("max_cpu", "max_cpu"), ("max_mem", "max_mem"))},
-                           w0, width, B)
+                           ctx.origin, width, B)
         part["stats"] = xp.asarray(np.array([st[k] for k in STATS], dtype=np.int64))
         return part
 
     def _usage(self, backend: Any, s: Any, e: Any, g: Any, n_codes: int, vals: dict[str, Any], w0: int,
                width: int, B: int) -> dict[str, Any]:
-        """Keyed usage sums: key = (machine code * T + tier) * B + bucket; ``g`` in ``[0, n_codes)``."""
+        """Keyed usage sums: key = (machine code * T + tier) * B + bucket; ``g`` in ``[0, n_codes)``;
+        ``w0`` is the grid origin (the first bucket's start), buckets counted from it."""
         xp, ops = backend.xp, backend.ops
         if s.shape[0] == 0:
             return {k: xp.asarray(v) for k, v in self.empty().items() if k != "stats"}
@@ -326,9 +337,11 @@ class Overcommit(Analysis):
         # two sweeps: exact overlap (mean usage) and whole buckets (window maxima, window counts)
         exact = xp.stack([vals["use_cpu"].astype(xp.float64), vals["use_mem"].astype(xp.float64)])
         whole = xp.stack([vals["max_cpu"].astype(xp.float64) / ws, vals["max_mem"].astype(xp.float64) / ws,
-                          xp.full(s.shape[0], 1.0 / ws, dtype=xp.float64)])
+                          xp.full(s.shape[0], 1.0 / ws, dtype=xp.float64),
+                          *[xp.isfinite(vals[k]).astype(xp.float64) / ws
+                            for k in ("use_cpu", "use_mem", "max_cpu", "max_mem")]])
         keys: list[Any] = []
-        outs: dict[str, list[Any]] = {k: [] for k in _USAGE_FIELDS}
+        outs: dict[str, list[Any]] = {k: [] for k in _PARTIAL_FIELDS}
         s = xp.ascontiguousarray(s)
         e = xp.ascontiguousarray(e)
         for c0 in range(lo, hi, step):
@@ -348,13 +361,14 @@ class Overcommit(Analysis):
                 d2 = ops.bucket_overlap(xp.ascontiguousarray(a_s[sel]), xp.ascontiguousarray(a_e[sel]),
                                         xp.ascontiguousarray(whole[:, sel]), gi, **kw)
             dense = {"use_cpu": d1[0].reshape(-1), "use_mem": d1[1].reshape(-1), "max_cpu": d2[0].reshape(-1),
-                     "max_mem": d2[1].reshape(-1), "windows": d2[2].reshape(-1)}
+                     "max_mem": d2[1].reshape(-1), "windows": d2[2].reshape(-1),
+                     **{k: d2[3 + j].reshape(-1) for j, k in enumerate(_KNOWN_FIELDS)}}
             nz = dense["windows"] != 0
             for k in ("use_cpu", "use_mem", "max_cpu", "max_mem"):
                 nz |= dense[k] != 0
             idx = xp.nonzero(nz)[0]
             keys.append(ug[idx // nb] * B + (c0 + idx % nb))
-            for k in _USAGE_FIELDS:
+            for k in _PARTIAL_FIELDS:
                 outs[k].append(dense[k][idx])
         if len(keys) == 1:  # g-major dense layout: keys already sorted and unique
             return {"key": keys[0], **{k: v[0] for k, v in outs.items()}}
@@ -373,14 +387,20 @@ class Overcommit(Analysis):
         S = ctx.series
         M, T, B = int(ctx.machine_ids.shape[0]), ctx.n_tiers, ctx.n_buckets
         tiers = list(ctx.tier_names)
-        bstart = ctx.window_start + np.arange(B, dtype=np.int64) * ctx.width
-        L = (np.minimum(bstart + ctx.width, ctx.window_end) - bstart).astype(np.float64) / 1e6
+        bucket = ctx.origin // ctx.width + np.arange(B, dtype=np.int64)  # absolute bucket numbers
+        bstart = bucket * ctx.width
+        L = (np.minimum(bstart + ctx.width, ctx.window_end) - np.maximum(bstart, ctx.window_start)).astype(np.float64) / 1e6
         key = np.asarray(partial["key"], dtype=np.int64)
         if key.size and (int(key.max()) >= M * T * B or int(key.min()) < 0):
             raise ValueError("overcommit: usage partial does not match the context (key out of range)")
         U = {f: (np.bincount(key, weights=np.asarray(partial[f], np.float64), minlength=M * T * B)
-                 .reshape(M, T, B)) for f in _USAGE_FIELDS}
-        windows = np.rint(U["windows"].sum(axis=1)).astype(np.int64)
+                 .reshape(M, T, B)) for f in _PARTIAL_FIELDS}
+        # a (machine, tier, bucket) with windows whose values are all NULL was not measured: NaN
+        wt = np.rint(U["windows"])
+        for f, n in (("use_cpu", "n_use_cpu"), ("use_mem", "n_use_mem"), ("max_cpu", "n_max_cpu"),
+                     ("max_mem", "n_max_mem")):
+            U[f] = np.where((wt > 0) & (np.rint(U[n]) == 0), np.nan, U[f])
+        windows = wt.sum(axis=1).astype(np.int64)
         with np.errstate(invalid="ignore", divide="ignore"):
             no_me = ~S["has_me"][:, None]
             unk_c = (S["unkc_s"] > 0) | no_me
@@ -395,9 +415,18 @@ class Overcommit(Analysis):
             inst = S["inst_s"] / L
         present = ((S["up_s"] > 0) | (S["reqc_s"].sum(axis=1) > 0) | (S["reqm_s"].sum(axis=1) > 0)
                    | (S["inst_s"] > 0) | (windows > 0) | (use_c != 0) | (use_m != 0) | (max_c != 0) | (max_m != 0))
+        stats = dict(ctx.stats)
+        stats.update(zip(STATS, (int(x) for x in partial["stats"]), strict=False))
+        has_usage = stats["usage_rows"] > 0
+        if not has_usage:
+            # No instance_usage rows at all: usage was not measured, so it is unknown (NaN), not 0.
+            use_ct, use_mt, use_c, use_m, max_c, max_m, U["max_cpu"], U["max_mem"] = (
+                np.full(np.shape(a), np.nan) for a in (use_ct, use_mt, use_c, use_m, max_c, max_m, U["max_cpu"],
+                                                         U["max_mem"]))
         mi, bi = np.nonzero(present)
         machine = pd.DataFrame({
-            "machine": ctx.machine_ids[mi], "bucket": bi.astype(np.int64), "time": bstart[bi], "bucket_s": L[bi],
+            "machine_id": ctx.machine_ids[mi], "bucket": bucket[bi], "bucket_start_us": bstart[bi],
+            "covered_s": L[bi],
             "up_s": S["up_s"][mi, bi], "cap_cpu": cap_c[mi, bi], "cap_mem": cap_m[mi, bi],
             "cap_unknown": (unk_c | unk_m)[mi, bi],
             "req_cpu": req_c[mi, bi], "req_mem": req_m[mi, bi], "use_cpu": use_c[mi, bi], "use_mem": use_m[mi, bi],
@@ -413,10 +442,13 @@ class Overcommit(Analysis):
         for k, t in enumerate(tiers):
             for col, arr in per_tier.items():
                 machine[f"{col}_{t}"] = arr[mi, k, bi]
-        cell = self._cell(bstart, L, present, S, unk_c, unk_m, cap_c, cap_m, per_tier, windows, inst, tiers)
-        stats = dict(ctx.stats)
-        stats.update(zip(STATS, (int(x) for x in partial["stats"]), strict=False))
-        summary = self._summary(machine, tiers, has_usage=stats["usage_rows"] > 0)
+        cell = self._cell(bucket, bstart, L, present, S, unk_c, unk_m, cap_c, cap_m, per_tier, windows, inst, tiers)
+        if not has_usage:
+            for df in (machine, cell):
+                for c in df.columns:
+                    if c.startswith(("use_", "max_cpu_sum", "max_mem_sum", "usage_ratio_", "peak_ratio_")):
+                        df[c] = np.nan
+        summary = self._summary(machine, tiers, has_usage=has_usage)
         info = pd.DataFrame([{
             "analysis": self.name, "tier_map": ctx.tier_map.name, "tiers": ",".join(tiers),
             "bucket_s": int(self.bucket_s), "window_start_us": ctx.window_start, "window_end_us": ctx.window_end,
@@ -424,14 +456,17 @@ class Overcommit(Analysis):
         return {"machine": machine, "cell": cell, "summary": summary, "info": info}
 
     @staticmethod
-    def _cell(bstart: np.ndarray, L: np.ndarray, present: np.ndarray, S: dict[str, np.ndarray], unk_c: np.ndarray,
+    def _cell(bucket: np.ndarray, bstart: np.ndarray, L: np.ndarray, present: np.ndarray, S: dict[str, np.ndarray], unk_c: np.ndarray,
               unk_m: np.ndarray, cap_c: np.ndarray, cap_m: np.ndarray, per_tier: dict[str, np.ndarray],
               windows: np.ndarray, inst: np.ndarray, tiers: list[str]) -> pd.DataFrame:
         known = {"cpu": present & ~unk_c, "mem": present & ~unk_m}
-        caps = {"cpu": np.where(known["cpu"], cap_c, 0.0).sum(axis=0),
-                "mem": np.where(known["mem"], cap_m, 0.0).sum(axis=0)}
+        # Capacity of the machines with a known capacity; when machines are present but none has a
+        # known capacity the cell's capacity is unknown (NaN), not 0.
+        caps = {r: np.where(known[r].any(axis=0) | ~present.any(axis=0),
+                            np.where(known[r], c, 0.0).sum(axis=0), np.nan)
+                for r, c in (("cpu", cap_c), ("mem", cap_m))}
         cell = pd.DataFrame({
-            "bucket": np.arange(L.shape[0], dtype=np.int64), "time": bstart, "bucket_s": L,
+            "bucket": bucket, "bucket_start_us": bstart, "covered_s": L,
             "machines": present.sum(axis=0).astype(np.int64), "machines_up": (S["up_s"] > 0).sum(axis=0).astype(np.int64),
             "machines_cap_unknown": (present & (unk_c | unk_m)).sum(axis=0).astype(np.int64),
             "cap_cpu": caps["cpu"], "cap_mem": caps["mem"]})
@@ -457,7 +492,7 @@ class Overcommit(Analysis):
         """Statistics over *full* machine-buckets: available the whole bucket, known capacity > 0.
         Usage statistics are NaN when the dataset has no instance_usage rows (e.g. 2011 events only)."""
         rows: list[tuple[str, str, str, float]] = []
-        L = machine["bucket_s"].to_numpy()
+        L = machine["covered_s"].to_numpy()
         up = machine["up_s"].to_numpy()
         avail = float(up.sum())
         for r in ("cpu", "mem"):
@@ -472,9 +507,14 @@ class Overcommit(Analysis):
             rows.append(("machine_time_share", r, "all", tw / avail if avail > 0 else np.nan))
             for kind, col in (("request", f"req_{r}"), ("usage", f"use_{r}"), ("peak", f"max_{r}_sum")):
                 v = machine[col].to_numpy()[full]
-                share = float(w[v > c * (1 + OVER_EPS)].sum()) / tw
+                kn = np.isfinite(v)  # usage statistics over the machine-buckets whose usage is known
+                tk = float(w[kn].sum())
+                share = float(w[kn & (v > c * (1 + OVER_EPS))].sum()) / tk if tk > 0 else np.nan
                 rows.append((f"share_over_capacity_{kind}", r, "all", share if has_usage or kind == "request" else np.nan))
-            mean_use = float((machine[f"use_{r}"].to_numpy()[full] * w).sum() / (c * w).sum())
+            u = machine[f"use_{r}"].to_numpy()[full]
+            kn = np.isfinite(u)
+            den = float((c[kn] * w[kn]).sum())
+            mean_use = float((u[kn] * w[kn]).sum()) / den if den > 0 else np.nan
             rows.append(("usage_ratio_mean", r, "all", mean_use if has_usage else np.nan))
             for t in ("all", *tiers):
                 req = machine[f"req_{r}" if t == "all" else f"req_{r}_{t}"].to_numpy()[full]
@@ -506,10 +546,11 @@ class Overcommit(Analysis):
                 continue
             lines.append(
                 f"  {r}: {int(get('machine_buckets', r))} full machine-buckets; requested/capacity mean "
-                f"{get('alloc_ratio_mean', r):.3f}, p50 {get('alloc_ratio_p50', r):.3f}, p99 {get('alloc_ratio_p99', r):.3f}, "
-                f"max {get('alloc_ratio_max', r):.3f}; over capacity by request {100 * get('share_over_capacity_request', r):.2f}%"
-                f" of machine-time, by usage {100 * get('share_over_capacity_usage', r):.2f}%; usage/capacity mean "
-                f"{get('usage_ratio_mean', r):.3f}")
+                f"{fmt(get('alloc_ratio_mean', r), '.3f')}, p50 {fmt(get('alloc_ratio_p50', r), '.3f')}, "
+                f"p99 {fmt(get('alloc_ratio_p99', r), '.3f')}, max {fmt(get('alloc_ratio_max', r), '.3f')}; "
+                f"over capacity by request {fmt(get('share_over_capacity_request', r), '.2f', 100, '%')}"
+                f" of machine-time, by usage {fmt(get('share_over_capacity_usage', r), '.2f', 100, '%')}; "
+                f"usage/capacity mean {fmt(get('usage_ratio_mean', r), '.3f')}")
         return "\n".join(lines)
 
 

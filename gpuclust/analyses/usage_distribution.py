@@ -34,7 +34,7 @@ import pandas as pd
 from gpuclust.analyses import _hybrid_summary as hs
 from gpuclust.analyses import mixture_summary as ms
 from gpuclust.analyses._lookup import InstanceLookup
-from gpuclust.analyses.base import Analysis, is_null_int, to_host
+from gpuclust.analyses.base import Analysis, fmt, is_null_int, to_host
 from gpuclust.analyses.cell_usage import _priority_lookup
 from gpuclust.analyses.options import option, tier_map_option
 from gpuclust.schema import (
@@ -130,8 +130,9 @@ class UsageDistribution(Analysis):
         Grouping keys, a sequence or a ``","``/``"+"``-separated string of ``instance``,
         ``collection``, ``machine``, ``tier``, ``cell``, ``time`` (default ``("tier",)``).
     bucket_s
-        Width of the ``time`` buckets in seconds (default 3600); buckets are
-        ``floor(t / bucket_s)`` of the trace's time origin (600 s before the trace start).
+        Width of the ``time`` buckets in seconds (default 3600); bucket ``k`` is
+        ``[k*bucket_s, (k+1)*bucket_s)`` of trace time (origin 0, 600 s before the trace start),
+        reported as ``bucket`` and ``bucket_start_us`` (see "Time buckets" in docs/dataset.md).
     levels
         Quantile levels in [0, 1] (sorted, duplicates removed); default the 20 standard levels.
     rows
@@ -219,10 +220,10 @@ class UsageDistribution(Analysis):
 
     def key_columns(self) -> list[str]:
         """Output key columns, in ``by`` order (``cell`` -> ``cell``; ``time`` -> ``bucket``,
-        ``bucket_start_s``)."""
+        ``bucket_start_us``)."""
         out: list[str] = []
         for b in self.by:
-            out.extend({"cell": ("cell",), "time": ("bucket", "bucket_start_s")}.get(b, _KEY_COLUMNS[b]))
+            out.extend({"cell": ("cell",), "time": ("bucket", "bucket_start_us")}.get(b, _KEY_COLUMNS[b]))
         return out
 
     @property
@@ -507,7 +508,7 @@ class UsageDistribution(Analysis):
                 cols["cell"] = pd.Series([ctx.cell] * G, dtype=object)
             elif b == "time":
                 cols["bucket"] = kc[:, j].astype(np.int64)
-                cols["bucket_start_s"] = kc[:, j].astype(np.float64) * (self.bucket_us / US)
+                cols["bucket_start_us"] = kc[:, j].astype(np.int64) * np.int64(self.bucket_us)
                 j += 1
         return pd.DataFrame({k: (v.to_numpy() if isinstance(v, pd.Series) else v) for k, v in cols.items()},
                             index=pd.RangeIndex(G))
@@ -525,15 +526,15 @@ class UsageDistribution(Analysis):
                  f"{info['skipped_no_percentiles']} repaired={info['repaired']} bad-time={info['bad_time_windows']} "
                  f"zero-weight={info['zero_weight_windows']}; {info['groups']} groups"]
         if len(qd):
-            keycols = [c for c in self.key_columns() if c in qd.columns and c != "bucket_start_s"]
+            keycols = [c for c in self.key_columns() if c in qd.columns and c != "bucket_start_us"]
             show = [c for c in ("q50", "q90", "q99", "q100") if c in qd.columns]
             heavy = qd.sort_values("weight", ascending=False, kind="stable").head(top)
             lines.append(f"  heaviest {len(heavy)} groups (CPU, normalised cores): "
                          + ", ".join(["mean", *show]) + ("" if info["strategy"] == "exact" else ", bound"))
             for j in range(len(heavy)):
                 k = " ".join(f"{c}={heavy[c].iloc[j]}" for c in keycols)
-                v = " ".join(f"{heavy[c].iloc[j]:.4g}" for c in ("mean", *show))
-                b = "" if info["strategy"] == "exact" else f" ±{heavy['cdf_error_bound'].iloc[j]:.2g}"
+                v = " ".join(fmt(heavy[c].iloc[j]) for c in ("mean", *show))
+                b = "" if info["strategy"] == "exact" else f" ±{fmt(heavy['cdf_error_bound'].iloc[j], '.2g')}"
                 lines.append(f"  {k}: weight={heavy['weight'].iloc[j]:.4g} {v}{b}")
         return "\n".join(lines)
 

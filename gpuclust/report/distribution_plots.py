@@ -31,7 +31,7 @@ def plot_usage_distribution(result: dict[str, pd.DataFrame], path: Path, *, titl
     qd, naive = result["quantiles"], result["naive"]
     if qd.empty or not (qd["weight"] > 0).any():
         return False
-    keycols = [c for c in qd.columns[: list(qd.columns).index("n_windows")] if c != "bucket_start_s"]
+    keycols = [c for c in qd.columns[: list(qd.columns).index("n_windows")] if c != "bucket_start_us"]
     heaviest = np.argsort(-qd["weight"].to_numpy(), kind="stable")[:top]
     order = [int(i) for i in heaviest if qd["weight"].iloc[int(i)] > 0]
     qcols, lv = _levels(list(qd.columns))

@@ -28,7 +28,8 @@ def plot_overcommit(result: dict[str, pd.DataFrame], path: Path, *, title: str =
     fig = _figure()
     fig.set_size_inches(10, 9)
     axes = fig.subplots(3, 1)
-    hours = (cell["time"].to_numpy() - cell["time"].to_numpy()[0]) / 3.6e9
+    # x: bucket start in hours of trace time (origin 0, 600 s before the trace start; docs/dataset.md)
+    hours = cell["bucket_start_us"].to_numpy() / 3.6e9
     has_usage = int(result["info"]["usage_rows"].iloc[0]) > 0
     for ax, kind, label in ((axes[0], "alloc", "requested / capacity"), (axes[1], "usage", "usage / capacity")):
         if kind == "usage" and not has_usage:
@@ -36,15 +37,20 @@ def plot_overcommit(result: dict[str, pd.DataFrame], path: Path, *, title: str =
             ax.set_ylabel(f"CPU {label}")
             continue
         cols = [t for t in tiers if f"{kind}_ratio_cpu_{t}" in cell and np.nan_to_num(cell[f"{kind}_ratio_cpu_{t}"]).any()]
+        # unknown (NaN) buckets, e.g. no machine with a known capacity, stay gaps: never drawn as 0
+        known = np.isfinite(cell[f"{kind}_ratio_cpu"].to_numpy(dtype=np.float64))
         if cols:
-            ax.stackplot(hours, *[np.nan_to_num(cell[f"{kind}_ratio_cpu_{t}"].to_numpy()) for t in cols], labels=cols,
-                         alpha=0.8)
+            ax.stackplot(hours, *[np.where(known, np.nan_to_num(cell[f"{kind}_ratio_cpu_{t}"].to_numpy()), np.nan)
+                                  for t in cols], labels=cols, alpha=0.8)
+        if not known.all():
+            ax.text(0.01, 0.02, f"{int((~known).sum())} bucket(s) unknown (gaps)", transform=ax.transAxes,
+                    fontsize="small")
         ax.plot(hours, cell[f"{kind}_ratio_mem"].to_numpy(), color="k", lw=1, ls="--", label="memory (all tiers)")
         ax.axhline(1.0, color="r", lw=0.8)
         ax.set_ylabel(f"CPU {label}")
         ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
     axes[0].set_title(f"{title}: cell-level ratios (capacity-weighted)")
-    axes[1].set_xlabel("hours since window start")
+    axes[1].set_xlabel("bucket start (hours since trace time 0, i.e. 600 s before the trace start)")
     ax = axes[2]
     for r, color in (("cpu", "tab:blue"), ("mem", "tab:orange")):
         v = machine[f"alloc_ratio_{r}"].to_numpy(dtype=np.float64)

@@ -37,13 +37,21 @@ def plot_cell_usage(result: dict[str, pd.DataFrame], path: Path, *, title: str =
     fig = _figure()
     axes = fig.subplots(2, 1, sharex=True)
     for ax, col in zip(axes, ("cpu", "mem"), strict=False):
-        wide = u.pivot_table(index="hour", columns="tier", values=col, aggfunc="sum").fillna(0.0)
+        # absent (tier, hour) = no usage = 0; a NaN value = unknown (all values NULL): a gap, never 0
+        wide = u.set_index(["bucket_start_us", "tier"])[col].unstack("tier")
+        unknown = u.assign(_u=u[col].isna()).set_index(["bucket_start_us", "tier"])["_u"].unstack("tier")
+        wide = wide.fillna(0.0).mask(unknown.fillna(False).astype(bool))
         wide = wide.reindex(columns=[t for t in tiers if t in wide.columns])
-        ax.stackplot(wide.index.to_numpy(), *[wide[t].to_numpy() for t in wide.columns], labels=list(wide.columns))
+        x = wide.index.to_numpy() / 3.6e9
+        ax.stackplot(x, *[wide[t].to_numpy() for t in wide.columns], labels=list(wide.columns))
+        n_unknown = int(u[col].isna().sum())
+        if n_unknown:
+            ax.text(0.01, 0.02, f"{n_unknown} (hour, tier) value(s) unknown (gaps)", transform=ax.transAxes,
+                    fontsize="small")
         ax.set_ylabel(f"{col} / capacity")
     axes[0].legend(loc="upper right", fontsize="small")
     axes[0].set_title(title)
-    axes[1].set_xlabel("hour since trace offset")
+    axes[1].set_xlabel("bucket start (hours since trace time 0, i.e. 600 s before the trace start)")
     _save_atomic(fig, path)
     return True
 

@@ -3,13 +3,16 @@
 * :func:`replay`: plain Python.  Per instance, walk its events in order; per machine, walk its
   capacity events; integrate every piece over every bucket it overlaps with integer arithmetic.
   Shares no code with ``gpuclust.analyses._intervals`` / ``overcommit``.
-* :func:`usage_sql`: DuckDB SQL for the usage part (``generate_series`` over buckets).
+* :func:`usage_sql`: DuckDB SQL for the usage part (``generate_series`` over buckets); a group
+  whose values are all NULL is NULL (plain ``SUM``: unknown, never 0).
 
 Semantics restated (see ``docs/analysis-overcommit.md``): events of a thing are ordered by time,
 ties by row order; event times are clipped to the window; tasks inside allocs are dropped row by
 row; SCHEDULE opens (closing a running piece first), UPDATE_RUNNING while running splits,
 EVICT/FAIL/FINISH/KILL/LOST close; NULL requests / priorities carry forward; ADD / UPDATE / REMOVE
-set capacity / change it / make it 0; NULL capacity is unknown.
+set capacity / change it / make it 0; NULL capacity is unknown.  Buckets follow the time-bucket
+convention of ``docs/dataset.md``: bucket ``b`` is ``[b*width, (b+1)*width)`` of absolute trace
+time (origin 0), keyed by that absolute ``b``; the window clips the first and last bucket.
 """
 
 from __future__ import annotations
@@ -53,12 +56,17 @@ def _rows(t: pa.Table | None) -> list[dict[str, Any]]:
     return [] if t is None else t.to_pylist()
 
 
-def _integrate(acc: dict, key: tuple, s: int, e: int, value: float, start: int, width: int, n_buckets: int) -> None:
+def bucket_range(start: int, end: int, width: int) -> range:
+    """Absolute bucket numbers ``b`` whose ``[b*width, (b+1)*width)`` meets ``[start, end)``."""
+    return range(start // width, -(-end // width)) if end > start else range(0)
+
+
+def _integrate(acc: dict, key: tuple, s: int, e: int, value: float, start: int, width: int, buckets: range) -> None:
     """acc[key + (b,)] += value * overlap seconds, bucket by bucket (plain loop)."""
     if value is None or (isinstance(value, float) and math.isnan(value)) or e <= s:
         return
-    for b in range(n_buckets):
-        bs = start + b * width
+    for b in buckets:
+        bs = b * width
         ov = min(e, bs + width) - max(s, bs)
         if ov > 0:
             acc[(*key, b)] += value * (ov / 1e6)
@@ -76,7 +84,8 @@ def replay(tables: dict[str, pa.Table], *, bucket_s: int, names: tuple[str, ...]
     if end is None:
         end = default_window_end(tables, start)
     width = bucket_s * 1_000_000
-    n_buckets = -(-(end - start) // width)
+    buckets = bucket_range(start, end, width)
+    n_buckets = len(buckets)
 
     def clip(t: int) -> int:
         return min(max(t, start), end)
@@ -143,24 +152,24 @@ def replay(tables: dict[str, pa.Table], *, bucket_s: int, names: tuple[str, ...]
             s = clip(t_raw)
             e = clip(evs[k + 1][0]) if k + 1 < len(evs) else end
             if up and e > s:
-                _integrate(out["up"], (m,), s, e, 1.0, start, width, n_buckets)
-                _integrate(out["capc"], (m,), s, e, 0.0 if math.isnan(capc) else capc, start, width, n_buckets)
-                _integrate(out["capm"], (m,), s, e, 0.0 if math.isnan(capm) else capm, start, width, n_buckets)
-                _integrate(out["unkc"], (m,), s, e, 1.0 if math.isnan(capc) else 0.0, start, width, n_buckets)
-                _integrate(out["unkm"], (m,), s, e, 1.0 if math.isnan(capm) else 0.0, start, width, n_buckets)
+                _integrate(out["up"], (m,), s, e, 1.0, start, width, buckets)
+                _integrate(out["capc"], (m,), s, e, 0.0 if math.isnan(capc) else capc, start, width, buckets)
+                _integrate(out["capm"], (m,), s, e, 0.0 if math.isnan(capm) else capm, start, width, buckets)
+                _integrate(out["unkc"], (m,), s, e, 1.0 if math.isnan(capc) else 0.0, start, width, buckets)
+                _integrate(out["unkm"], (m,), s, e, 1.0 if math.isnan(capm) else 0.0, start, width, buckets)
     # ---- requests and counts
     for key, m, s, e, cpu, mem, prio in pieces:
         if m is None or m <= 0:
             continue
         tier = tier_of(prio, bounds, names)
-        _integrate(out["reqc"], (m, tier), s, e, cpu, start, width, n_buckets)
-        _integrate(out["reqm"], (m, tier), s, e, mem, start, width, n_buckets)
-        _integrate(out["inst"], (m,), s, e, 1.0, start, width, n_buckets)
-        for b in range(n_buckets):
-            bs = start + b * width
+        _integrate(out["reqc"], (m, tier), s, e, cpu, start, width, buckets)
+        _integrate(out["reqm"], (m, tier), s, e, mem, start, width, buckets)
+        _integrate(out["inst"], (m,), s, e, 1.0, start, width, buckets)
+        for b in buckets:
+            bs = b * width
             if min(e, bs + width) - max(s, bs) > 0:
                 out["distinct"][(m, b)].add(key)
-    out.update(end=end, n_buckets=n_buckets, machines=machines, with_events=with_events, pieces=pieces)
+    out.update(end=end, n_buckets=n_buckets, buckets=buckets, machines=machines, with_events=with_events, pieces=pieces)
     return out
 
 
@@ -173,7 +182,7 @@ def usage_sql(con: Any, *, bucket_s: int, names: tuple[str, ...], bounds: tuple[
     """DuckDB: per (machine, tier, bucket) time-weighted usage seconds, sums of window maxima and
     window counts over views ``usage`` and ``events``; returns a pandas DataFrame."""
     width = bucket_s * 1_000_000
-    n_buckets = -(-(end - start) // width)
+    b_lo, b_hi = start // width, -(-end // width)  # absolute buckets meeting [start, end)
     case = "CASE WHEN p IS NULL OR p < 0 THEN 'unknown' " + " ".join(
         f"WHEN p >= {b} THEN '{n}'" for b, n in reversed(list(zip(bounds, names, strict=True)))) + " END"
     con.execute("CREATE OR REPLACE TEMP TABLE known_machines (m BIGINT)")
@@ -190,17 +199,17 @@ def usage_sql(con: Any, *, bucket_s: int, names: tuple[str, ...], bounds: tuple[
             GROUP BY ALL),
         j AS (SELECT u.*, {case} AS tier FROM u LEFT JOIN lk
               ON u.collection_id = lk.c AND u.instance_index = lk.i AND u.machine_id = lk.m),
-        b AS (SELECT generate_series AS b FROM generate_series(0, {n_buckets - 1})),
+        b AS (SELECT generate_series AS b FROM generate_series({b_lo}, {b_hi - 1})),
         x AS (
             SELECT j.*, b.b,
-                   least(end_time, {end}::BIGINT, {start}::BIGINT + (b.b + 1) * {width}::BIGINT)
-                   - greatest(start_time, {start}::BIGINT, {start}::BIGINT + b.b * {width}::BIGINT) AS ov
+                   least(end_time, {end}::BIGINT, (b.b + 1) * {width}::BIGINT)
+                   - greatest(start_time, {start}::BIGINT, b.b * {width}::BIGINT) AS ov
             FROM j JOIN b
-              ON {start}::BIGINT + b.b * {width}::BIGINT < least(end_time, {end}::BIGINT)
-             AND {start}::BIGINT + (b.b + 1) * {width}::BIGINT > greatest(start_time, {start}::BIGINT))
+              ON b.b * {width}::BIGINT < least(end_time, {end}::BIGINT)
+             AND (b.b + 1) * {width}::BIGINT > greatest(start_time, {start}::BIGINT))
         SELECT machine_id, tier, b AS bucket,
-               coalesce(sum(avg_cpu::DOUBLE * ov / 1e6), 0) AS use_cpu_s,
-               coalesce(sum(avg_mem::DOUBLE * ov / 1e6), 0) AS use_mem_s,
-               coalesce(sum(max_cpu::DOUBLE), 0) AS max_cpu, coalesce(sum(max_mem::DOUBLE), 0) AS max_mem,
+               sum(avg_cpu::DOUBLE * ov / 1e6) AS use_cpu_s,
+               sum(avg_mem::DOUBLE * ov / 1e6) AS use_mem_s,
+               sum(max_cpu::DOUBLE) AS max_cpu, sum(max_mem::DOUBLE) AS max_mem,
                count(*) AS windows
         FROM x WHERE ov > 0 GROUP BY ALL ORDER BY ALL""").df()

@@ -74,7 +74,7 @@ def check_against_reference(tables, res, a: Overcommit, tm=NB):
     for r in udf.itertuples(index=False):
         use[(r.machine_id, r.tier, r.bucket)] = r
     m = res["machine"]
-    rows = {(int(r["machine"]), int(r["bucket"])): r for r in m.to_dict("records")}
+    rows = {(int(r["machine_id"]), int(r["bucket"])): r for r in m.to_dict("records")}
     # every reference machine-bucket with something in it is a row
     expect_keys = {k for k, v in ref["up"].items() if v > 0} | {k[:1] + k[2:] for k, v in ref["reqc"].items() if v}
     expect_keys |= {k for k, v in ref["inst"].items() if v > 0} | {(k[0], k[2]) for k in use}
@@ -86,9 +86,15 @@ def check_against_reference(tables, res, a: Overcommit, tm=NB):
         else:
             assert math.isclose(x, y, rel_tol=1e-9, abs_tol=1e-12), (what, x, y)
 
+    # buckets are absolute (trace time 0 origin): every row's bucket is one the window meets
+    assert {b for _, b in rows} <= set(ref["buckets"])
+    # without any instance_usage row, usage was not measured: NaN (unknown), never 0
+    measured = tables.get("instance_usage") is not None and tables["instance_usage"].num_rows > 0
+    nan = float("nan")
     for (mid, b), r in rows.items():
-        L = (min(start + (b + 1) * width, end) - (start + b * width)) / 1e6
-        close(r["bucket_s"], L, "bucket_s")
+        L = (min((b + 1) * width, end) - max(b * width, start)) / 1e6
+        close(r["covered_s"], L, "covered_s")
+        assert r["bucket_start_us"] == b * width
         close(r["up_s"], ref["up"].get((mid, b), 0.0), ("up", mid, b))
         for res_col, acc, unk in (("cap_cpu", "capc", "unkc"), ("cap_mem", "capm", "unkm")):
             unknown = mid not in ref["with_events"] or ref[unk].get((mid, b), 0.0) > 0
@@ -99,9 +105,10 @@ def check_against_reference(tables, res, a: Overcommit, tm=NB):
         nwin = 0
         for t in tiers:
             u = use.get((mid, t, b))
+            zero = 0.0 if measured else nan
             exp = {"req_cpu": ref["reqc"].get((mid, t, b), 0.0) / L, "req_mem": ref["reqm"].get((mid, t, b), 0.0) / L,
-                   "use_cpu": (u.use_cpu_s / L) if u else 0.0, "use_mem": (u.use_mem_s / L) if u else 0.0,
-                   "max_cpu_sum": u.max_cpu if u else 0.0, "max_mem_sum": u.max_mem if u else 0.0}
+                   "use_cpu": (u.use_cpu_s / L) if u else zero, "use_mem": (u.use_mem_s / L) if u else zero,
+                   "max_cpu_sum": u.max_cpu if u else zero, "max_mem_sum": u.max_mem if u else zero}
             nwin += int(u.windows) if u else 0
             for k, v in exp.items():
                 close(r[f"{k}_{t}"], v, (k, t, mid, b))
@@ -109,6 +116,9 @@ def check_against_reference(tables, res, a: Overcommit, tm=NB):
         for k, v in tot.items():
             close(r[k], v, (k, mid, b))
         assert r["windows"] == nwin
+        if not measured:
+            for c in ("usage_ratio_cpu", "usage_ratio_mem", "peak_ratio_cpu", "peak_ratio_mem"):
+                assert math.isnan(r[c]), (c, mid, b)
     return ref
 
 
@@ -170,23 +180,26 @@ def test_hand_written_case():
     assert info["window_end_us"] == T0 + 550 * S  # the largest finite time (usage end 550 s; MAXT ignored)
     assert info["buckets"] == 2 and info["alloc_event_rows"] == 1 and info["terminal_without_schedule"] == 1
     assert info["usage_alloc_rows"] == 1 and info["usage_unbounded"] == 1
-    m = res["machine"].set_index(["machine", "bucket"])
-    # m1 bucket 0 [600 s, 900 s): up 0-200 s (cap 0.5) -> cap mean 0.5*200/300
-    r = m.loc[(1, 0)]
+    m = res["machine"].set_index(["machine_id", "bucket"])
+    # buckets are numbered from trace time 0: [600 s, 900 s) is bucket 2, [900 s, 1200 s) bucket 3
+    assert sorted(set(res["machine"]["bucket"])) == [2, 3]
+    assert sorted(set(res["machine"]["bucket_start_us"])) == [600 * S, 900 * S]
+    # m1 bucket 2 [600 s, 900 s): up 0-200 s (cap 0.5) -> cap mean 0.5*200/300
+    r = m.loc[(1, 2)]
     assert r["up_s"] == pytest.approx(200) and r["cap_cpu"] == pytest.approx(0.5 * 200 / 300)
     # A on m1: 0.1 x 150 s + 0.3 x 50 s, prod tier
     assert r["req_cpu_prod"] == pytest.approx((0.1 * 150 + 0.3 * 50) / 300)
     assert r["req_mem_prod"] == pytest.approx(0.1 * 200 / 300)
     # usage window from 500 s before the window: only its 200 s inside count
     assert r["use_cpu_prod"] == pytest.approx(0.05 * 200 / 300) and r["max_cpu_sum_prod"] == pytest.approx(0.1)
-    # m1 bucket 1 [900 s, 1150 s): re-ADDed at 1000 s with cap 0.25; B free from 1000 s to the end
-    r = m.loc[(1, 1)]
-    assert r["bucket_s"] == pytest.approx(250) and r["up_s"] == pytest.approx(150)
+    # m1 bucket 3 [900 s, 1150 s): re-ADDed at 1000 s with cap 0.25; B free from 1000 s to the end
+    r = m.loc[(1, 3)]
+    assert r["covered_s"] == pytest.approx(250) and r["up_s"] == pytest.approx(150)
     assert r["cap_cpu"] == pytest.approx(0.25 * 150 / 250)
     assert r["req_cpu_free"] == pytest.approx(0.2 * 150 / 250) and r["instances_distinct"] == 1
     assert r["alloc_ratio_cpu"] == pytest.approx((0.2 * 150 / 250) / (0.25 * 150 / 250))
     # m2: NULL memory capacity until the UPDATE at 100 s -> memory unknown in bucket 0, known in 1
-    r0, r1 = m.loc[(2, 0)], m.loc[(2, 1)]
+    r0, r1 = m.loc[(2, 2)], m.loc[(2, 3)]
     assert np.isnan(r0["cap_mem"]) and r0["cap_unknown"] and r0["cap_cpu"] == pytest.approx(1.0)
     assert r1["cap_mem"] == pytest.approx(0.5) and not r1["cap_unknown"]
     # A on m2 from 200 s: 0.3 cpu; F (unknown tier) 500-550 s; the alloc task C adds nothing
@@ -198,10 +211,10 @@ def test_hand_written_case():
     assert r0["max_cpu_sum"] == pytest.approx(0.4) and r1["max_cpu_sum"] == pytest.approx(0.4)
     # cell: capacity-weighted ratio over machines with known capacity
     cell = res["cell"].set_index("bucket")
-    assert cell.loc[0, "cap_cpu"] == pytest.approx(0.5 * 200 / 300 + 1.0)
-    assert cell.loc[0, "alloc_ratio_cpu"] == pytest.approx(
+    assert cell.loc[2, "cap_cpu"] == pytest.approx(0.5 * 200 / 300 + 1.0)
+    assert cell.loc[2, "alloc_ratio_cpu"] == pytest.approx(
         ((0.1 * 150 + 0.3 * 50) / 300 + 0.3 * 100 / 300) / (0.5 * 200 / 300 + 1.0))
-    assert np.isnan(cell.loc[0, "alloc_ratio_mem"]) or cell.loc[0, "machines_cap_unknown"] == 1
+    assert np.isnan(cell.loc[2, "alloc_ratio_mem"]) or cell.loc[2, "machines_cap_unknown"] == 1
 
 
 def test_window_options_and_bucket_width_invariance():
@@ -209,11 +222,14 @@ def test_window_options_and_bucket_width_invariance():
     a = Overcommit(bucket_s=60, window_start_us=T0 + 30 * S, window_end_us=T0 + 1000 * S)
     res = _run(tables, a)
     check_against_reference(tables, res, a)
+    # the window starts mid-bucket: bucket 10 = [600 s, 660 s) covers only 630-660 s of it
+    first = res["cell"].iloc[0]
+    assert first["bucket"] == 10 and first["bucket_start_us"] == 600 * S and first["covered_s"] == 30
     # integrals over the whole window do not depend on the bucket width
     b = _run(tables, Overcommit(bucket_s=7))
     c = _run(tables, Overcommit(bucket_s=300))
     for col in ("req_cpu", "req_mem", "use_cpu", "up_s"):
-        w = "bucket_s"
+        w = "covered_s"
         vb = (b["machine"][col] * (b["machine"][w] if col != "up_s" else 1)).sum()
         vc = (c["machine"][col] * (c["machine"][w] if col != "up_s" else 1)).sum()
         assert vb == pytest.approx(vc, rel=1e-9)
@@ -221,6 +237,68 @@ def test_window_options_and_bucket_width_invariance():
         Overcommit(bucket_s=0)
     with pytest.raises(ValueError):
         Overcommit(tier_map="nope")
+
+
+def test_without_usage_is_unknown_not_zero():
+    """Issue 7 (12): a dataset without instance_usage has no measured usage: every usage column of
+    the machine and cell tables is NaN (not 0, not "0% usage"), the summary says unknown; the
+    request side is unaffected."""
+    tables = hand_cell()
+    tables["instance_usage"] = SCHEMAS["instance_usage"].empty_table()
+    a = Overcommit(bucket_s=300)
+    res = _run(tables, a)
+    check_against_reference(tables, res, a)
+    for name in ("machine", "cell"):
+        df = res[name]
+        assert len(df)
+        usage_cols = [c for c in df.columns if c.startswith(("use_", "max_cpu_sum", "max_mem_sum", "usage_ratio_",
+                                                               "peak_ratio_"))]
+        assert "use_cpu" in usage_cols and "usage_ratio_cpu" in usage_cols and "use_cpu_prod" in usage_cols
+        for c in usage_cols:
+            assert df[c].isna().all(), (name, c)
+        assert (df["req_cpu"].notna()).all() and df["alloc_ratio_cpu"].notna().any()
+    s = res["summary"].set_index(["metric", "resource", "tier"])["value"]
+    assert np.isnan(s[("usage_ratio_mean", "cpu", "all")]) and np.isfinite(s[("alloc_ratio_mean", "cpu", "all")])
+    text = a.summary(res)
+    assert "by usage unknown" in text and "usage/capacity mean unknown" in text and "nan" not in text
+
+
+def test_all_null_usage_values_are_unknown():
+    """A machine-bucket whose overlapping windows all have NULL avg_cpu / max_cpu has unknown (NaN)
+    CPU usage and peak there (a SUM over only NULLs), while its known memory usage stays; buckets
+    without any window keep 0 (nothing ran)."""
+    tables = hand_cell()
+    us = tables["instance_usage"].to_pylist()
+    for r in us:
+        if r["machine_id"] == 2:
+            r["avg_cpu"] = None
+            r["max_cpu"] = None
+    tables["instance_usage"] = table("instance_usage", {k: [r[k] for r in us] for k in us[0]})
+    a = Overcommit(bucket_s=300)
+    res = _run(tables, a)
+    check_against_reference(tables, res, a)
+    m = res["machine"].set_index(["machine_id", "bucket"])
+    r = m.loc[(2, 3)]
+    assert r["windows"] == 1 and np.isnan(r["use_cpu"]) and np.isnan(r["use_cpu_prod"])
+    assert np.isnan(r["max_cpu_sum"]) and np.isnan(r["usage_ratio_cpu"])
+    assert r["use_mem_prod"] == pytest.approx(0.1) and r["use_cpu_free"] == 0.0
+    assert m.loc[(1, 2), "use_cpu_prod"] == pytest.approx(0.05 * 200 / 300)  # machine 1 unaffected
+    assert np.isnan(res["cell"].set_index("bucket").loc[3, "use_cpu"])
+
+
+def test_cell_capacity_unknown_when_no_machine_known():
+    """A bucket whose present machines all have unknown capacity has an unknown (NaN) cell capacity,
+    not 0."""
+    tables = hand_cell()
+    me = tables["machine_events"].to_pylist()
+    for r in me:
+        r["cap_cpu"] = None
+    tables["machine_events"] = table("machine_events", {k: [r[k] for r in me] for k in me[0]})
+    res = _run(tables, Overcommit(bucket_s=300))
+    cell = res["cell"]
+    assert (cell["machines"] > 0).all()
+    assert cell["cap_cpu"].isna().all() and cell["alloc_ratio_cpu"].isna().all()
+    assert cell["cap_mem"].notna().any()
 
 
 # ------------------------------------------------------------------------------------ hypothesis
@@ -406,9 +484,9 @@ def test_synth_recovers_planted_overcommit(synth_cell):
     # usage totals (CPU-seconds by tier) agree with the truth for ingested (valid) rows
     want = truth["usage"]["cpu_seconds_top_level_valid_by_tier"]["notebook"]
     for t, v in want.items():
-        got = float((m[f"use_cpu_{t}"] * m["bucket_s"]).sum())
+        got = float((m[f"use_cpu_{t}"] * m["covered_s"]).sum())
         assert got == pytest.approx(v, rel=1e-6), t
-    assert float((m["use_cpu_unknown"] * m["bucket_s"]).sum()) == 0.0
+    assert float((m["use_cpu_unknown"] * m["covered_s"]).sum()) == 0.0
     s = res["summary"]
     over = s[(s.metric == "share_over_capacity_request") & (s.resource == "cpu")]["value"].iloc[0]
     assert 0.0 < over < 1.0

@@ -2,7 +2,9 @@
 
 The notebook-mode SQL is Google's notebook query (clusterdata_analysis_colab) in DuckDB dialect,
 with canonical column names; the exact-mode SQL expands each window over its hours with
-generate_series.  Engine results are compared to 1e-12 relative.
+generate_series.  Engine results are compared to 1e-12 relative.  Hours are time buckets of
+3600 s from trace time 0 (docs/dataset.md, "Time buckets"), reported as ``bucket`` and
+``bucket_start_us``; a group whose values are all NULL is NULL (SQL's SUM), never 0.
 """
 
 from __future__ import annotations
@@ -66,9 +68,9 @@ def notebook_sql(ds: Dataset, tm: str) -> pd.DataFrame:
       FROM u JOIN e ON u.collection_id = e.collection_id AND u.instance_index = e.instance_index
                    AND u.machine_id = e.machine_id
     )
-    SELECT CAST(FLOOR(time / (1e6 * 60 * 60)) AS BIGINT) AS hour, tier,
-           COALESCE(SUM(cpu_usage), 0) / (12 * NULLIF(ANY_VALUE(cap.cpu_capacity), 0)) AS cpu,
-           COALESCE(SUM(memory_usage), 0) / (12 * NULLIF(ANY_VALUE(cap.memory_capacity), 0)) AS mem,
+    SELECT CAST(FLOOR(time / (1e6 * 60 * 60)) AS BIGINT) AS bucket, tier,
+           SUM(cpu_usage) / (12 * NULLIF(ANY_VALUE(cap.cpu_capacity), 0)) AS cpu,
+           SUM(memory_usage) / (12 * NULLIF(ANY_VALUE(cap.memory_capacity), 0)) AS mem,
            COUNT(*) AS windows
     FROM j, cap GROUP BY 1, 2
     """
@@ -95,10 +97,10 @@ def exact_sql(ds: Dataset, tm: str) -> pd.DataFrame:
       SELECT j.*, g.h AS h FROM j,
         generate_series(j.s // {H}, GREATEST(j.s // {H}, (j.t - 1) // {H})) AS g(h)
     )
-    SELECT h AS hour, tier,
-      COALESCE(SUM(avg_cpu * (GREATEST(0, LEAST(t, (h + 1) * {H}) - GREATEST(s, h * {H})) / 1e6)), 0)
+    SELECT h AS bucket, tier,
+      SUM(avg_cpu * (GREATEST(0, LEAST(t, (h + 1) * {H}) - GREATEST(s, h * {H})) / 1e6))
         / (3600 * NULLIF(ANY_VALUE(cap.cpu_capacity), 0)) AS cpu,
-      COALESCE(SUM(avg_mem * (GREATEST(0, LEAST(t, (h + 1) * {H}) - GREATEST(s, h * {H})) / 1e6)), 0)
+      SUM(avg_mem * (GREATEST(0, LEAST(t, (h + 1) * {H}) - GREATEST(s, h * {H})) / 1e6))
         / (3600 * NULLIF(ANY_VALUE(cap.memory_capacity), 0)) AS mem,
       SUM(CASE WHEN s // {H} = h THEN 1 ELSE 0 END) AS windows,
       SUM(COALESCE(avg_cpu, 0) * (GREATEST(0, LEAST(t, (h + 1) * {H}) - GREATEST(s, h * {H})))) AS rawc,
@@ -118,11 +120,12 @@ def shapes_sql(ds: Dataset) -> pd.DataFrame:
 
 
 def assert_usage_equal(got: pd.DataFrame, want: pd.DataFrame, rtol: float = 1e-12) -> None:
-    key = ["hour", "tier"]
+    key = ["bucket", "tier"]
     g = got.sort_values(key).reset_index(drop=True)
     w = want.sort_values(key).reset_index(drop=True)
     assert len(g) == len(w), (g, w)
-    assert g["hour"].tolist() == w["hour"].astype(np.int64).tolist()
+    assert g["bucket"].tolist() == w["bucket"].astype(np.int64).tolist()
+    assert g["bucket_start_us"].tolist() == (w["bucket"].astype(np.int64) * 3_600_000_000).tolist()
     assert g["tier"].tolist() == w["tier"].tolist()
     assert g["windows"].tolist() == w["windows"].astype(np.int64).tolist()
     for c in ("cpu", "mem"):
@@ -205,3 +208,30 @@ def test_info_counts(tmp_path):
     nulls = one(f"SELECT COUNT(*) FROM read_parquet({ev}) WHERE priority IS NULL")
     assert unknown > 0 and nulls > 0  # the case is exercised
     assert nb["cpu_capacity"] == pytest.approx(one(CAPACITY_SQL.format(me=_files(ds, "machine_events"))), rel=1e-12)
+
+
+def test_all_null_group_is_unknown_not_zero(tmp_path):
+    """Issue 7: an (hour, tier) group whose usage values are all NULL was not measured: NaN in both
+    modes (SQL's SUM over only NULLs is NULL), never 0; a measured 0 stays 0."""
+    from strategies import table
+
+    H = 3_600_000_000
+    tables = {
+        "machine_events": table("machine_events", {"time": [0], "machine_id": [5], "type": [1],
+                                                   "cap_cpu": [1.0], "cap_mem": [1.0]}),
+        "instance_events": table("instance_events", {"time": [0, 0], "type": [3, 3], "collection_id": [1, 2],
+                                                     "instance_index": [0, 0], "machine_id": [5, 5],
+                                                     "priority": [200, 0], "alloc_collection_id": [0, 0]}),
+        # hour 2: prod window with NULL cpu, measured mem; hour 3: free window with cpu 0.0 (measured)
+        "instance_usage": table("instance_usage", {
+            "start_time": [2 * H, 3 * H], "end_time": [2 * H + 300_000_000, 3 * H + 300_000_000],
+            "collection_id": [1, 2], "instance_index": [0, 0], "machine_id": [5, 5], "alloc_collection_id": [0, 0],
+            "avg_cpu": [None, 0.0], "avg_mem": [0.5, 0.25]}),
+    }
+    ds = Dataset(write_dataset(tmp_path / "ds", tables))
+    for mode in ("notebook", "exact"):
+        u = run(ds, CellUsage(mode=mode))["cell-usage"]["usage"].set_index(["bucket", "tier"])
+        assert np.isnan(u.loc[(2, "prod"), "cpu"]) and u.loc[(2, "prod"), "mem"] > 0, mode
+        assert u.loc[(3, "free"), "cpu"] == 0.0 and u.loc[(2, "prod"), "windows"] == 1, mode
+        assert u.loc[(2, "prod"), "bucket_start_us"] == 2 * H
+    _check(ds)

@@ -274,7 +274,7 @@ def test_crossing_window_by_hand():
     t = {"instance_usage": table("instance_usage", cols)}
     a = UsageDistribution(by="time")
     r = engine.run(TableSource(t), [a])[a.name]["quantiles"]
-    assert r["bucket"].tolist() == [0, 1] and r["bucket_start_s"].tolist() == [0.0, 3600.0]
+    assert r["bucket"].tolist() == [0, 1] and r["bucket_start_us"].tolist() == [0, 3_600_000_000]
     assert r["n_windows"].tolist() == [1, 1]
     np.testing.assert_allclose(r["n_windows_frac"], [1 / 3, 2 / 3], rtol=1e-15)
     np.testing.assert_allclose(r["weight"], [50.0, 100.0], rtol=1e-15)
@@ -396,7 +396,7 @@ def test_options():
     a = create("usage-distribution", by="tier,time", bucket_s=900, levels="0.99,0.5")
     assert a.by == ("tier", "time") and a.levels == (0.5, 0.99)
     assert a.label == "usage-distribution[by=tier+time,bucket_s=900,levels=0.5+0.99]"
-    assert a.key_columns() == ["tier", "bucket", "bucket_start_s"]
+    assert a.key_columns() == ["tier", "bucket", "bucket_start_us"]
     assert UsageDistribution().resolved_rows() == "top-level"
     assert UsageDistribution(by="collection").resolved_rows() == "all"
     assert UsageDistribution(by="instance,machine").resolved_rows() == "all"
