@@ -55,7 +55,9 @@ def check_domain(col: str, arr: pa.Array, bad: np.ndarray, why: list[str | None]
             neg,
             bad,
             why,
-            lambda i: f"column {col}: negative time {int(v[i])} (only 0 = before the trace and 2^63-1 = after are special)",
+            lambda i: (
+                f"column {col}: negative time {int(v[i])} (only 0 = before the trace and 2^63-1 = after are special)"
+            ),
         )
         return
     if not pa.types.is_floating(arr.type):
@@ -69,4 +71,9 @@ def check_domain(col: str, arr: pa.Array, bad: np.ndarray, why: list[str | None]
     _mark(nonfinite, bad, why, lambda i: f"column {col}: {f[i]!r} is not a finite number")
     _mark(neg, bad, why, lambda i: f"column {col}: negative value {float(f[i])!r}")
     if over is not None:
-        _mark(over, bad, why, lambda i: f"column {col}: {float(f[i])!r} above 1 (capacities and requests are normalised to [0, 1])")
+        _mark(
+            over,
+            bad,
+            why,
+            lambda i: f"column {col}: {float(f[i])!r} above 1 (capacities and requests are normalised to [0, 1])",
+        )

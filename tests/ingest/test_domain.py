@@ -92,7 +92,12 @@ def test_parquet_nan_and_negative_request(tmp_path: Path) -> None:
             "collection_id": pa.array([1, 2, 3, 4], pa.int64()),
             "instance_index": pa.array([0, 0, 0, 0], pa.int64()),
             "resource_request": pa.array(
-                [{"cpus": 0.1, "memory": 0.2}, {"cpus": float("nan"), "memory": 0.2}, None, {"cpus": -1.0, "memory": 0.1}],
+                [
+                    {"cpus": 0.1, "memory": 0.2},
+                    {"cpus": float("nan"), "memory": 0.2},
+                    None,
+                    {"cpus": -1.0, "memory": 0.1},
+                ],
                 res,
             ),
         }

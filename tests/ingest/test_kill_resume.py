@@ -1,4 +1,9 @@
-"""SIGKILL at many points of an ingest, then resume: the dataset equals a clean run's."""
+"""SIGKILL at many points of an ingest, then resume: the dataset equals a clean run's.
+
+After every kill, a reader that globs the table folders (DuckDB ``'ds/<table>/*.parquet'``) must
+see exactly the rows the manifest lists: parts are staged in ``ds/_staging/`` and move into the
+table folders only together with the manifest that lists them.
+"""
 
 from __future__ import annotations
 
@@ -74,6 +79,20 @@ def _run(out: Path, files: list[Path], workers: int, env_extra: dict[str, str], 
     return p.returncode
 
 
+def _check_glob_matches_manifest(out: Path) -> None:
+    """What a glob reader sees in the table folders is what the manifest lists, row for row."""
+    duckdb = pytest.importorskip("duckdb")
+    m = json.loads((out / MANIFEST).read_text()) if (out / MANIFEST).exists() else None
+    con = duckdb.connect()
+    for t in TABLES:
+        on_disk = sorted(p.name for p in (out / t).glob("*.parquet")) if (out / t).is_dir() else []
+        listed = sorted(f.split("/", 1)[1] for f in m["tables"][t]["files"]) if m else []
+        assert on_disk == listed, t
+        want = m["tables"][t]["rows"] if m else 0
+        got = con.execute(f"select count(*) from '{out / t}/*.parquet'").fetchone()[0] if on_disk else 0
+        assert got == want, (t, got, want)
+
+
 def _check_no_strays(out: Path) -> None:
     m = json.loads((out / MANIFEST).read_text())
     listed = {rel for inp in m["inputs"].values() for rel in inp["outputs"]}
@@ -103,8 +122,10 @@ CHAINS = {
         (1, {KILL_AFTER_PARTS_ENV: "2"}, None),
     ],
     "random-delay": [(2, {}, "rand"), (1, {}, "rand")],
+    # Kills spread over the whole run (a run takes about 1-2 s here, half of it imports).
+    "random-many": [(w, {}, "wide") for w in (1, 2, 1, 2, 1, 2, 1, 2)],
 }
-FINAL_WORKERS = {"parts": 1, "manifest": 2, "random-delay": 1}
+FINAL_WORKERS = {"parts": 1, "manifest": 2, "random-delay": 1, "random-many": 2}
 
 
 @pytest.mark.parametrize("chain", sorted(CHAINS))
@@ -114,14 +135,17 @@ def test_kill_and_resume(tmp_path: Path, clean: tuple[list[Path], tuple], chain:
     rng = random.Random(chain)
     killed = 0
     for workers, env, delay in CHAINS[chain]:
-        kill_after = rng.uniform(0.2, 0.9) if delay == "rand" else None
+        kill_after = {"rand": (0.2, 0.9), "wide": (0.4, 2.0)}.get(delay or "")
+        kill_after = rng.uniform(*kill_after) if kill_after else None
         rc = _run(out, files, workers, env, kill_after)
         killed += rc == -signal.SIGKILL
         if (out / MANIFEST).exists():  # whatever the kill point, the manifest is whole JSON
             Dataset(out, allow_incomplete=True)
-    if chain != "random-delay":
+        _check_glob_matches_manifest(out)
+    if not chain.startswith("random"):
         assert killed == len(CHAINS[chain])
     time.sleep(0.05)
     assert _run(out, files, FINAL_WORKERS[chain], {}) == 0
     assert _snapshot(out) == want
     _check_no_strays(out)
+    _check_glob_matches_manifest(out)
