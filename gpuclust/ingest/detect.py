@@ -219,15 +219,16 @@ def expand_sources(sources: Iterable[str | os.PathLike[str]], notes: list[str] |
     for s in sources:
         p = Path(s)
         if p.is_dir():
+            found: list[Path] = []
             for root, dirs, files in os.walk(p):
                 for d in sorted(dirs):
                     if d.startswith("."):
                         note(f"{Path(root) / d}: hidden folder skipped")
-                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-                found = sorted(Path(root) / f for f in files)
-                for f in found:
-                    if f.is_file():
-                        take(f)
+                dirs[:] = [d for d in dirs if not d.startswith(".")]
+                found.extend(Path(root) / f for f in files)
+            for f in sorted(found):
+                if f.is_file():
+                    take(f)
         elif p.exists():
             take(p)
         else:
