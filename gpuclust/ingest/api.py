@@ -224,20 +224,26 @@ class _ManifestWriter:
         self.m = manifest
         self.writes = 0
 
-    def write(self, publish: Iterable[tuple[Path, Path]] = ()) -> None:
-        """Rewrite the manifest; ``publish`` (staged path, final path) pairs are renamed into place
-        right before the new manifest replaces the old one."""
+    def write(self, publish: Iterable[tuple[Path, Path]] = (), remove: Iterable[Path] = ()) -> None:
+        """Rewrite the manifest.  ``remove`` (files it no longer lists) are deleted and ``publish``
+        (staged path, final path) pairs renamed into place right before the new manifest
+        replaces the old one, so table folders and manifest change together."""
         _recompute_tables(self.m)
-        moves = list(publish)
+        moves, gone = list(publish), list(remove)
         for _, dst in moves:
             dst.parent.mkdir(parents=True, exist_ok=True)
 
-        def move() -> None:
+        def switch() -> None:
+            for f in gone:
+                try:
+                    f.unlink()
+                except FileNotFoundError:
+                    pass
             for src, dst in moves:
                 os.replace(src, dst)
 
-        write_json_atomic(self.path, self.m, before_replace=move if moves else None)
-        for d in sorted({dst.parent for _, dst in moves}):
+        write_json_atomic(self.path, self.m, before_replace=switch if (moves or gone) else None)
+        for d in sorted({dst.parent for _, dst in moves} | {f.parent for f in gone}):
             _fsync_dir(d)
         self.writes += 1
         limit = os.environ.get(KILL_AFTER_MANIFESTS_ENV)
@@ -473,7 +479,7 @@ def _run(
             stale.append(key)  # a failed input whose file is gone: the user removed it
             notes.append(f"{inp.get('path')}: forgotten, a failed input whose file no longer exists")
 
-    # Forget failed attempts: manifest first, then their files.
+    # Forget failed attempts: their files go in the same step as the manifest that drops them.
     drop: list[str] = []
     for key in stale:
         inp = m["inputs"].pop(key, None)
@@ -483,12 +489,7 @@ def _run(
                 drop.append(inp["rejects_file"])
     m["complete"] = False
     mw = _ManifestWriter(out / MANIFEST, m)
-    mw.write()
-    for rel in drop:
-        try:
-            (out / rel).unlink()
-        except FileNotFoundError:
-            pass
+    mw.write(remove=[out / rel for rel in drop])
 
     if prog is not None:
         prog.start(len(todo), sum(s.path.stat().st_size for _, s, _ in todo))
