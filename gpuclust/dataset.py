@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,17 +35,26 @@ class DatasetError(Exception):
     """The dataset folder is missing, incomplete, or from an incompatible format version."""
 
 
-def write_json_atomic(path: Path, obj: Any) -> None:
-    """Write JSON to ``path`` so that readers see either the old or the new file, never half."""
+def write_json_atomic(path: Path, obj: Any, before_replace: Callable[[], None] | None = None) -> None:
+    """Write JSON to ``path`` so that readers see either the old or the new file, never half.
+
+    The file gets the mode of any new file under the process umask.  ``before_replace`` runs
+    after the new content is written and fsynced and just before the rename that publishes it
+    (ingest moves staged parts into place there, so they and the manifest listing them appear
+    together).
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, file_mode())  # mkstemp makes 0600; a dataset file gets the umask's mode
         with os.fdopen(fd, "w") as f:
             json.dump(obj, f, indent=1, sort_keys=True, default=_json_default)
             f.write("\n")
             f.flush()
             os.fsync(f.fileno())
+        if before_replace is not None:
+            before_replace()
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -54,6 +63,20 @@ def write_json_atomic(path: Path, obj: Any) -> None:
             pass
         raise
     _fsync_dir(path.parent)
+
+
+def file_mode() -> int:
+    """The mode ``open()`` would give a new file under the process umask (0o644 for umask 022)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    old = os.umask(0o022)  # no /proc: read the umask by setting it (and put it back at once)
+    os.umask(old)
+    return 0o666 & ~old
 
 
 def _json_default(o: Any) -> Any:

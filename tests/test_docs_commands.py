@@ -41,7 +41,7 @@ KAGGLE = "cp ../shared/data/real/kaggle-2019-sample/small_slice3.csv borg_traces
 SETUP = {
     "README.md": [KAGGLE],
     "docs/formats-v2-kaggle.md": [KAGGLE],
-    "docs/ingest.md": ["mkdir -p cell-a && cp ../shared/data/real/2019-cell-a/machine_events-000000000000.json.gz cell-a/",
+    "docs/ingest.md": ["cp -r ../shared/data/real/2019-cell-a cell-a",
                        "ln -s ../shared/data/real/2011 2011",
                        "cp {raw}/instance_events-*.json.gz odd-name.bin"],
 }

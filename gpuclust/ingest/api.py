@@ -3,9 +3,12 @@
 The calling process owns ``manifest.json``; input files are read in parallel by worker processes
 (:mod:`gpuclust.ingest.writer`), each publishing its parts atomically.  After all parts of an
 input are published the manifest is rewritten atomically, listing them and marking the input
-``done``.  A run that starts on an existing dataset skips inputs already done (same sha256) and
-deletes part / reject files the manifest does not list (leftovers of a crash), so a re-run after
-a kill at any point produces exactly the rows of a clean run.
+``done``; the input's files move from ``_staging/`` into the table folders by rename in that same
+step, just before the new manifest replaces the old one, so a glob over a table folder sees only
+parts the manifest lists.  A run that starts on an existing dataset skips inputs already done
+(same sha256), retries failed ones and deletes the staging folder and any part / reject file the
+manifest does not list (leftovers of a crash), so a re-run after a kill at any point produces
+exactly the rows of a clean run.
 """
 
 from __future__ import annotations
@@ -18,18 +21,20 @@ import logging
 import multiprocessing as mp
 import os
 import queue as queue_mod
+import shutil
 import signal
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from gpuclust.dataset import MANIFEST, REJECTS_DIR, new_manifest, write_json_atomic
+from gpuclust.dataset import MANIFEST, REJECTS_DIR, _fsync_dir, new_manifest, write_json_atomic
 from gpuclust.ingest.base import ReadOptions, SourceFile
 from gpuclust.ingest.detect import detect, expand_sources
 from gpuclust.ingest.progress import Progress
-from gpuclust.ingest.writer import FileResult, ingest_file, ingest_file_task, init_worker
+from gpuclust.ingest.twins import TwinError, resolve_twins
+from gpuclust.ingest.writer import STAGING_DIR, FileResult, ingest_file, ingest_file_task, init_worker
 from gpuclust.schema import DATASET_FORMAT_VERSION, DEFAULT_TIER_MAP, TABLES
 from gpuclust.schema import tier_map as get_tier_map
 
@@ -80,6 +85,9 @@ class IngestReport:
     complete: bool
     seconds: float
     warnings: list[str] = field(default_factory=list)
+    #: One line per file not read on purpose (not a trace table, a twin export not chosen) and
+    #: per file read as something other than its name says.
+    notes: list[str] = field(default_factory=list)
 
     @property
     def failed(self) -> list[FileReport]:
@@ -105,6 +113,7 @@ class IngestReport:
     def summary(self) -> str:
         """A human-readable summary: per file rows read / written / rejected, first reasons."""
         lines = [f"ingest into {self.out}:"]
+        lines.extend(f"note: {n}" for n in self.notes)
         for f in self.files:
             if f.status in ("skipped", "duplicate"):
                 lines.append(f"  {f.path}: {f.status}")
@@ -130,10 +139,16 @@ class IngestReport:
         for wmsg in self.warnings:
             lines.append(f"warning: {wmsg}")
         if self.failed:
-            lines.append(f"FAILED: {len(self.failed)} file(s) could not be read completely; the dataset is incomplete")
+            lines.append(f"FAILED: {len(self.failed)} input(s) failed (see 'error:' above)")
         if self.over_threshold:
             lines.append("FAILED: the reject rate is over the threshold (--max-reject-rate)")
-        lines.append(f"dataset complete: {str(self.complete).lower()}")
+        if self.complete:
+            lines.append("dataset complete: true")
+        else:
+            lines.append(
+                "dataset unfinished: analyses refuse it until every input is done; "
+                "fix the failed input(s) and re-run the same command to retry them"
+            )
         return "\n".join(lines)
 
 
@@ -149,6 +164,19 @@ def sha256_file(path: Path, block: int = 4 << 20) -> str:
     return h.hexdigest()
 
 
+def _hash(s: SourceFile) -> tuple[SourceFile, str]:
+    """(source, sha256 of its content); an unreadable file gets a key from its path and a problem."""
+    try:
+        return s, sha256_file(s.path)
+    except OSError as e:
+        return replace(s, problem=s.problem or f"{s.path}: cannot read: {e.strerror or e}"), ""
+
+
+def _problem_key(s: SourceFile, sha: str) -> str:
+    """Manifest key of an input that fails before it is read: from its path and content."""
+    return hashlib.sha256(b"problem\0" + os.fsencode(s.path) + b"\0" + sha.encode()).hexdigest()
+
+
 def _listed(manifest: dict[str, Any]) -> set[str]:
     keep: set[str] = set()
     for inp in manifest.get("inputs", {}).values():
@@ -162,6 +190,9 @@ def _remove_unlisted(out: Path, manifest: dict[str, Any]) -> list[str]:
     """Delete part/reject/temp files in the dataset folders that the manifest does not list."""
     keep = _listed(manifest)
     removed: list[str] = []
+    if (out / STAGING_DIR).exists():
+        shutil.rmtree(out / STAGING_DIR)
+        removed.append(STAGING_DIR)
     for d in (*TABLES, REJECTS_DIR):
         folder = out / d
         if not folder.is_dir():
@@ -193,9 +224,27 @@ class _ManifestWriter:
         self.m = manifest
         self.writes = 0
 
-    def write(self) -> None:
+    def write(self, publish: Iterable[tuple[Path, Path]] = (), remove: Iterable[Path] = ()) -> None:
+        """Rewrite the manifest.  ``remove`` (files it no longer lists) are deleted and ``publish``
+        (staged path, final path) pairs renamed into place right before the new manifest
+        replaces the old one, so table folders and manifest change together."""
         _recompute_tables(self.m)
-        write_json_atomic(self.path, self.m)
+        moves, gone = list(publish), list(remove)
+        for _, dst in moves:
+            dst.parent.mkdir(parents=True, exist_ok=True)
+
+        def switch() -> None:
+            for f in gone:
+                try:
+                    f.unlink()
+                except FileNotFoundError:
+                    pass
+            for src, dst in moves:
+                os.replace(src, dst)
+
+        write_json_atomic(self.path, self.m, before_replace=switch if (moves or gone) else None)
+        for d in sorted({dst.parent for _, dst in moves} | {f.parent for f in gone}):
+            _fsync_dir(d)
         self.writes += 1
         limit = os.environ.get(KILL_AFTER_MANIFESTS_ENV)
         if limit and self.writes >= int(limit):
@@ -232,6 +281,7 @@ def ingest(
     progress: Progress | bool | None = None,
     extra_manifest: dict[str, Any] | None = None,
     opts: ReadOptions | None = None,
+    prefer: str | None = None,
 ) -> IngestReport:
     """Ingest raw trace files into a canonical dataset folder.
 
@@ -249,8 +299,8 @@ def ingest(
         Name of the priority tier map recorded in the manifest (default: ``notebook`` for v3,
         ``v2`` for v2; see ``gpuclust.schema.TIER_MAPS``).
     max_reject_rate
-        Largest acceptable rejected/read ratio over the run; above it the report's
-        ``exit_status`` is 1.
+        Largest acceptable rejected/read ratio of an input: an input over it is recorded as
+        failed (the dataset is not complete, a re-run retries it) and ``exit_status`` is 1.
     workers
         Worker processes reading files in parallel (default: the CPUs this process may use); one file, or
         ``workers=1``, is read in the calling process.
@@ -260,6 +310,9 @@ def ingest(
         Extra top-level manifest keys (e.g. ``{"synthetic": {...}}``).
     opts
         Reader options (chunk size, threads).
+    prefer
+        ``"parquet"`` or ``"json"``: which of twin exports of one shard (same name stem, JSON
+        and Parquet) to read; without it twins are an error.
 
     Returns
     -------
@@ -272,7 +325,8 @@ def ingest(
     gpuclust.ingest.detect.DetectError
         A file's format or table cannot be determined.
     IngestUsageError
-        Mixed trace versions, a conflicting cell or tier map, another ingest running into ``out``.
+        Mixed trace versions, a conflicting cell or tier map, another ingest running into ``out``,
+        twin exports of one shard without ``prefer``.
 
     Examples
     --------
@@ -286,10 +340,12 @@ def ingest(
     prog = _resolve_progress(progress)
     if isinstance(sources, (str, os.PathLike)):
         sources = [sources]
-    paths = [Path(os.path.abspath(p)) for p in expand_sources(sources)]
+    notes: list[str] = []
+    paths = [Path(os.path.abspath(p)) for p in expand_sources(sources, notes)]
     if not paths:
-        raise IngestUsageError("no input files")
+        raise IngestUsageError("no input files" + (f" ({len(notes)} skipped: {notes[0]} ...)" if notes else ""))
     srcs: list[SourceFile] = [detect(p, format=format, table=table) for p in paths]
+    notes.extend(s.note for s in srcs if s.note)
     versions = sorted({s.trace_version for s in srcs})
     if len(versions) > 1:
         by = {v: next(str(s.path) for s in srcs if s.trace_version == v) for v in versions}
@@ -310,7 +366,9 @@ def ingest(
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise IngestUsageError(f"{out}: another ingest is writing into this dataset") from None
-        return _run(srcs, version, out, cell, tier_map, max_reject_rate, workers, prog, extra_manifest, opts, t0)
+        return _run(
+            srcs, version, out, cell, tier_map, max_reject_rate, workers, prog, extra_manifest, opts, t0, notes, prefer
+        )
     finally:
         lock.close()
 
@@ -342,6 +400,8 @@ def _run(
     extra_manifest: dict[str, Any] | None,
     opts: ReadOptions,
     t0: float,
+    notes: list[str],
+    prefer: str | None,
 ) -> IngestReport:
     warnings: list[str] = []
 
@@ -362,6 +422,11 @@ def _run(
     tm = get_tier_map(tm_name)
     if tier_map is not None and m.get("tier_map") and m["tier_map"].get("name") != tier_map:
         raise IngestUsageError(f"{out} was ingested with tier map {m['tier_map'].get('name')!r}, not {tier_map!r}")
+    try:
+        srcs, skipped = resolve_twins(srcs, m["inputs"].values(), prefer)
+    except TwinError as e:
+        raise IngestUsageError(str(e)) from None
+    notes.extend(skipped)
     m["trace_version"] = version
     if cell is not None:
         m["cell"] = cell
@@ -375,7 +440,9 @@ def _run(
 
     # Hash inputs (threads: hashlib releases the GIL).
     with cf.ThreadPoolExecutor(max_workers=min(4, len(srcs))) as tp:
-        shas = list(tp.map(lambda s: sha256_file(s.path), srcs))
+        hashed = list(tp.map(_hash, srcs))
+    srcs = [s for s, _ in hashed]
+    shas = [h for _, h in hashed]
 
     reports: dict[int, FileReport] = {}
     todo: list[tuple[int, SourceFile, str]] = []
@@ -383,6 +450,10 @@ def _run(
     by_path = {inp.get("path"): k for k, inp in m["inputs"].items()}
     stale: list[str] = []
     for i, (s, sha) in enumerate(zip(srcs, shas, strict=True)):
+        if s.problem is not None:
+            # Fails before reading (empty, unreadable, another format): one failure per file, even
+            # when two such files have the same bytes (two 0-byte downloads).
+            sha = _problem_key(s, sha)
         if sha in seen:
             warn(f"{s.path} has the same content as {seen[sha]} (sha256 {sha[:16]}...); ingested once")
             reports[i] = FileReport(str(s.path), sha, "duplicate", s.format, s.source_table)
@@ -403,8 +474,12 @@ def _run(
             else:
                 stale.append(old)
         todo.append((i, s, sha))
+    for key, inp in m["inputs"].items():
+        if inp.get("status") != "done" and key not in stale and not Path(inp.get("path", "")).exists():
+            stale.append(key)  # a failed input whose file is gone: the user removed it
+            notes.append(f"{inp.get('path')}: forgotten, a failed input whose file no longer exists")
 
-    # Forget failed attempts: manifest first, then their files.
+    # Forget failed attempts: their files go in the same step as the manifest that drops them.
     drop: list[str] = []
     for key in stale:
         inp = m["inputs"].pop(key, None)
@@ -414,19 +489,21 @@ def _run(
                 drop.append(inp["rejects_file"])
     m["complete"] = False
     mw = _ManifestWriter(out / MANIFEST, m)
-    mw.write()
-    for rel in drop:
-        try:
-            (out / rel).unlink()
-        except FileNotFoundError:
-            pass
+    mw.write(remove=[out / rel for rel in drop])
 
     if prog is not None:
         prog.start(len(todo), sum(s.path.stat().st_size for _, s, _ in todo))
 
     def record(i: int, res: FileResult) -> None:
+        if res.status == "done" and res.rows_rejected > max_reject_rate * res.rows_read:
+            res.status = "failed"
+            res.error = (
+                f"{res.path}: {res.rows_rejected:,} of {res.rows_read:,} rows rejected "
+                f"({res.rows_rejected / res.rows_read:.2%}), over --max-reject-rate {max_reject_rate:.2%}"
+            )
         m["inputs"][res.sha256] = res.manifest_entry()
-        mw.write()
+        done = res.outputs + ([res.rejects_file] if res.rejects_file else [])
+        mw.write(publish=[(out / STAGING_DIR / rel, out / rel) for rel in done])
         reports[i] = FileReport(
             path=res.path,
             sha256=res.sha256,
@@ -459,6 +536,8 @@ def _run(
 
     m["complete"] = bool(m["inputs"]) and all(inp.get("status") == "done" for inp in m["inputs"].values())
     mw.write()
+    if (out / STAGING_DIR).exists():  # all recorded files are published: what is left is junk
+        shutil.rmtree(out / STAGING_DIR, ignore_errors=True)
     if prog is not None:
         prog.close()
 
@@ -479,6 +558,7 @@ def _run(
         complete=m["complete"],
         seconds=time.perf_counter() - t0,
         warnings=warnings,
+        notes=notes,
     )
 
 

@@ -72,6 +72,11 @@ class SourceFile:
     source_table: str
     compression: str | None  # "gzip" or None
     trace_version: str  # "v3" or "v2"
+    #: Why this file cannot be read as ``format`` (empty, unreadable, another format inside), as
+    #: one line naming the file; ingest records such an input as failed without reading it.
+    problem: str | None = None
+    #: A remark for the user (e.g. the content decided against the name).
+    note: str | None = None
 
 
 class SourceError(Exception):

@@ -49,6 +49,12 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--chunk-mb", type=int, default=64, metavar="MB", help="decoded input per chunk / output part (default 64)"
     )
+    p.add_argument(
+        "--prefer",
+        choices=("parquet", "json"),
+        help="twin exports of one shard (JSON and Parquet, same name stem): read this one and skip "
+        "the other (without it, twins are an error)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress display")
     p.set_defaults(func=run)
     return p
@@ -76,9 +82,13 @@ def run(args: argparse.Namespace) -> int:
             workers=args.workers,
             progress=None if args.no_progress else Progress(),
             opts=ReadOptions(chunk_bytes=args.chunk_mb << 20),
+            prefer=args.prefer,
         )
     except (FileNotFoundError, DetectError, IngestUsageError) as e:
         print(f"gpuclust ingest: error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except OSError as e:  # e.g. the dataset folder cannot be written
+        print(f"gpuclust ingest: error: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
+        return EXIT_FAILED
     print(report.summary())
     return report.exit_status

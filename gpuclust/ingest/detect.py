@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from gpuclust.ingest.base import FORMATS, SourceFile
+from gpuclust.ingest.sniff import FORMAT_KIND, content_kind, describe, kind_from_name, mismatch, non_table_reason
 
 GZIP_MAGIC = b"\x1f\x8b"
 PARQUET_MAGIC = b"PAR1"
@@ -36,11 +37,6 @@ FORMAT_TABLES: dict[str, tuple[str, ...]] = {
     "kaggle-csv": (KAGGLE_TABLE,),
 }
 FORMAT_TRACE_VERSION = {"v3-json": "v3", "v3-parquet": "v3", "v2-csv": "v2", "kaggle-csv": "v3"}
-
-#: Files a folder expansion skips silently: documentation, checksums, the v2 ``schema.csv``, a
-#: gpuclust manifest, hidden files.
-_SKIP_NAMES = {"schema.csv", "manifest.json", "sha256sums", "md5sums", "readme", "license"}
-_SKIP_SUFFIXES = (".md", ".txt", ".sha256", ".md5", ".html", ".pdf", ".py", ".ipynb", ".rst")
 
 _HEAD_BYTES = 64 << 10
 
@@ -88,6 +84,12 @@ def _is_kaggle_header(first_line: str) -> bool:
 def detect(path: str | os.PathLike[str], *, format: str | None = None, table: str | None = None) -> SourceFile:
     """Detect the format, source table and compression of one input file.
 
+    A file whose name (or folder) says what it is but whose content cannot be that -- empty
+    (0 bytes), unreadable, CSV in a ``.json.gz``, no Parquet magic in a ``.parquet`` -- is
+    returned with :attr:`SourceFile.problem` set: ingest records it as a failed input without
+    reading it.  Content that decides against the name (a ``.parquet`` file holding JSON lines)
+    is read as what it is, with :attr:`SourceFile.note` saying so.
+
     Parameters
     ----------
     path
@@ -120,41 +122,49 @@ def detect(path: str | os.PathLike[str], *, format: str | None = None, table: st
         raise DetectError(f"{p}: not a regular file")
     if format is not None and format not in FORMATS:
         raise DetectError(f"{p}: unknown format {format!r}; formats are {list(FORMATS)}")
-    with open(p, "rb") as f:
-        magic = f.read(4)
-    compression = "gzip" if magic[:2] == GZIP_MAGIC else None
-    head = read_head(p, compression) if magic[:4] != PARQUET_MAGIC else b""
-    if compression == "gzip" and head[:4] == PARQUET_MAGIC:
-        content = "parquet"
-    elif magic[:4] == PARQUET_MAGIC:
-        content = "parquet"
-    else:
-        content = "text"
-
+    unreadable: str | None = None
+    try:
+        size = p.stat().st_size
+        with open(p, "rb") as f:
+            magic = f.read(4)
+        compression = "gzip" if magic[:2] == GZIP_MAGIC else None
+        head = read_head(p, compression) if magic[:4] != PARQUET_MAGIC else PARQUET_MAGIC
+    except OSError as e:
+        unreadable = f"cannot read: {e.strerror or e}"
+        size, compression, head = -1, None, b""
+    kind = content_kind(head)
     first_line = head.split(b"\n", 1)[0].decode("utf-8", "replace").lstrip("\ufeff")
     name = p.name
     parent = p.parent.name.lower()
+    named = kind_from_name(name)
 
     fmt = format
     if fmt is None:
-        if content == "parquet":
+        if kind == "parquet":
             fmt = "v3-parquet"
-        elif head.lstrip()[:1] == b"{" or re.search(r"\.(nd)?jsonl?(\.gz)?$", name.lower()):
-            # A JSON-named file whose first line is damaged (or that is empty) is still a JSON
-            # shard: its bad lines become rejects.
+        elif head.lstrip()[:1] == b"{" or (kind == "json" and named != "csv"):
             fmt = "v3-json"
+        elif named == "json":
+            fmt = "v3-json"  # damaged or empty: the problem is named below
+        elif named == "parquet":
+            fmt = "v3-parquet"
         elif name.lower().startswith(KAGGLE_TABLE) or _is_kaggle_header(first_line):
             fmt = "kaggle-csv"
         elif parent in V2_TABLES or _table_from_name(name, V2_TABLES):
             fmt = "v2-csv"
         else:
-            what = (
+            what = unreadable or (
                 "empty file"
-                if not head and content == "text"
-                else "content is neither v3 JSON, Parquet, v2 CSV nor the Kaggle CSV layout"
+                if size == 0
+                else f"it holds {describe(kind, head)}, which is neither a v3 JSON or Parquet export, v2 CSV nor the Kaggle CSV layout"
             )
             raise DetectError(f"{p}: cannot detect the format ({what}); pass --format and --table")
 
+    problem = unreadable
+    if problem is None and size == 0:
+        problem = "empty file (0 bytes: an interrupted download?)"
+    if problem is None:
+        problem = mismatch(fmt, kind, head)
     tables = FORMAT_TABLES[fmt]
     tbl = table
     if tbl is None:
@@ -162,6 +172,8 @@ def detect(path: str | os.PathLike[str], *, format: str | None = None, table: st
             tbl = KAGGLE_TABLE
         else:
             tbl = _table_from_name(name, tables) or (parent if parent in tables else None)
+        if tbl is None and problem is not None:
+            raise DetectError(f"{p}: {problem}; pass --format and --table if it is a trace table")
         if tbl is None:
             raise DetectError(
                 f"{p}: cannot tell which {fmt} table this is from its name or folder; "
@@ -169,34 +181,56 @@ def detect(path: str | os.PathLike[str], *, format: str | None = None, table: st
             )
     elif tbl not in tables:
         raise DetectError(f"{p}: table {tbl!r} is not a {fmt} table; choose one of {list(tables)}")
+    note = None
+    if problem is None and named is not None and named != FORMAT_KIND[fmt] and kind != "nothing":
+        note = f"{p}: named like {named} but holds {describe(kind, head)}; read as {fmt}"
     return SourceFile(
-        path=p, format=fmt, source_table=tbl, compression=compression, trace_version=FORMAT_TRACE_VERSION[fmt]
+        path=p,
+        format=fmt,
+        source_table=tbl,
+        compression=compression,
+        trace_version=FORMAT_TRACE_VERSION[fmt],
+        problem=None if problem is None else f"{p}: {problem}",
+        note=note,
     )
 
 
-def _skipped_in_folder(p: Path) -> bool:
-    n = p.name.lower()
-    return n.startswith(".") or n in _SKIP_NAMES or n.startswith("sha256sums") or n.endswith(_SKIP_SUFFIXES)
-
-
-def expand_sources(sources: Iterable[str | os.PathLike[str]]) -> list[Path]:
+def expand_sources(sources: Iterable[str | os.PathLike[str]], notes: list[str] | None = None) -> list[Path]:
     """Files named by ``sources``: files as given, folders expanded recursively (sorted).
 
-    Inside folders, documentation, checksum lists, the v2 ``schema.csv``, manifests and hidden
-    files are skipped.  A source that does not exist raises :class:`FileNotFoundError`.
+    Files that are not trace tables (documentation, checksum lists, ``_SUCCESS`` and other job
+    markers, ``synth_truth.json``, manifests, dotfiles; :func:`~gpuclust.ingest.sniff.non_table_reason`)
+    are skipped, named or found in a folder, with a one-line note appended to ``notes``; hidden
+    folders are not entered.  A source that does not exist raises :class:`FileNotFoundError`.
     """
     out: list[Path] = []
+
+    def note(msg: str) -> None:
+        if notes is not None:
+            notes.append(msg)
+
+    def take(f: Path) -> None:
+        why = non_table_reason(f)
+        if why is None:
+            out.append(f)
+        else:
+            note(f"{f}: skipped, not a trace table ({why})")
+
     for s in sources:
         p = Path(s)
         if p.is_dir():
-            found = sorted(
-                f
-                for f in p.rglob("*")
-                if f.is_file() and not any(part.startswith(".") for part in f.relative_to(p).parts)
-            )
-            out.extend(f for f in found if not _skipped_in_folder(f))
+            found: list[Path] = []
+            for root, dirs, files in os.walk(p):
+                for d in sorted(dirs):
+                    if d.startswith("."):
+                        note(f"{Path(root) / d}: hidden folder skipped")
+                dirs[:] = [d for d in dirs if not d.startswith(".")]
+                found.extend(Path(root) / f for f in files)
+            for f in sorted(found):
+                if f.is_file():
+                    take(f)
         elif p.exists():
-            out.append(p)
+            take(p)
         else:
             raise FileNotFoundError(f"{p}: no such file or folder")
     return out

@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from gpuclust.ingest.domain import check_domain
 from gpuclust.schema import CODE_RANGES, MACHINE_EVENT_TYPE_RANGE, NULL_MEANS, SCHEMAS
 
 _INT_RE = r"^[+-]?[0-9]+$"
@@ -174,6 +175,7 @@ def conform(table: str, columns: Mapping[str, pa.Array | pa.ChunkedArray], n: in
             for i in np.flatnonzero(oor & ~bad):
                 why[i] = f"column {fld.name}: code {int(vv[i])} outside {lohi[0]}..{lohi[1]}"
             bad |= oor
+        check_domain(fld.name, arr, bad, why)
         if not fld.nullable:
             nulls = np.asarray(pc.is_null(arr).to_numpy(zero_copy_only=False), dtype=bool)
             for i in np.flatnonzero(nulls & ~bad):

@@ -1,12 +1,14 @@
 """Writing one input file's chunks into the dataset: atomic parts, a rejects file, file statistics.
 
 Runs inside a worker process (or in the calling process); it never touches ``manifest.json``,
-which the parent process owns (:mod:`gpuclust.ingest.api`).  Every file it publishes is written
-to a temporary name in its final folder, fsynced and renamed, so a crash leaves either a complete
-part or a temporary file, never a torn part; parts that the manifest does not list are removed by
-the next ingest.
+which the parent process owns (:mod:`gpuclust.ingest.api`).  Every file it writes goes to the
+staging folder ``OUT/_staging/`` (a temporary name, fsync, rename there), never straight into a
+table folder: the parent moves an input's files into the table folders by rename in the same step
+that the manifest starts listing them, so a glob over ``OUT/<table>/*.parquet`` (DuckDB, Spark)
+only ever sees listed, complete parts.  Whatever a crash leaves in ``_staging`` is removed by the
+next ingest.
 
-Output names::
+Output names (final; staged under ``OUT/_staging/`` with the same relative path)::
 
     OUT/<table>/part-<first 16 hex of the input's sha256>-<chunk:05d>.parquet
     OUT/_rejects/part-<first 16 hex of the input's sha256>.jsonl
@@ -38,6 +40,8 @@ from gpuclust.ingest.readers import get_reader
 PART_COMPRESSION = "zstd"
 #: Test hook: SIGKILL the whole ingest (main process and this one) after this many published parts.
 KILL_AFTER_PARTS_ENV = "GPUCLUST_TEST_KILL_AFTER_PARTS"
+#: Where a worker writes an input's parts and rejects until the manifest lists them.
+STAGING_DIR = "_staging"
 #: How many reject reasons a file's result keeps for the summary.
 FIRST_REASONS = 5
 
@@ -221,8 +225,10 @@ def ingest_file(
 ) -> FileResult:
     """Read ``src`` and publish its canonical parts and rejects under ``out``.
 
-    Never raises for bad input: an unreadable or truncated file gives ``status="failed"`` with
-    ``error`` set, keeping the parts written before the failure.
+    Everything is written under ``out/_staging/`` (see the module docstring); the result's
+    ``outputs`` and ``rejects_file`` are the final paths relative to ``out``.  Never raises for
+    bad input: an unreadable or truncated file gives ``status="failed"`` with ``error`` set,
+    keeping the parts written before the failure.
     """
     t0 = time.perf_counter()
     out = Path(out)
@@ -234,8 +240,13 @@ def ingest_file(
         source_table=src.source_table,
         trace_version=src.trace_version,
     )
+    if src.problem is not None:  # empty, unreadable, another format inside: not read at all
+        res.error = src.problem
+        res.seconds = time.perf_counter() - t0
+        return res
     st = stem(sha256)
-    sink = _RejectSink(out / REJECTS_DIR / f"{st}.jsonl")
+    stage = out / STAGING_DIR
+    sink = _RejectSink(stage / REJECTS_DIR / f"{st}.jsonl")
     if progress is None and _QUEUE is not None:
 
         def progress(key: str, rows: int, done: int) -> None:
@@ -254,7 +265,7 @@ def ingest_file(
             res.rows_written[tname] = res.rows_written.get(tname, 0) + n
 
     def publish(tbl: pa.Table, rel: str) -> None:
-        write_part(tbl, out / rel)
+        write_part(tbl, stage / rel)
         _kill_hook()
 
     try:

@@ -102,6 +102,11 @@ def _f(rng: random.Random) -> float:
     return round(rng.random(), rng.choice([3, 6, 12]))
 
 
+def _u(rng: random.Random) -> float:
+    """A normalised request in [0, 1] (the spec's domain for requests and capacities)."""
+    return min(_f(rng), 1.0)
+
+
 def _id(rng: random.Random) -> int:
     return rng.choice([rng.randint(1, 2**40), rng.randint(2**53, 2**63 - 1), 2**53 + 1, 2**62 + rng.randint(0, 1000)])
 
@@ -144,7 +149,7 @@ def instance_event_record(rng: random.Random) -> dict[str, Any]:
         "instance_index": rng.randint(0, 3000),
         "machine_id": rng.choice([None, 0, -1, _id(rng)]),
         "alloc_instance_index": rng.choice([None, -1, 3]),
-        "resource_request": rng.choice([None, {"cpus": _f(rng), "memory": _f(rng)}, {"memory": _f(rng)}]),
+        "resource_request": rng.choice([None, {"cpus": _u(rng), "memory": _u(rng)}, {"memory": _u(rng)}]),
         "constraint": rng.choice(
             [
                 None,

@@ -129,8 +129,17 @@ def test_reject_threshold(tmp_path: Path) -> None:
     lines = ['{"time":"1","machine_id":"2","type":"1"}'] * 95 + ["{bad"] * 5
     f = write_json(tmp_path / "machine_events-000000000000.json.gz", lines)
     rep = ingest([f], tmp_path / "a", max_reject_rate=0.01)
-    assert rep.exit_status == 1 and rep.over_threshold and rep.complete
+    # Issue 7: an input over the threshold is not done, so the dataset is not complete.
+    assert rep.exit_status == 1 and rep.over_threshold and not rep.complete
+    assert rep.files[0].status == "failed" and "over --max-reject-rate" in (rep.files[0].error or "")
     assert "over the threshold" in rep.summary() and "invalid JSON" in rep.summary()
+    assert "complete: true" not in rep.summary() and rep.summary().splitlines()[-1].startswith("dataset unfinished")
+    assert not json.loads((tmp_path / "a" / "manifest.json").read_text())["complete"]
+    # the re-run retries it (and fails it again: same content, same threshold) ...
+    again = ingest([f], tmp_path / "a", max_reject_rate=0.01)
+    assert again.files[0].status == "failed" and not again.complete
+    # ... until the threshold allows it
+    assert ingest([f], tmp_path / "a", max_reject_rate=0.05).complete
     rep = ingest([f], tmp_path / "b", max_reject_rate=0.05)
     assert rep.exit_status == 0
     assert rep.files[0].rejects_file == f"_rejects/part-{rep.files[0].sha256[:16]}.jsonl"
