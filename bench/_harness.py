@@ -127,3 +127,25 @@ def write_results(name: str, payload: dict[str, Any], markdown: str) -> tuple[Pa
     jp.write_text(json.dumps(payload, indent=1, default=lambda o: asdict(o) if hasattr(o, "__dataclass_fields__") else str(o)) + "\n")
     mp.write_text(markdown)
     return jp, mp
+
+
+def best_of(fn: Any, repeat: int) -> float:
+    """Best wall seconds of ``repeat`` calls of ``fn`` (host clock; synchronise inside ``fn``)."""
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def bench_dataset(size: int) -> Path:
+    """The canonical benchmark dataset of ``size`` windows (bench/data/canonical-<size>, seed 1),
+    generated on first use and shared by every benchmark."""
+    from gen_canonical import make_dataset
+
+    ds = Path(__file__).resolve().parent / "data" / f"canonical-{size}"
+    if not (ds / "manifest.json").exists():
+        print(f"generating {size:,} windows into {ds}", flush=True)
+        make_dataset(ds, size, seed=1)
+    return ds

@@ -36,9 +36,8 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from _harness import environment, run_measured, write_results  # noqa: E402
+from _harness import bench_dataset, environment, run_measured, write_results  # noqa: E402
 
-DATA = HERE / "data"
 US = 1_000_000
 
 
@@ -297,8 +296,6 @@ def main(argv: list[str] | None = None) -> int:
         child(args.child[0], args.child[1], Path(args.child[2]), args.repeat)
         return 0
 
-    from gen_canonical import make_dataset
-
     from gpuclust.analyses.registry import names
     from gpuclust.backends import gpu_available
 
@@ -306,10 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     backends = ["cpu", "gpu"] if args.backends == "auto" and gpu_available() else (["cpu"] if args.backends == "auto" else args.backends.split(","))
     rows = []
     for size in [int(float(s)) for s in args.sizes.split(",")]:
-        ds = DATA / f"canonical-{size}"
-        if not (ds / "manifest.json").exists():
-            print(f"generating {size:,} windows into {ds}", flush=True)
-            make_dataset(ds, size, seed=1)
+        ds = bench_dataset(size)
         for an in analyses:
             contenders = ([f"gpuclust-{b}" for b in backends]
                           + [_variant_name(b, v) for b in backends for v in BENCH_VARIANTS.get(an, [])]

@@ -33,18 +33,13 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from _harness import environment  # noqa: E402
+from _harness import bench_dataset, best_of, environment  # noqa: E402
 
 GIB = 1 << 30
 
 
 def _best(fn, repeat: int = 5) -> float:  # type: ignore[no-untyped-def]
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
+    return best_of(fn, repeat)
 
 
 def transfer_rates(cp) -> dict[str, float]:  # type: ignore[no-untyped-def]
@@ -136,17 +131,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--windows", type=float, default=1e7)
     ap.add_argument("--top", type=int, default=15)
     args = ap.parse_args(argv)
-    from gen_canonical import make_dataset
-
     from gpuclust.backends import gpu
 
     cp = gpu.require()
     n = int(args.windows)
-    ds = HERE / "data" / f"canonical-{n}"
-    if not (ds / "manifest.json").exists():
-        t0 = time.perf_counter()
-        make_dataset(ds, n, seed=1)
-        print(f"generated {n:,} windows in {time.perf_counter() - t0:.1f} s", flush=True)
+    ds = bench_dataset(n)
     out: dict[str, object] = {"environment": environment(), "windows": n}
     out["transfer"] = transfer_rates(cp)
     print(json.dumps(out["transfer"]), flush=True)

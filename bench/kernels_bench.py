@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -39,7 +38,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from _harness import environment, write_results  # noqa: E402
+from _harness import best_of, environment, write_results  # noqa: E402
 
 US = 1_000_000
 HOUR = 3600 * US
@@ -67,12 +66,7 @@ def _timer(backend: Any) -> Callable[[Callable[[], Any], int], float]:
 
     def cpu_time(fn: Callable[[], Any], repeat: int) -> float:
         fn()
-        best = float("inf")
-        for _ in range(repeat):
-            t0 = time.perf_counter()
-            fn()
-            best = min(best, time.perf_counter() - t0)
-        return best
+        return best_of(fn, repeat)
 
     return cpu_time
 

@@ -29,9 +29,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from _harness import environment, run_measured, write_results  # noqa: E402
-
-DATA = HERE / "data"
+from _harness import bench_dataset, environment, run_measured, write_results  # noqa: E402
 
 
 def child(backend: str, ds: Path, repeat: int) -> None:
@@ -79,15 +77,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         child(args.child[0], Path(args.child[1]), args.repeat)
         return 0
-    from gen_canonical import make_dataset
-
     backends = args.backends.split(",")
     rows = []
     for size in [int(float(s)) for s in args.sizes.split(",")]:
-        ds = DATA / f"canonical-{size}"
-        if not (ds / "manifest.json").exists():
-            print(f"generating {size:,} windows into {ds}", flush=True)
-            make_dataset(ds, size, seed=1)
+        ds = bench_dataset(size)
         runs: dict[str, list[dict[str, Any]]] = {b: [] for b in backends}
         for _ in range(args.rounds):
             for b in backends:

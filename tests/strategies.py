@@ -159,3 +159,20 @@ def random_cell(seed: int, n_machines: int = 40, n_instances: int = 300, n_windo
         "avg_cpu": [None if r < 0.02 else float(v) for r, v in zip(rng.random(n_windows), rng.random(n_windows), strict=False)],
         "avg_mem": rng.random(n_windows).astype(np.float32)})
     return {"machine_events": me, "instance_events": ev, "instance_usage": us}
+
+
+def assert_results_same(r1: dict[str, Any], r2: dict[str, Any], rtol: float = 1e-12) -> None:
+    """Two ``run`` results ({analysis: {table: DataFrame}}) are the same: names, columns, lengths;
+    float columns to ``rtol`` (NaN where NaN), others exactly."""
+    assert r1.keys() == r2.keys()
+    for k in r1:
+        assert r1[k].keys() == r2[k].keys(), k
+        for t in r1[k]:
+            a, b = r1[k][t].reset_index(drop=True), r2[k][t].reset_index(drop=True)
+            assert list(a.columns) == list(b.columns) and len(a) == len(b), (k, t)
+            for c in a.columns:
+                if a[c].dtype.kind == "f":
+                    np.testing.assert_allclose(a[c].to_numpy(), b[c].to_numpy(), rtol=rtol, atol=1e-300,
+                                               equal_nan=True, err_msg=f"{k}/{t}/{c}")
+                else:
+                    assert a[c].tolist() == b[c].tolist(), (k, t, c)

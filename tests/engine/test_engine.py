@@ -13,7 +13,7 @@ import pickle
 import numpy as np
 import pyarrow as pa
 import pytest
-from strategies import random_cell, write_dataset
+from strategies import assert_results_same, random_cell, write_dataset
 
 from gpuclust.analyses import CellUsage, MachineShapes
 from gpuclust.backends import BackendUnavailable, gpu_available
@@ -32,17 +32,7 @@ ANALYSES = [CellUsage(mode="notebook"), CellUsage(mode="exact"), MachineShapes()
 
 
 def assert_same(r1, r2, rtol=1e-12):
-    assert r1.keys() == r2.keys()
-    for k in r1:
-        assert r1[k].keys() == r2[k].keys()
-        for t in r1[k]:
-            a, b = r1[k][t], r2[k][t]
-            assert list(a.columns) == list(b.columns) and len(a) == len(b), (k, t)
-            for c in a.columns:
-                if a[c].dtype.kind == "f":
-                    np.testing.assert_allclose(a[c].to_numpy(), b[c].to_numpy(), rtol=rtol, atol=1e-300, equal_nan=True)
-                else:
-                    assert a[c].tolist() == b[c].tolist(), (k, t, c)
+    assert_results_same(r1, r2, rtol)
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from strategies import random_cell, write_dataset
+from strategies import assert_results_same, random_cell, write_dataset
 
 import gpuclust
 from gpuclust.analyses.registry import create, names
@@ -30,18 +30,7 @@ pytestmark = [
 
 
 def assert_same(r1, r2, rtol=0.0):
-    assert r1.keys() == r2.keys()
-    for k in r1:
-        assert r1[k].keys() == r2[k].keys(), k
-        for t in r1[k]:
-            a, b = r1[k][t].reset_index(drop=True), r2[k][t].reset_index(drop=True)
-            assert list(a.columns) == list(b.columns) and len(a) == len(b), (k, t)
-            for c in a.columns:
-                if a[c].dtype.kind == "f":
-                    np.testing.assert_allclose(a[c].to_numpy(), b[c].to_numpy(), rtol=rtol, atol=1e-300,
-                                               equal_nan=True, err_msg=f"{k}/{t}/{c}")
-                else:
-                    assert a[c].tolist() == b[c].tolist(), (k, t, c)
+    assert_results_same(r1, r2, rtol)
 
 
 @pytest.fixture(scope="module")
