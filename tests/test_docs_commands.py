@@ -133,8 +133,8 @@ def test_documented_commands_run(doc: str, tmp_path: Path, cell: Path) -> None:
     runnable = [b for b in found if b[2] is None]
     if not found:
         pytest.skip(f"{doc} has no bash/python blocks")
-    if not SHARED.is_dir():
-        pytest.skip(f"real trace files not found at {SHARED}")
+    if not (SHARED / "data" / "real").is_dir():
+        pytest.skip(f"real trace files not found under {SHARED / 'data' / 'real'}")
     sandbox = tmp_path / "checkout"
     sandbox.mkdir()
     (tmp_path / "shared").symlink_to(SHARED)
