@@ -38,10 +38,6 @@ from _harness import bench_dataset, best_of, environment  # noqa: E402
 GIB = 1 << 30
 
 
-def _best(fn, repeat: int = 5) -> float:  # type: ignore[no-untyped-def]
-    return best_of(fn, repeat)
-
-
 def transfer_rates(cp) -> dict[str, float]:  # type: ignore[no-untyped-def]
     n = GIB // 8
     host = np.random.default_rng(0).random(n)
@@ -66,10 +62,10 @@ def transfer_rates(cp) -> dict[str, float]:  # type: ignore[no-untyped-def]
         dev[...] = src
         cp.cuda.Device().synchronize()
 
-    out = {"h2d_pageable_gbs": GIB / _best(pageable) / 1e9, "h2d_pinned_gbs": GIB / _best(from_pinned) / 1e9,
-           "d2d_copy_gbs": 2 * GIB / _best(d2d) / 1e9}
+    out = {"h2d_pageable_gbs": GIB / best_of(pageable, 5) / 1e9, "h2d_pinned_gbs": GIB / best_of(from_pinned, 5) / 1e9,
+           "d2d_copy_gbs": 2 * GIB / best_of(d2d, 5) / 1e9}
     d2h = np.empty_like(host)
-    out["d2h_pageable_gbs"] = GIB / _best(lambda: dev.get(out=d2h)) / 1e9
+    out["d2h_pageable_gbs"] = GIB / best_of(lambda: dev.get(out=d2h), 5) / 1e9
     return out
 
 
@@ -92,10 +88,10 @@ def decode_rates(ds: Path) -> dict[str, float]:
         nonlocal t
         t = pq.read_table(files, columns=sorted(cols), use_threads=True)
 
-    secs = _best(read, 3)
+    secs = best_of(read, 3)
     assert t is not None
     nbytes = t.nbytes
-    to_np = _best(lambda: [c.to_numpy() for c in t.columns], 3)
+    to_np = best_of(lambda: [c.to_numpy() for c in t.columns], 3)
     return {"rows": d.num_rows("instance_usage"), "columns": len(cols), "decoded_bytes": nbytes,
             "decode_s": secs, "decode_gbs": nbytes / secs / 1e9, "to_numpy_s": to_np,
             "parquet_bytes": sum(f.stat().st_size for f in files)}

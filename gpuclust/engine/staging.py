@@ -1,10 +1,9 @@
 """Loading partitions into backend memory once: decode on a few host threads, copy to the device
 through pinned staging buffers on a non-default stream, overlapped with the next decode.
 
-Used by :class:`gpuclust.engine.study.Study` (``persist``).  On the cpu backend a loaded
-partition is the NumPy arrays of :func:`gpuclust.engine.partition.read_partition`.  On the gpu
-backend each column is allocated once on the device and filled chunk by chunk, straight from
-Arrow's buffers: an Arrow chunk is copied into one of two page-locked buffers of the loading
+Used by :class:`gpuclust.engine.study.Study` (``persist``).  Each column of a group of
+partitions is allocated once (NumPy on the cpu backend, device memory on the gpu) and filled
+chunk by chunk, straight from Arrow's buffers.  On the gpu an Arrow chunk is copied into one of two page-locked buffers of the loading
 thread, and ``cudaMemcpyAsync`` moves it from there on that thread's own stream while the next
 chunk is copied into the other buffer (an event per buffer says when it may be reused).  A
 pageable ``cupy.asarray`` would instead stage through the driver's own small bounce buffer, at a
@@ -126,7 +125,7 @@ def load_partitions(groups: Sequence[Sequence[_partition.PartitionSpec]], column
     xp = backend.xp
     if not groups:
         return []
-    dtypes = column_dtypes(groups[0][0].table, columns) if groups[0] else {}
+    dtypes = column_dtypes(groups[0][0].table, columns)
     out = [{c: xp.empty(sum(s.num_rows for s in g), dtype=dtypes[c]) for c in columns} for g in groups]
     tasks = []
     for gi, g in enumerate(groups):
@@ -134,30 +133,25 @@ def load_partitions(groups: Sequence[Sequence[_partition.PartitionSpec]], column
         for spec in g:
             tasks.append((gi, off, spec))
             off += spec.num_rows
-    if backend.name == "cpu":
-        def copy(arr: np.ndarray, off: int, host: np.ndarray) -> None:
-            arr[off:off + host.shape[0]] = host
-    else:
-        cp = xp
-        device = cp.cuda.Device().id
-        local = threading.local()
 
-        def copy(arr: Any, off: int, host: np.ndarray) -> None:
-            local.stager.copy(arr.data.ptr + off * arr.dtype.itemsize, host)
+    device = None if backend.name == "cpu" else xp.cuda.Device().id
+
+    def host_copy(arr: np.ndarray, off: int, host: np.ndarray) -> None:
+        arr[off:off + host.shape[0]] = host
 
     def one(task: tuple[int, int, _partition.PartitionSpec]) -> None:
         gi, off, spec = task
         t = _partition.read_arrow(spec, columns)
         if backend.name == "cpu":
-            _fill(t, out[gi], off, copy)
+            _fill(t, out[gi], off, host_copy)
         else:
-            with cp.cuda.Device(device):
-                local.stager = _borrow(cp, device)
+            with xp.cuda.Device(device):
+                st = _borrow(xp, device)
                 try:
-                    _fill(t, out[gi], off, copy)
-                    local.stager.finish()  # this partition's copies have landed
+                    _fill(t, out[gi], off, lambda arr, o, host: st.copy(arr.data.ptr + o * arr.dtype.itemsize, host))
+                    st.finish()  # this partition's copies have landed
                 finally:
-                    _give_back(device, local.stager)
+                    _give_back(device, st)
         if on_done is not None:
             on_done(spec)
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from gpuclust.dataset import MANIFEST, REJECTS_DIR, _fsync_dir, new_manifest, write_json_atomic
+from gpuclust.dataset import MANIFEST, REJECTS_DIR, fsync_dir, new_manifest, write_json_atomic
 from gpuclust.ingest.base import ReadOptions, SourceFile
 from gpuclust.ingest.detect import detect, expand_sources
 from gpuclust.ingest.progress import Progress
@@ -244,7 +244,7 @@ class _ManifestWriter:
 
         write_json_atomic(self.path, self.m, before_replace=switch if (moves or gone) else None)
         for d in sorted({dst.parent for _, dst in moves} | {f.parent for f in gone}):
-            _fsync_dir(d)
+            fsync_dir(d)
         self.writes += 1
         limit = os.environ.get(KILL_AFTER_MANIFESTS_ENV)
         if limit and self.writes >= int(limit):

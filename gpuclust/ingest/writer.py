@@ -32,7 +32,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from gpuclust.dataset import REJECTS_DIR, _fsync_dir
+from gpuclust.dataset import REJECTS_DIR, fsync_dir
 from gpuclust.ingest.base import ReadOptions, Reject, SourceError, SourceFile
 from gpuclust.ingest.readers import get_reader
 
@@ -164,7 +164,7 @@ def write_part(table: pa.Table, final: Path) -> None:
         except FileNotFoundError:
             pass
         raise
-    _fsync_dir(final.parent)
+    fsync_dir(final.parent)
 
 
 class _RejectSink:
@@ -204,7 +204,7 @@ class _RejectSink:
         self.f = None
         _check_parent()
         os.replace(self.tmp, self.final)
-        _fsync_dir(self.final.parent)
+        fsync_dir(self.final.parent)
         return True
 
     def discard(self) -> None:
