@@ -1,0 +1,89 @@
+"""The key-partitioned ("bucketed") dataset layout: which key each table is bucketed by, and the
+one hash that assigns a row to a bucket.
+
+In a bucketed dataset every instance's usage windows and events sit in the same numbered bucket
+(a hash of ``collection_id, instance_index``), and machine-keyed tables are bucketed by a hash
+of ``machine_id``; inside a bucket, rows are ordered by time.  Per-instance work (priorities,
+running intervals, exact per-instance distributions) is then local to a bucket, and joins are
+bucket ``i`` of one table with bucket ``i`` of another (docs/scale.md).
+
+The bucket of a row is ``splitmix64 chain of its key columns mod n_buckets`` (see
+:func:`bucket_ids`); the same function runs on NumPy and CuPy arrays.  A bucketed dataset stores
+the bucket number in its folder names (``instance_usage/bucket=17/part-*.parquet``, hive style),
+so DuckDB, pandas and polars read it as a plain column without recomputing the hash.
+
+Examples
+--------
+>>> import numpy as np
+>>> b = bucket_ids(np, [np.array([7, 7, 8]), np.array([0, 0, 1], np.int32)], 16)
+>>> bool(b[0] == b[1]), b.dtype.name
+(True, 'int32')
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = ["BUCKET_COLUMN", "HASH_NAME", "KEYS", "ORDER", "bucket_ids", "key_name"]
+
+#: The hive-style folder key of a bucket (``<table>/bucket=<k>/``).
+BUCKET_COLUMN = "bucket"
+#: Name and version of the bucket hash, recorded in the manifest (a reader refuses another).
+HASH_NAME = "splitmix64-chain-v1"
+
+#: The bucketing key of each table a bucketed dataset lays out by key.  Tables with the same key
+#: and the same bucket count are co-partitioned.
+KEYS: dict[str, tuple[str, ...]] = {
+    "instance_usage": ("collection_id", "instance_index"),
+    "instance_events": ("collection_id", "instance_index"),
+    "machine_events": ("machine_id",),
+    "machine_attributes": ("machine_id",),
+}
+#: The time column rows are ordered by inside a bucket.
+ORDER: dict[str, str] = {
+    "instance_usage": "start_time",
+    "instance_events": "time",
+    "machine_events": "time",
+    "machine_attributes": "time",
+}
+_KEY_NAMES = {("collection_id", "instance_index"): "instance", ("machine_id",): "machine"}
+
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+_SEED = np.uint64(0x2545F4914F6CDD1D)
+
+
+def key_name(columns: Sequence[str]) -> str:
+    """``instance`` / ``machine`` for a bucketing key's columns."""
+    return _KEY_NAMES[tuple(columns)]
+
+
+def _mix(xp: Any, x: Any) -> Any:
+    x = x ^ (x >> xp.uint64(30))
+    x = x * _M1
+    x = x ^ (x >> xp.uint64(27))
+    x = x * _M2
+    return x ^ (x >> xp.uint64(31))
+
+
+def bucket_ids(xp: Any, key_columns: Sequence[Any], n_buckets: int) -> Any:
+    """The bucket (int32 in ``[0, n_buckets)``) of each row, from its key columns.
+
+    ``h = mix(c0 ^ SEED); h = mix(h ^ c1); ...; bucket = h mod n_buckets`` with every column
+    taken as its int64 bit pattern (as uint64) and ``mix`` the splitmix64 finaliser.  A NULL key
+    (dtype minimum, as the engine hands NULLs over) is hashed like any value: its rows land in
+    one bucket together.
+    """
+    n = int(n_buckets)
+    if n < 1:
+        raise ValueError(f"n_buckets must be >= 1, got {n_buckets!r}")
+    if not key_columns:
+        raise ValueError("a bucketing key needs at least one column")
+    with np.errstate(over="ignore"):
+        h = _mix(xp, xp.asarray(key_columns[0]).astype(xp.int64).astype(xp.uint64) ^ _SEED)
+        for c in key_columns[1:]:
+            h = _mix(xp, h ^ xp.asarray(c).astype(xp.int64).astype(xp.uint64))
+        return (h % xp.uint64(n)).astype(xp.int32)
