@@ -20,10 +20,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pandas as pd
+import pyarrow.compute as pc
 
 from gpuclust._cache import PerArrayCache
 
-__all__ = ["InstanceLookup", "id_index", "triple_hash"]
+__all__ = ["EVENT_COLUMNS", "InstanceLookup", "id_index", "max_priority", "tier_lookup", "triple_hash"]
+
+#: The instance_events columns :func:`tier_lookup` reads.
+EVENT_COLUMNS = ("collection_id", "instance_index", "machine_id", "priority", "alloc_collection_id")
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
@@ -153,3 +158,44 @@ def id_index(backend: Any, ids: np.ndarray, queries: Any) -> tuple[Any, Any]:
     pos = xp.clip(xp.searchsorted(lk, queries), 0, lk.shape[0] - 1)
     found = lk[pos] == queries
     return xp.where(found, pos, 0), found
+
+
+def max_priority(ev: Any, top_level_only: bool = True) -> pd.DataFrame:
+    """MAX(priority) per (collection_id, instance_index, machine_id) over one Arrow table of events
+    (only those with alloc_collection_id NULL or 0 when ``top_level_only``, as Google's notebook
+    does); a NULL machine_id never joins (SQL NULL semantics).  Columns ``c, i, m, p`` (``p`` NaN
+    where every priority of the key is NULL)."""
+    keep = pc.is_valid(ev.column("machine_id"))
+    if top_level_only:
+        alloc = ev.column("alloc_collection_id")
+        keep = pc.and_(pc.or_(pc.is_null(alloc), pc.equal(pc.fill_null(alloc, 0), 0)), keep)
+    ev = ev.filter(keep)
+    edf = pd.DataFrame({
+        "c": ev.column("collection_id").to_numpy().astype(np.int64),
+        "i": ev.column("instance_index").to_numpy().astype(np.int32),
+        "m": ev.column("machine_id").to_numpy(zero_copy_only=False).astype(np.int64),
+        "p": np.asarray(pc.cast(ev.column("priority"), "float64").to_numpy(zero_copy_only=False), dtype=np.float64),
+    })
+    return edf.groupby(["c", "i", "m"], sort=False)["p"].max().reset_index()
+
+
+def tier_lookup(events: Any, tm: Any, *, top_level_only: bool, unmatched: int, what: str) -> InstanceLookup:
+    """``(collection_id, instance_index, machine_id) -> tier code`` from instance_events rows.
+
+    ``events`` yields Arrow tables of :data:`EVENT_COLUMNS` from ``batches(columns)`` (a
+    :class:`gpuclust.engine.partition.SideTable`: a file or a bucket at a time, so the whole table
+    is never in memory at once); the priority is :func:`max_priority` of each key, mapped by the
+    tier map ``tm``; a NULL priority, or one no tier covers, gets ``unmatched``.
+    """
+    parts = [max_priority(t, top_level_only) for t in events.batches(list(EVENT_COLUMNS))]
+    if not parts:
+        return InstanceLookup.empty()
+    lk = parts[0] if len(parts) == 1 else (
+        pd.concat(parts, ignore_index=True).groupby(["c", "i", "m"], sort=False)["p"].max().reset_index())
+    p = lk["p"].to_numpy(np.float64)
+    codes = np.full(p.shape[0], unmatched, dtype=np.int32)
+    ok = ~np.isnan(p)
+    tc = tm.tier_codes(p[ok].astype(np.int64)).astype(np.int32)
+    codes[ok] = np.where(tc >= 0, tc, unmatched)
+    return InstanceLookup.build(lk["c"].to_numpy(np.int64), lk["i"].to_numpy(np.int32), lk["m"].to_numpy(np.int64),
+                                codes, what=what)

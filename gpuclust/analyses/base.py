@@ -12,6 +12,16 @@ An analysis is declared **once**, as a small frozen dataclass (never a CPU class
     :class:`gpuclust.dataset.Dataset` or :class:`gpuclust.engine.TableSource`).  A context that
     needs a pass over the streamed table itself (cpi's first pass) runs it with
     :func:`stream_pass` and declares the columns it reads in ``context_columns``.
+``side_inputs`` and ``bind(ctx, side, grain) -> ctx``
+    Per-instance side inputs (a priority lookup from instance_events, ...): ``side_inputs``
+    names the tables and columns, ``bind`` builds what the partial needs from ``side`` (``{table:
+    SideTable}``, see :class:`gpuclust.engine.partition.SideTable`: ``batches(columns)`` /
+    ``read(columns)``).  When the dataset's layout co-partitions them with :attr:`table`
+    (docs/scale.md), the engine calls ``bind`` in each partition task with the rows of that
+    partition's buckets and ``grain="instance"`` (the partition then holds every row of each
+    instance it holds, so per-instance groups are complete in it); otherwise once on the client
+    with the whole tables and ``grain=None``.  Nothing proportional to the data is then built on
+    the client or shipped in a task graph for a bucketed dataset.
 ``empty(backend)``
     The merge identity.
 ``partial(cols, ctx, backend)``
@@ -247,8 +257,18 @@ class Analysis:
         return ()
 
     def context(self, source: Any) -> Any:
-        """Side inputs computed once on the client; default: none."""
+        """Small inputs computed once on the client (not proportional to the data); default: none."""
         return None
+
+    @property
+    def side_inputs(self) -> dict[str, tuple[str, ...]]:
+        """``{table: columns}`` of the per-instance side inputs :meth:`bind` reads; default: none."""
+        return {}
+
+    def bind(self, ctx: Any, side: dict[str, Any], grain: str | None) -> Any:
+        """The context a partial runs with, given the side-input rows (see the module docstring);
+        default: ``ctx`` unchanged."""
+        return ctx
 
     def empty(self, backend: Any = None) -> Any:
         raise NotImplementedError

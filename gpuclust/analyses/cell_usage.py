@@ -24,16 +24,14 @@ that hour that contributed) and ``info`` (one row: mode, tier map, capacities, r
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
-from gpuclust.analyses._lookup import InstanceLookup, triple_hash
+from gpuclust.analyses._lookup import EVENT_COLUMNS, InstanceLookup, tier_lookup, triple_hash
 from gpuclust.analyses.base import Analysis, fmt, is_null_int, keyed_reduce, merge_keyed, resolve_tier_map
 from gpuclust.analyses.options import option, tier_map_option
 from gpuclust.schema import TIME_AFTER_TRACE, TierMap, tier_map
@@ -57,8 +55,8 @@ class CellUsageContext:
     tier_map: TierMap
     cpu_capacity: float
     mem_capacity: float
-    #: (collection_id, instance_index, machine_id) -> tier code
-    lookup: InstanceLookup
+    #: (collection_id, instance_index, machine_id) -> tier code (set by ``bind``)
+    lookup: InstanceLookup = InstanceLookup.empty()
 
     @property
     def tier_names(self) -> tuple[str, ...]:
@@ -67,42 +65,6 @@ class CellUsageContext:
 
 def _null_to_nan(arr: Any) -> np.ndarray:
     return np.asarray(pc.cast(arr, "float64").to_numpy(zero_copy_only=False), dtype=np.float64)
-
-
-_EVENT_COLUMNS = ["collection_id", "instance_index", "machine_id", "priority", "alloc_collection_id"]
-
-
-def _max_priority(ev: Any, top_level_only: bool = True) -> pd.DataFrame:
-    """MAX(priority) per (collection_id, instance_index, machine_id) over one Arrow table of events
-    (only those with alloc_collection_id NULL or 0 when ``top_level_only``, as the notebook does);
-    a NULL machine_id never joins (SQL NULL semantics)."""
-    keep = pc.is_valid(ev.column("machine_id"))
-    if top_level_only:
-        alloc = ev.column("alloc_collection_id")
-        keep = pc.and_(pc.or_(pc.is_null(alloc), pc.equal(pc.fill_null(alloc, 0), 0)), keep)
-    ev = ev.filter(keep)
-    edf = pd.DataFrame({
-        "c": ev.column("collection_id").to_numpy().astype(np.int64),
-        "i": ev.column("instance_index").to_numpy().astype(np.int32),
-        "m": ev.column("machine_id").to_numpy(zero_copy_only=False).astype(np.int64),
-        "p": _null_to_nan(ev.column("priority")),
-    })
-    return edf.groupby(["c", "i", "m"], sort=False)["p"].max().reset_index()
-
-
-def _priority_lookup(source: Any, top_level_only: bool = True) -> pd.DataFrame:
-    """The per-instance priority table (see :func:`_max_priority`), reduced file by file when the
-    source has Parquet parts (so a real cell's instance_events never has to be in memory at once)."""
-    files = source.files("instance_events") if hasattr(source, "files") else None
-    if not files:
-        return _max_priority(source.read("instance_events", _EVENT_COLUMNS), top_level_only)
-    from gpuclust.schema import SCHEMAS
-
-    sub = pa.schema([SCHEMAS["instance_events"].field(c) for c in _EVENT_COLUMNS])
-    parts = [_max_priority(pq.read_table(f, columns=_EVENT_COLUMNS).cast(sub), top_level_only) for f in files]
-    if len(parts) == 1:
-        return parts[0]
-    return pd.concat(parts, ignore_index=True).groupby(["c", "i", "m"], sort=False)["p"].max().reset_index()
 
 
 @dataclass(frozen=True)
@@ -158,23 +120,21 @@ class CellUsage(Analysis):
         per = mdf.groupby("machine_id", sort=False)[["cpu", "mem"]].max()
         cpu_cap = float(per["cpu"].sum(min_count=1))
         mem_cap = float(per["mem"].sum(min_count=1))
+        return CellUsageContext(self.mode, tm, cpu_cap, mem_cap)
+
+    @property
+    def side_inputs(self) -> dict[str, tuple[str, ...]]:
+        return {"instance_events": EVENT_COLUMNS}
+
+    def bind(self, ctx: CellUsageContext, side: dict[str, Any], grain: str | None) -> CellUsageContext:
         # Priority: MAX(priority) per (collection_id, instance_index, machine_id) over events with
-        # alloc_collection_id NULL or 0.  A NULL machine_id never joins (SQL NULL semantics).
-        lk = _priority_lookup(source)
-        c = lk["c"].to_numpy(np.int64)
-        i = lk["i"].to_numpy(np.int32)
-        m = lk["m"].to_numpy(np.int64)
-        p = lk["p"].to_numpy(np.float64)
-        codes = np.full(p.shape[0], -1, dtype=np.int8)
-        ok = ~np.isnan(p)
-        codes[ok] = tm.tier_codes(p[ok].astype(np.int64))
-        last = len(tm.names) - 1
-        if self.mode == "notebook":
-            codes[codes < 0] = last  # CASE ... ELSE: NULL / unmatched priority -> last tier
-        else:
-            codes[codes < 0] = len(tm.names)  # "unknown"
-        return CellUsageContext(self.mode, tm, cpu_cap, mem_cap,
-                                InstanceLookup.build(c, i, m, codes, what="cell-usage priority lookup"))
+        # alloc_collection_id NULL or 0.  A NULL machine_id never joins (SQL NULL semantics); a
+        # NULL or unmatched priority: the notebook's CASE ... ELSE puts it in the last tier, exact
+        # mode in "unknown".
+        n = len(ctx.tier_map.names)
+        lk = tier_lookup(side["instance_events"], ctx.tier_map, top_level_only=True,
+                         unmatched=n - 1 if self.mode == "notebook" else n, what="cell-usage priority lookup")
+        return replace(ctx, lookup=lk)
 
     # ---------------------------------------------------------------- partial / merge
     def empty(self, backend: Any = None) -> dict[str, np.ndarray]:

@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.compute as pc
 
-from gpuclust.analyses._lookup import InstanceLookup, id_index
+from gpuclust.analyses._lookup import EVENT_COLUMNS, InstanceLookup, id_index, tier_lookup
 from gpuclust.analyses._machine_cells import (
     CELL_BITS,
     CELL_US,
@@ -169,25 +169,6 @@ def _platform_lookup(me: Any) -> dict[str, Any]:
         first[m2[is_first]] = code_v[is_first]
     return {"pm_ids": pm_ids, "platforms": platforms, "pe_times": times, "pe_key": key,
             "pe_machine": m2.astype(np.int64), "pe_code": code_v, "pm_first": first}
-
-
-def _tier_lookup(source: Any, tm: TierMap) -> InstanceLookup:
-    """MAX(priority) per (collection_id, instance_index, machine_id) over all instance_events rows
-    (allocs included: the cpi analysis keeps tasks inside allocs) -> tier code; hash-sorted."""
-    ev = source.read("instance_events", ["collection_id", "instance_index", "machine_id", "priority"])
-    ev = ev.filter(pc.is_valid(ev.column("machine_id")))
-    df = pd.DataFrame({"c": ev.column("collection_id").to_numpy().astype(np.int64),
-                       "i": ev.column("instance_index").to_numpy().astype(np.int32),
-                       "m": ev.column("machine_id").to_numpy(zero_copy_only=False).astype(np.int64),
-                       "p": _f64(ev.column("priority"))})
-    lk = df.groupby(["c", "i", "m"], sort=False)["p"].max().reset_index()
-    p = lk["p"].to_numpy(np.float64)
-    codes = np.full(p.shape[0], len(tm.names), dtype=np.int32)
-    ok = ~np.isnan(p)
-    c = tm.tier_codes(p[ok].astype(np.int64)).astype(np.int32)
-    codes[ok] = np.where(c < 0, len(tm.names), c)
-    return InstanceLookup.build(lk["c"].to_numpy(np.int64), lk["i"].to_numpy(np.int32), lk["m"].to_numpy(np.int64),
-                                codes, what="cpi tier lookup")
 
 
 #: Largest dense (machine, cell) lookup table built by the context (entries; int32 or int64).
@@ -401,11 +382,7 @@ class Cpi(Analysis):
             ok = self.spearman == "grid" and bool(np.isin(cuts, edges[var]).all())
             luts[var + "_lut"] = (np.concatenate([[0], np.searchsorted(cuts, edges[var], side="right")]).astype(np.int64)
                                   if ok else np.zeros(0, np.int64))
-        tm = None
-        lk = InstanceLookup.empty()
-        if self.by == "tier":
-            tm = self.resolve_tier_map(source)
-            lk = _tier_lookup(source, tm)
+        tm = self.resolve_tier_map(source) if self.by == "tier" else None
         dense = _dense_cells(midx, cell, int(cap_ids.shape[0]))
         cpos = np.searchsorted(cap_ids, plat["pm_ids"]) if cap_ids.shape[0] else np.zeros(0, np.int64)
         cposc = np.clip(cpos, 0, max(cap_ids.shape[0] - 1, 0))
@@ -418,7 +395,20 @@ class Cpi(Analysis):
         return CpiContext(filter=flt, tier_map=tm, **plat, cap_ids=cap_ids, mc_key=key,
                           mc_k=cells["k"].to_numpy(np.int64), mc_u=u, **dense, pm_cap=pm_cap,
                           cpi_cuts=cpi_cuts, mai_cuts=mai_cuts, cpi_edges=edges["cpi"], mai_edges=edges["mai"], **luts,
-                          lookup=lk, trace_window_us=window, info=info)
+                          lookup=InstanceLookup.empty(), trace_window_us=window, info=info)
+
+    @property
+    def side_inputs(self) -> dict[str, tuple[str, ...]]:
+        return {"instance_events": EVENT_COLUMNS} if self.by == "tier" else {}
+
+    def bind(self, ctx: CpiContext, side: dict[str, Any], grain: str | None) -> CpiContext:
+        if self.by != "tier":
+            return ctx
+        # MAX(priority) per (collection_id, instance_index, machine_id) over all instance_events
+        # rows (allocs included: the cpi analysis keeps tasks inside allocs) -> tier code
+        n = len(ctx.tier_map.names)
+        return dataclasses.replace(ctx, lookup=tier_lookup(side["instance_events"], ctx.tier_map, top_level_only=False,
+                                                           unmatched=n, what="cpi tier lookup"))
 
     # ---------------------------------------------------------------- partial / merge
     def empty(self, backend: Any = None) -> dict[str, np.ndarray]:

@@ -47,9 +47,8 @@ from gpuclust.analyses._intervals import (
     distinct_running,
     running_intervals,
 )
-from gpuclust.analyses._lookup import InstanceLookup, id_index
+from gpuclust.analyses._lookup import InstanceLookup, id_index, max_priority
 from gpuclust.analyses.base import Analysis, fmt, is_null_int, keyed_reduce, merge_keyed, resolve_tier_map
-from gpuclust.analyses.cell_usage import _max_priority
 from gpuclust.analyses.options import option, tier_map_option
 from gpuclust.schema import TIME_AFTER_TRACE, TierMap, tier_map
 
@@ -239,7 +238,7 @@ class Overcommit(Analysis):
         mids = np.unique(np.concatenate([me_ids[me_ids != np.iinfo(np.int64).min], run.machine_id[placed]]))
         M = int(mids.shape[0])
         # ---- usage tier lookup: MAX(priority) per (collection, instance, machine), as cell-usage
-        lk = _max_priority(ev.select(["collection_id", "instance_index", "machine_id", "priority",
+        lk = max_priority(ev.select(["collection_id", "instance_index", "machine_id", "priority",
                                       "alloc_collection_id"]))
         lp = lk["p"].to_numpy(np.float64)
         codes = np.full(lp.shape[0], T - 1, dtype=np.int32)

@@ -25,7 +25,7 @@ else bounded; decided once on the client, reported in ``info``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -33,10 +33,10 @@ import pandas as pd
 
 from gpuclust.analyses import _hybrid_summary as hs
 from gpuclust.analyses import mixture_summary as ms
-from gpuclust.analyses._lookup import InstanceLookup
+from gpuclust.analyses._lookup import EVENT_COLUMNS, InstanceLookup, tier_lookup
 from gpuclust.analyses.base import Analysis, fmt, is_null_int, to_host
-from gpuclust.analyses.cell_usage import _priority_lookup
 from gpuclust.analyses.options import option, tier_map_option
+from gpuclust.layout import key_name
 from gpuclust.schema import (
     CPU_PERCENTILE_COLUMNS_SORTED,
     CPU_PERCENTILE_LEVELS_SORTED,
@@ -64,6 +64,8 @@ MAX_PIECES = 1 << 23
 DEFAULT_EXACT_MAX_WINDOWS = 5_000_000
 US = 1_000_000
 
+#: What a partial keeps of each group it finalized itself (``local_groups``).
+_DONE_FIELDS = ("key", "n_windows", "weight", "mean", "quantiles", "err_bound")
 _STD_LEVELS = np.asarray(CPU_PERCENTILE_LEVELS_SORTED, dtype=np.float64)
 _KEY_COLUMNS = {"instance": ("collection_id", "instance_index"), "collection": ("collection_id",),
                 "machine": ("machine_id",), "tier": ("tier",), "cell": (), "time": ("bucket",)}
@@ -112,8 +114,11 @@ class UsageDistributionContext:
     levels: np.ndarray
     cell: str
     tier_map: TierMap | None
-    #: (collection_id, instance_index, machine_id) -> tier code (``tier`` in ``by`` only)
-    lookup: InstanceLookup
+    #: (collection_id, instance_index, machine_id) -> tier code (``tier`` in ``by`` only; set by ``bind``)
+    lookup: InstanceLookup = InstanceLookup.empty()
+    #: every group's windows are in one partition (``by`` has ``instance`` and the layout buckets
+    #: usage by instance): each partial finalizes its own groups (``bind`` sets it per partition)
+    local_groups: bool = False
 
     @property
     def tier_names(self) -> tuple[str, ...]:
@@ -247,26 +252,33 @@ class UsageDistribution(Analysis):
             total = int(source.read(self.table, ["start_time"]).num_rows)
         strategy = self.strategy
         if strategy == "auto":
-            strategy = "exact" if total <= int(self.exact_max_windows) else "bounded"
+            # groups that are whole in each partition (instances of a bucketed dataset) are exact
+            # at any size: each partition finalizes its own
+            strategy = "exact" if total <= int(self.exact_max_windows) or self._groups_local(source) else "bounded"
         manifest = getattr(source, "manifest", None)
         cell = str(manifest.get("cell") or "all") if isinstance(manifest, dict) else "all"
-        tm = None
-        lk = InstanceLookup.empty()
+        tm = self._resolve_tier_map(source) if "tier" in self.by else None
+        return UsageDistributionContext(strategy, self.resolved_rows(), total, self.level_values, cell, tm)
+
+    def _groups_local(self, source: Any) -> bool:
+        """``by`` has ``instance`` and the source's usage table is bucketed by instance."""
+        layout = getattr(source, "layout", None)
+        lay = layout(self.table) if layout is not None else None
+        return "instance" in self.by and bool(lay) and key_name(lay["key"]) == "instance"
+
+    @property
+    def side_inputs(self) -> dict[str, tuple[str, ...]]:
+        return {"instance_events": EVENT_COLUMNS} if "tier" in self.by else {}
+
+    def bind(self, ctx: UsageDistributionContext, side: dict[str, Any], grain: str | None) -> UsageDistributionContext:
+        lk = ctx.lookup
         if "tier" in self.by:
-            tm = self._resolve_tier_map(source)
             # All rows (allocs included), so that rows="all" can place tasks inside allocs.
-            df = _priority_lookup(source, top_level_only=False)
-            c = df["c"].to_numpy(np.int64)
-            i = df["i"].to_numpy(np.int32)
-            m = df["m"].to_numpy(np.int64)
-            p = df["p"].to_numpy(np.float64)
-            codes = np.full(p.shape[0], len(tm.names), dtype=np.int32)  # unknown
-            ok = ~np.isnan(p)
-            cc = tm.tier_codes(p[ok].astype(np.int64)).astype(np.int32)
-            codes[ok] = np.where(cc < 0, len(tm.names), cc)
-            lk = InstanceLookup.build(c, i, m, codes, what="usage-distribution tier lookup")
-        return UsageDistributionContext(strategy, self.resolved_rows(), total, self.level_values, cell, tm,
-                                        lk)
+            n = len(ctx.tier_map.names)
+            lk = tier_lookup(side["instance_events"], ctx.tier_map, top_level_only=False, unmatched=n,
+                             what="usage-distribution tier lookup")
+        local = grain == "instance" and "instance" in self.by and ctx.strategy == "exact"
+        return replace(ctx, lookup=lk, local_groups=local)
 
     # ---------------------------------------------------------------- partial
     def empty(self, backend: Any = None) -> dict[str, Any]:
@@ -355,8 +367,15 @@ class UsageDistribution(Analysis):
         kc = xp.stack(comps, axis=1) if comps else xp.zeros((m, 0), dtype=xp.int64)
         part = hs.leaf(qr, w, key, None if ctx.strategy == "exact" else int(self.k), repaired=True)
         groups = self._group_extras(xp, key, kc, frac, w, qr)
-        return {"backend": backend.name, "ms": part, "groups": groups,
-                "stats": xp.asarray(np.array([stats[s_] for s_ in STATS], dtype=np.int64))}
+        out = {"backend": backend.name, "ms": part, "groups": groups,
+               "stats": xp.asarray(np.array([stats[s_] for s_ in STATS], dtype=np.int64))}
+        if ctx.local_groups:
+            # every window of these groups is here: finalize them now (the partial is then a few
+            # hundred bytes per group, whatever the groups' sizes)
+            res = hs.finalize(part, ctx.levels)
+            out["ms"] = None
+            out["done"] = {f: res[f] for f in _DONE_FIELDS}
+        return out
 
     def _expand(self, xp: Any, s: Any, e: Any) -> tuple[Any, Any, Any]:
         """One piece per (window, bucket it overlaps): row index, bucket, overlap fraction
@@ -414,6 +433,16 @@ class UsageDistribution(Analysis):
     # ---------------------------------------------------------------- merge
     def merge(self, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         be = "gpu" if "gpu" in (a["backend"], b["backend"]) else "cpu"
+        if "done" in a or "done" in b:
+            # finalized groups of different partitions: disjoint, so the union is a concatenation
+            parts = [p for p in (a, b) if "done" in p]
+            if any(p["ms"] is not None for p in (a, b)):
+                raise RuntimeError("usage-distribution: finalized and open partials mixed (internal error)")
+            cat = (lambda f, d: np.concatenate([p[d][f] for p in parts])) if len(parts) > 1 else (
+                lambda f, d: parts[0][d][f])
+            return {"backend": be, "ms": None, "done": {f: cat(f, "done") for f in _DONE_FIELDS},
+                    "groups": {f: cat(f, "groups") for f in parts[0]["groups"]},
+                    "stats": np.asarray(a["stats"]) + np.asarray(b["stats"])}
         if a["ms"] is None or b["ms"] is None:
             mp = b["ms"] if a["ms"] is None else a["ms"]
         else:
@@ -424,9 +453,12 @@ class UsageDistribution(Analysis):
     # ---------------------------------------------------------------- finalize
     def finalize(self, partial: dict[str, Any], ctx: UsageDistributionContext) -> dict[str, pd.DataFrame]:
         mp = partial["ms"]
-        if mp is None:
-            mp = hs.empty(None if ctx.strategy == "exact" else int(self.k))
-        res = self._finalize_mixture(mp, ctx.levels, partial["backend"])
+        if "done" in partial:
+            res = partial["done"]
+        else:
+            if mp is None:
+                mp = hs.empty(None if ctx.strategy == "exact" else int(self.k))
+            res = self._finalize_mixture(mp, ctx.levels, partial["backend"])
         g = partial["groups"]
         if not np.array_equal(np.asarray(res["key"]), np.asarray(g["key"])):
             raise RuntimeError("usage-distribution: summary and group tables disagree (internal error)")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
@@ -20,8 +21,8 @@ from gpuclust.analyses.base import Analysis, to_host
 from gpuclust.backends import Backend, get_backend
 from gpuclust.engine import partition as _partition
 
-__all__ = ["contexts", "default_workers", "finalize_all", "merge_local", "partition_partials", "plan_tables",
-           "resolve_analyses", "result_keys", "run"]
+__all__ = ["PerPartition", "bind_partition", "contexts", "default_workers", "finalize_all", "merge_local",
+           "partition_partials", "per_partition", "plan_tables", "resolve_analyses", "result_keys", "run", "unbound"]
 
 
 def resolve_analyses(analyses: Analysis | str | Iterable[Analysis | str]) -> list[Analysis]:
@@ -48,6 +49,27 @@ def result_keys(analyses: Sequence[Analysis]) -> list[str]:
     return keys
 
 
+@dataclass(frozen=True)
+class PerPartition:
+    """A context still to be bound to each partition's side inputs (a bucketed source: see
+    :meth:`gpuclust.analyses.base.Analysis.bind`)."""
+
+    ctx: Any
+
+
+def unbound(ctx: Any) -> Any:
+    """The client-side context (what ``finalize`` gets)."""
+    return ctx.ctx if isinstance(ctx, PerPartition) else ctx
+
+
+def bind_partition(a: Analysis, ctx: Any, spec: _partition.PartitionSpec) -> Any:
+    """The context ``a.partial`` runs with on partition ``spec``."""
+    if not isinstance(ctx, PerPartition):
+        return ctx
+    side = {t: _partition.side_table(None, t, spec) for t in a.side_inputs}
+    return a.bind(ctx.ctx, side, spec.grain)
+
+
 def partition_partials(spec: _partition.PartitionSpec, analyses: Sequence[Analysis], ctxs: Sequence[Any],
                        backend: Backend | str) -> list[Any]:
     """Read one partition once (the union of the analyses' columns) and return each analysis'
@@ -55,11 +77,12 @@ def partition_partials(spec: _partition.PartitionSpec, analyses: Sequence[Analys
     be = get_backend(backend)
     tune_allocator()  # once per process (dask workers too); see gpuclust/_memory.py
     columns = sorted({c for a in analyses for c in a.columns})
+    bound = [bind_partition(a, ctx, spec) for a, ctx in zip(analyses, ctxs, strict=True)]
     cols = _partition.read_partition_device(spec, columns, be)  # cuDF, where RAPIDS is installed
     if cols is None:
         host = _partition.read_partition(spec, columns)
         cols = {c: be.asarray(v) for c, v in host.items()}
-    return [to_host(a.partial({c: cols[c] for c in a.columns}, ctx, be)) for a, ctx in zip(analyses, ctxs, strict=False)]
+    return [to_host(a.partial({c: cols[c] for c in a.columns}, ctx, be)) for a, ctx in zip(analyses, bound, strict=True)]
 
 
 def default_workers(backend: Backend | str) -> int:
@@ -158,11 +181,11 @@ def run(
     src = _partition.as_source(source)
     ans = resolve_analyses(analyses)
     be = get_backend(backend)
-    ctxs = contexts(ans, src, progress)
     nthreads = default_workers(be) if workers is None else int(workers)
     if nthreads < 1:
         raise ValueError(f"workers must be >= 1, got {workers!r}")
     plans = plan_tables(src, ans, partitions, cut_points, multiple_of=nthreads if scheduler is None else 1)
+    ctxs = contexts(ans, src, progress, per_partition=per_partition(src, ans, plans))
     if scheduler is None:
         merged = merge_local(plans, ans, ctxs, be, nthreads, progress,
                              lambda spec, sub, sub_ctxs: partition_partials(spec, sub, sub_ctxs, be))
@@ -177,16 +200,35 @@ def run(
         merged = compute_merged(plans, ans, ctxs, be.name, scheduler, split_every,
                                 on_done=None if progress is None else (lambda sp: progress.partition_done(
                                     sp.table, sp.num_rows)))
-    return finalize_all(ans, merged, ctxs, progress)
+    return finalize_all(ans, merged, [unbound(c) for c in ctxs], progress)
 
 
-def contexts(ans: Sequence[Analysis], src: Any, progress: Any = None) -> list[Any]:
-    """Each analysis' context, in order (computed on the client)."""
+def per_partition(src: Any, ans: Sequence[Analysis],
+                  plans: dict[str, tuple[list[int], list[_partition.PartitionSpec]]]) -> set[int]:
+    """Indices of the analyses bound in each partition task: those streaming a bucketed table
+    whose side inputs are all co-partitioned with it."""
+    out = set()
+    for table, (idx, specs) in plans.items():
+        if not specs or specs[0].grain is None:
+            continue
+        out.update(k for k in idx if all(_partition.copartitioned(src, table, t) for t in ans[k].side_inputs))
+    return out
+
+
+def contexts(ans: Sequence[Analysis], src: Any, progress: Any = None, per_partition: set[int] | None = None) -> list[Any]:
+    """Each analysis' context, in order: computed on the client, then bound to its side inputs
+    there (the whole tables), or wrapped in :class:`PerPartition` for the analyses in
+    ``per_partition`` (bound in each partition task to its buckets)."""
     ctxs = []
-    for a in ans:
+    for k, a in enumerate(ans):
         if progress is not None:
             progress.phase(f"context: {a.label}")
-        ctxs.append(a.context(src))
+        ctx = a.context(src)
+        if per_partition is not None and k in per_partition:
+            ctxs.append(PerPartition(ctx))
+        else:
+            side = {t: _partition.side_table(src, t) for t in a.side_inputs}
+            ctxs.append(a.bind(ctx, side, None))
     return ctxs
 
 
@@ -200,7 +242,11 @@ def plan_tables(src: Any, ans: Sequence[Analysis], partitions: int | str,
     plans = {}
     for table, idx in by_table.items():
         cp = cut_points.get(table) if isinstance(cut_points, dict) else cut_points
-        plans[table] = (idx, _partition.plan_partitions(src, table, partitions, cp, multiple_of=multiple_of))
+        specs = _partition.plan_partitions(src, table, partitions, cp, multiple_of=multiple_of)
+        if specs and specs[0].grain is not None:
+            side = sorted({t for k in idx for t in ans[k].side_inputs if _partition.copartitioned(src, table, t)})
+            specs = _partition.with_side(src, specs, side)
+        plans[table] = (idx, specs)
     return plans
 
 

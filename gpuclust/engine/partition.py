@@ -22,10 +22,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from gpuclust.layout import HASH_NAME, KEYS, ORDER, bucket_ids, key_name
 from gpuclust.schema import SCHEMAS
 
-__all__ = ["PartitionSpec", "TableSource", "as_source", "column_to_numpy", "plan_partitions", "read_arrow",
-           "read_partition", "read_partition_device"]
+__all__ = ["PartitionSpec", "SideTable", "TableSource", "as_source", "bucket_pieces", "column_to_numpy",
+           "copartitioned", "layout_key", "plan_partitions", "read_arrow", "read_partition", "read_partition_device",
+           "side_table", "with_side"]
 
 
 class TableSource:
@@ -47,13 +49,32 @@ class TableSource:
     1
     """
 
-    def __init__(self, tables: Mapping[str, Any], *, tier_map: str | None = None, trace_version: str | None = None):
+    def __init__(self, tables: Mapping[str, Any], *, tier_map: str | None = None, trace_version: str | None = None,
+                 buckets: int | None = None):
         unknown = sorted(set(tables) - set(SCHEMAS))
         if unknown:
             raise KeyError(f"unknown tables {unknown}; tables are {list(SCHEMAS)}")
         self.tables = {k: v if isinstance(v, pa.Table) else pa.table(v) for k, v in tables.items()}
         self.tier_map_name = tier_map
         self.trace_version = trace_version
+        #: ``{table: row offsets of its buckets}`` (``buckets + 1`` offsets) of the bucketed tables
+        self._bucket_offsets: dict[str, np.ndarray] = {}
+        self.buckets = None if buckets is None else int(buckets)
+        if self.buckets is not None:
+            for name in list(self.tables):
+                if name in KEYS:
+                    self.tables[name], self._bucket_offsets[name] = _bucketize(self.tables[name], name, self.buckets)
+
+    def layout(self, table: str) -> dict[str, Any] | None:
+        """The table's bucketed layout (as a bucketed dataset's manifest records it), or ``None``."""
+        if table not in self._bucket_offsets:
+            return None
+        return {"key": list(KEYS[table]), "buckets": self.buckets, "hash": HASH_NAME, "order": ORDER[table]}
+
+    def bucket_slices(self, table: str) -> list[pa.Table]:
+        """The rows of each bucket of a bucketed table, in bucket order."""
+        off, t = self._bucket_offsets[table], self.tables[table]
+        return [t.slice(int(off[b]), int(off[b + 1] - off[b])) for b in range(off.shape[0] - 1)]
 
     def read(self, table: str, columns: Sequence[str] | None = None) -> pa.Table:
         schema = SCHEMAS[table]
@@ -70,6 +91,18 @@ class TableSource:
     def num_rows(self, table: str) -> int:
         t = self.tables.get(table)
         return 0 if t is None else t.num_rows
+
+
+def _bucketize(t: pa.Table, table: str, n: int) -> tuple[pa.Table, np.ndarray]:
+    """``t`` with its rows grouped by bucket (in bucket order) and ordered by time inside each
+    bucket (stable), and the bucket row offsets: what ``gpuclust optimize`` writes, in memory."""
+    keys = [column_to_numpy(t.column(c)) for c in KEYS[table]]
+    b = bucket_ids(np, keys, n) if t.num_rows else np.zeros(0, np.int32)
+    tcol = column_to_numpy(t.column(ORDER[table])) if ORDER[table] in t.column_names else np.zeros(t.num_rows, np.int64)
+    order = np.lexsort((tcol, b))
+    off = np.zeros(n + 1, np.int64)
+    np.cumsum(np.bincount(b, minlength=n), out=off[1:])
+    return t.take(pa.array(order)), off
 
 
 def as_source(obj: Any) -> Any:
@@ -97,11 +130,20 @@ class Piece:
 
 @dataclass(frozen=True)
 class PartitionSpec:
-    """One partition of one table: a tuple of pieces (picklable; shipped to dask workers)."""
+    """One partition of one table: a tuple of pieces (picklable; shipped to dask workers).
+
+    A partition of a bucketed table holds whole ``buckets``: ``grain`` names the key whose groups
+    are complete inside it (``"instance"``: every window of an instance it holds), ``side`` the
+    pieces of the same buckets of the co-partitioned tables the analyses join with
+    (:func:`with_side`).
+    """
 
     table: str
     index: int
     pieces: tuple[Piece, ...]
+    grain: str | None = None
+    buckets: tuple[int, ...] = ()
+    side: tuple[tuple[str, tuple[Piece, ...]], ...] = ()
 
     @property
     def num_rows(self) -> int:
@@ -142,6 +184,8 @@ def plan_partitions(source: Any, table: str, partitions: int | str = 1,
     cut_points
         Global row offsets where partitions start (0 and the row count are implied).
     """
+    if layout_key(source, table) is not None and cut_points is None:
+        return _plan_buckets(source, table, partitions, multiple_of)
     units, rg_bounds = _units(source, table)
     total = sum(n for _, n, _ in units)
     if partitions == "auto":
@@ -173,6 +217,108 @@ def plan_partitions(source: Any, table: str, partitions: int | str = 1,
                 pieces.append(Piece(s - int(u0), e - int(u0), f, None if data is None else data.slice(s - int(u0), e - s)))
         specs.append(PartitionSpec(table, k, tuple(pieces)))
     return specs
+
+
+def layout_key(source: Any, table: str) -> str | None:
+    """``"instance"`` / ``"machine"`` when ``table`` of ``source`` is bucketed by that key, else ``None``."""
+    fn = getattr(source, "layout", None)
+    lay = fn(table) if fn is not None else None
+    if not lay:
+        return None
+    if lay.get("hash") != HASH_NAME:
+        raise ValueError(f"{table}: bucket hash {lay.get('hash')!r}, this gpuclust reads {HASH_NAME!r}")
+    return key_name(lay["key"])
+
+
+def copartitioned(source: Any, table: str, other: str) -> bool:
+    """True when bucket ``i`` of ``other`` holds exactly the keys of bucket ``i`` of ``table``
+    (same key, same bucket count, same hash)."""
+    k1, k2 = layout_key(source, table), layout_key(source, other)
+    return (k1 is not None and k1 == k2
+            and int(source.layout(table)["buckets"]) == int(source.layout(other)["buckets"]))
+
+
+def bucket_pieces(source: Any, table: str) -> list[list[Piece]]:
+    """The pieces (whole Parquet files, or in-memory slices) of each bucket of a bucketed table."""
+    if isinstance(source, TableSource):
+        return [[Piece(0, t.num_rows, None, t)] if t.num_rows else [] for t in source.bucket_slices(table)]
+    return [[Piece(0, pq.ParquetFile(f).metadata.num_rows, str(f)) for f in files]
+            for files in source.bucket_files(table)]
+
+
+def _plan_buckets(source: Any, table: str, partitions: int | str, multiple_of: int) -> list[PartitionSpec]:
+    """Partitions of whole, consecutive buckets, balanced by rows: ``partitions`` of them (or
+    fewer: never more than the buckets; ``"auto"``: about :data:`AUTO_PARTITION_ROWS` rows each,
+    rounded up to a multiple of ``multiple_of``)."""
+    per = bucket_pieces(source, table)
+    rows = np.asarray([sum(p.stop - p.start for p in ps) for ps in per], dtype=np.int64)
+    total = int(rows.sum())
+    if partitions == "auto":
+        partitions = max(1, -(-total // AUTO_PARTITION_ROWS))
+        if total >= multiple_of > 1:
+            partitions = -(-partitions // multiple_of) * multiple_of
+    if not isinstance(partitions, int) or partitions < 1:
+        raise ValueError(f"partitions must be an integer >= 1 or 'auto', got {partitions!r}")
+    # bucket b goes to the partition its row midpoint falls in
+    mid = np.cumsum(rows) - rows / 2.0
+    part = np.minimum((mid * partitions / max(total, 1)).astype(np.int64), partitions - 1)
+    grain = layout_key(source, table)
+    specs: list[PartitionSpec] = []
+    for k in np.unique(part):
+        g = [int(b) for b in np.flatnonzero(part == k)]
+        specs.append(PartitionSpec(table, len(specs), tuple(p for b in g for p in per[b]), grain, tuple(g)))
+    return specs
+
+
+def with_side(source: Any, specs: Sequence[PartitionSpec], tables: Sequence[str]) -> list[PartitionSpec]:
+    """``specs`` (partitions of a bucketed table) with the pieces of their buckets of each
+    co-partitioned table in ``tables``."""
+    per = {t: bucket_pieces(source, t) for t in tables}
+    return [PartitionSpec(sp.table, sp.index, sp.pieces, sp.grain, sp.buckets, tuple(
+        (t, tuple(p for b in sp.buckets for p in per[t][b])) for t in tables)) for sp in specs]
+
+
+class SideTable:
+    """Rows of a table an analysis joins with (see :meth:`gpuclust.analyses.base.Analysis.bind`):
+    the whole table, or the buckets of one partition when the layout co-partitions it.
+
+    ``batches(columns)`` yields it piece by piece (a Parquet file or a bucket at a time) so a
+    reduction never holds the whole table; ``read(columns)`` returns it as one Arrow table.
+    """
+
+    def __init__(self, table: str, pieces: Sequence[Piece]):
+        self.table = table
+        self.pieces = tuple(pieces)
+
+    @property
+    def num_rows(self) -> int:
+        return sum(p.stop - p.start for p in self.pieces)
+
+    def batches(self, columns: Sequence[str]) -> Any:
+        for p in self.pieces:
+            yield _read_piece(p, self.table, columns)
+
+    def read(self, columns: Sequence[str]) -> pa.Table:
+        parts = list(self.batches(columns))
+        if not parts:
+            return pa.schema([SCHEMAS[self.table].field(c) for c in columns]).empty_table()
+        return pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+
+
+def side_table(source: Any, table: str, spec: PartitionSpec | None = None) -> SideTable:
+    """The rows of ``table`` a partition joins with: its buckets (``spec`` given and carrying
+    them), else the whole table (file by file)."""
+    if spec is not None:
+        for name, pieces in spec.side:
+            if name == table:
+                return SideTable(table, pieces)
+    if isinstance(source, TableSource):
+        t = source.tables.get(table)
+        return SideTable(table, [] if t is None or not t.num_rows else [Piece(0, t.num_rows, None, t)])
+    if hasattr(source, "files"):
+        return SideTable(table, [Piece(0, pq.ParquetFile(f).metadata.num_rows, str(f)) for f in source.files(table)])
+    t = source.read(table)
+    return SideTable(table, [Piece(0, t.num_rows, None, t)] if t.num_rows else [])
 
 
 def column_to_numpy(arr: pa.Array | pa.ChunkedArray) -> np.ndarray:
