@@ -5,13 +5,18 @@ An analysis is declared **once**, as a small frozen dataclass (never a CPU class
 ``name``, ``table``, ``columns``
     What it is called, which canonical table it streams, and which columns it reads (column
     pruning; several analyses over the same table share one read per partition).
-``context(source) -> ctx``
-    Small side inputs computed once on the client and broadcast to every partition (cell
-    capacity, a per-instance priority lookup, ...).  ``source`` is anything with
-    ``read(table, columns) -> pyarrow.Table`` plus ``tier_map_name`` / ``trace_version`` (a
-    :class:`gpuclust.dataset.Dataset` or :class:`gpuclust.engine.TableSource`).  A context that
-    needs a pass over the streamed table itself (cpi's first pass) runs it with
-    :func:`stream_pass` and declares the columns it reads in ``context_columns``.
+``prerequisites(source) -> {name: Analysis}``
+    Passes over the data that must run before the context (cpi's machine x 5-minute load): the
+    engine runs them first, with the user's backend, partitions and scheduler (in a study, over
+    its resident columns), and hands their finalized results to ``context`` as ``prior``.  No
+    analysis runs the engine itself.  ``context_columns`` names the columns of :attr:`table`
+    those passes read (a study keeps them resident).
+``context(source[, prior]) -> ctx``
+    Small inputs computed once on the client (cell capacity, tier map, ...; never anything
+    proportional to the data).  ``source`` is anything with ``read(table, columns) ->
+    pyarrow.Table`` plus ``tier_map_name`` / ``trace_version`` (a
+    :class:`gpuclust.dataset.Dataset` or :class:`gpuclust.engine.TableSource`); ``prior`` (only
+    for an analysis with prerequisites) maps each prerequisite's name to its result tables.
 ``side_inputs`` and ``bind(ctx, side, grain) -> ctx``
     Per-instance side inputs (a priority lookup from instance_events, ...): ``side_inputs``
     names the tables and columns, ``bind`` builds what the partial needs from ``side`` (``{table:
@@ -61,7 +66,6 @@ __all__ = [
     "merge_moments",
     "null_int",
     "resolve_tier_map",
-    "stream_pass",
     "to_host",
 ]
 
@@ -200,18 +204,6 @@ def merge_keyed(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str,
     return out
 
 
-def stream_pass(source: Any, analyses: list[Analysis]) -> dict[str, dict[str, pd.DataFrame]]:
-    """Run ``analyses`` over ``source`` from inside a context: through the source's own
-    ``stream`` when it has one (a :class:`gpuclust.engine.study.Study`'s source: resident
-    columns, its backend, no Parquet read), else :func:`gpuclust.engine.run` on the cpu."""
-    stream = getattr(source, "stream", None)
-    if stream is not None:
-        return stream(analyses)
-    from gpuclust.engine import run
-
-    return run(source, analyses, partitions="auto")
-
-
 def merge_moments(a: tuple[Any, Any, Any], b: tuple[Any, Any, Any]) -> tuple[Any, Any, Any]:
     """Merge ``(n, mean, M2)`` moment triples (Chan et al.); works elementwise on arrays.
 
@@ -253,8 +245,13 @@ class Analysis:
 
     @property
     def context_columns(self) -> tuple[str, ...]:
-        """Columns of :attr:`table` that :meth:`context` streams (through :func:`stream_pass`)."""
+        """Columns of :attr:`table` that the :meth:`prerequisites` passes read."""
         return ()
+
+    def prerequisites(self, source: Any) -> dict[str, Analysis]:
+        """Passes the engine runs before :meth:`context` (their results arrive as its ``prior``);
+        default: none."""
+        return {}
 
     def context(self, source: Any) -> Any:
         """Small inputs computed once on the client (not proportional to the data); default: none."""

@@ -41,7 +41,7 @@ from gpuclust.analyses._machine_cells import (
     grid_cuts,
     hist_edges,
 )
-from gpuclust.analyses.base import Analysis, fmt, merge_keyed, resolve_tier_map, stream_pass
+from gpuclust.analyses.base import Analysis, fmt, merge_keyed, resolve_tier_map
 from gpuclust.analyses.options import option, tier_map_option
 from gpuclust.backends.moments_cpu import Moments, regroup_moments
 from gpuclust.schema import TierMap, tier_map
@@ -169,6 +169,15 @@ def _platform_lookup(me: Any) -> dict[str, Any]:
         first[m2[is_first]] = code_v[is_first]
     return {"pm_ids": pm_ids, "platforms": platforms, "pe_times": times, "pe_key": key,
             "pe_machine": m2.astype(np.int64), "pe_code": code_v, "pm_first": first}
+
+
+def _capacities(me: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted machine ids with a positive CPU capacity and that capacity: MAX(cap_cpu) per machine
+    over its events (NULLs ignored), as cell-usage."""
+    cap = (pd.DataFrame({"m": me.column("machine_id").to_numpy().astype(np.int64),
+                         "c": _f64(me.column("cap_cpu"))}).groupby("m")["c"].max())
+    cap = cap[cap > 0]
+    return cap.index.to_numpy(np.int64), cap.to_numpy(np.float64)
 
 
 #: Largest dense (machine, cell) lookup table built by the context (entries; int32 or int64).
@@ -345,21 +354,24 @@ class Cpi(Analysis):
     def context_columns(self) -> tuple[str, ...]:
         return MachineCells().columns if self.first_pass else ()
 
-    def context(self, source: Any) -> CpiContext:
+    def prerequisites(self, source: Any) -> dict[str, Analysis]:
+        if not self.first_pass:  # nothing needs the first pass: skip it (no machine cells, no grid cuts)
+            return {}
+        # (machine, cell) table only for the regression; the histograms only for the grid cuts
+        cap_ids = _capacities(source.read("machine_events", ["machine_id", "cap_cpu"]))[0]
+        machines = tuple(int(x) for x in cap_ids) if self.regression != "none" else ()
+        return {"machine-cells": MachineCells(machines, self.filter)}
+
+    def context(self, source: Any, prior: dict[str, dict[str, pd.DataFrame]] | None = None) -> CpiContext:
         me = source.read("machine_events", ["time", "machine_id", "cap_cpu", "platform_id"])
         plat = _platform_lookup(me)
-        # capacity: MAX(cap_cpu) per machine over its events (NULLs ignored), as cell-usage
-        cap = (pd.DataFrame({"m": me.column("machine_id").to_numpy().astype(np.int64),
-                             "c": _f64(me.column("cap_cpu"))}).groupby("m")["c"].max())
-        cap = cap[cap > 0]
-        cap_ids = cap.index.to_numpy(np.int64)
-        cap_val = cap.to_numpy(np.float64)
+        cap_ids, cap_val = _capacities(me)
         flt = self.filter
         if self.first_pass:
-            # (machine, cell) table only for the regression; the histograms only for the grid cuts
-            machines = tuple(int(x) for x in cap_ids) if self.regression != "none" else ()
-            mc = stream_pass(source, [MachineCells(machines, flt)])["_machine-cells"]
-        else:  # nothing needs the first pass: skip it (no machine cells, no grid cuts)
+            if not prior or "machine-cells" not in prior:
+                raise RuntimeError("cpi: the machine-cells pass must run first (the engine runs prerequisites)")
+            mc = prior["machine-cells"]
+        else:
             mc = MachineCells().finalize(MachineCells().empty(), None)
         cells = mc["cells"]
         key = cells["key"].to_numpy(np.int64)

@@ -21,7 +21,7 @@ from gpuclust.analyses.base import Analysis, to_host
 from gpuclust.backends import Backend, get_backend
 from gpuclust.engine import partition as _partition
 
-__all__ = ["PerPartition", "bind_partition", "contexts", "default_workers", "finalize_all", "merge_local",
+__all__ = ["PerPartition", "bind_partition", "context_of", "contexts", "default_workers", "finalize_all", "merge_local",
            "partition_partials", "per_partition", "plan_tables", "resolve_analyses", "result_keys", "run", "unbound"]
 
 
@@ -184,8 +184,25 @@ def run(
     nthreads = default_workers(be) if workers is None else int(workers)
     if nthreads < 1:
         raise ValueError(f"workers must be >= 1, got {workers!r}")
+    if scheduler is None:
+        return _run(src, ans, be, partitions, None, cut_points, split_every, nthreads, progress)
+    from gpuclust.engine.dask import open_scheduler
+
+    with open_scheduler(scheduler, be.name) as kw:  # one cluster for every pass of the run
+        return _run(src, ans, be, partitions, kw["scheduler"], cut_points, split_every, nthreads, progress,
+                    label=scheduler if isinstance(scheduler, str) else type(scheduler).__name__)
+
+
+def _run(src: Any, ans: list[Analysis], be: Backend, partitions: int | str, scheduler: Any,
+         cut_points: Any, split_every: int, nthreads: int, progress: Any,
+         label: str = "") -> dict[str, dict[str, pd.DataFrame]]:
+    """:func:`run` with the scheduler open (``None``: local): prerequisite passes (recursively,
+    with the same settings), contexts, partials, merges, finalize."""
+    def run_pass(pre: list[Analysis]) -> dict[str, dict[str, pd.DataFrame]]:
+        return _run(src, pre, be, partitions, scheduler, cut_points, split_every, nthreads, None, label)
+
     plans = plan_tables(src, ans, partitions, cut_points, multiple_of=nthreads if scheduler is None else 1)
-    ctxs = contexts(ans, src, progress, per_partition=per_partition(src, ans, plans))
+    ctxs = contexts(ans, src, progress, per_partition=per_partition(src, ans, plans), run_pass=run_pass)
     if scheduler is None:
         merged = merge_local(plans, ans, ctxs, be, nthreads, progress,
                              lambda spec, sub, sub_ctxs: partition_partials(spec, sub, sub_ctxs, be))
@@ -194,13 +211,21 @@ def run(
 
         specs = [sp for _, table_specs in plans.values() for sp in table_specs]
         if progress is not None:
-            progress.phase(f"dask ({scheduler}): {len(specs)} partition(s), {sum(sp.num_rows for sp in specs):,} rows")
+            progress.phase(f"dask ({label}): {len(specs)} partition(s), {sum(sp.num_rows for sp in specs):,} rows")
             for _, table_specs in plans.values():
                 _announce(progress, table_specs)
         merged = compute_merged(plans, ans, ctxs, be.name, scheduler, split_every,
                                 on_done=None if progress is None else (lambda sp: progress.partition_done(
                                     sp.table, sp.num_rows)))
     return finalize_all(ans, merged, [unbound(c) for c in ctxs], progress)
+
+
+def context_of(a: Analysis, source: Any, **run_kw: Any) -> Any:
+    """The context ``a.partial`` runs with on ``source`` read whole (no per-partition binding), as
+    :func:`run` computes it: prerequisite passes run by :func:`run` with ``run_kw``, side inputs
+    bound on the client.  For calling an analysis' ``partial`` / ``finalize`` by hand."""
+    src = _partition.as_source(source)
+    return contexts([a], src, run_pass=lambda pre: run(src, pre, **run_kw))[0]
 
 
 def per_partition(src: Any, ans: Sequence[Analysis],
@@ -215,15 +240,30 @@ def per_partition(src: Any, ans: Sequence[Analysis],
     return out
 
 
-def contexts(ans: Sequence[Analysis], src: Any, progress: Any = None, per_partition: set[int] | None = None) -> list[Any]:
-    """Each analysis' context, in order: computed on the client, then bound to its side inputs
-    there (the whole tables), or wrapped in :class:`PerPartition` for the analyses in
-    ``per_partition`` (bound in each partition task to its buckets)."""
+def contexts(ans: Sequence[Analysis], src: Any, progress: Any = None, per_partition: set[int] | None = None,
+             run_pass: Any = None) -> list[Any]:
+    """Each analysis' context, in order: its prerequisite passes run by ``run_pass(analyses) ->
+    results`` (the caller's engine: same backend, partitions and scheduler), the context computed
+    on the client from their results, then bound to its side inputs there (the whole tables), or
+    wrapped in :class:`PerPartition` for the analyses in ``per_partition`` (bound in each
+    partition task to its buckets)."""
     ctxs = []
     for k, a in enumerate(ans):
-        if progress is not None:
-            progress.phase(f"context: {a.label}")
-        ctx = a.context(src)
+        pre = a.prerequisites(src)
+        if pre:
+            if run_pass is None:
+                raise ValueError(f"{a.label} needs a pass over the data before its context; no engine given to run it")
+            if progress is not None:
+                progress.phase(f"pass: {', '.join(p.label for p in pre.values())} (for {a.label})")
+            res = run_pass(list(pre.values()))
+            keys = result_keys(list(pre.values()))
+            if progress is not None:
+                progress.phase(f"context: {a.label}")
+            ctx = a.context(src, {name: res[key] for name, key in zip(pre, keys, strict=True)})
+        else:
+            if progress is not None:
+                progress.phase(f"context: {a.label}")
+            ctx = a.context(src)
         if per_partition is not None and k in per_partition:
             ctxs.append(PerPartition(ctx))
         else:

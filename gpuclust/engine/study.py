@@ -48,13 +48,10 @@ class StudyMemoryError(MemoryError):
 
 class CachingSource:
     """A source whose ``read(table, columns)`` results are kept: contexts read side tables once
-    per study; ``stream(analyses)`` runs a context's own pass over the study's resident columns
-    (see :func:`gpuclust.analyses.base.stream_pass`).  Other attributes (``tier_map_name``,
-    ``files``, ...) are the wrapped source's."""
+    per study.  Other attributes (``tier_map_name``, ``files``, ...) are the wrapped source's."""
 
-    def __init__(self, source: Any, stream: Any):
+    def __init__(self, source: Any):
         self.inner = source
-        self.stream = stream
         self._reads: dict[tuple[str, tuple[str, ...] | None], pa.Table] = {}
 
     def read(self, table: str, columns: Sequence[str] | None = None) -> pa.Table:
@@ -115,7 +112,7 @@ class Study:
                  workers: int | None = None, load_threads: int = LOAD_THREADS, run_rows: int | None = None,
                  progress: Any = None):
         tune_allocator()
-        self.source = CachingSource(_partition.as_source(source), self._stream)
+        self.source = CachingSource(_partition.as_source(source))
         self.backend = get_backend(backend)
         self.workers = default_workers(self.backend) if workers is None else int(workers)
         if self.workers < 1:
@@ -217,16 +214,16 @@ class Study:
         """Drop every resident column and cached context (frees the memory)."""
         self._resident = {t: [{} for _ in g] for t, g in self._groups.items()}
         self._contexts.clear()
-        self.source = CachingSource(self.source.inner, self._stream)
+        self.source = CachingSource(self.source.inner)
 
     # -- running --------------------------------------------------------------------------
     def _context(self, a: Analysis) -> Any:
         try:
             hash(a)
         except TypeError:  # options that are not hashable: computed each time
-            return contexts([a], self.source, self.progress)[0]
+            return contexts([a], self.source, self.progress, run_pass=self._stream)[0]
         if a not in self._contexts:
-            self._contexts[a] = contexts([a], self.source, self.progress)[0]
+            self._contexts[a] = contexts([a], self.source, self.progress, run_pass=self._stream)[0]
         return self._contexts[a]
 
     def run(self, analyses: Analysis | str | Iterable[Analysis | str]) -> dict[str, dict[str, pd.DataFrame]]:

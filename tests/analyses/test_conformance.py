@@ -19,6 +19,7 @@ from strategies import cell
 from gpuclust.analyses import REGISTRY, create
 from gpuclust.analyses.base import to_host
 from gpuclust.engine import TableSource
+from gpuclust.engine.local import context_of
 from gpuclust.engine.partition import column_to_numpy
 
 
@@ -69,7 +70,7 @@ def test_registry_covers_instances():
 @given(tables=cell(), data=st.data())
 def test_merge_laws_and_partition_invariance(analysis, backend, tables, data):
     src = TableSource(tables)
-    ctx = analysis.context(src)
+    ctx = context_of(analysis, src)
     t = tables[analysis.table]
     n = t.num_rows
     whole = partial_of(analysis, t, ctx, backend)
@@ -90,7 +91,7 @@ def test_merge_laws_and_partition_invariance(analysis, backend, tables, data):
 
 def test_empty_input(analysis, backend):
     src = TableSource({})
-    ctx = analysis.context(src)
+    ctx = context_of(analysis, src)
     t = src.read(analysis.table)
     r_empty = analysis.finalize(to_host(analysis.empty(backend)), ctx)
     r_part = analysis.finalize(partial_of(analysis, t, ctx, backend), ctx)
@@ -106,7 +107,7 @@ def test_all_null_input(analysis, backend, tables):
         cols = [pa.nulls(t.num_rows, f.type) if f.nullable else t.column(f.name) for f in t.schema]
         nulled[name] = pa.Table.from_arrays(cols, schema=t.schema)
     src = TableSource(nulled)
-    ctx = analysis.context(src)
+    ctx = context_of(analysis, src)
     res = analysis.finalize(partial_of(analysis, nulled[analysis.table], ctx, backend), ctx)
     assert all(isinstance(df, pd.DataFrame) for df in res.values())
     for df in res.values():
@@ -119,7 +120,7 @@ def test_all_null_input(analysis, backend, tables):
 @given(tables=cell())
 def test_single_rows(analysis, backend, tables):
     src = TableSource(tables)
-    ctx = analysis.context(src)
+    ctx = context_of(analysis, src)
     t = tables[analysis.table]
     acc = to_host(analysis.empty(backend))
     for k in range(t.num_rows):

@@ -20,6 +20,7 @@ from gpuclust.analyses.base import to_host
 from gpuclust.analyses.cpi import BY, Cpi
 from gpuclust.dataset import Dataset
 from gpuclust.engine import TableSource
+from gpuclust.engine.local import context_of
 from gpuclust.engine.partition import column_to_numpy
 
 # distributed leaks the socket it uses to pick a free port; the ResourceWarning surfaces as an
@@ -141,7 +142,7 @@ def test_k_and_util_match_sql(synth_ds):
     """The first pass' (machine, cell) -> k, util against DuckDB SQL over the same Parquet."""
     duckdb = pytest.importorskip("duckdb")
     ds = Dataset(synth_ds)
-    ctx = Cpi().context(ds)
+    ctx = context_of(Cpi(), ds)
     con = duckdb.connect()
     us = [str(f) for f in ds.files("instance_usage")]
     me = [str(f) for f in ds.files("machine_events")]
@@ -394,7 +395,7 @@ def test_merge_laws_with_cpi(tables, data):
 
     be = get_backend("cpu")
     a = data.draw(st.sampled_from(VARIANTS))
-    ctx = a.context(TableSource(tables))
+    ctx = context_of(a, TableSource(tables))
     t = tables["instance_usage"]
     n = t.num_rows
     whole = _partial(a, t, ctx, be)

@@ -25,6 +25,7 @@ from gpuclust.analyses import create
 from gpuclust.analyses.base import to_host
 from gpuclust.analyses.overcommit import Overcommit
 from gpuclust.engine import TableSource, run
+from gpuclust.engine.local import context_of
 from gpuclust.engine.partition import column_to_numpy
 from gpuclust.schema import SCHEMAS, TIER_MAPS
 
@@ -432,7 +433,7 @@ def test_context_pickles_without_client_series():
     tables = hand_cell()
     a = Overcommit()
     src = TableSource(tables, tier_map="notebook")
-    ctx = a.context(src)
+    ctx = context_of(a, src)
     shipped = pickle.loads(pickle.dumps(ctx))
     assert shipped.series is None and ctx.series is not None
     t = tables["instance_usage"]

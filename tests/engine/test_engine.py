@@ -19,7 +19,7 @@ from gpuclust.analyses import CellUsage, MachineShapes
 from gpuclust.backends import BackendUnavailable, gpu_available
 from gpuclust.dataset import Dataset
 from gpuclust.engine import TableSource, partition, plan_partitions, read_partition, run
-from gpuclust.engine.local import partition_partials
+from gpuclust.engine.local import context_of, partition_partials
 
 # distributed (2026.8) leaks the socket it uses to pick a free port (distributed/node.py); the
 # ResourceWarning surfaces as an "unraisable" warning in whichever test runs at GC time.
@@ -143,7 +143,7 @@ def test_threaded_scheduler(dataset, reference):
 def test_partials_are_host_and_picklable(dataset):
     spec = plan_partitions(dataset, "instance_usage", 2)[1]
     ans = ANALYSES[:2]
-    parts = partition_partials(spec, ans, [a.context(dataset) for a in ans], "cpu")
+    parts = partition_partials(spec, ans, [context_of(a, dataset) for a in ans], "cpu")
     back = pickle.loads(pickle.dumps(parts))
     for p, q in zip(parts, back, strict=False):
         assert p.keys() == q.keys()
