@@ -19,6 +19,7 @@ from gpuclust._memory import tune_allocator
 from gpuclust.analyses.base import Analysis, to_host
 from gpuclust.backends import Backend, get_backend
 from gpuclust.engine import partition as _partition
+from gpuclust.engine import selection as _selection
 
 __all__ = ["contexts", "default_workers", "finalize_all", "merge_local", "partition_partials", "plan_tables",
            "resolve_analyses", "result_keys", "run"]
@@ -54,12 +55,14 @@ def partition_partials(spec: _partition.PartitionSpec, analyses: Sequence[Analys
     partial, moved to host memory so it can be merged or shipped to another worker."""
     be = get_backend(backend)
     tune_allocator()  # once per process (dask workers too); see gpuclust/_memory.py
-    columns = sorted({c for a in analyses for c in a.columns})
+    columns = sorted({c for a in analyses for c in a.columns} | _selection.extra_columns(spec, analyses))
     cols = _partition.read_partition_device(spec, columns, be)  # cuDF, where RAPIDS is installed
     if cols is None:
         host = _partition.read_partition(spec, columns)
         cols = {c: be.asarray(v) for c, v in host.items()}
-    return [to_host(a.partial({c: cols[c] for c in a.columns}, ctx, be)) for a, ctx in zip(analyses, ctxs, strict=False)]
+    masks: dict[str, Any] = {}  # selection (--from/--to): rows filtered per analysis rule, one mask per rule
+    return [to_host(a.partial(_selection.columns_for(spec, a, cols, be, masks), ctx, be))
+            for a, ctx in zip(analyses, ctxs, strict=False)]
 
 
 def default_workers(backend: Backend | str) -> int:
@@ -103,6 +106,8 @@ def run(
     split_every: int = 8,
     workers: int | None = None,
     progress: Any = None,
+    time_from: Any = None,
+    time_to: Any = None,
 ) -> dict[str, dict[str, pd.DataFrame]]:
     """Run analyses over a dataset or in-memory tables.
 
@@ -137,6 +142,11 @@ def run(
     progress
         A :class:`gpuclust.engine.progress.RunProgress` (or anything with its methods) told
         about contexts, partitions done and finalize; ``None``: silent.
+    time_from, time_to
+        A time selection ``[time_from, time_to)``: trace time (``"1d"``, ``"86400s"``, integer
+        microseconds) or wall-clock in the cell's time zone (``"2019-05-02"``); see
+        :mod:`gpuclust.engine.selection` and docs/analyses.md ("Time selections").  Only the
+        Parquet row groups that can hold selected rows are read.
 
     Returns
     -------
@@ -157,12 +167,15 @@ def run(
     tune_allocator()
     src = _partition.as_source(source)
     ans = resolve_analyses(analyses)
+    src, ans = _selection.attach(src, ans, time_from, time_to)  # --from/--to: no-op without a selection
     be = get_backend(backend)
     ctxs = contexts(ans, src, progress)
     nthreads = default_workers(be) if workers is None else int(workers)
     if nthreads < 1:
         raise ValueError(f"workers must be >= 1, got {workers!r}")
-    plans = plan_tables(src, ans, partitions, cut_points, multiple_of=nthreads if scheduler is None else 1)
+    plans = plan_tables(_selection.unwrap(src), ans, partitions, cut_points, multiple_of=nthreads if scheduler is None else 1)
+    plans = _selection.prune_plans(src, plans, ans, partitions, cut_points,  # row-group pushdown of a selection
+                                   nthreads if scheduler is None else 1, progress)
     if scheduler is None:
         merged = merge_local(plans, ans, ctxs, be, nthreads, progress,
                              lambda spec, sub, sub_ctxs: partition_partials(spec, sub, sub_ctxs, be))
