@@ -312,6 +312,9 @@ def attach(source: Any, analyses: list[Any], time_from: Any = None, time_to: Any
     """``(source, analyses)`` with the selection attached: a :class:`SelectedSource` and the
     analyses bound to it (overcommit's window).  Without ``time_from`` / ``time_to`` a source that
     already carries a selection keeps it; a plain source is returned as is."""
+    from gpuclust.engine.local import resolve_analyses
+
+    analyses = resolve_analyses(analyses)
     sel = selection_of(unwrap(source), time_from, time_to)
     if sel is None:
         if not isinstance(source, SelectedSource):
