@@ -342,3 +342,9 @@ def test_cells_errors(cells, tmp_path):
     assert list(find_cells(cells, "all")) == ["a", "b"]
     with pytest.raises(DatasetError, match="no such folder"):
         analyze(tmp_path / "none", ["cell-usage"], cells="all")
+
+
+def test_dask_threads_scheduler_takes_the_same_selection(layouts):
+    want = run(layouts["sorted"], [CellUsage(mode="exact")], time_from=LO, time_to=HI)
+    got = run(layouts["sorted"], [CellUsage(mode="exact")], partitions=4, scheduler="threads", time_from=LO, time_to=HI)
+    assert_results_same(got, want, rtol=1e-12)
