@@ -13,7 +13,7 @@ __all__ = ["PartitionSpec", "TableSource", "analyze", "plan_partitions", "read_p
 
 
 def analyze(dataset, names, *, out=None, backend="cpu", scheduler=None, partitions=1, tier_map=None,
-            mode=None, plots=True, workers=None, progress=None, note=None):
+            mode=None, plots=True, workers=None, progress=None, note=None, time_from=None, time_to=None, cells=None):
     """Run registered analyses by name, optionally writing results to ``out``.
 
     Before anything is computed: the dataset is checked against what the analyses need
@@ -38,6 +38,13 @@ def analyze(dataset, names, *, out=None, backend="cpu", scheduler=None, partitio
     note
         Called with each note / warning line (optional tables missing, a tier map of the other
         trace version, what ``backend="auto"`` chose); default: the ``gpuclust`` logger.
+    time_from, time_to
+        A time selection ``[time_from, time_to)`` (as :func:`run`); resolved (and checked)
+        before anything is computed; ``_run.json`` records it under ``selection`` with the
+        row groups and compressed bytes read.
+    cells
+        ``"a,b"``, a list of cells or ``"all"``: ``dataset`` is a folder holding one dataset per
+        cell and the results are keyed by cell (:func:`gpuclust.engine.cells.analyze_cells`).
 
     Returns
     -------
@@ -48,20 +55,29 @@ def analyze(dataset, names, *, out=None, backend="cpu", scheduler=None, partitio
     --------
     >>> res = analyze("cell", ["machine-shapes"], out="results")   # doctest: +SKIP
     """
+    if cells is not None:  # several cells, one dataset each (--cells)
+        from gpuclust.engine.cells import analyze_cells
+
+        return analyze_cells(dataset, names, cells=cells, out=out, backend=backend, scheduler=scheduler,
+                             partitions=partitions, tier_map=tier_map, mode=mode, plots=plots, workers=workers,
+                             progress=progress, note=note, time_from=time_from, time_to=time_to)
+    from gpuclust.engine import selection as _selection
     from gpuclust.engine.run_info import prepare
 
     plan = prepare(dataset, names, backend=backend, tier_map=tier_map, mode=mode, note=note)
+    src, plan.analyses = _selection.attach(plan.source, plan.analyses, time_from, time_to)  # --from/--to
     folder = None
     if out is not None:
         from gpuclust.report import ResultsFolder
 
         folder = ResultsFolder(out).open()
     try:
-        res = run(plan.source, plan.analyses, backend=plan.backend, partitions=partitions, scheduler=scheduler,
+        res = run(src, plan.analyses, backend=plan.backend, partitions=partitions, scheduler=scheduler,
                   workers=workers, progress=progress)
         if folder is not None:
             folder.write(res, plan.by_key(), plots=plots,
-                         run_info=plan.info(scheduler=scheduler, partitions=partitions, workers=workers))
+                         run_info=plan.info(scheduler=scheduler, partitions=partitions, workers=workers,
+                                            **_selection.run_info(src)))
             folder.commit()
             if progress is not None:
                 progress.phase(f"wrote {out}")

@@ -45,7 +45,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         epilog="analyses and their options (-O NAME=VALUE):\n" + options_text(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("dataset", metavar="DATASET", help="canonical dataset folder (from `gpuclust ingest`)")
+    p.add_argument("dataset", metavar="DATASET", help="canonical dataset folder (from `gpuclust ingest`); with "
+                   "--cells, a folder holding one dataset per cell")
     p.add_argument("names", metavar="NAME", nargs="+", choices=names(), help=f"analyses: {', '.join(names())}")
     p.add_argument("--out", required=True, metavar="DIR", help="output folder (new, empty, or an earlier run's)")
     p.add_argument("--backend", choices=("cpu", "gpu", "auto"), default="cpu",
@@ -61,6 +62,12 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                    help="priority tier map, same as -O tier_map=NAME (default: the dataset manifest's)")
     p.add_argument("--mode", choices=mode.choices, default=None,
                    help=f"cell-usage mode, same as -O mode=NAME (default {mode.default})")
+    p.add_argument("--from", dest="time_from", default=None, metavar="TIME",
+                   help="select [TIME, --to): trace time (1d, 86400s, 2h, 90min, 1500ms, integer microseconds) or "
+                   "wall-clock in the cell's time zone (2019-05-02, 2019-05-02T08:00; Z or +HH:MM for an instant)")
+    p.add_argument("--to", dest="time_to", default=None, metavar="TIME", help="end of the selection (exclusive), as --from")
+    p.add_argument("--cells", default=None, metavar="CELLS",
+                   help="a,b,... or all: DATASET holds one dataset per cell; results get a leading cell column")
     p.add_argument("-O", "--option", action="append", default=[], metavar="NAME=VALUE",
                    help="an analysis option (repeatable), e.g. -O by=machine -O bucket_s=3600; it applies to "
                    "every named analysis that declares it (listed below)")
@@ -127,7 +134,8 @@ def main(args: argparse.Namespace) -> int:
         analyses = build_analyses(list(dict.fromkeys(args.names)), args.option, tier_map=args.tier_map, mode=args.mode)
         analyze(args.dataset, analyses, out=args.out, backend=args.backend,
                 scheduler=args.scheduler, partitions=args.partitions, plots=not args.no_plots,
-                workers=args.workers, progress=None if args.quiet else RunProgress(), note=say)
+                workers=args.workers, progress=None if args.quiet else RunProgress(), note=say,
+                time_from=args.time_from, time_to=args.time_to, cells=args.cells)
     except (BackendUnavailable, DatasetError, OutputError, ValueError, OSError) as e:
         say(f"error: {' '.join(str(e).split())}")
         return 2

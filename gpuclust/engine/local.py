@@ -20,6 +20,7 @@ from gpuclust._memory import tune_allocator
 from gpuclust.analyses.base import Analysis, to_host
 from gpuclust.backends import Backend, get_backend
 from gpuclust.engine import partition as _partition
+from gpuclust.engine import selection as _selection
 
 __all__ = ["PerPartition", "bind_partition", "context_of", "contexts", "default_workers", "finalize_all", "merge_local",
            "partition_partials", "per_partition", "plan_tables", "resolve_analyses", "result_keys", "run", "unbound"]
@@ -76,13 +77,15 @@ def partition_partials(spec: _partition.PartitionSpec, analyses: Sequence[Analys
     partial, moved to host memory so it can be merged or shipped to another worker."""
     be = get_backend(backend)
     tune_allocator()  # once per process (dask workers too); see gpuclust/_memory.py
-    columns = sorted({c for a in analyses for c in a.columns})
+    columns = sorted({c for a in analyses for c in a.columns} | _selection.extra_columns(spec, analyses))
     bound = [bind_partition(a, ctx, spec) for a, ctx in zip(analyses, ctxs, strict=True)]
     cols = _partition.read_partition_device(spec, columns, be)  # cuDF, where RAPIDS is installed
     if cols is None:
         host = _partition.read_partition(spec, columns)
         cols = {c: be.asarray(v) for c, v in host.items()}
-    return [to_host(a.partial({c: cols[c] for c in a.columns}, ctx, be)) for a, ctx in zip(analyses, bound, strict=True)]
+    masks: dict[str, Any] = {}  # selection (--from/--to): rows filtered per analysis rule, one mask per rule
+    return [to_host(a.partial(_selection.columns_for(spec, a, cols, be, masks), ctx, be))
+            for a, ctx in zip(analyses, bound, strict=True)]
 
 
 def default_workers(backend: Backend | str) -> int:
@@ -126,6 +129,8 @@ def run(
     split_every: int = 8,
     workers: int | None = None,
     progress: Any = None,
+    time_from: Any = None,
+    time_to: Any = None,
 ) -> dict[str, dict[str, pd.DataFrame]]:
     """Run analyses over a dataset or in-memory tables.
 
@@ -160,6 +165,11 @@ def run(
     progress
         A :class:`gpuclust.engine.progress.RunProgress` (or anything with its methods) told
         about contexts, partitions done and finalize; ``None``: silent.
+    time_from, time_to
+        A time selection ``[time_from, time_to)``: trace time (``"1d"``, ``"86400s"``, integer
+        microseconds) or wall-clock in the cell's time zone (``"2019-05-02"``); see
+        :mod:`gpuclust.engine.selection` and docs/analyses.md ("Time selections").  Only the
+        Parquet row groups that can hold selected rows are read.
 
     Returns
     -------
@@ -180,6 +190,7 @@ def run(
     tune_allocator()
     src = _partition.as_source(source)
     ans = resolve_analyses(analyses)
+    src, ans = _selection.attach(src, ans, time_from, time_to)  # --from/--to: no-op without a selection
     be = get_backend(backend)
     nthreads = default_workers(be) if workers is None else int(workers)
     if nthreads < 1:
@@ -197,11 +208,14 @@ def _run(src: Any, ans: list[Analysis], be: Backend, partitions: int | str, sche
          cut_points: Any, split_every: int, nthreads: int, progress: Any,
          label: str = "") -> dict[str, dict[str, pd.DataFrame]]:
     """:func:`run` with the scheduler open (``None``: local): prerequisite passes (recursively,
-    with the same settings), contexts, partials, merges, finalize."""
+    with the same settings and selection), contexts, partials, merges, finalize."""
     def run_pass(pre: list[Analysis]) -> dict[str, dict[str, pd.DataFrame]]:
+        _, pre = _selection.attach(src, pre)  # the run's selection applies to its passes too
         return _run(src, pre, be, partitions, scheduler, cut_points, split_every, nthreads, None, label)
 
-    plans = plan_tables(src, ans, partitions, cut_points, multiple_of=nthreads if scheduler is None else 1)
+    multiple = nthreads if scheduler is None else 1
+    plans = plan_tables(_selection.unwrap(src), ans, partitions, cut_points, multiple_of=multiple)
+    plans = _selection.prune_plans(src, plans, ans, partitions, cut_points, multiple, progress)  # row-group pushdown
     ctxs = contexts(ans, src, progress, per_partition=per_partition(src, ans, plans), run_pass=run_pass)
     if scheduler is None:
         merged = merge_local(plans, ans, ctxs, be, nthreads, progress,

@@ -149,3 +149,13 @@ def test_instances_are_exact_at_any_size_on_a_bucketed_source(tables: dict) -> N
     # flat and over the budget: bounded, and said so
     flat = run(_source(tables, None), UsageDistribution(by="instance", exact_max_windows=0), partitions=3)
     assert flat["usage-distribution"]["info"]["strategy"].iloc[0] == "bounded"
+
+
+def test_a_time_selection_on_a_bucketed_source_equals_it_on_the_flat_one(tables: dict) -> None:
+    flat, bucketed = _source(tables, None), _source(tables, N_BUCKETS)
+    ans = _analyses()
+    kw = {"time_from": "1h", "time_to": "3h"}
+    ref = run(flat, ans, partitions=3, **kw)
+    got = run(bucketed, ans, partitions=2, **kw)
+    assert_results_same(ref, got, rtol=1e-9)
+    assert_results_same(got, run(bucketed, ans, partitions=2, scheduler="threads", **kw), rtol=1e-9)
