@@ -178,6 +178,7 @@ class MachineCells(Analysis):
 
     name = "_machine-cells"
     table = "instance_usage"
+    row_bytes = 160
 
     @property
     def columns(self) -> tuple[str, ...]:

@@ -92,6 +92,7 @@ class CellUsage(Analysis):
     name = "cell-usage"
     table = "instance_usage"
     requires = ("instance_usage", "instance_events", "machine_events")
+    row_bytes = 96
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:

@@ -313,6 +313,7 @@ class Cpi(Analysis):
     name = "cpi"
     table = "instance_usage"
     requires = ("instance_usage", "machine_events")
+    row_bytes = 160
     optional_tables = ("instance_events",)
 
     def __post_init__(self) -> None:

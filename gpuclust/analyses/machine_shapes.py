@@ -60,6 +60,7 @@ class MachineShapes(Analysis):
     name = "machine-shapes"
     table = "machine_events"
     requires = ("machine_events",)
+    row_bytes = 256
 
     @property
     def columns(self) -> tuple[str, ...]:

@@ -183,6 +183,7 @@ class Overcommit(Analysis):
     name = "overcommit"
     table = "instance_usage"
     requires = ("instance_events", "machine_events")
+    row_bytes = 320
     optional_tables = ("instance_usage",)
     def __post_init__(self) -> None:
         if int(self.bucket_s) <= 0:

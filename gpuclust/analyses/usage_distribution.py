@@ -173,6 +173,7 @@ class UsageDistribution(Analysis):
     name = "usage-distribution"
     table = "instance_usage"
     requires = ("instance_usage",)
+    row_bytes = 448
     optional_tables = ("instance_events",)
 
     def __post_init__(self) -> None:

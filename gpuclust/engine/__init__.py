@@ -13,7 +13,8 @@ __all__ = ["PartitionSpec", "TableSource", "analyze", "plan_partitions", "read_p
 
 
 def analyze(dataset, names, *, out=None, backend="cpu", scheduler=None, partitions=1, tier_map=None,
-            mode=None, plots=True, workers=None, progress=None, note=None, time_from=None, time_to=None, cells=None):
+            mode=None, plots=True, workers=None, progress=None, note=None, time_from=None, time_to=None, cells=None,
+            memory_limit=None):
     """Run registered analyses by name, optionally writing results to ``out``.
 
     Before anything is computed: the dataset is checked against what the analyses need
@@ -33,7 +34,7 @@ def analyze(dataset, names, *, out=None, backend="cpu", scheduler=None, partitio
         written as a whole (an earlier run's folder is replaced); nothing is written when ``None``.
     tier_map, mode
         Options passed to every analysis that declares them.
-    backend, scheduler, partitions, workers, progress
+    backend, scheduler, partitions, workers, progress, memory_limit
         As :func:`run`.
     note
         Called with each note / warning line (optional tables missing, a tier map of the other
@@ -60,7 +61,9 @@ def analyze(dataset, names, *, out=None, backend="cpu", scheduler=None, partitio
 
         return analyze_cells(dataset, names, cells=cells, out=out, backend=backend, scheduler=scheduler,
                              partitions=partitions, tier_map=tier_map, mode=mode, plots=plots, workers=workers,
-                             progress=progress, note=note, time_from=time_from, time_to=time_to)
+                             progress=progress, note=note, time_from=time_from, time_to=time_to,
+                             memory_limit=memory_limit)
+    from gpuclust.engine import memory as _memory
     from gpuclust.engine import selection as _selection
     from gpuclust.engine.run_info import prepare
 
@@ -72,12 +75,13 @@ def analyze(dataset, names, *, out=None, backend="cpu", scheduler=None, partitio
 
         folder = ResultsFolder(out).open()
     try:
+        limit = _memory.parse_size(memory_limit) or _memory.default_limit()
         res = run(src, plan.analyses, backend=plan.backend, partitions=partitions, scheduler=scheduler,
-                  workers=workers, progress=progress)
+                  workers=workers, progress=progress, memory_limit=limit)
         if folder is not None:
             folder.write(res, plan.by_key(), plots=plots,
                          run_info=plan.info(scheduler=scheduler, partitions=partitions, workers=workers,
-                                            **_selection.run_info(src)))
+                                            memory_limit=limit, **_selection.run_info(src)))
             folder.commit()
             if progress is not None:
                 progress.phase(f"wrote {out}")

@@ -132,7 +132,7 @@ def analyze_cells(folder: str | Path, names: Any, *, cells: str | Sequence[str] 
                   backend: Any = "cpu", scheduler: Any = None, partitions: Any = 1, tier_map: str | None = None,
                   mode: str | None = None, plots: bool = True, workers: int | None = None, progress: Any = None,
                   note: Callable[[str], None] | None = None, time_from: Any = None,
-                  time_to: Any = None) -> dict[str, dict[str, pd.DataFrame]]:
+                  time_to: Any = None, memory_limit: Any = None) -> dict[str, dict[str, pd.DataFrame]]:
     """:func:`gpuclust.engine.analyze` over the datasets of ``cells`` in ``folder`` (see
     :func:`find_cells`): every cell is checked (and its selection resolved) before anything is
     computed; results have a leading ``cell`` column; ``summary.txt`` has each cell's summary
@@ -165,7 +165,7 @@ def analyze_cells(folder: str | Path, names: Any, *, cells: str | Sequence[str] 
             if progress is not None:
                 progress.phase(f"cell {cell}: {plan.source.path}")
             per_cell[cell] = run(src, plan.analyses, backend=plan.backend, partitions=partitions, scheduler=scheduler,
-                                 workers=workers, progress=progress)
+                                 workers=workers, progress=progress, memory_limit=memory_limit)
         res = combine(per_cell)
         if folder_out is not None:
             first_plan = next(iter(prepared.values()))[0]

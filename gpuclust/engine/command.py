@@ -27,6 +27,15 @@ def _partitions(text: str) -> int | str:
     return n
 
 
+def _memory_limit(text: str) -> int | None:
+    from gpuclust.engine.memory import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def register(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``analyze`` sub-command to ``subparsers``."""
     from gpuclust.analyses.cell_usage import CellUsage
@@ -58,6 +67,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=None, metavar="N",
                    help="local run: threads processing partitions at once (default: the usable CPU cores "
                    "on the cpu backend, 1 on gpu); results do not depend on it")
+    p.add_argument("--memory-limit", type=_memory_limit, default=None, metavar="SIZE",
+                   help="memory budget of the run, e.g. 8GiB (default: 75%% of the machine's memory): sizes "
+                        "partitions and a local:N cluster's workers (docs/scale.md)")
     p.add_argument("--tier-map", choices=sorted(TIER_MAPS), default=None,
                    help="priority tier map, same as -O tier_map=NAME (default: the dataset manifest's)")
     p.add_argument("--mode", choices=mode.choices, default=None,
@@ -135,7 +147,8 @@ def main(args: argparse.Namespace) -> int:
         analyze(args.dataset, analyses, out=args.out, backend=args.backend,
                 scheduler=args.scheduler, partitions=args.partitions, plots=not args.no_plots,
                 workers=args.workers, progress=None if args.quiet else RunProgress(), note=say,
-                time_from=args.time_from, time_to=args.time_to, cells=args.cells)
+                time_from=args.time_from, time_to=args.time_to, cells=args.cells,
+                memory_limit=args.memory_limit)
     except (BackendUnavailable, DatasetError, OutputError, ValueError, OSError) as e:
         say(f"error: {' '.join(str(e).split())}")
         return 2

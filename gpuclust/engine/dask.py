@@ -15,12 +15,15 @@ from typing import Any
 
 from gpuclust.engine.local import merge_lists, partition_partials
 
-__all__ = ["compute_merged", "open_scheduler"]
+__all__ = ["compute_merged", "open_scheduler", "workers_of"]
 
 
 @contextlib.contextmanager
-def open_scheduler(scheduler: Any, backend_name: str) -> Iterator[dict[str, Any]]:
+def open_scheduler(scheduler: Any, backend_name: str, memory_limit: int | None = None) -> Iterator[dict[str, Any]]:
     """Yield the keyword arguments for ``dask.compute`` that select ``scheduler``.
+
+    ``memory_limit`` (bytes, the run's budget) is split equally across the workers of a
+    ``local:N`` cluster as their dask ``memory_limit`` (spill to disk, pause, restart near it).
 
     Clusters this function creates (``local:N``, ``cuda``) and clients it opens (addresses) are
     closed on exit; a ``distributed.Client`` passed in is left open.
@@ -39,7 +42,8 @@ def open_scheduler(scheduler: Any, backend_name: str) -> Iterator[dict[str, Any]
         n = int(scheduler.split(":", 1)[1]) if ":" in scheduler else 2
         if backend_name == "gpu":
             raise ValueError("scheduler 'local:N' runs CPU workers; use scheduler='cuda' with backend='gpu'")
-        with distributed.LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
+        per_worker = "auto" if memory_limit is None else max(1, int(memory_limit) // n)
+        with distributed.LocalCluster(n_workers=n, threads_per_worker=1, processes=True, memory_limit=per_worker,
                                       dashboard_address=None) as cluster, distributed.Client(cluster) as client:
             yield {"scheduler": client}
         return
@@ -56,6 +60,17 @@ def open_scheduler(scheduler: Any, backend_name: str) -> Iterator[dict[str, Any]
             yield {"scheduler": client}
         return
     raise ValueError(f"unknown scheduler {scheduler!r}: use threads, sync, local:N, cuda, or an address")
+
+
+def workers_of(scheduler: Any, threads: int) -> int:
+    """Partitions a scheduler works on at once: its worker threads (a ``distributed.Client``),
+    ``threads`` for dask's threaded scheduler, 1 for the synchronous one."""
+    if isinstance(scheduler, str):
+        return 1 if scheduler in ("sync", "synchronous", "single-threaded") else max(1, threads)
+    try:
+        return max(1, sum(scheduler.nthreads().values()))
+    except Exception:  # not a distributed client: assume one at a time
+        return 1
 
 
 def _done_callback(keys: dict[Any, Any], on_done: Any) -> Any:

@@ -19,11 +19,12 @@ import pandas as pd
 from gpuclust._memory import tune_allocator
 from gpuclust.analyses.base import Analysis, to_host
 from gpuclust.backends import Backend, get_backend
+from gpuclust.engine import memory as _memory
 from gpuclust.engine import partition as _partition
 from gpuclust.engine import selection as _selection
 
 __all__ = ["PerPartition", "bind_partition", "context_of", "contexts", "default_workers", "finalize_all", "merge_local",
-           "partition_partials", "per_partition", "plan_tables", "resolve_analyses", "result_keys", "run", "unbound"]
+           "partition_partials", "per_partition", "plan_tables", "auto_rows_of", "resolve_analyses", "result_keys", "run", "unbound"]
 
 
 def resolve_analyses(analyses: Analysis | str | Iterable[Analysis | str]) -> list[Analysis]:
@@ -129,6 +130,7 @@ def run(
     split_every: int = 8,
     workers: int | None = None,
     progress: Any = None,
+    memory_limit: int | str | None = None,
     time_from: Any = None,
     time_to: Any = None,
 ) -> dict[str, dict[str, pd.DataFrame]]:
@@ -165,6 +167,11 @@ def run(
     progress
         A :class:`gpuclust.engine.progress.RunProgress` (or anything with its methods) told
         about contexts, partitions done and finalize; ``None``: silent.
+    memory_limit
+        The run's memory budget (bytes, or a size like ``"8GiB"``; default: 75% of the machine's
+        memory, see :mod:`gpuclust.engine.memory`): ``partitions="auto"`` sizes partitions so
+        the partitions in flight fit half of it, and a ``local:N`` cluster's workers get an
+        equal share each as their dask ``memory_limit`` (spilling to disk near it).
     time_from, time_to
         A time selection ``[time_from, time_to)``: trace time (``"1d"``, ``"86400s"``, integer
         microseconds) or wall-clock in the cell's time zone (``"2019-05-02"``); see
@@ -195,27 +202,33 @@ def run(
     nthreads = default_workers(be) if workers is None else int(workers)
     if nthreads < 1:
         raise ValueError(f"workers must be >= 1, got {workers!r}")
+    limit = _memory.parse_size(memory_limit) or _memory.default_limit()
     if scheduler is None:
-        return _run(src, ans, be, partitions, None, cut_points, split_every, nthreads, progress)
-    from gpuclust.engine.dask import open_scheduler
+        return _run(src, ans, be, partitions, None, cut_points, split_every, nthreads, progress,
+                    rows=lambda pre: auto_rows_of(pre, limit, nthreads))
+    from gpuclust.engine.dask import open_scheduler, workers_of
 
-    with open_scheduler(scheduler, be.name) as kw:  # one cluster for every pass of the run
+    with open_scheduler(scheduler, be.name, memory_limit=limit) as kw:  # one cluster for every pass of the run
+        in_flight = workers_of(kw["scheduler"], nthreads)
         return _run(src, ans, be, partitions, kw["scheduler"], cut_points, split_every, nthreads, progress,
-                    label=scheduler if isinstance(scheduler, str) else type(scheduler).__name__)
+                    label=scheduler if isinstance(scheduler, str) else type(scheduler).__name__,
+                    rows=lambda pre: auto_rows_of(pre, limit, in_flight))
 
 
 def _run(src: Any, ans: list[Analysis], be: Backend, partitions: int | str, scheduler: Any,
          cut_points: Any, split_every: int, nthreads: int, progress: Any,
-         label: str = "") -> dict[str, dict[str, pd.DataFrame]]:
+         label: str = "", rows: Any = None) -> dict[str, dict[str, pd.DataFrame]]:
     """:func:`run` with the scheduler open (``None``: local): prerequisite passes (recursively,
     with the same settings and selection), contexts, partials, merges, finalize."""
     def run_pass(pre: list[Analysis]) -> dict[str, dict[str, pd.DataFrame]]:
         _, pre = _selection.attach(src, pre)  # the run's selection applies to its passes too
-        return _run(src, pre, be, partitions, scheduler, cut_points, split_every, nthreads, None, label)
+        return _run(src, pre, be, partitions, scheduler, cut_points, split_every, nthreads, None, label, rows)
 
     multiple = nthreads if scheduler is None else 1
-    plans = plan_tables(_selection.unwrap(src), ans, partitions, cut_points, multiple_of=multiple)
-    plans = _selection.prune_plans(src, plans, ans, partitions, cut_points, multiple, progress)  # row-group pushdown
+    auto_rows = rows(ans) if rows is not None else None
+    plans = plan_tables(_selection.unwrap(src), ans, partitions, cut_points, multiple_of=multiple, auto_rows=auto_rows)
+    plans = _selection.prune_plans(src, plans, ans, partitions, cut_points, multiple, progress,  # row-group pushdown
+                                   auto_rows=auto_rows)
     ctxs = contexts(ans, src, progress, per_partition=per_partition(src, ans, plans), run_pass=run_pass)
     if scheduler is None:
         merged = merge_local(plans, ans, ctxs, be, nthreads, progress,
@@ -232,6 +245,16 @@ def _run(src: Any, ans: list[Analysis], be: Backend, partitions: int | str, sche
                                 on_done=None if progress is None else (lambda sp: progress.partition_done(
                                     sp.table, sp.num_rows)))
     return finalize_all(ans, merged, [unbound(c) for c in ctxs], progress)
+
+
+def auto_rows_of(ans: Sequence[Analysis], memory_limit: int, in_flight: int) -> dict[str, int]:
+    """Rows per partition of each streamed table so that ``in_flight`` partitions fit the budget
+    (:func:`gpuclust.engine.memory.partition_rows`)."""
+    by_table: dict[str, list[Analysis]] = {}
+    for a in ans:
+        by_table.setdefault(a.table, []).append(a)
+    return {t: _memory.partition_rows(memory_limit, in_flight, sub, t, _partition.AUTO_PARTITION_ROWS)
+            for t, sub in by_table.items()}
 
 
 def context_of(a: Analysis, source: Any, **run_kw: Any) -> Any:
@@ -288,15 +311,18 @@ def contexts(ans: Sequence[Analysis], src: Any, progress: Any = None, per_partit
 
 def plan_tables(src: Any, ans: Sequence[Analysis], partitions: int | str,
                 cut_points: dict[str, Sequence[int]] | Sequence[int] | None = None,
-                multiple_of: int = 1) -> dict[str, tuple[list[int], list[_partition.PartitionSpec]]]:
-    """``{table: (indices of the analyses streaming it, its partitions)}``."""
+                multiple_of: int = 1, auto_rows: dict[str, int] | None = None,
+                ) -> dict[str, tuple[list[int], list[_partition.PartitionSpec]]]:
+    """``{table: (indices of the analyses streaming it, its partitions)}`` (``auto_rows``: the
+    rows per partition of ``partitions="auto"`` per table, see :func:`auto_rows_of`)."""
     by_table: dict[str, list[int]] = {}
     for k, a in enumerate(ans):
         by_table.setdefault(a.table, []).append(k)
     plans = {}
     for table, idx in by_table.items():
         cp = cut_points.get(table) if isinstance(cut_points, dict) else cut_points
-        specs = _partition.plan_partitions(src, table, partitions, cp, multiple_of=multiple_of)
+        specs = _partition.plan_partitions(src, table, partitions, cp, multiple_of=multiple_of,
+                                           auto_rows=(auto_rows or {}).get(table, _partition.AUTO_PARTITION_ROWS))
         if specs and specs[0].grain is not None:
             side = sorted({t for k in idx for t in ans[k].side_inputs if _partition.copartitioned(src, table, t)})
             specs = _partition.with_side(src, specs, side)

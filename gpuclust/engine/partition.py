@@ -172,24 +172,25 @@ AUTO_PARTITION_ROWS = 1 << 22
 
 
 def plan_partitions(source: Any, table: str, partitions: int | str = 1,
-                    cut_points: Sequence[int] | None = None, multiple_of: int = 1) -> list[PartitionSpec]:
+                    cut_points: Sequence[int] | None = None, multiple_of: int = 1,
+                    auto_rows: int = AUTO_PARTITION_ROWS) -> list[PartitionSpec]:
     """Cut ``table`` of ``source`` into partitions.
 
     Parameters
     ----------
     partitions
         Number of partitions (ignored when ``cut_points`` is given), or ``"auto"``: about
-        :data:`AUTO_PARTITION_ROWS` rows each, rounded up to a multiple of ``multiple_of`` (the
+        ``auto_rows`` (default :data:`AUTO_PARTITION_ROWS`) rows each, rounded up to a multiple of ``multiple_of`` (the
         local engine's thread count, so every thread gets the same share).  Partitions may be empty.
     cut_points
         Global row offsets where partitions start (0 and the row count are implied).
     """
     if layout_key(source, table) is not None and cut_points is None:
-        return _plan_buckets(source, table, partitions, multiple_of)
+        return _plan_buckets(source, table, partitions, multiple_of, auto_rows)
     units, rg_bounds = _units(source, table)
     total = sum(n for _, n, _ in units)
     if partitions == "auto":
-        partitions = max(1, -(-total // AUTO_PARTITION_ROWS))
+        partitions = max(1, -(-total // auto_rows))
         if total >= multiple_of > 1:
             partitions = -(-partitions // multiple_of) * multiple_of
     if not isinstance(partitions, int) or partitions < 1:
@@ -246,7 +247,8 @@ def bucket_pieces(source: Any, table: str) -> list[list[Piece]]:
             for files in source.bucket_files(table)]
 
 
-def _plan_buckets(source: Any, table: str, partitions: int | str, multiple_of: int) -> list[PartitionSpec]:
+def _plan_buckets(source: Any, table: str, partitions: int | str, multiple_of: int,
+                  auto_rows: int = AUTO_PARTITION_ROWS) -> list[PartitionSpec]:
     """Partitions of whole, consecutive buckets, balanced by rows: ``partitions`` of them (or
     fewer: never more than the buckets; ``"auto"``: about :data:`AUTO_PARTITION_ROWS` rows each,
     rounded up to a multiple of ``multiple_of``)."""
@@ -254,7 +256,7 @@ def _plan_buckets(source: Any, table: str, partitions: int | str, multiple_of: i
     rows = np.asarray([sum(p.stop - p.start for p in ps) for ps in per], dtype=np.int64)
     total = int(rows.sum())
     if partitions == "auto":
-        partitions = max(1, -(-total // AUTO_PARTITION_ROWS))
+        partitions = max(1, -(-total // auto_rows))
         if total >= multiple_of > 1:
             partitions = -(-partitions // multiple_of) * multiple_of
     if not isinstance(partitions, int) or partitions < 1:

@@ -380,7 +380,7 @@ def _file_groups(path: str, columns: Sequence[str]) -> list[tuple[int, int, int,
 
 def prune_plans(source: Any, plans: dict[str, tuple[list[int], list[PartitionSpec]]], analyses: Sequence[Any],
                 partitions: int | str = 1, cut_points: Any = None, multiple_of: int = 1,
-                progress: Any = None) -> dict[str, tuple[list[int], list[PartitionSpec]]]:
+                progress: Any = None, auto_rows: dict[str, int] | None = None) -> dict[str, tuple[list[int], list[PartitionSpec]]]:
     """Each table's partitions reduced to the Parquet row groups that may hold selected rows (for
     any of the analyses streaming it), as :class:`SelectedSpec` (rows filtered before the partial).
 
@@ -431,7 +431,8 @@ def prune_plans(source: Any, plans: dict[str, tuple[list[int], list[PartitionSpe
                                 for sp, ps in zip(specs, kept, strict=True)])
         else:
             if cut_points is None and all(p.file is not None for ps in kept for p in ps):
-                kept = _recut([p for ps in kept for p in ps], partitions, multiple_of, AUTO_PARTITION_ROWS)
+                kept = _recut([p for ps in kept for p in ps], partitions, multiple_of,
+                              (auto_rows or {}).get(table, AUTO_PARTITION_ROWS))
             out[table] = (idx, [SelectedSpec(table, k, tuple(ps), selection=sel) for k, ps in enumerate(kept)])
         if progress is not None:
             pct = 100.0 * st["bytes_read"] / st["bytes"] if st["bytes"] else 100.0

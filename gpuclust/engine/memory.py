@@ -1,0 +1,93 @@
+"""The memory budget of a run (``--memory-limit``): parse it, default it from the machine, and
+turn it into partition sizes.
+
+Peak memory of a streamed run is about ``threads x rows per partition x bytes per row`` (the
+columns read, their Arrow decode buffers, and the partial's transient arrays) plus the merged
+partials and contexts, which on a bucketed dataset do not grow with the cell
+(docs/scale.md).  So the budget sets the rows per partition: half of it is given to the
+partitions in flight, the other half is left to merged partials, contexts and finalize.  On a
+``distributed.LocalCluster`` the budget is also split across the workers as their
+``memory_limit`` (dask then spills to disk and pauses workers near it).
+
+Bytes per row: what each analysis' partial allocates per streamed row at its peak
+(``Analysis.row_bytes``, measured with ``tracemalloc`` on 10^6 windows, NumPy backend) plus the
+columns it reads, twice (the Arrow table and its NumPy copy).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from gpuclust.schema import SCHEMAS
+
+__all__ = ["DEFAULT_SHARE", "MIN_PARTITION_ROWS", "default_limit", "machine_memory", "parse_size", "partition_rows",
+           "row_bytes"]
+
+#: Share of the machine's memory a run may use when no limit is given.
+DEFAULT_SHARE = 0.75
+#: Fewest rows per partition a budget may ask for (smaller partitions cost more than they save).
+MIN_PARTITION_ROWS = 1 << 16
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
+          "t": 1000**4, "tb": 1000**4, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+
+
+def parse_size(value: Any) -> int | None:
+    """Bytes from ``8GiB`` / ``512MB`` / ``2g`` / an integer; ``None`` / ``"auto"`` -> ``None``.
+
+    Examples
+    --------
+    >>> parse_size("8GiB"), parse_size("1.5g"), parse_size(4096), parse_size("auto")
+    (8589934592, 1500000000, 4096, None)
+    """
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "auto")):
+        return None
+    if isinstance(value, (int, np.integer)):
+        n = int(value)
+    else:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
+        if m is None or m.group(2).lower() not in _UNITS:
+            raise ValueError(f"memory limit {value!r}: give a size like 8GiB, 512MB or a number of bytes")
+        n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if n <= 0:
+        raise ValueError(f"memory limit {value!r} must be positive")
+    return n
+
+
+def machine_memory() -> int:
+    """Physical memory, or the cgroup's limit when that is lower (containers, batch jobs)."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        if text.isdigit() and 0 < int(text) < total:
+            total = int(text)
+    return int(total)
+
+
+def default_limit() -> int:
+    """The budget when none is given: :data:`DEFAULT_SHARE` of :func:`machine_memory`."""
+    return int(DEFAULT_SHARE * machine_memory())
+
+
+def row_bytes(analyses: Sequence[Any], table: str) -> int:
+    """Peak bytes per streamed row of ``table`` for ``analyses`` sharing one read (see the module
+    docstring)."""
+    schema = SCHEMAS[table]
+    cols = {c for a in analyses for c in a.columns}
+    read = sum(np.dtype(schema.field(c).type.to_pandas_dtype()).itemsize for c in cols)
+    return int(2 * read + sum(int(getattr(a, "row_bytes", 512)) for a in analyses))
+
+
+def partition_rows(limit: int, in_flight: int, analyses: Sequence[Any], table: str, cap: int) -> int:
+    """Rows per partition so that ``in_flight`` partitions fit in half of ``limit``; at most
+    ``cap`` (the engine's usual target), at least :data:`MIN_PARTITION_ROWS`."""
+    per = max(1, row_bytes(analyses, table)) * max(1, int(in_flight))
+    return int(min(cap, max(MIN_PARTITION_ROWS, (limit // 2) // per)))

@@ -1,0 +1,74 @@
+"""The run's memory budget (``memory_limit`` / ``--memory-limit``): parsing, partition sizing,
+the dask workers' share, and results that do not depend on it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from strategies import assert_results_same, random_cell, write_dataset
+
+from gpuclust.analyses.registry import create, names
+from gpuclust.dataset import Dataset
+from gpuclust.engine import run
+from gpuclust.engine.dask import open_scheduler
+from gpuclust.engine.local import auto_rows_of, plan_tables
+from gpuclust.engine.memory import MIN_PARTITION_ROWS, default_limit, machine_memory, parse_size, row_bytes
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Dataset:
+    return Dataset(write_dataset(tmp_path_factory.mktemp("ds"), random_cell(5, n_windows=40_000), files=2,
+                                 row_group_size=2_000))
+
+
+@pytest.mark.parametrize(("text", "n"), [("8GiB", 8 << 30), ("512MB", 512_000_000), ("2g", 2_000_000_000),
+                                         ("1.5 MiB", 3 << 19), (4096, 4096), ("auto", None), (None, None)])
+def test_sizes_parse(text: object, n: int | None) -> None:
+    assert parse_size(text) == n
+
+
+@pytest.mark.parametrize("text", ["lots", "8 parsecs", "-1GB", "0"])
+def test_bad_sizes_are_refused(text: str) -> None:
+    with pytest.raises(ValueError, match="memory limit"):
+        parse_size(text)
+
+
+def test_default_is_a_share_of_the_machine() -> None:
+    assert 0 < default_limit() < machine_memory()
+
+
+def test_a_smaller_budget_gives_smaller_partitions_and_the_same_results(dataset: Dataset) -> None:
+    ans = [create(n) for n in names()]
+    usage = [a for a in ans if a.table == "instance_usage"]
+    per_row = row_bytes(usage, "instance_usage")
+    # the arithmetic: two partitions in flight in half the budget
+    limit = 2 * 2 * per_row * 100_000
+    rows = auto_rows_of(ans, limit, 2)["instance_usage"]
+    assert rows == max(MIN_PARTITION_ROWS, 100_000)
+    small = auto_rows_of(ans, 1 << 20, 2)["instance_usage"]
+    assert small == MIN_PARTITION_ROWS  # never below the floor
+    plans = plan_tables(dataset, ans, "auto", multiple_of=2, auto_rows={"instance_usage": 10_000})
+    specs = plans["instance_usage"][1]
+    assert len(specs) >= 4 and max(s.num_rows for s in specs) <= 12_000
+    ref = run(dataset, ans, partitions="auto", workers=2)
+    assert_results_same(ref, run(dataset, ans, partitions="auto", workers=2, memory_limit="64MiB"), rtol=1e-9)
+
+
+def test_a_local_cluster_splits_the_budget_across_its_workers() -> None:
+    with open_scheduler("local:2", "cpu", memory_limit=2 << 30) as kw:
+        info = kw["scheduler"].scheduler_info()["workers"]
+        assert sorted(w["memory_limit"] for w in info.values()) == [1 << 30, 1 << 30]
+
+
+def test_cli_records_the_budget_and_refuses_a_bad_one(dataset: Dataset, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "res"
+    cmd = [sys.executable, "-m", "gpuclust.cli", "analyze", str(dataset.path), "cell-usage", "--out", str(out),
+           "--quiet", "--no-plots"]
+    r = subprocess.run([*cmd, "--memory-limit", "3GiB"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert json.loads((out / "_run.json").read_text())["memory_limit"] == 3 << 30
+    r = subprocess.run([*cmd, "--memory-limit", "lots"], capture_output=True, text=True)
+    assert r.returncode == 2 and "memory limit 'lots'" in r.stderr and "Traceback" not in r.stderr
