@@ -344,7 +344,14 @@ def _spill_table(ds: Dataset, table: str, spill: _Spill, prog: Progress | None) 
     rows = 0
     for f in ds.files(table):
         pf = pq.ParquetFile(f)
-        for batch in pf.iter_batches(batch_size=SPILL_BATCH_ROWS, columns=schema.names):
+        # One row group at a time: iter_batches over the whole file reads ahead into the next
+        # row group (measured: twice the peak of this loop on 1 Mi-row groups).
+        batches = (
+            b
+            for g in range(pf.num_row_groups)
+            for b in pf.iter_batches(batch_size=SPILL_BATCH_ROWS, row_groups=[g], columns=schema.names)
+        )
+        for batch in batches:
             if batch.num_rows == 0:
                 continue
             batch = pa.Table.from_batches([batch]).cast(schema).combine_chunks().to_batches()[0]

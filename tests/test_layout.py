@@ -322,6 +322,7 @@ def clean_in_place(flat: Path, tmp_path_factory: pytest.TempPathFactory) -> dict
     return _snapshot(d)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kill", ["spill:3", "part:5", "move:4", "swap:1"])
 def test_kill_then_rerun_in_place(flat: Path, tmp_path: Path, clean_in_place: dict[str, object], kill: str) -> None:
     d = tmp_path / "ds"
@@ -341,6 +342,7 @@ def test_kill_then_rerun_in_place(flat: Path, tmp_path: Path, clean_in_place: di
     _listed_only(d)
 
 
+@pytest.mark.slow
 def test_kill_then_rerun_out(flat: Path, opt: Path, tmp_path: Path) -> None:
     out = tmp_path / "o"
     r = _cli([str(flat), "--buckets", "4", "--out", str(out), "--no-progress"], kill="move:3")
