@@ -20,12 +20,12 @@ from pathlib import Path
 import duckdb
 import pyarrow.parquet as pq
 import pytest
+from strategies import assert_results_same
 
 from gpuclust.dataset import MANIFEST, Dataset, DatasetError
 from gpuclust.layout import HASH_NAME, KEYS, ORDER
 from gpuclust.optimize import KILL_ENV, OptimizeUsageError, default_buckets, optimize
 from gpuclust.schema import SCHEMAS, TABLES
-from strategies import assert_results_same
 
 ROOT = Path(__file__).resolve().parents[1]
 RG = 700  # small row groups: several per part
