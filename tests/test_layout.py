@@ -17,7 +17,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import duckdb
 import pyarrow.parquet as pq
 import pytest
 from strategies import assert_results_same
@@ -26,6 +25,9 @@ from gpuclust.dataset import MANIFEST, Dataset, DatasetError
 from gpuclust.layout import HASH_NAME, KEYS, ORDER
 from gpuclust.optimize import KILL_ENV, OptimizeUsageError, default_buckets, optimize
 from gpuclust.schema import SCHEMAS, TABLES
+
+# the device image has no duckdb: skip there instead of failing the GPU run's collection
+duckdb = pytest.importorskip("duckdb")
 
 ROOT = Path(__file__).resolve().parents[1]
 RG = 700  # small row groups: several per part
