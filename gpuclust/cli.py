@@ -14,12 +14,13 @@ def build_parser() -> argparse.ArgumentParser:
     from gpuclust.info import register as reg_info
     from gpuclust.ingest.command import register as reg_ingest
     from gpuclust.ingest.kaggle_split import register as reg_kaggle_split
+    from gpuclust.optimize import register as reg_optimize
     from gpuclust.synth.command import register as reg_synth
 
     p = argparse.ArgumentParser(prog="gpuclust", description="Analytics for the Google cluster-usage traces.")
     p.add_argument("--version", action="version", version=f"gpuclust {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for reg in (reg_ingest, reg_kaggle_split, reg_synth, reg_info, reg_analyze, reg_demo):
+    for reg in (reg_ingest, reg_kaggle_split, reg_optimize, reg_synth, reg_info, reg_analyze, reg_demo):
         reg(sub)
     return p
 

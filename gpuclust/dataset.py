@@ -9,8 +9,13 @@ Layout (``docs/dataset.md`` is the full description)::
       ...
       _rejects/*.jsonl         rejected raw records: file, line/row, reason, raw text
 
+A bucketed dataset (``gpuclust optimize``, :mod:`gpuclust.layout`) keeps the parts of its
+key-partitioned tables in ``<table>/bucket=<k>/part-*.parquet`` and records the layout in the
+table's manifest entry; :meth:`Dataset.layout` and :meth:`Dataset.bucket_files` expose it.
+
 Only the part files the manifest lists are data.  A file in a table folder that the manifest does
-not list is the leftover of a crashed run and is ignored (and removed by the next ingest).
+not list is the leftover of a crashed run and is ignored (and removed by the next ingest or
+optimize).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from gpuclust.layout import LayoutError, bucket_of_path, check_layouts
 from gpuclust.schema import DATASET_FORMAT_VERSION, SCHEMAS, TABLES
 
 MANIFEST = "manifest.json"
@@ -151,6 +157,10 @@ class Dataset:
                 f"{self.path}: ingest has not completed (manifest says complete: false); "
                 "re-run `gpuclust ingest` to finish it, or pass allow_incomplete=True"
             )
+        try:
+            self._layouts = check_layouts(self.manifest.get("tables", {}))
+        except LayoutError as e:
+            raise DatasetError(f"{mpath}: {e}") from None
 
     @property
     def trace_version(self) -> str | None:
@@ -167,6 +177,48 @@ class Dataset:
             raise KeyError(f"unknown table {table!r}; tables are {list(TABLES)}")
         entry = self.manifest.get("tables", {}).get(table, {})
         return [self.path / f for f in sorted(entry.get("files", []))]
+
+    def layout(self, table: str) -> dict[str, Any] | None:
+        """The bucketed layout of ``table`` (``{"key", "buckets", "hash", "order"}``), or ``None``
+        when its parts are not laid out by key (docs/dataset.md, "Bucketed layout").
+
+        Examples
+        --------
+        >>> Dataset("cell/opt").layout("instance_usage")  # doctest: +SKIP
+        {'buckets': 4, 'hash': 'splitmix64-chain-v1', 'key': ['collection_id', 'instance_index'], 'order': 'start_time'}
+        """
+        if table not in SCHEMAS:
+            raise KeyError(f"unknown table {table!r}; tables are {list(TABLES)}")
+        lay = self._layouts.get(table)
+        return dict(lay) if lay is not None else None
+
+    def bucket_files(self, table: str) -> list[list[Path]]:
+        """The parts of a bucketed ``table`` per bucket: element ``k`` lists bucket ``k``'s parts
+        (an empty list for an empty bucket).  Tables with the same key have the same number of
+        buckets, and bucket ``k`` of one holds the same keys as bucket ``k`` of the other.
+
+        Raises
+        ------
+        DatasetError
+            ``table`` is not bucketed (:meth:`layout` is ``None``).
+
+        Examples
+        --------
+        >>> ds = Dataset("cell/opt")                               # doctest: +SKIP
+        >>> usage, events = ds.bucket_files("instance_usage"), ds.bucket_files("instance_events")  # doctest: +SKIP
+        >>> len(usage) == len(events)                             # doctest: +SKIP
+        True
+        """
+        lay = self.layout(table)
+        if lay is None:
+            raise DatasetError(f"{self.path}: table {table} is not bucketed (run `gpuclust optimize`)")
+        out: list[list[Path]] = [[] for _ in range(int(lay["buckets"]))]
+        entry = self.manifest.get("tables", {}).get(table, {})
+        for rel in sorted(entry.get("files", [])):
+            k = bucket_of_path(rel)
+            assert k is not None  # checked when the dataset was opened
+            out[k].append(self.path / rel)
+        return out
 
     def num_rows(self, table: str) -> int:
         return int(self.manifest.get("tables", {}).get(table, {}).get("rows", 0))

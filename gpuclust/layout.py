@@ -27,7 +27,18 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["BUCKET_COLUMN", "HASH_NAME", "KEYS", "ORDER", "bucket_ids", "key_name"]
+__all__ = [
+    "BUCKET_COLUMN",
+    "HASH_NAME",
+    "KEYS",
+    "ORDER",
+    "LayoutError",
+    "bucket_ids",
+    "bucket_of_path",
+    "check_layouts",
+    "key_name",
+    "layout_entry",
+]
 
 #: The hive-style folder key of a bucket (``<table>/bucket=<k>/``).
 BUCKET_COLUMN = "bucket"
@@ -87,3 +98,73 @@ def bucket_ids(xp: Any, key_columns: Sequence[Any], n_buckets: int) -> Any:
         for c in key_columns[1:]:
             h = _mix(xp, h ^ xp.asarray(c).astype(xp.int64).astype(xp.uint64))
         return (h % xp.uint64(n)).astype(xp.int32)
+
+
+class LayoutError(ValueError):
+    """A manifest's ``layout`` entries cannot be used (unknown hash, key or bucket count)."""
+
+
+def layout_entry(table: str, n_buckets: int) -> dict[str, Any]:
+    """The manifest ``layout`` entry of ``table`` bucketed into ``n_buckets``."""
+    return {"key": list(KEYS[table]), "buckets": int(n_buckets), "hash": HASH_NAME, "order": ORDER[table]}
+
+
+def bucket_of_path(rel: str) -> int | None:
+    """The bucket number of a part from its relative path (``<table>/bucket=<k>/<file>``), or
+    ``None`` when the path has no ``bucket=`` folder.
+
+    >>> bucket_of_path("instance_usage/bucket=17/part-ab-00000.parquet"), bucket_of_path("t/part-0.parquet")
+    (17, None)
+    """
+    parts = rel.replace("\\", "/").split("/")
+    prefix = f"{BUCKET_COLUMN}="
+    for seg in parts[1:-1]:
+        if seg.startswith(prefix):
+            v = seg[len(prefix):]
+            if v.isdigit() and (v == "0" or not v.startswith("0")):
+                return int(v)
+            raise LayoutError(f"{rel}: bucket folder {seg!r} is not {prefix}<unpadded decimal>")
+    return None
+
+
+def check_layouts(tables: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Validate the ``layout`` entries of a manifest's ``tables``; returns ``{table: layout}``.
+
+    Raises :class:`LayoutError` for an unknown hash, a table that cannot be bucketed, a key
+    other than :data:`KEYS`, a bad bucket count, a listed part outside its ``bucket=<k>``
+    folder (or ``k`` out of range), and for co-keyed tables (same key) with different counts.
+    """
+    found: dict[str, dict[str, Any]] = {}
+    for table, entry in sorted(tables.items()):
+        lay = entry.get("layout") if isinstance(entry, dict) else None
+        if lay is None:
+            continue
+        if not isinstance(lay, dict):
+            raise LayoutError(f"table {table}: layout must be an object, got {lay!r}")
+        if lay.get("hash") != HASH_NAME:
+            raise LayoutError(
+                f"table {table}: bucket hash {lay.get('hash')!r} is unknown to this gpuclust (it knows {HASH_NAME!r}); "
+                "re-run `gpuclust optimize` with this gpuclust"
+            )
+        if table not in KEYS:
+            raise LayoutError(f"table {table}: cannot be bucketed (bucketed tables are {sorted(KEYS)})")
+        if tuple(lay.get("key") or ()) != KEYS[table]:
+            raise LayoutError(f"table {table}: bucketing key {lay.get('key')!r}, expected {list(KEYS[table])}")
+        n = lay.get("buckets")
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise LayoutError(f"table {table}: bucket count must be an integer >= 1, got {n!r}")
+        for rel in entry.get("files", []):
+            k = bucket_of_path(rel)
+            if k is None or not 0 <= k < n:
+                raise LayoutError(f"table {table}: part {rel} is not in a {BUCKET_COLUMN}=<0..{n - 1}> folder")
+        found[table] = lay
+    by_key: dict[tuple[str, ...], dict[str, int]] = {}
+    for table, lay in found.items():
+        by_key.setdefault(KEYS[table], {})[table] = lay["buckets"]
+    for key, counts in by_key.items():
+        if len(set(counts.values())) > 1:
+            raise LayoutError(
+                f"tables keyed by {key_name(key)} ({', '.join(key)}) must have the same bucket count to be "
+                f"co-partitioned, but the manifest has {counts}; re-run `gpuclust optimize`"
+            )
+    return found

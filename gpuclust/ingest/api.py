@@ -414,6 +414,12 @@ def _run(
     m = _load_manifest(out)
     if m is None:
         m = new_manifest()
+    bucketed = sorted(t for t, e in m.get("tables", {}).items() if isinstance(e, dict) and e.get("layout"))
+    if bucketed:
+        raise IngestUsageError(
+            f"{out} is bucketed (`gpuclust optimize`: {', '.join(bucketed)}); ingest cannot add to it. "
+            "Ingest into a new folder and optimize that, or start again from the raw files"
+        )
     if m.get("trace_version") not in (None, version):
         raise IngestUsageError(f"{out} holds a {m['trace_version']} dataset; these inputs are {version}")
     if cell is not None and m.get("cell") not in (None, cell):

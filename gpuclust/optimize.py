@@ -1,0 +1,684 @@
+"""``gpuclust optimize``: rewrite a dataset into the key-partitioned ("bucketed") layout.
+
+The four key-partitioned tables of :data:`gpuclust.layout.KEYS` are rewritten so that every row
+sits in ``<table>/bucket=<k>/part-<tag>-00000.parquet`` with ``k = bucket_ids(key) `` (one hash,
+:func:`gpuclust.layout.bucket_ids`), rows time-ordered inside a bucket; every table uses the
+same bucket count, so usage and events of one instance share a bucket number.  Other tables and
+the rejects are left as they are (or copied, with ``out=``).
+
+Memory is bounded by one bucket plus one batch, never a table:
+
+1. *spill*: each input part is streamed in batches of :data:`SPILL_BATCH_ROWS` rows; each
+   batch's rows are split by bucket and appended to that bucket's spill file (Arrow IPC, lz4)
+   in ``DATASET/_staging/spill/``;
+2. *sort and write*: per bucket, its spill is read, sorted by the table's time column (then the
+   key; a stable sort, so full ties keep their input order) and written as Parquet (zstd, row
+   groups of at most ``row_group_rows``) to ``DATASET/_staging/<table>/bucket=<k>/``.
+
+Crash safety follows ingest's convention: nothing outside ``_staging`` changes until the new
+manifest is written; the staged parts are renamed into place just before the manifest that lists
+them replaces the old one (``write_json_atomic(..., before_replace=...)``), and the old parts are
+deleted only after that.  A crash at any point leaves a dataset that reads exactly the old rows,
+or the complete new layout; the next ``optimize`` (or a re-run) removes the leftovers — the
+staging folder and any part the manifest does not list — and starts again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import fcntl
+import hashlib
+import json
+import math
+import os
+import shutil
+import signal
+import sys
+import time
+from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from gpuclust.dataset import MANIFEST, Dataset, DatasetError, fsync_dir, write_json_atomic
+from gpuclust.layout import BUCKET_COLUMN, HASH_NAME, KEYS, ORDER, bucket_ids, layout_entry
+from gpuclust.schema import SCHEMAS, TABLES
+
+__all__ = ["OptimizeReport", "OptimizeUsageError", "default_buckets", "optimize", "register"]
+
+#: Target instance_usage rows per bucket for the default bucket count.
+ROWS_PER_BUCKET = 4 << 20
+#: Largest row group of a bucketed part (smaller ones help time pushdown).
+ROW_GROUP_ROWS = 1 << 20
+#: Rows per batch streamed from an input part in the spill pass.
+SPILL_BATCH_ROWS = 1 << 16
+#: Parquet compression of the parts (as ingest writes them).
+PART_COMPRESSION = "zstd"
+#: Where staged files live until the manifest lists them (the ingest convention).
+STAGING_DIR = "_staging"
+#: The same lock as ingest's: an ingest and an optimize never write one dataset at once.
+LOCK_FILE = ".gpuclust-ingest.lock"
+#: Marks a folder created by ``optimize --out`` (a crashed one is wiped and redone by a re-run).
+OUT_MARKER = ".gpuclust-optimize-out"
+#: Test hook: ``<stage>:<n>`` SIGKILLs the process at the n-th event of ``stage``: ``spill``
+#: (a batch spilled), ``part`` (a bucket part staged), ``move`` (a part renamed into place,
+#: before the manifest swap), ``swap`` (right after the new manifest is in place, before the old
+#: parts are deleted).
+KILL_ENV = "GPUCLUST_TEST_KILL_OPTIMIZE"
+
+_ORDER_OF_WORK = ("instance_usage", "instance_events", "machine_events", "machine_attributes")
+assert set(_ORDER_OF_WORK) == set(KEYS)
+
+
+class OptimizeUsageError(ValueError):
+    """The optimize cannot be carried out as asked (bad bucket count, output folder in use, ...)."""
+
+
+@dataclass
+class OptimizeReport:
+    """What :func:`optimize` did."""
+
+    dataset: Path
+    out: Path
+    buckets: int
+    noop: bool
+    rows: dict[str, int] = field(default_factory=dict)
+    files: dict[str, int] = field(default_factory=dict)
+    removed: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def summary(self) -> str:
+        if self.noop:
+            head = f"{self.out}: already bucketed into {self.buckets} bucket(s); nothing to do"
+        else:
+            head = f"optimize {self.dataset} -> {self.out}: {self.buckets} bucket(s) in {self.seconds:.1f} s"
+        lines = [head]
+        for t in _ORDER_OF_WORK:
+            if t in self.rows:
+                lines.append(f"  {t}: {self.rows[t]:,} rows in {self.files.get(t, 0)} part(s)")
+        if self.removed:
+            lines.append(f"removed {len(self.removed)} leftover file(s) of an interrupted run")
+        return "\n".join(lines)
+
+
+def default_buckets(usage_rows: int) -> int:
+    """The default bucket count: ``ceil(instance_usage rows / 4 Mi)``, at least 1."""
+    return max(1, math.ceil(int(usage_rows) / ROWS_PER_BUCKET))
+
+
+# --------------------------------------------------------------------------------------------
+# Test hook, progress
+# --------------------------------------------------------------------------------------------
+_kill_counts: dict[str, int] = {}
+
+
+def _kill_point(stage: str) -> None:
+    spec = os.environ.get(KILL_ENV)
+    if not spec:
+        return
+    want, _, n = spec.partition(":")
+    if want != stage:
+        return
+    _kill_counts[stage] = _kill_counts.get(stage, 0) + 1
+    if _kill_counts[stage] >= int(n or 1):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _si(x: float) -> str:
+    for unit, div in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(x) >= div:
+            return f"{x / div:.1f}{unit}"
+    return f"{x:.0f}"
+
+
+class Progress:
+    """Progress of an optimize on ``stream`` (stderr): a redrawn bar on a terminal, else a line per
+    table and pass and a status line about every ``log_interval`` seconds (ingest's style)."""
+
+    def __init__(self, stream: TextIO | None = None, *, tty: bool | None = None, log_interval: float = 10.0):
+        self.stream = stream if stream is not None else sys.stderr
+        self.tty = bool(tty if tty is not None else getattr(self.stream, "isatty", lambda: False)())
+        self.log_interval = log_interval
+        self.total = 0
+        self.done = 0
+        self.phase = ""
+        self._t0 = self._last = time.monotonic()
+        self._width = 0
+
+    def start(self, total_rows: int, buckets: int) -> None:
+        self.total = 2 * total_rows  # every row is spilled once and written once
+        self._t0 = self._last = time.monotonic()
+        self._line(f"optimize: {total_rows:,} rows into {buckets} bucket(s) (pass 1 spills, pass 2 sorts and writes)")
+
+    def begin(self, phase: str) -> None:
+        self.phase = phase
+        if not self.tty:
+            self._line(f"optimize: {phase}")
+        else:
+            self._draw()
+
+    def advance(self, rows: int) -> None:
+        self.done += rows
+        now = time.monotonic()
+        if self.tty and now - self._last >= 0.2:
+            self._draw()
+        elif not self.tty and now - self._last >= self.log_interval:
+            self._status()
+
+    def close(self) -> None:
+        if self.tty:
+            self._clear()
+        self._status()
+
+    def _status(self) -> None:
+        self._last = time.monotonic()
+        dt = max(self._last - self._t0, 1e-9)
+        pct = 100 * self.done / self.total if self.total else 100.0
+        self._line(f"optimize: {pct:5.1f}% ({self.phase}), {_si(self.done / dt)} rows/s, {dt:.1f} s")
+
+    def _draw(self) -> None:
+        self._last = time.monotonic()
+        frac = min(1.0, self.done / self.total) if self.total else 0.0
+        bar = "#" * int(frac * 24) + "." * (24 - int(frac * 24))
+        text = f"[{bar}] {frac * 100:5.1f}% {self.phase}"[: max(10, shutil.get_terminal_size((100, 20)).columns - 1)]
+        self.stream.write("\r" + text + " " * max(0, self._width - len(text)))
+        self.stream.flush()
+        self._width = len(text)
+
+    def _clear(self) -> None:
+        if self._width:
+            self.stream.write("\r" + " " * self._width + "\r")
+            self.stream.flush()
+            self._width = 0
+
+    def _line(self, text: str) -> None:
+        if self.tty:
+            self._clear()
+        self.stream.write(text + "\n")
+        self.stream.flush()
+
+
+# --------------------------------------------------------------------------------------------
+# Files
+# --------------------------------------------------------------------------------------------
+def _listed(manifest: dict[str, Any]) -> set[str]:
+    keep: set[str] = set()
+    for entry in manifest.get("tables", {}).values():
+        keep.update(entry.get("files", []))
+    for inp in manifest.get("inputs", {}).values():
+        if inp.get("rejects_file"):
+            keep.add(inp["rejects_file"])
+    return keep
+
+
+def _leftover(name: str) -> bool:
+    return name.startswith("part-") or name.startswith(".")
+
+
+def remove_unlisted(root: Path, manifest: dict[str, Any] | None) -> list[str]:
+    """Delete the staging folder and every part / temp file of a table folder (and its
+    ``bucket=<k>`` folders) that ``manifest`` does not list; empty bucket folders go too."""
+    keep = _listed(manifest or {})
+    removed: list[str] = []
+    if (root / STAGING_DIR).exists():
+        shutil.rmtree(root / STAGING_DIR)
+        removed.append(STAGING_DIR)
+    for t in TABLES:
+        folder = root / t
+        if not folder.is_dir():
+            continue
+        for f in sorted(folder.iterdir()):
+            if f.is_dir() and f.name.startswith(f"{BUCKET_COLUMN}="):
+                for g in sorted(f.iterdir()):
+                    rel = f"{t}/{f.name}/{g.name}"
+                    if g.is_file() and _leftover(g.name) and rel not in keep:
+                        g.unlink()
+                        removed.append(rel)
+                if not any(f.iterdir()):
+                    f.rmdir()
+            elif f.is_file() and _leftover(f.name) and f"{t}/{f.name}" not in keep:
+                f.unlink()
+                removed.append(f"{t}/{f.name}")
+    return removed
+
+
+@contextmanager
+def _locked(folder: Path) -> Iterator[None]:
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / LOCK_FILE, "a+") as lock:
+        try:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise OptimizeUsageError(f"{folder}: another ingest or optimize is writing into this dataset") from None
+        yield
+
+
+def _dictionary_columns(schema: pa.Schema) -> list[str]:
+    """All but the floating-point columns (as ingest: float dictionaries only cost time)."""
+    return [f.name for f in schema if not pa.types.is_floating(f.type)]
+
+
+def _fsync_copy(src: Path, dst: Path) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    with open(src, "rb") as fi, open(dst, "wb") as fo:
+        shutil.copyfileobj(fi, fo, 4 << 20)
+        fo.flush()
+        os.fsync(fo.fileno())
+
+
+# --------------------------------------------------------------------------------------------
+# Pass 1: spill rows to per-bucket files
+# --------------------------------------------------------------------------------------------
+class _Spill:
+    """Per-bucket Arrow IPC spill files of one table, at most ``max_open`` open at once (a bucket
+    whose writer was closed continues in a new file)."""
+
+    def __init__(self, folder: Path, schema: pa.Schema, n: int, max_open: int):
+        self.folder = folder
+        self.schema = schema
+        self.files: list[list[Path]] = [[] for _ in range(n)]
+        self.rows = np.zeros(n, np.int64)
+        self.max_open = max(1, max_open)
+        self.open: OrderedDict[int, tuple[Any, Any]] = OrderedDict()
+        self.options = pa.ipc.IpcWriteOptions(compression="lz4")
+        folder.mkdir(parents=True, exist_ok=True)
+
+    def write(self, k: int, batch: pa.RecordBatch) -> None:
+        w = self.open.get(k)
+        if w is None:
+            while len(self.open) >= self.max_open:
+                self._close(next(iter(self.open)))
+            path = self.folder / f"{k}-{len(self.files[k])}.arrow"
+            sink = pa.OSFile(str(path), "wb")
+            w = (sink, pa.ipc.new_stream(sink, self.schema, options=self.options))
+            self.files[k].append(path)
+            self.open[k] = w
+        else:
+            self.open.move_to_end(k)
+        w[1].write_batch(batch)
+        self.rows[k] += batch.num_rows
+
+    def _close(self, k: int) -> None:
+        sink, writer = self.open.pop(k)
+        writer.close()
+        sink.close()
+
+    def close(self) -> None:
+        for k in list(self.open):
+            self._close(k)
+
+    def read(self, k: int) -> pa.Table:
+        parts = []
+        for p in self.files[k]:
+            with pa.OSFile(str(p), "rb") as f:
+                parts.append(pa.ipc.open_stream(f).read_all())
+        return pa.concat_tables(parts) if parts else self.schema.empty_table()
+
+    def drop(self, k: int) -> None:
+        for p in self.files[k]:
+            p.unlink()
+        self.files[k] = []
+
+
+def _key_arrays(batch: pa.RecordBatch, key: tuple[str, ...]) -> list[np.ndarray]:
+    out = []
+    for c in key:
+        col = batch.column(c)
+        if col.null_count:  # NULL keys hash as the dtype minimum, as the engine hands NULLs over
+            col = pc.fill_null(col, pa.scalar(np.iinfo(col.type.to_pandas_dtype()).min, col.type))
+        out.append(col.to_numpy(zero_copy_only=False))
+    return out
+
+
+def _spill_table(ds: Dataset, table: str, spill: _Spill, prog: Progress | None) -> int:
+    schema = SCHEMAS[table]
+    key = KEYS[table]
+    rows = 0
+    for f in ds.files(table):
+        pf = pq.ParquetFile(f)
+        # One row group at a time: iter_batches over the whole file reads ahead into the next
+        # row group (measured: twice the peak of this loop on 1 Mi-row groups).
+        batches = (
+            b
+            for g in range(pf.num_row_groups)
+            for b in pf.iter_batches(batch_size=SPILL_BATCH_ROWS, row_groups=[g], columns=schema.names)
+        )
+        for batch in batches:
+            if batch.num_rows == 0:
+                continue
+            batch = pa.Table.from_batches([batch]).cast(schema).combine_chunks().to_batches()[0]
+            b = bucket_ids(np, _key_arrays(batch, key), len(spill.files))
+            order = np.argsort(b, kind="stable")
+            sb = b[order]
+            batch = batch.take(pa.array(order))
+            ks, starts = np.unique(sb, return_index=True)
+            ends = [*starts[1:], len(sb)]
+            for k, s, e in zip(ks.tolist(), starts.tolist(), ends, strict=True):
+                spill.write(k, batch.slice(s, e - s))
+            rows += batch.num_rows
+            if prog is not None:
+                prog.advance(batch.num_rows)
+            _kill_point("spill")
+        del pf
+    spill.close()
+    return rows
+
+
+# --------------------------------------------------------------------------------------------
+# Pass 2: sort each bucket, write its part
+# --------------------------------------------------------------------------------------------
+def _sort_indices(tbl: pa.Table, table: str) -> pa.Array:
+    keys = [(ORDER[table], "ascending")] + [(c, "ascending") for c in KEYS[table]]
+    return pc.sort_indices(tbl, sort_keys=keys)  # Arrow's sort is stable
+
+
+def _write_sorted(tbl: pa.Table, idx: pa.Array, final: Path, row_group_rows: int) -> None:
+    """Write ``tbl.take(idx)`` to ``final`` (atomic: temp name, fsync, rename), one row group of at
+    most ``row_group_rows`` rows at a time, so only one row group is materialised besides ``tbl``."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            w = pq.ParquetWriter(
+                f, tbl.schema, compression=PART_COMPRESSION, use_dictionary=_dictionary_columns(tbl.schema)
+            )
+            try:
+                for s in range(0, len(idx), row_group_rows):
+                    w.write_table(tbl.take(idx.slice(s, row_group_rows)), row_group_size=row_group_rows)
+            finally:
+                w.close()
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def part_name(table: str, k: int, tag: str, i: int = 0) -> str:
+    """Relative path of part ``i`` of bucket ``k`` of ``table``."""
+    return f"{table}/{BUCKET_COLUMN}={k}/part-{tag}-{i:05d}.parquet"
+
+
+def _write_buckets(
+    table: str, spill: _Spill, stage: Path, tag: str, row_group_rows: int, prog: Progress | None
+) -> list[str]:
+    rels = []
+    for k in range(len(spill.files)):
+        if not spill.files[k]:
+            continue
+        tbl = spill.read(k)
+        spill.drop(k)
+        idx = _sort_indices(tbl, table)
+        rel = part_name(table, k, tag)
+        _write_sorted(tbl, idx, stage / rel, row_group_rows)
+        rels.append(rel)
+        if prog is not None:
+            prog.advance(tbl.num_rows)
+        del tbl, idx
+        _kill_point("part")
+    return rels
+
+
+# --------------------------------------------------------------------------------------------
+# The whole step
+# --------------------------------------------------------------------------------------------
+def _max_open() -> int:
+    """Spill writers kept open: raise the soft file limit towards the hard one, keep a margin."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = hard if hard != resource.RLIM_INFINITY else 1 << 16
+        if soft != resource.RLIM_INFINITY and soft < want:
+            try:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+                soft = want
+            except (ValueError, OSError):
+                pass
+        limit = soft if soft != resource.RLIM_INFINITY else 1 << 16
+    except ImportError:  # pragma: no cover - not POSIX
+        limit = 512
+    return max(8, min(4096, int(limit) - 128))
+
+
+def _tag(manifest: dict[str, Any], n: int) -> str:
+    """Name tag of the new parts: from the bucket count and the parts being replaced, so a re-run
+    names its parts as a clean run would, and never as the parts it replaces."""
+    src = {t: sorted(manifest.get("tables", {}).get(t, {}).get("files", [])) for t in _ORDER_OF_WORK}
+    blob = json.dumps({"n": n, "hash": HASH_NAME, "files": src}, sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def _already(ds: Dataset, n: int) -> bool:
+    return all((lay := ds.layout(t)) is not None and lay["buckets"] == n for t in _ORDER_OF_WORK)
+
+
+def _prepare_out(src: Path, out: Path, n: int) -> bool:
+    """Check ``out`` for ``optimize --out``; True when it already holds this very optimize."""
+    if not out.exists():
+        return False
+    if not out.is_dir():
+        raise OptimizeUsageError(f"{out}: exists and is not a folder")
+    if (out / MANIFEST).is_file():
+        try:
+            m = json.loads((out / MANIFEST).read_text())
+        except json.JSONDecodeError:
+            m = {}
+        info = m.get("optimize") or {}
+        if (out / OUT_MARKER).exists() and info.get("source") == str(src.resolve()) and info.get("buckets") == n:
+            return True
+        raise OptimizeUsageError(
+            f"{out}: already holds a dataset; choose a new folder, or optimize that one in place (`gpuclust optimize {out}`)"
+        )
+    entries = {p.name for p in out.iterdir()} - {LOCK_FILE}
+    if entries and OUT_MARKER not in entries:
+        raise OptimizeUsageError(f"{out}: exists and is not empty; choose a new folder")
+    return False
+
+
+def optimize(
+    dataset: str | os.PathLike[str],
+    *,
+    buckets: int | None = None,
+    out: str | os.PathLike[str] | None = None,
+    progress: Progress | bool | None = None,
+    row_group_rows: int = ROW_GROUP_ROWS,
+    max_open: int | None = None,
+) -> OptimizeReport:
+    """Rewrite ``dataset`` into the bucketed layout (in place, or into the new folder ``out``).
+
+    Parameters
+    ----------
+    dataset
+        A complete canonical dataset (flat, or bucketed with another count).
+    buckets
+        Bucket count of all four key-partitioned tables (default :func:`default_buckets`).
+        A dataset already bucketed into this many buckets is left as it is.
+    out
+        Write the optimized dataset here (a new or empty folder) instead of in place; the other
+        tables' parts and the rejects are copied.
+    progress
+        ``True`` for progress on stderr, or a :class:`Progress`.
+    row_group_rows
+        Largest row group of a written part.
+    max_open
+        Most spill files open at once (default: from the process' file limit).
+
+    Raises
+    ------
+    gpuclust.dataset.DatasetError
+        ``dataset`` is not a dataset, is incomplete, or has an unusable layout.
+    OptimizeUsageError
+        A bad bucket count, ``out`` holds something else, or another ingest/optimize runs.
+
+    Examples
+    --------
+    >>> from gpuclust.optimize import optimize
+    >>> rep = optimize("cell/ds", buckets=8)              # doctest: +SKIP
+    >>> Dataset("cell/ds").layout("instance_usage")["buckets"]  # doctest: +SKIP
+    8
+    """
+    t0 = time.perf_counter()
+    if buckets is not None and (isinstance(buckets, bool) or not isinstance(buckets, int) or buckets < 1):
+        raise OptimizeUsageError(f"--buckets must be an integer >= 1, got {buckets!r}")
+    if row_group_rows < 1:
+        raise OptimizeUsageError(f"row_group_rows must be >= 1, got {row_group_rows!r}")
+    prog: Progress | None = Progress() if progress is True else (progress or None)
+    src = Path(dataset)
+    Dataset(src)  # not a dataset / incomplete / bad layout: DatasetError before anything is written
+    in_place = out is None or (Path(out).exists() and Path(out).resolve() == src.resolve())
+    dst = src if in_place else Path(out)  # type: ignore[arg-type]
+    with ExitStack() as locks:
+        locks.enter_context(_locked(src))
+        removed: list[str] = []
+        if in_place:
+            ds = Dataset(src)
+            removed = remove_unlisted(src, ds.manifest)
+        else:
+            ds = Dataset(src)
+            n0 = buckets or default_buckets(ds.num_rows("instance_usage"))
+            done = _prepare_out(src, dst, n0)
+            locks.enter_context(_locked(dst))
+            if done:
+                removed = remove_unlisted(dst, json.loads((dst / MANIFEST).read_text()))
+                return OptimizeReport(src, dst, n0, True, removed=removed, seconds=time.perf_counter() - t0)
+            for p in list(dst.iterdir()):  # a crashed --out run: start again from nothing
+                if p.name in (LOCK_FILE, OUT_MARKER):
+                    continue
+                shutil.rmtree(p) if p.is_dir() else p.unlink()
+            (dst / OUT_MARKER).touch()
+        n = buckets or default_buckets(ds.num_rows("instance_usage"))
+        rep = OptimizeReport(src, dst, n, False, removed=removed)
+        if in_place and _already(ds, n):
+            rep.noop = True
+            rep.rows = {t: ds.num_rows(t) for t in _ORDER_OF_WORK}
+            rep.files = {t: len(ds.files(t)) for t in _ORDER_OF_WORK}
+            rep.seconds = time.perf_counter() - t0
+            return rep
+        _rewrite(ds, dst, n, in_place, prog, row_group_rows, max_open or _max_open(), rep)
+        rep.seconds = time.perf_counter() - t0
+        return rep
+
+
+def _rewrite(
+    ds: Dataset, dst: Path, n: int, in_place: bool, prog: Progress | None, row_group_rows: int,
+    max_open: int, rep: OptimizeReport,
+) -> None:
+    stage = dst / STAGING_DIR
+    old = ds.manifest
+    tag = _tag(old, n)
+    if prog is not None:
+        prog.start(sum(ds.num_rows(t) for t in _ORDER_OF_WORK), n)
+    new_files: dict[str, list[str]] = {}
+    for table in _ORDER_OF_WORK:
+        spill = _Spill(stage / "spill" / table, SCHEMAS[table], n, max_open)
+        if prog is not None:
+            prog.begin(f"pass 1/2 (spill) {table}")
+        rows = _spill_table(ds, table, spill, prog)
+        if prog is not None:
+            prog.begin(f"pass 2/2 (sort, write) {table}")
+        new_files[table] = _write_buckets(table, spill, stage, tag, row_group_rows, prog)
+        rep.rows[table] = rows
+        rep.files[table] = len(new_files[table])
+    shutil.rmtree(stage / "spill", ignore_errors=True)
+
+    moves = [(stage / rel, dst / rel) for rels in new_files.values() for rel in rels]
+    if not in_place:  # the other tables and the rejects are copied as they are
+        for rel in sorted(_listed(old)):
+            if rel.split("/", 1)[0] in KEYS:
+                continue
+            _fsync_copy(ds.path / rel, stage / rel)
+            moves.append((stage / rel, dst / rel))
+    m = copy.deepcopy(old)
+    for table in _ORDER_OF_WORK:
+        m["tables"][table] = {"rows": rep.rows[table], "files": sorted(new_files[table]), "layout": layout_entry(table, n)}
+    m["optimize"] = {"buckets": n, "hash": HASH_NAME, "row_group_rows": row_group_rows}
+    if not in_place:
+        m["optimize"]["source"] = str(ds.path.resolve())
+    for _, d in moves:
+        d.parent.mkdir(parents=True, exist_ok=True)
+
+    def switch() -> None:
+        for s, d in moves:
+            os.replace(s, d)
+            _kill_point("move")
+
+    write_json_atomic(dst / MANIFEST, m, before_replace=switch)
+    for d in sorted({d.parent for _, d in moves}):
+        fsync_dir(d)
+    _kill_point("swap")
+    if in_place:  # only now that the new manifest is in place do the old parts go
+        keep = _listed(m)
+        for table in _ORDER_OF_WORK:
+            for rel in old.get("tables", {}).get(table, {}).get("files", []):
+                if rel not in keep:
+                    try:
+                        (dst / rel).unlink()
+                    except FileNotFoundError:
+                        pass
+        remove_unlisted(dst, m)  # empty old bucket folders, the staging folder
+    else:
+        shutil.rmtree(stage, ignore_errors=True)
+    if prog is not None:
+        prog.close()
+
+
+# --------------------------------------------------------------------------------------------
+# Command line
+# --------------------------------------------------------------------------------------------
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``optimize`` sub-command to ``subparsers``."""
+    p = subparsers.add_parser(
+        "optimize",
+        help="rewrite a dataset into the bucketed layout (instances and machines by key, time-ordered)",
+        description=(
+            "Rewrite the instance_usage, instance_events, machine_events and machine_attributes tables of "
+            "DATASET into the key-partitioned layout: DATASET/<table>/bucket=<k>/part-*.parquet, every "
+            "instance's usage and events in the same bucket, rows time-ordered inside.  Crash-safe and "
+            "memory-bounded (one bucket at a time); re-run after an interruption."
+        ),
+    )
+    p.add_argument("dataset", metavar="DATASET", help="a complete canonical dataset")
+    p.add_argument(
+        "--buckets",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"bucket count (default: ceil(instance_usage rows / {ROWS_PER_BUCKET:,}), at least 1)",
+    )
+    p.add_argument("--out", "-o", metavar="NEW_DATASET", help="write a new dataset here instead of rewriting DATASET")
+    p.add_argument("--no-progress", action="store_true", help="no progress display")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``gpuclust optimize``; returns 0 (done or nothing to do), 1 (I/O failure), 2 (usage)."""
+    try:
+        rep = optimize(
+            args.dataset, buckets=args.buckets, out=args.out, progress=None if args.no_progress else Progress()
+        )
+    except (DatasetError, OptimizeUsageError) as e:
+        print(f"gpuclust optimize: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as e:
+        print(f"gpuclust optimize: error: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
+        return EXIT_FAILED
+    print(rep.summary())
+    return EXIT_OK
+
