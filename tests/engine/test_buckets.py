@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from strategies import assert_results_same
 
 from gpuclust.analyses.registry import create, names
 from gpuclust.analyses.usage_distribution import UsageDistribution
@@ -19,7 +20,6 @@ from gpuclust.engine.local import PerPartition, contexts, per_partition, plan_ta
 from gpuclust.engine.partition import TableSource, plan_partitions
 from gpuclust.layout import KEYS, ORDER
 from gpuclust.schema import TABLES
-from strategies import assert_results_same
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from gen_canonical import make_dataset  # noqa: E402
