@@ -50,13 +50,18 @@ def _reset_peak() -> bool:
         return False
 
 
-def child(path: str, bucket_s: int, buckets: int | None, partitions: int) -> dict:
+def child(path: str, bucket_s: int, buckets: int | None, partitions: int, finalize_cells: int = 0) -> dict:
     import gpuclust.engine.local as L
     from gpuclust.analyses.overcommit import Overcommit
     from gpuclust.backends import get_backend
     from gpuclust.dataset import Dataset
     from gpuclust.engine.partition import TableSource, as_source
     from gpuclust.schema import TABLES
+
+    if finalize_cells:
+        import gpuclust.analyses.overcommit as oc
+
+        oc.FINALIZE_CELLS = finalize_cells
 
     if buckets:
         ds = Dataset(path)
@@ -99,12 +104,13 @@ def main() -> None:
     p.add_argument("--bucket-s", type=int, default=10)
     p.add_argument("--buckets", type=int, default=0, help="bucket the tables in memory (TableSource buckets=N)")
     p.add_argument("--partitions", type=int, default=4)
+    p.add_argument("--finalize-cells", type=int, default=0, help="machine-buckets per finalize chunk (0: default)")
     p.add_argument("--data", default="/tmp/overcommit_mem")
     p.add_argument("--child", action="store_true")
     args = p.parse_args()
     path = Path(args.data) / f"w{args.windows}_m{args.machines}"
     if args.child:
-        print(json.dumps(child(str(path), args.bucket_s, args.buckets or None, args.partitions)))
+        print(json.dumps(child(str(path), args.bucket_s, args.buckets or None, args.partitions, args.finalize_cells)))
         return
     if not (path / "manifest.json").exists():
         sys.path.insert(0, str(HERE))
@@ -113,7 +119,7 @@ def main() -> None:
         make_dataset(path, args.windows, machines=args.machines)
     cmd = [sys.executable, __file__, "--child", "--windows", str(args.windows), "--machines", str(args.machines),
            "--bucket-s", str(args.bucket_s), "--buckets", str(args.buckets), "--partitions", str(args.partitions),
-           "--data", args.data]
+           "--finalize-cells", str(args.finalize_cells), "--data", args.data]
     r = subprocess.run(cmd, capture_output=True, text=True, check=True)
     print(r.stdout.strip().splitlines()[-1])
 

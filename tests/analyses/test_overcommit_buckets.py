@@ -119,11 +119,13 @@ def test_client_context_on_a_bucketed_source_holds_nothing_per_instance(tmp_path
 def test_finalize_memory_per_machine_bucket(tmp_path: Path) -> None:
     """Many machine-buckets (2,000 machines x 360 ten-second buckets): finalize's peak growth per
     machine-bucket is the output block plus small temporaries (before issue 8's rewrite: ~1,030
-    bytes, of which ~615 temporaries, see docs/analysis-overcommit.md)."""
+    bytes, of which ~615 temporaries, see docs/analysis-overcommit.md).  Chunks of 2^15
+    machine-buckets, so the chunk's constant ~20 MB does not hide the per-machine-bucket cost."""
     windows, machines = 200_000, 2000
     make_dataset(tmp_path / f"w{windows}_m{machines}", windows, machines=machines, seed=2)
     out = subprocess.run([sys.executable, str(BENCH / "overcommit_memory.py"), "--child", "--windows", str(windows),
                           "--machines", str(machines), "--bucket-s", "10", "--partitions", "2",
+                          "--finalize-cells", str(1 << 15),
                           "--data", str(tmp_path)], capture_output=True, text=True, check=True)
     m = json.loads(out.stdout.strip().splitlines()[-1])
     assert m["machine_buckets"] >= 700_000
