@@ -1,12 +1,14 @@
 """Interval construction for ``overcommit``: running intervals of instances and capacity intervals
-of machines, built once on the client with NumPy (vectorised; no per-instance Python loop).
+of machines (NumPy, vectorised; no per-instance Python loop), and their sparse reduction to
+(group, bucket) sums.
 
-Both functions need each thing's events *in order*, which a row partition of the event tables
-does not give (an instance's events may straddle partitions), so they run over the whole table,
-sorted once.  That is fine for one cell-day to a few cell-days of events (tens of millions of
-rows); the path beyond is a shuffle of ``instance_events`` by ``(collection_id, instance_index)``
-(hash-partitioned, each partition then sorted by time), after which this same code runs per
-partition, since no interval crosses instances.  See ``docs/analysis-overcommit.md``.
+Both constructions need each thing's events *in order*, which a row partition of the event
+tables does not give.  ``running_intervals`` therefore runs over whole instances: in ``bind`` of
+each partition of a source bucketed by ``(collection_id, instance_index)`` (the partition holds
+every event of its instances), or once over the whole table on a flat source.  No interval
+crosses instances, so per-partition results add up.  :func:`overlap_keyed` and
+:func:`distinct_keyed` reduce pieces to keyed sums in O(pieces + cells touched) (never groups x
+buckets).  See ``docs/analysis-overcommit.md``.
 
 Semantics (the slow replay in ``tests/analyses/overcommit_reference.py`` restates them with
 plain loops):
@@ -39,8 +41,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["CapacityIntervals", "RunningIntervals", "capacity_intervals", "distinct_running",
-           "running_intervals"]
+__all__ = ["CapacityIntervals", "RunningIntervals", "capacity_intervals", "distinct_keyed", "distinct_running",
+           "overlap_keyed", "running_intervals"]
 
 SCHEDULE = 3
 TERMINALS = (4, 5, 6, 7, 8)  # EVICT FAIL FINISH KILL LOST
