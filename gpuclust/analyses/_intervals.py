@@ -1,12 +1,14 @@
 """Interval construction for ``overcommit``: running intervals of instances and capacity intervals
-of machines, built once on the client with NumPy (vectorised; no per-instance Python loop).
+of machines (NumPy, vectorised; no per-instance Python loop), and their sparse reduction to
+(group, bucket) sums.
 
-Both functions need each thing's events *in order*, which a row partition of the event tables
-does not give (an instance's events may straddle partitions), so they run over the whole table,
-sorted once.  That is fine for one cell-day to a few cell-days of events (tens of millions of
-rows); the path beyond is a shuffle of ``instance_events`` by ``(collection_id, instance_index)``
-(hash-partitioned, each partition then sorted by time), after which this same code runs per
-partition, since no interval crosses instances.  See ``docs/analysis-overcommit.md``.
+Both constructions need each thing's events *in order*, which a row partition of the event
+tables does not give.  ``running_intervals`` therefore runs over whole instances: in ``bind`` of
+each partition of a source bucketed by ``(collection_id, instance_index)`` (the partition holds
+every event of its instances), or once over the whole table on a flat source.  No interval
+crosses instances, so per-partition results add up.  :func:`overlap_keyed` and
+:func:`distinct_keyed` reduce pieces to keyed sums in O(pieces + cells touched) (never groups x
+buckets).  See ``docs/analysis-overcommit.md``.
 
 Semantics (the slow replay in ``tests/analyses/overcommit_reference.py`` restates them with
 plain loops):
@@ -39,8 +41,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["CapacityIntervals", "RunningIntervals", "capacity_intervals", "distinct_running",
-           "running_intervals"]
+__all__ = ["CapacityIntervals", "RunningIntervals", "capacity_intervals", "distinct_keyed", "distinct_running",
+           "overlap_keyed", "running_intervals"]
 
 SCHEDULE = 3
 TERMINALS = (4, 5, 6, 7, 8)  # EVICT FAIL FINISH KILL LOST
@@ -231,3 +233,121 @@ def distinct_running(code: np.ndarray, instance: np.ndarray, start: np.ndarray, 
     np.add.at(out, (r_code, r_b1 + 1), -1)
     return np.cumsum(out, axis=1)[:, :n_buckets]
 
+
+
+def _expand_runs(group: np.ndarray, lo: np.ndarray, hi: np.ndarray, n_buckets: int,
+                 values: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Sparse sweep of bucket runs ``[lo, hi)`` per group: for every (group, bucket) covered by at
+    least one run, its key ``group * n_buckets + bucket`` (sorted, unique), the number of runs
+    covering it, and (``values`` of shape ``(k, n)`` given) the sum of the covering runs' values.
+
+    Runs become +/- events at their ends, sorted once; a cumulative sum gives the count (exact,
+    integers) and the value (in extended precision, restarted wherever the count returns to 0 so
+    rounding never carries from one busy stretch to the next) of each stretch between events, and
+    the covered stretches are expanded bucket by bucket.  O(runs log runs + output cells): never
+    groups x buckets.
+    """
+    B1 = np.int64(n_buckets) + 1
+    k = 0 if values is None else values.shape[0]
+    ok = hi > lo
+    group, lo, hi = group[ok].astype(np.int64), lo[ok].astype(np.int64), hi[ok].astype(np.int64)
+    if group.shape[0] == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), None if values is None else np.zeros((k, 0))
+    ek = np.concatenate([group * B1 + lo, group * B1 + hi])
+    order = np.argsort(ek, kind="stable")
+    ek = ek[order]
+    ec = np.concatenate([np.ones(lo.shape[0], np.int64), -np.ones(lo.shape[0], np.int64)])[order]
+    first = np.ones(ek.shape[0], dtype=bool)
+    first[1:] = ek[1:] != ek[:-1]
+    at = np.nonzero(first)[0]
+    uk = ek[at]
+    cnt = np.cumsum(np.add.reduceat(ec, at))  # runs open after each event point
+    seg = np.nonzero(cnt > 0)[0]  # an open stretch always ends at a later point of its own group
+    length = uk[seg + 1] - uk[seg]
+    rep = np.repeat(np.arange(seg.shape[0]), length)
+    step = np.arange(rep.shape[0], dtype=np.int64) - np.repeat(np.cumsum(length) - length, length)
+    kk = uk[seg][rep] + step
+    key = (kk // B1) * np.int64(n_buckets) + kk % B1
+    count = cnt[seg][rep]
+    if values is None:
+        return key, count, None
+    v = np.nan_to_num(values[:, ok].astype(np.float64), nan=0.0)
+    ev = np.concatenate([v, -v], axis=1)[:, order].astype(np.longdouble)
+    vc = np.cumsum(np.add.reduceat(ev, at, axis=1), axis=1)
+    zero = np.nonzero(cnt == 0)[0]
+    if zero.size:  # subtract what is left where nothing is open (pure rounding)
+        last = np.maximum.accumulate(np.where(cnt == 0, np.arange(cnt.shape[0]), -1))
+        vc = vc - np.where(last >= 0, vc[:, np.maximum(last, 0)], 0)
+    return key, count, vc[:, seg].astype(np.float64)[:, rep]
+
+
+def _group_sum(key: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted unique keys and the per-key sums of ``values`` (shape ``(k, n)``)."""
+    order = np.argsort(key, kind="stable")
+    key = key[order]
+    first = np.ones(key.shape[0], dtype=bool)
+    first[1:] = key[1:] != key[:-1]
+    at = np.nonzero(first)[0]
+    if key.shape[0] == 0:
+        return key, values[:, :0]
+    return key[at], np.add.reduceat(values[:, order], at, axis=1)
+
+
+def overlap_keyed(group: np.ndarray, start: np.ndarray, end: np.ndarray, values: np.ndarray, origin: int,
+                  width: int, n_buckets: int) -> tuple[np.ndarray, np.ndarray]:
+    """Sparse twin of the ``bucket_overlap`` op: ``value * overlap_seconds(piece, bucket)`` summed
+    per (group, bucket), as sorted unique keys ``group * n_buckets + bucket`` of the cells with a
+    positive overlap and a ``(k, n_keys)`` array of sums (NaN values add nothing).
+
+    Each piece adds its first and last bucket directly; the full buckets in between are a run of
+    constant rate, summed by :func:`_expand_runs`.  Memory and time O(pieces + output cells).
+    ``start`` / ``end`` must lie in ``[origin, origin + n_buckets * width]``.
+    """
+    values = np.atleast_2d(values)
+    ok = end > start
+    g, s, e = group[ok].astype(np.int64), start[ok].astype(np.int64), end[ok].astype(np.int64)
+    v = np.nan_to_num(values[:, ok].astype(np.float64), nan=0.0)
+    B = np.int64(n_buckets)
+    b0 = (s - origin) // width
+    b1 = (e - 1 - origin) // width
+    ends = np.minimum(e, origin + (b0 + 1) * width)
+    keys = [g * B + b0]
+    vals = [v * ((ends - s) / 1e6)]
+    multi = b1 > b0
+    keys.append(g[multi] * B + b1[multi])
+    vals.append(v[:, multi] * ((e[multi] - (origin + b1[multi] * width)) / 1e6))
+    inner = (b1 - b0) >= 2
+    if inner.any():
+        ik, _, iv = _expand_runs(g[inner], b0[inner] + 1, b1[inner], n_buckets, v[:, inner])
+        keys.append(ik)
+        vals.append(iv * (width / 1e6))
+    return _group_sum(np.concatenate(keys), np.concatenate(vals, axis=1))
+
+
+def distinct_keyed(code: np.ndarray, instance: np.ndarray, start: np.ndarray, end: np.ndarray, origin: int,
+                   width: int, n_buckets: int) -> tuple[np.ndarray, np.ndarray]:
+    """Sparse :func:`distinct_running`: sorted unique keys ``code * n_buckets + bucket`` and the
+    number of distinct instances with a running piece of positive overlap there.  Per (machine,
+    instance) the pieces' bucket ranges are merged first (an instance counts once per bucket)."""
+    ok = (end > start) & (code >= 0)
+    code, instance, start, end = code[ok], instance[ok], start[ok], end[ok]
+    if code.shape[0] == 0 or n_buckets == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    b0 = (start - origin) // width
+    b1 = (end - 1 - origin) // width
+    order = np.lexsort((b0, instance, code))
+    code, instance, b0, b1 = code[order], instance[order], b0[order], b1[order]
+    new = np.ones(code.shape[0], dtype=bool)
+    new[1:] = (code[1:] != code[:-1]) | (instance[1:] != instance[:-1])
+    grp = np.cumsum(new) - 1
+    off = grp.astype(np.int64) * (np.int64(n_buckets) + 2)
+    runmax = np.maximum.accumulate(b1 + off) - off
+    prev = np.empty_like(runmax)
+    prev[0] = -2
+    prev[1:] = np.where(new[1:], -2, runmax[:-1])
+    run_start = b0 > prev
+    rid = np.cumsum(run_start) - 1
+    last = np.ones(code.shape[0], dtype=bool)
+    last[:-1] = rid[1:] != rid[:-1]
+    key, count, _ = _expand_runs(code[run_start], b0[run_start], runmax[last] + 1, n_buckets)
+    return key, count

@@ -16,22 +16,31 @@ For each machine and bucket (default 5 minutes) of the trace window:
 Derived: allocation ratio (requested / capacity), usage ratio (usage / capacity) per
 machine-bucket; a cell-level series (sums over machines, capacity-weighted ratios); a summary.
 
-Design (engine fit).  Interval construction needs each instance's events in order, which row
-partitions do not give, so ``context`` reads instance_events and machine_events once on the
-client, builds the running and capacity intervals (one sort, NumPy) and computes every
-interval-derived series with the ``bucket_overlap`` op (NumPy twin; the context has no backend).
-Those dense arrays stay on the client: they are dropped when the context is pickled to dask
-workers (:meth:`OvercommitContext.__getstate__`), which need only the machine and tier lookups.
-The analysis *streams* instance_usage: each partial computes the usage series of its rows on the
-chosen backend with ``bucket_overlap`` (the CUDA kernel on the GPU), as a keyed partial
-(machine, tier, bucket) -> sums, merged by concatenate + group; ``finalize`` joins both.  Every
-usage window is handled entirely by the partition that holds its row, so results do not depend
-on the partitioning.  See ``docs/analysis-overcommit.md``.
+Design (engine fit; docs/analysis-overcommit.md "Design").
+
+* ``context`` (client): the trace window and bucket grid, the machine list (machine_events ids
+  plus the machines of top-level SCHEDULE rows) from a *first pass* that reads four columns of
+  instance_events a row group at a time and keeps only a max and a set of machine ids, and the
+  capacity intervals of machine_events (small: kept as intervals, client only).
+* ``bind`` (per partition on a bucketed source, ``grain="instance"``: that partition's buckets of
+  instance_events hold every event of its instances; once on the client on a flat source) builds
+  the usage tier lookup and the running intervals of the instances it is given, and reduces them
+  to keyed partials: requests per (machine, tier, bucket), instance-seconds and distinct
+  instances per (machine, bucket) (an instance lives in one bucket, so distinct counts of
+  different partitions add up exactly), plus counters.
+* ``partial`` streams instance_usage: usage sums per (machine, tier, bucket) on the chosen
+  backend (``bucket_overlap``), plus, on a bucketed source, the interval partial its ``bind``
+  built.  All parts are keyed and merged by the engine's tree (:func:`merge_keyed`).  On a flat
+  source the interval partial stays on the client (dropped when the context is pickled) and
+  ``finalize`` merges it in, so the result is the same either way.
+* ``finalize`` builds the machine table a chunk of machines at a time (dense only over the chunk:
+  keyed sums + capacity intervals swept for the chunk's machines) into one preallocated float
+  block, and the cell series from per-bucket running sums.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -41,13 +50,14 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from gpuclust.analyses._intervals import (
-    CapacityIntervals,
+    SCHEDULE,
     RunningIntervals,
     capacity_intervals,
-    distinct_running,
+    distinct_keyed,
+    overlap_keyed,
     running_intervals,
 )
-from gpuclust.analyses._lookup import InstanceLookup, id_index, max_priority
+from gpuclust.analyses._lookup import InstanceLookup, id_index, tier_lookup
 from gpuclust.analyses.base import Analysis, fmt, is_null_int, keyed_reduce, merge_keyed, resolve_tier_map
 from gpuclust.analyses.options import option, tier_map_option
 from gpuclust.schema import TIME_AFTER_TRACE, TierMap, tier_map
@@ -58,18 +68,27 @@ __all__ = ["Overcommit", "OvercommitContext", "TRACE_START_US"]
 TRACE_START_US = 600_000_000
 #: Largest dense (groups x buckets) block one bucket_overlap call of a partial may allocate.
 CELL_LIMIT = 1 << 24
+#: Machine-buckets finalize handles at a time (its dense temporaries are ~0.6 KB per one of these).
+FINALIZE_CELLS = 1 << 18
 #: A ratio counts as "over capacity" when it exceeds 1 by more than this (float rounding).
 OVER_EPS = 1e-9
 QUANTILES = (0.5, 0.9, 0.99, 1.0)
 #: Counters kept in every usage partial, in this order.
 STATS = ("usage_rows", "usage_alloc_rows", "usage_unbounded", "usage_unknown_machine",
          "usage_no_overlap", "usage_used", "usage_unknown_tier")
+#: Counters of the running intervals (summed over partitions), in this order.
+ISTATS = ("event_rows", "alloc_event_rows", "instances", "pieces", "schedules", "running_at_end",
+          "terminal_without_schedule", "update_running_not_running", "schedule_while_running",
+          "unknown_request_pieces", "pieces_unplaced", "pieces_dedicated", "pieces_unknown_tier")
 _USAGE_FIELDS = ("use_cpu", "use_mem", "max_cpu", "max_mem", "windows")
 #: per usage field: how many overlapping windows carry a non-NULL value (0 with windows > 0: unknown)
 _KNOWN_FIELDS = ("n_use_cpu", "n_use_mem", "n_max_cpu", "n_max_mem")
 _PARTIAL_FIELDS = _USAGE_FIELDS + _KNOWN_FIELDS
 _EVENT_COLUMNS = ["time", "type", "collection_id", "instance_index", "machine_id", "alloc_collection_id",
                   "priority", "req_cpu", "req_mem"]
+#: what the first pass over instance_events reads
+_PASS_COLUMNS = ["time", "type", "machine_id", "alloc_collection_id"]
+_NULL = np.iinfo(np.int64).min
 
 
 def _f64(arr: Any) -> np.ndarray:
@@ -82,6 +101,43 @@ def _i64(arr: Any) -> np.ndarray:
     if a.null_count:
         a = pc.fill_null(a, pa.scalar(np.iinfo(np.int64).min, pa.int64()))
     return np.ascontiguousarray(a.to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
+def _batches(source: Any, table: str, columns: list[str], rows: int = 1 << 20) -> Any:
+    """``table``'s ``columns`` a row group (Parquet) or ``rows`` rows (in memory) at a time."""
+    files = source.files(table) if hasattr(source, "files") else None
+    if files:
+        for f in files:
+            pf = pq.ParquetFile(f)
+            names = pf.schema_arrow.names
+            if not all(c in names for c in columns):
+                raise KeyError(f"{f}: no columns {[c for c in columns if c not in names]}")
+            for g in range(pf.metadata.num_row_groups):
+                if pf.metadata.row_group(g).num_rows:
+                    yield pf.read_row_group(g, columns=columns)
+        return
+    t = source.read(table, columns)
+    for off in range(0, t.num_rows, rows):
+        yield t.slice(off, rows)
+
+
+def _event_pass(source: Any) -> tuple[int | None, np.ndarray]:
+    """The first pass over instance_events, a batch at a time: the largest finite time, and the
+    machines of top-level SCHEDULE rows (the machines running pieces can be on).  Holds one
+    batch and the (small) set of machine ids."""
+    best: int | None = None
+    mids: list[np.ndarray] = [np.zeros(0, np.int64)]
+    for t in _batches(source, "instance_events", _PASS_COLUMNS):
+        v = _max_below(_i64(t.column("time")))
+        if v is not None:
+            best = v if best is None else max(best, v)
+        alloc = _i64(t.column("alloc_collection_id"))
+        m = _i64(t.column("machine_id"))
+        sel = (_i64(t.column("type")) == SCHEDULE) & ((alloc == 0) | (alloc == _NULL)) & (m > 0)
+        mids.append(np.unique(m[sel]))
+        if len(mids) > 64:
+            mids = [np.unique(np.concatenate(mids))]
+    return best, np.unique(np.concatenate(mids))
 
 
 def _max_finite_end(source: Any) -> int | None:
@@ -113,12 +169,27 @@ def _max_below(a: np.ndarray) -> int | None:
     return int(a.max()) if a.size else None
 
 
+def _tier_codes(tm: TierMap, priority: np.ndarray, unknown: int) -> np.ndarray:
+    """Tier code per (float) priority; NaN or a priority no tier covers -> ``unknown``."""
+    out = np.full(priority.shape[0], unknown, dtype=np.int64)
+    ok = ~np.isnan(priority)
+    tc = tm.tier_codes(priority[ok].astype(np.int64)).astype(np.int64)
+    out[ok] = np.where(tc >= 0, tc, unknown)
+    return out
+
+
+def _keyed(key: np.ndarray, **fields: np.ndarray) -> dict[str, np.ndarray]:
+    return {"key": np.asarray(key, np.int64), **fields}
+
+
 @dataclass
 class OvercommitContext:
-    """What partials need (machine / tier lookups, bucket grid) plus client-only dense series.
+    """What partials need (machine / tier lookups, bucket grid), what ``bind`` added, and the
+    client-only capacity intervals.
 
-    ``series`` (the interval-derived arrays) is dropped when the context is pickled to a worker;
-    ``finalize`` runs on the client, where it is present.
+    ``series`` (capacity intervals, machine_events presence) and ``client_intervals`` (the
+    interval partial of a flat source, bound on the client) are dropped when the context is
+    pickled to a worker; ``finalize`` runs on the client, where they are present.
     """
 
     tier_map: TierMap
@@ -131,17 +202,26 @@ class OvercommitContext:
     #: trace time 0, see "Time buckets" in docs/dataset.md); dense bucket ``j`` is absolute bucket
     #: ``origin // width + j``
     origin: int
-    #: sorted machine ids (machine_events and placed pieces); a row's machine code is its index
+    #: sorted machine ids (machine_events and machines of top-level SCHEDULE rows); a row's
+    #: machine code is its index
     machine_ids: np.ndarray
-    #: usage tier lookup, sorted by hash: hash, the three key columns, tier code
-    #: (collection_id, instance_index, machine_id) -> tier code
+    #: usage tier lookup (collection_id, instance_index, machine_id) -> tier code (set by ``bind``)
     lookup: InstanceLookup
+    #: client only: capacity intervals by machine code (``code``, ``start``, ``end``, ``cap_cpu``,
+    #: ``cap_mem``, sorted by code) and ``has_me`` (machine has machine_events rows)
     series: dict[str, np.ndarray] | None
     stats: dict[str, int]
+    #: the interval partial of this partition's instances (``bind`` on a bucketed source); the
+    #: partial emits it
+    intervals: dict[str, Any] | None = None
+    #: client only: the interval partial of all instances (``bind`` on a flat source); finalize
+    #: merges it
+    client_intervals: dict[str, Any] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         d = dict(self.__dict__)
         d["series"] = None  # client only: finalize runs on the client
+        d["client_intervals"] = None
         return d
 
     def __setstate__(self, d: dict[str, Any]) -> None:
@@ -207,83 +287,101 @@ class Overcommit(Analysis):
         return resolve_tier_map(self.tier_map, source)
 
     def context(self, source: Any) -> OvercommitContext:
-        from gpuclust.backends import get_backend
-
         tm = self.resolve_tier_map(source)
         tier_names = (*tm.names, "unknown")
-        T = len(tier_names)
-        ev = source.read("instance_events", _EVENT_COLUMNS)
-        ecols = {c: _i64(ev.column(c)) for c in ("time", "type", "collection_id", "instance_index", "machine_id",
-                                                  "alloc_collection_id")}
-        ecols.update({c: _f64(ev.column(c)) for c in ("priority", "req_cpu", "req_mem")})
+        # ---- first pass over instance_events (4 columns, a row group at a time): max time, machines
+        ev_max, placed = _event_pass(source)
         # ---- the trace window
         w0 = int(self.window_start_us)
         if self.window_end_us is not None:
             w1 = int(self.window_end_us)
         else:
-            cands = [v for v in (_max_below(ecols["time"]), _max_finite_end(source)) if v is not None]
+            cands = [v for v in (ev_max, _max_finite_end(source)) if v is not None]
             w1 = max([w0, *cands])
         width = self.width_us
         # Time buckets (docs/dataset.md): aligned to trace time 0, bucket k = [k*width, (k+1)*width);
         # the window clips the first and last bucket (column covered_s).
         origin = (w0 // width) * width
         B = (-(-w1 // width) - w0 // width) if w1 > w0 else 0
-        # ---- intervals
-        run: RunningIntervals = running_intervals(ecols, w0, w1)
+        # ---- capacity intervals (machine_events: one row per machine event, small)
         me = source.read("machine_events", ["time", "machine_id", "type", "cap_cpu", "cap_mem"])
         mcols = {c: _i64(me.column(c)) for c in ("time", "machine_id", "type")}
         mcols.update({c: _f64(me.column(c)) for c in ("cap_cpu", "cap_mem")})
-        cap: CapacityIntervals = capacity_intervals(mcols, w0, w1)
+        cap = capacity_intervals(mcols, w0, w1)
         me_ids = np.unique(mcols["machine_id"])
-        placed = run.machine_id > 0
-        mids = np.unique(np.concatenate([me_ids[me_ids != np.iinfo(np.int64).min], run.machine_id[placed]]))
-        M = int(mids.shape[0])
-        # ---- usage tier lookup: MAX(priority) per (collection, instance, machine), as cell-usage
-        lk = max_priority(ev.select(["collection_id", "instance_index", "machine_id", "priority",
-                                      "alloc_collection_id"]))
-        lp = lk["p"].to_numpy(np.float64)
-        codes = np.full(lp.shape[0], T - 1, dtype=np.int32)
-        ok = ~np.isnan(lp)
-        tc = tm.tier_codes(lp[ok].astype(np.int64)).astype(np.int32)
-        codes[ok] = np.where(tc >= 0, tc, T - 1)
-        lookup = InstanceLookup.build(lk["c"].to_numpy(np.int64), lk["i"].to_numpy(np.int32), lk["m"].to_numpy(np.int64),
-                                      codes, what="overcommit priority lookup")
-        # ---- interval-derived dense series (client only), with the bucket_overlap op
-        bo = get_backend("cpu").ops.bucket_overlap
-        kw = dict(n_buckets=B, origin=origin, width=width)
-        ccode = np.searchsorted(mids, cap.machine_id).astype(np.int32)
-        capv = np.stack([np.ones(cap.start.shape[0]), cap.cap_cpu, cap.cap_mem,
-                         np.isnan(cap.cap_cpu).astype(np.float64), np.isnan(cap.cap_mem).astype(np.float64)])
-        cs = bo(cap.start, cap.end, capv, ccode, n_groups=M, **kw)  # one sweep for the 5 capacity series
-        series: dict[str, np.ndarray] = {"up_s": cs[0], "capc_s": cs[1], "capm_s": cs[2], "unkc_s": cs[3], "unkm_s": cs[4]}
-        ps, pe = run.start[placed], run.end[placed]
-        pcode = np.searchsorted(mids, run.machine_id[placed]).astype(np.int64)
-        pri = run.priority[placed]
-        ptier = np.full(pri.shape[0], T - 1, dtype=np.int64)
-        okp = ~np.isnan(pri)
-        tcp = tm.tier_codes(pri[okp].astype(np.int64)).astype(np.int64)
-        ptier[okp] = np.where(tcp >= 0, tcp, T - 1)
-        g = (pcode * T + ptier).astype(np.int32)
-        rs = bo(ps, pe, np.stack([run.req_cpu[placed], run.req_mem[placed]]), g, n_groups=M * T, **kw)
-        series["reqc_s"] = rs[0].reshape(M, T, B)
-        series["reqm_s"] = rs[1].reshape(M, T, B)
-        series["inst_s"] = bo(ps, pe, np.ones(ps.shape[0]), pcode.astype(np.int32), n_groups=M, **kw)
-        series["distinct"] = distinct_running(pcode, run.instance[placed], ps, pe, M, origin, width, B)
-        series["has_me"] = np.isin(mids, me_ids)
-        stats = {**run.stats, **cap.stats,
-                 "pieces_unplaced": int(((run.machine_id == 0) | (run.machine_id == np.iinfo(np.int64).min)).sum()),
-                 "pieces_dedicated": int((run.machine_id == -1).sum()),
-                 "pieces_unknown_tier": int((ptier == T - 1).sum())}
+        mids = np.unique(np.concatenate([me_ids[me_ids != _NULL], placed]))
+        ccode = np.searchsorted(mids, cap.machine_id).astype(np.int64)
+        order = np.argsort(ccode, kind="stable")
+        series = {"code": ccode[order], "start": cap.start[order], "end": cap.end[order],
+                  "cap_cpu": cap.cap_cpu[order], "cap_mem": cap.cap_mem[order], "has_me": np.isin(mids, me_ids)}
         return OvercommitContext(
             tier_map=tm, tier_names=tier_names, window_start=w0, window_end=w1, width=width, n_buckets=B, origin=origin,
-            machine_ids=mids, lookup=lookup, series=series, stats=stats)
+            machine_ids=mids, lookup=InstanceLookup.empty(), series=series, stats=dict(cap.stats))
+
+    @property
+    def side_inputs(self) -> dict[str, tuple[str, ...]]:
+        return {"instance_events": tuple(_EVENT_COLUMNS)}
+
+    def bind(self, ctx: OvercommitContext, side: dict[str, Any], grain: str | None) -> OvercommitContext:
+        """The usage tier lookup and the interval partial of the instances in ``side``: this
+        partition's (``grain="instance"``: the partial emits it) or all of them (flat source,
+        on the client: finalize merges it)."""
+        ev = side["instance_events"]
+        T = ctx.n_tiers
+        # usage tier lookup: MAX(priority) per (collection, instance, machine), as cell-usage
+        lookup = tier_lookup(ev, ctx.tier_map, top_level_only=True, unmatched=T - 1, what="overcommit priority lookup")
+        t = ev.read(_EVENT_COLUMNS)
+        ecols = {c: _i64(t.column(c)) for c in ("time", "type", "collection_id", "instance_index", "machine_id",
+                                                 "alloc_collection_id")}
+        ecols.update({c: _f64(t.column(c)) for c in ("priority", "req_cpu", "req_mem")})
+        del t
+        part = self._interval_partial(running_intervals(ecols, ctx.window_start, ctx.window_end), ctx)
+        if grain is None:
+            return replace(ctx, lookup=lookup, client_intervals=part)
+        return replace(ctx, lookup=lookup, intervals=part)
+
+    def _interval_partial(self, run: RunningIntervals, ctx: OvercommitContext) -> dict[str, Any]:
+        """Keyed sums of the running pieces: ``req`` (machine code * T + tier) * B + bucket ->
+        request-seconds; ``inst`` machine code * B + bucket -> piece-seconds and distinct
+        instances; ``istats`` counters (:data:`ISTATS`)."""
+        T, B, mids = ctx.n_tiers, ctx.n_buckets, ctx.machine_ids
+        placed = run.machine_id > 0
+        ps, pe = run.start[placed], run.end[placed]
+        pm = run.machine_id[placed]
+        pcode = np.searchsorted(mids, pm).astype(np.int64)
+        if pcode.size and not bool((mids[np.minimum(pcode, mids.shape[0] - 1)] == pm).all()):
+            raise RuntimeError("overcommit: a running piece's machine is not in the machine list (first pass)")
+        ptier = _tier_codes(ctx.tier_map, run.priority[placed], T - 1)
+        kw = dict(origin=ctx.origin, width=ctx.width, n_buckets=B)
+        rk, rs = overlap_keyed(pcode * T + ptier, ps, pe, np.stack([run.req_cpu[placed], run.req_mem[placed]]), **kw)
+        ik, iss = overlap_keyed(pcode, ps, pe, np.ones((1, ps.shape[0])), **kw)
+        dk, dc = distinct_keyed(pcode, run.instance[placed], ps, pe, **kw)
+        # both keyed by machine code * B + bucket; a distinct count implies positive piece-seconds
+        pos = np.searchsorted(ik, dk)
+        distinct = np.zeros(ik.shape[0], np.int64)
+        distinct[pos] = dc
+        st = {**run.stats,
+              "pieces_unplaced": int(((run.machine_id == 0) | (run.machine_id == _NULL)).sum()),
+              "pieces_dedicated": int((run.machine_id == -1).sum()),
+              "pieces_unknown_tier": int((ptier == T - 1).sum())}
+        return {"req": _keyed(rk, req_cpu=rs[0], req_mem=rs[1]),
+                "inst": _keyed(ik, inst=iss[0], distinct=distinct),
+                "istats": np.array([st[k] for k in ISTATS], dtype=np.int64)}
 
     # ---------------------------------------------------------------- partial / merge
-    def empty(self, backend: Any = None) -> dict[str, np.ndarray]:
+    def _empty_usage(self) -> dict[str, np.ndarray]:
         out = {"key": np.zeros(0, np.int64)}
         out.update({f: np.zeros(0, np.float64) for f in _PARTIAL_FIELDS})
-        out["stats"] = np.zeros(len(STATS), np.int64)
         return out
+
+    def empty(self, backend: Any = None) -> dict[str, Any]:
+        return {"usage": self._empty_usage(), "stats": np.zeros(len(STATS), np.int64), **self._empty_intervals()}
+
+    @staticmethod
+    def _empty_intervals() -> dict[str, Any]:
+        return {"req": _keyed(np.zeros(0, np.int64), req_cpu=np.zeros(0), req_mem=np.zeros(0)),
+                "inst": _keyed(np.zeros(0, np.int64), inst=np.zeros(0), distinct=np.zeros(0, np.int64)),
+                "istats": np.zeros(len(ISTATS), np.int64)}
 
     def _tiers(self, backend: Any, c: Any, i: Any, m: Any, ctx: OvercommitContext) -> tuple[Any, Any]:
         found, code = ctx.lookup.find(backend, c, i, m)
@@ -308,10 +406,12 @@ class Overcommit(Analysis):
               "usage_unknown_machine": int((top & bounded & ~known).sum()),
               "usage_no_overlap": int((top & bounded & known & ~(e > s)).sum()),
               "usage_used": int(use.sum()), "usage_unknown_tier": int((use & ~found).sum())}
-        part = self._usage(backend, s[use], e[use], (code[use].astype(xp.int64) * T + tier[use]), max(M, 1) * T,
-                           {k: cols[c][use] for k, c in (("use_cpu", "avg_cpu"), ("use_mem", "avg_mem"),
-                                                        ("max_cpu", "max_cpu"), ("max_mem", "max_mem"))},
-                           ctx.origin, width, B)
+        usage = self._usage(backend, s[use], e[use], (code[use].astype(xp.int64) * T + tier[use]), max(M, 1) * T,
+                            {k: cols[c][use] for k, c in (("use_cpu", "avg_cpu"), ("use_mem", "avg_mem"),
+                                                         ("max_cpu", "max_cpu"), ("max_mem", "max_mem"))},
+                            ctx.origin, width, B)
+        # the running pieces of this partition's instances (bucketed source), built by bind
+        part = {"usage": usage, **(ctx.intervals if ctx.intervals is not None else self._empty_intervals())}
         part["stats"] = xp.asarray(np.array([st[k] for k in STATS], dtype=np.int64))
         return part
 
@@ -321,7 +421,7 @@ class Overcommit(Analysis):
         ``w0`` is the grid origin (the first bucket's start), buckets counted from it."""
         xp, ops = backend.xp, backend.ops
         if s.shape[0] == 0:
-            return {k: xp.asarray(v) for k, v in self.empty().items() if k != "stats"}
+            return {k: xp.asarray(v) for k, v in self._empty_usage().items()}
         ws = width / 1e6
         b0 = (s - w0) // width
         b1 = (e - 1 - w0) // width
@@ -374,80 +474,94 @@ class Overcommit(Analysis):
             return {"key": keys[0], **{k: v[0] for k, v in outs.items()}}
         return keyed_reduce(backend, xp.concatenate(keys), {k: xp.concatenate(v) for k, v in outs.items()})
 
-    def merge(self, a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        out = merge_keyed({k: v for k, v in a.items() if k != "stats"}, {k: v for k, v in b.items() if k != "stats"})
-        out["stats"] = a["stats"] + b["stats"]
-        return out
+    def merge(self, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+        return {"usage": merge_keyed(a["usage"], b["usage"]), "req": merge_keyed(a["req"], b["req"]),
+                "inst": merge_keyed(a["inst"], b["inst"]), "stats": a["stats"] + b["stats"],
+                "istats": a["istats"] + b["istats"]}
 
     # ---------------------------------------------------------------- finalize
-    def finalize(self, partial: dict[str, np.ndarray], ctx: OvercommitContext) -> dict[str, pd.DataFrame]:
+    def finalize(self, partial: dict[str, Any], ctx: OvercommitContext) -> dict[str, pd.DataFrame]:
         if ctx.series is None:
-            raise RuntimeError("overcommit: finalize needs the client-side context (its interval series "
+            raise RuntimeError("overcommit: finalize needs the client-side context (its capacity intervals "
                                "are dropped when the context is pickled)")
-        S = ctx.series
+        if ctx.client_intervals is not None:  # flat source: the intervals were bound on the client
+            ci = ctx.client_intervals
+            partial = {**partial, "req": merge_keyed(partial["req"], ci["req"]),
+                       "inst": merge_keyed(partial["inst"], ci["inst"]), "istats": partial["istats"] + ci["istats"]}
         M, T, B = int(ctx.machine_ids.shape[0]), ctx.n_tiers, ctx.n_buckets
         tiers = list(ctx.tier_names)
         bucket = ctx.origin // ctx.width + np.arange(B, dtype=np.int64)  # absolute bucket numbers
         bstart = bucket * ctx.width
         L = (np.minimum(bstart + ctx.width, ctx.window_end) - np.maximum(bstart, ctx.window_start)).astype(np.float64) / 1e6
-        key = np.asarray(partial["key"], dtype=np.int64)
-        if key.size and (int(key.max()) >= M * T * B or int(key.min()) < 0):
-            raise ValueError("overcommit: usage partial does not match the context (key out of range)")
-        U = {f: (np.bincount(key, weights=np.asarray(partial[f], np.float64), minlength=M * T * B)
-                 .reshape(M, T, B)) for f in _PARTIAL_FIELDS}
-        # a (machine, tier, bucket) with windows whose values are all NULL was not measured: NaN
-        wt = np.rint(U["windows"])
-        for f, n in (("use_cpu", "n_use_cpu"), ("use_mem", "n_use_mem"), ("max_cpu", "n_max_cpu"),
-                     ("max_mem", "n_max_mem")):
-            U[f] = np.where((wt > 0) & (np.rint(U[n]) == 0), np.nan, U[f])
-        windows = wt.sum(axis=1).astype(np.int64)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            no_me = ~S["has_me"][:, None]
-            unk_c = (S["unkc_s"] > 0) | no_me
-            unk_m = (S["unkm_s"] > 0) | no_me
-            cap_c = np.where(unk_c, np.nan, S["capc_s"] / L)
-            cap_m = np.where(unk_m, np.nan, S["capm_s"] / L)
-            req_ct, req_mt = S["reqc_s"] / L, S["reqm_s"] / L
-            use_ct, use_mt = U["use_cpu"] / L, U["use_mem"] / L
-            req_c, req_m = req_ct.sum(axis=1), req_mt.sum(axis=1)
-            use_c, use_m = use_ct.sum(axis=1), use_mt.sum(axis=1)
-            max_c, max_m = U["max_cpu"].sum(axis=1), U["max_mem"].sum(axis=1)
-            inst = S["inst_s"] / L
-        present = ((S["up_s"] > 0) | (S["reqc_s"].sum(axis=1) > 0) | (S["reqm_s"].sum(axis=1) > 0)
-                   | (S["inst_s"] > 0) | (windows > 0) | (use_c != 0) | (use_m != 0) | (max_c != 0) | (max_m != 0))
+        parts = {k: {f: np.asarray(v) for f, v in partial[k].items()} for k in ("usage", "req", "inst")}
+        for k, per in (("usage", T), ("req", T), ("inst", 1)):
+            key = parts[k]["key"]
+            if key.size and (int(key.max()) >= M * per * B or int(key.min()) < 0):
+                raise ValueError(f"overcommit: {k} partial does not match the context (key out of range)")
         stats = dict(ctx.stats)
-        stats.update(zip(STATS, (int(x) for x in partial["stats"]), strict=False))
+        stats.update(zip(ISTATS, (int(x) for x in partial["istats"]), strict=True))
+        stats.update(zip(STATS, (int(x) for x in partial["stats"]), strict=True))
         has_usage = stats["usage_rows"] > 0
+        step = max(1, FINALIZE_CELLS // max(B, 1))
+        chunks = [(m0, min(M, m0 + step)) for m0 in range(0, M, step)]
+        # pass 1: which machine-buckets are rows (1 byte per machine-bucket), so the output is
+        # allocated once at its final size
+        present = [self._chunk(ctx, parts, m0, m1, L, presence_only=True) for m0, m1 in chunks]
+        N = int(sum(int(p.sum()) for p in present))
+        fcols = ["covered_s", "up_s", "cap_cpu", "cap_mem", "req_cpu", "req_mem", "use_cpu", "use_mem", "max_cpu_sum",
+                 "max_mem_sum", "instances"]
+        fcols += [f"{k}_ratio_{r}" for r in ("cpu", "mem") for k in ("alloc", "usage", "peak")]
+        tier_cols = ("req_cpu", "req_mem", "use_cpu", "use_mem", "max_cpu_sum", "max_mem_sum")
+        fcols += [f"{c}_{t}" for t in tiers for c in tier_cols]
+        fpos = {c: j for j, c in enumerate(fcols)}
+        F = np.empty((len(fcols), N), dtype=np.float64)  # one block: column j is F[j]
+        ints = {c: np.empty(N, np.int64) for c in ("machine_id", "bucket", "instances_distinct", "windows")}
+        cap_unknown = np.empty(N, dtype=bool)
+        acc = _CellSums(B, T)
+        r0 = 0
+        for (m0, m1), pres in zip(chunks, present, strict=True):
+            d = self._chunk(ctx, parts, m0, m1, L, presence_only=False)
+            mi, bi = np.nonzero(pres)
+            r1 = r0 + mi.shape[0]
+            rows = slice(r0, r1)
+            ints["machine_id"][rows] = ctx.machine_ids[m0 + mi]
+            ints["bucket"][rows] = bucket[bi]
+            ints["instances_distinct"][rows] = d["distinct"][mi, bi]
+            ints["windows"][rows] = d["windows"][mi, bi]
+            cap_unknown[rows] = (d["unk_c"] | d["unk_m"])[mi, bi]
+            F[fpos["covered_s"], rows] = L[bi]
+            for c, src in (("up_s", "up_s"), ("cap_cpu", "cap_c"), ("cap_mem", "cap_m"), ("req_cpu", "req_c"),
+                           ("req_mem", "req_m"), ("use_cpu", "use_c"), ("use_mem", "use_m"), ("max_cpu_sum", "max_c"),
+                           ("max_mem_sum", "max_m"), ("instances", "inst")):
+                F[fpos[c], rows] = d[src][mi, bi]
+            for r in ("cpu", "mem"):
+                cap = F[fpos[f"cap_{r}"], rows]
+                for kind, col in (("alloc", f"req_{r}"), ("usage", f"use_{r}"), ("peak", f"max_{r}_sum")):
+                    F[fpos[f"{kind}_ratio_{r}"], rows] = _ratio(F[fpos[col], rows], cap)
+            for k, t in enumerate(tiers):
+                for col in tier_cols:
+                    F[fpos[f"{col}_{t}"], rows] = d[col][mi, k, bi]
+            acc.add(d, pres)
+            r0 = r1
+            del d
         if not has_usage:
             # No instance_usage rows at all: usage was not measured, so it is unknown (NaN), not 0.
-            use_ct, use_mt, use_c, use_m, max_c, max_m, U["max_cpu"], U["max_mem"] = (
-                np.full(np.shape(a), np.nan) for a in (use_ct, use_mt, use_c, use_m, max_c, max_m, U["max_cpu"],
-                                                         U["max_mem"]))
-        mi, bi = np.nonzero(present)
-        machine = pd.DataFrame({
-            "machine_id": ctx.machine_ids[mi], "bucket": bucket[bi], "bucket_start_us": bstart[bi],
-            "covered_s": L[bi],
-            "up_s": S["up_s"][mi, bi], "cap_cpu": cap_c[mi, bi], "cap_mem": cap_m[mi, bi],
-            "cap_unknown": (unk_c | unk_m)[mi, bi],
-            "req_cpu": req_c[mi, bi], "req_mem": req_m[mi, bi], "use_cpu": use_c[mi, bi], "use_mem": use_m[mi, bi],
-            "max_cpu_sum": max_c[mi, bi], "max_mem_sum": max_m[mi, bi], "instances": inst[mi, bi],
-            "instances_distinct": S["distinct"][mi, bi].astype(np.int64), "windows": windows[mi, bi],
-        })
-        for r in ("cpu", "mem"):
-            machine[f"alloc_ratio_{r}"] = _ratio(machine[f"req_{r}"].to_numpy(), machine[f"cap_{r}"].to_numpy())
-            machine[f"usage_ratio_{r}"] = _ratio(machine[f"use_{r}"].to_numpy(), machine[f"cap_{r}"].to_numpy())
-            machine[f"peak_ratio_{r}"] = _ratio(machine[f"max_{r}_sum"].to_numpy(), machine[f"cap_{r}"].to_numpy())
-        per_tier = {"req_cpu": req_ct, "req_mem": req_mt, "use_cpu": use_ct, "use_mem": use_mt,
-                    "max_cpu_sum": U["max_cpu"], "max_mem_sum": U["max_mem"]}
-        for k, t in enumerate(tiers):
-            for col, arr in per_tier.items():
-                machine[f"{col}_{t}"] = arr[mi, k, bi]
-        cell = self._cell(bucket, bstart, L, present, S, unk_c, unk_m, cap_c, cap_m, per_tier, windows, inst, tiers)
+            for c, j in fpos.items():
+                if c.startswith(("use_", "max_cpu_sum", "max_mem_sum", "usage_ratio_", "peak_ratio_")):
+                    F[j] = np.nan
+        machine = pd.DataFrame(F.T, columns=fcols, copy=False)
+        for loc, (c, v) in enumerate((("machine_id", ints["machine_id"]), ("bucket", ints["bucket"]),
+                                      ("bucket_start_us", ints["bucket"] * ctx.width))):
+            machine.insert(loc, c, v)
+        machine.insert(machine.columns.get_loc("cap_mem") + 1, "cap_unknown", cap_unknown)
+        machine.insert(machine.columns.get_loc("instances") + 1, "instances_distinct", ints["instances_distinct"])
+        machine.insert(machine.columns.get_loc("instances_distinct") + 1, "windows", ints["windows"])
+        del ints, cap_unknown
+        cell = acc.table(bucket, bstart, L, tiers)
         if not has_usage:
-            for df in (machine, cell):
-                for c in df.columns:
-                    if c.startswith(("use_", "max_cpu_sum", "max_mem_sum", "usage_ratio_", "peak_ratio_")):
-                        df[c] = np.nan
+            for c in cell.columns:
+                if c.startswith(("use_", "max_cpu_sum", "max_mem_sum", "usage_ratio_", "peak_ratio_")):
+                    cell[c] = np.nan
         summary = self._summary(machine, tiers, has_usage=has_usage)
         info = pd.DataFrame([{
             "analysis": self.name, "tier_map": ctx.tier_map.name, "tiers": ",".join(tiers),
@@ -456,36 +570,65 @@ class Overcommit(Analysis):
         return {"machine": machine, "cell": cell, "summary": summary, "info": info}
 
     @staticmethod
-    def _cell(bucket: np.ndarray, bstart: np.ndarray, L: np.ndarray, present: np.ndarray, S: dict[str, np.ndarray], unk_c: np.ndarray,
-              unk_m: np.ndarray, cap_c: np.ndarray, cap_m: np.ndarray, per_tier: dict[str, np.ndarray],
-              windows: np.ndarray, inst: np.ndarray, tiers: list[str]) -> pd.DataFrame:
-        known = {"cpu": present & ~unk_c, "mem": present & ~unk_m}
-        # Capacity of the machines with a known capacity; when machines are present but none has a
-        # known capacity the cell's capacity is unknown (NaN), not 0.
-        caps = {r: np.where(known[r].any(axis=0) | ~present.any(axis=0),
-                            np.where(known[r], c, 0.0).sum(axis=0), np.nan)
-                for r, c in (("cpu", cap_c), ("mem", cap_m))}
-        cell = pd.DataFrame({
-            "bucket": bucket, "bucket_start_us": bstart, "covered_s": L,
-            "machines": present.sum(axis=0).astype(np.int64), "machines_up": (S["up_s"] > 0).sum(axis=0).astype(np.int64),
-            "machines_cap_unknown": (present & (unk_c | unk_m)).sum(axis=0).astype(np.int64),
-            "cap_cpu": caps["cpu"], "cap_mem": caps["mem"]})
-        for col in ("req_cpu", "req_mem", "use_cpu", "use_mem", "max_cpu_sum", "max_mem_sum"):
-            cell[col] = per_tier[col].sum(axis=(0, 1))
-        cell["instances"] = inst.sum(axis=0)
-        cell["windows"] = windows.sum(axis=0)
-        for r in ("cpu", "mem"):
-            kn = known[r][:, None, :]
-            for kind, src in (("alloc", f"req_{r}"), ("usage", f"use_{r}")):
-                cell[f"{kind}_ratio_{r}"] = _ratio(np.where(kn, per_tier[src], 0.0).sum(axis=(0, 1)), caps[r])
-        for k, t in enumerate(tiers):
-            for col in ("req_cpu", "req_mem", "use_cpu", "use_mem"):
-                cell[f"{col}_{t}"] = per_tier[col][:, k, :].sum(axis=0)
-            for r in ("cpu", "mem"):
-                kn = known[r]
-                for kind, src in (("alloc", f"req_{r}"), ("usage", f"use_{r}")):
-                    cell[f"{kind}_ratio_{r}_{t}"] = _ratio(np.where(kn, per_tier[src][:, k, :], 0.0).sum(axis=0), caps[r])
-        return cell
+    def _chunk(ctx: OvercommitContext, parts: dict[str, dict[str, np.ndarray]], m0: int, m1: int, L: np.ndarray,
+               presence_only: bool) -> Any:
+        """Dense (machine, [tier,] bucket) arrays of machines ``[m0, m1)``: capacity swept from the
+        chunk's capacity intervals, requests / instances / usage scattered from the keyed sums.
+        ``presence_only``: just the (machine, bucket) mask of rows."""
+        from gpuclust.backends import get_backend
+
+        S = ctx.series
+        assert S is not None
+        T, B, cm = ctx.n_tiers, ctx.n_buckets, m1 - m0
+
+        def dense(part: dict[str, np.ndarray], fields: tuple[str, ...], per: int) -> dict[str, np.ndarray]:
+            key = part["key"]
+            lo, hi = np.searchsorted(key, [m0 * per * B, m1 * per * B])
+            at = key[lo:hi] - m0 * per * B
+            out = {}
+            for f in fields:
+                a = np.zeros(cm * per * B, dtype=part[f].dtype)
+                a[at] = part[f][lo:hi]
+                out[f] = a.reshape((cm, per, B) if per > 1 else (cm, B))
+            return out
+
+        lo, hi = np.searchsorted(S["code"], [m0, m1])
+        cc, cmem = S["cap_cpu"][lo:hi], S["cap_mem"][lo:hi]
+        capv = np.stack([np.ones(hi - lo), cc, cmem, np.isnan(cc).astype(np.float64), np.isnan(cmem).astype(np.float64)])
+        cs = get_backend("cpu").ops.bucket_overlap(S["start"][lo:hi], S["end"][lo:hi], capv,
+                                                   (S["code"][lo:hi] - m0).astype(np.int32), n_groups=cm,
+                                                   n_buckets=B, origin=ctx.origin, width=ctx.width)
+        U = dense(parts["usage"], _PARTIAL_FIELDS, T)
+        R = dense(parts["req"], ("req_cpu", "req_mem"), T)
+        I = dense(parts["inst"], ("inst", "distinct"), 1)  # noqa: E741
+        # a (machine, tier, bucket) with windows whose values are all NULL was not measured: NaN
+        wt = np.rint(U["windows"])
+        for f, n in (("use_cpu", "n_use_cpu"), ("use_mem", "n_use_mem"), ("max_cpu", "n_max_cpu"),
+                     ("max_mem", "n_max_mem")):
+            U[f] = np.where((wt > 0) & (np.rint(U[n]) == 0), np.nan, U[f])
+            del U[n]
+        windows = wt.sum(axis=1).astype(np.int64)
+        del wt
+        with np.errstate(invalid="ignore", divide="ignore"):
+            use_ct, use_mt = U["use_cpu"] / L, U["use_mem"] / L
+            use_c, use_m = use_ct.sum(axis=1), use_mt.sum(axis=1)
+            max_c, max_m = U["max_cpu"].sum(axis=1), U["max_mem"].sum(axis=1)
+        present = ((cs[0] > 0) | (R["req_cpu"].sum(axis=1) > 0) | (R["req_mem"].sum(axis=1) > 0) | (I["inst"] > 0)
+                   | (windows > 0) | (use_c != 0) | (use_m != 0) | (max_c != 0) | (max_m != 0))
+        if presence_only:
+            return present
+        no_me = ~S["has_me"][m0:m1, None]
+        unk_c = (cs[3] > 0) | no_me
+        unk_m = (cs[4] > 0) | no_me
+        with np.errstate(invalid="ignore", divide="ignore"):
+            req_ct, req_mt = R["req_cpu"] / L, R["req_mem"] / L
+            return {"present": present, "up_s": cs[0], "unk_c": unk_c, "unk_m": unk_m,
+                    "cap_c": np.where(unk_c, np.nan, cs[1] / L), "cap_m": np.where(unk_m, np.nan, cs[2] / L),
+                    "req_cpu": req_ct, "req_mem": req_mt, "use_cpu": use_ct, "use_mem": use_mt,
+                    "max_cpu_sum": U["max_cpu"], "max_mem_sum": U["max_mem"],
+                    "req_c": req_ct.sum(axis=1), "req_m": req_mt.sum(axis=1), "use_c": use_c, "use_m": use_m,
+                    "max_c": max_c, "max_m": max_m, "inst": I["inst"] / L, "distinct": I["distinct"],
+                    "windows": windows}
 
     @staticmethod
     def _summary(machine: pd.DataFrame, tiers: list[str], has_usage: bool) -> pd.DataFrame:
@@ -558,3 +701,62 @@ def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
     """num / den; 0/0 and anything / NaN -> NaN, x/0 (x > 0) -> inf."""
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where((den == 0) & (num == 0), np.nan, np.asarray(num, np.float64) / den)
+
+
+class _CellSums:
+    """Per-bucket running sums over machine chunks: what the ``cell`` table is built from."""
+
+    COLS = ("req_cpu", "req_mem", "use_cpu", "use_mem", "max_cpu_sum", "max_mem_sum")
+
+    def __init__(self, B: int, T: int) -> None:
+        z = lambda *s: np.zeros(s, np.float64)  # noqa: E731
+        self.machines = np.zeros(B, np.int64)
+        self.machines_up = np.zeros(B, np.int64)
+        self.machines_cap_unknown = np.zeros(B, np.int64)
+        self.present_any = np.zeros(B, bool)
+        self.known_any = {r: np.zeros(B, bool) for r in ("cpu", "mem")}
+        self.cap = {r: z(B) for r in ("cpu", "mem")}
+        self.tier = {c: z(T, B) for c in self.COLS}
+        #: per tier, Σ over machines with known capacity (ratio numerators)
+        self.known = {(k, r): z(T, B) for k in ("alloc", "usage") for r in ("cpu", "mem")}
+        self.instances = z(B)
+        self.windows = np.zeros(B, np.int64)
+
+    def add(self, d: dict[str, np.ndarray], present: np.ndarray) -> None:
+        self.machines += present.sum(axis=0)
+        self.machines_up += (d["up_s"] > 0).sum(axis=0)
+        self.machines_cap_unknown += (present & (d["unk_c"] | d["unk_m"])).sum(axis=0)
+        self.present_any |= present.any(axis=0)
+        for r, unk, cap in (("cpu", d["unk_c"], d["cap_c"]), ("mem", d["unk_m"], d["cap_m"])):
+            kn = present & ~unk
+            self.known_any[r] |= kn.any(axis=0)
+            self.cap[r] += np.where(kn, cap, 0.0).sum(axis=0)
+            for kind, src in (("alloc", f"req_{r}"), ("usage", f"use_{r}")):
+                self.known[(kind, r)] += np.where(kn[:, None, :], d[src], 0.0).sum(axis=0)
+        for c in self.COLS:
+            self.tier[c] += d[c].sum(axis=0)
+        self.instances += d["inst"].sum(axis=0)
+        self.windows += d["windows"].sum(axis=0)
+
+    def table(self, bucket: np.ndarray, bstart: np.ndarray, L: np.ndarray, tiers: list[str]) -> pd.DataFrame:
+        # Capacity of the machines with a known capacity; when machines are present but none has a
+        # known capacity the cell's capacity is unknown (NaN), not 0.
+        caps = {r: np.where(self.known_any[r] | ~self.present_any, self.cap[r], np.nan) for r in ("cpu", "mem")}
+        cell = pd.DataFrame({
+            "bucket": bucket, "bucket_start_us": bstart, "covered_s": L, "machines": self.machines,
+            "machines_up": self.machines_up, "machines_cap_unknown": self.machines_cap_unknown,
+            "cap_cpu": caps["cpu"], "cap_mem": caps["mem"]})
+        for col in self.COLS:
+            cell[col] = self.tier[col].sum(axis=0)
+        cell["instances"] = self.instances
+        cell["windows"] = self.windows
+        for r in ("cpu", "mem"):
+            for kind in ("alloc", "usage"):
+                cell[f"{kind}_ratio_{r}"] = _ratio(self.known[(kind, r)].sum(axis=0), caps[r])
+        for k, t in enumerate(tiers):
+            for col in ("req_cpu", "req_mem", "use_cpu", "use_mem"):
+                cell[f"{col}_{t}"] = self.tier[col][k]
+            for r in ("cpu", "mem"):
+                for kind in ("alloc", "usage"):
+                    cell[f"{kind}_ratio_{r}_{t}"] = _ratio(self.known[(kind, r)][k], caps[r])
+        return cell

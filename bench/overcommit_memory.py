@@ -1,0 +1,128 @@
+"""Peak memory of ``overcommit`` per phase, in a child process (issue 8).
+
+Many machine-buckets cheaply: ``bench/gen_canonical.py`` with many machines and a short bucket
+(``--bucket-s``), so finalize's cost per machine-bucket dominates.  The child runs the engine's
+phases itself (contexts, partials + merge, finalize) and reports its RSS after each phase and
+its peak (VmHWM, reset before finalize through ``/proc/self/clear_refs`` so finalize's own
+peak is seen even below the partials' peak); ``finalize_growth_per_mb`` = (peak after finalize - RSS before it) /
+machine-buckets (M x B), ``finalize_temp_per_mb`` the same less the returned tables' own bytes.
+
+    python bench/overcommit_memory.py --windows 2000000 --machines 4000 --bucket-s 10 [--buckets 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+def _maxrss() -> int:
+    """Peak RSS since the start or the last :func:`_reset_peak` (VmHWM), else ru_maxrss."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _reset_peak() -> bool:
+    """Reset the peak RSS to the current RSS (Linux: ``5 > /proc/self/clear_refs``)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def child(path: str, bucket_s: int, buckets: int | None, partitions: int, finalize_cells: int = 0) -> dict:
+    import gpuclust.engine.local as L
+    from gpuclust.analyses.overcommit import Overcommit
+    from gpuclust.backends import get_backend
+    from gpuclust.dataset import Dataset
+    from gpuclust.engine.partition import TableSource, as_source
+    from gpuclust.schema import TABLES
+
+    if finalize_cells:
+        import gpuclust.analyses.overcommit as oc
+
+        oc.FINALIZE_CELLS = finalize_cells
+
+    if buckets:
+        ds = Dataset(path)
+        src = TableSource({t: ds.read(t) for t in TABLES if ds.num_rows(t)}, tier_map=ds.tier_map_name,
+                          trace_version=ds.trace_version, buckets=buckets)
+    else:
+        src = as_source(path)
+    out: dict = {"rss_start": _rss()}
+    a = Overcommit(bucket_s=bucket_s)
+    be = get_backend("cpu")
+    t0 = time.perf_counter()
+    plans = L.plan_tables(src, [a], partitions)
+    ctxs = L.contexts([a], src, per_partition=L.per_partition(src, [a], plans))
+    out["rss_after_context"], out["peak_after_context"] = _rss(), _maxrss()
+    merged = L.merge_local(plans, [a], ctxs, be, 2, None,
+                           lambda spec, sub, sc: L.partition_partials(spec, sub, sc, be))
+    out["rss_before_finalize"], out["peak_before_finalize"] = _rss(), _maxrss()
+    out["partials_s"] = time.perf_counter() - t0
+    out["peak_reset"] = _reset_peak()  # so the peak below is finalize's own
+    t1 = time.perf_counter()
+    res = a.finalize(merged[0], L.unbound(ctxs[0]))
+    out["finalize_s"] = time.perf_counter() - t1
+    out["peak_after_finalize"] = _maxrss()
+    info = res["info"].iloc[0]
+    mb = int(info["machines"]) * int(info["buckets"])
+    out.update(machines=int(info["machines"]), buckets=int(info["buckets"]), machine_buckets=mb,
+               machine_rows=len(res["machine"]), machine_columns=res["machine"].shape[1],
+               output_bytes=int(sum(df.memory_usage(deep=False).sum() for df in res.values())))
+    growth = out["peak_after_finalize"] - out["rss_before_finalize"]
+    out["finalize_growth_per_mb"] = growth / max(mb, 1)
+    out["finalize_temp_per_mb"] = (growth - out["output_bytes"]) / max(mb, 1)
+    out["peak_per_mb"] = out["peak_after_finalize"] / max(mb, 1)
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--windows", type=int, default=2_000_000)
+    p.add_argument("--machines", type=int, default=4000)
+    p.add_argument("--bucket-s", type=int, default=10)
+    p.add_argument("--buckets", type=int, default=0, help="bucket the tables in memory (TableSource buckets=N)")
+    p.add_argument("--partitions", type=int, default=4)
+    p.add_argument("--finalize-cells", type=int, default=0, help="machine-buckets per finalize chunk (0: default)")
+    p.add_argument("--data", default="/tmp/overcommit_mem")
+    p.add_argument("--child", action="store_true")
+    args = p.parse_args()
+    path = Path(args.data) / f"w{args.windows}_m{args.machines}"
+    if args.child:
+        print(json.dumps(child(str(path), args.bucket_s, args.buckets or None, args.partitions, args.finalize_cells)))
+        return
+    if not (path / "manifest.json").exists():
+        sys.path.insert(0, str(HERE))
+        from gen_canonical import make_dataset
+
+        make_dataset(path, args.windows, machines=args.machines)
+    cmd = [sys.executable, __file__, "--child", "--windows", str(args.windows), "--machines", str(args.machines),
+           "--bucket-s", str(args.bucket_s), "--buckets", str(args.buckets), "--partitions", str(args.partitions),
+           "--finalize-cells", str(args.finalize_cells), "--data", args.data]
+    r = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    print(r.stdout.strip().splitlines()[-1])
+
+
+if __name__ == "__main__":
+    main()

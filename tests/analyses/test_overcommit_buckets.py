@@ -1,0 +1,134 @@
+"""``overcommit`` on a key-partitioned (bucketed) source: running intervals built per partition
+from its buckets of instance_events, results equal to the flat layout's (whose results carry the
+independent references of ``test_overcommit.py``), a client context that holds nothing
+proportional to the instances, and finalize's memory per machine-bucket measured in a child."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from strategies import assert_results_same, random_cell, table
+
+from gpuclust.analyses.overcommit import Overcommit, OvercommitContext
+from gpuclust.dataset import Dataset
+from gpuclust.engine import run
+from gpuclust.engine.local import PerPartition, contexts, per_partition, plan_tables
+from gpuclust.engine.partition import TableSource
+from gpuclust.schema import TABLES
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+sys.path.insert(0, str(BENCH))
+from gen_canonical import make_dataset  # noqa: E402
+
+N_BUCKETS = 7
+
+
+def _lifecycle_cell(seed: int) -> dict:
+    """A random cell with lifecycles: a third of the events FINISH, some requests NULL."""
+    tables = random_cell(seed, n_machines=12, n_instances=150, n_windows=3000)
+    ev = tables["instance_events"].to_pandas()
+    ev.loc[ev.index % 3 == 2, "type"] = 6
+    ev.loc[ev.index % 11 == 5, "type"] = 10  # UPDATE_RUNNING
+    ev["req_cpu"] = np.where(ev.index % 5 == 0, np.nan, (ev.index % 7 + 1) / 50.0)
+    ev["req_mem"] = (ev.index % 4 + 1) / 40.0
+    cols = ("time", "type", "collection_id", "instance_index", "machine_id", "priority", "alloc_collection_id",
+            "req_cpu", "req_mem")
+    tables["instance_events"] = table("instance_events", {
+        c: [None if isinstance(v, float) and np.isnan(v) else v for v in ev[c].tolist()] for c in cols})
+    return tables
+
+
+@pytest.fixture(scope="module")
+def canonical(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    d = tmp_path_factory.mktemp("canon")
+    make_dataset(d, 60_000, seed=5)
+    ds = Dataset(d)
+    return {t: ds.read(t) for t in TABLES if ds.num_rows(t)}
+
+
+@pytest.mark.parametrize("partitions", [1, 2, 7])
+@pytest.mark.parametrize("which", ["lifecycle", "canonical"])
+def test_bucketed_equals_flat(canonical: dict, which: str, partitions: int) -> None:
+    tables = _lifecycle_cell(4) if which == "lifecycle" else canonical
+    a = Overcommit(bucket_s=600)
+    ref = run(TableSource(tables, tier_map="notebook"), [a], partitions=3)
+    got = run(TableSource(tables, tier_map="notebook", buckets=N_BUCKETS), [a], partitions=partitions)
+    assert ref["overcommit"]["info"].iloc[0]["pieces"] > 0
+    assert_results_same(ref, got, rtol=1e-9)
+
+
+def test_bucketed_with_dask_threads_equals_flat() -> None:
+    tables = _lifecycle_cell(6)
+    a = Overcommit(bucket_s=300)
+    ref = run(TableSource(tables, tier_map="notebook"), [a], partitions=2)
+    got = run(TableSource(tables, tier_map="notebook", buckets=N_BUCKETS), [a], partitions=3, scheduler="threads")
+    assert_results_same(ref, got, rtol=1e-9)
+
+
+def test_bind_per_partition_covers_every_instance_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    tables = _lifecycle_cell(8)
+    src = TableSource(tables, tier_map="notebook", buckets=N_BUCKETS)
+    seen: list[tuple[str | None, int]] = []
+    real = Overcommit.bind
+
+    def spy(self, ctx, side, grain):  # type: ignore[no-untyped-def]
+        seen.append((grain, side["instance_events"].num_rows))
+        return real(self, ctx, side, grain)
+
+    monkeypatch.setattr(Overcommit, "bind", spy)
+    res = run(src, [Overcommit()], partitions=3)["overcommit"]
+    total = tables["instance_events"].num_rows
+    assert [g for g, _ in seen] == ["instance"] * 3 and sum(n for _, n in seen) == total
+    assert res["info"].iloc[0]["event_rows"] == total
+
+
+def _client_context(n_windows: int, tmp: Path, buckets: int | None) -> object:
+    make_dataset(tmp, n_windows, machines=40, seed=1)
+    ds = Dataset(tmp)
+    src = TableSource({t: ds.read(t) for t in TABLES if ds.num_rows(t)}, tier_map=ds.tier_map_name,
+                      trace_version=ds.trace_version, buckets=buckets)
+    a = [Overcommit()]
+    (ctx,) = contexts(a, src, per_partition=per_partition(src, a, plan_tables(src, a, 3)))
+    return ctx
+
+
+def test_client_context_on_a_bucketed_source_holds_nothing_per_instance(tmp_path: Path) -> None:
+    small = _client_context(20_000, tmp_path / "s", N_BUCKETS)
+    big = _client_context(160_000, tmp_path / "b", N_BUCKETS)
+    for c in (small, big):
+        assert isinstance(c, PerPartition)
+        ctx = c.ctx
+        assert isinstance(ctx, OvercommitContext)
+        assert len(ctx.lookup) == 0 and ctx.intervals is None and ctx.client_intervals is None
+    # 8x the instances and events: the shipped context does not grow (machines are the same 40)
+    s, b = len(pickle.dumps(small)), len(pickle.dumps(big))
+    assert b < 1.2 * s + 1024, (s, b)
+    # the flat source binds on the client: the lookup and interval partial live there
+    flat = _client_context(160_000, tmp_path / "f", None)
+    assert not isinstance(flat, PerPartition) and len(flat.lookup) > 0 and flat.client_intervals is not None
+    assert len(pickle.dumps(flat)) > 20 * b
+
+
+@pytest.mark.slow
+def test_finalize_memory_per_machine_bucket(tmp_path: Path) -> None:
+    """Many machine-buckets (2,000 machines x 360 ten-second buckets): finalize's peak growth per
+    machine-bucket is the output block plus small temporaries (before issue 8's rewrite: ~1,030
+    bytes, of which ~615 temporaries, see docs/analysis-overcommit.md).  Chunks of 2^15
+    machine-buckets, so the chunk's constant ~20 MB does not hide the per-machine-bucket cost."""
+    windows, machines = 200_000, 2000
+    make_dataset(tmp_path / f"w{windows}_m{machines}", windows, machines=machines, seed=2)
+    out = subprocess.run([sys.executable, str(BENCH / "overcommit_memory.py"), "--child", "--windows", str(windows),
+                          "--machines", str(machines), "--bucket-s", "10", "--partitions", "2",
+                          "--finalize-cells", str(1 << 15),
+                          "--data", str(tmp_path)], capture_output=True, text=True, check=True)
+    m = json.loads(out.stdout.strip().splitlines()[-1])
+    assert m["machine_buckets"] >= 700_000
+    row_bytes = m["output_bytes"] / max(m["machine_rows"], 1)
+    assert m["finalize_temp_per_mb"] < 150, m
+    assert m["finalize_growth_per_mb"] < row_bytes + 150, m
