@@ -101,22 +101,50 @@ class InstanceLookup:
     def __len__(self) -> int:
         return int(self.hash.shape[0])
 
-    def find(self, backend: Any, collection: Any, instance: Any, machine: Any) -> tuple[Any, Any]:
-        """Per query row: whether its triple is in the table, and its code (0 where not found)."""
+    def find(self, backend: Any, collection: Any, instance: Any, machine: Any,
+             rows: Any = None) -> tuple[Any, Any]:
+        """Per query row: whether its triple is in the table, and its code (0 where not found).
+
+        ``rows``: look up only these positions of the three columns (the result has one entry
+        per row of ``rows``), without gathering the columns first.  The rows are looked up in
+        blocks of ``backend.ops.lookup_block_rows`` where the backend sets it (the cpu backend:
+        one block's hash, probe and key checks stay in cache), else all at once."""
         xp = backend.xp
-        n = int(collection.shape[0])
+        n = int(collection.shape[0] if rows is None else rows.shape[0])
         if len(self) == 0 or n == 0:
             return xp.zeros(n, dtype=bool), xp.zeros(n, dtype=xp.int32)
-        h = triple_hash(xp, collection, instance, machine)
-        pos = backend.ops.hash_index(backend.stage(self.hash), h)
-        hit = pos >= 0
-        pos = xp.maximum(pos, 0)
-        found = (hit & (backend.stage(self.collection)[pos] == collection)
-                 & (backend.stage(self.instance)[pos] == instance) & (backend.stage(self.machine)[pos] == machine))
-        code = xp.where(found, backend.stage(self.code)[pos], xp.int32(0)).astype(xp.int32)
+        block = getattr(backend.ops, "lookup_block_rows", None) or n
+        tables = (backend.stage(self.hash), backend.stage(self._records()))
+        if block >= n:
+            return self._find(backend, tables, *(a if rows is None else a[rows] for a in (collection, instance, machine)))
+        found = xp.empty(n, dtype=bool)
+        code = xp.empty(n, dtype=xp.int32)
+        for lo in range(0, n, block):
+            hi = min(n, lo + block)
+            r = slice(lo, hi) if rows is None else rows[lo:hi]
+            found[lo:hi], code[lo:hi] = self._find(backend, tables, collection[r], instance[r], machine[r])
         return found, code
 
+    @staticmethod
+    def _find(backend: Any, tables: tuple[Any, ...], collection: Any, instance: Any, machine: Any) -> tuple[Any, Any]:
+        xp = backend.xp
+        t_hash, t_rec = tables
+        h = triple_hash(xp, collection, instance, machine)
+        pos = backend.ops.hash_index(t_hash, h)
+        hit = pos >= 0
+        rec = xp.take(t_rec, xp.maximum(pos, 0), axis=0)  # one row (one cache line) per query (take: 4x rec[pos])
+        found = hit & (rec[:, 0] == collection) & (rec[:, 1] == machine) & (rec[:, 2] == instance)
+        code = xp.where(found, rec[:, 3], 0).astype(xp.int32)
+        return found, code
 
+    def _records(self) -> np.ndarray:
+        """The table as one (n, 4) int64 array: collection, machine, instance, code per row (so a
+        hit's key check and code read one row), built once per lookup."""
+        return _records.get(self.hash, lambda _h: np.ascontiguousarray(np.stack(
+            [self.collection, self.machine, self.instance.astype(np.int64), self.code.astype(np.int64)], axis=1)))
+
+
+_records = PerArrayCache()
 _u64_views = PerArrayCache()
 
 

@@ -105,6 +105,39 @@ def _priority_lookup(source: Any, top_level_only: bool = True) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True).groupby(["c", "i", "m"], sort=False)["p"].max().reset_index()
 
 
+def _notebook_sums(backend: Any, key: Any, cpu: Any, mem: Any) -> dict[str, Any]:
+    """``keyed_reduce(key, {cpu, mem, cpu_n, mem_n}, {"windows": None})`` (``*_n``: how many finite
+    values each group sums), bit for bit, with fewer passes over the rows: the key range of one
+    partition is small (hours x tiers), so every sum is one ``bincount`` of the float32 values
+    (bincount adds them as float64, in row order, as ``keyed_reduce`` does)."""
+    xp = backend.xp
+    n = int(key.shape[0])
+    if n == 0:
+        return keyed_reduce(backend, key, {"cpu": cpu, "mem": mem, "cpu_n": xp.isfinite(cpu).astype(xp.float64),
+                                           "mem_n": xp.isfinite(mem).astype(xp.float64)}, {"windows": None})
+    kmin = int(key.min())
+    span = int(key.max()) - kmin + 1
+    if span > max(4 * n, 1 << 16):  # not compact: keyed_reduce's sorted path
+        return keyed_reduce(backend, key, {"cpu": cpu, "mem": mem, "cpu_n": xp.isfinite(cpu).astype(xp.float64),
+                                           "mem_n": xp.isfinite(mem).astype(xp.float64)}, {"windows": None})
+    off = key - kmin if kmin else key
+    del key
+    cnt = xp.bincount(off, minlength=span)
+    present = xp.nonzero(cnt)[0]
+    out = {"key": (present + kmin).astype(xp.int64)}
+    for name, v in (("cpu", cpu), ("mem", mem)):
+        bad = ~xp.isfinite(v)
+        if not bool(bad.any()):
+            out[name] = xp.bincount(off, weights=v, minlength=span)[present]
+            out[name + "_n"] = cnt[present].astype(xp.float64)
+            continue
+        nan = xp.isnan(v)  # SUM ignores NULL (NaN); an infinite value is summed but not counted as known
+        out[name] = xp.bincount(off[~nan], weights=v[~nan], minlength=span)[present]
+        out[name + "_n"] = (cnt - xp.bincount(off[bad], minlength=span))[present].astype(xp.float64)
+    out["windows"] = cnt[present].astype(xp.int64)
+    return {k: out[k] for k in ("key", "cpu", "mem", "cpu_n", "mem_n", "windows")}
+
+
 @dataclass(frozen=True)
 class CellUsage(Analysis):
     """Hourly CPU and memory usage by priority tier, normalised by cell capacity.
@@ -201,21 +234,22 @@ class CellUsage(Analysis):
             sel = top & ~unbounded
         # only the selected rows are looked up (same rows, same order: same sums)
         rows = None if bool(sel.all()) else xp.nonzero(sel)[0]
+        del sel
 
         def pick(a: Any) -> Any:
             return a if rows is None else a[rows]
 
-        found, tier = ctx.lookup.find(backend, pick(cols["collection_id"]), pick(cols["instance_index"]),
-                                      pick(cols["machine_id"]))
+        found, tier = ctx.lookup.find(backend, cols["collection_id"], cols["instance_index"], cols["machine_id"],
+                                      rows=rows)
         if self.mode == "notebook":
-            stats["unmatched_windows"] = int((~found).sum())
-            stats["used_windows"] = int(found.sum())
-            hour = pick(start)[found] // HOUR_US
-            key = (hour << _TIER_BITS) + tier[found].astype(xp.int64)
-            cpu, mem = pick(cols["avg_cpu"])[found], pick(cols["avg_mem"])[found]
-            # cpu_n / mem_n: how many non-NULL values each group sums (0: the group's usage is unknown)
-            part = keyed_reduce(backend, key, {"cpu": cpu, "mem": mem, "cpu_n": xp.isfinite(cpu).astype(xp.float64),
-                                               "mem_n": xp.isfinite(mem).astype(xp.float64)}, {"windows": None})
+            n_found = int(xp.count_nonzero(found))
+            stats["unmatched_windows"] = int(found.shape[0]) - n_found
+            stats["used_windows"] = n_found
+            used = xp.nonzero(found)[0] if rows is None else rows[found]
+            key = ((start[used] // HOUR_US) << _TIER_BITS) + tier[found].astype(xp.int64)
+            cpu, mem = cols["avg_cpu"][used], cols["avg_mem"][used]
+            del used, rows, found, tier
+            part = _notebook_sums(backend, key, cpu, mem)
         else:
             t_all = xp.where(found, tier, xp.int32(len(ctx.tier_map.names)))
             stats["unknown_windows"] = int((t_all == len(ctx.tier_map.names)).sum())
