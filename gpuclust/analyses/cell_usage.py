@@ -173,7 +173,8 @@ def _notebook_sums(backend: Any, key: Any, cpu: Any, mem: Any) -> dict[str, Any]
             out[name + "_n"] = cnt[present].astype(xp.float64)
             continue
         nan = xp.isnan(v)  # SUM ignores NULL (NaN); an infinite value is summed but not counted as known
-        out[name] = xp.bincount(off[~nan], weights=v[~nan], minlength=span)[present]
+        # (astype: bincount of no rows returns int64 even with weights)
+        out[name] = xp.bincount(off[~nan], weights=v[~nan], minlength=span).astype(xp.float64)[present]
         out[name + "_n"] = (cnt - xp.bincount(off[bad], minlength=span))[present].astype(xp.float64)
     out["windows"] = cnt[present].astype(xp.int64)
     return {k: out[k] for k in ("key", "cpu", "mem", "cpu_n", "mem_n", "windows")}
