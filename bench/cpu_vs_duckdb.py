@@ -106,7 +106,8 @@ def _ratios(rows: list[dict[str, Any]]) -> dict[tuple[int, str], dict[str, float
     for (size, case, who), g in by.items():
         d = by.get((size, case, "duckdb"))
         if who == "gpuclust" and d:
-            out[(size, case)] = {"time": g["wall_s"] / d["wall_s"], "rss": g["peak_rss_mib"] / d["peak_rss_mib"]}
+            out[(size, case)] = {"time": g["wall_s"] / d["wall_s"], "rss": g["peak_rss_mib"] / d["peak_rss_mib"],
+                                 "cpu": (g["user_s"] + g["sys_s"]) / max(1e-9, d["user_s"] + d["sys_s"])}
     return out
 
 
@@ -115,20 +116,24 @@ def markdown(rows: list[dict[str, Any]], env: dict[str, Any], repeat: int, befor
     brat = _ratios(before) if before else {}
     bby = {(r["size"], r["case"], r["contender"]): r for r in before or []}
     md = [f"# gpuclust vs DuckDB, whole process ({env['affinity_cores']} cores, {env['cpu']})", "",
-          f"Medians of {repeat} interleaved rounds; wall = spawn to exit; RSS = peak of the process tree.", "",
-          "| windows | case | contender | wall s | user s | sys s | peak RSS MiB | time / DuckDB | RSS / DuckDB |"
-          + (" before: wall s | before: RSS MiB | before: time / DuckDB |" if before else ""),
-          "|---:|---|---|---:|---:|---:|---:|---:|---:|" + ("---:|---:|---:|" if before else "")]
+          f"Medians of {repeat} interleaved rounds; wall = spawn to exit; CPU = user + system seconds; RSS = peak "
+          "of the process tree. On a shared machine wall times carry the other load; CPU seconds much less.", "",
+          "| windows | case | contender | wall s | user s | sys s | peak RSS MiB | time / DuckDB | CPU / DuckDB "
+          "| RSS / DuckDB |" + (" before: wall s | before: RSS MiB | before: time / DuckDB | before: CPU / DuckDB |"
+                               if before else ""),
+          "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|---:|---:|" if before else "")]
     for r in rows:
         k = (r["size"], r["case"])
         t = f"{rat[k]['time']:.2f}" if r["contender"] == "gpuclust" and k in rat else ""
         m = f"{rat[k]['rss']:.2f}" if r["contender"] == "gpuclust" and k in rat else ""
+        u = f"{rat[k]['cpu']:.2f}" if r["contender"] == "gpuclust" and k in rat else ""
         line = (f"| {r['size']:,} | {r['case']} | {r['contender']} | {r['wall_s']:.2f} | {r['user_s']:.2f} "
-                f"| {r['sys_s']:.2f} | {r['peak_rss_mib']:,.0f} | {t} | {m} |")
+                f"| {r['sys_s']:.2f} | {r['peak_rss_mib']:,.0f} | {t} | {u} | {m} |")
         if before:
             b = bby.get((r["size"], r["case"], r["contender"]))
             bt = f"{brat[k]['time']:.2f}" if r["contender"] == "gpuclust" and k in brat else ""
-            line += (f" {b['wall_s']:.2f} | {b['peak_rss_mib']:,.0f} | {bt} |" if b else " | | |")
+            bu = f"{brat[k]['cpu']:.2f}" if r["contender"] == "gpuclust" and k in brat else ""
+            line += (f" {b['wall_s']:.2f} | {b['peak_rss_mib']:,.0f} | {bt} | {bu} |" if b else " | | | |")
         md.append(line)
     md += ["", "gpuclust: `python -m gpuclust.cli analyze DS <case> --out TMP --no-plots --quiet` (the engine's "
            "defaults: partitions of about 4 Mi rows, one thread per usable core). DuckDB: `python -c` running "
@@ -146,7 +151,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name", default="cpu_vs_duckdb")
     ap.add_argument("--before", type=Path, default=None, help="an earlier run's JSON: its medians become columns")
     ap.add_argument("--note", default="", help="a line added to the Markdown (e.g. what 'before' was)")
+    ap.add_argument("--render", type=Path, default=None, help="re-write the Markdown of an earlier run's JSON (no runs)")
     args = ap.parse_args(argv)
+    if args.render:
+        payload = json.loads(args.render.read_text())
+        md = markdown(payload["rows"], payload["environment"], payload["repeat"], payload.get("before"))
+        md = md.replace("\n\n", f"\n\n{args.note}\n\n", 1) if args.note else md
+        payload["ratios"] = [{"size": s, "case": c, **{k: round(x, 3) for k, x in v.items()}}
+                             for (s, c), v in _ratios(payload["rows"]).items()]
+        args.render.write_text(json.dumps(payload, indent=1) + "\n")
+        args.render.with_suffix(".md").write_text(md)
+        print(md)
+        return 0
     cases = args.cases.split(",")
     for c in cases:
         if c not in CASES:
@@ -158,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.note:
         md = md.replace("\n\n", f"\n\n{args.note}\n\n", 1)
     payload = {"benchmark": "cpu_vs_duckdb", "repeat": args.repeat, "rows": rows, "environment": env,
-               "ratios": [{"size": s, "case": c, "time": round(v["time"], 3), "rss": round(v["rss"], 3)}
+               "ratios": [{"size": s, "case": c, **{k: round(x, 3) for k, x in v.items()}}
                           for (s, c), v in _ratios(rows).items()],
                "before": before}
     jp, mp = write_results(args.name, payload, md)
