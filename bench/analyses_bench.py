@@ -92,8 +92,8 @@ def _duck() -> Any:
     return con
 
 
-def duck_cell_usage(ds: Path, _: str) -> Callable[[], Any]:
-    con = _duck()
+def cell_usage_sql(ds: Path | str) -> str:
+    """Google's notebook query (cell-usage, notebook mode) over the dataset's Parquet."""
     sql = f"""
     WITH cap AS (SELECT SUM(c) AS cpu, SUM(m) AS mem FROM (
             SELECT machine_id, MAX(cap_cpu) AS c, MAX(cap_mem) AS m
@@ -110,6 +110,12 @@ def duck_cell_usage(ds: Path, _: str) -> Callable[[], Any]:
                 WHEN p BETWEEN 116 AND 119 THEN 'mid' ELSE 'prod' END AS tier,
            SUM(avg_cpu) / (12 * ANY_VALUE(cap.cpu)) AS cpu, SUM(avg_mem) / (12 * ANY_VALUE(cap.mem)) AS mem
     FROM u JOIN e USING (collection_id, instance_index, machine_id), cap GROUP BY ALL"""
+    return sql
+
+
+def duck_cell_usage(ds: Path, _: str) -> Callable[[], Any]:
+    con = _duck()
+    sql = cell_usage_sql(ds)
     return lambda: con.execute(sql).fetchall()
 
 
@@ -138,8 +144,8 @@ def duck_machine_shapes(ds: Path, _: str) -> Callable[[], Any]:
     return lambda: con.execute(sql).fetchall()
 
 
-def duck_cpi(ds: Path, _: str) -> Callable[[], Any]:
-    con = _duck()
+def cpi_sql(ds: Path | str) -> str:
+    """cpi's SQL-expressible subset: weighted moments and Pearson r(CPI, MAI) per machine."""
     sql = f"""
     WITH w AS (SELECT machine_id, cpi, mai, avg_cpu * (end_time - start_time) / 1e6 AS w
                FROM read_parquet('{ds}/instance_usage/*.parquet')
@@ -148,6 +154,12 @@ def duck_cpi(ds: Path, _: str) -> Callable[[], Any]:
     SELECT machine_id, COUNT(*), ANY_VALUE(wsum), ANY_VALUE(mc), ANY_VALUE(mm),
            SUM(w * (cpi - mc) * (mai - mm)) / sqrt(SUM(w * (cpi - mc) ^ 2) * SUM(w * (mai - mm) ^ 2)) AS r
     FROM w JOIN m USING (machine_id) GROUP BY machine_id"""
+    return sql
+
+
+def duck_cpi(ds: Path, _: str) -> Callable[[], Any]:
+    con = _duck()
+    sql = cpi_sql(ds)
     return lambda: con.execute(sql).fetchall()
 
 

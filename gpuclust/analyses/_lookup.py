@@ -106,22 +106,50 @@ class InstanceLookup:
     def __len__(self) -> int:
         return int(self.hash.shape[0])
 
-    def find(self, backend: Any, collection: Any, instance: Any, machine: Any) -> tuple[Any, Any]:
-        """Per query row: whether its triple is in the table, and its code (0 where not found)."""
+    def find(self, backend: Any, collection: Any, instance: Any, machine: Any,
+             rows: Any = None) -> tuple[Any, Any]:
+        """Per query row: whether its triple is in the table, and its code (0 where not found).
+
+        ``rows``: look up only these positions of the three columns (the result has one entry
+        per row of ``rows``), without gathering the columns first.  The rows are looked up in
+        blocks of ``backend.ops.lookup_block_rows`` where the backend sets it (the cpu backend:
+        one block's hash, probe and key checks stay in cache), else all at once."""
         xp = backend.xp
-        n = int(collection.shape[0])
+        n = int(collection.shape[0] if rows is None else rows.shape[0])
         if len(self) == 0 or n == 0:
             return xp.zeros(n, dtype=bool), xp.zeros(n, dtype=xp.int32)
-        h = triple_hash(xp, collection, instance, machine)
-        pos = backend.ops.hash_index(backend.stage(self.hash), h)
-        hit = pos >= 0
-        pos = xp.maximum(pos, 0)
-        found = (hit & (backend.stage(self.collection)[pos] == collection)
-                 & (backend.stage(self.instance)[pos] == instance) & (backend.stage(self.machine)[pos] == machine))
-        code = xp.where(found, backend.stage(self.code)[pos], xp.int32(0)).astype(xp.int32)
+        block = getattr(backend.ops, "lookup_block_rows", None) or n
+        tables = (backend.stage(self.hash), backend.stage(self._records()))
+        if block >= n:
+            return self._find(backend, tables, *(a if rows is None else a[rows] for a in (collection, instance, machine)))
+        found = xp.empty(n, dtype=bool)
+        code = xp.empty(n, dtype=xp.int32)
+        for lo in range(0, n, block):
+            hi = min(n, lo + block)
+            r = slice(lo, hi) if rows is None else rows[lo:hi]
+            found[lo:hi], code[lo:hi] = self._find(backend, tables, collection[r], instance[r], machine[r])
         return found, code
 
+    @staticmethod
+    def _find(backend: Any, tables: tuple[Any, ...], collection: Any, instance: Any, machine: Any) -> tuple[Any, Any]:
+        xp = backend.xp
+        t_hash, t_rec = tables
+        h = triple_hash(xp, collection, instance, machine)
+        pos = backend.ops.hash_index(t_hash, h)
+        hit = pos >= 0
+        rec = xp.take(t_rec, xp.maximum(pos, 0), axis=0)  # one row (one cache line) per query (take: 4x rec[pos])
+        found = hit & (rec[:, 0] == collection) & (rec[:, 1] == machine) & (rec[:, 2] == instance)
+        code = xp.where(found, rec[:, 3], 0).astype(xp.int32)
+        return found, code
 
+    def _records(self) -> np.ndarray:
+        """The table as one (n, 4) int64 array: collection, machine, instance, code per row (so a
+        hit's key check and code read one row), built once per lookup."""
+        return _records.get(self.hash, lambda _h: np.ascontiguousarray(np.stack(
+            [self.collection, self.machine, self.instance.astype(np.int64), self.code.astype(np.int64)], axis=1)))
+
+
+_records = PerArrayCache()
 _u64_views = PerArrayCache()
 
 
@@ -170,13 +198,41 @@ def max_priority(ev: Any, top_level_only: bool = True) -> pd.DataFrame:
         alloc = ev.column("alloc_collection_id")
         keep = pc.and_(pc.or_(pc.is_null(alloc), pc.equal(pc.fill_null(alloc, 0), 0)), keep)
     ev = ev.filter(keep)
-    edf = pd.DataFrame({
-        "c": ev.column("collection_id").to_numpy().astype(np.int64),
-        "i": ev.column("instance_index").to_numpy().astype(np.int32),
-        "m": ev.column("machine_id").to_numpy(zero_copy_only=False).astype(np.int64),
-        "p": np.asarray(pc.cast(ev.column("priority"), "float64").to_numpy(zero_copy_only=False), dtype=np.float64),
-    })
-    return edf.groupby(["c", "i", "m"], sort=False)["p"].max().reset_index()
+    return _group_max(ev.column("collection_id").to_numpy().astype(np.int64),
+                      ev.column("instance_index").to_numpy().astype(np.int32),
+                      ev.column("machine_id").to_numpy(zero_copy_only=False).astype(np.int64),
+                      np.asarray(pc.cast(ev.column("priority"), "float64").to_numpy(zero_copy_only=False),
+                                 dtype=np.float64))
+
+
+def _group_max(c: np.ndarray, i: np.ndarray, m: np.ndarray, p: np.ndarray) -> pd.DataFrame:
+    """``DataFrame(c, i, m, p).groupby(["c", "i", "m"], sort=False)["p"].max().reset_index()`` in
+    NumPy (a fraction of pandas' time and memory): rows grouped by a stable sort of their key hash
+    (by the keys themselves should two keys share a hash), NaN skipped unless a group has nothing
+    else, groups in order of first appearance."""
+    n = int(c.shape[0])
+    if n == 0:
+        return pd.DataFrame({"c": c.astype(np.int64), "i": i.astype(np.int32), "m": m.astype(np.int64),
+                             "p": p.astype(np.float64)})
+    order = np.argsort(triple_hash(np, c, i, m), kind="stable")
+    cs, is_, ms = c[order], i[order], m[order]
+    new = np.ones(n, dtype=bool)
+    new[1:] = (cs[1:] != cs[:-1]) | (is_[1:] != is_[:-1]) | (ms[1:] != ms[:-1])
+    starts = np.flatnonzero(new)
+    # equal keys are adjacent unless two keys share a hash and interleave: then sort by the keys
+    if np.unique(np.stack([cs[starts], ms[starts], is_[starts].astype(np.int64)], axis=1), axis=0).shape[0] != starts.shape[0]:
+        order = np.lexsort((m, i, c))
+        cs, is_, ms = c[order], i[order], m[order]
+        new[1:] = (cs[1:] != cs[:-1]) | (is_[1:] != is_[:-1]) | (ms[1:] != ms[:-1])
+        starts = np.flatnonzero(new)
+    pmax = np.fmax.reduceat(p[order], starts)
+    first = order[starts] if starts.shape[0] else starts
+    if not np.array_equal(order, np.sort(order)):
+        # first appearance of each group: the smallest original row of the group
+        first = np.minimum.reduceat(order, starts)
+    o2 = np.argsort(first, kind="stable")
+    first = first[o2]
+    return pd.DataFrame({"c": c[first], "i": i[first], "m": m[first], "p": pmax[o2]})
 
 
 def tier_lookup(events: Any, tm: Any, *, top_level_only: bool, unmatched: int, what: str) -> InstanceLookup:
@@ -191,7 +247,7 @@ def tier_lookup(events: Any, tm: Any, *, top_level_only: bool, unmatched: int, w
     if not parts:
         return InstanceLookup.empty()
     lk = parts[0] if len(parts) == 1 else (
-        pd.concat(parts, ignore_index=True).groupby(["c", "i", "m"], sort=False)["p"].max().reset_index())
+        _group_max(*(np.concatenate([d[k].to_numpy() for d in parts]) for k in ("c", "i", "m", "p"))))
     p = lk["p"].to_numpy(np.float64)
     codes = np.full(p.shape[0], unmatched, dtype=np.int32)
     ok = ~np.isnan(p)

@@ -32,7 +32,15 @@ import pandas as pd
 import pyarrow.compute as pc
 
 from gpuclust.analyses._lookup import EVENT_COLUMNS, InstanceLookup, tier_lookup, triple_hash
-from gpuclust.analyses.base import Analysis, fmt, is_null_int, keyed_reduce, merge_keyed, resolve_tier_map
+from gpuclust.analyses.base import (
+    Analysis,
+    fmt,
+    is_null_int,
+    keyed_reduce,
+    merge_keyed,
+    null_int,
+    resolve_tier_map,
+)
 from gpuclust.analyses.options import option, tier_map_option
 from gpuclust.schema import TIME_AFTER_TRACE, TierMap, tier_map
 
@@ -45,6 +53,8 @@ MODES = ("notebook", "exact")
 _TIER_BITS = 4
 #: Most hours one partition's windows may span in exact mode (guards against garbage times).
 MAX_EXACT_HOURS = 1 << 20
+#: Largest dense (hour, tier) accumulator of the blocked notebook partial (else rows are gathered).
+_DENSE_MAX = 1 << 20
 #: Counters kept in every partial, in this order.
 STATS = ("rows", "alloc_rows", "short_windows", "unmatched_windows", "unknown_windows",
          "unbounded_windows", "used_windows")
@@ -65,6 +75,40 @@ class CellUsageContext:
 
 def _null_to_nan(arr: Any) -> np.ndarray:
     return np.asarray(pc.cast(arr, "float64").to_numpy(zero_copy_only=False), dtype=np.float64)
+
+
+def _notebook_sums(backend: Any, key: Any, cpu: Any, mem: Any) -> dict[str, Any]:
+    """``keyed_reduce(key, {cpu, mem, cpu_n, mem_n}, {"windows": None})`` (``*_n``: how many finite
+    values each group sums), bit for bit, with fewer passes over the rows: the key range of one
+    partition is small (hours x tiers), so every sum is one ``bincount`` of the float32 values
+    (bincount adds them as float64, in row order, as ``keyed_reduce`` does)."""
+    xp = backend.xp
+    n = int(key.shape[0])
+    if n == 0:
+        return keyed_reduce(backend, key, {"cpu": cpu, "mem": mem, "cpu_n": xp.isfinite(cpu).astype(xp.float64),
+                                           "mem_n": xp.isfinite(mem).astype(xp.float64)}, {"windows": None})
+    kmin = int(key.min())
+    span = int(key.max()) - kmin + 1
+    if span > max(4 * n, 1 << 16):  # not compact: keyed_reduce's sorted path
+        return keyed_reduce(backend, key, {"cpu": cpu, "mem": mem, "cpu_n": xp.isfinite(cpu).astype(xp.float64),
+                                           "mem_n": xp.isfinite(mem).astype(xp.float64)}, {"windows": None})
+    off = key - kmin if kmin else key
+    del key
+    cnt = xp.bincount(off, minlength=span)
+    present = xp.nonzero(cnt)[0]
+    out = {"key": (present + kmin).astype(xp.int64)}
+    for name, v in (("cpu", cpu), ("mem", mem)):
+        bad = ~xp.isfinite(v)
+        if not bool(bad.any()):
+            out[name] = xp.bincount(off, weights=v, minlength=span)[present]
+            out[name + "_n"] = cnt[present].astype(xp.float64)
+            continue
+        nan = xp.isnan(v)  # SUM ignores NULL (NaN); an infinite value is summed but not counted as known
+        # (astype: bincount of no rows returns int64 even with weights)
+        out[name] = xp.bincount(off[~nan], weights=v[~nan], minlength=span).astype(xp.float64)[present]
+        out[name + "_n"] = (cnt - xp.bincount(off[bad], minlength=span))[present].astype(xp.float64)
+    out["windows"] = cnt[present].astype(xp.int64)
+    return {k: out[k] for k in ("key", "cpu", "mem", "cpu_n", "mem_n", "windows")}
 
 
 @dataclass(frozen=True)
@@ -148,43 +192,103 @@ class CellUsage(Analysis):
         start, end = cols["start_time"], cols["end_time"]
         alloc = cols["alloc_collection_id"]
         n = int(start.shape[0])
-        top = (alloc == 0) | is_null_int(xp, alloc)
         stats = dict.fromkeys(STATS, 0)
         stats["rows"] = n
-        stats["alloc_rows"] = n - int(top.sum())
         if self.mode == "notebook":
-            long_ = (end - start) >= FIVE_MIN_US
-            sel = top & long_
-            stats["short_windows"] = int((top & ~long_).sum())
-        else:
-            unbounded = top & (end == TIME_AFTER_TRACE)
-            stats["unbounded_windows"] = int(unbounded.sum())
-            sel = top & ~unbounded
+            part = self._notebook_partial(backend, cols, ctx, stats)
+            part["stats"] = xp.asarray(np.array([stats[s] for s in STATS], dtype=np.int64))
+            return part
+        top = (alloc == 0) | is_null_int(xp, alloc)
+        stats["alloc_rows"] = n - int(top.sum())
+        unbounded = top & (end == TIME_AFTER_TRACE)
+        stats["unbounded_windows"] = int(unbounded.sum())
+        sel = top & ~unbounded
         # only the selected rows are looked up (same rows, same order: same sums)
         rows = None if bool(sel.all()) else xp.nonzero(sel)[0]
+        del sel
 
         def pick(a: Any) -> Any:
             return a if rows is None else a[rows]
 
-        found, tier = ctx.lookup.find(backend, pick(cols["collection_id"]), pick(cols["instance_index"]),
-                                      pick(cols["machine_id"]))
-        if self.mode == "notebook":
-            stats["unmatched_windows"] = int((~found).sum())
-            stats["used_windows"] = int(found.sum())
-            hour = pick(start)[found] // HOUR_US
-            key = (hour << _TIER_BITS) + tier[found].astype(xp.int64)
-            cpu, mem = pick(cols["avg_cpu"])[found], pick(cols["avg_mem"])[found]
-            # cpu_n / mem_n: how many non-NULL values each group sums (0: the group's usage is unknown)
-            part = keyed_reduce(backend, key, {"cpu": cpu, "mem": mem, "cpu_n": xp.isfinite(cpu).astype(xp.float64),
-                                               "mem_n": xp.isfinite(mem).astype(xp.float64)}, {"windows": None})
-        else:
-            t_all = xp.where(found, tier, xp.int32(len(ctx.tier_map.names)))
-            stats["unknown_windows"] = int((t_all == len(ctx.tier_map.names)).sum())
-            stats["used_windows"] = int(found.shape[0])
-            part = self._exact_partial(backend, pick(start), pick(end), t_all.astype(xp.int32),
-                                       pick(cols["avg_cpu"]), pick(cols["avg_mem"]), len(ctx.tier_names))
+        found, tier = ctx.lookup.find(backend, cols["collection_id"], cols["instance_index"], cols["machine_id"],
+                                      rows=rows)
+        t_all = xp.where(found, tier, xp.int32(len(ctx.tier_map.names)))
+        stats["unknown_windows"] = int((t_all == len(ctx.tier_map.names)).sum())
+        stats["used_windows"] = int(found.shape[0])
+        part = self._exact_partial(backend, pick(start), pick(end), t_all.astype(xp.int32),
+                                   pick(cols["avg_cpu"]), pick(cols["avg_mem"]), len(ctx.tier_names))
         part["stats"] = xp.asarray(np.array([stats[s] for s in STATS], dtype=np.int64))
         return part
+
+    @staticmethod
+    def _notebook_partial(backend: Any, cols: dict[str, Any], ctx: CellUsageContext,
+                          stats: dict[str, int]) -> dict[str, Any]:
+        """Notebook mode, one block of rows at a time (``backend.ops.lookup_block_rows``, else all
+        at once): select, look up and key each block while it is in cache; the selected rows' keys
+        and values are then summed over the whole partition, in row order (same sums as one pass)."""
+        xp = backend.xp
+        start, end, alloc = cols["start_time"], cols["end_time"], cols["alloc_collection_id"]
+        c, i, m = cols["collection_id"], cols["instance_index"], cols["machine_id"]
+        n = int(start.shape[0])
+        block = getattr(backend.ops, "lookup_block_rows", None) or max(n, 1)
+        null = xp.asarray(null_int(alloc.dtype), dtype=alloc.dtype)
+        # Blocked (cpu): sums accumulate block by block into dense per-(hour, tier) arrays with
+        # add.at (sequential, in row order: the same float64 sums as one bincount over the
+        # partition), so the selected rows are never gathered whole.
+        dense = None
+        if block < n:
+            h0 = int(start.min()) // HOUR_US
+            span = (int(start.max()) // HOUR_US - h0 + 1) << _TIER_BITS
+            if span <= _DENSE_MAX:
+                dense = {k: xp.zeros(span, xp.float64) for k in ("n", "cpu", "mem", "cpu_bad", "mem_bad")}
+                ones = xp.ones(block, xp.float64)
+        keys, cpus, mems = [], [], []
+        n_top = n_sel = n_used = 0
+        for lo in range(0, n, block):
+            hi = min(n, lo + block)
+            a = alloc[lo:hi]
+            top = (a == 0) | (a == null)
+            long_ = (end[lo:hi] - start[lo:hi]) >= FIVE_MIN_US
+            n_top += int(xp.count_nonzero(top))
+            sel = top & long_
+            rows = xp.nonzero(sel)[0] + lo
+            n_sel += int(rows.shape[0])
+            found, tier = ctx.lookup.find(backend, c, i, m, rows=rows)
+            used = rows[found]
+            k = int(used.shape[0])
+            n_used += k
+            if dense is None:
+                keys.append(((start[used] // HOUR_US) << _TIER_BITS) + tier[found].astype(xp.int64))
+                cpus.append(cols["avg_cpu"][used])
+                mems.append(cols["avg_mem"][used])
+                continue
+            off = ((start[used] // HOUR_US - h0) << _TIER_BITS) + tier[found].astype(xp.int64)
+            xp.add.at(dense["n"], off, ones[:k])
+            for name in ("cpu", "mem"):
+                v = cols["avg_" + name][used].astype(xp.float64)
+                fin = xp.isfinite(v)
+                if bool(fin.all()):
+                    xp.add.at(dense[name], off, v)
+                    continue
+                nan = xp.isnan(v)  # SUM ignores NULL (NaN); an infinite value is summed but not known
+                xp.add.at(dense[name], off[~nan], v[~nan])
+                xp.add.at(dense[name + "_bad"], off[~fin], ones[:int((~fin).sum())])
+        stats["alloc_rows"] = n - n_top
+        stats["short_windows"] = n_top - n_sel
+        stats["unmatched_windows"] = n_sel - n_used
+        stats["used_windows"] = n_used
+        if dense is not None:
+            present = xp.nonzero(dense["n"])[0]
+            return {"key": (present + (h0 << _TIER_BITS)).astype(xp.int64),
+                    "cpu": dense["cpu"][present], "mem": dense["mem"][present],
+                    "cpu_n": (dense["n"] - dense["cpu_bad"])[present], "mem_n": (dense["n"] - dense["mem_bad"])[present],
+                    "windows": dense["n"][present].astype(xp.int64)}
+
+        def cat(parts: list[Any], dtype: Any) -> Any:
+            return parts[0] if len(parts) == 1 else (xp.concatenate(parts) if parts else xp.zeros(0, dtype))
+
+        return _notebook_sums(backend, cat(keys, xp.int64), cat(cpus, cols["avg_cpu"].dtype),
+                              cat(mems, cols["avg_mem"].dtype))
 
     def _exact_partial(self, backend: Any, start: Any, end: Any, tier: Any, cpu: Any, mem: Any,
                        n_tiers: int) -> dict[str, Any]:

@@ -12,7 +12,8 @@ import numpy as np
 
 from gpuclust._cache import PerArrayCache
 
-__all__ = ["bucket_overlap", "check_bucket_overlap", "check_grouped_sum", "check_hash_index", "grouped_sum", "hash_index"]
+__all__ = ["bucket_overlap", "check_bucket_overlap", "check_grouped_sum", "check_hash_index", "grouped_sum", "hash_index",
+           "lookup_block_rows"]
 
 _INT64_MAX = 2**63 - 1
 _VALUE_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -207,18 +208,57 @@ def check_hash_index(keys: Any, queries: Any) -> int:
 
 
 _tables = PerArrayCache()
+#: Fibonacci hashing multiplier (2^64 / golden ratio): spreads sorted / clustered ids over the slots.
+_FIB = np.uint64(0x9E3779B97F4A7C15)
+#: Rows a caller should look up at a time (``backend.ops.lookup_block_rows``): the hash, the probe
+#: and the key checks of one block stay in cache.
+lookup_block_rows = 1 << 16
+
+
+class _OpenTable:
+    """Linear-probing hash table over sorted unique uint64 ``keys`` (NumPy only, built vectorised).
+
+    Slots are the top ``bits`` of ``key * _FIB``; entries are placed in slot order, each at the
+    first free position at or after its slot, into ``2**bits + n`` positions (no wrap-around), so
+    a key is found by scanning from its slot to the first empty position.  Each position holds
+    (key, index) side by side: one probe touches one cache line."""
+
+    _EMPTY = np.uint64(2**64 - 1)
+
+    def __init__(self, keys: np.ndarray):
+        n = int(keys.shape[0])
+        self.bits = max(4, int(2 * n - 1).bit_length())  # load factor <= 1/2
+        self.shift = np.uint64(64 - self.bits)
+        slot = ((keys * _FIB) >> self.shift).astype(np.int64)
+        order = np.argsort(slot, kind="stable")
+        ar = np.arange(n, dtype=np.int64)
+        pos = np.maximum.accumulate(slot[order] - ar) + ar
+        self.tab = np.zeros(((1 << self.bits) + n, 2), np.uint64)
+        self.tab[:, 1] = self._EMPTY
+        self.tab[pos, 0] = keys[order]
+        self.tab[pos, 1] = order.astype(np.uint64)
+
+    def find(self, q: np.ndarray) -> np.ndarray:
+        p = ((q * _FIB) >> self.shift).astype(np.int64)
+        e = np.take(self.tab, p, axis=0)  # np.take: several times faster than self.tab[p]
+        used = e[:, 1] != self._EMPTY
+        hit = used & (e[:, 0] == q)
+        res = np.where(hit, e[:, 1].view(np.int64), -1)
+        more = np.flatnonzero(used & ~hit)  # occupied by another key: probe on
+        while more.shape[0]:
+            p_m = p[more] + 1
+            p[more] = p_m
+            e = np.take(self.tab, p_m, axis=0)
+            used = e[:, 1] != self._EMPTY
+            hit = used & (e[:, 0] == q[more])
+            res[more[hit]] = e[hit, 1].view(np.int64)
+            more = more[used & ~hit]
+        return res
 
 
 def _hash_table(keys: np.ndarray) -> Any:
-    """A pandas hash index over ``keys``, built once per keys array (kept while the array lives)."""
-    import pandas as pd
-
-    def build(k: np.ndarray) -> Any:
-        idx = pd.Index(k, copy=False)
-        idx.get_indexer(k[:1])  # build the hash table now, under the cache's lock
-        return idx
-
-    return _tables.get(keys, build)
+    """The hash table over ``keys``, built once per keys array (kept while the array lives)."""
+    return _tables.get(keys, _OpenTable)
 
 
 def hash_index(keys: np.ndarray, queries: np.ndarray) -> np.ndarray:
@@ -236,4 +276,4 @@ def hash_index(keys: np.ndarray, queries: np.ndarray) -> np.ndarray:
     check_hash_index(keys, queries)
     if keys.shape[0] == 0 or queries.shape[0] == 0:
         return np.full(queries.shape[0], -1, dtype=np.int64)
-    return np.asarray(_hash_table(keys).get_indexer(queries), dtype=np.int64)
+    return _hash_table(keys).find(queries)
