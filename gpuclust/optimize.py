@@ -109,9 +109,15 @@ class OptimizeReport:
         return "\n".join(lines)
 
 
+#: Fewest buckets of the default count: a small dataset still splits into partitions for every
+#: thread of a 16-core node (the engine joins consecutive buckets into partitions; it never
+#: splits one).
+MIN_BUCKETS = 16
+
+
 def default_buckets(usage_rows: int) -> int:
-    """The default bucket count: ``ceil(instance_usage rows / 4 Mi)``, at least 1."""
-    return max(1, math.ceil(int(usage_rows) / ROWS_PER_BUCKET))
+    """The default bucket count: ``ceil(instance_usage rows / 4 Mi)``, at least :data:`MIN_BUCKETS`."""
+    return max(MIN_BUCKETS, math.ceil(int(usage_rows) / ROWS_PER_BUCKET))
 
 
 # --------------------------------------------------------------------------------------------
