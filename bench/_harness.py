@@ -35,8 +35,14 @@ def run_measured(cmd: list[str], *, env: dict[str, str] | None = None, cwd: str 
     ``timeout_s`` / ``max_rss_bytes``: kill the process tree when the wall time / the sampled RSS
     passes it; ``extra`` then says ``{"timed_out": True}`` / ``{"rss_killed": True}`` (the
     returncode is the kill's, negative).  A guard for benchmarks of code whose memory grows with
-    the data, so that a run cannot take a shared machine down.
+    the data, so that a run cannot take a shared machine down.  ``extra["cpu_s"]``: user + system
+    CPU seconds of the process and the descendants it waited for (``RUSAGE_CHILDREN`` before and
+    after; exact when this is the only child running), less sensitive than wall time to other
+    work on a shared machine.
     """
+    import resource
+
+    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=cwd, text=True)
     peak = 0
@@ -88,6 +94,8 @@ def run_measured(cmd: list[str], *, env: dict[str, str] | None = None, cwd: str 
     wall = time.perf_counter() - t0
     stop.set()
     th.join()
+    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    extra["cpu_s"] = round(ru1.ru_utime - ru0.ru_utime + ru1.ru_stime - ru0.ru_stime, 3)
     return Measured(wall, peak, proc.returncode, out[-4000:], extra)
 
 

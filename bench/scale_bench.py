@@ -132,8 +132,16 @@ def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if ok:
             row["wall_s"] = round(statistics.median(r["wall_s"] for r in ok), 3)
             row["peak_rss_bytes"] = int(statistics.median(r["peak_rss_bytes"] for r in ok))
+            cpu = [r["cpu_s"] for r in ok if r.get("cpu_s") is not None]
+            if cpu:
+                row["cpu_s"] = round(statistics.median(cpu), 3)
             if row["windows"]:
                 row["s_per_mwindows"] = round(row["wall_s"] / (row["windows"] / 1e6), 3)
+                if cpu:
+                    row["cpu_s_per_mwindows"] = round(row["cpu_s"] / (row["windows"] / 1e6), 3)
+            loads = [r["load_avg_1m"] for r in ok if r.get("load_avg_1m") is not None]
+            if loads:
+                row["load_avg_1m"] = statistics.median(loads)
             row["status"] = "ok"
         else:
             worst = next((r for r in rs if r["status"] != "skipped"), rs[-1])
@@ -159,20 +167,22 @@ def markdown(summary: list[dict[str, Any]], env: dict[str, Any], notes: list[str
     for r in summary:
         by_an.setdefault((r["analysis"], r["layout"]), []).append(r)
     for (an, layout), rs in sorted(by_an.items()):
-        md += [f"## {an} ({layout})", "", "| dataset | windows | status | s | peak RSS GiB | s per 1e6 windows |",
-               "|---|---:|---|---:|---:|---:|"]
+        md += [f"## {an} ({layout})", "",
+               "| dataset | windows | status | wall s | CPU s | peak RSS GiB | wall s per 1e6 windows | CPU s per 1e6 windows | load |",
+               "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
         rs = sorted(rs, key=lambda r: (r["long_span"], r["size"]))
         for r in rs:
             if r["status"] == "ok":
                 md.append(f"| {r['dataset']} | {r['windows']:,} | ok ({r['ok']}/{r['runs']}) | {r['wall_s']:.1f} | "
-                          f"{_gib(r['peak_rss_bytes'])} | {r.get('s_per_mwindows', '')} |")
+                          f"{r.get('cpu_s', '')} | {_gib(r['peak_rss_bytes'])} | {r.get('s_per_mwindows', '')} | "
+                          f"{r.get('cpu_s_per_mwindows', '')} | {r.get('load_avg_1m', '')} |")
             else:
                 at = []
                 if r.get("wall_s_at_kill") is not None:
                     at.append(f"after {r['wall_s_at_kill']:.0f} s")
                 if r.get("peak_rss_bytes_at_kill"):
                     at.append(f"at {_gib(r['peak_rss_bytes_at_kill'])} GiB")
-                md.append(f"| {r['dataset']} | {r['windows'] or '':,} | **{r['status']}** {', '.join(at)} | | | |")
+                md.append(f"| {r['dataset']} | {r['windows'] or '':,} | **{r['status']}** {', '.join(at)} | | | | | | |")
         ok = {r["size"]: r for r in rs if r["status"] == "ok" and not r["long_span"]}
         small = ok.get(RATIO_SMALL)
         if small and RATIO_BIG in ok:
@@ -189,8 +199,11 @@ def markdown(summary: list[dict[str, Any]], env: dict[str, Any], notes: list[str
         per = [r for r in rs if r["status"] == "ok" and not r["long_span"] and r.get("s_per_mwindows")]
         if len(per) >= 2:
             lo, hi = per[0], per[-1]
-            md.append(f"Time per million windows {lo['dataset']} -> {hi['dataset']}: {lo['s_per_mwindows']} -> "
-                      f"{hi['s_per_mwindows']} s ({hi['s_per_mwindows'] / lo['s_per_mwindows']:.2f}x; 1.0 = linear).")
+            md.append(f"Wall s per million windows {lo['dataset']} -> {hi['dataset']}: {lo['s_per_mwindows']} -> "
+                      f"{hi['s_per_mwindows']} ({hi['s_per_mwindows'] / lo['s_per_mwindows']:.2f}x; 1.0 = linear).")
+            if lo.get("cpu_s_per_mwindows") and hi.get("cpu_s_per_mwindows"):
+                md.append(f"CPU s per million windows: {lo['cpu_s_per_mwindows']} -> {hi['cpu_s_per_mwindows']} "
+                          f"({hi['cpu_s_per_mwindows'] / lo['cpu_s_per_mwindows']:.2f}x).")
         md.append("")
     md += ["## Notes", "", *[f"- {n}" for n in notes], "",
            "Environment: " + ", ".join(f"{k}={v}" for k, v in env.items()), ""]
@@ -234,7 +247,9 @@ def main(argv: list[str] | None = None) -> int:
     max_rss = int((args.max_rss * 2**30) if args.max_rss else 0.6 * psutil.virtual_memory().total)
     notes: list[str] = [f"Each run: `python -m gpuclust.cli analyze DATASET NAME [-O ...] --out TMP --backend cpu "
                         f"{'' if args.plots else '--no-plots '}--quiet` (partitions auto = about 4 Mi rows each, one thread "
-                        "per usable core); peak RSS of the process tree sampled every 50 ms.",
+                        "per usable core); peak RSS of the process tree sampled every 50 ms; CPU s = user + system of the "
+                        "process (RUSAGE_CHILDREN); load = the machine's 1-minute load average after the run (other work "
+                        "on a shared machine inflates wall time, much less CPU time).",
                         f"A run is killed after {args.timeout:.0f} s or above {max_rss / 2**30:.1f} GiB RSS and recorded "
                         "as timeout / rss-killed; the analysis is then skipped at larger sizes.",
                         "Datasets: bench/gen_canonical.py (seed 1); windows = instance_usage rows."]
@@ -310,7 +325,8 @@ def main(argv: list[str] | None = None) -> int:
                            "--out", str(out / "r"), "--backend", "cpu", "--quiet", *([] if args.plots else ["--no-plots"]), *mem_args]
                     m = run_measured(cmd, env=_env(), timeout_s=args.timeout, max_rss_bytes=max_rss)
                     shutil.rmtree(out, ignore_errors=True)
-                    row = {**base, "wall_s": round(m.wall_s, 3), "peak_rss_bytes": m.peak_rss_bytes, "returncode": m.returncode}
+                    row = {**base, "wall_s": round(m.wall_s, 3), "cpu_s": m.extra.get("cpu_s"), "peak_rss_bytes": m.peak_rss_bytes,
+                           "returncode": m.returncode, "load_avg_1m": round(os.getloadavg()[0], 2)}
                     if m.extra.get("timed_out"):
                         row["status"] = "timeout"
                     elif m.extra.get("rss_killed"):
