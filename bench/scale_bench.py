@@ -47,7 +47,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from _harness import RESULTS, bench_dataset, environment, run_measured, write_results  # noqa: E402
+import _harness  # noqa: E402
+from _harness import bench_dataset, environment, run_measured, write_results  # noqa: E402
 
 DEFAULT_SIZES = "1e6,4e6,1.6e7,6.4e7"
 DEFAULT_LONG_SPAN = "1e7,2000,31"
@@ -110,6 +111,11 @@ def bucketed(flat: Path, takes_out: bool) -> Path:
 
 def _size(s: str) -> int:
     return int(float(s))
+
+
+def size_label(size: int) -> str:
+    """1e6, 4e6, 1.6e7, 6.4e7 (as the issue writes them)."""
+    return f"{size:.2g}".replace("e+0", "e").replace("e+", "e")
 
 
 def _dataset_rows(ds: Path) -> tuple[int, int | None, float | None]:
@@ -194,7 +200,7 @@ def markdown(summary: list[dict[str, Any]], env: dict[str, Any], notes: list[str
                 ratio = ok[big]["peak_rss_bytes"] / small["peak_rss_bytes"]
                 failed = any(r["status"] != "ok" for r in rs if not r["long_span"] and r["size"] > big)
                 verdict = ("FAIL" + (" (larger sizes did not finish)" if failed else "")) if (ratio > RSS_TARGET or failed) else "6.4e7 not measured"
-                md.append(f"\nPeak RSS {big:.2g} / 4e6: **{ratio:.2f}x** ({big // RATIO_SMALL}x the windows; {verdict}; "
+                md.append(f"\nPeak RSS {size_label(big)} / 4e6: **{ratio:.2f}x** ({big // RATIO_SMALL}x the windows; {verdict}; "
                           f"target 6.4e7 / 4e6 <= {RSS_TARGET}x).")
         per = [r for r in rs if r["status"] == "ok" and not r["long_span"] and r.get("s_per_mwindows")]
         if len(per) >= 2:
@@ -278,11 +284,11 @@ def main(argv: list[str] | None = None) -> int:
     for s in args.sizes.split(","):
         if s.strip():
             size = _size(s)
-            sets.append((f"{size:.2g}".replace("+0", "").replace("+", ""), size, False, bench_dataset(size)))
+            sets.append((size_label(size), size, False, bench_dataset(size)))
     if not args.no_long_span:
         w, m, d = args.long_span.split(",")
         size, machines, days = _size(w), int(m), float(d)
-        sets.append((f"long-span {size:.2g} windows, {machines:,} machines, {days:g} days".replace("+0", "").replace("+", ""),
+        sets.append((f"long-span {size_label(size)} windows, {machines:,} machines, {days:g} days",
                      size, True, bench_dataset(size, machines=machines, days=days)))
     if not layouts or not sets or not chosen:
         print("nothing to run", flush=True)
@@ -292,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
         for label, _, _, p in sets:
             paths[("bucketed", label)] = bucketed(p, takes_out)
 
-    jp = RESULTS / f"{args.name}.json"
+    jp = _harness.RESULTS / f"{args.name}.json"
     runs: list[dict[str, Any]] = []
     now = {(lay, label, v[0]) for lay in layouts for label, *_ in sets for v in chosen}
     if args.append and jp.exists():
@@ -347,8 +353,8 @@ def main(argv: list[str] | None = None) -> int:
                         print(m.stdout_tail[-1500:], file=sys.stderr, flush=True)
                     save()
     save()
-    print((RESULTS / f"{args.name}.md").read_text())
-    print(f"wrote {jp} and {RESULTS / f'{args.name}.md'}")
+    print((_harness.RESULTS / f"{args.name}.md").read_text())
+    print(f"wrote {jp} and {_harness.RESULTS / f'{args.name}.md'}")
     return 0
 
 
