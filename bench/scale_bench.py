@@ -6,7 +6,7 @@ partition's worth and time grows linearly.
     python bench/scale_bench.py --sizes 1e6,4e6 --no-long-span --repeat 2
     python bench/scale_bench.py --analyses cell-usage,usage-distribution[by=instance] --timeout 600
     python bench/scale_bench.py --layout both                     # also the `gpuclust optimize`d copy
-    python bench/scale_bench.py --sizes 6.4e7 --no-long-span --append   # add rows to scale.json
+    python bench/scale_bench.py --sizes 6.4e7 --no-long-span --append   # add runs to scale.json
 
 Data: `bench/gen_canonical.py`, cached under bench/data/ (git-ignored): canonical-<size> (the
 datasets every benchmark shares) and the long-span set canonical-<windows>-m<machines>-d<days>
@@ -234,7 +234,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plots", action="store_true", help="let analyze write its plots (default --no-plots)")
     ap.add_argument("--name", default="scale", help="results file stem under bench/results")
     ap.add_argument("--append", action="store_true",
-                    help="keep the runs already in <name>.json except those of the (layout, dataset, analysis) measured now")
+                    help="keep the runs already in <name>.json and add these as further repeats (medians over all); an "
+                         "earlier timeout / kill still rules out that analysis at that size and larger")
+    ap.add_argument("--replace", action="store_true",
+                    help="with --append: drop the earlier runs of the (layout, dataset, analysis) measured now")
     args = ap.parse_args(argv)
 
     import psutil
@@ -301,19 +304,28 @@ def main(argv: list[str] | None = None) -> int:
     jp = _harness.RESULTS / f"{args.name}.json"
     runs: list[dict[str, Any]] = []
     now = {(lay, label, v[0]) for lay in layouts for label, *_ in sets for v in chosen}
+    env = environment()
+    given_up: dict[tuple[str, str], int] = {}  # (layout, analysis label) -> smallest size that timed out / was killed
+    first_rep = 0
     if args.append and jp.exists():
         old = json.loads(jp.read_text())
-        runs = [r for r in old.get("runs", []) if (r["layout"], r["dataset"], r["analysis"]) not in now]
-        notes = list(dict.fromkeys([*notes, *old.get("notes", [])]))
-    env = environment()
+        runs = [r for r in old.get("runs", []) if not (args.replace and (r["layout"], r["dataset"], r["analysis"]) in now)]
+        notes = list(dict.fromkeys([*old.get("notes", []), *notes]))
+        env["earlier_environments"] = [e for e in [old.get("environment")] if e] + old.get("environment", {}).get("earlier_environments", [])
+        for e in env["earlier_environments"]:
+            e.pop("earlier_environments", None)
+        for r in runs:
+            if r["status"] in ("timeout", "rss-killed") and not r["long_span"]:
+                k = (r["layout"], r["analysis"])
+                given_up[k] = min(given_up.get(k, r["size"]), r["size"])
+        first_rep = 1 + max((r["repeat"] for r in runs), default=-1)
 
     def save() -> None:
         summary = summarise(runs)
         write_results(args.name, {"benchmark": "scale", "runs": runs, "summary": summary, "notes": notes, "environment": env},
                       markdown(summary, env, notes))
 
-    given_up: set[tuple[str, str]] = set()  # (layout, analysis label) that timed out / were killed
-    for rep in range(args.repeat):
+    for rep in range(first_rep, first_rep + args.repeat):
         for label, size, long_span, _ in sets:
             for layout in layouts:
                 ds = paths[(layout, label)]
@@ -322,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
                     base = {"layout": layout, "dataset": label, "size": size, "long_span": long_span, "windows": windows,
                             "machines": machines, "days": days, "analysis": vlabel, "repeat": rep}
                     # a failure at a smaller size rules out larger ones (the long-span set is run regardless)
-                    if (layout, vlabel) in given_up and not long_span:
+                    if not long_span and size >= given_up.get((layout, vlabel), size + 1):
                         runs.append({**base, "status": "skipped", "why": "timed out or killed at a smaller size or an earlier repeat"})
                         save()
                         continue
@@ -344,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
                         row["status"] = "ok"
                     if row["status"] != "ok":
                         if not long_span:
-                            given_up.add((layout, vlabel))
+                            given_up[(layout, vlabel)] = min(size, given_up.get((layout, vlabel), size))
                         if row["status"] != "failed":
                             row["error"] = m.stdout_tail[-500:]
                     runs.append(row)
