@@ -7,6 +7,7 @@ partition's worth and time grows linearly.
     python bench/scale_bench.py --analyses cell-usage,usage-distribution[by=instance] --timeout 600
     python bench/scale_bench.py --layout both                     # also the `gpuclust optimize`d copy
     python bench/scale_bench.py --sizes 6.4e7 --no-long-span --append   # add runs to scale.json
+    python bench/scale_bench.py --render                          # rewrite scale.md from scale.json
 
 Data: `bench/gen_canonical.py`, cached under bench/data/ (git-ignored): canonical-<size> (the
 datasets every benchmark shares) and the long-span set canonical-<windows>-m<machines>-d<days>
@@ -189,27 +190,39 @@ def markdown(summary: list[dict[str, Any]], env: dict[str, Any], notes: list[str
                 if r.get("peak_rss_bytes_at_kill"):
                     at.append(f"at {_gib(r['peak_rss_bytes_at_kill'])} GiB")
                 md.append(f"| {r['dataset']} | {r['windows'] or '':,} | **{r['status']}** {', '.join(at)} | | | | | | |")
+        md.append("")
         ok = {r["size"]: r for r in rs if r["status"] == "ok" and not r["long_span"]}
         small = ok.get(RATIO_SMALL)
+        unfinished = [r for r in rs if not r["long_span"] and r["status"] not in ("ok", "skipped")
+                      and small and r["size"] > RATIO_SMALL]
         if small and RATIO_BIG in ok:
             ratio = ok[RATIO_BIG]["peak_rss_bytes"] / small["peak_rss_bytes"]
-            md.append(f"\nPeak RSS 6.4e7 / 4e6: **{ratio:.2f}x** ({'pass' if ratio <= RSS_TARGET else 'FAIL'}, target <= {RSS_TARGET}x).")
+            md.append(f"Peak RSS 6.4e7 / 4e6: **{ratio:.2f}x** ({'pass' if ratio <= RSS_TARGET else 'FAIL'}, target <= {RSS_TARGET}x).")
         elif small:
             big = max(ok)
             if big > RATIO_SMALL:
                 ratio = ok[big]["peak_rss_bytes"] / small["peak_rss_bytes"]
-                failed = any(r["status"] != "ok" for r in rs if not r["long_span"] and r["size"] > big)
-                verdict = ("FAIL" + (" (larger sizes did not finish)" if failed else "")) if (ratio > RSS_TARGET or failed) else "6.4e7 not measured"
-                md.append(f"\nPeak RSS {size_label(big)} / 4e6: **{ratio:.2f}x** ({big // RATIO_SMALL}x the windows; {verdict}; "
+                verdict = ("FAIL" + (" (larger sizes did not finish)" if unfinished else "")) if (ratio > RSS_TARGET or unfinished) else "6.4e7 not measured"
+                md.append(f"Peak RSS {size_label(big)} / 4e6: **{ratio:.2f}x** ({big // RATIO_SMALL}x the windows; {verdict}; "
                           f"target 6.4e7 / 4e6 <= {RSS_TARGET}x).")
+            elif unfinished:
+                u = min(unfinished, key=lambda r: r["size"])
+                at = u.get("peak_rss_bytes_at_kill")
+                md.append(f"Peak RSS: {size_label(u['size'])} did not finish ({u['status']}"
+                          + (f", already {at / small['peak_rss_bytes']:.2f}x 4e6's when killed" if at else "")
+                          + f"): **FAIL** (target 6.4e7 / 4e6 <= {RSS_TARGET}x).")
         per = [r for r in rs if r["status"] == "ok" and not r["long_span"] and r.get("s_per_mwindows")]
         if len(per) >= 2:
             lo, hi = per[0], per[-1]
             md.append(f"Wall s per million windows {lo['dataset']} -> {hi['dataset']}: {lo['s_per_mwindows']} -> "
                       f"{hi['s_per_mwindows']} ({hi['s_per_mwindows'] / lo['s_per_mwindows']:.2f}x; 1.0 = linear).")
-            if lo.get("cpu_s_per_mwindows") and hi.get("cpu_s_per_mwindows"):
-                md.append(f"CPU s per million windows: {lo['cpu_s_per_mwindows']} -> {hi['cpu_s_per_mwindows']} "
-                          f"({hi['cpu_s_per_mwindows'] / lo['cpu_s_per_mwindows']:.2f}x).")
+            cpu = [r for r in per if r.get("cpu_s") is not None]
+            if len(cpu) >= 2:
+                # marginal CPU seconds per million windows between consecutive sizes: the process start
+                # and imports (~1 s, machine-shapes' whole run) cancel out
+                steps = [(a, b, (b["cpu_s"] - a["cpu_s"]) / ((b["windows"] - a["windows"]) / 1e6)) for a, b in zip(cpu, cpu[1:], strict=False)]
+                md.append("Marginal CPU s per million windows: " + ", ".join(f"{a['dataset']} -> {b['dataset']} {m:.3f}" for a, b, m in steps)
+                          + (f" ({steps[-1][2] / steps[0][2]:.2f}x; 1.0 = linear)." if len(steps) >= 2 and steps[0][2] > 0 else "."))
         md.append("")
     md += ["## Notes", "", *[f"- {n}" for n in notes], "",
            "Environment: " + ", ".join(f"{k}={v}" for k, v in env.items()), ""]
@@ -238,7 +251,13 @@ def main(argv: list[str] | None = None) -> int:
                          "earlier timeout / kill still rules out that analysis at that size and larger")
     ap.add_argument("--replace", action="store_true",
                     help="with --append: drop the earlier runs of the (layout, dataset, analysis) measured now")
+    ap.add_argument("--render", action="store_true", help="only rewrite <name>.md from <name>.json")
     args = ap.parse_args(argv)
+    if args.render:
+        d = json.loads((_harness.RESULTS / f"{args.name}.json").read_text())
+        d["summary"] = summarise(d["runs"])
+        write_results(args.name, d, markdown(d["summary"], d["environment"], d["notes"]))
+        return 0
 
     import psutil
 

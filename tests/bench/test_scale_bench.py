@@ -65,6 +65,8 @@ def test_tiny_run(bench, tmp_path):
     assert sorted(r["repeat"] for r in again) == [0, 1] and len(res2["runs"]) == len(runs) + 1
     assert res2["environment"]["earlier_environments"][0]["date"] == res["environment"]["date"]
     assert "ok (2/2)" in (tmp_path / "results" / "s.md").read_text()
+    (tmp_path / "results" / "s.md").unlink()
+    assert bench.main(["--render", "--name", "s"]) == 0 and "ok (2/2)" in (tmp_path / "results" / "s.md").read_text()
 
 
 def _subcommands() -> str:
