@@ -28,12 +28,37 @@ class Measured:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def run_measured(cmd: list[str], *, env: dict[str, str] | None = None, cwd: str | None = None, poll_s: float = 0.05) -> Measured:
-    """Run ``cmd`` and sample the summed RSS of it and all its descendants every ``poll_s``."""
+def run_measured(cmd: list[str], *, env: dict[str, str] | None = None, cwd: str | None = None, poll_s: float = 0.05,
+                 timeout_s: float | None = None, max_rss_bytes: int | None = None) -> Measured:
+    """Run ``cmd`` and sample the summed RSS of it and all its descendants every ``poll_s``.
+
+    ``timeout_s`` / ``max_rss_bytes``: kill the process tree when the wall time / the sampled RSS
+    passes it; ``extra`` then says ``{"timed_out": True}`` / ``{"rss_killed": True}`` (the
+    returncode is the kill's, negative).  A guard for benchmarks of code whose memory grows with
+    the data, so that a run cannot take a shared machine down.  ``extra["cpu_s"]``: user + system
+    CPU seconds of the process and the descendants it waited for (``RUSAGE_CHILDREN`` before and
+    after; exact when this is the only child running), less sensitive than wall time to other
+    work on a shared machine.
+    """
+    import resource
+
+    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=cwd, text=True)
     peak = 0
     stop = threading.Event()
+    extra: dict[str, Any] = {}
+
+    def kill_tree(root: psutil.Process) -> None:
+        try:
+            procs = [*root.children(recursive=True), root]
+        except psutil.NoSuchProcess:
+            return
+        for p in procs:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
 
     def sample() -> None:
         nonlocal peak
@@ -53,6 +78,14 @@ def run_measured(cmd: list[str], *, env: dict[str, str] | None = None, cwd: str 
                 except psutil.NoSuchProcess:
                     pass
             peak = max(peak, total)
+            if max_rss_bytes is not None and total > max_rss_bytes:
+                extra["rss_killed"] = True
+                kill_tree(root)
+                break
+            if timeout_s is not None and time.perf_counter() - t0 > timeout_s:
+                extra["timed_out"] = True
+                kill_tree(root)
+                break
             stop.wait(poll_s)
 
     th = threading.Thread(target=sample, daemon=True)
@@ -61,7 +94,9 @@ def run_measured(cmd: list[str], *, env: dict[str, str] | None = None, cwd: str 
     wall = time.perf_counter() - t0
     stop.set()
     th.join()
-    return Measured(wall, peak, proc.returncode, out[-4000:])
+    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    extra["cpu_s"] = round(ru1.ru_utime - ru0.ru_utime + ru1.ru_stime - ru0.ru_stime, 3)
+    return Measured(wall, peak, proc.returncode, out[-4000:], extra)
 
 
 def environment() -> dict[str, Any]:
@@ -139,13 +174,17 @@ def best_of(fn: Any, repeat: int) -> float:
     return best
 
 
-def bench_dataset(size: int) -> Path:
+def bench_dataset(size: int, *, machines: int | None = None, days: float | None = None) -> Path:
     """The canonical benchmark dataset of ``size`` windows (bench/data/canonical-<size>, seed 1),
-    generated on first use and shared by every benchmark."""
+    generated on first use and shared by every benchmark.  With ``machines`` / ``days`` (the
+    long-span set): bench/data/canonical-<size>-m<machines>-d<days>."""
     from gen_canonical import make_dataset
 
-    ds = Path(__file__).resolve().parent / "data" / f"canonical-{size}"
+    name = f"canonical-{size}"
+    if machines is not None or days is not None:
+        name += f"-m{machines or 'auto'}-d{days if days is not None else 'auto'}"
+    ds = Path(__file__).resolve().parent / "data" / name
     if not (ds / "manifest.json").exists():
         print(f"generating {size:,} windows into {ds}", flush=True)
-        make_dataset(ds, size, seed=1)
+        make_dataset(ds, size, machines=machines, days=days, seed=1)
     return ds

@@ -33,15 +33,26 @@ def _write(out: Path, table: str, t: pa.Table, part: int) -> str:
     return rel
 
 
-def make_dataset(out: str | Path, n_windows: int, *, machines: int | None = None, seed: int = 0, windows_per_part: int = 4 << 20) -> Path:
-    """Write a complete canonical dataset with about ``n_windows`` usage windows to ``out``."""
+def make_dataset(out: str | Path, n_windows: int, *, machines: int | None = None, days: float | None = None,
+                 seed: int = 0, windows_per_part: int = 4 << 20) -> Path:
+    """Write a complete canonical dataset with about ``n_windows`` usage windows to ``out``.
+
+    By default the span follows from the size (``machines`` = n_windows / 20,000, at least 50;
+    about 12 instances running per machine).  ``days`` fixes the span instead (e.g. 31 days with
+    2,000 machines and 10^7 windows: the *long-span* set, sparse machines, 17.9M machine x 5-min
+    buckets for 10^7 windows).  Without ``days`` the output is what it always was (same random
+    stream), so cached datasets stay valid.
+    """
     out = Path(out)
     rng = np.random.default_rng(seed)
     machines = machines or max(50, n_windows // 20_000)
     # Instances: each runs a contiguous span of 300 s windows on one machine.
     mean_windows = 40
     n_inst = max(1, n_windows // mean_windows)
-    hours = max(1.0, n_windows / (machines * 12 * 12))  # ~12 concurrent instances per machine
+    if days is None:
+        hours = max(1.0, n_windows / (machines * 12 * 12))  # ~12 concurrent instances per machine
+    else:
+        hours = float(days) * 24
     n_cells = int(hours * 12)
     machine_ids = (np.int64(10**9) + np.sort(rng.choice(10**9, size=machines, replace=False)).astype(np.int64) * 997)[rng.permutation(machines)]
     plat = rng.integers(0, 5, machines)
@@ -129,6 +140,8 @@ def make_dataset(out: str | Path, n_windows: int, *, machines: int | None = None
     for t, fl in files.items():
         man["tables"][t] = {"files": fl, "rows": int(sum(pq.ParquetFile(out / f).metadata.num_rows for f in fl))}
     man["generator"] = {"name": "bench/gen_canonical.py", "n_windows": wtot, "machines": machines, "seed": seed}
+    if days is not None:
+        man["generator"]["days"] = days
     write_json_atomic(out / "manifest.json", man)
     return out
 
@@ -136,8 +149,12 @@ def make_dataset(out: str | Path, n_windows: int, *, machines: int | None = None
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("out")
-    ap.add_argument("--windows", type=int, default=1_000_000)
+    ap.add_argument("--windows", type=lambda s: int(float(s)), default=1_000_000)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--machines", type=int, default=None, help="machine count (default: windows / 20,000, at least 50)")
+    ap.add_argument("--days", type=float, default=None,
+                    help="trace span in days (default: from the size, ~12 instances running per machine); "
+                         "e.g. --windows 10000000 --machines 2000 --days 31 is the long-span set")
     a = ap.parse_args()
-    p = make_dataset(a.out, a.windows, seed=a.seed)
+    p = make_dataset(a.out, a.windows, machines=a.machines, days=a.days, seed=a.seed)
     print(p)
