@@ -50,29 +50,23 @@ def test_tiny_run(bench, tmp_path):
         assert r["wall_s"] > 0 and r["peak_rss_bytes"] > 50 << 20 and r["cpu_s"] > 0
     long = [r for r in runs if r["long_span"]]
     assert {r["machines"] for r in long} == {60} and {r["days"] for r in long} == {2.0}
-    assert len(res["summary"]) == 6
+    assert {r["layout"] for r in runs} == {"flat", "bucketed"}  # `gpuclust optimize` exists
+    assert len(res["summary"]) == 12
     md = (tmp_path / "results" / "s.md").read_text()
     assert "## cell-usage (flat)" in md and "## usage-distribution[by=instance] (flat)" in md
-    assert md.count("| long-span 2e4 windows, 60 machines, 2 days |") == 2
-    # features that do not exist yet are skipped with a note, never silently
-    if "optimize" not in _subcommands():
-        assert "bucketed layout skipped" in md
+    assert "## cell-usage (bucketed)" in md and "## usage-distribution[by=instance] (bucketed)" in md
+    assert md.count("| long-span 2e4 windows, 60 machines, 2 days |") == 4
     assert "memory-limit" in md
     # --append adds further repeats (medians over all) and keeps the earlier environment
     assert bench.main(["--sizes", "2e4", "--no-long-span", "--analyses", "cell-usage", "--append", "--name", "s"]) == 0
     res2 = json.loads((tmp_path / "results" / "s.json").read_text())
-    again = [r for r in res2["runs"] if r["dataset"] == "2e4" and r["analysis"] == "cell-usage"]
+    again = [r for r in res2["runs"] if r["dataset"] == "2e4" and r["analysis"] == "cell-usage" and r["layout"] == "flat"]
     assert sorted(r["repeat"] for r in again) == [0, 1] and len(res2["runs"]) == len(runs) + 1
     assert res2["environment"]["earlier_environments"][0]["date"] == res["environment"]["date"]
     assert "ok (2/2)" in (tmp_path / "results" / "s.md").read_text()
     (tmp_path / "results" / "s.md").unlink()
     assert bench.main(["--render", "--name", "s"]) == 0 and "ok (2/2)" in (tmp_path / "results" / "s.md").read_text()
 
-
-def _subcommands() -> str:
-    import subprocess
-
-    return subprocess.run([sys.executable, "-m", "gpuclust.cli", "--help"], capture_output=True, text=True).stdout
 
 
 def test_ratio_verdict(bench):
