@@ -47,7 +47,8 @@ SETUP = {
 }
 #: Documents whose blocks read the synthetic dataset ``cell/ds`` without creating it.
 NEEDS_CELL = {"docs/analyses.md", "docs/analysis-cpi.md", "docs/analysis-overcommit.md",
-              "docs/analysis-usage-distribution.md", "docs/gpu.md", "docs/dataset.md", "docs/engine.md"}
+              "docs/analysis-usage-distribution.md", "docs/gpu.md", "docs/dataset.md", "docs/engine.md",
+              "docs/scale.md"}
 
 FENCE = re.compile(r"^```(\w*)\s*$")
 NOT_RUN = re.compile(r"<!--\s*not-run:\s*(.*?)\s*-->")
