@@ -10,8 +10,8 @@ the summed RSS of the process tree (bench/_harness.py ``run_measured``), twice:
 * with a fixed bucket size (``--buckets ceil(windows / ROWS_PER_BUCKET_FIXED)``): the peak must
   not grow with the dataset (one bucket + one batch in memory);
 * with one bucket (``--buckets 1``), i.e. the whole table: the peak grows there; the default
-  count (``ceil(windows / 4 Mi)``, at least 16) never makes a bucket larger than 4 Mi usage rows,
-  so this at 4e6 windows is the default layout's worst case.
+  count (``ceil(windows / 1 Mi)``, at least 16) never makes a bucket larger than 1 Mi usage rows,
+  so this at 1e6 windows is the default layout's worst case.
 
 Writes bench/results/<name>.json and .md with the figures, device, versions and commit.
 """

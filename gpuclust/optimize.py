@@ -55,7 +55,7 @@ from gpuclust.schema import SCHEMAS, TABLES
 __all__ = ["OptimizeReport", "OptimizeUsageError", "default_buckets", "optimize", "register"]
 
 #: Target instance_usage rows per bucket for the default bucket count.
-ROWS_PER_BUCKET = 4 << 20
+ROWS_PER_BUCKET = 1 << 20
 #: Largest row group of a bucketed part (smaller ones help time pushdown).
 ROW_GROUP_ROWS = 1 << 20
 #: Rows per batch streamed from an input part in the spill pass.
@@ -116,7 +116,11 @@ MIN_BUCKETS = 16
 
 
 def default_buckets(usage_rows: int) -> int:
-    """The default bucket count: ``ceil(instance_usage rows / 4 Mi)``, at least :data:`MIN_BUCKETS`."""
+    """The default bucket count: ``ceil(instance_usage rows / 1 Mi)``, at least :data:`MIN_BUCKETS`.
+
+    A bucket is the smallest partition the engine can make (it never splits one), so its size is
+    the grain of ``--memory-limit``: 1 Mi usage rows is ~0.7 GB of partition working set for the
+    heaviest analysis (usage-distribution, ``row_bytes`` 448 + columns)."""
     return max(MIN_BUCKETS, math.ceil(int(usage_rows) / ROWS_PER_BUCKET))
 
 
@@ -665,7 +669,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         type=int,
         default=None,
         metavar="N",
-        help=f"bucket count (default: ceil(instance_usage rows / {ROWS_PER_BUCKET:,}), at least 1)",
+        help=f"bucket count (default: ceil(instance_usage rows / {ROWS_PER_BUCKET:,}), at least {MIN_BUCKETS})",
     )
     p.add_argument("--out", "-o", metavar="NEW_DATASET", help="write a new dataset here instead of rewriting DATASET")
     p.add_argument("--no-progress", action="store_true", help="no progress display")

@@ -287,7 +287,7 @@ def test_in_place_idempotent_and_rebucket(flat: Path, tmp_path: Path, capsys: py
     for t in TABLES:
         _same_rows(flat, d, t)
     _listed_only(d)
-    # the default bucket count: ceil(usage rows / 4 Mi), at least 16
+    # the default bucket count: ceil(usage rows / 1 Mi), at least 16
     assert main(["optimize", str(d), "--no-progress"]) == 0
     assert Dataset(d).layout("instance_usage")["buckets"] == default_buckets(Dataset(flat).num_rows("instance_usage")) == 16  # type: ignore[index]
     _listed_only(d)
