@@ -1,6 +1,6 @@
 """``gpuclust info DATASET``: what a dataset holds, and whether to trust it, before analysing it.
 
-Tables (rows, files, bytes, time span), trace version, cell, tier map, ingest inputs and rejects,
+Tables (rows, files, bytes, time span, layout), trace version, cell, tier map, ingest inputs and rejects,
 completeness (manifest flag, failed inputs, part files missing on disk) and which registered
 analyses it can run.  Everything comes from the manifest and the Parquet footers: no data is read,
 so it is instant on a full cell.  Times are trace microseconds; the span comes from the Parquet
@@ -69,7 +69,7 @@ def dataset_info(path: str | Path) -> dict[str, Any]:
         missing_files += [str(f.relative_to(ds.path)) for f in files if not f.is_file()]
         lo, hi = _span(present, _TIME_COLUMNS.get(t, ("time",)))
         tables[t] = {"rows": ds.num_rows(t), "files": len(files), "bytes": sum(f.stat().st_size for f in present),
-                     "time_min": lo, "time_max": hi}
+                     "time_min": lo, "time_max": hi, "layout": ds.layout(t)}
     inputs = list(m.get("inputs", {}).values())
     failed = [{"path": i.get("path"), "status": i.get("status"), "error": i.get("error")}
               for i in inputs if i.get("status") != "done"]
@@ -128,6 +128,15 @@ def format_info(d: dict[str, Any]) -> str:
     ]
     if d["tier_map_warning"]:
         lines.append(f"             {d['tier_map_warning']}")
+    lay = {t: v["layout"] for t, v in d["tables"].items() if v.get("layout")}
+    if lay:
+        groups: dict[tuple[str, int], list[str]] = {}
+        for t, v in lay.items():
+            groups.setdefault((",".join(v["key"]), int(v["buckets"])), []).append(t)
+        lines.append("layout       bucketed (gpuclust optimize): " + "; ".join(
+            f"{', '.join(ts)} by {k} into {n} buckets" for (k, n), ts in groups.items()))
+    else:
+        lines.append("layout       flat (`gpuclust optimize` buckets it by instance / machine; docs/scale.md)")
     lines.append("tables       rows          files  MB        time span (trace us)")
     for t, v in d["tables"].items():
         span = f"{_time(v['time_min'])} .. {_time(v['time_max'])}" if v["rows"] else ""

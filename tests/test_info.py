@@ -89,3 +89,19 @@ def test_readme_cli_tour_has_info():
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     tour = readme.split("## CLI tour", 1)[1].split("\n## ", 1)[0]
     assert "gpuclust info " in tour
+
+
+def test_layout_flat_then_bucketed(ds, capsys):
+    rc, out, _ = info(capsys, ds)
+    assert rc == 0 and "layout       flat" in out
+    from gpuclust.optimize import optimize
+
+    optimize(ds, buckets=3, progress=False)
+    rc, out, _ = info(capsys, ds)
+    assert rc == 0
+    assert ("layout       bucketed (gpuclust optimize): instance_usage, instance_events by "
+            "collection_id,instance_index into 3 buckets; machine_events, machine_attributes by machine_id "
+            "into 3 buckets") in out
+    d = json.loads(info(capsys, ds, "--json")[1])
+    assert d["tables"]["instance_usage"]["layout"]["buckets"] == 3
+    assert d["tables"]["collection_events"]["layout"] is None
