@@ -174,5 +174,7 @@ def assert_results_same(r1: dict[str, Any], r2: dict[str, Any], rtol: float = 1e
                 if a[c].dtype.kind == "f":
                     np.testing.assert_allclose(a[c].to_numpy(), b[c].to_numpy(), rtol=rtol, atol=1e-300,
                                                equal_nan=True, err_msg=f"{k}/{t}/{c}")
-                else:
-                    assert a[c].tolist() == b[c].tolist(), (k, t, c)
+                else:  # exact; a missing value (None / NaN) only matches a missing value
+                    na, nb = a[c].isna().to_numpy(), b[c].isna().to_numpy()
+                    assert (na == nb).all(), (k, t, c)
+                    assert a[c][~na].tolist() == b[c][~nb].tolist(), (k, t, c)
