@@ -10,6 +10,7 @@ with pickle between processes and machines.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -43,8 +44,11 @@ def open_scheduler(scheduler: Any, backend_name: str, memory_limit: int | None =
         if backend_name == "gpu":
             raise ValueError("scheduler 'local:N' runs CPU workers; use scheduler='cuda' with backend='gpu'")
         per_worker = "auto" if memory_limit is None else max(1, int(memory_limit) // n)
+        # silence_logs: a worker's heartbeat can race the cluster's shutdown and log a traceback
+        # ("Failed to communicate with scheduler during heartbeat") after the results are in; a
+        # failing task still raises in the client, so nothing the user needs is hidden
         with distributed.LocalCluster(n_workers=n, threads_per_worker=1, processes=True, memory_limit=per_worker,
-                                      dashboard_address=None) as cluster, distributed.Client(cluster) as client:
+                                      dashboard_address=None, silence_logs=logging.CRITICAL) as cluster, distributed.Client(cluster) as client:
             yield {"scheduler": client}
         return
     if scheduler == "cuda":
