@@ -34,6 +34,7 @@ __all__ = [
     "ORDER",
     "LayoutError",
     "bucket_ids",
+    "key_hash",
     "bucket_of_path",
     "check_layouts",
     "key_name",
@@ -80,24 +81,27 @@ def _mix(xp: Any, x: Any) -> Any:
     return x ^ (x >> xp.uint64(31))
 
 
-def bucket_ids(xp: Any, key_columns: Sequence[Any], n_buckets: int) -> Any:
-    """The bucket (int32 in ``[0, n_buckets)``) of each row, from its key columns.
-
-    ``h = mix(c0 ^ SEED); h = mix(h ^ c1); ...; bucket = h mod n_buckets`` with every column
-    taken as its int64 bit pattern (as uint64) and ``mix`` the splitmix64 finaliser.  A NULL key
-    (dtype minimum, as the engine hands NULLs over) is hashed like any value: its rows land in
-    one bucket together.
-    """
-    n = int(n_buckets)
-    if n < 1:
-        raise ValueError(f"n_buckets must be >= 1, got {n_buckets!r}")
+def key_hash(xp: Any, key_columns: Sequence[Any]) -> Any:
+    """The uint64 splitmix64 chain of key columns: ``h = mix(c0 ^ SEED); h = mix(h ^ c1); ...``
+    with every column taken as its int64 bit pattern (as uint64) and ``mix`` the splitmix64
+    finaliser (the bucket hash before the modulo; also usage-distribution's group key)."""
     if not key_columns:
         raise ValueError("a bucketing key needs at least one column")
     with np.errstate(over="ignore"):
         h = _mix(xp, xp.asarray(key_columns[0]).astype(xp.int64).astype(xp.uint64) ^ _SEED)
         for c in key_columns[1:]:
             h = _mix(xp, h ^ xp.asarray(c).astype(xp.int64).astype(xp.uint64))
-        return (h % xp.uint64(n)).astype(xp.int32)
+    return h
+
+
+def bucket_ids(xp: Any, key_columns: Sequence[Any], n_buckets: int) -> Any:
+    """The bucket (int32 in ``[0, n_buckets)``) of each row, from its key columns:
+    :func:`key_hash` mod ``n_buckets``.  A NULL key (dtype minimum, as the engine hands NULLs
+    over) is hashed like any value: its rows land in one bucket together."""
+    n = int(n_buckets)
+    if n < 1:
+        raise ValueError(f"n_buckets must be >= 1, got {n_buckets!r}")
+    return (key_hash(xp, key_columns) % xp.uint64(n)).astype(xp.int32)
 
 
 class LayoutError(ValueError):

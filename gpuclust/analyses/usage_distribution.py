@@ -36,7 +36,7 @@ from gpuclust.analyses import mixture_summary as ms
 from gpuclust.analyses._lookup import EVENT_COLUMNS, InstanceLookup, tier_lookup
 from gpuclust.analyses.base import Analysis, fmt, is_null_int, to_host
 from gpuclust.analyses.options import option, tier_map_option
-from gpuclust.layout import key_name
+from gpuclust.layout import key_hash, key_name
 from gpuclust.schema import (
     CPU_PERCENTILE_COLUMNS_SORTED,
     CPU_PERCENTILE_LEVELS_SORTED,
@@ -69,22 +69,11 @@ _DONE_FIELDS = ("key", "n_windows", "weight", "mean", "quantiles", "err_bound")
 _STD_LEVELS = np.asarray(CPU_PERCENTILE_LEVELS_SORTED, dtype=np.float64)
 _KEY_COLUMNS = {"instance": ("collection_id", "instance_index"), "collection": ("collection_id",),
                 "machine": ("machine_id",), "tier": ("tier",), "cell": (), "time": ("bucket",)}
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
-_SEED = np.uint64(0x2545F4914F6CDD1D)
 
 
 def level_name(level: float) -> str:
     """Quantile column name of a level: ``q0``, ``q50``, ``q99``, ``q100``, ``q0.5``, ``q99.9``."""
     return "q" + f"{float(level) * 100:.10g}"
-
-
-def _mix(xp: Any, x: Any) -> Any:
-    x = x ^ (x >> xp.uint64(30))
-    x = x * _M1
-    x = x ^ (x >> xp.uint64(27))
-    x = x * _M2
-    return x ^ (x >> xp.uint64(31))
 
 
 def _combine(xp: Any, comps: list[Any], n: int) -> Any:
@@ -94,10 +83,7 @@ def _combine(xp: Any, comps: list[Any], n: int) -> Any:
         return xp.zeros(n, dtype=xp.int64)
     if len(comps) == 1:
         return comps[0].astype(xp.int64)
-    h = _mix(xp, comps[0].astype(xp.int64).astype(xp.uint64) ^ _SEED)
-    for c in comps[1:]:
-        h = _mix(xp, h ^ c.astype(xp.int64).astype(xp.uint64))
-    return h.view(xp.int64)
+    return key_hash(xp, comps).view(xp.int64)
 
 
 def _parse_list(v: Any) -> tuple[str, ...]:
