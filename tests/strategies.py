@@ -178,3 +178,23 @@ def assert_results_same(r1: dict[str, Any], r2: dict[str, Any], rtol: float = 1e
                     na, nb = a[c].isna().to_numpy(), b[c].isna().to_numpy()
                     assert (na == nb).all(), (k, t, c)
                     assert a[c][~na].tolist() == b[c][~nb].tolist(), (k, t, c)
+
+
+# The documented bucket hash (docs/dataset.md, "Bucketed layout"), one row at a time in plain
+# Python integers: the reference the bucketed layout and engine tests check gpuclust.layout with.
+MASK = (1 << 64) - 1
+
+
+def _mix(x: int) -> int:
+    x ^= x >> 30
+    x = (x * 0xBF58476D1CE4E5B9) & MASK
+    x ^= x >> 27
+    x = (x * 0x94D049BB133111EB) & MASK
+    return x ^ (x >> 31)
+
+
+def ref_bucket(key: tuple[int, ...], n: int) -> int:
+    h = _mix((key[0] & MASK) ^ 0x2545F4914F6CDD1D)
+    for c in key[1:]:
+        h = _mix(h ^ (c & MASK))
+    return h % n

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from strategies import assert_results_same
+from strategies import assert_results_same, ref_bucket
 
 from gpuclust.dataset import MANIFEST, Dataset, DatasetError
 from gpuclust.layout import HASH_NAME, KEYS, ORDER
@@ -36,22 +36,6 @@ RG = 700  # small row groups: several per part
 # --------------------------------------------------------------------------------------------
 # An obviously-correct reference of the bucket hash
 # --------------------------------------------------------------------------------------------
-MASK = (1 << 64) - 1
-
-
-def _mix(x: int) -> int:
-    x ^= x >> 30
-    x = (x * 0xBF58476D1CE4E5B9) & MASK
-    x ^= x >> 27
-    x = (x * 0x94D049BB133111EB) & MASK
-    return x ^ (x >> 31)
-
-
-def ref_bucket(key: tuple[int, ...], n: int) -> int:
-    h = _mix((key[0] & MASK) ^ 0x2545F4914F6CDD1D)
-    for c in key[1:]:
-        h = _mix(h ^ (c & MASK))
-    return h % n
 
 
 # --------------------------------------------------------------------------------------------

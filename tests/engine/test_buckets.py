@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from strategies import assert_results_same
+from strategies import assert_results_same, ref_bucket
 
 from gpuclust.analyses.registry import create, names
 from gpuclust.analyses.usage_distribution import UsageDistribution
@@ -27,22 +27,6 @@ from gen_canonical import make_dataset  # noqa: E402
 N_BUCKETS = 7
 
 
-def _splitmix(x: int) -> int:
-    m = (1 << 64) - 1
-    x ^= x >> 30
-    x = (x * 0xBF58476D1CE4E5B9) & m
-    x ^= x >> 27
-    x = (x * 0x94D049BB133111EB) & m
-    return x ^ (x >> 31)
-
-
-def slow_bucket(values: list[int], n: int) -> int:
-    """The documented bucket hash, one row at a time in plain Python integers."""
-    m = (1 << 64) - 1
-    h = _splitmix((values[0] & m) ^ 0x2545F4914F6CDD1D)
-    for v in values[1:]:
-        h = _splitmix(h ^ (v & m))
-    return h % n
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +53,7 @@ def test_every_row_sits_in_its_hash_bucket_in_time_order(tables: dict) -> None:
         for b, s in enumerate(slices):
             keys = [s.column(c).to_pylist() for c in KEYS[t]]
             for row in list(zip(*keys, strict=True))[:200]:
-                assert slow_bucket([int(v) for v in row], N_BUCKETS) == b
+                assert ref_bucket(tuple(int(v) for v in row), N_BUCKETS) == b
             times = np.asarray(s.column(ORDER[t]).to_numpy(zero_copy_only=False))
             assert (np.diff(times) >= 0).all()
 
