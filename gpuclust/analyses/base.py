@@ -41,6 +41,14 @@ An analysis is declared **once**, as a small frozen dataclass (never a CPU class
 ``finalize(partial, ctx) -> dict[str, pandas.DataFrame]``
     Named result tables.
 
+``parted`` tables (results that grow with the data, e.g. a row per machine x bucket)
+    Not finalized whole: ``split`` separates a partial's keyed partials from the rest; the engine
+    spills each partition's keyed partials, merges the rest by its tree, then reduces the keyed
+    partials one *shard* (``shards``, ``key_range``) at a time with ``finalize_shard``, writing
+    each shard's rows as one Parquet part, and ends with ``finalize_parted`` (streams the parted
+    tables for summaries).  ``finalize`` of such an analysis is the same in memory
+    (:func:`gpuclust.parted.finalize_in_memory`).  See :mod:`gpuclust.parted`.
+
 Partial shapes: *dense* (fixed-shape arrays when the key space is known) merge elementwise;
 *keyed* (sorted unique int64 keys + value arrays) merge by concatenate + group
 (:func:`keyed_reduce` / :func:`merge_keyed`); moments merge as ``(n, mean, M2)``
@@ -63,6 +71,7 @@ __all__ = [
     "is_null_int",
     "keyed_reduce",
     "merge_keyed",
+    "merge_keyed_many",
     "merge_moments",
     "null_int",
     "resolve_tier_map",
@@ -162,7 +171,6 @@ def merge_keyed(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str,
     merged in O(n + m log n) by inserting the new keys (no sort); anything else is grouped by
     concatenate + unique.  Both paths give the same sums (``a + b`` per shared key).
     """
-    from gpuclust.backends import get_backend
 
     if a["key"].shape[0] == 0:
         return {k: v.copy() for k, v in b.items()}
@@ -187,7 +195,23 @@ def merge_keyed(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str,
             v[at] += vb[hit]
             out[k] = v
         return out
-    cat = {k: np.concatenate([a[k], b[k]]) for k in a}
+    return _group_keyed({k: np.concatenate([a[k], b[k]]) for k in a})
+
+
+def merge_keyed_many(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Merge many host keyed partials (same fields) at once: concatenated in order and grouped, so
+    each key's float sum adds the parts' values in list order (as a left fold of
+    :func:`merge_keyed`, in one sort instead of one insertion per part)."""
+    full = [p for p in parts if p["key"].shape[0]]
+    if len(full) <= 1:
+        return full[0] if full else parts[0]
+    return _group_keyed({k: np.concatenate([p[k] for p in full]) for k in full[0]})
+
+
+def _group_keyed(cat: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Group concatenated keyed rows by key: float fields summed (NaN ignored), integers exactly."""
+    from gpuclust.backends import get_backend
+
     fsum = {k: v for k, v in cat.items() if k != "key" and v.dtype.kind == "f"}
     isum = {k: v for k, v in cat.items() if k != "key" and v.dtype.kind in "iu"}
     uniq, inv = np.unique(cat["key"], return_inverse=True)
@@ -240,6 +264,10 @@ class Analysis:
     #: Peak bytes its partial allocates per streamed row (measured: ``tracemalloc`` over 10^6
     #: windows, NumPy backend; sizes partitions to a memory budget, see gpuclust/engine/memory.py).
     row_bytes: ClassVar[int] = 512
+    #: Result tables that grow with the data (a row per machine x bucket, ...), written part by
+    #: part (:mod:`gpuclust.parted`): an analysis listing any implements :meth:`split`,
+    #: :meth:`shards`, :meth:`key_range`, :meth:`finalize_shard` and :meth:`finalize_parted`.
+    parted: ClassVar[tuple[str, ...]] = ()
 
     @property
     def columns(self) -> tuple[str, ...]:
@@ -280,6 +308,44 @@ class Analysis:
         raise NotImplementedError
 
     def finalize(self, partial: Any, ctx: Any) -> dict[str, pd.DataFrame]:
+        raise NotImplementedError
+
+    # ------------------------------------------------ parted results (only with ``parted`` tables)
+    def split(self, partial: Any) -> tuple[Any, dict[str, dict[str, np.ndarray]]]:
+        """``(rest, keyed)``: a host partial's small part (merged by the engine's tree) and its keyed
+        partials (``{name: {"key": sorted unique int64, field: values}}``), which are spilled per
+        partition and reduced one shard at a time."""
+        raise NotImplementedError
+
+    def shards(self, ctx: Any) -> list[tuple[int, int]]:
+        """The shards: ranges ``[lo, hi)`` of a coordinate the keys are ordered by (machine code,
+        ...), each small enough to finalize in memory; at least one."""
+        raise NotImplementedError
+
+    def key_range(self, ctx: Any, name: str, lo: int, hi: int) -> tuple[int, int]:
+        """The keys ``[first, end)`` of keyed partial ``name`` in shard ``[lo, hi)``."""
+        raise NotImplementedError
+
+    def merge_rest(self, a: Any, b: Any) -> Any:
+        """Merge two ``rest`` parts of :meth:`split`."""
+        raise NotImplementedError
+
+    def client_partial(self, ctx: Any) -> Any:
+        """A partial computed on the client by :meth:`bind` (a flat source), merged with the
+        partitions' before shards are reduced; default: none."""
+        return None
+
+    def finalize_shard(self, keyed: dict[str, dict[str, np.ndarray]], rest: Any, ctx: Any, lo: int,
+                       hi: int) -> tuple[dict[str, pd.DataFrame], Any]:
+        """The rows of the parted tables for shard ``[lo, hi)`` (``keyed``: the merged keyed
+        partials of its key ranges; ``rest``: the merged small part) and a small *extra* that
+        :meth:`finalize_parted` gets (one per shard, in shard order)."""
+        raise NotImplementedError
+
+    def finalize_parted(self, rest: Any, ctx: Any, tables: dict[str, Any], extras: list[Any]) -> dict[str, pd.DataFrame]:
+        """The result tables other than the parted ones, given those (``tables``: a
+        :class:`gpuclust.parted.PartedTable` or :class:`gpuclust.parted.FrameParts` each, to be
+        read by batches) and the shards' extras."""
         raise NotImplementedError
 
     def summary(self, result: dict[str, pd.DataFrame]) -> str:

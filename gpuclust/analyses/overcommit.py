@@ -60,6 +60,7 @@ from gpuclust.analyses._intervals import (
 from gpuclust.analyses._lookup import InstanceLookup, id_index, tier_lookup
 from gpuclust.analyses.base import Analysis, fmt, is_null_int, keyed_reduce, merge_keyed, resolve_tier_map
 from gpuclust.analyses.options import option, tier_map_option
+from gpuclust.parted import finalize_in_memory, frames
 from gpuclust.schema import TIME_AFTER_TRACE, TierMap, tier_map
 
 __all__ = ["Overcommit", "OvercommitContext", "TRACE_START_US"]
@@ -68,6 +69,9 @@ __all__ = ["Overcommit", "OvercommitContext", "TRACE_START_US"]
 TRACE_START_US = 600_000_000
 #: Largest dense (groups x buckets) block one bucket_overlap call of a partial may allocate.
 CELL_LIMIT = 1 << 24
+#: Machine-buckets of one shard of the machine table (one Parquet part; its keyed partials and
+#: rows, ~0.4-1 KB per machine-bucket, are what a shard holds in memory).
+SHARD_CELLS = 1 << 20
 #: Machine-buckets finalize handles at a time (its dense temporaries are ~0.6 KB per one of these).
 FINALIZE_CELLS = 1 << 18
 #: A ratio counts as "over capacity" when it exceeds 1 by more than this (float rounding).
@@ -89,6 +93,14 @@ _EVENT_COLUMNS = ["time", "type", "collection_id", "instance_index", "machine_id
 #: what the first pass over instance_events reads
 _PASS_COLUMNS = ["time", "type", "machine_id", "alloc_collection_id"]
 _NULL = np.iinfo(np.int64).min
+#: what a pickled context holds instead of the client's interval partial
+_DROPPED = "dropped when pickled"
+#: float columns of the machine table before the per-tier ones
+_MACHINE_FLOATS = ("covered_s", "up_s", "cap_cpu", "cap_mem", "req_cpu", "req_mem", "use_cpu", "use_mem", "max_cpu_sum",
+                   "max_mem_sum", "instances", *[f"{k}_ratio_{r}" for r in ("cpu", "mem") for k in ("alloc", "usage", "peak")])
+_TIER_COLS = ("req_cpu", "req_mem", "use_cpu", "use_mem", "max_cpu_sum", "max_mem_sum")
+#: columns that are NaN (unknown) when the dataset has no instance_usage rows
+_USAGE_PREFIXES = ("use_", "max_cpu_sum", "max_mem_sum", "usage_ratio_", "peak_ratio_")
 
 
 def _f64(arr: Any) -> np.ndarray:
@@ -185,11 +197,11 @@ def _keyed(key: np.ndarray, **fields: np.ndarray) -> dict[str, np.ndarray]:
 @dataclass
 class OvercommitContext:
     """What partials need (machine / tier lookups, bucket grid), what ``bind`` added, and the
-    client-only capacity intervals.
+    capacity intervals the shards of the machine table are finalized from.
 
-    ``series`` (capacity intervals, machine_events presence) and ``client_intervals`` (the
-    interval partial of a flat source, bound on the client) are dropped when the context is
-    pickled to a worker; ``finalize`` runs on the client, where they are present.
+    ``client_intervals`` (the interval partial of a flat source, bound on the client: one entry
+    per running piece) is dropped when the context is pickled to a worker; the engine merges it
+    (:meth:`Overcommit.client_partial`) before the shards are reduced.
     """
 
     tier_map: TierMap
@@ -207,21 +219,21 @@ class OvercommitContext:
     machine_ids: np.ndarray
     #: usage tier lookup (collection_id, instance_index, machine_id) -> tier code (set by ``bind``)
     lookup: InstanceLookup
-    #: client only: capacity intervals by machine code (``code``, ``start``, ``end``, ``cap_cpu``,
+    #: capacity intervals by machine code (``code``, ``start``, ``end``, ``cap_cpu``,
     #: ``cap_mem``, sorted by code) and ``has_me`` (machine has machine_events rows)
     series: dict[str, np.ndarray] | None
     stats: dict[str, int]
     #: the interval partial of this partition's instances (``bind`` on a bucketed source); the
     #: partial emits it
     intervals: dict[str, Any] | None = None
-    #: client only: the interval partial of all instances (``bind`` on a flat source); finalize
-    #: merges it
-    client_intervals: dict[str, Any] | None = None
+    #: client only: the interval partial of all instances (``bind`` on a flat source); merged
+    #: before the shards (:meth:`Overcommit.client_partial`)
+    client_intervals: dict[str, Any] | str | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         d = dict(self.__dict__)
-        d["series"] = None  # client only: finalize runs on the client
-        d["client_intervals"] = None
+        if d["client_intervals"] is not None:  # client only (one per instance): merged before the shards
+            d["client_intervals"] = _DROPPED
         return d
 
     def __setstate__(self, d: dict[str, Any]) -> None:
@@ -480,39 +492,64 @@ class Overcommit(Analysis):
                 "istats": a["istats"] + b["istats"]}
 
     # ---------------------------------------------------------------- finalize
+    parted = ("machine",)
+
+    def split(self, partial: dict[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, np.ndarray]]]:
+        rest = {"stats": partial["stats"], "istats": partial["istats"]}
+        return rest, {k: {f: np.asarray(v) for f, v in partial[k].items()} for k in ("usage", "req", "inst")}
+
+    def merge_rest(self, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+        return {"stats": a["stats"] + b["stats"], "istats": a["istats"] + b["istats"]}
+
+    def shards(self, ctx: OvercommitContext) -> list[tuple[int, int]]:
+        """Ranges of machine codes of about :data:`SHARD_CELLS` machine-buckets each."""
+        M, B = int(ctx.machine_ids.shape[0]), max(int(ctx.n_buckets), 1)
+        step = max(1, SHARD_CELLS // B)
+        return [(m0, min(M, m0 + step)) for m0 in range(0, M, step)] or [(0, 0)]
+
+    def key_range(self, ctx: OvercommitContext, name: str, lo: int, hi: int) -> tuple[int, int]:
+        per = (ctx.n_tiers if name in ("usage", "req") else 1) * ctx.n_buckets
+        return lo * per, hi * per
+
+    def client_partial(self, ctx: OvercommitContext) -> dict[str, Any] | None:
+        if ctx.client_intervals is None:  # bucketed source: the partitions carry the intervals
+            return None
+        if isinstance(ctx.client_intervals, str):
+            raise RuntimeError("overcommit: this context was pickled without the intervals bound on the client; "
+                               "finalize with the client's context")
+        return {**self.empty(), **ctx.client_intervals}
+
     def finalize(self, partial: dict[str, Any], ctx: OvercommitContext) -> dict[str, pd.DataFrame]:
-        if ctx.series is None:
-            raise RuntimeError("overcommit: finalize needs the client-side context (its capacity intervals "
-                               "are dropped when the context is pickled)")
-        if ctx.client_intervals is not None:  # flat source: the intervals were bound on the client
-            ci = ctx.client_intervals
-            partial = {**partial, "req": merge_keyed(partial["req"], ci["req"]),
-                       "inst": merge_keyed(partial["inst"], ci["inst"]), "istats": partial["istats"] + ci["istats"]}
-        M, T, B = int(ctx.machine_ids.shape[0]), ctx.n_tiers, ctx.n_buckets
-        tiers = list(ctx.tier_names)
-        bucket = ctx.origin // ctx.width + np.arange(B, dtype=np.int64)  # absolute bucket numbers
+        return finalize_in_memory(self, partial, ctx)
+
+    def _grid(self, ctx: OvercommitContext) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Absolute bucket numbers, bucket starts, and the seconds of each bucket in the window."""
+        bucket = ctx.origin // ctx.width + np.arange(ctx.n_buckets, dtype=np.int64)
         bstart = bucket * ctx.width
         L = (np.minimum(bstart + ctx.width, ctx.window_end) - np.maximum(bstart, ctx.window_start)).astype(np.float64) / 1e6
-        parts = {k: {f: np.asarray(v) for f, v in partial[k].items()} for k in ("usage", "req", "inst")}
+        return bucket, bstart, L
+
+    def finalize_shard(self, keyed: dict[str, dict[str, np.ndarray]], rest: dict[str, Any], ctx: OvercommitContext,
+                       lo: int, hi: int) -> tuple[dict[str, pd.DataFrame], _CellSums]:
+        """The machine table of machine codes ``[lo, hi)`` (a chunk of machines at a time, dense
+        only over the chunk, into one preallocated float block) and the chunk's cell sums."""
+        if ctx.series is None:
+            raise RuntimeError("overcommit: finalize needs the capacity intervals of the context")
+        M, T, B = int(ctx.machine_ids.shape[0]), ctx.n_tiers, ctx.n_buckets
+        tiers = list(ctx.tier_names)
+        bucket, _, L = self._grid(ctx)
         for k, per in (("usage", T), ("req", T), ("inst", 1)):
-            key = parts[k]["key"]
+            key = keyed[k]["key"]
             if key.size and (int(key.max()) >= M * per * B or int(key.min()) < 0):
                 raise ValueError(f"overcommit: {k} partial does not match the context (key out of range)")
-        stats = dict(ctx.stats)
-        stats.update(zip(ISTATS, (int(x) for x in partial["istats"]), strict=True))
-        stats.update(zip(STATS, (int(x) for x in partial["stats"]), strict=True))
-        has_usage = stats["usage_rows"] > 0
+        has_usage = int(rest["stats"][STATS.index("usage_rows")]) > 0
         step = max(1, FINALIZE_CELLS // max(B, 1))
-        chunks = [(m0, min(M, m0 + step)) for m0 in range(0, M, step)]
+        chunks = [(m0, min(hi, m0 + step)) for m0 in range(lo, hi, step)]
         # pass 1: which machine-buckets are rows (1 byte per machine-bucket), so the output is
         # allocated once at its final size
-        present = [self._chunk(ctx, parts, m0, m1, L, presence_only=True) for m0, m1 in chunks]
+        present = [self._chunk(ctx, keyed, m0, m1, L, presence_only=True) for m0, m1 in chunks]
         N = int(sum(int(p.sum()) for p in present))
-        fcols = ["covered_s", "up_s", "cap_cpu", "cap_mem", "req_cpu", "req_mem", "use_cpu", "use_mem", "max_cpu_sum",
-                 "max_mem_sum", "instances"]
-        fcols += [f"{k}_ratio_{r}" for r in ("cpu", "mem") for k in ("alloc", "usage", "peak")]
-        tier_cols = ("req_cpu", "req_mem", "use_cpu", "use_mem", "max_cpu_sum", "max_mem_sum")
-        fcols += [f"{c}_{t}" for t in tiers for c in tier_cols]
+        fcols = list(_MACHINE_FLOATS) + [f"{c}_{t}" for t in tiers for c in _TIER_COLS]
         fpos = {c: j for j, c in enumerate(fcols)}
         F = np.empty((len(fcols), N), dtype=np.float64)  # one block: column j is F[j]
         ints = {c: np.empty(N, np.int64) for c in ("machine_id", "bucket", "instances_distinct", "windows")}
@@ -520,7 +557,7 @@ class Overcommit(Analysis):
         acc = _CellSums(B, T)
         r0 = 0
         for (m0, m1), pres in zip(chunks, present, strict=True):
-            d = self._chunk(ctx, parts, m0, m1, L, presence_only=False)
+            d = self._chunk(ctx, keyed, m0, m1, L, presence_only=False)
             mi, bi = np.nonzero(pres)
             r1 = r0 + mi.shape[0]
             rows = slice(r0, r1)
@@ -539,7 +576,7 @@ class Overcommit(Analysis):
                 for kind, col in (("alloc", f"req_{r}"), ("usage", f"use_{r}"), ("peak", f"max_{r}_sum")):
                     F[fpos[f"{kind}_ratio_{r}"], rows] = _ratio(F[fpos[col], rows], cap)
             for k, t in enumerate(tiers):
-                for col in tier_cols:
+                for col in _TIER_COLS:
                     F[fpos[f"{col}_{t}"], rows] = d[col][mi, k, bi]
             acc.add(d, pres)
             r0 = r1
@@ -547,7 +584,7 @@ class Overcommit(Analysis):
         if not has_usage:
             # No instance_usage rows at all: usage was not measured, so it is unknown (NaN), not 0.
             for c, j in fpos.items():
-                if c.startswith(("use_", "max_cpu_sum", "max_mem_sum", "usage_ratio_", "peak_ratio_")):
+                if c.startswith(_USAGE_PREFIXES):
                     F[j] = np.nan
         machine = pd.DataFrame(F.T, columns=fcols, copy=False)
         for loc, (c, v) in enumerate((("machine_id", ints["machine_id"]), ("bucket", ints["bucket"]),
@@ -556,18 +593,32 @@ class Overcommit(Analysis):
         machine.insert(machine.columns.get_loc("cap_mem") + 1, "cap_unknown", cap_unknown)
         machine.insert(machine.columns.get_loc("instances") + 1, "instances_distinct", ints["instances_distinct"])
         machine.insert(machine.columns.get_loc("instances_distinct") + 1, "windows", ints["windows"])
-        del ints, cap_unknown
+        return {"machine": machine}, acc
+
+    def finalize_parted(self, rest: dict[str, Any], ctx: OvercommitContext, tables: dict[str, Any],
+                        extras: list[_CellSums]) -> dict[str, pd.DataFrame]:
+        """The cell series (the shards' cell sums, added in shard order), the summary (streamed
+        from the machine table) and the run's counters."""
+        tiers = list(ctx.tier_names)
+        stats = dict(ctx.stats)
+        stats.update(zip(ISTATS, (int(x) for x in rest["istats"]), strict=True))
+        stats.update(zip(STATS, (int(x) for x in rest["stats"]), strict=True))
+        has_usage = stats["usage_rows"] > 0
+        acc = extras[0]
+        for e in extras[1:]:
+            acc.add_sums(e)
+        bucket, bstart, L = self._grid(ctx)
         cell = acc.table(bucket, bstart, L, tiers)
         if not has_usage:
             for c in cell.columns:
-                if c.startswith(("use_", "max_cpu_sum", "max_mem_sum", "usage_ratio_", "peak_ratio_")):
+                if c.startswith(_USAGE_PREFIXES):
                     cell[c] = np.nan
-        summary = self._summary(machine, tiers, has_usage=has_usage)
+        summary = _summary(tables["machine"], tiers, has_usage=has_usage)
         info = pd.DataFrame([{
             "analysis": self.name, "tier_map": ctx.tier_map.name, "tiers": ",".join(tiers),
             "bucket_s": int(self.bucket_s), "window_start_us": ctx.window_start, "window_end_us": ctx.window_end,
-            "machines": M, "buckets": B, **stats}])
-        return {"machine": machine, "cell": cell, "summary": summary, "info": info}
+            "machines": int(ctx.machine_ids.shape[0]), "buckets": ctx.n_buckets, **stats}])
+        return {"cell": cell, "summary": summary, "info": info}
 
     @staticmethod
     def _chunk(ctx: OvercommitContext, parts: dict[str, dict[str, np.ndarray]], m0: int, m1: int, L: np.ndarray,
@@ -630,46 +681,6 @@ class Overcommit(Analysis):
                     "max_c": max_c, "max_m": max_m, "inst": I["inst"] / L, "distinct": I["distinct"],
                     "windows": windows}
 
-    @staticmethod
-    def _summary(machine: pd.DataFrame, tiers: list[str], has_usage: bool) -> pd.DataFrame:
-        """Statistics over *full* machine-buckets: available the whole bucket, known capacity > 0.
-        Usage statistics are NaN when the dataset has no instance_usage rows (e.g. 2011 events only)."""
-        rows: list[tuple[str, str, str, float]] = []
-        L = machine["covered_s"].to_numpy()
-        up = machine["up_s"].to_numpy()
-        avail = float(up.sum())
-        for r in ("cpu", "mem"):
-            cap = machine[f"cap_{r}"].to_numpy()
-            full = (up >= L * (1 - 1e-12)) & np.isfinite(cap) & (cap > 0)
-            if not full.any():
-                continue
-            w = L[full]
-            tw = float(w.sum())
-            c = cap[full]
-            rows.append(("machine_buckets", r, "all", float(full.sum())))
-            rows.append(("machine_time_share", r, "all", tw / avail if avail > 0 else np.nan))
-            for kind, col in (("request", f"req_{r}"), ("usage", f"use_{r}"), ("peak", f"max_{r}_sum")):
-                v = machine[col].to_numpy()[full]
-                kn = np.isfinite(v)  # usage statistics over the machine-buckets whose usage is known
-                tk = float(w[kn].sum())
-                share = float(w[kn & (v > c * (1 + OVER_EPS))].sum()) / tk if tk > 0 else np.nan
-                rows.append((f"share_over_capacity_{kind}", r, "all", share if has_usage or kind == "request" else np.nan))
-            u = machine[f"use_{r}"].to_numpy()[full]
-            kn = np.isfinite(u)
-            den = float((c[kn] * w[kn]).sum())
-            mean_use = float((u[kn] * w[kn]).sum()) / den if den > 0 else np.nan
-            rows.append(("usage_ratio_mean", r, "all", mean_use if has_usage else np.nan))
-            for t in ("all", *tiers):
-                req = machine[f"req_{r}" if t == "all" else f"req_{r}_{t}"].to_numpy()[full]
-                ratio = req / c
-                rows.append(("alloc_ratio_mean", r, t, float((req * w).sum() / (c * w).sum())))
-                qs = np.quantile(ratio, QUANTILES)  # one selection pass for all levels (same values)
-                for q, v in zip(QUANTILES, qs, strict=True):
-                    name = "alloc_ratio_max" if q == 1.0 else f"alloc_ratio_p{round(q * 100)}"
-                    rows.append((name, r, t, float(v)))
-        return pd.DataFrame(rows, columns=["metric", "resource", "tier", "value"]).astype(
-            {"metric": object, "resource": object, "tier": object, "value": np.float64})
-
     def summary(self, result: dict[str, pd.DataFrame]) -> str:
         info = result["info"].iloc[0]
         s = result["summary"]
@@ -695,6 +706,77 @@ class Overcommit(Analysis):
                 f" of machine-time, by usage {fmt(get('share_over_capacity_usage', r), '.2f', 100, '%')}; "
                 f"usage/capacity mean {fmt(get('usage_ratio_mean', r), '.3f')}")
         return "\n".join(lines)
+
+
+def _summary(machine: Any, tiers: list[str], has_usage: bool) -> pd.DataFrame:
+    """Statistics over *full* machine-buckets: available the whole bucket, known capacity > 0.
+    Usage statistics are NaN when the dataset has no instance_usage rows (e.g. 2011 events only).
+
+    ``machine`` is the machine table (a DataFrame or a parted table): sums are accumulated one
+    batch at a time and the ratio quantiles are exact (:func:`gpuclust.stream_quantiles.stream_quantiles`,
+    a few more passes over the columns they need), so nothing grows with the table."""
+    from gpuclust.stream_quantiles import stream_quantiles
+
+    def full_of(b: pd.DataFrame, r: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        L, cap = b["covered_s"].to_numpy(np.float64), b[f"cap_{r}"].to_numpy(np.float64)
+        full = (b["up_s"].to_numpy(np.float64) >= L * (1 - 1e-12)) & np.isfinite(cap) & (cap > 0)
+        return full, L[full], cap[full]
+
+    req_col = {(r, t): f"req_{r}" if t == "all" else f"req_{r}_{t}" for r in ("cpu", "mem") for t in ("all", *tiers)}
+    cols = ["covered_s", "up_s", *{c for r in ("cpu", "mem")
+                                   for c in (f"cap_{r}", f"req_{r}", f"use_{r}", f"max_{r}_sum")}, *set(req_col.values())]
+    avail = 0.0
+    z = {r: {k: 0.0 for k in ("n", "tw", "den", "num", *[f"tk_{x}" for x in ("request", "usage", "peak")],
+                              *[f"over_{x}" for x in ("request", "usage", "peak")])} for r in ("cpu", "mem")}
+    reqw = {k: [0.0, 0.0] for k in req_col}  # sum(req * w), sum(cap * w)
+    for b in frames(machine, sorted(set(cols))):
+        avail += float(b["up_s"].to_numpy(np.float64).sum())
+        for r in ("cpu", "mem"):
+            full, w, c = full_of(b, r)
+            a = z[r]
+            a["n"] += int(full.sum())
+            a["tw"] += float(w.sum())
+            for kind, col in (("request", f"req_{r}"), ("usage", f"use_{r}"), ("peak", f"max_{r}_sum")):
+                v = b[col].to_numpy(np.float64)[full]
+                kn = np.isfinite(v)  # usage statistics over the machine-buckets whose usage is known
+                a[f"tk_{kind}"] += float(w[kn].sum())
+                a[f"over_{kind}"] += float(w[kn & (v > c * (1 + OVER_EPS))].sum())
+            u = b[f"use_{r}"].to_numpy(np.float64)[full]
+            kn = np.isfinite(u)
+            a["den"] += float((c[kn] * w[kn]).sum())
+            a["num"] += float((u[kn] * w[kn]).sum())
+            for t in ("all", *tiers):
+                req = b[req_col[(r, t)]].to_numpy(np.float64)[full]
+                reqw[(r, t)][0] += float((req * w).sum())
+                reqw[(r, t)][1] += float((c * w).sum())
+    rows: list[tuple[str, str, str, float]] = []
+    for r in ("cpu", "mem"):
+        a = z[r]
+        if a["n"] == 0:
+            continue
+        rows.append(("machine_buckets", r, "all", float(a["n"])))
+        rows.append(("machine_time_share", r, "all", a["tw"] / avail if avail > 0 else np.nan))
+        for kind in ("request", "usage", "peak"):
+            tk = a[f"tk_{kind}"]
+            share = a[f"over_{kind}"] / tk if tk > 0 else np.nan
+            rows.append((f"share_over_capacity_{kind}", r, "all", share if has_usage or kind == "request" else np.nan))
+        mean_use = a["num"] / a["den"] if a["den"] > 0 else np.nan
+        rows.append(("usage_ratio_mean", r, "all", mean_use if has_usage else np.nan))
+        for t in ("all", *tiers):
+            col = req_col[(r, t)]
+
+            def ratios(r: str = r, col: str = col) -> Any:
+                for b in frames(machine, ["covered_s", "up_s", f"cap_{r}", col]):
+                    full, _, c = full_of(b, r)
+                    yield b[col].to_numpy(np.float64)[full] / c
+
+            num, den = reqw[(r, t)]
+            rows.append(("alloc_ratio_mean", r, t, num / den))
+            for q, v in zip(QUANTILES, stream_quantiles(ratios, QUANTILES), strict=True):
+                name = "alloc_ratio_max" if q == 1.0 else f"alloc_ratio_p{round(q * 100)}"
+                rows.append((name, r, t, float(v)))
+    return pd.DataFrame(rows, columns=["metric", "resource", "tier", "value"]).astype(
+        {"metric": object, "resource": object, "tier": object, "value": np.float64})
 
 
 def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
@@ -737,6 +819,22 @@ class _CellSums:
             self.tier[c] += d[c].sum(axis=0)
         self.instances += d["inst"].sum(axis=0)
         self.windows += d["windows"].sum(axis=0)
+
+    def add_sums(self, o: _CellSums) -> None:
+        """Add another shard's sums."""
+        self.machines += o.machines
+        self.machines_up += o.machines_up
+        self.machines_cap_unknown += o.machines_cap_unknown
+        self.present_any |= o.present_any
+        for r in ("cpu", "mem"):
+            self.known_any[r] |= o.known_any[r]
+            self.cap[r] += o.cap[r]
+        for c in self.COLS:
+            self.tier[c] += o.tier[c]
+        for k in self.known:
+            self.known[k] += o.known[k]
+        self.instances += o.instances
+        self.windows += o.windows
 
     def table(self, bucket: np.ndarray, bstart: np.ndarray, L: np.ndarray, tiers: list[str]) -> pd.DataFrame:
         # Capacity of the machines with a known capacity; when machines are present but none has a

@@ -6,10 +6,21 @@ when the gpu backend is).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from gpuclust.engine.local import run
 from gpuclust.engine.partition import PartitionSpec, TableSource, plan_partitions, read_partition
 
 __all__ = ["PartitionSpec", "TableSource", "analyze", "plan_partitions", "read_partition", "run"]
+
+
+def _moved(v, old, new):
+    """A parted table written into the temporary results folder ``old``, at its place in ``new``."""
+    from gpuclust.parted import PartedTable
+
+    if isinstance(v, PartedTable):
+        return PartedTable(Path(new) / v.folder.relative_to(old), list(v.files), v.num_rows)
+    return v
 
 
 def analyze(dataset, names, *, out=None, backend="cpu", scheduler=None, partitions=1, tier_map=None,
@@ -50,7 +61,8 @@ def analyze(dataset, names, *, out=None, backend="cpu", scheduler=None, partitio
     Returns
     -------
     dict
-        As :func:`run`.
+        As :func:`run`; with ``out``, the parted tables (overcommit's ``machine``) are
+        :class:`gpuclust.parted.PartedTable` in ``out`` (read them by batches or whole).
 
     Examples
     --------
@@ -74,15 +86,18 @@ def analyze(dataset, names, *, out=None, backend="cpu", scheduler=None, partitio
         from gpuclust.report import ResultsFolder
 
         folder = ResultsFolder(out).open()
+        folder_tmp = folder.tmp
     try:
         limit = _memory.parse_size(memory_limit) or _memory.default_limit()
         res = run(src, plan.analyses, backend=plan.backend, partitions=partitions, scheduler=scheduler,
-                  workers=workers, progress=progress, memory_limit=limit)
+                  workers=workers, progress=progress, memory_limit=limit,
+                  parts_dir=None if folder is None else folder.tmp)
         if folder is not None:
             folder.write(res, plan.by_key(), plots=plots,
                          run_info=plan.info(scheduler=scheduler, partitions=partitions, workers=workers,
                                             memory_limit=limit, **_selection.run_info(src)))
-            folder.commit()
+            final = folder.commit()
+            res = {key: {t: _moved(v, folder_tmp, final) for t, v in tables.items()} for key, tables in res.items()}
             if progress is not None:
                 progress.phase(f"wrote {out}")
     finally:

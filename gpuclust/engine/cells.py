@@ -118,7 +118,7 @@ class _CellSummaries:
     def __init__(self, by_cell: dict[str, Any]):
         self.by_cell = by_cell
         first = next(iter(by_cell.values()))
-        self.name, self.label = first.name, first.label
+        self.name, self.label, self.parted = first.name, first.label, first.parted
 
     def summary(self, tables: Mapping[str, pd.DataFrame]) -> str:
         parts = []

@@ -48,7 +48,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "analyze",
         help="run analyses over a canonical dataset",
         description=textwrap.fill(
-            "Run analyses over a canonical dataset and write DIR/<analysis>/<table>.parquet, DIR/summary.txt, a "
+            "Run analyses over a canonical dataset and write DIR/<analysis>/<table>.parquet (a table that grows with "
+            "the cell: a folder of parts, DIR/<analysis>/<table>/part-NNNNN.parquet), DIR/summary.txt, a "
             "plot per analysis and DIR/_run.json (what this run wrote, and how). DIR is written as a whole: an "
             "earlier run's results there are replaced.", 88),
         epilog="analyses and their options (-O NAME=VALUE):\n" + options_text(),

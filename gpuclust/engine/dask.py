@@ -16,7 +16,7 @@ from typing import Any
 
 from gpuclust.engine.local import merge_lists, partition_partials
 
-__all__ = ["compute_merged", "open_scheduler", "workers_of"]
+__all__ = ["compute_merged", "compute_tasks", "open_scheduler", "workers_of"]
 
 
 @contextlib.contextmanager
@@ -89,13 +89,23 @@ def _done_callback(keys: dict[Any, Any], on_done: Any) -> Any:
     return Callback(posttask=posttask)
 
 
+def compute_tasks(fn: Any, args: list[tuple[Any, ...]], scheduler: Any) -> list[Any]:
+    """``[fn(*a) for a in args]`` as dask tasks on ``scheduler`` (results in order)."""
+    import dask
+
+    with open_scheduler(scheduler, "cpu") as kw:
+        return list(dask.compute(*[dask.delayed(fn, pure=False)(*a) for a in args], **kw))
+
+
 def compute_merged(plans: dict[str, tuple[list[int], list[Any]]], analyses: list[Any], ctxs: list[Any],
-                   backend_name: str, scheduler: Any, split_every: int = 8, on_done: Any = None) -> list[Any]:
+                   backend_name: str, scheduler: Any, split_every: int = 8, on_done: Any = None,
+                   spills: list[Any] | None = None) -> list[Any]:
     """Build one merge tree per table and compute all of them in one ``dask.compute`` call.
 
     ``on_done(spec)`` is called for each partition: as its task finishes on dask's local
     schedulers (threads, sync), after the compute on distributed ones (the tasks run in other
-    processes).
+    processes).  ``spills``: per analysis, where a parted analysis' partition tasks spill
+    (:func:`gpuclust.engine.local.partition_partials`).
     """
     import dask
 
@@ -107,8 +117,9 @@ def compute_merged(plans: dict[str, tuple[list[int], list[Any]]], analyses: list
         sub = [analyses[k] for k in idx]
         sub_d = dask.delayed(sub, traverse=False)
         ctx_d = dask.delayed([ctxs[k] for k in idx], traverse=False)
-        level = [dask.delayed(partition_partials)(dask.delayed(spec, traverse=False), sub_d, ctx_d, backend_name)
-                 for spec in specs]
+        sub_spills = [spills[k] if spills else None for k in idx]
+        level = [dask.delayed(partition_partials)(dask.delayed(spec, traverse=False), sub_d, ctx_d, backend_name,
+                                                  sub_spills) for spec in specs]
         task_spec.update((d.key, spec) for d, spec in zip(level, specs, strict=True))
         if not level:
             level = [dask.delayed([a.empty() for a in sub], traverse=False)]

@@ -12,6 +12,7 @@ import os
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -22,6 +23,8 @@ from gpuclust.backends import Backend, get_backend
 from gpuclust.engine import memory as _memory
 from gpuclust.engine import partition as _partition
 from gpuclust.engine import selection as _selection
+from gpuclust.engine import shards as _shards
+from gpuclust.parted import PartedTable
 
 __all__ = ["PerPartition", "bind_partition", "context_of", "contexts", "default_workers", "finalize_all", "merge_local",
            "partition_partials", "per_partition", "plan_tables", "auto_rows_of", "resolve_analyses", "result_keys", "run", "unbound"]
@@ -73,9 +76,11 @@ def bind_partition(a: Analysis, ctx: Any, spec: _partition.PartitionSpec) -> Any
 
 
 def partition_partials(spec: _partition.PartitionSpec, analyses: Sequence[Analysis], ctxs: Sequence[Any],
-                       backend: Backend | str) -> list[Any]:
+                       backend: Backend | str, spills: Sequence[Path | None] | None = None) -> list[Any]:
     """Read one partition once (the union of the analyses' columns) and return each analysis'
-    partial, moved to host memory so it can be merged or shipped to another worker."""
+    partial, moved to host memory so it can be merged or shipped to another worker (``spills``:
+    per analysis, the folder its keyed partials are spilled to, for one with parted tables; see
+    :mod:`gpuclust.engine.shards`)."""
     be = get_backend(backend)
     tune_allocator()  # once per process (dask workers too); see gpuclust/_memory.py
     columns = sorted({c for a in analyses for c in a.columns} | _selection.extra_columns(spec, analyses))
@@ -85,8 +90,12 @@ def partition_partials(spec: _partition.PartitionSpec, analyses: Sequence[Analys
         host = _partition.read_partition(spec, columns)
         cols = {c: be.asarray(v) for c, v in host.items()}
     masks: dict[str, Any] = {}  # selection (--from/--to): rows filtered per analysis rule, one mask per rule
-    return [to_host(a.partial(_selection.columns_for(spec, a, cols, be, masks), ctx, be))
-            for a, ctx in zip(analyses, bound, strict=True)]
+    out = [to_host(a.partial(_selection.columns_for(spec, a, cols, be, masks), ctx, be))
+           for a, ctx in zip(analyses, bound, strict=True)]
+    for k, folder in enumerate(spills or ()):
+        if folder is not None:
+            out[k] = _shards.spill(analyses[k], out[k], folder)
+    return out
 
 
 def default_workers(backend: Backend | str) -> int:
@@ -115,7 +124,8 @@ def merge_lists(analyses: Sequence[Analysis], *lists: list[Any]) -> list[Any]:
     """Merge several per-partition partial lists analysis by analysis."""
     out = list(lists[0])
     for lst in lists[1:]:
-        out = [a.merge(x, y) for a, x, y in zip(analyses, out, lst, strict=False)]
+        out = [_shards.merge_spilled(a, x, y) if isinstance(x, _shards.Spilled) or isinstance(y, _shards.Spilled)
+               else a.merge(x, y) for a, x, y in zip(analyses, out, lst, strict=False)]
     return out
 
 
@@ -133,7 +143,8 @@ def run(
     memory_limit: int | str | None = None,
     time_from: Any = None,
     time_to: Any = None,
-) -> dict[str, dict[str, pd.DataFrame]]:
+    parts_dir: str | Path | None = None,
+) -> dict[str, dict[str, Any]]:
     """Run analyses over a dataset or in-memory tables.
 
     Parameters
@@ -177,12 +188,19 @@ def run(
         microseconds) or wall-clock in the cell's time zone (``"2019-05-02"``); see
         :mod:`gpuclust.engine.selection` and docs/analyses.md ("Time selections").  Only the
         Parquet row groups that can hold selected rows are read.
+    parts_dir
+        Where the tables that grow with the data (an analysis' ``parted`` tables, e.g.
+        overcommit's ``machine``) are written, as ``<result key>/<table>/part-NNNNN.parquet``
+        by the shard tasks: they are then returned as :class:`gpuclust.parted.PartedTable`
+        (read by batches).  ``None``: a temporary folder, and those tables are read back into
+        DataFrames (memory grows with them: for small data).
 
     Returns
     -------
     dict
         ``{analysis name: {table name: pandas.DataFrame}}`` (an analysis requested twice with
-        different options is keyed by its label, e.g. ``cell-usage[mode=exact]``).
+        different options is keyed by its label, e.g. ``cell-usage[mode=exact]``; parted tables
+        with ``parts_dir``: :class:`gpuclust.parted.PartedTable`).
 
     Examples
     --------
@@ -203,23 +221,35 @@ def run(
     if nthreads < 1:
         raise ValueError(f"workers must be >= 1, got {workers!r}")
     limit = _memory.parse_size(memory_limit) or _memory.default_limit()
-    if scheduler is None:
-        return _run(src, ans, be, partitions, None, cut_points, split_every, nthreads, progress,
-                    rows=lambda pre: auto_rows_of(pre, limit, nthreads))
-    from gpuclust.engine.dask import open_scheduler, workers_of
+    folders = _shards.SpillFolders(parts_dir) if any(a.parted for a in ans) else None
+    try:
+        if scheduler is None:
+            res = _run(src, ans, be, partitions, None, cut_points, split_every, nthreads, progress,
+                       rows=lambda pre: auto_rows_of(pre, limit, nthreads), folders=folders)
+        else:
+            from gpuclust.engine.dask import open_scheduler, workers_of
 
-    with open_scheduler(scheduler, be.name, memory_limit=limit) as kw:  # one cluster for every pass of the run
-        in_flight = workers_of(kw["scheduler"], nthreads)
-        return _run(src, ans, be, partitions, kw["scheduler"], cut_points, split_every, nthreads, progress,
-                    label=scheduler if isinstance(scheduler, str) else type(scheduler).__name__,
-                    rows=lambda pre: auto_rows_of(pre, limit, in_flight))
+            with open_scheduler(scheduler, be.name, memory_limit=limit) as kw:  # one cluster for every pass of the run
+                in_flight = workers_of(kw["scheduler"], nthreads)
+                res = _run(src, ans, be, partitions, kw["scheduler"], cut_points, split_every, nthreads, progress,
+                           label=scheduler if isinstance(scheduler, str) else type(scheduler).__name__,
+                           rows=lambda pre: auto_rows_of(pre, limit, in_flight), folders=folders)
+        if folders is not None and folders.own:  # no parts_dir: parted tables come back as DataFrames
+            res = {key: {t: v.read() if isinstance(v, PartedTable) else v for t, v in tables.items()}
+                   for key, tables in res.items()}
+        return res
+    finally:
+        if folders is not None:
+            folders.close()
 
 
 def _run(src: Any, ans: list[Analysis], be: Backend, partitions: int | str, scheduler: Any,
          cut_points: Any, split_every: int, nthreads: int, progress: Any,
-         label: str = "", rows: Any = None) -> dict[str, dict[str, pd.DataFrame]]:
+         label: str = "", rows: Any = None, folders: _shards.SpillFolders | None = None,
+         ) -> dict[str, dict[str, Any]]:
     """:func:`run` with the scheduler open (``None``: local): prerequisite passes (recursively,
-    with the same settings and selection), contexts, partials, merges, finalize."""
+    with the same settings and selection), contexts, partials (parted analyses spill to
+    ``folders``), merges, shards, finalize."""
     def run_pass(pre: list[Analysis]) -> dict[str, dict[str, pd.DataFrame]]:
         _, pre = _selection.attach(src, pre)  # the run's selection applies to its passes too
         return _run(src, pre, be, partitions, scheduler, cut_points, split_every, nthreads, None, label, rows)
@@ -230,9 +260,11 @@ def _run(src: Any, ans: list[Analysis], be: Backend, partitions: int | str, sche
     plans = _selection.prune_plans(src, plans, ans, partitions, cut_points, multiple, progress,  # row-group pushdown
                                    auto_rows=auto_rows)
     ctxs = contexts(ans, src, progress, per_partition=per_partition(src, ans, plans), run_pass=run_pass)
+    spills = [folders.for_analysis(k) if a.parted and folders is not None else None for k, a in enumerate(ans)]
     if scheduler is None:
         merged = merge_local(plans, ans, ctxs, be, nthreads, progress,
-                             lambda spec, sub, sub_ctxs: partition_partials(spec, sub, sub_ctxs, be))
+                             lambda spec, sub, sub_ctxs, sub_spills: partition_partials(spec, sub, sub_ctxs, be,
+                                                                                       sub_spills), spills)
     else:
         from gpuclust.engine.dask import compute_merged
 
@@ -243,8 +275,17 @@ def _run(src: Any, ans: list[Analysis], be: Backend, partitions: int | str, sche
                 _announce(progress, table_specs)
         merged = compute_merged(plans, ans, ctxs, be.name, scheduler, split_every,
                                 on_done=None if progress is None else (lambda sp: progress.partition_done(
-                                    sp.table, sp.num_rows)))
-    return finalize_all(ans, merged, [unbound(c) for c in ctxs], progress)
+                                    sp.table, sp.num_rows)), spills=spills)
+    if scheduler is None:
+        def run_tasks(args: list[tuple[Any, ...]]) -> list[Any]:
+            return list(_map_in_order(lambda t: _shards.reduce_shard(*t), args, nthreads))
+    else:
+        def run_tasks(args: list[tuple[Any, ...]]) -> list[Any]:
+            from gpuclust.engine.dask import compute_tasks
+
+            return compute_tasks(_shards.reduce_shard, args, scheduler)
+    return finalize_all(ans, merged, [unbound(c) for c in ctxs], progress, folders=folders, run_tasks=run_tasks,
+                        spills=spills)
 
 
 def auto_rows_of(ans: Sequence[Analysis], memory_limit: int, in_flight: int) -> dict[str, int]:
@@ -336,18 +377,21 @@ def _announce(progress: Any, specs: Sequence[_partition.PartitionSpec]) -> None:
 
 def merge_local(plans: dict[str, tuple[list[int], list[_partition.PartitionSpec]]], ans: Sequence[Analysis],
                 ctxs: Sequence[Any], be: Backend, nthreads: int, progress: Any,
-                partials: Any) -> list[Any]:
-    """The local path: ``partials(spec, analyses, ctxs)`` per partition on ``nthreads`` threads,
-    merged in partition order (bit-for-bit the result of one thread)."""
+                partials: Any, spills: Sequence[Path | None] | None = None) -> list[Any]:
+    """The local path: ``partials(spec, analyses, ctxs, spills)`` per partition on ``nthreads``
+    threads, merged in partition order (bit-for-bit the result of one thread)."""
     merged: list[Any] = [None] * len(ans)
     for idx, specs in plans.values():
         sub = [ans[k] for k in idx]
         acc = [to_host(a.empty(be)) for a in sub]
         sub_ctxs = [ctxs[k] for k in idx]
+        sub_spills = [spills[k] if spills else None for k in idx]
         if progress is not None:
             _announce(progress, specs)
         for spec, parts in zip(specs, _map_in_order(
-                lambda spec, sub=sub, sub_ctxs=sub_ctxs: partials(spec, sub, sub_ctxs), specs, nthreads), strict=True):
+                lambda spec, sub=sub, sub_ctxs=sub_ctxs, sub_spills=sub_spills: partials(spec, sub, sub_ctxs,
+                                                                                      sub_spills),
+                specs, nthreads), strict=True):
             acc = merge_lists(sub, acc, parts)
             if progress is not None:
                 progress.partition_done(spec.table, spec.num_rows)
@@ -357,12 +401,21 @@ def merge_local(plans: dict[str, tuple[list[int], list[_partition.PartitionSpec]
 
 
 def finalize_all(ans: Sequence[Analysis], merged: Sequence[Any], ctxs: Sequence[Any],
-                 progress: Any = None) -> dict[str, dict[str, pd.DataFrame]]:
-    """``{result key: finalized tables}`` (see :func:`result_keys`)."""
+                 progress: Any = None, folders: _shards.SpillFolders | None = None, run_tasks: Any = None,
+                 spills: Sequence[Path | None] | None = None) -> dict[str, dict[str, Any]]:
+    """``{result key: finalized tables}`` (see :func:`result_keys`); an analysis whose partials
+    were spilled (``spills``) gets its shards reduced by ``run_tasks`` and its parted tables
+    written under ``folders.root`` (:func:`gpuclust.engine.shards.finalize_parted`)."""
     keys = result_keys(ans)
     if progress is not None:
         progress.phase("finalize")
-    out = {key: a.finalize(p, ctx) for key, a, p, ctx in zip(keys, ans, merged, ctxs, strict=False)}
+    out = {}
+    for k, (key, a, p, ctx) in enumerate(zip(keys, ans, merged, ctxs, strict=False)):
+        folder = spills[k] if spills else None
+        if folder is not None and folders is not None:
+            out[key] = _shards.finalize_parted(a, ctx, p, folders.root / key, folder, run_tasks, progress)
+        else:
+            out[key] = a.finalize(p, ctx)
     if progress is not None:
         progress.finish()
     return out

@@ -248,7 +248,7 @@ class Study:
             idx.append(k)
         be, resident = self.backend, self._resident
 
-        def partials(spec: _partition.PartitionSpec, sub: Sequence[Analysis], sub_ctxs: Sequence[Any]) -> list[Any]:
+        def partials(spec: _partition.PartitionSpec, sub: Sequence[Analysis], sub_ctxs: Sequence[Any], _spills: Any = None) -> list[Any]:
             cols = resident[spec.table][spec.index]
             return [to_host(a.partial({c: cols[c] for c in a.columns}, ctx, be))
                     for a, ctx in zip(sub, sub_ctxs, strict=True)]

@@ -24,7 +24,12 @@ __all__ = ["RUN_FILE", "OutputError", "ResultsFolder", "render", "write_results"
 def render(results: Mapping[str, Mapping[str, pd.DataFrame]], analyses: Mapping[str, Any], folder: Path, *,
            plots: bool = True) -> list[str]:
     """Write ``<analysis>/<table>.parquet``, ``<analysis>/<analysis>.png`` and ``summary.txt`` into
-    ``folder``; returns the paths written, relative to ``folder``."""
+    ``folder``; returns the paths written, relative to ``folder``.
+
+    An analysis' ``parted`` tables (:mod:`gpuclust.parted`) are folders of parts,
+    ``<analysis>/<table>/part-NNNNN.parquet``: a :class:`gpuclust.parted.PartedTable` the engine
+    already wrote there is listed, a DataFrame is written as one part."""
+    from gpuclust.parted import PartedTable, write_part
     from gpuclust.report.plots import plot_result
 
     folder = Path(folder)
@@ -32,11 +37,20 @@ def render(results: Mapping[str, Mapping[str, pd.DataFrame]], analyses: Mapping[
     summary: list[str] = []
     for key, tables in results.items():
         (folder / key).mkdir(parents=True, exist_ok=True)
+        a = analyses.get(key)
         for tname, df in tables.items():
+            if isinstance(df, PartedTable):
+                if df.folder.resolve() != (folder / key / tname).resolve():
+                    raise ValueError(f"{key}/{tname}: parted table written to {df.folder}, not into {folder}")
+                written.extend(f"{key}/{tname}/{f}" for f in df.files)
+                continue
+            if tname in getattr(a, "parted", ()):
+                name, _ = write_part(folder / key / tname, 0, df)
+                written.append(f"{key}/{tname}/{name}")
+                continue
             rel = f"{key}/{tname}.parquet"
             pq.write_table(pa.Table.from_pandas(df, preserve_index=False), folder / rel)
             written.append(rel)
-        a = analyses.get(key)
         summary.append(a.summary(tables) if a is not None else f"{key}: {list(tables)}")
         if plots and a is not None and plot_result(a.name, tables, folder / key / f"{key}.png",
                                                    title=getattr(a, "label", key)):

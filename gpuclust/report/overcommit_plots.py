@@ -6,10 +6,14 @@ Called from :func:`gpuclust.report.plots.plot_result` (matplotlib, Agg backend, 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+from gpuclust.parted import frames
+from gpuclust.stream_quantiles import stream_quantiles
 
 __all__ = ["plot_overcommit"]
 
@@ -53,12 +57,18 @@ def plot_overcommit(result: dict[str, pd.DataFrame], path: Path, *, title: str =
     axes[1].set_xlabel("bucket start (hours since trace time 0, i.e. 600 s before the trace start)")
     ax = axes[2]
     for r, color in (("cpu", "tab:blue"), ("mem", "tab:orange")):
-        v = machine[f"alloc_ratio_{r}"].to_numpy(dtype=np.float64)
-        cap = machine[f"cap_{r}"].to_numpy(dtype=np.float64)
-        v = v[np.isfinite(v) & np.isfinite(cap) & (cap > 0)]
-        if v.size:
-            ax.hist(v, bins=100, range=(0.0, max(2.0, float(np.quantile(v, 0.999)))), histtype="step", color=color,
-                    label=f"{r} ({v.size} machine-buckets)")
+        def ratios(r: str = r) -> Iterator[np.ndarray]:
+            for b in frames(machine, [f"alloc_ratio_{r}", f"cap_{r}"]):  # a parted table: a part at a time
+                v = b[f"alloc_ratio_{r}"].to_numpy(dtype=np.float64)
+                cap = b[f"cap_{r}"].to_numpy(dtype=np.float64)
+                yield v[np.isfinite(v) & np.isfinite(cap) & (cap > 0)]
+
+        n = sum(int(v.size) for v in ratios())
+        if n:
+            hi = max(2.0, float(stream_quantiles(ratios, [0.999])[0]))
+            counts = sum(np.histogram(v, bins=100, range=(0.0, hi))[0] for v in ratios())
+            edges = np.linspace(0.0, hi, 101)
+            ax.stairs(counts, edges, color=color, label=f"{r} ({n} machine-buckets)")
     ax.axvline(1.0, color="r", lw=0.8)
     ax.set_xlabel("requested / capacity per machine-bucket")
     ax.set_ylabel("machine-buckets")

@@ -121,10 +121,12 @@ from gpuclust.analyses.registry import create
 from gpuclust.engine import run
 
 ds, name, opts, parts, out = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
-r = run(ds, [create(name, **opts)], backend="cpu", partitions=parts)
+# as `gpuclust analyze --out` does: tables that grow with the data are written by the shard tasks
+r = run(ds, [create(name, **opts)], backend="cpu", partitions=parts, parts_dir=out + ".parts")
+hwm = next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1]
+r = {k: {t: v if hasattr(v, "columns") else v.read() for t, v in tables.items()} for k, tables in r.items()}
 with open(out, "wb") as f:
     pickle.dump(r, f)
-hwm = next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1]
 print(json.dumps({"vmhwm_bytes": int(hwm) * 1024}))
 """
 

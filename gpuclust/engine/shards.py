@@ -1,0 +1,125 @@
+"""Parted results: spill keyed partials per partition, reduce them one shard at a time, write parts.
+
+For an analysis with ``parted`` tables (:mod:`gpuclust.parted`, e.g. overcommit's machine x
+bucket table) the engine never gathers the keyed partials or the parted rows on the client:
+
+1. each partition task splits its partial (``Analysis.split``): the keyed partials are saved as
+   ``.npy`` files in the run's spill folder (:func:`spill`), only the small rest and the spill
+   folder's path travel back and through the merge tree (:class:`Spilled`);
+2. after the merge, one task per shard (``Analysis.shards``) memory-maps its key range of every
+   partition's spill, merges them in partition order, finalizes the shard's rows
+   (``Analysis.finalize_shard``) and writes them as ``<key>/<table>/part-NNNNN.parquet``
+   (:func:`reduce_shard`); it returns the file name, row count and a small extra;
+3. ``Analysis.finalize_parted`` builds the other tables on the client from the rest, the extras
+   and the written tables (read back a batch at a time).
+
+Shards run on the local thread pool or as dask tasks (the spill folder must then be visible to
+every worker: the same machine for ``local:N``, a shared file system for a remote cluster).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpuclust.analyses.base import Analysis, merge_keyed_many
+from gpuclust.parted import PartedTable, read_keyed_range, write_keyed, write_part
+
+__all__ = ["SpillFolders", "Spilled", "as_spilled", "finalize_parted", "merge_spilled", "reduce_shard", "spill"]
+
+
+@dataclass
+class Spilled:
+    """A parted analysis' partial past its partition task: the small ``rest`` (merged by the
+    tree) and the spill folders of its keyed partials, in partition order."""
+
+    rest: Any
+    spills: list[Path] = field(default_factory=list)
+
+
+def spill(a: Analysis, partial: Any, folder: Path) -> Spilled:
+    """Split a host partial and save its keyed partials under ``folder``."""
+    rest, keyed = a.split(partial)
+    return Spilled(rest, [write_keyed(folder, keyed)])
+
+
+def as_spilled(a: Analysis, p: Any) -> Spilled:
+    """``p`` as a :class:`Spilled` (an empty partial, the merge identity, has nothing to spill)."""
+    if isinstance(p, Spilled):
+        return p
+    rest, keyed = a.split(p)
+    if any(k["key"].shape[0] for k in keyed.values()):
+        raise RuntimeError(f"{a.label}: a partial with keyed rows reached the merge without being spilled")
+    return Spilled(rest)
+
+
+def merge_spilled(a: Analysis, x: Any, y: Any) -> Spilled:
+    x, y = as_spilled(a, x), as_spilled(a, y)
+    return Spilled(a.merge_rest(x.rest, y.rest), x.spills + y.spills)
+
+
+def _fields(a: Analysis) -> dict[str, list[str]]:
+    _, keyed = a.split(a.empty())
+    return {name: [f for f in k if f != "key"] for name, k in keyed.items()}
+
+
+def reduce_shard(a: Analysis, ctx: Any, rest: Any, index: int, lo: int, hi: int, spills: Sequence[Path],
+                 out: Path) -> tuple[dict[str, tuple[str, int]], Any]:
+    """Shard ``index`` (``[lo, hi)``): its key ranges of every spill merged in order, finalized,
+    each parted table's rows written as part ``index`` under ``out/<table>/``; returns ``({table:
+    (file name, rows)}, extra)``."""
+    keyed = {}
+    for name, fields in _fields(a).items():
+        first, end = a.key_range(ctx, name, lo, hi)
+        keyed[name] = merge_keyed_many([read_keyed_range(p, name, fields, first, end) for p in spills]) if spills else (
+            a.split(a.empty())[1][name])
+    rows, extra = a.finalize_shard(keyed, rest, ctx, lo, hi)
+    return {t: write_part(out / t, index, df) for t, df in rows.items()}, extra
+
+
+def finalize_parted(a: Analysis, ctx: Any, merged: Any, out: Path, spill_folder: Path,
+                    run_tasks: Callable[[list[tuple[Any, ...]]], list[Any]], progress: Any = None) -> dict[str, Any]:
+    """The result of a parted analysis: the client's own partial (a flat source) spilled too,
+    the shards reduced by ``run_tasks`` (a list of :func:`reduce_shard` argument tuples -> their
+    results, in order), the parted tables as :class:`gpuclust.parted.PartedTable` under ``out``."""
+    sp = as_spilled(a, merged)
+    cp = a.client_partial(ctx)
+    if cp is not None:
+        sp = merge_spilled(a, sp, spill(a, cp, spill_folder))
+    shards = a.shards(ctx)
+    if progress is not None:
+        progress.phase(f"{a.label}: {len(shards)} shard(s) of {', '.join(a.parted)}")
+    results = run_tasks([(a, ctx, sp.rest, i, lo, hi, sp.spills, out) for i, (lo, hi) in enumerate(shards)])
+    tables = {t: PartedTable(out / t) for t in a.parted}
+    extras = []
+    for files, extra in results:
+        for t, (name, rows) in files.items():
+            tables[t].files.append(name)
+            tables[t].num_rows += rows
+        extras.append(extra)
+    return {**tables, **a.finalize_parted(sp.rest, ctx, tables, extras)}
+
+
+class SpillFolders:
+    """The run's spill folder (one sub-folder per parted analysis) and where parted tables go:
+    ``parts_dir`` (results folder being written) or a temporary folder removed on :meth:`close`."""
+
+    def __init__(self, parts_dir: str | Path | None):
+        self.own = parts_dir is None
+        self.root = Path(tempfile.mkdtemp(prefix="gpuclust-parts-")) if parts_dir is None else Path(parts_dir)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.spill = Path(tempfile.mkdtemp(prefix=".spill-", dir=self.root))
+
+    def for_analysis(self, k: int) -> Path:
+        p = self.spill / str(k)
+        p.mkdir(exist_ok=True)
+        return p
+
+    def close(self) -> None:
+        shutil.rmtree(self.spill, ignore_errors=True)
+        if self.own:
+            shutil.rmtree(self.root, ignore_errors=True)

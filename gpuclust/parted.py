@@ -1,0 +1,163 @@
+"""Result tables that grow with the cell, written part by part (issue 8, docs/scale.md "Outputs").
+
+An analysis whose result has a row per machine x time bucket (overcommit's ``machine`` table: ~1e8
+rows for one 2019 cell) lists those tables in ``Analysis.parted``.  Their rows are never gathered
+whole: the engine reduces the analysis' *keyed* partial one key range (a *shard*) at a time and each
+shard's rows are written as one Parquet file, ``<analysis>/<table>/part-NNNNN.parquet``, in key
+order (so the files, read in name order, are the table).
+
+This module holds what analyses and the engine share:
+
+* :class:`PartedTable` (the files of a written table) and :class:`FrameParts` (the same table
+  held in memory): both give ``batches(columns)`` (one DataFrame per part), ``read(columns)`` and
+  ``num_rows``, so a ``finalize`` that summarizes a parted table streams it either way;
+* :func:`frames`: the batches of a DataFrame or of either of the above;
+* the spill of keyed partials (:func:`write_keyed`, :func:`read_keyed_range`): each partition's
+  keyed arrays saved as ``.npy`` files, later memory-mapped so a shard reads only its key range;
+* :func:`write_part`: one part file, written to a temporary name and renamed (a reader never sees
+  half a part).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+__all__ = ["FrameParts", "PartedTable", "finalize_in_memory", "frames", "part_name", "read_keyed_range", "slice_keyed",
+           "write_keyed", "write_part"]
+
+
+def part_name(index: int) -> str:
+    """The file name of part ``index`` (sorts in part order)."""
+    return f"part-{int(index):05d}.parquet"
+
+
+@dataclass
+class PartedTable:
+    """A result table written as Parquet parts in ``folder`` (``files``: in table order)."""
+
+    folder: Path
+    files: list[str] = field(default_factory=list)
+    num_rows: int = 0
+
+    def batches(self, columns: Sequence[str] | None = None) -> Iterator[pd.DataFrame]:
+        """The table, one part at a time (``columns``: only those)."""
+        for f in self.files:
+            yield pq.read_table(self.folder / f, columns=None if columns is None else list(columns)).to_pandas()
+
+    def read(self, columns: Sequence[str] | None = None) -> pd.DataFrame:
+        """The whole table (memory grows with it: for tests and small results)."""
+        parts = list(self.batches(columns))
+        if not parts:
+            return pd.DataFrame(columns=list(columns or []))
+        return pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
+
+    def __len__(self) -> int:
+        return self.num_rows
+
+
+@dataclass
+class FrameParts:
+    """A parted table held in memory (a direct ``finalize`` call, no results folder)."""
+
+    parts: list[pd.DataFrame] = field(default_factory=list)
+
+    @property
+    def num_rows(self) -> int:
+        return sum(len(p) for p in self.parts)
+
+    def batches(self, columns: Sequence[str] | None = None) -> Iterator[pd.DataFrame]:
+        """The parts themselves (``columns`` at least; not copied)."""
+        yield from self.parts
+
+    def read(self, columns: Sequence[str] | None = None) -> pd.DataFrame:
+        parts = list(self.batches(columns))
+        if len(parts) == 1:
+            return parts[0]
+        return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=list(columns or []))
+
+    def __len__(self) -> int:
+        return self.num_rows
+
+
+def frames(table: Any, columns: Sequence[str] | None = None) -> Iterator[pd.DataFrame]:
+    """The batches of a DataFrame (itself), a :class:`PartedTable` or a :class:`FrameParts` (at
+    least ``columns``: a part read from Parquet holds only those, a frame in memory is not copied)."""
+    if isinstance(table, pd.DataFrame):  # not copied: the caller reads ``columns`` of it
+        yield table
+    else:
+        yield from table.batches(columns)
+
+
+def write_part(folder: Path, index: int, df: pd.DataFrame) -> tuple[str, int]:
+    """Write part ``index`` of a table into ``folder`` (created if needed) atomically; returns
+    ``(file name, rows)``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    name = part_name(index)
+    tmp = folder / f".{name}.{os.getpid()}-{secrets.token_hex(4)}.tmp"
+    try:
+        pq.write_table(pa.Table.from_pandas(df, preserve_index=False), tmp)
+        os.replace(tmp, folder / name)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return name, len(df)
+
+
+def write_keyed(folder: Path, keyed: dict[str, dict[str, np.ndarray]]) -> Path:
+    """Save keyed partials ``{name: {"key": sorted int64, field: values}}`` as ``.npy`` files in
+    a new sub-folder of ``folder``; returns it (what :func:`read_keyed_range` reads)."""
+    out = folder / secrets.token_hex(8)
+    tmp = folder / f".{out.name}.tmp"
+    tmp.mkdir(parents=True)
+    for name, arrays in keyed.items():
+        for f, v in arrays.items():
+            np.save(tmp / f"{name}.{f}.npy", np.ascontiguousarray(v), allow_pickle=False)
+    os.replace(tmp, out)
+    return out
+
+
+def read_keyed_range(spill: Path, name: str, fields: Sequence[str], lo: int, hi: int) -> dict[str, np.ndarray]:
+    """The rows of keyed partial ``name`` saved in ``spill`` whose key is in ``[lo, hi)`` (files
+    memory-mapped: only the range is read)."""
+    key = np.load(spill / f"{name}.key.npy", mmap_mode="r")
+    a, b = (int(x) for x in np.searchsorted(key, [lo, hi]))
+    out = {"key": np.array(key[a:b])}
+    for f in fields:
+        out[f] = np.array(np.load(spill / f"{name}.{f}.npy", mmap_mode="r")[a:b])
+    return out
+
+
+def slice_keyed(keyed: dict[str, np.ndarray], first: int, end: int) -> dict[str, np.ndarray]:
+    """The rows of a keyed partial (sorted keys) whose key is in ``[first, end)``."""
+    a, b = (int(x) for x in np.searchsorted(keyed["key"], [first, end]))
+    return {f: v[a:b] for f, v in keyed.items()}
+
+
+def finalize_in_memory(a: Any, partial: Any, ctx: Any) -> dict[str, pd.DataFrame]:
+    """``finalize`` of an analysis with ``parted`` tables, in memory: the same shards, parts and
+    extras as the engine's spilled path, the parted tables concatenated (for direct calls and
+    small data)."""
+    cp = a.client_partial(ctx)
+    if cp is not None:
+        partial = a.merge(partial, cp)
+    rest, keyed = a.split(partial)
+    tables = {t: FrameParts() for t in a.parted}
+    extras = []
+    for lo, hi in a.shards(ctx):
+        sub = {name: slice_keyed(k, *a.key_range(ctx, name, lo, hi)) for name, k in keyed.items()}
+        rows, extra = a.finalize_shard(sub, rest, ctx, lo, hi)
+        for t, df in rows.items():
+            tables[t].parts.append(df)
+        extras.append(extra)
+    out = a.finalize_parted(rest, ctx, tables, extras)
+    return {**{t: tp.read() for t, tp in tables.items()}, **out}

@@ -1,0 +1,127 @@
+"""Parted results (issue 8, deliverable 3): overcommit's machine table reduced one shard at a time
+from spilled keyed partials and written by the shard tasks as Parquet parts.
+
+The reference is the same analysis with a single shard (the whole keyed partial finalized at
+once: the code path whose results carry the independent references of
+``tests/analyses/test_overcommit.py``); many shards must give the same tables, whatever the
+scheduler, layout or partitioning, and the written parts must read back (DuckDB, pandas) as
+that table."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from strategies import assert_results_same, random_cell
+
+import gpuclust.analyses.overcommit as oc
+from gpuclust.analyses.overcommit import Overcommit
+from gpuclust.engine import analyze, run
+from gpuclust.engine.partition import TableSource
+from gpuclust.parted import PartedTable
+
+SHARD = 200  # machine-buckets per shard in the many-shard runs (12 machines x 241 buckets: 15 shards)
+
+
+@pytest.fixture(scope="module")
+def cell() -> dict:
+    return random_cell(11, n_machines=12, n_instances=150, n_windows=3000)
+
+
+@pytest.fixture(scope="module")
+def reference(cell: dict) -> dict:
+    a = Overcommit(bucket_s=300)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(oc, "SHARD_CELLS", 1 << 40)  # one shard
+        res = run(TableSource(cell, tier_map="notebook"), [a], partitions=2)
+    assert len(res["overcommit"]["machine"]) > 1000
+    return res
+
+
+def _shards(ctx_machines: int, buckets: int) -> int:
+    step = max(1, SHARD // buckets)
+    return -(-ctx_machines // step)
+
+
+@pytest.mark.parametrize("buckets", [None, 5])
+@pytest.mark.parametrize("scheduler", [None, "threads"])
+def test_many_shards_equal_one(cell: dict, reference: dict, monkeypatch: pytest.MonkeyPatch, buckets: int | None,
+                               scheduler: str | None) -> None:
+    monkeypatch.setattr(oc, "SHARD_CELLS", SHARD)
+    got = run(TableSource(cell, tier_map="notebook", buckets=buckets), [Overcommit(bucket_s=300)], partitions=3,
+              scheduler=scheduler)
+    assert_results_same(reference, got, rtol=1e-9)
+
+
+def test_shards_written_by_the_tasks(cell: dict, reference: dict, monkeypatch: pytest.MonkeyPatch,
+                                     tmp_path: Path) -> None:
+    monkeypatch.setattr(oc, "SHARD_CELLS", SHARD)
+    calls: list[int] = []
+    real = Overcommit.finalize_shard
+
+    def spy(self, keyed, rest, ctx, lo, hi):  # type: ignore[no-untyped-def]
+        calls.append(sum(int(k["key"].shape[0]) for k in keyed.values()))
+        return real(self, keyed, rest, ctx, lo, hi)
+
+    monkeypatch.setattr(Overcommit, "finalize_shard", spy)
+    parts = tmp_path / "parts"
+    got = run(TableSource(cell, tier_map="notebook", buckets=5), [Overcommit(bucket_s=300)], partitions=3,
+              parts_dir=parts)
+    machine = got["overcommit"]["machine"]
+    info = reference["overcommit"]["info"].iloc[0]
+    n = _shards(int(info["machines"]), int(info["buckets"]))
+    assert isinstance(machine, PartedTable) and len(machine.files) == n == len(calls) > 10
+    # each shard task saw only its key range: no shard holds the whole keyed partial
+    assert max(calls) < sum(calls) / 4
+    assert sorted(os.listdir(parts / "overcommit" / "machine")) == machine.files
+    assert [p.name for p in parts.iterdir()] == ["overcommit"]  # the spill folder is gone
+    ref = reference["overcommit"]["machine"]
+    pd.testing.assert_frame_equal(machine.read(), ref, check_exact=False, rtol=1e-9)
+    assert machine.num_rows == len(ref)
+    # the folder is plain Parquet: pandas and DuckDB read it back in order
+    pd.testing.assert_frame_equal(pd.read_parquet(parts / "overcommit" / "machine"), ref, check_exact=False, rtol=1e-9)
+    duckdb = pytest.importorskip("duckdb")
+    ((n_db, m_db),) = duckdb.connect().execute(f"SELECT count(*), count(DISTINCT machine_id) FROM "
+                                               f"read_parquet('{parts}/overcommit/machine/*.parquet')").fetchall()
+    assert (n_db, m_db) == (len(ref), ref["machine_id"].nunique())
+
+
+def test_analyze_writes_parts_and_returns_them_in_place(cell: dict, reference: dict, monkeypatch: pytest.MonkeyPatch,
+                                                         tmp_path: Path) -> None:
+    monkeypatch.setattr(oc, "SHARD_CELLS", SHARD)
+    out = tmp_path / "out"
+    res = analyze(cell, [Overcommit(bucket_s=300)], out=out, plots=True, tier_map="notebook")
+    machine = res["overcommit"]["machine"]
+    assert isinstance(machine, PartedTable) and machine.folder == out / "overcommit" / "machine"
+    pd.testing.assert_frame_equal(machine.read(), reference["overcommit"]["machine"], check_exact=False, rtol=1e-9)
+    for t in ("cell", "summary", "info"):
+        pd.testing.assert_frame_equal(pd.read_parquet(out / "overcommit" / f"{t}.parquet"), reference["overcommit"][t],
+                                      check_exact=False, rtol=1e-9, check_dtype=False)
+    assert (out / "overcommit" / "overcommit.png").stat().st_size > 0
+    assert not [p for p in tmp_path.iterdir() if p.name != "out"]  # no temporary folder left beside it
+
+
+def test_a_failing_shard_leaves_nothing(cell: dict, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(oc, "SHARD_CELLS", SHARD)
+    real = Overcommit.finalize_shard
+
+    def boom(self, keyed, rest, ctx, lo, hi):  # type: ignore[no-untyped-def]
+        if lo > 0:
+            raise OSError("disk full")
+        return real(self, keyed, rest, ctx, lo, hi)
+
+    monkeypatch.setattr(Overcommit, "finalize_shard", boom)
+    with pytest.raises(OSError, match="disk full"):
+        analyze(cell, [Overcommit(bucket_s=300)], out=tmp_path / "out", plots=False, tier_map="notebook")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_many_shards_on_a_dask_cluster(cell: dict, reference: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("distributed")
+    monkeypatch.setattr(oc, "SHARD_CELLS", SHARD)  # read on the client, where the shards are planned
+    got = run(TableSource(cell, tier_map="notebook", buckets=5), [Overcommit(bucket_s=300)], partitions=3,
+              scheduler="local:2")
+    assert_results_same(reference, got, rtol=1e-9)
