@@ -2,10 +2,12 @@
 
 Many machine-buckets cheaply: ``bench/gen_canonical.py`` with many machines and a short bucket
 (``--bucket-s``), so finalize's cost per machine-bucket dominates.  The child runs the engine's
-phases itself (contexts, partials + merge, finalize) and reports its RSS after each phase and
-its peak (VmHWM, reset before finalize through ``/proc/self/clear_refs`` so finalize's own
-peak is seen even below the partials' peak); ``finalize_growth_per_mb`` = (peak after finalize - RSS before it) /
-machine-buckets (M x B), ``finalize_temp_per_mb`` the same less the returned tables' own bytes.
+phases itself (contexts, partials spilled + merge, finalize: the shards of the machine table
+written as Parquet parts, as ``gpuclust analyze --out`` does) and reports its RSS after each
+phase and its peak (VmHWM, reset before finalize through ``/proc/self/clear_refs`` so finalize's
+own peak is seen even below the partials' peak); ``finalize_growth_per_mb`` = (peak after
+finalize - RSS before it) / machine-buckets (M x B), ``finalize_temp_per_mb`` the same less the
+tables returned in memory (the machine table is on disk).
 
     python bench/overcommit_memory.py --windows 2000000 --machines 4000 --bucket-s 10 [--buckets 7]
 """
@@ -50,18 +52,26 @@ def _reset_peak() -> bool:
         return False
 
 
-def child(path: str, bucket_s: int, buckets: int | None, partitions: int, finalize_cells: int = 0) -> dict:
+def child(path: str, bucket_s: int, buckets: int | None, partitions: int, finalize_cells: int = 0,
+          shard_cells: int = 0) -> dict:
+    import tempfile
+
     import gpuclust.engine.local as L
     from gpuclust.analyses.overcommit import Overcommit
     from gpuclust.backends import get_backend
     from gpuclust.dataset import Dataset
     from gpuclust.engine.partition import TableSource, as_source
+    from gpuclust.engine.shards import SpillFolders, reduce_shard
     from gpuclust.schema import TABLES
 
     if finalize_cells:
         import gpuclust.analyses.overcommit as oc
 
         oc.FINALIZE_CELLS = finalize_cells
+    if shard_cells:
+        import gpuclust.analyses.overcommit as oc
+
+        oc.SHARD_CELLS = shard_cells
 
     if buckets:
         ds = Dataset(path)
@@ -76,20 +86,28 @@ def child(path: str, bucket_s: int, buckets: int | None, partitions: int, finali
     plans = L.plan_tables(src, [a], partitions)
     ctxs = L.contexts([a], src, per_partition=L.per_partition(src, [a], plans))
     out["rss_after_context"], out["peak_after_context"] = _rss(), _maxrss()
+    folders = SpillFolders(tempfile.mkdtemp(prefix="oc-mem-"))  # as `analyze --out`: parts written by the shards
+    spills = [folders.for_analysis(0)]
     merged = L.merge_local(plans, [a], ctxs, be, 2, None,
-                           lambda spec, sub, sc: L.partition_partials(spec, sub, sc, be))
+                           lambda spec, sub, sc, sp: L.partition_partials(spec, sub, sc, be, sp), spills)
     out["rss_before_finalize"], out["peak_before_finalize"] = _rss(), _maxrss()
     out["partials_s"] = time.perf_counter() - t0
     out["peak_reset"] = _reset_peak()  # so the peak below is finalize's own
     t1 = time.perf_counter()
-    res = a.finalize(merged[0], L.unbound(ctxs[0]))
+    res = L.finalize_all([a], merged, [L.unbound(ctxs[0])], None, folders=folders, spills=spills,
+                         run_tasks=lambda args: [reduce_shard(*t) for t in args])["overcommit"]
     out["finalize_s"] = time.perf_counter() - t1
     out["peak_after_finalize"] = _maxrss()
     info = res["info"].iloc[0]
     mb = int(info["machines"]) * int(info["buckets"])
+    machine = res["machine"]
     out.update(machines=int(info["machines"]), buckets=int(info["buckets"]), machine_buckets=mb,
-               machine_rows=len(res["machine"]), machine_columns=res["machine"].shape[1],
-               output_bytes=int(sum(df.memory_usage(deep=False).sum() for df in res.values())))
+               machine_rows=machine.num_rows, machine_parts=len(machine.files),
+               output_bytes=int(sum(df.memory_usage(deep=False).sum() for t, df in res.items() if t != "machine")))
+    folders.close()
+    import shutil
+
+    shutil.rmtree(folders.root, ignore_errors=True)
     growth = out["peak_after_finalize"] - out["rss_before_finalize"]
     out["finalize_growth_per_mb"] = growth / max(mb, 1)
     out["finalize_temp_per_mb"] = (growth - out["output_bytes"]) / max(mb, 1)
@@ -105,12 +123,14 @@ def main() -> None:
     p.add_argument("--buckets", type=int, default=0, help="bucket the tables in memory (TableSource buckets=N)")
     p.add_argument("--partitions", type=int, default=4)
     p.add_argument("--finalize-cells", type=int, default=0, help="machine-buckets per finalize chunk (0: default)")
+    p.add_argument("--shard-cells", type=int, default=0, help="machine-buckets per shard (0: default)")
     p.add_argument("--data", default="/tmp/overcommit_mem")
     p.add_argument("--child", action="store_true")
     args = p.parse_args()
     path = Path(args.data) / f"w{args.windows}_m{args.machines}"
     if args.child:
-        print(json.dumps(child(str(path), args.bucket_s, args.buckets or None, args.partitions, args.finalize_cells)))
+        print(json.dumps(child(str(path), args.bucket_s, args.buckets or None, args.partitions, args.finalize_cells,
+                               args.shard_cells)))
         return
     if not (path / "manifest.json").exists():
         sys.path.insert(0, str(HERE))
@@ -119,7 +139,7 @@ def main() -> None:
         make_dataset(path, args.windows, machines=args.machines)
     cmd = [sys.executable, __file__, "--child", "--windows", str(args.windows), "--machines", str(args.machines),
            "--bucket-s", str(args.bucket_s), "--buckets", str(args.buckets), "--partitions", str(args.partitions),
-           "--finalize-cells", str(args.finalize_cells), "--data", args.data]
+           "--finalize-cells", str(args.finalize_cells), "--shard-cells", str(args.shard_cells), "--data", args.data]
     r = subprocess.run(cmd, capture_output=True, text=True, check=True)
     print(r.stdout.strip().splitlines()[-1])
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 import secrets
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -98,19 +98,32 @@ def frames(table: Any, columns: Sequence[str] | None = None) -> Iterator[pd.Data
         yield from table.batches(columns)
 
 
-def write_part(folder: Path, index: int, df: pd.DataFrame) -> tuple[str, int]:
-    """Write part ``index`` of a table into ``folder`` (created if needed) atomically; returns
-    ``(file name, rows)``."""
+def write_part(folder: Path, index: int, rows: pd.DataFrame | Iterable[pd.DataFrame]) -> tuple[str, int]:
+    """Write part ``index`` of a table into ``folder`` (created if needed) atomically: a DataFrame,
+    or DataFrames one row group each (consumed one at a time); returns ``(file name, rows)``."""
     folder.mkdir(parents=True, exist_ok=True)
     name = part_name(index)
     tmp = folder / f".{name}.{os.getpid()}-{secrets.token_hex(4)}.tmp"
+    n = 0
     try:
-        pq.write_table(pa.Table.from_pandas(df, preserve_index=False), tmp)
+        writer = None
+        try:
+            for df in [rows] if isinstance(rows, pd.DataFrame) else rows:
+                t = pa.Table.from_pandas(df, preserve_index=False)
+                if writer is None:
+                    writer = pq.ParquetWriter(tmp, t.schema)
+                writer.write_table(t, row_group_size=max(len(df), 1))
+                n += len(df)
+        finally:
+            if writer is not None:
+                writer.close()
+        if writer is None:
+            raise ValueError(f"{folder / name}: no rows and no columns to write")
         os.replace(tmp, folder / name)
     finally:
         if tmp.exists():
             tmp.unlink()
-    return name, len(df)
+    return name, n
 
 
 def write_keyed(folder: Path, keyed: dict[str, dict[str, np.ndarray]]) -> Path:
@@ -156,8 +169,8 @@ def finalize_in_memory(a: Any, partial: Any, ctx: Any) -> dict[str, pd.DataFrame
     for lo, hi in a.shards(ctx):
         sub = {name: slice_keyed(k, *a.key_range(ctx, name, lo, hi)) for name, k in keyed.items()}
         rows, extra = a.finalize_shard(sub, rest, ctx, lo, hi)
-        for t, df in rows.items():
-            tables[t].parts.append(df)
-        extras.append(extra)
+        for t, frames_ in rows.items():
+            tables[t].parts.extend([frames_] if isinstance(frames_, pd.DataFrame) else frames_)
+        extras.append(extra)  # complete now that the rows are consumed
     out = a.finalize_parted(rest, ctx, tables, extras)
     return {**{t: tp.read() for t, tp in tables.items()}, **out}

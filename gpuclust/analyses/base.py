@@ -71,7 +71,6 @@ __all__ = [
     "is_null_int",
     "keyed_reduce",
     "merge_keyed",
-    "merge_keyed_many",
     "merge_moments",
     "null_int",
     "resolve_tier_map",
@@ -196,16 +195,6 @@ def merge_keyed(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str,
             out[k] = v
         return out
     return _group_keyed({k: np.concatenate([a[k], b[k]]) for k in a})
-
-
-def merge_keyed_many(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """Merge many host keyed partials (same fields) at once: concatenated in order and grouped, so
-    each key's float sum adds the parts' values in list order (as a left fold of
-    :func:`merge_keyed`, in one sort instead of one insertion per part)."""
-    full = [p for p in parts if p["key"].shape[0]]
-    if len(full) <= 1:
-        return full[0] if full else parts[0]
-    return _group_keyed({k: np.concatenate([p[k] for p in full]) for k in full[0]})
 
 
 def _group_keyed(cat: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -336,10 +325,12 @@ class Analysis:
         return None
 
     def finalize_shard(self, keyed: dict[str, dict[str, np.ndarray]], rest: Any, ctx: Any, lo: int,
-                       hi: int) -> tuple[dict[str, pd.DataFrame], Any]:
+                       hi: int) -> tuple[dict[str, Any], Any]:
         """The rows of the parted tables for shard ``[lo, hi)`` (``keyed``: the merged keyed
         partials of its key ranges; ``rest``: the merged small part) and a small *extra* that
-        :meth:`finalize_parted` gets (one per shard, in shard order)."""
+        :meth:`finalize_parted` gets (one per shard, in shard order).  A table's rows are a
+        DataFrame or an iterator of DataFrames (each written as a row group as it comes, so a
+        shard need not hold all its rows); the extra may be completed while they are consumed."""
         raise NotImplementedError
 
     def finalize_parted(self, rest: Any, ctx: Any, tables: dict[str, Any], extras: list[Any]) -> dict[str, pd.DataFrame]:

@@ -40,6 +40,7 @@ Design (engine fit; docs/analysis-overcommit.md "Design").
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -69,11 +70,12 @@ __all__ = ["Overcommit", "OvercommitContext", "TRACE_START_US"]
 TRACE_START_US = 600_000_000
 #: Largest dense (groups x buckets) block one bucket_overlap call of a partial may allocate.
 CELL_LIMIT = 1 << 24
-#: Machine-buckets of one shard of the machine table (one Parquet part; its keyed partials and
-#: rows, ~0.4-1 KB per machine-bucket, are what a shard holds in memory).
-SHARD_CELLS = 1 << 20
-#: Machine-buckets finalize handles at a time (its dense temporaries are ~0.6 KB per one of these).
-FINALIZE_CELLS = 1 << 18
+#: Machine-buckets of one shard of the machine table (one Parquet part; a shard task holds its
+#: keyed partials, ~0.1-0.5 KB per machine-bucket, and one chunk of rows at a time).
+SHARD_CELLS = 1 << 18
+#: Machine-buckets finalize handles at a time, one row group of the machine table (its dense
+#: temporaries and rows are ~2 KB per one of these).
+FINALIZE_CELLS = 1 << 15
 #: A ratio counts as "over capacity" when it exceeds 1 by more than this (float rounding).
 OVER_EPS = 1e-9
 QUANTILES = (0.5, 0.9, 0.99, 1.0)
@@ -99,6 +101,21 @@ _DROPPED = "dropped when pickled"
 _MACHINE_FLOATS = ("covered_s", "up_s", "cap_cpu", "cap_mem", "req_cpu", "req_mem", "use_cpu", "use_mem", "max_cpu_sum",
                    "max_mem_sum", "instances", *[f"{k}_ratio_{r}" for r in ("cpu", "mem") for k in ("alloc", "usage", "peak")])
 _TIER_COLS = ("req_cpu", "req_mem", "use_cpu", "use_mem", "max_cpu_sum", "max_mem_sum")
+
+
+_INT_COLUMNS = ("machine_id", "bucket", "bucket_start_us", "instances_distinct", "windows")
+
+
+def _machine_columns(tiers: list[str]) -> list[str]:
+    """The machine table's columns, in order."""
+    out = ["machine_id", "bucket", "bucket_start_us"]
+    for c in _MACHINE_FLOATS:
+        out.append(c)
+        if c == "cap_mem":
+            out.append("cap_unknown")
+        elif c == "instances":
+            out += ["instances_distinct", "windows"]
+    return out + [f"{c}_{t}" for t in tiers for c in _TIER_COLS]
 #: columns that are NaN (unknown) when the dataset has no instance_usage rows
 _USAGE_PREFIXES = ("use_", "max_cpu_sum", "max_mem_sum", "usage_ratio_", "peak_ratio_")
 
@@ -530,70 +547,59 @@ class Overcommit(Analysis):
         return bucket, bstart, L
 
     def finalize_shard(self, keyed: dict[str, dict[str, np.ndarray]], rest: dict[str, Any], ctx: OvercommitContext,
-                       lo: int, hi: int) -> tuple[dict[str, pd.DataFrame], _CellSums]:
-        """The machine table of machine codes ``[lo, hi)`` (a chunk of machines at a time, dense
-        only over the chunk, into one preallocated float block) and the chunk's cell sums."""
+                       lo: int, hi: int) -> tuple[dict[str, Iterator[pd.DataFrame]], _CellSums]:
+        """The machine table of machine codes ``[lo, hi)``, a chunk of ~:data:`FINALIZE_CELLS`
+        machine-buckets at a time (dense only over the chunk; each chunk one DataFrame, written as
+        a row group), and the shard's cell sums (complete once the rows are consumed)."""
         if ctx.series is None:
             raise RuntimeError("overcommit: finalize needs the capacity intervals of the context")
         M, T, B = int(ctx.machine_ids.shape[0]), ctx.n_tiers, ctx.n_buckets
-        tiers = list(ctx.tier_names)
-        bucket, _, L = self._grid(ctx)
         for k, per in (("usage", T), ("req", T), ("inst", 1)):
             key = keyed[k]["key"]
             if key.size and (int(key.max()) >= M * per * B or int(key.min()) < 0):
                 raise ValueError(f"overcommit: {k} partial does not match the context (key out of range)")
-        has_usage = int(rest["stats"][STATS.index("usage_rows")]) > 0
-        step = max(1, FINALIZE_CELLS // max(B, 1))
-        chunks = [(m0, min(hi, m0 + step)) for m0 in range(lo, hi, step)]
-        # pass 1: which machine-buckets are rows (1 byte per machine-bucket), so the output is
-        # allocated once at its final size
-        present = [self._chunk(ctx, keyed, m0, m1, L, presence_only=True) for m0, m1 in chunks]
-        N = int(sum(int(p.sum()) for p in present))
-        fcols = list(_MACHINE_FLOATS) + [f"{c}_{t}" for t in tiers for c in _TIER_COLS]
-        fpos = {c: j for j, c in enumerate(fcols)}
-        F = np.empty((len(fcols), N), dtype=np.float64)  # one block: column j is F[j]
-        ints = {c: np.empty(N, np.int64) for c in ("machine_id", "bucket", "instances_distinct", "windows")}
-        cap_unknown = np.empty(N, dtype=bool)
         acc = _CellSums(B, T)
-        r0 = 0
-        for (m0, m1), pres in zip(chunks, present, strict=True):
+        return {"machine": self._machine_rows(keyed, rest, ctx, lo, hi, acc)}, acc
+
+    def _machine_rows(self, keyed: dict[str, dict[str, np.ndarray]], rest: dict[str, Any], ctx: OvercommitContext,
+                      lo: int, hi: int, acc: _CellSums) -> Iterator[pd.DataFrame]:
+        tiers = list(ctx.tier_names)
+        bucket, _, L = self._grid(ctx)
+        has_usage = int(rest["stats"][STATS.index("usage_rows")]) > 0
+        step = max(1, FINALIZE_CELLS // max(ctx.n_buckets, 1))
+        if hi <= lo:  # no machines: one empty frame (the columns)
+            yield pd.DataFrame({c: np.zeros(0, bool if c == "cap_unknown" else np.int64 if c in _INT_COLUMNS
+                                            else np.float64) for c in _machine_columns(tiers)})
+            return
+        for m0 in range(lo, hi, step):
+            m1 = min(hi, m0 + step)
             d = self._chunk(ctx, keyed, m0, m1, L, presence_only=False)
+            pres = d["present"]
             mi, bi = np.nonzero(pres)
-            r1 = r0 + mi.shape[0]
-            rows = slice(r0, r1)
-            ints["machine_id"][rows] = ctx.machine_ids[m0 + mi]
-            ints["bucket"][rows] = bucket[bi]
-            ints["instances_distinct"][rows] = d["distinct"][mi, bi]
-            ints["windows"][rows] = d["windows"][mi, bi]
-            cap_unknown[rows] = (d["unk_c"] | d["unk_m"])[mi, bi]
-            F[fpos["covered_s"], rows] = L[bi]
+            cols: dict[str, np.ndarray] = {
+                "machine_id": ctx.machine_ids[m0 + mi], "bucket": bucket[bi], "bucket_start_us": bucket[bi] * ctx.width,
+                "covered_s": L[bi]}
             for c, src in (("up_s", "up_s"), ("cap_cpu", "cap_c"), ("cap_mem", "cap_m"), ("req_cpu", "req_c"),
                            ("req_mem", "req_m"), ("use_cpu", "use_c"), ("use_mem", "use_m"), ("max_cpu_sum", "max_c"),
                            ("max_mem_sum", "max_m"), ("instances", "inst")):
-                F[fpos[c], rows] = d[src][mi, bi]
+                cols[c] = d[src][mi, bi]
+            cols["cap_unknown"] = (d["unk_c"] | d["unk_m"])[mi, bi]
+            cols["instances_distinct"] = d["distinct"][mi, bi]
+            cols["windows"] = d["windows"][mi, bi]
             for r in ("cpu", "mem"):
-                cap = F[fpos[f"cap_{r}"], rows]
                 for kind, col in (("alloc", f"req_{r}"), ("usage", f"use_{r}"), ("peak", f"max_{r}_sum")):
-                    F[fpos[f"{kind}_ratio_{r}"], rows] = _ratio(F[fpos[col], rows], cap)
+                    cols[f"{kind}_ratio_{r}"] = _ratio(cols[col], cols[f"cap_{r}"])
             for k, t in enumerate(tiers):
                 for col in _TIER_COLS:
-                    F[fpos[f"{col}_{t}"], rows] = d[col][mi, k, bi]
+                    cols[f"{col}_{t}"] = d[col][mi, k, bi]
             acc.add(d, pres)
-            r0 = r1
             del d
-        if not has_usage:
-            # No instance_usage rows at all: usage was not measured, so it is unknown (NaN), not 0.
-            for c, j in fpos.items():
-                if c.startswith(_USAGE_PREFIXES):
-                    F[j] = np.nan
-        machine = pd.DataFrame(F.T, columns=fcols, copy=False)
-        for loc, (c, v) in enumerate((("machine_id", ints["machine_id"]), ("bucket", ints["bucket"]),
-                                      ("bucket_start_us", ints["bucket"] * ctx.width))):
-            machine.insert(loc, c, v)
-        machine.insert(machine.columns.get_loc("cap_mem") + 1, "cap_unknown", cap_unknown)
-        machine.insert(machine.columns.get_loc("instances") + 1, "instances_distinct", ints["instances_distinct"])
-        machine.insert(machine.columns.get_loc("instances_distinct") + 1, "windows", ints["windows"])
-        return {"machine": machine}, acc
+            if not has_usage:
+                # No instance_usage rows at all: usage was not measured, so it is unknown (NaN), not 0.
+                for c in cols:
+                    if c.startswith(_USAGE_PREFIXES):
+                        cols[c] = np.full(mi.shape[0], np.nan)
+            yield pd.DataFrame({c: cols[c] for c in _machine_columns(tiers)})
 
     def finalize_parted(self, rest: dict[str, Any], ctx: OvercommitContext, tables: dict[str, Any],
                         extras: list[_CellSums]) -> dict[str, pd.DataFrame]:

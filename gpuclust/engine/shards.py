@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuclust.analyses.base import Analysis, merge_keyed_many
+from gpuclust.analyses.base import Analysis, merge_keyed
 from gpuclust.parted import PartedTable, read_keyed_range, write_keyed, write_part
 
 __all__ = ["SpillFolders", "Spilled", "as_spilled", "finalize_parted", "merge_spilled", "reduce_shard", "spill"]
@@ -75,8 +75,13 @@ def reduce_shard(a: Analysis, ctx: Any, rest: Any, index: int, lo: int, hi: int,
     keyed = {}
     for name, fields in _fields(a).items():
         first, end = a.key_range(ctx, name, lo, hi)
-        keyed[name] = merge_keyed_many([read_keyed_range(p, name, fields, first, end) for p in spills]) if spills else (
-            a.split(a.empty())[1][name])
+        acc = a.split(a.empty())[1][name]
+        # a left fold, one spill at a time (sorted keys: merged by insertion): the shard's merged
+        # rows plus one partition's; every partition may touch every key of the shard, so holding
+        # several at once costs a multiple of the shard
+        for p in spills:
+            acc = merge_keyed(acc, read_keyed_range(p, name, fields, first, end))
+        keyed[name] = acc
     rows, extra = a.finalize_shard(keyed, rest, ctx, lo, hi)
     return {t: write_part(out / t, index, df) for t, df in rows.items()}, extra
 
