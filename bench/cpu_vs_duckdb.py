@@ -10,13 +10,14 @@ by `_harness.run_measured` and its user/system CPU seconds from ``getrusage(RUSA
 
 * ``cell-usage``: ``python -m gpuclust.cli analyze DS cell-usage --out TMP --no-plots --quiet``
   (notebook mode, the engine's defaults: one thread per usable core) against DuckDB running
-  Google's notebook query (``analyses_bench.cell_usage_sql``) with ``SET threads`` = usable cores.
+  Google's notebook query (``analyses_bench.cell_usage_sql``) with ``SET threads`` = usable cores
+  (and its progress bar off).
 * ``cpi (SQL subset)``: ``gpuclust analyze DS cpi -O by=machine -O regression=none -O
   spearman=none`` (weighted moments and Pearson r per machine, one pass) against
   ``analyses_bench.cpi_sql`` in DuckDB.
 
 gpuclust writes its result tables (Parquet), the summary and ``_run.json``; DuckDB fetches its
-result rows.  Contenders are interleaved round by round (the machine is shared, so timings are
+result rows.  gpuclust is byte-compiled first (``compileall``), as an installed package is.  Contenders are interleaved round by round (the machine is shared, so timings are
 noisy) and the medians reported, with the ratio gpuclust / DuckDB (< 1: gpuclust is faster).
 Writes bench/results/<name>.json and .md with machine, versions and commit; ``--before`` adds an
 earlier run's medians (e.g. before an optimisation) as extra columns.
@@ -51,6 +52,7 @@ CASES: dict[str, tuple[list[str], Any]] = {
 _DUCK = ("import os, sys, duckdb\n"
          "con = duckdb.connect()\n"
          "con.execute(f'SET threads={len(os.sched_getaffinity(0))}')\n"
+         "con.execute('SET enable_progress_bar=false')\n"
          "rows = con.execute(sys.argv[1]).fetchall()\n"
          "print(len(rows))\n")
 
@@ -77,8 +79,17 @@ def _median(runs: list[dict[str, Any]], k: str) -> float:
     return statistics.median(r[k] for r in runs)
 
 
+def precompile() -> None:
+    """Byte-compile gpuclust, as an installed package is: without it (``PYTHONDONTWRITEBYTECODE``,
+    a fresh checkout) every measured process would compile its modules from source again."""
+    import compileall
+
+    compileall.compile_dir(str(ROOT / "gpuclust"), quiet=1)
+
+
 def compare(sizes: list[int], cases: list[str], repeat: int, dataset: Any = bench_dataset) -> list[dict[str, Any]]:
     """Interleaved rounds; one row per (size, case, contender) with medians and the raw runs."""
+    precompile()
     rows = []
     for size in sizes:
         ds = dataset(size)
@@ -136,7 +147,7 @@ def markdown(rows: list[dict[str, Any]], env: dict[str, Any], repeat: int, befor
             line += (f" {b['wall_s']:.2f} | {b['peak_rss_mib']:,.0f} | {bt} | {bu} |" if b else " | | | |")
         md.append(line)
     md += ["", "gpuclust: `python -m gpuclust.cli analyze DS <case> --out TMP --no-plots --quiet` (the engine's "
-           "defaults: partitions of about 4 Mi rows, one thread per usable core). DuckDB: `python -c` running "
+           "defaults: partitions='auto', one thread per usable core). DuckDB: `python -c` running "
            "bench/analyses_bench.py's `cell_usage_sql` / `cpi_sql` with `SET threads` = usable cores, "
            "results fetched. cpi (SQL subset) = `-O by=machine -O regression=none -O spearman=none`.",
            "", "Environment: " + ", ".join(f"{k}={v}" for k, v in env.items()), ""]

@@ -97,7 +97,7 @@ class InstanceLookup:
         m = np.asarray(machine, dtype=np.int64)
         k = np.asarray(code, dtype=np.int32)
         h = triple_hash(np, c, i, m)
-        order = np.argsort(h, kind="stable")
+        order = np.argsort(h)  # ties (equal hashes) raise below
         h = h[order]
         if h.shape[0] > 1 and bool((h[1:] == h[:-1]).any()):
             raise RuntimeError(f"{what}: 64-bit hash collision between two instance keys (please report)")
@@ -207,30 +207,35 @@ def max_priority(ev: Any, top_level_only: bool = True) -> pd.DataFrame:
 
 def _group_max(c: np.ndarray, i: np.ndarray, m: np.ndarray, p: np.ndarray) -> pd.DataFrame:
     """``DataFrame(c, i, m, p).groupby(["c", "i", "m"], sort=False)["p"].max().reset_index()`` in
-    NumPy (a fraction of pandas' time and memory): rows grouped by a stable sort of their key hash
+    NumPy (a fraction of pandas' time and memory): rows grouped by a sort of their key hash
     (by the keys themselves should two keys share a hash), NaN skipped unless a group has nothing
     else, groups in order of first appearance."""
     n = int(c.shape[0])
     if n == 0:
         return pd.DataFrame({"c": c.astype(np.int64), "i": i.astype(np.int32), "m": m.astype(np.int64),
                              "p": p.astype(np.float64)})
-    order = np.argsort(triple_hash(np, c, i, m), kind="stable")
+    h = triple_hash(np, c, i, m)
+    # any sort order will do (a group's first appearance is its smallest row, whatever the order)
+    order = np.argsort(h)
+    hs = h[order]
+    del h
     cs, is_, ms = c[order], i[order], m[order]
     new = np.ones(n, dtype=bool)
     new[1:] = (cs[1:] != cs[:-1]) | (is_[1:] != is_[:-1]) | (ms[1:] != ms[:-1])
     starts = np.flatnonzero(new)
-    # equal keys are adjacent unless two keys share a hash and interleave: then sort by the keys
-    if np.unique(np.stack([cs[starts], ms[starts], is_[starts].astype(np.int64)], axis=1), axis=0).shape[0] != starts.shape[0]:
+    # Equal keys share a hash, so each key's rows lie in its hash's run; they are adjacent unless
+    # two keys share a hash (the key changes inside a run of equal hashes): then sort by the keys.
+    if bool((new[1:] & (hs[1:] == hs[:-1])).any()):
         order = np.lexsort((m, i, c))
         cs, is_, ms = c[order], i[order], m[order]
         new[1:] = (cs[1:] != cs[:-1]) | (is_[1:] != is_[:-1]) | (ms[1:] != ms[:-1])
         starts = np.flatnonzero(new)
     pmax = np.fmax.reduceat(p[order], starts)
     first = order[starts] if starts.shape[0] else starts
-    if not np.array_equal(order, np.sort(order)):
+    if bool((order[1:] < order[:-1]).any()):  # (order is a permutation: sorted iff it is arange)
         # first appearance of each group: the smallest original row of the group
         first = np.minimum.reduceat(order, starts)
-    o2 = np.argsort(first, kind="stable")
+    o2 = np.argsort(first)  # distinct rows: no ties
     first = first[o2]
     return pd.DataFrame({"c": c[first], "i": i[first], "m": m[first], "p": pmax[o2]})
 

@@ -137,6 +137,8 @@ class CellUsage(Analysis):
     table = "instance_usage"
     requires = ("instance_usage", "instance_events", "machine_events")
     row_bytes = 96
+    #: rows per partition for partitions="auto" (gpuclust.engine.memory.preferred_rows)
+    auto_partition_rows = 1 << 20
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:

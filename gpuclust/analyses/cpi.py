@@ -314,6 +314,8 @@ class Cpi(Analysis):
     table = "instance_usage"
     requires = ("instance_usage", "machine_events")
     row_bytes = 160
+    #: rows per partition for partitions="auto" (gpuclust.engine.memory.preferred_rows)
+    auto_partition_rows = 1 << 20
     optional_tables = ("instance_events",)
 
     def __post_init__(self) -> None:

@@ -64,7 +64,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--scheduler", default=None, metavar="SCHED",
                    help="threads | local:N | cuda | ADDRESS (tcp://host:port); default: run locally in-process")
     p.add_argument("--partitions", type=_partitions, default="auto", metavar="N",
-                   help="partitions per table, or 'auto' (about 4 Mi rows each; the default)")
+                   help="partitions per table, or 'auto' (about 4 Mi rows each, 1 Mi for cell-usage and "
+                        "cpi; the default)")
     p.add_argument("--workers", type=int, default=None, metavar="N",
                    help="local run: threads processing partitions at once (default: the usable CPU cores "
                    "on the cpu backend, 1 on gpu); results do not depend on it")

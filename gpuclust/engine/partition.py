@@ -171,6 +171,24 @@ def _units(source: Any, table: str) -> tuple[list[tuple[str | None, int, pa.Tabl
 AUTO_PARTITION_ROWS = 1 << 22
 
 
+def _snap_cuts(ideal: Sequence[int], bounds: np.ndarray) -> list[int]:
+    """Each of the increasing ``ideal`` cuts moved to a row-group boundary of ``bounds`` (sorted,
+    at least as many as cuts): the nearest one (the lower on a tie) that keeps the cuts strictly
+    increasing and leaves a boundary for every later cut.  Where the nearest boundaries are all
+    distinct they are the result; otherwise a partition would start or end inside a row group,
+    and a row group shared by two partitions is read and decoded by both."""
+    k, nb = len(ideal), int(bounds.shape[0])
+    out, lo = [], 0
+    for j, c in enumerate(ideal):
+        hi = nb - (k - j)  # the last boundary this cut may take
+        at = int(np.searchsorted(bounds, c))
+        cands = sorted({min(max(x, lo), hi) for x in (at - 1, at)})
+        best = min(cands, key=lambda x: abs(int(bounds[x]) - c))
+        out.append(int(bounds[best]))
+        lo = best + 1
+    return out
+
+
 def plan_partitions(source: Any, table: str, partitions: int | str = 1,
                     cut_points: Sequence[int] | None = None, multiple_of: int = 1,
                     auto_rows: int = AUTO_PARTITION_ROWS) -> list[PartitionSpec]:
@@ -202,10 +220,7 @@ def plan_partitions(source: Any, table: str, partitions: int | str = 1,
         ideal = [round(j * total / partitions) for j in range(partitions + 1)]
         inner = rg_bounds[1:-1]
         if len(inner) >= partitions - 1 and partitions > 1:
-            arr = np.asarray(inner)
-            snapped = [int(arr[np.abs(arr - c).argmin()]) for c in ideal[1:-1]]
-            if len(set(snapped)) == partitions - 1:
-                ideal = [0, *sorted(snapped), total]
+            ideal = [0, *_snap_cuts(ideal[1:-1], np.asarray(inner)), total]
         edges = ideal
     specs = []
     offs = np.cumsum([0] + [n for _, n, _ in units])
@@ -413,10 +428,17 @@ def read_partition(spec: PartitionSpec, columns: Sequence[str]) -> dict[str, np.
 
     Fixed-width columns are copied row group by row group into arrays allocated once for the
     partition, so the partition's Arrow data is never alive whole beside its NumPy copy (half
-    the peak memory of reading it all, then concatenating)."""
+    the peak memory of reading it all, then concatenating).  A partition of one row group (or
+    one in-memory slice) is not copied: its columns without NULLs are read-only NumPy views of
+    the decoded Arrow buffers."""
     fields = [SCHEMAS[spec.table].field(c) for c in columns]
     if not all(_fixed_width(f.type) for f in fields):
         t = read_arrow(spec, columns)
+        return {c: column_to_numpy(t.column(c)) for c in columns}
+    if _single_block(spec):
+        # one row group (or in-memory slice): its columns as NumPy views of the Arrow buffers
+        # where they have no NULLs (read-only; no copy), else filled copies, as column_to_numpy
+        t = next(_piece_blocks(spec.pieces[0], spec.table, columns))
         return {c: column_to_numpy(t.column(c)) for c in columns}
     n = sum(p.stop - p.start for p in spec.pieces)
     out = {f.name: np.empty(n, dtype=np.dtype(f.type.to_pandas_dtype())) for f in fields}
@@ -433,6 +455,15 @@ def read_partition(spec: PartitionSpec, columns: Sequence[str]) -> dict[str, np.
     if at != n:
         raise RuntimeError(f"{spec.table} partition {spec.index}: read {at} rows, expected {n}")
     return out
+
+
+def _single_block(spec: PartitionSpec) -> bool:
+    """Whether the partition is read as one block by :func:`_piece_blocks` (one piece: an
+    in-memory slice, or rows of a single Parquet row group)."""
+    if len(spec.pieces) != 1:
+        return False
+    p = spec.pieces[0]
+    return p.data is not None or len(_row_groups(pq.ParquetFile(p.file).metadata, p)[0]) == 1
 
 
 def _cudf_wanted() -> bool:
