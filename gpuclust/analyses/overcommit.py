@@ -69,7 +69,7 @@ __all__ = ["Overcommit", "OvercommitContext", "TRACE_START_US"]
 #: Trace window start: times are microseconds since 600 s before the trace start.
 TRACE_START_US = 600_000_000
 #: Largest dense (groups x buckets) block one bucket_overlap call of a partial may allocate.
-CELL_LIMIT = 1 << 24
+CELL_LIMIT = 1 << 22
 #: Machine-buckets of one shard of the machine table (one Parquet part; a shard task holds its
 #: keyed partials, ~0.1-0.5 KB per machine-bucket, and one chunk of rows at a time).
 SHARD_CELLS = 1 << 18

@@ -158,7 +158,7 @@ def run(
         ``"cpu"``, ``"gpu"`` or ``"auto"`` (resolved once, on the client).
     partitions
         Partitions per table (Parquet row groups / files, or row slices of in-memory tables);
-        ``"auto"``: about 4 Mi rows per partition.
+        ``"auto"``: about 4 Mi rows per partition (1 Mi for analyses that prefer it: `auto_partition_rows`), fewer under the memory budget.
     scheduler
         ``None``: local, in this process.  ``"threads"`` / ``"sync"``: dask's local schedulers.
         ``"local:N"``: a ``distributed.LocalCluster`` of N worker processes.  ``"cuda"``: a
