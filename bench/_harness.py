@@ -174,17 +174,18 @@ def best_of(fn: Any, repeat: int) -> float:
     return best
 
 
-def bench_dataset(size: int, *, machines: int | None = None, days: float | None = None) -> Path:
+def bench_dataset(size: int, *, machines: int | None = None, days: float | None = None,
+                  generate: bool = True) -> Path:
     """The canonical benchmark dataset of ``size`` windows (bench/data/canonical-<size>, seed 1),
-    generated on first use and shared by every benchmark.  With ``machines`` / ``days`` (the
-    long-span set): bench/data/canonical-<size>-m<machines>-d<days>."""
+    generated on first use and shared by every benchmark (``generate=False``: only its path).
+    With ``machines`` / ``days`` (the long-span set): bench/data/canonical-<size>-m<machines>-d<days>."""
     from gen_canonical import make_dataset
 
     name = f"canonical-{size}"
     if machines is not None or days is not None:
         name += f"-m{machines or 'auto'}-d{days if days is not None else 'auto'}"
     ds = Path(__file__).resolve().parent / "data" / name
-    if not (ds / "manifest.json").exists():
+    if generate and not (ds / "manifest.json").exists():
         print(f"generating {size:,} windows into {ds}", flush=True)
         make_dataset(ds, size, machines=machines, days=days, seed=1)
     return ds

@@ -292,7 +292,9 @@ class Overcommit(Analysis):
     name = "overcommit"
     table = "instance_usage"
     requires = ("instance_events", "machine_events")
-    row_bytes = 320
+    #: tracemalloc peak of bind + partial on one partition (CELL_LIMIT 2^22): 718 B/row (4e6 set),
+    #: 937 (6.4e7), 1,305 (long span: instances spanning more buckets)
+    row_bytes = 1024
     optional_tables = ("instance_usage",)
     def __post_init__(self) -> None:
         if int(self.bucket_s) <= 0:

@@ -22,9 +22,9 @@ def bench(tmp_path, monkeypatch):
     monkeypatch.setattr(_harness, "RESULTS", tmp_path / "results")
     data = tmp_path / "data"
 
-    def tiny_dataset(size, *, machines=None, days=None):  # bench/data is for real sizes
+    def tiny_dataset(size, *, machines=None, days=None, generate=True):  # bench/data is for real sizes
         ds = data / f"{size}-{machines}-{days}"
-        if not (ds / "manifest.json").exists():
+        if generate and not (ds / "manifest.json").exists():
             gen_canonical.make_dataset(ds, size, machines=machines, days=days, seed=1)
         return ds
 
