@@ -7,7 +7,8 @@ bucket table) the engine never gathers the keyed partials or the parted rows on 
    ``.npy`` files in the run's spill folder (:func:`spill`), only the small rest and the spill
    folder's path travel back and through the merge tree (:class:`Spilled`);
 2. after the merge, one task per shard (``Analysis.shards``) memory-maps its key range of every
-   partition's spill, merges them in partition order, finalizes the shard's rows
+   partition's spill, merges them in partition order (into dense accumulators over the shard's
+   key range: linear in the spills, whatever their number), finalizes the shard's rows
    (``Analysis.finalize_shard``) and writes them as ``<key>/<table>/part-NNNNN.parquet``
    (:func:`reduce_shard`); it returns the file name, row count and a small extra;
 3. ``Analysis.finalize_parted`` builds the other tables on the client from the rest, the extras
@@ -21,15 +22,20 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from gpuclust.analyses.base import Analysis, merge_keyed
 from gpuclust.parted import PartedTable, read_keyed_range, write_keyed, write_part
 
-__all__ = ["SpillFolders", "Spilled", "as_spilled", "finalize_parted", "merge_spilled", "reduce_shard", "spill"]
+#: Largest key range of a shard merged into dense accumulators (else by insertion).
+DENSE_KEYS = 1 << 24
+
+__all__ = ["DENSE_KEYS", "SpillFolders", "Spilled", "as_spilled", "finalize_parted", "merge_spilled", "reduce_shard", "spill"]
 
 
 @dataclass
@@ -67,21 +73,44 @@ def _fields(a: Analysis) -> dict[str, list[str]]:
     return {name: [f for f in k if f != "key"] for name, k in keyed.items()}
 
 
+def _merge_dense(empty: dict[str, np.ndarray], pieces: Iterable[dict[str, np.ndarray]], first: int,
+                 end: int) -> dict[str, np.ndarray]:
+    """Merge keyed pieces whose keys lie in ``[first, end)`` into dense accumulators, one piece
+    at a time (O(pieces + range), however many partitions touch the shard; every partition may
+    touch every key of it).  Per key the values add in piece order, NaN as 0 (as
+    :func:`gpuclust.analyses.base.merge_keyed`); returns the keys present in any piece."""
+    n = end - first
+    seen = np.zeros(n, dtype=bool)
+    sums = {f: np.zeros(n, dtype=np.float64 if v.dtype.kind == "f" else v.dtype) for f, v in empty.items() if f != "key"}
+    for piece in pieces:
+        off = piece["key"] - first
+        if off.shape[0] == 0:
+            continue
+        seen[off] = True
+        for f, acc in sums.items():  # keys are unique within a piece: a fancy-indexed add is exact
+            v = piece[f]
+            acc[off] += np.nan_to_num(v, nan=0.0) if v.dtype.kind == "f" else v
+    idx = np.flatnonzero(seen)
+    return {"key": (idx + first).astype(np.int64), **{f: acc[idx] for f, acc in sums.items()}}
+
+
 def reduce_shard(a: Analysis, ctx: Any, rest: Any, index: int, lo: int, hi: int, spills: Sequence[Path],
                  out: Path) -> tuple[dict[str, tuple[str, int]], Any]:
     """Shard ``index`` (``[lo, hi)``): its key ranges of every spill merged in order, finalized,
     each parted table's rows written as part ``index`` under ``out/<table>/``; returns ``({table:
     (file name, rows)}, extra)``."""
     keyed = {}
+    empty = a.split(a.empty())[1]
     for name, fields in _fields(a).items():
         first, end = a.key_range(ctx, name, lo, hi)
-        acc = a.split(a.empty())[1][name]
-        # a left fold, one spill at a time (sorted keys: merged by insertion): the shard's merged
-        # rows plus one partition's; every partition may touch every key of the shard, so holding
-        # several at once costs a multiple of the shard
-        for p in spills:
-            acc = merge_keyed(acc, read_keyed_range(p, name, fields, first, end))
-        keyed[name] = acc
+        pieces = (read_keyed_range(p, name, fields, first, end) for p in spills)
+        if end - first <= DENSE_KEYS:
+            keyed[name] = _merge_dense(empty[name], pieces, first, end)
+        else:  # a left fold by insertion: the shard's merged rows plus one partition's
+            acc = empty[name]
+            for piece in pieces:
+                acc = merge_keyed(acc, piece)
+            keyed[name] = acc
     rows, extra = a.finalize_shard(keyed, rest, ctx, lo, hi)
     return {t: write_part(out / t, index, df) for t, df in rows.items()}, extra
 

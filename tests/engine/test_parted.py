@@ -125,3 +125,14 @@ def test_many_shards_on_a_dask_cluster(cell: dict, reference: dict, monkeypatch:
     got = run(TableSource(cell, tier_map="notebook", buckets=5), [Overcommit(bucket_s=300)], partitions=3,
               scheduler="local:2")
     assert_results_same(reference, got, rtol=1e-9)
+
+
+def test_dense_and_insertion_merges_agree(cell: dict, reference: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shard merges its spills into dense accumulators over its key range; above DENSE_KEYS by a
+    left fold of insertions (merge_keyed): both give the tables of the one-shard run."""
+    import gpuclust.engine.shards as shards
+
+    monkeypatch.setattr(oc, "SHARD_CELLS", SHARD)
+    monkeypatch.setattr(shards, "DENSE_KEYS", 0)
+    got = run(TableSource(cell, tier_map="notebook", buckets=5), [Overcommit(bucket_s=300)], partitions=4)
+    assert_results_same(reference, got, rtol=1e-9)
