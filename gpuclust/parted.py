@@ -161,7 +161,8 @@ def read_keyed_range(spill: Path, name: str, fields: Sequence[str], lo: int, hi:
 
 
 def slice_keyed(keyed: dict[str, np.ndarray], first: int, end: int) -> dict[str, np.ndarray]:
-    """The rows of a keyed partial (sorted keys) whose key is in ``[first, end)``."""
+    """The rows of a keyed partial (sorted keys) whose key is in ``[first, end)`` (rows of 2-D
+    fields too)."""
     a, b = (int(x) for x in np.searchsorted(keyed["key"], [first, end]))
     return {f: v[a:b] for f, v in keyed.items()}
 
@@ -176,7 +177,7 @@ def finalize_in_memory(a: Any, partial: Any, ctx: Any) -> dict[str, pd.DataFrame
     rest, keyed = a.split(partial)
     tables = {t: FrameParts() for t in a.parted}
     extras = []
-    for lo, hi in a.shards(ctx):
+    for lo, hi in a.shards(ctx, rest):
         sub = {name: slice_keyed(k, *a.key_range(ctx, name, lo, hi)) for name, k in keyed.items()}
         rows, extra = a.finalize_shard(sub, rest, ctx, lo, hi)
         for t, frames_ in rows.items():

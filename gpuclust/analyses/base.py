@@ -257,6 +257,9 @@ class Analysis:
     #: part (:mod:`gpuclust.parted`): an analysis listing any implements :meth:`split`,
     #: :meth:`shards`, :meth:`key_range`, :meth:`finalize_shard` and :meth:`finalize_parted`.
     parted: ClassVar[tuple[str, ...]] = ()
+    #: Keyed partials of :meth:`split` that hold disjoint *rows* (sorted, possibly repeated keys;
+    #: e.g. finished groups): a shard concatenates them in partition order instead of summing.
+    keyed_rows: ClassVar[tuple[str, ...]] = ()
 
     @property
     def columns(self) -> tuple[str, ...]:
@@ -306,9 +309,10 @@ class Analysis:
         partition and reduced one shard at a time."""
         raise NotImplementedError
 
-    def shards(self, ctx: Any) -> list[tuple[int, int]]:
+    def shards(self, ctx: Any, rest: Any) -> list[tuple[int, int]]:
         """The shards: ranges ``[lo, hi)`` of a coordinate the keys are ordered by (machine code,
-        ...), each small enough to finalize in memory; at least one."""
+        ...), each small enough to finalize in memory; at least one (``rest``: the merged small
+        part of :meth:`split`, e.g. a sample of the keys to place the boundaries)."""
         raise NotImplementedError
 
     def key_range(self, ctx: Any, name: str, lo: int, hi: int) -> tuple[int, int]:

@@ -520,7 +520,7 @@ class Overcommit(Analysis):
     def merge_rest(self, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         return {"stats": a["stats"] + b["stats"], "istats": a["istats"] + b["istats"]}
 
-    def shards(self, ctx: OvercommitContext) -> list[tuple[int, int]]:
+    def shards(self, ctx: OvercommitContext, rest: dict[str, Any]) -> list[tuple[int, int]]:
         """Ranges of machine codes of about :data:`SHARD_CELLS` machine-buckets each."""
         M, B = int(ctx.machine_ids.shape[0]), max(int(ctx.n_buckets), 1)
         step = max(1, SHARD_CELLS // B)

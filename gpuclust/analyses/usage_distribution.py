@@ -37,6 +37,7 @@ from gpuclust.analyses._lookup import EVENT_COLUMNS, InstanceLookup, tier_lookup
 from gpuclust.analyses.base import Analysis, fmt, is_null_int, to_host
 from gpuclust.analyses.options import option, tier_map_option
 from gpuclust.layout import key_hash, key_name
+from gpuclust.parted import finalize_in_memory, frames
 from gpuclust.schema import (
     CPU_PERCENTILE_COLUMNS_SORTED,
     CPU_PERCENTILE_LEVELS_SORTED,
@@ -62,6 +63,10 @@ MAX_PIECES = 1 << 23
 #: 180 bytes per window, and ``finalize`` peaks at about 0.5 kB (many groups) to 2.9 kB (one
 #: group) per window (measured, NumPy), i.e. about 2.5-15 GB at this budget.
 DEFAULT_EXACT_MAX_WINDOWS = 5_000_000
+#: Groups of one shard of the parted group tables (``instance`` in ``by``): one Parquet part.
+SHARD_GROUPS = 1 << 18
+#: Every SAMPLE_EVERY-th leading key of a partition's finished groups places the shard bounds.
+SAMPLE_EVERY = 64
 US = 1_000_000
 
 #: What a partial keeps of each group it finalized itself (``local_groups``).
@@ -438,18 +443,116 @@ class UsageDistribution(Analysis):
                 "stats": np.asarray(a["stats"]) + np.asarray(b["stats"])}
 
     # ---------------------------------------------------------------- finalize
+    # With ``instance`` in ``by`` the group tables grow with the cell (a row per instance): they
+    # are parted (gpuclust/parted.py).  On an instance-bucketed source each partition's finished
+    # groups are spilled as rows and a shard is a range of the leading key (collection_id, ...);
+    # otherwise (flat source, or not instance) the merged partial is finalized in one shard.
+    keyed_rows = ("rows",)
+
+    @property
+    def parted(self) -> tuple[str, ...]:  # type: ignore[override]
+        return ("quantiles", "naive") if "instance" in self.by else ()
+
+    def _empty_rows(self) -> dict[str, np.ndarray]:
+        L = self.level_values.shape[0]
+        return {"key": np.zeros(0, np.int64), "n_windows": np.zeros(0, np.int64), "weight": np.zeros(0),
+                "mean": np.zeros(0), "quantiles": np.zeros((0, L)), "err_bound": np.zeros(0),
+                **{f"g_{k}": v for k, v in self._empty_groups().items() if k != "key"}}
+
+    def split(self, partial: dict[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, np.ndarray]]]:
+        """Finished groups (a bucketed source) become rows keyed by their leading key component,
+        sorted; anything else stays whole in ``full`` (merged by the tree, one shard)."""
+        rest = {"backend": partial["backend"], "stats": np.asarray(partial["stats"]), "full": None, "n": 0,
+                "err_max": 0.0, "sample": np.zeros(0, np.int64)}
+        if "done" not in partial:
+            empty = partial["ms"] is None and int(np.asarray(partial["groups"]["key"]).shape[0]) == 0
+            rest["full"] = None if empty else partial
+            return rest, {"rows": self._empty_rows()}
+        d, g = partial["done"], partial["groups"]
+        if not np.array_equal(np.asarray(d["key"]), np.asarray(g["key"])):
+            raise RuntimeError("usage-distribution: summary and group tables disagree (internal error)")
+        G = int(np.asarray(d["key"]).shape[0])
+        kc = np.asarray(g["kc"]).reshape(G, self._n_components())
+        coord = kc[:, 0].astype(np.int64)
+        order = np.argsort(coord, kind="stable")
+        rows = {"key": coord[order], **{f: np.asarray(d[f])[order] for f in _DONE_FIELDS if f != "key"},
+                **{f"g_{k}": np.asarray(v)[order] for k, v in g.items() if k != "key"}}
+        rows["quantiles"] = rows["quantiles"].reshape(G, self.level_values.shape[0])
+        rows["g_kc"] = rows["g_kc"].reshape(G, self._n_components())
+        rows["g_wq"] = rows["g_wq"].reshape(G, 20)
+        err = np.asarray(d["err_bound"], np.float64)
+        rest.update(n=G, err_max=float(err.max()) if G else 0.0, sample=rows["key"][::SAMPLE_EVERY].copy())
+        return rest, {"rows": rows}
+
+    def merge_rest(self, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+        full = a["full"] if b["full"] is None else b["full"] if a["full"] is None else self.merge(a["full"], b["full"])
+        return {"backend": "gpu" if "gpu" in (a["backend"], b["backend"]) else "cpu", "stats": a["stats"] + b["stats"],
+                "full": full, "n": a["n"] + b["n"], "err_max": max(a["err_max"], b["err_max"]),
+                "sample": np.concatenate([a["sample"], b["sample"]])}
+
+    def shards(self, ctx: UsageDistributionContext, rest: dict[str, Any]) -> list[tuple[int, int]]:
+        """Ranges of the leading key of about :data:`SHARD_GROUPS` groups each, placed by the
+        partitions' key samples (one shard when nothing was spilled)."""
+        lo, hi = np.iinfo(np.int64).min, np.iinfo(np.int64).max
+        k = -(-int(rest["n"]) // SHARD_GROUPS)
+        if rest["full"] is not None or k <= 1:
+            return [(lo, hi)]
+        sample = np.sort(rest["sample"])
+        cuts = np.unique(sample[(np.arange(1, k) * sample.shape[0]) // k])
+        bounds = [lo, *(int(c) for c in cuts if lo < int(c) < hi), hi]
+        return list(zip(bounds[:-1], bounds[1:], strict=True))
+
+    def key_range(self, ctx: UsageDistributionContext, name: str, lo: int, hi: int) -> tuple[int, int]:
+        return lo, hi
+
     def finalize(self, partial: dict[str, Any], ctx: UsageDistributionContext) -> dict[str, pd.DataFrame]:
-        mp = partial["ms"]
-        if "done" in partial:
-            res = partial["done"]
-        else:
+        if self.parted:
+            return finalize_in_memory(self, partial, ctx)
+        rest, keyed = self.split(partial)
+        tables, extra = self.finalize_shard(keyed, rest, ctx, 0, 0)
+        return {**tables, **self.finalize_parted(rest, ctx, {}, [extra])}
+
+    def finalize_shard(self, keyed: dict[str, dict[str, np.ndarray]], rest: dict[str, Any],
+                       ctx: UsageDistributionContext, lo: int, hi: int) -> tuple[dict[str, pd.DataFrame], Any]:
+        """The group tables of one shard: from the merged partial (``full``), or from the shard's
+        finished rows; the extra is ``(groups, max CDF error bound)``."""
+        full = rest["full"]
+        if full is not None:
+            mp = full["ms"]
             if mp is None:
                 mp = hs.empty(None if ctx.strategy == "exact" else int(self.k))
-            res = self._finalize_mixture(mp, ctx.levels, partial["backend"])
-        g = partial["groups"]
-        if not np.array_equal(np.asarray(res["key"]), np.asarray(g["key"])):
-            raise RuntimeError("usage-distribution: summary and group tables disagree (internal error)")
-        G = int(res["key"].shape[0])
+            res = self._finalize_mixture(mp, ctx.levels, full["backend"])
+            g = full["groups"]
+            if not np.array_equal(np.asarray(res["key"]), np.asarray(g["key"])):
+                raise RuntimeError("usage-distribution: summary and group tables disagree (internal error)")
+        else:
+            r = keyed["rows"]
+            res = {f: r[f] for f in _DONE_FIELDS if f != "key"}
+            g = {k[2:]: v for k, v in r.items() if k.startswith("g_")}
+        df, naive = self._group_tables(res, g, ctx)
+        err = np.asarray(res["err_bound"], dtype=np.float64)
+        return {"quantiles": df, "naive": naive}, (len(df), float(err.max()) if err.size else 0.0)
+
+    def finalize_parted(self, rest: dict[str, Any], ctx: UsageDistributionContext, tables: dict[str, Any],
+                        extras: list[Any]) -> dict[str, pd.DataFrame]:
+        stats = dict(zip(STATS, (int(x) for x in np.asarray(rest["stats"])), strict=False))
+        lv = ctx.levels
+        info = pd.DataFrame([{
+            "analysis": self.name, "by": ",".join(self.by), "rows": ctx.rows, "rows_option": self.rows,
+            "strategy": ctx.strategy, "strategy_option": self.strategy,
+            "k": int(self.k) if ctx.strategy == "bounded" else 0,
+            "exact_max_windows": int(self.exact_max_windows), "total_rows": int(ctx.total_rows),
+            "bucket_s": float(self.bucket_s) if "time" in self.by else float("nan"),
+            "tier_map": ctx.tier_map.name if ctx.tier_map else "",
+            "levels": ",".join(f"{x:g}" for x in lv), **stats, "groups": int(sum(n for n, _ in extras)),
+            "max_cdf_error_bound": max([e for _, e in extras], default=0.0),
+        }])
+        return {"info": info}
+
+    def _group_tables(self, res: dict[str, Any], g: dict[str, Any],
+                      ctx: UsageDistributionContext) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """The ``quantiles`` and ``naive`` rows of groups ``res`` / ``g`` (aligned), sorted by key."""
+        G = int(np.asarray(res["n_windows"]).shape[0])
         keys = self._decode_keys(np.asarray(g["kc"]).reshape(G, self._n_components()), ctx)
         lv = ctx.levels
         qcols = [level_name(x) for x in lv]
@@ -474,19 +577,7 @@ class UsageDistribution(Analysis):
             df, naive = df.iloc[order], naive.iloc[order]
         df = df.drop(columns=[c for c in df.columns if c.startswith("_")]).reset_index(drop=True)
         naive = naive.drop(columns=[c for c in naive.columns if c.startswith("_")]).reset_index(drop=True)
-        stats = dict(zip(STATS, (int(x) for x in np.asarray(partial["stats"])), strict=False))
-        err = np.asarray(res["err_bound"], dtype=np.float64)
-        info = pd.DataFrame([{
-            "analysis": self.name, "by": ",".join(self.by), "rows": ctx.rows, "rows_option": self.rows,
-            "strategy": ctx.strategy, "strategy_option": self.strategy,
-            "k": int(self.k) if ctx.strategy == "bounded" else 0,
-            "exact_max_windows": int(self.exact_max_windows), "total_rows": int(ctx.total_rows),
-            "bucket_s": float(self.bucket_s) if "time" in self.by else float("nan"),
-            "tier_map": ctx.tier_map.name if ctx.tier_map else "",
-            "levels": ",".join(f"{x:g}" for x in lv), **stats, "groups": G,
-            "max_cdf_error_bound": float(err.max()) if err.size else 0.0,
-        }])
-        return {"quantiles": df, "naive": naive, "info": info}
+        return df, naive
 
     def _finalize_mixture(self, mp: dict[str, Any], levels: np.ndarray, backend_name: str) -> dict[str, Any]:
         """:func:`mixture_summary.finalize` on the backend the partials were computed on (when that
@@ -535,7 +626,6 @@ class UsageDistribution(Analysis):
     # ---------------------------------------------------------------- summary
     def summary(self, result: dict[str, pd.DataFrame], top: int = 12) -> str:
         info = result["info"].iloc[0]
-        qd = result["quantiles"]
         lines = [f"{self.label}: by {info['by']}, rows {info['rows']}, strategy {info['strategy']}"
                  + (f" (K={info['k']}, max CDF error bound {info['max_cdf_error_bound']:.3g})"
                     if info["strategy"] == "bounded" else " (exact)")
@@ -544,10 +634,10 @@ class UsageDistribution(Analysis):
                  f"alloc-task (filtered)={info['alloc_task_windows']} no-percentiles (skipped)="
                  f"{info['skipped_no_percentiles']} repaired={info['repaired']} bad-time={info['bad_time_windows']} "
                  f"zero-weight={info['zero_weight_windows']}; {info['groups']} groups"]
-        if len(qd):
-            keycols = [c for c in self.key_columns() if c in qd.columns and c != "bucket_start_us"]
-            show = [c for c in ("q50", "q90", "q99", "q100") if c in qd.columns]
-            heavy = qd.sort_values("weight", ascending=False, kind="stable").head(top)
+        heavy, _ = heaviest_groups(result, top)
+        if len(heavy):
+            keycols = [c for c in self.key_columns() if c in heavy.columns and c != "bucket_start_us"]
+            show = [c for c in ("q50", "q90", "q99", "q100") if c in heavy.columns]
             lines.append(f"  heaviest {len(heavy)} groups (CPU, normalised cores): "
                          + ", ".join(["mean", *show]) + ("" if info["strategy"] == "exact" else ", bound"))
             for j in range(len(heavy)):
@@ -556,6 +646,21 @@ class UsageDistribution(Analysis):
                 b = "" if info["strategy"] == "exact" else f" ±{fmt(heavy['cdf_error_bound'].iloc[j], '.2g')}"
                 lines.append(f"  {k}: weight={heavy['weight'].iloc[j]:.4g} {v}{b}")
         return "\n".join(lines)
+
+
+def heaviest_groups(result: dict[str, Any], top: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The ``top`` heaviest groups' rows of the ``quantiles`` and ``naive`` tables (DataFrames or
+    parted tables, streamed a batch at a time), heaviest first, ties in table order."""
+    qs, ns = [], []
+    for q, n in zip(frames(result["quantiles"]), frames(result["naive"]), strict=True):
+        pick = np.argsort(-q["weight"].to_numpy(), kind="stable")[:top]
+        qs.append(q.iloc[pick])
+        ns.append(n.iloc[pick])
+    if not qs:
+        return pd.DataFrame(), pd.DataFrame()
+    q, n = pd.concat(qs, ignore_index=True), pd.concat(ns, ignore_index=True)
+    pick = np.argsort(-q["weight"].to_numpy(), kind="stable")[:top]
+    return q.iloc[pick].reset_index(drop=True), n.iloc[pick].reset_index(drop=True)
 
 
 def _host_gather_repair(pcols: list[np.ndarray], idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

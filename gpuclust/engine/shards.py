@@ -104,7 +104,10 @@ def reduce_shard(a: Analysis, ctx: Any, rest: Any, index: int, lo: int, hi: int,
     for name, fields in _fields(a).items():
         first, end = a.key_range(ctx, name, lo, hi)
         pieces = (read_keyed_range(p, name, fields, first, end) for p in spills)
-        if end - first <= DENSE_KEYS:
+        if name in a.keyed_rows:  # disjoint rows: concatenated in partition order
+            got = [empty[name], *pieces]
+            keyed[name] = {f: np.concatenate([g[f] for g in got]) for f in empty[name]}
+        elif end - first <= DENSE_KEYS:
             keyed[name] = _merge_dense(empty[name], pieces, first, end)
         else:  # a left fold by insertion: the shard's merged rows plus one partition's
             acc = empty[name]
@@ -124,7 +127,7 @@ def finalize_parted(a: Analysis, ctx: Any, merged: Any, out: Path, spill_folder:
     cp = a.client_partial(ctx)
     if cp is not None:
         sp = merge_spilled(a, sp, spill(a, cp, spill_folder))
-    shards = a.shards(ctx)
+    shards = a.shards(ctx, sp.rest)
     if progress is not None:
         progress.phase(f"{a.label}: {len(shards)} shard(s) of {', '.join(a.parted)}")
     results = run_tasks([(a, ctx, sp.rest, i, lo, hi, sp.spills, out) for i, (lo, hi) in enumerate(shards)])

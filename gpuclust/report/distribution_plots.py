@@ -26,14 +26,14 @@ def plot_usage_distribution(result: dict[str, pd.DataFrame], path: Path, *, titl
                             top: int = 6) -> bool:
     """Mixture CDFs of the ``top`` heaviest groups (solid) and the weighted-average-of-percentiles
     shortcut (dashed); ``False`` when there is no group with weight."""
+    from gpuclust.analyses.usage_distribution import heaviest_groups
     from gpuclust.report.plots import _figure, _save_atomic
 
-    qd, naive = result["quantiles"], result["naive"]
+    qd, naive = heaviest_groups(result, top)  # parted tables are streamed
     if qd.empty or not (qd["weight"] > 0).any():
         return False
     keycols = [c for c in qd.columns[: list(qd.columns).index("n_windows")] if c != "bucket_start_us"]
-    heaviest = np.argsort(-qd["weight"].to_numpy(), kind="stable")[:top]
-    order = [int(i) for i in heaviest if qd["weight"].iloc[int(i)] > 0]
+    order = [i for i in range(len(qd)) if qd["weight"].iloc[i] > 0]
     qcols, lv = _levels(list(qd.columns))
     ncols, nlv = _levels(list(naive.columns))
     fig = _figure()

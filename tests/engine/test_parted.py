@@ -31,6 +31,23 @@ def cell() -> dict:
 
 
 @pytest.fixture(scope="module")
+def canonical(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """A small canonical dataset (with CPU percentiles, which usage-distribution needs)."""
+    import sys
+
+    from gpuclust.dataset import Dataset
+    from gpuclust.schema import TABLES
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    from gen_canonical import make_dataset
+
+    d = tmp_path_factory.mktemp("canon") / "ds"
+    make_dataset(d, 30_000, seed=7)
+    ds = Dataset(d)
+    return {t: ds.read(t) for t in TABLES if ds.num_rows(t)}
+
+
+@pytest.fixture(scope="module")
 def reference(cell: dict) -> dict:
     a = Overcommit(bucket_s=300)
     with pytest.MonkeyPatch.context() as mp:
@@ -136,3 +153,31 @@ def test_dense_and_insertion_merges_agree(cell: dict, reference: dict, monkeypat
     monkeypatch.setattr(shards, "DENSE_KEYS", 0)
     got = run(TableSource(cell, tier_map="notebook", buckets=5), [Overcommit(bucket_s=300)], partitions=4)
     assert_results_same(reference, got, rtol=1e-9)
+
+
+@pytest.mark.parametrize("by", ["instance", "instance,time"])
+def test_usage_distribution_by_instance_in_shards(canonical: dict, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                  by: str) -> None:
+    """usage-distribution with instance in ``by``: on an instance-bucketed source every partition
+    spills its finished groups as rows; shards are ranges of collection_id placed by the
+    partitions' key samples, each written as a part, in the table's order.  The reference is the
+    flat source (whose groups are merged and finalized whole: one shard)."""
+    import gpuclust.analyses.usage_distribution as ud
+    from gpuclust.analyses.usage_distribution import UsageDistribution
+
+    a = UsageDistribution(by=by)
+    ref = run(TableSource(canonical, tier_map="notebook"), [a], partitions=2)
+    assert ref["usage-distribution"]["info"].iloc[0]["groups"] > 500
+    monkeypatch.setattr(ud, "SHARD_GROUPS", 64)
+    monkeypatch.setattr(ud, "SAMPLE_EVERY", 2)
+    parts = tmp_path / "parts"
+    got = run(TableSource(canonical, tier_map="notebook", buckets=5), [a], partitions=3, parts_dir=parts)
+    key = "usage-distribution"
+    q = got[key]["quantiles"]
+    assert isinstance(q, PartedTable) and len(q.files) > 4
+    assert got[key]["info"].iloc[0]["strategy"] == "exact" and ref[key]["info"].iloc[0]["strategy"] == "exact"
+    read = {key: {t: v.read() if isinstance(v, PartedTable) else v for t, v in got[key].items()}}
+    assert_results_same(ref, read, rtol=1e-12)
+    # the summary streams the parts: the same lines as from the whole tables
+    assert a.summary(got[key]) == a.summary(ref[key])
+    assert sorted(p.name for p in (parts / key).iterdir()) == ["naive", "quantiles"]
