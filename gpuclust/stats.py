@@ -22,7 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from gpuclust.backends.moments_cpu import Moments, grouped_comoments
+from gpuclust.backends.moments_cpu import grouped_comoments
+from gpuclust.partials import Moments
 
 __all__ = [
     "CpiFilter",

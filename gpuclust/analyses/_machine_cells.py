@@ -29,7 +29,8 @@ import numpy as np
 import pandas as pd
 
 from gpuclust.analyses._lookup import id_index
-from gpuclust.analyses.base import Analysis, is_null_int, keyed_reduce, merge_keyed
+from gpuclust.analyses.base import Analysis, is_null_int
+from gpuclust.partials import keyed_reduce, merge_keyed
 from gpuclust.schema import TIME_AFTER_TRACE
 from gpuclust.stats import CpiFilter
 

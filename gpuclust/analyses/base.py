@@ -51,8 +51,9 @@ An analysis is declared **once**, as a small frozen dataclass (never a CPU class
 
 Partial shapes: *dense* (fixed-shape arrays when the key space is known) merge elementwise;
 *keyed* (sorted unique int64 keys + value arrays) merge by concatenate + group
-(:func:`keyed_reduce` / :func:`merge_keyed`); moments merge as ``(n, mean, M2)``
-(:func:`merge_moments`), never as raw sums of squares.
+(:func:`gpuclust.partials.keyed_reduce` / :func:`gpuclust.partials.merge_keyed`); moments merge as
+``(n, mean, M2)`` (:func:`gpuclust.partials.merge_moments`, or :class:`gpuclust.partials.Moments`
+for grouped co-moments), never as raw sums of squares.  Those pieces live in :mod:`gpuclust.partials`.
 """
 
 from __future__ import annotations
@@ -69,9 +70,6 @@ __all__ = [
     "Analysis",
     "fmt",
     "is_null_int",
-    "keyed_reduce",
-    "merge_keyed",
-    "merge_moments",
     "null_int",
     "resolve_tier_map",
     "to_host",
@@ -120,123 +118,6 @@ def to_host(obj: Any) -> Any:
     if hasattr(obj, "__cuda_array_interface__") and hasattr(obj, "get"):
         return obj.get()
     return obj
-
-
-def keyed_reduce(backend: Any, key: Any, sums: dict[str, Any], counts: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Group by ``key``: sorted unique keys, float64 sums of ``sums`` and int64 sums of ``counts``.
-
-    ``sums`` values are float arrays (NaN ignored, as SQL's SUM ignores NULL); ``counts`` values
-    are integer arrays (a weight per row).  Returns ``{"key": ..., **sums, **counts}``.
-    """
-    xp, ops = backend.xp, backend.ops
-    n_rows = int(key.shape[0])
-    if n_rows:
-        kmin, kmax = int(key.min()), int(key.max())
-        span = kmax - kmin + 1
-        if span <= max(4 * n_rows, 1 << 16):
-            # Compact key range (e.g. hour x tier): dense sums by bincount, O(n), no sort.
-            # Same per-bin summation order as the sorted path below, so results are identical.
-            off = xp.ascontiguousarray((key - kmin).astype(xp.int64))
-            cnt = xp.bincount(off, minlength=span)
-            present = xp.nonzero(cnt)[0]
-            out = {"key": (present + kmin).astype(xp.int64)}
-            for name, v in sums.items():
-                out[name] = ops.grouped_sum(off, xp.ascontiguousarray(v), n_groups=span)[present]
-            for name, c in (counts or {}).items():
-                dense = cnt if c is None else xp.bincount(off, weights=c.astype(xp.float64), minlength=span).round()
-                out[name] = dense[present].astype(xp.int64)
-            return out
-    uniq, inv = xp.unique(key, return_inverse=True)
-    inv = xp.ascontiguousarray(inv.reshape(-1).astype(xp.int64))
-    n = int(uniq.shape[0])
-    out = {"key": uniq.astype(xp.int64)}
-    for name, v in sums.items():
-        out[name] = ops.grouped_sum(inv, xp.ascontiguousarray(v), n_groups=n)
-    for name, c in (counts or {}).items():
-        out[name] = xp.bincount(inv, weights=None, minlength=n).astype(xp.int64) if c is None else (
-            xp.bincount(inv, weights=c.astype(xp.float64), minlength=n).round().astype(xp.int64))
-    return out
-
-
-def _sorted_unique(k: np.ndarray) -> bool:
-    return bool(k.shape[0] < 2 or (k[1:] > k[:-1]).all())
-
-
-def merge_keyed(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Merge two host keyed partials (same fields): one row per key, float fields summed (NaN
-    ignored, as SQL's SUM), integer fields summed exactly; keys sorted.
-
-    Partials from :func:`keyed_reduce` (and merges of them) have sorted unique keys; two such are
-    merged in O(n + m log n) by inserting the new keys (no sort); anything else is grouped by
-    concatenate + unique.  Both paths give the same sums (``a + b`` per shared key).
-    """
-
-    if a["key"].shape[0] == 0:
-        return {k: v.copy() for k, v in b.items()}
-    if b["key"].shape[0] == 0:
-        return {k: v.copy() for k, v in a.items()}
-    ka, kb = a["key"].astype(np.int64, copy=False), b["key"].astype(np.int64, copy=False)
-    if _sorted_unique(ka) and _sorted_unique(kb):
-        pos = np.searchsorted(ka, kb)
-        hit = (pos < ka.shape[0]) & (ka[np.minimum(pos, ka.shape[0] - 1)] == kb)
-        new = ~hit
-        key = np.insert(ka, pos[new], kb[new])
-        at = np.searchsorted(key, kb[hit])  # where b's shared keys landed
-        out: dict[str, np.ndarray] = {"key": key}
-        for k in a:
-            if k == "key":
-                continue
-            va, vb = a[k], b[k]
-            if va.dtype.kind == "f":
-                va, vb = np.nan_to_num(va, nan=0.0), np.nan_to_num(vb, nan=0.0)
-                va, vb = va.astype(np.float64, copy=False), vb.astype(np.float64, copy=False)
-            v = np.insert(va, pos[new], vb[new], axis=0)
-            v[at] += vb[hit]
-            out[k] = v
-        return out
-    return _group_keyed({k: np.concatenate([a[k], b[k]]) for k in a})
-
-
-def _group_keyed(cat: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Group concatenated keyed rows by key: float fields summed (NaN ignored), integers exactly."""
-    from gpuclust.backends import get_backend
-
-    fsum = {k: v for k, v in cat.items() if k != "key" and v.dtype.kind == "f"}
-    isum = {k: v for k, v in cat.items() if k != "key" and v.dtype.kind in "iu"}
-    uniq, inv = np.unique(cat["key"], return_inverse=True)
-    inv = inv.reshape(-1).astype(np.int64)
-    n = uniq.shape[0]
-    ops = get_backend("cpu").ops
-    out = {"key": uniq.astype(np.int64)}
-    for k, v in fsum.items():
-        out[k] = ops.grouped_sum(inv, v, n_groups=n)
-    for k, v in isum.items():
-        acc = np.zeros(n, dtype=v.dtype)
-        np.add.at(acc, inv, v)
-        out[k] = acc
-    return out
-
-
-def merge_moments(a: tuple[Any, Any, Any], b: tuple[Any, Any, Any]) -> tuple[Any, Any, Any]:
-    """Merge ``(n, mean, M2)`` moment triples (Chan et al.); works elementwise on arrays.
-
-    Examples
-    --------
-    >>> n, mean, m2 = merge_moments((2, 1.5, 0.5), (1, 3.0, 0.0))
-    >>> (n, mean, round(m2 / n, 6))
-    (3, 2.0, 0.666667)
-    """
-    na, ma, m2a = a
-    nb, mb, m2b = b
-    n = na + nb
-    with np.errstate(invalid="ignore", divide="ignore"):
-        delta = mb - ma
-        wb = np.where(n > 0, nb / np.where(n > 0, n, 1), 0.0)
-        mean = ma + delta * wb
-        m2 = m2a + m2b + delta * delta * na * wb
-    if np.ndim(mean) == 0:
-        return n, float(mean), float(m2)
-    return n, mean, m2
 
 
 @dataclass(frozen=True)

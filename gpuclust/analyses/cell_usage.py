@@ -32,16 +32,9 @@ import pandas as pd
 import pyarrow.compute as pc
 
 from gpuclust.analyses._lookup import EVENT_COLUMNS, InstanceLookup, tier_lookup, triple_hash
-from gpuclust.analyses.base import (
-    Analysis,
-    fmt,
-    is_null_int,
-    keyed_reduce,
-    merge_keyed,
-    null_int,
-    resolve_tier_map,
-)
+from gpuclust.analyses.base import Analysis, fmt, is_null_int, null_int, resolve_tier_map
 from gpuclust.analyses.options import option, tier_map_option
+from gpuclust.partials import keyed_reduce, merge_keyed
 from gpuclust.schema import TIME_AFTER_TRACE, TierMap, tier_map
 
 __all__ = ["CellUsage", "HOUR_US", "MODES", "triple_hash"]

@@ -41,9 +41,10 @@ from gpuclust.analyses._machine_cells import (
     grid_cuts,
     hist_edges,
 )
-from gpuclust.analyses.base import Analysis, fmt, merge_keyed, resolve_tier_map
+from gpuclust.analyses.base import Analysis, fmt, resolve_tier_map
 from gpuclust.analyses.options import option, tier_map_option
-from gpuclust.backends.moments_cpu import Moments, regroup_moments
+from gpuclust.backends.moments_cpu import regroup_moments
+from gpuclust.partials import Moments, merge_keyed
 from gpuclust.schema import TierMap, tier_map
 from gpuclust.stats import (
     CpiFilter,

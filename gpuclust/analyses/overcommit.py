@@ -59,9 +59,10 @@ from gpuclust.analyses._intervals import (
     running_intervals,
 )
 from gpuclust.analyses._lookup import InstanceLookup, id_index, tier_lookup
-from gpuclust.analyses.base import Analysis, fmt, is_null_int, keyed_reduce, merge_keyed, resolve_tier_map
+from gpuclust.analyses.base import Analysis, fmt, is_null_int, resolve_tier_map
 from gpuclust.analyses.options import option, tier_map_option
 from gpuclust.parted import finalize_in_memory, frames
+from gpuclust.partials import keyed_reduce, merge_keyed
 from gpuclust.schema import TIME_AFTER_TRACE, TierMap, tier_map
 
 __all__ = ["Overcommit", "OvercommitContext", "TRACE_START_US"]

@@ -24,10 +24,11 @@ identity (:meth:`Moments.empty`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from gpuclust.partials import Moments
 
 __all__ = [
     "Moments",
@@ -43,80 +44,6 @@ __all__ = [
 _X_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 _W_DTYPES = (np.dtype(np.float64),)
 _G_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
-
-
-@dataclass(frozen=True)
-class Moments:
-    """Per-group weighted co-moments ``(n, W, mean, C)``; arrays of one array module.
-
-    Attributes
-    ----------
-    n : int64 array ``(G,)``
-        Rows used per group.
-    W : float64 array ``(G,)``
-        Weight sums.
-    mean : float64 array ``(G, d)``
-        Weighted means (0 for empty groups).
-    C : float64 array ``(G, d, d)``
-        Weighted co-moment matrices ``sum w (x - mean)(x - mean)^T`` (symmetric; 0 for empty groups).
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> m = grouped_comoments(np.array([[1.0], [3.0]]), np.array([1.0, 1.0]), np.array([0, 0]), 1)
-    >>> m.n.tolist(), m.W.tolist(), m.mean.tolist(), m.C.tolist()
-    ([2], [2.0], [[2.0]], [[[2.0]]])
-    """
-
-    n: Any
-    W: Any
-    mean: Any
-    C: Any
-
-    @property
-    def n_groups(self) -> int:
-        """Number of groups ``G``."""
-        return int(self.W.shape[0])
-
-    @property
-    def d(self) -> int:
-        """Number of variables ``d``."""
-        return int(self.mean.shape[1])
-
-    @staticmethod
-    def empty(n_groups: int, d: int, xp: Any = np) -> Moments:
-        """The merge identity for ``n_groups`` groups of ``d`` variables."""
-        return Moments(
-            xp.zeros(n_groups, dtype=xp.int64),
-            xp.zeros(n_groups, dtype=xp.float64),
-            xp.zeros((n_groups, d), dtype=xp.float64),
-            xp.zeros((n_groups, d, d), dtype=xp.float64),
-        )
-
-    def select(self, indices: Any) -> Moments:
-        """The moments of a subset (or reordering) of the variables; exact (marginalisation)."""
-        idx = list(indices)
-        return Moments(self.n, self.W, self.mean[:, idx], self.C[:, idx][:, :, idx])
-
-    def take(self, groups: Any) -> Moments:
-        """The moments of a subset of the groups (integer or boolean index)."""
-        return Moments(self.n[groups], self.W[groups], self.mean[groups], self.C[groups])
-
-    def to_host(self) -> Moments:
-        """A copy with NumPy arrays (device arrays are copied from the device)."""
-
-        def h(a: Any) -> np.ndarray:
-            return a if isinstance(a, np.ndarray) else a.get()
-
-        return Moments(h(self.n), h(self.W), h(self.mean), h(self.C))
-
-    def concat(self, other: Moments) -> Moments:
-        """Stack the groups of ``self`` then ``other`` (host NumPy arrays)."""
-        return Moments(*(np.concatenate([a, b]) for a, b in zip(self.astuple(), other.astuple(), strict=True)))
-
-    def astuple(self) -> tuple[Any, Any, Any, Any]:
-        """``(n, W, mean, C)``."""
-        return (self.n, self.W, self.mean, self.C)
 
 
 def empty_moments(n_groups: int, d: int) -> Moments:

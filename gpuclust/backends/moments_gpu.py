@@ -19,12 +19,8 @@ from typing import Any
 import numpy as np
 
 from gpuclust.backends.gpu import sm_count
-from gpuclust.backends.moments_cpu import (
-    Moments,
-    check_grouped_comoments,
-    finish_comoments,
-    merge_moments_xp,
-)
+from gpuclust.backends.moments_cpu import check_grouped_comoments, finish_comoments, merge_moments_xp
+from gpuclust.partials import Moments
 
 __all__ = ["INSTANTIATIONS", "KERNEL_FILE", "MAX_D", "grouped_comoments", "merge_moments"]
 

@@ -29,8 +29,9 @@ from typing import Any
 
 import numpy as np
 
-from gpuclust.analyses.base import Analysis, merge_keyed
+from gpuclust.analyses.base import Analysis
 from gpuclust.parted import PartedTable, read_keyed_range, write_keyed, write_part
+from gpuclust.partials import merge_keyed
 
 #: Largest key range of a shard merged into dense accumulators (else by insertion).
 DENSE_KEYS = 1 << 24

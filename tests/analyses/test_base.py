@@ -9,13 +9,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuclust.analyses.base import keyed_reduce, merge_keyed, merge_moments, to_host
+from gpuclust.analyses.base import to_host
 from gpuclust.backends import get_backend
+from gpuclust.partials import keyed_reduce, merge_keyed, merge_moments
 
 DOCTEST_MODULES = [
     "gpuclust.analyses.base", "gpuclust.analyses.cell_usage", "gpuclust.analyses.machine_shapes",
     "gpuclust.analyses.registry", "gpuclust.backends", "gpuclust.backends.cpu", "gpuclust.engine.local",
     "gpuclust.engine.partition", "gpuclust.analyses._lookup", "gpuclust.engine.progress", "gpuclust._cache",
+    "gpuclust.partials",
 ]
 
 

@@ -14,7 +14,8 @@ import pytest
 
 from gpuclust import _kernels
 from gpuclust.backends import moments_gpu
-from gpuclust.backends.moments_cpu import Moments, grouped_comoments, merge_moments
+from gpuclust.backends.moments_cpu import grouped_comoments, merge_moments
+from gpuclust.partials import Moments
 
 
 def test_loader_declares_the_same_instantiations() -> None:

@@ -1,0 +1,216 @@
+"""Partials and their merges, backend-neutral (the analysis kit's one partials module; see
+../shared/DESIGN.md "The analysis kit" and gpuclust/analyses/base.py for the protocol).
+
+* **keyed** partials: sorted unique int64 ``key`` plus value arrays; built by
+  :func:`keyed_reduce` on any backend, merged on the host by :func:`merge_keyed` (float fields
+  summed with NULL/NaN ignored, integer fields exactly);
+* **moments**: ``(n, mean, M2)`` triples merged by :func:`merge_moments` (Chan et al.), and
+  per-group weighted co-moments :class:`Moments` (``(n, W, mean, C)``), whose grouped builds and
+  merges are the backends' ops (``gpuclust.backends.moments_cpu`` / ``moments_gpu``);
+* mixture / hybrid summaries: :mod:`gpuclust.analyses.mixture_summary` and
+  :mod:`gpuclust.analyses._hybrid_summary` (their own modules: they carry the bound's proof).
+
+Dense partials (fixed-shape arrays) merge elementwise and need nothing here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Moments", "keyed_reduce", "merge_keyed", "merge_moments"]
+
+
+def keyed_reduce(backend: Any, key: Any, sums: dict[str, Any], counts: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Group by ``key``: sorted unique keys, float64 sums of ``sums`` and int64 sums of ``counts``.
+
+    ``sums`` values are float arrays (NaN ignored, as SQL's SUM ignores NULL); ``counts`` values
+    are integer arrays (a weight per row).  Returns ``{"key": ..., **sums, **counts}``.
+    """
+    xp, ops = backend.xp, backend.ops
+    n_rows = int(key.shape[0])
+    if n_rows:
+        kmin, kmax = int(key.min()), int(key.max())
+        span = kmax - kmin + 1
+        if span <= max(4 * n_rows, 1 << 16):
+            # Compact key range (e.g. hour x tier): dense sums by bincount, O(n), no sort.
+            # Same per-bin summation order as the sorted path below, so results are identical.
+            off = xp.ascontiguousarray((key - kmin).astype(xp.int64))
+            cnt = xp.bincount(off, minlength=span)
+            present = xp.nonzero(cnt)[0]
+            out = {"key": (present + kmin).astype(xp.int64)}
+            for name, v in sums.items():
+                out[name] = ops.grouped_sum(off, xp.ascontiguousarray(v), n_groups=span)[present]
+            for name, c in (counts or {}).items():
+                dense = cnt if c is None else xp.bincount(off, weights=c.astype(xp.float64), minlength=span).round()
+                out[name] = dense[present].astype(xp.int64)
+            return out
+    uniq, inv = xp.unique(key, return_inverse=True)
+    inv = xp.ascontiguousarray(inv.reshape(-1).astype(xp.int64))
+    n = int(uniq.shape[0])
+    out = {"key": uniq.astype(xp.int64)}
+    for name, v in sums.items():
+        out[name] = ops.grouped_sum(inv, xp.ascontiguousarray(v), n_groups=n)
+    for name, c in (counts or {}).items():
+        out[name] = xp.bincount(inv, weights=None, minlength=n).astype(xp.int64) if c is None else (
+            xp.bincount(inv, weights=c.astype(xp.float64), minlength=n).round().astype(xp.int64))
+    return out
+
+
+def _sorted_unique(k: np.ndarray) -> bool:
+    return bool(k.shape[0] < 2 or (k[1:] > k[:-1]).all())
+
+
+def merge_keyed(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Merge two host keyed partials (same fields): one row per key, float fields summed (NaN
+    ignored, as SQL's SUM), integer fields summed exactly; keys sorted.
+
+    Partials from :func:`keyed_reduce` (and merges of them) have sorted unique keys; two such are
+    merged in O(n + m log n) by inserting the new keys (no sort); anything else is grouped by
+    concatenate + unique.  Both paths give the same sums (``a + b`` per shared key).
+    """
+
+    if a["key"].shape[0] == 0:
+        return {k: v.copy() for k, v in b.items()}
+    if b["key"].shape[0] == 0:
+        return {k: v.copy() for k, v in a.items()}
+    ka, kb = a["key"].astype(np.int64, copy=False), b["key"].astype(np.int64, copy=False)
+    if _sorted_unique(ka) and _sorted_unique(kb):
+        pos = np.searchsorted(ka, kb)
+        hit = (pos < ka.shape[0]) & (ka[np.minimum(pos, ka.shape[0] - 1)] == kb)
+        new = ~hit
+        key = np.insert(ka, pos[new], kb[new])
+        at = np.searchsorted(key, kb[hit])  # where b's shared keys landed
+        out: dict[str, np.ndarray] = {"key": key}
+        for k in a:
+            if k == "key":
+                continue
+            va, vb = a[k], b[k]
+            if va.dtype.kind == "f":
+                va, vb = np.nan_to_num(va, nan=0.0), np.nan_to_num(vb, nan=0.0)
+                va, vb = va.astype(np.float64, copy=False), vb.astype(np.float64, copy=False)
+            v = np.insert(va, pos[new], vb[new], axis=0)
+            v[at] += vb[hit]
+            out[k] = v
+        return out
+    return _group_keyed({k: np.concatenate([a[k], b[k]]) for k in a})
+
+
+def _group_keyed(cat: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Group concatenated keyed rows by key: float fields summed (NaN ignored), integers exactly."""
+    from gpuclust.backends import get_backend
+
+    fsum = {k: v for k, v in cat.items() if k != "key" and v.dtype.kind == "f"}
+    isum = {k: v for k, v in cat.items() if k != "key" and v.dtype.kind in "iu"}
+    uniq, inv = np.unique(cat["key"], return_inverse=True)
+    inv = inv.reshape(-1).astype(np.int64)
+    n = uniq.shape[0]
+    ops = get_backend("cpu").ops
+    out = {"key": uniq.astype(np.int64)}
+    for k, v in fsum.items():
+        out[k] = ops.grouped_sum(inv, v, n_groups=n)
+    for k, v in isum.items():
+        acc = np.zeros(n, dtype=v.dtype)
+        np.add.at(acc, inv, v)
+        out[k] = acc
+    return out
+
+
+def merge_moments(a: tuple[Any, Any, Any], b: tuple[Any, Any, Any]) -> tuple[Any, Any, Any]:
+    """Merge ``(n, mean, M2)`` moment triples (Chan et al.); works elementwise on arrays.
+
+    Examples
+    --------
+    >>> n, mean, m2 = merge_moments((2, 1.5, 0.5), (1, 3.0, 0.0))
+    >>> (n, mean, round(m2 / n, 6))
+    (3, 2.0, 0.666667)
+    """
+    na, ma, m2a = a
+    nb, mb, m2b = b
+    n = na + nb
+    with np.errstate(invalid="ignore", divide="ignore"):
+        delta = mb - ma
+        wb = np.where(n > 0, nb / np.where(n > 0, n, 1), 0.0)
+        mean = ma + delta * wb
+        m2 = m2a + m2b + delta * delta * na * wb
+    if np.ndim(mean) == 0:
+        return n, float(mean), float(m2)
+    return n, mean, m2
+
+
+
+@dataclass(frozen=True)
+class Moments:
+    """Per-group weighted co-moments ``(n, W, mean, C)``; arrays of one array module.
+
+    Attributes
+    ----------
+    n : int64 array ``(G,)``
+        Rows used per group.
+    W : float64 array ``(G,)``
+        Weight sums.
+    mean : float64 array ``(G, d)``
+        Weighted means (0 for empty groups).
+    C : float64 array ``(G, d, d)``
+        Weighted co-moment matrices ``sum w (x - mean)(x - mean)^T`` (symmetric; 0 for empty groups).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from gpuclust.backends.moments_cpu import grouped_comoments
+    >>> m = grouped_comoments(np.array([[1.0], [3.0]]), np.array([1.0, 1.0]), np.array([0, 0]), 1)
+    >>> m.n.tolist(), m.W.tolist(), m.mean.tolist(), m.C.tolist()
+    ([2], [2.0], [[2.0]], [[[2.0]]])
+    """
+
+    n: Any
+    W: Any
+    mean: Any
+    C: Any
+
+    @property
+    def n_groups(self) -> int:
+        """Number of groups ``G``."""
+        return int(self.W.shape[0])
+
+    @property
+    def d(self) -> int:
+        """Number of variables ``d``."""
+        return int(self.mean.shape[1])
+
+    @staticmethod
+    def empty(n_groups: int, d: int, xp: Any = np) -> Moments:
+        """The merge identity for ``n_groups`` groups of ``d`` variables."""
+        return Moments(
+            xp.zeros(n_groups, dtype=xp.int64),
+            xp.zeros(n_groups, dtype=xp.float64),
+            xp.zeros((n_groups, d), dtype=xp.float64),
+            xp.zeros((n_groups, d, d), dtype=xp.float64),
+        )
+
+    def select(self, indices: Any) -> Moments:
+        """The moments of a subset (or reordering) of the variables; exact (marginalisation)."""
+        idx = list(indices)
+        return Moments(self.n, self.W, self.mean[:, idx], self.C[:, idx][:, :, idx])
+
+    def take(self, groups: Any) -> Moments:
+        """The moments of a subset of the groups (integer or boolean index)."""
+        return Moments(self.n[groups], self.W[groups], self.mean[groups], self.C[groups])
+
+    def to_host(self) -> Moments:
+        """A copy with NumPy arrays (device arrays are copied from the device)."""
+
+        def h(a: Any) -> np.ndarray:
+            return a if isinstance(a, np.ndarray) else a.get()
+
+        return Moments(h(self.n), h(self.W), h(self.mean), h(self.C))
+
+    def concat(self, other: Moments) -> Moments:
+        """Stack the groups of ``self`` then ``other`` (host NumPy arrays)."""
+        return Moments(*(np.concatenate([a, b]) for a, b in zip(self.astuple(), other.astuple(), strict=True)))
+
+    def astuple(self) -> tuple[Any, Any, Any, Any]:
+        """``(n, W, mean, C)``."""
+        return (self.n, self.W, self.mean, self.C)
