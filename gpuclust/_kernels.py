@@ -41,40 +41,20 @@ INSTANTIATIONS: dict[str, dict[str, list[tuple[str, ...]]]] = {
         "gpuclust::grouped_sum_shared": list(itertools.product(_CODES, _FLOATS)),
         "gpuclust::grouped_sum_global": list(itertools.product(_CODES, _FLOATS)),
     },
+    # (T, C, D): co-moments of up to 4 variables (CPI, MAI, util, ntasks); gpuclust/backends/moments_gpu.py
+    "grouped_moments.cu": {t: list(itertools.product(_FLOATS, _CODES, ("1", "2", "3", "4"))) for t in (
+        "gpuclust::comoments_sums_shared", "gpuclust::comoments_sums_global",
+        "gpuclust::comoments_centered_shared", "gpuclust::comoments_centered_global")},
+    # gpuclust/backends/mixture_gpu.py
+    "mixture.cu": {
+        "gpuclust::mixture_repair": [("float",), ("double",)],
+        "gpuclust::mixture_window_means": [("float",), ("double",)],
+        "gpuclust::mixture_sweep": [("double",)],
+        "gpuclust::mixture_invert": [("double",)],
+    },
 }
 
 
-
-def _extension_instantiations() -> dict[str, dict[str, list[tuple[str, ...]]]]:
-    """Kernel families whose instantiations are declared next to their typed wrappers.
-
-    Convention: a module ``gpuclust/backends/<family>_gpu.py`` that defines ``KERNEL_FILE`` and
-    ``INSTANTIATIONS`` (template -> argument tuples) and imports CuPy only lazily.
-    """
-    import importlib
-    import pkgutil
-
-    import gpuclust.backends as pkg
-
-    out: dict[str, dict[str, list[tuple[str, ...]]]] = {}
-    for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda i: i.name):
-        if not info.name.endswith("_gpu"):
-            continue
-        mod = importlib.import_module(f"gpuclust.backends.{info.name}")
-        kfile = getattr(mod, "KERNEL_FILE", None)
-        decl = getattr(mod, "INSTANTIATIONS", None)
-        if kfile is None or decl is None:
-            continue
-        if kfile in out:
-            raise KernelSourceError(f"{kfile} is declared by two modules")
-        out[kfile] = {t: [tuple(a) for a in args] for t, args in decl.items()}
-    return out
-
-
-for _file, _decl in _extension_instantiations().items():
-    if _file in INSTANTIATIONS:
-        raise KernelSourceError(f"{_file} is declared twice")
-    INSTANTIATIONS[_file] = _decl
 
 _INCLUDE_RE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*"([^"]+)"[ \t]*$', re.MULTILINE)
 

@@ -6,19 +6,18 @@ group, double-double block scans) and ``mixture_invert`` (one thread per (group,
 ``kernels/mixture.cu``.  Wrappers check dtypes, shapes and contiguity (raising, never
 converting) and launch with *named* arguments ordered by the declared parameter lists below.
 
-The instantiations are declared in :data:`INSTANTIATIONS` (same shape as
-``gpuclust._kernels.INSTANTIATIONS``; the loader should list them under ``"mixture.cu"``).  Until
-it does, this module compiles ``mixture.cu`` itself with the loader's source inlining and NVRTC
-options.  CuPy is imported lazily, inside functions.
+The instantiations are the loader's table entry ``gpuclust._kernels.INSTANTIATIONS["mixture.cu"]``
+(:data:`INSTANTIATIONS`); kernels come from the loader (one module per file per device).  CuPy is
+imported lazily, inside functions.
 """
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import numpy as np
 
+from gpuclust import _kernels
 from gpuclust.backends.gpu import require_device, sm_count
 from gpuclust.backends.mixture_cpu import (
     NARROW_REL,
@@ -36,13 +35,9 @@ KERNEL_FILE = "mixture.cu"
 #: Threads per block (a multiple of 32; the block scans work on whole warps).
 BLOCK = 256
 
-#: Kernel template -> template-argument tuples, for ``_kernels.INSTANTIATIONS["mixture.cu"]``.
-INSTANTIATIONS: dict[str, list[tuple[str, ...]]] = {
-    "gpuclust::mixture_repair": [("float",), ("double",)],
-    "gpuclust::mixture_window_means": [("float",), ("double",)],
-    "gpuclust::mixture_sweep": [("double",)],
-    "gpuclust::mixture_invert": [("double",)],
-}
+#: Kernel template -> template-argument tuples: this file's entry of the loader's table
+#: (``gpuclust._kernels.INSTANTIATIONS["mixture.cu"]``, declared there).
+INSTANTIATIONS: dict[str, list[tuple[str, ...]]] = _kernels.INSTANTIATIONS[KERNEL_FILE]
 
 #: C parameter types per kernel (``{T}`` substituted); must match kernels/mixture.cu.  Used by the
 #: nvcc test to write explicit instantiations.
@@ -87,25 +82,8 @@ def _cupy() -> Any:
     return gpu.require()
 
 
-_lock = threading.Lock()
-_own_modules: dict[int, Any] = {}
-
-
 def _function(template: str, args: tuple[str, ...]) -> Any:
-    from gpuclust import _kernels
-
-    if KERNEL_FILE in _kernels.INSTANTIATIONS:
-        return _kernels.get_function(KERNEL_FILE, template, args)
-    cp = _cupy()  # not registered with the loader yet: compile the same source ourselves
-    dev = cp.cuda.Device().id
-    with _lock:
-        mod = _own_modules.get(dev)
-        if mod is None:
-            mod = cp.RawModule(code=_kernels.load_source(KERNEL_FILE), options=_kernels.NVRTC_OPTIONS,
-                               name_expressions=name_expressions())
-            mod.compile()
-            _own_modules[dev] = mod
-    return mod.get_function(f"{template}<{', '.join(args)}>")
+    return _kernels.get_function(KERNEL_FILE, template, args)
 
 
 def _launch(kernel: Any, grid: int, params: tuple[tuple[str, Any], ...], **named: Any) -> None:

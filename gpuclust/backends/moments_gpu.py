@@ -6,18 +6,19 @@ and cross products around the pass-1 means), then the small finishing step share
 twin (:func:`gpuclust.backends.moments_cpu.finish_comoments`).  ``merge_moments`` is the same
 Chan merge written against CuPy.
 
-The kernel instantiations this module needs are declared in :data:`INSTANTIATIONS` (same shape
-as ``gpuclust._kernels.INSTANTIATIONS``); the loader must list them under
-``"grouped_moments.cu"``.  CuPy is imported lazily, inside functions, via ``backends/gpu.py``.
+The kernel instantiations are the loader's table entry
+``gpuclust._kernels.INSTANTIATIONS["grouped_moments.cu"]`` (:data:`INSTANTIATIONS`; declared in
+the loader, which imports no backend module).  CuPy is imported lazily, inside functions, via
+``backends/gpu.py``.
 """
 
 from __future__ import annotations
 
-import itertools
 from typing import Any
 
 import numpy as np
 
+from gpuclust import _kernels
 from gpuclust.backends.gpu import sm_count
 from gpuclust.backends.moments_cpu import check_grouped_comoments, finish_comoments, merge_moments_xp
 from gpuclust.partials import Moments
@@ -32,18 +33,10 @@ BLOCK = 256
 #: Shared-memory budget for a block-private accumulator copy (48 KiB needs no opt-in).
 SHARED_BYTES = 48 * 1024
 
-_FLOATS = ("float", "double")
-_CODES = ("int", "long long")
-_DS = tuple(str(d) for d in range(1, MAX_D + 1))
-_ARGS = [tuple(a) for a in itertools.product(_FLOATS, _CODES, _DS)]
-
-#: Kernel template -> template-argument tuples ``(T, C, D)``, for ``_kernels.INSTANTIATIONS``.
-INSTANTIATIONS: dict[str, list[tuple[str, ...]]] = {
-    "gpuclust::comoments_sums_shared": list(_ARGS),
-    "gpuclust::comoments_sums_global": list(_ARGS),
-    "gpuclust::comoments_centered_shared": list(_ARGS),
-    "gpuclust::comoments_centered_global": list(_ARGS),
-}
+#: Kernel template -> template-argument tuples ``(T, C, D)``: this file's entry of the loader's
+#: table (declared there, so the loader imports no backend module).
+INSTANTIATIONS: dict[str, list[tuple[str, ...]]] = _kernels.INSTANTIATIONS[KERNEL_FILE]
+assert all(int(a[2]) <= MAX_D for args in INSTANTIATIONS.values() for a in args)
 
 _PTR = "ptr"
 #: Declared kernel parameter lists (name, NumPy scalar type or "ptr"), in CUDA signature order.
@@ -86,8 +79,6 @@ def _launch(kernel: Any, n_rows: int, params: tuple[tuple[str, Any], ...], share
 
 
 def _function(template: str, args: tuple[str, ...]) -> Any:
-    from gpuclust import _kernels
-
     return _kernels.get_function(KERNEL_FILE, template, args)
 
 
