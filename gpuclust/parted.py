@@ -32,7 +32,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-__all__ = ["FrameParts", "PartedTable", "finalize_in_memory", "frames", "part_name", "read_keyed_range", "slice_keyed",
+__all__ = ["FrameParts", "MappedArray", "PartedTable", "finalize_in_memory", "map_large_arrays", "frames", "part_name", "read_keyed_range", "slice_keyed",
            "write_keyed", "write_part"]
 
 
@@ -185,3 +185,51 @@ def finalize_in_memory(a: Any, partial: Any, ctx: Any) -> dict[str, pd.DataFrame
         extras.append(extra)  # complete now that the rows are consumed
     out = a.finalize_parted(rest, ctx, tables, extras)
     return {**{t: tp.read() for t, tp in tables.items()}, **out}
+
+
+class MappedArray(np.memmap):
+    """A read-only memory-mapped ``.npy`` file that pickles as its path, not its data: a large
+    context array (cpi's machine x 5-minute table) travels to partition tasks and dask workers as
+    a file name, and its pages are shared (and evictable) rather than copied per worker.  Views
+    and results of operations pickle as ordinary arrays."""
+
+    _gpuclust_path: str | None = None
+
+    def __array_finalize__(self, obj: Any) -> None:
+        super().__array_finalize__(obj)
+        self._gpuclust_path = None
+
+    def __reduce__(self) -> Any:
+        if self._gpuclust_path is not None:
+            return (_open_mapped, (self._gpuclust_path,))
+        return np.asarray(self).__reduce__()
+
+
+def _open_mapped(path: str) -> MappedArray:
+    arr = np.load(path, mmap_mode="r").view(MappedArray)
+    arr._gpuclust_path = path
+    return arr
+
+
+#: Context arrays at least this large are memory-mapped by :func:`map_large_arrays`.
+MAP_MIN_BYTES = 1 << 16
+
+
+def map_large_arrays(ctx: Any, folder: Path, min_bytes: int | None = None) -> Any:
+    """``ctx`` (a dataclass) with every NumPy array field of at least ``min_bytes`` (default
+    :data:`MAP_MIN_BYTES`) saved under ``folder`` and replaced by a :class:`MappedArray`; anything
+    else unchanged."""
+    import dataclasses
+
+    if not dataclasses.is_dataclass(ctx) or isinstance(ctx, type):
+        return ctx
+    limit = MAP_MIN_BYTES if min_bytes is None else min_bytes
+    new = {}
+    for f in dataclasses.fields(ctx):
+        v = getattr(ctx, f.name)
+        if type(v) is np.ndarray and v.nbytes >= limit and v.dtype.kind in "biuf":
+            folder.mkdir(parents=True, exist_ok=True)
+            path = folder / f"{f.name}-{secrets.token_hex(6)}.npy"
+            np.save(path, np.ascontiguousarray(v), allow_pickle=False)
+            new[f.name] = _open_mapped(str(path))
+    return dataclasses.replace(ctx, **new) if new else ctx

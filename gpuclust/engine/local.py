@@ -24,7 +24,7 @@ from gpuclust.engine import memory as _memory
 from gpuclust.engine import partition as _partition
 from gpuclust.engine import selection as _selection
 from gpuclust.engine import shards as _shards
-from gpuclust.parted import PartedTable
+from gpuclust.parted import PartedTable, map_large_arrays
 
 __all__ = ["PerPartition", "bind_partition", "context_of", "contexts", "default_workers", "finalize_all", "merge_local",
            "partition_partials", "per_partition", "plan_tables", "auto_rows_of", "resolve_analyses", "result_keys", "run", "unbound"]
@@ -221,7 +221,7 @@ def run(
     if nthreads < 1:
         raise ValueError(f"workers must be >= 1, got {workers!r}")
     limit = _memory.parse_size(memory_limit) or _memory.default_limit()
-    folders = _shards.SpillFolders(parts_dir) if any(a.parted for a in ans) else None
+    folders = _shards.SpillFolders(parts_dir)  # spills of parted analyses, large context arrays
     try:
         if scheduler is None:
             res = _run(src, ans, be, partitions, None, cut_points, split_every, nthreads, progress,
@@ -234,13 +234,12 @@ def run(
                 res = _run(src, ans, be, partitions, kw["scheduler"], cut_points, split_every, nthreads, progress,
                            label=scheduler if isinstance(scheduler, str) else type(scheduler).__name__,
                            rows=lambda pre: auto_rows_of(pre, limit, in_flight), folders=folders)
-        if folders is not None and folders.own:  # no parts_dir: parted tables come back as DataFrames
+        if folders.own:  # no parts_dir: parted tables come back as DataFrames
             res = {key: {t: v.read() if isinstance(v, PartedTable) else v for t, v in tables.items()}
                    for key, tables in res.items()}
         return res
     finally:
-        if folders is not None:
-            folders.close()
+        folders.close()
 
 
 def _run(src: Any, ans: list[Analysis], be: Backend, partitions: int | str, scheduler: Any,
@@ -259,7 +258,8 @@ def _run(src: Any, ans: list[Analysis], be: Backend, partitions: int | str, sche
     plans = plan_tables(_selection.unwrap(src), ans, partitions, cut_points, multiple_of=multiple, auto_rows=auto_rows)
     plans = _selection.prune_plans(src, plans, ans, partitions, cut_points, multiple, progress,  # row-group pushdown
                                    auto_rows=auto_rows)
-    ctxs = contexts(ans, src, progress, per_partition=per_partition(src, ans, plans), run_pass=run_pass)
+    ctxs = contexts(ans, src, progress, per_partition=per_partition(src, ans, plans), run_pass=run_pass,
+                    scratch=None if folders is None else folders.spill / "context")
     spills = [folders.for_analysis(k) if a.parted and folders is not None else None for k, a in enumerate(ans)]
     if scheduler is None:
         merged = merge_local(plans, ans, ctxs, be, nthreads, progress,
@@ -319,12 +319,14 @@ def per_partition(src: Any, ans: Sequence[Analysis],
 
 
 def contexts(ans: Sequence[Analysis], src: Any, progress: Any = None, per_partition: set[int] | None = None,
-             run_pass: Any = None) -> list[Any]:
+             run_pass: Any = None, scratch: Path | None = None) -> list[Any]:
     """Each analysis' context, in order: its prerequisite passes run by ``run_pass(analyses) ->
     results`` (the caller's engine: same backend, partitions and scheduler), the context computed
-    on the client from their results, then bound to its side inputs there (the whole tables), or
-    wrapped in :class:`PerPartition` for the analyses in ``per_partition`` (bound in each
-    partition task to its buckets)."""
+    on the client from their results (with ``scratch``, a folder: its large arrays memory-mapped
+    from files there, so they travel to tasks as file names, see
+    :func:`gpuclust.parted.map_large_arrays`), then bound to its side inputs there (the whole
+    tables), or wrapped in :class:`PerPartition` for the analyses in ``per_partition`` (bound in
+    each partition task to its buckets)."""
     ctxs = []
     for k, a in enumerate(ans):
         pre = a.prerequisites(src)
@@ -342,6 +344,8 @@ def contexts(ans: Sequence[Analysis], src: Any, progress: Any = None, per_partit
             if progress is not None:
                 progress.phase(f"context: {a.label}")
             ctx = a.context(src)
+        if scratch is not None:
+            ctx = map_large_arrays(ctx, scratch)
         if per_partition is not None and k in per_partition:
             ctxs.append(PerPartition(ctx))
         else:

@@ -181,3 +181,31 @@ def test_usage_distribution_by_instance_in_shards(canonical: dict, monkeypatch: 
     # the summary streams the parts: the same lines as from the whole tables
     assert a.summary(got[key]) == a.summary(ref[key])
     assert sorted(p.name for p in (parts / key).iterdir()) == ["naive", "quantiles"]
+
+
+def test_large_context_arrays_travel_as_file_names(tmp_path: Path) -> None:
+    """map_large_arrays: a context's large arrays are saved and memory-mapped; pickled, the whole
+    array is its file name (a view or a result of arithmetic is data), and it reads back equal."""
+    import pickle
+    from dataclasses import dataclass
+
+    import numpy as np
+
+    from gpuclust.parted import MappedArray, map_large_arrays
+
+    @dataclass(frozen=True)
+    class Ctx:
+        big: np.ndarray
+        small: np.ndarray
+        n: int
+
+    big = np.arange(1 << 16, dtype=np.int64)
+    ctx = map_large_arrays(Ctx(big, np.arange(10), 3), tmp_path)
+    assert isinstance(ctx.big, MappedArray) and type(ctx.small) is np.ndarray and ctx.n == 3
+    assert len(pickle.dumps(ctx)) < 1024 < big.nbytes
+    back = pickle.loads(pickle.dumps(ctx))
+    assert np.array_equal(back.big, big) and np.array_equal(back.small, np.arange(10))
+    view = pickle.loads(pickle.dumps(ctx.big[5:9]))
+    assert np.array_equal(view, [5, 6, 7, 8]) and len(pickle.dumps(ctx.big * 2)) > big.nbytes
+    with pytest.raises(ValueError):
+        ctx.big[0] = 1  # read-only: a context is never changed by a partition
