@@ -10,7 +10,9 @@ that table."""
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -183,24 +185,24 @@ def test_usage_distribution_by_instance_in_shards(canonical: dict, monkeypatch: 
     assert sorted(p.name for p in (parts / key).iterdir()) == ["naive", "quantiles"]
 
 
+@dataclass(frozen=True)
+class _Ctx:
+    big: Any
+    small: Any
+    n: int
+
+
 def test_large_context_arrays_travel_as_file_names(tmp_path: Path) -> None:
     """map_large_arrays: a context's large arrays are saved and memory-mapped; pickled, the whole
     array is its file name (a view or a result of arithmetic is data), and it reads back equal."""
     import pickle
-    from dataclasses import dataclass
 
     import numpy as np
 
     from gpuclust.parted import MappedArray, map_large_arrays
 
-    @dataclass(frozen=True)
-    class Ctx:
-        big: np.ndarray
-        small: np.ndarray
-        n: int
-
     big = np.arange(1 << 16, dtype=np.int64)
-    ctx = map_large_arrays(Ctx(big, np.arange(10), 3), tmp_path)
+    ctx = map_large_arrays(_Ctx(big, np.arange(10), 3), tmp_path)
     assert isinstance(ctx.big, MappedArray) and type(ctx.small) is np.ndarray and ctx.n == 3
     assert len(pickle.dumps(ctx)) < 1024 < big.nbytes
     back = pickle.loads(pickle.dumps(ctx))
