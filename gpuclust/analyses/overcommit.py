@@ -70,7 +70,7 @@ __all__ = ["Overcommit", "OvercommitContext", "TRACE_START_US"]
 #: Trace window start: times are microseconds since 600 s before the trace start.
 TRACE_START_US = 600_000_000
 #: Largest dense (groups x buckets) block one bucket_overlap call of a partial may allocate.
-CELL_LIMIT = 1 << 22
+CELL_LIMIT = 1 << 20
 #: Machine-buckets of one shard of the machine table (one Parquet part; a shard task holds its
 #: keyed partials, ~0.1-0.5 KB per machine-bucket, and one chunk of rows at a time).
 SHARD_CELLS = 1 << 18
@@ -293,9 +293,9 @@ class Overcommit(Analysis):
     name = "overcommit"
     table = "instance_usage"
     requires = ("instance_events", "machine_events")
-    #: tracemalloc peak of bind + partial on one partition (CELL_LIMIT 2^22): 718 B/row (4e6 set),
-    #: 937 (6.4e7), 1,305 (long span: instances spanning more buckets)
-    row_bytes = 1024
+    #: tracemalloc peak of bind + partial on one partition (CELL_LIMIT 2^20): 714 B/row (4e6 set,
+    #: 240k-row partition), 486 (6.4e7, 1 Mi rows), 553 (long span: instances spanning more buckets)
+    row_bytes = 640
     optional_tables = ("instance_usage",)
     def __post_init__(self) -> None:
         if int(self.bucket_s) <= 0:
@@ -476,10 +476,15 @@ class Overcommit(Analysis):
         outs: dict[str, list[Any]] = {k: [] for k in _PARTIAL_FIELDS}
         s = xp.ascontiguousarray(s)
         e = xp.ascontiguousarray(e)
-        for c0 in range(lo, hi, step):
-            sel = (b0 >= c0) & (b0 < c0 + step) if hi - lo > step else None
-            if sel is not None and not bool(sel.any()):
-                continue
+        if hi - lo > step:  # rows by first bucket once, so a chunk's rows are a slice, not a scan of all rows
+            order = xp.argsort(b0, kind="stable")
+            bounds = xp.searchsorted(b0[order], xp.arange(lo, hi + step, step, dtype=b0.dtype)).tolist()
+        for j, c0 in enumerate(range(lo, hi, step)):
+            sel = None
+            if hi - lo > step:
+                if bounds[j + 1] == bounds[j]:
+                    continue
+                sel = xp.sort(order[bounds[j]:bounds[j + 1]])  # the chunk's rows, in row order
             cb1 = int(b1[sel].max()) + 1 if sel is not None else hi
             nb = cb1 - c0
             kw = dict(n_groups=G, n_buckets=nb, origin=w0 + c0 * width, width=width)
