@@ -581,7 +581,7 @@ class Overcommit(Analysis):
             return
         for m0 in range(lo, hi, step):
             m1 = min(hi, m0 + step)
-            d = self._chunk(ctx, keyed, m0, m1, L, presence_only=False)
+            d = self._chunk(ctx, keyed, m0, m1, L)
             pres = d["present"]
             mi, bi = np.nonzero(pres)
             cols: dict[str, np.ndarray] = {
@@ -635,11 +635,11 @@ class Overcommit(Analysis):
         return {"cell": cell, "summary": summary, "info": info}
 
     @staticmethod
-    def _chunk(ctx: OvercommitContext, parts: dict[str, dict[str, np.ndarray]], m0: int, m1: int, L: np.ndarray,
-               presence_only: bool) -> Any:
+    def _chunk(ctx: OvercommitContext, parts: dict[str, dict[str, np.ndarray]], m0: int, m1: int,
+               L: np.ndarray) -> dict[str, np.ndarray]:
         """Dense (machine, [tier,] bucket) arrays of machines ``[m0, m1)``: capacity swept from the
-        chunk's capacity intervals, requests / instances / usage scattered from the keyed sums.
-        ``presence_only``: just the (machine, bucket) mask of rows."""
+        chunk's capacity intervals, requests / instances / usage scattered from the keyed sums, and
+        ``present``, the (machine, bucket) mask of rows."""
         from gpuclust.backends import get_backend
 
         S = ctx.series
@@ -680,8 +680,6 @@ class Overcommit(Analysis):
             max_c, max_m = U["max_cpu"].sum(axis=1), U["max_mem"].sum(axis=1)
         present = ((cs[0] > 0) | (R["req_cpu"].sum(axis=1) > 0) | (R["req_mem"].sum(axis=1) > 0) | (I["inst"] > 0)
                    | (windows > 0) | (use_c != 0) | (use_m != 0) | (max_c != 0) | (max_m != 0))
-        if presence_only:
-            return present
         no_me = ~S["has_me"][m0:m1, None]
         unk_c = (cs[3] > 0) | no_me
         unk_m = (cs[4] > 0) | no_me

@@ -248,7 +248,8 @@ def _run(src: Any, ans: list[Analysis], be: Backend, partitions: int | str, sche
          ) -> dict[str, dict[str, Any]]:
     """:func:`run` with the scheduler open (``None``: local): prerequisite passes (recursively,
     with the same settings and selection), contexts, partials (parted analyses spill to
-    ``folders``), merges, shards, finalize."""
+    ``folders``), merges, shards, finalize.  A prerequisite pass runs with ``folders=None``: in
+    memory, as its results feed a context."""
     def run_pass(pre: list[Analysis]) -> dict[str, dict[str, pd.DataFrame]]:
         _, pre = _selection.attach(src, pre)  # the run's selection applies to its passes too
         return _run(src, pre, be, partitions, scheduler, cut_points, split_every, nthreads, None, label, rows)

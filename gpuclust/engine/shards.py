@@ -69,17 +69,12 @@ def merge_spilled(a: Analysis, x: Any, y: Any) -> Spilled:
     return Spilled(a.merge_rest(x.rest, y.rest), x.spills + y.spills)
 
 
-def _fields(a: Analysis) -> dict[str, list[str]]:
-    _, keyed = a.split(a.empty())
-    return {name: [f for f in k if f != "key"] for name, k in keyed.items()}
-
-
 def _merge_dense(empty: dict[str, np.ndarray], pieces: Iterable[dict[str, np.ndarray]], first: int,
                  end: int) -> dict[str, np.ndarray]:
     """Merge keyed pieces whose keys lie in ``[first, end)`` into dense accumulators, one piece
     at a time (O(pieces + range), however many partitions touch the shard; every partition may
     touch every key of it).  Per key the values add in piece order, NaN as 0 (as
-    :func:`gpuclust.analyses.base.merge_keyed`); returns the keys present in any piece."""
+    :func:`gpuclust.partials.merge_keyed`); returns the keys present in any piece."""
     n = end - first
     seen = np.zeros(n, dtype=bool)
     sums = {f: np.zeros(n, dtype=np.float64 if v.dtype.kind == "f" else v.dtype) for f, v in empty.items() if f != "key"}
@@ -101,8 +96,9 @@ def reduce_shard(a: Analysis, ctx: Any, rest: Any, index: int, lo: int, hi: int,
     each parted table's rows written as part ``index`` under ``out/<table>/``; returns ``({table:
     (file name, rows)}, extra)``."""
     keyed = {}
-    empty = a.split(a.empty())[1]
-    for name, fields in _fields(a).items():
+    empty = a.split(a.empty())[1]  # the keyed partials' names, fields and dtypes
+    for name in empty:
+        fields = [f for f in empty[name] if f != "key"]
         first, end = a.key_range(ctx, name, lo, hi)
         pieces = (read_keyed_range(p, name, fields, first, end) for p in spills)
         if name in a.keyed_rows:  # disjoint rows: concatenated in partition order
@@ -143,8 +139,9 @@ def finalize_parted(a: Analysis, ctx: Any, merged: Any, out: Path, spill_folder:
 
 
 class SpillFolders:
-    """The run's spill folder (one sub-folder per parted analysis) and where parted tables go:
-    ``parts_dir`` (results folder being written) or a temporary folder removed on :meth:`close`."""
+    """The run's scratch folder (a sub-folder per parted analysis for its spills, ``context`` for
+    memory-mapped context arrays) and where parted tables go: ``parts_dir`` (the results folder
+    being written) or a temporary folder removed on :meth:`close`."""
 
     def __init__(self, parts_dir: str | Path | None):
         self.own = parts_dir is None

@@ -191,13 +191,11 @@ def test_cap_is_one_partition_not_the_data() -> None:
     assert max(cap_mib(str(c.id)) for c in CASES) < BASE_MIB + whole_mib / 2
 
 
-@pytest.mark.parametrize(("name", "opts"), CASES)
-def test_analysis_under_memory_cap(dataset: Path, tmp_path: Path, name: str, opts: dict[str, str],
-                                   request: pytest.FixtureRequest) -> None:
-    label = request.node.callspec.id
+def _check_under_cap(ds: Path, tmp_path: Path, name: str, opts: dict[str, str], label: str) -> None:
+    """Run the analysis capped in a child; its peak within the cap, its results the uncapped run's."""
     cap = int(cap_mib(label) * MIB)
     out = tmp_path / "result.pkl"
-    m = run_capped(dataset, name, opts, cap, out)
+    m = run_capped(ds, name, opts, cap, out)
     assert m["vmhwm_bytes"] <= cap, f"peak RSS {m['vmhwm_bytes'] / MIB:.0f} MiB above the cap {cap / MIB:.0f} MiB"
     with open(out, "rb") as f:
         capped = pickle.load(f)
@@ -205,22 +203,16 @@ def test_analysis_under_memory_cap(dataset: Path, tmp_path: Path, name: str, opt
     from gpuclust.analyses.registry import create
     from gpuclust.engine import run
 
-    uncapped = run(dataset, [create(name, **opts)], backend="cpu", partitions=PARTITIONS)
-    assert_results_same(capped, uncapped)
+    assert_results_same(capped, run(ds, [create(name, **opts)], backend="cpu", partitions=PARTITIONS))
+
+
+@pytest.mark.parametrize(("name", "opts"), CASES)
+def test_analysis_under_memory_cap(dataset: Path, tmp_path: Path, name: str, opts: dict[str, str],
+                                   request: pytest.FixtureRequest) -> None:
+    _check_under_cap(dataset, tmp_path, name, opts, request.node.callspec.id)
 
 
 @pytest.mark.parametrize(("name", "opts"), BUCKETED_CASES)
 def test_analysis_under_memory_cap_on_a_bucketed_dataset(bucketed: Path, tmp_path: Path, name: str,
                                                          opts: dict[str, str], request: pytest.FixtureRequest) -> None:
-    label = request.node.callspec.id
-    cap = int(cap_mib(label) * MIB)
-    out = tmp_path / "result.pkl"
-    m = run_capped(bucketed, name, opts, cap, out)
-    assert m["vmhwm_bytes"] <= cap, f"peak RSS {m['vmhwm_bytes'] / MIB:.0f} MiB above the cap {cap / MIB:.0f} MiB"
-    with open(out, "rb") as f:
-        capped = pickle.load(f)
-
-    from gpuclust.analyses.registry import create
-    from gpuclust.engine import run
-
-    assert_results_same(capped, run(bucketed, [create(name, **opts)], backend="cpu", partitions=PARTITIONS))
+    _check_under_cap(bucketed, tmp_path, name, opts, request.node.callspec.id)
