@@ -1,23 +1,19 @@
-"""The first pass of the ``cpi`` analysis: per (machine, 300 s cell) task count ``k`` and CPU-seconds.
-
-Not registered: :class:`gpuclust.analyses.cpi.Cpi` runs it from its ``context`` with
-:func:`gpuclust.engine.run` and broadcasts the result (a sorted packed-key table) to its partials.
+"""Machine-cell definitions of the ``cpi`` analysis and its first pass (the Spearman grid's histograms).
 
 For a usage window on machine ``m`` with ``cell = floor(start_time / 300 s)``:
 
 * ``k(m, cell)`` = number of **top-level** usage rows (``alloc_collection_id`` 0 or NULL: tasks
   not in allocs, plus alloc instances) on ``m`` whose window starts in ``cell``;
-* ``cpu_seconds(m, cell)`` = the sum over those rows of ``avg_cpu x (end_time - start_time) / 1e6``;
+* ``cpu_seconds(m, cell)`` = the sum over those rows of ``avg_cpu x (end_time - start_time) / 1e6``
+  (:func:`cpu_seconds`);
 * ``bad(m, cell)`` = how many of those rows have an unknown CPU time (NULL ``avg_cpu``, an end
   before the start, or the 2^63-1 "after the trace" end): the cell's utilisation is then unknown.
 
-Only machines with a known CPU capacity (``ctx.machines``) are kept (the others' utilisation is
-undefined anyway).  The key packs ``machine index << 32 | cell``; rows whose cell is outside
-``[0, 2^32)`` are dropped (counted in ``info``).
-
-The same pass also builds fine *fixed* histograms (row counts, exact integers) of CPI and MAI over
-the windows that pass the plausibility filter; :func:`grid_cuts` turns them into the cut points of
-the mergeable Spearman grid, so every partition of the main pass bins with the same cuts.
+``cpi`` computes these per partition as keyed sums and reduces them by machine-range shards
+(docs/analysis-cpi.md).  :class:`CpiHistograms` is the pass the Spearman grid needs first: fine
+*fixed* histograms (row counts, exact integers) of CPI and MAI over the windows that pass the
+plausibility filter; :func:`grid_cuts` turns them into the grid's cut points, so every partition
+of the main pass bins with the same cuts.
 """
 
 from __future__ import annotations
@@ -28,19 +24,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gpuclust.analyses._lookup import id_index
-from gpuclust.analyses.base import Analysis, is_null_int
-from gpuclust.partials import keyed_reduce, merge_keyed
+from gpuclust.analyses.base import Analysis
 from gpuclust.schema import TIME_AFTER_TRACE
 from gpuclust.stats import CpiFilter
 
-__all__ = ["CELL_US", "FINE_BINS", "MachineCells", "MachineCellsContext", "cpu_seconds", "filter_rows", "fine_bins", "fine_hist",
-           "grid_cuts", "hist_edges"]
+__all__ = ["CELL_US", "FINE_BINS", "CpiHistograms", "HistogramsContext", "cpu_seconds", "filter_rows", "fine_bins",
+           "fine_hist", "grid_cuts", "hist_edges"]
 
 #: Length of a usage-grid cell (the trace's 5-minute windows), microseconds.
 CELL_US = 300_000_000
-#: Bits of the cell index in a packed (machine index, cell) key.
-CELL_BITS = 32
 #: Fine histogram bins per variable (log-spaced; row counts).
 FINE_BINS = 2048
 #: Lower ends of the fine log grids (values below fall in the first bin).
@@ -158,111 +150,44 @@ def grid_cuts(counts: np.ndarray, edges: np.ndarray, bins: int) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class MachineCellsContext:
-    #: sorted machine ids with a known, positive CPU capacity
-    machines: np.ndarray
+class HistogramsContext:
     filter: CpiFilter
     cpi_edges: np.ndarray
     mai_edges: np.ndarray
 
 
 @dataclass(frozen=True)
-class MachineCells(Analysis):
-    """Per (machine, cell): top-level row count, CPU-seconds, unknown-CPU rows; CPI/MAI histograms.
+class CpiHistograms(Analysis):
+    """The first pass of ``cpi`` with ``spearman="grid"``: fine CPI / MAI histograms (row counts,
+    exact integers) of the windows that pass the filter, for the grid's cut points."""
 
-    ``context`` must be given to :func:`gpuclust.engine.run` indirectly: the instance carries the
-    machine list and filter (set by the ``cpi`` analysis), so ``context(source)`` just packs them.
-    """
-
-    machines: tuple[int, ...] = ()
     filter: CpiFilter = CpiFilter()
 
-    name = "_machine-cells"
+    name = "_cpi-histograms"
     table = "instance_usage"
-    row_bytes = 160
+    row_bytes = 96
+    #: rows per partition for partitions="auto": a few cheap passes per row, as cpi's own pass
+    auto_partition_rows = 1 << 20
 
     @property
     def columns(self) -> tuple[str, ...]:
-        return ("start_time", "end_time", "machine_id", "alloc_collection_id", "avg_cpu", "cpi", "mai")
+        return ("start_time", "end_time", "avg_cpu", "cpi", "mai")
 
-    def context(self, source: Any) -> MachineCellsContext:
-        return MachineCellsContext(np.asarray(self.machines, dtype=np.int64), self.filter,
-                                   hist_edges("cpi", self.filter.cpi_max), hist_edges("mai", self.filter.mai_max))
+    def context(self, source: Any) -> HistogramsContext:
+        return HistogramsContext(self.filter, hist_edges("cpi", self.filter.cpi_max),
+                                 hist_edges("mai", self.filter.mai_max))
 
     def empty(self, backend: Any = None) -> dict[str, np.ndarray]:
-        return {"key": np.zeros(0, np.int64), "cpu_seconds": np.zeros(0), "k": np.zeros(0, np.int64),
-                "bad": np.zeros(0, np.int64), "cpi_hist": np.zeros(FINE_BINS, np.int64),
-                "mai_hist": np.zeros(FINE_BINS, np.int64), "stats": np.zeros(2, np.int64)}
+        return {"cpi": np.zeros(FINE_BINS, np.int64), "mai": np.zeros(FINE_BINS, np.int64)}
 
-    def partial(self, cols: dict[str, Any], ctx: MachineCellsContext, backend: Any) -> dict[str, Any]:
+    def partial(self, cols: dict[str, Any], ctx: HistogramsContext, backend: Any) -> dict[str, Any]:
         xp = backend.xp
-        start, end, mid = cols["start_time"], cols["end_time"], cols["machine_id"]
-        alloc = cols["alloc_collection_id"]
-        n = int(start.shape[0])
-        cells = ctx.machines.shape[0] > 0 and n > 0
-        cs = cpu_seconds(xp, start, end, cols["avg_cpu"]) if cells else None
-        # fine histograms of the windows that pass the filter (all rows, allocs included)
-        _, cpi, mai, _, _ = filter_rows(xp, ctx.filter, cols, cs)
-        hists = {var + "_hist": fine_hist(xp, backend.stage(edges), v)
-                 for var, v, edges in (("cpi", cpi, ctx.cpi_edges), ("mai", mai, ctx.mai_edges))}
-        top = (alloc == 0) | is_null_int(xp, alloc)
-        if not cells:
-            out = {k: xp.asarray(v) for k, v in self.empty().items()}
-            out.update(hists)
-            out["stats"] = xp.asarray(np.array([0, int(top.sum()) if n else 0], np.int64))
-            return out
-        pos, known = id_index(backend, ctx.machines, mid)
-        # 0 <= floor(start / CELL_US) < 2^32, without dividing every row
-        cell_ok = (start >= 0) & (start < (1 << CELL_BITS) * CELL_US)
-        use = top & known & cell_ok
-        ui = xp.nonzero(use)[0]
-        pu = pos[ui].astype(xp.int64, copy=False)
-        cu = start[ui] // CELL_US
-        csu = cs[ui]
-        bad = ~xp.isfinite(csu)
-        sums = {"cpu_seconds": xp.where(bad, 0.0, csu)}
-        if int(pu.shape[0]):
-            # Dense (machine index, cell) code: same order as the packed key, but a compact range,
-            # so keyed_reduce takes its O(n) bincount path instead of sorting the packed keys
-            # (identical sums: same rows per group, same row order).
-            c0 = int(cu.min())
-            cspan = int(cu.max()) - c0 + 1
-            p0 = int(pu.min())
-            span = (int(pu.max()) - p0 + 1) * cspan
-            code = pu - p0
-            code *= cspan
-            code += cu
-            code -= c0
-            nu = int(code.shape[0])
-            if span <= max(4 * nu, 1 << 16):
-                # keyed_reduce's dense path, without its re-offset copies of the codes
-                cnt = xp.bincount(code, minlength=span)
-                present = xp.nonzero(cnt)[0]
-                csum = backend.ops.grouped_sum(code, xp.ascontiguousarray(sums["cpu_seconds"]), n_groups=span)
-                part = {"key": present.astype(xp.int64),
-                        "cpu_seconds": csum[present],
-                        "k": cnt[present].astype(xp.int64),
-                        "bad": xp.bincount(code[bad], minlength=span)[present].astype(xp.int64)}
-            else:
-                part = keyed_reduce(backend, code, sums, {"k": None, "bad": bad.astype(xp.int64)})
-            kc = part["key"]
-            part["key"] = (((kc // cspan) + p0) << CELL_BITS) | ((kc % cspan) + c0)
-        else:
-            part = keyed_reduce(backend, (pu << CELL_BITS) | cu, sums, {"k": None, "bad": bad.astype(xp.int64)})
-        part.update(hists)
-        # stats: top-level rows with a bad cell index, top-level rows seen
-        part["stats"] = xp.asarray(np.array([int((top & known & ~cell_ok).sum()), int(top.sum())], np.int64))
-        return part
+        _, cpi, mai, _, _ = filter_rows(xp, ctx.filter, cols)
+        return {var: fine_hist(xp, backend.stage(edges), v)
+                for var, v, edges in (("cpi", cpi, ctx.cpi_edges), ("mai", mai, ctx.mai_edges))}
 
     def merge(self, a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        keyed = ("key", "cpu_seconds", "k", "bad")
-        out = merge_keyed({k: a[k] for k in keyed}, {k: b[k] for k in keyed})
-        for k in ("cpi_hist", "mai_hist", "stats"):
-            out[k] = a[k] + b[k]
-        return out
+        return {k: a[k] + b[k] for k in ("cpi", "mai")}
 
-    def finalize(self, partial: dict[str, np.ndarray], ctx: MachineCellsContext) -> dict[str, pd.DataFrame]:
-        cells = pd.DataFrame({k: np.asarray(partial[k]) for k in ("key", "k", "cpu_seconds", "bad")})
-        hist = pd.DataFrame({"cpi": np.asarray(partial["cpi_hist"]), "mai": np.asarray(partial["mai_hist"])})
-        info = pd.DataFrame([{"bad_cell_rows": int(partial["stats"][0]), "top_level_rows": int(partial["stats"][1])}])
-        return {"cells": cells, "hist": hist, "info": info}
+    def finalize(self, partial: dict[str, np.ndarray], ctx: HistogramsContext) -> dict[str, pd.DataFrame]:
+        return {"hist": pd.DataFrame({"cpi": np.asarray(partial["cpi"]), "mai": np.asarray(partial["mai"])})}

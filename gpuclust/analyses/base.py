@@ -143,6 +143,14 @@ class Analysis:
     keyed_rows: ClassVar[tuple[str, ...]] = ()
 
     @property
+    def sharded(self) -> bool:
+        """Whether the engine spills the keyed part of the partials (:meth:`split`) and reduces it
+        by shards (:mod:`gpuclust.engine.shards`): analyses with :attr:`parted` tables, and those
+        whose keyed partials grow with the cell but reduce to small tables (cpi's machine-cell
+        sums; then :meth:`finalize_shard` returns no rows, only its extra)."""
+        return bool(self.parted)
+
+    @property
     def columns(self) -> tuple[str, ...]:
         """Columns of :attr:`table` that :meth:`partial` reads."""
         raise NotImplementedError

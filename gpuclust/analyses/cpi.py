@@ -13,12 +13,16 @@ Cell-level regression ``CPI = b0 + b_util * util + b_ntasks * ntasks`` (CPU-seco
 where, for a window on machine m in 300 s cell c = floor(start_time / 300 s), ``k`` = number of
 top-level usage rows on m in c (itself included when top-level), ``ntasks = k - 1`` and
 ``util = sum(avg_cpu x duration) over those rows / (cell length x cap_cpu(m))``.  ``k`` and
-``util`` come from a first engine pass run by :meth:`Cpi.context`
-(:mod:`gpuclust.analyses._machine_cells`).  Fits: pooled, per platform, and platform fixed
+``util`` are constant inside a machine-cell, so the regression's co-moments need no per-window
+join: each partition sums, per (machine, cell), the top-level rows' count and CPU time and, per
+(machine, cell, platform), the kept windows' weight, weighted CPI and weighted squared CPI; those
+keyed sums are spilled and reduced by shards of machines (the engine's ``sharded`` path,
+:mod:`gpuclust.engine.shards`), each turning its machine-cells into per-platform co-moments and
+binned sums.  Fits: pooled, per platform, and platform fixed
 effects (multiplicative: CPI relative to its platform's mean, within-platform co-moments pooled);
-option ``regression`` picks the primary one, or ``none`` skips the regression (and, unless the
-Spearman grid needs its cuts, the first pass: the SQL-expressible subset, one pass over the
-windows).  Details and the reasoning: ``docs/analysis-cpi.md``.
+option ``regression`` picks the primary one, or ``none`` skips the regression (the
+SQL-expressible subset).  The only pass before the main one builds the Spearman grid's cut points
+(``spearman="grid"``, :class:`gpuclust.analyses._machine_cells.CpiHistograms`).  Details and the reasoning: ``docs/analysis-cpi.md``.
 """
 
 from __future__ import annotations
@@ -31,20 +35,22 @@ import numpy as np
 import pandas as pd
 import pyarrow.compute as pc
 
+from gpuclust.analyses._extent import max_finite
 from gpuclust.analyses._lookup import EVENT_COLUMNS, InstanceLookup, id_index, tier_lookup
 from gpuclust.analyses._machine_cells import (
-    CELL_BITS,
     CELL_US,
-    MachineCells,
+    CpiHistograms,
+    cpu_seconds,
     filter_rows,
     fine_bins,
     grid_cuts,
     hist_edges,
 )
-from gpuclust.analyses.base import Analysis, fmt, resolve_tier_map
+from gpuclust.analyses.base import Analysis, fmt, is_null_int, resolve_tier_map
 from gpuclust.analyses.options import option, tier_map_option
-from gpuclust.backends.moments_cpu import regroup_moments
-from gpuclust.partials import Moments, merge_keyed
+from gpuclust.backends.moments_cpu import grouped_comoments, regroup_moments
+from gpuclust.parted import finalize_in_memory
+from gpuclust.partials import Moments, keyed_reduce, merge_keyed
 from gpuclust.schema import TierMap, tier_map
 from gpuclust.stats import (
     CpiFilter,
@@ -70,6 +76,13 @@ UTIL_BINS = 40
 #: Task counts k above this share the last bin of the ``binned`` table.
 K_BINS = 1024
 _BIN_BITS = 16
+#: Keyed sums of a partition (spilled, reduced by machine-range shards): ``c``: per (machine,
+#: cell) over the top-level rows; ``w``: per (machine, cell, platform) over the kept windows.
+KEYED = {"c": ("k", "cpu_seconds", "bad"), "w": ("n", "W", "S", "Q")}
+#: (machine, cell, platform) keys per shard (dense accumulators of this many entries).
+SHARD_KEYS = 1 << 21
+#: ``stats``: top-level rows outside the cell range, machine-cells, machine-cells of unknown util.
+_STATS = ("bad_cell_rows", "machine_cells", "machine_cells_unknown_util")
 _BY_COLUMN = {"platform": "platform_id", "machine": "machine_id", "collection": "collection_id",
               "tier": "tier", "cell": "cell"}
 
@@ -92,16 +105,11 @@ class CpiContext:
     pe_machine: np.ndarray
     pe_code: np.ndarray
     pm_first: np.ndarray
-    #: machines with a known positive CPU capacity (sorted) and the (machine, cell) table
+    #: machines with a known positive CPU capacity (sorted) and that capacity
     cap_ids: np.ndarray
-    mc_key: np.ndarray
-    mc_k: np.ndarray
-    mc_u: np.ndarray
-    #: dense (capacity machine index, cell - mc_cell0) -> row of the mc_* table (-1: none), flat
-    #: with ``mc_cspan`` cells per machine; empty when too large (then mc_key is searched)
-    mc_dense: np.ndarray
-    mc_cell0: int
-    mc_cspan: int
+    cap_val: np.ndarray
+    #: cells per machine in the keyed sums' keys (cells ``[0, cell_span)``; 0 without regression)
+    cell_span: int
     #: per pm_ids entry: its index in cap_ids (-1: no known capacity)
     pm_cap: np.ndarray
     #: Spearman grid cuts
@@ -126,6 +134,19 @@ class CpiContext:
     @property
     def tier_names(self) -> tuple[str, ...]:
         return (self.tier_map.names if self.tier_map else ()) + ("unknown",)
+
+    @property
+    def n_platforms(self) -> int:
+        """Platform codes in the keys: the platforms and ``unknown_platform``."""
+        return len(self.platforms) + 1
+
+
+def _cell_span(last_start: int | None, machines: int, n_platforms: int) -> int:
+    """Cells per machine in the keyed sums: up to the cell of the latest window start (from
+    Parquet statistics), at most 2^32 and small enough that (machine, cell, platform) keys fit
+    an int64."""
+    cells = last_start // CELL_US + 1 if last_start is not None and last_start >= 0 else 1
+    return int(max(1, min(cells, 1 << 32, (1 << 62) // max(machines * n_platforms, 1))))
 
 
 def _trace_window(source: Any) -> tuple[int, int] | None:
@@ -179,27 +200,6 @@ def _capacities(me: Any) -> tuple[np.ndarray, np.ndarray]:
                          "c": _f64(me.column("cap_cpu"))}).groupby("m")["c"].max())
     cap = cap[cap > 0]
     return cap.index.to_numpy(np.int64), cap.to_numpy(np.float64)
-
-
-#: Largest dense (machine, cell) lookup table built by the context (entries; int32 or int64).
-_DENSE_CELLS_MAX = 1 << 26
-
-
-def _dense_cells(midx: np.ndarray, cell: np.ndarray, n_machines: int) -> dict[str, Any]:
-    """Dense ``(machine index, cell)`` -> row lookup of the sorted machine-cell table (an O(1)
-    gather per window instead of a binary search of the packed keys); empty when too large."""
-    none = {"mc_dense": np.zeros(0, np.int32), "mc_cell0": 0, "mc_cspan": 0}
-    if midx.shape[0] == 0 or n_machines == 0:
-        return none
-    c0 = int(cell.min())
-    cspan = int(cell.max()) - c0 + 1
-    size = n_machines * cspan
-    if size > max(_DENSE_CELLS_MAX, 8 * midx.shape[0]) or size > 1 << 31:
-        return none
-    dt = np.int32 if midx.shape[0] < (1 << 31) else np.int64
-    table = np.full(size, -1, dtype=dt)
-    table[midx * cspan + (cell - c0)] = np.arange(midx.shape[0], dtype=dt)
-    return {"mc_dense": table, "mc_cell0": c0, "mc_cspan": cspan}
 
 
 def _dense_groups(xp: Any, code: Any, span: int, keys: Any) -> tuple[Any, Any, int]:
@@ -277,10 +277,9 @@ class Cpi(Analysis):
     regression
         Primary fit: ``platform-fixed-effects`` (default; recovers the synthetic cell's planted
         slopes), ``per-platform`` or ``pooled``.  All fits are reported in ``regression``.
-        ``none`` skips the regression: no (machine, cell) first pass, empty ``regression`` and
-        ``binned`` tables, no ``regression`` stage in ``filter``.  With ``spearman`` ``none`` or
-        ``exact`` the analysis is then a single pass (what SQL expresses: per-group weighted
-        moments and Pearson r).
+        ``none`` skips the regression: no (machine, cell) sums, empty ``regression`` and
+        ``binned`` tables, no ``regression`` stage in ``filter`` (what SQL expresses: per-group
+        weighted moments and Pearson r).
     spearman
         ``grid`` (mergeable, with an error bound), ``exact`` (carries the filtered rows: memory
         O(rows)) or ``none``.
@@ -335,9 +334,15 @@ class Cpi(Analysis):
 
     @property
     def first_pass(self) -> bool:
-        """Whether :meth:`context` runs the first pass (:class:`MachineCells`): for the regression's
-        (machine, cell) table and/or the Spearman grid's cuts."""
-        return self.regression != "none" or self.spearman == "grid"
+        """Whether a pass runs before the main one (:class:`CpiHistograms`, for the Spearman
+        grid's cut points)."""
+        return self.spearman == "grid"
+
+    @property
+    def sharded(self) -> bool:
+        """The regression's keyed (machine, cell) sums are spilled and reduced by machine-range
+        shards (:mod:`gpuclust.engine.shards`)."""
+        return self.regression != "none"
 
     @property
     def columns(self) -> tuple[str, ...]:
@@ -348,6 +353,8 @@ class Cpi(Analysis):
             cols.append("instance_index")
         if self.by in ("machine", "platform", "tier") or self.regression != "none":
             cols.append("machine_id")
+        if self.regression != "none":
+            cols.append("alloc_collection_id")
         return (*cols, "avg_cpu", "cpi", "mai")
 
     # ---------------------------------------------------------------- context (client side)
@@ -356,41 +363,25 @@ class Cpi(Analysis):
 
     @property
     def context_columns(self) -> tuple[str, ...]:
-        return MachineCells().columns if self.first_pass else ()
+        return CpiHistograms().columns if self.first_pass else ()
 
     def prerequisites(self, source: Any) -> dict[str, Analysis]:
-        if not self.first_pass:  # nothing needs the first pass: skip it (no machine cells, no grid cuts)
-            return {}
-        # (machine, cell) table only for the regression; the histograms only for the grid cuts
-        cap_ids = _capacities(source.read("machine_events", ["machine_id", "cap_cpu"]))[0]
-        machines = tuple(int(x) for x in cap_ids) if self.regression != "none" else ()
-        return {"machine-cells": MachineCells(machines, self.filter)}
+        return {"histograms": CpiHistograms(self.filter)} if self.first_pass else {}
 
     def context(self, source: Any, prior: dict[str, dict[str, pd.DataFrame]] | None = None) -> CpiContext:
         me = source.read("machine_events", ["time", "machine_id", "cap_cpu", "platform_id"])
         plat = _platform_lookup(me)
         cap_ids, cap_val = _capacities(me)
         flt = self.filter
-        if self.first_pass:
-            if not prior or "machine-cells" not in prior:
-                raise RuntimeError("cpi: the machine-cells pass must run first (the engine runs prerequisites)")
-            mc = prior["machine-cells"]
-        else:
-            mc = MachineCells().finalize(MachineCells().empty(), None)
-        cells = mc["cells"]
-        key = cells["key"].to_numpy(np.int64)
-        midx = key >> CELL_BITS
-        cell = key & ((1 << CELL_BITS) - 1)
-        window = _trace_window(source)
-        denom = _cell_seconds(cell, window) * (cap_val[midx] if key.shape[0] else np.zeros(0))
-        cs = cells["cpu_seconds"].to_numpy(np.float64)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            u = np.where((cells["bad"].to_numpy() == 0) & (denom > 0), cs / np.where(denom > 0, denom, 1.0), np.nan)
         cpi_cuts = mai_cuts = np.zeros(0)
         edges = {"cpi": hist_edges("cpi", flt.cpi_max), "mai": hist_edges("mai", flt.mai_max)}
-        if self.spearman == "grid":
-            cpi_cuts = grid_cuts(mc["hist"]["cpi"].to_numpy(), edges["cpi"], self.spearman_bins)
-            mai_cuts = grid_cuts(mc["hist"]["mai"].to_numpy(), edges["mai"], self.spearman_bins)
+        if self.first_pass:
+            if not prior or "histograms" not in prior:
+                raise RuntimeError("cpi: the histograms pass must run first (the engine runs prerequisites)")
+            hist = prior["histograms"]["hist"]
+            cpi_cuts = grid_cuts(hist["cpi"].to_numpy(), edges["cpi"], self.spearman_bins)
+            mai_cuts = grid_cuts(hist["mai"].to_numpy(), edges["mai"], self.spearman_bins)
+        window = _trace_window(source)
         luts = {}
         for var, cuts in (("cpi", cpi_cuts), ("mai", mai_cuts)):
             # fine bin b holds edges[b - 1] <= v < edges[b]; as every cut is an edge, the grid bin
@@ -398,18 +389,18 @@ class Cpi(Analysis):
             ok = self.spearman == "grid" and bool(np.isin(cuts, edges[var]).all())
             luts[var + "_lut"] = (np.concatenate([[0], np.searchsorted(cuts, edges[var], side="right")]).astype(np.int64)
                                   if ok else np.zeros(0, np.int64))
+        span = 0
+        if self.regression != "none" and cap_ids.shape[0]:
+            span = _cell_span(max_finite(source, "instance_usage", "start_time"), int(cap_ids.shape[0]),
+                              len(plat["platforms"]) + 1)
         tm = self.resolve_tier_map(source) if self.by == "tier" else None
-        dense = _dense_cells(midx, cell, int(cap_ids.shape[0]))
         cpos = np.searchsorted(cap_ids, plat["pm_ids"]) if cap_ids.shape[0] else np.zeros(0, np.int64)
         cposc = np.clip(cpos, 0, max(cap_ids.shape[0] - 1, 0))
         pm_cap = (np.where(cap_ids[cposc] == plat["pm_ids"], cpos, -1) if cap_ids.shape[0]
                   else np.full(plat["pm_ids"].shape[0], -1)).astype(np.int64)
-        info = {"machines": int(plat["pm_ids"].shape[0]), "machines_with_capacity": int(cap_ids.shape[0]),
-                "machine_cells": int(key.shape[0]),
-                "machine_cells_unknown_util": int(np.isnan(u).sum()),
-                "bad_cell_rows": int(mc["info"]["bad_cell_rows"].iloc[0])}
-        return CpiContext(filter=flt, tier_map=tm, **plat, cap_ids=cap_ids, mc_key=key,
-                          mc_k=cells["k"].to_numpy(np.int64), mc_u=u, **dense, pm_cap=pm_cap,
+        info = {"machines": int(plat["pm_ids"].shape[0]), "machines_with_capacity": int(cap_ids.shape[0])}
+        return CpiContext(filter=flt, tier_map=tm, **plat, cap_ids=cap_ids, cap_val=cap_val, cell_span=span,
+                          pm_cap=pm_cap,
                           cpi_cuts=cpi_cuts, mai_cuts=mai_cuts, cpi_edges=edges["cpi"], mai_edges=edges["mai"], **luts,
                           lookup=InstanceLookup.empty(), trace_window_us=window, info=info)
 
@@ -429,12 +420,15 @@ class Cpi(Analysis):
     # ---------------------------------------------------------------- partial / merge
     def empty(self, backend: Any = None) -> dict[str, np.ndarray]:
         b = self.spearman_bins
-        out: dict[str, np.ndarray] = {**_moments_fields("g_", 2), **_moments_fields("r_", 3)}
+        out: dict[str, np.ndarray] = {**_moments_fields("g_", 2)}
         out["g_grid"] = np.zeros((0, b, b)) if self.spearman == "grid" else np.zeros((0, 0, 0))
         out.update({"s_key": np.zeros(0, np.int64), "s_x": np.zeros(0), "s_y": np.zeros(0), "s_w": np.zeros(0)})
-        out.update({"b_key": np.zeros(0, np.int64), "b_cpu_seconds": np.zeros(0), "b_wcpi": np.zeros(0),
-                    "b_n": np.zeros(0, np.int64)})
+        for pre, fields in KEYED.items():
+            out[pre + "_key"] = np.zeros(0, np.int64)
+            out.update({f"{pre}_{f}": np.zeros(0, np.int64) if f in ("k", "bad", "n") else np.zeros(0)
+                        for f in fields})
         out["counts"] = np.zeros(len(COUNTERS), np.int64)
+        out["stats"] = np.zeros(len(_STATS), np.int64)
         return out
 
     @staticmethod
@@ -497,13 +491,18 @@ class Cpi(Analysis):
         counts = dict.fromkeys(COUNTERS, 0)
         counts.update(fc)
         out: dict[str, Any] = {k: xp.asarray(v) for k, v in self.empty().items()}
+        regress = self.regression != "none"
+        # the regression's machine-cell sums run over every top-level row, kept or not
+        mall = self._cell_sums(cols, ctx, backend, out) if regress else None
         if int(idx.shape[0]) == 0:
             out["counts"] = xp.asarray(np.array([counts[c] for c in COUNTERS], np.int64))
             return out
-        regress = self.regression != "none"
         mid = cols["machine_id"][idx] if "machine_id" in cols else None
         st = cols["start_time"][idx] if regress else None
-        mi = self._machine_index(backend, ctx, mid) if mid is not None else None
+        if mall is not None:
+            mi = (mall[0][idx], mall[1][idx])
+        else:
+            mi = self._machine_index(backend, ctx, mid) if mid is not None else None
         plat = self._platform(backend, ctx, mid, st if regress else cols["start_time"][idx], mi) if (
             regress or self.by == "platform") else None
         groups = None
@@ -524,11 +523,8 @@ class Cpi(Analysis):
         else:
             gkey = xp.zeros(int(idx.shape[0]), dtype=xp.int64)
             groups = _dense_groups(xp, gkey, 1, xp.arange(1))
-        # One scratch buffer for the (CPI, MAI) matrix and, later, the regression's (CPI, util,
-        # ntasks) matrix: a fresh large array costs page faults, a reused one does not.
         n_kept = int(idx.shape[0])
-        scratch = xp.empty(n_kept * (3 if regress else 2))
-        xg = scratch[:2 * n_kept].reshape(n_kept, 2)
+        xg = xp.empty((n_kept, 2))
         xg[:, 0] = y
         xg[:, 1] = z
         g, inv, G = _keyed_comoments(backend, gkey, xg, w, "g_", groups)
@@ -553,88 +549,165 @@ class Cpi(Analysis):
         if not regress:
             out["counts"] = xp.asarray(np.array([counts[c] for c in COUNTERS], np.int64))
             return out
-        # ---- regression rows: k and util of the window's (machine, cell)
-        pos = None  # row of the machine-cell table (valid where found)
-        has_cap = found = xp.zeros(n_kept, dtype=bool)
-        if ctx.cap_ids.shape[0] and mi is not None:
-            # cap_ids is a subset of pm_ids: reuse the row's pm_ids index
-            cp = backend.stage(ctx.pm_cap)[mi[0]]
-            has_cap = mi[1] & (cp >= 0)
-            mpos = xp.maximum(cp, 0)
-            if ctx.mc_dense.shape[0]:
-                rel = st // CELL_US
-                rel -= ctx.mc_cell0
-                inside = has_cap & (st >= 0) & (rel >= 0) & (rel < ctx.mc_cspan)
-                mpos *= ctx.mc_cspan
-                mpos += rel
-                pos = xp.where(inside, backend.stage(ctx.mc_dense)[xp.where(inside, mpos, 0)], -1)
-                found = pos >= 0
-                pos = xp.maximum(pos, 0)
-            elif ctx.mc_key.shape[0]:
-                cell = xp.where(st >= 0, st // CELL_US, 0)
-                key = (mpos.astype(xp.int64) << CELL_BITS) | xp.clip(cell, 0, (1 << CELL_BITS) - 1)
-                mk = backend.stage(ctx.mc_key)
-                pos = xp.clip(xp.searchsorted(mk, key), 0, mk.shape[0] - 1)
-                found = has_cap & (mk[pos] == key) & (st >= 0) & (cell < (1 << CELL_BITS))
-        u = backend.stage(ctx.mc_u)[pos] if pos is not None else xp.full(n_kept, xp.nan)
-        use = found & xp.isfinite(u)
-        n_cap, n_found = int(has_cap.sum()), int(found.sum())
-        ri = xp.nonzero(use)[0]
-        n_use = int(ri.shape[0])
-        counts["no_capacity"] = n_kept - n_cap
-        counts["no_machine_cell"] = n_cap - n_found  # found implies has_cap
-        counts["unknown_util"] = n_found - n_use
-        counts["regression_used"] = n_use
-        if n_use == 0:
-            out["counts"] = xp.asarray(np.array([counts[c] for c in COUNTERS], np.int64))
-            return out
-        pr = plat[ri].astype(xp.int64)
-        counts["unknown_platform"] = int((pr == ctx.unknown_platform).sum())
+        # ---- regression: keyed sums of the kept windows per (machine, cell, platform); k and util
+        # are constant inside a machine-cell, so the shards need no per-window join
+        cp, has_cap = (mall[2][idx], mall[3][idx]) if mall is not None else (None, xp.zeros(n_kept, dtype=bool))
+        span = ctx.cell_span
+        inside = has_cap & (st >= 0) & (st < span * CELL_US)
+        ri = xp.nonzero(inside)[0]
+        counts["no_capacity"] = n_kept - int(has_cap.sum())
+        counts["no_machine_cell"] = int(has_cap.sum()) - int(ri.shape[0])  # the shards add the cells without rows
         out["counts"] = xp.asarray(np.array([counts[c] for c in COUNTERS], np.int64))
-        yr, ur, wr = y[ri], u[ri], w[ri]
-        kr = backend.stage(ctx.mc_k)[pos[ri]]
-        x = scratch[:3 * n_use].reshape(n_use, 3)
-        x[:, 0] = yr
-        x[:, 1] = ur
-        x[:, 2] = kr - 1
-        n_p = ctx.unknown_platform + 1
-        r, _, _ = _keyed_comoments(backend, pr, x, wr, "r_", _dense_groups(xp, pr, n_p, xp.arange(n_p)))
-        out.update(r)
-        # ---- binned CPI vs util and vs k (for the plot and the `binned` table)
-        ub = xp.floor(ur / UTIL_BIN)
-        ub = xp.clip(ub, 0, UTIL_BINS - 1, out=ub).astype(xp.int64)
-        kb = xp.clip(kr, 0, K_BINS - 1).astype(xp.int64)
-        # Dense per-platform bin codes (util and k separately, no concatenated copies); the result
-        # is what keyed_reduce over the packed keys gives: same rows per bin in the same order.
-        wy = xp.ascontiguousarray(wr * yr)
-        wr = xp.ascontiguousarray(wr)
-        dense: dict[str, list[Any]] = {"n": [], "cpu_seconds": [], "wcpi": []}
-        for code, nb in ((ub, UTIL_BINS), (kb, K_BINS)):
-            code += pr * nb
-            span = n_p * nb
-            dense["n"].append(xp.bincount(code, minlength=span).reshape(n_p, nb))
-            dense["cpu_seconds"].append(backend.ops.grouped_sum(code, wr, n_groups=span).reshape(n_p, nb))
-            dense["wcpi"].append(backend.ops.grouped_sum(code, wy, n_groups=span).reshape(n_p, nb))
-        pp = xp.arange(n_p, dtype=xp.int64)[:, None]
-        bkeys = xp.concatenate([((pp * 2) << _BIN_BITS) | xp.arange(UTIL_BINS, dtype=xp.int64)[None, :],
-                                ((pp * 2 + 1) << _BIN_BITS) | xp.arange(K_BINS, dtype=xp.int64)[None, :]], axis=1)
-        flat = {k_: xp.concatenate(v, axis=1).reshape(-1) for k_, v in dense.items()}
-        present = xp.nonzero(flat["n"])[0]
-        out["b_key"] = bkeys.reshape(-1)[present].astype(xp.int64)
-        out["b_cpu_seconds"] = flat["cpu_seconds"][present].astype(xp.float64)
-        out["b_wcpi"] = flat["wcpi"][present].astype(xp.float64)
-        out["b_n"] = flat["n"][present].astype(xp.int64)
+        if int(ri.shape[0]):
+            key = cp[ri].astype(xp.int64) * span
+            key += st[ri] // CELL_US
+            key *= ctx.n_platforms
+            key += plat[ri].astype(xp.int64)
+            wr, yr = w[ri], y[ri]
+            wy = wr * yr
+            out.update({"w_" + k: v for k, v in keyed_reduce(backend, key, {"W": wr, "S": wy, "Q": wy * yr},
+                                                               {"n": None}).items()})
         return out
+
+    def _cell_sums(self, cols: dict[str, Any], ctx: CpiContext, backend: Any,
+                   out: dict[str, Any]) -> tuple[Any, Any, Any, Any] | None:
+        """Per (capacity machine, cell) over the top-level rows of every window (kept or not):
+        ``k``, CPU-seconds (0 for unknown ones) and ``bad`` (unknown CPU time), into ``out``'s
+        ``c_*`` and ``stats``; returns the rows' machine lookup ``(pm index, known, capacity
+        index, has capacity)`` for reuse (``None`` when machine_events has no machines)."""
+        xp = backend.xp
+        mid, start = cols["machine_id"], cols["start_time"]
+        if ctx.pm_ids.shape[0] == 0 or int(mid.shape[0]) == 0:
+            return None
+        m2, known = id_index(backend, ctx.pm_ids, mid)
+        cp = backend.stage(ctx.pm_cap)[m2]
+        has_cap = known & (cp >= 0)
+        alloc = cols["alloc_collection_id"]
+        top = has_cap & ((alloc == 0) | is_null_int(xp, alloc))
+        inside = (start >= 0) & (start < ctx.cell_span * CELL_US)
+        ui = xp.nonzero(top & inside)[0]
+        stats = np.zeros(len(_STATS), np.int64)
+        stats[0] = int(top.sum()) - int(ui.shape[0])
+        out["stats"] = xp.asarray(stats)
+        if int(ui.shape[0]):
+            cs = cpu_seconds(xp, start[ui], cols["end_time"][ui], cols["avg_cpu"][ui])
+            bad = ~xp.isfinite(cs)
+            cs[bad] = 0.0
+            key = cp[ui].astype(xp.int64) * ctx.cell_span
+            key += start[ui] // CELL_US
+            out.update({"c_" + k: v for k, v in keyed_reduce(backend, key, {"cpu_seconds": cs},
+                                                               {"k": None, "bad": bad.astype(xp.int64)}).items()})
+        return m2, known, cp, has_cap
 
     def merge(self, a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         out = _merge_keyed_moments(a, b, "g_", ("g_grid",))
-        out.update(_merge_keyed_moments(a, b, "r_"))
         out.update({k: np.concatenate([a[k], b[k]]) for k in ("s_key", "s_x", "s_y", "s_w")})
-        bins = merge_keyed({k[2:]: a[k] for k in ("b_key", "b_cpu_seconds", "b_wcpi", "b_n")},
-                           {k[2:]: b[k] for k in ("b_key", "b_cpu_seconds", "b_wcpi", "b_n")})
-        out.update({"b_" + k: v for k, v in bins.items()})
+        for pre in KEYED:
+            if pre + "_key" in a:  # not in a split's rest
+                ka, kb = self._keyed(a, pre), self._keyed(b, pre)
+                out.update({f"{pre}_{k}": v for k, v in merge_keyed(ka, kb).items()})
         out["counts"] = a["counts"] + b["counts"]
+        out["stats"] = a["stats"] + b["stats"]
         return out
+
+    # ---------------------------------------------------------------- shards (regression)
+    @staticmethod
+    def _keyed(p: dict[str, Any], pre: str) -> dict[str, Any]:
+        return {"key": p[pre + "_key"], **{f: p[f"{pre}_{f}"] for f in KEYED[pre]}}
+
+    def split(self, partial: dict[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, np.ndarray]]]:
+        rest = {k: v for k, v in partial.items() if not k.startswith(tuple(pre + "_" for pre in KEYED))}
+        return rest, {pre: self._keyed(partial, pre) for pre in KEYED}
+
+    def merge_rest(self, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+        return self.merge(a, b)
+
+    def shards(self, ctx: CpiContext, rest: dict[str, Any]) -> list[tuple[int, int]]:
+        """Ranges of capacity-machine indices of about :data:`SHARD_KEYS` (machine, cell,
+        platform) keys each."""
+        M = int(ctx.cap_ids.shape[0])
+        step = max(1, SHARD_KEYS // max(ctx.cell_span * ctx.n_platforms, 1))
+        return [(lo, min(lo + step, M)) for lo in range(0, M, step)] or [(0, 0)]
+
+    def key_range(self, ctx: CpiContext, name: str, lo: int, hi: int) -> tuple[int, int]:
+        per = ctx.cell_span * (ctx.n_platforms if name == "w" else 1)
+        return lo * per, hi * per
+
+    def machine_cells(self, c: dict[str, np.ndarray], ctx: CpiContext) -> pd.DataFrame:
+        """The machine-cell table of merged ``c`` sums (sorted keys): ``machine_id``, ``cell``,
+        ``k``, ``util`` (NaN when a row's CPU time is unknown or the cell lies outside the trace
+        window) and ``key`` (their key in the ``w`` sums, less the platform)."""
+        key = np.asarray(c["key"], np.int64)
+        span = max(ctx.cell_span, 1)
+        m, cell = key // span, key % span
+        denom = _cell_seconds(cell, ctx.trace_window_us) * ctx.cap_val[m]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            u = np.where((c["bad"] == 0) & (denom > 0), c["cpu_seconds"] / np.where(denom > 0, denom, 1.0), np.nan)
+        return pd.DataFrame({"key": key, "machine_id": ctx.cap_ids[m], "cell": cell,
+                             "k": np.asarray(c["k"], np.int64), "util": u})
+
+    def finalize_shard(self, keyed: dict[str, dict[str, np.ndarray]], rest: dict[str, Any], ctx: CpiContext,
+                       lo: int, hi: int) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Machines ``[lo, hi)``: their machine-cells' ``k`` and ``util``, joined to the kept
+        windows' (machine, cell, platform) sums: per-platform co-moments of (CPI, util, ntasks)
+        and the binned sums, with the regression counters (no parted tables)."""
+        mc = self.machine_cells(keyed["c"], ctx)
+        ck, u, k = mc["key"].to_numpy(), mc["util"].to_numpy(), mc["k"].to_numpy()
+        wk = keyed["w"]
+        NP = ctx.n_platforms
+        pl = wk["key"] % NP
+        cell_key = wk["key"] // NP
+        pos = np.searchsorted(ck, cell_key)
+        posc = np.clip(pos, 0, max(ck.shape[0] - 1, 0))
+        found = (pos < ck.shape[0]) & (ck[posc] == cell_key) if ck.shape[0] else np.zeros(pos.shape[0], dtype=bool)
+        uu = np.where(found, u[posc], np.nan) if ck.shape[0] else np.full(pos.shape[0], np.nan)
+        use = found & np.isfinite(uu)
+        n = np.asarray(wk["n"], np.int64)
+        counts = dict.fromkeys(COUNTERS, 0)
+        counts.update(no_machine_cell=int(n[~found].sum()), unknown_util=int(n[found & ~use].sum()),
+                      regression_used=int(n[use].sum()),
+                      unknown_platform=int(n[use & (pl == ctx.unknown_platform)].sum()))
+        stats = np.array([0, ck.shape[0], int(np.isnan(u).sum())], np.int64)
+        # a machine-cell's windows share util and k: each (cell, platform) is one point at its
+        # weighted mean CPI, with the within-cell CPI spread added to the CPI variance
+        pr, nu, W, S, Q = pl[use], n[use], wk["W"][use], wk["S"][use], wk["Q"][use]
+        ur, kr = uu[use], k[posc[use]]
+        ybar = S / W
+        x = np.column_stack([ybar, ur, kr - 1.0])
+        uniq, inv, G = _dense_groups(np, pr, NP, np.arange(NP))
+        m = grouped_comoments(x, W, inv, G)
+        C = m.C.copy()
+        C[:, 0, 0] += np.bincount(inv, weights=np.maximum(Q - S * ybar, 0.0), minlength=G)
+        r = {"r_key": uniq.astype(np.int64), "r_n": np.bincount(inv, weights=nu, minlength=G).round().astype(np.int64),
+             "r_W": m.W, "r_mean": m.mean, "r_C": C}
+        # binned CPI vs util and vs k, per platform
+        ub = np.clip(np.floor(ur / UTIL_BIN), 0, UTIL_BINS - 1).astype(np.int64)
+        kb = np.clip(kr, 0, K_BINS - 1).astype(np.int64)
+        bkey = np.concatenate([((pr * 2) << _BIN_BITS) | ub, ((pr * 2 + 1) << _BIN_BITS) | kb])
+        bu, binv = np.unique(bkey, return_inverse=True)
+        binv = binv.reshape(-1)
+        sums = {"cpu_seconds": np.concatenate([W, W]), "wcpi": np.concatenate([S, S]), "n": np.concatenate([nu, nu])}
+        b = {"key": bu.astype(np.int64), **{f: np.bincount(binv, weights=v, minlength=bu.shape[0]) for f, v in sums.items()}}
+        b["n"] = b["n"].round().astype(np.int64)
+        return {}, {"r": r, "b": b, "counts": np.array([counts[c] for c in COUNTERS], np.int64), "stats": stats}
+
+    def finalize_parted(self, rest: dict[str, Any], ctx: CpiContext, tables: dict[str, Any],
+                        extras: list[dict[str, Any]]) -> dict[str, pd.DataFrame]:
+        p = dict(rest)
+        r = _moments_fields("r_", 3)
+        b = self._empty_bins()
+        for e in extras:  # in shard order: the same result however the shards ran
+            r = _merge_keyed_moments(r, e["r"], "r_")
+            b = merge_keyed(b, e["b"])
+            p["counts"] = p["counts"] + e["counts"]
+            p["stats"] = p["stats"] + e["stats"]
+        p.update(r)
+        p.update({"b_" + f: v for f, v in b.items()})
+        return self._finalize(p, ctx)
+
+    @staticmethod
+    def _empty_bins() -> dict[str, np.ndarray]:
+        return {"key": np.zeros(0, np.int64), "cpu_seconds": np.zeros(0), "wcpi": np.zeros(0), "n": np.zeros(0, np.int64)}
 
     # ---------------------------------------------------------------- finalize
     def _group_labels(self, key: np.ndarray, ctx: CpiContext) -> pd.Series:
@@ -755,6 +828,12 @@ class Cpi(Analysis):
         return df
 
     def finalize(self, partial: dict[str, np.ndarray], ctx: CpiContext) -> dict[str, pd.DataFrame]:
+        if self.sharded:  # the shards' reduction, in memory
+            return finalize_in_memory(self, {k: np.asarray(v) for k, v in partial.items()}, ctx)
+        return self._finalize({**_moments_fields("r_", 3), **{"b_" + f: v for f, v in self._empty_bins().items()},
+                               **partial}, ctx)
+
+    def _finalize(self, partial: dict[str, np.ndarray], ctx: CpiContext) -> dict[str, pd.DataFrame]:
         p = {k: np.asarray(v) for k, v in partial.items()}
         counts = dict(zip(COUNTERS, (int(x) for x in p["counts"]), strict=True))
         groups = self._groups(p, ctx)
@@ -782,7 +861,8 @@ class Cpi(Analysis):
             "platforms": ",".join(ctx.platforms),
             "trace_window_start_us": ctx.trace_window_us[0] if ctx.trace_window_us else None,
             "trace_window_end_us": ctx.trace_window_us[1] if ctx.trace_window_us else None,
-            **ctx.info, **{f"windows_{k}": v for k, v in counts.items()},
+            **ctx.info, "machine_cells": int(p["stats"][1]), "machine_cells_unknown_util": int(p["stats"][2]),
+            "bad_cell_rows": int(p["stats"][0]), **{f"windows_{k}": v for k, v in counts.items()},
         }])
         return {"groups": groups, "regression": regression, "binned": binned, "filter": flt, "info": info}
 

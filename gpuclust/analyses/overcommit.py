@@ -46,10 +46,10 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from gpuclust.analyses._extent import max_below, max_finite, to_i64
 from gpuclust.analyses._intervals import (
     SCHEDULE,
     RunningIntervals,
@@ -125,14 +125,6 @@ def _f64(arr: Any) -> np.ndarray:
     return np.asarray(pc.cast(arr, "float64").to_numpy(zero_copy_only=False), dtype=np.float64)
 
 
-def _i64(arr: Any) -> np.ndarray:
-    """int64 NumPy array, NULL -> int64 minimum."""
-    a = pc.cast(arr, "int64")
-    if a.null_count:
-        a = pc.fill_null(a, pa.scalar(np.iinfo(np.int64).min, pa.int64()))
-    return np.ascontiguousarray(a.to_numpy(zero_copy_only=False), dtype=np.int64)
-
-
 def _batches(source: Any, table: str, columns: list[str], rows: int = 1 << 20) -> Any:
     """``table``'s ``columns`` a row group (Parquet) or ``rows`` rows (in memory) at a time."""
     files = source.files(table) if hasattr(source, "files") else None
@@ -158,45 +150,16 @@ def _event_pass(source: Any) -> tuple[int | None, np.ndarray]:
     best: int | None = None
     mids: list[np.ndarray] = [np.zeros(0, np.int64)]
     for t in _batches(source, "instance_events", _PASS_COLUMNS):
-        v = _max_below(_i64(t.column("time")))
+        v = max_below(to_i64(t.column("time")))
         if v is not None:
             best = v if best is None else max(best, v)
-        alloc = _i64(t.column("alloc_collection_id"))
-        m = _i64(t.column("machine_id"))
-        sel = (_i64(t.column("type")) == SCHEDULE) & ((alloc == 0) | (alloc == _NULL)) & (m > 0)
+        alloc = to_i64(t.column("alloc_collection_id"))
+        m = to_i64(t.column("machine_id"))
+        sel = (to_i64(t.column("type")) == SCHEDULE) & ((alloc == 0) | (alloc == _NULL)) & (m > 0)
         mids.append(np.unique(m[sel]))
         if len(mids) > 64:
             mids = [np.unique(np.concatenate(mids))]
     return best, np.unique(np.concatenate(mids))
-
-
-def _max_finite_end(source: Any) -> int | None:
-    """Largest instance_usage end_time below 2^63-1, from Parquet statistics where possible."""
-    best: int | None = None
-    files = source.files("instance_usage") if hasattr(source, "files") else None
-    if files:
-        for f in files:
-            pf = pq.ParquetFile(f)
-            md = pf.metadata
-            j = md.schema.to_arrow_schema().get_field_index("end_time")
-            for g in range(md.num_row_groups):
-                if md.row_group(g).num_rows == 0:
-                    continue
-                st = md.row_group(g).column(j).statistics
-                v: int | None
-                if st is not None and st.has_min_max and int(st.max) < TIME_AFTER_TRACE:
-                    v = int(st.max)
-                else:
-                    v = _max_below(_i64(pf.read_row_group(g, columns=["end_time"]).column(0)))
-                if v is not None:
-                    best = v if best is None else max(best, v)
-        return best
-    return _max_below(_i64(source.read("instance_usage", ["end_time"]).column(0)))
-
-
-def _max_below(a: np.ndarray) -> int | None:
-    a = a[(a < TIME_AFTER_TRACE) & (a != np.iinfo(np.int64).min)]
-    return int(a.max()) if a.size else None
 
 
 def _tier_codes(tm: TierMap, priority: np.ndarray, unknown: int) -> np.ndarray:
@@ -328,7 +291,7 @@ class Overcommit(Analysis):
         if self.window_end_us is not None:
             w1 = int(self.window_end_us)
         else:
-            cands = [v for v in (ev_max, _max_finite_end(source)) if v is not None]
+            cands = [v for v in (ev_max, max_finite(source, "instance_usage", "end_time")) if v is not None]
             w1 = max([w0, *cands])
         width = self.width_us
         # Time buckets (docs/dataset.md): aligned to trace time 0, bucket k = [k*width, (k+1)*width);
@@ -337,7 +300,7 @@ class Overcommit(Analysis):
         B = (-(-w1 // width) - w0 // width) if w1 > w0 else 0
         # ---- capacity intervals (machine_events: one row per machine event, small)
         me = source.read("machine_events", ["time", "machine_id", "type", "cap_cpu", "cap_mem"])
-        mcols = {c: _i64(me.column(c)) for c in ("time", "machine_id", "type")}
+        mcols = {c: to_i64(me.column(c)) for c in ("time", "machine_id", "type")}
         mcols.update({c: _f64(me.column(c)) for c in ("cap_cpu", "cap_mem")})
         cap = capacity_intervals(mcols, w0, w1)
         me_ids = np.unique(mcols["machine_id"])
@@ -363,7 +326,7 @@ class Overcommit(Analysis):
         # usage tier lookup: MAX(priority) per (collection, instance, machine), as cell-usage
         lookup = tier_lookup(ev, ctx.tier_map, top_level_only=True, unmatched=T - 1, what="overcommit priority lookup")
         t = ev.read(_EVENT_COLUMNS)
-        ecols = {c: _i64(t.column(c)) for c in ("time", "type", "collection_id", "instance_index", "machine_id",
+        ecols = {c: to_i64(t.column(c)) for c in ("time", "type", "collection_id", "instance_index", "machine_id",
                                                  "alloc_collection_id")}
         ecols.update({c: _f64(t.column(c)) for c in ("priority", "req_cpu", "req_mem")})
         del t

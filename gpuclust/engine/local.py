@@ -261,7 +261,7 @@ def _run(src: Any, ans: list[Analysis], be: Backend, partitions: int | str, sche
                                    auto_rows=auto_rows)
     ctxs = contexts(ans, src, progress, per_partition=per_partition(src, ans, plans), run_pass=run_pass,
                     scratch=None if folders is None else folders.spill / "context")
-    spills = [folders.for_analysis(k) if a.parted and folders is not None else None for k, a in enumerate(ans)]
+    spills = [folders.for_analysis(k) if a.sharded and folders is not None else None for k, a in enumerate(ans)]
     if scheduler is None:
         merged = merge_local(plans, ans, ctxs, be, nthreads, progress,
                              lambda spec, sub, sub_ctxs, sub_spills: partition_partials(spec, sub, sub_ctxs, be,

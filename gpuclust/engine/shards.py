@@ -126,7 +126,7 @@ def finalize_parted(a: Analysis, ctx: Any, merged: Any, out: Path, spill_folder:
         sp = merge_spilled(a, sp, spill(a, cp, spill_folder))
     shards = a.shards(ctx, sp.rest)
     if progress is not None:
-        progress.phase(f"{a.label}: {len(shards)} shard(s) of {', '.join(a.parted)}")
+        progress.phase(f"{a.label}: {len(shards)} shard(s) of {', '.join(a.parted) or 'keyed partials'}")
     results = run_tasks([(a, ctx, sp.rest, i, lo, hi, sp.spills, out) for i, (lo, hi) in enumerate(shards)])
     tables = {t: PartedTable(out / t) for t in a.parted}
     extras = []

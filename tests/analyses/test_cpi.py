@@ -143,10 +143,22 @@ def test_filter_drops_exactly_the_planted_outliers(synth_ds):
 # ----------------------------------------------------------------------------- references
 
 def test_k_and_util_match_sql(synth_ds):
-    """The first pass' (machine, cell) -> k, util against DuckDB SQL over the same Parquet."""
+    """The machine-cell sums (k, util per machine and 300 s cell; merged partials of two
+    partitions) against DuckDB SQL over the same Parquet."""
     duckdb = pytest.importorskip("duckdb")
+    from gpuclust.backends import get_backend
+    from gpuclust.engine.partition import as_source
+
     ds = Dataset(synth_ds)
-    ctx = context_of(Cpi(), ds)
+    a = Cpi()
+    ctx = context_of(a, ds)
+    t = as_source(ds).read("instance_usage", list(a.columns))
+    be = get_backend("cpu")
+    half = t.num_rows // 2
+    parts = [a.partial({c: column_to_numpy(t.slice(lo, hi - lo).column(c)) for c in a.columns}, ctx, be)
+             for lo, hi in ((0, half), (half, t.num_rows))]
+    _, keyed = a.split(a.merge(*parts))
+    got = a.machine_cells(keyed["c"], ctx).drop(columns="key")
     con = duckdb.connect()
     us = [str(f) for f in ds.files("instance_usage")]
     me = [str(f) for f in ds.files("machine_events")]
@@ -156,8 +168,7 @@ def test_k_and_util_match_sql(synth_ds):
                SUM(CAST(avg_cpu AS DOUBLE) * (end_time - start_time) / 1e6) / (300.0 * ANY_VALUE(cap.cap)) AS util
         FROM read_parquet({us}) JOIN cap USING (machine_id)
         WHERE COALESCE(alloc_collection_id, 0) = 0 GROUP BY machine_id, cell ORDER BY machine_id, cell""").df()
-    got = pd.DataFrame({"machine_id": ctx.cap_ids[ctx.mc_key >> 32], "cell": ctx.mc_key & 0xFFFFFFFF,
-                        "k": ctx.mc_k, "util": ctx.mc_u}).sort_values(["machine_id", "cell"]).reset_index(drop=True)
+    got = got.sort_values(["machine_id", "cell"]).reset_index(drop=True)
     assert len(got) == len(ref) > 1000
     assert got["machine_id"].tolist() == ref["machine_id"].tolist()
     assert got["cell"].tolist() == ref["cell"].tolist()
@@ -441,9 +452,9 @@ def test_regression_none_is_the_sql_subset(synth_ds, monkeypatch, by):
 
     full = {sp: engine.run(synth_ds, Cpi(by=by, spearman=sp), partitions=2)["cpi"] for sp in ("exact", "grid")}
     calls = []
-    orig = _machine_cells.MachineCells.partial
-    monkeypatch.setattr(_machine_cells.MachineCells, "partial",
-                        lambda self, *a, **k: calls.append(self.machines) or orig(self, *a, **k))
+    orig = _machine_cells.CpiHistograms.partial
+    monkeypatch.setattr(_machine_cells.CpiHistograms, "partial",
+                        lambda self, *a, **k: calls.append(self.name) or orig(self, *a, **k))
     for sp in ("none", "exact", "grid"):
         calls.clear()
         a = Cpi(by=by, regression="none", spearman=sp)
@@ -461,8 +472,8 @@ def test_regression_none_is_the_sql_subset(synth_ds, monkeypatch, by):
         info = r["info"].iloc[0]
         assert info["machine_cells"] == 0 and info["windows_regression_used"] == 0
         assert info["windows_kept"] == ref["info"].iloc[0]["windows_kept"]
-        # the first pass runs only for the grid's cut points, and then without the machine-cell table
-        assert (calls and all(m == () for m in calls)) if sp == "grid" else not calls
+        # the first pass runs only for the grid's cut points
+        assert bool(calls) == (sp == "grid")
         assert "regression not computed" in a.summary(r)
         assert "alloc_collection_id" not in a.columns
         assert ("machine_id" in a.columns) == (by in ("machine", "platform", "tier"))
