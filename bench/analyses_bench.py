@@ -97,12 +97,12 @@ def cell_usage_sql(ds: Path | str) -> str:
     sql = f"""
     WITH cap AS (SELECT SUM(c) AS cpu, SUM(m) AS mem FROM (
             SELECT machine_id, MAX(cap_cpu) AS c, MAX(cap_mem) AS m
-            FROM read_parquet('{ds}/machine_events/*.parquet') GROUP BY machine_id)),
+            FROM read_parquet('{ds}/machine_events/**/*.parquet', hive_partitioning=false) GROUP BY machine_id)),
          e AS (SELECT collection_id, instance_index, machine_id, MAX(priority) AS p
-               FROM read_parquet('{ds}/instance_events/*.parquet')
+               FROM read_parquet('{ds}/instance_events/**/*.parquet', hive_partitioning=false)
                WHERE alloc_collection_id IS NULL OR alloc_collection_id = 0 GROUP BY ALL),
          u AS (SELECT start_time, collection_id, instance_index, machine_id, avg_cpu, avg_mem
-               FROM read_parquet('{ds}/instance_usage/*.parquet')
+               FROM read_parquet('{ds}/instance_usage/**/*.parquet', hive_partitioning=false)
                WHERE (alloc_collection_id IS NULL OR alloc_collection_id = 0)
                  AND end_time - start_time >= 300000000)
     SELECT CAST(floor(u.start_time / 3.6e9) AS BIGINT) AS bucket,
@@ -140,7 +140,7 @@ def pandas_cell_usage(ds: Path, _: str) -> Callable[[], Any]:
 
 def duck_machine_shapes(ds: Path, _: str) -> Callable[[], Any]:
     con = _duck()
-    sql = f"SELECT cap_cpu, cap_mem, COUNT(DISTINCT machine_id) FROM read_parquet('{ds}/machine_events/*.parquet') GROUP BY ALL"
+    sql = f"SELECT cap_cpu, cap_mem, COUNT(DISTINCT machine_id) FROM read_parquet('{ds}/machine_events/**/*.parquet', hive_partitioning=false) GROUP BY ALL"
     return lambda: con.execute(sql).fetchall()
 
 
@@ -148,7 +148,7 @@ def cpi_sql(ds: Path | str) -> str:
     """cpi's SQL-expressible subset: weighted moments and Pearson r(CPI, MAI) per machine."""
     sql = f"""
     WITH w AS (SELECT machine_id, cpi, mai, avg_cpu * (end_time - start_time) / 1e6 AS w
-               FROM read_parquet('{ds}/instance_usage/*.parquet')
+               FROM read_parquet('{ds}/instance_usage/**/*.parquet', hive_partitioning=false)
                WHERE cpi IS NOT NULL AND mai IS NOT NULL AND cpi > 0 AND cpi <= 100 AND mai >= 0 AND mai <= 1),
          m AS (SELECT machine_id, SUM(w) AS wsum, SUM(w * cpi) / SUM(w) AS mc, SUM(w * mai) / SUM(w) AS mm FROM w GROUP BY machine_id)
     SELECT machine_id, COUNT(*), ANY_VALUE(wsum), ANY_VALUE(mc), ANY_VALUE(mm),
@@ -191,7 +191,7 @@ def duck_overcommit(ds: Path, _: str) -> Callable[[], Any]:
     sql = f"""
     SELECT machine_id, g.b AS bucket,
            SUM(avg_cpu * (LEAST(end_time, (g.b + 1) * {b}) - GREATEST(start_time, g.b * {b}))) / {b} AS cpu
-    FROM read_parquet('{ds}/instance_usage/*.parquet') AS u,
+    FROM read_parquet('{ds}/instance_usage/**/*.parquet', hive_partitioning=false) AS u,
          generate_series(u.start_time // {b}, (u.end_time - 1) // {b}) AS g(b)
     WHERE alloc_collection_id = 0 AND end_time > start_time
     GROUP BY ALL"""
@@ -206,11 +206,11 @@ def duck_overcommit_tiers(ds: Path, _: str) -> Callable[[], Any]:
     b = 300 * US
     sql = f"""
     WITH e AS (SELECT collection_id, instance_index, machine_id, MAX(priority) AS p
-               FROM read_parquet('{ds}/instance_events/*.parquet')
+               FROM read_parquet('{ds}/instance_events/**/*.parquet', hive_partitioning=false)
                WHERE alloc_collection_id IS NULL OR alloc_collection_id = 0 GROUP BY ALL),
          u AS (SELECT u.*, CASE WHEN p BETWEEN 0 AND 99 THEN 0 WHEN p BETWEEN 100 AND 115 THEN 1
                                 WHEN p BETWEEN 116 AND 119 THEN 2 WHEN p >= 120 THEN 3 ELSE 4 END AS tier
-               FROM read_parquet('{ds}/instance_usage/*.parquet') AS u
+               FROM read_parquet('{ds}/instance_usage/**/*.parquet', hive_partitioning=false) AS u
                LEFT JOIN e USING (collection_id, instance_index, machine_id)
                WHERE (u.alloc_collection_id IS NULL OR u.alloc_collection_id = 0)
                  AND end_time > start_time AND end_time < 9223372036854775807)

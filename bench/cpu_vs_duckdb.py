@@ -159,6 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes", default="4e6,1.6e7", help="comma-separated window counts")
     ap.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of: {', '.join(CASES)}")
     ap.add_argument("--repeat", type=int, default=3, help="interleaved rounds (medians reported)")
+    ap.add_argument("--layout", choices=["flat", "bucketed"], default="flat",
+                    help="flat = the generated dataset; bucketed = its `gpuclust optimize`d copy (both contenders "
+                         "read the same files)")
     ap.add_argument("--name", default="cpu_vs_duckdb")
     ap.add_argument("--before", type=Path, default=None, help="an earlier run's JSON: its medians become columns")
     ap.add_argument("--note", default="", help="a line added to the Markdown (e.g. what 'before' was)")
@@ -178,13 +181,21 @@ def main(argv: list[str] | None = None) -> int:
     for c in cases:
         if c not in CASES:
             ap.error(f"unknown case {c!r}")
-    rows = compare([int(float(s)) for s in args.sizes.split(",")], cases, args.repeat)
+    dataset = bench_dataset
+    if args.layout == "bucketed":
+        from scale_bench import bucketed
+
+        def dataset(size: int) -> Path:
+            b = bench_dataset(size, generate=False).with_name(f"canonical-{size}-bucketed")
+            return b if (b / "manifest.json").exists() else bucketed(bench_dataset(size), True)
+    rows = compare([int(float(s)) for s in args.sizes.split(",")], cases, args.repeat, dataset)
     before = json.loads(args.before.read_text())["rows"] if args.before else None
     env = environment()
     md = markdown(rows, env, args.repeat, before)
     if args.note:
         md = md.replace("\n\n", f"\n\n{args.note}\n\n", 1)
-    payload = {"benchmark": "cpu_vs_duckdb", "repeat": args.repeat, "rows": rows, "environment": env,
+    payload = {"benchmark": "cpu_vs_duckdb", "repeat": args.repeat, "layout": args.layout, "rows": rows,
+               "environment": env,
                "ratios": [{"size": s, "case": c, **{k: round(x, 3) for k, x in v.items()}}
                           for (s, c), v in _ratios(rows).items()],
                "before": before}

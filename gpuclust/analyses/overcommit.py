@@ -259,7 +259,11 @@ class Overcommit(Analysis):
     #: tracemalloc peak of bind + partial on one partition (CELL_LIMIT 2^20): 714 B/row (4e6 set,
     #: 240k-row partition), 486 (6.4e7, 1 Mi rows), 553 (long span: instances spanning more buckets)
     row_bytes = 640
+    #: rows per partition for partitions="auto": a partition's working set (~490 MB per Mi rows)
+    #: gains nothing from more rows (its keyed partial is spilled), so keep one bucket of 1 Mi
+    auto_partition_rows = 1 << 20
     optional_tables = ("instance_usage",)
+
     def __post_init__(self) -> None:
         if int(self.bucket_s) <= 0:
             raise ValueError(f"overcommit: bucket_s must be positive, got {self.bucket_s}")

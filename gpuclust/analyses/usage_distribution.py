@@ -165,6 +165,9 @@ class UsageDistribution(Analysis):
     table = "instance_usage"
     requires = ("instance_usage",)
     row_bytes = 448
+    #: rows per partition for partitions="auto": one bucket of 1 Mi rows; larger partitions only
+    #: raise the working set (the 20 percentile columns and their repaired copy per row)
+    auto_partition_rows = 1 << 20
     optional_tables = ("instance_events",)
 
     def __post_init__(self) -> None:

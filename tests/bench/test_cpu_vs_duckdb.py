@@ -33,3 +33,26 @@ def test_cpu_vs_duckdb_tiny(tmp_path, monkeypatch):
     assert {r["case"] for r in res["ratios"]} == {"cell-usage", "cpi (SQL subset)"}
     md = (tmp_path / "c.md").read_text()
     assert "| 20,000 | cell-usage | gpuclust |" in md and "Environment:" in md
+
+
+def test_cpu_vs_duckdb_bucketed_layout(tmp_path, monkeypatch):
+    """``--layout bucketed``: both contenders read the `gpuclust optimize`d copy (hive folders),
+    and DuckDB's SQL finds its files there."""
+    pytest.importorskip("duckdb")
+    monkeypatch.syspath_prepend(str(BENCH))
+    import _harness
+    import cpu_vs_duckdb
+    from gen_canonical import make_dataset
+
+    monkeypatch.setattr(_harness, "RESULTS", tmp_path)
+    ds = make_dataset(tmp_path / "canonical-20000", 20_000, seed=1)
+    monkeypatch.setattr(cpu_vs_duckdb, "bench_dataset", lambda size, **kw: ds)
+    try:
+        assert cpu_vs_duckdb.main(["--sizes", "2e4", "--repeat", "1", "--name", "b", "--layout", "bucketed",
+                                   "--cases", "cell-usage"]) == 0
+    finally:
+        sys.modules.pop("cpu_vs_duckdb", None)
+    assert (tmp_path / "canonical-20000-bucketed" / "instance_usage").is_dir()
+    assert any((tmp_path / "canonical-20000-bucketed" / "instance_usage").glob("bucket=*/*.parquet"))
+    res = json.loads((tmp_path / "b.json").read_text())
+    assert res["layout"] == "bucketed" and {r["contender"] for r in res["rows"]} == {"gpuclust", "duckdb"}
