@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from gpuclust.analyses import mixture_summary as ms
+from gpuclust.backends import backend_of
 
 __all__ = ["MERGE_CHUNK_GROUPS", "empty", "finalize", "leaf", "merge", "spill_threshold", "to_backend"]
 
@@ -41,11 +42,7 @@ MERGE_CHUNK_GROUPS = 1024
 
 
 def _xp_of(a: Any) -> ModuleType:
-    if isinstance(a, np.ndarray):
-        return np
-    from gpuclust.backends import get_backend
-
-    return get_backend("gpu").xp
+    return backend_of(a).xp
 
 
 def spill_threshold(k: int | None) -> float:
@@ -97,7 +94,7 @@ def _spill(h: dict[str, Any]) -> dict[str, Any]:
     # holds repaired, usable rows only: no second repair, no second pass for the stats
     Gm = int(em["key"].shape[0])
     codes_m = xp.searchsorted(em["key"], em["row_key"]).astype(xp.int64)
-    knots = ms._ops_for(xp).mixture_quantiles(xp.ascontiguousarray(em["q"]), xp.ascontiguousarray(em["w"]),
+    knots = backend_of(em["q"]).ops.mixture_quantiles(xp.ascontiguousarray(em["q"]), xp.ascontiguousarray(em["w"]),
                                               xp.ascontiguousarray(codes_m), Gm, xp.asarray(ms.summary_levels(int(k))))
     err = xp.where(em["weight"] > 0, 1.0 / float(k), 0.0)
     bm = {"kind": "bounded", "k": int(k), "key": em["key"], **{s: em[s] for s in _STATS}, "knots": knots, "err": err}
@@ -109,7 +106,7 @@ def _merge_bounded(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     """:func:`mixture_summary.merge` of bounded summaries, in chunks of key ranges (the same result:
     the merge is independent per group)."""
     xp = _xp_of(a["weight"])
-    keys = xp.union1d(a["key"], b["key"]) if xp is np else xp.unique(xp.concatenate([a["key"], b["key"]]))
+    keys = xp.unique(xp.concatenate([a["key"], b["key"]]))  # = np.union1d
     if int(keys.shape[0]) <= MERGE_CHUNK_GROUPS:
         return ms.merge(a, b)
     cuts = keys[MERGE_CHUNK_GROUPS::MERGE_CHUNK_GROUPS]

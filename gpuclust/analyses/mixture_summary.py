@@ -40,6 +40,8 @@ from typing import Any
 
 import numpy as np
 
+from gpuclust.backends import backend_of
+
 __all__ = [
     "DEFAULT_K",
     "bounded_partial",
@@ -64,27 +66,12 @@ _INT_STATS = ("n_windows", "n_repaired", "n_null")
 # plumbing
 # --------------------------------------------------------------------------------------------
 def _xp_of(a: Any) -> ModuleType:
-    if isinstance(a, np.ndarray):
-        return np
-    from gpuclust.backends import get_backend
-
-    return get_backend("gpu").xp
+    return backend_of(a).xp
 
 
-def _ops_for(xp: ModuleType) -> ModuleType:
-    """The mixture ops of the backend that owns ``xp`` (registered ones if present)."""
-    from gpuclust.backends import get_backend
-
-    be = get_backend("cpu" if xp is np else "gpu")
-    if hasattr(be.ops, "mixture_quantiles"):
-        return be.ops
-    if xp is np:
-        from gpuclust.backends import mixture_cpu
-
-        return mixture_cpu
-    from gpuclust.backends import mixture_gpu
-
-    return mixture_gpu
+def _ops_of(a: Any) -> Any:
+    """The ops (mixture kernels and their twins) of the backend that owns ``a``."""
+    return backend_of(a).ops
 
 
 def summary_levels(k: int) -> np.ndarray:
@@ -211,7 +198,7 @@ def exact_partial(q: Any, w: Any, keys: Any, *, repaired: bool = False) -> dict[
     ([7], [1.0], [[0.5, 1.0]])
     """
     xp = _xp_of(q)
-    ops = _ops_for(xp)
+    ops = _ops_of(q)
     stats, inv, qr, usable = _group_stats(xp, ops, q, w, keys, repaired)
     w = w.astype(xp.float64)
     if bool(usable.all()):  # no copy of the (n, 20) matrix when every row is usable
@@ -237,7 +224,7 @@ def bounded_partial(q: Any, w: Any, keys: Any, k: int = DEFAULT_K, *, repaired: 
     ([[0.0, 0.25, 0.5, 0.75, 1.0]], [0.25])
     """
     xp = _xp_of(q)
-    ops = _ops_for(xp)
+    ops = _ops_of(q)
     stats, inv, qr, usable = _group_stats(xp, ops, q, w, keys, repaired)
     lv = summary_levels(k)
     G = int(stats["key"].shape[0])
@@ -297,36 +284,16 @@ def tabulation_error(ka: Any, kb: Any, alpha: Any, knots: Any, lv: np.ndarray) -
         c = xp.cumsum((label == s).astype(xp.int64), axis=1)
         # <= x: the count at the end of x's run (propagated backwards from run ends)
         rev = xp.where(last, c, big)[:, ::-1]
-        c_right = _accumulate_min(xp, rev)[:, ::-1]
+        c_right = _ops_of(rev).cummin_rows(rev)[:, ::-1]
         # < x: the count just before x's run starts (propagated forwards from run starts)
         before = c - (label == s).astype(xp.int64)
-        c_left = _accumulate_max(xp, xp.where(first, before, -1))
+        c_left = _ops_of(before).cummax_rows(xp.where(first, before, -1))
         vals.append(_cdf_at_sorted_points(xp, y, lvx, pts, c_right, c_left))
     (ga_r, ga_l), (gb_r, gb_l), (h_r, h_l) = vals
     al = alpha[:, None]
     d_r = xp.abs(h_r - (al * ga_r + (1.0 - al) * gb_r))
     d_l = xp.abs(h_l - (al * ga_l + (1.0 - al) * gb_l))
     return xp.maximum(d_r.max(axis=1), d_l.max(axis=1))
-
-
-def _accumulate_min(xp: ModuleType, a: Any) -> Any:
-    if xp is np:
-        return np.minimum.accumulate(a, axis=1)
-    return -_accumulate_max(xp, -a)
-
-
-def _accumulate_max(xp: ModuleType, a: Any) -> Any:
-    if xp is np:
-        return np.maximum.accumulate(a, axis=1)
-    # CuPy: Hillis-Steele doubling with xp ops (log2(m) passes)
-    out = a.copy()
-    step = 1
-    while step < out.shape[1]:
-        nxt = out.copy()
-        nxt[:, step:] = xp.maximum(out[:, step:], out[:, :-step])
-        out = nxt
-        step *= 2
-    return out
 
 
 def merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
@@ -365,7 +332,7 @@ def merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         qq = xp.ascontiguousarray(xp.concatenate([ka[sel], kb[sel]]))
         ww = xp.ascontiguousarray(xp.concatenate([wa[sel], wb[sel]]))
         gg = xp.ascontiguousarray(xp.concatenate([xp.arange(ns), xp.arange(ns)]).astype(xp.int64))
-        mixed = _ops_for(xp).mixture_quantiles(qq, ww, gg, ns, lv, q_levels=lv)
+        mixed = _ops_of(qq).mixture_quantiles(qq, ww, gg, ns, lv, q_levels=lv)
         knots[sel] = mixed
         W = wa[sel] + wb[sel]
         tab = tabulation_error(ka[sel], kb[sel], wa[sel] / W, mixed, summary_levels(k))
@@ -381,7 +348,7 @@ def finalize(p: dict[str, Any], levels: Any = None) -> dict[str, Any]:
     from gpuclust.schema import CPU_PERCENTILE_LEVELS_SORTED
 
     xp = _xp_of(p["weight"])
-    ops = _ops_for(xp)
+    ops = _ops_of(p["weight"])
     if levels is None:
         levels = np.asarray(CPU_PERCENTILE_LEVELS_SORTED, dtype=np.float64)
     lv = xp.asarray(levels, dtype=xp.float64)

@@ -607,7 +607,7 @@ class Overcommit(Analysis):
         """Dense (machine, [tier,] bucket) arrays of machines ``[m0, m1)``: capacity swept from the
         chunk's capacity intervals, requests / instances / usage scattered from the keyed sums, and
         ``present``, the (machine, bucket) mask of rows."""
-        from gpuclust.backends import get_backend
+        from gpuclust.backends.cpu import bucket_overlap
 
         S = ctx.series
         assert S is not None
@@ -627,7 +627,7 @@ class Overcommit(Analysis):
         lo, hi = np.searchsorted(S["code"], [m0, m1])
         cc, cmem = S["cap_cpu"][lo:hi], S["cap_mem"][lo:hi]
         capv = np.stack([np.ones(hi - lo), cc, cmem, np.isnan(cc).astype(np.float64), np.isnan(cmem).astype(np.float64)])
-        cs = get_backend("cpu").ops.bucket_overlap(S["start"][lo:hi], S["end"][lo:hi], capv,
+        cs = bucket_overlap(S["start"][lo:hi], S["end"][lo:hi], capv,
                                                    (S["code"][lo:hi] - m0).astype(np.int32), n_groups=cm,
                                                    n_buckets=B, origin=ctx.origin, width=ctx.width)
         U = dense(parts["usage"], _PARTIAL_FIELDS, T)

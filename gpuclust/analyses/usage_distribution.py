@@ -308,15 +308,7 @@ class UsageDistribution(Analysis):
         idx = xp.flatnonzero(keep & ~bad)
         pcols = [cols[c] for c in CPU_PERCENTILE_COLUMNS_SORTED]
         # the only repair: the leaf gets repaired rows
-        if xp is np and all(c.dtype in (np.float32, np.float64) for c in pcols):
-            qr, repaired, null = _host_gather_repair(pcols, idx)
-        else:
-            # one float64 (n, 20) matrix, filled column by column (no stacked intermediate copies)
-            q = xp.empty((int(idx.shape[0]), 20), dtype=xp.float64)
-            for j, col in enumerate(pcols):
-                q[:, j] = col[idx]
-            qr, repaired, null = ops.repair_percentiles(q)
-            del q
+        qr, repaired, null = ops.gather_repair_percentiles(pcols, idx)
         stats["skipped_no_percentiles"] = int(null.sum())
         stats["repaired"] = int(repaired.sum())
         use = xp.flatnonzero(~null)
@@ -353,7 +345,7 @@ class UsageDistribution(Analysis):
         # sort the pieces by group once (stable: a group keeps its row order, so every per-group
         # sum below and downstream adds in the same order as before); the leaf, the group table
         # and the final inversion then see grouped rows (their sorts run on sorted input)
-        order = xp.argsort(key, kind="stable") if xp is np else xp.argsort(key)  # CuPy sorts are stable
+        order = ops.stable_argsort(key)
         key = key[order]
         w = w[order]
         frac = frac[order]
@@ -361,7 +353,7 @@ class UsageDistribution(Analysis):
         qr = xp.take(qr, src[order], axis=0)  # row gather (faster than fancy indexing on the host)
         kc = xp.stack(comps, axis=1) if comps else xp.zeros((m, 0), dtype=xp.int64)
         part = hs.leaf(qr, w, key, None if ctx.strategy == "exact" else int(self.k), repaired=True)
-        groups = self._group_extras(xp, key, kc, frac, w, qr)
+        groups = self._group_extras(xp, ops, key, kc, frac, w, qr)
         out = {"backend": backend.name, "ms": part, "groups": groups,
                "stats": xp.asarray(np.array([stats[s_] for s_ in STATS], dtype=np.int64))}
         if ctx.local_groups:
@@ -394,7 +386,7 @@ class UsageDistribution(Analysis):
                         1.0)
         return row, bucket, frac
 
-    def _group_extras(self, xp: Any, key: Any, kc: Any, frac: Any, w: Any, qr: Any) -> dict[str, Any]:
+    def _group_extras(self, xp: Any, ops: Any, key: Any, kc: Any, frac: Any, w: Any, qr: Any) -> dict[str, Any]:
         """Per group: key components (verified: a hash collision raises), fractional window count
         and the sum of ``w x q`` over weighted rows (the weighted average of percentile vectors).
         Rows come sorted by ``key`` (see :meth:`partial`)."""
@@ -408,20 +400,7 @@ class UsageDistribution(Analysis):
             raise RuntimeError("usage-distribution: 64-bit hash collision between group keys (please report)")
         G = int(kc_u.shape[0])
         ws = xp.where(w > 0, w, 0.0)
-        if xp is np:
-            # sequential per-group sums over the contiguous runs, in row blocks (bounded temporaries)
-            starts = np.flatnonzero(first)
-            wq = np.zeros((G, 20))
-            step = 1 << 16
-            r0 = 0
-            while r0 < key.shape[0]:
-                r1 = min(key.shape[0], r0 + step)
-                g0, g1 = int(inv[r0]), int(inv[r1 - 1]) + 1
-                st = np.maximum(starts[g0:g1], r0) - r0
-                wq[g0:g1] += np.add.reduceat(ws[r0:r1, None] * qr[r0:r1], st, axis=0)
-                r0 = r1
-        else:
-            wq = xp.stack([xp.bincount(inv, weights=ws * qr[:, j], minlength=G) for j in range(20)], axis=1)
+        wq = ops.run_weighted_sums(first, inv, G, ws, qr)  # sequential per run on the cpu
         return {"key": key[first], "frac": xp.bincount(inv, weights=frac, minlength=G),
                 "wq": wq.reshape(G, 20), "kc": kc_u}
 
@@ -585,11 +564,11 @@ class UsageDistribution(Analysis):
     def _finalize_mixture(self, mp: dict[str, Any], levels: np.ndarray, backend_name: str) -> dict[str, Any]:
         """:func:`mixture_summary.finalize` on the backend the partials were computed on (when that
         backend is available in this process; the exact strategy's inversion is the heavy step)."""
-        if backend_name == "gpu":
-            from gpuclust.backends import get_backend, gpu_available
+        if backend_name == "gpu" and int(mp["exact"]["key"].shape[0]) + int(mp["bounded"]["key"].shape[0]):
+            from gpuclust.backends import available_backend
 
-            if gpu_available() and int(mp["exact"]["key"].shape[0]) + int(mp["bounded"]["key"].shape[0]):
-                be = get_backend("gpu")
+            be = available_backend("gpu")
+            if be is not None:
                 return to_host(hs.finalize(hs.to_backend(mp, be), levels))
         return hs.finalize(mp, levels)
 
@@ -664,35 +643,6 @@ def heaviest_groups(result: dict[str, Any], top: int) -> tuple[pd.DataFrame, pd.
     q, n = pd.concat(qs, ignore_index=True), pd.concat(ns, ignore_index=True)
     pick = np.argsort(-q["weight"].to_numpy(), kind="stable")[:top]
     return q.iloc[pick].reset_index(drop=True), n.iloc[pick].reset_index(drop=True)
-
-
-def _host_gather_repair(pcols: list[np.ndarray], idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``repair_percentiles`` of the rows ``idx`` of the percentile columns ``pcols`` (host, float
-    columns), without the gathered matrix: per block of rows, each column is gathered contiguously
-    and folded into the running maximum (the same values and masks as the op)."""
-    n = int(idx.shape[0])
-    rep = np.empty((n, len(pcols)), dtype=np.float64)
-    null = np.empty(n, dtype=bool)
-    changed = np.empty(n, dtype=bool)
-    step = 1 << 12  # row blocks that stay in cache
-    for r0 in range(0, n, step):
-        ib = idx[r0 : r0 + step]
-        rb = rep[r0 : r0 + step]
-        run = pcols[0][ib].astype(np.float64)
-        fin = np.isfinite(run)
-        ch = np.zeros(ib.shape[0], dtype=bool)
-        rb[:, 0] = run
-        for j in range(1, len(pcols)):
-            c = pcols[j][ib].astype(np.float64, copy=False)
-            fin &= np.isfinite(c)
-            np.maximum(run, c, out=run)
-            ch |= run != c
-            rb[:, j] = run
-        nb = ~fin
-        rb[nb] = np.nan
-        null[r0 : r0 + step] = nb
-        changed[r0 : r0 + step] = ch
-    return rep, changed & ~null, null
 
 
 def _merge_groups(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

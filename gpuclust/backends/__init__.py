@@ -20,15 +20,16 @@ import numpy as np
 
 from gpuclust._cache import PerArrayCache
 
-__all__ = ["BACKEND_NAMES", "EXTENSION_OP_MODULES", "Backend", "Ops", "BackendUnavailable", "OP_NAMES", "get_backend", "gpu_available"]
+__all__ = ["BACKEND_NAMES", "EXTENSION_OP_MODULES", "Backend", "Ops", "BackendUnavailable", "OP_NAMES", "available_backend", "backend_of",
+           "get_backend", "gpu_available"]
 
 #: The custom-kernel ops every backend provides (same names, same signatures).
 OP_NAMES: tuple[str, ...] = ("bucket_overlap", "grouped_sum", "hash_index")
 #: Further op modules per backend (other kernel families keep their twins in their own modules);
 #: ``backend.ops.<name>`` looks in the backend's main module first, then in these, in order.
 EXTENSION_OP_MODULES: dict[str, tuple[str, ...]] = {
-    "cpu": ("gpuclust.backends.moments_cpu", "gpuclust.backends.mixture_cpu"),
-    "gpu": ("gpuclust.backends.moments_gpu", "gpuclust.backends.mixture_gpu"),
+    "cpu": ("gpuclust.backends.moments_cpu", "gpuclust.backends.mixture_cpu", "gpuclust.backends.array_cpu"),
+    "gpu": ("gpuclust.backends.moments_gpu", "gpuclust.backends.mixture_gpu", "gpuclust.backends.array_gpu"),
 }
 
 
@@ -173,3 +174,26 @@ def get_backend(name: str | Backend = "auto") -> Backend:
             be = Backend("gpu", cp, Ops(gpu, EXTENSION_OP_MODULES["gpu"]))
         _cache[name] = be
         return be
+
+
+def backend_of(a: Any) -> Backend:
+    """The backend whose arrays ``a`` is one of: ``cpu`` for a NumPy array, else ``gpu`` (CuPy).
+    For code that receives arrays without a backend (merges of partials, finalize helpers).
+
+    Examples
+    --------
+    >>> backend_of(np.zeros(2)).name
+    'cpu'
+    """
+    return get_backend("cpu" if isinstance(a, np.ndarray) else "gpu")
+
+
+def available_backend(name: str) -> Backend | None:
+    """The backend ``name`` when it can run in this process, else ``None`` (e.g. a partial
+    computed on a GPU worker, finalized on a client without one)."""
+    if name == "gpu" and not gpu_available():
+        return None
+    try:
+        return get_backend(name)
+    except BackendUnavailable:
+        return None

@@ -12,7 +12,7 @@ import numpy as np
 
 from gpuclust._cache import PerArrayCache
 
-__all__ = ["bucket_overlap", "check_bucket_overlap", "check_grouped_sum", "check_hash_index", "grouped_sum", "hash_index",
+__all__ = ["bucket_overlap", "check_1d", "check_bucket_overlap", "check_grouped_sum", "check_hash_index", "grouped_sum", "hash_index",
            "lookup_block_rows"]
 
 _INT64_MAX = 2**63 - 1
@@ -20,7 +20,7 @@ _VALUE_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 _CODE_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
 
 
-def _check_1d(name: str, a: Any, dtypes: tuple[np.dtype, ...], n: int | None) -> int:
+def check_1d(name: str, a: Any, dtypes: tuple[np.dtype, ...], n: int | None) -> int:
     if getattr(a, "ndim", None) != 1:
         raise ValueError(f"{name} must be a 1-D array, got {getattr(a, 'shape', type(a).__name__)}")
     if a.dtype not in dtypes:
@@ -36,8 +36,8 @@ def check_bucket_overlap(
     start: Any, end: Any, value: Any, group: Any, n_groups: int, n_buckets: int, origin: int, width: int
 ) -> int:
     """Validate :func:`bucket_overlap` arguments (shared by both backends); returns the length."""
-    n = _check_1d("start", start, (np.dtype(np.int64),), None)
-    _check_1d("end", end, (np.dtype(np.int64),), n)
+    n = check_1d("start", start, (np.dtype(np.int64),), None)
+    check_1d("end", end, (np.dtype(np.int64),), n)
     if getattr(value, "ndim", None) == 2:
         if value.dtype not in _VALUE_DTYPES:
             raise TypeError(f"value must have dtype float32 or float64, got {value.dtype}")
@@ -46,8 +46,8 @@ def check_bucket_overlap(
         if value.shape[1] != n:
             raise ValueError(f"value has {value.shape[1]} columns, expected {n} (one per interval)")
     else:
-        _check_1d("value", value, _VALUE_DTYPES, n)
-    _check_1d("group", group, (np.dtype(np.int32),), n)
+        check_1d("value", value, _VALUE_DTYPES, n)
+    check_1d("group", group, (np.dtype(np.int32),), n)
     if n_groups < 0 or n_buckets < 0 or n_groups > 2**31 - 1:
         raise ValueError("n_groups and n_buckets must be non-negative (n_groups < 2^31)")
     if width <= 0:
@@ -59,8 +59,8 @@ def check_bucket_overlap(
 
 def check_grouped_sum(codes: Any, values: Any, n_groups: int) -> int:
     """Validate :func:`grouped_sum` arguments (shared by both backends); returns the length."""
-    n = _check_1d("codes", codes, _CODE_DTYPES, None)
-    _check_1d("values", values, _VALUE_DTYPES, n)
+    n = check_1d("codes", codes, _CODE_DTYPES, None)
+    check_1d("values", values, _VALUE_DTYPES, n)
     if n_groups < 0:
         raise ValueError(f"n_groups must be non-negative, got {n_groups}")
     return n
@@ -203,8 +203,8 @@ def grouped_sum(codes: np.ndarray, values: np.ndarray, *, n_groups: int) -> np.n
 
 def check_hash_index(keys: Any, queries: Any) -> int:
     """Validate :func:`hash_index` arguments (shared by both backends); returns the query count."""
-    _check_1d("keys", keys, (np.dtype(np.uint64),), None)
-    return _check_1d("queries", queries, (np.dtype(np.uint64),), None)
+    check_1d("keys", keys, (np.dtype(np.uint64),), None)
+    return check_1d("queries", queries, (np.dtype(np.uint64),), None)
 
 
 _tables = PerArrayCache()

@@ -24,13 +24,14 @@ from typing import Any
 
 import numpy as np
 
-from gpuclust.backends.cpu import _check_1d
+from gpuclust.backends.cpu import check_1d
 from gpuclust.schema import CPU_PERCENTILE_LEVELS_SORTED
 
 __all__ = [
     "NARROW_REL",
     "SNAP_REL",
     "SOURCE_LEVELS",
+    "check_levels_values",
     "check_mixture_quantiles",
     "check_percentile_matrix",
     "mixture_quantiles",
@@ -105,15 +106,15 @@ def check_mixture_quantiles(q: Any, w: Any, group: Any, n_groups: int, levels: A
     """Validate :func:`mixture_quantiles` arguments (both backends); returns the source levels."""
     src = source_levels(q_levels)
     n = check_percentile_matrix("q", q, _F64, src.shape[0])
-    _check_1d("w", w, _F64, n)
-    _check_1d("group", group, _CODES, n)
-    _check_1d("levels", levels, _F64, None)
+    check_1d("w", w, _F64, n)
+    check_1d("group", group, _CODES, n)
+    check_1d("levels", levels, _F64, None)
     if int(n_groups) != n_groups or n_groups < 0:
         raise ValueError(f"n_groups must be a non-negative integer, got {n_groups}")
     return src
 
 
-def _check_levels_values(levels: np.ndarray) -> None:
+def check_levels_values(levels: np.ndarray) -> None:
     if levels.size and not (np.all(levels >= 0.0) and np.all(levels <= 1.0)):
         raise ValueError("levels must lie in [0, 1] (and not be NaN)")
 
@@ -357,7 +358,7 @@ def mixture_quantiles(
     [[0.5, 1.0, 2.0]]
     """
     src = check_mixture_quantiles(q, w, group, n_groups, levels, q_levels)
-    _check_levels_values(levels)
+    check_levels_values(levels)
     G, L = int(n_groups), int(levels.shape[0])
     out = np.full((G, L), np.nan)
     if G == 0 or L == 0 or q.shape[0] == 0:

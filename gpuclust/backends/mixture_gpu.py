@@ -23,7 +23,7 @@ from gpuclust.backends.mixture_cpu import (
     NARROW_REL,
     SNAP_REL,
     SOURCE_LEVELS,
-    _check_levels_values,
+    check_levels_values,
     check_mixture_quantiles,
     check_percentile_matrix,
 )
@@ -131,7 +131,7 @@ def mixture_quantiles(q: Any, w: Any, group: Any, n_groups: int, levels: Any, *,
     cp = _cupy()
     src = check_mixture_quantiles(q, w, group, n_groups, levels, q_levels)
     require_device(q=q, w=w, group=group, levels=levels)
-    _check_levels_values(levels.get())
+    check_levels_values(levels.get())
     G, L = int(n_groups), int(levels.shape[0])
     out = cp.full((G, L), cp.nan, dtype=cp.float64)
     if G == 0 or L == 0 or q.shape[0] == 0:

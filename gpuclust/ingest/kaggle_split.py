@@ -36,7 +36,7 @@ def kaggle_split(path: str | Path, out_dir: str | Path) -> dict[str, int]:
     {'1': 52031, '2': 48114, ...}
     """
     from gpuclust.ingest.detect import GZIP_MAGIC
-    from gpuclust.ingest.readers.kaggle_csv import _LineFeed
+    from gpuclust.ingest.readers.kaggle_csv import LineFeed
     from gpuclust.ingest.readers.v2_csv import decompressed_pieces
 
     path, out_dir = Path(path), Path(out_dir)
@@ -47,7 +47,7 @@ def kaggle_split(path: str | Path, out_dir: str | Path) -> dict[str, int]:
     with open(path, "rb") as raw:
         compression = "gzip" if raw.read(2) == GZIP_MAGIC else None
         raw.seek(0)
-        feed = _LineFeed(decompressed_pieces(raw, compression))
+        feed = LineFeed(decompressed_pieces(raw, compression))
         reader = csv.reader(feed, strict=False)
         try:
             header = next(reader)

@@ -35,13 +35,13 @@ def plot_cpi(result: dict[str, pd.DataFrame], path: Path, *, title: str = "cpi",
     Bins with fewer than ``min_windows`` windows are not drawn.  Returns ``False`` when there is
     no regression data.
     """
-    from gpuclust.report.plots import _figure, _save_atomic
+    from gpuclust.report.plots import new_figure, save_figure_atomic
 
     binned, reg = result.get("binned"), result.get("regression")
     if binned is None or reg is None or binned.empty or reg.empty:
         return False
     fe = reg[reg["fit"] == "platform-fixed-effects"]
-    fig = _figure()
+    fig = new_figure()
     axes = fig.subplots(1, 2, sharey=True)
     for ax, var, xlabel in ((axes[0], "util", "machine CPU utilisation in the 5-min cell (fraction of capacity)"),
                             (axes[1], "k", "top-level usage rows on the machine in the cell (k)")):
@@ -67,5 +67,5 @@ def plot_cpi(result: dict[str, pd.DataFrame], path: Path, *, title: str = "cpi",
         ax.legend(loc="upper left", fontsize="small")
     axes[0].set_ylabel("CPI / platform mean CPI")
     fig.suptitle(f"{title}: CPI interference (platform fixed effects)")
-    _save_atomic(fig, path)
+    save_figure_atomic(fig, path)
     return True

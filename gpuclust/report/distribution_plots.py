@@ -27,7 +27,7 @@ def plot_usage_distribution(result: dict[str, pd.DataFrame], path: Path, *, titl
     """Mixture CDFs of the ``top`` heaviest groups (solid) and the weighted-average-of-percentiles
     shortcut (dashed); ``False`` when there is no group with weight."""
     from gpuclust.analyses.usage_distribution import heaviest_groups
-    from gpuclust.report.plots import _figure, _save_atomic
+    from gpuclust.report.plots import new_figure, save_figure_atomic
 
     qd, naive = heaviest_groups(result, top)  # parted tables are streamed
     if qd.empty or not (qd["weight"] > 0).any():
@@ -36,7 +36,7 @@ def plot_usage_distribution(result: dict[str, pd.DataFrame], path: Path, *, titl
     order = [i for i in range(len(qd)) if qd["weight"].iloc[i] > 0]
     qcols, lv = _levels(list(qd.columns))
     ncols, nlv = _levels(list(naive.columns))
-    fig = _figure()
+    fig = new_figure()
     axes = fig.subplots(1, 2)
     for n, i in enumerate(order):
         label = " ".join(str(qd[c].iloc[i]) for c in keycols) or "all"
@@ -65,5 +65,5 @@ def plot_usage_distribution(result: dict[str, pd.DataFrame], path: Path, *, titl
     axes[1].set_ylim(0.9, 1.0005)
     axes[1].set_xlabel("CPU (log scale)")
     axes[1].set_title("tail (levels 0.9-1)")
-    _save_atomic(fig, path)
+    save_figure_atomic(fig, path)
     return True

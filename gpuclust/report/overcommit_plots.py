@@ -23,13 +23,13 @@ def plot_overcommit(result: dict[str, pd.DataFrame], path: Path, *, title: str =
     CPU usage ratio by tier (stacked), and a histogram of the machine-bucket CPU and memory
     allocation ratios (machine-buckets with a known, positive capacity).  ``False`` when the
     cell series is empty."""
-    from gpuclust.report.plots import _figure, _save_atomic
+    from gpuclust.report.plots import new_figure, save_figure_atomic
 
     cell, machine = result["cell"], result["machine"]
     if cell.empty:
         return False
     tiers = result["info"]["tiers"].iloc[0].split(",")
-    fig = _figure()
+    fig = new_figure()
     fig.set_size_inches(10, 9)
     axes = fig.subplots(3, 1)
     # x: bucket start in hours of trace time (origin 0, 600 s before the trace start; docs/dataset.md)
@@ -73,5 +73,5 @@ def plot_overcommit(result: dict[str, pd.DataFrame], path: Path, *, title: str =
     ax.set_xlabel("requested / capacity per machine-bucket")
     ax.set_ylabel("machine-buckets")
     ax.legend(loc="upper right", fontsize="small")
-    _save_atomic(fig, path)
+    save_figure_atomic(fig, path)
     return True

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pandas as pd
 
-__all__ = ["plot_cell_usage", "plot_machine_shapes", "plot_result"]
+__all__ = ["new_figure", "plot_cell_usage", "plot_machine_shapes", "plot_result", "save_figure_atomic"]
 
 
-def _figure():  # type: ignore[no-untyped-def]
+def new_figure():  # type: ignore[no-untyped-def]
     import matplotlib
 
     matplotlib.use("Agg", force=False)
@@ -22,7 +22,7 @@ def _figure():  # type: ignore[no-untyped-def]
     return Figure(figsize=(10, 4.5), dpi=100, layout="constrained")
 
 
-def _save_atomic(fig, path: Path) -> None:  # type: ignore[no-untyped-def]
+def save_figure_atomic(fig, path: Path) -> None:  # type: ignore[no-untyped-def]
     from gpuclust.report._files import write_atomic
 
     write_atomic(Path(path), lambda tmp: fig.savefig(tmp, format="png"))
@@ -34,7 +34,7 @@ def plot_cell_usage(result: dict[str, pd.DataFrame], path: Path, *, title: str =
     if u.empty:
         return False
     tiers = list(dict.fromkeys(result["info"]["tiers"].iloc[0].split(",")))
-    fig = _figure()
+    fig = new_figure()
     axes = fig.subplots(2, 1, sharex=True)
     for ax, col in zip(axes, ("cpu", "mem"), strict=False):
         # absent (tier, hour) = no usage = 0; a NaN value = unknown (all values NULL): a gap, never 0
@@ -52,7 +52,7 @@ def plot_cell_usage(result: dict[str, pd.DataFrame], path: Path, *, title: str =
     axes[0].legend(loc="upper right", fontsize="small")
     axes[0].set_title(title)
     axes[1].set_xlabel("bucket start (hours since trace time 0, i.e. 600 s before the trace start)")
-    _save_atomic(fig, path)
+    save_figure_atomic(fig, path)
     return True
 
 
@@ -61,7 +61,7 @@ def plot_machine_shapes(result: dict[str, pd.DataFrame], path: Path, *, top: int
     df = result["shapes"].head(top)
     if df.empty:
         return False
-    fig = _figure()
+    fig = new_figure()
     ax = fig.subplots()
     labels = [f"{c:.4g}/{m:.4g}" for c, m in zip(df["cap_cpu"], df["cap_mem"], strict=False)]
     ax.bar(range(len(df)), df["machines"].to_numpy())
@@ -69,7 +69,7 @@ def plot_machine_shapes(result: dict[str, pd.DataFrame], path: Path, *, top: int
     ax.set_xlabel("capacity shape (cpu/mem, normalised units; nan = NULL)")
     ax.set_ylabel("machines")
     ax.set_title("machine-shapes")
-    _save_atomic(fig, path)
+    save_figure_atomic(fig, path)
     return True
 
 

@@ -509,23 +509,3 @@ def test_bounded_strategy_keeps_small_groups_exact_and_spills_big_ones():
                     assert ref.quantile_ok(r["quantiles"][i, j], want[j], q[sel], w[sel], float(p))
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_host_gather_repair_matches_the_op(dtype):
-    """The partial's fused gather + repair on the host equals ``repair_percentiles`` of the gathered
-    matrix (values, repaired and NULL masks), with NaN / infinite / non-monotone rows."""
-    from gpuclust.analyses.usage_distribution import _host_gather_repair
-    from gpuclust.backends import mixture_cpu
-
-    rng = np.random.default_rng(5)
-    n = 9000  # more than two row blocks
-    q = rng.gamma(0.7, 0.1, (n, 20)).astype(dtype)
-    q[::3] = np.sort(q[::3], axis=1)
-    q[5, 3] = q[11, 0] = np.nan
-    q[7, 19] = np.inf
-    q[9, 0] = -np.inf
-    cols = [np.ascontiguousarray(q[:, j]) for j in range(20)]
-    idx = rng.permutation(n)[: n - 11]
-    got = _host_gather_repair(cols, idx)
-    want = mixture_cpu.repair_percentiles(np.ascontiguousarray(q[idx]))
-    for g, w_ in zip(got, want, strict=True):
-        np.testing.assert_array_equal(g, w_)

@@ -49,7 +49,7 @@ from gpuclust.ingest.readers import _pylit
 from gpuclust.ingest.readers.v2_csv import _Truncated, conform_rows, decompressed_pieces
 from gpuclust.schema import CPU_PERCENTILE_COLUMNS, Relation
 
-__all__ = ["KAGGLE_COLUMNS", "UNKNOWN_INSTANCE_INDEX", "UNKNOWN_MACHINE_ID", "read"]
+__all__ = ["KAGGLE_COLUMNS", "UNKNOWN_INSTANCE_INDEX", "UNKNOWN_MACHINE_ID", "LineFeed", "read"]
 
 #: The header of the published file, in order.  Columns are found by name, so a file written
 #: without the pandas index column (``Unnamed: 0``) or with extra columns reads the same.
@@ -265,7 +265,7 @@ def _row_keys(tbl: pa.Table) -> list[bytes]:
     return [hashlib.blake2b(row.tobytes(), digest_size=16).digest() for row in mat]
 
 
-class _LineFeed:
+class LineFeed:
     """Iterator of text lines for :func:`csv.reader` that remembers the lines it handed out."""
 
     def __init__(self, pieces: Iterator[bytes]):
@@ -278,7 +278,7 @@ class _LineFeed:
         self.taken: list[str] = []
         self.chars = 0
 
-    def __iter__(self) -> _LineFeed:
+    def __iter__(self) -> LineFeed:
         return self
 
     def __next__(self) -> str:
@@ -580,7 +580,7 @@ def read(src: SourceFile, opts: ReadOptions) -> Iterator[Chunk]:
     chunk_bytes = max(1, int(opts.chunk_bytes))
     seen: set[bytes] = set()
     try:
-        feed = _LineFeed(decompressed_pieces(raw, src.compression))
+        feed = LineFeed(decompressed_pieces(raw, src.compression))
         reader = csv.reader(feed, strict=False)
         try:
             header = next(reader)

@@ -1,0 +1,54 @@
+"""CuPy twins of ``array_cpu`` (same names, signatures and results).  CuPy is imported lazily."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["cummax_rows", "cummin_rows", "gather_repair_percentiles", "run_weighted_sums", "stable_argsort"]
+
+
+def _cp() -> Any:
+    import cupy
+
+    return cupy
+
+
+def stable_argsort(a: Any) -> Any:
+    """Indices that sort ``a`` (1-D), equal elements in their original order (CuPy sorts are stable)."""
+    return _cp().argsort(a)
+
+
+def cummax_rows(a: Any) -> Any:
+    """Running maximum along each row: Hillis-Steele doubling (log2(m) passes of array ops)."""
+    cp = _cp()
+    out = a.copy()
+    step = 1
+    while step < out.shape[1]:
+        nxt = out.copy()
+        nxt[:, step:] = cp.maximum(out[:, step:], out[:, :-step])
+        out = nxt
+        step *= 2
+    return out
+
+
+def cummin_rows(a: Any) -> Any:
+    """Running minimum along each row."""
+    return -cummax_rows(-a)
+
+
+def run_weighted_sums(first: Any, inv: Any, n_runs: int, w: Any, q: Any) -> Any:
+    """``(n_runs, d)`` sums of ``w[:, None] * q`` per run of rows (``inv``: each row's run)."""
+    cp = _cp()
+    return cp.stack([cp.bincount(inv, weights=w * q[:, j], minlength=n_runs) for j in range(q.shape[1])], axis=1)
+
+
+def gather_repair_percentiles(cols: list[Any], idx: Any) -> tuple[Any, Any, Any]:
+    """``repair_percentiles`` of the rows ``idx`` of the percentile columns: one float64 matrix,
+    filled column by column (no stacked intermediate copies), repaired by the kernel."""
+    from gpuclust.backends.mixture_gpu import repair_percentiles
+
+    cp = _cp()
+    q = cp.empty((int(idx.shape[0]), len(cols)), dtype=cp.float64)
+    for j, c in enumerate(cols):
+        q[:, j] = c[idx]
+    return repair_percentiles(q)
