@@ -33,13 +33,13 @@ import pyarrow.compute as pc
 
 from gpuclust.analyses._lookup import EVENT_COLUMNS, InstanceLookup, tier_lookup, triple_hash
 from gpuclust.analyses.base import Analysis, fmt, is_null_int, null_int, resolve_tier_map
+from gpuclust.analyses.grouping import HOUR_US, bucket_span
 from gpuclust.analyses.options import option, tier_map_option
 from gpuclust.partials import keyed_reduce, merge_keyed
 from gpuclust.schema import TIME_AFTER_TRACE, TierMap, tier_map
 
 __all__ = ["CellUsage", "HOUR_US", "MODES", "triple_hash"]
 
-HOUR_US = 3_600_000_000
 FIVE_MIN_US = 300_000_000
 MODES = ("notebook", "exact")
 #: Keys pack (hour, tier) as hour * 16 + tier; tier codes are < 16.
@@ -290,8 +290,7 @@ class CellUsage(Analysis):
         xp, ops = backend.xp, backend.ops
         if start.shape[0] == 0:
             return {k: xp.asarray(v) for k, v in self.empty().items() if k != "stats"}
-        hs = start // HOUR_US
-        he = xp.where(end > start, (end - 1) // HOUR_US, hs)
+        hs, he = bucket_span(xp, start, end, HOUR_US)
         h0 = int(hs.min())
         h1 = int(xp.maximum(he, hs).max()) + 1
         nb = h1 - h0

@@ -47,6 +47,7 @@ from gpuclust.analyses._machine_cells import (
     hist_edges,
 )
 from gpuclust.analyses.base import Analysis, fmt, is_null_int, resolve_tier_map
+from gpuclust.analyses.grouping import bucket_index
 from gpuclust.analyses.options import option, tier_map_option
 from gpuclust.backends.moments_cpu import grouped_comoments, regroup_moments
 from gpuclust.parted import finalize_in_memory
@@ -560,7 +561,7 @@ class Cpi(Analysis):
         out["counts"] = xp.asarray(np.array([counts[c] for c in COUNTERS], np.int64))
         if int(ri.shape[0]):
             key = cp[ri].astype(xp.int64) * span
-            key += st[ri] // CELL_US
+            key += bucket_index(st[ri], CELL_US)
             key *= ctx.n_platforms
             key += plat[ri].astype(xp.int64)
             wr, yr = w[ri], y[ri]
@@ -594,7 +595,7 @@ class Cpi(Analysis):
             bad = ~xp.isfinite(cs)
             cs[bad] = 0.0
             key = cp[ui].astype(xp.int64) * ctx.cell_span
-            key += start[ui] // CELL_US
+            key += bucket_index(start[ui], CELL_US)
             out.update({"c_" + k: v for k, v in keyed_reduce(backend, key, {"cpu_seconds": cs},
                                                                {"k": None, "bad": bad.astype(xp.int64)}).items()})
         return m2, known, cp, has_cap

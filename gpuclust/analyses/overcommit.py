@@ -60,6 +60,7 @@ from gpuclust.analyses._intervals import (
 )
 from gpuclust.analyses._lookup import InstanceLookup, id_index, tier_lookup
 from gpuclust.analyses.base import Analysis, fmt, is_null_int, resolve_tier_map
+from gpuclust.analyses.grouping import bucket_grid, bucket_span
 from gpuclust.analyses.options import option, tier_map_option
 from gpuclust.parted import finalize_in_memory, frames
 from gpuclust.partials import keyed_reduce, merge_keyed
@@ -300,8 +301,7 @@ class Overcommit(Analysis):
         width = self.width_us
         # Time buckets (docs/dataset.md): aligned to trace time 0, bucket k = [k*width, (k+1)*width);
         # the window clips the first and last bucket (column covered_s).
-        origin = (w0 // width) * width
-        B = (-(-w1 // width) - w0 // width) if w1 > w0 else 0
+        origin, B = bucket_grid(w0, w1, width)
         # ---- capacity intervals (machine_events: one row per machine event, small)
         me = source.read("machine_events", ["time", "machine_id", "type", "cap_cpu", "cap_mem"])
         mcols = {c: to_i64(me.column(c)) for c in ("time", "machine_id", "type")}
@@ -422,8 +422,7 @@ class Overcommit(Analysis):
         if s.shape[0] == 0:
             return {k: xp.asarray(v) for k, v in self._empty_usage().items()}
         ws = width / 1e6
-        b0 = (s - w0) // width
-        b1 = (e - 1 - w0) // width
+        b0, b1 = bucket_span(xp, s, e, width, w0)
         a_s = xp.ascontiguousarray(w0 + b0 * width)      # bucket-aligned: every overlapped bucket whole,
         a_e = xp.ascontiguousarray(w0 + (b1 + 1) * width)  # so value / width_s adds the value once per bucket
         # dense codes of the (machine, tier) pairs present: a bincount, not a sort

@@ -35,8 +35,9 @@ from gpuclust.analyses import _hybrid_summary as hs
 from gpuclust.analyses import mixture_summary as ms
 from gpuclust.analyses._lookup import EVENT_COLUMNS, InstanceLookup, tier_lookup
 from gpuclust.analyses.base import Analysis, fmt, is_null_int, to_host
+from gpuclust.analyses.grouping import KEY_COLUMNS, bucket_span, group_key, parse_by
 from gpuclust.analyses.options import option, tier_map_option
-from gpuclust.layout import key_hash, key_name
+from gpuclust.layout import key_name
 from gpuclust.parted import finalize_in_memory, frames
 from gpuclust.schema import (
     CPU_PERCENTILE_COLUMNS_SORTED,
@@ -72,29 +73,11 @@ US = 1_000_000
 #: What a partial keeps of each group it finalized itself (``local_groups``).
 _DONE_FIELDS = ("key", "n_windows", "weight", "mean", "quantiles", "err_bound")
 _STD_LEVELS = np.asarray(CPU_PERCENTILE_LEVELS_SORTED, dtype=np.float64)
-_KEY_COLUMNS = {"instance": ("collection_id", "instance_index"), "collection": ("collection_id",),
-                "machine": ("machine_id",), "tier": ("tier",), "cell": (), "time": ("bucket",)}
 
 
 def level_name(level: float) -> str:
     """Quantile column name of a level: ``q0``, ``q50``, ``q99``, ``q100``, ``q0.5``, ``q99.9``."""
     return "q" + f"{float(level) * 100:.10g}"
-
-
-def _combine(xp: Any, comps: list[Any], n: int) -> Any:
-    """int64 group key of the component columns: 0 for none, the value itself for one, a
-    splitmix64 chain for several (verified against the components: a collision raises)."""
-    if not comps:
-        return xp.zeros(n, dtype=xp.int64)
-    if len(comps) == 1:
-        return comps[0].astype(xp.int64)
-    return key_hash(xp, comps).view(xp.int64)
-
-
-def _parse_list(v: Any) -> tuple[str, ...]:
-    if isinstance(v, str):
-        return tuple(s.strip() for s in v.replace("+", ",").split(",") if s.strip())
-    return tuple(str(s) for s in v)
 
 
 @dataclass(frozen=True)
@@ -171,12 +154,7 @@ class UsageDistribution(Analysis):
     optional_tables = ("instance_events",)
 
     def __post_init__(self) -> None:
-        by = _parse_list(self.by)
-        bad = [b for b in by if b not in BY]
-        if bad or not by:
-            raise ValueError(f"usage-distribution: by must name one or more of {list(BY)}, got {self.by!r}")
-        if len(set(by)) != len(by):
-            raise ValueError(f"usage-distribution: repeated key in by={self.by!r}")
+        by = parse_by(self.by, BY, "usage-distribution")
         if "instance" in by and "collection" in by:
             raise ValueError("usage-distribution: by 'instance' already includes its collection; drop 'collection'")
         object.__setattr__(self, "by", by)
@@ -223,7 +201,7 @@ class UsageDistribution(Analysis):
         ``bucket_start_us``)."""
         out: list[str] = []
         for b in self.by:
-            out.extend({"cell": ("cell",), "time": ("bucket", "bucket_start_us")}.get(b, _KEY_COLUMNS[b]))
+            out.extend({"cell": ("cell",), "time": ("bucket", "bucket_start_us")}.get(b, KEY_COLUMNS[b]))
         return out
 
     @property
@@ -281,7 +259,7 @@ class UsageDistribution(Analysis):
         return {"backend": name, "ms": None, "groups": self._empty_groups(), "stats": np.zeros(len(STATS), np.int64)}
 
     def _n_components(self) -> int:
-        return sum(len(_KEY_COLUMNS[b]) for b in self.by)
+        return sum(len(KEY_COLUMNS[b]) for b in self.by)
 
     def _empty_groups(self, xp: Any = np) -> dict[str, Any]:
         return {"key": xp.zeros(0, xp.int64), "frac": xp.zeros(0, xp.float64), "wq": xp.zeros((0, 20), xp.float64),
@@ -341,7 +319,7 @@ class UsageDistribution(Analysis):
         comps = [c.astype(xp.int64) for c in comps]
         m = int(src.shape[0])
         stats["pieces"] = m
-        key = _combine(xp, comps, m)
+        key = group_key(xp, comps, m)
         # sort the pieces by group once (stable: a group keeps its row order, so every per-group
         # sum below and downstream adds in the same order as before); the leaf, the group table
         # and the final inversion then see grouped rows (their sorts run on sorted input)
@@ -368,8 +346,7 @@ class UsageDistribution(Analysis):
         """One piece per (window, bucket it overlaps): row index, bucket, overlap fraction
         (a zero-length window is one piece in the bucket of its start, fraction 1)."""
         B = self.bucket_us
-        b0 = s // B
-        b1 = xp.where(e > s, (e - 1) // B, b0)
+        b0, b1 = bucket_span(xp, s, e, B)
         span = b1 - b0 + 1
         total = int(span.sum()) if span.shape[0] else 0
         if total > MAX_PIECES:
@@ -575,7 +552,7 @@ class UsageDistribution(Analysis):
     def _sort_columns(self) -> list[str]:
         out: list[str] = []
         for b in self.by:
-            out.extend({"tier": ("_tier_code",), "cell": (), "time": ("bucket",)}.get(b, _KEY_COLUMNS[b]))
+            out.extend({"tier": ("_tier_code",), "cell": (), "time": ("bucket",)}.get(b, KEY_COLUMNS[b]))
         return out
 
     def _decode_keys(self, kc: np.ndarray, ctx: UsageDistributionContext) -> pd.DataFrame:
@@ -588,7 +565,7 @@ class UsageDistribution(Analysis):
                 cols["instance_index"] = kc[:, j + 1].astype(np.int32)
                 j += 2
             elif b in ("collection", "machine"):
-                cols[_KEY_COLUMNS[b][0]] = kc[:, j].astype(np.int64)
+                cols[KEY_COLUMNS[b][0]] = kc[:, j].astype(np.int64)
                 j += 1
             elif b == "tier":
                 names = np.array(ctx.tier_names, dtype=object)

@@ -17,7 +17,7 @@ DOCTEST_MODULES = [
     "gpuclust.analyses.base", "gpuclust.analyses.cell_usage", "gpuclust.analyses.machine_shapes",
     "gpuclust.analyses.registry", "gpuclust.backends", "gpuclust.backends.cpu", "gpuclust.engine.local",
     "gpuclust.engine.partition", "gpuclust.analyses._lookup", "gpuclust.engine.progress", "gpuclust._cache",
-    "gpuclust.partials",
+    "gpuclust.partials", "gpuclust.analyses.grouping", "gpuclust.backends.array_cpu",
 ]
 
 
@@ -101,3 +101,25 @@ def test_id_index_matches_dict(ids, extra, nonneg):
     where = {v: k for k, v in enumerate(ids)}
     assert found.tolist() == [int(v) in where for v in q.tolist()]
     assert pos.tolist() == [where.get(int(v), 0) for v in q.tolist()]
+
+
+def test_grouping_buckets_and_by_lists():
+    """The one bucket convention against the obvious loop, and ``by`` validation."""
+    from gpuclust.analyses.grouping import bucket_grid, bucket_span, group_key, parse_by
+
+    W = 300
+    s = np.array([0, 299, 300, 599, 1000, 50])
+    e = np.array([300, 301, 300, 1200, 900, 50])
+    b0, b1 = bucket_span(np, s, e, W)
+    for k in range(s.shape[0]):
+        touched = [b for b in range(10) if max(s[k], b * W) < min(e[k], (b + 1) * W)] or [s[k] // W]
+        assert (b0[k], b1[k]) == (touched[0], touched[-1])
+    assert bucket_grid(600, 601, W) == (600, 1) and bucket_grid(5, 5, W) == (0, 0) and bucket_grid(0, 900, W) == (0, 3)
+    assert parse_by("machine+time", ("machine", "time"), "x") == ("machine", "time")
+    for bad in ("", "machine,machine", "nope"):
+        with pytest.raises(ValueError, match="x: "):
+            parse_by(bad, ("machine", "time"), "x")
+    comps = [np.array([1, 1, 2]), np.array([5, 6, 5])]
+    k = group_key(np, comps, 3)
+    assert k.dtype == np.int64 and len(set(k.tolist())) == 3
+    assert group_key(np, [], 2).tolist() == [0, 0] and group_key(np, comps[:1], 3).tolist() == [1, 1, 2]

@@ -1,0 +1,84 @@
+"""Grouping, shared by every analysis: ``by=`` lists, group keys, and the one time-bucket convention.
+
+* :func:`parse_list` / :func:`parse_by`: a ``by`` (or any list) option given as ``"a,b"``,
+  ``"a+b"`` or a sequence, validated against the analysis' choices;
+* :data:`KEY_COLUMNS`: the result columns of each grouping name;
+* :func:`group_key`: one int64 key per row from the key components (the value itself for one
+  component, a splitmix64 chain of several, :func:`gpuclust.layout.key_hash`);
+* time buckets (docs/dataset.md, "Time buckets"): origin trace time 0, bucket ``k`` of width ``W``
+  is ``[k W, (k + 1) W)`` µs -- :func:`bucket_index`, :func:`bucket_span` (the buckets a window
+  ``[s, e)`` touches), :func:`bucket_grid` (the buckets covering a trace window).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from gpuclust.layout import key_hash
+
+__all__ = ["HOUR_US", "KEY_COLUMNS", "bucket_grid", "bucket_index", "bucket_span", "group_key", "parse_by",
+           "parse_list"]
+
+#: One hour in µs (cell-usage's bucket).
+HOUR_US = 3_600_000_000
+#: Result key columns of each grouping name (``cell``: none, one group; ``time``: the bucket).
+KEY_COLUMNS: dict[str, tuple[str, ...]] = {
+    "instance": ("collection_id", "instance_index"), "collection": ("collection_id",),
+    "machine": ("machine_id",), "tier": ("tier",), "cell": (), "time": ("bucket",)}
+
+
+def parse_list(v: Any) -> tuple[str, ...]:
+    """``"a,b"``, ``"a+b"`` or a sequence -> ``("a", "b")`` (blanks dropped).
+
+    >>> parse_list("machine+time"), parse_list(["tier"])
+    (('machine', 'time'), ('tier',))
+    """
+    if isinstance(v, str):
+        return tuple(s.strip() for s in v.replace("+", ",").split(",") if s.strip())
+    return tuple(str(s) for s in v)
+
+
+def parse_by(v: Any, choices: Sequence[str], what: str) -> tuple[str, ...]:
+    """A ``by`` option: one or more of ``choices``, none repeated (``what`` names the analysis
+    in the error)."""
+    by = parse_list(v)
+    bad = [b for b in by if b not in choices]
+    if bad or not by:
+        raise ValueError(f"{what}: by must name one or more of {list(choices)}, got {v!r}")
+    if len(set(by)) != len(by):
+        raise ValueError(f"{what}: repeated key in by={v!r}")
+    return by
+
+
+def group_key(xp: Any, comps: list[Any], n: int) -> Any:
+    """int64 group key of ``n`` rows from their key components: 0 for none, the value itself for
+    one, a splitmix64 chain for several (callers verify the components: a collision raises)."""
+    if not comps:
+        return xp.zeros(n, dtype=xp.int64)
+    if len(comps) == 1:
+        return comps[0].astype(xp.int64)
+    return key_hash(xp, comps).view(xp.int64)
+
+
+def bucket_index(t: Any, width_us: int) -> Any:
+    """Bucket of trace time ``t`` (µs; scalar or array): ``floor(t / width_us)``."""
+    return t // width_us
+
+
+def bucket_span(xp: Any, start: Any, end: Any, width_us: int, origin: int = 0) -> tuple[Any, Any]:
+    """First and last bucket (counted from ``origin``) that windows ``[start, end)`` touch; a
+    window with ``end <= start`` touches the bucket of its start only."""
+    b0 = (start - origin) // width_us
+    return b0, xp.where(end > start, (end - 1 - origin) // width_us, b0)
+
+
+def bucket_grid(w0: int, w1: int, width_us: int) -> tuple[int, int]:
+    """``(origin, n_buckets)``: the whole buckets covering the trace window ``[w0, w1)``
+    (``origin``: the first one's start).
+
+    >>> bucket_grid(600_000_000, 7_200_000_000, 3_600_000_000)
+    (0, 2)
+    """
+    origin = (w0 // width_us) * width_us
+    return origin, (-(-w1 // width_us) - w0 // width_us) if w1 > w0 else 0
