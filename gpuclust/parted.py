@@ -69,6 +69,10 @@ class PartedTable:
     def __len__(self) -> int:
         return self.num_rows
 
+    def relocated(self, old: str | Path, new: str | Path) -> PartedTable:
+        """The same table once the folder ``old`` it was written under is renamed to ``new``."""
+        return PartedTable(Path(new) / self.folder.relative_to(old), list(self.files), self.num_rows)
+
 
 @dataclass
 class FrameParts:

@@ -6,21 +6,10 @@ when the gpu backend is).
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from gpuclust.engine.local import run
 from gpuclust.engine.partition import PartitionSpec, TableSource, plan_partitions, read_partition
 
 __all__ = ["PartitionSpec", "TableSource", "analyze", "plan_partitions", "read_partition", "run"]
-
-
-def _moved(v, old, new):
-    """A parted table written into the temporary results folder ``old``, at its place in ``new``."""
-    from gpuclust.parted import PartedTable
-
-    if isinstance(v, PartedTable):
-        return PartedTable(Path(new) / v.folder.relative_to(old), list(v.files), v.num_rows)
-    return v
 
 
 def analyze(dataset, names, *, out=None, backend="cpu", scheduler=None, partitions=1, tier_map=None,
@@ -78,6 +67,7 @@ def analyze(dataset, names, *, out=None, backend="cpu", scheduler=None, partitio
     from gpuclust.engine import memory as _memory
     from gpuclust.engine import selection as _selection
     from gpuclust.engine.run_info import prepare
+    from gpuclust.parted import PartedTable
 
     plan = prepare(dataset, names, backend=backend, tier_map=tier_map, mode=mode, note=note)
     src, plan.analyses = _selection.attach(plan.source, plan.analyses, time_from, time_to)  # --from/--to
@@ -97,7 +87,8 @@ def analyze(dataset, names, *, out=None, backend="cpu", scheduler=None, partitio
                          run_info=plan.info(scheduler=scheduler, partitions=partitions, workers=workers,
                                             memory_limit=limit, **_selection.run_info(src)))
             final = folder.commit()
-            res = {key: {t: _moved(v, folder_tmp, final) for t, v in tables.items()} for key, tables in res.items()}
+            res = {key: {t: v.relocated(folder_tmp, final) if isinstance(v, PartedTable) else v for t, v in tables.items()}
+                   for key, tables in res.items()}
             if progress is not None:
                 progress.phase(f"wrote {out}")
     finally:

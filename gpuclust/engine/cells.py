@@ -14,19 +14,29 @@ as the first column; :func:`analyze_cells` is ``gpuclust analyze FOLDER NAME... 
 
 A time selection given as wall-clock is read in **each** cell's own time zone (``2019-05-02`` is
 local midnight in every cell); trace time is the same instant everywhere.
+
+Tables that grow with the cell (an analysis' ``parted`` tables, e.g. overcommit's ``machine``)
+stay parts on disk when the results go to a folder: each cell's run writes its parts into the
+temporary results folder, and :func:`combine` copies them, a row group at a time with the
+``cell`` column added, into ``<key>/<table>/part-NNNNN.parquet`` (cells in order); nothing of
+them is gathered in memory.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import textwrap
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 __all__ = ["analyze_cells", "combine", "find_cells", "parse_cells", "run_cells"]
+
+#: Sub-folder of the temporary results folder where each cell's run writes its parted tables.
+_STAGING = ".cells"
 
 
 def parse_cells(cells: str | Sequence[str]) -> list[str] | None:
@@ -78,20 +88,55 @@ def find_cells(folder: str | Path, cells: str | Sequence[str] = "all") -> dict[s
     return {c: found[c] for c in want}
 
 
-def combine(per_cell: Mapping[str, Mapping[str, Mapping[str, pd.DataFrame]]]) -> dict[str, dict[str, pd.DataFrame]]:
+def _with_cell(df: pd.DataFrame, cell: str) -> pd.DataFrame:
+    """``df`` with ``cell`` as its first column (a ``cell`` column it has gets the cell's name)."""
+    d = df.drop(columns="cell") if "cell" in df.columns else df.copy()
+    d.insert(0, "cell", pd.Series([cell] * len(d), index=d.index, dtype=object))
+    return d
+
+
+def _file_batches(t: Any, f: str, cell: str) -> Iterator[pd.DataFrame]:
+    from gpuclust.parted import PartedTable
+
+    for df in PartedTable(t.folder, [f]).batches():
+        yield _with_cell(df, cell).reset_index(drop=True)
+
+
+def combine(per_cell: Mapping[str, Mapping[str, Mapping[str, Any]]],
+            parts_dir: Path | None = None) -> dict[str, dict[str, Any]]:
     """Concatenate each result table across cells with ``cell`` as its first column (a table that
-    already has a ``cell`` column, e.g. ``by=cell``, gets the cell's name there)."""
-    out: dict[str, dict[str, pd.DataFrame]] = {}
+    already has a ``cell`` column, e.g. ``by=cell``, gets the cell's name there).
+
+    A table that any cell returned as a :class:`gpuclust.parted.PartedTable` is, with
+    ``parts_dir``, copied part by part (a row group at a time) into
+    ``parts_dir/<key>/<table>/part-NNNNN.parquet`` and returned as a ``PartedTable`` there;
+    without ``parts_dir`` it is read whole."""
+    from gpuclust.parted import PartedTable, write_part
+
+    grouped: dict[str, dict[str, list[tuple[str, Any]]]] = {}
     for cell, res in per_cell.items():
         for key, tables in res.items():
-            dst = out.setdefault(key, {})
             for tname, df in tables.items():
-                d = df.drop(columns="cell") if "cell" in df.columns else df
-                d = d.copy()
-                d.insert(0, "cell", pd.Series([cell] * len(d), index=d.index, dtype=object))
-                dst.setdefault(tname, []).append(d)  # type: ignore[arg-type]
-    return {key: {t: pd.concat(parts, ignore_index=True) for t, parts in tables.items()}  # type: ignore[misc]
-            for key, tables in out.items()}
+                grouped.setdefault(key, {}).setdefault(tname, []).append((cell, df))
+    out: dict[str, dict[str, Any]] = {}
+    for key, tables in grouped.items():
+        dst = out.setdefault(key, {})
+        for tname, items in tables.items():
+            if parts_dir is not None and any(isinstance(df, PartedTable) for _, df in items):
+                pt = PartedTable(Path(parts_dir) / key / tname)
+                for cell, df in items:
+                    sources = ([(df, f) for f in df.files] if isinstance(df, PartedTable)
+                               else [(None, None)] if len(df.columns) else [])
+                    for src, f in sources:
+                        rows = _file_batches(src, f, cell) if src is not None else _with_cell(df, cell)
+                        name, n = write_part(pt.folder, len(pt.files), rows)
+                        pt.files.append(name)
+                        pt.num_rows += n
+                dst[tname] = pt
+                continue
+            frames = [_with_cell(df.read() if isinstance(df, PartedTable) else df, cell) for cell, df in items]
+            dst[tname] = pd.concat(frames, ignore_index=True)
+    return out
 
 
 def run_cells(sources: Mapping[str, Any], analyses: Any, **run_kw: Any) -> dict[str, dict[str, pd.DataFrame]]:
@@ -113,19 +158,17 @@ def run_cells(sources: Mapping[str, Any], analyses: Any, **run_kw: Any) -> dict[
 
 
 class _CellSummaries:
-    """Stands for one result key in the report: its summary is each cell's summary, in turn."""
+    """Stands for one result key in the report: its summary is each cell's summary of that cell's
+    own result, in turn (``by_cell``: cell -> (analysis, its tables))."""
 
-    def __init__(self, by_cell: dict[str, Any]):
+    def __init__(self, by_cell: dict[str, tuple[Any, Mapping[str, Any]]]):
         self.by_cell = by_cell
-        first = next(iter(by_cell.values()))
+        first = next(iter(by_cell.values()))[0]
         self.name, self.label, self.parted = first.name, first.label, first.parted
 
-    def summary(self, tables: Mapping[str, pd.DataFrame]) -> str:
-        parts = []
-        for cell, a in self.by_cell.items():
-            sub = {t: df[df["cell"] == cell].drop(columns="cell").reset_index(drop=True) for t, df in tables.items()}
-            parts.append(f"cell {cell}: " + textwrap.indent(a.summary(sub), "  ").lstrip())
-        return "\n".join(parts)
+    def summary(self, tables: Mapping[str, Any]) -> str:
+        return "\n".join(f"cell {cell}: " + textwrap.indent(a.summary(own), "  ").lstrip()
+                         for cell, (a, own) in self.by_cell.items())
 
 
 def analyze_cells(folder: str | Path, names: Any, *, cells: str | Sequence[str] = "all", out: Any = None,
@@ -143,6 +186,7 @@ def analyze_cells(folder: str | Path, names: Any, *, cells: str | Sequence[str] 
     from gpuclust.engine import selection as _selection
     from gpuclust.engine.local import run
     from gpuclust.engine.run_info import prepare
+    from gpuclust.parted import PartedTable
 
     say = note if note is not None else logging.getLogger("gpuclust").warning
     paths = find_cells(folder, cells)
@@ -164,13 +208,15 @@ def analyze_cells(folder: str | Path, names: Any, *, cells: str | Sequence[str] 
         for cell, (plan, src) in prepared.items():
             if progress is not None:
                 progress.phase(f"cell {cell}: {plan.source.path}")
+            # with a results folder, each cell's parted tables stay parts in its staging area
+            staging = None if folder_out is None else folder_out.tmp / _STAGING / cell
             per_cell[cell] = run(src, plan.analyses, backend=plan.backend, partitions=partitions, scheduler=scheduler,
-                                 workers=workers, progress=progress, memory_limit=memory_limit)
-        res = combine(per_cell)
+                                 workers=workers, progress=progress, memory_limit=memory_limit, parts_dir=staging)
+        res = combine(per_cell, None if folder_out is None else folder_out.tmp)
         if folder_out is not None:
             first_plan = next(iter(prepared.values()))[0]
             keys = list(res)
-            shims = {k: _CellSummaries({c: pl.analyses[j] for c, (pl, _) in prepared.items()})
+            shims = {k: _CellSummaries({c: (pl.analyses[j], per_cell[c][k]) for c, (pl, _) in prepared.items()})
                      for j, k in enumerate(keys)}
             info = first_plan.info(scheduler=scheduler, partitions=partitions, workers=workers)
             info["dataset"] = str(Path(folder).absolute())
@@ -178,7 +224,11 @@ def analyze_cells(folder: str | Path, names: Any, *, cells: str | Sequence[str] 
                                  "notes": pl.notes, **_selection.run_info(src)}
                              for c, (pl, src) in prepared.items()}
             folder_out.write(res, shims, plots=False, run_info=info)
-            folder_out.commit()
+            tmp = folder_out.tmp
+            shutil.rmtree(tmp / _STAGING)  # the cells' own parts, copied into the results above
+            final = folder_out.commit()
+            res = {key: {t: v.relocated(tmp, final) if isinstance(v, PartedTable) else v for t, v in tables.items()}
+                   for key, tables in res.items()}
             if progress is not None:
                 progress.phase(f"wrote {out}")
     finally:

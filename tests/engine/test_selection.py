@@ -348,3 +348,29 @@ def test_dask_threads_scheduler_takes_the_same_selection(layouts):
     want = run(layouts["sorted"], [CellUsage(mode="exact")], time_from=LO, time_to=HI)
     got = run(layouts["sorted"], [CellUsage(mode="exact")], partitions=4, scheduler="threads", time_from=LO, time_to=HI)
     assert_results_same(got, want, rtol=1e-12)
+
+
+def test_cells_parted_tables_stay_parts(cells, tmp_path):
+    """``--cells`` with a results folder: overcommit's machine table (parted) is copied part by
+    part with the ``cell`` column into ``<key>/machine/``, equals the per-cell runs, and no
+    staging folder is left; the summary is each cell's own."""
+    from gpuclust.engine import analyze
+    from gpuclust.parted import PartedTable
+
+    out = tmp_path / "r"
+    res = analyze(cells, ["overcommit"], cells="a,b", out=out, partitions=2, plots=False)
+    key = next(iter(res))
+    machine = res[key]["machine"]
+    assert isinstance(machine, PartedTable) and machine.folder == out / key / "machine"
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".")]  # no staging folder left
+    files = sorted((out / key / "machine").glob("part-*.parquet"))
+    assert [f.name for f in files] == machine.files and len(files) >= 2
+    got = machine.read()
+    assert got.columns[0] == "cell" and list(dict.fromkeys(got["cell"])) == ["a", "b"]
+    for cell in ("a", "b"):
+        one = run(cells / f"cell-{cell}", ["overcommit"], partitions=2)[key]["machine"]
+        sub = got[got["cell"] == cell].drop(columns="cell").reset_index(drop=True)
+        assert_results_same({"k": {"t": sub}}, {"k": {"t": one}}, rtol=0)
+        assert f"cell {cell}: overcommit" in (out / "summary.txt").read_text()
+    small = pq.read_table(out / key / "summary.parquet").to_pandas()
+    assert set(small["cell"]) == {"a", "b"}
