@@ -32,7 +32,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-__all__ = ["FrameParts", "MappedArray", "PartedTable", "finalize_in_memory", "map_large_arrays", "frames", "part_name", "read_keyed_range", "slice_keyed",
+__all__ = ["FrameParts", "MappedArray", "PartedTable", "finalize_in_memory", "map_large_arrays", "frames", "part_name", "read_keyed_range", "relocated", "slice_keyed",
            "write_keyed", "write_part"]
 
 
@@ -72,6 +72,12 @@ class PartedTable:
     def relocated(self, old: str | Path, new: str | Path) -> PartedTable:
         """The same table once the folder ``old`` it was written under is renamed to ``new``."""
         return PartedTable(Path(new) / self.folder.relative_to(old), list(self.files), self.num_rows)
+
+
+def relocated(results: dict[str, dict[str, Any]], old: str | Path, new: str | Path) -> dict[str, dict[str, Any]]:
+    """Run results whose parted tables were written under the folder ``old``, now renamed to ``new``."""
+    return {key: {t: v.relocated(old, new) if isinstance(v, PartedTable) else v for t, v in tables.items()}
+            for key, tables in results.items()}
 
 
 @dataclass

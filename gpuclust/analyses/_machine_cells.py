@@ -59,22 +59,18 @@ def cpu_seconds(xp: Any, start: Any, end: Any, avg_cpu: Any) -> Any:
     return dur
 
 
-def filter_rows(xp: Any, flt: CpiFilter, cols: dict[str, Any], cs: Any = None) -> tuple[Any, Any, Any, Any, dict[str, int]]:
+def filter_rows(xp: Any, flt: CpiFilter, cols: dict[str, Any]) -> tuple[Any, Any, Any, Any, dict[str, int]]:
     """The windows that pass ``flt``: ``(row indices, cpi, mai, cpu_seconds, counts)``.
 
     ``cpi``, ``mai`` and ``cpu_seconds`` are float64 arrays of the kept rows; ``counts`` is what
     ``flt.mask`` gives over all rows.  Same result as ``flt.mask`` on float64 copies of the whole
     columns, but the CPU time and the float64 copies are only made for the rows whose CPI and MAI
-    are present (finite; a float32 -> float64 cast is exact).  ``cs``: the CPU-seconds of every
-    row when already computed (otherwise from ``start_time``, ``end_time``, ``avg_cpu``).
+    are present (finite; a float32 -> float64 cast is exact).
     """
     cpi, mai = cols["cpi"], cols["mai"]
     n = int(cpi.shape[0])
     pidx = xp.nonzero(xp.isfinite(cpi) & xp.isfinite(mai))[0]
-    if cs is None:
-        w = cpu_seconds(xp, cols["start_time"][pidx], cols["end_time"][pidx], cols["avg_cpu"][pidx])
-    else:
-        w = cs[pidx]
+    w = cpu_seconds(xp, cols["start_time"][pidx], cols["end_time"][pidx], cols["avg_cpu"][pidx])
     y = cpi[pidx].astype(xp.float64)
     z = mai[pidx].astype(xp.float64)
     keep, counts = flt.mask(xp, y, z, w)

@@ -634,26 +634,30 @@ class Cpi(Analysis):
         per = ctx.cell_span * (ctx.n_platforms if name == "w" else 1)
         return lo * per, hi * per
 
-    def machine_cells(self, c: dict[str, np.ndarray], ctx: CpiContext) -> pd.DataFrame:
-        """The machine-cell table of merged ``c`` sums (sorted keys): ``machine_id``, ``cell``,
-        ``k``, ``util`` (NaN when a row's CPU time is unknown or the cell lies outside the trace
-        window) and ``key`` (their key in the ``w`` sums, less the platform)."""
+    @staticmethod
+    def _util(c: dict[str, np.ndarray], ctx: CpiContext) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Capacity-machine index, cell and utilisation of merged ``c`` sums (NaN when a row's CPU
+        time is unknown or the cell lies outside the trace window)."""
         key = np.asarray(c["key"], np.int64)
         span = max(ctx.cell_span, 1)
         m, cell = key // span, key % span
         denom = _cell_seconds(cell, ctx.trace_window_us) * ctx.cap_val[m]
         with np.errstate(invalid="ignore", divide="ignore"):
             u = np.where((c["bad"] == 0) & (denom > 0), c["cpu_seconds"] / np.where(denom > 0, denom, 1.0), np.nan)
-        return pd.DataFrame({"key": key, "machine_id": ctx.cap_ids[m], "cell": cell,
-                             "k": np.asarray(c["k"], np.int64), "util": u})
+        return m, cell, u
+
+    def machine_cells(self, c: dict[str, np.ndarray], ctx: CpiContext) -> pd.DataFrame:
+        """The machine-cell table of merged ``c`` sums: ``machine_id``, ``cell``, ``k``, ``util``."""
+        m, cell, u = self._util(c, ctx)
+        return pd.DataFrame({"machine_id": ctx.cap_ids[m], "cell": cell, "k": np.asarray(c["k"], np.int64), "util": u})
 
     def finalize_shard(self, keyed: dict[str, dict[str, np.ndarray]], rest: dict[str, Any], ctx: CpiContext,
                        lo: int, hi: int) -> tuple[dict[str, Any], dict[str, Any]]:
         """Machines ``[lo, hi)``: their machine-cells' ``k`` and ``util``, joined to the kept
         windows' (machine, cell, platform) sums: per-platform co-moments of (CPI, util, ntasks)
         and the binned sums, with the regression counters (no parted tables)."""
-        mc = self.machine_cells(keyed["c"], ctx)
-        ck, u, k = mc["key"].to_numpy(), mc["util"].to_numpy(), mc["k"].to_numpy()
+        ck, k = np.asarray(keyed["c"]["key"], np.int64), np.asarray(keyed["c"]["k"], np.int64)
+        u = self._util(keyed["c"], ctx)[2]
         wk = keyed["w"]
         NP = ctx.n_platforms
         pl = wk["key"] % NP

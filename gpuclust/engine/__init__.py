@@ -67,7 +67,7 @@ def analyze(dataset, names, *, out=None, backend="cpu", scheduler=None, partitio
     from gpuclust.engine import memory as _memory
     from gpuclust.engine import selection as _selection
     from gpuclust.engine.run_info import prepare
-    from gpuclust.parted import PartedTable
+    from gpuclust.parted import relocated
 
     plan = prepare(dataset, names, backend=backend, tier_map=tier_map, mode=mode, note=note)
     src, plan.analyses = _selection.attach(plan.source, plan.analyses, time_from, time_to)  # --from/--to
@@ -87,8 +87,7 @@ def analyze(dataset, names, *, out=None, backend="cpu", scheduler=None, partitio
                          run_info=plan.info(scheduler=scheduler, partitions=partitions, workers=workers,
                                             memory_limit=limit, **_selection.run_info(src)))
             final = folder.commit()
-            res = {key: {t: v.relocated(folder_tmp, final) if isinstance(v, PartedTable) else v for t, v in tables.items()}
-                   for key, tables in res.items()}
+            res = relocated(res, folder_tmp, final)
             if progress is not None:
                 progress.phase(f"wrote {out}")
     finally:

@@ -125,10 +125,11 @@ def combine(per_cell: Mapping[str, Mapping[str, Mapping[str, Any]]],
             if parts_dir is not None and any(isinstance(df, PartedTable) for _, df in items):
                 pt = PartedTable(Path(parts_dir) / key / tname)
                 for cell, df in items:
-                    sources = ([(df, f) for f in df.files] if isinstance(df, PartedTable)
-                               else [(None, None)] if len(df.columns) else [])
-                    for src, f in sources:
-                        rows = _file_batches(src, f, cell) if src is not None else _with_cell(df, cell)
+                    if isinstance(df, PartedTable):  # each file's row groups, lazily
+                        chunks: list[Any] = [_file_batches(df, f, cell) for f in df.files]
+                    else:
+                        chunks = [_with_cell(df, cell)] if len(df.columns) else []
+                    for rows in chunks:
                         name, n = write_part(pt.folder, len(pt.files), rows)
                         pt.files.append(name)
                         pt.num_rows += n
@@ -186,7 +187,7 @@ def analyze_cells(folder: str | Path, names: Any, *, cells: str | Sequence[str] 
     from gpuclust.engine import selection as _selection
     from gpuclust.engine.local import run
     from gpuclust.engine.run_info import prepare
-    from gpuclust.parted import PartedTable
+    from gpuclust.parted import relocated
 
     say = note if note is not None else logging.getLogger("gpuclust").warning
     paths = find_cells(folder, cells)
@@ -227,8 +228,7 @@ def analyze_cells(folder: str | Path, names: Any, *, cells: str | Sequence[str] 
             tmp = folder_out.tmp
             shutil.rmtree(tmp / _STAGING)  # the cells' own parts, copied into the results above
             final = folder_out.commit()
-            res = {key: {t: v.relocated(tmp, final) if isinstance(v, PartedTable) else v for t, v in tables.items()}
-                   for key, tables in res.items()}
+            res = relocated(res, tmp, final)
             if progress is not None:
                 progress.phase(f"wrote {out}")
     finally:

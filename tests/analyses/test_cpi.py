@@ -158,7 +158,7 @@ def test_k_and_util_match_sql(synth_ds):
     parts = [a.partial({c: column_to_numpy(t.slice(lo, hi - lo).column(c)) for c in a.columns}, ctx, be)
              for lo, hi in ((0, half), (half, t.num_rows))]
     _, keyed = a.split(a.merge(*parts))
-    got = a.machine_cells(keyed["c"], ctx).drop(columns="key")
+    got = a.machine_cells(keyed["c"], ctx)
     con = duckdb.connect()
     us = [str(f) for f in ds.files("instance_usage")]
     me = [str(f) for f in ds.files("machine_events")]
