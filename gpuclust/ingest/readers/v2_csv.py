@@ -30,7 +30,6 @@ See ``docs/formats-v2-kaggle.md`` for the field-by-field mapping.
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Callable, Iterator, Mapping
 from typing import BinaryIO
 
@@ -39,6 +38,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
+from gpuclust.ingest import inflate
 from gpuclust.ingest.base import Chunk, ReadOptions, Reject, SourceError, SourceFile, clip_raw
 from gpuclust.ingest.normalize import conform
 from gpuclust.schema import (
@@ -122,7 +122,7 @@ V2_RELATION_TO_V3 = np.arange(4, dtype=np.int8)
 
 #: Size of one read from the (compressed) file.
 _PIECE = 1 << 20
-#: Most decompressed bytes produced per zlib call (bounds memory on highly compressible input).
+#: Most decompressed bytes produced per inflate call (bounds memory on highly compressible input).
 _MAX_INFLATE = 8 << 20
 _INT_TEXT = r"^[+-]?[0-9]{1,18}$"
 
@@ -138,8 +138,9 @@ class _Truncated(Exception):
 def decompressed_pieces(raw: BinaryIO, compression: str | None) -> Iterator[bytes]:
     """Yield the decompressed bytes of ``raw`` piece by piece.
 
-    Gzip is inflated with :mod:`zlib` directly (multi-member files are supported) so that every
-    byte before a truncation or corruption is delivered before :class:`_Truncated` is raised.
+    Gzip is inflated stream by stream (:mod:`gpuclust.ingest.inflate`: igzip or zlib; multi-member
+    files are supported) so that every byte before a truncation or corruption is delivered before
+    :class:`_Truncated` is raised.
     """
     if compression is None:
         while True:
@@ -149,7 +150,7 @@ def decompressed_pieces(raw: BinaryIO, compression: str | None) -> Iterator[byte
             yield buf
     if compression != "gzip":
         raise _Truncated(f"unsupported compression {compression!r}")
-    d = zlib.decompressobj(31)
+    d = inflate.decompressobj()
     started = False
     data = b""
     while True:
@@ -161,11 +162,11 @@ def decompressed_pieces(raw: BinaryIO, compression: str | None) -> Iterator[byte
             if not data.strip(b"\x00"):  # zero padding after the last member
                 data = b""
                 continue
-            d = zlib.decompressobj(31)
+            d = inflate.decompressobj()
         started = True
         try:
             out = d.decompress(data, _MAX_INFLATE)
-        except zlib.error as e:
+        except inflate.ERRORS as e:
             raise _Truncated(f"corrupt gzip data: {e}") from None
         if out:
             yield out

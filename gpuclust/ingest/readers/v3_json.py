@@ -28,7 +28,6 @@ import queue
 import re
 import sys
 import threading
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -38,6 +37,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
+from gpuclust.ingest import inflate
 from gpuclust.ingest.base import Chunk, ReadOptions, Reject, SourceError, SourceFile, clip_raw
 from gpuclust.ingest.normalize import conform
 from gpuclust.schema import (
@@ -684,7 +684,7 @@ class _Damage(Exception):
 
 def _blocks(f: Any, gz: bool) -> Iterator[bytes]:
     """Decompressed blocks of at most ~4 MiB; :class:`_Damage` when the stream is damaged."""
-    d = zlib.decompressobj(wbits=31) if gz else None
+    d = inflate.decompressobj() if gz else None
     started = False
     while True:
         try:
@@ -701,13 +701,13 @@ def _blocks(f: Any, gz: bool) -> Iterator[bytes]:
         try:
             while block:
                 if d.eof:  # concatenated gzip members
-                    d = zlib.decompressobj(wbits=31)
+                    d = inflate.decompressobj()
                 out = d.decompress(block, _MAX_OUT)
                 started = True
                 block = d.unused_data if d.eof else d.unconsumed_tail
                 if out:
                     yield out
-        except zlib.error as e:
+        except inflate.ERRORS as e:
             raise _Damage(f"corrupt gzip data ({e})") from None
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from gpuclust.ingest import inflate
 from gpuclust.ingest.base import Chunk, ReadOptions, Reject, SourceError, SourceFile, clip_raw
 from gpuclust.ingest.readers.v3_json import SOURCE_FIELDS, to_canonical
 
@@ -34,7 +34,7 @@ def _gunzip_to_temp(path: Path) -> Path:
     fd, tmp = tempfile.mkstemp(prefix="gpuclust-", suffix=".parquet")
     try:
         with os.fdopen(fd, "wb") as out, open(path, "rb") as f:
-            d = zlib.decompressobj(wbits=31)
+            d = inflate.decompressobj()
             while True:
                 block = f.read(1 << 20)
                 if not block:
@@ -42,11 +42,11 @@ def _gunzip_to_temp(path: Path) -> Path:
                 out.write(d.decompress(block))
                 while d.eof and d.unused_data:
                     rest = d.unused_data
-                    d = zlib.decompressobj(wbits=31)
+                    d = inflate.decompressobj()
                     out.write(d.decompress(rest))
             if not d.eof:
                 raise SourceError(path, "truncated gzip stream (the file ends inside compressed data)")
-    except zlib.error as e:
+    except inflate.ERRORS as e:
         os.unlink(tmp)
         raise SourceError(path, f"corrupt gzip data ({e})") from None
     except BaseException:
