@@ -91,6 +91,7 @@ def dataset_info(path: str | Path) -> dict[str, Any]:
         "tier_map": tm,
         "tier_map_tiers": _tiers(m.get("tier_map"), tm),
         "tier_map_warning": tier_map_note(tm, ds),
+        "selection": m.get("selection"),
         "tables": tables,
         "inputs": {"files": len(inputs), "done": len(inputs) - len(failed),
                    "rows_read": sum(int(i.get("rows_read") or 0) for i in inputs),
@@ -128,6 +129,8 @@ def format_info(d: dict[str, Any]) -> str:
     ]
     if d["tier_map_warning"]:
         lines.append(f"             {d['tier_map_warning']}")
+    if d.get("selection"):
+        lines.append(f"selection    {d['selection'].get('text')} (chosen at ingest: a part of the cell)")
     lay = {t: v["layout"] for t, v in d["tables"].items() if v.get("layout")}
     if lay:
         groups: dict[tuple[str, int], list[str]] = {}

@@ -52,6 +52,11 @@ def preflight(src: Any, analyses: Sequence[Any]) -> list[str]:
     empty or absent; return notes (optional tables missing, tier maps of the other version)."""
     notes: list[str] = []
     errors: list[str] = []
+    manifest = getattr(src, "manifest", None)
+    chosen = manifest.get("selection") if isinstance(manifest, dict) else None
+    if isinstance(chosen, dict):
+        notes.append(f"note: this dataset is a selection of its cell: {chosen.get('text')} (chosen at ingest); "
+                     "its results describe that selection, not the whole cell")
     for a in analyses:
         missing = [t for t in a.requires if _rows(src, t) == 0]
         if missing:

@@ -33,6 +33,7 @@ from gpuclust.dataset import MANIFEST, REJECTS_DIR, fsync_dir, new_manifest, wri
 from gpuclust.ingest.base import ReadOptions, SourceFile
 from gpuclust.ingest.detect import detect, expand_sources
 from gpuclust.ingest.progress import Progress
+from gpuclust.ingest.sampling import IngestSelection, SelectionSpecError
 from gpuclust.ingest.twins import TwinError, resolve_twins
 from gpuclust.ingest.writer import STAGING_DIR, FileResult, ingest_file, ingest_file_task, init_worker
 from gpuclust.schema import DATASET_FORMAT_VERSION, DEFAULT_TIER_MAP, TABLES
@@ -43,7 +44,7 @@ log = logging.getLogger("gpuclust.ingest")
 #: Test hook: SIGKILL the ingest right after its N-th manifest update.
 KILL_AFTER_MANIFESTS_ENV = "GPUCLUST_TEST_KILL_AFTER_MANIFESTS"
 LOCK_FILE = ".gpuclust-ingest.lock"
-_RESERVED = {"dataset_format_version", "trace_version", "cell", "tier_map", "complete", "inputs", "tables"}
+_RESERVED = {"dataset_format_version", "trace_version", "cell", "tier_map", "complete", "inputs", "tables", "selection"}
 
 
 class IngestUsageError(ValueError):
@@ -64,6 +65,8 @@ class FileReport:
     rows_written: dict[str, int] = field(default_factory=dict)
     rows_rejected: int = 0
     rows_deduplicated: int = 0
+    #: Rows outside the ingest's sample / time range (not written, not validated).
+    rows_skipped: int = 0
     rejects_file: str | None = None
     first_reasons: list[str] = field(default_factory=list)
     error: str | None = None
@@ -88,6 +91,10 @@ class IngestReport:
     #: One line per file not read on purpose (not a trace table, a twin export not chosen) and
     #: per file read as something other than its name says.
     notes: list[str] = field(default_factory=list)
+    #: The ingest's selection (:meth:`gpuclust.ingest.sampling.IngestSelection.describe`), if any.
+    selection: str | None = None
+    #: Rows outside the selection, over the files read.
+    rows_skipped: int = 0
 
     @property
     def failed(self) -> list[FileReport]:
@@ -113,6 +120,8 @@ class IngestReport:
     def summary(self) -> str:
         """A human-readable summary: per file rows read / written / rejected, first reasons."""
         lines = [f"ingest into {self.out}:"]
+        if self.selection:
+            lines.append(f"selection: {self.selection} ({self.rows_skipped:,} rows outside it, not written)")
         lines.extend(f"note: {n}" for n in self.notes)
         for f in self.files:
             if f.status in ("skipped", "duplicate"):
@@ -120,6 +129,7 @@ class IngestReport:
                 continue
             w = sum(f.rows_written.values())
             extra = f", {f.rows_deduplicated:,} deduplicated" if f.rows_deduplicated else ""
+            extra += f", {f.rows_skipped:,} outside the selection" if f.rows_skipped else ""
             lines.append(
                 f"  {f.path}: {f.status}; {f.rows_read:,} read, {w:,} written, {f.rows_rejected:,} rejected{extra}"
             )
@@ -282,6 +292,9 @@ def ingest(
     extra_manifest: dict[str, Any] | None = None,
     opts: ReadOptions | None = None,
     prefer: str | None = None,
+    sample: str | None = None,
+    time_from: Any = None,
+    time_to: Any = None,
 ) -> IngestReport:
     """Ingest raw trace files into a canonical dataset folder.
 
@@ -313,6 +326,12 @@ def ingest(
     prefer
         ``"parquet"`` or ``"json"``: which of twin exports of one shard (same name stem, JSON
         and Parquet) to read; without it twins are an error.
+    sample, time_from, time_to
+        Keep only a consistent sample (``"machines=1%"``, ``"collections=0.05"``) and / or the
+        usage windows overlapping ``[time_from, time_to)`` with the events before ``time_to``
+        (trace time like ``"1d"`` or wall-clock in the cell's time zone); see
+        :mod:`gpuclust.ingest.sampling`.  Recorded in the manifest; a dataset is only extended with
+        the same selection.
 
     Returns
     -------
@@ -326,7 +345,8 @@ def ingest(
         A file's format or table cannot be determined.
     IngestUsageError
         Mixed trace versions, a conflicting cell or tier map, another ingest running into ``out``,
-        twin exports of one shard without ``prefer``.
+        twin exports of one shard without ``prefer``, a selection that cannot be read or differs
+        from the one the dataset was ingested with.
 
     Examples
     --------
@@ -367,7 +387,8 @@ def ingest(
         except BlockingIOError:
             raise IngestUsageError(f"{out}: another ingest is writing into this dataset") from None
         return _run(
-            srcs, version, out, cell, tier_map, max_reject_rate, workers, prog, extra_manifest, opts, t0, notes, prefer
+            srcs, version, out, cell, tier_map, max_reject_rate, workers, prog, extra_manifest, opts, t0, notes, prefer,
+            (sample, time_from, time_to),
         )
     finally:
         lock.close()
@@ -402,6 +423,7 @@ def _run(
     t0: float,
     notes: list[str],
     prefer: str | None,
+    wanted: tuple[Any, Any, Any] = (None, None, None),
 ) -> IngestReport:
     warnings: list[str] = []
 
@@ -433,6 +455,18 @@ def _run(
     except TwinError as e:
         raise IngestUsageError(str(e)) from None
     notes.extend(skipped)
+    try:
+        select = IngestSelection.parse(*wanted, trace_version=version, cell=cell or m.get("cell"))
+    except SelectionSpecError as e:
+        raise IngestUsageError(str(e)) from None
+    if m["inputs"] and not IngestSelection.same(m.get("selection"), select):
+        was = (m.get("selection") or {}).get("text") or "everything (no selection)"
+        now = select.describe() if select is not None else "everything (no selection)"
+        raise IngestUsageError(f"{out} was ingested with selection {was!r}; this run asks for {now!r}. A dataset "
+                               "holds one selection: give the same --sample / --from / --to, or use a new folder")
+    if select is not None:
+        m["selection"] = select.to_json()
+        opts = replace(opts, select=select)
     m["trace_version"] = version
     if cell is not None:
         m["cell"] = cell
@@ -520,6 +554,7 @@ def _run(
             rows_written=dict(res.rows_written),
             rows_rejected=res.rows_rejected,
             rows_deduplicated=res.rows_deduplicated,
+            rows_skipped=res.rows_skipped,
             rejects_file=res.rejects_file,
             first_reasons=list(res.first_reasons),
             error=res.error,
@@ -565,6 +600,8 @@ def _run(
         seconds=time.perf_counter() - t0,
         warnings=warnings,
         notes=notes,
+        selection=select.describe() if select is not None else None,
+        rows_skipped=sum(f.rows_skipped for f in ran),
     )
 
 

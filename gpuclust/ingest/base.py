@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import pyarrow as pa
 
@@ -58,6 +58,8 @@ class Chunk:
     bytes_done: int = 0
     #: Rows intentionally dropped as exact duplicates (Kaggle layout only); documented, counted.
     rows_deduplicated: int = 0
+    #: Raw records dropped early because they are outside ``ReadOptions.select``.
+    rows_skipped: int = 0
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,9 @@ class ReadOptions:
     chunk_bytes: int = 64 << 20
     #: Threads a reader may use for parsing.
     threads: int = 2
+    #: What to keep (a sample, a time range: :class:`gpuclust.ingest.sampling.IngestSelection`);
+    #: ``None`` keeps everything.  Readers may drop rows outside it early (before validation).
+    select: Any = None
 
 
 class Reader(Protocol):

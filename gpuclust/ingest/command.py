@@ -55,6 +55,20 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         help="twin exports of one shard (JSON and Parquet, same name stem): read this one and skip "
         "the other (without it, twins are an error)",
     )
+    p.add_argument(
+        "--sample",
+        metavar="KEY=P",
+        help="keep a consistent sample: machines=P or collections=P (P like 1%% or 0.01); every row of the "
+        "sampled machines / collections in every table that names them (docs/ingest.md)",
+    )
+    p.add_argument(
+        "--from", dest="time_from", metavar="T",
+        help="keep usage windows ending after T (trace time like 1d, or wall-clock in the cell's time zone)",
+    )
+    p.add_argument(
+        "--to", dest="time_to", metavar="T",
+        help="keep usage windows starting before T, and the events before T",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress display")
     p.set_defaults(func=run)
     return p
@@ -83,6 +97,9 @@ def run(args: argparse.Namespace) -> int:
             progress=None if args.no_progress else Progress(),
             opts=ReadOptions(chunk_bytes=args.chunk_mb << 20),
             prefer=args.prefer,
+            sample=args.sample,
+            time_from=args.time_from,
+            time_to=args.time_to,
         )
     except (FileNotFoundError, DetectError, IngestUsageError) as e:
         print(f"gpuclust ingest: error: {e}", file=sys.stderr)

@@ -68,6 +68,9 @@ class FileResult:
     rows_written: dict[str, int] = field(default_factory=dict)
     rows_rejected: int = 0
     rows_deduplicated: int = 0
+    #: Rows outside the ingest selection (sample / time range): raw records dropped before
+    #: validation plus canonical rows dropped after it.
+    rows_skipped: int = 0
     outputs: list[str] = field(default_factory=list)
     rejects_file: str | None = None
     error: str | None = None
@@ -272,8 +275,12 @@ def ingest_file(
         try:
             reader = get_reader(src.format)
             for i, chunk in enumerate(reader(src, opts)):
+                res.rows_skipped += chunk.rows_skipped
                 for tname in sorted(chunk.tables):
                     tbl = chunk.tables[tname]
+                    if opts.select is not None:
+                        tbl, dropped = opts.select.filter_table(tname, tbl)
+                        res.rows_skipped += dropped
                     if tbl.num_rows == 0:
                         continue
                     rel = f"{tname}/{st}-{i:05d}.parquet"

@@ -503,6 +503,45 @@ def to_canonical(source_table: str, raw: pa.Table) -> tuple[dict[str, pa.Table],
     return tables, bad, why
 
 
+#: The canonical tables one v3 source table's records become (when not just itself).
+OUTPUTS = {"instance_events": ("instance_events", "instance_constraints")}
+
+
+def preselect(source_table: str, raw: pa.Table, select: Any) -> np.ndarray | None:
+    """Which parsed records to keep under an ingest selection (``ReadOptions.select``), judged
+    before they are flattened and validated, or ``None`` to keep them all.
+
+    Only where that is the same decision the writer makes on the canonical rows: every table the
+    records become carries the selection's columns (with ``--sample machines=``, instance events
+    are not dropped here: their constraints carry no machine), and a key or time reads as a clean
+    integer (else the records go on and are judged, or rejected, as canonical rows)."""
+    if select is None:
+        return None
+    outputs = OUTPUTS.get(source_table, (source_table,))
+    if not all(select.can_filter(t, SCHEMAS[t].names) for t in outputs):
+        return None
+    cmap = COLUMN_MAP[source_table]
+
+    def get(name: str) -> tuple[np.ndarray, np.ndarray] | None:
+        src, subfield = cmap.get(name, (None, None))
+        if src is None or subfield is not None or src not in raw.column_names:
+            return None
+        arr = _prep_int(_combine(raw.column(src)), None)
+        if not pa.types.is_integer(arr.type):
+            raise _Unclean
+        valid = np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+        return np.asarray(arr.fill_null(0).to_numpy(), dtype=np.int64), valid
+
+    try:
+        return select.mask(outputs[0], get)
+    except (_Unclean, pa.ArrowInvalid):
+        return None
+
+
+class _Unclean(Exception):
+    pass
+
+
 def to_canonical_batches(source_table: str, raw: pa.Table) -> tuple[dict[str, pa.Table], np.ndarray, list[str | None]]:
     """:func:`to_canonical` batch by batch (no copying of multi-chunk columns), results concatenated."""
     batches = raw.to_batches()
@@ -1062,11 +1101,18 @@ def _parse_raw(src: SourceFile, piece: _Piece, opts: ReadOptions) -> _Parsed:
     return _Parsed(piece, raw, line_idx, rejects, rows_read)
 
 
-def _finish_piece(src: SourceFile, parsed: _Parsed) -> Chunk:
-    """The canonical half of :func:`parse_piece`."""
-    piece, line_idx, rejects = parsed.piece, parsed.line_idx, parsed.rejects
+def _finish_piece(src: SourceFile, parsed: _Parsed, opts: ReadOptions) -> Chunk:
+    """The canonical half of :func:`parse_piece` (records outside ``opts.select`` dropped first)."""
+    piece, line_idx, rejects, raw = parsed.piece, parsed.line_idx, parsed.rejects, parsed.raw
     file = str(src.path)
-    tables, bad, why = to_canonical_batches(src.source_table, parsed.raw)
+    keep = preselect(src.source_table, raw, opts.select)
+    skipped = 0
+    if keep is not None and not bool(keep.all()):
+        rows = np.flatnonzero(keep)
+        skipped = raw.num_rows - len(rows)
+        raw = raw.take(pa.array(rows))
+        line_idx = rows if line_idx is None else line_idx[rows]
+    tables, bad, why = to_canonical_batches(src.source_table, raw)
     if bad.any():
         lines_obj = _Lines(piece)
         for i in np.flatnonzero(bad):
@@ -1081,12 +1127,13 @@ def _finish_piece(src: SourceFile, parsed: _Parsed) -> Chunk:
                 )
             )
         rejects.sort(key=lambda r: r.line or 0)
-    return Chunk(tables=tables, rejects=rejects, rows_read=parsed.rows_read, bytes_done=piece.bytes_done)
+    return Chunk(tables=tables, rejects=rejects, rows_read=parsed.rows_read, bytes_done=piece.bytes_done,
+                 rows_skipped=skipped)
 
 
 def parse_piece(src: SourceFile, piece: _Piece, opts: ReadOptions) -> Chunk:
     """Parse one line-aligned piece of v3 JSON into a :class:`Chunk`."""
-    return _finish_piece(src, _parse_raw(src, piece, opts))
+    return _finish_piece(src, _parse_raw(src, piece, opts), opts)
 
 
 def read(src: SourceFile, opts: ReadOptions) -> Iterator[Chunk]:
@@ -1108,7 +1155,7 @@ def read(src: SourceFile, opts: ReadOptions) -> Iterator[Chunk]:
     pieces = _pieces(src, opts.chunk_bytes)
     if opts.threads > 1:
         for parsed in _threaded(_parse_raw(src, p, opts) for p in pieces):
-            yield _finish_piece(src, parsed)
+            yield _finish_piece(src, parsed, opts)
         return
     for piece in pieces:
         yield parse_piece(src, piece, opts)

@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from gpuclust.ingest import inflate
 from gpuclust.ingest.base import Chunk, ReadOptions, Reject, SourceError, SourceFile, clip_raw
-from gpuclust.ingest.readers.v3_json import SOURCE_FIELDS, to_canonical
+from gpuclust.ingest.readers.v3_json import SOURCE_FIELDS, preselect, to_canonical
 
 #: Rough decoded bytes per row, to turn ``ReadOptions.chunk_bytes`` into a batch size.
 _BYTES_PER_ROW = 300
@@ -96,21 +96,26 @@ def read(src: SourceFile, opts: ReadOptions) -> Iterator[Chunk]:
             except (OSError, pa.ArrowException) as e:
                 raise SourceError(src.path, f"cannot read Parquet data after row {row0}: {e}") from None
             raw = pa.Table.from_batches([batch])
+            n = raw.num_rows
+            rows = np.arange(n)  # file row of each raw row (relative to row0)
+            keep = preselect(src.source_table, raw, opts.select)
+            if keep is not None and not bool(keep.all()):
+                rows = np.flatnonzero(keep)
+                raw = raw.take(pa.array(rows))
             tables, bad, why = to_canonical(src.source_table, raw)
             rejects = [
                 Reject(
                     file=file,
                     line=None,
-                    row=row0 + int(i),
+                    row=row0 + int(rows[i]),
                     reason=why[i] or "rejected",
                     raw=clip_raw(_row_json(raw, int(i))),
                 )
                 for i in np.flatnonzero(bad)
             ]
-            n = raw.num_rows
             row0 += n
             done = size if total_rows == 0 else int(size * row0 / total_rows)
-            yield Chunk(tables=tables, rejects=rejects, rows_read=n, bytes_done=done)
+            yield Chunk(tables=tables, rejects=rejects, rows_read=n, bytes_done=done, rows_skipped=n - len(rows))
     finally:
         if tmp is not None:
             try:
