@@ -43,7 +43,10 @@ SETUP = {
     "docs/formats-v2-kaggle.md": [KAGGLE],
     "docs/ingest.md": ["cp -r ../shared/data/real/2019-cell-a cell-a",
                        "ln -s ../shared/data/real/2011 2011",
-                       "cp {raw}/instance_events-*.json.gz odd-name.bin"],
+                       "cp {raw}/instance_events-*.json.gz odd-name.bin",
+                       # what `gsutil ls -l gs://clusterdata_2019_a/` prints, for the files copied above
+                       "for f in cell-a/*; do printf '%10d  2019-06-01T00:00:00Z  gs://clusterdata_2019_a/%s\\n' "
+                       "$(stat -c %s \"$f\") \"$(basename \"$f\")\"; done > cell-a.listing"],
 }
 #: Documents whose blocks read the synthetic dataset ``cell/ds`` without creating it.
 NEEDS_CELL = {"docs/analyses.md", "docs/analysis-cpi.md", "docs/analysis-overcommit.md",

@@ -21,6 +21,7 @@ import logging
 import multiprocessing as mp
 import os
 import queue as queue_mod
+import re
 import shutil
 import signal
 import time
@@ -182,6 +183,70 @@ def _hash(s: SourceFile) -> tuple[SourceFile, str]:
         return replace(s, problem=s.problem or f"{s.path}: cannot read: {e.strerror or e}"), ""
 
 
+def _known_inputs(manifest: dict[str, Any]) -> dict[tuple[str, int, int], str]:
+    """``(path, size, mtime_ns) -> sha256`` of the inputs a manifest records as done."""
+    return {(inp["path"], int(inp["size"]), int(inp["mtime_ns"])): key for key, inp in manifest["inputs"].items()
+            if inp.get("status") == "done" and inp.get("mtime_ns") is not None and inp.get("size") is not None}
+
+
+def _identify(s: SourceFile, known: dict[tuple[str, int, int], str]) -> tuple[SourceFile, str]:
+    """(source, its content key): the recorded sha256 of an input already ingested from the same
+    path with the same size and modification time (not read again), else :func:`_hash`."""
+    try:
+        st = os.stat(s.path)
+    except OSError:
+        return _hash(s)
+    key = known.get((str(s.path), st.st_size, st.st_mtime_ns))
+    return (s, key) if key is not None and s.problem is None else _hash(s)
+
+
+_LISTING_LINE = re.compile(r"^\s*(\d+)\s+(?:\S+\s+)?(\S+)\s*$")
+
+
+def read_listing(path: str | os.PathLike[str]) -> dict[str, int]:
+    """``file name -> size in bytes`` from a bucket listing (``gsutil ls -l`` / ``gcloud storage
+    ls -l`` output: ``SIZE  DATE  gs://bucket/name`` lines; ``SIZE  NAME`` lines work too).
+
+    Examples
+    --------
+    >>> import tempfile, pathlib
+    >>> p = pathlib.Path(tempfile.mkdtemp()) / "ls.txt"
+    >>> _ = p.write_text("  2048  2020-03-17T20:43:08Z  gs://clusterdata_2019_a/machine_events-000000000000.json.gz\\n"
+    ...                  "TOTAL: 1 objects, 2048 bytes (2 KiB)\\n")
+    >>> read_listing(p)
+    {'machine_events-000000000000.json.gz': 2048}
+    """
+    out: dict[str, int] = {}
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError as e:
+        raise IngestUsageError(f"--listing {path}: cannot read: {e.strerror or e}") from None
+    for line in text.splitlines():
+        m = _LISTING_LINE.match(line)
+        if m and not line.lstrip().startswith("TOTAL"):
+            out[m.group(2).rstrip("/").rsplit("/", 1)[-1]] = int(m.group(1))
+    if not out:
+        raise IngestUsageError(f"--listing {path}: no 'SIZE [DATE] NAME' lines (expected `gsutil ls -l` output)")
+    return out
+
+
+def _check_listing(s: SourceFile, listing: dict[str, int], where: str, notes: list[str]) -> SourceFile:
+    """``s``, failed without reading when its size disagrees with the listing's."""
+    want = listing.get(s.path.name)
+    if want is None:
+        notes.append(f"{s.path}: not in the listing {where}; its size is not checked")
+        return s
+    have = s.path.stat().st_size
+    if have < want:
+        why = (f"{s.path}: truncated download: {have:,} of {want:,} bytes (the listing {where}); "
+               "download it again and re-run")
+    elif have > want:
+        why = f"{s.path}: {have:,} bytes, but the listing {where} says {want:,}: not the listed object"
+    else:
+        return s
+    return replace(s, problem=s.problem or why)
+
+
 def _problem_key(s: SourceFile, sha: str) -> str:
     """Manifest key of an input that fails before it is read: from its path and content."""
     return hashlib.sha256(b"problem\0" + os.fsencode(s.path) + b"\0" + sha.encode()).hexdigest()
@@ -295,6 +360,7 @@ def ingest(
     sample: str | None = None,
     time_from: Any = None,
     time_to: Any = None,
+    listing: str | os.PathLike[str] | None = None,
 ) -> IngestReport:
     """Ingest raw trace files into a canonical dataset folder.
 
@@ -332,6 +398,10 @@ def ingest(
         (trace time like ``"1d"`` or wall-clock in the cell's time zone); see
         :mod:`gpuclust.ingest.sampling`.  Recorded in the manifest; a dataset is only extended with
         the same selection.
+    listing
+        A bucket listing (``gsutil ls -l`` output, see :func:`read_listing`): an input smaller
+        than its listed size fails as a truncated download without being read; one not listed is
+        noted.
 
     Returns
     -------
@@ -388,7 +458,7 @@ def ingest(
             raise IngestUsageError(f"{out}: another ingest is writing into this dataset") from None
         return _run(
             srcs, version, out, cell, tier_map, max_reject_rate, workers, prog, extra_manifest, opts, t0, notes, prefer,
-            (sample, time_from, time_to),
+            (sample, time_from, time_to), listing,
         )
     finally:
         lock.close()
@@ -424,6 +494,7 @@ def _run(
     notes: list[str],
     prefer: str | None,
     wanted: tuple[Any, Any, Any] = (None, None, None),
+    listing: str | os.PathLike[str] | None = None,
 ) -> IngestReport:
     warnings: list[str] = []
 
@@ -478,9 +549,14 @@ def _run(
     if removed:
         log.info("removed %d leftover file(s) of an interrupted ingest", len(removed))
 
-    # Hash inputs (threads: hashlib releases the GIL).
+    if listing is not None:
+        sizes = read_listing(listing)
+        srcs = [_check_listing(s, sizes, str(listing), notes) for s in srcs]
+    # Hash inputs (threads: hashlib releases the GIL); an input already done with the same path,
+    # size and modification time keeps its recorded hash without being read again.
+    known = _known_inputs(m)
     with cf.ThreadPoolExecutor(max_workers=min(4, len(srcs))) as tp:
-        hashed = list(tp.map(_hash, srcs))
+        hashed = list(tp.map(lambda s: _identify(s, known), srcs))
     srcs = [s for s, _ in hashed]
     shas = [h for _, h in hashed]
 

@@ -69,6 +69,10 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "--to", dest="time_to", metavar="T",
         help="keep usage windows starting before T, and the events before T",
     )
+    p.add_argument(
+        "--listing", metavar="FILE",
+        help="a bucket listing (`gsutil ls -l` output): an input smaller than listed fails as a truncated download",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress display")
     p.set_defaults(func=run)
     return p
@@ -100,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
             sample=args.sample,
             time_from=args.time_from,
             time_to=args.time_to,
+            listing=args.listing,
         )
     except (FileNotFoundError, DetectError, IngestUsageError) as e:
         print(f"gpuclust ingest: error: {e}", file=sys.stderr)

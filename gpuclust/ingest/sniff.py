@@ -26,6 +26,10 @@ _DOC_PREFIXES = ("readme", "license", "licence", "copying", "notice", "changelog
 _DOC_SUFFIXES = (".md", ".txt", ".html", ".pdf", ".rst", ".py", ".ipynb", ".sh", ".log")
 
 
+#: Temporary names of downloads in progress (gsutil / gcloud storage, curl / wget, browsers).
+_PARTIAL_SUFFIXES = (".gstmp", "_.gstmp", ".part", ".partial", ".crdownload", ".download", ".tmp")
+
+
 def non_table_reason(path: Path) -> str | None:
     """Why ``path`` is not a trace table (a one-line reason), or None when it may be one."""
     n = path.name.lower()
@@ -35,6 +39,8 @@ def non_table_reason(path: Path) -> str | None:
         return _NAMES[n]
     if n.startswith("_"):
         return "a job marker or metadata file (leading underscore, e.g. _SUCCESS)"
+    if n.endswith(_PARTIAL_SUFFIXES):
+        return "an unfinished download (the downloader's temporary file); it is read once complete"
     if n.endswith(_CHECKSUM_SUFFIXES) or n.startswith(_CHECKSUM_PREFIXES):
         return "a checksum list"
     if n.startswith(_DOC_PREFIXES) or n.endswith(_DOC_SUFFIXES):

@@ -64,6 +64,9 @@ class FileResult:
     source_table: str
     trace_version: str
     status: str = "failed"  # "done" | "failed"
+    #: The input's modification time when it was read (with ``path`` and ``size``: a re-run
+    #: trusts these instead of hashing the file again).
+    mtime_ns: int | None = None
     rows_read: int = 0
     rows_written: dict[str, int] = field(default_factory=dict)
     rows_rejected: int = 0
@@ -239,6 +242,7 @@ def ingest_file(
         sha256=sha256,
         path=str(src.path),
         size=os.path.getsize(src.path),
+        mtime_ns=os.stat(src.path).st_mtime_ns,
         format=src.format,
         source_table=src.source_table,
         trace_version=src.trace_version,
