@@ -219,71 +219,70 @@ class CellUsage(Analysis):
     def _notebook_partial(backend: Any, cols: dict[str, Any], ctx: CellUsageContext,
                           stats: dict[str, int]) -> dict[str, Any]:
         """Notebook mode, one block of rows at a time (``backend.ops.lookup_block_rows``, else all
-        at once): select, look up and key each block while it is in cache; the selected rows' keys
-        and values are then summed over the whole partition, in row order (same sums as one pass)."""
+        at once): select, look up and key each block of contiguous rows while it is in cache (no
+        column is gathered); a row that is not used gets the key ``span``, one past the dense
+        (hour, tier) range, so every sum is one ``bincount`` over the partition, in row order (the
+        same float64 sums as adding the used rows one by one)."""
         xp = backend.xp
         start, end, alloc = cols["start_time"], cols["end_time"], cols["alloc_collection_id"]
         c, i, m = cols["collection_id"], cols["instance_index"], cols["machine_id"]
         n = int(start.shape[0])
-        block = getattr(backend.ops, "lookup_block_rows", None) or max(n, 1)
+        if n == 0:
+            stats.update(alloc_rows=0, short_windows=0, unmatched_windows=0, used_windows=0)
+            return _notebook_sums(backend, xp.zeros(0, xp.int64), cols["avg_cpu"], cols["avg_mem"])
+        block = getattr(backend.ops, "lookup_block_rows", None) or n
         null = xp.asarray(null_int(alloc.dtype), dtype=alloc.dtype)
-        # Blocked (cpu): sums accumulate block by block into dense per-(hour, tier) arrays with
-        # add.at (sequential, in row order: the same float64 sums as one bincount over the
-        # partition), so the selected rows are never gathered whole.
-        dense = None
-        if block < n:
-            h0 = int(start.min()) // HOUR_US
-            span = (int(start.max()) // HOUR_US - h0 + 1) << _TIER_BITS
-            if span <= _DENSE_MAX:
-                dense = {k: xp.zeros(span, xp.float64) for k in ("n", "cpu", "mem", "cpu_bad", "mem_bad")}
-                ones = xp.ones(block, xp.float64)
-        keys, cpus, mems = [], [], []
+        h0 = int(start.min()) // HOUR_US
+        span = (int(start.max()) // HOUR_US - h0 + 1) << _TIER_BITS
+        dense = span <= _DENSE_MAX
+        keys = xp.empty(n, dtype=xp.int64)
+        used = None if dense else xp.empty(n, dtype=bool)
         n_top = n_sel = n_used = 0
         for lo in range(0, n, block):
             hi = min(n, lo + block)
-            a = alloc[lo:hi]
+            a, s = alloc[lo:hi], start[lo:hi]
             top = (a == 0) | (a == null)
-            long_ = (end[lo:hi] - start[lo:hi]) >= FIVE_MIN_US
+            sel = top & ((end[lo:hi] - s) >= FIVE_MIN_US)
+            found, tier = ctx.lookup.find(backend, c[lo:hi], i[lo:hi], m[lo:hi])
+            use = sel & found
             n_top += int(xp.count_nonzero(top))
-            sel = top & long_
-            rows = xp.nonzero(sel)[0] + lo
-            n_sel += int(rows.shape[0])
-            found, tier = ctx.lookup.find(backend, c, i, m, rows=rows)
-            used = rows[found]
-            k = int(used.shape[0])
-            n_used += k
-            if dense is None:
-                keys.append(((start[used] // HOUR_US) << _TIER_BITS) + tier[found].astype(xp.int64))
-                cpus.append(cols["avg_cpu"][used])
-                mems.append(cols["avg_mem"][used])
-                continue
-            off = ((start[used] // HOUR_US - h0) << _TIER_BITS) + tier[found].astype(xp.int64)
-            xp.add.at(dense["n"], off, ones[:k])
-            for name in ("cpu", "mem"):
-                v = cols["avg_" + name][used].astype(xp.float64)
-                fin = xp.isfinite(v)
-                if bool(fin.all()):
-                    xp.add.at(dense[name], off, v)
-                    continue
-                nan = xp.isnan(v)  # SUM ignores NULL (NaN); an infinite value is summed but not known
-                xp.add.at(dense[name], off[~nan], v[~nan])
-                xp.add.at(dense[name + "_bad"], off[~fin], ones[:int((~fin).sum())])
+            n_sel += int(xp.count_nonzero(sel))
+            n_used += int(xp.count_nonzero(use))
+            k = keys[lo:hi]
+            xp.floor_divide(s, HOUR_US, out=k)
+            if dense:
+                k -= h0
+            k <<= _TIER_BITS
+            k += tier.astype(xp.int64)
+            if dense:
+                k[~use] = span
+            else:
+                used[lo:hi] = use
         stats["alloc_rows"] = n - n_top
         stats["short_windows"] = n_top - n_sel
         stats["unmatched_windows"] = n_sel - n_used
         stats["used_windows"] = n_used
-        if dense is not None:
-            present = xp.nonzero(dense["n"])[0]
-            return {"key": (present + (h0 << _TIER_BITS)).astype(xp.int64),
-                    "cpu": dense["cpu"][present], "mem": dense["mem"][present],
-                    "cpu_n": (dense["n"] - dense["cpu_bad"])[present], "mem_n": (dense["n"] - dense["mem_bad"])[present],
-                    "windows": dense["n"][present].astype(xp.int64)}
-
-        def cat(parts: list[Any], dtype: Any) -> Any:
-            return parts[0] if len(parts) == 1 else (xp.concatenate(parts) if parts else xp.zeros(0, dtype))
-
-        return _notebook_sums(backend, cat(keys, xp.int64), cat(cpus, cols["avg_cpu"].dtype),
-                              cat(mems, cols["avg_mem"].dtype))
+        if not dense:  # garbage times: gather the used rows, keyed_reduce's sorted path
+            rows = xp.nonzero(used)[0]
+            return _notebook_sums(backend, keys[rows], cols["avg_cpu"][rows], cols["avg_mem"][rows])
+        cnt = xp.bincount(keys, minlength=span + 1)[:span]
+        present = xp.nonzero(cnt)[0]
+        out = {"key": (present + (h0 << _TIER_BITS)).astype(xp.int64)}
+        for name in ("cpu", "mem"):
+            v = cols["avg_" + name]
+            bad = ~xp.isfinite(v)
+            total = xp.bincount(keys, weights=v, minlength=span + 1)[:span]  # unused rows add to bin span
+            known = cnt
+            if bool(bad.any()):
+                # SUM ignores NULL (NaN); an infinite value is summed but not counted as known
+                nan = xp.isnan(v)
+                if bool(nan.any()):
+                    total = xp.bincount(xp.where(nan, span, keys), weights=v, minlength=span + 1)[:span]
+                known = cnt - xp.bincount(keys[bad], minlength=span + 1)[:span]
+            out[name] = total[present].astype(xp.float64)
+            out[name + "_n"] = known[present].astype(xp.float64)
+        out["windows"] = cnt[present].astype(xp.int64)
+        return {k: out[k] for k in ("key", "cpu", "mem", "cpu_n", "mem_n", "windows")}
 
     def _exact_partial(self, backend: Any, start: Any, end: Any, tier: Any, cpu: Any, mem: Any,
                        n_tiers: int) -> dict[str, Any]:
