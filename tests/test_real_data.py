@@ -79,3 +79,25 @@ def test_real_2019_machine_shapes_match_duckdb_on_raw_file(tmp_path: Path, name:
     assert got == want
     assert got[(None, None)] == 459  # TRACE_NOTES: 459 machines in cell a have NULL capacity
     assert sum(got.values()) == 10_461
+
+
+def test_v2_machine_sample_on_real_files(v2_dataset: Dataset, tmp_path: Path) -> None:
+    """`--sample machines=10%` on the real 2011 parts: exactly the rows of the machines an
+    independent pure-Python splitmix64 picks, in every table that names a machine; job events whole."""
+    from tests.ingest.test_sampling import in_sample
+
+    out = tmp_path / "sample"
+    rep = ingest([REAL / "2011" / "machine_events", REAL / "2011" / "task_events", REAL / "2011" / "job_events"],
+                 out, progress=False, sample="machines=10%")
+    assert rep.exit_status == 0, rep.summary()
+    got = Dataset(out)
+    for table in ("machine_events", "instance_events"):
+        cols = ["time", "collection_id", "instance_index", "machine_id"] if table == "instance_events" else \
+            ["time", "machine_id", "type"]
+        full = v2_dataset.read(table, cols).to_pandas()
+        machines = {m for m in full["machine_id"].dropna().unique().tolist() if in_sample(int(m), 0.10, machine=True)}
+        want = full[full["machine_id"].isin(machines)].sort_values(cols, kind="stable").reset_index(drop=True)
+        have = got.read(table, cols).to_pandas().sort_values(cols, kind="stable").reset_index(drop=True)
+        assert 0 < len(have) < len(full), table
+        assert have.equals(want), table
+    assert got.num_rows("collection_events") == V2_ROWS["collection_events"]

@@ -7,7 +7,8 @@ every table that names a collection (``collection_events``, ``instance_events``,
 ``instance_constraints``, ``instance_usage``).  A table without the sample's key column is kept
 whole (with ``machines=``: ``collection_events`` and ``instance_constraints``; with
 ``collections=``: the machine tables, which the analyses need for the cell's capacity).  A row
-whose key is NULL (an instance event before scheduling has no machine) is not in a machine sample.
+whose key is NULL, or a machine id that means "no machine" (0 or -1: an instance event before
+scheduling), is not in a machine sample.
 
 Which ids are sampled is a documented function of the id alone, so the sample is the same in
 every table, shard, run and tool: with ``h = splitmix64(id)`` (:func:`sample_hash`, the
@@ -160,6 +161,8 @@ class IngestSelection:
             got = get(SAMPLE_KEYS[self.sample_key])
             if got is not None:
                 ids, valid = got
+                if self.sample_key == "machines":
+                    valid = valid & (ids > 0)  # 0 / -1: no machine (never sampled)
                 if self.fraction < 1.0:
                     both(valid & (sample_hash(ids) < np.uint64(self.threshold)))
                 else:

@@ -29,8 +29,11 @@ def splitmix64(x: int) -> int:
     return z ^ (z >> 31)
 
 
-def in_sample(v: int | None, fraction: float) -> bool:
-    return v is not None and splitmix64(v & MASK) < int(fraction * 2**64)
+def in_sample(v: int | None, fraction: float, machine: bool = False) -> bool:
+    """The documented rule (a machine id of 0 or -1 means no machine: never sampled)."""
+    if v is None or (machine and v <= 0):
+        return False
+    return splitmix64(v & MASK) < int(fraction * 2**64)
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +64,7 @@ def test_sample_is_the_documented_rule_in_every_table(cell: tuple[Path, Path], t
     for table in [t for t in TABLES if fds.num_rows(t)]:
         want = _rows(full, table)
         if column in Dataset(full).read(table).column_names:
-            want = [r for r in want if in_sample(r[column], fraction)]
+            want = [r for r in want if in_sample(r[column], fraction, machine=key == "machines")]
         got = _rows(out, table)
         assert got == want, table
         if column in Dataset(full).read(table).column_names and fds.num_rows(table) > 20:
@@ -161,7 +164,7 @@ def test_sampled_out_rows_skip_validation_but_rejects_keep_their_lines(tmp_path:
     from .conftest import bq_json_line
 
     ids = list(range(1, 400))
-    kept = [m for m in ids if in_sample(m, 0.5)]
+    kept = [m for m in ids if in_sample(m, 0.5, machine=True)]
     lines = [bq_json_line({"start_time": 0, "end_time": 300_000_000, "collection_id": 7, "instance_index": 0,
                            "machine_id": m, "average_usage": {"cpus": 0.5, "memory": 0.25}}) for m in ids]
     bad_at = ids.index(kept[3])
@@ -187,3 +190,14 @@ def test_nested_samples() -> None:
     small, big = h < np.uint64(int(0.01 * 2**64)), h < np.uint64(int(0.05 * 2**64))
     assert not (small & ~big).any() and 0.005 < small.mean() < 0.02
     assert pa.array(ids).null_count == 0
+
+
+def test_no_machine_is_never_sampled() -> None:
+    from gpuclust.ingest.sampling import IngestSelection
+
+    tbl = pa.table({"machine_id": pa.array([0, -1, 5, None, 7], pa.int64()), "time": pa.array([1, 2, 3, 4, 5])})
+    sel = IngestSelection.parse(sample="machines=100%")
+    kept, dropped = sel.filter_table("instance_events", tbl)
+    assert kept.column("machine_id").to_pylist() == [5, 7] and dropped == 3
+    sel = IngestSelection.parse(sample="collections=100%")  # no collection column: kept whole
+    assert sel.filter_table("machine_events", tbl) == (tbl, 0)
