@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["HASH_NAME", "SAMPLE_KEYS", "IngestSelection", "SelectionSpecError", "sample_hash"]
+__all__ = ["HASH_NAME", "SAMPLE_KEYS", "IngestSelection", "SelectionSpecError", "int_values", "sample_hash"]
 
 #: The sample keys and the column that carries each.
 SAMPLE_KEYS = {"machines": "machine_id", "collections": "collection_id"}
@@ -70,6 +70,14 @@ def sample_hash(ids: np.ndarray) -> np.ndarray:
     z = (z ^ (z >> np.uint64(30))) * _M1
     z = (z ^ (z >> np.uint64(27))) * _M2
     return z ^ (z >> np.uint64(31))
+
+
+def int_values(arr: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+    """An integer Arrow column as (int64 values, NULL 0; valid) NumPy arrays, for :meth:`IngestSelection.mask`."""
+    valid = np.ones(len(arr), bool) if not arr.null_count else \
+        np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+    vals = arr.fill_null(0).to_numpy() if arr.null_count else arr.to_numpy()
+    return np.asarray(vals).astype(np.int64, copy=False), valid
 
 
 @dataclass(frozen=True)
@@ -143,9 +151,9 @@ class IngestSelection:
         return all(recorded.get(k) == mine[k] for k in ("sample", "from_us", "to_us"))
 
     # ------------------------------------------------------------------ masks
-    def can_filter(self, table: str, columns: Any) -> bool:
-        """Whether rows of ``table`` with these columns can be judged (they carry what the
-        selection looks at); ``False``: the table is kept whole by the sample."""
+    def can_filter(self, columns: Any) -> bool:
+        """Whether rows with these columns can be judged (they carry what the selection looks
+        at); ``False``: the table is kept whole by the sample."""
         return self.sample_key is None or SAMPLE_KEYS[self.sample_key] in columns
 
     def mask(self, table: str, get: Callable[[str], tuple[np.ndarray, np.ndarray] | None]) -> np.ndarray | None:
@@ -187,16 +195,7 @@ class IngestSelection:
         """``tbl`` (canonical rows of ``table``) without the rows outside the selection, and
         how many those were."""
 
-        def get(name: str) -> tuple[np.ndarray, np.ndarray] | None:
-            if name not in tbl.column_names:
-                return None
-            col = tbl.column(name)
-            valid = np.ones(tbl.num_rows, bool) if not col.null_count else \
-                np.asarray(col.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
-            vals = col.fill_null(0).to_numpy() if col.null_count else col.to_numpy()
-            return np.asarray(vals).astype(np.int64, copy=False), valid
-
-        keep = self.mask(table, get)
+        keep = self.mask(table, lambda name: int_values(tbl.column(name)) if name in tbl.column_names else None)
         if keep is None or bool(keep.all()):
             return tbl, 0
         return tbl.filter(pa.array(keep)), int(tbl.num_rows - np.count_nonzero(keep))

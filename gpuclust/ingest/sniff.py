@@ -27,7 +27,7 @@ _DOC_SUFFIXES = (".md", ".txt", ".html", ".pdf", ".rst", ".py", ".ipynb", ".sh",
 
 
 #: Temporary names of downloads in progress (gsutil / gcloud storage, curl / wget, browsers).
-_PARTIAL_SUFFIXES = (".gstmp", "_.gstmp", ".part", ".partial", ".crdownload", ".download", ".tmp")
+_PARTIAL_SUFFIXES = (".gstmp", ".part", ".partial", ".crdownload", ".download", ".tmp")
 
 
 def non_table_reason(path: Path) -> str | None:

@@ -238,11 +238,12 @@ def ingest_file(
     """
     t0 = time.perf_counter()
     out = Path(out)
+    info = os.stat(src.path)
     res = FileResult(
         sha256=sha256,
         path=str(src.path),
-        size=os.path.getsize(src.path),
-        mtime_ns=os.stat(src.path).st_mtime_ns,
+        size=info.st_size,
+        mtime_ns=info.st_mtime_ns,
         format=src.format,
         source_table=src.source_table,
         trace_version=src.trace_version,

@@ -40,6 +40,7 @@ import pyarrow.json as pj
 from gpuclust.ingest import inflate
 from gpuclust.ingest.base import Chunk, ReadOptions, Reject, SourceError, SourceFile, clip_raw
 from gpuclust.ingest.normalize import conform
+from gpuclust.ingest.sampling import int_values
 from gpuclust.schema import (
     CPU_PERCENTILES_SOURCE_ORDER,
     SCHEMAS,
@@ -518,7 +519,7 @@ def preselect(source_table: str, raw: pa.Table, select: Any) -> np.ndarray | Non
     if select is None:
         return None
     outputs = OUTPUTS.get(source_table, (source_table,))
-    if not all(select.can_filter(t, SCHEMAS[t].names) for t in outputs):
+    if not all(select.can_filter(SCHEMAS[t].names) for t in outputs):
         return None
     cmap = COLUMN_MAP[source_table]
 
@@ -529,8 +530,7 @@ def preselect(source_table: str, raw: pa.Table, select: Any) -> np.ndarray | Non
         arr = _prep_int(_combine(raw.column(src)), None)
         if not pa.types.is_integer(arr.type):
             raise _Unclean
-        valid = np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
-        return np.asarray(arr.fill_null(0).to_numpy(), dtype=np.int64), valid
+        return int_values(arr)
 
     try:
         return select.mask(outputs[0], get)
