@@ -16,6 +16,15 @@ by `_harness.run_measured` and its user/system CPU seconds from ``getrusage(RUSA
   spearman=none`` (weighted moments and Pearson r per machine, one pass) against
   ``analyses_bench.cpi_sql`` in DuckDB.
 
+A third contender, ``floor``, is the least any engine built on gpuclust's fixed stack (Python,
+NumPy, pyarrow's Parquet reader, pandas result tables) can take for a case: a fresh process that
+imports numpy, pandas and pyarrow.parquet and reads the case's usage columns (the analysis'
+declared ``columns``) of every file into NumPy on one thread per usable core, and does nothing
+else (``--no-floor`` leaves it out).  Where the floor is already slower than DuckDB, no
+optimisation of gpuclust's own work can reach DuckDB's time at that size.  With two or more
+sizes, the Markdown adds each contender's marginal cost (seconds per million windows between
+consecutive sizes), which is what a whole cell pays.
+
 gpuclust writes its result tables (Parquet), the summary and ``_run.json``; DuckDB fetches its
 result rows.  gpuclust is byte-compiled first (``compileall``), as an installed package is.  Contenders are interleaved round by round (the machine is shared, so timings are
 noisy) and the medians reported, with the ratio gpuclust / DuckDB (< 1: gpuclust is faster).
@@ -43,10 +52,11 @@ sys.path.insert(0, str(HERE))
 from _harness import bench_dataset, environment, run_measured, write_results  # noqa: E402
 from analyses_bench import cell_usage_sql, cpi_sql  # noqa: E402
 
-#: case -> (gpuclust analyze arguments after the dataset, DuckDB SQL builder)
-CASES: dict[str, tuple[list[str], Any]] = {
-    "cell-usage": (["cell-usage", "--mode", "notebook"], cell_usage_sql),
-    "cpi (SQL subset)": (["cpi", "-O", "by=machine", "-O", "regression=none", "-O", "spearman=none"], cpi_sql),
+#: case -> (gpuclust analyze arguments after the dataset, DuckDB SQL builder, the analysis (its columns))
+CASES: dict[str, tuple[list[str], Any, tuple[str, dict[str, str]]]] = {
+    "cell-usage": (["cell-usage", "--mode", "notebook"], cell_usage_sql, ("cell-usage", {"mode": "notebook"})),
+    "cpi (SQL subset)": (["cpi", "-O", "by=machine", "-O", "regression=none", "-O", "spearman=none"], cpi_sql,
+                         ("cpi", {"by": "machine", "regression": "none", "spearman": "none"})),
 }
 
 _DUCK = ("import os, sys, duckdb\n"
@@ -55,6 +65,18 @@ _DUCK = ("import os, sys, duckdb\n"
          "con.execute('SET enable_progress_bar=false')\n"
          "rows = con.execute(sys.argv[1]).fetchall()\n"
          "print(len(rows))\n")
+
+#: The floor: the fixed stack's imports and the Parquet read of the case's columns, nothing else.
+_FLOOR = ("import glob, os, sys\n"
+          "from concurrent.futures import ThreadPoolExecutor\n"
+          "import numpy, pandas, pyarrow.parquet as pq\n"
+          "cols = sys.argv[2].split(',')\n"
+          "files = sorted(glob.glob(os.path.join(sys.argv[1], 'instance_usage', '**', '*.parquet'), recursive=True))\n"
+          "def read(f):\n"
+          "    t = pq.ParquetFile(f).read(columns=cols, use_threads=False)\n"
+          "    return sum(len(t.column(c).to_numpy()) for c in cols) // len(cols)\n"
+          "with ThreadPoolExecutor(len(os.sched_getaffinity(0))) as pool:\n"
+          "    print(sum(pool.map(read, files)))\n")
 
 
 def _measure(cmd: list[str]) -> dict[str, Any]:
@@ -68,11 +90,22 @@ def _measure(cmd: list[str]) -> dict[str, Any]:
             "user_s": r1.ru_utime - r0.ru_utime, "sys_s": r1.ru_stime - r0.ru_stime}
 
 
-def commands(case: str, ds: Path, out: Path) -> dict[str, list[str]]:
-    args, sql = CASES[case]
-    return {"gpuclust": [sys.executable, "-m", "gpuclust.cli", "analyze", str(ds), *args, "--out", str(out),
+def case_columns(case: str) -> list[str]:
+    """The usage columns the case's analysis declares (what gpuclust reads; the floor reads them too)."""
+    from gpuclust.analyses.registry import create
+
+    name, options = CASES[case][2]
+    return list(create(name, **options).columns)
+
+
+def commands(case: str, ds: Path, out: Path, floor: bool = True) -> dict[str, list[str]]:
+    args, sql, _ = CASES[case]
+    cmds = {"gpuclust": [sys.executable, "-m", "gpuclust.cli", "analyze", str(ds), *args, "--out", str(out),
                          "--no-plots", "--quiet"],
             "duckdb": [sys.executable, "-c", _DUCK, sql(ds)]}
+    if floor:
+        cmds["floor"] = [sys.executable, "-c", _FLOOR, str(ds), ",".join(case_columns(case))]
+    return cmds
 
 
 def _median(runs: list[dict[str, Any]], k: str) -> float:
@@ -87,19 +120,21 @@ def precompile() -> None:
     compileall.compile_dir(str(ROOT / "gpuclust"), quiet=1)
 
 
-def compare(sizes: list[int], cases: list[str], repeat: int, dataset: Any = bench_dataset) -> list[dict[str, Any]]:
+def compare(sizes: list[int], cases: list[str], repeat: int, dataset: Any = bench_dataset,
+            floor: bool = True) -> list[dict[str, Any]]:
     """Interleaved rounds; one row per (size, case, contender) with medians and the raw runs."""
     precompile()
     rows = []
     for size in sizes:
         ds = dataset(size)
         for case in cases:
-            runs: dict[str, list[dict[str, Any]]] = {"gpuclust": [], "duckdb": []}
+            order = ["gpuclust", "duckdb", *(["floor"] if floor else [])]
+            runs: dict[str, list[dict[str, Any]]] = {who: [] for who in order}
             with tempfile.TemporaryDirectory(prefix="cpu_vs_duckdb-") as tmp:
                 for rnd in range(repeat):
-                    cmds = commands(case, ds, Path(tmp) / "out")
-                    # alternate who goes first, so neither always runs on a warmer cache
-                    for who in (("gpuclust", "duckdb") if rnd % 2 == 0 else ("duckdb", "gpuclust")):
+                    cmds = commands(case, ds, Path(tmp) / "out", floor)
+                    # rotate who goes first, so no one always runs on a warmer cache
+                    for who in order[rnd % len(order):] + order[:rnd % len(order)]:
                         runs[who].append(_measure(cmds[who]))
                     shutil.rmtree(Path(tmp) / "out", ignore_errors=True)
             for who, rs in runs.items():
@@ -111,14 +146,38 @@ def compare(sizes: list[int], cases: list[str], repeat: int, dataset: Any = benc
     return rows
 
 
-def _ratios(rows: list[dict[str, Any]]) -> dict[tuple[int, str], dict[str, float]]:
+def _ratios(rows: list[dict[str, Any]]) -> dict[tuple[int, str, str], dict[str, float]]:
+    """``{(size, case, contender): {time, rss, cpu}}``: each contender's medians over DuckDB's."""
     by = {(r["size"], r["case"], r["contender"]): r for r in rows}
     out = {}
     for (size, case, who), g in by.items():
         d = by.get((size, case, "duckdb"))
-        if who == "gpuclust" and d:
-            out[(size, case)] = {"time": g["wall_s"] / d["wall_s"], "rss": g["peak_rss_mib"] / d["peak_rss_mib"],
+        if who != "duckdb" and d:
+            out[(size, case, who)] = {"time": g["wall_s"] / d["wall_s"], "rss": g["peak_rss_mib"] / d["peak_rss_mib"],
                                  "cpu": (g["user_s"] + g["sys_s"]) / max(1e-9, d["user_s"] + d["sys_s"])}
+    return out
+
+
+def ratio_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ratios as JSON rows."""
+    return [{"size": s, "case": c, "contender": w, **{k: round(x, 3) for k, x in v.items()}}
+            for (s, c, w), v in _ratios(rows).items()]
+
+
+def marginal(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per case and contender, between consecutive sizes: the median wall and CPU seconds added per
+    million windows (what a larger cell pays, start-up left out)."""
+    by: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in rows:
+        by.setdefault((r["case"], r["contender"]), []).append(r)
+    out = []
+    for (case, who), rs in by.items():
+        rs = sorted(rs, key=lambda r: r["size"])
+        for a, b in zip(rs, rs[1:]):
+            dm = (b["size"] - a["size"]) / 1e6
+            out.append({"case": case, "contender": who, "from": a["size"], "to": b["size"],
+                        "wall_s_per_m": round((b["wall_s"] - a["wall_s"]) / dm, 4),
+                        "cpu_s_per_m": round((b["user_s"] + b["sys_s"] - a["user_s"] - a["sys_s"]) / dm, 4)})
     return out
 
 
@@ -134,23 +193,37 @@ def markdown(rows: list[dict[str, Any]], env: dict[str, Any], repeat: int, befor
                                if before else ""),
           "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|---:|---:|" if before else "")]
     for r in rows:
-        k = (r["size"], r["case"])
-        t = f"{rat[k]['time']:.2f}" if r["contender"] == "gpuclust" and k in rat else ""
-        m = f"{rat[k]['rss']:.2f}" if r["contender"] == "gpuclust" and k in rat else ""
-        u = f"{rat[k]['cpu']:.2f}" if r["contender"] == "gpuclust" and k in rat else ""
+        k = (r["size"], r["case"], r["contender"])
+        t = f"{rat[k]['time']:.2f}" if k in rat else ""
+        m = f"{rat[k]['rss']:.2f}" if k in rat else ""
+        u = f"{rat[k]['cpu']:.2f}" if k in rat else ""
         line = (f"| {r['size']:,} | {r['case']} | {r['contender']} | {r['wall_s']:.2f} | {r['user_s']:.2f} "
                 f"| {r['sys_s']:.2f} | {r['peak_rss_mib']:,.0f} | {t} | {u} | {m} |")
         if before:
             b = bby.get((r["size"], r["case"], r["contender"]))
-            bt = f"{brat[k]['time']:.2f}" if r["contender"] == "gpuclust" and k in brat else ""
-            bu = f"{brat[k]['cpu']:.2f}" if r["contender"] == "gpuclust" and k in brat else ""
+            bt = f"{brat[k]['time']:.2f}" if k in brat else ""
+            bu = f"{brat[k]['cpu']:.2f}" if k in brat else ""
             line += (f" {b['wall_s']:.2f} | {b['peak_rss_mib']:,.0f} | {bt} | {bu} |" if b else " | | | |")
         md.append(line)
     md += ["", "gpuclust: `python -m gpuclust.cli analyze DS <case> --out TMP --no-plots --quiet` (the engine's "
            "defaults: partitions='auto', one thread per usable core). DuckDB: `python -c` running "
            "bench/analyses_bench.py's `cell_usage_sql` / `cpi_sql` with `SET threads` = usable cores, "
            "results fetched. cpi (SQL subset) = `-O by=machine -O regression=none -O spearman=none`.",
-           "", "Environment: " + ", ".join(f"{k}={v}" for k, v in env.items()), ""]
+           "floor: a fresh process importing numpy, pandas and pyarrow.parquet and reading the case's columns "
+           "(what gpuclust reads) of every file into NumPy, one thread per usable core, nothing else.", ""]
+    marg = marginal(rows)
+    if marg:
+        duck = {(m["case"], m["from"], m["to"]): m for m in marg if m["contender"] == "duckdb"}
+        md += ["Marginal cost between sizes (median seconds per million windows; start-up cancels out):", "",
+               "| case | contender | windows | wall s / M | CPU s / M | wall / DuckDB's |",
+               "|---|---|---|---:|---:|---:|"]
+        for m in marg:
+            d = duck.get((m["case"], m["from"], m["to"]))
+            rel = f"{m['wall_s_per_m'] / d['wall_s_per_m']:.2f}" if d and d["wall_s_per_m"] > 0 else ""
+            md.append(f"| {m['case']} | {m['contender']} | {m['from']:,} -> {m['to']:,} | {m['wall_s_per_m']:.4f} "
+                      f"| {m['cpu_s_per_m']:.4f} | {rel} |")
+        md.append("")
+    md += ["Environment: " + ", ".join(f"{k}={v}" for k, v in env.items()), ""]
     return "\n".join(md)
 
 
@@ -163,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="flat = the generated dataset; bucketed = its `gpuclust optimize`d copy (both contenders "
                          "read the same files)")
     ap.add_argument("--name", default="cpu_vs_duckdb")
+    ap.add_argument("--no-floor", action="store_true", help="leave out the floor contender (imports + Parquet read)")
     ap.add_argument("--before", type=Path, default=None, help="an earlier run's JSON: its medians become columns")
     ap.add_argument("--note", default="", help="a line added to the Markdown (e.g. what 'before' was)")
     ap.add_argument("--render", type=Path, default=None, help="re-write the Markdown of an earlier run's JSON (no runs)")
@@ -171,8 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         payload = json.loads(args.render.read_text())
         md = markdown(payload["rows"], payload["environment"], payload["repeat"], payload.get("before"))
         md = md.replace("\n\n", f"\n\n{args.note}\n\n", 1) if args.note else md
-        payload["ratios"] = [{"size": s, "case": c, **{k: round(x, 3) for k, x in v.items()}}
-                             for (s, c), v in _ratios(payload["rows"]).items()]
+        payload["ratios"] = ratio_rows(payload["rows"])
         args.render.write_text(json.dumps(payload, indent=1) + "\n")
         args.render.with_suffix(".md").write_text(md)
         print(md)
@@ -188,16 +261,16 @@ def main(argv: list[str] | None = None) -> int:
         def dataset(size: int) -> Path:
             b = bench_dataset(size, generate=False).with_name(f"canonical-{size}-bucketed")
             return b if (b / "manifest.json").exists() else bucketed(bench_dataset(size), True)
-    rows = compare([int(float(s)) for s in args.sizes.split(",")], cases, args.repeat, dataset)
+    rows = compare([int(float(s)) for s in args.sizes.split(",")], cases, args.repeat, dataset, not args.no_floor)
     before = json.loads(args.before.read_text())["rows"] if args.before else None
     env = environment()
     md = markdown(rows, env, args.repeat, before)
     if args.note:
         md = md.replace("\n\n", f"\n\n{args.note}\n\n", 1)
     payload = {"benchmark": "cpu_vs_duckdb", "repeat": args.repeat, "layout": args.layout, "rows": rows,
+               "marginal": marginal(rows),
                "environment": env,
-               "ratios": [{"size": s, "case": c, **{k: round(x, 3) for k, x in v.items()}}
-                          for (s, c), v in _ratios(rows).items()],
+               "ratios": ratio_rows(rows),
                "before": before}
     jp, mp = write_results(args.name, payload, md)
     print(md)

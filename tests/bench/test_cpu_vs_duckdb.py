@@ -27,12 +27,57 @@ def test_cpu_vs_duckdb_tiny(tmp_path, monkeypatch):
         sys.modules.pop("cpu_vs_duckdb", None)
     res = json.loads((tmp_path / "c.json").read_text())
     assert {(r["case"], r["contender"]) for r in res["rows"]} == {
-        (c, w) for c in ("cell-usage", "cpi (SQL subset)") for w in ("gpuclust", "duckdb")}
+        (c, w) for c in ("cell-usage", "cpi (SQL subset)") for w in ("gpuclust", "duckdb", "floor")}
     for r in res["rows"]:
         assert r["wall_s"] > 0 and r["peak_rss_mib"] > 0 and len(r["runs"]) == 1
-    assert {r["case"] for r in res["ratios"]} == {"cell-usage", "cpi (SQL subset)"}
+    assert {(r["case"], r["contender"]) for r in res["ratios"]} == {
+        (c, w) for c in ("cell-usage", "cpi (SQL subset)") for w in ("gpuclust", "floor")}
     md = (tmp_path / "c.md").read_text()
-    assert "| 20,000 | cell-usage | gpuclust |" in md and "Environment:" in md
+    assert "| 20,000 | cell-usage | gpuclust |" in md and "| 20,000 | cell-usage | floor |" in md and "Environment:" in md
+    assert res["marginal"] == []  # one size: nothing between sizes
+
+
+def test_floor_reads_what_the_analysis_reads(tmp_path, monkeypatch):
+    """The floor contender reads every row of the case's declared columns (a count checked against
+    the dataset's Parquet metadata), and nothing is run but the read."""
+    import subprocess
+
+    import pyarrow.parquet as pq
+
+    monkeypatch.syspath_prepend(str(BENCH))
+    import cpu_vs_duckdb
+    from gen_canonical import make_dataset
+
+    try:
+        ds = make_dataset(tmp_path / "ds", 20_000, seed=1)
+        cmd = cpu_vs_duckdb.commands("cell-usage", ds, tmp_path / "out")["floor"]
+        cols = cmd[-1].split(",")
+        assert cols == ["start_time", "end_time", "collection_id", "instance_index", "machine_id",
+                        "alloc_collection_id", "avg_cpu", "avg_mem"]
+    finally:
+        sys.modules.pop("cpu_vs_duckdb", None)
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    rows = sum(pq.ParquetFile(f).metadata.num_rows for f in (ds / "instance_usage").rglob("*.parquet"))
+    assert int(out) == rows > 0
+    assert not (tmp_path / "out").exists()
+
+
+def test_marginal_costs_between_sizes(monkeypatch):
+    """Seconds per million windows between consecutive sizes, per case and contender (hand-computed)."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import cpu_vs_duckdb
+
+    try:
+        rows = [{"size": s, "case": "c", "contender": w, "wall_s": t, "user_s": u, "sys_s": 0.5, "peak_rss_mib": 1}
+                for s, w, t, u in ((4_000_000, "gpuclust", 0.6, 0.7), (16_000_000, "gpuclust", 1.2, 1.9),
+                                   (4_000_000, "duckdb", 0.3, 0.4), (16_000_000, "duckdb", 0.9, 1.0))]
+        m = {r["contender"]: r for r in cpu_vs_duckdb.marginal(rows)}
+        md = cpu_vs_duckdb.markdown(rows, {"affinity_cores": 2, "cpu": "x"}, 1, None)
+    finally:
+        sys.modules.pop("cpu_vs_duckdb", None)
+    assert m["gpuclust"]["wall_s_per_m"] == 0.05 and m["gpuclust"]["cpu_s_per_m"] == 0.1
+    assert m["duckdb"]["wall_s_per_m"] == 0.05 and m["duckdb"]["cpu_s_per_m"] == 0.05
+    assert "| c | gpuclust | 4,000,000 -> 16,000,000 | 0.0500 | 0.1000 | 1.00 |" in md
 
 
 def test_cpu_vs_duckdb_bucketed_layout(tmp_path, monkeypatch):
@@ -55,4 +100,4 @@ def test_cpu_vs_duckdb_bucketed_layout(tmp_path, monkeypatch):
     assert (tmp_path / "canonical-20000-bucketed" / "instance_usage").is_dir()
     assert any((tmp_path / "canonical-20000-bucketed" / "instance_usage").glob("bucket=*/*.parquet"))
     res = json.loads((tmp_path / "b.json").read_text())
-    assert res["layout"] == "bucketed" and {r["contender"] for r in res["rows"]} == {"gpuclust", "duckdb"}
+    assert res["layout"] == "bucketed" and {r["contender"] for r in res["rows"]} == {"gpuclust", "duckdb", "floor"}
