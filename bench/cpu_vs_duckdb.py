@@ -173,7 +173,7 @@ def marginal(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for (case, who), rs in by.items():
         rs = sorted(rs, key=lambda r: r["size"])
-        for a, b in zip(rs, rs[1:]):
+        for a, b in zip(rs, rs[1:], strict=False):
             dm = (b["size"] - a["size"]) / 1e6
             out.append({"case": case, "contender": who, "from": a["size"], "to": b["size"],
                         "wall_s_per_m": round((b["wall_s"] - a["wall_s"]) / dm, 4),

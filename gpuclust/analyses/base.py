@@ -141,6 +141,10 @@ class Analysis:
     #: Keyed partials of :meth:`split` that hold disjoint *rows* (sorted, possibly repeated keys;
     #: e.g. finished groups): a shard concatenates them in partition order instead of summing.
     keyed_rows: ClassVar[tuple[str, ...]] = ()
+    #: Whether :meth:`partial` needs every row of each instance it sees (per-instance sequences,
+    #: e.g. ``lifecycle``): the engine then streams :attr:`table` by the buckets of an
+    #: instance-bucketed dataset, or as one partition of a flat one (and refuses to cut it).
+    whole_instances: ClassVar[bool] = False
 
     @property
     def sharded(self) -> bool:

@@ -18,6 +18,7 @@ from typing import Any
 from gpuclust.analyses.base import Analysis
 from gpuclust.analyses.cell_usage import CellUsage
 from gpuclust.analyses.cpi import Cpi
+from gpuclust.analyses.lifecycle import Lifecycle
 from gpuclust.analyses.machine_shapes import MachineShapes
 from gpuclust.analyses.options import Option, options_of
 from gpuclust.analyses.overcommit import Overcommit
@@ -59,6 +60,8 @@ REGISTRY: dict[str, AnalysisEntry] = {
                       kernels=("grouped_sum", "bucket_overlap", "hash_index")),
         AnalysisEntry(Cpi, "CPI/MAI per group (CPU-second weighted) and the Borg §5.2 CPI interference regression",
                       kernels=("grouped_comoments", "grouped_sum", "hash_index")),
+        AnalysisEntry(Lifecycle, "Instance life cycles: events and transitions by tier, submissions / queue / running "
+                      "series, scheduling delays and execution times (censored at the data's end)"),
         AnalysisEntry(MachineShapes, "Machines per capacity shape (cap_cpu, cap_mem), as in Google's notebook"),
         AnalysisEntry(Overcommit, "Per machine x time bucket: capacity vs. requested (by tier) vs. usage, ratios, "
                       "cell series, summary", kernels=("bucket_overlap", "grouped_sum", "hash_index")),

@@ -87,6 +87,10 @@ def plot_result(name: str, result: dict[str, pd.DataFrame], path: Path, *, title
         from gpuclust.report.cpi_plots import plot_cpi
 
         return plot_cpi(result, path, title=title or name)
+    if name == "lifecycle":
+        from gpuclust.report.lifecycle_plots import plot_lifecycle
+
+        return plot_lifecycle(result, path, title=title or name)
     if name == "usage-distribution":
         from gpuclust.report.distribution_plots import plot_usage_distribution
 

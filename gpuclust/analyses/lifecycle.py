@@ -1,0 +1,420 @@
+"""``lifecycle``: how instances flow through their life cycle (submission, queueing, scheduling,
+running, death, resubmission), from ``instance_events``.
+
+Every instance's events are replayed in time order (ties keep the dataset's row order) through
+the state machine of the v3 document ("Collection and instance life cycles"): the state after an
+event is determined by its type alone -- SUBMIT, QUEUE, ENABLE and UPDATE_PENDING leave the
+instance **pending**, SCHEDULE and UPDATE_RUNNING **running**, EVICT, FAIL, FINISH, KILL and LOST
+**dead**.  v2 (2011) datasets carry v3 codes after ingest, so both traces use one replay.
+
+Result tables (docs/analysis-lifecycle.md):
+
+``events``
+    Events by type and tier (an instance's tier: its highest priority over its events).
+``transitions``
+    Consecutive event pairs of one instance, by tier, with ``expected``: whether the second
+    event can follow the state the first one leaves in the v3 state diagram (pending: QUEUE,
+    ENABLE, SCHEDULE, UPDATE_PENDING, FAIL, KILL, LOST; running: UPDATE_RUNNING and the five
+    deaths; dead: SUBMIT).  Seed 003 reported such "unexpected" transitions in the 2011 trace
+    (EVICT of a pending task, for one).
+``series``
+    Per time bucket and tier: submissions (new = an instance's first SUBMIT, and resubmissions),
+    schedules, deaths by kind, and the instances pending (the queue) and running at the bucket's
+    end.
+``delays`` and ``delay_hist``
+    Scheduling delay (from the SUBMIT that makes an instance pending to the event that ends the
+    pending episode; ``enable_to_schedule`` from the last ENABLE before the SCHEDULE) and
+    execution time (from SCHEDULE to the event that ends the run), by tier and outcome.
+    Episodes still pending or running at the end of the data are **censored**: counted, with the
+    time elapsed until the last finite event time of the dataset.  Durations are exact integers
+    of microseconds, kept as counts in fixed log bins (50 per decade, :data:`DELAY_EDGES_US`),
+    so any number of episodes merges in bounded memory; quantiles are resolved to a bin (the
+    exact quantile lies in ``[q, the bin's upper edge)``, under 4.7% above ``q``); count, mean,
+    min and max are exact.
+``info``
+    Row and instance counts, instances first seen other than by SUBMIT (present when the trace
+    began), events at time 0 and 2^63-1, unexpected transitions.
+
+Per-instance sequences need every event of an instance in one partition: the analysis declares
+:attr:`whole_instances`, so the engine runs it on the buckets of an instance-bucketed dataset
+(``gpuclust optimize``), or as one partition of a flat one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import pandas as pd
+
+from gpuclust.analyses._extent import max_finite
+from gpuclust.analyses.base import Analysis, fmt, is_null_int, resolve_tier_map
+from gpuclust.analyses.grouping import bucket_index
+from gpuclust.analyses.options import option, tier_map_option
+from gpuclust.partials import keyed_reduce, merge_keyed
+from gpuclust.schema import TIME_AFTER_TRACE, EventType, TierMap, tier_map
+
+__all__ = ["DELAY_EDGES_US", "DISTRIBUTIONS", "EVENT_NAMES", "EXPECTED", "Lifecycle", "STATE_AFTER", "SERIES_FIELDS"]
+
+#: Event type names, by v3 code.
+EVENT_NAMES: tuple[str, ...] = tuple(e.name for e in EventType)
+_NE = len(EVENT_NAMES)
+_NONE, _PENDING, _RUNNING, _DEAD = 0, 1, 2, 3
+#: The state (1 pending, 2 running, 3 dead) an instance is in after each event type (v3 code).
+STATE_AFTER = np.array([_PENDING, _PENDING, _PENDING, _RUNNING, _DEAD, _DEAD, _DEAD, _DEAD, _DEAD, _PENDING,
+                        _RUNNING], dtype=np.int64)
+#: Events that may follow each state in the v3 document's state diagram.
+EXPECTED: dict[int, frozenset[int]] = {
+    _PENDING: frozenset({EventType.QUEUE, EventType.ENABLE, EventType.SCHEDULE, EventType.UPDATE_PENDING,
+                         EventType.FAIL, EventType.KILL, EventType.LOST}),
+    _RUNNING: frozenset({EventType.UPDATE_RUNNING, EventType.EVICT, EventType.FAIL, EventType.FINISH,
+                         EventType.KILL, EventType.LOST}),
+    _DEAD: frozenset({EventType.SUBMIT}),
+}
+#: The ``series`` counters, in order (pending / running: changes, summed into levels at finalize).
+SERIES_FIELDS = ("submissions", "new_submissions", "resubmissions", "schedules", "evictions", "failures",
+                 "finishes", "kills", "losses", "d_pending", "d_running")
+#: (measure, outcome) of every delay distribution, in order.
+DISTRIBUTIONS: tuple[tuple[str, str], ...] = (
+    *(("scheduling", o) for o in ("scheduled", "evict", "fail", "finish", "kill", "lost", "resubmitted", "other",
+                                   "censored")),
+    ("enable_to_schedule", "scheduled"),
+    *(("execution", o) for o in ("evict", "fail", "finish", "kill", "lost", "interrupted", "censored")),
+)
+_D = len(DISTRIBUTIONS)
+_DI = {d: k for k, d in enumerate(DISTRIBUTIONS)}
+#: Outcome of a pending episode by the v3 code of the event that ends it.
+_PENDING_EXIT = np.array([_DI["scheduling", o] for o in ("resubmitted", "other", "other", "scheduled", "evict", "fail",
+                                                         "finish", "kill", "lost", "other", "other")], np.int64)
+#: Outcome of a run by the v3 code of the event that ends it.
+_RUNNING_EXIT = np.array([_DI["execution", o] for o in ("interrupted", "interrupted", "interrupted", "interrupted",
+                                                        "evict", "fail", "finish", "kill", "lost", "interrupted",
+                                                        "interrupted")], np.int64)
+#: Lower edges (µs) of the delay bins 1, 2, ...: the distinct ``ceil(10^(k/50))``, k = 0..650 (1 µs to
+#: 10^13 µs, about 116 days); bin 0 holds zero delays, the last bin everything from 10^13 µs on.
+DELAY_EDGES_US = np.unique(np.ceil(10.0 ** (np.arange(651) / 50.0)).astype(np.int64))
+_B = int(DELAY_EDGES_US.shape[0]) + 1
+_COUNTERS = ("rows", "invalid_type_rows", "instances", "first_not_submit", "unknown_priority_instances",
+             "time_zero_events", "after_trace_events")
+_I64_MAX = np.iinfo(np.int64).max
+#: Tier slots of the dense partials: the most tiers a tier map may have, plus "unknown".
+_T = 17
+
+
+@dataclass(frozen=True)
+class LifecycleContext:
+    tier_map: TierMap
+    #: The last finite event time of the data (censored episodes are measured to it); None: no events.
+    data_end_us: int | None
+
+    @property
+    def tier_names(self) -> tuple[str, ...]:
+        return (*self.tier_map.names, "unknown")
+
+
+def _segmented_last(ops: Any, xp: Any, flag: Any, seg_start: Any) -> Any:
+    """Per row: the index of the last row at or before it with ``flag`` set in the same segment
+    (``seg_start``: each row's segment's first index), else -1."""
+    n = int(flag.shape[0])
+    idx = xp.where(flag, xp.arange(n, dtype=xp.int64), -1)
+    last = ops.cummax_rows(idx.reshape(1, n)).reshape(n)
+    return xp.where(last >= seg_start, last, -1)
+
+
+@dataclass(frozen=True)
+class Lifecycle(Analysis):
+    """Instance life cycles: event counts, transitions, time series, scheduling and execution times.
+
+    Parameters
+    ----------
+    bucket_s
+        Width of the ``series`` time buckets, seconds (buckets of trace time from 0).
+    tier_map
+        Name of a tier map in :data:`gpuclust.schema.TIER_MAPS`; ``None``: the dataset manifest's,
+        else the trace version's default.
+
+    Examples
+    --------
+    >>> Lifecycle(bucket_s=300).label
+    'lifecycle[bucket_s=300]'
+    """
+
+    bucket_s: int = option(3600, "width of the series' time buckets, seconds")
+    tier_map: str | None = tier_map_option()
+
+    name = "lifecycle"
+    table = "instance_events"
+    requires = ("instance_events",)
+    row_bytes = 480
+    whole_instances: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        if int(self.bucket_s) <= 0:
+            raise ValueError(f"lifecycle: bucket_s must be positive, got {self.bucket_s}")
+        if self.tier_map is not None:
+            tier_map(self.tier_map)
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return ("time", "type", "collection_id", "instance_index", "priority")
+
+    @property
+    def width_us(self) -> int:
+        return int(self.bucket_s) * 1_000_000
+
+    def context(self, source: Any) -> LifecycleContext:
+        tm = resolve_tier_map(self.tier_map, source)
+        if len(tm.names) + 1 > _T:
+            raise ValueError(f"lifecycle: tier map {tm.name!r} has more than {_T - 1} tiers")
+        return LifecycleContext(tm, max_finite(source, "instance_events", "time"))
+
+    # ---------------------------------------------------------------- partial / merge
+    def empty(self, backend: Any = None) -> dict[str, Any]:
+        t = _T  # trimmed to the context's tiers at finalize
+        return {"events": np.zeros((t, _NE), np.int64), "transitions": np.zeros((t, _NE, _NE), np.int64),
+                "episodes": np.zeros((t, _D), np.int64), "hist": np.zeros((t, _D, _B), np.int64),
+                "dur_sum": np.zeros((t, _D)), "dur_min": np.full((t, _D), _I64_MAX, np.int64),
+                "dur_max": np.full((t, _D), -1, np.int64), "instances": np.zeros(t, np.int64),
+                "series": {"key": np.zeros(0, np.int64), **{f: np.zeros(0, np.int64) for f in SERIES_FIELDS}},
+                "counters": np.zeros(len(_COUNTERS), np.int64)}
+
+    def partial(self, cols: dict[str, Any], ctx: LifecycleContext, backend: Any) -> dict[str, Any]:
+        xp, ops = backend.xp, backend.ops
+        out: dict[str, Any] = {k: (v if k == "series" else xp.asarray(v)) for k, v in self.empty().items()}
+        T = _T
+        unknown = len(ctx.tier_map.names)
+        counters = dict.fromkeys(_COUNTERS, 0)
+        e = cols["type"].astype(xp.int64)
+        counters["rows"] = n_all = int(e.shape[0])
+        ok = (e >= 0) & (e < _NE)
+        n = int(xp.count_nonzero(ok))
+        counters["invalid_type_rows"] = n_all - n
+        if n == 0:
+            out["counters"] = xp.asarray(np.array([counters[c] for c in _COUNTERS], np.int64))
+            return out
+        rows = None if n == n_all else xp.nonzero(ok)[0]
+
+        def pick(a: Any) -> Any:
+            return a if rows is None else a[rows]
+
+        t, c, i, p = (pick(cols[k]) for k in ("time", "collection_id", "instance_index", "priority"))
+        e = pick(e)
+        # ---- one instance's events together, in time order (lexsort is stable: ties keep row order)
+        order = xp.lexsort(xp.stack([t, i.astype(xp.int64), c.astype(xp.int64)]))
+        t, e, c, i, p = t[order], e[order], c[order], i[order], p[order]
+        del order
+        first = xp.ones(n, dtype=bool)
+        first[1:] = (c[1:] != c[:-1]) | (i[1:] != i[:-1])
+        starts = xp.nonzero(first)[0]
+        S = int(starts.shape[0])
+        seg = xp.cumsum(first) - 1
+        seg_start = starts[seg]
+        # ---- each instance's tier: the tier of its highest priority (NULL: none; all NULL: unknown)
+        pr = xp.where(is_null_int(xp, p), -1, p.astype(xp.int64))
+        width = int(pr.max()) + 2
+        ranked = xp.sort(seg * width + (pr + 1))
+        top = ranked[xp.searchsorted(ranked, (xp.arange(S, dtype=xp.int64) + 1) * width, side="left") - 1]
+        maxp = top - xp.arange(S, dtype=xp.int64) * width - 1
+        code = xp.searchsorted(xp.asarray(np.asarray(ctx.tier_map.bounds, np.int64)), maxp, side="right") - 1
+        tier_s = xp.where((maxp >= 0) & (code >= 0), code, unknown).astype(xp.int64)
+        counters["unknown_priority_instances"] = int(xp.count_nonzero(maxp < 0))
+        tier = tier_s[seg]
+        out["instances"] = xp.bincount(tier_s, minlength=T).astype(xp.int64)
+        counters["instances"] = S
+        counters["first_not_submit"] = int(xp.count_nonzero(e[starts] != EventType.SUBMIT))
+        counters["time_zero_events"] = int(xp.count_nonzero(t == 0))
+        after = t == TIME_AFTER_TRACE
+        counters["after_trace_events"] = int(xp.count_nonzero(after))
+        # ---- events, transitions
+        out["events"] = xp.bincount(tier * _NE + e, minlength=T * _NE).reshape(T, _NE).astype(xp.int64)
+        state = xp.asarray(STATE_AFTER)[e]
+        prev_e = xp.empty(n, dtype=xp.int64)
+        prev_e[0] = 0
+        prev_e[1:] = e[:-1]
+        prev_state = xp.where(first, _NONE, xp.asarray(STATE_AFTER)[prev_e])
+        nf = xp.nonzero(~first)[0]
+        out["transitions"] = xp.bincount((tier[nf] * _NE + prev_e[nf]) * _NE + e[nf],
+                                         minlength=T * _NE * _NE).reshape(T, _NE, _NE).astype(xp.int64)
+        # ---- series: counts and state changes per (bucket, tier); events after the trace are not placed
+        is_sub = e == EventType.SUBMIT
+        csub = xp.cumsum(is_sub.astype(xp.int64))
+        csub = csub - (csub[starts] - is_sub[starts].astype(xp.int64))[seg]  # SUBMITs so far in the instance
+        live = xp.nonzero(~after)[0]
+        i64 = xp.int64
+        weights = {
+            "submissions": is_sub, "new_submissions": is_sub & (csub == 1), "resubmissions": is_sub & (csub > 1),
+            "schedules": e == EventType.SCHEDULE, "evictions": e == EventType.EVICT, "failures": e == EventType.FAIL,
+            "finishes": e == EventType.FINISH, "kills": e == EventType.KILL, "losses": e == EventType.LOST,
+            "d_pending": (state == _PENDING).astype(i64) - (prev_state == _PENDING).astype(i64),
+            "d_running": (state == _RUNNING).astype(i64) - (prev_state == _RUNNING).astype(i64)}
+        key = bucket_index(t[live], self.width_us) * T + tier[live]
+        out["series"] = keyed_reduce(backend, key, {}, {f: w[live].astype(i64) for f, w in weights.items()})
+        # ---- episodes: pending ones end at the first event leaving the state (or a SUBMIT while pending),
+        # runs likewise (or a SCHEDULE while running); those open at the end of the data are censored
+        end = n - 1
+        last_row = xp.concatenate([starts[1:] - 1, xp.asarray([end], dtype=starts.dtype)]).astype(xp.int64)
+        recs: list[tuple[Any, Any, Any, Any]] = []  # (tier, distribution, duration, duration known)
+        data_end = ctx.data_end_us
+        for st_, restart, entry_ev, exits in ((_PENDING, EventType.SUBMIT, EventType.SUBMIT, _PENDING_EXIT),
+                                              (_RUNNING, EventType.SCHEDULE, EventType.SCHEDULE, _RUNNING_EXIT)):
+            entry = ((state == st_) & (prev_state != st_)) | ((state == st_) & (e == restart) & (prev_state == st_))
+            last_entry = _segmented_last(ops, xp, entry, seg_start)
+            x = xp.nonzero((prev_state == st_) & ((state != st_) | (e == restart)))[0]
+            s = last_entry[x - 1]  # x is never an instance's first row (prev_state is set)
+            sc = xp.maximum(s, 0)
+            known = (s >= 0) & (e[sc] == entry_ev) & (t[sc] != 0) & (t[x] != TIME_AFTER_TRACE)
+            recs.append((tier[x], xp.asarray(exits)[e[x]], t[x] - t[sc], known))
+            if st_ == _PENDING:  # from the last ENABLE of the episode to its SCHEDULE
+                le = _segmented_last(ops, xp, e == EventType.ENABLE, seg_start)[x - 1]
+                en = xp.nonzero((e[x] == EventType.SCHEDULE) & (le > s) & known)[0]
+                recs.append((tier[x[en]], xp.full(int(en.shape[0]), _DI["enable_to_schedule", "scheduled"], xp.int64),
+                             t[x[en]] - t[le[en]], xp.ones(int(en.shape[0]), dtype=bool)))
+            # censored: the instance's last event leaves it in this state
+            cz = xp.nonzero(state[last_row] == st_)[0]
+            s = last_entry[last_row[cz]]
+            sc = xp.maximum(s, 0)
+            d_cens = _DI["scheduling" if st_ == _PENDING else "execution", "censored"]
+            if data_end is None:
+                known = xp.zeros(int(cz.shape[0]), dtype=bool)
+                dur = xp.zeros(int(cz.shape[0]), dtype=xp.int64)
+            else:
+                known = (s >= 0) & (e[sc] == entry_ev) & (t[sc] != 0) & (t[sc] <= data_end)
+                dur = data_end - t[sc]
+            recs.append((tier_s[cz], xp.full(int(cz.shape[0]), d_cens, xp.int64), dur, known))
+        rt, rd, rdur, rk = (xp.concatenate([r[j] for r in recs]) for j in range(4))
+        td = rt * _D + rd
+        out["episodes"] = xp.bincount(td, minlength=T * _D).reshape(T, _D).astype(xp.int64)
+        kk = xp.nonzero(rk)[0]
+        td, dur = td[kk], rdur[kk].astype(xp.int64)
+        b = xp.searchsorted(xp.asarray(DELAY_EDGES_US), dur, side="right")
+        out["hist"] = xp.bincount(td * _B + b, minlength=T * _D * _B).reshape(T, _D, _B).astype(xp.int64)
+        out["dur_sum"] = xp.bincount(td, weights=dur.astype(xp.float64), minlength=T * _D).reshape(T, _D)
+        if int(td.shape[0]):
+            o = xp.lexsort(xp.stack([dur, td]))
+            ts, ds = td[o], dur[o]
+            g = xp.arange(T * _D, dtype=xp.int64)
+            lo = xp.searchsorted(ts, g, side="left")
+            hi = xp.searchsorted(ts, g, side="right")
+            has = hi > lo
+            out["dur_min"] = xp.where(has, ds[xp.minimum(lo, ts.shape[0] - 1)], _I64_MAX).reshape(T, _D)
+            out["dur_max"] = xp.where(has, ds[xp.maximum(hi - 1, 0)], -1).reshape(T, _D)
+        out["counters"] = xp.asarray(np.array([counters[c] for c in _COUNTERS], np.int64))
+        return out
+
+    def merge(self, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+        out = {k: a[k] + b[k] for k in ("events", "transitions", "episodes", "hist", "dur_sum", "instances", "counters")}
+        out["dur_min"] = np.minimum(a["dur_min"], b["dur_min"])
+        out["dur_max"] = np.maximum(a["dur_max"], b["dur_max"])
+        out["series"] = merge_keyed(a["series"], b["series"])
+        return out
+
+    # ---------------------------------------------------------------- finalize
+    def finalize(self, partial: dict[str, Any], ctx: LifecycleContext) -> dict[str, pd.DataFrame]:
+        names = ctx.tier_names
+        T = len(names)
+        p = {k: (v if k == "series" else np.asarray(v)) for k, v in partial.items()}
+        ev = p["events"][:T]
+        events = pd.DataFrame([{"tier": names[k], "event": EVENT_NAMES[j], "count": int(ev[k, j])}
+                               for k in range(T) for j in range(_NE) if ev[k, j]],
+                              columns=["tier", "event", "count"]).astype({"count": np.int64})
+        tr = p["transitions"][:T]
+        transitions = pd.DataFrame(
+            [{"tier": names[k], "from_event": EVENT_NAMES[a], "to_event": EVENT_NAMES[b], "count": int(tr[k, a, b]),
+              "expected": b in EXPECTED[int(STATE_AFTER[a])]}
+             for k in range(T) for a in range(_NE) for b in range(_NE) if tr[k, a, b]],
+            columns=["tier", "from_event", "to_event", "count", "expected"]).astype({"count": np.int64, "expected": bool})
+        series = self._series(partial["series"], names)
+        delays, hist = self._delays(p, names)
+        counters = dict(zip(_COUNTERS, (int(v) for v in p["counters"]), strict=True))
+        info = pd.DataFrame([{"analysis": self.name, "tier_map": ctx.tier_map.name, "tiers": ",".join(names),
+                              "bucket_s": int(self.bucket_s), "data_end_us": ctx.data_end_us, **counters,
+                              "transitions": int(tr.sum()),
+                              "unexpected_transitions": int(transitions.loc[~transitions["expected"], "count"].sum())}])
+        return {"events": events, "transitions": transitions, "series": series, "delays": delays,
+                "delay_hist": hist, "info": info}
+
+    def _series(self, s: dict[str, np.ndarray], names: tuple[str, ...]) -> pd.DataFrame:
+        cols = ["bucket", "bucket_start_us", "tier", *SERIES_FIELDS[:-2], "pending", "running"]
+        key = np.asarray(s["key"], np.int64)
+        if key.shape[0] == 0:
+            return pd.DataFrame({c: pd.Series(dtype=object if c == "tier" else np.int64) for c in cols})
+        T = len(names)
+        bucket, code = np.divmod(key, _T)
+        b0, b1 = int(bucket.min()), int(bucket.max())
+        nb = b1 - b0 + 1
+        if nb * T > 1 << 26:
+            raise ValueError(f"lifecycle: event times span {nb} buckets of {self.bucket_s} s; choose a larger bucket_s")
+        grid = {f: np.zeros((T, nb), np.int64) for f in SERIES_FIELDS}
+        for f in SERIES_FIELDS:
+            grid[f][code, bucket - b0] = np.asarray(s[f], np.int64)
+        # every tier that has events gets every bucket (levels carry over buckets without events)
+        present = np.unique(code)
+        b = np.arange(b0, b1 + 1, dtype=np.int64)
+        frames = []
+        for k in present:
+            d = {"bucket": b, "bucket_start_us": b * self.width_us, "tier": np.full(nb, names[k], dtype=object)}
+            for f in SERIES_FIELDS[:-2]:
+                d[f] = grid[f][k]
+            d["pending"] = np.cumsum(grid["d_pending"][k])
+            d["running"] = np.cumsum(grid["d_running"][k])
+            frames.append(pd.DataFrame(d))
+        out = pd.concat(frames, ignore_index=True)
+        order = np.lexsort((out["tier"].map({n: j for j, n in enumerate(names)}).to_numpy(), out["bucket"].to_numpy()))
+        return out.iloc[order].reset_index(drop=True)[cols]
+
+    @staticmethod
+    def _delays(p: dict[str, Any], names: tuple[str, ...]) -> tuple[pd.DataFrame, pd.DataFrame]:
+        T = len(names)
+        edges_s = DELAY_EDGES_US / 1e6
+        lo_s = np.concatenate([[0.0], edges_s])
+        hi_s = np.concatenate([[0.0], edges_s[1:], [np.inf]])
+        rows: list[dict[str, Any]] = []
+        hrows: list[dict[str, Any]] = []
+        for k in range(T):
+            for d, (measure, outcome) in enumerate(DISTRIBUTIONS):
+                n_ep = int(p["episodes"][k, d])
+                if not n_ep:
+                    continue
+                h = p["hist"][k, d]
+                known = int(h.sum())
+                row = {"tier": names[k], "measure": measure, "outcome": outcome, "episodes": n_ep,
+                       "with_duration": known, "mean_s": np.nan, "min_s": np.nan, "p50_s": np.nan,
+                       "p90_s": np.nan, "p99_s": np.nan, "max_s": np.nan}
+                if known:
+                    cum = np.cumsum(h)
+                    lo_min = int(p["dur_min"][k, d]) / 1e6
+                    row.update(mean_s=float(p["dur_sum"][k, d]) / known / 1e6, min_s=lo_min,
+                               max_s=int(p["dur_max"][k, d]) / 1e6)
+                    for q in (50, 90, 99):  # the bin of the inverted-CDF quantile: its lower edge (not below the min)
+                        b = int(np.searchsorted(cum, -(-q * known // 100), side="left"))
+                        row[f"p{q}_s"] = max(float(lo_s[b]), lo_min)
+                    hrows.extend({"tier": names[k], "measure": measure, "outcome": outcome, "bin": int(j),
+                                  "lo_s": float(lo_s[j]), "hi_s": float(hi_s[j]), "episodes": int(h[j])}
+                                 for j in np.nonzero(h)[0])
+                rows.append(row)
+        delays = pd.DataFrame(rows, columns=["tier", "measure", "outcome", "episodes", "with_duration", "mean_s",
+                                             "min_s", "p50_s", "p90_s", "p99_s", "max_s"])
+        hist = pd.DataFrame(hrows, columns=["tier", "measure", "outcome", "bin", "lo_s", "hi_s", "episodes"])
+        return (delays.astype({"episodes": np.int64, "with_duration": np.int64}),
+                hist.astype({"bin": np.int64, "episodes": np.int64}))
+
+    def summary(self, result: dict[str, pd.DataFrame]) -> str:
+        info = result["info"].iloc[0]
+        lines = [f"{self.label}: {info['instances']:,} instances, {info['rows']:,} events, tier map {info['tier_map']!r}; "
+                 f"{info['unexpected_transitions']:,} of {info['transitions']:,} transitions not in the v3 state diagram; "
+                 f"{info['first_not_submit']:,} instances first seen other than by SUBMIT"]
+        s = result["series"]
+        if len(s):
+            tot = s.groupby("bucket")[["new_submissions", "resubmissions", "finishes", "pending", "running"]].sum()
+            lines.append(f"  buckets of {int(info['bucket_s'])} s {int(tot.index.min())}..{int(tot.index.max())}: "
+                         f"{int(tot['new_submissions'].sum()):,} new submissions, {int(tot['resubmissions'].sum()):,} "
+                         f"resubmissions, {int(tot['finishes'].sum()):,} finishes; at the end {int(tot['pending'].iloc[-1]):,} "
+                         f"pending, {int(tot['running'].iloc[-1]):,} running")
+        d = result["delays"]
+        for measure, outcome in (("scheduling", "scheduled"), ("execution", "finish")):
+            sel = d[(d["measure"] == measure) & (d["outcome"] == outcome)]
+            for r in sel.itertuples(index=False):
+                lines.append(f"  {measure} ({outcome}) {r.tier:>8}: {r.episodes:,} episodes, median "
+                             f"{fmt(r.p50_s, '.3g')} s, p90 {fmt(r.p90_s, '.3g')} s, mean {fmt(r.mean_s, '.3g')} s")
+        return "\n".join(lines)

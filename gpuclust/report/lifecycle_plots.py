@@ -1,0 +1,72 @@
+"""The ``lifecycle`` plot: submissions and completions over time, the queue and the running
+instances, and the distributions of scheduling delay and execution time by tier."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from gpuclust.report.plots import new_figure, save_figure_atomic
+
+__all__ = ["plot_lifecycle"]
+
+
+def _cdf(ax: Any, hist: pd.DataFrame, measure: str, outcome: str, tiers: list[str], what: str) -> None:
+    """Cumulative share of episodes by duration, one step line per tier (bins' upper edges)."""
+    sel = hist[(hist["measure"] == measure) & (hist["outcome"] == outcome)]
+    drawn = 0
+    for tier in tiers:
+        h = sel[sel["tier"] == tier].sort_values("bin")
+        if h.empty:
+            continue
+        x = np.maximum(h["hi_s"].to_numpy(), 1e-6)  # zero delays at 1 µs on the log axis
+        x = np.where(np.isinf(x), h["lo_s"].to_numpy(), x)
+        y = np.cumsum(h["episodes"].to_numpy()) / h["episodes"].sum()
+        ax.step(x, y, where="post", label=f"{tier} ({int(h['episodes'].sum()):,})")
+        drawn += 1
+    ax.set_xscale("log")
+    ax.set_xlabel(f"{what}, seconds (log)")
+    ax.set_ylabel("share of episodes")
+    ax.set_ylim(0, 1.02)
+    if drawn:
+        ax.legend(fontsize="x-small", loc="lower right")
+    else:
+        ax.text(0.5, 0.5, "no completed episodes", transform=ax.transAxes, ha="center")
+
+
+def plot_lifecycle(result: dict[str, pd.DataFrame], path: Path, *, title: str = "lifecycle") -> bool:
+    """Four panels: per bucket, new submissions, resubmissions and finishes; pending and running
+    instances at each bucket's end; the CDFs of scheduling delay (SUBMIT to SCHEDULE) and of
+    execution time of finished runs, by tier.  ``False`` when there are no events."""
+    s = result["series"]
+    if s.empty:
+        return False
+    info = result["info"].iloc[0]
+    tiers = str(info["tiers"]).split(",")
+    tot = s.groupby("bucket_start_us", sort=True)[["new_submissions", "resubmissions", "finishes", "pending",
+                                                   "running"]].sum()
+    hours = tot.index.to_numpy() / 3.6e9
+    fig = new_figure()
+    fig.set_size_inches(11, 7)
+    (a, b), (c, d) = fig.subplots(2, 2)
+    for col in ("new_submissions", "resubmissions", "finishes"):
+        a.plot(hours, tot[col].to_numpy(), label=col.replace("_", " "), drawstyle="steps-post")
+    a.set_ylabel(f"events per {int(info['bucket_s'])} s bucket")
+    a.legend(fontsize="small")
+    a.set_title(f"{title}: events over time (all tiers)", fontsize="medium")
+    for col in ("pending", "running"):
+        b.plot(hours, tot[col].to_numpy(), label=f"{col} at bucket end", drawstyle="steps-post")
+    b.set_ylabel("instances")
+    b.legend(fontsize="small")
+    b.set_title("queue length and running instances", fontsize="medium")
+    for ax in (a, b):
+        ax.set_xlabel("hours since trace time 0 (600 s before the trace start)")
+    _cdf(c, result["delay_hist"], "scheduling", "scheduled", tiers, "SUBMIT to SCHEDULE")
+    c.set_title("scheduling delay by tier (episodes)", fontsize="medium")
+    _cdf(d, result["delay_hist"], "execution", "finish", tiers, "SCHEDULE to FINISH")
+    d.set_title("execution time of finished runs by tier", fontsize="medium")
+    save_figure_atomic(fig, path)
+    return True

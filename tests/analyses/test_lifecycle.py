@@ -1,0 +1,214 @@
+"""``lifecycle`` against a slow pure-Python replay (tests/lifecycle_reference.py), a
+hand-worked sequence, the real 2011 task events, and the layouts it may and may not run on."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from lifecycle_reference import AFTER_TRACE, NAMES, bin_of, replay
+from strategies import HOUR, table, write_dataset
+
+from gpuclust.analyses.lifecycle import DELAY_EDGES_US, Lifecycle
+from gpuclust.dataset import Dataset
+from gpuclust.engine import TableSource, run
+from gpuclust.schema import tier_map
+
+EDGES = [int(x) for x in DELAY_EDGES_US]
+REAL = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "real"
+
+
+@st.composite
+def event_rows(draw, max_instances: int = 8, max_events: int = 10) -> list[dict]:
+    """Instances with short random event sequences: every v3 type, ties, time 0, the after-trace
+    sentinel, NULL and changing priorities; rows shuffled (the replay orders them by time, then row)."""
+    insts = draw(st.lists(st.tuples(st.sampled_from([3, 2**40 + 1, 2**62 + 9]), st.integers(0, 3)),
+                          unique=True, max_size=max_instances))
+    rows = []
+    for c, i in insts:
+        t = draw(st.sampled_from([0, 0, 600_000_000, 7 * HOUR + 5]))
+        prio = draw(st.one_of(st.none(), st.sampled_from([0, 9, 99, 100, 116, 120, 360])))
+        for _ in range(draw(st.integers(1, max_events))):
+            t += draw(st.sampled_from([0, 0, 1, 999_999, 300_000_000, 2 * HOUR, 10**11]))
+            late = draw(st.integers(0, 25)) == 0
+            rows.append({"time": AFTER_TRACE if late else t, "type": draw(st.sampled_from([0, 0, 3, 3, 6, *range(11)])),
+                         "collection_id": c, "instance_index": i,
+                         "priority": draw(st.sampled_from([prio, prio, prio, None, 11, 200]))})
+    perm = draw(st.permutations(range(len(rows))))
+    return [rows[k] for k in perm]
+
+
+def events_table(rows: list[dict]) -> pa.Table:
+    return table("instance_events", {k: [r[k] for r in rows] for k in ("time", "type", "collection_id",
+                                                                         "instance_index", "priority")})
+
+
+def data_end_of(rows: list[dict]) -> int | None:
+    finite = [r["time"] for r in rows if r["time"] != AFTER_TRACE]
+    return max(finite) if finite else None
+
+
+def check(res: dict, rows: list[dict], tm_name: str = "notebook", bucket_s: int = 3600) -> None:
+    """Every table of ``res`` (a lifecycle result) equals the replay of ``rows``."""
+    tm = tier_map(tm_name)
+    bucket_us = bucket_s * 1_000_000
+    ref = replay(rows, tm.bounds, tm.names, bucket_us, data_end_of(rows))
+    ev = res["events"]
+    assert {(r.tier, r.event): r.count for r in ev.itertuples()} == dict(ref["events"])
+    tr = res["transitions"]
+    assert {(r.tier, r.from_event, r.to_event, r.expected): r.count for r in tr.itertuples()} == dict(ref["transitions"])
+    info = res["info"].iloc[0]
+    assert info["instances"] == sum(ref["instances"].values())
+    assert info["first_not_submit"] == ref["first_not_submit"]
+    assert info["invalid_type_rows"] == ref["invalid"]
+    assert info["unexpected_transitions"] == sum(n for k, n in ref["transitions"].items() if not k[3])
+    # series: counts per (bucket, tier); levels = the replay's changes summed up to the bucket
+    s = res["series"]
+    fields = ("submissions", "new_submissions", "resubmissions", "schedules", "evictions", "failures", "finishes",
+              "kills", "losses")
+    seen = set()
+    for r in s.itertuples():
+        c = ref["series"].get((r.bucket, r.tier), Counter())
+        seen.add((r.bucket, r.tier))
+        for f in fields:
+            assert getattr(r, f) == c[f], (r.bucket, r.tier, f)
+        for f in ("pending", "running"):
+            assert getattr(r, f) == sum(v[f] for (b, t), v in ref["series"].items() if t == r.tier and b <= r.bucket)
+        assert r.bucket_start_us == r.bucket * bucket_us
+    assert set(ref["series"]) <= seen
+    # delays: exact counts, mean, min, max; quantiles resolved to their bin; the histogram
+    d = res["delays"]
+    got = {(r.tier, r.measure, r.outcome): r for r in d.itertuples()}
+    assert set(got) == {k for k, v in ref["episodes"].items() if v}
+    hist = Counter({(r.tier, r.measure, r.outcome, r.bin): r.episodes for r in res["delay_hist"].itertuples()})
+    want_hist: Counter = Counter()
+    for key, eps in ref["episodes"].items():
+        r = got[key]
+        durs = sorted(x for x in eps if x is not None)
+        assert r.episodes == len(eps) and r.with_duration == len(durs), key
+        for x in durs:
+            want_hist[(*key, bin_of(x, EDGES))] += 1
+        if not durs:
+            assert np.isnan(r.mean_s) and np.isnan(r.p50_s)
+            continue
+        assert r.mean_s == pytest.approx(sum(durs) / len(durs) / 1e6, rel=1e-12)
+        assert (r.min_s, r.max_s) == (durs[0] / 1e6, durs[-1] / 1e6)
+        for q, v in ((0.5, r.p50_s), (0.9, r.p90_s), (0.99, r.p99_s)):
+            exact = int(np.quantile(np.array(durs, dtype=np.int64), q, method="inverted_cdf"))
+            j = bin_of(exact, EDGES)
+            assert v == max(0.0 if j == 0 else EDGES[j - 1] / 1e6, durs[0] / 1e6), (key, q, exact, v)
+            assert v <= exact / 1e6 < (EDGES[j] / 1e6 if j < len(EDGES) else np.inf)
+    assert hist == want_hist
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rows=event_rows())
+def test_matches_the_replay(rows):
+    res = run(TableSource({"instance_events": events_table(rows)}), Lifecycle(tier_map="notebook"))["lifecycle"]
+    check(res, rows)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rows=event_rows(max_instances=12), bucket_s=st.sampled_from([1, 300, 86_400]))
+def test_bucket_width(rows, bucket_s):
+    res = run(TableSource({"instance_events": events_table(rows)}),
+              Lifecycle(tier_map="notebook", bucket_s=bucket_s))["lifecycle"]
+    check(res, rows, bucket_s=bucket_s)
+
+
+def test_a_worked_sequence():
+    """Two instances, worked by hand: (7, 0) is submitted at 10 s, scheduled at 15 s, finishes at
+    100 s; (7, 1) is submitted at 20 s, evicted while pending at 30 s (not in the v3 diagram),
+    resubmitted at 30 s, enabled at 40 s, scheduled at 50 s, and still running at the end (100 s)."""
+    s = 1_000_000
+    rows = [(10, 0, 0), (15, 3, 0), (100, 6, 0), (20, 0, 1), (30, 4, 1), (30, 0, 1), (40, 2, 1), (50, 3, 1)]
+    t = events_table([{"time": a * s, "type": e, "collection_id": 7, "instance_index": i, "priority": 120}
+                      for a, e, i in rows])
+    res = run(TableSource({"instance_events": t}), Lifecycle(tier_map="notebook", bucket_s=25))["lifecycle"]
+    d = res["delays"].set_index(["measure", "outcome"])
+    assert d.loc[("scheduling", "scheduled"), "episodes"] == 2
+    assert d.loc[("scheduling", "scheduled"), "min_s"] == 5.0 and d.loc[("scheduling", "scheduled"), "max_s"] == 20.0
+    assert d.loc[("scheduling", "evict"), ["episodes", "min_s"]].tolist() == [1, 10.0]
+    assert d.loc[("enable_to_schedule", "scheduled"), "min_s"] == 10.0
+    assert d.loc[("execution", "finish"), "min_s"] == 85.0
+    assert d.loc[("execution", "censored"), ["episodes", "min_s"]].tolist() == [1, 50.0]  # 100 s - 50 s
+    assert set(d["episodes"].index) == {("scheduling", "scheduled"), ("scheduling", "evict"),
+                                        ("enable_to_schedule", "scheduled"), ("execution", "finish"),
+                                        ("execution", "censored")}
+    tr = res["transitions"].set_index(["from_event", "to_event"])
+    assert not tr.loc[("SUBMIT", "EVICT"), "expected"] and tr.loc[("EVICT", "SUBMIT"), "expected"]
+    assert res["info"].iloc[0]["unexpected_transitions"] == 1
+    sr = res["series"].set_index("bucket")  # buckets of 25 s: [0,25) [25,50) [50,75) [75,100) [100,125)
+    assert sr["new_submissions"].tolist() == [2, 0, 0, 0, 0] and sr["resubmissions"].tolist() == [0, 1, 0, 0, 0]
+    assert sr["pending"].tolist() == [1, 1, 0, 0, 0] and sr["running"].tolist() == [1, 1, 2, 2, 1]
+    assert (sr["tier"] == "prod").all()
+
+
+def test_every_layout_gives_the_same_result(tmp_path):
+    """A flat dataset (one partition), its `gpuclust optimize`d copy cut into several bucket
+    partitions, and in-memory tables give one result."""
+    rng = np.random.default_rng(3)
+    n = 3000
+    rows = [{"time": int(t), "type": int(e), "collection_id": int(c), "instance_index": int(i),
+             "priority": None if p < 0 else int(p)}
+            for t, e, c, i, p in zip(rng.integers(0, 50, n) * 60_000_000, rng.choice([0, 0, 1, 2, 3, 3, 4, 6, 7, 9, 10], n),
+                                     rng.choice([3, 2**40 + 1, 2**62 + 9], n), rng.integers(0, 200, n),
+                                     rng.choice([-1, 0, 105, 118, 120, 400], n), strict=True)]
+    flat = write_dataset(tmp_path / "flat", {"instance_events": events_table(rows)}, files=3, row_group_size=500)
+    a = Lifecycle(bucket_s=600)
+    r_flat = run(Dataset(flat), a, partitions="auto")["lifecycle"]
+    check(r_flat, rows, bucket_s=600)
+    r = subprocess.run([sys.executable, "-m", "gpuclust.cli", "optimize", str(flat), "--out", str(tmp_path / "opt"),
+                        "--buckets", "8"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    for parts in (1, 3, "auto"):
+        r_opt = run(Dataset(tmp_path / "opt"), a, partitions=parts, workers=2)["lifecycle"]
+        for k in r_flat:
+            cols = [c for c in r_flat[k].columns if c != "data_end_us"]
+            assert r_opt[k][cols].equals(r_flat[k][cols]), (parts, k)
+
+
+def test_a_flat_dataset_is_never_cut(tmp_path, monkeypatch):
+    from gpuclust.engine import memory
+
+    rows = [{"time": k, "type": 0, "collection_id": 1, "instance_index": k % 7, "priority": 0} for k in range(100)]
+    flat = write_dataset(tmp_path / "flat", {"instance_events": events_table(rows)}, files=4)
+    with pytest.raises(ValueError, match="gpuclust optimize"):
+        run(Dataset(flat), Lifecycle(), partitions=2)
+    monkeypatch.setattr(memory, "MIN_PARTITION_ROWS", 10)  # a budget of 10-row partitions: 100 rows are too many
+    with pytest.raises(ValueError, match="memory budget"):
+        run(Dataset(flat), Lifecycle(), partitions="auto", memory_limit=10 * 2 * Lifecycle.row_bytes * 2, workers=2)
+    monkeypatch.undo()
+    # the CLI says it in one line, without a traceback
+    r = subprocess.run([sys.executable, "-m", "gpuclust.cli", "analyze", str(flat), "lifecycle", "--partitions", "2",
+                        "--out", str(tmp_path / "r")], capture_output=True, text=True)
+    assert r.returncode != 0 and "gpuclust optimize" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.skipif(not REAL.is_dir(), reason=f"real trace files not found at {REAL}")
+def test_real_2011_task_events(tmp_path):
+    """The first 5 of 500 parts of the 2011 task_events (919,519 rows), ingested, against the
+    replay of the same canonical rows."""
+    from gpuclust.ingest import ingest
+
+    rep = ingest([REAL / "2011" / "task_events"], tmp_path / "v2", progress=False)
+    assert rep.exit_status == 0
+    ds = Dataset(tmp_path / "v2")
+    res = run(ds, Lifecycle(), partitions="auto")["lifecycle"]
+    t = ds.read("instance_events", ["time", "type", "collection_id", "instance_index", "priority"])
+    rows = t.to_pylist()
+    check(res, rows, tm_name="v2")
+    info = res["info"].iloc[0]
+    assert info["rows"] == 919_519 and info["tier_map"] == "v2"
+    # seed 003: a SUBMIT never directly follows a SUBMIT in the 2011 trace
+    tr = res["transitions"]
+    assert tr[(tr["from_event"] == "SUBMIT") & (tr["to_event"] == "SUBMIT")].empty
+    assert set(NAMES) >= set(res["events"]["event"])
