@@ -260,7 +260,30 @@ def loop_usage_distribution(ds: Path, _: str) -> Callable[[], Any]:
     return go
 
 
+def lifecycle_sql(ds: Path | str) -> str:
+    """lifecycle's SQL-expressible subset: per instance its tier (notebook map, of its highest
+    priority) and, with LAG over the instance's events in time order, the count of events and of
+    transitions by (previous event, event, tier)."""
+    sql = f"""
+    WITH e AS (SELECT time, type, collection_id, instance_index, priority
+               FROM read_parquet('{ds}/instance_events/**/*.parquet', hive_partitioning=false)),
+         t AS (SELECT collection_id, instance_index, MAX(priority) AS p FROM e GROUP BY ALL),
+         s AS (SELECT e.type, LAG(e.type) OVER (PARTITION BY e.collection_id, e.instance_index ORDER BY e.time) AS prev,
+                      CASE WHEN p IS NULL OR p < 0 THEN 'unknown' WHEN p < 100 THEN 'free' WHEN p < 116 THEN 'beb'
+                           WHEN p < 120 THEN 'mid' ELSE 'prod' END AS tier
+               FROM e JOIN t USING (collection_id, instance_index))
+    SELECT tier, prev, type, COUNT(*) FROM s GROUP BY ALL"""
+    return sql
+
+
+def duck_lifecycle(ds: Path, _: str) -> Callable[[], Any]:
+    con = _duck()
+    sql = lifecycle_sql(ds)
+    return lambda: con.execute(sql).fetchall()
+
+
 PEERS: dict[str, dict[str, Callable[[Path, str], Callable[[], Any]]]] = {
+    "lifecycle": {"duckdb": duck_lifecycle},
     "cell-usage": {"duckdb": duck_cell_usage, "pandas": pandas_cell_usage},
     "machine-shapes": {"duckdb": duck_machine_shapes},
     "cpi": {"duckdb": duck_cpi, "pandas": pandas_cpi},

@@ -15,11 +15,14 @@ by `_harness.run_measured` and its user/system CPU seconds from ``getrusage(RUSA
 * ``cpi (SQL subset)``: ``gpuclust analyze DS cpi -O by=machine -O regression=none -O
   spearman=none`` (weighted moments and Pearson r per machine, one pass) against
   ``analyses_bench.cpi_sql`` in DuckDB.
+* ``lifecycle``: ``gpuclust analyze DS lifecycle`` (every table) against
+  ``analyses_bench.lifecycle_sql``, its SQL-expressible subset (per-instance tier, event and
+  transition counts by LAG over each instance's events).
 
 A third contender, ``floor``, is the least any engine built on gpuclust's fixed stack (Python,
 NumPy, pyarrow's Parquet reader, pandas result tables) can take for a case: a fresh process that
-imports numpy, pandas and pyarrow.parquet and reads the case's usage columns (the analysis'
-declared ``columns``) of every file into NumPy on one thread per usable core, and does nothing
+imports numpy, pandas and pyarrow.parquet and reads the case's columns (the analysis'
+declared ``columns`` of the table it streams) of every file into NumPy on one thread per usable core, and does nothing
 else (``--no-floor`` leaves it out).  Where the floor is already slower than DuckDB, no
 optimisation of gpuclust's own work can reach DuckDB's time at that size.  With two or more
 sizes, the Markdown adds each contender's marginal cost (seconds per million windows between
@@ -50,13 +53,14 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 from _harness import bench_dataset, environment, run_measured, write_results  # noqa: E402
-from analyses_bench import cell_usage_sql, cpi_sql  # noqa: E402
+from analyses_bench import cell_usage_sql, cpi_sql, lifecycle_sql  # noqa: E402
 
 #: case -> (gpuclust analyze arguments after the dataset, DuckDB SQL builder, the analysis (its columns))
 CASES: dict[str, tuple[list[str], Any, tuple[str, dict[str, str]]]] = {
     "cell-usage": (["cell-usage", "--mode", "notebook"], cell_usage_sql, ("cell-usage", {"mode": "notebook"})),
     "cpi (SQL subset)": (["cpi", "-O", "by=machine", "-O", "regression=none", "-O", "spearman=none"], cpi_sql,
                          ("cpi", {"by": "machine", "regression": "none", "spearman": "none"})),
+    "lifecycle": (["lifecycle"], lifecycle_sql, ("lifecycle", {})),
 }
 
 _DUCK = ("import os, sys, duckdb\n"
@@ -71,7 +75,7 @@ _FLOOR = ("import glob, os, sys\n"
           "from concurrent.futures import ThreadPoolExecutor\n"
           "import numpy, pandas, pyarrow.parquet as pq\n"
           "cols = sys.argv[2].split(',')\n"
-          "files = sorted(glob.glob(os.path.join(sys.argv[1], 'instance_usage', '**', '*.parquet'), recursive=True))\n"
+          "files = sorted(glob.glob(os.path.join(sys.argv[1], sys.argv[3], '**', '*.parquet'), recursive=True))\n"
           "def read(f):\n"
           "    t = pq.ParquetFile(f).read(columns=cols, use_threads=False)\n"
           "    return sum(len(t.column(c).to_numpy()) for c in cols) // len(cols)\n"
@@ -90,12 +94,14 @@ def _measure(cmd: list[str]) -> dict[str, Any]:
             "user_s": r1.ru_utime - r0.ru_utime, "sys_s": r1.ru_stime - r0.ru_stime}
 
 
-def case_columns(case: str) -> list[str]:
-    """The usage columns the case's analysis declares (what gpuclust reads; the floor reads them too)."""
+def case_columns(case: str) -> tuple[str, list[str]]:
+    """The table the case's analysis streams and the columns it declares (what gpuclust reads; the
+    floor reads them too)."""
     from gpuclust.analyses.registry import create
 
     name, options = CASES[case][2]
-    return list(create(name, **options).columns)
+    a = create(name, **options)
+    return a.table, list(a.columns)
 
 
 def commands(case: str, ds: Path, out: Path, floor: bool = True) -> dict[str, list[str]]:
@@ -104,7 +110,8 @@ def commands(case: str, ds: Path, out: Path, floor: bool = True) -> dict[str, li
                          "--no-plots", "--quiet"],
             "duckdb": [sys.executable, "-c", _DUCK, sql(ds)]}
     if floor:
-        cmds["floor"] = [sys.executable, "-c", _FLOOR, str(ds), ",".join(case_columns(case))]
+        table, cols = case_columns(case)
+        cmds["floor"] = [sys.executable, "-c", _FLOOR, str(ds), ",".join(cols), table]
     return cmds
 
 
@@ -207,7 +214,7 @@ def markdown(rows: list[dict[str, Any]], env: dict[str, Any], repeat: int, befor
         md.append(line)
     md += ["", "gpuclust: `python -m gpuclust.cli analyze DS <case> --out TMP --no-plots --quiet` (the engine's "
            "defaults: partitions='auto', one thread per usable core). DuckDB: `python -c` running "
-           "bench/analyses_bench.py's `cell_usage_sql` / `cpi_sql` with `SET threads` = usable cores, "
+           "bench/analyses_bench.py's `cell_usage_sql` / `cpi_sql` / `lifecycle_sql` with `SET threads` = usable cores, "
            "results fetched. cpi (SQL subset) = `-O by=machine -O regression=none -O spearman=none`.",
            "floor: a fresh process importing numpy, pandas and pyarrow.parquet and reading the case's columns "
            "(what gpuclust reads) of every file into NumPy, one thread per usable core, nothing else.", ""]

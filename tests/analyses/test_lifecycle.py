@@ -168,11 +168,10 @@ def test_every_layout_gives_the_same_result(tmp_path):
     r = subprocess.run([sys.executable, "-m", "gpuclust.cli", "optimize", str(flat), "--out", str(tmp_path / "opt"),
                         "--buckets", "8"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    for parts in (1, 3, "auto"):
-        r_opt = run(Dataset(tmp_path / "opt"), a, partitions=parts, workers=2)["lifecycle"]
+    for parts, scheduler in ((1, None), (3, None), ("auto", None), (3, "threads"), (3, "local:2")):
+        r_opt = run(Dataset(tmp_path / "opt"), a, partitions=parts, workers=2, scheduler=scheduler)["lifecycle"]
         for k in r_flat:
-            cols = [c for c in r_flat[k].columns if c != "data_end_us"]
-            assert r_opt[k][cols].equals(r_flat[k][cols]), (parts, k)
+            assert r_opt[k].equals(r_flat[k]), (parts, scheduler, k)
 
 
 def test_a_flat_dataset_is_never_cut(tmp_path, monkeypatch):

@@ -27,11 +27,11 @@ def test_cpu_vs_duckdb_tiny(tmp_path, monkeypatch):
         sys.modules.pop("cpu_vs_duckdb", None)
     res = json.loads((tmp_path / "c.json").read_text())
     assert {(r["case"], r["contender"]) for r in res["rows"]} == {
-        (c, w) for c in ("cell-usage", "cpi (SQL subset)") for w in ("gpuclust", "duckdb", "floor")}
+        (c, w) for c in ("cell-usage", "cpi (SQL subset)", "lifecycle") for w in ("gpuclust", "duckdb", "floor")}
     for r in res["rows"]:
         assert r["wall_s"] > 0 and r["peak_rss_mib"] > 0 and len(r["runs"]) == 1
     assert {(r["case"], r["contender"]) for r in res["ratios"]} == {
-        (c, w) for c in ("cell-usage", "cpi (SQL subset)") for w in ("gpuclust", "floor")}
+        (c, w) for c in ("cell-usage", "cpi (SQL subset)", "lifecycle") for w in ("gpuclust", "floor")}
     md = (tmp_path / "c.md").read_text()
     assert "| 20,000 | cell-usage | gpuclust |" in md and "| 20,000 | cell-usage | floor |" in md and "Environment:" in md
     assert res["marginal"] == []  # one size: nothing between sizes
@@ -51,7 +51,8 @@ def test_floor_reads_what_the_analysis_reads(tmp_path, monkeypatch):
     try:
         ds = make_dataset(tmp_path / "ds", 20_000, seed=1)
         cmd = cpu_vs_duckdb.commands("cell-usage", ds, tmp_path / "out")["floor"]
-        cols = cmd[-1].split(",")
+        assert cmd[-1] == "instance_usage"
+        cols = cmd[-2].split(",")
         assert cols == ["start_time", "end_time", "collection_id", "instance_index", "machine_id",
                         "alloc_collection_id", "avg_cpu", "avg_mem"]
     finally:
