@@ -34,7 +34,7 @@ def run_demo(
     hours: float = 6.0,
     seed: int = 2019,
     backend: str = "cpu",
-    partitions: int = 2,
+    partitions: int | str = "auto",
     scheduler: str | None = None,
     quiet: bool = False,
 ) -> DemoResult:
@@ -89,6 +89,8 @@ def run_demo(
 
 
 def register(sub: Any) -> None:
+    from gpuclust.engine.command import partitions_arg
+
     p = sub.add_parser(
         "demo",
         help="synthesise a small cell, ingest it, run every analysis",
@@ -100,23 +102,30 @@ def register(sub: Any) -> None:
     p.add_argument("--hours", type=float, default=6.0, help="trace length in hours (default: %(default)s)")
     p.add_argument("--seed", type=int, default=2019, help="generator seed (default: %(default)s)")
     p.add_argument("--backend", default="cpu", choices=["cpu", "gpu", "auto"], help="compute backend (default: %(default)s)")
-    p.add_argument("--partitions", type=int, default=2, help="partitions per table (default: %(default)s)")
+    p.add_argument("--partitions", type=partitions_arg, default="auto",
+                   help="partitions per table, or 'auto' (default: %(default)s)")
     p.add_argument("--scheduler", default=None, help="dask scheduler: threads, local:N, cuda, or an address")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(func=_main)
 
 
 def _main(args: argparse.Namespace) -> int:
-    res = run_demo(
-        args.out,
-        machines=args.machines,
-        hours=args.hours,
-        seed=args.seed,
-        backend=args.backend,
-        partitions=args.partitions,
-        scheduler=args.scheduler,
-        quiet=args.quiet,
-    )
+    from gpuclust.engine.command import analyze_errors
+
+    try:
+        res = run_demo(
+            args.out,
+            machines=args.machines,
+            hours=args.hours,
+            seed=args.seed,
+            backend=args.backend,
+            partitions=args.partitions,
+            scheduler=args.scheduler,
+            quiet=args.quiet,
+        )
+    except analyze_errors() as e:
+        print(f"gpuclust demo: error: {' '.join(str(e).split())}", file=sys.stderr, flush=True)
+        return 2
     print(res.summary.rstrip())
     print()
     print(f"gpuclust demo finished in {res.seconds:.1f} s")

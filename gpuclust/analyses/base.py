@@ -143,7 +143,8 @@ class Analysis:
     keyed_rows: ClassVar[tuple[str, ...]] = ()
     #: Whether :meth:`partial` needs every row of each instance it sees (per-instance sequences,
     #: e.g. ``lifecycle``): the engine then streams :attr:`table` by the buckets of an
-    #: instance-bucketed dataset, or as one partition of a flat one (and refuses to cut it).
+    #: instance-bucketed dataset, or as one partition of a flat one (never cut: see
+    #: :func:`gpuclust.engine.partition.whole_instance_plan`).
     whole_instances: ClassVar[bool] = False
 
     @property

@@ -22,6 +22,7 @@ from gpuclust.analyses.lifecycle import Lifecycle
 from gpuclust.analyses.machine_shapes import MachineShapes
 from gpuclust.analyses.options import Option, options_of
 from gpuclust.analyses.overcommit import Overcommit
+from gpuclust.analyses.usage_change import UsageChange
 from gpuclust.analyses.usage_distribution import UsageDistribution
 
 __all__ = ["REGISTRY", "AnalysisEntry", "Option", "capability_table", "create", "names", "options_text"]
@@ -65,6 +66,8 @@ REGISTRY: dict[str, AnalysisEntry] = {
         AnalysisEntry(MachineShapes, "Machines per capacity shape (cap_cpu, cap_mem), as in Google's notebook"),
         AnalysisEntry(Overcommit, "Per machine x time bucket: capacity vs. requested (by tier) vs. usage, ratios, "
                       "cell series, summary", kernels=("bucket_overlap", "grouped_sum", "hash_index")),
+        AnalysisEntry(UsageChange, "Relative change of CPU and memory usage between consecutive windows of one "
+                      "instance, by tier: exact shares within ±5/10/20/50%, binned distribution", kernels=("hash_index",)),
         AnalysisEntry(UsageDistribution, "Exact CPU usage distributions (mixtures of per-window percentile CDFs) per "
                       "group: mean and quantiles",
                       kernels=("repair_percentiles", "window_means", "mixture_quantiles", "hash_index")),

@@ -12,10 +12,11 @@ import sys
 import textwrap
 from typing import Any
 
-__all__ = ["build_analyses", "main", "register"]
+__all__ = ["analyze_errors", "build_analyses", "main", "partitions_arg", "register"]
 
 
-def _partitions(text: str) -> int | str:
+def partitions_arg(text: str) -> int | str:
+    """``--partitions``: a positive integer or ``auto`` (argparse type)."""
     if text == "auto":
         return text
     try:
@@ -63,7 +64,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                    help="array backend (default cpu; auto says what it chose)")
     p.add_argument("--scheduler", default=None, metavar="SCHED",
                    help="threads | local:N | cuda | ADDRESS (tcp://host:port); default: run locally in-process")
-    p.add_argument("--partitions", type=_partitions, default="auto", metavar="N",
+    p.add_argument("--partitions", type=partitions_arg, default="auto", metavar="N",
                    help="partitions per table, or 'auto' (about 4 Mi rows each, 1 Mi for cell-usage and "
                         "cpi; the default)")
     p.add_argument("--workers", type=int, default=None, metavar="N",
@@ -134,12 +135,19 @@ def build_analyses(names: list[str], raw_options: list[str], *, tier_map: str | 
     return out
 
 
-def main(args: argparse.Namespace) -> int:
+def analyze_errors() -> tuple[type[BaseException], ...]:
+    """The expected faults of an analysis run, reported in one line by the commands that run one
+    (no traceback): no such backend, a bad dataset, an unwritable output, a bad option or plan."""
     from gpuclust.backends import BackendUnavailable
     from gpuclust.dataset import DatasetError
+    from gpuclust.report import OutputError
+
+    return (BackendUnavailable, DatasetError, OutputError, ValueError, OSError)
+
+
+def main(args: argparse.Namespace) -> int:
     from gpuclust.engine import analyze
     from gpuclust.engine.progress import RunProgress
-    from gpuclust.report import OutputError
 
     def say(msg: str) -> None:
         print(f"gpuclust analyze: {msg}", file=sys.stderr, flush=True)
@@ -151,7 +159,7 @@ def main(args: argparse.Namespace) -> int:
                 workers=args.workers, progress=None if args.quiet else RunProgress(), note=say,
                 time_from=args.time_from, time_to=args.time_to, cells=args.cells,
                 memory_limit=args.memory_limit)
-    except (BackendUnavailable, DatasetError, OutputError, ValueError, OSError) as e:
+    except analyze_errors() as e:
         say(f"error: {' '.join(str(e).split())}")
         return 2
     from pathlib import Path

@@ -372,7 +372,7 @@ def plan_tables(src: Any, ans: Sequence[Analysis], partitions: int | str,
         whole = [ans[k].label for k in idx if ans[k].whole_instances]
         if whole:
             rows = (auto_rows or {}).get(table, _partition.AUTO_PARTITION_ROWS)
-            specs = _partition.whole_instance_plan(src, table, specs, whole, partitions, cp, rows * max(1, multiple_of))
+            specs = _partition.whole_instance_plan(src, table, specs, whole, rows * max(1, multiple_of))
         if specs and specs[0].grain is not None:
             side = sorted({t for k in idx for t in ans[k].side_inputs if _partition.copartitioned(src, table, t)})
             specs = _partition.with_side(src, specs, side)

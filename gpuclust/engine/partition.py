@@ -288,24 +288,21 @@ def _plan_buckets(source: Any, table: str, partitions: int | str, multiple_of: i
 
 
 def whole_instance_plan(source: Any, table: str, specs: list[PartitionSpec], names: Sequence[str],
-                        partitions: int | str, cut_points: Sequence[int] | None, max_rows: int) -> list[PartitionSpec]:
+                        max_rows: int) -> list[PartitionSpec]:
     """``specs`` for analyses that need every row of an instance in one partition (``names``;
     :attr:`gpuclust.analyses.base.Analysis.whole_instances`): kept when they are buckets of an
-    instance-bucketed table (or at most one holds rows); else, for ``partitions="auto"``, the
-    table as one partition when it has at most ``max_rows`` rows.  Anything else cannot be cut by
-    instance and raises a :class:`ValueError` that says what to do."""
+    instance-bucketed table (or at most one holds rows); else the table as one partition, for
+    every analysis streaming it, whatever partition count was asked for.  A table of more than
+    ``max_rows`` rows (what one partition may hold under the memory budget) cannot be processed
+    so: a :class:`ValueError` says to lay it out by instance."""
     if (specs and specs[0].grain == "instance") or sum(1 for sp in specs if sp.num_rows) <= 1:
         return specs
-    who = ", ".join(names)
     total = sum(sp.num_rows for sp in specs)
-    if partitions != "auto" or cut_points is not None:
-        raise ValueError(f"{who}: needs every event of an instance in one partition, but {table} is not bucketed by "
-                         f"instance here and was cut into {len(specs)} partitions; use partitions='auto' (or 1), or "
-                         "lay the dataset out by instance with `gpuclust optimize`")
     if total > max_rows:
-        raise ValueError(f"{who}: needs every event of an instance in one partition, but {table} is not bucketed by "
-                         f"instance and its {total:,} rows are more than one partition may hold under the memory "
-                         f"budget ({max_rows:,}); lay the dataset out by instance first: `gpuclust optimize DATASET`")
+        raise ValueError(f"{', '.join(names)}: needs every row of an instance in one partition, but {table} is not "
+                         f"bucketed by instance and its {total:,} rows are more than one partition may hold under the "
+                         f"memory budget ({max_rows:,}); lay the dataset out by instance first: `gpuclust optimize "
+                         "DATASET`")
     return plan_partitions(source, table, 1)
 
 

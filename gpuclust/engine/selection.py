@@ -430,7 +430,9 @@ def prune_plans(source: Any, plans: dict[str, tuple[list[int], list[PartitionSpe
             out[table] = (idx, [SelectedSpec(table, sp.index, tuple(ps), sp.grain, sp.buckets, sp.side, selection=sel)
                                 for sp, ps in zip(specs, kept, strict=True)])
         else:
-            if cut_points is None and all(p.file is not None for ps in kept for p in ps):
+            if any(getattr(analyses[k], "whole_instances", False) for k in idx):
+                kept = [[p for ps in kept for p in ps]]  # every instance whole: still one partition
+            elif cut_points is None and all(p.file is not None for ps in kept for p in ps):
                 kept = _recut([p for ps in kept for p in ps], partitions, multiple_of,
                               (auto_rows or {}).get(table, AUTO_PARTITION_ROWS))
             out[table] = (idx, [SelectedSpec(table, k, tuple(ps), selection=sel) for k, ps in enumerate(kept)])

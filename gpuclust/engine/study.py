@@ -247,14 +247,41 @@ class Study:
                 for i, g in enumerate(self._plan(a.table))]))
             idx.append(k)
         be, resident = self.backend, self._resident
+        whole = self._whole_instance_plans(ans, plans)
 
         def partials(spec: _partition.PartitionSpec, sub: Sequence[Analysis], sub_ctxs: Sequence[Any], _spills: Any = None) -> list[Any]:
-            cols = resident[spec.table][spec.index]
+            if spec.index >= 0:
+                cols = resident[spec.table][spec.index]
+            else:  # the table's resident partitions as one (whole instances on a flat table)
+                need = sorted({c for a in sub for c in a.columns})
+                cols = {c: be.xp.concatenate([r[c] for r in resident[spec.table]]) for c in need}
             return [to_host(a.partial({c: cols[c] for c in a.columns}, ctx, be))
                     for a, ctx in zip(sub, sub_ctxs, strict=True)]
 
         merged = merge_local(plans, ans, ctxs, be, self.workers, progress, partials)
+        if whole:
+            extra = merge_local(whole, ans, ctxs, be, 1, progress, partials)
+            merged = [m if e is None else e for m, e in zip(merged, extra, strict=True)]
         return finalize_all(ans, merged, ctxs, progress)
+
+    def _whole_instance_plans(self, ans: list[Analysis], plans: dict[str, tuple[list[int], list[Any]]]
+                              ) -> dict[str, tuple[list[int], list[Any]]]:
+        """Take the analyses that need whole instances (``Analysis.whole_instances``) out of
+        ``plans`` where their table's resident partitions are not whole instance buckets: they
+        run over the table's partitions joined into one (index -1)."""
+        out = {}
+        for table, (idx, specs) in list(plans.items()):
+            need = [k for k in idx if ans[k].whole_instances]
+            groups = self._plan(table)
+            if not need or len(groups) <= 1 or all(s.grain == "instance" for g in groups for s in g):
+                continue
+            rest = [k for k in idx if k not in need]
+            if rest:
+                plans[table] = (rest, specs)
+            else:
+                del plans[table]
+            out[table] = (need, [_partition.PartitionSpec(table, -1, tuple(p for sp in specs for p in sp.pieces))])
+        return out
 
     def __repr__(self) -> str:
         res = {t: self.resident_columns(t) for t in self._resident}

@@ -91,6 +91,10 @@ def plot_result(name: str, result: dict[str, pd.DataFrame], path: Path, *, title
         from gpuclust.report.lifecycle_plots import plot_lifecycle
 
         return plot_lifecycle(result, path, title=title or name)
+    if name == "usage-change":
+        from gpuclust.report.usage_change_plots import plot_usage_change
+
+        return plot_usage_change(result, path, title=title or name)
     if name == "usage-distribution":
         from gpuclust.report.distribution_plots import plot_usage_distribution
 

@@ -1,0 +1,228 @@
+"""``usage-change``: how much an instance's CPU and memory usage changes from one usage window to
+the next (seed 003's first measure: "for more than 90% of sampling moments, the consumption
+fluctuates in a range smaller than 20%").
+
+A *pair* is two windows of one instance (``collection_id``, ``instance_index``) that follow each
+other in time order (ties keep the dataset's row order) with no gap longer than ``max_gap_s``
+between the first's end and the second's start.  For each resource (``avg_cpu``, ``avg_mem``) the
+pair's relative change is ``r = (b - a) / a`` of the average usages ``a`` (earlier) and ``b``:
+
+* ``a`` or ``b`` NULL: the pair is counted as ``unknown``;
+* ``a = 0``: no relative change exists; counted as ``zero_to_zero`` or ``zero_to_positive``;
+* otherwise ``r`` is defined (``r >= -1``): the shares with ``|r| <= 5%, 10%, 20%, 50%`` are
+  exact counts, and the ratio ``b / a`` is counted in fixed log bins (100 per decade from 10^-6 to
+  10^6, :data:`RATIO_EDGES`) for the distribution: its quantiles are resolved to a bin (the exact
+  quantile of ``r`` lies in ``[q, the bin's upper edge - 1)``, under 2.4% of the ratio above).
+
+By tier (the tier of the earlier window's instance, from its events' highest priority, as
+``usage-distribution`` looks it up) and over all tiers (``tier = "all"``).
+
+Pairs need every window of an instance in one partition (:attr:`whole_instances`): on an
+instance-bucketed dataset (``gpuclust optimize``) the partitions are whole buckets; a flat
+dataset runs as one partition when it fits the memory budget.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar
+
+import numpy as np
+import pandas as pd
+
+from gpuclust.analyses._lookup import EVENT_COLUMNS, InstanceLookup, tier_lookup
+from gpuclust.analyses.base import Analysis, fmt, resolve_tier_map
+from gpuclust.analyses.options import option, tier_map_option
+from gpuclust.schema import TIME_AFTER_TRACE, TierMap, tier_map
+
+__all__ = ["RATIO_EDGES", "RESOURCES", "THRESHOLDS", "UsageChange"]
+
+#: The resources compared, as (name, usage column).
+RESOURCES = (("cpu", "avg_cpu"), ("mem", "avg_mem"))
+#: |relative change| thresholds whose shares are counted exactly.
+THRESHOLDS = (0.05, 0.10, 0.20, 0.50)
+#: Lower edges of the ratio bins 1, 2, ... (``b / a``): 10^(k/100) for k = -600..600; bin 0 holds
+#: ratios below 10^-6 (0 included: usage dropped to zero), the last bin ratios from 10^6 on.
+RATIO_EDGES = 10.0 ** (np.arange(-600, 601) / 100.0)
+_B = int(RATIO_EDGES.shape[0]) + 1
+_T = 17  # tier slots: the most tiers a tier map may have, plus "unknown"
+_R = len(RESOURCES)
+_H = len(THRESHOLDS)
+#: Per (tier, resource) counters, in order.
+_COUNTS = ("pairs", "unknown", "zero_to_zero", "zero_to_positive", "defined")
+_STATS = ("rows", "instances", "pairs", "gaps", "unplaced_ends")
+
+
+@dataclass(frozen=True)
+class UsageChangeContext:
+    tier_map: TierMap
+    #: (collection_id, instance_index, machine_id) -> tier code (set by ``bind``)
+    lookup: InstanceLookup = InstanceLookup.empty()
+
+    @property
+    def tier_names(self) -> tuple[str, ...]:
+        return (*self.tier_map.names, "unknown")
+
+
+@dataclass(frozen=True)
+class UsageChange(Analysis):
+    """Relative change of CPU and memory usage between consecutive windows of one instance.
+
+    Parameters
+    ----------
+    max_gap_s
+        Longest gap, seconds, between a window's end and the next window's start for the two to
+        form a pair (0: contiguous or overlapping windows only).
+    tier_map
+        Name of a tier map in :data:`gpuclust.schema.TIER_MAPS`; ``None``: the dataset manifest's,
+        else the trace version's default.
+
+    Examples
+    --------
+    >>> UsageChange(max_gap_s=60).label
+    'usage-change[max_gap_s=60]'
+    """
+
+    max_gap_s: int = option(0, "longest gap (s) between a window's end and the next one's start for a pair")
+    tier_map: str | None = tier_map_option()
+
+    name = "usage-change"
+    table = "instance_usage"
+    requires = ("instance_usage", "instance_events")
+    row_bytes = 360
+    whole_instances: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        if int(self.max_gap_s) < 0:
+            raise ValueError(f"usage-change: max_gap_s must be >= 0, got {self.max_gap_s}")
+        if self.tier_map is not None:
+            tier_map(self.tier_map)
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return ("start_time", "end_time", "collection_id", "instance_index", "machine_id", "avg_cpu", "avg_mem")
+
+    def context(self, source: Any) -> UsageChangeContext:
+        tm = resolve_tier_map(self.tier_map, source)
+        if len(tm.names) + 1 > _T:
+            raise ValueError(f"usage-change: tier map {tm.name!r} has more than {_T - 1} tiers")
+        return UsageChangeContext(tm)
+
+    @property
+    def side_inputs(self) -> dict[str, tuple[str, ...]]:
+        return {"instance_events": EVENT_COLUMNS}
+
+    def bind(self, ctx: UsageChangeContext, side: dict[str, Any], grain: str | None) -> UsageChangeContext:
+        lk = tier_lookup(side["instance_events"], ctx.tier_map, top_level_only=False,
+                         unmatched=len(ctx.tier_map.names), what="usage-change tier lookup")
+        return replace(ctx, lookup=lk)
+
+    # ---------------------------------------------------------------- partial / merge
+    def empty(self, backend: Any = None) -> dict[str, np.ndarray]:
+        return {"counts": np.zeros((_T, _R, len(_COUNTS)), np.int64), "within": np.zeros((_T, _R, _H), np.int64),
+                "hist": np.zeros((_T, _R, _B), np.int64), "rsum": np.zeros((_T, _R)),
+                "stats": np.zeros(len(_STATS), np.int64)}
+
+    def partial(self, cols: dict[str, Any], ctx: UsageChangeContext, backend: Any) -> dict[str, Any]:
+        xp = backend.xp
+        out = {k: xp.asarray(v) for k, v in self.empty().items()}
+        s, e = cols["start_time"], cols["end_time"]
+        n = int(s.shape[0])
+        stats = dict.fromkeys(_STATS, 0)
+        stats["rows"] = n
+        if n == 0:
+            out["stats"] = xp.asarray(np.array([stats[k] for k in _STATS], np.int64))
+            return out
+        c, i, m = cols["collection_id"], cols["instance_index"], cols["machine_id"]
+        found, code = ctx.lookup.find(backend, c, i, m)
+        tier = xp.where(found, code, len(ctx.tier_map.names)).astype(xp.int64)
+        order = xp.lexsort(xp.stack([s, i.astype(xp.int64), c.astype(xp.int64)]))  # stable: ties keep row order
+        s, e, c, i, tier = s[order], e[order], c[order], i[order], tier[order]
+        same = (c[1:] == c[:-1]) & (i[1:] == i[:-1])
+        stats["instances"] = n - int(xp.count_nonzero(same))
+        # a window ending "after the trace" (2^63-1) cannot be followed in time
+        unplaced = e[:-1] == TIME_AFTER_TRACE
+        close = (s[1:] - e[:-1]) <= int(self.max_gap_s) * 1_000_000
+        pair = same & close & ~unplaced
+        stats["unplaced_ends"] = int(xp.count_nonzero(same & unplaced))
+        stats["gaps"] = int(xp.count_nonzero(same & ~unplaced & ~close))
+        k = xp.nonzero(pair)[0]
+        stats["pairs"] = int(k.shape[0])
+        tp = tier[k]
+        edges = xp.asarray(RATIO_EDGES)
+        counts, within, hist, rsum = [], [], [], []
+        for _, col in RESOURCES:
+            v = cols[col][order]
+            a = v[k].astype(xp.float64)
+            b = v[k + 1].astype(xp.float64)
+            known = xp.isfinite(a) & xp.isfinite(b)
+            zero = known & (a == 0)
+            defined = known & (a != 0)
+            flags = [xp.ones(k.shape[0], dtype=bool), ~known, zero & (b == 0), zero & (b != 0), defined]
+            counts.append(xp.stack([xp.bincount(tp, weights=f.astype(xp.float64), minlength=_T) for f in flags], 1))
+            d = xp.nonzero(defined)[0]
+            td = tp[d]
+            ratio = b[d] / a[d]
+            r = ratio - 1.0
+            within.append(xp.stack([xp.bincount(td, weights=(xp.abs(r) <= h).astype(xp.float64), minlength=_T)
+                                    for h in THRESHOLDS], 1))
+            bins = xp.searchsorted(edges, ratio, side="right")
+            hist.append(xp.bincount(td * _B + bins, minlength=_T * _B).reshape(_T, _B))
+            rsum.append(xp.bincount(td, weights=r, minlength=_T))
+        out["counts"] = xp.stack(counts, 1).round().astype(xp.int64)
+        out["within"] = xp.stack(within, 1).round().astype(xp.int64)
+        out["hist"] = xp.stack(hist, 1).astype(xp.int64)
+        out["rsum"] = xp.stack(rsum, 1)
+        out["stats"] = xp.asarray(np.array([stats[k_] for k_ in _STATS], np.int64))
+        return out
+
+    def merge(self, a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {k: a[k] + b[k] for k in a}
+
+    # ---------------------------------------------------------------- finalize
+    def finalize(self, partial: dict[str, np.ndarray], ctx: UsageChangeContext) -> dict[str, pd.DataFrame]:
+        names = ctx.tier_names
+        T = len(names)
+        p = {k: np.asarray(v) for k, v in partial.items()}
+        lo = np.concatenate([[0.0], RATIO_EDGES]) - 1.0  # relative change at each bin's lower edge
+        hi = np.concatenate([RATIO_EDGES, [np.inf]]) - 1.0
+        rows, hrows = [], []
+        groups = [(names[t], p["counts"][t], p["within"][t], p["hist"][t], p["rsum"][t]) for t in range(T)]
+        groups.append(("all", p["counts"][:T].sum(0), p["within"][:T].sum(0), p["hist"][:T].sum(0), p["rsum"][:T].sum(0)))
+        for tier, cnt, win, hist, rs in groups:
+            for j, (res, _) in enumerate(RESOURCES):
+                if not cnt[j, 0]:
+                    continue
+                row: dict[str, Any] = {"tier": tier, "resource": res, **{f: int(cnt[j, q]) for q, f in enumerate(_COUNTS)}}
+                n = int(cnt[j, 4])
+                for q, h in enumerate(THRESHOLDS):
+                    row[f"within_{round(h * 100)}pct"] = int(win[j, q]) / n if n else np.nan
+                row["mean_change"] = float(rs[j]) / n if n else np.nan
+                cum = np.cumsum(hist[j])
+                for q in (1, 10, 50, 90, 99):
+                    b = int(np.searchsorted(cum, -(-q * n // 100), side="left")) if n else -1
+                    row[f"p{q}_change"] = float(max(lo[b], -1.0)) if n else np.nan
+                rows.append(row)
+                hrows.extend({"tier": tier, "resource": res, "bin": int(b), "lo_change": float(max(lo[b], -1.0)),
+                              "hi_change": float(hi[b]), "pairs": int(hist[j, b])} for b in np.nonzero(hist[j])[0])
+        within_cols = [f"within_{round(h * 100)}pct" for h in THRESHOLDS]
+        pct_cols = [f"p{q}_change" for q in (1, 10, 50, 90, 99)]
+        summary = pd.DataFrame(rows, columns=["tier", "resource", *_COUNTS, *within_cols, "mean_change", *pct_cols])
+        summary = summary.astype({c: np.int64 for c in _COUNTS})
+        hist_df = pd.DataFrame(hrows, columns=["tier", "resource", "bin", "lo_change", "hi_change", "pairs"])
+        hist_df = hist_df.astype({"bin": np.int64, "pairs": np.int64})
+        stats = dict(zip(_STATS, (int(v) for v in p["stats"]), strict=True))
+        info = pd.DataFrame([{"analysis": self.name, "tier_map": ctx.tier_map.name, "tiers": ",".join(names),
+                              "max_gap_s": int(self.max_gap_s), **stats}])
+        return {"summary": summary, "hist": hist_df, "info": info}
+
+    def summary(self, result: dict[str, pd.DataFrame]) -> str:
+        info = result["info"].iloc[0]
+        lines = [f"{self.label}: {info['pairs']:,} pairs of consecutive windows of {info['instances']:,} instances "
+                 f"({info['rows']:,} windows; {info['gaps']:,} gaps over {int(info['max_gap_s'])} s), "
+                 f"tier map {info['tier_map']!r}"]
+        for r in result["summary"].itertuples(index=False):
+            lines.append(f"  {r.tier:>8} {r.resource}: {r.defined:,} defined changes, within ±20%: "
+                         f"{fmt(r.within_20pct, '.1%')}, within ±5%: {fmt(r.within_5pct, '.1%')}, "
+                         f"median {fmt(r.p50_change, '+.3f')}")
+        return "\n".join(lines)

@@ -1,0 +1,42 @@
+"""The ``usage-change`` plot: the CDF of the relative change between consecutive windows, CPU and
+memory, by tier, with the ±20% band seed 003 reads off it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from gpuclust.report.plots import new_figure, save_figure_atomic
+
+__all__ = ["plot_usage_change"]
+
+
+def plot_usage_change(result: dict[str, pd.DataFrame], path: Path, *, title: str = "usage-change") -> bool:
+    """Two panels (CPU, memory): share of pairs whose relative change is at most x, one step line
+    per tier (and all tiers), x on a symmetric-log axis.  ``False`` when no change is defined."""
+    h, s = result["hist"], result["summary"]
+    if h.empty:
+        return False
+    fig = new_figure()
+    axes = fig.subplots(1, 2, sharey=True)
+    for ax, res in zip(axes, ("cpu", "mem"), strict=True):
+        for tier in dict.fromkeys(h["tier"]):
+            g = h[(h["tier"] == tier) & (h["resource"] == res)].sort_values("bin")
+            if g.empty:
+                continue
+            x = np.where(np.isinf(g["hi_change"].to_numpy()), g["lo_change"].to_numpy(), g["hi_change"].to_numpy())
+            y = np.cumsum(g["pairs"].to_numpy()) / g["pairs"].sum()
+            row = s[(s["tier"] == tier) & (s["resource"] == res)]
+            share = float(row["within_20pct"].iloc[0]) if len(row) else float("nan")
+            ax.step(x, y, where="post", label=f"{tier}: {share:.0%} within ±20%", lw=2.2 if tier == "all" else 1.0)
+        ax.axvspan(-0.2, 0.2, color="grey", alpha=0.15)
+        ax.set_xscale("symlog", linthresh=0.01)
+        ax.set_xlim(-1.05, None)
+        ax.set_xlabel(f"relative change of average {res} usage, next window vs this one")
+        ax.legend(fontsize="x-small", loc="upper left")
+    axes[0].set_ylabel("share of pairs of consecutive windows")
+    fig.suptitle(f"{title} (shaded: ±20%)", fontsize="medium")
+    save_figure_atomic(fig, path)
+    return True
