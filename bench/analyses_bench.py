@@ -282,8 +282,41 @@ def duck_lifecycle(ds: Path, _: str) -> Callable[[], Any]:
     return lambda: con.execute(sql).fetchall()
 
 
+def usage_change_sql(ds: Path | str) -> str:
+    """usage-change's SQL-expressible subset: pairs of consecutive contiguous windows of an instance
+    (LEAD over its windows by start time), by tier (notebook map, the highest priority of the
+    earlier window's (collection, instance, machine)): pairs, defined CPU and memory changes and
+    those within ±20%."""
+    sql = f"""
+    WITH ev AS (SELECT collection_id, instance_index, machine_id, MAX(priority) AS p
+                FROM read_parquet('{ds}/instance_events/**/*.parquet', hive_partitioning=false)
+                WHERE machine_id IS NOT NULL GROUP BY ALL),
+         w AS (SELECT collection_id, instance_index, machine_id, end_time, avg_cpu, avg_mem,
+                      LEAD(start_time) OVER win AS ns, LEAD(avg_cpu) OVER win AS nc, LEAD(avg_mem) OVER win AS nm
+               FROM read_parquet('{ds}/instance_usage/**/*.parquet', hive_partitioning=false)
+               WINDOW win AS (PARTITION BY collection_id, instance_index ORDER BY start_time))
+    SELECT CASE WHEN p IS NULL OR p < 0 THEN 'unknown' WHEN p < 100 THEN 'free' WHEN p < 116 THEN 'beb'
+                WHEN p < 120 THEN 'mid' ELSE 'prod' END AS tier,
+           COUNT(*) AS pairs,
+           COUNT(*) FILTER (WHERE avg_cpu > 0 AND nc IS NOT NULL) AS cpu_defined,
+           COUNT(*) FILTER (WHERE avg_cpu > 0 AND abs(nc / avg_cpu - 1) <= 0.2) AS cpu_within_20,
+           COUNT(*) FILTER (WHERE avg_mem > 0 AND nm IS NOT NULL) AS mem_defined,
+           COUNT(*) FILTER (WHERE avg_mem > 0 AND abs(nm / avg_mem - 1) <= 0.2) AS mem_within_20
+    FROM w LEFT JOIN ev USING (collection_id, instance_index, machine_id)
+    WHERE ns IS NOT NULL AND end_time < 9223372036854775807 AND ns <= end_time
+    GROUP BY 1"""
+    return sql
+
+
+def duck_usage_change(ds: Path, _: str) -> Callable[[], Any]:
+    con = _duck()
+    sql = usage_change_sql(ds)
+    return lambda: con.execute(sql).fetchall()
+
+
 PEERS: dict[str, dict[str, Callable[[Path, str], Callable[[], Any]]]] = {
     "lifecycle": {"duckdb": duck_lifecycle},
+    "usage-change": {"duckdb": duck_usage_change},
     "cell-usage": {"duckdb": duck_cell_usage, "pandas": pandas_cell_usage},
     "machine-shapes": {"duckdb": duck_machine_shapes},
     "cpi": {"duckdb": duck_cpi, "pandas": pandas_cpi},

@@ -41,7 +41,8 @@ def test_default_is_a_share_of_the_machine() -> None:
 
 
 def test_a_smaller_budget_gives_smaller_partitions_and_the_same_results(dataset: Dataset) -> None:
-    ans = [create(n) for n in names()]
+    # the analyses whose flat table may be cut (a whole-instance one gets it as one partition: below)
+    ans = [a for a in (create(n) for n in names()) if not a.whole_instances]
     usage = [a for a in ans if a.table == "instance_usage"]
     per_row = row_bytes(usage, "instance_usage")
     # the arithmetic: two partitions in flight in half the budget
@@ -55,6 +56,11 @@ def test_a_smaller_budget_gives_smaller_partitions_and_the_same_results(dataset:
     assert len(specs) >= 4 and max(s.num_rows for s in specs) <= 12_000
     ref = run(dataset, ans, partitions="auto", workers=2)
     assert_results_same(ref, run(dataset, ans, partitions="auto", workers=2, memory_limit="64MiB"), rtol=1e-9)
+    # a whole-instance analysis cannot cut a flat table: one partition over the budget is a clear error
+    whole = [a for a in (create(n) for n in names()) if a.whole_instances and a.table == "instance_usage"]
+    assert whole
+    with pytest.raises(ValueError, match="gpuclust optimize"):
+        plan_tables(dataset, whole, "auto", multiple_of=2, auto_rows={"instance_usage": 10_000})
 
 
 def test_a_local_cluster_splits_the_budget_across_its_workers() -> None:
