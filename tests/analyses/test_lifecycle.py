@@ -222,3 +222,30 @@ def test_real_2011_task_events(tmp_path):
     tr = res["transitions"]
     assert tr[(tr["from_event"] == "SUBMIT") & (tr["to_event"] == "SUBMIT")].empty
     assert set(NAMES) >= set(res["events"]["event"])
+
+
+def test_planted_life_cycles_of_a_synthetic_cell(tmp_path):
+    """`gpuclust synth` plants its instance life cycles and writes what it planted
+    (synth_truth.json: events by type, resubmissions, instances still running or never placed at
+    the end, running intervals); lifecycle recovers them exactly from the ingested dataset (the
+    pending ones bounded: the truth counts only those never placed)."""
+    from gpuclust.synth import SynthConfig, synthesize
+
+    syn = synthesize(SynthConfig(machines=30, hours=3, seed=7), tmp_path / "raw", dataset=tmp_path / "ds",
+                     progress=None)
+    assert syn.truth["counts"]["instance_events"]["malformed_total"] == 0
+    w = syn.truth["workload"]
+    res = run(Dataset(tmp_path / "ds"), Lifecycle(), partitions="auto")["lifecycle"]
+    assert res["events"].groupby("event")["count"].sum().to_dict() == w["instance_event_types"]
+    s = res["series"]
+    assert int(s["resubmissions"].sum()) == w["resubmissions"]
+    end = s[s["bucket"] == s["bucket"].max()]
+    assert int(end["running"].sum()) == w["still_running_at_end"]
+    # pending at the end: the never-placed ones (planted) and any evicted or failed and resubmitted
+    pending = int(end["pending"].sum())
+    assert w["unplaced_at_end"] <= pending <= w["unplaced_at_end"] + w["resubmissions"]
+    assert pending == int(res["delays"].query("measure == 'scheduling' and outcome == 'censored'")["episodes"].sum())
+    d = res["delays"]
+    assert int(d.loc[d["measure"] == "execution", "episodes"].sum()) == w["running_intervals"]
+    assert int(d.loc[(d["measure"] == "execution") & (d["outcome"] == "censored"), "episodes"].sum()) == \
+        w["still_running_at_end"]
