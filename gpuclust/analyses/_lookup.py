@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 
 from gpuclust._cache import PerArrayCache
 
-__all__ = ["EVENT_COLUMNS", "InstanceLookup", "id_index", "max_priority", "tier_lookup", "triple_hash"]
+__all__ = ["EVENT_COLUMNS", "InstanceLookup", "id_index", "max_priority", "priority_lookup", "tier_lookup", "triple_hash"]
 
 #: The instance_events columns :func:`tier_lookup` reads.
 EVENT_COLUMNS = ("collection_id", "instance_index", "machine_id", "priority", "alloc_collection_id")
@@ -240,6 +240,15 @@ def _group_max(c: np.ndarray, i: np.ndarray, m: np.ndarray, p: np.ndarray) -> pd
     return pd.DataFrame({"c": c[first], "i": i[first], "m": m[first], "p": pmax[o2]})
 
 
+def _max_priorities(events: Any, top_level_only: bool) -> pd.DataFrame | None:
+    """:func:`max_priority` over every batch of ``events`` (a side table), merged; None: no rows."""
+    parts = [max_priority(t, top_level_only) for t in events.batches(list(EVENT_COLUMNS))]
+    if not parts:
+        return None
+    return parts[0] if len(parts) == 1 else (
+        _group_max(*(np.concatenate([d[k].to_numpy() for d in parts]) for k in ("c", "i", "m", "p"))))
+
+
 def tier_lookup(events: Any, tm: Any, *, top_level_only: bool, unmatched: int, what: str) -> InstanceLookup:
     """``(collection_id, instance_index, machine_id) -> tier code`` from instance_events rows.
 
@@ -248,11 +257,9 @@ def tier_lookup(events: Any, tm: Any, *, top_level_only: bool, unmatched: int, w
     is never in memory at once); the priority is :func:`max_priority` of each key, mapped by the
     tier map ``tm``; a NULL priority, or one no tier covers, gets ``unmatched``.
     """
-    parts = [max_priority(t, top_level_only) for t in events.batches(list(EVENT_COLUMNS))]
-    if not parts:
+    lk = _max_priorities(events, top_level_only)
+    if lk is None:
         return InstanceLookup.empty()
-    lk = parts[0] if len(parts) == 1 else (
-        _group_max(*(np.concatenate([d[k].to_numpy() for d in parts]) for k in ("c", "i", "m", "p"))))
     p = lk["p"].to_numpy(np.float64)
     codes = np.full(p.shape[0], unmatched, dtype=np.int32)
     ok = ~np.isnan(p)
@@ -260,3 +267,16 @@ def tier_lookup(events: Any, tm: Any, *, top_level_only: bool, unmatched: int, w
     codes[ok] = np.where(tc >= 0, tc, unmatched)
     return InstanceLookup.build(lk["c"].to_numpy(np.int64), lk["i"].to_numpy(np.int32), lk["m"].to_numpy(np.int64),
                                 codes, what=what)
+
+
+def priority_lookup(events: Any, *, top_level_only: bool, what: str) -> InstanceLookup:
+    """``(collection_id, instance_index, machine_id) -> MAX(priority)`` (-1 where every priority of
+    the key is NULL, or negative), as :func:`tier_lookup` reads it, before any tier map."""
+    lk = _max_priorities(events, top_level_only)
+    if lk is None:
+        return InstanceLookup.empty()
+    p = lk["p"].to_numpy(np.float64)
+    prio = np.where(np.isnan(p) | (p < 0), -1, np.nan_to_num(p, nan=-1.0)).astype(np.int64)
+    prio = np.minimum(prio, np.iinfo(np.int32).max).astype(np.int32)
+    return InstanceLookup.build(lk["c"].to_numpy(np.int64), lk["i"].to_numpy(np.int32), lk["m"].to_numpy(np.int64),
+                                prio, what=what)

@@ -18,6 +18,7 @@ from typing import Any
 from gpuclust.analyses.base import Analysis
 from gpuclust.analyses.cell_usage import CellUsage
 from gpuclust.analyses.cpi import Cpi
+from gpuclust.analyses.job_usage import JobUsage
 from gpuclust.analyses.lifecycle import Lifecycle
 from gpuclust.analyses.machine_shapes import MachineShapes
 from gpuclust.analyses.options import Option, options_of
@@ -61,6 +62,9 @@ REGISTRY: dict[str, AnalysisEntry] = {
                       kernels=("grouped_sum", "bucket_overlap", "hash_index")),
         AnalysisEntry(Cpi, "CPI/MAI per group (CPU-second weighted) and the Borg §5.2 CPI interference regression",
                       kernels=("grouped_comoments", "grouped_sum", "hash_index")),
+        AnalysisEntry(JobUsage, "Per-collection NCU-hours and NMU-hours and their heavy tail by tier: quantiles, top "
+                      "1% / 0.1% shares, C², Pareto alpha of the CCDF tail, NCU-NMU correlation",
+                      kernels=("hash_index",)),
         AnalysisEntry(Lifecycle, "Instance life cycles: events and transitions by tier, submissions / queue / running "
                       "series, scheduling delays and execution times (censored at the data's end)"),
         AnalysisEntry(MachineShapes, "Machines per capacity shape (cap_cpu, cap_mem), as in Google's notebook"),

@@ -87,6 +87,10 @@ def plot_result(name: str, result: dict[str, pd.DataFrame], path: Path, *, title
         from gpuclust.report.cpi_plots import plot_cpi
 
         return plot_cpi(result, path, title=title or name)
+    if name == "job-usage":
+        from gpuclust.report.job_usage_plots import plot_job_usage
+
+        return plot_job_usage(result, path, title=title or name)
     if name == "lifecycle":
         from gpuclust.report.lifecycle_plots import plot_lifecycle
 

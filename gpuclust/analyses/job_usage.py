@@ -1,0 +1,274 @@
+"""``job-usage``: how resource consumption is spread over jobs (Borg: the Next Generation, EuroSys
+2020: "the top 1% of jobs use about 99% of CPU-hours and memory-hours").
+
+Per collection, its **NCU-hours** and **NMU-hours**: the sum over its usage windows of the average
+CPU (memory) usage times the window's length, in hours (NULL averages left out and counted;
+windows with ``end <= start`` or ending at 2^63-1 left out and counted).  Which rows count
+avoids double counting allocs either way (``rows``):
+
+``jobs`` (default)
+    Rows of collections of type JOB (``collection_type = 0``): every job's own tasks, those
+    running inside alloc instances included; alloc sets are not jobs and are left out (their
+    instances' usage includes their tasks').
+``top-level``
+    Google's notebook: rows with ``alloc_collection_id`` NULL or 0 (jobs outside allocs, and
+    alloc sets with their whole usage).
+
+A collection's **tier** is the tier of the highest priority of the events of its
+``(collection_id, instance_index, machine_id)`` keys that have usage rows (so every layout gives
+the same); none known: ``unknown``.
+
+Over the collections with positive usage of a resource, per tier and over all (``"all"``):
+count, total, mean, variance (population), median, p90, p99, p99.9 and max, the share of the
+total used by the top 1% and 0.1% of collections (``ceil(share x n)``, at least one), the
+squared coefficient of variation (variance / mean²), and a Pareto fit of the CCDF tail: over the
+largest ``ceil(tail x n)`` collections (at least 2) ranked ``j = 1, 2, ...``, least squares of
+``log10(j / n)`` on ``log10(x_j)``; ``alpha`` = minus the slope, with the fit's R².  The NCU-NMU
+correlation: Pearson r of the two, and of their logarithms (collections with both positive).
+
+The per-collection partial is keyed by ``collection_id`` (sums; the priority merged by maximum):
+memory grows with the number of collections (about 56 bytes each), not with the windows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from gpuclust.analyses._lookup import EVENT_COLUMNS, InstanceLookup, priority_lookup
+from gpuclust.analyses.base import Analysis, fmt, is_null_int, resolve_tier_map
+from gpuclust.analyses.options import option, tier_map_option
+from gpuclust.schema import TIME_AFTER_TRACE, CollectionType, TierMap, tier_map
+
+__all__ = ["JobUsage", "ROWS", "STAT_COLUMNS", "job_stats"]
+
+ROWS = ("jobs", "top-level")
+_HOUR_US = 3.6e9
+_STATS = ("rows", "used_rows", "unknown_cpu_rows", "unknown_mem_rows", "bad_duration_rows")
+#: Columns of the ``stats`` table after ``tier`` and ``resource``.
+STAT_COLUMNS = ("jobs", "zero_jobs", "total_hours", "mean", "variance", "median", "p90", "p99", "p999", "max",
+                "top1pct_share", "top01pct_share", "scv", "tail_jobs", "pareto_alpha", "pareto_r2")
+
+
+@dataclass(frozen=True)
+class JobUsageContext:
+    tier_map: TierMap
+    #: (collection_id, instance_index, machine_id) -> MAX(priority) (set by ``bind``)
+    lookup: InstanceLookup = InstanceLookup.empty()
+
+    @property
+    def tier_names(self) -> tuple[str, ...]:
+        return (*self.tier_map.names, "unknown")
+
+
+def _top_share(x: np.ndarray, share: float) -> float:
+    """Share of ``x.sum()`` held by its largest ``max(1, ceil(share * n))`` values."""
+    k = max(1, int(np.ceil(share * x.shape[0])))
+    return float(np.sort(x)[::-1][:k].sum() / x.sum())
+
+
+def job_stats(x: np.ndarray, tail: float) -> dict[str, float]:
+    """The :data:`STAT_COLUMNS` (from ``jobs`` on) of positive per-collection totals ``x``."""
+    n = int(x.shape[0])
+    out: dict[str, float] = dict.fromkeys(STAT_COLUMNS[1:], np.nan)
+    out["jobs"] = n
+    if n == 0:
+        out["total_hours"] = 0.0
+        return out
+    mean = float(x.mean())
+    var = float(x.var())
+    q = np.quantile(x, [0.5, 0.9, 0.99, 0.999])
+    out.update(total_hours=float(x.sum()), mean=mean, variance=var, median=float(q[0]), p90=float(q[1]),
+               p99=float(q[2]), p999=float(q[3]), max=float(x.max()), top1pct_share=_top_share(x, 0.01),
+               top01pct_share=_top_share(x, 0.001), scv=var / mean**2 if mean > 0 else np.nan)
+    m = max(2, int(np.ceil(tail * n)))
+    if n >= 2:
+        m = min(m, n)
+        top = np.sort(x)[::-1][:m]
+        lx = np.log10(top)
+        ly = np.log10(np.arange(1, m + 1) / n)
+        out["tail_jobs"] = m
+        if np.ptp(lx) > 0:
+            slope, icept = np.polyfit(lx, ly, 1)
+            resid = ly - (slope * lx + icept)
+            ss = float(((ly - ly.mean()) ** 2).sum())
+            out["pareto_alpha"] = -float(slope)
+            out["pareto_r2"] = 1.0 - float((resid**2).sum()) / ss if ss > 0 else np.nan
+    return out
+
+
+def _pearson(a: np.ndarray, b: np.ndarray) -> float:
+    if a.shape[0] < 2 or np.ptp(a) == 0 or np.ptp(b) == 0:
+        return np.nan
+    return float(np.corrcoef(a, b)[0, 1])
+
+
+@dataclass(frozen=True)
+class JobUsage(Analysis):
+    """Per-collection NCU-hours and NMU-hours and how heavy their tail is, by tier.
+
+    Parameters
+    ----------
+    rows
+        ``"jobs"``: rows of JOB collections (allocs' tasks included, alloc sets left out);
+        ``"top-level"``: rows with alloc_collection_id NULL or 0 (Google's notebook).
+    tail
+        Share of the largest collections the Pareto tail fit uses.
+    tier_map
+        Name of a tier map in :data:`gpuclust.schema.TIER_MAPS`; ``None``: the dataset manifest's,
+        else the trace version's default.
+
+    Examples
+    --------
+    >>> JobUsage(rows="top-level").label
+    'job-usage[rows=top-level]'
+    """
+
+    rows: str = option("jobs", "jobs = rows of JOB collections (allocs' tasks included, alloc sets out); top-level = "
+                       "rows with alloc_collection_id NULL or 0 (Google's notebook)", choices=ROWS)
+    tail: float = option(0.1, "share of the largest collections the Pareto tail fit uses")
+    tier_map: str | None = tier_map_option()
+
+    name = "job-usage"
+    table = "instance_usage"
+    requires = ("instance_usage",)
+    optional_tables = ("instance_events",)
+    row_bytes = 200
+
+    def __post_init__(self) -> None:
+        if self.rows not in ROWS:
+            raise ValueError(f"job-usage: unknown rows {self.rows!r}; choose one of {list(ROWS)}")
+        if not 0 < float(self.tail) <= 1:
+            raise ValueError(f"job-usage: tail must be in (0, 1], got {self.tail}")
+        if self.tier_map is not None:
+            tier_map(self.tier_map)
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return ("start_time", "end_time", "collection_id", "instance_index", "machine_id", "collection_type",
+                "alloc_collection_id", "avg_cpu", "avg_mem")
+
+    def context(self, source: Any) -> JobUsageContext:
+        return JobUsageContext(resolve_tier_map(self.tier_map, source))
+
+    @property
+    def side_inputs(self) -> dict[str, tuple[str, ...]]:
+        return {"instance_events": EVENT_COLUMNS}
+
+    def bind(self, ctx: JobUsageContext, side: dict[str, Any], grain: str | None) -> JobUsageContext:
+        return replace(ctx, lookup=priority_lookup(side["instance_events"], top_level_only=False,
+                                                   what="job-usage priority lookup"))
+
+    # ---------------------------------------------------------------- partial / merge
+    def empty(self, backend: Any = None) -> dict[str, np.ndarray]:
+        return {"key": np.zeros(0, np.int64), "cpu": np.zeros(0), "mem": np.zeros(0),
+                "windows": np.zeros(0, np.int64), "prio": np.zeros(0, np.int64), "stats": np.zeros(len(_STATS), np.int64)}
+
+    def partial(self, cols: dict[str, Any], ctx: JobUsageContext, backend: Any) -> dict[str, Any]:
+        xp = backend.xp
+        s, e = cols["start_time"], cols["end_time"]
+        n = int(s.shape[0])
+        stats = dict.fromkeys(_STATS, 0)
+        stats["rows"] = n
+        if self.rows == "jobs":
+            use = cols["collection_type"] == int(CollectionType.JOB)
+        else:
+            a = cols["alloc_collection_id"]
+            use = (a == 0) | is_null_int(xp, a)
+        ok = (e > s) & (e != TIME_AFTER_TRACE)
+        stats["bad_duration_rows"] = int(xp.count_nonzero(use & ~ok))
+        r = xp.nonzero(use & ok)[0]
+        stats["used_rows"] = int(r.shape[0])
+        if int(r.shape[0]) == 0:
+            out = {k: xp.asarray(v) for k, v in self.empty().items()}
+            out["stats"] = xp.asarray(np.array([stats[k] for k in _STATS], np.int64))
+            return out
+        hours = (e[r] - s[r]).astype(xp.float64) / _HOUR_US
+        c = cols["collection_id"][r].astype(xp.int64)
+        found, p = ctx.lookup.find(backend, cols["collection_id"], cols["instance_index"], cols["machine_id"], rows=r)
+        prio = xp.where(found, p, -1).astype(xp.int64)
+        vals = {}
+        for res in ("cpu", "mem"):
+            v = cols["avg_" + res][r].astype(xp.float64)
+            known = xp.isfinite(v)
+            stats[f"unknown_{res}_rows"] = int(r.shape[0]) - int(xp.count_nonzero(known))
+            vals[res] = xp.where(known, v * hours, 0.0)
+        # group by collection: one sort, sums by run (float64, in row order within a run)
+        order = backend.ops.stable_argsort(c)
+        cs = c[order]
+        first = xp.ones(cs.shape[0], dtype=bool)
+        first[1:] = cs[1:] != cs[:-1]
+        g = xp.cumsum(first) - 1
+        G = int(g[-1]) + 1
+        out = {"key": cs[first]}
+        for res in ("cpu", "mem"):
+            out[res] = xp.bincount(g, weights=vals[res][order], minlength=G)
+        out["windows"] = xp.bincount(g, minlength=G).astype(xp.int64)
+        # MAX(priority) per collection: the last of each run once sorted by (collection, priority)
+        o2 = xp.lexsort(xp.stack([prio, c]))
+        last = xp.concatenate([xp.nonzero(first)[0][1:] - 1, xp.asarray([cs.shape[0] - 1])])
+        out["prio"] = prio[o2][last]
+        out["stats"] = xp.asarray(np.array([stats[k] for k in _STATS], np.int64))
+        return out
+
+    def merge(self, a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        key = np.concatenate([a["key"], b["key"]])
+        uniq, inv = np.unique(key, return_inverse=True)
+        out: dict[str, np.ndarray] = {"key": uniq}
+        for f in ("cpu", "mem"):
+            out[f] = np.bincount(inv, weights=np.concatenate([a[f], b[f]]), minlength=uniq.shape[0])
+        out["windows"] = np.bincount(inv, weights=np.concatenate([a["windows"], b["windows"]]),
+                                     minlength=uniq.shape[0]).round().astype(np.int64)
+        prio = np.full(uniq.shape[0], -1, np.int64)
+        np.maximum.at(prio, inv, np.concatenate([a["prio"], b["prio"]]).astype(np.int64))
+        out["prio"] = prio
+        out["stats"] = a["stats"] + b["stats"]
+        return out
+
+    # ---------------------------------------------------------------- finalize
+    def finalize(self, partial: dict[str, np.ndarray], ctx: JobUsageContext) -> dict[str, pd.DataFrame]:
+        p = {k: np.asarray(v) for k, v in partial.items()}
+        names = ctx.tier_names
+        prio = p["prio"].astype(np.int64)
+        code = ctx.tier_map.tier_codes(np.maximum(prio, 0)).astype(np.int64)
+        code = np.where((prio >= 0) & (code >= 0), code, len(names) - 1)
+        tier = np.array(names, dtype=object)[code] if code.size else np.array([], dtype=object)
+        jobs = pd.DataFrame({"collection_id": p["key"].astype(np.int64), "tier": tier,
+                             "ncu_hours": p["cpu"].astype(np.float64), "nmu_hours": p["mem"].astype(np.float64),
+                             "windows": p["windows"].astype(np.int64)})
+        jobs = jobs.sort_values(["ncu_hours", "collection_id"], ascending=[False, True], kind="stable").reset_index(drop=True)
+        rows, corr = [], []
+        for t in (*names, "all"):
+            sel = jobs if t == "all" else jobs[jobs["tier"] == t]
+            if sel.empty:
+                continue
+            for res, col in (("cpu", "ncu_hours"), ("mem", "nmu_hours")):
+                x = sel[col].to_numpy()
+                pos = x[x > 0]
+                rows.append({"tier": t, "resource": res, **job_stats(pos, float(self.tail)),
+                             "zero_jobs": int(x.shape[0] - pos.shape[0])})
+            both = sel[(sel["ncu_hours"] > 0) & (sel["nmu_hours"] > 0)]
+            a, b = both["ncu_hours"].to_numpy(), both["nmu_hours"].to_numpy()
+            corr.append({"tier": t, "jobs": int(both.shape[0]), "pearson_r": _pearson(a, b),
+                         "log_pearson_r": _pearson(np.log10(a), np.log10(b)) if a.size else np.nan})
+        stats = pd.DataFrame(rows, columns=["tier", "resource", *STAT_COLUMNS])
+        stats = stats.astype({"jobs": np.int64, "zero_jobs": np.int64})
+        st = dict(zip(_STATS, (int(v) for v in p["stats"]), strict=True))
+        info = pd.DataFrame([{"analysis": self.name, "rows_rule": self.rows, "tail": float(self.tail),
+                              "tier_map": ctx.tier_map.name, "tiers": ",".join(names), "collections": len(jobs), **st}])
+        return {"jobs": jobs, "stats": stats, "correlation": pd.DataFrame(
+            corr, columns=["tier", "jobs", "pearson_r", "log_pearson_r"]).astype({"jobs": np.int64}), "info": info}
+
+    def summary(self, result: dict[str, pd.DataFrame]) -> str:
+        info = result["info"].iloc[0]
+        lines = [f"{self.label}: {info['collections']:,} collections from {info['used_rows']:,} windows "
+                 f"(rows: {info['rows_rule']}), tier map {info['tier_map']!r}"]
+        for r in result["stats"].itertuples(index=False):
+            lines.append(f"  {r.tier:>8} {r.resource}: {r.jobs:,} jobs, {fmt(r.total_hours, '.4g')} h; top 1% "
+                         f"{fmt(r.top1pct_share, '.1%')}, top 0.1% {fmt(r.top01pct_share, '.1%')}; median "
+                         f"{fmt(r.median, '.3g')} h, p99 {fmt(r.p99, '.3g')} h; C² {fmt(r.scv, '.3g')}; "
+                         f"Pareto alpha {fmt(r.pareto_alpha, '.3g')} (R² {fmt(r.pareto_r2, '.3f')})")
+        return "\n".join(lines)

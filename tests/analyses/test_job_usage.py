@@ -1,0 +1,164 @@
+"""``job-usage`` against DuckDB SQL (the per-collection hours and tiers, over the same Parquet),
+plain-Python statistics of those, and the synthetic cell's planted top-1% share."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from strategies import random_cell, write_dataset
+
+from gpuclust.analyses.job_usage import STAT_COLUMNS, JobUsage
+from gpuclust.dataset import Dataset
+from gpuclust.engine import run
+from gpuclust.schema import tier_map
+
+duckdb = pytest.importorskip("duckdb")
+
+
+def cell_with_types(seed: int, n_windows: int = 6000) -> dict[str, pa.Table]:
+    """A random cell whose usage rows carry a collection type: most collections are jobs, some are
+    alloc sets; some rows are NULL-typed (neither)."""
+    t = random_cell(seed, n_windows=n_windows)
+    u = t["instance_usage"]
+    rng = np.random.default_rng(seed)
+    c = u.column("collection_id").to_numpy()
+    kind = {int(x): int(rng.random() < 0.2) for x in np.unique(c)}
+    ct = [None if rng.random() < 0.01 else kind[int(x)] for x in c]
+    idx = u.schema.get_field_index("collection_type")
+    t["instance_usage"] = u.set_column(idx, u.schema.field(idx), pa.array(ct, type=pa.int8()))
+    return t
+
+
+def sql_jobs(ds, rows: str, tm_name: str = "notebook") -> dict[int, tuple[float, float, int, str]]:
+    """collection_id -> (NCU-hours, NMU-hours, windows, tier), by DuckDB over the dataset's Parquet."""
+    where = "collection_type = 0" if rows == "jobs" else "(alloc_collection_id IS NULL OR alloc_collection_id = 0)"
+    q = f"""
+    WITH u AS (SELECT * FROM read_parquet('{ds}/instance_usage/*.parquet')
+               WHERE {where} AND end_time > start_time AND end_time < 9223372036854775807),
+         e AS (SELECT collection_id, instance_index, machine_id, MAX(priority) AS p
+               FROM read_parquet('{ds}/instance_events/*.parquet') WHERE machine_id IS NOT NULL GROUP BY ALL),
+         k AS (SELECT DISTINCT collection_id, instance_index, machine_id FROM u),
+         pr AS (SELECT k.collection_id, MAX(e.p) AS p FROM k JOIN e USING (collection_id, instance_index, machine_id)
+                GROUP BY 1)
+    SELECT u.collection_id,
+           SUM(COALESCE(CAST(avg_cpu AS DOUBLE), 0) * CAST(end_time - start_time AS DOUBLE) / 3.6e9),
+           SUM(COALESCE(CAST(avg_mem AS DOUBLE), 0) * CAST(end_time - start_time AS DOUBLE) / 3.6e9),
+           COUNT(*), ANY_VALUE(pr.p)
+    FROM u LEFT JOIN pr USING (collection_id) GROUP BY u.collection_id"""
+    tm = tier_map(tm_name)
+    out = {}
+    for cid, cpu, mem, n, p in duckdb.sql(q).fetchall():
+        tier = "unknown"
+        if p is not None and p >= 0:
+            tier = [name for name, lo in zip(tm.names, tm.bounds, strict=True) if p >= lo][-1]
+        out[int(cid)] = (cpu, mem, int(n), tier)
+    return out
+
+
+def quantile(xs: list[float], q: float) -> float:
+    """Linear interpolation between order statistics (NumPy's default), by hand."""
+    s = sorted(xs)
+    h = (len(s) - 1) * q
+    lo = math.floor(h)
+    return s[lo] + (h - lo) * (s[min(lo + 1, len(s) - 1)] - s[lo])
+
+
+def plain_stats(xs: list[float], tail: float) -> dict[str, float]:
+    n = len(xs)
+    mean = sum(xs) / n
+    var = sum((x - mean) ** 2 for x in xs) / n
+    desc = sorted(xs, reverse=True)
+    out = {"jobs": n, "total_hours": sum(xs), "mean": mean, "variance": var, "median": quantile(xs, 0.5),
+           "p90": quantile(xs, 0.9), "p99": quantile(xs, 0.99), "p999": quantile(xs, 0.999), "max": desc[0],
+           "top1pct_share": sum(desc[:max(1, math.ceil(0.01 * n))]) / sum(xs),
+           "top01pct_share": sum(desc[:max(1, math.ceil(0.001 * n))]) / sum(xs), "scv": var / mean**2}
+    m = min(n, max(2, math.ceil(tail * n)))
+    if n >= 2:
+        lx = [math.log10(x) for x in desc[:m]]
+        ly = [math.log10((j + 1) / n) for j in range(m)]
+        mx, my = sum(lx) / m, sum(ly) / m
+        sxx = sum((a - mx) ** 2 for a in lx)
+        if sxx > 0:
+            slope = sum((a - mx) * (b - my) for a, b in zip(lx, ly, strict=True)) / sxx
+            icept = my - slope * mx
+            ss_res = sum((b - (slope * a + icept)) ** 2 for a, b in zip(lx, ly, strict=True))
+            ss_tot = sum((b - my) ** 2 for b in ly)
+            out.update(tail_jobs=m, pareto_alpha=-slope, pareto_r2=1 - ss_res / ss_tot)
+    return out
+
+
+def pearson(a: list[float], b: list[float]) -> float:
+    n = len(a)
+    ma, mb = sum(a) / n, sum(b) / n
+    cov = sum((x - ma) * (y - mb) for x, y in zip(a, b, strict=True))
+    return cov / math.sqrt(sum((x - ma) ** 2 for x in a) * sum((y - mb) ** 2 for y in b))
+
+
+@pytest.mark.parametrize("seed, rows", [(1, "jobs"), (2, "top-level"), (3, "jobs")])
+def test_matches_sql_and_plain_statistics(tmp_path, seed, rows):
+    tables = cell_with_types(seed)
+    ds = write_dataset(tmp_path / "ds", tables, files=3, row_group_size=900)
+    a = JobUsage(rows=rows, tail=0.2)
+    res = run(Dataset(ds), a, partitions=4, workers=2)["job-usage"]
+    want = sql_jobs(ds, rows)
+    jobs = res["jobs"]
+    assert sorted(jobs["collection_id"]) == sorted(want)
+    for r in jobs.itertuples():
+        cpu, mem, n, tier = want[r.collection_id]
+        assert (r.windows, r.tier) == (n, tier), r.collection_id
+        assert r.ncu_hours == pytest.approx(cpu, rel=1e-9, abs=1e-15)
+        assert r.nmu_hours == pytest.approx(mem, rel=1e-9, abs=1e-15)
+    # statistics per tier and over all, from DuckDB's per-collection hours
+    st = res["stats"].set_index(["tier", "resource"])
+    for tier in {*(v[3] for v in want.values()), "all"}:
+        for k, res_name in ((0, "cpu"), (1, "mem")):
+            xs = [v[k] for v in want.values() if (tier == "all" or v[3] == tier)]
+            pos = [x for x in xs if x > 0]
+            row = st.loc[(tier, res_name)]
+            assert row["zero_jobs"] == len(xs) - len(pos)
+            for col, v in plain_stats(pos, 0.2).items():
+                assert row[col] == pytest.approx(v, rel=1e-9, abs=1e-12), (tier, res_name, col)
+    corr = res["correlation"].set_index("tier")
+    both = [(v[0], v[1]) for v in want.values() if v[0] > 0 and v[1] > 0]
+    assert corr.loc["all", "jobs"] == len(both)
+    assert corr.loc["all", "pearson_r"] == pytest.approx(pearson(*map(list, zip(*both, strict=True))), rel=1e-9)
+    logs = [(math.log10(x), math.log10(y)) for x, y in both]
+    assert corr.loc["all", "log_pearson_r"] == pytest.approx(pearson(*map(list, zip(*logs, strict=True))), rel=1e-9)
+    assert set(STAT_COLUMNS) <= set(res["stats"].columns)
+
+
+def test_planted_top_share_of_a_synthetic_cell(tmp_path):
+    """`gpuclust synth` writes the share of job CPU-seconds used by the top 1% of jobs it
+    generated (synth_truth.json usage.job_cpu_seconds_top1pct_share); job-usage recovers it."""
+    from gpuclust.synth import SynthConfig, synthesize
+
+    syn = synthesize(SynthConfig(machines=40, hours=3, seed=5), tmp_path / "raw", dataset=tmp_path / "ds",
+                     progress=None)
+    res = run(Dataset(tmp_path / "ds"), JobUsage(), partitions="auto")["job-usage"]
+    row = res["stats"].set_index(["tier", "resource"]).loc[("all", "cpu")]
+    assert row["top1pct_share"] == pytest.approx(syn.truth["usage"]["job_cpu_seconds_top1pct_share"], rel=1e-6)
+
+
+def test_bucketed_equals_flat(tmp_path):
+    import subprocess
+    import sys
+
+    tables = cell_with_types(4)
+    flat = write_dataset(tmp_path / "flat", tables, files=2)
+    r = subprocess.run([sys.executable, "-m", "gpuclust.cli", "optimize", str(flat), "--out", str(tmp_path / "opt"),
+                        "--buckets", "8"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    a = JobUsage()
+    want = run(Dataset(flat), a, partitions=3)["job-usage"]
+    for sched in (None, "threads"):
+        got = run(Dataset(tmp_path / "opt"), a, partitions=3, scheduler=sched)["job-usage"]
+        for k in want:
+            for c in want[k].columns:
+                x, y = got[k][c].to_numpy(), want[k][c].to_numpy()
+                if x.dtype.kind == "f":
+                    np.testing.assert_allclose(x, y, rtol=1e-9, equal_nan=True)
+                else:
+                    assert x.tolist() == y.tolist(), (k, c)
