@@ -314,7 +314,32 @@ def duck_usage_change(ds: Path, _: str) -> Callable[[], Any]:
     return lambda: con.execute(sql).fetchall()
 
 
+def job_usage_sql(ds: Path | str) -> str:
+    """job-usage's SQL-expressible subset: per JOB collection its NCU-hours and NMU-hours, then over
+    all collections with positive CPU: count, total, mean, variance, quantiles, max and the top-1%
+    share (tiers left out)."""
+    sql = f"""
+    WITH j AS (SELECT collection_id,
+                      SUM(COALESCE(avg_cpu, 0) * (end_time - start_time) / 3.6e9) AS ncu,
+                      SUM(COALESCE(avg_mem, 0) * (end_time - start_time) / 3.6e9) AS nmu
+               FROM read_parquet('{ds}/instance_usage/**/*.parquet', hive_partitioning=false)
+               WHERE collection_type = 0 AND end_time > start_time AND end_time < 9223372036854775807
+               GROUP BY collection_id),
+         r AS (SELECT ncu, ROW_NUMBER() OVER (ORDER BY ncu DESC) AS k, COUNT(*) OVER () AS n FROM j WHERE ncu > 0)
+    SELECT COUNT(*), SUM(ncu), AVG(ncu), VAR_POP(ncu), QUANTILE_CONT(ncu, [0.5, 0.9, 0.99, 0.999]), MAX(ncu),
+           SUM(ncu) FILTER (WHERE k <= GREATEST(1, CEIL(0.01 * n))) / SUM(ncu)
+    FROM r"""
+    return sql
+
+
+def duck_job_usage(ds: Path, _: str) -> Callable[[], Any]:
+    con = _duck()
+    sql = job_usage_sql(ds)
+    return lambda: con.execute(sql).fetchall()
+
+
 PEERS: dict[str, dict[str, Callable[[Path, str], Callable[[], Any]]]] = {
+    "job-usage": {"duckdb": duck_job_usage},
     "lifecycle": {"duckdb": duck_lifecycle},
     "usage-change": {"duckdb": duck_usage_change},
     "cell-usage": {"duckdb": duck_cell_usage, "pandas": pandas_cell_usage},
