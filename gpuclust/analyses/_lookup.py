@@ -25,7 +25,8 @@ import pyarrow.compute as pc
 
 from gpuclust._cache import PerArrayCache
 
-__all__ = ["EVENT_COLUMNS", "InstanceLookup", "id_index", "max_priority", "priority_lookup", "tier_lookup", "triple_hash"]
+__all__ = ["EVENT_COLUMNS", "InstanceLookup", "TierLookupContext", "id_index", "max_priority", "priority_lookup",
+           "tier_lookup", "triple_hash"]
 
 #: The instance_events columns :func:`tier_lookup` reads.
 EVENT_COLUMNS = ("collection_id", "instance_index", "machine_id", "priority", "alloc_collection_id")
@@ -147,6 +148,19 @@ class InstanceLookup:
         hit's key check and code read one row), built once per lookup."""
         return _records.get(self.hash, lambda _h: np.ascontiguousarray(np.stack(
             [self.collection, self.machine, self.instance.astype(np.int64), self.code.astype(np.int64)], axis=1)))
+
+
+@dataclass(frozen=True)
+class TierLookupContext:
+    """The context of an analysis that splits by tier through a per-instance lookup: the tier map,
+    and the lookup ``bind`` builds from the partition's events (tier codes or priorities)."""
+
+    tier_map: Any
+    lookup: InstanceLookup = InstanceLookup.empty()
+
+    @property
+    def tier_names(self) -> tuple[str, ...]:
+        return (*self.tier_map.names, "unknown")
 
 
 _records = PerArrayCache()

@@ -38,10 +38,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gpuclust.analyses._lookup import EVENT_COLUMNS, InstanceLookup, priority_lookup
+from gpuclust.analyses._lookup import EVENT_COLUMNS, TierLookupContext, priority_lookup
 from gpuclust.analyses.base import Analysis, fmt, is_null_int, resolve_tier_map
 from gpuclust.analyses.options import option, tier_map_option
-from gpuclust.schema import TIME_AFTER_TRACE, CollectionType, TierMap, tier_map
+from gpuclust.schema import TIME_AFTER_TRACE, CollectionType, tier_map
 
 __all__ = ["JobUsage", "ROWS", "STAT_COLUMNS", "job_stats"]
 
@@ -51,17 +51,6 @@ _STATS = ("rows", "used_rows", "unknown_cpu_rows", "unknown_mem_rows", "bad_dura
 #: Columns of the ``stats`` table after ``tier`` and ``resource``.
 STAT_COLUMNS = ("jobs", "zero_jobs", "total_hours", "mean", "variance", "median", "p90", "p99", "p999", "max",
                 "top1pct_share", "top01pct_share", "scv", "tail_jobs", "pareto_alpha", "pareto_r2")
-
-
-@dataclass(frozen=True)
-class JobUsageContext:
-    tier_map: TierMap
-    #: (collection_id, instance_index, machine_id) -> MAX(priority) (set by ``bind``)
-    lookup: InstanceLookup = InstanceLookup.empty()
-
-    @property
-    def tier_names(self) -> tuple[str, ...]:
-        return (*self.tier_map.names, "unknown")
 
 
 def _top_share(x: np.ndarray, share: float) -> float:
@@ -151,14 +140,14 @@ class JobUsage(Analysis):
         return ("start_time", "end_time", "collection_id", "instance_index", "machine_id", "collection_type",
                 "alloc_collection_id", "avg_cpu", "avg_mem")
 
-    def context(self, source: Any) -> JobUsageContext:
-        return JobUsageContext(resolve_tier_map(self.tier_map, source))
+    def context(self, source: Any) -> TierLookupContext:
+        return TierLookupContext(resolve_tier_map(self.tier_map, source))
 
     @property
     def side_inputs(self) -> dict[str, tuple[str, ...]]:
         return {"instance_events": EVENT_COLUMNS}
 
-    def bind(self, ctx: JobUsageContext, side: dict[str, Any], grain: str | None) -> JobUsageContext:
+    def bind(self, ctx: TierLookupContext, side: dict[str, Any], grain: str | None) -> TierLookupContext:
         return replace(ctx, lookup=priority_lookup(side["instance_events"], top_level_only=False,
                                                    what="job-usage priority lookup"))
 
@@ -167,7 +156,7 @@ class JobUsage(Analysis):
         return {"key": np.zeros(0, np.int64), "cpu": np.zeros(0), "mem": np.zeros(0),
                 "windows": np.zeros(0, np.int64), "prio": np.zeros(0, np.int64), "stats": np.zeros(len(_STATS), np.int64)}
 
-    def partial(self, cols: dict[str, Any], ctx: JobUsageContext, backend: Any) -> dict[str, Any]:
+    def partial(self, cols: dict[str, Any], ctx: TierLookupContext, backend: Any) -> dict[str, Any]:
         xp = backend.xp
         s, e = cols["start_time"], cols["end_time"]
         n = int(s.shape[0])
@@ -229,7 +218,7 @@ class JobUsage(Analysis):
         return out
 
     # ---------------------------------------------------------------- finalize
-    def finalize(self, partial: dict[str, np.ndarray], ctx: JobUsageContext) -> dict[str, pd.DataFrame]:
+    def finalize(self, partial: dict[str, np.ndarray], ctx: TierLookupContext) -> dict[str, pd.DataFrame]:
         p = {k: np.asarray(v) for k, v in partial.items()}
         names = ctx.tier_names
         prio = p["prio"].astype(np.int64)

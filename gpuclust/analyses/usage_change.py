@@ -30,10 +30,10 @@ from typing import Any, ClassVar
 import numpy as np
 import pandas as pd
 
-from gpuclust.analyses._lookup import EVENT_COLUMNS, InstanceLookup, tier_lookup
+from gpuclust.analyses._lookup import EVENT_COLUMNS, TierLookupContext, tier_lookup
 from gpuclust.analyses.base import Analysis, fmt, resolve_tier_map
 from gpuclust.analyses.options import option, tier_map_option
-from gpuclust.schema import TIME_AFTER_TRACE, TierMap, tier_map
+from gpuclust.schema import TIME_AFTER_TRACE, tier_map
 
 __all__ = ["RATIO_EDGES", "RESOURCES", "THRESHOLDS", "UsageChange"]
 
@@ -51,17 +51,6 @@ _H = len(THRESHOLDS)
 #: Per (tier, resource) counters, in order.
 _COUNTS = ("pairs", "unknown", "zero_to_zero", "zero_to_positive", "defined")
 _STATS = ("rows", "instances", "pairs", "gaps", "unplaced_ends")
-
-
-@dataclass(frozen=True)
-class UsageChangeContext:
-    tier_map: TierMap
-    #: (collection_id, instance_index, machine_id) -> tier code (set by ``bind``)
-    lookup: InstanceLookup = InstanceLookup.empty()
-
-    @property
-    def tier_names(self) -> tuple[str, ...]:
-        return (*self.tier_map.names, "unknown")
 
 
 @dataclass(frozen=True)
@@ -102,17 +91,17 @@ class UsageChange(Analysis):
     def columns(self) -> tuple[str, ...]:
         return ("start_time", "end_time", "collection_id", "instance_index", "machine_id", "avg_cpu", "avg_mem")
 
-    def context(self, source: Any) -> UsageChangeContext:
+    def context(self, source: Any) -> TierLookupContext:
         tm = resolve_tier_map(self.tier_map, source)
         if len(tm.names) + 1 > _T:
             raise ValueError(f"usage-change: tier map {tm.name!r} has more than {_T - 1} tiers")
-        return UsageChangeContext(tm)
+        return TierLookupContext(tm)
 
     @property
     def side_inputs(self) -> dict[str, tuple[str, ...]]:
         return {"instance_events": EVENT_COLUMNS}
 
-    def bind(self, ctx: UsageChangeContext, side: dict[str, Any], grain: str | None) -> UsageChangeContext:
+    def bind(self, ctx: TierLookupContext, side: dict[str, Any], grain: str | None) -> TierLookupContext:
         lk = tier_lookup(side["instance_events"], ctx.tier_map, top_level_only=False,
                          unmatched=len(ctx.tier_map.names), what="usage-change tier lookup")
         return replace(ctx, lookup=lk)
@@ -123,7 +112,7 @@ class UsageChange(Analysis):
                 "hist": np.zeros((_T, _R, _B), np.int64), "rsum": np.zeros((_T, _R)),
                 "stats": np.zeros(len(_STATS), np.int64)}
 
-    def partial(self, cols: dict[str, Any], ctx: UsageChangeContext, backend: Any) -> dict[str, Any]:
+    def partial(self, cols: dict[str, Any], ctx: TierLookupContext, backend: Any) -> dict[str, Any]:
         xp = backend.xp
         out = {k: xp.asarray(v) for k, v in self.empty().items()}
         s, e = cols["start_time"], cols["end_time"]
@@ -180,7 +169,7 @@ class UsageChange(Analysis):
         return {k: a[k] + b[k] for k in a}
 
     # ---------------------------------------------------------------- finalize
-    def finalize(self, partial: dict[str, np.ndarray], ctx: UsageChangeContext) -> dict[str, pd.DataFrame]:
+    def finalize(self, partial: dict[str, np.ndarray], ctx: TierLookupContext) -> dict[str, pd.DataFrame]:
         names = ctx.tier_names
         T = len(names)
         p = {k: np.asarray(v) for k, v in partial.items()}
