@@ -148,6 +148,8 @@ class Lifecycle(Analysis):
     requires = ("instance_events",)
     #: tracemalloc peak of partial: 280 B/row (bench 1.6e7 set, 0.4M events), 272 (real 2011 task events)
     row_bytes = 320
+    #: rows per partition for partitions="auto": events of ~1 Mi rows (whole buckets), as the usage analyses
+    auto_partition_rows = 1 << 20
     whole_instances: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
