@@ -41,6 +41,7 @@ import pandas as pd
 from gpuclust.analyses._lookup import EVENT_COLUMNS, TierLookupContext, priority_lookup
 from gpuclust.analyses.base import Analysis, fmt, is_null_int, resolve_tier_map
 from gpuclust.analyses.options import option, tier_map_option
+from gpuclust.partials import merge_keyed
 from gpuclust.schema import TIME_AFTER_TRACE, CollectionType, tier_map
 
 __all__ = ["JobUsage", "ROWS", "STAT_COLUMNS", "job_stats"]
@@ -199,23 +200,23 @@ class JobUsage(Analysis):
         for res in ("cpu", "mem"):
             out[res] = xp.bincount(g, weights=vals[res][order], minlength=G)
         out["windows"] = xp.bincount(g, minlength=G).astype(xp.int64)
-        # MAX(priority) per collection: the last of each run once sorted by (collection, priority)
-        o2 = xp.lexsort(xp.stack([prio, c]))
+        # MAX(priority) per collection: a running maximum of run * W + priority (the run number
+        # dominates, so it restarts at each run) read at each run's last row
+        width = int(prio.max()) + 2
+        run_max = backend.ops.cummax_rows((g * width + prio[order] + 1).reshape(1, -1)).reshape(-1)
         last = xp.concatenate([xp.nonzero(first)[0][1:] - 1, xp.asarray([cs.shape[0] - 1])])
-        out["prio"] = prio[o2][last]
+        out["prio"] = run_max[last] - xp.arange(G, dtype=xp.int64) * width - 1
         out["stats"] = xp.asarray(np.array([stats[k] for k in _STATS], np.int64))
         return out
 
     def merge(self, a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        key = np.concatenate([a["key"], b["key"]])
-        uniq, inv = np.unique(key, return_inverse=True)
-        out: dict[str, np.ndarray] = {"key": uniq}
-        for f in ("cpu", "mem"):
-            out[f] = np.bincount(inv, weights=np.concatenate([a[f], b[f]]), minlength=uniq.shape[0])
-        out["windows"] = np.bincount(inv, weights=np.concatenate([a["windows"], b["windows"]]),
-                                     minlength=uniq.shape[0]).round().astype(np.int64)
-        prio = np.full(uniq.shape[0], -1, np.int64)
-        np.maximum.at(prio, inv, np.concatenate([a["prio"], b["prio"]]).astype(np.int64))
+        # sums by merge_keyed (sorted unique keys: b's new keys inserted, O(n + m log n)); the
+        # priority by maximum, placed by the same keys
+        out = merge_keyed(*({f: np.asarray(p[f]) for f in ("key", "cpu", "mem", "windows")} for p in (a, b)))
+        prio = np.full(out["key"].shape[0], -1, np.int64)
+        for p in (a, b):
+            at = np.searchsorted(out["key"], p["key"])
+            prio[at] = np.maximum(prio[at], np.asarray(p["prio"], np.int64))
         out["prio"] = prio
         out["stats"] = a["stats"] + b["stats"]
         return out
