@@ -49,7 +49,7 @@ SETUP = {
                        "$(stat -c %s \"$f\") \"$(basename \"$f\")\"; done > cell-a.listing"],
 }
 #: Documents whose blocks read the synthetic dataset ``cell/ds`` without creating it.
-NEEDS_CELL = {"docs/analyses.md", "docs/analysis-cpi.md", "docs/analysis-overcommit.md", "docs/analysis-usage-change.md", "docs/analysis-job-usage.md",
+NEEDS_CELL = {"docs/analyses.md", "docs/analysis-cpi.md", "docs/analysis-overcommit.md", "docs/analysis-usage-change.md", "docs/analysis-job-usage.md", "docs/analysis-usage-vs-request.md",
               "docs/analysis-usage-distribution.md", "docs/gpu.md", "docs/dataset.md", "docs/engine.md",
               "docs/scale.md"}
 

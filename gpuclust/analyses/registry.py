@@ -25,6 +25,7 @@ from gpuclust.analyses.options import Option, options_of
 from gpuclust.analyses.overcommit import Overcommit
 from gpuclust.analyses.usage_change import UsageChange
 from gpuclust.analyses.usage_distribution import UsageDistribution
+from gpuclust.analyses.usage_vs_request import UsageVsRequest
 
 __all__ = ["REGISTRY", "AnalysisEntry", "Option", "capability_table", "create", "names", "options_text"]
 
@@ -72,6 +73,8 @@ REGISTRY: dict[str, AnalysisEntry] = {
                       "cell series, summary", kernels=("bucket_overlap", "grouped_sum", "hash_index")),
         AnalysisEntry(UsageChange, "Relative change of CPU and memory usage between consecutive windows of one "
                       "instance, by tier: exact shares within ±5/10/20/50%, binned distribution", kernels=("hash_index",)),
+        AnalysisEntry(UsageVsRequest, "Usage / limit per window (average and maximum, CPU and memory), the limit "
+                      "joined as of the window's start, by tier (Borg Figure 11)", kernels=("hash_index",)),
         AnalysisEntry(UsageDistribution, "Exact CPU usage distributions (mixtures of per-window percentile CDFs) per "
                       "group: mean and quantiles",
                       kernels=("repair_percentiles", "window_means", "mixture_quantiles", "hash_index")),

@@ -99,6 +99,10 @@ def plot_result(name: str, result: dict[str, pd.DataFrame], path: Path, *, title
         from gpuclust.report.usage_change_plots import plot_usage_change
 
         return plot_usage_change(result, path, title=title or name)
+    if name == "usage-vs-request":
+        from gpuclust.report.usage_vs_request_plots import plot_usage_vs_request
+
+        return plot_usage_vs_request(result, path, title=title or name)
     if name == "usage-distribution":
         from gpuclust.report.distribution_plots import plot_usage_distribution
 

@@ -42,6 +42,7 @@ VALID = {
     ("overcommit", "window_end_us"): ("7200000000", 7200000000),
     ("usage-change", "max_gap_s"): ("600", 600),
     ("usage-change", "tier_map"): ("v3-doc", "v3-doc"),
+    ("usage-vs-request", "tier_map"): ("seed-002", "seed-002"),
     ("usage-distribution", "by"): ("tier+time", ["tier", "time"]),
     ("usage-distribution", "bucket_s"): ("0.5", 0.5),
     ("usage-distribution", "levels"): ("0.99,0.5", [0.5, 0.99]),

@@ -1,0 +1,249 @@
+"""``usage-vs-request``: usage against the limit the scheduler was given (Borg, EuroSys 2015,
+§5.5 and Figure 11: "usage is ... well below the limit" for most tasks, and differs by tier).
+
+Each usage window is joined *as of* its start to its instance's request: per resource, the
+``req_cpu`` (``req_mem``) of the latest event of the same (``collection_id``,
+``instance_index``) at or before the window's ``start_time`` whose request is positive (the
+instance's limit then; events at the same microsecond as the start count).  Then per window and
+resource, the ratios of the average and of the maximum usage to that limit:
+
+* a window whose instance has no such event is counted as ``no_limit`` (and left out of the
+  ratios); a NULL usage as ``unknown``;
+* the share of windows above their limit (ratio > 1) and at most half of it (<= 0.5) are exact
+  counts; the distribution is kept in the fixed log bins of ``usage-change``
+  (:data:`gpuclust.analyses.usage_change.RATIO_EDGES`, 100 per decade from 10^-6 to 10^6), its
+  quantiles resolved to a bin (the exact one lies in ``[q, the bin's upper edge)``, under 2.4%
+  above ``q``); the mean is exact up to float rounding.
+
+By tier (the instance's highest priority, as ``usage-distribution`` and ``usage-change`` look it
+up) and over all (``"all"``).  The join needs the instance's events, not all its windows: on an
+instance-bucketed dataset each partition's events are bound in the partition; on a flat one,
+once on the client (as ``overcommit``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from gpuclust.analyses._lookup import EVENT_COLUMNS, InstanceLookup, tier_lookup, triple_hash
+from gpuclust.analyses.base import Analysis, fmt, resolve_tier_map
+from gpuclust.analyses.options import tier_map_option
+from gpuclust.analyses.usage_change import RATIO_EDGES
+from gpuclust.schema import TierMap, tier_map
+
+__all__ = ["MEASURES", "UsageVsRequest"]
+
+#: (measure name, usage column, request index): 0 = CPU, 1 = memory.
+MEASURES = (("cpu_avg", "avg_cpu", 0), ("cpu_max", "max_cpu", 0), ("mem_avg", "avg_mem", 1), ("mem_max", "max_mem", 1))
+_M = len(MEASURES)
+_B = int(RATIO_EDGES.shape[0]) + 1
+_T = 17  # tier slots: the most tiers a tier map may have, plus "unknown"
+_COUNTS = ("windows", "no_limit", "unknown", "defined", "above_limit", "at_most_half")
+_REQUEST_COLUMNS = ("time", "collection_id", "instance_index", "req_cpu", "req_mem")
+
+
+@dataclass(frozen=True)
+class RequestTimeline:
+    """Events with a positive request, sorted by (instance hash, time, row): what windows are
+    joined to as of their start."""
+
+    key: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
+    collection: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    instance: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
+    time: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    req: np.ndarray = field(default_factory=lambda: np.zeros((0, 2)))
+
+    @classmethod
+    def build(cls, side: Any) -> RequestTimeline:
+        parts = [t for t in side.batches(list(_REQUEST_COLUMNS)) if t.num_rows]
+        if not parts:
+            return cls()
+        cols = {c: np.concatenate([np.asarray(t.column(c).to_numpy(zero_copy_only=False)) for t in parts])
+                for c in _REQUEST_COLUMNS}
+        req = np.stack([np.nan_to_num(cols["req_cpu"].astype(np.float64), nan=0.0),
+                        np.nan_to_num(cols["req_mem"].astype(np.float64), nan=0.0)], 1)
+        keep = (req > 0).any(1)
+        c, i, t = cols["collection_id"][keep].astype(np.int64), cols["instance_index"][keep].astype(np.int32), \
+            cols["time"][keep].astype(np.int64)
+        key = triple_hash(np, c, i, np.zeros_like(c))
+        order = np.lexsort((t, key))  # stable: equal (key, time) keep their row order
+        return cls(key[order], c[order], i[order], t[order], req[keep][order])
+
+
+@dataclass(frozen=True)
+class UsageVsRequestContext:
+    tier_map: TierMap
+    lookup: InstanceLookup = InstanceLookup.empty()
+    requests: RequestTimeline = field(default_factory=RequestTimeline)
+
+    @property
+    def tier_names(self) -> tuple[str, ...]:
+        return (*self.tier_map.names, "unknown")
+
+
+@dataclass(frozen=True)
+class UsageVsRequest(Analysis):
+    """Usage / limit per window (average and maximum, CPU and memory), by tier.
+
+    Parameters
+    ----------
+    tier_map
+        Name of a tier map in :data:`gpuclust.schema.TIER_MAPS`; ``None``: the dataset manifest's,
+        else the trace version's default.
+
+    Examples
+    --------
+    >>> UsageVsRequest(tier_map="v3-doc").label
+    'usage-vs-request[tier_map=v3-doc]'
+    """
+
+    tier_map: str | None = tier_map_option()
+
+    name = "usage-vs-request"
+    table = "instance_usage"
+    requires = ("instance_usage", "instance_events")
+    row_bytes = 240
+    auto_partition_rows = 1 << 20
+
+    def __post_init__(self) -> None:
+        if self.tier_map is not None:
+            tier_map(self.tier_map)
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return ("start_time", "collection_id", "instance_index", "machine_id", "avg_cpu", "max_cpu", "avg_mem",
+                "max_mem")
+
+    def context(self, source: Any) -> UsageVsRequestContext:
+        tm = resolve_tier_map(self.tier_map, source)
+        if len(tm.names) + 1 > _T:
+            raise ValueError(f"usage-vs-request: tier map {tm.name!r} has more than {_T - 1} tiers")
+        return UsageVsRequestContext(tm)
+
+    @property
+    def side_inputs(self) -> dict[str, tuple[str, ...]]:
+        return {"instance_events": tuple(dict.fromkeys((*EVENT_COLUMNS, *_REQUEST_COLUMNS)))}
+
+    def bind(self, ctx: UsageVsRequestContext, side: dict[str, Any], grain: str | None) -> UsageVsRequestContext:
+        ev = side["instance_events"]
+        lk = tier_lookup(ev, ctx.tier_map, top_level_only=False, unmatched=len(ctx.tier_map.names),
+                         what="usage-vs-request tier lookup")
+        return replace(ctx, lookup=lk, requests=RequestTimeline.build(ev))
+
+    # ---------------------------------------------------------------- partial / merge
+    def empty(self, backend: Any = None) -> dict[str, np.ndarray]:
+        return {"counts": np.zeros((_T, _M, len(_COUNTS)), np.int64), "hist": np.zeros((_T, _M, _B), np.int64),
+                "rsum": np.zeros((_T, _M))}
+
+    def partial(self, cols: dict[str, Any], ctx: UsageVsRequestContext, backend: Any) -> dict[str, Any]:
+        xp, ops = backend.xp, backend.ops
+        out = {k: xp.asarray(v) for k, v in self.empty().items()}
+        s = cols["start_time"]
+        n = int(s.shape[0])
+        if n == 0:
+            return out
+        c, i = cols["collection_id"].astype(xp.int64), cols["instance_index"]
+        found, code = ctx.lookup.find(backend, cols["collection_id"], i, cols["machine_id"])
+        tier = xp.where(found, code, len(ctx.tier_map.names)).astype(xp.int64)
+        rq = ctx.requests
+        ne = int(rq.key.shape[0])
+        limit = xp.zeros((n, 2))
+        if ne:
+            # as-of join: events and windows in one order by (instance, time), an event before a
+            # window at the same time; each window takes the last event of its instance run
+            wkey = triple_hash(xp, c, i, xp.zeros_like(c))
+            key = xp.concatenate([backend.stage(rq.key), wkey])
+            t = xp.concatenate([backend.stage(rq.time), s])
+            tag = xp.concatenate([xp.zeros(ne, xp.int64), xp.ones(n, xp.int64)])
+            order = xp.lexsort(xp.stack([tag, t, key.view(xp.int64)]))
+            ks = key[order]
+            run_start = xp.ones(ks.shape[0], dtype=bool)
+            run_start[1:] = ks[1:] != ks[:-1]
+            first = ops.cummax_rows(xp.where(run_start, xp.arange(ks.shape[0], dtype=xp.int64), 0)
+                                    .reshape(1, -1)).reshape(-1)
+            is_win = order >= ne
+            win_row = order[is_win] - ne
+            ev_c, ev_i = backend.stage(rq.collection), backend.stage(rq.instance)
+            req = backend.stage(rq.req)
+            for r in (0, 1):
+                has = (order < ne)
+                has[has] = req[order[has], r] > 0
+                at = ops.cummax_rows(xp.where(has, xp.arange(ks.shape[0], dtype=xp.int64), -1)
+                                     .reshape(1, -1)).reshape(-1)
+                hit = (at >= first)[is_win]
+                ev = order[xp.maximum(at[is_win], 0)]
+                ev = xp.where(hit, ev, 0)
+                # the hash joined them: the keys must match too (a collision would raise here)
+                bad = hit & ((ev_c[ev] != c[win_row]) | (ev_i[ev] != i[win_row]))
+                if bool(bad.any()):
+                    raise RuntimeError("usage-vs-request: 64-bit hash collision between two instance keys (please report)")
+                limit[win_row, r] = xp.where(hit, req[ev, r], 0.0)
+        counts, hist, rsum = [], [], []
+        edges = xp.asarray(RATIO_EDGES)
+        for _, col, r in MEASURES:
+            u = cols[col].astype(xp.float64)
+            lim = limit[:, r]
+            has_lim = lim > 0
+            known = xp.isfinite(u)
+            d = has_lim & known
+            ratio = xp.where(d, u / xp.where(has_lim, lim, 1.0), 0.0)
+            flags = [xp.ones(n, dtype=bool), ~has_lim, has_lim & ~known, d, d & (ratio > 1.0), d & (ratio <= 0.5)]
+            counts.append(xp.stack([xp.bincount(tier, weights=f.astype(xp.float64), minlength=_T) for f in flags], 1))
+            di = xp.nonzero(d)[0]
+            bins = xp.searchsorted(edges, ratio[di], side="right")
+            hist.append(xp.bincount(tier[di] * _B + bins, minlength=_T * _B).reshape(_T, _B))
+            rsum.append(xp.bincount(tier[di], weights=ratio[di], minlength=_T))
+        out["counts"] = xp.stack(counts, 1).round().astype(xp.int64)
+        out["hist"] = xp.stack(hist, 1).astype(xp.int64)
+        out["rsum"] = xp.stack(rsum, 1)
+        return out
+
+    def merge(self, a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {k: a[k] + b[k] for k in a}
+
+    # ---------------------------------------------------------------- finalize
+    def finalize(self, partial: dict[str, np.ndarray], ctx: UsageVsRequestContext) -> dict[str, pd.DataFrame]:
+        names = ctx.tier_names
+        T = len(names)
+        p = {k: np.asarray(v) for k, v in partial.items()}
+        lo = np.concatenate([[0.0], RATIO_EDGES])
+        hi = np.concatenate([RATIO_EDGES, [np.inf]])
+        groups = [(names[t], p["counts"][t], p["hist"][t], p["rsum"][t]) for t in range(T)]
+        groups.append(("all", p["counts"][:T].sum(0), p["hist"][:T].sum(0), p["rsum"][:T].sum(0)))
+        rows, hrows = [], []
+        for tier, cnt, hist, rs in groups:
+            for j, (measure, _, _) in enumerate(MEASURES):
+                if not cnt[j, 0]:
+                    continue
+                nd = int(cnt[j, 3])
+                row: dict[str, Any] = {"tier": tier, "measure": measure, **{f: int(cnt[j, q]) for q, f in enumerate(_COUNTS)},
+                                       "above_limit_share": int(cnt[j, 4]) / nd if nd else np.nan,
+                                       "at_most_half_share": int(cnt[j, 5]) / nd if nd else np.nan,
+                                       "mean_ratio": float(rs[j]) / nd if nd else np.nan}
+                cum = np.cumsum(hist[j])
+                for q in (10, 50, 90, 99):
+                    row[f"p{q}_ratio"] = float(lo[int(np.searchsorted(cum, -(-q * nd // 100), side="left"))]) if nd else np.nan
+                rows.append(row)
+                hrows.extend({"tier": tier, "measure": measure, "bin": int(b), "lo_ratio": float(lo[b]),
+                              "hi_ratio": float(hi[b]), "windows": int(hist[j, b])} for b in np.nonzero(hist[j])[0])
+        cols = ["tier", "measure", *_COUNTS, "above_limit_share", "at_most_half_share", "mean_ratio",
+                "p10_ratio", "p50_ratio", "p90_ratio", "p99_ratio"]
+        summary = pd.DataFrame(rows, columns=cols).astype({c: np.int64 for c in _COUNTS})
+        hist_df = pd.DataFrame(hrows, columns=["tier", "measure", "bin", "lo_ratio", "hi_ratio", "windows"])
+        hist_df = hist_df.astype({"bin": np.int64, "windows": np.int64})
+        info = pd.DataFrame([{"analysis": self.name, "tier_map": ctx.tier_map.name, "tiers": ",".join(names),
+                              "windows": int(p["counts"][:T, 0, 0].sum())}])
+        return {"summary": summary, "hist": hist_df, "info": info}
+
+    def summary(self, result: dict[str, pd.DataFrame]) -> str:
+        info = result["info"].iloc[0]
+        lines = [f"{self.label}: {info['windows']:,} windows, tier map {info['tier_map']!r}"]
+        for r in result["summary"].itertuples(index=False):
+            lines.append(f"  {r.tier:>8} {r.measure}: {r.defined:,} windows with a limit, median usage/limit "
+                         f"{fmt(r.p50_ratio, '.3g')}, above the limit {fmt(r.above_limit_share, '.1%')}, "
+                         f"no limit {r.no_limit:,}")
+        return "\n".join(lines)

@@ -1,0 +1,151 @@
+"""``usage-vs-request`` against a slow pure-Python as-of join and ratio count, on random cells
+with requests (zero, NULL, changing over time, events at exactly a window's start)."""
+
+from __future__ import annotations
+
+import bisect
+import subprocess
+import sys
+from collections import defaultdict
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from strategies import table, write_dataset
+from usage_change_reference import tiers_of
+
+from gpuclust.analyses.usage_change import RATIO_EDGES
+from gpuclust.analyses.usage_vs_request import MEASURES, UsageVsRequest
+from gpuclust.dataset import Dataset
+from gpuclust.engine import TableSource, run
+from gpuclust.schema import tier_map
+
+EDGES = [float(x) for x in RATIO_EDGES]
+LO = [0.0, *EDGES]
+S = 1_000_000
+
+
+def cell(seed: int, n_inst: int = 60, n_ev: int = 200, n_win: int = 1500) -> dict:
+    rng = np.random.default_rng(seed)
+    inst = [(int(c), int(i), int(m)) for c, i, m in zip(rng.choice([3, 2**40 + 1, 2**62 + 9], n_inst),
+                                                        rng.integers(0, 30, n_inst), rng.choice([5, 6, 2**53 + 1], n_inst),
+                                                        strict=True)]
+    inst = list(dict.fromkeys(inst))
+    ev = defaultdict(list)
+    for _ in range(n_ev):
+        c, i, m = inst[rng.integers(len(inst))]
+        req = lambda: None if rng.random() < 0.1 else float(np.float32(rng.choice([0.0, rng.uniform(0.01, 0.5)])))  # noqa: E731
+        for k, v in (("time", int(rng.integers(0, 40)) * 300 * S), ("type", int(rng.choice([0, 3, 9, 10]))),
+                     ("collection_id", c), ("instance_index", i), ("machine_id", None if rng.random() < 0.05 else m),
+                     ("priority", None if rng.random() < 0.05 else int(rng.choice([0, 103, 117, 200, 400]))),
+                     ("req_cpu", req()), ("req_mem", req())):
+            ev[k].append(v)
+    us = defaultdict(list)
+    for _ in range(n_win):
+        c, i, m = inst[rng.integers(len(inst))]
+        start = int(rng.integers(0, 45)) * 300 * S
+        for k, v in (("start_time", start), ("end_time", start + 300 * S), ("collection_id", c), ("instance_index", i),
+                     ("machine_id", m)):
+            us[k].append(v)
+        for col in ("avg_cpu", "max_cpu", "avg_mem", "max_mem"):
+            us[col].append(None if rng.random() < 0.03 else float(np.float32(rng.uniform(0, 0.6))))
+    return {"instance_events": table("instance_events", dict(ev)), "instance_usage": table("instance_usage", dict(us))}
+
+
+def reference(tables: dict, tm_name: str = "notebook") -> dict:
+    """(tier, measure) -> (counts, ratios): every window joined by a loop over its instance's events."""
+    tm = tier_map(tm_name)
+    evs = tables["instance_events"].to_pylist()
+    tiers = tiers_of(evs, tm.bounds, tm.names)
+    by_inst = defaultdict(list)
+    for k, e in enumerate(evs):
+        by_inst[(e["collection_id"], e["instance_index"])].append((e["time"], k, e))
+    for v in by_inst.values():
+        v.sort(key=lambda x: (x[0], x[1]))
+    out: dict = {}
+    for w in tables["instance_usage"].to_pylist():
+        tier = tiers.get((w["collection_id"], w["instance_index"], w["machine_id"]), "unknown")
+        limits = []
+        for col in ("req_cpu", "req_mem"):
+            lim = None
+            for t, _, e in by_inst.get((w["collection_id"], w["instance_index"]), []):
+                if t <= w["start_time"] and e[col] is not None and e[col] > 0:
+                    lim = e[col]
+            limits.append(lim)
+        for name, col, r in MEASURES:
+            for key in ((tier, name), ("all", name)):
+                g = out.setdefault(key, {"windows": 0, "no_limit": 0, "unknown": 0, "ratios": []})
+                g["windows"] += 1
+                if limits[r] is None:
+                    g["no_limit"] += 1
+                elif w[col] is None:
+                    g["unknown"] += 1
+                else:
+                    g["ratios"].append(w[col] / limits[r])
+    return out
+
+
+def check(res: dict, tables: dict) -> None:
+    ref = reference(tables)
+    got = {(r.tier, r.measure): r for r in res["summary"].itertuples()}
+    assert set(got) == set(ref)
+    hist = {(r.tier, r.measure, r.bin): r.windows for r in res["hist"].itertuples()}
+    want_hist: dict = defaultdict(int)
+    for key, g in ref.items():
+        r, xs = got[key], g["ratios"]
+        assert (r.windows, r.no_limit, r.unknown, r.defined) == (g["windows"], g["no_limit"], g["unknown"], len(xs)), key
+        assert r.above_limit == sum(1 for x in xs if x > 1) and r.at_most_half == sum(1 for x in xs if x <= 0.5)
+        for x in xs:
+            want_hist[(*key, bisect.bisect_right(EDGES, x))] += 1
+        if not xs:
+            assert np.isnan(r.mean_ratio)
+            continue
+        assert r.mean_ratio == pytest.approx(sum(xs) / len(xs), rel=1e-9)
+        for q in (10, 50, 90, 99):
+            exact = float(np.quantile(np.array(xs), q / 100, method="inverted_cdf"))
+            assert getattr(r, f"p{q}_ratio") == LO[bisect.bisect_right(EDGES, exact)], (key, q)
+    assert hist == dict(want_hist)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10**6))
+def test_matches_the_reference(seed):
+    tables = cell(seed)
+    check(run(TableSource(tables), UsageVsRequest(tier_map="notebook"))["usage-vs-request"], tables)
+
+
+def test_a_worked_instance():
+    """Requests 0.2 at 0 s, 0 (ignored) at 600 s, 0.4 at 900 s; windows at 300, 900 and 1200 s with
+    CPU 0.1, 0.5, 0.1: ratios 0.5 (limit 0.2), 1.25 (0.4: the event at the window's start counts), 0.25."""
+    ev = table("instance_events", {"time": [0, 600 * S, 900 * S], "type": [0, 9, 10], "collection_id": [7] * 3,
+                                   "instance_index": [1] * 3, "machine_id": [5] * 3, "priority": [200] * 3,
+                                   "req_cpu": [0.2, 0.0, 0.4], "req_mem": [0.1, 0.1, 0.1]})
+    starts = [300 * S, 900 * S, 1200 * S]
+    us = table("instance_usage", {"start_time": starts, "end_time": [s + 300 * S for s in starts],
+                                  "collection_id": [7] * 3, "instance_index": [1] * 3, "machine_id": [5] * 3,
+                                  "avg_cpu": [0.1, 0.5, 0.1], "max_cpu": [0.2, 0.6, 0.2], "avg_mem": [0.05] * 3,
+                                  "max_mem": [0.05] * 3})
+    res = run(TableSource({"instance_events": ev, "instance_usage": us}), UsageVsRequest(tier_map="notebook"))
+    r = res["usage-vs-request"]["summary"].set_index(["tier", "measure"]).loc[("prod", "cpu_avg")]
+    assert (r["defined"], r["above_limit"], r["at_most_half"]) == (3, 1, 2)
+    assert r["mean_ratio"] == pytest.approx((0.1 / 0.2 + 0.5 / 0.4 + 0.1 / 0.4) / 3, rel=1e-6)
+
+
+def test_layouts_and_schedulers_agree(tmp_path):
+    tables = cell(11, n_inst=120, n_ev=600, n_win=5000)
+    flat = write_dataset(tmp_path / "flat", tables, files=3, row_group_size=700)
+    want = run(Dataset(flat), UsageVsRequest(), partitions=4, workers=2)["usage-vs-request"]
+    check(want, tables)
+    r = subprocess.run([sys.executable, "-m", "gpuclust.cli", "optimize", str(flat), "--out", str(tmp_path / "opt"),
+                        "--buckets", "8"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    for parts, sched in ((3, None), ("auto", None), (3, "threads")):
+        got = run(Dataset(tmp_path / "opt"), UsageVsRequest(), partitions=parts, scheduler=sched)["usage-vs-request"]
+        for k in want:
+            for c in want[k].columns:
+                x, y = got[k][c].to_numpy(), want[k][c].to_numpy()
+                if x.dtype.kind == "f":
+                    np.testing.assert_allclose(x, y, rtol=1e-9, equal_nan=True)
+                else:
+                    assert x.tolist() == y.tolist(), (parts, k, c)
