@@ -338,7 +338,29 @@ def duck_job_usage(ds: Path, _: str) -> Callable[[], Any]:
     return lambda: con.execute(sql).fetchall()
 
 
+def usage_vs_request_sql(ds: Path | str) -> str:
+    """usage-vs-request's SQL-expressible subset: each window ASOF-joined to its instance's latest
+    event with a positive CPU request at or before its start; windows, those with a limit, the mean
+    average-CPU / limit and the count above the limit (one measure, no tiers)."""
+    sql = f"""
+    WITH ev AS (SELECT collection_id, instance_index, time, req_cpu
+                FROM read_parquet('{ds}/instance_events/**/*.parquet', hive_partitioning=false) WHERE req_cpu > 0),
+         u AS (SELECT collection_id, instance_index, start_time, avg_cpu
+               FROM read_parquet('{ds}/instance_usage/**/*.parquet', hive_partitioning=false))
+    SELECT COUNT(*), COUNT(ev.req_cpu), AVG(u.avg_cpu / ev.req_cpu), COUNT(*) FILTER (WHERE u.avg_cpu > ev.req_cpu)
+    FROM u ASOF LEFT JOIN ev ON u.collection_id = ev.collection_id AND u.instance_index = ev.instance_index
+                             AND u.start_time >= ev.time"""
+    return sql
+
+
+def duck_usage_vs_request(ds: Path, _: str) -> Callable[[], Any]:
+    con = _duck()
+    sql = usage_vs_request_sql(ds)
+    return lambda: con.execute(sql).fetchall()
+
+
 PEERS: dict[str, dict[str, Callable[[Path, str], Callable[[], Any]]]] = {
+    "usage-vs-request": {"duckdb": duck_usage_vs_request},
     "job-usage": {"duckdb": duck_job_usage},
     "lifecycle": {"duckdb": duck_lifecycle},
     "usage-change": {"duckdb": duck_usage_change},

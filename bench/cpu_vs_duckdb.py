@@ -20,6 +20,8 @@ by `_harness.run_measured` and its user/system CPU seconds from ``getrusage(RUSA
   transition counts by LAG over each instance's events).
 * ``job-usage``: ``gpuclust analyze DS job-usage`` (every table, tiers included) against
   ``analyses_bench.job_usage_sql`` (per-collection hours and the overall statistics, no tiers).
+* ``usage-vs-request``: ``gpuclust analyze DS usage-vs-request`` (every table) against
+  ``analyses_bench.usage_vs_request_sql`` (an ASOF join for the CPU limit, one measure, no tiers).
 * ``usage-change``: ``gpuclust analyze DS usage-change`` (every table) against
   ``analyses_bench.usage_change_sql`` (pairs of consecutive windows by LEAD, by tier, with the
   defined changes and those within ±20%).
@@ -58,7 +60,14 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 from _harness import bench_dataset, environment, run_measured, write_results  # noqa: E402
-from analyses_bench import cell_usage_sql, cpi_sql, job_usage_sql, lifecycle_sql, usage_change_sql  # noqa: E402
+from analyses_bench import (  # noqa: E402
+    cell_usage_sql,
+    cpi_sql,
+    job_usage_sql,
+    lifecycle_sql,
+    usage_change_sql,
+    usage_vs_request_sql,
+)
 
 #: case -> (gpuclust analyze arguments after the dataset, DuckDB SQL builder, the analysis (its columns))
 CASES: dict[str, tuple[list[str], Any, tuple[str, dict[str, str]]]] = {
@@ -68,6 +77,7 @@ CASES: dict[str, tuple[list[str], Any, tuple[str, dict[str, str]]]] = {
     "lifecycle": (["lifecycle"], lifecycle_sql, ("lifecycle", {})),
     "usage-change": (["usage-change"], usage_change_sql, ("usage-change", {})),
     "job-usage": (["job-usage"], job_usage_sql, ("job-usage", {})),
+    "usage-vs-request": (["usage-vs-request"], usage_vs_request_sql, ("usage-vs-request", {})),
 }
 
 _DUCK = ("import os, sys, duckdb\n"
@@ -221,7 +231,7 @@ def markdown(rows: list[dict[str, Any]], env: dict[str, Any], repeat: int, befor
         md.append(line)
     md += ["", "gpuclust: `python -m gpuclust.cli analyze DS <case> --out TMP --no-plots --quiet` (the engine's "
            "defaults: partitions='auto', one thread per usable core). DuckDB: `python -c` running "
-           "bench/analyses_bench.py's `cell_usage_sql` / `cpi_sql` / `lifecycle_sql` / `usage_change_sql` / `job_usage_sql` with `SET threads` = usable cores, "
+           "bench/analyses_bench.py's `cell_usage_sql` / `cpi_sql` / `lifecycle_sql` / `usage_change_sql` / `job_usage_sql` / `usage_vs_request_sql` with `SET threads` = usable cores, "
            "results fetched. cpi (SQL subset) = `-O by=machine -O regression=none -O spearman=none`.",
            "floor: a fresh process importing numpy, pandas and pyarrow.parquet and reading the case's columns "
            "(what gpuclust reads) of every file into NumPy, one thread per usable core, nothing else.", ""]

@@ -149,3 +149,29 @@ def test_layouts_and_schedulers_agree(tmp_path):
                     np.testing.assert_allclose(x, y, rtol=1e-9, equal_nan=True)
                 else:
                     assert x.tolist() == y.tolist(), (parts, k, c)
+
+
+def test_duckdb_asof_join_agrees(tmp_path):
+    """DuckDB's own ASOF JOIN (latest positive CPU request at or before the start) gives the same
+    windows with a limit, count above it and mean ratio, over the same Parquet."""
+    duckdb = pytest.importorskip("duckdb")
+    tables = cell(23, n_inst=80, n_ev=400, n_win=4000)
+    # one event per instance and time: DuckDB's ASOF picks any of equal-time matches
+    ev = tables["instance_events"]
+    keys = list(zip(*(ev.column(k).to_pylist() for k in ("collection_id", "instance_index", "time")), strict=True))
+    first = [k for k, key in enumerate(keys) if key not in keys[:k]]
+    tables = {**tables, "instance_events": ev.take(first)}
+    ds = write_dataset(tmp_path / "ds", tables, files=2)
+    got = run(Dataset(ds), UsageVsRequest(), partitions=3)["usage-vs-request"]["summary"]
+    r = got.set_index(["tier", "measure"]).loc[("all", "cpu_avg")]
+    q = f"""
+    WITH ev AS (SELECT collection_id, instance_index, time, req_cpu FROM read_parquet('{ds}/instance_events/*.parquet')
+                WHERE req_cpu > 0),
+         u AS (SELECT collection_id, instance_index, start_time, avg_cpu FROM read_parquet('{ds}/instance_usage/*.parquet'))
+    SELECT COUNT(*), COUNT(ev.req_cpu), COUNT(ev.req_cpu) FILTER (WHERE u.avg_cpu IS NOT NULL),
+           AVG(CAST(u.avg_cpu AS DOUBLE) / ev.req_cpu), COUNT(*) FILTER (WHERE CAST(u.avg_cpu AS DOUBLE) > ev.req_cpu)
+    FROM u ASOF LEFT JOIN ev ON u.collection_id = ev.collection_id AND u.instance_index = ev.instance_index
+                             AND u.start_time >= ev.time"""
+    n, with_limit, defined, mean, above = duckdb.sql(q).fetchall()[0]
+    assert (r["windows"], r["windows"] - r["no_limit"], r["defined"], r["above_limit"]) == (n, with_limit, defined, above)
+    assert r["mean_ratio"] == pytest.approx(mean, rel=1e-9)
