@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Moments", "keyed_reduce", "merge_keyed", "merge_moments"]
+__all__ = ["Moments", "bin_quantile_edges", "bin_rows", "keyed_reduce", "merge_keyed", "merge_moments"]
 
 
 def keyed_reduce(backend: Any, key: Any, sums: dict[str, Any], counts: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -214,3 +214,33 @@ class Moments:
     def astuple(self) -> tuple[Any, Any, Any, Any]:
         """``(n, W, mean, C)``."""
         return (self.n, self.W, self.mean, self.C)
+
+
+# ------------------------------------------------------------------------------ binned counts
+
+def bin_quantile_edges(counts: np.ndarray, lower: np.ndarray, percents: tuple[int, ...]) -> dict[int, float]:
+    """For a histogram of exact counts (``counts[b]`` values in bin ``b``, ``lower[b]`` its lower
+    edge), the lower edge of the bin holding each inverted-CDF percentile (the smallest value with
+    at least ``ceil(p * n / 100)`` of the ``n`` values at or below it): the exact percentile lies
+    in that bin.  NaN for every percentile when there are no values.
+
+    >>> bin_quantile_edges(np.array([0, 3, 1]), np.array([0.0, 1.0, 2.0]), (50, 99))
+    {50: 1.0, 99: 2.0}
+    """
+    cum = np.cumsum(counts)
+    n = int(cum[-1]) if cum.shape[0] else 0
+    if n == 0:
+        return dict.fromkeys(percents, float("nan"))
+    return {q: float(lower[int(np.searchsorted(cum, -(-q * n // 100), side="left"))]) for q in percents}
+
+
+def bin_rows(counts: np.ndarray, lower: np.ndarray, upper: np.ndarray, value: str, count: str,
+             **keys: Any) -> list[dict[str, Any]]:
+    """One row per non-empty bin of a histogram: ``keys``, ``bin``, ``lo_<value>`` and
+    ``hi_<value>`` (the bin's edges) and ``<count>`` (its count).
+
+    >>> bin_rows(np.array([0, 2]), np.array([0.0, 1.0]), np.array([1.0, 2.0]), "s", "episodes", tier="all")
+    [{'tier': 'all', 'bin': 1, 'lo_s': 1.0, 'hi_s': 2.0, 'episodes': 2}]
+    """
+    return [{**keys, "bin": int(b), f"lo_{value}": float(lower[b]), f"hi_{value}": float(upper[b]), count: int(counts[b])}
+            for b in np.nonzero(counts)[0]]

@@ -52,7 +52,7 @@ from gpuclust.analyses._extent import max_finite
 from gpuclust.analyses.base import Analysis, fmt, is_null_int, resolve_tier_map
 from gpuclust.analyses.grouping import bucket_index
 from gpuclust.analyses.options import option, tier_map_option
-from gpuclust.partials import keyed_reduce, merge_keyed
+from gpuclust.partials import bin_quantile_edges, bin_rows, keyed_reduce, merge_keyed
 from gpuclust.schema import TIME_AFTER_TRACE, EventType, TierMap, tier_map
 
 __all__ = ["DELAY_EDGES_US", "DISTRIBUTIONS", "EVENT_NAMES", "EXPECTED", "Lifecycle", "STATE_AFTER", "SERIES_FIELDS"]
@@ -385,16 +385,14 @@ class Lifecycle(Analysis):
                        "with_duration": known, "mean_s": np.nan, "min_s": np.nan, "p50_s": np.nan,
                        "p90_s": np.nan, "p99_s": np.nan, "max_s": np.nan}
                 if known:
-                    cum = np.cumsum(h)
                     lo_min = int(p["dur_min"][k, d]) / 1e6
                     row.update(mean_s=float(p["dur_sum"][k, d]) / known / 1e6, min_s=lo_min,
                                max_s=int(p["dur_max"][k, d]) / 1e6)
-                    for q in (50, 90, 99):  # the bin of the inverted-CDF quantile: its lower edge (not below the min)
-                        b = int(np.searchsorted(cum, -(-q * known // 100), side="left"))
-                        row[f"p{q}_s"] = max(float(lo_s[b]), lo_min)
-                    hrows.extend({"tier": names[k], "measure": measure, "outcome": outcome, "bin": int(j),
-                                  "lo_s": float(lo_s[j]), "hi_s": float(hi_s[j]), "episodes": int(h[j])}
-                                 for j in np.nonzero(h)[0])
+                    # the bin of each inverted-CDF quantile: its lower edge (not below the minimum)
+                    for q, v in bin_quantile_edges(h, lo_s, (50, 90, 99)).items():
+                        row[f"p{q}_s"] = max(v, lo_min)
+                    hrows.extend(bin_rows(h, lo_s, hi_s, "s", "episodes", tier=names[k], measure=measure,
+                                          outcome=outcome))
                 rows.append(row)
         delays = pd.DataFrame(rows, columns=["tier", "measure", "outcome", "episodes", "with_duration", "mean_s",
                                              "min_s", "p50_s", "p90_s", "p99_s", "max_s"])

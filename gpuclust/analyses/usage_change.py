@@ -33,6 +33,7 @@ import pandas as pd
 from gpuclust.analyses._lookup import EVENT_COLUMNS, TierLookupContext, tier_lookup
 from gpuclust.analyses.base import Analysis, fmt, resolve_tier_map
 from gpuclust.analyses.options import option, tier_map_option
+from gpuclust.partials import bin_quantile_edges, bin_rows
 from gpuclust.schema import TIME_AFTER_TRACE, tier_map
 
 __all__ = ["RATIO_EDGES", "RESOURCES", "THRESHOLDS", "UsageChange"]
@@ -176,7 +177,7 @@ class UsageChange(Analysis):
         names = ctx.tier_names
         T = len(names)
         p = {k: np.asarray(v) for k, v in partial.items()}
-        lo = np.concatenate([[0.0], RATIO_EDGES]) - 1.0  # relative change at each bin's lower edge
+        lo = np.maximum(np.concatenate([[0.0], RATIO_EDGES]) - 1.0, -1.0)  # relative change at each bin's lower edge
         hi = np.concatenate([RATIO_EDGES, [np.inf]]) - 1.0
         rows, hrows = [], []
         groups = [(names[t], p["counts"][t], p["within"][t], p["hist"][t], p["rsum"][t]) for t in range(T)]
@@ -190,13 +191,9 @@ class UsageChange(Analysis):
                 for q, h in enumerate(THRESHOLDS):
                     row[f"within_{round(h * 100)}pct"] = int(win[j, q]) / n if n else np.nan
                 row["mean_change"] = float(rs[j]) / n if n else np.nan
-                cum = np.cumsum(hist[j])
-                for q in (1, 10, 50, 90, 99):
-                    b = int(np.searchsorted(cum, -(-q * n // 100), side="left")) if n else -1
-                    row[f"p{q}_change"] = float(max(lo[b], -1.0)) if n else np.nan
+                row.update({f"p{q}_change": v for q, v in bin_quantile_edges(hist[j], lo, (1, 10, 50, 90, 99)).items()})
                 rows.append(row)
-                hrows.extend({"tier": tier, "resource": res, "bin": int(b), "lo_change": float(max(lo[b], -1.0)),
-                              "hi_change": float(hi[b]), "pairs": int(hist[j, b])} for b in np.nonzero(hist[j])[0])
+                hrows.extend(bin_rows(hist[j], lo, hi, "change", "pairs", tier=tier, resource=res))
         within_cols = [f"within_{round(h * 100)}pct" for h in THRESHOLDS]
         pct_cols = [f"p{q}_change" for q in (1, 10, 50, 90, 99)]
         summary = pd.DataFrame(rows, columns=["tier", "resource", *_COUNTS, *within_cols, "mean_change", *pct_cols])

@@ -33,6 +33,7 @@ from gpuclust.analyses._lookup import EVENT_COLUMNS, InstanceLookup, tier_lookup
 from gpuclust.analyses.base import Analysis, fmt, resolve_tier_map
 from gpuclust.analyses.options import tier_map_option
 from gpuclust.analyses.usage_change import RATIO_EDGES
+from gpuclust.partials import bin_quantile_edges, bin_rows
 from gpuclust.schema import TierMap, tier_map
 
 __all__ = ["MEASURES", "UsageVsRequest"]
@@ -224,12 +225,9 @@ class UsageVsRequest(Analysis):
                                        "above_limit_share": int(cnt[j, 4]) / nd if nd else np.nan,
                                        "at_most_half_share": int(cnt[j, 5]) / nd if nd else np.nan,
                                        "mean_ratio": float(rs[j]) / nd if nd else np.nan}
-                cum = np.cumsum(hist[j])
-                for q in (10, 50, 90, 99):
-                    row[f"p{q}_ratio"] = float(lo[int(np.searchsorted(cum, -(-q * nd // 100), side="left"))]) if nd else np.nan
+                row.update({f"p{q}_ratio": v for q, v in bin_quantile_edges(hist[j], lo, (10, 50, 90, 99)).items()})
                 rows.append(row)
-                hrows.extend({"tier": tier, "measure": measure, "bin": int(b), "lo_ratio": float(lo[b]),
-                              "hi_ratio": float(hi[b]), "windows": int(hist[j, b])} for b in np.nonzero(hist[j])[0])
+                hrows.extend(bin_rows(hist[j], lo, hi, "ratio", "windows", tier=tier, measure=measure))
         cols = ["tier", "measure", *_COUNTS, "above_limit_share", "at_most_half_share", "mean_ratio",
                 "p10_ratio", "p50_ratio", "p90_ratio", "p99_ratio"]
         summary = pd.DataFrame(rows, columns=cols).astype({c: np.int64 for c in _COUNTS})
