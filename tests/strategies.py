@@ -84,7 +84,8 @@ def machine_events(draw: Any, max_machines: int = 6) -> pa.Table:
 
 @st.composite
 def cell(draw: Any, max_instances: int = 8, max_windows: int = 30) -> dict[str, pa.Table]:
-    """A small cell: machine_events, instance_events and instance_usage that join in ugly ways."""
+    """A small cell: machine_events, instance_events and instance_usage that join in ugly ways (and
+    collection_events with the instance events' collection-level columns)."""
     me = draw(machine_events())
     machines = me.column("machine_id").to_pylist() or [5]
     inst = draw(st.lists(st.tuples(st.sampled_from(BIG_IDS), st.integers(0, 3), st.sampled_from(machines)),
@@ -122,8 +123,9 @@ def cell(draw: Any, max_instances: int = 8, max_windows: int = 30) -> dict[str, 
                                                             st.just(2**33 + 1))))
             us["avg_cpu"].append(draw(st.one_of(st.none(), st.floats(0, 2, width=32))))
             us["avg_mem"].append(draw(st.one_of(st.none(), st.floats(0, 2, width=32))))
+    coll = {k: ev[k] for k in ("time", "type", "collection_id", "priority", "alloc_collection_id")}
     return {"machine_events": me, "instance_events": table("instance_events", ev),
-            "instance_usage": table("instance_usage", us)}
+            "instance_usage": table("instance_usage", us), "collection_events": table("collection_events", coll)}
 
 
 def random_cell(seed: int, n_machines: int = 40, n_instances: int = 300, n_windows: int = 5000) -> dict[str, pa.Table]:
@@ -158,7 +160,9 @@ def random_cell(seed: int, n_machines: int = 40, n_instances: int = 300, n_windo
         "alloc_collection_id": [None if r < 0.3 else (0 if r < 0.9 else 2**35 + 1) for r in rng.random(n_windows)],
         "avg_cpu": [None if r < 0.02 else float(v) for r, v in zip(rng.random(n_windows), rng.random(n_windows), strict=False)],
         "avg_mem": rng.random(n_windows).astype(np.float32)})
-    return {"machine_events": me, "instance_events": ev, "instance_usage": us}
+    coll = ev.select(["time", "type", "collection_id", "priority", "alloc_collection_id"])
+    coll = table("collection_events", {k: coll.column(k).to_pylist() for k in coll.column_names})
+    return {"machine_events": me, "instance_events": ev, "instance_usage": us, "collection_events": coll}
 
 
 def assert_results_same(r1: dict[str, Any], r2: dict[str, Any], rtol: float = 1e-12) -> None:

@@ -55,7 +55,7 @@ from gpuclust.analyses.options import option, tier_map_option
 from gpuclust.partials import bin_quantile_edges, bin_rows, keyed_reduce, merge_keyed
 from gpuclust.schema import TIME_AFTER_TRACE, EventType, TierMap, tier_map
 
-__all__ = ["DELAY_EDGES_US", "DISTRIBUTIONS", "EVENT_NAMES", "EXPECTED", "Lifecycle", "STATE_AFTER", "SERIES_FIELDS"]
+__all__ = ["CollectionLifecycle", "DELAY_EDGES_US", "DISTRIBUTIONS", "EVENT_NAMES", "EXPECTED", "Lifecycle", "STATE_AFTER", "SERIES_FIELDS"]
 
 #: Event type names, by v3 code.
 EVENT_NAMES: tuple[str, ...] = tuple(e.name for e in EventType)
@@ -158,9 +158,14 @@ class Lifecycle(Analysis):
         if self.tier_map is not None:
             tier_map(self.tier_map)
 
+    #: The columns that name one thing whose events are replayed (an instance here), and its name
+    #: in summaries (``info.instances`` counts them).
+    key_columns: ClassVar[tuple[str, ...]] = ("collection_id", "instance_index")
+    thing: ClassVar[str] = "instance"
+
     @property
     def columns(self) -> tuple[str, ...]:
-        return ("time", "type", "collection_id", "instance_index", "priority")
+        return ("time", "type", *self.key_columns, "priority")
 
     @property
     def width_us(self) -> int:
@@ -170,7 +175,7 @@ class Lifecycle(Analysis):
         tm = resolve_tier_map(self.tier_map, source)
         if len(tm.names) + 1 > _T:
             raise ValueError(f"lifecycle: tier map {tm.name!r} has more than {_T - 1} tiers")
-        return LifecycleContext(tm, max_finite(source, "instance_events", "time"))
+        return LifecycleContext(tm, max_finite(source, self.table, "time"))
 
     # ---------------------------------------------------------------- partial / merge
     def empty(self, backend: Any = None) -> dict[str, Any]:
@@ -201,7 +206,8 @@ class Lifecycle(Analysis):
         def pick(a: Any) -> Any:
             return a if rows is None else a[rows]
 
-        t, c, i, p = (pick(cols[k]) for k in ("time", "collection_id", "instance_index", "priority"))
+        t, c, p = (pick(cols[k]) for k in ("time", "collection_id", "priority"))
+        i = pick(cols["instance_index"]) if "instance_index" in self.key_columns else xp.zeros(n, dtype=xp.int32)
         e = pick(e)
         # ---- one instance's events together, in time order (lexsort is stable: ties keep row order)
         order = xp.lexsort(xp.stack([t, i.astype(xp.int64), c.astype(xp.int64)]))
@@ -402,9 +408,9 @@ class Lifecycle(Analysis):
 
     def summary(self, result: dict[str, pd.DataFrame]) -> str:
         info = result["info"].iloc[0]
-        lines = [f"{self.label}: {info['instances']:,} instances, {info['rows']:,} events, tier map {info['tier_map']!r}; "
-                 f"{info['unexpected_transitions']:,} of {info['transitions']:,} transitions not in the v3 state diagram; "
-                 f"{info['first_not_submit']:,} instances first seen other than by SUBMIT"]
+        lines = [f"{self.label}: {info['instances']:,} {self.thing}s, {info['rows']:,} events, tier map "
+                 f"{info['tier_map']!r}; {info['unexpected_transitions']:,} of {info['transitions']:,} transitions not in "
+                 f"the v3 state diagram; {info['first_not_submit']:,} {self.thing}s first seen other than by SUBMIT"]
         s = result["series"]
         if len(s):
             tot = s.groupby("bucket")[["new_submissions", "resubmissions", "finishes", "pending", "running"]].sum()
@@ -419,3 +425,22 @@ class Lifecycle(Analysis):
                 lines.append(f"  {measure} ({outcome}) {r.tier:>8}: {r.episodes:,} episodes, median "
                              f"{fmt(r.p50_s, '.3g')} s, p90 {fmt(r.p90_s, '.3g')} s, mean {fmt(r.mean_s, '.3g')} s")
         return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class CollectionLifecycle(Lifecycle):
+    """Collection (job and alloc set) life cycles from ``collection_events``: the same replay,
+    tables and options as :class:`Lifecycle`, one thing per ``collection_id`` (the 2011 trace's
+    job_events after ingest).
+
+    Examples
+    --------
+    >>> CollectionLifecycle().table
+    'collection_events'
+    """
+
+    name = "collection-lifecycle"
+    table = "collection_events"
+    requires = ("collection_events",)
+    key_columns = ("collection_id",)
+    thing = "collection"

@@ -19,7 +19,7 @@ from gpuclust.analyses.base import Analysis
 from gpuclust.analyses.cell_usage import CellUsage
 from gpuclust.analyses.cpi import Cpi
 from gpuclust.analyses.job_usage import JobUsage
-from gpuclust.analyses.lifecycle import Lifecycle
+from gpuclust.analyses.lifecycle import CollectionLifecycle, Lifecycle
 from gpuclust.analyses.machine_shapes import MachineShapes
 from gpuclust.analyses.options import Option, options_of
 from gpuclust.analyses.overcommit import Overcommit
@@ -66,6 +66,8 @@ REGISTRY: dict[str, AnalysisEntry] = {
         AnalysisEntry(JobUsage, "Per-collection NCU-hours and NMU-hours and their heavy tail by tier: quantiles, top "
                       "1% / 0.1% shares, C², Pareto alpha of the CCDF tail, NCU-NMU correlation",
                       kernels=("hash_index",)),
+        AnalysisEntry(CollectionLifecycle, "Collection (job) life cycles from collection_events: the same tables as "
+                      "lifecycle, one thing per collection"),
         AnalysisEntry(Lifecycle, "Instance life cycles: events and transitions by tier, submissions / queue / running "
                       "series, scheduling delays and execution times (censored at the data's end)"),
         AnalysisEntry(MachineShapes, "Machines per capacity shape (cap_cpu, cap_mem), as in Google's notebook"),

@@ -67,9 +67,10 @@ def cuttable(analysis, t: pa.Table) -> tuple[pa.Table, list[int]]:
     n = t.num_rows
     if not analysis.whole_instances:
         return t, list(range(n + 1))
-    t = t.take(pc.sort_indices(t, sort_keys=[("collection_id", "ascending"), ("instance_index", "ascending")]))
-    c, i = t.column("collection_id").to_pylist(), t.column("instance_index").to_pylist()
-    return t, [0, *(k for k in range(1, n) if (c[k], i[k]) != (c[k - 1], i[k - 1])), n]
+    keys = list(getattr(analysis, "key_columns", ("collection_id", "instance_index")))
+    t = t.take(pc.sort_indices(t, sort_keys=[(k, "ascending") for k in keys]))
+    rows = list(zip(*(t.column(k).to_pylist() for k in keys), strict=True))
+    return t, [0, *(k for k in range(1, n) if rows[k] != rows[k - 1]), n]
 
 
 @pytest.fixture(params=sorted(INSTANCES))

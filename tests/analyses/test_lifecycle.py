@@ -249,3 +249,32 @@ def test_planted_life_cycles_of_a_synthetic_cell(tmp_path):
     assert int(d.loc[d["measure"] == "execution", "episodes"].sum()) == w["running_intervals"]
     assert int(d.loc[(d["measure"] == "execution") & (d["outcome"] == "censored"), "episodes"].sum()) == \
         w["still_running_at_end"]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rows=event_rows())
+def test_collection_lifecycle_matches_the_replay(rows):
+    """The same replay per collection, from collection_events (no instance_index: one thing per
+    collection_id; the replay's instance is then the collection)."""
+    from gpuclust.analyses.lifecycle import CollectionLifecycle
+
+    rows = [{**r, "instance_index": 0} for r in rows]
+    t = table("collection_events", {k: [r[k] for r in rows] for k in ("time", "type", "collection_id", "priority")})
+    res = run(TableSource({"collection_events": t}), CollectionLifecycle(tier_map="notebook"))["collection-lifecycle"]
+    check(res, rows)
+
+
+@pytest.mark.skipif(not REAL.is_dir(), reason=f"real trace files not found at {REAL}")
+def test_real_2011_job_events(tmp_path):
+    """The first 5 of 500 parts of the 2011 job_events (25,437 rows) as collection_events,
+    against the replay."""
+    from gpuclust.analyses.lifecycle import CollectionLifecycle
+    from gpuclust.ingest import ingest
+
+    assert ingest([REAL / "2011" / "job_events"], tmp_path / "v2", progress=False).exit_status == 0
+    ds = Dataset(tmp_path / "v2")
+    res = run(ds, CollectionLifecycle(), partitions="auto")["collection-lifecycle"]
+    rows = [{**r, "instance_index": 0} for r in ds.read("collection_events", ["time", "type", "collection_id",
+                                                                             "priority"]).to_pylist()]
+    check(res, rows, tm_name="v2")
+    assert res["info"].iloc[0]["rows"] == 25_437

@@ -31,6 +31,8 @@ VALID = {
     ("cpi", "mai_max"): ("0.9", 0.9),
     ("cpi", "min_cpu_seconds"): ("0.5", 0.5),
     ("cpi", "tier_map"): ("seed-002", "seed-002"),
+    ("collection-lifecycle", "bucket_s"): ("600", 600),
+    ("collection-lifecycle", "tier_map"): ("v3-doc", "v3-doc"),
     ("job-usage", "rows"): ("top-level", "top-level"),
     ("job-usage", "tail"): ("0.25", 0.25),
     ("job-usage", "tier_map"): ("v3-doc", "v3-doc"),
