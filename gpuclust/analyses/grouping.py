@@ -18,6 +18,7 @@ from typing import Any
 from gpuclust.layout import key_hash
 
 __all__ = ["HOUR_US", "KEY_COLUMNS", "bucket_grid", "bucket_index", "bucket_span", "group_key", "parse_by",
+           "segmented_last",
            "parse_list"]
 
 #: One hour in µs (cell-usage's bucket).
@@ -82,3 +83,19 @@ def bucket_grid(w0: int, w1: int, width_us: int) -> tuple[int, int]:
     """
     origin = (w0 // width_us) * width_us
     return origin, (-(-w1 // width_us) - w0 // width_us) if w1 > w0 else 0
+
+
+def segmented_last(ops: Any, xp: Any, flag: Any, seg_start: Any) -> Any:
+    """Per row of rows grouped in runs (``seg_start``: each row's run's first index): the index of
+    the last row at or before it in its run with ``flag`` set, else -1 (one running maximum,
+    ``ops.cummax_rows``).
+
+    >>> import numpy as np
+    >>> from gpuclust.backends import get_backend
+    >>> segmented_last(get_backend("cpu").ops, np, np.array([1, 0, 0, 1, 0], bool), np.array([0, 0, 2, 2, 2])).tolist()
+    [0, 0, -1, 3, 3]
+    """
+    n = int(flag.shape[0])
+    idx = xp.where(flag, xp.arange(n, dtype=xp.int64), -1)
+    last = ops.cummax_rows(idx.reshape(1, n)).reshape(n)
+    return xp.where(last >= seg_start, last, -1)

@@ -50,7 +50,7 @@ import pandas as pd
 
 from gpuclust.analyses._extent import max_finite
 from gpuclust.analyses.base import Analysis, fmt, is_null_int, resolve_tier_map
-from gpuclust.analyses.grouping import bucket_index
+from gpuclust.analyses.grouping import bucket_index, segmented_last
 from gpuclust.analyses.options import option, tier_map_option
 from gpuclust.partials import bin_quantile_edges, bin_rows, keyed_reduce, merge_keyed
 from gpuclust.schema import TIME_AFTER_TRACE, EventType, TierMap, tier_map
@@ -111,15 +111,6 @@ class LifecycleContext:
     @property
     def tier_names(self) -> tuple[str, ...]:
         return (*self.tier_map.names, "unknown")
-
-
-def _segmented_last(ops: Any, xp: Any, flag: Any, seg_start: Any) -> Any:
-    """Per row: the index of the last row at or before it with ``flag`` set in the same segment
-    (``seg_start``: each row's segment's first index), else -1."""
-    n = int(flag.shape[0])
-    idx = xp.where(flag, xp.arange(n, dtype=xp.int64), -1)
-    last = ops.cummax_rows(idx.reshape(1, n)).reshape(n)
-    return xp.where(last >= seg_start, last, -1)
 
 
 @dataclass(frozen=True)
@@ -268,14 +259,14 @@ class Lifecycle(Analysis):
         for st_, restart, entry_ev, exits in ((_PENDING, EventType.SUBMIT, EventType.SUBMIT, _PENDING_EXIT),
                                               (_RUNNING, EventType.SCHEDULE, EventType.SCHEDULE, _RUNNING_EXIT)):
             entry = ((state == st_) & (prev_state != st_)) | ((state == st_) & (e == restart) & (prev_state == st_))
-            last_entry = _segmented_last(ops, xp, entry, seg_start)
+            last_entry = segmented_last(ops, xp, entry, seg_start)
             x = xp.nonzero((prev_state == st_) & ((state != st_) | (e == restart)))[0]
             s = last_entry[x - 1]  # x is never an instance's first row (prev_state is set)
             sc = xp.maximum(s, 0)
             known = (s >= 0) & (e[sc] == entry_ev) & (t[sc] != 0) & (t[x] != TIME_AFTER_TRACE)
             recs.append((tier[x], xp.asarray(exits)[e[x]], t[x] - t[sc], known))
             if st_ == _PENDING:  # from the last ENABLE of the episode to its SCHEDULE
-                le = _segmented_last(ops, xp, e == EventType.ENABLE, seg_start)[x - 1]
+                le = segmented_last(ops, xp, e == EventType.ENABLE, seg_start)[x - 1]
                 en = xp.nonzero((e[x] == EventType.SCHEDULE) & (le > s) & known)[0]
                 recs.append((tier[x[en]], xp.full(int(en.shape[0]), _DI["enable_to_schedule", "scheduled"], xp.int64),
                              t[x[en]] - t[le[en]], xp.ones(int(en.shape[0]), dtype=bool)))

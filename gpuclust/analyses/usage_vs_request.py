@@ -29,12 +29,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gpuclust.analyses._lookup import EVENT_COLUMNS, InstanceLookup, tier_lookup, triple_hash
+from gpuclust.analyses._lookup import EVENT_COLUMNS, TierLookupContext, tier_lookup, triple_hash
 from gpuclust.analyses.base import Analysis, fmt, resolve_tier_map
+from gpuclust.analyses.grouping import segmented_last
 from gpuclust.analyses.options import tier_map_option
 from gpuclust.analyses.usage_change import RATIO_EDGES
 from gpuclust.partials import bin_quantile_edges, bin_rows
-from gpuclust.schema import TierMap, tier_map
+from gpuclust.schema import tier_map
 
 __all__ = ["MEASURES", "UsageVsRequest"]
 
@@ -76,14 +77,10 @@ class RequestTimeline:
 
 
 @dataclass(frozen=True)
-class UsageVsRequestContext:
-    tier_map: TierMap
-    lookup: InstanceLookup = InstanceLookup.empty()
-    requests: RequestTimeline = field(default_factory=RequestTimeline)
+class UsageVsRequestContext(TierLookupContext):
+    """:class:`TierLookupContext` plus the request timelines ``bind`` builds."""
 
-    @property
-    def tier_names(self) -> tuple[str, ...]:
-        return (*self.tier_map.names, "unknown")
+    requests: RequestTimeline = field(default_factory=RequestTimeline)
 
 
 @dataclass(frozen=True)
@@ -164,8 +161,7 @@ class UsageVsRequest(Analysis):
             ks = key[order]
             run_start = xp.ones(ks.shape[0], dtype=bool)
             run_start[1:] = ks[1:] != ks[:-1]
-            first = ops.cummax_rows(xp.where(run_start, xp.arange(ks.shape[0], dtype=xp.int64), 0)
-                                    .reshape(1, -1)).reshape(-1)
+            first = segmented_last(ops, xp, run_start, 0)  # each row's run start
             is_win = order >= ne
             win_row = order[is_win] - ne
             ev_c, ev_i = backend.stage(rq.collection), backend.stage(rq.instance)
@@ -173,9 +169,8 @@ class UsageVsRequest(Analysis):
             for r in (0, 1):
                 has = (order < ne)
                 has[has] = req[order[has], r] > 0
-                at = ops.cummax_rows(xp.where(has, xp.arange(ks.shape[0], dtype=xp.int64), -1)
-                                     .reshape(1, -1)).reshape(-1)
-                hit = (at >= first)[is_win]
+                at = segmented_last(ops, xp, has, first)
+                hit = (at >= 0)[is_win]
                 ev = order[xp.maximum(at[is_win], 0)]
                 ev = xp.where(hit, ev, 0)
                 # the hash joined them: the keys must match too (a collision would raise here)

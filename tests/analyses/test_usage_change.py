@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from strategies import cell, random_cell, table, write_dataset
+from strategies import assert_results_same, cell, random_cell, table, write_dataset
 from usage_change_reference import THRESHOLDS, describe, pairs, tiers_of
 
 from gpuclust.analyses.usage_change import RATIO_EDGES, UsageChange
@@ -106,14 +106,7 @@ def test_bucketed_equals_flat_and_a_flat_table_is_never_cut(tmp_path):
     assert r.returncode == 0, r.stderr
     for parts, scheduler in ((3, None), ("auto", None), (3, "threads")):
         r_opt = run(Dataset(tmp_path / "opt"), a, partitions=parts, workers=2, scheduler=scheduler)["usage-change"]
-        for k in r_flat:
-            assert set(r_opt[k].columns) == set(r_flat[k].columns)
-            for c in r_flat[k].columns:
-                x, y = r_opt[k][c].to_numpy(), r_flat[k][c].to_numpy()
-                if x.dtype.kind == "f":
-                    np.testing.assert_allclose(x, y, rtol=1e-12, equal_nan=True)
-                else:
-                    assert x.tolist() == y.tolist(), (parts, k, c)
+        assert_results_same({"usage-change": r_opt}, {"usage-change": r_flat}, rtol=1e-12)
     # asked for 4 partitions, a flat table is still one for a whole-instance analysis
     r4 = run(Dataset(flat), a, partitions=4)["usage-change"]
     assert all(r4[k].equals(r_flat[k]) for k in r_flat)

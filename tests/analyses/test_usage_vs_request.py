@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from strategies import table, write_dataset
+from strategies import assert_results_same, table, write_dataset
 from usage_change_reference import tiers_of
 
 from gpuclust.analyses.usage_change import RATIO_EDGES
@@ -142,13 +142,7 @@ def test_layouts_and_schedulers_agree(tmp_path):
     assert r.returncode == 0, r.stderr
     for parts, sched in ((3, None), ("auto", None), (3, "threads")):
         got = run(Dataset(tmp_path / "opt"), UsageVsRequest(), partitions=parts, scheduler=sched)["usage-vs-request"]
-        for k in want:
-            for c in want[k].columns:
-                x, y = got[k][c].to_numpy(), want[k][c].to_numpy()
-                if x.dtype.kind == "f":
-                    np.testing.assert_allclose(x, y, rtol=1e-9, equal_nan=True)
-                else:
-                    assert x.tolist() == y.tolist(), (parts, k, c)
+        assert_results_same({"usage-vs-request": got}, {"usage-vs-request": want}, rtol=1e-9)
 
 
 def test_duckdb_asof_join_agrees(tmp_path):
