@@ -1,0 +1,282 @@
+"""The table profiles of ``data-quality``: one small pass per events / machine table.
+
+Each profile streams one canonical table (``instance_events``, ``collection_events`` or
+``machine_events``) and counts, per partition, in dense partials (merged by addition):
+
+* NULLs per fixed-width column (a NULL arrives as NaN or the dtype's minimum, see
+  :func:`gpuclust.analyses.base.null_int`); the NULLs of string and list columns, which partials
+  cannot read, come from the Parquet statistics (or the in-memory table) in :meth:`context`;
+* rows per code of the code columns (``type``, ``missing_type``, ``missing_data_reason``);
+* sentinels: ``time`` 0 ("before the trace") and 2^63-1 ("after it"), ``machine_id`` 0 (not
+  placed) and -1 (dedicated machine);
+* per *thing* (an instance, a collection, a machine: :attr:`TableProfile.key_columns`), whose rows
+  are all in one partition (:attr:`whole_instances`): the things, rows whose time is earlier than
+  the previous row of the same thing in the dataset's row order (``time_backwards``) and rows
+  sharing their time with another row of the thing (``time_ties``);
+* machine_events: rows and machines with a NULL capacity.
+
+``data-quality`` declares the three profiles as its prerequisites (the engine runs them with the
+user's backend, partitions and scheduler) and assembles their tables with its own usage profile.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from gpuclust.analyses.base import Analysis, is_null_int
+from gpuclust.schema import (
+    SCHEMAS,
+    TIME_AFTER_TRACE,
+    EventType,
+    MachineEventType,
+    MissingDataReason,
+    MissingType,
+)
+
+__all__ = ["CHECKS", "CODE_SLOTS", "CollectionEventsProfile", "InstanceEventsProfile", "MachineEventsProfile",
+           "TableProfile", "check_rows", "code_rows", "fixed_width_columns", "null_rows", "string_nulls"]
+
+#: Code slots of the ``codes`` partial: codes 0..10, then NULL, then any other value.
+CODE_SLOTS = 13
+_NULL_SLOT, _OTHER_SLOT = 11, 12
+#: Every counter a profile may keep (a table reports those of :attr:`TableProfile.checks`).
+CHECKS = ("rows", "things", "time_zero", "time_after_trace", "machine_zero", "machine_dedicated", "time_ties",
+          "time_backwards", "time_backwards_things", "null_capacity_rows", "null_capacity_machines",
+          "never_capacity_machines")
+_C = {c: k for k, c in enumerate(CHECKS)}
+
+
+def fixed_width_columns(table: str) -> tuple[str, ...]:
+    """The integer and float columns of a canonical table (those a partial can read)."""
+    return tuple(f.name for f in SCHEMAS[table] if pa.types.is_integer(f.type) or pa.types.is_floating(f.type))
+
+
+def string_nulls(source: Any, table: str) -> dict[str, int | None]:
+    """NULLs of the other (string, list, bool) columns of ``table``: from each Parquet row group's
+    statistics (``None`` where a file lacks them), or from the in-memory table; nothing is read
+    into memory for a dataset."""
+    names = [f.name for f in SCHEMAS[table] if f.name not in fixed_width_columns(table)]
+    if not names:
+        return {}
+    files = source.files(table) if hasattr(source, "files") else None
+    if files is None:
+        t = source.read(table, names)
+        return {c: int(t.column(c).null_count) for c in names}
+    out: dict[str, int | None] = dict.fromkeys(names, 0)
+    for f in files:
+        md = pq.ParquetFile(f).metadata
+        schema = md.schema.to_arrow_schema()
+        for g in range(md.num_row_groups):
+            rg = md.row_group(g)
+            if rg.num_rows == 0:
+                continue
+            for c in names:
+                j = schema.get_field_index(c)
+                st = rg.column(_leaf(md, c, j)).statistics if j >= 0 else None
+                if out[c] is None or st is None or not st.has_null_count:
+                    out[c] = None
+                else:
+                    out[c] = int(out[c] or 0) + int(st.null_count)
+    return out
+
+
+def _leaf(md: Any, name: str, field: int) -> int:
+    """The Parquet leaf column of top-level field ``name`` (a list column's ``element``)."""
+    for j in range(md.num_columns):
+        path = md.schema.column(j).path
+        if path == name or path.startswith(name + "."):
+            return j
+    return field
+
+
+def null_rows(table: str, rows: int, nulls: dict[str, int | None]) -> list[dict[str, Any]]:
+    """Rows of the ``columns`` result table: one per column of ``table``, in schema order."""
+    return [{"table": table, "column": f.name, "rows": rows, "nulls": nulls.get(f.name)} for f in SCHEMAS[table]]
+
+
+def code_rows(table: str, column: str, names: type[enum.IntEnum], counts: np.ndarray) -> list[dict[str, Any]]:
+    """Rows of the ``codes`` result table for one code column (codes with rows only)."""
+    out = []
+    for code in np.nonzero(counts)[0]:
+        code = int(code)
+        if code == _NULL_SLOT:
+            name, value = "NULL", -1
+        elif code == _OTHER_SLOT:
+            name, value = "other", -2
+        else:
+            name, value = (names(code).name if code in names._value2member_map_ else "unknown"), code
+        out.append({"table": table, "column": column, "code": value, "name": name, "rows": int(counts[code])})
+    return out
+
+
+def check_rows(table: str, items: list[tuple[str, int, str, int]]) -> list[dict[str, Any]]:
+    """Rows of the ``checks`` result table from ``(check, count, unit, of)``."""
+    return [{"table": table, "check": c, "count": int(n), "unit": u, "of": int(of),
+             "share": (n / of) if of else np.nan} for c, n, u, of in items]
+
+
+def code_counts(xp: Any, v: Any) -> Any:
+    """Rows per code slot (:data:`CODE_SLOTS`) of one integer code column."""
+    null = is_null_int(xp, v)
+    w = v.astype(xp.int64)
+    slot = xp.where(null, _NULL_SLOT, xp.where((w >= 0) & (w < _NULL_SLOT), w, _OTHER_SLOT))
+    return xp.bincount(slot, minlength=CODE_SLOTS).astype(xp.int64)
+
+
+def column_nulls(xp: Any, a: Any) -> int:
+    """NULLs of one column as a partial reads it."""
+    return int(xp.count_nonzero(xp.isnan(a) if a.dtype.kind == "f" else is_null_int(xp, a)))
+
+
+@dataclass(frozen=True)
+class TableProfile(Analysis):
+    """Counts of one events or machine table (see the module docstring); a prerequisite of
+    ``data-quality``, not registered on its own."""
+
+    #: Columns naming one thing whose rows are checked for order, and what the thing is called.
+    key_columns: ClassVar[tuple[str, ...]] = ("collection_id", "instance_index")
+    thing: ClassVar[str] = "instances"
+    #: ``(column, enum of its code names)`` of the code columns counted.
+    code_columns: ClassVar[tuple[tuple[str, type[enum.IntEnum]], ...]] = ()
+    #: The counters of :data:`CHECKS` this table reports, in order.
+    checks: ClassVar[tuple[str, ...]] = ()
+    whole_instances: ClassVar[bool] = True
+    row_bytes = 160
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return fixed_width_columns(self.table)
+
+    def context(self, source: Any) -> dict[str, int | None]:
+        return string_nulls(source, self.table)
+
+    def empty(self, backend: Any = None) -> dict[str, np.ndarray]:
+        return {"nulls": np.zeros(len(self.columns), np.int64), "counts": np.zeros(len(CHECKS), np.int64),
+                "codes": np.zeros((len(self.code_columns), CODE_SLOTS), np.int64)}
+
+    def partial(self, cols: dict[str, Any], ctx: Any, backend: Any) -> dict[str, Any]:
+        xp = backend.xp
+        out = {k: xp.asarray(v) for k, v in self.empty().items()}
+        n = int(cols["time"].shape[0])
+        if n == 0:
+            return out
+        cnt = np.zeros(len(CHECKS), np.int64)
+        cnt[_C["rows"]] = n
+        out["nulls"] = xp.asarray(np.array([column_nulls(xp, cols[c]) for c in self.columns], np.int64))
+        if self.code_columns:
+            out["codes"] = xp.stack([code_counts(xp, cols[c]) for c, _ in self.code_columns])
+        t = cols["time"]
+        cnt[_C["time_zero"]] = int(xp.count_nonzero(t == 0))
+        cnt[_C["time_after_trace"]] = int(xp.count_nonzero(t == TIME_AFTER_TRACE))
+        if "machine_id" in cols:
+            m = cols["machine_id"]
+            cnt[_C["machine_zero"]] = int(xp.count_nonzero(m == 0))
+            cnt[_C["machine_dedicated"]] = int(xp.count_nonzero(m == -1))
+        keys = [cols[k].astype(xp.int64) for k in self.key_columns]
+        # ---- row order within each thing (a stable sort by the key: ties keep the row order)
+        order = xp.lexsort(xp.stack(keys[::-1]))
+        ks = [k[order] for k in keys]
+        ts = t[order]
+        same = xp.ones(n - 1, dtype=bool)
+        for k in ks:
+            same &= k[1:] == k[:-1]
+        cnt[_C["things"]] = n - int(xp.count_nonzero(same))
+        first = xp.ones(n, dtype=bool)
+        first[1:] = ~same
+        seg = xp.cumsum(first) - 1
+        back = xp.nonzero(same & (ts[1:] < ts[:-1]))[0] + 1
+        cnt[_C["time_backwards"]] = int(back.shape[0])
+        cnt[_C["time_backwards_things"]] = int(xp.unique(seg[back]).shape[0])
+        # ---- ties: rows of one thing at one time (independent of the order)
+        tt = ts[xp.lexsort(xp.stack([ts, seg]))]  # seg is sorted already: times sorted within each thing
+        cnt[_C["time_ties"]] = int(xp.count_nonzero(same & (tt[1:] == tt[:-1])))
+        if "cap_cpu" in cols:
+            nocap = (xp.isnan(cols["cap_cpu"]) | xp.isnan(cols["cap_mem"]))[order]
+            cnt[_C["null_capacity_rows"]] = int(xp.count_nonzero(nocap))
+            per = xp.bincount(seg, weights=nocap.astype(xp.float64))
+            size = xp.bincount(seg)
+            cnt[_C["null_capacity_machines"]] = int(xp.count_nonzero(per > 0))
+            cnt[_C["never_capacity_machines"]] = int(xp.count_nonzero(per == size))
+        out["counts"] = xp.asarray(cnt)
+        return out
+
+    def merge(self, a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {k: a[k] + b[k] for k in a}
+
+    def finalize(self, partial: dict[str, np.ndarray], ctx: Any) -> dict[str, pd.DataFrame]:
+        p = {k: np.asarray(v) for k, v in partial.items()}
+        cnt = dict(zip(CHECKS, (int(v) for v in p["counts"]), strict=True))
+        rows = cnt["rows"]
+        nulls: dict[str, int | None] = {c: int(v) for c, v in zip(self.columns, p["nulls"], strict=True)}
+        nulls.update(ctx or {})
+        cols, checks, codes = [], [], []
+        if rows:
+            cols = null_rows(self.table, rows, nulls)
+            items = [("rows", rows, "rows", rows), (self.thing, cnt["things"], self.thing, cnt["things"])]
+            for c in self.checks:
+                unit = self.thing if c.endswith(("things", "machines")) else "rows"
+                of = cnt["things"] if unit == self.thing else rows
+                items.append((c.replace("things", self.thing), cnt[c], unit, of))
+            checks = check_rows(self.table, items)
+            for j, (c, names) in enumerate(self.code_columns):
+                codes += code_rows(self.table, c, names, p["codes"][j])
+        return {"columns": frame(cols, COLUMNS_COLUMNS), "checks": frame(checks, CHECKS_COLUMNS),
+                "codes": frame(codes, CODES_COLUMNS)}
+
+
+COLUMNS_COLUMNS = {"table": object, "column": object, "rows": np.int64, "nulls": "Int64"}
+CHECKS_COLUMNS = {"table": object, "check": object, "count": np.int64, "unit": object, "of": np.int64,
+                  "share": np.float64}
+CODES_COLUMNS = {"table": object, "column": object, "code": np.int64, "name": object, "rows": np.int64}
+
+
+def frame(rows: list[dict[str, Any]], columns: dict[str, Any]) -> pd.DataFrame:
+    """A result table with fixed columns and dtypes (also when it has no rows)."""
+    df = pd.DataFrame(rows, columns=list(columns))
+    return df.astype(columns)
+
+
+_EVENT_CHECKS = ("time_zero", "time_after_trace", "time_ties", "time_backwards", "time_backwards_things")
+
+
+@dataclass(frozen=True)
+class InstanceEventsProfile(TableProfile):
+    """The instance_events profile."""
+
+    name = "_data-quality-instance-events"
+    table = "instance_events"
+    code_columns = (("type", EventType), ("missing_type", MissingType))
+    checks = ("time_zero", "time_after_trace", "machine_zero", "machine_dedicated", "time_ties", "time_backwards",
+              "time_backwards_things")
+
+
+@dataclass(frozen=True)
+class CollectionEventsProfile(TableProfile):
+    """The collection_events profile (one thing per collection)."""
+
+    name = "_data-quality-collection-events"
+    table = "collection_events"
+    key_columns = ("collection_id",)
+    thing = "collections"
+    code_columns = (("type", EventType), ("missing_type", MissingType))
+    checks = _EVENT_CHECKS
+
+
+@dataclass(frozen=True)
+class MachineEventsProfile(TableProfile):
+    """The machine_events profile (one thing per machine)."""
+
+    name = "_data-quality-machine-events"
+    table = "machine_events"
+    key_columns = ("machine_id",)
+    thing = "machines"
+    code_columns = (("type", MachineEventType), ("missing_data_reason", MissingDataReason))
+    checks = ("time_zero", "time_after_trace", "machine_zero", "machine_dedicated", "time_ties", "time_backwards",
+              "time_backwards_things", "null_capacity_rows", "null_capacity_machines", "never_capacity_machines")

@@ -1,0 +1,308 @@
+"""``data-quality``: what a dataset holds and where it is odd, per table, so a user knows what they
+analyse (issue 11, item 6; every check is defined in docs/analysis-data-quality.md).
+
+Per table (instance_usage, instance_events, collection_events, machine_events): rows, NULLs per
+column, rows per code (``type``, ``missing_type``, ``missing_data_reason``), the sentinels (time
+0 and 2^63-1, machine 0 and -1) and the table's own checks:
+
+* instance_usage: windows ending before they start, of zero length, shorter and longer than
+  ``short_window_s``; CPU percentile vectors all NULL, partly NULL, and non-monotone (a level
+  below a lower level's value); ``cpu_p100`` below / above ``max_cpu`` (and the distribution of
+  ``max_cpu / cpu_p100``); implausible CPI/MAI (:class:`gpuclust.stats.CpiFilter`, cpi's rule);
+  windows and instances with no event row; windows of an instance that starts at or after its
+  final terminal event, or runs past it;
+* events tables: distinct instances (collections), events whose time goes backwards in the
+  dataset's row order, events sharing their time with another event of the instance, instances
+  with events but no usage window;
+* machine_events: rows and machines with a NULL capacity.
+
+Plan: the events and machine tables are profiled by prerequisite passes
+(:mod:`gpuclust.analyses._quality`); the analysis itself streams instance_usage whole instance by
+whole instance (:attr:`whole_instances`), with instance_events as a per-partition side input for
+the per-instance joins.  Every partial is dense (fixed-size counters), merged by addition.  A
+dataset without instance_usage (the real 2011 events) gets the events and machine profiles.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar
+
+import numpy as np
+import pandas as pd
+
+from gpuclust.analyses._lookup import InstanceLookup
+from gpuclust.analyses._quality import (
+    CHECKS_COLUMNS,
+    CODES_COLUMNS,
+    COLUMNS_COLUMNS,
+    CollectionEventsProfile,
+    InstanceEventsProfile,
+    MachineEventsProfile,
+    check_rows,
+    column_nulls,
+    fixed_width_columns,
+    frame,
+    null_rows,
+)
+from gpuclust.analyses.base import Analysis, fmt
+from gpuclust.analyses.options import option
+from gpuclust.partials import bin_quantile_edges, bin_rows
+from gpuclust.schema import CPU_PERCENTILE_COLUMNS_SORTED, TERMINAL_EVENTS, TIME_AFTER_TRACE
+from gpuclust.stats import CpiFilter
+
+__all__ = ["DataQuality", "RATIO_EDGES", "TABLE_ORDER", "USAGE_CHECKS"]
+
+#: The usage counters, in order (those ending in ``instances`` count distinct instances).
+USAGE_CHECKS = ("rows", "instances", "start_zero", "start_after_trace", "end_zero", "end_after_trace", "machine_zero",
+                "machine_dedicated", "end_before_start", "zero_length", "short_windows", "long_windows",
+                "percentiles_null", "percentiles_partly_null", "percentiles_non_monotone", "p100_and_max",
+                "p100_below_max", "p100_above_max", "cpi_mai_present", "cpi_mai_low_cpu_time", "cpi_out_of_range",
+                "mai_out_of_range", "no_events_rows", "no_events_instances", "after_end_rows", "after_end_300s_rows",
+                "after_end_instances", "past_end_rows", "matched_instances")
+_U = {c: k for k, c in enumerate(USAGE_CHECKS)}
+#: Lower edges of the ``max_cpu / cpu_p100`` bins 1, 2, ...: 10^(k/20), k = -80..80 (20 per decade);
+#: bin 0 holds ratios below 10^-4 (0 included), the last one ratios from 10^4 on.
+RATIO_EDGES = 10.0 ** (np.arange(-80, 81) / 20.0)
+_B = int(RATIO_EDGES.shape[0]) + 1
+#: The tables in the order of the result tables.
+TABLE_ORDER = ("instance_usage", "instance_events", "collection_events", "machine_events")
+_EVENT_SIDE = ("collection_id", "instance_index", "time", "type")
+_AFTER_S = 300
+
+
+@dataclass(frozen=True)
+class DataQualityContext:
+    short_us: int
+    #: The prerequisite profiles' tables, by table name.
+    prior: dict[str, dict[str, pd.DataFrame]]
+    has_usage: bool
+    #: Each instance's final terminal time (code of :attr:`lookup` -> time; 2^63-1: none).
+    lookup: InstanceLookup = InstanceLookup.empty()
+    end_us: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+
+
+@dataclass(frozen=True)
+class DataQuality(Analysis):
+    """Rows, NULLs, codes, sentinels and consistency checks of every table of a dataset.
+
+    Parameters
+    ----------
+    short_window_s
+        Usage windows shorter than this many seconds are counted as short (the trace's windows
+        are nominally 300 s).
+
+    Examples
+    --------
+    >>> DataQuality(short_window_s=60).label
+    'data-quality[short_window_s=60]'
+    """
+
+    short_window_s: int = option(300, "usage windows shorter than this many seconds are counted as short")
+
+    name = "data-quality"
+    table = "instance_usage"
+    requires: ClassVar[tuple[str, ...]] = ()
+    optional_tables = TABLE_ORDER
+    #: tracemalloc peak of partial (all 38 usage columns read): measured ~330 B/row (1e6 windows)
+    row_bytes = 400
+    auto_partition_rows = 1 << 20
+    whole_instances: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        if int(self.short_window_s) <= 0:
+            raise ValueError(f"data-quality: short_window_s must be positive, got {self.short_window_s}")
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return fixed_width_columns("instance_usage")
+
+    def prerequisites(self, source: Any) -> dict[str, Analysis]:
+        return {"instance_events": InstanceEventsProfile(), "collection_events": CollectionEventsProfile(),
+                "machine_events": MachineEventsProfile()}
+
+    def context(self, source: Any, prior: dict[str, dict[str, pd.DataFrame]] | None = None) -> DataQualityContext:
+        if prior is None:
+            raise RuntimeError("data-quality: the table profiles must run first (the engine runs prerequisites)")
+        n = getattr(source, "num_rows", None)
+        has_usage = True if n is None else int(n("instance_usage")) > 0
+        return DataQualityContext(int(self.short_window_s) * 1_000_000, dict(prior), has_usage)
+
+    @property
+    def side_inputs(self) -> dict[str, tuple[str, ...]]:
+        return {"instance_events": _EVENT_SIDE}
+
+    def bind(self, ctx: DataQualityContext, side: dict[str, Any], grain: str | None) -> DataQualityContext:
+        """Each instance's final terminal time, from its events: the time of its last event in time
+        order (ties: the last row) when that event is terminal and its time is not 2^63-1."""
+        if not ctx.has_usage:
+            return ctx
+        ev = side["instance_events"].read(list(_EVENT_SIDE))
+        if ev.num_rows == 0:
+            return ctx
+        c, i, t, e = (np.asarray(ev.column(k).to_numpy(), dtype=np.int64) for k in _EVENT_SIDE)
+        order = np.lexsort((t, i, c))  # stable: ties keep row order
+        c, i, t, e = c[order], i[order], t[order], e[order]
+        last = np.ones(c.shape[0], dtype=bool)
+        last[:-1] = (c[1:] != c[:-1]) | (i[1:] != i[:-1])
+        c, i, t, e = c[last], i[last], t[last], e[last]
+        terminal = np.isin(e, np.asarray(TERMINAL_EVENTS, np.int64)) & (t != TIME_AFTER_TRACE)
+        end = np.where(terminal, t, TIME_AFTER_TRACE).astype(np.int64)
+        lk = InstanceLookup.build(c, i, np.zeros_like(c), np.arange(c.shape[0]), what="data-quality instance lookup")
+        # the lookup sorts its keys by hash: its codes are the positions in end
+        return replace(ctx, lookup=lk, end_us=end)
+
+    # ---------------------------------------------------------------- partial / merge
+    def empty(self, backend: Any = None) -> dict[str, np.ndarray]:
+        return {"nulls": np.zeros(len(self.columns), np.int64), "counts": np.zeros(len(USAGE_CHECKS), np.int64),
+                "ratio": np.zeros(_B, np.int64)}
+
+    def partial(self, cols: dict[str, Any], ctx: DataQualityContext, backend: Any) -> dict[str, Any]:
+        xp = backend.xp
+        out = {k: xp.asarray(v) for k, v in self.empty().items()}
+        s, e = cols["start_time"], cols["end_time"]
+        n = int(s.shape[0])
+        if n == 0:
+            return out
+        cnt = np.zeros(len(USAGE_CHECKS), np.int64)
+
+        def count(name: str, mask: Any) -> None:
+            cnt[_U[name]] = int(xp.count_nonzero(mask))
+
+        cnt[_U["rows"]] = n
+        out["nulls"] = xp.asarray(np.array([column_nulls(xp, cols[c]) for c in self.columns], np.int64))
+        m = cols["machine_id"]
+        for name, mask in (("start_zero", s == 0), ("start_after_trace", s == TIME_AFTER_TRACE), ("end_zero", e == 0),
+                           ("end_after_trace", e == TIME_AFTER_TRACE), ("machine_zero", m == 0),
+                           ("machine_dedicated", m == -1)):
+            count(name, mask)
+        # ---- window lengths (both times below 2^63-1)
+        finite = (s != TIME_AFTER_TRACE) & (e != TIME_AFTER_TRACE)
+        dur = xp.where(finite, e - s, 0)
+        count("end_before_start", finite & (dur < 0))
+        count("zero_length", finite & (dur == 0))
+        count("short_windows", finite & (dur >= 0) & (dur < ctx.short_us))
+        count("long_windows", finite & (dur > ctx.short_us))
+        # ---- CPU percentile vectors, in level order
+        known = xp.zeros(n, dtype=xp.int64)
+        bad = xp.zeros(n, dtype=bool)
+        run = None
+        for c in CPU_PERCENTILE_COLUMNS_SORTED:
+            v = cols[c]
+            known += ~xp.isnan(v)
+            if run is not None:
+                bad |= v < run  # NaN compares False: NULL levels are skipped
+                run = xp.fmax(run, v)
+            else:
+                run = v
+        levels = len(CPU_PERCENTILE_COLUMNS_SORTED)
+        count("percentiles_null", known == 0)
+        count("percentiles_partly_null", (known > 0) & (known < levels))
+        count("percentiles_non_monotone", bad)
+        p100, mx = cols["cpu_p100"], cols["max_cpu"]
+        both = ~xp.isnan(p100) & ~xp.isnan(mx)
+        count("p100_and_max", both)
+        count("p100_below_max", both & (p100 < mx))
+        count("p100_above_max", both & (p100 > mx))
+        r = xp.nonzero(both & (p100 > 0))[0]
+        ratio = mx[r].astype(xp.float64) / p100[r].astype(xp.float64)
+        out["ratio"] = xp.bincount(xp.searchsorted(xp.asarray(RATIO_EDGES), ratio, side="right"),
+                                   minlength=_B).astype(xp.int64)
+        # ---- CPI / MAI: cpi's plausibility rule (CPU-seconds from the window's length)
+        secs = xp.where(finite, dur, -1).astype(xp.float64) / 1e6
+        _, fc = CpiFilter().mask(xp, cols["cpi"], cols["mai"], cols["avg_cpu"].astype(xp.float64) * secs)
+        cnt[_U["cpi_mai_present"]] = fc["total"] - fc["missing"]
+        cnt[_U["cpi_mai_low_cpu_time"]] = fc["cpu_seconds"]
+        cnt[_U["cpi_out_of_range"]] = fc["cpi_range"]
+        cnt[_U["mai_out_of_range"]] = fc["mai_range"]
+        # ---- per instance: events, the final terminal event
+        c, i = cols["collection_id"].astype(xp.int64), cols["instance_index"].astype(xp.int64)
+        found, code = ctx.lookup.find(backend, c, i, xp.zeros(n, dtype=xp.int64))
+        ends = backend.stage(ctx.end_us) if ctx.end_us.shape[0] else xp.zeros(1, dtype=xp.int64)
+        end = xp.where(found, ends[xp.where(found, code, 0).astype(xp.int64)], TIME_AFTER_TRACE)
+        ended = end != TIME_AFTER_TRACE
+        after = ended & (s >= end)
+        count("no_events_rows", ~found)
+        count("after_end_rows", after)
+        count("after_end_300s_rows", after & (s - end >= _AFTER_S * 1_000_000))
+        count("past_end_rows", ended & (s < end) & (e > end))
+        order = xp.lexsort(xp.stack([i, c]))
+        cs, is_ = c[order], i[order]
+        first = xp.ones(n, dtype=bool)
+        first[1:] = (cs[1:] != cs[:-1]) | (is_[1:] != is_[:-1])
+        seg = xp.cumsum(first) - 1
+        cnt[_U["instances"]] = int(seg[-1]) + 1
+        starts = xp.nonzero(first)[0]
+        count("no_events_instances", ~found[order][starts])
+        count("matched_instances", found[order][starts])
+        cnt[_U["after_end_instances"]] = int(xp.unique(seg[xp.nonzero(after[order])[0]]).shape[0])
+        out["counts"] = xp.asarray(cnt)
+        return out
+
+    def merge(self, a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {k: a[k] + b[k] for k in a}
+
+    # ---------------------------------------------------------------- finalize
+    def finalize(self, partial: dict[str, np.ndarray], ctx: DataQualityContext) -> dict[str, pd.DataFrame]:
+        p = {k: np.asarray(v) for k, v in partial.items()}
+        u = dict(zip(USAGE_CHECKS, (int(v) for v in p["counts"]), strict=True))
+        rows, inst = u["rows"], u["instances"]
+        tables: dict[str, dict[str, pd.DataFrame]] = {}
+        if rows:
+            nulls: dict[str, int | None] = {c: int(v) for c, v in zip(self.columns, p["nulls"], strict=True)}
+            items = [("rows", rows, "rows", rows), ("instances", inst, "instances", inst)]
+            items += [(c, u[c], "instances" if c.endswith("instances") else "rows",
+                       inst if c.endswith("instances") else (u["p100_and_max"] if c.startswith("p100_") and c != "p100_and_max"
+                                                             else rows))
+                      for c in USAGE_CHECKS[2:] if c != "matched_instances"]
+            tables["instance_usage"] = {"columns": frame(null_rows("instance_usage", rows, nulls), COLUMNS_COLUMNS),
+                                        "checks": frame(check_rows("instance_usage", items), CHECKS_COLUMNS)}
+        prior = {t: dict(v) for t, v in ctx.prior.items()}
+        ev_checks = prior.get("instance_events", {}).get("checks")
+        if rows and ev_checks is not None and len(ev_checks):
+            n_ev = int(ev_checks.loc[ev_checks["check"] == "instances", "count"].iloc[0])
+            extra = frame(check_rows("instance_events", [("instances_without_usage", n_ev - u["matched_instances"],
+                                                          "instances", n_ev)]), CHECKS_COLUMNS)
+            prior["instance_events"]["checks"] = pd.concat([ev_checks, extra], ignore_index=True)
+        tables.update(prior)
+
+        def cat(name: str, columns: dict[str, Any]) -> pd.DataFrame:
+            parts = [tables[t][name] for t in TABLE_ORDER if t in tables and name in tables[t] and len(tables[t][name])]
+            return frame([], columns) if not parts else pd.concat(parts, ignore_index=True).astype(columns)
+
+        edges = np.concatenate([[0.0], RATIO_EDGES])
+        hist = pd.DataFrame(bin_rows(p["ratio"], edges, np.concatenate([RATIO_EDGES, [np.inf]]), "ratio", "windows"),
+                            columns=["bin", "lo_ratio", "hi_ratio", "windows"]).astype({"bin": np.int64, "windows": np.int64})
+        q = bin_quantile_edges(p["ratio"], edges, (50, 90, 99))
+        counts = {f"{t}_rows": _rows_of(tables.get(t)) for t in TABLE_ORDER}
+        info = pd.DataFrame([{"analysis": self.name, "short_window_s": int(self.short_window_s), **counts,
+                              "max_over_p100_p50": q[50], "max_over_p100_p90": q[90], "max_over_p100_p99": q[99]}])
+        return {"checks": cat("checks", CHECKS_COLUMNS), "columns": cat("columns", COLUMNS_COLUMNS),
+                "codes": cat("codes", CODES_COLUMNS), "max_over_p100": hist, "info": info}
+
+    def summary(self, result: dict[str, pd.DataFrame]) -> str:
+        info = result["info"].iloc[0]
+        present = [f"{t} {int(info[f'{t}_rows']):,}" for t in TABLE_ORDER if int(info[f"{t}_rows"])]
+        lines = [f"{self.label}: rows: {', '.join(present) or 'none'}"]
+        ch = result["checks"]
+        for r in ch.itertuples(index=False):
+            if r.check in ("rows",) or not r.count:
+                continue
+            lines.append(f"  {r.table:>17} {r.check}: {r.count:,} {r.unit} ({fmt(r.share, '.2%')} of {r.of:,})")
+        cols = result["columns"]
+        for t, g in cols.groupby("table", sort=False):
+            nulls = g["nulls"].astype("float64")
+            part = g[(nulls > 0) & (nulls < g["rows"])]
+            lines.append(f"  {t:>17} NULLs: {int((nulls == g['rows']).sum())} of {len(g)} columns all NULL"
+                         + (f"; partly: {', '.join(f'{r.column} {int(r.nulls):,}' for r in part.itertuples(index=False))}"
+                            if len(part) else ""))
+        if not np.isnan(float(info["max_over_p100_p50"])):
+            lines.append(f"  max_cpu / cpu_p100: median in [{fmt(info['max_over_p100_p50'], '.3g')}, x1.12)")
+        return "\n".join(lines)
+
+
+def _rows_of(t: dict[str, pd.DataFrame] | None) -> int:
+    if not t or "checks" not in t or not len(t["checks"]):
+        return 0
+    ch = t["checks"]
+    return int(ch.loc[ch["check"] == "rows", "count"].iloc[0])
