@@ -14,6 +14,7 @@ COMMANDS = {
     "synth": ("gpuclust.synth.command", "register"),
     "info": ("gpuclust.info", "register"),
     "analyze": ("gpuclust.engine.command", "register"),
+    "report": ("gpuclust.report.command", "register"),
     "demo": ("gpuclust.demo", "register"),
 }
 

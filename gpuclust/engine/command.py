@@ -12,7 +12,7 @@ import sys
 import textwrap
 from typing import Any
 
-__all__ = ["analyze_errors", "build_analyses", "main", "partitions_arg", "register"]
+__all__ = ["add_run_options", "analyze_errors", "build_analyses", "main", "partitions_arg", "register"]
 
 
 def partitions_arg(text: str) -> int | str:
@@ -39,12 +39,8 @@ def _memory_limit(text: str) -> int | None:
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``analyze`` sub-command to ``subparsers``."""
-    from gpuclust.analyses.cell_usage import CellUsage
-    from gpuclust.analyses.options import options_of
     from gpuclust.analyses.registry import names, options_text
-    from gpuclust.schema import TIER_MAPS
 
-    mode = {o.name: o for o in options_of(CellUsage)}["mode"]
     p = subparsers.add_parser(
         "analyze",
         help="run analyses over a canonical dataset",
@@ -60,6 +56,24 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                    "--cells, a folder holding one dataset per cell")
     p.add_argument("names", metavar="NAME", nargs="+", choices=names(), help=f"analyses: {', '.join(names())}")
     p.add_argument("--out", required=True, metavar="DIR", help="output folder (new, empty, or an earlier run's)")
+    add_run_options(p)
+    p.add_argument("--cells", default=None, metavar="CELLS",
+                   help="a,b,... or all: DATASET holds one dataset per cell; results get a leading cell column")
+    p.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr (notes and warnings stay)")
+    p.set_defaults(func=main)
+    return p
+
+
+def add_run_options(p: argparse.ArgumentParser) -> None:
+    """The options of an analysis run (backend, scheduler, partitions, workers, memory, tier map,
+    mode, time selection, ``-O``), declared once for every command that runs analyses
+    (``analyze``, ``report``)."""
+    from gpuclust.analyses.cell_usage import CellUsage
+    from gpuclust.analyses.options import options_of
+    from gpuclust.schema import TIER_MAPS
+
+    mode = {o.name: o for o in options_of(CellUsage)}["mode"]
     p.add_argument("--backend", choices=("cpu", "gpu", "auto"), default="cpu",
                    help="array backend (default cpu; auto says what it chose)")
     p.add_argument("--scheduler", default=None, metavar="SCHED",
@@ -81,15 +95,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                    help="select [TIME, --to): trace time (1d, 86400s, 2h, 90min, 1500ms, integer microseconds) or "
                    "wall-clock in the cell's time zone (2019-05-02, 2019-05-02T08:00; Z or +HH:MM for an instant)")
     p.add_argument("--to", dest="time_to", default=None, metavar="TIME", help="end of the selection (exclusive), as --from")
-    p.add_argument("--cells", default=None, metavar="CELLS",
-                   help="a,b,... or all: DATASET holds one dataset per cell; results get a leading cell column")
     p.add_argument("-O", "--option", action="append", default=[], metavar="NAME=VALUE",
                    help="an analysis option (repeatable), e.g. -O by=machine -O bucket_s=3600; it applies to "
                    "every named analysis that declares it (listed below)")
-    p.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
-    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr (notes and warnings stay)")
-    p.set_defaults(func=main)
-    return p
 
 
 def build_analyses(names: list[str], raw_options: list[str], *, tier_map: str | None = None,

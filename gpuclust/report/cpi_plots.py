@@ -35,6 +35,7 @@ def plot_cpi(result: dict[str, pd.DataFrame], path: Path, *, title: str = "cpi",
     Bins with fewer than ``min_windows`` windows are not drawn.  Returns ``False`` when there is
     no regression data.
     """
+    from gpuclust.report.axes import set_title
     from gpuclust.report.plots import new_figure, save_figure_atomic
 
     binned, reg = result.get("binned"), result.get("regression")
@@ -44,7 +45,7 @@ def plot_cpi(result: dict[str, pd.DataFrame], path: Path, *, title: str = "cpi",
     fig = new_figure()
     axes = fig.subplots(1, 2, sharey=True)
     for ax, var, xlabel in ((axes[0], "util", "machine CPU utilisation in the 5-min cell (fraction of capacity)"),
-                            (axes[1], "k", "top-level usage rows on the machine in the cell (k)")):
+                            (axes[1], "k", "tasks on the machine in the 5-min cell (top-level usage rows)")):
         g = _relative_bins(binned, reg, var)
         g = g[g["n"] >= min_windows]
         if g.empty:
@@ -66,6 +67,7 @@ def plot_cpi(result: dict[str, pd.DataFrame], path: Path, *, title: str = "cpi",
         ax.set_xlabel(xlabel)
         ax.legend(loc="upper left", fontsize="small")
     axes[0].set_ylabel("CPI / platform mean CPI")
-    fig.suptitle(f"{title}: CPI interference (platform fixed effects)")
+    set_title(fig, title, "CPI interference: CPI relative to its platform's mean against machine load, with the "
+              "platform-fixed-effects fit (binned, CPU-second weighted)")
     save_figure_atomic(fig, path)
     return True

@@ -22,11 +22,17 @@ def _levels(columns: list[str]) -> tuple[list[str], np.ndarray]:
     return qcols, np.array([float(c[1:]) / 100 for c in qcols])
 
 
+def _key_text(v: object) -> str:
+    """A group key for a legend: NULL is ``unknown``."""
+    return "unknown" if v is None or (isinstance(v, float) and v != v) else str(v)
+
+
 def plot_usage_distribution(result: dict[str, pd.DataFrame], path: Path, *, title: str = "usage-distribution",
                             top: int = 6) -> bool:
     """Mixture CDFs of the ``top`` heaviest groups (solid) and the weighted-average-of-percentiles
     shortcut (dashed); ``False`` when there is no group with weight."""
     from gpuclust.analyses.usage_distribution import heaviest_groups
+    from gpuclust.report.axes import set_title
     from gpuclust.report.plots import new_figure, save_figure_atomic
 
     qd, naive = heaviest_groups(result, top)  # parted tables are streamed
@@ -39,7 +45,7 @@ def plot_usage_distribution(result: dict[str, pd.DataFrame], path: Path, *, titl
     fig = new_figure()
     axes = fig.subplots(1, 2)
     for n, i in enumerate(order):
-        label = " ".join(str(qd[c].iloc[i]) for c in keycols) or "all"
+        label = " ".join(_key_text(qd[c].iloc[i]) for c in keycols) or "all"
         color = f"C{n % 10}"
         x = qd[qcols].iloc[i].to_numpy(np.float64)
         xn = naive[ncols].iloc[i].to_numpy(np.float64)
@@ -60,10 +66,12 @@ def plot_usage_distribution(result: dict[str, pd.DataFrame], path: Path, *, titl
         axes[1].set_xlim(pos.min() / 1.5, pos.max() * 1.5)
     axes[0].set_xlabel("CPU (normalised cores)")
     axes[0].set_ylabel("fraction of samples <= x")
-    axes[0].set_title(title)
     axes[0].legend(loc="lower right", fontsize="x-small")
     axes[1].set_ylim(0.9, 1.0005)
     axes[1].set_xlabel("CPU (log scale)")
-    axes[1].set_title("tail (levels 0.9-1)")
+    axes[0].set_title("body (up to the largest p99)", fontsize="medium")
+    axes[1].set_title("tail (levels 0.9-1)", fontsize="medium")
+    set_title(fig, title, "CPU usage distribution per group: exact mixture (solid) against the average of the "
+              "windows' percentiles (dashed, the usual shortcut)")
     save_figure_atomic(fig, path)
     return True

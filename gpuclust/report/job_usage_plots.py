@@ -8,9 +8,19 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from gpuclust.report.axes import set_title
 from gpuclust.report.plots import new_figure, save_figure_atomic
 
 __all__ = ["plot_job_usage"]
+
+
+def _thin(n: int, most: int = 1500) -> np.ndarray:
+    """Indices of at most about ``most`` points of a CCDF of ``n`` sorted values, evenly spaced on
+    a log scale of the rank (every point of the tail, fewer of the body): the drawn curve is the
+    same, the figure stays small."""
+    if n <= most:
+        return np.arange(n)
+    return np.unique(np.concatenate([np.geomspace(1, n, most).astype(np.int64) - 1, [n - 1]]))
 
 
 def plot_job_usage(result: dict[str, pd.DataFrame], path: Path, *, title: str = "job-usage") -> bool:
@@ -31,13 +41,14 @@ def plot_job_usage(result: dict[str, pd.DataFrame], path: Path, *, title: str = 
                 continue
             ccdf = np.arange(1, x.size + 1) / x.size
             st = stats.loc[(tier, res)]
-            ax.step(x, ccdf, where="post", lw=2.2 if tier == "all" else 1.0,
+            keep = _thin(x.size)
+            ax.step(x[keep], ccdf[keep], where="post", lw=2.2 if tier == "all" else 1.0,
                     label=f"{tier} ({x.size:,}; top 1%: {st['top1pct_share']:.0%})")
             drawn = True
             if tier == "all" and np.isfinite(st["pareto_alpha"]):
                 m = int(st["tail_jobs"])
-                xs = x[:m]
-                icept = np.mean(np.log10(ccdf[:m]) + st["pareto_alpha"] * np.log10(xs))
+                xs = x[:m][_thin(m)]
+                icept = np.mean(np.log10(ccdf[:m]) + st["pareto_alpha"] * np.log10(x[:m]))
                 ax.plot(xs, 10 ** (icept - st["pareto_alpha"] * np.log10(xs)), "k--", lw=1,
                         label=f"Pareto tail alpha {st['pareto_alpha']:.2f} (R² {st['pareto_r2']:.2f})")
         ax.set_xscale("log")
@@ -46,6 +57,7 @@ def plot_job_usage(result: dict[str, pd.DataFrame], path: Path, *, title: str = 
         ax.set_ylabel("share of collections with at least x (log)")
         if drawn:
             ax.legend(fontsize="x-small", loc="lower left")
-    fig.suptitle(title, fontsize="medium")
+    set_title(fig, title, "share of collections using at least x NCU-hours / NMU-hours (CCDF, log-log), "
+              "with the Pareto tail fit")
     save_figure_atomic(fig, path)
     return True

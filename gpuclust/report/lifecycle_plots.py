@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gpuclust.report.axes import TIME_LABEL, mark_partial_buckets, set_title, trace_hours
 from gpuclust.report.plots import new_figure, save_figure_atomic
 
 __all__ = ["plot_lifecycle"]
@@ -48,25 +49,34 @@ def plot_lifecycle(result: dict[str, pd.DataFrame], path: Path, *, title: str = 
     tiers = str(info["tiers"]).split(",")
     tot = s.groupby("bucket_start_us", sort=True)[["new_submissions", "resubmissions", "finishes", "pending",
                                                    "running"]].sum()
-    hours = tot.index.to_numpy() / 3.6e9
+    width_us = float(info.get("bucket_s", 3600)) * 1e6
+    starts = tot.index.to_numpy(dtype=np.float64)
+    hours = trace_hours(np.append(starts, starts[-1] + width_us))
+    end = info.get("data_end_us")
+    end_us = float(end) if end is not None and end == end else None
     fig = new_figure()
     fig.set_size_inches(11, 7)
     (a, b), (c, d) = fig.subplots(2, 2)
     for col in ("new_submissions", "resubmissions", "finishes"):
-        a.plot(hours, tot[col].to_numpy(), label=col.replace("_", " "), drawstyle="steps-post")
-    a.set_ylabel(f"events per {int(info['bucket_s'])} s bucket")
-    a.legend(fontsize="small")
-    a.set_title(f"{title}: events over time (all tiers)", fontsize="medium")
+        a.stairs(tot[col].to_numpy(), hours, label=col.replace("_", " "), lw=1.5)
+    a.set_ylabel(f"events per {width_us / 3.6e9:g} h bucket")
+    a.legend(fontsize="small", loc="upper right")
+    a.set_title("events over time (all tiers)", fontsize="medium")
     for col in ("pending", "running"):
-        b.plot(hours, tot[col].to_numpy(), label=f"{col} at bucket end", drawstyle="steps-post")
+        b.stairs(tot[col].to_numpy(), hours, label=f"{col} at bucket end", lw=1.5)
     b.set_ylabel("instances")
-    b.legend(fontsize="small")
+    b.legend(fontsize="small", loc="upper right")
     b.set_title("queue length and running instances", fontsize="medium")
     for ax in (a, b):
-        ax.set_xlabel("hours since trace time 0 (600 s before the trace start)")
+        mark_partial_buckets(ax, starts, width_us, None, end_us)
+        ax.set_xlabel(TIME_LABEL)
+        ax.set_xlim(hours[0], hours[-1])
+        ax.set_ylim(0, None)
     _cdf(c, result["delay_hist"], "scheduling", "scheduled", tiers, "SUBMIT to SCHEDULE")
     c.set_title("scheduling delay by tier (episodes)", fontsize="medium")
     _cdf(d, result["delay_hist"], "execution", "finish", tiers, "SCHEDULE to FINISH")
     d.set_title("execution time of finished runs by tier", fontsize="medium")
+    set_title(fig, title, "life cycles: events, queue and running instances over time; scheduling delay and "
+              "execution time by tier")
     save_figure_atomic(fig, path)
     return True

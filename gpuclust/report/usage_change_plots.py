@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from gpuclust.report.axes import set_title
 from gpuclust.report.plots import new_figure, save_figure_atomic
 
 __all__ = ["plot_usage_change"]
@@ -37,6 +38,7 @@ def plot_usage_change(result: dict[str, pd.DataFrame], path: Path, *, title: str
         ax.set_xlabel(f"relative change of average {res} usage, next window vs this one")
         ax.legend(fontsize="x-small", loc="upper left")
     axes[0].set_ylabel("share of pairs of consecutive windows")
-    fig.suptitle(f"{title} (shaded: ±20%)", fontsize="medium")
+    set_title(fig, title, "share of consecutive window pairs whose relative usage change is at most x, by tier "
+              "(shaded: ±20%)")
     save_figure_atomic(fig, path)
     return True

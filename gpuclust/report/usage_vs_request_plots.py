@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from gpuclust.report.axes import set_title
 from gpuclust.report.plots import new_figure, save_figure_atomic
 
 __all__ = ["plot_usage_vs_request"]
@@ -39,6 +40,6 @@ def plot_usage_vs_request(result: dict[str, pd.DataFrame], path: Path, *, title:
         ax.legend(fontsize="x-small", loc="upper left")
     axes[0].set_ylabel("share of windows")
     axes[2].set_ylabel("share of windows")
-    fig.suptitle(f"{title}: usage against the limit (dashed: the limit)", fontsize="medium")
+    set_title(fig, title, "share of windows with usage / limit at most x, by tier (dashed: the limit)")
     save_figure_atomic(fig, path)
     return True

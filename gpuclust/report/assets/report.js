@@ -1,0 +1,80 @@
+// gpuclust report: hover read-out and drag-to-zoom on the inline SVG figures (no library, no network).
+// Each figure's <svg data-axes> holds its axes' boxes (figure fractions), limits and scales.
+(function () {
+  "use strict";
+  var errors = [];
+  window.addEventListener("error", function (e) { errors.push(String(e.message)); mark(); });
+  var origError = console.error;
+  console.error = function () { errors.push(Array.prototype.join.call(arguments, " ")); mark(); origError.apply(console, arguments); };
+  function mark() { document.body.setAttribute("data-errors", String(errors.length)); }
+
+  function fmt(v) {
+    var a = Math.abs(v);
+    if (a !== 0 && (a >= 1e5 || a < 1e-3)) return v.toExponential(3);
+    return String(Math.round(v * 1e4) / 1e4);
+  }
+  function fromFrac(f, lim, scale) {
+    if (scale === "log") return Math.pow(10, Math.log10(lim[0]) + f * (Math.log10(lim[1]) - Math.log10(lim[0])));
+    return lim[0] + f * (lim[1] - lim[0]);
+  }
+  function setup(fig) {
+    var svg = fig.querySelector("svg");
+    if (!svg) return false;
+    var axes = JSON.parse(svg.getAttribute("data-axes") || "[]");
+    var vb = svg.viewBox.baseVal, W = vb.width, H = vb.height, full = [vb.x, vb.y, vb.width, vb.height];
+    var tip = document.createElement("div"); tip.className = "tip"; fig.appendChild(tip);
+    var box = document.createElement("div"); box.className = "zoombox"; fig.appendChild(box);
+    var drag = null;
+    function svgPoint(ev) {
+      var p = svg.createSVGPoint(); p.x = ev.clientX; p.y = ev.clientY;
+      return p.matrixTransform(svg.getScreenCTM().inverse());
+    }
+    svg.addEventListener("mousemove", function (ev) {
+      var p = svgPoint(ev), fx = p.x / W, fy = 1 - p.y / H, r = fig.getBoundingClientRect();
+      if (drag) {
+        box.style.display = "block";
+        box.style.left = Math.min(drag.cx, ev.clientX) - r.left + "px"; box.style.top = Math.min(drag.cy, ev.clientY) - r.top + "px";
+        box.style.width = Math.abs(ev.clientX - drag.cx) + "px"; box.style.height = Math.abs(ev.clientY - drag.cy) + "px";
+      }
+      for (var i = 0; i < axes.length; i++) {
+        var a = axes[i], b = a.box;
+        if (fx < b[0] || fx > b[2] || fy < b[1] || fy > b[3]) continue;
+        var lines = [];
+        if (a.xscale !== "other") lines.push((a.xlabel || "x").split("\n")[0] + ": " + fmt(fromFrac((fx - b[0]) / (b[2] - b[0]), a.x, a.xscale)));
+        if (a.yscale !== "other") lines.push((a.ylabel || "y").split("\n")[0] + ": " + fmt(fromFrac((fy - b[1]) / (b[3] - b[1]), a.y, a.yscale)));
+        if (!lines.length) break;
+        tip.textContent = lines.join("\n"); tip.style.display = "block";
+        tip.style.left = ev.clientX - r.left + 14 + "px"; tip.style.top = ev.clientY - r.top + 14 + "px";
+        return;
+      }
+      tip.style.display = "none";
+    });
+    svg.addEventListener("mouseleave", function () { tip.style.display = "none"; });
+    svg.addEventListener("mousedown", function (ev) { ev.preventDefault(); drag = { p: svgPoint(ev), cx: ev.clientX, cy: ev.clientY }; });
+    window.addEventListener("mouseup", function (ev) {
+      if (!drag) return;
+      var p = svgPoint(ev), d = drag; drag = null; box.style.display = "none";
+      var w = Math.abs(p.x - d.p.x), h = Math.abs(p.y - d.p.y);
+      if (w < 8 || h < 8) return;  // a click, not a drag
+      svg.setAttribute("viewBox", [Math.min(p.x, d.p.x), Math.min(p.y, d.p.y), w, h].join(" "));
+      svg.setAttribute("preserveAspectRatio", "none");
+    });
+    svg.addEventListener("dblclick", function () {
+      svg.setAttribute("viewBox", full.join(" ")); svg.removeAttribute("preserveAspectRatio");
+    });
+    var bb = svg.getBBox();
+    var drawn = svg.querySelectorAll("path, use, image, rect, text").length;
+    var ok = bb.width > 0 && bb.height > 0 && drawn > 0;
+    fig.setAttribute("data-rendered", ok ? "yes" : "no");
+    return ok;
+  }
+  function init() {
+    var figs = document.querySelectorAll("figure.plot"), n = 0;
+    for (var i = 0; i < figs.length; i++) {
+      try { if (setup(figs[i])) n++; } catch (e) { errors.push("figure " + i + ": " + e); }
+    }
+    document.body.setAttribute("data-figures-rendered", String(n));
+    mark();
+  }
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", init); else init();
+})();

@@ -1,0 +1,82 @@
+"""Shared pieces of the plots: the time axis, partial edge buckets, titles, "nothing to plot".
+
+Every time series is drawn against *trace hours*: hours since the trace start (trace time 600 s,
+1 May 2019 00:00 PDT for v3, 1 May 2011 19:00 EDT for v2; docs/dataset.md), so a series starting
+at the trace start starts at 0.  A bucket only partly covered by the data (the first hour bucket
+starts 600 s before the trace, the last one usually extends past the data's end) is shaded and
+labelled, so that its lower total is not read as a drop in load.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = ["TIME_LABEL", "edge_buckets", "mark_partial_buckets", "nothing_to_plot", "set_title", "trace_hours",
+           "wrap_label"]
+
+#: The x label of every time series.
+TIME_LABEL = "trace hours (since the trace start)"
+_TRACE_START_US = 600_000_000
+
+
+def trace_hours(us: Any) -> np.ndarray:
+    """Trace microseconds -> hours since the trace start (trace time 600 s)."""
+    return (np.asarray(us, dtype=np.float64) - _TRACE_START_US) / 3.6e9
+
+
+def edge_buckets(starts_us: Sequence[int] | np.ndarray, width_us: float, lo_us: float | None = None,
+                 hi_us: float | None = None) -> list[tuple[float, float, str]]:
+    """The first and last buckets that the data ``[lo_us, hi_us)`` covers only in part, as
+    ``(start_us, end_us, why)``.  ``lo_us`` defaults to the trace start; with ``hi_us`` unknown
+    the last bucket is reported as possibly partial."""
+    s = np.unique(np.asarray(starts_us, dtype=np.float64))
+    if s.size == 0 or not width_us > 0:
+        return []
+    lo = _TRACE_START_US if lo_us is None else float(lo_us)
+    out = []
+    if s[0] < lo < s[0] + width_us:
+        out.append((float(s[0]), float(s[0] + width_us), "starts before the data"))
+    last = float(s[-1])
+    if hi_us is None:
+        if s.size > 1:
+            out.append((last, last + width_us, "the data may end inside it"))
+    elif last < float(hi_us) < last + width_us:
+        out.append((last, last + width_us, "ends after the data"))
+    return out
+
+
+def mark_partial_buckets(ax: Any, starts_us: Any, width_us: float, lo_us: float | None = None,
+                         hi_us: float | None = None, *, label: bool = True) -> int:
+    """Shade the partial edge buckets of a series on ``ax`` (x in trace hours); returns how many."""
+    edges = edge_buckets(starts_us, width_us, lo_us, hi_us)
+    for i, (a, b, _why) in enumerate(edges):
+        ax.axvspan(trace_hours(a), trace_hours(b), facecolor="none", edgecolor="0.55", hatch="//", lw=0,
+                   label="partial bucket (data covers part of it)" if label and i == 0 else None, zorder=0.5)
+    return len(edges)
+
+
+def set_title(fig: Any, title: str, what: str | None = None) -> None:
+    """The figure's title: ``title`` (the analysis and the dataset / cell it shows) over ``what``
+    (what the figure shows), each wrapped to the figure's width so that nothing is clipped."""
+    width_chars = max(40, int(fig.get_figwidth() * 11))
+    lines = [wrap_label(title, width_chars)]
+    if what:
+        lines.append(wrap_label(what, int(width_chars * 1.15)))
+    fig.suptitle("\n".join(lines), fontsize="medium")
+
+
+def wrap_label(text: str, width: int) -> str:
+    """``text`` broken into lines of at most ``width`` characters (at spaces)."""
+    import textwrap
+
+    return "\n".join(textwrap.wrap(text, width)) or text
+
+
+def nothing_to_plot(ax: Any, reason: str) -> None:
+    """Write ``reason`` in the middle of an empty panel (and hide its ticks)."""
+    ax.text(0.5, 0.5, wrap_label(reason, 60), transform=ax.transAxes, ha="center", va="center", color="0.3")
+    ax.set_xticks([])
+    ax.set_yticks([])

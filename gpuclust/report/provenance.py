@@ -1,0 +1,177 @@
+"""What a report says about where its numbers come from: a results folder read back, and the
+provenance lines (dataset, trace version, cell, tier map, time span, sample, versions, commit,
+options, backend, device).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+__all__ = ["code_commit", "dataset_facts", "device_text", "load_results", "provenance_rows", "read_run_file",
+           "subject"]
+
+
+def read_run_file(folder: str | Path) -> dict[str, Any] | None:
+    """``_run.json`` of a results folder, or ``None`` when there is none (or it is unreadable)."""
+    from gpuclust.report.folder import RUN_FILE
+
+    try:
+        return dict(json.loads((Path(folder) / RUN_FILE).read_text()))
+    except (OSError, ValueError):
+        return None
+
+
+def load_results(folder: str | Path, run: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The result tables of a results folder, by key: a DataFrame per ``<key>/<table>.parquet``
+    and a :class:`gpuclust.parted.PartedTable` per ``<key>/<table>/part-*.parquet`` (read lazily)."""
+    from gpuclust.parted import PartedTable
+
+    folder = Path(folder)
+    out: dict[str, dict[str, Any]] = {a["key"]: {} for a in run.get("analyses", [])}
+    parts: dict[tuple[str, str], list[str]] = {}
+    for rel in run.get("files", []):
+        bits = rel.split("/")
+        if len(bits) == 2 and bits[0] in out and bits[1].endswith(".parquet"):
+            out[bits[0]][bits[1][: -len(".parquet")]] = pq.read_table(folder / rel).to_pandas()
+        elif len(bits) == 3 and bits[0] in out and bits[2].endswith(".parquet"):
+            parts.setdefault((bits[0], bits[1]), []).append(bits[2])
+    for (key, table), files in parts.items():
+        files = sorted(files)
+        rows = sum(pq.ParquetFile(folder / key / table / f).metadata.num_rows for f in files)
+        out[key][table] = PartedTable(folder / key / table, files, rows)
+    return out
+
+
+def dataset_facts(path: str | Path | None) -> dict[str, Any]:
+    """``gpuclust info``'s facts of the dataset (footers and manifest only), or ``{}`` when it is
+    no longer there."""
+    from gpuclust.dataset import DatasetError
+    from gpuclust.info import dataset_info
+
+    if not path:
+        return {}
+    try:
+        return dataset_info(path)
+    except (DatasetError, OSError, ValueError):
+        return {}
+
+
+def code_commit() -> str:
+    """The git commit of the gpuclust source in use (``+ local changes`` when the checkout
+    differs from it), or why it is not known."""
+    src = Path(__file__).resolve().parents[2]
+    if not (src / ".git").exists():
+        return "unknown (gpuclust is not running from a git checkout)"
+    try:
+        def git(*args: str) -> str:
+            return subprocess.run(["git", "-C", str(src), *args], capture_output=True, text=True, timeout=10,
+                                  check=True).stdout.strip()
+
+        head = git("rev-parse", "--short=12", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown (git not available)"
+    return head + (" + local changes" if dirty else "")
+
+
+def device_text(backend: str) -> str:
+    """The device a backend runs on, on this machine."""
+    if backend == "gpu":
+        try:
+            from gpuclust.backends import get_backend
+
+            cp = get_backend("gpu").xp
+            name = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"]
+            return name.decode() if isinstance(name, bytes) else str(name)
+        except Exception as e:  # noqa: BLE001 - a description, never a failure
+            return f"GPU (not described: {type(e).__name__})"
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"CPU: {model}, {os.cpu_count()} logical cores"
+
+
+def subject(run: dict[str, Any], facts: dict[str, Any]) -> str:
+    """Which data a figure shows, in a few words: ``dataset NAME · cell C · 2019 (v3)``."""
+    name = Path(str(run.get("dataset") or facts.get("path") or "?")).name
+    version = run.get("trace_version") or facts.get("trace_version")
+    year = {"v3": "2019 trace (v3)", "v2": "2011 trace (v2)"}.get(str(version), f"trace {version or 'unknown'}")
+    cell = facts.get("cell")
+    return " · ".join([f"dataset {name}", *([f"cell {cell}"] if cell else []), year])
+
+
+def _span_text(facts: dict[str, Any]) -> str:
+    lo_hi = []
+    for t, v in (facts.get("tables") or {}).items():
+        lo, hi = v.get("time_min"), v.get("time_max")
+        if v.get("rows") and lo is not None and hi is not None:
+            lo_hi.append((t, max(int(lo), 600_000_000), int(hi)))
+    lo_hi = [x for x in lo_hi if x[2] < 2**63 - 1 and x[2] >= x[1]]
+    if not lo_hi:
+        return "unknown"
+    lo, hi = min(x[1] for x in lo_hi), max(x[2] for x in lo_hi)
+    h = lambda us: (us - 600_000_000) / 3.6e9  # noqa: E731
+    return (f"trace hours {h(lo):.2f} to {h(hi):.2f} ({(hi - lo) / 3.6e9:.2f} h; from the tables' time columns, "
+            "sentinels 0 and 2^63-1 left out)")
+
+
+def _sample_text(run: dict[str, Any], facts: dict[str, Any], manifest_synthetic: bool) -> str:
+    parts = []
+    sel = facts.get("selection")
+    if sel:
+        parts.append(f"chosen at ingest: {sel.get('text', sel)}")
+    if run.get("selection"):
+        s = run["selection"]
+        parts.append(f"time selection of this run: {s.get('text', s) if isinstance(s, dict) else s}")
+    if manifest_synthetic:
+        parts.append("a synthetic cell (gpuclust synth)")
+    return "; ".join(parts) or "the whole dataset (no sample or selection)"
+
+
+def provenance_rows(run: dict[str, Any], facts: dict[str, Any], results: str | Path) -> list[tuple[str, str]]:
+    """(label, text) rows of the report's provenance table."""
+    from gpuclust import __version__
+
+    synthetic = False
+    if facts.get("path"):
+        try:
+            synthetic = "synthetic" in json.loads((Path(facts["path"]) / "manifest.json").read_text())
+        except (OSError, ValueError):
+            pass
+    tiers = facts.get("tier_map_tiers") or {}
+    tier_text = ", ".join(f"{k} ≥ {v}" for k, v in sorted(tiers.items(), key=lambda kv: kv[1]))
+    options = "; ".join(f"{a['label']}: " + (", ".join(f"{k}={json.dumps(v)}" for k, v in a["options"].items()) or
+                                              "no options") for a in run.get("analyses", []))
+    backend = run.get("backend", "?")
+    req = run.get("backend_requested")
+    run_args = {k: run.get(k) for k in ("scheduler", "partitions", "workers", "memory_limit") if k in run}
+    rows = [
+        ("dataset", str(run.get("dataset"))),
+        ("trace version", str(run.get("trace_version") or facts.get("trace_version") or "unknown")),
+        ("cell(s)", ", ".join(run["cells"]) if run.get("cells") else str(facts.get("cell") or "not recorded")),
+        ("tier map", f"{facts.get('tier_map') or 'none recorded'}" + (f" ({tier_text})" if tier_text else "")),
+        ("time span", _span_text(facts)),
+        ("sample", _sample_text(run, facts, synthetic)),
+        ("results", f"{Path(results).absolute()} (written {run.get('finished', '?')} in {run.get('seconds', '?')} s)"),
+        ("gpuclust", f"results by gpuclust {run.get('gpuclust_version', '?')}; page by gpuclust {__version__}, "
+                     f"commit {code_commit()}"),
+        ("options", options),
+        ("run", ", ".join(f"{k}={v}" for k, v in run_args.items()) or "defaults"),
+        ("backend", backend + (f" (asked: {req})" if req and req != backend else "")),
+        ("device", device_text(str(backend)) + " (this machine)"),
+    ]
+    if run.get("notes"):
+        rows.append(("notes", " | ".join(map(str, run["notes"]))))
+    return rows

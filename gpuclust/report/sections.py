@@ -1,0 +1,216 @@
+"""What the HTML report says about each analysis: the order of the sections, a caption saying what
+the figure shows, and the key numbers as a small table.
+
+An analysis without an entry in :data:`SECTIONS` (a newly registered one) still gets a section: its
+registry summary as the caption and its smallest result table as the key numbers.  Add an entry
+here to say more.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["ORDER", "SECTIONS", "Section", "caption", "empty_reason", "key_numbers", "ordered"]
+
+Tables = Mapping[str, Any]
+
+#: Section order of the page: data quality first, then the cell as a whole, then the details.
+ORDER = ("data-quality", "cell-usage", "machine-utilization", "usage-distribution", "cpi", "overcommit", "lifecycle",
+         "collection-lifecycle", "job-usage", "usage-vs-request", "usage-change", "machine-shapes")
+MAX_ROWS = 12
+
+
+@dataclass(frozen=True)
+class Section:
+    """A caption (what the figure shows, how to read it) and the key-number table of an analysis."""
+
+    caption: str
+    key: Callable[[Tables], pd.DataFrame] | None = None
+
+
+def _frame(t: Any) -> pd.DataFrame:
+    return t if isinstance(t, pd.DataFrame) else t.read()
+
+
+def _cell_usage(r: Tables) -> pd.DataFrame:
+    u = _frame(r["usage"])
+    g = u.groupby("tier", sort=False).agg(cpu_mean=("cpu", "mean"), cpu_peak=("cpu", "max"),
+                                          mem_mean=("mem", "mean"), mem_peak=("mem", "max"),
+                                          windows=("windows", "sum"))
+    tiers = [t for t in str(_frame(r["info"])["tiers"].iloc[0]).split(",") if t in g.index]
+    return g.reindex(tiers).reset_index()
+
+
+def _usage_distribution(r: Tables) -> pd.DataFrame:
+    q, n = _frame(r["quantiles"]), _frame(r["naive"])
+    keys = [c for c in q.columns[: list(q.columns).index("n_windows")] if c != "bucket_start_us"]
+    q = q.sort_values("weight", ascending=False).head(MAX_ROWS)
+    out = q[keys + ["n_windows", "mean"]].copy()
+    for lv in ("q50", "q90", "q99"):
+        if lv in q.columns:
+            out[f"{lv} mixture"] = q[lv].to_numpy()
+            if lv in n.columns and len(n) == len(_frame(r["quantiles"])):
+                out[f"{lv} shortcut"] = n.loc[q.index, lv].to_numpy()
+    return out
+
+
+def _cpi(r: Tables) -> pd.DataFrame:
+    reg = _frame(r["regression"])
+    reg = reg[reg["fit"] != "per-platform"]
+    cols = ["fit", "n", "r2", "cpi_mean", "pct_per_task_vs_intercept", "pct_per_10pct_util_vs_intercept"]
+    return reg[[c for c in cols if c in reg.columns]].rename(columns={
+        "pct_per_task_vs_intercept": "% CPI per extra task", "pct_per_10pct_util_vs_intercept": "% CPI per +10% util"})
+
+
+def _overcommit(r: Tables) -> pd.DataFrame:
+    s = _frame(r["summary"])
+    s = s[s["tier"] == "all"]
+    return s.pivot_table(index="metric", columns="resource", values="value", sort=False).reset_index()
+
+
+def _lifecycle(r: Tables) -> pd.DataFrame:
+    d = _frame(r["delays"])
+    d = d[((d["measure"] == "scheduling") & (d["outcome"] == "scheduled"))
+          | ((d["measure"] == "execution") & (d["outcome"] == "finish"))]
+    return d[["tier", "measure", "episodes", "p50_s", "p90_s", "p99_s", "max_s"]]
+
+
+def _job_usage(r: Tables) -> pd.DataFrame:
+    s = _frame(r["stats"])
+    return s[["tier", "resource", "jobs", "total_hours", "top1pct_share", "scv", "pareto_alpha", "pareto_r2"]]
+
+
+def _usage_vs_request(r: Tables) -> pd.DataFrame:
+    s = _frame(r["summary"])
+    return s[["tier", "measure", "windows", "above_limit_share", "at_most_half_share", "p50_ratio", "p99_ratio"]]
+
+
+def _usage_change(r: Tables) -> pd.DataFrame:
+    s = _frame(r["summary"])
+    return s[["tier", "resource", "pairs", "within_5pct", "within_20pct", "within_50pct", "p50_change"]]
+
+
+def _machine_shapes(r: Tables) -> pd.DataFrame:
+    from gpuclust.report.machine_shapes_plots import shape_label
+
+    s = _frame(r["shapes"]).head(MAX_ROWS)
+    return pd.DataFrame({"shape (cpu / mem)": [shape_label(c, m) for c, m in zip(s["cap_cpu"], s["cap_mem"],
+                                                                                      strict=True)],
+                         "machines": s["machines"].to_numpy()})
+
+
+SECTIONS: dict[str, Section] = {
+    "cell-usage": Section(
+        "CPU and memory used in the cell per time bucket, stacked by priority tier, as a share of the cell's "
+        "capacity (1 = every machine's capacity). Table: mean and peak share per tier over the buckets.", _cell_usage),
+    "usage-distribution": Section(
+        "The exact CPU usage distribution of each group (the mixture of every window's percentile CDF, solid) "
+        "beside the usual shortcut, the average of the windows' percentile vectors (dashed); they differ most in "
+        "the tail (right panel). Table: mixture quantiles against the shortcut's.", _usage_distribution),
+    "cpi": Section(
+        "Cycles per instruction against machine load (Borg §5.2): CPI relative to its platform's mean, binned by "
+        "machine CPU utilisation and by the number of tasks on the machine, with the platform-fixed-effects "
+        "regression line. Table: the fits (% CPI per extra task and per +10% utilisation).", _cpi),
+    "overcommit": Section(
+        "Requested (allocated) and used CPU against capacity over time, stacked by tier, with memory dashed; "
+        "the bottom panel shows how the requested / capacity ratio is spread over machines and buckets. "
+        "Table: cell-wide metrics (tier all).", _overcommit),
+    "lifecycle": Section(
+        "Instance life cycles replayed from the events: submissions, resubmissions and finishes per bucket, queue "
+        "length and running instances, and the distributions of scheduling delay and execution time by tier. "
+        "Table: delay quantiles (seconds).", _lifecycle),
+    "collection-lifecycle": Section(
+        "The same life-cycle replay for collections (jobs) from collection_events. Table: delay quantiles "
+        "(seconds).", _lifecycle),
+    "job-usage": Section(
+        "How heavy-tailed resource use per job is: the share of collections using at least x NCU-hours / "
+        "NMU-hours on log-log axes, per tier, with the fitted Pareto tail (alpha). Table: totals, the top 1% "
+        "share, squared coefficient of variation and alpha.", _job_usage),
+    "usage-vs-request": Section(
+        "Usage against the limit (request) in force at each window's start, per tier: average and maximum CPU and "
+        "memory usage over the limit (Borg Figure 11). Table: shares above the limit and at most half of it.",
+        _usage_vs_request),
+    "usage-change": Section(
+        "How much an instance's usage changes from one window to the next: the share of consecutive window pairs "
+        "whose relative change is at most x, by tier (±20% shaded). Table: shares within ±5/20/50%.", _usage_change),
+    "machine-shapes": Section(
+        "Machines per capacity shape (normalised CPU / memory), as grouped in Google's notebook; a NULL capacity "
+        "is labelled unknown. Table: the largest shapes.", _machine_shapes),
+}
+
+
+def ordered(keys: Iterable[str], name_of: Mapping[str, str] | None = None) -> list[str]:
+    """Result keys in page order (:data:`ORDER`, then the others alphabetically)."""
+    name_of = name_of or {}
+
+    def rank(k: str) -> tuple[int, str]:
+        n = name_of.get(k, k)
+        return (ORDER.index(n) if n in ORDER else len(ORDER), k)
+
+    return sorted(keys, key=rank)
+
+
+def caption(name: str) -> str:
+    """What the section of analysis ``name`` shows (its registry summary when it has no entry)."""
+    if name in SECTIONS:
+        return SECTIONS[name].caption
+    from gpuclust.analyses.registry import REGISTRY
+
+    e = REGISTRY.get(name)
+    return f"{e.summary}." if e is not None else name
+
+
+def _generic(tables: Tables) -> pd.DataFrame:
+    """The first of ``summary`` / ``stats`` / the smallest other table (not ``info``)."""
+    frames = {k: v for k, v in tables.items() if isinstance(v, pd.DataFrame) and k != "info" and not v.empty}
+    for name in ("summary", "stats"):
+        if name in frames:
+            return frames[name]
+    return min(frames.values(), key=len) if frames else pd.DataFrame()
+
+
+def key_numbers(name: str, tables: Tables) -> pd.DataFrame:
+    """At most :data:`MAX_ROWS` rows of the numbers that matter in analysis ``name``'s result."""
+    s = SECTIONS.get(name)
+    try:
+        df = s.key(tables) if s is not None and s.key is not None else _generic(tables)
+    except (KeyError, ValueError, IndexError):  # a result of another version / shape: the generic view
+        df = _generic(tables)
+    return df.head(MAX_ROWS).iloc[:, :10]
+
+
+def empty_reason(name: str, tables: Tables) -> str:
+    """Why analysis ``name`` has nothing to plot: which of its tables are empty and what it reads."""
+    from gpuclust.analyses.registry import REGISTRY
+
+    empty = [k for k, v in tables.items() if k != "info" and len(v) == 0]
+    e = REGISTRY.get(name)
+    reads = f" (it reads {', '.join(e.tables)})" if e is not None else ""
+    if empty:
+        return (f"Nothing to plot: its result tables {', '.join(empty)} are empty — the dataset has no rows this "
+                f"analysis can use{reads}.")
+    return f"Nothing to plot: this analysis has no figure; its numbers are in the table{reads}."
+
+
+def format_value(v: Any) -> str:
+    """A table cell: integers with thousands separators, floats to 4 significant digits, NULL as
+    ``unknown``."""
+    if v is None or (isinstance(v, float) and v != v) or v is pd.NA:
+        return "unknown"
+    if isinstance(v, (bool, np.bool_)):
+        return str(bool(v))
+    if isinstance(v, (int, np.integer)):
+        return f"{int(v):,}"
+    if isinstance(v, (float, np.floating)):
+        x = float(v)
+        if x != x:
+            return "unknown"
+        if x == int(x) and abs(x) < 1e15:
+            return f"{int(x):,}"
+        return f"{x:.4g}"
+    return str(v)

@@ -1,0 +1,70 @@
+"""Figures as SVG for the HTML report: text kept as text, stable ids, and the axes' geometry.
+
+:func:`save_svg` writes a matplotlib figure as an SVG whose root element carries ``data-axes``: per
+axes, its box in figure fractions, data limits and scales, so the page's script can show the data
+coordinates under the pointer (hover) without any plotting library.  :func:`inline_svg` turns such a
+file into an ``<svg>`` element for a page that holds several figures (ids made unique per figure).
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+__all__ = ["axes_geometry", "inline_svg", "save_svg"]
+
+_SCALES = {"linear", "log"}
+
+
+def axes_geometry(fig: Any) -> list[dict[str, Any]]:
+    """Per axes of a drawn figure: ``box`` [x0, y0, x1, y1] in figure fractions (origin bottom
+    left), ``x`` / ``y`` limits, scales (``linear``, ``log``; others are not read back) and labels."""
+    out = []
+    for ax in fig.axes:
+        if not ax.get_visible() or not ax.axison:
+            continue
+        b = ax.get_position()
+        xs, ys = ax.get_xscale(), ax.get_yscale()
+        out.append({"box": [round(float(v), 5) for v in (b.x0, b.y0, b.x1, b.y1)],
+                    "x": [float(v) for v in ax.get_xlim()], "y": [float(v) for v in ax.get_ylim()],
+                    "xscale": xs if xs in _SCALES else "other", "yscale": ys if ys in _SCALES else "other",
+                    "xlabel": ax.get_xlabel(), "ylabel": ax.get_ylabel()})
+    return out
+
+
+def save_svg(fig: Any, path: Path) -> None:
+    """Write ``fig`` as SVG to ``path`` atomically (text as text, no date, ids stable across runs)."""
+    import matplotlib
+
+    from gpuclust.report._files import write_atomic
+
+    buf = io.StringIO()
+    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "gpuclust"}):
+        fig.savefig(buf, format="svg", metadata={"Date": None})
+    geometry = html.escape(json.dumps(axes_geometry(fig), separators=(",", ":")), quote=True)
+    text = _DECIMALS.sub(r"\1", buf.getvalue())  # 1/100 pt is finer than any screen: a third of the bytes
+    text = text.replace("<svg ", f'<svg data-axes="{geometry}" ', 1)
+    write_atomic(Path(path), lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+
+
+_DECIMALS = re.compile(r"(\d\.\d\d)\d+")
+_PROLOG = re.compile(r"^.*?(?=<svg[\s>])", re.S)
+_ID = re.compile(r'\bid="([^"]+)"')
+_SIZE = re.compile(r'(<svg[^>]*?)\s(width|height)="[^"]*"')
+
+
+def inline_svg(text: str, prefix: str) -> str:
+    """An SVG file's text as an element to embed in HTML: no XML prolog or DOCTYPE, ids (and the
+    references to them) prefixed with ``prefix``, and sized by the page (``width: 100%``)."""
+    text = _PROLOG.sub("", text, count=1)
+    for ident in sorted(set(_ID.findall(text)), key=len, reverse=True):
+        new = f"{prefix}{ident}"
+        text = text.replace(f'id="{ident}"', f'id="{new}"').replace(f"#{ident})", f"#{new})")
+        text = text.replace(f'href="#{ident}"', f'href="#{new}"')
+    while _SIZE.search(text.split(">", 1)[0] + ">"):
+        text = _SIZE.sub(r"\1", text, count=1)
+    return text.replace("<svg ", '<svg class="figure-svg" ', 1)
