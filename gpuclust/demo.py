@@ -1,7 +1,8 @@
 """``gpuclust demo``: the main job on an embedded default.
 
 Synthesises a small Borg cell in the real v3 export format, ingests it through the real ingest
-path, runs every registered analysis, writes the results and prints where they are.  Re-running
+path, runs every registered analysis, writes the results and the report page (``report.html``: one
+self-contained HTML file, see docs/report.md) and prints where they are.  Re-running
 it into the same folder regenerates the same bytes (the generator is deterministic per seed), the
 ingest skips the inputs it already has, and the results are rewritten identically.
 """
@@ -22,6 +23,8 @@ class DemoResult:
     raw: Path
     dataset: Path
     results: Path
+    report: Path
+    report_bytes: int
     analyses: list[str]
     seconds: float
     summary: str
@@ -43,8 +46,8 @@ def run_demo(
     Parameters
     ----------
     out
-        Folder for ``raw/`` (the v3 JSON shards), ``dataset/`` (the canonical dataset) and
-        ``results/`` (Parquet results, ``summary.txt``, plots).
+        Folder for ``raw/`` (the v3 JSON shards), ``dataset/`` (the canonical dataset),
+        ``results/`` (Parquet results, ``summary.txt``, plots) and ``report.html`` (the page).
     machines, hours, seed
         Size and seed of the synthetic cell.
     backend, partitions, scheduler
@@ -60,6 +63,7 @@ def run_demo(
     """
     from gpuclust.analyses.registry import names
     from gpuclust.engine import analyze
+    from gpuclust.report.html import write_report
     from gpuclust.synth import SynthConfig, synthesize
 
     t0 = time.perf_counter()
@@ -83,9 +87,11 @@ def run_demo(
     which = names()
     say(f"ingested into {dataset}; running {', '.join(which)} on backend {backend!r}")
     analyze(dataset, which, out=results, backend=backend, partitions=partitions, scheduler=scheduler)
+    say(f"writing the report page {out / 'report.html'}")
+    page = write_report(results, out / "report.html")
     summary_path = results / "summary.txt"
     summary = summary_path.read_text() if summary_path.exists() else ""
-    return DemoResult(out, raw, dataset, results, which, time.perf_counter() - t0, summary)
+    return DemoResult(out, raw, dataset, results, page.path, page.bytes, which, time.perf_counter() - t0, summary)
 
 
 def register(sub: Any) -> None:
@@ -93,7 +99,7 @@ def register(sub: Any) -> None:
 
     p = sub.add_parser(
         "demo",
-        help="synthesise a small cell, ingest it, run every analysis",
+        help="synthesise a small cell, ingest it, run every analysis, write the report page",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -132,4 +138,5 @@ def _main(args: argparse.Namespace) -> int:
     print(f"  raw v3 export shards : {res.raw}")
     print(f"  canonical dataset    : {res.dataset}  (manifest: {res.dataset / 'manifest.json'})")
     print(f"  analysis results     : {res.results}  (summary.txt, <analysis>/*.parquet, *.png)")
+    print(f"  report page          : {res.report}  ({res.report_bytes / 1024:.0f} KiB, one self-contained HTML file)")
     return 0

@@ -53,7 +53,7 @@ def mark_partial_buckets(ax: Any, starts_us: Any, width_us: float, lo_us: float 
     """Shade the partial edge buckets of a series on ``ax`` (x in trace hours); returns how many."""
     edges = edge_buckets(starts_us, width_us, lo_us, hi_us)
     for i, (a, b, _why) in enumerate(edges):
-        ax.axvspan(trace_hours(a), trace_hours(b), facecolor="none", edgecolor="0.55", hatch="//", lw=0,
+        ax.axvspan(trace_hours(a), trace_hours(b), facecolor="none", edgecolor="0.78", hatch="//", lw=0,
                    label="partial bucket (data covers part of it)" if label and i == 0 else None, zorder=0.5)
     return len(edges)
 

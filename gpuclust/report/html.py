@@ -39,10 +39,13 @@ def _asset(name: str) -> str:
 
 
 def _table(df: pd.DataFrame) -> str:
-    from gpuclust.report.sections import format_value
+    from gpuclust.report.sections import MAX_ROWS, format_value
 
     if df.empty:
         return '<p class="note">No key numbers (the table is empty).</p>'
+    more = (f'<p class="note">The first {MAX_ROWS} of {len(df):,} rows; every row is in the results folder '
+            "(or <code>--format csv</code>).</p>" if len(df) > MAX_ROWS else "")
+    df = df.head(MAX_ROWS)
     text_cols = {c for c in df.columns if not pd.api.types.is_numeric_dtype(df[c])}
     head = "".join(f'<th class="{"t" if c in text_cols else ""}">{html.escape(str(c))}</th>' for c in df.columns)
     rows = []
@@ -50,7 +53,7 @@ def _table(df: pd.DataFrame) -> str:
         cells = "".join(f'<td class="{"t" if c in text_cols else ""}">{html.escape(format_value(v))}</td>'
                         for c, v in zip(df.columns, rec, strict=True))
         rows.append(f"<tr>{cells}</tr>")
-    return f'<div class="key-wrap"><table class="key"><tr>{head}</tr>{"".join(rows)}</table></div>'
+    return f'<div class="key-wrap"><table class="key"><tr>{head}</tr>{"".join(rows)}</table></div>{more}'
 
 
 def _figure(name: str, key: str, tables: Mapping[str, Any], title: str, tmp: Path, index: int) -> str | None:

@@ -23,7 +23,7 @@ def plot_overcommit(result: dict[str, pd.DataFrame], path: Path, *, title: str =
     CPU usage ratio by tier (stacked), and a histogram of the machine-bucket CPU and memory
     allocation ratios (machine-buckets with a known, positive capacity).  ``False`` when the
     cell series is empty."""
-    from gpuclust.report.axes import TIME_LABEL, mark_partial_buckets, set_title, trace_hours
+    from gpuclust.report.axes import TIME_LABEL, mark_partial_buckets, nothing_to_plot, set_title, trace_hours
     from gpuclust.report.plots import new_figure, save_figure_atomic
 
     cell, machine = result["cell"], result["machine"]
@@ -47,7 +47,7 @@ def plot_overcommit(result: dict[str, pd.DataFrame], path: Path, *, title: str =
     has_usage = int(result["info"]["usage_rows"].iloc[0]) > 0
     for ax, kind, label in ((axes[0], "alloc", "requested / capacity"), (axes[1], "usage", "usage / capacity")):
         if kind == "usage" and not has_usage:
-            ax.text(0.5, 0.5, "no instance_usage in this dataset", ha="center", va="center", transform=ax.transAxes)
+            nothing_to_plot(ax, "no usage to plot: the dataset has no instance_usage rows")
             ax.set_ylabel(f"CPU {label}")
             continue
         cols = [t for t in tiers if f"{kind}_ratio_cpu_{t}" in cell and np.nan_to_num(cell[f"{kind}_ratio_cpu_{t}"]).any()]

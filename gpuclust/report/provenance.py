@@ -113,18 +113,17 @@ def subject(run: dict[str, Any], facts: dict[str, Any]) -> str:
 
 
 def _span_text(facts: dict[str, Any]) -> str:
-    lo_hi = []
+    """Per table with rows: its time span in trace hours (from the Parquet statistics; a time
+    before the trace start, such as the sentinel 0, counts as the start, 2^63-1 as unknown)."""
+    parts = []
     for t, v in (facts.get("tables") or {}).items():
         lo, hi = v.get("time_min"), v.get("time_max")
-        if v.get("rows") and lo is not None and hi is not None:
-            lo_hi.append((t, max(int(lo), 600_000_000), int(hi)))
-    lo_hi = [x for x in lo_hi if x[2] < 2**63 - 1 and x[2] >= x[1]]
-    if not lo_hi:
-        return "unknown"
-    lo, hi = min(x[1] for x in lo_hi), max(x[2] for x in lo_hi)
-    h = lambda us: (us - 600_000_000) / 3.6e9  # noqa: E731
-    return (f"trace hours {h(lo):.2f} to {h(hi):.2f} ({(hi - lo) / 3.6e9:.2f} h; from the tables' time columns, "
-            "sentinels 0 and 2^63-1 left out)")
+        if not v.get("rows") or lo is None or hi is None:
+            continue
+        a = (max(int(lo), 600_000_000) - 600_000_000) / 3.6e9
+        b = "after the trace (2^63-1)" if int(hi) >= 2**63 - 1 else f"{(int(hi) - 600_000_000) / 3.6e9:.2f}"
+        parts.append(f"{t} {a:.2f} to {b}")
+    return ("trace hours since the trace start: " + "; ".join(parts)) if parts else "unknown"
 
 
 def _sample_text(run: dict[str, Any], facts: dict[str, Any], manifest_synthetic: bool) -> str:

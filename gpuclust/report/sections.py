@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-__all__ = ["ORDER", "SECTIONS", "Section", "caption", "empty_reason", "key_numbers", "ordered"]
+__all__ = ["ORDER", "SECTIONS", "Section", "caption", "empty_reason", "format_value", "has_figure", "key_numbers",
+           "ordered"]
 
 Tables = Mapping[str, Any]
 
@@ -95,6 +96,12 @@ def _usage_change(r: Tables) -> pd.DataFrame:
     return s[["tier", "resource", "pairs", "within_5pct", "within_20pct", "within_50pct", "p50_change"]]
 
 
+def _data_quality(r: Tables) -> pd.DataFrame:
+    c = _frame(r["checks"])
+    flagged = c[(c["count"] > 0) & ~c["check"].isin(["rows", "instances", "machines"])]
+    return flagged.sort_values("share", ascending=False)[["table", "check", "count", "unit", "share"]]
+
+
 def _machine_shapes(r: Tables) -> pd.DataFrame:
     from gpuclust.report.machine_shapes_plots import shape_label
 
@@ -104,7 +111,13 @@ def _machine_shapes(r: Tables) -> pd.DataFrame:
                          "machines": s["machines"].to_numpy()})
 
 
+#: Sections with more to say than the registry summary; keyed by analysis name.
 SECTIONS: dict[str, Section] = {
+    "data-quality": Section(
+        "What to know about the data before trusting the numbers below: per table, the share of rows (or "
+        "instances, machines) each check flags — NULLs, sentinel times, short windows, implausible CPI/MAI, "
+        "events out of order, usage without events — and how max_cpu compares with the p100 percentile. Table: "
+        "the checks that flag something, largest share first.", _data_quality),
     "cell-usage": Section(
         "CPU and memory used in the cell per time bucket, stacked by priority tier, as a share of the cell's "
         "capacity (1 = every machine's capacity). Table: mean and peak share per tier over the buckets.", _cell_usage),
@@ -175,26 +188,41 @@ def _generic(tables: Tables) -> pd.DataFrame:
 
 
 def key_numbers(name: str, tables: Tables) -> pd.DataFrame:
-    """At most :data:`MAX_ROWS` rows of the numbers that matter in analysis ``name``'s result."""
+    """The numbers that matter in analysis ``name``'s result (the page shows the first
+    :data:`MAX_ROWS` rows)."""
     s = SECTIONS.get(name)
     try:
         df = s.key(tables) if s is not None and s.key is not None else _generic(tables)
     except (KeyError, ValueError, IndexError):  # a result of another version / shape: the generic view
         df = _generic(tables)
-    return df.head(MAX_ROWS).iloc[:, :10]
+    return df.iloc[:, :10]
 
 
 def empty_reason(name: str, tables: Tables) -> str:
     """Why analysis ``name`` has nothing to plot: which of its tables are empty and what it reads."""
     from gpuclust.analyses.registry import REGISTRY
 
-    empty = [k for k, v in tables.items() if k != "info" and len(v) == 0]
     e = REGISTRY.get(name)
     reads = f" (it reads {', '.join(e.tables)})" if e is not None else ""
+    if not has_figure(name):
+        return "This analysis draws no figure: its key numbers are in the table below."
+    empty = [k for k, v in tables.items() if k != "info" and len(v) == 0]
     if empty:
-        return (f"Nothing to plot: its result tables {', '.join(empty)} are empty — the dataset has no rows this "
-                f"analysis can use{reads}.")
-    return f"Nothing to plot: this analysis has no figure; its numbers are in the table{reads}."
+        return (f"Nothing to plot: its result table(s) {', '.join(empty)} are empty — the dataset has no rows "
+                f"this analysis can use for them{reads}.")
+    return f"Nothing to plot: no group in the result has a value to draw{reads}."
+
+
+#: Analyses drawn by another analysis' plot module.
+_PLOT_MODULE = {"collection-lifecycle": "lifecycle", "usage-distribution": "distribution"}
+
+
+def has_figure(name: str) -> bool:
+    """Whether analysis ``name`` has a plot (a ``gpuclust/report/<name>_plots.py`` module)."""
+    import importlib.util
+
+    mod = _PLOT_MODULE.get(name, name).replace("-", "_")
+    return importlib.util.find_spec(f"gpuclust.report.{mod}_plots") is not None
 
 
 def format_value(v: Any) -> str:

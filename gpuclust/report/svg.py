@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-__all__ = ["axes_geometry", "inline_svg", "save_svg"]
+__all__ = ["axes_geometry", "compact", "inline_svg", "save_svg"]
 
 _SCALES = {"linear", "log"}
 
@@ -46,14 +46,46 @@ def save_svg(fig: Any, path: Path) -> None:
     with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "gpuclust"}):
         fig.savefig(buf, format="svg", metadata={"Date": None})
     geometry = html.escape(json.dumps(axes_geometry(fig), separators=(",", ":")), quote=True)
-    text = _DECIMALS.sub(r"\1", buf.getvalue())  # 1/100 pt is finer than any screen: a third of the bytes
-    text = text.replace("<svg ", f'<svg data-axes="{geometry}" ', 1)
+    text = compact(buf.getvalue()).replace("<svg ", f'<svg data-axes="{geometry}" ', 1)
     write_atomic(Path(path), lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
 
 
-_DECIMALS = re.compile(r"(\d\.\d\d)\d+")
+_GEOMETRY_ATTR = re.compile(r'\b(d|x|y|x1|x2|y1|y2|width|height|transform|points|viewBox)="([^"]*)"')
+_NUMBER = re.compile(r"-?\d+\.\d+")
+_BETWEEN_TAGS = re.compile(r">\s+<")
+
+
+def _short(m: re.Match[str]) -> str:
+    v = f"{float(m.group(0)):.2f}".rstrip("0").rstrip(".")
+    return "0" if v == "-0" else v
+
+
+def _path(d: str) -> str:
+    """Path data without the ``L`` that follows an ``M`` or ``L`` (implied there by SVG)."""
+    out, last = [], ""
+    for tok in d.split():
+        if tok.isalpha():
+            if tok == "L" and last in ("M", "L"):
+                continue
+            last = tok
+        out.append(tok)
+    return " ".join(out)
+
+
+def _attr(m: re.Match[str]) -> str:
+    v = " ".join(_NUMBER.sub(_short, m.group(2)).split())
+    return f'{m.group(1)}="{_path(v) if m.group(1) == "d" else v}"'
+
+
+def compact(text: str) -> str:
+    """A matplotlib SVG with the same drawing in fewer bytes: coordinates rounded to 1/100 pt (finer
+    than any screen), no newlines inside paths, no indentation between tags.  Text content (tick
+    labels, legends) is left as it is."""
+    text = _GEOMETRY_ATTR.sub(_attr, text)
+    return _BETWEEN_TAGS.sub("><", text)
 _PROLOG = re.compile(r"^.*?(?=<svg[\s>])", re.S)
-_ID = re.compile(r'\bid="([^"]+)"')
+_ID = re.compile(r'\sid="([^"]+)"')
+_REF = re.compile(r'#([^")\s]+)[")]')
 _SIZE = re.compile(r'(<svg[^>]*?)\s(width|height)="[^"]*"')
 
 
@@ -61,6 +93,8 @@ def inline_svg(text: str, prefix: str) -> str:
     """An SVG file's text as an element to embed in HTML: no XML prolog or DOCTYPE, ids (and the
     references to them) prefixed with ``prefix``, and sized by the page (``width: 100%``)."""
     text = _PROLOG.sub("", text, count=1)
+    used = set(_REF.findall(text))
+    text = _ID.sub(lambda m: m.group(0) if m.group(1) in used else "", text)  # matplotlib's structural ids
     for ident in sorted(set(_ID.findall(text)), key=len, reverse=True):
         new = f"{prefix}{ident}"
         text = text.replace(f'id="{ident}"', f'id="{new}"').replace(f"#{ident})", f"#{new})")

@@ -1,0 +1,136 @@
+"""`gpuclust report` end to end, opened in a real headless Chromium (Debian's ``chromium``).
+
+The page is checked as a person would see it: no console errors, every figure drawn (the page's
+script marks each one it found non-empty; the count is compared with the figures the page holds
+and with the analyses known to draw one), nothing fetched from the network, and a screenshot kept
+as an artifact (``out/report-browser/`` unless ``GPUCLUST_ARTIFACTS`` names another folder).
+
+Chromium is found on the PATH, or installed with ``apt-get`` when running as root; where neither
+works the browser tests are skipped with the reason, and ``GPUCLUST_REQUIRE_BROWSER=1`` (set by
+``.ci/run``) makes that a failure instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ARTIFACTS = Path(os.environ.get("GPUCLUST_ARTIFACTS") or ROOT / "out" / "report-browser")
+#: Analyses whose figure the synthetic cell always has data for.
+DRAWN = {"cell-usage", "collection-lifecycle", "cpi", "job-usage", "lifecycle", "machine-shapes", "overcommit",
+         "usage-change", "usage-distribution", "usage-vs-request"}
+BROWSERS = ("chromium", "chromium-browser", "google-chrome")
+
+
+def _gpuclust(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gpuclust", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=600)
+
+
+def find_chromium() -> tuple[str | None, str]:
+    """The Chromium binary, installing Debian's package when root; else ``(None, why)``."""
+    for b in BROWSERS:
+        if shutil.which(b):
+            return shutil.which(b), ""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0 or not shutil.which("apt-get"):
+        return None, "no chromium on the PATH, and not root with apt-get to install Debian's chromium package"
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "chromium"]):
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+        if r.returncode != 0:
+            return None, f"`{' '.join(cmd)}` failed: {r.stderr.strip()[-300:]}"
+    found = shutil.which("chromium")
+    return (found, "") if found else (None, "apt-get installed chromium but it is not on the PATH")
+
+
+@pytest.fixture(scope="module")
+def chromium() -> str:
+    path, why = find_chromium()
+    if path is None:
+        if os.environ.get("GPUCLUST_REQUIRE_BROWSER") == "1":
+            pytest.fail(f"GPUCLUST_REQUIRE_BROWSER=1 but no browser: {why}")
+        pytest.skip(why)
+    return path
+
+
+def browse(chromium: str, page: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run headless Chromium on a local page (console messages go to stderr)."""
+    profile = page.parent / ".chromium-profile"
+    cmd = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+           "--hide-scrollbars", f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0",
+           "--virtual-time-budget=5000", *args, page.absolute().as_uri()]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+
+
+def console_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if ":CONSOLE" in line]
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small synthetic cell, ingested, and its report."""
+    d = tmp_path_factory.mktemp("report")
+    for args in (("synth", "--out", "raw", "--machines", "20", "--hours", "1.5", "--seed", "3"),
+                 ("ingest", "raw", "--out", "ds")):
+        r = _gpuclust(*args, cwd=d)
+        assert r.returncode == 0, (args, r.stderr[-2000:])
+    r = _gpuclust("report", "ds", "--out", "report.html", "--quiet", cwd=d)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert "report.html" in r.stdout and "KiB" in r.stdout
+    return d / "report.html"
+
+
+def test_page_is_self_contained_and_small(report: Path) -> None:
+    text = report.read_text()
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", text), "the page fetches something"
+    assert "<link" not in text and "@import" not in text
+    assert report.stat().st_size < 2 * 1024 * 1024, "too large to mail"
+    for what in ("dataset", "trace version", "tier map", "time span", "sample", "gpuclust", "options", "backend",
+                 "device"):
+        assert f"<td>{what}</td>" in text, what
+    sections = re.findall(r'<section class="analysis" id="a-([^"]+)"', text)
+    assert sections[0] == "data-quality" or "data-quality" not in sections, "data quality comes first"
+    assert DRAWN <= set(sections)
+
+
+def test_report_renders_in_chromium(chromium: str, report: Path) -> None:
+    dom = browse(chromium, report, "--dump-dom")
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert not console_lines(dom.stderr), console_lines(dom.stderr)
+    body = re.search(r"<body([^>]*)>", dom.stdout)
+    assert body, dom.stdout[:500]
+    attrs = dict(re.findall(r'([\w-]+)="([^"]*)"', body.group(1)))
+    assert attrs.get("data-errors", "0") == "0", attrs
+    figures = re.findall(r'<figure class="plot" data-figure="([^"]+)"[^>]*data-rendered="(\w+)"', dom.stdout)
+    assert figures, "the page's script marked no figure"
+    assert all(state == "yes" for _, state in figures), figures
+    expected = int(attrs["data-figures-expected"])
+    assert int(attrs["data-figures-rendered"]) == expected == len(figures) == dom.stdout.count('<figure class="plot"')
+    assert DRAWN <= {k for k, _ in figures}
+    # a section without a figure says why
+    for sec in re.findall(r'<section class="analysis".*?</section>', dom.stdout, re.S):
+        assert "<figure" in sec or 'class="empty">Nothing to plot' in sec, sec[:300]
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    shot = ARTIFACTS / "report.png"
+    r = browse(chromium, report, f"--screenshot={shot}", "--window-size=1280,4200")
+    assert r.returncode == 0 and shot.is_file() and shot.stat().st_size > 50_000, r.stderr[-2000:]
+    assert not console_lines(r.stderr), console_lines(r.stderr)
+    shutil.copyfile(report, ARTIFACTS / "report.html")
+    (ARTIFACTS / "figures.json").write_text(json.dumps(dict(figures), indent=1))
+
+
+def test_a_script_error_is_caught(chromium: str, tmp_path: Path) -> None:
+    """The checks above can fail: a page whose script throws is reported."""
+    page = tmp_path / "bad.html"
+    page.write_text("<!DOCTYPE html><html><body><script>undefinedFunction();</script></body></html>")
+    r = browse(chromium, page, "--dump-dom")
+    assert any("undefinedFunction" in line for line in console_lines(r.stderr)), r.stderr[-2000:]
