@@ -104,8 +104,8 @@ def null_rows(table: str, rows: int, nulls: dict[str, int | None]) -> list[dict[
 def code_rows(table: str, column: str, names: type[enum.IntEnum], counts: np.ndarray) -> list[dict[str, Any]]:
     """Rows of the ``codes`` result table for one code column (codes with rows only)."""
     out = []
-    for code in np.nonzero(counts)[0]:
-        code = int(code)
+    for slot in np.nonzero(counts)[0]:
+        code = int(slot)
         if code == _NULL_SLOT:
             name, value = "NULL", -1
         elif code == _OTHER_SLOT:
@@ -148,7 +148,8 @@ class TableProfile(Analysis):
     #: The counters of :data:`CHECKS` this table reports, in order.
     checks: ClassVar[tuple[str, ...]] = ()
     whole_instances: ClassVar[bool] = True
-    row_bytes = 160
+    #: tracemalloc peak of partial: 82 B/row (real 2011 task events), 66 (2011 machine events)
+    row_bytes = 120
 
     @property
     def columns(self) -> tuple[str, ...]:
