@@ -162,7 +162,7 @@ class Study:
         """Make columns resident in backend memory, reading each partition once per call.
 
         ``columns``: a list of ``instance_usage`` columns, ``{table: columns}``, or ``None`` for
-        every column any registered analysis streams from the tables they stream.  Columns
+        every column any registered analysis (or a pass it runs first) streams from the tables they stream.  Columns
         already resident are not read again.  Raises :class:`StudyMemoryError` (and loads
         nothing) when they would not fit in the backend's free memory.
         """
@@ -172,7 +172,8 @@ class Study:
             want: dict[str, set[str]] = {}
             for n in names():
                 a = create(n)
-                want.setdefault(a.table, set()).update(a.columns, a.context_columns)
+                for b in (a, *a.prerequisites(self.source).values()):  # and the passes it runs first
+                    want.setdefault(b.table, set()).update(b.columns, b.context_columns)
         elif isinstance(columns, Mapping):
             want = {t: set(c) for t, c in columns.items()}
         else:
