@@ -33,6 +33,10 @@ def test_demo_writes_every_analysis(demo_run: tuple[Path, subprocess.CompletedPr
         assert files, f"no results for {name}"
     assert (out / "results" / "summary.txt").read_text().strip()
     assert str(out / "results") in proc.stdout
+    page = out / "report.html"  # the report page, one self-contained file (tests/test_report_html.py opens one)
+    assert f"report page          : {page}" in proc.stdout and page.stat().st_size > 50_000
+    text = page.read_text()
+    assert all(f'id="a-{name}"' in text for name in names())
     man = json.loads((out / "dataset" / "manifest.json").read_text())
     assert man["complete"] is True and "synthetic" in man
 

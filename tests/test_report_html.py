@@ -74,35 +74,54 @@ def console_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if ":CONSOLE" in line]
 
 
-@pytest.fixture(scope="module")
-def report(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A small synthetic cell, ingested, and its report."""
-    d = tmp_path_factory.mktemp("report")
-    for args in (("synth", "--out", "raw", "--machines", "20", "--hours", "1.5", "--seed", "3"),
-                 ("ingest", "raw", "--out", "ds")):
+REAL = ROOT.parent / "shared" / "data" / "real"
+#: dataset -> (how to make it: gpuclust command lines run in a fresh folder, analyses that must draw a figure)
+DATASETS = {
+    "synthetic": ([("synth", "--out", "raw", "--machines", "20", "--hours", "1.5", "--seed", "3"),
+                   ("ingest", "raw", "--out", "ds")], DRAWN),
+    "real-2011": ([("ingest", str(REAL / "2011" / "machine_events"), str(REAL / "2011" / "task_events"),
+                    str(REAL / "2011" / "job_events"), "--out", "ds")],
+                  {"collection-lifecycle", "lifecycle", "machine-shapes", "overcommit"}),
+    "real-2019-cell-a": ([("ingest", str(REAL / "2019-cell-a"), "--out", "ds", "--cell", "a", "--prefer", "parquet")],
+                         {"machine-shapes"}),
+}
+
+
+@pytest.fixture(scope="module", params=list(DATASETS))
+def report(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, set[str]]:
+    """A dataset (the synthetic cell, the real 2011 events-only trace files, the real 2019 cell-a
+    machine_events), ingested, and its report."""
+    name = request.param
+    commands, drawn = DATASETS[name]
+    if name.startswith("real") and not REAL.is_dir():
+        pytest.skip(f"real trace files not found at {REAL}")
+    d = tmp_path_factory.mktemp(name)
+    for args in commands:
         r = _gpuclust(*args, cwd=d)
         assert r.returncode == 0, (args, r.stderr[-2000:])
     r = _gpuclust("report", "ds", "--out", "report.html", "--quiet", cwd=d)
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
     assert "report.html" in r.stdout and "KiB" in r.stdout
-    return d / "report.html"
+    return name, d / "report.html", drawn
 
 
-def test_page_is_self_contained_and_small(report: Path) -> None:
-    text = report.read_text()
+def test_page_is_self_contained_and_small(report: tuple[str, Path, set[str]]) -> None:
+    name, page, drawn = report
+    text = page.read_text()
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", text), "the page fetches something"
     assert "<link" not in text and "@import" not in text
-    assert report.stat().st_size < 2 * 1024 * 1024, "too large to mail"
+    assert page.stat().st_size < 2 * 1024 * 1024, "too large to mail"
     for what in ("dataset", "trace version", "tier map", "time span", "sample", "gpuclust", "options", "backend",
                  "device"):
         assert f"<td>{what}</td>" in text, what
     sections = re.findall(r'<section class="analysis" id="a-([^"]+)"', text)
     assert sections[0] == "data-quality" or "data-quality" not in sections, "data quality comes first"
-    assert DRAWN <= set(sections)
+    assert drawn <= set(sections)
 
 
-def test_report_renders_in_chromium(chromium: str, report: Path) -> None:
-    dom = browse(chromium, report, "--dump-dom")
+def test_report_renders_in_chromium(chromium: str, report: tuple[str, Path, set[str]]) -> None:
+    name, page, drawn = report
+    dom = browse(chromium, page, "--dump-dom")
     assert dom.returncode == 0, dom.stderr[-2000:]
     assert not console_lines(dom.stderr), console_lines(dom.stderr)
     body = re.search(r"<body([^>]*)>", dom.stdout)
@@ -114,18 +133,18 @@ def test_report_renders_in_chromium(chromium: str, report: Path) -> None:
     assert all(state == "yes" for _, state in figures), figures
     expected = int(attrs["data-figures-expected"])
     assert int(attrs["data-figures-rendered"]) == expected == len(figures) == dom.stdout.count('<figure class="plot"')
-    assert DRAWN <= {k for k, _ in figures}
+    assert drawn <= {k for k, _ in figures}
     # a section without a figure says why
     for sec in re.findall(r'<section class="analysis".*?</section>', dom.stdout, re.S):
         assert "<figure" in sec or 'class="empty">Nothing to plot' in sec, sec[:300]
 
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    shot = ARTIFACTS / "report.png"
-    r = browse(chromium, report, f"--screenshot={shot}", "--window-size=1280,4200")
+    shot = ARTIFACTS / f"report-{name}.png"
+    r = browse(chromium, page, f"--screenshot={shot}", "--window-size=1280,4200")
     assert r.returncode == 0 and shot.is_file() and shot.stat().st_size > 50_000, r.stderr[-2000:]
     assert not console_lines(r.stderr), console_lines(r.stderr)
-    shutil.copyfile(report, ARTIFACTS / "report.html")
-    (ARTIFACTS / "figures.json").write_text(json.dumps(dict(figures), indent=1))
+    shutil.copyfile(page, ARTIFACTS / f"report-{name}.html")
+    (ARTIFACTS / f"figures-{name}.json").write_text(json.dumps(dict(figures), indent=1))
 
 
 def test_a_script_error_is_caught(chromium: str, tmp_path: Path) -> None:

@@ -96,6 +96,25 @@ def _default_results(out: str | Path) -> Path:
     return out.with_name(f"{out.stem if out.suffix == '.html' else out.name}-results")
 
 
+def _check_out(out: str | Path, fmt: str) -> None:
+    """:class:`gpuclust.report.OutputError` now when ``out`` cannot be written later."""
+    import os
+
+    from gpuclust.report.folder import OutputError, ResultsFolder
+
+    if fmt == "csv":
+        ResultsFolder(out).open().abort()  # checks the folder, creates and removes its temporary sibling
+        return
+    p = Path(out)
+    if p.is_dir():
+        raise OutputError(p, "is a folder; the page is one file (report.html)")
+    anc = p.parent
+    while not anc.exists() and anc != anc.parent:
+        anc = anc.parent
+    if not anc.is_dir() or not os.access(anc, os.W_OK | os.X_OK):
+        raise OutputError(p, f"{anc} is not a writable folder")
+
+
 def main(args: argparse.Namespace) -> int:
     from gpuclust.engine import analyze
     from gpuclust.engine.command import analyze_errors, build_analyses
@@ -108,6 +127,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         if Path(args.out).resolve() == results.resolve():
             raise ValueError("--out and --results must differ")
+        _check_out(args.out, args.format)  # a bad output path fails before anything is computed
         names = list(dict.fromkeys(args.names)) or default_analyses(args.dataset)
         if not names:
             raise ValueError(f"{args.dataset}: the dataset has no table any analysis reads (see gpuclust info)")

@@ -1,0 +1,131 @@
+"""`gpuclust report` as a command: reuse of a matching results folder, CSV export, one-line errors;
+and the SVG and plot helpers the page is built from."""
+
+from __future__ import annotations
+
+import csv
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+
+def _gpuclust(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gpuclust", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=600)
+
+
+@pytest.fixture(scope="module")
+def cell(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("cell")
+    for args in (("synth", "--out", "raw", "--machines", "12", "--hours", "1", "--seed", "4"),
+                 ("ingest", "raw", "--out", "ds")):
+        r = _gpuclust(*args, cwd=d)
+        assert r.returncode == 0, r.stderr[-2000:]
+    return d
+
+
+def test_reuses_matching_results_and_reruns_otherwise(cell: Path) -> None:
+    first = _gpuclust("report", "ds", "cell-usage", "machine-shapes", "--out", "r/page.html", "--quiet", cwd=cell)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert (cell / "r" / "page-results" / "_run.json").is_file() and (cell / "r" / "page.html").is_file()
+    again = _gpuclust("report", "ds", "machine-shapes", "--out", "r/page.html", "--quiet", cwd=cell)
+    assert again.returncode == 0 and "reusing the results" in again.stderr, again.stderr
+    page = (cell / "r" / "page.html").read_text()
+    assert 'id="a-machine-shapes"' in page and 'id="a-cell-usage"' not in page  # only what was asked for
+    other = _gpuclust("report", "ds", "cell-usage", "-O", "mode=exact", "--out", "r/page.html", "--quiet", cwd=cell)
+    assert other.returncode == 0 and "reusing" not in other.stderr, other.stderr
+    forced = _gpuclust("report", "ds", "cell-usage", "-O", "mode=exact", "--out", "r/page.html", "--rerun",
+                       cwd=cell)
+    assert forced.returncode == 0 and "--rerun" in forced.stderr, forced.stderr
+    # a dataset written after the results: run anew
+    time.sleep(0.01)
+    os.utime(cell / "ds" / "manifest.json")
+    later = _gpuclust("report", "ds", "cell-usage", "-O", "mode=exact", "--out", "r/page.html", cwd=cell)
+    assert later.returncode == 0 and "written after those results" in later.stderr, later.stderr
+
+
+def test_csv_export_matches_the_parquet_results(cell: Path) -> None:
+    r = _gpuclust("report", "ds", "overcommit", "machine-shapes", "--format", "csv", "--out", "csv",
+                  "--results", "res", "--quiet", cwd=cell)
+    assert r.returncode == 0, r.stderr[-2000:]
+    res, out = cell / "res", cell / "csv"
+    assert (out / "_run.json").read_text() == (res / "_run.json").read_text()
+    tables = sorted(p.relative_to(res) for p in res.glob("*/*") if p.suffix == ".parquet" or p.is_dir())
+    assert tables and sorted(p.relative_to(out) for p in out.glob("*/*.csv")) == [t.with_suffix(".csv")
+                                                                                  for t in tables]
+    for t in tables:
+        want = pq.read_table(res / t).to_pandas() if t.suffix else pq.ParquetDataset(res / t).read().to_pandas()
+        with open(out / t.with_suffix(".csv"), newline="") as f:
+            rows = list(csv.reader(f))
+        assert rows[0] == list(want.columns), t
+        assert len(rows) - 1 == len(want), t
+        for col in want.select_dtypes("number").columns[:3]:  # numbers as written, NULL as an empty cell
+            got = np.array([float(x[rows[0].index(col)] or "nan") for x in rows[1:]])
+            np.testing.assert_allclose(got, want[col].to_numpy(dtype=float), rtol=1e-12, equal_nan=True)
+    again = _gpuclust("report", "ds", "overcommit", "machine-shapes", "--format", "csv", "--out", "csv",
+                      "--results", "res", "--quiet", cwd=cell)
+    assert again.returncode == 0 and "reusing" in again.stderr, again.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (("no-such-dataset", "--out", "x.html"), "no-such-dataset"),
+    (("ds", "cell-usage", "-O", "nonsense=1", "--out", "x.html"), "nonsense"),
+    (("ds", "cell-usage", "--out", "x.html", "--results", "x.html"), "must differ"),
+    (("ds", "cell-usage", "--format", "csv", "--out", "raw"), "not gpuclust results"),
+    (("ds", "cell-usage", "--out", "raw"), "is a folder"),
+])
+def test_expected_faults_are_one_line(cell: Path, args: tuple[str, ...], message: str) -> None:
+    r = _gpuclust("report", *args, "--quiet", cwd=cell)
+    assert r.returncode == 2, r.stderr
+    lines = [line for line in r.stderr.splitlines() if line.startswith("gpuclust report: error:")]
+    assert len(lines) == 1 and message in lines[0] and "Traceback" not in r.stderr, r.stderr
+    assert not (cell / "x-results").exists() and not (cell / "raw-results").exists(), "computed before failing"
+
+
+def test_compact_svg_keeps_text_and_drawing() -> None:
+    from gpuclust.report.svg import compact, inline_svg
+
+    svg = ('<?xml version="1.0"?>\n<!DOCTYPE svg>\n<svg width="720pt" height="324pt" viewBox="0 0 720 324">\n'
+           ' <defs>\n  <clipPath id="p1"><rect x="1.123456" y="2.000000" width="3" height="4"/></clipPath>\n </defs>\n'
+           ' <g id="figure_1"><path d="M 1.234567 2.5 \nL 3.000001 4 \nL 5 6 \nC 1 2 3 4 5 6 \nL 7 8 \nz\n" '
+           'clip-path="url(#p1)"/>\n  <text x="1.23456">0.0125 and 1.500</text></g>\n</svg>\n')
+    c = compact(svg)
+    assert 'd="M 1.23 2.5 3 4 5 6 C 1 2 3 4 5 6 L 7 8 z"' in c  # an L after C stays
+    assert ">0.0125 and 1.500<" in c and 'x="1.12"' in c and 'y="2"' in c
+    inl = inline_svg(c, "f7-")
+    assert inl.startswith("<svg ") and "<?xml" not in inl and 'width="720pt"' not in inl
+    assert 'id="f7-p1"' in inl and 'url(#f7-p1)' in inl and 'id="figure_1"' not in inl
+
+
+def test_edge_buckets() -> None:
+    from gpuclust.report.axes import edge_buckets, trace_hours
+
+    h = 3_600_000_000
+    starts = [0, h, 2 * h]
+    assert [e[2] for e in edge_buckets(starts, h, None, 2 * h + 600_000_000)] == ["starts before the data",
+                                                                                 "ends after the data"]
+    assert edge_buckets([600_000_000, 600_000_000 + h], h, None, 600_000_000 + 2 * h) == []
+    assert edge_buckets(starts, h)[-1][2] == "the data may end inside it"
+    assert trace_hours(600_000_000 + h) == pytest.approx(1.0)
+
+
+def test_every_section_states_what_it_shows() -> None:
+    """Each registered analysis gets a caption (its own or the registry summary) and, where it
+    has no figure module, a stated reason instead of a figure."""
+    from gpuclust.analyses.registry import REGISTRY
+    from gpuclust.report.sections import caption, empty_reason, has_figure, ordered
+
+    for name in REGISTRY:
+        assert len(caption(name)) > 30, name
+        if not has_figure(name):
+            assert "no figure" in empty_reason(name, {})
+    keys = ordered(list(REGISTRY))
+    assert keys[0] == "data-quality" if "data-quality" in REGISTRY else True
+    assert re.match(r"^[a-z-]+$", "".join(keys))
