@@ -45,9 +45,13 @@ def test_reuses_matching_results_and_reruns_otherwise(cell: Path) -> None:
                        cwd=cell)
     assert forced.returncode == 0 and "--rerun" in forced.stderr, forced.stderr
     # a dataset written after the results: run anew
-    time.sleep(0.01)
-    os.utime(cell / "ds" / "manifest.json")
-    later = _gpuclust("report", "ds", "cell-usage", "-O", "mode=exact", "--out", "r/page.html", cwd=cell)
+    written_at = (cell / "ds" / "manifest.json").stat().st_mtime
+    later_time = time.time() + 5  # run times are recorded to the second
+    os.utime(cell / "ds" / "manifest.json", (later_time, later_time))
+    try:
+        later = _gpuclust("report", "ds", "cell-usage", "-O", "mode=exact", "--out", "r/page.html", cwd=cell)
+    finally:
+        os.utime(cell / "ds" / "manifest.json", (written_at, written_at))
     assert later.returncode == 0 and "written after those results" in later.stderr, later.stderr
 
 

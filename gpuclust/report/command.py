@@ -84,7 +84,7 @@ def reusable(results: str | Path, dataset: str | Path, analyses: list[Any], sele
         written = os.stat(Path(dataset) / "manifest.json").st_mtime
     except (KeyError, ValueError, OSError):
         return "its run time or the dataset's manifest cannot be read"
-    if written > started:
+    if written >= started + 1.0:  # "started" is recorded to the second
         return "the dataset was written after those results"
     if not all((Path(results) / f).exists() for f in run.get("files", [])):
         return "files listed in its _run.json are missing"

@@ -108,7 +108,7 @@ def render_page(run: dict[str, Any], results: Mapping[str, Mapping[str, Any]], r
 <title>gpuclust report · {html.escape(who)}</title><style>{_asset("report.css")}</style></head>
 <body data-figures-expected="{n_fig}">
 <header><h1>gpuclust report</h1><p class="sub">{html.escape(who)} · {len(keys)} analyses, {n_fig} figures</p>
-<nav><a href="#provenance">provenance</a>{"".join(nav)}</nav></header>
+<nav><a href="#provenance">provenance</a> {" ".join(nav)}</nav></header>
 <main><section id="provenance"><h2>Provenance</h2><table class="prov">{prov}</table>{summary}</section>
 {"".join(sections)}</main>
 <footer><p>Written by <code>gpuclust report</code>: one file, no network needed to view it (figures are inline SVG,

@@ -105,7 +105,8 @@ def device_text(backend: str) -> str:
 
 def subject(run: dict[str, Any], facts: dict[str, Any]) -> str:
     """Which data a figure shows, in a few words: ``dataset NAME · cell C · 2019 (v3)``."""
-    name = Path(str(run.get("dataset") or facts.get("path") or "?")).name
+    path = Path(str(run.get("dataset") or facts.get("path") or "?"))
+    name = f"{path.parent.name}/{path.name}" if path.parent.name else path.name  # "ds" alone says little
     version = run.get("trace_version") or facts.get("trace_version")
     year = {"v3": "2019 trace (v3)", "v2": "2011 trace (v2)"}.get(str(version), f"trace {version or 'unknown'}")
     cell = facts.get("cell")

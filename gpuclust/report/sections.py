@@ -97,8 +97,10 @@ def _usage_change(r: Tables) -> pd.DataFrame:
 
 
 def _data_quality(r: Tables) -> pd.DataFrame:
+    from gpuclust.report.data_quality_plots import _DENOMINATORS  # the checks that are denominators
+
     c = _frame(r["checks"])
-    flagged = c[(c["count"] > 0) & ~c["check"].isin(["rows", "instances", "machines"])]
+    flagged = c[(c["count"] > 0) & ~c["check"].isin(_DENOMINATORS)]
     return flagged.sort_values("share", ascending=False)[["table", "check", "count", "unit", "share"]]
 
 
