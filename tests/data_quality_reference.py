@@ -19,6 +19,23 @@ LEVELS = (0, 10, 20, 30, 40, 50, 60, 70, 80, 90, 91, 92, 93, 94, 95, 96, 97, 98,
 THING = {"instance_events": "instances", "collection_events": "collections", "machine_events": "machines"}
 KEY = {"instance_events": ("collection_id", "instance_index"), "collection_events": ("collection_id",),
        "machine_events": ("machine_id",)}
+#: The v3 document's state diagram: the state each event type leaves an instance (or collection)
+#: in, and the event types that may follow each state.
+PENDING, RUNNING, DEAD = "pending", "running", "dead"
+STATE = {0: PENDING, 1: PENDING, 2: PENDING, 9: PENDING, 3: RUNNING, 10: RUNNING, 4: DEAD, 5: DEAD, 6: DEAD, 7: DEAD,
+         8: DEAD}
+MAY_FOLLOW = {PENDING: {1, 2, 3, 9, 5, 7, 8}, RUNNING: {10, 4, 5, 6, 7, 8}, DEAD: {0}}
+#: Machines: after ADD (1) or UPDATE (3) the machine is there (REMOVE or UPDATE may follow); after
+#: REMOVE (2) only ADD; UNKNOWN (0) is never flagged.
+MACHINE_MAY_FOLLOW = {1: {2, 3}, 3: {2, 3}, 2: {1}}
+
+
+def _unexpected(name: str, prev: int, cur: int) -> bool:
+    if name == "machine_events":
+        return prev in MACHINE_MAY_FOLLOW and cur != 0 and cur not in MACHINE_MAY_FOLLOW[prev]
+    return prev in STATE and cur in STATE and cur not in MAY_FOLLOW[STATE[prev]]
+
+
 CODE_COLUMNS = {"instance_events": ("type", "missing_type"), "collection_events": ("type", "missing_type"),
                 "machine_events": ("type", "missing_data_reason")}
 
@@ -40,7 +57,7 @@ def _known(v: Any) -> bool:
     return not _null(v)
 
 
-def _table_profile(name: str, t: pa.Table) -> tuple[dict, dict, dict]:
+def _table_profile(name: str, t: pa.Table, row_order: bool) -> tuple[dict, dict, dict]:
     rows = t.to_pylist()
     n = len(rows)
     checks: dict[tuple[str, str], tuple[int, str, int]] = {}
@@ -71,9 +88,17 @@ def _table_profile(name: str, t: pa.Table) -> tuple[dict, dict, dict]:
         add("machine_dedicated", sum(r["machine_id"] == -1 for r in rows))
     # ties: rows of a thing sharing their time with an earlier row of it
     add("time_ties", sum(len(rs) - len({r["time"] for r in rs}) for rs in by.values()))
-    back = {k: sum(rs[j]["time"] < rs[j - 1]["time"] for j in range(1, len(rs))) for k, rs in by.items()}
-    add("time_backwards", sum(back.values()))
-    add(f"time_backwards_{thing}", sum(v > 0 for v in back.values()), thing)
+    # out of order: in time order (ties: row order), an event that may not follow the previous one
+    ooo = {}
+    for k, rs in by.items():
+        ts = sorted(rs, key=lambda r: r["time"])  # stable
+        ooo[k] = sum(_unexpected(name, ts[j - 1]["type"], ts[j]["type"]) for j in range(1, len(ts)))
+    add("out_of_order", sum(ooo.values()))
+    add(f"out_of_order_{thing}", sum(v > 0 for v in ooo.values()), thing)
+    if row_order:
+        back = {k: sum(rs[j]["time"] < rs[j - 1]["time"] for j in range(1, len(rs))) for k, rs in by.items()}
+        add("time_backwards", sum(back.values()))
+        add(f"time_backwards_{thing}", sum(v > 0 for v in back.values()), thing)
     if name == "machine_events":
         nocap = [_null(r["cap_cpu"]) or _null(r["cap_mem"]) for r in rows]
         add("null_capacity_rows", sum(nocap))
@@ -170,7 +195,7 @@ def _usage_profile(usage: pa.Table, events: pa.Table, short_s: int) -> tuple[dic
     return checks, nulls, ratios
 
 
-def reference(tables: dict[str, pa.Table], short_s: int = 300) -> dict[str, Any]:
+def reference(tables: dict[str, pa.Table], short_s: int = 300, row_order: bool = False) -> dict[str, Any]:
     from gpuclust.schema import SCHEMAS
 
     def get(t: str) -> pa.Table:
@@ -178,7 +203,7 @@ def reference(tables: dict[str, pa.Table], short_s: int = 300) -> dict[str, Any]
 
     checks, nulls, codes = {}, {}, {}
     for name in THING:
-        c, nu, co = _table_profile(name, get(name))
+        c, nu, co = _table_profile(name, get(name), row_order)
         checks.update(c)
         nulls.update(nu)
         codes.update(co)

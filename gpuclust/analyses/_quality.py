@@ -10,9 +10,11 @@ Each profile streams one canonical table (``instance_events``, ``collection_even
 * sentinels: ``time`` 0 ("before the trace") and 2^63-1 ("after it"), ``machine_id`` 0 (not
   placed) and -1 (dedicated machine);
 * per *thing* (an instance, a collection, a machine: :attr:`TableProfile.key_columns`), whose rows
-  are all in one partition (:attr:`whole_instances`): the things, rows whose time is earlier than
-  the previous row of the same thing in the dataset's row order (``time_backwards``) and rows
-  sharing their time with another row of the thing (``time_ties``);
+  are all in one partition (:attr:`whole_instances`): the things; events *out of order*: in time
+  order (ties: row order), an event the life cycle does not allow after the thing's previous
+  event (:data:`ALLOWED`); rows sharing their time with another row of the thing (``time_ties``);
+  and, only with ``row_order`` (the result then depends on the layout), rows whose time is earlier
+  than the previous row of the same thing in the dataset's row order (``time_backwards``);
 * machine_events: rows and machines with a NULL capacity.
 
 ``data-quality`` declares the three profiles as its prerequisites (the engine runs them with the
@@ -31,6 +33,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from gpuclust.analyses.base import Analysis, is_null_int
+from gpuclust.analyses.lifecycle import EXPECTED, STATE_AFTER
 from gpuclust.schema import (
     SCHEMAS,
     TIME_AFTER_TRACE,
@@ -48,9 +51,19 @@ CODE_SLOTS = 13
 _NULL_SLOT, _OTHER_SLOT = 11, 12
 #: Every counter a profile may keep (a table reports those of :attr:`TableProfile.checks`).
 CHECKS = ("rows", "things", "time_zero", "time_after_trace", "machine_zero", "machine_dedicated", "time_ties",
-          "time_backwards", "time_backwards_things", "null_capacity_rows", "null_capacity_machines",
-          "never_capacity_machines")
+          "out_of_order", "out_of_order_things", "time_backwards", "time_backwards_things", "null_capacity_rows",
+          "null_capacity_machines", "never_capacity_machines")
 _C = {c: k for k, c in enumerate(CHECKS)}
+#: ``ALLOWED[table][previous type, type]``: whether an event may follow the thing's previous event.
+#: Instance and collection events: the v3 document's state diagram (``lifecycle``'s
+#: :data:`~gpuclust.analyses.lifecycle.EXPECTED` after the state the previous event leaves).  Machine
+#: events: after ADD or UPDATE (the machine is there) REMOVE or UPDATE; after REMOVE only ADD; an
+#: UNKNOWN (0) event, before or after, is never flagged.
+ALLOWED: dict[str, np.ndarray] = {
+    "events": np.array([[b in EXPECTED[int(STATE_AFTER[a])] for b in range(11)] for a in range(11)], dtype=bool),
+    "machines": np.array([[True] * 4, [True, False, True, True], [True, True, False, False],
+                          [True, False, True, True]], dtype=bool),
+}
 
 
 def fixed_width_columns(table: str) -> tuple[str, ...]:
@@ -145,9 +158,15 @@ class TableProfile(Analysis):
     thing: ClassVar[str] = "instances"
     #: ``(column, enum of its code names)`` of the code columns counted.
     code_columns: ClassVar[tuple[tuple[str, type[enum.IntEnum]], ...]] = ()
-    #: The counters of :data:`CHECKS` this table reports, in order.
+    #: The counters of :data:`CHECKS` this table reports, in order (and ``time_backwards``,
+    #: ``time_backwards_things`` with :attr:`row_order`).
     checks: ClassVar[tuple[str, ...]] = ()
+    #: The :data:`ALLOWED` matrix of its event types.
+    allowed: ClassVar[str] = "events"
     whole_instances: ClassVar[bool] = True
+    #: Also count the rows whose time goes backwards in the dataset's row order (layout-dependent:
+    #: ``gpuclust optimize`` sorts each bucket by time).
+    row_order: bool = False
     #: tracemalloc peak of partial: 82 B/row (real 2011 task events), 66 (2011 machine events)
     row_bytes = 120
 
@@ -192,12 +211,24 @@ class TableProfile(Analysis):
         first = xp.ones(n, dtype=bool)
         first[1:] = ~same
         seg = xp.cumsum(first) - 1
-        back = xp.nonzero(same & (ts[1:] < ts[:-1]))[0] + 1
-        cnt[_C["time_backwards"]] = int(back.shape[0])
-        cnt[_C["time_backwards_things"]] = int(xp.unique(seg[back]).shape[0])
-        # ---- ties: rows of one thing at one time (independent of the order)
-        tt = ts[xp.lexsort(xp.stack([ts, seg]))]  # seg is sorted already: times sorted within each thing
+        if self.row_order:
+            back = xp.nonzero(same & (ts[1:] < ts[:-1]))[0] + 1
+            cnt[_C["time_backwards"]] = int(back.shape[0])
+            cnt[_C["time_backwards_things"]] = int(xp.unique(seg[back]).shape[0])
+        # ---- time order within each thing (ties keep the row order; seg is sorted already)
+        by_time = xp.lexsort(xp.stack([ts, seg]))
+        tt = ts[by_time]
         cnt[_C["time_ties"]] = int(xp.count_nonzero(same & (tt[1:] == tt[:-1])))
+        # ---- out of order: an event the life cycle does not allow after the previous one
+        e = cols["type"].astype(xp.int64)[order][by_time]
+        allowed = xp.asarray(ALLOWED[self.allowed])
+        k = int(allowed.shape[0])
+        valid = (e >= 0) & (e < k)
+        ec = xp.where(valid, e, 0)
+        bad = same & valid[1:] & valid[:-1] & ~allowed[ec[:-1], ec[1:]]
+        at = xp.nonzero(bad)[0] + 1
+        cnt[_C["out_of_order"]] = int(at.shape[0])
+        cnt[_C["out_of_order_things"]] = int(xp.unique(seg[at]).shape[0])
         if "cap_cpu" in cols:
             nocap = (xp.isnan(cols["cap_cpu"]) | xp.isnan(cols["cap_mem"]))[order]
             cnt[_C["null_capacity_rows"]] = int(xp.count_nonzero(nocap))
@@ -221,7 +252,7 @@ class TableProfile(Analysis):
         if rows:
             cols = null_rows(self.table, rows, nulls)
             items = [("rows", rows, "rows", rows), (self.thing, cnt["things"], self.thing, cnt["things"])]
-            for c in self.checks:
+            for c in (*self.checks, *(("time_backwards", "time_backwards_things") if self.row_order else ())):
                 unit = self.thing if c.endswith(("things", "machines")) else "rows"
                 of = cnt["things"] if unit == self.thing else rows
                 items.append((c.replace("things", self.thing), cnt[c], unit, of))
@@ -244,7 +275,7 @@ def frame(rows: list[dict[str, Any]], columns: dict[str, Any]) -> pd.DataFrame:
     return df.astype(columns)
 
 
-_EVENT_CHECKS = ("time_zero", "time_after_trace", "time_ties", "time_backwards", "time_backwards_things")
+_EVENT_CHECKS = ("time_zero", "time_after_trace", "time_ties", "out_of_order", "out_of_order_things")
 
 
 @dataclass(frozen=True)
@@ -254,8 +285,8 @@ class InstanceEventsProfile(TableProfile):
     name = "_data-quality-instance-events"
     table = "instance_events"
     code_columns = (("type", EventType), ("missing_type", MissingType))
-    checks = ("time_zero", "time_after_trace", "machine_zero", "machine_dedicated", "time_ties", "time_backwards",
-              "time_backwards_things")
+    checks = ("time_zero", "time_after_trace", "machine_zero", "machine_dedicated", "time_ties", "out_of_order",
+              "out_of_order_things")
 
 
 @dataclass(frozen=True)
@@ -279,5 +310,6 @@ class MachineEventsProfile(TableProfile):
     key_columns = ("machine_id",)
     thing = "machines"
     code_columns = (("type", MachineEventType), ("missing_data_reason", MissingDataReason))
-    checks = ("time_zero", "time_after_trace", "machine_zero", "machine_dedicated", "time_ties", "time_backwards",
-              "time_backwards_things", "null_capacity_rows", "null_capacity_machines", "never_capacity_machines")
+    allowed = "machines"
+    checks = ("time_zero", "time_after_trace", "machine_zero", "machine_dedicated", "time_ties", "out_of_order",
+              "out_of_order_things", "null_capacity_rows", "null_capacity_machines", "never_capacity_machines")

@@ -11,10 +11,12 @@ column, rows per code (``type``, ``missing_type``, ``missing_data_reason``), the
   ``max_cpu / cpu_p100``); implausible CPI/MAI (:class:`gpuclust.stats.CpiFilter`, cpi's rule);
   windows and instances with no event row; windows of an instance that starts at or after its
   final terminal event, or runs past it;
-* events tables: distinct instances (collections), events whose time goes backwards in the
-  dataset's row order, events sharing their time with another event of the instance, instances
-  with events but no usage window;
-* machine_events: rows and machines with a NULL capacity.
+* events tables: distinct instances (collections), events sharing their time with another event
+  of the instance, instances with events but no usage window; events *out of order* (in time
+  order, an event the life cycle does not allow after the previous one); with ``row_order``,
+  events whose time goes backwards in the dataset's row order;
+* machine_events: rows and machines with a NULL capacity, events out of order (ADD after ADD,
+  ...).
 
 Plan: the events and machine tables are profiled by prerequisite passes
 (:mod:`gpuclust.analyses._quality`); the analysis itself streams instance_usage whole instance by
@@ -91,6 +93,10 @@ class DataQuality(Analysis):
     short_window_s
         Usage windows shorter than this many seconds are counted as short (the trace's windows
         are nominally 300 s).
+    row_order
+        Also count the events whose time goes backwards in the dataset's row order
+        (``time_backwards``): the source's order on a dataset as ingested, none on a
+        ``gpuclust optimize``d one (each bucket is sorted by time), so off by default.
 
     Examples
     --------
@@ -99,6 +105,8 @@ class DataQuality(Analysis):
     """
 
     short_window_s: int = option(300, "usage windows shorter than this many seconds are counted as short")
+    row_order: bool = option(False, "also count events whose time goes backwards in the dataset's row order "
+                             "(layout-dependent)")
 
     name = "data-quality"
     table = "instance_usage"
@@ -119,8 +127,9 @@ class DataQuality(Analysis):
         return fixed_width_columns("instance_usage")
 
     def prerequisites(self, source: Any) -> dict[str, Analysis]:
-        return {"instance_events": InstanceEventsProfile(), "collection_events": CollectionEventsProfile(),
-                "machine_events": MachineEventsProfile()}
+        ro = bool(self.row_order)
+        return {"instance_events": InstanceEventsProfile(row_order=ro),
+                "collection_events": CollectionEventsProfile(row_order=ro), "machine_events": MachineEventsProfile(row_order=ro)}
 
     def context(self, source: Any, prior: dict[str, dict[str, pd.DataFrame]] | None = None) -> DataQualityContext:
         if prior is None:
