@@ -12,6 +12,7 @@ works the browser tests are skipped with the reason, and ``GPUCLUST_REQUIRE_BROW
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import re
@@ -145,6 +146,54 @@ def test_report_renders_in_chromium(chromium: str, report: tuple[str, Path, set[
     assert not console_lines(r.stderr), console_lines(r.stderr)
     shutil.copyfile(page, ARTIFACTS / f"report-{name}.html")
     (ARTIFACTS / f"figures-{name}.json").write_text(json.dumps(dict(figures), indent=1))
+
+
+#: Appended to a copy of the page: after the page's own script, hover over the middle of the first
+#: figure's first axes, drag a zoom rectangle, double-click; the results go on <body>.
+PROBE = """<script>document.addEventListener("DOMContentLoaded", function () {
+  var fig = document.querySelector("figure.plot"), svg = fig.querySelector("svg");
+  var a = JSON.parse(svg.getAttribute("data-axes"))[0], vb = svg.viewBox.baseVal;
+  function at(fx, fy) {
+    var p = svg.createSVGPoint(); p.x = fx * vb.width; p.y = (1 - fy) * vb.height;
+    return p.matrixTransform(svg.getScreenCTM());
+  }
+  function ev(target, type, p) { target.dispatchEvent(new MouseEvent(type, {clientX: p.x, clientY: p.y, bubbles: true})); }
+  var mid = at((a.box[0] + a.box[2]) / 2, (a.box[1] + a.box[3]) / 2);
+  var corner = at(a.box[0] + 0.1 * (a.box[2] - a.box[0]), a.box[3] - 0.1 * (a.box[3] - a.box[1]));
+  ev(svg, "mousemove", mid);
+  document.body.setAttribute("data-probe-tip", fig.querySelector(".tip").textContent.replace(/\\n/g, " | "));
+  document.body.setAttribute("data-probe-axes", JSON.stringify(a));
+  ev(svg, "mousedown", mid); ev(window, "mouseup", corner);
+  document.body.setAttribute("data-probe-zoomed", svg.getAttribute("viewBox"));
+  svg.dispatchEvent(new MouseEvent("dblclick", {bubbles: true}));
+  document.body.setAttribute("data-probe-reset", svg.getAttribute("viewBox"));
+});</script>"""
+
+
+def test_hover_and_zoom_in_chromium(chromium: str, report: tuple[str, Path, set[str]]) -> None:
+    """Hover shows the data coordinates of the point under the pointer (the middle of the axes:
+    the middle of its limits on a linear axis), a drag zooms, a double-click resets."""
+    name, page, _ = report
+    probe = page.with_name("probe.html")
+    probe.write_text(page.read_text().replace("</body>", PROBE + "</body>"))
+    dom = browse(chromium, probe, "--dump-dom")
+    assert not console_lines(dom.stderr), console_lines(dom.stderr)
+    body = re.search(r"<body([^>]*)>", dom.stdout)
+    assert body
+    attrs = {k: html.unescape(v) for k, v in re.findall(r'([\w-]+)="([^"]*)"', body.group(1))}
+    assert attrs.get("data-errors", "0") == "0", attrs
+    axes = json.loads(attrs["data-probe-axes"])
+    tip = attrs["data-probe-tip"]
+    for which in ("x", "y"):
+        label = (axes[f"{which}label"] or which).split("\n")[0]
+        assert f"{label}: " in tip, (tip, axes)
+        if axes[f"{which}scale"] == "linear":
+            value = float(tip.split(f"{label}: ", 1)[1].split(" | ")[0])
+            lo, hi = axes[which]
+            assert value == pytest.approx((lo + hi) / 2, abs=0.02 * abs(hi - lo)), (which, tip, axes)
+    full = attrs["data-probe-reset"].split()
+    zoomed = attrs["data-probe-zoomed"].split()
+    assert len(zoomed) == 4 and float(zoomed[2]) < float(full[2]) and float(zoomed[3]) < float(full[3])
 
 
 def test_a_script_error_is_caught(chromium: str, tmp_path: Path) -> None:

@@ -32,8 +32,21 @@ def axes_geometry(fig: Any) -> list[dict[str, Any]]:
         out.append({"box": [round(float(v), 5) for v in (b.x0, b.y0, b.x1, b.y1)],
                     "x": [float(v) for v in ax.get_xlim()], "y": [float(v) for v in ax.get_ylim()],
                     "xscale": xs if xs in _SCALES else "other", "yscale": ys if ys in _SCALES else "other",
-                    "xlabel": ax.get_xlabel(), "ylabel": ax.get_ylabel()})
+                    "xlabel": _shared_label(ax, "x"), "ylabel": _shared_label(ax, "y")})
     return out
+
+
+def _shared_label(ax: Any, which: str) -> str:
+    """The axes' label, or the one of an axes it shares that axis with (a stacked panel's x label
+    is written under the bottom panel only)."""
+    own = getattr(ax, f"get_{which}label")()
+    if own:
+        return str(own)
+    for other in getattr(ax, f"get_shared_{which}_axes")().get_siblings(ax):
+        label = getattr(other, f"get_{which}label")()
+        if label:
+            return str(label)
+    return ""
 
 
 def save_svg(fig: Any, path: Path) -> None:
