@@ -359,7 +359,32 @@ def duck_usage_vs_request(ds: Path, _: str) -> Callable[[], Any]:
     return lambda: con.execute(sql).fetchall()
 
 
+def machine_utilization_sql(ds: Path | str) -> str:
+    """machine-utilization (mode notebook) whole: Google's notebook query, with the exact
+    quantile_cont in place of APPROX_QUANTILES(x, 100)."""
+    qs = ", ".join(str(k / 100) for k in range(101))
+    sql = f"""
+    WITH cap AS (SELECT machine_id, MAX(cap_cpu) AS c, MAX(cap_mem) AS m
+                 FROM read_parquet('{ds}/machine_events/**/*.parquet', hive_partitioning=false) GROUP BY 1),
+         u AS (SELECT CAST(FLOOR(start_time / 3e8) AS BIGINT) AS bucket, machine_id, avg_cpu, avg_mem
+               FROM read_parquet('{ds}/instance_usage/**/*.parquet', hive_partitioning=false)
+               WHERE (alloc_collection_id IS NULL OR alloc_collection_id = 0) AND end_time - start_time >= 300000000),
+         mb AS (SELECT machine_id, bucket, SUM(avg_cpu) AS cu, SUM(avg_mem) AS mu, MAX(c) AS c, MAX(m) AS m
+                FROM u JOIN cap USING (machine_id) GROUP BY 1, 2)
+    SELECT COUNT(*), QUANTILE_CONT(CASE WHEN c > 0 THEN IF(cu > c, 1.0, cu / c) END, [{qs}]),
+           QUANTILE_CONT(CASE WHEN m > 0 THEN IF(mu > m, 1.0, mu / m) END, [{qs}])
+    FROM mb"""
+    return sql
+
+
+def duck_machine_utilization(ds: Path, _: str) -> Callable[[], Any]:
+    con = _duck()
+    sql = machine_utilization_sql(ds)
+    return lambda: con.execute(sql).fetchall()
+
+
 PEERS: dict[str, dict[str, Callable[[Path, str], Callable[[], Any]]]] = {
+    "machine-utilization": {"duckdb": duck_machine_utilization},
     "usage-vs-request": {"duckdb": duck_usage_vs_request},
     "job-usage": {"duckdb": duck_job_usage},
     "lifecycle": {"duckdb": duck_lifecycle},

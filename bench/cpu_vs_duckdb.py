@@ -25,6 +25,9 @@ by `_harness.run_measured` and its user/system CPU seconds from ``getrusage(RUSA
 * ``usage-change``: ``gpuclust analyze DS usage-change`` (every table) against
   ``analyses_bench.usage_change_sql`` (pairs of consecutive windows by LEAD, by tier, with the
   defined changes and those within ±20%).
+* ``machine-utilization``: ``gpuclust analyze DS machine-utilization`` (every table, the machine
+  table written as parts) against ``analyses_bench.machine_utilization_sql``: the notebook's
+  query whole, with exact quantiles.
 
 A third contender, ``floor``, is the least any engine built on gpuclust's fixed stack (Python,
 NumPy, pyarrow's Parquet reader, pandas result tables) can take for a case: a fresh process that
@@ -65,6 +68,7 @@ from analyses_bench import (  # noqa: E402
     cpi_sql,
     job_usage_sql,
     lifecycle_sql,
+    machine_utilization_sql,
     usage_change_sql,
     usage_vs_request_sql,
 )
@@ -78,6 +82,7 @@ CASES: dict[str, tuple[list[str], Any, tuple[str, dict[str, str]]]] = {
     "usage-change": (["usage-change"], usage_change_sql, ("usage-change", {})),
     "job-usage": (["job-usage"], job_usage_sql, ("job-usage", {})),
     "usage-vs-request": (["usage-vs-request"], usage_vs_request_sql, ("usage-vs-request", {})),
+    "machine-utilization": (["machine-utilization"], machine_utilization_sql, ("machine-utilization", {})),
 }
 
 _DUCK = ("import os, sys, duckdb\n"
@@ -231,7 +236,7 @@ def markdown(rows: list[dict[str, Any]], env: dict[str, Any], repeat: int, befor
         md.append(line)
     md += ["", "gpuclust: `python -m gpuclust.cli analyze DS <case> --out TMP --no-plots --quiet` (the engine's "
            "defaults: partitions='auto', one thread per usable core). DuckDB: `python -c` running "
-           "bench/analyses_bench.py's `cell_usage_sql` / `cpi_sql` / `lifecycle_sql` / `usage_change_sql` / `job_usage_sql` / `usage_vs_request_sql` with `SET threads` = usable cores, "
+           "bench/analyses_bench.py's `cell_usage_sql` / `cpi_sql` / `lifecycle_sql` / `usage_change_sql` / `job_usage_sql` / `usage_vs_request_sql` / `machine_utilization_sql` with `SET threads` = usable cores, "
            "results fetched. cpi (SQL subset) = `-O by=machine -O regression=none -O spearman=none`.",
            "floor: a fresh process importing numpy, pandas and pyarrow.parquet and reading the case's columns "
            "(what gpuclust reads) of every file into NumPy, one thread per usable core, nothing else.", ""]

@@ -17,9 +17,8 @@ from typing import Any
 
 from gpuclust.layout import key_hash
 
-__all__ = ["HOUR_US", "KEY_COLUMNS", "bucket_grid", "bucket_index", "bucket_span", "group_key", "parse_by",
-           "segmented_last",
-           "parse_list"]
+__all__ = ["HOUR_US", "KEY_COLUMNS", "bucket_grid", "bucket_index", "bucket_pieces", "bucket_span", "group_key",
+           "parse_by", "parse_list", "segmented_last"]
 
 #: One hour in µs (cell-usage's bucket).
 HOUR_US = 3_600_000_000
@@ -72,6 +71,25 @@ def bucket_span(xp: Any, start: Any, end: Any, width_us: int, origin: int = 0) -
     window with ``end <= start`` touches the bucket of its start only."""
     b0 = (start - origin) // width_us
     return b0, xp.where(end > start, (end - 1 - origin) // width_us, b0)
+
+
+def bucket_pieces(xp: Any, start: Any, end: Any, width_us: int) -> tuple[Any, Any, Any]:
+    """The pieces of windows ``[start, end)`` (``end > start``) cut at bucket edges: per piece its
+    window's row, its bucket and its overlap in µs (pieces of one row in bucket order; every
+    array on ``xp``).  Memory O(pieces): a window of ``k`` buckets gives ``k`` pieces.
+
+    >>> import numpy as np
+    >>> [a.tolist() for a in bucket_pieces(np, np.array([50, 0]), np.array([250, 100]), 100)]
+    [[0, 0, 0, 1], [0, 1, 2, 0], [50, 100, 50, 100]]
+    """
+    b0, b1 = bucket_span(xp, start, end, width_us)
+    k = (b1 - b0 + 1).astype(xp.int64)
+    row = xp.repeat(xp.arange(int(k.shape[0]), dtype=xp.int64), k)
+    first = xp.cumsum(k) - k  # each row's first piece
+    bucket = b0[row] + (xp.arange(int(row.shape[0]), dtype=xp.int64) - first[row])
+    lo = xp.maximum(start[row], bucket * width_us)
+    hi = xp.minimum(end[row], (bucket + 1) * width_us)
+    return row, bucket, hi - lo
 
 
 def bucket_grid(w0: int, w1: int, width_us: int) -> tuple[int, int]:

@@ -18,9 +18,11 @@ from typing import Any
 from gpuclust.analyses.base import Analysis
 from gpuclust.analyses.cell_usage import CellUsage
 from gpuclust.analyses.cpi import Cpi
+from gpuclust.analyses.data_quality import DataQuality
 from gpuclust.analyses.job_usage import JobUsage
 from gpuclust.analyses.lifecycle import CollectionLifecycle, Lifecycle
 from gpuclust.analyses.machine_shapes import MachineShapes
+from gpuclust.analyses.machine_utilization import MachineUtilization
 from gpuclust.analyses.options import Option, options_of
 from gpuclust.analyses.overcommit import Overcommit
 from gpuclust.analyses.usage_change import UsageChange
@@ -63,6 +65,9 @@ REGISTRY: dict[str, AnalysisEntry] = {
                       kernels=("grouped_sum", "bucket_overlap", "hash_index")),
         AnalysisEntry(Cpi, "CPI/MAI per group (CPU-second weighted) and the Borg §5.2 CPI interference regression",
                       kernels=("grouped_comoments", "grouped_sum", "hash_index")),
+        AnalysisEntry(DataQuality, "Per table: rows, NULLs per column, codes, sentinels, short windows, "
+                      "non-monotone percentiles, p100 vs max, implausible CPI/MAI, out-of-order events, usage "
+                      "after the final terminal event, usage without events and vice versa", kernels=("hash_index",)),
         AnalysisEntry(JobUsage, "Per-collection NCU-hours and NMU-hours and their heavy tail by tier: quantiles, top "
                       "1% / 0.1% shares, C², Pareto alpha of the CCDF tail, NCU-NMU correlation",
                       kernels=("hash_index",)),
@@ -71,6 +76,9 @@ REGISTRY: dict[str, AnalysisEntry] = {
         AnalysisEntry(Lifecycle, "Instance life cycles: events and transitions by tier, submissions / queue / running "
                       "series, scheduling delays and execution times (censored at the data's end)"),
         AnalysisEntry(MachineShapes, "Machines per capacity shape (cap_cpu, cap_mem), as in Google's notebook"),
+        AnalysisEntry(MachineUtilization, "Per machine x 5 minutes: usage / capacity, CPU and memory (Google's "
+                      "notebook query, or time-weighted and uncapped), its exact quantiles and mean series",
+                      kernels=("hash_index",)),
         AnalysisEntry(Overcommit, "Per machine x time bucket: capacity vs. requested (by tier) vs. usage, ratios, "
                       "cell series, summary", kernels=("bucket_overlap", "grouped_sum", "hash_index")),
         AnalysisEntry(UsageChange, "Relative change of CPU and memory usage between consecutive windows of one "

@@ -25,52 +25,26 @@ def new_figure():  # type: ignore[no-untyped-def]
 def save_figure_atomic(fig, path: Path) -> None:  # type: ignore[no-untyped-def]
     from gpuclust.report._files import write_atomic
 
+    if Path(path).suffix == ".svg":  # the HTML report's figures (text as text, axes geometry for hover)
+        from gpuclust.report.svg import save_svg
+
+        return save_svg(fig, path)
     write_atomic(Path(path), lambda tmp: fig.savefig(tmp, format="png"))
 
 
 def plot_cell_usage(result: dict[str, pd.DataFrame], path: Path, *, title: str = "cell-usage") -> bool:
-    """Stacked area of normalised CPU usage by tier over hours (and memory below)."""
-    u = result["usage"]
-    if u.empty:
-        return False
-    tiers = list(dict.fromkeys(result["info"]["tiers"].iloc[0].split(",")))
-    fig = new_figure()
-    axes = fig.subplots(2, 1, sharex=True)
-    for ax, col in zip(axes, ("cpu", "mem"), strict=False):
-        # absent (tier, hour) = no usage = 0; a NaN value = unknown (all values NULL): a gap, never 0
-        wide = u.set_index(["bucket_start_us", "tier"])[col].unstack("tier")
-        unknown = u.assign(_u=u[col].isna()).set_index(["bucket_start_us", "tier"])["_u"].unstack("tier")
-        wide = wide.fillna(0.0).mask(unknown.fillna(False).astype(bool))
-        wide = wide.reindex(columns=[t for t in tiers if t in wide.columns])
-        x = wide.index.to_numpy() / 3.6e9
-        ax.stackplot(x, *[wide[t].to_numpy() for t in wide.columns], labels=list(wide.columns))
-        n_unknown = int(u[col].isna().sum())
-        if n_unknown:
-            ax.text(0.01, 0.02, f"{n_unknown} (hour, tier) value(s) unknown (gaps)", transform=ax.transAxes,
-                    fontsize="small")
-        ax.set_ylabel(f"{col} / capacity")
-    axes[0].legend(loc="upper right", fontsize="small")
-    axes[0].set_title(title)
-    axes[1].set_xlabel("bucket start (hours since trace time 0, i.e. 600 s before the trace start)")
-    save_figure_atomic(fig, path)
-    return True
+    """Usage by tier over time against capacity (see :mod:`gpuclust.report.cell_usage_plots`)."""
+    from gpuclust.report.cell_usage_plots import plot_cell_usage as plot
+
+    return plot(result, path, title=title)
 
 
-def plot_machine_shapes(result: dict[str, pd.DataFrame], path: Path, *, top: int = 20) -> bool:
-    """Bar chart of machine counts per (cap_cpu, cap_mem) shape (largest ``top`` shapes)."""
-    df = result["shapes"].head(top)
-    if df.empty:
-        return False
-    fig = new_figure()
-    ax = fig.subplots()
-    labels = [f"{c:.4g}/{m:.4g}" for c, m in zip(df["cap_cpu"], df["cap_mem"], strict=False)]
-    ax.bar(range(len(df)), df["machines"].to_numpy())
-    ax.set_xticks(range(len(df)), labels, rotation=60, ha="right", fontsize="small")
-    ax.set_xlabel("capacity shape (cpu/mem, normalised units; nan = NULL)")
-    ax.set_ylabel("machines")
-    ax.set_title("machine-shapes")
-    save_figure_atomic(fig, path)
-    return True
+def plot_machine_shapes(result: dict[str, pd.DataFrame], path: Path, *, top: int = 20,
+                        title: str = "machine-shapes") -> bool:
+    """Machines per capacity shape (see :mod:`gpuclust.report.machine_shapes_plots`)."""
+    from gpuclust.report.machine_shapes_plots import plot_machine_shapes as plot
+
+    return plot(result, path, top=top, title=title)
 
 
 def plot_result(name: str, result: dict[str, pd.DataFrame], path: Path, *, title: str | None = None) -> bool:
@@ -78,7 +52,7 @@ def plot_result(name: str, result: dict[str, pd.DataFrame], path: Path, *, title
     if name == "cell-usage":
         return plot_cell_usage(result, path, title=title or name)
     if name == "machine-shapes":
-        return plot_machine_shapes(result, path)
+        return plot_machine_shapes(result, path, title=title or name)
     if name == "overcommit":
         from gpuclust.report.overcommit_plots import plot_overcommit
 
@@ -87,14 +61,22 @@ def plot_result(name: str, result: dict[str, pd.DataFrame], path: Path, *, title
         from gpuclust.report.cpi_plots import plot_cpi
 
         return plot_cpi(result, path, title=title or name)
+    if name == "data-quality":
+        from gpuclust.report.data_quality_plots import plot_data_quality
+
+        return plot_data_quality(result, path, title=title or name)
     if name == "job-usage":
         from gpuclust.report.job_usage_plots import plot_job_usage
 
         return plot_job_usage(result, path, title=title or name)
-    if name == "lifecycle":
+    if name in ("lifecycle", "collection-lifecycle"):
         from gpuclust.report.lifecycle_plots import plot_lifecycle
 
         return plot_lifecycle(result, path, title=title or name)
+    if name == "machine-utilization":
+        from gpuclust.report.machine_utilization_plots import plot_machine_utilization
+
+        return plot_machine_utilization(result, path, title=title or name)
     if name == "usage-change":
         from gpuclust.report.usage_change_plots import plot_usage_change
 

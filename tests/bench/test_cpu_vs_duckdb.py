@@ -11,6 +11,11 @@ import pytest
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
+def cpu_vs_duckdb_cases() -> tuple[str, ...]:
+    return ("cell-usage", "cpi (SQL subset)", "lifecycle", "usage-change", "job-usage", "usage-vs-request",
+            "machine-utilization")
+
+
 def test_cpu_vs_duckdb_tiny(tmp_path, monkeypatch):
     pytest.importorskip("duckdb")
     monkeypatch.syspath_prepend(str(BENCH))
@@ -27,11 +32,11 @@ def test_cpu_vs_duckdb_tiny(tmp_path, monkeypatch):
         sys.modules.pop("cpu_vs_duckdb", None)
     res = json.loads((tmp_path / "c.json").read_text())
     assert {(r["case"], r["contender"]) for r in res["rows"]} == {
-        (c, w) for c in ("cell-usage", "cpi (SQL subset)", "lifecycle", "usage-change", "job-usage", "usage-vs-request") for w in ("gpuclust", "duckdb", "floor")}
+        (c, w) for c in cpu_vs_duckdb_cases() for w in ("gpuclust", "duckdb", "floor")}
     for r in res["rows"]:
         assert r["wall_s"] > 0 and r["peak_rss_mib"] > 0 and len(r["runs"]) == 1
     assert {(r["case"], r["contender"]) for r in res["ratios"]} == {
-        (c, w) for c in ("cell-usage", "cpi (SQL subset)", "lifecycle", "usage-change", "job-usage", "usage-vs-request") for w in ("gpuclust", "floor")}
+        (c, w) for c in cpu_vs_duckdb_cases() for w in ("gpuclust", "floor")}
     md = (tmp_path / "c.md").read_text()
     assert "| 20,000 | cell-usage | gpuclust |" in md and "| 20,000 | cell-usage | floor |" in md and "Environment:" in md
     assert res["marginal"] == []  # one size: nothing between sizes
