@@ -61,7 +61,10 @@ USAGE_CHECKS = ("rows", "instances", "start_zero", "start_after_trace", "end_zer
                 "percentiles_null", "percentiles_partly_null", "percentiles_non_monotone", "p100_and_max",
                 "p100_below_max", "p100_above_max", "cpi_mai_present", "cpi_mai_low_cpu_time", "cpi_out_of_range",
                 "mai_out_of_range", "no_events_rows", "no_events_instances", "after_end_rows", "after_end_300s_rows",
-                "after_end_instances", "past_end_rows", "matched_instances")
+                "after_end_instances", "past_end_rows", "matched_instances", "bound_instances")
+#: Internal counters (not reported as checks): usage instances with events; event instances bound
+#: in partition tasks.
+_INTERNAL = ("matched_instances", "bound_instances")
 _U = {c: k for k, c in enumerate(USAGE_CHECKS)}
 #: Lower edges of the ``max_cpu / cpu_p100`` bins 1, 2, ...: 10^(k/20), k = -80..80 (20 per decade);
 #: bin 0 holds ratios below 10^-4 (0 included), the last one ratios from 10^4 on.
@@ -81,6 +84,8 @@ class DataQualityContext:
     has_usage: bool
     #: Each instance's final terminal time (code of :attr:`lookup` -> time; 2^63-1: none).
     lookup: InstanceLookup = InstanceLookup.empty()
+    #: Whether :attr:`lookup` holds one partition's instances (bound in its task), not every instance.
+    per_partition: bool = False
     end_us: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
 
@@ -160,7 +165,7 @@ class DataQuality(Analysis):
         end = np.where(terminal, t, TIME_AFTER_TRACE).astype(np.int64)
         lk = InstanceLookup.build(c, i, np.zeros_like(c), np.arange(c.shape[0]), what="data-quality instance lookup")
         # the lookup sorts its keys by hash: its codes are the positions in end
-        return replace(ctx, lookup=lk, end_us=end)
+        return replace(ctx, lookup=lk, end_us=end, per_partition=grain is not None)
 
     # ---------------------------------------------------------------- partial / merge
     def empty(self, backend: Any = None) -> dict[str, np.ndarray]:
@@ -172,9 +177,12 @@ class DataQuality(Analysis):
         out = {k: xp.asarray(v) for k, v in self.empty().items()}
         s, e = cols["start_time"], cols["end_time"]
         n = int(s.shape[0])
+        cnt = np.zeros(len(USAGE_CHECKS), np.int64)
+        if ctx.per_partition:  # every partition task counts its own events' instances, usage or not
+            cnt[_U["bound_instances"]] = len(ctx.lookup)
+        out["counts"] = xp.asarray(cnt)
         if n == 0:
             return out
-        cnt = np.zeros(len(USAGE_CHECKS), np.int64)
 
         def count(name: str, mask: Any) -> None:
             cnt[_U[name]] = int(xp.count_nonzero(mask))
@@ -264,13 +272,14 @@ class DataQuality(Analysis):
             items += [(c, u[c], "instances" if c.endswith("instances") else "rows",
                        inst if c.endswith("instances") else (u["p100_and_max"] if c.startswith("p100_") and c != "p100_and_max"
                                                              else rows))
-                      for c in USAGE_CHECKS[2:] if c != "matched_instances"]
+                      for c in USAGE_CHECKS[2:] if c not in _INTERNAL]
             tables["instance_usage"] = {"columns": frame(null_rows("instance_usage", rows, nulls), COLUMNS_COLUMNS),
                                         "checks": frame(check_rows("instance_usage", items), CHECKS_COLUMNS)}
         prior = {t: dict(v) for t, v in ctx.prior.items()}
         ev_checks = prior.get("instance_events", {}).get("checks")
         if rows and ev_checks is not None and len(ev_checks):
-            n_ev = int(ev_checks.loc[ev_checks["check"] == "instances", "count"].iloc[0])
+            # the instances the usage was joined with: bound in the partition tasks, or on the client
+            n_ev = u["bound_instances"] + (0 if ctx.per_partition else len(ctx.lookup))
             extra = frame(check_rows("instance_events", [("instances_without_usage", n_ev - u["matched_instances"],
                                                           "instances", n_ev)]), CHECKS_COLUMNS)
             prior["instance_events"]["checks"] = pd.concat([ev_checks, extra], ignore_index=True)

@@ -283,3 +283,18 @@ def test_the_graph_and_the_client_do_not_grow_with_the_data(tmp_path):
         assert len(ctxs[0].ctx.lookup) == 0  # the client's context holds no instance
         sizes.append(len(pickle.dumps(ctxs)) + len(pickle.dumps(plans)))
     assert sizes[1] <= 1.5 * sizes[0], sizes
+
+
+def test_a_time_selection_joins_with_every_event():
+    """With --from/--to the per-instance joins use every event of an instance (the side input is not
+    cut): instances_without_usage counts the dataset's event instances with no window in the
+    selection, never below zero."""
+    tables = random_cell(4, n_windows=3000)
+    res = run(TableSource(tables), DataQuality(), time_from="6h", time_to="12h")["data-quality"]
+    ch = {(r.table, r.check): (r.count, r.of) for r in res["checks"].itertuples()}
+    ev = tables["instance_events"].to_pylist()
+    keys = {(r["collection_id"], r["instance_index"]) for r in ev}
+    n, of = ch["instance_events", "instances_without_usage"]
+    used = ch["instance_usage", "instances"][0] - ch["instance_usage", "no_events_instances"][0]
+    assert of == len(keys) and n == of - used and 0 <= n < of
+    assert ch["instance_usage", "rows"][0] < tables["instance_usage"].num_rows
