@@ -22,13 +22,14 @@ __all__ = ["RUN_FILE", "OutputError", "ResultsFolder", "render", "write_results"
 
 
 def render(results: Mapping[str, Mapping[str, pd.DataFrame]], analyses: Mapping[str, Any], folder: Path, *,
-           plots: bool = True) -> list[str]:
+           plots: bool = True, subject: str | None = None) -> list[str]:
     """Write ``<analysis>/<table>.parquet``, ``<analysis>/<analysis>.png`` and ``summary.txt`` into
     ``folder``; returns the paths written, relative to ``folder``.
 
     An analysis' ``parted`` tables (:mod:`gpuclust.parted`) are folders of parts,
     ``<analysis>/<table>/part-NNNNN.parquet``: a :class:`gpuclust.parted.PartedTable` the engine
-    already wrote there is listed, a DataFrame is written as one part."""
+    already wrote there is listed, a DataFrame is written as one part.  ``subject`` (the dataset,
+    cell and trace, :func:`gpuclust.report.provenance.subject`) goes into each plot's title."""
     from gpuclust.parted import PartedTable, write_part
     from gpuclust.report.plots import plot_result
 
@@ -52,8 +53,8 @@ def render(results: Mapping[str, Mapping[str, pd.DataFrame]], analyses: Mapping[
             pq.write_table(pa.Table.from_pandas(df, preserve_index=False), folder / rel)
             written.append(rel)
         summary.append(a.summary(tables) if a is not None else f"{key}: {list(tables)}")
-        if plots and a is not None and plot_result(a.name, tables, folder / key / f"{key}.png",
-                                                   title=getattr(a, "label", key)):
+        title = getattr(a, "label", key) + (f" · {subject}" if subject else "")
+        if plots and a is not None and plot_result(a.name, dict(tables), folder / key / f"{key}.png", title=title):
             written.append(f"{key}/{key}.png")
     (folder / "summary.txt").write_text("\n\n".join(summary) + "\n")
     written.append("summary.txt")

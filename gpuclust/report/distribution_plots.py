@@ -22,9 +22,15 @@ def _levels(columns: list[str]) -> tuple[list[str], np.ndarray]:
     return qcols, np.array([float(c[1:]) / 100 for c in qcols])
 
 
-def _key_text(v: object) -> str:
-    """A group key for a legend: NULL is ``unknown``."""
-    return "unknown" if v is None or (isinstance(v, float) and v != v) else str(v)
+def _key_text(v: object, column: str = "") -> str:
+    """A group key for a legend: NULL is ``unknown``, a time bucket its start in trace hours."""
+    if v is None or (isinstance(v, float) and v != v):
+        return "unknown"
+    if column == "bucket_start_us":
+        from gpuclust.report.axes import trace_hours
+
+        return f"from {float(trace_hours(v)):.3g} h"
+    return str(v)
 
 
 def plot_usage_distribution(result: dict[str, pd.DataFrame], path: Path, *, title: str = "usage-distribution",
@@ -38,14 +44,14 @@ def plot_usage_distribution(result: dict[str, pd.DataFrame], path: Path, *, titl
     qd, naive = heaviest_groups(result, top)  # parted tables are streamed
     if qd.empty or not (qd["weight"] > 0).any():
         return False
-    keycols = [c for c in qd.columns[: list(qd.columns).index("n_windows")] if c != "bucket_start_us"]
+    keycols = [c for c in qd.columns[: list(qd.columns).index("n_windows")] if c != "bucket"]
     order = [i for i in range(len(qd)) if qd["weight"].iloc[i] > 0]
     qcols, lv = _levels(list(qd.columns))
     ncols, nlv = _levels(list(naive.columns))
     fig = new_figure()
     axes = fig.subplots(1, 2)
     for n, i in enumerate(order):
-        label = " ".join(_key_text(qd[c].iloc[i]) for c in keycols) or "all"
+        label = " ".join(_key_text(qd[c].iloc[i], c) for c in keycols) or "all"
         color = f"C{n % 10}"
         x = qd[qcols].iloc[i].to_numpy(np.float64)
         xn = naive[ncols].iloc[i].to_numpy(np.float64)

@@ -115,8 +115,13 @@ class ResultsFolder:
         from gpuclust.report import render, write_run_file
 
         assert self.tmp is not None, "open() first"
+        who = None
+        if plots and run_info and run_info.get("dataset"):  # plot titles name the dataset, cell and trace
+            from gpuclust.report.provenance import dataset_facts, subject
+
+            who = subject(run_info, dataset_facts(run_info["dataset"]))
         try:
-            rel = render(results, analyses, self.tmp, plots=plots)
+            rel = render(results, analyses, self.tmp, plots=plots, subject=who)
             rel.append(write_run_file(self.tmp, rel, run_info or {}))
         except OSError as e:
             raise OutputError(self.path, e) from None

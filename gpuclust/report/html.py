@@ -35,7 +35,7 @@ class PageResult:
 
 
 def _asset(name: str) -> str:
-    return resources.files("gpuclust.report").joinpath("assets", name).read_text(encoding="utf-8")
+    return resources.files("gpuclust.report").joinpath("assets").joinpath(name).read_text(encoding="utf-8")
 
 
 def _table(df: pd.DataFrame) -> str:
