@@ -84,9 +84,12 @@ def bucket_pieces(xp: Any, start: Any, end: Any, width_us: int) -> tuple[Any, An
     """
     b0, b1 = bucket_span(xp, start, end, width_us)
     k = (b1 - b0 + 1).astype(xp.int64)
-    row = xp.repeat(xp.arange(int(k.shape[0]), dtype=xp.int64), k)
-    first = xp.cumsum(k) - k  # each row's first piece
-    bucket = b0[row] + (xp.arange(int(row.shape[0]), dtype=xp.int64) - first[row])
+    ends = xp.cumsum(k)
+    total = int(ends[-1]) if int(k.shape[0]) else 0
+    piece = xp.arange(total, dtype=xp.int64)
+    # each piece's row (CuPy's repeat takes no array of counts: a search over the running ends)
+    row = xp.searchsorted(ends, piece, side="right")
+    bucket = b0[row] + (piece - (ends - k)[row])
     lo = xp.maximum(start[row], bucket * width_us)
     hi = xp.minimum(end[row], (bucket + 1) * width_us)
     return row, bucket, hi - lo
