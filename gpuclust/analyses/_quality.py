@@ -73,11 +73,13 @@ def fixed_width_columns(table: str) -> tuple[str, ...]:
 
 def string_nulls(source: Any, table: str) -> dict[str, int | None]:
     """NULLs of the other (string, list, bool) columns of ``table``: from each Parquet row group's
-    statistics (``None`` where a file lacks them), or from the in-memory table; nothing is read
-    into memory for a dataset."""
+    statistics (``None`` where a file lacks them, and under a time selection), or from the
+    in-memory table; nothing is read into memory for a dataset."""
     names = [f.name for f in SCHEMAS[table] if f.name not in fixed_width_columns(table)]
     if not names:
         return {}
+    if getattr(source, "selection", None) is not None:  # a time selection: the statistics are the whole table's
+        return dict.fromkeys(names)
     files = source.files(table) if hasattr(source, "files") else None
     if files is None:
         t = source.read(table, names)

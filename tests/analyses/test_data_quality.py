@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 from data_quality_reference import reference
 from hypothesis import HealthCheck, given, settings
@@ -298,3 +299,19 @@ def test_a_time_selection_joins_with_every_event():
     used = ch["instance_usage", "instances"][0] - ch["instance_usage", "no_events_instances"][0]
     assert of == len(keys) and n == of - used and 0 <= n < of
     assert ch["instance_usage", "rows"][0] < tables["instance_usage"].num_rows
+
+
+def test_string_nulls_from_parquet_statistics(tmp_path):
+    """NULLs of string / list columns: Parquet statistics on a dataset (the same counts as the
+    in-memory table), not counted under a time selection."""
+    tables = random_cell(6, n_windows=500)
+    ds = Dataset(write_dataset(tmp_path / "ds", tables, files=2, row_group_size=100))
+    strings = {("collection_events", c) for c in ("user", "collection_name", "collection_logical_name",
+                                                  "start_after_collection_ids")} | {
+        ("machine_events", c) for c in ("switch_id", "platform_id")}
+    mem = run(TableSource(tables), DataQuality())["data-quality"]["columns"].set_index(["table", "column"])["nulls"]
+    got = run(ds, DataQuality())["data-quality"]["columns"].set_index(["table", "column"])["nulls"]
+    for k in strings:
+        assert got[k] == mem[k] == tables[k[0]].column(k[1]).null_count, k
+    sel = run(ds, DataQuality(), time_from="1h")["data-quality"]["columns"].set_index(["table", "column"])["nulls"]
+    assert strings <= set(sel.index) and all(sel[k] is pd.NA for k in strings)
