@@ -53,7 +53,7 @@ from gpuclust.partials import bin_quantile_edges, bin_rows
 from gpuclust.schema import CPU_PERCENTILE_COLUMNS_SORTED, TERMINAL_EVENTS, TIME_AFTER_TRACE
 from gpuclust.stats import CpiFilter
 
-__all__ = ["DataQuality", "RATIO_EDGES", "TABLE_ORDER", "USAGE_CHECKS"]
+__all__ = ["DENOMINATORS", "DataQuality", "RATIO_EDGES", "TABLE_ORDER", "USAGE_CHECKS"]
 
 #: The usage counters, in order (those ending in ``instances`` count distinct instances).
 USAGE_CHECKS = ("rows", "instances", "start_zero", "start_after_trace", "end_zero", "end_after_trace", "machine_zero",
@@ -72,6 +72,8 @@ RATIO_EDGES = 10.0 ** (np.arange(-80, 81) / 20.0)
 _B = int(RATIO_EDGES.shape[0]) + 1
 #: The tables in the order of the result tables.
 TABLE_ORDER = ("instance_usage", "instance_events", "collection_events", "machine_events")
+#: Checks that are the denominators of others, not findings (left out of the summary and the plot).
+DENOMINATORS = ("rows", "instances", "collections", "machines", "p100_and_max", "cpi_mai_present")
 _EVENT_SIDE = ("collection_id", "instance_index", "time", "type")
 _AFTER_S = 300
 
@@ -305,7 +307,7 @@ class DataQuality(Analysis):
         lines = [f"{self.label}: rows: {', '.join(present) or 'none'}"]
         ch = result["checks"]
         for r in ch.itertuples(index=False):
-            if r.check in _DENOMINATORS or not r.count:
+            if r.check in DENOMINATORS or not r.count:
                 continue
             lines.append(f"  {r.table:>17} {r.check}: {r.count:,} {r.unit} ({fmt(r.share, '.2%')} of {r.of:,})")
         cols = result["columns"]
@@ -318,10 +320,6 @@ class DataQuality(Analysis):
         if not np.isnan(float(info["max_over_p100_p50"])):
             lines.append(f"  max_cpu / cpu_p100: median in [{fmt(info['max_over_p100_p50'], '.3g')}, x1.12)")
         return "\n".join(lines)
-
-
-#: Checks that are the denominators of others (not printed as findings by :meth:`DataQuality.summary`).
-_DENOMINATORS = ("rows", "instances", "collections", "machines", "p100_and_max", "cpi_mai_present")
 
 
 def _rows_of(t: dict[str, pd.DataFrame] | None) -> int:

@@ -8,13 +8,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from gpuclust.analyses.data_quality import DENOMINATORS
 from gpuclust.report.axes import set_title
 from gpuclust.report.plots import new_figure, save_figure_atomic
 
 __all__ = ["plot_data_quality"]
-
-#: Checks that are denominators, not findings.
-_DENOMINATORS = ("rows", "instances", "collections", "machines", "p100_and_max", "cpi_mai_present")
 
 
 def plot_data_quality(result: dict[str, pd.DataFrame], path: Path, *, title: str = "data-quality") -> bool:
@@ -22,7 +20,7 @@ def plot_data_quality(result: dict[str, pd.DataFrame], path: Path, *, title: str
     coloured by table and labelled with the count; a second panel with the ``max_cpu / cpu_p100``
     histogram when the usage has both.  ``False`` when no check flags anything."""
     ch = result["checks"]
-    found = ch[~ch["check"].isin(_DENOMINATORS) & (ch["count"] > 0)].reset_index(drop=True)
+    found = ch[~ch["check"].isin(DENOMINATORS) & (ch["count"] > 0)].reset_index(drop=True)
     if found.empty:
         return False
     hist = result.get("max_over_p100", pd.DataFrame())
@@ -40,7 +38,7 @@ def plot_data_quality(result: dict[str, pd.DataFrame], path: Path, *, title: str
     ax.set_xscale("log")
     ax.set_xlim(max(1e-7, float(found["share"].min()) / 3), 10.0)
     ax.set_xlabel("share of the table's rows (or of its instances / machines)")
-    quiet = int(((ch["count"] == 0) & ~ch["check"].isin(_DENOMINATORS)).sum())
+    quiet = int(((ch["count"] == 0) & ~ch["check"].isin(DENOMINATORS)).sum())
     ax.text(0.99, 0.01, f"{quiet} checks flagged nothing", transform=ax.transAxes, ha="right", fontsize="x-small")
     if len(hist):
         ax2 = axes[1]

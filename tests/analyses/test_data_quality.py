@@ -315,3 +315,35 @@ def test_string_nulls_from_parquet_statistics(tmp_path):
         assert got[k] == mem[k] == tables[k[0]].column(k[1]).null_count, k
     sel = run(ds, DataQuality(), time_from="1h")["data-quality"]["columns"].set_index(["table", "column"])["nulls"]
     assert strings <= set(sel.index) and all(sel[k] is pd.NA for k in strings)
+
+
+@pytest.mark.parametrize("row_order", [False, True])
+@pytest.mark.parametrize("seed", [1, 2])
+def test_table_profiles_merge_laws(seed, row_order):
+    """The prerequisite profiles (not registered, so not in the conformance checks): empty is an
+    identity, merges are associative and commutative, and cuts between things do not matter."""
+    import pyarrow.compute as pc
+
+    from gpuclust.analyses._quality import CollectionEventsProfile, InstanceEventsProfile, MachineEventsProfile
+    from gpuclust.backends import get_backend
+    from gpuclust.engine.partition import column_to_numpy
+
+    be = get_backend("cpu")
+    tables = random_cell(seed, n_windows=200)
+    rng = np.random.default_rng(seed)
+    for a in (InstanceEventsProfile(row_order=row_order), CollectionEventsProfile(row_order=row_order),
+              MachineEventsProfile(row_order=row_order)):
+        t = tables[a.table]
+        t = t.take(pc.sort_indices(t, sort_keys=[(k, "ascending") for k in a.key_columns]))  # stable
+        ctx = a.context(TableSource(tables))
+
+        def part(x, a=a, ctx=ctx):
+            return a.partial({c: column_to_numpy(x.column(c)) for c in a.columns}, ctx, be)
+
+        keys = list(zip(*(t.column(k).to_pylist() for k in a.key_columns), strict=True))
+        cuts = [k for k in range(1, len(keys)) if keys[k] != keys[k - 1]]
+        c1, c2 = sorted(rng.choice(cuts, 2, replace=False))
+        p1, p2, p3 = part(t.slice(0, c1)), part(t.slice(c1, c2 - c1)), part(t.slice(c2))
+        whole = a.finalize(part(t), ctx)
+        for merged in (a.merge(a.merge(p1, p2), p3), a.merge(p3, a.merge(p2, p1)), a.merge(a.empty(), a.merge(p1, a.merge(p2, p3)))):
+            assert_results_same({"p": a.finalize(merged, ctx)}, {"p": whole})
