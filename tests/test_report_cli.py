@@ -133,3 +133,29 @@ def test_every_section_states_what_it_shows() -> None:
     keys = ordered(list(REGISTRY))
     assert keys[0] == "data-quality" if "data-quality" in REGISTRY else True
     assert re.match(r"^[a-z-]+$", "".join(keys))
+
+
+def test_machine_heatmap_is_the_mean_per_machine_and_bucket() -> None:
+    """The overcommit heatmap against a plain pandas pivot: machines sorted by their mean, NaN
+    where a machine has no finite value in a bucket; the same whether the table comes whole or in
+    parts."""
+    import pandas as pd
+
+    from gpuclust.parted import FrameParts
+    from gpuclust.report.overcommit_plots import machine_heatmap
+
+    rng = np.random.default_rng(7)
+    rows = [(m, b) for m in (11, 5, 40, 7) for b in range(6) if rng.random() > 0.15]
+    df = pd.DataFrame({"machine_id": np.array([r[0] for r in rows], np.int64),
+                       "bucket_start_us": np.array([600_000_000 + r[1] * 300_000_000 for r in rows], np.int64),
+                       "alloc_ratio_cpu": rng.random(len(rows)) * 1.5})
+    df.loc[3, "alloc_ratio_cpu"] = np.nan
+    pivot = df.pivot_table(index="machine_id", columns="bucket_start_us", values="alloc_ratio_cpu", aggfunc="mean")
+    means = df.groupby("machine_id")["alloc_ratio_cpu"].mean()
+    want = pivot.reindex(sorted(means.index, key=lambda m: (means[m], m))).to_numpy()
+    for table in (df, FrameParts([df.iloc[:7], df.iloc[7:]])):
+        image, edges, machines = machine_heatmap(table)
+        assert machines == 4 and len(edges) == 7
+        np.testing.assert_allclose(image, want, rtol=1e-12, equal_nan=True)
+    small, edges, _ = machine_heatmap(df, max_rows=2, max_cols=3)
+    assert small.shape == (2, 3) and edges[-1] - edges[0] == 6 * 300_000_000

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -15,12 +16,63 @@ import pandas as pd
 from gpuclust.parted import frames
 from gpuclust.stream_quantiles import stream_quantiles
 
-__all__ = ["plot_overcommit"]
+__all__ = ["machine_heatmap", "plot_overcommit"]
+
+
+def machine_heatmap(machine: object, column: str = "alloc_ratio_cpu", *, max_rows: int = 160,
+                    max_cols: int = 240) -> tuple[np.ndarray, np.ndarray, int] | None:
+    """``column`` per machine x time bucket as a small image: machines sorted by their mean value
+    (bottom: lowest) and grouped into at most ``max_rows`` bands, buckets into at most ``max_cols``
+    columns, each cell the mean of its finite values (NaN where none).  Two passes over a parted
+    table, a part at a time; returns ``(image, bucket starts of the columns' left edges plus the
+    right edge, machines)`` or ``None`` when there is no finite value."""
+    sums: dict[int, list[float]] = {}
+    lo = hi = None
+    for b in frames(machine, ["machine_id", "bucket_start_us", column]):
+        v = b[column].to_numpy(dtype=np.float64)
+        ok = np.isfinite(v)
+        g = pd.DataFrame({"m": b["machine_id"].to_numpy()[ok], "v": v[ok]}).groupby("m")["v"].agg(["sum", "count"])
+        for m, (sm, n) in zip(g.index, g.to_numpy(), strict=True):
+            acc = sums.setdefault(int(m), [0.0, 0.0])
+            acc[0] += sm
+            acc[1] += n
+        t = b["bucket_start_us"].to_numpy(dtype=np.float64)
+        if t.size:
+            lo = float(t.min()) if lo is None else min(lo, float(t.min()))
+            hi = float(t.max()) if hi is None else max(hi, float(t.max()))
+    if not sums or lo is None or hi is None:
+        return None
+    ids = np.array(sorted(sums, key=lambda m: (sums[m][0] / sums[m][1], m)), dtype=np.int64)
+    rows = min(max_rows, ids.size)
+    order = np.argsort(ids)
+    sorted_ids, band_of = ids[order], (np.arange(ids.size) * rows // ids.size)[order]
+    step = None
+    for b in frames(machine, ["bucket_start_us"]):
+        d = np.diff(np.unique(b["bucket_start_us"].to_numpy(dtype=np.float64)))
+        if d.size:
+            step = float(d.min()) if step is None else min(step, float(d.min()))
+    step = step or 1.0
+    n_buckets = int(round((hi - lo) / step)) + 1
+    per_col = -(-n_buckets // max_cols)
+    cols = -(-n_buckets // per_col)
+    total, count = np.zeros((rows, cols)), np.zeros((rows, cols))
+    for b in frames(machine, ["machine_id", "bucket_start_us", column]):
+        v = b[column].to_numpy(dtype=np.float64)
+        ok = np.isfinite(v)
+        r = band_of[np.searchsorted(sorted_ids, b["machine_id"].to_numpy()[ok].astype(np.int64))]
+        c = np.round((b["bucket_start_us"].to_numpy(dtype=np.float64)[ok] - lo) / step).astype(np.int64) // per_col
+        np.add.at(total, (r, c), v[ok])
+        np.add.at(count, (r, c), 1.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        image = total / count
+    edges = lo + np.arange(cols + 1) * per_col * step
+    return image, edges, int(ids.size)
 
 
 def plot_overcommit(result: dict[str, pd.DataFrame], path: Path, *, title: str = "overcommit") -> bool:
-    """Three panels: cell CPU allocation ratio by tier (stacked) with the total usage ratio, cell
-    CPU usage ratio by tier (stacked), and a histogram of the machine-bucket CPU and memory
+    """Four panels: cell CPU allocation ratio by tier (stacked) with the total usage ratio, cell
+    CPU usage ratio by tier (stacked), a heatmap of the allocation ratio per machine and bucket
+    (:func:`machine_heatmap`), and a histogram of the machine-bucket CPU and memory
     allocation ratios (machine-buckets with a known, positive capacity).  ``False`` when the
     cell series is empty."""
     from gpuclust.report.axes import TIME_LABEL, mark_partial_buckets, nothing_to_plot, set_title, trace_hours
@@ -31,8 +83,8 @@ def plot_overcommit(result: dict[str, pd.DataFrame], path: Path, *, title: str =
         return False
     tiers = result["info"]["tiers"].iloc[0].split(",")
     fig = new_figure()
-    fig.set_size_inches(10, 9)
-    axes = fig.subplots(3, 1)
+    fig.set_size_inches(10, 12)
+    axes = fig.subplots(4, 1, height_ratios=(1, 1, 1.1, 1))
     # x: bucket start in hours of trace time (origin 0, 600 s before the trace start; docs/dataset.md)
     info = result["info"].iloc[0]
     width_us = float(info.get("bucket_s", 300)) * 1e6
@@ -68,7 +120,9 @@ def plot_overcommit(result: dict[str, pd.DataFrame], path: Path, *, title: str =
         ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
     axes[0].set_title("cell-level ratios by tier (capacity-weighted)", fontsize="medium")
     axes[1].set_xlabel(TIME_LABEL)
-    ax = axes[2]
+    axes[2].set_xlabel(TIME_LABEL)
+    _draw_heatmap(fig, axes[2], machine, hours)
+    ax = axes[3]
     for r, color in (("cpu", "tab:blue"), ("mem", "tab:orange")):
         def ratios(r: str = r) -> Iterator[np.ndarray]:
             for b in frames(machine, [f"alloc_ratio_{r}", f"cap_{r}"]):  # a parted table: a part at a time
@@ -87,7 +141,30 @@ def plot_overcommit(result: dict[str, pd.DataFrame], path: Path, *, title: str =
     ax.set_ylabel("machine-buckets")
     ax.set_title("allocation ratio per machine and bucket", fontsize="medium")
     set_title(fig, title, f"overcommitment: requested and used CPU against capacity per {width_us / 6e7:g}-min "
-              "bucket, and its distribution over machines")
+              "bucket, for the cell, per machine, and over machines")
     ax.legend(loc="upper right", fontsize="small")
     save_figure_atomic(fig, path)
     return True
+
+
+def _draw_heatmap(fig: Any, ax: Any, machine: Any, hours: np.ndarray) -> None:
+    """CPU requested / capacity per machine (sorted by its mean) and time: where and when the
+    cell is overcommitted."""
+    from gpuclust.report.axes import nothing_to_plot, trace_hours
+
+    hm = machine_heatmap(machine)
+    if hm is None:
+        nothing_to_plot(ax, "no machine-bucket with a known capacity: no allocation ratio to map")
+        return
+    image, edges, machines = hm
+    finite = image[np.isfinite(image)]
+    top = max(1.0, float(np.quantile(finite, 0.99))) if finite.size else 1.0
+    x = trace_hours(edges)
+    im = ax.imshow(image, aspect="auto", origin="lower", interpolation="nearest", cmap="viridis", vmin=0.0, vmax=top,
+                   extent=(float(x[0]), float(x[-1]), 0.0, float(machines)))
+    ax.set_xlim(hours[0], hours[-1])
+    ax.set_ylabel(f"machines ({machines:,}),\nsorted by mean ratio")
+    ax.set_title("CPU requested / capacity per machine and bucket (grey: capacity unknown or machine down)",
+                 fontsize="medium")
+    ax.set_facecolor("0.85")
+    fig.colorbar(im, cax=ax.inset_axes((1.01, 0.0, 0.02, 1.0)), label="requested / capacity")

@@ -133,7 +133,8 @@ SECTIONS: dict[str, Section] = {
         "regression line. Table: the fits (% CPI per extra task and per +10% utilisation).", _cpi),
     "overcommit": Section(
         "Requested (allocated) and used CPU against capacity over time, stacked by tier, with memory dashed; "
-        "the bottom panel shows how the requested / capacity ratio is spread over machines and buckets. "
+        "a heatmap of requested / capacity per machine (sorted by its mean) and time shows where and when the "
+        "cell is overcommitted; the bottom panel shows how that ratio is spread over machine-buckets. "
         "Table: cell-wide metrics (tier all).", _overcommit),
     "lifecycle": Section(
         "Instance life cycles replayed from the events: submissions, resubmissions and finishes per bucket, queue "
