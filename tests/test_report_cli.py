@@ -159,3 +159,21 @@ def test_machine_heatmap_is_the_mean_per_machine_and_bucket() -> None:
         np.testing.assert_allclose(image, want, rtol=1e-12, equal_nan=True)
     small, edges, _ = machine_heatmap(df, max_rows=2, max_cols=3)
     assert small.shape == (2, 3) and edges[-1] - edges[0] == 6 * 300_000_000
+
+
+def test_a_figure_too_large_for_vectors_is_embedded_as_png(tmp_path: Path) -> None:
+    from gpuclust.report.plots import new_figure
+    from gpuclust.report.svg import inline_svg, save_svg
+
+    fig = new_figure()
+    ax = fig.subplots()
+    x = np.arange(20_000)
+    ax.scatter(x, np.sin(x / 500.0) + np.random.default_rng(1).random(x.size), s=2)  # a marker each
+    ax.set_xlabel("x")
+    save_svg(fig, tmp_path / "big.svg")
+    big = (tmp_path / "big.svg").read_text()
+    assert 'data-raster="png"' in big and "data:image/png;base64," in big and len(big) < 400_000
+    assert '"xlabel":"x"' in big.replace("&quot;", '"')  # hover still reads the axes
+    save_svg(fig, tmp_path / "vector.svg", max_bytes=10**9)
+    assert "data-raster" not in (tmp_path / "vector.svg").read_text()
+    assert inline_svg(big, "f1-").startswith('<svg class="figure-svg" data-axes=')

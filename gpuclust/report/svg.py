@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-__all__ = ["axes_geometry", "compact", "inline_svg", "save_svg"]
+__all__ = ["MAX_SVG_BYTES", "axes_geometry", "compact", "inline_svg", "save_svg"]
 
 _SCALES = {"linear", "log"}
 
@@ -49,8 +49,27 @@ def _shared_label(ax: Any, which: str) -> str:
     return ""
 
 
-def save_svg(fig: Any, path: Path) -> None:
-    """Write ``fig`` as SVG to ``path`` atomically (text as text, no date, ids stable across runs)."""
+#: Above this size a figure is embedded as a PNG inside its SVG (same geometry: hover still reads
+#: the data coordinates); a vector drawing of, say, 9,000 buckets x 5 tiers would not be mailable.
+MAX_SVG_BYTES = 400_000
+
+
+def _raster(fig: Any) -> str:
+    """The figure as an SVG holding one PNG image of it (110 dpi)."""
+    import base64
+
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=110)
+    w, h = (float(v) * 72 for v in fig.get_size_inches())
+    data = base64.b64encode(png.getvalue()).decode("ascii")
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" xmlns:xlink="http://www.w3.org/1999/xlink" width="{w:g}pt" '
+            f'height="{h:g}pt" viewBox="0 0 {w:g} {h:g}" data-raster="png"><image width="{w:g}" height="{h:g}" '
+            f'xlink:href="data:image/png;base64,{data}"/></svg>\n')
+
+
+def save_svg(fig: Any, path: Path, *, max_bytes: int | None = None) -> None:
+    """Write ``fig`` as SVG to ``path`` atomically (text as text, no date, ids stable across runs);
+    a drawing larger than ``max_bytes`` (default :data:`MAX_SVG_BYTES`) as a PNG inside the SVG."""
     import matplotlib
 
     from gpuclust.report._files import write_atomic
@@ -59,7 +78,10 @@ def save_svg(fig: Any, path: Path) -> None:
     with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "gpuclust"}):
         fig.savefig(buf, format="svg", metadata={"Date": None})
     geometry = html.escape(json.dumps(axes_geometry(fig), separators=(",", ":")), quote=True)
-    text = compact(buf.getvalue()).replace("<svg ", f'<svg data-axes="{geometry}" ', 1)
+    text = compact(buf.getvalue())
+    if len(text) > (MAX_SVG_BYTES if max_bytes is None else max_bytes):
+        text = _raster(fig)
+    text = text.replace("<svg ", f'<svg data-axes="{geometry}" ', 1)
     write_atomic(Path(path), lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
 
 
