@@ -59,7 +59,8 @@ def _wanted(analyses: list[Any]) -> list[dict[str, Any]]:
 
 def reusable(results: str | Path, dataset: str | Path, analyses: list[Any], selection: tuple[Any, Any]) -> str | None:
     """``None`` when the results folder holds results of ``analyses`` (same options) over
-    ``dataset`` with the same time ``selection`` and the dataset was not written since; else why not."""
+    ``dataset`` with the same time ``selection``, written by this gpuclust version, and the dataset
+    was not written since; else why not."""
     import os
     from datetime import datetime
 
@@ -70,6 +71,10 @@ def reusable(results: str | Path, dataset: str | Path, analyses: list[Any], sele
         return "no results there yet"
     if run.get("cells"):
         return "the results there are of several cells"
+    from gpuclust import __version__
+
+    if run.get("gpuclust_version") != __version__:
+        return f"the results there were written by gpuclust {run.get('gpuclust_version')}"
     if run.get("dataset") != str(Path(dataset).absolute()):
         return f"the results there are of {run.get('dataset')}"
     have = [{"name": a["name"], "options": a["options"]} for a in run.get("analyses", [])]

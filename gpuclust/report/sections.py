@@ -97,10 +97,10 @@ def _usage_change(r: Tables) -> pd.DataFrame:
 
 
 def _data_quality(r: Tables) -> pd.DataFrame:
-    from gpuclust.report.data_quality_plots import _DENOMINATORS  # the checks that are denominators
+    from gpuclust.analyses.data_quality import DENOMINATORS  # the checks that are denominators
 
     c = _frame(r["checks"])
-    flagged = c[(c["count"] > 0) & ~c["check"].isin(_DENOMINATORS)]
+    flagged = c[(c["count"] > 0) & ~c["check"].isin(DENOMINATORS)]
     return flagged.sort_values("share", ascending=False)[["table", "check", "count", "unit", "share"]]
 
 
@@ -196,7 +196,7 @@ def key_numbers(name: str, tables: Tables) -> pd.DataFrame:
     s = SECTIONS.get(name)
     try:
         df = s.key(tables) if s is not None and s.key is not None else _generic(tables)
-    except (KeyError, ValueError, IndexError):  # a result of another version / shape: the generic view
+    except (KeyError, ValueError, IndexError, ImportError, AttributeError):  # another version / shape: generic
         df = _generic(tables)
     return df.iloc[:, :10]
 
