@@ -152,7 +152,7 @@ def provenance_rows(run: dict[str, Any], facts: dict[str, Any], results: str | P
             pass
     tiers = facts.get("tier_map_tiers") or {}
     tier_text = ", ".join(f"{k} ≥ {v}" for k, v in sorted(tiers.items(), key=lambda kv: kv[1]))
-    options = "; ".join(f"{a['label']}: " + (", ".join(f"{k}={json.dumps(v)}" for k, v in a["options"].items()) or
+    options = "\n".join(f"{a['label']}: " + (", ".join(f"{k}={json.dumps(v)}" for k, v in a["options"].items()) or
                                               "no options") for a in run.get("analyses", []))
     backend = run.get("backend", "?")
     req = run.get("backend_requested")
@@ -173,5 +173,5 @@ def provenance_rows(run: dict[str, Any], facts: dict[str, Any], results: str | P
         ("device", device_text(str(backend)) + " (this machine)"),
     ]
     if run.get("notes"):
-        rows.append(("notes", " | ".join(map(str, run["notes"]))))
+        rows.append(("notes", "\n".join(map(str, run["notes"]))))
     return rows

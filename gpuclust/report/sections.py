@@ -22,7 +22,7 @@ Tables = Mapping[str, Any]
 
 #: Section order of the page: data quality first, then the cell as a whole, then the details.
 ORDER = ("data-quality", "cell-usage", "machine-utilization", "usage-distribution", "cpi", "overcommit", "lifecycle",
-         "collection-lifecycle", "job-usage", "usage-vs-request", "usage-change", "machine-shapes")
+         "collection-lifecycle", "job-usage", "usage-vs-request", "peak-prediction", "usage-change", "machine-shapes")
 MAX_ROWS = 12
 
 
