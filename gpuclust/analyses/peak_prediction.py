@@ -1,0 +1,378 @@
+"""``peak-prediction``: the overcommit simulator of "Take it to the Limit" (Bashir et al., EuroSys
+2021) with the documented semantics of Google's public ``cluster-resource-forecast``.
+
+Per machine and 5-minute step, the sum of the limits of the instances present, their usage
+(capped at the limits), the **oracle** peak (a percentile of the future usage of the instances
+present now, over a horizon) and the **predicted** peak of each predictor: ``borg-default`` (a
+fraction of the limits), ``n-sigma``, the per-instance percentile (RC-like), the per-machine
+percentile, and the max / mean of chosen predictors; then per predictor the violation rate and
+severity against the oracle and the capacity saved relative to the limits
+(docs/analysis-peak-prediction.md has the exact semantics and where they differ from Google's code).
+
+Plan: the partial joins each top-level usage window as of its start to the latest event of its
+instance with a positive CPU and memory request (the limit, :mod:`gpuclust.analyses._requests`)
+and emits *keyed rows* (key = machine code x steps + step; the instance key, the metric, the
+limit); the engine spills them per partition and hands each shard (a range of machines, sized by
+the per-machine sample counts carried in the small ``rest``) every row of its machines;
+``finalize_shard`` runs the simulation vectorised with NumPy
+(:func:`gpuclust.analyses._peak_sim.simulate`) and writes the ``machine`` table part; the metrics
+come from the shards' sums and a streamed pass over that table (severity quantiles).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from gpuclust.analyses._extent import max_finite
+from gpuclust.analyses._lookup import id_index
+from gpuclust.analyses._peak_sim import SimParams, simulate
+from gpuclust.analyses._requests import REQUEST_COLUMNS, RequestTimeline, asof_events
+from gpuclust.analyses.base import Analysis, fmt, is_null_int
+from gpuclust.analyses.options import option
+from gpuclust.layout import key_hash
+from gpuclust.parted import finalize_in_memory, frames
+from gpuclust.schema import CPU_PERCENTILES_SOURCE_ORDER, TIME_AFTER_TRACE
+
+__all__ = ["BASE_PREDICTORS", "METRICS", "PREDICTORS", "STEP_US", "PeakPrediction", "PeakPredictionContext"]
+
+#: The simulator's step: 5 minutes, µs.
+STEP_US = 300_000_000
+#: metric option -> (usage column, resource: 0 = CPU, 1 = memory); the paper's default first.
+METRICS: dict[str, tuple[str, int]] = {
+    "cpu_p90": ("cpu_p90", 0), "avg_cpu": ("avg_cpu", 0), "max_cpu": ("max_cpu", 0), "avg_mem": ("avg_mem", 1),
+    "max_mem": ("max_mem", 1),
+    **{f"cpu_p{p}": (f"cpu_p{p}", 0) for p in sorted(CPU_PERCENTILES_SOURCE_ORDER) if p != 90},
+}
+#: Predictors the max / avg combinations may use.
+BASE_PREDICTORS = ("borg_default", "n_sigma", "instance_percentile", "machine_percentile")
+#: Every predictor column of the machine table, in this order.
+PREDICTORS = (*BASE_PREDICTORS, "max_of", "avg_of")
+#: Relative tolerance of a violation: ``oracle - predicted > VIOLATION_TOL x limit`` (float sums
+#: of equal quantities in different orders must not count as violations).
+VIOLATION_TOL = 1e-9
+#: Longest horizon (7 days): the oracle's working matrix is a chunk of snapshots x horizon steps.
+MAX_HORIZON_S = 7 * 86400
+#: Samples (instance-steps) per shard of the machine table.
+SHARD_ROWS = 1 << 21
+#: Counters of the usage rows, in this order.
+STATS = ("rows", "alloc_rows", "unplaced_rows", "unknown_machine_rows", "null_metric_rows", "no_limit_rows",
+         "filtered_rows", "used_rows")
+_MACHINE_COLUMNS = ["machine_id", "bucket", "bucket_start_us", "instances", "limit", "total_usage", "oracle",
+                    *PREDICTORS]
+_SUMMARY_COLUMNS = ["predictor", "machine_steps", "violations", "violation_rate", "severity_mean", "severity_p50",
+                    "severity_p99", "severity_max", "savings", "mean_savings", "machines", "machine_rate_p50",
+                    "machine_rate_p90", "machine_rate_p99", "machine_rate_max"]
+_EXTRA_EVENT_COLUMNS = ("priority", "scheduling_class")
+
+
+@dataclass(frozen=True)
+class PeakPredictionContext:
+    """The machines (codes = positions), the step span of the keys, the data's last step (the
+    oracle's censoring bound) and the request timelines ``bind`` builds."""
+
+    machine_ids: np.ndarray
+    span: int
+    last_step: int
+    requests: RequestTimeline = field(default_factory=RequestTimeline)
+
+
+def _check_range(name: str, r: tuple[int, ...] | None) -> None:
+    if r is not None and (len(r) != 2 or r[0] > r[1]):
+        raise ValueError(f"peak-prediction: {name} must be two integers LO,HI with LO <= HI (or none), got {r!r}")
+
+
+@dataclass(frozen=True)
+class PeakPrediction(Analysis):
+    """Peak-prediction overcommit simulation: per machine x 5 minutes the limit, usage, oracle and
+    predicted peaks; per predictor violation rate, severity and savings.
+
+    Examples
+    --------
+    >>> PeakPrediction(metric="avg_cpu", n_sigma=3.0).label
+    'peak-prediction[metric=avg_cpu,n_sigma=3.0]'
+    """
+
+    metric: str = option("cpu_p90", "the usage of an instance in a step: max over its windows of this column "
+                         "(the paper: cpu_p90)", choices=tuple(METRICS))
+    horizon_s: int = option(86400, "the oracle's horizon, seconds (future steps in (t, t + horizon]); at most 7 days")
+    oracle_percentile: float = option(100.0, "the oracle: this percentile of the future total usage (100 = peak)")
+    cap_to_limit: bool = option(True, "cap each instance's usage at its limit in the predictors and the oracle")
+    min_samples: int = option(24, "samples an instance needs on its machine before a predictor uses it "
+                              "(before: its whole limit counts)")
+    borg_fraction: float = option(0.9, "borg-default: this fraction of the limits")
+    n_sigma: float = option(5.0, "n-sigma: mean + n x stdev of the machine's usage/limit history")
+    n_sigma_history: int = option(24, "n-sigma: samples of history")
+    instance_percentile: float = option(99.0, "per-instance (RC-like): this percentile of each instance's "
+                                        "usage/limit history x its limit")
+    instance_history: int = option(120, "per-instance percentile: samples of history")
+    machine_percentile: float = option(100.0, "per-machine: this percentile of the machine's usage/limit history")
+    machine_history: int = option(24, "per-machine percentile: samples of history")
+    combine: tuple[str, ...] = option(("n_sigma", "instance_percentile"), "the predictors max_of / avg_of "
+                                      "combine (the paper's: n_sigma + instance_percentile)", choices=BASE_PREDICTORS)
+    priority_range: tuple[int, ...] | None = option((0, 400), "LO,HI: keep instances whose joined event's "
+                                                    "priority is in [LO, HI] (none: all)")
+    scheduling_class_range: tuple[int, ...] | None = option((2, 3), "LO,HI: keep instances whose joined "
+                                                            "event's scheduling class is in [LO, HI] (none: all)")
+
+    name = "peak-prediction"
+    table = "instance_usage"
+    requires = ("instance_usage", "instance_events", "machine_events")
+    parted = ("machine",)
+    keyed_rows = ("rows",)
+    row_bytes = 320
+    auto_partition_rows = 1 << 20
+
+    def __post_init__(self) -> None:
+        if self.metric not in METRICS:
+            raise ValueError(f"peak-prediction: metric must be one of {list(METRICS)}, got {self.metric!r}")
+        if not 300 <= self.horizon_s <= MAX_HORIZON_S:
+            raise ValueError(f"peak-prediction: horizon_s must be in [300, {MAX_HORIZON_S}], got {self.horizon_s}")
+        for name in ("oracle_percentile", "instance_percentile", "machine_percentile"):
+            if not 0.0 <= getattr(self, name) <= 100.0:
+                raise ValueError(f"peak-prediction: {name} must be in [0, 100], got {getattr(self, name)}")
+        for name in ("n_sigma_history", "instance_history", "machine_history"):
+            if not 1 <= getattr(self, name) <= 10_000:
+                raise ValueError(f"peak-prediction: {name} must be in [1, 10000], got {getattr(self, name)}")
+        if self.min_samples < 0:
+            raise ValueError(f"peak-prediction: min_samples must be >= 0, got {self.min_samples}")
+        if not self.borg_fraction >= 0.0:
+            raise ValueError(f"peak-prediction: borg_fraction must be >= 0, got {self.borg_fraction}")
+        bad = [c for c in self.combine if c not in BASE_PREDICTORS]
+        if bad or not self.combine:
+            raise ValueError(f"peak-prediction: combine must name some of {list(BASE_PREDICTORS)}, got {self.combine!r}")
+        _check_range("priority_range", self.priority_range)
+        _check_range("scheduling_class_range", self.scheduling_class_range)
+
+    @property
+    def params(self) -> SimParams:
+        return SimParams(horizon_steps=self.horizon_s // 300, oracle_percentile=float(self.oracle_percentile),
+                         cap_to_limit=bool(self.cap_to_limit), min_samples=int(self.min_samples),
+                         borg_fraction=float(self.borg_fraction), n_sigma=float(self.n_sigma),
+                         n_sigma_history=int(self.n_sigma_history),
+                         instance_percentile=float(self.instance_percentile),
+                         instance_history=int(self.instance_history),
+                         machine_percentile=float(self.machine_percentile), machine_history=int(self.machine_history),
+                         combine=tuple(self.combine))
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return ("start_time", "collection_id", "instance_index", "machine_id", "alloc_collection_id",
+                METRICS[self.metric][0])
+
+    def context(self, source: Any) -> PeakPredictionContext:
+        me = source.read("machine_events", ["machine_id"])
+        from gpuclust.analyses._extent import to_i64
+
+        ids = np.unique(to_i64(me.column("machine_id")))
+        last = max_finite(source, "instance_usage", "start_time")
+        last_step = -1 if last is None or last < 0 else int(last // STEP_US)
+        span = max(last_step + 1, 1)
+        if ids.shape[0] * span >= 1 << 62:
+            raise ValueError("peak-prediction: machines x steps do not fit an int64 key")
+        return PeakPredictionContext(ids, span, last_step)
+
+    @property
+    def side_inputs(self) -> dict[str, tuple[str, ...]]:
+        return {"instance_events": tuple(dict.fromkeys((*REQUEST_COLUMNS, *_EXTRA_EVENT_COLUMNS)))}
+
+    def bind(self, ctx: PeakPredictionContext, side: dict[str, Any], grain: str | None) -> PeakPredictionContext:
+        return replace(ctx, requests=RequestTimeline.build(side["instance_events"], _EXTRA_EVENT_COLUMNS))
+
+    # ---------------------------------------------------------------- partial / merge
+    @staticmethod
+    def _empty_rows() -> dict[str, np.ndarray]:
+        return {"key": np.zeros(0, np.int64), "inst": np.zeros(0, np.int64), "usage": np.zeros(0),
+                "limit": np.zeros(0)}
+
+    def empty(self, backend: Any = None) -> dict[str, Any]:
+        return {"rows": self._empty_rows(), "count": np.zeros(0, np.int64), "stats": np.zeros(len(STATS), np.int64)}
+
+    def partial(self, cols: dict[str, Any], ctx: PeakPredictionContext, backend: Any) -> dict[str, Any]:
+        xp = backend.xp
+        s = cols["start_time"]
+        n = int(s.shape[0])
+        M = int(ctx.machine_ids.shape[0])
+        stats = dict.fromkeys(STATS, 0)
+        stats["rows"] = n
+        out = self.empty()
+        out["count"] = np.zeros(M, np.int64)
+        alloc = cols["alloc_collection_id"]
+        keep = (alloc == 0) | is_null_int(xp, alloc)
+        stats["alloc_rows"] = n - int(xp.count_nonzero(keep))
+        placed = (s >= 0) & (s < TIME_AFTER_TRACE)
+        stats["unplaced_rows"] = int(xp.count_nonzero(keep & ~placed))
+        keep &= placed
+        pos, known = id_index(backend, ctx.machine_ids, cols["machine_id"])
+        stats["unknown_machine_rows"] = int(xp.count_nonzero(keep & ~known))
+        keep &= known
+        col, res = METRICS[self.metric]
+        u = cols[col].astype(xp.float64)
+        fin = xp.isfinite(u)
+        stats["null_metric_rows"] = int(xp.count_nonzero(keep & ~fin))
+        idx = xp.nonzero(keep & fin)[0]
+        rq = ctx.requests
+        c, i, st = cols["collection_id"][idx], cols["instance_index"][idx], s[idx]
+        ((hit, ev),) = asof_events(backend, rq, c, i, st, [(rq.req > 0).all(1)], "peak-prediction")
+        stats["no_limit_rows"] = int(idx.shape[0]) - int(xp.count_nonzero(hit))
+        ok = hit
+        if int(rq.key.shape[0]):
+            for name, rng in (("priority", self.priority_range), ("scheduling_class", self.scheduling_class_range)):
+                if rng is not None:
+                    v = backend.stage(rq.extra[name])[ev]
+                    ok = ok & (v >= rng[0]) & (v <= rng[1])  # NULL (NaN) is out of every range
+            lim = backend.stage(rq.req[:, res])[ev]
+        else:
+            lim = xp.zeros(int(idx.shape[0]))
+        stats["filtered_rows"] = int(xp.count_nonzero(hit & ~ok))
+        sel = xp.nonzero(ok)[0]
+        stats["used_rows"] = int(sel.shape[0])
+        out["stats"] = np.array([stats[k] for k in STATS], np.int64)
+        if not int(sel.shape[0]):
+            return out
+        idx = idx[sel]
+        code = pos[idx].astype(xp.int64)
+        key = code * ctx.span + s[idx] // STEP_US
+        inst = key_hash(xp, [cols["collection_id"][idx], cols["instance_index"][idx]]).view(xp.int64)
+        o = xp.argsort(key, kind="stable")
+        out["rows"] = {"key": key[o], "inst": inst[o], "usage": u[idx][o], "limit": lim[sel][o].astype(xp.float64)}
+        out["count"] = xp.bincount(code, minlength=M).astype(xp.int64)
+        return out
+
+    def merge(self, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+        ra, rb = a["rows"], b["rows"]
+        if not rb["key"].shape[0]:
+            rows = ra
+        elif not ra["key"].shape[0]:
+            rows = rb
+        else:
+            cat = {f: np.concatenate([np.asarray(ra[f]), np.asarray(rb[f])]) for f in ra}
+            o = np.argsort(cat["key"], kind="stable")
+            rows = {f: v[o] for f, v in cat.items()}
+        return {"rows": rows, **self.merge_rest(a, b)}
+
+    # ---------------------------------------------------------------- shards
+    def split(self, partial: dict[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, np.ndarray]]]:
+        return ({"count": np.asarray(partial["count"]), "stats": np.asarray(partial["stats"])},
+                {"rows": {f: np.asarray(v) for f, v in partial["rows"].items()}})
+
+    def merge_rest(self, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+        ca, cb = np.asarray(a["count"]), np.asarray(b["count"])
+        count = cb if not ca.shape[0] else ca if not cb.shape[0] else ca + cb
+        return {"count": count, "stats": np.asarray(a["stats"]) + np.asarray(b["stats"])}
+
+    def shards(self, ctx: PeakPredictionContext, rest: dict[str, Any]) -> list[tuple[int, int]]:
+        """Ranges of machine codes of about :data:`SHARD_ROWS` samples each (a machine whole)."""
+        M = int(ctx.machine_ids.shape[0])
+        count = np.asarray(rest["count"])
+        if not M or not count.shape[0] or not int(count.sum()):
+            return [(0, M)]
+        cum = np.cumsum(count)
+        bounds, lo = [], 0
+        while lo < M:
+            base = int(cum[lo - 1]) if lo else 0
+            hi = int(np.searchsorted(cum, base + SHARD_ROWS, side="right"))
+            hi = min(M, max(hi, lo + 1))
+            bounds.append((lo, hi))
+            lo = hi
+        return bounds
+
+    def key_range(self, ctx: PeakPredictionContext, name: str, lo: int, hi: int) -> tuple[int, int]:
+        return lo * ctx.span, hi * ctx.span
+
+    def finalize(self, partial: dict[str, Any], ctx: PeakPredictionContext) -> dict[str, pd.DataFrame]:
+        return finalize_in_memory(self, partial, ctx)
+
+    def finalize_shard(self, keyed: dict[str, dict[str, np.ndarray]], rest: dict[str, Any],
+                       ctx: PeakPredictionContext, lo: int, hi: int) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The machine-steps of machine codes ``[lo, hi)`` and the shard's metric sums."""
+        r = keyed["rows"]
+        key = np.asarray(r["key"], np.int64)
+        sim = simulate(key // ctx.span, key % ctx.span, np.asarray(r["inst"], np.int64),
+                       np.asarray(r["usage"], np.float64), np.asarray(r["limit"], np.float64), ctx.span,
+                       ctx.last_step, self.params)
+        df = pd.DataFrame({"machine_id": ctx.machine_ids[sim["code"]], "bucket": sim["step"].astype(np.int64),
+                           "bucket_start_us": sim["step"].astype(np.int64) * STEP_US,
+                           "instances": sim["instances"].astype(np.int64),
+                           **{c: np.asarray(sim[c], np.float64) for c in _MACHINE_COLUMNS[4:]}})
+        has = np.isfinite(df["oracle"].to_numpy())
+        limit, oracle = df["limit"].to_numpy()[has], df["oracle"].to_numpy()[has]
+        codes = sim["code"][has]
+        ucodes, inv = np.unique(codes, return_inverse=True)
+        extra: dict[str, Any] = {"rows": len(df), "censored": int(np.count_nonzero(~has)), "machines": ucodes,
+                                 "machine_n": np.bincount(inv, minlength=ucodes.shape[0]), "limit": float(limit.sum()),
+                                 "pred": {}}
+        for p in ("oracle", *PREDICTORS):
+            pred = df[p].to_numpy()[has]
+            viol = oracle - pred > VIOLATION_TOL * limit
+            sev = (oracle - pred)[viol] / limit[viol]
+            extra["pred"][p] = {"violations": int(viol.sum()), "severity": float(sev.sum()),
+                                "saved": float((limit - pred).sum()), "saved_ratio": float(((limit - pred) / limit).sum()),
+                                "machine_viol": np.bincount(inv, weights=viol, minlength=ucodes.shape[0])}
+        return {"machine": df[_MACHINE_COLUMNS]}, extra
+
+    def finalize_parted(self, rest: dict[str, Any], ctx: PeakPredictionContext, tables: dict[str, Any],
+                        extras: list[dict[str, Any]]) -> dict[str, pd.DataFrame]:
+        from gpuclust.stream_quantiles import stream_quantiles
+
+        machine = tables["machine"]
+        n_rows = sum(e["rows"] for e in extras)
+        censored = sum(e["censored"] for e in extras)
+        n = n_rows - censored
+        total_limit = sum(e["limit"] for e in extras)
+        mach_n = np.concatenate([np.zeros(0), *(e["machine_n"] for e in extras)])
+        rows = []
+        for p in (("oracle", *PREDICTORS) if n_rows else ()):
+            d = [e["pred"][p] for e in extras]
+            v = sum(x["violations"] for x in d)
+            mv = np.concatenate([np.zeros(0), *(x["machine_viol"] for x in d)])
+            rates = mv / np.maximum(mach_n, 1)
+
+            def sev(p: str = p) -> Any:
+                for b in frames(machine, ["limit", "oracle", p]):
+                    lim, orc, pr = (b[c].to_numpy(np.float64) for c in ("limit", "oracle", p))
+                    ok = np.isfinite(orc)
+                    lim, orc, pr = lim[ok], orc[ok], pr[ok]
+                    viol = orc - pr > VIOLATION_TOL * lim
+                    yield (orc - pr)[viol] / lim[viol]
+
+            qs = stream_quantiles(sev, (0.5, 0.99, 1.0)) if v else np.full(3, np.nan)
+            mq = np.quantile(rates, (0.5, 0.9, 0.99, 1.0)) if rates.shape[0] else np.full(4, np.nan)
+            rows.append({"predictor": p, "machine_steps": n, "violations": v,
+                         "violation_rate": v / n if n else np.nan,
+                         "severity_mean": sum(x["severity"] for x in d) / v if v else np.nan,
+                         "severity_p50": qs[0], "severity_p99": qs[1], "severity_max": qs[2],
+                         "savings": sum(x["saved"] for x in d) / total_limit if n else np.nan,
+                         "mean_savings": sum(x["saved_ratio"] for x in d) / n if n else np.nan,
+                         "machines": int(rates.shape[0]), "machine_rate_p50": mq[0], "machine_rate_p90": mq[1],
+                         "machine_rate_p99": mq[2], "machine_rate_max": mq[3]})
+        summary = pd.DataFrame(rows, columns=_SUMMARY_COLUMNS).astype(
+            {"machine_steps": np.int64, "violations": np.int64, "machines": np.int64})
+        stats = dict(zip(STATS, (int(x) for x in np.asarray(rest["stats"])), strict=True))
+        prm = self.params
+
+        def rng(r: tuple[int, ...] | None) -> str:
+            return "all" if r is None else f"{r[0]}..{r[1]}"
+
+        info = pd.DataFrame([{"analysis": self.name, "metric": self.metric, "horizon_s": int(self.horizon_s),
+                              "oracle_percentile": prm.oracle_percentile, "cap_to_limit": prm.cap_to_limit,
+                              "min_samples": prm.min_samples, "combine": ",".join(prm.combine),
+                              "priority_range": rng(self.priority_range),
+                              "scheduling_class_range": rng(self.scheduling_class_range),
+                              "machines": int(ctx.machine_ids.shape[0]), "machine_rows": int(n_rows),
+                              "censored_rows": int(censored), "last_bucket": int(ctx.last_step), **stats}])
+        return {"summary": summary, "info": info}
+
+    def summary(self, result: dict[str, pd.DataFrame]) -> str:
+        info = result["info"].iloc[0]
+        lines = [f"{self.label}: {info['machine_rows']:,} machine-steps ({info['censored_rows']:,} censored: the "
+                 f"horizon passes the data's end) from {info['used_rows']:,} of {info['rows']:,} usage windows "
+                 f"(metric {info['metric']}, horizon {info['horizon_s']} s)"]
+        for r in result["summary"].itertuples(index=False):
+            lines.append(f"  {r.predictor:>19}: violation rate {fmt(r.violation_rate, '.3%')}, severity mean "
+                         f"{fmt(r.severity_mean, '.3f')} p99 {fmt(r.severity_p99, '.3f')}, savings "
+                         f"{fmt(r.savings, '.1%')} of the limits")
+        return "\n".join(lines)

@@ -1,0 +1,264 @@
+"""``peak-prediction`` against a slow pure-Python simulator written from the specification
+(tests/peak_prediction_reference.py), planted truths (constant usage: known predictions, no
+violation; a planted spike: a known violation), and the CLI, the Python API, the layouts and
+the schedulers it runs on."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+import pandas as pd
+import peak_prediction_reference as ref
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from strategies import assert_results_same, table, write_dataset
+
+from gpuclust.analyses import peak_prediction as pp_mod
+from gpuclust.analyses._peak_sim import percentile_rows
+from gpuclust.analyses.peak_prediction import PeakPrediction
+from gpuclust.dataset import Dataset
+from gpuclust.engine import TableSource, run
+
+S = 1_000_000
+STEP = 300 * S
+#: Small histories and horizon, so that a small cell exercises warm-up, forgetting and the oracle.
+SMALL = dict(min_samples=3, n_sigma_history=4, instance_history=5, machine_history=3, horizon_s=1800,
+             instance_percentile=90.0, machine_percentile=80.0, n_sigma=2.0)
+
+
+def cell(seed: int, n_machines: int = 3, n_inst: int = 14, n_steps: int = 40) -> dict:
+    """Instances running in stretches of steps on machines (sometimes moving, sometimes with a gap),
+    several windows per step for some, limits changing over time, NULL metrics, alloc rows,
+    filtered priorities and scheduling classes, events without requests."""
+    rng = np.random.default_rng(seed)
+    mids = [int(x) for x in rng.choice([5, 77, 2**40 + 3, 2**53 + 1], n_machines, replace=False)]
+    me = table("machine_events", {"time": [0] * n_machines, "machine_id": mids, "type": [1] * n_machines,
+                                  "cap_cpu": [1.0] * n_machines, "cap_mem": [1.0] * n_machines})
+    ev, us = defaultdict(list), defaultdict(list)
+    for k in range(n_inst):
+        c, i = int(rng.choice([3, 2**40 + 1, 2**62 + 9])), int(k)  # index 0 kept (Google's query drops it)
+        m = mids[rng.integers(len(mids))]
+        t0 = int(rng.integers(0, n_steps - 2))
+        t1 = int(rng.integers(t0 + 1, n_steps + 1))
+        # events: a request at or before the start, sometimes a change later, sometimes a zero / NULL one
+        for te, rc, rm in [(t0 * STEP - int(rng.integers(0, 2)) * STEP, rng.uniform(0.1, 0.5), rng.uniform(0.1, 0.5)),
+                           ((t0 + t1) // 2 * STEP, rng.choice([0.0, rng.uniform(0.1, 0.5)]), rng.uniform(0.1, 0.5)),
+                           (int(rng.integers(t0, t1 + 1)) * STEP, None, rng.uniform(0.1, 0.5))]:
+            if rng.random() < 0.15:
+                continue
+            ev["time"].append(max(int(te), 0))
+            ev["type"].append(3)
+            ev["collection_id"].append(c)
+            ev["instance_index"].append(i)
+            ev["machine_id"].append(m)
+            ev["req_cpu"].append(None if rc is None else float(np.float32(rc)))
+            ev["req_mem"].append(float(np.float32(rm)))
+            ev["priority"].append(None if rng.random() < 0.05 else int(rng.choice([0, 100, 200, 400, 450])))
+            ev["scheduling_class"].append(None if rng.random() < 0.05 else int(rng.choice([0, 1, 2, 3, 3, 2])))
+        gap = int(rng.integers(t0, t1)) if rng.random() < 0.3 else -1
+        move = int(rng.integers(t0, t1)) if rng.random() < 0.2 else -1
+        for t in range(t0, t1):
+            if t == gap:
+                continue
+            mm = mids[(mids.index(m) + 1) % len(mids)] if move >= 0 and t >= move else m
+            for _ in range(int(rng.choice([1, 1, 1, 2]))):
+                s = t * STEP + int(rng.integers(0, 300)) * S
+                us["start_time"].append(s)
+                us["end_time"].append(s + 300 * S)
+                us["collection_id"].append(c)
+                us["instance_index"].append(i)
+                us["machine_id"].append(mm)
+                us["alloc_collection_id"].append(None if rng.random() < 0.5 else (0 if rng.random() < 0.95 else 9))
+                base = rng.uniform(0, 0.6)
+                for col in ("avg_cpu", "max_cpu", "cpu_p90", "cpu_p50", "avg_mem", "max_mem"):
+                    us[col].append(None if rng.random() < 0.03 else float(np.float32(base * rng.uniform(0.5, 1.5))))
+    # a window on a machine absent from machine_events
+    us_extra = {"start_time": 0, "end_time": STEP, "collection_id": 3, "instance_index": 0, "machine_id": 999,
+                "alloc_collection_id": None, "avg_cpu": 0.1, "max_cpu": 0.1, "cpu_p90": 0.1, "cpu_p50": 0.1,
+                "avg_mem": 0.1, "max_mem": 0.1}
+    for k, v in us_extra.items():
+        us[k].append(v)
+    return {"machine_events": me, "instance_events": table("instance_events", dict(ev)),
+            "instance_usage": table("instance_usage", dict(us))}
+
+
+def last_step(tables: dict) -> int:
+    return max(tables["instance_usage"].column("start_time").to_pylist()) // STEP
+
+
+def check(res: dict, tables: dict, opts: dict) -> None:
+    rows, stats = ref.samples(tables, opts.get("metric", "cpu_p90"), opts.get("priority_range", (0, 400)),
+                              opts.get("scheduling_class_range", (2, 3)))
+    info = res["info"].iloc[0]
+    for k, v in stats.items():
+        assert info[k] == v, k
+    want = ref.simulate(rows, last_step(tables), **opts)
+    got = res["machine"].sort_values(["machine_id", "bucket"]).reset_index(drop=True)
+    assert len(got) == len(want)
+    assert got["machine_id"].tolist() == [r["machine_id"] for r in want]
+    assert got["bucket"].tolist() == [r["bucket"] for r in want]
+    assert (got["bucket_start_us"] == got["bucket"] * STEP).all()
+    assert got["instances"].tolist() == [r["instances"] for r in want]
+    for c in ("limit", "total_usage", "oracle", *pp_mod.PREDICTORS):
+        w = np.array([np.nan if r[c] is None else r[c] for r in want], dtype=np.float64)
+        np.testing.assert_allclose(got[c].to_numpy(), w, rtol=1e-9, atol=1e-12, equal_nan=True, err_msg=c)
+    m = ref.metrics(want)
+    summ = res["summary"].set_index("predictor")
+    assert list(summ.index) == (list(ref.PREDICTORS) if want else [])
+    for p, g in m.items():
+        if not want:
+            break
+        r = summ.loc[p]
+        assert (r.machine_steps, r.violations) == (g["machine_steps"], g["violations"]), p
+        sev = g["severities"]
+        for col, val in (("violation_rate", g["violation_rate"]), ("savings", g["savings"]),
+                         ("mean_savings", g["mean_savings"]),
+                         ("severity_mean", sum(sev) / len(sev) if sev else None),
+                         ("severity_p99", float(np.quantile(sev, 0.99)) if sev else None),
+                         ("severity_max", max(sev) if sev else None),
+                         ("machine_rate_p90", float(np.quantile(g["machine_rates"], 0.9)) if g["machine_rates"] else None)):
+            if val is None:
+                assert np.isnan(r[col]), (p, col)
+            else:
+                assert r[col] == pytest.approx(val, rel=1e-9, abs=1e-12), (p, col)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10**6), variant=st.sampled_from(["small", "small-uncapped", "small-p", "avg_mem"]))
+def test_matches_the_reference(seed, variant):
+    tables = cell(seed)
+    opts = dict(SMALL)
+    if variant == "small-uncapped":
+        opts.update(cap_to_limit=False, combine=("borg_default", "machine_percentile"))
+    elif variant == "small-p":
+        opts.update(oracle_percentile=95.0, min_samples=0, priority_range=None, scheduling_class_range=None)
+    elif variant == "avg_mem":
+        opts.update(metric="avg_mem", scheduling_class_range=(0, 3))
+    a = PeakPrediction(**opts)
+    check(run(TableSource(tables), a)["peak-prediction"], tables, opts)
+
+
+def test_defaults_on_a_long_cell():
+    """The paper's defaults (24 samples, 24 / 120 history, 24 h horizon) on two days of samples."""
+    tables = cell(7, n_machines=2, n_inst=6, n_steps=600)
+    res = run(TableSource(tables), PeakPrediction(scheduling_class_range=None))["peak-prediction"]
+    check(res, tables, {"scheduling_class_range": None})
+    assert res["machine"]["oracle"].notna().sum() > 100
+
+
+def test_shards_and_partitions(monkeypatch):
+    """Many shards (a machine whole in each), many partitions: the same result."""
+    tables = cell(11, n_machines=4, n_inst=30)
+    a = PeakPrediction(**SMALL)
+    one = run(TableSource(tables), a)
+    monkeypatch.setattr(pp_mod, "SHARD_ROWS", 7)
+    many = run(TableSource(tables), a, partitions=5)
+    assert_results_same(one, many)
+    check(many["peak-prediction"], tables, SMALL)
+
+
+def _planted(usages: dict, limits: dict, n_steps: int) -> dict:
+    """One machine; instance k runs over steps [0, n_steps) with usage usages[k](t) and limit limits[k]."""
+    ev, us = defaultdict(list), defaultdict(list)
+    for k, lim in limits.items():
+        for col, v in (("time", 0), ("type", 3), ("collection_id", 1), ("instance_index", k), ("machine_id", 5),
+                       ("req_cpu", lim), ("req_mem", 1.0), ("priority", 200), ("scheduling_class", 2)):
+            ev[col].append(v)
+        for t in range(n_steps):
+            u = usages[k](t)
+            for col, v in (("start_time", t * STEP), ("end_time", (t + 1) * STEP), ("collection_id", 1),
+                           ("instance_index", k), ("machine_id", 5), ("cpu_p90", u)):
+                us[col].append(v)
+    me = table("machine_events", {"time": [0], "machine_id": [5], "type": [1]})
+    return {"machine_events": me, "instance_events": table("instance_events", dict(ev)),
+            "instance_usage": table("instance_usage", dict(us))}
+
+
+def test_planted_constant_usage():
+    """Constant usage 0.25 and 0.125 of limits 0.5 and 0.25 (ratio 0.5 each): once warm every
+    stateful predictor predicts 0.375 (half the limits), before it the limits 0.75; the oracle is
+    0.375; borg-default 0.675; no violation anywhere; savings known."""
+    tables = _planted({0: lambda t: 0.25, 1: lambda t: 0.125}, {0: 0.5, 1: 0.25}, 40)
+    res = run(TableSource(tables), PeakPrediction(**SMALL))["peak-prediction"]
+    m = res["machine"]
+    assert len(m) == 40 and (m["limit"] == 0.75).all() and (m["total_usage"] == 0.375).all()
+    warm = m["bucket"] >= 2  # min_samples 3: the third sample (step 2) is the first warm one
+    for c in ("n_sigma", "instance_percentile", "machine_percentile", "max_of", "avg_of"):
+        np.testing.assert_allclose(m.loc[warm, c], 0.375, rtol=1e-12)
+        np.testing.assert_allclose(m.loc[~warm, c], 0.75, rtol=1e-12)
+    np.testing.assert_allclose(m["borg_default"], 0.675, rtol=1e-12)
+    has = m["oracle"].notna()
+    assert has.sum() == 40 - 6 and (m.loc[has, "bucket"] <= 39 - 6).all()  # the last 6 steps are censored
+    np.testing.assert_allclose(m.loc[has, "oracle"], 0.375, rtol=1e-12)
+    s = res["summary"].set_index("predictor")
+    assert (s["violations"] == 0).all() and (s["machine_steps"] == 34).all()
+    # n-sigma: 2 cold steps at the full limit, 32 warm at half of it
+    assert s.loc["n_sigma", "savings"] == pytest.approx((32 * 0.375) / (34 * 0.75))
+    assert s.loc["borg_default", "savings"] == pytest.approx(0.1)
+    assert s.loc["oracle", "savings"] == pytest.approx(0.5)
+
+
+def test_planted_spike():
+    """Usage 0.1 of limit 1.0 except 0.9 at step 30: with a 1800 s horizon the oracle is 0.9 at
+    steps 24..29 and 0.1 elsewhere; n-sigma (0.1 x 1.0 once warm, zero spread) violates at those
+    six steps, by 0.8 of the limit each; borg-default (0.9) never does."""
+    tables = _planted({0: lambda t: 0.9 if t == 30 else 0.1}, {0: 1.0}, 50)
+    res = run(TableSource(tables), PeakPrediction(**SMALL))["peak-prediction"]
+    m = res["machine"].set_index("bucket")
+    np.testing.assert_allclose(m.loc[24:29, "oracle"], 0.9)
+    np.testing.assert_allclose(m.loc[[10, 23, 30, 31, 43], "oracle"], 0.1)
+    assert m.loc[44:, "oracle"].isna().all()
+    np.testing.assert_allclose(m.loc[3:29, "n_sigma"], 0.1, rtol=1e-6)
+    s = res["summary"].set_index("predictor")
+    assert s.loc["n_sigma", "violations"] == 6
+    assert s.loc["n_sigma", "severity_mean"] == pytest.approx(0.8)
+    assert s.loc["n_sigma", "violation_rate"] == pytest.approx(6 / 44)
+    assert s.loc["borg_default", "violations"] == 0
+
+
+def test_percentile_rows_is_numpy_percentile():
+    rng = np.random.default_rng(3)
+    for p in (0.0, 10.0, 50.0, 90.0, 99.0, 100.0, 37.5):
+        mat = rng.random((50, 9))
+        n = rng.integers(1, 10, 50)
+        m2 = np.where(np.arange(9)[None, :] < n[:, None], mat, np.inf)
+        m2.sort(axis=1)
+        got = percentile_rows(m2, n, p)
+        want = [np.percentile(mat[r, :n[r]], p) for r in range(50)]
+        np.testing.assert_allclose(got, want, rtol=1e-14)
+
+
+def test_options_checked():
+    for bad in (dict(metric="cpu_p95x"), dict(horizon_s=10), dict(priority_range=(3, 1)), dict(combine=("x",)),
+                dict(instance_percentile=101.0), dict(n_sigma_history=0)):
+        with pytest.raises(ValueError):
+            PeakPrediction(**bad)
+
+
+@pytest.fixture(scope="module")
+def ds(tmp_path_factory):
+    return write_dataset(tmp_path_factory.mktemp("pp_ds"), cell(5, n_machines=3, n_inst=20), files=3)
+
+
+def test_layouts_schedulers_and_cli(ds, tmp_path):
+    """Flat and instance-bucketed datasets, the thread pool and a dask scheduler, the CLI: one result."""
+    from gpuclust.cli import main
+    from gpuclust.optimize import optimize
+
+    a = PeakPrediction(**SMALL)
+    base = run(Dataset(ds), a, partitions=1)
+    check(base["peak-prediction"], {t: Dataset(ds).read(t) for t in ("machine_events", "instance_events",
+                                                                       "instance_usage")}, SMALL)
+    assert_results_same(base, run(Dataset(ds), a, partitions=4, workers=2))
+    assert_results_same(base, run(Dataset(ds), a, partitions=3, scheduler="threads"))
+    bucketed = tmp_path / "bucketed"
+    optimize(ds, bucketed, buckets=4)
+    assert_results_same(base, run(Dataset(bucketed), a, partitions=4))
+    out = tmp_path / "cli"
+    opts = [x for k, v in SMALL.items() for x in ("-O", f"{k}={v}")]
+    assert main(["analyze", str(ds), "peak-prediction", *opts, "--out", str(out), "--quiet"]) == 0
+    got = pd.read_parquet(out / "peak-prediction" / "summary.parquet")
+    pd.testing.assert_frame_equal(got, base["peak-prediction"]["summary"], check_exact=False, rtol=1e-12)
+    assert any(out.rglob("*.svg")) or any(out.rglob("*.png"))
