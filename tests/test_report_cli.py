@@ -177,3 +177,20 @@ def test_a_figure_too_large_for_vectors_is_embedded_as_png(tmp_path: Path) -> No
     save_svg(fig, tmp_path / "vector.svg", max_bytes=10**9)
     assert "data-raster" not in (tmp_path / "vector.svg").read_text()
     assert inline_svg(big, "f1-").startswith('<svg class="figure-svg" data-axes=')
+
+
+def test_a_section_with_nothing_to_plot_says_why(tmp_path: Path) -> None:
+    import pandas as pd
+
+    from gpuclust.report.html import render_page
+
+    run = {"dataset": str(tmp_path / "gone"), "trace_version": "v3", "backend": "cpu",
+           "analyses": [{"key": "cell-usage", "name": "cell-usage", "label": "cell-usage", "options": {}}]}
+    usage = pd.DataFrame({"bucket": pd.Series([], dtype="int64"), "bucket_start_us": pd.Series([], dtype="int64"),
+                          "tier": pd.Series([], dtype="object"), "cpu": pd.Series([], dtype="float64"),
+                          "mem": pd.Series([], dtype="float64"), "windows": pd.Series([], dtype="int64")})
+    info = pd.DataFrame([{"tiers": "free,beb,mid,prod", "bucket_s": 3600}])
+    page, figures = render_page(run, {"cell-usage": {"usage": usage, "info": info}}, tmp_path)
+    assert figures == 0 and 'data-figures-expected="0"' in page
+    assert "Nothing to plot: its result table(s) usage are empty" in page
+    assert "instance_usage" in page.split("Nothing to plot", 1)[1].split("</p>", 1)[0]
