@@ -194,3 +194,23 @@ def test_a_section_with_nothing_to_plot_says_why(tmp_path: Path) -> None:
     assert figures == 0 and 'data-figures-expected="0"' in page
     assert "Nothing to plot: its result table(s) usage are empty" in page
     assert "instance_usage" in page.split("Nothing to plot", 1)[1].split("</p>", 1)[0]
+
+
+def test_a_plot_that_fails_costs_its_figure_not_the_page(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    import pandas as pd
+
+    from gpuclust.report import plots
+    from gpuclust.report.html import render_page
+
+    def broken(*args: object, **kwargs: object) -> bool:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(plots, "plot_result", broken)
+    run = {"dataset": None, "analyses": [{"key": "machine-shapes", "name": "machine-shapes", "label": "machine-shapes",
+                                          "options": {}}]}
+    shapes = pd.DataFrame({"cap_cpu": [0.5], "cap_mem": [0.25], "machines": [3]})
+    page, figures = render_page(run, {"machine-shapes": {"shapes": shapes}}, tmp_path)
+    assert figures == 0 and "The figure could not be drawn (RuntimeError: boom)" in page
+    assert "0.5 / 0.25" in page  # the key numbers are still there
+    assert "warning: machine-shapes" in capsys.readouterr().err

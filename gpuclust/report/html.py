@@ -12,6 +12,7 @@ error (``data-errors``), which is what the browser test reads.
 from __future__ import annotations
 
 import html
+import sys
 import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -89,9 +90,14 @@ def render_page(run: dict[str, Any], results: Mapping[str, Mapping[str, Any]], r
                 progress(f"drawing {key} ({i + 1}/{len(keys)})")
             anchor = f"a-{key}"
             nav.append(f'<a href="#{html.escape(anchor)}">{html.escape(key)}</a>')
-            fig = _figure(name, key, tables, f"{label_of[key]} · {who}", Path(tmp), i)
+            try:
+                fig = _figure(name, key, tables, f"{label_of[key]} · {who}", Path(tmp), i)
+                why = empty_reason(name, tables)
+            except Exception as e:  # noqa: BLE001 - one broken plot must not cost the whole page; said on it
+                fig, why = None, f"The figure could not be drawn ({type(e).__name__}: {e}): a bug, please report it."
+                print(f"gpuclust report: warning: {key}: {why}", file=sys.stderr, flush=True)
             if fig is None:
-                fig = f'<p class="empty">{html.escape(empty_reason(name, tables))}</p>'
+                fig = f'<p class="empty">{html.escape(why)}</p>'
             else:
                 n_fig += 1
             sections.append(
