@@ -197,6 +197,12 @@ def simulate(code: np.ndarray, step: np.ndarray, inst: np.ndarray, usage: np.nda
     ``step``, ``instances``, ``limit``, ``total_usage``, ``oracle`` (NaN: censored) and one
     array per predictor (``borg_default``, ``n_sigma``, ``instance_percentile``,
     ``machine_percentile``, ``max_of``, ``avg_of``)."""
+    if not code.shape[0]:
+        z = np.zeros(0)
+        return {"code": np.zeros(0, np.int64), "step": np.zeros(0, np.int64), "instances": np.zeros(0, np.int64),
+                "limit": z, "total_usage": z, "oracle": z,
+                **{p: z for p in ("borg_default", "n_sigma", "instance_percentile", "machine_percentile", "max_of",
+                                  "avg_of")}}
     key = code.astype(np.int64) * span + step
     # one row per (machine, step, instance): the max of usage and of limit over its windows
     o = np.lexsort((inst, key))
@@ -205,8 +211,7 @@ def simulate(code: np.ndarray, step: np.ndarray, inst: np.ndarray, usage: np.nda
     first = np.ones(n, dtype=bool)
     first[1:] = (key[1:] != key[:-1]) | (inst[1:] != inst[:-1])
     at = np.flatnonzero(first)
-    if n:
-        usage, lim = np.maximum.reduceat(usage, at), np.maximum.reduceat(lim, at)
+    usage, lim = np.maximum.reduceat(usage, at), np.maximum.reduceat(lim, at)
     key, inst = key[at], inst[at]
     nr = key.shape[0]
     snap_first = np.ones(nr, dtype=bool)
@@ -258,6 +263,6 @@ def simulate(code: np.ndarray, step: np.ndarray, inst: np.ndarray, usage: np.nda
     preds["max_of"], preds["avg_of"] = sub.max(0), sub.mean(0)
     todo = sstep + prm.horizon_steps <= last_step
     out["oracle"] = _oracle(snap_key, mfirst, mend, gI, uI, LI, grp, piece, out["limit"], todo, prm.horizon_steps,
-                            prm.oracle_percentile, prm.cap_to_limit) if nr else np.zeros(0)
+                            prm.oracle_percentile, prm.cap_to_limit)
     out.update(preds)
     return out

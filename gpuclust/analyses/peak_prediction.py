@@ -141,6 +141,13 @@ class PeakPrediction(Analysis):
             raise ValueError(f"peak-prediction: min_samples must be >= 0, got {self.min_samples}")
         if not self.borg_fraction >= 0.0:
             raise ValueError(f"peak-prediction: borg_fraction must be >= 0, got {self.borg_fraction}")
+        if isinstance(self.combine, str):
+            object.__setattr__(self, "combine", (self.combine,))
+        for name in ("priority_range", "scheduling_class_range"):
+            v = getattr(self, name)
+            if v is not None:
+                object.__setattr__(self, name, tuple(int(x) for x in v))
+        object.__setattr__(self, "combine", tuple(self.combine))
         bad = [c for c in self.combine if c not in BASE_PREDICTORS]
         if bad or not self.combine:
             raise ValueError(f"peak-prediction: combine must name some of {list(BASE_PREDICTORS)}, got {self.combine!r}")
@@ -237,7 +244,7 @@ class PeakPrediction(Analysis):
         code = pos[idx].astype(xp.int64)
         key = code * ctx.span + s[idx] // STEP_US
         inst = key_hash(xp, [cols["collection_id"][idx], cols["instance_index"][idx]]).view(xp.int64)
-        o = xp.argsort(key, kind="stable")
+        o = xp.argsort(key)
         out["rows"] = {"key": key[o], "inst": inst[o], "usage": u[idx][o], "limit": lim[sel][o].astype(xp.float64)}
         out["count"] = xp.bincount(code, minlength=M).astype(xp.int64)
         return out

@@ -254,7 +254,7 @@ def test_layouts_schedulers_and_cli(ds, tmp_path):
     assert_results_same(base, run(Dataset(ds), a, partitions=4, workers=2))
     assert_results_same(base, run(Dataset(ds), a, partitions=3, scheduler="threads"))
     bucketed = tmp_path / "bucketed"
-    optimize(ds, bucketed, buckets=4)
+    optimize(ds, out=bucketed, buckets=4)
     assert_results_same(base, run(Dataset(bucketed), a, partitions=4))
     out = tmp_path / "cli"
     opts = [x for k, v in SMALL.items() for x in ("-O", f"{k}={v}")]
