@@ -123,6 +123,10 @@ SECTIONS: dict[str, Section] = {
     "cell-usage": Section(
         "CPU and memory used in the cell per time bucket, stacked by priority tier, as a share of the cell's "
         "capacity (1 = every machine's capacity). Table: mean and peak share per tier over the buckets.", _cell_usage),
+    "machine-utilization": Section(
+        "How busy the machines are: the CDF, over every machine and 5-minute bucket, of usage / the machine's "
+        "capacity (CPU and memory), and the mean over machines in time. Table: per resource, the machine-buckets, "
+        "their mean and quantiles, and the share over capacity."),
     "usage-distribution": Section(
         "The exact CPU usage distribution of each group (the mixture of every window's percentile CDF, solid) "
         "beside the usual shortcut, the average of the windows' percentile vectors (dashed); they differ most in "
