@@ -66,6 +66,7 @@ def _figure(name: str, key: str, tables: Mapping[str, Any], title: str, tmp: Pat
     if not plot_result(name, dict(tables), path, title=title):
         return None
     svg = inline_svg(path.read_text(encoding="utf-8"), f"f{index}-")
+    svg = svg.replace("<svg ", f'<svg role="img" aria-label="{html.escape(title, quote=True)}" ', 1)
     return (f'<figure class="plot" data-figure="{html.escape(key)}">{svg}'
             f'<figcaption>Hover for values; drag to zoom, double-click to reset.</figcaption></figure>')
 
