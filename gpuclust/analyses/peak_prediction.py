@@ -80,9 +80,9 @@ class PeakPredictionContext:
     requests: RequestTimeline = field(default_factory=RequestTimeline)
 
 
-def _check_range(name: str, r: tuple[int, ...] | None) -> None:
-    if r is not None and (len(r) != 2 or r[0] > r[1]):
-        raise ValueError(f"peak-prediction: {name} must be two integers LO,HI with LO <= HI (or none), got {r!r}")
+def _check_range(name: str, r: tuple[int, ...]) -> None:
+    if len(r) != 2 or r[0] > r[1]:
+        raise ValueError(f"peak-prediction: {name} must be two integers LO,HI with LO <= HI, got {r!r}")
 
 
 @dataclass(frozen=True)
@@ -113,10 +113,12 @@ class PeakPrediction(Analysis):
     machine_history: int = option(24, "per-machine percentile: samples of history")
     combine: tuple[str, ...] = option(("n_sigma", "instance_percentile"), "the predictors max_of / avg_of "
                                       "combine (the paper's: n_sigma + instance_percentile)", choices=BASE_PREDICTORS)
-    priority_range: tuple[int, ...] | None = option((0, 400), "LO,HI: keep instances whose joined event's "
-                                                    "priority is in [LO, HI] (none: all)")
-    scheduling_class_range: tuple[int, ...] | None = option((2, 3), "LO,HI: keep instances whose joined "
-                                                            "event's scheduling class is in [LO, HI] (none: all)")
+    priority_range: tuple[int, ...] = option((0, 400), "LO,HI: keep instances whose joined event's priority is in "
+                                             "[LO, HI] (the paper's filter; see apply_ranges)")
+    scheduling_class_range: tuple[int, ...] = option((2, 3), "LO,HI: keep instances whose joined event's "
+                                                     "scheduling class is in [LO, HI] (the paper's filter)")
+    apply_ranges: bool = option(True, "apply priority_range and scheduling_class_range (false: keep every "
+                                "instance, NULL priority or class included)")
 
     name = "peak-prediction"
     table = "instance_usage"
@@ -144,9 +146,7 @@ class PeakPrediction(Analysis):
         if isinstance(self.combine, str):
             object.__setattr__(self, "combine", (self.combine,))
         for name in ("priority_range", "scheduling_class_range"):
-            v = getattr(self, name)
-            if v is not None:
-                object.__setattr__(self, name, tuple(int(x) for x in v))
+            object.__setattr__(self, name, tuple(int(x) for x in getattr(self, name)))
         object.__setattr__(self, "combine", tuple(self.combine))
         bad = [c for c in self.combine if c not in BASE_PREDICTORS]
         if bad or not self.combine:
@@ -228,7 +228,7 @@ class PeakPrediction(Analysis):
         ok = hit
         if int(rq.key.shape[0]):
             for name, rng in (("priority", self.priority_range), ("scheduling_class", self.scheduling_class_range)):
-                if rng is not None:
+                if self.apply_ranges:
                     v = backend.stage(rq.extra[name])[ev]
                     ok = ok & (v >= rng[0]) & (v <= rng[1])  # NULL (NaN) is out of every range
             lim = backend.stage(rq.req[:, res])[ev]
@@ -361,8 +361,8 @@ class PeakPrediction(Analysis):
         stats = dict(zip(STATS, (int(x) for x in np.asarray(rest["stats"])), strict=True))
         prm = self.params
 
-        def rng(r: tuple[int, ...] | None) -> str:
-            return "all" if r is None else f"{r[0]}..{r[1]}"
+        def rng(r: tuple[int, ...]) -> str:
+            return f"{r[0]}..{r[1]}" if self.apply_ranges else "all"
 
         info = pd.DataFrame([{"analysis": self.name, "metric": self.metric, "horizon_s": int(self.horizon_s),
                               "oracle_percentile": prm.oracle_percentile, "cap_to_limit": prm.cap_to_limit,

@@ -89,8 +89,9 @@ def last_step(tables: dict) -> int:
 
 
 def check(res: dict, tables: dict, opts: dict) -> None:
-    rows, stats = ref.samples(tables, opts.get("metric", "cpu_p90"), opts.get("priority_range", (0, 400)),
-                              opts.get("scheduling_class_range", (2, 3)))
+    keep_all = not opts.get("apply_ranges", True)
+    rows, stats = ref.samples(tables, opts.get("metric", "cpu_p90"), None if keep_all else opts.get("priority_range", (0, 400)),
+                              None if keep_all else opts.get("scheduling_class_range", (2, 3)))
     info = res["info"].iloc[0]
     for k, v in stats.items():
         assert info[k] == v, k
@@ -133,7 +134,7 @@ def test_matches_the_reference(seed, variant):
     if variant == "small-uncapped":
         opts.update(cap_to_limit=False, combine=("borg_default", "machine_percentile"))
     elif variant == "small-p":
-        opts.update(oracle_percentile=95.0, min_samples=0, priority_range=None, scheduling_class_range=None)
+        opts.update(oracle_percentile=95.0, min_samples=0, apply_ranges=False)
     elif variant == "avg_mem":
         opts.update(metric="avg_mem", scheduling_class_range=(0, 3))
     a = PeakPrediction(**opts)
@@ -143,8 +144,8 @@ def test_matches_the_reference(seed, variant):
 def test_defaults_on_a_long_cell():
     """The paper's defaults (24 samples, 24 / 120 history, 24 h horizon) on two days of samples."""
     tables = cell(7, n_machines=2, n_inst=6, n_steps=600)
-    res = run(TableSource(tables), PeakPrediction(scheduling_class_range=None))["peak-prediction"]
-    check(res, tables, {"scheduling_class_range": None})
+    res = run(TableSource(tables), PeakPrediction(scheduling_class_range=(0, 3)))["peak-prediction"]
+    check(res, tables, {"scheduling_class_range": (0, 3)})
     assert res["machine"]["oracle"].notna().sum() > 100
 
 
@@ -256,6 +257,8 @@ def test_layouts_schedulers_and_cli(ds, tmp_path):
     bucketed = tmp_path / "bucketed"
     optimize(ds, out=bucketed, buckets=4)
     assert_results_same(base, run(Dataset(bucketed), a, partitions=4))
+    assert_results_same(base, run(Dataset(bucketed), a, partitions=3, scheduler="sync"))
+    assert_results_same(base, run(Dataset(bucketed), a, partitions=3, workers=2, scheduler="local:2"))
     out = tmp_path / "cli"
     opts = [x for k, v in SMALL.items() for x in ("-O", f"{k}={v}")]
     assert main(["analyze", str(ds), "peak-prediction", *opts, "--out", str(out), "--quiet"]) == 0
