@@ -36,10 +36,16 @@ def plot_usage_vs_request(result: dict[str, pd.DataFrame], path: Path, *, title:
             ax.step(x, y, where="post", lw=2.2 if tier == "all" else 1.0, label=f"{tier}: {above:.0%} above")
         ax.axvline(1.0, color="k", lw=0.8, ls="--")
         ax.set_xscale("log")
+        used = h[(h["measure"] == measure) & (h["windows"] > 0)]
+        lo = used["lo_ratio"][used["lo_ratio"] > 0]
+        hi = np.where(np.isinf(used["hi_ratio"]), used["lo_ratio"], used["hi_ratio"])
+        if len(lo) and len(hi):  # the data's range: the zero-usage bin is the curves' value at the left edge
+            ax.set_xlim(min(float(lo.min()), 1.0) / 1.5, max(float(np.max(hi)), 1.0) * 1.5)
         ax.set_xlabel(f"{measure.replace('_', ' ')} usage / limit (log)")
         ax.legend(fontsize="x-small", loc="upper left")
     axes[0].set_ylabel("share of windows")
     axes[2].set_ylabel("share of windows")
-    set_title(fig, title, "share of windows with usage / limit at most x, by tier (dashed: the limit)")
+    set_title(fig, title, "share of windows with usage / limit at most x, by tier (dashed: the limit; windows "
+              "with zero usage start each curve above 0)")
     save_figure_atomic(fig, path)
     return True
