@@ -84,6 +84,7 @@ def test_csv_export_matches_the_parquet_results(cell: Path) -> None:
     (("ds", "cell-usage", "--out", "x.html", "--results", "x.html"), "must differ"),
     (("ds", "cell-usage", "--format", "csv", "--out", "raw"), "not gpuclust results"),
     (("ds", "cell-usage", "--out", "raw"), "is a folder"),
+    (("ds", "no-such-analysis", "--out", "x.html"), "unknown analysis 'no-such-analysis'"),
 ])
 def test_expected_faults_are_one_line(cell: Path, args: tuple[str, ...], message: str) -> None:
     r = _gpuclust("report", *args, "--quiet", cwd=cell)

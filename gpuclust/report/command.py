@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +24,16 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
     p = subparsers.add_parser(
         "report", help="one self-contained HTML page (or CSV files) of a dataset's analyses",
-        description=__doc__, epilog="analyses and their options (-O NAME=VALUE):\n" + options_text(),
+        description=textwrap.fill(
+            "Run the analyses a dataset can run (or the NAMEs) into a results folder, or reuse it when its _run.json "
+            "says it holds the same dataset (not written since), analyses and options; then write one "
+            "self-contained HTML page: provenance, data quality, and per analysis a caption, the figure (hover, "
+            "zoom) and the key numbers. --format csv writes every result table as CSV instead.", 88),
+        epilog="analyses and their options (-O NAME=VALUE):\n" + options_text(),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dataset", metavar="DATASET", help="canonical dataset folder (from `gpuclust ingest`)")
-    p.add_argument("names", metavar="NAME", nargs="*", choices=[*names(), []],
-                   help="analyses (default: every one the dataset can run)")
+    p.add_argument("names", metavar="NAME", nargs="*",
+                   help=f"analyses (default: every one the dataset can run): {', '.join(names())}")
     p.add_argument("--out", required=True, metavar="PATH",
                    help="the page to write (report.html); with --format csv, a folder")
     p.add_argument("--format", choices=("html", "csv"), default="html",
