@@ -127,14 +127,28 @@ def _span_text(facts: dict[str, Any]) -> str:
     return ("trace hours since the trace start: " + "; ".join(parts)) if parts else "unknown"
 
 
+def _selection_text(sel: Any) -> str:
+    """``[FROM, TO)`` of a run's time selection, with its trace hours."""
+    if not isinstance(sel, dict):
+        return str(sel)
+    def hours(us: Any) -> str:
+        return "the end" if us is None else f"{(int(us) - 600_000_000) / 3.6e9:.2f} h"
+
+    text = f"[{sel.get('from') or 'start'}, {sel.get('to') or 'end'})"
+    if "from_us" in sel or "to_us" in sel:
+        text += f", trace hours {hours(sel.get('from_us', 600_000_000))} to {hours(sel.get('to_us'))}"
+    if sel.get("time_zone"):
+        text += f" (wall-clock in {sel['time_zone']})"
+    return text
+
+
 def _sample_text(run: dict[str, Any], facts: dict[str, Any], manifest_synthetic: bool) -> str:
     parts = []
     sel = facts.get("selection")
     if sel:
         parts.append(f"chosen at ingest: {sel.get('text', sel)}")
     if run.get("selection"):
-        s = run["selection"]
-        parts.append(f"time selection of this run: {s.get('text', s) if isinstance(s, dict) else s}")
+        parts.append(f"time selection of this run: {_selection_text(run['selection'])}")
     if manifest_synthetic:
         parts.append("a synthetic cell (gpuclust synth)")
     return "; ".join(parts) or "the whole dataset (no sample or selection)"
