@@ -54,8 +54,13 @@ def render(results: Mapping[str, Mapping[str, pd.DataFrame]], analyses: Mapping[
             written.append(rel)
         summary.append(a.summary(tables) if a is not None else f"{key}: {list(tables)}")
         title = getattr(a, "label", key) + (f" · {subject}" if subject else "")
-        if plots and a is not None and plot_result(a.name, dict(tables), folder / key / f"{key}.png", title=title):
-            written.append(f"{key}/{key}.png")
+        if plots and a is not None:
+            if plot_result(a.name, dict(tables), folder / key / f"{key}.png", title=title):
+                written.append(f"{key}/{key}.png")
+            else:  # say why there is no plot (summary.txt), instead of leaving it out silently
+                from gpuclust.report.sections import empty_reason
+
+                summary[-1] += f"\n  {empty_reason(a.name, tables)}"
     (folder / "summary.txt").write_text("\n\n".join(summary) + "\n")
     written.append("summary.txt")
     return written
