@@ -57,7 +57,7 @@ VIOLATION_TOL = 1e-9
 #: Longest horizon (7 days): the oracle's working matrix is a chunk of snapshots x horizon steps.
 MAX_HORIZON_S = 7 * 86400
 #: Samples (instance-steps) per shard of the machine table.
-SHARD_ROWS = 1 << 21
+SHARD_ROWS = 1 << 20
 #: Counters of the usage rows, in this order.
 STATS = ("rows", "alloc_rows", "unplaced_rows", "unknown_machine_rows", "null_metric_rows", "no_limit_rows",
          "filtered_rows", "used_rows")
@@ -192,8 +192,8 @@ class PeakPrediction(Analysis):
     # ---------------------------------------------------------------- partial / merge
     @staticmethod
     def _empty_rows() -> dict[str, np.ndarray]:
-        return {"key": np.zeros(0, np.int64), "inst": np.zeros(0, np.int64), "usage": np.zeros(0),
-                "limit": np.zeros(0)}
+        return {"key": np.zeros(0, np.int64), "inst": np.zeros(0, np.int64), "usage": np.zeros(0, np.float32),
+                "limit": np.zeros(0, np.float32)}
 
     def empty(self, backend: Any = None) -> dict[str, Any]:
         return {"rows": self._empty_rows(), "count": np.zeros(0, np.int64), "stats": np.zeros(len(STATS), np.int64)}
@@ -223,7 +223,8 @@ class PeakPrediction(Analysis):
         idx = xp.nonzero(keep & fin)[0]
         rq = ctx.requests
         c, i, st = cols["collection_id"][idx], cols["instance_index"][idx], s[idx]
-        ((hit, ev),) = asof_events(backend, rq, c, i, st, [(rq.req > 0).all(1)], "peak-prediction")
+        both = np.asarray((rq.req > 0).all(1), dtype=bool)  # GI: cpus > 0 and memory > 0
+        ((hit, ev),) = asof_events(backend, rq, c, i, st, [both], "peak-prediction")
         stats["no_limit_rows"] = int(idx.shape[0]) - int(xp.count_nonzero(hit))
         ok = hit
         if int(rq.key.shape[0]):
@@ -245,7 +246,9 @@ class PeakPrediction(Analysis):
         key = code * ctx.span + s[idx] // STEP_US
         inst = key_hash(xp, [cols["collection_id"][idx], cols["instance_index"][idx]]).view(xp.int64)
         o = xp.argsort(key)
-        out["rows"] = {"key": key[o], "inst": inst[o], "usage": u[idx][o], "limit": lim[sel][o].astype(xp.float64)}
+        # float32: the trace's usage and request columns are float32, so nothing is lost (24 bytes a row)
+        out["rows"] = {"key": key[o], "inst": inst[o], "usage": u[idx][o].astype(xp.float32),
+                       "limit": lim[sel][o].astype(xp.float32)}
         out["count"] = xp.bincount(code, minlength=M).astype(xp.int64)
         return out
 
