@@ -150,9 +150,11 @@ def test_report_renders_in_chromium(chromium: str, report: tuple[str, Path, set[
 
 
 #: Appended to a copy of the page: after the page's own script, hover over the middle of the first
-#: figure's first axes, drag a zoom rectangle, double-click; the results go on <body>.
+#: axes of the cell-usage figure (else the first figure), drag a zoom rectangle, double-click; the
+#: results go on <body>.
 PROBE = """<script>document.addEventListener("DOMContentLoaded", function () {
-  var fig = document.querySelector("figure.plot"), svg = fig.querySelector("svg");
+  var fig = document.querySelector("figure.plot[data-figure='cell-usage']") || document.querySelector("figure.plot");
+  var svg = fig.querySelector("svg");
   var a = JSON.parse(svg.getAttribute("data-axes"))[0], vb = svg.viewBox.baseVal;
   function at(fx, fy) {
     var p = svg.createSVGPoint(); p.x = fx * vb.width; p.y = (1 - fy) * vb.height;
@@ -192,6 +194,11 @@ def test_hover_and_zoom_in_chromium(chromium: str, report: tuple[str, Path, set[
             value = float(tip.split(f"{label}: ", 1)[1].split(" | ")[0])
             lo, hi = axes[which]
             assert value == pytest.approx((lo + hi) / 2, abs=0.02 * abs(hi - lo)), (which, tip, axes)
+    if name == "synthetic":  # a time axis: the wall-clock instant too (the 2019 trace starts 2019-05-01 07:00 UTC)
+        assert axes["xlabel"] == "trace hours (since the trace start)", axes
+        hours = (axes["x"][0] + axes["x"][1]) / 2
+        minute = 7 * 60 + hours * 60
+        assert f"UTC: 2019-05-01 {int(minute // 60):02d}:" in tip, tip
     full = attrs["data-probe-reset"].split()
     zoomed = attrs["data-probe-zoomed"].split()
     assert len(zoomed) == 4 and float(zoomed[2]) < float(full[2]) and float(zoomed[3]) < float(full[3])

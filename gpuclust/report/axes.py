@@ -14,17 +14,18 @@ from typing import Any
 
 import numpy as np
 
+from gpuclust.schema import TRACE_OFFSET_US
+
 __all__ = ["TIME_LABEL", "edge_buckets", "mark_partial_buckets", "nothing_to_plot", "set_title", "trace_hours",
            "wrap_label"]
 
 #: The x label of every time series.
 TIME_LABEL = "trace hours (since the trace start)"
-_TRACE_START_US = 600_000_000
 
 
 def trace_hours(us: Any) -> np.ndarray:
     """Trace microseconds -> hours since the trace start (trace time 600 s)."""
-    return (np.asarray(us, dtype=np.float64) - _TRACE_START_US) / 3.6e9
+    return (np.asarray(us, dtype=np.float64) - TRACE_OFFSET_US) / 3.6e9
 
 
 def edge_buckets(starts_us: Sequence[int] | np.ndarray, width_us: float, lo_us: float | None = None,
@@ -35,7 +36,7 @@ def edge_buckets(starts_us: Sequence[int] | np.ndarray, width_us: float, lo_us: 
     s = np.unique(np.asarray(starts_us, dtype=np.float64))
     if s.size == 0 or not width_us > 0:
         return []
-    lo = _TRACE_START_US if lo_us is None else float(lo_us)
+    lo = TRACE_OFFSET_US if lo_us is None else float(lo_us)
     out = []
     if s[0] < lo < s[0] + width_us:
         out.append((float(s[0]), float(s[0] + width_us), "starts before the data"))

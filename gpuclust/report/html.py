@@ -75,11 +75,16 @@ def render_page(run: dict[str, Any], results: Mapping[str, Mapping[str, Any]], r
                 facts: dict[str, Any] | None = None, summary_text: str = "",
                 progress: Callable[[str], None] | None = None) -> tuple[str, int]:
     """The page's HTML and the number of figures in it."""
+    from gpuclust.engine.selection import TRACE_START
+    from gpuclust.report.axes import TIME_LABEL
     from gpuclust.report.provenance import provenance_rows, subject
     from gpuclust.report.sections import caption, empty_reason, key_numbers, ordered
 
     facts = facts or {}
     who = subject(run, facts)
+    start = TRACE_START.get(str(run.get("trace_version") or facts.get("trace_version")))
+    clock = (f' data-time-label="{html.escape(TIME_LABEL)}" data-trace-start-ms="{int(start.timestamp() * 1000)}"'
+             if start is not None else "")
     name_of = {a["key"]: a["name"] for a in run.get("analyses", [])}
     label_of = {a["key"]: a.get("label", a["key"]) for a in run.get("analyses", [])}
     keys = ordered([k for k in results if k in name_of], name_of)
@@ -113,7 +118,7 @@ def render_page(run: dict[str, Any], results: Mapping[str, Mapping[str, Any]], r
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
 <meta name="generator" content="gpuclust report">
 <title>gpuclust report · {html.escape(who)}</title><style>{_asset("report.css")}</style></head>
-<body data-figures-expected="{n_fig}">
+<body data-figures-expected="{n_fig}"{clock}>
 <header><h1>gpuclust report</h1><p class="sub">{html.escape(who)} · {len(keys)} analyses, {n_fig} figures</p>
 <nav><a href="#provenance">provenance</a> {" ".join(nav)}</nav></header>
 <main><section id="provenance"><h2>Provenance</h2><table class="prov">{prov}</table>{summary}</section>

@@ -14,6 +14,9 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
+from gpuclust.report.axes import trace_hours
+from gpuclust.schema import TIME_AFTER_TRACE, TRACE_OFFSET_US
+
 __all__ = ["code_commit", "dataset_facts", "device_text", "load_results", "provenance_rows", "read_run_file",
            "subject"]
 
@@ -121,8 +124,8 @@ def _span_text(facts: dict[str, Any]) -> str:
         lo, hi = v.get("time_min"), v.get("time_max")
         if not v.get("rows") or lo is None or hi is None:
             continue
-        a = (max(int(lo), 600_000_000) - 600_000_000) / 3.6e9
-        b = "after the trace (2^63-1)" if int(hi) >= 2**63 - 1 else f"{(int(hi) - 600_000_000) / 3.6e9:.2f}"
+        a = float(trace_hours(max(int(lo), TRACE_OFFSET_US)))
+        b = "after the trace (2^63-1)" if int(hi) >= TIME_AFTER_TRACE else f"{float(trace_hours(int(hi))):.2f}"
         parts.append(f"{t} {a:.2f} to {b}")
     return ("trace hours since the trace start: " + "; ".join(parts)) if parts else "unknown"
 
@@ -132,11 +135,11 @@ def _selection_text(sel: Any) -> str:
     if not isinstance(sel, dict):
         return str(sel)
     def hours(us: Any) -> str:
-        return "the end" if us is None else f"{(int(us) - 600_000_000) / 3.6e9:.2f} h"
+        return "the end" if us is None else f"{float(trace_hours(int(us))):.2f} h"
 
     text = f"[{sel.get('from') or 'start'}, {sel.get('to') or 'end'})"
     if "from_us" in sel or "to_us" in sel:
-        text += f", trace hours {hours(sel.get('from_us', 600_000_000))} to {hours(sel.get('to_us'))}"
+        text += f", trace hours {hours(sel.get('from_us', TRACE_OFFSET_US))} to {hours(sel.get('to_us'))}"
     if sel.get("time_zone"):
         text += f" (wall-clock in {sel['time_zone']})"
     return text

@@ -17,6 +17,8 @@
     if (scale === "log") return Math.pow(10, Math.log10(lim[0]) + f * (Math.log10(lim[1]) - Math.log10(lim[0])));
     return lim[0] + f * (lim[1] - lim[0]);
   }
+  var timeLabel = document.body.getAttribute("data-time-label");
+  var traceStart = Number(document.body.getAttribute("data-trace-start-ms")) || 0;
   function setup(fig) {
     var svg = fig.querySelector("svg");
     if (!svg) return false;
@@ -42,6 +44,10 @@
         var lines = [];
         if (a.xscale !== "other") lines.push((a.xlabel || "x").split("\n")[0] + ": " + fmt(fromFrac((fx - b[0]) / (b[2] - b[0]), a.x, a.xscale)));
         if (a.yscale !== "other") lines.push((a.ylabel || "y").split("\n")[0] + ": " + fmt(fromFrac((fy - b[1]) / (b[3] - b[1]), a.y, a.yscale)));
+        if (a.xlabel === timeLabel && traceStart && a.xscale === "linear") {
+          var h = fromFrac((fx - b[0]) / (b[2] - b[0]), a.x, "linear");
+          lines.push("UTC: " + new Date(traceStart + h * 3600e3).toISOString().slice(0, 16).replace("T", " "));
+        }
         if (!lines.length) break;
         tip.textContent = lines.join("\n"); tip.style.display = "block";
         tip.style.left = ev.clientX - r.left + 14 + "px"; tip.style.top = ev.clientY - r.top + 14 + "px";
