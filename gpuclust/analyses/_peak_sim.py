@@ -34,7 +34,7 @@ import numpy as np
 __all__ = ["SimParams", "percentile_rows", "simulate"]
 
 #: Cells of a (rows x history) or (snapshots x horizon) matrix built at once.
-CHUNK_CELLS = 1 << 22
+CHUNK_CELLS = 1 << 20
 
 
 @dataclass(frozen=True)
