@@ -40,6 +40,7 @@ import pyarrow.json as pj
 from gpuclust.ingest import inflate
 from gpuclust.ingest.base import Chunk, ReadOptions, Reject, SourceError, SourceFile, clip_raw
 from gpuclust.ingest.normalize import conform
+from gpuclust.ingest.readers import _fast_usage
 from gpuclust.ingest.sampling import int_values
 from gpuclust.schema import (
     CPU_PERCENTILES_SOURCE_ORDER,
@@ -1089,7 +1090,15 @@ class _Parsed:
 
 
 def _parse_raw(src: SourceFile, piece: _Piece, opts: ReadOptions) -> _Parsed:
-    """The parse half of :func:`parse_piece` (runs ahead in the reader's thread when threads > 1)."""
+    """The parse half of :func:`parse_piece` (runs ahead in the reader's thread when threads > 1).
+
+    InstanceUsage pieces go to the compiled reader (:mod:`._fast_usage`) first; a piece it does
+    not accept (anything but clean records) is parsed by Arrow, with per-line isolation."""
+    if src.source_table == "instance_usage" and _fast_usage.available():
+        n_lines = piece.newlines + (1 if len(piece) and piece.buf[piece.end - 1] != 10 else 0)
+        fast = _fast_usage.parse(piece.view, n_lines)
+        if fast is not None:
+            return _Parsed(piece, fast, None, [], fast.num_rows)
     rejects: list[Reject] = []
     schema = raw_schema(src.source_table)
     try:
