@@ -265,3 +265,29 @@ def test_layouts_schedulers_and_cli(ds, tmp_path):
     got = pd.read_parquet(out / "peak-prediction" / "summary.parquet")
     pd.testing.assert_frame_equal(got, base["peak-prediction"]["summary"], check_exact=False, rtol=1e-12)
     assert any(out.rglob("*.svg")) or any(out.rglob("*.png"))
+
+
+def test_merge_laws_with_requests():
+    """The conformance checks' merge laws on a cell whose windows do join to requests (the generic
+    hypothesis cells carry none): identity, associativity, commutativity, any cut."""
+    from gpuclust.analyses.base import to_host
+    from gpuclust.backends import get_backend
+    from gpuclust.engine.local import context_of
+    from gpuclust.engine.partition import column_to_numpy
+
+    def partial_of(a, t, ctx, be):
+        return to_host(a.partial({c: be.asarray(column_to_numpy(t.column(c))) for c in a.columns}, ctx, be))
+
+    be = get_backend("cpu")
+    tables = cell(23, n_machines=3, n_inst=25)
+    a = PeakPrediction(**SMALL)
+    ctx = context_of(a, TableSource(tables))
+    t = tables["instance_usage"]
+    full = a.finalize(partial_of(a, t, ctx, be), ctx)
+    assert len(full["machine"]) > 30 and full["summary"]["violations"].sum() > 0
+    e = a.empty(be)
+    n = t.num_rows
+    for c1, c2 in ((0, n), (n // 3, 2 * n // 3), (1, n - 1), (17, 18)):
+        p1, p2, p3 = (partial_of(a, t.slice(lo, hi - lo), ctx, be) for lo, hi in ((0, c1), (c1, c2), (c2, n)))
+        for p in (a.merge(a.merge(p1, p2), p3), a.merge(p1, a.merge(p2, p3)), a.merge(p3, a.merge(e, a.merge(p2, p1)))):
+            assert_results_same({"r": a.finalize(p, ctx)}, {"r": full})
