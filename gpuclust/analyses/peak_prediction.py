@@ -232,7 +232,7 @@ class PeakPrediction(Analysis):
                 if self.apply_ranges:
                     v = backend.stage(rq.extra[name])[ev]
                     ok = ok & (v >= rng[0]) & (v <= rng[1])  # NULL (NaN) is out of every range
-            lim = backend.stage(rq.req[:, res])[ev]
+            lim = backend.stage(np.ascontiguousarray(rq.req[:, res]))[ev]
         else:
             lim = xp.zeros(int(idx.shape[0]))
         stats["filtered_rows"] = int(xp.count_nonzero(hit & ~ok))
