@@ -50,7 +50,7 @@ SETUP = {
 }
 #: Documents whose blocks read the synthetic dataset ``cell/ds`` without creating it.
 NEEDS_CELL = {"docs/analyses.md", "docs/analysis-cpi.md", "docs/analysis-overcommit.md", "docs/analysis-usage-change.md", "docs/analysis-job-usage.md", "docs/analysis-usage-vs-request.md",
-              "docs/analysis-machine-utilization.md", "docs/analysis-data-quality.md",
+              "docs/analysis-machine-utilization.md", "docs/analysis-data-quality.md", "docs/analysis-peak-prediction.md",
               "docs/analysis-usage-distribution.md", "docs/gpu.md", "docs/dataset.md", "docs/engine.md",
               "docs/scale.md", "docs/report.md"}
 

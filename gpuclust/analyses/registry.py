@@ -25,6 +25,7 @@ from gpuclust.analyses.machine_shapes import MachineShapes
 from gpuclust.analyses.machine_utilization import MachineUtilization
 from gpuclust.analyses.options import Option, options_of
 from gpuclust.analyses.overcommit import Overcommit
+from gpuclust.analyses.peak_prediction import PeakPrediction
 from gpuclust.analyses.usage_change import UsageChange
 from gpuclust.analyses.usage_distribution import UsageDistribution
 from gpuclust.analyses.usage_vs_request import UsageVsRequest
@@ -81,6 +82,10 @@ REGISTRY: dict[str, AnalysisEntry] = {
                       kernels=("hash_index",)),
         AnalysisEntry(Overcommit, "Per machine x time bucket: capacity vs. requested (by tier) vs. usage, ratios, "
                       "cell series, summary", kernels=("bucket_overlap", "grouped_sum", "hash_index")),
+        AnalysisEntry(PeakPrediction, "Peak-prediction overcommit simulator (Take it to the Limit; Google's "
+                      "cluster-resource-forecast semantics): per machine x 5 minutes limits, usage, the oracle peak and "
+                      "borg-default / N-sigma / per-instance and per-machine percentile / max / avg predictions; per "
+                      "predictor violation rate, severity and savings", kernels=("hash_index",)),
         AnalysisEntry(UsageChange, "Relative change of CPU and memory usage between consecutive windows of one "
                       "instance, by tier: exact shares within ±5/10/20/50%, binned distribution", kernels=("hash_index",)),
         AnalysisEntry(UsageVsRequest, "Usage / limit per window (average and maximum, CPU and memory), the limit "

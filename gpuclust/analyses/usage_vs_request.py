@@ -29,9 +29,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gpuclust.analyses._lookup import EVENT_COLUMNS, TierLookupContext, tier_lookup, triple_hash
+from gpuclust.analyses._lookup import EVENT_COLUMNS, TierLookupContext, tier_lookup
+from gpuclust.analyses._requests import REQUEST_COLUMNS, RequestTimeline, asof_events
 from gpuclust.analyses.base import Analysis, fmt, resolve_tier_map
-from gpuclust.analyses.grouping import segmented_last
 from gpuclust.analyses.options import tier_map_option
 from gpuclust.analyses.usage_change import RATIO_EDGES
 from gpuclust.partials import bin_quantile_edges, bin_rows
@@ -45,35 +45,6 @@ _M = len(MEASURES)
 _B = int(RATIO_EDGES.shape[0]) + 1
 _T = 17  # tier slots: the most tiers a tier map may have, plus "unknown"
 _COUNTS = ("windows", "no_limit", "unknown", "defined", "above_limit", "at_most_half")
-_REQUEST_COLUMNS = ("time", "collection_id", "instance_index", "req_cpu", "req_mem")
-
-
-@dataclass(frozen=True)
-class RequestTimeline:
-    """Events with a positive request, sorted by (instance hash, time, row): what windows are
-    joined to as of their start."""
-
-    key: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
-    collection: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    instance: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
-    time: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    req: np.ndarray = field(default_factory=lambda: np.zeros((0, 2)))
-
-    @classmethod
-    def build(cls, side: Any) -> RequestTimeline:
-        parts = [t for t in side.batches(list(_REQUEST_COLUMNS)) if t.num_rows]
-        if not parts:
-            return cls()
-        cols = {c: np.concatenate([np.asarray(t.column(c).to_numpy(zero_copy_only=False)) for t in parts])
-                for c in _REQUEST_COLUMNS}
-        req = np.stack([np.nan_to_num(cols["req_cpu"].astype(np.float64), nan=0.0),
-                        np.nan_to_num(cols["req_mem"].astype(np.float64), nan=0.0)], 1)
-        keep = (req > 0).any(1)
-        c, i, t = cols["collection_id"][keep].astype(np.int64), cols["instance_index"][keep].astype(np.int32), \
-            cols["time"][keep].astype(np.int64)
-        key = triple_hash(np, c, i, np.zeros_like(c))
-        order = np.lexsort((t, key))  # stable: equal (key, time) keep their row order
-        return cls(key[order], c[order], i[order], t[order], req[keep][order])
 
 
 @dataclass(frozen=True)
@@ -124,7 +95,7 @@ class UsageVsRequest(Analysis):
 
     @property
     def side_inputs(self) -> dict[str, tuple[str, ...]]:
-        return {"instance_events": tuple(dict.fromkeys((*EVENT_COLUMNS, *_REQUEST_COLUMNS)))}
+        return {"instance_events": tuple(dict.fromkeys((*EVENT_COLUMNS, *REQUEST_COLUMNS)))}
 
     def bind(self, ctx: UsageVsRequestContext, side: dict[str, Any], grain: str | None) -> UsageVsRequestContext:
         ev = side["instance_events"]
@@ -138,46 +109,23 @@ class UsageVsRequest(Analysis):
                 "rsum": np.zeros((_T, _M))}
 
     def partial(self, cols: dict[str, Any], ctx: UsageVsRequestContext, backend: Any) -> dict[str, Any]:
-        xp, ops = backend.xp, backend.ops
+        xp = backend.xp
         out = {k: xp.asarray(v) for k, v in self.empty().items()}
         s = cols["start_time"]
         n = int(s.shape[0])
         if n == 0:
             return out
-        c, i = cols["collection_id"].astype(xp.int64), cols["instance_index"]
+        i = cols["instance_index"]
         found, code = ctx.lookup.find(backend, cols["collection_id"], i, cols["machine_id"])
         tier = xp.where(found, code, len(ctx.tier_map.names)).astype(xp.int64)
         rq = ctx.requests
-        ne = int(rq.key.shape[0])
         limit = xp.zeros((n, 2))
-        if ne:
-            # as-of join: events and windows in one order by (instance, time), an event before a
-            # window at the same time; each window takes the last event of its instance run
-            wkey = triple_hash(xp, c, i, xp.zeros_like(c))
-            key = xp.concatenate([backend.stage(rq.key), wkey])
-            t = xp.concatenate([backend.stage(rq.time), s])
-            tag = xp.concatenate([xp.zeros(ne, xp.int64), xp.ones(n, xp.int64)])
-            order = xp.lexsort(xp.stack([tag, t, key.view(xp.int64)]))
-            ks = key[order]
-            run_start = xp.ones(ks.shape[0], dtype=bool)
-            run_start[1:] = ks[1:] != ks[:-1]
-            first = segmented_last(ops, xp, run_start, 0)  # each row's run start
-            is_win = order >= ne
-            win_row = order[is_win] - ne
-            ev_c, ev_i = backend.stage(rq.collection), backend.stage(rq.instance)
-            req = backend.stage(rq.req)
-            for r in (0, 1):
-                has = (order < ne)
-                has[has] = req[order[has], r] > 0
-                at = segmented_last(ops, xp, has, first)
-                hit = (at >= 0)[is_win]
-                ev = order[xp.maximum(at[is_win], 0)]
-                ev = xp.where(hit, ev, 0)
-                # the hash joined them: the keys must match too (a collision would raise here)
-                bad = hit & ((ev_c[ev] != c[win_row]) | (ev_i[ev] != i[win_row]))
-                if bool(bad.any()):
-                    raise RuntimeError("usage-vs-request: 64-bit hash collision between two instance keys (please report)")
-                limit[win_row, r] = xp.where(hit, req[ev, r], 0.0)
+        joined = asof_events(backend, rq, cols["collection_id"], i, s, [rq.req[:, r] > 0 for r in (0, 1)],
+                             "usage-vs-request")
+        req = backend.stage(rq.req) if rq.key.shape[0] else None
+        for r, (hit, ev) in enumerate(joined):
+            if req is not None:
+                limit[:, r] = xp.where(hit, req[ev, r], 0.0)
         counts, hist, rsum = [], [], []
         edges = xp.asarray(RATIO_EDGES)
         for _, col, r in MEASURES:

@@ -77,6 +77,10 @@ def plot_result(name: str, result: dict[str, pd.DataFrame], path: Path, *, title
         from gpuclust.report.machine_utilization_plots import plot_machine_utilization
 
         return plot_machine_utilization(result, path, title=title or name)
+    if name == "peak-prediction":
+        from gpuclust.report.peak_prediction_plots import plot_peak_prediction
+
+        return plot_peak_prediction(result, path, title=title or name)
     if name == "usage-change":
         from gpuclust.report.usage_change_plots import plot_usage_change
 
