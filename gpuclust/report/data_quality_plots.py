@@ -52,6 +52,5 @@ def plot_data_quality(result: dict[str, pd.DataFrame], path: Path, *, title: str
         ax2.set_xlabel("max_cpu / cpu_p100 (line: 1)")
         ax2.set_ylabel("usage windows")
     set_title(fig, title, "what each data-quality check flags: share and count, by table")
-    fig.tight_layout(rect=(0, 0, 1, 0.92))
     save_figure_atomic(fig, path)
     return True
