@@ -34,6 +34,7 @@ from gpuclust.dataset import MANIFEST, REJECTS_DIR, fsync_dir, new_manifest, wri
 from gpuclust.ingest.base import ReadOptions, SourceFile
 from gpuclust.ingest.detect import detect, expand_sources
 from gpuclust.ingest.progress import Progress
+from gpuclust.ingest.readers import _fast_usage
 from gpuclust.ingest.sampling import IngestSelection, SelectionSpecError
 from gpuclust.ingest.twins import TwinError, resolve_twins
 from gpuclust.ingest.writer import STAGING_DIR, FileResult, ingest_file, ingest_file_task, init_worker
@@ -555,6 +556,10 @@ def _run(
     # Hash inputs (threads: hashlib releases the GIL); an input already done with the same path,
     # size and modification time keeps its recorded hash without being read again.
     known = _known_inputs(m)
+    if (workers == 1 or len(srcs) == 1) and any(
+        s.format == "v3-json" and s.source_table == "instance_usage" and s.problem is None for s in srcs
+    ):
+        _fast_usage.preload()  # read in this process: load the compiled JSON reader meanwhile
     with cf.ThreadPoolExecutor(max_workers=min(4, len(srcs))) as tp:
         hashed = list(tp.map(lambda s: _identify(s, known), srcs))
     srcs = [s for s, _ in hashed]

@@ -60,8 +60,8 @@ class Spy:
         self.refused = 0
         orig = _fast_usage.parse
 
-        def parse(data: Any, n_lines: int) -> pa.Table | None:
-            out = orig(data, n_lines)
+        def parse(data: Any, n_lines: int, threads: int = 1) -> pa.Table | None:
+            out = orig(data, n_lines, threads)
             if out is None:
                 self.refused += 1
             else:
@@ -171,6 +171,24 @@ def test_generated_records_all_pieces_fast(tmp_path: Path, monkeypatch: pytest.M
     spy, (tbl, rejects, rows) = both(f, monkeypatch, ReadOptions(chunk_bytes=64 << 10, threads=2))
     assert spy.took > 5 and spy.refused == 0
     assert rows == 3000
+
+
+@pytest.mark.parametrize("bad_at", [None, 5, 2990])
+def test_halves_parsed_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bad_at: int | None) -> None:
+    """With threads > 2 a big piece is parsed as two halves in two threads; a refused line in
+    either half sends the whole piece to the Arrow path."""
+    monkeypatch.setattr(_fast_usage, "_SPLIT_MIN", 1024)
+    cuts: list[int] = []
+    orig = _fast_usage._middle_line_end
+    monkeypatch.setattr(_fast_usage, "_middle_line_end", lambda buf: cuts.append(orig(buf)) or cuts[-1])
+    lines = [bq_json_line(r) for r in records("instance_usage", 3000, seed=4)]
+    if bad_at is not None:
+        lines[bad_at] = _line(EDGE_FALLBACK["quoted float"])
+    f = write_json(tmp_path / "instance_usage-000000000000.json.gz", lines)
+    spy, (tbl, rejects, rows) = both(f, monkeypatch, ReadOptions(chunk_bytes=256 << 10, threads=3))
+    assert rows == 3000 and spy.took >= 3
+    assert spy.refused == (0 if bad_at is None else 1)
+    assert len(cuts) >= 3 and all(c > 0 for c in cuts)
 
 
 def test_synth_shard(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

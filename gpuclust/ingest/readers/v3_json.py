@@ -28,7 +28,7 @@ import queue
 import re
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -784,8 +784,11 @@ class _BufferPool:
 _SLACK = max(_MAX_OUT, _READ_BLOCK)
 
 
-def _pieces(src: SourceFile, chunk_bytes: int) -> Iterator[_Piece]:
-    """Line-aligned pieces of ~chunk_bytes of the decompressed text.
+def _pieces(
+    src: SourceFile, chunk_bytes: int, count: Callable[[bytearray, int, int], int] | None = None
+) -> Iterator[_Piece]:
+    """Line-aligned pieces of ~chunk_bytes of the decompressed text (``count(buf, start, end)``,
+    when given, counts a piece's newlines instead of NumPy, and the pieces carry no ``nl_pos``).
 
     The text goes straight into reused buffers (:class:`_BufferPool`): a plain file is read into
     them with ``readinto``, decompressed blocks are copied in; only the partial line left after
@@ -865,9 +868,12 @@ def _pieces(src: SourceFile, chunk_bytes: int) -> Iterator[_Piece]:
                     if not final or error is not None:
                         break  # no line end yet (or never: a damaged file's partial last line)
                     cut = n  # the last line lacks a newline
-                # One pass finds the newlines: their count, and later the blank-line check.
-                nl_pos = np.flatnonzero(np.frombuffer(buf, np.uint8, cut - start, start) == 10)
-                nl = len(nl_pos)
+                if count is not None:  # the compiled reader parses it: only the count is needed
+                    nl_pos, nl = None, count(buf, start, cut)
+                else:
+                    # One pass finds the newlines: their count, and later the blank-line check.
+                    nl_pos = np.flatnonzero(np.frombuffer(buf, np.uint8, cut - start, start) == 10)
+                    nl = len(nl_pos)
                 yield _Piece(buf, start, cut, line, nl, f.tell(), nl_pos)
                 line += nl
                 start = cut
@@ -1096,7 +1102,7 @@ def _parse_raw(src: SourceFile, piece: _Piece, opts: ReadOptions) -> _Parsed:
     not accept (anything but clean records) is parsed by Arrow, with per-line isolation."""
     if src.source_table == "instance_usage" and _fast_usage.available():
         n_lines = piece.newlines + (1 if len(piece) and piece.buf[piece.end - 1] != 10 else 0)
-        fast = _fast_usage.parse(piece.view, n_lines)
+        fast = _fast_usage.parse(piece.view, n_lines, opts.threads)
         if fast is not None:
             return _Parsed(piece, fast, None, [], fast.num_rows)
     rejects: list[Reject] = []
@@ -1161,7 +1167,8 @@ def read(src: SourceFile, opts: ReadOptions) -> Iterator[Chunk]:
     """
     if src.source_table not in SOURCE_FIELDS:
         raise SourceError(src.path, f"v3 JSON has no table {src.source_table!r}")
-    pieces = _pieces(src, opts.chunk_bytes)
+    fast = src.source_table == "instance_usage" and _fast_usage.available()
+    pieces = _pieces(src, opts.chunk_bytes, _fast_usage.count_newlines if fast else None)
     if opts.threads > 1:
         for parsed in _threaded(_parse_raw(src, p, opts) for p in pieces):
             yield _finish_piece(src, parsed, opts)
