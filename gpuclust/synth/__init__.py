@@ -73,8 +73,19 @@ class SynthConfig:
     kill_fraction: float = 0.05
     lost_fraction: float = 0.003
     max_retries: int = 3
+    # planted truths (docs/synth.md "Planted laws"): job sizes, usage / request, usage change, scheduling delay
+    job_size_alpha: float = 1.2
+    usage_ratio_free: float = 0.6
+    usage_ratio_beb: float = 0.55
+    usage_ratio_mid: float = 0.45
+    usage_ratio_prod: float = 0.35
+    usage_ratio_sigma: float = 0.6
+    usage_window_sigma: float = 0.12
+    sched_delay_free_s: float = 60.0
+    sched_delay_beb_s: float = 20.0
+    sched_delay_mid_s: float = 8.0
+    sched_delay_prod_s: float = 3.0
     # usage
-    usage_median_fraction: float = 0.35
     diurnal_amplitude: float = 0.15
     machine_load_sigma: float = 0.4
     machine_cell_load_sigma: float = 0.35
@@ -105,6 +116,15 @@ class SynthConfig:
             raise ValueError("overcommit factors must be >= 1")
         if not self.max_machine_utilisation > 0:
             raise ValueError("max_machine_utilisation must be > 0 (inf: no limit)")
+        if self.job_size_alpha < 0:
+            raise ValueError("job_size_alpha must be > 0 (0: sizes not planted)")
+        for t in ("free", "beb", "mid", "prod"):
+            if not getattr(self, f"usage_ratio_{t}") > 0:
+                raise ValueError(f"usage_ratio_{t} must be > 0")
+            if not getattr(self, f"sched_delay_{t}_s") >= 0:
+                raise ValueError(f"sched_delay_{t}_s must be >= 0")
+        if self.usage_ratio_sigma < 0 or self.usage_window_sigma < 0:
+            raise ValueError("usage_ratio_sigma and usage_window_sigma must be >= 0")
 
 
 @dataclass
@@ -311,10 +331,10 @@ def format_usage(cols: dict[str, np.ndarray], sl: slice) -> tuple[bytes, np.ndar
 
 _KEEP = ("k", "u", "cpi", "mai", "cpi_base", "avg_cpu", "dur", "has_cpi", "cpi_outlier", "top", "machine", "cell",
          "start_time", "end_time", "collection_id", "instance_index", "max_cpu", "pct", "sample_rate", "n", "in_alloc",
-         "req_cpu", "priority")
+         "req_cpu", "priority", "exp_ratio", "collection_type")
 #: Columns the main process needs from a block (the rest stays in the worker).
 _SUMMARY = ("start_time", "avg_cpu", "dur", "top", "priority", "collection_type", "coll", "has_cpi", "cpi_outlier", "cpi",
-            "cpi_base", "machine")
+            "cpi_base", "machine", "exp_ratio", "req_cpu", "iv", "cell")
 _FMT_ROWS = 65536
 _WORKER_CTX: _usage.UsageContext | None = None
 
@@ -449,13 +469,17 @@ def synthesize(cfg: SynthConfig, out: Path | str, *, dataset: Path | str | None 
         "prio": np.array([c.prio for c in md.colls], np.int64),
         "alloc_cid": np.array([md.colls[c.alloc_set].cid if c.alloc_set >= 0 else 0 for c in md.colls], np.int64),
     }
+    tiers = _model.PLANT_TIERS
+    ratios = _usage.ratio_by_tier(cfg)
+    iv_ratio = np.array([ratios[t] for t in tiers.names])[tiers.tier_codes(coll["prio"][iv["coll"]]).astype(np.int64)]
     params = _usage.interval_params(iv, coll["ctype"][iv["coll"]] == int(CollectionType.ALLOC_SET),
-                                    np.random.default_rng(s_params), cfg)
+                                    np.random.default_rng(s_params), cfg, ratio=iv_ratio)
     cpi_base = np.array([p[1] if p[1] is not None else np.nan for p in _model.PLATFORMS])[md.m_platform]
     mai_base = np.array([p[2] if p[2] is not None else np.nan for p in _model.PLATFORMS])[md.m_platform]
     cap_c = np.where(md.m_null_cap, np.nan, md.m_cap_c / _model.UNIT)
     s_ml = cfg.machine_load_sigma
     load = np.exp(s_ml * np.random.default_rng(s_params.spawn(1)[0]).standard_normal(cfg.machines) - 0.5 * s_ml * s_ml)
+    load /= load.mean()  # mean exactly one over the machines (keeps the planted usage / request means)
     mach = {"mid": md.m_id, "cap_c": cap_c, "cap_true": md.m_cap_c / _model.UNIT, "cpi_base": cpi_base,
             "mai_base": mai_base, "load": load}
     ctx = _usage.UsageContext(cfg, iv, params, coll, mach, md.t_end)
@@ -475,6 +499,10 @@ def synthesize(cfg: SynthConfig, out: Path | str, *, dataset: Path | str | None 
     plat_w = np.zeros(len(_model.PLATFORMS))
     plat_wc = np.zeros(len(_model.PLATFORMS))
     kept: dict[str, list] = {}
+    n_tiers = len(tiers.names)
+    ratio_sums = np.zeros((4, n_tiers))  # windows, sum of E[usage/request], sum of realised, sum over machine-cells of windows^2
+    iv_windows = np.zeros(iv["coll"].size, np.int64)  # windows per running interval
+    mach_windows = np.zeros((n_tiers, cfg.machines), np.int64)  # windows per tier and machine
     for cols, chunks in _usage_blocks(ctx, blocks, g_last, usage_seeds, cfg.workers, keep_windows):
         W = cols["start_time"].size
         valid = np.ones(W, bool)
@@ -502,6 +530,17 @@ def synthesize(cfg: SynthConfig, out: Path | str, *, dataset: Path | str | None 
         plat = md.m_platform[cols["machine"][hc]]
         plat_w += np.bincount(plat, weights=cs[hc], minlength=plat_w.size)
         plat_wc += np.bincount(plat, weights=cols["cpi"][hc] * cs[hc], minlength=plat_w.size)
+        tcode = tiers.tier_codes(cols["priority"]).astype(np.int64)
+        ratio_sums[0] += np.bincount(tcode, minlength=n_tiers)
+        ratio_sums[1] += np.bincount(tcode, weights=cols["exp_ratio"], minlength=n_tiers)
+        ratio_sums[2] += np.bincount(tcode, weights=cols["avg_cpu"] / cols["req_cpu"], minlength=n_tiers)
+        iv_windows += np.bincount(cols["iv"], minlength=iv_windows.size)
+        mach_windows += np.bincount(tcode * cfg.machines + cols["machine"],
+                                    minlength=n_tiers * cfg.machines).reshape(n_tiers, cfg.machines)
+        g0_, g1_ = cols["cells"]
+        mc = np.bincount((tcode * cfg.machines + cols["machine"]) * (g1_ - g0_) + cols["cell"] - g0_)
+        mc_tier = np.arange(mc.size) // (cfg.machines * (g1_ - g0_))
+        ratio_sums[3] += np.bincount(mc_tier, weights=mc.astype(np.float64) ** 2, minlength=n_tiers)
         n_windows += W
         if keep_windows:
             for k in _KEEP:
@@ -520,6 +559,10 @@ def synthesize(cfg: SynthConfig, out: Path | str, *, dataset: Path | str | None 
 
     truth = _truth(cfg, md, counts, shards, prio_cpu_top, prio_cpu_all, prio_cpu_top_valid, job_cpu, n_windows,
                    n_cpi, n_outliers, cpi_sum, (plat_w, plat_wc))
+    iv_tier = tiers.tier_codes(coll["prio"][iv["coll"]]).astype(np.int64)
+    sq = {"interval": np.bincount(iv_tier, weights=iv_windows.astype(np.float64) ** 2, minlength=n_tiers),
+          "machine": (mach_windows.astype(np.float64) ** 2).sum(1), "machine_cell": ratio_sums[3]}
+    truth["planted"].update(_planted_laws(cfg, md, ratio_sums, sq))
     (out / TRUTH_FILE).write_text(json.dumps(truth, indent=1, sort_keys=True) + "\n")
     seconds = time.perf_counter() - t_start
     say(f"done: {n_windows:,} usage windows in {seconds:.1f}s ({n_windows / max(seconds, 1e-9) * 60:,.0f} windows/min)")
@@ -533,6 +576,103 @@ def synthesize(cfg: SynthConfig, out: Path | str, *, dataset: Path | str | None 
         say(f"ingesting {len(sources)} shards into {dataset}")
         res.ingest_report = ingest(sources, Path(dataset), extra_manifest={"synthetic": truth})
     return res
+
+
+def _share_within(sigma: float, h: float) -> float:
+    """P(|e^X - 1| <= h) for X ~ N(0, sigma^2)."""
+    from math import erf, log, sqrt
+
+    if sigma == 0:
+        return 1.0
+    phi = lambda x: 0.5 * (1 + erf(x / sqrt(2)))  # noqa: E731
+    return phi(log(1 + h) / sigma) - (phi(log(1 - h) / sigma) if h < 1 else 0.0)
+
+
+def _planted_laws(cfg, md, ratio_sums: np.ndarray, sq: dict[str, np.ndarray]) -> dict:
+    """The four planted laws of issue 11 (job sizes, usage / request, usage change, scheduling
+    delay): parameters, closed forms and what the generator realised (docs/synth.md)."""
+    names = _model.PLANT_TIERS.names
+    ratios = _usage.ratio_by_tier(cfg)
+    s_f = cfg.usage_ratio_sigma
+    n_w, e_sum, r_sum = ratio_sums[:3]
+    # standard error of a tier's mean usage / request over its windows: the interval factor f, the
+    # machine and machine-cell factors and the window factor are independent with mean one, shared by
+    # the windows of one interval, machine, machine-cell, window
+    var = {"interval": np.exp(s_f**2) - 1, "machine": np.exp(cfg.machine_load_sigma**2) - 1,
+           "machine_cell": np.exp(cfg.machine_cell_load_sigma**2) - 1}
+    with np.errstate(invalid="ignore", divide="ignore"):
+        sq = {**sq, "machine": np.maximum(sq["machine"] - n_w**2 / cfg.machines, 0.0)}  # load factors sum to one
+        rel_var = sum(var[k] * sq[k] for k in var) / n_w**2 + (np.exp(cfg.usage_window_sigma**2) - 1) / n_w
+        se = e_sum / n_w * np.sqrt(rel_var)
+    # usage change: consecutive full windows of an instance differ by the window factor and the
+    # machine-cell factor (both i.i.d. lognormal per window) and the sampling noise of 300 samples
+    sig = np.linspace(0.1, 0.7, 2001)
+    sampling_var = 2 * float(np.mean(np.exp(sig**2) - 1)) / _usage.CELL_S
+    planted_var = 2 * (cfg.usage_window_sigma**2 + cfg.machine_cell_load_sigma**2)
+    s_all = float(np.sqrt(planted_var + sampling_var))
+    ds = md.delay_stats
+    return {
+        "job_sizes": {
+            "alpha": cfg.job_size_alpha,
+            "kinds": list(_model.SIZED_KINDS) if cfg.job_size_alpha else [],
+            "tiers": ["free", "beb"] if cfg.job_size_alpha else [],
+            "law": "per job of the batch and free classes not in an alloc set: S = instances x CPU request x "
+                   "expected running seconds inside the trace window ~ scale x Pareto(alpha) (P(S > x) = "
+                   "(x / scale)^-alpha, capped at 1e4 x scale); the request follows (then the instance count "
+                   "where the request would leave [0.0005, 0.3])",
+            "expected_ncu_hours": "NCU-hours ~ usage_ratio[tier] x S / 3600 times a noise factor of mean about 1 "
+                                  "(usage, work and stops of its instances), so per tier the CCDF tail of job-usage's "
+                                  "ncu_hours (rows=top-level: jobs in alloc sets left out) has tail index alpha",
+            "scale_cpu_seconds": {k: float(v) for k, v in md.size_scale.items()},
+            **{k: int(v) for k, v in md.size_stats.items()},
+        },
+        "usage_ratio": {
+            "mean_by_tier": ratios,
+            "sigma": s_f,
+            "tier_map": _model.PLANT_TIERS.name,
+            "law": "each running interval's CPU level = request x f x mean-one factors (window, machine, "
+                   "machine-cell, diurnal normalised over the trace) with f = clip(mean[tier] x exp(sigma z - "
+                   "sigma^2/2), 0.01, 2.5); so E[average_usage.cpus / request] = mean[tier] (clipped mean below) "
+                   "for every task window; an alloc instance's window reports its tasks' sum",
+            "clipped_mean_by_tier": {t: _usage.clipped_lognormal_mean(r, s_f, *_usage.F_CPU_CLIP)
+                                     for t, r in ratios.items()},
+            "expected_mean_by_tier": {names[k]: float(e_sum[k] / n_w[k]) for k in range(len(names)) if n_w[k]},
+            "realised_mean_by_tier": {names[k]: float(r_sum[k] / n_w[k]) for k in range(len(names)) if n_w[k]},
+            "windows_by_tier": {names[k]: int(n_w[k]) for k in range(len(names)) if n_w[k]},
+            "expected_mean_se_by_tier": {names[k]: float(se[k]) for k in range(len(names)) if n_w[k]},
+            "definitions": "expected: mean over the tier's windows of the law's E[usage / request] (alloc "
+                           "windows: their tasks' expected usage / the alloc's request); realised: mean of "
+                           "average_usage.cpus / the request at SCHEDULE (not after UPDATE_RUNNING); machines "
+                           "throttled to max_machine_utilisation pull it below the expectation; se: the "
+                           "standard error of the tier's mean under the law (interval, machine, machine-cell and "
+                           "window factors independent, windows sharing them counted together)",
+        },
+        "usage_change": {
+            "window_sigma": cfg.usage_window_sigma,
+            "machine_cell_sigma": cfg.machine_cell_load_sigma,
+            "law": "within a running interval, consecutive 300 s windows (same machine) have independent "
+                   "lognormal window factors (usage_window_sigma) and machine-cell factors "
+                   "(machine_cell_load_sigma), so log(b / a) ~ N(0, 2 (sw^2 + smc^2)) plus the sampling "
+                   "noise of the mean of 300 samples (variance 2 E[exp(s_i^2) - 1] / 300, s_i ~ U(0.1, 0.7))",
+            "sigma_log_change": s_all,
+            "sigma_log_change_without_sampling": float(np.sqrt(planted_var)),
+            **{f"share_within_{int(h * 100)}pct": _share_within(s_all, h) for h in (0.05, 0.1, 0.2, 0.5)},
+            "applies_to": "task windows (not alloc instances) of full length; throttled machine-cells "
+                          "(max_machine_utilisation) and the diurnal drift (under 0.3% per window) add a little",
+        },
+        "scheduling_delay": {
+            "law": "every SUBMIT during the trace (new and resubmitted instances): the first placement attempt "
+                   "comes an exponential delay with the tier's mean after it (BATCH-scheduler jobs are ENABLEd "
+                   "within it); SCHEDULE then if the instance fits, else it waits for a scheduling pass. The "
+                   "population submitted at time 0 has no delay",
+            "mean_s_by_tier": {t: md.delay_mean_s[t] for t in names},
+            "median_s_by_tier": {t: md.delay_mean_s[t] * float(np.log(2)) for t in names},
+            "submissions_by_tier": {t: int(ds[t][0]) for t in names},
+            "drawn_mean_s_by_tier": {t: ds[t][1] / ds[t][0] if ds[t][0] else None for t in names},
+            "first_attempts_by_tier": {t: int(ds[t][2]) for t in names},
+            "placed_at_first_attempt_share_by_tier": {t: ds[t][3] / ds[t][2] if ds[t][2] else None for t in names},
+        },
+    }
 
 
 def _truth(cfg, md, counts, shards, prio_top, prio_all, prio_top_valid, job_cpu, n_windows, n_cpi, n_outliers,

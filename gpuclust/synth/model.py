@@ -25,12 +25,21 @@ from __future__ import annotations
 
 import base64
 import heapq
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from gpuclust.schema import TRACE_OFFSET_US, CollectionType, EventType, MachineEventType, MissingType, Relation
+from gpuclust.schema import (
+    TIER_MAPS,
+    TRACE_OFFSET_US,
+    CollectionType,
+    EventType,
+    MachineEventType,
+    MissingType,
+    Relation,
+)
 
 US = 1_000_000
 CELL_US = 300 * US
@@ -84,6 +93,29 @@ WORKLOAD: dict[str, dict[str, Any]] = {
 
 #: Fixed machine attribute names (hashed-looking) used by constraints.
 PRODUCTION_PRIORITY = 120
+#: The tier map the planted per-tier truths use (Google's notebook: free, beb, mid, prod).
+PLANT_TIERS = TIER_MAPS["notebook"]
+#: Workload classes whose job sizes follow the planted Pareto law (``job_size_alpha``).
+SIZED_KINDS = ("batch", "free")
+#: Mean of the lognormal(0, 0.4) factor of a batch task's work around its job's duration.
+WORK_SIGMA = 0.4
+WORK_MEAN = math.exp(WORK_SIGMA**2 / 2)
+#: Planted job sizes are capped at this many times their scale (keeps the class mean finite for any alpha).
+SIZE_CAP = 1e4
+#: CPU requests of sized jobs stay in this range (larger jobs get more instances, not bigger ones).
+SIZED_REQUEST_RANGE = (0.0005, 0.1)
+
+
+def tier_of(prio: int) -> str:
+    """The notebook tier (free, beb, mid, prod) of a priority."""
+    return PLANT_TIERS.names[int(PLANT_TIERS.tier_codes(np.array([prio]))[0])]
+
+
+def pareto_capped_mean(alpha: float, cap: float) -> float:
+    """E[min(X, cap)] for a Pareto X with scale 1 and tail index alpha (P(X > x) = x^-alpha, x >= 1)."""
+    if abs(alpha - 1.0) < 1e-9:
+        return 1.0 + math.log(cap)
+    return (alpha - cap ** (1.0 - alpha)) / (alpha - 1.0)
 
 
 def b64id(rng: np.random.Generator, nbytes: int = 32) -> str:
@@ -167,6 +199,14 @@ class Model:
         self.colls: list[Coll] = []
         self.stats = {"preemptions": 0, "machine_evictions": 0, "resubmissions": 0, "updates_running": 0,
                       "updates_pending": 0, "unplaced_at_end": 0}
+        #: planted scheduling delay (SUBMIT -> first placement attempt) per notebook tier: mean seconds
+        self.delay_mean_s = {t: float(getattr(cfg, f"sched_delay_{t}_s")) for t in PLANT_TIERS.names}
+        #: per tier: [submissions during the trace, sum of planted delays (s), first attempts, placed at the first]
+        self.delay_stats = {t: [0, 0.0, 0, 0] for t in PLANT_TIERS.names}
+        #: planted job sizes (SIZED_KINDS): per kind the scale s_min (CPU-seconds), and per job the size drawn
+        self.size_scale: dict[str, float] = {}
+        self.job_size: dict[int, float] = {}  # collection index -> planted size (requested CPU-seconds in the trace)
+        self.size_stats = {"jobs": 0, "request_clipped": 0}
 
     # ------------------------------------------------------------------------------- machines
     def make_machines(self) -> None:
@@ -310,13 +350,19 @@ class Model:
     def _cev(self, t: int, typ: int, c: Coll, missing: int = 0) -> None:
         self.coll_events.append((t, typ, c.idx, missing))
 
+    def _delay(self, c: Coll) -> int:
+        """A planted scheduling delay (µs): exponential with the tier's mean."""
+        return int(self.rng.exponential(self.delay_mean_s[tier_of(c.prio)]) * US)
+
     def _submit_coll(self, c: Coll, t: int) -> None:
         rng = self.rng
         self._cev(t, EventType.SUBMIT, c)
         ready = t
+        delays = [self._delay(c) for _ in range(c.n)] if t > 0 else [0] * c.n
         if c.scheduler == 1:
+            # the batch scheduler admits the job (ENABLE) within its instances' planted delays
             self._cev(t, EventType.QUEUE, c)
-            ready = t + int(rng.lognormal(np.log(60), 1.0) * US) if t > 0 else 0
+            ready = t + int(rng.uniform(0.5, 1.0) * min(delays)) if t > 0 else 0
             self._cev(ready, EventType.ENABLE, c)
         c.live = c.n
         self._ninst += c.n
@@ -329,9 +375,11 @@ class Model:
             insts[inst.key] = inst
             if not WORKLOAD[c.kind]["service"]:
                 inst.work = float(c.dur * rng.lognormal(0.0, 0.4))
-            self._submit_inst(inst, t, ready, first=True)
+            self._submit_inst(inst, t, ready, first=True, delay=delays[i])
 
-    def _submit_inst(self, inst: Inst, t: int, ready: int, first: bool = False) -> None:
+    def _submit_inst(self, inst: Inst, t: int, ready: int, first: bool = False, delay: int | None = None) -> None:
+        """SUBMIT ``inst`` at ``t``; its first placement attempt comes after the planted delay
+        (none for the population submitted at time 0)."""
         rng = self.rng
         self._iev(t, EventType.SUBMIT, inst)
         inst.state = "pending"
@@ -342,7 +390,11 @@ class Model:
         if t == 0:
             go = 0
         else:
-            go = max(ready, t) + int(rng.lognormal(np.log(1.5), 0.8) * US)
+            d = self._delay(inst.c) if delay is None else delay
+            go = t + d
+            st = self.delay_stats[tier_of(inst.c.prio)]
+            st[0] += 1
+            st[1] += d / US
         self._push(go, "ready", (inst, inst.attempt))
         if t > 0 and rng.random() < self.cfg.update_pending_fraction:
             self._push(t + int(rng.uniform(0.1, 0.9) * (go - t)) + 1, "upd_pending", (inst, inst.attempt))
@@ -580,6 +632,9 @@ class Model:
             e_req, e_reqdur = self._expected_req_cpu_seconds(kind)
             target = p["share"] * fill * total_lim  # requested NCUs in steady state
             self.rates[kind] = target / e_reqdur  # collections per second (Little's law)
+            if cfg.job_size_alpha and kind in SIZED_KINDS:
+                # planted sizes keep the kind's mean size (instances x request x work), so its arrival rate
+                self.size_scale[kind] = e_reqdur * WORK_MEAN / pareto_capped_mean(cfg.job_size_alpha, SIZE_CAP)
             # initial population: running before the trace
             if kind == "alloc_set":
                 continue
@@ -631,9 +686,44 @@ class Model:
                 c.parent = master.idx
                 c.user = master.user
                 master.children.append(c.idx)
+                self._size_job(master)
                 self._push(t, "csub", master)
+        self._size_job(c)
         self._push(t, "csub", c)
         return c
+
+    def _size_job(self, c: Coll) -> None:
+        """Plant the job's size (``job_size_alpha``): S = instances x CPU request x expected work of a
+        task (duration x E[lognormal(0, 0.4)]) is drawn from Pareto(alpha) with the kind's scale; the
+        instance count and the request follow (both scaled from the natural draws)."""
+        alpha = self.cfg.job_size_alpha
+        if not alpha or c.kind not in SIZED_KINDS or c.alloc_set >= 0:
+            return
+        size = self.size_scale[c.kind] * min(SIZE_CAP, float((1.0 - self.rng.random()) ** (-1.0 / alpha)))
+        work = c.dur * WORK_MEAN
+        n_cap = max(4, 3 * self.cfg.machines)
+        lo, hi = SIZED_REQUEST_RANGE
+        # the natural job (count n0, request r0) is scaled by k = S / (n0 r0 work): count and request by
+        # sqrt(k) each (so neither runs away), then the count moves where the request would leave [lo, hi]
+        k = size / (c.n * c.req_c / UNIT * work)
+        n = min(n_cap, max(1, round(c.n * math.sqrt(k))))
+        req = size / (n * work)
+        if req > hi:
+            n = min(n_cap, math.ceil(size / (hi * work)))
+        elif req < lo:
+            n = max(1, math.floor(size / (lo * work)))
+        req = size / (n * work)
+        if not lo <= req <= hi:
+            self.size_stats["request_clipped"] += 1
+        c.n = n
+        c.req_c = int(round(min(hi, max(lo, req)) * UNIT))
+        # memory in proportion to CPU (the kind's median ratio, lognormal sigma 0.5, mean kept), so a job
+        # with many small instances does not multiply independent memory requests
+        p = WORKLOAD[c.kind]
+        ratio = p["mem_median"] / p["cpu_median"] * math.exp(0.5 * float(self.rng.standard_normal()) - 0.125)
+        c.req_m = int(round(min(0.3, max(0.0002, c.req_c / UNIT * ratio)) * UNIT))
+        self.size_stats["jobs"] += 1
+        self.job_size[c.idx] = size
 
     def _loop(self) -> None:
         cfg = self.cfg
@@ -661,7 +751,12 @@ class Model:
                 inst, att = payload
                 if inst.state != "pending" or inst.attempt != att or inst.c.ended:
                     continue
-                if not self._try_place(inst, t):
+                placed = self._try_place(inst, t)
+                if t > 0:
+                    st = self.delay_stats[tier_of(inst.c.prio)]
+                    st[2] += 1
+                    st[3] += int(placed)
+                if not placed:
                     pending[inst.key] = inst
                 else:
                     pending.pop(inst.key, None)

@@ -83,21 +83,67 @@ def window_stats(samples: np.ndarray, n: np.ndarray, pick: np.ndarray | None = N
     return out
 
 
-def interval_params(iv: dict[str, np.ndarray], is_alloc: np.ndarray, rng: np.random.Generator, cfg) -> dict:
+#: Bounds of the per-interval usage / request factor f.
+F_CPU_CLIP = (0.01, 2.5)
+
+
+def ratio_by_tier(cfg) -> dict[str, float]:
+    """The planted mean CPU usage / request per notebook tier (``usage_ratio_<tier>``)."""
+    return {t: float(getattr(cfg, f"usage_ratio_{t}")) for t in ("free", "beb", "mid", "prod")}
+
+
+def clipped_lognormal_mean(mean: float, sigma: float, lo: float, hi: float) -> float:
+    """E[clip(X, lo, hi)] for a lognormal X with the given mean and log-sd.
+
+    Examples
+    --------
+    >>> round(clipped_lognormal_mean(0.5, 0.6, 0.0, float("inf")), 12)
+    0.5
+    """
+    from math import erf, inf, log, sqrt
+
+    if sigma == 0:
+        return float(min(max(mean, lo), hi))
+    mu = log(mean) - sigma * sigma / 2
+
+    def phi(x: float) -> float:
+        return 0.5 * (1 + erf(x / sqrt(2)))
+
+    def partial(c: float) -> float:  # E[X; X < c]
+        if c <= 0:
+            return 0.0
+        if c == inf:
+            return mean
+        return mean * phi((log(c) - mu - sigma * sigma) / sigma)
+
+    p_lo = phi((log(lo) - mu) / sigma) if lo > 0 else 0.0
+    p_hi = phi((log(hi) - mu) / sigma) if hi < inf else 1.0
+    return lo * p_lo + (partial(hi) - partial(lo)) + hi * (1 - p_hi)
+
+
+def interval_params(iv: dict[str, np.ndarray], is_alloc: np.ndarray, rng: np.random.Generator, cfg,
+                    ratio: np.ndarray | None = None) -> dict:
     """Per-interval usage parameters (drawn once, after the simulation).
 
     ``is_alloc`` marks the intervals of alloc instances; they and the tasks inside them keep
     ``sample_rate`` 1 so the alloc's samples are exact per-second sums of its tasks' samples.
+    ``ratio`` is the planted mean usage / request of each interval's tier: the interval's factor
+    ``f = clip(ratio x exp(sigma z - sigma^2/2), 0.01, 2.5)``, sigma = ``usage_ratio_sigma``.
     """
     k = iv["coll"].size
-    f_cpu = np.clip(rng.lognormal(np.log(cfg.usage_median_fraction), 0.6, k), 0.01, 2.5)
+    if ratio is None:
+        ratio = np.full(k, ratio_by_tier(cfg)["prod"])
+    s_f = cfg.usage_ratio_sigma
+    f_cpu = np.clip(ratio * np.exp(s_f * rng.standard_normal(k) - 0.5 * s_f * s_f), *F_CPU_CLIP)
     sig = rng.uniform(0.1, 0.7, k)
     f_mem = rng.uniform(0.3, 0.95, k)
     pc = rng.uniform(0.0, 0.3, k)
     rate = np.ones(k)
     lowr = (rng.random(k) < cfg.low_sample_rate_fraction) & (iv["alloc_iv"] < 0) & ~is_alloc
     rate[lowr] = rng.choice([0.5, 1 / 3, 0.25], size=int(lowr.sum()))
-    return {"f_cpu": f_cpu, "sig": sig, "f_mem": f_mem, "pc": pc, "rate": rate}
+    f_mean = np.array([clipped_lognormal_mean(r, s_f, *F_CPU_CLIP) for r in np.unique(ratio)])
+    f_mean = f_mean[np.searchsorted(np.unique(ratio), ratio)]
+    return {"f_cpu": f_cpu, "f_mean": f_mean, "sig": sig, "f_mem": f_mem, "pc": pc, "rate": rate}
 
 
 def enumerate_windows(iv: dict[str, np.ndarray], g0: int, g1: int, t_end: int) -> dict[str, np.ndarray]:
@@ -119,6 +165,15 @@ def enumerate_windows(iv: dict[str, np.ndarray], g0: int, g1: int, t_end: int) -
     we = np.minimum(e_sec[rep], (cell + 1) * CELL_S)
     keep = we - ws >= 1
     return {"iv": sel[rep][keep], "cell": cell[keep], "ws": ws[keep], "we": we[keep]}
+
+
+def diurnal_factor(amplitude: float, t_s: np.ndarray, span_s: float) -> np.ndarray:
+    """``(1 + A sin(2 pi t / 1 d)) / (1 + A x mean of the sine over the trace)``: a daily cycle with
+    mean one over the trace window ``[0, span_s)`` (t in seconds since the trace start), so it keeps
+    the planted usage / request means."""
+    w = 2 * np.pi / 86400.0
+    mean_sin = (1 - np.cos(w * span_s)) / (w * span_s) if span_s > 0 else 0.0
+    return (1.0 + amplitude * np.sin(w * t_s)) / (1.0 + amplitude * mean_sin)
 
 
 def plant_cpi(k: np.ndarray, u: np.ndarray, base: np.ndarray, a: float, b: float, sigma: float,
@@ -164,14 +219,15 @@ def generate_block(ctx: UsageContext, g0: int, g1: int, rng: np.random.Generator
     req_c = iv["req_c"][ivx] / UNIT
     req_m = iv["req_m"][ivx] / UNIT
     tmid = (w["ws"] + w["we"]) / 2.0 - TRACE_OFFSET_US / US
-    diurnal = 1.0 + cfg.diurnal_amplitude * np.sin(2 * np.pi * tmid / 86400.0)
+    diurnal = diurnal_factor(cfg.diurnal_amplitude, tmid, (ctx.t_end - TRACE_OFFSET_US) / US)
     # machine-level load: a per-machine factor (drawn once) and a per-(machine, cell) factor shared by
     # everything on the machine in that cell, so machine utilisation varies apart from the task count
     nm = ctx.mach["mid"].size
     s_mc = cfg.machine_cell_load_sigma
     mc_fac = np.exp(s_mc * rng.standard_normal((nm, g1 - g0)) - 0.5 * s_mc * s_mc)
     mach_w = iv["machine"][ivx]
-    level = (req_c * p["f_cpu"][ivx] * np.exp(0.12 * rng.standard_normal(W) - 0.0072) * diurnal
+    s_w = cfg.usage_window_sigma
+    level = (req_c * p["f_cpu"][ivx] * np.exp(s_w * rng.standard_normal(W) - 0.5 * s_w * s_w) * diurnal
              * ctx.mach["load"][mach_w] * mc_fac[mach_w, w["cell"] - g0])
     sig = p["sig"][ivx]
     u_pick = rng.random(W)
@@ -209,6 +265,8 @@ def generate_block(ctx: UsageContext, g0: int, g1: int, rng: np.random.Generator
     max_mem = np.maximum(max_mem, avg_mem)
     page = avg_mem * p["pc"][ivx]
     assigned = req_m.copy()
+    # E[usage / request] of each window under the planted law (tasks: their tier's mean factor)
+    exp_ratio = np.where(is_alloc, 0.0, p["f_mean"][ivx])
 
     tia = np.flatnonzero(in_alloc[:nT])  # task-in-alloc rows
     if tia.size:
@@ -257,8 +315,34 @@ def generate_block(ctx: UsageContext, g0: int, g1: int, rng: np.random.Generator
             np.add.at(ap, tia_alloc, page[tia] * dur[tia])
         dA = dur[nT:]
         avg_mem[nT:] = am / dA
+        if tia.size:  # planted expectation of an alloc window's usage / request: its tasks' expected usage
+            np.add.at(exp_ratio[nT:], tia_alloc, p["f_mean"][ivx[tia]] * req_c[tia] * dur[tia])
+        exp_ratio[nT:] /= req_c[nT:] * dA
         max_mem[nT:] = np.maximum(np.minimum(ax, req_m[nT:]), avg_mem[nT:])
         page[nT:] = ap / dA
+
+    if np.isfinite(cfg.max_machine_utilisation) and cfg.max_machine_utilisation <= 1:
+        # sampling noise may still lift a throttled machine-cell's realised demand above its cores:
+        # scale the statistics (linear in the samples) of its tasks outside allocs down to the capacity
+        ncell = g1 - g0
+        mk = mach_w * ncell + (w["cell"] - g0)
+        top_task = ~in_alloc & ~is_alloc
+        cs = mean * dur
+        d_all = np.bincount(mk[~in_alloc], weights=cs[~in_alloc], minlength=nm * ncell)
+        d_task = np.bincount(mk[top_task], weights=cs[top_task], minlength=nm * ncell)
+        cl = np.arange(g0, g1)
+        c_len = np.minimum((cl + 1) * CELL_S, ctx.t_end_s) - np.maximum(cl * CELL_S, TRACE_OFFSET_US // US)
+        hard = 0.9999 * ctx.mach["cap_true"][:, None] * c_len[None, :]
+        over = (d_all > hard.ravel()) & (d_task > 0)
+        if over.any():
+            fac = np.ones(nm * ncell)
+            fac[over] = np.maximum(0.0, 1.0 - (d_all[over] - hard.ravel()[over]) / d_task[over])
+            rows = np.flatnonzero(top_task & over[mk])
+            f_r = fac[mk[rows]]
+            mean[rows] *= f_r
+            mx[rows] *= f_r
+            pick[rows] *= f_r
+            pct[rows] *= f_r[:, None]
 
     q = DEC_USAGE
     mean, mx, pick, pct = quantize(mean, q), quantize(mx, q), quantize(pick, q), quantize(pct, q)
@@ -310,5 +394,5 @@ def generate_block(ctx: UsageContext, g0: int, g1: int, rng: np.random.Generator
         "avg_mem": avg_mem, "max_mem": max_mem, "assigned_mem": assigned, "page_cache_mem": page,
         "max_missing": max_missing, "sample_rate": rate_w,
         "cpi": cpi, "mai": mai, "has_cpi": has_cpi, "cpi_outlier": cpi_outlier, "k": kk, "u": uu, "cpi_base": base,
-        "req_cpu": req_c,
+        "req_cpu": req_c, "exp_ratio": exp_ratio, "iv": ivx,
     }
