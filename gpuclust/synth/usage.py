@@ -118,7 +118,7 @@ def clipped_lognormal_mean(mean: float, sigma: float, lo: float, hi: float) -> f
 
     p_lo = phi((log(lo) - mu) / sigma) if lo > 0 else 0.0
     p_hi = phi((log(hi) - mu) / sigma) if hi < inf else 1.0
-    return lo * p_lo + (partial(hi) - partial(lo)) + hi * (1 - p_hi)
+    return lo * p_lo + (partial(hi) - partial(lo)) + (hi * (1 - p_hi) if hi < inf else 0.0)
 
 
 def interval_params(iv: dict[str, np.ndarray], is_alloc: np.ndarray, rng: np.random.Generator, cfg,
