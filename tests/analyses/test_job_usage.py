@@ -156,3 +156,39 @@ def test_bucketed_equals_flat(tmp_path):
     for sched in (None, "threads"):
         got = run(Dataset(tmp_path / "opt"), a, partitions=3, scheduler=sched)["job-usage"]
         assert_results_same({"job-usage": got}, {"job-usage": want}, rtol=1e-9)
+
+
+def test_planted_pareto_tail_of_job_sizes(tmp_path):
+    """`gpuclust synth` plants the sizes of the batch and free jobs outside alloc sets (instances x
+    CPU request x expected task work ~ Pareto with tail index ``job_size_alpha``; synth_truth.json
+    planted.job_sizes), so their NCU-hours have that tail; job-usage's Pareto fit of the CCDF
+    (rows=top-level keeps jobs inside allocs out; tail=0.5) recovers alpha, per tier and over both.
+
+    Tolerance: a simulation of the rank-regression fit (300 runs of N Pareto sizes times the per-job
+    noise of the generator: the mean of the instances' usage and work factors, log-sd 0.4-0.7)
+    gives a mean of 0.95-0.99 alpha and a standard deviation of about 2 alpha / sqrt(N) at
+    tail=0.5 (N = 300: 0.11 alpha, 600: 0.08, 1200: 0.055), so |alpha_hat / alpha - 1| <=
+    0.06 + 3 x 2 / sqrt(N).  Seed 1, 150 machines x 4 h, alpha 1.5: free 1.22 (346 jobs), beb 1.47
+    (652), both 1.40 (998), R^2 >= 0.985 (seeds 2, 3: both 1.49, 1.65).  Free jobs run longer (median
+    30 min), so the trace end and preemption cut more of them short: their fit comes out lower."""
+    from gpuclust.analyses.job_usage import job_stats
+    from gpuclust.synth import SynthConfig, synthesize
+
+    alpha = 1.5
+    syn = synthesize(SynthConfig(machines=150, hours=4, seed=1, job_size_alpha=alpha), tmp_path / "raw",
+                     dataset=tmp_path / "ds", progress=None)
+    planted = syn.truth["planted"]["job_sizes"]
+    assert planted["alpha"] == alpha and planted["tiers"] == ["free", "beb"]
+    res = run(Dataset(tmp_path / "ds"), JobUsage(rows="top-level", tail=0.5, tier_map="notebook"),
+              partitions="auto")["job-usage"]
+    stats = res["stats"].set_index(["tier", "resource"])
+    jobs = res["jobs"]
+    x = jobs.loc[jobs["tier"].isin(planted["tiers"]), "ncu_hours"].to_numpy()
+    both = job_stats(x[x > 0], 0.5)
+    fits = {t: (int(stats.loc[(t, "cpu"), "jobs"]), stats.loc[(t, "cpu"), "pareto_alpha"],
+                stats.loc[(t, "cpu"), "pareto_r2"]) for t in planted["tiers"]}
+    fits["both"] = (int(both["jobs"]), both["pareto_alpha"], both["pareto_r2"])
+    for name, (n, a_hat, r2) in fits.items():
+        assert n >= 300, (name, n)
+        assert abs(a_hat / alpha - 1) <= 0.06 + 6 / math.sqrt(n), (name, n, a_hat)
+        assert r2 >= 0.95, (name, r2)

@@ -278,3 +278,45 @@ def test_real_2011_job_events(tmp_path):
                                                                              "priority"]).to_pylist()]
     check(res, rows, tm_name="v2")
     assert res["info"].iloc[0]["rows"] == 25_437
+
+
+def test_planted_scheduling_delays_of_a_synthetic_cell(tmp_path):
+    """`gpuclust synth` plants the scheduling delay: every SUBMIT during the trace gets its first
+    placement attempt an exponential delay (mean ``sched_delay_<tier>_s``) later, and SCHEDULE then
+    if the instance fits, else at a later scheduling pass; synth_truth.json planted.scheduling_delay.
+    So the planted delay is a floor that queueing can only lengthen: in a cell with headroom
+    (``request_fill`` 0.55, where 96-100% of first attempts place) lifecycle's SUBMIT -> SCHEDULE
+    distribution per tier recovers the planted median (from ``delay_hist``: the bin holding it,
+    whose lower edge is within 4.7% below the exact one) within 0.05 + 3 x 1.44 / sqrt(n) (the
+    standard error of an exponential sample median, relative, is 1 / (ln 2 sqrt(n))) plus 0.05 for
+    queueing, and its exact mean is at least the planted mean less 3 standard errors (mean /
+    sqrt(n)).  Tiers with at least 300 episodes; the population submitted at time 0 (no delay) has
+    no duration.  Seed 2, 60 machines x 3 h: free median bin 39.8 s (planted 41.6; 1,141 episodes;
+    mean 66 s, planted 60), beb 14.5 s (13.9; 3,026; mean 23 s, planted 20); mid and prod have under
+    60 episodes in this cell."""
+    from gpuclust.synth import SynthConfig, synthesize
+
+    syn = synthesize(SynthConfig(machines=60, hours=3, seed=2, request_fill=0.55), tmp_path / "raw",
+                     dataset=tmp_path / "ds", progress=None)
+    p = syn.truth["planted"]["scheduling_delay"]
+    res = run(Dataset(tmp_path / "ds"), Lifecycle(tier_map="notebook"), partitions="auto")["lifecycle"]
+    d = res["delays"].set_index(["tier", "measure", "outcome"])
+    h = res["delay_hist"]
+    checked = []
+    for tier, mean in p["mean_s_by_tier"].items():
+        if (tier, "scheduling", "scheduled") not in d.index:
+            continue
+        row = d.loc[(tier, "scheduling", "scheduled")]
+        n = int(row["with_duration"])
+        if n < 300:
+            continue
+        assert p["placed_at_first_attempt_share_by_tier"][tier] >= 0.9
+        hb = h[(h["tier"] == tier) & (h["measure"] == "scheduling") & (h["outcome"] == "scheduled")].sort_values("lo_s")
+        assert int(hb["episodes"].sum()) == n
+        assert int(hb.loc[hb["hi_s"] == 0, "episodes"].sum()) == 0  # no zero delays during the trace
+        median = float(hb["lo_s"].to_numpy()[np.searchsorted(hb["episodes"].cumsum().to_numpy(), 0.5 * n)])
+        want = p["median_s_by_tier"][tier]
+        assert abs(median / want - 1) <= 0.1 + 3 * 1.44 / np.sqrt(n), (tier, median, want)
+        assert row["mean_s"] >= mean * (1 - 3 / np.sqrt(n)), (tier, row["mean_s"], mean)
+        checked.append(tier)
+    assert {"free", "beb"} <= set(checked), checked
