@@ -12,8 +12,12 @@ export encoding with `gpuclust synth`, then converts it with
   with ``SET threads=N`` — the same output columns, no validation beyond DuckDB's own typing.
 
 both on the gzipped shard and on its decompressed twin, each in its own process, sampling the
-summed RSS of the process tree. Writes bench/results/<name>.json and .md with rows/s, MB/s
-(decompressed JSON bytes per second), peak RSS, device, versions and commit.
+summed RSS of the process tree; gpuclust also with ``GPUCLUST_FAST_JSON=0`` (Arrow's
+``read_json`` for every piece, the path before the compiled reader), unless ``--no-arrow-path``.
+The runs are interleaved (gzip: gpuclust, Arrow path, DuckDB; then plain), ``--repeat`` times.
+Writes bench/results/<name>.json and .md with wall time, CPU seconds (user + system, less
+sensitive than wall time to other work on a shared machine), rows/s, MB/s (decompressed JSON
+bytes per second), peak RSS, device, versions and commit.
 """
 
 from __future__ import annotations
@@ -21,7 +25,9 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import os
 import shutil
+import statistics
 import sys
 import textwrap
 from pathlib import Path
@@ -105,29 +111,34 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--threads", type=int, default=2, help="threads / workers for both tools")
     ap.add_argument("--name", default="ingest", help="results file stem under bench/results/")
+    ap.add_argument("--repeat", type=int, default=1, help="interleaved rounds; the table shows medians")
+    ap.add_argument("--no-arrow-path", action="store_true", help="skip gpuclust with GPUCLUST_FAST_JSON=0")
     args = ap.parse_args(argv)
+    tools = ("gpuclust", "duckdb") if args.no_arrow_path else ("gpuclust", "gpuclust-arrow", "duckdb")
 
     gz, plain = make_shard(args.windows, args.seed)
     rows = count_lines(plain)
     json_bytes = plain.stat().st_size
     work = DATA / "work"
     runs = []
-    for label, src in (("gzip", gz), ("plain", plain)):
-        for tool in ("gpuclust", "duckdb"):
+    for rnd, (label, src) in [(r, x) for r in range(args.repeat) for x in (("gzip", gz), ("plain", plain))]:
+        for tool in tools:
             shutil.rmtree(work, ignore_errors=True)
             work.mkdir(parents=True)
-            if tool == "gpuclust":
+            env = None
+            if tool.startswith("gpuclust"):
                 cmd = [sys.executable, "-m", "gpuclust.cli", "ingest", str(src), "--out", str(work / "ds"),
                        "--workers", str(args.threads), "--no-progress"]
+                env = dict(os.environ, GPUCLUST_FAST_JSON="0" if tool == "gpuclust-arrow" else "1")
             else:
                 script = f"import duckdb; c = duckdb.connect(); c.execute('SET threads={args.threads}'); c.execute({duck_sql(src, work / 'out.parquet')!r})"
                 cmd = [sys.executable, "-c", script]
-            m = run_measured(cmd)
+            m = run_measured(cmd, env=env)
             if m.returncode != 0:
                 print(m.stdout_tail, file=sys.stderr)
                 raise SystemExit(f"{tool} failed on {src}")
             out_rows = None
-            if tool == "gpuclust":
+            if tool.startswith("gpuclust"):
                 man = json.loads((work / "ds" / "manifest.json").read_text())
                 out_rows = man["tables"]["instance_usage"]["rows"]
             else:
@@ -137,32 +148,54 @@ def main(argv: list[str] | None = None) -> int:
             if out_rows != rows:
                 raise SystemExit(f"{tool}: wrote {out_rows} rows, shard has {rows}")
             runs.append({
-                "input": label, "tool": tool, "wall_s": round(m.wall_s, 2), "rows": rows,
+                "round": rnd, "input": label, "tool": tool, "wall_s": round(m.wall_s, 2),
+                "cpu_s": round(m.extra.get("cpu_s", float("nan")), 2), "rows": rows,
                 "rows_per_s": round(rows / m.wall_s), "json_mb_per_s": round(json_bytes / m.wall_s / 1e6, 1),
                 "peak_rss_mib": round(m.peak_rss_bytes / 2**20),
             })
             print(json.dumps(runs[-1]), flush=True)
     shutil.rmtree(work, ignore_errors=True)
     env = environment()
+    summary = []
+    for label in ("gzip", "plain"):
+        for tool in tools:
+            rs = [r for r in runs if r["input"] == label and r["tool"] == tool]
+            wall = statistics.median(r["wall_s"] for r in rs)
+            summary.append({
+                "input": label, "tool": tool, "runs": len(rs), "wall_s": round(wall, 2),
+                "cpu_s": round(statistics.median(r["cpu_s"] for r in rs), 2),
+                "rows_per_s": round(rows / wall), "json_mb_per_s": round(json_bytes / wall / 1e6, 1),
+                "peak_rss_mib": max(r["peak_rss_mib"] for r in rs),
+            })
     payload = {"benchmark": "ingest", "shard_gz_bytes": gz.stat().st_size, "shard_json_bytes": json_bytes,
-               "rows": rows, "threads": args.threads, "runs": runs, "environment": env}
+               "rows": rows, "threads": args.threads, "repeat": args.repeat, "runs": runs, "summary": summary,
+               "environment": env}
+    names = {"gpuclust": "gpuclust", "gpuclust-arrow": "gpuclust, Arrow path (`GPUCLUST_FAST_JSON=0`)",
+             "duckdb": "duckdb"}
     lines = [
         f"# Ingest benchmark: v3 InstanceUsage JSON shard -> Parquet ({args.threads} threads)",
         "",
         f"Shard: {rows:,} rows, {json_bytes / 1e9:.2f} GB of JSON ({gz.stat().st_size / 1e6:.0f} MB gzipped), "
-        f"synthetic (`gpuclust synth`, seed {args.seed}), real export encoding.",
+        f"synthetic (`gpuclust synth`, seed {args.seed}), real export encoding. "
+        f"{args.repeat} interleaved round(s); medians; CPU s = user + system of the whole process.",
         "",
-        "| input | tool | wall s | rows/s | JSON MB/s | peak RSS MiB |",
-        "|---|---|---:|---:|---:|---:|",
-        *[f"| {r['input']} | {r['tool']} | {r['wall_s']} | {r['rows_per_s']:,} | {r['json_mb_per_s']} | {r['peak_rss_mib']:,} |" for r in runs],
+        "| input | tool | wall s | CPU s | rows/s | JSON MB/s | peak RSS MiB |",
+        "|---|---|---:|---:|---:|---:|---:|",
+        *[f"| {r['input']} | {names[r['tool']]} | {r['wall_s']} | {r['cpu_s']} | {r['rows_per_s']:,} | "
+          f"{r['json_mb_per_s']} | {r['peak_rss_mib']:,} |" for r in summary],
         "",
         "Environment: " + ", ".join(f"{k}={v}" for k, v in env.items()),
         "",
     ]
-    by = {(r["input"], r["tool"]): r for r in runs}
+    by = {(r["input"], r["tool"]): r for r in summary}
     for label in ("gzip", "plain"):
         g, d = by[(label, "gpuclust")], by[(label, "duckdb")]
-        lines.append(f"- {label}: gpuclust / DuckDB throughput = {d['wall_s'] / g['wall_s']:.2f}x")
+        lines.append(f"- {label}: gpuclust / DuckDB throughput = {d['wall_s'] / g['wall_s']:.2f}x "
+                     f"(CPU seconds: DuckDB / gpuclust = {d['cpu_s'] / g['cpu_s']:.2f}x)")
+        if (label, "gpuclust-arrow") in by:
+            a = by[(label, "gpuclust-arrow")]
+            lines.append(f"- {label}: compiled reader vs Arrow path: {a['wall_s'] / g['wall_s']:.2f}x wall, "
+                         f"{a['cpu_s'] / g['cpu_s']:.2f}x CPU")
     jp, mp = write_results(args.name, payload, "\n".join(lines) + "\n")
     print(textwrap.indent("\n".join(lines), "  "))
     print(f"wrote {jp} and {mp}")

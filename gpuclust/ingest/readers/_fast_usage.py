@@ -31,10 +31,13 @@ the piece the old way (Arrow, then per-line isolation), so results and rejects a
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import math
 import os
 import threading
 import warnings
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -80,8 +83,14 @@ def available() -> bool:
 
 
 def count_newlines(buf: bytes | bytearray, start: int, end: int) -> int:
-    """Newlines in ``buf[start:end]`` (the pieces the fast reader parses need no positions)."""
-    return int(np.count_nonzero(np.frombuffer(buf, np.uint8, end - start, start) == 10))
+    """Newlines in ``buf[start:end]`` (the pieces the fast reader parses need no positions).
+
+    Counted 1 MiB at a time: one comparison over a whole 64 MiB piece allocates (and the kernel
+    zeroes) 64 MiB of fresh pages each time, which costs more than the count (0.08 s/GB here,
+    against 0.21 s for the whole-piece comparison and 0.25 s for ``bytes.count``)."""
+    v = np.frombuffer(buf, np.uint8, end - start, start)
+    step = 1 << 20
+    return sum(int(np.count_nonzero(v[i : i + step] == 10)) for i in range(0, len(v), step))
 
 
 def preload() -> threading.Thread | None:
@@ -93,11 +102,25 @@ def preload() -> threading.Thread | None:
     def run() -> None:
         fn = _load()
         if fn is not None:
-            parse(b"{}", 1)  # the first call loads the machine code from numba's cache
+            with _no_gc():
+                parse(b"{}", 1)  # the first call loads the machine code from numba's cache
 
     t = threading.Thread(target=run, name="gpuclust-fast-json-load", daemon=True)
     t.start()
     return t
+
+
+@contextlib.contextmanager
+def _no_gc() -> Iterator[None]:
+    """Python's cyclic GC off while numba is imported and its cache loaded: those allocate
+    ~10^5 long-lived objects, and the collections they trigger cost ~0.2 CPU-s (measured)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def _enabled() -> bool:
@@ -143,7 +166,7 @@ def _load() -> Any:
     global _kernel, _tables, _failed
     if _kernel is not None or _failed:
         return _kernel
-    with _lock:
+    with _lock, _no_gc():
         if _kernel is None and not _failed:
             try:
                 from gpuclust.ingest.readers import _fast_usage_kernel as k
@@ -171,6 +194,7 @@ def parse(data: memoryview | bytes | bytearray, n_lines: int, threads: int = 1) 
     if _load() is None:
         return None
     buf = np.frombuffer(data, dtype=np.uint8)
+    buf.flags.writeable = False  # one compiled signature (read-only) for bytes and bytearrays alike
     cut = _middle_line_end(buf) if threads > 2 and len(buf) >= _SPLIT_MIN else -1
     if cut < 0:
         part = _run(buf, max(n_lines, 1))
