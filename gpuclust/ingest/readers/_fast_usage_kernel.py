@@ -264,9 +264,23 @@ def _null(buf, p, n):
 @njit(cache=True, nogil=True, _nrt=False, inline="always")
 def _key(buf, p, n, keys, lens, guess):
     """The field number of the key string at ``buf[p]`` (an opening quote): (position after the
-    closing quote, field, ok); field -1 = not a known key."""
+    closing quote, field, ok); field -1 = not a known key.
+
+    The key expected next (``guess``: the export writes them in one order) is tried first,
+    byte by byte against the text with its closing quote, in one pass; the keys hold no quote
+    or backslash, so equal bytes followed by a quote are that key.  Otherwise the key is
+    scanned to its closing quote and looked up."""
     p += 1
     start = p
+    ln = lens[guess]
+    if start + ln < n and buf[start + ln] == 34:
+        same = True
+        for i in range(ln):
+            if buf[start + i] != keys[guess, i]:
+                same = False
+                break
+        if same:
+            return start + ln + 1, guess, True
     while p < n:
         c = buf[p]
         if c == 34:
