@@ -2,7 +2,9 @@
 
 :func:`parse` turns one line-aligned piece of the InstanceUsage export into the same *raw* table
 ``pyarrow.json.read_json`` makes of it (:func:`gpuclust.ingest.readers.v3_json.raw_schema`),
-except that INT64 fields arrive as ``int64`` instead of text; :func:`~gpuclust.ingest.readers.
+except that INT64 fields arrive as ``int64`` instead of text and floats already rounded from
+the correctly rounded double to float32, their canonical type (one IEEE rounding, as Arrow's
+cast in ``to_canonical`` does it); :func:`~gpuclust.ingest.readers.
 v3_json.to_canonical` then flattens and validates it exactly as before.  The reader is a single
 pass over the bytes, compiled with numba (``nogil``, so it runs beside the inflate, flatten and
 writer threads; ``cache=True``, compiled on the first InstanceUsage piece only).
@@ -240,12 +242,12 @@ def _run(buf: np.ndarray, cap: int) -> _Part | None:
     assert _tables is not None and kernel is not None
     ints = np.zeros((_N_INT, cap), dtype=np.int64)
     int_ok = np.zeros((_N_INT, cap), dtype=np.uint8)
-    res = np.zeros((2 * _N_RES, cap), dtype=np.float64)
+    res = np.zeros((2 * _N_RES, cap), dtype=np.float32)
     res_ok = np.zeros((2 * _N_RES, cap), dtype=np.uint8)
     obj_ok = np.zeros((_N_RES, cap), dtype=np.uint8)
-    flt = np.zeros((_N_FLOAT, cap), dtype=np.float64)
+    flt = np.zeros((_N_FLOAT, cap), dtype=np.float32)
     flt_ok = np.zeros((_N_FLOAT, cap), dtype=np.uint8)
-    lvals = np.zeros((len(LIST_KEYS), cap * max(_LIST_ROOM)), dtype=np.float64)
+    lvals = np.zeros((len(LIST_KEYS), cap * max(_LIST_ROOM)), dtype=np.float32)
     loffs = np.zeros((len(LIST_KEYS), cap + 1), dtype=np.int32)
     list_ok = np.zeros((len(LIST_KEYS), cap), dtype=np.uint8)
     hard = np.zeros((5, max(1024, cap // 4)), dtype=np.int64)
@@ -344,17 +346,17 @@ def _table(
     for i, k in enumerate(INT_KEYS):
         cols[k] = _masked(ints[i], int_ok[i], pa.int64())
     for i, k in enumerate(RES_KEYS):
-        cpus = _masked(res[2 * i], res_ok[2 * i], pa.float64())
-        mem = _masked(res[2 * i + 1], res_ok[2 * i + 1], pa.float64())
+        cpus = _masked(res[2 * i], res_ok[2 * i], pa.float32())
+        mem = _masked(res[2 * i + 1], res_ok[2 * i + 1], pa.float32())
         ok = obj_ok[i]
         mask = None if ok.all() else pa.array(ok == 0)
         cols[k] = pa.StructArray.from_arrays([cpus, mem], names=["cpus", "memory"], mask=mask)
     for i, k in enumerate(FLOAT_KEYS):
-        cols[k] = _masked(flt[i], flt_ok[i], pa.float64())
+        cols[k] = _masked(flt[i], flt_ok[i], pa.float32())
     for i, k in enumerate(LIST_KEYS):
         vals, offs = lists[i]
         ok = list_ok[i]
         mask = None if ok.all() else pa.array(ok == 0)
-        cols[k] = pa.ListArray.from_arrays(pa.array(offs, pa.int32()), pa.array(vals, pa.float64()), mask=mask)
+        cols[k] = pa.ListArray.from_arrays(pa.array(offs, pa.int32()), pa.array(vals, pa.float32()), mask=mask)
     assert all(len(c) == n for c in cols.values())
     return pa.table(cols)

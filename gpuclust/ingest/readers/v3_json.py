@@ -305,7 +305,8 @@ def _percentiles(
     full = lengths == k
     if not full.any():
         return
-    values = values.cast(pa.float64()) if values.type != pa.float64() else values
+    if not pa.types.is_floating(values.type):  # float32 (the compiled reader) is gathered as is
+        values = values.cast(pa.float64())
     vnp = values.to_numpy(zero_copy_only=False)
     vvalid = np.asarray(values.is_valid().to_numpy(zero_copy_only=False), dtype=bool) if values.null_count else None
     start = np.where(full, offs[:-1], 0)
