@@ -24,6 +24,7 @@ instance attempt) that :mod:`gpuclust.synth.usage` turns into usage windows.
 from __future__ import annotations
 
 import base64
+import functools
 import heapq
 import math
 from dataclasses import dataclass, field
@@ -106,6 +107,7 @@ SIZE_CAP = 1e4
 SIZED_REQUEST_RANGE = (0.0005, 0.1)
 
 
+@functools.cache
 def tier_of(prio: int) -> str:
     """The notebook tier (free, beb, mid, prod) of a priority."""
     return PLANT_TIERS.names[int(PLANT_TIERS.tier_codes(np.array([prio]))[0])]
