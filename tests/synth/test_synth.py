@@ -531,3 +531,42 @@ def test_machines_never_run_above_capacity(big):
     # the generator's u is CPU-seconds / (cell length x capacity): same ordering as the pandas sums
     joined = pd.concat([cs, u], axis=1, join="inner")
     assert joined["cs"].corr(joined["u"], method="spearman") > 0.5
+
+
+def test_planted_laws_in_the_truth(tmp_path):
+    """The four planted laws of issue 11 are in synth_truth.json under ``planted``, with closed forms
+    that match a Monte Carlo of the same law, and the delays drawn match their planted means."""
+    from gpuclust.synth import _share_within
+    from gpuclust.synth.usage import F_CPU_CLIP, clipped_lognormal_mean
+
+    res = synthesize(SynthConfig(machines=20, hours=1, seed=3, sched_delay_beb_s=30.0), tmp_path, progress=None)
+    p = res.truth["planted"]
+    assert p["job_sizes"]["alpha"] == 1.2 and p["job_sizes"]["jobs"] > 0
+    assert set(p["job_sizes"]["scale_cpu_seconds"]) == {"batch", "free"}
+    rng = np.random.default_rng(0)
+    z = rng.standard_normal(2_000_000)
+    for tier, r in p["usage_ratio"]["mean_by_tier"].items():
+        mc = np.clip(r * np.exp(0.6 * z - 0.18), *F_CPU_CLIP).mean()
+        assert p["usage_ratio"]["clipped_mean_by_tier"][tier] == pytest.approx(mc, rel=2e-3)
+        assert clipped_lognormal_mean(r, 0.6, *F_CPU_CLIP) == p["usage_ratio"]["clipped_mean_by_tier"][tier]
+    uc = p["usage_change"]
+    x = uc["sigma_log_change"] * z
+    for h in (5, 10, 20, 50):
+        assert uc[f"share_within_{h}pct"] == pytest.approx(np.mean(np.abs(np.exp(x) - 1) <= h / 100), abs=2e-3)
+    assert _share_within(0.0, 0.2) == 1.0
+    sd = p["scheduling_delay"]
+    assert sd["mean_s_by_tier"]["beb"] == 30.0
+    for tier, n in sd["submissions_by_tier"].items():
+        if n >= 100:
+            mean = sd["mean_s_by_tier"][tier]
+            assert abs(sd["drawn_mean_s_by_tier"][tier] - mean) <= 4 * mean / np.sqrt(n), tier
+    assert sum(sd["submissions_by_tier"].values()) > 0
+
+
+def test_job_sizes_off_keeps_the_natural_law(tmp_path):
+    """``job_size_alpha`` 0: no job is sized (instances and requests as the workload classes draw them)."""
+    res = synthesize(SynthConfig(machines=10, hours=0.5, seed=2, job_size_alpha=0), tmp_path, progress=None)
+    js = res.truth["planted"]["job_sizes"]
+    assert js["jobs"] == 0 and js["kinds"] == [] and js["scale_cpu_seconds"] == {}
+    with pytest.raises(ValueError):
+        SynthConfig(usage_ratio_prod=0)
