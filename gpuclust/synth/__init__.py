@@ -117,7 +117,7 @@ class SynthConfig:
         if not self.max_machine_utilisation > 0:
             raise ValueError("max_machine_utilisation must be > 0 (inf: no limit)")
         if self.job_size_alpha < 0:
-            raise ValueError("job_size_alpha must be > 0 (0: sizes not planted)")
+            raise ValueError("job_size_alpha must be >= 0 (0: sizes not planted)")
         for t in ("free", "beb", "mid", "prod"):
             if not getattr(self, f"usage_ratio_{t}") > 0:
                 raise ValueError(f"usage_ratio_{t} must be > 0")
