@@ -385,3 +385,23 @@ def test_big_floats_repr_piece_is_fast(tmp_path: Path, monkeypatch: pytest.Monke
     spy, (tbl, rejects, rows) = both(f, monkeypatch, ReadOptions(chunk_bytes=1 << 20, threads=2))
     assert spy.refused == 0 and rows == 2000 and not rejects
     assert re.search(r"\d{15}", lines[0])
+
+
+def test_without_numba_the_arrow_path_reads(tmp_path: Path) -> None:
+    """Where numba cannot be imported, the reader is off and ingest gives the same dataset."""
+    import subprocess
+    import sys
+
+    f = write_json(tmp_path / "instance_usage-000000000000.json.gz", [GOOD_LINE] * 20)
+    code = (
+        "import sys; sys.modules['numba'] = None\n"
+        "from gpuclust.ingest import ingest\n"
+        "from gpuclust.ingest.readers import _fast_usage\n"
+        f"rep = ingest([{str(f)!r}], {str(tmp_path / 'ds')!r}, workers=1)\n"
+        "assert rep.exit_status == 0 and rep.rows_read == 20, rep.summary()\n"
+        "assert not _fast_usage.available()\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+    with_numba = ingest([f], tmp_path / "ds2", workers=1)
+    assert with_numba.exit_status == 0
+    assert Dataset(tmp_path / "ds").read("instance_usage").equals(Dataset(tmp_path / "ds2").read("instance_usage"))
