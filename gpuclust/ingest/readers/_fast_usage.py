@@ -77,6 +77,7 @@ _lock = threading.Lock()
 _kernel: Any = None
 _tables: tuple[np.ndarray, ...] | None = None
 _failed = False
+_preloading: threading.Thread | None = None
 
 
 def available() -> bool:
@@ -98,8 +99,11 @@ def count_newlines(buf: bytes | bytearray, start: int, end: int) -> int:
 def preload() -> threading.Thread | None:
     """Import numba and load the compiled kernel in a background thread (ingest starts it while
     it hashes its inputs, so the ~0.3 s of loading is off the critical path); None when off."""
+    global _preloading
     if _kernel is not None or _failed or not _enabled():
         return None
+    if _preloading is not None:
+        return _preloading
 
     def run() -> None:
         fn = _load()
@@ -107,7 +111,7 @@ def preload() -> threading.Thread | None:
             with _no_gc():
                 parse(b"{}", 1)  # the first call loads the machine code from numba's cache
 
-    t = threading.Thread(target=run, name="gpuclust-fast-json-load", daemon=True)
+    t = _preloading = threading.Thread(target=run, name="gpuclust-fast-json-load", daemon=True)
     t.start()
     return t
 
