@@ -24,11 +24,15 @@ def plot_peak_prediction(result: dict[str, pd.DataFrame], path: Path, *, title: 
         return False
     fig = new_figure()
     left, right = fig.subplots(1, 2)
+    # predictors at the same point (max-of equals n-sigma when n-sigma is the larger) share one label
+    points: dict[tuple[float, float], list[str]] = {}
     for r in s.itertuples(index=False):
-        marker = "*" if r.predictor == "oracle" else "o"
-        left.scatter([100 * r.violation_rate], [100 * r.savings], marker=marker, s=80 if marker == "*" else 30)
-        left.annotate(str(r.predictor).replace("_", "-"), (100 * r.violation_rate, 100 * r.savings),
-                      textcoords="offset points", xytext=(4, 3), fontsize="x-small")
+        xy = (round(100 * float(r.violation_rate), 6), round(100 * float(r.savings), 6))
+        points.setdefault(xy, []).append(str(r.predictor).replace("_", "-"))
+    for (x, y), preds in points.items():
+        marker = "*" if "oracle" in preds else "o"
+        left.scatter([x], [y], marker=marker, s=80 if marker == "*" else 30)
+        left.annotate(" = ".join(preds), (x, y), textcoords="offset points", xytext=(4, 3), fontsize="x-small")
     left.set_xlabel("violation rate: machine-steps with predicted peak < oracle (%)")
     left.set_ylabel("savings: 1 - sum predicted / sum limit (%)")
     left.grid(True, lw=0.3)
