@@ -239,6 +239,8 @@ EDGE_FAST = {
     "long digits (float() path)": '{"start_time":"1","end_time":"2","collection_id":"3","instance_index":"1","machine_id":"4",'
     '"average_usage":{"cpus":0.123456789012345678901234,"memory":9007199254740993},'
     '"cpu_usage_distribution":[0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,1.0,2677482104093203.5]}',
+    "underflow to zero (float() path)": '{"start_time":"1","end_time":"2","collection_id":"3","instance_index":"1",'
+    '"machine_id":"4","cycles_per_instruction":1e-400,"memory_accesses_per_instruction":-1e-400}',
     "whitespace": ' { "start_time" : "1" ,\t"end_time":"2", "collection_id":"3","instance_index":"1","machine_id":"4",'
     '"average_usage": { "cpus" : 1 , "memory" : 2 } , "cpu_usage_distribution" : [ 1 , 2 ] }  ',
     "wrong list lengths (rejected by to_canonical)": '{"start_time":"1","end_time":"2","collection_id":"3","instance_index":"1",'
