@@ -108,8 +108,12 @@ def bucket_grid(w0: int, w1: int, width_us: int) -> tuple[int, int]:
 
 def segmented_last(ops: Any, xp: Any, flag: Any, seg_start: Any) -> Any:
     """Per row of rows grouped in runs (``seg_start``: each row's run's first index): the index of
-    the last row at or before it in its run with ``flag`` set, else -1 (one running maximum,
-    ``ops.cummax_rows``).
+    the last row at or before it in its run with ``flag`` set, else -1.
+
+    One prefix count of the flags and a gather of the flagged rows' indices (O(n) on either
+    backend: CuPy's ``cumsum`` is one device scan, where a running maximum of indices,
+    ``ops.cummax_rows``, takes log2(n) passes on the GPU).  ``ops`` is kept for the callers'
+    signature.
 
     >>> import numpy as np
     >>> from gpuclust.backends import get_backend
@@ -117,6 +121,9 @@ def segmented_last(ops: Any, xp: Any, flag: Any, seg_start: Any) -> Any:
     [0, 0, -1, 3, 3]
     """
     n = int(flag.shape[0])
-    idx = xp.where(flag, xp.arange(n, dtype=xp.int64), -1)
-    last = ops.cummax_rows(idx.reshape(1, n)).reshape(n)
+    flagged = xp.nonzero(flag)[0].astype(xp.int64)
+    if n == 0 or int(flagged.shape[0]) == 0:
+        return xp.full(n, -1, dtype=xp.int64)
+    count = xp.cumsum(flag, dtype=xp.int64)  # flags at or before each row
+    last = xp.where(count > 0, flagged[xp.maximum(count - 1, 0)], -1)
     return xp.where(last >= seg_start, last, -1)

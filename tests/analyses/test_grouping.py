@@ -1,0 +1,34 @@
+"""The shared grouping pieces against obvious loops: ``segmented_last`` (the as-of joins and life
+cycles use it) and ``bucket_pieces`` (windows cut at bucket edges), on every backend."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gpuclust.analyses.grouping import bucket_pieces, segmented_last
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(flags=st.lists(st.booleans(), max_size=60), cuts=st.sets(st.integers(1, 59), max_size=8))
+def test_segmented_last_is_the_last_flag_of_the_run(backend, flags, cuts):
+    xp = backend.xp
+    n = len(flags)
+    seg = [max([0, *(c for c in cuts if c <= i)]) for i in range(n)]
+    want = [max([j for j in range(seg[i], i + 1) if flags[j]], default=-1) for i in range(n)]
+    got = segmented_last(backend.ops, xp, backend.asarray(np.array(flags, dtype=bool)), backend.asarray(np.array(seg, np.int64)))
+    assert backend.to_host(got).tolist() == want
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(wins=st.lists(st.tuples(st.integers(0, 10_000), st.integers(1, 2_500)), max_size=30),
+       width=st.sampled_from([1, 7, 100, 300]))
+def test_bucket_pieces_cover_each_window_once(backend, wins, width):
+    xp = backend.xp
+    s = np.array([a for a, _ in wins], np.int64)
+    e = s + np.array([d for _, d in wins], np.int64)
+    row, bucket, overlap = (backend.to_host(a) for a in bucket_pieces(xp, backend.asarray(s), backend.asarray(e), width))
+    want = [(r, b, min(e[r], (b + 1) * width) - max(s[r], b * width))
+            for r in range(len(wins)) for b in range(s[r] // width, (e[r] - 1) // width + 1)]
+    assert list(zip(row.tolist(), bucket.tolist(), overlap.tolist(), strict=True)) == want
