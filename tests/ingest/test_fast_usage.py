@@ -10,6 +10,7 @@ silently falling back.
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 from pathlib import Path
@@ -161,6 +162,26 @@ def test_benchmark_encoding_takes_the_fast_path(tmp_path: Path, monkeypatch: pyt
     spy, (tbl, rejects, rows) = both(f, monkeypatch)
     assert spy.took > 1 and spy.refused == 0
     assert rows == 50 and not rejects and tbl.num_rows == 50
+
+
+def test_pieces_read_while_the_reader_loads_go_to_arrow(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process reads its first pieces while numba still loads: those go to the Arrow path
+    (``_fast_usage.ready`` is False), the rest to the compiled reader, and the result is the
+    Arrow path's exactly."""
+    recs = records("instance_usage", 2000, seed=12)
+    f = write_json(tmp_path / "instance_usage-000000000000.json.gz", recs)
+    calls = []
+
+    def ready() -> bool:
+        if os.environ.get("GPUCLUST_FAST_JSON") == "0":  # the reference read: the Arrow path
+            return False
+        calls.append(1)
+        return len(calls) > 3  # the first three pieces: still loading
+
+    monkeypatch.setattr(_fast_usage, "ready", ready)
+    spy, (tbl, rejects, rows) = both(f, monkeypatch, ReadOptions(chunk_bytes=32 << 10, threads=2))
+    assert len(calls) > 6 and spy.took == len(calls) - 3 and spy.refused == 0
+    assert rows == 2000 and not rejects
 
 
 def test_generated_records_all_pieces_fast(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

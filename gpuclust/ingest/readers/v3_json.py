@@ -1103,9 +1103,11 @@ class _Parsed:
 def _parse_raw(src: SourceFile, piece: _Piece, opts: ReadOptions) -> _Parsed:
     """The parse half of :func:`parse_piece` (runs ahead in the reader's thread when threads > 1).
 
-    InstanceUsage pieces go to the compiled reader (:mod:`._fast_usage`) first; a piece it does
-    not accept (anything but clean records) is parsed by Arrow, with per-line isolation."""
-    if src.source_table == "instance_usage" and _fast_usage.available():
+    InstanceUsage pieces go to the compiled reader (:mod:`._fast_usage`) first, once it is loaded
+    (:func:`._fast_usage.ready`; pieces read while it loads are parsed by Arrow, with the same
+    result); a piece it does not accept (anything but clean records) is parsed by Arrow, with
+    per-line isolation."""
+    if src.source_table == "instance_usage" and _fast_usage.ready():
         n_lines = piece.newlines + (1 if len(piece) and piece.buf[piece.end - 1] != 10 else 0)
         fast = _fast_usage.parse(piece.view, n_lines, opts.threads)
         if fast is not None:
@@ -1175,7 +1177,9 @@ def read(src: SourceFile, opts: ReadOptions) -> Iterator[Chunk]:
     """
     if src.source_table not in SOURCE_FIELDS:
         raise SourceError(src.path, f"v3 JSON has no table {src.source_table!r}")
-    fast = src.source_table == "instance_usage" and _fast_usage.available()
+    fast = src.source_table == "instance_usage" and _fast_usage.wanted()
+    if fast:  # load the compiled reader in the background: pieces read meanwhile go to Arrow
+        _fast_usage.preload()
     pieces = _pieces(src, opts.chunk_bytes, _fast_usage.count_newlines if fast else None)
     if opts.threads > 1:
         if fast:  # inflate and the compiled parse in two threads: each is about half the work
