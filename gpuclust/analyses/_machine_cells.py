@@ -25,10 +25,11 @@ import numpy as np
 import pandas as pd
 
 from gpuclust.analyses.base import Analysis
+from gpuclust.partials import log_bins
 from gpuclust.schema import TIME_AFTER_TRACE
 from gpuclust.stats import CpiFilter
 
-__all__ = ["CELL_US", "FINE_BINS", "CpiHistograms", "HistogramsContext", "cpu_seconds", "filter_rows", "fine_bins",
+__all__ = ["CELL_US", "FINE_BINS", "CpiHistograms", "HistogramsContext", "cpu_seconds", "filter_rows",
            "fine_hist", "grid_cuts", "hist_edges"]
 
 #: Length of a usage-grid cell (the trace's 5-minute windows), microseconds.
@@ -82,49 +83,10 @@ def filter_rows(xp: Any, flt: CpiFilter, cols: dict[str, Any]) -> tuple[Any, Any
     return pidx, y, z, w, counts
 
 
-def fine_bins(xp: Any, edges: Any, v: Any) -> Any:
-    """``searchsorted(edges, v, side="right")`` (int64) for log-spaced ``edges`` (:func:`hist_edges`).
-
-    A binary search over 2,047 edges mispredicts a branch per level; here the bin is guessed from
-    ``log(v)`` (one pass) and then checked against the edges themselves: rows with
-    ``edges[b - 1] <= v < edges[b]`` are exact by definition; the few others (rounding at a bin
-    boundary) are moved by one bin, and any still wrong fall back to ``searchsorted``.  So the
-    result is exactly the binary search's, for any ``v`` (NaN: the last bin, as the binary search
-    sorts it; ``v <= 0``: bin 0).  Edges that do not start above 0 use ``searchsorted`` itself.
-    """
-    E = int(edges.shape[0])
-    v = xp.asarray(v, dtype=xp.float64)
-    if E < 2 or not float(edges[0]) > 0:
-        return xp.searchsorted(edges, v, side="right").astype(xp.int64)
-    lo = float(np.log(float(edges[0])))
-    step = (float(np.log(float(edges[E - 1]))) - lo) / (E - 1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        q = xp.log(v)
-        q -= lo
-        q /= step
-        q = xp.where(v > 0, q, -1.0)
-    q = xp.floor(q, out=q)
-    q += 1.0
-    b = xp.clip(q, 0, E, out=q).astype(xp.int64)
-    b[xp.isnan(v)] = E
-    # row ok iff ext[b] <= v < ext[b + 1] (the NaN sentinel: v >= NaN is never true, so b = E
-    # is right for +inf; NaN rows have b = E and are never flagged)
-    ext = xp.concatenate([xp.asarray([-np.inf]), xp.asarray(edges, dtype=xp.float64), xp.asarray([np.nan])])
-    bad = xp.nonzero((v < ext[b]) | (v >= ext[b + 1]))[0]
-    if int(bad.shape[0]):
-        vb, bb = v[bad], b[bad]
-        bb = xp.clip(bb - (vb < ext[bb]).astype(xp.int64) + (vb >= ext[bb + 1]).astype(xp.int64), 0, E)
-        still = (vb < ext[bb]) | (vb >= ext[bb + 1])
-        if bool(still.any()):
-            bb[still] = xp.searchsorted(edges, vb[still], side="right")
-        b[bad] = bb
-    return b
-
-
 def fine_hist(xp: Any, edges: Any, v: Any) -> Any:
     """Row counts of ``v`` in the fine bins ``searchsorted(edges, v, side="right")`` (int64,
     :data:`FINE_BINS`; ``edges`` from :func:`hist_edges`)."""
-    return xp.bincount(fine_bins(xp, edges, v), minlength=FINE_BINS).astype(xp.int64)
+    return xp.bincount(log_bins(xp, edges, v), minlength=FINE_BINS).astype(xp.int64)
 
 
 def grid_cuts(counts: np.ndarray, edges: np.ndarray, bins: int) -> np.ndarray:

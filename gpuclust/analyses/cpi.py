@@ -42,7 +42,6 @@ from gpuclust.analyses._machine_cells import (
     CpiHistograms,
     cpu_seconds,
     filter_rows,
-    fine_bins,
     grid_cuts,
     hist_edges,
 )
@@ -51,7 +50,7 @@ from gpuclust.analyses.grouping import bucket_index
 from gpuclust.analyses.options import option, tier_map_option
 from gpuclust.backends.moments_cpu import grouped_comoments, regroup_moments
 from gpuclust.parted import finalize_in_memory
-from gpuclust.partials import Moments, keyed_reduce, merge_keyed
+from gpuclust.partials import Moments, keyed_reduce, log_bins, merge_keyed
 from gpuclust.schema import TierMap, tier_map
 from gpuclust.stats import (
     CpiFilter,
@@ -116,7 +115,7 @@ class CpiContext:
     #: Spearman grid cuts
     cpi_cuts: np.ndarray
     mai_cuts: np.ndarray
-    #: the first pass's fine histogram edges and, per fine bin (``fine_bins``), its grid bin (the
+    #: the first pass's fine histogram edges and, per fine bin (``partials.log_bins``), its grid bin (the
     #: cuts are fine edges); empty when the cuts are not all fine edges (then searchsorted)
     cpi_edges: np.ndarray
     mai_edges: np.ndarray
@@ -534,7 +533,7 @@ class Cpi(Analysis):
         if self.spearman == "grid":
             bins = None
             if ctx.cpi_lut.shape[0] and ctx.mai_lut.shape[0]:
-                bins = tuple(backend.stage(lut)[fine_bins(xp, backend.stage(e), v)]
+                bins = tuple(backend.stage(lut)[log_bins(xp, backend.stage(e), v)]
                              for lut, e, v in ((ctx.cpi_lut, ctx.cpi_edges, y), (ctx.mai_lut, ctx.mai_edges, z)))
             out["g_grid"] = spearman_grid_partial(backend, y, z, inv, G, backend.stage(ctx.cpi_cuts),
                                                   backend.stage(ctx.mai_cuts), w, bins)

@@ -49,7 +49,7 @@ from gpuclust.analyses._quality import (
 )
 from gpuclust.analyses.base import Analysis, fmt
 from gpuclust.analyses.options import option
-from gpuclust.partials import bin_quantile_edges, bin_rows
+from gpuclust.partials import bin_quantile_edges, bin_rows, log_bins
 from gpuclust.schema import CPU_PERCENTILE_COLUMNS_SORTED, TERMINAL_EVENTS, TIME_AFTER_TRACE
 from gpuclust.stats import CpiFilter
 
@@ -226,7 +226,7 @@ class DataQuality(Analysis):
         count("p100_above_max", both & (p100 > mx))
         r = xp.nonzero(both & (p100 > 0))[0]
         ratio = mx[r].astype(xp.float64) / p100[r].astype(xp.float64)
-        out["ratio"] = xp.bincount(xp.searchsorted(xp.asarray(RATIO_EDGES), ratio, side="right"),
+        out["ratio"] = xp.bincount(log_bins(xp, xp.asarray(RATIO_EDGES), ratio),
                                    minlength=_B).astype(xp.int64)
         # ---- CPI / MAI: cpi's plausibility rule (CPU-seconds from the window's length)
         secs = xp.where(finite, dur, -1).astype(xp.float64) / 1e6

@@ -33,7 +33,7 @@ import pandas as pd
 from gpuclust.analyses._lookup import EVENT_COLUMNS, TierLookupContext, tier_lookup
 from gpuclust.analyses.base import Analysis, fmt, resolve_tier_map
 from gpuclust.analyses.options import option, tier_map_option
-from gpuclust.partials import bin_quantile_edges, bin_rows
+from gpuclust.partials import bin_quantile_edges, bin_rows, log_bins
 from gpuclust.schema import TIME_AFTER_TRACE, tier_map
 
 __all__ = ["RATIO_EDGES", "RESOURCES", "THRESHOLDS", "UsageChange"]
@@ -159,7 +159,7 @@ class UsageChange(Analysis):
             r = ratio - 1.0
             within.append(xp.stack([xp.bincount(td, weights=(xp.abs(r) <= h).astype(xp.float64), minlength=_T)
                                     for h in THRESHOLDS], 1))
-            bins = xp.searchsorted(edges, ratio, side="right")
+            bins = log_bins(xp, edges, ratio)
             hist.append(xp.bincount(td * _B + bins, minlength=_T * _B).reshape(_T, _B))
             rsum.append(xp.bincount(td, weights=r, minlength=_T))
         out["counts"] = xp.stack(counts, 1).round().astype(xp.int64)

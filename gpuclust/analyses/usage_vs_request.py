@@ -34,7 +34,7 @@ from gpuclust.analyses._requests import REQUEST_COLUMNS, RequestTimeline, asof_e
 from gpuclust.analyses.base import Analysis, fmt, resolve_tier_map
 from gpuclust.analyses.options import tier_map_option
 from gpuclust.analyses.usage_change import RATIO_EDGES
-from gpuclust.partials import bin_quantile_edges, bin_rows
+from gpuclust.partials import bin_quantile_edges, bin_rows, log_bins
 from gpuclust.schema import tier_map
 
 __all__ = ["MEASURES", "UsageVsRequest"]
@@ -138,7 +138,7 @@ class UsageVsRequest(Analysis):
             flags = [xp.ones(n, dtype=bool), ~has_lim, has_lim & ~known, d, d & (ratio > 1.0), d & (ratio <= 0.5)]
             counts.append(xp.stack([xp.bincount(tier, weights=f.astype(xp.float64), minlength=_T) for f in flags], 1))
             di = xp.nonzero(d)[0]
-            bins = xp.searchsorted(edges, ratio[di], side="right")
+            bins = log_bins(xp, edges, ratio[di])
             hist.append(xp.bincount(tier[di] * _B + bins, minlength=_T * _B).reshape(_T, _B))
             rsum.append(xp.bincount(tier[di], weights=ratio[di], minlength=_T))
         out["counts"] = xp.stack(counts, 1).round().astype(xp.int64)

@@ -485,8 +485,9 @@ def test_fine_bins_and_grid_lookup_equal_searchsorted():
     """The log-guess fine binning is the binary search exactly (bin edges, neighbours of edges,
     float32-cast values, 0, negatives, NaN, infinities), and the fine-bin -> grid-bin table gives
     the grid partial the searchsorted bins."""
-    from gpuclust.analyses._machine_cells import fine_bins, grid_cuts, hist_edges
+    from gpuclust.analyses._machine_cells import grid_cuts, hist_edges
     from gpuclust.backends import get_backend
+    from gpuclust.partials import log_bins
     from gpuclust.stats import spearman_grid_partial
 
     rng = np.random.default_rng(11)
@@ -496,14 +497,14 @@ def test_fine_bins_and_grid_lookup_equal_searchsorted():
                             np.nextafter(e, np.inf), [0.0, -0.0, -1.0, np.nan, np.inf, -np.inf, 1e-300, 1e300]])
         with np.errstate(over="ignore"):
             for x in (v, v.astype(np.float32).astype(np.float64)):
-                np.testing.assert_array_equal(fine_bins(np, e, x), np.searchsorted(e, x, side="right"))
+                np.testing.assert_array_equal(log_bins(np, e, x), np.searchsorted(e, x, side="right"))
     e = hist_edges("cpi", 100.0)
     y = np.exp(rng.normal(0.5, 0.4, 5000))
     z = np.exp(rng.normal(0.0, 0.4, 5000))
-    counts = np.bincount(fine_bins(np, e, y), minlength=len(e) + 1)
+    counts = np.bincount(log_bins(np, e, y), minlength=len(e) + 1)
     cuts = grid_cuts(counts, e, 8)
     lut = np.concatenate([[0], np.searchsorted(cuts, e, side="right")])
-    np.testing.assert_array_equal(lut[fine_bins(np, e, y)], np.searchsorted(cuts, y, side="right"))
+    np.testing.assert_array_equal(lut[log_bins(np, e, y)], np.searchsorted(cuts, y, side="right"))
     be = get_backend("cpu")
     g = rng.integers(0, 3, 5000)
     w = rng.uniform(0.1, 2.0, 5000)
@@ -511,7 +512,7 @@ def test_fine_bins_and_grid_lookup_equal_searchsorted():
     zc = np.quantile(z, [0.25, 0.5, 0.75])
     ref = spearman_grid_partial(be, y, z, g, 3, cuts, zc, w)
     got = spearman_grid_partial(be, y, z, g, 3, cuts, zc, w,
-                                (lut[fine_bins(np, e, y)], np.searchsorted(zc, z, side="right")))
+                                (lut[log_bins(np, e, y)], np.searchsorted(zc, z, side="right")))
     np.testing.assert_array_equal(got, ref)
 
 

@@ -1,5 +1,6 @@
-"""The shared grouping pieces against obvious loops: ``segmented_last`` (the as-of joins and life
-cycles use it) and ``bucket_pieces`` (windows cut at bucket edges), on every backend."""
+"""Shared pieces against obvious references, on every backend: ``segmented_last`` (the as-of joins
+and life cycles use it) and ``bucket_pieces`` (windows cut at bucket edges) against loops,
+``partials.log_bins`` (the ratio bins) against the binary search."""
 
 from __future__ import annotations
 
@@ -32,3 +33,19 @@ def test_bucket_pieces_cover_each_window_once(backend, wins, width):
     want = [(r, b, min(e[r], (b + 1) * width) - max(s[r], b * width))
             for r in range(len(wins)) for b in range(s[r] // width, (e[r] - 1) // width + 1)]
     assert list(zip(row.tolist(), bucket.tolist(), overlap.tolist(), strict=True)) == want
+
+
+def test_log_bins_equal_the_binary_search_on_the_ratio_edges(backend):
+    """``partials.log_bins`` (usage-change, usage-vs-request, data-quality) is ``searchsorted(...,
+    side="right")`` exactly: every edge, its neighbours in float64, 0, negatives, NaN, infinities
+    and random ratios."""
+    from gpuclust.analyses.data_quality import RATIO_EDGES as DQ_EDGES
+    from gpuclust.analyses.usage_change import RATIO_EDGES
+    from gpuclust.partials import log_bins
+
+    rng = np.random.default_rng(5)
+    for edges in (RATIO_EDGES, DQ_EDGES):
+        v = np.concatenate([edges, np.nextafter(edges, 0), np.nextafter(edges, np.inf),
+                            np.exp(rng.normal(0, 6, 50_000)), [0.0, -1.0, np.nan, np.inf, -np.inf, 1e-300, 1e300]])
+        got = backend.to_host(log_bins(backend.xp, backend.asarray(edges), backend.asarray(v)))
+        assert np.array_equal(got, np.searchsorted(edges, v, side="right"))
