@@ -220,16 +220,11 @@ def empty_reason(name: str, tables: Tables) -> str:
     return f"Nothing to plot: no group in the result has a value to draw{reads}."
 
 
-#: Analyses drawn by another analysis' plot module.
-_PLOT_MODULE = {"collection-lifecycle": "lifecycle", "usage-distribution": "distribution"}
-
-
 def has_figure(name: str) -> bool:
-    """Whether analysis ``name`` has a plot (a ``gpuclust/report/<name>_plots.py`` module)."""
-    import importlib.util
+    """Whether analysis ``name`` has a plot (an entry of :data:`gpuclust.report.plots.PLOTS`)."""
+    from gpuclust.report.plots import PLOTS
 
-    mod = _PLOT_MODULE.get(name, name).replace("-", "_")
-    return importlib.util.find_spec(f"gpuclust.report.{mod}_plots") is not None
+    return name in PLOTS
 
 
 def format_value(v: Any) -> str:
