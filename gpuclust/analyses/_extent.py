@@ -1,4 +1,5 @@
-"""The largest known value of a time column, from Parquet statistics where possible."""
+"""Arrow columns as NumPy (:func:`to_i64`, :func:`to_f64`), and the largest known value of a time
+column, from Parquet statistics where possible."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pyarrow.parquet as pq
 
 from gpuclust.schema import TIME_AFTER_TRACE
 
-__all__ = ["max_below", "max_finite", "to_i64"]
+__all__ = ["max_below", "max_finite", "to_f64", "to_i64"]
 
 
 def to_i64(arr: Any) -> np.ndarray:
@@ -20,6 +21,11 @@ def to_i64(arr: Any) -> np.ndarray:
     if a.null_count:
         a = pc.fill_null(a, pa.scalar(np.iinfo(np.int64).min, pa.int64()))
     return np.ascontiguousarray(a.to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
+def to_f64(arr: Any) -> np.ndarray:
+    """An Arrow numeric column as a float64 NumPy array, NULL -> NaN."""
+    return np.asarray(pc.cast(arr, "float64").to_numpy(zero_copy_only=False), dtype=np.float64)
 
 
 def max_below(a: np.ndarray) -> int | None:

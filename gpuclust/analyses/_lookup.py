@@ -25,7 +25,8 @@ import pyarrow.compute as pc
 
 from gpuclust._cache import PerArrayCache
 
-__all__ = ["EVENT_COLUMNS", "InstanceLookup", "TierLookupContext", "id_index", "max_priority", "priority_lookup",
+__all__ = ["EVENT_COLUMNS", "InstanceLookup", "TierLookupContext", "id_index", "machine_capacities", "max_priority",
+           "priority_lookup",
            "tier_lookup", "triple_hash"]
 
 #: The instance_events columns :func:`tier_lookup` reads.
@@ -294,3 +295,15 @@ def priority_lookup(events: Any, *, top_level_only: bool, what: str) -> Instance
     prio = np.minimum(prio, np.iinfo(np.int32).max).astype(np.int32)
     return InstanceLookup.build(lk["c"].to_numpy(np.int64), lk["i"].to_numpy(np.int32), lk["m"].to_numpy(np.int64),
                                 prio, what=what)
+
+
+def machine_capacities(me: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Sorted machine ids of a machine_events table and, per machine, ``MAX(cap_cpu)`` and
+    ``MAX(cap_mem)`` over its events (NULLs ignored; NaN when every value is NULL): Google's
+    notebook's capacity of a machine, as cell-usage, cpi and machine-utilization use it."""
+    from gpuclust.analyses._extent import to_f64, to_i64
+
+    df = pd.DataFrame({"m": to_i64(me.column("machine_id")), "cpu": to_f64(me.column("cap_cpu")),
+                       "mem": to_f64(me.column("cap_mem"))})
+    g = df.groupby("m", sort=True)[["cpu", "mem"]].max()
+    return g.index.to_numpy(np.int64), g["cpu"].to_numpy(np.float64), g["mem"].to_numpy(np.float64)

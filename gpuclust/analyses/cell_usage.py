@@ -29,9 +29,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import pyarrow.compute as pc
 
-from gpuclust.analyses._lookup import EVENT_COLUMNS, InstanceLookup, tier_lookup, triple_hash
+from gpuclust.analyses._lookup import EVENT_COLUMNS, InstanceLookup, machine_capacities, tier_lookup, triple_hash
 from gpuclust.analyses.base import Analysis, fmt, is_null_int, null_int, resolve_tier_map
 from gpuclust.analyses.grouping import HOUR_US, bucket_span
 from gpuclust.analyses.options import option, tier_map_option
@@ -64,10 +63,6 @@ class CellUsageContext:
     @property
     def tier_names(self) -> tuple[str, ...]:
         return self.tier_map.names + (("unknown",) if self.mode == "exact" else ())
-
-
-def _null_to_nan(arr: Any) -> np.ndarray:
-    return np.asarray(pc.cast(arr, "float64").to_numpy(zero_copy_only=False), dtype=np.float64)
 
 
 def _notebook_sums(backend: Any, key: Any, cpu: Any, mem: Any) -> dict[str, Any]:
@@ -153,13 +148,9 @@ class CellUsage(Analysis):
         if len(tm.names) + 1 > (1 << _TIER_BITS):
             raise ValueError(f"tier map {tm.name!r} has too many tiers")
         # Capacity: SUM over machines of MAX(capacity); NULLs ignored, all-NULL -> NaN (SQL NULL).
-        me = source.read("machine_events", ["machine_id", "cap_cpu", "cap_mem"])
-        mdf = pd.DataFrame({"machine_id": me.column("machine_id").to_numpy(),
-                            "cpu": _null_to_nan(me.column("cap_cpu")),
-                            "mem": _null_to_nan(me.column("cap_mem"))})
-        per = mdf.groupby("machine_id", sort=False)[["cpu", "mem"]].max()
-        cpu_cap = float(per["cpu"].sum(min_count=1))
-        mem_cap = float(per["mem"].sum(min_count=1))
+        _, cpu, mem = machine_capacities(source.read("machine_events", ["machine_id", "cap_cpu", "cap_mem"]))
+        cpu_cap = float(pd.Series(cpu).sum(min_count=1))
+        mem_cap = float(pd.Series(mem).sum(min_count=1))
         return CellUsageContext(self.mode, tm, cpu_cap, mem_cap)
 
     @property

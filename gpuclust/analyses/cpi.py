@@ -36,7 +36,7 @@ import pandas as pd
 import pyarrow.compute as pc
 
 from gpuclust.analyses._extent import max_finite
-from gpuclust.analyses._lookup import EVENT_COLUMNS, InstanceLookup, id_index, tier_lookup
+from gpuclust.analyses._lookup import EVENT_COLUMNS, InstanceLookup, id_index, machine_capacities, tier_lookup
 from gpuclust.analyses._machine_cells import (
     CELL_US,
     CpiHistograms,
@@ -85,10 +85,6 @@ SHARD_KEYS = 1 << 21
 _STATS = ("bad_cell_rows", "machine_cells", "machine_cells_unknown_util")
 _BY_COLUMN = {"platform": "platform_id", "machine": "machine_id", "collection": "collection_id",
               "tier": "tier", "cell": "cell"}
-
-
-def _f64(arr: Any) -> np.ndarray:
-    return np.asarray(pc.cast(arr, "float64").to_numpy(zero_copy_only=False), dtype=np.float64)
 
 
 @dataclass(frozen=True)
@@ -195,11 +191,10 @@ def _platform_lookup(me: Any) -> dict[str, Any]:
 
 def _capacities(me: Any) -> tuple[np.ndarray, np.ndarray]:
     """Sorted machine ids with a positive CPU capacity and that capacity: MAX(cap_cpu) per machine
-    over its events (NULLs ignored), as cell-usage."""
-    cap = (pd.DataFrame({"m": me.column("machine_id").to_numpy().astype(np.int64),
-                         "c": _f64(me.column("cap_cpu"))}).groupby("m")["c"].max())
-    cap = cap[cap > 0]
-    return cap.index.to_numpy(np.int64), cap.to_numpy(np.float64)
+    over its events (NULLs ignored), as cell-usage (:func:`machine_capacities`)."""
+    ids, cpu, _ = machine_capacities(me)
+    pos = cpu > 0
+    return ids[pos], cpu[pos]
 
 
 def _dense_groups(xp: Any, code: Any, span: int, keys: Any) -> tuple[Any, Any, int]:
@@ -369,7 +364,7 @@ class Cpi(Analysis):
         return {"histograms": CpiHistograms(self.filter)} if self.first_pass else {}
 
     def context(self, source: Any, prior: dict[str, dict[str, pd.DataFrame]] | None = None) -> CpiContext:
-        me = source.read("machine_events", ["time", "machine_id", "cap_cpu", "platform_id"])
+        me = source.read("machine_events", ["time", "machine_id", "cap_cpu", "cap_mem", "platform_id"])
         plat = _platform_lookup(me)
         cap_ids, cap_val = _capacities(me)
         flt = self.filter

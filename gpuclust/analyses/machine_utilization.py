@@ -29,11 +29,9 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
-import pyarrow.compute as pc
 
-from gpuclust.analyses._extent import max_finite, to_i64
-from gpuclust.analyses._lookup import id_index
+from gpuclust.analyses._extent import max_finite
+from gpuclust.analyses._lookup import id_index, machine_capacities
 from gpuclust.analyses.base import Analysis, fmt, is_null_int
 from gpuclust.analyses.grouping import bucket_index, bucket_pieces
 from gpuclust.analyses.options import option
@@ -57,19 +55,6 @@ _COUNTS = ("n_cpu", "n_mem", "windows")
 _FIELDS = ("cpu", "mem", *_COUNTS)
 _MACHINE_COLUMNS = ["machine_id", "bucket", "bucket_start_us", "windows", "cpu_usage", "mem_usage", "cap_cpu",
                     "cap_mem", "cpu_util", "mem_util"]
-
-
-def _f64(arr: Any) -> np.ndarray:
-    return np.asarray(pc.cast(arr, "float64").to_numpy(zero_copy_only=False), dtype=np.float64)
-
-
-def machine_capacities(me: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Sorted machine ids of machine_events and, per machine, ``MAX(cap_cpu)`` and ``MAX(cap_mem)``
-    over its events (NULLs ignored; NaN when every value is NULL)."""
-    df = pd.DataFrame({"m": to_i64(me.column("machine_id")), "cpu": _f64(me.column("cap_cpu")),
-                       "mem": _f64(me.column("cap_mem"))})
-    g = df.groupby("m", sort=True)[["cpu", "mem"]].max()
-    return g.index.to_numpy(np.int64), g["cpu"].to_numpy(np.float64), g["mem"].to_numpy(np.float64)
 
 
 @dataclass(frozen=True)

@@ -46,10 +46,9 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from gpuclust.analyses._extent import max_below, max_finite, to_i64
+from gpuclust.analyses._extent import max_below, max_finite, to_f64, to_i64
 from gpuclust.analyses._intervals import (
     SCHEDULE,
     RunningIntervals,
@@ -120,10 +119,6 @@ def _machine_columns(tiers: list[str]) -> list[str]:
     return out + [f"{c}_{t}" for t in tiers for c in _TIER_COLS]
 #: columns that are NaN (unknown) when the dataset has no instance_usage rows
 _USAGE_PREFIXES = ("use_", "max_cpu_sum", "max_mem_sum", "usage_ratio_", "peak_ratio_")
-
-
-def _f64(arr: Any) -> np.ndarray:
-    return np.asarray(pc.cast(arr, "float64").to_numpy(zero_copy_only=False), dtype=np.float64)
 
 
 def _batches(source: Any, table: str, columns: list[str], rows: int = 1 << 20) -> Any:
@@ -305,7 +300,7 @@ class Overcommit(Analysis):
         # ---- capacity intervals (machine_events: one row per machine event, small)
         me = source.read("machine_events", ["time", "machine_id", "type", "cap_cpu", "cap_mem"])
         mcols = {c: to_i64(me.column(c)) for c in ("time", "machine_id", "type")}
-        mcols.update({c: _f64(me.column(c)) for c in ("cap_cpu", "cap_mem")})
+        mcols.update({c: to_f64(me.column(c)) for c in ("cap_cpu", "cap_mem")})
         cap = capacity_intervals(mcols, w0, w1)
         me_ids = np.unique(mcols["machine_id"])
         mids = np.unique(np.concatenate([me_ids[me_ids != _NULL], placed]))
@@ -332,7 +327,7 @@ class Overcommit(Analysis):
         t = ev.read(_EVENT_COLUMNS)
         ecols = {c: to_i64(t.column(c)) for c in ("time", "type", "collection_id", "instance_index", "machine_id",
                                                  "alloc_collection_id")}
-        ecols.update({c: _f64(t.column(c)) for c in ("priority", "req_cpu", "req_mem")})
+        ecols.update({c: to_f64(t.column(c)) for c in ("priority", "req_cpu", "req_mem")})
         del t
         part = self._interval_partial(running_intervals(ecols, ctx.window_start, ctx.window_end), ctx)
         if grain is None:
