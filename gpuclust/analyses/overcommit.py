@@ -69,7 +69,8 @@ __all__ = ["Overcommit", "OvercommitContext", "TRACE_START_US"]
 
 #: Trace window start: times are microseconds since 600 s before the trace start.
 TRACE_START_US = 600_000_000
-#: Largest dense (groups x buckets) block one bucket_overlap call of a partial may allocate.
+#: Largest dense (groups x buckets) block one bucket_overlap call of a partial may allocate; a
+#: small partition's blocks are also held to 2 cells per row (2^16 at least), as its keyed rows.
 CELL_LIMIT = 1 << 20
 #: Machine-buckets of one shard of the machine table (one Parquet part; a shard task holds its
 #: keyed partials, ~0.1-0.5 KB per machine-bucket, and one chunk of rows at a time).
@@ -426,7 +427,7 @@ class Overcommit(Analysis):
         ginv = (xp.cumsum(present) - 1).astype(xp.int32)[g]
         G = int(ug.shape[0])
         lo, hi = int(b0.min()), int(b1.max()) + 1
-        step = max(1, CELL_LIMIT // max(G, 1))
+        step = max(1, min(CELL_LIMIT, max(2 * int(s.shape[0]), 1 << 16)) // max(G, 1))
         # two sweeps: exact overlap (mean usage) and whole buckets (window maxima, window counts)
         exact = xp.stack([vals["use_cpu"].astype(xp.float64), vals["use_mem"].astype(xp.float64)])
         whole = xp.stack([vals["max_cpu"].astype(xp.float64) / ws, vals["max_mem"].astype(xp.float64) / ws,
@@ -468,6 +469,7 @@ class Overcommit(Analysis):
             keys.append(ug[idx // nb] * B + (c0 + idx % nb))
             for k in _PARTIAL_FIELDS:
                 outs[k].append(dense[k][idx])
+            del d1, d2, dense, nz, idx  # before the next chunk's blocks are allocated
         if len(keys) == 1:  # g-major dense layout: keys already sorted and unique
             return {"key": keys[0], **{k: v[0] for k, v in outs.items()}}
         return keyed_reduce(backend, xp.concatenate(keys), {k: xp.concatenate(v) for k, v in outs.items()})

@@ -87,7 +87,11 @@ def _merge_dense(empty: dict[str, np.ndarray], pieces: Iterable[dict[str, np.nda
             v = piece[f]
             acc[off] += np.nan_to_num(v, nan=0.0) if v.dtype.kind == "f" else v
     idx = np.flatnonzero(seen)
-    return {"key": (idx + first).astype(np.int64), **{f: acc[idx] for f, acc in sums.items()}}
+    del seen
+    out = {"key": (idx + first).astype(np.int64)}
+    for f in list(sums):  # one accumulator and its compacted copy alive at a time, not all of both
+        out[f] = sums.pop(f)[idx]
+    return out
 
 
 def reduce_shard(a: Analysis, ctx: Any, rest: Any, index: int, lo: int, hi: int, spills: Sequence[Path],

@@ -92,7 +92,9 @@ CASES = [
     # (it was a nested run with partitions="auto": 487-501 MiB)
     pytest.param("cpi", {}, id="cpi"),
     # overcommit fits since its machine table is written by the shard tasks and its partials'
-    # dense blocks are at most 2^22 cells (643-682 MiB before)
+    # dense blocks are at most 2 cells per row (643-682 MiB before; 383-392 MiB VmHWM now, after
+    # the child pickled with protocol 5: with protocol 4 the copies of the result's buffers added
+    # 15-45 MiB and a CI run was killed at 438 MiB against the 437 MiB cap)
     pytest.param("overcommit", {}, id="overcommit"),
     pytest.param("usage-distribution", {}, id="usage-distribution", marks=_xfail(
         "exact partials carry every window (n x 20 float64) to finalize; by=tier groups are huge")),
@@ -104,7 +106,7 @@ CASES = [
 
 #: The same analyses on the dataset after ``gpuclust optimize --buckets 16`` (one bucket of ~125k
 #: rows per partition: per-instance side inputs are built per partition, cpi's first pass runs on
-#: the same partitions).  Measured (VmHWM): cell-usage 184 MiB, cpi 231, overcommit 569,
+#: the same partitions).  Measured (VmHWM): cell-usage 184 MiB, cpi 231, overcommit 569 (356-371 now),
 #: usage-distribution by=instance 355.
 BUCKETED_CASES = [
     pytest.param("cell-usage", {}, id="cell-usage"),
@@ -128,8 +130,8 @@ ds, name, opts, parts, out = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), 
 r = run(ds, [create(name, **opts)], backend="cpu", partitions=parts, parts_dir=out + ".parts")
 hwm = next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1]
 r = {k: {t: v if hasattr(v, "columns") else v.read() for t, v in tables.items()} for k, tables in r.items()}
-with open(out, "wb") as f:
-    pickle.dump(r, f)
+with open(out, "wb") as f:  # protocol 5: NumPy buffers written in place, not copied to bytes first
+    pickle.dump(r, f, protocol=5)
 print(json.dumps({"vmhwm_bytes": int(hwm) * 1024}))
 """
 
