@@ -2,11 +2,18 @@
 and ``peak-prediction``).
 
 :class:`RequestTimeline` holds the instance events that carry a positive request, sorted by
-(instance hash, time, row); :func:`asof_events` finds, per window and per event flag (e.g. "CPU
-request positive"), the latest flagged event of the window's (``collection_id``,
-``instance_index``) at or before the window's start (an event at the same microsecond counts).
-It runs on ``backend.xp`` (one lexsort of events and windows together, one segmented running
-maximum per flag).
+(instance hash, time, row), and one record per instance (its key, its first and last event, the
+last event's time).  :func:`asof_index` finds, per window, the latest of those events of the
+window's (``collection_id``, ``instance_index``) at or before the window's start (an event at the
+same microsecond counts; of events at the same microsecond, the last in row order);
+:func:`asof_events` then the latest one per event flag (e.g. "CPU request positive"), through
+:meth:`RequestTimeline.latest`, a per-event table built once on the host.
+
+Nothing is sorted per window: the window's instance is found with the backend's ``hash_index`` op
+(one probe), its key checked against the instance record (so a hash collision between a window's
+instance and an event's can never join them); a window at or after its instance's last event (the
+common case) is done, the others binary-search their instance's events (a few steps over the
+few windows left), on ``backend.xp``.
 """
 
 from __future__ import annotations
@@ -18,19 +25,26 @@ from typing import Any
 import numpy as np
 
 from gpuclust.analyses._lookup import triple_hash
-from gpuclust.analyses.grouping import segmented_last
 
-__all__ = ["REQUEST_COLUMNS", "RequestTimeline", "asof_events"]
+__all__ = ["REQUEST_COLUMNS", "RequestTimeline", "asof_events", "asof_index"]
 
 #: The instance_events columns a :class:`RequestTimeline` reads (plus any ``extra``).
 REQUEST_COLUMNS = ("time", "collection_id", "instance_index", "req_cpu", "req_mem")
+
+
+def _key(xp: Any, collection: Any, instance: Any) -> Any:
+    """The 64-bit hash of an instance (collection_id, instance_index)."""
+    return triple_hash(xp, collection, instance, xp.zeros(1, dtype=xp.int64))
 
 
 @dataclass(frozen=True)
 class RequestTimeline:
     """Events with a positive request, sorted by (instance hash, time, row): what windows are
     joined to as of their start.  ``extra`` holds further event columns (as float64, NULL as NaN)
-    in the same order."""
+    in the same order.
+
+    ``ukey``: the distinct instance hashes, sorted; ``urec``: per instance (in ``ukey`` order) one
+    int64 row ``collection_id, instance_index, first event, last event, last event's time``."""
 
     key: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
     collection: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
@@ -38,6 +52,8 @@ class RequestTimeline:
     time: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     req: np.ndarray = field(default_factory=lambda: np.zeros((0, 2)))
     extra: dict[str, np.ndarray] = field(default_factory=dict)
+    ukey: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
+    urec: np.ndarray = field(default_factory=lambda: np.zeros((0, 5), np.int64))
 
     @classmethod
     def build(cls, side: Any, extra: Sequence[str] = ()) -> RequestTimeline:
@@ -52,10 +68,61 @@ class RequestTimeline:
         keep = (req > 0).any(1)
         c, i, t = cols["collection_id"][keep].astype(np.int64), cols["instance_index"][keep].astype(np.int32), \
             cols["time"][keep].astype(np.int64)
-        key = triple_hash(np, c, i, np.zeros_like(c))
+        key = _key(np, c, i)
         order = np.lexsort((t, key))  # stable: equal (key, time) keep their row order
         ex = {n: np.asarray(cols[n][keep], dtype=np.float64)[order] for n in extra}
-        return cls(key[order], c[order], i[order], t[order], req[keep][order], ex)
+        key, c, i, t = key[order], c[order], i[order], t[order]
+        ne = int(key.shape[0])
+        if not ne:
+            return cls(extra=ex)
+        new = np.ones(ne, dtype=bool)
+        new[1:] = key[1:] != key[:-1]
+        first = np.flatnonzero(new)
+        last = np.append(first[1:], ne) - 1
+        # one instance per hash: two instances sharing a hash would share a run of events
+        same = ~new[1:]
+        if bool((same & ((c[1:] != c[:-1]) | (i[1:] != i[:-1]))).any()):
+            raise RuntimeError("request timeline: 64-bit hash collision between two instance keys (please report)")
+        urec = np.ascontiguousarray(np.stack([c[first], i[first].astype(np.int64), first, last, t[last]], 1))
+        return cls(key, c, i, t, req[keep][order], ex, key[first], urec)
+
+    def latest(self, flag: np.ndarray) -> np.ndarray:
+        """Per event: the index of the latest event at or before it (in this order) of its instance
+        with ``flag`` set (a boolean host array over the events), else -1."""
+        ne = int(self.key.shape[0])
+        flag = np.asarray(flag, dtype=bool)
+        at = np.where(flag, np.arange(ne, dtype=np.int64), -1)
+        np.maximum.accumulate(at, out=at)
+        run_first = np.repeat(self.urec[:, 2], self.urec[:, 3] - self.urec[:, 2] + 1)
+        return np.where(at >= run_first, at, -1)
+
+
+def asof_index(backend: Any, rq: RequestTimeline, collection: Any, instance: Any, start: Any,
+               none: int = -1) -> Any:
+    """Per window (``collection``, ``instance``, ``start`` on ``backend.xp``): the index in ``rq``
+    of the latest event of its instance at or before ``start`` (the last in ``rq``'s order), or
+    ``none`` where its instance has none."""
+    xp = backend.xp
+    n = int(start.shape[0])
+    if not n or not int(rq.ukey.shape[0]):
+        return xp.full(n, none, dtype=xp.int64)
+    pos = backend.ops.hash_index(backend.stage(rq.ukey), _key(xp, collection, instance))
+    rec = xp.take(backend.stage(rq.urec), xp.maximum(pos, 0), axis=0)
+    found = (pos >= 0) & (rec[:, 0] == collection) & (rec[:, 1] == instance)
+    done = rec[:, 4] <= start
+    j = xp.where(found & done, rec[:, 3], none)
+    rest = xp.nonzero(found & ~done)[0]
+    if int(rest.shape[0]):
+        # the first event after start lies in [first, last] (the last one is after start): binary search
+        lo0, hi = rec[rest, 2], rec[rest, 3]
+        lo, s, t = lo0, start[rest], backend.stage(rq.time)
+        for _ in range(int((hi - lo).max()).bit_length()):
+            mid = (lo + hi) >> 1
+            go = t[mid] <= s  # at lo == hi: t[lo] > s, so nothing moves
+            lo = xp.where(go, mid + 1, lo)
+            hi = xp.where(go, hi, mid)
+        j[rest] = xp.where(lo > lo0, lo - 1, none)
+    return j
 
 
 def asof_events(backend: Any, rq: RequestTimeline, collection: Any, instance: Any, start: Any,
@@ -63,40 +130,17 @@ def asof_events(backend: Any, rq: RequestTimeline, collection: Any, instance: An
     """Per flag (a boolean host array over ``rq``'s events) and per window (``collection``,
     ``instance``, ``start`` on ``backend.xp``): ``(hit, event)``, whether its instance has a flagged
     event at or before ``start`` and the index in ``rq`` of the latest one (0 where none), both in
-    window order."""
-    xp, ops = backend.xp, backend.ops
+    window order.  (``what`` names the caller; kept for its signature.)"""
+    xp = backend.xp
     n = int(start.shape[0])
     ne = int(rq.key.shape[0])
     if not ne or not n:
         return [(xp.zeros(n, dtype=bool), xp.zeros(n, dtype=xp.int64)) for _ in flags]
-    c, i = collection.astype(xp.int64), instance
-    # events and windows in one order by (instance, time), an event before a window at the same
-    # time; each window takes the last flagged event of its instance run
-    wkey = triple_hash(xp, c, i, xp.zeros_like(c))
-    key = xp.concatenate([backend.stage(rq.key), wkey])
-    t = xp.concatenate([backend.stage(rq.time), start])
-    tag = xp.concatenate([xp.zeros(ne, xp.int64), xp.ones(n, xp.int64)])
-    order = xp.lexsort(xp.stack([tag, t, key.view(xp.int64)]))
-    ks = key[order]
-    run_start = xp.ones(ks.shape[0], dtype=bool)
-    run_start[1:] = ks[1:] != ks[:-1]
-    first = segmented_last(ops, xp, run_start, 0)  # each row's run start
-    is_win = order >= ne
-    win_row = order[is_win] - ne
-    ev_c, ev_i = backend.stage(rq.collection), backend.stage(rq.instance)
+    j = asof_index(backend, rq, collection, instance, start, none=ne)
     out = []
     for flag in flags:
-        fl = backend.stage(np.ascontiguousarray(flag, dtype=bool))
-        has = order < ne
-        has[has] = fl[order[has]]
-        at = segmented_last(ops, xp, has, first)
-        hit = (at >= 0)[is_win]
-        ev = xp.where(hit, order[xp.maximum(at[is_win], 0)], 0)
-        # the hash joined them: the keys must match too (a collision would raise here)
-        bad = hit & ((ev_c[ev] != c[win_row]) | (ev_i[ev] != i[win_row]))
-        if bool(bad.any()):
-            raise RuntimeError(f"{what}: 64-bit hash collision between two instance keys (please report)")
-        h, e = xp.zeros(n, dtype=bool), xp.zeros(n, dtype=xp.int64)
-        h[win_row], e[win_row] = hit, ev
-        out.append((h, e))
+        prev = backend.stage(np.append(rq.latest(flag), -1))  # row ne: no event
+        ev = prev[j]
+        hit = ev >= 0
+        out.append((hit, xp.maximum(ev, 0)))
     return out

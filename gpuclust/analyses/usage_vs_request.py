@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 
 from gpuclust.analyses._lookup import EVENT_COLUMNS, TierLookupContext, tier_lookup
-from gpuclust.analyses._requests import REQUEST_COLUMNS, RequestTimeline, asof_events
+from gpuclust.analyses._requests import REQUEST_COLUMNS, RequestTimeline, asof_index
 from gpuclust.analyses.base import Analysis, fmt, resolve_tier_map
 from gpuclust.analyses.options import tier_map_option
 from gpuclust.analyses.usage_change import RATIO_EDGES
@@ -52,6 +52,9 @@ class UsageVsRequestContext(TierLookupContext):
     """:class:`TierLookupContext` plus the request timelines ``bind`` builds."""
 
     requests: RequestTimeline = field(default_factory=RequestTimeline)
+    #: per event of ``requests`` (and a last row of zeros: no event), the CPU and memory limit as of
+    #: it: the request of the instance's latest event at or before it with that request positive
+    limits: np.ndarray = field(default_factory=lambda: np.zeros((1, 2)))
 
 
 @dataclass(frozen=True)
@@ -101,7 +104,12 @@ class UsageVsRequest(Analysis):
         ev = side["instance_events"]
         lk = tier_lookup(ev, ctx.tier_map, top_level_only=False, unmatched=len(ctx.tier_map.names),
                          what="usage-vs-request tier lookup")
-        return replace(ctx, lookup=lk, requests=RequestTimeline.build(ev))
+        rq = RequestTimeline.build(ev)
+        limits = np.zeros((int(rq.key.shape[0]) + 1, 2))
+        for r in (0, 1):
+            at = np.append(rq.latest(rq.req[:, r] > 0), -1)
+            limits[:, r] = np.where(at >= 0, np.append(rq.req[:, r], 0.0)[at], 0.0)
+        return replace(ctx, lookup=lk, requests=rq, limits=limits)
 
     # ---------------------------------------------------------------- partial / merge
     def empty(self, backend: Any = None) -> dict[str, np.ndarray]:
@@ -110,40 +118,45 @@ class UsageVsRequest(Analysis):
 
     def partial(self, cols: dict[str, Any], ctx: UsageVsRequestContext, backend: Any) -> dict[str, Any]:
         xp = backend.xp
-        out = {k: xp.asarray(v) for k, v in self.empty().items()}
         s = cols["start_time"]
         n = int(s.shape[0])
         if n == 0:
-            return out
+            return {k: xp.asarray(v) for k, v in self.empty().items()}
         i = cols["instance_index"]
         found, code = ctx.lookup.find(backend, cols["collection_id"], i, cols["machine_id"])
         tier = xp.where(found, code, len(ctx.tier_map.names)).astype(xp.int64)
-        rq = ctx.requests
-        limit = xp.zeros((n, 2))
-        joined = asof_events(backend, rq, cols["collection_id"], i, s, [rq.req[:, r] > 0 for r in (0, 1)],
-                             "usage-vs-request")
-        req = backend.stage(rq.req) if rq.key.shape[0] else None
-        for r, (hit, ev) in enumerate(joined):
-            if req is not None:
-                limit[:, r] = xp.where(hit, req[ev, r], 0.0)
-        counts, hist, rsum = [], [], []
+        # per window, the limits (CPU, memory) of its latest event at or before its start
+        ne = int(ctx.limits.shape[0]) - 1
+        j = asof_index(backend, ctx.requests, cols["collection_id"], i, s, none=ne)
+        limit = xp.take(backend.stage(ctx.limits), j, axis=0)
+        # one code per window and measure: 0 no limit, 1 unknown usage, else 2 + 3 x bin + (0: ratio > 1,
+        # 1: ratio <= 0.5, 2: between), counted per tier by one bincount
+        K = 2 + 3 * _B
+        base = tier * K
         edges = xp.asarray(RATIO_EDGES)
+        counts, rsum = [], []
+        res: dict[int, tuple[Any, Any]] = {}
         for _, col, r in MEASURES:
-            u = cols[col].astype(xp.float64)
-            lim = limit[:, r]
-            has_lim = lim > 0
-            known = xp.isfinite(u)
-            d = has_lim & known
-            ratio = xp.where(d, u / xp.where(has_lim, lim, 1.0), 0.0)
-            flags = [xp.ones(n, dtype=bool), ~has_lim, has_lim & ~known, d, d & (ratio > 1.0), d & (ratio <= 0.5)]
-            counts.append(xp.stack([xp.bincount(tier, weights=f.astype(xp.float64), minlength=_T) for f in flags], 1))
-            di = xp.nonzero(d)[0]
-            bins = log_bins(xp, edges, ratio[di])
-            hist.append(xp.bincount(tier[di] * _B + bins, minlength=_T * _B).reshape(_T, _B))
-            rsum.append(xp.bincount(tier[di], weights=ratio[di], minlength=_T))
-        out["counts"] = xp.stack(counts, 1).round().astype(xp.int64)
-        out["hist"] = xp.stack(hist, 1).astype(xp.int64)
-        out["rsum"] = xp.stack(rsum, 1)
+            if r not in res:
+                lim = xp.ascontiguousarray(limit[:, r])
+                has_lim = lim > 0
+                res[r] = has_lim, xp.where(has_lim, lim, 1.0)
+            has_lim, safe = res[r]
+            u = cols[col]
+            d = has_lim & xp.isfinite(u)
+            ratio = xp.where(d, u / safe, 0.0)  # float64, as u.astype(float64) / limit
+            x = log_bins(xp, edges, ratio) * 3 + 4
+            x -= (ratio > 1.0) * 2 + (ratio <= 0.5)
+            x = xp.where(d, x, has_lim.astype(xp.int64))
+            x += base
+            counts.append(xp.bincount(x, minlength=_T * K))
+            rsum.append(xp.bincount(tier, weights=ratio, minlength=_T))  # + 0.0 per other window: the same sums
+        c = xp.stack([v.reshape(_T, K) for v in counts], 1)
+        rest = c[:, :, 2:].reshape(_T, _M, _B, 3)
+        sub = rest.sum(2)
+        out = {"counts": xp.stack([c.sum(2), c[:, :, 0], c[:, :, 1], sub.sum(2), sub[:, :, 0], sub[:, :, 1]],
+                                  2).astype(xp.int64),
+               "hist": rest.sum(3).astype(xp.int64), "rsum": xp.stack(rsum, 1)}
         return out
 
     def merge(self, a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
