@@ -332,6 +332,43 @@ def job_usage_sql(ds: Path | str) -> str:
     return sql
 
 
+def job_usage_tiers_sql(ds: Path | str) -> str:
+    """job-usage as gpuclust computes it, tiers included: per JOB collection its NCU-hours,
+    NMU-hours, windows and tier (the tier of the MAX priority of the events of its
+    ``(collection_id, instance_index, machine_id)`` keys that have usage rows, by the dataset's tier
+    map), then per tier and over all: count, total, mean, population variance, quantiles, max and
+    the top-1% share of the collections with positive CPU."""
+    from gpuclust.analyses.base import resolve_tier_map
+    from gpuclust.dataset import Dataset
+
+    tm = resolve_tier_map(None, Dataset(ds))
+    tier = "CASE " + " ".join(f"WHEN p >= {lo} THEN '{name}'" for name, lo in
+                              reversed(list(zip(tm.names, tm.bounds, strict=True)))) + " ELSE 'unknown' END"
+    sql = f"""
+    WITH u AS (SELECT collection_id, instance_index, machine_id, avg_cpu, avg_mem, start_time, end_time
+               FROM read_parquet('{ds}/instance_usage/**/*.parquet', hive_partitioning=false)
+               WHERE collection_type = 0 AND end_time > start_time AND end_time < 9223372036854775807),
+         e AS (SELECT collection_id, instance_index, machine_id, MAX(priority) AS p
+               FROM read_parquet('{ds}/instance_events/**/*.parquet', hive_partitioning=false)
+               WHERE machine_id IS NOT NULL GROUP BY ALL),
+         k AS (SELECT collection_id, instance_index, machine_id,
+                      SUM(COALESCE(CAST(avg_cpu AS DOUBLE), 0) * CAST(end_time - start_time AS DOUBLE) / 3.6e9) AS ncu,
+                      SUM(COALESCE(CAST(avg_mem AS DOUBLE), 0) * CAST(end_time - start_time AS DOUBLE) / 3.6e9) AS nmu,
+                      COUNT(*) AS n
+               FROM u GROUP BY ALL),
+         j AS (SELECT k.collection_id, SUM(ncu) AS ncu, SUM(nmu) AS nmu, SUM(n) AS n, MAX(e.p) AS p
+               FROM k LEFT JOIN e USING (collection_id, instance_index, machine_id) GROUP BY 1),
+         t AS (SELECT ncu, {tier} AS tier FROM j WHERE ncu > 0),
+         r AS (SELECT ncu, tier, ROW_NUMBER() OVER (PARTITION BY tier ORDER BY ncu DESC) AS k,
+                      COUNT(*) OVER (PARTITION BY tier) AS n, ROW_NUMBER() OVER (ORDER BY ncu DESC) AS ka,
+                      COUNT(*) OVER () AS na FROM t)
+    SELECT tier, COUNT(*), SUM(ncu), AVG(ncu), VAR_POP(ncu), QUANTILE_CONT(ncu, [0.5, 0.9, 0.99, 0.999]), MAX(ncu),
+           CASE WHEN GROUPING(tier) = 1 THEN SUM(ncu) FILTER (WHERE ka <= GREATEST(1, CEIL(0.01 * na)))
+                ELSE SUM(ncu) FILTER (WHERE k <= GREATEST(1, CEIL(0.01 * n))) END / SUM(ncu)
+    FROM r GROUP BY ROLLUP (tier) ORDER BY tier NULLS LAST"""
+    return sql
+
+
 def duck_job_usage(ds: Path, _: str) -> Callable[[], Any]:
     con = _duck()
     sql = job_usage_sql(ds)

@@ -20,6 +20,10 @@ by `_harness.run_measured` and its user/system CPU seconds from ``getrusage(RUSA
   transition counts by LAG over each instance's events).
 * ``job-usage``: ``gpuclust analyze DS job-usage`` (every table, tiers included) against
   ``analyses_bench.job_usage_sql`` (per-collection hours and the overall statistics, no tiers).
+* ``job-usage (tiers)``: the same gpuclust run against ``analyses_bench.job_usage_tiers_sql``:
+  DuckDB doing the work gpuclust does (each collection's tier from the MAX priority of the events
+  of its keys with usage, then the statistics per tier and over all; checked against gpuclust's
+  ``stats`` table in tests/bench/test_cpu_vs_duckdb.py).
 * ``usage-vs-request``: ``gpuclust analyze DS usage-vs-request`` (every table) against
   ``analyses_bench.usage_vs_request_sql`` (an ASOF join for the CPU limit, one measure, no tiers).
 * ``usage-change``: ``gpuclust analyze DS usage-change`` (every table) against
@@ -67,6 +71,7 @@ from analyses_bench import (  # noqa: E402
     cell_usage_sql,
     cpi_sql,
     job_usage_sql,
+    job_usage_tiers_sql,
     lifecycle_sql,
     machine_utilization_sql,
     usage_change_sql,
@@ -81,6 +86,7 @@ CASES: dict[str, tuple[list[str], Any, tuple[str, dict[str, str]]]] = {
     "lifecycle": (["lifecycle"], lifecycle_sql, ("lifecycle", {})),
     "usage-change": (["usage-change"], usage_change_sql, ("usage-change", {})),
     "job-usage": (["job-usage"], job_usage_sql, ("job-usage", {})),
+    "job-usage (tiers)": (["job-usage"], job_usage_tiers_sql, ("job-usage", {})),
     "usage-vs-request": (["usage-vs-request"], usage_vs_request_sql, ("usage-vs-request", {})),
     "machine-utilization": (["machine-utilization"], machine_utilization_sql, ("machine-utilization", {})),
 }

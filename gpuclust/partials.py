@@ -63,9 +63,10 @@ def _sorted_unique(k: np.ndarray) -> bool:
     return bool(k.shape[0] < 2 or (k[1:] > k[:-1]).all())
 
 
-def merge_keyed(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def merge_keyed(a: dict[str, np.ndarray], b: dict[str, np.ndarray], maxima: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
     """Merge two host keyed partials (same fields): one row per key, float fields summed (NaN
-    ignored, as SQL's SUM), integer fields summed exactly; keys sorted.
+    ignored, as SQL's SUM), integer fields summed exactly, the fields named in ``maxima`` merged
+    by maximum instead; keys sorted.
 
     Partials from :func:`keyed_reduce` (and merges of them) have sorted unique keys; two such are
     merged in O(n + m log n) by inserting the new keys (no sort); anything else is grouped by
@@ -92,18 +93,22 @@ def merge_keyed(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str,
                 va, vb = np.nan_to_num(va, nan=0.0), np.nan_to_num(vb, nan=0.0)
                 va, vb = va.astype(np.float64, copy=False), vb.astype(np.float64, copy=False)
             v = np.insert(va, pos[new], vb[new], axis=0)
-            v[at] += vb[hit]
+            if k in maxima:
+                v[at] = np.maximum(v[at], vb[hit])
+            else:
+                v[at] += vb[hit]
             out[k] = v
         return out
-    return _group_keyed({k: np.concatenate([a[k], b[k]]) for k in a})
+    return _group_keyed({k: np.concatenate([a[k], b[k]]) for k in a}, maxima)
 
 
-def _group_keyed(cat: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Group concatenated keyed rows by key: float fields summed (NaN ignored), integers exactly."""
+def _group_keyed(cat: dict[str, np.ndarray], maxima: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
+    """Group concatenated keyed rows by key: float fields summed (NaN ignored), integers exactly,
+    ``maxima`` by maximum."""
     from gpuclust.backends import get_backend
 
-    fsum = {k: v for k, v in cat.items() if k != "key" and v.dtype.kind == "f"}
-    isum = {k: v for k, v in cat.items() if k != "key" and v.dtype.kind in "iu"}
+    fsum = {k: v for k, v in cat.items() if k != "key" and k not in maxima and v.dtype.kind == "f"}
+    isum = {k: v for k, v in cat.items() if k != "key" and k not in maxima and v.dtype.kind in "iu"}
     uniq, inv = np.unique(cat["key"], return_inverse=True)
     inv = inv.reshape(-1).astype(np.int64)
     n = uniq.shape[0]
@@ -114,6 +119,11 @@ def _group_keyed(cat: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     for k, v in isum.items():
         acc = np.zeros(n, dtype=v.dtype)
         np.add.at(acc, inv, v)
+        out[k] = acc
+    for k in maxima:
+        v = cat[k]
+        acc = np.full(n, np.iinfo(v.dtype).min if v.dtype.kind in "iu" else -np.inf, dtype=v.dtype)
+        np.maximum.at(acc, inv, v)
         out[k] = acc
     return out
 

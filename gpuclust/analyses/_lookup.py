@@ -120,29 +120,60 @@ class InstanceLookup:
         n = int(collection.shape[0] if rows is None else rows.shape[0])
         if len(self) == 0 or n == 0:
             return xp.zeros(n, dtype=bool), xp.zeros(n, dtype=xp.int32)
+        return self._blocked(backend, collection, instance, machine, rows,
+                             (bool, xp.int32), lambda found, pos, rec: (found, xp.where(found, rec[:, 3], 0)))
+
+    def index(self, backend: Any, collection: Any, instance: Any, machine: Any, rows: Any = None) -> Any:
+        """Per query row: its triple's row in the table (an index into :attr:`collection`,
+        :attr:`code`, ...), -1 where absent; ``rows`` and blocks as :meth:`find`.
+
+        >>> import numpy as np
+        >>> from gpuclust.backends import get_backend
+        >>> lk = InstanceLookup.build(np.array([7, 7]), np.array([0, 1]), np.array([5, 5]), np.array([2, 3]))
+        >>> at = lk.index(get_backend("cpu"), np.array([7, 7, 8]), np.array([1, 0, 0]), np.array([5, 5, 5]))
+        >>> at[at >= 0].tolist() == [lk.instance.tolist().index(1), lk.instance.tolist().index(0)], int(at[2])
+        (True, -1)
+        """
+        xp = backend.xp
+        n = int(collection.shape[0] if rows is None else rows.shape[0])
+        if len(self) == 0 or n == 0:
+            return xp.full(n, -1, dtype=xp.int64)
+        return self._blocked(backend, collection, instance, machine, rows, (xp.int64,),
+                             lambda found, pos, rec: (xp.where(found, pos, -1),))[0]
+
+    def _blocked(self, backend: Any, collection: Any, instance: Any, machine: Any, rows: Any,
+                 dtypes: tuple[Any, ...], pick: Any) -> tuple[Any, ...]:
+        """``pick(found, pos, rec)`` of every query row, a block of rows at a time, as arrays
+        of ``dtypes``."""
+        xp = backend.xp
+        n = int(collection.shape[0] if rows is None else rows.shape[0])
         block = getattr(backend.ops, "lookup_block_rows", None) or n
         tables = (backend.stage(self.hash), backend.stage(self._records()))
         if block >= n:
-            return self._find(backend, tables, *(a if rows is None else a[rows] for a in (collection, instance, machine)))
-        found = xp.empty(n, dtype=bool)
-        code = xp.empty(n, dtype=xp.int32)
+            got = pick(*self._probe(backend, tables, *(a if rows is None else a[rows]
+                                                        for a in (collection, instance, machine))))
+            return tuple(g.astype(d, copy=False) for g, d in zip(got, dtypes, strict=True))
+        out = [xp.empty(n, dtype=d) for d in dtypes]
         for lo in range(0, n, block):
             hi = min(n, lo + block)
             r = slice(lo, hi) if rows is None else rows[lo:hi]
-            found[lo:hi], code[lo:hi] = self._find(backend, tables, collection[r], instance[r], machine[r])
-        return found, code
+            for o, g in zip(out, pick(*self._probe(backend, tables, collection[r], instance[r], machine[r])), strict=True):
+                o[lo:hi] = g
+        return tuple(out)
 
     @staticmethod
-    def _find(backend: Any, tables: tuple[Any, ...], collection: Any, instance: Any, machine: Any) -> tuple[Any, Any]:
+    def _probe(backend: Any, tables: tuple[Any, ...], collection: Any, instance: Any, machine: Any) -> tuple[Any, Any, Any]:
+        """``(found, pos, rec)``: per query, whether its full key is in the table, its table
+        position (meaningful where found) and the table's record there."""
         xp = backend.xp
         t_hash, t_rec = tables
         h = triple_hash(xp, collection, instance, machine)
         pos = backend.ops.hash_index(t_hash, h)
         hit = pos >= 0
-        rec = xp.take(t_rec, xp.maximum(pos, 0), axis=0)  # one row (one cache line) per query (take: 4x rec[pos])
+        pos = xp.maximum(pos, 0)
+        rec = xp.take(t_rec, pos, axis=0)  # one row (one cache line) per query (take: 4x rec[pos])
         found = hit & (rec[:, 0] == collection) & (rec[:, 1] == machine) & (rec[:, 2] == instance)
-        code = xp.where(found, rec[:, 3], 0).astype(xp.int32)
-        return found, code
+        return found, pos, rec
 
     def _records(self) -> np.ndarray:
         """The table as one (n, 4) int64 array: collection, machine, instance, code per row (so a

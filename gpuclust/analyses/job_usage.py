@@ -32,7 +32,7 @@ memory grows with the number of collections (about 56 bytes each), not with the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -52,6 +52,16 @@ _STATS = ("rows", "used_rows", "unknown_cpu_rows", "unknown_mem_rows", "bad_dura
 #: Columns of the ``stats`` table after ``tier`` and ``resource``.
 STAT_COLUMNS = ("jobs", "zero_jobs", "total_hours", "mean", "variance", "median", "p90", "p99", "p999", "max",
                 "top1pct_share", "top01pct_share", "scv", "tail_jobs", "pareto_alpha", "pareto_r2")
+
+
+@dataclass(frozen=True)
+class JobUsageContext(TierLookupContext):
+    """The priority lookup and, per row of its table, the dense code of the row's collection
+    among the table's sorted unique ``collections``: a partial groups its windows by these codes
+    (one ``bincount`` per sum, no sort)."""
+
+    collections: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    key_collection: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
 
 def _top_share(x: np.ndarray, share: float) -> float:
@@ -144,23 +154,25 @@ class JobUsage(Analysis):
         return ("start_time", "end_time", "collection_id", "instance_index", "machine_id", "collection_type",
                 "alloc_collection_id", "avg_cpu", "avg_mem")
 
-    def context(self, source: Any) -> TierLookupContext:
-        return TierLookupContext(resolve_tier_map(self.tier_map, source))
+    def context(self, source: Any) -> JobUsageContext:
+        return JobUsageContext(resolve_tier_map(self.tier_map, source))
 
     @property
     def side_inputs(self) -> dict[str, tuple[str, ...]]:
         return {"instance_events": EVENT_COLUMNS}
 
-    def bind(self, ctx: TierLookupContext, side: dict[str, Any], grain: str | None) -> TierLookupContext:
-        return replace(ctx, lookup=priority_lookup(side["instance_events"], top_level_only=False,
-                                                   what="job-usage priority lookup"))
+    def bind(self, ctx: JobUsageContext, side: dict[str, Any], grain: str | None) -> JobUsageContext:
+        lookup = priority_lookup(side["instance_events"], top_level_only=False, what="job-usage priority lookup")
+        collections, key_collection = np.unique(lookup.collection, return_inverse=True)
+        return replace(ctx, lookup=lookup, collections=collections.astype(np.int64),
+                       key_collection=key_collection.reshape(-1).astype(np.int64))
 
     # ---------------------------------------------------------------- partial / merge
     def empty(self, backend: Any = None) -> dict[str, np.ndarray]:
         return {"key": np.zeros(0, np.int64), "cpu": np.zeros(0), "mem": np.zeros(0),
                 "windows": np.zeros(0, np.int64), "prio": np.zeros(0, np.int64), "stats": np.zeros(len(_STATS), np.int64)}
 
-    def partial(self, cols: dict[str, Any], ctx: TierLookupContext, backend: Any) -> dict[str, Any]:
+    def partial(self, cols: dict[str, Any], ctx: JobUsageContext, backend: Any) -> dict[str, Any]:
         xp = backend.xp
         s, e = cols["start_time"], cols["end_time"]
         n = int(s.shape[0])
@@ -181,15 +193,62 @@ class JobUsage(Analysis):
             return out
         hours = (e[r] - s[r]).astype(xp.float64) / _HOUR_US
         c = cols["collection_id"][r].astype(xp.int64)
-        found, p = ctx.lookup.find(backend, cols["collection_id"], cols["instance_index"], cols["machine_id"], rows=r)
-        prio = xp.where(found, p, -1).astype(xp.int64)
         vals = {}
         for res in ("cpu", "mem"):
             v = cols["avg_" + res][r].astype(xp.float64)
             known = xp.isfinite(v)
             stats[f"unknown_{res}_rows"] = int(r.shape[0]) - int(xp.count_nonzero(known))
             vals[res] = xp.where(known, v * hours, 0.0)
-        # group by collection: one sort, sums by run (float64, in row order within a run)
+        n_coll = int(ctx.collections.shape[0])
+        if n_coll <= 4 * int(r.shape[0]) + (1 << 16):
+            out = self._by_code(backend, ctx, cols, r, c, vals)
+        else:  # the lookup's collections far outnumber this partition's rows: group by a sort
+            found, p = ctx.lookup.find(backend, cols["collection_id"], cols["instance_index"], cols["machine_id"], rows=r)
+            out = self._by_sort(backend, c, xp.where(found, p, -1).astype(xp.int64), vals)
+        out["stats"] = xp.asarray(np.array([stats[k] for k in _STATS], np.int64))
+        return out
+
+    @staticmethod
+    def _by_code(backend: Any, ctx: JobUsageContext, cols: dict[str, Any], r: Any, c: Any,
+                 vals: dict[str, Any]) -> dict[str, Any]:
+        """Per collection sums by dense code: a window's code is its key's collection in the
+        lookup's table; the collections of windows whose key has no events get codes after
+        those.  ``bincount`` adds each code's windows in row order (as the sort path does)."""
+        xp = backend.xp
+        at = ctx.lookup.index(backend, cols["collection_id"], cols["instance_index"], cols["machine_id"], rows=r)
+        coll = backend.stage(ctx.collections)
+        found = at >= 0
+        at = xp.maximum(at, 0)
+        key_coll = backend.stage(ctx.key_collection)
+        code = xp.where(found, key_coll[at], -1) if int(key_coll.shape[0]) else xp.full(at.shape[0], -1, dtype=xp.int64)
+        n_coll = int(coll.shape[0])
+        miss = xp.nonzero(~found)[0]
+        ids = coll
+        if int(miss.shape[0]):
+            u = xp.unique(c[miss])
+            pos = xp.searchsorted(coll, u)
+            known = (pos < n_coll) & (coll[xp.minimum(pos, max(n_coll - 1, 0))] == u) if n_coll else xp.zeros(
+                u.shape[0], dtype=bool)
+            code[miss] = xp.where(known, pos, n_coll + xp.cumsum(~known) - 1)[xp.searchsorted(u, c[miss])]
+            ids = xp.concatenate([coll, u[~known]])
+        total = int(ids.shape[0])
+        windows = xp.bincount(code, minlength=total)
+        present = xp.nonzero(windows)[0]
+        prio = xp.full(total, -1, dtype=xp.int32)
+        backend.ops.scatter_max(prio, code[found], backend.stage(ctx.lookup.code)[at[found]])
+        out = {"key": ids[present], "cpu": xp.bincount(code, weights=vals["cpu"], minlength=total)[present],
+               "mem": xp.bincount(code, weights=vals["mem"], minlength=total)[present],
+               "windows": windows[present].astype(xp.int64), "prio": prio[present].astype(xp.int64)}
+        if total > n_coll:  # codes past the table's collections: keys no longer in order
+            order = xp.argsort(out["key"])
+            out = {k: v[order] for k, v in out.items()}
+        return out
+
+    @staticmethod
+    def _by_sort(backend: Any, c: Any, prio: Any, vals: dict[str, Any]) -> dict[str, Any]:
+        """Per collection sums by one stable sort of the collection ids (sums by run, in row
+        order within a run) and MAX(priority) by a running maximum."""
+        xp = backend.xp
         order = backend.ops.stable_argsort(c)
         cs = c[order]
         first = xp.ones(cs.shape[0], dtype=bool)
@@ -206,23 +265,18 @@ class JobUsage(Analysis):
         run_max = backend.ops.cummax_rows((g * width + prio[order] + 1).reshape(1, -1)).reshape(-1)
         last = xp.concatenate([xp.nonzero(first)[0][1:] - 1, xp.asarray([cs.shape[0] - 1])])
         out["prio"] = run_max[last] - xp.arange(G, dtype=xp.int64) * width - 1
-        out["stats"] = xp.asarray(np.array([stats[k] for k in _STATS], np.int64))
         return out
 
     def merge(self, a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         # sums by merge_keyed (sorted unique keys: b's new keys inserted, O(n + m log n)); the
         # priority by maximum, placed by the same keys
-        out = merge_keyed(*({f: np.asarray(p[f]) for f in ("key", "cpu", "mem", "windows")} for p in (a, b)))
-        prio = np.full(out["key"].shape[0], -1, np.int64)
-        for p in (a, b):
-            at = np.searchsorted(out["key"], p["key"])
-            prio[at] = np.maximum(prio[at], np.asarray(p["prio"], np.int64))
-        out["prio"] = prio
+        fa, fb = ({f: np.asarray(p[f]) for f in ("key", "cpu", "mem", "windows", "prio")} for p in (a, b))
+        out = merge_keyed(fa, fb, maxima=("prio",))
         out["stats"] = a["stats"] + b["stats"]
         return out
 
     # ---------------------------------------------------------------- finalize
-    def finalize(self, partial: dict[str, np.ndarray], ctx: TierLookupContext) -> dict[str, pd.DataFrame]:
+    def finalize(self, partial: dict[str, np.ndarray], ctx: JobUsageContext) -> dict[str, pd.DataFrame]:
         p = {k: np.asarray(v) for k, v in partial.items()}
         names = ctx.tier_names
         prio = p["prio"].astype(np.int64)

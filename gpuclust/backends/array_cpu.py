@@ -8,12 +8,24 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["cummax_rows", "cummin_rows", "gather_repair_percentiles", "run_weighted_sums", "stable_argsort"]
+__all__ = ["cummax_rows", "cummin_rows", "gather_repair_percentiles", "run_weighted_sums", "scatter_max", "stable_argsort"]
 
 
 def stable_argsort(a: np.ndarray) -> np.ndarray:
     """Indices that sort ``a`` (1-D), equal elements in their original order."""
     return np.argsort(a, kind="stable")
+
+
+def scatter_max(out: np.ndarray, idx: np.ndarray, values: np.ndarray) -> None:
+    """``out[idx[j]] = max(out[idx[j]], values[j])`` for every ``j``, repeated indices included
+    (in place; ``numpy.maximum.at``).
+
+    >>> out = np.full(3, -1, np.int32)
+    >>> scatter_max(out, np.array([2, 0, 2]), np.array([4, 1, 7], np.int32))
+    >>> out.tolist()
+    [1, -1, 7]
+    """
+    np.maximum.at(out, idx, values)
 
 
 def cummax_rows(a: np.ndarray) -> np.ndarray:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["cummax_rows", "cummin_rows", "gather_repair_percentiles", "run_weighted_sums", "stable_argsort"]
+__all__ = ["cummax_rows", "cummin_rows", "gather_repair_percentiles", "run_weighted_sums", "scatter_max", "stable_argsort"]
 
 
 def _cp() -> Any:
@@ -16,6 +16,14 @@ def _cp() -> Any:
 def stable_argsort(a: Any) -> Any:
     """Indices that sort ``a`` (1-D), equal elements in their original order (CuPy sorts are stable)."""
     return _cp().argsort(a)
+
+
+def scatter_max(out: Any, idx: Any, values: Any) -> None:
+    """``out[idx[j]] = max(out[idx[j]], values[j])`` in place (``cupyx.scatter_max``: atomic
+    maxima; int32, int64 and float arrays)."""
+    import cupyx
+
+    cupyx.scatter_max(out, idx, values.astype(out.dtype, copy=False))
 
 
 def cummax_rows(a: Any) -> Any:

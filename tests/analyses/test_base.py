@@ -82,6 +82,21 @@ def test_merge_keyed_matches_pandas(ra, rb, sa, sb):
     assert got["n"].tolist() == want["n"].tolist() and got["n"].dtype == np.int64
 
 
+@settings(max_examples=200, deadline=None)
+@given(_rows, _rows, st.one_of(st.none(), st.integers(0, 9)), st.one_of(st.none(), st.integers(0, 9)))
+def test_merge_keyed_maxima_match_pandas(ra, rb, sa, sb):
+    """A field named in ``maxima`` merges by maximum on both paths (insert and grouping); the
+    others still sum."""
+    a, b = _partial(ra, sa), _partial(rb, sb)
+    got = merge_keyed(a, b, maxima=("n",))
+    both = pd.DataFrame({k: np.concatenate([a[k], b[k]]) for k in a})
+    want = both.groupby("key").agg(v=("v", "sum"), n=("n", "max")).reset_index()
+    order = np.argsort(got["key"], kind="stable")
+    assert got["key"][order].tolist() == want["key"].tolist()
+    np.testing.assert_allclose(got["v"][order], want["v"].to_numpy(), rtol=1e-12, atol=1e-9)
+    assert got["n"][order].tolist() == want["n"].tolist() and got["n"].dtype == np.int64
+
+
 def test_stage_is_identity_on_cpu():
     a = np.arange(3)
     assert get_backend("cpu").stage(a) is a

@@ -192,3 +192,49 @@ def test_planted_pareto_tail_of_job_sizes(tmp_path):
         assert n >= 300, (name, n)
         assert abs(a_hat / alpha - 1) <= 0.06 + 6 / math.sqrt(n), (name, n, a_hat)
         assert r2 >= 0.95, (name, r2)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_grouping_by_lookup_codes_equals_grouping_by_sort(seed):
+    """The partial's two groupings give the same partial bit for bit: by the lookup table's
+    collection codes (no sort; used while the table's collections are few against the rows) and by
+    a stable sort of the collection ids.  Windows whose key has events, whose key has none but whose
+    collection has other keys with events, and whose collection has no events at all; priorities
+    NULL (-1) too."""
+    from gpuclust.analyses._lookup import InstanceLookup
+    from gpuclust.analyses.job_usage import JobUsageContext
+    from gpuclust.backends import get_backend
+
+    be = get_backend("cpu")
+    rng = np.random.default_rng(seed)
+    keys = np.unique(np.stack([rng.integers(0, 60, 400), rng.integers(0, 5, 400), rng.integers(1, 9, 400)], axis=1), axis=0)
+    prio = np.where(rng.random(keys.shape[0]) < 0.2, -1, rng.integers(0, 400, keys.shape[0])).astype(np.int32)
+    lk = InstanceLookup.build(keys[:, 0], keys[:, 1], keys[:, 2], prio)
+    colls, key_coll = np.unique(lk.collection, return_inverse=True)
+    ctx = JobUsageContext(tier_map("notebook"), lk, colls, key_coll.reshape(-1).astype(np.int64))
+    n = 5000
+    c = rng.integers(0, 80, n)  # collections 60..79 have no events
+    cols = {"collection_id": c, "instance_index": rng.integers(0, 6, n).astype(np.int32),
+            "machine_id": rng.integers(1, 10, n)}  # instance 5 and machine 9 never have events
+    r = np.flatnonzero(rng.random(n) < 0.9)
+    vals = {k: rng.gamma(0.5, 0.3, r.shape[0]) for k in ("cpu", "mem")}
+    by_code = JobUsage._by_code(be, ctx, cols, r, c[r], vals)
+    found, p = lk.find(be, cols["collection_id"], cols["instance_index"], cols["machine_id"], rows=r)
+    by_sort = JobUsage._by_sort(be, c[r], np.where(found, p, -1).astype(np.int64), vals)
+    assert (~found).any() and found.any() and (p[found] == -1).any()
+    assert set(by_code) == set(by_sort)
+    for k in by_sort:
+        assert by_code[k].dtype == by_sort[k].dtype, k
+        np.testing.assert_array_equal(by_code[k], by_sort[k], err_msg=k)
+    # and against a slow loop
+    want: dict[int, list] = {}
+    for j, row in enumerate(r.tolist()):
+        w = want.setdefault(int(c[row]), [0.0, 0.0, 0, -1])
+        w[0] += vals["cpu"][j]
+        w[1] += vals["mem"][j]
+        w[2] += 1
+        w[3] = max(w[3], int(p[j]) if found[j] else -1)
+    assert by_code["key"].tolist() == sorted(want)
+    assert by_code["windows"].tolist() == [want[k][2] for k in sorted(want)]
+    assert by_code["prio"].tolist() == [want[k][3] for k in sorted(want)]
+    np.testing.assert_allclose(by_code["cpu"], [want[k][0] for k in sorted(want)], rtol=1e-12)

@@ -21,6 +21,19 @@ def test_stable_argsort_keeps_ties_in_order(backend):
     assert got.tolist() == want
 
 
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.float64])
+def test_scatter_max_matches_a_loop(backend, dtype):
+    rng = np.random.default_rng(4)
+    idx = rng.integers(0, 300, 20_000)  # every target hit many times
+    vals = rng.integers(-5, 1000, idx.shape[0]).astype(dtype)
+    out = backend.asarray(np.full(310, -1, dtype))
+    backend.ops.scatter_max(out, backend.asarray(idx), backend.asarray(vals))
+    want = np.full(310, -1, dtype)
+    for i, v in zip(idx.tolist(), vals.tolist(), strict=True):
+        want[i] = max(want[i], v)
+    assert _host(backend, out).tolist() == want.tolist()
+
+
 def test_running_extrema_per_row(backend):
     rng = np.random.default_rng(2)
     a = rng.normal(size=(37, 23))

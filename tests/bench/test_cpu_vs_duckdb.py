@@ -12,8 +12,8 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
 def cpu_vs_duckdb_cases() -> tuple[str, ...]:
-    return ("cell-usage", "cpi (SQL subset)", "lifecycle", "usage-change", "job-usage", "usage-vs-request",
-            "machine-utilization")
+    return ("cell-usage", "cpi (SQL subset)", "lifecycle", "usage-change", "job-usage", "job-usage (tiers)",
+            "usage-vs-request", "machine-utilization")
 
 
 def test_cpu_vs_duckdb_tiny(tmp_path, monkeypatch):
@@ -107,3 +107,28 @@ def test_cpu_vs_duckdb_bucketed_layout(tmp_path, monkeypatch):
     assert any((tmp_path / "canonical-20000-bucketed" / "instance_usage").glob("bucket=*/*.parquet"))
     res = json.loads((tmp_path / "b.json").read_text())
     assert res["layout"] == "bucketed" and {r["contender"] for r in res["rows"]} == {"gpuclust", "duckdb", "floor"}
+
+
+def test_job_usage_tiers_sql_computes_what_gpuclust_reports(tmp_path, monkeypatch):
+    """The DuckDB contender of ``job-usage (tiers)`` does gpuclust's work: its per-tier and overall
+    CPU statistics equal gpuclust's ``stats`` table (rows=jobs) on a benchmark dataset."""
+    duckdb = pytest.importorskip("duckdb")
+    monkeypatch.syspath_prepend(str(BENCH))
+    import analyses_bench
+    from gen_canonical import make_dataset
+
+    from gpuclust.analyses.registry import create
+    from gpuclust.engine import run
+
+    ds = make_dataset(tmp_path / "ds", 40_000, seed=2)
+    got = duckdb.sql(analyses_bench.job_usage_tiers_sql(ds)).fetchall()
+    stats = run(ds, [create("job-usage")], backend="cpu")["job-usage"]["stats"]
+    cpu = stats[stats["resource"] == "cpu"].set_index("tier")
+    assert len(got) == len(cpu) >= 2
+    for tier, n, total, mean, var, qs, mx, top in got:
+        row = cpu.loc[tier or "all"]
+        assert n == row["jobs"]
+        for a, b in ((total, row["total_hours"]), (mean, row["mean"]), (var, row["variance"]), (qs[0], row["median"]),
+                     (qs[1], row["p90"]), (qs[2], row["p99"]), (qs[3], row["p999"]), (mx, row["max"]),
+                     (top, row["top1pct_share"])):
+            assert a == pytest.approx(b, rel=1e-9)
