@@ -31,12 +31,12 @@ import numpy as np
 import pandas as pd
 
 from gpuclust.analyses._extent import max_finite
-from gpuclust.analyses._lookup import id_index, machine_capacities
-from gpuclust.analyses.base import Analysis, fmt, is_null_int
-from gpuclust.analyses.grouping import bucket_index, bucket_pieces
+from gpuclust.analyses._lookup import machine_capacities
+from gpuclust.analyses.base import Analysis, fmt, null_int
+from gpuclust.analyses.grouping import bucket_pieces
 from gpuclust.analyses.options import option
 from gpuclust.parted import finalize_in_memory, frames
-from gpuclust.partials import keyed_reduce, merge_keyed
+from gpuclust.partials import merge_keyed
 from gpuclust.schema import TIME_AFTER_TRACE
 
 __all__ = ["BUCKET_US", "MODES", "QUANTILES", "MachineUtilization", "MachineUtilizationContext"]
@@ -58,6 +58,101 @@ _MACHINE_COLUMNS = ["machine_id", "bucket", "bucket_start_us", "windows", "cpu_u
 
 
 @dataclass(frozen=True)
+class MachineHash:
+    """A perfect hash of the machine ids (each id its own slot, found in one probe): a
+    multiplicative hash ``h = id * mult`` (mod 2^64); its top ``gbits`` bits pick a group, whose
+    displacement ``disp[group]`` is XORed into the next ``sbits`` bits to give the slot; the slot
+    holds ``(id, code)``.  Built on the host (hash and displace); looked up on any backend in a
+    few elementwise passes and two gathers (a third of the probing hash table's time here: no
+    probe loop, the tables stay in cache).  A query is found iff its slot holds its own id (empty
+    slots hold the first id, which lives in its own slot, so they match nothing that lands there).
+
+    >>> import numpy as np
+    >>> from gpuclust.backends import get_backend
+    >>> t = MachineHash.build(np.array([3, 8, 20, -5]))
+    >>> code, found = t.find(get_backend("cpu"), np.array([20, 5, 3, -5]))
+    >>> found.tolist(), code[found].tolist()
+    ([True, False, True, True], [2, 0, 3])
+    """
+
+    mult: int
+    gbits: int
+    sbits: int
+    disp: np.ndarray
+    slots: np.ndarray
+    #: machine ids
+    size: int = 0
+
+    @classmethod
+    def build(cls, ids: np.ndarray) -> MachineHash:
+        """The table of unique int64 ``ids`` (code = position in ``ids``)."""
+        ids = np.ascontiguousarray(ids, dtype=np.int64)
+        n = int(ids.shape[0])
+        sbits = max(4, int(2 * n - 1).bit_length())  # load factor <= 1/2
+        gbits = max(1, int(max(n // 2, 1) - 1).bit_length())  # about 2 ids per group
+        m = 1 << sbits
+        u = ids.view(np.uint64)
+        cand = np.arange(m, dtype=np.int64)
+        rng = np.random.default_rng(0x5EED)
+        for _ in range(64):
+            mult = int(rng.integers(1, 1 << 62)) * 2 + 1
+            with np.errstate(over="ignore"):
+                h = u * np.uint64(mult)
+            g = (h >> np.uint64(64 - gbits)).astype(np.int64)
+            sl = ((h << np.uint64(gbits)) >> np.uint64(64 - sbits)).astype(np.int64)
+            if np.unique(g * m + sl).shape[0] < n:  # two ids of a group share their slot bits
+                continue
+            order = np.argsort(g, kind="stable")
+            gs = g[order]
+            starts = np.flatnonzero(np.r_[True, gs[1:] != gs[:-1]]) if n else np.zeros(0, np.int64)
+            ends = np.r_[starts[1:], n].astype(np.int64)
+            occupied = np.zeros(m, dtype=bool)
+            disp = np.zeros(1 << gbits, dtype=np.int64)
+            slot = np.zeros(n, dtype=np.int64)
+            for j in np.argsort(starts - ends, kind="stable"):  # largest groups first
+                members = order[starts[j]:ends[j]]
+                s = sl[members]
+                d = -1
+                for lo in range(0, m, 256):  # the first displacement whose slots are all free
+                    free = np.flatnonzero(~occupied[s[:, None] ^ cand[None, lo:lo + 256]].any(axis=0))
+                    if free.shape[0]:
+                        d = lo + int(free[0])
+                        break
+                if d < 0:
+                    break
+                occupied[s ^ d] = True
+                disp[gs[starts[j]]] = d
+                slot[members] = s ^ d
+            else:
+                slots = np.zeros((m, 2), dtype=np.int64)
+                slots[:, 0] = ids[0] if n else 0
+                slots[slot, 0] = ids
+                slots[slot, 1] = np.arange(n, dtype=np.int64)
+                return cls(mult, gbits, sbits, disp, slots, n)
+        raise RuntimeError("machine-utilization: no perfect hash of the machine ids found (please report)")
+
+    def find(self, backend: Any, q: Any) -> tuple[Any, Any]:
+        """Per int64 query: its code (meaningless where not found) and whether it is a machine id."""
+        xp = backend.xp
+        n = int(q.shape[0])
+        if n == 0 or self.n == 0:
+            return xp.zeros(n, dtype=xp.int64), xp.zeros(n, dtype=bool)
+        q = xp.ascontiguousarray(q.astype(xp.int64, copy=False))
+        h = q.view(xp.uint64) * xp.uint64(self.mult)
+        g = (h >> xp.uint64(64 - self.gbits)).view(xp.int64)
+        h <<= xp.uint64(self.gbits)
+        h >>= xp.uint64(64 - self.sbits)
+        sl = h.view(xp.int64)
+        sl ^= xp.take(backend.stage(self.disp), g)
+        e = xp.take(backend.stage(self.slots), sl, axis=0)  # (id, code) side by side: one cache line
+        return e[:, 1], e[:, 0] == q
+
+    @property
+    def n(self) -> int:
+        return int(self.size)
+
+
+@dataclass(frozen=True)
 class MachineUtilizationContext:
     """Host arrays every partition gets: the machines and their capacities, the bucket span."""
 
@@ -66,6 +161,8 @@ class MachineUtilizationContext:
     cap_mem: np.ndarray
     #: buckets per machine in the keys (buckets ``[0, span)``)
     span: int
+    #: machine id -> code (:class:`MachineHash`)
+    machines: MachineHash | None = None
 
 
 @dataclass(frozen=True)
@@ -114,7 +211,7 @@ class MachineUtilization(Analysis):
         span = int(last // BUCKET_US + 1)
         if ids.shape[0] * span >= 1 << 62:
             raise ValueError("machine-utilization: machines x buckets do not fit an int64 key")
-        return MachineUtilizationContext(ids, cpu, mem, span)
+        return MachineUtilizationContext(ids, cpu, mem, span, MachineHash.build(ids))
 
     # ---------------------------------------------------------------- partial / merge
     def empty(self, backend: Any = None) -> dict[str, Any]:
@@ -123,54 +220,75 @@ class MachineUtilization(Analysis):
                 "stats": np.zeros(len(STATS), np.int64)}
 
     def partial(self, cols: dict[str, Any], ctx: MachineUtilizationContext, backend: Any) -> dict[str, Any]:
+        """Per (machine, bucket) key ``code * span + bucket``: the sums, known counts and windows.
+
+        Notebook mode, one block of rows at a time (``backend.ops.lookup_block_rows``, else all at
+        once): select, look up and key each block while it is in cache, no column gathered; a
+        row that is not used gets the key one past the cells, so each sum is one ``bincount`` over
+        the partition, in row order (see :func:`_keyed_sums`)."""
         xp = backend.xp
         s, e, mid = cols["start_time"], cols["end_time"], cols["machine_id"]
         n = int(s.shape[0])
         stats = dict.fromkeys(STATS, 0)
         stats["rows"] = n
         out = self.empty()
+        table = ctx.machines if ctx.machines is not None else MachineHash.build(ctx.machine_ids)
+        cells = int(ctx.machine_ids.shape[0]) * ctx.span
+        block = getattr(backend.ops, "lookup_block_rows", None) or max(n, 1)
         alloc = cols["alloc_collection_id"]
-        top = (alloc == 0) | is_null_int(xp, alloc)
-        stats["alloc_rows"] = n - int(xp.count_nonzero(top))
-        if self.mode == "notebook":
-            long = (e - s) >= BUCKET_US
-            stats["short_rows"] = int(xp.count_nonzero(top & ~long))
-            keep = top & long
-        else:
-            bounded = (e > s) & (e != TIME_AFTER_TRACE)
-            stats["unbounded_rows"] = int(xp.count_nonzero(top & ~bounded))
-            keep = top & bounded
-        # a start at the "after the trace" sentinel (or NULL) has no bucket
-        placed = (s >= 0) & (s < TIME_AFTER_TRACE)
-        stats["unplaced_rows"] = int(xp.count_nonzero(keep & ~placed))
-        keep &= placed
-        pos, known = id_index(backend, ctx.machine_ids, mid)
-        stats["unknown_machine_rows"] = int(xp.count_nonzero(keep & ~known))
-        idx = xp.nonzero(keep & known)[0]
-        stats["used_rows"] = int(idx.shape[0])
+        null = xp.asarray(null_int(alloc.dtype), dtype=alloc.dtype)
+        notebook = self.mode == "notebook"
+        keys = xp.empty(n, dtype=xp.int64) if notebook else None
+        used = None if notebook else xp.empty(n, dtype=bool)
+        codes = None if notebook else xp.empty(n, dtype=xp.int64)
+        n_top = n_len = n_placed = n_used = 0
+        for lo in range(0, n, block):
+            hi = min(n, lo + block)
+            a, st, en = alloc[lo:hi], s[lo:hi], e[lo:hi]
+            keep = (a == 0) | (a == null)
+            n_top += int(xp.count_nonzero(keep))
+            if notebook:
+                keep &= (en - st) >= BUCKET_US
+            else:
+                keep &= (en > st) & (en != TIME_AFTER_TRACE)
+            n_len += int(xp.count_nonzero(keep))
+            # a start at the "after the trace" sentinel (or NULL) has no bucket
+            keep &= (st >= 0) & (st < TIME_AFTER_TRACE)
+            n_placed += int(xp.count_nonzero(keep))
+            code, found = table.find(backend, mid[lo:hi])
+            keep &= found
+            n_used += int(xp.count_nonzero(keep))
+            if notebook:
+                k = keys[lo:hi]
+                xp.floor_divide(st, BUCKET_US, out=k)
+                k += code * ctx.span
+                k[~keep] = cells
+            else:
+                used[lo:hi] = keep
+                codes[lo:hi] = code
+        stats["alloc_rows"] = n - n_top
+        stats["short_rows" if notebook else "unbounded_rows"] = n_top - n_len
+        stats["unplaced_rows"] = n_len - n_placed
+        stats["unknown_machine_rows"] = n_placed - n_used
+        stats["used_rows"] = n_used
         out["stats"] = xp.asarray(np.array([stats[k] for k in STATS], np.int64))
-        if not int(idx.shape[0]):
+        if not n_used:
             return out
-        code = pos[idx].astype(xp.int64)
-        cpu = cols["avg_cpu"][idx].astype(xp.float64)
-        mem = cols["avg_mem"][idx].astype(xp.float64)
-        if self.mode == "notebook":
-            bucket = bucket_index(s[idx], BUCKET_US)
-        else:  # each window's pieces: usage weighted by the piece's share of its bucket
-            row, bucket, overlap = bucket_pieces(xp, s[idx], e[idx], BUCKET_US)
-            w = overlap.astype(xp.float64) / BUCKET_US
-            code, cpu, mem = code[row], cpu[row] * w, mem[row] * w  # "windows": those overlapping the bucket
-        key = code * ctx.span + bucket
-        # known values per key (SQL's SUM of only NULLs is NULL); a column without NULLs: the row count
-        known = {f"n_{r}": (None if bool(xp.isfinite(v).all()) else xp.isfinite(v).astype(xp.int64))
-                 for r, v in (("cpu", cpu), ("mem", mem))}
-        u = keyed_reduce(backend, key, {"cpu": cpu, "mem": mem}, {**known, "windows": None})
-        # counts as int32 (a machine-bucket holds far fewer than 2^31 windows): a smaller spill
-        out["u"] = {f: (v.astype(xp.int32) if f in _COUNTS else v) for f, v in u.items()}
+        if notebook:
+            out["u"] = _keyed_sums(backend, keys, cells, cols["avg_cpu"], cols["avg_mem"])
+            return out
+        # time-weighted: each window's pieces, usage weighted by the piece's share of its bucket
+        idx = xp.nonzero(used)[0]
+        row, bucket, overlap = bucket_pieces(xp, s[idx], e[idx], BUCKET_US)
+        w = overlap.astype(xp.float64) / BUCKET_US
+        rows = idx[row]  # "windows": those overlapping the bucket
+        key = codes[rows] * ctx.span + bucket
+        out["u"] = _keyed_sums(backend, key, cells, cols["avg_cpu"][rows].astype(xp.float64) * w,
+                               cols["avg_mem"][rows].astype(xp.float64) * w)
         return out
 
     def merge(self, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-        return {"u": merge_keyed(a["u"], b["u"]), "stats": a["stats"] + b["stats"]}
+        return {"u": merge_keyed(_widen(a["u"]), _widen(b["u"])), "stats": a["stats"] + b["stats"]}
 
     # ---------------------------------------------------------------- shards
     def split(self, partial: dict[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, np.ndarray]]]:
@@ -269,3 +387,74 @@ class MachineUtilization(Analysis):
                          f"{r.over_capacity:,} machine-buckets over capacity ({fmt(r.share_over_capacity, '.2%')}), "
                          f"{r.unknown:,} unknown")
         return "\n".join(lines)
+
+
+#: Largest cells / rows ratio summed densely (``bincount`` over every cell); beyond it the used
+#: rows are sorted (a partition then touches few of the cells).
+_DENSE_RATIO = 4
+_ROW_BITS = 24
+
+
+def _narrow(xp: Any, c: Any) -> Any:
+    """Counts as the narrowest of uint8 / uint16 / int32 that holds them (a smaller spill: most
+    machine-buckets get one or two windows from a partition)."""
+    top = int(c.max()) if int(c.shape[0]) else 0
+    return c.astype(xp.uint8 if top < 1 << 8 else xp.uint16 if top < 1 << 16 else xp.int32)
+
+
+def _widen(u: dict[str, Any]) -> dict[str, Any]:
+    """A keyed partial with its counts as int32 (so merges add in the type of :meth:`empty`)."""
+    return {f: (np.asarray(v).astype(np.int32, copy=False) if f in _COUNTS else v) for f, v in u.items()}
+
+
+def _keyed_sums(backend: Any, key: Any, cells: int, cpu: Any, mem: Any) -> dict[str, Any]:
+    """The keyed partial of rows keyed in ``[0, cells]`` (``cells``: not used): sorted unique keys,
+    float64 sums of ``cpu`` and ``mem`` (NaN ignored, as SQL's SUM), per key the finite values of
+    each (SQL's SUM of only NULLs is NULL; an infinite value is summed, not counted) and the
+    windows, counts narrowed (:func:`_narrow`).  Every sum adds its rows in row order, as
+    ``keyed_reduce`` does.
+
+    Dense (``bincount`` over every cell, no sort) when the cells are at most :data:`_DENSE_RATIO`
+    times the rows; else the used rows are sorted by key (key and row packed in one int64: one
+    sort of one array) and summed by their group."""
+    xp = backend.xp
+    n = int(key.shape[0])
+    if cells <= _DENSE_RATIO * max(n, 1 << 14):
+        cnt = xp.bincount(key, minlength=cells + 1)[:cells]
+        present = xp.nonzero(cnt > 0)[0]  # (a bool's nonzero: several times an int64's)
+        group, n_groups, gkey = key, cells + 1, present
+    else:
+        rows = xp.nonzero(key < cells)[0]
+        k = key[rows]
+        if cells < 1 << (63 - _ROW_BITS) and n < 1 << _ROW_BITS:
+            packed = xp.sort((k << _ROW_BITS) | xp.arange(int(rows.shape[0]), dtype=xp.int64))
+            k = packed >> _ROW_BITS
+            rows = rows[packed & ((1 << _ROW_BITS) - 1)]
+        else:
+            order = xp.argsort(k, kind="stable")
+            k, rows = k[order], rows[order]
+        new = xp.ones(int(k.shape[0]), dtype=bool)
+        new[1:] = k[1:] != k[:-1]
+        starts = xp.nonzero(new)[0]
+        n_groups = int(starts.shape[0])
+        gkey = k[starts]
+        group = xp.cumsum(new, dtype=xp.int64) - 1
+        cpu, mem = cpu[rows], mem[rows]
+        cnt = xp.bincount(group, minlength=n_groups)
+        present = slice(None)
+    out = {"key": gkey.astype(xp.int64)}
+    windows = _narrow(xp, cnt[present])
+    for name, v in (("cpu", cpu), ("mem", mem)):
+        v = v.astype(xp.float64, copy=False)
+        bad = ~xp.isfinite(v)
+        if bool(bad.any()):
+            nan = xp.isnan(v)
+            total = xp.bincount(group, weights=xp.where(nan, 0.0, v), minlength=n_groups)
+            known = _narrow(xp, (cnt - xp.bincount(group[bad], minlength=n_groups)[:cnt.shape[0]])[present])
+        else:
+            total = xp.bincount(group, weights=v, minlength=n_groups)
+            known = windows
+        out[name] = total[:cnt.shape[0]][present]
+        out["n_" + name] = known
+    out["windows"] = windows
+    return out
