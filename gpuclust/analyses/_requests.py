@@ -26,7 +26,7 @@ import numpy as np
 
 from gpuclust.analyses._lookup import triple_hash
 
-__all__ = ["REQUEST_COLUMNS", "RequestTimeline", "asof_events", "asof_index"]
+__all__ = ["REQUEST_COLUMNS", "RequestTimeline", "asof_events", "asof_index", "asof_run", "instance_positions"]
 
 #: The instance_events columns a :class:`RequestTimeline` reads (plus any ``extra``).
 REQUEST_COLUMNS = ("time", "collection_id", "instance_index", "req_cpu", "req_mem")
@@ -43,8 +43,10 @@ class RequestTimeline:
     joined to as of their start.  ``extra`` holds further event columns (as float64, NULL as NaN)
     in the same order.
 
-    ``ukey``: the distinct instance hashes, sorted; ``urec``: per instance (in ``ukey`` order) one
-    int64 row ``collection_id, instance_index, first event, last event, last event's time``."""
+    ``ukey``: the distinct instance hashes, sorted; per instance, in ``ukey`` order: ``ucol`` its
+    ``collection_id, instance_index`` and ``urun`` its ``first event, last event - first event,
+    first event's time, last event's time`` (int64 rows; ``urun`` has one more row, for "no
+    instance")."""
 
     key: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
     collection: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
@@ -53,7 +55,8 @@ class RequestTimeline:
     req: np.ndarray = field(default_factory=lambda: np.zeros((0, 2)))
     extra: dict[str, np.ndarray] = field(default_factory=dict)
     ukey: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
-    urec: np.ndarray = field(default_factory=lambda: np.zeros((0, 5), np.int64))
+    ucol: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), np.int64))
+    urun: np.ndarray = field(default_factory=lambda: np.zeros((1, 4), np.int64))
 
     @classmethod
     def build(cls, side: Any, extra: Sequence[str] = ()) -> RequestTimeline:
@@ -83,8 +86,32 @@ class RequestTimeline:
         same = ~new[1:]
         if bool((same & ((c[1:] != c[:-1]) | (i[1:] != i[:-1]))).any()):
             raise RuntimeError("request timeline: 64-bit hash collision between two instance keys (please report)")
-        urec = np.ascontiguousarray(np.stack([c[first], i[first].astype(np.int64), first, last, t[last]], 1))
-        return cls(key, c, i, t, req[keep][order], ex, key[first], urec)
+        ucol = np.ascontiguousarray(np.stack([c[first], i[first].astype(np.int64)], 1))
+        # "no instance": one event at the earliest time, at index -1 (none, see asof_run)
+        small = np.iinfo(np.int64).min
+        urun = np.concatenate([np.stack([first, last - first, t[first], t[last]], 1), [[-1, 0, small, small]]])
+        return cls(key, c, i, t, req[keep][order], ex, key[first], ucol, np.ascontiguousarray(urun, dtype=np.int64))
+
+    @property
+    def n_instances(self) -> int:
+        return int(self.ukey.shape[0])
+
+    @property
+    def max_span(self) -> int:
+        """The most events of one instance, less one."""
+        return int(self.urun[:, 1].max())
+
+    def instances_of(self, collection: np.ndarray, instance: np.ndarray) -> np.ndarray:
+        """On the host: per (``collection``, ``instance``) its instance's position in ``ukey``, or
+        :attr:`n_instances` where it has no events here."""
+        nk = self.n_instances
+        if not nk:
+            return np.zeros(collection.shape[0], np.int64)
+        c = np.asarray(collection, np.int64)
+        i = np.asarray(instance, np.int64)
+        u = np.minimum(np.searchsorted(self.ukey, _key(np, c, i)), nk - 1)
+        ok = (self.ucol[u, 0] == c) & (self.ucol[u, 1] == i)
+        return np.where(ok, u, nk)
 
     def latest(self, flag: np.ndarray) -> np.ndarray:
         """Per event: the index of the latest event at or before it (in this order) of its instance
@@ -93,36 +120,67 @@ class RequestTimeline:
         flag = np.asarray(flag, dtype=bool)
         at = np.where(flag, np.arange(ne, dtype=np.int64), -1)
         np.maximum.accumulate(at, out=at)
-        run_first = np.repeat(self.urec[:, 2], self.urec[:, 3] - self.urec[:, 2] + 1)
+        run = self.urun[:-1]
+        run_first = np.repeat(run[:, 0], run[:, 1] + 1)
         return np.where(at >= run_first, at, -1)
 
 
-def asof_index(backend: Any, rq: RequestTimeline, collection: Any, instance: Any, start: Any,
-               none: int = -1) -> Any:
-    """Per window (``collection``, ``instance``, ``start`` on ``backend.xp``): the index in ``rq``
-    of the latest event of its instance at or before ``start`` (the last in ``rq``'s order), or
-    ``none`` where its instance has none."""
+def instance_positions(backend: Any, rq: RequestTimeline, collection: Any, instance: Any) -> Any:
+    """Per window (``collection``, ``instance`` on ``backend.xp``): its instance's position in
+    ``rq.ukey`` (one ``hash_index`` probe, the key checked), or ``rq.n_instances`` where its
+    instance has no events in ``rq``."""
+    xp = backend.xp
+    nk = rq.n_instances
+    n = int(collection.shape[0])
+    if not n or not nk:
+        return xp.full(n, nk, dtype=xp.int64)
+    pos = backend.ops.hash_index(backend.stage(rq.ukey), _key(xp, collection, instance))
+    u = xp.maximum(pos, 0)
+    rec = xp.take(backend.stage(rq.ucol), u, axis=0)
+    found = (pos >= 0) & (rec[:, 0] == collection) & (rec[:, 1] == instance)
+    return xp.where(found, u, nk)
+
+
+def asof_run(backend: Any, rq: RequestTimeline, u: Any, start: Any) -> Any:
+    """Per window (its instance's position ``u`` from :func:`instance_positions`, its ``start``):
+    the index in ``rq`` of the latest event of its instance at or before ``start`` (the last in
+    ``rq``'s order), or -1 where there is none (so a table of one row per event plus a last row for
+    "none" is read with ``take`` or an index, on either backend).
+
+    Before the instance's first event: none; at or after its last: the last; otherwise, where the
+    instance has more than two events, a binary search between them (a few steps, over those
+    windows only)."""
     xp = backend.xp
     n = int(start.shape[0])
-    if not n or not int(rq.ukey.shape[0]):
-        return xp.full(n, none, dtype=xp.int64)
-    pos = backend.ops.hash_index(backend.stage(rq.ukey), _key(xp, collection, instance))
-    rec = xp.take(backend.stage(rq.urec), xp.maximum(pos, 0), axis=0)
-    found = (pos >= 0) & (rec[:, 0] == collection) & (rec[:, 1] == instance)
-    done = rec[:, 4] <= start
-    j = xp.where(found & done, rec[:, 3], none)
-    rest = xp.nonzero(found & ~done)[0]
-    if int(rest.shape[0]):
-        # the first event after start lies in [first, last] (the last one is after start): binary search
-        lo0, hi = rec[rest, 2], rec[rest, 3]
-        lo, s, t = lo0, start[rest], backend.stage(rq.time)
-        for _ in range(int((hi - lo).max()).bit_length()):
-            mid = (lo + hi) >> 1
-            go = t[mid] <= s  # at lo == hi: t[lo] > s, so nothing moves
-            lo = xp.where(go, mid + 1, lo)
-            hi = xp.where(go, hi, mid)
-        j[rest] = xp.where(lo > lo0, lo - 1, none)
+    if not n or not rq.n_instances:
+        return xp.full(n, -1, dtype=xp.int64)
+    run = xp.take(backend.stage(rq.urun), u, axis=0)
+    first, span = run[:, 0], run[:, 1]
+    after_first = run[:, 2] <= start
+    after_last = run[:, 3] <= start
+    # two events or fewer: the first, or the last at or after it (the "no instance" row: -1)
+    j = xp.where(after_first, first + after_last * span, -1)
+    if rq.max_span > 1:
+        rest = xp.nonzero((after_first > after_last) & (span > 1))[0]
+        if int(rest.shape[0]):
+            # the first event after start lies in (first, last]: binary search
+            lo = first[rest] + 1
+            hi = first[rest] + span[rest]
+            s, t = start[rest], backend.stage(rq.time)
+            for _ in range(int((hi - lo).max()).bit_length()):
+                mid = (lo + hi) >> 1
+                go = t[mid] <= s  # at lo == hi: t[lo] > s, so nothing moves
+                lo = xp.where(go, mid + 1, lo)
+                hi = xp.where(go, hi, mid)
+            j[rest] = lo - 1
     return j
+
+
+def asof_index(backend: Any, rq: RequestTimeline, collection: Any, instance: Any, start: Any) -> Any:
+    """Per window (``collection``, ``instance``, ``start`` on ``backend.xp``): the index in ``rq``
+    of the latest event of its instance at or before ``start`` (the last in ``rq``'s order), or -1
+    where its instance has none."""
+    return asof_run(backend, rq, instance_positions(backend, rq, collection, instance), start)
 
 
 def asof_events(backend: Any, rq: RequestTimeline, collection: Any, instance: Any, start: Any,
@@ -136,10 +194,10 @@ def asof_events(backend: Any, rq: RequestTimeline, collection: Any, instance: An
     ne = int(rq.key.shape[0])
     if not ne or not n:
         return [(xp.zeros(n, dtype=bool), xp.zeros(n, dtype=xp.int64)) for _ in flags]
-    j = asof_index(backend, rq, collection, instance, start, none=ne)
+    j = asof_index(backend, rq, collection, instance, start)
     out = []
     for flag in flags:
-        prev = backend.stage(np.append(rq.latest(flag), -1))  # row ne: no event
+        prev = backend.stage(np.append(rq.latest(flag), -1))  # the last row (j = -1): no event
         ev = prev[j]
         hit = ev >= 0
         out.append((hit, xp.maximum(ev, 0)))

@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gpuclust.analyses._lookup import EVENT_COLUMNS, TierLookupContext, tier_lookup
-from gpuclust.analyses._requests import REQUEST_COLUMNS, RequestTimeline, asof_index
+from gpuclust.analyses._lookup import EVENT_COLUMNS, InstanceLookup, TierLookupContext, tier_lookup
+from gpuclust.analyses._requests import REQUEST_COLUMNS, RequestTimeline, asof_run, instance_positions
 from gpuclust.analyses.base import Analysis, fmt, resolve_tier_map
 from gpuclust.analyses.options import tier_map_option
 from gpuclust.analyses.usage_change import RATIO_EDGES
@@ -44,6 +44,7 @@ MEASURES = (("cpu_avg", "avg_cpu", 0), ("cpu_max", "max_cpu", 0), ("mem_avg", "a
 _M = len(MEASURES)
 _B = int(RATIO_EDGES.shape[0]) + 1
 _T = 17  # tier slots: the most tiers a tier map may have, plus "unknown"
+_TIER_BITS = 5  # a tier slot fits 5 bits
 _COUNTS = ("windows", "no_limit", "unknown", "defined", "above_limit", "at_most_half")
 
 
@@ -52,9 +53,11 @@ class UsageVsRequestContext(TierLookupContext):
     """:class:`TierLookupContext` plus the request timelines ``bind`` builds."""
 
     requests: RequestTimeline = field(default_factory=RequestTimeline)
-    #: per event of ``requests`` (and a last row of zeros: no event), the CPU and memory limit as of
+    #: per event of ``requests`` (and a last row of zeros: no event, index -1), the CPU and memory limit as of
     #: it: the request of the instance's latest event at or before it with that request positive
     limits: np.ndarray = field(default_factory=lambda: np.zeros((1, 2)))
+    #: whether ``lookup``'s codes carry the instance's position in ``requests`` too (``<< 5``)
+    combined: bool = False
 
 
 @dataclass(frozen=True)
@@ -109,7 +112,14 @@ class UsageVsRequest(Analysis):
         for r in (0, 1):
             at = np.append(rq.latest(rq.req[:, r] > 0), -1)
             limits[:, r] = np.where(at >= 0, np.append(rq.req[:, r], 0.0)[at], 0.0)
-        return replace(ctx, lookup=lk, requests=rq, limits=limits)
+        combined = rq.n_instances < 1 << (31 - _TIER_BITS) and len(lk) > 0
+        if combined:
+            # one probe per window for both: code = (request instance position ^ n_instances) << 5 |
+            # (tier ^ unknown), so a window not found (code 0) reads n_instances and unknown
+            u = rq.instances_of(lk.collection, lk.instance) ^ rq.n_instances
+            lk = InstanceLookup(lk.hash.copy(), lk.collection, lk.instance, lk.machine,  # (its own cached records)
+                                ((u << _TIER_BITS) | (lk.code ^ len(ctx.tier_map.names))).astype(np.int32))
+        return replace(ctx, lookup=lk, requests=rq, limits=limits, combined=combined)
 
     # ---------------------------------------------------------------- partial / merge
     def empty(self, backend: Any = None) -> dict[str, np.ndarray]:
@@ -122,13 +132,25 @@ class UsageVsRequest(Analysis):
         n = int(s.shape[0])
         if n == 0:
             return {k: xp.asarray(v) for k, v in self.empty().items()}
-        i = cols["instance_index"]
-        found, code = ctx.lookup.find(backend, cols["collection_id"], i, cols["machine_id"])
-        tier = xp.where(found, code, len(ctx.tier_map.names)).astype(xp.int64)
+        c, i = cols["collection_id"], cols["instance_index"]
+        rq = ctx.requests
+        found, code = ctx.lookup.find(backend, c, i, cols["machine_id"])
+        code = code.astype(xp.int64)
+        unknown = len(ctx.tier_map.names)
+        if ctx.combined:  # the tier and the instance's position in the request timeline (see bind)
+            tier = code & ((1 << _TIER_BITS) - 1)
+            tier ^= unknown
+            u = code >> _TIER_BITS
+            u ^= rq.n_instances
+            miss = xp.nonzero(~found)[0]
+            if int(miss.shape[0]):
+                u[miss] = instance_positions(backend, rq, c[miss], i[miss])
+        else:
+            tier = xp.where(found, code, unknown)
+            u = instance_positions(backend, rq, c, i)
         # per window, the limits (CPU, memory) of its latest event at or before its start
-        ne = int(ctx.limits.shape[0]) - 1
-        j = asof_index(backend, ctx.requests, cols["collection_id"], i, s, none=ne)
-        limit = xp.take(backend.stage(ctx.limits), j, axis=0)
+        j = asof_run(backend, rq, u, s)
+        limit = xp.take(backend.stage(ctx.limits), j, axis=0)  # j = -1 (none): the last row, zeros
         # one code per window and measure: 0 no limit, 1 unknown usage, else 2 + 3 x bin + (0: ratio > 1,
         # 1: ratio <= 0.5, 2: between), counted per tier by one bincount
         K = 2 + 3 * _B

@@ -9,6 +9,7 @@ import sys
 from collections import defaultdict
 
 import numpy as np
+import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -201,3 +202,90 @@ def test_planted_usage_over_request_by_tier(tmp_path):
         assert abs(got - want) <= 4 * p["expected_mean_se_by_tier"][tier], (tier, got, want)
         assert got == pytest.approx(p["realised_mean_by_tier"][tier], rel=0.02)
         assert s.loc[(tier, "cpu_avg"), "defined"] == p["windows_by_tier"][tier]
+
+
+class _Side:
+    """A side table of one Arrow table (what ``RequestTimeline.build`` reads)."""
+
+    def __init__(self, t):
+        self.t = t
+
+    def batches(self, columns):
+        yield self.t.select(list(columns))
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10**6))
+def test_asof_join_matches_a_loop(seed):
+    """The as-of join against a loop over each instance's events, with long runs of events (the
+    binary search), ties in time (the last in row order wins), windows before the first event, at
+    an event's time, after the last, and instances without events (or sharing a collection)."""
+    from gpuclust.analyses._requests import RequestTimeline, asof_events, asof_index
+    from gpuclust.backends import get_backend
+
+    rng = np.random.default_rng(seed)
+    n_inst = int(rng.integers(1, 12))
+    insts = [(int(rng.choice([3, 2**40 + 1, -5])), int(rng.integers(0, 4))) for _ in range(n_inst)]
+    ne = int(rng.integers(0, 120))
+    pick = rng.integers(0, n_inst, ne)
+    times = rng.integers(0, 30, ne) * S
+    req = np.where(rng.random((ne, 2)) < 0.3, 0.0, rng.uniform(0.01, 1.0, (ne, 2)))
+    ev = pa.table({"time": pa.array(times, pa.int64()), "collection_id": pa.array([insts[k][0] for k in pick], pa.int64()),
+                   "instance_index": pa.array([insts[k][1] for k in pick], pa.int32()),
+                   "req_cpu": pa.array(req[:, 0], pa.float32()), "req_mem": pa.array(req[:, 1], pa.float32())})
+    req = req.astype(np.float32).astype(np.float64)
+    rq = RequestTimeline.build(_Side(ev))
+    nw = 400
+    wi = rng.integers(0, n_inst + 2, nw)  # two instances without events
+    wc = np.array([insts[k][0] if k < n_inst else 3 for k in wi], np.int64)
+    wn = np.array([insts[k][1] if k < n_inst else 10 + k for k in wi], np.int32)
+    ws = rng.integers(-1, 32, nw) * S
+    be = get_backend("cpu")
+    j = asof_index(be, rq, wc, wn, ws)
+    flag = rq.req[:, 0] > 0
+    ((hit, e),) = asof_events(be, rq, wc, wn, ws, [flag], "test")
+    # the loop: events with a positive request, in (time, row) order per instance
+    rows = [k for k in range(ne) if (req[k] > 0).any()]
+    for w in range(nw):
+        mine = sorted((int(times[k]), k) for k in rows if insts[pick[k]] == (int(wc[w]), int(wn[w])))
+        before = [k for t, k in mine if t <= ws[w]]
+        if not before:
+            assert j[w] == -1 and not hit[w]
+            continue
+        want = before[-1]
+        assert (rq.time[j[w]], rq.collection[j[w]], rq.instance[j[w]]) == (times[want], wc[w], wn[w])
+        assert rq.req[j[w]].tolist() == req[want].tolist()
+        cpu = [k for k in before if req[k, 0] > 0]
+        assert bool(hit[w]) == bool(cpu)
+        if cpu:
+            assert rq.req[e[w], 0] == req[cpu[-1], 0] and rq.time[e[w]] == times[cpu[-1]]
+
+
+def test_window_on_another_machine_keeps_its_limit():
+    """A window whose (collection, instance, machine) has no event (its tier: unknown) still joins
+    its instance's requests (the separate instance probe of usage-vs-request)."""
+    ev = table("instance_events", {"time": [0, 600 * S], "type": [0, 10], "collection_id": [7] * 2,
+                                   "instance_index": [1] * 2, "machine_id": [5] * 2, "priority": [200] * 2,
+                                   "req_cpu": [0.2, 0.4], "req_mem": [0.1, 0.1]})
+    starts = [300 * S, 900 * S]
+    us = table("instance_usage", {"start_time": starts, "end_time": [s + 300 * S for s in starts],
+                                  "collection_id": [7] * 2, "instance_index": [1] * 2, "machine_id": [5, 6],
+                                  "avg_cpu": [0.1, 0.1], "max_cpu": [0.2, 0.2], "avg_mem": [0.05] * 2,
+                                  "max_mem": [0.05] * 2})
+    tables = {"instance_events": ev, "instance_usage": us}
+    res = run(TableSource(tables), UsageVsRequest(tier_map="notebook"))["usage-vs-request"]
+    s = res["summary"].set_index(["tier", "measure"])
+    assert (s.loc[("prod", "cpu_avg"), "defined"], s.loc[("unknown", "cpu_avg"), "defined"]) == (1, 1)
+    assert s.loc[("unknown", "cpu_avg"), "mean_ratio"] == pytest.approx(0.1 / 0.4)
+    check(res, tables)
+
+
+def test_separate_lookups_agree(monkeypatch):
+    """Too many instances for one code per window (tier and request instance): the tier lookup and
+    the instance probe run apart, with the same results."""
+    import gpuclust.analyses.usage_vs_request as uvr
+
+    monkeypatch.setattr(uvr, "_TIER_BITS", 27)  # combined only below 16 instances
+    for seed in (1, 2):
+        tables = cell(seed)
+        check(run(TableSource(tables), UsageVsRequest(tier_map="notebook"))["usage-vs-request"], tables)
