@@ -5,6 +5,7 @@
 * :data:`KEY_COLUMNS`: the result columns of each grouping name;
 * :func:`group_key`: one int64 key per row from the key components (the value itself for one
   component, a splitmix64 chain of several, :func:`gpuclust.layout.key_hash`);
+* :func:`instance_order`: rows by instance, then time (a stable three-key sort, as one sort);
 * time buckets (docs/dataset.md, "Time buckets"): origin trace time 0, bucket ``k`` of width ``W``
   is ``[k W, (k + 1) W)`` µs -- :func:`bucket_index`, :func:`bucket_span` (the buckets a window
   ``[s, e)`` touches), :func:`bucket_grid` (the buckets covering a trace window).
@@ -18,7 +19,7 @@ from typing import Any
 from gpuclust.layout import key_hash
 
 __all__ = ["HOUR_US", "KEY_COLUMNS", "bucket_grid", "bucket_index", "bucket_pieces", "bucket_span", "group_key",
-           "parse_by", "parse_list", "segmented_last"]
+           "instance_order", "parse_by", "parse_list", "segmented_last"]
 
 #: One hour in µs (cell-usage's bucket).
 HOUR_US = 3_600_000_000
@@ -127,3 +128,38 @@ def segmented_last(ops: Any, xp: Any, flag: Any, seg_start: Any) -> Any:
     count = xp.cumsum(flag, dtype=xp.int64)  # flags at or before each row
     last = xp.where(count > 0, flagged[xp.maximum(count - 1, 0)], -1)
     return xp.where(last >= seg_start, last, -1)
+
+
+def instance_order(xp: Any, collection: Any, instance: Any, time: Any) -> Any:
+    """The permutation ``xp.lexsort((time, instance, collection))`` gives: rows by collection,
+    instance and time, ties in row order.
+
+    One sort of a unique int64 key, ``(dense (collection, instance) code) * n + position``, where
+    the position is the row's rank by time (its index when the rows are already time-ordered, as a
+    bucketed dataset's are; else a stable sort by time first): a unique key needs no stable sort,
+    so NumPy's vectorised quicksort does it (about 4x faster than ``lexsort`` of three keys on
+    the benchmark's event partitions); ``lexsort`` where the key could overflow.
+
+    >>> import numpy as np
+    >>> c, i, t = np.array([5, 3, 5, 3, 5]), np.array([0, 1, 0, 0, 0]), np.array([9, 1, 2, 4, 2])
+    >>> instance_order(np, c, i, t).tolist() == np.lexsort((t, i, c)).tolist() == [3, 1, 2, 4, 0]
+    True
+    """
+    n = int(time.shape[0])
+    if n < 2:
+        return xp.arange(n, dtype=xp.int64)
+    c = collection.astype(xp.int64)
+    i = instance.astype(xp.int64)
+    by_time = None
+    if not bool((time[1:] >= time[:-1]).all()):
+        by_time = xp.argsort(time, kind="stable")
+        c, i = c[by_time], i[by_time]
+    uc, code = xp.unique(c, return_inverse=True)
+    lo = int(i.min())
+    width = int(i.max()) - lo + 1
+    if int(uc.shape[0]) * width * n >= 1 << 62:
+        order = xp.lexsort(xp.stack([xp.arange(n, dtype=xp.int64), i, c]))
+    else:
+        key = (code.reshape(-1).astype(xp.int64) * width + (i - lo)) * n + xp.arange(n, dtype=xp.int64)
+        order = xp.argsort(key)
+    return order if by_time is None else by_time[order]

@@ -50,7 +50,7 @@ import pandas as pd
 
 from gpuclust.analyses._extent import max_finite
 from gpuclust.analyses.base import Analysis, fmt, is_null_int, resolve_tier_map
-from gpuclust.analyses.grouping import bucket_index, segmented_last
+from gpuclust.analyses.grouping import bucket_index, instance_order, segmented_last
 from gpuclust.analyses.options import option, tier_map_option
 from gpuclust.partials import bin_quantile_edges, bin_rows, keyed_reduce, merge_keyed
 from gpuclust.schema import TIME_AFTER_TRACE, EventType, TierMap, tier_map
@@ -201,7 +201,7 @@ class Lifecycle(Analysis):
         i = pick(cols["instance_index"]) if "instance_index" in self.key_columns else xp.zeros(n, dtype=xp.int32)
         e = pick(e)
         # ---- one instance's events together, in time order (lexsort is stable: ties keep row order)
-        order = xp.lexsort(xp.stack([t, i.astype(xp.int64), c.astype(xp.int64)]))
+        order = instance_order(xp, c, i, t)
         t, e, c, i, p = t[order], e[order], c[order], i[order], p[order]
         del order
         first = xp.ones(n, dtype=bool)
@@ -290,15 +290,13 @@ class Lifecycle(Analysis):
         b = xp.searchsorted(xp.asarray(DELAY_EDGES_US), dur, side="right")
         out["hist"] = xp.bincount(td * _B + b, minlength=T * _D * _B).reshape(T, _D, _B).astype(xp.int64)
         out["dur_sum"] = xp.bincount(td, weights=dur.astype(xp.float64), minlength=T * _D).reshape(T, _D)
-        if int(td.shape[0]):
-            o = xp.lexsort(xp.stack([dur, td]))
-            ts, ds = td[o], dur[o]
-            g = xp.arange(T * _D, dtype=xp.int64)
-            lo = xp.searchsorted(ts, g, side="left")
-            hi = xp.searchsorted(ts, g, side="right")
-            has = hi > lo
-            out["dur_min"] = xp.where(has, ds[xp.minimum(lo, ts.shape[0] - 1)], _I64_MAX).reshape(T, _D)
-            out["dur_max"] = xp.where(has, ds[xp.maximum(hi - 1, 0)], -1).reshape(T, _D)
+        if int(td.shape[0]):  # per (tier, distribution) the shortest and longest known duration
+            dmax = xp.full(T * _D, -1, dtype=xp.int64)
+            ops.scatter_max(dmax, td, dur)
+            nmin = xp.full(T * _D, -_I64_MAX, dtype=xp.int64)
+            ops.scatter_max(nmin, td, -dur)
+            out["dur_max"] = dmax.reshape(T, _D)
+            out["dur_min"] = (-nmin).reshape(T, _D)
         out["counters"] = xp.asarray(np.array([counters[c] for c in _COUNTERS], np.int64))
         return out
 

@@ -1,5 +1,6 @@
 """Shared pieces against obvious references, on every backend: ``segmented_last`` (the as-of joins
 and life cycles use it) and ``bucket_pieces`` (windows cut at bucket edges) against loops,
+``instance_order`` against a sort of (collection, instance, time, row) tuples,
 ``partials.log_bins`` (the ratio bins) against the binary search."""
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpuclust.analyses.grouping import bucket_pieces, segmented_last
+from gpuclust.analyses.grouping import bucket_pieces, instance_order, segmented_last
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -33,6 +34,23 @@ def test_bucket_pieces_cover_each_window_once(backend, wins, width):
     want = [(r, b, min(e[r], (b + 1) * width) - max(s[r], b * width))
             for r in range(len(wins)) for b in range(s[r] // width, (e[r] - 1) // width + 1)]
     assert list(zip(row.tolist(), bucket.tolist(), overlap.tolist(), strict=True)) == want
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=st.lists(st.tuples(st.sampled_from([0, 7, -3, 2**62, -(2**62), 41]), st.integers(-2, 4), st.integers(0, 6)),
+                     max_size=40), time_sorted=st.booleans(), wide=st.booleans())
+def test_instance_order_is_the_stable_three_key_sort(backend, rows, time_sorted, wide):
+    """Rows by collection, instance, time, ties in row order: time-ordered input (the one-sort path),
+    unordered input (a stable sort by time first), and instance indexes so wide the key would
+    overflow (the lexsort path)."""
+    if time_sorted:
+        rows = sorted(rows, key=lambda r: r[2])
+    c = np.array([r[0] for r in rows], np.int64)
+    i = np.array([r[1] * (2**58 if wide else 1) for r in rows], np.int64)
+    t = np.array([r[2] for r in rows], np.int64)
+    want = sorted(range(len(rows)), key=lambda j: (c[j], i[j], t[j], j))
+    got = instance_order(backend.xp, *(backend.asarray(a) for a in (c, i, t)))
+    assert backend.to_host(got).tolist() == want
 
 
 def test_log_bins_equal_the_binary_search_on_the_ratio_edges(backend):
