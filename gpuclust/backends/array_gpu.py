@@ -20,10 +20,18 @@ def stable_argsort(a: Any) -> Any:
 
 def scatter_max(out: Any, idx: Any, values: Any) -> None:
     """``out[idx[j]] = max(out[idx[j]], values[j])`` in place (``cupyx.scatter_max``: atomic
-    maxima; int32, int64 and float arrays)."""
+    maxima).  CuPy's atomics take int32, uint32, uint64 and floats: int64 goes through uint64
+    with the sign bit flipped (an order-preserving map)."""
     import cupyx
 
-    cupyx.scatter_max(out, idx, values.astype(out.dtype, copy=False))
+    cp = _cp()
+    if out.dtype != cp.int64:
+        cupyx.scatter_max(out, idx, values.astype(out.dtype, copy=False))
+        return
+    sign = cp.uint64(1 << 63)
+    u = out.view(cp.uint64) ^ sign
+    cupyx.scatter_max(u, idx, values.astype(cp.int64, copy=False).view(cp.uint64) ^ sign)
+    out[...] = (u ^ sign).view(cp.int64)
 
 
 def cummax_rows(a: Any) -> Any:
