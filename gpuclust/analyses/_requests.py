@@ -26,7 +26,8 @@ import numpy as np
 
 from gpuclust.analyses._lookup import triple_hash
 
-__all__ = ["REQUEST_COLUMNS", "RequestTimeline", "asof_events", "asof_index", "asof_run", "instance_positions"]
+__all__ = ["REQUEST_COLUMNS", "KeyedRuns", "RequestTimeline", "asof_events", "asof_index", "asof_keyed", "asof_run",
+           "instance_positions"]
 
 #: The instance_events columns a :class:`RequestTimeline` reads (plus any ``extra``).
 REQUEST_COLUMNS = ("time", "collection_id", "instance_index", "req_cpu", "req_mem")
@@ -44,9 +45,9 @@ class RequestTimeline:
     in the same order.
 
     ``ukey``: the distinct instance hashes, sorted; per instance, in ``ukey`` order: ``ucol`` its
-    ``collection_id, instance_index`` and ``urun`` its ``first event, last event - first event,
-    first event's time, last event's time`` (int64 rows; ``urun`` has one more row, for "no
-    instance")."""
+    ``collection_id, instance_index`` and ``urun`` its ``last event, the first event's time, the
+    time of the event before the last (the last's where it is alone), the last event's time, the
+    first event`` (int64 rows; ``urun`` has one more row, for "no instance")."""
 
     key: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
     collection: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
@@ -56,7 +57,9 @@ class RequestTimeline:
     extra: dict[str, np.ndarray] = field(default_factory=dict)
     ukey: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
     ucol: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), np.int64))
-    urun: np.ndarray = field(default_factory=lambda: np.zeros((1, 4), np.int64))
+    urun: np.ndarray = field(default_factory=lambda: np.array([[-1, *[np.iinfo(np.int64).min] * 3, 0]]))
+    #: the most events of one instance, less one
+    max_span: int = 0
 
     @classmethod
     def build(cls, side: Any, extra: Sequence[str] = ()) -> RequestTimeline:
@@ -87,19 +90,18 @@ class RequestTimeline:
         if bool((same & ((c[1:] != c[:-1]) | (i[1:] != i[:-1]))).any()):
             raise RuntimeError("request timeline: 64-bit hash collision between two instance keys (please report)")
         ucol = np.ascontiguousarray(np.stack([c[first], i[first].astype(np.int64)], 1))
-        # "no instance": one event at the earliest time, at index -1 (none, see asof_run)
+        # the event before the last (the last itself where it is alone)
+        prev = np.maximum(last - 1, first)
+        # "no instance": a last event at index -1 and the earliest time (none, see _asof)
         small = np.iinfo(np.int64).min
-        urun = np.concatenate([np.stack([first, last - first, t[first], t[last]], 1), [[-1, 0, small, small]]])
-        return cls(key, c, i, t, req[keep][order], ex, key[first], ucol, np.ascontiguousarray(urun, dtype=np.int64))
+        urun = np.concatenate([np.stack([last, t[first], t[prev], t[last], first], 1), [[-1, small, small, small, 0]]])
+        return cls(key, c, i, t, req[keep][order], ex, key[first], ucol, np.ascontiguousarray(urun, dtype=np.int64),
+                   int((last - first).max()))
 
     @property
     def n_instances(self) -> int:
         return int(self.ukey.shape[0])
 
-    @property
-    def max_span(self) -> int:
-        """The most events of one instance, less one."""
-        return int(self.urun[:, 1].max())
 
     def instances_of(self, collection: np.ndarray, instance: np.ndarray) -> np.ndarray:
         """On the host: per (``collection``, ``instance``) its instance's position in ``ukey``, or
@@ -121,7 +123,7 @@ class RequestTimeline:
         at = np.where(flag, np.arange(ne, dtype=np.int64), -1)
         np.maximum.accumulate(at, out=at)
         run = self.urun[:-1]
-        run_first = np.repeat(run[:, 0], run[:, 1] + 1)
+        run_first = np.repeat(run[:, 4], run[:, 0] - run[:, 4] + 1)
         return np.where(at >= run_first, at, -1)
 
 
@@ -141,31 +143,23 @@ def instance_positions(backend: Any, rq: RequestTimeline, collection: Any, insta
     return xp.where(found, u, nk)
 
 
-def asof_run(backend: Any, rq: RequestTimeline, u: Any, start: Any) -> Any:
-    """Per window (its instance's position ``u`` from :func:`instance_positions`, its ``start``):
-    the index in ``rq`` of the latest event of its instance at or before ``start`` (the last in
-    ``rq``'s order), or -1 where there is none (so a table of one row per event plus a last row for
-    "none" is read with ``take`` or an index, on either backend).
-
-    Before the instance's first event: none; at or after its last: the last; otherwise, where the
-    instance has more than two events, a binary search between them (a few steps, over those
-    windows only)."""
+def _asof(backend: Any, rq: RequestTimeline, last: Any, t_first: Any, t_prev: Any, t_last: Any, start: Any,
+          first_of: Any) -> Any:
+    """The latest event at or before ``start`` (-1: none) from the instance's last event and the
+    times of its first, next-to-last and last events: at or after the last, the last; else at or
+    after the next-to-last, the one before the last; else before the first, none; else (with four
+    events or more: three leave the first) a binary search between the first and the next-to-last,
+    over those windows only (``first_of(rows)``: their instances' first events)."""
     xp = backend.xp
-    n = int(start.shape[0])
-    if not n or not rq.n_instances:
-        return xp.full(n, -1, dtype=xp.int64)
-    run = xp.take(backend.stage(rq.urun), u, axis=0)
-    first, span = run[:, 0], run[:, 1]
-    after_first = run[:, 2] <= start
-    after_last = run[:, 3] <= start
-    # two events or fewer: the first, or the last at or after it (the "no instance" row: -1)
-    j = xp.where(after_first, first + after_last * span, -1)
-    if rq.max_span > 1:
-        rest = xp.nonzero((after_first > after_last) & (span > 1))[0]
+    before_first = start < t_first
+    j = last - (start < t_last) - (start < t_prev)
+    j = xp.where(before_first, -1, j)
+    if rq.max_span >= 3:
+        rest = xp.nonzero((start < t_prev) > before_first)[0]
         if int(rest.shape[0]):
-            # the first event after start lies in (first, last]: binary search
-            lo = first[rest] + 1
-            hi = first[rest] + span[rest]
+            # the first event after start lies in (first, next-to-last]: binary search
+            lo = first_of(rest) + 1
+            hi = last[rest] - 1
             s, t = start[rest], backend.stage(rq.time)
             for _ in range(int((hi - lo).max()).bit_length()):
                 mid = (lo + hi) >> 1
@@ -176,11 +170,92 @@ def asof_run(backend: Any, rq: RequestTimeline, u: Any, start: Any) -> Any:
     return j
 
 
+def asof_run(backend: Any, rq: RequestTimeline, u: Any, start: Any) -> Any:
+    """Per window (its instance's position ``u`` from :func:`instance_positions`, its ``start``):
+    the index in ``rq`` of the latest event of its instance at or before ``start`` (the last in
+    ``rq``'s order), or -1 where there is none (so a table of one row per event plus a last row for
+    "none" is read with ``take`` or an index, on either backend)."""
+    xp = backend.xp
+    n = int(start.shape[0])
+    if not n or not rq.n_instances:
+        return xp.full(n, -1, dtype=xp.int64)
+    urun = backend.stage(rq.urun)
+    run = xp.take(urun, u, axis=0)
+    return _asof(backend, rq, run[:, 0], run[:, 1], run[:, 2], run[:, 3], start, lambda rows: run[rows, 4])
+
+
 def asof_index(backend: Any, rq: RequestTimeline, collection: Any, instance: Any, start: Any) -> Any:
     """Per window (``collection``, ``instance``, ``start`` on ``backend.xp``): the index in ``rq``
     of the latest event of its instance at or before ``start`` (the last in ``rq``'s order), or -1
     where its instance has none."""
     return asof_run(backend, rq, instance_positions(backend, rq, collection, instance), start)
+
+
+@dataclass(frozen=True)
+class KeyedRuns:
+    """An :class:`~gpuclust.analyses._lookup.InstanceLookup` (``(collection_id, instance_index,
+    machine_id) -> code``, codes >= 0) whose records also carry the key's instance run in a
+    :class:`RequestTimeline`, so one probe per window finds both (:func:`asof_keyed`).
+
+    ``hash``: the lookup's sorted key hashes; ``rec``: per key one int64 row ``collection_id,
+    machine_id, instance_index << 32 | code, the instance's position in the timeline`` and then its
+    :attr:`RequestTimeline.urun` row's first four (last event, times of the first, next-to-last and
+    last events): 64 bytes, one cache line."""
+
+    hash: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
+    rec: np.ndarray = field(default_factory=lambda: np.zeros((0, 8), np.int64))
+
+    @classmethod
+    def build(cls, lookup: Any, rq: RequestTimeline) -> KeyedRuns:
+        code = np.asarray(lookup.code, dtype=np.int64)
+        if code.shape[0] and int(code.min()) < 0:
+            raise ValueError("KeyedRuns: the lookup's codes must be >= 0")
+        u = rq.instances_of(lookup.collection, lookup.instance)
+        run = rq.urun[u]
+        ic = (np.asarray(lookup.instance, dtype=np.int64) << 32) | code
+        rec = np.stack([np.asarray(lookup.collection, np.int64), np.asarray(lookup.machine, np.int64), ic, u,
+                        run[:, 0], run[:, 1], run[:, 2], run[:, 3]], 1)
+        return cls(np.asarray(lookup.hash), np.ascontiguousarray(rec, dtype=np.int64))
+
+    def __len__(self) -> int:
+        return int(self.hash.shape[0])
+
+
+def asof_keyed(backend: Any, rq: RequestTimeline, kr: KeyedRuns, collection: Any, instance: Any, machine: Any,
+               start: Any) -> tuple[Any, Any, Any]:
+    """Per window (``collection``, ``instance``, ``machine``, ``start`` on ``backend.xp``):
+    whether its key is in ``kr``, its code there (0 where not), and, as :func:`asof_index`, the
+    index in ``rq`` of the latest event of its instance at or before ``start`` (-1: none).
+
+    One ``hash_index`` probe and one record per window, a block of ``backend.ops.lookup_block_rows``
+    rows at a time where the backend sets it; the windows whose key is not in ``kr`` (a machine
+    without events of the instance) are joined by :func:`asof_index` after."""
+    xp, ops = backend.xp, backend.ops
+    n = int(start.shape[0])
+    found = xp.zeros(n, dtype=bool)
+    code = xp.zeros(n, dtype=xp.int32)
+    j = xp.full(n, -1, dtype=xp.int64)
+    if not n:
+        return found, code, j
+    if len(kr) and rq.n_instances:
+        t_hash, t_rec, urun = backend.stage(kr.hash), backend.stage(kr.rec), backend.stage(rq.urun)
+        block = getattr(ops, "lookup_block_rows", None) or n
+        for lo in range(0, n, block):
+            sl = slice(lo, min(n, lo + block))
+            c, i, m = collection[sl], instance[sl], machine[sl]
+            pos = ops.hash_index(t_hash, triple_hash(xp, c, i, m))
+            rec = xp.take(t_rec, xp.maximum(pos, 0), axis=0)
+            ic = rec[:, 2]
+            f = (pos >= 0) & (rec[:, 0] == c) & (rec[:, 1] == m) & ((ic >> 32) == i)
+            found[sl] = f
+            code[sl] = xp.where(f, ic & 0xFFFFFFFF, 0)
+            jb = _asof(backend, rq, rec[:, 4], rec[:, 5], rec[:, 6], rec[:, 7], start[sl],
+                       lambda rows, rec=rec: xp.take(urun, rec[rows, 3], axis=0)[:, 4])
+            j[sl] = xp.where(f, jb, -1)
+    miss = xp.nonzero(~found)[0]
+    if int(miss.shape[0]) and rq.n_instances:
+        j[miss] = asof_index(backend, rq, collection[miss], instance[miss], start[miss])
+    return found, code, j
 
 
 def asof_events(backend: Any, rq: RequestTimeline, collection: Any, instance: Any, start: Any,

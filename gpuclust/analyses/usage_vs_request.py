@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gpuclust.analyses._lookup import EVENT_COLUMNS, InstanceLookup, TierLookupContext, tier_lookup
-from gpuclust.analyses._requests import REQUEST_COLUMNS, RequestTimeline, asof_run, instance_positions
+from gpuclust.analyses._lookup import EVENT_COLUMNS, TierLookupContext, tier_lookup
+from gpuclust.analyses._requests import REQUEST_COLUMNS, KeyedRuns, RequestTimeline, asof_keyed
 from gpuclust.analyses.base import Analysis, fmt, resolve_tier_map
 from gpuclust.analyses.options import tier_map_option
 from gpuclust.analyses.usage_change import RATIO_EDGES
@@ -44,8 +44,23 @@ MEASURES = (("cpu_avg", "avg_cpu", 0), ("cpu_max", "max_cpu", 0), ("mem_avg", "a
 _M = len(MEASURES)
 _B = int(RATIO_EDGES.shape[0]) + 1
 _T = 17  # tier slots: the most tiers a tier map may have, plus "unknown"
-_TIER_BITS = 5  # a tier slot fits 5 bits
 _COUNTS = ("windows", "no_limit", "unknown", "defined", "above_limit", "at_most_half")
+#: The bins of 0.5 and of 1.0: a ratio <= 0.5 is in a bin <= _B05, one in (0.5, 1] in [_B05, _B1], one > 1 in a bin >= _B1.
+_B05 = int(np.searchsorted(RATIO_EDGES, 0.5, side="right"))
+_B1 = int(np.searchsorted(RATIO_EDGES, 1.0, side="right"))
+#: Codes per tier: no limit, unknown usage, then the refined bins (x = bin + [ratio > 0.5] + [ratio > 1]).
+_K = 2 + _B + 2
+
+
+def _split(xp: Any, x: Any) -> tuple[Any, Any, Any]:
+    """Counts by refined bin ``x = bin + [ratio > 0.5] + [ratio > 1]`` (the last axis, ``_B + 2``)
+    -> counts by bin, of ratios <= 0.5 and of ratios > 1: a ratio <= 0.5 has ``x = bin <= _B05``,
+    one in (0.5, 1] ``x = bin + 1`` in ``[_B05 + 1, _B1 + 1]``, one > 1 ``x = bin + 2 >= _B1 + 2``."""
+    hist = xp.zeros((*x.shape[:-1], _B), dtype=x.dtype)
+    hist[..., :_B05 + 1] += x[..., :_B05 + 1]
+    hist[..., _B05:_B1 + 1] += x[..., _B05 + 1:_B1 + 2]
+    hist[..., _B1:] += x[..., _B1 + 2:]
+    return hist, x[..., :_B05 + 1].sum(-1), x[..., _B1 + 2:].sum(-1)
 
 
 @dataclass(frozen=True)
@@ -53,11 +68,12 @@ class UsageVsRequestContext(TierLookupContext):
     """:class:`TierLookupContext` plus the request timelines ``bind`` builds."""
 
     requests: RequestTimeline = field(default_factory=RequestTimeline)
-    #: per event of ``requests`` (and a last row of zeros: no event, index -1), the CPU and memory limit as of
-    #: it: the request of the instance's latest event at or before it with that request positive
-    limits: np.ndarray = field(default_factory=lambda: np.zeros((1, 2)))
-    #: whether ``lookup``'s codes carry the instance's position in ``requests`` too (``<< 5``)
-    combined: bool = False
+    #: per event of ``requests`` (and a last row for no event, index -1), the CPU and memory limit as
+    #: of it: the request of the instance's latest event at or before it with that request positive
+    #: (NaN: none)
+    limits: np.ndarray = field(default_factory=lambda: np.full((1, 2), np.nan))
+    #: ``lookup`` (the tier codes) with each key's instance run in ``requests``: one probe per window
+    runs: KeyedRuns = field(default_factory=KeyedRuns)
 
 
 @dataclass(frozen=True)
@@ -108,18 +124,11 @@ class UsageVsRequest(Analysis):
         lk = tier_lookup(ev, ctx.tier_map, top_level_only=False, unmatched=len(ctx.tier_map.names),
                          what="usage-vs-request tier lookup")
         rq = RequestTimeline.build(ev)
-        limits = np.zeros((int(rq.key.shape[0]) + 1, 2))
+        limits = np.full((int(rq.key.shape[0]) + 1, 2), np.nan)
         for r in (0, 1):
             at = np.append(rq.latest(rq.req[:, r] > 0), -1)
-            limits[:, r] = np.where(at >= 0, np.append(rq.req[:, r], 0.0)[at], 0.0)
-        combined = rq.n_instances < 1 << (31 - _TIER_BITS) and len(lk) > 0
-        if combined:
-            # one probe per window for both: code = (request instance position ^ n_instances) << 5 |
-            # (tier ^ unknown), so a window not found (code 0) reads n_instances and unknown
-            u = rq.instances_of(lk.collection, lk.instance) ^ rq.n_instances
-            lk = InstanceLookup(lk.hash.copy(), lk.collection, lk.instance, lk.machine,  # (its own cached records)
-                                ((u << _TIER_BITS) | (lk.code ^ len(ctx.tier_map.names))).astype(np.int32))
-        return replace(ctx, lookup=lk, requests=rq, limits=limits, combined=combined)
+            limits[:, r] = np.where(at >= 0, np.append(rq.req[:, r], 0.0)[at], np.nan)
+        return replace(ctx, lookup=lk, requests=rq, limits=limits, runs=KeyedRuns.build(lk, rq))
 
     # ---------------------------------------------------------------- partial / merge
     def empty(self, backend: Any = None) -> dict[str, np.ndarray]:
@@ -133,52 +142,36 @@ class UsageVsRequest(Analysis):
         if n == 0:
             return {k: xp.asarray(v) for k, v in self.empty().items()}
         c, i = cols["collection_id"], cols["instance_index"]
-        rq = ctx.requests
-        found, code = ctx.lookup.find(backend, c, i, cols["machine_id"])
-        code = code.astype(xp.int64)
-        unknown = len(ctx.tier_map.names)
-        if ctx.combined:  # the tier and the instance's position in the request timeline (see bind)
-            tier = code & ((1 << _TIER_BITS) - 1)
-            tier ^= unknown
-            u = code >> _TIER_BITS
-            u ^= rq.n_instances
-            miss = xp.nonzero(~found)[0]
-            if int(miss.shape[0]):
-                u[miss] = instance_positions(backend, rq, c[miss], i[miss])
-        else:
-            tier = xp.where(found, code, unknown)
-            u = instance_positions(backend, rq, c, i)
-        # per window, the limits (CPU, memory) of its latest event at or before its start
-        j = asof_run(backend, rq, u, s)
-        limit = xp.take(backend.stage(ctx.limits), j, axis=0)  # j = -1 (none): the last row, zeros
-        # one code per window and measure: 0 no limit, 1 unknown usage, else 2 + 3 x bin + (0: ratio > 1,
-        # 1: ratio <= 0.5, 2: between), counted per tier by one bincount
-        K = 2 + 3 * _B
-        base = tier * K
+        # per window its tier and the latest event of its instance at or before its start
+        found, code, j = asof_keyed(backend, ctx.requests, ctx.runs, c, i, cols["machine_id"], s)
+        tier = xp.where(found, code, len(ctx.tier_map.names)).astype(xp.int64)
+        limit = xp.take(backend.stage(ctx.limits), j, axis=0)  # j = -1 (none): the last row, NaN
+        # one code per window and measure, counted per tier by one bincount: 0 no limit, 1 unknown
+        # usage, else 2 + the ratio's bin refined at 0.5 and 1 (see _split)
+        base = tier * _K
         edges = xp.asarray(RATIO_EDGES)
         counts, rsum = [], []
-        res: dict[int, tuple[Any, Any]] = {}
+        res: dict[int, tuple[Any, Any, Any]] = {}
         for _, col, r in MEASURES:
             if r not in res:
-                lim = xp.ascontiguousarray(limit[:, r])
-                has_lim = lim > 0
-                res[r] = has_lim, xp.where(has_lim, lim, 1.0)
-            has_lim, safe = res[r]
+                lim = limit[:, r]
+                has_lim = lim > 0  # NaN: no limit
+                res[r] = lim, has_lim, base + has_lim
+            lim, has_lim, other = res[r]
             u = cols[col]
             d = has_lim & xp.isfinite(u)
-            ratio = xp.where(d, u / safe, 0.0)  # float64, as u.astype(float64) / limit
-            x = log_bins(xp, edges, ratio) * 3 + 4
-            x -= (ratio > 1.0) * 2 + (ratio <= 0.5)
-            x = xp.where(d, x, has_lim.astype(xp.int64))
+            ratio = xp.where(d, u / lim, 0.0)  # float64, as u.astype(float64) / limit
+            x = log_bins(xp, edges, ratio)
+            x += ratio > 0.5
+            x += ratio > 1.0
             x += base
-            counts.append(xp.bincount(x, minlength=_T * K))
+            x += 2
+            counts.append(xp.bincount(xp.where(d, x, other), minlength=_T * _K))
             rsum.append(xp.bincount(tier, weights=ratio, minlength=_T))  # + 0.0 per other window: the same sums
-        c = xp.stack([v.reshape(_T, K) for v in counts], 1)
-        rest = c[:, :, 2:].reshape(_T, _M, _B, 3)
-        sub = rest.sum(2)
-        out = {"counts": xp.stack([c.sum(2), c[:, :, 0], c[:, :, 1], sub.sum(2), sub[:, :, 0], sub[:, :, 1]],
-                                  2).astype(xp.int64),
-               "hist": rest.sum(3).astype(xp.int64), "rsum": xp.stack(rsum, 1)}
+        c = xp.stack([v.reshape(_T, _K) for v in counts], 1)
+        hist, half, above = _split(xp, c[:, :, 2:])
+        out = {"counts": xp.stack([c.sum(2), c[:, :, 0], c[:, :, 1], hist.sum(2), above, half], 2).astype(xp.int64),
+               "hist": hist.astype(xp.int64), "rsum": xp.stack(rsum, 1)}
         return out
 
     def merge(self, a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

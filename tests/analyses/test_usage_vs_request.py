@@ -280,12 +280,14 @@ def test_window_on_another_machine_keeps_its_limit():
     check(res, tables)
 
 
-def test_separate_lookups_agree(monkeypatch):
-    """Too many instances for one code per window (tier and request instance): the tier lookup and
-    the instance probe run apart, with the same results."""
-    import gpuclust.analyses.usage_vs_request as uvr
-
-    monkeypatch.setattr(uvr, "_TIER_BITS", 27)  # combined only below 16 instances
+def test_events_without_machines():
+    """No event has a machine (every tier unknown, the keyed lookup empty): every window is joined
+    by the instance probe alone, as the reference does."""
     for seed in (1, 2):
         tables = cell(seed)
-        check(run(TableSource(tables), UsageVsRequest(tier_map="notebook"))["usage-vs-request"], tables)
+        ev = tables["instance_events"]
+        k = ev.schema.get_field_index("machine_id")
+        tables["instance_events"] = ev.set_column(k, ev.schema.field(k), pa.nulls(ev.num_rows, ev.schema.field(k).type))
+        res = run(TableSource(tables), UsageVsRequest(tier_map="notebook"))["usage-vs-request"]
+        assert set(res["summary"]["tier"]) == {"unknown", "all"}
+        check(res, tables)
