@@ -51,8 +51,13 @@ SHARD_CELLS = 1 << 18
 RESOURCES = (("cpu", "avg_cpu", "cap_cpu"), ("mem", "avg_mem", "cap_mem"))
 #: Counters of the usage rows, in this order.
 STATS = ("rows", "alloc_rows", "short_rows", "unbounded_rows", "unplaced_rows", "unknown_machine_rows", "used_rows")
-_COUNTS = ("n_cpu", "n_mem", "windows")
+#: The keyed sums' integer fields and their dtypes: ``windows`` and ``nulls``, the values per key
+#: that are not finite (SQL NULLs; an infinite value is summed but not counted as known), CPU's
+#: in the low 32 bits and memory's above (one field, not two: a field less to spill and merge;
+#: a machine-bucket holds fewer than 2^31 windows).
+_COUNTS = {"windows": np.int32, "nulls": np.int64}
 _FIELDS = ("cpu", "mem", *_COUNTS)
+_LOW = (1 << 32) - 1
 _MACHINE_COLUMNS = ["machine_id", "bucket", "bucket_start_us", "windows", "cpu_usage", "mem_usage", "cap_cpu",
                     "cap_mem", "cpu_util", "mem_util"]
 
@@ -215,8 +220,7 @@ class MachineUtilization(Analysis):
 
     # ---------------------------------------------------------------- partial / merge
     def empty(self, backend: Any = None) -> dict[str, Any]:
-        return {"u": {"key": np.zeros(0, np.int64),
-                      **{f: np.zeros(0, np.int32 if f in _COUNTS else np.float64) for f in _FIELDS}},
+        return {"u": {"key": np.zeros(0, np.int64), **{f: np.zeros(0, _COUNTS.get(f, np.float64)) for f in _FIELDS}},
                 "stats": np.zeros(len(STATS), np.int64)}
 
     def partial(self, cols: dict[str, Any], ctx: MachineUtilizationContext, backend: Any) -> dict[str, Any]:
@@ -298,10 +302,11 @@ class MachineUtilization(Analysis):
         return {"stats": a["stats"] + b["stats"]}
 
     def shards(self, ctx: MachineUtilizationContext, rest: dict[str, Any]) -> list[tuple[int, int]]:
-        """Ranges of machine codes of about :data:`SHARD_CELLS` machine-buckets each."""
+        """Ranges of machine codes of at most about :data:`SHARD_CELLS` machine-buckets each, of
+        equal size."""
         M = int(ctx.machine_ids.shape[0])
-        step = max(1, SHARD_CELLS // max(ctx.span, 1))
-        return [(lo, min(M, lo + step)) for lo in range(0, M, step)] or [(0, 0)]
+        k = -(-M // max(1, SHARD_CELLS // max(ctx.span, 1)))  # shards, of equal size (no small last one)
+        return [(M * i // k, M * (i + 1) // k) for i in range(k)] or [(0, 0)]
 
     def key_range(self, ctx: MachineUtilizationContext, name: str, lo: int, hi: int) -> tuple[int, int]:
         return lo * ctx.span, hi * ctx.span
@@ -316,11 +321,14 @@ class MachineUtilization(Analysis):
         u = keyed["u"]
         key = np.asarray(u["key"], np.int64)
         code, bucket = key // ctx.span, key % ctx.span
+        windows = np.asarray(u["windows"], np.int64)
+        nulls = np.asarray(u["nulls"], np.int64)
+        known = {"cpu": windows - (nulls & _LOW), "mem": windows - (nulls >> 32)}
         df = pd.DataFrame({"machine_id": ctx.machine_ids[code], "bucket": bucket, "bucket_start_us": bucket * BUCKET_US,
-                           "windows": np.asarray(u["windows"], np.int64)})
+                           "windows": windows})
         extra: dict[str, Any] = {}
         for r, _, cap_name in RESOURCES:
-            use = np.where(np.asarray(u[f"n_{r}"]) > 0, np.asarray(u[r], np.float64), np.nan)
+            use = np.where(known[r] > 0, np.asarray(u[r], np.float64), np.nan)
             cap = getattr(ctx, cap_name)[code]
             with np.errstate(invalid="ignore", divide="ignore"):
                 ratio = np.where(cap > 0, use / np.where(cap > 0, cap, 1.0), np.nan)
@@ -399,19 +407,20 @@ def _narrow(xp: Any, c: Any) -> Any:
     """Counts as the narrowest of uint8 / uint16 / int32 that holds them (a smaller spill: most
     machine-buckets get one or two windows from a partition)."""
     top = int(c.max()) if int(c.shape[0]) else 0
-    return c.astype(xp.uint8 if top < 1 << 8 else xp.uint16 if top < 1 << 16 else xp.int32)
+    return c.astype(xp.uint8 if top < 1 << 8 else xp.uint16 if top < 1 << 16 else
+                    xp.int32 if top < 1 << 31 else xp.int64)
 
 
 def _widen(u: dict[str, Any]) -> dict[str, Any]:
-    """A keyed partial with its counts as int32 (so merges add in the type of :meth:`empty`)."""
-    return {f: (np.asarray(v).astype(np.int32, copy=False) if f in _COUNTS else v) for f, v in u.items()}
+    """A keyed partial with its counts in the dtypes of :meth:`empty` (so merges add in them)."""
+    return {f: (np.asarray(v).astype(_COUNTS[f], copy=False) if f in _COUNTS else v) for f, v in u.items()}
 
 
 def _keyed_sums(backend: Any, key: Any, cells: int, cpu: Any, mem: Any) -> dict[str, Any]:
     """The keyed partial of rows keyed in ``[0, cells]`` (``cells``: not used): sorted unique keys,
-    float64 sums of ``cpu`` and ``mem`` (NaN ignored, as SQL's SUM), per key the finite values of
-    each (SQL's SUM of only NULLs is NULL; an infinite value is summed, not counted) and the
-    windows, counts narrowed (:func:`_narrow`).  Every sum adds its rows in row order, as
+    float64 sums of ``cpu`` and ``mem`` (NaN ignored, as SQL's SUM), the windows and the values of
+    each that are not finite (``nulls``, packed as :data:`_COUNTS` says: SQL's SUM of only NULLs
+    is NULL), counts narrowed (:func:`_narrow`).  Every sum adds its rows in row order, as
     ``keyed_reduce`` does.
 
     Dense (``bincount`` over every cell, no sort) when the cells are at most :data:`_DENSE_RATIO`
@@ -443,18 +452,18 @@ def _keyed_sums(backend: Any, key: Any, cells: int, cpu: Any, mem: Any) -> dict[
         cnt = xp.bincount(group, minlength=n_groups)
         present = slice(None)
     out = {"key": gkey.astype(xp.int64)}
-    windows = _narrow(xp, cnt[present])
-    for name, v in (("cpu", cpu), ("mem", mem)):
+    nulls = None
+    for name, v, shift in (("cpu", cpu, 0), ("mem", mem, 32)):
         v = v.astype(xp.float64, copy=False)
         bad = ~xp.isfinite(v)
         if bool(bad.any()):
-            nan = xp.isnan(v)
-            total = xp.bincount(group, weights=xp.where(nan, 0.0, v), minlength=n_groups)
-            known = _narrow(xp, (cnt - xp.bincount(group[bad], minlength=n_groups)[:cnt.shape[0]])[present])
+            total = xp.bincount(group, weights=xp.where(xp.isnan(v), 0.0, v), minlength=n_groups)
+            nb = xp.bincount(group[bad], minlength=n_groups)[:cnt.shape[0]][present] << shift
+            nulls = nb if nulls is None else nulls + nb
         else:
             total = xp.bincount(group, weights=v, minlength=n_groups)
-            known = windows
         out[name] = total[:cnt.shape[0]][present]
-        out["n_" + name] = known
-    out["windows"] = windows
+        del total
+    out["windows"] = _narrow(xp, cnt[present])
+    out["nulls"] = xp.zeros(int(gkey.shape[0]), dtype=xp.uint8) if nulls is None else _narrow(xp, nulls)
     return out

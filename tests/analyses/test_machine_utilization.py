@@ -10,11 +10,14 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from strategies import assert_results_same, cell, random_cell, table, write_dataset
 
-from gpuclust.analyses.machine_utilization import QUANTILES, MachineUtilization
+import gpuclust.analyses.machine_utilization as mu
+from gpuclust.analyses.machine_utilization import QUANTILES, MachineHash, MachineUtilization
+from gpuclust.backends import get_backend
 from gpuclust.dataset import Dataset
 from gpuclust.engine import TableSource, run
 from gpuclust.schema import TIME_AFTER_TRACE
@@ -146,6 +149,41 @@ def test_matches_the_references(tables):
 @pytest.mark.parametrize("seed", [3, 4])
 def test_random_cells(seed):
     run_both(random_cell(seed, n_windows=5000))
+
+
+@pytest.mark.parametrize(("dense_ratio", "row_bits"), [(4, 24), (0, 24), (0, 2)])
+def test_dense_and_sorted_sums(monkeypatch, dense_ratio, row_bits):
+    """Every way of summing a partition's keys (bincount over every machine-bucket; the used rows
+    sorted by key and row packed in one int64, or by an argsort), NULL usage in both columns,
+    several partitions merged."""
+    monkeypatch.setattr(mu, "_DENSE_RATIO", dense_ratio)
+    monkeypatch.setattr(mu, "_ROW_BITS", row_bits)
+    tables = random_cell(8, n_windows=5000)
+    us = tables["instance_usage"]
+    mem = us.column("avg_mem").to_pylist()
+    rng = np.random.default_rng(8)
+    us = us.set_column(us.schema.get_field_index("avg_mem"), "avg_mem",
+                       pa.array([None if r < 0.03 else v for r, v in zip(rng.random(len(mem)), mem, strict=True)],
+                                pa.float32()))
+    tables = {**tables, "instance_usage": us}
+    run_both(tables)
+    src = TableSource(tables)
+    a = MachineUtilization()
+    assert_results_same(run(src, a, partitions=4), run(src, a, partitions=1), rtol=1e-12)
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 37, 3000])
+def test_machine_hash(n):
+    """The perfect hash finds exactly the machine ids (any int64, negative too) and their positions."""
+    rng = np.random.default_rng(n)
+    ids = np.unique(rng.integers(-(2**62), 2**62, n, dtype=np.int64))
+    q = np.concatenate([ids, rng.integers(-(2**62), 2**62, 500, dtype=np.int64), ids[::-1] + 1,
+                        np.array([np.iinfo(np.int64).min, 0, -1], np.int64)])
+    code, found = MachineHash.build(ids).find(get_backend("cpu"), q)
+    pos = np.clip(np.searchsorted(ids, q), 0, max(ids.shape[0] - 1, 0))
+    want = (ids[pos] == q) if ids.shape[0] else np.zeros(q.shape[0], bool)
+    assert found.tolist() == want.tolist()
+    assert code[found].tolist() == pos[found].tolist()
 
 
 def test_a_worked_machine():
