@@ -141,38 +141,55 @@ class UsageVsRequest(Analysis):
         n = int(s.shape[0])
         if n == 0:
             return {k: xp.asarray(v) for k, v in self.empty().items()}
-        c, i = cols["collection_id"], cols["instance_index"]
+        # a block of rows at a time where the backend asks for it (the cpu backend: every
+        # intermediate stays in cache); the ratios are kept whole, so the sums add in row order
+        block = getattr(backend.ops, "lookup_block_rows", None) or n
+        counts = xp.zeros((_M, _T * _K), dtype=xp.int64)
+        ratios = xp.empty((_M, n))
+        tier = xp.empty(n, dtype=xp.int64)
+        for lo in range(0, n, block):
+            sl = slice(lo, min(n, lo + block))
+            self._block(cols, sl, ctx, backend, counts, ratios[:, sl], tier[sl])
+        rsum = [xp.bincount(tier, weights=ratios[k], minlength=_T) for k in range(_M)]  # + 0.0 per other window
+        c = counts.reshape(_M, _T, _K).transpose(1, 0, 2)
+        hist, half, above = _split(xp, c[:, :, 2:])
+        out = {"counts": xp.stack([c.sum(2), c[:, :, 0], c[:, :, 1], hist.sum(2), above, half], 2).astype(xp.int64),
+               "hist": hist.astype(xp.int64), "rsum": xp.stack(rsum, 1)}
+        return out
+
+    @staticmethod
+    def _block(cols: dict[str, Any], sl: slice, ctx: UsageVsRequestContext, backend: Any, counts: Any, ratios: Any,
+               tier: Any) -> None:
+        """Rows ``sl``: their tier into ``tier``, their ratios (0 where not defined) into
+        ``ratios`` and their codes counted into ``counts``."""
+        xp = backend.xp
+        s = cols["start_time"][sl]
         # per window its tier and the latest event of its instance at or before its start
-        found, code, j = asof_keyed(backend, ctx.requests, ctx.runs, c, i, cols["machine_id"], s)
-        tier = xp.where(found, code, len(ctx.tier_map.names)).astype(xp.int64)
+        found, code, j = asof_keyed(backend, ctx.requests, ctx.runs, cols["collection_id"][sl],
+                                    cols["instance_index"][sl], cols["machine_id"][sl], s)
+        tier[...] = xp.where(found, code, len(ctx.tier_map.names))
         limit = xp.take(backend.stage(ctx.limits), j, axis=0)  # j = -1 (none): the last row, NaN
         # one code per window and measure, counted per tier by one bincount: 0 no limit, 1 unknown
         # usage, else 2 + the ratio's bin refined at 0.5 and 1 (see _split)
         base = tier * _K
         edges = xp.asarray(RATIO_EDGES)
-        counts, rsum = [], []
         res: dict[int, tuple[Any, Any, Any]] = {}
-        for _, col, r in MEASURES:
+        for k, (_, col, r) in enumerate(MEASURES):
             if r not in res:
                 lim = limit[:, r]
                 has_lim = lim > 0  # NaN: no limit
                 res[r] = lim, has_lim, base + has_lim
             lim, has_lim, other = res[r]
-            u = cols[col]
+            u = cols[col][sl]
             d = has_lim & xp.isfinite(u)
-            ratio = xp.where(d, u / lim, 0.0)  # float64, as u.astype(float64) / limit
+            ratio = ratios[k]
+            ratio[...] = xp.where(d, u / lim, 0.0)  # float64, as u.astype(float64) / limit
             x = log_bins(xp, edges, ratio)
             x += ratio > 0.5
             x += ratio > 1.0
             x += base
             x += 2
-            counts.append(xp.bincount(xp.where(d, x, other), minlength=_T * _K))
-            rsum.append(xp.bincount(tier, weights=ratio, minlength=_T))  # + 0.0 per other window: the same sums
-        c = xp.stack([v.reshape(_T, _K) for v in counts], 1)
-        hist, half, above = _split(xp, c[:, :, 2:])
-        out = {"counts": xp.stack([c.sum(2), c[:, :, 0], c[:, :, 1], hist.sum(2), above, half], 2).astype(xp.int64),
-               "hist": hist.astype(xp.int64), "rsum": xp.stack(rsum, 1)}
-        return out
+            counts[k] += xp.bincount(xp.where(d, x, other), minlength=_T * _K)
 
     def merge(self, a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return {k: a[k] + b[k] for k in a}

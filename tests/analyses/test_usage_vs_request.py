@@ -291,3 +291,17 @@ def test_events_without_machines():
         res = run(TableSource(tables), UsageVsRequest(tier_map="notebook"))["usage-vs-request"]
         assert set(res["summary"]["tier"]) == {"unknown", "all"}
         check(res, tables)
+
+
+def test_small_blocks_agree(monkeypatch):
+    """Rows in many blocks (the cpu backend's ``lookup_block_rows``): the same counts, histogram and
+    (the ratios summed in row order whatever the blocks) bit-identical means."""
+    import gpuclust.backends.cpu as cpu
+
+    tables = cell(5)
+    want = run(TableSource(tables), UsageVsRequest(tier_map="notebook"))["usage-vs-request"]
+    monkeypatch.setattr(cpu, "lookup_block_rows", 97)
+    got = run(TableSource(tables), UsageVsRequest(tier_map="notebook"))["usage-vs-request"]
+    check(got, tables)
+    for k in want:
+        assert got[k].equals(want[k]), k
