@@ -324,8 +324,8 @@ class MachineUtilization(Analysis):
         windows = np.asarray(u["windows"], np.int64)
         nulls = np.asarray(u["nulls"], np.int64)
         known = {"cpu": windows - (nulls & _LOW), "mem": windows - (nulls >> 32)}
-        df = pd.DataFrame({"machine_id": ctx.machine_ids[code], "bucket": bucket, "bucket_start_us": bucket * BUCKET_US,
-                           "windows": windows})
+        cols: dict[str, Any] = {"machine_id": ctx.machine_ids[code], "bucket": bucket,
+                                "bucket_start_us": bucket * BUCKET_US, "windows": windows}
         extra: dict[str, Any] = {}
         for r, _, cap_name in RESOURCES:
             use = np.where(known[r] > 0, np.asarray(u[r], np.float64), np.nan)
@@ -333,12 +333,14 @@ class MachineUtilization(Analysis):
             with np.errstate(invalid="ignore", divide="ignore"):
                 ratio = np.where(cap > 0, use / np.where(cap > 0, cap, 1.0), np.nan)
             util = np.where(ratio > 1.0, 1.0, ratio) if self.mode == "notebook" else ratio
-            df[f"{r}_usage"], df[f"cap_{r}"], df[f"{r}_util"] = use, cap, util
+            cols[f"{r}_usage"], cols[f"cap_{r}"], cols[f"{r}_util"] = use, cap, util
             kn = np.isfinite(util)
             extra[r] = {"known": np.bincount(bucket[kn], minlength=ctx.span),
                         "sum": np.bincount(bucket[kn], weights=util[kn], minlength=ctx.span),
                         "over": int(np.count_nonzero(ratio > 1.0)), "unknown": int(np.count_nonzero(~kn))}
-        return {"machine": df[_MACHINE_COLUMNS]}, extra
+        # one frame in the table's column order, the arrays not copied (a third of the time of
+        # adding columns one by one and reordering)
+        return {"machine": pd.DataFrame({c: cols[c] for c in _MACHINE_COLUMNS}, copy=False)}, extra
 
     def finalize_parted(self, rest: dict[str, Any], ctx: MachineUtilizationContext, tables: dict[str, Any],
                         extras: list[dict[str, Any]]) -> dict[str, pd.DataFrame]:
