@@ -193,12 +193,13 @@ class MachineUtilization(Analysis):
     table = "instance_usage"
     requires = ("instance_usage", "machine_events")
     parted = ("machine",)
-    #: tracemalloc peak of partial: 102 B/row (notebook), 134 (time-weighted); 1 Mi-row partitions
+    #: tracemalloc peak of partial, 1 Mi-row partitions of the canonical sets 4e6 -> 6.4e7: 33 -> 69
+    #: B/row (notebook; the dense sums allocate up to 4 cells per row, about 100 B/row at most),
+    #: 116 (time-weighted)
     row_bytes = 160
-    #: rows per partition for partitions="auto": 1 Mi rows.  Larger partitions reduce the spilled
-    #: keyed sums more (2 Mi: about half) but let keyed_reduce's dense path allocate up to 4x the
-    #: partition's rows in accumulators: peak RSS then grew 1.6x from 4e6 to 6.4e7 windows
-    #: against 1.3x with 1 Mi (bench/results/scale_machine_utilization.md).
+    #: rows per partition for partitions="auto": 1 Mi rows.  Larger partitions spill fewer keyed
+    #: sums (2 Mi: 10-20% less CPU on 1.6e7 and 6.4e7 windows) but the engine then holds twice
+    #: the rows per partition: peak RSS 0.43 -> 0.63 GiB (1.6e7) and 0.49 -> 0.83 GiB (6.4e7).
     auto_partition_rows = 1 << 20
 
     def __post_init__(self) -> None:
@@ -283,12 +284,18 @@ class MachineUtilization(Analysis):
             return out
         # time-weighted: each window's pieces, usage weighted by the piece's share of its bucket
         idx = xp.nonzero(used)[0]
+        del used
         row, bucket, overlap = bucket_pieces(xp, s[idx], e[idx], BUCKET_US)
-        w = overlap.astype(xp.float64) / BUCKET_US
         rows = idx[row]  # "windows": those overlapping the bucket
+        del idx, row
         key = codes[rows] * ctx.span + bucket
-        out["u"] = _keyed_sums(backend, key, cells, cols["avg_cpu"][rows].astype(xp.float64) * w,
-                               cols["avg_mem"][rows].astype(xp.float64) * w)
+        del codes, bucket
+        w = overlap.astype(xp.float64) / BUCKET_US
+        del overlap
+        cpu = cols["avg_cpu"][rows].astype(xp.float64) * w
+        mem = cols["avg_mem"][rows].astype(xp.float64) * w
+        del rows, w
+        out["u"] = _keyed_sums(backend, key, cells, cpu, mem)
         return out
 
     def merge(self, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
@@ -437,20 +444,27 @@ def _keyed_sums(backend: Any, key: Any, cells: int, cpu: Any, mem: Any) -> dict[
     else:
         rows = xp.nonzero(key < cells)[0]
         k = key[rows]
-        if cells < 1 << (63 - _ROW_BITS) and n < 1 << _ROW_BITS:
-            packed = xp.sort((k << _ROW_BITS) | xp.arange(int(rows.shape[0]), dtype=xp.int64))
-            k = packed >> _ROW_BITS
-            rows = rows[packed & ((1 << _ROW_BITS) - 1)]
+        if cells < 1 << (63 - _ROW_BITS) and n < 1 << _ROW_BITS:  # (key, row) in one int64, sorted in place
+            k <<= _ROW_BITS
+            k |= xp.arange(int(rows.shape[0]), dtype=xp.int64)
+            k.sort()
+            rows = rows[k & ((1 << _ROW_BITS) - 1)]
+            k >>= _ROW_BITS
         else:
             order = xp.argsort(k, kind="stable")
             k, rows = k[order], rows[order]
+            del order
         new = xp.ones(int(k.shape[0]), dtype=bool)
         new[1:] = k[1:] != k[:-1]
         starts = xp.nonzero(new)[0]
         n_groups = int(starts.shape[0])
         gkey = k[starts]
-        group = xp.cumsum(new, dtype=xp.int64) - 1
+        del k, starts
+        group = xp.cumsum(new, dtype=xp.int64)
+        group -= 1
+        del new
         cpu, mem = cpu[rows], mem[rows]
+        del rows
         cnt = xp.bincount(group, minlength=n_groups)
         present = slice(None)
     out = {"key": gkey.astype(xp.int64)}
