@@ -305,3 +305,16 @@ def test_small_blocks_agree(monkeypatch):
     check(got, tables)
     for k in want:
         assert got[k].equals(want[k]), k
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(0, 300), kinds=st.integers(1, 6), times=st.integers(1, 8), seed=st.integers(0, 10**6))
+def test_timeline_order_is_lexsort(n, kinds, times, seed):
+    """The request timeline's event order (one sort of dense ranks) is ``lexsort((time, key))``:
+    by key, then time, then row."""
+    from gpuclust.analyses._requests import _order_by
+
+    rng = np.random.default_rng(seed)
+    key = rng.choice(np.array([0, 1, 2**63, 2**64 - 1, 12345, 2**40], dtype=np.uint64)[:kinds], n)
+    t = rng.choice(np.array([-(2**62), -1, 0, 1, 300 * S, 2**62, 7, 8])[:times], n)
+    assert _order_by(key, t).tolist() == np.lexsort((t, key)).tolist()
