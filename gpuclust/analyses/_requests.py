@@ -95,15 +95,19 @@ class RequestTimeline:
             return cls(extra={c: np.zeros(0) for c in extra})
         cols = {c: np.concatenate([np.asarray(t.column(c).to_numpy(zero_copy_only=False)) for t in parts])
                 for c in cols_needed}
-        req = np.stack([np.nan_to_num(cols["req_cpu"].astype(np.float64), nan=0.0),
-                        np.nan_to_num(cols["req_mem"].astype(np.float64), nan=0.0)], 1)
+        req = np.empty((int(cols["time"].shape[0]), 2))
+        req[:, 0], req[:, 1] = cols["req_cpu"], cols["req_mem"]
+        np.nan_to_num(req, copy=False, nan=0.0)
         keep = (req > 0).any(1)
-        c, i, t = cols["collection_id"][keep].astype(np.int64), cols["instance_index"][keep].astype(np.int32), \
-            cols["time"][keep].astype(np.int64)
+        c, i, t = (cols[n].astype(d, copy=False) for n, d in (("collection_id", np.int64),
+                                                               ("instance_index", np.int32), ("time", np.int64)))
+        if not bool(keep.all()):
+            c, i, t, req = c[keep], i[keep], t[keep], req[keep]
+            cols = {n: cols[n][keep] for n in extra}
         key = _key(np, c, i)
         order = _order_by(key, t)  # equal (key, time) keep their row order
-        ex = {n: np.asarray(cols[n][keep], dtype=np.float64)[order] for n in extra}
-        key, c, i, t = key[order], c[order], i[order], t[order]
+        ex = {n: np.asarray(cols[n], dtype=np.float64)[order] for n in extra}
+        key, c, i, t, req = key[order], c[order], i[order], t[order], req[order]
         ne = int(key.shape[0])
         if not ne:
             return cls(extra=ex)
@@ -121,7 +125,7 @@ class RequestTimeline:
         # "no instance": a last event at index -1 and the earliest time (none, see _asof)
         small = np.iinfo(np.int64).min
         urun = np.concatenate([np.stack([last, t[first], t[prev], t[last], first], 1), [[-1, small, small, small, 0]]])
-        return cls(key, c, i, t, req[keep][order], ex, key[first], ucol, np.ascontiguousarray(urun, dtype=np.int64),
+        return cls(key, c, i, t, req, ex, key[first], ucol, np.ascontiguousarray(urun, dtype=np.int64),
                    int((last - first).max()))
 
     @property

@@ -183,6 +183,7 @@ class UsageVsRequest(Analysis):
         # one code per window and measure, counted per tier by one bincount: 0 no limit, 1 unknown
         # usage, else 2 + the ratio's bin refined at 0.5 and 1 (see _split)
         base = tier * _K
+        defined = base + 2
         edges = xp.asarray(RATIO_EDGES)
         res: dict[int, tuple[Any, Any, Any]] = {}
         for k, (_, col, r) in enumerate(MEASURES):
@@ -198,8 +199,7 @@ class UsageVsRequest(Analysis):
             x = log_bins(xp, edges, ratio)
             x += ratio > 0.5
             x += ratio > 1.0
-            x += base
-            x += 2
+            x += defined
             counts[k] += xp.bincount(xp.where(d, x, other), minlength=_T * _K)
 
     def merge(self, a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
