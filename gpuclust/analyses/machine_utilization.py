@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 
 from gpuclust.analyses._extent import max_finite
-from gpuclust.analyses._lookup import machine_capacities
+from gpuclust.analyses._lookup import MachineHash, machine_capacities
 from gpuclust.analyses.base import Analysis, fmt, null_int
 from gpuclust.analyses.grouping import bucket_pieces
 from gpuclust.analyses.options import option
@@ -60,101 +60,6 @@ _FIELDS = ("cpu", "mem", *_COUNTS)
 _LOW = (1 << 32) - 1
 _MACHINE_COLUMNS = ["machine_id", "bucket", "bucket_start_us", "windows", "cpu_usage", "mem_usage", "cap_cpu",
                     "cap_mem", "cpu_util", "mem_util"]
-
-
-@dataclass(frozen=True)
-class MachineHash:
-    """A perfect hash of the machine ids (each id its own slot, found in one probe): a
-    multiplicative hash ``h = id * mult`` (mod 2^64); its top ``gbits`` bits pick a group, whose
-    displacement ``disp[group]`` is XORed into the next ``sbits`` bits to give the slot; the slot
-    holds ``(id, code)``.  Built on the host (hash and displace); looked up on any backend in a
-    few elementwise passes and two gathers (a third of the probing hash table's time here: no
-    probe loop, the tables stay in cache).  A query is found iff its slot holds its own id (empty
-    slots hold the first id, which lives in its own slot, so they match nothing that lands there).
-
-    >>> import numpy as np
-    >>> from gpuclust.backends import get_backend
-    >>> t = MachineHash.build(np.array([3, 8, 20, -5]))
-    >>> code, found = t.find(get_backend("cpu"), np.array([20, 5, 3, -5]))
-    >>> found.tolist(), code[found].tolist()
-    ([True, False, True, True], [2, 0, 3])
-    """
-
-    mult: int
-    gbits: int
-    sbits: int
-    disp: np.ndarray
-    slots: np.ndarray
-    #: machine ids
-    size: int = 0
-
-    @classmethod
-    def build(cls, ids: np.ndarray) -> MachineHash:
-        """The table of unique int64 ``ids`` (code = position in ``ids``)."""
-        ids = np.ascontiguousarray(ids, dtype=np.int64)
-        n = int(ids.shape[0])
-        sbits = max(4, int(2 * n - 1).bit_length())  # load factor <= 1/2
-        gbits = max(1, int(max(n // 2, 1) - 1).bit_length())  # about 2 ids per group
-        m = 1 << sbits
-        u = ids.view(np.uint64)
-        cand = np.arange(m, dtype=np.int64)
-        rng = np.random.default_rng(0x5EED)
-        for _ in range(64):
-            mult = int(rng.integers(1, 1 << 62)) * 2 + 1
-            with np.errstate(over="ignore"):
-                h = u * np.uint64(mult)
-            g = (h >> np.uint64(64 - gbits)).astype(np.int64)
-            sl = ((h << np.uint64(gbits)) >> np.uint64(64 - sbits)).astype(np.int64)
-            if np.unique(g * m + sl).shape[0] < n:  # two ids of a group share their slot bits
-                continue
-            order = np.argsort(g, kind="stable")
-            gs = g[order]
-            starts = np.flatnonzero(np.r_[True, gs[1:] != gs[:-1]]) if n else np.zeros(0, np.int64)
-            ends = np.r_[starts[1:], n].astype(np.int64)
-            occupied = np.zeros(m, dtype=bool)
-            disp = np.zeros(1 << gbits, dtype=np.int64)
-            slot = np.zeros(n, dtype=np.int64)
-            for j in np.argsort(starts - ends, kind="stable"):  # largest groups first
-                members = order[starts[j]:ends[j]]
-                s = sl[members]
-                d = -1
-                for lo in range(0, m, 256):  # the first displacement whose slots are all free
-                    free = np.flatnonzero(~occupied[s[:, None] ^ cand[None, lo:lo + 256]].any(axis=0))
-                    if free.shape[0]:
-                        d = lo + int(free[0])
-                        break
-                if d < 0:
-                    break
-                occupied[s ^ d] = True
-                disp[gs[starts[j]]] = d
-                slot[members] = s ^ d
-            else:
-                slots = np.zeros((m, 2), dtype=np.int64)
-                slots[:, 0] = ids[0] if n else 0
-                slots[slot, 0] = ids
-                slots[slot, 1] = np.arange(n, dtype=np.int64)
-                return cls(mult, gbits, sbits, disp, slots, n)
-        raise RuntimeError("machine-utilization: no perfect hash of the machine ids found (please report)")
-
-    def find(self, backend: Any, q: Any) -> tuple[Any, Any]:
-        """Per int64 query: its code (meaningless where not found) and whether it is a machine id."""
-        xp = backend.xp
-        n = int(q.shape[0])
-        if n == 0 or self.n == 0:
-            return xp.zeros(n, dtype=xp.int64), xp.zeros(n, dtype=bool)
-        q = xp.ascontiguousarray(q.astype(xp.int64, copy=False))
-        h = q.view(xp.uint64) * xp.uint64(self.mult)
-        g = (h >> xp.uint64(64 - self.gbits)).view(xp.int64)
-        h <<= xp.uint64(self.gbits)
-        h >>= xp.uint64(64 - self.sbits)
-        sl = h.view(xp.int64)
-        sl ^= xp.take(backend.stage(self.disp), g)
-        e = xp.take(backend.stage(self.slots), sl, axis=0)  # (id, code) side by side: one cache line
-        return e[:, 1], e[:, 0] == q
-
-    @property
-    def n(self) -> int:
-        return int(self.size)
 
 
 @dataclass(frozen=True)

@@ -78,8 +78,7 @@ REGISTRY: dict[str, AnalysisEntry] = {
                       "series, scheduling delays and execution times (censored at the data's end)"),
         AnalysisEntry(MachineShapes, "Machines per capacity shape (cap_cpu, cap_mem), as in Google's notebook"),
         AnalysisEntry(MachineUtilization, "Per machine x 5 minutes: usage / capacity, CPU and memory (Google's "
-                      "notebook query, or time-weighted and uncapped), its exact quantiles and mean series",
-                      kernels=("hash_index",)),
+                      "notebook query, or time-weighted and uncapped), its exact quantiles and mean series"),
         AnalysisEntry(Overcommit, "Per machine x time bucket: capacity vs. requested (by tier) vs. usage, ratios, "
                       "cell series, summary", kernels=("bucket_overlap", "grouped_sum", "hash_index")),
         AnalysisEntry(PeakPrediction, "Peak-prediction overcommit simulator (Take it to the Limit; Google's "
