@@ -39,7 +39,7 @@ def keyed_reduce(backend: Any, key: Any, sums: dict[str, Any], counts: dict[str,
             # Same per-bin summation order as the sorted path below, so results are identical.
             off = xp.ascontiguousarray((key - kmin).astype(xp.int64))
             cnt = xp.bincount(off, minlength=span)
-            present = xp.nonzero(cnt)[0]
+            present = xp.nonzero(cnt > 0)[0]
             out = {"key": (present + kmin).astype(xp.int64)}
             for name, v in sums.items():
                 out[name] = ops.grouped_sum(off, xp.ascontiguousarray(v), n_groups=span)[present]

@@ -83,7 +83,7 @@ def _notebook_sums(backend: Any, key: Any, cpu: Any, mem: Any) -> dict[str, Any]
     off = key - kmin if kmin else key
     del key
     cnt = xp.bincount(off, minlength=span)
-    present = xp.nonzero(cnt)[0]
+    present = xp.nonzero(cnt > 0)[0]
     out = {"key": (present + kmin).astype(xp.int64)}
     for name, v in (("cpu", cpu), ("mem", mem)):
         bad = ~xp.isfinite(v)
@@ -257,7 +257,7 @@ class CellUsage(Analysis):
             rows = xp.nonzero(used)[0]
             return _notebook_sums(backend, keys[rows], cols["avg_cpu"][rows], cols["avg_mem"][rows])
         cnt = xp.bincount(keys, minlength=span + 1)[:span]
-        present = xp.nonzero(cnt)[0]
+        present = xp.nonzero(cnt > 0)[0]
         out = {"key": (present + (h0 << _TIER_BITS)).astype(xp.int64)}
         for name in ("cpu", "mem"):
             v = cols["avg_" + name]

@@ -233,7 +233,7 @@ class JobUsage(Analysis):
             ids = xp.concatenate([coll, u[~known]])
         total = int(ids.shape[0])
         windows = xp.bincount(code, minlength=total)
-        present = xp.nonzero(windows)[0]
+        present = xp.nonzero(windows > 0)[0]
         prio = xp.full(total, -1, dtype=xp.int32)
         backend.ops.scatter_max(prio, code[found], backend.stage(ctx.lookup.code)[at[found]])
         out = {"key": ids[present], "cpu": xp.bincount(code, weights=vals["cpu"], minlength=total)[present],
