@@ -63,17 +63,6 @@ def _split(xp: Any, x: Any) -> tuple[Any, Any, Any]:
     return hist, x[..., :_B05 + 1].sum(-1), x[..., _B1 + 2:].sum(-1)
 
 
-class _ReadOnce:
-    """A side table read once (its ``columns``), for the tier lookup and the request timeline."""
-
-    def __init__(self, side: Any, columns: tuple[str, ...]):
-        self.parts = [t for t in side.batches(list(columns)) if t.num_rows]
-
-    def batches(self, columns: Any) -> Any:
-        for t in self.parts:
-            yield t.select(list(columns))
-
-
 @dataclass(frozen=True)
 class UsageVsRequestContext(TierLookupContext):
     """:class:`TierLookupContext` plus the request timelines ``bind`` builds."""
@@ -131,7 +120,7 @@ class UsageVsRequest(Analysis):
         return {"instance_events": tuple(dict.fromkeys((*EVENT_COLUMNS, *REQUEST_COLUMNS)))}
 
     def bind(self, ctx: UsageVsRequestContext, side: dict[str, Any], grain: str | None) -> UsageVsRequestContext:
-        ev = _ReadOnce(side["instance_events"], self.side_inputs["instance_events"])
+        ev = side["instance_events"]
         lk = tier_lookup(ev, ctx.tier_map, top_level_only=False, unmatched=len(ctx.tier_map.names),
                          what="usage-vs-request tier lookup")
         rq = RequestTimeline.build(ev)
