@@ -142,32 +142,36 @@ class UsageVsRequest(Analysis):
         if n == 0:
             return {k: xp.asarray(v) for k, v in self.empty().items()}
         # a block of rows at a time where the backend asks for it (the cpu backend: every
-        # intermediate stays in cache); the ratios are kept whole, so the sums add in row order
+        # intermediate stays in cache)
         block = getattr(backend.ops, "lookup_block_rows", None) or n
         counts = xp.zeros((_M, _T * _K), dtype=xp.int64)
-        ratios = xp.empty((_M, n))
-        tier = xp.empty(n, dtype=xp.int64)
+        rsum = xp.zeros((_M, _T))
         for lo in range(0, n, block):
-            sl = slice(lo, min(n, lo + block))
-            self._block(cols, sl, ctx, backend, counts, ratios[:, sl], tier[sl])
-        rsum = [xp.bincount(tier, weights=ratios[k], minlength=_T) for k in range(_M)]  # + 0.0 per other window
+            self._block(cols, slice(lo, min(n, lo + block)), ctx, backend, counts, rsum)
         c = counts.reshape(_M, _T, _K).transpose(1, 0, 2)
         hist, half, above = _split(xp, c[:, :, 2:])
         out = {"counts": xp.stack([c.sum(2), c[:, :, 0], c[:, :, 1], hist.sum(2), above, half], 2).astype(xp.int64),
-               "hist": hist.astype(xp.int64), "rsum": xp.stack(rsum, 1)}
+               "hist": hist.astype(xp.int64), "rsum": rsum.T.copy()}
         return out
 
     @staticmethod
-    def _block(cols: dict[str, Any], sl: slice, ctx: UsageVsRequestContext, backend: Any, counts: Any, ratios: Any,
-               tier: Any) -> None:
-        """Rows ``sl``: their tier into ``tier``, their ratios (0 where not defined) into
-        ``ratios`` and their codes counted into ``counts``."""
+    def _block(cols: dict[str, Any], sl: slice, ctx: UsageVsRequestContext, backend: Any, counts: Any,
+               rsum: Any) -> None:
+        """Rows ``sl``: their codes counted into ``counts`` and their ratios (0 where not defined)
+        summed per tier into ``rsum``, in row order after the sums so far: each ``bincount`` starts
+        with one row per tier weighted by its sum so far, so the sums are the same bits whatever
+        the blocks."""
         xp = backend.xp
         s = cols["start_time"][sl]
+        m = int(s.shape[0])
         # per window its tier and the latest event of its instance at or before its start
         found, code, j = asof_keyed(backend, ctx.requests, ctx.runs, cols["collection_id"][sl],
                                     cols["instance_index"][sl], cols["machine_id"][sl], s)
+        tiers = xp.empty(_T + m, dtype=xp.int64)  # the tier slots, then the rows' tiers
+        tiers[:_T] = xp.arange(_T)
+        tier = tiers[_T:]
         tier[...] = xp.where(found, code, len(ctx.tier_map.names))
+        weights = xp.empty(_T + m)  # the sums so far, then the rows' ratios
         limit = xp.take(backend.stage(ctx.limits), j, axis=0)  # j = -1 (none): the last row, NaN
         # one code per window and measure, counted per tier by one bincount: 0 no limit, 1 unknown
         # usage, else 2 + the ratio's bin refined at 0.5 and 1 (see _split)
@@ -183,13 +187,15 @@ class UsageVsRequest(Analysis):
             lim, has_lim, other = res[r]
             u = cols[col][sl]
             d = has_lim & xp.isfinite(u)
-            ratio = ratios[k]
+            ratio = weights[_T:]
             ratio[...] = xp.where(d, u / lim, 0.0)  # float64, as u.astype(float64) / limit
             x = log_bins(xp, edges, ratio)
             x += ratio > 0.5
             x += ratio > 1.0
             x += defined
             counts[k] += xp.bincount(xp.where(d, x, other), minlength=_T * _K)
+            weights[:_T] = rsum[k]
+            rsum[k] = xp.bincount(tiers, weights=weights, minlength=_T)  # + 0.0 per other window
 
     def merge(self, a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return {k: a[k] + b[k] for k in a}
