@@ -270,7 +270,7 @@ def asof_keyed(backend: Any, rq: RequestTimeline, kr: KeyedRuns, collection: Any
     j = xp.full(n, -1, dtype=xp.int64)
     if not n:
         return found, code, j
-    if len(kr) and rq.n_instances:
+    if len(kr):  # (with no request events every run is the "no instance" row: the codes still count)
         t_hash, t_rec, urun = backend.stage(kr.hash), backend.stage(kr.rec), backend.stage(rq.urun)
         block = getattr(ops, "lookup_block_rows", None) or n
         for lo in range(0, n, block):

@@ -318,3 +318,17 @@ def test_timeline_order_is_lexsort(n, kinds, times, seed):
     key = rng.choice(np.array([0, 1, 2**63, 2**64 - 1, 12345, 2**40], dtype=np.uint64)[:kinds], n)
     t = rng.choice(np.array([-(2**62), -1, 0, 1, 300 * S, 2**62, 7, 8])[:times], n)
     assert _order_by(key, t).tolist() == np.lexsort((t, key)).tolist()
+
+
+def test_no_requests_keeps_the_tiers():
+    """No event has a positive request: every window is counted as no limit, in its tier."""
+    tables = cell(3)
+    ev = tables["instance_events"]
+    for col in ("req_cpu", "req_mem"):
+        k = ev.schema.get_field_index(col)
+        ev = ev.set_column(k, ev.schema.field(k), pa.nulls(ev.num_rows, ev.schema.field(k).type))
+    tables["instance_events"] = ev
+    res = run(TableSource(tables), UsageVsRequest(tier_map="notebook"))["usage-vs-request"]
+    s = res["summary"]
+    assert (s["no_limit"] == s["windows"]).all() and len(set(s["tier"]) - {"unknown", "all"}) >= 2
+    check(res, tables)
