@@ -25,9 +25,10 @@ from typing import Any
 import numpy as np
 
 from gpuclust.analyses._lookup import triple_hash
+from gpuclust.analyses.grouping import instance_order
 
 __all__ = ["REQUEST_COLUMNS", "KeyedRuns", "RequestTimeline", "asof_events", "asof_index", "asof_keyed", "asof_run",
-           "instance_positions"]
+           "instance_positions", "timeline_order"]
 
 #: The instance_events columns a :class:`RequestTimeline` reads (plus any ``extra``).
 REQUEST_COLUMNS = ("time", "collection_id", "instance_index", "req_cpu", "req_mem")
@@ -38,30 +39,12 @@ def _key(xp: Any, collection: Any, instance: Any) -> Any:
     return triple_hash(xp, collection, instance, xp.zeros(1, dtype=xp.int64))
 
 
-def _dense_rank(a: np.ndarray) -> tuple[np.ndarray, int]:
-    """Each value's rank among the distinct values of ``a``, and how many there are."""
-    o = np.argsort(a)
-    s = a[o]
-    new = np.zeros(s.shape[0], np.int64)
-    np.not_equal(s[1:], s[:-1], out=new[1:], casting="unsafe")
-    r = np.empty(s.shape[0], np.int64)
-    r[o] = np.cumsum(new)
-    return r, int(r.max()) + 1 if s.shape[0] else 0
-
-
-def _order_by(key: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """``np.lexsort((t, key))`` (by key, then time, then row), as one sort of the distinct
-    (key rank, time rank, row) numbers where they fit 63 bits (a third of the time)."""
-    n = int(key.shape[0])
-    rk, nk = _dense_rank(key)
-    rt, nt = _dense_rank(t)
-    if nk * nt * n >= 1 << 63:
-        return np.lexsort((t, key))
-    rk *= nt
-    rk += rt
-    rk *= n
-    rk += np.arange(n, dtype=np.int64)
-    return np.argsort(rk)
+def timeline_order(key: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """``np.lexsort((t, key))`` for uint64 instance hashes ``key``: by key, then time, then row
+    (:func:`~gpuclust.analyses.grouping.instance_order` of the keys with their sign bit flipped, an
+    order-preserving map to int64)."""
+    flipped = (key ^ np.uint64(1 << 63)).view(np.int64)
+    return instance_order(np, flipped, np.zeros(key.shape[0], np.int64), t)
 
 
 @dataclass(frozen=True)
@@ -105,7 +88,7 @@ class RequestTimeline:
             c, i, t, req = c[keep], i[keep], t[keep], req[keep]
             cols = {n: cols[n][keep] for n in extra}
         key = _key(np, c, i)
-        order = _order_by(key, t)  # equal (key, time) keep their row order
+        order = timeline_order(key, t)  # equal (key, time) keep their row order
         ex = {n: np.asarray(cols[n], dtype=np.float64)[order] for n in extra}
         key, c, i, t, req = key[order], c[order], i[order], t[order], req[order]
         ne = int(key.shape[0])

@@ -312,12 +312,12 @@ def test_small_blocks_agree(monkeypatch):
 def test_timeline_order_is_lexsort(n, kinds, times, seed):
     """The request timeline's event order (one sort of dense ranks) is ``lexsort((time, key))``:
     by key, then time, then row."""
-    from gpuclust.analyses._requests import _order_by
+    from gpuclust.analyses._requests import timeline_order
 
     rng = np.random.default_rng(seed)
     key = rng.choice(np.array([0, 1, 2**63, 2**64 - 1, 12345, 2**40], dtype=np.uint64)[:kinds], n)
     t = rng.choice(np.array([-(2**62), -1, 0, 1, 300 * S, 2**62, 7, 8])[:times], n)
-    assert _order_by(key, t).tolist() == np.lexsort((t, key)).tolist()
+    assert timeline_order(key, t).tolist() == np.lexsort((t, key)).tolist()
 
 
 def test_no_requests_keeps_the_tiers():
