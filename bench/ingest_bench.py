@@ -2,6 +2,7 @@
 
     python bench/ingest_bench.py                 # >= 1 GB instance_usage shard, 2 threads
     python bench/ingest_bench.py --windows 300000 --name ingest-small   # a quick look
+    python bench/ingest_bench.py --windows 1500000,3000000 --repeat 3 --no-arrow-path   # + marginal MB/s
 
 Generates (once, cached under bench/data/) a synthetic InstanceUsage shard in the real BigQuery
 export encoding with `gpuclust synth`, then converts it with
@@ -17,7 +18,10 @@ summed RSS of the process tree; gpuclust also with ``GPUCLUST_FAST_JSON=0`` (Arr
 The runs are interleaved (gzip: gpuclust, Arrow path, DuckDB; then plain), ``--repeat`` times.
 Writes bench/results/<name>.json and .md with wall time, CPU seconds (user + system, less
 sensitive than wall time to other work on a shared machine), rows/s, MB/s (decompressed JSON
-bytes per second), peak RSS, device, versions and commit.
+bytes per second), peak RSS, device, versions and commit.  With two or more ``--windows`` sizes the
+rounds interleave the sizes too, and the Markdown adds each tool's marginal throughput between
+consecutive sizes (extra JSON bytes / extra wall seconds): what each further shard of a cell costs
+once the process has started (imports, the compiled reader's load), as a many-shard ingest pays it.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import statistics
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 from _harness import environment, run_measured, write_results
 
@@ -105,9 +110,42 @@ def count_lines(p: Path) -> int:
     return n
 
 
+def _summary(runs: list[dict[str, Any]], sizes: list[dict[str, Any]], tools: tuple[str, ...]) -> list[dict[str, Any]]:
+    out = []
+    for sz in sizes:
+        for label in ("gzip", "plain"):
+            for tool in tools:
+                rs = [r for r in runs if r["windows"] == sz["windows"] and r["input"] == label and r["tool"] == tool]
+                wall = statistics.median(r["wall_s"] for r in rs)
+                out.append({
+                    "windows": sz["windows"], "input": label, "tool": tool, "runs": len(rs), "wall_s": round(wall, 2),
+                    "cpu_s": round(statistics.median(r["cpu_s"] for r in rs), 2), "rows": sz["rows"],
+                    "json_bytes": sz["json_bytes"], "rows_per_s": round(sz["rows"] / wall),
+                    "json_mb_per_s": round(sz["json_bytes"] / wall / 1e6, 1),
+                    "peak_rss_mib": max(r["peak_rss_mib"] for r in rs),
+                })
+    return out
+
+
+def marginal(summary: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per input and tool, between consecutive sizes: extra JSON MB per extra wall (CPU) second."""
+    out = []
+    keys = sorted({(r["input"], r["tool"]) for r in summary})
+    for label, tool in keys:
+        rs = sorted((r for r in summary if r["input"] == label and r["tool"] == tool), key=lambda r: r["json_bytes"])
+        for a, b in zip(rs, rs[1:], strict=False):
+            mb = (b["json_bytes"] - a["json_bytes"]) / 1e6
+            dw, dc = b["wall_s"] - a["wall_s"], b["cpu_s"] - a["cpu_s"]
+            out.append({"input": label, "tool": tool, "from": a["windows"], "to": b["windows"],
+                        "mb_per_wall_s": round(mb / dw, 1) if dw > 0 else None,
+                        "mb_per_cpu_s": round(mb / dc, 1) if dc > 0 else None})
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--windows", type=int, default=1_500_000, help="usage windows in the shard (1.5M is ~1.1 GB of JSON)")
+    ap.add_argument("--windows", default="1500000",
+                    help="usage windows in the shard, or a comma-separated list of sizes (1.5M is ~1.1 GB of JSON)")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--threads", type=int, default=2, help="threads / workers for both tools")
     ap.add_argument("--name", default="ingest", help="results file stem under bench/results/")
@@ -116,90 +154,108 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     tools = ("gpuclust", "duckdb") if args.no_arrow_path else ("gpuclust", "gpuclust-arrow", "duckdb")
 
-    gz, plain = make_shard(args.windows, args.seed)
-    rows = count_lines(plain)
-    json_bytes = plain.stat().st_size
+    sizes = []
+    for w in (int(float(x)) for x in str(args.windows).split(",")):
+        gz, plain = make_shard(w, args.seed)
+        sizes.append({"windows": w, "gz": gz, "plain": plain, "rows": count_lines(plain),
+                      "json_bytes": plain.stat().st_size, "gz_bytes": gz.stat().st_size})
     work = DATA / "work"
     runs = []
-    for rnd, (label, src) in [(r, x) for r in range(args.repeat) for x in (("gzip", gz), ("plain", plain))]:
-        for tool in tools:
-            shutil.rmtree(work, ignore_errors=True)
-            work.mkdir(parents=True)
-            env = None
-            if tool.startswith("gpuclust"):
-                cmd = [sys.executable, "-m", "gpuclust.cli", "ingest", str(src), "--out", str(work / "ds"),
-                       "--workers", str(args.threads), "--no-progress"]
-                env = dict(os.environ, GPUCLUST_FAST_JSON="0" if tool == "gpuclust-arrow" else "1")
-            else:
-                script = f"import duckdb; c = duckdb.connect(); c.execute('SET threads={args.threads}'); c.execute({duck_sql(src, work / 'out.parquet')!r})"
-                cmd = [sys.executable, "-c", script]
-            m = run_measured(cmd, env=env)
-            if m.returncode != 0:
-                print(m.stdout_tail, file=sys.stderr)
-                raise SystemExit(f"{tool} failed on {src}")
-            out_rows = None
-            if tool.startswith("gpuclust"):
-                man = json.loads((work / "ds" / "manifest.json").read_text())
-                out_rows = man["tables"]["instance_usage"]["rows"]
-            else:
-                import pyarrow.parquet as pq
-
-                out_rows = pq.ParquetFile(work / "out.parquet").metadata.num_rows
-            if out_rows != rows:
-                raise SystemExit(f"{tool}: wrote {out_rows} rows, shard has {rows}")
-            runs.append({
-                "round": rnd, "input": label, "tool": tool, "wall_s": round(m.wall_s, 2),
-                "cpu_s": round(m.extra.get("cpu_s", float("nan")), 2), "rows": rows,
-                "rows_per_s": round(rows / m.wall_s), "json_mb_per_s": round(json_bytes / m.wall_s / 1e6, 1),
-                "peak_rss_mib": round(m.peak_rss_bytes / 2**20),
-            })
-            print(json.dumps(runs[-1]), flush=True)
+    for rnd in range(args.repeat):
+        for sz in sizes:
+            for label in ("gzip", "plain"):
+                src, rows = sz["gz" if label == "gzip" else "plain"], sz["rows"]
+                for tool in tools:
+                    m = _run_tool(tool, src, work, args.threads, rows)
+                    runs.append({
+                        "round": rnd, "windows": sz["windows"], "input": label, "tool": tool,
+                        "wall_s": round(m.wall_s, 2), "cpu_s": round(m.extra.get("cpu_s", float("nan")), 2),
+                        "rows": rows, "rows_per_s": round(rows / m.wall_s),
+                        "json_mb_per_s": round(sz["json_bytes"] / m.wall_s / 1e6, 1),
+                        "peak_rss_mib": round(m.peak_rss_bytes / 2**20),
+                    })
+                    print(json.dumps(runs[-1]), flush=True)
     shutil.rmtree(work, ignore_errors=True)
     env = environment()
-    summary = []
-    for label in ("gzip", "plain"):
-        for tool in tools:
-            rs = [r for r in runs if r["input"] == label and r["tool"] == tool]
-            wall = statistics.median(r["wall_s"] for r in rs)
-            summary.append({
-                "input": label, "tool": tool, "runs": len(rs), "wall_s": round(wall, 2),
-                "cpu_s": round(statistics.median(r["cpu_s"] for r in rs), 2),
-                "rows_per_s": round(rows / wall), "json_mb_per_s": round(json_bytes / wall / 1e6, 1),
-                "peak_rss_mib": max(r["peak_rss_mib"] for r in rs),
-            })
-    payload = {"benchmark": "ingest", "shard_gz_bytes": gz.stat().st_size, "shard_json_bytes": json_bytes,
-               "rows": rows, "threads": args.threads, "repeat": args.repeat, "runs": runs, "summary": summary,
+    summary = _summary(runs, sizes, tools)
+    marg = marginal(summary) if len(sizes) > 1 else []
+    first = sizes[0]
+    payload = {"benchmark": "ingest", "shard_gz_bytes": first["gz_bytes"], "shard_json_bytes": first["json_bytes"],
+               "rows": first["rows"], "sizes": [{k: v for k, v in sz.items() if k not in ("gz", "plain")} for sz in sizes],
+               "threads": args.threads, "repeat": args.repeat, "runs": runs, "summary": summary, "marginal": marg,
                "environment": env}
     names = {"gpuclust": "gpuclust", "gpuclust-arrow": "gpuclust, Arrow path (`GPUCLUST_FAST_JSON=0`)",
              "duckdb": "duckdb"}
+    shards = "; ".join(f"{sz['rows']:,} rows, {sz['json_bytes'] / 1e9:.2f} GB of JSON ({sz['gz_bytes'] / 1e6:.0f} MB gzipped)"
+                       for sz in sizes)
     lines = [
         f"# Ingest benchmark: v3 InstanceUsage JSON shard -> Parquet ({args.threads} threads)",
         "",
-        f"Shard: {rows:,} rows, {json_bytes / 1e9:.2f} GB of JSON ({gz.stat().st_size / 1e6:.0f} MB gzipped), "
-        f"synthetic (`gpuclust synth`, seed {args.seed}), real export encoding. "
-        f"{args.repeat} interleaved round(s); medians; CPU s = user + system of the whole process.",
+        f"Shard{'s' if len(sizes) > 1 else ''}: {shards}; synthetic (`gpuclust synth`, seed {args.seed}), real export "
+        f"encoding. {args.repeat} interleaved round(s); medians; CPU s = user + system of the whole process.",
         "",
-        "| input | tool | wall s | CPU s | rows/s | JSON MB/s | peak RSS MiB |",
-        "|---|---|---:|---:|---:|---:|---:|",
-        *[f"| {r['input']} | {names[r['tool']]} | {r['wall_s']} | {r['cpu_s']} | {r['rows_per_s']:,} | "
+        "| rows | input | tool | wall s | CPU s | rows/s | JSON MB/s | peak RSS MiB |",
+        "|---:|---|---|---:|---:|---:|---:|---:|",
+        *[f"| {r['rows']:,} | {r['input']} | {names[r['tool']]} | {r['wall_s']} | {r['cpu_s']} | {r['rows_per_s']:,} | "
           f"{r['json_mb_per_s']} | {r['peak_rss_mib']:,} |" for r in summary],
         "",
         "Environment: " + ", ".join(f"{k}={v}" for k, v in env.items()),
         "",
     ]
-    by = {(r["input"], r["tool"]): r for r in summary}
-    for label in ("gzip", "plain"):
-        g, d = by[(label, "gpuclust")], by[(label, "duckdb")]
-        lines.append(f"- {label}: gpuclust / DuckDB throughput = {d['wall_s'] / g['wall_s']:.2f}x "
-                     f"(CPU seconds: DuckDB / gpuclust = {d['cpu_s'] / g['cpu_s']:.2f}x)")
-        if (label, "gpuclust-arrow") in by:
-            a = by[(label, "gpuclust-arrow")]
-            lines.append(f"- {label}: compiled reader vs Arrow path: {a['wall_s'] / g['wall_s']:.2f}x wall, "
-                         f"{a['cpu_s'] / g['cpu_s']:.2f}x CPU")
+    by = {(r["windows"], r["input"], r["tool"]): r for r in summary}
+    for sz in sizes:
+        for label in ("gzip", "plain"):
+            g, d = by[(sz["windows"], label, "gpuclust")], by[(sz["windows"], label, "duckdb")]
+            lines.append(f"- {sz['rows']:,} rows, {label}: gpuclust / DuckDB throughput = {d['wall_s'] / g['wall_s']:.2f}x "
+                         f"(CPU seconds: DuckDB / gpuclust = {d['cpu_s'] / g['cpu_s']:.2f}x)")
+            if (sz["windows"], label, "gpuclust-arrow") in by:
+                a = by[(sz["windows"], label, "gpuclust-arrow")]
+                lines.append(f"- {sz['rows']:,} rows, {label}: compiled reader vs Arrow path: "
+                             f"{a['wall_s'] / g['wall_s']:.2f}x wall, {a['cpu_s'] / g['cpu_s']:.2f}x CPU")
+    if marg:
+        lines += ["", "Marginal throughput between sizes (extra JSON MB per extra second; start-up cancels out):", "",
+                  "| input | tool | rows | MB per wall s | MB per CPU s |", "|---|---|---|---:|---:|",
+                  *[f"| {r['input']} | {names[r['tool']]} | {r['from']:,} -> {r['to']:,} | {r['mb_per_wall_s']} | "
+                    f"{r['mb_per_cpu_s']} |" for r in marg]]
+        mb = {(r["input"], r["tool"]): r for r in marg}
+        for label in ("gzip", "plain"):
+            g, d = mb.get((label, "gpuclust")), mb.get((label, "duckdb"))
+            if g and d and g["mb_per_wall_s"] and d["mb_per_wall_s"]:
+                lines.append(f"- {label}, marginal: gpuclust / DuckDB throughput = "
+                             f"{g['mb_per_wall_s'] / d['mb_per_wall_s']:.2f}x")
     jp, mp = write_results(args.name, payload, "\n".join(lines) + "\n")
     print(textwrap.indent("\n".join(lines), "  "))
     print(f"wrote {jp} and {mp}")
     return 0
+
+
+def _run_tool(tool: str, src: Path, work: Path, threads: int, rows: int) -> Any:
+    """One measured conversion of ``src`` by ``tool`` into a fresh ``work`` folder; checks the rows."""
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    env = None
+    if tool.startswith("gpuclust"):
+        cmd = [sys.executable, "-m", "gpuclust.cli", "ingest", str(src), "--out", str(work / "ds"),
+               "--workers", str(threads), "--no-progress"]
+        env = dict(os.environ, GPUCLUST_FAST_JSON="0" if tool == "gpuclust-arrow" else "1")
+    else:
+        script = (f"import duckdb; c = duckdb.connect(); c.execute('SET threads={threads}'); "
+                  f"c.execute({duck_sql(src, work / 'out.parquet')!r})")
+        cmd = [sys.executable, "-c", script]
+    m = run_measured(cmd, env=env)
+    if m.returncode != 0:
+        print(m.stdout_tail, file=sys.stderr)
+        raise SystemExit(f"{tool} failed on {src}")
+    if tool.startswith("gpuclust"):
+        man = json.loads((work / "ds" / "manifest.json").read_text())
+        out_rows = man["tables"]["instance_usage"]["rows"]
+    else:
+        import pyarrow.parquet as pq
+
+        out_rows = pq.ParquetFile(work / "out.parquet").metadata.num_rows
+    if out_rows != rows:
+        raise SystemExit(f"{tool}: wrote {out_rows} rows, shard has {rows}")
+    return m
 
 
 if __name__ == "__main__":
