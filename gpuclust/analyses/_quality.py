@@ -33,6 +33,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from gpuclust.analyses.base import Analysis, is_null_int
+from gpuclust.analyses.grouping import instance_order
 from gpuclust.analyses.lifecycle import EXPECTED, STATE_AFTER
 from gpuclust.schema import (
     SCHEMAS,
@@ -203,7 +204,8 @@ class TableProfile(Analysis):
             cnt[_C["machine_dedicated"]] = int(xp.count_nonzero(m == -1))
         keys = [cols[k].astype(xp.int64) for k in self.key_columns]
         # ---- row order within each thing (a stable sort by the key: ties keep the row order)
-        order = xp.lexsort(xp.stack(keys[::-1]))
+        zero = xp.zeros(n, dtype=xp.int64)
+        order = instance_order(xp, keys[0], keys[1] if len(keys) > 1 else zero, zero)
         ks = [k[order] for k in keys]
         ts = t[order]
         same = xp.ones(n - 1, dtype=bool)
@@ -218,7 +220,7 @@ class TableProfile(Analysis):
             cnt[_C["time_backwards"]] = int(back.shape[0])
             cnt[_C["time_backwards_things"]] = int(xp.unique(seg[back]).shape[0])
         # ---- time order within each thing (ties keep the row order; seg is sorted already)
-        by_time = xp.lexsort(xp.stack([ts, seg]))
+        by_time = instance_order(xp, seg, zero, ts)
         tt = ts[by_time]
         cnt[_C["time_ties"]] = int(xp.count_nonzero(same & (tt[1:] == tt[:-1])))
         # ---- out of order: an event the life cycle does not allow after the previous one

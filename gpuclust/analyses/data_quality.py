@@ -48,6 +48,7 @@ from gpuclust.analyses._quality import (
     null_rows,
 )
 from gpuclust.analyses.base import Analysis, fmt
+from gpuclust.analyses.grouping import instance_order
 from gpuclust.analyses.options import option
 from gpuclust.partials import bin_quantile_edges, bin_rows, log_bins
 from gpuclust.schema import CPU_PERCENTILE_COLUMNS_SORTED, TERMINAL_EVENTS, TIME_AFTER_TRACE
@@ -246,7 +247,7 @@ class DataQuality(Analysis):
         count("after_end_rows", after)
         count("after_end_300s_rows", after & (s - end >= _AFTER_S * 1_000_000))
         count("past_end_rows", ended & (s < end) & (e > end))
-        order = xp.lexsort(xp.stack([i, c]))
+        order = instance_order(xp, c, i, xp.zeros(n, dtype=xp.int64))  # by instance, ties in row order
         cs, is_ = c[order], i[order]
         first = xp.ones(n, dtype=bool)
         first[1:] = (cs[1:] != cs[:-1]) | (is_[1:] != is_[:-1])

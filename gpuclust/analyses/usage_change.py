@@ -32,6 +32,7 @@ import pandas as pd
 
 from gpuclust.analyses._lookup import EVENT_COLUMNS, TierLookupContext, tier_lookup
 from gpuclust.analyses.base import Analysis, fmt, resolve_tier_map
+from gpuclust.analyses.grouping import instance_order
 from gpuclust.analyses.options import option, tier_map_option
 from gpuclust.partials import bin_quantile_edges, bin_rows, log_bins
 from gpuclust.schema import TIME_AFTER_TRACE, tier_map
@@ -129,7 +130,7 @@ class UsageChange(Analysis):
         c, i, m = cols["collection_id"], cols["instance_index"], cols["machine_id"]
         found, code = ctx.lookup.find(backend, c, i, m)
         tier = xp.where(found, code, len(ctx.tier_map.names)).astype(xp.int64)
-        order = xp.lexsort(xp.stack([s, i.astype(xp.int64), c.astype(xp.int64)]))  # stable: ties keep row order
+        order = instance_order(xp, c, i, s)  # by instance, then start; ties keep row order
         s, e, c, i, tier = s[order], e[order], c[order], i[order], tier[order]
         same = (c[1:] == c[:-1]) & (i[1:] == i[:-1])
         stats["instances"] = n - int(xp.count_nonzero(same))
