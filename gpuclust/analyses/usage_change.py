@@ -144,27 +144,35 @@ class UsageChange(Analysis):
         stats["pairs"] = int(k.shape[0])
         tp = tier[k]
         edges = xp.asarray(RATIO_EDGES)
+        levels = xp.asarray(np.asarray(THRESHOLDS, dtype=np.float64))
+        first_row, next_row = order[k], order[k + 1]  # the pairs' rows: no gather of whole columns
         counts, within, hist, rsum = [], [], [], []
         for _, col in RESOURCES:
-            v = cols[col][order]
-            a = v[k].astype(xp.float64)
-            b = v[k + 1].astype(xp.float64)
+            a = cols[col][first_row].astype(xp.float64)
+            b = cols[col][next_row].astype(xp.float64)
             known = xp.isfinite(a) & xp.isfinite(b)
             zero = known & (a == 0)
             defined = known & (a != 0)
-            flags = [xp.ones(k.shape[0], dtype=bool), ~known, zero & (b == 0), zero & (b != 0), defined]
-            counts.append(xp.stack([xp.bincount(tp, weights=f.astype(xp.float64), minlength=_T) for f in flags], 1))
+            # the four exclusive kinds of a pair (unknown, 0 -> 0, 0 -> x, defined) in one count;
+            # the first column, every pair, is their sum
+            kind = xp.where(known, xp.where(zero, xp.where(b == 0, 2, 3), 4), 1)
+            cnt = xp.bincount(tp * len(_COUNTS) + kind, minlength=_T * len(_COUNTS)).reshape(_T, len(_COUNTS))
+            cnt[:, 0] = cnt[:, 1:].sum(axis=1)
+            counts.append(cnt)
             d = xp.nonzero(defined)[0]
             td = tp[d]
             ratio = b[d] / a[d]
             r = ratio - 1.0
-            within.append(xp.stack([xp.bincount(td, weights=(xp.abs(r) <= h).astype(xp.float64), minlength=_T)
-                                    for h in THRESHOLDS], 1))
+            # |r| <= h for the thresholds from the first one at or above |r| on: count that first
+            # level per tier once, and sum the levels up to each threshold
+            lv = xp.searchsorted(levels, xp.abs(r), side="left")
+            per = xp.bincount(td * (_H + 1) + lv, minlength=_T * (_H + 1)).reshape(_T, _H + 1)
+            within.append(xp.cumsum(per[:, :_H], axis=1))
             bins = log_bins(xp, edges, ratio)
             hist.append(xp.bincount(td * _B + bins, minlength=_T * _B).reshape(_T, _B))
             rsum.append(xp.bincount(td, weights=r, minlength=_T))
-        out["counts"] = xp.stack(counts, 1).round().astype(xp.int64)
-        out["within"] = xp.stack(within, 1).round().astype(xp.int64)
+        out["counts"] = xp.stack(counts, 1).astype(xp.int64)
+        out["within"] = xp.stack(within, 1).astype(xp.int64)
         out["hist"] = xp.stack(hist, 1).astype(xp.int64)
         out["rsum"] = xp.stack(rsum, 1)
         out["stats"] = xp.asarray(np.array([stats[k_] for k_ in _STATS], np.int64))
