@@ -191,16 +191,23 @@ class JobUsage(Analysis):
             out = {k: xp.asarray(v) for k, v in self.empty().items()}
             out["stats"] = xp.asarray(np.array([stats[k] for k in _STATS], np.int64))
             return out
-        hours = (e[r] - s[r]).astype(xp.float64) / _HOUR_US
-        c = cols["collection_id"][r].astype(xp.int64)
+        if int(r.shape[0]) == n:  # every row counts: no gathers (the lookup probes the columns as they are)
+            r = None
+
+        def pick(a: Any) -> Any:
+            return a if r is None else a[r]
+
+        hours = (pick(e) - pick(s)).astype(xp.float64) / _HOUR_US
+        c = pick(cols["collection_id"]).astype(xp.int64)
+        used = int(c.shape[0])
         vals = {}
         for res in ("cpu", "mem"):
-            v = cols["avg_" + res][r].astype(xp.float64)
+            v = pick(cols["avg_" + res]).astype(xp.float64)
             known = xp.isfinite(v)
-            stats[f"unknown_{res}_rows"] = int(r.shape[0]) - int(xp.count_nonzero(known))
+            stats[f"unknown_{res}_rows"] = used - int(xp.count_nonzero(known))
             vals[res] = xp.where(known, v * hours, 0.0)
         n_coll = int(ctx.collections.shape[0])
-        if n_coll <= 4 * int(r.shape[0]) + (1 << 16):
+        if n_coll <= 4 * used + (1 << 16):
             out = self._by_code(backend, ctx, cols, r, c, vals)
         else:  # the lookup's collections far outnumber this partition's rows: group by a sort
             found, p = ctx.lookup.find(backend, cols["collection_id"], cols["instance_index"], cols["machine_id"], rows=r)
@@ -213,7 +220,8 @@ class JobUsage(Analysis):
                  vals: dict[str, Any]) -> dict[str, Any]:
         """Per collection sums by dense code: a window's code is its key's collection in the
         lookup's table; the collections of windows whose key has no events get codes after
-        those.  ``bincount`` adds each code's windows in row order (as the sort path does)."""
+        those.  ``bincount`` adds each code's windows in row order (as the sort path does).
+        ``r``: the rows that count (``None``: all), ``c`` and ``vals`` already theirs."""
         xp = backend.xp
         at = ctx.lookup.index(backend, cols["collection_id"], cols["instance_index"], cols["machine_id"], rows=r)
         coll = backend.stage(ctx.collections)

@@ -238,3 +238,10 @@ def test_grouping_by_lookup_codes_equals_grouping_by_sort(seed):
     assert by_code["windows"].tolist() == [want[k][2] for k in sorted(want)]
     assert by_code["prio"].tolist() == [want[k][3] for k in sorted(want)]
     np.testing.assert_allclose(by_code["cpu"], [want[k][0] for k in sorted(want)], rtol=1e-12)
+    # every row counting (rows=None: no gathers) gives the partial of all rows
+    every = JobUsage._by_code(be, ctx, cols, None, c, {k: rng.gamma(0.5, 0.3, n) for k in ("cpu", "mem")})
+    r_all = np.arange(n)
+    assert every["key"].tolist() == sorted(set(c.tolist()))
+    found, p = lk.find(be, cols["collection_id"], cols["instance_index"], cols["machine_id"], rows=r_all)
+    assert every["prio"].tolist() == JobUsage._by_sort(be, c, np.where(found, p, -1).astype(np.int64),
+                                                       {k: np.zeros(n) for k in ("cpu", "mem")})["prio"].tolist()
