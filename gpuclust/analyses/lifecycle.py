@@ -75,6 +75,15 @@ EXPECTED: dict[int, frozenset[int]] = {
 #: The ``series`` counters, in order (pending / running: changes, summed into levels at finalize).
 SERIES_FIELDS = ("submissions", "new_submissions", "resubmissions", "schedules", "evictions", "failures",
                  "finishes", "kills", "losses", "d_pending", "d_running")
+#: An event's class in the series: SUBMIT 0 (1 when the instance was submitted before), SCHEDULE 2,
+#: EVICT 3, FAIL 4, FINISH 5, KILL 6, LOST 7, any other type 8.
+_SERIES_CLASS = np.full(_NE, 8, np.int64)
+for _k, _ev in enumerate((EventType.SCHEDULE, EventType.EVICT, EventType.FAIL, EventType.FINISH, EventType.KILL,
+                          EventType.LOST)):
+    _SERIES_CLASS[int(_ev)] = 2 + _k
+_SERIES_CLASS[int(EventType.SUBMIT)] = 0
+#: Codes per event: 9 classes x 3 pending changes x 3 running changes.
+_SERIES_CODES = 81
 #: (measure, outcome) of every delay distribution, in order.
 DISTRIBUTIONS: tuple[tuple[str, str], ...] = (
     *(("scheduling", o) for o in ("scheduled", "evict", "fail", "finish", "kill", "lost", "resubmitted", "other",
@@ -101,6 +110,30 @@ _I64_MAX = np.iinfo(np.int64).max
 #: Tier slots of the dense partials: the most tiers a tier map may have, plus "unknown".
 _T = 17
 
+
+
+def _series(backend: Any, key: Any, code: Any) -> dict[str, Any]:
+    """The series partial: per (bucket, tier) ``key`` with at least one event, the event counts of
+    :data:`SERIES_FIELDS` and the net pending / running changes, from one count per (key, code)
+    (``code``: class x pending change x running change, see :data:`_SERIES_CLASS`)."""
+    xp = backend.xp
+    got = keyed_reduce(backend, key * _SERIES_CODES + code, {}, {"n": None})
+    fused, n = got["key"], got["n"]
+    k = fused // _SERIES_CODES
+    first = xp.ones(k.shape[0], dtype=bool)
+    first[1:] = k[1:] != k[:-1]
+    row = xp.cumsum(first) - 1
+    m = xp.zeros((int(first.sum()), _SERIES_CODES), dtype=xp.int64)
+    m[row, fused % _SERIES_CODES] = n
+    m = m.reshape(-1, 9, 3, 3)
+    per = m.sum(axis=(2, 3))
+    out = {"key": k[first].astype(xp.int64), "submissions": per[:, 0] + per[:, 1], "new_submissions": per[:, 0],
+           "resubmissions": per[:, 1]}
+    for j, f in enumerate(("schedules", "evictions", "failures", "finishes", "kills", "losses")):
+        out[f] = per[:, 2 + j]
+    out["d_pending"] = m[:, :, 2, :].sum(axis=(1, 2)) - m[:, :, 0, :].sum(axis=(1, 2))
+    out["d_running"] = m[:, :, :, 2].sum(axis=(1, 2)) - m[:, :, :, 0].sum(axis=(1, 2))
+    return {f: xp.ascontiguousarray(out[f]) for f in ("key", *SERIES_FIELDS)}
 
 @dataclass(frozen=True)
 class LifecycleContext:
@@ -242,14 +275,14 @@ class Lifecycle(Analysis):
         csub = csub - (csub[starts] - is_sub[starts].astype(xp.int64))[seg]  # SUBMITs so far in the instance
         live = xp.nonzero(~after)[0]
         i64 = xp.int64
-        weights = {
-            "submissions": is_sub, "new_submissions": is_sub & (csub == 1), "resubmissions": is_sub & (csub > 1),
-            "schedules": e == EventType.SCHEDULE, "evictions": e == EventType.EVICT, "failures": e == EventType.FAIL,
-            "finishes": e == EventType.FINISH, "kills": e == EventType.KILL, "losses": e == EventType.LOST,
-            "d_pending": (state == _PENDING).astype(i64) - (prev_state == _PENDING).astype(i64),
-            "d_running": (state == _RUNNING).astype(i64) - (prev_state == _RUNNING).astype(i64)}
+        # one code per event: its series class (SUBMIT first / again, SCHEDULE, ..., other) and
+        # its pending and running changes (-1, 0, +1 each), counted per (bucket, tier) at once
+        cls = xp.asarray(_SERIES_CLASS)[e] + (is_sub & (csub > 1))
+        d_p = (state == _PENDING).astype(i64) - (prev_state == _PENDING).astype(i64)
+        d_r = (state == _RUNNING).astype(i64) - (prev_state == _RUNNING).astype(i64)
+        code = (cls * 3 + (d_p + 1)) * 3 + (d_r + 1)
         key = bucket_index(t[live], self.width_us) * T + tier[live]
-        out["series"] = keyed_reduce(backend, key, {}, {f: w[live].astype(i64) for f, w in weights.items()})
+        out["series"] = _series(backend, key, code[live])
         # ---- episodes: pending ones end at the first event leaving the state (or a SUBMIT while pending),
         # runs likewise (or a SCHEDULE while running); those open at the end of the data are censored
         end = n - 1
