@@ -82,8 +82,9 @@ for _k, _ev in enumerate((EventType.SCHEDULE, EventType.EVICT, EventType.FAIL, E
                           EventType.LOST)):
     _SERIES_CLASS[int(_ev)] = 2 + _k
 _SERIES_CLASS[int(EventType.SUBMIT)] = 0
-#: Codes per event: 9 classes x 3 pending changes x 3 running changes.
-_SERIES_CODES = 81
+#: Codes per event: the classes above x 3 pending changes x 3 running changes.
+_SERIES_CLASSES = 9
+_SERIES_CODES = _SERIES_CLASSES * 3 * 3
 #: (measure, outcome) of every delay distribution, in order.
 DISTRIBUTIONS: tuple[tuple[str, str], ...] = (
     *(("scheduling", o) for o in ("scheduled", "evict", "fail", "finish", "kill", "lost", "resubmitted", "other",
@@ -111,7 +112,6 @@ _I64_MAX = np.iinfo(np.int64).max
 _T = 17
 
 
-
 def _series(backend: Any, key: Any, code: Any) -> dict[str, Any]:
     """The series partial: per (bucket, tier) ``key`` with at least one event, the event counts of
     :data:`SERIES_FIELDS` and the net pending / running changes, from one count per (key, code)
@@ -125,7 +125,7 @@ def _series(backend: Any, key: Any, code: Any) -> dict[str, Any]:
     row = xp.cumsum(first) - 1
     m = xp.zeros((int(first.sum()), _SERIES_CODES), dtype=xp.int64)
     m[row, fused % _SERIES_CODES] = n
-    m = m.reshape(-1, 9, 3, 3)
+    m = m.reshape(-1, _SERIES_CLASSES, 3, 3)
     per = m.sum(axis=(2, 3))
     out = {"key": k[first].astype(xp.int64), "submissions": per[:, 0] + per[:, 1], "new_submissions": per[:, 0],
            "resubmissions": per[:, 1]}
@@ -134,6 +134,7 @@ def _series(backend: Any, key: Any, code: Any) -> dict[str, Any]:
     out["d_pending"] = m[:, :, 2, :].sum(axis=(1, 2)) - m[:, :, 0, :].sum(axis=(1, 2))
     out["d_running"] = m[:, :, :, 2].sum(axis=(1, 2)) - m[:, :, :, 0].sum(axis=(1, 2))
     return {f: xp.ascontiguousarray(out[f]) for f in ("key", *SERIES_FIELDS)}
+
 
 @dataclass(frozen=True)
 class LifecycleContext:
@@ -233,7 +234,7 @@ class Lifecycle(Analysis):
         t, c, p = (pick(cols[k]) for k in ("time", "collection_id", "priority"))
         i = pick(cols["instance_index"]) if "instance_index" in self.key_columns else xp.zeros(n, dtype=xp.int32)
         e = pick(e)
-        # ---- one instance's events together, in time order (lexsort is stable: ties keep row order)
+        # ---- one instance's events together, in time order (ties keep row order)
         order = instance_order(xp, c, i, t)
         t, e, c, i, p = t[order], e[order], c[order], i[order], p[order]
         del order
