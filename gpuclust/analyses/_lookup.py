@@ -123,7 +123,7 @@ class InstanceLookup:
         if len(self) == 0 or n == 0:
             return xp.zeros(n, dtype=bool), xp.zeros(n, dtype=xp.int32)
         return self._blocked(backend, collection, instance, machine, rows,
-                             (bool, xp.int32), lambda found, pos, rec: (found, xp.where(found, rec[:, 3], 0)))
+                             (bool, xp.int32), lambda found, pos, code: (found, xp.where(found, code, 0)))
 
     def index(self, backend: Any, collection: Any, instance: Any, machine: Any, rows: Any = None) -> Any:
         """Per query row: its triple's row in the table (an index into :attr:`collection`,
@@ -141,32 +141,39 @@ class InstanceLookup:
         if len(self) == 0 or n == 0:
             return xp.full(n, -1, dtype=xp.int64)
         return self._blocked(backend, collection, instance, machine, rows, (xp.int64,),
-                             lambda found, pos, rec: (xp.where(found, pos, -1),))[0]
+                             lambda found, pos, code: (xp.where(found, pos, -1),))[0]
 
     def _blocked(self, backend: Any, collection: Any, instance: Any, machine: Any, rows: Any,
                  dtypes: tuple[Any, ...], pick: Any) -> tuple[Any, ...]:
-        """``pick(found, pos, rec)`` of every query row, a block of rows at a time, as arrays
+        """``pick(found, pos, code)`` of every query row, a block of rows at a time, as arrays
         of ``dtypes``."""
         xp = backend.xp
         n = int(collection.shape[0] if rows is None else rows.shape[0])
         block = getattr(backend.ops, "lookup_block_rows", None) or n
-        tables = (backend.stage(self.hash), backend.stage(self._records()))
+        inst = np.dtype(instance.dtype)
+        if xp is np and inst.kind == "i" and inst.itemsize <= 4 and self._slot_table() is not None:
+            # the cpu backend (canonical int32 instance_index): one gather per query
+            tables: tuple[Any, ...] = (self._slot_table(), self.code)
+            probe = self._probe_slots
+        else:
+            tables = (backend.stage(self.hash), backend.stage(self._records()))
+            probe = self._probe
         if block >= n:
-            got = pick(*self._probe(backend, tables, *(a if rows is None else a[rows]
+            got = pick(*probe(backend, tables, *(a if rows is None else a[rows]
                                                         for a in (collection, instance, machine))))
             return tuple(g.astype(d, copy=False) for g, d in zip(got, dtypes, strict=True))
         out = [xp.empty(n, dtype=d) for d in dtypes]
         for lo in range(0, n, block):
             hi = min(n, lo + block)
             r = slice(lo, hi) if rows is None else rows[lo:hi]
-            for o, g in zip(out, pick(*self._probe(backend, tables, collection[r], instance[r], machine[r])), strict=True):
+            for o, g in zip(out, pick(*probe(backend, tables, collection[r], instance[r], machine[r])), strict=True):
                 o[lo:hi] = g
         return tuple(out)
 
     @staticmethod
     def _probe(backend: Any, tables: tuple[Any, ...], collection: Any, instance: Any, machine: Any) -> tuple[Any, Any, Any]:
-        """``(found, pos, rec)``: per query, whether its full key is in the table, its table
-        position (meaningful where found) and the table's record there."""
+        """``(found, pos, code)``: per query, whether its full key is in the table, its table
+        position and its code (both meaningful where found)."""
         xp = backend.xp
         t_hash, t_rec = tables
         h = triple_hash(xp, collection, instance, machine)
@@ -175,7 +182,25 @@ class InstanceLookup:
         pos = xp.maximum(pos, 0)
         rec = xp.take(t_rec, pos, axis=0)  # one row (one cache line) per query (take: 4x rec[pos])
         found = hit & (rec[:, 0] == collection) & (rec[:, 1] == machine) & (rec[:, 2] == instance)
-        return found, pos, rec
+        return found, pos, rec[:, 3]
+
+    @staticmethod
+    def _probe_slots(backend: Any, tables: tuple[Any, ...], collection: Any, instance: Any,
+                     machine: Any) -> tuple[Any, Any, Any]:
+        """:meth:`_probe` on the cpu backend, by the :class:`_SlotTable` of the lookup."""
+        table, code = tables
+        pos = table.find(triple_hash(np, collection, instance, machine), collection, instance, machine)
+        found = pos >= 0
+        np.maximum(pos, 0, out=pos)
+        return found, pos, np.take(code, pos)
+
+    def _slot_table(self) -> _SlotTable | None:
+        """The cpu backend's open-addressing table of the lookup (built once per lookup; None for
+        a table too large for its packed positions)."""
+        if len(self) >= _SlotTable.MAX_ROWS:
+            return None
+        return _slot_tables.get(self.hash, lambda _h: _SlotTable(self.hash, self.collection, self.instance,
+                                                                  self.machine))
 
     def _records(self) -> np.ndarray:
         """The table as one (n, 4) int64 array: collection, machine, instance, code per row (so a
@@ -198,6 +223,57 @@ class TierLookupContext:
 
 
 _records = PerArrayCache()
+_slot_tables = PerArrayCache()
+
+
+class _SlotTable:
+    """Linear probing over an :class:`InstanceLookup`'s keys for the cpu backend, the whole key in
+    the slot: each slot holds ``(hash, collection, machine, instance << 32 | row)`` (32 bytes,
+    aligned: one cache line per probe), so a query costs one gather where ``hash_index`` and
+    the record cost two.  The slot of a key is the top ``bits`` of its :func:`triple_hash` (mixed
+    already): the lookup's keys, sorted by that hash, are sorted by slot, so the table is built
+    without a sort.  Slots ``2**bits + n`` (no wrap-around); an empty slot has the ``_EMPTY``
+    bit set in its last word (rows are below 2^31), which no query's ``instance << 32`` has."""
+
+    MAX_ROWS = 1 << 31
+    _EMPTY = np.int64(1 << 31)
+    _ROW = np.int64((1 << 31) - 1)
+    #: the bits of the last word a query's instance must match (an empty slot's _EMPTY included)
+    _KEY = np.int64(-(1 << 32) | (1 << 31))
+
+    def __init__(self, h: np.ndarray, collection: np.ndarray, instance: np.ndarray, machine: np.ndarray):
+        n = int(h.shape[0])
+        self.bits = max(4, int(2 * n - 1).bit_length())  # load factor <= 1/2
+        self.shift = np.uint64(64 - self.bits)
+        slot = (h >> self.shift).astype(np.int64)  # non-decreasing: h is sorted
+        ar = np.arange(n, dtype=np.int64)
+        pos = np.maximum.accumulate(slot - ar) + ar if n else ar  # first free slot at or after its own
+        tab = np.zeros(((1 << self.bits) + n, 4), np.int64)
+        tab[:, 3] = self._EMPTY
+        tab[pos, 0] = h.view(np.int64)
+        tab[pos, 1] = collection
+        tab[pos, 2] = machine
+        tab[pos, 3] = (instance.astype(np.int64) << 32) | ar
+        self.tab = tab
+
+    def find(self, h: np.ndarray, collection: np.ndarray, instance: np.ndarray, machine: np.ndarray) -> np.ndarray:
+        """Row of each query in the lookup (its hash ``h``), -1 where absent."""
+        p = (h >> self.shift).astype(np.int64)
+        q = instance.astype(np.int64) << 32
+        hi = h.view(np.int64)
+        e = np.take(self.tab, p, axis=0)
+        hit = (e[:, 0] == hi) & (e[:, 1] == collection) & (e[:, 2] == machine) & ((e[:, 3] & self._KEY) == q)
+        res = np.where(hit, e[:, 3] & self._ROW, -1)
+        more = np.flatnonzero(~hit & ((e[:, 3] & self._EMPTY) == 0))  # occupied by another key: probe on
+        while more.shape[0]:
+            p_m = p[more] + 1
+            p[more] = p_m
+            e = np.take(self.tab, p_m, axis=0)
+            hit = ((e[:, 0] == hi[more]) & (e[:, 1] == collection[more]) & (e[:, 2] == machine[more])
+                   & ((e[:, 3] & self._KEY) == q[more]))
+            res[more[hit]] = e[hit, 3] & self._ROW
+            more = more[~hit & ((e[:, 3] & self._EMPTY) == 0)]
+        return res
 
 
 @dataclass(frozen=True)
@@ -326,16 +402,20 @@ def max_priority(ev: Any, top_level_only: bool = True) -> pd.DataFrame:
     (only those with alloc_collection_id NULL or 0 when ``top_level_only``, as Google's notebook
     does); a NULL machine_id never joins (SQL NULL semantics).  Columns ``c, i, m, p`` (``p`` NaN
     where every priority of the key is NULL)."""
+    return _group_max(*_event_arrays(ev, top_level_only))
+
+
+def _event_arrays(ev: Any, top_level_only: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The ``c, i, m, p`` arrays of the events :func:`max_priority` groups (rows filtered as it says)."""
     keep = pc.is_valid(ev.column("machine_id"))
     if top_level_only:
         alloc = ev.column("alloc_collection_id")
         keep = pc.and_(pc.or_(pc.is_null(alloc), pc.equal(pc.fill_null(alloc, 0), 0)), keep)
     ev = ev.filter(keep)
-    return _group_max(ev.column("collection_id").to_numpy().astype(np.int64),
-                      ev.column("instance_index").to_numpy().astype(np.int32),
-                      ev.column("machine_id").to_numpy(zero_copy_only=False).astype(np.int64),
-                      np.asarray(pc.cast(ev.column("priority"), "float64").to_numpy(zero_copy_only=False),
-                                 dtype=np.float64))
+    return (ev.column("collection_id").to_numpy().astype(np.int64),
+            ev.column("instance_index").to_numpy().astype(np.int32),
+            ev.column("machine_id").to_numpy(zero_copy_only=False).astype(np.int64),
+            np.asarray(pc.cast(ev.column("priority"), "float64").to_numpy(zero_copy_only=False), dtype=np.float64))
 
 
 def _group_max(c: np.ndarray, i: np.ndarray, m: np.ndarray, p: np.ndarray) -> pd.DataFrame:
@@ -382,6 +462,67 @@ def _max_priorities(events: Any, top_level_only: bool) -> pd.DataFrame | None:
         _group_max(*(np.concatenate([d[k].to_numpy() for d in parts]) for k in ("c", "i", "m", "p"))))
 
 
+def _sorted_max(c: np.ndarray, i: np.ndarray, m: np.ndarray, p: np.ndarray) -> tuple[np.ndarray, ...] | None:
+    """``(hash, c, i, m, MAX(p))`` of each distinct key, sorted by :func:`triple_hash` (NaN
+    skipped unless a key has nothing else, as :func:`_group_max`): the arrays an
+    :class:`InstanceLookup` holds, without its second hash and sort.  ``None`` when two distinct
+    keys share a hash (the caller takes :func:`_group_max`'s path, which reports it)."""
+    h = triple_hash(np, c, i, m)
+    order = np.argsort(h)
+    hs = h[order]
+    del h
+    cs, is_, ms = c[order], i[order], m[order]
+    new = np.ones(hs.shape[0], dtype=bool)
+    new[1:] = (cs[1:] != cs[:-1]) | (is_[1:] != is_[:-1]) | (ms[1:] != ms[:-1])
+    if bool((new[1:] & (hs[1:] == hs[:-1])).any()):
+        return None
+    starts = np.flatnonzero(new)
+    return hs[starts], cs[starts], is_[starts], ms[starts], np.fmax.reduceat(p[order], starts)
+
+
+def _sorted_max_priorities(events: Any, top_level_only: bool) -> tuple[np.ndarray, ...] | None:
+    """:func:`_sorted_max` of every batch of ``events``, merged (a batch at a time, as
+    :func:`_max_priorities`); ``None``: a hash shared by two keys.  Empty arrays for no rows."""
+    parts = []
+    for t in events.batches(list(EVENT_COLUMNS)):
+        r = _sorted_max(*_event_arrays(t, top_level_only))
+        if r is None:
+            return None
+        parts.append(r)
+    if not parts:
+        return (np.zeros(0, np.uint64), np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int64),
+                np.zeros(0, np.float64))
+    if len(parts) == 1:
+        return parts[0]
+    return _sorted_max(*(np.concatenate([q[k] for q in parts]) for k in range(1, 5)))
+
+
+def _fused_lookup(events: Any, top_level_only: bool, codes_of: Any, what: str) -> InstanceLookup | None:
+    """The lookup :func:`tier_lookup` / :func:`priority_lookup` build, straight from the hash-sorted
+    groups (the same arrays); ``None`` where their own path must run (a shared hash)."""
+    r = _sorted_max_priorities(events, top_level_only)
+    if r is None:
+        return None
+    h, c, i, m, p = r
+    if h.shape[0] == 0:
+        return InstanceLookup.empty()
+    return InstanceLookup(h, c.astype(np.int64, copy=False), i.astype(np.int32, copy=False),
+                          m.astype(np.int64, copy=False), np.asarray(codes_of(p), dtype=np.int32))
+
+
+def _tier_codes(p: np.ndarray, tm: Any, unmatched: int) -> np.ndarray:
+    codes = np.full(p.shape[0], unmatched, dtype=np.int32)
+    ok = ~np.isnan(p)
+    tc = tm.tier_codes(p[ok].astype(np.int64)).astype(np.int32)
+    codes[ok] = np.where(tc >= 0, tc, unmatched)
+    return codes
+
+
+def _priority_codes(p: np.ndarray) -> np.ndarray:
+    prio = np.where(np.isnan(p) | (p < 0), -1, np.nan_to_num(p, nan=-1.0)).astype(np.int64)
+    return np.minimum(prio, np.iinfo(np.int32).max).astype(np.int32)
+
+
 def tier_lookup(events: Any, tm: Any, *, top_level_only: bool, unmatched: int, what: str) -> InstanceLookup:
     """``(collection_id, instance_index, machine_id) -> tier code`` from instance_events rows.
 
@@ -390,14 +531,13 @@ def tier_lookup(events: Any, tm: Any, *, top_level_only: bool, unmatched: int, w
     is never in memory at once); the priority is :func:`max_priority` of each key, mapped by the
     tier map ``tm``; a NULL priority, or one no tier covers, gets ``unmatched``.
     """
+    fused = _fused_lookup(events, top_level_only, lambda p: _tier_codes(p, tm, unmatched), what)
+    if fused is not None:
+        return fused
     lk = _max_priorities(events, top_level_only)
     if lk is None:
         return InstanceLookup.empty()
-    p = lk["p"].to_numpy(np.float64)
-    codes = np.full(p.shape[0], unmatched, dtype=np.int32)
-    ok = ~np.isnan(p)
-    tc = tm.tier_codes(p[ok].astype(np.int64)).astype(np.int32)
-    codes[ok] = np.where(tc >= 0, tc, unmatched)
+    codes = _tier_codes(lk["p"].to_numpy(np.float64), tm, unmatched)
     return InstanceLookup.build(lk["c"].to_numpy(np.int64), lk["i"].to_numpy(np.int32), lk["m"].to_numpy(np.int64),
                                 codes, what=what)
 
@@ -405,12 +545,13 @@ def tier_lookup(events: Any, tm: Any, *, top_level_only: bool, unmatched: int, w
 def priority_lookup(events: Any, *, top_level_only: bool, what: str) -> InstanceLookup:
     """``(collection_id, instance_index, machine_id) -> MAX(priority)`` (-1 where every priority of
     the key is NULL, or negative), as :func:`tier_lookup` reads it, before any tier map."""
+    fused = _fused_lookup(events, top_level_only, _priority_codes, what)
+    if fused is not None:
+        return fused
     lk = _max_priorities(events, top_level_only)
     if lk is None:
         return InstanceLookup.empty()
-    p = lk["p"].to_numpy(np.float64)
-    prio = np.where(np.isnan(p) | (p < 0), -1, np.nan_to_num(p, nan=-1.0)).astype(np.int64)
-    prio = np.minimum(prio, np.iinfo(np.int32).max).astype(np.int32)
+    prio = _priority_codes(lk["p"].to_numpy(np.float64))
     return InstanceLookup.build(lk["c"].to_numpy(np.int64), lk["i"].to_numpy(np.int32), lk["m"].to_numpy(np.int64),
                                 prio, what=what)
 
