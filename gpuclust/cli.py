@@ -36,14 +36,45 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return p
 
 
+#: sub-commands that end the process as soon as they are done (see :func:`_exit_now`)
+FAST_EXIT = ("analyze",)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point: parse ``argv`` and run the sub-command; returns the exit status."""
+    """Entry point: parse ``argv`` and run the sub-command; returns the exit status.
+
+    Run as the program (``argv`` None: the ``gpuclust`` script, ``python -m gpuclust.cli``), a
+    sub-command of :data:`FAST_EXIT` that succeeded ends the process there (:func:`_exit_now`)."""
+    program = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     # `gpuclust COMMAND ...`: only that command's parser (help, --version and errors: all of them)
     only = argv[0] if argv and argv[0] in COMMANDS else None
     args = build_parser(only).parse_args(argv)
-    rc = args.func(args)
-    return int(rc or 0)
+    rc = int(args.func(args) or 0)
+    if program and rc == 0 and args.command in FAST_EXIT:
+        _exit_now(rc)
+    return rc
+
+
+def _exit_now(rc: int) -> None:
+    """End the process with ``rc`` without the interpreter's teardown: the exit handlers run
+    (``atexit``: temporary folders, logging), the standard streams are flushed, then ``os._exit``
+    skips freeing every module and cached array one by one (about 80 ms after cell-usage at
+    1.6e7 windows; the kernel frees the memory at once).  Only with the main thread alone (a
+    live thread would be cut off), and not with ``GPUCLUST_FAST_EXIT=0``."""
+    import atexit
+    import os
+    import threading
+
+    if os.environ.get("GPUCLUST_FAST_EXIT", "1") == "0" or threading.active_count() > 1:
+        return
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # a closed pipe: nothing more to write
+            pass
+    os._exit(rc)
 
 
 if __name__ == "__main__":  # pragma: no cover
