@@ -6,7 +6,7 @@ input are published the manifest is rewritten atomically, listing them and marki
 ``done``; the input's files move from ``_staging/`` into the table folders by rename in that same
 step, just before the new manifest replaces the old one, so a glob over a table folder sees only
 parts the manifest lists.  A run that starts on an existing dataset skips inputs already done
-(same sha256), retries failed ones and deletes the staging folder and any part / reject file the
+(same content hash: :mod:`gpuclust.ingest.content_hash`), retries failed ones and deletes the staging folder and any part / reject file the
 manifest does not list (leftovers of a crash), so a re-run after a kill at any point produces
 exactly the rows of a clean run.
 """
@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuclust.dataset import MANIFEST, REJECTS_DIR, fsync_dir, new_manifest, write_json_atomic
+from gpuclust.ingest import content_hash
 from gpuclust.ingest.base import ReadOptions, SourceFile
 from gpuclust.ingest.detect import detect, expand_sources
 from gpuclust.ingest.progress import Progress
@@ -58,7 +59,9 @@ class FileReport:
     """Per-input outcome of one ingest run."""
 
     path: str
-    sha256: str
+    #: The hash of the input's content that keys it in the manifest (``manifest["content_hash"]``
+    #: names the algorithm: :mod:`gpuclust.ingest.content_hash`).
+    content_hash: str
     #: "done", "failed", "skipped" (already in the dataset) or "duplicate" (same content given twice).
     status: str
     format: str = ""
@@ -165,40 +168,54 @@ class IngestReport:
 
 
 # --------------------------------------------------------------------------------------------
-def sha256_file(path: Path, block: int = 4 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while True:
-            b = f.read(block)
-            if not b:
-                break
-            h.update(b)
-    return h.hexdigest()
-
-
-def _hash(s: SourceFile) -> tuple[SourceFile, str]:
-    """(source, sha256 of its content); an unreadable file gets a key from its path and a problem."""
+def _hash(s: SourceFile, algorithm: str) -> tuple[SourceFile, str]:
+    """(source, the hash of its content); an unreadable file gets a key from its path and a problem."""
     try:
-        return s, sha256_file(s.path)
+        return s, content_hash.file_hash(s.path, algorithm)
     except OSError as e:
         return replace(s, problem=s.problem or f"{s.path}: cannot read: {e.strerror or e}"), ""
 
 
 def _known_inputs(manifest: dict[str, Any]) -> dict[tuple[str, int, int], str]:
-    """``(path, size, mtime_ns) -> sha256`` of the inputs a manifest records as done."""
+    """``(path, size, mtime_ns) -> content hash`` of the inputs a manifest records as done."""
     return {(inp["path"], int(inp["size"]), int(inp["mtime_ns"])): key for key, inp in manifest["inputs"].items()
             if inp.get("status") == "done" and inp.get("mtime_ns") is not None and inp.get("size") is not None}
 
 
-def _identify(s: SourceFile, known: dict[tuple[str, int, int], str]) -> tuple[SourceFile, str]:
-    """(source, its content key): the recorded sha256 of an input already ingested from the same
-    path with the same size and modification time (not read again), else :func:`_hash`."""
+def _identify(
+    s: SourceFile, known: dict[tuple[str, int, int], str], algorithm: str, defer: set[int]
+) -> tuple[SourceFile, str | None]:
+    """(source, its content key): the recorded hash of an input already ingested from the same
+    path with the same size and modification time (not read again); None (hash it while it is
+    read) for a readable input whose size is in ``defer``; else :func:`_hash`."""
     try:
         st = os.stat(s.path)
     except OSError:
-        return _hash(s)
+        return _hash(s, algorithm)
     key = known.get((str(s.path), st.st_size, st.st_mtime_ns))
-    return (s, key) if key is not None and s.problem is None else _hash(s)
+    if key is not None and s.problem is None:
+        return s, key
+    if s.problem is None and st.st_size in defer:
+        return s, None
+    return _hash(s, algorithm)
+
+
+def _sizes_to_defer(srcs: list[SourceFile], manifest: dict[str, Any]) -> set[int]:
+    """File sizes whose inputs may be hashed while they are read instead of before.
+
+    Files of different sizes differ, so an input whose size no other input of this run and no
+    input the manifest records has cannot be a duplicate, a moved file or a retry: nothing
+    needs its hash before it is read.  The others are hashed first, as before, so duplicates
+    and already-ingested content are still found without parsing them."""
+    sizes: dict[int, int] = {}
+    for s in srcs:
+        try:
+            n = s.path.stat().st_size
+        except OSError:
+            continue
+        sizes[n] = sizes.get(n, 0) + 1
+    recorded = {int(inp["size"]) for inp in manifest["inputs"].values() if inp.get("size") is not None}
+    return {n for n, k in sizes.items() if k == 1 and n not in recorded}
 
 
 _LISTING_LINE = re.compile(r"^\s*(\d+)\s+(?:\S+\s+)?(\S+)\s*$")
@@ -507,7 +524,12 @@ def _run(
 
     m = _load_manifest(out)
     if m is None:
-        m = new_manifest()
+        m = new_manifest(content_hash=content_hash.default_algorithm())
+    try:
+        algorithm = m["content_hash"] = content_hash.of_manifest(m)
+        content_hash.hasher(algorithm)  # can this Python compute it?
+    except content_hash.MissingHashError as e:
+        raise IngestUsageError(f"{out}: {e}") from None
     bucketed = sorted(t for t, e in m.get("tables", {}).items() if isinstance(e, dict) and e.get("layout"))
     if bucketed:
         raise IngestUsageError(
@@ -553,30 +575,40 @@ def _run(
     if listing is not None:
         sizes = read_listing(listing)
         srcs = [_check_listing(s, sizes, str(listing), notes) for s in srcs]
-    # Hash inputs (threads: hashlib releases the GIL); an input already done with the same path,
+    # Hash inputs (threads: both hashes release the GIL); an input already done with the same path,
     # size and modification time keeps its recorded hash without being read again.
     known = _known_inputs(m)
     if (workers == 1 or len(srcs) == 1) and any(
         s.format == "v3-json" and s.source_table == "instance_usage" and s.problem is None for s in srcs
     ):
         _fast_usage.preload()  # read in this process: load the compiled JSON reader meanwhile
+    defer = _sizes_to_defer(srcs, m)
     with cf.ThreadPoolExecutor(max_workers=min(4, len(srcs))) as tp:
-        hashed = list(tp.map(lambda s: _identify(s, known), srcs))
+        hashed = list(tp.map(lambda s: _identify(s, known, algorithm, defer), srcs))
     srcs = [s for s, _ in hashed]
-    shas = [h for _, h in hashed]
+    keys = [h for _, h in hashed]
 
     reports: dict[int, FileReport] = {}
-    todo: list[tuple[int, SourceFile, str]] = []
+    todo: list[tuple[int, SourceFile, str | None]] = []
     seen: dict[str, str] = {}
     by_path = {inp.get("path"): k for k, inp in m["inputs"].items()}
     stale: list[str] = []
-    for i, (s, sha) in enumerate(zip(srcs, shas, strict=True)):
+    for i, (s, sha) in enumerate(zip(srcs, keys, strict=True)):
         if s.problem is not None:
             # Fails before reading (empty, unreadable, another format): one failure per file, even
             # when two such files have the same bytes (two 0-byte downloads).
-            sha = _problem_key(s, sha)
+            sha = _problem_key(s, sha or "")
+        if sha is None:  # hashed while it is read: a size no other input has (_sizes_to_defer)
+            old = by_path.get(str(s.path))
+            if old is not None and old in m["inputs"]:
+                if m["inputs"][old].get("status") == "done":
+                    warn(f"{s.path} changed since it was ingested (new size); its new content is added as a new input")
+                else:
+                    stale.append(old)
+            todo.append((i, s, None))
+            continue
         if sha in seen:
-            warn(f"{s.path} has the same content as {seen[sha]} (sha256 {sha[:16]}...); ingested once")
+            warn(f"{s.path} has the same content as {seen[sha]} ({algorithm} {sha[:16]}...); ingested once")
             reports[i] = FileReport(str(s.path), sha, "duplicate", s.format, s.source_table)
             continue
         seen[sha] = str(s.path)
@@ -590,7 +622,7 @@ def _run(
         if old is not None and old != sha and old in m["inputs"]:
             if m["inputs"][old].get("status") == "done":
                 warn(
-                    f"{s.path} changed since it was ingested (new sha256 {sha[:16]}...); its new content is added as a new input"
+                    f"{s.path} changed since it was ingested (new {algorithm} {sha[:16]}...); its new content is added as a new input"
                 )
             else:
                 stale.append(old)
@@ -622,12 +654,17 @@ def _run(
                 f"{res.path}: {res.rows_rejected:,} of {res.rows_read:,} rows rejected "
                 f"({res.rows_rejected / res.rows_read:.2%}), over --max-reject-rate {max_reject_rate:.2%}"
             )
-        m["inputs"][res.sha256] = res.manifest_entry()
+        if res.content_hash in m["inputs"]:  # hashed while read, and changed since it was sized
+            warn(f"{res.path} has the same content as {m['inputs'][res.content_hash].get('path')} "
+                 f"({algorithm} {res.content_hash[:16]}...) after all; ingested once")
+            reports[i] = FileReport(res.path, res.content_hash, "duplicate", res.format, res.source_table)
+            return  # its staged files are removed with the staging folder
+        m["inputs"][res.content_hash] = res.manifest_entry()
         done = res.outputs + ([res.rejects_file] if res.rejects_file else [])
         mw.write(publish=[(out / STAGING_DIR / rel, out / rel) for rel in done])
         reports[i] = FileReport(
             path=res.path,
-            sha256=res.sha256,
+            content_hash=res.content_hash,
             status=res.status,
             format=res.format,
             source_table=res.source_table,
@@ -651,10 +688,11 @@ def _run(
     todo.sort(key=lambda t: -t[1].path.stat().st_size)  # big files first balances the pool
     if nworkers == 1 or len(todo) <= 1:
         for i, s, sha in todo:
-            res = ingest_file(s, sha, out, opts, progress=prog.update if prog is not None else None)
+            res = ingest_file(s, sha, out, opts, progress=prog.update if prog is not None else None,
+                              algorithm=algorithm)
             record(i, res)
     else:
-        _run_pool(todo, out, opts, min(nworkers, len(todo)), prog, record)
+        _run_pool(todo, out, opts, min(nworkers, len(todo)), prog, record, algorithm)
 
     m["complete"] = bool(m["inputs"]) and all(inp.get("status") == "done" for inp in m["inputs"].values())
     mw.write()
@@ -687,14 +725,20 @@ def _run(
 
 
 def _run_pool(
-    todo: list[tuple[int, SourceFile, str]], out: Path, opts: ReadOptions, n: int, prog: Progress | None, record: Any
+    todo: list[tuple[int, SourceFile, str | None]],
+    out: Path,
+    opts: ReadOptions,
+    n: int,
+    prog: Progress | None,
+    record: Any,
+    algorithm: str,
 ) -> None:
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     with cf.ProcessPoolExecutor(
         max_workers=n, mp_context=ctx, initializer=init_worker, initargs=(q, os.getpid())
     ) as pool:
-        futs = {pool.submit(ingest_file_task, s, sha, str(out), opts): (i, s, sha) for i, s, sha in todo}
+        futs = {pool.submit(ingest_file_task, s, sha, str(out), opts, algorithm): (i, s, sha) for i, s, sha in todo}
         pending = set(futs)
         while pending:
             done, pending = cf.wait(pending, timeout=0.2, return_when=cf.FIRST_COMPLETED)
@@ -704,6 +748,9 @@ def _run_pool(
                 try:
                     res = fut.result()
                 except Exception as e:  # a worker died (OOM, signal) or could not start
+                    if sha is None:
+                        _, sha = _hash(s, algorithm)
+                        sha = sha or _problem_key(s, "")
                     res = FileResult(sha, str(s.path), s.path.stat().st_size, s.format, s.source_table, s.trace_version)
                     res.error = f"worker failed: {type(e).__name__}: {e}"
                     # Its parts (if any) are not listed; the next run removes them.

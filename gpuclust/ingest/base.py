@@ -101,6 +101,10 @@ class ReadOptions:
     #: What to keep (a sample, a time range: :class:`gpuclust.ingest.sampling.IngestSelection`);
     #: ``None`` keeps everything.  Readers may drop rows outside it early (before validation).
     select: Any = None
+    #: The input's :class:`gpuclust.ingest.content_hash.StreamHash`, when its hash is not known
+    #: yet: a reader that reads the file in order from its start wraps its file object with
+    #: ``digest.wrap(f)`` so the file is hashed as it is read (the others leave it alone).
+    digest: Any = None
 
 
 class Reader(Protocol):

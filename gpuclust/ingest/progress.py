@@ -75,15 +75,15 @@ class Progress:
         if not self.tty:
             self._line(f"ingest: {files} file(s), {_mb(total_bytes)} to read")
 
-    def update(self, key: str, rows: int, bytes_done: int) -> None:
-        self._rows[key] = rows
-        self._bytes[key] = bytes_done
+    def update(self, path: str, rows: int, bytes_done: int) -> None:
+        self._rows[path] = rows
+        self._bytes[path] = bytes_done
         self._tick()
 
     def file_done(self, result: Any) -> None:
         self.files_done += 1
-        self._rows[result.sha256] = result.rows_read
-        self._bytes[result.sha256] = result.size
+        self._rows[result.path] = result.rows_read
+        self._bytes[result.path] = result.size
         status = "done" if result.status == "done" else f"FAILED: {result.error}"
         msg = (
             f"ingest: [{self.files_done}/{self.files_total}] {result.path}: {result.rows_read:,} read, "

@@ -10,13 +10,14 @@ next ingest.
 
 Output names (final; staged under ``OUT/_staging/`` with the same relative path)::
 
-    OUT/<table>/part-<first 16 hex of the input's sha256>-<chunk:05d>.parquet
-    OUT/_rejects/part-<first 16 hex of the input's sha256>.jsonl
+    OUT/<table>/part-<first 16 hex of the input's content hash>-<chunk:05d>.parquet
+    OUT/_rejects/part-<first 16 hex of the input's content hash>.jsonl
 """
 
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import json
 import os
 import signal
@@ -25,7 +26,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from gpuclust.dataset import REJECTS_DIR, fsync_dir
+from gpuclust.ingest import content_hash
 from gpuclust.ingest.base import ReadOptions, Reject, SourceError, SourceFile
 from gpuclust.ingest.readers import get_reader
 
@@ -48,16 +50,17 @@ FIRST_REASONS = 5
 ProgressFn = Callable[[str, int, int], None]
 
 
-def stem(sha256: str) -> str:
-    """The name stem of every output of the input with this sha256."""
-    return f"part-{sha256[:16]}"
+def stem(key: str) -> str:
+    """The name stem of every output of the input with this content hash."""
+    return f"part-{key[:16]}"
 
 
 @dataclass
 class FileResult:
     """What ingesting one input file produced (also the manifest's ``inputs`` entry)."""
 
-    sha256: str
+    #: The hash of the input's content (the algorithm: the manifest's ``content_hash``).
+    content_hash: str
     path: str
     size: int
     format: str
@@ -227,7 +230,12 @@ class _RejectSink:
 # One input file
 # --------------------------------------------------------------------------------------------
 def ingest_file(
-    src: SourceFile, sha256: str, out: Path, opts: ReadOptions, progress: ProgressFn | None = None
+    src: SourceFile,
+    key: str | None,
+    out: Path,
+    opts: ReadOptions,
+    progress: ProgressFn | None = None,
+    algorithm: str = content_hash.LEGACY,
 ) -> FileResult:
     """Read ``src`` and publish its canonical parts and rejects under ``out``.
 
@@ -235,12 +243,17 @@ def ingest_file(
     ``outputs`` and ``rejects_file`` are the final paths relative to ``out``.  Never raises for
     bad input: an unreadable or truncated file gives ``status="failed"`` with ``error`` set,
     keeping the parts written before the failure.
+
+    ``key`` is the input's content hash, or None when it is not known yet: the file is then
+    hashed (with ``algorithm``) as the reader reads it (:class:`content_hash.StreamHash`), its
+    parts are staged under a provisional name and renamed to the hash's once it is known.
     """
     t0 = time.perf_counter()
     out = Path(out)
     info = os.stat(src.path)
+    digest = content_hash.StreamHash(src.path, algorithm) if key is None else None
     res = FileResult(
-        sha256=sha256,
+        content_hash=key or "",
         path=str(src.path),
         size=info.st_size,
         mtime_ns=info.st_mtime_ns,
@@ -252,13 +265,16 @@ def ingest_file(
         res.error = src.problem
         res.seconds = time.perf_counter() - t0
         return res
-    st = stem(sha256)
+    # Unknown hash: a provisional stem, unique among the run's inputs (their paths differ).
+    st = stem(key) if key is not None else f"part-new-{hashlib.sha256(os.fsencode(src.path)).hexdigest()[:16]}"
+    if digest is not None:
+        opts = replace(opts, digest=digest)
     stage = out / STAGING_DIR
     sink = _RejectSink(stage / REJECTS_DIR / f"{st}.jsonl")
     if progress is None and _QUEUE is not None:
 
-        def progress(key: str, rows: int, done: int) -> None:
-            _QUEUE.put((key, rows, done))
+        def progress(path: str, rows: int, done: int) -> None:
+            _QUEUE.put((path, rows, done))
 
     # Parts are written by one background thread (Parquet encoding releases the GIL) while the
     # reader parses the next chunk; at most two parts wait in memory.
@@ -295,7 +311,7 @@ def ingest_file(
                 res.rows_read += chunk.rows_read
                 res.rows_deduplicated += chunk.rows_deduplicated
                 if progress is not None:
-                    progress(sha256, res.rows_read, chunk.bytes_done)
+                    progress(res.path, res.rows_read, chunk.bytes_done)
             res.status = "done"
         finally:
             try:
@@ -310,6 +326,8 @@ def ingest_file(
         res.error = f"{type(e).__name__}: {e}"
     res.rows_rejected = sink.count
     res.first_reasons = sink.first
+    if digest is not None:
+        st = _name_by_hash(res, digest, stage, st, sink)
     try:
         if sink.publish():
             res.rejects_file = f"{REJECTS_DIR}/{st}.jsonl"
@@ -318,11 +336,37 @@ def ingest_file(
         res.status = "failed"
         res.error = (res.error + "; " if res.error else "") + f"cannot write rejects: {e}"
     if progress is not None:
-        progress(sha256, res.rows_read, res.size)
+        progress(res.path, res.rows_read, res.size)
     res.seconds = time.perf_counter() - t0
     return res
 
 
-def ingest_file_task(src: SourceFile, sha256: str, out: str, opts: ReadOptions) -> FileResult:
+def _name_by_hash(res: FileResult, digest: content_hash.StreamHash, stage: Path, st: str, sink: _RejectSink) -> str:
+    """Finish the input's hash and rename its staged parts from the provisional stem ``st`` to
+    the hash's; returns the new stem.  A file that cannot be read to its end fails, keyed by
+    its path."""
+    try:
+        res.content_hash = digest.finish()
+    except OSError as e:
+        res.content_hash = hashlib.sha256(b"unreadable\0" + os.fsencode(res.path)).hexdigest()
+        res.status = "failed"
+        res.error = (res.error + "; " if res.error else "") + f"{res.path}: cannot read to hash it: {e.strerror or e}"
+    new = stem(res.content_hash)
+    renamed = []
+    for rel in res.outputs:
+        table, name = rel.split("/", 1)
+        to = f"{table}/{new}{name[len(st):]}"
+        os.replace(stage / rel, stage / to)
+        renamed.append(to)
+    for folder in {(stage / rel).parent for rel in renamed}:
+        fsync_dir(folder)
+    res.outputs = renamed
+    sink.final = stage / REJECTS_DIR / f"{new}.jsonl"
+    return new
+
+
+def ingest_file_task(
+    src: SourceFile, key: str | None, out: str, opts: ReadOptions, algorithm: str = content_hash.LEGACY
+) -> FileResult:
     """Entry point for worker processes."""
-    return ingest_file(src, sha256, Path(out), opts)
+    return ingest_file(src, key, Path(out), opts, algorithm=algorithm)

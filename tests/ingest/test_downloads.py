@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
-import gpuclust.ingest.api as api
 from gpuclust.dataset import Dataset
-from gpuclust.ingest import ingest
+from gpuclust.ingest import content_hash, ingest
 from gpuclust.ingest.api import IngestUsageError, read_listing
 
 from .conftest import records, write_json
@@ -21,15 +20,20 @@ from .conftest import records, write_json
 
 @pytest.fixture
 def hashed(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The paths ingest reads to hash, in order."""
+    """The paths ingest hashes, in order (before reading them, or while it reads them)."""
     seen: list[str] = []
-    real = api.sha256_file
+    real, real_init = content_hash.file_hash, content_hash.StreamHash.__init__
 
     def spy(path: Path, *a: object, **k: object) -> str:
         seen.append(Path(path).name)
         return real(path, *a, **k)
 
-    monkeypatch.setattr(api, "sha256_file", spy)
+    def spy_init(self: content_hash.StreamHash, path: Path, *a: object, **k: object) -> None:
+        seen.append(Path(path).name)
+        real_init(self, path, *a, **k)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(content_hash, "file_hash", spy)
+    monkeypatch.setattr(content_hash.StreamHash, "__init__", spy_init)
     return seen
 
 

@@ -13,6 +13,8 @@ import json
 import os
 import random
 import re
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -172,7 +174,7 @@ def test_pieces_read_while_the_reader_loads_go_to_arrow(tmp_path: Path, monkeypa
     f = write_json(tmp_path / "instance_usage-000000000000.json.gz", recs)
     calls = []
 
-    def ready() -> bool:
+    def ready(wait: float = 0.0) -> bool:
         if os.environ.get("GPUCLUST_FAST_JSON") == "0":  # the reference read: the Arrow path
             return False
         calls.append(1)
@@ -182,6 +184,22 @@ def test_pieces_read_while_the_reader_loads_go_to_arrow(tmp_path: Path, monkeypa
     spy, (tbl, rejects, rows) = both(f, monkeypatch, ReadOptions(chunk_bytes=32 << 10, threads=2))
     assert len(calls) > 6 and spy.took == len(calls) - 3 and spy.refused == 0
     assert rows == 2000 and not rejects
+
+
+def test_ready_waits_for_a_load_in_progress(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A piece waits (up to ``wait`` seconds) for a load in progress instead of going to Arrow."""
+    assert _fast_usage.available()  # loaded in this process
+    loading = threading.Thread(target=time.sleep, args=(0.3,))
+    loading.start()
+    monkeypatch.setattr(_fast_usage, "_preloading", loading)
+    assert not _fast_usage.ready()  # no wait: still loading
+    t0 = time.monotonic()
+    assert _fast_usage.ready(5.0) and time.monotonic() - t0 < 4.0  # returned when the load ended
+    slow = threading.Thread(target=time.sleep, args=(2.0,))
+    slow.start()
+    monkeypatch.setattr(_fast_usage, "_preloading", slow)
+    assert not _fast_usage.ready(0.05)  # a first-ever compile: the piece goes to Arrow
+    slow.join()
 
 
 def test_generated_records_all_pieces_fast(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -267,7 +267,7 @@ def test_truncated_gzip(tmp_path: Path) -> None:
     ds = Dataset(out, allow_incomplete=True)
     assert ds.num_rows("machine_events") == complete
     assert ds.read("machine_events").num_rows == complete
-    assert ds.manifest["inputs"][failed.sha256]["status"] == "failed"
+    assert ds.manifest["inputs"][failed.content_hash]["status"] == "failed"
     assert ds.num_rows("machine_attributes") == 10
     # A re-run retries the failed file (still truncated -> still failed), rows are not doubled.
     rep2 = ingest([f, good], out, opts=ReadOptions(chunk_bytes=8192), workers=1)

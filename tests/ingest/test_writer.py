@@ -52,7 +52,7 @@ def test_manifest(tmp_path: Path) -> None:
     assert m["complete"] is True and m["synthetic"] == {"seed": 1}
     assert len(m["inputs"]) == 4
     for sha, inp in m["inputs"].items():
-        assert inp["sha256"] == sha and inp["status"] == "done" and inp["error"] is None
+        assert inp["content_hash"] == sha and m["content_hash"] == "blake3" and inp["status"] == "done" and inp["error"] is None
         assert Path(inp["path"]).is_file() and inp["size"] == Path(inp["path"]).stat().st_size
         assert (
             inp["rows_read"]
@@ -142,7 +142,7 @@ def test_reject_threshold(tmp_path: Path) -> None:
     assert ingest([f], tmp_path / "a", max_reject_rate=0.05).complete
     rep = ingest([f], tmp_path / "b", max_reject_rate=0.05)
     assert rep.exit_status == 0
-    assert rep.files[0].rejects_file == f"_rejects/part-{rep.files[0].sha256[:16]}.jsonl"
+    assert rep.files[0].rejects_file == f"_rejects/part-{rep.files[0].content_hash[:16]}.jsonl"
     assert len((tmp_path / "b" / rep.files[0].rejects_file).read_text().splitlines()) == 5
 
 

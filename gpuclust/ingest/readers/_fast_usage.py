@@ -38,6 +38,7 @@ import gc
 import importlib.util
 import math
 import os
+import sys
 import threading
 import warnings
 from collections.abc import Iterator
@@ -93,11 +94,21 @@ def wanted() -> bool:
     return _enabled() and not _failed and (_kernel is not None or importlib.util.find_spec("numba") is not None)
 
 
-def ready() -> bool:
-    """Whether a piece can be parsed now without waiting: the kernel is loaded and no load is in
-    progress.  Pieces read while numba still loads (about 0.6 s at the start of a process) go to
-    the Arrow path, which gives the same result, instead of idling."""
-    return _enabled() and _kernel is not None and not (_preloading is not None and _preloading.is_alive())
+def ready(wait: float = 0.0) -> bool:
+    """Whether a piece can be parsed now: the kernel is loaded and no load is in progress, after
+    waiting up to ``wait`` seconds for a load in progress (:func:`preload`).  Loading from numba's
+    cache takes ~0.2 s at the start of a process; the readers wait up to :data:`LOAD_WAIT` for it,
+    which costs less than parsing the first piece with Arrow (~0.3 CPU-s per 64 MiB), while a
+    first-ever compile (~6 s) still sends the pieces read meanwhile to the Arrow path (same
+    result) instead of idling."""
+    t = _preloading
+    if wait > 0 and t is not None and t.is_alive():
+        t.join(wait)
+    return _enabled() and _kernel is not None and not (t is not None and t.is_alive())
+
+
+#: How long a reader waits for the compiled reader to finish loading (see :func:`ready`).
+LOAD_WAIT = 1.0
 
 
 def count_newlines(buf: bytes | bytearray, start: int, end: int) -> int:
@@ -121,14 +132,39 @@ def preload() -> threading.Thread | None:
         return _preloading
 
     def run() -> None:
-        fn = _load()
-        if fn is not None:
-            with _no_gc():
-                parse(b"{}", 1)  # the first call loads the machine code from numba's cache
+        with _without_scipy_blas():
+            fn = _load()
+            if fn is not None:
+                with _no_gc():
+                    parse(b"{}", 1)  # the first call loads the machine code from numba's cache
 
     t = _preloading = threading.Thread(target=run, name="gpuclust-fast-json-load", daemon=True)
     t.start()
     return t
+
+
+#: The module numba's CPU target imports to see whether BLAS is there (numba.np.linalg).
+_BLAS_PROBE = "scipy.linalg.cython_blas"
+
+
+@contextlib.contextmanager
+def _without_scipy_blas() -> Iterator[None]:
+    """numba's CPU target imports ``numba.np.arraymath`` the first time it compiles or loads a
+    function, and that module probes for BLAS at import by importing ``scipy.linalg`` where SciPy
+    is installed: 0.14 s (a third of the cache load, measured) for a kernel that does no linear
+    algebra.  While the kernel loads, the probe's import fails as if SciPy were absent; the one
+    thing this changes is that numba-compiled ``np.correlate`` / ``np.convolve`` in the same
+    process use numba's own loop instead of BLAS (same values).  Nothing changes where
+    ``numba.np.arraymath`` or the probe module is already imported."""
+    if _BLAS_PROBE in sys.modules or "numba.np.arraymath" in sys.modules:
+        yield
+        return
+    sys.modules[_BLAS_PROBE] = None  # type: ignore[assignment]  # import raises ImportError
+    try:
+        yield
+    finally:
+        if _BLAS_PROBE in sys.modules and sys.modules[_BLAS_PROBE] is None:
+            del sys.modules[_BLAS_PROBE]
 
 
 @contextlib.contextmanager

@@ -580,7 +580,8 @@ def read(src: SourceFile, opts: ReadOptions) -> Iterator[Chunk]:
     chunk_bytes = max(1, int(opts.chunk_bytes))
     seen: set[bytes] = set()
     try:
-        feed = LineFeed(decompressed_pieces(raw, src.compression))
+        hashed = opts.digest.wrap(raw) if opts.digest is not None else raw  # hashed as it is read
+        feed = LineFeed(decompressed_pieces(hashed, src.compression))
         reader = csv.reader(feed, strict=False)
         try:
             header = next(reader)

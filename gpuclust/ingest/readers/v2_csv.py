@@ -31,7 +31,7 @@ See ``docs/formats-v2-kaggle.md`` for the field-by-field mapping.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 import pyarrow as pa
@@ -353,7 +353,7 @@ _MAPPERS: dict[str, _Mapper] = {
 # ---------------------------------------------------------------------------------------------
 
 
-def _blocks(src: SourceFile, chunk_bytes: int) -> Iterator[tuple[bytes, int, int]]:
+def _blocks(src: SourceFile, chunk_bytes: int, digest: Any = None) -> Iterator[tuple[bytes, int, int]]:
     """Yield ``(block, first_line, bytes_done)``: newline-aligned blocks of decompressed text.
 
     The last block may lack a final newline (a file that does not end in one).  On a truncated
@@ -367,7 +367,8 @@ def _blocks(src: SourceFile, chunk_bytes: int) -> Iterator[tuple[bytes, int, int
     pending = bytearray()
     try:
         try:
-            for piece in decompressed_pieces(raw, src.compression):
+            hashed = digest.wrap(raw) if digest is not None else raw  # hashed as it is read
+            for piece in decompressed_pieces(hashed, src.compression):
                 pending += piece
                 pos = 0
                 while len(pending) - pos >= chunk_bytes:
@@ -587,5 +588,5 @@ def read(src: SourceFile, opts: ReadOptions) -> Iterator[Chunk]:
     if src.source_table not in V2_FIELDS:
         raise SourceError(src.path, f"unknown v2 table {src.source_table!r}; expected one of {sorted(V2_FIELDS)}")
     chunk_bytes = max(1, int(opts.chunk_bytes))
-    for block, first_line, bytes_done in _blocks(src, chunk_bytes):
+    for block, first_line, bytes_done in _blocks(src, chunk_bytes, opts.digest):
         yield _read_block(src, block, first_line, bytes_done)

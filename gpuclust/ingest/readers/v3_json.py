@@ -28,7 +28,9 @@ import queue
 import re
 import sys
 import threading
+from collections import deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -786,7 +788,11 @@ _SLACK = max(_MAX_OUT, _READ_BLOCK)
 
 
 def _pieces(
-    src: SourceFile, chunk_bytes: int, count: Callable[[bytearray, int, int], int] | None = None
+    src: SourceFile,
+    chunk_bytes: int,
+    count: Callable[[bytearray, int, int], int] | None = None,
+    keep: int = 4,
+    digest: Any = None,
 ) -> Iterator[_Piece]:
     """Line-aligned pieces of ~chunk_bytes of the decompressed text (``count(buf, start, end)``,
     when given, counts a piece's newlines instead of NumPy, and the pieces carry no ``nl_pos``).
@@ -800,12 +806,13 @@ def _pieces(
     """
     path = src.path
     try:
-        f = open(path, "rb")
+        raw = open(path, "rb")
     except OSError as e:
         raise SourceError(path, f"cannot open: {e.strerror or e}") from None
-    with f:
+    with raw:
+        f = digest.wrap(raw) if digest is not None else raw  # hashed as it is read
         gz = src.compression == "gzip"
-        pool = _BufferPool(chunk_bytes + _SLACK)
+        pool = _BufferPool(chunk_bytes + _SLACK, keep)
         buf = pool.get()
         start = n = 0  # buf[start:n]: text read but not yet cut into pieces
         line = 1
@@ -927,6 +934,38 @@ def _threaded(it: Iterator[_T], depth: int = 1, name: str = "gpuclust-decompress
     finally:
         stop.set()
         t.join(timeout=5)
+
+
+def _ordered_map(fn: Callable[[Any], _T], it: Iterator[Any], workers: int, name: str) -> Iterator[_T]:
+    """``fn`` of every item of ``it``, in order, computed by ``workers`` threads (``fn`` must
+    release the GIL to gain): while the caller handles one result, the next ``workers`` items are
+    being computed.  An error raised by ``it`` comes after the results of the items before it."""
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name)
+    pending: deque[Future[_T]] = deque()
+    error: Exception | None = None
+    try:
+        while True:
+            try:
+                item = next(it)
+            except StopIteration:
+                break
+            except Exception as e:  # e.g. a damaged file: its complete lines first
+                error = e
+                break
+            pending.append(pool.submit(fn, item))
+            if len(pending) > workers:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+        if error is not None:
+            raise error
+    finally:
+        for f in pending:
+            f.cancel()
+        pool.shutdown(wait=True)
+        close = getattr(it, "close", None)
+        if close is not None:  # a threaded iterator: stop its thread too
+            close()
 
 
 # --------------------------------------------------------------------------------------------
@@ -1107,7 +1146,7 @@ def _parse_raw(src: SourceFile, piece: _Piece, opts: ReadOptions) -> _Parsed:
     (:func:`._fast_usage.ready`; pieces read while it loads are parsed by Arrow, with the same
     result); a piece it does not accept (anything but clean records) is parsed by Arrow, with
     per-line isolation."""
-    if src.source_table == "instance_usage" and _fast_usage.ready():
+    if src.source_table == "instance_usage" and _fast_usage.ready(_fast_usage.LOAD_WAIT):
         n_lines = piece.newlines + (1 if len(piece) and piece.buf[piece.end - 1] != 10 else 0)
         fast = _fast_usage.parse(piece.view, n_lines, opts.threads)
         if fast is not None:
@@ -1180,11 +1219,15 @@ def read(src: SourceFile, opts: ReadOptions) -> Iterator[Chunk]:
     fast = src.source_table == "instance_usage" and _fast_usage.wanted()
     if fast:  # load the compiled reader in the background: pieces read meanwhile go to Arrow
         _fast_usage.preload()
-    pieces = _pieces(src, opts.chunk_bytes, _fast_usage.count_newlines if fast else None)
+    pieces = _pieces(src, opts.chunk_bytes, _fast_usage.count_newlines if fast else None,
+                     keep=4 + opts.threads if fast else 4, digest=opts.digest)
     if opts.threads > 1:
-        if fast:  # inflate and the compiled parse in two threads: each is about half the work
-            pieces = _threaded(pieces, name="gpuclust-inflate")
-        for parsed in _threaded((_parse_raw(src, p, opts) for p in pieces), name="gpuclust-parse"):
+        if fast:  # read or inflate in one thread, the compiled parse in ``threads`` more
+            parsed_it = _ordered_map(lambda p: _parse_raw(src, p, opts), _threaded(pieces, name="gpuclust-inflate"),
+                                     opts.threads, "gpuclust-parse")
+        else:
+            parsed_it = _threaded((_parse_raw(src, p, opts) for p in pieces), name="gpuclust-parse")
+        for parsed in parsed_it:
             yield _finish_piece(src, parsed, opts)
         return
     for piece in pieces:
