@@ -153,7 +153,7 @@ class InstanceLookup:
         inst = np.dtype(instance.dtype)
         if xp is np and inst.kind == "i" and inst.itemsize <= 4 and self._slot_table() is not None:
             # the cpu backend (canonical int32 instance_index): one gather per query
-            tables: tuple[Any, ...] = (self._slot_table(), self.code)
+            tables: tuple[Any, ...] = (self._slot_table(),)
             probe = self._probe_slots
         else:
             tables = (backend.stage(self.hash), backend.stage(self._records()))
@@ -188,11 +188,10 @@ class InstanceLookup:
     def _probe_slots(backend: Any, tables: tuple[Any, ...], collection: Any, instance: Any,
                      machine: Any) -> tuple[Any, Any, Any]:
         """:meth:`_probe` on the cpu backend, by the :class:`_SlotTable` of the lookup."""
-        table, code = tables
-        pos = table.find(triple_hash(np, collection, instance, machine), collection, instance, machine)
+        pos, code = tables[0].find(triple_hash(np, collection, instance, machine), collection, instance, machine)
         found = pos >= 0
         np.maximum(pos, 0, out=pos)
-        return found, pos, np.take(code, pos)
+        return found, pos, code
 
     def _slot_table(self) -> _SlotTable | None:
         """The cpu backend's open-addressing table of the lookup (built once per lookup; None for
@@ -200,7 +199,7 @@ class InstanceLookup:
         if len(self) >= _SlotTable.MAX_ROWS:
             return None
         return _slot_tables.get(self.hash, lambda _h: _SlotTable(self.hash, self.collection, self.instance,
-                                                                  self.machine))
+                                                                  self.machine, self.code))
 
     def _records(self) -> np.ndarray:
         """The table as one (n, 4) int64 array: collection, machine, instance, code per row (so a
@@ -228,9 +227,9 @@ _slot_tables = PerArrayCache()
 
 class _SlotTable:
     """Linear probing over an :class:`InstanceLookup`'s keys for the cpu backend, the whole key in
-    the slot: each slot holds ``(hash, collection, machine, instance << 32 | row)`` (32 bytes,
+    the slot: each slot holds ``(code, collection, machine, instance << 32 | row)`` (32 bytes,
     aligned: one cache line per probe), so a query costs one gather where ``hash_index`` and
-    the record cost two.  The slot of a key is the top ``bits`` of its :func:`triple_hash` (mixed
+    the record cost two (and the key is checked there, the code read there).  The slot of a key is the top ``bits`` of its :func:`triple_hash` (mixed
     already): the lookup's keys, sorted by that hash, are sorted by slot, so the table is built
     without a sort.  Slots ``2**bits + n`` (no wrap-around); an empty slot has the ``_EMPTY``
     bit set in its last word (rows are below 2^31), which no query's ``instance << 32`` has."""
@@ -241,7 +240,8 @@ class _SlotTable:
     #: the bits of the last word a query's instance must match (an empty slot's _EMPTY included)
     _KEY = np.int64(-(1 << 32) | (1 << 31))
 
-    def __init__(self, h: np.ndarray, collection: np.ndarray, instance: np.ndarray, machine: np.ndarray):
+    def __init__(self, h: np.ndarray, collection: np.ndarray, instance: np.ndarray, machine: np.ndarray,
+                 code: np.ndarray):
         n = int(h.shape[0])
         self.bits = max(4, int(2 * n - 1).bit_length())  # load factor <= 1/2
         self.shift = np.uint64(64 - self.bits)
@@ -250,30 +250,34 @@ class _SlotTable:
         pos = np.maximum.accumulate(slot - ar) + ar if n else ar  # first free slot at or after its own
         tab = np.zeros(((1 << self.bits) + n, 4), np.int64)
         tab[:, 3] = self._EMPTY
-        tab[pos, 0] = h.view(np.int64)
+        tab[pos, 0] = code
         tab[pos, 1] = collection
         tab[pos, 2] = machine
         tab[pos, 3] = (instance.astype(np.int64) << 32) | ar
         self.tab = tab
 
-    def find(self, h: np.ndarray, collection: np.ndarray, instance: np.ndarray, machine: np.ndarray) -> np.ndarray:
-        """Row of each query in the lookup (its hash ``h``), -1 where absent."""
+    def find(self, h: np.ndarray, collection: np.ndarray, instance: np.ndarray,
+             machine: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per query (``h``: its hash): its row in the lookup (-1 where absent) and its code
+        (meaningless where absent)."""
         p = (h >> self.shift).astype(np.int64)
         q = instance.astype(np.int64) << 32
-        hi = h.view(np.int64)
         e = np.take(self.tab, p, axis=0)
-        hit = (e[:, 0] == hi) & (e[:, 1] == collection) & (e[:, 2] == machine) & ((e[:, 3] & self._KEY) == q)
+        hit = (e[:, 1] == collection) & (e[:, 2] == machine) & ((e[:, 3] & self._KEY) == q)
         res = np.where(hit, e[:, 3] & self._ROW, -1)
+        code = e[:, 0].astype(np.int32)
         more = np.flatnonzero(~hit & ((e[:, 3] & self._EMPTY) == 0))  # occupied by another key: probe on
+        if more.shape[0]:
+            p, c, m, q = p[more] + 1, collection[more], machine[more], q[more]
         while more.shape[0]:
-            p_m = p[more] + 1
-            p[more] = p_m
-            e = np.take(self.tab, p_m, axis=0)
-            hit = ((e[:, 0] == hi[more]) & (e[:, 1] == collection[more]) & (e[:, 2] == machine[more])
-                   & ((e[:, 3] & self._KEY) == q[more]))
-            res[more[hit]] = e[hit, 3] & self._ROW
-            more = more[~hit & ((e[:, 3] & self._EMPTY) == 0)]
-        return res
+            e = np.take(self.tab, p, axis=0)
+            hit = (e[:, 1] == c) & (e[:, 2] == m) & ((e[:, 3] & self._KEY) == q)
+            at = more[hit]
+            res[at] = e[hit, 3] & self._ROW
+            code[at] = e[hit, 0]
+            go = ~hit & ((e[:, 3] & self._EMPTY) == 0)
+            more, p, c, m, q = more[go], p[go] + 1, c[go], m[go], q[go]
+        return res, code
 
 
 @dataclass(frozen=True)
