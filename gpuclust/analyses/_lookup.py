@@ -188,10 +188,7 @@ class InstanceLookup:
     def _probe_slots(backend: Any, tables: tuple[Any, ...], collection: Any, instance: Any,
                      machine: Any) -> tuple[Any, Any, Any]:
         """:meth:`_probe` on the cpu backend, by the :class:`_SlotTable` of the lookup."""
-        pos, code = tables[0].find(triple_hash(np, collection, instance, machine), collection, instance, machine)
-        found = pos >= 0
-        np.maximum(pos, 0, out=pos)
-        return found, pos, code
+        return tables[0].find(triple_hash(np, collection, instance, machine), collection, instance, machine)
 
     def _slot_table(self) -> _SlotTable | None:
         """The cpu backend's open-addressing table of the lookup (built once per lookup; None for
@@ -227,18 +224,17 @@ _slot_tables = PerArrayCache()
 
 class _SlotTable:
     """Linear probing over an :class:`InstanceLookup`'s keys for the cpu backend, the whole key in
-    the slot: each slot holds ``(code, collection, machine, instance << 32 | row)`` (32 bytes,
-    aligned: one cache line per probe), so a query costs one gather where ``hash_index`` and
-    the record cost two (and the key is checked there, the code read there).  The slot of a key is the top ``bits`` of its :func:`triple_hash` (mixed
-    already): the lookup's keys, sorted by that hash, are sorted by slot, so the table is built
-    without a sort.  Slots ``2**bits + n`` (no wrap-around); an empty slot has the ``_EMPTY``
-    bit set in its last word (rows are below 2^31), which no query's ``instance << 32`` has."""
+    the slot: each slot is a 32-byte record ``(collection, machine, code, instance, row)``
+    (aligned: one cache line per probe), so a query costs one gather where ``hash_index`` and the
+    record cost two, and its key is checked and its code read there.  The slot of a key is the
+    top ``bits`` of its :func:`triple_hash` (mixed already): the lookup's keys, sorted by that
+    hash, are sorted by slot, so the table is built without a sort.  Slots ``2**bits + n`` (no
+    wrap-around); an empty slot holds row -1 and a copy of row 0's key, which no query that
+    reaches it has (row 0's key lies between its home slot and the first empty slot after it), so
+    an empty slot never matches."""
 
     MAX_ROWS = 1 << 31
-    _EMPTY = np.int64(1 << 31)
-    _ROW = np.int64((1 << 31) - 1)
-    #: the bits of the last word a query's instance must match (an empty slot's _EMPTY included)
-    _KEY = np.int64(-(1 << 32) | (1 << 31))
+    SLOT = np.dtype([("c", "<i8"), ("m", "<i8"), ("code", "<i4"), ("i", "<i4"), ("row", "<i4"), ("pad", "<i4")])
 
     def __init__(self, h: np.ndarray, collection: np.ndarray, instance: np.ndarray, machine: np.ndarray,
                  code: np.ndarray):
@@ -248,36 +244,40 @@ class _SlotTable:
         slot = (h >> self.shift).astype(np.int64)  # non-decreasing: h is sorted
         ar = np.arange(n, dtype=np.int64)
         pos = np.maximum.accumulate(slot - ar) + ar if n else ar  # first free slot at or after its own
-        tab = np.zeros(((1 << self.bits) + n, 4), np.int64)
-        tab[:, 3] = self._EMPTY
-        tab[pos, 0] = code
-        tab[pos, 1] = collection
-        tab[pos, 2] = machine
-        tab[pos, 3] = (instance.astype(np.int64) << 32) | ar
+        tab = np.zeros((1 << self.bits) + n, self.SLOT)
+        if n:
+            tab["c"], tab["m"], tab["code"], tab["i"] = collection[0], machine[0], code[0], instance[0]
+        tab["row"] = -1
+        tab["c"][pos] = collection
+        tab["m"][pos] = machine
+        tab["code"][pos] = code
+        tab["i"][pos] = instance
+        tab["row"][pos] = ar
         self.tab = tab
 
     def find(self, h: np.ndarray, collection: np.ndarray, instance: np.ndarray,
-             machine: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Per query (``h``: its hash): its row in the lookup (-1 where absent) and its code
-        (meaningless where absent)."""
+             machine: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per query (``h``: its hash): whether it is in the lookup, its row and its code (both
+        meaningless where it is not)."""
         p = (h >> self.shift).astype(np.int64)
-        q = instance.astype(np.int64) << 32
-        e = np.take(self.tab, p, axis=0)
-        hit = (e[:, 1] == collection) & (e[:, 2] == machine) & ((e[:, 3] & self._KEY) == q)
-        res = np.where(hit, e[:, 3] & self._ROW, -1)
-        code = e[:, 0].astype(np.int32)
-        more = np.flatnonzero(~hit & ((e[:, 3] & self._EMPTY) == 0))  # occupied by another key: probe on
+        e = np.take(self.tab, p)
+        hit = (e["c"] == collection) & (e["m"] == machine) & (e["i"] == instance)
+        row = e["row"]
+        code = e["code"]
+        more = np.flatnonzero(~hit & (row >= 0))  # occupied by another key: probe on
         if more.shape[0]:
-            p, c, m, q = p[more] + 1, collection[more], machine[more], q[more]
+            row, code = row.copy(), code.copy()
+            p, c, m, i = p[more] + 1, collection[more], machine[more], instance[more]
         while more.shape[0]:
-            e = np.take(self.tab, p, axis=0)
-            hit = (e[:, 1] == c) & (e[:, 2] == m) & ((e[:, 3] & self._KEY) == q)
-            at = more[hit]
-            res[at] = e[hit, 3] & self._ROW
-            code[at] = e[hit, 0]
-            go = ~hit & ((e[:, 3] & self._EMPTY) == 0)
-            more, p, c, m, q = more[go], p[go] + 1, c[go], m[go], q[go]
-        return res, code
+            e = np.take(self.tab, p)
+            ok = (e["c"] == c) & (e["m"] == m) & (e["i"] == i)
+            at = more[ok]
+            hit[at] = True
+            row[at] = e["row"][ok]
+            code[at] = e["code"][ok]
+            go = ~ok & (e["row"] >= 0)
+            more, p, c, m, i = more[go], p[go] + 1, c[go], m[go], i[go]
+        return hit, row, code
 
 
 @dataclass(frozen=True)
