@@ -75,20 +75,29 @@ def bind_partition(a: Analysis, ctx: Any, spec: _partition.PartitionSpec) -> Any
     return a.bind(ctx.ctx, side, spec.grain)
 
 
+def partition_columns(spec: _partition.PartitionSpec, analyses: Sequence[Analysis]) -> list[str]:
+    """The columns :func:`partition_partials` reads from ``spec`` for ``analyses``."""
+    return sorted({c for a in analyses for c in a.columns} | _selection.extra_columns(spec, analyses))
+
+
 def partition_partials(spec: _partition.PartitionSpec, analyses: Sequence[Analysis], ctxs: Sequence[Any],
-                       backend: Backend | str, spills: Sequence[Path | None] | None = None) -> list[Any]:
+                       backend: Backend | str, spills: Sequence[Path | None] | None = None,
+                       host: dict[str, Any] | None = None) -> list[Any]:
     """Read one partition once (the union of the analyses' columns) and return each analysis'
     partial, moved to host memory so it can be merged or shipped to another worker (``spills``:
     per analysis, the folder its keyed partials are spilled to, for one with parted tables; see
-    :mod:`gpuclust.engine.shards`)."""
+    :mod:`gpuclust.engine.shards`; ``host``: the partition already read by
+    :func:`gpuclust.engine.partition.read_partition`, see :class:`_Prefetch`)."""
     be = get_backend(backend)
     tune_allocator()  # once per process (dask workers too); see gpuclust/_memory.py
-    columns = sorted({c for a in analyses for c in a.columns} | _selection.extra_columns(spec, analyses))
+    columns = partition_columns(spec, analyses)
     bound = [bind_partition(a, ctx, spec) for a, ctx in zip(analyses, ctxs, strict=True)]
-    cols = _partition.read_partition_device(spec, columns, be)  # cuDF, where RAPIDS is installed
+    cols = None if host is not None else _partition.read_partition_device(spec, columns, be)  # cuDF (RAPIDS)
     if cols is None:
-        host = _partition.read_partition(spec, columns)
+        if host is None:
+            host = _partition.read_partition(spec, columns)
         cols = {c: be.asarray(v) for c, v in host.items()}
+        del host
     masks: dict[str, Any] = {}  # selection (--from/--to): rows filtered per analysis rule, one mask per rule
     out = [to_host(a.partial(_selection.columns_for(spec, a, cols, be, masks), ctx, be))
            for a, ctx in zip(analyses, bound, strict=True)]
@@ -259,13 +268,26 @@ def _run(src: Any, ans: list[Analysis], be: Backend, partitions: int | str, sche
     plans = plan_tables(_selection.unwrap(src), ans, partitions, cut_points, multiple_of=multiple, auto_rows=auto_rows)
     plans = _selection.prune_plans(src, plans, ans, partitions, cut_points, multiple, progress,  # row-group pushdown
                                    auto_rows=auto_rows)
-    ctxs = contexts(ans, src, progress, per_partition=per_partition(src, ans, plans), run_pass=run_pass,
-                    scratch=None if folders is None else folders.spill / "context")
+    # the local path reads its first partitions while the contexts are computed (see _Prefetch)
+    prefetch = _Prefetch.start(plans, ans, src, be, nthreads) if scheduler is None else None
+    try:
+        ctxs = contexts(ans, src, progress, per_partition=per_partition(src, ans, plans), run_pass=run_pass,
+                        scratch=None if folders is None else folders.spill / "context")
+    except BaseException:
+        if prefetch is not None:
+            prefetch.close()
+        raise
     spills = [folders.for_analysis(k) if a.sharded and folders is not None else None for k, a in enumerate(ans)]
     if scheduler is None:
-        merged = merge_local(plans, ans, ctxs, be, nthreads, progress,
-                             lambda spec, sub, sub_ctxs, sub_spills: partition_partials(spec, sub, sub_ctxs, be,
-                                                                                       sub_spills), spills)
+        try:
+            merged = merge_local(plans, ans, ctxs, be, nthreads, progress,
+                                 lambda spec, sub, sub_ctxs, sub_spills: partition_partials(
+                                     spec, sub, sub_ctxs, be, sub_spills,
+                                     host=None if prefetch is None else prefetch.pop(spec)),
+                                 spills)
+        finally:
+            if prefetch is not None:
+                prefetch.close()
     else:
         from gpuclust.engine.dask import compute_merged
 
@@ -287,6 +309,48 @@ def _run(src: Any, ans: list[Analysis], be: Backend, partitions: int | str, sche
             return compute_tasks(_shards.reduce_shard, args, scheduler)
     return finalize_all(ans, merged, [unbound(c) for c in ctxs], progress, folders=folders, run_tasks=run_tasks,
                         spills=spills)
+
+
+class _Prefetch:
+    """The local path's first partitions, read while the client computes the contexts.
+
+    The contexts (capacities, the instance lookups of cell-usage and cpi: a read of
+    instance_events, a sort, a hash table) are computed on one core before any partial can run;
+    meanwhile the other threads read the first partition each (Arrow's reader holds no GIL), so
+    that work is off the partition phase.  At most ``threads`` partitions are read ahead: the
+    partitions in flight that the memory budget already counts (``auto_rows_of``).  Only on the
+    cpu backend, with more than one thread, and when no analysis has a prerequisite pass (which
+    runs its own partitions before the contexts are done)."""
+
+    def __init__(self, pool: ThreadPoolExecutor, futures: dict[int, Any]):
+        self._pool = pool
+        self._futures = futures
+
+    @classmethod
+    def start(cls, plans: dict[str, tuple[list[int], list[_partition.PartitionSpec]]], ans: Sequence[Analysis],
+              src: Any, be: Backend, threads: int) -> _Prefetch | None:
+        if be.name != "cpu" or threads < 2 or not plans or any(a.prerequisites(src) for a in ans):
+            return None
+        idx, specs = next(iter(plans.values()))  # merge_local runs the first table first
+        ahead = specs[:threads]
+        if len(specs) < 2 or not ahead:
+            return None
+        sub = [ans[k] for k in idx]
+        pool = ThreadPoolExecutor(max_workers=len(ahead), thread_name_prefix="gpuclust-prefetch")
+        futures = {id(sp): pool.submit(_partition.read_partition, sp, partition_columns(sp, sub)) for sp in ahead}
+        return cls(pool, futures)
+
+    def pop(self, spec: _partition.PartitionSpec) -> dict[str, Any] | None:
+        """The partition ``spec`` as read ahead (once), else None."""
+        f = self._futures.pop(id(spec), None)
+        return None if f is None else f.result()
+
+    def close(self) -> None:
+        """Drop what was not used (an error before the partitions ran) and end the threads."""
+        for f in self._futures.values():
+            f.cancel()
+        self._futures.clear()
+        self._pool.shutdown(wait=True)
 
 
 def auto_rows_of(ans: Sequence[Analysis], memory_limit: int, in_flight: int) -> dict[str, int]:
