@@ -30,6 +30,12 @@ __all__ = ["PerPartition", "bind_partition", "context_of", "contexts", "default_
            "partition_partials", "per_partition", "plan_tables", "auto_rows_of", "resolve_analyses", "result_keys", "run", "unbound"]
 
 
+#: Name prefix of the engine's partition threads: ops that thread themselves (the mixture ops,
+#: ``gpuclust.backends.mixture_cpu.ENGINE_THREAD_PREFIX``, the same string) stay single-threaded
+#: there.  Spelled here so that the engine does not import the mixture module (~8 ms) to start.
+ENGINE_THREAD_PREFIX = "gpuclust-part"
+
+
 def resolve_analyses(analyses: Analysis | str | Iterable[Analysis | str]) -> list[Analysis]:
     """Analysis instances from instances and/or registered names."""
     from gpuclust.analyses.registry import create
@@ -123,8 +129,6 @@ def _map_in_order(fn: Any, items: Sequence[Any], threads: int) -> Iterable[Any]:
     if threads <= 1 or len(items) <= 1:
         yield from map(fn, items)
         return
-    from gpuclust.backends.mixture_cpu import ENGINE_THREAD_PREFIX  # ops that thread stay single-threaded here
-
     with ThreadPoolExecutor(max_workers=min(threads, len(items)), thread_name_prefix=ENGINE_THREAD_PREFIX) as pool:
         yield from pool.map(fn, items)
 

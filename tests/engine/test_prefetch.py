@@ -75,3 +75,9 @@ def test_an_error_in_the_contexts_ends_the_prefetch(dataset: Dataset, monkeypatc
     with pytest.raises(RuntimeError, match="context failed"):
         run(dataset, "cell-usage", partitions=4, workers=2)
     assert closed == [True]
+
+
+def test_engine_thread_prefix_is_the_mixture_ops_one() -> None:
+    from gpuclust.backends.mixture_cpu import ENGINE_THREAD_PREFIX
+
+    assert local.ENGINE_THREAD_PREFIX == ENGINE_THREAD_PREFIX
