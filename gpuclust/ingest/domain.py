@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
+
+from gpuclust.ingest import arrays
 
 #: Time columns: int64 microseconds, never negative (0 and 2^63-1 are sentinels).
 TIME_COLUMNS = frozenset({"time", "start_time", "end_time"})
@@ -29,10 +30,6 @@ TIME_COLUMNS = frozenset({"time", "start_time", "end_time"})
 UNIT_COLUMNS = frozenset({"cap_cpu", "cap_mem", "req_cpu", "req_mem"})
 
 
-def _valid(arr: pa.Array) -> np.ndarray:
-    if arr.null_count == 0:
-        return np.ones(len(arr), dtype=bool)
-    return np.asarray(pc.is_valid(arr).to_numpy(zero_copy_only=False), dtype=bool)
 
 
 def _mark(mask: np.ndarray, bad: np.ndarray, why: list[str | None], reason: object) -> None:
@@ -47,9 +44,7 @@ def _mark(mask: np.ndarray, bad: np.ndarray, why: list[str | None], reason: obje
 def check_domain(col: str, arr: pa.Array, bad: np.ndarray, why: list[str | None]) -> None:
     """Mark the rows of ``arr`` (canonical column ``col``, already cast) outside the column's domain."""
     if col in TIME_COLUMNS and pa.types.is_integer(arr.type):
-        v = np.asarray(arr.to_numpy(zero_copy_only=False)) if arr.null_count == 0 else None
-        if v is None:
-            v = np.asarray(pc.fill_null(arr, 0).to_numpy(zero_copy_only=False))
+        v = arrays.values(arr, fill=0)
         neg = v < 0
         _mark(
             neg,
@@ -62,8 +57,8 @@ def check_domain(col: str, arr: pa.Array, bad: np.ndarray, why: list[str | None]
         return
     if not pa.types.is_floating(arr.type):
         return
-    f = np.asarray(arr.to_numpy(zero_copy_only=False), dtype=np.float64)
-    valid = _valid(arr)
+    f = arrays.values(arr).astype(np.float64)
+    valid = arrays.valid(arr)
     with np.errstate(invalid="ignore"):
         nonfinite = valid & ~np.isfinite(f)
         neg = valid & (f < 0)

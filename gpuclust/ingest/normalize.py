@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from gpuclust.ingest import arrays
 from gpuclust.ingest.domain import check_domain
 from gpuclust.schema import CODE_RANGES, MACHINE_EVENT_TYPE_RANGE, NULL_MEANS, SCHEMAS
 
@@ -164,27 +165,26 @@ def conform(table: str, columns: Mapping[str, pa.Array | pa.ChunkedArray], n: in
         if len(arr) != n:
             raise ValueError(f"{table}.{fld.name}: {len(arr)} values for {n} rows (reader bug)")
         arr = _cast_isolating(arr, fld.type, fld.name, bad, why)
-        if fld.name in defaults:
-            arr = pc.fill_null(arr, pa.scalar(int(defaults[fld.name]), fld.type))
+        if fld.name in defaults and arr.null_count:
+            arr = arrays.from_numpy(arrays.values(arr, fill=int(defaults[fld.name])), fld.type)
         lohi = MACHINE_EVENT_TYPE_RANGE if (table == "machine_events" and fld.name == "type") else CODE_RANGES.get(fld.name)
         if lohi is not None:
-            v = arr.to_numpy(zero_copy_only=False)
-            valid = np.asarray(pc.is_valid(arr).to_numpy(zero_copy_only=False), dtype=bool)
-            vv = np.where(valid, v, lohi[0])
+            valid = arrays.valid(arr)
+            vv = arrays.values(arr, fill=lohi[0])
             oor = valid & ((vv < lohi[0]) | (vv > lohi[1]))
             for i in np.flatnonzero(oor & ~bad):
                 why[i] = f"column {fld.name}: code {int(vv[i])} outside {lohi[0]}..{lohi[1]}"
             bad |= oor
         check_domain(fld.name, arr, bad, why)
         if not fld.nullable:
-            nulls = np.asarray(pc.is_null(arr).to_numpy(zero_copy_only=False), dtype=bool)
+            nulls = ~arrays.valid(arr)
             for i in np.flatnonzero(nulls & ~bad):
                 why[i] = f"column {fld.name}: required value is missing"
             bad |= nulls
         out.append(arr)
     tbl = pa.Table.from_arrays(out, schema=schema.with_metadata(None)) if not bad.any() else None
     if tbl is None:
-        keep = pa.array(~bad)
+        keep = arrays.from_numpy(~bad)
         cols = [a.filter(keep) for a in out]
         # Non-nullable fields may hold nulls only in rejected rows; they are gone now.
         tbl = pa.Table.from_arrays(cols, schema=schema)

@@ -446,3 +446,16 @@ def test_without_numba_the_arrow_path_reads(tmp_path: Path) -> None:
     with_numba = ingest([f], tmp_path / "ds2", workers=1)
     assert with_numba.exit_status == 0
     assert Dataset(tmp_path / "ds").read("instance_usage").equals(Dataset(tmp_path / "ds2").read("instance_usage"))
+
+
+def test_negative_zero_keeps_its_sign_on_the_per_line_path(tmp_path: Path) -> None:
+    """JSON ``-0`` in a float field is -0.0 on every path: the per-line isolation (a piece with a
+    damaged line) read it as the int 0 through Python's ``json`` and lost the sign (found by
+    ``test_generated_lines_match``)."""
+    line = _line(EDGE_FAST["negative zero and exponents"])
+    f = _write(tmp_path, [line, "{damaged", line])
+    tbl, rejects, rows = _read(f, ReadOptions(chunk_bytes=1 << 20, threads=2))
+    assert rows == 3 and [r[0] for r in rejects] == [2]
+    bits = np.asarray(tbl.column("avg_cpu").to_numpy()).view(np.uint32)
+    assert bits.tolist() == [0x80000000, 0x80000000]  # -0.0f, twice
+    assert tbl.column("instance_index").to_pylist() == [1, 1]

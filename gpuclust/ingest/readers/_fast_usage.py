@@ -48,6 +48,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from gpuclust.ingest import arrays
+
 __all__ = ["available", "count_newlines", "parse", "parse_numbers", "preload", "ready", "wanted"]
 
 #: The InstanceUsage source fields, in the order of the kernel's field numbers.
@@ -380,9 +382,7 @@ def parse_numbers(texts: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _masked(values: np.ndarray, ok: np.ndarray, typ: pa.DataType) -> pa.Array:
-    if ok.all():
-        return pa.array(values, typ)
-    return pa.array(values, typ, mask=ok == 0)
+    return arrays.from_numpy(values, typ, None if ok.all() else ok == 0)
 
 
 def _table(
@@ -404,14 +404,15 @@ def _table(
         cpus = _masked(res[2 * i], res_ok[2 * i], pa.float32())
         mem = _masked(res[2 * i + 1], res_ok[2 * i + 1], pa.float32())
         ok = obj_ok[i]
-        mask = None if ok.all() else pa.array(ok == 0)
+        mask = None if ok.all() else arrays.from_numpy(ok == 0)
         cols[k] = pa.StructArray.from_arrays([cpus, mem], names=["cpus", "memory"], mask=mask)
     for i, k in enumerate(FLOAT_KEYS):
         cols[k] = _masked(flt[i], flt_ok[i], pa.float32())
     for i, k in enumerate(LIST_KEYS):
         vals, offs = lists[i]
         ok = list_ok[i]
-        mask = None if ok.all() else pa.array(ok == 0)
-        cols[k] = pa.ListArray.from_arrays(pa.array(offs, pa.int32()), pa.array(vals, pa.float32()), mask=mask)
+        mask = None if ok.all() else arrays.from_numpy(ok == 0)
+        offsets, values = arrays.from_numpy(offs, pa.int32()), arrays.from_numpy(vals, pa.float32())
+        cols[k] = pa.ListArray.from_arrays(offsets, values, mask=mask)
     assert all(len(c) == n for c in cols.values())
     return pa.table(cols)

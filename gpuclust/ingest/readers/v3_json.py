@@ -39,7 +39,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
-from gpuclust.ingest import inflate
+from gpuclust.ingest import arrays, inflate
 from gpuclust.ingest.base import Chunk, ReadOptions, Reject, SourceError, SourceFile, clip_raw
 from gpuclust.ingest.normalize import conform
 from gpuclust.ingest.readers import _fast_usage
@@ -277,9 +277,8 @@ def _sub(arr: pa.Array, sub: str | None) -> pa.Array:
 
 def _list_offsets_values(arr: pa.Array) -> tuple[np.ndarray, pa.Array, np.ndarray]:
     """(offsets[n+1] into values, values, valid[n]) of a list array, honouring slicing."""
-    offs = arr.offsets.to_numpy(zero_copy_only=False).astype(np.int64)
-    valid = np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
-    return offs, arr.values, valid
+    offs = arrays.values(arr.offsets).astype(np.int64)
+    return offs, arr.values, arrays.valid(arr)
 
 
 def _percentiles(
@@ -309,15 +308,15 @@ def _percentiles(
         return
     if not pa.types.is_floating(values.type):  # float32 (the compiled reader) is gathered as is
         values = values.cast(pa.float64())
-    vnp = values.to_numpy(zero_copy_only=False)
-    vvalid = np.asarray(values.is_valid().to_numpy(zero_copy_only=False), dtype=bool) if values.null_count else None
+    vnp = arrays.values(values)
+    vvalid = arrays.valid(values) if values.null_count else None
     start = np.where(full, offs[:-1], 0)
     idx = start[None, :] + np.arange(k, dtype=start.dtype)[:, None]  # (k, n): one row per level
     # float64 -> float32 here rounds exactly as conform's cast would.
     vals = np.where(full[None, :], vnp[idx], 0.0).astype(np.float32)
     for j, name in enumerate(names):
         mask = ~full if vvalid is None else ~(full & vvalid[idx[j]])
-        out[name] = pa.array(vals[j], pa.float32(), mask=mask)
+        out[name] = arrays.from_numpy(vals[j], pa.float32(), mask)
 
 
 def _ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
@@ -399,7 +398,7 @@ def _finish(
     good, bad, why = conform(table, _to_target(table, cols), n)
     extra = pre_bad & ~bad
     if extra.any():
-        good = good.filter(pa.array(~pre_bad[~bad]))
+        good = good.filter(arrays.from_numpy(~pre_bad[~bad]))
         for i in np.flatnonzero(extra):
             why[i] = pre_why[i]
         bad = bad | pre_bad
@@ -579,6 +578,19 @@ def _jtype(v: Any) -> str:
     if isinstance(v, list):
         return "array"
     return "object"
+
+
+class _NegativeZero(int):
+    """JSON ``-0``: the integer 0 whose float is -0.0, as Arrow's reader and the compiled one
+    read it into a float field (Python's ``json`` reads it as the int 0, losing the sign)."""
+
+    def __float__(self) -> float:
+        return -0.0
+
+
+def _json_int(text: str) -> int:
+    """``json.loads``'s ``parse_int``: as ``int``, but ``-0`` keeps its sign for float fields."""
+    return _NegativeZero(0) if text == "-0" else int(text)
 
 
 def _co_int(v: Any) -> str | None:
@@ -1046,7 +1058,7 @@ def _slow_parse(
         nonblank += 1
         reason: str | None = None
         try:
-            rec = json.loads(raw)
+            rec = json.loads(raw, parse_int=_json_int)
         except UnicodeDecodeError as e:
             reason = f"invalid UTF-8: {e.reason}"
         except ValueError as e:
