@@ -10,8 +10,10 @@ with the three key columns kept beside it: a hit is confirmed on the full key, s
 collision between a *query* and a table key can never attach the wrong code; a collision between
 two *table* keys is detected when the table is built (and raises).
 
-The position search is the backend op ``hash_index`` (a hash table on the cpu backend, a binary
-search on the gpu backend).  Machine ids (:func:`id_index`) are found by :class:`MachineHash`, a
+On the cpu backend (``backend.ops.lookup_slot_tables``) a query is found in a slot table that
+holds the whole key and the code in one 32-byte record (:class:`_SlotTable`: one gather per query,
+built without a sort); elsewhere the position comes from the backend op ``hash_index`` (a binary
+search on the gpu backend) and the key is checked in a second gather.  Machine ids (:func:`id_index`) are found by :class:`MachineHash`, a
 perfect hash of the machine list: no probe loop, the same elementwise code on either backend.
 """
 
@@ -151,8 +153,9 @@ class InstanceLookup:
         n = int(collection.shape[0] if rows is None else rows.shape[0])
         block = getattr(backend.ops, "lookup_block_rows", None) or n
         inst = np.dtype(instance.dtype)
-        if xp is np and inst.kind == "i" and inst.itemsize <= 4 and self._slot_table() is not None:
-            # the cpu backend (canonical int32 instance_index): one gather per query
+        if (getattr(backend.ops, "lookup_slot_tables", False) and inst.kind == "i" and inst.itemsize <= 4
+                and self._slot_table() is not None):
+            # host arrays (the cpu backend), canonical int32 instance_index: one gather per query
             tables: tuple[Any, ...] = (self._slot_table(),)
             probe = self._probe_slots
         else:

@@ -13,7 +13,7 @@ import numpy as np
 from gpuclust._cache import PerArrayCache
 
 __all__ = ["bucket_overlap", "check_1d", "check_bucket_overlap", "check_grouped_sum", "check_hash_index", "grouped_sum", "hash_index",
-           "lookup_block_rows"]
+           "lookup_block_rows", "lookup_slot_tables"]
 
 _INT64_MAX = 2**63 - 1
 _VALUE_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -213,6 +213,10 @@ _FIB = np.uint64(0x9E3779B97F4A7C15)
 #: Rows a caller should look up at a time (``backend.ops.lookup_block_rows``): the hash, the probe
 #: and the key checks of one block stay in cache.
 lookup_block_rows = 1 << 16
+#: ``backend.ops.lookup_slot_tables``: this backend's arrays are host NumPy arrays, which
+#: :class:`gpuclust.analyses._lookup.InstanceLookup` probes through its slot table (the key and
+#: code in one record: one gather per query); absent on the gpu backend (``hash_index``).
+lookup_slot_tables = True
 
 
 class _OpenTable:
