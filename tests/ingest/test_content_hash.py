@@ -16,7 +16,7 @@ import pytest
 from gpuclust.dataset import Dataset
 from gpuclust.ingest import content_hash, ingest
 from gpuclust.ingest.api import IngestUsageError
-from gpuclust.ingest.readers.v3_json import _ordered_map
+from gpuclust.ingest.readers.text_pieces import ordered_map as _ordered_map
 
 from .conftest import records, write_json
 

@@ -384,9 +384,9 @@ def test_bom_and_overlong_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     tables, rejects = _read_all(f)
     assert not rejects and [r["time"] for r in tables["machine_events"]] == [1, 3]
 
-    from gpuclust.ingest.readers import v3_json
+    from gpuclust.ingest.readers import text_pieces
 
-    monkeypatch.setattr(v3_json, "_MAX_LINE", 1000)
+    monkeypatch.setattr(text_pieces, "MAX_LINE", 1000)
     g = tmp_path / "machine_events-000000000001.json"
     g.write_bytes(b'{"time":"1","machine_id":"2","type":"1"}\n[' + b'{"time":"1"},' * 200)  # no line end
     got = []

@@ -24,25 +24,21 @@ from __future__ import annotations
 
 import json
 import math
-import queue
 import re
-import sys
-import threading
-from collections import deque
-from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
-from gpuclust.ingest import arrays, inflate
+from gpuclust.ingest import arrays
 from gpuclust.ingest.base import Chunk, ReadOptions, Reject, SourceError, SourceFile, clip_raw
 from gpuclust.ingest.normalize import conform
 from gpuclust.ingest.readers import _fast_usage
+from gpuclust.ingest.readers.text_pieces import Piece, ordered_map, pieces, threaded
 from gpuclust.ingest.sampling import int_values
 from gpuclust.schema import (
     CPU_PERCENTILES_SOURCE_ORDER,
@@ -696,291 +692,6 @@ def coerce_record(rec: dict[str, Any], fields: dict[str, str]) -> dict[str, Any]
 
 
 # --------------------------------------------------------------------------------------------
-# Streaming decompression into line-aligned chunks
-# --------------------------------------------------------------------------------------------
-@dataclass
-class _Piece:
-    """``buf[start:end]``: whole lines of decompressed text (no copy of the shared buffer)."""
-
-    buf: bytes | bytearray
-    start: int
-    end: int
-    first_line: int  # 1-based number of the first line
-    newlines: int
-    bytes_done: int  # input (compressed) bytes consumed so far
-    #: Offsets (from ``start``) of the piece's newlines, when :func:`_pieces` found them.
-    nl_pos: np.ndarray | None = None
-
-    @property
-    def view(self) -> memoryview:
-        return memoryview(self.buf)[self.start : self.end]
-
-    def tobytes(self) -> bytes:
-        if isinstance(self.buf, bytes) and self.start == 0 and self.end == len(self.buf):
-            return self.buf
-        return bytes(self.view)
-
-    def __len__(self) -> int:
-        return self.end - self.start
-
-
-_READ_BLOCK = 256 << 10
-_MAX_OUT = 4 << 20
-#: A line longer than this (or 4 chunks) stops the file: it is not newline-delimited JSON.
-_MAX_LINE = 256 << 20
-
-
-_T = TypeVar("_T")
-
-
-class _Damage(Exception):
-    pass
-
-
-def _blocks(f: Any, gz: bool) -> Iterator[bytes]:
-    """Decompressed blocks of at most ~4 MiB; :class:`_Damage` when the stream is damaged."""
-    d = inflate.decompressobj() if gz else None
-    started = False
-    while True:
-        try:
-            block = f.read(_READ_BLOCK)
-        except OSError as e:
-            raise _Damage(f"read error: {e.strerror or e}") from None
-        if not block:
-            if d is not None and started and not d.eof:
-                raise _Damage("truncated gzip stream (the file ends inside compressed data)")
-            return
-        if d is None:
-            yield block
-            continue
-        try:
-            while block:
-                if d.eof:  # concatenated gzip members
-                    d = inflate.decompressobj()
-                out = d.decompress(block, _MAX_OUT)
-                started = True
-                block = d.unused_data if d.eof else d.unconsumed_tail
-                if out:
-                    yield out
-        except inflate.ERRORS as e:
-            raise _Damage(f"corrupt gzip data ({e})") from None
-
-
-class _BufferPool:
-    """Reusable text buffers of one size for :func:`_pieces`.
-
-    A fresh ~64 MiB buffer per piece costs a page fault per 4 KiB page (as much CPU as the copy
-    into it); reusing a few buffers avoids that.  A buffer is handed out again only when nothing
-    but the pool refers to it -- no piece, memoryview or Arrow buffer -- so a piece's text is never
-    overwritten while someone may still read it; when none is free a new one is made.
-    """
-
-    def __init__(self, size: int, keep: int = 4):
-        self.size = size
-        self._keep = keep
-        self._bufs: list[bytearray] = [bytearray(1)]
-        self._free_refs = self._refs(0)  # the count of a buffer held by the pool alone
-        self._bufs.clear()
-
-    def _refs(self, i: int) -> int:
-        return sys.getrefcount(self._bufs[i])
-
-    def get(self) -> bytearray:
-        for i in range(len(self._bufs)):
-            if self._refs(i) <= self._free_refs:
-                return self._bufs[i]
-        buf = bytearray(self.size)
-        if len(self._bufs) < self._keep:
-            self._bufs.append(buf)
-        return buf
-
-
-#: Room for one more decompressed block or read beyond a full chunk.
-_SLACK = max(_MAX_OUT, _READ_BLOCK)
-
-
-def _pieces(
-    src: SourceFile,
-    chunk_bytes: int,
-    count: Callable[[bytearray, int, int], int] | None = None,
-    keep: int = 4,
-    digest: Any = None,
-) -> Iterator[_Piece]:
-    """Line-aligned pieces of ~chunk_bytes of the decompressed text (``count(buf, start, end)``,
-    when given, counts a piece's newlines instead of NumPy, and the pieces carry no ``nl_pos``).
-
-    The text goes straight into reused buffers (:class:`_BufferPool`): a plain file is read into
-    them with ``readinto``, decompressed blocks are copied in; only the partial line left after
-    the last cut is copied again, into the next buffer.
-
-    On damage: every complete line read so far, then :class:`SourceError` naming the file and
-    the line where reading stopped.
-    """
-    path = src.path
-    try:
-        raw = open(path, "rb")
-    except OSError as e:
-        raise SourceError(path, f"cannot open: {e.strerror or e}") from None
-    with raw:
-        f = digest.wrap(raw) if digest is not None else raw  # hashed as it is read
-        gz = src.compression == "gzip"
-        pool = _BufferPool(chunk_bytes + _SLACK, keep)
-        buf = pool.get()
-        start = n = 0  # buf[start:n]: text read but not yet cut into pieces
-        line = 1
-        error: str | None = None
-        first = True
-        max_line = max(4 * chunk_bytes, _MAX_LINE)
-        it = _blocks(f, True) if gz else None
-
-        def room(size: int) -> None:
-            """Make ``buf[n:n + size]`` writable, keeping ``buf[start:n]`` (moved to a new buffer)."""
-            nonlocal buf, start, n
-            if n + size <= len(buf):
-                return
-            rest = n - start
-            new = pool.get() if rest + size <= pool.size else bytearray(max(rest + size, 2 * rest))
-            if rest:
-                new[:rest] = memoryview(buf)[start:n]
-            buf, start, n = new, 0, rest
-
-        while True:
-            final = False
-            if it is not None:
-                try:
-                    data = next(it, None)
-                except _Damage as e:
-                    error = str(e)
-                    data = None
-                if data:
-                    room(len(data))
-                    buf[n : n + len(data)] = data
-                    n += len(data)
-                else:
-                    final = True
-            else:
-                want = max(chunk_bytes - (n - start), _READ_BLOCK)
-                room(want)
-                try:
-                    got = f.readinto(memoryview(buf)[n : n + want])
-                except OSError as e:
-                    error = f"read error: {e.strerror or e}"
-                    got = 0
-                if got:
-                    n += got
-                else:
-                    final = True
-            if n - start < chunk_bytes and not final:
-                continue
-            if first and buf.startswith(b"\xef\xbb\xbf", start, n):  # a UTF-8 byte-order mark
-                start += 3
-            first = False
-            while n - start >= chunk_bytes or (final and start < n):
-                cut = buf.rfind(b"\n", start, min(start + chunk_bytes, n)) + 1
-                if cut <= start:  # a line longer than chunk_bytes
-                    cut = buf.find(b"\n", start + chunk_bytes, n) + 1
-                if cut <= start:
-                    if n - start > max_line and error is None:
-                        error = f"line {line} is longer than {max_line >> 20} MiB (is this newline-delimited JSON?)"
-                        final = True
-                        start = n
-                        break
-                    if not final or error is not None:
-                        break  # no line end yet (or never: a damaged file's partial last line)
-                    cut = n  # the last line lacks a newline
-                if count is not None:  # the compiled reader parses it: only the count is needed
-                    nl_pos, nl = None, count(buf, start, cut)
-                else:
-                    # One pass finds the newlines: their count, and later the blank-line check.
-                    nl_pos = np.flatnonzero(np.frombuffer(buf, np.uint8, cut - start, start) == 10)
-                    nl = len(nl_pos)
-                yield _Piece(buf, start, cut, line, nl, f.tell(), nl_pos)
-                line += nl
-                start = cut
-            if final:
-                break
-        if error is not None:
-            partial = " (its partial last line was dropped)" if n > start else ""
-            raise SourceError(path, error + partial, line=line)
-
-
-def _threaded(it: Iterator[_T], depth: int = 1, name: str = "gpuclust-decompress") -> Iterator[_T]:
-    """Run an iterator (decompression, cutting and Arrow parsing, which mostly release the GIL)
-    in a background thread; at most ``depth`` finished items wait in between."""
-    q: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-
-    def put(item: tuple[str, Any]) -> bool:
-        while not stop.is_set():
-            try:
-                q.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def run() -> None:
-        try:
-            for p in it:
-                if not put(("piece", p)):
-                    return
-            put(("end", None))
-        except BaseException as e:  # handed to the consumer
-            put(("error", e))
-        finally:
-            close = getattr(it, "close", None)
-            if close is not None:  # a threaded iterator inside: stop its thread too
-                close()
-
-    t = threading.Thread(target=run, name=name, daemon=True)
-    t.start()
-    try:
-        while True:
-            kind, val = q.get()
-            if kind == "piece":
-                yield val
-            elif kind == "end":
-                return
-            else:
-                raise val
-    finally:
-        stop.set()
-        t.join(timeout=5)
-
-
-def _ordered_map(fn: Callable[[Any], _T], it: Iterator[Any], workers: int, name: str) -> Iterator[_T]:
-    """``fn`` of every item of ``it``, in order, computed by ``workers`` threads (``fn`` must
-    release the GIL to gain): while the caller handles one result, the next ``workers`` items are
-    being computed.  An error raised by ``it`` comes after the results of the items before it."""
-    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name)
-    pending: deque[Future[_T]] = deque()
-    error: Exception | None = None
-    try:
-        while True:
-            try:
-                item = next(it)
-            except StopIteration:
-                break
-            except Exception as e:  # e.g. a damaged file: its complete lines first
-                error = e
-                break
-            pending.append(pool.submit(fn, item))
-            if len(pending) > workers:
-                yield pending.popleft().result()
-        while pending:
-            yield pending.popleft().result()
-        if error is not None:
-            raise error
-    finally:
-        for f in pending:
-            f.cancel()
-        pool.shutdown(wait=True)
-        close = getattr(it, "close", None)
-        if close is not None:  # a threaded iterator: stop its thread too
-            close()
-
-
-# --------------------------------------------------------------------------------------------
 # Parsing one chunk
 # --------------------------------------------------------------------------------------------
 class _Mismatch(Exception):
@@ -990,7 +701,7 @@ class _Mismatch(Exception):
 class _Lines:
     """Lazy access to line texts inside one piece."""
 
-    def __init__(self, piece: _Piece):
+    def __init__(self, piece: Piece):
         self.data = piece.view
         self._nl: np.ndarray | None = None
 
@@ -1008,7 +719,7 @@ _BLANK_INSIDE = re.compile(rb"\n[ \t\r]*\n")
 _BLANK_EDGE = re.compile(rb"[ \t\r]*\n?")
 
 
-def _has_blank_line(piece: _Piece) -> bool:
+def _has_blank_line(piece: Piece) -> bool:
     """Whether the piece has an empty or whitespace-only line (Arrow skips those)."""
     buf, start, end = piece.buf, piece.start, piece.end
     if end <= start:
@@ -1042,7 +753,7 @@ def _arrow_parse(data: memoryview, schema: pa.Schema, opts: ReadOptions) -> pa.T
 
 
 def _slow_parse(
-    piece: _Piece, fields: dict[str, str], schema: pa.Schema, file: str
+    piece: Piece, fields: dict[str, str], schema: pa.Schema, file: str
 ) -> tuple[pa.Table, np.ndarray, list[Reject], int]:
     """Per-line parse: (raw table of good records, their 0-based line indexes, rejects, non-blank lines)."""
     lines = piece.tobytes().split(b"\n")
@@ -1079,7 +790,7 @@ def _slow_parse(
     return table, np.asarray(idx, dtype=np.int64), rejects, nonblank
 
 
-def _arrow_checked(piece: _Piece, schema: pa.Schema, opts: ReadOptions) -> tuple[pa.Table, np.ndarray | None, int]:
+def _arrow_checked(piece: Piece, schema: pa.Schema, opts: ReadOptions) -> tuple[pa.Table, np.ndarray | None, int]:
     """Arrow-parse a piece: (raw table, 0-based line index per row or None for row i = line i, records).
 
     Raises ``pa.ArrowInvalid`` (or :class:`_Mismatch` when rows cannot be matched to lines, e.g. a
@@ -1099,23 +810,23 @@ def _arrow_checked(piece: _Piece, schema: pa.Schema, opts: ReadOptions) -> tuple
     return raw, nb, len(nb)
 
 
-def _split(piece: _Piece, size: int) -> list[_Piece]:
+def _split(piece: Piece, size: int) -> list[Piece]:
     """Cut a piece into line-aligned sub-pieces of about ``size`` bytes."""
-    out: list[_Piece] = []
+    out: list[Piece] = []
     buf, pos, end, line = piece.buf, piece.start, piece.end, piece.first_line
     while pos < end:
         cut = end if pos + size >= end else buf.find(b"\n", pos + size, end) + 1
         if cut <= pos:
             cut = end
         nl = buf.count(b"\n", pos, cut)
-        out.append(_Piece(buf, pos, cut, line, nl, piece.bytes_done))
+        out.append(Piece(buf, pos, cut, line, nl, piece.bytes_done))
         line += nl
         pos = cut
     return out
 
 
 def _isolate(
-    piece: _Piece, fields: dict[str, str], schema: pa.Schema, file: str, opts: ReadOptions
+    piece: Piece, fields: dict[str, str], schema: pa.Schema, file: str, opts: ReadOptions
 ) -> tuple[pa.Table, np.ndarray, list[Reject], int]:
     """A piece Arrow could not parse: re-parse ~1/16 of it at a time with Arrow, and only the
     sub-pieces that still fail line by line with :mod:`json`."""
@@ -1144,14 +855,14 @@ def _isolate(
 class _Parsed:
     """A piece after the Arrow (or per-line) parse, before :func:`to_canonical`."""
 
-    piece: _Piece
+    piece: Piece
     raw: pa.Table
     line_idx: np.ndarray | None  # 0-based line index (within the piece) of each raw row; None = row i is line i
     rejects: list[Reject]
     rows_read: int
 
 
-def _parse_raw(src: SourceFile, piece: _Piece, opts: ReadOptions) -> _Parsed:
+def _parse_raw(src: SourceFile, piece: Piece, opts: ReadOptions) -> _Parsed:
     """The parse half of :func:`parse_piece` (runs ahead in the reader's thread when threads > 1).
 
     InstanceUsage pieces go to the compiled reader (:mod:`._fast_usage`) first, once it is loaded
@@ -1204,7 +915,7 @@ def _finish_piece(src: SourceFile, parsed: _Parsed, opts: ReadOptions) -> Chunk:
                  rows_skipped=skipped)
 
 
-def parse_piece(src: SourceFile, piece: _Piece, opts: ReadOptions) -> Chunk:
+def parse_piece(src: SourceFile, piece: Piece, opts: ReadOptions) -> Chunk:
     """Parse one line-aligned piece of v3 JSON into a :class:`Chunk`."""
     return _finish_piece(src, _parse_raw(src, piece, opts), opts)
 
@@ -1215,10 +926,10 @@ def read(src: SourceFile, opts: ReadOptions) -> Iterator[Chunk]:
     With ``opts.threads > 1`` one background thread decompresses, cuts and Arrow-parses piece
     N+1 (Arrow's own threads on) while this thread flattens piece N (:func:`to_canonical`,
     mostly single-threaded); the hand-over queue holds one piece, so at most three pieces are
-    in memory, as before.  InstanceUsage pieces for the compiled reader get one thread more:
-    one inflates and cuts piece N+2 while another parses piece N+1 (the two halves of the
-    work; about five pieces in memory).  Pieces, rejects and errors come out in file order
-    either way.
+    in memory.  InstanceUsage pieces for the compiled reader are read (or inflated) and cut in
+    one thread and parsed in ``opts.threads`` more at once (:func:`.text_pieces.ordered_map`;
+    about seven pieces in memory).  Pieces, rejects and errors come out in file order either
+    way.
 
     Raises
     ------
@@ -1229,18 +940,18 @@ def read(src: SourceFile, opts: ReadOptions) -> Iterator[Chunk]:
     if src.source_table not in SOURCE_FIELDS:
         raise SourceError(src.path, f"v3 JSON has no table {src.source_table!r}")
     fast = src.source_table == "instance_usage" and _fast_usage.wanted()
-    if fast:  # load the compiled reader in the background: pieces read meanwhile go to Arrow
+    if fast:  # load the compiled reader in the background (a piece waits for it: _parse_raw)
         _fast_usage.preload()
-    pieces = _pieces(src, opts.chunk_bytes, _fast_usage.count_newlines if fast else None,
-                     keep=4 + opts.threads if fast else 4, digest=opts.digest)
+    text = pieces(src, opts.chunk_bytes, _fast_usage.count_newlines if fast else None,
+                  keep=4 + opts.threads if fast else 4, digest=opts.digest)
     if opts.threads > 1:
         if fast:  # read or inflate in one thread, the compiled parse in ``threads`` more
-            parsed_it = _ordered_map(lambda p: _parse_raw(src, p, opts), _threaded(pieces, name="gpuclust-inflate"),
-                                     opts.threads, "gpuclust-parse")
+            parsed_it = ordered_map(lambda p: _parse_raw(src, p, opts), threaded(text, name="gpuclust-inflate"),
+                                    opts.threads, "gpuclust-parse")
         else:
-            parsed_it = _threaded((_parse_raw(src, p, opts) for p in pieces), name="gpuclust-parse")
+            parsed_it = threaded((_parse_raw(src, p, opts) for p in text), name="gpuclust-parse")
         for parsed in parsed_it:
             yield _finish_piece(src, parsed, opts)
         return
-    for piece in pieces:
+    for piece in text:
         yield parse_piece(src, piece, opts)
