@@ -353,13 +353,18 @@ def _name_by_hash(res: FileResult, digest: content_hash.StreamHash, stage: Path,
         res.error = (res.error + "; " if res.error else "") + f"{res.path}: cannot read to hash it: {e.strerror or e}"
     new = stem(res.content_hash)
     renamed = []
-    for rel in res.outputs:
-        table, name = rel.split("/", 1)
-        to = f"{table}/{new}{name[len(st):]}"
-        os.replace(stage / rel, stage / to)
-        renamed.append(to)
-    for folder in {(stage / rel).parent for rel in renamed}:
-        fsync_dir(folder)
+    try:
+        for rel in res.outputs:
+            table, name = rel.split("/", 1)
+            to = f"{table}/{new}{name[len(st):]}"
+            os.replace(stage / rel, stage / to)
+            renamed.append(to)
+        for folder in {(stage / rel).parent for rel in renamed}:
+            fsync_dir(folder)
+    except OSError as e:  # the input fails, listing no parts (the staging folder goes at the end)
+        res.status = "failed"
+        res.error = (res.error + "; " if res.error else "") + f"cannot name its parts: {e.strerror or e}"
+        renamed, res.rows_written = [], {}
     res.outputs = renamed
     sink.final = stage / REJECTS_DIR / f"{new}.jsonl"
     return new

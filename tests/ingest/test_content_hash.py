@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -253,3 +254,27 @@ def test_stream_hash_finishes_what_the_reader_left(tmp_path: Path) -> None:
         g.seek(0)
         g.read(10)  # again from 0: not hashed again (at != done)
     assert d.finish() == want
+
+
+def test_a_part_that_cannot_be_renamed_fails_its_input(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Renaming the staged parts to the hash's names is the last step of an input hashed while
+    read: an OS error there fails the input (no traceback, nothing published), and the next run
+    ingests it."""
+    a = _shard(tmp_path / "raw", 0, 300)
+    real = os.replace
+
+    def broken(src: object, dst: object) -> None:
+        if "part-new-" in str(src) and "part-new-" not in str(dst):  # the rename to the hash's name
+            raise OSError(28, "No space left on device")
+        real(src, dst)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "replace", broken)
+    rep = ingest([a], tmp_path / "ds", workers=1)
+    assert rep.exit_status == 1 and rep.files[0].status == "failed"
+    assert "cannot name its parts: No space left on device" in (rep.files[0].error or "")
+    m = json.loads((tmp_path / "ds" / "manifest.json").read_text())
+    assert not m["complete"] and m["tables"]["machine_events"]["rows"] == 0
+    assert not list((tmp_path / "ds").glob("machine_events/*.parquet"))  # nothing published
+    monkeypatch.undo()
+    rep = ingest([a], tmp_path / "ds", workers=1)
+    assert rep.exit_status == 0 and Dataset(tmp_path / "ds").num_rows("machine_events") == 300
