@@ -20,8 +20,13 @@ import numpy as np
 
 from gpuclust._cache import PerArrayCache
 
-__all__ = ["BACKEND_NAMES", "EXTENSION_OP_MODULES", "Backend", "Ops", "BackendUnavailable", "OP_NAMES", "available_backend", "backend_of",
+__all__ = ["BACKEND_NAMES", "ENGINE_THREAD_PREFIX", "EXTENSION_OP_MODULES", "Backend", "Ops", "BackendUnavailable", "OP_NAMES", "available_backend", "backend_of",
            "get_backend", "gpu_available"]
+
+#: Name prefix of the local engine's partition threads (``gpuclust.engine.local``): ops that
+#: thread themselves (the mixture ops) stay single-threaded there.  Here, not in the mixture
+#: module, so that the engine names its threads without importing that module (~8 ms).
+ENGINE_THREAD_PREFIX = "gpuclust-part"
 
 #: The custom-kernel ops every backend provides (same names, same signatures).
 OP_NAMES: tuple[str, ...] = ("bucket_overlap", "grouped_sum", "hash_index")

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from gpuclust.backends import ENGINE_THREAD_PREFIX
 from gpuclust.backends.cpu import check_1d
 from gpuclust.schema import CPU_PERCENTILE_LEVELS_SORTED
 
@@ -67,8 +68,6 @@ _RADIX_MIN_EVENTS = 1 << 16
 #: Threads of :func:`mixture_quantiles` over its independent chunks of groups (``None``: the usable
 #: CPU cores); calls with fewer than :data:`_PARALLEL_MIN_EVENTS` events stay on one thread.
 THREADS: int | None = None
-#: Name prefix of the local engine's partition threads (``gpuclust.engine.local``).
-ENGINE_THREAD_PREFIX = "gpuclust-part"
 _PARALLEL_MIN_EVENTS = 1 << 18
 
 

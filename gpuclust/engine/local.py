@@ -19,7 +19,7 @@ import pandas as pd
 
 from gpuclust._memory import tune_allocator
 from gpuclust.analyses.base import Analysis, to_host
-from gpuclust.backends import Backend, get_backend
+from gpuclust.backends import ENGINE_THREAD_PREFIX, Backend, get_backend
 from gpuclust.engine import memory as _memory
 from gpuclust.engine import partition as _partition
 from gpuclust.engine import selection as _selection
@@ -28,12 +28,6 @@ from gpuclust.parted import PartedTable, map_large_arrays
 
 __all__ = ["PerPartition", "bind_partition", "context_of", "contexts", "default_workers", "finalize_all", "merge_local",
            "partition_partials", "per_partition", "plan_tables", "auto_rows_of", "resolve_analyses", "result_keys", "run", "unbound"]
-
-
-#: Name prefix of the engine's partition threads: ops that thread themselves (the mixture ops,
-#: ``gpuclust.backends.mixture_cpu.ENGINE_THREAD_PREFIX``, the same string) stay single-threaded
-#: there.  Spelled here so that the engine does not import the mixture module (~8 ms) to start.
-ENGINE_THREAD_PREFIX = "gpuclust-part"
 
 
 def resolve_analyses(analyses: Analysis | str | Iterable[Analysis | str]) -> list[Analysis]:
@@ -277,22 +271,17 @@ def _run(src: Any, ans: list[Analysis], be: Backend, partitions: int | str, sche
     try:
         ctxs = contexts(ans, src, progress, per_partition=per_partition(src, ans, plans), run_pass=run_pass,
                         scratch=None if folders is None else folders.spill / "context")
-    except BaseException:
-        if prefetch is not None:
-            prefetch.close()
-        raise
-    spills = [folders.for_analysis(k) if a.sharded and folders is not None else None for k, a in enumerate(ans)]
-    if scheduler is None:
-        try:
+        spills = [folders.for_analysis(k) if a.sharded and folders is not None else None for k, a in enumerate(ans)]
+        if scheduler is None:
             merged = merge_local(plans, ans, ctxs, be, nthreads, progress,
                                  lambda spec, sub, sub_ctxs, sub_spills: partition_partials(
                                      spec, sub, sub_ctxs, be, sub_spills,
                                      host=None if prefetch is None else prefetch.pop(spec)),
                                  spills)
-        finally:
-            if prefetch is not None:
-                prefetch.close()
-    else:
+    finally:
+        if prefetch is not None:
+            prefetch.close()
+    if scheduler is not None:
         from gpuclust.engine.dask import compute_merged
 
         specs = [sp for _, table_specs in plans.values() for sp in table_specs]

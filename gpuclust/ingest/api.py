@@ -598,32 +598,23 @@ def _run(
             # Fails before reading (empty, unreadable, another format): one failure per file, even
             # when two such files have the same bytes (two 0-byte downloads).
             sha = _problem_key(s, sha or "")
-        if sha is None:  # hashed while it is read: a size no other input has (_sizes_to_defer)
-            old = by_path.get(str(s.path))
-            if old is not None and old in m["inputs"]:
-                if m["inputs"][old].get("status") == "done":
-                    warn(f"{s.path} changed since it was ingested (new size); its new content is added as a new input")
-                else:
-                    stale.append(old)
-            todo.append((i, s, None))
-            continue
-        if sha in seen:
-            warn(f"{s.path} has the same content as {seen[sha]} ({algorithm} {sha[:16]}...); ingested once")
-            reports[i] = FileReport(str(s.path), sha, "duplicate", s.format, s.source_table)
-            continue
-        seen[sha] = str(s.path)
-        prev = m["inputs"].get(sha)
-        if prev is not None and prev.get("status") == "done":
-            reports[i] = FileReport(str(s.path), sha, "skipped", s.format, s.source_table)
-            continue
-        if prev is not None:
-            stale.append(sha)  # failed before: redo from scratch
+        if sha is not None:  # None: hashed while it is read, a size no other input has (_sizes_to_defer)
+            if sha in seen:
+                warn(f"{s.path} has the same content as {seen[sha]} ({algorithm} {sha[:16]}...); ingested once")
+                reports[i] = FileReport(str(s.path), sha, "duplicate", s.format, s.source_table)
+                continue
+            seen[sha] = str(s.path)
+            prev = m["inputs"].get(sha)
+            if prev is not None and prev.get("status") == "done":
+                reports[i] = FileReport(str(s.path), sha, "skipped", s.format, s.source_table)
+                continue
+            if prev is not None:
+                stale.append(sha)  # failed before: redo from scratch
         old = by_path.get(str(s.path))
         if old is not None and old != sha and old in m["inputs"]:
             if m["inputs"][old].get("status") == "done":
-                warn(
-                    f"{s.path} changed since it was ingested (new {algorithm} {sha[:16]}...); its new content is added as a new input"
-                )
+                new = "new size" if sha is None else f"new {algorithm} {sha[:16]}..."
+                warn(f"{s.path} changed since it was ingested ({new}); its new content is added as a new input")
             else:
                 stale.append(old)
         todo.append((i, s, sha))

@@ -30,8 +30,6 @@ TIME_COLUMNS = frozenset({"time", "start_time", "end_time"})
 UNIT_COLUMNS = frozenset({"cap_cpu", "cap_mem", "req_cpu", "req_mem"})
 
 
-
-
 def _mark(mask: np.ndarray, bad: np.ndarray, why: list[str | None], reason: object) -> None:
     """Reject the rows of ``mask``; ``reason(i)`` names the first problem of a row not yet bad."""
     if not mask.any():

@@ -98,8 +98,8 @@ def wanted() -> bool:
 
 def ready(wait: float = 0.0) -> bool:
     """Whether a piece can be parsed now: the kernel is loaded and no load is in progress, after
-    waiting up to ``wait`` seconds for a load in progress (:func:`preload`).  Loading from numba's
-    cache takes ~0.2 s at the start of a process; the readers wait up to :data:`LOAD_WAIT` for it,
+    waiting up to ``wait`` seconds for a load in progress (:func:`preload`).  Importing numba and
+    loading from its cache takes ~0.35 s at the start of a process; the readers wait up to :data:`LOAD_WAIT` for it,
     which costs less than parsing the first piece with Arrow (~0.3 CPU-s per 64 MiB), while a
     first-ever compile (~6 s) still sends the pieces read meanwhile to the Arrow path (same
     result) instead of idling."""
