@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.compute as pc
 
+from gpuclust import _parallel
 from gpuclust._cache import PerArrayCache
 
 __all__ = ["EVENT_COLUMNS", "InstanceLookup", "MachineHash", "TierLookupContext", "id_index", "machine_capacities",
@@ -475,13 +476,19 @@ def _max_priorities(events: Any, top_level_only: bool) -> pd.DataFrame | None:
         _group_max(*(np.concatenate([d[k].to_numpy() for d in parts]) for k in ("c", "i", "m", "p"))))
 
 
-def _sorted_max(c: np.ndarray, i: np.ndarray, m: np.ndarray, p: np.ndarray) -> tuple[np.ndarray, ...] | None:
+def _sorted_max(c: np.ndarray, i: np.ndarray, m: np.ndarray, p: np.ndarray,
+                h: np.ndarray | None = None) -> tuple[np.ndarray, ...] | None:
     """``(hash, c, i, m, MAX(p))`` of each distinct key, sorted by :func:`triple_hash` (NaN
     skipped unless a key has nothing else, as :func:`_group_max`): the arrays an
     :class:`InstanceLookup` holds, without its second hash and sort.  ``None`` when two distinct
-    keys share a hash (the caller takes :func:`_group_max`'s path, which reports it)."""
-    h = triple_hash(np, c, i, m)
-    order = np.argsort(h)
+    keys share a hash (the caller takes :func:`_group_max`'s path, which reports it).  ``h``: the
+    keys' hashes, given when they are runs already sorted (parts being merged: a stable sort,
+    i.e. a merge of the runs)."""
+    if h is None:
+        h = triple_hash(np, c, i, m)
+        order = np.argsort(h)
+    else:
+        order = np.argsort(h, kind="stable")
     hs = h[order]
     del h
     cs, is_, ms = c[order], i[order], m[order]
@@ -495,19 +502,24 @@ def _sorted_max(c: np.ndarray, i: np.ndarray, m: np.ndarray, p: np.ndarray) -> t
 
 def _sorted_max_priorities(events: Any, top_level_only: bool) -> tuple[np.ndarray, ...] | None:
     """:func:`_sorted_max` of every batch of ``events``, merged (a batch at a time, as
-    :func:`_max_priorities`); ``None``: a hash shared by two keys.  Empty arrays for no rows."""
-    parts = []
-    for t in events.batches(list(EVENT_COLUMNS)):
-        r = _sorted_max(*_event_arrays(t, top_level_only))
-        if r is None:
-            return None
-        parts.append(r)
+    :func:`_max_priorities`; on the client, a row group per thread on
+    :func:`gpuclust._parallel.threads` threads); ``None``: a hash shared by two keys.  Empty
+    arrays for no rows."""
+    def part(t: Any) -> tuple[np.ndarray, ...] | None:
+        return _sorted_max(*_event_arrays(t, top_level_only))
+
+    columns = list(EVENT_COLUMNS)
+    parts = (events.map(part, columns, threads=_parallel.threads()) if hasattr(events, "map")
+             else [part(t) for t in events.batches(columns)])
+    if any(r is None for r in parts):
+        return None
     if not parts:
         return (np.zeros(0, np.uint64), np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int64),
                 np.zeros(0, np.float64))
     if len(parts) == 1:
         return parts[0]
-    return _sorted_max(*(np.concatenate([q[k] for q in parts]) for k in range(1, 5)))
+    cat = [np.concatenate([q[k] for q in parts]) for k in range(5)]  # type: ignore[index]
+    return _sorted_max(*cat[1:], h=cat[0])
 
 
 def _fused_lookup(events: Any, top_level_only: bool, codes_of: Any, what: str) -> InstanceLookup | None:

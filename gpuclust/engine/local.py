@@ -18,6 +18,7 @@ from typing import Any
 import pandas as pd
 
 from gpuclust._memory import tune_allocator
+from gpuclust._parallel import client_threads, map_ordered
 from gpuclust.analyses.base import Analysis, to_host
 from gpuclust.backends import ENGINE_THREAD_PREFIX, Backend, get_backend
 from gpuclust.engine import memory as _memory
@@ -118,13 +119,9 @@ def default_workers(backend: Backend | str) -> int:
 
 
 def _map_in_order(fn: Any, items: Sequence[Any], threads: int) -> Iterable[Any]:
-    """``map(fn, items)``, on ``threads`` threads when there is more than one item; results come
-    back in item order (at most ``threads`` items are being worked on at once)."""
-    if threads <= 1 or len(items) <= 1:
-        yield from map(fn, items)
-        return
-    with ThreadPoolExecutor(max_workers=min(threads, len(items)), thread_name_prefix=ENGINE_THREAD_PREFIX) as pool:
-        yield from pool.map(fn, items)
+    """``map(fn, items)``, on ``threads`` engine threads when there is more than one item; results
+    come back in item order (at most ``threads`` items are being worked on at once)."""
+    return map_ordered(fn, items, threads, name=ENGINE_THREAD_PREFIX)
 
 
 def merge_lists(analyses: Sequence[Analysis], *lists: list[Any]) -> list[Any]:
@@ -270,7 +267,8 @@ def _run(src: Any, ans: list[Analysis], be: Backend, partitions: int | str, sche
     prefetch = _Prefetch.start(plans, ans, src, be, nthreads) if scheduler is None else None
     try:
         ctxs = contexts(ans, src, progress, per_partition=per_partition(src, ans, plans), run_pass=run_pass,
-                        scratch=None if folders is None else folders.spill / "context")
+                        scratch=None if folders is None else folders.spill / "context",
+                        threads=nthreads if scheduler is None and be.name == "cpu" else default_workers("cpu"))
         spills = [folders.for_analysis(k) if a.sharded and folders is not None else None for k, a in enumerate(ans)]
         if scheduler is None:
             merged = merge_local(plans, ans, ctxs, be, nthreads, progress,
@@ -377,14 +375,16 @@ def per_partition(src: Any, ans: Sequence[Analysis],
 
 
 def contexts(ans: Sequence[Analysis], src: Any, progress: Any = None, per_partition: set[int] | None = None,
-             run_pass: Any = None, scratch: Path | None = None) -> list[Any]:
+             run_pass: Any = None, scratch: Path | None = None, threads: int = 1) -> list[Any]:
     """Each analysis' context, in order: its prerequisite passes run by ``run_pass(analyses) ->
     results`` (the caller's engine: same backend, partitions and scheduler), the context computed
     on the client from their results (with ``scratch``, a folder: its large arrays memory-mapped
     from files there, so they travel to tasks as file names, see
     :func:`gpuclust.parted.map_large_arrays`), then bound to its side inputs there (the whole
     tables), or wrapped in :class:`PerPartition` for the analyses in ``per_partition`` (bound in
-    each partition task to its buckets)."""
+    each partition task to its buckets).  The context and its binding may use ``threads``
+    threads (:func:`gpuclust._parallel.client_threads`: e.g. the instance lookups sort their
+    events a row group per thread)."""
     ctxs = []
     for k, a in enumerate(ans):
         pre = a.prerequisites(src)
@@ -397,18 +397,21 @@ def contexts(ans: Sequence[Analysis], src: Any, progress: Any = None, per_partit
             keys = result_keys(list(pre.values()))
             if progress is not None:
                 progress.phase(f"context: {a.label}")
-            ctx = a.context(src, {name: res[key] for name, key in zip(pre, keys, strict=True)})
+            with client_threads(threads):
+                ctx = a.context(src, {name: res[key] for name, key in zip(pre, keys, strict=True)})
         else:
             if progress is not None:
                 progress.phase(f"context: {a.label}")
-            ctx = a.context(src)
+            with client_threads(threads):
+                ctx = a.context(src)
         if scratch is not None:
             ctx = map_large_arrays(ctx, scratch)
         if per_partition is not None and k in per_partition:
             ctxs.append(PerPartition(ctx))
         else:
             side = {t: _partition.side_table(src, t) for t in a.side_inputs}
-            ctxs.append(a.bind(ctx, side, None))
+            with client_threads(threads):
+                ctxs.append(a.bind(ctx, side, None))
     return ctxs
 
 

@@ -12,22 +12,25 @@ points may fall anywhere (a partition then reads the row groups it overlaps and 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from gpuclust._parallel import map_ordered
 from gpuclust.layout import HASH_NAME, KEYS, ORDER, bucket_ids, key_name
 from gpuclust.schema import SCHEMAS
 
 __all__ = ["PartitionSpec", "SideTable", "TableSource", "as_source", "bucket_pieces", "column_to_numpy",
            "copartitioned", "layout_key", "plan_partitions", "whole_instance_plan", "read_arrow", "read_partition", "read_partition_device",
            "side_table", "with_side"]
+
+_T = TypeVar("_T")
 
 
 class TableSource:
@@ -333,6 +336,33 @@ class SideTable:
     def batches(self, columns: Sequence[str]) -> Any:
         for p in self.pieces:
             yield _read_piece(p, self.table, columns)
+
+    def map(self, fn: Callable[[pa.Table], _T], columns: Sequence[str], threads: int = 1) -> list[_T]:
+        """``[fn(batch) for batch in self.batches(columns)]``; with ``threads`` > 1, a Parquet row
+        group per batch, read and handed to ``fn`` on ``threads`` threads (results in row order)
+        so that a reduction of one large file uses every core (``fn`` must release the GIL to
+        gain: Arrow's reader and NumPy's kernels do)."""
+        if threads <= 1:
+            return [fn(b) for b in self.batches(columns)]
+        return list(map_ordered(lambda p: fn(_read_piece(p, self.table, columns)), self.row_group_pieces(), threads,
+                                name="gpuclust-side"))
+
+    def row_group_pieces(self) -> list[Piece]:
+        """The pieces split at their files' row group boundaries (in-memory pieces as they are)."""
+        out = []
+        for p in self.pieces:
+            if p.file is None:
+                out.append(p)
+                continue
+            md = pq.ParquetFile(p.file).metadata
+            off = 0
+            for g in range(md.num_row_groups):
+                n = md.row_group(g).num_rows
+                lo, hi = max(p.start, off), min(p.stop, off + n)
+                if lo < hi:
+                    out.append(Piece(lo, hi, p.file))
+                off += n
+        return out
 
     def read(self, columns: Sequence[str]) -> pa.Table:
         parts = list(self.batches(columns))
