@@ -23,18 +23,27 @@ once on the client (as ``overcommit``).
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from gpuclust._parallel import threads
 from gpuclust.analyses._lookup import EVENT_COLUMNS, TierLookupContext, tier_lookup
-from gpuclust.analyses._requests import REQUEST_COLUMNS, KeyedRuns, RequestTimeline, asof_keyed
+from gpuclust.analyses._requests import (
+    REQUEST_COLUMNS,
+    KeyedRuns,
+    KeyedSlots,
+    RequestTimeline,
+    asof_keyed,
+    asof_keyed_slots,
+)
 from gpuclust.analyses.base import Analysis, fmt, resolve_tier_map
 from gpuclust.analyses.options import tier_map_option
 from gpuclust.analyses.usage_change import RATIO_EDGES
-from gpuclust.partials import bin_quantile_edges, bin_rows, log_bins
+from gpuclust.partials import bin_quantile_edges, bin_rows
 from gpuclust.schema import tier_map
 
 __all__ = ["MEASURES", "UsageVsRequest"]
@@ -50,6 +59,52 @@ _B05 = int(np.searchsorted(RATIO_EDGES, 0.5, side="right"))
 _B1 = int(np.searchsorted(RATIO_EDGES, 1.0, side="right"))
 #: Codes per tier: no limit, unknown usage, then the refined bins (x = bin + [ratio > 0.5] + [ratio > 1]).
 _K = 2 + _B + 2
+#: The refined bins' edges: ``x = searchsorted(_REFINED, ratio, side="right")`` (a ratio > 0.5 is one
+#: >= the next float after 0.5).
+_REFINED = np.sort(np.concatenate([RATIO_EDGES, np.nextafter([0.5, 1.0], np.inf)]))
+#: :func:`refined_bins`' table: the float64 bits of a ratio shifted right by ``52 - _KBITS`` split
+#: each octave in 2^_KBITS cells, each holding at most one edge of _REFINED (checked below).
+_KBITS = 9
+_SHIFT = 52 - _KBITS
+_CELL_LO = int(np.float64(2.0 ** -20).view(np.int64)) >> _SHIFT  # ratios below 2^-20 (< 1e-6): cell 0
+_CELL_HI = int(np.float64(2.0 ** 20).view(np.int64)) >> _SHIFT  # ratios from 2^20 (> 1e6) on: the last cell
+
+
+def _cell_table() -> tuple[np.ndarray, np.ndarray]:
+    """Per cell, the refined bin of its lower end (cell 0: 0; the last: all edges), and the edges
+    with a NaN after the last (never passed)."""
+    lower = ((np.arange(_CELL_LO, _CELL_HI, dtype=np.int64)) << _SHIFT).view(np.float64)
+    upper = ((np.arange(_CELL_LO + 1, _CELL_HI + 1, dtype=np.int64)) << _SHIFT).view(np.float64)
+    first = np.searchsorted(_REFINED, lower, side="right")
+    # at most one edge inside each cell: the second edge after its lower end is at or above its upper end
+    ext = np.concatenate([_REFINED, [np.inf, np.inf]])
+    if not bool((ext[first + 1] >= upper).all()) or not (_REFINED[0] > lower[0] and _REFINED[-1] < upper[-1]):
+        raise AssertionError("usage-vs-request: ratio cells too wide for the refined edges")
+    table = np.concatenate([[0], first, [_REFINED.shape[0]]]).astype(np.int16)
+    return table, np.concatenate([_REFINED, [np.nan]])
+
+
+_CELLS, _CELL_EDGES = _cell_table()
+
+
+def refined_bins(xp: Any, ratio: Any, cells: Any = None, edges: Any = None) -> Any:
+    """``searchsorted(_REFINED, ratio, side="right")`` (int64) for any ``ratio`` but NaN (``-0.0``
+    and below: 0; ``inf``: the last), i.e. the ratio's bin of :data:`RATIO_EDGES` plus
+    ``[ratio > 0.5] + [ratio > 1]``: its cell's bin from a table (the float's exponent and top
+    mantissa bits), plus one where the cell's edge lies at or below the ratio.
+
+    >>> r = np.array([-1.0, 0.0, 1e-7, 0.5, np.nextafter(0.5, 1), 1.0, np.nextafter(1.0, 2), 1e7, np.inf])
+    >>> (refined_bins(np, r) == np.searchsorted(_REFINED, r, side="right")).all()
+    np.True_
+    """
+    cells = _CELLS if cells is None else cells
+    edges = _CELL_EDGES if edges is None else edges
+    k = xp.right_shift(ratio.view(xp.int64), _SHIFT)
+    k -= _CELL_LO - 1
+    xp.clip(k, 0, _CELL_HI - _CELL_LO + 1, out=k)
+    x = xp.take(cells, k).astype(xp.int64)
+    x += ratio >= xp.take(edges, x)
+    return x
 
 
 def _split(xp: Any, x: Any) -> tuple[Any, Any, Any]:
@@ -74,6 +129,9 @@ class UsageVsRequestContext(TierLookupContext):
     limits: np.ndarray = field(default_factory=lambda: np.full((1, 2), np.nan))
     #: ``lookup`` (the tier codes) with each key's instance run in ``requests``: one probe per window
     runs: KeyedRuns = field(default_factory=KeyedRuns)
+    #: ``runs`` and ``limits`` in the cpu backend's one-gather table (None: the limits are not all
+    #: float32 values; ``runs`` then)
+    slots: KeyedSlots | None = None
 
 
 @dataclass(frozen=True)
@@ -121,14 +179,33 @@ class UsageVsRequest(Analysis):
 
     def bind(self, ctx: UsageVsRequestContext, side: dict[str, Any], grain: str | None) -> UsageVsRequestContext:
         ev = side["instance_events"]
-        lk = tier_lookup(ev, ctx.tier_map, top_level_only=False, unmatched=len(ctx.tier_map.names),
-                         what="usage-vs-request tier lookup")
+
+        def lookup() -> Any:
+            return tier_lookup(ev, ctx.tier_map, top_level_only=False, unmatched=len(ctx.tier_map.names),
+                               what="usage-vs-request tier lookup")
+
+        # the tier lookup and the request timeline read and sort the events independently: on two
+        # threads where the client may use them (NumPy's sorts and Arrow's reads hold no GIL)
+        if threads() > 1:
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuclust-bind") as pool:
+                fut = pool.submit(lookup)
+                rq, limits = self._timeline(ev)
+                lk = fut.result()
+        else:
+            lk = lookup()
+            rq, limits = self._timeline(ev)
+        runs = KeyedRuns.build(lk, rq)
+        # the cpu backend's one-gather table (None where the limits are not float32 values)
+        return replace(ctx, lookup=lk, requests=rq, limits=limits, runs=runs, slots=KeyedSlots.build(runs, limits))
+
+    @staticmethod
+    def _timeline(ev: Any) -> tuple[RequestTimeline, np.ndarray]:
         rq = RequestTimeline.build(ev)
         limits = np.full((int(rq.key.shape[0]) + 1, 2), np.nan)
         for r in (0, 1):
             at = np.append(rq.latest(rq.req[:, r] > 0), -1)
             limits[:, r] = np.where(at >= 0, np.append(rq.req[:, r], 0.0)[at], np.nan)
-        return replace(ctx, lookup=lk, requests=rq, limits=limits, runs=KeyedRuns.build(lk, rq))
+        return rq, limits
 
     # ---------------------------------------------------------------- partial / merge
     def empty(self, backend: Any = None) -> dict[str, np.ndarray]:
@@ -146,8 +223,16 @@ class UsageVsRequest(Analysis):
         block = getattr(backend.ops, "lookup_block_rows", None) or n
         counts = xp.zeros((_M, _T * _K), dtype=xp.int64)
         rsum = xp.zeros((_M, _T))
-        for lo in range(0, n, block):
-            self._block(cols, slice(lo, min(n, lo + block)), ctx, backend, counts, rsum)
+        slots = ctx.slots if getattr(backend.ops, "lookup_slot_tables", False) else None
+        if slots is not None:
+            # host arrays (the cpu backend): one gather per window in the key's slot (see KeyedSlots),
+            # blocks of a quarter of lookup_block_rows (the gathered slots, 64 bytes a row, stay in L2)
+            block = max(1, block // 4)
+            for lo in range(0, n, block):
+                self._block_slots(cols, slice(lo, min(n, lo + block)), ctx, slots, backend, counts, rsum)
+        else:
+            for lo in range(0, n, block):
+                self._block(cols, slice(lo, min(n, lo + block)), ctx, backend, counts, rsum)
         c = counts.reshape(_M, _T, _K).transpose(1, 0, 2)
         hist, half, above = _split(xp, c[:, :, 2:])
         out = {"counts": xp.stack([c.sum(2), c[:, :, 0], c[:, :, 1], hist.sum(2), above, half], 2).astype(xp.int64),
@@ -177,7 +262,7 @@ class UsageVsRequest(Analysis):
         # usage, else 2 + the ratio's bin refined at 0.5 and 1 (see _split)
         base = tier * _K
         defined = base + 2
-        edges = xp.asarray(RATIO_EDGES)
+        cells, cell_edges = backend.stage(_CELLS), backend.stage(_CELL_EDGES)
         res: dict[int, tuple[Any, Any, Any]] = {}
         for k, (_, col, r) in enumerate(MEASURES):
             if r not in res:
@@ -189,13 +274,46 @@ class UsageVsRequest(Analysis):
             d = has_lim & xp.isfinite(u)
             ratio = weights[_T:]
             ratio[...] = xp.where(d, u / lim, 0.0)  # float64, as u.astype(float64) / limit
-            x = log_bins(xp, edges, ratio)
-            x += ratio > 0.5
-            x += ratio > 1.0
+            x = refined_bins(xp, ratio, cells, cell_edges)
             x += defined
             counts[k] += xp.bincount(xp.where(d, x, other), minlength=_T * _K)
             weights[:_T] = rsum[k]
             rsum[k] = xp.bincount(tiers, weights=weights, minlength=_T)  # + 0.0 per other window
+
+    @staticmethod
+    def _block_slots(cols: dict[str, Any], sl: slice, ctx: UsageVsRequestContext, slots: Any, backend: Any,
+                     counts: Any, rsum: Any) -> None:
+        """:meth:`_block` on the cpu backend: each window's tier and limits from its key's slot
+        (:func:`~gpuclust.analyses._requests.asof_keyed_slots`), the same codes and sums."""
+        s = cols["start_time"][sl]
+        m = int(s.shape[0])
+        found, code, lim0, lim1 = asof_keyed_slots(backend, ctx.requests, ctx.runs, slots, ctx.limits,
+                                                   cols["collection_id"][sl], cols["instance_index"][sl],
+                                                   cols["machine_id"][sl], s)
+        tiers = np.empty(_T + m, dtype=np.int64)  # the tier slots, then the rows' tiers
+        tiers[:_T] = np.arange(_T)
+        tier = tiers[_T:]
+        np.copyto(tier, np.where(found, code, len(ctx.tier_map.names)))
+        weights = np.empty(_T + m)  # the sums so far, then the rows' ratios
+        base = tier * _K
+        defined = base + 2
+        res: dict[int, tuple[Any, Any, Any]] = {}
+        for k, (_, col, r) in enumerate(MEASURES):
+            if r not in res:
+                lim = lim1 if r else lim0
+                has_lim = lim > 0  # NaN: no limit
+                res[r] = lim, has_lim, base + has_lim
+            lim, has_lim, other = res[r]
+            u = cols[col][sl]
+            d = has_lim & np.isfinite(u)
+            ratio = weights[_T:]
+            np.divide(u, lim, out=ratio)  # float64, as u.astype(float64) / limit
+            ratio[~d] = 0.0
+            x = refined_bins(np, ratio)
+            x += defined
+            counts[k] += np.bincount(np.where(d, x, other), minlength=_T * _K)
+            weights[:_T] = rsum[k]
+            rsum[k] = np.bincount(tiers, weights=weights, minlength=_T)  # + 0.0 per other window
 
     def merge(self, a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return {k: a[k] + b[k] for k in a}
