@@ -519,7 +519,7 @@ def _sorted_max_priorities(events: Any, top_level_only: bool) -> tuple[np.ndarra
     if len(parts) == 1:
         return parts[0]
     cat = [np.concatenate([q[k] for q in parts]) for k in range(5)]  # type: ignore[index]
-    return _sorted_max(*cat[1:], h=cat[0])
+    return _sorted_max(cat[1], cat[2], cat[3], cat[4], h=cat[0])
 
 
 def _fused_lookup(events: Any, top_level_only: bool, codes_of: Any, what: str) -> InstanceLookup | None:
