@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gpuclust.analyses._job_groups import group_windows, key_table
 from gpuclust.analyses._lookup import EVENT_COLUMNS, TierLookupContext, priority_lookup
 from gpuclust.analyses.base import Analysis, fmt, is_null_int, resolve_tier_map
 from gpuclust.analyses.options import option, tier_map_option
@@ -54,6 +55,16 @@ STAT_COLUMNS = ("jobs", "zero_jobs", "total_hours", "mean", "variance", "median"
                 "top1pct_share", "top01pct_share", "scv", "tail_jobs", "pareto_alpha", "pareto_r2")
 
 
+_FIELDS = ("key", "cpu", "mem", "windows", "prio")
+#: Largest lookup the cpu path's key table takes (its codes are int32).
+_MAX_TABLE_KEYS = 1 << 31
+
+
+def _empty_keyed() -> dict[str, np.ndarray]:
+    return {"key": np.zeros(0, np.int64), "cpu": np.zeros(0), "mem": np.zeros(0), "windows": np.zeros(0, np.int64),
+            "prio": np.zeros(0, np.int64)}
+
+
 @dataclass(frozen=True)
 class JobUsageContext(TierLookupContext):
     """The priority lookup and, per row of its table, the dense code of the row's collection
@@ -64,10 +75,13 @@ class JobUsageContext(TierLookupContext):
     key_collection: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
 
-def _top_share(x: np.ndarray, share: float) -> float:
-    """Share of ``x.sum()`` held by its largest ``max(1, ceil(share * n))`` values."""
+def _top_share(x: np.ndarray, share: float, desc: np.ndarray | None = None) -> float:
+    """Share of ``x.sum()`` held by its largest ``max(1, ceil(share * n))`` values (``desc``:
+    ``x`` sorted in descending order, when the caller has it)."""
     k = max(1, int(np.ceil(share * x.shape[0])))
-    return float(np.sort(x)[::-1][:k].sum() / x.sum())
+    if desc is None:
+        desc = np.sort(x)[::-1]
+    return float(desc[:k].sum() / x.sum())
 
 
 def job_stats(x: np.ndarray, tail: float) -> dict[str, float]:
@@ -80,14 +94,16 @@ def job_stats(x: np.ndarray, tail: float) -> dict[str, float]:
         return out
     mean = float(x.mean())
     var = float(x.var())
-    q = np.quantile(x, [0.5, 0.9, 0.99, 0.999])
+    asc = np.sort(x)  # one sort for the quantiles, the top shares and the tail
+    desc = asc[::-1]
+    q = np.quantile(asc, [0.5, 0.9, 0.99, 0.999])
     out.update(total_hours=float(x.sum()), mean=mean, variance=var, median=float(q[0]), p90=float(q[1]),
-               p99=float(q[2]), p999=float(q[3]), max=float(x.max()), top1pct_share=_top_share(x, 0.01),
-               top01pct_share=_top_share(x, 0.001), scv=var / mean**2 if mean > 0 else np.nan)
+               p99=float(q[2]), p999=float(q[3]), max=float(x.max()), top1pct_share=_top_share(x, 0.01, desc),
+               top01pct_share=_top_share(x, 0.001, desc), scv=var / mean**2 if mean > 0 else np.nan)
     m = max(2, int(np.ceil(tail * n)))
     if n >= 2:
         m = min(m, n)
-        top = np.sort(x)[::-1][:m]
+        top = desc[:m]
         lx = np.log10(top)
         ly = np.log10(np.arange(1, m + 1) / n)
         out["tail_jobs"] = m
@@ -98,6 +114,44 @@ def job_stats(x: np.ndarray, tail: float) -> dict[str, float]:
             out["pareto_alpha"] = -float(slope)
             out["pareto_r2"] = 1.0 - float((resid**2).sum()) / ss if ss > 0 else np.nan
     return out
+
+
+def _codes(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(ids, return_inverse=True)`` as int64 arrays, by one unstable sort.
+
+    >>> [a.tolist() for a in _codes(np.array([7, 3, 7, 5]))]
+    [[3, 5, 7], [2, 0, 2, 1]]
+    """
+    ids = np.asarray(ids, dtype=np.int64)
+    order = np.argsort(ids)
+    s = ids[order]
+    first = np.ones(s.shape[0], dtype=bool)
+    first[1:] = s[1:] != s[:-1]
+    code = np.empty(s.shape[0], np.int64)
+    code[order] = np.cumsum(first) - 1
+    return s[first], code
+
+
+def _by_usage(cpu: np.ndarray, key: np.ndarray) -> np.ndarray:
+    """The order of the collections by ``cpu`` descending, then ``key`` ascending (pandas'
+    ``sort_values(["ncu_hours", "collection_id"], ascending=[False, True])``): an unstable
+    sort of ``cpu``, then the runs of equal values put in key order.
+
+    >>> _by_usage(np.array([1.0, 3.0, 1.0, 0.0, 1.0]), np.array([5, 1, 2, 9, 3])).tolist()
+    [1, 2, 4, 0, 3]
+    """
+    order = np.argsort(-cpu)
+    v = cpu[order]
+    tie = np.zeros(v.shape[0], dtype=bool)
+    eq = (v[1:] == v[:-1]) | (np.isnan(v[1:]) & np.isnan(v[:-1]))  # (NaN last, in key order too)
+    tie[1:] |= eq
+    tie[:-1] |= eq
+    at = np.flatnonzero(tie)
+    if at.shape[0]:
+        run = np.cumsum(np.concatenate([[True], ~eq]))[at]  # the run of equal values of each tied row
+        sub = order[at]
+        order[at] = sub[np.lexsort((key[sub], run))]
+    return order
 
 
 def _pearson(a: np.ndarray, b: np.ndarray) -> float:
@@ -139,7 +193,7 @@ class JobUsage(Analysis):
     #: tracemalloc peak of partial: 116 B/row (bench 1.6e7 set, 4M-row partition)
     row_bytes = 160
     #: rows per partition for partitions="auto" (gpuclust.engine.memory.preferred_rows)
-    auto_partition_rows = 1 << 20
+    auto_partition_rows = 1 << 21
 
     def __post_init__(self) -> None:
         if self.rows not in ROWS:
@@ -151,8 +205,8 @@ class JobUsage(Analysis):
 
     @property
     def columns(self) -> tuple[str, ...]:
-        return ("start_time", "end_time", "collection_id", "instance_index", "machine_id", "collection_type",
-                "alloc_collection_id", "avg_cpu", "avg_mem")
+        rule = ("collection_type",) if self.rows == "jobs" else ("alloc_collection_id",)  # what picks the rows
+        return ("start_time", "end_time", "collection_id", "instance_index", "machine_id", *rule, "avg_cpu", "avg_mem")
 
     def context(self, source: Any) -> JobUsageContext:
         return JobUsageContext(resolve_tier_map(self.tier_map, source))
@@ -163,14 +217,13 @@ class JobUsage(Analysis):
 
     def bind(self, ctx: JobUsageContext, side: dict[str, Any], grain: str | None) -> JobUsageContext:
         lookup = priority_lookup(side["instance_events"], top_level_only=False, what="job-usage priority lookup")
-        collections, key_collection = np.unique(lookup.collection, return_inverse=True)
-        return replace(ctx, lookup=lookup, collections=collections.astype(np.int64),
-                       key_collection=key_collection.reshape(-1).astype(np.int64))
+        collections, key_collection = _codes(lookup.collection)
+        return replace(ctx, lookup=lookup, collections=collections, key_collection=key_collection)
 
     # ---------------------------------------------------------------- partial / merge
     def empty(self, backend: Any = None) -> dict[str, np.ndarray]:
-        return {"key": np.zeros(0, np.int64), "cpu": np.zeros(0), "mem": np.zeros(0),
-                "windows": np.zeros(0, np.int64), "prio": np.zeros(0, np.int64), "stats": np.zeros(len(_STATS), np.int64)}
+        return {**_empty_keyed(), **{"x" + k: v for k, v in _empty_keyed().items()},
+                "stats": np.zeros(len(_STATS), np.int64)}
 
     def partial(self, cols: dict[str, Any], ctx: JobUsageContext, backend: Any) -> dict[str, Any]:
         xp = backend.xp
@@ -184,34 +237,45 @@ class JobUsage(Analysis):
             a = cols["alloc_collection_id"]
             use = (a == 0) | is_null_int(xp, a)
         ok = (e > s) & (e != TIME_AFTER_TRACE)
-        stats["bad_duration_rows"] = int(xp.count_nonzero(use & ~ok))
-        r = xp.nonzero(use & ok)[0]
-        stats["used_rows"] = int(r.shape[0])
-        if int(r.shape[0]) == 0:
+        keep = use & ok
+        used = int(xp.count_nonzero(keep))
+        stats["bad_duration_rows"] = int(xp.count_nonzero(use)) - used
+        stats["used_rows"] = used
+        if used == 0:
             out = {k: xp.asarray(v) for k, v in self.empty().items()}
             out["stats"] = xp.asarray(np.array([stats[k] for k in _STATS], np.int64))
             return out
-        if int(r.shape[0]) == n:  # every row counts: no gathers (the lookup probes the columns as they are)
-            r = None
+        # every row counts: no gathers (the lookup probes the columns as they are)
+        r = None if used == n else xp.nonzero(keep)[0]
+        n_coll = int(ctx.collections.shape[0])
+        if (getattr(backend.ops, "lookup_slot_tables", False) and 0 < len(ctx.lookup) <= 4 * used + (1 << 16)
+                and len(ctx.lookup) < _MAX_TABLE_KEYS):
+            # host arrays (the cpu backend): one pass of blocks through the lookup's key table
+            table = key_table(ctx.lookup, ctx.key_collection, n_coll)
+            dense, extra, unknown = group_windows(table, ctx.collections, cols, r, used)
+            for res in ("cpu", "mem"):
+                stats[f"unknown_{res}_rows"] = unknown[res]
+            out = {**dense, **{"x" + k: v for k, v in extra.items()}}
+            out["stats"] = np.array([stats[k] for k in _STATS], np.int64)
+            return out
 
         def pick(a: Any) -> Any:
             return a if r is None else a[r]
 
         hours = (pick(e) - pick(s)).astype(xp.float64) / _HOUR_US
         c = pick(cols["collection_id"]).astype(xp.int64)
-        used = int(c.shape[0])
         vals = {}
         for res in ("cpu", "mem"):
             v = pick(cols["avg_" + res]).astype(xp.float64)
             known = xp.isfinite(v)
             stats[f"unknown_{res}_rows"] = used - int(xp.count_nonzero(known))
             vals[res] = xp.where(known, v * hours, 0.0)
-        n_coll = int(ctx.collections.shape[0])
         if n_coll <= 4 * used + (1 << 16):
             out = self._by_code(backend, ctx, cols, r, c, vals)
         else:  # the lookup's collections far outnumber this partition's rows: group by a sort
             found, p = ctx.lookup.find(backend, cols["collection_id"], cols["instance_index"], cols["machine_id"], rows=r)
             out = self._by_sort(backend, c, xp.where(found, p, -1).astype(xp.int64), vals)
+        out.update({"x" + k: xp.asarray(v) for k, v in _empty_keyed().items()})
         out["stats"] = xp.asarray(np.array([stats[k] for k in _STATS], np.int64))
         return out
 
@@ -276,38 +340,55 @@ class JobUsage(Analysis):
         return out
 
     def merge(self, a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        # sums by merge_keyed (sorted unique keys: b's new keys inserted, O(n + m log n)); the
-        # priority by maximum, placed by the same keys
-        fa, fb = ({f: np.asarray(p[f]) for f in ("key", "cpu", "mem", "windows", "prio")} for p in (a, b))
-        out = merge_keyed(fa, fb, maxima=("prio",))
+        # the collections of the lookup: partials over the same table (the cpu path's dense
+        # arrays, one per code) add elementwise; else sums by merge_keyed (sorted unique keys: b's
+        # new keys inserted, O(n + m log n)), the priority by maximum, placed by the same keys
+        fa, fb = ({f: np.asarray(p[f]) for f in _FIELDS} for p in (a, b))
+        if fa["key"].shape[0] and fa["key"].shape == fb["key"].shape and (
+                fa["key"] is fb["key"] or np.array_equal(fa["key"], fb["key"])):
+            out = {"key": fa["key"], "cpu": fa["cpu"] + fb["cpu"], "mem": fa["mem"] + fb["mem"],
+                   "windows": fa["windows"] + fb["windows"], "prio": np.maximum(fa["prio"], fb["prio"])}
+        else:
+            out = merge_keyed(fa, fb, maxima=("prio",))
+        xa, xb = ({f: np.asarray(p["x" + f]) for f in _FIELDS} for p in (a, b))
+        out.update({"x" + k: v for k, v in merge_keyed(xa, xb, maxima=("prio",)).items()})
         out["stats"] = a["stats"] + b["stats"]
         return out
 
     # ---------------------------------------------------------------- finalize
     def finalize(self, partial: dict[str, np.ndarray], ctx: JobUsageContext) -> dict[str, pd.DataFrame]:
         p = {k: np.asarray(v) for k, v in partial.items()}
+        # the collections with windows (the cpu path's dense partials hold every code of the
+        # lookup), and those of windows whose collection has no events
+        keep = p["windows"] > 0
+        main = {f: p[f][keep] for f in _FIELDS}
+        if p["xkey"].shape[0]:
+            main = merge_keyed(main, {f: p["x" + f] for f in _FIELDS}, maxima=("prio",))
+        p.update(main)
         names = ctx.tier_names
         prio = p["prio"].astype(np.int64)
         code = ctx.tier_map.tier_codes(np.maximum(prio, 0)).astype(np.int64)
         code = np.where((prio >= 0) & (code >= 0), code, len(names) - 1)
+        key, cpu = p["key"].astype(np.int64), p["cpu"].astype(np.float64)
+        order = _by_usage(cpu, key)  # NCU-hours descending, then collection_id
+        key, cpu, code = key[order], cpu[order], code[order]
+        mem, windows = p["mem"].astype(np.float64)[order], p["windows"].astype(np.int64)[order]
         tier = np.array(names, dtype=object)[code] if code.size else np.array([], dtype=object)
-        jobs = pd.DataFrame({"collection_id": p["key"].astype(np.int64), "tier": tier,
-                             "ncu_hours": p["cpu"].astype(np.float64), "nmu_hours": p["mem"].astype(np.float64),
-                             "windows": p["windows"].astype(np.int64)})
-        jobs = jobs.sort_values(["ncu_hours", "collection_id"], ascending=[False, True], kind="stable").reset_index(drop=True)
+        jobs = pd.DataFrame({"collection_id": key, "tier": tier, "ncu_hours": cpu, "nmu_hours": mem,
+                             "windows": windows})
         rows, corr = [], []
         for t in (*names, "all"):
-            sel = jobs if t == "all" else jobs[jobs["tier"] == t]
-            if sel.empty:
+            sel = None if t == "all" else np.array([nm == t for nm in names])[code]  # the rows of tier t
+            if (len(jobs) if sel is None else int(np.count_nonzero(sel))) == 0:
                 continue
-            for res, col in (("cpu", "ncu_hours"), ("mem", "nmu_hours")):
-                x = sel[col].to_numpy()
+            xs = {res: x if sel is None else x[sel] for res, x in (("cpu", cpu), ("mem", mem))}
+            for res, x in xs.items():
                 pos = x[x > 0]
                 rows.append({"tier": t, "resource": res, **job_stats(pos, float(self.tail)),
                              "zero_jobs": int(x.shape[0] - pos.shape[0])})
-            both = sel[(sel["ncu_hours"] > 0) & (sel["nmu_hours"] > 0)]
-            a, b = both["ncu_hours"].to_numpy(), both["nmu_hours"].to_numpy()
-            corr.append({"tier": t, "jobs": int(both.shape[0]), "pearson_r": _pearson(a, b),
+            both = (xs["cpu"] > 0) & (xs["mem"] > 0)
+            a, b = xs["cpu"][both], xs["mem"][both]
+            corr.append({"tier": t, "jobs": int(a.shape[0]), "pearson_r": _pearson(a, b),
                          "log_pearson_r": _pearson(np.log10(a), np.log10(b)) if a.size else np.nan})
         stats = pd.DataFrame(rows, columns=["tier", "resource", *STAT_COLUMNS])
         stats = stats.astype({"jobs": np.int64, "zero_jobs": np.int64})

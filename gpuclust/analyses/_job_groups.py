@@ -1,0 +1,201 @@
+"""job-usage's cpu path: the windows of a partition grouped by collection in one pass of blocks.
+
+:class:`KeyTable` is an open-addressing table over the keys ``(collection_id, instance_index,
+machine_id)`` of job-usage's priority lookup, each slot a 32-byte record ``(collection,
+machine, instance, collection code)``: one gather per window finds its key (checked on the
+whole key, so a hash collision never attaches a wrong collection) and, in the same record, the
+dense code of its collection among the lookup's sorted collections.  The hash is cheaper than
+:func:`gpuclust.analyses._lookup.triple_hash` (three multiplies, a fold and a multiply: the
+table's slot is the top bits, which depend on every bit of the key); it decides only where a key
+is looked for, never whether it is found.  A window's key found marks its slot; the collection's
+priority is the maximum over its keys whose slots were marked (so the windows need no
+per-row maximum).  The table is built once per lookup (no sort of the keys by hash beyond one
+``argsort`` of their slots).
+
+:func:`group_windows` is the partial's work on the cpu backend (selected by
+``backend.ops.lookup_slot_tables``, as :class:`gpuclust.analyses._lookup.InstanceLookup` does):
+the rows are taken a block at a time (a block's hashes, records and products stay in cache),
+then per collection code one ``bincount`` per sum adds its windows in row order, exactly as the
+generic path (``JobUsage._by_code``) does, so both give the same sums bit for bit.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from gpuclust._cache import PerArrayCache
+
+__all__ = ["KeyTable", "group_windows", "key_hash", "key_table"]
+
+_K1 = np.uint64(0x9E3779B97F4A7C15)
+_K2 = np.uint64(0xC2B2AE3D27D4EB4F)
+_K3 = np.uint64(0x165667B19E3779F9)
+_KM = np.uint64(0xBF58476D1CE4E5B9)
+_U32 = np.uint64(32)
+#: Rows per block (a block's temporaries stay in the core's cache).
+BLOCK = 1 << 15
+_HOUR_US = 3.6e9
+
+
+def key_hash(collection: np.ndarray, instance: np.ndarray, machine: np.ndarray) -> np.ndarray:
+    """A 64-bit hash of each key whose top bits mix every bit of the three columns.
+
+    >>> h = key_hash(np.array([1, 1]), np.array([0, 1], np.int32), np.array([5, 5]))
+    >>> h.dtype.name, bool(h[0] != h[1])
+    ('uint64', True)
+    """
+    h = np.asarray(collection, dtype=np.int64).view(np.uint64) * _K1
+    t = np.asarray(machine, dtype=np.int64).view(np.uint64) * _K2
+    h ^= t
+    np.multiply(np.asarray(instance).astype(np.int64).view(np.uint64), _K3, out=t)
+    h ^= t
+    np.right_shift(h, _U32, out=t)
+    h ^= t
+    h *= _KM
+    return h
+
+
+class KeyTable:
+    """Linear probing over a lookup's keys (see the module docstring).
+
+    The keys are held in the lookup's order, one 32-byte record each (``keys``: collection,
+    machine, instance, code); the slots (``2**bits + n`` int32, load factor at most
+    1/4, no wrap-around) hold the position of a key in ``keys``, -1 where empty.  A key sits
+    in the first free slot at or after its home slot (the top ``bits`` of its :func:`key_hash`),
+    so a query probes from its home slot until it finds its key or an empty slot.
+    """
+
+    REC = np.dtype([("c", "<i8"), ("m", "<i8"), ("i", "<i4"), ("code", "<i4"), ("pad", "<i8")])
+
+    def __init__(self, collection: np.ndarray, instance: np.ndarray, machine: np.ndarray, code: np.ndarray,
+                 priority: np.ndarray, n_codes: int):
+        code = np.asarray(code, dtype=np.int64)
+        n = int(code.shape[0])
+        if n >= (1 << 31) - 1:
+            raise ValueError("KeyTable: too many keys for int32 positions")
+        keys = np.empty(n, self.REC)
+        keys["c"] = collection
+        keys["m"] = machine
+        keys["i"] = instance
+        keys["code"] = code
+        keys["pad"] = 0
+        self.keys = keys
+        self.n = n
+        self.code = code
+        self.prio = np.asarray(priority, dtype=np.int64)
+        self.n_codes = int(n_codes)
+        self.bits = max(4, int(max(n, 1) - 1).bit_length() + 2)
+        self.shift = np.uint64(64 - self.bits)
+        home = (key_hash(collection, instance, machine) >> self.shift).view(np.int64)
+        order = np.argsort(home)
+        ar = np.arange(n, dtype=np.int64)
+        pos = np.maximum.accumulate(home[order] - ar) + ar if n else ar  # first free slot at or after home
+        self.slots = np.full((1 << self.bits) + n, -1, np.int32)
+        self.slots[pos] = order
+
+    def find(self, collection: np.ndarray, instance: np.ndarray, machine: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per query: its collection code and the position of its key in :attr:`keys` (both -1
+        where its key is not in the table)."""
+        if self.n == 0:
+            none = np.full(np.shape(collection)[0], -1, np.int64)
+            return none, none.copy()
+        p = (key_hash(collection, instance, machine) >> self.shift).view(np.int64)
+        k = np.take(self.slots, p)
+        rec = np.take(self.keys, np.maximum(k, 0))
+        hit = rec["c"] == collection
+        hit &= rec["m"] == machine
+        hit &= rec["i"] == instance
+        occupied = k >= 0
+        hit &= occupied
+        code = np.where(hit, rec["code"], -1)
+        more = np.flatnonzero(occupied & ~hit)  # the slot holds another key: probe on
+        if more.shape[0]:
+            q, c, m, i = p[more] + 1, collection[more], machine[more], instance[more]
+            while more.shape[0]:
+                kq = np.take(self.slots, q)
+                rec = np.take(self.keys, np.maximum(kq, 0))
+                ok = (rec["c"] == c) & (rec["m"] == m) & (rec["i"] == i)
+                occupied = kq >= 0
+                ok &= occupied
+                at = more[ok]
+                code[at] = rec["code"][ok]
+                k[at] = kq[ok]
+                go = occupied & ~ok
+                more, q, c, m, i = more[go], q[go] + 1, c[go], m[go], i[go]
+        k[code < 0] = -1
+        return code, k
+
+    def priorities(self, marked: np.ndarray) -> np.ndarray:
+        """Per collection code: the maximum priority of its keys that are ``marked`` (a flag per
+        key; -1 where none is)."""
+        out = np.full(self.n_codes, -1, np.int64)
+        hit = np.flatnonzero(marked)
+        np.maximum.at(out, self.code[hit], self.prio[hit])
+        return out
+
+
+_tables = PerArrayCache()
+
+
+def key_table(lookup: Any, key_collection: np.ndarray, n_codes: int) -> KeyTable:
+    """The :class:`KeyTable` of a lookup and its keys' collection codes (built once per lookup)."""
+    return _tables.get(lookup.hash, lambda _h: KeyTable(lookup.collection, lookup.instance, lookup.machine,
+                                                        key_collection, lookup.code, n_codes))
+
+
+def group_windows(table: KeyTable, collections: np.ndarray, cols: dict[str, np.ndarray], rows: np.ndarray | None,
+                  n: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, int]]:
+    """Per collection of the windows ``rows`` of ``cols`` (``None``: all ``n``): NCU-hours, NMU-hours
+    (NULL or infinite averages add nothing), windows and the priority.
+
+    Returns ``(dense, extra, unknown)``: ``dense`` over every code of ``collections`` (the table's
+    sorted collections; codes without windows have ``windows`` 0), ``extra`` keyed by the sorted
+    collections of windows whose collection is not among them (priority -1), and the counts of
+    unknown CPU and memory averages."""
+    s, e = cols["start_time"], cols["end_time"]
+    cid, inst, mach = cols["collection_id"], cols["instance_index"], cols["machine_id"]
+    avg = {"cpu": cols["avg_cpu"], "mem": cols["avg_mem"]}
+    code = np.empty(n, np.int64)
+    w = {k: np.empty(n, np.float64) for k in avg}
+    unknown = {k: 0 for k in avg}
+    marked = np.zeros(table.n + 1, dtype=bool)  # a flag per key, and one for key -1 (not found)
+    for lo in range(0, n, BLOCK):
+        hi = min(n, lo + BLOCK)
+        r = slice(lo, hi) if rows is None else rows[lo:hi]
+        c = cid[r]
+        got, key = table.find(c, inst[r], mach[r])
+        code[lo:hi] = got
+        marked[key] = True
+        hours = (e[r] - s[r]).astype(np.float64)
+        hours /= _HOUR_US
+        for k, v in avg.items():
+            vb = v[r]
+            out = w[k][lo:hi]
+            np.multiply(vb, hours, out=out)
+            bad = ~np.isfinite(vb)
+            nb = int(np.count_nonzero(bad))
+            if nb:
+                unknown[k] += nb
+                out[bad] = 0.0
+    n_coll = int(collections.shape[0])
+    miss = np.flatnonzero(code < 0)
+    extra_ids = np.zeros(0, np.int64)
+    if miss.shape[0]:
+        c = cid[miss if rows is None else rows[miss]].astype(np.int64)
+        u, inv = np.unique(c, return_inverse=True)
+        pos = np.searchsorted(collections, u)
+        known = (pos < n_coll) & (collections[np.minimum(pos, max(n_coll - 1, 0))] == u) if n_coll else np.zeros(
+            u.shape[0], dtype=bool)
+        code[miss] = np.where(known, pos, n_coll + np.cumsum(~known) - 1)[inv.reshape(-1)]
+        extra_ids = u[~known]
+    total = n_coll + int(extra_ids.shape[0])
+    windows = np.bincount(code, minlength=total)
+    sums = {k: np.bincount(code, weights=w[k], minlength=total) for k in w}
+    prio = table.priorities(marked[:-1])
+    dense = {"key": collections, "cpu": sums["cpu"][:n_coll], "mem": sums["mem"][:n_coll],
+             "windows": windows[:n_coll].astype(np.int64, copy=False), "prio": prio}
+    extra = {"key": extra_ids, "cpu": sums["cpu"][n_coll:], "mem": sums["mem"][n_coll:],
+             "windows": windows[n_coll:].astype(np.int64, copy=False), "prio": np.full(extra_ids.shape[0], -1, np.int64)}
+    return dense, extra, unknown
