@@ -7,13 +7,17 @@ Only :func:`plot_result` is needed by callers: it dispatches on the analysis nam
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 __all__ = ["PLOTS", "new_figure", "plot_result", "save_figure_atomic"]
 
 
-def new_figure():  # type: ignore[no-untyped-def]
+def new_figure() -> Figure:
     import matplotlib
 
     matplotlib.use("Agg", force=False)
@@ -22,7 +26,7 @@ def new_figure():  # type: ignore[no-untyped-def]
     return Figure(figsize=(10, 4.5), dpi=100, layout="constrained")
 
 
-def save_figure_atomic(fig, path: Path) -> None:  # type: ignore[no-untyped-def]
+def save_figure_atomic(fig: Figure, path: Path) -> None:
     from gpuclust.report._files import write_atomic
 
     if Path(path).suffix == ".svg":  # the HTML report's figures (text as text, axes geometry for hover)

@@ -172,7 +172,7 @@ def decompressed_pieces(raw: BinaryIO, compression: str | None) -> Iterator[byte
             yield out
         if d.eof:
             data = d.unused_data
-            d = None  # type: ignore[assignment]
+            d = None
             started = False
         else:
             data = d.unconsumed_tail
