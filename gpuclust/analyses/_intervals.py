@@ -319,6 +319,7 @@ def overlap_keyed(group: np.ndarray, start: np.ndarray, end: np.ndarray, values:
     inner = (b1 - b0) >= 2
     if inner.any():
         ik, _, iv = _expand_runs(g[inner], b0[inner] + 1, b1[inner], n_buckets, v[:, inner])
+        assert iv is not None  # values were given
         keys.append(ik)
         vals.append(iv * (width / 1e6))
     return _group_sum(np.concatenate(keys), np.concatenate(vals, axis=1))

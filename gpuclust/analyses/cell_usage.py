@@ -248,6 +248,7 @@ class CellUsage(Analysis):
             if dense:
                 k[~use] = span
             else:
+                assert used is not None
                 used[lo:hi] = use
         stats["alloc_rows"] = n - n_top
         stats["short_windows"] = n_top - n_sel

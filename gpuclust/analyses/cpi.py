@@ -396,7 +396,8 @@ class Cpi(Analysis):
         info = {"machines": int(plat["pm_ids"].shape[0]), "machines_with_capacity": int(cap_ids.shape[0])}
         return CpiContext(filter=flt, tier_map=tm, **plat, cap_ids=cap_ids, cap_val=cap_val, cell_span=span,
                           pm_cap=pm_cap,
-                          cpi_cuts=cpi_cuts, mai_cuts=mai_cuts, cpi_edges=edges["cpi"], mai_edges=edges["mai"], **luts,
+                          cpi_cuts=cpi_cuts, mai_cuts=mai_cuts, cpi_edges=edges["cpi"], mai_edges=edges["mai"],
+                          cpi_lut=luts["cpi_lut"], mai_lut=luts["mai_lut"],
                           lookup=InstanceLookup.empty(), trace_window_us=window, info=info)
 
     @property
@@ -408,6 +409,7 @@ class Cpi(Analysis):
             return ctx
         # MAX(priority) per (collection_id, instance_index, machine_id) over all instance_events
         # rows (allocs included: the cpi analysis keeps tasks inside allocs) -> tier code
+        assert ctx.tier_map is not None  # context() resolves one for by="tier"
         n = len(ctx.tier_map.names)
         return dataclasses.replace(ctx, lookup=tier_lookup(side["instance_events"], ctx.tier_map, top_level_only=False,
                                                            unmatched=n, what="cpi tier lookup"))
@@ -442,7 +444,10 @@ class Cpi(Analysis):
         unknown = xp.full(n, ctx.unknown_platform, dtype=xp.int32)
         if ctx.pm_ids.shape[0] == 0 or n == 0:
             return unknown
-        m2, known = self._machine_index(backend, ctx, mid) if mi is None else mi
+        if mi is None:
+            mi = self._machine_index(backend, ctx, mid)
+            assert mi is not None  # None only for no machines or no rows, returned above
+        m2, known = mi
         first = backend.stage(ctx.pm_first)[m2]
         if ctx.pe_key.shape[0] == 0 or bool((ctx.pe_code == ctx.pm_first[ctx.pe_machine]).all()):
             # no platform changes (every event repeats its machine's first platform): the as-of
@@ -494,6 +499,7 @@ class Cpi(Analysis):
             return out
         mid = cols["machine_id"][idx] if "machine_id" in cols else None
         st = cols["start_time"][idx] if regress else None
+        mi: tuple[Any, Any] | None
         if mall is not None:
             mi = (mall[0][idx], mall[1][idx])
         else:
@@ -503,12 +509,14 @@ class Cpi(Analysis):
         groups = None
         # ---- per-group CPI/MAI moments (keyed)
         if self.by == "machine":
+            assert mid is not None  # by="machine" reads machine_id
             gkey = mid.astype(xp.int64)
             if mi is not None:
                 groups = self._machine_groups(backend, ctx, gkey, mi)
         elif self.by == "collection":
             gkey = cols["collection_id"][idx].astype(xp.int64)
         elif self.by == "platform":
+            assert plat is not None  # computed for by="platform"
             gkey = plat.astype(xp.int64)
             groups = _dense_groups(xp, gkey, ctx.unknown_platform + 1, xp.arange(ctx.unknown_platform + 1))
         elif self.by == "tier":
@@ -546,6 +554,7 @@ class Cpi(Analysis):
             return out
         # ---- regression: keyed sums of the kept windows per (machine, cell, platform); k and util
         # are constant inside a machine-cell, so the shards need no per-window join
+        assert st is not None and plat is not None  # both computed when regress
         cp, has_cap = (mall[2][idx], mall[3][idx]) if mall is not None else (None, xp.zeros(n_kept, dtype=bool))
         span = ctx.cell_span
         inside = has_cap & (st >= 0) & (st < span * CELL_US)
@@ -554,6 +563,7 @@ class Cpi(Analysis):
         counts["no_machine_cell"] = int(has_cap.sum()) - int(ri.shape[0])  # the shards add the cells without rows
         out["counts"] = xp.asarray(np.array([counts[c] for c in COUNTERS], np.int64))
         if int(ri.shape[0]):
+            assert cp is not None  # rows with a capacity come from the machine lookup (mall)
             key = cp[ri].astype(xp.int64) * span
             key += bucket_index(st[ri], CELL_US)
             key *= ctx.n_platforms

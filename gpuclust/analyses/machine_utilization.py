@@ -169,11 +169,13 @@ class MachineUtilization(Analysis):
             keep &= found
             n_used += int(xp.count_nonzero(keep))
             if notebook:
+                assert keys is not None
                 k = keys[lo:hi]
                 xp.floor_divide(st, BUCKET_US, out=k)
                 k += code * ctx.span
                 k[~keep] = cells
             else:
+                assert used is not None and codes is not None
                 used[lo:hi] = keep
                 codes[lo:hi] = code
         stats["alloc_rows"] = n - n_top
@@ -188,6 +190,7 @@ class MachineUtilization(Analysis):
             out["u"] = _keyed_sums(backend, keys, cells, cols["avg_cpu"], cols["avg_mem"])
             return out
         # time-weighted: each window's pieces, usage weighted by the piece's share of its bucket
+        assert codes is not None
         idx = xp.nonzero(used)[0]
         del used
         row, bucket, overlap = bucket_pieces(xp, s[idx], e[idx], BUCKET_US)

@@ -237,7 +237,9 @@ class UsageDistribution(Analysis):
         """``by`` has ``instance`` and the source's usage table is bucketed by instance."""
         layout = getattr(source, "layout", None)
         lay = layout(self.table) if layout is not None else None
-        return "instance" in self.by and bool(lay) and key_name(lay["key"]) == "instance"
+        if not lay:
+            return False
+        return "instance" in self.by and key_name(lay["key"]) == "instance"
 
     @property
     def side_inputs(self) -> dict[str, tuple[str, ...]]:
@@ -247,6 +249,7 @@ class UsageDistribution(Analysis):
         lk = ctx.lookup
         if "tier" in self.by:
             # All rows (allocs included), so that rows="all" can place tasks inside allocs.
+            assert ctx.tier_map is not None  # context() resolves one when "tier" is in by
             n = len(ctx.tier_map.names)
             lk = tier_lookup(side["instance_events"], ctx.tier_map, top_level_only=False, unmatched=n,
                              what="usage-distribution tier lookup")

@@ -193,28 +193,35 @@ def analyze_cells(folder: str | Path, names: Any, *, cells: str | Sequence[str] 
     paths = find_cells(folder, cells)
     prepared = {}
     for cell, path in paths.items():
-        plan = prepare(path, names, backend=backend, tier_map=tier_map, mode=mode,
-                       note=lambda m, c=cell: say(f"cell {c}: {m}"))
+
+        def cell_note(m: str, c: str = cell) -> None:
+            say(f"cell {c}: {m}")
+
+        plan = prepare(path, names, backend=backend, tier_map=tier_map, mode=mode, note=cell_note)
         src, plan.analyses = _selection.attach(plan.source, plan.analyses, time_from, time_to)
         prepared[cell] = (plan, src)
     if plots:
         say("note: --cells draws no plots (each plot shows one cell; run a cell alone for its plots)")
     folder_out = None
+    tmp: Path | None = None  # the results folder's temporary folder
     if out is not None:
         from gpuclust.report import ResultsFolder
 
         folder_out = ResultsFolder(out).open()
+        tmp = folder_out.tmp
+        assert tmp is not None  # open() creates it
     try:
         per_cell = {}
         for cell, (plan, src) in prepared.items():
             if progress is not None:
                 progress.phase(f"cell {cell}: {plan.source.path}")
             # with a results folder, each cell's parted tables stay parts in its staging area
-            staging = None if folder_out is None else folder_out.tmp / _STAGING / cell
+            staging = None if tmp is None else tmp / _STAGING / cell
             per_cell[cell] = run(src, plan.analyses, backend=plan.backend, partitions=partitions, scheduler=scheduler,
                                  workers=workers, progress=progress, memory_limit=memory_limit, parts_dir=staging)
-        res = combine(per_cell, None if folder_out is None else folder_out.tmp)
+        res = combine(per_cell, tmp)
         if folder_out is not None:
+            assert tmp is not None
             first_plan = next(iter(prepared.values()))[0]
             keys = list(res)
             shims = {k: _CellSummaries({c: (pl.analyses[j], per_cell[c][k]) for c, (pl, _) in prepared.items()})
@@ -225,7 +232,6 @@ def analyze_cells(folder: str | Path, names: Any, *, cells: str | Sequence[str] 
                                  "notes": pl.notes, **_selection.run_info(src)}
                              for c, (pl, src) in prepared.items()}
             folder_out.write(res, shims, plots=False, run_info=info)
-            tmp = folder_out.tmp
             shutil.rmtree(tmp / _STAGING)  # the cells' own parts, copied into the results above
             final = folder_out.commit()
             res = relocated(res, tmp, final)

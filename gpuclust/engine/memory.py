@@ -95,7 +95,7 @@ def preferred_rows(analyses: Sequence[Any], cap: int) -> int:
     hints = [getattr(a, "auto_partition_rows", None) for a in analyses]
     if not hints or any(h is None for h in hints):
         return int(cap)
-    return int(min(cap, max(int(h) for h in hints)))
+    return int(min(cap, max(int(h) for h in hints if h is not None)))  # none is None here
 
 
 def partition_rows(limit: int, in_flight: int, analyses: Sequence[Any], table: str, cap: int) -> int:

@@ -145,6 +145,7 @@ def load_partitions(groups: Sequence[Sequence[_partition.PartitionSpec]], column
         if backend.name == "cpu":
             _fill(t, out[gi], off, host_copy)
         else:
+            assert device is not None  # set for every backend but cpu
             with xp.cuda.Device(device):
                 st = _borrow(xp, device)
                 try:

@@ -116,6 +116,7 @@ class IngestSelection:
                 sel = selection_of(src, time_from, time_to)
             except SelectionError as e:
                 raise SelectionSpecError(str(e)) from None
+            assert sel is not None  # None only when neither bound is given
             lo, hi = sel.start, sel.end
         return cls(key, frac, lo, hi, (None if time_from is None else str(time_from),
                                        None if time_to is None else str(time_to)))
