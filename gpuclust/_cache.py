@@ -38,8 +38,13 @@ class PerArrayCache:
             if hit is not None and hit[0]() is a:
                 return hit[1]
             value = make(a)
+            entries = self._entries  # the callback must not keep the cache itself alive
+
+            def forget(_ref: object) -> None:
+                entries.pop(key, None)
+
             try:
-                ref = weakref.ref(a, lambda _r, key=key, entries=self._entries: entries.pop(key, None))
+                ref = weakref.ref(a, forget)
             except TypeError:  # not weak-referenceable: do not cache
                 return value
             self._entries[key] = (ref, value)

@@ -393,7 +393,7 @@ def prune_plans(source: Any, plans: dict[str, tuple[list[int], list[PartitionSpe
     from gpuclust.engine.partition import AUTO_PARTITION_ROWS
 
     sel = source.selection
-    out = {}
+    out: dict[str, tuple[list[int], list[PartitionSpec]]] = {}
     for table, (idx, specs) in plans.items():
         rules = [rule_of(analyses[k]) for k in idx]
         read_cols = sorted({c for k in idx for c in analyses[k].columns} | {c for r in rules for c in r.columns})

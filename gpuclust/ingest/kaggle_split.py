@@ -67,7 +67,7 @@ def kaggle_split(path: str | Path, out_dir: str | Path) -> dict[str, int]:
                 if cell not in parts:
                     final = out_dir / f"{stem}.cluster-{_SAFE.sub('_', cell)}.csv"
                     tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
-                    f = open(tmp, "w", encoding="utf-8", errors="surrogateescape", newline="")  # noqa: SIM115
+                    f: TextIO = open(tmp, "w", encoding="utf-8", errors="surrogateescape", newline="")  # noqa: SIM115
                     f.write(header_text)
                     parts[cell] = (final, tmp, f)
                     counts[cell] = 0

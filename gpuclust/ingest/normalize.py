@@ -120,8 +120,8 @@ def _cast_isolating(arr: pa.Array, target: pa.DataType, col: str, bad: np.ndarra
     if mark.any():
         idx = np.flatnonzero(mark & ~bad)
         pyvals = orig.take(pa.array(idx)).to_pylist() if len(idx) else []
-        for i, v in zip(idx, pyvals, strict=True):
-            why[i] = f"column {col}: cannot convert {_fmt(v)} to {target}"
+        for row, v in zip(idx, pyvals, strict=True):
+            why[row] = f"column {col}: cannot convert {_fmt(v)} to {target}"
         bad |= mark
     return out_arr
 

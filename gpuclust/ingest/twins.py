@@ -65,7 +65,7 @@ def resolve_twins(
                 f"{bad_old[0]['path']} (already in the dataset) is the {bad_old[0]['format']} twin of "
                 f"{members[0].path}; --prefer {prefer} would double its rows. Ingest into a new dataset"
             )
-        kept = [m for m in members if m.format == keep] or [i for i in olds]
+        kept: list[SourceFile | dict[str, Any]] = [m for m in members if m.format == keep] or [i for i in olds]
         kept_name = str(kept[0].path) if isinstance(kept[0], SourceFile) else kept[0]["path"]
         for m in members:
             if m.format != keep:

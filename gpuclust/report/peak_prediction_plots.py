@@ -38,10 +38,10 @@ def plot_peak_prediction(result: dict[str, pd.DataFrame], path: Path, *, title: 
     left.grid(True, lw=0.3)
     preds = [p for p in s["predictor"] if p != "oracle"]
     g = s.set_index("predictor").loc[preds]
-    y = np.arange(len(preds))
-    right.barh(y + 0.2, 100 * np.nan_to_num(g["severity_mean"].to_numpy(np.float64)), height=0.4, label="mean")
-    right.barh(y - 0.2, 100 * np.nan_to_num(g["severity_p99"].to_numpy(np.float64)), height=0.4, label="p99")
-    right.set_yticks(y, [p.replace("_", "-") for p in preds], fontsize="small")
+    pos = np.arange(len(preds))  # one bar row per predictor
+    right.barh(pos + 0.2, 100 * np.nan_to_num(g["severity_mean"].to_numpy(np.float64)), height=0.4, label="mean")
+    right.barh(pos - 0.2, 100 * np.nan_to_num(g["severity_p99"].to_numpy(np.float64)), height=0.4, label="p99")
+    right.set_yticks(pos, [p.replace("_", "-") for p in preds], fontsize="small")
     right.set_xlabel("severity: (oracle - predicted) / limit over violations (%)")
     right.legend(fontsize="small", loc="lower right")
     info = result.get("info")
