@@ -24,10 +24,11 @@ from typing import Any
 
 import numpy as np
 
+from gpuclust._parallel import threads
 from gpuclust.analyses._lookup import triple_hash
 from gpuclust.analyses.grouping import instance_order
 
-__all__ = ["REQUEST_COLUMNS", "KeyedRuns", "KeyedSlots", "RequestTimeline", "asof_events", "asof_index", "asof_keyed",
+__all__ = ["REQUEST_COLUMNS", "KeyedRuns", "KeyedSlots", "ReadOnce", "RequestTimeline", "asof_events", "asof_index", "asof_keyed",
            "asof_keyed_slots", "asof_run", "instance_positions", "timeline_order"]
 
 #: The instance_events columns a :class:`RequestTimeline` reads (plus any ``extra``).
@@ -45,6 +46,24 @@ def timeline_order(key: np.ndarray, t: np.ndarray) -> np.ndarray:
     order-preserving map to int64)."""
     flipped = (key ^ np.uint64(1 << 63)).view(np.int64)
     return instance_order(np, flipped, np.zeros(key.shape[0], np.int64), t)
+
+
+class ReadOnce:
+    """A side table's rows read once (``columns`` of every batch, a row group per thread where the
+    client may use threads: :func:`gpuclust._parallel.threads`) and handed to several readers
+    through the same ``batches(columns)`` interface (e.g. a tier lookup and a
+    :class:`RequestTimeline` of the same instance events)."""
+
+    def __init__(self, side: Any, columns: Sequence[str]):
+        cols = list(columns)
+        if hasattr(side, "map"):
+            self.tables = [t for t in side.map(lambda t: t, cols, threads=threads()) if t.num_rows]
+        else:
+            self.tables = [t for t in side.batches(cols) if t.num_rows]
+
+    def batches(self, columns: Sequence[str]) -> Any:
+        for t in self.tables:
+            yield t.select(list(columns))
 
 
 @dataclass(frozen=True)
@@ -296,67 +315,86 @@ def asof_events(backend: Any, rq: RequestTimeline, collection: Any, instance: An
 
 
 class KeyedSlots:
-    """The cpu backend's one-gather form of a :class:`KeyedRuns` (``backend.ops.lookup_slot_tables``):
-    an open-addressing table whose 64-byte slots (one cache line each) hold a key, its code, the
+    """The cpu backend's one-gather join (``backend.ops.lookup_slot_tables``): an
+    :class:`~gpuclust.analyses._lookup.InstanceLookup` (``(collection_id, instance_index,
+    machine_id) -> code``) and each key's instance in a :class:`RequestTimeline`, in an
+    open-addressing table whose 64-byte slots (one cache line each) hold the key, its code, the
     times of its instance's last two events and two values as of each of them, so a window at or
     after its instance's next-to-last event (the common case) is joined by one random read where
     :func:`asof_keyed` makes three (the hash table, the record, the values of the event).
 
-    ``values``: per event of the :class:`RequestTimeline` plus a last row for "no event" (index
-    -1), two float64 that float32 holds exactly (NaN allowed; e.g. the CPU and memory limits as of
-    the event, from float32 requests): :meth:`build` returns ``None`` for any other.  A key whose
-    instance has no event gets the last row and the earliest times.  A key's slot is
-    ``(hash >> 32) * slots >> 32`` (``slots`` = 3 x keys: load factor 1/3), non-decreasing in the
-    hash, so the keys of a :class:`KeyedRuns` (sorted by hash) fill the table without a sort;
-    linear probing (no wrap-around: the table ends after the last key's slot with an empty one); an
-    empty slot is all zeros (``row1``, the key's row in the :class:`KeyedRuns` plus one, is 0), so
-    the table is allocated zeroed, without a fill pass."""
+    ``values``: per event of the timeline plus a last row for "no event" (index -1), two float64
+    that float32 holds exactly (NaN allowed; e.g. the CPU and memory limits as of the event, from
+    float32 requests): :meth:`build` returns ``None`` for any other.  A key whose instance has no
+    event gets the last row and the earliest times.  A key's slot is ``(hash >> 32) * slots >> 32``
+    (``slots`` = 2 x keys: load factor 1/2), non-decreasing in the hash, so the lookup's keys
+    (sorted by hash) fill the table without a sort; linear probing (no wrap-around: the table ends
+    after the last key's slot with an empty one); an empty slot is all zeros (``u1``, the key's
+    instance position in the timeline plus one, is 0), so the table is allocated zeroed, without a
+    fill pass."""
 
     SLOT = np.dtype([("c", "<i8"), ("m", "<i8"), ("t_prev", "<i8"), ("t_last", "<i8"), ("i", "<i4"),
-                     ("code", "<i4"), ("row1", "<i4"), ("v_last", "<f4", (2,)), ("v_prev", "<f4", (2,)),
+                     ("code", "<i4"), ("u1", "<i4"), ("v_last", "<f4", (2,)), ("v_prev", "<f4", (2,)),
                      ("pad", "<i4")])
 
-    def __init__(self, kr: KeyedRuns, values: np.ndarray, v32: np.ndarray):
-        n = len(kr)
+    def __init__(self, lookup: Any):
+        """The table with the lookup's keys and codes (:meth:`fill` adds the timeline's part; the
+        two may run on different threads, the first while the timeline is built)."""
+        self.lookup = lookup
+        h = np.asarray(lookup.hash)
+        n = int(h.shape[0])
         self.n = n
-        self.slots = max(16, 3 * n)
-        rec = kr.rec
-        slot = self._home(kr.hash)
+        self.slots = max(16, 2 * n)
+        slot = self._home(h)
         ar = np.arange(n, dtype=np.int64)
-        pos = np.maximum.accumulate(slot - ar) + ar if n else ar  # first free slot at or after its own
-        # every slot a query may read: an empty one after the last key
-        size = max(self.slots, (int(pos[-1]) if n else 0) + 2)
-        # zeroed (fresh pages, no fill pass) and aligned to 64 bytes: one slot per cache line; an
-        # empty slot is all zeros (its ``row1`` 0 never matches)
-        raw = np.zeros(size * 64 + 64, np.uint8)
-        off = (-raw.ctypes.data) % 64
-        tab64 = raw[off:off + size * 64].view(np.int64).reshape(size, 8)
+        self.pos = pos = np.maximum.accumulate(slot - ar) + ar if n else ar  # first free slot at or after its own
+        size = max(self.slots, (int(pos[-1]) if n else 0) + 2)  # an empty slot after the last key
+        raw = np.zeros(size * 64 + 64, np.uint8)  # zeroed: fresh pages, no fill pass
+        off = (-raw.ctypes.data) % 64  # aligned: one slot per cache line
+        self.tab64 = raw[off:off + size * 64].view(np.int64).reshape(size, 8)
+        self.tab = tab = self.tab64.view(self.SLOT)[:, 0]
         if n:
-            last = rec[:, 4]
-            t = np.zeros(n, self.SLOT)
-            t["c"], t["m"], t["i"] = rec[:, 0], rec[:, 1], rec[:, 2] >> 32
-            t["code"] = rec[:, 2] & 0xFFFFFFFF
-            t["t_prev"], t["t_last"] = rec[:, 6], rec[:, 7]
-            t["v_last"] = v32[np.where(last >= 0, last, -1)]
-            # the event before the last (none where the instance has one event: t_prev = t_last then)
-            t["v_prev"] = v32[np.where(last >= 1, last - 1, -1)]
-            t["row1"] = ar + 1
-            tab64[pos] = t.view(np.int64).reshape(n, 8)
-        self.tab64 = tab64
-        self.tab = tab64.view(self.SLOT)[:, 0]
+            tab["c"][pos] = lookup.collection
+            tab["m"][pos] = lookup.machine
+            tab["i"][pos] = lookup.instance
+            tab["code"][pos] = lookup.code
 
-    @classmethod
-    def build(cls, kr: KeyedRuns, values: np.ndarray) -> KeyedSlots | None:
-        """The table, or ``None`` where ``values`` are not all exact in float32 or there are 2^31
-        keys or more."""
-        if len(kr) >= 1 << 31:
-            return None
+    def fill(self, rq: RequestTimeline, values: np.ndarray) -> KeyedSlots | None:
+        """The table with each key's instance in ``rq`` and ``values`` as of its last two events;
+        ``None`` where ``values`` are not all exact in float32, or there are 2^31 instances."""
         values = np.asarray(values, dtype=np.float64)
         v32 = values.astype(np.float32)
         back = v32.astype(np.float64)
-        if not bool(((back == values) | (np.isnan(back) & np.isnan(values))).all()):
+        if rq.n_instances >= (1 << 31) - 1 or not bool(((back == values) | (np.isnan(back) & np.isnan(values))).all()):
             return None
-        return cls(kr, values, v32)
+        if self.n:
+            tab, pos, lk = self.tab, self.pos, self.lookup
+            u = rq.instances_of(lk.collection, lk.instance)
+            run = rq.urun[u]  # (no instance: last event -1, the earliest times)
+            last = run[:, 0]
+            tab["t_prev"][pos] = run[:, 2]
+            tab["t_last"][pos] = run[:, 3]
+            tab["v_last"][pos] = v32[np.where(last >= 0, last, -1)]
+            # the event before the last (none where the instance has one event: t_prev = t_last then)
+            tab["v_prev"][pos] = v32[np.where(last >= 1, last - 1, -1)]
+            tab["u1"][pos] = u + 1
+        self.lookup = self.pos = None
+        return self
+
+    @classmethod
+    def start(cls, lookup: Any) -> KeyedSlots | None:
+        """:class:`KeyedSlots` of ``lookup`` before :meth:`fill`; ``None`` where a code is
+        negative or there are 2^31 keys or more."""
+        code = np.asarray(lookup.code)
+        if len(lookup) >= 1 << 31 or (code.shape[0] and int(code.min()) < 0):
+            return None
+        return cls(lookup)
+
+    @classmethod
+    def build(cls, lookup: Any, rq: RequestTimeline, values: np.ndarray) -> KeyedSlots | None:
+        """:meth:`start` then :meth:`fill`."""
+        ks = cls.start(lookup)
+        return None if ks is None else ks.fill(rq, values)
 
     def _home(self, h: np.ndarray) -> np.ndarray:
         """The home slot of each hash."""
@@ -366,14 +404,14 @@ class KeyedSlots:
              ) -> tuple[np.ndarray, np.ndarray]:
         """Per query (``h``: its :func:`~gpuclust.analyses._lookup.triple_hash`): whether its key is
         here, and its slot (meaningless where it is not).  The home slot of every query in one
-        gather; the queries that find another key there (about a fifth at load factor 1/3) probe
+        gather; the queries that find another key there (about a third at load factor 1/2) probe
         on, a slot at a time (the next cache line), comparing keys only; their slots are read once
         found."""
         tab = self.tab
         p = self._home(h)
         e64 = np.take(self.tab64, p, axis=0)  # 8 int64 a slot: take's fast path
         e = e64.view(self.SLOT)[:, 0]
-        used = e["row1"] != 0
+        used = e["u1"] != 0
         hit = (e["c"] == collection) & (e["m"] == machine) & (e["i"] == instance) & used
         more = np.flatnonzero(~hit & used)  # occupied by another key: probe on
         if not more.shape[0]:
@@ -385,7 +423,7 @@ class KeyedSlots:
         while left.shape[0]:
             pm = np.minimum(pm + 1, last)
             q = np.take(self.tab64, pm, axis=0).view(self.SLOT)[:, 0]
-            used = q["row1"] != 0
+            used = q["u1"] != 0
             ok = (q["c"] == c) & (q["m"] == m) & (q["i"] == i) & used
             at[left[ok]] = pm[ok]
             go = np.flatnonzero(~ok & used & (pm < last))
@@ -397,17 +435,18 @@ class KeyedSlots:
         return hit, e
 
 
-def asof_keyed_slots(backend: Any, rq: RequestTimeline, kr: KeyedRuns, ks: KeyedSlots, values: Any,
-                     collection: Any, instance: Any, machine: Any, start: Any) -> tuple[Any, Any, Any, Any]:
-    """:func:`asof_keyed` on the cpu backend by ``ks`` (the :class:`KeyedSlots` of ``kr`` and
-    ``values``), returning the values of the joined event instead of its index: per window
-    whether its key is in ``kr``, its code (0 where not) and the two values (float64) as of the
+def asof_keyed_slots(backend: Any, rq: RequestTimeline, ks: KeyedSlots, values: Any, collection: Any, instance: Any,
+                     machine: Any, start: Any) -> tuple[Any, Any, Any, Any]:
+    """:func:`asof_keyed` on the cpu backend by ``ks`` (the :class:`KeyedSlots` of a lookup, ``rq``
+    and ``values``), returning the values of the joined event instead of its index: per window
+    whether its key is in the lookup, its code (0 where not) and the two values (float64) as of the
     latest event of its instance at or before ``start`` (``values``' last row where there is none).
-    A window before its instance's next-to-last event is joined by :func:`_asof` over its record,
-    one whose key is not in ``kr`` by :func:`asof_index`; both then read ``values``."""
+    A window before its instance's next-to-last event is joined by :func:`_asof` over its
+    instance's run, one whose key is not in the lookup by :func:`asof_index`; both then read
+    ``values``."""
     xp = backend.xp
     n = int(start.shape[0])
-    if not len(kr):
+    if not ks.n:
         j = asof_index(backend, rq, collection, instance, start) if rq.n_instances else xp.full(n, -1, xp.int64)
         v = xp.take(values, j, axis=0)
         return xp.zeros(n, dtype=bool), xp.zeros(n, dtype=xp.int32), v[:, 0], v[:, 1]
@@ -422,12 +461,10 @@ def asof_keyed_slots(backend: Any, rq: RequestTimeline, kr: KeyedRuns, ks: Keyed
         j = xp.full(int(redo.shape[0]), -1, dtype=xp.int64)
         f = found[redo]
         k = xp.flatnonzero(f)
-        if int(k.shape[0]):  # before the instance's next-to-last event: the record's runs
+        if int(k.shape[0]):  # before the instance's next-to-last event: its run
             rk = redo[k]
-            rec = xp.take(kr.rec, e["row1"][rk] - 1, axis=0)
-            urun = rq.urun
-            j[k] = _asof(backend, rq, rec[:, 4], rec[:, 5], rec[:, 6], rec[:, 7], start[rk],
-                         lambda rows, rec=rec: xp.take(urun, rec[rows, 3], axis=0)[:, 4])
+            run = xp.take(rq.urun, e["u1"][rk] - 1, axis=0)
+            j[k] = _asof(backend, rq, run[:, 0], run[:, 1], run[:, 2], run[:, 3], start[rk], lambda rows: run[rows, 4])
         k = xp.flatnonzero(~f)
         if int(k.shape[0]) and rq.n_instances:  # no such key: the instance alone
             rk = redo[k]

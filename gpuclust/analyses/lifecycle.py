@@ -105,6 +105,46 @@ _RUNNING_EXIT = np.array([_DI["execution", o] for o in ("interrupted", "interrup
 #: 10^13 µs, about 116 days); bin 0 holds zero delays, the last bin everything from 10^13 µs on.
 DELAY_EDGES_US = np.unique(np.ceil(10.0 ** (np.arange(651) / 50.0)).astype(np.int64))
 _B = int(DELAY_EDGES_US.shape[0]) + 1
+#: :func:`delay_bins`' table: a duration's float64 bits shifted right by ``52 - 6`` split each octave
+#: from 1 µs to 2^44 µs in 64 cells, each holding at most one edge (checked below).
+_DSHIFT = 52 - 6
+_DLO = int(np.float64(1.0).view(np.int64)) >> _DSHIFT
+_DHI = int(np.float64(2.0 ** 44).view(np.int64)) >> _DSHIFT
+
+
+def _delay_cells() -> tuple[np.ndarray, np.ndarray]:
+    edges = DELAY_EDGES_US.astype(np.float64)
+    lower = (np.arange(_DLO, _DHI, dtype=np.int64) << _DSHIFT).view(np.float64)
+    upper = (np.arange(_DLO + 1, _DHI + 1, dtype=np.int64) << _DSHIFT).view(np.float64)
+    first = np.searchsorted(edges, lower, side="right")
+    ext = np.concatenate([edges, [np.inf, np.inf]])
+    if not bool((ext[first + 1] >= upper).all()) or not (edges[0] >= lower[0] and edges[-1] < upper[-1]):
+        raise AssertionError("lifecycle: delay cells too wide for the delay edges")
+    return (np.concatenate([[0], first, [edges.shape[0]]]).astype(np.int16),
+            np.concatenate([edges, [np.nan]]))
+
+
+_DCELLS, _DCELL_EDGES = _delay_cells()
+
+
+def delay_bins(xp: Any, dur: Any, cells: Any = None, edges: Any = None) -> Any:
+    """``searchsorted(DELAY_EDGES_US, dur, side="right")`` (int64) for int64 durations: the bin of
+    the duration's cell (its float64 exponent and top mantissa bits: exact below 2^53, and every
+    edge lies below), plus one where the cell's edge lies at or below it.
+
+    >>> d = np.array([-5, 0, 1, 2, 99, 100, 101, 10**13 - 1, 10**13, 2**62])
+    >>> (delay_bins(np, d) == np.searchsorted(DELAY_EDGES_US, d, side="right")).all()
+    np.True_
+    """
+    cells = _DCELLS if cells is None else cells
+    edges = _DCELL_EDGES if edges is None else edges
+    f = dur.astype(xp.float64)
+    k = xp.right_shift(f.view(xp.int64), _DSHIFT)
+    k -= _DLO - 1
+    xp.clip(k, 0, _DHI - _DLO + 1, out=k)
+    x = xp.take(cells, k).astype(xp.int64)
+    x += f >= xp.take(edges, x)
+    return x
 _COUNTERS = ("rows", "invalid_type_rows", "instances", "first_not_submit", "unknown_priority_instances",
              "time_zero_events", "after_trace_events")
 _I64_MAX = np.iinfo(np.int64).max
@@ -246,10 +286,13 @@ class Lifecycle(Analysis):
         seg_start = starts[seg]
         # ---- each instance's tier: the tier of its highest priority (NULL: none; all NULL: unknown)
         pr = xp.where(is_null_int(xp, p), -1, p.astype(xp.int64))
-        width = int(pr.max()) + 2
-        ranked = xp.sort(seg * width + (pr + 1))
-        top = ranked[xp.searchsorted(ranked, (xp.arange(S, dtype=xp.int64) + 1) * width, side="left") - 1]
-        maxp = top - xp.arange(S, dtype=xp.int64) * width - 1
+        if getattr(ops, "lookup_slot_tables", False):  # host NumPy arrays: one pass over the runs
+            maxp = np.maximum.reduceat(pr, starts)
+        else:
+            width = int(pr.max()) + 2
+            ranked = xp.sort(seg * width + (pr + 1))
+            top = ranked[xp.searchsorted(ranked, (xp.arange(S, dtype=xp.int64) + 1) * width, side="left") - 1]
+            maxp = top - xp.arange(S, dtype=xp.int64) * width - 1
         code = xp.searchsorted(xp.asarray(np.asarray(ctx.tier_map.bounds, np.int64)), maxp, side="right") - 1
         tier_s = xp.where((maxp >= 0) & (code >= 0), code, unknown).astype(xp.int64)
         counters["unknown_priority_instances"] = int(xp.count_nonzero(maxp < 0))
@@ -267,14 +310,17 @@ class Lifecycle(Analysis):
         prev_e[0] = 0
         prev_e[1:] = e[:-1]
         prev_state = xp.where(first, _NONE, xp.asarray(STATE_AFTER)[prev_e])
-        nf = xp.nonzero(~first)[0]
-        out["transitions"] = xp.bincount((tier[nf] * _NE + prev_e[nf]) * _NE + e[nf],
-                                         minlength=T * _NE * _NE).reshape(T, _NE, _NE).astype(xp.int64)
+        # an instance's first event has no transition: counted in an extra last bin, dropped
+        pair = (tier * _NE + prev_e) * _NE + e
+        pair[first] = T * _NE * _NE
+        out["transitions"] = xp.bincount(pair, minlength=T * _NE * _NE + 1)[:-1].reshape(T, _NE, _NE).astype(xp.int64)
+        del pair
         # ---- series: counts and state changes per (bucket, tier); events after the trace are not placed
         is_sub = e == EventType.SUBMIT
         csub = xp.cumsum(is_sub.astype(xp.int64))
         csub = csub - (csub[starts] - is_sub[starts].astype(xp.int64))[seg]  # SUBMITs so far in the instance
-        live = xp.nonzero(~after)[0]
+        n_after = counters["after_trace_events"]
+        live = slice(None) if n_after == 0 else xp.nonzero(~after)[0]  # (a slice: no gathers)
         i64 = xp.int64
         # one code per event: its series class (SUBMIT first / again, SCHEDULE, ..., other) and
         # its pending and running changes (-1, 0, +1 each), counted per (bucket, tier) at once
@@ -321,7 +367,7 @@ class Lifecycle(Analysis):
         out["episodes"] = xp.bincount(td, minlength=T * _D).reshape(T, _D).astype(xp.int64)
         kk = xp.nonzero(rk)[0]
         td, dur = td[kk], rdur[kk].astype(xp.int64)
-        b = xp.searchsorted(xp.asarray(DELAY_EDGES_US), dur, side="right")
+        b = delay_bins(xp, dur, backend.stage(_DCELLS), backend.stage(_DCELL_EDGES))
         out["hist"] = xp.bincount(td * _B + b, minlength=T * _D * _B).reshape(T, _D, _B).astype(xp.int64)
         out["dur_sum"] = xp.bincount(td, weights=dur.astype(xp.float64), minlength=T * _D).reshape(T, _D)
         if int(td.shape[0]):  # per (tier, distribution) the shortest and longest known duration

@@ -30,12 +30,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gpuclust._cache import PerArrayCache
 from gpuclust._parallel import threads
 from gpuclust.analyses._lookup import EVENT_COLUMNS, TierLookupContext, tier_lookup
 from gpuclust.analyses._requests import (
     REQUEST_COLUMNS,
     KeyedRuns,
     KeyedSlots,
+    ReadOnce,
     RequestTimeline,
     asof_keyed,
     asof_keyed_slots,
@@ -46,7 +48,9 @@ from gpuclust.analyses.usage_change import RATIO_EDGES
 from gpuclust.partials import bin_quantile_edges, bin_rows
 from gpuclust.schema import tier_map
 
-__all__ = ["MEASURES", "UsageVsRequest"]
+__all__ = ["MEASURES", "UsageVsRequest", "refined_bins"]
+
+_runs_cache = PerArrayCache()
 
 #: (measure name, usage column, request index): 0 = CPU, 1 = memory.
 MEASURES = (("cpu_avg", "avg_cpu", 0), ("cpu_max", "max_cpu", 0), ("mem_avg", "avg_mem", 1), ("mem_max", "max_mem", 1))
@@ -128,9 +132,10 @@ class UsageVsRequestContext(TierLookupContext):
     #: (NaN: none)
     limits: np.ndarray = field(default_factory=lambda: np.full((1, 2), np.nan))
     #: ``lookup`` (the tier codes) with each key's instance run in ``requests``: one probe per window
-    runs: KeyedRuns = field(default_factory=KeyedRuns)
-    #: ``runs`` and ``limits`` in the cpu backend's one-gather table (None: the limits are not all
-    #: float32 values; ``runs`` then)
+    #: (None: built when first needed, see :meth:`UsageVsRequest.keyed_runs`)
+    runs: KeyedRuns | None = field(default_factory=KeyedRuns)
+    #: ``lookup``, ``requests`` and ``limits`` in the cpu backend's one-gather table (None: the
+    #: limits are not all float32 values; ``runs`` then)
     slots: KeyedSlots | None = None
 
 
@@ -178,25 +183,29 @@ class UsageVsRequest(Analysis):
         return {"instance_events": tuple(dict.fromkeys((*EVENT_COLUMNS, *REQUEST_COLUMNS)))}
 
     def bind(self, ctx: UsageVsRequestContext, side: dict[str, Any], grain: str | None) -> UsageVsRequestContext:
-        ev = side["instance_events"]
+        # the events read once for both (the columns of both)
+        ev = ReadOnce(side["instance_events"], self.side_inputs["instance_events"])
 
-        def lookup() -> Any:
+        def lookup(ev: Any) -> Any:
             return tier_lookup(ev, ctx.tier_map, top_level_only=False, unmatched=len(ctx.tier_map.names),
                                what="usage-vs-request tier lookup")
 
-        # the tier lookup and the request timeline read and sort the events independently: on two
-        # threads where the client may use them (NumPy's sorts and Arrow's reads hold no GIL)
+        # the tier lookup and the request timeline from the same events: on two threads where the
+        # client may use them (NumPy's sorts hold no GIL)
         if threads() > 1:
             with ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuclust-bind") as pool:
-                fut = pool.submit(lookup)
+                fut = pool.submit(lookup, ev)
                 rq, limits = self._timeline(ev)
                 lk = fut.result()
         else:
-            lk = lookup()
+            lk = lookup(ev)
             rq, limits = self._timeline(ev)
-        runs = KeyedRuns.build(lk, rq)
-        # the cpu backend's one-gather table (None where the limits are not float32 values)
-        return replace(ctx, lookup=lk, requests=rq, limits=limits, runs=runs, slots=KeyedSlots.build(runs, limits))
+        del ev  # (the table's memory: what the events and the sorts' temporaries held, where freed)
+        # the cpu backend's one-gather table (None where the limits are not float32 values: the
+        # records of ``runs`` then, as on the gpu backend, which builds them when it first needs them)
+        slots = KeyedSlots.build(lk, rq, limits)
+        runs = KeyedRuns.build(lk, rq) if slots is None else None
+        return replace(ctx, lookup=lk, requests=rq, limits=limits, runs=runs, slots=slots)
 
     @staticmethod
     def _timeline(ev: Any) -> tuple[RequestTimeline, np.ndarray]:
@@ -231,8 +240,9 @@ class UsageVsRequest(Analysis):
             for lo in range(0, n, block):
                 self._block_slots(cols, slice(lo, min(n, lo + block)), ctx, slots, backend, counts, rsum)
         else:
+            runs = self.keyed_runs(ctx)
             for lo in range(0, n, block):
-                self._block(cols, slice(lo, min(n, lo + block)), ctx, backend, counts, rsum)
+                self._block(cols, slice(lo, min(n, lo + block)), ctx, runs, backend, counts, rsum)
         c = counts.reshape(_M, _T, _K).transpose(1, 0, 2)
         hist, half, above = _split(xp, c[:, :, 2:])
         out = {"counts": xp.stack([c.sum(2), c[:, :, 0], c[:, :, 1], hist.sum(2), above, half], 2).astype(xp.int64),
@@ -240,8 +250,16 @@ class UsageVsRequest(Analysis):
         return out
 
     @staticmethod
-    def _block(cols: dict[str, Any], sl: slice, ctx: UsageVsRequestContext, backend: Any, counts: Any,
-               rsum: Any) -> None:
+    def keyed_runs(ctx: UsageVsRequestContext) -> KeyedRuns:
+        """``ctx.runs``, built once per lookup where ``bind`` left it out (thread-safe)."""
+        if ctx.runs is not None:
+            return ctx.runs
+        return _runs_cache.get(ctx.lookup.hash, lambda _h: KeyedRuns.build(ctx.lookup, ctx.requests),
+                               (id(ctx.requests),))
+
+    @staticmethod
+    def _block(cols: dict[str, Any], sl: slice, ctx: UsageVsRequestContext, runs: KeyedRuns, backend: Any,
+               counts: Any, rsum: Any) -> None:
         """Rows ``sl``: their codes counted into ``counts`` and their ratios (0 where not defined)
         summed per tier into ``rsum``, in row order after the sums so far: each ``bincount`` starts
         with one row per tier weighted by its sum so far, so the sums are the same bits whatever
@@ -250,7 +268,7 @@ class UsageVsRequest(Analysis):
         s = cols["start_time"][sl]
         m = int(s.shape[0])
         # per window its tier and the latest event of its instance at or before its start
-        found, code, j = asof_keyed(backend, ctx.requests, ctx.runs, cols["collection_id"][sl],
+        found, code, j = asof_keyed(backend, ctx.requests, runs, cols["collection_id"][sl],
                                     cols["instance_index"][sl], cols["machine_id"][sl], s)
         tiers = xp.empty(_T + m, dtype=xp.int64)  # the tier slots, then the rows' tiers
         tiers[:_T] = xp.arange(_T)
@@ -287,7 +305,7 @@ class UsageVsRequest(Analysis):
         (:func:`~gpuclust.analyses._requests.asof_keyed_slots`), the same codes and sums."""
         s = cols["start_time"][sl]
         m = int(s.shape[0])
-        found, code, lim0, lim1 = asof_keyed_slots(backend, ctx.requests, ctx.runs, slots, ctx.limits,
+        found, code, lim0, lim1 = asof_keyed_slots(backend, ctx.requests, slots, ctx.limits,
                                                    cols["collection_id"][sl], cols["instance_index"][sl],
                                                    cols["machine_id"][sl], s)
         tiers = np.empty(_T + m, dtype=np.int64)  # the tier slots, then the rows' tiers
