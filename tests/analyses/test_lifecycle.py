@@ -3,6 +3,7 @@ hand-worked sequence, the real 2011 task events, and the layouts it may and may 
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from collections import Counter
@@ -16,7 +17,8 @@ from hypothesis import strategies as st
 from lifecycle_reference import AFTER_TRACE, NAMES, bin_of, replay
 from strategies import HOUR, table, write_dataset
 
-from gpuclust.analyses.lifecycle import DELAY_EDGES_US, Lifecycle
+from gpuclust.analyses.lifecycle import DELAY_EDGES_US, Lifecycle, delay_bins
+from gpuclust.backends import get_backend
 from gpuclust.dataset import Dataset
 from gpuclust.engine import TableSource, run
 from gpuclust.schema import tier_map
@@ -320,3 +322,59 @@ def test_planted_scheduling_delays_of_a_synthetic_cell(tmp_path):
         assert row["mean_s"] >= mean * (1 - 3 / np.sqrt(n)), (tier, row["mean_s"], mean)
         checked.append(tier)
     assert {"free", "beb"} <= set(checked), checked
+
+
+# ---------------------------------------------------------------- the cpu backend's fast path
+CPU = get_backend("cpu")
+
+
+class _GenericOps:
+    """The cpu backend's ops without ``lookup_slot_tables``: the analyses take their generic path."""
+
+    def __init__(self, ops):
+        self._ops = ops
+
+    def __getattr__(self, name):
+        if name == "lookup_slot_tables":
+            return False
+        return getattr(self._ops, name)
+
+
+GENERIC = dataclasses.replace(CPU, ops=_GenericOps(CPU.ops))
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.integers(-(2**63), 2**63 - 1), max_size=200), st.integers(0, 10**6))
+def test_delay_bins_is_a_binary_search(ds, seed):
+    rng = np.random.default_rng(seed)
+    near = rng.choice(DELAY_EDGES_US, 200)
+    d = np.concatenate([np.array(ds, dtype=np.int64), near, near - 1, near + 1, [0, 1, 2**53, 2**53 + 1, 2**62],
+                        (10.0 ** rng.uniform(0, 15, 500)).astype(np.int64)])
+    assert (delay_bins(np, d) == np.searchsorted(DELAY_EDGES_US, d, side="right")).all()
+
+
+def _same(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert a[k].equals(b[k]), k
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rows=event_rows())
+def test_lifecycle_cpu_path_is_the_generic_path(rows):
+    """lifecycle's per-instance top priority by ``maximum.reduceat`` (cpu) and by a sort (generic):
+    the same tables."""
+    t = events_table(rows)
+    fast = run(TableSource({"instance_events": t}), Lifecycle(), backend=CPU)["lifecycle"]
+    slow = run(TableSource({"instance_events": t}), Lifecycle(), backend=GENERIC)["lifecycle"]
+    _same(fast, slow)
+
+
+def test_lifecycle_without_events_of_a_known_type():
+    t = events_table([{"time": 5, "type": 99, "collection_id": 1, "instance_index": 0, "priority": None}])
+    for be in (CPU, GENERIC):
+        res = run(TableSource({"instance_events": t}), Lifecycle(), backend=be)["lifecycle"]
+        assert int(res["info"]["invalid_type_rows"].iloc[0]) == 1
+    empty = pa.Table.from_pylist([], schema=t.schema)
+    res = run(TableSource({"instance_events": empty}), Lifecycle(), backend=CPU)["lifecycle"]
+    assert int(res["info"]["rows"].iloc[0]) == 0

@@ -4,6 +4,7 @@ with requests (zero, NULL, changing over time, events at exactly a window's star
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import subprocess
 import sys
 from collections import defaultdict
@@ -16,8 +17,11 @@ from hypothesis import strategies as st
 from strategies import assert_results_same, table, write_dataset
 from usage_change_reference import tiers_of
 
+from gpuclust.analyses._lookup import InstanceLookup, triple_hash
+from gpuclust.analyses._requests import KeyedSlots, RequestTimeline
 from gpuclust.analyses.usage_change import RATIO_EDGES
-from gpuclust.analyses.usage_vs_request import MEASURES, UsageVsRequest
+from gpuclust.analyses.usage_vs_request import _REFINED, MEASURES, UsageVsRequest, refined_bins
+from gpuclust.backends import get_backend
 from gpuclust.dataset import Dataset
 from gpuclust.engine import TableSource, run
 from gpuclust.schema import tier_map
@@ -332,3 +336,127 @@ def test_no_requests_keeps_the_tiers():
     s = res["summary"]
     assert (s["no_limit"] == s["windows"]).all() and len(set(s["tier"]) - {"unknown", "all"}) >= 2
     check(res, tables)
+
+
+# ---------------------------------------------------------------- the cpu backend's fast path
+CPU = get_backend("cpu")
+
+
+class _GenericOps:
+    """The cpu backend's ops without ``lookup_slot_tables``: the analyses take their generic path."""
+
+    def __init__(self, ops):
+        self._ops = ops
+
+    def __getattr__(self, name):
+        if name == "lookup_slot_tables":
+            return False
+        return getattr(self._ops, name)
+
+
+GENERIC = dataclasses.replace(CPU, ops=_GenericOps(CPU.ops))
+
+SPECIAL = np.array([0.0, -0.0, -1.0, 5e-324, 1e-300, 1e-7, 1e-6, 0.5, 1.0, 1e6, 2.0**20, 1e300, np.inf, -np.inf,
+                    np.finfo(np.float64).max])
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.floats(allow_nan=False, width=64), max_size=200), st.integers(0, 10**6))
+def test_refined_bins_is_a_binary_search(xs, seed):
+    """The ratio's refined bin (bin of RATIO_EDGES + [r > 0.5] + [r > 1]) from the cell table, at
+    and around every edge, 0.5 and 1, and for any float but NaN."""
+    rng = np.random.default_rng(seed)
+    near = rng.choice(np.concatenate([RATIO_EDGES, [0.5, 1.0]]), 200)
+    r = np.concatenate([np.array(xs, dtype=np.float64), SPECIAL, near, np.nextafter(near, 0), np.nextafter(near, 2e6),
+                        10.0 ** rng.uniform(-8, 8, 500)])
+    want = np.searchsorted(RATIO_EDGES, r, side="right") + (r > 0.5) + (r > 1.0)
+    assert (refined_bins(np, r) == want).all()
+    assert (np.searchsorted(_REFINED, r, side="right") == want).all()
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(0, 300), q=st.integers(1, 400), seed=st.integers(0, 10**6))
+def test_slot_table_finds_every_key(n, q, seed):
+    """Keys (some sharing collection, instance or machine, so home slots collide and runs form) and
+    queries present and absent: found exactly where present, with the key's own code and row."""
+    rng = np.random.default_rng(seed)
+    ids = np.array([0, 1, 2, 3, -1, 2**40 + 1, 2**62 + 9, -(2**63), 2**63 - 1], dtype=np.int64)
+    keys = {(int(c), int(i), int(m)) for c, i, m in zip(rng.choice(ids, n), rng.integers(0, 5, n), rng.choice(ids, n),
+                                                        strict=True)}
+    k = np.array(sorted(keys), dtype=np.int64).reshape(-1, 3)
+    c, i, m = k[:, 0], k[:, 1].astype(np.int32), k[:, 2]
+    h = triple_hash(np, c, i, m)
+    o = np.argsort(h)
+    code = rng.integers(0, 16, len(keys)).astype(np.int32)
+    lk = InstanceLookup(h[o], c[o], i[o], m[o], code[o])
+    ks = KeyedSlots.build(lk, RequestTimeline(), np.full((1, 2), np.nan))
+    assert ks is not None
+    pick = rng.integers(0, max(1, len(keys)), q)
+    qc = np.where(rng.random(q) < 0.7, c[o][pick] if len(keys) else 0, rng.choice(ids, q))
+    qi = np.where(rng.random(q) < 0.8, i[o][pick] if len(keys) else 0, rng.integers(0, 5, q)).astype(np.int32)
+    qm = np.where(rng.random(q) < 0.8, m[o][pick] if len(keys) else 0, rng.choice(ids, q))
+    hit, e = ks.find(triple_hash(np, qc, qi, qm), qc, qi, qm)
+    where = {(int(a), int(b), int(d)): r for r, (a, b, d) in enumerate(zip(c[o], i[o], m[o], strict=True))}
+    for r in range(q):
+        row = where.get((int(qc[r]), int(qi[r]), int(qm[r])))
+        assert bool(hit[r]) == (row is not None)
+        if row is not None:
+            assert (e["c"][r], e["m"][r], e["i"][r], e["code"][r]) == (qc[r], qm[r], qi[r], code[o][row])
+
+
+def test_slot_table_needs_float32_values():
+    """Limits float32 does not hold exactly (a float64 request): no slot table (the records then)."""
+    lk = InstanceLookup(np.zeros(1, np.uint64), np.zeros(1, np.int64), np.zeros(1, np.int32), np.zeros(1, np.int64),
+                        np.zeros(1, np.int32))
+    assert KeyedSlots.build(lk, RequestTimeline(), np.array([[0.1, np.nan]])) is None
+    assert KeyedSlots.build(lk, RequestTimeline(), np.array([[np.float32(0.1), np.nan]])) is not None
+
+
+def _same(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert a[k].equals(b[k]), k
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10**6), block=st.sampled_from([None, 1, 7, 64]))
+def test_usage_vs_request_slot_path_is_the_generic_path(seed, block):
+    """The slot table's join (cpu) and the records' join (generic) give bit-identical tables, in
+    any block size (``lookup_block_rows``; the slot path takes a quarter)."""
+    import gpuclust.backends.cpu as cpu
+
+    tables = cell(seed, n_win=600)
+    old = cpu.lookup_block_rows
+    try:
+        if block is not None:
+            cpu.lookup_block_rows = block
+        fast = run(TableSource(tables), UsageVsRequest(tier_map="notebook"), backend=CPU)["usage-vs-request"]
+        slow = run(TableSource(tables), UsageVsRequest(tier_map="notebook"), backend=GENERIC)["usage-vs-request"]
+    finally:
+        cpu.lookup_block_rows = old
+    _same(fast, slow)
+    check(fast, tables)
+
+
+def test_usage_vs_request_edge_cases_agree():
+    """No windows, no events, windows before every event and instances with one event, on both paths."""
+    S = 1_000_000
+    ev = table("instance_events", {"time": [600 * S, 900 * S, 0], "type": [0, 10, 0], "collection_id": [7, 7, 8],
+                                   "instance_index": [1, 1, 2], "machine_id": [5, 5, 6], "priority": [200, 200, 0],
+                                   "req_cpu": [0.2, 0.4, 0.5], "req_mem": [None, 0.1, 0.25]})
+    starts = [0, 300 * S, 600 * S, 700 * S, 900 * S, 1200 * S, 0, 300 * S, 100 * S]
+    ci = [(7, 1, 5)] * 6 + [(8, 2, 6), (8, 2, 9), (9, 9, 9)]
+    us = table("instance_usage", {"start_time": starts, "end_time": [s + 300 * S for s in starts],
+                                  "collection_id": [x[0] for x in ci], "instance_index": [x[1] for x in ci],
+                                  "machine_id": [x[2] for x in ci], "avg_cpu": [0.1] * 8 + [None],
+                                  "max_cpu": [0.3] * 9, "avg_mem": [0.05] * 9, "max_mem": [0.5] * 9})
+    for tables in ({"instance_events": ev, "instance_usage": us},
+                   {"instance_events": ev.slice(0, 0), "instance_usage": us},
+                   {"instance_events": ev, "instance_usage": us.slice(0, 0)}):
+        fast = run(TableSource(tables), UsageVsRequest(tier_map="notebook"), backend=CPU)["usage-vs-request"]
+        slow = run(TableSource(tables), UsageVsRequest(tier_map="notebook"), backend=GENERIC)["usage-vs-request"]
+        _same(fast, slow)
+        if tables["instance_usage"].num_rows:
+            check(fast, tables)
+
+
