@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pandas as pd
 
@@ -366,7 +366,7 @@ def per_partition(src: Any, ans: Sequence[Analysis],
                   plans: dict[str, tuple[list[int], list[_partition.PartitionSpec]]]) -> set[int]:
     """Indices of the analyses bound in each partition task: those streaming a bucketed table
     whose side inputs are all co-partitioned with it."""
-    out = set()
+    out: set[int] = set()
     for table, (idx, specs) in plans.items():
         if not specs or specs[0].grain is None:
             continue
@@ -397,8 +397,8 @@ def contexts(ans: Sequence[Analysis], src: Any, progress: Any = None, per_partit
             keys = result_keys(list(pre.values()))
             if progress is not None:
                 progress.phase(f"context: {a.label}")
-            with client_threads(threads):
-                ctx = a.context(src, {name: res[key] for name, key in zip(pre, keys, strict=True)})
+            with client_threads(threads):  # an analysis with prerequisites takes their results as `prior`
+                ctx = cast(Any, a).context(src, {name: res[key] for name, key in zip(pre, keys, strict=True)})
         else:
             if progress is not None:
                 progress.phase(f"context: {a.label}")

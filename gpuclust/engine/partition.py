@@ -160,7 +160,8 @@ def _units(source: Any, table: str) -> tuple[list[tuple[str | None, int, pa.Tabl
         n = 0 if t is None else t.num_rows
         return [(None, n, t)], [0, n]
     files = source.files(table)
-    units, bounds, off = [], [0], 0
+    units: list[tuple[str | None, int, Any | None]] = []
+    bounds, off = [0], 0
     for f in files:
         md = pq.ParquetFile(f).metadata
         units.append((str(f), md.num_rows, None))
