@@ -186,24 +186,24 @@ class UsageVsRequest(Analysis):
         # the events read once for both (the columns of both)
         ev = ReadOnce(side["instance_events"], self.side_inputs["instance_events"])
 
-        def lookup(ev: Any) -> Any:
-            return tier_lookup(ev, ctx.tier_map, top_level_only=False, unmatched=len(ctx.tier_map.names),
-                               what="usage-vs-request tier lookup")
+        def lookup(ev: Any) -> tuple[Any, KeyedSlots | None]:
+            lk = tier_lookup(ev, ctx.tier_map, top_level_only=False, unmatched=len(ctx.tier_map.names),
+                             what="usage-vs-request tier lookup")
+            return lk, KeyedSlots.start(lk)  # the cpu backend's table: its keys (no timeline needed)
 
-        # the tier lookup and the request timeline from the same events: on two threads where the
-        # client may use them (NumPy's sorts hold no GIL)
+        # the tier lookup (with the slot table's keys) and the request timeline from the same
+        # events: on two threads where the client may use them (NumPy's sorts hold no GIL)
         if threads() > 1:
             with ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuclust-bind") as pool:
                 fut = pool.submit(lookup, ev)
                 rq, limits = self._timeline(ev)
-                lk = fut.result()
+                lk, slots = fut.result()
         else:
-            lk = lookup(ev)
+            lk, slots = lookup(ev)
             rq, limits = self._timeline(ev)
-        del ev  # (the table's memory: what the events and the sorts' temporaries held, where freed)
-        # the cpu backend's one-gather table (None where the limits are not float32 values: the
-        # records of ``runs`` then, as on the gpu backend, which builds them when it first needs them)
-        slots = KeyedSlots.build(lk, rq, limits)
+        # the table's timeline part (None where the limits are not float32 values: the records of
+        # ``runs`` then, as on the gpu backend, which builds them when it first needs them)
+        slots = None if slots is None else slots.fill(rq, limits)
         runs = KeyedRuns.build(lk, rq) if slots is None else None
         return replace(ctx, lookup=lk, requests=rq, limits=limits, runs=runs, slots=slots)
 
