@@ -100,7 +100,7 @@ class RequestTimeline:
         req = np.empty((int(cols["time"].shape[0]), 2))
         req[:, 0], req[:, 1] = cols["req_cpu"], cols["req_mem"]
         np.nan_to_num(req, copy=False, nan=0.0)
-        keep = (req > 0).any(1)
+        keep = (req[:, 0] > 0) | (req[:, 1] > 0)  # (not .any(1): a reduction over 2 columns is slow)
         c, i, t = (cols[n].astype(d, copy=False) for n, d in (("collection_id", np.int64),
                                                                ("instance_index", np.int32), ("time", np.int64)))
         if not bool(keep.all()):
@@ -108,8 +108,9 @@ class RequestTimeline:
             cols = {n: cols[n][keep] for n in extra}
         key = _key(np, c, i)
         order = timeline_order(key, t)  # equal (key, time) keep their row order
-        ex = {n: np.asarray(cols[n], dtype=np.float64)[order] for n in extra}
-        key, c, i, t, req = key[order], c[order], i[order], t[order], req[order]
+        ex = {n: np.take(np.asarray(cols[n], dtype=np.float64), order) for n in extra}
+        # np.take: a 2-d fancy index is several times slower
+        key, c, i, t, req = (np.take(a, order, axis=0) for a in (key, c, i, t, req))
         ne = int(key.shape[0])
         if not ne:
             return cls(extra=ex)
@@ -147,7 +148,8 @@ class RequestTimeline:
         o = np.argsort(h)  # sorted queries: a binary search narrowed by the previous one
         u = np.empty(h.shape[0], np.int64)
         u[o] = np.minimum(np.searchsorted(self.ukey, h[o]), nk - 1)
-        ok = (self.ucol[u, 0] == c) & (self.ucol[u, 1] == i)
+        uc = np.take(self.ucol, u, axis=0)
+        ok = (uc[:, 0] == c) & (uc[:, 1] == i)
         return np.where(ok, u, nk)
 
     def latest(self, flag: np.ndarray) -> np.ndarray:
@@ -246,7 +248,7 @@ class KeyedRuns:
         if code.shape[0] and int(code.min()) < 0:
             raise ValueError("KeyedRuns: the lookup's codes must be >= 0")
         u = rq.instances_of(lookup.collection, lookup.instance)
-        run = rq.urun[u]
+        run = np.take(rq.urun, u, axis=0)
         ic = (np.asarray(lookup.instance, dtype=np.int64) << 32) | code
         rec = np.stack([np.asarray(lookup.collection, np.int64), np.asarray(lookup.machine, np.int64), ic, u,
                         run[:, 0], run[:, 1], run[:, 2], run[:, 3]], 1)
@@ -327,7 +329,7 @@ class KeyedSlots:
     that float32 holds exactly (NaN allowed; e.g. the CPU and memory limits as of the event, from
     float32 requests): :meth:`build` returns ``None`` for any other.  A key whose instance has no
     event gets the last row and the earliest times.  A key's slot is ``(hash >> 32) * slots >> 32``
-    (``slots`` = 2 x keys: load factor 1/2), non-decreasing in the hash, so the lookup's keys
+    (``slots`` = 3 x keys: load factor 1/3), non-decreasing in the hash, so the lookup's keys
     (sorted by hash) fill the table without a sort; linear probing (no wrap-around: the table ends
     after the last key's slot with an empty one); an empty slot is all zeros (``u1``, the key's
     instance position in the timeline plus one, is 0), so the table is allocated zeroed, without a
@@ -344,7 +346,7 @@ class KeyedSlots:
         h = np.asarray(lookup.hash)
         n = int(h.shape[0])
         self.n = n
-        self.slots = max(16, 2 * n)
+        self.slots = max(16, 3 * n)
         slot = self._home(h)
         ar = np.arange(n, dtype=np.int64)
         self.pos = pos = np.maximum.accumulate(slot - ar) + ar if n else ar  # first free slot at or after its own
@@ -370,13 +372,13 @@ class KeyedSlots:
         if self.n:
             tab, pos, lk = self.tab, self.pos, self.lookup
             u = rq.instances_of(lk.collection, lk.instance)
-            run = rq.urun[u]  # (no instance: last event -1, the earliest times)
+            run = np.take(rq.urun, u, axis=0)  # (no instance: last event -1, the earliest times)
             last = run[:, 0]
             tab["t_prev"][pos] = run[:, 2]
             tab["t_last"][pos] = run[:, 3]
-            tab["v_last"][pos] = v32[np.where(last >= 0, last, -1)]
+            tab["v_last"][pos] = np.take(v32, last, axis=0)  # (last = -1: the last row, none)
             # the event before the last (none where the instance has one event: t_prev = t_last then)
-            tab["v_prev"][pos] = v32[np.where(last >= 1, last - 1, -1)]
+            tab["v_prev"][pos] = np.take(v32, np.where(last >= 1, last - 1, -1), axis=0)
             tab["u1"][pos] = u + 1
         self.lookup = self.pos = None
         return self
@@ -404,7 +406,7 @@ class KeyedSlots:
              ) -> tuple[np.ndarray, np.ndarray]:
         """Per query (``h``: its :func:`~gpuclust.analyses._lookup.triple_hash`): whether its key is
         here, and its slot (meaningless where it is not).  The home slot of every query in one
-        gather; the queries that find another key there (about a third at load factor 1/2) probe
+        gather; the queries that find another key there (about a fifth at load factor 1/3) probe
         on, a slot at a time (the next cache line), comparing keys only; their slots are read once
         found."""
         tab = self.tab

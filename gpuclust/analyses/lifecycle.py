@@ -276,7 +276,7 @@ class Lifecycle(Analysis):
         e = pick(e)
         # ---- one instance's events together, in time order (ties keep row order)
         order = instance_order(xp, c, i, t)
-        t, e, c, i, p = t[order], e[order], c[order], i[order], p[order]
+        t, e, c, i, p = (xp.take(a, order) for a in (t, e, c, i, p))
         del order
         first = xp.ones(n, dtype=bool)
         first[1:] = (c[1:] != c[:-1]) | (i[1:] != i[:-1])
