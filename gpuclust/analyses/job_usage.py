@@ -27,7 +27,12 @@ largest ``ceil(tail x n)`` collections (at least 2) ranked ``j = 1, 2, ...``, le
 correlation: Pearson r of the two, and of their logarithms (collections with both positive).
 
 The per-collection partial is keyed by ``collection_id`` (sums; the priority merged by maximum):
-memory grows with the number of collections (about 56 bytes each), not with the windows.
+memory grows with the number of collections (about 56 bytes each), not with the windows.  On the
+cpu backend (``backend.ops.lookup_slot_tables``) a partition's windows are grouped by
+:mod:`gpuclust.analyses._job_groups` (one probe of a key table per window gives its key and its
+collection's code) into arrays over every collection of the lookup (zero windows where the
+partition has none), which partials over the same lookup add elementwise; collections without
+events are kept apart (``x*`` fields, keyed).  Either path gives the same sums bit for bit.
 """
 
 from __future__ import annotations
@@ -57,7 +62,7 @@ STAT_COLUMNS = ("jobs", "zero_jobs", "total_hours", "mean", "variance", "median"
 
 _FIELDS = ("key", "cpu", "mem", "windows", "prio")
 #: Largest lookup the cpu path's key table takes (its codes are int32).
-_MAX_TABLE_KEYS = 1 << 31
+_MAX_TABLE_KEYS = (1 << 31) - 1
 
 
 def _empty_keyed() -> dict[str, np.ndarray]:
@@ -190,9 +195,12 @@ class JobUsage(Analysis):
     table = "instance_usage"
     requires = ("instance_usage",)
     optional_tables = ("instance_events",)
-    #: tracemalloc peak of partial: 116 B/row (bench 1.6e7 set, 4M-row partition)
+    #: tracemalloc peak of partial: 116 B/row on the generic (gpu) path (bench 1.6e7 set, 4M-row partition);
+    #: the cpu path takes 32 B/row there
     row_bytes = 160
-    #: rows per partition for partitions="auto" (gpuclust.engine.memory.preferred_rows)
+    #: rows per partition for partitions="auto" (gpuclust.engine.memory.preferred_rows): 2 Mi, as the
+    #: cpu path's partials cost O(collections) each (6.4e7 windows, 1.6M collections: 4.2 s against
+    #: 4.8 s with 1 Mi)
     auto_partition_rows = 1 << 21
 
     def __post_init__(self) -> None:
