@@ -61,10 +61,13 @@ class KeyTable:
     """Linear probing over a lookup's keys (see the module docstring).
 
     The keys are held in the lookup's order, one 32-byte record each (``keys``: collection,
-    machine, instance, code); the slots (``2**bits + n`` int32, load factor at most
-    1/4, no wrap-around) hold the position of a key in ``keys``, -1 where empty.  A key sits
-    in the first free slot at or after its home slot (the top ``bits`` of its :func:`key_hash`),
-    so a query probes from its home slot until it finds its key or an empty slot.
+    machine, instance, code), then a sentinel record at position ``n``: a copy of key 0 with
+    code -1.  The slots (``2**bits + n`` int32, load factor at most 1/4, no wrap-around) hold
+    the position of a key in ``keys``, ``n`` where empty.  A key sits in the first free slot at
+    or after its home slot (the top ``bits`` of its :func:`key_hash`), so a query probes from its
+    home slot until it finds its key or an empty slot; no query that reaches an empty slot has
+    key 0 (key 0 lies between its home slot and the first empty slot after it), so the sentinel
+    matches nothing and the probe needs no other test.
     """
 
     REC = np.dtype([("c", "<i8"), ("m", "<i8"), ("i", "<i4"), ("code", "<i4"), ("pad", "<i8")])
@@ -75,12 +78,14 @@ class KeyTable:
         n = int(code.shape[0])
         if n >= (1 << 31) - 1:
             raise ValueError("KeyTable: too many keys for int32 positions")
-        keys = np.empty(n, self.REC)
-        keys["c"] = collection
-        keys["m"] = machine
-        keys["i"] = instance
-        keys["code"] = code
-        keys["pad"] = 0
+        keys = np.zeros(n + 1, self.REC)
+        keys["c"][:n] = collection
+        keys["m"][:n] = machine
+        keys["i"][:n] = instance
+        keys["code"][:n] = code
+        if n:
+            keys[n] = keys[0]
+        keys["code"][n] = -1
         self.keys = keys
         self.n = n
         self.code = code
@@ -92,39 +97,31 @@ class KeyTable:
         order = np.argsort(home)
         ar = np.arange(n, dtype=np.int64)
         pos = np.maximum.accumulate(home[order] - ar) + ar if n else ar  # first free slot at or after home
-        self.slots = np.full((1 << self.bits) + n, -1, np.int32)
+        self.slots = np.full((1 << self.bits) + n, n, np.int32)
         self.slots[pos] = order
 
     def find(self, collection: np.ndarray, instance: np.ndarray, machine: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Per query: its collection code and the position of its key in :attr:`keys` (both -1
-        where its key is not in the table)."""
-        if self.n == 0:
-            none = np.full(np.shape(collection)[0], -1, np.int64)
-            return none, none.copy()
+        """Per query: its collection code (-1 where its key is not in the table) and the position
+        of its key in :attr:`keys` (``n``, the sentinel, where not)."""
+        n = self.n
         p = (key_hash(collection, instance, machine) >> self.shift).view(np.int64)
         k = np.take(self.slots, p)
-        rec = np.take(self.keys, np.maximum(k, 0))
+        rec = np.take(self.keys, k)
         hit = rec["c"] == collection
         hit &= rec["m"] == machine
         hit &= rec["i"] == instance
-        occupied = k >= 0
-        hit &= occupied
         code = np.where(hit, rec["code"], -1)
-        more = np.flatnonzero(occupied & ~hit)  # the slot holds another key: probe on
+        more = np.flatnonzero(~hit & (k != n))  # the slot holds another key: probe on
         if more.shape[0]:
             q, c, m, i = p[more] + 1, collection[more], machine[more], instance[more]
             while more.shape[0]:
                 kq = np.take(self.slots, q)
-                rec = np.take(self.keys, np.maximum(kq, 0))
+                rec = np.take(self.keys, kq)
                 ok = (rec["c"] == c) & (rec["m"] == m) & (rec["i"] == i)
-                occupied = kq >= 0
-                ok &= occupied
-                at = more[ok]
-                code[at] = rec["code"][ok]
-                k[at] = kq[ok]
-                go = occupied & ~ok
+                code[more[ok]] = rec["code"][ok]
+                k[more] = kq  # where the probe stands: the key found, or the sentinel of an empty slot
+                go = ~ok & (kq != n)
                 more, q, c, m, i = more[go], q[go] + 1, c[go], m[go], i[go]
-        k[code < 0] = -1
         return code, k
 
     def priorities(self, marked: np.ndarray) -> np.ndarray:
@@ -160,7 +157,7 @@ def group_windows(table: KeyTable, collections: np.ndarray, cols: dict[str, np.n
     code = np.empty(n, np.int64)
     w = {k: np.empty(n, np.float64) for k in avg}
     unknown = {k: 0 for k in avg}
-    marked = np.zeros(table.n + 1, dtype=bool)  # a flag per key, and one for key -1 (not found)
+    marked = np.zeros(table.n + 1, dtype=bool)  # a flag per key, and one for the sentinel (not found)
     for lo in range(0, n, BLOCK):
         hi = min(n, lo + BLOCK)
         r = slice(lo, hi) if rows is None else rows[lo:hi]
@@ -168,17 +165,16 @@ def group_windows(table: KeyTable, collections: np.ndarray, cols: dict[str, np.n
         got, key = table.find(c, inst[r], mach[r])
         code[lo:hi] = got
         marked[key] = True
-        hours = (e[r] - s[r]).astype(np.float64)
-        hours /= _HOUR_US
+        hours = np.divide(e[r] - s[r], _HOUR_US)  # float64, as (e - s).astype(float64) / _HOUR_US
         for k, v in avg.items():
             vb = v[r]
             out = w[k][lo:hi]
             np.multiply(vb, hours, out=out)
-            bad = ~np.isfinite(vb)
-            nb = int(np.count_nonzero(bad))
+            fin = np.isfinite(vb)
+            nb = int(fin.shape[0] - np.count_nonzero(fin))
             if nb:
                 unknown[k] += nb
-                out[bad] = 0.0
+                out[~fin] = 0.0
     n_coll = int(collections.shape[0])
     miss = np.flatnonzero(code < 0)
     extra_ids = np.zeros(0, np.int64)

@@ -64,7 +64,7 @@ def test_key_table_finds_exactly_the_keys(keys, queries):
     got, pos = t.find(qc, qi, qm)
     want = {k: int(code.reshape(-1)[j]) for j, k in enumerate(keys)}
     assert got.tolist() == [want.get(k, -1) for k in q]
-    assert (pos[got < 0] == -1).all()
+    assert (pos[got < 0] == t.n).all()  # the sentinel
     for j in np.flatnonzero(got >= 0):
         r = t.keys[pos[j]]
         assert (int(r["c"]), int(r["i"]), int(r["m"])) == q[j]
