@@ -71,6 +71,8 @@ class KeyTable:
     """
 
     REC = np.dtype([("c", "<i8"), ("m", "<i8"), ("i", "<i4"), ("code", "<i4"), ("pad", "<i8")])
+    #: log2 of slots per key (at least): load factor at most 1/4
+    SPARSITY = 2
 
     def __init__(self, collection: np.ndarray, instance: np.ndarray, machine: np.ndarray, code: np.ndarray,
                  priority: np.ndarray, n_codes: int):
@@ -91,7 +93,7 @@ class KeyTable:
         self.code = code
         self.prio = np.asarray(priority, dtype=np.int64)
         self.n_codes = int(n_codes)
-        self.bits = max(4, int(max(n, 1) - 1).bit_length() + 2)
+        self.bits = max(4, int(max(n, 1) - 1).bit_length() + self.SPARSITY)
         self.shift = np.uint64(64 - self.bits)
         home = (key_hash(collection, instance, machine) >> self.shift).view(np.int64)
         order = np.argsort(home)
