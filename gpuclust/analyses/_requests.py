@@ -14,6 +14,12 @@ Nothing is sorted per window: the window's instance is found with the backend's 
 instance and an event's can never join them); a window at or after its instance's last event (the
 common case) is done, the others binary-search their instance's events (a few steps over the
 few windows left), on ``backend.xp``.
+
+On the cpu backend (``backend.ops.lookup_slot_tables``) ``usage-vs-request`` joins through a
+:class:`KeyedSlots` table instead: one 64-byte slot per (collection, instance, machine) key with
+its tier code, the times of its instance's last two events and the limits as of each (float32,
+where the requests are float32), so a window at or after its instance's next-to-last event reads
+one cache line (:func:`asof_keyed_slots`); the others take the path above.
 """
 
 from __future__ import annotations

@@ -18,7 +18,9 @@ resource, the ratios of the average and of the maximum usage to that limit:
 By tier (the instance's highest priority, as ``usage-distribution`` and ``usage-change`` look it
 up) and over all (``"all"``).  The join needs the instance's events, not all its windows: on an
 instance-bucketed dataset each partition's events are bound in the partition; on a flat one,
-once on the client (as ``overcommit``).
+once on the client (as ``overcommit``).  On the cpu backend a window's tier and limits come from
+one slot of :class:`~gpuclust.analyses._requests.KeyedSlots` (one random read per window), its
+ratio's bin from a table of the float's exponent and top mantissa bits (:func:`refined_bins`).
 """
 
 from __future__ import annotations
