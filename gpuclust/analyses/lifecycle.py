@@ -280,6 +280,7 @@ class Lifecycle(Analysis):
         del order
         first = xp.ones(n, dtype=bool)
         first[1:] = (c[1:] != c[:-1]) | (i[1:] != i[:-1])
+        del c, i  # (each array freed when done: the later ones reuse its memory, no fresh pages)
         starts = xp.nonzero(first)[0]
         S = int(starts.shape[0])
         seg = xp.cumsum(first) - 1
@@ -297,6 +298,7 @@ class Lifecycle(Analysis):
         tier_s = xp.where((maxp >= 0) & (code >= 0), code, unknown).astype(xp.int64)
         counters["unknown_priority_instances"] = int(xp.count_nonzero(maxp < 0))
         tier = tier_s[seg]
+        del p, pr
         out["instances"] = xp.bincount(tier_s, minlength=T).astype(xp.int64)
         counters["instances"] = S
         counters["first_not_submit"] = int(xp.count_nonzero(e[starts] != EventType.SUBMIT))
@@ -330,6 +332,7 @@ class Lifecycle(Analysis):
         code = (cls * 3 + (d_p + 1)) * 3 + (d_r + 1)
         key = bucket_index(t[live], self.width_us) * T + tier[live]
         out["series"] = _series(backend, key, code[live])
+        del is_sub, csub, cls, d_p, d_r, code, key, after
         # ---- episodes: pending ones end at the first event leaving the state (or a SUBMIT while pending),
         # runs likewise (or a SCHEDULE while running); those open at the end of the data are censored
         end = n - 1
