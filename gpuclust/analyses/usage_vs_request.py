@@ -205,6 +205,7 @@ class UsageVsRequest(Analysis):
             rq, limits = self._timeline(ev)
         # the table's timeline part (None where the limits are not float32 values: the records of
         # ``runs`` then, as on the gpu backend, which builds them when it first needs them)
+        del ev  # the events' memory, reused by what follows
         slots = None if slots is None else slots.fill(rq, limits)
         runs = KeyedRuns.build(lk, rq) if slots is None else None
         return replace(ctx, lookup=lk, requests=rq, limits=limits, runs=runs, slots=slots)
