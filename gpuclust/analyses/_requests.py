@@ -348,14 +348,15 @@ class KeyedSlots:
     def __init__(self, lookup: Any):
         """The table with the lookup's keys and codes (:meth:`fill` adds the timeline's part; the
         two may run on different threads, the first while the timeline is built)."""
-        self.lookup = lookup
+        self.lookup: Any = lookup
         h = np.asarray(lookup.hash)
         n = int(h.shape[0])
         self.n = n
         self.slots = max(16, 3 * n)
         slot = self._home(h)
         ar = np.arange(n, dtype=np.int64)
-        self.pos = pos = np.maximum.accumulate(slot - ar) + ar if n else ar  # first free slot at or after its own
+        pos = np.maximum.accumulate(slot - ar) + ar if n else ar  # first free slot at or after its own
+        self.pos: np.ndarray | None = pos  # (until fill)
         size = max(self.slots, (int(pos[-1]) if n else 0) + 2)  # an empty slot after the last key
         raw = np.zeros(size * 64 + 64, np.uint8)  # zeroed: fresh pages, no fill pass
         off = (-raw.ctypes.data) % 64  # aligned: one slot per cache line
@@ -376,7 +377,7 @@ class KeyedSlots:
         if rq.n_instances >= (1 << 31) - 1 or not bool(((back == values) | (np.isnan(back) & np.isnan(values))).all()):
             return None
         if self.n:
-            tab, pos, lk = self.tab, self.pos, self.lookup
+            tab, pos, lk = self.tab, np.asarray(self.pos), self.lookup
             u = rq.instances_of(lk.collection, lk.instance)
             run = np.take(rq.urun, u, axis=0)  # (no instance: last event -1, the earliest times)
             last = run[:, 0]
@@ -386,7 +387,7 @@ class KeyedSlots:
             # the event before the last (none where the instance has one event: t_prev = t_last then)
             tab["v_prev"][pos] = np.take(v32, np.where(last >= 1, last - 1, -1), axis=0)
             tab["u1"][pos] = u + 1
-        self.lookup = self.pos = None
+        self.lookup, self.pos = None, None
         return self
 
     @classmethod
