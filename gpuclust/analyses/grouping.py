@@ -6,6 +6,8 @@
 * :func:`group_key`: one int64 key per row from the key components (the value itself for one
   component, a splitmix64 chain of several, :func:`gpuclust.layout.key_hash`);
 * :func:`instance_order`: rows by instance, then time (a stable three-key sort, as one sort);
+* :class:`FloatBins`: ``searchsorted(edges, x, side="right")`` from a table of the floats' top
+  bits (lifecycle's delay bins, usage-vs-request's ratio bins);
 * time buckets (docs/dataset.md, "Time buckets"): origin trace time 0, bucket ``k`` of width ``W``
   is ``[k W, (k + 1) W)`` µs -- :func:`bucket_index`, :func:`bucket_span` (the buckets a window
   ``[s, e)`` touches), :func:`bucket_grid` (the buckets covering a trace window).
@@ -14,11 +16,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from gpuclust.layout import key_hash
 
-__all__ = ["HOUR_US", "KEY_COLUMNS", "bucket_grid", "bucket_index", "bucket_pieces", "bucket_span", "group_key",
+__all__ = ["HOUR_US", "KEY_COLUMNS", "FloatBins", "bucket_grid", "bucket_index", "bucket_pieces", "bucket_span", "group_key",
            "dense_rank", "instance_order", "parse_by", "parse_list", "segmented_last"]
 
 #: One hour in µs (cell-usage's bucket).
@@ -27,6 +32,62 @@ HOUR_US = 3_600_000_000
 KEY_COLUMNS: dict[str, tuple[str, ...]] = {
     "instance": ("collection_id", "instance_index"), "collection": ("collection_id",),
     "machine": ("machine_id",), "tier": ("tier",), "cell": (), "time": ("bucket",)}
+
+
+@dataclass(frozen=True)
+class FloatBins:
+    """``searchsorted(edges, x, side="right")`` (int64) of float64 values without a search: the
+    float's exponent and top ``bits`` mantissa bits pick a cell (``2**bits`` per octave from ``lo``
+    to ``hi``; below ``lo``: the first cell, from ``hi`` on: the last), a table gives the bin of
+    the cell's lower end, and one is added where the cell's edge lies at or below the value.
+    Exact for any value but NaN (``-0.0`` and below: bin 0) as long as each cell holds at most
+    one edge and every edge lies in ``[lo, hi)``, which the constructor checks.
+
+    >>> fb = FloatBins(np.array([1.0, 3.0, 10.0]), bits=2, lo=1.0, hi=16.0)
+    >>> x = np.array([-1.0, 0.0, 1.0, 2.9, 3.0, 9.99, 10.0, 1e9, np.inf])
+    >>> fb.bins(np, x).tolist() == np.searchsorted(fb.edges[:-1], x, side="right").tolist()
+    True
+    """
+
+    edges: np.ndarray
+    bits: int
+    lo: float
+    hi: float
+    what: str = "bins"
+    cells: np.ndarray = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        edges = np.asarray(self.edges, dtype=np.float64)
+        c_lo, c_hi = self._cell(self.lo), self._cell(self.hi)
+        lower = (np.arange(c_lo, c_hi, dtype=np.int64) << self.shift).view(np.float64)
+        upper = (np.arange(c_lo + 1, c_hi + 1, dtype=np.int64) << self.shift).view(np.float64)
+        first = np.searchsorted(edges, lower, side="right")
+        ext = np.concatenate([edges, [np.inf, np.inf]])
+        # at most one edge inside each cell: the second edge after its lower end is at or above its upper end
+        if not bool((ext[first + 1] >= upper).all()) or not (edges[0] >= lower[0] and edges[-1] < upper[-1]):
+            raise AssertionError(f"{self.what}: cells too wide for the edges")
+        object.__setattr__(self, "cells", np.concatenate([[0], first, [edges.shape[0]]]).astype(np.int16))
+        object.__setattr__(self, "edges", np.concatenate([edges, [np.nan]]))  # NaN after the last: never passed
+
+    @property
+    def shift(self) -> int:
+        return 52 - self.bits
+
+    def _cell(self, v: float) -> int:
+        return int(np.float64(v).view(np.int64)) >> self.shift
+
+    def bins(self, xp: Any, x: Any, cells: Any = None, edges: Any = None) -> Any:
+        """The bins of float64 ``x`` (``cells`` / ``edges``: :attr:`cells` and :attr:`edges` on
+        the backend, e.g. ``backend.stage(fb.cells)``; default the host arrays)."""
+        cells = self.cells if cells is None else cells
+        edges = self.edges if edges is None else edges
+        c_lo, c_hi = self._cell(self.lo), self._cell(self.hi)
+        k = xp.right_shift(x.view(xp.int64), self.shift)
+        k -= c_lo - 1
+        xp.clip(k, 0, c_hi - c_lo + 1, out=k)
+        b = xp.take(cells, k).astype(xp.int64)
+        b += x >= xp.take(edges, b)
+        return b
 
 
 def parse_list(v: Any) -> tuple[str, ...]:

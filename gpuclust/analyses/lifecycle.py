@@ -50,7 +50,7 @@ import pandas as pd
 
 from gpuclust.analyses._extent import max_finite
 from gpuclust.analyses.base import Analysis, fmt, is_null_int, resolve_tier_map
-from gpuclust.analyses.grouping import bucket_index, instance_order, segmented_last
+from gpuclust.analyses.grouping import FloatBins, bucket_index, instance_order, segmented_last
 from gpuclust.analyses.options import option, tier_map_option
 from gpuclust.partials import bin_quantile_edges, bin_rows, keyed_reduce, merge_keyed
 from gpuclust.schema import TIME_AFTER_TRACE, EventType, TierMap, tier_map
@@ -105,26 +105,9 @@ _RUNNING_EXIT = np.array([_DI["execution", o] for o in ("interrupted", "interrup
 #: 10^13 µs, about 116 days); bin 0 holds zero delays, the last bin everything from 10^13 µs on.
 DELAY_EDGES_US = np.unique(np.ceil(10.0 ** (np.arange(651) / 50.0)).astype(np.int64))
 _B = int(DELAY_EDGES_US.shape[0]) + 1
-#: :func:`delay_bins`' table: a duration's float64 bits shifted right by ``52 - 6`` split each octave
-#: from 1 µs to 2^44 µs in 64 cells, each holding at most one edge (checked below).
-_DSHIFT = 52 - 6
-_DLO = int(np.float64(1.0).view(np.int64)) >> _DSHIFT
-_DHI = int(np.float64(2.0 ** 44).view(np.int64)) >> _DSHIFT
-
-
-def _delay_cells() -> tuple[np.ndarray, np.ndarray]:
-    edges = DELAY_EDGES_US.astype(np.float64)
-    lower = (np.arange(_DLO, _DHI, dtype=np.int64) << _DSHIFT).view(np.float64)
-    upper = (np.arange(_DLO + 1, _DHI + 1, dtype=np.int64) << _DSHIFT).view(np.float64)
-    first = np.searchsorted(edges, lower, side="right")
-    ext = np.concatenate([edges, [np.inf, np.inf]])
-    if not bool((ext[first + 1] >= upper).all()) or not (edges[0] >= lower[0] and edges[-1] < upper[-1]):
-        raise AssertionError("lifecycle: delay cells too wide for the delay edges")
-    return (np.concatenate([[0], first, [edges.shape[0]]]).astype(np.int16),
-            np.concatenate([edges, [np.nan]]))
-
-
-_DCELLS, _DCELL_EDGES = _delay_cells()
+#: :func:`delay_bins`' table: each octave of durations from 1 µs to 2^44 µs in 64 cells, each
+#: holding at most one edge.
+_DELAY_BINS = FloatBins(DELAY_EDGES_US.astype(np.float64), bits=6, lo=1.0, hi=2.0 ** 44, what="lifecycle delay bins")
 
 
 def delay_bins(xp: Any, dur: Any, cells: Any = None, edges: Any = None) -> Any:
@@ -136,15 +119,7 @@ def delay_bins(xp: Any, dur: Any, cells: Any = None, edges: Any = None) -> Any:
     >>> (delay_bins(np, d) == np.searchsorted(DELAY_EDGES_US, d, side="right")).all()
     np.True_
     """
-    cells = _DCELLS if cells is None else cells
-    edges = _DCELL_EDGES if edges is None else edges
-    f = dur.astype(xp.float64)
-    k = xp.right_shift(f.view(xp.int64), _DSHIFT)
-    k -= _DLO - 1
-    xp.clip(k, 0, _DHI - _DLO + 1, out=k)
-    x = xp.take(cells, k).astype(xp.int64)
-    x += f >= xp.take(edges, x)
-    return x
+    return _DELAY_BINS.bins(xp, dur.astype(xp.float64), cells, edges)
 _COUNTERS = ("rows", "invalid_type_rows", "instances", "first_not_submit", "unknown_priority_instances",
              "time_zero_events", "after_trace_events")
 _I64_MAX = np.iinfo(np.int64).max
@@ -370,7 +345,7 @@ class Lifecycle(Analysis):
         out["episodes"] = xp.bincount(td, minlength=T * _D).reshape(T, _D).astype(xp.int64)
         kk = xp.nonzero(rk)[0]
         td, dur = td[kk], rdur[kk].astype(xp.int64)
-        b = delay_bins(xp, dur, backend.stage(_DCELLS), backend.stage(_DCELL_EDGES))
+        b = delay_bins(xp, dur, backend.stage(_DELAY_BINS.cells), backend.stage(_DELAY_BINS.edges))
         out["hist"] = xp.bincount(td * _B + b, minlength=T * _D * _B).reshape(T, _D, _B).astype(xp.int64)
         out["dur_sum"] = xp.bincount(td, weights=dur.astype(xp.float64), minlength=T * _D).reshape(T, _D)
         if int(td.shape[0]):  # per (tier, distribution) the shortest and longest known duration

@@ -45,6 +45,7 @@ from gpuclust.analyses._requests import (
     asof_keyed_slots,
 )
 from gpuclust.analyses.base import Analysis, fmt, resolve_tier_map
+from gpuclust.analyses.grouping import FloatBins
 from gpuclust.analyses.options import tier_map_option
 from gpuclust.analyses.usage_change import RATIO_EDGES
 from gpuclust.partials import bin_quantile_edges, bin_rows
@@ -68,29 +69,9 @@ _K = 2 + _B + 2
 #: The refined bins' edges: ``x = searchsorted(_REFINED, ratio, side="right")`` (a ratio > 0.5 is one
 #: >= the next float after 0.5).
 _REFINED = np.sort(np.concatenate([RATIO_EDGES, np.nextafter([0.5, 1.0], np.inf)]))
-#: :func:`refined_bins`' table: the float64 bits of a ratio shifted right by ``52 - _KBITS`` split
-#: each octave in 2^_KBITS cells, each holding at most one edge of _REFINED (checked below).
-_KBITS = 9
-_SHIFT = 52 - _KBITS
-_CELL_LO = int(np.float64(2.0 ** -20).view(np.int64)) >> _SHIFT  # ratios below 2^-20 (< 1e-6): cell 0
-_CELL_HI = int(np.float64(2.0 ** 20).view(np.int64)) >> _SHIFT  # ratios from 2^20 (> 1e6) on: the last cell
-
-
-def _cell_table() -> tuple[np.ndarray, np.ndarray]:
-    """Per cell, the refined bin of its lower end (cell 0: 0; the last: all edges), and the edges
-    with a NaN after the last (never passed)."""
-    lower = ((np.arange(_CELL_LO, _CELL_HI, dtype=np.int64)) << _SHIFT).view(np.float64)
-    upper = ((np.arange(_CELL_LO + 1, _CELL_HI + 1, dtype=np.int64)) << _SHIFT).view(np.float64)
-    first = np.searchsorted(_REFINED, lower, side="right")
-    # at most one edge inside each cell: the second edge after its lower end is at or above its upper end
-    ext = np.concatenate([_REFINED, [np.inf, np.inf]])
-    if not bool((ext[first + 1] >= upper).all()) or not (_REFINED[0] > lower[0] and _REFINED[-1] < upper[-1]):
-        raise AssertionError("usage-vs-request: ratio cells too wide for the refined edges")
-    table = np.concatenate([[0], first, [_REFINED.shape[0]]]).astype(np.int16)
-    return table, np.concatenate([_REFINED, [np.nan]])
-
-
-_CELLS, _CELL_EDGES = _cell_table()
+#: :func:`refined_bins`' table: each octave of ratios from 2^-20 (< 1e-6) to 2^20 (> 1e6) in 2^9 cells,
+#: each holding at most one edge of _REFINED.
+_RATIO_BINS = FloatBins(_REFINED, bits=9, lo=2.0 ** -20, hi=2.0 ** 20, what="usage-vs-request ratio bins")
 
 
 def refined_bins(xp: Any, ratio: Any, cells: Any = None, edges: Any = None) -> Any:
@@ -103,14 +84,7 @@ def refined_bins(xp: Any, ratio: Any, cells: Any = None, edges: Any = None) -> A
     >>> (refined_bins(np, r) == np.searchsorted(_REFINED, r, side="right")).all()
     np.True_
     """
-    cells = _CELLS if cells is None else cells
-    edges = _CELL_EDGES if edges is None else edges
-    k = xp.right_shift(ratio.view(xp.int64), _SHIFT)
-    k -= _CELL_LO - 1
-    xp.clip(k, 0, _CELL_HI - _CELL_LO + 1, out=k)
-    x = xp.take(cells, k).astype(xp.int64)
-    x += ratio >= xp.take(edges, x)
-    return x
+    return _RATIO_BINS.bins(xp, ratio, cells, edges)
 
 
 def _split(xp: Any, x: Any) -> tuple[Any, Any, Any]:
@@ -284,7 +258,7 @@ class UsageVsRequest(Analysis):
         # usage, else 2 + the ratio's bin refined at 0.5 and 1 (see _split)
         base = tier * _K
         defined = base + 2
-        cells, cell_edges = backend.stage(_CELLS), backend.stage(_CELL_EDGES)
+        cells, cell_edges = backend.stage(_RATIO_BINS.cells), backend.stage(_RATIO_BINS.edges)
         res: dict[int, tuple[Any, Any, Any]] = {}
         for k, (_, col, r) in enumerate(MEASURES):
             if r not in res:

@@ -6,10 +6,11 @@ and life cycles use it) and ``bucket_pieces`` (windows cut at bucket edges) agai
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpuclust.analyses.grouping import bucket_pieces, instance_order, segmented_last
+from gpuclust.analyses.grouping import FloatBins, bucket_pieces, instance_order, segmented_last
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -67,3 +68,24 @@ def test_log_bins_equal_the_binary_search_on_the_ratio_edges(backend):
                             np.exp(rng.normal(0, 6, 50_000)), [0.0, -1.0, np.nan, np.inf, -np.inf, 1e-300, 1e300]])
         got = backend.to_host(log_bins(backend.xp, backend.asarray(edges), backend.asarray(v)))
         assert np.array_equal(got, np.searchsorted(edges, v, side="right"))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(allow_nan=False, width=64), min_size=1, max_size=200), st.integers(0, 10**6))
+def test_float_bins_equal_a_binary_search(xs: list[float], seed: int) -> None:
+    """FloatBins against searchsorted, at random values and at, just below and just above every edge."""
+
+    rng = np.random.default_rng(seed)
+    edges = np.sort(rng.choice(10.0 ** (np.arange(-60, 101) / 20), 40, replace=False))  # 1e-3 .. 1e5
+    fb = FloatBins(edges, bits=8, lo=2.0 ** -11, hi=2.0 ** 18)
+    near = np.concatenate([edges, np.nextafter(edges, -np.inf), np.nextafter(edges, np.inf)])
+    x = np.concatenate([np.array(xs), near, [0.0, -0.0, np.inf, -np.inf, 2.0 ** -11, 2.0 ** 18]])
+    assert (fb.bins(np, x) == np.searchsorted(edges, x, side="right")).all()
+
+
+def test_float_bins_refuse_cells_wider_than_the_edges() -> None:
+
+    with pytest.raises(AssertionError, match="cells too wide"):
+        FloatBins(np.array([1.0, 1.05, 1.1, 2.0]), bits=2, lo=1.0, hi=4.0)  # two edges inside the cell [1, 1.25)
+    with pytest.raises(AssertionError, match="cells too wide"):
+        FloatBins(np.array([1.0, 10.0]), bits=2, lo=1.0, hi=8.0)  # an edge at or above hi

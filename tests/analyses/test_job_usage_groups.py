@@ -4,12 +4,11 @@ runs) bit for bit, the dense partials' merges, and whole runs against the generi
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pytest
+from generic_backend import CPU, GENERIC
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from strategies import random_cell, write_dataset
@@ -18,27 +17,9 @@ import gpuclust.analyses._job_groups as jg
 from gpuclust.analyses import job_usage as ju
 from gpuclust.analyses._lookup import InstanceLookup
 from gpuclust.analyses.job_usage import JobUsage, JobUsageContext
-from gpuclust.backends import get_backend
 from gpuclust.dataset import Dataset
 from gpuclust.engine import run
 from gpuclust.schema import tier_map
-
-CPU = get_backend("cpu")
-
-
-class _GenericOps:
-    """The cpu backend's ops without ``lookup_slot_tables``: job-usage takes its generic path."""
-
-    def __init__(self, ops):
-        self._ops = ops
-
-    def __getattr__(self, name):
-        if name == "lookup_slot_tables":
-            return False
-        return getattr(self._ops, name)
-
-
-GENERIC = dataclasses.replace(CPU, ops=_GenericOps(CPU.ops))
 
 IDS = st.sampled_from([0, 1, 2, 3, -1, 2**40 + 1, 2**62 + 9, -(2**63), 2**63 - 1])
 

@@ -3,7 +3,6 @@ hand-worked sequence, the real 2011 task events, and the layouts it may and may 
 
 from __future__ import annotations
 
-import dataclasses
 import subprocess
 import sys
 from collections import Counter
@@ -12,13 +11,13 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
+from generic_backend import CPU, GENERIC
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from lifecycle_reference import AFTER_TRACE, NAMES, bin_of, replay
 from strategies import HOUR, table, write_dataset
 
 from gpuclust.analyses.lifecycle import DELAY_EDGES_US, Lifecycle, delay_bins
-from gpuclust.backends import get_backend
 from gpuclust.dataset import Dataset
 from gpuclust.engine import TableSource, run
 from gpuclust.schema import tier_map
@@ -325,22 +324,6 @@ def test_planted_scheduling_delays_of_a_synthetic_cell(tmp_path):
 
 
 # ---------------------------------------------------------------- the cpu backend's fast path
-CPU = get_backend("cpu")
-
-
-class _GenericOps:
-    """The cpu backend's ops without ``lookup_slot_tables``: the analyses take their generic path."""
-
-    def __init__(self, ops):
-        self._ops = ops
-
-    def __getattr__(self, name):
-        if name == "lookup_slot_tables":
-            return False
-        return getattr(self._ops, name)
-
-
-GENERIC = dataclasses.replace(CPU, ops=_GenericOps(CPU.ops))
 
 
 @settings(max_examples=50, deadline=None)

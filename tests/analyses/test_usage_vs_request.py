@@ -4,7 +4,6 @@ with requests (zero, NULL, changing over time, events at exactly a window's star
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import subprocess
 import sys
 from collections import defaultdict
@@ -12,6 +11,7 @@ from collections import defaultdict
 import numpy as np
 import pyarrow as pa
 import pytest
+from generic_backend import CPU, GENERIC
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from strategies import assert_results_same, table, write_dataset
@@ -225,7 +225,6 @@ def test_asof_join_matches_a_loop(seed):
     binary search), ties in time (the last in row order wins), windows before the first event, at
     an event's time, after the last, and instances without events (or sharing a collection)."""
     from gpuclust.analyses._requests import RequestTimeline, asof_events, asof_index
-    from gpuclust.backends import get_backend
 
     rng = np.random.default_rng(seed)
     n_inst = int(rng.integers(1, 12))
@@ -339,22 +338,6 @@ def test_no_requests_keeps_the_tiers():
 
 
 # ---------------------------------------------------------------- the cpu backend's fast path
-CPU = get_backend("cpu")
-
-
-class _GenericOps:
-    """The cpu backend's ops without ``lookup_slot_tables``: the analyses take their generic path."""
-
-    def __init__(self, ops):
-        self._ops = ops
-
-    def __getattr__(self, name):
-        if name == "lookup_slot_tables":
-            return False
-        return getattr(self._ops, name)
-
-
-GENERIC = dataclasses.replace(CPU, ops=_GenericOps(CPU.ops))
 
 SPECIAL = np.array([0.0, -0.0, -1.0, 5e-324, 1e-300, 1e-7, 1e-6, 0.5, 1.0, 1e6, 2.0**20, 1e300, np.inf, -np.inf,
                     np.finfo(np.float64).max])
