@@ -238,78 +238,61 @@ class UsageVsRequest(Analysis):
     @staticmethod
     def _block(cols: dict[str, Any], sl: slice, ctx: UsageVsRequestContext, runs: KeyedRuns, backend: Any,
                counts: Any, rsum: Any) -> None:
-        """Rows ``sl``: their codes counted into ``counts`` and their ratios (0 where not defined)
-        summed per tier into ``rsum``, in row order after the sums so far: each ``bincount`` starts
-        with one row per tier weighted by its sum so far, so the sums are the same bits whatever
-        the blocks."""
+        """Rows ``sl`` joined by :func:`~gpuclust.analyses._requests.asof_keyed` (per window its
+        tier and the latest event of its instance at or before its start), then counted
+        (:meth:`_count`)."""
         xp = backend.xp
-        s = cols["start_time"][sl]
-        m = int(s.shape[0])
-        # per window its tier and the latest event of its instance at or before its start
         found, code, j = asof_keyed(backend, ctx.requests, runs, cols["collection_id"][sl],
-                                    cols["instance_index"][sl], cols["machine_id"][sl], s)
-        tiers = xp.empty(_T + m, dtype=xp.int64)  # the tier slots, then the rows' tiers
-        tiers[:_T] = xp.arange(_T)
-        tier = tiers[_T:]
-        tier[...] = xp.where(found, code, len(ctx.tier_map.names))
-        weights = xp.empty(_T + m)  # the sums so far, then the rows' ratios
+                                    cols["instance_index"][sl], cols["machine_id"][sl], cols["start_time"][sl])
         limit = xp.take(backend.stage(ctx.limits), j, axis=0)  # j = -1 (none): the last row, NaN
-        # one code per window and measure, counted per tier by one bincount: 0 no limit, 1 unknown
-        # usage, else 2 + the ratio's bin refined at 0.5 and 1 (see _split)
-        base = tier * _K
-        defined = base + 2
-        cells, cell_edges = backend.stage(_RATIO_BINS.cells), backend.stage(_RATIO_BINS.edges)
-        res: dict[int, tuple[Any, Any, Any]] = {}
-        for k, (_, col, r) in enumerate(MEASURES):
-            if r not in res:
-                lim = limit[:, r]
-                has_lim = lim > 0  # NaN: no limit
-                res[r] = lim, has_lim, base + has_lim
-            lim, has_lim, other = res[r]
-            u = cols[col][sl]
-            d = has_lim & xp.isfinite(u)
-            ratio = weights[_T:]
-            ratio[...] = xp.where(d, u / lim, 0.0)  # float64, as u.astype(float64) / limit
-            x = refined_bins(xp, ratio, cells, cell_edges)
-            x += defined
-            counts[k] += xp.bincount(xp.where(d, x, other), minlength=_T * _K)
-            weights[:_T] = rsum[k]
-            rsum[k] = xp.bincount(tiers, weights=weights, minlength=_T)  # + 0.0 per other window
+        UsageVsRequest._count(xp, cols, sl, xp.where(found, code, len(ctx.tier_map.names)), (limit[:, 0], limit[:, 1]),
+                              backend.stage(_RATIO_BINS.cells), backend.stage(_RATIO_BINS.edges), counts, rsum)
 
     @staticmethod
     def _block_slots(cols: dict[str, Any], sl: slice, ctx: UsageVsRequestContext, slots: Any, backend: Any,
                      counts: Any, rsum: Any) -> None:
         """:meth:`_block` on the cpu backend: each window's tier and limits from its key's slot
         (:func:`~gpuclust.analyses._requests.asof_keyed_slots`), the same codes and sums."""
-        s = cols["start_time"][sl]
-        m = int(s.shape[0])
         found, code, lim0, lim1 = asof_keyed_slots(backend, ctx.requests, slots, ctx.limits,
                                                    cols["collection_id"][sl], cols["instance_index"][sl],
-                                                   cols["machine_id"][sl], s)
-        tiers = np.empty(_T + m, dtype=np.int64)  # the tier slots, then the rows' tiers
-        tiers[:_T] = np.arange(_T)
-        tier = tiers[_T:]
-        np.copyto(tier, np.where(found, code, len(ctx.tier_map.names)))
-        weights = np.empty(_T + m)  # the sums so far, then the rows' ratios
-        base = tier * _K
+                                                   cols["machine_id"][sl], cols["start_time"][sl])
+        UsageVsRequest._count(np, cols, sl, np.where(found, code, len(ctx.tier_map.names)), (lim0, lim1),
+                              _RATIO_BINS.cells, _RATIO_BINS.edges, counts, rsum)
+
+    @staticmethod
+    def _count(xp: Any, cols: dict[str, Any], sl: slice, tier: Any, limits: tuple[Any, Any], cells: Any,
+               cell_edges: Any, counts: Any, rsum: Any) -> None:
+        """Rows ``sl`` (``tier``: each row's tier code, ``limits``: its CPU and memory limit, NaN
+        for none): their codes counted into ``counts`` and their ratios (0 where not defined)
+        summed per tier into ``rsum``, in row order after the sums so far: each ``bincount`` starts
+        with one row per tier weighted by its sum so far, so the sums are the same bits whatever
+        the blocks."""
+        m = int(tier.shape[0])
+        tiers = xp.empty(_T + m, dtype=xp.int64)  # the tier slots, then the rows' tiers
+        tiers[:_T] = xp.arange(_T)
+        tiers[_T:] = tier
+        weights = xp.empty(_T + m)  # the sums so far, then the rows' ratios
+        # one code per window and measure, counted per tier by one bincount: 0 no limit, 1 unknown
+        # usage, else 2 + the ratio's bin refined at 0.5 and 1 (see _split)
+        base = tiers[_T:] * _K
         defined = base + 2
         res: dict[int, tuple[Any, Any, Any]] = {}
         for k, (_, col, r) in enumerate(MEASURES):
             if r not in res:
-                lim = lim1 if r else lim0
+                lim = limits[r]
                 has_lim = lim > 0  # NaN: no limit
                 res[r] = lim, has_lim, base + has_lim
             lim, has_lim, other = res[r]
             u = cols[col][sl]
-            d = has_lim & np.isfinite(u)
+            d = has_lim & xp.isfinite(u)
             ratio = weights[_T:]
-            np.divide(u, lim, out=ratio)  # float64, as u.astype(float64) / limit
+            xp.divide(u, lim, out=ratio)  # float64, as u.astype(float64) / limit
             ratio[~d] = 0.0
-            x = refined_bins(np, ratio)
+            x = refined_bins(xp, ratio, cells, cell_edges)
             x += defined
-            counts[k] += np.bincount(np.where(d, x, other), minlength=_T * _K)
+            counts[k] += xp.bincount(xp.where(d, x, other), minlength=_T * _K)
             weights[:_T] = rsum[k]
-            rsum[k] = np.bincount(tiers, weights=weights, minlength=_T)  # + 0.0 per other window
+            rsum[k] = xp.bincount(tiers, weights=weights, minlength=_T)  # + 0.0 per other window
 
     def merge(self, a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return {k: a[k] + b[k] for k in a}
