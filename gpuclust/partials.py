@@ -69,8 +69,9 @@ def merge_keyed(a: dict[str, np.ndarray], b: dict[str, np.ndarray], maxima: tupl
     by maximum instead; keys sorted.
 
     Partials from :func:`keyed_reduce` (and merges of them) have sorted unique keys; two such are
-    merged in O(n + m log n) by inserting the new keys (no sort); anything else is grouped by
-    concatenate + unique.  Both paths give the same sums (``a + b`` per shared key).
+    merged elementwise when their keys are the same, else in O(n + m log n) by inserting the new
+    keys (no sort); anything else is grouped by concatenate + unique.  Every path gives the same
+    sums (``a + b`` per shared key).
     """
 
     if a["key"].shape[0] == 0:
@@ -79,6 +80,14 @@ def merge_keyed(a: dict[str, np.ndarray], b: dict[str, np.ndarray], maxima: tupl
         return {k: v.copy() for k, v in a.items()}
     ka, kb = a["key"].astype(np.int64, copy=False), b["key"].astype(np.int64, copy=False)
     if _sorted_unique(ka) and _sorted_unique(kb):
+        if ka.shape == kb.shape and (ka is kb or np.array_equal(ka, kb)):
+            # the same keys (e.g. dense partials over one lookup's collections): elementwise
+            same: dict[str, np.ndarray] = {"key": ka.copy()}
+            for k in a:
+                if k != "key":
+                    va, vb = _summable(a[k]), _summable(b[k])
+                    same[k] = (np.maximum(va, vb) if k in maxima else va + vb).astype(va.dtype, copy=False)
+            return same
         pos = np.searchsorted(ka, kb)
         hit = (pos < ka.shape[0]) & (ka[np.minimum(pos, ka.shape[0] - 1)] == kb)
         new = ~hit
@@ -88,10 +97,7 @@ def merge_keyed(a: dict[str, np.ndarray], b: dict[str, np.ndarray], maxima: tupl
         for k in a:
             if k == "key":
                 continue
-            va, vb = a[k], b[k]
-            if va.dtype.kind == "f":
-                va, vb = np.nan_to_num(va, nan=0.0), np.nan_to_num(vb, nan=0.0)
-                va, vb = va.astype(np.float64, copy=False), vb.astype(np.float64, copy=False)
+            va, vb = _summable(a[k]), _summable(b[k])
             v = np.insert(va, pos[new], vb[new], axis=0)
             if k in maxima:
                 v[at] = np.maximum(v[at], vb[hit])
@@ -100,6 +106,13 @@ def merge_keyed(a: dict[str, np.ndarray], b: dict[str, np.ndarray], maxima: tupl
             out[k] = v
         return out
     return _group_keyed({k: np.concatenate([a[k], b[k]]) for k in a}, maxima)
+
+
+def _summable(v: np.ndarray) -> np.ndarray:
+    """A keyed field as merged: floats as float64 with NaN as 0 (SQL's SUM ignores NULL)."""
+    if v.dtype.kind == "f":
+        return np.nan_to_num(v, nan=0.0).astype(np.float64, copy=False)
+    return v
 
 
 def _group_keyed(cat: dict[str, np.ndarray], maxima: tuple[str, ...] = ()) -> dict[str, np.ndarray]:

@@ -348,16 +348,10 @@ class JobUsage(Analysis):
         return out
 
     def merge(self, a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        # the collections of the lookup: partials over the same table (the cpu path's dense
-        # arrays, one per code) add elementwise; else sums by merge_keyed (sorted unique keys: b's
-        # new keys inserted, O(n + m log n)), the priority by maximum, placed by the same keys
+        # sums by merge_keyed, the priority by maximum: partials over the same lookup's
+        # collections (the cpu path's dense arrays, one per code) add elementwise there
         fa, fb = ({f: np.asarray(p[f]) for f in _FIELDS} for p in (a, b))
-        if fa["key"].shape[0] and fa["key"].shape == fb["key"].shape and (
-                fa["key"] is fb["key"] or np.array_equal(fa["key"], fb["key"])):
-            out = {"key": fa["key"], "cpu": fa["cpu"] + fb["cpu"], "mem": fa["mem"] + fb["mem"],
-                   "windows": fa["windows"] + fb["windows"], "prio": np.maximum(fa["prio"], fb["prio"])}
-        else:
-            out = merge_keyed(fa, fb, maxima=("prio",))
+        out = merge_keyed(fa, fb, maxima=("prio",))
         xa, xb = ({f: np.asarray(p["x" + f]) for f in _FIELDS} for p in (a, b))
         out.update({"x" + k: v for k, v in merge_keyed(xa, xb, maxima=("prio",)).items()})
         out["stats"] = a["stats"] + b["stats"]

@@ -138,3 +138,21 @@ def test_grouping_buckets_and_by_lists():
     k = group_key(np, comps, 3)
     assert k.dtype == np.int64 and len(set(k.tolist())) == 3
     assert group_key(np, [], 2).tolist() == [0, 0] and group_key(np, comps[:1], 3).tolist() == [1, 1, 2]
+
+
+@settings(max_examples=100, deadline=None)
+@given(_rows, st.lists(st.one_of(st.floats(-1e3, 1e3), st.just(float("nan"))), min_size=30, max_size=30),
+       st.lists(st.integers(-3, 3), min_size=30, max_size=30))
+def test_merge_keyed_same_keys_match_pandas(ra, vb, nb):
+    """Two sorted partials over the same keys (the elementwise path): pandas' groupby of the two,
+    NaN summed as 0, sums and maxima, dtypes kept."""
+    a = _partial(ra, None)
+    k = a["key"].shape[0]
+    b = {"key": a["key"].copy(), "v": np.array(vb[:k], np.float64), "n": np.array(nb[:k], np.int64)}
+    both = pd.DataFrame({f: np.concatenate([a[f], b[f]]) for f in a})
+    for maxima, agg in (((), "sum"), (("n",), "max")):
+        got = merge_keyed(a, b, maxima=maxima)
+        want = both.groupby("key").agg(v=("v", "sum"), n=("n", agg)).reset_index()
+        assert got["key"].tolist() == want["key"].tolist()
+        np.testing.assert_allclose(got["v"], want["v"].to_numpy(), rtol=1e-12, atol=1e-9)
+        assert got["n"].tolist() == want["n"].tolist() and got["n"].dtype == np.int64
