@@ -34,6 +34,32 @@ from .conftest import BIG, bq_json_line, records, write_json
 
 pytestmark = pytest.mark.skipif(not _fast_usage.available(), reason="numba not importable: no fast reader")
 
+
+@pytest.fixture(scope="session")
+def native_library(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The kernel built as a shared library (``_fast_usage_native``) into a test folder."""
+    import shutil
+
+    from gpuclust.ingest.readers import _fast_usage_native
+
+    if _fast_usage_native.library_path() is None or shutil.which("cc") is None:
+        pytest.skip("no native kernel here (not Linux, or no C compiler)")
+    return _fast_usage_native.build(tmp_path_factory.mktemp("kernel") / "k.so")
+
+
+@pytest.fixture(autouse=True, params=["numba", "native"])
+def kernel(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test here runs with numba's kernel and with the same kernel as a shared library."""
+    if request.param == "numba":
+        from gpuclust.ingest.readers import _fast_usage_kernel
+
+        monkeypatch.setattr(_fast_usage, "_kernel", _fast_usage_kernel.parse_usage)
+    else:
+        from gpuclust.ingest.readers import _fast_usage_native
+
+        monkeypatch.setattr(_fast_usage, "_kernel", _fast_usage_native._open(request.getfixturevalue("native_library")))
+    return str(request.param)
+
 GOOD = {
     "start_time": "600000000",
     "end_time": "900000000",
@@ -435,7 +461,7 @@ def test_without_numba_the_arrow_path_reads(tmp_path: Path) -> None:
 
     f = write_json(tmp_path / "instance_usage-000000000000.json.gz", [GOOD_LINE] * 20)
     code = (
-        "import sys; sys.modules['numba'] = None\n"
+        "import os, sys; sys.modules['numba'] = None; os.environ['GPUCLUST_NATIVE_KERNEL'] = '0'\n"
         "from gpuclust.ingest import ingest\n"
         "from gpuclust.ingest.readers import _fast_usage\n"
         f"rep = ingest([{str(f)!r}], {str(tmp_path / 'ds')!r}, workers=1)\n"
@@ -459,3 +485,35 @@ def test_negative_zero_keeps_its_sign_on_the_per_line_path(tmp_path: Path) -> No
     bits = np.asarray(tbl.column("avg_cpu").to_numpy()).view(np.uint32)
     assert bits.tolist() == [0x80000000, 0x80000000]  # -0.0f, twice
     assert tbl.column("instance_index").to_pylist() == [1, 1]
+
+
+def test_native_library_without_numba(tmp_path: Path, native_library: Path, kernel: str) -> None:
+    """The shared library needs no numba: a process where numba cannot be imported still parses
+    with the compiled reader (and imports no numba), with the same dataset as numba's kernel."""
+    import shutil
+    import subprocess
+    import sys
+
+    from gpuclust.ingest.readers import _fast_usage_native
+
+    if kernel != "native":
+        pytest.skip("once")
+    lib = _fast_usage_native.library_path()
+    assert lib is not None
+    folder = tmp_path / "kernels"
+    folder.mkdir()
+    shutil.copy(native_library, folder / lib.name)
+    f = _write(tmp_path, [GOOD_LINE] * 20)
+    code = (
+        "import sys; sys.modules['numba'] = None\n"
+        "from gpuclust.ingest import ingest\n"
+        "from gpuclust.ingest.readers import _fast_usage\n"
+        f"rep = ingest([{str(f)!r}], {str(tmp_path / 'ds')!r}, workers=1)\n"
+        "assert rep.exit_status == 0 and rep.rows_read == 20, rep.summary()\n"
+        "assert _fast_usage.available() and _fast_usage.native()\n"
+        "assert 'numba.core' not in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ, GPUCLUST_KERNEL_DIR=str(folder)))
+    ref = ingest([f], tmp_path / "ds2", workers=1)
+    assert ref.exit_status == 0
+    assert Dataset(tmp_path / "ds").read("instance_usage").equals(Dataset(tmp_path / "ds2").read("instance_usage"))

@@ -49,6 +49,7 @@ import numpy as np
 import pyarrow as pa
 
 from gpuclust.ingest import arrays
+from gpuclust.ingest.readers import _fast_usage_native
 
 __all__ = ["available", "count_newlines", "parse", "parse_numbers", "preload", "ready", "wanted"]
 
@@ -93,7 +94,12 @@ def available() -> bool:
 def wanted() -> bool:
     """Whether the fast reader is on and numba can be found, without importing it (a reader that
     wants it starts :func:`preload` and uses :func:`ready` per piece)."""
-    return _enabled() and not _failed and (_kernel is not None or importlib.util.find_spec("numba") is not None)
+    if not _enabled() or _failed:
+        return False
+    if _kernel is not None or importlib.util.find_spec("numba") is not None:
+        return True
+    path = _fast_usage_native.library_path() if _fast_usage_native.enabled() else None
+    return path is not None and path.is_file()
 
 
 def ready(wait: float = 0.0) -> bool:
@@ -132,6 +138,8 @@ def preload() -> threading.Thread | None:
         return None
     if _preloading is not None:
         return _preloading
+    if _load_native():  # the kernel as a shared library (~2 ms): loaded, no thread needed
+        return None
 
     def run() -> None:
         with _without_scipy_blas():
@@ -139,6 +147,8 @@ def preload() -> threading.Thread | None:
             if fn is not None:
                 with _no_gc():
                     parse(b"{}", 1)  # the first call loads the machine code from numba's cache
+        if fn is not None and not native():
+            _fast_usage_native.build_in_background()  # for the next process
 
     t = _preloading = threading.Thread(target=run, name="gpuclust-fast-json-load", daemon=True)
     t.start()
@@ -201,6 +211,12 @@ def _key_table() -> tuple[np.ndarray, np.ndarray]:
 POW_MIN, POW_MAX = -342, 308
 
 
+def _make_tables() -> tuple[np.ndarray, ...]:
+    keys, lens = _key_table()
+    hi, lo = pow10_table()
+    return keys, lens, hi, lo
+
+
 def pow10_table() -> tuple[np.ndarray, np.ndarray]:
     """(hi, lo) 64-bit halves of the 128-bit mantissa of 10^q, rounded down and normalised so the
     top bit is set, for q in POW_MIN..POW_MAX (exact integer arithmetic)."""
@@ -220,10 +236,32 @@ def pow10_table() -> tuple[np.ndarray, np.ndarray]:
     return hi, lo
 
 
+def native() -> bool:
+    """Whether the loaded kernel is the shared library (:mod:`._fast_usage_native`), not numba's."""
+    return _kernel is not None and isinstance(_kernel, _fast_usage_native.Kernel)
+
+
+def _load_native() -> bool:
+    """Load the kernel from its shared library if one is built for this source and CPU."""
+    global _kernel, _tables
+    if _kernel is not None:
+        return True
+    with _lock:
+        if _kernel is None and not _failed:
+            fn = _fast_usage_native.load()
+            if fn is not None:
+                _tables = _make_tables()
+                _kernel = fn
+    return _kernel is not None
+
+
 def _load() -> Any:
-    """The compiled kernel (compiled, or loaded from numba's cache, on first use), or None."""
+    """The compiled kernel (the shared library, or numba's: compiled, or loaded from numba's
+    cache, on first use), or None."""
     global _kernel, _tables, _failed
     if _kernel is not None or _failed:
+        return _kernel
+    if _load_native():
         return _kernel
     with _lock, _no_gc():
         if _kernel is None and not _failed:
@@ -234,9 +272,7 @@ def _load() -> Any:
                 if not isinstance(e, ImportError):
                     warnings.warn(f"gpuclust: the fast JSON reader is off ({type(e).__name__}: {e})", stacklevel=2)
                 return None
-            keys, lens = _key_table()
-            hi, lo = pow10_table()
-            _tables = (keys, lens, hi, lo)
+            _tables = _make_tables()
             _kernel = k.parse_usage
     return _kernel
 
@@ -252,15 +288,20 @@ def parse(data: memoryview | bytes | bytearray, n_lines: int, threads: int = 1) 
     """
     if _load() is None:
         return None
+    return parse_with(_kernel, data, n_lines, threads)
+
+
+def parse_with(kernel: Any, data: memoryview | bytes | bytearray, n_lines: int, threads: int = 1) -> pa.Table | None:
+    """:func:`parse` with a given kernel (numba's ``parse_usage`` or the shared library's)."""
     buf = np.frombuffer(data, dtype=np.uint8)
     buf.flags.writeable = False  # one compiled signature (read-only) for bytes and bytearrays alike
     cut = _middle_line_end(buf) if threads > 2 and len(buf) >= _SPLIT_MIN else -1
     if cut < 0:
-        part = _run(buf, max(n_lines, 1))
+        part = _run(buf, max(n_lines, 1), kernel)
         parts = [part] if part is not None else []
     else:
-        other = _executor().submit(_run, buf[:cut], max(n_lines, 1))
-        second = _run(buf[cut:], max(n_lines, 1))
+        other = _executor().submit(_run, buf[:cut], max(n_lines, 1), kernel)
+        second = _run(buf[cut:], max(n_lines, 1), kernel)
         first = other.result()
         parts = [first, second] if first is not None and second is not None else []
     if not parts or sum(p[0] for p in parts) != n_lines:
@@ -292,11 +333,10 @@ def _middle_line_end(buf: np.ndarray) -> int:
 _Part = tuple[Any, ...]
 
 
-def _run(buf: np.ndarray, cap: int) -> _Part | None:
+def _run(buf: np.ndarray, cap: int, kernel: Any) -> _Part | None:
     """Run the kernel over ``buf`` (room for ``cap`` rows): its arrays, or None if it refused."""
     global _kernel, _failed
-    kernel = _kernel
-    assert _tables is not None and kernel is not None
+    tables = _tables or _make_tables()
     ints = np.zeros((_N_INT, cap), dtype=np.int64)
     int_ok = np.zeros((_N_INT, cap), dtype=np.uint8)
     res = np.zeros((2 * _N_RES, cap), dtype=np.float32)
@@ -309,7 +349,7 @@ def _run(buf: np.ndarray, cap: int) -> _Part | None:
     list_ok = np.zeros((len(LIST_KEYS), cap), dtype=np.uint8)
     hard = np.zeros((5, max(1024, cap // 4)), dtype=np.int64)
     hn = np.zeros(1, dtype=np.int64)
-    keys, lens, hi, lo = _tables
+    keys, lens, hi, lo = tables
     try:
         status, rows = kernel(
             buf, keys, lens, hi, lo, ints, int_ok, res, res_ok, obj_ok, flt, flt_ok, lvals, loffs, list_ok, hard, hn

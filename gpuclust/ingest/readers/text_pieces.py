@@ -9,7 +9,10 @@ back in order.  Used by the v3 JSON reader (:mod:`gpuclust.ingest.readers.v3_jso
 
 from __future__ import annotations
 
+import mmap
+import os
 import queue
+import stat
 import sys
 import threading
 from collections import deque
@@ -23,14 +26,14 @@ import numpy as np
 from gpuclust.ingest import inflate
 from gpuclust.ingest.base import SourceError, SourceFile
 
-__all__ = ["MAX_LINE", "Piece", "ordered_map", "pieces", "threaded"]
+__all__ = ["MAX_LINE", "Piece", "mapping_enabled", "ordered_map", "pieces", "release", "threaded"]
 
 
 @dataclass
 class Piece:
     """``buf[start:end]``: whole lines of decompressed text (no copy of the shared buffer)."""
 
-    buf: bytes | bytearray
+    buf: bytes | bytearray | mmap.mmap
     start: int
     end: int
     first_line: int  # 1-based number of the first line
@@ -150,6 +153,10 @@ def pieces(
     except OSError as e:
         raise SourceError(path, f"cannot open: {e.strerror or e}") from None
     with raw:
+        mm = _map(raw) if count is not None and src.compression != "gzip" else None
+        if mm is not None:
+            yield from _mapped_pieces(src, mm, chunk_bytes, count, digest)  # type: ignore[arg-type]
+            return
         f = digest.wrap(raw) if digest is not None else raw  # hashed as it is read
         gz = src.compression == "gzip"
         pool = _BufferPool(chunk_bytes + _SLACK, keep)
@@ -230,6 +237,81 @@ def pieces(
         if error is not None:
             partial = " (its partial last line was dropped)" if n > start else ""
             raise SourceError(path, error + partial, line=line)
+
+
+def mapping_enabled() -> bool:
+    """Whether plain text for a counting reader is memory-mapped (``GPUCLUST_MMAP`` not ``0``)."""
+    return os.environ.get("GPUCLUST_MMAP", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def _map(f: Any) -> mmap.mmap | None:
+    """A read-only map of a regular, non-empty file, or None (read it instead)."""
+    if not mapping_enabled():
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            return None
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except (OSError, ValueError):  # empty, or a file system that cannot map
+        return None
+    try:
+        mm.madvise(mmap.MADV_SEQUENTIAL)
+    except (OSError, AttributeError):
+        pass
+    return mm
+
+
+def release(piece: Piece) -> None:
+    """Unmap the whole pages of a mapped piece once it is parsed (:func:`_mapped_pieces`): the
+    process's resident memory stays the pieces in flight, not the file; the text stays readable
+    (a later read maps the pages again from the page cache)."""
+    buf = piece.buf
+    if not isinstance(buf, mmap.mmap):
+        return
+    lo = -(-piece.start // mmap.PAGESIZE) * mmap.PAGESIZE
+    hi = piece.end // mmap.PAGESIZE * mmap.PAGESIZE
+    if hi > lo:
+        try:
+            buf.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+        except (OSError, ValueError):
+            pass
+
+
+def _mapped_pieces(
+    src: SourceFile, mm: mmap.mmap, chunk_bytes: int, count: Callable[[Any, int, int], int], digest: Any
+) -> Iterator[Piece]:
+    """:func:`pieces` of a plain file by memory map: no read copy into buffers (0.2 CPU-s per GB)
+    and no buffer pages to fault in.  The pieces are views of the map; the hash is fed from it in
+    order; :func:`release` gives a parsed piece's pages back.  A file that shrinks while it is
+    mapped ends the process with SIGBUS (``GPUCLUST_MMAP=0`` reads it instead)."""
+    size = len(mm)
+    start = 3 if mm[:3] == b"\xef\xbb\xbf" else 0  # a UTF-8 byte-order mark (hashed like the rest)
+    line = 1
+    hashed = 0
+    max_line = max(4 * chunk_bytes, MAX_LINE)
+    view = memoryview(mm)
+    while start < size:
+        end = start + chunk_bytes
+        cut = mm.rfind(b"\n", start, min(end, size)) + 1
+        if cut <= start:  # a line longer than chunk_bytes, or the last line without a newline
+            if end >= size:
+                cut = size
+            else:
+                cut = mm.find(b"\n", end, min(size, start + max_line + 1)) + 1
+                if cut <= start:
+                    if size - start > max_line:
+                        raise SourceError(src.path, f"line {line} is longer than {max_line >> 20} MiB "
+                                          "(is this newline-delimited JSON?)", line=line)
+                    cut = size  # the last line, without a newline
+        if digest is not None:
+            digest._feed(hashed, view[hashed:cut])
+            hashed = cut
+        nl = count(mm, start, cut)
+        yield Piece(mm, start, cut, line, nl, cut, None)
+        line += nl
+        start = cut
+    if digest is not None and hashed < size:
+        digest._feed(hashed, view[hashed:size])
 
 
 def threaded(it: Iterator[_T], depth: int = 1, name: str = "gpuclust-decompress") -> Iterator[_T]:

@@ -38,7 +38,7 @@ from gpuclust.ingest import arrays
 from gpuclust.ingest.base import Chunk, ReadOptions, Reject, SourceError, SourceFile, clip_raw
 from gpuclust.ingest.normalize import conform
 from gpuclust.ingest.readers import _fast_usage
-from gpuclust.ingest.readers.text_pieces import Piece, ordered_map, pieces, threaded
+from gpuclust.ingest.readers.text_pieces import Piece, ordered_map, pieces, release, threaded
 from gpuclust.ingest.sampling import int_values
 from gpuclust.schema import (
     CPU_PERCENTILES_SOURCE_ORDER,
@@ -818,7 +818,7 @@ def _split(piece: Piece, size: int) -> list[Piece]:
         cut = end if pos + size >= end else buf.find(b"\n", pos + size, end) + 1
         if cut <= pos:
             cut = end
-        nl = buf.count(b"\n", pos, cut)
+        nl = int(np.count_nonzero(np.frombuffer(buf, np.uint8, cut - pos, pos) == 10))  # buf may be a mmap
         out.append(Piece(buf, pos, cut, line, nl, piece.bytes_done))
         line += nl
         pos = cut
@@ -873,6 +873,7 @@ def _parse_raw(src: SourceFile, piece: Piece, opts: ReadOptions) -> _Parsed:
         n_lines = piece.newlines + (1 if len(piece) and piece.buf[piece.end - 1] != 10 else 0)
         fast = _fast_usage.parse(piece.view, n_lines, opts.threads)
         if fast is not None:
+            release(piece)  # a mapped piece's pages (the table holds no reference to the text)
             return _Parsed(piece, fast, None, [], fast.num_rows)
     rejects: list[Reject] = []
     schema = raw_schema(src.source_table)
@@ -911,6 +912,7 @@ def _finish_piece(src: SourceFile, parsed: _Parsed, opts: ReadOptions) -> Chunk:
                 )
             )
         rejects.sort(key=lambda r: r.line or 0)
+    release(piece)
     return Chunk(tables=tables, rejects=rejects, rows_read=parsed.rows_read, bytes_done=piece.bytes_done,
                  rows_skipped=skipped)
 
