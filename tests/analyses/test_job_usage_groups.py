@@ -227,3 +227,28 @@ def test_columns_follow_the_rows_rule():
     assert "alloc_collection_id" not in JobUsage().columns and "collection_type" in JobUsage().columns
     top = JobUsage(rows="top-level").columns
     assert "alloc_collection_id" in top and "collection_type" not in top
+
+
+def test_merge_of_same_keys_is_merge_keyed():
+    """Partials over one key array merge elementwise, keeping the array (no copies), as
+    merge_keyed merges them: NaN sums counted as 0, infinities, priorities by maximum; a partial
+    without keys gives the other."""
+    from gpuclust.partials import merge_keyed
+
+    key = np.array([2, 5, 9, 11], np.int64)
+    a = {"key": key, "cpu": np.array([1.0, np.nan, 2.0, np.inf]), "mem": np.array([0.5, 1.0, 0.0, 3.0]),
+         "windows": np.array([1, 2, 0, 4], np.int64), "prio": np.array([-1, 3, 7, 0], np.int64)}
+    b = {"key": key, "cpu": np.array([0.25, 1.0, np.nan, -np.inf]), "mem": np.array([1.0, 2.0, 3.0, 4.0]),
+         "windows": np.array([0, 1, 2, 3], np.int64), "prio": np.array([5, 2, -1, 0], np.int64)}
+    for x, y in ((a, b), (b, a), (a, a)):
+        with np.errstate(over="ignore", invalid="ignore"):  # merge_keyed: an infinity as the largest float
+            got = ju._merge_same_keys(x, y)
+            want = merge_keyed({k: v.copy() for k, v in x.items()}, {k: v.copy() for k, v in y.items()},
+                               maxima=("prio",))
+        assert got is not None and got["key"] is key
+        for f in ju._FIELDS:
+            assert got[f].dtype == want[f].dtype, f
+            np.testing.assert_array_equal(got[f], want[f], err_msg=f)
+    empty = {f: v[:0] for f, v in a.items()}
+    assert ju._merge_same_keys(empty, a)["cpu"] is a["cpu"] and ju._merge_same_keys(b, empty)["cpu"] is b["cpu"]
+    assert ju._merge_same_keys(a, {**b, "key": key.copy()}) is None  # another key array: merge_keyed's work
