@@ -22,6 +22,14 @@ bytes per second), peak RSS, device, versions and commit.  With two or more ``--
 rounds interleave the sizes too, and the Markdown adds each tool's marginal throughput between
 consecutive sizes (extra JSON bytes / extra wall seconds): what each further shard of a cell costs
 once the process has started (imports, the compiled reader's load), as a many-shard ingest pays it.
+
+Before the rounds the compiled reader's shared library is built if missing (``python -m
+gpuclust.ingest.readers._fast_usage_native``; otherwise the first gpuclust run would load numba and
+start that build beside the measured runs).  ``--timeline`` adds, after the rounds, one
+instrumented gpuclust run per input on the first size: when the imports end, the first piece is
+read and parsed, the last is parsed and written, the process exits, with the process CPU seconds
+at each point and the cores busy per tenth of a second (the instrumentation wraps the reader's
+functions, a few microseconds per piece).
 """
 
 from __future__ import annotations
@@ -151,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name", default="ingest", help="results file stem under bench/results/")
     ap.add_argument("--repeat", type=int, default=1, help="interleaved rounds; the table shows medians")
     ap.add_argument("--no-arrow-path", action="store_true", help="skip gpuclust with GPUCLUST_FAST_JSON=0")
+    ap.add_argument("--timeline", action="store_true",
+                    help="after the rounds, one instrumented gpuclust run per input on the first size (phases)")
     args = ap.parse_args(argv)
     tools = ("gpuclust", "duckdb") if args.no_arrow_path else ("gpuclust", "gpuclust-arrow", "duckdb")
 
@@ -159,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
         gz, plain = make_shard(w, args.seed)
         sizes.append({"windows": w, "gz": gz, "plain": plain, "rows": count_lines(plain),
                       "json_bytes": plain.stat().st_size, "gz_bytes": gz.stat().st_size})
+    kernel = ensure_native_kernel()
+    print(f"gpuclust's compiled reader: {kernel}", flush=True)
     work = DATA / "work"
     runs = []
     for rnd in range(args.repeat):
@@ -175,6 +187,11 @@ def main(argv: list[str] | None = None) -> int:
                         "peak_rss_mib": round(m.peak_rss_bytes / 2**20),
                     })
                     print(json.dumps(runs[-1]), flush=True)
+    timelines = {}
+    if args.timeline:
+        for label in ("plain", "gzip"):
+            timelines[label] = timeline(sizes[0]["gz" if label == "gzip" else "plain"], work, args.threads)
+            print(json.dumps(timelines[label]), flush=True)
     shutil.rmtree(work, ignore_errors=True)
     env = environment()
     summary = _summary(runs, sizes, tools)
@@ -183,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     payload = {"benchmark": "ingest", "shard_gz_bytes": first["gz_bytes"], "shard_json_bytes": first["json_bytes"],
                "rows": first["rows"], "sizes": [{k: v for k, v in sz.items() if k not in ("gz", "plain")} for sz in sizes],
                "threads": args.threads, "repeat": args.repeat, "runs": runs, "summary": summary, "marginal": marg,
-               "environment": env}
+               "compiled_reader": kernel, "timelines": timelines, "environment": env}
     names = {"gpuclust": "gpuclust", "gpuclust-arrow": "gpuclust, Arrow path (`GPUCLUST_FAST_JSON=0`)",
              "duckdb": "duckdb"}
     shards = "; ".join(f"{sz['rows']:,} rows, {sz['json_bytes'] / 1e9:.2f} GB of JSON ({sz['gz_bytes'] / 1e6:.0f} MB gzipped)"
@@ -192,7 +209,8 @@ def main(argv: list[str] | None = None) -> int:
         f"# Ingest benchmark: v3 InstanceUsage JSON shard -> Parquet ({args.threads} threads)",
         "",
         f"Shard{'s' if len(sizes) > 1 else ''}: {shards}; synthetic (`gpuclust synth`, seed {args.seed}), real export "
-        f"encoding. {args.repeat} interleaved round(s); medians; CPU s = user + system of the whole process.",
+        f"encoding. {args.repeat} interleaved round(s); medians; CPU s = user + system of the whole process. "
+        f"gpuclust's compiled reader: {kernel}.",
         "",
         "| rows | input | tool | wall s | CPU s | rows/s | JSON MB/s | peak RSS MiB |",
         "|---:|---|---|---:|---:|---:|---:|---:|",
@@ -223,10 +241,121 @@ def main(argv: list[str] | None = None) -> int:
             if g and d and g["mb_per_wall_s"] and d["mb_per_wall_s"]:
                 lines.append(f"- {label}, marginal: gpuclust / DuckDB throughput = "
                              f"{g['mb_per_wall_s'] / d['mb_per_wall_s']:.2f}x")
+    for label, tl in timelines.items():
+        lines += ["", *_timeline_md(tl, f"{label}, {sizes[0]['rows']:,} rows")]
     jp, mp = write_results(args.name, payload, "\n".join(lines) + "\n")
     print(textwrap.indent("\n".join(lines), "  "))
     print(f"wrote {jp} and {mp}")
     return 0
+
+
+#: Run as ``python -c TIMELINE OUT.json ARGS...``: ``gpuclust ARGS`` with timestamps (seconds
+#: since the process started, process CPU seconds, thread) at the ingest path's phases.
+TIMELINE = r"""
+import os, sys, time, threading, json
+st = open("/proc/self/stat").read().rsplit(")", 1)[1].split()
+T0 = time.perf_counter() - (time.clock_gettime(time.CLOCK_BOOTTIME) - int(st[19]) / os.sysconf("SC_CLK_TCK"))
+EV = []
+def ev(name):
+    EV.append({"t": time.perf_counter() - T0, "cpu": time.process_time(), "thread": threading.current_thread().name,
+               "ev": name})
+ev("interpreter up")
+out, args = sys.argv[1], sys.argv[2:]
+import gpuclust.cli as cli
+from gpuclust.ingest import api, writer
+from gpuclust.ingest.readers import _fast_usage, v3_json
+ev("imports done")
+def wrap(mod, name, gen=False):
+    f = getattr(mod, name)
+    def w(*a, **k):
+        ev(name + " start")
+        try:
+            return f(*a, **k)
+        finally:
+            ev(name + " end")
+    def g(*a, **k):
+        for x in f(*a, **k):
+            ev(name + " piece")
+            yield x
+    setattr(mod, name, g if gen else w)
+for mod, name in ((_fast_usage, "parse"), (v3_json, "_finish_piece"), (writer, "write_part"),
+                  (writer, "ingest_file")):
+    wrap(mod, name)
+wrap(v3_json, "pieces", gen=True)
+exit_now = cli._exit_now
+def done(rc):
+    ev("exit")
+    ev("native kernel" if _fast_usage.native() else "numba kernel")
+    json.dump(EV, open(out, "w"))
+    exit_now(rc)
+cli._exit_now = done
+sys.argv = ["gpuclust", *args]
+rc = cli.main()
+done(rc)
+"""
+
+
+def timeline(src: Path, work: Path, threads: int) -> dict[str, Any]:
+    """One instrumented gpuclust run (:data:`TIMELINE`): its phases and cores busy per 0.1 s."""
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    out = work / "timeline.json"
+    cmd = [sys.executable, "-c", TIMELINE, str(out), "ingest", str(src), "--out", str(work / "ds"), "--workers",
+           str(threads), "--no-progress"]
+    m = run_measured(cmd)
+    if m.returncode != 0:
+        raise SystemExit(f"timeline run failed: {m.stdout_tail}")
+    ev = json.loads(out.read_text())
+    first: dict[str, dict[str, Any]] = {}
+    last: dict[str, dict[str, Any]] = {}
+    for e in ev:
+        first.setdefault(e["ev"], e)
+        last[e["ev"]] = e
+    phases = [("interpreter up", first["interpreter up"]), ("imports done", first["imports done"]),
+              ("first piece cut", first["pieces piece"]), ("first parse starts", first["parse start"]),
+              ("first parse ends", first["parse end"]), ("first part written", first["write_part end"]),
+              ("last piece cut", last["pieces piece"]), ("last parse ends", last["parse end"]),
+              ("last part written", last["write_part end"]), ("exit (os._exit)", last["exit"])]
+    pts = sorted((e["t"], e["cpu"]) for e in ev)
+
+    def cpu_at(t: float) -> float:
+        prev = pts[0]
+        for p in pts:
+            if p[0] >= t:
+                return prev[1] + (p[1] - prev[1]) * (t - prev[0]) / max(p[0] - prev[0], 1e-9)
+            prev = p
+        return pts[-1][1]
+
+    end = pts[-1][0]
+    busy = [round((cpu_at(min(t / 10 + 0.1, end)) - cpu_at(t / 10)) / (min(t / 10 + 0.1, end) - t / 10), 2)
+            for t in range(int(end * 10) + 1) if t / 10 < end]
+    return {"input": str(src), "wall_s": round(m.wall_s, 3), "cpu_s": round(m.extra.get("cpu_s", float("nan")), 2),
+            "peak_rss_mib": round(m.peak_rss_bytes / 2**20), "kernel": ev[-1]["ev"],
+            "phases": [{"phase": k, "t_s": round(e["t"], 3), "cpu_s": round(e["cpu"], 3)} for k, e in phases],
+            "cores_busy_per_0.1s": busy,
+            "pieces": sum(1 for e in ev if e["ev"] == "pieces piece")}
+
+
+def _timeline_md(tl: dict[str, Any], label: str) -> list[str]:
+    rows = [f"| {p['phase']} | {p['t_s']:.3f} | {p['cpu_s']:.2f} |" for p in tl["phases"]]
+    return [f"Timeline, {label} ({tl['pieces']} pieces, {tl['kernel']}; this run: wall {tl['wall_s']} s measured "
+            f"outside, CPU {tl['cpu_s']} s, peak RSS {tl['peak_rss_mib']} MiB):", "",
+            "| phase | s since the process started | process CPU s |", "|---|---:|---:|", *rows, "",
+            "Cores busy per 0.1 s: " + " ".join(f"{b:.1f}" for b in tl["cores_busy_per_0.1s"]), ""]
+
+
+def ensure_native_kernel() -> str:
+    """Build the compiled reader's shared library if it is missing; which kernel gpuclust will use."""
+    import subprocess
+
+    code = ("from gpuclust.ingest.readers import _fast_usage_native as n; p = n.library_path(); "
+            "print('off' if not n.enabled() or p is None else ('built' if p.exists() else 'missing'))")
+    state = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    if state == "missing":
+        r = subprocess.run([sys.executable, "-m", "gpuclust.ingest.readers._fast_usage_native"], capture_output=True,
+                           text=True)
+        state = "built" if r.returncode == 0 else f"not built ({r.stderr.strip()[-200:]})"
+    return "shared library" if state == "built" else f"numba ({state})"
 
 
 def _run_tool(tool: str, src: Path, work: Path, threads: int, rows: int) -> Any:
