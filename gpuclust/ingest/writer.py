@@ -44,6 +44,10 @@ PART_COMPRESSION = "zstd"
 KILL_AFTER_PARTS_ENV = "GPUCLUST_TEST_KILL_AFTER_PARTS"
 #: Where a worker writes an input's parts and rejects until the manifest lists them.
 STAGING_DIR = "_staging"
+#: Threads encoding and publishing parts (Parquet encoding releases the GIL).  Two: at the end of
+#: an input the last parts are encoded at once instead of one after the other (on the 1 GB plain
+#: benchmark shard the single writer was still encoding two parts ~0.1 s after the last parse).
+WRITE_THREADS = 2
 #: How many reject reasons a file's result keeps for the summary.
 FIRST_REASONS = 5
 
@@ -278,7 +282,7 @@ def ingest_file(
 
     # Parts are written by one background thread (Parquet encoding releases the GIL) while the
     # reader parses the next chunk; at most two parts wait in memory.
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuclust-write")
+    pool = ThreadPoolExecutor(max_workers=WRITE_THREADS, thread_name_prefix="gpuclust-write")
     pending: deque[tuple[Future[None], str, str, int]] = deque()
 
     def settle(keep: int) -> None:
