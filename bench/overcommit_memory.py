@@ -79,6 +79,10 @@ def child(path: str, bucket_s: int, buckets: int | None, partitions: int, finali
                           trace_version=ds.trace_version, buckets=buckets)
     else:
         src = as_source(path)
+    # pandas is imported when first used (gpuclust._lazy): import it now, so that finalize's
+    # growth below is its data's, not the ~50 MB of a module import that starts there
+    import pandas  # noqa: F401
+
     out: dict = {"rss_start": _rss()}
     a = Overcommit(bucket_s=bucket_s)
     be = get_backend("cpu")

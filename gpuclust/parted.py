@@ -28,9 +28,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from gpuclust._lazy import pandas as pd
 
 __all__ = ["FrameParts", "MappedArray", "PartedTable", "finalize_in_memory", "map_large_arrays", "frames", "part_name", "read_keyed_range", "relocated", "slice_keyed",
            "write_keyed", "write_part"]

@@ -10,6 +10,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from gpuclust.arrow_numpy import to_numpy
 from gpuclust.schema import TIME_AFTER_TRACE
 
 __all__ = ["max_below", "max_finite", "to_f64", "to_i64"]
@@ -20,12 +21,12 @@ def to_i64(arr: Any) -> np.ndarray:
     a = pc.cast(arr, "int64")
     if a.null_count:
         a = pc.fill_null(a, pa.scalar(np.iinfo(np.int64).min, pa.int64()))
-    return np.ascontiguousarray(a.to_numpy(zero_copy_only=False), dtype=np.int64)
+    return np.ascontiguousarray(to_numpy(a), dtype=np.int64)
 
 
 def to_f64(arr: Any) -> np.ndarray:
     """An Arrow numeric column as a float64 NumPy array, NULL -> NaN."""
-    return np.asarray(pc.cast(arr, "float64").to_numpy(zero_copy_only=False), dtype=np.float64)
+    return np.asarray(to_numpy(pc.cast(arr, "float64")), dtype=np.float64)
 
 
 def max_below(a: np.ndarray) -> int | None:

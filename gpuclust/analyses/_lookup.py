@@ -23,11 +23,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import pyarrow.compute as pc
 
 from gpuclust import _parallel
 from gpuclust._cache import PerArrayCache
+from gpuclust._lazy import pandas as pd
+from gpuclust.arrow_numpy import scalar, to_numpy
 
 __all__ = ["EVENT_COLUMNS", "InstanceLookup", "MachineHash", "TierLookupContext", "id_index", "machine_capacities",
            "max_priority",
@@ -424,12 +425,13 @@ def _event_arrays(ev: Any, top_level_only: bool) -> tuple[np.ndarray, np.ndarray
     keep = pc.is_valid(ev.column("machine_id"))
     if top_level_only:
         alloc = ev.column("alloc_collection_id")
-        keep = pc.and_(pc.or_(pc.is_null(alloc), pc.equal(pc.fill_null(alloc, 0), 0)), keep)
+        zero = scalar(0, alloc.type)
+        keep = pc.and_(pc.or_(pc.is_null(alloc), pc.equal(pc.fill_null(alloc, zero), zero)), keep)
     ev = ev.filter(keep)
-    return (ev.column("collection_id").to_numpy().astype(np.int64),
-            ev.column("instance_index").to_numpy().astype(np.int32),
-            ev.column("machine_id").to_numpy(zero_copy_only=False).astype(np.int64),
-            np.asarray(pc.cast(ev.column("priority"), "float64").to_numpy(zero_copy_only=False), dtype=np.float64))
+    return (to_numpy(ev.column("collection_id")).astype(np.int64),
+            to_numpy(ev.column("instance_index")).astype(np.int32),
+            to_numpy(ev.column("machine_id")).astype(np.int64),
+            np.asarray(to_numpy(pc.cast(ev.column("priority"), "float64")), dtype=np.float64))
 
 
 def _group_max(c: np.ndarray, i: np.ndarray, m: np.ndarray, p: np.ndarray) -> pd.DataFrame:
@@ -587,7 +589,12 @@ def machine_capacities(me: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     notebook's capacity of a machine, as cell-usage, cpi and machine-utilization use it."""
     from gpuclust.analyses._extent import to_f64, to_i64
 
-    df = pd.DataFrame({"m": to_i64(me.column("machine_id")), "cpu": to_f64(me.column("cap_cpu")),
-                       "mem": to_f64(me.column("cap_mem"))})
-    g = df.groupby("m", sort=True)[["cpu", "mem"]].max()
-    return g.index.to_numpy(np.int64), g["cpu"].to_numpy(np.float64), g["mem"].to_numpy(np.float64)
+    m = to_i64(me.column("machine_id"))
+    cpu, mem = to_f64(me.column("cap_cpu")), to_f64(me.column("cap_mem"))
+    if m.size == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.float64), np.zeros(0, np.float64)
+    o = np.argsort(m, kind="stable")
+    ms = m[o]
+    first = np.flatnonzero(np.r_[True, ms[1:] != ms[:-1]])
+    # fmax ignores NaN (a NULL capacity) unless every value of the machine is NaN
+    return ms[first], np.fmax.reduceat(cpu[o], first), np.fmax.reduceat(mem[o], first)

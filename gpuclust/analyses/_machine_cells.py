@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
+from gpuclust._lazy import pandas as pd
 from gpuclust.analyses.base import Analysis
 from gpuclust.partials import log_bins
 from gpuclust.schema import TIME_AFTER_TRACE

@@ -28,10 +28,10 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from gpuclust._lazy import pandas as pd
 from gpuclust.analyses.base import Analysis, is_null_int
 from gpuclust.analyses.grouping import instance_order
 from gpuclust.analyses.lifecycle import EXPECTED, STATE_AFTER

@@ -62,14 +62,15 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
-import pandas as pd
 
+from gpuclust._lazy import pandas as pd
 from gpuclust.schema import DEFAULT_TIER_MAP, TierMap, tier_map
 
 __all__ = [
     "Analysis",
     "fmt",
     "is_null_int",
+    "nan_sum",
     "null_int",
     "resolve_tier_map",
     "to_host",
@@ -97,6 +98,18 @@ def fmt(v: Any, spec: str = ".4g", scale: float = 1.0, unit: str = "") -> str:
     if x != x:
         return "unknown"
     return f"{x * scale:{spec}}{unit}"
+
+
+def nan_sum(v: Any) -> float:
+    """SQL ``SUM``: the sum of the values that are not NaN (NULL); NaN when there is none
+    (pandas' ``sum(min_count=1)``).
+
+    >>> nan_sum(np.array([1.0, np.nan, 2.0])), nan_sum(np.array([np.nan]))
+    (3.0, nan)
+    """
+    v = np.asarray(v, dtype=np.float64)
+    ok = ~np.isnan(v)
+    return float(np.where(ok, v, 0.0).sum()) if ok.any() else float("nan")  # pandas' summation order
 
 
 def null_int(dtype: Any) -> int:

@@ -28,14 +28,16 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
-import pandas as pd
+import pyarrow as pa
 
 from gpuclust.analyses._lookup import EVENT_COLUMNS, InstanceLookup, machine_capacities, tier_lookup, triple_hash
-from gpuclust.analyses.base import Analysis, fmt, is_null_int, null_int, resolve_tier_map
+from gpuclust.analyses.base import Analysis, fmt, is_null_int, nan_sum, null_int, resolve_tier_map
 from gpuclust.analyses.grouping import HOUR_US, bucket_span
 from gpuclust.analyses.options import option, tier_map_option
+from gpuclust.arrow_numpy import table, table_from_rows
 from gpuclust.partials import keyed_reduce, merge_keyed
 from gpuclust.schema import TIME_AFTER_TRACE, TierMap, tier_map
+from gpuclust.tables import as_arrow, column
 
 __all__ = ["CellUsage", "HOUR_US", "MODES", "triple_hash"]
 
@@ -149,8 +151,7 @@ class CellUsage(Analysis):
             raise ValueError(f"tier map {tm.name!r} has too many tiers")
         # Capacity: SUM over machines of MAX(capacity); NULLs ignored, all-NULL -> NaN (SQL NULL).
         _, cpu, mem = machine_capacities(source.read("machine_events", ["machine_id", "cap_cpu", "cap_mem"]))
-        cpu_cap = float(pd.Series(cpu).sum(min_count=1))
-        mem_cap = float(pd.Series(mem).sum(min_count=1))
+        cpu_cap, mem_cap = nan_sum(cpu), nan_sum(mem)
         return CellUsageContext(self.mode, tm, cpu_cap, mem_cap)
 
     @property
@@ -319,7 +320,7 @@ class CellUsage(Analysis):
         return out
 
     # ---------------------------------------------------------------- finalize
-    def finalize(self, partial: dict[str, np.ndarray], ctx: CellUsageContext) -> dict[str, pd.DataFrame]:
+    def finalize(self, partial: dict[str, np.ndarray], ctx: CellUsageContext) -> dict[str, pa.Table]:
         # cells with no contribution (all sums 0, no window starting there) are absent
         keep = ((np.asarray(partial["cpu"]) != 0) | (np.asarray(partial["mem"]) != 0)
                 | (np.asarray(partial["windows"]) != 0))
@@ -336,44 +337,48 @@ class CellUsage(Analysis):
             # a group without any non-NULL value was not measured: NaN (unknown), never 0
             return np.where(np.asarray(n) > 0, np.asarray(v, dtype=np.float64) / (per * cap), np.nan)
 
-        names = np.array(ctx.tier_names, dtype=object)
         # Time buckets (docs/dataset.md): hour k = [k h, (k+1) h) of trace time (origin 0)
-        usage = pd.DataFrame({
+        o = np.lexsort((code, hour))  # by hour, then the tier map's order
+        hour, code = hour[o], code[o]
+        names = np.array(ctx.tier_names, dtype=object)
+        # Arrow tables: a run without plots never needs pandas (gpuclust.tables)
+        usage = table({
             "bucket": hour,
             "bucket_start_us": hour * HOUR_US,
-            "tier": pd.Series(names[code] if code.size else np.array([], dtype=object), dtype=object),
-            "cpu": norm(partial["cpu"], partial["cpu_n"], ctx.cpu_capacity),
-            "mem": norm(partial["mem"], partial["mem_n"], ctx.mem_capacity),
-            "windows": np.asarray(partial["windows"], dtype=np.int64),
+            "tier": names[code],
+            "cpu": norm(partial["cpu"], partial["cpu_n"], ctx.cpu_capacity)[o],
+            "mem": norm(partial["mem"], partial["mem_n"], ctx.mem_capacity)[o],
+            "windows": np.asarray(partial["windows"], dtype=np.int64)[o],
         })
-        usage["_code"] = code
-        usage = usage.sort_values(["bucket", "_code"], kind="stable").drop(columns="_code").reset_index(drop=True)
         stats = dict(zip(STATS, (int(x) for x in partial["stats"]), strict=False))
-        info = pd.DataFrame([{
+        info = table_from_rows([{
             "analysis": self.name, "mode": self.mode, "bucket_s": HOUR_US // 1_000_000, "tier_map": ctx.tier_map.name,
             "tiers": ",".join(ctx.tier_names),
             "cpu_capacity": ctx.cpu_capacity, "mem_capacity": ctx.mem_capacity, **stats,
         }])
         return {"usage": usage, "info": info}
 
-    def summary(self, result: dict[str, pd.DataFrame]) -> str:
-        info = result["info"].iloc[0]
-        u = result["usage"]
+    def summary(self, result: dict[str, Any]) -> str:
+        info = as_arrow(result["info"]).to_pylist()[0]
+        u = as_arrow(result["usage"])
         lines = [f"{self.label}: tier map {info['tier_map']!r}, capacity cpu={fmt(info['cpu_capacity'], '.6g')} "
                  f"mem={fmt(info['mem_capacity'], '.6g')}",
                  f"  rows={info['rows']} used={info['used_windows']} alloc={info['alloc_rows']} "
                  f"short={info['short_windows']} unmatched={info['unmatched_windows']} "
                  f"unknown-tier={info['unknown_windows']} unbounded={info['unbounded_windows']}"]
-        if len(u):
-            nh = u["bucket"].nunique()
-            lines.append(f"  hours (buckets of 3600 s from trace time 0) {int(u['bucket'].min())}.."
-                         f"{int(u['bucket'].max())} ({nh} with data)")
-            g = u.groupby("tier", sort=False)[["cpu", "mem"]]
-            by = g.sum(min_count=1) / max(nh, 1)  # a tier with no measured hour: NaN, shown as unknown
-            n_unknown = g.agg(lambda v: int(v.isna().sum()))
-            for t, r in by.iterrows():
-                c, m = fmt(r["cpu"], ".4f"), fmt(r["mem"], ".4f")
-                unk = int(n_unknown.loc[t, "cpu"])
+        if u.num_rows:
+            bucket = column(u, "bucket")
+            nh = np.unique(bucket).size
+            lines.append(f"  hours (buckets of 3600 s from trace time 0) {int(bucket.min())}.."
+                         f"{int(bucket.max())} ({nh} with data)")
+            tier = np.asarray(u.column("tier").to_pylist(), dtype=object)
+            cpu, mem = column(u, "cpu").astype(np.float64), column(u, "mem").astype(np.float64)
+            _, first = np.unique(tier, return_index=True)
+            for t in tier[np.sort(first)]:  # in order of first appearance
+                sel = tier == t
+                # a tier with no measured hour: NaN, shown as unknown
+                c, m = fmt(nan_sum(cpu[sel]) / max(nh, 1), ".4f"), fmt(nan_sum(mem[sel]) / max(nh, 1), ".4f")
+                unk = int(np.isnan(cpu[sel]).sum())
                 lines.append(f"  {t:>8}: mean cpu {c}  mean mem {m} (fraction of capacity)"
                              + (f"; {unk} hour(s) with unknown cpu usage left out" if unk else ""))
         return "\n".join(lines)

@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import pyarrow.compute as pc
 
+from gpuclust._lazy import pandas as pd
 from gpuclust.analyses._extent import max_finite
 from gpuclust.analyses._lookup import EVENT_COLUMNS, InstanceLookup, id_index, machine_capacities, tier_lookup
 from gpuclust.analyses._machine_cells import (

@@ -31,8 +31,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import numpy as np
-import pandas as pd
 
+from gpuclust._lazy import pandas as pd
 from gpuclust.analyses._lookup import InstanceLookup
 from gpuclust.analyses._quality import (
     CHECKS_COLUMNS,

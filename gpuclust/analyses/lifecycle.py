@@ -46,8 +46,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
-import pandas as pd
 
+from gpuclust._lazy import pandas as pd
 from gpuclust.analyses._extent import max_finite
 from gpuclust.analyses.base import Analysis, fmt, is_null_int, resolve_tier_map
 from gpuclust.analyses.grouping import FloatBins, bucket_index, instance_order, segmented_last

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
+from gpuclust._lazy import pandas as pd
 from gpuclust.analyses.base import Analysis
 
 __all__ = ["MachineShapes"]

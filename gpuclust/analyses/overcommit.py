@@ -45,9 +45,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import pyarrow.parquet as pq
 
+from gpuclust._lazy import pandas as pd
 from gpuclust.analyses._extent import max_below, max_finite, to_f64, to_i64
 from gpuclust.analyses._intervals import (
     SCHEDULE,

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
+from gpuclust._lazy import pandas as pd
 from gpuclust.analyses._extent import max_finite
 from gpuclust.analyses._lookup import id_index
 from gpuclust.analyses._peak_sim import SimParams, simulate

@@ -12,23 +12,14 @@ docs match the generated table.
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gpuclust.analyses.base import Analysis
-from gpuclust.analyses.cell_usage import CellUsage
-from gpuclust.analyses.cpi import Cpi
-from gpuclust.analyses.data_quality import DataQuality
-from gpuclust.analyses.job_usage import JobUsage
-from gpuclust.analyses.lifecycle import CollectionLifecycle, Lifecycle
-from gpuclust.analyses.machine_shapes import MachineShapes
-from gpuclust.analyses.machine_utilization import MachineUtilization
 from gpuclust.analyses.options import Option, options_of
-from gpuclust.analyses.overcommit import Overcommit
-from gpuclust.analyses.peak_prediction import PeakPrediction
-from gpuclust.analyses.usage_change import UsageChange
-from gpuclust.analyses.usage_distribution import UsageDistribution
-from gpuclust.analyses.usage_vs_request import UsageVsRequest
+
+if TYPE_CHECKING:
+    from gpuclust.analyses.base import Analysis
 
 __all__ = ["REGISTRY", "AnalysisEntry", "Option", "capability_table", "create", "names", "options_text"]
 
@@ -37,7 +28,10 @@ __all__ = ["REGISTRY", "AnalysisEntry", "Option", "capability_table", "create", 
 class AnalysisEntry:
     """A registered analysis: its class and where it runs (options and tables come from the class)."""
 
-    cls: type[Analysis]
+    name: str
+    #: ``module:Class``: the module is imported when the class is first needed, so that a run of
+    #: one analysis does not import the others (docs/scale.md, "Start-up").
+    target: str
     summary: str
     #: Custom-kernel ops (``backend.ops``) its partial uses on the GPU.
     kernels: tuple[str, ...] = ()
@@ -45,8 +39,10 @@ class AnalysisEntry:
     dask: bool = True
 
     @property
-    def name(self) -> str:
-        return self.cls.name
+    def cls(self) -> type[Analysis]:
+        """The analysis class (its module imported on first use)."""
+        module, _, cls = self.target.partition(":")
+        return getattr(importlib.import_module(module), cls)  # type: ignore[no-any-return]
 
     @property
     def options(self) -> tuple[Option, ...]:
@@ -61,35 +57,48 @@ class AnalysisEntry:
 
 REGISTRY: dict[str, AnalysisEntry] = {
     e.name: e
-    for e in (
-        AnalysisEntry(CellUsage, "Hourly CPU and memory usage by priority tier, normalised by cell capacity",
+    for e in (  # the names are the classes' own (a test checks)
+        AnalysisEntry("cell-usage", "gpuclust.analyses.cell_usage:CellUsage",
+                      "Hourly CPU and memory usage by priority tier, normalised by cell capacity",
                       kernels=("grouped_sum", "bucket_overlap", "hash_index")),
-        AnalysisEntry(Cpi, "CPI/MAI per group (CPU-second weighted) and the Borg §5.2 CPI interference regression",
+        AnalysisEntry("cpi", "gpuclust.analyses.cpi:Cpi",
+                      "CPI/MAI per group (CPU-second weighted) and the Borg §5.2 CPI interference regression",
                       kernels=("grouped_comoments", "grouped_sum", "hash_index")),
-        AnalysisEntry(DataQuality, "Per table: rows, NULLs per column, codes, sentinels, short windows, "
+        AnalysisEntry("data-quality", "gpuclust.analyses.data_quality:DataQuality",
+                      "Per table: rows, NULLs per column, codes, sentinels, short windows, "
                       "non-monotone percentiles, p100 vs max, implausible CPI/MAI, out-of-order events, usage "
                       "after the final terminal event, usage without events and vice versa", kernels=("hash_index",)),
-        AnalysisEntry(JobUsage, "Per-collection NCU-hours and NMU-hours and their heavy tail by tier: quantiles, top "
+        AnalysisEntry("job-usage", "gpuclust.analyses.job_usage:JobUsage",
+                      "Per-collection NCU-hours and NMU-hours and their heavy tail by tier: quantiles, top "
                       "1% / 0.1% shares, C², Pareto alpha of the CCDF tail, NCU-NMU correlation",
                       kernels=("hash_index",)),
-        AnalysisEntry(CollectionLifecycle, "Collection (job) life cycles from collection_events: the same tables as "
+        AnalysisEntry("collection-lifecycle", "gpuclust.analyses.lifecycle:CollectionLifecycle",
+                      "Collection (job) life cycles from collection_events: the same tables as "
                       "lifecycle, one thing per collection"),
-        AnalysisEntry(Lifecycle, "Instance life cycles: events and transitions by tier, submissions / queue / running "
+        AnalysisEntry("lifecycle", "gpuclust.analyses.lifecycle:Lifecycle",
+                      "Instance life cycles: events and transitions by tier, submissions / queue / running "
                       "series, scheduling delays and execution times (censored at the data's end)"),
-        AnalysisEntry(MachineShapes, "Machines per capacity shape (cap_cpu, cap_mem), as in Google's notebook"),
-        AnalysisEntry(MachineUtilization, "Per machine x 5 minutes: usage / capacity, CPU and memory (Google's "
+        AnalysisEntry("machine-shapes", "gpuclust.analyses.machine_shapes:MachineShapes",
+                      "Machines per capacity shape (cap_cpu, cap_mem), as in Google's notebook"),
+        AnalysisEntry("machine-utilization", "gpuclust.analyses.machine_utilization:MachineUtilization",
+                      "Per machine x 5 minutes: usage / capacity, CPU and memory (Google's "
                       "notebook query, or time-weighted and uncapped), its exact quantiles and mean series"),
-        AnalysisEntry(Overcommit, "Per machine x time bucket: capacity vs. requested (by tier) vs. usage, ratios, "
+        AnalysisEntry("overcommit", "gpuclust.analyses.overcommit:Overcommit",
+                      "Per machine x time bucket: capacity vs. requested (by tier) vs. usage, ratios, "
                       "cell series, summary", kernels=("bucket_overlap", "grouped_sum", "hash_index")),
-        AnalysisEntry(PeakPrediction, "Peak-prediction overcommit simulator (Take it to the Limit; Google's "
+        AnalysisEntry("peak-prediction", "gpuclust.analyses.peak_prediction:PeakPrediction",
+                      "Peak-prediction overcommit simulator (Take it to the Limit; Google's "
                       "cluster-resource-forecast semantics): per machine x 5 minutes limits, usage, the oracle peak and "
                       "borg-default / N-sigma / per-instance and per-machine percentile / max / avg predictions; per "
                       "predictor violation rate, severity and savings", kernels=("hash_index",)),
-        AnalysisEntry(UsageChange, "Relative change of CPU and memory usage between consecutive windows of one "
+        AnalysisEntry("usage-change", "gpuclust.analyses.usage_change:UsageChange",
+                      "Relative change of CPU and memory usage between consecutive windows of one "
                       "instance, by tier: exact shares within ±5/10/20/50%, binned distribution", kernels=("hash_index",)),
-        AnalysisEntry(UsageVsRequest, "Usage / limit per window (average and maximum, CPU and memory), the limit "
+        AnalysisEntry("usage-vs-request", "gpuclust.analyses.usage_vs_request:UsageVsRequest",
+                      "Usage / limit per window (average and maximum, CPU and memory), the limit "
                       "joined as of the window's start, by tier (Borg Figure 11)", kernels=("hash_index",)),
-        AnalysisEntry(UsageDistribution, "Exact CPU usage distributions (mixtures of per-window percentile CDFs) per "
+        AnalysisEntry("usage-distribution", "gpuclust.analyses.usage_distribution:UsageDistribution",
+                      "Exact CPU usage distributions (mixtures of per-window percentile CDFs) per "
                       "group: mean and quantiles",
                       kernels=("repair_percentiles", "window_means", "mixture_quantiles", "hash_index")),
     )

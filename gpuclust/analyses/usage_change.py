@@ -28,8 +28,8 @@ from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import numpy as np
-import pandas as pd
 
+from gpuclust._lazy import pandas as pd
 from gpuclust.analyses._lookup import EVENT_COLUMNS, TierLookupContext, tier_lookup
 from gpuclust.analyses.base import Analysis, fmt, resolve_tier_map
 from gpuclust.analyses.grouping import instance_order

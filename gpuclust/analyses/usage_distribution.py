@@ -29,8 +29,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
+from gpuclust._lazy import pandas as pd
 from gpuclust.analyses import _hybrid_summary as hs
 from gpuclust.analyses import mixture_summary as ms
 from gpuclust.analyses._lookup import EVENT_COLUMNS, InstanceLookup, tier_lookup

@@ -14,7 +14,7 @@ __all__ = ["PartitionSpec", "TableSource", "analyze", "plan_partitions", "read_p
 
 def analyze(dataset, names, *, out=None, backend="cpu", scheduler=None, partitions=1, tier_map=None,
             mode=None, plots=True, workers=None, progress=None, note=None, time_from=None, time_to=None, cells=None,
-            memory_limit=None):
+            memory_limit=None, tables="pandas"):
     """Run registered analyses by name, optionally writing results to ``out``.
 
     Before anything is computed: the dataset is checked against what the analyses need
@@ -43,6 +43,9 @@ def analyze(dataset, names, *, out=None, backend="cpu", scheduler=None, partitio
         A time selection ``[time_from, time_to)`` (as :func:`run`); resolved (and checked)
         before anything is computed; ``_run.json`` records it under ``selection`` with the
         row groups and compressed bytes read.
+    tables
+        The kind of the returned tables, as :func:`run` (``"native"``: as the analyses built
+        them; the command line asks for that, as it does not use them).
     cells
         ``"a,b"``, a list of cells or ``"all"``: ``dataset`` is a folder holding one dataset per
         cell and the results are keyed by cell (:func:`gpuclust.engine.cells.analyze_cells`).
@@ -57,13 +60,18 @@ def analyze(dataset, names, *, out=None, backend="cpu", scheduler=None, partitio
     --------
     >>> res = analyze("cell", ["machine-shapes"], out="results")   # doctest: +SKIP
     """
+    from gpuclust.tables import KINDS, convert
+
+    if tables not in KINDS:  # before anything is computed
+        raise ValueError(f"tables must be one of {', '.join(KINDS)}, got {tables!r}")
     if cells is not None:  # several cells, one dataset each (--cells)
         from gpuclust.engine.cells import analyze_cells
 
-        return analyze_cells(dataset, names, cells=cells, out=out, backend=backend, scheduler=scheduler,
-                             partitions=partitions, tier_map=tier_map, mode=mode, plots=plots, workers=workers,
-                             progress=progress, note=note, time_from=time_from, time_to=time_to,
-                             memory_limit=memory_limit)
+        res = analyze_cells(dataset, names, cells=cells, out=out, backend=backend, scheduler=scheduler,
+                            partitions=partitions, tier_map=tier_map, mode=mode, plots=plots, workers=workers,
+                            progress=progress, note=note, time_from=time_from, time_to=time_to,
+                            memory_limit=memory_limit)
+        return convert(res, tables)
     from gpuclust.engine import memory as _memory
     from gpuclust.engine import selection as _selection
     from gpuclust.engine.run_info import prepare
@@ -81,7 +89,7 @@ def analyze(dataset, names, *, out=None, backend="cpu", scheduler=None, partitio
         limit = _memory.parse_size(memory_limit) or _memory.default_limit()
         res = run(src, plan.analyses, backend=plan.backend, partitions=partitions, scheduler=scheduler,
                   workers=workers, progress=progress, memory_limit=limit,
-                  parts_dir=None if folder is None else folder.tmp)
+                  parts_dir=None if folder is None else folder.tmp, tables="native")
         if folder is not None:
             folder.write(res, plan.by_key(), plots=plots,
                          run_info=plan.info(scheduler=scheduler, partitions=partitions, workers=workers,
@@ -93,4 +101,4 @@ def analyze(dataset, names, *, out=None, backend="cpu", scheduler=None, partitio
     finally:
         if folder is not None:
             folder.abort()
-    return res
+    return convert(res, tables)

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
+from gpuclust._lazy import pandas as pd
 
 __all__ = ["analyze_cells", "combine", "find_cells", "parse_cells", "run_cells"]
 

@@ -12,7 +12,7 @@ import sys
 import textwrap
 from typing import Any
 
-__all__ = ["add_run_options", "analyze_errors", "build_analyses", "main", "partitions_arg", "register"]
+__all__ = ["OPTIONS_EPILOG", "AnalysesHelpFormatter", "add_run_options", "analyze_errors", "build_analyses", "main", "partitions_arg", "register"]
 
 
 def partitions_arg(text: str) -> int | str:
@@ -37,9 +37,25 @@ def _memory_limit(text: str) -> int | None:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+OPTIONS_EPILOG = "analyses and their options (-O NAME=VALUE):"
+
+
+class AnalysesHelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Adds every analysis and its options to the epilog when help is printed, not when the
+    parser is built: listing the options imports every analysis module (~0.05 s), which a run of
+    one analysis does not need."""
+
+    def _format_text(self, text: str) -> str:
+        if text == OPTIONS_EPILOG:
+            from gpuclust.analyses.registry import options_text
+
+            text = f"{text}\n{options_text()}"
+        return super()._format_text(text)
+
+
 def register(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``analyze`` sub-command to ``subparsers``."""
-    from gpuclust.analyses.registry import names, options_text
+    from gpuclust.analyses.registry import names
 
     p = subparsers.add_parser(
         "analyze",
@@ -49,8 +65,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
             "the cell: a folder of parts, DIR/<analysis>/<table>/part-NNNNN.parquet), DIR/summary.txt, a "
             "plot per analysis and DIR/_run.json (what this run wrote, and how). DIR is written as a whole: an "
             "earlier run's results there are replaced.", 88),
-        epilog="analyses and their options (-O NAME=VALUE):\n" + options_text(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=OPTIONS_EPILOG,
+        formatter_class=AnalysesHelpFormatter,
     )
     p.add_argument("dataset", metavar="DATASET", help="canonical dataset folder (from `gpuclust ingest`); with "
                    "--cells, a folder holding one dataset per cell")
@@ -166,7 +182,7 @@ def main(args: argparse.Namespace) -> int:
                 scheduler=args.scheduler, partitions=args.partitions, plots=not args.no_plots,
                 workers=args.workers, progress=None if args.quiet else RunProgress(), note=say,
                 time_from=args.time_from, time_to=args.time_to, cells=args.cells,
-                memory_limit=args.memory_limit)
+                memory_limit=args.memory_limit, tables="native")  # the results are read from the folder
     except analyze_errors() as e:
         say(f"error: {' '.join(str(e).split())}")
         return 2

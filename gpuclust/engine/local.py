@@ -15,8 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
-import pandas as pd
-
+from gpuclust._lazy import pandas as pd
 from gpuclust._memory import tune_allocator
 from gpuclust._parallel import client_threads, map_ordered
 from gpuclust.analyses.base import Analysis, to_host
@@ -26,6 +25,7 @@ from gpuclust.engine import partition as _partition
 from gpuclust.engine import selection as _selection
 from gpuclust.engine import shards as _shards
 from gpuclust.parted import PartedTable, map_large_arrays
+from gpuclust.tables import KINDS, convert
 
 __all__ = ["PerPartition", "bind_partition", "context_of", "contexts", "default_workers", "finalize_all", "merge_local",
            "partition_partials", "per_partition", "plan_tables", "auto_rows_of", "resolve_analyses", "result_keys", "run", "unbound"]
@@ -82,7 +82,7 @@ def partition_columns(spec: _partition.PartitionSpec, analyses: Sequence[Analysi
 
 
 def partition_partials(spec: _partition.PartitionSpec, analyses: Sequence[Analysis], ctxs: Sequence[Any],
-                       backend: Backend | str, spills: Sequence[Path | None] | None = None,
+                       backend: Backend | str, spills: Sequence[_shards.SpillTarget | None] | None = None,
                        host: dict[str, Any] | None = None) -> list[Any]:
     """Read one partition once (the union of the analyses' columns) and return each analysis'
     partial, moved to host memory so it can be merged or shipped to another worker (``spills``:
@@ -148,6 +148,7 @@ def run(
     time_from: Any = None,
     time_to: Any = None,
     parts_dir: str | Path | None = None,
+    tables: str = "pandas",
 ) -> dict[str, dict[str, Any]]:
     """Run analyses over a dataset or in-memory tables.
 
@@ -198,11 +199,14 @@ def run(
         by the shard tasks: they are then returned as :class:`gpuclust.parted.PartedTable`
         (read by batches).  ``None``: a temporary folder, and those tables are read back into
         DataFrames (memory grows with them: for small data).
+    tables
+        ``"pandas"``: every result table a DataFrame; ``"arrow"``: a ``pyarrow.Table``;
+        ``"native"``: as each analysis' ``finalize`` built it (see :mod:`gpuclust.tables`).
 
     Returns
     -------
     dict
-        ``{analysis name: {table name: pandas.DataFrame}}`` (an analysis requested twice with
+        ``{analysis name: {table name: pandas.DataFrame}}`` (``tables``: another kind; an analysis requested twice with
         different options is keyed by its label, e.g. ``cell-usage[mode=exact]``; parted tables
         with ``parts_dir``: :class:`gpuclust.parted.PartedTable`).
 
@@ -216,6 +220,8 @@ def run(
     >>> run({"machine_events": me}, "machine-shapes")["machine-shapes"]["shapes"].to_dict("records")
     [{'cap_cpu': 0.5, 'cap_mem': 0.25, 'machines': 2}]
     """
+    if tables not in KINDS:
+        raise ValueError(f"tables must be one of {', '.join(KINDS)}, got {tables!r}")
     tune_allocator()
     src = _partition.as_source(source)
     ans = resolve_analyses(analyses)
@@ -239,9 +245,9 @@ def run(
                            label=scheduler if isinstance(scheduler, str) else type(scheduler).__name__,
                            rows=lambda pre: auto_rows_of(pre, limit, in_flight), folders=folders)
         if folders.own:  # no parts_dir: parted tables come back as DataFrames
-            res = {key: {t: v.read() if isinstance(v, PartedTable) else v for t, v in tables.items()}
-                   for key, tables in res.items()}
-        return res
+            res = {key: {t: v.read() if isinstance(v, PartedTable) else v for t, v in tabs.items()}
+                   for key, tabs in res.items()}
+        return convert(res, tables)
     finally:
         folders.close()
 
@@ -256,7 +262,9 @@ def _run(src: Any, ans: list[Analysis], be: Backend, partitions: int | str, sche
     memory, as its results feed a context."""
     def run_pass(pre: list[Analysis]) -> dict[str, dict[str, pd.DataFrame]]:
         _, pre = _selection.attach(src, pre)  # the run's selection applies to its passes too
-        return _run(src, pre, be, partitions, scheduler, cut_points, split_every, nthreads, None, label, rows)
+        # contexts read their passes' tables as DataFrames
+        return convert(_run(src, pre, be, partitions, scheduler, cut_points, split_every, nthreads, None, label, rows),
+                       "pandas")
 
     multiple = nthreads if scheduler is None else 1
     auto_rows = rows(ans) if rows is not None else None
@@ -269,7 +277,10 @@ def _run(src: Any, ans: list[Analysis], be: Backend, partitions: int | str, sche
         ctxs = contexts(ans, src, progress, per_partition=per_partition(src, ans, plans), run_pass=run_pass,
                         scratch=None if folders is None else folders.spill / "context",
                         threads=nthreads if scheduler is None and be.name == "cpu" else default_workers("cpu"))
-        spills = [folders.for_analysis(k) if a.sharded and folders is not None else None for k, a in enumerate(ans)]
+        spills: list[_shards.SpillTarget | None] = [folders.for_analysis(k) if a.sharded and folders is not None
+                                                    else None for k, a in enumerate(ans)]
+        if scheduler is None:  # merged here in partition order: small keyed partials stay in memory
+            spills = [_shards.dense_target(a, unbound(c), f) for a, c, f in zip(ans, ctxs, spills, strict=True)]
         if scheduler is None:
             merged = merge_local(plans, ans, ctxs, be, nthreads, progress,
                                  lambda spec, sub, sub_ctxs, sub_spills: partition_partials(
@@ -446,7 +457,7 @@ def _announce(progress: Any, specs: Sequence[_partition.PartitionSpec]) -> None:
 
 def merge_local(plans: dict[str, tuple[list[int], list[_partition.PartitionSpec]]], ans: Sequence[Analysis],
                 ctxs: Sequence[Any], be: Backend, nthreads: int, progress: Any,
-                partials: Any, spills: Sequence[Path | None] | None = None) -> list[Any]:
+                partials: Any, spills: Sequence[_shards.SpillTarget | None] | None = None) -> list[Any]:
     """The local path: ``partials(spec, analyses, ctxs, spills)`` per partition on ``nthreads``
     threads, merged in partition order (bit-for-bit the result of one thread)."""
     merged: list[Any] = [None] * len(ans)
@@ -471,7 +482,7 @@ def merge_local(plans: dict[str, tuple[list[int], list[_partition.PartitionSpec]
 
 def finalize_all(ans: Sequence[Analysis], merged: Sequence[Any], ctxs: Sequence[Any],
                  progress: Any = None, folders: _shards.SpillFolders | None = None, run_tasks: Any = None,
-                 spills: Sequence[Path | None] | None = None) -> dict[str, dict[str, Any]]:
+                 spills: Sequence[_shards.SpillTarget | None] | None = None) -> dict[str, dict[str, Any]]:
     """``{result key: finalized tables}`` (see :func:`result_keys`); an analysis whose partials
     were spilled (``spills``) gets its shards reduced by ``run_tasks`` and its parted tables
     written under ``folders.root`` (:func:`gpuclust.engine.shards.finalize_parted`)."""

@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from gpuclust._parallel import map_ordered
+from gpuclust.arrow_numpy import to_numpy
 from gpuclust.layout import HASH_NAME, KEYS, ORDER, bucket_ids, key_name
 from gpuclust.schema import SCHEMAS
 
@@ -390,12 +391,7 @@ def side_table(source: Any, table: str, spec: PartitionSpec | None = None) -> Si
 
 def column_to_numpy(arr: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """An Arrow column as a contiguous NumPy array; NULL -> NaN (floats) / dtype minimum (ints)."""
-    t = arr.type
-    # floats: Arrow's to_numpy already turns NULL into NaN
-    if arr.null_count and pa.types.is_integer(t):
-        arr = pc.fill_null(arr, pa.scalar(int(np.iinfo(t.to_pandas_dtype()).min), t))
-    out = arr.to_numpy(zero_copy_only=False) if isinstance(arr, pa.ChunkedArray) else arr.to_numpy(zero_copy_only=False)
-    return np.ascontiguousarray(out)
+    return np.ascontiguousarray(to_numpy(arr))
 
 
 def _read_piece(p: Piece, table: str, columns: Sequence[str]) -> pa.Table:
@@ -448,7 +444,7 @@ def _fill_chunk(out: np.ndarray, at: int, arr: pa.Array) -> None:
     if arr.null_count and pa.types.is_integer(arr.type):
         arr = pc.fill_null(arr, pa.scalar(int(np.iinfo(out.dtype).min), arr.type))
     # floats: a NULL reads as NaN; without NULLs to_numpy is a view of the Arrow buffer (one copy)
-    out[at:at + n] = arr.to_numpy(zero_copy_only=False)
+    out[at:at + n] = to_numpy(arr)
 
 
 def _row_groups(md: Any, p: Piece) -> tuple[list[int], int]:

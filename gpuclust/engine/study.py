@@ -23,9 +23,9 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-import pandas as pd
 import pyarrow as pa
 
+from gpuclust._lazy import pandas as pd
 from gpuclust._memory import tune_allocator
 from gpuclust.analyses.base import Analysis, to_host
 from gpuclust.backends import Backend, get_backend
@@ -33,6 +33,7 @@ from gpuclust.engine import partition as _partition
 from gpuclust.engine.local import contexts, default_workers, finalize_all, merge_local, resolve_analyses
 from gpuclust.engine.staging import LOAD_THREADS, column_dtypes, load_partitions
 from gpuclust.schema import SCHEMAS
+from gpuclust.tables import convert
 
 __all__ = ["GPU_RUN_ROWS", "Study", "StudyMemoryError", "open_study"]
 
@@ -263,7 +264,7 @@ class Study:
         if whole:
             extra = merge_local(whole, ans, ctxs, be, 1, progress, partials)
             merged = [m if e is None else e for m, e in zip(merged, extra, strict=True)]
-        return finalize_all(ans, merged, ctxs, progress)
+        return convert(finalize_all(ans, merged, ctxs, progress), "pandas")  # as engine.run's default
 
     def _whole_instance_plans(self, ans: list[Analysis], plans: dict[str, tuple[list[int], list[Any]]]
                               ) -> dict[str, tuple[list[int], list[Any]]]:

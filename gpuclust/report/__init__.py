@@ -12,10 +12,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-import pyarrow as pa
 import pyarrow.parquet as pq
 
+from gpuclust._lazy import pandas as pd
 from gpuclust.report.folder import RUN_FILE, OutputError, ResultsFolder
 
 __all__ = ["RUN_FILE", "OutputError", "ResultsFolder", "render", "write_results", "write_run_file"]
@@ -31,7 +30,7 @@ def render(results: Mapping[str, Mapping[str, pd.DataFrame]], analyses: Mapping[
     already wrote there is listed, a DataFrame is written as one part.  ``subject`` (the dataset,
     cell and trace, :func:`gpuclust.report.provenance.subject`) goes into each plot's title."""
     from gpuclust.parted import PartedTable, write_part
-    from gpuclust.report.plots import plot_result
+    from gpuclust.tables import as_arrow, as_pandas
 
     folder = Path(folder)
     written: list[str] = []
@@ -46,15 +45,19 @@ def render(results: Mapping[str, Mapping[str, pd.DataFrame]], analyses: Mapping[
                 written.extend(f"{key}/{tname}/{f}" for f in df.files)
                 continue
             if tname in getattr(a, "parted", ()):
+                df = as_pandas(df)
                 name, _ = write_part(folder / key / tname, 0, df)
                 written.append(f"{key}/{tname}/{name}")
                 continue
             rel = f"{key}/{tname}.parquet"
-            pq.write_table(pa.Table.from_pandas(df, preserve_index=False), folder / rel)
+            pq.write_table(as_arrow(df), folder / rel)
             written.append(rel)
         summary.append(a.summary(tables) if a is not None else f"{key}: {list(tables)}")
         title = getattr(a, "label", key) + (f" · {subject}" if subject else "")
         if plots and a is not None:
+            from gpuclust.report.plots import plot_result
+
+            tables = {t: as_pandas(v) for t, v in tables.items()}  # plots draw from DataFrames
             if plot_result(a.name, dict(tables), folder / key / f"{key}.png", title=title):
                 written.append(f"{key}/{key}.png")
             else:  # say why there is no plot (summary.txt), instead of leaving it out silently

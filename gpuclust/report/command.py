@@ -19,8 +19,8 @@ __all__ = ["default_analyses", "main", "register", "reusable"]
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``report`` sub-command."""
-    from gpuclust.analyses.registry import names, options_text
-    from gpuclust.engine.command import add_run_options
+    from gpuclust.analyses.registry import names
+    from gpuclust.engine.command import OPTIONS_EPILOG, AnalysesHelpFormatter, add_run_options
 
     p = subparsers.add_parser(
         "report", help="one self-contained HTML page (or CSV files) of a dataset's analyses",
@@ -29,8 +29,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
             "says it holds the same dataset (not written since), analyses and options; then write one "
             "self-contained HTML page: provenance, data quality, and per analysis a caption, the figure (hover, "
             "zoom) and the key numbers. --format csv writes every result table as CSV instead.", 88),
-        epilog="analyses and their options (-O NAME=VALUE):\n" + options_text(),
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=OPTIONS_EPILOG, formatter_class=AnalysesHelpFormatter)
     p.add_argument("dataset", metavar="DATASET", help="canonical dataset folder (from `gpuclust ingest`)")
     p.add_argument("names", metavar="NAME", nargs="*",
                    help=f"analyses (default: every one the dataset can run): {', '.join(names())}")

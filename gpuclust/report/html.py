@@ -20,7 +20,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
+from gpuclust._lazy import pandas as pd
 
 __all__ = ["PageResult", "render_page", "write_report"]
 

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import pandas as pd
+
+from gpuclust._lazy import pandas as pd
 
 __all__ = ["ORDER", "SECTIONS", "Section", "caption", "empty_reason", "format_value", "has_figure", "key_numbers",
            "ordered"]

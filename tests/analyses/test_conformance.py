@@ -24,6 +24,7 @@ from gpuclust.analyses.base import to_host
 from gpuclust.engine import TableSource
 from gpuclust.engine.local import context_of
 from gpuclust.engine.partition import column_to_numpy
+from gpuclust.tables import as_pandas
 
 
 def instances():
@@ -50,7 +51,7 @@ def partial_of(a, t: pa.Table, ctx, backend):
 def assert_results_equal(r1, r2, rtol=1e-12):
     assert r1.keys() == r2.keys()
     for k in r1:
-        a, b = r1[k].reset_index(drop=True), r2[k].reset_index(drop=True)
+        a, b = as_pandas(r1[k]).reset_index(drop=True), as_pandas(r2[k]).reset_index(drop=True)
         assert list(a.columns) == list(b.columns)
         assert len(a) == len(b), (k, a, b)
         for c in a.columns:
@@ -126,8 +127,8 @@ def test_all_null_input(analysis, backend, tables):
     src = TableSource(nulled)
     ctx = context_of(analysis, src)
     res = analysis.finalize(partial_of(analysis, nulled[analysis.table], ctx, backend), ctx)
-    assert all(isinstance(df, pd.DataFrame) for df in res.values())
-    for df in res.values():
+    assert all(isinstance(df, (pd.DataFrame, pa.Table)) for df in res.values())  # gpuclust.tables
+    for df in map(as_pandas, res.values()):
         for c in ("cpu", "mem"):
             if c in df:
                 assert df[c].isna().all()  # NULL capacity -> undefined normalisation

@@ -1,0 +1,123 @@
+"""Arrow number columns as NumPy arrays and back, without importing pandas.
+
+pyarrow imports pandas the first time it converts anything: ``Array.to_numpy`` goes through its
+pandas conversion code (even for a zero-copy view of an int64 column), and ``pa.array``,
+``pa.scalar``, ``pa.table`` and every compute function given a Python number first check whether
+their input is a pandas object.  That import costs ~0.15 s of one core before any data is read
+(docs/scale.md, "Start-up").  The functions here do the same through the DLPack protocol and
+``from_buffers``: the engine reads every partition's columns through :func:`to_numpy`, and
+analyses that build their result tables from NumPy arrays use :func:`table` and
+:func:`table_from_rows` (see :mod:`gpuclust.tables`).
+
+>>> import pyarrow as pa
+>>> to_numpy(pa.chunked_array([[1, None], [3]], pa.int32())).tolist()
+[1, -2147483648, 3]
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+__all__ = ["array", "scalar", "strings", "table", "table_from_rows", "to_numpy"]
+
+
+def scalar(value: Any, type: pa.DataType) -> pa.Scalar:
+    """``pa.scalar(value, type)`` for a number type, without importing pandas (``pa.scalar`` and
+    every compute function given a Python number check whether it is a pandas object first).
+
+    >>> scalar(0, pa.int64()).equals(pa.scalar(0, pa.int64()))
+    True
+    """
+    buf = np.array([value], dtype=np.dtype(type.to_pandas_dtype()))
+    return pa.Array.from_buffers(type, 1, [None, pa.py_buffer(buf)])[0]
+
+
+def _null_fill(t: pa.DataType) -> pa.Scalar:
+    if pa.types.is_floating(t):
+        return scalar(np.nan, t)
+    return scalar(np.iinfo(np.dtype(t.to_pandas_dtype())).min, t)
+
+
+def _chunk(c: pa.Array) -> np.ndarray:
+    if c.null_count:
+        c = pc.fill_null(c, _null_fill(c.type))
+    return np.from_dlpack(c)  # a read-only view of the Arrow buffer
+
+
+def to_numpy(arr: Any) -> np.ndarray:
+    """An Arrow array or chunked array as a NumPy array: NULL -> NaN (floats) / the dtype's
+    minimum (integers).  Integer and float columns without NULLs in one chunk are read-only views
+    of the Arrow buffer; other number columns are copies; other types (strings, booleans,
+    timestamps) go through Arrow's own conversion."""
+    t = arr.type
+    if not (pa.types.is_integer(t) or pa.types.is_floating(t)) or pa.types.is_float16(t):
+        return arr.to_numpy(zero_copy_only=False)
+    chunks = arr.chunks if isinstance(arr, pa.ChunkedArray) else [arr]
+    if not chunks:
+        return np.zeros(0, np.dtype(t.to_pandas_dtype()))
+    if len(chunks) == 1:
+        return _chunk(chunks[0])
+    return np.concatenate([_chunk(c) for c in chunks])
+
+
+def array(values: Any) -> pa.Array:
+    """A NumPy array of numbers or booleans (or a sequence of strings) as an Arrow array, no NULLs.
+
+    >>> array(np.array([1.5, 2.0])).type, array(np.array([True, False])).to_pylist(), array(["a"]).type
+    (DataType(double), [True, False], DataType(string))
+    """
+    a = np.asarray(values)
+    if a.dtype.kind in "OUS" or a.size == 0 and not isinstance(values, np.ndarray):
+        return strings(list(values))
+    if a.dtype.kind == "b":
+        bits = np.packbits(a, bitorder="little")
+        return pa.Array.from_buffers(pa.bool_(), a.size, [None, pa.py_buffer(bits)])
+    if a.dtype.kind not in "iuf":
+        raise TypeError(f"no Arrow array of dtype {a.dtype} without pandas")
+    a = np.ascontiguousarray(a)
+    return pa.Array.from_buffers(pa.from_numpy_dtype(a.dtype), a.size, [None, pa.py_buffer(a)])
+
+
+def strings(values: Any) -> pa.Array:
+    """A sequence of ``str`` as an Arrow string array (no NULLs)."""
+    data = [str(v).encode() for v in values]
+    offsets = np.zeros(len(data) + 1, np.int64)
+    np.cumsum([len(b) for b in data], out=offsets[1:])
+    if offsets[-1] < 2**31:
+        return pa.Array.from_buffers(pa.string(), len(data),
+                                     [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(b"".join(data))])
+    return pa.Array.from_buffers(pa.large_string(), len(data), [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(data))])
+
+
+def table(columns: Any) -> pa.Table:
+    """``pa.table(columns)`` for a mapping of column name -> NumPy array / sequence of strings."""
+    return pa.Table.from_arrays([array(v) for v in columns.values()], names=list(columns))
+
+
+def table_from_rows(rows: Any) -> pa.Table:
+    """``pa.Table.from_pylist(rows)`` for rows of ``str``, ``bool``, ``int`` and ``float`` values
+    (int64, double, string, bool columns; a column of ints and floats is double); rows with other
+    values (``None`` included) go through ``from_pylist`` itself.
+
+    >>> t = table_from_rows([{"a": "x", "n": 1, "v": 0.5}])
+    >>> t.equals(pa.Table.from_pylist([{"a": "x", "n": 1, "v": 0.5}]))
+    True
+    """
+    rows = list(rows)
+    names = list(rows[0]) if rows else []
+    cols = []
+    for name in names:
+        vals = [r[name] for r in rows]
+        kinds = {bool if isinstance(v, (bool, np.bool_)) else int if isinstance(v, (int, np.integer))
+                 else float if isinstance(v, (float, np.floating)) else str if isinstance(v, str) else None
+                 for v in vals}
+        if None in kinds or len(kinds - {int, float}) and len(kinds) > 1 or any(r.keys() != rows[0].keys() for r in rows):
+            return pa.Table.from_pylist(rows)
+        kind = kinds.pop() if len(kinds) == 1 else float
+        cols.append(strings(vals) if kind is str else array(np.array(vals, dtype={bool: np.bool_, int: np.int64,
+                                                                                     float: np.float64}[kind])))
+    return pa.Table.from_arrays(cols, names=names)

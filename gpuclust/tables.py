@@ -1,0 +1,72 @@
+"""Result tables: what an analysis' ``finalize`` returns, and what callers get.
+
+An analysis' ``finalize`` returns, per table name, a pandas DataFrame or a ``pyarrow.Table``
+(analyses that build their tables from NumPy arrays return Arrow tables, so that a ``gpuclust
+analyze`` run without plots never imports pandas: docs/scale.md, "Start-up"), or a
+:class:`gpuclust.parted.PartedTable` for the tables that grow with the data.  The engine hands
+them on unchanged (``tables="native"``) or as one kind for every analysis:
+
+* ``"pandas"`` (the default of :func:`gpuclust.engine.run` and :func:`gpuclust.engine.analyze`):
+  every table a DataFrame, as the Python API has always returned them;
+* ``"arrow"``: every table a ``pyarrow.Table`` (for Arrow, polars or DuckDB pipelines);
+* ``"native"``: as finalized.
+
+Parted tables are returned as they are in every kind (read them by batches).
+
+>>> import pyarrow as pa
+>>> t = pa.table({"x": [1, 2]})
+>>> type(convert({"a": {"t": t}}, "pandas")["a"]["t"]).__name__
+'DataFrame'
+>>> convert({"a": {"t": t}}, "arrow")["a"]["t"] is t
+True
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from gpuclust._lazy import pandas as pd
+from gpuclust.arrow_numpy import to_numpy
+
+__all__ = ["KINDS", "as_arrow", "as_pandas", "column", "convert"]
+
+#: The values of ``tables=``.
+KINDS = ("pandas", "arrow", "native")
+
+
+def _is_frame(t: Any) -> bool:
+    # a DataFrame can only exist once pandas was imported: do not import it to find out
+    return "pandas" in sys.modules and isinstance(t, pd.DataFrame)
+
+
+def as_arrow(t: Any) -> Any:
+    """``t`` as a ``pyarrow.Table`` (a DataFrame converted without its index; anything else as is)."""
+    return pa.Table.from_pandas(t, preserve_index=False) if _is_frame(t) else t
+
+
+def as_pandas(t: Any) -> Any:
+    """``t`` as a pandas DataFrame (an Arrow table converted; anything else as is)."""
+    return t.to_pandas() if isinstance(t, pa.Table) else t
+
+
+def column(t: Any, name: str) -> np.ndarray:
+    """Column ``name`` of a DataFrame or an Arrow table as a NumPy array (an Arrow number column as
+    :func:`gpuclust.arrow_numpy.to_numpy` makes it: NULL as NaN or the integer minimum)."""
+    if isinstance(t, pa.Table):
+        return to_numpy(t.column(name))
+    return t[name].to_numpy()
+
+
+def convert(results: Mapping[str, Mapping[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
+    """``{result key: {table: ...}}`` with every table of the ``kind`` (see :data:`KINDS`)."""
+    if kind not in KINDS:
+        raise ValueError(f"tables must be one of {', '.join(KINDS)}, got {kind!r}")
+    to = {"pandas": as_pandas, "arrow": as_arrow}.get(kind)
+    if to is None:
+        return {k: dict(v) for k, v in results.items()}
+    return {k: {name: to(t) for name, t in tables.items()} for k, tables in results.items()}

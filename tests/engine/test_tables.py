@@ -1,0 +1,120 @@
+"""Result tables (gpuclust.tables) and the pandas-free run path (gpuclust.arrow_numpy,
+gpuclust._lazy): ``tables=`` of run/analyze, Arrow <-> NumPy without pandas checked against
+pyarrow's own conversions, and a ``gpuclust analyze`` cell-usage run that never imports pandas."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from strategies import random_cell, write_dataset
+
+from gpuclust import arrow_numpy
+from gpuclust.dataset import Dataset
+from gpuclust.engine import analyze, run
+from gpuclust.tables import as_pandas, convert
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Dataset:
+    return Dataset(write_dataset(tmp_path_factory.mktemp("tables"), random_cell(11, n_windows=4_000)))
+
+
+def test_run_tables_kinds(dataset: Dataset) -> None:
+    names = ["cell-usage", "machine-shapes"]  # one analysis finalizes Arrow tables, the other DataFrames
+    native = run(dataset, names, tables="native")
+    assert isinstance(native["cell-usage"]["usage"], pa.Table)
+    assert isinstance(native["machine-shapes"]["shapes"], pd.DataFrame)
+    frames, arrow = run(dataset, names), run(dataset, names, tables="arrow")
+    for key, tabs in frames.items():
+        for t, df in tabs.items():
+            assert isinstance(df, pd.DataFrame) and isinstance(arrow[key][t], pa.Table)
+            pd.testing.assert_frame_equal(df, arrow[key][t].to_pandas())
+            pd.testing.assert_frame_equal(df, as_pandas(native[key][t]))
+    # the same tables as the analyze results folder holds
+    res = analyze(dataset, names, out=None)
+    pd.testing.assert_frame_equal(res["cell-usage"]["usage"], frames["cell-usage"]["usage"])
+
+
+def test_cell_usage_dtypes_are_those_of_the_dataframes_it_built_before(dataset: Dataset) -> None:
+    df = run(dataset, ["cell-usage"])["cell-usage"]["usage"]
+    assert df.dtypes.astype(str).to_dict() == {"bucket": "int64", "bucket_start_us": "int64", "tier": "object",
+                                               "cpu": "float64", "mem": "float64", "windows": "int64"}
+    assert df["tier"].map(type).eq(str).all() and len(df)
+
+
+def test_an_unknown_kind_is_refused_before_anything_runs(dataset: Dataset) -> None:
+    with pytest.raises(ValueError, match="tables must be one of pandas, arrow, native"):
+        run(dataset, ["cell-usage"], tables="polars")
+    with pytest.raises(ValueError, match="tables must be one of"):
+        analyze(dataset, ["cell-usage"], tables="csv")
+    with pytest.raises(ValueError, match="tables must be one of"):
+        convert({}, "csv")
+
+
+_NUMBER_TYPES = [pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint32(), pa.float32(), pa.float64()]
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), t=st.sampled_from(_NUMBER_TYPES))
+def test_to_numpy_matches_pyarrows_conversion(data: st.DataObject, t: pa.DataType) -> None:
+    info = np.iinfo(t.to_pandas_dtype()) if pa.types.is_integer(t) else None
+    value = (st.integers(int(info.min) + 1, int(info.max)) if info is not None
+             else st.floats(-1e6, 1e6, width=32 if t == pa.float32() else 64))
+    chunks = data.draw(st.lists(st.lists(st.one_of(st.none(), value), max_size=20), max_size=4))
+    arr = pa.chunked_array([pa.array(c, t) for c in chunks], t)
+    if data.draw(st.booleans()) and len(arr):
+        lo = data.draw(st.integers(0, len(arr) - 1))
+        arr = arr.slice(lo, data.draw(st.integers(0, len(arr) - lo)))  # offsets into the buffers
+    got = arrow_numpy.to_numpy(arr)
+    fill = np.nan if info is None else info.min
+    want = np.array([fill if v is None else v for v in arr.to_pylist()], dtype=t.to_pandas_dtype())
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)
+    for chunk in arr.chunks:  # one chunk, no NULL: a view of the Arrow buffer, never writable
+        if chunk.null_count == 0 and len(chunk):
+            assert not arrow_numpy.to_numpy(chunk).flags.writeable
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=st.lists(st.fixed_dictionaries({
+    "s": st.text(max_size=5), "i": st.integers(-2**63, 2**63 - 1), "f": st.floats(allow_nan=True),
+    "b": st.booleans(), "m": st.one_of(st.integers(-5, 5), st.floats(-5, 5))}), min_size=1, max_size=6))
+def test_tables_without_pandas_equal_pyarrows(rows: list[dict]) -> None:
+    assert arrow_numpy.table_from_rows(rows).equals(pa.Table.from_pylist(rows) if all(
+        isinstance(r["m"], float) for r in rows) or all(isinstance(r["m"], int) for r in rows) else
+        pa.Table.from_pylist([{**r, "m": float(r["m"])} for r in rows]))
+    cols = {"s": [r["s"] for r in rows], "i": np.array([r["i"] for r in rows], np.int64),
+            "f": np.array([r["f"] for r in rows]), "b": np.array([r["b"] for r in rows])}
+    assert arrow_numpy.table(cols).equals(pa.table(cols))
+    assert arrow_numpy.scalar(rows[0]["i"], pa.int64()).equals(pa.scalar(rows[0]["i"], pa.int64()))
+
+
+def test_rows_with_none_go_through_pyarrow() -> None:
+    rows = [{"a": None, "b": 1}, {"a": "x", "b": 2}]
+    assert arrow_numpy.table_from_rows(rows).equals(pa.Table.from_pylist(rows))
+
+
+def test_cell_usage_from_the_command_line_never_imports_pandas(dataset: Dataset, tmp_path: Path) -> None:
+    """The start-up this saves: docs/scale.md, "Start-up"."""
+    code = ("import sys, json\nfrom gpuclust.cli import main\n"
+            f"rc = main(['analyze', {str(dataset.path)!r}, 'cell-usage', '--out', {str(tmp_path / 'o')!r}, "
+            "'--no-plots', '--quiet'])\n"
+            "print(json.dumps({'rc': rc, 'pandas': 'pandas' in sys.modules, "
+            "'analyses': sorted(m for m in sys.modules if m.startswith('gpuclust.analyses.'))}))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout.strip().splitlines()[-1])
+    assert doc["rc"] == 0 and doc["pandas"] is False
+    assert "gpuclust.analyses.cpi" not in doc["analyses"]  # the registry imports the analyses it runs only
+    # and the results read back as before
+    df = pd.read_parquet(tmp_path / "o" / "cell-usage" / "usage.parquet")
+    pd.testing.assert_frame_equal(df, run(dataset, ["cell-usage"])["cell-usage"]["usage"])
