@@ -118,6 +118,9 @@ def table_from_rows(rows: Any) -> pa.Table:
         if None in kinds or len(kinds - {int, float}) and len(kinds) > 1 or any(r.keys() != rows[0].keys() for r in rows):
             return pa.Table.from_pylist(rows)
         kind = kinds.pop() if len(kinds) == 1 else float
-        cols.append(strings(vals) if kind is str else array(np.array(vals, dtype={bool: np.bool_, int: np.int64,
-                                                                                     float: np.float64}[kind])))
+        if kind is str:
+            cols.append(strings(vals))
+            continue
+        dtype = np.bool_ if kind is bool else np.int64 if kind is int else np.float64
+        cols.append(array(np.array(vals, dtype=dtype)))
     return pa.Table.from_arrays(cols, names=names)

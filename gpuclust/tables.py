@@ -50,8 +50,16 @@ def as_arrow(t: Any) -> Any:
 
 
 def as_pandas(t: Any) -> Any:
-    """``t`` as a pandas DataFrame (an Arrow table converted; anything else as is)."""
-    return t.to_pandas() if isinstance(t, pa.Table) else t
+    """``t`` as a pandas DataFrame (an Arrow table converted; anything else as is).  String
+    columns become ``object`` columns of ``str``, as the analyses' own DataFrames hold them (pandas
+    3 would make them its ``str`` dtype)."""
+    if not isinstance(t, pa.Table):
+        return t
+    df = t.to_pandas()
+    for name, typ in zip(t.column_names, t.schema.types, strict=True):
+        if pa.types.is_string(typ) or pa.types.is_large_string(typ):
+            df[name] = df[name].astype(object)
+    return df
 
 
 def column(t: Any, name: str) -> np.ndarray:

@@ -42,7 +42,8 @@ class AnalysisEntry:
     def cls(self) -> type[Analysis]:
         """The analysis class (its module imported on first use)."""
         module, _, cls = self.target.partition(":")
-        return getattr(importlib.import_module(module), cls)  # type: ignore[no-any-return]
+        found: type[Analysis] = getattr(importlib.import_module(module), cls)
+        return found
 
     @property
     def options(self) -> tuple[Option, ...]:
