@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["array", "scalar", "strings", "table", "table_from_rows", "to_numpy"]
+__all__ = ["array", "empty_table", "rows_table", "scalar", "strings", "table", "table_from_rows", "to_numpy"]
 
 
 def scalar(value: Any, type: pa.DataType) -> pa.Scalar:
@@ -93,6 +93,18 @@ def strings(values: Any) -> pa.Array:
     return pa.Array.from_buffers(pa.large_string(), len(data), [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(data))])
 
 
+def empty_table(schema: pa.Schema) -> pa.Table:
+    """``schema.empty_table()`` for number, boolean and string columns, without importing pandas.
+
+    >>> empty_table(pa.schema([("a", pa.string()), ("n", pa.int64())])).equals(
+    ...     pa.schema([("a", pa.string()), ("n", pa.int64())]).empty_table())
+    True
+    """
+    cols = [strings([]) if pa.types.is_string(f.type) else pa.Array.from_buffers(f.type, 0, [None, pa.py_buffer(b"")])
+            for f in schema]
+    return pa.Table.from_arrays(cols, schema=schema)
+
+
 def table(columns: Any) -> pa.Table:
     """``pa.table(columns)`` for a mapping of column name -> NumPy array / sequence of strings."""
     return pa.Table.from_arrays([array(v) for v in columns.values()], names=list(columns))
@@ -124,3 +136,15 @@ def table_from_rows(rows: Any) -> pa.Table:
         dtype = np.bool_ if kind is bool else np.int64 if kind is int else np.float64
         cols.append(array(np.array(vals, dtype=dtype)))
     return pa.Table.from_arrays(cols, names=names)
+
+
+def rows_table(rows: Any, schema: pa.Schema) -> pa.Table:
+    """:func:`table_from_rows` (column types from the values, as pandas' ``DataFrame(rows)``
+    infers them), or the empty table of ``schema`` where there is no row (so an empty result
+    keeps its columns).
+
+    >>> rows_table([], pa.schema([("n", pa.int64())])).schema.names, rows_table([{"n": 1}], None).num_rows
+    (['n'], 1)
+    """
+    rows = list(rows)
+    return table_from_rows(rows) if rows else empty_table(schema)

@@ -33,6 +33,7 @@ import numpy as np
 from gpuclust._parallel import threads
 from gpuclust.analyses._lookup import triple_hash
 from gpuclust.analyses.grouping import instance_order
+from gpuclust.arrow_numpy import to_numpy
 
 __all__ = ["REQUEST_COLUMNS", "KeyedRuns", "KeyedSlots", "ReadOnce", "RequestTimeline", "asof_events", "asof_index", "asof_keyed",
            "asof_keyed_slots", "asof_run", "instance_positions", "timeline_order"]
@@ -101,7 +102,7 @@ class RequestTimeline:
         parts = [t for t in side.batches(cols_needed) if t.num_rows]
         if not parts:
             return cls(extra={c: np.zeros(0) for c in extra})
-        cols = {c: np.concatenate([np.asarray(t.column(c).to_numpy(zero_copy_only=False)) for t in parts])
+        cols = {c: np.concatenate([to_numpy(t.column(c)) for t in parts])  # (NULL: NaN, or the int minimum)
                 for c in cols_needed}
         req = np.empty((int(cols["time"].shape[0]), 2))
         req[:, 0], req[:, 1] = cols["req_cpu"], cols["req_mem"]

@@ -41,14 +41,16 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
-import pandas as pd
+import pyarrow as pa
 
 from gpuclust.analyses._job_groups import group_windows, key_table
 from gpuclust.analyses._lookup import EVENT_COLUMNS, TierLookupContext, priority_lookup
 from gpuclust.analyses.base import Analysis, fmt, is_null_int, resolve_tier_map
 from gpuclust.analyses.options import option, tier_map_option
+from gpuclust.arrow_numpy import rows_table, table, table_from_rows
 from gpuclust.partials import merge_keyed
 from gpuclust.schema import TIME_AFTER_TRACE, CollectionType, tier_map
+from gpuclust.tables import as_arrow
 
 __all__ = ["JobUsage", "ROWS", "STAT_COLUMNS", "job_stats"]
 
@@ -388,7 +390,8 @@ class JobUsage(Analysis):
         return out
 
     # ---------------------------------------------------------------- finalize
-    def finalize(self, partial: dict[str, np.ndarray], ctx: JobUsageContext) -> dict[str, pd.DataFrame]:
+    def finalize(self, partial: dict[str, np.ndarray], ctx: JobUsageContext) -> dict[str, pa.Table]:
+        """Arrow tables, built from the NumPy arrays without pandas (see :mod:`gpuclust.tables`)."""
         p = {k: np.asarray(v) for k, v in partial.items()}
         # the collections with windows (the cpu path's dense partials hold every code of the
         # lookup), and those of windows whose collection has no events
@@ -406,37 +409,42 @@ class JobUsage(Analysis):
         key, cpu, code = key[order], cpu[order], code[order]
         mem, windows = p["mem"].astype(np.float64)[order], p["windows"].astype(np.int64)[order]
         tier = np.array(names, dtype=object)[code] if code.size else np.array([], dtype=object)
-        jobs = pd.DataFrame({"collection_id": key, "tier": tier, "ncu_hours": cpu, "nmu_hours": mem,
-                             "windows": windows})
+        jobs = table({"collection_id": key, "tier": tier, "ncu_hours": cpu, "nmu_hours": mem, "windows": windows})
         rows, corr = [], []
         for t in (*names, "all"):
             sel = None if t == "all" else np.array([nm == t for nm in names])[code]  # the rows of tier t
-            if (len(jobs) if sel is None else int(np.count_nonzero(sel))) == 0:
+            if (key.shape[0] if sel is None else int(np.count_nonzero(sel))) == 0:
                 continue
             xs = {res: x if sel is None else x[sel] for res, x in (("cpu", cpu), ("mem", mem))}
             for res, x in xs.items():
                 pos = x[x > 0]
-                rows.append({"tier": t, "resource": res, **job_stats(pos, float(self.tail)),
-                             "zero_jobs": int(x.shape[0] - pos.shape[0])})
+                got = {**job_stats(pos, float(self.tail)), "zero_jobs": int(x.shape[0] - pos.shape[0])}
+                rows.append({"tier": t, "resource": res, **{c: got[c] for c in STAT_COLUMNS}})
             both = (xs["cpu"] > 0) & (xs["mem"] > 0)
             a, b = xs["cpu"][both], xs["mem"][both]
             corr.append({"tier": t, "jobs": int(a.shape[0]), "pearson_r": _pearson(a, b),
                          "log_pearson_r": _pearson(np.log10(a), np.log10(b)) if a.size else np.nan})
-        stats = pd.DataFrame(rows, columns=["tier", "resource", *STAT_COLUMNS])
-        stats = stats.astype({"jobs": np.int64, "zero_jobs": np.int64})
         st = dict(zip(_STATS, (int(v) for v in p["stats"]), strict=True))
-        info = pd.DataFrame([{"analysis": self.name, "rows_rule": self.rows, "tail": float(self.tail),
-                              "tier_map": ctx.tier_map.name, "tiers": ",".join(names), "collections": len(jobs), **st}])
-        return {"jobs": jobs, "stats": stats, "correlation": pd.DataFrame(
-            corr, columns=["tier", "jobs", "pearson_r", "log_pearson_r"]).astype({"jobs": np.int64}), "info": info}
+        info = table_from_rows([{"analysis": self.name, "rows_rule": self.rows, "tail": float(self.tail),
+                                 "tier_map": ctx.tier_map.name, "tiers": ",".join(names), "collections": int(key.shape[0]),
+                                 **st}])
+        return {"jobs": jobs, "stats": rows_table(rows, _STATS_SCHEMA), "correlation": rows_table(corr, _CORR_SCHEMA),
+                "info": info}
 
-    def summary(self, result: dict[str, pd.DataFrame]) -> str:
-        info = result["info"].iloc[0]
+    def summary(self, result: dict[str, Any]) -> str:
+        info = as_arrow(result["info"]).to_pylist()[0]
         lines = [f"{self.label}: {info['collections']:,} collections from {info['used_rows']:,} windows "
                  f"(rows: {info['rows_rule']}), tier map {info['tier_map']!r}"]
-        for r in result["stats"].itertuples(index=False):
-            lines.append(f"  {r.tier:>8} {r.resource}: {r.jobs:,} jobs, {fmt(r.total_hours, '.4g')} h; top 1% "
-                         f"{fmt(r.top1pct_share, '.1%')}, top 0.1% {fmt(r.top01pct_share, '.1%')}; median "
-                         f"{fmt(r.median, '.3g')} h, p99 {fmt(r.p99, '.3g')} h; C² {fmt(r.scv, '.3g')}; "
-                         f"Pareto alpha {fmt(r.pareto_alpha, '.3g')} (R² {fmt(r.pareto_r2, '.3f')})")
+        for r in as_arrow(result["stats"]).to_pylist():
+            lines.append(f"  {r['tier']:>8} {r['resource']}: {r['jobs']:,} jobs, {fmt(r['total_hours'], '.4g')} h; top 1% "
+                         f"{fmt(r['top1pct_share'], '.1%')}, top 0.1% {fmt(r['top01pct_share'], '.1%')}; median "
+                         f"{fmt(r['median'], '.3g')} h, p99 {fmt(r['p99'], '.3g')} h; C² {fmt(r['scv'], '.3g')}; "
+                         f"Pareto alpha {fmt(r['pareto_alpha'], '.3g')} (R² {fmt(r['pareto_r2'], '.3f')})")
         return "\n".join(lines)
+
+
+#: The ``stats`` and ``correlation`` tables' columns (an empty table keeps them).
+_STATS_SCHEMA = pa.schema([("tier", pa.string()), ("resource", pa.string()), ("jobs", pa.int64()),
+                           ("zero_jobs", pa.int64()), *((c, pa.float64()) for c in STAT_COLUMNS[2:])])
+_CORR_SCHEMA = pa.schema([("tier", pa.string()), ("jobs", pa.int64()), ("pearson_r", pa.float64()),
+                          ("log_pearson_r", pa.float64())])

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
-import pandas as pd
+import pyarrow as pa
 
 from gpuclust._cache import PerArrayCache
 from gpuclust._parallel import threads
@@ -48,8 +48,10 @@ from gpuclust.analyses.base import Analysis, fmt, resolve_tier_map
 from gpuclust.analyses.grouping import FloatBins
 from gpuclust.analyses.options import tier_map_option
 from gpuclust.analyses.usage_change import RATIO_EDGES
+from gpuclust.arrow_numpy import rows_table, table_from_rows
 from gpuclust.partials import bin_quantile_edges, bin_rows
 from gpuclust.schema import tier_map
+from gpuclust.tables import as_arrow
 
 __all__ = ["MEASURES", "UsageVsRequest", "refined_bins"]
 
@@ -298,7 +300,8 @@ class UsageVsRequest(Analysis):
         return {k: a[k] + b[k] for k in a}
 
     # ---------------------------------------------------------------- finalize
-    def finalize(self, partial: dict[str, np.ndarray], ctx: UsageVsRequestContext) -> dict[str, pd.DataFrame]:
+    def finalize(self, partial: dict[str, np.ndarray], ctx: UsageVsRequestContext) -> dict[str, pa.Table]:
+        """Arrow tables, built without pandas (see :mod:`gpuclust.tables`)."""
         names = ctx.tier_names
         T = len(names)
         p = {k: np.asarray(v) for k, v in partial.items()}
@@ -306,7 +309,8 @@ class UsageVsRequest(Analysis):
         hi = np.concatenate([RATIO_EDGES, [np.inf]])
         groups = [(names[t], p["counts"][t], p["hist"][t], p["rsum"][t]) for t in range(T)]
         groups.append(("all", p["counts"][:T].sum(0), p["hist"][:T].sum(0), p["rsum"][:T].sum(0)))
-        rows, hrows = [], []
+        rows: list[dict[str, Any]] = []
+        hrows: list[dict[str, Any]] = []
         for tier, cnt, hist, rs in groups:
             for j, (measure, _, _) in enumerate(MEASURES):
                 if not cnt[j, 0]:
@@ -316,23 +320,28 @@ class UsageVsRequest(Analysis):
                                        "above_limit_share": int(cnt[j, 4]) / nd if nd else np.nan,
                                        "at_most_half_share": int(cnt[j, 5]) / nd if nd else np.nan,
                                        "mean_ratio": float(rs[j]) / nd if nd else np.nan}
-                row.update({f"p{q}_ratio": v for q, v in bin_quantile_edges(hist[j], lo, (10, 50, 90, 99)).items()})
+                row.update({f"p{q}_ratio": float(v) for q, v in bin_quantile_edges(hist[j], lo, (10, 50, 90, 99)).items()})
                 rows.append(row)
-                hrows.extend(bin_rows(hist[j], lo, hi, "ratio", "windows", tier=tier, measure=measure))
-        cols = ["tier", "measure", *_COUNTS, "above_limit_share", "at_most_half_share", "mean_ratio",
-                "p10_ratio", "p50_ratio", "p90_ratio", "p99_ratio"]
-        summary = pd.DataFrame(rows, columns=cols).astype({c: np.int64 for c in _COUNTS})
-        hist_df = pd.DataFrame(hrows, columns=["tier", "measure", "bin", "lo_ratio", "hi_ratio", "windows"])
-        hist_df = hist_df.astype({"bin": np.int64, "windows": np.int64})
-        info = pd.DataFrame([{"analysis": self.name, "tier_map": ctx.tier_map.name, "tiers": ",".join(names),
-                              "windows": int(p["counts"][:T, 0, 0].sum())}])
-        return {"summary": summary, "hist": hist_df, "info": info}
+                hrows.extend({f: r[f] for f in _HIST_SCHEMA.names}
+                             for r in bin_rows(hist[j], lo, hi, "ratio", "windows", tier=tier, measure=measure))
+        info = table_from_rows([{"analysis": self.name, "tier_map": ctx.tier_map.name, "tiers": ",".join(names),
+                                 "windows": int(p["counts"][:T, 0, 0].sum())}])
+        return {"summary": rows_table(rows, _SUMMARY_SCHEMA), "hist": rows_table(hrows, _HIST_SCHEMA), "info": info}
 
-    def summary(self, result: dict[str, pd.DataFrame]) -> str:
-        info = result["info"].iloc[0]
+    def summary(self, result: dict[str, Any]) -> str:
+        info = as_arrow(result["info"]).to_pylist()[0]
         lines = [f"{self.label}: {info['windows']:,} windows, tier map {info['tier_map']!r}"]
-        for r in result["summary"].itertuples(index=False):
-            lines.append(f"  {r.tier:>8} {r.measure}: {r.defined:,} windows with a limit, median usage/limit "
-                         f"{fmt(r.p50_ratio, '.3g')}, above the limit {fmt(r.above_limit_share, '.1%')}, "
-                         f"no limit {r.no_limit:,}")
+        for r in as_arrow(result["summary"]).to_pylist():
+            lines.append(f"  {r['tier']:>8} {r['measure']}: {r['defined']:,} windows with a limit, median usage/limit "
+                         f"{fmt(r['p50_ratio'], '.3g')}, above the limit {fmt(r['above_limit_share'], '.1%')}, "
+                         f"no limit {r['no_limit']:,}")
         return "\n".join(lines)
+
+
+#: The result tables' columns and types (an empty table keeps them).
+_SUMMARY_SCHEMA = pa.schema([("tier", pa.string()), ("measure", pa.string()), *((c, pa.int64()) for c in _COUNTS),
+                             *((c, pa.float64()) for c in ("above_limit_share", "at_most_half_share", "mean_ratio",
+                                                           "p10_ratio", "p50_ratio", "p90_ratio", "p99_ratio"))])
+_HIST_SCHEMA = pa.schema([("tier", pa.string()), ("measure", pa.string()), ("bin", pa.int64()),
+                          ("lo_ratio", pa.float64()), ("hi_ratio", pa.float64()), ("windows", pa.int64())])
+

@@ -20,6 +20,7 @@ from gpuclust.analyses.job_usage import JobUsage, JobUsageContext
 from gpuclust.dataset import Dataset
 from gpuclust.engine import run
 from gpuclust.schema import tier_map
+from gpuclust.tables import convert
 
 IDS = st.sampled_from([0, 1, 2, 3, -1, 2**40 + 1, 2**62 + 9, -(2**63), 2**63 - 1])
 
@@ -156,19 +157,19 @@ def test_dense_partials_merge_and_finalize_as_keyed_ones():
     want = a.empty()
     for p in slow:
         want = a.merge(want, p)
-    want = a.finalize(want, ctx)
+    want = convert({"r": a.finalize(want, ctx)}, "pandas")["r"]
     for seq in (fast, fast[::-1], [fast[0], slow[1], fast[2], slow[3]], [slow[0], fast[1], slow[2], fast[3]]):
         acc = a.empty()
         for p in seq:
             acc = a.merge(acc, p)
-        got = a.finalize(acc, ctx)
+        got = convert({"r": a.finalize(acc, ctx)}, "pandas")["r"]
         for k in want:
             pd.testing.assert_frame_equal(got[k], want[k], check_exact=False, rtol=1e-12)
     # in partition order, as the engine merges: bit for bit
     acc = a.empty()
     for p in fast:
         acc = a.merge(acc, p)
-    got = a.finalize(acc, ctx)
+    got = convert({"r": a.finalize(acc, ctx)}, "pandas")["r"]
     for k in want:
         pd.testing.assert_frame_equal(got[k], want[k], check_exact=True)
 

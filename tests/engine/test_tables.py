@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from strategies import random_cell, write_dataset
 
 from gpuclust import arrow_numpy
+from gpuclust.analyses import create
 from gpuclust.dataset import Dataset
 from gpuclust.engine import analyze, run
 from gpuclust.tables import as_pandas, convert
@@ -109,11 +110,16 @@ def test_rows_with_none_go_through_pyarrow() -> None:
     assert arrow_numpy.table_from_rows(rows).equals(pa.Table.from_pylist(rows))
 
 
-def test_cell_usage_from_the_command_line_never_imports_pandas(dataset: Dataset, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("name", "table", "opts"), [
+    ("cell-usage", "usage", []), ("job-usage", "jobs", []),  # (no JOB collections in the cell: empty tables)
+    ("job-usage", "jobs", ["-O", "rows=top-level"]), ("job-usage", "stats", ["-O", "rows=top-level"]),
+    ("usage-vs-request", "summary", []), ("usage-vs-request", "hist", [])])
+def test_from_the_command_line_never_imports_pandas(dataset: Dataset, tmp_path: Path, name: str, table: str,
+                                                    opts: list[str]) -> None:
     """The start-up this saves: docs/scale.md, "Start-up"."""
     code = ("import sys, json\nfrom gpuclust.cli import main\n"
-            f"rc = main(['analyze', {str(dataset.path)!r}, 'cell-usage', '--out', {str(tmp_path / 'o')!r}, "
-            "'--no-plots', '--quiet'])\n"
+            f"rc = main(['analyze', {str(dataset.path)!r}, {name!r}, '--out', {str(tmp_path / 'o')!r}, "
+            f"'--no-plots', '--quiet', *{opts!r}])\n"
             "print(json.dumps({'rc': rc, 'pandas': 'pandas' in sys.modules, "
             "'analyses': sorted(m for m in sys.modules if m.startswith('gpuclust.analyses.'))}))")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -122,5 +128,8 @@ def test_cell_usage_from_the_command_line_never_imports_pandas(dataset: Dataset,
     assert doc["rc"] == 0 and doc["pandas"] is False
     assert "gpuclust.analyses.cpi" not in doc["analyses"]  # the registry imports the analyses it runs only
     # and the results read back as before
-    df = as_pandas(pq.read_table(tmp_path / "o" / "cell-usage" / "usage.parquet"))
-    pd.testing.assert_frame_equal(df, run(dataset, ["cell-usage"])["cell-usage"]["usage"])
+    df = as_pandas(pq.read_table(tmp_path / "o" / name / f"{table}.parquet"))
+    want = run(dataset, [create(name, **dict([opts[1].split("=")])) if opts else name])
+    label = next(iter(want))
+    assert len(df) > 0 or not opts
+    pd.testing.assert_frame_equal(df, want[label][table])
