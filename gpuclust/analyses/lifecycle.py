@@ -46,14 +46,16 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
+import pyarrow as pa
 
-from gpuclust._lazy import pandas as pd
 from gpuclust.analyses._extent import max_finite
 from gpuclust.analyses.base import Analysis, fmt, is_null_int, resolve_tier_map
 from gpuclust.analyses.grouping import FloatBins, bucket_index, instance_order, segmented_last
 from gpuclust.analyses.options import option, tier_map_option
+from gpuclust.arrow_numpy import empty_table, rows_table, table, table_from_rows
 from gpuclust.partials import bin_quantile_edges, bin_rows, keyed_reduce, merge_keyed
 from gpuclust.schema import TIME_AFTER_TRACE, EventType, TierMap, tier_map
+from gpuclust.tables import as_arrow, column
 
 __all__ = ["CollectionLifecycle", "DELAY_EDGES_US", "DISTRIBUTIONS", "EVENT_NAMES", "EXPECTED", "Lifecycle", "STATE_AFTER", "SERIES_FIELDS"]
 
@@ -366,35 +368,34 @@ class Lifecycle(Analysis):
         return out
 
     # ---------------------------------------------------------------- finalize
-    def finalize(self, partial: dict[str, Any], ctx: LifecycleContext) -> dict[str, pd.DataFrame]:
+    def finalize(self, partial: dict[str, Any], ctx: LifecycleContext) -> dict[str, pa.Table]:
+        """Arrow tables, built without pandas (see :mod:`gpuclust.tables`)."""
         names = ctx.tier_names
         T = len(names)
         p = {k: (v if k == "series" else np.asarray(v)) for k, v in partial.items()}
         ev = p["events"][:T]
-        events = pd.DataFrame([{"tier": names[k], "event": EVENT_NAMES[j], "count": int(ev[k, j])}
-                               for k in range(T) for j in range(_NE) if ev[k, j]],
-                              columns=["tier", "event", "count"]).astype({"count": np.int64})
+        events = rows_table([{"tier": names[k], "event": EVENT_NAMES[j], "count": int(ev[k, j])}
+                             for k in range(T) for j in range(_NE) if ev[k, j]], _EVENTS_SCHEMA)
         tr = p["transitions"][:T]
-        transitions = pd.DataFrame(
-            [{"tier": names[k], "from_event": EVENT_NAMES[a], "to_event": EVENT_NAMES[b], "count": int(tr[k, a, b]),
-              "expected": b in EXPECTED[int(STATE_AFTER[a])]}
-             for k in range(T) for a in range(_NE) for b in range(_NE) if tr[k, a, b]],
-            columns=["tier", "from_event", "to_event", "count", "expected"]).astype({"count": np.int64, "expected": bool})
+        trows = [{"tier": names[k], "from_event": EVENT_NAMES[a], "to_event": EVENT_NAMES[b], "count": int(tr[k, a, b]),
+                  "expected": bool(b in EXPECTED[int(STATE_AFTER[a])])}
+                 for k in range(T) for a in range(_NE) for b in range(_NE) if tr[k, a, b]]
+        transitions = rows_table(trows, _TRANSITIONS_SCHEMA)
         series = self._series(partial["series"], names)
         delays, hist = self._delays(p, names)
         counters = dict(zip(_COUNTERS, (int(v) for v in p["counters"]), strict=True))
-        info = pd.DataFrame([{"analysis": self.name, "tier_map": ctx.tier_map.name, "tiers": ",".join(names),
-                              "bucket_s": int(self.bucket_s), "data_end_us": ctx.data_end_us, **counters,
-                              "transitions": int(tr.sum()),
-                              "unexpected_transitions": int(transitions.loc[~transitions["expected"], "count"].sum())}])
+        info = table_from_rows([{"analysis": self.name, "tier_map": ctx.tier_map.name, "tiers": ",".join(names),
+                                 "bucket_s": int(self.bucket_s), "data_end_us": ctx.data_end_us, **counters,
+                                 "transitions": int(tr.sum()),
+                                 "unexpected_transitions": sum(r["count"] for r in trows if not r["expected"])}])
         return {"events": events, "transitions": transitions, "series": series, "delays": delays,
                 "delay_hist": hist, "info": info}
 
-    def _series(self, s: dict[str, np.ndarray], names: tuple[str, ...]) -> pd.DataFrame:
+    def _series(self, s: dict[str, np.ndarray], names: tuple[str, ...]) -> pa.Table:
         cols = ["bucket", "bucket_start_us", "tier", *SERIES_FIELDS[:-2], "pending", "running"]
         key = np.asarray(s["key"], np.int64)
         if key.shape[0] == 0:
-            return pd.DataFrame({c: pd.Series(dtype=object if c == "tier" else np.int64) for c in cols})
+            return empty_table(pa.schema([(c, pa.string() if c == "tier" else pa.int64()) for c in cols]))
         T = len(names)
         bucket, code = np.divmod(key, _T)
         b0, b1 = int(bucket.min()), int(bucket.max())
@@ -404,23 +405,23 @@ class Lifecycle(Analysis):
         grid = {f: np.zeros((T, nb), np.int64) for f in SERIES_FIELDS}
         for f in SERIES_FIELDS:
             grid[f][code, bucket - b0] = np.asarray(s[f], np.int64)
-        # every tier that has events gets every bucket (levels carry over buckets without events)
+        # every tier that has events gets every bucket (levels carry over buckets without events),
+        # rows by bucket, then in the tier map's order
         present = np.unique(code)
         b = np.arange(b0, b1 + 1, dtype=np.int64)
-        frames = []
-        for k in present:
-            d = {"bucket": b, "bucket_start_us": b * self.width_us, "tier": np.full(nb, names[k], dtype=object)}
-            for f in SERIES_FIELDS[:-2]:
-                d[f] = grid[f][k]
-            d["pending"] = np.cumsum(grid["d_pending"][k])
-            d["running"] = np.cumsum(grid["d_running"][k])
-            frames.append(pd.DataFrame(d))
-        out = pd.concat(frames, ignore_index=True)
-        order = np.lexsort((out["tier"].map({n: j for j, n in enumerate(names)}).to_numpy(), out["bucket"].to_numpy()))
-        return out.iloc[order].reset_index(drop=True)[cols]
+        tcode = np.repeat(present, nb)
+        bb = np.tile(b, present.shape[0])
+        order = np.lexsort((tcode, bb))
+        out: dict[str, Any] = {"bucket": bb[order], "bucket_start_us": (bb * self.width_us)[order],
+                               "tier": np.array(names, dtype=object)[tcode[order]]}
+        for f in SERIES_FIELDS[:-2]:
+            out[f] = grid[f][present].ravel()[order]
+        out["pending"] = np.cumsum(grid["d_pending"][present], axis=1).ravel()[order]
+        out["running"] = np.cumsum(grid["d_running"][present], axis=1).ravel()[order]
+        return table({c: out[c] for c in cols})
 
     @staticmethod
-    def _delays(p: dict[str, Any], names: tuple[str, ...]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    def _delays(p: dict[str, Any], names: tuple[str, ...]) -> tuple[pa.Table, pa.Table]:
         T = len(names)
         edges_s = DELAY_EDGES_US / 1e6
         lo_s = np.concatenate([[0.0], edges_s])
@@ -443,35 +444,46 @@ class Lifecycle(Analysis):
                                max_s=int(p["dur_max"][k, d]) / 1e6)
                     # the bin of each inverted-CDF quantile: its lower edge (not below the minimum)
                     for q, v in bin_quantile_edges(h, lo_s, (50, 90, 99)).items():
-                        row[f"p{q}_s"] = max(v, lo_min)
-                    hrows.extend(bin_rows(h, lo_s, hi_s, "s", "episodes", tier=names[k], measure=measure,
-                                          outcome=outcome))
+                        row[f"p{q}_s"] = float(max(v, lo_min))
+                    hrows.extend({c: r[c] for c in _HIST_SCHEMA.names}
+                                 for r in bin_rows(h, lo_s, hi_s, "s", "episodes", tier=names[k], measure=measure,
+                                                   outcome=outcome))
                 rows.append(row)
-        delays = pd.DataFrame(rows, columns=["tier", "measure", "outcome", "episodes", "with_duration", "mean_s",
-                                             "min_s", "p50_s", "p90_s", "p99_s", "max_s"])
-        hist = pd.DataFrame(hrows, columns=["tier", "measure", "outcome", "bin", "lo_s", "hi_s", "episodes"])
-        return (delays.astype({"episodes": np.int64, "with_duration": np.int64}),
-                hist.astype({"bin": np.int64, "episodes": np.int64}))
+        return rows_table(rows, _DELAYS_SCHEMA), rows_table(hrows, _HIST_SCHEMA)
 
-    def summary(self, result: dict[str, pd.DataFrame]) -> str:
-        info = result["info"].iloc[0]
+    def summary(self, result: dict[str, Any]) -> str:
+        info = as_arrow(result["info"]).to_pylist()[0]
         lines = [f"{self.label}: {info['instances']:,} {self.thing}s, {info['rows']:,} events, tier map "
                  f"{info['tier_map']!r}; {info['unexpected_transitions']:,} of {info['transitions']:,} transitions not in "
                  f"the v3 state diagram; {info['first_not_submit']:,} {self.thing}s first seen other than by SUBMIT"]
-        s = result["series"]
-        if len(s):
-            tot = s.groupby("bucket")[["new_submissions", "resubmissions", "finishes", "pending", "running"]].sum()
-            lines.append(f"  buckets of {int(info['bucket_s'])} s {int(tot.index.min())}..{int(tot.index.max())}: "
+        s = as_arrow(result["series"])
+        if s.num_rows:
+            bucket = column(s, "bucket")
+            ub, inv = np.unique(bucket, return_inverse=True)
+            tot = {f: np.bincount(inv, weights=column(s, f).astype(np.float64), minlength=ub.shape[0])
+                   for f in ("new_submissions", "resubmissions", "finishes", "pending", "running")}
+            lines.append(f"  buckets of {int(info['bucket_s'])} s {int(ub[0])}..{int(ub[-1])}: "
                          f"{int(tot['new_submissions'].sum()):,} new submissions, {int(tot['resubmissions'].sum()):,} "
-                         f"resubmissions, {int(tot['finishes'].sum()):,} finishes; at the end {int(tot['pending'].iloc[-1]):,} "
-                         f"pending, {int(tot['running'].iloc[-1]):,} running")
-        d = result["delays"]
+                         f"resubmissions, {int(tot['finishes'].sum()):,} finishes; at the end {int(tot['pending'][-1]):,} "
+                         f"pending, {int(tot['running'][-1]):,} running")
+        d = as_arrow(result["delays"]).to_pylist()
         for measure, outcome in (("scheduling", "scheduled"), ("execution", "finish")):
-            sel = d[(d["measure"] == measure) & (d["outcome"] == outcome)]
-            for r in sel.itertuples(index=False):
-                lines.append(f"  {measure} ({outcome}) {r.tier:>8}: {r.episodes:,} episodes, median "
-                             f"{fmt(r.p50_s, '.3g')} s, p90 {fmt(r.p90_s, '.3g')} s, mean {fmt(r.mean_s, '.3g')} s")
+            for r in d:
+                if r["measure"] == measure and r["outcome"] == outcome:
+                    lines.append(f"  {measure} ({outcome}) {r['tier']:>8}: {r['episodes']:,} episodes, median "
+                                 f"{fmt(r['p50_s'], '.3g')} s, p90 {fmt(r['p90_s'], '.3g')} s, mean {fmt(r['mean_s'], '.3g')} s")
         return "\n".join(lines)
+
+
+#: The result tables' columns and types (an empty table keeps them).
+_EVENTS_SCHEMA = pa.schema([("tier", pa.string()), ("event", pa.string()), ("count", pa.int64())])
+_TRANSITIONS_SCHEMA = pa.schema([("tier", pa.string()), ("from_event", pa.string()), ("to_event", pa.string()),
+                                 ("count", pa.int64()), ("expected", pa.bool_())])
+_DELAYS_SCHEMA = pa.schema([("tier", pa.string()), ("measure", pa.string()), ("outcome", pa.string()),
+                            ("episodes", pa.int64()), ("with_duration", pa.int64()),
+                            *((c, pa.float64()) for c in ("mean_s", "min_s", "p50_s", "p90_s", "p99_s", "max_s"))])
+_HIST_SCHEMA = pa.schema([("tier", pa.string()), ("measure", pa.string()), ("outcome", pa.string()),
+                          ("bin", pa.int64()), ("lo_s", pa.float64()), ("hi_s", pa.float64()), ("episodes", pa.int64())])
 
 
 @dataclass(frozen=True)

@@ -113,7 +113,9 @@ def test_rows_with_none_go_through_pyarrow() -> None:
 @pytest.mark.parametrize(("name", "table", "opts"), [
     ("cell-usage", "usage", []), ("job-usage", "jobs", []),  # (no JOB collections in the cell: empty tables)
     ("job-usage", "jobs", ["-O", "rows=top-level"]), ("job-usage", "stats", ["-O", "rows=top-level"]),
-    ("usage-vs-request", "summary", []), ("usage-vs-request", "hist", [])])
+    ("usage-vs-request", "summary", []), ("usage-vs-request", "hist", []),
+    ("lifecycle", "series", []), ("lifecycle", "transitions", []), ("lifecycle", "delays", []),
+    ("collection-lifecycle", "events", [])])
 def test_from_the_command_line_never_imports_pandas(dataset: Dataset, tmp_path: Path, name: str, table: str,
                                                     opts: list[str]) -> None:
     """The start-up this saves: docs/scale.md, "Start-up"."""
