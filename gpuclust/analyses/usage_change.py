@@ -28,14 +28,16 @@ from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import numpy as np
+import pyarrow as pa
 
-from gpuclust._lazy import pandas as pd
 from gpuclust.analyses._lookup import EVENT_COLUMNS, TierLookupContext, tier_lookup
 from gpuclust.analyses.base import Analysis, fmt, resolve_tier_map
 from gpuclust.analyses.grouping import instance_order
 from gpuclust.analyses.options import option, tier_map_option
+from gpuclust.arrow_numpy import rows_table, table_from_rows
 from gpuclust.partials import bin_quantile_edges, bin_rows, log_bins
 from gpuclust.schema import TIME_AFTER_TRACE, tier_map
+from gpuclust.tables import as_arrow
 
 __all__ = ["RATIO_EDGES", "RESOURCES", "THRESHOLDS", "UsageChange"]
 
@@ -182,13 +184,15 @@ class UsageChange(Analysis):
         return {k: a[k] + b[k] for k in a}
 
     # ---------------------------------------------------------------- finalize
-    def finalize(self, partial: dict[str, np.ndarray], ctx: TierLookupContext) -> dict[str, pd.DataFrame]:
+    def finalize(self, partial: dict[str, np.ndarray], ctx: TierLookupContext) -> dict[str, pa.Table]:
+        """Arrow tables, built without pandas (see :mod:`gpuclust.tables`)."""
         names = ctx.tier_names
         T = len(names)
         p = {k: np.asarray(v) for k, v in partial.items()}
         lo = np.maximum(np.concatenate([[0.0], RATIO_EDGES]) - 1.0, -1.0)  # relative change at each bin's lower edge
         hi = np.concatenate([RATIO_EDGES, [np.inf]]) - 1.0
-        rows, hrows = [], []
+        rows: list[dict[str, Any]] = []
+        hrows: list[dict[str, Any]] = []
         groups = [(names[t], p["counts"][t], p["within"][t], p["hist"][t], p["rsum"][t]) for t in range(T)]
         groups.append(("all", p["counts"][:T].sum(0), p["within"][:T].sum(0), p["hist"][:T].sum(0), p["rsum"][:T].sum(0)))
         for tier, cnt, win, hist, rs in groups:
@@ -200,27 +204,30 @@ class UsageChange(Analysis):
                 for q, h in enumerate(THRESHOLDS):
                     row[f"within_{round(h * 100)}pct"] = int(win[j, q]) / n if n else np.nan
                 row["mean_change"] = float(rs[j]) / n if n else np.nan
-                row.update({f"p{q}_change": v for q, v in bin_quantile_edges(hist[j], lo, (1, 10, 50, 90, 99)).items()})
+                row.update({f"p{q}_change": float(v) for q, v in bin_quantile_edges(hist[j], lo, (1, 10, 50, 90, 99)).items()})
                 rows.append(row)
-                hrows.extend(bin_rows(hist[j], lo, hi, "change", "pairs", tier=tier, resource=res))
-        within_cols = [f"within_{round(h * 100)}pct" for h in THRESHOLDS]
-        pct_cols = [f"p{q}_change" for q in (1, 10, 50, 90, 99)]
-        summary = pd.DataFrame(rows, columns=["tier", "resource", *_COUNTS, *within_cols, "mean_change", *pct_cols])
-        summary = summary.astype({c: np.int64 for c in _COUNTS})
-        hist_df = pd.DataFrame(hrows, columns=["tier", "resource", "bin", "lo_change", "hi_change", "pairs"])
-        hist_df = hist_df.astype({"bin": np.int64, "pairs": np.int64})
+                hrows.extend({c: r[c] for c in _HIST_SCHEMA.names}
+                             for r in bin_rows(hist[j], lo, hi, "change", "pairs", tier=tier, resource=res))
         stats = dict(zip(_STATS, (int(v) for v in p["stats"]), strict=True))
-        info = pd.DataFrame([{"analysis": self.name, "tier_map": ctx.tier_map.name, "tiers": ",".join(names),
-                              "max_gap_s": int(self.max_gap_s), **stats}])
-        return {"summary": summary, "hist": hist_df, "info": info}
+        info = table_from_rows([{"analysis": self.name, "tier_map": ctx.tier_map.name, "tiers": ",".join(names),
+                                 "max_gap_s": int(self.max_gap_s), **stats}])
+        return {"summary": rows_table(rows, _SUMMARY_SCHEMA), "hist": rows_table(hrows, _HIST_SCHEMA), "info": info}
 
-    def summary(self, result: dict[str, pd.DataFrame]) -> str:
-        info = result["info"].iloc[0]
+    def summary(self, result: dict[str, Any]) -> str:
+        info = as_arrow(result["info"]).to_pylist()[0]
         lines = [f"{self.label}: {info['pairs']:,} pairs of consecutive windows of {info['instances']:,} instances "
                  f"({info['rows']:,} windows; {info['gaps']:,} gaps over {int(info['max_gap_s'])} s), "
                  f"tier map {info['tier_map']!r}"]
-        for r in result["summary"].itertuples(index=False):
-            lines.append(f"  {r.tier:>8} {r.resource}: {r.defined:,} defined changes, within ±20%: "
-                         f"{fmt(r.within_20pct, '.1%')}, within ±5%: {fmt(r.within_5pct, '.1%')}, "
-                         f"median {fmt(r.p50_change, '+.3f')}")
+        for r in as_arrow(result["summary"]).to_pylist():
+            lines.append(f"  {r['tier']:>8} {r['resource']}: {r['defined']:,} defined changes, within ±20%: "
+                         f"{fmt(r['within_20pct'], '.1%')}, within ±5%: {fmt(r['within_5pct'], '.1%')}, "
+                         f"median {fmt(r['p50_change'], '+.3f')}")
         return "\n".join(lines)
+
+
+#: The result tables' columns and types (an empty table keeps them).
+_SUMMARY_SCHEMA = pa.schema([("tier", pa.string()), ("resource", pa.string()), *((c, pa.int64()) for c in _COUNTS),
+                             *((f"within_{round(h * 100)}pct", pa.float64()) for h in THRESHOLDS),
+                             ("mean_change", pa.float64()), *((f"p{q}_change", pa.float64()) for q in (1, 10, 50, 90, 99))])
+_HIST_SCHEMA = pa.schema([("tier", pa.string()), ("resource", pa.string()), ("bin", pa.int64()),
+                          ("lo_change", pa.float64()), ("hi_change", pa.float64()), ("pairs", pa.int64())])
