@@ -65,10 +65,14 @@ def to_numpy(arr: Any) -> np.ndarray:
 
 
 def array(values: Any) -> pa.Array:
-    """A NumPy array of numbers or booleans (or a sequence of strings) as an Arrow array, no NULLs.
+    """A NumPy array of numbers or booleans (or a sequence of strings) as an Arrow array: a float
+    NaN becomes NULL, as ``pa.Table.from_pandas`` makes it (so a table written from it reads in
+    SQL as the DataFrame's did: NULL, not NaN); nothing else is NULL.
 
     >>> array(np.array([1.5, 2.0])).type, array(np.array([True, False])).to_pylist(), array(["a"]).type
     (DataType(double), [True, False], DataType(string))
+    >>> array(np.array([1.5, np.nan])).to_pylist()
+    [1.5, None]
     """
     a = np.asarray(values)
     if a.dtype.kind in "OUS" or a.size == 0 and not isinstance(values, np.ndarray):
@@ -79,7 +83,12 @@ def array(values: Any) -> pa.Array:
     if a.dtype.kind not in "iuf":
         raise TypeError(f"no Arrow array of dtype {a.dtype} without pandas")
     a = np.ascontiguousarray(a)
-    return pa.Array.from_buffers(pa.from_numpy_dtype(a.dtype), a.size, [None, pa.py_buffer(a)])
+    valid = None
+    if a.dtype.kind == "f":
+        nan = np.isnan(a)
+        if nan.any():
+            valid = pa.py_buffer(np.packbits(~nan, bitorder="little"))
+    return pa.Array.from_buffers(pa.from_numpy_dtype(a.dtype), a.size, [valid, pa.py_buffer(a)])
 
 
 def strings(values: Any) -> pa.Array:
