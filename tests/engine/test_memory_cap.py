@@ -114,10 +114,13 @@ BUCKETED_CASES = [
     # fits since the machine table is written by the shard tasks, a chunk of rows at a time, and
     # the spills are merged into dense accumulators (569 MiB before)
     pytest.param("overcommit", {}, id="overcommit"),
-    pytest.param("usage-distribution", {"by": "instance"}, id="usage-distribution[by=instance]", marks=_xfail(
-        "the per-instance rows are written by the shard tasks now (355 -> 351 MiB against 339), but "
-        "the peak is a partition's working set: 20 percentile columns as float64 and their repaired "
-        "copy per row, above the cap's generic 4x amplification of a row")),
+    # within a few MiB of its cap since the analyses import only what they use (pandas lazily):
+    # one fresh-clone CI run measured it under the cap (a strict xfail then fails), the next above
+    pytest.param("usage-distribution", {"by": "instance"}, id="usage-distribution[by=instance]", marks=pytest.mark.xfail(
+        strict=False, reason="issue 8: the per-instance rows are written by the shard tasks now (355 -> 351 MiB "
+        "against 339, at the cap since the lazy imports), but the peak is a partition's working set: 20 "
+        "percentile columns as float64 and their repaired copy per row, above the cap's generic 4x "
+        "amplification of a row")),
 ]
 
 CHILD = r"""
