@@ -33,7 +33,7 @@ import pyarrow as pa
 from gpuclust._lazy import pandas as pd
 from gpuclust.arrow_numpy import to_numpy
 
-__all__ = ["KINDS", "as_arrow", "as_pandas", "column", "convert"]
+__all__ = ["KINDS", "as_arrow", "as_pandas", "check_kind", "column", "convert"]
 
 #: The values of ``tables=``.
 KINDS = ("pandas", "arrow", "native")
@@ -70,10 +70,15 @@ def column(t: Any, name: str) -> np.ndarray:
     return t[name].to_numpy()
 
 
-def convert(results: Mapping[str, Mapping[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
-    """``{result key: {table: ...}}`` with every table of the ``kind`` (see :data:`KINDS`)."""
+def check_kind(kind: str) -> None:
+    """Refuse a ``tables=`` value that is not one of :data:`KINDS`."""
     if kind not in KINDS:
         raise ValueError(f"tables must be one of {', '.join(KINDS)}, got {kind!r}")
+
+
+def convert(results: Mapping[str, Mapping[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
+    """``{result key: {table: ...}}`` with every table of the ``kind`` (see :data:`KINDS`)."""
+    check_kind(kind)
     to = {"pandas": as_pandas, "arrow": as_arrow}.get(kind)
     if to is None:
         return {k: dict(v) for k, v in results.items()}

@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
@@ -18,10 +17,7 @@ __all__ = ["max_below", "max_finite", "to_f64", "to_i64"]
 
 def to_i64(arr: Any) -> np.ndarray:
     """An Arrow integer column as an int64 NumPy array, NULL -> int64 minimum."""
-    a = pc.cast(arr, "int64")
-    if a.null_count:
-        a = pc.fill_null(a, pa.scalar(np.iinfo(np.int64).min, pa.int64()))
-    return np.ascontiguousarray(to_numpy(a), dtype=np.int64)
+    return np.ascontiguousarray(to_numpy(pc.cast(arr, "int64")), dtype=np.int64)  # NULL: to_numpy's fill
 
 
 def to_f64(arr: Any) -> np.ndarray:

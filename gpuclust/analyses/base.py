@@ -226,6 +226,12 @@ class Analysis:
         """The keys ``[first, end)`` of keyed partial ``name`` in shard ``[lo, hi)``."""
         raise NotImplementedError
 
+    def dense_keys(self, ctx: Any) -> dict[str, tuple[int, int]] | None:
+        """The key range ``(first, end)`` of each summed keyed partial when they are few, so the
+        local engine merges them in memory instead of spilling them
+        (:func:`gpuclust.engine.shards.dense_target`); None (the default): spill."""
+        return None
+
     def merge_rest(self, a: Any, b: Any) -> Any:
         """Merge two ``rest`` parts of :meth:`split`."""
         raise NotImplementedError

@@ -60,10 +60,9 @@ def analyze(dataset, names, *, out=None, backend="cpu", scheduler=None, partitio
     --------
     >>> res = analyze("cell", ["machine-shapes"], out="results")   # doctest: +SKIP
     """
-    from gpuclust.tables import KINDS, convert
+    from gpuclust.tables import check_kind, convert
 
-    if tables not in KINDS:  # before anything is computed
-        raise ValueError(f"tables must be one of {', '.join(KINDS)}, got {tables!r}")
+    check_kind(tables)  # before anything is computed
     if cells is not None:  # several cells, one dataset each (--cells)
         from gpuclust.engine.cells import analyze_cells
 

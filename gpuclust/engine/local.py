@@ -25,7 +25,7 @@ from gpuclust.engine import partition as _partition
 from gpuclust.engine import selection as _selection
 from gpuclust.engine import shards as _shards
 from gpuclust.parted import PartedTable, map_large_arrays
-from gpuclust.tables import KINDS, convert
+from gpuclust.tables import check_kind, convert
 
 __all__ = ["PerPartition", "bind_partition", "context_of", "contexts", "default_workers", "finalize_all", "merge_local",
            "partition_partials", "per_partition", "plan_tables", "auto_rows_of", "resolve_analyses", "result_keys", "run", "unbound"]
@@ -220,8 +220,7 @@ def run(
     >>> run({"machine_events": me}, "machine-shapes")["machine-shapes"]["shapes"].to_dict("records")
     [{'cap_cpu': 0.5, 'cap_mem': 0.25, 'machines': 2}]
     """
-    if tables not in KINDS:
-        raise ValueError(f"tables must be one of {', '.join(KINDS)}, got {tables!r}")
+    check_kind(tables)
     tune_allocator()
     src = _partition.as_source(source)
     ans = resolve_analyses(analyses)

@@ -109,8 +109,7 @@ def dense_target(a: Analysis, ctx: Any, folder: SpillTarget | None) -> SpillTarg
     (``a.dense_keys(ctx)``: the key range ``(first, end)`` of each of its keyed partials, or
     None) with summed keyed partials only, at most :data:`DENSE_KEYS` keys in all; else
     ``folder`` (only where the client merges partials in partition order)."""
-    fn = getattr(a, "dense_keys", None)
-    ranges = fn(ctx) if folder is not None and fn is not None else None
+    ranges = a.dense_keys(ctx) if folder is not None else None
     if not ranges or set(ranges) & set(a.keyed_rows) or set(ranges) != set(a.split(a.empty())[1]):
         return folder
     if sum(max(0, end - first) for first, end in ranges.values()) > DENSE_KEYS:
