@@ -5,7 +5,8 @@ pandas conversion code (even for a zero-copy view of an int64 column), and ``pa.
 ``pa.scalar``, ``pa.table`` and every compute function given a Python number first check whether
 their input is a pandas object.  That import costs ~0.15 s of one core before any data is read
 (docs/scale.md, "Start-up").  The functions here do the same through the DLPack protocol and
-``from_buffers``: the engine reads every partition's columns through :func:`to_numpy`, and
+``from_buffers`` (and NULLs through the validity bitmap: importing ``pyarrow.compute`` costs
+another ~0.06 s): the engine reads every partition's columns through :func:`to_numpy`, and
 analyses that build their result tables from NumPy arrays use :func:`table` and
 :func:`table_from_rows` (see :mod:`gpuclust.tables`).
 
@@ -20,9 +21,8 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
-__all__ = ["array", "empty_table", "rows_table", "scalar", "strings", "table", "table_from_rows", "to_numpy"]
+__all__ = ["array", "empty_table", "rows_table", "scalar", "strings", "table", "table_from_rows", "to_numpy", "valid"]
 
 
 def scalar(value: Any, type: pa.DataType) -> pa.Scalar:
@@ -36,32 +36,62 @@ def scalar(value: Any, type: pa.DataType) -> pa.Scalar:
     return pa.Array.from_buffers(type, 1, [None, pa.py_buffer(buf)])[0]
 
 
-def _null_fill(t: pa.DataType) -> pa.Scalar:
-    if pa.types.is_floating(t):
-        return scalar(np.nan, t)
-    return scalar(np.iinfo(np.dtype(t.to_pandas_dtype())).min, t)
+def _null_fill(dtype: np.dtype) -> Any:
+    return np.nan if dtype.kind == "f" else np.iinfo(dtype).min
 
 
-def _chunk(c: pa.Array) -> np.ndarray:
-    if c.null_count:
-        c = pc.fill_null(c, _null_fill(c.type))
-    return np.from_dlpack(c)  # a read-only view of the Arrow buffer
+def _valid_chunk(c: pa.Array) -> np.ndarray:
+    if c.null_count == 0:
+        return np.ones(len(c), dtype=bool)
+    bits = np.frombuffer(c.buffers()[0], np.uint8)
+    return np.unpackbits(bits, count=c.offset + len(c), bitorder="little")[c.offset:].view(bool)
 
 
-def to_numpy(arr: Any) -> np.ndarray:
-    """An Arrow array or chunked array as a NumPy array: NULL -> NaN (floats) / the dtype's
-    minimum (integers).  Integer and float columns without NULLs in one chunk are read-only views
-    of the Arrow buffer; other number columns are copies; other types (strings, booleans,
-    timestamps) go through Arrow's own conversion."""
-    t = arr.type
-    if not (pa.types.is_integer(t) or pa.types.is_floating(t)) or pa.types.is_float16(t):
-        return arr.to_numpy(zero_copy_only=False)
+def valid(arr: Any) -> np.ndarray:
+    """``pc.is_valid(arr)`` as a NumPy bool array (any type; read from the validity bitmaps).
+
+    >>> valid(pa.chunked_array([["a", None], [None, "b"]])).tolist()
+    [True, False, False, True]
+    """
     chunks = arr.chunks if isinstance(arr, pa.ChunkedArray) else [arr]
     if not chunks:
-        return np.zeros(0, np.dtype(t.to_pandas_dtype()))
+        return np.zeros(0, dtype=bool)
+    return np.concatenate([_valid_chunk(c) for c in chunks])
+
+
+def _chunk(c: pa.Array, dtype: np.dtype) -> np.ndarray:
+    if c.null_count == 0:
+        v = np.from_dlpack(c)  # a read-only view of the Arrow buffer
+        return v if v.dtype == dtype else v.astype(dtype)
+    raw = np.frombuffer(c.buffers()[1], np.dtype(c.type.to_pandas_dtype()), count=c.offset + len(c))[c.offset:]
+    out = raw.astype(dtype)  # a copy: the NULL slots (whatever their bytes) are filled
+    out[~_valid_chunk(c)] = _null_fill(dtype)
+    return out
+
+
+def to_numpy(arr: Any, dtype: Any = None) -> np.ndarray:
+    """An Arrow array or chunked array as a NumPy array (of ``dtype``: default the column's own):
+    NULL -> NaN (floats) / the dtype's minimum (integers).  Integer and float columns without NULLs
+    in one chunk, read as their own dtype, are read-only views of the Arrow buffer; other number
+    columns are copies; other types (strings, booleans, timestamps) go through Arrow's own
+    conversion.
+
+    >>> to_numpy(pa.array([1, None], pa.int32()), np.int64).tolist()
+    [1, -9223372036854775808]
+    >>> to_numpy(pa.array([1, None], pa.int32()), np.float64).tolist()
+    [1.0, nan]
+    """
+    t = arr.type
+    if not (pa.types.is_integer(t) or pa.types.is_floating(t)) or pa.types.is_float16(t):
+        out = arr.to_numpy(zero_copy_only=False)
+        return out if dtype is None else out.astype(dtype)
+    dt = np.dtype(t.to_pandas_dtype() if dtype is None else dtype)
+    chunks = arr.chunks if isinstance(arr, pa.ChunkedArray) else [arr]
+    if not chunks:
+        return np.zeros(0, dt)
     if len(chunks) == 1:
-        return _chunk(chunks[0])
-    return np.concatenate([_chunk(c) for c in chunks])
+        return _chunk(chunks[0], dt)
+    return np.concatenate([_chunk(c, dt) for c in chunks])
 
 
 def array(values: Any) -> pa.Array:

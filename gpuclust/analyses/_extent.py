@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from gpuclust.arrow_numpy import to_numpy
@@ -17,12 +16,12 @@ __all__ = ["max_below", "max_finite", "to_f64", "to_i64"]
 
 def to_i64(arr: Any) -> np.ndarray:
     """An Arrow integer column as an int64 NumPy array, NULL -> int64 minimum."""
-    return np.ascontiguousarray(to_numpy(pc.cast(arr, "int64")), dtype=np.int64)  # NULL: to_numpy's fill
+    return np.ascontiguousarray(to_numpy(arr, np.int64))
 
 
 def to_f64(arr: Any) -> np.ndarray:
     """An Arrow numeric column as a float64 NumPy array, NULL -> NaN."""
-    return np.asarray(to_numpy(pc.cast(arr, "float64")), dtype=np.float64)
+    return to_numpy(arr, np.float64)
 
 
 def max_below(a: np.ndarray) -> int | None:

@@ -23,12 +23,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import pyarrow.compute as pc
 
 from gpuclust import _parallel
 from gpuclust._cache import PerArrayCache
 from gpuclust._lazy import pandas as pd
-from gpuclust.arrow_numpy import scalar, to_numpy
+from gpuclust.arrow_numpy import to_numpy, valid
 
 __all__ = ["EVENT_COLUMNS", "InstanceLookup", "MachineHash", "TierLookupContext", "id_index", "machine_capacities",
            "max_priority",
@@ -422,16 +421,18 @@ def max_priority(ev: Any, top_level_only: bool = True) -> pd.DataFrame:
 
 def _event_arrays(ev: Any, top_level_only: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The ``c, i, m, p`` arrays of the events :func:`max_priority` groups (rows filtered as it says)."""
-    keep = pc.is_valid(ev.column("machine_id"))
+    keep = valid(ev.column("machine_id"))
     if top_level_only:
         alloc = ev.column("alloc_collection_id")
-        zero = scalar(0, alloc.type)
-        keep = pc.and_(pc.or_(pc.is_null(alloc), pc.equal(pc.fill_null(alloc, zero), zero)), keep)
-    ev = ev.filter(keep)
-    return (to_numpy(ev.column("collection_id")).astype(np.int64),
-            to_numpy(ev.column("instance_index")).astype(np.int32),
-            to_numpy(ev.column("machine_id")).astype(np.int64),
-            np.asarray(to_numpy(pc.cast(ev.column("priority"), "float64")), dtype=np.float64))
+        keep &= ~valid(alloc) | (to_numpy(alloc, np.int64) == 0)
+    rows = None if keep.all() else np.flatnonzero(keep)
+
+    def col(name: str, dtype: Any) -> np.ndarray:
+        a = to_numpy(ev.column(name), dtype)
+        return a if rows is None else a[rows]
+
+    return (col("collection_id", np.int64), col("instance_index", np.int32), col("machine_id", np.int64),
+            col("priority", np.float64))
 
 
 def _group_max(c: np.ndarray, i: np.ndarray, m: np.ndarray, p: np.ndarray) -> pd.DataFrame:

@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import pyarrow.compute as pc
 
 from gpuclust._lazy import pandas as pd
 from gpuclust.analyses._extent import max_finite
@@ -48,6 +47,7 @@ from gpuclust.analyses._machine_cells import (
 from gpuclust.analyses.base import Analysis, fmt, is_null_int, resolve_tier_map
 from gpuclust.analyses.grouping import bucket_index
 from gpuclust.analyses.options import option, tier_map_option
+from gpuclust.arrow_numpy import valid as arrow_valid
 from gpuclust.backends.moments_cpu import grouped_comoments, regroup_moments
 from gpuclust.parted import finalize_in_memory
 from gpuclust.partials import Moments, keyed_reduce, log_bins, merge_keyed
@@ -168,7 +168,7 @@ def _platform_lookup(me: Any) -> dict[str, Any]:
     t = me.column("time").to_numpy().astype(np.int64)
     plat = me.column("platform_id")
     pm_ids = np.unique(mid)
-    valid = pc.is_valid(plat).to_numpy(zero_copy_only=False)
+    valid = arrow_valid(plat)
     names = np.asarray(plat.to_pylist(), dtype=object)
     platforms = tuple(sorted({str(p) for p in names[valid]}))
     code_of = {p: i for i, p in enumerate(platforms)}

@@ -191,9 +191,31 @@ def segmented_last(ops: Any, xp: Any, flag: Any, seg_start: Any) -> Any:
     return xp.where(last >= seg_start, last, -1)
 
 
+def packed_order(xp: Any, key: Any, span: int) -> Any | None:
+    """The stable argsort of ``key`` (int64 values in ``[0, span)``) by one sort of values:
+    ``key << b | row`` (``b`` the bits of a row number) is unique, so an unstable sort of the
+    packed values orders the rows stably and ``& (2^b - 1)`` reads each one's row back.  A sort of
+    values moves half the bytes of an argsort and vectorises (NumPy's SIMD sort: about 4x faster
+    than ``argsort`` on the benchmark's event partitions; CuPy's radix sort of keys alone);
+    ``None`` where the packed value would not fit in 63 bits.
+
+    >>> import numpy as np
+    >>> packed_order(np, np.array([2, 0, 2, 1]), 3).tolist()
+    [1, 3, 0, 2]
+    >>> packed_order(np, np.array([2, 0, 1, 3]), 1 << 62) is None
+    True
+    """
+    n = int(key.shape[0])
+    bits = max(n - 1, 1).bit_length()
+    if span <= 0 or (span - 1) >> (63 - bits):
+        return None
+    return xp.sort((key << bits) | xp.arange(n, dtype=xp.int64)) & ((1 << bits) - 1)
+
+
 def dense_rank(xp: Any, a: Any) -> tuple[Any, int]:
     """Each value's rank among the distinct values of ``a`` (0, 1, ...), and how many there are:
-    one unstable argsort (equal values get equal ranks, so stability does not matter).
+    one sort (:func:`packed_order` where the values' range allows, else an unstable argsort; equal
+    values get equal ranks, so stability does not matter).
 
     >>> import numpy as np
     >>> r, k = dense_rank(np, np.array([30, 10, 30, 20]))
@@ -203,7 +225,11 @@ def dense_rank(xp: Any, a: Any) -> tuple[Any, int]:
     n = int(a.shape[0])
     if n == 0:
         return xp.zeros(0, dtype=xp.int64), 0
-    o = xp.argsort(a)
+    a = a.astype(xp.int64, copy=False)
+    lo, hi = int(a.min()), int(a.max())
+    o = packed_order(xp, a - lo, hi - lo + 1) if hi - lo < 1 << 62 else None
+    if o is None:
+        o = xp.argsort(a)
     s = a[o]
     new = xp.zeros(n, dtype=xp.int64)
     new[1:] = s[1:] != s[:-1]
@@ -217,10 +243,8 @@ def instance_order(xp: Any, collection: Any, instance: Any, time: Any) -> Any:
     instance and time, ties in row order.
 
     One sort of a unique int64 key, ``((dense (collection, instance) code) x times + time rank)
-    x n + row``; on time-ordered rows (a bucketed dataset's) the row alone orders by time, so no
-    time rank is needed.  A unique key needs no stable sort, so NumPy's vectorised quicksort does it
-    (about 4x faster than ``lexsort`` of three keys on the benchmark's event partitions);
-    ``lexsort`` where the key could overflow.
+    x n + row`` (:func:`packed_order`); on time-ordered rows (a bucketed dataset's) the row alone
+    orders by time, so no time rank is needed.  ``lexsort`` where the key could overflow.
 
     >>> import numpy as np
     >>> c, i, t = np.array([5, 3, 5, 3, 5]), np.array([0, 1, 0, 0, 0]), np.array([9, 1, 2, 4, 2])
@@ -236,9 +260,12 @@ def instance_order(xp: Any, collection: Any, instance: Any, time: Any) -> Any:
     code, nc = dense_rank(xp, c)
     lo = int(i.min())
     width = int(i.max()) - lo + 1
-    if nc * width * times * n >= 1 << 62:
+    order = None
+    if nc * width * times < 1 << 62:
+        key = code * width + (i - lo)
+        if rank is not None:
+            key = key * times + rank
+        order = packed_order(xp, key, nc * width * times)
+    if order is None:
         return xp.lexsort(xp.stack([xp.arange(n, dtype=xp.int64), time.astype(xp.int64), i, c]))
-    key = code * width + (i - lo)
-    if rank is not None:
-        key = key * times + rank
-    return xp.argsort(key * n + xp.arange(n, dtype=xp.int64))
+    return order

@@ -105,7 +105,10 @@ _RUNNING_EXIT = np.array([_DI["execution", o] for o in ("interrupted", "interrup
                                                         "interrupted")], np.int64)
 #: Lower edges (µs) of the delay bins 1, 2, ...: the distinct ``ceil(10^(k/50))``, k = 0..650 (1 µs to
 #: 10^13 µs, about 116 days); bin 0 holds zero delays, the last bin everything from 10^13 µs on.
-DELAY_EDGES_US = np.unique(np.ceil(10.0 ** (np.arange(651) / 50.0)).astype(np.int64))
+#: (``np.ceil`` of an increasing sequence is non-decreasing: the distinct ones are those unlike their
+#: predecessor; ``np.unique`` would import ``numpy.ma``, ~15 ms of every run's start-up)
+_EDGES = np.ceil(10.0 ** (np.arange(651) / 50.0)).astype(np.int64)
+DELAY_EDGES_US = _EDGES[np.concatenate([[True], _EDGES[1:] != _EDGES[:-1]])]
 _B = int(DELAY_EDGES_US.shape[0]) + 1
 #: :func:`delay_bins`' table: each octave of durations from 1 µs to 2^44 µs in 64 cells, each
 #: holding at most one edge.
@@ -407,7 +410,7 @@ class Lifecycle(Analysis):
             grid[f][code, bucket - b0] = np.asarray(s[f], np.int64)
         # every tier that has events gets every bucket (levels carry over buckets without events),
         # rows by bucket, then in the tier map's order
-        present = np.unique(code)
+        present = np.flatnonzero(np.bincount(code, minlength=_T))  # the tiers with events, in order
         b = np.arange(b0, b1 + 1, dtype=np.int64)
         tcode = np.repeat(present, nb)
         bb = np.tile(b, present.shape[0])

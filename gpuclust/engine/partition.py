@@ -19,7 +19,6 @@ from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from gpuclust._parallel import map_ordered
@@ -441,10 +440,8 @@ def _fill_chunk(out: np.ndarray, at: int, arr: pa.Array) -> None:
     """Copy one Arrow chunk of a fixed-width column into ``out[at:]`` (NULL -> NaN / dtype minimum,
     as :func:`column_to_numpy`)."""
     n = len(arr)
-    if arr.null_count and pa.types.is_integer(arr.type):
-        arr = pc.fill_null(arr, pa.scalar(int(np.iinfo(out.dtype).min), arr.type))
-    # floats: a NULL reads as NaN; without NULLs to_numpy is a view of the Arrow buffer (one copy)
-    out[at:at + n] = to_numpy(arr)
+    # without NULLs to_numpy is a view of the Arrow buffer (one copy)
+    out[at:at + n] = to_numpy(arr, out.dtype)
 
 
 def _row_groups(md: Any, p: Piece) -> tuple[list[int], int]:

@@ -39,19 +39,36 @@ def test_bucket_pieces_cover_each_window_once(backend, wins, width):
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(rows=st.lists(st.tuples(st.sampled_from([0, 7, -3, 2**62, -(2**62), 41]), st.integers(-2, 4), st.integers(0, 6)),
-                     max_size=40), time_sorted=st.booleans(), wide=st.booleans())
-def test_instance_order_is_the_stable_three_key_sort(backend, rows, time_sorted, wide):
+                     max_size=40), time_sorted=st.booleans(), wide=st.booleans(), wide_time=st.booleans())
+def test_instance_order_is_the_stable_three_key_sort(backend, rows, time_sorted, wide, wide_time):
     """Rows by collection, instance, time, ties in row order: time-ordered input (the one-sort path),
-    unordered input (a stable sort by time first), and instance indexes so wide the key would
-    overflow (the lexsort path)."""
+    unordered input (a time rank first), instance indexes so wide the key would overflow (the
+    lexsort path), and times spanning 0 to 2^63-1 (the trace's sentinels: the time rank by argsort)."""
     if time_sorted:
         rows = sorted(rows, key=lambda r: r[2])
     c = np.array([r[0] for r in rows], np.int64)
     i = np.array([r[1] * (2**58 if wide else 1) for r in rows], np.int64)
-    t = np.array([r[2] for r in rows], np.int64)
+    t = np.array([(2**63 - 1 if r[2] == 6 else r[2] * 10**12) if wide_time else r[2] for r in rows], np.int64)
     want = sorted(range(len(rows)), key=lambda j: (c[j], i[j], t[j], j))
     got = instance_order(backend.xp, *(backend.asarray(a) for a in (c, i, t)))
     assert backend.to_host(got).tolist() == want
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(keys=st.lists(st.integers(0, 2**40), max_size=50), span_bits=st.integers(1, 63))
+def test_packed_order_is_the_stable_argsort_or_declines(backend, keys, span_bits):
+    """``packed_order`` is NumPy's stable argsort wherever ``key << bits | row`` fits in 63 bits,
+    and ``None`` exactly where it does not."""
+    from gpuclust.analyses.grouping import packed_order
+
+    key = np.array(keys, np.int64) % (1 << min(span_bits, 40))
+    span = 1 << span_bits
+    got = packed_order(backend.xp, backend.asarray(key), span)
+    bits = max(len(keys) - 1, 1).bit_length()
+    if span_bits + bits > 63:
+        assert got is None
+    else:
+        assert backend.to_host(got).tolist() == np.argsort(key, kind="stable").tolist()
 
 
 def test_log_bins_equal_the_binary_search_on_the_ratio_edges(backend):

@@ -81,6 +81,14 @@ def test_to_numpy_matches_pyarrows_conversion(data: st.DataObject, t: pa.DataTyp
     want = np.array([fill if v is None else v for v in arr.to_pylist()], dtype=t.to_pandas_dtype())
     assert got.dtype == want.dtype
     np.testing.assert_array_equal(got, want)
+    # read as another dtype: the NULL fill is that dtype's (pc.cast, then to_numpy, did this before)
+    for dt in (np.int64, np.float64) if info is not None else (np.float64,):
+        fill = np.nan if dt is np.float64 else np.iinfo(dt).min
+        want = np.array([fill if v is None else v for v in arr.to_pylist()], dtype=dt)
+        got = arrow_numpy.to_numpy(arr, dt)
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got, want)
+    assert arrow_numpy.valid(arr).tolist() == [v is not None for v in arr.to_pylist()]
     for chunk in arr.chunks:  # one chunk, no NULL: a view of the Arrow buffer, never writable
         if chunk.null_count == 0 and len(chunk):
             assert not arrow_numpy.to_numpy(chunk).flags.writeable
