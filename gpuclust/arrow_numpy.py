@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["array", "empty_table", "rows_table", "scalar", "strings", "table", "table_from_rows", "to_numpy", "valid"]
+__all__ = ["array", "empty_table", "labels", "rows_table", "scalar", "strings", "table", "table_from_rows", "to_numpy",
+           "valid"]
 
 
 def scalar(value: Any, type: pa.DataType) -> pa.Scalar:
@@ -104,6 +105,8 @@ def array(values: Any) -> pa.Array:
     >>> array(np.array([1.5, np.nan])).to_pylist()
     [1.5, None]
     """
+    if isinstance(values, pa.Array):
+        return values
     a = np.asarray(values)
     if a.dtype.kind in "OUS" or a.size == 0 and not isinstance(values, np.ndarray):
         return strings(list(values))
@@ -130,6 +133,31 @@ def strings(values: Any) -> pa.Array:
         return pa.Array.from_buffers(pa.string(), len(data),
                                      [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(b"".join(data))])
     return pa.Array.from_buffers(pa.large_string(), len(data), [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(data))])
+
+
+def labels(names: Any, codes: np.ndarray) -> pa.Array:
+    """``strings([names[c] for c in codes])`` without a Python object per row: the string column
+    of a table whose rows each carry one of a few labels (a tier name per collection), built from
+    the labels' bytes by two ``repeat``s and a gather (~100x faster than :func:`strings` per row).
+
+    >>> labels(["free", "prod"], np.array([1, 0, 1])).equals(strings(["prod", "free", "prod"]))
+    True
+    """
+    codes = np.asarray(codes, np.int64)
+    enc = [str(v).encode() for v in names]
+    size = np.array([len(b) for b in enc], np.int64)
+    first = np.zeros(len(enc), np.int64)
+    np.cumsum(size[:-1], out=first[1:])
+    length = size[codes] if len(enc) else np.zeros(0, np.int64)
+    offsets = np.zeros(codes.shape[0] + 1, np.int64)
+    np.cumsum(length, out=offsets[1:])
+    # byte j of the column is byte (j - offsets[row]) of its row's label
+    src = np.repeat(first[codes] - offsets[:-1] if len(enc) else offsets[:-1], length) + np.arange(offsets[-1])
+    data = np.frombuffer(b"".join(enc), np.uint8)[src]
+    if offsets[-1] < 2**31:
+        return pa.Array.from_buffers(pa.string(), codes.shape[0],
+                                     [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data)])
+    return pa.Array.from_buffers(pa.large_string(), codes.shape[0], [None, pa.py_buffer(offsets), pa.py_buffer(data)])
 
 
 def empty_table(schema: pa.Schema) -> pa.Table:

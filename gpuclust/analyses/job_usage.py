@@ -47,7 +47,7 @@ from gpuclust.analyses._job_groups import group_windows, key_table
 from gpuclust.analyses._lookup import EVENT_COLUMNS, TierLookupContext, priority_lookup
 from gpuclust.analyses.base import Analysis, fmt, is_null_int, resolve_tier_map
 from gpuclust.analyses.options import option, tier_map_option
-from gpuclust.arrow_numpy import rows_table, table, table_from_rows
+from gpuclust.arrow_numpy import labels, rows_table, table, table_from_rows
 from gpuclust.partials import merge_keyed
 from gpuclust.schema import TIME_AFTER_TRACE, CollectionType, tier_map
 from gpuclust.tables import as_arrow
@@ -408,8 +408,8 @@ class JobUsage(Analysis):
         order = _by_usage(cpu, key)  # NCU-hours descending, then collection_id
         key, cpu, code = key[order], cpu[order], code[order]
         mem, windows = p["mem"].astype(np.float64)[order], p["windows"].astype(np.int64)[order]
-        tier = np.array(names, dtype=object)[code] if code.size else np.array([], dtype=object)
-        jobs = table({"collection_id": key, "tier": tier, "ncu_hours": cpu, "nmu_hours": mem, "windows": windows})
+        jobs = table({"collection_id": key, "tier": labels(names, code), "ncu_hours": cpu, "nmu_hours": mem,
+                      "windows": windows})
         rows, corr = [], []
         for t in (*names, "all"):
             sel = None if t == "all" else np.array([nm == t for nm in names])[code]  # the rows of tier t

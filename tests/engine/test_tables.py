@@ -94,6 +94,16 @@ def test_to_numpy_matches_pyarrows_conversion(data: st.DataObject, t: pa.DataTyp
             assert not arrow_numpy.to_numpy(chunk).flags.writeable
 
 
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), names=st.lists(st.text(max_size=6), min_size=1, max_size=5))
+def test_labels_equal_a_string_per_row(data: st.DataObject, names: list[str]) -> None:
+    """The vectorised label column (job-usage's tier per collection) against pyarrow's array of the
+    Python strings, empty and non-ASCII labels included."""
+    codes = np.array(data.draw(st.lists(st.integers(0, len(names) - 1), max_size=30)), np.int64)
+    got = arrow_numpy.labels(names, codes)
+    assert got.equals(pa.array([names[c] for c in codes], pa.string()))
+
+
 @settings(max_examples=40, deadline=None)
 @given(rows=st.lists(st.fixed_dictionaries({
     "s": st.text(max_size=5), "i": st.integers(-2**63, 2**63 - 1), "f": st.floats(allow_nan=True),
