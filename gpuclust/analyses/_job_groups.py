@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from gpuclust._cache import PerArrayCache
+from gpuclust.analyses.grouping import packed_order
 
 __all__ = ["KeyTable", "group_windows", "key_hash", "key_table"]
 
@@ -96,7 +97,9 @@ class KeyTable:
         self.bits = max(4, int(max(n, 1) - 1).bit_length() + self.SPARSITY)
         self.shift = np.uint64(64 - self.bits)
         home = (key_hash(collection, instance, machine) >> self.shift).view(np.int64)
-        order = np.argsort(home)
+        order = packed_order(np, home, 1 << self.bits)  # (home < 2^bits: one sort of values)
+        if order is None:
+            order = np.argsort(home)
         ar = np.arange(n, dtype=np.int64)
         pos = np.maximum.accumulate(home[order] - ar) + ar if n else ar  # first free slot at or after home
         self.slots = np.full((1 << self.bits) + n, n, np.int32)

@@ -27,6 +27,7 @@ import numpy as np
 from gpuclust import _parallel
 from gpuclust._cache import PerArrayCache
 from gpuclust._lazy import pandas as pd
+from gpuclust.analyses.grouping import hash_order
 from gpuclust.arrow_numpy import to_numpy, valid
 
 __all__ = ["EVENT_COLUMNS", "InstanceLookup", "MachineHash", "TierLookupContext", "id_index", "machine_capacities",
@@ -489,7 +490,7 @@ def _sorted_max(c: np.ndarray, i: np.ndarray, m: np.ndarray, p: np.ndarray,
     i.e. a merge of the runs)."""
     if h is None:
         h = triple_hash(np, c, i, m)
-        order = np.argsort(h)
+        order = hash_order(h)
     else:
         order = np.argsort(h, kind="stable")
     hs = h[order]

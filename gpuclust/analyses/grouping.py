@@ -212,6 +212,27 @@ def packed_order(xp: Any, key: Any, span: int) -> Any | None:
     return xp.sort((key << bits) | xp.arange(n, dtype=xp.int64)) & ((1 << bits) - 1)
 
 
+def hash_order(h: np.ndarray) -> np.ndarray:
+    """An order of the uint64 hashes ``h`` by value (equal values in any order), on the host:
+    :func:`packed_order` of their top bits, then, only where two distinct hashes share those bits
+    out of order (rare), a stable sort of the nearly sorted result (timsort: a pass over its runs).
+    About 2x faster than ``argsort`` of the full values.
+
+    >>> h = np.array([7, 2**63 + 1, 3, 2**63], np.uint64)
+    >>> h[hash_order(h)].tolist() == sorted(h.tolist())
+    True
+    """
+    n = int(h.shape[0])
+    bits = max(n - 1, 1).bit_length()
+    order = packed_order(np, (h >> np.uint64(bits + 1)).view(np.int64), 1 << (63 - bits))
+    if order is None:
+        return np.argsort(h)
+    hs = h[order]
+    if not bool((hs[1:] >= hs[:-1]).all()):
+        order = order[np.argsort(hs, kind="stable")]
+    return order
+
+
 def dense_rank(xp: Any, a: Any) -> tuple[Any, int]:
     """Each value's rank among the distinct values of ``a`` (0, 1, ...), and how many there are:
     one sort (:func:`packed_order` where the values' range allows, else an unstable argsort; equal

@@ -71,6 +71,21 @@ def test_packed_order_is_the_stable_argsort_or_declines(backend, keys, span_bits
         assert backend.to_host(got).tolist() == np.argsort(key, kind="stable").tolist()
 
 
+@settings(max_examples=200, deadline=None)
+@given(hashes=st.lists(st.one_of(st.integers(0, 2**64 - 1),
+                                 st.builds(lambda t, lo: (t << 60) | lo, st.integers(0, 15), st.integers(0, 255))),
+                       max_size=60))
+def test_hash_order_sorts_hashes_sharing_their_top_bits(hashes):
+    """``hash_order`` against a plain sort: full-range hashes, and hashes drawn to share their top
+    bits (the packed sort's key) and differ below them, in any order (the stable fix-up)."""
+    from gpuclust.analyses.grouping import hash_order
+
+    h = np.array(hashes, dtype=np.uint64)
+    got = hash_order(h)
+    assert sorted(got.tolist()) == list(range(len(hashes)))
+    assert h[got].tolist() == sorted(hashes)
+
+
 def test_log_bins_equal_the_binary_search_on_the_ratio_edges(backend):
     """``partials.log_bins`` (usage-change, usage-vs-request, data-quality) is ``searchsorted(...,
     side="right")`` exactly: every edge, its neighbours in float64, 0, negatives, NaN, infinities
