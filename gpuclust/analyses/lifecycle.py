@@ -48,11 +48,13 @@ from typing import Any, ClassVar
 import numpy as np
 import pyarrow as pa
 
+from gpuclust._parallel import map_ordered, threads
 from gpuclust.analyses._extent import max_finite
 from gpuclust.analyses.base import Analysis, fmt, is_null_int, resolve_tier_map
 from gpuclust.analyses.grouping import FloatBins, bucket_index, instance_order, segmented_last
 from gpuclust.analyses.options import option, tier_map_option
 from gpuclust.arrow_numpy import empty_table, rows_table, table, table_from_rows
+from gpuclust.layout import key_hash
 from gpuclust.partials import bin_quantile_edges, bin_rows, keyed_reduce, merge_keyed
 from gpuclust.schema import TIME_AFTER_TRACE, EventType, TierMap, tier_map
 from gpuclust.tables import as_arrow, column
@@ -128,6 +130,8 @@ def delay_bins(xp: Any, dur: Any, cells: Any = None, edges: Any = None) -> Any:
 _COUNTERS = ("rows", "invalid_type_rows", "instances", "first_not_submit", "unknown_priority_instances",
              "time_zero_events", "after_trace_events")
 _I64_MAX = np.iinfo(np.int64).max
+#: Rows of a partition from which the cpu path replays it as two halves (see ``Lifecycle.partial``).
+SPLIT_ROWS = 1 << 19
 #: Tier slots of the dense partials: the most tiers a tier map may have, plus "unknown".
 _T = 17
 
@@ -233,6 +237,23 @@ class Lifecycle(Analysis):
                 "counters": np.zeros(len(_COUNTERS), np.int64)}
 
     def partial(self, cols: dict[str, Any], ctx: LifecycleContext, backend: Any) -> dict[str, Any]:
+        """The replay of a partition's events; on host arrays (the cpu backend) from
+        :data:`SPLIT_ROWS` rows on, of its two halves by instance hash (each instance whole in one,
+        its rows in order), merged: on two threads where the engine has one to spare
+        (:func:`gpuclust._parallel.threads`; a flat table is one partition, which would leave the
+        other core idle).  The halves depend on the rows alone, so any thread count gives the same
+        result."""
+        n = int(cols["type"].shape[0])
+        if n < SPLIT_ROWS or not getattr(backend.ops, "lookup_slot_tables", False):
+            return self._replay(cols, ctx, backend)
+        upper = (key_hash(np, [cols[k] for k in self.key_columns]) >> np.uint64(63)).astype(bool)
+        halves = [np.flatnonzero(~upper), np.flatnonzero(upper)]
+        del upper
+        parts = list(map_ordered(lambda rows: self._replay({k: v[rows] for k, v in cols.items()}, ctx, backend),
+                                 halves, threads=min(2, threads())))
+        return self.merge(parts[0], parts[1])
+
+    def _replay(self, cols: dict[str, Any], ctx: LifecycleContext, backend: Any) -> dict[str, Any]:
         xp, ops = backend.xp, backend.ops
         out: dict[str, Any] = {k: (v if k == "series" else xp.asarray(v)) for k, v in self.empty().items()}
         T = _T

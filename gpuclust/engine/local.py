@@ -467,10 +467,16 @@ def merge_local(plans: dict[str, tuple[list[int], list[_partition.PartitionSpec]
         sub_spills = [spills[k] if spills else None for k in idx]
         if progress is not None:
             _announce(progress, specs)
-        for spec, parts in zip(specs, _map_in_order(
-                lambda spec, sub=sub, sub_ctxs=sub_ctxs, sub_spills=sub_spills: partials(spec, sub, sub_ctxs,
-                                                                                      sub_spills),
-                specs, nthreads), strict=True):
+        # threads no partition of this table can use (fewer partitions than threads: a flat table
+        # that whole-instance analyses read as one) are lent to its partials (_parallel.threads)
+        spare = max(1, nthreads // max(1, len(specs))) if be.name == "cpu" else 1
+
+        def run_partials(spec: Any, sub: Any = sub, sub_ctxs: Any = sub_ctxs, sub_spills: Any = sub_spills,
+                         spare: int = spare) -> Any:
+            with client_threads(spare):
+                return partials(spec, sub, sub_ctxs, sub_spills)
+
+        for spec, parts in zip(specs, _map_in_order(run_partials, specs, nthreads), strict=True):
             acc = merge_lists(sub, acc, parts)
             if progress is not None:
                 progress.partition_done(spec.table, spec.num_rows)

@@ -361,3 +361,26 @@ def test_lifecycle_without_events_of_a_known_type():
     empty = pa.Table.from_pylist([], schema=t.schema)
     res = run(TableSource({"instance_events": empty}), Lifecycle(), backend=CPU)["lifecycle"]
     assert int(res["info"]["rows"].iloc[0]) == 0
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rows=event_rows(), split=st.sampled_from([1, 2, 7]))
+def test_replay_in_two_halves_is_the_replay(rows, split):
+    """The cpu path replays a partition of at least ``SPLIT_ROWS`` rows as two halves by instance
+    hash, on two threads where one is spare: against the replay reference, and the same tables on
+    one worker and two (the halves depend on the rows alone), for instances and collections."""
+    from unittest import mock
+
+    from gpuclust.analyses import lifecycle as lc
+
+    t = events_table(rows)
+    with mock.patch.object(lc, "SPLIT_ROWS", split):
+        one = run(TableSource({"instance_events": t}), Lifecycle(tier_map="notebook"), workers=1)["lifecycle"]
+        two = run(TableSource({"instance_events": t}), Lifecycle(tier_map="notebook"), workers=2)["lifecycle"]
+        jobs = {w: run(TableSource({"collection_events": t}), lc.CollectionLifecycle(tier_map="notebook"),
+                       workers=w)["collection-lifecycle"] for w in (1, 2)}
+    check(one, rows)
+    _same(one, two)
+    _same(jobs[1], jobs[2])
+    whole = run(TableSource({"collection_events": t}), lc.CollectionLifecycle(tier_map="notebook"))["collection-lifecycle"]
+    _same(jobs[1], whole)
