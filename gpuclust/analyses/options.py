@@ -167,6 +167,19 @@ class Option:
         """One line: ``name: kind (default ...) - help``."""
         return f"{self.name}: {self.kind} (default {self.default_str}) - {self.help}"
 
+    def field(self) -> Any:
+        """The dataclass field :func:`option` makes of this option (an option declared here, as
+        :data:`CELL_USAGE_MODE`, and used as an analysis' field)."""
+        return option(self.default, self.help, choices=self.choices, default_text=self.default_text, fmt=self.fmt,
+                      always_in_label=self.always_in_label)
+
+
+#: cell-usage's ``mode`` (its field is ``CELL_USAGE_MODE.field()``), declared here so the command
+#: line's ``--mode`` offers it without importing the analysis (and its lookups) in every run.
+CELL_USAGE_MODE = Option("mode", "notebook", ("notebook", "exact"),
+                         "notebook = Google's notebook exactly; exact = time-weighted overlap with each hour",
+                         always_in_label=True)
+
 
 def options_of(cls: type) -> tuple[Option, ...]:
     """The options of an analysis class: its dataclass fields made with :func:`option`, in order."""

@@ -85,11 +85,9 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     """The options of an analysis run (backend, scheduler, partitions, workers, memory, tier map,
     mode, time selection, ``-O``), declared once for every command that runs analyses
     (``analyze``, ``report``)."""
-    from gpuclust.analyses.cell_usage import CellUsage
-    from gpuclust.analyses.options import options_of
+    from gpuclust.analyses.options import CELL_USAGE_MODE as mode
     from gpuclust.schema import TIER_MAPS
 
-    mode = {o.name: o for o in options_of(CellUsage)}["mode"]
     p.add_argument("--backend", choices=("cpu", "gpu", "auto"), default="cpu",
                    help="array backend (default cpu; auto says what it chose)")
     p.add_argument("--scheduler", default=None, metavar="SCHED",
