@@ -159,6 +159,14 @@ class Analysis:
     #: instance-bucketed dataset, or as one partition of a flat one (never cut: see
     #: :func:`gpuclust.engine.partition.whole_instance_plan`).
     whole_instances: ClassVar[bool] = False
+    #: Rows per partition it prefers for ``partitions="auto"`` (None: the engine's target; see
+    #: :func:`gpuclust.engine.memory.preferred_rows` and :meth:`auto_rows`).
+    auto_partition_rows: ClassVar[int | None] = None
+
+    def auto_rows(self, source: Any) -> int | None:
+        """Rows per partition it prefers for ``partitions="auto"`` on ``source`` (a dataset or
+        in-memory source): :attr:`auto_partition_rows` unless the best size depends on the data."""
+        return self.auto_partition_rows
 
     @property
     def sharded(self) -> bool:

@@ -234,7 +234,7 @@ def run(
     try:
         if scheduler is None:
             res = _run(src, ans, be, partitions, None, cut_points, split_every, nthreads, progress,
-                       rows=lambda pre: auto_rows_of(pre, limit, nthreads), folders=folders)
+                       rows=lambda pre, s: auto_rows_of(pre, limit, nthreads, s), folders=folders)
         else:
             from gpuclust.engine.dask import open_scheduler, workers_of
 
@@ -242,7 +242,7 @@ def run(
                 in_flight = workers_of(kw["scheduler"], nthreads)
                 res = _run(src, ans, be, partitions, kw["scheduler"], cut_points, split_every, nthreads, progress,
                            label=scheduler if isinstance(scheduler, str) else type(scheduler).__name__,
-                           rows=lambda pre: auto_rows_of(pre, limit, in_flight), folders=folders)
+                           rows=lambda pre, s: auto_rows_of(pre, limit, in_flight, s), folders=folders)
         if folders.own:  # no parts_dir: parted tables come back as DataFrames
             res = {key: {t: v.read() if isinstance(v, PartedTable) else v for t, v in tabs.items()}
                    for key, tabs in res.items()}
@@ -266,7 +266,7 @@ def _run(src: Any, ans: list[Analysis], be: Backend, partitions: int | str, sche
                        "pandas")
 
     multiple = nthreads if scheduler is None else 1
-    auto_rows = rows(ans) if rows is not None else None
+    auto_rows = rows(ans, _selection.unwrap(src)) if rows is not None else None
     plans = plan_tables(_selection.unwrap(src), ans, partitions, cut_points, multiple_of=multiple, auto_rows=auto_rows)
     plans = _selection.prune_plans(src, plans, ans, partitions, cut_points, multiple, progress,  # row-group pushdown
                                    auto_rows=auto_rows)
@@ -354,13 +354,14 @@ class _Prefetch:
         self._pool.shutdown(wait=True)
 
 
-def auto_rows_of(ans: Sequence[Analysis], memory_limit: int, in_flight: int) -> dict[str, int]:
+def auto_rows_of(ans: Sequence[Analysis], memory_limit: int, in_flight: int, source: Any = None) -> dict[str, int]:
     """Rows per partition of each streamed table so that ``in_flight`` partitions fit the budget
-    (:func:`gpuclust.engine.memory.partition_rows`)."""
+    (:func:`gpuclust.engine.memory.partition_rows`; ``source``: what the analyses may size their
+    preference by, see :meth:`gpuclust.analyses.base.Analysis.auto_rows`)."""
     by_table: dict[str, list[Analysis]] = {}
     for a in ans:
         by_table.setdefault(a.table, []).append(a)
-    return {t: _memory.partition_rows(memory_limit, in_flight, sub, t, _partition.AUTO_PARTITION_ROWS)
+    return {t: _memory.partition_rows(memory_limit, in_flight, sub, t, _partition.AUTO_PARTITION_ROWS, source)
             for t, sub in by_table.items()}
 
 

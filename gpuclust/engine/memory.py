@@ -86,21 +86,23 @@ def row_bytes(analyses: Sequence[Any], table: str) -> int:
     return int(2 * read + sum(int(getattr(a, "row_bytes", 512)) for a in analyses))
 
 
-def preferred_rows(analyses: Sequence[Any], cap: int) -> int:
+def preferred_rows(analyses: Sequence[Any], cap: int, source: Any = None) -> int:
     """``cap``, or less where every analysis sharing the read names its own target
-    (``auto_partition_rows``; the largest of them).  Analyses whose per-row work is a few cheap
-    passes (cell-usage, cpi) gain nothing from partitions larger than a Parquet row group (1 Mi
-    rows): smaller ones keep less in flight (peak memory) and let the allocator reuse the same
-    heap blocks partition after partition (no fresh pages to fault in)."""
-    hints = [getattr(a, "auto_partition_rows", None) for a in analyses]
+    (``auto_rows(source)``, else ``auto_partition_rows``; the largest of them).  Analyses whose
+    per-row work is a few cheap passes (cell-usage, cpi) gain nothing from partitions larger than a
+    Parquet row group (1 Mi rows): smaller ones keep less in flight (peak memory) and let the
+    allocator reuse the same heap blocks partition after partition (no fresh pages to fault in)."""
+    hints = [a.auto_rows(source) if source is not None and hasattr(a, "auto_rows")
+             else getattr(a, "auto_partition_rows", None) for a in analyses]
     if not hints or any(h is None for h in hints):
         return int(cap)
     return int(min(cap, max(int(h) for h in hints if h is not None)))  # none is None here
 
 
-def partition_rows(limit: int, in_flight: int, analyses: Sequence[Any], table: str, cap: int) -> int:
+def partition_rows(limit: int, in_flight: int, analyses: Sequence[Any], table: str, cap: int,
+                   source: Any = None) -> int:
     """Rows per partition so that ``in_flight`` partitions fit in half of ``limit``; at most
     ``cap`` (the engine's usual target) or the analyses' own target (:func:`preferred_rows`), at
     least :data:`MIN_PARTITION_ROWS`."""
     per = max(1, row_bytes(analyses, table)) * max(1, int(in_flight))
-    return int(min(preferred_rows(analyses, cap), max(MIN_PARTITION_ROWS, (limit // 2) // per)))
+    return int(min(preferred_rows(analyses, cap, source), max(MIN_PARTITION_ROWS, (limit // 2) // per)))

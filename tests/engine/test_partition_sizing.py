@@ -100,6 +100,30 @@ def test_preferred_rows_only_when_every_analysis_names_one():
     assert memory.partition_rows(1 << 28, 2, [CellUsage()], "instance_usage", cap) < CellUsage.auto_partition_rows
 
 
+def test_job_usage_partitions_follow_the_events():
+    """job-usage's ``auto`` partitions: one 1 Mi-row row group while the events (a bound on its
+    dense partials' collections) are at most that many, 2 Mi rows beyond; the run plans them so."""
+    from gpuclust.analyses.job_usage import JobUsage
+    from gpuclust.engine.local import auto_rows_of
+
+    class Counted:
+        def __init__(self, events: int):
+            self.events = events
+
+        def num_rows(self, table: str) -> int:
+            assert table == "instance_events"
+            return self.events
+
+    cap, a = 1 << 22, JobUsage()
+    assert memory.preferred_rows([a], cap, Counted(800_000)) == 1 << 20
+    assert memory.preferred_rows([a], cap, Counted(1 << 20)) == 1 << 20
+    assert memory.preferred_rows([a], cap, Counted(3_200_000)) == 1 << 21
+    assert memory.preferred_rows([a], cap) == JobUsage.auto_partition_rows  # no source: the declared size
+    assert memory.preferred_rows([a, CellUsage()], cap, Counted(3_200_000)) == 1 << 21  # the largest
+    assert auto_rows_of([a], 1 << 40, 2, Counted(10)) == {"instance_usage": 1 << 20}
+    assert auto_rows_of([a], 1 << 40, 2, Counted(1 << 22)) == {"instance_usage": 1 << 21}
+
+
 @pytest.mark.parametrize("collide", [False, True])
 def test_group_max_matches_pandas(monkeypatch, collide):
     rng = np.random.default_rng(3)
