@@ -33,7 +33,7 @@ import pyarrow as pa
 from gpuclust.analyses._lookup import EVENT_COLUMNS, InstanceLookup, machine_capacities, tier_lookup, triple_hash
 from gpuclust.analyses.base import Analysis, fmt, is_null_int, nan_sum, null_int, resolve_tier_map
 from gpuclust.analyses.grouping import HOUR_US, bucket_span
-from gpuclust.analyses.options import CELL_USAGE_MODE, tier_map_option
+from gpuclust.analyses.options import CELL_USAGE_MODE, CELL_USAGE_MODES, tier_map_option
 from gpuclust.arrow_numpy import table, table_from_rows
 from gpuclust.partials import keyed_reduce, merge_keyed
 from gpuclust.schema import TIME_AFTER_TRACE, TierMap, tier_map
@@ -42,7 +42,7 @@ from gpuclust.tables import as_arrow, column
 __all__ = ["CellUsage", "HOUR_US", "MODES", "triple_hash"]
 
 FIVE_MIN_US = 300_000_000
-MODES = CELL_USAGE_MODE.choices
+MODES = CELL_USAGE_MODES
 #: Keys pack (hour, tier) as hour * 16 + tier; tier codes are < 16.
 _TIER_BITS = 4
 #: Most hours one partition's windows may span in exact mode (guards against garbage times).

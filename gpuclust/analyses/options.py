@@ -176,7 +176,8 @@ class Option:
 
 #: cell-usage's ``mode`` (its field is ``CELL_USAGE_MODE.field()``), declared here so the command
 #: line's ``--mode`` offers it without importing the analysis (and its lookups) in every run.
-CELL_USAGE_MODE = Option("mode", "notebook", ("notebook", "exact"),
+CELL_USAGE_MODES: tuple[str, ...] = ("notebook", "exact")
+CELL_USAGE_MODE = Option("mode", "notebook", CELL_USAGE_MODES,
                          "notebook = Google's notebook exactly; exact = time-weighted overlap with each hour",
                          always_in_label=True)
 
