@@ -15,7 +15,12 @@ context's temporaries, another thread's last partition) is not reused by the oth
 partition: no lock contention to speak of).  And it routes Arrow's allocations to the system
 allocator (unless ``ARROW_DEFAULT_MEMORY_POOL`` chooses one): Arrow's default pool (mimalloc)
 hands the decoded row groups' pages back to the kernel, about 1 s of system time per 1.6e7
-windows in page faults, where glibc, tuned as above, reuses them.  Results do not depend on it;
+windows in page faults, where glibc, tuned as above, reuses them.  And it stops NumPy asking for
+transparent huge pages for its arrays (``madvise(MADV_HUGEPAGE)`` on every allocation of 4 MiB
+or more; unless ``NUMPY_MADVISE_HUGEPAGE`` says otherwise): with THP on ``madvise`` each fault
+then zeroes 2 MiB and may compact memory; without it job-usage at 6.4e7 windows took 1.1 s of
+system time instead of 2.4-3.5 s (wall 7.7-8.6 s against 9.1-10.8 s), and every case at 1.6e7
+measured less system time (bench/results/cpu_vs_duckdb_hugepages.md).  Results do not depend on it;
 a process keeps its peak heap after a run.  ``GPUCLUST_MALLOC_TUNING=0`` turns it off; the glibc
 part does nothing where the C library is not glibc.
 """
@@ -42,6 +47,18 @@ _lock = threading.Lock()
 _done: list[bool] = []
 
 
+def _numpy_hugepages(on: bool) -> None:
+    """NumPy's ``madvise(MADV_HUGEPAGE)`` of its large arrays on or off (what the environment
+    variable ``NUMPY_MADVISE_HUGEPAGE`` sets at import), where this NumPy has the switch."""
+    try:
+        from numpy._core import multiarray
+    except ImportError:  # NumPy 1.x
+        from numpy.core import multiarray  # type: ignore[no-redef]
+    switch = getattr(multiarray, "_set_madvise_hugepage", None)
+    if switch is not None:
+        switch(bool(on))
+
+
 def tune_allocator() -> bool:
     """Apply the tuning once per process; returns whether it is in effect."""
     with _lock:
@@ -62,5 +79,7 @@ def tune_allocator() -> bool:
                 import pyarrow as pa
 
                 pa.set_memory_pool(pa.system_memory_pool())
+            if ok and os.environ.get("NUMPY_MADVISE_HUGEPAGE") is None:
+                _numpy_hugepages(False)
         _done.append(ok)
         return ok

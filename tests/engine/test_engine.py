@@ -282,3 +282,14 @@ def test_allocator_tuning_is_once_and_can_be_turned_off():
     env = {**__import__("os").environ, "GPUCLUST_MALLOC_TUNING": "0"}
     off = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout.split()
     assert off == ["False", "False", "1"]
+    # NumPy's huge-page advice: off once tuned (the switch returns its previous state), unless the
+    # user's NUMPY_MADVISE_HUGEPAGE chose, and left alone without the tuning
+    hp = ("from gpuclust._memory import tune_allocator as t; t(); "
+          "from numpy._core.multiarray import _set_madvise_hugepage as s; print(s(True))")
+    base = {k: v for k, v in __import__("os").environ.items() if k not in ("NUMPY_MADVISE_HUGEPAGE",
+                                                                            "GPUCLUST_MALLOC_TUNING")}
+    for extra, want in (({}, str(not glibc)), ({"NUMPY_MADVISE_HUGEPAGE": "1"}, "True"),
+                        ({"GPUCLUST_MALLOC_TUNING": "0"}, "True")):
+        got = subprocess.run([sys.executable, "-c", hp], capture_output=True, text=True, check=True,
+                             env={**base, **extra}).stdout.strip()
+        assert got == want, extra
