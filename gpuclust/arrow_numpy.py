@@ -148,11 +148,11 @@ def labels(names: Any, codes: np.ndarray) -> pa.Array:
     size = np.array([len(b) for b in enc], np.int64)
     first = np.zeros(len(enc), np.int64)
     np.cumsum(size[:-1], out=first[1:])
-    length = size[codes] if len(enc) else np.zeros(0, np.int64)
+    length = size[codes]
     offsets = np.zeros(codes.shape[0] + 1, np.int64)
     np.cumsum(length, out=offsets[1:])
     # byte j of the column is byte (j - offsets[row]) of its row's label
-    src = np.repeat(first[codes] - offsets[:-1] if len(enc) else offsets[:-1], length) + np.arange(offsets[-1])
+    src = np.repeat(first[codes] - offsets[:-1], length) + np.arange(offsets[-1])
     data = np.frombuffer(b"".join(enc), np.uint8)[src]
     if offsets[-1] < 2**31:
         return pa.Array.from_buffers(pa.string(), codes.shape[0],

@@ -165,7 +165,8 @@ class Analysis:
 
     def auto_rows(self, source: Any) -> int | None:
         """Rows per partition it prefers for ``partitions="auto"`` on ``source`` (a dataset or
-        in-memory source): :attr:`auto_partition_rows` unless the best size depends on the data."""
+        in-memory source; ``None``: not known): :attr:`auto_partition_rows` unless the best size
+        depends on the data."""
         return self.auto_partition_rows
 
     @property

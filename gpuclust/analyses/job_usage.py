@@ -248,11 +248,10 @@ class JobUsage(Analysis):
         :attr:`few_events_rows` (6.4e7 windows, 3.2M events: 1 Mi cost ~2-4 s more CPU); 1 Mi
         rows where they are fewer (a row group, read without a copy: at 1.6e7 windows, 0.8M events,
         peak RSS 710 -> 460 MiB, system time 0.8-1.3 -> 0.4 s, wall 2.3-2.5 -> 2.0 s)."""
-        try:
-            events = int(source.num_rows("instance_events"))
-        except (AttributeError, KeyError, TypeError):
+        if source is None:
             return self.auto_partition_rows
-        return self.few_events_rows if events <= self.few_events_rows else self.auto_partition_rows
+        return self.few_events_rows if source.num_rows("instance_events") <= self.few_events_rows \
+            else self.auto_partition_rows
 
     @property
     def columns(self) -> tuple[str, ...]:

@@ -53,7 +53,7 @@ from gpuclust.analyses._extent import max_finite
 from gpuclust.analyses.base import Analysis, fmt, is_null_int, resolve_tier_map
 from gpuclust.analyses.grouping import FloatBins, bucket_index, instance_order, segmented_last
 from gpuclust.analyses.options import option, tier_map_option
-from gpuclust.arrow_numpy import empty_table, rows_table, table, table_from_rows
+from gpuclust.arrow_numpy import empty_table, labels, rows_table, table, table_from_rows
 from gpuclust.layout import key_hash
 from gpuclust.partials import bin_quantile_edges, bin_rows, keyed_reduce, merge_keyed
 from gpuclust.schema import TIME_AFTER_TRACE, EventType, TierMap, tier_map
@@ -437,7 +437,7 @@ class Lifecycle(Analysis):
         bb = np.tile(b, present.shape[0])
         order = np.lexsort((tcode, bb))
         out: dict[str, Any] = {"bucket": bb[order], "bucket_start_us": (bb * self.width_us)[order],
-                               "tier": np.array(names, dtype=object)[tcode[order]]}
+                               "tier": labels(names, tcode[order])}
         for f in SERIES_FIELDS[:-2]:
             out[f] = grid[f][present].ravel()[order]
         out["pending"] = np.cumsum(grid["d_pending"][present], axis=1).ravel()[order]

@@ -344,4 +344,3 @@ _SUMMARY_SCHEMA = pa.schema([("tier", pa.string()), ("measure", pa.string()), *(
                                                            "p10_ratio", "p50_ratio", "p90_ratio", "p99_ratio"))])
 _HIST_SCHEMA = pa.schema([("tier", pa.string()), ("measure", pa.string()), ("bin", pa.int64()),
                           ("lo_ratio", pa.float64()), ("hi_ratio", pa.float64()), ("windows", pa.int64())])
-

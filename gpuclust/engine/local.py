@@ -266,8 +266,9 @@ def _run(src: Any, ans: list[Analysis], be: Backend, partitions: int | str, sche
                        "pandas")
 
     multiple = nthreads if scheduler is None else 1
-    auto_rows = rows(ans, _selection.unwrap(src)) if rows is not None else None
-    plans = plan_tables(_selection.unwrap(src), ans, partitions, cut_points, multiple_of=multiple, auto_rows=auto_rows)
+    base = _selection.unwrap(src)
+    auto_rows = rows(ans, base) if rows is not None else None
+    plans = plan_tables(base, ans, partitions, cut_points, multiple_of=multiple, auto_rows=auto_rows)
     plans = _selection.prune_plans(src, plans, ans, partitions, cut_points, multiple, progress,  # row-group pushdown
                                    auto_rows=auto_rows)
     # the local path reads its first partitions while the contexts are computed (see _Prefetch)

@@ -88,12 +88,11 @@ def row_bytes(analyses: Sequence[Any], table: str) -> int:
 
 def preferred_rows(analyses: Sequence[Any], cap: int, source: Any = None) -> int:
     """``cap``, or less where every analysis sharing the read names its own target
-    (``auto_rows(source)``, else ``auto_partition_rows``; the largest of them).  Analyses whose
+    (``auto_rows(source)``: ``auto_partition_rows`` unless it depends on the data; the largest of them).  Analyses whose
     per-row work is a few cheap passes (cell-usage, cpi) gain nothing from partitions larger than a
     Parquet row group (1 Mi rows): smaller ones keep less in flight (peak memory) and let the
     allocator reuse the same heap blocks partition after partition (no fresh pages to fault in)."""
-    hints = [a.auto_rows(source) if source is not None and hasattr(a, "auto_rows")
-             else getattr(a, "auto_partition_rows", None) for a in analyses]
+    hints = [a.auto_rows(source) for a in analyses]
     if not hints or any(h is None for h in hints):
         return int(cap)
     return int(min(cap, max(int(h) for h in hints if h is not None)))  # none is None here
