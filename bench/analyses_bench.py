@@ -314,6 +314,64 @@ def duck_usage_change(ds: Path, _: str) -> Callable[[], Any]:
     return lambda: con.execute(sql).fetchall()
 
 
+def data_quality_sql(ds: Path | str) -> str:
+    """data-quality's SQL-expressible subset over instance_usage, one row: the windows, NULLs (and
+    NaNs) per column (in data-quality's column order), the time and machine sentinels
+    (``start_zero``, ``end_after_trace``, ``machine_zero``, ``machine_dedicated``), ``short_windows``
+    and ``long_windows`` against 300 s, ``p100_below_max`` / ``p100_above_max``,
+    ``percentiles_non_monotone`` (the plain comparison chain: the benchmark data has no NULL
+    levels), ``cpi_mai_present``; then, against each instance's last event (``arg_max(type,
+    time)``: the benchmark's event times are distinct per instance), ``no_events_rows`` and
+    ``after_end_rows``.  The events table's own checks (ties, out-of-order sequences) and the
+    ratio histogram are left out: gpuclust does more than this."""
+    import pyarrow as pa
+
+    from gpuclust.analyses.registry import create
+    from gpuclust.schema import CPU_PERCENTILE_COLUMNS, SCHEMAS
+
+    cols = create("data-quality").columns
+    schema = SCHEMAS["instance_usage"]
+    nulls = ", ".join(f"COUNT(*) FILTER (WHERE {c} IS NULL"
+                      f"{f' OR isnan({c})' if pa.types.is_floating(schema.field(c).type) else ''})" for c in cols)
+    levels = sorted(CPU_PERCENTILE_COLUMNS, key=lambda c: int(c[5:]))
+    chain = " AND ".join(f"{a} <= {b}" for a, b in zip(levels, levels[1:], strict=False))
+    u = f"read_parquet('{ds}/instance_usage/**/*.parquet', hive_partitioning=false)"
+    e = f"read_parquet('{ds}/instance_events/**/*.parquet', hive_partitioning=false)"
+    sql = f"""
+    WITH counts AS (
+        SELECT COUNT(*), {nulls},
+               COUNT(*) FILTER (WHERE start_time = 0), COUNT(*) FILTER (WHERE end_time = 9223372036854775807),
+               COUNT(*) FILTER (WHERE machine_id = 0), COUNT(*) FILTER (WHERE machine_id = -1),
+               COUNT(*) FILTER (WHERE end_time - start_time >= 0 AND end_time - start_time < 300000000),
+               COUNT(*) FILTER (WHERE end_time - start_time > 300000000),
+               COUNT(*) FILTER (WHERE cpu_p100 < max_cpu), COUNT(*) FILTER (WHERE cpu_p100 > max_cpu),
+               COUNT(*) FILTER (WHERE NOT ({chain})),
+               COUNT(*) FILTER (WHERE isfinite(cpi) AND isfinite(mai))
+        FROM {u}),
+         last AS (SELECT collection_id, instance_index, arg_max(type, time) AS type, max(time) AS time
+                  FROM {e} GROUP BY ALL),
+         joined AS (
+        SELECT COUNT(*) FILTER (WHERE last.time IS NULL),
+               COUNT(*) FILTER (WHERE last.type IN (4, 5, 6, 7, 8) AND x.start_time >= last.time)
+        FROM (SELECT collection_id, instance_index, start_time FROM {u}) x
+             LEFT JOIN last USING (collection_id, instance_index))
+    SELECT * FROM counts, joined"""
+    return sql
+
+
+#: The checks of data-quality's ``checks`` table (instance_usage) that :func:`data_quality_sql`
+#: returns after the windows and the NULLs per column, in its order.
+DATA_QUALITY_SQL_CHECKS = ("start_zero", "end_after_trace", "machine_zero", "machine_dedicated", "short_windows",
+                           "long_windows", "p100_below_max", "p100_above_max", "percentiles_non_monotone",
+                           "cpi_mai_present", "no_events_rows", "after_end_rows")
+
+
+def duck_data_quality(ds: Path, _: str) -> Callable[[], Any]:
+    con = _duck()
+    sql = data_quality_sql(ds)
+    return lambda: con.execute(sql).fetchall()
+
+
 def job_usage_sql(ds: Path | str) -> str:
     """job-usage's SQL-expressible subset: per JOB collection its NCU-hours and NMU-hours, then over
     all collections with positive CPU: count, total, mean, variance, quantiles, max and the top-1%
@@ -422,6 +480,7 @@ def duck_machine_utilization(ds: Path, _: str) -> Callable[[], Any]:
 
 PEERS: dict[str, dict[str, Callable[[Path, str], Callable[[], Any]]]] = {
     "machine-utilization": {"duckdb": duck_machine_utilization},
+    "data-quality": {"duckdb": duck_data_quality},
     "usage-vs-request": {"duckdb": duck_usage_vs_request},
     "job-usage": {"duckdb": duck_job_usage},
     "lifecycle": {"duckdb": duck_lifecycle},

@@ -32,6 +32,13 @@ by `_harness.run_measured` and its user/system CPU seconds from ``getrusage(RUSA
 * ``machine-utilization``: ``gpuclust analyze DS machine-utilization`` (every table, the machine
   table written as parts) against ``analyses_bench.machine_utilization_sql``: the notebook's
   query whole, with exact quantiles.
+* ``data-quality (SQL subset)``: ``gpuclust analyze DS data-quality`` (every table: events checks,
+  ties and out-of-order sequences, the max/p100 histogram included) against
+  ``analyses_bench.data_quality_sql``: the usage table's NULLs per column, sentinels, window
+  lengths, p100 against max, non-monotone percentiles and the joins with each instance's last
+  event (checked against gpuclust's ``checks`` and ``columns`` in tests/bench/test_cpu_vs_duckdb.py).
+  An unbucketed dataset larger than one partition is refused by data-quality: use ``--layout
+  bucketed``.
 
 A third contender, ``floor``, is the least any engine built on gpuclust's fixed stack (Python,
 NumPy, pyarrow's Parquet reader, pandas result tables) can take for a case: a fresh process that
@@ -70,6 +77,7 @@ from _harness import bench_dataset, environment, run_measured, write_results  # 
 from analyses_bench import (  # noqa: E402
     cell_usage_sql,
     cpi_sql,
+    data_quality_sql,
     job_usage_sql,
     job_usage_tiers_sql,
     lifecycle_sql,
@@ -89,6 +97,7 @@ CASES: dict[str, tuple[list[str], Any, tuple[str, dict[str, str]]]] = {
     "job-usage (tiers)": (["job-usage"], job_usage_tiers_sql, ("job-usage", {})),
     "usage-vs-request": (["usage-vs-request"], usage_vs_request_sql, ("usage-vs-request", {})),
     "machine-utilization": (["machine-utilization"], machine_utilization_sql, ("machine-utilization", {})),
+    "data-quality (SQL subset)": (["data-quality"], data_quality_sql, ("data-quality", {})),
 }
 
 _DUCK = ("import os, sys, duckdb\n"
@@ -242,7 +251,7 @@ def markdown(rows: list[dict[str, Any]], env: dict[str, Any], repeat: int, befor
         md.append(line)
     md += ["", "gpuclust: `python -m gpuclust.cli analyze DS <case> --out TMP --no-plots --quiet` (the engine's "
            "defaults: partitions='auto', one thread per usable core). DuckDB: `python -c` running "
-           "bench/analyses_bench.py's `cell_usage_sql` / `cpi_sql` / `lifecycle_sql` / `usage_change_sql` / `job_usage_sql` / `usage_vs_request_sql` / `machine_utilization_sql` with `SET threads` = usable cores, "
+           "bench/analyses_bench.py's `cell_usage_sql` / `cpi_sql` / `lifecycle_sql` / `usage_change_sql` / `job_usage_sql` / `usage_vs_request_sql` / `machine_utilization_sql` / `data_quality_sql` with `SET threads` = usable cores, "
            "results fetched. cpi (SQL subset) = `-O by=machine -O regression=none -O spearman=none`.",
            "floor: a fresh process importing numpy, pandas and pyarrow.parquet and reading the case's columns "
            "(what gpuclust reads) of every file into NumPy, one thread per usable core, nothing else.", ""]

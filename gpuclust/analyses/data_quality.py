@@ -191,7 +191,6 @@ class DataQuality(Analysis):
             cnt[_U[name]] = int(xp.count_nonzero(mask))
 
         cnt[_U["rows"]] = n
-        out["nulls"] = xp.asarray(np.array([column_nulls(xp, cols[c]) for c in self.columns], np.int64))
         m = cols["machine_id"]
         for name, mask in (("start_zero", s == 0), ("start_after_trace", s == TIME_AFTER_TRACE), ("end_zero", e == 0),
                            ("end_after_trace", e == TIME_AFTER_TRACE), ("machine_zero", m == 0),
@@ -204,22 +203,27 @@ class DataQuality(Analysis):
         count("zero_length", finite & (dur == 0))
         count("short_windows", finite & (dur >= 0) & (dur < ctx.short_us))
         count("long_windows", finite & (dur > ctx.short_us))
-        # ---- CPU percentile vectors, in level order
-        known = xp.zeros(n, dtype=xp.int64)
+        # ---- CPU percentile vectors, in level order (their NULLs counted here, once)
+        nulls: dict[str, int] = {}
+        any_null, all_null = xp.zeros(n, dtype=bool), xp.ones(n, dtype=bool)
         bad = xp.zeros(n, dtype=bool)
         run = None
         for c in CPU_PERCENTILE_COLUMNS_SORTED:
             v = cols[c]
-            known += ~xp.isnan(v)
+            null = xp.isnan(v)
+            nulls[c] = int(xp.count_nonzero(null))
+            any_null |= null
+            all_null &= null
             if run is not None:
                 bad |= v < run  # NaN compares False: NULL levels are skipped
                 run = xp.fmax(run, v)
             else:
                 run = v
-        levels = len(CPU_PERCENTILE_COLUMNS_SORTED)
-        count("percentiles_null", known == 0)
-        count("percentiles_partly_null", (known > 0) & (known < levels))
+        count("percentiles_null", all_null)
+        count("percentiles_partly_null", any_null & ~all_null)
         count("percentiles_non_monotone", bad)
+        out["nulls"] = xp.asarray(np.array([nulls[c] if c in nulls else column_nulls(xp, cols[c]) for c in self.columns],
+                                           np.int64))
         p100, mx = cols["cpu_p100"], cols["max_cpu"]
         both = ~xp.isnan(p100) & ~xp.isnan(mx)
         count("p100_and_max", both)
@@ -237,7 +241,7 @@ class DataQuality(Analysis):
         cnt[_U["cpi_out_of_range"]] = fc["cpi_range"]
         cnt[_U["mai_out_of_range"]] = fc["mai_range"]
         # ---- per instance: events, the final terminal event
-        c, i = cols["collection_id"].astype(xp.int64), cols["instance_index"].astype(xp.int64)
+        c, i = cols["collection_id"], cols["instance_index"]
         found, code = ctx.lookup.find(backend, c, i, xp.zeros(n, dtype=xp.int64))
         ends = backend.stage(ctx.end_us) if ctx.end_us.shape[0] else xp.zeros(1, dtype=xp.int64)
         end = xp.where(found, ends[xp.where(found, code, 0).astype(xp.int64)], TIME_AFTER_TRACE)
@@ -247,16 +251,24 @@ class DataQuality(Analysis):
         count("after_end_rows", after)
         count("after_end_300s_rows", after & (s - end >= _AFTER_S * 1_000_000))
         count("past_end_rows", ended & (s < end) & (e > end))
-        order = instance_order(xp, c, i, xp.zeros(n, dtype=xp.int64))  # by instance, ties in row order
-        cs, is_ = c[order], i[order]
-        first = xp.ones(n, dtype=bool)
-        first[1:] = (cs[1:] != cs[:-1]) | (is_[1:] != is_[:-1])
-        seg = xp.cumsum(first) - 1
-        cnt[_U["instances"]] = int(seg[-1]) + 1
-        starts = xp.nonzero(first)[0]
-        count("no_events_instances", ~found[order][starts])
-        count("matched_instances", found[order][starts])
-        cnt[_U["after_end_instances"]] = int(xp.unique(seg[xp.nonzero(after[order])[0]]).shape[0])
+        # distinct instances: those with events by their lookup codes (a flag per code), those
+        # without by a sort of their rows alone (every row of an instance is in this partition)
+        seen = xp.zeros(len(ctx.lookup) + 1, dtype=bool)
+        seen[code[found]] = True
+        matched = int(xp.count_nonzero(seen))
+        seen[:] = False
+        seen[code[after]] = True  # (after: found)
+        cnt[_U["after_end_instances"]] = int(xp.count_nonzero(seen))
+        miss = xp.nonzero(~found)[0]
+        lone = 0
+        if int(miss.shape[0]):
+            cm, im = c[miss].astype(xp.int64), i[miss].astype(xp.int64)
+            order = instance_order(xp, cm, im, xp.zeros(cm.shape[0], dtype=xp.int64))
+            cs, is_ = cm[order], im[order]
+            lone = 1 + int(xp.count_nonzero((cs[1:] != cs[:-1]) | (is_[1:] != is_[:-1])))
+        cnt[_U["instances"]] = matched + lone
+        cnt[_U["no_events_instances"]] = lone
+        cnt[_U["matched_instances"]] = matched
         out["counts"] = xp.asarray(cnt)
         return out
 

@@ -25,20 +25,21 @@ from gpuclust.tables import convert
 IDS = st.sampled_from([0, 1, 2, 3, -1, 2**40 + 1, 2**62 + 9, -(2**63), 2**63 - 1])
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(keys=st.lists(st.tuples(IDS, st.integers(-3, 3), IDS), max_size=40, unique=True),
-       queries=st.lists(st.tuples(IDS, st.integers(-3, 3), IDS), max_size=60))
-def test_key_table_finds_exactly_the_keys(keys, queries):
+       queries=st.lists(st.tuples(IDS, st.integers(-3, 3), IDS), max_size=60),
+       spare=st.integers(0, 2), shuffle=st.randoms(use_true_random=False))
+def test_key_table_finds_exactly_the_keys(keys, queries, spare, shuffle):
     """Every query finds its key's collection code and position, and nothing else (keys of 0, of
-    extreme ids and of colliding home slots included); the priorities are the maxima over the
-    marked keys."""
-    keys = sorted(keys)
+    extreme ids and of colliding home slots included, in any order); the priorities are the
+    maxima over the marked keys, -1 for codes without keys (``spare`` codes after the keys')."""
+    shuffle.shuffle(keys)
     c = np.array([k[0] for k in keys], np.int64)
     i = np.array([k[1] for k in keys], np.int32)
     m = np.array([k[2] for k in keys], np.int64)
     colls, code = np.unique(c, return_inverse=True)
     prio = np.arange(len(keys), dtype=np.int32) % 5 - 1
-    t = jg.KeyTable(c, i, m, code.reshape(-1), prio, colls.shape[0])
+    t = jg.KeyTable(c, i, m, code.reshape(-1), prio, colls.shape[0] + spare)
     q = queries + keys
     qc = np.array([k[0] for k in q], np.int64)
     qi = np.array([k[1] for k in q], np.int32)
@@ -55,6 +56,7 @@ def test_key_table_finds_exactly_the_keys(keys, queries):
     pr = t.priorities(marked)
     key_prio = {k: int(prio[j]) for j, k in enumerate(keys)}
     hit = {q[j] for j in np.flatnonzero(got >= 0)}
+    assert pr.shape == (colls.shape[0] + spare,) and (pr[colls.shape[0]:] == -1).all()
     for cc, coll in enumerate(colls.tolist()):
         assert pr[cc] == max([key_prio[k] for k in hit if k[0] == coll], default=-1)
 

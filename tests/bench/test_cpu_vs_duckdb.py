@@ -13,7 +13,7 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 def cpu_vs_duckdb_cases() -> tuple[str, ...]:
     return ("cell-usage", "cpi (SQL subset)", "lifecycle", "usage-change", "job-usage", "job-usage (tiers)",
-            "usage-vs-request", "machine-utilization")
+            "usage-vs-request", "machine-utilization", "data-quality (SQL subset)")
 
 
 def test_cpu_vs_duckdb_tiny(tmp_path, monkeypatch):
@@ -132,3 +132,66 @@ def test_job_usage_tiers_sql_computes_what_gpuclust_reports(tmp_path, monkeypatc
                      (qs[1], row["p90"]), (qs[2], row["p99"]), (qs[3], row["p999"]), (mx, row["max"]),
                      (top, row["top1pct_share"])):
             assert a == pytest.approx(b, rel=1e-9)
+
+
+def test_data_quality_sql_counts_what_gpuclust_reports(tmp_path, monkeypatch):
+    """The DuckDB contender of ``data-quality (SQL subset)`` counts what gpuclust's ``checks`` and
+    ``columns`` tables report, on a benchmark dataset with planted faults: NULL and NaN values,
+    short and long windows, start_time 0, machine 0, p100 below and above max_cpu, swapped
+    percentiles, instances without events and windows after a final FINISH."""
+    duckdb = pytest.importorskip("duckdb")
+    monkeypatch.syspath_prepend(str(BENCH))
+    import analyses_bench
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from gen_canonical import make_dataset
+
+    from gpuclust.analyses.registry import create
+    from gpuclust.engine import run
+
+    ds = make_dataset(tmp_path / "ds", 20_000, seed=3)
+    (uf,) = sorted((ds / "instance_usage").rglob("*.parquet"))
+    (ef,) = sorted((ds / "instance_events").rglob("*.parquet"))
+    u, ev = pq.read_table(uf), pq.read_table(ef)
+    n = u.num_rows
+    row = np.arange(n)
+
+    def col(name: str, values: np.ndarray, mask: np.ndarray | None = None) -> None:
+        nonlocal u
+        u = u.set_column(u.schema.get_field_index(name), name,
+                         pa.array(values, type=u.schema.field(name).type, mask=mask))
+
+    s, e = u["start_time"].to_numpy(), u["end_time"].to_numpy()
+    col("avg_cpu", u["avg_cpu"].to_numpy(zero_copy_only=False), mask=row % 7 == 0)
+    col("avg_mem", np.where(row % 9 == 0, np.nan, u["avg_mem"].to_numpy(zero_copy_only=False)))
+    col("end_time", np.where(row % 11 == 0, s + 250_000_000, np.where(row % 13 == 0, s + 900_000_000, e)))
+    col("start_time", np.where(row % 101 == 0, 0, s))
+    col("machine_id", np.where(row % 17 == 0, 0, u["machine_id"].to_numpy()))
+    p100 = u["cpu_p100"].to_numpy(zero_copy_only=False)
+    col("max_cpu", np.where(row % 5 == 0, p100 * 2, np.where(row % 5 == 1, p100 / 2, p100)))
+    p10, p90 = u["cpu_p10"].to_numpy(zero_copy_only=False), u["cpu_p90"].to_numpy(zero_copy_only=False)
+    col("cpu_p10", np.where(row % 19 == 0, p90 + 0.01, p10))
+    pq.write_table(u, uf)
+    inst = ev["instance_index"].to_numpy()
+    keep = inst % 10 != 3  # these instances lose their events: their windows have none
+    ev = ev.filter(pa.array(keep))
+    inst = ev["instance_index"].to_numpy()
+    t = ev["time"].to_numpy().copy()
+    early = inst % 10 == 5  # these instances' events, in their order, before any of their windows
+    t[early] //= 1000
+    ev = ev.set_column(ev.schema.get_field_index("time"), "time", pa.array(t, type=pa.int64()))
+    pq.write_table(ev, ef)
+
+    (got,) = duckdb.sql(analyses_bench.data_quality_sql(ds)).fetchall()
+    res = run(ds, [create("data-quality")], backend="cpu")["data-quality"]
+    checks = {r.check: r.count for r in res["checks"].itertuples() if r.table == "instance_usage"}
+    columns = res["columns"][res["columns"]["table"] == "instance_usage"]
+    cols = create("data-quality").columns
+    assert got[0] == n == checks["rows"]
+    assert dict(zip(cols, got[1:1 + len(cols)], strict=True)) == dict(zip(columns["column"], columns["nulls"], strict=True))
+    sql = dict(zip(analyses_bench.DATA_QUALITY_SQL_CHECKS, got[1 + len(cols):], strict=True))
+    assert sql == {k: checks[k] for k in analyses_bench.DATA_QUALITY_SQL_CHECKS}
+    for k in ("short_windows", "long_windows", "p100_below_max", "p100_above_max", "percentiles_non_monotone",
+              "start_zero", "machine_zero", "no_events_rows", "after_end_rows"):
+        assert sql[k] > 0, k  # every planted fault is there to count
