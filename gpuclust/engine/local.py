@@ -133,6 +133,54 @@ def merge_lists(analyses: Sequence[Analysis], *lists: list[Any]) -> list[Any]:
     return out
 
 
+class MergeTree:
+    """The dask path's merge tree (:func:`gpuclust.engine.dask.compute_merged`), fed one item at a
+    time: the items (per-partition partial lists, in partition order) in groups of ``fan``, each
+    group folded left to right by :func:`merge_lists`, the groups' results grouped the same way at
+    the next level, until one is left.  So the local path merges exactly as dask does (the same
+    sums, bit for bit), and partials keyed by what they hold (collections, machines: each bucket's
+    own) cost O(n log n) to merge instead of the O(n x partitions) of one running fold; at most
+    ``fan - 1`` results per level wait.
+
+    >>> t = MergeTree(lambda a, b: f"({a}{b})", 2)
+    >>> for x in "abcde":
+    ...     t.add(x)
+    >>> t.result()
+    '(((ab)(cd))e)'
+    """
+
+    def __init__(self, merge: Any, fan: int):
+        if fan < 2:
+            raise ValueError("split_every must be >= 2")
+        self._merge, self._fan = merge, fan
+        self._levels: list[list[Any]] = []  # per level: [fold of its open group, items in it, a group passed up]
+
+    def add(self, item: Any, level: int = 0) -> None:
+        while True:
+            if level == len(self._levels):
+                self._levels.append([None, 0, False])
+            lv = self._levels[level]
+            lv[0] = item if lv[1] == 0 else self._merge(lv[0], item)
+            lv[1] += 1
+            if lv[1] < self._fan:
+                return
+            item, lv[0], lv[1], lv[2] = lv[0], None, 0, True  # a full group: one item of the next level
+            level += 1
+
+    def result(self) -> Any:
+        """The root (``None`` for no item): each level's open group closes and goes up as the
+        next level's last item; a level that never passed a group up is the top."""
+        item = None
+        for k, lv in enumerate(self._levels):
+            if item is not None:
+                lv[0] = item if lv[1] == 0 else self._merge(lv[0], item)
+                lv[1] += 1
+            item = lv[0] if lv[1] else None
+            if not lv[2] and k == len(self._levels) - 1:
+                break
+        return item
+
+
 def run(
     source: Any,
     analyses: Analysis | str | Iterable[Analysis | str],
@@ -173,7 +221,7 @@ def run(
         Explicit global row offsets where partitions start (per table as a dict, or one list
         for every table); overrides ``partitions``.
     split_every
-        Fan-in of the dask merge tree.
+        Fan-in of the merge tree (dask's; the local path merges by the same tree).
     workers
         Local path only: threads that process partitions at the same time (NumPy and Arrow
         release the GIL in their heavy loops).  Default: the usable CPU cores on the cpu
@@ -286,7 +334,7 @@ def _run(src: Any, ans: list[Analysis], be: Backend, partitions: int | str, sche
                                  lambda spec, sub, sub_ctxs, sub_spills: partition_partials(
                                      spec, sub, sub_ctxs, be, sub_spills,
                                      host=None if prefetch is None else prefetch.pop(spec)),
-                                 spills)
+                                 spills, split_every)
     finally:
         if prefetch is not None:
             prefetch.close()
@@ -458,13 +506,15 @@ def _announce(progress: Any, specs: Sequence[_partition.PartitionSpec]) -> None:
 
 def merge_local(plans: dict[str, tuple[list[int], list[_partition.PartitionSpec]]], ans: Sequence[Analysis],
                 ctxs: Sequence[Any], be: Backend, nthreads: int, progress: Any,
-                partials: Any, spills: Sequence[_shards.SpillTarget | None] | None = None) -> list[Any]:
+                partials: Any, spills: Sequence[_shards.SpillTarget | None] | None = None,
+                split_every: int = 8) -> list[Any]:
     """The local path: ``partials(spec, analyses, ctxs, spills)`` per partition on ``nthreads``
-    threads, merged in partition order (bit-for-bit the result of one thread)."""
+    threads, merged in partition order by dask's tree (:class:`MergeTree` of fan-in
+    ``split_every``): bit-for-bit the result of one thread, and of the dask schedulers."""
     merged: list[Any] = [None] * len(ans)
     for idx, specs in plans.values():
         sub = [ans[k] for k in idx]
-        acc = [to_host(a.empty(be)) for a in sub]
+        tree = MergeTree(lambda x, y, sub=sub: merge_lists(sub, x, y), split_every)
         sub_ctxs = [ctxs[k] for k in idx]
         sub_spills = [spills[k] if spills else None for k in idx]
         if progress is not None:
@@ -479,9 +529,12 @@ def merge_local(plans: dict[str, tuple[list[int], list[_partition.PartitionSpec]
                 return partials(spec, sub, sub_ctxs, sub_spills)
 
         for spec, parts in zip(specs, _map_in_order(run_partials, specs, nthreads), strict=True):
-            acc = merge_lists(sub, acc, parts)
+            tree.add(parts)
             if progress is not None:
                 progress.partition_done(spec.table, spec.num_rows)
+        acc = tree.result()
+        if acc is None:
+            acc = [to_host(a.empty(be)) for a in sub]
         for k, p in zip(idx, acc, strict=False):
             merged[k] = p
     return merged

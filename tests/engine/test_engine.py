@@ -293,3 +293,27 @@ def test_allocator_tuning_is_once_and_can_be_turned_off():
         got = subprocess.run([sys.executable, "-c", hp], capture_output=True, text=True, check=True,
                              env={**base, **extra}).stdout.strip()
         assert got == want, extra
+
+
+
+@pytest.mark.parametrize("fan", [2, 3, 8])
+def test_local_merge_tree_is_dasks(fan):
+    """MergeTree, fed the items one at a time, merges exactly as compute_merged's tree does
+    (groups of ``fan`` in order, each folded left to right, level by level), for every count of
+    items: the same merges of the same operands in the same order."""
+    from functools import reduce
+
+    from gpuclust.engine.local import MergeTree
+
+    def merge(a, b):
+        return (a, b)  # the nesting records which operands met, and in which order
+
+    for n in range(0, 80):
+        items = list(range(n))
+        level = list(items)
+        while len(level) > 1:  # compute_merged's loop
+            level = [reduce(merge, level[i:i + fan]) for i in range(0, len(level), fan)]
+        tree = MergeTree(merge, fan)
+        for x in items:
+            tree.add(x)
+        assert tree.result() == (level[0] if level else None), n
