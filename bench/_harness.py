@@ -164,6 +164,16 @@ def write_results(name: str, payload: dict[str, Any], markdown: str) -> tuple[Pa
     return jp, mp
 
 
+def publish(name: str, payload: dict[str, Any], md: list[str], env: dict[str, Any] | None = None) -> None:
+    """Write ``payload`` (with the :func:`environment`, or ``env``) and the Markdown lines ``md``
+    (with an ``Environment:`` line) as bench/results/<name>.json and .md, and print them."""
+    env = environment() if env is None else env
+    md = [*md, "", "Environment: " + ", ".join(f"{k}={v}" for k, v in env.items()), ""]
+    jp, mp = write_results(name, {"environment": env, **payload}, "\n".join(md))
+    print("\n".join(md))
+    print(f"wrote {jp} and {mp}")
+
+
 def best_of(fn: Any, repeat: int) -> float:
     """Best wall seconds of ``repeat`` calls of ``fn`` (host clock; synchronise inside ``fn``)."""
     best = float("inf")

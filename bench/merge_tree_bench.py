@@ -26,7 +26,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from _harness import environment, write_results  # noqa: E402
+from _harness import publish  # noqa: E402
 
 
 def partials(n_parts: int, keys: int, seed: int = 0) -> list[dict[str, np.ndarray]]:
@@ -90,11 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     md = ["| partitions | keys | running fold s | tree of 8 s | fold / tree |", "|---:|---:|---:|---:|---:|"]
     md += [f"| {r['partitions']:,} | {r['keys']:,} | {r['fold_s']:.3f} | {r['tree_s']:.3f} | {r['fold_over_tree']:.1f} |"
            for r in rows]
-    env = environment()
-    md += ["", "Environment: " + ", ".join(f"{k}={v}" for k, v in env.items()), ""]
-    jp, mp = write_results(args.name, {"rows": rows, "environment": env}, "\n".join(md))
-    print("\n".join(md))
-    print(f"wrote {jp} and {mp}")
+    publish(args.name, {"rows": rows}, md)
     return 0
 
 

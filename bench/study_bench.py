@@ -29,7 +29,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from _harness import bench_dataset, environment, run_measured, write_results  # noqa: E402
+from _harness import bench_dataset, environment, publish, run_measured  # noqa: E402
 
 
 def child(backend: str, ds: Path, repeat: int) -> None:
@@ -128,10 +128,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"process: pinned H2D {c['h2d_pinned_gbs']:.1f} GB/s, pageable H2D {c['h2d_pageable_gbs']:.1f} GB/s, "
                       f"host Parquet decode {c['decode_gbs']:.2f} GB/s -> {100 * r['load_vs_ceiling']:.0f}% of the lower "
                       "(target: >= 50%).")
-    md += ["", "Environment: " + ", ".join(f"{k}={v}" for k, v in env.items()), ""]
-    jp, mp = write_results(args.name, {"environment": env, "rows": rows}, "\n".join(md))
-    print("\n".join(md))
-    print(f"wrote {jp} and {mp}")
+    publish(args.name, {"rows": rows}, md, env)
     return 0
 
 

@@ -1,0 +1,29 @@
+"""bench/study_bench.py runs on the cpu (a tiny dataset, one round) and writes what it reports."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+def test_study_bench_tiny_cpu(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    import _harness
+    from gen_canonical import make_dataset
+
+    monkeypatch.setattr(_harness, "RESULTS", tmp_path)
+    ds = make_dataset(tmp_path / "ds", 20_000, seed=1)
+    try:
+        import study_bench
+
+        monkeypatch.setattr(study_bench, "bench_dataset", lambda size: ds)
+        assert study_bench.main(["--sizes", "2e4", "--backends", "cpu", "--rounds", "1", "--repeat", "1",
+                                 "--name", "s"]) == 0
+    finally:
+        sys.modules.pop("study_bench", None)
+    res = json.loads((tmp_path / "s.json").read_text())
+    assert res["rows"] and "environment" in res
+    assert "Environment:" in (tmp_path / "s.md").read_text()
