@@ -367,7 +367,8 @@ class CellUsage(Analysis):
                  f"unknown-tier={info['unknown_windows']} unbounded={info['unbounded_windows']}"]
         if u.num_rows:
             bucket = column(u, "bucket")
-            nh = np.unique(bucket).size
+            hours = np.sort(bucket)
+            nh = int(np.count_nonzero(hours[1:] != hours[:-1])) + 1  # distinct hours (np.unique imports numpy.ma)
             lines.append(f"  hours (buckets of 3600 s from trace time 0) {int(bucket.min())}.."
                          f"{int(bucket.max())} ({nh} with data)")
             tier = np.asarray(u.column("tier").to_pylist(), dtype=object)

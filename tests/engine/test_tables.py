@@ -156,3 +156,21 @@ def test_from_the_command_line_never_imports_pandas(dataset: Dataset, tmp_path: 
     label = next(iter(want))
     assert len(df) > 0 or not opts
     pd.testing.assert_frame_equal(df, want[label][table])
+
+
+@pytest.mark.parametrize("name", ["cell-usage", "lifecycle", "usage-vs-request", "usage-change"])
+def test_a_run_never_imports_numpy_ma(dataset: Dataset, tmp_path: Path, name: str) -> None:
+    """``np.unique`` imports ``numpy.ma`` (~20-30 ms of start-up): the engine's bucket plan and
+    these analyses' runs, on a flat and on an optimized (bucketed) dataset, do without it."""
+    from gpuclust.optimize import optimize
+
+    bucketed = tmp_path / "bucketed"
+    optimize(dataset.path, buckets=4, out=bucketed)
+    for ds in (dataset.path, bucketed):
+        code = ("import sys, json\nfrom gpuclust.cli import main\n"
+                f"rc = main(['analyze', {str(ds)!r}, {name!r}, '--out', {str(tmp_path / 'o' / ds.name)!r}, "
+                "'--no-plots', '--quiet'])\n"
+                "print(json.dumps({'rc': rc, 'ma': 'numpy.ma' in sys.modules}))")
+        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        assert p.returncode == 0, p.stderr
+        assert json.loads(p.stdout.strip().splitlines()[-1]) == {"rc": 0, "ma": False}, ds
