@@ -86,6 +86,22 @@ def test_hash_order_sorts_hashes_sharing_their_top_bits(hashes):
     assert h[got].tolist() == sorted(hashes)
 
 
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(values=st.lists(st.one_of(st.integers(-(2**63), 2**63 - 1), st.sampled_from([0, 1, 2**62, -(2**63), 2**63 - 1]),
+                                 st.builds(lambda t, lo: (t << 58) | lo, st.integers(0, 15), st.integers(0, 3))),
+                       max_size=50))
+def test_dense_rank_is_the_rank_among_distinct_values(backend, values):
+    """``dense_rank`` is ``np.unique``'s inverse and count, for values of any range: narrow (the
+    packed sort), up to the whole int64 range (on the host, the hash order of the offsets, values
+    sharing their top bits included; else argsort)."""
+    from gpuclust.analyses.grouping import dense_rank
+
+    a = np.array(values, np.int64)
+    uniq, inv = np.unique(a, return_inverse=True)
+    got, k = dense_rank(backend.xp, backend.asarray(a))
+    assert backend.to_host(got).tolist() == inv.reshape(-1).tolist() and k == uniq.shape[0]
+
+
 def test_log_bins_equal_the_binary_search_on_the_ratio_edges(backend):
     """``partials.log_bins`` (usage-change, usage-vs-request, data-quality) is ``searchsorted(...,
     side="right")`` exactly: every edge, its neighbours in float64, 0, negatives, NaN, infinities
