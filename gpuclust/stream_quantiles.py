@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
-__all__ = ["stream_quantiles"]
+__all__ = ["sorted_quantiles", "stream_quantiles"]
 
 _SIGN = np.uint64(1 << 63)
 
@@ -108,17 +108,7 @@ def stream_quantiles(
     if held is not None:
         return np.asarray(np.quantile(np.concatenate(held), q), dtype=np.float64)
 
-    vi = (n - 1) * q  # numpy's `linear` virtual index, _get_indexes and _get_gamma
-    if vi.dtype.kind in "iu":
-        lo = hi = vi.astype(np.intp)
-        gamma = None
-    else:
-        prev = np.floor(vi)
-        above = vi >= n - 1
-        prev[above] = -1
-        prev = prev.astype(np.intp)
-        gamma = np.asarray(vi - prev, dtype=vi.dtype)
-        lo, hi = np.where(above, n - 1, prev), np.where(above, n - 1, prev + 1)
+    lo, hi, gamma = _linear_ranks(n, q)
 
     found: dict[int, int] = {}  # rank -> key
     groups: dict[int, tuple[int, list]] = {}  # bin prefix -> (count, [(rank, rank in bin)])
@@ -167,9 +157,46 @@ def stream_quantiles(
 
     a = _floats(np.array([found[r] for r in lo.tolist()], np.uint64))
     b = _floats(np.array([found[r] for r in hi.tolist()], np.uint64))
+    return _lerp(a, b, gamma)
+
+
+def _linear_ranks(n: int, q: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """The two order statistics (ranks ``lo``, ``hi``) and the weight ``gamma`` of each quantile
+    ``q`` of ``n`` values in NumPy's default ("linear") method (its ``_get_indexes`` and
+    ``_get_gamma``); ``gamma`` None for integer ``q``."""
+    vi = (n - 1) * q  # numpy's `linear` virtual index
+    if vi.dtype.kind in "iu":
+        lo = vi.astype(np.intp)
+        return lo, lo, None
+    prev = np.floor(vi)
+    above = vi >= n - 1
+    prev[above] = -1
+    prev = prev.astype(np.intp)
+    gamma = np.asarray(vi - prev, dtype=vi.dtype)
+    return np.where(above, n - 1, prev), np.where(above, n - 1, prev + 1), gamma
+
+
+def _lerp(a: np.ndarray, b: np.ndarray, gamma: np.ndarray | None) -> np.ndarray:
+    """NumPy's ``_lerp`` of the order statistics ``a`` and ``b`` (``a`` where ``gamma`` is None)."""
     if gamma is None:
         return a
-    diff = b - a  # numpy's _lerp
+    diff = b - a
     res = np.add(a, diff * gamma)
     np.subtract(b, diff * (1 - gamma), out=res, where=gamma >= 0.5, casting="unsafe")
     return res
+
+
+def sorted_quantiles(asc: np.ndarray, qs: Sequence[float]) -> np.ndarray:
+    """``np.quantile(asc, qs)`` (the linear method) of values already sorted ascending, without a
+    selection pass and without the import of ``numpy.ma`` that ``np.quantile`` brings (~20 ms of a
+    process' start-up).  Finite values; float64 results.
+
+    >>> sorted_quantiles(np.array([1.0, 2.0, 4.0, 8.0]), [0.0, 0.5, 0.9, 1.0]).tolist()
+    [1.0, 3.0, 6.800000000000001, 8.0]
+    """
+    asc = np.asarray(asc, dtype=np.float64)
+    n = int(asc.shape[0])
+    if n == 0:
+        raise ValueError("sorted_quantiles: no values")
+    lo, hi, gamma = _linear_ranks(n, np.asarray(qs, dtype=np.float64))
+    return _lerp(asc[lo], asc[hi], gamma)

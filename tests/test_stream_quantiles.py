@@ -156,3 +156,23 @@ def test_big_tie_resolved_without_fixing_all_bits():
     got = stream_quantiles(b, qs, bins_bits=8, max_candidates=100)
     assert np.array_equal(got.view(np.int64), np.quantile(x, qs).view(np.int64))
     assert b.calls == 2  # histogram; then 0.0's bin is seen to hold one value, the others are collected
+
+
+@settings(max_examples=200, deadline=None)
+@given(values=st.lists(st.floats(-1e12, 1e12, allow_nan=False, allow_subnormal=False), min_size=1, max_size=60),
+       qs=st.lists(st.one_of(st.floats(0, 1), st.sampled_from([0.0, 0.5, 0.9, 0.99, 0.999, 1.0])), min_size=1, max_size=6))
+def test_sorted_quantiles_are_numpys(values, qs):
+    """``sorted_quantiles`` of sorted values is ``np.quantile`` (linear), value for value."""
+    from gpuclust.stream_quantiles import sorted_quantiles
+
+    x = np.array(values, np.float64)
+    got = sorted_quantiles(np.sort(x), qs)
+    want = np.quantile(x, np.array(qs, np.float64))
+    assert np.array_equal(got, want), (got, want)
+
+
+def test_sorted_quantiles_refuse_no_values():
+    from gpuclust.stream_quantiles import sorted_quantiles
+
+    with pytest.raises(ValueError, match="no values"):
+        sorted_quantiles(np.zeros(0), [0.5])

@@ -50,6 +50,7 @@ from gpuclust.analyses.options import option, tier_map_option
 from gpuclust.arrow_numpy import labels, rows_table, table, table_from_rows
 from gpuclust.partials import merge_keyed
 from gpuclust.schema import TIME_AFTER_TRACE, CollectionType, tier_map
+from gpuclust.stream_quantiles import sorted_quantiles
 from gpuclust.tables import as_arrow
 
 __all__ = ["JobUsage", "ROWS", "STAT_COLUMNS", "job_stats"]
@@ -103,7 +104,7 @@ def job_stats(x: np.ndarray, tail: float) -> dict[str, float]:
     var = float(x.var())
     asc = np.sort(x)  # one sort for the quantiles, the top shares and the tail
     desc = asc[::-1]
-    q = np.quantile(asc, [0.5, 0.9, 0.99, 0.999])
+    q = sorted_quantiles(asc, (0.5, 0.9, 0.99, 0.999))
     out.update(total_hours=float(x.sum()), mean=mean, variance=var, median=float(q[0]), p90=float(q[1]),
                p99=float(q[2]), p999=float(q[3]), max=float(x.max()), top1pct_share=_top_share(x, 0.01, desc),
                top01pct_share=_top_share(x, 0.001, desc), scv=var / mean**2 if mean > 0 else np.nan)
