@@ -235,10 +235,8 @@ def hash_order(h: np.ndarray) -> np.ndarray:
 
 def dense_rank(xp: Any, a: Any) -> tuple[Any, int]:
     """Each value's rank among the distinct values of ``a`` (0, 1, ...), and how many there are:
-    one sort (:func:`packed_order` where the values' range allows; else, on the host,
-    :func:`hash_order` of the offsets from the minimum, whose top bits tell wide values such as
-    62-bit collection ids apart; else an unstable argsort; equal values get equal ranks, so
-    stability does not matter).
+    one sort (:func:`packed_order` where the values' range allows, else an unstable argsort; equal
+    values get equal ranks, so stability does not matter).
 
     >>> import numpy as np
     >>> r, k = dense_rank(np, np.array([30, 10, 30, 20]))
@@ -253,8 +251,6 @@ def dense_rank(xp: Any, a: Any) -> tuple[Any, int]:
     a = a.astype(xp.int64, copy=False)
     lo, hi = int(a.min()), int(a.max())
     o = packed_order(xp, a - lo, hi - lo + 1) if hi - lo < 1 << 62 else None
-    if o is None and xp is np:
-        o = hash_order((a - lo).view(np.uint64))  # (wraps in int64, exact as uint64: hi - lo < 2^64)
     if o is None:
         o = xp.argsort(a)
     s = a[o]

@@ -92,8 +92,7 @@ def test_hash_order_sorts_hashes_sharing_their_top_bits(hashes):
                        max_size=50))
 def test_dense_rank_is_the_rank_among_distinct_values(backend, values):
     """``dense_rank`` is ``np.unique``'s inverse and count, for values of any range: narrow (the
-    packed sort), up to the whole int64 range (on the host, the hash order of the offsets, values
-    sharing their top bits included; else argsort)."""
+    packed sort) and up to the whole int64 range (argsort), values sharing their top bits included."""
     from gpuclust.analyses.grouping import dense_rank
 
     a = np.array(values, np.int64)
