@@ -318,7 +318,7 @@ def data_quality_sql(ds: Path | str) -> str:
     """data-quality's SQL-expressible subset over instance_usage, one row: the windows, NULLs (and
     NaNs) per column (in data-quality's column order), the time and machine sentinels
     (``start_zero``, ``end_after_trace``, ``machine_zero``, ``machine_dedicated``), ``short_windows``
-    and ``long_windows`` against 300 s, ``p100_below_max`` / ``p100_above_max``,
+    and ``long_windows`` against data-quality's default ``short_window_s``, ``p100_below_max`` / ``p100_above_max``,
     ``percentiles_non_monotone`` (the plain comparison chain: the benchmark data has no NULL
     levels), ``cpi_mai_present``; then, against each instance's last event (``arg_max(type,
     time)``: the benchmark's event times are distinct per instance), ``no_events_rows`` and
@@ -327,23 +327,25 @@ def data_quality_sql(ds: Path | str) -> str:
     import pyarrow as pa
 
     from gpuclust.analyses.registry import create
-    from gpuclust.schema import CPU_PERCENTILE_COLUMNS, SCHEMAS
+    from gpuclust.schema import CPU_PERCENTILE_COLUMNS_SORTED, SCHEMAS, TERMINAL_EVENTS, TIME_AFTER_TRACE
 
-    cols = create("data-quality").columns
+    dq = create("data-quality")
+    cols, short_us = dq.columns, int(dq.short_window_s) * 1_000_000
     schema = SCHEMAS["instance_usage"]
     nulls = ", ".join(f"COUNT(*) FILTER (WHERE {c} IS NULL"
                       f"{f' OR isnan({c})' if pa.types.is_floating(schema.field(c).type) else ''})" for c in cols)
-    levels = sorted(CPU_PERCENTILE_COLUMNS, key=lambda c: int(c[5:]))
+    levels = CPU_PERCENTILE_COLUMNS_SORTED
     chain = " AND ".join(f"{a} <= {b}" for a, b in zip(levels, levels[1:], strict=False))
+    terminal = ", ".join(str(int(t)) for t in TERMINAL_EVENTS)
     u = f"read_parquet('{ds}/instance_usage/**/*.parquet', hive_partitioning=false)"
     e = f"read_parquet('{ds}/instance_events/**/*.parquet', hive_partitioning=false)"
     sql = f"""
     WITH counts AS (
         SELECT COUNT(*), {nulls},
-               COUNT(*) FILTER (WHERE start_time = 0), COUNT(*) FILTER (WHERE end_time = 9223372036854775807),
+               COUNT(*) FILTER (WHERE start_time = 0), COUNT(*) FILTER (WHERE end_time = {TIME_AFTER_TRACE}),
                COUNT(*) FILTER (WHERE machine_id = 0), COUNT(*) FILTER (WHERE machine_id = -1),
-               COUNT(*) FILTER (WHERE end_time - start_time >= 0 AND end_time - start_time < 300000000),
-               COUNT(*) FILTER (WHERE end_time - start_time > 300000000),
+               COUNT(*) FILTER (WHERE end_time - start_time >= 0 AND end_time - start_time < {short_us}),
+               COUNT(*) FILTER (WHERE end_time - start_time > {short_us}),
                COUNT(*) FILTER (WHERE cpu_p100 < max_cpu), COUNT(*) FILTER (WHERE cpu_p100 > max_cpu),
                COUNT(*) FILTER (WHERE NOT ({chain})),
                COUNT(*) FILTER (WHERE isfinite(cpi) AND isfinite(mai))
@@ -352,7 +354,7 @@ def data_quality_sql(ds: Path | str) -> str:
                   FROM {e} GROUP BY ALL),
          joined AS (
         SELECT COUNT(*) FILTER (WHERE last.time IS NULL),
-               COUNT(*) FILTER (WHERE last.type IN (4, 5, 6, 7, 8) AND x.start_time >= last.time)
+               COUNT(*) FILTER (WHERE last.type IN ({terminal}) AND x.start_time >= last.time)
         FROM (SELECT collection_id, instance_index, start_time FROM {u}) x
              LEFT JOIN last USING (collection_id, instance_index))
     SELECT * FROM counts, joined"""
