@@ -276,6 +276,137 @@ def lifecycle_sql(ds: Path | str) -> str:
     return sql
 
 
+#: v3 event type names by code (v3 document, "Event types"): what lifecycle_full_sql names them.
+_V3_EVENTS = ("SUBMIT", "QUEUE", "ENABLE", "SCHEDULE", "EVICT", "FAIL", "FINISH", "KILL", "LOST", "UPDATE_PENDING",
+              "UPDATE_RUNNING")
+
+
+def lifecycle_full_sql(ds: Path | str, out: Path | str, bucket_s: int = 3600) -> str:
+    """Every table gpuclust's lifecycle writes, as DuckDB statements that write them to ``out`` as
+    Parquet, from docs/analysis-lifecycle.md (not from gpuclust's code): each instance's events in
+    time order (ties in the files' row order), the state after each event by its type (pending:
+    SUBMIT, QUEUE, ENABLE, UPDATE_PENDING; running: SCHEDULE, UPDATE_RUNNING; dead: the rest), the
+    instance's tier from its highest priority; ``events``, ``transitions`` (``expected`` from the v3
+    state diagram), ``series`` (per bucket of ``bucket_s`` and tier with events: submissions new
+    and again, schedules, deaths by kind, and the instances pending and running at the bucket's
+    end, every bucket from the first to the last), ``delays`` and ``delay_hist`` (scheduling,
+    ENABLE-to-SCHEDULE and execution episodes with their outcomes, censored ones measured to the
+    last finite event time, durations in the log bins ``ceil(10^(k/50))`` µs), and ``info``.
+    tests/bench/test_cpu_vs_duckdb.py checks it against gpuclust's tables."""
+    import math
+
+    events = f"read_parquet('{ds}/instance_events/**/*.parquet', hive_partitioning=false, filename=true, file_row_number=true)"
+    edges = sorted({math.ceil(10.0 ** (k / 50)) for k in range(651)})  # the bins' lower edges, µs
+    names = "[" + ", ".join(f"'{n}'" for n in _V3_EVENTS) + "]"
+    after = "9223372036854775807"
+
+    def state(e: str) -> str:  # 1 pending, 2 running, 3 dead, 0 none (no event)
+        return f"CASE WHEN {e} IN (0, 1, 2, 9) THEN 1 WHEN {e} IN (3, 10) THEN 2 WHEN {e} IS NULL THEN 0 ELSE 3 END"
+
+    inst = "PARTITION BY c, i ORDER BY r"
+    upto = f"({inst} ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)"
+    return f"""
+    CREATE TEMP TABLE raw AS SELECT time AS t, type AS e, collection_id AS c, instance_index AS i, priority,
+        ROW_NUMBER() OVER (ORDER BY filename, file_row_number) AS r FROM {events};
+    CREATE TEMP TABLE x AS
+      WITH v AS (SELECT *, MAX(priority) OVER (PARTITION BY c, i) AS p, LAG(e) OVER ({inst}) AS pe,
+                        SUM(CASE WHEN e = 0 THEN 1 ELSE 0 END) OVER {upto} AS nsub,
+                        ROW_NUMBER() OVER (PARTITION BY c, i ORDER BY r DESC) = 1 AS last
+                 FROM (SELECT t, e, c, i, priority, ROW_NUMBER() OVER (ORDER BY t, r) AS r FROM raw
+                       WHERE e BETWEEN 0 AND 10)),
+           w AS (SELECT *, {_tier_case(ds)} AS tier, {state('e')} AS st, {state('pe')} AS pst FROM v),
+           z AS (SELECT *, st = 1 AND (pst <> 1 OR e = 0) AS pentry, st = 2 AND (pst <> 2 OR e = 3) AS rentry FROM w)
+      SELECT *,
+             CASE pst WHEN 1 THEN e IN (1, 2, 3, 9, 5, 7, 8) WHEN 2 THEN e IN (10, 4, 5, 6, 7, 8) ELSE e = 0 END AS expected,
+             LAST_VALUE(CASE WHEN pentry THEN t END IGNORE NULLS) OVER {upto} AS ps_t,
+             LAST_VALUE(CASE WHEN pentry THEN e END IGNORE NULLS) OVER {upto} AS ps_e,
+             LAST_VALUE(CASE WHEN rentry THEN t END IGNORE NULLS) OVER {upto} AS rs_t,
+             LAST_VALUE(CASE WHEN rentry THEN e END IGNORE NULLS) OVER {upto} AS rs_e,
+             LAST_VALUE(CASE WHEN e = 2 THEN r END IGNORE NULLS) OVER {upto} AS en_r,
+             LAST_VALUE(CASE WHEN e = 2 THEN t END IGNORE NULLS) OVER {upto} AS en_t,
+             LAST_VALUE(CASE WHEN pentry THEN r END IGNORE NULLS) OVER {upto} AS ps_r
+      FROM z;
+    CREATE TEMP TABLE ep AS
+      WITH y AS (SELECT *, LAG(ps_t) OVER ({inst}) AS pps_t, LAG(ps_e) OVER ({inst}) AS pps_e,
+                        LAG(rs_t) OVER ({inst}) AS prs_t, LAG(rs_e) OVER ({inst}) AS prs_e,
+                        LAG(en_r) OVER ({inst}) AS pen_r, LAG(en_t) OVER ({inst}) AS pen_t,
+                        LAG(ps_r) OVER ({inst}) AS pps_r FROM x),
+           dend AS (SELECT MAX(t) FILTER (WHERE t < {after}) AS d FROM raw)
+      SELECT tier, 'scheduling' AS measure,
+             CASE WHEN e = 0 THEN 'resubmitted' WHEN e = 3 THEN 'scheduled' WHEN e BETWEEN 4 AND 8
+                  THEN lower({names}[e + 1]) ELSE 'other' END AS outcome,
+             t - pps_t AS dur, pps_e = 0 AND pps_t <> 0 AND t <> {after} AS known
+        FROM y WHERE pst = 1 AND (st <> 1 OR e = 0)
+      UNION ALL
+      SELECT tier, 'enable_to_schedule', 'scheduled', t - pen_t, true
+        FROM y WHERE pst = 1 AND e = 3 AND pen_r > pps_r AND pps_e = 0 AND pps_t <> 0 AND t <> {after}
+      UNION ALL
+      SELECT tier, 'execution',
+             CASE WHEN e BETWEEN 4 AND 8 THEN lower({names}[e + 1]) ELSE 'interrupted' END,
+             t - prs_t, prs_e = 3 AND prs_t <> 0 AND t <> {after}
+        FROM y WHERE pst = 2 AND (st <> 2 OR e = 3)
+      UNION ALL
+      SELECT tier, CASE WHEN st = 1 THEN 'scheduling' ELSE 'execution' END, 'censored',
+             (SELECT d FROM dend) - CASE WHEN st = 1 THEN ps_t ELSE rs_t END,
+             COALESCE(CASE WHEN st = 1 THEN ps_e = 0 AND ps_t <> 0 AND ps_t <= (SELECT d FROM dend)
+                           ELSE rs_e = 3 AND rs_t <> 0 AND rs_t <= (SELECT d FROM dend) END, false)
+        FROM y WHERE last AND st IN (1, 2);
+    CREATE TEMP TABLE edges AS SELECT UNNEST(range(1, {len(edges) + 1})) AS b, UNNEST({edges}::BIGINT[]) AS lo;
+    CREATE TEMP TABLE hist AS
+      SELECT tier, measure, outcome, COALESCE(edges.b, 0) AS bin, COUNT(*) AS episodes
+      FROM (SELECT * FROM ep WHERE known) k ASOF LEFT JOIN edges ON k.dur >= edges.lo GROUP BY ALL;
+    COPY (SELECT tier, {names}[e + 1] AS event, COUNT(*) AS count FROM x GROUP BY tier, e)
+      TO '{out}/events.parquet' (FORMAT parquet);
+    COPY (SELECT tier, {names}[pe + 1] AS from_event, {names}[e + 1] AS to_event, COUNT(*) AS count, expected
+          FROM x WHERE pe IS NOT NULL GROUP BY tier, pe, e, expected) TO '{out}/transitions.parquet' (FORMAT parquet);
+    COPY (WITH live AS (SELECT *, t // {int(bucket_s) * 1_000_000} AS bucket FROM x WHERE t <> {after}),
+               g AS (SELECT bucket, tier, COUNT(*) FILTER (WHERE e = 0) AS submissions,
+                            COUNT(*) FILTER (WHERE e = 0 AND nsub = 1) AS new_submissions,
+                            COUNT(*) FILTER (WHERE e = 0 AND nsub > 1) AS resubmissions,
+                            COUNT(*) FILTER (WHERE e = 3) AS schedules, COUNT(*) FILTER (WHERE e = 4) AS evictions,
+                            COUNT(*) FILTER (WHERE e = 5) AS failures, COUNT(*) FILTER (WHERE e = 6) AS finishes,
+                            COUNT(*) FILTER (WHERE e = 7) AS kills, COUNT(*) FILTER (WHERE e = 8) AS losses,
+                            SUM(CAST(st = 1 AS INT) - CAST(pst = 1 AS INT)) AS dp,
+                            SUM(CAST(st = 2 AS INT) - CAST(pst = 2 AS INT)) AS dr
+                     FROM live GROUP BY ALL),
+               grid AS (SELECT bucket, tier FROM range((SELECT MIN(bucket) FROM live), (SELECT MAX(bucket) FROM live) + 1)
+                        t(bucket) CROSS JOIN (SELECT DISTINCT tier FROM live))
+          SELECT bucket, bucket * {int(bucket_s) * 1_000_000} AS bucket_start_us, tier,
+                 {", ".join(f"COALESCE({f}, 0) AS {f}" for f in ("submissions", "new_submissions", "resubmissions",
+                                                                 "schedules", "evictions", "failures", "finishes",
+                                                                 "kills", "losses"))},
+                 SUM(COALESCE(dp, 0)) OVER (PARTITION BY tier ORDER BY bucket) AS pending,
+                 SUM(COALESCE(dr, 0)) OVER (PARTITION BY tier ORDER BY bucket) AS running
+          FROM grid LEFT JOIN g USING (bucket, tier)) TO '{out}/series.parquet' (FORMAT parquet);
+    COPY (WITH s AS (SELECT tier, measure, outcome, COUNT(*) AS episodes, COUNT(*) FILTER (WHERE known) AS with_duration,
+                            AVG(dur) FILTER (WHERE known) / 1e6 AS mean_s, MIN(dur) FILTER (WHERE known) / 1e6 AS min_s,
+                            MAX(dur) FILTER (WHERE known) / 1e6 AS max_s FROM ep GROUP BY ALL),
+               c AS (SELECT *, SUM(episodes) OVER (PARTITION BY tier, measure, outcome ORDER BY bin) AS cum,
+                            SUM(episodes) OVER (PARTITION BY tier, measure, outcome) AS n FROM hist),
+               q AS (SELECT tier, measure, outcome,
+                            MIN(bin) FILTER (WHERE cum >= CEIL(50 * n / 100)) AS b50,
+                            MIN(bin) FILTER (WHERE cum >= CEIL(90 * n / 100)) AS b90,
+                            MIN(bin) FILTER (WHERE cum >= CEIL(99 * n / 100)) AS b99 FROM c GROUP BY ALL)
+          SELECT s.*, {", ".join(f"CASE WHEN q.b{p} IS NOT NULL THEN GREATEST(COALESCE((SELECT lo FROM edges "
+                                 f"WHERE edges.b = q.b{p}), 0) / 1e6, min_s) END AS p{p}_s" for p in (50, 90, 99))}
+          FROM s LEFT JOIN q USING (tier, measure, outcome)) TO '{out}/delays.parquet' (FORMAT parquet);
+    COPY (SELECT tier, measure, outcome, bin, COALESCE((SELECT lo FROM edges WHERE edges.b = bin), 0) / 1e6 AS lo_s,
+                 CASE WHEN bin = 0 THEN 0 ELSE COALESCE((SELECT lo FROM edges WHERE edges.b = bin + 1) / 1e6,
+                                                        'inf'::DOUBLE) END AS hi_s, episodes
+          FROM hist) TO '{out}/delay_hist.parquet' (FORMAT parquet);
+    COPY (SELECT (SELECT COUNT(*) FROM raw) AS rows,
+                 (SELECT COUNT(*) FROM raw WHERE e IS NULL OR NOT e BETWEEN 0 AND 10) AS invalid_type_rows,
+                 (SELECT COUNT(*) FROM x WHERE last) AS instances,
+                 (SELECT COUNT(*) FROM x WHERE pe IS NULL AND e <> 0) AS first_not_submit,
+                 (SELECT COUNT(*) FROM x WHERE last AND (p IS NULL OR p < 0)) AS unknown_priority_instances,
+                 (SELECT COUNT(*) FROM x WHERE t = 0) AS time_zero_events,
+                 (SELECT COUNT(*) FROM x WHERE t = {after}) AS after_trace_events,
+                 (SELECT COUNT(*) FROM x WHERE pe IS NOT NULL) AS transitions,
+                 (SELECT COUNT(*) FROM x WHERE pe IS NOT NULL AND NOT expected) AS unexpected_transitions,
+                 (SELECT MAX(t) FILTER (WHERE t < {after}) FROM raw) AS data_end_us
+          ) TO '{out}/info.parquet' (FORMAT parquet)"""
+
+
 def duck_lifecycle(ds: Path, _: str) -> Callable[[], Any]:
     con = _duck()
     sql = lifecycle_sql(ds)
@@ -398,12 +529,7 @@ def job_usage_tiers_sql(ds: Path | str) -> str:
     ``(collection_id, instance_index, machine_id)`` keys that have usage rows, by the dataset's tier
     map), then per tier and over all: count, total, mean, population variance, quantiles, max and
     the top-1% share of the collections with positive CPU."""
-    from gpuclust.analyses.base import resolve_tier_map
-    from gpuclust.dataset import Dataset
-
-    tm = resolve_tier_map(None, Dataset(ds))
-    tier = "CASE " + " ".join(f"WHEN p >= {lo} THEN '{name}'" for name, lo in
-                              reversed(list(zip(tm.names, tm.bounds, strict=True)))) + " ELSE 'unknown' END"
+    tier = _tier_case(ds)
     sql = f"""
     WITH u AS (SELECT collection_id, instance_index, machine_id, avg_cpu, avg_mem, start_time, end_time
                FROM read_parquet('{ds}/instance_usage/**/*.parquet', hive_partitioning=false)
@@ -427,6 +553,86 @@ def job_usage_tiers_sql(ds: Path | str) -> str:
                 ELSE SUM(ncu) FILTER (WHERE k <= GREATEST(1, CEIL(0.01 * n))) END / SUM(ncu)
     FROM r GROUP BY ROLLUP (tier) ORDER BY tier NULLS LAST"""
     return sql
+
+
+def _tier_case(ds: Path | str) -> str:
+    """The dataset's tier map (its manifest's, else the trace's default) as a SQL CASE over ``p``
+    (the highest priority; NULL, negative or below every tier: ``'unknown'``)."""
+    from gpuclust.analyses.base import resolve_tier_map
+    from gpuclust.dataset import Dataset
+
+    tm = resolve_tier_map(None, Dataset(ds))
+    return "CASE " + " ".join(f"WHEN p >= {lo} THEN '{name}'" for name, lo in
+                              reversed(list(zip(tm.names, tm.bounds, strict=True)))) + " ELSE 'unknown' END"
+
+
+def job_usage_full_sql(ds: Path | str, out: Path | str, tail: float = 0.1) -> str:
+    """Every table gpuclust's job-usage writes (rows=jobs), as DuckDB statements that write them to
+    ``out`` as Parquet: ``jobs`` (per JOB collection: tier, NCU-hours, NMU-hours, windows, by
+    NCU-hours descending then collection_id), ``stats`` (per tier and ``all``, CPU and memory:
+    count, zero jobs, total, mean, population variance, quantiles, max, top 1% and 0.1% shares,
+    squared coefficient of variation and the Pareto fit of the CCDF tail: least squares of
+    ``log10(rank / n)`` on ``log10(x)`` over the largest ``ceil(tail x n)``, at least 2),
+    ``correlation`` (Pearson r of NCU- and NMU-hours and of their logarithms, collections with
+    both positive) and ``info`` (the row counts).  Written from docs/analysis-job-usage.md, not
+    from gpuclust's code; tests/bench/test_cpu_vs_duckdb.py checks it against gpuclust's tables."""
+    usage = f"read_parquet('{ds}/instance_usage/**/*.parquet', hive_partitioning=false)"
+    events = f"read_parquet('{ds}/instance_events/**/*.parquet', hive_partitioning=false)"
+    keep = "collection_type = 0 AND end_time > start_time AND end_time < 9223372036854775807"
+
+    def hours(col: str) -> str:  # NULL, NaN or infinite averages add nothing
+        return (f"CASE WHEN isfinite({col}) THEN CAST({col} AS DOUBLE) * CAST(end_time - start_time AS DOUBLE) / 3.6e9 "
+                f"ELSE 0 END")
+
+    def stats(x: str, res: str) -> str:
+        top = ("CASE WHEN GROUPING(tier) = 1 THEN SUM({x}) FILTER (WHERE ka <= GREATEST(1, CEIL({s} * na))) "
+               "ELSE SUM({x}) FILTER (WHERE k <= GREATEST(1, CEIL({s} * n))) END / SUM({x})")
+        fit = ("CASE WHEN GROUPING(tier) = 1 THEN {f}(log10(ka / na), log10({x})) FILTER (WHERE ka <= LEAST(na, "
+               "GREATEST(2, CEIL({tail} * na)))) ELSE {f}(log10(k / n), log10({x})) FILTER (WHERE k <= LEAST(n, "
+               "GREATEST(2, CEIL({tail} * n)))) END")
+        return f"""
+        SELECT COALESCE(tier, 'all') AS tier, '{res}' AS resource, COUNT(*) AS jobs, SUM({x}) AS total_hours,
+               AVG({x}) AS mean, VAR_POP({x}) AS variance, QUANTILE_CONT({x}, [0.5, 0.9, 0.99, 0.999]) AS q,
+               MAX({x}) AS max, {top.format(x=x, s=0.01)} AS top1pct_share, {top.format(x=x, s=0.001)} AS top01pct_share,
+               VAR_POP({x}) / AVG({x}) ^ 2 AS scv,
+               CAST(CASE WHEN GROUPING(tier) = 1 THEN LEAST(MAX(na), GREATEST(2, CEIL({tail} * MAX(na))))
+                         ELSE LEAST(MAX(n), GREATEST(2, CEIL({tail} * MAX(n)))) END AS DOUBLE) AS tail_jobs,
+               -{fit.format(f='REGR_SLOPE', x=x, tail=tail)} AS pareto_alpha, {fit.format(f='REGR_R2', x=x, tail=tail)} AS pareto_r2
+        FROM (SELECT tier, {x}, ROW_NUMBER() OVER (PARTITION BY tier ORDER BY {x} DESC) AS k,
+                     COUNT(*) OVER (PARTITION BY tier) AS n, ROW_NUMBER() OVER (ORDER BY {x} DESC) AS ka,
+                     COUNT(*) OVER () AS na FROM j WHERE {x} > 0)
+        GROUP BY ROLLUP (tier)"""
+
+    return f"""
+    CREATE TEMP TABLE j AS
+      WITH k AS (SELECT collection_id, instance_index, machine_id, SUM({hours('avg_cpu')}) AS ncu,
+                        SUM({hours('avg_mem')}) AS nmu, COUNT(*) AS n
+                 FROM {usage} WHERE {keep} GROUP BY ALL),
+           e AS (SELECT collection_id, instance_index, machine_id, MAX(priority) AS p
+                 FROM {events} WHERE machine_id IS NOT NULL GROUP BY ALL),
+           c AS (SELECT k.collection_id, SUM(ncu) AS ncu, SUM(nmu) AS nmu, CAST(SUM(n) AS BIGINT) AS windows,
+                        MAX(e.p) AS p
+                 FROM k LEFT JOIN e USING (collection_id, instance_index, machine_id) GROUP BY 1)
+      SELECT collection_id, {_tier_case(ds)} AS tier, ncu, nmu, windows FROM c;
+    COPY (SELECT collection_id, tier, ncu AS ncu_hours, nmu AS nmu_hours, windows FROM j
+          ORDER BY ncu DESC, collection_id) TO '{out}/jobs.parquet' (FORMAT parquet);
+    COPY (SELECT s.tier, s.resource, s.jobs, COALESCE(z.zero_jobs, 0) AS zero_jobs, total_hours, mean, variance,
+                 q[1] AS median, q[2] AS p90, q[3] AS p99, q[4] AS p999, max, top1pct_share, top01pct_share, scv,
+                 tail_jobs, pareto_alpha, pareto_r2
+          FROM ({stats('ncu', 'cpu')} UNION ALL {stats('nmu', 'mem')}) s
+          LEFT JOIN (SELECT COALESCE(tier, 'all') AS tier, r.resource, COUNT(*) AS zero_jobs
+                     FROM (SELECT tier, 'cpu' AS resource FROM j WHERE NOT ncu > 0
+                           UNION ALL SELECT tier, 'mem' FROM j WHERE NOT nmu > 0) r
+                     GROUP BY GROUPING SETS ((tier, resource), (resource))) z USING (tier, resource)
+          ) TO '{out}/stats.parquet' (FORMAT parquet);
+    COPY (SELECT COALESCE(tier, 'all') AS tier, COUNT(*) AS jobs, CORR(ncu, nmu) AS pearson_r,
+                 CORR(log10(ncu), log10(nmu)) AS log_pearson_r
+          FROM j WHERE ncu > 0 AND nmu > 0 GROUP BY ROLLUP (tier)) TO '{out}/correlation.parquet' (FORMAT parquet);
+    COPY (SELECT COUNT(*) AS rows, COUNT(*) FILTER (WHERE {keep}) AS used_rows,
+                 COUNT(*) FILTER (WHERE {keep} AND NOT COALESCE(isfinite(avg_cpu), false)) AS unknown_cpu_rows,
+                 COUNT(*) FILTER (WHERE {keep} AND NOT COALESCE(isfinite(avg_mem), false)) AS unknown_mem_rows,
+                 COUNT(*) FILTER (WHERE collection_type = 0 AND NOT ({keep})) AS bad_duration_rows
+          FROM {usage}) TO '{out}/info.parquet' (FORMAT parquet)"""
 
 
 def duck_job_usage(ds: Path, _: str) -> Callable[[], Any]:

@@ -18,12 +18,22 @@ by `_harness.run_measured` and its user/system CPU seconds from ``getrusage(RUSA
 * ``lifecycle``: ``gpuclust analyze DS lifecycle`` (every table) against
   ``analyses_bench.lifecycle_sql``, its SQL-expressible subset (per-instance tier, event and
   transition counts by LAG over each instance's events).
+* ``lifecycle (all tables)``: the same gpuclust run against ``analyses_bench.lifecycle_full_sql``:
+  DuckDB writing every table gpuclust writes (events, transitions, the series with its queue and
+  running levels, the scheduling and execution episodes with their outcomes, censoring and log
+  bins, info) as Parquet beside gpuclust's folder; checked table for table against gpuclust's in
+  tests/bench/test_cpu_vs_duckdb.py.
 * ``job-usage``: ``gpuclust analyze DS job-usage`` (every table, tiers included) against
   ``analyses_bench.job_usage_sql`` (per-collection hours and the overall statistics, no tiers).
 * ``job-usage (tiers)``: the same gpuclust run against ``analyses_bench.job_usage_tiers_sql``:
   DuckDB doing the work gpuclust does (each collection's tier from the MAX priority of the events
   of its keys with usage, then the statistics per tier and over all; checked against gpuclust's
   ``stats`` table in tests/bench/test_cpu_vs_duckdb.py).
+* ``job-usage (all tables)``: the same gpuclust run against ``analyses_bench.job_usage_full_sql``:
+  DuckDB writing every table gpuclust writes (the 400,000-row ``jobs`` table at 1.6e7, ``stats``
+  for CPU and memory with the top 0.1% share, C² and the Pareto fit, ``correlation``, ``info``)
+  as Parquet into a folder beside gpuclust's; tests/bench/test_cpu_vs_duckdb.py checks each table
+  against gpuclust's.
 * ``usage-vs-request``: ``gpuclust analyze DS usage-vs-request`` (every table) against
   ``analyses_bench.usage_vs_request_sql`` (an ASOF join for the CPU limit, one measure, no tiers).
 * ``usage-change``: ``gpuclust analyze DS usage-change`` (every table) against
@@ -59,6 +69,7 @@ earlier run's medians (e.g. before an optimisation) as extra columns.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import resource
@@ -78,8 +89,10 @@ from analyses_bench import (  # noqa: E402
     cell_usage_sql,
     cpi_sql,
     data_quality_sql,
+    job_usage_full_sql,
     job_usage_sql,
     job_usage_tiers_sql,
+    lifecycle_full_sql,
     lifecycle_sql,
     machine_utilization_sql,
     usage_change_sql,
@@ -92,15 +105,19 @@ CASES: dict[str, tuple[list[str], Any, tuple[str, dict[str, str]]]] = {
     "cpi (SQL subset)": (["cpi", "-O", "by=machine", "-O", "regression=none", "-O", "spearman=none"], cpi_sql,
                          ("cpi", {"by": "machine", "regression": "none", "spearman": "none"})),
     "lifecycle": (["lifecycle"], lifecycle_sql, ("lifecycle", {})),
+    "lifecycle (all tables)": (["lifecycle"], lifecycle_full_sql, ("lifecycle", {})),
     "usage-change": (["usage-change"], usage_change_sql, ("usage-change", {})),
     "job-usage": (["job-usage"], job_usage_sql, ("job-usage", {})),
     "job-usage (tiers)": (["job-usage"], job_usage_tiers_sql, ("job-usage", {})),
+    "job-usage (all tables)": (["job-usage"], job_usage_full_sql, ("job-usage", {})),
     "usage-vs-request": (["usage-vs-request"], usage_vs_request_sql, ("usage-vs-request", {})),
     "machine-utilization": (["machine-utilization"], machine_utilization_sql, ("machine-utilization", {})),
     "data-quality (SQL subset)": (["data-quality"], data_quality_sql, ("data-quality", {})),
 }
 
 _DUCK = ("import os, sys, duckdb\n"
+         "if len(sys.argv) > 2:\n"
+         "    os.makedirs(sys.argv[2], exist_ok=True)  # where its COPY statements write the tables\n"
          "con = duckdb.connect()\n"
          "con.execute(f'SET threads={len(os.sched_getaffinity(0))}')\n"
          "con.execute('SET enable_progress_bar=false')\n"
@@ -141,11 +158,19 @@ def case_columns(case: str) -> tuple[str, list[str]]:
     return a.table, list(a.columns)
 
 
+def duck_out(out: Path) -> Path:
+    """Where the DuckDB contender of a case that writes tables (its SQL builder takes ``out``)
+    writes them: beside gpuclust's results folder ``out``."""
+    return out.with_name(out.name + "-duckdb")
+
+
 def commands(case: str, ds: Path, out: Path, floor: bool = True) -> dict[str, list[str]]:
     args, sql, _ = CASES[case]
+    writes = "out" in inspect.signature(sql).parameters
     cmds = {"gpuclust": [sys.executable, "-m", "gpuclust.cli", "analyze", str(ds), *args, "--out", str(out),
                          "--no-plots", "--quiet"],
-            "duckdb": [sys.executable, "-c", _DUCK, sql(ds)]}
+            "duckdb": [sys.executable, "-c", _DUCK, *((sql(ds, out=duck_out(out)), str(duck_out(out))) if writes
+                                                      else (sql(ds),))]}
     if floor:
         table, cols = case_columns(case)
         cmds["floor"] = [sys.executable, "-c", _FLOOR, str(ds), ",".join(cols), table]
@@ -180,7 +205,8 @@ def compare(sizes: list[int], cases: list[str], repeat: int, dataset: Any = benc
                     # rotate who goes first, so no one always runs on a warmer cache
                     for who in order[rnd % len(order):] + order[:rnd % len(order)]:
                         runs[who].append(_measure(cmds[who]))
-                    shutil.rmtree(Path(tmp) / "out", ignore_errors=True)
+                    for d in (Path(tmp) / "out", duck_out(Path(tmp) / "out")):
+                        shutil.rmtree(d, ignore_errors=True)
             for who, rs in runs.items():
                 row = {"size": size, "case": case, "contender": who,
                        **{k: round(_median(rs, k), 3) for k in ("wall_s", "user_s", "sys_s", "peak_rss_mib")},

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -12,7 +13,8 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
 def cpu_vs_duckdb_cases() -> tuple[str, ...]:
-    return ("cell-usage", "cpi (SQL subset)", "lifecycle", "usage-change", "job-usage", "job-usage (tiers)",
+    return ("cell-usage", "cpi (SQL subset)", "lifecycle", "lifecycle (all tables)", "usage-change", "job-usage", "job-usage (tiers)",
+            "job-usage (all tables)",
             "usage-vs-request", "machine-utilization", "data-quality (SQL subset)")
 
 
@@ -195,3 +197,141 @@ def test_data_quality_sql_counts_what_gpuclust_reports(tmp_path, monkeypatch):
     for k in ("short_windows", "long_windows", "p100_below_max", "p100_above_max", "percentiles_non_monotone",
               "start_zero", "machine_zero", "no_events_rows", "after_end_rows"):
         assert sql[k] > 0, k  # every planted fault is there to count
+
+
+def test_job_usage_full_sql_writes_what_gpuclust_writes(tmp_path, monkeypatch):
+    """The DuckDB contender of ``job-usage (all tables)`` writes gpuclust's four tables: ``jobs``
+    (same collections, tiers and windows in the same order; hours to 1e-9), ``stats`` (every
+    column, CPU and memory, per tier and over all), ``correlation`` and ``info``, on a benchmark
+    dataset with planted faults: NULL and NaN averages, windows that end before they start or at
+    2^63-1, rows of alloc sets, collections that use no CPU and keys without events."""
+    duckdb = pytest.importorskip("duckdb")
+    monkeypatch.syspath_prepend(str(BENCH))
+    import analyses_bench
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from gen_canonical import make_dataset
+
+    from gpuclust.analyses.registry import create
+    from gpuclust.engine import run
+
+    ds = make_dataset(tmp_path / "ds", 40_000, seed=4)
+    (uf,) = sorted((ds / "instance_usage").rglob("*.parquet"))
+    (ef,) = sorted((ds / "instance_events").rglob("*.parquet"))
+    u, ev = pq.read_table(uf), pq.read_table(ef)
+    row = np.arange(u.num_rows)
+
+    def col(name: str, values: np.ndarray, mask: np.ndarray | None = None) -> None:
+        nonlocal u
+        u = u.set_column(u.schema.get_field_index(name), name,
+                         pa.array(values, type=u.schema.field(name).type, mask=mask))
+
+    s, e = u["start_time"].to_numpy(), u["end_time"].to_numpy()
+    coll = u["collection_id"].to_numpy()
+    cpu = u["avg_cpu"].to_numpy(zero_copy_only=False)
+    col("avg_cpu", np.where(coll % 23 == 0, 0.0, cpu), mask=row % 7 == 0)  # collections without CPU; NULLs
+    col("avg_mem", np.where(row % 9 == 0, np.nan, u["avg_mem"].to_numpy(zero_copy_only=False)))
+    col("end_time", np.where(row % 31 == 0, s, np.where(row % 37 == 0, np.iinfo(np.int64).max, e)))
+    col("collection_type", np.where(coll % 19 == 0, 1, 0))  # alloc sets: not jobs
+    pq.write_table(u, uf)
+    ev = ev.filter(pa.array(ev["instance_index"].to_numpy() % 10 != 3))  # keys without events
+    pq.write_table(ev, ef)
+
+    out = tmp_path / "duck"
+    out.mkdir()
+    duckdb.connect().execute(analyses_bench.job_usage_full_sql(ds, out, tail=0.1))
+    got = {t: pq.read_table(out / f"{t}.parquet").to_pandas() for t in ("jobs", "stats", "correlation", "info")}
+    res = run(ds, [create("job-usage")], backend="cpu")["job-usage"]
+
+    jobs, want = got["jobs"], res["jobs"]
+    assert len(jobs) == len(want) > 500
+    for c in ("collection_id", "tier", "windows"):
+        assert jobs[c].tolist() == want[c].tolist(), c
+    for c in ("ncu_hours", "nmu_hours"):
+        np.testing.assert_allclose(jobs[c], want[c], rtol=1e-9, atol=1e-12)
+    assert (want["tier"] == "unknown").any() and (want["ncu_hours"] == 0).any()
+
+    def by_key(df: Any, keys: list[str]) -> Any:
+        return df.set_index(keys).sort_index()
+
+    for t, keys in (("stats", ["tier", "resource"]), ("correlation", ["tier"])):
+        a, b = by_key(got[t], keys), by_key(res[t], keys)
+        assert a.index.tolist() == b.index.tolist() and list(a.columns) == list(b.columns), t
+        for c in a.columns:
+            np.testing.assert_allclose(a[c].astype(float), b[c].astype(float), rtol=1e-7, err_msg=f"{t}.{c}")
+    assert (res["stats"]["zero_jobs"] > 0).any()
+    info = res["info"].iloc[0]
+    for c in got["info"].columns:
+        assert int(got["info"][c].iloc[0]) == int(info[c]), c
+    for c in ("unknown_cpu_rows", "unknown_mem_rows", "bad_duration_rows"):
+        assert info[c] > 0, c
+    assert info["used_rows"] < info["rows"]
+
+
+def _same_table(got: Any, want: Any, keys: list[str], what: str) -> None:
+    """Two result tables (DataFrames) hold the same rows, matched by ``keys``: integers and
+    strings equal, floats to 1e-9 (NaN where NaN)."""
+    import numpy as np
+
+    a, b = got.set_index(keys).sort_index(), want.set_index(keys).sort_index()
+    assert a.index.tolist() == b.index.tolist(), what
+    assert sorted(a.columns) == sorted(b.columns), what
+    for c in b.columns:
+        x, y = a[c].to_numpy(), b[c].to_numpy()
+        if y.dtype.kind == "f":
+            np.testing.assert_allclose(x.astype(float), y, rtol=1e-9, equal_nan=True, err_msg=f"{what}.{c}")
+        else:
+            assert x.tolist() == y.tolist(), f"{what}.{c}"
+
+
+def test_lifecycle_full_sql_writes_what_gpuclust_writes(tmp_path, monkeypatch):
+    """The DuckDB contender of ``lifecycle (all tables)`` writes gpuclust's six tables, row for row,
+    on instances with random event sequences over every v3 type (and invalid ones), ties at one
+    microsecond, time 0, the after-trace sentinel and NULL priorities, in two files."""
+    duckdb = pytest.importorskip("duckdb")
+    monkeypatch.syspath_prepend(str(BENCH))
+    import analyses_bench
+    import numpy as np
+    import pyarrow.parquet as pq
+    from strategies import table, write_dataset
+
+    from gpuclust.analyses.registry import create
+    from gpuclust.engine import run
+
+    rng = np.random.default_rng(11)
+    n_inst, hour = 1500, 3_600_000_000
+    k = rng.integers(1, 12, n_inst)  # events per instance
+    inst = np.repeat(np.arange(n_inst), k)
+    n = int(inst.shape[0])
+    start = rng.choice([0, 0, 5 * hour, 9 * hour + 7], n_inst)[inst]
+    step = rng.choice([0, 0, 1, 999_999, 300_000_000, 2 * hour, 10**11], n)
+    t = start + np.cumsum(step) - np.cumsum(step)[np.r_[0, np.cumsum(k)[:-1]]][inst]  # per instance from its start
+    t = np.where(rng.integers(0, 30, n) == 0, np.iinfo(np.int64).max, t)
+    e = rng.choice([0, 0, 0, 1, 2, 2, 3, 3, 3, 4, 5, 6, 6, 7, 8, 9, 10, 11], n)  # 11: no such type
+    prio = rng.choice([-1, 0, 99, 105, 118, 120, 360], n_inst)[inst]
+    null = (rng.integers(0, 8, n) == 0) | (prio < 0)
+    perm = rng.permutation(n)
+    cols = {"time": t[perm].tolist(), "type": e[perm].tolist(), "collection_id": (inst[perm] // 4 + 2**40).tolist(),
+            "instance_index": (inst[perm] % 4).tolist(),
+            "priority": [None if z else int(p) for z, p in zip(null[perm], prio[perm], strict=True)]}
+    ds = write_dataset(tmp_path / "ds", {"instance_events": table("instance_events", cols)}, files=2)
+
+    out = tmp_path / "duck"
+    out.mkdir()
+    duckdb.connect().execute(analyses_bench.lifecycle_full_sql(ds, out, bucket_s=1800))
+    res = run(ds, [create("lifecycle", bucket_s=1800)], backend="cpu")["lifecycle"]
+    got = {name: pq.read_table(out / f"{name}.parquet").to_pandas() for name in res}
+    for name, keys in (("events", ["tier", "event"]), ("transitions", ["tier", "from_event", "to_event"]),
+                       ("series", ["bucket", "tier"]), ("delays", ["tier", "measure", "outcome"]),
+                       ("delay_hist", ["tier", "measure", "outcome", "bin"])):
+        _same_table(got[name], res[name], keys, name)
+    measures = set(zip(res["delays"]["measure"], res["delays"]["outcome"], strict=True))
+    assert {("enable_to_schedule", "scheduled"), ("scheduling", "censored"), ("execution", "censored"),
+            ("scheduling", "resubmitted"), ("execution", "interrupted")} <= measures
+    info = res["info"].iloc[0]
+    for c in got["info"].columns:
+        assert int(got["info"][c].iloc[0]) == int(info[c]), c
+    for c in ("invalid_type_rows", "time_zero_events", "after_trace_events", "unexpected_transitions",
+              "unknown_priority_instances", "first_not_submit"):
+        assert info[c] > 0, c
