@@ -32,6 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from gpuclust._lazy import pandas as pd
+from gpuclust.tables import parquet_options
 
 __all__ = ["FrameParts", "MappedArray", "PartedTable", "finalize_in_memory", "map_large_arrays", "frames", "part_name", "read_keyed_range", "relocated", "slice_keyed",
            "write_keyed", "write_part"]
@@ -127,12 +128,7 @@ def write_part(folder: Path, index: int, rows: pd.DataFrame | Iterable[pd.DataFr
             for df in [rows] if isinstance(rows, pd.DataFrame) else rows:
                 t = pa.Table.from_pandas(df, preserve_index=False)
                 if writer is None:
-                    # numeric columns are mostly distinct values: dictionary encoding only costs (3x
-                    # the write time of a machine-table part, and a larger file); zstd level 1 is
-                    # 30% smaller than snappy at about the same speed (measured on a 262k-row part)
-                    strings = [f.name for f in t.schema if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)]
-                    writer = pq.ParquetWriter(tmp, t.schema, use_dictionary=strings, compression="zstd",
-                                              compression_level=1)
+                    writer = pq.ParquetWriter(tmp, t.schema, **parquet_options(t.schema))
                 writer.write_table(t, row_group_size=max(len(df), 1))
                 n += len(df)
         finally:

@@ -33,7 +33,7 @@ import pyarrow as pa
 from gpuclust._lazy import pandas as pd
 from gpuclust.arrow_numpy import to_numpy
 
-__all__ = ["KINDS", "as_arrow", "as_pandas", "check_kind", "column", "convert"]
+__all__ = ["KINDS", "as_arrow", "as_pandas", "check_kind", "column", "convert", "parquet_options"]
 
 #: The values of ``tables=``.
 KINDS = ("pandas", "arrow", "native")
@@ -68,6 +68,22 @@ def column(t: Any, name: str) -> np.ndarray:
     if isinstance(t, pa.Table):
         return to_numpy(t.column(name))
     return t[name].to_numpy()
+
+
+def parquet_options(schema: pa.Schema) -> dict[str, Any]:
+    """How result tables are written as Parquet (``pq.write_table`` / ``pq.ParquetWriter``
+    keywords): dictionary encoding for the string columns only, zstd at level 1.
+
+    Numeric result columns hold mostly distinct values, where the writer's default (try a
+    dictionary, give up when it outgrows a page) only costs: a 400,000-row ``jobs`` table of
+    job-usage took 0.12 s with it and 0.06 s without, and came out larger.  zstd level 1 is ~30%
+    smaller than snappy at about the same speed (a 262k-row machine-table part).
+
+    >>> parquet_options(pa.schema([("tier", pa.string()), ("x", pa.float64())]))["use_dictionary"]
+    ['tier']
+    """
+    strings = [f.name for f in schema if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)]
+    return {"use_dictionary": strings, "compression": "zstd", "compression_level": 1}
 
 
 def check_kind(kind: str) -> None:

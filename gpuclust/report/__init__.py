@@ -30,7 +30,7 @@ def render(results: Mapping[str, Mapping[str, pd.DataFrame]], analyses: Mapping[
     already wrote there is listed, a DataFrame is written as one part.  ``subject`` (the dataset,
     cell and trace, :func:`gpuclust.report.provenance.subject`) goes into each plot's title."""
     from gpuclust.parted import PartedTable, write_part
-    from gpuclust.tables import as_arrow, as_pandas
+    from gpuclust.tables import as_arrow, as_pandas, parquet_options
 
     folder = Path(folder)
     written: list[str] = []
@@ -50,7 +50,8 @@ def render(results: Mapping[str, Mapping[str, pd.DataFrame]], analyses: Mapping[
                 written.append(f"{key}/{tname}/{name}")
                 continue
             rel = f"{key}/{tname}.parquet"
-            pq.write_table(as_arrow(df), folder / rel)
+            t = as_arrow(df)
+            pq.write_table(t, folder / rel, **parquet_options(t.schema))
             written.append(rel)
         summary.append(a.summary(tables) if a is not None else f"{key}: {list(tables)}")
         title = getattr(a, "label", key) + (f" · {subject}" if subject else "")
