@@ -439,6 +439,74 @@ def usage_change_sql(ds: Path | str) -> str:
     return sql
 
 
+def usage_change_full_sql(ds: Path | str, out: Path | str, max_gap_s: int = 0) -> str:
+    """Every table gpuclust's usage-change writes, as DuckDB statements that write them to ``out``
+    as Parquet, from docs/analysis-usage-change.md (not from gpuclust's code): each instance's
+    windows in start-time order (ties in the files' row order), a pair where the next window starts
+    at most ``max_gap_s`` after the earlier one ends (an end at 2^63-1 starts none), its tier the
+    earlier window's key's; per tier (and ``all``) and resource: pairs, unknown, 0 -> 0, 0 -> x,
+    defined, the shares within ±5/10/20/50%, the mean change and the ratio ``b / a`` in the log
+    bins ``10^(k/100)`` (quantiles: the bin holding the inverted-CDF quantile, as a change);
+    ``summary``, ``hist`` and ``info``.  tests/bench/test_cpu_vs_duckdb.py checks it against
+    gpuclust's tables."""
+    usage = f"read_parquet('{ds}/instance_usage/**/*.parquet', hive_partitioning=false, filename=true, file_row_number=true)"
+    events = f"read_parquet('{ds}/instance_events/**/*.parquet', hive_partitioning=false)"
+    after = "9223372036854775807"
+    win = "(PARTITION BY collection_id, instance_index ORDER BY start_time, filename, file_row_number)"
+    within = ", ".join(f"CASE WHEN defined > 0 THEN w{h} / defined END AS within_{h}pct" for h in (5, 10, 20, 50))
+    quant = ", ".join(f"CASE WHEN q.b{p} IS NOT NULL THEN GREATEST(COALESCE((SELECT lo FROM bins WHERE bins.b = q.b{p}), 0) "
+                      f"- 1, -1) END AS p{p}_change" for p in (1, 10, 50, 90, 99))
+    return f"""
+    CREATE TEMP TABLE tk AS SELECT collection_id, instance_index, machine_id, {_tier_case(ds)} AS tier FROM
+        (SELECT collection_id, instance_index, machine_id, MAX(priority) AS p FROM {events}
+         WHERE machine_id IS NOT NULL GROUP BY ALL);
+    {_RATIO_BINS_TABLE};
+    CREATE TEMP TABLE w AS
+      SELECT COALESCE(tk.tier, 'unknown') AS tier, end_time, LEAD(start_time) OVER {win} AS ns,
+             CAST(avg_cpu AS DOUBLE) AS ca, LEAD(CAST(avg_cpu AS DOUBLE)) OVER {win} AS cb,
+             CAST(avg_mem AS DOUBLE) AS ma, LEAD(CAST(avg_mem AS DOUBLE)) OVER {win} AS mb,
+             ROW_NUMBER() OVER {win} = 1 AS first
+      FROM {usage} LEFT JOIN tk USING (collection_id, instance_index, machine_id);
+    CREATE TEMP TABLE g AS
+      WITH p AS (SELECT tier, UNNEST([{{'r': 'cpu', 'a': ca, 'b': cb}}, {{'r': 'mem', 'a': ma, 'b': mb}}]) AS s FROM w
+                 WHERE ns IS NOT NULL AND end_time <> {after} AND ns - end_time <= {int(max_gap_s) * 1_000_000}),
+           k AS (SELECT tier, s.r AS resource,
+                        CASE WHEN s.a IS NULL OR s.b IS NULL OR NOT isfinite(s.a) OR NOT isfinite(s.b) THEN 1
+                             WHEN s.a = 0 THEN CASE WHEN s.b = 0 THEN 2 ELSE 3 END ELSE 4 END AS kind,
+                        s.b / s.a AS ratio FROM p),
+           c AS (SELECT *, CASE WHEN kind = 4 THEN {_ratio_bin_guess('ratio')} END AS cand FROM k)
+      SELECT tier, resource, kind, CASE WHEN kind = 4 THEN {_ratio_bin('ratio')} END AS bin,
+             CASE WHEN kind <> 4 THEN NULL WHEN abs(ratio - 1) <= 0.05 THEN 5 WHEN abs(ratio - 1) <= 0.1 THEN 10
+                  WHEN abs(ratio - 1) <= 0.2 THEN 20 WHEN abs(ratio - 1) <= 0.5 THEN 50 ELSE 100 END AS within,
+             COUNT(*) AS n, SUM(CASE WHEN kind = 4 THEN ratio - 1 END) AS rs
+      FROM c LEFT JOIN bins ON bins.b = c.cand GROUP BY ALL;
+    CREATE TEMP TABLE gh AS SELECT COALESCE(tier, 'all') AS tier, resource, bin, SUM(n) AS pairs
+      FROM g WHERE kind = 4 GROUP BY GROUPING SETS ((tier, resource, bin), (resource, bin));
+    COPY (WITH s AS (SELECT COALESCE(tier, 'all') AS tier, resource, SUM(n) AS pairs,
+                            {", ".join(f"COALESCE(SUM(n) FILTER (WHERE kind = {k}), 0) AS {f}" for k, f in
+                                       ((1, "unknown"), (2, "zero_to_zero"), (3, "zero_to_positive"), (4, "defined")))},
+                            {", ".join(f"COALESCE(SUM(n) FILTER (WHERE within <= {h}), 0) AS w{h}" for h in (5, 10, 20, 50))},
+                            SUM(rs) FILTER (WHERE kind = 4) AS rsum
+                     FROM g GROUP BY GROUPING SETS ((tier, resource), (resource))),
+               cu AS (SELECT *, SUM(pairs) OVER (PARTITION BY tier, resource ORDER BY bin) AS cum,
+                             SUM(pairs) OVER (PARTITION BY tier, resource) AS nd FROM gh),
+               q AS (SELECT tier, resource, {", ".join(f"MIN(bin) FILTER (WHERE cum >= CEIL({p} * nd / 100)) AS b{p}"
+                                                        for p in (1, 10, 50, 90, 99))}
+                     FROM cu GROUP BY ALL)
+          SELECT s.tier, s.resource, {", ".join(f"CAST({f} AS BIGINT) AS {f}" for f in
+                                                ("pairs", "unknown", "zero_to_zero", "zero_to_positive", "defined"))},
+                 {within}, CASE WHEN defined > 0 THEN rsum / defined END AS mean_change, {quant}
+          FROM s LEFT JOIN q USING (tier, resource)) TO '{out}/summary.parquet' (FORMAT parquet);
+    COPY (SELECT tier, resource, bin, CASE WHEN bin = 0 THEN -1 ELSE GREATEST(lo - 1, -1) END AS lo_change,
+                 hi - 1 AS hi_change, CAST(pairs AS BIGINT) AS pairs
+          FROM gh JOIN bins ON bins.b = gh.bin) TO '{out}/hist.parquet' (FORMAT parquet);
+    COPY (SELECT COUNT(*) AS rows, COUNT(*) FILTER (WHERE first) AS instances,
+                 COUNT(*) FILTER (WHERE ns IS NOT NULL AND end_time <> {after} AND ns - end_time <= {int(max_gap_s) * 1_000_000}) AS pairs,
+                 COUNT(*) FILTER (WHERE ns IS NOT NULL AND end_time <> {after} AND ns - end_time > {int(max_gap_s) * 1_000_000}) AS gaps,
+                 COUNT(*) FILTER (WHERE ns IS NOT NULL AND end_time = {after}) AS unplaced_ends
+          FROM w) TO '{out}/info.parquet' (FORMAT parquet)"""
+
+
 def duck_usage_change(ds: Path, _: str) -> Callable[[], Any]:
     con = _duck()
     sql = usage_change_sql(ds)
@@ -654,6 +722,104 @@ def usage_vs_request_sql(ds: Path | str) -> str:
     FROM u ASOF LEFT JOIN ev ON u.collection_id = ev.collection_id AND u.instance_index = ev.instance_index
                              AND u.start_time >= ev.time"""
     return sql
+
+
+#: The ratio bins of usage-change and usage-vs-request (docs/analysis-usage-change.md): lower
+#: edges 10^(k/100), k = -600..600, of bins 1, 2, ...; bin 0 below 10^-6 (zero included), the last
+#: from 10^6 on.  A table ``bins(b, lo, hi)`` (bin 0: lo -inf; the last: hi inf).
+_RATIO_EDGES_SQL = [10.0 ** (k / 100) for k in range(-600, 601)]
+_RATIO_BINS_TABLE = f"""CREATE TEMP TABLE bins AS SELECT b, CASE WHEN b = 0 THEN '-inf'::DOUBLE ELSE e[b] END AS lo,
+        CASE WHEN b = {len(_RATIO_EDGES_SQL)} THEN 'inf'::DOUBLE ELSE e[b + 1] END AS hi
+        FROM (SELECT UNNEST(range({len(_RATIO_EDGES_SQL) + 1})) AS b, {_RATIO_EDGES_SQL}::DOUBLE[] AS e)"""
+
+
+def _ratio_bin_guess(x: str) -> str:
+    """The bin of a ratio ``x`` from its logarithm: right or one off where rounding puts ``x``
+    near an edge (:func:`_ratio_bin` corrects it against the exact edges)."""
+    return (f"CAST(LEAST(GREATEST(CASE WHEN {x} > 0 THEN floor(100 * log10({x})) + 601 ELSE 0 END, 0), "
+            f"{len(_RATIO_EDGES_SQL)}) AS INT)")
+
+
+def _ratio_bin(x: str) -> str:
+    """The exact bin of ``x`` (the number of edges at or below it), given ``cand`` (its
+    :func:`_ratio_bin_guess`) joined to ``bins`` on ``bins.b = cand``."""
+    return f"CASE WHEN {x} < bins.lo THEN cand - 1 WHEN {x} >= bins.hi THEN cand + 1 ELSE cand END"
+
+
+def usage_vs_request_full_sql(ds: Path | str, out: Path | str) -> str:
+    """Every table gpuclust's usage-vs-request writes, as DuckDB statements that write them to
+    ``out`` as Parquet, from docs/analysis-usage-vs-request.md (not from gpuclust's code): each
+    window ASOF-joined, per resource, to the latest event of its instance at or before its start
+    with a positive request (ties: the last in the files' row order), its tier from the highest
+    priority of its (collection, instance, machine) key's events; per tier (and ``all``) and
+    measure (average and maximum CPU and memory over the limit): windows, no limit, unknown usage,
+    defined, above the limit, at most half of it, the shares and mean ratio, and the ratios counted
+    in the log bins ``10^(k/100)``, k = -600..600 (quantiles: the lower edge of the bin holding the
+    inverted-CDF quantile); ``summary``, ``hist`` and ``info``.
+    tests/bench/test_cpu_vs_duckdb.py checks it against gpuclust's tables."""
+    usage = f"read_parquet('{ds}/instance_usage/**/*.parquet', hive_partitioning=false)"
+    events = f"read_parquet('{ds}/instance_events/**/*.parquet', hive_partitioning=false, filename=true, file_row_number=true)"
+    measures = (("cpu_avg", "avg_cpu", "lc"), ("cpu_max", "max_cpu", "lc"), ("mem_avg", "avg_mem", "lm"),
+                ("mem_max", "max_mem", "lm"))
+
+    def limits(req: str) -> str:  # per instance and time, the last positive request in row order
+        return (f"SELECT c, i, time, {req} AS lim FROM ev WHERE {req} > 0 AND NOT isnan({req}) "
+                f"QUALIFY ROW_NUMBER() OVER (PARTITION BY c, i, time ORDER BY r DESC) = 1")
+
+    rows = ", ".join(f"{{'m': '{m}', 'x': CAST({col} AS DOUBLE), 'l': CAST({lim}.lim AS DOUBLE)}}"
+                     for m, col, lim in measures)
+    quant = ", ".join(f"CASE WHEN q.b{p} IS NOT NULL THEN COALESCE((SELECT lo FROM bins WHERE bins.b = q.b{p}), 0) "
+                      f"END AS p{p}_ratio" for p in (10, 50, 90, 99))
+    return f"""
+    CREATE TEMP TABLE ev AS SELECT collection_id AS c, instance_index AS i, machine_id AS m, time, priority, req_cpu,
+        req_mem, ROW_NUMBER() OVER (ORDER BY filename, file_row_number) AS r FROM {events};
+    CREATE TEMP TABLE lc AS {limits('req_cpu')};
+    CREATE TEMP TABLE lm AS {limits('req_mem')};
+    CREATE TEMP TABLE tk AS SELECT c, i, m, {_tier_case(ds)} AS tier FROM
+        (SELECT c, i, m, MAX(priority) AS p FROM ev WHERE m IS NOT NULL GROUP BY ALL);
+    {_RATIO_BINS_TABLE};
+    CREATE TEMP TABLE g AS
+      WITH w AS (SELECT COALESCE(tk.tier, 'unknown') AS tier,
+                        UNNEST([{rows}]) AS s
+                 FROM {usage} u
+                 ASOF LEFT JOIN lc ON u.collection_id = lc.c AND u.instance_index = lc.i AND u.start_time >= lc.time
+                 ASOF LEFT JOIN lm ON u.collection_id = lm.c AND u.instance_index = lm.i AND u.start_time >= lm.time
+                 LEFT JOIN tk ON u.collection_id = tk.c AND u.instance_index = tk.i AND u.machine_id = tk.m),
+           k AS (SELECT tier, s.m AS measure,
+                        CASE WHEN s.l IS NULL OR NOT s.l > 0 THEN 0 WHEN s.x IS NULL OR NOT isfinite(s.x) THEN 1 ELSE 2 END AS kind,
+                        s.x / s.l AS ratio FROM w),
+           c AS (SELECT *, CASE WHEN kind = 2 THEN {_ratio_bin_guess('ratio')} END AS cand FROM k)
+      SELECT tier, measure, kind, CASE WHEN kind = 2 THEN {_ratio_bin('ratio')} END AS bin,
+             CASE WHEN kind <> 2 THEN NULL WHEN ratio > 1 THEN 2 WHEN ratio <= 0.5 THEN 0 ELSE 1 END AS cls,
+             COUNT(*) AS n, SUM(CASE WHEN kind = 2 THEN ratio END) AS rs
+      FROM c LEFT JOIN bins ON bins.b = c.cand GROUP BY ALL;
+    CREATE TEMP TABLE gh AS SELECT COALESCE(tier, 'all') AS tier, measure, bin, SUM(n) AS windows
+      FROM g WHERE kind = 2 GROUP BY GROUPING SETS ((tier, measure, bin), (measure, bin));
+    COPY (WITH s AS (SELECT COALESCE(tier, 'all') AS tier, measure, SUM(n) AS windows,
+                            COALESCE(SUM(n) FILTER (WHERE kind = 0), 0) AS no_limit,
+                            COALESCE(SUM(n) FILTER (WHERE kind = 1), 0) AS unknown,
+                            COALESCE(SUM(n) FILTER (WHERE kind = 2), 0) AS defined,
+                            COALESCE(SUM(n) FILTER (WHERE cls = 2), 0) AS above_limit,
+                            COALESCE(SUM(n) FILTER (WHERE cls = 0), 0) AS at_most_half,
+                            SUM(rs) FILTER (WHERE kind = 2) AS rsum
+                     FROM g GROUP BY GROUPING SETS ((tier, measure), (measure))),
+               cu AS (SELECT *, SUM(windows) OVER (PARTITION BY tier, measure ORDER BY bin) AS cum,
+                             SUM(windows) OVER (PARTITION BY tier, measure) AS nd FROM gh),
+               q AS (SELECT tier, measure, {", ".join(f"MIN(bin) FILTER (WHERE cum >= CEIL({p} * nd / 100)) AS b{p}"
+                                                       for p in (10, 50, 90, 99))}
+                     FROM cu GROUP BY ALL)
+          SELECT s.tier, s.measure, CAST(windows AS BIGINT) AS windows, CAST(no_limit AS BIGINT) AS no_limit,
+                 CAST(unknown AS BIGINT) AS unknown, CAST(defined AS BIGINT) AS defined,
+                 CAST(above_limit AS BIGINT) AS above_limit, CAST(at_most_half AS BIGINT) AS at_most_half,
+                 CASE WHEN defined > 0 THEN above_limit / defined END AS above_limit_share,
+                 CASE WHEN defined > 0 THEN at_most_half / defined END AS at_most_half_share,
+                 CASE WHEN defined > 0 THEN rsum / defined END AS mean_ratio, {quant}
+          FROM s LEFT JOIN q USING (tier, measure)) TO '{out}/summary.parquet' (FORMAT parquet);
+    COPY (SELECT tier, measure, bin, CASE WHEN bin = 0 THEN 0 ELSE lo END AS lo_ratio, hi AS hi_ratio,
+                 CAST(windows AS BIGINT) AS windows
+          FROM gh JOIN bins ON bins.b = gh.bin) TO '{out}/hist.parquet' (FORMAT parquet);
+    COPY (SELECT CAST(SUM(n) AS BIGINT) AS windows FROM g WHERE measure = 'cpu_avg') TO '{out}/info.parquet'
+      (FORMAT parquet)"""
 
 
 def duck_usage_vs_request(ds: Path, _: str) -> Callable[[], Any]:

@@ -36,9 +36,17 @@ by `_harness.run_measured` and its user/system CPU seconds from ``getrusage(RUSA
   against gpuclust's.
 * ``usage-vs-request``: ``gpuclust analyze DS usage-vs-request`` (every table) against
   ``analyses_bench.usage_vs_request_sql`` (an ASOF join for the CPU limit, one measure, no tiers).
+* ``usage-vs-request (all tables)``: the same gpuclust run against
+  ``analyses_bench.usage_vs_request_full_sql``: DuckDB writing gpuclust's tables (both limits by
+  ASOF joins, the tier join, four measures by tier and over all, counts, means, the log-binned
+  distributions and their quantiles); checked against gpuclust's in tests/bench/test_cpu_vs_duckdb.py.
 * ``usage-change``: ``gpuclust analyze DS usage-change`` (every table) against
   ``analyses_bench.usage_change_sql`` (pairs of consecutive windows by LEAD, by tier, with the
   defined changes and those within ±20%).
+* ``usage-change (all tables)``: the same gpuclust run against ``analyses_bench.usage_change_full_sql``:
+  DuckDB writing gpuclust's tables (pairs by LEAD, the tier join, the four kinds of pair, the
+  shares within ±5/10/20/50%, the mean and the log-binned ratios with their quantiles, info);
+  checked against gpuclust's in tests/bench/test_cpu_vs_duckdb.py.
 * ``machine-utilization``: ``gpuclust analyze DS machine-utilization`` (every table, the machine
   table written as parts) against ``analyses_bench.machine_utilization_sql``: the notebook's
   query whole, with exact quantiles.
@@ -95,7 +103,9 @@ from analyses_bench import (  # noqa: E402
     lifecycle_full_sql,
     lifecycle_sql,
     machine_utilization_sql,
+    usage_change_full_sql,
     usage_change_sql,
+    usage_vs_request_full_sql,
     usage_vs_request_sql,
 )
 
@@ -107,10 +117,12 @@ CASES: dict[str, tuple[list[str], Any, tuple[str, dict[str, str]]]] = {
     "lifecycle": (["lifecycle"], lifecycle_sql, ("lifecycle", {})),
     "lifecycle (all tables)": (["lifecycle"], lifecycle_full_sql, ("lifecycle", {})),
     "usage-change": (["usage-change"], usage_change_sql, ("usage-change", {})),
+    "usage-change (all tables)": (["usage-change"], usage_change_full_sql, ("usage-change", {})),
     "job-usage": (["job-usage"], job_usage_sql, ("job-usage", {})),
     "job-usage (tiers)": (["job-usage"], job_usage_tiers_sql, ("job-usage", {})),
     "job-usage (all tables)": (["job-usage"], job_usage_full_sql, ("job-usage", {})),
     "usage-vs-request": (["usage-vs-request"], usage_vs_request_sql, ("usage-vs-request", {})),
+    "usage-vs-request (all tables)": (["usage-vs-request"], usage_vs_request_full_sql, ("usage-vs-request", {})),
     "machine-utilization": (["machine-utilization"], machine_utilization_sql, ("machine-utilization", {})),
     "data-quality (SQL subset)": (["data-quality"], data_quality_sql, ("data-quality", {})),
 }

@@ -13,9 +13,9 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
 def cpu_vs_duckdb_cases() -> tuple[str, ...]:
-    return ("cell-usage", "cpi (SQL subset)", "lifecycle", "lifecycle (all tables)", "usage-change", "job-usage", "job-usage (tiers)",
-            "job-usage (all tables)",
-            "usage-vs-request", "machine-utilization", "data-quality (SQL subset)")
+    return ("cell-usage", "cpi (SQL subset)", "lifecycle", "lifecycle (all tables)", "usage-change",
+            "usage-change (all tables)", "job-usage", "job-usage (tiers)", "job-usage (all tables)",
+            "usage-vs-request", "usage-vs-request (all tables)", "machine-utilization", "data-quality (SQL subset)")
 
 
 def test_cpu_vs_duckdb_tiny(tmp_path, monkeypatch):
@@ -335,3 +335,117 @@ def test_lifecycle_full_sql_writes_what_gpuclust_writes(tmp_path, monkeypatch):
     for c in ("invalid_type_rows", "time_zero_events", "after_trace_events", "unexpected_transitions",
               "unknown_priority_instances", "first_not_submit"):
         assert info[c] > 0, c
+
+
+def test_usage_vs_request_full_sql_writes_what_gpuclust_writes(tmp_path, monkeypatch):
+    """The DuckDB contender of ``usage-vs-request (all tables)`` writes gpuclust's tables row for
+    row on a benchmark dataset with planted cases: NULL and NaN usage, zero, NULL and changing
+    requests (two at one microsecond: the later row wins), windows before their instance's first
+    request, instances without events and windows on machines their key has no event on."""
+    duckdb = pytest.importorskip("duckdb")
+    monkeypatch.syspath_prepend(str(BENCH))
+    import analyses_bench
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from gen_canonical import make_dataset
+
+    from gpuclust.analyses.registry import create
+    from gpuclust.engine import run
+
+    ds = make_dataset(tmp_path / "ds", 30_000, seed=5)
+    (uf,) = sorted((ds / "instance_usage").rglob("*.parquet"))
+    (ef,) = sorted((ds / "instance_events").rglob("*.parquet"))
+    u, ev = pq.read_table(uf), pq.read_table(ef)
+
+    def setcol(t: pa.Table, name: str, values: np.ndarray, mask: np.ndarray | None = None) -> pa.Table:
+        return t.set_column(t.schema.get_field_index(name), name, pa.array(values, type=t.schema.field(name).type, mask=mask))
+
+    row = np.arange(u.num_rows)
+    u = setcol(u, "avg_cpu", u["avg_cpu"].to_numpy(zero_copy_only=False), mask=row % 13 == 0)
+    u = setcol(u, "max_mem", np.where(row % 11 == 0, np.nan, u["max_mem"].to_numpy(zero_copy_only=False)))
+    u = setcol(u, "machine_id", np.where(row % 17 == 0, 123_456_789, u["machine_id"].to_numpy()))  # no event there
+    pq.write_table(u, uf)
+    inst = ev["instance_index"].to_numpy()
+    keep = inst % 10 != 3  # instances without events
+    ev = ev.filter(pa.array(keep))
+    k = np.arange(ev.num_rows)
+    t = ev["time"].to_numpy()
+    req = ev["req_cpu"].to_numpy(zero_copy_only=False)
+    ev = setcol(ev, "req_cpu", np.where(k % 7 == 0, 0.0, req * (1 + (k % 3))), mask=k % 9 == 0)
+    ev = setcol(ev, "req_mem", np.where(k % 5 == 0, 0.0, ev["req_mem"].to_numpy(zero_copy_only=False)))
+    ev = setcol(ev, "time", np.where(k % 4 == 1, t + 10**11, t))  # later requests (windows before them)
+    tie = ev.slice(0, 500)  # a second event at the same microsecond, a later row: its request wins
+    tie = setcol(tie, "req_cpu", tie["req_cpu"].to_numpy(zero_copy_only=False) * 3)
+    pq.write_table(pa.concat_tables([ev, tie]), ef)
+
+    out = tmp_path / "duck"
+    out.mkdir()
+    duckdb.connect().execute(analyses_bench.usage_vs_request_full_sql(ds, out))
+    res = run(ds, [create("usage-vs-request")], backend="cpu")["usage-vs-request"]
+    got = {name: pq.read_table(out / f"{name}.parquet").to_pandas() for name in res}
+    _same_table(got["summary"], res["summary"], ["tier", "measure"], "summary")
+    _same_table(got["hist"], res["hist"], ["tier", "measure", "bin"], "hist")
+    assert int(got["info"]["windows"].iloc[0]) == int(res["info"]["windows"].iloc[0]) == u.num_rows
+    s = res["summary"].set_index(["tier", "measure"])
+    for c in ("no_limit", "unknown", "above_limit", "at_most_half"):
+        assert s[c].sum() > 0, c
+    assert ("unknown", "cpu_avg") in s.index
+
+
+@pytest.mark.parametrize("max_gap_s", [0, 400])
+def test_usage_change_full_sql_writes_what_gpuclust_writes(tmp_path, monkeypatch, max_gap_s):
+    """The DuckDB contender of ``usage-change (all tables)`` writes gpuclust's tables row for row
+    on a benchmark dataset with planted cases: NULL and NaN usage, zero usage before zero and
+    positive usage, windows apart (gaps), windows ending at 2^63-1, two windows of an instance
+    starting at one microsecond (row order decides), and keys without events."""
+    duckdb = pytest.importorskip("duckdb")
+    monkeypatch.syspath_prepend(str(BENCH))
+    import analyses_bench
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from gen_canonical import make_dataset
+
+    from gpuclust.analyses.registry import create
+    from gpuclust.engine import run
+
+    ds = make_dataset(tmp_path / "ds", 30_000, seed=6)
+    (uf,) = sorted((ds / "instance_usage").rglob("*.parquet"))
+    (ef,) = sorted((ds / "instance_events").rglob("*.parquet"))
+    u = pq.read_table(uf)
+
+    def setcol(t: pa.Table, name: str, values: np.ndarray, mask: np.ndarray | None = None) -> pa.Table:
+        return t.set_column(t.schema.get_field_index(name), name, pa.array(values, type=t.schema.field(name).type, mask=mask))
+
+    row = np.arange(u.num_rows)
+    s, e = u["start_time"].to_numpy(), u["end_time"].to_numpy()
+    u = setcol(u, "avg_cpu", np.where(row % 5 == 0, 0.0, u["avg_cpu"].to_numpy(zero_copy_only=False)), mask=row % 13 == 0)
+    u = setcol(u, "avg_mem", np.where(row % 11 == 0, np.nan, np.where(row % 7 < 2, 0.0, u["avg_mem"].to_numpy(
+        zero_copy_only=False))))
+    u = setcol(u, "end_time", np.where(row % 29 == 0, np.iinfo(np.int64).max, np.where(row % 31 == 0, e - 200_000_000, e)))
+    u = setcol(u, "start_time", np.where(row % 37 == 0, s + 300_000_000, s))  # gaps; ties with the next window
+    ev = pq.read_table(ef)
+    ev = ev.filter(pa.array(ev["instance_index"].to_numpy() % 10 != 3))  # keys without events
+    pq.write_table(ev, ef)
+    half = u.num_rows // 2  # two files: ties across them keep the files' order
+    pq.write_table(u.slice(0, half), uf)
+    pq.write_table(u.slice(half), uf.with_name("part-bench-00001.parquet"))
+    manifest = json.loads((ds / "manifest.json").read_text())
+    manifest["tables"]["instance_usage"]["files"].append("instance_usage/part-bench-00001.parquet")
+    (ds / "manifest.json").write_text(json.dumps(manifest))
+
+    out = tmp_path / "duck"
+    out.mkdir()
+    duckdb.connect().execute(analyses_bench.usage_change_full_sql(ds, out, max_gap_s=max_gap_s))
+    res = run(ds, [create("usage-change", max_gap_s=max_gap_s)], backend="cpu")["usage-change"]
+    got = {name: pq.read_table(out / f"{name}.parquet").to_pandas() for name in res}
+    _same_table(got["summary"], res["summary"], ["tier", "resource"], "summary")
+    _same_table(got["hist"], res["hist"], ["tier", "resource", "bin"], "hist")
+    info = res["info"].iloc[0]
+    for c in got["info"].columns:
+        assert int(got["info"][c].iloc[0]) == int(info[c]), c
+    sm = res["summary"]
+    for c in ("unknown", "zero_to_zero", "zero_to_positive"):
+        assert sm[c].sum() > 0, c
+    assert info["gaps"] > 0 and info["unplaced_ends"] > 0 and (sm["tier"] == "unknown").any()
