@@ -295,7 +295,7 @@ def lifecycle_full_sql(ds: Path | str, out: Path | str, bucket_s: int = 3600) ->
     tests/bench/test_cpu_vs_duckdb.py checks it against gpuclust's tables."""
     import math
 
-    events = f"read_parquet('{ds}/instance_events/**/*.parquet', hive_partitioning=false, filename=true, file_row_number=true)"
+    events = f"read_parquet('{ds}/instance_events/**/*.parquet', hive_partitioning=false, file_row_number=true)"
     edges = sorted({math.ceil(10.0 ** (k / 50)) for k in range(651)})  # the bins' lower edges, µs
     names = "[" + ", ".join(f"'{n}'" for n in _V3_EVENTS) + "]"
     after = "9223372036854775807"
@@ -307,7 +307,7 @@ def lifecycle_full_sql(ds: Path | str, out: Path | str, bucket_s: int = 3600) ->
     upto = f"({inst} ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)"
     return f"""
     CREATE TEMP TABLE raw AS SELECT time AS t, type AS e, collection_id AS c, instance_index AS i, priority,
-        ROW_NUMBER() OVER (ORDER BY filename, file_row_number) AS r FROM {events};
+        ROW_NUMBER() OVER (ORDER BY file_index, file_row_number) AS r FROM {events};
     CREATE TEMP TABLE x AS
       WITH v AS (SELECT *, MAX(priority) OVER (PARTITION BY c, i) AS p, LAG(e) OVER ({inst}) AS pe,
                         SUM(CASE WHEN e = 0 THEN 1 ELSE 0 END) OVER {upto} AS nsub,
@@ -449,10 +449,10 @@ def usage_change_full_sql(ds: Path | str, out: Path | str, max_gap_s: int = 0) -
     bins ``10^(k/100)`` (quantiles: the bin holding the inverted-CDF quantile, as a change);
     ``summary``, ``hist`` and ``info``.  tests/bench/test_cpu_vs_duckdb.py checks it against
     gpuclust's tables."""
-    usage = f"read_parquet('{ds}/instance_usage/**/*.parquet', hive_partitioning=false, filename=true, file_row_number=true)"
+    usage = f"read_parquet('{ds}/instance_usage/**/*.parquet', hive_partitioning=false, file_row_number=true)"
     events = f"read_parquet('{ds}/instance_events/**/*.parquet', hive_partitioning=false)"
     after = "9223372036854775807"
-    win = "(PARTITION BY collection_id, instance_index ORDER BY start_time, filename, file_row_number)"
+    win = "(PARTITION BY collection_id, instance_index ORDER BY start_time, file_index, file_row_number)"
     within = ", ".join(f"CASE WHEN defined > 0 THEN w{h} / defined END AS within_{h}pct" for h in (5, 10, 20, 50))
     quant = ", ".join(f"CASE WHEN q.b{p} IS NOT NULL THEN GREATEST(COALESCE((SELECT lo FROM bins WHERE bins.b = q.b{p}), 0) "
                       f"- 1, -1) END AS p{p}_change" for p in (1, 10, 50, 90, 99))
@@ -758,23 +758,23 @@ def usage_vs_request_full_sql(ds: Path | str, out: Path | str) -> str:
     inverted-CDF quantile); ``summary``, ``hist`` and ``info``.
     tests/bench/test_cpu_vs_duckdb.py checks it against gpuclust's tables."""
     usage = f"read_parquet('{ds}/instance_usage/**/*.parquet', hive_partitioning=false)"
-    events = f"read_parquet('{ds}/instance_events/**/*.parquet', hive_partitioning=false, filename=true, file_row_number=true)"
+    events = f"read_parquet('{ds}/instance_events/**/*.parquet', hive_partitioning=false, file_row_number=true)"
     measures = (("cpu_avg", "avg_cpu", "lc"), ("cpu_max", "max_cpu", "lc"), ("mem_avg", "avg_mem", "lm"),
                 ("mem_max", "max_mem", "lm"))
 
-    def limits(req: str) -> str:  # per instance and time, the last positive request in row order
-        return (f"SELECT c, i, time, {req} AS lim FROM ev WHERE {req} > 0 AND NOT isnan({req}) "
-                f"QUALIFY ROW_NUMBER() OVER (PARTITION BY c, i, time ORDER BY r DESC) = 1")
+    def latest(req: str) -> str:  # the latest positive request at or before each event
+        return f"LAST_VALUE(CASE WHEN {req} > 0 AND NOT isnan({req}) THEN {req} END IGNORE NULLS) OVER w"
 
-    rows = ", ".join(f"{{'m': '{m}', 'x': CAST({col} AS DOUBLE), 'l': CAST({lim}.lim AS DOUBLE)}}"
+    rows = ", ".join(f"{{'m': '{m}', 'x': CAST({col} AS DOUBLE), 'l': CAST(lim.{lim} AS DOUBLE)}}"
                      for m, col, lim in measures)
     quant = ", ".join(f"CASE WHEN q.b{p} IS NOT NULL THEN COALESCE((SELECT lo FROM bins WHERE bins.b = q.b{p}), 0) "
                       f"END AS p{p}_ratio" for p in (10, 50, 90, 99))
     return f"""
     CREATE TEMP TABLE ev AS SELECT collection_id AS c, instance_index AS i, machine_id AS m, time, priority, req_cpu,
-        req_mem, ROW_NUMBER() OVER (ORDER BY filename, file_row_number) AS r FROM {events};
-    CREATE TEMP TABLE lc AS {limits('req_cpu')};
-    CREATE TEMP TABLE lm AS {limits('req_mem')};
+        req_mem, ROW_NUMBER() OVER (ORDER BY file_index, file_row_number) AS r FROM {events};
+    CREATE TEMP TABLE lim AS SELECT c, i, time, {latest('req_cpu')} AS lc, {latest('req_mem')} AS lm FROM ev
+        WINDOW w AS (PARTITION BY c, i ORDER BY time, r ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
+        QUALIFY ROW_NUMBER() OVER (PARTITION BY c, i, time ORDER BY r DESC) = 1;
     CREATE TEMP TABLE tk AS SELECT c, i, m, {_tier_case(ds)} AS tier FROM
         (SELECT c, i, m, MAX(priority) AS p FROM ev WHERE m IS NOT NULL GROUP BY ALL);
     {_RATIO_BINS_TABLE};
@@ -782,8 +782,7 @@ def usage_vs_request_full_sql(ds: Path | str, out: Path | str) -> str:
       WITH w AS (SELECT COALESCE(tk.tier, 'unknown') AS tier,
                         UNNEST([{rows}]) AS s
                  FROM {usage} u
-                 ASOF LEFT JOIN lc ON u.collection_id = lc.c AND u.instance_index = lc.i AND u.start_time >= lc.time
-                 ASOF LEFT JOIN lm ON u.collection_id = lm.c AND u.instance_index = lm.i AND u.start_time >= lm.time
+                 ASOF LEFT JOIN lim ON u.collection_id = lim.c AND u.instance_index = lim.i AND u.start_time >= lim.time
                  LEFT JOIN tk ON u.collection_id = tk.c AND u.instance_index = tk.i AND u.machine_id = tk.m),
            k AS (SELECT tier, s.m AS measure,
                         CASE WHEN s.l IS NULL OR NOT s.l > 0 THEN 0 WHEN s.x IS NULL OR NOT isfinite(s.x) THEN 1 ELSE 2 END AS kind,

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 import secrets
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,9 +32,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from gpuclust._lazy import pandas as pd
-from gpuclust.tables import parquet_options
+from gpuclust.arrow_numpy import to_numpy
+from gpuclust.tables import as_arrow, as_pandas, column, is_frame, parquet_options
 
-__all__ = ["FrameParts", "MappedArray", "PartedTable", "finalize_in_memory", "map_large_arrays", "frames", "part_name", "read_keyed_range", "relocated", "slice_keyed",
+__all__ = ["FrameParts", "MappedArray", "PartedTable", "column_batches", "finalize_in_memory", "map_large_arrays", "frames",
+           "part_name", "read_keyed_range", "relocated", "slice_keyed",
            "write_keyed", "write_part"]
 
 
@@ -84,17 +86,19 @@ def relocated(results: dict[str, dict[str, Any]], old: str | Path, new: str | Pa
 
 @dataclass
 class FrameParts:
-    """A parted table held in memory (a direct ``finalize`` call, no results folder)."""
+    """A parted table held in memory (a direct ``finalize`` call, no results folder): its parts,
+    DataFrames or Arrow tables."""
 
-    parts: list[pd.DataFrame] = field(default_factory=list)
+    parts: list[Any] = field(default_factory=list)
 
     @property
     def num_rows(self) -> int:
-        return sum(len(p) for p in self.parts)
+        return sum(p.num_rows if isinstance(p, pa.Table) else len(p) for p in self.parts)
 
     def batches(self, columns: Sequence[str] | None = None) -> Iterator[pd.DataFrame]:
-        """The parts themselves (``columns`` at least; not copied)."""
-        yield from self.parts
+        """The parts as DataFrames (``columns`` at least; a DataFrame part not copied)."""
+        for p in self.parts:
+            yield as_pandas(p)
 
     def read(self, columns: Sequence[str] | None = None) -> pd.DataFrame:
         parts = list(self.batches(columns))
@@ -107,17 +111,39 @@ class FrameParts:
 
 
 def frames(table: Any, columns: Sequence[str] | None = None) -> Iterator[pd.DataFrame]:
-    """The batches of a DataFrame (itself), a :class:`PartedTable` or a :class:`FrameParts` (at
-    least ``columns``: a part read from Parquet holds only those, a frame in memory is not copied)."""
-    if isinstance(table, pd.DataFrame):  # not copied: the caller reads ``columns`` of it
-        yield table
-    else:
+    """The batches of a :class:`PartedTable` or a :class:`FrameParts`, or a DataFrame (itself) or
+    an Arrow table, as DataFrames (at least ``columns``: a part read from Parquet holds only those,
+    a frame in memory is not copied)."""
+    if isinstance(table, (PartedTable, FrameParts)):
         yield from table.batches(columns)
+    else:  # not copied: the caller reads ``columns`` of it
+        yield as_pandas(table)
 
 
-def write_part(folder: Path, index: int, rows: pd.DataFrame | Iterable[pd.DataFrame]) -> tuple[str, int]:
-    """Write part ``index`` of a table into ``folder`` (created if needed) atomically: a DataFrame,
-    or DataFrames one row group each (consumed one at a time); returns ``(file name, rows)``."""
+def column_batches(table: Any, name: str) -> Iterator[np.ndarray]:
+    """Column ``name`` of a parted table (a :class:`PartedTable`: a row group at a time, read
+    without pandas; a :class:`FrameParts`: a part at a time), a DataFrame or an Arrow table, as
+    NumPy arrays (NULL as NaN or the integer minimum, see :func:`gpuclust.arrow_numpy.to_numpy`)."""
+    if isinstance(table, PartedTable):
+        for f in table.files:
+            pf = pq.ParquetFile(table.folder / f)
+            for i in range(pf.num_row_groups):
+                yield to_numpy(pf.read_row_group(i, columns=[name]).column(0))
+    elif isinstance(table, FrameParts):
+        for p in table.parts:
+            yield column(p, name)
+    else:
+        yield column(table, name)
+
+
+def _one_part(rows: Any) -> bool:
+    return isinstance(rows, pa.Table) or is_frame(rows)
+
+
+def write_part(folder: Path, index: int, rows: Any) -> tuple[str, int]:
+    """Write part ``index`` of a table into ``folder`` (created if needed) atomically: a DataFrame
+    or an Arrow table, or an iterable of them, one row group each (consumed one at a time);
+    returns ``(file name, rows)``."""
     folder.mkdir(parents=True, exist_ok=True)
     name = part_name(index)
     tmp = folder / f".{name}.{os.getpid()}-{secrets.token_hex(4)}.tmp"
@@ -125,12 +151,12 @@ def write_part(folder: Path, index: int, rows: pd.DataFrame | Iterable[pd.DataFr
     try:
         writer = None
         try:
-            for df in [rows] if isinstance(rows, pd.DataFrame) else rows:
-                t = pa.Table.from_pandas(df, preserve_index=False)
+            for df in [rows] if _one_part(rows) else rows:
+                t = as_arrow(df)
                 if writer is None:
                     writer = pq.ParquetWriter(tmp, t.schema, **parquet_options(t.schema))
-                writer.write_table(t, row_group_size=max(len(df), 1))
-                n += len(df)
+                writer.write_table(t, row_group_size=max(t.num_rows, 1))
+                n += t.num_rows
         finally:
             if writer is not None:
                 writer.close()
@@ -188,7 +214,7 @@ def finalize_in_memory(a: Any, partial: Any, ctx: Any) -> dict[str, pd.DataFrame
         sub = {name: slice_keyed(k, *a.key_range(ctx, name, lo, hi)) for name, k in keyed.items()}
         rows, extra = a.finalize_shard(sub, rest, ctx, lo, hi)
         for t, frames_ in rows.items():
-            tables[t].parts.extend([frames_] if isinstance(frames_, pd.DataFrame) else frames_)
+            tables[t].parts.extend([frames_] if _one_part(frames_) else frames_)
         extras.append(extra)  # complete now that the rows are consumed
     out = a.finalize_parted(rest, ctx, tables, extras)
     return {**{t: tp.read() for t, tp in tables.items()}, **out}

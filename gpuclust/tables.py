@@ -33,20 +33,21 @@ import pyarrow as pa
 from gpuclust._lazy import pandas as pd
 from gpuclust.arrow_numpy import to_numpy
 
-__all__ = ["KINDS", "as_arrow", "as_pandas", "check_kind", "column", "convert", "parquet_options"]
+__all__ = ["KINDS", "as_arrow", "as_pandas", "check_kind", "column", "convert", "is_frame", "parquet_options"]
 
 #: The values of ``tables=``.
 KINDS = ("pandas", "arrow", "native")
 
 
-def _is_frame(t: Any) -> bool:
-    # a DataFrame can only exist once pandas was imported: do not import it to find out
+def is_frame(t: Any) -> bool:
+    """Whether ``t`` is a pandas DataFrame, without importing pandas (a DataFrame can only exist
+    once pandas was imported)."""
     return "pandas" in sys.modules and isinstance(t, pd.DataFrame)
 
 
 def as_arrow(t: Any) -> Any:
     """``t`` as a ``pyarrow.Table`` (a DataFrame converted without its index; anything else as is)."""
-    return pa.Table.from_pandas(t, preserve_index=False) if _is_frame(t) else t
+    return pa.Table.from_pandas(t, preserve_index=False) if is_frame(t) else t
 
 
 def as_pandas(t: Any) -> Any:

@@ -28,16 +28,18 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import pandas as pd
+import pyarrow as pa
 
 from gpuclust.analyses._extent import max_finite
 from gpuclust.analyses._lookup import MachineHash, machine_capacities
 from gpuclust.analyses.base import Analysis, fmt, null_int
 from gpuclust.analyses.grouping import bucket_pieces
 from gpuclust.analyses.options import option
-from gpuclust.parted import finalize_in_memory, frames
+from gpuclust.arrow_numpy import rows_table, table, table_from_rows
+from gpuclust.parted import column_batches, finalize_in_memory
 from gpuclust.partials import merge_keyed
 from gpuclust.schema import TIME_AFTER_TRACE
+from gpuclust.tables import as_arrow
 
 __all__ = ["BUCKET_US", "DENSE_CELLS", "MODES", "QUANTILES", "MachineUtilization", "MachineUtilizationContext"]
 
@@ -238,7 +240,7 @@ class MachineUtilization(Analysis):
         cells = int(ctx.machine_ids.shape[0]) * ctx.span
         return {"u": (0, cells)} if cells <= DENSE_CELLS else None
 
-    def finalize(self, partial: dict[str, Any], ctx: MachineUtilizationContext) -> dict[str, pd.DataFrame]:
+    def finalize(self, partial: dict[str, Any], ctx: MachineUtilizationContext) -> dict[str, Any]:
         return finalize_in_memory(self, partial, ctx)
 
     def finalize_shard(self, keyed: dict[str, dict[str, np.ndarray]], rest: dict[str, Any],
@@ -265,12 +267,14 @@ class MachineUtilization(Analysis):
             extra[r] = {"known": np.bincount(bucket[kn], minlength=ctx.span),
                         "sum": np.bincount(bucket[kn], weights=util[kn], minlength=ctx.span),
                         "over": int(np.count_nonzero(ratio > 1.0)), "unknown": int(np.count_nonzero(~kn))}
-        # one frame in the table's column order, the arrays not copied (a third of the time of
-        # adding columns one by one and reordering)
-        return {"machine": pd.DataFrame({c: cols[c] for c in _MACHINE_COLUMNS}, copy=False)}, extra
+        # one Arrow table in the table's column order, built from the arrays without pandas
+        return {"machine": table({c: cols[c] for c in _MACHINE_COLUMNS})}, extra
 
     def finalize_parted(self, rest: dict[str, Any], ctx: MachineUtilizationContext, tables: dict[str, Any],
-                        extras: list[dict[str, Any]]) -> dict[str, pd.DataFrame]:
+                        extras: list[dict[str, Any]]) -> dict[str, pa.Table]:
+        """The summary, quantile, series and info tables, as Arrow tables (see
+        :mod:`gpuclust.tables`): the quantiles read the machine table a column at a time
+        (:func:`gpuclust.parted.column_batches`), so a run without plots never imports pandas."""
         from gpuclust.stream_quantiles import stream_quantiles
 
         machine = tables["machine"]
@@ -283,8 +287,8 @@ class MachineUtilization(Analysis):
             n = int(known.sum())
 
             def values(r: str = r) -> Any:
-                for b in frames(machine, [f"{r}_util"]):
-                    v = b[f"{r}_util"].to_numpy(np.float64)
+                for v in column_batches(machine, f"{r}_util"):
+                    v = np.asarray(v, np.float64)
                     yield v[np.isfinite(v)]
 
             series[f"{r}_machines"] = known
@@ -300,30 +304,32 @@ class MachineUtilization(Analysis):
                              "max": float(qs[-1])})
             with np.errstate(invalid="ignore", divide="ignore"):
                 series[f"{r}_mean_util"] = np.where(known > 0, total / np.maximum(known, 1), np.nan)
-        ser = pd.DataFrame(series)
-        ser = ser[(ser["cpu_machines"] > 0) | (ser["mem_machines"] > 0)].reset_index(drop=True)
+        keep = np.flatnonzero((series["cpu_machines"] > 0) | (series["mem_machines"] > 0))
+        ser = table({c: np.asarray(v)[keep] for c, v in series.items()})
         stats = dict(zip(STATS, (int(v) for v in rest["stats"]), strict=True))
-        info = pd.DataFrame([{"analysis": self.name, "mode": self.mode, "machines": int(ctx.machine_ids.shape[0]),
-                              "machines_known_cpu_capacity": int(np.count_nonzero(ctx.cap_cpu > 0)),
-                              "machine_rows": int(machine.num_rows),
-                              **stats}])
-        summary = pd.DataFrame(rows, columns=["resource", "machine_buckets", "known", "unknown", "mean_util",
-                                              "over_capacity", "share_over_capacity", "p50", "p90", "p99", "max"])
-        summary = summary.astype({c: np.int64 for c in ("machine_buckets", "known", "unknown", "over_capacity")})
-        quantiles = pd.DataFrame(qrows, columns=["resource", "quantile", "util"]).astype({"quantile": np.float64,
-                                                                                          "util": np.float64})
-        return {"summary": summary, "quantiles": quantiles, "series": ser, "info": info}
+        info = table_from_rows([{"analysis": self.name, "mode": self.mode, "machines": int(ctx.machine_ids.shape[0]),
+                                 "machines_known_cpu_capacity": int(np.count_nonzero(ctx.cap_cpu > 0)),
+                                 "machine_rows": int(machine.num_rows), **stats}])
+        return {"summary": rows_table(rows, _SUMMARY_SCHEMA).cast(_SUMMARY_SCHEMA),
+                "quantiles": rows_table(qrows, _QUANTILES_SCHEMA).cast(_QUANTILES_SCHEMA), "series": ser, "info": info}
 
-    def summary(self, result: dict[str, pd.DataFrame]) -> str:
-        info = result["info"].iloc[0]
+    def summary(self, result: dict[str, Any]) -> str:
+        info = as_arrow(result["info"]).to_pylist()[0]
         lines = [f"{self.label}: {info['machine_rows']:,} machine-buckets of {info['machines']:,} machines from "
                  f"{info['used_rows']:,} of {info['rows']:,} usage windows (mode {info['mode']})"]
-        for r in result["summary"].itertuples(index=False):
-            lines.append(f"  {r.resource}: mean {fmt(r.mean_util, '.3f')}, p50 {fmt(r.p50, '.3f')}, "
-                         f"p90 {fmt(r.p90, '.3f')}, p99 {fmt(r.p99, '.3f')}, max {fmt(r.max, '.3f')}; "
-                         f"{r.over_capacity:,} machine-buckets over capacity ({fmt(r.share_over_capacity, '.2%')}), "
-                         f"{r.unknown:,} unknown")
+        for r in as_arrow(result["summary"]).to_pylist():
+            lines.append(f"  {r['resource']}: mean {fmt(r['mean_util'], '.3f')}, p50 {fmt(r['p50'], '.3f')}, "
+                         f"p90 {fmt(r['p90'], '.3f')}, p99 {fmt(r['p99'], '.3f')}, max {fmt(r['max'], '.3f')}; "
+                         f"{r['over_capacity']:,} machine-buckets over capacity "
+                         f"({fmt(r['share_over_capacity'], '.2%')}), {r['unknown']:,} unknown")
         return "\n".join(lines)
+
+
+#: The ``summary`` and ``quantiles`` tables' columns and types (an empty table keeps them).
+_SUMMARY_SCHEMA = pa.schema([("resource", pa.string()), *((c, pa.int64()) for c in ("machine_buckets", "known", "unknown")),
+                             ("mean_util", pa.float64()), ("over_capacity", pa.int64()),
+                             *((c, pa.float64()) for c in ("share_over_capacity", "p50", "p90", "p99", "max"))])
+_QUANTILES_SCHEMA = pa.schema([("resource", pa.string()), ("quantile", pa.float64()), ("util", pa.float64())])
 
 
 #: Largest cells / rows ratio summed densely (``bincount`` over every cell); beyond it the used

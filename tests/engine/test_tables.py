@@ -136,7 +136,9 @@ def test_rows_with_none_go_through_pyarrow() -> None:
     ("job-usage", "jobs", ["-O", "rows=top-level"]), ("job-usage", "stats", ["-O", "rows=top-level"]),
     ("usage-vs-request", "summary", []), ("usage-vs-request", "hist", []),
     ("lifecycle", "series", []), ("lifecycle", "transitions", []), ("lifecycle", "delays", []),
-    ("collection-lifecycle", "events", []), ("usage-change", "summary", []), ("usage-change", "hist", [])])
+    ("collection-lifecycle", "events", []), ("usage-change", "summary", []), ("usage-change", "hist", []),
+    ("machine-utilization", "summary", []), ("machine-utilization", "quantiles", []),
+    ("machine-utilization", "series", []), ("machine-utilization", "info", [])])
 def test_from_the_command_line_never_imports_pandas(dataset: Dataset, tmp_path: Path, name: str, table: str,
                                                     opts: list[str]) -> None:
     """The start-up this saves: docs/scale.md, "Start-up"."""
