@@ -18,6 +18,25 @@ def cpu_vs_duckdb_cases() -> tuple[str, ...]:
             "usage-vs-request", "usage-vs-request (all tables)", "machine-utilization", "data-quality (SQL subset)")
 
 
+def _planted_dataset(tmp_path: Path, windows: int, seed: int) -> tuple[Path, Path, Path]:
+    """A benchmark dataset to plant cases in (bench/ on ``sys.path``): the dataset, its one usage
+    file and its one events file."""
+    from gen_canonical import make_dataset
+
+    ds = make_dataset(tmp_path / "ds", windows, seed=seed)
+    (uf,) = sorted((ds / "instance_usage").rglob("*.parquet"))
+    (ef,) = sorted((ds / "instance_events").rglob("*.parquet"))
+    return ds, uf, ef
+
+
+def _with(t: Any, name: str, values: Any, mask: Any = None) -> Any:
+    """Arrow table ``t`` with column ``name`` replaced by ``values`` (its type kept; NULL where
+    ``mask``)."""
+    import pyarrow as pa
+
+    return t.set_column(t.schema.get_field_index(name), name, pa.array(values, type=t.schema.field(name).type, mask=mask))
+
+
 def test_cpu_vs_duckdb_tiny(tmp_path, monkeypatch):
     pytest.importorskip("duckdb")
     monkeypatch.syspath_prepend(str(BENCH))
@@ -147,33 +166,25 @@ def test_data_quality_sql_counts_what_gpuclust_reports(tmp_path, monkeypatch):
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from gen_canonical import make_dataset
 
     from gpuclust.analyses.registry import create
     from gpuclust.engine import run
 
-    ds = make_dataset(tmp_path / "ds", 20_000, seed=3)
-    (uf,) = sorted((ds / "instance_usage").rglob("*.parquet"))
-    (ef,) = sorted((ds / "instance_events").rglob("*.parquet"))
+    ds, uf, ef = _planted_dataset(tmp_path, 20_000, seed=3)
     u, ev = pq.read_table(uf), pq.read_table(ef)
     n = u.num_rows
     row = np.arange(n)
 
-    def col(name: str, values: np.ndarray, mask: np.ndarray | None = None) -> None:
-        nonlocal u
-        u = u.set_column(u.schema.get_field_index(name), name,
-                         pa.array(values, type=u.schema.field(name).type, mask=mask))
-
     s, e = u["start_time"].to_numpy(), u["end_time"].to_numpy()
-    col("avg_cpu", u["avg_cpu"].to_numpy(zero_copy_only=False), mask=row % 7 == 0)
-    col("avg_mem", np.where(row % 9 == 0, np.nan, u["avg_mem"].to_numpy(zero_copy_only=False)))
-    col("end_time", np.where(row % 11 == 0, s + 250_000_000, np.where(row % 13 == 0, s + 900_000_000, e)))
-    col("start_time", np.where(row % 101 == 0, 0, s))
-    col("machine_id", np.where(row % 17 == 0, 0, u["machine_id"].to_numpy()))
+    u = _with(u, "avg_cpu", u["avg_cpu"].to_numpy(zero_copy_only=False), mask=row % 7 == 0)
+    u = _with(u, "avg_mem", np.where(row % 9 == 0, np.nan, u["avg_mem"].to_numpy(zero_copy_only=False)))
+    u = _with(u, "end_time", np.where(row % 11 == 0, s + 250_000_000, np.where(row % 13 == 0, s + 900_000_000, e)))
+    u = _with(u, "start_time", np.where(row % 101 == 0, 0, s))
+    u = _with(u, "machine_id", np.where(row % 17 == 0, 0, u["machine_id"].to_numpy()))
     p100 = u["cpu_p100"].to_numpy(zero_copy_only=False)
-    col("max_cpu", np.where(row % 5 == 0, p100 * 2, np.where(row % 5 == 1, p100 / 2, p100)))
+    u = _with(u, "max_cpu", np.where(row % 5 == 0, p100 * 2, np.where(row % 5 == 1, p100 / 2, p100)))
     p10, p90 = u["cpu_p10"].to_numpy(zero_copy_only=False), u["cpu_p90"].to_numpy(zero_copy_only=False)
-    col("cpu_p10", np.where(row % 19 == 0, p90 + 0.01, p10))
+    u = _with(u, "cpu_p10", np.where(row % 19 == 0, p90 + 0.01, p10))
     pq.write_table(u, uf)
     inst = ev["instance_index"].to_numpy()
     keep = inst % 10 != 3  # these instances lose their events: their windows have none
@@ -211,29 +222,21 @@ def test_job_usage_full_sql_writes_what_gpuclust_writes(tmp_path, monkeypatch):
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from gen_canonical import make_dataset
 
     from gpuclust.analyses.registry import create
     from gpuclust.engine import run
 
-    ds = make_dataset(tmp_path / "ds", 40_000, seed=4)
-    (uf,) = sorted((ds / "instance_usage").rglob("*.parquet"))
-    (ef,) = sorted((ds / "instance_events").rglob("*.parquet"))
+    ds, uf, ef = _planted_dataset(tmp_path, 40_000, seed=4)
     u, ev = pq.read_table(uf), pq.read_table(ef)
     row = np.arange(u.num_rows)
-
-    def col(name: str, values: np.ndarray, mask: np.ndarray | None = None) -> None:
-        nonlocal u
-        u = u.set_column(u.schema.get_field_index(name), name,
-                         pa.array(values, type=u.schema.field(name).type, mask=mask))
 
     s, e = u["start_time"].to_numpy(), u["end_time"].to_numpy()
     coll = u["collection_id"].to_numpy()
     cpu = u["avg_cpu"].to_numpy(zero_copy_only=False)
-    col("avg_cpu", np.where(coll % 23 == 0, 0.0, cpu), mask=row % 7 == 0)  # collections without CPU; NULLs
-    col("avg_mem", np.where(row % 9 == 0, np.nan, u["avg_mem"].to_numpy(zero_copy_only=False)))
-    col("end_time", np.where(row % 31 == 0, s, np.where(row % 37 == 0, np.iinfo(np.int64).max, e)))
-    col("collection_type", np.where(coll % 19 == 0, 1, 0))  # alloc sets: not jobs
+    u = _with(u, "avg_cpu", np.where(coll % 23 == 0, 0.0, cpu), mask=row % 7 == 0)  # collections without CPU; NULLs
+    u = _with(u, "avg_mem", np.where(row % 9 == 0, np.nan, u["avg_mem"].to_numpy(zero_copy_only=False)))
+    u = _with(u, "end_time", np.where(row % 31 == 0, s, np.where(row % 37 == 0, np.iinfo(np.int64).max, e)))
+    u = _with(u, "collection_type", np.where(coll % 19 == 0, 1, 0))  # alloc sets: not jobs
     pq.write_table(u, uf)
     ev = ev.filter(pa.array(ev["instance_index"].to_numpy() % 10 != 3))  # keys without events
     pq.write_table(ev, ef)
@@ -348,23 +351,16 @@ def test_usage_vs_request_full_sql_writes_what_gpuclust_writes(tmp_path, monkeyp
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from gen_canonical import make_dataset
 
     from gpuclust.analyses.registry import create
     from gpuclust.engine import run
 
-    ds = make_dataset(tmp_path / "ds", 30_000, seed=5)
-    (uf,) = sorted((ds / "instance_usage").rglob("*.parquet"))
-    (ef,) = sorted((ds / "instance_events").rglob("*.parquet"))
+    ds, uf, ef = _planted_dataset(tmp_path, 30_000, seed=5)
     u, ev = pq.read_table(uf), pq.read_table(ef)
-
-    def setcol(t: pa.Table, name: str, values: np.ndarray, mask: np.ndarray | None = None) -> pa.Table:
-        return t.set_column(t.schema.get_field_index(name), name, pa.array(values, type=t.schema.field(name).type, mask=mask))
-
     row = np.arange(u.num_rows)
-    u = setcol(u, "avg_cpu", u["avg_cpu"].to_numpy(zero_copy_only=False), mask=row % 13 == 0)
-    u = setcol(u, "max_mem", np.where(row % 11 == 0, np.nan, u["max_mem"].to_numpy(zero_copy_only=False)))
-    u = setcol(u, "machine_id", np.where(row % 17 == 0, 123_456_789, u["machine_id"].to_numpy()))  # no event there
+    u = _with(u, "avg_cpu", u["avg_cpu"].to_numpy(zero_copy_only=False), mask=row % 13 == 0)
+    u = _with(u, "max_mem", np.where(row % 11 == 0, np.nan, u["max_mem"].to_numpy(zero_copy_only=False)))
+    u = _with(u, "machine_id", np.where(row % 17 == 0, 123_456_789, u["machine_id"].to_numpy()))  # no event there
     pq.write_table(u, uf)
     inst = ev["instance_index"].to_numpy()
     keep = inst % 10 != 3  # instances without events
@@ -372,11 +368,11 @@ def test_usage_vs_request_full_sql_writes_what_gpuclust_writes(tmp_path, monkeyp
     k = np.arange(ev.num_rows)
     t = ev["time"].to_numpy()
     req = ev["req_cpu"].to_numpy(zero_copy_only=False)
-    ev = setcol(ev, "req_cpu", np.where(k % 7 == 0, 0.0, req * (1 + (k % 3))), mask=k % 9 == 0)
-    ev = setcol(ev, "req_mem", np.where(k % 5 == 0, 0.0, ev["req_mem"].to_numpy(zero_copy_only=False)))
-    ev = setcol(ev, "time", np.where(k % 4 == 1, t + 10**11, t))  # later requests (windows before them)
+    ev = _with(ev, "req_cpu", np.where(k % 7 == 0, 0.0, req * (1 + (k % 3))), mask=k % 9 == 0)
+    ev = _with(ev, "req_mem", np.where(k % 5 == 0, 0.0, ev["req_mem"].to_numpy(zero_copy_only=False)))
+    ev = _with(ev, "time", np.where(k % 4 == 1, t + 10**11, t))  # later requests (windows before them)
     tie = ev.slice(0, 500)  # a second event at the same microsecond, a later row: its request wins
-    tie = setcol(tie, "req_cpu", tie["req_cpu"].to_numpy(zero_copy_only=False) * 3)
+    tie = _with(tie, "req_cpu", tie["req_cpu"].to_numpy(zero_copy_only=False) * 3)
     pq.write_table(pa.concat_tables([ev, tie]), ef)
 
     out = tmp_path / "duck"
@@ -405,26 +401,19 @@ def test_usage_change_full_sql_writes_what_gpuclust_writes(tmp_path, monkeypatch
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from gen_canonical import make_dataset
 
     from gpuclust.analyses.registry import create
     from gpuclust.engine import run
 
-    ds = make_dataset(tmp_path / "ds", 30_000, seed=6)
-    (uf,) = sorted((ds / "instance_usage").rglob("*.parquet"))
-    (ef,) = sorted((ds / "instance_events").rglob("*.parquet"))
+    ds, uf, ef = _planted_dataset(tmp_path, 30_000, seed=6)
     u = pq.read_table(uf)
-
-    def setcol(t: pa.Table, name: str, values: np.ndarray, mask: np.ndarray | None = None) -> pa.Table:
-        return t.set_column(t.schema.get_field_index(name), name, pa.array(values, type=t.schema.field(name).type, mask=mask))
-
     row = np.arange(u.num_rows)
     s, e = u["start_time"].to_numpy(), u["end_time"].to_numpy()
-    u = setcol(u, "avg_cpu", np.where(row % 5 == 0, 0.0, u["avg_cpu"].to_numpy(zero_copy_only=False)), mask=row % 13 == 0)
-    u = setcol(u, "avg_mem", np.where(row % 11 == 0, np.nan, np.where(row % 7 < 2, 0.0, u["avg_mem"].to_numpy(
+    u = _with(u, "avg_cpu", np.where(row % 5 == 0, 0.0, u["avg_cpu"].to_numpy(zero_copy_only=False)), mask=row % 13 == 0)
+    u = _with(u, "avg_mem", np.where(row % 11 == 0, np.nan, np.where(row % 7 < 2, 0.0, u["avg_mem"].to_numpy(
         zero_copy_only=False))))
-    u = setcol(u, "end_time", np.where(row % 29 == 0, np.iinfo(np.int64).max, np.where(row % 31 == 0, e - 200_000_000, e)))
-    u = setcol(u, "start_time", np.where(row % 37 == 0, s + 300_000_000, s))  # gaps; ties with the next window
+    u = _with(u, "end_time", np.where(row % 29 == 0, np.iinfo(np.int64).max, np.where(row % 31 == 0, e - 200_000_000, e)))
+    u = _with(u, "start_time", np.where(row % 37 == 0, s + 300_000_000, s))  # gaps; ties with the next window
     ev = pq.read_table(ef)
     ev = ev.filter(pa.array(ev["instance_index"].to_numpy() % 10 != 3))  # keys without events
     pq.write_table(ev, ef)
