@@ -202,23 +202,40 @@ def precompile() -> None:
 
 
 def compare(sizes: list[int], cases: list[str], repeat: int, dataset: Any = bench_dataset,
-            floor: bool = True) -> list[dict[str, Any]]:
-    """Interleaved rounds; one row per (size, case, contender) with medians and the raw runs."""
+            floor: bool = True, refused: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """Interleaved rounds; one row per (size, case, contender) with medians and the raw runs.
+
+    With ``refused`` (a list), a case whose run fails (e.g. an analysis that needs whole instances
+    refusing a flat table larger than a partition) is recorded there, ``{size, case, error}`` (the
+    error's last line), and not run at the larger sizes; the other cases go on.  Without it, the
+    failure is raised."""
     precompile()
     rows = []
+    failed: set[str] = set()
     for size in sizes:
         ds = dataset(size)
         for case in cases:
+            if case in failed:
+                continue
             order = ["gpuclust", "duckdb", *(["floor"] if floor else [])]
             runs: dict[str, list[dict[str, Any]]] = {who: [] for who in order}
             with tempfile.TemporaryDirectory(prefix="cpu_vs_duckdb-") as tmp:
-                for rnd in range(repeat):
-                    cmds = commands(case, ds, Path(tmp) / "out", floor)
-                    # rotate who goes first, so no one always runs on a warmer cache
-                    for who in order[rnd % len(order):] + order[:rnd % len(order)]:
-                        runs[who].append(_measure(cmds[who]))
-                    for d in (Path(tmp) / "out", duck_out(Path(tmp) / "out")):
-                        shutil.rmtree(d, ignore_errors=True)
+                try:
+                    for rnd in range(repeat):
+                        cmds = commands(case, ds, Path(tmp) / "out", floor)
+                        # rotate who goes first, so no one always runs on a warmer cache
+                        for who in order[rnd % len(order):] + order[:rnd % len(order)]:
+                            runs[who].append(_measure(cmds[who]))
+                        for d in (Path(tmp) / "out", duck_out(Path(tmp) / "out")):
+                            shutil.rmtree(d, ignore_errors=True)
+                except RuntimeError as e:
+                    if refused is None:
+                        raise
+                    lines = [ln for ln in str(e).splitlines() if ln.strip()]
+                    refused.append({"size": size, "case": case, "error": lines[-1] if lines else str(e)})
+                    print(json.dumps(refused[-1]), flush=True)
+                    failed.add(case)
+                    continue
             for who, rs in runs.items():
                 row = {"size": size, "case": case, "contender": who,
                        **{k: round(_median(rs, k), 3) for k in ("wall_s", "user_s", "sys_s", "peak_rss_mib")},
@@ -263,7 +280,8 @@ def marginal(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def markdown(rows: list[dict[str, Any]], env: dict[str, Any], repeat: int, before: list[dict[str, Any]] | None) -> str:
+def markdown(rows: list[dict[str, Any]], env: dict[str, Any], repeat: int, before: list[dict[str, Any]] | None,
+             refused: list[dict[str, Any]] | None = None) -> str:
     rat = _ratios(rows)
     brat = _ratios(before) if before else {}
     bby = {(r["size"], r["case"], r["contender"]): r for r in before or []}
@@ -289,8 +307,10 @@ def markdown(rows: list[dict[str, Any]], env: dict[str, Any], repeat: int, befor
         md.append(line)
     md += ["", "gpuclust: `python -m gpuclust.cli analyze DS <case> --out TMP --no-plots --quiet` (the engine's "
            "defaults: partitions='auto', one thread per usable core). DuckDB: `python -c` running "
-           "bench/analyses_bench.py's `cell_usage_sql` / `cpi_sql` / `lifecycle_sql` / `usage_change_sql` / `job_usage_sql` / `usage_vs_request_sql` / `machine_utilization_sql` / `data_quality_sql` with `SET threads` = usable cores, "
-           "results fetched. cpi (SQL subset) = `-O by=machine -O regression=none -O spearman=none`.",
+           "bench/analyses_bench.py's `cell_usage_sql` / `cpi_sql` / `lifecycle_sql` / `usage_change_sql` / `job_usage_sql` / "
+           "`job_usage_tiers_sql` / `usage_vs_request_sql` / `machine_utilization_sql` / `data_quality_sql` with `SET threads` = "
+           "usable cores, results fetched; the `(all tables)` cases run `*_full_sql`, which write every table the analysis "
+           "writes as Parquet. cpi (SQL subset) = `-O by=machine -O regression=none -O spearman=none`.",
            "floor: a fresh process importing numpy, pandas and pyarrow.parquet and reading the case's columns "
            "(what gpuclust reads) of every file into NumPy, one thread per usable core, nothing else.", ""]
     marg = marginal(rows)
@@ -304,6 +324,10 @@ def markdown(rows: list[dict[str, Any]], env: dict[str, Any], repeat: int, befor
             rel = f"{m['wall_s_per_m'] / d['wall_s_per_m']:.2f}" if d and d["wall_s_per_m"] > 0 else ""
             md.append(f"| {m['case']} | {m['contender']} | {m['from']:,} -> {m['to']:,} | {m['wall_s_per_m']:.4f} "
                       f"| {m['cpu_s_per_m']:.4f} | {rel} |")
+        md.append("")
+    if refused:
+        md += ["Not measured (a run failed; the case was left out from that size on):", ""]
+        md += [f"* {r['case']} at {r['size']:,} windows: {r['error']}" for r in refused]
         md.append("")
     md += ["Environment: " + ", ".join(f"{k}={v}" for k, v in env.items()), ""]
     return "\n".join(md)
@@ -325,7 +349,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.render:
         payload = json.loads(args.render.read_text())
-        md = markdown(payload["rows"], payload["environment"], payload["repeat"], payload.get("before"))
+        md = markdown(payload["rows"], payload["environment"], payload["repeat"], payload.get("before"),
+                      payload.get("refused"))
         md = md.replace("\n\n", f"\n\n{args.note}\n\n", 1) if args.note else md
         payload["ratios"] = ratio_rows(payload["rows"])
         args.render.write_text(json.dumps(payload, indent=1) + "\n")
@@ -343,13 +368,15 @@ def main(argv: list[str] | None = None) -> int:
         def dataset(size: int) -> Path:
             b = bench_dataset(size, generate=False).with_name(f"canonical-{size}-bucketed")
             return b if (b / "manifest.json").exists() else bucketed(bench_dataset(size), True)
-    rows = compare([int(float(s)) for s in args.sizes.split(",")], cases, args.repeat, dataset, not args.no_floor)
+    refused: list[dict[str, Any]] = []
+    rows = compare([int(float(s)) for s in args.sizes.split(",")], cases, args.repeat, dataset, not args.no_floor,
+                   refused)
     before = json.loads(args.before.read_text())["rows"] if args.before else None
     env = environment()
-    md = markdown(rows, env, args.repeat, before)
+    md = markdown(rows, env, args.repeat, before, refused)
     if args.note:
         md = md.replace("\n\n", f"\n\n{args.note}\n\n", 1)
-    payload = {"benchmark": "cpu_vs_duckdb", "repeat": args.repeat, "layout": args.layout, "rows": rows,
+    payload = {"benchmark": "cpu_vs_duckdb", "repeat": args.repeat, "layout": args.layout, "rows": rows, "refused": refused,
                "marginal": marginal(rows),
                "environment": env,
                "ratios": ratio_rows(rows),

@@ -63,6 +63,39 @@ def test_cpu_vs_duckdb_tiny(tmp_path, monkeypatch):
     assert res["marginal"] == []  # one size: nothing between sizes
 
 
+def test_a_refused_case_is_recorded_and_the_others_go_on(tmp_path, monkeypatch):
+    """A case whose gpuclust run fails (here: exits 2 with a one-line error, as an analysis that
+    needs whole instances does on a large flat table) is listed under ``refused`` with that line
+    and left out at the larger sizes; the other cases are measured at every size."""
+    pytest.importorskip("duckdb")
+    monkeypatch.syspath_prepend(str(BENCH))
+    import _harness
+    import cpu_vs_duckdb
+    from gen_canonical import make_dataset
+
+    monkeypatch.setattr(_harness, "RESULTS", tmp_path)
+    ds = make_dataset(tmp_path / "ds", 20_000, seed=1)
+    monkeypatch.setattr(cpu_vs_duckdb, "bench_dataset", lambda size: ds)
+    commands = cpu_vs_duckdb.commands
+
+    def failing(case: str, *a: Any, **k: Any) -> dict[str, list[str]]:
+        cmds = commands(case, *a, **k)
+        if case == "lifecycle":
+            cmds["gpuclust"] = [sys.executable, "-c", "import sys; print('gpuclust analyze: error: lifecycle: no'); sys.exit(2)"]
+        return cmds
+
+    monkeypatch.setattr(cpu_vs_duckdb, "commands", failing)
+    try:
+        assert cpu_vs_duckdb.main(["--sizes", "2e4,3e4", "--repeat", "1", "--no-floor", "--cases",
+                                   "lifecycle,cell-usage", "--name", "r"]) == 0
+    finally:
+        sys.modules.pop("cpu_vs_duckdb", None)
+    res = json.loads((tmp_path / "r.json").read_text())
+    assert res["refused"] == [{"size": 20_000, "case": "lifecycle", "error": "gpuclust analyze: error: lifecycle: no"}]
+    assert {(r["size"], r["case"]) for r in res["rows"]} == {(20_000, "cell-usage"), (30_000, "cell-usage")}
+    assert "* lifecycle at 20,000 windows: gpuclust analyze: error: lifecycle: no" in (tmp_path / "r.md").read_text()
+
+
 def test_floor_reads_what_the_analysis_reads(tmp_path, monkeypatch):
     """The floor contender reads every row of the case's declared columns (a count checked against
     the dataset's Parquet metadata), and nothing is run but the read."""
