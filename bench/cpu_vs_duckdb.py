@@ -71,7 +71,9 @@ gpuclust writes its result tables (Parquet), the summary and ``_run.json``; Duck
 result rows.  gpuclust is byte-compiled first (``compileall``), as an installed package is.  Contenders are interleaved round by round (the machine is shared, so timings are
 noisy) and the medians reported, with the ratio gpuclust / DuckDB (< 1: gpuclust is faster).
 Writes bench/results/<name>.json and .md with machine, versions and commit; ``--before`` adds an
-earlier run's medians (e.g. before an optimisation) as extra columns.
+earlier run's medians (e.g. before an optimisation) as extra columns.  A case whose run fails (an
+analysis that needs whole instances refuses a flat table larger than a partition: use ``--layout
+bucketed``) is listed under "Not measured" with the error's line and left out at larger sizes.
 """
 
 from __future__ import annotations
