@@ -20,6 +20,12 @@ overcommit: DuckDB machine x 5-min bucket CPU sums with exact overlap (generate_
 computing all of gpuclust's usage sums (tier join, CPU/memory overlap, maxima, counts), and
 pandas on the 300 s grid; usage-distribution: the straightforward per-group loop (timed on a
 subset of groups and scaled by window count, reported as such).
+
+The trace studies' SQL (run by bench/cpu_vs_duckdb.py): ``*_sql`` are SQL-expressible subsets;
+``job_usage_full_sql``, ``lifecycle_full_sql``, ``usage_vs_request_full_sql`` and
+``usage_change_full_sql`` are DuckDB scripts that write every table the analysis writes, as
+Parquet, written from its document and checked table for table against gpuclust's in
+tests/bench/test_cpu_vs_duckdb.py (so they are also independent references for those numbers).
 """
 
 from __future__ import annotations
