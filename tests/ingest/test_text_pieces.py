@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -152,6 +154,25 @@ def test_background_build_then_load(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert not _fast_usage_native.build_in_background()  # built
     monkeypatch.setenv("GPUCLUST_NATIVE_KERNEL", "0")
     assert _fast_usage_native.load() is None and not _fast_usage_native.build_in_background()
+
+
+@needs_native
+def test_a_background_build_outlives_its_process_without_a_warning(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The build is started by a launcher that exits at once, so it is not the ingest process'
+    child: that process may exit while the build runs without CPython's "subprocess is still
+    running" ResourceWarning (shown under ``-X dev``; it ended every test run before), and the
+    build still finishes."""
+    monkeypatch.setenv("GPUCLUST_KERNEL_DIR", str(tmp_path))
+    path = _fast_usage_native.library_path()
+    assert path is not None
+    code = "from gpuclust.ingest.readers import _fast_usage_native as n\nassert n.build_in_background()\n"
+    p = subprocess.run([sys.executable, "-X", "dev", "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "still running" not in p.stderr, p.stderr
+    deadline = time.monotonic() + 120
+    while (not path.exists() or path.with_name(path.name + ".lock").exists()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert path.exists() and _fast_usage_native.load() is not None
 
 
 @needs_native

@@ -16,7 +16,8 @@ release the GIL, as the ``nogil`` kernel does, so pieces are still parsed in sev
   only), so an edited kernel or another CPU never loads a stale or foreign build; a library that
   does not load, or that parses a known line wrongly, is not used.
 * :func:`build` makes the library (numba, ~1-7 s); :func:`build_in_background` runs it in a
-  detached ``python -m`` process when a reader wanted the library and found none (at most one
+  detached ``python -m`` process (started by a launcher that exits at once, so it is not this
+  process' child) when a reader wanted the library and found none (at most one
   build at a time per library: a lock file), so the run that needs it goes on with numba and the
   next one loads the library.  Without a C compiler there is no library and numba's kernel is
   used, as before.
@@ -288,9 +289,13 @@ def check(kernel: Any) -> None:
         raise RuntimeError(f"the native kernel parsed a known line wrongly: {row} != {want}")
 
 
-#: Builds started by this process (kept, so that their ``Popen`` objects are not collected while
-#: they run: the build outlives the ingest that started it, and nothing waits for it).
-_builders: list[Any] = []
+#: The launcher of a background build: it starts the build in a new session and exits at once,
+#: so the build is nobody's child here (it outlives the ingest that wanted it; no zombie, and no
+#: "subprocess is still running" warning when this process exits before it).
+_LAUNCHER = ("import os, subprocess, sys\n"
+             "subprocess.Popen(sys.argv[1:], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, "
+             "stderr=subprocess.DEVNULL, start_new_session=True)\n"
+             "os._exit(0)\n")
 
 
 def build_in_background() -> bool:
@@ -317,16 +322,17 @@ def build_in_background() -> bool:
         return False  # building already, or the folder is not writable
     os.close(fd)
     try:
-        _builders[:] = [b for b in _builders if b.poll() is None]
-        _builders.append(subprocess.Popen(
-            [sys.executable, "-m", "gpuclust.ingest.readers._fast_usage_native", str(path)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        launched = subprocess.run(
+            [sys.executable, "-c", _LAUNCHER, sys.executable, "-m", "gpuclust.ingest.readers._fast_usage_native",
+             str(path)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60,
             env=dict(os.environ, GPUCLUST_NATIVE_KERNEL_LOCK=str(lock)),
-        ))  # fmt: skip
-    except OSError:
+        ).returncode == 0  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        launched = False
+    if not launched:
         lock.unlink(missing_ok=True)
-        return False
-    return True
+    return launched
 
 
 def _main(argv: list[str]) -> int:
