@@ -27,7 +27,7 @@ def render(results: Mapping[str, Mapping[str, pd.DataFrame]], analyses: Mapping[
 
     An analysis' ``parted`` tables (:mod:`gpuclust.parted`) are folders of parts,
     ``<analysis>/<table>/part-NNNNN.parquet``: a :class:`gpuclust.parted.PartedTable` the engine
-    already wrote there is listed, a DataFrame is written as one part.  ``subject`` (the dataset,
+    already wrote there is listed, a DataFrame or an Arrow table is written as one part.  ``subject`` (the dataset,
     cell and trace, :func:`gpuclust.report.provenance.subject`) goes into each plot's title."""
     from gpuclust.parted import PartedTable, write_part
     from gpuclust.tables import as_arrow, as_pandas, parquet_options
@@ -44,8 +44,7 @@ def render(results: Mapping[str, Mapping[str, pd.DataFrame]], analyses: Mapping[
                     raise ValueError(f"{key}/{tname}: parted table written to {df.folder}, not into {folder}")
                 written.extend(f"{key}/{tname}/{f}" for f in df.files)
                 continue
-            if tname in getattr(a, "parted", ()):
-                df = as_pandas(df)
+            if tname in getattr(a, "parted", ()):  # (write_part takes a DataFrame or an Arrow table)
                 name, _ = write_part(folder / key / tname, 0, df)
                 written.append(f"{key}/{tname}/{name}")
                 continue
