@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["array", "empty_table", "labels", "rows_table", "scalar", "strings", "table", "table_from_rows", "to_numpy",
-           "valid"]
+__all__ = ["array", "empty_table", "labels", "rows_table", "scalar", "schema_table", "strings", "table",
+           "table_from_rows", "to_numpy", "valid"]
 
 
 def scalar(value: Any, type: pa.DataType) -> pa.Scalar:
@@ -215,3 +215,35 @@ def rows_table(rows: Any, schema: pa.Schema) -> pa.Table:
     """
     rows = list(rows)
     return table_from_rows(rows) if rows else empty_table(schema)
+
+
+def schema_table(rows: Any, schema: pa.Schema) -> pa.Table:
+    """Rows (mappings with every field of ``schema``) as a table of exactly ``schema``: string,
+    integer, float and boolean fields; ``None`` in an integer or string field is NULL, a float NaN
+    or ``None`` is NULL (as :func:`array` makes it).  The fields keep their metadata.
+
+    >>> s = pa.schema([("t", pa.string()), ("n", pa.int64()), ("v", pa.float64())])
+    >>> schema_table([{"t": "a", "n": None, "v": 0.5}, {"t": "b", "n": 2, "v": float("nan")}], s).to_pylist()
+    [{'t': 'a', 'n': None, 'v': 0.5}, {'t': 'b', 'n': 2, 'v': None}]
+    >>> schema_table([], s).schema == s
+    True
+    """
+    rows = list(rows)
+    cols = []
+    for f in schema:
+        vals = [r[f.name] for r in rows]
+        null = np.array([v is None for v in vals], dtype=bool)
+        if pa.types.is_string(f.type):
+            a = strings(["" if v is None else v for v in vals])
+        elif pa.types.is_integer(f.type) or pa.types.is_floating(f.type) or pa.types.is_boolean(f.type):
+            fill = np.nan if pa.types.is_floating(f.type) else 0
+            dtype = np.dtype(f.type.to_pandas_dtype())
+            a = array(np.array([fill if v is None else v for v in vals], dtype=dtype))
+        else:
+            raise TypeError(f"schema_table: no column of type {f.type} ({f.name})")
+        if null.any() and not pa.types.is_floating(f.type):
+            bufs = a.buffers()
+            bits = pa.py_buffer(np.packbits(~null, bitorder="little"))
+            a = pa.Array.from_buffers(a.type, len(a), [bits, *bufs[1:]])
+        cols.append(a)
+    return pa.Table.from_arrays(cols, schema=schema)

@@ -33,10 +33,15 @@ import pyarrow as pa
 from gpuclust._lazy import pandas as pd
 from gpuclust.arrow_numpy import to_numpy
 
-__all__ = ["KINDS", "as_arrow", "as_pandas", "check_kind", "column", "convert", "is_frame", "parquet_options"]
+__all__ = ["KINDS", "as_arrow", "as_pandas", "check_kind", "column", "convert", "is_frame", "nullable_int",
+           "parquet_options"]
 
 #: The values of ``tables=``.
 KINDS = ("pandas", "arrow", "native")
+#: Field metadata of an integer column that may hold NULLs and is a pandas ``Int64`` column in
+#: :func:`as_pandas` (Arrow's own conversion makes such a column float64, or int64 when a table
+#: has no NULL in it: the DataFrame's dtype would depend on the data).
+_PANDAS_DTYPE = b"gpuclust.pandas_dtype"
 
 
 def is_frame(t: Any) -> bool:
@@ -50,16 +55,29 @@ def as_arrow(t: Any) -> Any:
     return pa.Table.from_pandas(t, preserve_index=False) if is_frame(t) else t
 
 
+def nullable_int(name: str) -> pa.Field:
+    """An int64 field that may hold NULLs: a pandas ``Int64`` column in :func:`as_pandas`, whatever
+    the rows.
+
+    >>> t = pa.Table.from_arrays([pa.array([1, 2], pa.int64())], schema=pa.schema([nullable_int("n")]))
+    >>> str(as_pandas(t)["n"].dtype)
+    'Int64'
+    """
+    return pa.field(name, pa.int64(), metadata={_PANDAS_DTYPE: b"Int64"})
+
+
 def as_pandas(t: Any) -> Any:
     """``t`` as a pandas DataFrame (an Arrow table converted; anything else as is).  String
     columns become ``object`` columns of ``str``, as the analyses' own DataFrames hold them (pandas
-    3 would make them its ``str`` dtype)."""
+    3 would make them its ``str`` dtype); :func:`nullable_int` columns become ``Int64``."""
     if not isinstance(t, pa.Table):
         return t
     df = t.to_pandas()
-    for name, typ in zip(t.column_names, t.schema.types, strict=True):
-        if pa.types.is_string(typ) or pa.types.is_large_string(typ):
-            df[name] = df[name].astype(object)
+    for f in t.schema:
+        if pa.types.is_string(f.type) or pa.types.is_large_string(f.type):
+            df[f.name] = df[f.name].astype(object)
+        elif (f.metadata or {}).get(_PANDAS_DTYPE) == b"Int64":
+            df[f.name] = pd.array(t.column(f.name).to_pylist(), dtype="Int64")
     return df
 
 

@@ -166,13 +166,15 @@ def random_cell(seed: int, n_machines: int = 40, n_instances: int = 300, n_windo
 
 
 def assert_results_same(r1: dict[str, Any], r2: dict[str, Any], rtol: float = 1e-12) -> None:
-    """Two ``run`` results ({analysis: {table: DataFrame}}) are the same: names, columns, lengths;
-    float columns to ``rtol`` (NaN where NaN), others exactly."""
+    """Two ``run`` results ({analysis: {table: DataFrame or Arrow table}}) are the same: names,
+    columns, lengths; float columns to ``rtol`` (NaN where NaN), others exactly."""
+    from gpuclust.tables import as_pandas
+
     assert r1.keys() == r2.keys()
     for k in r1:
         assert r1[k].keys() == r2[k].keys(), k
         for t in r1[k]:
-            a, b = r1[k][t].reset_index(drop=True), r2[k][t].reset_index(drop=True)
+            a, b = as_pandas(r1[k][t]).reset_index(drop=True), as_pandas(r2[k][t]).reset_index(drop=True)
             assert list(a.columns) == list(b.columns) and len(a) == len(b), (k, t)
             for c in a.columns:
                 if a[c].dtype.kind == "f":

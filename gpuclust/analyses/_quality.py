@@ -31,10 +31,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from gpuclust._lazy import pandas as pd
 from gpuclust.analyses.base import Analysis, is_null_int
 from gpuclust.analyses.grouping import instance_order
 from gpuclust.analyses.lifecycle import EXPECTED, STATE_AFTER
+from gpuclust.arrow_numpy import schema_table
 from gpuclust.schema import (
     SCHEMAS,
     TIME_AFTER_TRACE,
@@ -43,9 +43,11 @@ from gpuclust.schema import (
     MissingDataReason,
     MissingType,
 )
+from gpuclust.tables import nullable_int
 
-__all__ = ["CHECKS", "CODE_SLOTS", "CollectionEventsProfile", "InstanceEventsProfile", "MachineEventsProfile",
-           "TableProfile", "check_rows", "code_rows", "fixed_width_columns", "null_rows", "string_nulls"]
+__all__ = ["CHECKS", "CHECKS_SCHEMA", "CODES_SCHEMA", "CODE_SLOTS", "COLUMNS_SCHEMA", "CollectionEventsProfile",
+           "InstanceEventsProfile", "MachineEventsProfile", "TableProfile", "check_rows", "code_rows",
+           "fixed_width_columns", "null_rows", "string_nulls"]
 
 #: Code slots of the ``codes`` partial: codes 0..10, then NULL, then any other value.
 CODE_SLOTS = 13
@@ -246,7 +248,7 @@ class TableProfile(Analysis):
     def merge(self, a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return {k: a[k] + b[k] for k in a}
 
-    def finalize(self, partial: dict[str, np.ndarray], ctx: Any) -> dict[str, pd.DataFrame]:
+    def finalize(self, partial: dict[str, np.ndarray], ctx: Any) -> dict[str, pa.Table]:
         p = {k: np.asarray(v) for k, v in partial.items()}
         cnt = dict(zip(CHECKS, (int(v) for v in p["counts"]), strict=True))
         rows = cnt["rows"]
@@ -263,20 +265,18 @@ class TableProfile(Analysis):
             checks = check_rows(self.table, items)
             for j, (c, names) in enumerate(self.code_columns):
                 codes += code_rows(self.table, c, names, p["codes"][j])
-        return {"columns": frame(cols, COLUMNS_COLUMNS), "checks": frame(checks, CHECKS_COLUMNS),
-                "codes": frame(codes, CODES_COLUMNS)}
+        return {"columns": schema_table(cols, COLUMNS_SCHEMA), "checks": schema_table(checks, CHECKS_SCHEMA),
+                "codes": schema_table(codes, CODES_SCHEMA)}
 
 
-COLUMNS_COLUMNS = {"table": object, "column": object, "rows": np.int64, "nulls": "Int64"}
-CHECKS_COLUMNS = {"table": object, "check": object, "count": np.int64, "unit": object, "of": np.int64,
-                  "share": np.float64}
-CODES_COLUMNS = {"table": object, "column": object, "code": np.int64, "name": object, "rows": np.int64}
-
-
-def frame(rows: list[dict[str, Any]], columns: dict[str, Any]) -> pd.DataFrame:
-    """A result table with fixed columns and dtypes (also when it has no rows)."""
-    df = pd.DataFrame(rows, columns=list(columns))
-    return df.astype(columns)
+#: The columns of the ``columns``, ``checks`` and ``codes`` result tables (Arrow tables, so that a
+#: run without plots does not import pandas; ``nulls`` is NULL where unknown, ``Int64`` in pandas).
+COLUMNS_SCHEMA = pa.schema([("table", pa.string()), ("column", pa.string()), ("rows", pa.int64()),
+                            nullable_int("nulls")])
+CHECKS_SCHEMA = pa.schema([("table", pa.string()), ("check", pa.string()), ("count", pa.int64()),
+                           ("unit", pa.string()), ("of", pa.int64()), ("share", pa.float64())])
+CODES_SCHEMA = pa.schema([("table", pa.string()), ("column", pa.string()), ("code", pa.int64()),
+                          ("name", pa.string()), ("rows", pa.int64())])
 
 
 _EVENT_CHECKS = ("time_zero", "time_after_trace", "time_ties", "out_of_order", "out_of_order_things")

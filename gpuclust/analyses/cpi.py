@@ -61,6 +61,7 @@ from gpuclust.stats import (
     spearman_grid_partial,
     wls_from_moments,
 )
+from gpuclust.tables import column
 
 __all__ = ["BY", "COUNTERS", "Cpi", "CpiContext", "REGRESSIONS", "SPEARMAN"]
 
@@ -363,7 +364,7 @@ class Cpi(Analysis):
     def prerequisites(self, source: Any) -> dict[str, Analysis]:
         return {"histograms": CpiHistograms(self.filter)} if self.first_pass else {}
 
-    def context(self, source: Any, prior: dict[str, dict[str, pd.DataFrame]] | None = None) -> CpiContext:
+    def context(self, source: Any, prior: dict[str, dict[str, Any]] | None = None) -> CpiContext:
         me = source.read("machine_events", ["time", "machine_id", "cap_cpu", "cap_mem", "platform_id"])
         plat = _platform_lookup(me)
         cap_ids, cap_val = _capacities(me)
@@ -374,8 +375,8 @@ class Cpi(Analysis):
             if not prior or "histograms" not in prior:
                 raise RuntimeError("cpi: the histograms pass must run first (the engine runs prerequisites)")
             hist = prior["histograms"]["hist"]
-            cpi_cuts = grid_cuts(hist["cpi"].to_numpy(), edges["cpi"], self.spearman_bins)
-            mai_cuts = grid_cuts(hist["mai"].to_numpy(), edges["mai"], self.spearman_bins)
+            cpi_cuts = grid_cuts(column(hist, "cpi"), edges["cpi"], self.spearman_bins)
+            mai_cuts = grid_cuts(column(hist, "mai"), edges["mai"], self.spearman_bins)
         window = _trace_window(source)
         luts = {}
         for var, cuts in (("cpi", cpi_cuts), ("mai", mai_cuts)):

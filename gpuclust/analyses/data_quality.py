@@ -31,28 +31,29 @@ from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import numpy as np
+import pyarrow as pa
 
-from gpuclust._lazy import pandas as pd
 from gpuclust.analyses._lookup import InstanceLookup
 from gpuclust.analyses._quality import (
-    CHECKS_COLUMNS,
-    CODES_COLUMNS,
-    COLUMNS_COLUMNS,
+    CHECKS_SCHEMA,
+    CODES_SCHEMA,
+    COLUMNS_SCHEMA,
     CollectionEventsProfile,
     InstanceEventsProfile,
     MachineEventsProfile,
     check_rows,
     column_nulls,
     fixed_width_columns,
-    frame,
     null_rows,
 )
 from gpuclust.analyses.base import Analysis, fmt
 from gpuclust.analyses.grouping import instance_order
 from gpuclust.analyses.options import option
+from gpuclust.arrow_numpy import schema_table, table_from_rows, to_numpy
 from gpuclust.partials import bin_quantile_edges, bin_rows, log_bins
 from gpuclust.schema import CPU_PERCENTILE_COLUMNS_SORTED, TERMINAL_EVENTS, TIME_AFTER_TRACE
 from gpuclust.stats import CpiFilter
+from gpuclust.tables import as_arrow
 
 __all__ = ["DENOMINATORS", "DataQuality", "RATIO_EDGES", "TABLE_ORDER", "USAGE_CHECKS"]
 
@@ -82,8 +83,8 @@ _AFTER_S = 300
 @dataclass(frozen=True)
 class DataQualityContext:
     short_us: int
-    #: The prerequisite profiles' tables, by table name.
-    prior: dict[str, dict[str, pd.DataFrame]]
+    #: The prerequisite profiles' tables, by table name (Arrow tables or DataFrames).
+    prior: dict[str, dict[str, Any]]
     has_usage: bool
     #: Each instance's final terminal time (code of :attr:`lookup` -> time; 2^63-1: none).
     lookup: InstanceLookup = InstanceLookup.empty()
@@ -139,7 +140,7 @@ class DataQuality(Analysis):
         return {"instance_events": InstanceEventsProfile(row_order=ro),
                 "collection_events": CollectionEventsProfile(row_order=ro), "machine_events": MachineEventsProfile(row_order=ro)}
 
-    def context(self, source: Any, prior: dict[str, dict[str, pd.DataFrame]] | None = None) -> DataQualityContext:
+    def context(self, source: Any, prior: dict[str, dict[str, Any]] | None = None) -> DataQualityContext:
         if prior is None:
             raise RuntimeError("data-quality: the table profiles must run first (the engine runs prerequisites)")
         n = getattr(source, "num_rows", None)
@@ -158,7 +159,7 @@ class DataQuality(Analysis):
         ev = side["instance_events"].read(list(_EVENT_SIDE))
         if ev.num_rows == 0:
             return ctx
-        c, i, t, e = (np.asarray(ev.column(k).to_numpy(), dtype=np.int64) for k in _EVENT_SIDE)
+        c, i, t, e = (to_numpy(ev.column(k), np.int64) for k in _EVENT_SIDE)
         order = np.lexsort((t, i, c))  # stable: ties keep row order
         c, i, t, e = c[order], i[order], t[order], e[order]
         last = np.ones(c.shape[0], dtype=bool)
@@ -276,11 +277,13 @@ class DataQuality(Analysis):
         return {k: a[k] + b[k] for k in a}
 
     # ---------------------------------------------------------------- finalize
-    def finalize(self, partial: dict[str, np.ndarray], ctx: DataQualityContext) -> dict[str, pd.DataFrame]:
+    def finalize(self, partial: dict[str, np.ndarray], ctx: DataQualityContext) -> dict[str, pa.Table]:
         p = {k: np.asarray(v) for k, v in partial.items()}
         u = dict(zip(USAGE_CHECKS, (int(v) for v in p["counts"]), strict=True))
         rows, inst = u["rows"], u["instances"]
-        tables: dict[str, dict[str, pd.DataFrame]] = {}
+        # per table: its rows of the checks, columns and codes tables
+        tables: dict[str, dict[str, list[dict[str, Any]]]] = {
+            t: {name: as_arrow(v).to_pylist() for name, v in profile.items()} for t, profile in ctx.prior.items()}
         if rows:
             nulls: dict[str, int | None] = {c: int(v) for c, v in zip(self.columns, p["nulls"], strict=True)}
             items = [("rows", rows, "rows", rows), ("instances", inst, "instances", inst)]
@@ -288,55 +291,57 @@ class DataQuality(Analysis):
                        inst if c.endswith("instances") else (u["p100_and_max"] if c.startswith("p100_") and c != "p100_and_max"
                                                              else rows))
                       for c in USAGE_CHECKS[2:] if c not in _INTERNAL]
-            tables["instance_usage"] = {"columns": frame(null_rows("instance_usage", rows, nulls), COLUMNS_COLUMNS),
-                                        "checks": frame(check_rows("instance_usage", items), CHECKS_COLUMNS)}
-        prior = {t: dict(v) for t, v in ctx.prior.items()}
-        ev_checks = prior.get("instance_events", {}).get("checks")
-        if rows and ev_checks is not None and len(ev_checks):
+            tables["instance_usage"] = {"columns": null_rows("instance_usage", rows, nulls),
+                                        "checks": check_rows("instance_usage", items)}
+        ev_checks = tables.get("instance_events", {}).get("checks")
+        if rows and ev_checks:
             # the instances the usage was joined with: bound in the partition tasks, or on the client
             n_ev = u["bound_instances"] + (0 if ctx.per_partition else len(ctx.lookup))
-            extra = frame(check_rows("instance_events", [("instances_without_usage", n_ev - u["matched_instances"],
-                                                          "instances", n_ev)]), CHECKS_COLUMNS)
-            prior["instance_events"]["checks"] = pd.concat([ev_checks, extra], ignore_index=True)
-        tables.update(prior)
+            ev_checks += check_rows("instance_events", [("instances_without_usage", n_ev - u["matched_instances"],
+                                                         "instances", n_ev)])
 
-        def cat(name: str, columns: dict[str, Any]) -> pd.DataFrame:
-            parts = [tables[t][name] for t in TABLE_ORDER if t in tables and name in tables[t] and len(tables[t][name])]
-            return frame([], columns) if not parts else pd.concat(parts, ignore_index=True).astype(columns)
+        def cat(name: str, schema: pa.Schema) -> pa.Table:
+            return schema_table([r for t in TABLE_ORDER for r in tables.get(t, {}).get(name, [])], schema)
 
         edges = np.concatenate([[0.0], RATIO_EDGES])
-        hist = pd.DataFrame(bin_rows(p["ratio"], edges, np.concatenate([RATIO_EDGES, [np.inf]]), "ratio", "windows"),
-                            columns=["bin", "lo_ratio", "hi_ratio", "windows"]).astype({"bin": np.int64, "windows": np.int64})
+        hist = schema_table(bin_rows(p["ratio"], edges, np.concatenate([RATIO_EDGES, [np.inf]]), "ratio", "windows"),
+                            _HIST_SCHEMA)
         q = bin_quantile_edges(p["ratio"], edges, (50, 90, 99))
         counts = {f"{t}_rows": _rows_of(tables.get(t)) for t in TABLE_ORDER}
-        info = pd.DataFrame([{"analysis": self.name, "short_window_s": int(self.short_window_s), **counts,
-                              "max_over_p100_p50": q[50], "max_over_p100_p90": q[90], "max_over_p100_p99": q[99]}])
-        return {"checks": cat("checks", CHECKS_COLUMNS), "columns": cat("columns", COLUMNS_COLUMNS),
-                "codes": cat("codes", CODES_COLUMNS), "max_over_p100": hist, "info": info}
+        info = table_from_rows([{"analysis": self.name, "short_window_s": int(self.short_window_s), **counts,
+                                 "max_over_p100_p50": float(q[50]), "max_over_p100_p90": float(q[90]),
+                                 "max_over_p100_p99": float(q[99])}])
+        return {"checks": cat("checks", CHECKS_SCHEMA), "columns": cat("columns", COLUMNS_SCHEMA),
+                "codes": cat("codes", CODES_SCHEMA), "max_over_p100": hist, "info": info}
 
-    def summary(self, result: dict[str, pd.DataFrame]) -> str:
-        info = result["info"].iloc[0]
+    def summary(self, result: dict[str, Any]) -> str:
+        info = as_arrow(result["info"]).to_pylist()[0]
         present = [f"{t} {int(info[f'{t}_rows']):,}" for t in TABLE_ORDER if int(info[f"{t}_rows"])]
         lines = [f"{self.label}: rows: {', '.join(present) or 'none'}"]
-        ch = result["checks"]
-        for r in ch.itertuples(index=False):
-            if r.check in DENOMINATORS or not r.count:
+        for r in as_arrow(result["checks"]).to_pylist():
+            if r["check"] in DENOMINATORS or not r["count"]:
                 continue
-            lines.append(f"  {r.table:>17} {r.check}: {r.count:,} {r.unit} ({fmt(r.share, '.2%')} of {r.of:,})")
-        cols = result["columns"]
-        for t, g in cols.groupby("table", sort=False):
-            nulls = g["nulls"].astype("float64")
-            part = g[(nulls > 0) & (nulls < g["rows"])]
-            lines.append(f"  {t:>17} NULLs: {int((nulls == g['rows']).sum())} of {len(g)} columns all NULL"
-                         + (f"; partly: {', '.join(f'{r.column} {int(r.nulls):,}' for r in part.itertuples(index=False))}"
-                            if len(part) else ""))
-        if not np.isnan(float(info["max_over_p100_p50"])):
-            lines.append(f"  max_cpu / cpu_p100: median in [{fmt(info['max_over_p100_p50'], '.3g')}, x1.12)")
+            lines.append(f"  {r['table']:>17} {r['check']}: {r['count']:,} {r['unit']} "
+                         f"({fmt(np.nan if r['share'] is None else r['share'], '.2%')} of {r['of']:,})")
+        by_table: dict[str, list[dict[str, Any]]] = {}
+        for r in as_arrow(result["columns"]).to_pylist():
+            by_table.setdefault(r["table"], []).append(r)
+        for t, g in by_table.items():
+            known = [r for r in g if r["nulls"] is not None]
+            part = [r for r in known if 0 < r["nulls"] < r["rows"]]
+            partly = ", ".join(f"{r['column']} {int(r['nulls']):,}" for r in part)
+            lines.append(f"  {t:>17} NULLs: {sum(r['nulls'] == r['rows'] for r in known)} of {len(g)} columns all NULL"
+                         + (f"; partly: {partly}" if part else ""))
+        p50 = info["max_over_p100_p50"]
+        if p50 is not None and not np.isnan(float(p50)):
+            lines.append(f"  max_cpu / cpu_p100: median in [{fmt(p50, '.3g')}, x1.12)")
         return "\n".join(lines)
 
 
-def _rows_of(t: dict[str, pd.DataFrame] | None) -> int:
-    if not t or "checks" not in t or not len(t["checks"]):
-        return 0
-    ch = t["checks"]
-    return int(ch.loc[ch["check"] == "rows", "count"].iloc[0])
+#: The ``max_over_p100`` table's columns.
+_HIST_SCHEMA = pa.schema([("bin", pa.int64()), ("lo_ratio", pa.float64()), ("hi_ratio", pa.float64()),
+                          ("windows", pa.int64())])
+
+
+def _rows_of(t: dict[str, list[dict[str, Any]]] | None) -> int:
+    return next((int(r["count"]) for r in (t or {}).get("checks", []) if r["check"] == "rows"), 0)

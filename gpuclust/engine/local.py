@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
-from gpuclust._lazy import pandas as pd
 from gpuclust._memory import tune_allocator
 from gpuclust._parallel import client_threads, map_ordered
 from gpuclust.analyses.base import Analysis, to_host
@@ -307,11 +306,12 @@ def _run(src: Any, ans: list[Analysis], be: Backend, partitions: int | str, sche
     with the same settings and selection), contexts, partials (parted analyses spill to
     ``folders``), merges, shards, finalize.  A prerequisite pass runs with ``folders=None``: in
     memory, as its results feed a context."""
-    def run_pass(pre: list[Analysis]) -> dict[str, dict[str, pd.DataFrame]]:
+    def run_pass(pre: list[Analysis]) -> dict[str, dict[str, Any]]:
         _, pre = _selection.attach(src, pre)  # the run's selection applies to its passes too
-        # contexts read their passes' tables as DataFrames
+        # contexts read their passes' tables as finalized (DataFrames or Arrow tables: see
+        # gpuclust.tables.column), so a pass does not import pandas for them
         return convert(_run(src, pre, be, partitions, scheduler, cut_points, split_every, nthreads, None, label, rows),
-                       "pandas")
+                       "native")
 
     multiple = nthreads if scheduler is None else 1
     base = _selection.unwrap(src)

@@ -138,7 +138,9 @@ def test_rows_with_none_go_through_pyarrow() -> None:
     ("lifecycle", "series", []), ("lifecycle", "transitions", []), ("lifecycle", "delays", []),
     ("collection-lifecycle", "events", []), ("usage-change", "summary", []), ("usage-change", "hist", []),
     ("machine-utilization", "summary", []), ("machine-utilization", "quantiles", []),
-    ("machine-utilization", "series", []), ("machine-utilization", "info", [])])
+    ("machine-utilization", "series", []), ("machine-utilization", "info", []),
+    ("data-quality", "checks", []), ("data-quality", "columns", []), ("data-quality", "codes", []),
+    ("data-quality", "max_over_p100", []), ("data-quality", "info", [])])
 def test_from_the_command_line_never_imports_pandas(dataset: Dataset, tmp_path: Path, name: str, table: str,
                                                     opts: list[str]) -> None:
     """The start-up this saves: docs/scale.md, "Start-up"."""
