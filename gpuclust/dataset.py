@@ -234,7 +234,8 @@ class Dataset:
         sub = pa.schema([schema.field(c) for c in cols])
         if not files:
             return sub.empty_table()
-        return pa.concat_tables([_read_file(f, cols, schema, sub) for f in files]).cast(sub)
+        t = pa.concat_tables([_read_file(f, cols, schema, sub) for f in files])
+        return t if t.schema.equals(sub) else t.cast(sub)  # (Table.cast imports pyarrow.compute: ~0.06 s)
 
     def __repr__(self) -> str:
         rows = {t: self.num_rows(t) for t in TABLES if self.num_rows(t)}

@@ -35,7 +35,7 @@ from gpuclust.analyses._lookup import MachineHash, machine_capacities
 from gpuclust.analyses.base import Analysis, fmt, null_int
 from gpuclust.analyses.grouping import bucket_pieces
 from gpuclust.analyses.options import option
-from gpuclust.arrow_numpy import rows_table, table, table_from_rows
+from gpuclust.arrow_numpy import schema_table, table, table_from_rows
 from gpuclust.parted import column_batches, finalize_in_memory
 from gpuclust.partials import merge_keyed
 from gpuclust.schema import TIME_AFTER_TRACE
@@ -310,8 +310,8 @@ class MachineUtilization(Analysis):
         info = table_from_rows([{"analysis": self.name, "mode": self.mode, "machines": int(ctx.machine_ids.shape[0]),
                                  "machines_known_cpu_capacity": int(np.count_nonzero(ctx.cap_cpu > 0)),
                                  "machine_rows": int(machine.num_rows), **stats}])
-        return {"summary": rows_table(rows, _SUMMARY_SCHEMA).cast(_SUMMARY_SCHEMA),
-                "quantiles": rows_table(qrows, _QUANTILES_SCHEMA).cast(_QUANTILES_SCHEMA), "series": ser, "info": info}
+        return {"summary": schema_table(rows, _SUMMARY_SCHEMA), "quantiles": schema_table(qrows, _QUANTILES_SCHEMA),
+                "series": ser, "info": info}
 
     def summary(self, result: dict[str, Any]) -> str:
         info = as_arrow(result["info"]).to_pylist()[0]
