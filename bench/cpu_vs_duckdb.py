@@ -57,6 +57,12 @@ by `_harness.run_measured` and its user/system CPU seconds from ``getrusage(RUSA
   event (checked against gpuclust's ``checks`` and ``columns`` in tests/bench/test_cpu_vs_duckdb.py).
   An unbucketed dataset larger than one partition is refused by data-quality: use ``--layout
   bucketed``.
+* ``data-quality (all tables)``: the same gpuclust run against
+  ``analyses_bench.data_quality_full_sql``: DuckDB writing every table gpuclust writes
+  (``checks`` of all four tables: the usage checks in one scan joined to each instance's final
+  terminal event, the events tables' sentinels, ties, out-of-order sequences and NULL capacities;
+  ``columns``, ``codes``, the ``max_over_p100`` bins and ``info``) as Parquet; checked table for
+  table against gpuclust's in tests/bench/test_cpu_vs_duckdb.py.
 
 A third contender, ``floor``, is the least any engine built on gpuclust's fixed stack (Python,
 NumPy, pyarrow's Parquet reader, pandas result tables) can take for a case: a fresh process that
@@ -98,6 +104,7 @@ from _harness import bench_dataset, environment, run_measured, write_results  # 
 from analyses_bench import (  # noqa: E402
     cell_usage_sql,
     cpi_sql,
+    data_quality_full_sql,
     data_quality_sql,
     job_usage_full_sql,
     job_usage_sql,
@@ -127,6 +134,7 @@ CASES: dict[str, tuple[list[str], Any, tuple[str, dict[str, str]]]] = {
     "usage-vs-request (all tables)": (["usage-vs-request"], usage_vs_request_full_sql, ("usage-vs-request", {})),
     "machine-utilization": (["machine-utilization"], machine_utilization_sql, ("machine-utilization", {})),
     "data-quality (SQL subset)": (["data-quality"], data_quality_sql, ("data-quality", {})),
+    "data-quality (all tables)": (["data-quality"], data_quality_full_sql, ("data-quality", {})),
 }
 
 _DUCK = ("import os, sys, duckdb\n"

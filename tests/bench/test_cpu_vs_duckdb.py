@@ -15,7 +15,8 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 def cpu_vs_duckdb_cases() -> tuple[str, ...]:
     return ("cell-usage", "cpi (SQL subset)", "lifecycle", "lifecycle (all tables)", "usage-change",
             "usage-change (all tables)", "job-usage", "job-usage (tiers)", "job-usage (all tables)",
-            "usage-vs-request", "usage-vs-request (all tables)", "machine-utilization", "data-quality (SQL subset)")
+            "usage-vs-request", "usage-vs-request (all tables)", "machine-utilization", "data-quality (SQL subset)",
+            "data-quality (all tables)")
 
 
 def _planted_dataset(tmp_path: Path, windows: int, seed: int) -> tuple[Path, Path, Path]:
@@ -471,3 +472,252 @@ def test_usage_change_full_sql_writes_what_gpuclust_writes(tmp_path, monkeypatch
     for c in ("unknown", "zero_to_zero", "zero_to_positive"):
         assert sm[c].sum() > 0, c
     assert info["gaps"] > 0 and info["unplaced_ends"] > 0 and (sm["tier"] == "unknown").any()
+
+
+def _add_file(ds: Path, table: str, t: Any, name: str) -> None:
+    """Write ``t`` as one more Parquet file of ``table`` and list it in the manifest (after the
+    others: its rows come later in the dataset's row order)."""
+    import pyarrow.parquet as pq
+
+    from gpuclust.schema import SCHEMAS
+
+    (ds / table).mkdir(exist_ok=True)
+    pq.write_table(t.select(SCHEMAS[table].names).cast(SCHEMAS[table]), ds / table / name)
+    manifest = json.loads((ds / "manifest.json").read_text())
+    entry = manifest["tables"].setdefault(table, {"rows": 0, "files": []})
+    entry["files"] = sorted([*entry.get("files", []), f"{table}/{name}"])
+    entry["rows"] = entry.get("rows", 0) + t.num_rows
+    (ds / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _data_quality_dataset(tmp_path: Path) -> Path:
+    """A benchmark dataset with data-quality's faults planted in every table (see the test)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+    from strategies import table
+
+    ds, uf, ef = _planted_dataset(tmp_path, 30_000, seed=7)
+    never, s_ = np.iinfo(np.int64).max, 1_000_000
+    # -- instance_usage ------------------------------------------------------------------------
+    u = pq.read_table(uf)
+    row = np.arange(u.num_rows)
+
+    def col(name: str) -> Any:
+        return u[name].to_numpy(zero_copy_only=False).copy()
+
+    s, e = col("start_time"), col("end_time")
+    cpu = col("avg_cpu")
+    cpu[row % 23 == 0] = np.nan
+    cpu[row % 29 == 0] = 1e-6  # too little CPU time for CPI
+    u = _with(u, "avg_cpu", cpu, mask=row % 7 == 0)
+    u = _with(u, "avg_mem", np.where(row % 9 == 0, np.nan, col("avg_mem")))
+    cpi, mai = col("cpi"), col("mai")
+    cpi = np.where(row % 31 == 0, 150.0, np.where(row % 37 == 0, 0.0, np.where(row % 43 == 0, np.nan, cpi)))
+    cpi = np.where(row % 53 == 0, np.inf, cpi)
+    mai = np.where(row % 41 == 0, 2.0, np.where(row % 47 == 0, -0.1, mai))
+    u = _with(u, "cpi", cpi, mask=np.isnan(cpi) & (row % 2 == 0))  # NULL and NaN
+    u = _with(u, "mai", mai)
+    e = np.where(row % 11 == 0, s + 250 * s_, np.where(row % 13 == 0, s + 900 * s_, e))
+    e = np.where(row % 79 == 0, s + 30 * s_, np.where(row % 59 == 0, s, np.where(row % 61 == 0, s - 100 * s_, e)))
+    e = np.where(row % 67 == 0, never, np.where(row % 73 == 0, 0, e))
+    s = np.where(row % 101 == 0, 0, np.where(row % 71 == 0, never, s))
+    u = _with(u, "end_time", e)
+    u = _with(u, "start_time", s)
+    u = _with(u, "machine_id", np.where(row % 17 == 0, 0, np.where(row % 83 == 0, -1, col("machine_id"))))
+    p100 = col("cpu_p100")
+    mx = np.where(row % 5 == 0, p100 * 2, np.where(row % 5 == 1, p100 / 2, p100))
+    mx = np.where(row % 113 == 0, 0.0, np.where(row % 127 == 0, p100 * 1e5, np.where(row % 131 == 0, np.nan, mx)))
+    u = _with(u, "max_cpu", mx, mask=row % 107 == 0)
+    u = _with(u, "cpu_p100", np.where(row % 109 == 0, 0.0, p100))
+    u = _with(u, "cpu_p10", np.where(row % 19 == 0, col("cpu_p90") + 0.01, col("cpu_p10")))
+    u = _with(u, "cpu_p30", np.where(row % 103 == 0, col("cpu_p10") * 0.9, col("cpu_p30")))  # below p10, across a NULL
+    u = _with(u, "cpu_p20", col("cpu_p20"), mask=(row % 103 == 0) | (row % 97 == 0))
+    u = _with(u, "cpu_p0", np.where(row % 97 == 0, np.nan, col("cpu_p0")))  # partly NULL (NaN), monotone
+    for c in ("cpu_p0", "cpu_p10", "cpu_p20", "cpu_p30", "cpu_p40", "cpu_p50", "cpu_p60", "cpu_p70", "cpu_p80",
+              "cpu_p90", "cpu_p91", "cpu_p92", "cpu_p93", "cpu_p94", "cpu_p95", "cpu_p96", "cpu_p97", "cpu_p98",
+              "cpu_p99", "cpu_p100"):
+        x = col(c)
+        u = _with(u, c, np.where(row % 139 == 0, np.nan, x), mask=(row % 89 == 0) | u[c].is_null().to_numpy(
+            zero_copy_only=False))  # all NULL; all NULL or NaN
+    pq.write_table(u, uf)
+
+    # -- instance_events: two files; the second's rows come later ------------------------------
+    ev = pq.read_table(ef)  # SCHEDULE at each instance's first window, FINISH at the end of its last
+    ev = ev.filter(pa.array(ev["instance_index"].to_numpy() % 10 != 3))  # instances without events
+    g = ev["instance_index"].to_numpy() % 10
+    typ, t = ev["type"].to_numpy(), ev["time"].to_numpy()
+    fin = typ == 6
+    start = dict(zip(zip(ev["collection_id"].to_numpy()[~fin].tolist(), ev["instance_index"].to_numpy()[~fin].tolist(),
+                         strict=True), t[~fin].tolist(), strict=True))
+    t = np.where(fin & (g == 5), t - 450 * s_, t)  # a window past the end, one after it (< 300 s)
+    t = np.where(fin & (g == 6), t - 900 * s_, t)  # windows at the end, exactly 300 s after it, later
+    t = np.where(fin & np.isin(g, [7, 8]), t - 1000 * s_, t)
+    t = np.where(~fin & (g == 2), 0, np.where(fin & (g == 4), never, t))  # snapshot; a death after the trace
+    k = np.arange(ev.num_rows)
+    ev = _with(ev, "time", t)
+    ev = _with(ev, "machine_id", np.where(k % 13 == 0, 0, np.where(k % 17 == 0, -1, ev["machine_id"].to_numpy())))
+    ev = _with(ev, "missing_type", np.where(k % 19 == 0, 3, 0), mask=k % 23 == 0)
+    ev = _with(ev, "req_cpu", np.where(k % 29 == 0, np.nan, ev["req_cpu"].to_numpy(zero_copy_only=False)))
+    first = np.flatnonzero((g == 1) & fin)  # these instances' FINISH rows first: time goes backwards
+    ev = ev.take(pa.array(np.r_[first, np.setdiff1d(k, first)]))
+    pq.write_table(ev, ef)
+    fin_rows = ev.filter(pc.equal(ev["type"], 6)).to_pylist()
+    extra = []
+    for r in fin_rows:
+        i, c = r["instance_index"], r["collection_id"]
+        if i % 10 == 7:  # resubmitted after its death: no final terminal event
+            extra.append({**r, "type": 0, "time": r["time"] + 500 * s_})
+        elif i % 10 == 8:  # a SUBMIT at its FINISH's microsecond, a later row: the last event
+            extra.append({**r, "type": 0})
+        elif i % 10 == 9:  # a SUBMIT while running (out of order, twice), listed after its FINISH
+            extra.append({**r, "type": 0, "time": start[(c, i)] + 1})
+        elif i % 10 == 0 and c % 3 == 0:  # an EVICT at the SCHEDULE's microsecond, a later row
+            extra.append({**r, "type": 4, "time": start[(c, i)]})
+        elif i % 10 == 0 and c % 3 == 1:  # an UPDATE_PENDING while running
+            extra.append({**r, "type": 9, "time": start[(c, i)] + 7})
+    for j in range(40):  # instances with events and no usage
+        base = {**fin_rows[0], "collection_id": 777_000 + j, "instance_index": j}
+        extra += [{**base, "type": 0, "time": 10 * s_}, {**base, "type": 3, "time": 20 * s_},
+                  {**base, "type": 6, "time": 30 * s_ + j}]
+    _add_file(ds, "instance_events", pa.Table.from_pylist(extra, schema=ev.schema), "part-bench-00001.parquet")
+
+    # -- collection_events: random life cycles, ties, sentinels ---------------------------------
+    rng = np.random.default_rng(3)
+    n_coll = 300
+    kk = rng.integers(1, 8, n_coll)
+    cid = np.repeat(np.arange(n_coll), kk)
+    n = int(cid.shape[0])
+    tc = rng.choice([0, 5 * s_, 7 * s_, 7 * s_, 9 * s_, never], n)
+    tc = np.where(rng.integers(0, 3, n) == 0, 0, tc)
+    types = rng.choice([0, 0, 1, 2, 3, 3, 4, 5, 6, 7, 8, 9, 10], n)
+    ce = table("collection_events", {
+        "time": tc.tolist(), "type": types.tolist(), "collection_id": (cid + 5_000).tolist(),
+        "missing_type": [None if z % 11 == 0 else (7 if z % 13 == 0 else 0) for z in range(n)],
+        "user": [None if z % 5 == 0 else f"u{z % 9}" for z in range(n)],
+        "start_after_collection_ids": [None if z % 4 == 0 else [z] for z in range(n)],
+        "priority": [None if z % 6 == 0 else 200 for z in range(n)]})
+    half = n // 2  # two files, a collection's events across both
+    _add_file(ds, "collection_events", ce.slice(0, half), "part-00000.parquet")
+    _add_file(ds, "collection_events", ce.slice(half), "part-00001.parquet")
+
+    # -- machine_events --------------------------------------------------------------------------
+    me_f = next((ds / "machine_events").rglob("*.parquet"))
+    me = pq.read_table(me_f)  # an ADD at time 0 per machine, with capacity
+    m = me["machine_id"].to_numpy().tolist()
+    rows = [  # (machine, time, type, cap_cpu, missing_data_reason)
+        (m[0], 10, 3, 0.5, 0), (m[0], 20, 2, 0.5, 0), (m[0], 30, 1, 0.5, 0),  # in order
+        (m[1], 10, 1, 0.5, 0),  # ADD after ADD
+        (m[2], 10, 2, 0.5, 0), (m[2], 20, 2, 0.5, 0), (m[2], 30, 3, 0.5, 0),  # REMOVE, UPDATE after REMOVE
+        (m[3], 10, 0, 0.5, 0), (m[3], 20, 1, 0.5, 0),  # UNKNOWN: never flagged, nor what follows it
+        (m[4], 10, 12, 0.5, None), (m[4], 20, 1, 0.5, 3),  # a code outside 0..10
+        (m[5], 50, 2, 0.5, 0), (m[5], 50, 1, 0.5, 0),  # a tie: REMOVE then ADD, in row order
+        (m[6], 5, 3, None, 0), (m[6], 6, 3, 0.5, 0),  # a NULL capacity
+        (m[7], 7, 3, np.nan, 0), (m[8], never, 2, 0.5, 0),
+        (m[9], 100, 3, 0.5, 0), (m[9], 50, 3, 0.5, 0),  # backwards in row order
+        (123, 0, 1, None, 0), (123, 5, 3, None, None),  # never a capacity
+        (0, 0, 1, 0.5, 0), (-1, 0, 1, 0.5, 0)]
+    more = pa.table({"time": [r[1] for r in rows], "machine_id": [r[0] for r in rows], "type": [r[2] for r in rows],
+                     "switch_id": pa.nulls(len(rows), pa.string()), "cap_cpu": [r[3] for r in rows],
+                     "cap_mem": [0.25] * len(rows), "platform_id": [None] * len(rows),
+                     "missing_data_reason": [r[4] for r in rows]})
+    _add_file(ds, "machine_events", more, "part-bench-00001.parquet")
+    return ds
+
+
+@pytest.mark.parametrize(("short_window_s", "row_order"), [(300, False), (60, True)])
+def test_data_quality_full_sql_writes_what_gpuclust_writes(tmp_path, monkeypatch, short_window_s, row_order):
+    """The DuckDB contender of ``data-quality (all tables)`` writes gpuclust's five tables, every row
+    and column, on a benchmark dataset with planted faults: NULL and NaN values (floats, strings,
+    lists, codes), time sentinels (0, 2^63-1) and machines 0 / -1 in every table, short, long, zero-
+    length and reversed windows, NULL, partly NULL (across which a vector descends) and non-monotone
+    percentile vectors, max above, below, without p100 and p100 = 0, implausible CPU time, CPI and
+    MAI, usage without events and events without usage, windows after an instance's final
+    terminal event (and 300 s after), running past it, a death after the trace, resubmissions,
+    ties in time broken by the rows' order (within a file and across two), events out of order,
+    rows backwards in time, machine events in and out of order with NULL, NaN and never a
+    capacity, and codes NULL, unknown and outside 0..10."""
+    duckdb = pytest.importorskip("duckdb")
+    monkeypatch.syspath_prepend(str(BENCH))
+    monkeypatch.syspath_prepend(str(BENCH.parent / "tests"))
+    import analyses_bench
+    import pyarrow.parquet as pq
+
+    from gpuclust.analyses.registry import create
+    from gpuclust.engine import run
+
+    ds = _data_quality_dataset(tmp_path)
+    out = tmp_path / "duck"
+    out.mkdir()
+    duckdb.connect().execute(analyses_bench.data_quality_full_sql(ds, out, short_window_s=short_window_s,
+                                                                  row_order=row_order))
+    res = run(ds, [create("data-quality", short_window_s=short_window_s, row_order=row_order)],
+              backend="cpu")["data-quality"]
+    got = {name: pq.read_table(out / f"{name}.parquet").to_pandas() for name in res}
+    assert set(got) == {"checks", "columns", "codes", "max_over_p100", "info"}
+    for name, keys in (("checks", ["table", "check"]), ("columns", ["table", "column"]),
+                       ("codes", ["table", "column", "code"]), ("max_over_p100", ["bin"]), ("info", ["analysis"])):
+        assert list(got[name].columns) == list(res[name].columns), name
+        _same_table(got[name], res[name], keys, name)
+    assert got["checks"][["table", "check"]].values.tolist() == res["checks"][["table", "check"]].values.tolist()
+
+    c = res["checks"].set_index(["table", "check"])["count"]
+    planted = [("instance_usage", k) for k in (
+        "start_zero", "start_after_trace", "end_zero", "end_after_trace", "machine_zero", "machine_dedicated",
+        "end_before_start", "zero_length", "short_windows", "long_windows", "percentiles_null",
+        "percentiles_partly_null", "percentiles_non_monotone", "p100_below_max", "p100_above_max",
+        "cpi_mai_low_cpu_time", "cpi_out_of_range", "mai_out_of_range", "no_events_rows", "no_events_instances",
+        "after_end_rows", "after_end_300s_rows", "after_end_instances", "past_end_rows")]
+    planted += [(t, k) for t in ("instance_events", "collection_events", "machine_events")
+                for k in ("time_zero", "time_after_trace", "time_ties", "out_of_order")]
+    planted += [("instance_events", k) for k in ("machine_zero", "machine_dedicated", "instances_without_usage")]
+    planted += [("machine_events", k) for k in ("machine_zero", "machine_dedicated", "null_capacity_rows",
+                                                "never_capacity_machines")]
+    if row_order:
+        planted += [(t, "time_backwards") for t in ("instance_events", "collection_events", "machine_events")]
+    for k in planted:
+        assert c[k] > 0, k
+    assert c[("instance_usage", "after_end_300s_rows")] < c[("instance_usage", "after_end_rows")]
+    assert {-1, -2} <= set(res["codes"]["code"]) and "unknown" in set(res["codes"]["name"])
+    assert len(res["max_over_p100"]) > 3 and {0, 161} <= set(res["max_over_p100"]["bin"])
+    cols = res["columns"].set_index(["table", "column"])["nulls"]
+    for k in (("collection_events", "user"), ("collection_events", "start_after_collection_ids"),
+              ("instance_usage", "avg_mem"), ("instance_events", "req_cpu"), ("machine_events", "cap_cpu")):
+        assert 0 < cols[k], k
+
+
+@pytest.mark.parametrize("missing", [("instance_usage",), ("instance_events", "machine_events")])
+def test_data_quality_full_sql_with_tables_missing(tmp_path, monkeypatch, missing):
+    """Tables the dataset does not have (no folder at all: collection_events here, and ``missing``)
+    get no rows in ``checks``, ``columns`` and ``codes`` and a row count of 0 in ``info``, as in
+    gpuclust's tables: an events-only dataset (no usage: no ``instances_without_usage``, no bins,
+    NaN quantiles) and a usage-only one (every window without events)."""
+    duckdb = pytest.importorskip("duckdb")
+    monkeypatch.syspath_prepend(str(BENCH))
+    import shutil
+
+    import analyses_bench
+    import pyarrow.parquet as pq
+
+    from gpuclust.analyses.registry import create
+    from gpuclust.engine import run
+
+    ds, _, _ = _planted_dataset(tmp_path, 5_000, seed=8)
+    manifest = json.loads((ds / "manifest.json").read_text())
+    for t in missing:
+        shutil.rmtree(ds / t)
+        manifest["tables"][t] = {"rows": 0, "files": []}
+    (ds / "manifest.json").write_text(json.dumps(manifest))
+    assert not (ds / "collection_events").exists()
+    out = tmp_path / "duck"
+    out.mkdir()
+    duckdb.connect().execute(analyses_bench.data_quality_full_sql(ds, out, row_order=True))
+    res = run(ds, [create("data-quality", row_order=True)], backend="cpu")["data-quality"]
+    got = {name: pq.read_table(out / f"{name}.parquet").to_pandas() for name in res}
+    for name, keys in (("checks", ["table", "check"]), ("columns", ["table", "column"]),
+                       ("codes", ["table", "column", "code"]), ("max_over_p100", ["bin"]), ("info", ["analysis"])):
+        _same_table(got[name], res[name], keys, name)
+    assert set(res["checks"]["table"]).isdisjoint({"collection_events", *missing})
+    info = res["info"].iloc[0]
+    assert all(info[f"{t}_rows"] == 0 for t in ("collection_events", *missing))
