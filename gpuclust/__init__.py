@@ -12,9 +12,26 @@ Examples
 
 from __future__ import annotations
 
+import os as _os
+import sys as _sys
 from typing import Any
 
-from gpuclust.schema import DATASET_FORMAT_VERSION, SCHEMAS, TABLES, TIER_MAPS, tier_map
+
+def _as_program() -> bool:
+    """Whether this process is the ``gpuclust`` command (the console script, ``python -m
+    gpuclust`` or ``python -m gpuclust.cli``), not a program importing the library."""
+    orig = list(getattr(_sys, "orig_argv", []))
+    module = next((orig[k + 1] for k, a in enumerate(orig[:-1]) if a == "-m"), None)
+    return module in ("gpuclust", "gpuclust.cli") or _os.path.basename(_sys.argv[0] if _sys.argv else "") == "gpuclust"
+
+
+# The command runs OpenBLAS single-threaded unless the user says otherwise: loading it with a
+# thread per core costs ~40 ms of every run's start on the 2-core VM (more with more cores), and
+# gpuclust's only BLAS work is batched small solves (cpi's regressions), which one thread serves.
+if _as_program() and "numpy" not in _sys.modules:
+    _os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+from gpuclust.schema import DATASET_FORMAT_VERSION, SCHEMAS, TABLES, TIER_MAPS, tier_map  # noqa: E402
 
 __version__ = "0.1.0"
 
