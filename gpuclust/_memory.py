@@ -28,7 +28,6 @@ part does nothing where the C library is not glibc.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import sys
 import threading
@@ -67,7 +66,9 @@ def tune_allocator() -> bool:
         ok = False
         if os.environ.get("GPUCLUST_MALLOC_TUNING", "1") != "0" and sys.platform.startswith("linux"):
             try:
-                libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+                # the process' own symbols (libc's among them): ctypes.util.find_library would
+                # import subprocess & co. and run ldconfig, ~15 ms of every start
+                libc = ctypes.CDLL(None)
                 if hasattr(libc, "gnu_get_libc_version") and hasattr(libc, "mallopt"):
                     ok = bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
                               & libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)

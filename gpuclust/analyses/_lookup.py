@@ -27,7 +27,7 @@ import numpy as np
 from gpuclust import _parallel
 from gpuclust._cache import PerArrayCache
 from gpuclust._lazy import pandas as pd
-from gpuclust.analyses.grouping import hash_order
+from gpuclust.analyses.grouping import distinct_sorted, hash_order
 from gpuclust.arrow_numpy import to_numpy, valid
 
 __all__ = ["EVENT_COLUMNS", "InstanceLookup", "MachineHash", "TierLookupContext", "id_index", "machine_capacities",
@@ -334,7 +334,7 @@ class MachineHash:
                 h = u * np.uint64(mult)
             g = (h >> np.uint64(64 - gbits)).astype(np.int64)
             sl = ((h << np.uint64(gbits)) >> np.uint64(64 - sbits)).astype(np.int64)
-            if np.unique(g * m + sl).shape[0] < n:  # two ids of a group share their slot bits
+            if distinct_sorted(np, np.sort(g * m + sl)) < n:  # two ids of a group share their slot bits
                 continue
             order = np.argsort(g, kind="stable")
             gs = g[order]

@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from gpuclust.analyses.base import Analysis, is_null_int
-from gpuclust.analyses.grouping import instance_order
+from gpuclust.analyses.grouping import distinct_sorted, instance_order
 from gpuclust.analyses.lifecycle import EXPECTED, STATE_AFTER
 from gpuclust.arrow_numpy import schema_table
 from gpuclust.schema import (
@@ -220,7 +220,7 @@ class TableProfile(Analysis):
         if self.row_order:
             back = xp.nonzero(same & (ts[1:] < ts[:-1]))[0] + 1
             cnt[_C["time_backwards"]] = int(back.shape[0])
-            cnt[_C["time_backwards_things"]] = int(xp.unique(seg[back]).shape[0])
+            cnt[_C["time_backwards_things"]] = distinct_sorted(xp, seg[back])  # (seg and back ascend)
         # ---- time order within each thing (ties keep the row order; seg is sorted already)
         by_time = instance_order(xp, seg, zero, ts)
         tt = ts[by_time]
@@ -234,7 +234,7 @@ class TableProfile(Analysis):
         bad = same & valid[1:] & valid[:-1] & ~allowed[ec[:-1], ec[1:]]
         at = xp.nonzero(bad)[0] + 1
         cnt[_C["out_of_order"]] = int(at.shape[0])
-        cnt[_C["out_of_order_things"]] = int(xp.unique(seg[at]).shape[0])
+        cnt[_C["out_of_order_things"]] = distinct_sorted(xp, seg[at])
         if "cap_cpu" in cols:
             nocap = (xp.isnan(cols["cap_cpu"]) | xp.isnan(cols["cap_mem"]))[order]
             cnt[_C["null_capacity_rows"]] = int(xp.count_nonzero(nocap))

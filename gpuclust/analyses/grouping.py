@@ -24,7 +24,19 @@ import numpy as np
 from gpuclust.layout import key_hash
 
 __all__ = ["HOUR_US", "KEY_COLUMNS", "FloatBins", "bucket_grid", "bucket_index", "bucket_pieces", "bucket_span", "group_key",
-           "dense_rank", "instance_order", "parse_by", "parse_list", "segmented_last"]
+           "dense_rank", "distinct_sorted", "instance_order", "parse_by", "parse_list", "segmented_last"]
+
+def distinct_sorted(xp: Any, a: Any) -> int:
+    """The number of distinct values of a sorted (non-decreasing) array: ``xp.unique(a).shape[0]``
+    without a sort, and without the import of ``numpy.ma`` that ``np.unique`` brings (~15-40 ms of
+    a run's start-up).
+
+    >>> distinct_sorted(np, np.array([1, 1, 2, 5, 5])), distinct_sorted(np, np.zeros(0))
+    (3, 0)
+    """
+    n = int(a.shape[0])
+    return 0 if n == 0 else 1 + int(xp.count_nonzero(a[1:] != a[:-1]))
+
 
 #: One hour in µs (cell-usage's bucket).
 HOUR_US = 3_600_000_000

@@ -163,7 +163,8 @@ def test_from_the_command_line_never_imports_pandas(dataset: Dataset, tmp_path: 
     pd.testing.assert_frame_equal(df, want[label][table])
 
 
-@pytest.mark.parametrize("name", ["cell-usage", "lifecycle", "usage-vs-request", "usage-change", "job-usage"])
+@pytest.mark.parametrize("name", ["cell-usage", "lifecycle", "usage-vs-request", "usage-change", "job-usage",
+                                  "machine-utilization", "data-quality"])
 def test_a_run_never_imports_numpy_ma(dataset: Dataset, tmp_path: Path, name: str) -> None:
     """``np.unique`` imports ``numpy.ma`` (~20-30 ms of start-up): the engine's bucket plan and
     these analyses' runs, on a flat and on an optimized (bucketed) dataset, do without it."""
