@@ -56,6 +56,22 @@ def _mix(xp: Any, x: Any) -> Any:
     return x
 
 
+def _odd_multiplier(k: int) -> int:
+    """The ``k``-th candidate multiplier of :class:`MachineHash`: splitmix64's ``k``-th output
+    (seed 0x5EED), made odd and below 2^63, in Python integers (``numpy.random`` would cost ~10 ms
+    of a run's start-up to import).
+
+    >>> all(_odd_multiplier(k) % 2 == 1 and 0 < _odd_multiplier(k) < 1 << 63 for k in range(64))
+    True
+    """
+    mask = (1 << 64) - 1
+    z = (0x5EED + (k + 1) * 0x9E3779B97F4A7C15) & mask
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+    z ^= z >> 31
+    return ((z >> 2) << 1) | 1
+
+
 def _as_u64(xp: Any, a: Any) -> Any:
     """``a`` as int64 reinterpreted as uint64 (a view when ``a`` is already int64)."""
     a = a.astype(xp.int64, copy=False)
@@ -327,9 +343,8 @@ class MachineHash:
         m = 1 << sbits
         u = ids.view(np.uint64)
         cand = np.arange(m, dtype=np.int64)
-        rng = np.random.default_rng(0x5EED)
-        for _ in range(64):
-            mult = int(rng.integers(1, 1 << 62)) * 2 + 1
+        for attempt in range(64):
+            mult = _odd_multiplier(attempt)
             with np.errstate(over="ignore"):
                 h = u * np.uint64(mult)
             g = (h >> np.uint64(64 - gbits)).astype(np.int64)
