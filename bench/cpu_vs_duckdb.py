@@ -50,6 +50,12 @@ by `_harness.run_measured` and its user/system CPU seconds from ``getrusage(RUSA
 * ``machine-utilization``: ``gpuclust analyze DS machine-utilization`` (every table, the machine
   table written as parts) against ``analyses_bench.machine_utilization_sql``: the notebook's
   query whole, with exact quantiles.
+* ``machine-utilization (all tables)``: the same gpuclust run against
+  ``analyses_bench.machine_utilization_full_sql``: DuckDB writing every table gpuclust writes (the
+  per machine x 5-minute bucket ``machine`` table, as one Parquet file, with its windows, usage
+  sums, capacities and ratios; the exact quantiles, ``summary``, ``series`` and ``info`` with the
+  rows dropped by each rule) as Parquet; checked table for table against gpuclust's in
+  tests/bench/test_cpu_vs_duckdb.py.
 * ``data-quality (SQL subset)``: ``gpuclust analyze DS data-quality`` (every table: events checks,
   ties and out-of-order sequences, the max/p100 histogram included) against
   ``analyses_bench.data_quality_sql``: the usage table's NULLs per column, sentinels, window
@@ -111,6 +117,7 @@ from analyses_bench import (  # noqa: E402
     job_usage_tiers_sql,
     lifecycle_full_sql,
     lifecycle_sql,
+    machine_utilization_full_sql,
     machine_utilization_sql,
     usage_change_full_sql,
     usage_change_sql,
@@ -133,6 +140,8 @@ CASES: dict[str, tuple[list[str], Any, tuple[str, dict[str, str]]]] = {
     "usage-vs-request": (["usage-vs-request"], usage_vs_request_sql, ("usage-vs-request", {})),
     "usage-vs-request (all tables)": (["usage-vs-request"], usage_vs_request_full_sql, ("usage-vs-request", {})),
     "machine-utilization": (["machine-utilization"], machine_utilization_sql, ("machine-utilization", {})),
+    "machine-utilization (all tables)": (["machine-utilization"], machine_utilization_full_sql,
+                                         ("machine-utilization", {})),
     "data-quality (SQL subset)": (["data-quality"], data_quality_sql, ("data-quality", {})),
     "data-quality (all tables)": (["data-quality"], data_quality_full_sql, ("data-quality", {})),
 }

@@ -15,8 +15,8 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 def cpu_vs_duckdb_cases() -> tuple[str, ...]:
     return ("cell-usage", "cpi (SQL subset)", "lifecycle", "lifecycle (all tables)", "usage-change",
             "usage-change (all tables)", "job-usage", "job-usage (tiers)", "job-usage (all tables)",
-            "usage-vs-request", "usage-vs-request (all tables)", "machine-utilization", "data-quality (SQL subset)",
-            "data-quality (all tables)")
+            "usage-vs-request", "usage-vs-request (all tables)", "machine-utilization", "machine-utilization (all tables)",
+            "data-quality (SQL subset)", "data-quality (all tables)")
 
 
 def _planted_dataset(tmp_path: Path, windows: int, seed: int) -> tuple[Path, Path, Path]:
@@ -721,3 +721,122 @@ def test_data_quality_full_sql_with_tables_missing(tmp_path, monkeypatch, missin
     assert set(res["checks"]["table"]).isdisjoint({"collection_events", *missing})
     info = res["info"].iloc[0]
     assert all(info[f"{t}_rows"] == 0 for t in ("collection_events", *missing))
+
+
+def _machine_utilization_dataset(tmp_path: Path) -> Path:
+    """A benchmark dataset with machine-utilization's cases planted (see the test)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    ds, uf, _ = _planted_dataset(tmp_path, 20_000, seed=9)
+    never, b_us = np.iinfo(np.int64).max, 300_000_000
+    me_f = next((ds / "machine_events").rglob("*.parquet"))
+    me = pq.read_table(me_f)  # an ADD at time 0 per machine, with capacity
+    m = me["machine_id"].to_numpy()
+    # -- instance_usage: 300 s windows on the 5-minute grid, about 12 a machine-bucket ------------
+    u = pq.read_table(uf)
+    row = np.arange(u.num_rows)
+
+    def col(name: str) -> Any:
+        return u[name].to_numpy(zero_copy_only=False).copy()
+
+    s, e, mach = col("start_time"), col("end_time"), col("machine_id")
+    cpu, mem = col("avg_cpu"), col("avg_mem")
+    cpu[mach == m[5]] *= 20  # far over capacity: the notebook's cap
+    cpu_null = (row % 7 == 0) | ((mach == m[0]) & ((s // b_us) % 3 == 0))  # NULL; every window NULL (m[0])
+    mem[row % 9 == 0] = np.nan  # NaN is NULL
+    shift = np.where(row % 19 == 0, -1, np.where(row % 23 == 0, 1, 0))  # 1 µs before / after a bucket's start
+    s, e = s + shift, e + shift
+    e = np.where(row % 11 == 0, s + b_us - 1, np.where(row % 13 == 0, s + 3 * b_us + 7, e))  # 1 µs short; long
+    e = np.where(row % 29 == 0, never, np.where(row % 31 == 0, s, np.where(row % 37 == 0, s - 5, e)))
+    s = np.where(row % 41 == 0, never, s)  # unplaced start (ending before it)
+    e = np.where((row % 43 == 0) & (s != never), s + 1, np.where(row % 53 == 0, never, e))
+    s = np.where(row % 53 == 0, never, s)  # both at the sentinel
+    u = _with(u, "alloc_collection_id", col("alloc_collection_id"), mask=row % 47 == 0)  # NULL: top level
+    u = _with(u, "avg_cpu", cpu, mask=cpu_null)
+    u = _with(u, "avg_mem", mem)
+    u = _with(u, "start_time", s)
+    u = _with(u, "end_time", e)
+    u = _with(u, "machine_id", np.where(row % 17 == 0, 123_456_789, mach))  # not in machine_events
+    # buckets far from the rest: only unknown CPU ratios (NULL usage; capacity 0), none known at all,
+    # usage exactly at capacity (not over it)
+    cc, cm = me["cap_cpu"].to_numpy(zero_copy_only=False).copy(), me["cap_mem"].to_numpy(zero_copy_only=False).copy()
+    far = 10**6 * b_us
+    lone = u.slice(0, 7)
+    starts = np.array([far, far + 5, far + b_us, far + b_us, far + 2 * b_us, far + 3 * b_us + 1, far + 5 * b_us])
+    lone = _with(lone, "start_time", starts)
+    lone = _with(lone, "end_time", starts + b_us)
+    lone = _with(lone, "machine_id", [m[8], m[8], m[2], m[2], 997, 997, m[9]])
+    lone = _with(lone, "alloc_collection_id", [0] * 7)
+    lone = _with(lone, "avg_cpu", [0.1] * 6 + [cc[9]], mask=np.array([True, True] + [False] * 5))
+    lone = _with(lone, "avg_mem", [0.1] * 6 + [cm[9]])
+    # one file: DuckDB 2.0.1 folds isnan() to false from its min/max (not from two files')
+    pq.write_table(pa.concat_tables([u, lone]), uf)
+    # -- machine_events: capacities NULL, 0, -0.0, over two rows; machines without usage -----------
+    cc[2], cm[3], cc[4] = 0.0, 0.0, -0.0
+    k = np.arange(len(m))
+    me = _with(me, "cap_cpu", cc, mask=k == 1)
+    me = _with(me, "cap_mem", cm, mask=k == 6)
+    pq.write_table(me, me_f)
+    rows = [(m[7], 3, 2.0, None), (m[7], 3, None, 3.0), (m[1], 3, None, None),  # the MAX of its rows; still none
+            (999, 1, 0.5, 0.5), (998, 1, None, 0.5), (997, 1, None, None)]  # 999, 998: no usage
+    more = pa.table({"time": [10 * (i + 1) for i in range(len(rows))], "machine_id": [r[0] for r in rows],
+                     "type": [r[1] for r in rows], "switch_id": pa.nulls(len(rows), pa.string()),
+                     "cap_cpu": pa.array([r[2] for r in rows], pa.float32()),
+                     "cap_mem": pa.array([r[3] for r in rows], pa.float32()), "platform_id": [None] * len(rows),
+                     "missing_data_reason": [0] * len(rows)})
+    _add_file(ds, "machine_events", more, "part-bench-00001.parquet")
+    return ds
+
+
+@pytest.mark.parametrize("mode", ["notebook", "time-weighted"])
+def test_machine_utilization_full_sql_writes_what_gpuclust_writes(tmp_path, monkeypatch, mode):
+    """The DuckDB contender of ``machine-utilization (all tables)`` writes gpuclust's five tables,
+    every row and column (the ``machine`` table against the parts gpuclust writes under its results
+    folder), on a benchmark dataset with planted cases: NULL and NaN usage (and machine-buckets
+    whose every window is NULL), alloc rows (and NULL ``alloc_collection_id``: top level), windows
+    1 µs short of 300 s, long ones, zero-length, reversed and at 2^63-1, windows starting 1 µs
+    before and after a bucket's start, machines without capacity, capacity 0 and -0.0, capacity
+    over two rows, usage above capacity (the notebook's cap), usage on machines absent from
+    machine_events, machines with events and no usage, and buckets with no known CPU ratio or no
+    known ratio at all."""
+    duckdb = pytest.importorskip("duckdb")
+    monkeypatch.syspath_prepend(str(BENCH))
+    import analyses_bench
+    import pyarrow.parquet as pq
+
+    from gpuclust.analyses.registry import create
+    from gpuclust.engine import analyze
+    from gpuclust.parted import PartedTable
+
+    ds = _machine_utilization_dataset(tmp_path)
+    out = tmp_path / "duck"
+    out.mkdir()
+    duckdb.connect().execute(analyses_bench.machine_utilization_full_sql(ds, out, mode=mode))
+    gp = tmp_path / "gpuclust"
+    (res,) = analyze(ds, [create("machine-utilization", mode=mode)], out=gp, plots=False, partitions=3).values()
+    a = "machine-utilization"
+    assert isinstance(res["machine"], PartedTable) and res["machine"].folder == gp / a / "machine"
+    want = {name: res[name].read() if name == "machine" else res[name] for name in res}
+    got = {name: pq.read_table(out / f"{name}.parquet").to_pandas() for name in res}
+    assert set(got) == {"machine", "quantiles", "summary", "series", "info"}
+    for name, keys in (("machine", ["machine_id", "bucket"]), ("quantiles", ["resource", "quantile"]),
+                       ("summary", ["resource"]), ("series", ["bucket"]), ("info", ["analysis"])):
+        written = res["machine"].folder / res["machine"].files[0] if name == "machine" else gp / f"{a}/{name}.parquet"
+        assert [(f.name, f.type) for f in pq.read_schema(out / f"{name}.parquet")] == [
+            (f.name, f.type) for f in pq.read_schema(written)], name  # the same columns, in order, of the same types
+        _same_table(got[name], want[name], keys, name)
+
+    info, mb = want["info"].iloc[0], want["machine"]
+    planted = ("alloc_rows", "short_rows" if mode == "notebook" else "unbounded_rows", "unknown_machine_rows")
+    for c in planted:
+        assert info[c] > 0, c
+    assert info["machines"] > mb["machine_id"].nunique() and info["machines_known_cpu_capacity"] < info["machines"]
+    sm = want["summary"].set_index("resource")
+    assert (sm["unknown"] > 0).all() and sm.loc["cpu", "over_capacity"] > 0
+    assert mb["cpu_util"].max() == 1.0 if mode == "notebook" else mb["cpu_util"].max() > 1.0
+    assert mb["cap_cpu"].isna().any() and (mb["cap_cpu"] == 0).any() and (mb["windows"] > 10).any()
+    assert (want["series"]["cpu_machines"] == 0).any()
+    assert ((mb["cpu_usage"] == mb["cap_cpu"]) & (mb["cpu_util"] == 1.0)).any()  # at capacity, not over it
+    assert len(got["quantiles"]) == 202
