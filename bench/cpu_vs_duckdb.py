@@ -69,6 +69,14 @@ by `_harness.run_measured` and its user/system CPU seconds from ``getrusage(RUSA
   terminal event, the events tables' sentinels, ties, out-of-order sequences and NULL capacities;
   ``columns``, ``codes``, the ``max_over_p100`` bins and ``info``) as Parquet; checked table for
   table against gpuclust's in tests/bench/test_cpu_vs_duckdb.py.
+* ``peak-prediction (SQL part)``: ``gpuclust analyze DS peak-prediction`` (the whole simulation,
+  default options) against ``analyses_bench.peak_prediction_sql``: DuckDB writing the columns of
+  gpuclust's ``machine`` table that SQL computes (the ASOF join of each window to its instance's
+  latest event with both requests positive, the paper's filters, per machine x 5-minute step the
+  instances, the sums of limits and of usage capped at them, ``borg_default`` and the 24 h oracle
+  by a self-join over the horizon) as Parquet; the stateful predictors (N-sigma, percentiles and
+  their combinations) are left out.  Checked against gpuclust's ``machine`` table in
+  tests/bench/test_cpu_vs_duckdb.py.
 
 A third contender, ``floor``, is the least any engine built on gpuclust's fixed stack (Python,
 NumPy, pyarrow's Parquet reader, pandas result tables) can take for a case: a fresh process that
@@ -119,6 +127,7 @@ from analyses_bench import (  # noqa: E402
     lifecycle_sql,
     machine_utilization_full_sql,
     machine_utilization_sql,
+    peak_prediction_sql,
     usage_change_full_sql,
     usage_change_sql,
     usage_vs_request_full_sql,
@@ -144,6 +153,7 @@ CASES: dict[str, tuple[list[str], Any, tuple[str, dict[str, str]]]] = {
                                          ("machine-utilization", {})),
     "data-quality (SQL subset)": (["data-quality"], data_quality_sql, ("data-quality", {})),
     "data-quality (all tables)": (["data-quality"], data_quality_full_sql, ("data-quality", {})),
+    "peak-prediction (SQL part)": (["peak-prediction"], peak_prediction_sql, ("peak-prediction", {})),
 }
 
 _DUCK = ("import os, sys, duckdb\n"
@@ -329,7 +339,8 @@ def markdown(rows: list[dict[str, Any]], env: dict[str, Any], repeat: int, befor
            "bench/analyses_bench.py's `cell_usage_sql` / `cpi_sql` / `lifecycle_sql` / `usage_change_sql` / `job_usage_sql` / "
            "`job_usage_tiers_sql` / `usage_vs_request_sql` / `machine_utilization_sql` / `data_quality_sql` with `SET threads` = "
            "usable cores, results fetched; the `(all tables)` cases run `*_full_sql`, which write every table the analysis "
-           "writes as Parquet. cpi (SQL subset) = `-O by=machine -O regression=none -O spearman=none`.",
+           "writes as Parquet; `peak-prediction (SQL part)` runs `peak_prediction_sql`, which writes the columns of its "
+           "`machine` table SQL computes. cpi (SQL subset) = `-O by=machine -O regression=none -O spearman=none`.",
            "floor: a fresh process importing numpy, pandas and pyarrow.parquet and reading the case's columns "
            "(what gpuclust reads) of every file into NumPy, one thread per usable core, nothing else.", ""]
     marg = marginal(rows)

@@ -16,7 +16,7 @@ def cpu_vs_duckdb_cases() -> tuple[str, ...]:
     return ("cell-usage", "cpi (SQL subset)", "lifecycle", "lifecycle (all tables)", "usage-change",
             "usage-change (all tables)", "job-usage", "job-usage (tiers)", "job-usage (all tables)",
             "usage-vs-request", "usage-vs-request (all tables)", "machine-utilization", "machine-utilization (all tables)",
-            "data-quality (SQL subset)", "data-quality (all tables)")
+            "data-quality (SQL subset)", "data-quality (all tables)", "peak-prediction (SQL part)")
 
 
 def _planted_dataset(tmp_path: Path, windows: int, seed: int) -> tuple[Path, Path, Path]:
@@ -840,3 +840,101 @@ def test_machine_utilization_full_sql_writes_what_gpuclust_writes(tmp_path, monk
     assert (want["series"]["cpu_machines"] == 0).any()
     assert ((mb["cpu_usage"] == mb["cap_cpu"]) & (mb["cpu_util"] == 1.0)).any()  # at capacity, not over it
     assert len(got["quantiles"]) == 202
+
+
+def _peak_prediction_dataset(tmp_path: Path) -> Path:
+    """A benchmark dataset (5 machines over 2 days: the 24 h oracle is computed for about half the
+    steps) with peak-prediction's cases planted (see the test)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from gen_canonical import make_dataset
+
+    from gpuclust.schema import SCHEMAS
+
+    ds = make_dataset(tmp_path / "ds", 30_000, machines=5, days=2, seed=12)
+    (uf,) = sorted((ds / "instance_usage").rglob("*.parquet"))
+    (ef,) = sorted((ds / "instance_events").rglob("*.parquet"))
+    never, b_us = np.iinfo(np.int64).max, 300_000_000
+    ev = pq.read_table(ef)  # per instance: a submit at its first window's start, an end event (both with requests)
+    n = ev.num_rows // 2
+    k = np.arange(ev.num_rows)
+    t = ev["time"].to_numpy()
+    # requests changing mid-run: a later event 10 steps in (at a window's start: it counts there), or
+    # 1 µs after one (the next window's); every 5th with a zero or NULL request (ignored)
+    mid = ev.slice(0, n)
+    j = np.arange(n)
+    mid = _with(mid, "time", t[:n] + 10 * b_us + (j % 2))
+    mid = _with(mid, "type", np.full(n, 8))  # UPDATE_RUNNING
+    mid = _with(mid, "req_cpu", np.where(j % 5 == 0, 0.0, mid["req_cpu"].to_numpy() * np.where(j % 3 == 0, 0.5, 2.0)),
+                mask=j % 10 == 4)
+    mid = _with(mid, "req_mem", mid["req_mem"].to_numpy(), mask=j % 10 == 8)
+    # priorities and classes the event is filtered by: NULL, above the range
+    mid = _with(mid, "priority", np.where(j % 13 == 0, 450, mid["priority"].to_numpy()), mask=j % 17 == 0)
+    ev = _with(ev, "req_cpu", np.where(k % 23 == 0, 0.0, ev["req_cpu"].to_numpy()))  # instances with no limit at first
+    ev = _with(ev, "scheduling_class", ev["scheduling_class"].to_numpy(), mask=k % 19 == 0)
+    pq.write_table(pa.concat_tables([x.cast(SCHEMAS["instance_events"]) for x in (ev, mid)]), ef)
+    # ties at one microsecond in a later file: the later row wins where both requests are positive
+    tie = mid.slice(0, 400)
+    q = np.arange(tie.num_rows)
+    tie = _with(tie, "req_cpu", np.where(q % 4 == 3, 0.0, tie["req_cpu"].to_numpy(zero_copy_only=False) * 3 + 0.01))
+    _add_file(ds, "instance_events", tie, "part-bench-00001.parquet")
+    # usage: NULL and NaN metrics, far above the limit (the cap), NULL alloc (top level), machines
+    # without events, unplaced starts, a second window in some steps (the max of both)
+    u = pq.read_table(uf)
+    row = np.arange(u.num_rows)
+    p90 = u["cpu_p90"].to_numpy(zero_copy_only=False).copy()
+    p90[row % 7 == 0] *= 5
+    p90[row % 11 == 0] = np.nan
+    u = _with(u, "cpu_p90", p90, mask=row % 13 == 0)
+    u = _with(u, "alloc_collection_id", u["alloc_collection_id"].to_numpy(), mask=row % 29 == 0)
+    u = _with(u, "machine_id", np.where(row % 31 == 0, 123_456_789, u["machine_id"].to_numpy()))
+    u = _with(u, "start_time", np.where(row % 37 == 0, never, u["start_time"].to_numpy()))
+    extra = u.filter(pa.array(row % 3 == 0))
+    extra = _with(extra, "start_time", np.where(extra["start_time"].to_numpy() == never, never,
+                                                extra["start_time"].to_numpy() + 150_000_000))
+    extra = _with(extra, "cpu_p90", extra["cpu_p90"].to_numpy(zero_copy_only=False) * 0.7)
+    pq.write_table(pa.concat_tables([x.cast(SCHEMAS["instance_usage"]) for x in (u, extra)]), uf)
+    return ds
+
+
+def test_peak_prediction_sql_computes_what_gpuclust_writes(tmp_path, monkeypatch):
+    """The DuckDB contender of ``peak-prediction (SQL part)`` writes what gpuclust's ``machine``
+    table (written in parts under its results folder) holds in the columns SQL computes — the
+    instances, the sums of limits and of capped usage, ``borg_default`` and the oracle (NULL where
+    censored) — per machine and step, on a benchmark dataset with planted cases: requests changing
+    mid-run (at a window's start and 1 µs after it), zero, NULL and zero-then-positive requests,
+    ties at one microsecond across two files (the later positive row wins), NULL priorities and
+    classes and priorities out of range, NULL and NaN metrics, usage far above the limit, alloc rows
+    and NULL ``alloc_collection_id``, machines without events, unplaced starts and two windows of
+    an instance in one step."""
+    duckdb = pytest.importorskip("duckdb")
+    monkeypatch.syspath_prepend(str(BENCH))
+    import analyses_bench
+    import pyarrow.parquet as pq
+
+    from gpuclust.analyses.registry import create
+    from gpuclust.engine import analyze
+    from gpuclust.parted import PartedTable
+
+    ds = _peak_prediction_dataset(tmp_path)
+    out = tmp_path / "duck"
+    out.mkdir()
+    duckdb.connect().execute(analyses_bench.peak_prediction_sql(ds, out))
+    gp = tmp_path / "gpuclust"
+    (res,) = analyze(ds, [create("peak-prediction")], out=gp, plots=False, partitions=3).values()
+    assert isinstance(res["machine"], PartedTable) and res["machine"].folder == gp / "peak-prediction" / "machine"
+    got = pq.read_table(out / "machine.parquet")
+    written = pq.read_schema(res["machine"].folder / res["machine"].files[0])
+    assert [(f.name, f.type) for f in got.schema] == [(f.name, written.field(f.name).type) for f in got.schema]
+    assert got.column_names == [c for c in written.names if c in got.column_names]  # in gpuclust's order
+    want = res["machine"].read()
+    _same_table(got.to_pandas(), want[got.column_names], ["machine_id", "bucket"], "machine")
+
+    info = res["info"].iloc[0]
+    for c in ("alloc_rows", "unplaced_rows", "unknown_machine_rows", "null_metric_rows", "no_limit_rows",
+              "filtered_rows"):
+        assert info[c] > 0, c
+    assert 0 < info["censored_rows"] < info["machine_rows"] / 1.5
+    assert (want["total_usage"] < want["limit"] * (1 - 1e-6)).any() and (want["total_usage"] == want["limit"]).any()
+    assert (want["instances"] >= 5).any()
