@@ -24,7 +24,7 @@ import numpy as np
 from gpuclust.layout import key_hash
 
 __all__ = ["HOUR_US", "KEY_COLUMNS", "FloatBins", "bucket_grid", "bucket_index", "bucket_pieces", "bucket_span", "group_key",
-           "dense_rank", "distinct_sorted", "instance_order", "parse_by", "parse_list", "segmented_last"]
+           "dense_rank", "distinct_sorted", "instance_order", "unique_codes", "parse_by", "parse_list", "segmented_last"]
 
 def distinct_sorted(xp: Any, a: Any) -> int:
     """The number of distinct values of a sorted (non-decreasing) array: ``xp.unique(a).shape[0]``
@@ -36,6 +36,23 @@ def distinct_sorted(xp: Any, a: Any) -> int:
     """
     n = int(a.shape[0])
     return 0 if n == 0 else 1 + int(xp.count_nonzero(a[1:] != a[:-1]))
+
+
+def unique_codes(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(ids, return_inverse=True)`` as int64 arrays, by one unstable sort (and without
+    the import of ``numpy.ma`` that ``np.unique`` brings).
+
+    >>> [a.tolist() for a in unique_codes(np.array([7, 3, 7, 5]))]
+    [[3, 5, 7], [2, 0, 2, 1]]
+    """
+    ids = np.asarray(ids, dtype=np.int64)
+    order = np.argsort(ids)
+    s = ids[order]
+    first = np.ones(s.shape[0], dtype=bool)
+    first[1:] = s[1:] != s[:-1]
+    code = np.empty(s.shape[0], np.int64)
+    code[order] = np.cumsum(first) - 1
+    return s[first], code
 
 
 #: One hour in µs (cell-usage's bucket).

@@ -46,6 +46,7 @@ import pyarrow as pa
 from gpuclust.analyses._job_groups import group_windows, key_table
 from gpuclust.analyses._lookup import EVENT_COLUMNS, TierLookupContext, priority_lookup
 from gpuclust.analyses.base import Analysis, fmt, is_null_int, resolve_tier_map
+from gpuclust.analyses.grouping import unique_codes
 from gpuclust.analyses.options import option, tier_map_option
 from gpuclust.arrow_numpy import labels, rows_table, table, table_from_rows
 from gpuclust.partials import merge_keyed
@@ -122,22 +123,6 @@ def job_stats(x: np.ndarray, tail: float) -> dict[str, float]:
             out["pareto_alpha"] = -float(slope)
             out["pareto_r2"] = 1.0 - float((resid**2).sum()) / ss if ss > 0 else np.nan
     return out
-
-
-def _codes(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``np.unique(ids, return_inverse=True)`` as int64 arrays, by one unstable sort.
-
-    >>> [a.tolist() for a in _codes(np.array([7, 3, 7, 5]))]
-    [[3, 5, 7], [2, 0, 2, 1]]
-    """
-    ids = np.asarray(ids, dtype=np.int64)
-    order = np.argsort(ids)
-    s = ids[order]
-    first = np.ones(s.shape[0], dtype=bool)
-    first[1:] = s[1:] != s[:-1]
-    code = np.empty(s.shape[0], np.int64)
-    code[order] = np.cumsum(first) - 1
-    return s[first], code
 
 
 def _by_usage(cpu: np.ndarray, key: np.ndarray) -> np.ndarray:
@@ -268,7 +253,7 @@ class JobUsage(Analysis):
 
     def bind(self, ctx: JobUsageContext, side: dict[str, Any], grain: str | None) -> JobUsageContext:
         lookup = priority_lookup(side["instance_events"], top_level_only=False, what="job-usage priority lookup")
-        collections, key_collection = _codes(lookup.collection)
+        collections, key_collection = unique_codes(lookup.collection)
         return replace(ctx, lookup=lookup, collections=collections, key_collection=key_collection)
 
     # ---------------------------------------------------------------- partial / merge

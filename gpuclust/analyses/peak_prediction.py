@@ -25,17 +25,21 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
-from gpuclust._lazy import pandas as pd
 from gpuclust.analyses._extent import max_finite
 from gpuclust.analyses._lookup import id_index
 from gpuclust.analyses._peak_sim import SimParams, simulate
 from gpuclust.analyses._requests import REQUEST_COLUMNS, RequestTimeline, asof_events
 from gpuclust.analyses.base import Analysis, fmt, is_null_int
+from gpuclust.analyses.grouping import unique_codes
 from gpuclust.analyses.options import option
+from gpuclust.arrow_numpy import schema_table, table, table_from_rows
 from gpuclust.layout import key_hash
-from gpuclust.parted import finalize_in_memory, frames
+from gpuclust.parted import column_batches, finalize_in_memory
 from gpuclust.schema import CPU_PERCENTILES_SOURCE_ORDER, TIME_AFTER_TRACE
+from gpuclust.stream_quantiles import sorted_quantiles
+from gpuclust.tables import as_arrow
 
 __all__ = ["BASE_PREDICTORS", "METRICS", "PREDICTORS", "STEP_US", "PeakPrediction", "PeakPredictionContext"]
 
@@ -66,6 +70,9 @@ _MACHINE_COLUMNS = ["machine_id", "bucket", "bucket_start_us", "instances", "lim
 _SUMMARY_COLUMNS = ["predictor", "machine_steps", "violations", "violation_rate", "severity_mean", "severity_p50",
                     "severity_p99", "severity_max", "savings", "mean_savings", "machines", "machine_rate_p50",
                     "machine_rate_p90", "machine_rate_p99", "machine_rate_max"]
+_SUMMARY_SCHEMA = pa.schema([("predictor", pa.string()), *((c, pa.int64() if c in ("machine_steps", "violations",
+                                                                                  "machines") else pa.float64())
+                                                              for c in _SUMMARY_COLUMNS[1:])])
 _EXTRA_EVENT_COLUMNS = ("priority", "scheduling_class")
 
 
@@ -174,7 +181,7 @@ class PeakPrediction(Analysis):
         me = source.read("machine_events", ["machine_id"])
         from gpuclust.analyses._extent import to_i64
 
-        ids = np.unique(to_i64(me.column("machine_id")))
+        ids, _ = unique_codes(to_i64(me.column("machine_id")))
         last = max_finite(source, "instance_usage", "start_time")
         last_step = -1 if last is None or last < 0 else int(last // STEP_US)
         span = max(last_step + 1, 1)
@@ -293,7 +300,7 @@ class PeakPrediction(Analysis):
     def key_range(self, ctx: PeakPredictionContext, name: str, lo: int, hi: int) -> tuple[int, int]:
         return lo * ctx.span, hi * ctx.span
 
-    def finalize(self, partial: dict[str, Any], ctx: PeakPredictionContext) -> dict[str, pd.DataFrame]:
+    def finalize(self, partial: dict[str, Any], ctx: PeakPredictionContext) -> dict[str, Any]:
         return finalize_in_memory(self, partial, ctx)
 
     def finalize_shard(self, keyed: dict[str, dict[str, np.ndarray]], rest: dict[str, Any],
@@ -304,28 +311,29 @@ class PeakPrediction(Analysis):
         sim = simulate(key // ctx.span, key % ctx.span, np.asarray(r["inst"], np.int64),
                        np.asarray(r["usage"], np.float64), np.asarray(r["limit"], np.float64), ctx.span,
                        ctx.last_step, self.params)
-        df = pd.DataFrame({"machine_id": ctx.machine_ids[sim["code"]], "bucket": sim["step"].astype(np.int64),
-                           "bucket_start_us": sim["step"].astype(np.int64) * STEP_US,
-                           "instances": sim["instances"].astype(np.int64),
-                           **{c: np.asarray(sim[c], np.float64) for c in _MACHINE_COLUMNS[4:]}})
-        has = np.isfinite(df["oracle"].to_numpy())
-        limit, oracle = df["limit"].to_numpy()[has], df["oracle"].to_numpy()[has]
+        cols = {"machine_id": ctx.machine_ids[sim["code"]], "bucket": sim["step"].astype(np.int64),
+                "bucket_start_us": sim["step"].astype(np.int64) * STEP_US,
+                "instances": sim["instances"].astype(np.int64),
+                **{c: np.asarray(sim[c], np.float64) for c in _MACHINE_COLUMNS[4:]}}
+        has = np.isfinite(cols["oracle"])
+        limit, oracle = cols["limit"][has], cols["oracle"][has]
         codes = sim["code"][has]
-        ucodes, inv = np.unique(codes, return_inverse=True)
-        extra: dict[str, Any] = {"rows": len(df), "censored": int(np.count_nonzero(~has)), "machines": ucodes,
+        ucodes, inv = unique_codes(codes)
+        n_rows = int(cols["bucket"].shape[0])
+        extra: dict[str, Any] = {"rows": n_rows, "censored": int(np.count_nonzero(~has)), "machines": ucodes,
                                  "machine_n": np.bincount(inv, minlength=ucodes.shape[0]), "limit": float(limit.sum()),
                                  "pred": {}}
         for p in ("oracle", *PREDICTORS):
-            pred = df[p].to_numpy()[has]
+            pred = cols[p][has]
             viol = oracle - pred > VIOLATION_TOL * limit
             sev = (oracle - pred)[viol] / limit[viol]
             extra["pred"][p] = {"violations": int(viol.sum()), "severity": float(sev.sum()),
                                 "saved": float((limit - pred).sum()), "saved_ratio": float(((limit - pred) / limit).sum()),
                                 "machine_viol": np.bincount(inv, weights=viol, minlength=ucodes.shape[0])}
-        return {"machine": df[_MACHINE_COLUMNS]}, extra
+        return {"machine": table({c: cols[c] for c in _MACHINE_COLUMNS})}, extra
 
     def finalize_parted(self, rest: dict[str, Any], ctx: PeakPredictionContext, tables: dict[str, Any],
-                        extras: list[dict[str, Any]]) -> dict[str, pd.DataFrame]:
+                        extras: list[dict[str, Any]]) -> dict[str, Any]:
         from gpuclust.stream_quantiles import stream_quantiles
 
         machine = tables["machine"]
@@ -341,16 +349,16 @@ class PeakPrediction(Analysis):
             mv = np.concatenate([np.zeros(0), *(x["machine_viol"] for x in d)])
             rates = mv / np.maximum(mach_n, 1)
 
-            def sev(p: str = p) -> Any:
-                for b in frames(machine, ["limit", "oracle", p]):
-                    lim, orc, pr = (b[c].to_numpy(np.float64) for c in ("limit", "oracle", p))
+            def sev(p: str = p) -> Any:  # (the three columns' batches are the same row groups)
+                for lim, orc, pr in zip(*(column_batches(machine, c) for c in ("limit", "oracle", p)), strict=True):
+                    lim, orc, pr = (np.asarray(x, np.float64) for x in (lim, orc, pr))
                     ok = np.isfinite(orc)
                     lim, orc, pr = lim[ok], orc[ok], pr[ok]
                     viol = orc - pr > VIOLATION_TOL * lim
                     yield (orc - pr)[viol] / lim[viol]
 
             qs = stream_quantiles(sev, (0.5, 0.99, 1.0)) if v else np.full(3, np.nan)
-            mq = np.quantile(rates, (0.5, 0.9, 0.99, 1.0)) if rates.shape[0] else np.full(4, np.nan)
+            mq = sorted_quantiles(np.sort(rates), (0.5, 0.9, 0.99, 1.0)) if rates.shape[0] else np.full(4, np.nan)
             rows.append({"predictor": p, "machine_steps": n, "violations": v,
                          "violation_rate": v / n if n else np.nan,
                          "severity_mean": sum(x["severity"] for x in d) / v if v else np.nan,
@@ -359,15 +367,15 @@ class PeakPrediction(Analysis):
                          "mean_savings": sum(x["saved_ratio"] for x in d) / n if n else np.nan,
                          "machines": int(rates.shape[0]), "machine_rate_p50": mq[0], "machine_rate_p90": mq[1],
                          "machine_rate_p99": mq[2], "machine_rate_max": mq[3]})
-        summary = pd.DataFrame(rows, columns=_SUMMARY_COLUMNS).astype(
-            {"machine_steps": np.int64, "violations": np.int64, "machines": np.int64})
+        summary = schema_table([{k: (float(v) if isinstance(v, (float, np.floating)) else v) for k, v in r.items()}
+                                for r in rows], _SUMMARY_SCHEMA)
         stats = dict(zip(STATS, (int(x) for x in np.asarray(rest["stats"])), strict=True))
         prm = self.params
 
         def rng(r: tuple[int, ...]) -> str:
             return f"{r[0]}..{r[1]}" if self.apply_ranges else "all"
 
-        info = pd.DataFrame([{"analysis": self.name, "metric": self.metric, "horizon_s": int(self.horizon_s),
+        info = table_from_rows([{"analysis": self.name, "metric": self.metric, "horizon_s": int(self.horizon_s),
                               "oracle_percentile": prm.oracle_percentile, "cap_to_limit": prm.cap_to_limit,
                               "min_samples": prm.min_samples, "combine": ",".join(prm.combine),
                               "priority_range": rng(self.priority_range),
@@ -376,13 +384,18 @@ class PeakPrediction(Analysis):
                               "censored_rows": int(censored), "last_bucket": int(ctx.last_step), **stats}])
         return {"summary": summary, "info": info}
 
-    def summary(self, result: dict[str, pd.DataFrame]) -> str:
-        info = result["info"].iloc[0]
+    def summary(self, result: dict[str, Any]) -> str:
+        info = as_arrow(result["info"]).to_pylist()[0]
         lines = [f"{self.label}: {info['machine_rows']:,} machine-steps ({info['censored_rows']:,} censored: the "
                  f"horizon passes the data's end) from {info['used_rows']:,} of {info['rows']:,} usage windows "
                  f"(metric {info['metric']}, horizon {info['horizon_s']} s)"]
-        for r in result["summary"].itertuples(index=False):
-            lines.append(f"  {r.predictor:>19}: violation rate {fmt(r.violation_rate, '.3%')}, severity mean "
-                         f"{fmt(r.severity_mean, '.3f')} p99 {fmt(r.severity_p99, '.3f')}, savings "
-                         f"{fmt(r.savings, '.1%')} of the limits")
+        for r in as_arrow(result["summary"]).to_pylist():
+            lines.append(f"  {r['predictor']:>19}: violation rate {fmt(_nan(r['violation_rate']), '.3%')}, severity "
+                         f"mean {fmt(_nan(r['severity_mean']), '.3f')} p99 {fmt(_nan(r['severity_p99']), '.3f')}, "
+                         f"savings {fmt(_nan(r['savings']), '.1%')} of the limits")
         return "\n".join(lines)
+
+
+def _nan(v: Any) -> float:
+    """A summary value read back from Arrow (NULL where the DataFrame had NaN) as a float."""
+    return np.nan if v is None else float(v)
