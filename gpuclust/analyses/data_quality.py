@@ -322,7 +322,7 @@ class DataQuality(Analysis):
             if r["check"] in DENOMINATORS or not r["count"]:
                 continue
             lines.append(f"  {r['table']:>17} {r['check']}: {r['count']:,} {r['unit']} "
-                         f"({fmt(np.nan if r['share'] is None else r['share'], '.2%')} of {r['of']:,})")
+                         f"({fmt(r['share'], '.2%')} of {r['of']:,})")
         by_table: dict[str, list[dict[str, Any]]] = {}
         for r in as_arrow(result["columns"]).to_pylist():
             by_table.setdefault(r["table"], []).append(r)
@@ -332,8 +332,8 @@ class DataQuality(Analysis):
             partly = ", ".join(f"{r['column']} {int(r['nulls']):,}" for r in part)
             lines.append(f"  {t:>17} NULLs: {sum(r['nulls'] == r['rows'] for r in known)} of {len(g)} columns all NULL"
                          + (f"; partly: {partly}" if part else ""))
-        p50 = info["max_over_p100_p50"]
-        if p50 is not None and not np.isnan(float(p50)):
+        p50 = info["max_over_p100_p50"]  # (NULL: no window with both)
+        if p50 is not None:
             lines.append(f"  max_cpu / cpu_p100: median in [{fmt(p50, '.3g')}, x1.12)")
         return "\n".join(lines)
 

@@ -24,7 +24,8 @@ import numpy as np
 from gpuclust.layout import key_hash
 
 __all__ = ["HOUR_US", "KEY_COLUMNS", "FloatBins", "bucket_grid", "bucket_index", "bucket_pieces", "bucket_span", "group_key",
-           "dense_rank", "distinct_sorted", "instance_order", "unique_codes", "parse_by", "parse_list", "segmented_last"]
+           "dense_rank", "distinct_sorted", "instance_order", "parse_by", "parse_list", "segmented_last", "unique_codes"]
+
 
 def distinct_sorted(xp: Any, a: Any) -> int:
     """The number of distinct values of a sorted (non-decreasing) array: ``xp.unique(a).shape[0]``

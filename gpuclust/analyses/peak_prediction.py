@@ -367,8 +367,7 @@ class PeakPrediction(Analysis):
                          "mean_savings": sum(x["saved_ratio"] for x in d) / n if n else np.nan,
                          "machines": int(rates.shape[0]), "machine_rate_p50": mq[0], "machine_rate_p90": mq[1],
                          "machine_rate_p99": mq[2], "machine_rate_max": mq[3]})
-        summary = schema_table([{k: (float(v) if isinstance(v, (float, np.floating)) else v) for k, v in r.items()}
-                                for r in rows], _SUMMARY_SCHEMA)
+        summary = schema_table(rows, _SUMMARY_SCHEMA)
         stats = dict(zip(STATS, (int(x) for x in np.asarray(rest["stats"])), strict=True))
         prm = self.params
 
@@ -390,12 +389,7 @@ class PeakPrediction(Analysis):
                  f"horizon passes the data's end) from {info['used_rows']:,} of {info['rows']:,} usage windows "
                  f"(metric {info['metric']}, horizon {info['horizon_s']} s)"]
         for r in as_arrow(result["summary"]).to_pylist():
-            lines.append(f"  {r['predictor']:>19}: violation rate {fmt(_nan(r['violation_rate']), '.3%')}, severity "
-                         f"mean {fmt(_nan(r['severity_mean']), '.3f')} p99 {fmt(_nan(r['severity_p99']), '.3f')}, "
-                         f"savings {fmt(_nan(r['savings']), '.1%')} of the limits")
+            lines.append(f"  {r['predictor']:>19}: violation rate {fmt(r['violation_rate'], '.3%')}, severity "
+                         f"mean {fmt(r['severity_mean'], '.3f')} p99 {fmt(r['severity_p99'], '.3f')}, "
+                         f"savings {fmt(r['savings'], '.1%')} of the limits")
         return "\n".join(lines)
-
-
-def _nan(v: Any) -> float:
-    """A summary value read back from Arrow (NULL where the DataFrame had NaN) as a float."""
-    return np.nan if v is None else float(v)
