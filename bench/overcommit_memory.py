@@ -79,10 +79,6 @@ def child(path: str, bucket_s: int, buckets: int | None, partitions: int, finali
                           trace_version=ds.trace_version, buckets=buckets)
     else:
         src = as_source(path)
-    # pandas is imported when first used (gpuclust._lazy): import it now, so that finalize's
-    # growth below is its data's, not the ~50 MB of a module import that starts there
-    import pandas  # noqa: F401
-
     out: dict = {"rss_start": _rss()}
     a = Overcommit(bucket_s=bucket_s)
     be = get_backend("cpu")
@@ -102,12 +98,14 @@ def child(path: str, bucket_s: int, buckets: int | None, partitions: int, finali
                          run_tasks=lambda args: [reduce_shard(*t) for t in args])["overcommit"]
     out["finalize_s"] = time.perf_counter() - t1
     out["peak_after_finalize"] = _maxrss()
-    info = res["info"].iloc[0]
+    from gpuclust.tables import as_arrow
+
+    info = as_arrow(res["info"]).to_pylist()[0]
     mb = int(info["machines"]) * int(info["buckets"])
     machine = res["machine"]
     out.update(machines=int(info["machines"]), buckets=int(info["buckets"]), machine_buckets=mb,
                machine_rows=machine.num_rows, machine_parts=len(machine.files),
-               output_bytes=int(sum(df.memory_usage(deep=False).sum() for t, df in res.items() if t != "machine")))
+               output_bytes=int(sum(as_arrow(t).nbytes for name, t in res.items() if name != "machine")))
     folders.close()
     import shutil
 

@@ -35,7 +35,7 @@ from gpuclust._lazy import pandas as pd
 from gpuclust.arrow_numpy import to_numpy
 from gpuclust.tables import as_arrow, as_pandas, column, is_frame, parquet_options
 
-__all__ = ["FrameParts", "MappedArray", "PartedTable", "column_batches", "finalize_in_memory", "map_large_arrays", "frames",
+__all__ = ["FrameParts", "MappedArray", "PartedTable", "array_batches", "column_batches", "finalize_in_memory", "map_large_arrays", "frames",
            "part_name", "read_keyed_range", "relocated", "slice_keyed",
            "write_keyed", "write_part"]
 
@@ -121,19 +121,26 @@ def frames(table: Any, columns: Sequence[str] | None = None) -> Iterator[pd.Data
 
 
 def column_batches(table: Any, name: str) -> Iterator[np.ndarray]:
-    """Column ``name`` of a parted table (a :class:`PartedTable`: a row group at a time, read
+    """Column ``name`` of a parted table, a batch at a time, as NumPy arrays (see :func:`array_batches`)."""
+    for b in array_batches(table, [name]):
+        yield b[name]
+
+
+def array_batches(table: Any, names: Sequence[str]) -> Iterator[dict[str, np.ndarray]]:
+    """Columns ``names`` of a parted table (a :class:`PartedTable`: a row group at a time, read
     without pandas; a :class:`FrameParts`: a part at a time), a DataFrame or an Arrow table, as
-    NumPy arrays (NULL as NaN or the integer minimum, see :func:`gpuclust.arrow_numpy.to_numpy`)."""
+    NumPy arrays by name (NULL as NaN or the integer minimum, see
+    :func:`gpuclust.arrow_numpy.to_numpy`)."""
+    names = list(names)
     if isinstance(table, PartedTable):
         for f in table.files:
             pf = pq.ParquetFile(table.folder / f)
             for i in range(pf.num_row_groups):
-                yield to_numpy(pf.read_row_group(i, columns=[name]).column(0))
-    elif isinstance(table, FrameParts):
-        for p in table.parts:
-            yield column(p, name)
+                t = pf.read_row_group(i, columns=names)
+                yield {c: to_numpy(t.column(c)) for c in names}
     else:
-        yield column(table, name)
+        for p in table.parts if isinstance(table, FrameParts) else [table]:
+            yield {c: column(p, c) for c in names}
 
 
 def _one_part(rows: Any) -> bool:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
-__all__ = ["sorted_quantiles", "stream_quantiles"]
+__all__ = ["sorted_quantiles", "stream_quantiles", "stream_quantiles_many"]
 
 _SIGN = np.uint64(1 << 63)
 
@@ -29,9 +29,12 @@ def _floats(k: np.ndarray) -> np.ndarray:
     return np.where(k & _SIGN, k ^ _SIGN, ~k).view(np.float64)
 
 
-def _batches(batches: Callable[[], Iterable[np.ndarray]]) -> Iterable[np.ndarray]:
-    for b in batches():
-        yield np.ascontiguousarray(b, dtype=np.float64).ravel()
+def _groups(batches: Callable[[], Iterable[Sequence[np.ndarray]]], k: int) -> Iterable[list[np.ndarray]]:
+    """One pass: each batch's ``k`` arrays as contiguous 1-D float64 arrays."""
+    for group in batches():
+        if len(group) != k:
+            raise ValueError(f"stream_quantiles_many: a batch has {len(group)} arrays, not {k}")
+        yield [np.ascontiguousarray(b, dtype=np.float64).ravel() for b in group]
 
 
 def _split(groups: dict, prefix: int, hist: np.ndarray, members: list, step: int) -> None:
@@ -41,6 +44,109 @@ def _split(groups: dict, prefix: int, hist: np.ndarray, members: list, step: int
         j = int(np.searchsorted(cum, local, side="right"))
         sub = groups.setdefault((prefix << step) | j, (int(hist[j]), []))
         sub[1].append((rank, local - (int(cum[j - 1]) if j else 0)))
+
+
+class _Select:
+    """The radix selection of one stream's order statistics, fed a batch at a time, pass by pass
+    (what :func:`stream_quantiles_many` runs for each of its streams over shared passes)."""
+
+    def __init__(self, q: np.ndarray, bins_bits: int, max_candidates: int):
+        self.q, self.bits, self.budget = q, bins_bits, max_candidates
+        self.n, self.hist = 0, np.zeros(1 << bins_bits, np.int64)
+        self.held: list[np.ndarray] | None = []
+        self.found: dict[int, int] = {}  # rank -> key
+        self.groups: dict[int, tuple[int, list]] = {}  # bin prefix -> (count, [(rank, rank in bin)])
+        self.depth = bins_bits
+        self.result: np.ndarray | None = None
+
+    # ---- pass 1: count, histogram of the top bits, keep all while few
+    def first(self, b: np.ndarray, keep: bool) -> None:
+        if np.isnan(b).any():
+            raise ValueError("stream_quantiles: NaN in the input")
+        self.n += b.size
+        if self.held is not None and keep:
+            self.held.append(b.copy())
+        else:
+            self.held = None
+        self.hist += np.bincount((_keys(b) >> np.uint64(64 - self.bits)).astype(np.intp), minlength=self.hist.size)
+
+    def end_first(self, keep: bool) -> None:
+        """After pass 1: select in memory (``keep``: the values were held) or plan pass 2."""
+        if self.n == 0:
+            self.result = np.full(self.q.shape[0], np.nan)
+            return
+        self.lo, self.hi, self.gamma = _linear_ranks(self.n, self.q)
+        ranks = sorted({int(r) for r in np.concatenate([self.lo, self.hi]).tolist()})
+        if keep and self.held is not None:  # np.quantile's selection (np.quantile itself would import numpy.ma)
+            v = np.concatenate(self.held) if self.held else np.zeros(0)
+            v = np.partition(v, ranks) if ranks else v
+            self.result = np.asarray(_lerp(v[self.lo], v[self.hi], self.gamma), dtype=np.float64)
+            return
+        self.held = None
+        _split(self.groups, 0, self.hist, [(r, r) for r in ranks], self.bits)
+        self._plan()
+
+    # ---- later passes: collect small bins, histogram the others on the next bits
+    def _plan(self) -> None:
+        if not self.groups:
+            return self._finish()
+        if self.depth == 64:  # all bits fixed: every value of the bin is the key
+            self.found.update((r, p) for p, (_, mem) in self.groups.items() for r, _ in mem)
+            return self._finish()
+        budget = self.budget
+        self.collect: dict[int, tuple[int, list, list]] = {}  # bins whose values are gathered this pass
+        self.refine: dict[int, tuple[int, list, np.ndarray, set]] = {}  # bins histogrammed on the next bits
+        for p, (cnt, mem) in sorted(self.groups.items(), key=lambda g: g[1][0]):
+            if cnt <= budget:
+                self.collect[p], budget = (cnt, mem, []), budget - cnt
+            else:
+                self.refine[p] = (cnt, mem, np.zeros(1 << min(self.bits, 64 - self.depth), np.int64), set())
+        self.step, self.shift = min(self.bits, 64 - self.depth), 64 - self.depth
+
+    def feed(self, b: np.ndarray) -> None:
+        k = _keys(b)
+        top = k >> np.uint64(self.shift)
+        for p, (_, _, bufs) in self.collect.items():
+            bufs.append(k[top == p])
+        for p, (_, _, h, ends) in self.refine.items():
+            sub = k[top == p]
+            if sub.size and len(ends) < 2:  # the bin's distinct keys while there are at most 2
+                ends.update({int(sub.min()), int(sub.max())})
+            sub = (sub >> np.uint64(self.shift - self.step)) & np.uint64((1 << self.step) - 1)
+            h += np.bincount(sub.astype(np.intp), minlength=h.size)
+
+    def end_pass(self) -> None:
+        for cnt, mem, bufs in self.collect.values():
+            keys = np.concatenate(bufs)
+            if keys.size != cnt:
+                raise RuntimeError("stream_quantiles: batches() gave other values on a later pass")
+            part = np.partition(keys, [loc for _, loc in mem])
+            self.found.update((r, int(part[loc])) for r, loc in mem)
+        self.groups = {}
+        for p, (cnt, mem, h, ends) in self.refine.items():
+            if h.sum() != cnt:
+                raise RuntimeError("stream_quantiles: batches() gave other values on a later pass")
+            if len(ends) == 1:  # one value fills the bin (a big tie): done without fixing its other bits
+                key = ends.pop()
+                self.found.update((r, key) for r, _ in mem)
+            else:
+                _split(self.groups, p, h, mem, self.step)
+        self.depth += self.step
+        self._plan()
+
+    def _finish(self) -> None:
+        a = _floats(np.array([self.found[r] for r in self.lo.tolist()], np.uint64))
+        b = _floats(np.array([self.found[r] for r in self.hi.tolist()], np.uint64))
+        self.result = _lerp(a, b, self.gamma)
+
+
+def _check(qs: Sequence[float], bins_bits: int, max_candidates: int) -> np.ndarray:
+    q = np.asarray(qs)
+    if q.ndim != 1 or q.dtype.kind not in "iuf" or not np.all((q >= 0) & (q <= 1)):
+        raise ValueError(f"stream_quantiles: qs must be a sequence of numbers in [0, 1], got {qs!r}")
+    if not 1 <= bins_bits <= 24 or max_candidates < 1:
+        raise ValueError("stream_quantiles: bins_bits must be in 1..24 and max_candidates >= 1")
+    return q
 
 
 def stream_quantiles(
@@ -88,79 +194,64 @@ def stream_quantiles(
     >>> stream_quantiles(lambda: iter(data), [0.25, 0.5, 1.0], bins_bits=4, max_candidates=2)
     array([1., 3., 9.])
     """
-    q = np.asarray(qs)
-    if q.ndim != 1 or q.dtype.kind not in "iuf" or not np.all((q >= 0) & (q <= 1)):
-        raise ValueError(f"stream_quantiles: qs must be a sequence of numbers in [0, 1], got {qs!r}")
-    if not 1 <= bins_bits <= 24 or max_candidates < 1:
-        raise ValueError("stream_quantiles: bins_bits must be in 1..24 and max_candidates >= 1")
-    n, hist = 0, np.zeros(1 << bins_bits, np.int64)
-    held: list[np.ndarray] | None = []
-    for b in _batches(batches):  # pass 1: count, histogram of the top bits, keep all while few
-        if np.isnan(b).any():
-            raise ValueError("stream_quantiles: NaN in the input")
-        n += b.size
-        if held is not None and n <= max_candidates:
-            held.append(b.copy())
-        else:
-            held = None
-        hist += np.bincount((_keys(b) >> np.uint64(64 - bins_bits)).astype(np.intp), minlength=hist.size)
-    if n == 0:
+    q = _check(qs, bins_bits, max_candidates)
+    (sel,) = _run(lambda: ((b,) for b in batches()), 1, q, bins_bits, max_candidates)
+    if sel.n == 0:
         raise ValueError("stream_quantiles: no values")
-    lo, hi, gamma = _linear_ranks(n, q)
-    ranks = sorted({int(r) for r in np.concatenate([lo, hi]).tolist()})
-    if held is not None:  # np.quantile's selection (np.quantile itself would import numpy.ma, ~20-40 ms)
-        v = np.concatenate(held)
-        v = np.partition(v, ranks) if ranks else v
-        return np.asarray(_lerp(v[lo], v[hi], gamma), dtype=np.float64)
+    assert sel.result is not None
+    return sel.result
 
-    found: dict[int, int] = {}  # rank -> key
-    groups: dict[int, tuple[int, list]] = {}  # bin prefix -> (count, [(rank, rank in bin)])
-    _split(groups, 0, hist, [(r, r) for r in ranks], bins_bits)
-    depth = bins_bits
-    while groups:
-        if depth == 64:  # all bits fixed: every value of the bin is the key
-            found.update((r, p) for p, (_, mem) in groups.items() for r, _ in mem)
-            break
-        budget = max_candidates
-        collect: dict[int, tuple[int, list, list]] = {}  # bins whose values are gathered this pass
-        refine: dict[int, tuple[int, list, np.ndarray, set]] = {}  # bins histogrammed on the next bits
-        for p, (cnt, mem) in sorted(groups.items(), key=lambda g: g[1][0]):
-            if cnt <= budget:
-                collect[p], budget = (cnt, mem, []), budget - cnt
-            else:
-                refine[p] = (cnt, mem, np.zeros(1 << min(bins_bits, 64 - depth), np.int64), set())
-        step, shift = min(bins_bits, 64 - depth), 64 - depth
-        for b in _batches(batches):
-            k = _keys(b)
-            top = k >> np.uint64(shift)
-            for p, (_, _, bufs) in collect.items():
-                bufs.append(k[top == p])
-            for p, (_, _, h, ends) in refine.items():
-                sub = k[top == p]
-                if sub.size and len(ends) < 2:  # the bin's distinct keys while there are at most 2
-                    ends.update({int(sub.min()), int(sub.max())})
-                sub = (sub >> np.uint64(shift - step)) & np.uint64((1 << step) - 1)
-                h += np.bincount(sub.astype(np.intp), minlength=h.size)
-        for cnt, mem, bufs in collect.values():
-            keys = np.concatenate(bufs)
-            if keys.size != cnt:
-                raise RuntimeError("stream_quantiles: batches() gave other values on a later pass")
-            part = np.partition(keys, [loc for _, loc in mem])
-            found.update((r, int(part[loc])) for r, loc in mem)
-        groups = {}
-        for p, (cnt, mem, h, ends) in refine.items():
-            if h.sum() != cnt:
-                raise RuntimeError("stream_quantiles: batches() gave other values on a later pass")
-            if len(ends) == 1:  # one value fills the bin (a big tie): done without fixing its other bits
-                key = ends.pop()
-                found.update((r, key) for r, _ in mem)
-            else:
-                _split(groups, p, h, mem, step)
-        depth += step
 
-    a = _floats(np.array([found[r] for r in lo.tolist()], np.uint64))
-    b = _floats(np.array([found[r] for r in hi.tolist()], np.uint64))
-    return _lerp(a, b, gamma)
+def stream_quantiles_many(
+    batches: Callable[[], Iterable[Sequence[np.ndarray]]],
+    k: int,
+    qs: Sequence[float],
+    *,
+    bins_bits: int = 16,
+    max_candidates: int = 1 << 22,
+) -> np.ndarray:
+    """:func:`stream_quantiles` of ``k`` streams at once, over shared passes: ``batches()`` yields
+    a sequence of ``k`` arrays per batch (stream ``j``'s values in its element ``j``), so a caller
+    that computes several streams from the same table reads it once per pass, not once per stream
+    and pass.
+
+    Returns float64 ``(k, len(qs))``: row ``j`` is ``stream_quantiles`` of stream ``j`` bit for bit
+    (NaN where stream ``j`` has no values).  ``max_candidates`` bounds the values held for all
+    streams together (the first pass keeps them all while their total count is at most this;
+    later passes collect at most ``max_candidates // k`` per stream).  Passes: the most any stream
+    needs.
+
+    >>> data = [(np.array([3.0, 1.0]), np.array([])), (np.array([2.0]), np.array([-1.0, 5.0]))]
+    >>> stream_quantiles_many(lambda: iter(data), 2, [0.0, 0.5, 1.0]).tolist()
+    [[1.0, 2.0, 3.0], [-1.0, 2.0, 5.0]]
+    """
+    if k < 1:
+        raise ValueError(f"stream_quantiles_many: k must be at least 1, got {k}")
+    q = _check(qs, bins_bits, max_candidates)
+    sels = _run(batches, k, q, bins_bits, max_candidates)
+    return np.stack([s.result for s in sels]).astype(np.float64) if q.size else np.zeros((k, 0))
+
+
+def _run(batches: Callable[[], Iterable[Sequence[np.ndarray]]], k: int, q: np.ndarray, bins_bits: int,
+         max_candidates: int) -> list[_Select]:
+    """The selections of ``k`` streams, driven over shared passes until every one has its result."""
+    sels = [_Select(q, bins_bits, max(1, max_candidates // k)) for _ in range(k)]
+    total, keep = 0, True
+    for group in _groups(batches, k):  # pass 1
+        total += sum(b.size for b in group)
+        keep = keep and total <= max_candidates
+        for s, b in zip(sels, group, strict=True):
+            s.first(b, keep)
+    for s in sels:
+        s.end_first(keep)
+    while any(s.result is None for s in sels):
+        todo = [j for j, s in enumerate(sels) if s.result is None]
+        for group in _groups(batches, k):
+            for j in todo:
+                sels[j].feed(group[j])
+        for j in todo:
+            sels[j].end_pass()
+    return sels
 
 
 def _linear_ranks(n: int, q: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:

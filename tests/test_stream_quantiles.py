@@ -176,3 +176,47 @@ def test_sorted_quantiles_refuse_no_values():
 
     with pytest.raises(ValueError, match="no values"):
         sorted_quantiles(np.zeros(0), [0.5])
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    xs=st.lists(st.lists(st.one_of(st.sampled_from(SPECIAL), st.floats(allow_nan=False)), max_size=40),
+                min_size=1, max_size=4),
+    n_batches=st.integers(1, 4),
+    qs=st.lists(st.one_of(st.just(0.0), st.just(1.0), st.floats(0, 1)), min_size=1, max_size=5),
+    bins_bits=st.integers(1, 16),
+    max_candidates=st.integers(1, 12),
+)
+def test_many_streams_equal_np_quantile_each(xs, n_batches, qs, bins_bits, max_candidates):
+    """Row j of ``stream_quantiles_many`` is ``np.quantile`` of stream j (NaN for an empty stream),
+    in the passes of the stream that needs most, each pass one read of the shared batches."""
+    from gpuclust.stream_quantiles import stream_quantiles_many
+
+    arrays = [np.array(x, dtype=np.float64) for x in xs]
+    parts = [np.array_split(a, n_batches) for a in arrays]
+    calls = []
+
+    def batches():
+        calls.append(1)
+        return iter([tuple(p[i] for p in parts) for i in range(n_batches)])
+
+    with np.errstate(invalid="ignore", over="ignore"):
+        got = stream_quantiles_many(batches, len(arrays), qs, bins_bits=bins_bits, max_candidates=max_candidates)
+        for j, a in enumerate(arrays):
+            if a.size == 0:
+                assert np.isnan(got[j]).all()
+            else:
+                assert same(got[j], np.quantile(a, qs), a), (j, got[j], np.quantile(a, qs))
+    assert got.shape == (len(arrays), len(qs))
+    assert len(calls) <= 1 + math.ceil(64 / bins_bits) + 1
+
+
+def test_many_streams_check_their_batches():
+    from gpuclust.stream_quantiles import stream_quantiles_many
+
+    with pytest.raises(ValueError, match="a batch has 1 arrays, not 2"):
+        stream_quantiles_many(lambda: iter([(np.array([1.0]),)]), 2, [0.5])
+    with pytest.raises(ValueError, match="k must be at least 1"):
+        stream_quantiles_many(lambda: iter([]), 0, [0.5])
+    with pytest.raises(ValueError, match=r"^stream_quantiles: NaN in the input$"):
+        stream_quantiles_many(lambda: iter([(np.array([1.0]), np.array([np.nan]))]), 2, [0.5])

@@ -41,6 +41,8 @@ from typing import Any
 
 import numpy as np
 
+from gpuclust.analyses.grouping import isin_sorted
+
 __all__ = ["CapacityIntervals", "RunningIntervals", "capacity_intervals", "distinct_keyed", "distinct_running",
            "overlap_keyed", "running_intervals"]
 
@@ -123,7 +125,7 @@ def running_intervals(cols: dict[str, np.ndarray], start: int, end: int) -> Runn
     inst = np.cumsum(new) - 1
     gs = _group_starts(new)
     is_sched = typ == SCHEDULE
-    is_term = np.isin(typ, TERMINALS)
+    is_term = isin_sorted(typ, TERMINALS)
     is_upd = typ == UPDATE_RUNNING
     k = _ffill_idx(is_sched | is_term, gs)
     run_after = _take(is_sched, k, False).astype(bool)
@@ -169,7 +171,7 @@ def capacity_intervals(cols: dict[str, np.ndarray], start: int, end: int) -> Cap
     """Available-capacity pieces from machine_events columns: time, machine_id, type,
     cap_cpu, cap_mem (float64, NaN = NULL)."""
     typ = cols["type"].astype(np.int64)
-    keep = np.isin(typ, (M_ADD, M_REMOVE, M_UPDATE))
+    keep = isin_sorted(typ, (M_ADD, M_REMOVE, M_UPDATE))
     stats = {"machine_event_rows": int(typ.shape[0]), "machine_events_ignored": int((~keep).sum())}
     m = cols["machine_id"][keep].astype(np.int64)
     t_raw = cols["time"][keep].astype(np.int64)

@@ -24,7 +24,8 @@ import numpy as np
 from gpuclust.layout import key_hash
 
 __all__ = ["HOUR_US", "KEY_COLUMNS", "FloatBins", "bucket_grid", "bucket_index", "bucket_pieces", "bucket_span", "group_key",
-           "dense_rank", "distinct_sorted", "instance_order", "parse_by", "parse_list", "segmented_last", "unique_codes"]
+           "dense_rank", "distinct_sorted", "instance_order", "isin_sorted", "parse_by", "parse_list", "segmented_last",
+           "unique_codes", "unique_sorted"]
 
 
 def distinct_sorted(xp: Any, a: Any) -> int:
@@ -54,6 +55,34 @@ def unique_codes(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     code = np.empty(s.shape[0], np.int64)
     code[order] = np.cumsum(first) - 1
     return s[first], code
+
+
+def unique_sorted(a: Any) -> np.ndarray:
+    """``np.unique(a)`` (the sorted distinct values) by one sort, without the import of
+    ``numpy.ma`` that ``np.unique`` brings.
+
+    >>> unique_sorted(np.array([7, 3, 7, 5])).tolist(), unique_sorted(np.zeros(0, np.int64)).tolist()
+    ([3, 5, 7], [])
+    """
+    s = np.sort(np.asarray(a))
+    first = np.ones(s.shape[0], dtype=bool)
+    first[1:] = s[1:] != s[:-1]
+    return s[first]
+
+
+def isin_sorted(a: Any, values: Any) -> np.ndarray:
+    """``np.isin(a, values)`` for sorted distinct ``values`` (a sequence or an array) by a binary
+    search, without the import of ``numpy.ma`` that ``np.isin`` brings.
+
+    >>> isin_sorted(np.array([1, 4, 9, 4]), (4, 5, 6)).tolist(), isin_sorted(np.array([1]), ()).tolist()
+    ([False, True, False, True], [False])
+    """
+    a = np.asarray(a)
+    v = np.asarray(values, dtype=a.dtype)
+    if v.shape[0] == 0:
+        return np.zeros(a.shape, dtype=bool)
+    pos = np.minimum(np.searchsorted(v, a), v.shape[0] - 1)
+    return v[pos] == a
 
 
 #: One hour in µs (cell-usage's bucket).

@@ -45,9 +45,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
-from gpuclust._lazy import pandas as pd
 from gpuclust.analyses._extent import max_below, max_finite, to_f64, to_i64
 from gpuclust.analyses._intervals import (
     SCHEDULE,
@@ -59,11 +59,13 @@ from gpuclust.analyses._intervals import (
 )
 from gpuclust.analyses._lookup import InstanceLookup, id_index, tier_lookup
 from gpuclust.analyses.base import Analysis, fmt, is_null_int, resolve_tier_map
-from gpuclust.analyses.grouping import bucket_grid, bucket_span
+from gpuclust.analyses.grouping import bucket_grid, bucket_span, isin_sorted, unique_sorted
 from gpuclust.analyses.options import option, tier_map_option
-from gpuclust.parted import finalize_in_memory, frames
+from gpuclust.arrow_numpy import schema_table, table, table_from_rows
+from gpuclust.parted import array_batches, finalize_in_memory
 from gpuclust.partials import keyed_reduce, merge_keyed
 from gpuclust.schema import TIME_AFTER_TRACE, TierMap, tier_map
+from gpuclust.tables import as_arrow
 
 __all__ = ["Overcommit", "OvercommitContext", "TRACE_START_US"]
 
@@ -153,10 +155,10 @@ def _event_pass(source: Any) -> tuple[int | None, np.ndarray]:
         alloc = to_i64(t.column("alloc_collection_id"))
         m = to_i64(t.column("machine_id"))
         sel = (to_i64(t.column("type")) == SCHEDULE) & ((alloc == 0) | (alloc == _NULL)) & (m > 0)
-        mids.append(np.unique(m[sel]))
+        mids.append(unique_sorted(m[sel]))
         if len(mids) > 64:
-            mids = [np.unique(np.concatenate(mids))]
-    return best, np.unique(np.concatenate(mids))
+            mids = [unique_sorted(np.concatenate(mids))]
+    return best, unique_sorted(np.concatenate(mids))
 
 
 def _tier_codes(tm: TierMap, priority: np.ndarray, unknown: int) -> np.ndarray:
@@ -303,12 +305,12 @@ class Overcommit(Analysis):
         mcols = {c: to_i64(me.column(c)) for c in ("time", "machine_id", "type")}
         mcols.update({c: to_f64(me.column(c)) for c in ("cap_cpu", "cap_mem")})
         cap = capacity_intervals(mcols, w0, w1)
-        me_ids = np.unique(mcols["machine_id"])
-        mids = np.unique(np.concatenate([me_ids[me_ids != _NULL], placed]))
+        me_ids = unique_sorted(mcols["machine_id"])
+        mids = unique_sorted(np.concatenate([me_ids[me_ids != _NULL], placed]))
         ccode = np.searchsorted(mids, cap.machine_id).astype(np.int64)
         order = np.argsort(ccode, kind="stable")
         series = {"code": ccode[order], "start": cap.start[order], "end": cap.end[order],
-                  "cap_cpu": cap.cap_cpu[order], "cap_mem": cap.cap_mem[order], "has_me": np.isin(mids, me_ids)}
+                  "cap_cpu": cap.cap_cpu[order], "cap_mem": cap.cap_mem[order], "has_me": isin_sorted(mids, me_ids)}
         return OvercommitContext(
             tier_map=tm, tier_names=tier_names, window_start=w0, window_end=w1, width=width, n_buckets=B, origin=origin,
             machine_ids=mids, lookup=InstanceLookup.empty(), series=series, stats=dict(cap.stats))
@@ -507,7 +509,7 @@ class Overcommit(Analysis):
                                "finalize with the client's context")
         return {**self.empty(), **ctx.client_intervals}
 
-    def finalize(self, partial: dict[str, Any], ctx: OvercommitContext) -> dict[str, pd.DataFrame]:
+    def finalize(self, partial: dict[str, Any], ctx: OvercommitContext) -> dict[str, Any]:
         return finalize_in_memory(self, partial, ctx)
 
     def _grid(self, ctx: OvercommitContext) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -518,7 +520,7 @@ class Overcommit(Analysis):
         return bucket, bstart, L
 
     def finalize_shard(self, keyed: dict[str, dict[str, np.ndarray]], rest: dict[str, Any], ctx: OvercommitContext,
-                       lo: int, hi: int) -> tuple[dict[str, Iterator[pd.DataFrame]], _CellSums]:
+                       lo: int, hi: int) -> tuple[dict[str, Iterator[pa.Table]], _CellSums]:
         """The machine table of machine codes ``[lo, hi)``, a chunk of ~:data:`FINALIZE_CELLS`
         machine-buckets at a time (dense only over the chunk; each chunk one DataFrame, written as
         a row group), and the shard's cell sums (complete once the rows are consumed)."""
@@ -533,14 +535,14 @@ class Overcommit(Analysis):
         return {"machine": self._machine_rows(keyed, rest, ctx, lo, hi, acc)}, acc
 
     def _machine_rows(self, keyed: dict[str, dict[str, np.ndarray]], rest: dict[str, Any], ctx: OvercommitContext,
-                      lo: int, hi: int, acc: _CellSums) -> Iterator[pd.DataFrame]:
+                      lo: int, hi: int, acc: _CellSums) -> Iterator[pa.Table]:
         tiers = list(ctx.tier_names)
         bucket, _, L = self._grid(ctx)
         has_usage = int(rest["stats"][STATS.index("usage_rows")]) > 0
         step = max(1, FINALIZE_CELLS // max(ctx.n_buckets, 1))
         if hi <= lo:  # no machines: one empty frame (the columns)
-            yield pd.DataFrame({c: np.zeros(0, bool if c == "cap_unknown" else np.int64 if c in _INT_COLUMNS
-                                            else np.float64) for c in _machine_columns(tiers)})
+            yield table({c: np.zeros(0, bool if c == "cap_unknown" else np.int64 if c in _INT_COLUMNS else np.float64)
+                         for c in _machine_columns(tiers)})
             return
         for m0 in range(lo, hi, step):
             m1 = min(hi, m0 + step)
@@ -570,12 +572,13 @@ class Overcommit(Analysis):
                 for c in cols:
                     if c.startswith(_USAGE_PREFIXES):
                         cols[c] = np.full(mi.shape[0], np.nan)
-            yield pd.DataFrame({c: cols[c] for c in _machine_columns(tiers)})
+            yield table({c: cols[c] for c in _machine_columns(tiers)})  # a row group, built without pandas
 
     def finalize_parted(self, rest: dict[str, Any], ctx: OvercommitContext, tables: dict[str, Any],
-                        extras: list[_CellSums]) -> dict[str, pd.DataFrame]:
+                        extras: list[_CellSums]) -> dict[str, pa.Table]:
         """The cell series (the shards' cell sums, added in shard order), the summary (streamed
-        from the machine table) and the run's counters."""
+        from the machine table) and the run's counters, as Arrow tables (a run without plots never
+        imports pandas)."""
         tiers = list(ctx.tier_names)
         stats = dict(ctx.stats)
         stats.update(zip(ISTATS, (int(x) for x in rest["istats"]), strict=True))
@@ -585,17 +588,17 @@ class Overcommit(Analysis):
         for e in extras[1:]:
             acc.add_sums(e)
         bucket, bstart, L = self._grid(ctx)
-        cell = acc.table(bucket, bstart, L, tiers)
+        cell = acc.columns(bucket, bstart, L, tiers)
         if not has_usage:
-            for c in cell.columns:
+            for c in cell:
                 if c.startswith(_USAGE_PREFIXES):
-                    cell[c] = np.nan
+                    cell[c] = np.full(ctx.n_buckets, np.nan)
         summary = _summary(tables["machine"], tiers, has_usage=has_usage)
-        info = pd.DataFrame([{
+        info = table_from_rows([{
             "analysis": self.name, "tier_map": ctx.tier_map.name, "tiers": ",".join(tiers),
             "bucket_s": int(self.bucket_s), "window_start_us": ctx.window_start, "window_end_us": ctx.window_end,
             "machines": int(ctx.machine_ids.shape[0]), "buckets": ctx.n_buckets, **stats}])
-        return {"cell": cell, "summary": summary, "info": info}
+        return {"cell": table(cell), "summary": summary, "info": info}
 
     @staticmethod
     def _chunk(ctx: OvercommitContext, parts: dict[str, dict[str, np.ndarray]], m0: int, m1: int,
@@ -656,9 +659,9 @@ class Overcommit(Analysis):
                     "max_c": max_c, "max_m": max_m, "inst": I["inst"] / L, "distinct": I["distinct"],
                     "windows": windows}
 
-    def summary(self, result: dict[str, pd.DataFrame]) -> str:
-        info = result["info"].iloc[0]
-        s = result["summary"]
+    def summary(self, result: dict[str, Any]) -> str:
+        info = as_arrow(result["info"]).to_pylist()[0]
+        values = {(r["metric"], r["resource"], r["tier"]): r["value"] for r in as_arrow(result["summary"]).to_pylist()}
         lines = [f"{self.label}: tier map {info['tier_map']!r}, {info['machines']} machines x {info['buckets']} "
                  f"buckets of {info['bucket_s']} s, window [{info['window_start_us']}, {info['window_end_us']}) us",
                  f"  instances {info['instances']}, running pieces {info['pieces']} (unplaced {info['pieces_unplaced']},"
@@ -667,11 +670,11 @@ class Overcommit(Analysis):
                  f" {info['usage_rows']}"]
 
         def get(metric: str, r: str, t: str = "all") -> float:
-            v = s[(s["metric"] == metric) & (s["resource"] == r) & (s["tier"] == t)]["value"]
-            return float(v.iloc[0]) if len(v) else float("nan")
+            v = values.get((metric, r, t))
+            return float("nan") if v is None else float(v)
 
         for r in ("cpu", "mem"):
-            if not ((s["resource"] == r).any()):
+            if not any(k[1] == r for k in values):
                 continue
             lines.append(
                 f"  {r}: {int(get('machine_buckets', r))} full machine-buckets; requested/capacity mean "
@@ -683,75 +686,89 @@ class Overcommit(Analysis):
         return "\n".join(lines)
 
 
-def _summary(machine: Any, tiers: list[str], has_usage: bool) -> pd.DataFrame:
+#: The ``summary`` table's columns and types (an empty table keeps them).
+_SUMMARY_SCHEMA = pa.schema([("metric", pa.string()), ("resource", pa.string()), ("tier", pa.string()),
+                             ("value", pa.float64())])
+
+
+def _summary(machine: Any, tiers: list[str], has_usage: bool) -> pa.Table:
     """Statistics over *full* machine-buckets: available the whole bucket, known capacity > 0.
     Usage statistics are NaN when the dataset has no instance_usage rows (e.g. 2011 events only).
 
-    ``machine`` is the machine table (a DataFrame or a parted table): sums are accumulated one
-    batch at a time and the ratio quantiles are exact (:func:`gpuclust.stream_quantiles.stream_quantiles`,
-    a few more passes over the columns they need), so nothing grows with the table."""
-    from gpuclust.stream_quantiles import stream_quantiles
+    ``machine`` is the machine table (a parted table, a DataFrame or an Arrow table), read a batch
+    at a time without pandas (:func:`gpuclust.parted.array_batches`): the sums in one pass, and
+    the exact ratio quantiles of every (resource, tier) together in a few more
+    (:func:`gpuclust.stream_quantiles.stream_quantiles_many`), so nothing grows with the table."""
+    from gpuclust.stream_quantiles import stream_quantiles_many
 
-    def full_of(b: pd.DataFrame, r: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        L, cap = b["covered_s"].to_numpy(np.float64), b[f"cap_{r}"].to_numpy(np.float64)
-        full = (b["up_s"].to_numpy(np.float64) >= L * (1 - 1e-12)) & np.isfinite(cap) & (cap > 0)
+    def full_of(b: dict[str, np.ndarray], r: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        L, cap = b["covered_s"], b[f"cap_{r}"]
+        full = (b["up_s"] >= L * (1 - 1e-12)) & np.isfinite(cap) & (cap > 0)
         return full, L[full], cap[full]
 
-    req_col = {(r, t): f"req_{r}" if t == "all" else f"req_{r}_{t}" for r in ("cpu", "mem") for t in ("all", *tiers)}
-    cols = ["covered_s", "up_s", *{c for r in ("cpu", "mem")
-                                   for c in (f"cap_{r}", f"req_{r}", f"use_{r}", f"max_{r}_sum")}, *set(req_col.values())]
+    series = [(r, t) for r in ("cpu", "mem") for t in ("all", *tiers)]
+    req_col = {(r, t): f"req_{r}" if t == "all" else f"req_{r}_{t}" for r, t in series}
+    cols = sorted({"covered_s", "up_s", *{c for r in ("cpu", "mem") for c in (f"cap_{r}", f"use_{r}", f"max_{r}_sum")},
+                   *req_col.values()})
     avail = 0.0
     z = {r: {k: 0.0 for k in ("n", "tw", "den", "num", *[f"tk_{x}" for x in ("request", "usage", "peak")],
                               *[f"over_{x}" for x in ("request", "usage", "peak")])} for r in ("cpu", "mem")}
     reqw = {k: [0.0, 0.0] for k in req_col}  # sum(req * w), sum(cap * w)
-    for b in frames(machine, sorted(set(cols))):
-        avail += float(b["up_s"].to_numpy(np.float64).sum())
+    for b in array_batches(machine, cols):
+        b = {c: np.asarray(v, np.float64) for c, v in b.items()}
+        avail += float(b["up_s"].sum())
         for r in ("cpu", "mem"):
             full, w, c = full_of(b, r)
             a = z[r]
             a["n"] += int(full.sum())
             a["tw"] += float(w.sum())
             for kind, col in (("request", f"req_{r}"), ("usage", f"use_{r}"), ("peak", f"max_{r}_sum")):
-                v = b[col].to_numpy(np.float64)[full]
+                v = b[col][full]
                 kn = np.isfinite(v)  # usage statistics over the machine-buckets whose usage is known
                 a[f"tk_{kind}"] += float(w[kn].sum())
                 a[f"over_{kind}"] += float(w[kn & (v > c * (1 + OVER_EPS))].sum())
-            u = b[f"use_{r}"].to_numpy(np.float64)[full]
+            u = b[f"use_{r}"][full]
             kn = np.isfinite(u)
             a["den"] += float((c[kn] * w[kn]).sum())
             a["num"] += float((u[kn] * w[kn]).sum())
             for t in ("all", *tiers):
-                req = b[req_col[(r, t)]].to_numpy(np.float64)[full]
+                req = b[req_col[(r, t)]][full]
                 reqw[(r, t)][0] += float((req * w).sum())
                 reqw[(r, t)][1] += float((c * w).sum())
-    rows: list[tuple[str, str, str, float]] = []
+    # the ratios of the resources with full machine-buckets, every tier's in the same passes
+    quantiled = [(r, t) for r, t in series if z[r]["n"] > 0]
+
+    def ratios() -> Any:
+        for b in array_batches(machine, ["covered_s", "up_s", "cap_cpu", "cap_mem", *{req_col[k] for k in quantiled}]):
+            b = {c: np.asarray(v, np.float64) for c, v in b.items()}
+            full = {r: full_of(b, r) for r in {r for r, _ in quantiled}}
+            yield [b[req_col[(r, t)]][full[r][0]] / full[r][2] for r, t in quantiled]
+
+    qs = stream_quantiles_many(ratios, len(quantiled), QUANTILES) if quantiled else np.zeros((0, len(QUANTILES)))
+    qrow = dict(zip(quantiled, qs, strict=True))
+    rows: list[dict[str, Any]] = []
+
+    def add(metric: str, r: str, t: str, v: float) -> None:
+        rows.append({"metric": metric, "resource": r, "tier": t, "value": float(v)})
+
     for r in ("cpu", "mem"):
         a = z[r]
         if a["n"] == 0:
             continue
-        rows.append(("machine_buckets", r, "all", float(a["n"])))
-        rows.append(("machine_time_share", r, "all", a["tw"] / avail if avail > 0 else np.nan))
+        add("machine_buckets", r, "all", float(a["n"]))
+        add("machine_time_share", r, "all", a["tw"] / avail if avail > 0 else np.nan)
         for kind in ("request", "usage", "peak"):
             tk = a[f"tk_{kind}"]
             share = a[f"over_{kind}"] / tk if tk > 0 else np.nan
-            rows.append((f"share_over_capacity_{kind}", r, "all", share if has_usage or kind == "request" else np.nan))
+            add(f"share_over_capacity_{kind}", r, "all", share if has_usage or kind == "request" else np.nan)
         mean_use = a["num"] / a["den"] if a["den"] > 0 else np.nan
-        rows.append(("usage_ratio_mean", r, "all", mean_use if has_usage else np.nan))
+        add("usage_ratio_mean", r, "all", mean_use if has_usage else np.nan)
         for t in ("all", *tiers):
-            col = req_col[(r, t)]
-
-            def ratios(r: str = r, col: str = col) -> Any:
-                for b in frames(machine, ["covered_s", "up_s", f"cap_{r}", col]):
-                    full, _, c = full_of(b, r)
-                    yield b[col].to_numpy(np.float64)[full] / c
-
             num, den = reqw[(r, t)]
-            rows.append(("alloc_ratio_mean", r, t, num / den))
-            for q, v in zip(QUANTILES, stream_quantiles(ratios, QUANTILES), strict=True):
-                name = "alloc_ratio_max" if q == 1.0 else f"alloc_ratio_p{round(q * 100)}"
-                rows.append((name, r, t, float(v)))
-    return pd.DataFrame(rows, columns=["metric", "resource", "tier", "value"]).astype(
-        {"metric": object, "resource": object, "tier": object, "value": np.float64})
+            add("alloc_ratio_mean", r, t, num / den)
+            for q, v in zip(QUANTILES, qrow[(r, t)], strict=True):
+                add("alloc_ratio_max" if q == 1.0 else f"alloc_ratio_p{round(q * 100)}", r, t, v)
+    return schema_table(rows, _SUMMARY_SCHEMA)
 
 
 def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
@@ -811,14 +828,14 @@ class _CellSums:
         self.instances += o.instances
         self.windows += o.windows
 
-    def table(self, bucket: np.ndarray, bstart: np.ndarray, L: np.ndarray, tiers: list[str]) -> pd.DataFrame:
+    def columns(self, bucket: np.ndarray, bstart: np.ndarray, L: np.ndarray, tiers: list[str]) -> dict[str, np.ndarray]:
+        """The ``cell`` table's columns, in order."""
         # Capacity of the machines with a known capacity; when machines are present but none has a
         # known capacity the cell's capacity is unknown (NaN), not 0.
         caps = {r: np.where(self.known_any[r] | ~self.present_any, self.cap[r], np.nan) for r in ("cpu", "mem")}
-        cell = pd.DataFrame({
-            "bucket": bucket, "bucket_start_us": bstart, "covered_s": L, "machines": self.machines,
-            "machines_up": self.machines_up, "machines_cap_unknown": self.machines_cap_unknown,
-            "cap_cpu": caps["cpu"], "cap_mem": caps["mem"]})
+        cell = {"bucket": bucket, "bucket_start_us": bstart, "covered_s": L, "machines": self.machines,
+                "machines_up": self.machines_up, "machines_cap_unknown": self.machines_cap_unknown,
+                "cap_cpu": caps["cpu"], "cap_mem": caps["mem"]}
         for col in self.COLS:
             cell[col] = self.tier[col].sum(axis=0)
         cell["instances"] = self.instances

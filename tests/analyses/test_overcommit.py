@@ -28,6 +28,7 @@ from gpuclust.engine import TableSource, run
 from gpuclust.engine.local import context_of
 from gpuclust.engine.partition import column_to_numpy
 from gpuclust.schema import SCHEMAS, TIER_MAPS
+from gpuclust.tables import as_pandas
 
 
 def _load_reference():  # a unique module name: tests/analyses has no package or conftest of its own
@@ -374,7 +375,7 @@ def test_matches_replay_on_shared_strategy(tables):
 # ------------------------------------------------------------------------------------ partitions, dask
 def _assert_same(r1, r2, rtol=1e-9):
     for k in r1:
-        a, b = r1[k].reset_index(drop=True), r2[k].reset_index(drop=True)
+        a, b = as_pandas(r1[k]).reset_index(drop=True), as_pandas(r2[k]).reset_index(drop=True)
         assert list(a.columns) == list(b.columns) and len(a) == len(b), k
         for c in a.columns:
             if a[c].dtype.kind == "f":

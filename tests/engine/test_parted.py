@@ -211,3 +211,32 @@ def test_large_context_arrays_travel_as_file_names(tmp_path: Path) -> None:
     assert np.array_equal(view, [5, 6, 7, 8]) and len(pickle.dumps(ctx.big * 2)) > big.nbytes
     with pytest.raises(ValueError):
         ctx.big[0] = 1  # read-only: a context is never changed by a partition
+
+
+def test_array_batches_read_every_kind_of_table_alike(tmp_path: Path) -> None:
+    """A parted table's columns a batch at a time, without pandas for written parts: the same
+    values from the Parquet parts, the parts in memory, a DataFrame and an Arrow table (NULL as NaN
+    or the integer minimum), in table order."""
+    import numpy as np
+    import pyarrow as pa
+
+    from gpuclust.parted import FrameParts, array_batches, column_batches, write_part
+
+    parts = [pa.table({"a": pa.array([1, None, 3], pa.int64()), "x": pa.array([0.5, None, 2.0])}),
+             pa.table({"a": pa.array([4], pa.int64()), "x": pa.array([float("nan")])})]
+    files = [write_part(tmp_path / "t", i, p)[0] for i, p in enumerate(parts)]
+    written = PartedTable(tmp_path / "t", files, 4)
+    whole = pa.concat_tables(parts)
+    want_a = np.array([1, np.iinfo(np.int64).min, 3, 4])
+    for t in (written, FrameParts(parts), whole, whole.to_pandas()):
+        got = list(array_batches(t, ["x", "a"]))
+        assert all(list(b) == ["x", "a"] for b in got)
+        a = np.concatenate([b["a"] for b in got])
+        x = np.concatenate([b["x"] for b in got])
+        if isinstance(t, pd.DataFrame):  # pandas holds the NULL int as float NaN
+            assert np.array_equal(a[[0, 2, 3]], want_a[[0, 2, 3]]) and np.isnan(x[[1, 3]]).all()
+        else:
+            assert np.array_equal(a, want_a), (type(t), a)
+        assert np.array_equal(x, [0.5, np.nan, 2.0, np.nan], equal_nan=True)
+        assert np.array_equal(np.concatenate(list(column_batches(t, "x"))), x, equal_nan=True)
+    assert len(list(array_batches(written, ["a"]))) == 2  # a row group at a time

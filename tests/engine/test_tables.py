@@ -141,7 +141,8 @@ def test_rows_with_none_go_through_pyarrow() -> None:
     ("machine-utilization", "series", []), ("machine-utilization", "info", []),
     ("data-quality", "checks", []), ("data-quality", "columns", []), ("data-quality", "codes", []),
     ("data-quality", "max_over_p100", []), ("data-quality", "info", []),
-    ("peak-prediction", "summary", []), ("peak-prediction", "info", [])])
+    ("peak-prediction", "summary", []), ("peak-prediction", "info", []),
+    ("overcommit", "summary", []), ("overcommit", "cell", []), ("overcommit", "info", [])])
 def test_from_the_command_line_never_imports_pandas(dataset: Dataset, tmp_path: Path, name: str, table: str,
                                                     opts: list[str]) -> None:
     """The start-up this saves (pandas, and pyarrow.compute): docs/scale.md, "Start-up"."""
@@ -165,7 +166,7 @@ def test_from_the_command_line_never_imports_pandas(dataset: Dataset, tmp_path: 
 
 
 @pytest.mark.parametrize("name", ["cell-usage", "lifecycle", "usage-vs-request", "usage-change", "job-usage",
-                                  "machine-utilization", "data-quality", "peak-prediction"])
+                                  "machine-utilization", "data-quality", "peak-prediction", "overcommit"])
 def test_a_run_never_imports_numpy_ma(dataset: Dataset, tmp_path: Path, name: str) -> None:
     """``np.unique`` imports ``numpy.ma`` (~20-30 ms of start-up): the engine's bucket plan and
     these analyses' runs, on a flat and on an optimized (bucketed) dataset, do without it."""
