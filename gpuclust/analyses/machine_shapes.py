@@ -19,9 +19,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
-from gpuclust._lazy import pandas as pd
-from gpuclust.analyses.base import Analysis
+from gpuclust.analyses.base import Analysis, fmt
+from gpuclust.arrow_numpy import table
+from gpuclust.tables import as_arrow
 
 __all__ = ["MachineShapes"]
 
@@ -78,22 +80,24 @@ class MachineShapes(Analysis):
         return _distinct_pairs(np, np.concatenate([a["shape"], b["shape"]]),
                                np.concatenate([a["machine_id"], b["machine_id"]]))
 
-    def finalize(self, partial: dict[str, np.ndarray], ctx: Any) -> dict[str, pd.DataFrame]:
-        shapes, counts = np.unique(np.asarray(partial["shape"], dtype=np.uint64), return_counts=True)
+    def finalize(self, partial: dict[str, np.ndarray], ctx: Any) -> dict[str, pa.Table]:
+        """The shapes table (an Arrow table, built without pandas)."""
+        s = np.sort(np.asarray(partial["shape"], dtype=np.uint64))
+        first = np.ones(s.shape[0], dtype=bool)
+        first[1:] = s[1:] != s[:-1]
+        at = np.flatnonzero(first)
+        shapes, counts = s[at], np.diff(np.append(at, s.shape[0])).astype(np.int64)
         cpu = (shapes >> np.uint64(32)).astype(np.uint32).view(np.float32).astype(np.float64)
         mem = (shapes & np.uint64(0xFFFFFFFF)).astype(np.uint32).view(np.float32).astype(np.float64)
-        df = pd.DataFrame({"cap_cpu": cpu, "cap_mem": mem, "machines": counts.astype(np.int64)})
-        df = df.sort_values(["machines", "cap_cpu", "cap_mem"], ascending=[False, True, True],
-                            na_position="last", kind="stable").reset_index(drop=True)
-        return {"shapes": df}
+        order = np.lexsort((mem, cpu, -counts))  # machines descending, then cap_cpu, cap_mem; NaN (NULL) last
+        return {"shapes": table({"cap_cpu": cpu[order], "cap_mem": mem[order], "machines": counts[order]})}
 
-    def summary(self, result: dict[str, pd.DataFrame]) -> str:
-        df = result["shapes"]
-        lines = [f"{self.name}: {len(df)} capacity shapes, {int(df['machines'].sum())} machine-shape pairs"]
-        for r in df.head(10).itertuples(index=False):
-            cpu = "unknown" if r.cap_cpu != r.cap_cpu else f"{r.cap_cpu:.6g}"
-            mem = "unknown" if r.cap_mem != r.cap_mem else f"{r.cap_mem:.6g}"
-            lines.append(f"  cpu={cpu:<10} mem={mem:<10} machines={r.machines}")
-        if len(df) > 10:
-            lines.append(f"  ... {len(df) - 10} more")
+    def summary(self, result: dict[str, Any]) -> str:
+        rows = as_arrow(result["shapes"]).to_pylist()
+        lines = [f"{self.name}: {len(rows)} capacity shapes, {sum(r['machines'] for r in rows)} machine-shape pairs"]
+        for r in rows[:10]:
+            lines.append(f"  cpu={fmt(r['cap_cpu'], '.6g'):<10} mem={fmt(r['cap_mem'], '.6g'):<10} "
+                         f"machines={r['machines']}")
+        if len(rows) > 10:
+            lines.append(f"  ... {len(rows) - 10} more")
         return "\n".join(lines)

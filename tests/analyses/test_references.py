@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from strategies import cell, random_cell, write_dataset
 
 from gpuclust.analyses import CellUsage, MachineShapes
@@ -235,3 +236,34 @@ def test_all_null_group_is_unknown_not_zero(tmp_path):
         assert u.loc[(3, "free"), "cpu"] == 0.0 and u.loc[(2, "prod"), "windows"] == 1, mode
         assert u.loc[(2, "prod"), "bucket_start_us"] == 2 * H
     _check(ds)
+
+
+@settings(max_examples=60, deadline=None)
+@given(pairs=st.lists(st.tuples(st.sampled_from([0.5, 0.25, -0.0, 0.0, 1.0, float("nan")]),
+                                st.sampled_from([0.5, 0.125, 0.0, float("nan")]), st.integers(1, 6)), max_size=40))
+def test_shapes_rows_in_the_documented_order(pairs: list) -> None:
+    """machine-shapes' rows: COUNT(DISTINCT machine_id) per shape (-0.0 and 0.0 one shape, NULL
+    its own), sorted by machines descending, then cap_cpu, cap_mem, NULL last -- as pandas'
+    ``sort_values`` orders the counts a slow replay takes."""
+    from collections import defaultdict
+
+    from gpuclust.backends import get_backend
+    from gpuclust.tables import as_pandas
+
+    cpu = np.array([p[0] for p in pairs], np.float32)
+    mem = np.array([p[1] for p in pairs], np.float32)
+    mid = np.array([p[2] for p in pairs], np.int64)
+    a = MachineShapes()
+    res = as_pandas(a.finalize(a.partial({"machine_id": mid, "cap_cpu": cpu, "cap_mem": mem}, None,
+                                         get_backend("cpu")), None)["shapes"])
+    machines: dict = defaultdict(set)
+    for c, m, i in pairs:
+        key = tuple("NULL" if v != v else float(np.float32(v)) + 0.0 for v in (c, m))
+        machines[key].add(i)
+    want = pd.DataFrame([{"cap_cpu": np.nan if c == "NULL" else c, "cap_mem": np.nan if m == "NULL" else m,
+                          "machines": len(ids)} for (c, m), ids in machines.items()],
+                        columns=["cap_cpu", "cap_mem", "machines"]).astype({"cap_cpu": float, "cap_mem": float,
+                                                                           "machines": np.int64})
+    want = want.sort_values(["machines", "cap_cpu", "cap_mem"], ascending=[False, True, True], na_position="last",
+                            kind="stable").reset_index(drop=True)
+    pd.testing.assert_frame_equal(res, want)
