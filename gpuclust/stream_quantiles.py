@@ -229,7 +229,11 @@ def stream_quantiles_many(
         raise ValueError(f"stream_quantiles_many: k must be at least 1, got {k}")
     q = _check(qs, bins_bits, max_candidates)
     sels = _run(batches, k, q, bins_bits, max_candidates)
-    return np.stack([s.result for s in sels]).astype(np.float64) if q.size else np.zeros((k, 0))
+    out = np.zeros((k, q.size))
+    for j, s in enumerate(sels):
+        assert s.result is not None  # _run drives every selection to its result
+        out[j] = s.result
+    return out
 
 
 def _run(batches: Callable[[], Iterable[Sequence[np.ndarray]]], k: int, q: np.ndarray, bins_bits: int,

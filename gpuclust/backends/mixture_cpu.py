@@ -36,6 +36,8 @@ __all__ = [
     "check_mixture_quantiles",
     "check_percentile_matrix",
     "mixture_quantiles",
+    "order_key",
+    "packed_event_keys",
     "repair_percentiles",
     "source_levels",
     "window_means",
@@ -416,6 +418,43 @@ def _threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def order_key(xp: Any, bits: Any) -> Any:
+    """The order-preserving unsigned image of IEEE float bits (a ``uint32`` view of float32 values
+    or a ``uint64`` view of float64 ones): every bit of a negative value flipped, only the sign
+    bit of the others set, so unsigned order is the floats' order (``-0.0`` just before ``0.0``).
+
+    >>> x = np.array([2.0, -1.0, 0.0, -0.0, -3.5, 1.0], np.float32)
+    >>> np.argsort(order_key(np, x.view(np.uint32)), kind="stable").tolist()
+    [4, 1, 3, 2, 5, 0]
+    """
+    t = bits.dtype.type
+    width = bits.dtype.itemsize * 8
+    return bits ^ (xp.negative(bits >> t(width - 1)) | t(1 << (width - 1)))
+
+
+def packed_event_keys(xp: Any, x: Any, group: Any, n_groups: int) -> Any:
+    """One ``uint64`` sort key per event, ordering events by ``(group, x)``: the group in the high
+    32 bits, :func:`order_key` of the float32 value in the low 32.  A stable ``argsort`` of these
+    keys (a radix sort on the GPU) is the order of ``lexsort((x, group))`` of two float64 keys,
+    except that ``-0.0`` sorts before an equal ``0.0`` (either is a sorted order).  ``None`` when
+    that is not exact: a value that is not a float32 (trace percentiles are), or more than 2^32
+    groups.  ``x`` float64 without NaN, ``group`` integers in ``[0, n_groups)``.
+
+    >>> x, g = np.array([0.5, -1.0, 0.25, 3.0]), np.array([1, 1, 0, 0])
+    >>> np.argsort(packed_event_keys(np, x, g, 2), kind="stable").tolist(), np.lexsort((x, g)).tolist()
+    ([2, 3, 1, 0], [2, 3, 1, 0])
+    >>> packed_event_keys(np, np.array([0.1]), np.array([0]), 1) is None  # 0.1 is not a float32
+    True
+    """
+    if n_groups > 1 << 32:
+        return None
+    with np.errstate(over="ignore"):  # beyond float32's range: inf, which is not x
+        x32 = x.astype(xp.float32)
+    if not bool(xp.all(x32.astype(xp.float64) == x)):
+        return None
+    return (group.astype(xp.uint64) << xp.uint64(32)) | order_key(xp, x32.view(xp.uint32)).astype(xp.uint64)
+
+
 def _radix_argsort(x: np.ndarray) -> np.ndarray:
     """Stable ``argsort`` of a 1-D float64 array without NaN: an LSD radix sort of its
     order-preserving integer keys, 16 bits per pass (NumPy's stable sort of uint16 is a radix sort);
@@ -423,14 +462,7 @@ def _radix_argsort(x: np.ndarray) -> np.ndarray:
     before ``0.0`` (equal values: either order is a valid sort)."""
     with np.errstate(over="ignore"):  # values beyond the float32 range: not float32 (inf != x)
         x32 = x.astype(np.float32)
-    if np.array_equal(x32, x):
-        bits = x32.view(np.uint32)
-        top = np.uint32(1 << 31)
-    else:
-        bits = x.view(np.uint64)
-        top = np.uint64(1 << 63)
-    # flip every bit of a negative value, only the sign bit of the others
-    key = bits ^ (np.negative(bits >> (top.itemsize * 8 - 1)) | top)
+    key = order_key(np, x32.view(np.uint32) if np.array_equal(x32, x) else x.view(np.uint64))
     passes = key.itemsize // 2
     digits = key.view(np.uint16).reshape(-1, passes)  # the 16-bit digits of each key, in memory order
     cols = list(range(passes)) if np.little_endian else list(range(passes - 1, -1, -1))  # least significant first

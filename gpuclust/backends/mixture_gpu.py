@@ -1,7 +1,9 @@
 """CuPy twins of :mod:`gpuclust.backends.mixture_cpu` (same names, signatures and semantics).
 
 ``repair_percentiles`` and ``window_means`` are one thread per row; ``mixture_quantiles`` sorts
-the events by (group, x) with :func:`cupy.lexsort`, then runs ``mixture_sweep`` (one block per
+the events by (group, x) with one :func:`cupy.argsort` (a radix sort) of a packed ``uint64`` key
+(:func:`~gpuclust.backends.mixture_cpu.packed_event_keys`; :func:`cupy.lexsort` of two float64
+keys when a value is not a float32), then runs ``mixture_sweep`` (one block per
 group, double-double block scans) and ``mixture_invert`` (one thread per (group, level)) from
 ``kernels/mixture.cu``.  Wrappers check dtypes, shapes and contiguity (raising, never
 converting) and launch with *named* arguments ordered by the declared parameter lists below.
@@ -26,6 +28,7 @@ from gpuclust.backends.mixture_cpu import (
     check_levels_values,
     check_mixture_quantiles,
     check_percentile_matrix,
+    packed_event_keys,
 )
 
 __all__ = ["INSTANTIATIONS", "KERNEL_FILE", "mixture_quantiles", "name_expressions", "repair_percentiles",
@@ -149,9 +152,16 @@ def mixture_quantiles(q: Any, w: Any, group: Any, n_groups: int, levels: Any, *,
     qv = cp.ascontiguousarray(q[idx])
     if bool(cp.any(qv[:, 1:] < qv[:, :-1])):
         raise ValueError("q rows must be non-decreasing; repair them with repair_percentiles first")
-    # events sorted by (group, x); ids are i * nl + k into qv
-    keys = cp.stack([qv.reshape(-1), cp.repeat(gv, nl).astype(cp.float64)])
-    ev = cp.ascontiguousarray(cp.lexsort(keys).astype(cp.int64))
+    # events sorted by (group, x); ids are i * nl + k into qv: one radix argsort of a packed uint64
+    # key when the values are float32s (trace percentiles are), else a lexsort of two float64 keys
+    eg = cp.repeat(gv, nl)
+    packed = packed_event_keys(cp, qv.reshape(-1), eg, G)
+    if packed is not None:
+        ev = cp.argsort(packed)
+    else:
+        ev = cp.lexsort(cp.stack([qv.reshape(-1), eg.astype(cp.float64)]))
+    del eg, packed
+    ev = cp.ascontiguousarray(ev.astype(cp.int64))
     row_start = cp.zeros(G + 1, dtype=cp.int64)
     row_start[1:] = cp.cumsum(cp.bincount(gv, minlength=G) * nl)
     E = nv * nl

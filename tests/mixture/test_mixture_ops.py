@@ -331,3 +331,29 @@ def test_radix_argsort_orders_like_a_stable_sort() -> None:
         tie = x[order][1:] == x[order][:-1]
         same_sign = np.signbit(x[order][1:]) == np.signbit(x[order][:-1])
         assert np.all(order[1:][tie & same_sign] > order[:-1][tie & same_sign])  # stable
+
+
+@settings(max_examples=200, deadline=None)
+@given(values=st.lists(st.one_of(st.floats(width=32, allow_nan=False), st.sampled_from([0.0, -0.0, 1.5, -1.5])),
+                       min_size=1, max_size=60),
+       data=st.data())
+def test_packed_event_keys_order_like_a_lexsort(values: list[float], data: st.DataObject) -> None:
+    """The GPU's one-key event order (``packed_event_keys``, a stable argsort -- CuPy's is a radix
+    sort): the (group, x) sequence of ``lexsort((x, group))``, ties of equal bits in row order."""
+    x = np.array(values, np.float64)
+    n_groups = data.draw(st.integers(1, 5))
+    g = np.array(data.draw(st.lists(st.integers(0, n_groups - 1), min_size=x.size, max_size=x.size)), np.int64)
+    order = np.argsort(mx.packed_event_keys(np, x, g, n_groups), kind="stable")
+    want = np.lexsort((x, g))
+    np.testing.assert_array_equal(g[order], g[want])
+    np.testing.assert_array_equal(x[order], x[want])  # -0.0 == 0.0: either is a sorted order
+    same = (g[order][1:] == g[order][:-1]) & (x[order][1:].view(np.int64) == x[order][:-1].view(np.int64))
+    assert np.all(order[1:][same] > order[:-1][same])
+
+
+def test_packed_event_keys_refuse_what_they_cannot_order_exactly() -> None:
+    g = np.zeros(3, np.int64)
+    assert mx.packed_event_keys(np, np.array([0.5, 0.1, 2.0]), g, 1) is None  # 0.1 is no float32
+    assert mx.packed_event_keys(np, np.array([0.5, 1e300, 2.0]), g, 1) is None  # beyond float32's range
+    assert mx.packed_event_keys(np, np.array([0.5, 0.25, 2.0]), g, (1 << 32) + 1) is None  # too many groups
+    assert mx.packed_event_keys(np, np.array([0.5, 0.25, 2.0]), g, 1 << 32) is not None
