@@ -25,7 +25,7 @@ from gpuclust.layout import key_hash
 
 __all__ = ["HOUR_US", "KEY_COLUMNS", "FloatBins", "bucket_grid", "bucket_index", "bucket_pieces", "bucket_span", "group_key",
            "dense_rank", "distinct_sorted", "instance_order", "isin_sorted", "parse_by", "parse_list", "segmented_last",
-           "unique_codes", "unique_sorted"]
+           "unique_codes", "unique_counts", "unique_sorted"]
 
 
 def distinct_sorted(xp: Any, a: Any) -> int:
@@ -57,17 +57,27 @@ def unique_codes(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return s[first], code
 
 
-def unique_sorted(a: Any) -> np.ndarray:
-    """``np.unique(a)`` (the sorted distinct values) by one sort, without the import of
-    ``numpy.ma`` that ``np.unique`` brings.
+def unique_counts(a: Any) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(a, return_counts=True)`` (the sorted distinct values and how often each
+    occurs, int64) by one sort, without the import of ``numpy.ma`` that ``np.unique`` brings.
 
-    >>> unique_sorted(np.array([7, 3, 7, 5])).tolist(), unique_sorted(np.zeros(0, np.int64)).tolist()
-    ([3, 5, 7], [])
+    >>> [v.tolist() for v in unique_counts(np.array([7, 3, 7, 5]))]
+    [[3, 5, 7], [1, 1, 2]]
     """
     s = np.sort(np.asarray(a))
     first = np.ones(s.shape[0], dtype=bool)
     first[1:] = s[1:] != s[:-1]
-    return s[first]
+    at = np.flatnonzero(first)
+    return s[at], np.diff(np.append(at, s.shape[0])).astype(np.int64)
+
+
+def unique_sorted(a: Any) -> np.ndarray:
+    """``np.unique(a)``: the sorted distinct values (:func:`unique_counts`).
+
+    >>> unique_sorted(np.array([7, 3, 7, 5])).tolist(), unique_sorted(np.zeros(0, np.int64)).tolist()
+    ([3, 5, 7], [])
+    """
+    return unique_counts(a)[0]
 
 
 def isin_sorted(a: Any, values: Any) -> np.ndarray:

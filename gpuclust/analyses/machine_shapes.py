@@ -22,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from gpuclust.analyses.base import Analysis, fmt
+from gpuclust.analyses.grouping import unique_counts
 from gpuclust.arrow_numpy import table
 from gpuclust.tables import as_arrow
 
@@ -82,11 +83,7 @@ class MachineShapes(Analysis):
 
     def finalize(self, partial: dict[str, np.ndarray], ctx: Any) -> dict[str, pa.Table]:
         """The shapes table (an Arrow table, built without pandas)."""
-        s = np.sort(np.asarray(partial["shape"], dtype=np.uint64))
-        first = np.ones(s.shape[0], dtype=bool)
-        first[1:] = s[1:] != s[:-1]
-        at = np.flatnonzero(first)
-        shapes, counts = s[at], np.diff(np.append(at, s.shape[0])).astype(np.int64)
+        shapes, counts = unique_counts(np.asarray(partial["shape"], dtype=np.uint64))
         cpu = (shapes >> np.uint64(32)).astype(np.uint32).view(np.float32).astype(np.float64)
         mem = (shapes & np.uint64(0xFFFFFFFF)).astype(np.uint32).view(np.float32).astype(np.float64)
         order = np.lexsort((mem, cpu, -counts))  # machines descending, then cap_cpu, cap_mem; NaN (NULL) last

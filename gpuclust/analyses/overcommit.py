@@ -522,7 +522,7 @@ class Overcommit(Analysis):
     def finalize_shard(self, keyed: dict[str, dict[str, np.ndarray]], rest: dict[str, Any], ctx: OvercommitContext,
                        lo: int, hi: int) -> tuple[dict[str, Iterator[pa.Table]], _CellSums]:
         """The machine table of machine codes ``[lo, hi)``, a chunk of ~:data:`FINALIZE_CELLS`
-        machine-buckets at a time (dense only over the chunk; each chunk one DataFrame, written as
+        machine-buckets at a time (dense only over the chunk; each chunk one Arrow table, written as
         a row group), and the shard's cell sums (complete once the rows are consumed)."""
         if ctx.series is None:
             raise RuntimeError("overcommit: finalize needs the capacity intervals of the context")
