@@ -1,19 +1,24 @@
 #!/usr/bin/env bash
-# The GPU acceptance runs, as steps that each fit one call of a device machine (10 minutes per
-# command, 30 minutes per session, at most 8 files back from $OUT).  Run from the repo root:
+# The GPU acceptance runs, as steps sized to a device session: 15 minutes of device time in all
+# (machine start included), 10 minutes per command, at most 8 files back from $OUT.  From the
+# repo root:
 #
-#   bash bench/gpu_session.sh STEP [STEP ...]
+#   bash bench/gpu_session.sh STEP [STEP ...]          # run the steps in order
+#   bash bench/gpu_session.sh --plan STEP [STEP ...]   # print each step's limit and their sum; run nothing
 #
-# Steps (each has its own timeout; a failing step is reported and the next one still runs):
+# Steps (each has its own limit, below; a failing step is reported and the next one still runs):
 #   env        nvidia-smi, driver, CUDA, CuPy, Python package versions, commit        (~10 s)
-#   tests      GPUCLUST_REQUIRE_GPU=1 pytest -m gpu (every kernel/analysis vs NumPy)   (~2-4 min)
-#   sanitize   compute-sanitizer memcheck + racecheck over the kernel op tests         (~2-4 min)
-#   kernels    bench/kernels_bench.py: each op's bandwidth against the copy bandwidth (~1-2 min)
+#   tests      GPUCLUST_REQUIRE_GPU=1 pytest -m gpu -x, $JOBS workers (default 4)     (~1.5-2 min)
+#   tests-all  the same without -x: every GPU test runs                                (~1.5-2 min)
+#   sanitize   compute-sanitizer memcheck + racecheck over the kernel op tests         (~1 min)
+#   kernels    bench/kernels_bench.py: each op's bandwidth against the copy bandwidth (~1 min)
+#   study      bench/study_bench.py at the last of $SIZES: resident data, gpu vs cpu  (~2.5 min)
 #   mixture    bench/mixture_bench.py --gpu                                            (~1-2 min)
 #   moments    bench/moments_bench.py                                                  (~1 min)
-#   profile    bench/gpu_profile.py: transfer and decode ceilings, cProfile per analysis (~2 min)
-#   analyses   bench/analyses_bench.py at $SIZES (default 1e6,1e7), cpu and gpu        (~5-8 min)
+#   profile    bench/gpu_profile.py: transfer and decode ceilings, cProfile per analysis (~1.5 min)
+#   analyses   bench/analyses_bench.py at $SIZES (default 1e6,1e7), cpu and gpu        (~4.5 min)
 #
+# A call's timeout_s must be at least the --plan sum of its steps (docs/gpu.md gives the calls).
 # Logs go straight to $OUT (when set; else bench/results/) as gpu_<step>.log, so whatever a step
 # wrote comes back even when the call is cut off; result tables (json/md) are copied there too.
 # Python packages missing on the machine (dask, distributed, dask-cuda, duckdb, ...) travel as
@@ -26,6 +31,23 @@ SIZES=${SIZES:-1e6,1e7}
 LOGS=${OUT:-bench/results}
 mkdir -p "$LOGS" bench/results
 status=0
+JOBS=${JOBS:-4}
+
+# limit in seconds of each step (the sanitize step is two runs: memcheck and racecheck)
+declare -A LIMIT=([env]=60 [tests]=240 [tests-all]=240 [sanitize]=370 [kernels]=120 [study]=270
+                  [mixture]=400 [moments]=400 [profile]=300 [analyses]=560)
+
+if [ "${1:-}" = "--plan" ]; then
+    shift
+    total=0
+    for step in "$@"; do
+        [ -n "${LIMIT[$step]:-}" ] || { echo "unknown step $step"; exit 2; }
+        echo "$step ${LIMIT[$step]}"
+        total=$((total + LIMIT[$step]))
+    done
+    echo "total $total"
+    exit 0
+fi
 
 if ls .whl/*.whl >/dev/null 2>&1 && [ ! -e /tmp/site/.gpuclust-installed ]; then
     $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -83,22 +105,24 @@ EOF
 
 for step in "$@"; do
     case $step in
-        env) run env 120 env_report ;;
-        tests) run tests 540 $PY -m pytest -m gpu -q -x --timeout 300 -p no:cacheprovider ;;
-        tests-all) run tests-all 540 $PY -m pytest -m gpu -q --timeout 300 -p no:cacheprovider ;;
+        env) run env "${LIMIT[env]}" env_report ;;
+        tests) run tests "${LIMIT[tests]}" $PY -m pytest -m gpu -q -x -n "$JOBS" --timeout 180 -p no:cacheprovider ;;
+        tests-all) run tests-all "${LIMIT[tests-all]}" $PY -m pytest -m gpu -q -n "$JOBS" --timeout 180 -p no:cacheprovider ;;
         sanitize)
             run memcheck 220 compute-sanitizer --tool memcheck --error-exitcode 9 --target-processes all \
                 $PY -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_ops.py tests/moments/test_moments_gpu.py
             run racecheck 150 compute-sanitizer --tool racecheck --error-exitcode 9 --target-processes all \
                 $PY -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_ops.py ;;
-        kernels) run kernels 200 $PY bench/kernels_bench.py --backend gpu
+        kernels) run kernels "${LIMIT[kernels]}" $PY bench/kernels_bench.py --backend gpu
                  keep bench/results/kernels_gpu.json bench/results/kernels_gpu.md ;;
-        mixture) run mixture 400 $PY bench/mixture_bench.py --gpu --save
+        study) run study "${LIMIT[study]}" $PY bench/study_bench.py --sizes "${SIZES##*,}" --backends gpu,cpu --repeat 1 --name study_gpu
+               keep bench/results/study_gpu.json bench/results/study_gpu.md ;;
+        mixture) run mixture "${LIMIT[mixture]}" $PY bench/mixture_bench.py --gpu --save
                  keep bench/results/mixture_bench.json bench/results/mixture_bench.md ;;
-        moments) run moments 400 $PY bench/moments_bench.py --write
+        moments) run moments "${LIMIT[moments]}" $PY bench/moments_bench.py --write
                  keep bench/results/moments.json bench/results/moments.md ;;
-        profile) run profile 300 $PY bench/gpu_profile.py --windows "${SIZES##*,}" ;;
-        analyses) run analyses 560 $PY bench/analyses_bench.py --sizes "$SIZES" --backends cpu,gpu --name analyses_gpu
+        profile) run profile "${LIMIT[profile]}" $PY bench/gpu_profile.py --windows "${SIZES##*,}" ;;
+        analyses) run analyses "${LIMIT[analyses]}" $PY bench/analyses_bench.py --sizes "$SIZES" --backends cpu,gpu --name analyses_gpu
                   keep bench/results/analyses_gpu.json bench/results/analyses_gpu.md ;;
         *) echo "unknown step $step"; status=2 ;;
     esac
