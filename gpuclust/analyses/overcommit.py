@@ -24,15 +24,16 @@ Design (engine fit; docs/analysis-overcommit.md "Design").
   capacity intervals of machine_events (small: kept as intervals, client only).
 * ``bind`` (per partition on a bucketed source, ``grain="instance"``: that partition's buckets of
   instance_events hold every event of its instances; once on the client on a flat source) builds
-  the usage tier lookup and the running intervals of the instances it is given, and reduces them
-  to keyed partials: requests per (machine, tier, bucket), instance-seconds and distinct
-  instances per (machine, bucket) (an instance lives in one bucket, so distinct counts of
-  different partitions add up exactly), plus counters.
+  the usage tier lookup and reads the events of the instances it is given.
 * ``partial`` streams instance_usage: usage sums per (machine, tier, bucket) on the chosen
-  backend (``bucket_overlap``), plus, on a bucketed source, the interval partial its ``bind``
-  built.  All parts are keyed and merged by the engine's tree (:func:`merge_keyed`).  On a flat
-  source the interval partial stays on the client (dropped when the context is pickled) and
-  ``finalize`` merges it in, so the result is the same either way.
+  backend (``bucket_overlap``), plus, on a bucketed source, the interval partial of the
+  partition's instances, built on the same backend from the events ``bind`` read (the running
+  intervals, then keyed sums: requests per (machine, tier, bucket), instance-seconds and distinct
+  instances per (machine, bucket); an instance lives in one bucket, so distinct counts of
+  different partitions add up exactly; plus counters).  All parts are keyed and merged by the
+  engine's tree (:func:`merge_keyed`).  On a flat source ``bind`` builds the interval partial of
+  every instance on the client, on the host; it stays there (dropped when the context is
+  pickled) and ``finalize`` merges it in, so the result is the same either way.
 * ``finalize`` builds the machine table a chunk of machines at a time (dense only over the chunk:
   keyed sums + capacity intervals swept for the chunk's machines) into one preallocated float
   block, and the cell series from per-bucket running sums.
@@ -62,6 +63,7 @@ from gpuclust.analyses.base import Analysis, fmt, is_null_int, resolve_tier_map
 from gpuclust.analyses.grouping import bucket_grid, bucket_span, isin_sorted, unique_sorted
 from gpuclust.analyses.options import option, tier_map_option
 from gpuclust.arrow_numpy import schema_table, table, table_from_rows
+from gpuclust.backends import backend_of
 from gpuclust.parted import array_batches, finalize_in_memory
 from gpuclust.partials import keyed_reduce, merge_keyed
 from gpuclust.schema import TIME_AFTER_TRACE, TierMap, tier_map
@@ -161,17 +163,18 @@ def _event_pass(source: Any) -> tuple[int | None, np.ndarray]:
     return best, unique_sorted(np.concatenate(mids))
 
 
-def _tier_codes(tm: TierMap, priority: np.ndarray, unknown: int) -> np.ndarray:
-    """Tier code per (float) priority; NaN or a priority no tier covers -> ``unknown``."""
-    out = np.full(priority.shape[0], unknown, dtype=np.int64)
-    ok = ~np.isnan(priority)
-    tc = tm.tier_codes(priority[ok].astype(np.int64)).astype(np.int64)
-    out[ok] = np.where(tc >= 0, tc, unknown)
-    return out
+def _tier_codes(backend: Any, tm: TierMap, priority: Any, unknown: int) -> Any:
+    """Tier code per (float) priority on ``backend`` (as :meth:`TierMap.tier_codes`); NaN or a
+    priority no tier covers -> ``unknown``."""
+    xp = backend.xp
+    bounds = backend.stage(np.asarray(tm.bounds, dtype=np.int64))
+    ok = ~xp.isnan(priority)
+    tc = xp.searchsorted(bounds, xp.where(ok, priority, -1.0).astype(xp.int64), side="right") - 1
+    return xp.where(ok & (tc >= 0), tc, unknown).astype(xp.int64)
 
 
-def _keyed(key: np.ndarray, **fields: np.ndarray) -> dict[str, np.ndarray]:
-    return {"key": np.asarray(key, np.int64), **fields}
+def _keyed(xp: Any, key: Any, **fields: Any) -> dict[str, Any]:
+    return {"key": key.astype(xp.int64), **fields}
 
 
 @dataclass
@@ -203,9 +206,9 @@ class OvercommitContext:
     #: ``cap_mem``, sorted by code) and ``has_me`` (machine has machine_events rows)
     series: dict[str, np.ndarray] | None
     stats: dict[str, int]
-    #: the interval partial of this partition's instances (``bind`` on a bucketed source); the
-    #: partial emits it
-    intervals: dict[str, Any] | None = None
+    #: the event columns of this partition's instances (``bind`` on a bucketed source, host
+    #: arrays): the partial builds their running pieces on its backend and emits their sums
+    events: dict[str, np.ndarray] | None = None
     #: client only: the interval partial of all instances (``bind`` on a flat source); merged
     #: before the shards (:meth:`Overcommit.client_partial`)
     client_intervals: dict[str, Any] | str | None = None
@@ -320,9 +323,10 @@ class Overcommit(Analysis):
         return {"instance_events": tuple(_EVENT_COLUMNS)}
 
     def bind(self, ctx: OvercommitContext, side: dict[str, Any], grain: str | None) -> OvercommitContext:
-        """The usage tier lookup and the interval partial of the instances in ``side``: this
-        partition's (``grain="instance"``: the partial emits it) or all of them (flat source,
-        on the client: finalize merges it)."""
+        """The usage tier lookup, and the instances in ``side``: this partition's event columns
+        (``grain="instance"``: the partial builds their running pieces on its backend, the GPU's
+        under ``backend="gpu"``, and emits their sums) or the interval partial of all of them
+        (flat source, on the client, on the host: finalize merges it)."""
         ev = side["instance_events"]
         T = ctx.n_tiers
         # usage tier lookup: MAX(priority) per (collection, instance, machine), as cell-usage
@@ -332,38 +336,43 @@ class Overcommit(Analysis):
                                                  "alloc_collection_id")}
         ecols.update({c: to_f64(t.column(c)) for c in ("priority", "req_cpu", "req_mem")})
         del t
-        part = self._interval_partial(running_intervals(ecols, ctx.window_start, ctx.window_end), ctx)
         if grain is None:
-            return replace(ctx, lookup=lookup, client_intervals=part)
-        return replace(ctx, lookup=lookup, intervals=part)
+            return replace(ctx, lookup=lookup, client_intervals=self._intervals(backend_of(ecols["time"]), ecols, ctx))
+        return replace(ctx, lookup=lookup, events=ecols)
 
-    def _interval_partial(self, run: RunningIntervals, ctx: OvercommitContext) -> dict[str, Any]:
-        """Keyed sums of the running pieces: ``req`` (machine code * T + tier) * B + bucket ->
-        request-seconds; ``inst`` machine code * B + bucket -> piece-seconds and distinct
-        instances; ``istats`` counters (:data:`ISTATS`)."""
-        T, B, mids = ctx.n_tiers, ctx.n_buckets, ctx.machine_ids
-        placed = run.machine_id > 0
+    def _intervals(self, backend: Any, ecols: dict[str, Any], ctx: OvercommitContext) -> dict[str, Any]:
+        """The interval partial of the instances whose events are ``ecols`` (arrays on ``backend``)."""
+        return self._interval_partial(running_intervals(backend, ecols, ctx.window_start, ctx.window_end), ctx, backend)
+
+    def _interval_partial(self, run: RunningIntervals, ctx: OvercommitContext, backend: Any) -> dict[str, Any]:
+        """Keyed sums of the running pieces (arrays on ``backend``): ``req`` (machine code * T +
+        tier) * B + bucket -> request-seconds; ``inst`` machine code * B + bucket -> piece-seconds
+        and distinct instances; ``istats`` counters (:data:`ISTATS`)."""
+        xp = backend.xp
+        T, B = ctx.n_tiers, ctx.n_buckets
+        placed = xp.nonzero(run.machine_id > 0)[0]
         ps, pe = run.start[placed], run.end[placed]
-        pm = run.machine_id[placed]
-        pcode = np.searchsorted(mids, pm).astype(np.int64)
-        if pcode.size and not bool((mids[np.minimum(pcode, mids.shape[0] - 1)] == pm).all()):
+        pcode, known = id_index(backend, ctx.machine_ids, run.machine_id[placed])
+        if not bool(known.all()):
             raise RuntimeError("overcommit: a running piece's machine is not in the machine list (first pass)")
-        ptier = _tier_codes(ctx.tier_map, run.priority[placed], T - 1)
+        pcode = pcode.astype(xp.int64)
+        ptier = _tier_codes(backend, ctx.tier_map, run.priority[placed], T - 1)
         kw = dict(origin=ctx.origin, width=ctx.width, n_buckets=B)
-        rk, rs = overlap_keyed(pcode * T + ptier, ps, pe, np.stack([run.req_cpu[placed], run.req_mem[placed]]), **kw)
-        ik, iss = overlap_keyed(pcode, ps, pe, np.ones((1, ps.shape[0])), **kw)
-        dk, dc = distinct_keyed(pcode, run.instance[placed], ps, pe, **kw)
+        rk, rs = overlap_keyed(backend, pcode * T + ptier, ps, pe, xp.stack([run.req_cpu[placed], run.req_mem[placed]]),
+                               **kw)
+        ik, iss = overlap_keyed(backend, pcode, ps, pe, xp.ones((1, ps.shape[0])), **kw)
+        dk, dc = distinct_keyed(backend, pcode, run.instance[placed], ps, pe, **kw)
         # both keyed by machine code * B + bucket; a distinct count implies positive piece-seconds
-        pos = np.searchsorted(ik, dk)
-        distinct = np.zeros(ik.shape[0], np.int64)
-        distinct[pos] = dc
+        distinct = xp.zeros(ik.shape[0], xp.int64)
+        distinct[xp.searchsorted(ik, dk)] = dc
+        m = run.machine_id
         st = {**run.stats,
-              "pieces_unplaced": int(((run.machine_id == 0) | (run.machine_id == _NULL)).sum()),
-              "pieces_dedicated": int((run.machine_id == -1).sum()),
+              "pieces_unplaced": int(((m == 0) | (m == _NULL)).sum()),
+              "pieces_dedicated": int((m == -1).sum()),
               "pieces_unknown_tier": int((ptier == T - 1).sum())}
-        return {"req": _keyed(rk, req_cpu=rs[0], req_mem=rs[1]),
-                "inst": _keyed(ik, inst=iss[0], distinct=distinct),
-                "istats": np.array([st[k] for k in ISTATS], dtype=np.int64)}
+        return {"req": _keyed(xp, rk, req_cpu=rs[0], req_mem=rs[1]),
+                "inst": _keyed(xp, ik, inst=iss[0], distinct=distinct),
+                "istats": xp.asarray(np.array([st[k] for k in ISTATS], dtype=np.int64))}
 
     # ---------------------------------------------------------------- partial / merge
     def _empty_usage(self) -> dict[str, np.ndarray]:
@@ -376,8 +385,8 @@ class Overcommit(Analysis):
 
     @staticmethod
     def _empty_intervals() -> dict[str, Any]:
-        return {"req": _keyed(np.zeros(0, np.int64), req_cpu=np.zeros(0), req_mem=np.zeros(0)),
-                "inst": _keyed(np.zeros(0, np.int64), inst=np.zeros(0), distinct=np.zeros(0, np.int64)),
+        return {"req": _keyed(np, np.zeros(0, np.int64), req_cpu=np.zeros(0), req_mem=np.zeros(0)),
+                "inst": _keyed(np, np.zeros(0, np.int64), inst=np.zeros(0), distinct=np.zeros(0, np.int64)),
                 "istats": np.zeros(len(ISTATS), np.int64)}
 
     def _tiers(self, backend: Any, c: Any, i: Any, m: Any, ctx: OvercommitContext) -> tuple[Any, Any]:
@@ -407,8 +416,12 @@ class Overcommit(Analysis):
                             {k: cols[c][use] for k, c in (("use_cpu", "avg_cpu"), ("use_mem", "avg_mem"),
                                                          ("max_cpu", "max_cpu"), ("max_mem", "max_mem"))},
                             ctx.origin, width, B)
-        # the running pieces of this partition's instances (bucketed source), built by bind
-        part = {"usage": usage, **(ctx.intervals if ctx.intervals is not None else self._empty_intervals())}
+        # the running pieces of this partition's instances (bucketed source: bind gave their events)
+        if ctx.events is not None:
+            intervals = self._intervals(backend, {c: backend.asarray(v) for c, v in ctx.events.items()}, ctx)
+        else:
+            intervals = self._empty_intervals()
+        part = {"usage": usage, **intervals}
         part["stats"] = xp.asarray(np.array([st[k] for k in STATS], dtype=np.int64))
         return part
 

@@ -1,5 +1,5 @@
 """``overcommit`` on a key-partitioned (bucketed) source: running intervals built per partition
-from its buckets of instance_events, results equal to the flat layout's (whose results carry the
+from its buckets of instance_events (on the GPU too, marked ``gpu``), results equal to the flat layout's (whose results carry the
 independent references of ``test_overcommit.py``), a client context that holds nothing
 proportional to the instances, and finalize's memory per machine-bucket measured in a child."""
 
@@ -71,6 +71,18 @@ def test_bucketed_with_dask_threads_equals_flat() -> None:
     assert_results_same(ref, got, rtol=1e-9)
 
 
+@pytest.mark.gpu
+def test_bucketed_gpu_equals_cpu(gpu_backend) -> None:  # type: ignore[no-untyped-def]
+    """On a bucketed source each partition's running intervals and their sums are built on the
+    GPU (the partial, from the events bind read): the result equals the cpu backend's."""
+    tables = _lifecycle_cell(9)
+    a = Overcommit(bucket_s=600)
+    src = TableSource(tables, tier_map="notebook", buckets=N_BUCKETS)
+    ref = run(src, [a], partitions=3)
+    assert ref["overcommit"]["info"].iloc[0]["pieces"] > 0
+    assert_results_same(ref, run(src, [a], partitions=3, backend=gpu_backend.name), rtol=1e-9)
+
+
 def test_bind_per_partition_covers_every_instance_once(monkeypatch: pytest.MonkeyPatch) -> None:
     tables = _lifecycle_cell(8)
     src = TableSource(tables, tier_map="notebook", buckets=N_BUCKETS)
@@ -105,7 +117,7 @@ def test_client_context_on_a_bucketed_source_holds_nothing_per_instance(tmp_path
         assert isinstance(c, PerPartition)
         ctx = c.ctx
         assert isinstance(ctx, OvercommitContext)
-        assert len(ctx.lookup) == 0 and ctx.intervals is None and ctx.client_intervals is None
+        assert len(ctx.lookup) == 0 and ctx.events is None and ctx.client_intervals is None
     # 8x the instances and events: the shipped context does not grow (machines are the same 40)
     s, b = len(pickle.dumps(small)), len(pickle.dumps(big))
     assert b < 1.2 * s + 1024, (s, b)
