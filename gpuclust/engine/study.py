@@ -14,10 +14,16 @@ filled by several smaller loads, so decode and copies still overlap), so an anal
 large kernel launches and its host-side merges are few.  Results are those of
 :func:`gpuclust.engine.run` over the same data (the cpu study with the same partitions gives the
 same bits).
+
+With ``scheduler=`` the resident partitions live on a dask cluster's workers (a
+``LocalCUDACluster``: one per GPU), each loaded and kept by one worker
+(:mod:`gpuclust.engine.study_workers`); the results are the same.
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
 import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -27,11 +33,12 @@ import pyarrow as pa
 
 from gpuclust._lazy import pandas as pd
 from gpuclust._memory import tune_allocator
-from gpuclust.analyses.base import Analysis, to_host
+from gpuclust.analyses.base import Analysis
 from gpuclust.backends import Backend, get_backend
 from gpuclust.engine import partition as _partition
 from gpuclust.engine.local import contexts, default_workers, finalize_all, merge_local, resolve_analyses
 from gpuclust.engine.staging import LOAD_THREADS, column_dtypes, load_partitions
+from gpuclust.engine.study_workers import WorkerResidency, partials_of
 from gpuclust.schema import SCHEMAS
 from gpuclust.tables import convert
 
@@ -100,6 +107,15 @@ class Study:
         the gpu backend; none on the cpu backend (its partitions feed ``workers`` threads).
     progress
         A :class:`gpuclust.engine.progress.RunProgress` (or alike), told about loading and runs.
+    scheduler
+        ``None`` (default): the resident partitions are in this process' memory.  Else a dask
+        cluster whose workers hold them (:mod:`gpuclust.engine.study_workers`): ``"cuda"`` (a
+        ``LocalCUDACluster``, one worker per GPU, with ``backend="gpu"``), ``"local:N"`` (N CPU
+        worker processes), an address or a ``distributed.Client`` (left open).  Each resident
+        partition is loaded and kept by one worker, round robin; on the gpu backend the
+        partitions are sized so that every worker gets one at least.  A cluster the study
+        started is closed by :meth:`close` (or ``with``).  The memory check is the workers'
+        own (dask's ``memory_limit``), not :class:`StudyMemoryError`.
 
     Attributes
     ----------
@@ -111,10 +127,15 @@ class Study:
 
     def __init__(self, source: Any, *, backend: str | Backend = "cpu", partitions: int | str = "auto",
                  workers: int | None = None, load_threads: int = LOAD_THREADS, run_rows: int | None = None,
-                 progress: Any = None):
+                 progress: Any = None, scheduler: Any = None):
         tune_allocator()
         self.source = CachingSource(_partition.as_source(source))
         self.backend = get_backend(backend)
+        self._exit = contextlib.ExitStack()
+        self._remote: WorkerResidency | None = None
+        if scheduler is not None:
+            self._remote = self._open_cluster(scheduler)
+            workers = len(self._remote.workers) if workers is None else workers
         self.workers = default_workers(self.backend) if workers is None else int(workers)
         if self.workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers!r}")
@@ -127,7 +148,30 @@ class Study:
         self.loaded_bytes = 0
         self._groups: dict[str, list[list[_partition.PartitionSpec]]] = {}
         self._resident: dict[str, list[dict[str, Any]]] = {}
+        self._remote_columns: dict[str, set[str]] = {}
         self._contexts: dict[Analysis, Any] = {}
+
+    def _open_cluster(self, scheduler: Any) -> WorkerResidency:
+        from gpuclust.engine.dask import open_scheduler
+
+        kw = self._exit.enter_context(open_scheduler(scheduler, self.backend.name))
+        client = kw["scheduler"]
+        if isinstance(client, str):
+            self._exit.close()
+            raise ValueError(f"a study's scheduler keeps partitions on workers: use 'cuda', 'local:N', an address "
+                             f"or a distributed.Client, not {scheduler!r}")
+        return WorkerResidency(client)
+
+    def close(self) -> None:
+        """Release everything and close the cluster the study started (if any)."""
+        self.release()
+        self._exit.close()
+
+    def __enter__(self) -> Study:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
     # -- residency ------------------------------------------------------------------------
     def _plan(self, table: str) -> list[list[_partition.PartitionSpec]]:
@@ -135,12 +179,15 @@ class Study:
         if groups is None:
             multiple = self.workers if self.backend.name == "cpu" else 1
             specs = _partition.plan_partitions(self.source.inner, table, self.partitions, multiple_of=multiple)
-            if self.run_rows <= 0:
+            cap = self.run_rows
+            if self._remote is not None and cap > 0:  # a resident partition for every worker at least
+                cap = min(cap, max(1, math.ceil(sum(s.num_rows for s in specs) / max(1, self.workers))))
+            if cap <= 0:
                 groups = [[s] for s in specs]
             else:
-                groups, rows = [], self.run_rows
+                groups, rows = [], cap
                 for s in specs:
-                    if not groups or rows + s.num_rows > self.run_rows:
+                    if not groups or rows + s.num_rows > cap:
                         groups.append([])
                         rows = 0
                     groups[-1].append(s)
@@ -150,13 +197,18 @@ class Study:
         return groups
 
     def resident_columns(self, table: str) -> list[str]:
-        """Columns of ``table`` resident in backend memory."""
+        """Columns of ``table`` resident in backend memory (here or on the workers)."""
+        if self._remote is not None:
+            return sorted(self._remote_columns.get(table, ()))
         parts = self._resident.get(table)
         return sorted(parts[0]) if parts else []
 
     @property
     def resident_bytes(self) -> int:
         """Bytes of resident columns."""
+        if self._remote is not None:
+            return sum(sum(s.num_rows for g in self._groups[t] for s in g) * d.itemsize
+                       for t, cols in self._remote_columns.items() for d in column_dtypes(t, sorted(cols)).values())
         return sum(int(a.nbytes) for parts in self._resident.values() for p in parts for a in p.values())
 
     def persist(self, columns: Sequence[str] | Mapping[str, Sequence[str]] | None = None) -> Study:
@@ -193,8 +245,8 @@ class Study:
         groups = self._plan(table)
         rows = sum(s.num_rows for g in groups for s in g)
         need = rows * sum(d.itemsize for d in column_dtypes(table, columns).values())
-        free = _available_bytes(self.backend)
-        if need > MEMORY_SHARE * free:
+        free = _available_bytes(self.backend) if self._remote is None else need
+        if need > MEMORY_SHARE * free and self._remote is None:
             raise StudyMemoryError(
                 f"persisting {len(columns)} column(s) of {table} ({rows:,} rows) needs {need / 2**30:.2f} GiB of "
                 f"{self.backend.name} memory; {free / 2**30:.2f} GiB are free. Persist fewer columns, or run "
@@ -204,17 +256,24 @@ class Study:
             prog.phase(f"persist: {len(columns)} column(s) of {table} on {self.backend.name}")
             prog.partitions(table, sum(len(g) for g in groups), rows)
         t0 = time.perf_counter()
-        loaded = load_partitions(groups, columns, self.backend, threads=self.load_threads,
-                                 on_done=None if prog is None else (lambda s: prog.partition_done(s.table, s.num_rows)))
+        on_done = None if prog is None else (lambda s: prog.partition_done(s.table, s.num_rows))
+        if self._remote is not None:
+            self._remote.load(table, groups, columns, self.backend.name, self.load_threads, on_done)
+            self._remote_columns.setdefault(table, set()).update(columns)
+        else:
+            loaded = load_partitions(groups, columns, self.backend, threads=self.load_threads, on_done=on_done)
+            for dest, cols in zip(self._resident[table], loaded, strict=True):
+                dest.update(cols)
         self.load_seconds += time.perf_counter() - t0
         self.loaded_bytes += need
         self.partition_reads[table] = self.partition_reads.get(table, 0) + sum(len(g) for g in groups)
-        for dest, cols in zip(self._resident[table], loaded, strict=True):
-            dest.update(cols)
 
     def release(self) -> None:
         """Drop every resident column and cached context (frees the memory)."""
         self._resident = {t: [{} for _ in g] for t, g in self._groups.items()}
+        if self._remote is not None:
+            self._remote.release()
+            self._remote_columns.clear()
         self._contexts.clear()
         self.source = CachingSource(self.source.inner)
 
@@ -248,17 +307,16 @@ class Study:
                 _partition.PartitionSpec(a.table, i, tuple(p for s in g for p in s.pieces))
                 for i, g in enumerate(self._plan(a.table))]))
             idx.append(k)
-        be, resident = self.backend, self._resident
+        be, resident, remote = self.backend, self._resident, self._remote
         whole = self._whole_instance_plans(ans, plans)
+        shipped = {} if remote is None else dict(zip(map(id, ctxs), remote.scatter(ctxs), strict=True))
 
         def partials(spec: _partition.PartitionSpec, sub: Sequence[Analysis], sub_ctxs: Sequence[Any], _spills: Any = None) -> list[Any]:
-            if spec.index >= 0:
-                cols = resident[spec.table][spec.index]
-            else:  # the table's resident partitions as one (whole instances on a flat table)
-                need = sorted({c for a in sub for c in a.columns})
-                cols = {c: be.xp.concatenate([r[c] for r in resident[spec.table]]) for c in need}
-            return [to_host(a.partial({c: cols[c] for c in a.columns}, ctx, be))
-                    for a, ctx in zip(sub, sub_ctxs, strict=True)]
+            if remote is not None:  # on the worker holding the partition
+                return remote.partials(spec.table, spec.index, sub, [shipped[id(c)] for c in sub_ctxs], be.name)
+            # index -1: the table's resident partitions as one (whole instances on a flat table)
+            cols = resident[spec.table][spec.index] if spec.index >= 0 else list(resident[spec.table])
+            return partials_of(cols, sub, sub_ctxs, be)
 
         merged = merge_local(plans, ans, ctxs, be, self.workers, progress, partials)
         if whole:

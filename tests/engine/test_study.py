@@ -154,3 +154,50 @@ def test_gpu_study_matches_cpu(gpu_backend, dataset, reference, monkeypatch, run
         np.testing.assert_array_equal(got, want, err_msg=c)  # NULL sentinels too
     assert_same(study.run(names()), reference, rtol=1e-9)
 
+
+
+# ------------------------------------------------------------------ partitions on a cluster's workers
+def test_study_on_cluster_workers_is_bit_identical_to_run(dataset, reference, read_log):
+    """``scheduler="local:2"``: each resident partition is loaded by, and stays on, one worker
+    process; runs send partials to it.  Same partitions and merge tree as the local run: same bits."""
+    with gpuclust.open(dataset, backend="cpu", partitions=4, scheduler="local:2") as study:
+        study.persist()
+        assert study.workers == 2 and study.partition_reads["instance_usage"] == 4
+        remote = study._remote
+        futs = remote.futures["instance_usage"]
+        held = remote.client.who_has(futs)
+        assert [list(held[f.key]) for f in futs] == [[remote.worker_of("instance_usage", i)] for i in range(4)]
+        assert len({w for ws in held.values() for w in ws}) == 2  # round robin over both workers
+        for _ in range(2):
+            assert_same(study.run(names()), reference)
+        assert_same(study.run("overcommit"), {"overcommit": reference["overcommit"]})
+        assert study.partition_reads["instance_usage"] == 4  # nothing loaded again
+        assert study.resident_bytes == study.loaded_bytes > 0
+        # the client process never read the streamed table: the workers did
+        assert not any(f == "instance_usage" or f.startswith("instance_usage/") for (f, _) in read_log), read_log
+    assert remote.futures == {}  # closed: released, and the cluster it started is gone
+
+
+def test_cluster_study_persists_more_columns_on_the_same_workers(dataset, reference):
+    with gpuclust.open(dataset, partitions=4, scheduler="local:2") as study:
+        study.persist(["avg_cpu"])
+        first = list(study._remote.futures["instance_usage"])
+        where = [study._remote.client.who_has([f])[f.key] for f in first]
+        study.run("cell-usage")  # loads what else cell-usage needs, joined on the same workers
+        assert set(create("cell-usage").columns) <= set(study.resident_columns("instance_usage"))
+        now = study._remote.futures["instance_usage"]
+        assert [study._remote.client.who_has([f])[f.key] for f in now] == where
+        assert_same(study.run("cell-usage"), {"cell-usage": reference["cell-usage"]})
+
+
+def test_cluster_study_refuses_a_scheduler_without_workers(dataset):
+    with pytest.raises(ValueError, match="keeps partitions on workers"):
+        gpuclust.open(dataset, scheduler="threads")
+
+
+@pytest.mark.gpu
+def test_gpu_study_on_cuda_workers_matches_cpu(gpu_backend, dataset, reference):
+    pytest.importorskip("dask_cuda")
+    with gpuclust.open(dataset, backend="gpu", partitions=6, scheduler="cuda") as study:
+        study.persist()
+        assert_same(study.run(names()), reference, rtol=1e-9)

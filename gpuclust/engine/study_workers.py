@@ -1,0 +1,107 @@
+"""A study's resident partitions on the workers of a dask cluster (``scheduler=`` of
+:class:`gpuclust.engine.study.Study`): a ``LocalCUDACluster`` (``"cuda"``: one worker per GPU, the
+columns in device memory), ``"local:N"`` (CPU worker processes), an address or a
+``distributed.Client``.
+
+Each resident partition is loaded **by a task on one worker** (read once from Parquet there, by
+:func:`gpuclust.engine.staging.load_partitions` on the worker's backend) and stays in that
+worker's memory as the task's result; the client holds only its future.  Resident partitions go
+to the workers round robin.  A run sends each partition's partial task to the worker holding it
+(the contexts travel once per run, scattered), gathers the host partials and merges them on the
+client in the local path's tree, so the results are those of a local study with the same
+partitions.  Columns persisted later are loaded on the same worker and joined there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from gpuclust.analyses.base import Analysis, to_host
+from gpuclust.backends import get_backend
+from gpuclust.engine import partition as _partition
+from gpuclust.engine.staging import load_partitions
+
+__all__ = ["WorkerResidency", "partials_of"]
+
+
+def partials_of(cols: Any, analyses: Sequence[Analysis], ctxs: Sequence[Any], backend: Any) -> list[Any]:
+    """Each analysis' partial over resident columns, moved to host memory.  ``cols``: one resident
+    partition's ``{column: array}``, or a list of them, joined first (whole instances on a flat
+    table: the partitions as one)."""
+    if isinstance(cols, list):
+        need = sorted({c for a in analyses for c in a.columns})
+        cols = {c: backend.xp.concatenate([r[c] for r in cols]) for c in need}
+    return [to_host(a.partial({c: cols[c] for c in a.columns}, ctx, backend))
+            for a, ctx in zip(analyses, ctxs, strict=True)]
+
+
+def _load(group: Sequence[_partition.PartitionSpec], columns: Sequence[str], backend_name: str,
+          threads: int) -> dict[str, Any]:
+    """On a worker: one resident partition's columns, read once into the worker's backend memory."""
+    return load_partitions([group], columns, get_backend(backend_name), threads=threads)[0]
+
+
+def _join(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    return {**old, **new}
+
+
+def _partials(cols: Any, analyses: Sequence[Analysis], ctxs: Sequence[Any], backend_name: str) -> list[Any]:
+    return partials_of(cols, analyses, ctxs, get_backend(backend_name))
+
+
+class WorkerResidency:
+    """The futures of a study's resident partitions on a ``distributed.Client``'s workers."""
+
+    def __init__(self, client: Any):
+        self.client = client
+        self.futures: dict[str, list[Any]] = {}
+
+    @property
+    def workers(self) -> list[str]:
+        """Worker addresses, sorted (the round robin's order)."""
+        return sorted(self.client.scheduler_info()["workers"])
+
+    def worker_of(self, table: str, index: int) -> str:
+        return self.workers[index % len(self.workers)]
+
+    def load(self, table: str, groups: Sequence[Sequence[_partition.PartitionSpec]], columns: Sequence[str],
+             backend_name: str, threads: int, on_done: Any = None) -> None:
+        """Load ``columns`` of every group on its worker (joined there with the columns it holds)
+        and wait for all of them; a failed load raises here."""
+        import distributed
+
+        old = self.futures.get(table)
+        futs = []
+        for gi, group in enumerate(groups):
+            at = {"workers": [self.worker_of(table, gi)], "allow_other_workers": False, "pure": False}
+            f = self.client.submit(_load, list(group), list(columns), backend_name, threads, **at)
+            if old is not None:
+                f = self.client.submit(_join, old[gi], f, **at)
+            futs.append(f)
+        for f in distributed.as_completed(futs):
+            if f.status == "error":
+                f.result()  # raises the worker's exception
+            if on_done is not None:
+                for spec in groups[futs.index(f)]:
+                    on_done(spec)
+        self.futures[table] = futs  # the old futures are dropped, not cancelled: cancel would take the joins too
+
+    def scatter(self, ctxs: Sequence[Any]) -> list[Any]:
+        """Futures of the contexts (sent once per run, to the workers that need them)."""
+        return self.client.scatter(list(ctxs), hash=False)
+
+    def partials(self, table: str, index: int, analyses: Sequence[Analysis], ctxs: Sequence[Any],
+                 backend_name: str) -> list[Any]:
+        """The host partials of ``analyses`` over resident partition ``index`` of ``table``
+        (``-1``: all of them as one), computed on the worker that holds it."""
+        parts = self.futures[table]
+        cols = parts[index] if index >= 0 else list(parts)
+        where = {"workers": [self.worker_of(table, index)], "allow_other_workers": False} if index >= 0 else {}
+        return self.client.submit(_partials, cols, list(analyses), list(ctxs), backend_name, pure=False,
+                                  **where).result()
+
+    def release(self) -> None:
+        for futs in self.futures.values():
+            self.client.cancel(futs)
+        self.futures.clear()
