@@ -2,6 +2,11 @@
 
     python bench/study_bench.py --sizes 1e6,1e7 --backends cpu,gpu     # on a GPU machine
     python bench/study_bench.py --sizes 1e6 --backends cpu              # anywhere
+    python bench/study_bench.py --sizes 1e7 --backends gpu,gpu+cuda     # resident on a LocalCUDACluster too
+
+A backend ``B+SCHED`` opens the study with ``scheduler=SCHED`` (its partitions on that cluster's
+workers: ``gpu+cuda``, ``cpu+local:2``); the cluster's start is part of the process time and not
+of the load.
 
 Each (size, backend) runs in its own process (``--rounds`` times, interleaved across backends;
 medians reported), which opens the dataset with ``gpuclust.open``, persists the columns every
@@ -32,15 +37,17 @@ sys.path.insert(0, str(HERE.parent))
 from _harness import bench_dataset, environment, publish, run_measured  # noqa: E402
 
 
-def child(backend: str, ds: Path, repeat: int) -> None:
+def child(label: str, ds: Path, repeat: int) -> None:
     from analyses_bench import BENCH_OPTIONS
 
     import gpuclust
     from gpuclust.analyses.registry import create, names
 
+    backend, _, scheduler = label.partition("+")
+    study = gpuclust.open(ds, backend=backend, scheduler=scheduler or None)
     t0 = time.perf_counter()
-    study = gpuclust.open(ds, backend=backend).persist()
-    if backend == "gpu":
+    study.persist()
+    if backend == "gpu" and not scheduler:
         study.backend.xp.cuda.Device().synchronize()
     load = time.perf_counter() - t0
     out: dict[str, Any] = {"load_s": load, "loaded_bytes": study.loaded_bytes,
@@ -56,12 +63,13 @@ def child(backend: str, ds: Path, repeat: int) -> None:
     t = time.perf_counter()
     study.run(ans)
     out["all_at_once_s"] = time.perf_counter() - t
-    if backend == "gpu":
+    if backend == "gpu" and not scheduler:
         from gpu_profile import decode_rates, transfer_rates
 
         out["ceilings"] = {**transfer_rates(study.backend.xp), **decode_rates(ds)}
         floor = min(out["ceilings"]["h2d_pinned_gbs"], out["ceilings"]["decode_gbs"])
         out["load_vs_ceiling"] = out["load_gbs"] / floor
+    study.close()
     print("RESULT " + json.dumps(out), flush=True)
 
 

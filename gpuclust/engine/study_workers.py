@@ -6,10 +6,22 @@ columns in device memory), ``"local:N"`` (CPU worker processes), an address or a
 Each resident partition is loaded **by a task on one worker** (read once from Parquet there, by
 :func:`gpuclust.engine.staging.load_partitions` on the worker's backend) and stays in that
 worker's memory as the task's result; the client holds only its future.  Resident partitions go
-to the workers round robin.  A run sends each partition's partial task to the worker holding it
-(the contexts travel once per run, scattered), gathers the host partials and merges them on the
-client in the local path's tree, so the results are those of a local study with the same
-partitions.  Columns persisted later are loaded on the same worker and joined there.
+to the workers round robin, and a run's partial task of a partition is pinned to the worker
+holding it (left to itself, dask's scheduler was seen to run loads elsewhere and to copy
+partitions between workers: twice the device memory); the contexts travel once per run,
+scattered.  The client gathers the host partials and merges them in the local path's tree, so
+the results are those of a local study with the same partitions.  Columns persisted later are
+loaded on the same worker and joined there.
+
+Analyses that need whole instances on a flat table run over the partitions joined on one worker:
+only the columns they read travel there, as copies (the local study joins them too).  A
+partition a retiring worker handed to another runs where it now is; one that left the cluster
+with its worker is gone, and the next run says so (``release()`` and ``persist()`` again).
+
+On CPU workers this costs: a study of 4e6 windows on a ``local:2`` cluster of the 2-core VM took
+1.8x the in-process study's time for all analyses at once (bench/results/study_cluster_s27.md:
+serialised contexts and partials, worker processes beside the client on the same cores).  It is
+for several GPUs (``scheduler="cuda"``) or machines.
 """
 
 from __future__ import annotations
@@ -46,6 +58,10 @@ def _join(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     return {**old, **new}
 
 
+def _select(cols: dict[str, Any], names: Sequence[str]) -> dict[str, Any]:
+    return {c: cols[c] for c in names}
+
+
 def _partials(cols: Any, analyses: Sequence[Analysis], ctxs: Sequence[Any], backend_name: str) -> list[Any]:
     return partials_of(cols, analyses, ctxs, get_backend(backend_name))
 
@@ -63,6 +79,7 @@ class WorkerResidency:
         return sorted(self.client.scheduler_info()["workers"])
 
     def worker_of(self, table: str, index: int) -> str:
+        """The worker resident partition ``index`` is sent to (round robin)."""
         return self.workers[index % len(self.workers)]
 
     def load(self, table: str, groups: Sequence[Sequence[_partition.PartitionSpec]], columns: Sequence[str],
@@ -96,10 +113,21 @@ class WorkerResidency:
         """The host partials of ``analyses`` over resident partition ``index`` of ``table``
         (``-1``: all of them as one), computed on the worker that holds it."""
         parts = self.futures[table]
-        cols = parts[index] if index >= 0 else list(parts)
-        where = {"workers": [self.worker_of(table, index)], "allow_other_workers": False} if index >= 0 else {}
-        return self.client.submit(_partials, cols, list(analyses), list(ctxs), backend_name, pure=False,
-                                  **where).result()
+        at = {}
+        for k in [index] if index >= 0 else range(len(parts)):
+            held = self.client.who_has([parts[k]]).get(parts[k].key) or ()
+            if not held:
+                raise RuntimeError(f"resident partition {k} of {table} left the cluster with its worker; "
+                                   "call release() and persist() again")
+            at[k] = {"workers": [held[0]], "allow_other_workers": False, "pure": False}
+        if index >= 0:
+            cols: Any = parts[index]
+            where = at[index]
+        else:  # whole instances: the partitions as one on one worker; only the columns needed travel
+            need = sorted({c for a in analyses for c in a.columns})
+            cols = [self.client.submit(_select, parts[k], need, **at[k]) for k in range(len(parts))]
+            where = {"pure": False}
+        return self.client.submit(_partials, cols, list(analyses), list(ctxs), backend_name, **where).result()
 
     def release(self) -> None:
         for futs in self.futures.values():

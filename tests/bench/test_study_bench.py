@@ -20,10 +20,12 @@ def test_study_bench_tiny_cpu(tmp_path, monkeypatch):
         import study_bench
 
         monkeypatch.setattr(study_bench, "bench_dataset", lambda size: ds)
-        assert study_bench.main(["--sizes", "2e4", "--backends", "cpu", "--rounds", "1", "--repeat", "1",
+        assert study_bench.main(["--sizes", "2e4", "--backends", "cpu,cpu+local:2", "--rounds", "1", "--repeat", "1",
                                  "--name", "s"]) == 0
     finally:
         sys.modules.pop("study_bench", None)
     res = json.loads((tmp_path / "s.json").read_text())
-    assert res["rows"] and "environment" in res
+    assert [r["backend"] for r in res["rows"]] == ["cpu", "cpu+local:2"] and "environment" in res
+    local, cluster = res["rows"]
+    assert local["analyses"].keys() == cluster["analyses"].keys() and cluster["loaded_bytes"] == local["loaded_bytes"]
     assert "Environment:" in (tmp_path / "s.md").read_text()

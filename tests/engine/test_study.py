@@ -9,6 +9,9 @@ caught.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -172,6 +175,8 @@ def test_study_on_cluster_workers_is_bit_identical_to_run(dataset, reference, re
             assert_same(study.run(names()), reference)
         assert_same(study.run("overcommit"), {"overcommit": reference["overcommit"]})
         assert study.partition_reads["instance_usage"] == 4  # nothing loaded again
+        # the partials ran where the data is: no partition was copied to another worker
+        assert remote.client.who_has(futs) == held
         assert study.resident_bytes == study.loaded_bytes > 0
         # the client process never read the streamed table: the workers did
         assert not any(f == "instance_usage" or f.startswith("instance_usage/") for (f, _) in read_log), read_log
@@ -201,3 +206,27 @@ def test_gpu_study_on_cuda_workers_matches_cpu(gpu_backend, dataset, reference):
     with gpuclust.open(dataset, backend="gpu", partitions=6, scheduler="cuda") as study:
         study.persist()
         assert_same(study.run(names()), reference, rtol=1e-9)
+
+
+def test_cluster_study_runs_where_a_retired_worker_left_its_partitions(dataset, reference):
+    """A worker that retires hands its partitions to another: runs go there; one that died with
+    them is reported."""
+    with gpuclust.open(dataset, partitions=4, scheduler="local:2") as study:
+        study.persist(create("cell-usage").columns)
+        remote = study._remote
+        client = remote.client
+        gone = remote.worker_of("instance_usage", 1)
+        client.retire_workers([gone], close_workers=True)
+        held = client.who_has(remote.futures["instance_usage"])
+        assert all(ws and gone not in ws for ws in held.values())
+        assert_same(study.run("cell-usage"), {"cell-usage": reference["cell-usage"]})
+        # a worker that dies takes its partitions with it
+        lost = remote.futures["instance_usage"][0]
+        dying = client.who_has([lost])[lost.key][0]
+        with contextlib.suppress(Exception):  # the worker dies before it answers
+            client.run(os._exit, 1, workers=[dying])
+        deadline = time.monotonic() + 30
+        while client.who_has([lost]).get(lost.key) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        with pytest.raises(RuntimeError, match=r"left the cluster with its worker; call release\(\) and persist\(\) again"):
+            study.run("cell-usage")
