@@ -245,8 +245,8 @@ class Study:
         groups = self._plan(table)
         rows = sum(s.num_rows for g in groups for s in g)
         need = rows * sum(d.itemsize for d in column_dtypes(table, columns).values())
-        free = _available_bytes(self.backend) if self._remote is None else need
-        if need > MEMORY_SHARE * free and self._remote is None:
+        free = _available_bytes(self.backend) if self._remote is None else None  # workers: their own limits
+        if free is not None and need > MEMORY_SHARE * free:
             raise StudyMemoryError(
                 f"persisting {len(columns)} column(s) of {table} ({rows:,} rows) needs {need / 2**30:.2f} GiB of "
                 f"{self.backend.name} memory; {free / 2**30:.2f} GiB are free. Persist fewer columns, or run "

@@ -96,11 +96,12 @@ class WorkerResidency:
             if old is not None:
                 f = self.client.submit(_join, old[gi], f, **at)
             futs.append(f)
+        index = {f.key: gi for gi, f in enumerate(futs)}
         for f in distributed.as_completed(futs):
             if f.status == "error":
                 f.result()  # raises the worker's exception
             if on_done is not None:
-                for spec in groups[futs.index(f)]:
+                for spec in groups[index[f.key]]:
                     on_done(spec)
         self.futures[table] = futs  # the old futures are dropped, not cancelled: cancel would take the joins too
 

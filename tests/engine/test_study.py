@@ -183,9 +183,24 @@ def test_study_on_cluster_workers_is_bit_identical_to_run(dataset, reference, re
     assert remote.futures == {}  # closed: released, and the cluster it started is gone
 
 
+class _Recorder:
+    """A progress sink that records what it is told."""
+
+    def __init__(self):
+        self.done: Counter[str] = Counter()
+
+    def partition_done(self, table, rows):  # type: ignore[no-untyped-def]
+        self.done[table] += rows
+
+    def __getattr__(self, name):  # phase, partitions, finish, ...: ignored
+        return lambda *a, **kw: None
+
+
 def test_cluster_study_persists_more_columns_on_the_same_workers(dataset, reference):
-    with gpuclust.open(dataset, partitions=4, scheduler="local:2") as study:
+    prog = _Recorder()
+    with gpuclust.open(dataset, partitions=4, scheduler="local:2", progress=prog) as study:
         study.persist(["avg_cpu"])
+        assert prog.done["instance_usage"] == dataset.num_rows("instance_usage")  # every partition reported loaded
         first = list(study._remote.futures["instance_usage"])
         where = [study._remote.client.who_has([f])[f.key] for f in first]
         study.run("cell-usage")  # loads what else cell-usage needs, joined on the same workers
