@@ -11,7 +11,7 @@
 #   tests      GPUCLUST_REQUIRE_GPU=1 pytest -m gpu -x, $JOBS workers (default 4)     (~1.5-2 min)
 #   tests-all  the same without -x: every GPU test runs                                (~1.5-2 min)
 #   sanitize   compute-sanitizer memcheck + racecheck over the kernel op tests         (~1 min)
-#   kernels    bench/kernels_bench.py: each op's bandwidth against the copy bandwidth (~1 min)
+#   kernels    bench/kernels_bench.py: each op's bandwidth against the copy bandwidth (~1-1.5 min)
 #   study      bench/study_bench.py at the last of $SIZES: resident data, gpu vs cpu  (~2.5 min)
 #   mixture    bench/mixture_bench.py --gpu                                            (~1-2 min)
 #   moments    bench/moments_bench.py                                                  (~1 min)
@@ -34,7 +34,7 @@ status=0
 JOBS=${JOBS:-4}
 
 # limit in seconds of each step (the sanitize step is two runs: memcheck and racecheck)
-declare -A LIMIT=([env]=60 [tests]=240 [tests-all]=240 [sanitize]=370 [kernels]=120 [study]=270
+declare -A LIMIT=([env]=60 [tests]=240 [tests-all]=240 [sanitize]=370 [kernels]=150 [study]=270
                   [mixture]=400 [moments]=400 [profile]=300 [analyses]=560)
 
 if [ "${1:-}" = "--plan" ]; then

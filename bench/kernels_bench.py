@@ -20,15 +20,22 @@ Cases cover the shapes the analyses produce: few cells with heavy contention (ce
 tier x hour), many cells (overcommit's machine x 5-min bucket), all intervals in one cell; groups
 of a few hundred windows (mixture per machine-hour) and of tens of thousands (per machine).
 
+Shared against global atomics: the ops keep a block-local float64 copy of a small output in shared
+memory (``backends/gpu.py``: ``SHARED_BYTES``); a shared-memory float64 ``atomicAdd`` may compile
+to a compare-and-swap loop.  The cases marked "global variant forced" run the same inputs with
+``SHARED_BYTES = 0`` (every add straight to global memory), so each pair of rows measures one
+choice against the other on the device.  On the cpu backend they time the same NumPy code twice.
+
 Writes bench/results/kernels_<backend>.{json,md} with device, versions and commit.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -105,13 +112,37 @@ def cases(scale: float) -> list[dict[str, Any]]:
          "n_groups": 5, "n_buckets": 744, "width": HOUR, "contention": False},
         {"op": "bucket_overlap", "name": "machine x 5 min (12,500 x 8,928 at scale 1, global variant)", "n": n,
          "n_groups": max(10, int(12_500 * min(scale, 1.0))), "n_buckets": 8_928, "width": 300 * US, "contention": False},
+        {"op": "bucket_overlap", "name": "tier x hour (5 x 744), global variant forced", "n": n,
+         "n_groups": 5, "n_buckets": 744, "width": HOUR, "contention": False, "force_global": True},
         {"op": "bucket_overlap", "name": "all intervals in one cell (contention)", "n": n,
          "n_groups": 1, "n_buckets": 4, "width": HOUR, "contention": True},
+        {"op": "bucket_overlap", "name": "all intervals in one cell (contention), global variant forced", "n": n,
+         "n_groups": 1, "n_buckets": 4, "width": HOUR, "contention": True, "force_global": True},
         {"op": "grouped_sum", "name": "10^5 groups", "n": n, "n_groups": 100_000},
+        {"op": "grouped_sum", "name": "1,000 groups (shared-memory variant)", "n": n, "n_groups": 1_000},
+        {"op": "grouped_sum", "name": "1,000 groups, global variant forced", "n": n, "n_groups": 1_000,
+         "force_global": True},
         {"op": "grouped_comoments", "name": "d=2, 12,500 groups (cpi by machine)", "n": n, "n_groups": 12_500, "d": 2},
         {"op": "mixture_quantiles", "name": "~300 windows per group", "n": nm, "n_groups": max(1, nm // 300)},
         {"op": "mixture_quantiles", "name": "~30,000 windows per group", "n": nm, "n_groups": max(1, nm // 30_000)},
     ]
+
+
+@contextlib.contextmanager
+def _variant(c: dict[str, Any]) -> Iterator[None]:
+    """Inside: the GPU ops use their global-memory variant if the case forces it (``SHARED_BYTES``
+    set to 0; restored after)."""
+    if not c.get("force_global"):
+        yield
+        return
+    from gpuclust.backends import gpu
+
+    saved = gpu.SHARED_BYTES
+    gpu.SHARED_BYTES = 0
+    try:
+        yield
+    finally:
+        gpu.SHARED_BYTES = saved
 
 
 def run_case(backend: Any, c: dict[str, Any], repeat: int, rng: np.random.Generator) -> dict[str, Any]:
@@ -160,7 +191,8 @@ def run_case(backend: Any, c: dict[str, Any], repeat: int, rng: np.random.Genera
         nbytes = n * (20 * 8 + 16) + G * 20 * 8
     else:
         raise ValueError(op)
-    t = _timer(backend)(fn, repeat)
+    with _variant(c):
+        t = _timer(backend)(fn, repeat)
     return {"op": op, "case": c["name"], "n": n, "n_groups": G, "seconds": t, "bytes": nbytes,
             "gb_per_s": nbytes / t / 1e9, "items_per_s": n / t}
 
