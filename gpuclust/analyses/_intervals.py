@@ -116,9 +116,9 @@ def running_intervals(backend: Any, cols: dict[str, Any], start: int, end: int) 
     c = cols["collection_id"][keep].astype(xp.int64)
     i = cols["instance_index"][keep].astype(xp.int64)
     t_raw = cols["time"][keep].astype(xp.int64)
-    order = keep[instance_order(xp, c, i, t_raw)]  # lexsort((row, time, instance, collection))
-    c, i, t_raw = cols["collection_id"][order].astype(xp.int64), cols["instance_index"][order].astype(xp.int64), \
-        cols["time"][order].astype(xp.int64)
+    perm = instance_order(xp, c, i, t_raw)  # lexsort((row, time, instance, collection))
+    order = keep[perm]  # the rows of ``cols`` in that order
+    c, i, t_raw = c[perm], i[perm], t_raw[perm]
     typ = cols["type"][order].astype(xp.int64)
     n = int(c.shape[0])
     t = xp.clip(t_raw, start, end)
