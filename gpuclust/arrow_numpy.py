@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["array", "empty_table", "labels", "rows_table", "scalar", "schema_table", "strings", "table",
+__all__ = ["array", "empty_table", "labels", "null_value", "rows_table", "scalar", "schema_table", "strings", "table",
            "table_from_rows", "to_numpy", "valid"]
 
 
@@ -37,7 +37,12 @@ def scalar(value: Any, type: pa.DataType) -> pa.Scalar:
     return pa.Array.from_buffers(type, 1, [None, pa.py_buffer(buf)])[0]
 
 
-def _null_fill(dtype: np.dtype) -> Any:
+def null_value(dtype: np.dtype) -> Any:
+    """What a NULL of a number column reads as in NumPy: NaN (floats) or the dtype's minimum (integers).
+
+    >>> null_value(np.dtype(np.float32)), null_value(np.dtype(np.int32))
+    (nan, -2147483648)
+    """
     return np.nan if dtype.kind == "f" else np.iinfo(dtype).min
 
 
@@ -66,7 +71,7 @@ def _chunk(c: pa.Array, dtype: np.dtype) -> np.ndarray:
         return v if v.dtype == dtype else v.astype(dtype)
     raw = np.frombuffer(c.buffers()[1], np.dtype(c.type.to_pandas_dtype()), count=c.offset + len(c))[c.offset:]
     out = raw.astype(dtype)  # a copy: the NULL slots (whatever their bytes) are filled
-    out[~_valid_chunk(c)] = _null_fill(dtype)
+    out[~_valid_chunk(c)] = null_value(dtype)
     return out
 
 

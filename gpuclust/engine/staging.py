@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from gpuclust.arrow_numpy import null_value
 from gpuclust.backends import Backend
 from gpuclust.engine import partition as _partition
 from gpuclust.schema import SCHEMAS
@@ -120,8 +121,7 @@ def fill_nulls(xp: Any, dest: Any, bits: Any, first_bit: int) -> None:
     """
     n = int(dest.shape[0])
     valid = xp.unpackbits(bits, bitorder="little")[first_bit:first_bit + n].view(bool)
-    fill = np.nan if dest.dtype.kind == "f" else np.iinfo(dest.dtype).min
-    dest[~valid] = fill
+    dest[~valid] = null_value(dest.dtype)
 
 
 def _fill(t: pa.Table, dest: dict[str, Any], offset: int, copy: Callable[[Any, int, np.ndarray], None]
