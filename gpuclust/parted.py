@@ -32,6 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from gpuclust._lazy import pandas as pd
+from gpuclust._parallel import map_ordered, threads
 from gpuclust.arrow_numpy import to_numpy
 from gpuclust.tables import as_arrow, as_pandas, column, is_frame, parquet_options
 
@@ -210,19 +211,27 @@ def slice_keyed(keyed: dict[str, np.ndarray], first: int, end: int) -> dict[str,
 def finalize_in_memory(a: Any, partial: Any, ctx: Any) -> dict[str, pd.DataFrame]:
     """``finalize`` of an analysis with ``parted`` tables, in memory: the same shards, parts and
     extras as the engine's spilled path, the parted tables concatenated (for direct calls and
-    small data)."""
+    small data).  The shards are finalized on :func:`gpuclust._parallel.threads` threads (set by
+    the caller with ``client_threads``; one by default), their parts and extras kept in shard
+    order, so the result is the same bits on any number of threads."""
     cp = a.client_partial(ctx)
     if cp is not None:
         partial = a.merge(partial, cp)
     rest, keyed = a.split(partial)
-    tables = {t: FrameParts() for t in a.parted}
-    extras = []
-    for lo, hi in a.shards(ctx, rest):
+
+    def shard(bounds: tuple[int, int]) -> tuple[dict[str, list[Any]], Any]:
+        lo, hi = bounds
         sub = {name: slice_keyed(k, *a.key_range(ctx, name, lo, hi)) for name, k in keyed.items()}
         rows, extra = a.finalize_shard(sub, rest, ctx, lo, hi)
-        for t, frames_ in rows.items():
-            tables[t].parts.extend([frames_] if _one_part(frames_) else frames_)
-        extras.append(extra)  # complete now that the rows are consumed
+        # the rows consumed here, on the shard's thread: the extra is complete once they are
+        return {t: [f] if _one_part(f) else list(f) for t, f in rows.items()}, extra
+
+    tables = {t: FrameParts() for t in a.parted}
+    extras = []
+    for rows, extra in map_ordered(shard, a.shards(ctx, rest), threads(), name="gpuclust-finalize"):
+        for t, parts in rows.items():
+            tables[t].parts.extend(parts)
+        extras.append(extra)
     out = a.finalize_parted(rest, ctx, tables, extras)
     return {**{t: tp.read() for t, tp in tables.items()}, **out}
 

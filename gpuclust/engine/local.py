@@ -26,7 +26,7 @@ from gpuclust.engine import shards as _shards
 from gpuclust.parted import PartedTable, map_large_arrays
 from gpuclust.tables import check_kind, convert
 
-__all__ = ["PerPartition", "bind_partition", "context_of", "contexts", "default_workers", "finalize_all", "merge_local",
+__all__ = ["PerPartition", "bind_partition", "context_of", "contexts", "default_workers", "finalize_all", "host_threads", "merge_local",
            "partition_partials", "per_partition", "plan_tables", "auto_rows_of", "resolve_analyses", "result_keys", "run", "unbound"]
 
 
@@ -115,6 +115,13 @@ def default_workers(backend: Backend | str) -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not on Linux
         return max(1, os.cpu_count() or 1)
+
+
+def host_threads(be: Backend, nthreads: int) -> int:
+    """Threads for the host work of a local run or study on ``be`` with ``nthreads`` engine
+    threads (contexts, finalize): those threads on the cpu backend; on the gpu backend, whose
+    engine runs one thread, the usable CPU cores."""
+    return nthreads if be.name == "cpu" else default_workers("cpu")
 
 
 def _map_in_order(fn: Any, items: Sequence[Any], threads: int) -> Iterable[Any]:
@@ -314,6 +321,7 @@ def _run(src: Any, ans: list[Analysis], be: Backend, partitions: int | str, sche
                        "native")
 
     multiple = nthreads if scheduler is None else 1
+    client = host_threads(be, nthreads) if scheduler is None else default_workers("cpu")  # the client's own work
     base = _selection.unwrap(src)
     auto_rows = rows(ans, base) if rows is not None else None
     plans = plan_tables(base, ans, partitions, cut_points, multiple_of=multiple, auto_rows=auto_rows)
@@ -324,7 +332,7 @@ def _run(src: Any, ans: list[Analysis], be: Backend, partitions: int | str, sche
     try:
         ctxs = contexts(ans, src, progress, per_partition=per_partition(src, ans, plans), run_pass=run_pass,
                         scratch=None if folders is None else folders.spill / "context",
-                        threads=nthreads if scheduler is None and be.name == "cpu" else default_workers("cpu"))
+                        threads=client)
         spills: list[_shards.SpillTarget | None] = [folders.for_analysis(k) if a.sharded and folders is not None
                                                     else None for k, a in enumerate(ans)]
         if scheduler is None:  # merged here in partition order: small keyed partials stay in memory
@@ -358,7 +366,7 @@ def _run(src: Any, ans: list[Analysis], be: Backend, partitions: int | str, sche
 
             return compute_tasks(_shards.reduce_shard, args, scheduler)
     return finalize_all(ans, merged, [unbound(c) for c in ctxs], progress, folders=folders, run_tasks=run_tasks,
-                        spills=spills)
+                        spills=spills, threads=client)
 
 
 class _Prefetch:
@@ -542,10 +550,13 @@ def merge_local(plans: dict[str, tuple[list[int], list[_partition.PartitionSpec]
 
 def finalize_all(ans: Sequence[Analysis], merged: Sequence[Any], ctxs: Sequence[Any],
                  progress: Any = None, folders: _shards.SpillFolders | None = None, run_tasks: Any = None,
-                 spills: Sequence[_shards.SpillTarget | None] | None = None) -> dict[str, dict[str, Any]]:
+                 spills: Sequence[_shards.SpillTarget | None] | None = None,
+                 threads: int = 1) -> dict[str, dict[str, Any]]:
     """``{result key: finalized tables}`` (see :func:`result_keys`); an analysis whose partials
     were spilled (``spills``) gets its shards reduced by ``run_tasks`` and its parted tables
-    written under ``folders.root`` (:func:`gpuclust.engine.shards.finalize_parted`)."""
+    written under ``folders.root`` (:func:`gpuclust.engine.shards.finalize_parted`).  The others'
+    ``finalize`` may use ``threads`` host threads (``client_threads``: the shards of an in-memory
+    parted finalize, :func:`gpuclust.parted.finalize_in_memory`)."""
     keys = result_keys(ans)
     if progress is not None:
         progress.phase("finalize")
@@ -555,7 +566,8 @@ def finalize_all(ans: Sequence[Analysis], merged: Sequence[Any], ctxs: Sequence[
         if folder is not None and folders is not None:
             out[key] = _shards.finalize_parted(a, ctx, p, folders.root / key, folder, run_tasks, progress)
         else:
-            out[key] = a.finalize(p, ctx)
+            with client_threads(threads):
+                out[key] = a.finalize(p, ctx)
     if progress is not None:
         progress.finish()
     return out

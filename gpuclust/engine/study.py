@@ -36,7 +36,7 @@ from gpuclust._memory import tune_allocator
 from gpuclust.analyses.base import Analysis
 from gpuclust.backends import Backend, get_backend
 from gpuclust.engine import partition as _partition
-from gpuclust.engine.local import contexts, default_workers, finalize_all, merge_local, resolve_analyses
+from gpuclust.engine.local import contexts, default_workers, finalize_all, host_threads, merge_local, resolve_analyses
 from gpuclust.engine.staging import LOAD_THREADS, column_dtypes, load_partitions
 from gpuclust.engine.study_workers import WorkerResidency, partials_of
 from gpuclust.schema import SCHEMAS
@@ -322,7 +322,8 @@ class Study:
         if whole:
             extra = merge_local(whole, ans, ctxs, be, 1, progress, partials)
             merged = [m if e is None else e for m, e in zip(merged, extra, strict=True)]
-        return convert(finalize_all(ans, merged, ctxs, progress), "pandas")  # as engine.run's default
+        return convert(finalize_all(ans, merged, ctxs, progress, threads=host_threads(be, self.workers)),
+                       "pandas")  # as engine.run's default
 
     def _whole_instance_plans(self, ans: list[Analysis], plans: dict[str, tuple[list[int], list[Any]]]
                               ) -> dict[str, tuple[list[int], list[Any]]]:

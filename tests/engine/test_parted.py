@@ -74,6 +74,48 @@ def test_many_shards_equal_one(cell: dict, reference: dict, monkeypatch: pytest.
     assert_results_same(reference, got, rtol=1e-9)
 
 
+def test_in_memory_finalize_on_threads_gives_the_one_thread_bits(cell: dict, reference: dict,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A study (or a direct ``finalize``) finalizes a parted analysis in memory, its shards on the
+    host threads that ``client_threads`` grants: the bits of one thread (parts and cell sums in
+    shard order), and the shards really ran on several threads."""
+    import threading
+
+    from gpuclust._parallel import client_threads
+    from gpuclust.analyses.base import to_host
+    from gpuclust.backends import get_backend
+    from gpuclust.engine.local import context_of
+    from gpuclust.engine.partition import column_to_numpy
+    from gpuclust.tables import as_pandas
+
+    monkeypatch.setattr(oc, "SHARD_CELLS", SHARD)
+    seen: set[str] = set()
+    real = Overcommit.finalize_shard
+
+    def spy(self, keyed, rest, ctx, lo, hi):  # type: ignore[no-untyped-def]
+        seen.add(threading.current_thread().name)
+        return real(self, keyed, rest, ctx, lo, hi)
+
+    monkeypatch.setattr(Overcommit, "finalize_shard", spy)
+    a = Overcommit(bucket_s=300)
+    src = TableSource(cell, tier_map="notebook")
+    ctx = context_of(a, src)
+    be = get_backend("cpu")
+    t = cell["instance_usage"]
+    partial = to_host(a.partial({c: be.asarray(column_to_numpy(t.column(c))) for c in a.columns}, ctx, be))
+    one = a.finalize(partial, ctx)
+    assert len(seen) == 1
+    seen.clear()
+    with client_threads(4):
+        many = a.finalize(partial, ctx)
+    assert len(seen) > 1
+    assert list(many) == list(one)
+    for name in one:
+        pd.testing.assert_frame_equal(as_pandas(many[name]), as_pandas(one[name]), check_exact=True)
+    pd.testing.assert_frame_equal(as_pandas(one["machine"]), reference["overcommit"]["machine"], check_exact=False,
+                                  rtol=1e-9)
+
+
 def test_shards_written_by_the_tasks(cell: dict, reference: dict, monkeypatch: pytest.MonkeyPatch,
                                      tmp_path: Path) -> None:
     monkeypatch.setattr(oc, "SHARD_CELLS", SHARD)
