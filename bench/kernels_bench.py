@@ -25,6 +25,9 @@ memory (``backends/gpu.py``: ``SHARED_BYTES``); a shared-memory float64 ``atomic
 to a compare-and-swap loop.  The cases marked "global variant forced" run the same inputs with
 ``SHARED_BYTES = 0`` (every add straight to global memory), so each pair of rows measures one
 choice against the other on the device.  On the cpu backend they time the same NumPy code twice.
+Likewise the two 7-series cases: the k series of a 2-D ``value`` swept in one launch, against one
+launch per series (what the GPU wrapper did before the one-launch kernel); a series counts 8 B per
+interval and 8 B per output cell.
 
 Writes bench/results/kernels_<backend>.{json,md} with device, versions and commit.
 """
@@ -118,6 +121,11 @@ def cases(scale: float) -> list[dict[str, Any]]:
          "n_groups": 1, "n_buckets": 4, "width": HOUR, "contention": True},
         {"op": "bucket_overlap", "name": "all intervals in one cell (contention), global variant forced", "n": n,
          "n_groups": 1, "n_buckets": 4, "width": HOUR, "contention": True, "force_global": True},
+        {"op": "bucket_overlap", "name": "7 series in one launch (overcommit's whole-bucket sweep, 1,000 x 288)",
+         "n": n // 4, "n_groups": 1_000, "n_buckets": 288, "width": 300 * US, "contention": False, "series": 7},
+        {"op": "bucket_overlap", "name": "7 series, one launch per series (the same inputs)", "n": n // 4,
+         "n_groups": 1_000, "n_buckets": 288, "width": 300 * US, "contention": False, "series": 7,
+         "per_series": True},
         {"op": "grouped_sum", "name": "10^5 groups", "n": n, "n_groups": 100_000},
         {"op": "grouped_sum", "name": "1,000 groups (shared-memory variant)", "n": n, "n_groups": 1_000},
         {"op": "grouped_sum", "name": "1,000 groups, global variant forced", "n": n, "n_groups": 1_000,
@@ -150,13 +158,18 @@ def run_case(backend: Any, c: dict[str, Any], repeat: int, rng: np.random.Genera
     op, n, G = c["op"], c["n"], c["n_groups"]
     if op == "bucket_overlap":
         h = _intervals(rng, n, G, c["n_buckets"], c["width"], c["contention"])
-        d = {k: xp.asarray(v) for k, v in h.items()}
+        k = c.get("series", 1)
+        if k > 1:  # k value series over the same intervals: one 2-D sweep
+            h["value"] = rng.random((k, n))
+        d = {key: xp.asarray(v) for key, v in h.items()}
         kw = dict(n_groups=G, n_buckets=c["n_buckets"], origin=0, width=c["width"])
 
         def fn() -> Any:
+            if c.get("per_series"):  # the same series, one 1-D sweep (launch) each
+                return [ops.bucket_overlap(d["start"], d["end"], d["value"][j], d["group"], **kw) for j in range(k)]
             return ops.bucket_overlap(d["start"], d["end"], d["value"], d["group"], **kw)
 
-        nbytes = n * (8 + 8 + 8 + 4) + G * c["n_buckets"] * 8
+        nbytes = n * (8 + 8 + 4 + 8 * k) + k * G * c["n_buckets"] * 8
     elif op == "grouped_sum":
         codes = xp.asarray(rng.integers(0, G, n).astype(np.int64))
         vals = xp.asarray(rng.random(n))

@@ -17,19 +17,30 @@ namespace gpuclust {
 
 __device__ __forceinline__ int lane_id() { return threadIdx.x & 31; }
 
-// Sum of `v` over the lanes of the warp whose key equals this lane's key; valid in the leader
-// (lowest lane) of each key group, which is reported through `is_leader`.
-__device__ __forceinline__ double warp_key_sum(long long key, double v, bool* is_leader) {
-    const unsigned full = 0xffffffffu;
-    const unsigned peers = __match_any_sync(full, key);
+// The lanes of the warp whose key equals this lane's key (a bit mask), and whether this lane is
+// their leader (the lowest).  All lanes must call.
+__device__ __forceinline__ unsigned warp_peers(long long key, bool* is_leader) {
+    const unsigned peers = __match_any_sync(0xffffffffu, key);
+    *is_leader = (lane_id() == __ffs(peers) - 1);
+    return peers;
+}
+
+// Sum of `v` over the lanes in `peers` (from warp_peers), added in lane order (32 warp shuffles);
+// valid in every lane of the group.  All lanes must call.
+__device__ __forceinline__ double warp_peer_sum(unsigned peers, double v) {
     double s = 0.0;
 #pragma unroll
     for (int j = 0; j < 32; ++j) {
-        const double vj = __shfl_sync(full, v, j);
+        const double vj = __shfl_sync(0xffffffffu, v, j);
         if ((peers >> j) & 1u) s += vj;
     }
-    *is_leader = (lane_id() == __ffs(peers) - 1);
     return s;
+}
+
+// Sum of `v` over the lanes of the warp whose key equals this lane's key; valid in the leader
+// (lowest lane) of each key group, which is reported through `is_leader`.
+__device__ __forceinline__ double warp_key_sum(long long key, double v, bool* is_leader) {
+    return warp_peer_sum(warp_peers(key, is_leader), v);
 }
 
 // Warp-aggregated atomic add of `v` into out[key]; key < 0 means "this lane adds nothing".

@@ -291,17 +291,17 @@ class CellUsage(Analysis):
         kw = dict(n_groups=n_tiers, n_buckets=nb, origin=h0 * HOUR_US, width=HOUR_US)
         start = xp.ascontiguousarray(start)
         end = xp.ascontiguousarray(end)
-        dcpu = ops.bucket_overlap(start, end, xp.ascontiguousarray(cpu), tier, **kw).reshape(-1)
-        dmem = ops.bucket_overlap(start, end, xp.ascontiguousarray(mem), tier, **kw).reshape(-1)
+        # one sweep of four series: usage, and the overlap of windows with a non-NULL value
+        fin = [xp.isfinite(v).astype(xp.float64) for v in (cpu, mem)]
+        swept = ops.bucket_overlap(start, end, xp.stack([cpu.astype(xp.float64), mem.astype(xp.float64), *fin]),
+                                   tier, **kw).reshape(4, -1)
+        dcpu, dmem = swept[0], swept[1]
         cell = tier.astype(xp.int64) * nb + (hs - h0)
         dwin = xp.bincount(cell, minlength=n_tiers * nb).astype(xp.int64)
         # cpu_n / mem_n > 0 iff some window with a non-NULL value touches the hour (positive overlap,
         # or starts in it): otherwise the hour's usage is unknown (NaN), not 0
-        known = {}
-        for name, v in (("cpu_n", cpu), ("mem_n", mem)):
-            fin = xp.isfinite(v).astype(xp.float64)
-            known[name] = (ops.bucket_overlap(start, end, xp.ascontiguousarray(fin), tier, **kw).reshape(-1)
-                           + xp.bincount(cell, weights=fin, minlength=n_tiers * nb))
+        known = {name: swept[2 + j] + xp.bincount(cell, weights=fin[j], minlength=n_tiers * nb)
+                 for j, name in enumerate(("cpu_n", "mem_n"))}
         # keep the known-coverage of cells this partition does not otherwise touch: another partition
         # may hold the cell's only NULL-valued windows (finalize drops cells without contribution)
         idx = xp.nonzero((dcpu != 0) | (dmem != 0) | (dwin != 0) | (known["cpu_n"] != 0) | (known["mem_n"] != 0))[0]

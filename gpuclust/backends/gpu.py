@@ -32,6 +32,7 @@ BUCKET_OVERLAP_PARAMS: tuple[tuple[str, Any], ...] = (
     ("start", _PTR),
     ("end", _PTR),
     ("value", _PTR),
+    ("k", np.int32),
     ("group", _PTR),
     ("n", np.int64),
     ("n_groups", np.int32),
@@ -142,27 +143,26 @@ def bucket_overlap(start: Any, end: Any, value: Any, group: Any, *, n_groups: in
                    origin: int, width: int) -> Any:
     """GPU twin of :func:`gpuclust.backends.cpu.bucket_overlap` (same arguments and result).
 
-    Uses ``bucket_overlap_shared`` (block-local shared-memory accumulator) when the whole output
-    fits in :data:`SHARED_BYTES`, else ``bucket_overlap_global``; both aggregate equal
-    (group, bucket) keys across a warp before any atomic (see docs/kernels.md).
+    One launch for all series of a 2-D ``value`` (the intervals read and the keys matched once per
+    step for every series).  Uses ``bucket_overlap_shared`` (block-local shared-memory
+    accumulator) when the whole ``(k, n_groups, n_buckets)`` output fits in :data:`SHARED_BYTES`,
+    else ``bucket_overlap_global``; both aggregate equal (group, bucket) keys across a warp before
+    any atomic (see docs/kernels.md).
     """
     from gpuclust import _kernels
 
     cp = _cupy()
     n = check_bucket_overlap(start, end, value, group, n_groups, n_buckets, origin, width)
-    if value.ndim == 2:  # k series over the same intervals: one launch per series
-        return cp.stack([bucket_overlap(start, end, value[j], group, n_groups=n_groups, n_buckets=n_buckets,
-                                        origin=origin, width=width) for j in range(value.shape[0])]) \
-            if value.shape[0] else cp.zeros((0, n_groups, n_buckets), dtype=cp.float64)
-    out = cp.zeros((n_groups, n_buckets), dtype=cp.float64)
-    cells = n_groups * n_buckets
+    k = int(value.shape[0]) if value.ndim == 2 else 1
+    out = cp.zeros((k, n_groups, n_buckets) if value.ndim == 2 else (n_groups, n_buckets), dtype=cp.float64)
+    cells = k * n_groups * n_buckets
     if n == 0 or cells == 0:
         return out
     small = cells * 8 <= SHARED_BYTES
     tmpl = "gpuclust::bucket_overlap_shared" if small else "gpuclust::bucket_overlap_global"
     kernel = _kernels.get_function("bucket_overlap.cu", tmpl, (_CTYPE[value.dtype],))
     _launch(kernel, n, BUCKET_OVERLAP_PARAMS, shared_mem=cells * 8 if small else 0,
-            start=start, end=end, value=value, group=group, n=n, n_groups=n_groups,
+            start=start, end=end, value=value, k=k, group=group, n=n, n_groups=n_groups,
             n_buckets=n_buckets, origin=origin, width=width, out=out)
     return out
 

@@ -36,3 +36,46 @@ def test_include_inlining_recursive_once(tmp_path):
 def test_undeclared_instantiation_rejected():
     with pytest.raises(_kernels.KernelSourceError):
         _kernels.get_function("bucket_overlap.cu", "gpuclust::bucket_overlap_shared", ("int",))
+
+
+def _cuda_params(src: str) -> dict[str, list[tuple[str, str]]]:
+    """``{kernel name: [(parameter name, "ptr" or its C scalar type)]}`` of every ``__global__``
+    function in ``src`` (a kernel file as NVRTC compiles it)."""
+    import re
+
+    out = {}
+    for name, params in re.findall(r"__global__\s+void\s+(\w+)\s*\(([^)]*)\)", src):
+        got = []
+        for p in params.split(","):
+            words = p.replace("*", " * ").split()
+            ctype = "ptr" if "*" in words else " ".join(w for w in words[:-1] if w != "const")
+            got.append((words[-1], ctype))
+        out[name] = got
+    return out
+
+
+def test_wrapper_parameter_lists_match_the_cuda_signatures():
+    """Each wrapper launches with named arguments ordered by a declared parameter list; a list that
+    drifted from its kernel's signature (order, name or scalar type) would pass wrong arguments
+    without any error on a device, so it is checked here against the sources."""
+    import numpy as np
+
+    from gpuclust.backends import gpu, mixture_gpu, moments_gpu
+
+    ctype = {np.int64: "long long", np.int32: "int", np.float64: "double"}
+    lists = {
+        "bucket_overlap.cu": {"bucket_overlap_shared": gpu.BUCKET_OVERLAP_PARAMS,
+                              "bucket_overlap_global": gpu.BUCKET_OVERLAP_PARAMS},
+        "grouped_sum.cu": {"grouped_sum_shared": gpu.GROUPED_SUM_PARAMS, "grouped_sum_global": gpu.GROUPED_SUM_PARAMS},
+        "grouped_moments.cu": {f"comoments_{p}_{v}": params for p, params in (
+            ("sums", moments_gpu.SUMS_PARAMS), ("centered", moments_gpu.CENTERED_PARAMS)) for v in ("shared", "global")},
+        "mixture.cu": {"mixture_repair": mixture_gpu.REPAIR_PARAMS, "mixture_window_means": mixture_gpu.MEANS_PARAMS,
+                       "mixture_sweep": mixture_gpu.SWEEP_PARAMS, "mixture_invert": mixture_gpu.INVERT_PARAMS},
+    }
+    assert sorted(lists) == _kernels.kernel_files()
+    for filename, kernels in lists.items():
+        found = _cuda_params(_kernels.load_source(filename))
+        assert sorted(found) == sorted(kernels), filename
+        for name, params in kernels.items():
+            want = [(p, "ptr" if t == "ptr" else ctype[t]) for p, t in params]
+            assert found[name] == want, (filename, name)

@@ -164,16 +164,37 @@ def test_bucket_overlap_gpu_parity(gpu_backend, dtype, n, n_groups, n_buckets, c
 
 
 @pytest.mark.gpu
-def test_bucket_overlap_gpu_parity_2d(gpu_backend):
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize(("n", "n_groups", "n_buckets", "contention", "force_global"), [
+    (100_000, 4, 300, False, False),   # 3 series: shared memory (3 x 4 x 300 doubles)
+    (100_000, 4, 300, False, True),    # the same, global variant forced
+    (100_000, 6, 2000, False, False),  # 3 x 6 x 2000 doubles: global
+    (300_000, 1, 4, True, False),      # every interval in one cell, all series
+])
+def test_bucket_overlap_gpu_parity_2d(gpu_backend, monkeypatch, dtype, n, n_groups, n_buckets, contention,
+                                      force_global):
+    """k series in one launch: each the 1-D sweep of its own values, a NaN dropping the interval
+    from its own series only."""
+    from gpuclust.backends import gpu
+
+    if force_global:
+        monkeypatch.setattr(gpu, "SHARED_BYTES", 0)
     cp = gpu_backend.xp
-    rng = np.random.default_rng(3)
-    start, end, value, group, origin = _rng_case(rng, 100_000, 4, 300, HOUR, np.float64, False)
-    vals = np.ascontiguousarray(np.stack([value, rng.random(value.shape[0]), np.ones(value.shape[0])]))
-    kw = dict(n_groups=4, n_buckets=300, origin=origin, width=HOUR)
+    rng = np.random.default_rng(n + n_buckets)
+    start, end, value, group, origin = _rng_case(rng, n, n_groups, n_buckets, HOUR, dtype, contention)
+    other = rng.random(n).astype(dtype)
+    other[rng.random(n) < 0.1] = np.nan  # NaNs where the first series has none (and the reverse)
+    vals = np.ascontiguousarray(np.stack([value, other, np.ones(n, dtype=dtype)]))
+    kw = dict(n_groups=n_groups, n_buckets=n_buckets, origin=origin, width=HOUR)
     want = cpu.bucket_overlap(start, end, vals, group, **kw)
     got = gpu_backend.ops.bucket_overlap(cp.asarray(start), cp.asarray(end), cp.asarray(vals), cp.asarray(group), **kw)
-    assert got.shape == (3, 4, 300)
-    np.testing.assert_allclose(cp.asnumpy(got), want, rtol=1e-9, atol=1e-9 * max(1.0, float(np.abs(want).max(initial=0))))
+    assert got.shape == (3, n_groups, n_buckets)
+    for j in range(3):
+        np.testing.assert_allclose(cp.asnumpy(got[j]), want[j], rtol=1e-9,
+                                   atol=1e-9 * max(1.0, float(np.abs(want[j]).max(initial=0))))
+    # and each series is what its own 1-D sweep gives
+    one = gpu_backend.ops.bucket_overlap(cp.asarray(start), cp.asarray(end), cp.asarray(vals[1]), cp.asarray(group), **kw)
+    np.testing.assert_allclose(cp.asnumpy(got[1]), cp.asnumpy(one), rtol=1e-12, atol=1e-12 * max(1.0, float(abs(one).max())))
 
 
 @pytest.mark.gpu
