@@ -10,7 +10,7 @@
 #   env        nvidia-smi, driver, CUDA, CuPy, Python package versions, commit        (~10 s)
 #   tests      GPUCLUST_REQUIRE_GPU=1 pytest -m gpu -x, $JOBS workers (default 4)     (~1.5-2 min)
 #   tests-all  the same without -x: every GPU test runs                                (~1.5-2 min)
-#   sanitize   compute-sanitizer memcheck + racecheck over the kernel op tests         (~1 min)
+#   sanitize   compute-sanitizer memcheck + racecheck: kernel ops, moments, tiled mixture (~1 min)
 #   kernels    bench/kernels_bench.py: each op's bandwidth against the copy bandwidth (~1-1.5 min)
 #   study      bench/study_bench.py at the last of $SIZES: resident data, gpu vs cpu  (~2.5 min)
 #   mixture    bench/mixture_bench.py --gpu                                            (~1-2 min)
@@ -33,8 +33,12 @@ mkdir -p "$LOGS" bench/results
 status=0
 JOBS=${JOBS:-4}
 
-# limit in seconds of each step (the sanitize step is two runs: memcheck and racecheck)
-declare -A LIMIT=([env]=60 [tests]=240 [tests-all]=240 [sanitize]=370 [kernels]=150 [study]=270
+# the mixture kernels under the sanitizers: the tiled sweep against the per-group one (every kernel of
+# mixture.cu runs in it)
+SANITIZE_MIXTURE=(tests/mixture/test_mixture_gpu.py::test_tiled_sweep_agrees_with_the_per_group_sweep)
+
+# limit in seconds of each step (the sanitize step is two runs: memcheck 90 s and racecheck 60 s)
+declare -A LIMIT=([env]=60 [tests]=240 [tests-all]=240 [sanitize]=150 [kernels]=150 [study]=270
                   [mixture]=400 [moments]=400 [profile]=300 [analyses]=560)
 
 if [ "${1:-}" = "--plan" ]; then
@@ -109,10 +113,11 @@ for step in "$@"; do
         tests) run tests "${LIMIT[tests]}" $PY -m pytest -m gpu -q -x -n "$JOBS" --timeout 180 -p no:cacheprovider ;;
         tests-all) run tests-all "${LIMIT[tests-all]}" $PY -m pytest -m gpu -q -n "$JOBS" --timeout 180 -p no:cacheprovider ;;
         sanitize)
-            run memcheck 220 compute-sanitizer --tool memcheck --error-exitcode 9 --target-processes all \
-                $PY -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_ops.py tests/moments/test_moments_gpu.py
-            run racecheck 150 compute-sanitizer --tool racecheck --error-exitcode 9 --target-processes all \
-                $PY -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_ops.py ;;
+            run memcheck 90 compute-sanitizer --tool memcheck --error-exitcode 9 --target-processes all \
+                $PY -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_ops.py tests/moments/test_moments_gpu.py \
+                "${SANITIZE_MIXTURE[@]}"
+            run racecheck 60 compute-sanitizer --tool racecheck --error-exitcode 9 --target-processes all \
+                $PY -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_ops.py "${SANITIZE_MIXTURE[@]}" ;;
         kernels) run kernels "${LIMIT[kernels]}" $PY bench/kernels_bench.py --backend gpu
                  keep bench/results/kernels_gpu.json bench/results/kernels_gpu.md ;;
         study) run study "${LIMIT[study]}" $PY bench/study_bench.py --sizes "${SIZES##*,}" --backends gpu,cpu --repeat 1 --name study_gpu

@@ -25,6 +25,8 @@ memory (``backends/gpu.py``: ``SHARED_BYTES``); a shared-memory float64 ``atomic
 to a compare-and-swap loop.  The cases marked "global variant forced" run the same inputs with
 ``SHARED_BYTES = 0`` (every add straight to global memory), so each pair of rows measures one
 choice against the other on the device.  On the cpu backend they time the same NumPy code twice.
+The mixture's "one block per group forced" case runs the by=tier inputs with the per-group sweep
+that the tiled one replaces for few, large groups (``mixture_gpu.TILED_SWEEP = False``).
 Likewise the two 7-series cases: the k series of a 2-D ``value`` swept in one launch, against one
 launch per series (what the GPU wrapper did before the one-launch kernel); a series counts 8 B per
 interval and 8 B per output cell.
@@ -133,24 +135,28 @@ def cases(scale: float) -> list[dict[str, Any]]:
         {"op": "grouped_comoments", "name": "d=2, 12,500 groups (cpi by machine)", "n": n, "n_groups": 12_500, "d": 2},
         {"op": "mixture_quantiles", "name": "~300 windows per group", "n": nm, "n_groups": max(1, nm // 300)},
         {"op": "mixture_quantiles", "name": "~30,000 windows per group", "n": nm, "n_groups": max(1, nm // 30_000)},
+        {"op": "mixture_quantiles", "name": "5 groups (by=tier): tiled sweep", "n": nm // 2, "n_groups": 5},
+        {"op": "mixture_quantiles", "name": "5 groups (by=tier), one block per group forced", "n": nm // 2,
+         "n_groups": 5, "tiled": False},
+        {"op": "mixture_quantiles", "name": "1 group (by=cell): tiled sweep", "n": nm // 2, "n_groups": 1},
     ]
 
 
 @contextlib.contextmanager
 def _variant(c: dict[str, Any]) -> Iterator[None]:
     """Inside: the GPU ops use their global-memory variant if the case forces it (``SHARED_BYTES``
-    set to 0; restored after)."""
-    if not c.get("force_global"):
-        yield
-        return
-    from gpuclust.backends import gpu
+    set to 0), and the mixture the sweep it names (``TILED_SWEEP``); both restored after."""
+    from gpuclust.backends import gpu, mixture_gpu
 
-    saved = gpu.SHARED_BYTES
-    gpu.SHARED_BYTES = 0
+    saved = gpu.SHARED_BYTES, mixture_gpu.TILED_SWEEP
+    if c.get("force_global"):
+        gpu.SHARED_BYTES = 0
+    if "tiled" in c:
+        mixture_gpu.TILED_SWEEP = c["tiled"]
     try:
         yield
     finally:
-        gpu.SHARED_BYTES = saved
+        gpu.SHARED_BYTES, mixture_gpu.TILED_SWEEP = saved
 
 
 def run_case(backend: Any, c: dict[str, Any], repeat: int, rng: np.random.Generator) -> dict[str, Any]:

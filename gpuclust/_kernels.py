@@ -50,6 +50,12 @@ INSTANTIATIONS: dict[str, dict[str, list[tuple[str, ...]]]] = {
         "gpuclust::mixture_repair": [("float",), ("double",)],
         "gpuclust::mixture_window_means": [("float",), ("double",)],
         "gpuclust::mixture_sweep": [("double",)],
+        "gpuclust::mixture_tile_slope": [("double",)],
+        "gpuclust::mixture_tile_carry": [("double",)],
+        "gpuclust::mixture_tile_slopes": [("double",)],
+        "gpuclust::mixture_tile_cdf": [("double",)],
+        "gpuclust::mixture_tile_carry_max": [("double",)],
+        "gpuclust::mixture_tile_max": [("double",)],
         "gpuclust::mixture_invert": [("double",)],
     },
 }

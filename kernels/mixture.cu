@@ -16,6 +16,8 @@
 //                            double-double block scans give the slope after each event and
 //                            F(x_j) = sum (jump + slope_{j-1} * (x_j - x_{j-1})), then a max-scan
 //                            keeps F monotone.  Writes x, slope and F per sorted event.
+//   mixture_tile_*<T>        the same sweep with a group's tiles spread over all blocks (few,
+//                            large groups); see "The tiled sweep" below.
 //   mixture_invert<T>        one thread per (group, level): binary search for the first event
 //                            with F >= p*T - snap_rel*T (T = F at the group's last event), then
 //                            one linear inversion; p >= 1 gives the last event (support max),
@@ -81,6 +83,32 @@ __device__ __forceinline__ void mixture_segment(const T* qi, const double* src, 
     *point_mass = narrow ? m : 0.0;
 }
 
+// Sorted event j (id e = ev[j] = i * nl + k): its value x = q_ik, the density it starts (plus) and
+// ends (minus), and the point mass it starts (jump).  Shared by the per-group and tiled sweeps,
+// so both compute every event's terms with the same arithmetic.
+template <typename T>
+__device__ __forceinline__ void mixture_event(const T* __restrict__ q, const double* __restrict__ src,
+                                              const double* __restrict__ v, const long long* __restrict__ ev,
+                                              long long j, int nl, double narrow_rel, double* x, double* jump,
+                                              double* plus, double* minus) {
+    const long long e = ev[j];
+    const long long i = e / nl;
+    const int k = (int)(e - i * nl);
+    const T* qi = q + i * nl;
+    const double vi = v[i];
+    *x = (double)qi[k];
+    double d, pm;
+    if (k < nl - 1) {
+        mixture_segment<T>(qi, src, vi, k, narrow_rel, &d, &pm);
+        *plus = d;
+        *jump = pm;
+    }
+    if (k > 0) {
+        mixture_segment<T>(qi, src, vi, k - 1, narrow_rel, &d, &pm);
+        *minus = d;
+    }
+}
+
 template <typename T>
 __global__ void mixture_sweep(const T* __restrict__ q, const double* __restrict__ src, const double* __restrict__ v,
                               const long long* __restrict__ ev, const long long* __restrict__ row_start,
@@ -108,24 +136,7 @@ __global__ void mixture_sweep(const T* __restrict__ q, const double* __restrict_
             const long long j = base + threadIdx.x;
             const bool act = j < s1;
             double x = 0.0, jump = 0.0, plus = 0.0, minus = 0.0;
-            if (act) {
-                const long long e = ev[j];
-                const long long i = e / nl;
-                const int k = (int)(e - i * nl);
-                const T* qi = q + i * nl;
-                const double vi = v[i];
-                x = (double)qi[k];
-                double d, pm;
-                if (k < nl - 1) {
-                    mixture_segment<T>(qi, src, vi, k, narrow_rel, &d, &pm);
-                    plus = d;
-                    jump = pm;
-                }
-                if (k > 0) {
-                    mixture_segment<T>(qi, src, vi, k - 1, narrow_rel, &d, &pm);
-                    minus = d;
-                }
-            }
+            if (act) mixture_event<T>(q, src, v, ev, j, nl, narrow_rel, &x, &jump, &plus, &minus);
             // slope after this event: compensated prefix of (+d_k) + (-d_k-1)
             dd2 tile_total;
             dd2 s_incl = block_scan_dd(dd_two_sum(plus, -minus), scratch_dd, &tile_total);
@@ -167,6 +178,220 @@ __global__ void mixture_sweep(const T* __restrict__ q, const double* __restrict_
                 carry_fmax = f;
             }
             __syncthreads();
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The tiled sweep: x, slope and F as mixture_sweep computes them, with the tiles of a group
+// spread over every block instead of walked by one.  For few, large groups (by=tier: <= 6,
+// by=cell: 1), where one block per group would leave all but a handful of SMs idle.
+//
+// Tile t covers sorted events [tile_start[t], tile_end[t]) of one group (at most blockDim.x of
+// them; a group's tiles start at its first event, tile_s0[t], and are full but the last); group g
+// owns tiles [tile_first[g], tile_first[g+1]).  mixture_sweep carries the slope sum, F and max F
+// from tile to tile; here each carry is a separate pass.  Every per-tile step is mixture_sweep's
+// block scan over the same thread layout; only the carries associate differently (a block scan
+// of the tile totals, not a running sum), so the two differ by double-double rounding
+// (~1e-30 relative) before the final rounding to double:
+//   1. mixture_tile_slope<T>      per tile: the slope-delta block scan's total and the inclusive
+//                                 value at the last thread (the tile's last event)
+//   2. mixture_tile_carry<double> per group: each tile's slope carry (the sum of the tiles
+//                                 before it)
+//   3. mixture_tile_slopes<T>     per tile: x and slope of each event, F's increment (in cdf), and
+//                                 the increments' block total; the event before a tile's first
+//                                 is the previous tile's last (its x read again, its slope from
+//                                 that tile's carry and last inclusive value)
+//   4. mixture_tile_carry<double> per group: each tile's F carry
+//   5. mixture_tile_cdf<T>        per tile: F = carry + block scan of the increments, the block
+//                                 max-scan, and the tile's maximum
+//   6. mixture_tile_carry_max<double> per group: the max of F over the tiles before each tile
+//                                 (exact: max does not round)
+//   7. mixture_tile_max<T>        per tile: F = max(F, that carry)
+// The per-tile kernels run one tile per block (grid-stride over tiles); the carries one block per
+// group.  Tile sums and carries are double-double pairs stored as two doubles (hi, lo).
+
+template <typename T>
+__global__ void mixture_tile_slope(const T* __restrict__ q, const double* __restrict__ src,
+                                   const double* __restrict__ v, const long long* __restrict__ ev,
+                                   const long long* __restrict__ tile_start, const long long* __restrict__ tile_end,
+                                   long long n_tiles, int nl, double narrow_rel, double* __restrict__ tile_sum,
+                                   double* __restrict__ tile_last) {
+    __shared__ dd2 scratch_dd[32];
+    for (long long t = blockIdx.x; t < n_tiles; t += gridDim.x) {
+        const long long j = tile_start[t] + threadIdx.x;
+        double x = 0.0, jump = 0.0, plus = 0.0, minus = 0.0;
+        if (j < tile_end[t]) mixture_event<T>(q, src, v, ev, j, nl, narrow_rel, &x, &jump, &plus, &minus);
+        dd2 total;
+        const dd2 incl = block_scan_dd(dd_two_sum(plus, -minus), scratch_dd, &total);
+        if (threadIdx.x == blockDim.x - 1) {
+            tile_last[2 * t] = incl.hi;
+            tile_last[2 * t + 1] = incl.lo;
+        }
+        if (threadIdx.x == 0) {
+            tile_sum[2 * t] = total.hi;
+            tile_sum[2 * t + 1] = total.lo;
+        }
+    }
+}
+
+// Exclusive double-double prefix sums of the tile values of each group: carry[t] = the sum of the
+// group's tiles before t (0 for its first); chunks of blockDim.x tiles, each a block scan added to
+// the running sum of the chunks before.  T: the values' type (double).
+template <typename T>
+__global__ void mixture_tile_carry(const long long* __restrict__ tile_first, long long n_groups,
+                                   const T* __restrict__ sums, T* __restrict__ carry) {
+    __shared__ dd2 scratch_dd[32];
+    __shared__ dd2 incl_s[1024];
+    __shared__ dd2 run;
+    for (long long g = blockIdx.x; g < n_groups; g += gridDim.x) {
+        const long long t0 = tile_first[g], t1 = tile_first[g + 1];
+        if (threadIdx.x == 0) run = dd_make(0.0, 0.0);
+        __syncthreads();
+        for (long long base = t0; base < t1; base += blockDim.x) {
+            const long long t = base + threadIdx.x;
+            const bool act = t < t1;
+            const dd2 x = act ? dd_make((double)sums[2 * t], (double)sums[2 * t + 1]) : dd_make(0.0, 0.0);
+            dd2 total;
+            incl_s[threadIdx.x] = block_scan_dd(x, scratch_dd, &total);
+            __syncthreads();
+            const dd2 r = run;
+            if (act) {
+                const dd2 c = threadIdx.x == 0 ? r : dd_add(r, incl_s[threadIdx.x - 1]);
+                carry[2 * t] = (T)c.hi;
+                carry[2 * t + 1] = (T)c.lo;
+            }
+            __syncthreads();
+            if (threadIdx.x == 0) run = dd_add(r, total);
+            __syncthreads();
+        }
+    }
+}
+
+template <typename T>
+__global__ void mixture_tile_slopes(const T* __restrict__ q, const double* __restrict__ src,
+                                    const double* __restrict__ v, const long long* __restrict__ ev,
+                                    const long long* __restrict__ tile_start, const long long* __restrict__ tile_end,
+                                    const long long* __restrict__ tile_s0, long long n_tiles, int nl,
+                                    double narrow_rel, const double* __restrict__ slope_carry,
+                                    const double* __restrict__ tile_last, double* __restrict__ xs,
+                                    double* __restrict__ slope, double* __restrict__ inc_out,
+                                    double* __restrict__ inc_sum) {
+    __shared__ dd2 scratch_dd[32];
+    __shared__ double warp_last_x[32];
+    __shared__ double warp_last_s[32];
+    const int lane = threadIdx.x & 31;
+    const int wid = threadIdx.x >> 5;
+    for (long long t = blockIdx.x; t < n_tiles; t += gridDim.x) {
+        const long long j0 = tile_start[t], j1 = tile_end[t], s0 = tile_s0[t];
+        const long long j = j0 + threadIdx.x;
+        const bool act = j < j1;
+        double x = 0.0, jump = 0.0, plus = 0.0, minus = 0.0;
+        if (act) mixture_event<T>(q, src, v, ev, j, nl, narrow_rel, &x, &jump, &plus, &minus);
+        dd2 tile_total;
+        dd2 s_incl = block_scan_dd(dd_two_sum(plus, -minus), scratch_dd, &tile_total);
+        s_incl = dd_add(dd_make(slope_carry[2 * t], slope_carry[2 * t + 1]), s_incl);
+        double s = dd_value(s_incl);
+        s = s > 0.0 ? s : 0.0;
+        double x_prev = __shfl_up_sync(0xffffffffu, x, 1);
+        double s_prev = __shfl_up_sync(0xffffffffu, s, 1);
+        if (lane == 31) {
+            warp_last_x[wid] = x;
+            warp_last_s[wid] = s;
+        }
+        __syncthreads();
+        if (lane == 0) {
+            if (wid > 0) {
+                x_prev = warp_last_x[wid - 1];
+                s_prev = warp_last_s[wid - 1];
+            } else if (j0 > s0) {  // the previous tile of the group, full: its last event is j0 - 1
+                x_prev = (double)q[ev[j0 - 1]];
+                const dd2 last = dd_add(dd_make(slope_carry[2 * t - 2], slope_carry[2 * t - 1]),
+                                        dd_make(tile_last[2 * t - 2], tile_last[2 * t - 1]));
+                const double sl = dd_value(last);
+                s_prev = sl > 0.0 ? sl : 0.0;
+            } else {  // the group's first tile
+                x_prev = 0.0;
+                s_prev = 0.0;
+            }
+        }
+        const double dx = (act && j > s0) ? __dsub_rn(x, x_prev) : 0.0;
+        const double inc = __dadd_rn(jump, __dmul_rn(s_prev, dx));
+        if (act) {
+            xs[j] = x;
+            slope[j] = s;
+            inc_out[j] = inc;
+        }
+        dd2 f_total;
+        block_scan_dd(dd_make(inc, 0.0), scratch_dd, &f_total);
+        if (threadIdx.x == 0) {
+            inc_sum[2 * t] = f_total.hi;
+            inc_sum[2 * t + 1] = f_total.lo;
+        }
+        __syncthreads();  // warp_last_* are rewritten by the next tile
+    }
+}
+
+// cdf holds each event's increment on entry (mixture_tile_slopes) and F, max-scanned within the
+// tile, on exit; tile_max[t] is the tile's maximum F.
+template <typename T>
+__global__ void mixture_tile_cdf(const long long* __restrict__ tile_start, const long long* __restrict__ tile_end,
+                                 long long n_tiles, const double* __restrict__ cdf_carry, T* __restrict__ cdf,
+                                 double* __restrict__ tile_max) {
+    __shared__ dd2 scratch_dd[32];
+    __shared__ double scratch_max[32];
+    for (long long t = blockIdx.x; t < n_tiles; t += gridDim.x) {
+        const long long j = tile_start[t] + threadIdx.x;
+        const bool act = j < tile_end[t];
+        const double inc = act ? (double)cdf[j] : 0.0;
+        dd2 f_total;
+        dd2 f_incl = block_scan_dd(dd_make(inc, 0.0), scratch_dd, &f_total);
+        f_incl = dd_add(dd_make(cdf_carry[2 * t], cdf_carry[2 * t + 1]), f_incl);
+        double fmax_total;
+        const double f = block_scan_max(dd_value(f_incl), scratch_max, &fmax_total);
+        if (act) cdf[j] = (T)f;
+        if (threadIdx.x == 0) tile_max[t] = fmax_total;
+    }
+}
+
+// Exclusive prefix maxima of the tile maxima of each group, in tile order (0 for its first tile,
+// as mixture_sweep starts carry_fmax at 0).  T: the values' type (double).
+template <typename T>
+__global__ void mixture_tile_carry_max(const long long* __restrict__ tile_first, long long n_groups,
+                                       const T* __restrict__ vals, T* __restrict__ carry) {
+    __shared__ double scratch_max[32];
+    __shared__ double incl_s[1024];
+    __shared__ double run;
+    for (long long g = blockIdx.x; g < n_groups; g += gridDim.x) {
+        const long long t0 = tile_first[g], t1 = tile_first[g + 1];
+        if (threadIdx.x == 0) run = 0.0;
+        __syncthreads();
+        for (long long base = t0; base < t1; base += blockDim.x) {
+            const long long t = base + threadIdx.x;
+            const bool act = t < t1;
+            double total;
+            incl_s[threadIdx.x] = block_scan_max(act ? (double)vals[t] : -1.0e308, scratch_max, &total);
+            __syncthreads();
+            const double r = run;
+            if (act) {
+                const double p = threadIdx.x == 0 ? r : incl_s[threadIdx.x - 1];
+                carry[t] = (T)(p > r ? p : r);
+            }
+            __syncthreads();
+            if (threadIdx.x == 0) run = total > r ? total : r;
+            __syncthreads();
+        }
+    }
+}
+
+template <typename T>
+__global__ void mixture_tile_max(const long long* __restrict__ tile_start, const long long* __restrict__ tile_end,
+                                 long long n_tiles, const double* __restrict__ max_carry, T* __restrict__ cdf) {
+    for (long long t = blockIdx.x; t < n_tiles; t += gridDim.x) {
+        const long long j = tile_start[t] + threadIdx.x;
+        if (j < tile_end[t]) {
+            const double f = (double)cdf[j], c = max_carry[t];
+            cdf[j] = (T)(f > c ? f : c);
         }
     }
 }

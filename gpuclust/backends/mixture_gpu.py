@@ -4,8 +4,9 @@
 the events by (group, x) with one :func:`cupy.argsort` (a radix sort) of a packed ``uint64`` key
 (:func:`~gpuclust.backends.mixture_cpu.packed_event_keys`; :func:`cupy.lexsort` of two float64
 keys when a value is not a float32), then runs ``mixture_sweep`` (one block per
-group, double-double block scans) and ``mixture_invert`` (one thread per (group, level)) from
-``kernels/mixture.cu``.  Wrappers check dtypes, shapes and contiguity (raising, never
+group, double-double block scans), or for few, large groups the tiled sweep (each group's tiles
+over all blocks, the carries in separate passes: :func:`_tiled_sweep`), and ``mixture_invert``
+(one thread per (group, level)) from ``kernels/mixture.cu``.  Wrappers check dtypes, shapes and contiguity (raising, never
 converting) and launch with *named* arguments ordered by the declared parameter lists below.
 
 The instantiations are the loader's table entry ``gpuclust._kernels.INSTANTIATIONS["mixture.cu"]``
@@ -31,8 +32,8 @@ from gpuclust.backends.mixture_cpu import (
     packed_event_keys,
 )
 
-__all__ = ["INSTANTIATIONS", "KERNEL_FILE", "mixture_quantiles", "name_expressions", "repair_percentiles",
-           "window_means"]
+__all__ = ["INSTANTIATIONS", "KERNEL_FILE", "TILED_SWEEP", "mixture_quantiles", "name_expressions",
+           "repair_percentiles", "tile_table", "window_means"]
 
 KERNEL_FILE = "mixture.cu"
 #: Threads per block (a multiple of 32; the block scans work on whole warps).
@@ -49,6 +50,15 @@ C_SIGNATURES: dict[str, str] = {
     "gpuclust::mixture_window_means": "const {T}*, const double*, long long, int, double*",
     "gpuclust::mixture_sweep": ("const {T}*, const double*, const double*, const long long*, const long long*, "
                                 "long long, int, double, double*, double*, double*"),
+    "gpuclust::mixture_tile_slope": ("const {T}*, const double*, const double*, const long long*, const long long*, "
+                                     "const long long*, long long, int, double, double*, double*"),
+    "gpuclust::mixture_tile_carry": "const long long*, long long, const {T}*, {T}*",
+    "gpuclust::mixture_tile_slopes": ("const {T}*, const double*, const double*, const long long*, const long long*, "
+                                      "const long long*, const long long*, long long, int, double, const double*, "
+                                      "const double*, double*, double*, double*, double*"),
+    "gpuclust::mixture_tile_cdf": "const long long*, const long long*, long long, const double*, {T}*, double*",
+    "gpuclust::mixture_tile_carry_max": "const long long*, long long, const {T}*, {T}*",
+    "gpuclust::mixture_tile_max": "const long long*, const long long*, long long, const double*, {T}*",
     "gpuclust::mixture_invert": ("const {T}*, const {T}*, const {T}*, const long long*, long long, const double*, "
                                  "long long, double, {T}*"),
 }
@@ -64,6 +74,28 @@ MEANS_PARAMS: tuple[tuple[str, Any], ...] = (
 SWEEP_PARAMS: tuple[tuple[str, Any], ...] = (
     ("q", _PTR), ("src", _PTR), ("v", _PTR), ("ev", _PTR), ("row_start", _PTR), ("n_groups", np.int64),
     ("nl", np.int32), ("narrow_rel", np.float64), ("xs", _PTR), ("slope", _PTR), ("cdf", _PTR),
+)
+_TILES = (("tile_start", _PTR), ("tile_end", _PTR))
+TILE_SLOPE_PARAMS: tuple[tuple[str, Any], ...] = (
+    ("q", _PTR), ("src", _PTR), ("v", _PTR), ("ev", _PTR), *_TILES, ("n_tiles", np.int64), ("nl", np.int32),
+    ("narrow_rel", np.float64), ("tile_sum", _PTR), ("tile_last", _PTR),
+)
+TILE_CARRY_PARAMS: tuple[tuple[str, Any], ...] = (
+    ("tile_first", _PTR), ("n_groups", np.int64), ("sums", _PTR), ("carry", _PTR),
+)
+TILE_SLOPES_PARAMS: tuple[tuple[str, Any], ...] = (
+    ("q", _PTR), ("src", _PTR), ("v", _PTR), ("ev", _PTR), *_TILES, ("tile_s0", _PTR), ("n_tiles", np.int64),
+    ("nl", np.int32), ("narrow_rel", np.float64), ("slope_carry", _PTR), ("tile_last", _PTR), ("xs", _PTR),
+    ("slope", _PTR), ("inc_out", _PTR), ("inc_sum", _PTR),
+)
+TILE_CDF_PARAMS: tuple[tuple[str, Any], ...] = (
+    *_TILES, ("n_tiles", np.int64), ("cdf_carry", _PTR), ("cdf", _PTR), ("tile_max", _PTR),
+)
+TILE_CARRY_MAX_PARAMS: tuple[tuple[str, Any], ...] = (
+    ("tile_first", _PTR), ("n_groups", np.int64), ("vals", _PTR), ("carry", _PTR),
+)
+TILE_MAX_PARAMS: tuple[tuple[str, Any], ...] = (
+    *_TILES, ("n_tiles", np.int64), ("max_carry", _PTR), ("cdf", _PTR),
 )
 INVERT_PARAMS: tuple[tuple[str, Any], ...] = (
     ("xs", _PTR), ("slope", _PTR), ("cdf", _PTR), ("row_start", _PTR), ("n_groups", np.int64),
@@ -168,10 +200,87 @@ def mixture_quantiles(q: Any, w: Any, group: Any, n_groups: int, levels: Any, *,
     xs = cp.empty(E, dtype=cp.float64)
     slope = cp.empty(E, dtype=cp.float64)
     cdf = cp.empty(E, dtype=cp.float64)
-    sweep = _function("gpuclust::mixture_sweep", ("double",))
-    _launch(sweep, min(G, sm_count() * 32), SWEEP_PARAMS, q=qv, src=cp.asarray(src), v=v, ev=ev, row_start=row_start,
-            n_groups=G, nl=nl, narrow_rel=NARROW_REL, xs=xs, slope=slope, cdf=cdf)
+    srcd = cp.asarray(src)
+    if _tiled(row_start, E):
+        _tiled_sweep(cp, qv, srcd, v, ev, row_start, G, nl, xs, slope, cdf)
+    else:
+        sweep = _function("gpuclust::mixture_sweep", ("double",))
+        _launch(sweep, min(G, sm_count() * 32), SWEEP_PARAMS, q=qv, src=srcd, v=v, ev=ev, row_start=row_start,
+                n_groups=G, nl=nl, narrow_rel=NARROW_REL, xs=xs, slope=slope, cdf=cdf)
     invert = _function("gpuclust::mixture_invert", ("double",))
     _launch(invert, _grid(G * L, cp), INVERT_PARAMS, xs=xs, slope=slope, cdf=cdf, row_start=row_start,
             n_groups=G, levels=levels, n_levels=L, snap_rel=SNAP_REL, out=out)
     return out
+
+
+#: Which sweep :func:`mixture_quantiles` runs: ``None`` chooses (:func:`_tiled`), ``True`` /
+#: ``False`` force the tiled / one-block-per-group sweep (tests and benchmarks compare the two).
+TILED_SWEEP: bool | None = None
+
+
+def _tiled(row_start: Any, events: int) -> bool:
+    """Whether to spread each group's tiles over all blocks: when the largest group holds more
+    than 1 / (2 x SMs) of the events, one block per group would make that group's block the whole
+    sweep's critical path (by=tier, by=cell, or one dominant group)."""
+    if TILED_SWEEP is not None:
+        return TILED_SWEEP
+    largest = int((row_start[1:] - row_start[:-1]).max())
+    return largest * 2 * sm_count() > events
+
+
+def tile_table(xp: Any, row_start: Any, block: int) -> tuple[Any, Any, Any, Any]:
+    """The tiles of the tiled sweep for groups owning sorted events ``[row_start[g],
+    row_start[g+1])``: ``(tile_first, tile_start, tile_end, tile_s0)``, group g's tiles being
+    ``[tile_first[g], tile_first[g+1])``, tile t its events ``[tile_start[t], tile_end[t])`` (at
+    most ``block``, full but a group's last) and ``tile_s0[t]`` its group's first event.  ``xp``:
+    NumPy or CuPy (int64 arrays, C-contiguous).
+
+    >>> import numpy as np
+    >>> [a.tolist() for a in tile_table(np, np.array([0, 5, 5, 7]), 2)]
+    [[0, 3, 3, 4], [0, 2, 4, 5], [2, 4, 5, 7], [0, 0, 0, 5]]
+    """
+    lengths = row_start[1:] - row_start[:-1]
+    G = int(lengths.shape[0])
+    tile_first = xp.zeros(G + 1, dtype=xp.int64)
+    tile_first[1:] = xp.cumsum((lengths + block - 1) // block)
+    T = int(tile_first[-1])
+    tg = xp.searchsorted(tile_first, xp.arange(T, dtype=xp.int64), side="right") - 1
+    tile_s0 = xp.ascontiguousarray(row_start[tg].astype(xp.int64))
+    tile_start = xp.ascontiguousarray(tile_s0 + (xp.arange(T, dtype=xp.int64) - tile_first[tg]) * block)
+    tile_end = xp.ascontiguousarray(xp.minimum(tile_start + block, row_start[tg + 1]).astype(xp.int64))
+    return tile_first, tile_start, tile_end, tile_s0
+
+
+def _tiled_sweep(cp: Any, qv: Any, src: Any, v: Any, ev: Any, row_start: Any, G: int, nl: int, xs: Any,
+                 slope: Any, cdf: Any) -> None:
+    """x, slope and F of every sorted event by the tiled kernels (kernels/mixture.cu, "The tiled
+    sweep"): tiles of :data:`BLOCK` events, a group's first tile at its first event."""
+    tile_first, tile_start, tile_end, tile_s0 = tile_table(cp, row_start, BLOCK)
+    T = int(tile_start.shape[0])
+    if T == 0:
+        return
+    tiles = {"tile_start": tile_start, "tile_end": tile_end, "n_tiles": T}
+    per_tile, per_group = min(T, sm_count() * 16), min(G, sm_count() * 32)
+    pair = {name: cp.empty(2 * T, dtype=cp.float64) for name in ("tile_sum", "tile_last", "slope_carry",
+                                                                  "inc_sum", "cdf_carry")}
+    tile_max = cp.empty(T, dtype=cp.float64)
+    max_carry = cp.empty(T, dtype=cp.float64)
+    events = {"q": qv, "src": src, "v": v, "ev": ev, "nl": nl, "narrow_rel": NARROW_REL}
+
+    def run(name: str, grid: int, params: tuple[tuple[str, Any], ...], **named: Any) -> None:
+        _launch(_function(f"gpuclust::{name}", ("double",)), grid, params, **named)
+
+    run("mixture_tile_slope", per_tile, TILE_SLOPE_PARAMS, **events, **tiles, tile_sum=pair["tile_sum"],
+        tile_last=pair["tile_last"])
+    run("mixture_tile_carry", per_group, TILE_CARRY_PARAMS, tile_first=tile_first, n_groups=G,
+        sums=pair["tile_sum"], carry=pair["slope_carry"])
+    run("mixture_tile_slopes", per_tile, TILE_SLOPES_PARAMS, **events, **tiles, tile_s0=tile_s0,
+        slope_carry=pair["slope_carry"], tile_last=pair["tile_last"], xs=xs, slope=slope, inc_out=cdf,
+        inc_sum=pair["inc_sum"])
+    run("mixture_tile_carry", per_group, TILE_CARRY_PARAMS, tile_first=tile_first, n_groups=G,
+        sums=pair["inc_sum"], carry=pair["cdf_carry"])
+    run("mixture_tile_cdf", per_tile, TILE_CDF_PARAMS, **tiles, cdf_carry=pair["cdf_carry"], cdf=cdf,
+        tile_max=tile_max)
+    run("mixture_tile_carry_max", per_group, TILE_CARRY_MAX_PARAMS, tile_first=tile_first, n_groups=G,
+        vals=tile_max, carry=max_carry)
+    run("mixture_tile_max", per_tile, TILE_MAX_PARAMS, **tiles, max_carry=max_carry, cdf=cdf)

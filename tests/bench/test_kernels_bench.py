@@ -35,7 +35,7 @@ def _run(mod, tmp_path, backend):
         assert r["fraction_of_copy"] == pytest.approx(r["gb_per_s"] * 1e9 / res["copy_bytes_per_s"])
     md = (tmp_path / "k.md").read_text()
     assert md.count("| bucket_overlap |") == 7 and md.count("| grouped_sum |") == 3 and "Copy bandwidth" in md
-    assert md.count("7 series") == 2
+    assert md.count("7 series") == 2 and md.count("| mixture_quantiles |") == 5
     assert md.count("global variant forced") == 3
     return res
 

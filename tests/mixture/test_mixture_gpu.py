@@ -30,6 +30,15 @@ def seed() -> int:
     return int.from_bytes(os.urandom(4), "little")
 
 
+@pytest.fixture(params=[None, True, False], ids=["sweep-auto", "sweep-tiled", "sweep-per-group"])
+def sweep(request, monkeypatch):  # type: ignore[no-untyped-def]
+    """Each parity test with the sweep chosen by size, forced tiled, and forced one block per group."""
+    from gpuclust.backends import mixture_gpu
+
+    monkeypatch.setattr(mixture_gpu, "TILED_SWEEP", request.param)
+    return request.param
+
+
 def ugly_data(seed: int, n: int = 4000, n_groups: int = 60) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     q = np.sort(rng.gamma(0.6, 0.1, (n, 20)), axis=1)
@@ -89,7 +98,7 @@ def test_window_means_parity(gpu_backend, seed) -> None:  # type: ignore[no-unty
                                    rtol=1e-12, err_msg=f"seed={seed}")
 
 
-def test_mixture_quantiles_parity(gpu_backend, seed) -> None:  # type: ignore[no-untyped-def]
+def test_mixture_quantiles_parity(gpu_backend, seed, sweep) -> None:  # type: ignore[no-untyped-def]
     from gpuclust.backends import mixture_gpu
 
     cp = gpu_backend.xp
@@ -108,7 +117,7 @@ def test_mixture_quantiles_parity(gpu_backend, seed) -> None:  # type: ignore[no
         assert_quantiles_close(got / scale, want / scale, q, w, g, LEVELS, seed)
 
 
-def test_mixture_quantiles_parity_one_big_group(gpu_backend, seed) -> None:  # type: ignore[no-untyped-def]
+def test_mixture_quantiles_parity_one_big_group(gpu_backend, seed, sweep) -> None:  # type: ignore[no-untyped-def]
     from gpuclust.backends import mixture_gpu
 
     cp = gpu_backend.xp
@@ -123,7 +132,7 @@ def test_mixture_quantiles_parity_one_big_group(gpu_backend, seed) -> None:  # t
         for j in np.flatnonzero(bad[0])), f"seed={seed}"
 
 
-def test_q_levels_and_summary_parity(gpu_backend, seed) -> None:  # type: ignore[no-untyped-def]
+def test_q_levels_and_summary_parity(gpu_backend, seed, sweep) -> None:  # type: ignore[no-untyped-def]
     cp = gpu_backend.xp
     q, w, g = ugly_data(seed, n=1500)
     q[::17] = q[::17][:, ::-1]  # non-monotone rows, repaired inside the partials
@@ -153,6 +162,42 @@ def test_q_levels_and_summary_parity(gpu_backend, seed) -> None:  # type: ignore
             use = (keys == rc["key"][i]) & ~null & (w > 0)
             assert ref.quantile_ok(float(got[i, j]), float(want[i, j]), qr[use], w[use], float(LEVELS[j])), (
                 f"seed={seed} key={rc['key'][i]} p={LEVELS[j]} gpu={got[i, j]!r} cpu={want[i, j]!r}")
+
+
+def test_tiled_sweep_agrees_with_the_per_group_sweep(gpu_backend, seed, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The tiled sweep (each group's tiles over all blocks) against one block per group, on groups
+    whose events end exactly at a tile's end (64 windows x 20 = 5 tiles of 256), just after it
+    (13 windows: 256 + 4), inside a first tile, and one big and one empty group: the same
+    quantiles up to the carries' association (tight where well conditioned, and both meeting the
+    definition where not)."""
+    from gpuclust.backends import mixture_gpu
+
+    cp = gpu_backend.xp
+    sizes = [1, 12, 13, 64, 65, 0, 2000, 3]  # windows per group
+    q, w, _ = ugly_data(seed, n=sum(sizes))
+    w = np.where(np.isfinite(w) & (w > 0), w, 1.0)  # every window counts: the group sizes are as planted
+    g = np.repeat(np.arange(len(sizes)), sizes).astype(np.int64)
+    out = {}
+    for tiled in (True, False):
+        monkeypatch.setattr(mixture_gpu, "TILED_SWEEP", tiled)
+        out[tiled] = cp.asnumpy(mixture_gpu.mixture_quantiles(cp.asarray(q), cp.asarray(w), cp.asarray(g), len(sizes),
+                                                              cp.asarray(LEVELS)))
+    assert np.isnan(out[True][5]).all()
+    assert_quantiles_close(out[True], out[False], q, w, g, LEVELS, seed)
+    assert np.isclose(out[True], out[False], rtol=1e-12, atol=0.0)[~np.isnan(out[False])].mean() > 0.99
+    assert_quantiles_close(out[True], mx.mixture_quantiles(q, w, g, len(sizes), LEVELS), q, w, g, LEVELS, seed)
+
+
+def test_tiled_sweep_is_chosen_for_few_large_groups(gpu_backend, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from gpuclust.backends import mixture_gpu
+
+    cp = gpu_backend.xp
+    monkeypatch.setattr(mixture_gpu, "TILED_SWEEP", None)
+    sms = mixture_gpu.sm_count()
+    assert mixture_gpu._tiled(cp.asarray([0, 500, 1000, 1500, 2000, 2500]), 2500)   # by=tier: 5 groups
+    assert mixture_gpu._tiled(cp.asarray([0, 10, 20, 10_000]), 10_000)               # one dominant group
+    even = cp.arange(0, 100 * sms * 4 + 1, 100, dtype=cp.int64)                      # 4 x SMs even groups
+    assert not mixture_gpu._tiled(even, int(even[-1]))
 
 
 def test_gpu_argument_checks(gpu_backend) -> None:  # type: ignore[no-untyped-def]

@@ -357,3 +357,26 @@ def test_packed_event_keys_refuse_what_they_cannot_order_exactly() -> None:
     assert mx.packed_event_keys(np, np.array([0.5, 1e300, 2.0]), g, 1) is None  # beyond float32's range
     assert mx.packed_event_keys(np, np.array([0.5, 0.25, 2.0]), g, (1 << 32) + 1) is None  # too many groups
     assert mx.packed_event_keys(np, np.array([0.5, 0.25, 2.0]), g, 1 << 32) is not None
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.integers(0, 700), min_size=0, max_size=12), st.sampled_from([1, 32, 256]))
+def test_tile_table_partitions_each_group(lengths: list[int], block: int) -> None:
+    """The tiled GPU sweep's tiles (``mixture_gpu.tile_table``, NumPy here): each group's events cut
+    in order into tiles of ``block`` from its first event, full but the last, none for an empty
+    group (checked against a plain loop)."""
+    from gpuclust.backends.mixture_gpu import tile_table
+
+    row_start = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    first, start, end, s0 = tile_table(np, row_start, block)
+    want: list[tuple[int, int, int]] = []
+    want_first = [0]
+    for g, n in enumerate(lengths):
+        a = int(row_start[g])
+        for j in range(a, a + n, block):
+            want.append((j, min(j + block, a + n), a))
+        want_first.append(len(want))
+    assert first.tolist() == want_first
+    assert list(zip(start.tolist(), end.tolist(), s0.tolist(), strict=True)) == want
+    for a in (first, start, end, s0):
+        assert a.dtype == np.int64 and a.flags.c_contiguous

@@ -43,6 +43,12 @@ def test_signatures_match_param_lists() -> None:
         "gpuclust::mixture_window_means": mixture_gpu.MEANS_PARAMS,
         "gpuclust::mixture_sweep": mixture_gpu.SWEEP_PARAMS,
         "gpuclust::mixture_invert": mixture_gpu.INVERT_PARAMS,
+        "gpuclust::mixture_tile_slope": mixture_gpu.TILE_SLOPE_PARAMS,
+        "gpuclust::mixture_tile_carry": mixture_gpu.TILE_CARRY_PARAMS,
+        "gpuclust::mixture_tile_slopes": mixture_gpu.TILE_SLOPES_PARAMS,
+        "gpuclust::mixture_tile_cdf": mixture_gpu.TILE_CDF_PARAMS,
+        "gpuclust::mixture_tile_carry_max": mixture_gpu.TILE_CARRY_MAX_PARAMS,
+        "gpuclust::mixture_tile_max": mixture_gpu.TILE_MAX_PARAMS,
     }
     assert set(pairs) == set(mixture_gpu.INSTANTIATIONS)
     for template, params in pairs.items():
