@@ -16,7 +16,10 @@ from typing import Any
 
 from gpuclust.engine.local import merge_lists, partition_partials
 
-__all__ = ["compute_merged", "compute_tasks", "open_scheduler", "workers_of"]
+__all__ = ["FREE_PORT", "compute_merged", "compute_tasks", "open_scheduler", "workers_of"]
+
+#: The scheduler HTTP server's address for clusters gpuclust starts: any free port (see open_scheduler).
+FREE_PORT = ":0"
 
 
 @contextlib.contextmanager
@@ -46,9 +49,13 @@ def open_scheduler(scheduler: Any, backend_name: str, memory_limit: int | None =
         per_worker = "auto" if memory_limit is None else max(1, int(memory_limit) // n)
         # silence_logs: a worker's heartbeat can race the cluster's shutdown and log a traceback
         # ("Failed to communicate with scheduler during heartbeat") after the results are in; a
-        # failing task still raises in the client, so nothing the user needs is hidden
+        # failing task still raises in the client, so nothing the user needs is hidden.
+        # dashboard_address=":0": the scheduler's HTTP server on a free port.  With None it still
+        # listens, on 8787; a second cluster (another run, another process) then finds the port
+        # taken, and distributed retries on another port but leaves the failed socket open.
         with distributed.LocalCluster(n_workers=n, threads_per_worker=1, processes=True, memory_limit=per_worker,
-                                      dashboard_address=None, silence_logs=logging.CRITICAL) as cluster, distributed.Client(cluster) as client:
+                                      dashboard_address=FREE_PORT, silence_logs=logging.CRITICAL) as cluster, \
+                distributed.Client(cluster) as client:
             yield {"scheduler": client}
         return
     if scheduler == "cuda":
@@ -56,7 +63,7 @@ def open_scheduler(scheduler: Any, backend_name: str, memory_limit: int | None =
             from dask_cuda import LocalCUDACluster
         except ImportError as e:
             raise RuntimeError("scheduler 'cuda' needs dask-cuda (pip install 'gpuclust[gpu-cu12]' or '[gpu-cu13]', matching your CuPy)") from e
-        with LocalCUDACluster(dashboard_address=None) as cluster, distributed.Client(cluster) as client:
+        with LocalCUDACluster(dashboard_address=FREE_PORT) as cluster, distributed.Client(cluster) as client:
             yield {"scheduler": client}
         return
     if "://" in scheduler or ":" in scheduler:

@@ -156,7 +156,7 @@ def test_partials_are_host_and_picklable(dataset):
 def cluster():
     distributed = pytest.importorskip("distributed")
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
-                                  dashboard_address=None) as c, distributed.Client(c) as client:
+                                  dashboard_address=":0") as c, distributed.Client(c) as client:
         yield c, client
     gc.collect()  # surface distributed's leaked sockets here, under this module's filters
 
@@ -232,6 +232,36 @@ def test_local_process_cluster_string(dataset, reference):
     """``scheduler="local:2"``: two worker *processes*, so partials really cross process borders."""
     assert_same(run(dataset, ANALYSES, partitions=4, scheduler="local:2"), reference)
     gc.collect()
+
+
+def test_a_local_cluster_does_not_try_port_8787():
+    """The clusters gpuclust starts put the scheduler's HTTP server on a free port.  With
+    ``dashboard_address=None`` distributed still listens on 8787 and, when that is taken (a
+    second run, another process), warns, retries on another port and leaves the failed socket
+    open: a ResourceWarning, an error under this suite's filters (seen as a flaky failure of two
+    ``local:2`` tests run at once).  With 8787 taken here, no cluster of ours may find it so."""
+    import socket
+    import warnings
+
+    from gpuclust.engine.dask import open_scheduler
+
+    blocker = socket.socket()
+    try:
+        blocker.bind(("0.0.0.0", 8787))
+        blocker.listen(1)
+    except OSError:
+        pass  # taken already: the case under test either way
+    try:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            with open_scheduler("local:1", "cpu") as kw:
+                client = kw["scheduler"]
+                assert client.submit(sum, [1, 2]).result() == 3
+                assert ":8787/" not in client.dashboard_link
+        gc.collect()
+    finally:
+        blocker.close()
+    assert not [w for w in seen if "already in use" in str(w.message)]
 
 
 def test_device_read_does_not_apply_on_cpu(dataset):
