@@ -69,9 +69,9 @@ def merge_keyed(a: dict[str, np.ndarray], b: dict[str, np.ndarray], maxima: tupl
     by maximum instead; keys sorted.
 
     Partials from :func:`keyed_reduce` (and merges of them) have sorted unique keys; two such are
-    merged elementwise when their keys are the same, else in O(n + m log n) by inserting the new
-    keys (no sort); anything else is grouped by concatenate + unique.  Every path gives the same
-    sums (``a + b`` per shared key).
+    merged elementwise when their keys are the same, else in O(n + m log n) by placing every row
+    once in the union of the keys (no sort; :func:`_merge_sorted`); anything else is grouped by
+    concatenate + unique.  Every path gives the same sums (``a + b`` per shared key).
     """
 
     if a["key"].shape[0] == 0:
