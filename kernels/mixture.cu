@@ -109,6 +109,46 @@ __device__ __forceinline__ void mixture_event(const T* __restrict__ q, const dou
     }
 }
 
+// One tile's slope and F increments, the step both sweeps share.  The slope after this thread's
+// event is `carry` plus the block scan of the slope deltas (+d_k - d_k-1, a TwoSum pair), clamped at
+// 0; F's increment is the event's jump plus the slope before it times the step from the event
+// before (x_prev, s_prev: the block's previous thread, or first_x / first_s for thread 0; no step
+// where `has_prev` is false).  Writes the slope to *s_out and the deltas' block total to
+// *delta_total; returns the increment.  Every thread of the block must call it.
+__device__ __forceinline__ double mixture_slope_inc(double x, double jump, double plus, double minus, bool has_prev,
+                                                    dd2 carry, double first_x, double first_s, dd2* scratch_dd,
+                                                    double* warp_last_x, double* warp_last_s, double* s_out,
+                                                    dd2* delta_total) {
+    const int lane = threadIdx.x & 31;
+    const int wid = threadIdx.x >> 5;
+    const dd2 s_incl = dd_add(carry, block_scan_dd(dd_two_sum(plus, -minus), scratch_dd, delta_total));
+    double s = dd_value(s_incl);
+    s = s > 0.0 ? s : 0.0;
+    double x_prev = __shfl_up_sync(0xffffffffu, x, 1);
+    double s_prev = __shfl_up_sync(0xffffffffu, s, 1);
+    if (lane == 31) {
+        warp_last_x[wid] = x;
+        warp_last_s[wid] = s;
+    }
+    __syncthreads();
+    if (lane == 0) {
+        x_prev = wid > 0 ? warp_last_x[wid - 1] : first_x;
+        s_prev = wid > 0 ? warp_last_s[wid - 1] : first_s;
+    }
+    const double dx = has_prev ? __dsub_rn(x, x_prev) : 0.0;
+    *s_out = s;
+    return __dadd_rn(jump, __dmul_rn(s_prev, dx));
+}
+
+// F at this thread's event before the running maximum of the tiles before: `carry` plus the block
+// scan of the increments, then the block's max-scan.  The increments' block total goes to
+// *inc_total, the block's maximum F to *fmax_total.  Every thread of the block must call it.
+__device__ __forceinline__ double mixture_cdf_step(double inc, dd2 carry, dd2* scratch_dd, double* scratch_max,
+                                                   dd2* inc_total, double* fmax_total) {
+    const dd2 f_incl = dd_add(carry, block_scan_dd(dd_make(inc, 0.0), scratch_dd, inc_total));
+    return block_scan_max(dd_value(f_incl), scratch_max, fmax_total);
+}
+
 template <typename T>
 __global__ void mixture_sweep(const T* __restrict__ q, const double* __restrict__ src, const double* __restrict__ v,
                               const long long* __restrict__ ev, const long long* __restrict__ row_start,
@@ -120,8 +160,6 @@ __global__ void mixture_sweep(const T* __restrict__ q, const double* __restrict_
     __shared__ double warp_last_s[32];
     __shared__ double carry_x, carry_s, carry_fmax;
     __shared__ dd2 carry_slope, carry_f;
-    const int lane = threadIdx.x & 31;
-    const int wid = threadIdx.x >> 5;
     for (long long g = blockIdx.x; g < n_groups; g += gridDim.x) {
         const long long s0 = row_start[g], s1 = row_start[g + 1];
         if (threadIdx.x == 0) {
@@ -137,32 +175,12 @@ __global__ void mixture_sweep(const T* __restrict__ q, const double* __restrict_
             const bool act = j < s1;
             double x = 0.0, jump = 0.0, plus = 0.0, minus = 0.0;
             if (act) mixture_event<T>(q, src, v, ev, j, nl, narrow_rel, &x, &jump, &plus, &minus);
-            // slope after this event: compensated prefix of (+d_k) + (-d_k-1)
-            dd2 tile_total;
-            dd2 s_incl = block_scan_dd(dd_two_sum(plus, -minus), scratch_dd, &tile_total);
-            s_incl = dd_add(carry_slope, s_incl);
-            double s = dd_value(s_incl);
-            s = s > 0.0 ? s : 0.0;
-            // previous event's x and slope (the carry for thread 0)
-            double x_prev = __shfl_up_sync(0xffffffffu, x, 1);
-            double s_prev = __shfl_up_sync(0xffffffffu, s, 1);
-            if (lane == 31) {
-                warp_last_x[wid] = x;
-                warp_last_s[wid] = s;
-            }
-            __syncthreads();
-            if (lane == 0) {
-                x_prev = wid > 0 ? warp_last_x[wid - 1] : carry_x;
-                s_prev = wid > 0 ? warp_last_s[wid - 1] : carry_s;
-            }
-            const double dx = (act && j > s0) ? __dsub_rn(x, x_prev) : 0.0;
-            const double inc = __dadd_rn(jump, __dmul_rn(s_prev, dx));
-            dd2 f_total;
-            dd2 f_incl = block_scan_dd(dd_make(inc, 0.0), scratch_dd, &f_total);
-            f_incl = dd_add(carry_f, f_incl);
-            double f = dd_value(f_incl);
+            double s;
+            dd2 tile_total, f_total;
+            const double inc = mixture_slope_inc(x, jump, plus, minus, act && j > s0, carry_slope, carry_x, carry_s,
+                                                 scratch_dd, warp_last_x, warp_last_s, &s, &tile_total);
             double fmax_total;
-            f = block_scan_max(f, scratch_max, &fmax_total);
+            double f = mixture_cdf_step(inc, carry_f, scratch_dd, scratch_max, &f_total, &fmax_total);
             f = f > carry_fmax ? f : carry_fmax;
             if (act) {
                 xs[j] = x;
@@ -196,16 +214,16 @@ __global__ void mixture_sweep(const T* __restrict__ q, const double* __restrict_
 // (~1e-30 relative) before the final rounding to double:
 //   1. mixture_tile_slope<T>      per tile: the slope-delta block scan's total and the inclusive
 //                                 value at the last thread (the tile's last event)
-//   2. mixture_tile_carry<double> per group: each tile's slope carry (the sum of the tiles
+//   2. mixture_tile_carry<TileSum> per group: each tile's slope carry (the sum of the tiles
 //                                 before it)
 //   3. mixture_tile_slopes<T>     per tile: x and slope of each event, F's increment (in cdf), and
 //                                 the increments' block total; the event before a tile's first
 //                                 is the previous tile's last (its x read again, its slope from
 //                                 that tile's carry and last inclusive value)
-//   4. mixture_tile_carry<double> per group: each tile's F carry
+//   4. mixture_tile_carry<TileSum> per group: each tile's F carry
 //   5. mixture_tile_cdf<T>        per tile: F = carry + block scan of the increments, the block
 //                                 max-scan, and the tile's maximum
-//   6. mixture_tile_carry_max<double> per group: the max of F over the tiles before each tile
+//   6. mixture_tile_carry<TileMax> per group: the max of F over the tiles before each tile
 //                                 (exact: max does not round)
 //   7. mixture_tile_max<T>        per tile: F = max(F, that carry)
 // The per-tile kernels run one tile per block (grid-stride over tiles); the carries one block per
@@ -235,34 +253,54 @@ __global__ void mixture_tile_slope(const T* __restrict__ q, const double* __rest
     }
 }
 
-// Exclusive double-double prefix sums of the tile values of each group: carry[t] = the sum of the
-// group's tiles before t (0 for its first); chunks of blockDim.x tiles, each a block scan added to
-// the running sum of the chunks before.  T: the values' type (double).
-template <typename T>
+// Exclusive scans over each group's tiles, by chunks of blockDim.x tiles, each chunk a block scan
+// combined with the chunks before: carry[t] = the combination of the group's tiles before t
+// (Op::zero() for its first).  Op: TileSum (double-double sums, values and carries stored as
+// (hi, lo) pairs) or TileMax (maxima, exact).
+struct TileSum {
+    typedef dd2 V;
+    static __device__ __forceinline__ V zero() { return dd_make(0.0, 0.0); }
+    static __device__ __forceinline__ V pad() { return zero(); }
+    static __device__ __forceinline__ V load(const double* a, long long t) { return dd_make(a[2 * t], a[2 * t + 1]); }
+    static __device__ __forceinline__ void store(double* a, long long t, V v) {
+        a[2 * t] = v.hi;
+        a[2 * t + 1] = v.lo;
+    }
+    static __device__ __forceinline__ V combine(V r, V x) { return dd_add(r, x); }
+    static __device__ __forceinline__ V scan(V x, V* scratch, V* total) { return block_scan_dd(x, scratch, total); }
+};
+
+struct TileMax {
+    typedef double V;
+    static __device__ __forceinline__ V zero() { return 0.0; }  // F >= 0: mixture_sweep's carry_fmax starts at 0
+    static __device__ __forceinline__ V pad() { return -1.0e308; }
+    static __device__ __forceinline__ V load(const double* a, long long t) { return a[t]; }
+    static __device__ __forceinline__ void store(double* a, long long t, V v) { a[t] = v; }
+    static __device__ __forceinline__ V combine(V r, V x) { return x > r ? x : r; }
+    static __device__ __forceinline__ V scan(V x, V* scratch, V* total) { return block_scan_max(x, scratch, total); }
+};
+
+template <typename Op>
 __global__ void mixture_tile_carry(const long long* __restrict__ tile_first, long long n_groups,
-                                   const T* __restrict__ sums, T* __restrict__ carry) {
-    __shared__ dd2 scratch_dd[32];
-    __shared__ dd2 incl_s[1024];
-    __shared__ dd2 run;
+                                   const double* __restrict__ vals, double* __restrict__ carry) {
+    typedef typename Op::V V;
+    __shared__ V scratch[32];
+    __shared__ V incl_s[1024];
+    __shared__ V run;
     for (long long g = blockIdx.x; g < n_groups; g += gridDim.x) {
         const long long t0 = tile_first[g], t1 = tile_first[g + 1];
-        if (threadIdx.x == 0) run = dd_make(0.0, 0.0);
+        if (threadIdx.x == 0) run = Op::zero();
         __syncthreads();
         for (long long base = t0; base < t1; base += blockDim.x) {
             const long long t = base + threadIdx.x;
             const bool act = t < t1;
-            const dd2 x = act ? dd_make((double)sums[2 * t], (double)sums[2 * t + 1]) : dd_make(0.0, 0.0);
-            dd2 total;
-            incl_s[threadIdx.x] = block_scan_dd(x, scratch_dd, &total);
+            V total;
+            incl_s[threadIdx.x] = Op::scan(act ? Op::load(vals, t) : Op::pad(), scratch, &total);
             __syncthreads();
-            const dd2 r = run;
-            if (act) {
-                const dd2 c = threadIdx.x == 0 ? r : dd_add(r, incl_s[threadIdx.x - 1]);
-                carry[2 * t] = (T)c.hi;
-                carry[2 * t + 1] = (T)c.lo;
-            }
+            const V r = run;
+            if (act) Op::store(carry, t, threadIdx.x == 0 ? r : Op::combine(r, incl_s[threadIdx.x - 1]));
             __syncthreads();
-            if (threadIdx.x == 0) run = dd_add(r, total);
+            if (threadIdx.x == 0) run = Op::combine(r, total);
             __syncthreads();
         }
     }
@@ -280,43 +318,27 @@ __global__ void mixture_tile_slopes(const T* __restrict__ q, const double* __res
     __shared__ dd2 scratch_dd[32];
     __shared__ double warp_last_x[32];
     __shared__ double warp_last_s[32];
-    const int lane = threadIdx.x & 31;
-    const int wid = threadIdx.x >> 5;
     for (long long t = blockIdx.x; t < n_tiles; t += gridDim.x) {
         const long long j0 = tile_start[t], j1 = tile_end[t], s0 = tile_s0[t];
         const long long j = j0 + threadIdx.x;
         const bool act = j < j1;
         double x = 0.0, jump = 0.0, plus = 0.0, minus = 0.0;
         if (act) mixture_event<T>(q, src, v, ev, j, nl, narrow_rel, &x, &jump, &plus, &minus);
+        // thread 0's previous event: the group's first tile has none (0, 0, as mixture_sweep starts);
+        // else the previous tile's last, full: event j0 - 1, its slope from that tile's carry and
+        // its last inclusive value
+        double first_x = 0.0, first_s = 0.0;
+        if (threadIdx.x == 0 && j0 > s0) {
+            first_x = (double)q[ev[j0 - 1]];
+            const double sl = dd_value(dd_add(dd_make(slope_carry[2 * t - 2], slope_carry[2 * t - 1]),
+                                              dd_make(tile_last[2 * t - 2], tile_last[2 * t - 1])));
+            first_s = sl > 0.0 ? sl : 0.0;
+        }
+        double s;
         dd2 tile_total;
-        dd2 s_incl = block_scan_dd(dd_two_sum(plus, -minus), scratch_dd, &tile_total);
-        s_incl = dd_add(dd_make(slope_carry[2 * t], slope_carry[2 * t + 1]), s_incl);
-        double s = dd_value(s_incl);
-        s = s > 0.0 ? s : 0.0;
-        double x_prev = __shfl_up_sync(0xffffffffu, x, 1);
-        double s_prev = __shfl_up_sync(0xffffffffu, s, 1);
-        if (lane == 31) {
-            warp_last_x[wid] = x;
-            warp_last_s[wid] = s;
-        }
-        __syncthreads();
-        if (lane == 0) {
-            if (wid > 0) {
-                x_prev = warp_last_x[wid - 1];
-                s_prev = warp_last_s[wid - 1];
-            } else if (j0 > s0) {  // the previous tile of the group, full: its last event is j0 - 1
-                x_prev = (double)q[ev[j0 - 1]];
-                const dd2 last = dd_add(dd_make(slope_carry[2 * t - 2], slope_carry[2 * t - 1]),
-                                        dd_make(tile_last[2 * t - 2], tile_last[2 * t - 1]));
-                const double sl = dd_value(last);
-                s_prev = sl > 0.0 ? sl : 0.0;
-            } else {  // the group's first tile
-                x_prev = 0.0;
-                s_prev = 0.0;
-            }
-        }
-        const double dx = (act && j > s0) ? __dsub_rn(x, x_prev) : 0.0;
-        const double inc = __dadd_rn(jump, __dmul_rn(s_prev, dx));
+        const double inc = mixture_slope_inc(x, jump, plus, minus, act && j > s0,
+                                             dd_make(slope_carry[2 * t], slope_carry[2 * t + 1]), first_x, first_s,
+                                             scratch_dd, warp_last_x, warp_last_s, &s, &tile_total);
         if (act) {
             xs[j] = x;
             slope[j] = s;
@@ -345,42 +367,11 @@ __global__ void mixture_tile_cdf(const long long* __restrict__ tile_start, const
         const bool act = j < tile_end[t];
         const double inc = act ? (double)cdf[j] : 0.0;
         dd2 f_total;
-        dd2 f_incl = block_scan_dd(dd_make(inc, 0.0), scratch_dd, &f_total);
-        f_incl = dd_add(dd_make(cdf_carry[2 * t], cdf_carry[2 * t + 1]), f_incl);
         double fmax_total;
-        const double f = block_scan_max(dd_value(f_incl), scratch_max, &fmax_total);
+        const double f = mixture_cdf_step(inc, dd_make(cdf_carry[2 * t], cdf_carry[2 * t + 1]), scratch_dd,
+                                          scratch_max, &f_total, &fmax_total);
         if (act) cdf[j] = (T)f;
         if (threadIdx.x == 0) tile_max[t] = fmax_total;
-    }
-}
-
-// Exclusive prefix maxima of the tile maxima of each group, in tile order (0 for its first tile,
-// as mixture_sweep starts carry_fmax at 0).  T: the values' type (double).
-template <typename T>
-__global__ void mixture_tile_carry_max(const long long* __restrict__ tile_first, long long n_groups,
-                                       const T* __restrict__ vals, T* __restrict__ carry) {
-    __shared__ double scratch_max[32];
-    __shared__ double incl_s[1024];
-    __shared__ double run;
-    for (long long g = blockIdx.x; g < n_groups; g += gridDim.x) {
-        const long long t0 = tile_first[g], t1 = tile_first[g + 1];
-        if (threadIdx.x == 0) run = 0.0;
-        __syncthreads();
-        for (long long base = t0; base < t1; base += blockDim.x) {
-            const long long t = base + threadIdx.x;
-            const bool act = t < t1;
-            double total;
-            incl_s[threadIdx.x] = block_scan_max(act ? (double)vals[t] : -1.0e308, scratch_max, &total);
-            __syncthreads();
-            const double r = run;
-            if (act) {
-                const double p = threadIdx.x == 0 ? r : incl_s[threadIdx.x - 1];
-                carry[t] = (T)(p > r ? p : r);
-            }
-            __syncthreads();
-            if (threadIdx.x == 0) run = total > r ? total : r;
-            __syncthreads();
-        }
     }
 }
 

@@ -52,12 +52,11 @@ C_SIGNATURES: dict[str, str] = {
                                 "long long, int, double, double*, double*, double*"),
     "gpuclust::mixture_tile_slope": ("const {T}*, const double*, const double*, const long long*, const long long*, "
                                      "const long long*, long long, int, double, double*, double*"),
-    "gpuclust::mixture_tile_carry": "const long long*, long long, const {T}*, {T}*",
+    "gpuclust::mixture_tile_carry": "const long long*, long long, const double*, double*",
     "gpuclust::mixture_tile_slopes": ("const {T}*, const double*, const double*, const long long*, const long long*, "
                                       "const long long*, const long long*, long long, int, double, const double*, "
                                       "const double*, double*, double*, double*, double*"),
     "gpuclust::mixture_tile_cdf": "const long long*, const long long*, long long, const double*, {T}*, double*",
-    "gpuclust::mixture_tile_carry_max": "const long long*, long long, const {T}*, {T}*",
     "gpuclust::mixture_tile_max": "const long long*, const long long*, long long, const double*, {T}*",
     "gpuclust::mixture_invert": ("const {T}*, const {T}*, const {T}*, const long long*, long long, const double*, "
                                  "long long, double, {T}*"),
@@ -81,7 +80,7 @@ TILE_SLOPE_PARAMS: tuple[tuple[str, Any], ...] = (
     ("narrow_rel", np.float64), ("tile_sum", _PTR), ("tile_last", _PTR),
 )
 TILE_CARRY_PARAMS: tuple[tuple[str, Any], ...] = (
-    ("tile_first", _PTR), ("n_groups", np.int64), ("sums", _PTR), ("carry", _PTR),
+    ("tile_first", _PTR), ("n_groups", np.int64), ("vals", _PTR), ("carry", _PTR),
 )
 TILE_SLOPES_PARAMS: tuple[tuple[str, Any], ...] = (
     ("q", _PTR), ("src", _PTR), ("v", _PTR), ("ev", _PTR), *_TILES, ("tile_s0", _PTR), ("n_tiles", np.int64),
@@ -90,9 +89,6 @@ TILE_SLOPES_PARAMS: tuple[tuple[str, Any], ...] = (
 )
 TILE_CDF_PARAMS: tuple[tuple[str, Any], ...] = (
     *_TILES, ("n_tiles", np.int64), ("cdf_carry", _PTR), ("cdf", _PTR), ("tile_max", _PTR),
-)
-TILE_CARRY_MAX_PARAMS: tuple[tuple[str, Any], ...] = (
-    ("tile_first", _PTR), ("n_groups", np.int64), ("vals", _PTR), ("carry", _PTR),
 )
 TILE_MAX_PARAMS: tuple[tuple[str, Any], ...] = (
     *_TILES, ("n_tiles", np.int64), ("max_carry", _PTR), ("cdf", _PTR),
@@ -267,20 +263,21 @@ def _tiled_sweep(cp: Any, qv: Any, src: Any, v: Any, ev: Any, row_start: Any, G:
     max_carry = cp.empty(T, dtype=cp.float64)
     events = {"q": qv, "src": src, "v": v, "ev": ev, "nl": nl, "narrow_rel": NARROW_REL}
 
-    def run(name: str, grid: int, params: tuple[tuple[str, Any], ...], **named: Any) -> None:
-        _launch(_function(f"gpuclust::{name}", ("double",)), grid, params, **named)
+    def run(name: str, grid: int, params: tuple[tuple[str, Any], ...], arg: str = "double", **named: Any) -> None:
+        _launch(_function(f"gpuclust::{name}", (arg,)), grid, params, **named)
+
+    def carry(op: str, vals: Any, out: Any) -> None:  # per group: exclusive sums (TileSum) or maxima (TileMax)
+        run("mixture_tile_carry", per_group, TILE_CARRY_PARAMS, f"gpuclust::{op}", tile_first=tile_first,
+            n_groups=G, vals=vals, carry=out)
 
     run("mixture_tile_slope", per_tile, TILE_SLOPE_PARAMS, **events, **tiles, tile_sum=pair["tile_sum"],
         tile_last=pair["tile_last"])
-    run("mixture_tile_carry", per_group, TILE_CARRY_PARAMS, tile_first=tile_first, n_groups=G,
-        sums=pair["tile_sum"], carry=pair["slope_carry"])
+    carry("TileSum", pair["tile_sum"], pair["slope_carry"])
     run("mixture_tile_slopes", per_tile, TILE_SLOPES_PARAMS, **events, **tiles, tile_s0=tile_s0,
         slope_carry=pair["slope_carry"], tile_last=pair["tile_last"], xs=xs, slope=slope, inc_out=cdf,
         inc_sum=pair["inc_sum"])
-    run("mixture_tile_carry", per_group, TILE_CARRY_PARAMS, tile_first=tile_first, n_groups=G,
-        sums=pair["inc_sum"], carry=pair["cdf_carry"])
+    carry("TileSum", pair["inc_sum"], pair["cdf_carry"])
     run("mixture_tile_cdf", per_tile, TILE_CDF_PARAMS, **tiles, cdf_carry=pair["cdf_carry"], cdf=cdf,
         tile_max=tile_max)
-    run("mixture_tile_carry_max", per_group, TILE_CARRY_MAX_PARAMS, tile_first=tile_first, n_groups=G,
-        vals=tile_max, carry=max_carry)
+    carry("TileMax", tile_max, max_carry)
     run("mixture_tile_max", per_tile, TILE_MAX_PARAMS, **tiles, max_carry=max_carry, cdf=cdf)

@@ -75,7 +75,6 @@ def test_wrapper_parameter_lists_match_the_cuda_signatures():
                        "mixture_tile_carry": mixture_gpu.TILE_CARRY_PARAMS,
                        "mixture_tile_slopes": mixture_gpu.TILE_SLOPES_PARAMS,
                        "mixture_tile_cdf": mixture_gpu.TILE_CDF_PARAMS,
-                       "mixture_tile_carry_max": mixture_gpu.TILE_CARRY_MAX_PARAMS,
                        "mixture_tile_max": mixture_gpu.TILE_MAX_PARAMS},
     }
     assert sorted(lists) == _kernels.kernel_files()

@@ -47,7 +47,6 @@ def test_signatures_match_param_lists() -> None:
         "gpuclust::mixture_tile_carry": mixture_gpu.TILE_CARRY_PARAMS,
         "gpuclust::mixture_tile_slopes": mixture_gpu.TILE_SLOPES_PARAMS,
         "gpuclust::mixture_tile_cdf": mixture_gpu.TILE_CDF_PARAMS,
-        "gpuclust::mixture_tile_carry_max": mixture_gpu.TILE_CARRY_MAX_PARAMS,
         "gpuclust::mixture_tile_max": mixture_gpu.TILE_MAX_PARAMS,
     }
     assert set(pairs) == set(mixture_gpu.INSTANTIATIONS)
