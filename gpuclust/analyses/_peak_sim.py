@@ -1,5 +1,8 @@
-"""The peak-prediction simulation of one shard of machines, vectorised with NumPy (no Python loop
-per machine or step): ``peak-prediction``'s ``finalize_shard`` calls :func:`simulate`.
+"""The peak-prediction simulation of one shard of machines, vectorised array code (no Python loop
+per machine or step) that runs on either backend: ``peak-prediction``'s ``finalize_shard`` calls
+:func:`simulate` on the backend its partials were computed on (the gpu under ``backend="gpu"``,
+where this simulation is most of the analysis' work).  What differs by backend goes through
+``backend.ops`` (``run_max``, ``repeat_index``, ``stable_argsort``) and :data:`CHUNK_CELLS`.
 
 Input: one row per usage sample (machine code, 5-minute step, instance key, usage, limit),
 in any order and with repeats.  Output: per *snapshot* (a machine at a step where it has a
@@ -22,6 +25,9 @@ How it stays vectorised:
   ``s`` adds the same value to ``S(t, s)`` for every ``t`` of a piece within the horizon before
   ``s``, an interval of ``t``: a difference array over ``e = s - t`` per row ``s``.  Work is
   O(samples x pieces they reach + snapshots x horizon), memory a chunk of snapshots x horizon.
+
+The arithmetic is the same on both backends; only the order of floating-point additions in
+``bincount`` differs (atomics on the GPU), so the backends agree to rounding.
 """
 
 from __future__ import annotations
@@ -31,10 +37,12 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["SimParams", "percentile_rows", "simulate"]
+__all__ = ["CHUNK_CELLS", "SimParams", "percentile_rows", "simulate"]
 
-#: Cells of a (rows x history) or (snapshots x horizon) matrix built at once.
-CHUNK_CELLS = 1 << 20
+#: Cells of a (rows x history) or (snapshots x horizon) matrix built at once, per backend: cache
+#: sized on the host; on a device large enough that each step is a few big launches (a few
+#: hundred MB of temporaries per shard).
+CHUNK_CELLS = {"cpu": 1 << 20, "gpu": 1 << 23}
 
 
 @dataclass(frozen=True)
@@ -55,214 +63,231 @@ class SimParams:
     combine: tuple[str, ...] = ("n_sigma", "instance_percentile")
 
 
-def percentile_rows(sorted_rows: np.ndarray, n: np.ndarray, p: float) -> np.ndarray:
+def percentile_rows(xp: Any, sorted_rows: Any, n: Any, p: float) -> Any:
     """Per row, ``numpy.percentile(row[:n], p)`` (linear) of a row-sorted matrix whose first ``n``
     entries are the values (``n >= 1``); the same interpolation formula as NumPy's."""
     h = (n - 1) * (p / 100.0)
-    lo = np.floor(h).astype(np.int64)
-    hi = np.minimum(lo + 1, n - 1)
+    lo = xp.floor(h).astype(xp.int64)
+    hi = xp.minimum(lo + 1, n - 1)
     t = h - lo
-    r = np.arange(sorted_rows.shape[0])
+    r = xp.arange(sorted_rows.shape[0])
     a, b = sorted_rows[r, lo], sorted_rows[r, hi]
     with np.errstate(invalid="ignore"):  # rows without values (all inf) are masked by the caller
         d = b - a
         out = a + d * t
         big = t >= 0.5
         out[big] = (b - d * (1 - t))[big]
-        return np.where(d == 0, a, out)
+        return xp.where(d == 0, a, out)
 
 
-def _runs(code: np.ndarray, inst: np.ndarray, g: np.ndarray, lim: np.ndarray,
-          cap: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _bincount(xp: Any, x: Any, n: int, weights: Any = None) -> Any:
+    """``xp.bincount(x, weights, minlength=n)`` for ``x`` in ``[0, n)``, empty ``x`` included
+    (CuPy's sizes its output by the maximum of ``x``, which an empty array has not)."""
+    if not x.shape[0]:
+        return xp.zeros(n, dtype=xp.int64 if weights is None else xp.float64)
+    return xp.bincount(x, weights=weights, minlength=n)
+
+
+def _run_first(xp: Any, new: Any) -> Any:
+    """Per row, the index of the first row of its run (``new``: where runs begin, ``new[0]``)."""
+    return xp.flatnonzero(new)[xp.cumsum(new) - 1]
+
+
+def _runs(xp: Any, code: Any, inst: Any, g: Any, lim: Any, cap: bool) -> tuple[Any, Any, Any, Any]:
     """Order of the rows by (machine, instance, snapshot); in that order each row's run position
     (1-based), its group (machine, instance) id and its piece id (a run with one limit)."""
-    order = np.lexsort((g, inst, code))
+    order = xp.lexsort(xp.stack([g, inst, code]))
     c, i, gg, L = code[order], inst[order], g[order], lim[order]
     n = order.shape[0]
-    new_grp = np.ones(n, dtype=bool)
+    new_grp = xp.ones(n, dtype=bool)
     new_grp[1:] = (c[1:] != c[:-1]) | (i[1:] != i[:-1])
     new_run = new_grp.copy()
     new_run[1:] |= gg[1:] != gg[:-1] + 1
     new_piece = new_run.copy()
     if cap:
         new_piece[1:] |= L[1:] != L[:-1]
-    idx = np.arange(n)
-    run_first = np.maximum.accumulate(np.where(new_run, idx, 0))
-    j = idx - run_first + 1
-    return order, j, np.cumsum(new_grp) - 1, np.cumsum(new_piece) - 1
+    idx = xp.arange(n)
+    j = idx - _run_first(xp, new_run) + 1
+    return order, j, xp.cumsum(new_grp) - 1, xp.cumsum(new_piece) - 1
 
 
-def _ratio_series(gI: np.ndarray, warm: np.ndarray, j: np.ndarray, uc: np.ndarray, L: np.ndarray, H: int,
-                  NS: int) -> tuple[np.ndarray, np.ndarray]:
+def _ratio_series(xp: Any, gI: Any, warm: Any, j: Any, uc: Any, L: Any, H: int, NS: int) -> tuple[Any, Any]:
     """``(r, nk)``: per snapshot the ratio ``r_k`` for k < H (valid for ``k < nk``) over its warm
     instances' k-th previous samples."""
-    r = np.zeros((NS, H))
-    nk = np.zeros(NS, np.int64)
-    w = np.flatnonzero(warm)
+    r = xp.zeros((NS, H))
+    nk = xp.zeros(NS, xp.int64)
+    w = xp.flatnonzero(warm)
     for k in range(H):
         w = w[j[w] > k]
         if not w.shape[0]:
             break
         gw = gI[w]
-        su = np.bincount(gw, weights=uc[w - k], minlength=NS)
-        sl = np.bincount(gw, weights=L[w - k], minlength=NS)
-        has = np.bincount(gw, minlength=NS) > 0
+        su = _bincount(xp, gw, NS, uc[w - k])
+        sl = _bincount(xp, gw, NS, L[w - k])
+        has = _bincount(xp, gw, NS) > 0
         nk += has
         with np.errstate(invalid="ignore", divide="ignore"):
-            r[:, k] = np.where(sl > 0, su / np.where(sl > 0, sl, 1.0), 0.0)
+            r[:, k] = xp.where(sl > 0, su / xp.where(sl > 0, sl, 1.0), 0.0)
     return r, nk
 
 
-def _instance_percentile(gI: np.ndarray, warm: np.ndarray, j: np.ndarray, ratio: np.ndarray, L: np.ndarray,
-                         H: int, p: float, NS: int) -> np.ndarray:
+def _instance_percentile(xp: Any, cells: int, gI: Any, warm: Any, j: Any, ratio: Any, L: Any, H: int, p: float,
+                         NS: int) -> Any:
     """Per snapshot the sum over warm instances of percentile p of their last H ratios x limit."""
-    out = np.zeros(NS)
-    w = np.flatnonzero(warm)
-    step = max(1, CHUNK_CELLS // H)
-    ks = np.arange(H)
+    out = xp.zeros(NS)
+    w = xp.flatnonzero(warm)
+    step = max(1, cells // H)
+    ks = xp.arange(H)
     for a in range(0, w.shape[0], step):
         ww = w[a:a + step]
-        n = np.minimum(j[ww], H)
+        n = xp.minimum(j[ww], H)
         idx = ww[:, None] - ks[None, :]
-        mat = np.where(ks[None, :] < n[:, None], ratio[np.maximum(idx, 0)], np.inf)
+        mat = xp.where(ks[None, :] < n[:, None], ratio[xp.maximum(idx, 0)], np.inf)
         mat.sort(axis=1)
-        v = percentile_rows(mat, n, p) * L[ww]
-        out += np.bincount(gI[ww], weights=v, minlength=NS)
+        v = percentile_rows(xp, mat, n, p) * L[ww]
+        out += _bincount(xp, gI[ww], NS, v)
     return out
 
 
-def _oracle(snap_key: np.ndarray, mfirst: np.ndarray, mend: np.ndarray, gI: np.ndarray, uI: np.ndarray,
-            LI: np.ndarray, grp: np.ndarray, piece: np.ndarray, limit: np.ndarray, todo: np.ndarray,
-            E: int, p: float, cap: bool) -> np.ndarray:
+def _oracle(be: Any, snap_key: Any, mfirst: Any, mend: Any, gI: Any, uI: Any, LI: Any, grp: Any, piece: Any,
+            limit: Any, todo: Any, E: int, p: float, cap: bool) -> Any:
     """Per snapshot the oracle peak (NaN where ``todo`` is false)."""
+    xp = be.xp
     NS = snap_key.shape[0]
-    out = np.full(NS, np.nan)
-    if not todo.any():
+    out = xp.full(NS, np.nan)
+    tids = xp.flatnonzero(todo)
+    if not tids.shape[0]:
         return out
     # pieces: first / last snapshot and limit
-    starts = np.flatnonzero(np.r_[True, piece[1:] != piece[:-1]])
-    ends = np.r_[starts[1:], piece.shape[0]] - 1
+    n_rows = piece.shape[0]
+    starts = xp.flatnonzero(xp.concatenate([xp.ones(1, dtype=bool), piece[1:] != piece[:-1]]))
+    ends = xp.concatenate([starts[1:], xp.full(1, n_rows, dtype=starts.dtype)]) - 1
     pa, pb, pL, pgrp = gI[starts], gI[ends], LI[starts], grp[starts]
     pkey = pgrp * NS + pb
     # each sample s reaches the pieces of its (machine, instance) ending at or after lo(s)
-    lo = np.maximum(mfirst[gI], np.searchsorted(snap_key, snap_key[gI] - E, side="left"))
-    q = np.searchsorted(pkey, grp * NS + lo, side="left")
+    lo = xp.maximum(mfirst[gI], xp.searchsorted(snap_key, snap_key[gI] - E, side="left"))
+    q = xp.searchsorted(pkey, grp * NS + lo, side="left")
     cnt = piece - q + 1
-    row = np.repeat(np.arange(gI.shape[0]), cnt)
-    pp = np.repeat(q - np.cumsum(cnt) + cnt, cnt) + np.arange(row.shape[0])
+    row = be.ops.repeat_index(cnt)
+    pp = (q - xp.cumsum(cnt) + cnt)[row] + xp.arange(row.shape[0])
     s = gI[row]
-    t0 = np.maximum(pa[pp], lo[row])
-    t1 = np.minimum(pb[pp], s - 1)
+    t0 = xp.maximum(pa[pp], lo[row])
+    t1 = xp.minimum(pb[pp], s - 1)
     ok = t0 <= t1
     row, pp, s, t0, t1 = row[ok], pp[ok], s[ok], t0[ok], t1[ok]
-    val = np.minimum(uI[row], pL[pp]) if cap else uI[row]
-    order = np.argsort(s, kind="stable")
+    val = xp.minimum(uI[row], pL[pp]) if cap else uI[row]
+    order = be.ops.stable_argsort(s)
     s, t0, t1, val = s[order], t0[order], t1[order], val[order]
     del row, pp, order
-    hi = np.minimum(mend, np.searchsorted(snap_key, snap_key + E, side="right")) - 1
-    nf = hi - np.arange(NS)
-    C = max(E, CHUNK_CELLS // (E + 2))
-    es = np.arange(1, E + 1)
-    tids = np.flatnonzero(todo)
+    hi = xp.minimum(mend, xp.searchsorted(snap_key, snap_key + E, side="right")) - 1
+    nf = hi - xp.arange(NS)
+    C = max(E, CHUNK_CELLS[be.name] // (E + 2))
+    es = xp.arange(1, E + 1)
+    th = be.to_host(tids)  # the chunks' bounds, walked on the host
     a = 0
-    while a < tids.shape[0]:
-        c0 = int(tids[a])
+    while a < th.shape[0]:
+        c0 = int(th[a])
         c1 = min(NS, c0 + C)
-        b = int(np.searchsorted(tids, c1))
+        b = int(np.searchsorted(th, c1))
         R = c1 - c0 + E
-        x, y = (int(v) for v in np.searchsorted(s, [c0, c0 + R]))
+        x, y = (int(v) for v in be.to_host(xp.searchsorted(s, xp.asarray([c0, c0 + R], dtype=s.dtype))))
         base = (s[x:y] - c0) * (E + 2) + s[x:y]
-        M = np.bincount(base - t1[x:y], weights=val[x:y], minlength=R * (E + 2))
-        M -= np.bincount(base - t0[x:y] + 1, weights=val[x:y], minlength=R * (E + 2))
-        M = np.cumsum(M.reshape(R, E + 2), axis=1)
+        M = _bincount(xp, base - t1[x:y], R * (E + 2), val[x:y])
+        M -= _bincount(xp, base - t0[x:y] + 1, R * (E + 2), val[x:y])
+        M = xp.cumsum(M.reshape(R, E + 2), axis=1)
         tt = tids[a:b]
         rel = tt - c0
         vals = M[rel[:, None] + es[None, :], es[None, :]]
         n = nf[tt]
         valid = es[None, :] <= n[:, None]
         if p >= 100.0:
-            v = np.where(valid, vals, -np.inf).max(axis=1)
+            v = xp.where(valid, vals, -np.inf).max(axis=1)
         else:
-            mat = np.where(valid, vals, np.inf)
+            mat = xp.where(valid, vals, np.inf)
             mat.sort(axis=1)
-            v = percentile_rows(mat, np.maximum(n, 1), p)
-        out[tt] = np.where(n > 0, v, limit[tt])
+            v = percentile_rows(xp, mat, xp.maximum(n, 1), p)
+        out[tt] = xp.where(n > 0, v, limit[tt])
         a = b
     return out
 
 
-def simulate(code: np.ndarray, step: np.ndarray, inst: np.ndarray, usage: np.ndarray, lim: np.ndarray, span: int,
-             last_step: int, prm: SimParams) -> dict[str, Any]:
-    """The per-snapshot table of one shard (arrays, in (machine code, step) order): ``code``,
-    ``step``, ``instances``, ``limit``, ``total_usage``, ``oracle`` (NaN: censored) and one
-    array per predictor (``borg_default``, ``n_sigma``, ``instance_percentile``,
-    ``machine_percentile``, ``max_of``, ``avg_of``)."""
+def _empty(xp: Any) -> dict[str, Any]:
+    z = xp.zeros(0)
+    return {"code": xp.zeros(0, xp.int64), "step": xp.zeros(0, xp.int64), "instances": xp.zeros(0, xp.int64),
+            "limit": z, "total_usage": z, "oracle": z,
+            **{p: z for p in ("borg_default", "n_sigma", "instance_percentile", "machine_percentile", "max_of",
+                              "avg_of")}}
+
+
+def simulate(be: Any, code: Any, step: Any, inst: Any, usage: Any, lim: Any, span: int, last_step: int,
+             prm: SimParams) -> dict[str, Any]:
+    """The per-snapshot table of one shard (arrays on backend ``be``, as the inputs; in (machine
+    code, step) order): ``code``, ``step``, ``instances``, ``limit``, ``total_usage``, ``oracle``
+    (NaN: censored) and one array per predictor (``borg_default``, ``n_sigma``,
+    ``instance_percentile``, ``machine_percentile``, ``max_of``, ``avg_of``)."""
+    xp, ops = be.xp, be.ops
     if not code.shape[0]:
-        z = np.zeros(0)
-        return {"code": np.zeros(0, np.int64), "step": np.zeros(0, np.int64), "instances": np.zeros(0, np.int64),
-                "limit": z, "total_usage": z, "oracle": z,
-                **{p: z for p in ("borg_default", "n_sigma", "instance_percentile", "machine_percentile", "max_of",
-                                  "avg_of")}}
-    key = code.astype(np.int64) * span + step
+        return _empty(xp)
+    key = code.astype(xp.int64) * span + step
     # one row per (machine, step, instance): the max of usage and of limit over its windows
-    o = np.lexsort((inst, key))
+    o = xp.lexsort(xp.stack([inst, key]))
     key, inst, usage, lim = key[o], inst[o], usage[o], lim[o]
     n = key.shape[0]
-    first = np.ones(n, dtype=bool)
+    first = xp.ones(n, dtype=bool)
     first[1:] = (key[1:] != key[:-1]) | (inst[1:] != inst[:-1])
-    at = np.flatnonzero(first)
-    usage, lim = np.maximum.reduceat(usage, at), np.maximum.reduceat(lim, at)
+    at = xp.flatnonzero(first)
+    usage, lim = ops.run_max(usage, at), ops.run_max(lim, at)
     key, inst = key[at], inst[at]
     nr = key.shape[0]
-    snap_first = np.ones(nr, dtype=bool)
+    snap_first = xp.ones(nr, dtype=bool)
     snap_first[1:] = key[1:] != key[:-1]
-    g = np.cumsum(snap_first) - 1
+    g = xp.cumsum(snap_first) - 1
     snap_key = key[snap_first]
     NS = snap_key.shape[0]
     scode, sstep = snap_key // span, snap_key % span
-    mnew = np.ones(NS, dtype=bool)
+    mnew = xp.ones(NS, dtype=bool)
     mnew[1:] = scode[1:] != scode[:-1]
-    mfirst = np.maximum.accumulate(np.where(mnew, np.arange(NS), 0))
-    mstarts = np.flatnonzero(mnew)
-    mend = np.repeat(np.r_[mstarts[1:], NS], np.diff(np.r_[mstarts, NS]))
-    out: dict[str, Any] = {"code": scode, "step": sstep, "instances": np.bincount(g, minlength=NS),
-                           "limit": np.bincount(g, weights=lim, minlength=NS),
-                           "total_usage": np.bincount(g, weights=np.minimum(usage, lim), minlength=NS)}
+    mfirst = _run_first(xp, mnew)
+    mstarts = xp.flatnonzero(mnew)
+    mend = xp.concatenate([mstarts[1:], xp.full(1, NS, dtype=mstarts.dtype)])[xp.cumsum(mnew) - 1]
+    out: dict[str, Any] = {"code": scode, "step": sstep, "instances": _bincount(xp, g, NS),
+                           "limit": _bincount(xp, g, NS, lim),
+                           "total_usage": _bincount(xp, g, NS, xp.minimum(usage, lim))}
     rcode = key // span
-    order, j, grp, piece = _runs(rcode, inst, g, lim, prm.cap_to_limit)
+    order, j, grp, piece = _runs(xp, rcode, inst, g, lim, prm.cap_to_limit)
     gI, uI, LI = g[order], usage[order], lim[order]
     warm = j >= max(prm.min_samples, 2)
-    cold = np.bincount(gI[~warm], weights=LI[~warm], minlength=NS)
-    warm_limit = np.bincount(gI[warm], weights=LI[warm], minlength=NS)
-    uc = np.minimum(uI, LI) if prm.cap_to_limit else uI
-    preds: dict[str, np.ndarray] = {"borg_default": prm.borg_fraction * out["limit"]}
-    r, nk = _ratio_series(gI, warm, j, uc, LI, prm.n_sigma_history, NS)
-    ks = np.arange(prm.n_sigma_history)[None, :]
+    cold = _bincount(xp, gI[~warm], NS, LI[~warm])
+    warm_limit = _bincount(xp, gI[warm], NS, LI[warm])
+    uc = xp.minimum(uI, LI) if prm.cap_to_limit else uI
+    preds: dict[str, Any] = {"borg_default": prm.borg_fraction * out["limit"]}
+    r, nk = _ratio_series(xp, gI, warm, j, uc, LI, prm.n_sigma_history, NS)
+    ks = xp.arange(prm.n_sigma_history)[None, :]
     valid = ks < nk[:, None]
-    cnt = np.maximum(nk, 1)
-    mean = np.where(valid, r, 0.0).sum(1) / cnt
-    dev = np.where(valid, r - mean[:, None], 0.0)
-    sd = np.sqrt((dev * dev).sum(1) / np.maximum(nk - 1, 1))
-    ns = np.where(nk > 0, np.minimum(1.0, mean + prm.n_sigma * sd) * warm_limit, 0.0)
+    cnt = xp.maximum(nk, 1)
+    mean = xp.where(valid, r, 0.0).sum(1) / cnt
+    dev = xp.where(valid, r - mean[:, None], 0.0)
+    sd = xp.sqrt((dev * dev).sum(1) / xp.maximum(nk - 1, 1))
+    ns = xp.where(nk > 0, xp.minimum(1.0, mean + prm.n_sigma * sd) * warm_limit, 0.0)
     preds["n_sigma"] = ns + cold
     if prm.machine_history != prm.n_sigma_history:
-        r, nk = _ratio_series(gI, warm, j, uc, LI, prm.machine_history, NS)
-    ks = np.arange(r.shape[1])[None, :]
-    mat = np.where(ks < nk[:, None], r, np.inf)
+        r, nk = _ratio_series(xp, gI, warm, j, uc, LI, prm.machine_history, NS)
+    ks = xp.arange(r.shape[1])[None, :]
+    mat = xp.where(ks < nk[:, None], r, np.inf)
     mat.sort(axis=1)
-    mp = np.minimum(1.0, percentile_rows(mat, np.maximum(nk, 1), prm.machine_percentile)) if NS else np.zeros(0)
-    preds["machine_percentile"] = np.where(nk > 0, mp * warm_limit, 0.0) + cold
+    mp = xp.minimum(1.0, percentile_rows(xp, mat, xp.maximum(nk, 1), prm.machine_percentile))
+    preds["machine_percentile"] = xp.where(nk > 0, mp * warm_limit, 0.0) + cold
     del r, mat, dev, valid
     with np.errstate(invalid="ignore", divide="ignore"):
         ratio = uI / LI
     if prm.cap_to_limit:
-        ratio = np.minimum(ratio, 1.0)
-    preds["instance_percentile"] = _instance_percentile(gI, warm, j, ratio, LI, prm.instance_history,
-                                                        prm.instance_percentile, NS) + cold
-    sub = np.stack([preds[c] for c in prm.combine]) if prm.combine else np.zeros((1, NS))
+        ratio = xp.minimum(ratio, 1.0)
+    preds["instance_percentile"] = _instance_percentile(xp, CHUNK_CELLS[be.name], gI, warm, j, ratio, LI,
+                                                        prm.instance_history, prm.instance_percentile, NS) + cold
+    sub = xp.stack([preds[c] for c in prm.combine]) if prm.combine else xp.zeros((1, NS))
     preds["max_of"], preds["avg_of"] = sub.max(0), sub.mean(0)
     todo = sstep + prm.horizon_steps <= last_step
-    out["oracle"] = _oracle(snap_key, mfirst, mend, gI, uI, LI, grp, piece, out["limit"], todo, prm.horizon_steps,
-                            prm.oracle_percentile, prm.cap_to_limit)
+    out["oracle"] = _oracle(be, snap_key, mfirst, mend, gI, uI, LI, grp, piece, out["limit"], todo,
+                            prm.horizon_steps, prm.oracle_percentile, prm.cap_to_limit)
     out.update(preds)
     return out

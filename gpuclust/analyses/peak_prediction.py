@@ -31,10 +31,11 @@ from gpuclust.analyses._extent import max_finite
 from gpuclust.analyses._lookup import id_index
 from gpuclust.analyses._peak_sim import SimParams, simulate
 from gpuclust.analyses._requests import REQUEST_COLUMNS, RequestTimeline, asof_events
-from gpuclust.analyses.base import Analysis, fmt, is_null_int
+from gpuclust.analyses.base import Analysis, fmt, is_null_int, to_host
 from gpuclust.analyses.grouping import unique_codes
 from gpuclust.analyses.options import option
 from gpuclust.arrow_numpy import schema_table, table, table_from_rows
+from gpuclust.backends import finalize_backend
 from gpuclust.layout import key_hash
 from gpuclust.parted import column_batches, finalize_in_memory
 from gpuclust.schema import CPU_PERCENTILES_SOURCE_ORDER, TIME_AFTER_TRACE
@@ -203,7 +204,9 @@ class PeakPrediction(Analysis):
                 "limit": np.zeros(0, np.float32)}
 
     def empty(self, backend: Any = None) -> dict[str, Any]:
-        return {"rows": self._empty_rows(), "count": np.zeros(0, np.int64), "stats": np.zeros(len(STATS), np.int64)}
+        # ``backend``: where the partials were computed, so the simulation runs there too
+        return {"rows": self._empty_rows(), "count": np.zeros(0, np.int64), "stats": np.zeros(len(STATS), np.int64),
+                "backend": getattr(backend, "name", "cpu")}
 
     def partial(self, cols: dict[str, Any], ctx: PeakPredictionContext, backend: Any) -> dict[str, Any]:
         xp = backend.xp
@@ -212,7 +215,7 @@ class PeakPrediction(Analysis):
         M = int(ctx.machine_ids.shape[0])
         stats = dict.fromkeys(STATS, 0)
         stats["rows"] = n
-        out = self.empty()
+        out = self.empty(backend)
         out["count"] = np.zeros(M, np.int64)
         alloc = cols["alloc_collection_id"]
         keep = (alloc == 0) | is_null_int(xp, alloc)
@@ -273,13 +276,15 @@ class PeakPrediction(Analysis):
 
     # ---------------------------------------------------------------- shards
     def split(self, partial: dict[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, np.ndarray]]]:
-        return ({"count": np.asarray(partial["count"]), "stats": np.asarray(partial["stats"])},
+        return ({"count": np.asarray(partial["count"]), "stats": np.asarray(partial["stats"]),
+                 "backend": partial["backend"]},
                 {"rows": {f: np.asarray(v) for f, v in partial["rows"].items()}})
 
     def merge_rest(self, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         ca, cb = np.asarray(a["count"]), np.asarray(b["count"])
         count = cb if not ca.shape[0] else ca if not cb.shape[0] else ca + cb
-        return {"count": count, "stats": np.asarray(a["stats"]) + np.asarray(b["stats"])}
+        return {"count": count, "stats": np.asarray(a["stats"]) + np.asarray(b["stats"]),
+                "backend": "gpu" if "gpu" in (a["backend"], b["backend"]) else "cpu"}
 
     def shards(self, ctx: PeakPredictionContext, rest: dict[str, Any]) -> list[tuple[int, int]]:
         """Ranges of machine codes of about :data:`SHARD_ROWS` samples each (a machine whole)."""
@@ -305,12 +310,14 @@ class PeakPrediction(Analysis):
 
     def finalize_shard(self, keyed: dict[str, dict[str, np.ndarray]], rest: dict[str, Any],
                        ctx: PeakPredictionContext, lo: int, hi: int) -> tuple[dict[str, Any], dict[str, Any]]:
-        """The machine-steps of machine codes ``[lo, hi)`` and the shard's metric sums."""
+        """The machine-steps of machine codes ``[lo, hi)`` and the shard's metric sums.  The
+        simulation runs on the backend the partials were computed on (:func:`finalize_backend`)."""
         r = keyed["rows"]
-        key = np.asarray(r["key"], np.int64)
-        sim = simulate(key // ctx.span, key % ctx.span, np.asarray(r["inst"], np.int64),
-                       np.asarray(r["usage"], np.float64), np.asarray(r["limit"], np.float64), ctx.span,
-                       ctx.last_step, self.params)
+        be = finalize_backend(rest["backend"])
+        key = be.asarray(np.asarray(r["key"], np.int64))
+        sim = to_host(simulate(be, key // ctx.span, key % ctx.span, be.asarray(np.asarray(r["inst"], np.int64)),
+                               be.asarray(np.asarray(r["usage"], np.float64)),
+                               be.asarray(np.asarray(r["limit"], np.float64)), ctx.span, ctx.last_step, self.params))
         cols = {"machine_id": ctx.machine_ids[sim["code"]], "bucket": sim["step"].astype(np.int64),
                 "bucket_start_us": sim["step"].astype(np.int64) * STEP_US,
                 "instances": sim["instances"].astype(np.int64),

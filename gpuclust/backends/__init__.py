@@ -20,7 +20,7 @@ import numpy as np
 
 from gpuclust._cache import PerArrayCache
 
-__all__ = ["BACKEND_NAMES", "ENGINE_THREAD_PREFIX", "EXTENSION_OP_MODULES", "Backend", "Ops", "BackendUnavailable", "OP_NAMES", "available_backend", "backend_of",
+__all__ = ["BACKEND_NAMES", "ENGINE_THREAD_PREFIX", "EXTENSION_OP_MODULES", "Backend", "Ops", "BackendUnavailable", "OP_NAMES", "available_backend", "backend_of", "finalize_backend",
            "get_backend", "gpu_available"]
 
 #: Name prefix of the local engine's partition threads (``gpuclust.engine.local``): ops that
@@ -202,3 +202,14 @@ def available_backend(name: str) -> Backend | None:
         return get_backend(name)
     except BackendUnavailable:
         return None
+
+
+def finalize_backend(name: str) -> Backend:
+    """Where to finalize partials computed on backend ``name``: that backend when it can run in
+    this process, else ``cpu`` (a study's gpu partials finalize on the device; the same partials
+    on a client without one, on the host).
+
+    >>> finalize_backend("cpu").name
+    'cpu'
+    """
+    return available_backend(name) or get_backend("cpu")

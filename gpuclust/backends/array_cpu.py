@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["cummax_rows", "cummin_rows", "gather_repair_percentiles", "run_weighted_sums", "scatter_max", "stable_argsort"]
+__all__ = ["cummax_rows", "cummin_rows", "gather_repair_percentiles", "repeat_index", "run_max", "run_weighted_sums", "scatter_max",
+           "stable_argsort"]
 
 
 def stable_argsort(a: np.ndarray) -> np.ndarray:
@@ -36,6 +37,25 @@ def cummax_rows(a: np.ndarray) -> np.ndarray:
 def cummin_rows(a: np.ndarray) -> np.ndarray:
     """Running minimum along each row of a 2-D array."""
     return np.minimum.accumulate(a, axis=1)
+
+
+def run_max(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """The maximum of each run of ``values`` (runs begin at the increasing indices ``starts``,
+    ``starts[0] == 0``; values without NaN; ``numpy.maximum.reduceat``).
+
+    >>> run_max(np.array([3.0, 1.0, 2.0, 5.0]), np.array([0, 1])).tolist()
+    [3.0, 5.0]
+    """
+    return np.maximum.reduceat(values, starts)
+
+
+def repeat_index(counts: np.ndarray) -> np.ndarray:
+    """Each index ``i`` of ``counts`` repeated ``counts[i]`` times (``counts >= 0``).
+
+    >>> repeat_index(np.array([2, 0, 1])).tolist()
+    [0, 0, 2]
+    """
+    return np.repeat(np.arange(counts.shape[0]), counts)
 
 
 def run_weighted_sums(first: np.ndarray, inv: np.ndarray, n_runs: int, w: np.ndarray, q: np.ndarray) -> np.ndarray:

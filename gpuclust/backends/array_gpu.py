@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["cummax_rows", "cummin_rows", "gather_repair_percentiles", "run_weighted_sums", "scatter_max", "stable_argsort"]
+import numpy as np
+
+__all__ = ["cummax_rows", "cummin_rows", "gather_repair_percentiles", "repeat_index", "run_max", "run_weighted_sums", "scatter_max",
+           "stable_argsort"]
 
 
 def _cp() -> Any:
@@ -50,6 +53,31 @@ def cummax_rows(a: Any) -> Any:
 def cummin_rows(a: Any) -> Any:
     """Running minimum along each row."""
     return -cummax_rows(-a)
+
+
+def run_max(values: Any, starts: Any) -> Any:
+    """The maximum of each run of ``values`` beginning at ``starts``: each row's run by a prefix
+    count of the run starts, then atomic maxima (:func:`scatter_max`) into the runs (values
+    without NaN)."""
+    cp = _cp()
+    n = int(values.shape[0])
+    if n == 0:
+        return values[:0].copy()
+    first = cp.zeros(n, dtype=cp.int64)
+    first[starts] = 1
+    out = cp.full(int(starts.shape[0]), -np.inf if values.dtype.kind == "f" else np.iinfo(values.dtype).min,
+                  dtype=values.dtype)
+    scatter_max(out, cp.cumsum(first) - 1, values)
+    return out
+
+
+def repeat_index(counts: Any) -> Any:
+    """Each index ``i`` of ``counts`` repeated ``counts[i]`` times (CuPy's ``repeat`` takes no
+    array of counts: a search of each output position among the running ends)."""
+    cp = _cp()
+    ends = cp.cumsum(counts.astype(cp.int64))
+    total = int(ends[-1]) if int(counts.shape[0]) else 0
+    return cp.searchsorted(ends, cp.arange(total, dtype=cp.int64), side="right")
 
 
 def run_weighted_sums(first: Any, inv: Any, n_runs: int, w: Any, q: Any) -> Any:

@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from strategies import assert_results_same, table, write_dataset
 
+from gpuclust.analyses import _peak_sim
 from gpuclust.analyses import peak_prediction as pp_mod
 from gpuclust.analyses._peak_sim import percentile_rows
 from gpuclust.analyses.peak_prediction import PeakPrediction
@@ -151,6 +152,58 @@ def test_defaults_on_a_long_cell():
     assert res["machine"]["oracle"].notna().sum() > 100
 
 
+def test_chunked_oracle_and_percentiles(monkeypatch):
+    """Small working matrices: the oracle walks its snapshots in many chunks and the per-instance
+    percentile its rows in many blocks (the defaults' 288-step horizon over 2 x 600 snapshots):
+    the same table as the reference."""
+    monkeypatch.setattr(_peak_sim, "CHUNK_CELLS", {"cpu": 2048, "gpu": 2048})
+    tables = cell(7, n_machines=2, n_inst=6, n_steps=600)
+    res = run(TableSource(tables), PeakPrediction(scheduling_class_range=(0, 3)))["peak-prediction"]
+    check(res, tables, {"scheduling_class_range": (0, 3)})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_gpu_simulation_matches_the_reference(gpu_backend, seed, monkeypatch):
+    """The simulation on the device (the partials are computed there, so the finalize runs there):
+    the reference's table, as on the cpu; with small working matrices as well (chunk walks)."""
+    tables = cell(seed, n_machines=3, n_inst=20, n_steps=120)
+    for opts in (dict(SMALL), {**SMALL, "oracle_percentile": 95.0, "cap_to_limit": False}):
+        check(run(TableSource(tables), PeakPrediction(**opts), backend=gpu_backend)["peak-prediction"], tables, opts)
+    monkeypatch.setattr(_peak_sim, "CHUNK_CELLS", {"cpu": 2048, "gpu": 2048})
+    long = cell(7, n_machines=2, n_inst=6, n_steps=600)
+    res = run(TableSource(long), PeakPrediction(scheduling_class_range=(0, 3)), backend=gpu_backend)
+    check(res["peak-prediction"], long, {"scheduling_class_range": (0, 3)})
+
+
+@pytest.mark.gpu
+def test_gpu_simulate_agrees_with_the_cpu(gpu_backend):
+    """``simulate`` on both backends over the same 200k random samples (repeats, gaps, moves,
+    limit changes): the same snapshots, the same values to rounding (the device adds in another
+    order)."""
+    from gpuclust.backends import get_backend
+
+    rng = np.random.default_rng(9)
+    n, span = 200_000, 1 << 12
+    code = rng.integers(0, 40, n)
+    step = rng.integers(0, 600, n)
+    inst = rng.integers(0, 300, n) * 7919
+    usage = rng.gamma(1.0, 0.1, n)
+    lim = rng.choice([0.2, 0.5, 1.0], n)
+    prm = _peak_sim.SimParams(horizon_steps=288, min_samples=24, oracle_percentile=99.0)
+    cpu = get_backend("cpu")
+    want = _peak_sim.simulate(cpu, code, step, inst, usage, lim, span, 590, prm)
+    got = _peak_sim.simulate(gpu_backend, *(gpu_backend.asarray(a) for a in (code, step, inst, usage, lim)), span,
+                             590, prm)
+    assert set(got) == set(want)
+    for k, w in want.items():
+        g = gpu_backend.to_host(got[k])
+        if w.dtype.kind in "iu":
+            np.testing.assert_array_equal(g, w, err_msg=k)
+        else:
+            np.testing.assert_allclose(g, w, rtol=1e-9, atol=1e-12, equal_nan=True, err_msg=k)
+
+
 def test_shards_and_partitions(monkeypatch):
     """Many shards (a machine whole in each), many partitions: the same result."""
     tables = cell(11, n_machines=4, n_inst=30)
@@ -228,7 +281,7 @@ def test_percentile_rows_is_numpy_percentile():
         n = rng.integers(1, 10, 50)
         m2 = np.where(np.arange(9)[None, :] < n[:, None], mat, np.inf)
         m2.sort(axis=1)
-        got = percentile_rows(m2, n, p)
+        got = percentile_rows(np, m2, n, p)
         want = [np.percentile(mat[r, :n[r]], p) for r in range(50)]
         np.testing.assert_allclose(got, want, rtol=1e-14)
 

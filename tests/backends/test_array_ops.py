@@ -34,6 +34,28 @@ def test_scatter_max_matches_a_loop(backend, dtype):
     assert _host(backend, out).tolist() == want.tolist()
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64])
+def test_run_max_matches_a_loop(backend, dtype):
+    rng = np.random.default_rng(6)
+    key = np.sort(rng.integers(0, 2000, 30_000))
+    starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+    vals = rng.normal(0, 100, key.shape[0]).astype(dtype)
+    got = _host(backend, backend.ops.run_max(backend.asarray(vals), backend.asarray(starts)))
+    ends = [*starts[1:].tolist(), key.shape[0]]
+    assert got.dtype == dtype
+    assert got.tolist() == [max(vals[a:b].tolist()) for a, b in zip(starts.tolist(), ends, strict=True)]
+    assert _host(backend, backend.ops.run_max(backend.asarray(vals[:0]), backend.asarray(starts[:0]))).shape == (0,)
+
+
+def test_repeat_index_matches_a_loop(backend):
+    counts = np.random.default_rng(7).integers(0, 4, 5000)
+    counts[:3] = 0  # leading and
+    counts[-2:] = 0  # trailing empty runs
+    got = _host(backend, backend.ops.repeat_index(backend.asarray(counts)))
+    assert got.tolist() == [i for i, c in enumerate(counts.tolist()) for _ in range(c)]
+    assert _host(backend, backend.ops.repeat_index(backend.asarray(counts[:0]))).shape == (0,)
+
+
 def test_running_extrema_per_row(backend):
     rng = np.random.default_rng(2)
     a = rng.normal(size=(37, 23))
