@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from gpuclust._xp import bincount
+
 __all__ = ["Moments", "bin_quantile_edges", "bin_rows", "keyed_reduce", "log_bins", "merge_keyed", "merge_moments"]
 
 
@@ -38,13 +40,13 @@ def keyed_reduce(backend: Any, key: Any, sums: dict[str, Any], counts: dict[str,
             # Compact key range (e.g. hour x tier): dense sums by bincount, O(n), no sort.
             # Same per-bin summation order as the sorted path below, so results are identical.
             off = xp.ascontiguousarray((key - kmin).astype(xp.int64))
-            cnt = xp.bincount(off, minlength=span)
+            cnt = bincount(xp, off, minlength=span)
             present = xp.nonzero(cnt > 0)[0]
             out = {"key": (present + kmin).astype(xp.int64)}
             for name, v in sums.items():
                 out[name] = ops.grouped_sum(off, xp.ascontiguousarray(v), n_groups=span)[present]
             for name, c in (counts or {}).items():
-                dense = cnt if c is None else xp.bincount(off, weights=c.astype(xp.float64), minlength=span).round()
+                dense = cnt if c is None else bincount(xp, off, weights=c.astype(xp.float64), minlength=span).round()
                 out[name] = dense[present].astype(xp.int64)
             return out
     uniq, inv = xp.unique(key, return_inverse=True)
@@ -54,8 +56,8 @@ def keyed_reduce(backend: Any, key: Any, sums: dict[str, Any], counts: dict[str,
     for name, v in sums.items():
         out[name] = ops.grouped_sum(inv, xp.ascontiguousarray(v), n_groups=n)
     for name, c in (counts or {}).items():
-        out[name] = xp.bincount(inv, weights=None, minlength=n).astype(xp.int64) if c is None else (
-            xp.bincount(inv, weights=c.astype(xp.float64), minlength=n).round().astype(xp.int64))
+        out[name] = bincount(xp, inv, weights=None, minlength=n).astype(xp.int64) if c is None else (
+            bincount(xp, inv, weights=c.astype(xp.float64), minlength=n).round().astype(xp.int64))
     return out
 
 

@@ -1,15 +1,34 @@
 """The cpu backend as the analyses' generic (GPU-shaped) code sees it: its ops without
 ``lookup_slot_tables``, so the cpu-only slot-table paths are off and the code the gpu backend runs
-is exercised on NumPy (tests compare the two paths bit for bit)."""
+is exercised on NumPy (tests compare the two paths bit for bit), and, as its array module, NumPy
+shaped like CuPy where CuPy refuses what NumPy accepts, so that code fails here the way it would
+fail on a device (CI has none).
+
+What the CuPy-shaped module refuses, as CuPy 13/14 does (``cupy/_statistics/histogram.py``,
+``cupy/_sorting/sort.py``, ``cupy/_core/_kernel.pyx``, ``cupy/_core/_routines_manipulation.pyx``):
+
+* ``bincount`` of an empty array: CuPy sizes its output by ``int(x.max()) + 1``, and the maximum
+  of an empty array raises (``gpuclust._xp.bincount`` is the call that works on both);
+* ``lexsort`` of a tuple or list of keys: CuPy takes one ``(k, n)`` array;
+* ``repeat`` with an array of counts (CuPy before 14);
+* the ``reduceat`` of a ufunc other than ``add``, and ``accumulate`` other than ``add`` /
+  ``multiply``.
+
+Everything else is NumPy's.  Arrays stay NumPy arrays, so host calls on device arrays
+(``np.asarray`` of a CuPy array) are not caught here; the GPU tests catch those.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import types
 from typing import Any
 
-from gpuclust.backends import get_backend
+import numpy as np
 
-__all__ = ["CPU", "GENERIC"]
+from gpuclust.backends import Backend, get_backend
+
+__all__ = ["CPU", "GENERIC", "SHAPED_XP"]
 
 
 class _GenericOps:
@@ -24,5 +43,63 @@ class _GenericOps:
         return getattr(self._ops, name)
 
 
+class _UFunc:
+    """A NumPy ufunc with CuPy's methods: ``reduceat`` for ``add`` only, ``accumulate`` for
+    ``add`` and ``multiply`` only."""
+
+    def __init__(self, uf: np.ufunc):
+        self._uf = uf
+
+    def __call__(self, *args: Any, **kw: Any) -> Any:
+        return self._uf(*args, **kw)
+
+    def reduceat(self, *args: Any, **kw: Any) -> Any:
+        if self._uf is not np.add:
+            raise NotImplementedError(f"`cupy_{self._uf.__name__}.reduceat` is not supported yet")
+        return self._uf.reduceat(*args, **kw)
+
+    def accumulate(self, *args: Any, **kw: Any) -> Any:
+        if self._uf not in (np.add, np.multiply):
+            raise NotImplementedError(f"`cupy_{self._uf.__name__}.accumulate` is not supported yet")
+        return self._uf.accumulate(*args, **kw)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._uf, name)
+
+
+def _bincount(x: Any, weights: Any = None, minlength: int = 0) -> Any:
+    if int(x.shape[0]) == 0:
+        raise ValueError("zero-size array to reduction operation cupy_max which has no identity "
+                         "(cupy.bincount of an empty array)")
+    return np.bincount(x, weights=weights, minlength=minlength)
+
+
+def _lexsort(keys: Any) -> Any:
+    if isinstance(keys, (tuple, list)):
+        raise AttributeError("cupy.lexsort takes one (k, n) cupy.ndarray of keys, not a "
+                             f"{type(keys).__name__}")
+    return np.lexsort(keys)
+
+
+def _repeat(a: Any, repeats: Any, axis: int | None = None) -> Any:
+    if isinstance(repeats, np.ndarray) or hasattr(repeats, "__cuda_array_interface__"):
+        raise ValueError("cupy.ndarray cannot be specified as `repeats` argument.")
+    return np.repeat(a, repeats, axis=axis)
+
+
+SHAPED_XP = types.ModuleType("cupy_shaped", "NumPy, shaped like CuPy where CuPy refuses what NumPy accepts.")
+SHAPED_XP.__dict__.update({k: v for k, v in vars(np).items() if not k.startswith("__")})
+SHAPED_XP.__dict__.update({k: _UFunc(v) for k, v in vars(np).items() if isinstance(v, np.ufunc)})
+SHAPED_XP.__dict__.update(bincount=_bincount, lexsort=_lexsort, repeat=_repeat)
+
+
+@dataclasses.dataclass(frozen=True)
+class _GenericBackend(Backend):
+    """The generic backend: side inputs are used as they are (host arrays), as on the cpu."""
+
+    def stage(self, a: np.ndarray) -> Any:
+        return a
+
+
 CPU = get_backend("cpu")
-GENERIC = dataclasses.replace(CPU, ops=_GenericOps(CPU.ops))
+GENERIC = _GenericBackend("cpu", SHAPED_XP, _GenericOps(CPU.ops))

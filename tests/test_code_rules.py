@@ -30,6 +30,19 @@ def test_analyses_do_not_branch_on_the_array_module_or_pick_a_backend():
     assert not bad, "analyses use backend.ops / gpuclust.backends.backend_of instead:\n" + "\n".join(bad)
 
 
+def test_array_module_calls_that_differ_on_cupy_go_through_xp_helpers():
+    """``xp.bincount`` refuses an empty array on CuPy (not on NumPy): the package calls
+    ``gpuclust._xp.bincount`` instead (tests/generic_backend.py runs the analyses into the rest)."""
+    bad = []
+    for f in sorted(ROOT.rglob("*.py")):
+        if f.name == "_xp.py":
+            continue
+        for i, line in _code_lines(f):
+            if "xp.bincount(" in line.replace("np.bincount(", "") or "cp.bincount(" in line:
+                bad.append(f"{f.relative_to(ROOT)}:{i}: {line.strip()}")
+    assert not bad, "use gpuclust._xp.bincount(xp, ...):\n" + "\n".join(bad)
+
+
 def test_no_private_names_imported_across_packages():
     """``from gpuclust.<pkg>... import _name`` (or anything from a private module of ``<pkg>``,
     e.g. ``analyses._lookup``) only inside ``<pkg>``; the top-level ``gpuclust._*`` modules are

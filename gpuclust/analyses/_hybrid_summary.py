@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from gpuclust._xp import bincount
 from gpuclust.analyses import mixture_summary as ms
 from gpuclust.backends import backend_of
 
@@ -79,7 +80,7 @@ def _spill(h: dict[str, Any]) -> dict[str, Any]:
         return h
     xp = _xp_of(e["weight"])
     codes = xp.searchsorted(e["key"], e["row_key"])
-    counts = xp.bincount(codes, minlength=G) if codes.shape[0] else xp.zeros(G, dtype=xp.int64)
+    counts = bincount(xp, codes, minlength=G) if codes.shape[0] else xp.zeros(G, dtype=xp.int64)
     move = counts > spill_threshold(k)
     Gb = int(b["key"].shape[0])
     if Gb:

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from gpuclust._lazy import pandas as pd
+from gpuclust._xp import bincount
 from gpuclust.analyses.base import Analysis
 from gpuclust.partials import log_bins
 from gpuclust.schema import TIME_AFTER_TRACE
@@ -86,7 +87,7 @@ def filter_rows(xp: Any, flt: CpiFilter, cols: dict[str, Any]) -> tuple[Any, Any
 def fine_hist(xp: Any, edges: Any, v: Any) -> Any:
     """Row counts of ``v`` in the fine bins ``searchsorted(edges, v, side="right")`` (int64,
     :data:`FINE_BINS`; ``edges`` from :func:`hist_edges`)."""
-    return xp.bincount(log_bins(xp, edges, v), minlength=FINE_BINS).astype(xp.int64)
+    return bincount(xp, log_bins(xp, edges, v), minlength=FINE_BINS).astype(xp.int64)
 
 
 def grid_cuts(counts: np.ndarray, edges: np.ndarray, bins: int) -> np.ndarray:

@@ -37,6 +37,8 @@ from typing import Any
 
 import numpy as np
 
+from gpuclust._xp import bincount
+
 __all__ = ["CHUNK_CELLS", "SimParams", "percentile_rows", "simulate"]
 
 #: Cells of a (rows x history) or (snapshots x horizon) matrix built at once, per backend: cache
@@ -80,14 +82,6 @@ def percentile_rows(xp: Any, sorted_rows: Any, n: Any, p: float) -> Any:
         return xp.where(d == 0, a, out)
 
 
-def _bincount(xp: Any, x: Any, n: int, weights: Any = None) -> Any:
-    """``xp.bincount(x, weights, minlength=n)`` for ``x`` in ``[0, n)``, empty ``x`` included
-    (CuPy's sizes its output by the maximum of ``x``, which an empty array has not)."""
-    if not x.shape[0]:
-        return xp.zeros(n, dtype=xp.int64 if weights is None else xp.float64)
-    return xp.bincount(x, weights=weights, minlength=n)
-
-
 def _run_first(xp: Any, new: Any) -> Any:
     """Per row, the index of the first row of its run (``new``: where runs begin, ``new[0]``)."""
     return xp.flatnonzero(new)[xp.cumsum(new) - 1]
@@ -122,9 +116,9 @@ def _ratio_series(xp: Any, gI: Any, warm: Any, j: Any, uc: Any, L: Any, H: int, 
         if not w.shape[0]:
             break
         gw = gI[w]
-        su = _bincount(xp, gw, NS, uc[w - k])
-        sl = _bincount(xp, gw, NS, L[w - k])
-        has = _bincount(xp, gw, NS) > 0
+        su = bincount(xp, gw, uc[w - k], NS)
+        sl = bincount(xp, gw, L[w - k], NS)
+        has = bincount(xp, gw, None, NS) > 0
         nk += has
         with np.errstate(invalid="ignore", divide="ignore"):
             r[:, k] = xp.where(sl > 0, su / xp.where(sl > 0, sl, 1.0), 0.0)
@@ -145,7 +139,7 @@ def _instance_percentile(xp: Any, cells: int, gI: Any, warm: Any, j: Any, ratio:
         mat = xp.where(ks[None, :] < n[:, None], ratio[xp.maximum(idx, 0)], np.inf)
         mat.sort(axis=1)
         v = percentile_rows(xp, mat, n, p) * L[ww]
-        out += _bincount(xp, gI[ww], NS, v)
+        out += bincount(xp, gI[ww], v, NS)
     return out
 
 
@@ -192,8 +186,8 @@ def _oracle(be: Any, snap_key: Any, mfirst: Any, mend: Any, gI: Any, uI: Any, LI
         R = c1 - c0 + E
         x, y = (int(v) for v in be.to_host(xp.searchsorted(s, xp.asarray([c0, c0 + R], dtype=s.dtype))))
         base = (s[x:y] - c0) * (E + 2) + s[x:y]
-        M = _bincount(xp, base - t1[x:y], R * (E + 2), val[x:y])
-        M -= _bincount(xp, base - t0[x:y] + 1, R * (E + 2), val[x:y])
+        M = bincount(xp, base - t1[x:y], val[x:y], R * (E + 2))
+        M -= bincount(xp, base - t0[x:y] + 1, val[x:y], R * (E + 2))
         M = xp.cumsum(M.reshape(R, E + 2), axis=1)
         tt = tids[a:b]
         rel = tt - c0
@@ -250,15 +244,15 @@ def simulate(be: Any, code: Any, step: Any, inst: Any, usage: Any, lim: Any, spa
     mfirst = _run_first(xp, mnew)
     mstarts = xp.flatnonzero(mnew)
     mend = xp.concatenate([mstarts[1:], xp.full(1, NS, dtype=mstarts.dtype)])[xp.cumsum(mnew) - 1]
-    out: dict[str, Any] = {"code": scode, "step": sstep, "instances": _bincount(xp, g, NS),
-                           "limit": _bincount(xp, g, NS, lim),
-                           "total_usage": _bincount(xp, g, NS, xp.minimum(usage, lim))}
+    out: dict[str, Any] = {"code": scode, "step": sstep, "instances": bincount(xp, g, None, NS),
+                           "limit": bincount(xp, g, lim, NS),
+                           "total_usage": bincount(xp, g, xp.minimum(usage, lim), NS)}
     rcode = key // span
     order, j, grp, piece = _runs(xp, rcode, inst, g, lim, prm.cap_to_limit)
     gI, uI, LI = g[order], usage[order], lim[order]
     warm = j >= max(prm.min_samples, 2)
-    cold = _bincount(xp, gI[~warm], NS, LI[~warm])
-    warm_limit = _bincount(xp, gI[warm], NS, LI[warm])
+    cold = bincount(xp, gI[~warm], LI[~warm], NS)
+    warm_limit = bincount(xp, gI[warm], LI[warm], NS)
     uc = xp.minimum(uI, LI) if prm.cap_to_limit else uI
     preds: dict[str, Any] = {"borg_default": prm.borg_fraction * out["limit"]}
     r, nk = _ratio_series(xp, gI, warm, j, uc, LI, prm.n_sigma_history, NS)

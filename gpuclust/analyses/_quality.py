@@ -31,6 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from gpuclust._xp import bincount
 from gpuclust.analyses.base import Analysis, is_null_int
 from gpuclust.analyses.grouping import distinct_sorted, instance_order
 from gpuclust.analyses.lifecycle import EXPECTED, STATE_AFTER
@@ -145,7 +146,7 @@ def code_counts(xp: Any, v: Any) -> Any:
     null = is_null_int(xp, v)
     w = v.astype(xp.int64)
     slot = xp.where(null, _NULL_SLOT, xp.where((w >= 0) & (w < _NULL_SLOT), w, _OTHER_SLOT))
-    return xp.bincount(slot, minlength=CODE_SLOTS).astype(xp.int64)
+    return bincount(xp, slot, minlength=CODE_SLOTS).astype(xp.int64)
 
 
 def column_nulls(xp: Any, a: Any) -> int:
@@ -238,8 +239,8 @@ class TableProfile(Analysis):
         if "cap_cpu" in cols:
             nocap = (xp.isnan(cols["cap_cpu"]) | xp.isnan(cols["cap_mem"]))[order]
             cnt[_C["null_capacity_rows"]] = int(xp.count_nonzero(nocap))
-            per = xp.bincount(seg, weights=nocap.astype(xp.float64))
-            size = xp.bincount(seg)
+            per = bincount(xp, seg, weights=nocap.astype(xp.float64))
+            size = bincount(xp, seg)
             cnt[_C["null_capacity_machines"]] = int(xp.count_nonzero(per > 0))
             cnt[_C["never_capacity_machines"]] = int(xp.count_nonzero(per == size))
         out["counts"] = xp.asarray(cnt)

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from gpuclust._xp import bincount
 from gpuclust.analyses._lookup import EVENT_COLUMNS, InstanceLookup, machine_capacities, tier_lookup, triple_hash
 from gpuclust.analyses.base import Analysis, fmt, is_null_int, nan_sum, null_int, resolve_tier_map
 from gpuclust.analyses.grouping import HOUR_US, bucket_span
@@ -84,19 +85,19 @@ def _notebook_sums(backend: Any, key: Any, cpu: Any, mem: Any) -> dict[str, Any]
                                            "mem_n": xp.isfinite(mem).astype(xp.float64)}, {"windows": None})
     off = key - kmin if kmin else key
     del key
-    cnt = xp.bincount(off, minlength=span)
+    cnt = bincount(xp, off, minlength=span)
     present = xp.nonzero(cnt > 0)[0]
     out = {"key": (present + kmin).astype(xp.int64)}
     for name, v in (("cpu", cpu), ("mem", mem)):
         bad = ~xp.isfinite(v)
         if not bool(bad.any()):
-            out[name] = xp.bincount(off, weights=v, minlength=span)[present]
+            out[name] = bincount(xp, off, weights=v, minlength=span)[present]
             out[name + "_n"] = cnt[present].astype(xp.float64)
             continue
         nan = xp.isnan(v)  # SUM ignores NULL (NaN); an infinite value is summed but not counted as known
         # (astype: bincount of no rows returns int64 even with weights)
-        out[name] = xp.bincount(off[~nan], weights=v[~nan], minlength=span).astype(xp.float64)[present]
-        out[name + "_n"] = (cnt - xp.bincount(off[bad], minlength=span))[present].astype(xp.float64)
+        out[name] = bincount(xp, off[~nan], weights=v[~nan], minlength=span).astype(xp.float64)[present]
+        out[name + "_n"] = (cnt - bincount(xp, off[bad], minlength=span))[present].astype(xp.float64)
     out["windows"] = cnt[present].astype(xp.int64)
     return {k: out[k] for k in ("key", "cpu", "mem", "cpu_n", "mem_n", "windows")}
 
@@ -257,20 +258,20 @@ class CellUsage(Analysis):
         if not dense:  # garbage times: gather the used rows, keyed_reduce's sorted path
             rows = xp.nonzero(used)[0]
             return _notebook_sums(backend, keys[rows], cols["avg_cpu"][rows], cols["avg_mem"][rows])
-        cnt = xp.bincount(keys, minlength=span + 1)[:span]
+        cnt = bincount(xp, keys, minlength=span + 1)[:span]
         present = xp.nonzero(cnt > 0)[0]
         out = {"key": (present + (h0 << _TIER_BITS)).astype(xp.int64)}
         for name in ("cpu", "mem"):
             v = cols["avg_" + name]
             bad = ~xp.isfinite(v)
-            total = xp.bincount(keys, weights=v, minlength=span + 1)[:span]  # unused rows add to bin span
+            total = bincount(xp, keys, weights=v, minlength=span + 1)[:span]  # unused rows add to bin span
             known = cnt
             if bool(bad.any()):
                 # SUM ignores NULL (NaN); an infinite value is summed but not counted as known
                 nan = xp.isnan(v)
                 if bool(nan.any()):
-                    total = xp.bincount(xp.where(nan, span, keys), weights=v, minlength=span + 1)[:span]
-                known = cnt - xp.bincount(keys[bad], minlength=span + 1)[:span]
+                    total = bincount(xp, xp.where(nan, span, keys), weights=v, minlength=span + 1)[:span]
+                known = cnt - bincount(xp, keys[bad], minlength=span + 1)[:span]
             out[name] = total[present].astype(xp.float64)
             out[name + "_n"] = known[present].astype(xp.float64)
         out["windows"] = cnt[present].astype(xp.int64)
@@ -297,10 +298,10 @@ class CellUsage(Analysis):
                                    tier, **kw).reshape(4, -1)
         dcpu, dmem = swept[0], swept[1]
         cell = tier.astype(xp.int64) * nb + (hs - h0)
-        dwin = xp.bincount(cell, minlength=n_tiers * nb).astype(xp.int64)
+        dwin = bincount(xp, cell, minlength=n_tiers * nb).astype(xp.int64)
         # cpu_n / mem_n > 0 iff some window with a non-NULL value touches the hour (positive overlap,
         # or starts in it): otherwise the hour's usage is unknown (NaN), not 0
-        known = {name: swept[2 + j] + xp.bincount(cell, weights=fin[j], minlength=n_tiers * nb)
+        known = {name: swept[2 + j] + bincount(xp, cell, weights=fin[j], minlength=n_tiers * nb)
                  for j, name in enumerate(("cpu_n", "mem_n"))}
         # keep the known-coverage of cells this partition does not otherwise touch: another partition
         # may hold the cell's only NULL-valued windows (finalize drops cells without contribution)

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from gpuclust._lazy import pandas as pd
+from gpuclust._xp import bincount
 from gpuclust.analyses._extent import max_finite
 from gpuclust.analyses._lookup import EVENT_COLUMNS, InstanceLookup, id_index, machine_capacities, tier_lookup
 from gpuclust.analyses._machine_cells import (
@@ -202,7 +203,7 @@ def _dense_groups(xp: Any, code: Any, span: int, keys: Any) -> tuple[Any, Any, i
     """Sorted unique group keys and the inverse for integer codes in ``[0, span)`` whose keys
     ``keys[code]`` increase with the code: what ``xp.unique(keys[code], return_inverse=True)``
     returns, by a bincount instead of a sort."""
-    cnt = xp.bincount(code, minlength=span)
+    cnt = bincount(xp, code, minlength=span)
     present = cnt > 0
     if bool(present.all()):  # every code occurs: the inverse is the code itself
         return keys.astype(xp.int64), xp.ascontiguousarray(code.astype(xp.int64, copy=False)), int(span)

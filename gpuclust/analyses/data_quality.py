@@ -33,6 +33,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pyarrow as pa
 
+from gpuclust._xp import bincount
 from gpuclust.analyses._lookup import InstanceLookup
 from gpuclust.analyses._quality import (
     CHECKS_SCHEMA,
@@ -232,7 +233,7 @@ class DataQuality(Analysis):
         count("p100_above_max", both & (p100 > mx))
         r = xp.nonzero(both & (p100 > 0))[0]
         ratio = mx[r].astype(xp.float64) / p100[r].astype(xp.float64)
-        out["ratio"] = xp.bincount(log_bins(xp, xp.asarray(RATIO_EDGES), ratio),
+        out["ratio"] = bincount(xp, log_bins(xp, xp.asarray(RATIO_EDGES), ratio),
                                    minlength=_B).astype(xp.int64)
         # ---- CPI / MAI: cpi's plausibility rule (CPU-seconds from the window's length)
         secs = xp.where(finite, dur, -1).astype(xp.float64) / 1e6

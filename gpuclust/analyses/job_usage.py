@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from gpuclust._xp import bincount
 from gpuclust.analyses._job_groups import group_windows, key_table
 from gpuclust.analyses._lookup import EVENT_COLUMNS, TierLookupContext, priority_lookup
 from gpuclust.analyses.base import Analysis, fmt, is_null_int, resolve_tier_map
@@ -340,12 +341,12 @@ class JobUsage(Analysis):
             code[miss] = xp.where(known, pos, n_coll + xp.cumsum(~known) - 1)[xp.searchsorted(u, c[miss])]
             ids = xp.concatenate([coll, u[~known]])
         total = int(ids.shape[0])
-        windows = xp.bincount(code, minlength=total)
+        windows = bincount(xp, code, minlength=total)
         present = xp.nonzero(windows > 0)[0]
         prio = xp.full(total, -1, dtype=xp.int32)
         backend.ops.scatter_max(prio, code[found], backend.stage(ctx.lookup.code)[at[found]])
-        out = {"key": ids[present], "cpu": xp.bincount(code, weights=vals["cpu"], minlength=total)[present],
-               "mem": xp.bincount(code, weights=vals["mem"], minlength=total)[present],
+        out = {"key": ids[present], "cpu": bincount(xp, code, weights=vals["cpu"], minlength=total)[present],
+               "mem": bincount(xp, code, weights=vals["mem"], minlength=total)[present],
                "windows": windows[present].astype(xp.int64), "prio": prio[present].astype(xp.int64)}
         if total > n_coll:  # codes past the table's collections: keys no longer in order
             order = xp.argsort(out["key"])
@@ -365,8 +366,8 @@ class JobUsage(Analysis):
         G = int(g[-1]) + 1
         out = {"key": cs[first]}
         for res in ("cpu", "mem"):
-            out[res] = xp.bincount(g, weights=vals[res][order], minlength=G)
-        out["windows"] = xp.bincount(g, minlength=G).astype(xp.int64)
+            out[res] = bincount(xp, g, weights=vals[res][order], minlength=G)
+        out["windows"] = bincount(xp, g, minlength=G).astype(xp.int64)
         # MAX(priority) per collection: a running maximum of run * W + priority (the run number
         # dominates, so it restarts at each run) read at each run's last row
         width = int(prio.max()) + 2

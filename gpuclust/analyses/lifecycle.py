@@ -49,6 +49,7 @@ import numpy as np
 import pyarrow as pa
 
 from gpuclust._parallel import map_ordered, threads
+from gpuclust._xp import bincount
 from gpuclust.analyses._extent import max_finite
 from gpuclust.analyses.base import Analysis, fmt, is_null_int, resolve_tier_map
 from gpuclust.analyses.grouping import FloatBins, bucket_index, instance_order, segmented_last
@@ -300,14 +301,14 @@ class Lifecycle(Analysis):
         counters["unknown_priority_instances"] = int(xp.count_nonzero(maxp < 0))
         tier = tier_s[seg]
         del p, pr
-        out["instances"] = xp.bincount(tier_s, minlength=T).astype(xp.int64)
+        out["instances"] = bincount(xp, tier_s, minlength=T).astype(xp.int64)
         counters["instances"] = S
         counters["first_not_submit"] = int(xp.count_nonzero(e[starts] != EventType.SUBMIT))
         counters["time_zero_events"] = int(xp.count_nonzero(t == 0))
         after = t == TIME_AFTER_TRACE
         counters["after_trace_events"] = int(xp.count_nonzero(after))
         # ---- events, transitions
-        out["events"] = xp.bincount(tier * _NE + e, minlength=T * _NE).reshape(T, _NE).astype(xp.int64)
+        out["events"] = bincount(xp, tier * _NE + e, minlength=T * _NE).reshape(T, _NE).astype(xp.int64)
         state = xp.asarray(STATE_AFTER)[e]
         prev_e = xp.empty(n, dtype=xp.int64)
         prev_e[0] = 0
@@ -316,7 +317,7 @@ class Lifecycle(Analysis):
         # an instance's first event has no transition: counted in an extra last bin, dropped
         pair = (tier * _NE + prev_e) * _NE + e
         pair[first] = T * _NE * _NE
-        out["transitions"] = xp.bincount(pair, minlength=T * _NE * _NE + 1)[:-1].reshape(T, _NE, _NE).astype(xp.int64)
+        out["transitions"] = bincount(xp, pair, minlength=T * _NE * _NE + 1)[:-1].reshape(T, _NE, _NE).astype(xp.int64)
         del pair
         # ---- series: counts and state changes per (bucket, tier); events after the trace are not placed
         is_sub = e == EventType.SUBMIT
@@ -368,12 +369,12 @@ class Lifecycle(Analysis):
             recs.append((tier_s[cz], xp.full(int(cz.shape[0]), d_cens, xp.int64), dur, known))
         rt, rd, rdur, rk = (xp.concatenate([r[j] for r in recs]) for j in range(4))
         td = rt * _D + rd
-        out["episodes"] = xp.bincount(td, minlength=T * _D).reshape(T, _D).astype(xp.int64)
+        out["episodes"] = bincount(xp, td, minlength=T * _D).reshape(T, _D).astype(xp.int64)
         kk = xp.nonzero(rk)[0]
         td, dur = td[kk], rdur[kk].astype(xp.int64)
         b = delay_bins(xp, dur, backend.stage(_DELAY_BINS.cells), backend.stage(_DELAY_BINS.edges))
-        out["hist"] = xp.bincount(td * _B + b, minlength=T * _D * _B).reshape(T, _D, _B).astype(xp.int64)
-        out["dur_sum"] = xp.bincount(td, weights=dur.astype(xp.float64), minlength=T * _D).reshape(T, _D)
+        out["hist"] = bincount(xp, td * _B + b, minlength=T * _D * _B).reshape(T, _D, _B).astype(xp.int64)
+        out["dur_sum"] = bincount(xp, td, weights=dur.astype(xp.float64), minlength=T * _D).reshape(T, _D)
         if int(td.shape[0]):  # per (tier, distribution) the shortest and longest known duration
             dmax = xp.full(T * _D, -1, dtype=xp.int64)
             ops.scatter_max(dmax, td, dur)

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from gpuclust._xp import bincount
 from gpuclust.analyses._extent import max_finite
 from gpuclust.analyses._lookup import MachineHash, machine_capacities
 from gpuclust.analyses.base import Analysis, fmt, null_int
@@ -364,7 +365,7 @@ def _keyed_sums(backend: Any, key: Any, cells: int, cpu: Any, mem: Any) -> dict[
     xp = backend.xp
     n = int(key.shape[0])
     if cells <= _DENSE_RATIO * max(n, 1 << 14):
-        cnt = xp.bincount(key, minlength=cells + 1)[:cells]
+        cnt = bincount(xp, key, minlength=cells + 1)[:cells]
         present = xp.nonzero(cnt > 0)[0]  # (a bool's nonzero: several times an int64's)
         group, n_groups, gkey = key, cells + 1, present
     else:
@@ -391,7 +392,7 @@ def _keyed_sums(backend: Any, key: Any, cells: int, cpu: Any, mem: Any) -> dict[
         del new
         cpu, mem = cpu[rows], mem[rows]
         del rows
-        cnt = xp.bincount(group, minlength=n_groups)
+        cnt = bincount(xp, group, minlength=n_groups)
         present = slice(None)
     out = {"key": gkey.astype(xp.int64)}
     nulls = None
@@ -399,11 +400,11 @@ def _keyed_sums(backend: Any, key: Any, cells: int, cpu: Any, mem: Any) -> dict[
         v = v.astype(xp.float64, copy=False)
         bad = ~xp.isfinite(v)
         if bool(bad.any()):
-            total = xp.bincount(group, weights=xp.where(xp.isnan(v), 0.0, v), minlength=n_groups)
-            nb = xp.bincount(group[bad], minlength=n_groups)[:cnt.shape[0]][present] << shift
+            total = bincount(xp, group, weights=xp.where(xp.isnan(v), 0.0, v), minlength=n_groups)
+            nb = bincount(xp, group[bad], minlength=n_groups)[:cnt.shape[0]][present] << shift
             nulls = nb if nulls is None else nulls + nb
         else:
-            total = xp.bincount(group, weights=v, minlength=n_groups)
+            total = bincount(xp, group, weights=v, minlength=n_groups)
         out[name] = total[:cnt.shape[0]][present]
         del total
     out["windows"] = _narrow(xp, cnt[present])

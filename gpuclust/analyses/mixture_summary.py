@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from gpuclust._xp import bincount
 from gpuclust.backends import backend_of
 
 __all__ = [
@@ -123,11 +124,11 @@ def _group_stats(xp: ModuleType, ops: ModuleType, q: Any, w: Any, keys: Any,
     means = ops.window_means(qr)
     stats = {
         "key": uniq.astype(xp.int64),
-        "n_windows": xp.bincount(inv, weights=(~null).astype(xp.float64), minlength=G).round().astype(xp.int64),
-        "n_repaired": xp.bincount(inv, weights=repaired.astype(xp.float64), minlength=G).round().astype(xp.int64),
-        "n_null": xp.bincount(inv, weights=null.astype(xp.float64), minlength=G).round().astype(xp.int64),
-        "weight": xp.bincount(inv, weights=wu, minlength=G),
-        "wmean": xp.bincount(inv, weights=xp.where(usable, wu * xp.where(usable, means, 0.0), 0.0), minlength=G),
+        "n_windows": bincount(xp, inv, weights=(~null).astype(xp.float64), minlength=G).round().astype(xp.int64),
+        "n_repaired": bincount(xp, inv, weights=repaired.astype(xp.float64), minlength=G).round().astype(xp.int64),
+        "n_null": bincount(xp, inv, weights=null.astype(xp.float64), minlength=G).round().astype(xp.int64),
+        "weight": bincount(xp, inv, weights=wu, minlength=G),
+        "wmean": bincount(xp, inv, weights=xp.where(usable, wu * xp.where(usable, means, 0.0), 0.0), minlength=G),
     }
     return stats, inv, qr, usable
 

@@ -49,6 +49,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from gpuclust._xp import bincount
 from gpuclust.analyses._extent import max_below, max_finite, to_f64, to_i64
 from gpuclust.analyses._intervals import (
     SCHEDULE,
@@ -437,7 +438,7 @@ class Overcommit(Analysis):
         a_s = xp.ascontiguousarray(w0 + b0 * width)      # bucket-aligned: every overlapped bucket whole,
         a_e = xp.ascontiguousarray(w0 + (b1 + 1) * width)  # so value / width_s adds the value once per bucket
         # dense codes of the (machine, tier) pairs present: a bincount, not a sort
-        present = xp.bincount(g, minlength=n_codes) > 0
+        present = bincount(xp, g, minlength=n_codes) > 0
         ug = xp.nonzero(present)[0].astype(xp.int64)
         ginv = (xp.cumsum(present) - 1).astype(xp.int32)[g]
         G = int(ug.shape[0])

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from gpuclust._xp import bincount
 from gpuclust.analyses._extent import max_finite
 from gpuclust.analyses._lookup import id_index
 from gpuclust.analyses._peak_sim import SimParams, simulate
@@ -259,7 +260,7 @@ class PeakPrediction(Analysis):
         # float32: the trace's usage and request columns are float32, so nothing is lost (24 bytes a row)
         out["rows"] = {"key": key[o], "inst": inst[o], "usage": u[idx][o].astype(xp.float32),
                        "limit": lim[sel][o].astype(xp.float32)}
-        out["count"] = xp.bincount(code, minlength=M).astype(xp.int64)
+        out["count"] = bincount(xp, code, minlength=M).astype(xp.int64)
         return out
 
     def merge(self, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pyarrow as pa
 
+from gpuclust._xp import bincount
 from gpuclust.analyses._lookup import EVENT_COLUMNS, TierLookupContext, tier_lookup
 from gpuclust.analyses.base import Analysis, fmt, resolve_tier_map
 from gpuclust.analyses.grouping import instance_order
@@ -158,7 +159,7 @@ class UsageChange(Analysis):
             # the four exclusive kinds of a pair (unknown, 0 -> 0, 0 -> x, defined) in one count;
             # the first column, every pair, is their sum
             kind = xp.where(known, xp.where(zero, xp.where(b == 0, 2, 3), 4), 1)
-            cnt = xp.bincount(tp * len(_COUNTS) + kind, minlength=_T * len(_COUNTS)).reshape(_T, len(_COUNTS))
+            cnt = bincount(xp, tp * len(_COUNTS) + kind, minlength=_T * len(_COUNTS)).reshape(_T, len(_COUNTS))
             cnt[:, 0] = cnt[:, 1:].sum(axis=1)
             counts.append(cnt)
             d = xp.nonzero(defined)[0]
@@ -168,11 +169,11 @@ class UsageChange(Analysis):
             # |r| <= h for the thresholds from the first one at or above |r| on: count that first
             # level per tier once, and sum the levels up to each threshold
             lv = xp.searchsorted(levels, xp.abs(r), side="left")
-            per = xp.bincount(td * (_H + 1) + lv, minlength=_T * (_H + 1)).reshape(_T, _H + 1)
+            per = bincount(xp, td * (_H + 1) + lv, minlength=_T * (_H + 1)).reshape(_T, _H + 1)
             within.append(xp.cumsum(per[:, :_H], axis=1))
             bins = log_bins(xp, edges, ratio)
-            hist.append(xp.bincount(td * _B + bins, minlength=_T * _B).reshape(_T, _B))
-            rsum.append(xp.bincount(td, weights=r, minlength=_T))
+            hist.append(bincount(xp, td * _B + bins, minlength=_T * _B).reshape(_T, _B))
+            rsum.append(bincount(xp, td, weights=r, minlength=_T))
         out["counts"] = xp.stack(counts, 1).astype(xp.int64)
         out["within"] = xp.stack(within, 1).astype(xp.int64)
         out["hist"] = xp.stack(hist, 1).astype(xp.int64)

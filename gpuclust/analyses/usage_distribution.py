@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from gpuclust._lazy import pandas as pd
+from gpuclust._xp import bincount
 from gpuclust.analyses import _hybrid_summary as hs
 from gpuclust.analyses import mixture_summary as ms
 from gpuclust.analyses._lookup import EVENT_COLUMNS, InstanceLookup, tier_lookup
@@ -381,7 +382,7 @@ class UsageDistribution(Analysis):
         G = int(kc_u.shape[0])
         ws = xp.where(w > 0, w, 0.0)
         wq = ops.run_weighted_sums(first, inv, G, ws, qr)  # sequential per run on the cpu
-        return {"key": key[first], "frac": xp.bincount(inv, weights=frac, minlength=G),
+        return {"key": key[first], "frac": bincount(xp, inv, weights=frac, minlength=G),
                 "wq": wq.reshape(G, 20), "kc": kc_u}
 
     # ---------------------------------------------------------------- merge

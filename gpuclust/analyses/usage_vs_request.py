@@ -34,6 +34,7 @@ import pyarrow as pa
 
 from gpuclust._cache import PerArrayCache
 from gpuclust._parallel import threads
+from gpuclust._xp import bincount
 from gpuclust.analyses._lookup import EVENT_COLUMNS, TierLookupContext, tier_lookup
 from gpuclust.analyses._requests import (
     REQUEST_COLUMNS,
@@ -292,9 +293,9 @@ class UsageVsRequest(Analysis):
             ratio[~d] = 0.0
             x = refined_bins(xp, ratio, cells, cell_edges)
             x += defined
-            counts[k] += xp.bincount(xp.where(d, x, other), minlength=_T * _K)
+            counts[k] += bincount(xp, xp.where(d, x, other), minlength=_T * _K)
             weights[:_T] = rsum[k]
-            rsum[k] = xp.bincount(tiers, weights=weights, minlength=_T)  # + 0.0 per other window
+            rsum[k] = bincount(xp, tiers, weights=weights, minlength=_T)  # + 0.0 per other window
 
     def merge(self, a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return {k: a[k] + b[k] for k in a}

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from gpuclust import _kernels
+from gpuclust._xp import bincount
 from gpuclust.backends.gpu import require_device, sm_count
 from gpuclust.backends.mixture_cpu import (
     NARROW_REL,
@@ -176,7 +177,7 @@ def mixture_quantiles(q: Any, w: Any, group: Any, n_groups: int, levels: Any, *,
         return out
     gv = group[idx].astype(cp.int64)
     wv = w[idx]
-    wsum = cp.bincount(gv, weights=wv, minlength=G)
+    wsum = bincount(cp, gv, weights=wv, minlength=G)
     v = cp.ascontiguousarray(wv / wsum[gv])
     qv = cp.ascontiguousarray(q[idx])
     if bool(cp.any(qv[:, 1:] < qv[:, :-1])):
@@ -192,7 +193,7 @@ def mixture_quantiles(q: Any, w: Any, group: Any, n_groups: int, levels: Any, *,
     del eg, packed
     ev = cp.ascontiguousarray(ev.astype(cp.int64))
     row_start = cp.zeros(G + 1, dtype=cp.int64)
-    row_start[1:] = cp.cumsum(cp.bincount(gv, minlength=G) * nl)
+    row_start[1:] = cp.cumsum(bincount(cp, gv, minlength=G) * nl)
     E = nv * nl
     xs = cp.empty(E, dtype=cp.float64)
     slope = cp.empty(E, dtype=cp.float64)

@@ -5,7 +5,10 @@ result does not depend on how the table is cut (between instances, for an analys
 whole instances: ``Analysis.whole_instances``); empty, all-NULL and single-row (single-instance)
 inputs work.  Float
 sums are not bitwise order-invariant, so results are compared to 1e-12 relative.  Runs on every
-backend (the gpu case is marked ``gpu``).
+backend (the gpu case is marked ``gpu``); the empty, all-NULL and single-row checks also on the
+device-shaped backend (``tests/device_backend.py``: the gpu backend's code paths on NumPy arrays
+that refuse what CuPy and its arrays refuse), so edge cases that would fail only on a device fail
+in CI.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from strategies import cell
 
 from gpuclust.analyses import REGISTRY, create
 from gpuclust.analyses.base import to_host
+from gpuclust.backends import get_backend
 from gpuclust.engine import TableSource
 from gpuclust.engine.local import context_of
 from gpuclust.engine.partition import column_to_numpy
@@ -79,6 +83,18 @@ def analysis(request):
     return INSTANCES[request.param]
 
 
+@pytest.fixture(params=["cpu", "device-shaped", pytest.param("gpu", marks=pytest.mark.gpu)])
+def edge_backend(request):  # type: ignore[no-untyped-def]
+    """``backend``'s cases and the device-shaped one (tests/device_backend.py: the gpu backend's
+    code paths on NumPy arrays that refuse what CuPy arrays and CuPy refuse)."""
+    if request.param == "device-shaped":
+        from device_backend import DEVICE, resolve_gpu_to_device
+
+        resolve_gpu_to_device(request.getfixturevalue("monkeypatch"))
+        return DEVICE
+    return request.getfixturevalue("gpu_backend") if request.param == "gpu" else get_backend("cpu")
+
+
 def test_registry_covers_instances():
     assert {a.name for a in INSTANCES.values()} == set(REGISTRY)
 
@@ -107,26 +123,26 @@ def test_merge_laws_and_partition_invariance(analysis, backend, tables, data):
         assert_results_equal(analysis.finalize(p, ctx), full)
 
 
-def test_empty_input(analysis, backend):
+def test_empty_input(analysis, edge_backend):
     src = TableSource({})
     ctx = context_of(analysis, src)
     t = src.read(analysis.table)
-    r_empty = analysis.finalize(to_host(analysis.empty(backend)), ctx)
-    r_part = analysis.finalize(partial_of(analysis, t, ctx, backend), ctx)
+    r_empty = analysis.finalize(to_host(analysis.empty(edge_backend)), ctx)
+    r_part = analysis.finalize(partial_of(analysis, t, ctx, edge_backend), ctx)
     assert_results_equal(r_empty, r_part)
     assert all(len(df) == 0 for k, df in r_empty.items() if k != "info")
 
 
 @SETTINGS
 @given(tables=cell())
-def test_all_null_input(analysis, backend, tables):
+def test_all_null_input(analysis, edge_backend, tables):
     nulled = {}
     for name, t in tables.items():
         cols = [pa.nulls(t.num_rows, f.type) if f.nullable else t.column(f.name) for f in t.schema]
         nulled[name] = pa.Table.from_arrays(cols, schema=t.schema)
     src = TableSource(nulled)
     ctx = context_of(analysis, src)
-    res = analysis.finalize(partial_of(analysis, nulled[analysis.table], ctx, backend), ctx)
+    res = analysis.finalize(partial_of(analysis, nulled[analysis.table], ctx, edge_backend), ctx)
     assert all(isinstance(df, (pd.DataFrame, pa.Table)) for df in res.values())  # gpuclust.tables
     for df in map(as_pandas, res.values()):
         for c in ("cpu", "mem"):
@@ -136,11 +152,11 @@ def test_all_null_input(analysis, backend, tables):
 
 @SETTINGS
 @given(tables=cell())
-def test_single_rows(analysis, backend, tables):
+def test_single_rows(analysis, edge_backend, tables):
     src = TableSource(tables)
     ctx = context_of(analysis, src)
     t, cuts = cuttable(analysis, tables[analysis.table])
-    acc = to_host(analysis.empty(backend))
+    acc = to_host(analysis.empty(edge_backend))
     for lo, hi in zip(cuts, cuts[1:], strict=False):
-        acc = analysis.merge(acc, partial_of(analysis, t.slice(lo, hi - lo), ctx, backend))
-    assert_results_equal(analysis.finalize(acc, ctx), analysis.finalize(partial_of(analysis, t, ctx, backend), ctx))
+        acc = analysis.merge(acc, partial_of(analysis, t.slice(lo, hi - lo), ctx, edge_backend))
+    assert_results_equal(analysis.finalize(acc, ctx), analysis.finalize(partial_of(analysis, t, ctx, edge_backend), ctx))

@@ -176,6 +176,27 @@ def test_gpu_simulation_matches_the_reference(gpu_backend, seed, monkeypatch):
     check(res["peak-prediction"], long, {"scheduling_class_range": (0, 3)})
 
 
+def test_simulate_on_the_device_shaped_backend():
+    """``simulate`` written for either array module: on the device-shaped backend (NumPy arrays
+    that refuse what CuPy and its arrays refuse: tests/device_backend.py) the same bits as on the
+    cpu."""
+    from device_backend import DEVICE
+    from generic_backend import CPU
+
+    rng = np.random.default_rng(8)
+    n = 20_000
+    args = (rng.integers(0, 5, n), rng.integers(0, 400, n), rng.integers(0, 60, n) * 31, rng.gamma(1.0, 0.1, n),
+            rng.choice([0.2, 0.5, 1.0], n))
+    for prm in (_peak_sim.SimParams(horizon_steps=100, min_samples=5),
+                _peak_sim.SimParams(horizon_steps=50, oracle_percentile=90.0, cap_to_limit=False)):
+        want = _peak_sim.simulate(CPU, *args, 1 << 10, 390, prm)
+        got = _peak_sim.simulate(DEVICE, *(DEVICE.asarray(x) for x in args), 1 << 10, 390, prm)
+        assert set(got) == set(want)
+        for k, w in want.items():
+            np.testing.assert_array_equal(DEVICE.to_host(got[k]), w, err_msg=k)
+        assert np.isfinite(want["oracle"]).sum() > 1000
+
+
 @pytest.mark.gpu
 def test_gpu_simulate_agrees_with_the_cpu(gpu_backend):
     """``simulate`` on both backends over the same 200k random samples (repeats, gaps, moves,

@@ -82,6 +82,16 @@ def test_cpu_study_is_bit_identical_to_run(dataset, reference):
     assert_same(study.run(names()), reference)
 
 
+def test_study_on_the_generic_backend_matches_run(dataset, reference):
+    """Every analysis of a study on the generic backend (the gpu backend's code paths on NumPy
+    shaped like CuPy: tests/generic_backend.py) against ``run`` on the cpu: what CuPy would refuse
+    in a study's partials, context passes or merges fails here."""
+    from generic_backend import GENERIC
+
+    study = gpuclust.open(dataset, backend=GENERIC, partitions=4).persist()
+    assert_same(study.run(names()), reference, rtol=1e-9)
+
+
 def test_each_partition_read_once_whatever_the_number_of_analyses(dataset, read_log):
     usage_specs = plan_partitions(dataset, "instance_usage", 4)
     one = gpuclust.open(dataset, partitions=4, workers=2).persist()

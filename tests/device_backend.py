@@ -1,0 +1,209 @@
+"""A backend whose arrays pose as device arrays: NumPy arrays wrapped so that, like CuPy's, they
+refuse to mix with host arrays and to convert to NumPy implicitly.  The analyses' generic code run
+on it fails where it would fail on a device because a host array met a device one, which the
+CuPy-shaped module of ``tests/generic_backend.py`` alone cannot see (its arrays are NumPy's).
+
+What a :class:`DeviceArray` refuses, as ``cupy.ndarray`` does:
+
+* ``numpy.asarray(a)`` / ``numpy.array(a)`` (CuPy: "Implicit conversion to a NumPy array is not
+  allowed"); ``a.get()`` is the explicit copy;
+* a host array (``numpy.ndarray`` of one or more dimensions) as an operand of a ufunc or an
+  array function beside device arrays (CuPy: "Unsupported type <class 'numpy.ndarray'>");
+* the ufunc methods the CuPy-shaped module refuses.
+
+Host scalars and 0-d arrays mix, as on CuPy; indexing with host arrays and assigning host arrays
+into device arrays are allowed here (CuPy converts some of those), so this errs towards passing.
+The backend's ``ops`` are the cpu backend's, fed the wrapped arrays' data (on a device they are
+kernels), and ``stage`` / ``asarray`` copy host arrays to "the device" (wrap them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+from typing import Any
+
+import numpy as np
+from generic_backend import CPU, SHAPED_XP
+
+from gpuclust.backends import Backend
+
+__all__ = ["DEVICE", "DeviceArray"]
+
+_REFUSED_METHODS = {"reduceat": (np.add,), "accumulate": (np.add, np.multiply)}
+
+
+def _dev(x: Any) -> Any:
+    """Wrap NumPy results (arrays, scalars of a reduction, tuples / lists of them) as device ones."""
+    if isinstance(x, np.ndarray):
+        return DeviceArray(x)
+    if isinstance(x, np.generic):
+        return DeviceArray(np.asarray(x))
+    if isinstance(x, tuple):
+        return tuple(_dev(v) for v in x)
+    if isinstance(x, list):
+        return [_dev(v) for v in x]
+    return x
+
+
+def _data(x: Any, where: str) -> Any:
+    """The NumPy data of device operands; a host array of one or more dimensions is refused."""
+    if isinstance(x, DeviceArray):
+        return x.data
+    if isinstance(x, np.ndarray) and x.ndim > 0:
+        raise TypeError(f"Unsupported type {type(x)} (a host array given to {where} beside device arrays; "
+                        "copy it with xp.asarray / backend.stage first)")
+    if isinstance(x, (list, tuple)):
+        return type(x)(_data(v, where) for v in x)
+    if isinstance(x, dict):
+        return {k: _data(v, where) for k, v in x.items()}
+    return x
+
+
+def _unwrap(x: Any) -> Any:
+    """The NumPy data of any device arrays in ``x`` (for the ops: kernels take device arrays)."""
+    if isinstance(x, DeviceArray):
+        return x.data
+    if isinstance(x, (list, tuple)):
+        return type(x)(_unwrap(v) for v in x)
+    if isinstance(x, dict):
+        return {k: _unwrap(v) for k, v in x.items()}
+    return x
+
+
+class DeviceArray(np.lib.mixins.NDArrayOperatorsMixin):
+    """A NumPy array posing as a CuPy one (see the module docstring)."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: np.ndarray):
+        self.data = data
+
+    # ---- what CuPy arrays have and NumPy ones lack
+    def get(self) -> np.ndarray:
+        return self.data.copy()
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        return {"shape": self.data.shape, "typestr": self.data.dtype.str, "data": (0, False), "version": 3}
+
+    def __array__(self, *args: Any, **kw: Any) -> np.ndarray:
+        raise TypeError("Implicit conversion to a NumPy array is not allowed. Please use `.get()` to construct a "
+                        "NumPy array explicitly.")
+
+    # ---- NumPy's protocols: refuse host operands, then compute on the data
+    def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any, **kw: Any) -> Any:
+        allowed = _REFUSED_METHODS.get(method)
+        if allowed is not None and ufunc not in allowed:
+            raise NotImplementedError(f"`cupy_{ufunc.__name__}.{method}` is not supported yet")
+        where = f"{ufunc.__name__}.{method}"
+        args = _data(inputs, where)
+        if "out" in kw:
+            kw["out"] = _data(kw["out"], where)
+        return _dev(getattr(ufunc, method)(*args, **kw))
+
+    def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+        where = getattr(func, "__name__", str(func))
+        return _dev(func(*_data(args, where), **_data(kwargs, where)))
+
+    # ---- the ndarray surface
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):  # NumPy's __array_interface__ / __array_struct__: no host view
+            raise AttributeError(name)
+        attr = getattr(self.data, name)
+        if callable(attr):
+            def method(*args: Any, **kw: Any) -> Any:
+                return _dev(attr(*_unwrap(args), **_unwrap(kw)))
+            return method
+        return _dev(attr)
+
+    def __getitem__(self, key: Any) -> Any:
+        return _dev(self.data[_unwrap(key)])
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self.data[_unwrap(key)] = _unwrap(value)
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __iter__(self) -> Any:
+        return (_dev(v) for v in self.data)
+
+    def __bool__(self) -> bool:
+        return bool(self.data)
+
+    def __int__(self) -> int:
+        return int(self.data)
+
+    def __float__(self) -> float:
+        return float(self.data)
+
+    def __index__(self) -> int:
+        return self.data.__index__()
+
+    def __repr__(self) -> str:
+        return f"DeviceArray({self.data!r})"
+
+
+def _creation(f: Any) -> Any:
+    def make(*args: Any, **kw: Any) -> Any:
+        return _dev(f(*_unwrap(args), **_unwrap(kw)))
+    return make
+
+
+def _asarray(a: Any, dtype: Any = None, **kw: Any) -> Any:
+    """``cupy.asarray``: a device array as it is (or cast), a host one copied to the device."""
+    if isinstance(a, DeviceArray):
+        return a if dtype is None or a.data.dtype == np.dtype(dtype) else DeviceArray(a.data.astype(dtype))
+    return DeviceArray(np.array(_unwrap(a), dtype=dtype, **kw))
+
+
+XP = types.ModuleType("device_shaped", "The CuPy-shaped module, its results device arrays.")
+XP.__dict__.update(vars(SHAPED_XP))
+XP.__dict__.update({k: _creation(getattr(np, k)) for k in (
+    "zeros", "ones", "empty", "full", "arange", "linspace", "eye", "fromiter", "frombuffer")})
+XP.__dict__.update(asarray=_asarray, array=_asarray, ascontiguousarray=_creation(np.ascontiguousarray))
+
+
+class _DeviceOps:
+    """The cpu backend's ops on the arrays' data ("kernels"), without ``lookup_slot_tables``;
+    array results come back as device arrays."""
+
+    def __init__(self, ops: Any):
+        self._ops = ops
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "lookup_slot_tables":
+            return False
+        op = getattr(self._ops, name)
+        if not callable(op):
+            return op
+
+        def call(*args: Any, **kw: Any) -> Any:
+            return _dev(op(*_unwrap(args), **_unwrap(kw)))
+        return call
+
+
+@dataclasses.dataclass(frozen=True)
+class _DeviceBackend(Backend):
+    def stage(self, a: np.ndarray) -> Any:
+        return _asarray(a)
+
+    def to_host(self, a: Any) -> np.ndarray:
+        return a.get() if isinstance(a, DeviceArray) else np.asarray(a)
+
+
+DEVICE = _DeviceBackend("cpu", XP, _DeviceOps(CPU.ops))
+
+
+def resolve_gpu_to_device(monkeypatch: Any) -> None:
+    """Make ``get_backend("gpu")`` (and so ``backend_of`` of a device array) resolve to
+    :data:`DEVICE` for the rest of a test."""
+    import gpuclust.backends as backends
+
+    real = backends.get_backend
+
+    def get_backend(name: Any = "auto") -> Backend:
+        return DEVICE if name == "gpu" else real(name)
+
+    monkeypatch.setattr(backends, "get_backend", get_backend)
