@@ -509,3 +509,29 @@ def test_bounded_strategy_keeps_small_groups_exact_and_spills_big_ones():
                     assert ref.quantile_ok(r["quantiles"][i, j], want[j], q[sel], w[sel], float(p))
 
 
+
+
+@pytest.mark.parametrize("opts", [{"by": "tier"}, {"by": "machine"}, {"by": "tier", "strategy": "bounded"}])
+def test_mixture_finalize_on_the_device_shaped_backend(opts, monkeypatch):
+    """The finalize a gpu run does on the device (the merged partial moved there, the mixture
+    inverted there): on the device-shaped backend (tests/device_backend.py: arrays that refuse
+    host operands and implicit conversion, as CuPy's do) the cpu's result."""
+    from device_backend import DEVICE, resolve_gpu_to_device
+
+    from gpuclust.analyses import _hybrid_summary as hs
+    from gpuclust.analyses.base import to_host
+    from gpuclust.backends import get_backend
+    from gpuclust.engine.local import context_of
+    from gpuclust.engine.partition import column_to_numpy
+
+    resolve_gpu_to_device(monkeypatch)
+    tables = make_cell(5, n_windows=3000, n_instances=200, n_machines=20)
+    a = create("usage-distribution", **opts)
+    ctx = context_of(a, TableSource(tables))
+    t = tables[a.table]
+    mp = to_host(a.partial({c: column_to_numpy(t.column(c)) for c in a.columns}, ctx, get_backend("cpu")))["ms"]
+    want = hs.finalize(mp, ctx.levels)
+    got = to_host(hs.finalize(hs.to_backend(mp, DEVICE), ctx.levels))
+    assert set(got) == set(want) and len(want["key"]) > 1
+    for k, w in want.items():
+        np.testing.assert_allclose(got[k], w, rtol=1e-12, equal_nan=True, err_msg=k)
