@@ -67,7 +67,7 @@ def child(path: str, bucket_s: int, buckets: int | None, partitions: int, finali
     if finalize_cells:
         import gpuclust.analyses.overcommit as oc
 
-        oc.FINALIZE_CELLS = finalize_cells
+        oc.FINALIZE_CELLS = {**oc.FINALIZE_CELLS, "cpu": finalize_cells}
     if shard_cells:
         import gpuclust.analyses.overcommit as oc
 

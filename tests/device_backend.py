@@ -197,13 +197,18 @@ DEVICE = _DeviceBackend("cpu", XP, _DeviceOps(CPU.ops))
 
 
 def resolve_gpu_to_device(monkeypatch: Any) -> None:
-    """Make ``get_backend("gpu")`` (and so ``backend_of`` of a device array) resolve to
-    :data:`DEVICE` for the rest of a test."""
+    """Make the gpu backend :data:`DEVICE` for the rest of a test: ``get_backend("gpu")`` (and so
+    ``backend_of`` of a device array), ``available_backend("gpu")`` and ``finalize_backend("gpu")``
+    (so partials marked as computed on the gpu finalize on it)."""
     import gpuclust.backends as backends
 
-    real = backends.get_backend
+    real, real_available = backends.get_backend, backends.available_backend
 
     def get_backend(name: Any = "auto") -> Backend:
         return DEVICE if name == "gpu" else real(name)
 
+    def available_backend(name: str) -> Backend | None:
+        return DEVICE if name == "gpu" else real_available(name)
+
     monkeypatch.setattr(backends, "get_backend", get_backend)
+    monkeypatch.setattr(backends, "available_backend", available_backend)

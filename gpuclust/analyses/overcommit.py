@@ -60,11 +60,11 @@ from gpuclust.analyses._intervals import (
     running_intervals,
 )
 from gpuclust.analyses._lookup import InstanceLookup, id_index, tier_lookup
-from gpuclust.analyses.base import Analysis, fmt, is_null_int, resolve_tier_map
+from gpuclust.analyses.base import Analysis, fmt, is_null_int, resolve_tier_map, to_host
 from gpuclust.analyses.grouping import bucket_grid, bucket_span, isin_sorted, unique_sorted
 from gpuclust.analyses.options import option, tier_map_option
 from gpuclust.arrow_numpy import schema_table, table, table_from_rows
-from gpuclust.backends import backend_of
+from gpuclust.backends import backend_of, finalize_backend
 from gpuclust.parted import array_batches, finalize_in_memory
 from gpuclust.partials import keyed_reduce, merge_keyed
 from gpuclust.schema import TIME_AFTER_TRACE, TierMap, tier_map
@@ -81,8 +81,9 @@ CELL_LIMIT = 1 << 20
 #: keyed partials, ~0.1-0.5 KB per machine-bucket, and one chunk of rows at a time).
 SHARD_CELLS = 1 << 18
 #: Machine-buckets finalize handles at a time, one row group of the machine table (its dense
-#: temporaries and rows are ~2 KB per one of these).
-FINALIZE_CELLS = 1 << 15
+#: temporaries and rows are ~2 KB per one of these), per backend: cache-sized on the host; on a
+#: device a whole shard (:data:`SHARD_CELLS`) at once, a few large launches.
+FINALIZE_CELLS = {"cpu": 1 << 15, "gpu": 1 << 18}
 #: A ratio counts as "over capacity" when it exceeds 1 by more than this (float rounding).
 OVER_EPS = 1e-9
 QUANTILES = (0.5, 0.9, 0.99, 1.0)
@@ -382,7 +383,9 @@ class Overcommit(Analysis):
         return out
 
     def empty(self, backend: Any = None) -> dict[str, Any]:
-        return {"usage": self._empty_usage(), "stats": np.zeros(len(STATS), np.int64), **self._empty_intervals()}
+        # ``backend``: where the partials were computed, so finalize builds the tables there too
+        return {"usage": self._empty_usage(), "stats": np.zeros(len(STATS), np.int64), **self._empty_intervals(),
+                "backend": getattr(backend, "name", "cpu")}
 
     @staticmethod
     def _empty_intervals() -> dict[str, Any]:
@@ -422,7 +425,7 @@ class Overcommit(Analysis):
             intervals = self._intervals(backend, {c: backend.asarray(v) for c, v in ctx.events.items()}, ctx)
         else:
             intervals = self._empty_intervals()
-        part = {"usage": usage, **intervals}
+        part = {"usage": usage, **intervals, "backend": backend.name}
         part["stats"] = xp.asarray(np.array([st[k] for k in STATS], dtype=np.int64))
         return part
 
@@ -492,18 +495,18 @@ class Overcommit(Analysis):
 
     def merge(self, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         return {"usage": merge_keyed(a["usage"], b["usage"]), "req": merge_keyed(a["req"], b["req"]),
-                "inst": merge_keyed(a["inst"], b["inst"]), "stats": a["stats"] + b["stats"],
-                "istats": a["istats"] + b["istats"]}
+                "inst": merge_keyed(a["inst"], b["inst"]), **self.merge_rest(a, b)}
 
     # ---------------------------------------------------------------- finalize
     parted = ("machine",)
 
     def split(self, partial: dict[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, np.ndarray]]]:
-        rest = {"stats": partial["stats"], "istats": partial["istats"]}
+        rest = {"stats": partial["stats"], "istats": partial["istats"], "backend": partial["backend"]}
         return rest, {k: {f: np.asarray(v) for f, v in partial[k].items()} for k in ("usage", "req", "inst")}
 
     def merge_rest(self, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-        return {"stats": a["stats"] + b["stats"], "istats": a["istats"] + b["istats"]}
+        return {"stats": a["stats"] + b["stats"], "istats": a["istats"] + b["istats"],
+                "backend": "gpu" if "gpu" in (a["backend"], b["backend"]) else "cpu"}
 
     def shards(self, ctx: OvercommitContext, rest: dict[str, Any]) -> list[tuple[int, int]]:
         """Ranges of machine codes of about :data:`SHARD_CELLS` machine-buckets each."""
@@ -537,7 +540,9 @@ class Overcommit(Analysis):
                        lo: int, hi: int) -> tuple[dict[str, Iterator[pa.Table]], _CellSums]:
         """The machine table of machine codes ``[lo, hi)``, a chunk of ~:data:`FINALIZE_CELLS`
         machine-buckets at a time (dense only over the chunk; each chunk one Arrow table, written as
-        a row group), and the shard's cell sums (complete once the rows are consumed)."""
+        a row group), and the shard's cell sums (complete once the rows are consumed).  The dense
+        tables are built on the backend the partials were computed on (:func:`finalize_backend`:
+        the device under ``backend="gpu"``); each chunk's rows and the sums come back to the host."""
         if ctx.series is None:
             raise RuntimeError("overcommit: finalize needs the capacity intervals of the context")
         M, T, B = int(ctx.machine_ids.shape[0]), ctx.n_tiers, ctx.n_buckets
@@ -545,26 +550,30 @@ class Overcommit(Analysis):
             key = keyed[k]["key"]
             if key.size and (int(key.max()) >= M * per * B or int(key.min()) < 0):
                 raise ValueError(f"overcommit: {k} partial does not match the context (key out of range)")
-        acc = _CellSums(B, T)
-        return {"machine": self._machine_rows(keyed, rest, ctx, lo, hi, acc)}, acc
+        be = finalize_backend(rest["backend"])
+        acc = _CellSums(be.xp, B, T)
+        return {"machine": self._machine_rows(be, keyed, rest, ctx, lo, hi, acc)}, acc
 
-    def _machine_rows(self, keyed: dict[str, dict[str, np.ndarray]], rest: dict[str, Any], ctx: OvercommitContext,
-                      lo: int, hi: int, acc: _CellSums) -> Iterator[pa.Table]:
+    def _machine_rows(self, be: Any, keyed: dict[str, dict[str, np.ndarray]], rest: dict[str, Any],
+                      ctx: OvercommitContext, lo: int, hi: int, acc: _CellSums) -> Iterator[pa.Table]:
+        xp = be.xp
         tiers = list(ctx.tier_names)
-        bucket, _, L = self._grid(ctx)
+        bucket, _, L = (be.asarray(a) for a in self._grid(ctx))
         has_usage = int(rest["stats"][STATS.index("usage_rows")]) > 0
-        step = max(1, FINALIZE_CELLS // max(ctx.n_buckets, 1))
+        step = max(1, FINALIZE_CELLS[be.name] // max(ctx.n_buckets, 1))
         if hi <= lo:  # no machines: one empty frame (the columns)
             yield table({c: np.zeros(0, bool if c == "cap_unknown" else np.int64 if c in _INT_COLUMNS else np.float64)
                          for c in _machine_columns(tiers)})
+            acc.to_host()
             return
+        machine_ids = be.stage(ctx.machine_ids)
         for m0 in range(lo, hi, step):
             m1 = min(hi, m0 + step)
-            d = self._chunk(ctx, keyed, m0, m1, L)
+            d = self._chunk(be, ctx, keyed, m0, m1, L)
             pres = d["present"]
-            mi, bi = np.nonzero(pres)
-            cols: dict[str, np.ndarray] = {
-                "machine_id": ctx.machine_ids[m0 + mi], "bucket": bucket[bi], "bucket_start_us": bucket[bi] * ctx.width,
+            mi, bi = xp.nonzero(pres)
+            cols: dict[str, Any] = {
+                "machine_id": machine_ids[m0 + mi], "bucket": bucket[bi], "bucket_start_us": bucket[bi] * ctx.width,
                 "covered_s": L[bi]}
             for c, src in (("up_s", "up_s"), ("cap_cpu", "cap_c"), ("cap_mem", "cap_m"), ("req_cpu", "req_c"),
                            ("req_mem", "req_m"), ("use_cpu", "use_c"), ("use_mem", "use_m"), ("max_cpu_sum", "max_c"),
@@ -575,18 +584,22 @@ class Overcommit(Analysis):
             cols["windows"] = d["windows"][mi, bi]
             for r in ("cpu", "mem"):
                 for kind, col in (("alloc", f"req_{r}"), ("usage", f"use_{r}"), ("peak", f"max_{r}_sum")):
-                    cols[f"{kind}_ratio_{r}"] = _ratio(cols[col], cols[f"cap_{r}"])
+                    cols[f"{kind}_ratio_{r}"] = _ratio(xp, cols[col], cols[f"cap_{r}"])
             for k, t in enumerate(tiers):
                 for col in _TIER_COLS:
                     cols[f"{col}_{t}"] = d[col][mi, k, bi]
             acc.add(d, pres)
             del d
+            n_rows = int(mi.shape[0])
+            host = {c: be.to_host(cols[c]) for c in _machine_columns(tiers)}
+            del cols, mi, bi
             if not has_usage:
                 # No instance_usage rows at all: usage was not measured, so it is unknown (NaN), not 0.
-                for c in cols:
+                for c in host:
                     if c.startswith(_USAGE_PREFIXES):
-                        cols[c] = np.full(mi.shape[0], np.nan)
-            yield table({c: cols[c] for c in _machine_columns(tiers)})  # a row group, built without pandas
+                        host[c] = np.full(n_rows, np.nan)
+            yield table(host)  # a row group, built without pandas
+        acc.to_host()
 
     def finalize_parted(self, rest: dict[str, Any], ctx: OvercommitContext, tables: dict[str, Any],
                         extras: list[_CellSums]) -> dict[str, pa.Table]:
@@ -615,44 +628,44 @@ class Overcommit(Analysis):
         return {"cell": table(cell), "summary": summary, "info": info}
 
     @staticmethod
-    def _chunk(ctx: OvercommitContext, parts: dict[str, dict[str, np.ndarray]], m0: int, m1: int,
-               L: np.ndarray) -> dict[str, np.ndarray]:
-        """Dense (machine, [tier,] bucket) arrays of machines ``[m0, m1)``: capacity swept from the
-        chunk's capacity intervals, requests / instances / usage scattered from the keyed sums, and
-        ``present``, the (machine, bucket) mask of rows."""
-        from gpuclust.backends.cpu import bucket_overlap
-
+    def _chunk(be: Any, ctx: OvercommitContext, parts: dict[str, dict[str, np.ndarray]], m0: int, m1: int,
+               L: Any) -> dict[str, Any]:
+        """Dense (machine, [tier,] bucket) arrays of machines ``[m0, m1)`` on backend ``be``:
+        capacity swept from the chunk's capacity intervals, requests / instances / usage scattered
+        from the keyed sums (host arrays: the chunk's rows are copied over), and ``present``, the
+        (machine, bucket) mask of rows."""
+        xp = be.xp
         S = ctx.series
         assert S is not None
         T, B, cm = ctx.n_tiers, ctx.n_buckets, m1 - m0
 
-        def dense(part: dict[str, np.ndarray], fields: tuple[str, ...], per: int) -> dict[str, np.ndarray]:
+        def dense(part: dict[str, np.ndarray], fields: tuple[str, ...], per: int) -> dict[str, Any]:
             key = part["key"]
             lo, hi = np.searchsorted(key, [m0 * per * B, m1 * per * B])
-            at = key[lo:hi] - m0 * per * B
+            at = be.asarray(key[lo:hi] - m0 * per * B)
             out = {}
             for f in fields:
-                a = np.zeros(cm * per * B, dtype=part[f].dtype)
-                a[at] = part[f][lo:hi]
+                a = xp.zeros(cm * per * B, dtype=part[f].dtype)
+                a[at] = be.asarray(part[f][lo:hi])
                 out[f] = a.reshape((cm, per, B) if per > 1 else (cm, B))
             return out
 
         lo, hi = np.searchsorted(S["code"], [m0, m1])
         cc, cmem = S["cap_cpu"][lo:hi], S["cap_mem"][lo:hi]
         capv = np.stack([np.ones(hi - lo), cc, cmem, np.isnan(cc).astype(np.float64), np.isnan(cmem).astype(np.float64)])
-        cs = bucket_overlap(S["start"][lo:hi], S["end"][lo:hi], capv,
-                                                   (S["code"][lo:hi] - m0).astype(np.int32), n_groups=cm,
-                                                   n_buckets=B, origin=ctx.origin, width=ctx.width)
+        cs = be.ops.bucket_overlap(be.asarray(S["start"][lo:hi]), be.asarray(S["end"][lo:hi]), be.asarray(capv),
+                                   be.asarray((S["code"][lo:hi] - m0).astype(np.int32)), n_groups=cm, n_buckets=B,
+                                   origin=ctx.origin, width=ctx.width)
         U = dense(parts["usage"], _PARTIAL_FIELDS, T)
         R = dense(parts["req"], ("req_cpu", "req_mem"), T)
         I = dense(parts["inst"], ("inst", "distinct"), 1)  # noqa: E741
         # a (machine, tier, bucket) with windows whose values are all NULL was not measured: NaN
-        wt = np.rint(U["windows"])
+        wt = xp.rint(U["windows"])
         for f, n in (("use_cpu", "n_use_cpu"), ("use_mem", "n_use_mem"), ("max_cpu", "n_max_cpu"),
                      ("max_mem", "n_max_mem")):
-            U[f] = np.where((wt > 0) & (np.rint(U[n]) == 0), np.nan, U[f])
+            U[f] = xp.where((wt > 0) & (xp.rint(U[n]) == 0), np.nan, U[f])
             del U[n]
-        windows = wt.sum(axis=1).astype(np.int64)
+        windows = wt.sum(axis=1).astype(xp.int64)
         del wt
         with np.errstate(invalid="ignore", divide="ignore"):
             use_ct, use_mt = U["use_cpu"] / L, U["use_mem"] / L
@@ -660,13 +673,13 @@ class Overcommit(Analysis):
             max_c, max_m = U["max_cpu"].sum(axis=1), U["max_mem"].sum(axis=1)
         present = ((cs[0] > 0) | (R["req_cpu"].sum(axis=1) > 0) | (R["req_mem"].sum(axis=1) > 0) | (I["inst"] > 0)
                    | (windows > 0) | (use_c != 0) | (use_m != 0) | (max_c != 0) | (max_m != 0))
-        no_me = ~S["has_me"][m0:m1, None]
+        no_me = ~be.asarray(S["has_me"][m0:m1, None])
         unk_c = (cs[3] > 0) | no_me
         unk_m = (cs[4] > 0) | no_me
         with np.errstate(invalid="ignore", divide="ignore"):
             req_ct, req_mt = R["req_cpu"] / L, R["req_mem"] / L
             return {"present": present, "up_s": cs[0], "unk_c": unk_c, "unk_m": unk_m,
-                    "cap_c": np.where(unk_c, np.nan, cs[1] / L), "cap_m": np.where(unk_m, np.nan, cs[2] / L),
+                    "cap_c": xp.where(unk_c, np.nan, cs[1] / L), "cap_m": xp.where(unk_m, np.nan, cs[2] / L),
                     "req_cpu": req_ct, "req_mem": req_mt, "use_cpu": use_ct, "use_mem": use_mt,
                     "max_cpu_sum": U["max_cpu"], "max_mem_sum": U["max_mem"],
                     "req_c": req_ct.sum(axis=1), "req_m": req_mt.sum(axis=1), "use_c": use_c, "use_m": use_m,
@@ -785,32 +798,42 @@ def _summary(machine: Any, tiers: list[str], has_usage: bool) -> pa.Table:
     return schema_table(rows, _SUMMARY_SCHEMA)
 
 
-def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+def _ratio(xp: Any, num: Any, den: Any) -> Any:
     """num / den; 0/0 and anything / NaN -> NaN, x/0 (x > 0) -> inf."""
     with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where((den == 0) & (num == 0), np.nan, np.asarray(num, np.float64) / den)
+        return xp.where((den == 0) & (num == 0), np.nan, num.astype(xp.float64) / den)
 
 
 class _CellSums:
-    """Per-bucket running sums over machine chunks: what the ``cell`` table is built from."""
+    """Per-bucket running sums over machine chunks: what the ``cell`` table is built from.  Summed
+    on the backend of the chunks (``xp``), then moved to the host (:meth:`to_host`) once the
+    shard's chunks are done."""
 
     COLS = ("req_cpu", "req_mem", "use_cpu", "use_mem", "max_cpu_sum", "max_mem_sum")
 
-    def __init__(self, B: int, T: int) -> None:
-        z = lambda *s: np.zeros(s, np.float64)  # noqa: E731
-        self.machines = np.zeros(B, np.int64)
-        self.machines_up = np.zeros(B, np.int64)
-        self.machines_cap_unknown = np.zeros(B, np.int64)
-        self.present_any = np.zeros(B, bool)
-        self.known_any = {r: np.zeros(B, bool) for r in ("cpu", "mem")}
+    def __init__(self, xp: Any, B: int, T: int) -> None:
+        self.xp = xp
+        z = lambda *s: xp.zeros(s, xp.float64)  # noqa: E731
+        self.machines = xp.zeros(B, xp.int64)
+        self.machines_up = xp.zeros(B, xp.int64)
+        self.machines_cap_unknown = xp.zeros(B, xp.int64)
+        self.present_any = xp.zeros(B, bool)
+        self.known_any = {r: xp.zeros(B, bool) for r in ("cpu", "mem")}
         self.cap = {r: z(B) for r in ("cpu", "mem")}
         self.tier = {c: z(T, B) for c in self.COLS}
         #: per tier, Σ over machines with known capacity (ratio numerators)
         self.known = {(k, r): z(T, B) for k in ("alloc", "usage") for r in ("cpu", "mem")}
         self.instances = z(B)
-        self.windows = np.zeros(B, np.int64)
+        self.windows = xp.zeros(B, xp.int64)
 
-    def add(self, d: dict[str, np.ndarray], present: np.ndarray) -> None:
+    def to_host(self) -> None:
+        """Every sum as a NumPy array (in place)."""
+        for k, v in vars(self).items():
+            setattr(self, k, to_host(v))
+        self.xp = np
+
+    def add(self, d: dict[str, Any], present: Any) -> None:
+        xp = self.xp
         self.machines += present.sum(axis=0)
         self.machines_up += (d["up_s"] > 0).sum(axis=0)
         self.machines_cap_unknown += (present & (d["unk_c"] | d["unk_m"])).sum(axis=0)
@@ -818,9 +841,9 @@ class _CellSums:
         for r, unk, cap in (("cpu", d["unk_c"], d["cap_c"]), ("mem", d["unk_m"], d["cap_m"])):
             kn = present & ~unk
             self.known_any[r] |= kn.any(axis=0)
-            self.cap[r] += np.where(kn, cap, 0.0).sum(axis=0)
+            self.cap[r] += xp.where(kn, cap, 0.0).sum(axis=0)
             for kind, src in (("alloc", f"req_{r}"), ("usage", f"use_{r}")):
-                self.known[(kind, r)] += np.where(kn[:, None, :], d[src], 0.0).sum(axis=0)
+                self.known[(kind, r)] += xp.where(kn[:, None, :], d[src], 0.0).sum(axis=0)
         for c in self.COLS:
             self.tier[c] += d[c].sum(axis=0)
         self.instances += d["inst"].sum(axis=0)
@@ -856,11 +879,11 @@ class _CellSums:
         cell["windows"] = self.windows
         for r in ("cpu", "mem"):
             for kind in ("alloc", "usage"):
-                cell[f"{kind}_ratio_{r}"] = _ratio(self.known[(kind, r)].sum(axis=0), caps[r])
+                cell[f"{kind}_ratio_{r}"] = _ratio(np, self.known[(kind, r)].sum(axis=0), caps[r])
         for k, t in enumerate(tiers):
             for col in ("req_cpu", "req_mem", "use_cpu", "use_mem"):
                 cell[f"{col}_{t}"] = self.tier[col][k]
             for r in ("cpu", "mem"):
                 for kind in ("alloc", "usage"):
-                    cell[f"{kind}_ratio_{r}_{t}"] = _ratio(self.known[(kind, r)][k], caps[r])
+                    cell[f"{kind}_ratio_{r}_{t}"] = _ratio(np, self.known[(kind, r)][k], caps[r])
         return cell

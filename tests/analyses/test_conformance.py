@@ -160,3 +160,23 @@ def test_single_rows(analysis, edge_backend, tables):
     for lo, hi in zip(cuts, cuts[1:], strict=False):
         acc = analysis.merge(acc, partial_of(analysis, t.slice(lo, hi - lo), ctx, edge_backend))
     assert_results_equal(analysis.finalize(acc, ctx), analysis.finalize(partial_of(analysis, t, ctx, edge_backend), ctx))
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(tables=cell())
+def test_finalize_on_the_device_shaped_backend(analysis, tables, monkeypatch):
+    """A partial marked as computed on the gpu finalizes on the gpu backend (peak-prediction's
+    simulation, overcommit's dense tables, the mixture inversion): with the gpu backend made the
+    device-shaped one (tests/device_backend.py), the cpu's result."""
+    from device_backend import resolve_gpu_to_device
+
+    if "backend" not in analysis.empty():
+        pytest.skip("finalized on the host whatever backend computed the partial")
+    src = TableSource(tables)
+    ctx = context_of(analysis, src)
+    p = partial_of(analysis, tables[analysis.table], ctx, get_backend("cpu"))
+    want = analysis.finalize(p, ctx)
+    with monkeypatch.context() as mp:
+        resolve_gpu_to_device(mp)
+        got = analysis.finalize({**p, "backend": "gpu"}, ctx)
+    assert_results_equal(got, want)
