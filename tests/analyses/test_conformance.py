@@ -5,8 +5,8 @@ result does not depend on how the table is cut (between instances, for an analys
 whole instances: ``Analysis.whole_instances``); empty, all-NULL and single-row (single-instance)
 inputs work.  Float
 sums are not bitwise order-invariant, so results are compared to 1e-12 relative.  Runs on every
-backend (the gpu case is marked ``gpu``); the empty, all-NULL and single-row checks also on the
-device-shaped backend (``tests/device_backend.py``: the gpu backend's code paths on NumPy arrays
+backend (the gpu case is marked ``gpu``); the empty and single-row checks (every cut of a
+table, so every small selection) also on the device-shaped backend (``tests/device_backend.py``: the gpu backend's code paths on NumPy arrays
 that refuse what CuPy and its arrays refuse), so edge cases that would fail only on a device fail
 in CI.
 """
@@ -135,14 +135,14 @@ def test_empty_input(analysis, edge_backend):
 
 @SETTINGS
 @given(tables=cell())
-def test_all_null_input(analysis, edge_backend, tables):
+def test_all_null_input(analysis, backend, tables):
     nulled = {}
     for name, t in tables.items():
         cols = [pa.nulls(t.num_rows, f.type) if f.nullable else t.column(f.name) for f in t.schema]
         nulled[name] = pa.Table.from_arrays(cols, schema=t.schema)
     src = TableSource(nulled)
     ctx = context_of(analysis, src)
-    res = analysis.finalize(partial_of(analysis, nulled[analysis.table], ctx, edge_backend), ctx)
+    res = analysis.finalize(partial_of(analysis, nulled[analysis.table], ctx, backend), ctx)
     assert all(isinstance(df, (pd.DataFrame, pa.Table)) for df in res.values())  # gpuclust.tables
     for df in map(as_pandas, res.values()):
         for c in ("cpu", "mem"):
