@@ -39,15 +39,17 @@ def test_bucket_pieces_cover_each_window_once(backend, wins, width):
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(rows=st.lists(st.tuples(st.sampled_from([0, 7, -3, 2**62, -(2**62), 41]), st.integers(-2, 4), st.integers(0, 6)),
-                     max_size=40), time_sorted=st.booleans(), wide=st.booleans(), wide_time=st.booleans())
+                     max_size=40), time_sorted=st.booleans(), wide=st.sampled_from([0, 55, 58]),
+       wide_time=st.booleans())
 def test_instance_order_is_the_stable_three_key_sort(backend, rows, time_sorted, wide, wide_time):
     """Rows by collection, instance, time, ties in row order: time-ordered input (the one-sort path),
-    unordered input (a time rank first), instance indexes so wide the key would overflow (the
-    lexsort path), and times spanning 0 to 2^63-1 (the trace's sentinels: the time rank by argsort)."""
+    unordered input (a time rank first), instance indexes so wide that the key fits but not beside
+    the row (2^55: the dense-rank path) or would overflow (2^58: the lexsort path), and times
+    spanning 0 to 2^63-1 (the trace's sentinels: the time rank by argsort)."""
     if time_sorted:
         rows = sorted(rows, key=lambda r: r[2])
     c = np.array([r[0] for r in rows], np.int64)
-    i = np.array([r[1] * (2**58 if wide else 1) for r in rows], np.int64)
+    i = np.array([r[1] * 2**wide for r in rows], np.int64)
     t = np.array([(2**63 - 1 if r[2] == 6 else r[2] * 10**12) if wide_time else r[2] for r in rows], np.int64)
     want = sorted(range(len(rows)), key=lambda j: (c[j], i[j], t[j], j))
     got = instance_order(backend.xp, *(backend.asarray(a) for a in (c, i, t)))
