@@ -24,14 +24,11 @@ import types
 from typing import Any
 
 import numpy as np
-from generic_backend import CPU, SHAPED_XP
+from generic_backend import CPU, SHAPED_XP, check_ufunc_method
 
 from gpuclust.backends import Backend
 
 __all__ = ["DEVICE", "DeviceArray"]
-
-_REFUSED_METHODS = {"reduceat": (np.add,), "accumulate": (np.add, np.multiply)}
-
 
 def _dev(x: Any) -> Any:
     """Wrap NumPy results (arrays, scalars of a reduction, tuples / lists of them) as device ones."""
@@ -46,28 +43,19 @@ def _dev(x: Any) -> Any:
     return x
 
 
-def _data(x: Any, where: str) -> Any:
-    """The NumPy data of device operands; a host array of one or more dimensions is refused."""
+def _data(x: Any, where: str | None = None) -> Any:
+    """The NumPy data of the device arrays in ``x`` (nested lists, tuples, dicts).  With ``where``
+    (an operation on device arrays) a host array of one or more dimensions is refused, as CuPy
+    does; without it (the ops: kernels fed the data) anything passes."""
     if isinstance(x, DeviceArray):
         return x.data
-    if isinstance(x, np.ndarray) and x.ndim > 0:
+    if where is not None and isinstance(x, np.ndarray) and x.ndim > 0:
         raise TypeError(f"Unsupported type {type(x)} (a host array given to {where} beside device arrays; "
                         "copy it with xp.asarray / backend.stage first)")
     if isinstance(x, (list, tuple)):
         return type(x)(_data(v, where) for v in x)
     if isinstance(x, dict):
         return {k: _data(v, where) for k, v in x.items()}
-    return x
-
-
-def _unwrap(x: Any) -> Any:
-    """The NumPy data of any device arrays in ``x`` (for the ops: kernels take device arrays)."""
-    if isinstance(x, DeviceArray):
-        return x.data
-    if isinstance(x, (list, tuple)):
-        return type(x)(_unwrap(v) for v in x)
-    if isinstance(x, dict):
-        return {k: _unwrap(v) for k, v in x.items()}
     return x
 
 
@@ -93,9 +81,7 @@ class DeviceArray(np.lib.mixins.NDArrayOperatorsMixin):
 
     # ---- NumPy's protocols: refuse host operands, then compute on the data
     def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any, **kw: Any) -> Any:
-        allowed = _REFUSED_METHODS.get(method)
-        if allowed is not None and ufunc not in allowed:
-            raise NotImplementedError(f"`cupy_{ufunc.__name__}.{method}` is not supported yet")
+        check_ufunc_method(ufunc, method)
         where = f"{ufunc.__name__}.{method}"
         args = _data(inputs, where)
         if "out" in kw:
@@ -113,15 +99,15 @@ class DeviceArray(np.lib.mixins.NDArrayOperatorsMixin):
         attr = getattr(self.data, name)
         if callable(attr):
             def method(*args: Any, **kw: Any) -> Any:
-                return _dev(attr(*_unwrap(args), **_unwrap(kw)))
+                return _dev(attr(*_data(args), **_data(kw)))
             return method
         return _dev(attr)
 
     def __getitem__(self, key: Any) -> Any:
-        return _dev(self.data[_unwrap(key)])
+        return _dev(self.data[_data(key)])
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        self.data[_unwrap(key)] = _unwrap(value)
+        self.data[_data(key)] = _data(value)
 
     def __len__(self) -> int:
         return len(self.data)
@@ -147,7 +133,7 @@ class DeviceArray(np.lib.mixins.NDArrayOperatorsMixin):
 
 def _creation(f: Any) -> Any:
     def make(*args: Any, **kw: Any) -> Any:
-        return _dev(f(*_unwrap(args), **_unwrap(kw)))
+        return _dev(f(*_data(args), **_data(kw)))
     return make
 
 
@@ -155,7 +141,7 @@ def _asarray(a: Any, dtype: Any = None, **kw: Any) -> Any:
     """``cupy.asarray``: a device array as it is (or cast), a host one copied to the device."""
     if isinstance(a, DeviceArray):
         return a if dtype is None or a.data.dtype == np.dtype(dtype) else DeviceArray(a.data.astype(dtype))
-    return DeviceArray(np.array(_unwrap(a), dtype=dtype, **kw))
+    return DeviceArray(np.array(_data(a), dtype=dtype, **kw))
 
 
 XP = types.ModuleType("device_shaped", "The CuPy-shaped module, its results device arrays.")
@@ -180,7 +166,7 @@ class _DeviceOps:
             return op
 
         def call(*args: Any, **kw: Any) -> Any:
-            return _dev(op(*_unwrap(args), **_unwrap(kw)))
+            return _dev(op(*_data(args), **_data(kw)))
         return call
 
 

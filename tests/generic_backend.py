@@ -28,7 +28,7 @@ import numpy as np
 
 from gpuclust.backends import Backend, get_backend
 
-__all__ = ["CPU", "GENERIC", "SHAPED_XP"]
+__all__ = ["CPU", "GENERIC", "SHAPED_XP", "UFUNC_METHODS", "check_ufunc_method"]
 
 
 class _GenericOps:
@@ -43,9 +43,19 @@ class _GenericOps:
         return getattr(self._ops, name)
 
 
+#: The ufunc methods CuPy has only for some ufuncs: method -> the ufuncs that have it.
+UFUNC_METHODS: dict[str, tuple[np.ufunc, ...]] = {"reduceat": (np.add,), "accumulate": (np.add, np.multiply)}
+
+
+def check_ufunc_method(ufunc: np.ufunc, method: str) -> None:
+    """Raise as CuPy does for a ufunc method it lacks (:data:`UFUNC_METHODS`)."""
+    allowed = UFUNC_METHODS.get(method)
+    if allowed is not None and ufunc not in allowed:
+        raise NotImplementedError(f"`cupy_{ufunc.__name__}.{method}` is not supported yet")
+
+
 class _UFunc:
-    """A NumPy ufunc with CuPy's methods: ``reduceat`` for ``add`` only, ``accumulate`` for
-    ``add`` and ``multiply`` only."""
+    """A NumPy ufunc with CuPy's methods (:data:`UFUNC_METHODS`)."""
 
     def __init__(self, uf: np.ufunc):
         self._uf = uf
@@ -53,17 +63,9 @@ class _UFunc:
     def __call__(self, *args: Any, **kw: Any) -> Any:
         return self._uf(*args, **kw)
 
-    def reduceat(self, *args: Any, **kw: Any) -> Any:
-        if self._uf is not np.add:
-            raise NotImplementedError(f"`cupy_{self._uf.__name__}.reduceat` is not supported yet")
-        return self._uf.reduceat(*args, **kw)
-
-    def accumulate(self, *args: Any, **kw: Any) -> Any:
-        if self._uf not in (np.add, np.multiply):
-            raise NotImplementedError(f"`cupy_{self._uf.__name__}.accumulate` is not supported yet")
-        return self._uf.accumulate(*args, **kw)
-
     def __getattr__(self, name: str) -> Any:
+        if name in UFUNC_METHODS:
+            check_ufunc_method(self._uf, name)
         return getattr(self._uf, name)
 
 

@@ -64,7 +64,7 @@ from gpuclust.analyses.base import Analysis, fmt, is_null_int, resolve_tier_map,
 from gpuclust.analyses.grouping import bucket_grid, bucket_span, isin_sorted, unique_sorted
 from gpuclust.analyses.options import option, tier_map_option
 from gpuclust.arrow_numpy import schema_table, table, table_from_rows
-from gpuclust.backends import backend_of, finalize_backend
+from gpuclust.backends import backend_of, finalize_backend, merged_backend
 from gpuclust.parted import array_batches, finalize_in_memory
 from gpuclust.partials import keyed_reduce, merge_keyed
 from gpuclust.schema import TIME_AFTER_TRACE, TierMap, tier_map
@@ -506,7 +506,7 @@ class Overcommit(Analysis):
 
     def merge_rest(self, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         return {"stats": a["stats"] + b["stats"], "istats": a["istats"] + b["istats"],
-                "backend": "gpu" if "gpu" in (a["backend"], b["backend"]) else "cpu"}
+                "backend": merged_backend(a["backend"], b["backend"])}
 
     def shards(self, ctx: OvercommitContext, rest: dict[str, Any]) -> list[tuple[int, int]]:
         """Ranges of machine codes of about :data:`SHARD_CELLS` machine-buckets each."""
@@ -828,7 +828,7 @@ class _CellSums:
 
     def to_host(self) -> None:
         """Every sum as a NumPy array (in place)."""
-        for k, v in vars(self).items():
+        for k, v in list(vars(self).items()):
             setattr(self, k, to_host(v))
         self.xp = np
 

@@ -36,7 +36,7 @@ from gpuclust.analyses.base import Analysis, fmt, is_null_int, to_host
 from gpuclust.analyses.grouping import unique_codes
 from gpuclust.analyses.options import option
 from gpuclust.arrow_numpy import schema_table, table, table_from_rows
-from gpuclust.backends import finalize_backend
+from gpuclust.backends import finalize_backend, merged_backend
 from gpuclust.layout import key_hash
 from gpuclust.parted import column_batches, finalize_in_memory
 from gpuclust.schema import CPU_PERCENTILES_SOURCE_ORDER, TIME_AFTER_TRACE
@@ -285,7 +285,7 @@ class PeakPrediction(Analysis):
         ca, cb = np.asarray(a["count"]), np.asarray(b["count"])
         count = cb if not ca.shape[0] else ca if not cb.shape[0] else ca + cb
         return {"count": count, "stats": np.asarray(a["stats"]) + np.asarray(b["stats"]),
-                "backend": "gpu" if "gpu" in (a["backend"], b["backend"]) else "cpu"}
+                "backend": merged_backend(a["backend"], b["backend"])}
 
     def shards(self, ctx: PeakPredictionContext, rest: dict[str, Any]) -> list[tuple[int, int]]:
         """Ranges of machine codes of about :data:`SHARD_ROWS` samples each (a machine whole)."""

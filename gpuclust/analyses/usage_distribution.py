@@ -38,6 +38,7 @@ from gpuclust.analyses._lookup import EVENT_COLUMNS, InstanceLookup, tier_lookup
 from gpuclust.analyses.base import Analysis, fmt, is_null_int, to_host
 from gpuclust.analyses.grouping import KEY_COLUMNS, bucket_span, group_key, parse_by
 from gpuclust.analyses.options import option, tier_map_option
+from gpuclust.backends import merged_backend
 from gpuclust.layout import key_name
 from gpuclust.parted import finalize_in_memory, frames
 from gpuclust.schema import (
@@ -387,7 +388,7 @@ class UsageDistribution(Analysis):
 
     # ---------------------------------------------------------------- merge
     def merge(self, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-        be = "gpu" if "gpu" in (a["backend"], b["backend"]) else "cpu"
+        be = merged_backend(a["backend"], b["backend"])
         if "done" in a or "done" in b:
             # finalized groups of different partitions: disjoint, so the union is a concatenation
             parts = [p for p in (a, b) if "done" in p]
@@ -449,7 +450,7 @@ class UsageDistribution(Analysis):
 
     def merge_rest(self, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         full = a["full"] if b["full"] is None else b["full"] if a["full"] is None else self.merge(a["full"], b["full"])
-        return {"backend": "gpu" if "gpu" in (a["backend"], b["backend"]) else "cpu", "stats": a["stats"] + b["stats"],
+        return {"backend": merged_backend(a["backend"], b["backend"]), "stats": a["stats"] + b["stats"],
                 "full": full, "n": a["n"] + b["n"], "err_max": max(a["err_max"], b["err_max"]),
                 "sample": np.concatenate([a["sample"], b["sample"]])}
 

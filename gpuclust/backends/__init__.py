@@ -20,7 +20,7 @@ import numpy as np
 
 from gpuclust._cache import PerArrayCache
 
-__all__ = ["BACKEND_NAMES", "ENGINE_THREAD_PREFIX", "EXTENSION_OP_MODULES", "Backend", "Ops", "BackendUnavailable", "OP_NAMES", "available_backend", "backend_of", "finalize_backend",
+__all__ = ["BACKEND_NAMES", "ENGINE_THREAD_PREFIX", "EXTENSION_OP_MODULES", "Backend", "Ops", "BackendUnavailable", "OP_NAMES", "available_backend", "backend_of", "finalize_backend", "merged_backend",
            "get_backend", "gpu_available"]
 
 #: Name prefix of the local engine's partition threads (``gpuclust.engine.local``): ops that
@@ -213,3 +213,13 @@ def finalize_backend(name: str) -> Backend:
     'cpu'
     """
     return available_backend(name) or get_backend("cpu")
+
+
+def merged_backend(a: str, b: str) -> str:
+    """The backend name a merge of partials computed on backends ``a`` and ``b`` records: ``gpu``
+    if either was, so that its finalize runs on the device where there is one.
+
+    >>> merged_backend("cpu", "gpu"), merged_backend("cpu", "cpu")
+    ('gpu', 'cpu')
+    """
+    return "gpu" if "gpu" in (a, b) else "cpu"
