@@ -8,8 +8,8 @@
 #
 # Steps (each has its own limit, below; a failing step is reported and the next one still runs):
 #   env        nvidia-smi, driver, CUDA, CuPy, Python package versions, commit        (~10 s)
-#   tests      GPUCLUST_REQUIRE_GPU=1 pytest -m gpu -x, $JOBS workers (default 4)     (~1.5-2 min)
-#   tests-all  the same without -x: every GPU test runs                                (~1.5-2 min)
+#   tests      GPUCLUST_REQUIRE_GPU=1 pytest -m gpu -x, $JOBS workers (default 8)     (~1.5-2 min)
+#   tests-all  the same without -x: every GPU test runs                                (~3.5 min on 4 workers)
 #   sanitize   compute-sanitizer memcheck + racecheck: kernel ops, moments, tiled mixture (~1 min)
 #   kernels    bench/kernels_bench.py: each op's bandwidth against the copy bandwidth (~1-1.5 min)
 #   study      bench/study_bench.py at the last of $SIZES: resident data, gpu vs cpu  (~2.5 min)
@@ -31,7 +31,7 @@ SIZES=${SIZES:-1e6,1e7}
 LOGS=${OUT:-bench/results}
 mkdir -p "$LOGS" bench/results
 status=0
-JOBS=${JOBS:-4}
+JOBS=${JOBS:-8}
 
 # the mixture kernels under the sanitizers: the tiled sweep against the per-group one (every kernel of
 # mixture.cu runs in it)
@@ -116,7 +116,10 @@ for step in "$@"; do
             run memcheck 90 compute-sanitizer --tool memcheck --error-exitcode 9 --target-processes all \
                 $PY -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_ops.py tests/moments/test_moments_gpu.py \
                 "${SANITIZE_MIXTURE[@]}"
-            run racecheck 60 compute-sanitizer --tool racecheck --error-exitcode 9 --target-processes all \
+            # CuPy's own cupy_nonzero_kernel_incomplete_scan reports 2 racecheck warnings (640 hazards) under
+            # CuPy 14.2 (H200, 2026-11-27): not our kernels, so excluded by name
+            run racecheck 60 compute-sanitizer --tool racecheck --kernel-name-exclude kns=cupy_nonzero --error-exitcode 9 \
+                --target-processes all \
                 $PY -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_ops.py "${SANITIZE_MIXTURE[@]}" ;;
         kernels) run kernels "${LIMIT[kernels]}" $PY bench/kernels_bench.py --backend gpu
                  keep bench/results/kernels_gpu.json bench/results/kernels_gpu.md ;;

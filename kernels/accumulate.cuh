@@ -4,7 +4,8 @@
 //   * Every lane of a warp calls these helpers in lock-step (loops are written with warp-uniform
 //     trip counts, inactive lanes pass key = -1).
 //   * Lanes with the same key are found with __match_any_sync (sm_70+); the group leader sums
-//     its peers' values (32 warp shuffles, fixed lane order) and issues ONE atomicAdd.  When all
+//     its peers' values (one warp shuffle per lane that shares its key, fixed lane order) and
+//     issues ONE atomicAdd.  When all
 //     32 lanes hit the same (group, bucket) cell this turns 32 serialised atomics into one.
 //   * The "shared" kernels add the warp sums into a block-local copy of the output in shared
 //     memory and flush it to global memory once per block, so global atomics per cell are at
@@ -25,13 +26,21 @@ __device__ __forceinline__ unsigned warp_peers(long long key, bool* is_leader) {
     return peers;
 }
 
-// Sum of `v` over the lanes in `peers` (from warp_peers), added in lane order (32 warp shuffles);
-// valid in every lane of the group.  All lanes must call.
+// Sum of `v` over the lanes in `peers` (from warp_peers), added in lane order; valid in every lane
+// of the group.  All lanes must call.  Only the lanes whose key another lane shares are broadcast
+// (one shuffle each, the same warp-uniform mask in every lane): a warp of distinct keys, the
+// common case of many groups, takes no shuffle; one key in the whole warp takes 32.  A lane alone
+// with its key returns its own value.  The same sums as adding all 32 lanes' values masked by
+// `peers` in lane order (the version before 2026-11-27, which took 32 shuffles always), except that
+// a lone -0.0 stays -0.0 (it was 0.0 + -0.0 = +0.0), which adds the same to any accumulator.
 __device__ __forceinline__ double warp_peer_sum(unsigned peers, double v) {
-    double s = 0.0;
-#pragma unroll
-    for (int j = 0; j < 32; ++j) {
-        const double vj = __shfl_sync(0xffffffffu, v, j);
+    const unsigned full = 0xffffffffu;
+    unsigned shared = __ballot_sync(full, (peers & (peers - 1u)) != 0u);
+    double s = ((shared >> lane_id()) & 1u) ? 0.0 : v;
+    while (shared != 0u) {
+        const int j = __ffs(shared) - 1;
+        shared &= shared - 1u;
+        const double vj = __shfl_sync(full, v, j);
         if ((peers >> j) & 1u) s += vj;
     }
     return s;

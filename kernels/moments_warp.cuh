@@ -4,7 +4,8 @@
 // per step; every accumulated quantity is then summed over the lane's peers and the group leader
 // (lowest lane) issues one atomicAdd per quantity.  When the whole warp has one key (sorted input,
 // or one dominant group: the "many rows hit one group" case) the sum is a 5-step xor butterfly;
-// otherwise a fixed-order 32-lane shuffle loop.  All lanes must call these helpers together.
+// otherwise a fixed-order shuffle loop over the lanes whose key another lane shares (none when
+// every lane's key is its own: many groups).  All lanes must call these helpers together.
 // No standard headers: this file is compiled by NVRTC.
 #ifndef GPUCLUST_MOMENTS_WARP_CUH
 #define GPUCLUST_MOMENTS_WARP_CUH
@@ -27,7 +28,7 @@ __device__ __forceinline__ WarpPeers warp_peers(long long key) {
 }
 
 // Replace each v[k] by its sum over this lane's peers (valid in the leader; in the uniform case in
-// every lane).  Non-uniform case: one pass over the 32 source lanes, all K quantities per pass
+// every lane).  Non-uniform case: one pass over the shared lanes, all K quantities per pass
 // (the lane loop is deliberately not unrolled: it keeps the code small and compile times short).
 template <int K>
 __device__ __forceinline__ void peer_sums(const WarpPeers& p, double* v) {
@@ -40,11 +41,17 @@ __device__ __forceinline__ void peer_sums(const WarpPeers& p, double* v) {
         }
         return;
     }
+    // only the lanes whose key another lane shares are broadcast (warp-uniform mask, lane order);
+    // a lane alone with its key keeps its own values (as accumulate.cuh's warp_peer_sum)
+    unsigned shared = __ballot_sync(full, (p.peers & (p.peers - 1u)) != 0u);
+    const bool alone = ((shared >> (threadIdx.x & 31)) & 1u) == 0u;
     double s[K];
 #pragma unroll
-    for (int k = 0; k < K; ++k) s[k] = 0.0;
+    for (int k = 0; k < K; ++k) s[k] = alone ? v[k] : 0.0;
 #pragma unroll 1
-    for (int j = 0; j < 32; ++j) {
+    while (shared != 0u) {
+        const int j = __ffs(shared) - 1;
+        shared &= shared - 1u;
         const bool take = (p.peers >> j) & 1u;
 #pragma unroll
         for (int k = 0; k < K; ++k) {

@@ -9,6 +9,9 @@ What a :class:`DeviceArray` refuses, as ``cupy.ndarray`` does:
   allowed"); ``a.get()`` is the explicit copy;
 * a host array (``numpy.ndarray`` of one or more dimensions) as an operand of a ufunc or an
   array function beside device arrays (CuPy: "Unsupported type <class 'numpy.ndarray'>");
+* a Python scalar of a subclass of ``int`` / ``float`` (an ``IntEnum`` member such as
+  ``EventType.SUBMIT``) as a ufunc operand: CuPy takes only the exact scalar types ("operand
+  type(s) all returned NotImplemented from __array_ufunc__"; found on an H200, 2026-11-27);
 * the ufunc methods the CuPy-shaped module refuses.
 
 Host scalars and 0-d arrays mix, as on CuPy; indexing with host arrays and assigning host arrays
@@ -41,6 +44,9 @@ def _dev(x: Any) -> Any:
     if isinstance(x, list):
         return [_dev(v) for v in x]
     return x
+
+
+_SCALARS = (int, float, bool)
 
 
 def _data(x: Any, where: str | None = None) -> Any:
@@ -83,6 +89,10 @@ class DeviceArray(np.lib.mixins.NDArrayOperatorsMixin):
     def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any, **kw: Any) -> Any:
         check_ufunc_method(ufunc, method)
         where = f"{ufunc.__name__}.{method}"
+        for x in inputs:
+            if isinstance(x, (int, float)) and type(x) not in _SCALARS:
+                raise TypeError(f"operand type(s) all returned NotImplemented from __array_ufunc__ ({where} of a "
+                                f"{type(x).__name__} scalar: CuPy takes int / float / bool only; pass int(...))")
         args = _data(inputs, where)
         if "out" in kw:
             kw["out"] = _data(kw["out"], where)

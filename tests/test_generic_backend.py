@@ -9,6 +9,7 @@ from device_backend import DEVICE, DeviceArray
 from generic_backend import GENERIC, SHAPED_XP
 
 from gpuclust._xp import bincount
+from gpuclust.schema import EventType
 
 
 def test_the_shaped_module_refuses_what_cupy_refuses():
@@ -55,11 +56,15 @@ def test_device_arrays_refuse_host_arrays_and_implicit_conversion():
             bad()
     with pytest.raises(NotImplementedError):
         np.maximum.accumulate(d)
+    for bad in (lambda: d == EventType.SUBMIT, lambda: d != EventType.KILL, lambda: xp.maximum(d, EventType.FAIL)):
+        with pytest.raises(TypeError, match="NotImplemented"):  # an IntEnum member is no CuPy scalar
+            bad()
     with pytest.raises(ValueError, match="empty"):
         xp.bincount(d[:0])
     # what CuPy allows: scalars, device operands, explicit copies both ways, the ops on device arrays
     assert DEVICE.to_host(xp.where(d > 1, d * 2, 0)).tolist() == [0, 0, 4, 6]
     assert DEVICE.to_host(xp.concatenate([d, DEVICE.stage(np.array([9]))])).tolist() == [0, 1, 2, 3, 9]
+    assert DEVICE.to_host(d == int(EventType.SCHEDULE)).tolist() == [False, False, False, True]
     assert int(d.sum()) == 6 and d.shape == (4,) and d.dtype == np.int64
     out = xp.full(3, -1)
     DEVICE.ops.scatter_max(out, DEVICE.asarray(np.array([0, 2, 2])), DEVICE.asarray(np.array([5, 1, 7])))

@@ -303,7 +303,7 @@ class Lifecycle(Analysis):
         del p, pr
         out["instances"] = bincount(xp, tier_s, minlength=T).astype(xp.int64)
         counters["instances"] = S
-        counters["first_not_submit"] = int(xp.count_nonzero(e[starts] != EventType.SUBMIT))
+        counters["first_not_submit"] = int(xp.count_nonzero(e[starts] != int(EventType.SUBMIT)))
         counters["time_zero_events"] = int(xp.count_nonzero(t == 0))
         after = t == TIME_AFTER_TRACE
         counters["after_trace_events"] = int(xp.count_nonzero(after))
@@ -320,7 +320,7 @@ class Lifecycle(Analysis):
         out["transitions"] = bincount(xp, pair, minlength=T * _NE * _NE + 1)[:-1].reshape(T, _NE, _NE).astype(xp.int64)
         del pair
         # ---- series: counts and state changes per (bucket, tier); events after the trace are not placed
-        is_sub = e == EventType.SUBMIT
+        is_sub = e == int(EventType.SUBMIT)
         csub = xp.cumsum(is_sub.astype(xp.int64))
         csub = csub - (csub[starts] - is_sub[starts].astype(xp.int64))[seg]  # SUBMITs so far in the instance
         n_after = counters["after_trace_events"]
@@ -341,8 +341,8 @@ class Lifecycle(Analysis):
         last_row = xp.concatenate([starts[1:] - 1, xp.asarray([end], dtype=starts.dtype)]).astype(xp.int64)
         recs: list[tuple[Any, Any, Any, Any]] = []  # (tier, distribution, duration, duration known)
         data_end = ctx.data_end_us
-        for st_, restart, entry_ev, exits in ((_PENDING, EventType.SUBMIT, EventType.SUBMIT, _PENDING_EXIT),
-                                              (_RUNNING, EventType.SCHEDULE, EventType.SCHEDULE, _RUNNING_EXIT)):
+        for st_, restart, entry_ev, exits in ((_PENDING, int(EventType.SUBMIT), int(EventType.SUBMIT), _PENDING_EXIT),
+                                              (_RUNNING, int(EventType.SCHEDULE), int(EventType.SCHEDULE), _RUNNING_EXIT)):
             entry = ((state == st_) & (prev_state != st_)) | ((state == st_) & (e == restart) & (prev_state == st_))
             last_entry = segmented_last(ops, xp, entry, seg_start)
             x = xp.nonzero((prev_state == st_) & ((state != st_) | (e == restart)))[0]
@@ -351,8 +351,8 @@ class Lifecycle(Analysis):
             known = (s >= 0) & (e[sc] == entry_ev) & (t[sc] != 0) & (t[x] != TIME_AFTER_TRACE)
             recs.append((tier[x], xp.asarray(exits)[e[x]], t[x] - t[sc], known))
             if st_ == _PENDING:  # from the last ENABLE of the episode to its SCHEDULE
-                le = segmented_last(ops, xp, e == EventType.ENABLE, seg_start)[x - 1]
-                en = xp.nonzero((e[x] == EventType.SCHEDULE) & (le > s) & known)[0]
+                le = segmented_last(ops, xp, e == int(EventType.ENABLE), seg_start)[x - 1]
+                en = xp.nonzero((e[x] == int(EventType.SCHEDULE)) & (le > s) & known)[0]
                 recs.append((tier[x[en]], xp.full(int(en.shape[0]), _DI["enable_to_schedule", "scheduled"], xp.int64),
                              t[x[en]] - t[le[en]], xp.ones(int(en.shape[0]), dtype=bool)))
             # censored: the instance's last event leaves it in this state

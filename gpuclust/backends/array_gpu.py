@@ -23,19 +23,43 @@ def stable_argsort(a: Any) -> Any:
     return _cp().argsort(a)
 
 
-def scatter_max(out: Any, idx: Any, values: Any) -> None:
-    """``out[idx[j]] = max(out[idx[j]], values[j])`` in place (``cupyx.scatter_max``: atomic
-    maxima).  CuPy's atomics take int32, uint32, uint64 and floats: int64 goes through uint64
-    with the sign bit flipped (an order-preserving map)."""
-    import cupyx
-
+def _atomic_max(out: Any, idx: Any, values: Any) -> None:
+    """``cupy.maximum.at`` (CuPy 14 deprecates ``cupyx.scatter_max`` for it; older CuPy has only
+    the latter)."""
     cp = _cp()
+    at = getattr(cp.maximum, "at", None)
+    if at is not None:
+        at(out, idx, values)
+    else:  # CuPy < 14
+        import cupyx
+
+        cupyx.scatter_max(out, idx, values)
+
+
+def _float_key(x: Any) -> Any:
+    """float64 bits as int64 keys in the floats' order (negative floats' magnitude bits flipped);
+    its own inverse on the bits."""
+    cp = _cp()
+    b = x.view(cp.int64)
+    return cp.where(b < 0, b ^ cp.int64(0x7FFFFFFFFFFFFFFF), b)
+
+
+def scatter_max(out: Any, idx: Any, values: Any) -> None:
+    """``out[idx[j]] = max(out[idx[j]], values[j])`` in place (atomic maxima).  CuPy's atomics
+    take int32, uint32, uint64 and floats: int64 goes through uint64 with the sign bit flipped
+    (an order-preserving map)."""
+    cp = _cp()
+    if out.dtype == cp.float64:  # an order-preserving map of the float's bits to int64 (no NaN)
+        key = _float_key(out)
+        scatter_max(key, idx, _float_key(values.astype(cp.float64, copy=False)))
+        out[...] = _float_key(key).view(cp.float64)
+        return
     if out.dtype != cp.int64:
-        cupyx.scatter_max(out, idx, values.astype(out.dtype, copy=False))
+        _atomic_max(out, idx, values.astype(out.dtype, copy=False))
         return
     sign = cp.uint64(1 << 63)
     u = out.view(cp.uint64) ^ sign
-    cupyx.scatter_max(u, idx, values.astype(cp.int64, copy=False).view(cp.uint64) ^ sign)
+    _atomic_max(u, idx, values.astype(cp.int64, copy=False).view(cp.uint64) ^ sign)
     out[...] = (u ^ sign).view(cp.int64)
 
 

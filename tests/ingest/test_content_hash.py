@@ -11,7 +11,6 @@ import threading
 import time
 from pathlib import Path
 
-import blake3
 import pytest
 
 from gpuclust.dataset import Dataset
@@ -20,6 +19,8 @@ from gpuclust.ingest.api import IngestUsageError
 from gpuclust.ingest.readers.text_pieces import ordered_map as _ordered_map
 
 from .conftest import records, write_json
+
+blake3 = pytest.importorskip("blake3")  # a test dependency; the device image lacks it
 
 
 def _shard(folder: Path, k: int, n: int = 200) -> Path:
