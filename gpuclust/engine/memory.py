@@ -25,8 +25,8 @@ import numpy as np
 
 from gpuclust.schema import SCHEMAS
 
-__all__ = ["DEFAULT_SHARE", "MIN_PARTITION_ROWS", "default_limit", "machine_memory", "parse_size", "partition_rows",
-           "preferred_rows", "row_bytes"]
+__all__ = ["DEFAULT_SHARE", "MIN_PARTITION_ROWS", "available_memory", "default_limit", "machine_memory", "parse_size",
+           "partition_rows", "preferred_rows", "row_bytes"]
 
 #: Share of the machine's memory a run may use when no limit is given.
 DEFAULT_SHARE = 0.75
@@ -70,6 +70,53 @@ def machine_memory() -> int:
         if text.isdigit() and 0 < int(text) < total:
             total = int(text)
     return int(total)
+
+
+def available_memory(meminfo: str = "/proc/meminfo", cgroup: str = "/sys/fs/cgroup") -> int | None:
+    """Bytes that can be allocated now without swapping: the kernel's ``MemAvailable`` (free
+    memory plus the page cache and other memory it can reclaim), or the room left under the
+    cgroup's limit when that is less; ``None`` where neither can be read (not Linux).
+
+    Free memory alone (``SC_AVPHYS_PAGES``) is not it: after reading a dataset most of a machine's
+    memory is page cache, which reads as used (a 24 GiB VM with 23 GiB available showed 2.7 GiB free).
+    """
+    avail = None
+    try:
+        with open(meminfo) as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    avail = int(line.split()[1]) * 1024
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    if avail is None:
+        try:
+            avail = int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+        except (ValueError, OSError, AttributeError):
+            return None
+    # cgroup v2, then v1: the limit less the usage, the usage less its inactive page cache (what
+    # the kernel reclaims first; the cgroup's own "working set")
+    for limit_name, usage_name, stat_name, cache_key in (
+            ("memory.max", "memory.current", "memory.stat", "inactive_file"),
+            ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes", "memory/memory.stat",
+             "total_inactive_file")):
+        try:
+            with open(os.path.join(cgroup, limit_name)) as f:
+                limit = f.read().strip()
+            with open(os.path.join(cgroup, usage_name)) as f:
+                used = int(f.read().strip())
+        except (OSError, ValueError):
+            continue
+        try:
+            with open(os.path.join(cgroup, stat_name)) as f:
+                stat = dict(line.split()[:2] for line in f if len(line.split()) >= 2)
+            used -= int(stat.get(cache_key, 0))
+        except (OSError, ValueError):
+            pass
+        if limit.isdigit():
+            avail = min(avail, max(0, int(limit) - max(0, used)))
+        break
+    return int(avail)
 
 
 def default_limit() -> int:

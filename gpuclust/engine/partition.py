@@ -26,8 +26,9 @@ from gpuclust.arrow_numpy import to_numpy
 from gpuclust.layout import HASH_NAME, KEYS, ORDER, bucket_ids, key_name
 from gpuclust.schema import SCHEMAS
 
-__all__ = ["PartitionSpec", "SideTable", "TableSource", "as_source", "bucket_pieces", "column_to_numpy",
+__all__ = ["PartitionSpec", "Piece", "SideTable", "TableSource", "as_source", "bucket_pieces", "column_to_numpy",
            "copartitioned", "layout_key", "plan_partitions", "whole_instance_plan", "read_arrow", "read_partition", "read_partition_device",
+           "read_piece", "row_group_pieces",
            "side_table", "with_side"]
 
 _T = TypeVar("_T")
@@ -337,7 +338,7 @@ class SideTable:
 
     def batches(self, columns: Sequence[str]) -> Any:
         for p in self.pieces:
-            yield _read_piece(p, self.table, columns)
+            yield read_piece(p, self.table, columns)
 
     def map(self, fn: Callable[[pa.Table], _T], columns: Sequence[str], threads: int = 1) -> list[_T]:
         """``[fn(batch) for batch in self.batches(columns)]``; with ``threads`` > 1, a Parquet row
@@ -346,25 +347,12 @@ class SideTable:
         gain: Arrow's reader and NumPy's kernels do)."""
         if threads <= 1:
             return [fn(b) for b in self.batches(columns)]
-        return list(map_ordered(lambda p: fn(_read_piece(p, self.table, columns)), self.row_group_pieces(), threads,
+        return list(map_ordered(lambda p: fn(read_piece(p, self.table, columns)), self.row_group_pieces(), threads,
                                 name="gpuclust-side"))
 
     def row_group_pieces(self) -> list[Piece]:
-        """The pieces split at their files' row group boundaries (in-memory pieces as they are)."""
-        out = []
-        for p in self.pieces:
-            if p.file is None:
-                out.append(p)
-                continue
-            md = pq.ParquetFile(p.file).metadata
-            off = 0
-            for g in range(md.num_row_groups):
-                n = md.row_group(g).num_rows
-                lo, hi = max(p.start, off), min(p.stop, off + n)
-                if lo < hi:
-                    out.append(Piece(lo, hi, p.file))
-                off += n
-        return out
+        """The pieces split at their files' row group boundaries (see :func:`row_group_pieces`)."""
+        return row_group_pieces(self.pieces)
 
     def read(self, columns: Sequence[str]) -> pa.Table:
         parts = list(self.batches(columns))
@@ -394,7 +382,34 @@ def column_to_numpy(arr: pa.Array | pa.ChunkedArray) -> np.ndarray:
     return np.ascontiguousarray(to_numpy(arr))
 
 
-def _read_piece(p: Piece, table: str, columns: Sequence[str]) -> pa.Table:
+def row_group_pieces(pieces: Sequence[Piece]) -> list[Piece]:
+    """``pieces`` split at their files' row group boundaries, in row order: each reads at most one
+    row group, so that readers can decode them on several threads (in-memory pieces as they are).
+
+    >>> import pyarrow as pa, pyarrow.parquet as pq, tempfile, os
+    >>> f = os.path.join(tempfile.mkdtemp(), "t.parquet")
+    >>> pq.write_table(pa.table({"x": list(range(10))}), f, row_group_size=4)
+    >>> [(p.start, p.stop) for p in row_group_pieces([Piece(2, 9, f)])]
+    [(2, 4), (4, 8), (8, 9)]
+    """
+    out = []
+    for p in pieces:
+        if p.file is None:
+            out.append(p)
+            continue
+        md = pq.ParquetFile(p.file).metadata
+        off = 0
+        for g in range(md.num_row_groups):
+            n = md.row_group(g).num_rows
+            lo, hi = max(p.start, off), min(p.stop, off + n)
+            if lo < hi:
+                out.append(Piece(lo, hi, p.file))
+            off += n
+    return out
+
+
+def read_piece(p: Piece, table: str, columns: Sequence[str]) -> pa.Table:
+    """``columns`` of the rows of one piece as an Arrow table of canonical types."""
     schema = SCHEMAS[table]
     sub = pa.schema([schema.field(c) for c in columns])
     if p.data is not None:
@@ -463,7 +478,7 @@ def read_arrow(spec: PartitionSpec, columns: Sequence[str]) -> pa.Table:
     group read)."""
     schema = SCHEMAS[spec.table]
     sub = pa.schema([schema.field(c) for c in columns])
-    parts = [_read_piece(p, spec.table, columns) for p in spec.pieces]
+    parts = [read_piece(p, spec.table, columns) for p in spec.pieces]
     return pa.concat_tables(parts) if parts else sub.empty_table()
 
 

@@ -155,10 +155,10 @@ def load_partitions(groups: Sequence[Sequence[_partition.PartitionSpec]], column
     """Read ``columns`` once into ``backend`` memory: one dict of arrays per group of partitions
     (the partitions of a group, consecutive, fill consecutive rows of the group's arrays).
 
-    ``threads`` partitions are decoded at once; on the gpu backend each thread copies what it
+    ``threads`` Parquet row groups (of any partitions) are decoded at once; on the gpu backend each thread copies what it
     decoded to the device through its own pinned buffers and stream (see the module docstring),
     so decode, the host->device copies and the next decode overlap.  ``on_done(spec)`` is called
-    as each partition's rows are in place.  Every array is complete when this returns.
+    as each partition's rows are all in place.  Every array is complete when this returns.
     """
     columns = list(columns)
     xp = backend.xp
@@ -166,21 +166,30 @@ def load_partitions(groups: Sequence[Sequence[_partition.PartitionSpec]], column
         return []
     dtypes = column_dtypes(groups[0][0].table, columns)
     out = [{c: xp.empty(sum(s.num_rows for s in g), dtype=dtypes[c]) for c in columns} for g in groups]
-    tasks = []
+    # one task per Parquet row group: a study's few large partitions would otherwise leave all
+    # but a few threads idle (10^7 windows are 2-3 partitions; 16 cores on a device node)
+    tasks: list[tuple[int, int, _partition.PartitionSpec, _partition.Piece]] = []
+    left: dict[int, int] = {}  # a partition's row groups still to load
     for gi, g in enumerate(groups):
         off = 0
         for spec in g:
-            tasks.append((gi, off, spec))
-            off += spec.num_rows
+            pieces = _partition.row_group_pieces(spec.pieces)
+            left[id(spec)] = len(pieces)
+            for p in pieces:
+                tasks.append((gi, off, spec, p))
+                off += p.stop - p.start
+            if not pieces and on_done is not None:
+                on_done(spec)
+    left_lock = threading.Lock()
 
     device = None if backend.name == "cpu" else xp.cuda.Device().id
 
     def host_copy(arr: np.ndarray, off: int, host: np.ndarray) -> None:
         arr[off:off + host.shape[0]] = host
 
-    def one(task: tuple[int, int, _partition.PartitionSpec]) -> None:
-        gi, off, spec = task
-        t = _partition.read_arrow(spec, columns)
+    def one(task: tuple[int, int, _partition.PartitionSpec, _partition.Piece]) -> None:
+        gi, off, spec, piece = task
+        t = _partition.read_piece(piece, spec.table, columns)
         if backend.name == "cpu":
             for arr, o, n, bits, first in _fill(t, out[gi], off, host_copy):
                 fill_nulls(np, arr[o:o + n], bits, first)
@@ -197,7 +206,10 @@ def load_partitions(groups: Sequence[Sequence[_partition.PartitionSpec]], column
                 for arr, o, n, bits, first in nulls:  # only the validity bytes travel: n / 8 of them
                     fill_nulls(xp, arr[o:o + n], xp.asarray(bits), first)
                 xp.cuda.Stream.null.synchronize()
-        if on_done is not None:
+        with left_lock:
+            left[id(spec)] -= 1
+            done = left[id(spec)] == 0
+        if done and on_done is not None:
             on_done(spec)
 
     if threads <= 1 or len(tasks) <= 1:

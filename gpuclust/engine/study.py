@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -37,6 +36,7 @@ from gpuclust.analyses.base import Analysis
 from gpuclust.backends import Backend, get_backend
 from gpuclust.engine import partition as _partition
 from gpuclust.engine.local import contexts, default_workers, finalize_all, host_threads, merge_local, resolve_analyses
+from gpuclust.engine.memory import available_memory
 from gpuclust.engine.staging import LOAD_THREADS, column_dtypes, load_partitions
 from gpuclust.engine.study_workers import WorkerResidency, partials_of
 from gpuclust.schema import SCHEMAS
@@ -77,10 +77,8 @@ def _available_bytes(backend: Backend) -> int:
     if backend.name != "cpu":
         free, _ = backend.xp.cuda.Device().mem_info
         return int(free)
-    try:
-        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-    except (ValueError, OSError, AttributeError):  # not on Linux: no check
-        return 1 << 62
+    avail = available_memory()
+    return 1 << 62 if avail is None else avail  # not on Linux: no check
 
 
 class Study:

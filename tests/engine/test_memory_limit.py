@@ -78,3 +78,41 @@ def test_cli_records_the_budget_and_refuses_a_bad_one(dataset: Dataset, tmp_path
     assert json.loads((out / "_run.json").read_text())["memory_limit"] == 3 << 30
     r = subprocess.run([*cmd, "--memory-limit", "lots"], capture_output=True, text=True)
     assert r.returncode == 2 and "memory limit 'lots'" in r.stderr and "Traceback" not in r.stderr
+
+
+def _fake(tmp_path, meminfo: str, cgroup: dict[str, str]) -> tuple[str, str]:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "meminfo").write_text(meminfo)
+    cg = tmp_path / "cg"
+    for name, text in cgroup.items():
+        (cg / name).parent.mkdir(parents=True, exist_ok=True)
+        (cg / name).write_text(text)
+    cg.mkdir(exist_ok=True)
+    return str(tmp_path / "meminfo"), str(cg)
+
+
+MEMINFO = "MemTotal:       24683520 kB\nMemFree:         3017216 kB\nMemAvailable:   23930880 kB\nCached: 20000000 kB\n"
+
+
+def test_available_memory_counts_the_page_cache_and_the_cgroup_room(tmp_path) -> None:
+    """MemAvailable (free + reclaimable cache), not MemFree; under a cgroup, the room left below its
+    limit, its inactive page cache counted as reclaimable."""
+    from gpuclust.engine.memory import available_memory
+
+    assert available_memory(*_fake(tmp_path / "a", MEMINFO, {})) == 23930880 * 1024
+    v2 = {"memory.max": "8589934592\n", "memory.current": str(6 << 30), "memory.stat": f"anon 1\ninactive_file {3 << 30}\n"}
+    assert available_memory(*_fake(tmp_path / "b", MEMINFO, v2)) == (8 << 30) - (3 << 30)
+    unlimited = {"memory.max": "max\n", "memory.current": str(6 << 30)}
+    assert available_memory(*_fake(tmp_path / "c", MEMINFO, unlimited)) == 23930880 * 1024
+    v1 = {"memory/memory.limit_in_bytes": str(4 << 30), "memory/memory.usage_in_bytes": str(5 << 30),
+          "memory/memory.stat": f"total_inactive_file {2 << 30}\n"}
+    assert available_memory(*_fake(tmp_path / "d", MEMINFO, v1)) == 1 << 30
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/meminfo")
+def test_available_memory_agrees_with_psutil() -> None:
+    psutil = pytest.importorskip("psutil")
+    from gpuclust.engine.memory import available_memory
+
+    got, want = available_memory(), psutil.virtual_memory().available
+    assert got is not None and abs(got - want) <= 0.1 * want + (512 << 20), (got, want)
