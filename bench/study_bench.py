@@ -12,7 +12,8 @@ Each (size, backend) runs in its own process (``--rounds`` times, interleaved ac
 medians reported), which opens the dataset with ``gpuclust.open``, persists the columns every
 registered analysis reads (timed: the load; on a gpu the CUDA context is made before), then runs
 each analysis ``--repeat`` times on the resident data (best time) and all of them in one ``run``
-call.  On a gpu backend one run of all of them comes first, timed apart and reported as
+call, and where each analysis' best run spent its time (``Study.last_run_seconds``: partials,
+merge, finalize, convert).  On a gpu backend one run of all of them comes first, timed apart and reported as
 ``first run s``: it compiles the kernels (CuPy's cache is empty on a fresh machine), which would
 otherwise land in the first analysis' time at ``--repeat 1``.  The parent samples the process
 tree's peak RSS and the whole process' wall time.  On the gpu the child also measures the two
@@ -64,12 +65,15 @@ def child(label: str, ds: Path, repeat: int) -> None:
         t = time.perf_counter()
         study.run(ans)
         out["first_run_s"] = time.perf_counter() - t
+    out["phases"] = {}
     for a in ans:
         best = float("inf")
         for _ in range(repeat):
             t = time.perf_counter()
             study.run(a)
-            best = min(best, time.perf_counter() - t)
+            took = time.perf_counter() - t
+            if took < best:
+                best, out["phases"][a.name] = took, dict(study.last_run_seconds)
         out["analyses"][a.name] = best
     t = time.perf_counter()
     study.run(ans)
@@ -115,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         for b, rs in runs.items():
             med = {k: statistics.median(r[k] for r in rs) for k in ("load_s", "load_gbs", "all_at_once_s", "wall_s", "peak_rss_mib")}
             med["analyses"] = {a: statistics.median(r["analyses"][a] for r in rs) for a in rs[0]["analyses"]}
-            for k in ("ceilings", "load_vs_ceiling", "loaded_bytes", "first_run_s"):
+            for k in ("ceilings", "load_vs_ceiling", "loaded_bytes", "first_run_s", "phases"):
                 if k in rs[0]:
                     med[k] = rs[-1][k]
             rows.append({"size": size, "backend": b, "rounds": len(rs), **med})
@@ -140,6 +144,16 @@ def main(argv: list[str] | None = None) -> int:
         md += ["", "gpu speed-up over cpu on resident data (target: >= 20x):", "",
                "| windows | " + " | ".join(rows[0]["analyses"]) + " | all at once |",
                "|---:|" + "---:|" * (len(rows[0]["analyses"]) + 1), *ratio_lines]
+    phased = [r for r in rows if r.get("phases")]
+    if phased:
+        md += ["", "Where each analysis' best run went, in seconds (`Study.last_run_seconds`, the last round's process): "
+               "partials (on the backend, with their copy back) / merge / finalize / convert:", "",
+               "| analysis | " + " | ".join(f"{r['size']:,} {r['backend']}" for r in phased) + " |",
+               "|---|" + "---|" * len(phased)]
+        for a in rows[0]["analyses"]:
+            md.append(f"| {a} | " + " | ".join(
+                " / ".join(f"{r['phases'][a].get(k, float('nan')):.3f}" for k in ("partials", "merge", "finalize", "convert"))
+                for r in phased) + " |")
     for r in rows:
         if "first_run_s" in r:
             md.append(f"\nFirst run at {r['size']:,} on {r['backend']} (all analyses, kernels compiled): "

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -121,6 +122,12 @@ class Study:
         ``{table: partitions read from the source}``, every :meth:`persist` counted.
     load_seconds, loaded_bytes
         Wall time spent in :meth:`persist` and the bytes it made resident.
+    last_run_seconds
+        Where the wall time of the last :meth:`run` went: ``contexts`` (built on first use),
+        ``partials`` (the analyses' partials over the resident partitions, their copy back to the
+        host included, summed over the engine threads), ``merge`` (the merge phase's wall time
+        less ``partials``: exact with one engine thread, as on the gpu backend), ``finalize`` and
+        ``convert`` (to pandas).
     """
 
     def __init__(self, source: Any, *, backend: str | Backend = "cpu", partitions: int | str = "auto",
@@ -144,6 +151,7 @@ class Study:
         self.partition_reads: dict[str, int] = {}
         self.load_seconds = 0.0
         self.loaded_bytes = 0
+        self.last_run_seconds: dict[str, float] = {}
         self._groups: dict[str, list[list[_partition.PartitionSpec]]] = {}
         self._resident: dict[str, list[dict[str, Any]]] = {}
         self._remote_columns: dict[str, set[str]] = {}
@@ -298,7 +306,10 @@ class Study:
         for a in ans:
             need.setdefault(a.table, set()).update(a.columns, a.context_columns)
         self.persist({t: sorted(c) for t, c in need.items()})
+        clock = time.perf_counter()
         ctxs = [self._context(a) for a in ans]
+        seconds = {"contexts": time.perf_counter() - clock, "partials": 0.0}
+        lock = threading.Lock()
         plans: dict[str, tuple[list[int], list[_partition.PartitionSpec]]] = {}
         for k, a in enumerate(ans):
             idx, _ = plans.setdefault(a.table, ([], [
@@ -310,18 +321,30 @@ class Study:
         shipped = {} if remote is None else dict(zip(map(id, ctxs), remote.scatter(ctxs), strict=True))
 
         def partials(spec: _partition.PartitionSpec, sub: Sequence[Analysis], sub_ctxs: Sequence[Any], _spills: Any = None) -> list[Any]:
+            start = time.perf_counter()
             if remote is not None:  # on the worker holding the partition
-                return remote.partials(spec.table, spec.index, sub, [shipped[id(c)] for c in sub_ctxs], be.name)
-            # index -1: the table's resident partitions as one (whole instances on a flat table)
-            cols = resident[spec.table][spec.index] if spec.index >= 0 else list(resident[spec.table])
-            return partials_of(cols, sub, sub_ctxs, be)
+                out = remote.partials(spec.table, spec.index, sub, [shipped[id(c)] for c in sub_ctxs], be.name)
+            else:  # index -1: the table's resident partitions as one (whole instances on a flat table)
+                cols = resident[spec.table][spec.index] if spec.index >= 0 else list(resident[spec.table])
+                out = partials_of(cols, sub, sub_ctxs, be)
+            with lock:
+                seconds["partials"] += time.perf_counter() - start
+            return out
 
+        clock = time.perf_counter()
         merged = merge_local(plans, ans, ctxs, be, self.workers, progress, partials)
         if whole:
             extra = merge_local(whole, ans, ctxs, be, 1, progress, partials)
             merged = [m if e is None else e for m, e in zip(merged, extra, strict=True)]
-        return convert(finalize_all(ans, merged, ctxs, progress, threads=host_threads(be, self.workers)),
-                       "pandas")  # as engine.run's default
+        seconds["merge"] = max(0.0, time.perf_counter() - clock - seconds["partials"])
+        clock = time.perf_counter()
+        done = finalize_all(ans, merged, ctxs, progress, threads=host_threads(be, self.workers))
+        seconds["finalize"] = time.perf_counter() - clock
+        clock = time.perf_counter()
+        out = convert(done, "pandas")  # as engine.run's default
+        seconds["convert"] = time.perf_counter() - clock
+        self.last_run_seconds = seconds
+        return out
 
     def _whole_instance_plans(self, ans: list[Analysis], plans: dict[str, tuple[list[int], list[Any]]]
                               ) -> dict[str, tuple[list[int], list[Any]]]:

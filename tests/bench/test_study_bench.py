@@ -28,4 +28,11 @@ def test_study_bench_tiny_cpu(tmp_path, monkeypatch):
     assert [r["backend"] for r in res["rows"]] == ["cpu", "cpu+local:2"] and "environment" in res
     local, cluster = res["rows"]
     assert local["analyses"].keys() == cluster["analyses"].keys() and cluster["loaded_bytes"] == local["loaded_bytes"]
-    assert "Environment:" in (tmp_path / "s.md").read_text()
+    md = (tmp_path / "s.md").read_text()
+    assert "Environment:" in md and "Where each analysis' best run went" in md
+    for r in (local, cluster):  # each analysis' phases (partials are summed over threads: not bounded by the wall)
+        assert r["phases"].keys() == r["analyses"].keys()
+        for a, ph in r["phases"].items():
+            assert set(ph) == {"contexts", "partials", "merge", "finalize", "convert"}
+            rest = ph["contexts"] + ph["merge"] + ph["finalize"] + ph["convert"]
+            assert 0 < ph["partials"] and rest <= r["analyses"][a] + 1e-3, (a, ph)

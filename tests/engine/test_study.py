@@ -119,6 +119,35 @@ def test_each_partition_read_once_whatever_the_number_of_analyses(dataset, read_
     assert sum(v for (f, how), v in reads_one.items() if how == "row_groups" and f != "instance_events") == usage_reads
 
 
+def test_last_run_seconds_says_where_the_time_went(dataset, monkeypatch):
+    """A partial and a finalize slowed by a known sleep show up in their own phase; the phases
+    add up to no more than the run's wall time (one engine thread, so partials are wall time)."""
+    from gpuclust.analyses.cell_usage import CellUsage
+
+    study = gpuclust.open(dataset, partitions=4, workers=1).persist()
+    study.run("cell-usage")
+    assert set(study.last_run_seconds) == {"contexts", "partials", "merge", "finalize", "convert"}
+    slow_partial, slow_finalize = CellUsage.partial, CellUsage.finalize
+
+    def partial(self, *a, **k):
+        time.sleep(0.05)
+        return slow_partial(self, *a, **k)
+
+    def finalize(self, *a, **k):
+        time.sleep(0.3)
+        return slow_finalize(self, *a, **k)
+
+    monkeypatch.setattr(CellUsage, "partial", partial)
+    monkeypatch.setattr(CellUsage, "finalize", finalize)
+    t = time.perf_counter()
+    study.run("cell-usage")
+    wall = time.perf_counter() - t
+    sec = study.last_run_seconds
+    assert sec["partials"] >= 4 * 0.05 and sec["finalize"] >= 0.3, sec
+    assert sec["merge"] < 0.2 and sec["contexts"] < 0.2, sec  # the context is built once, on the first run
+    assert sum(sec.values()) <= wall + 1e-3, (sec, wall)
+
+
 def test_joined_partitions_give_the_same_result(dataset, reference):
     """Consecutive loads filling one resident partition (the gpu layout) at the right offsets."""
     study = gpuclust.open(dataset, partitions=6, workers=1, run_rows=4000, load_threads=3).persist()
