@@ -12,15 +12,25 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-__all__ = ["client_threads", "map_ordered", "threads"]
+__all__ = ["client_threads", "map_ordered", "threads", "usable_cores"]
 
 _T = TypeVar("_T")
 
 _threads: contextvars.ContextVar[int] = contextvars.ContextVar("gpuclust_client_threads", default=1)
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask: container and batch-job pinning
+    respected; all the machine's cores where there is no mask)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not on Linux
+        return max(1, os.cpu_count() or 1)
 
 
 @contextlib.contextmanager

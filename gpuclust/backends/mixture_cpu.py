@@ -17,13 +17,13 @@ Three ops, same names and signatures as in ``backends/mixture_gpu.py``:
 
 from __future__ import annotations
 
-import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
+from gpuclust._parallel import usable_cores
 from gpuclust.backends import ENGINE_THREAD_PREFIX
 from gpuclust.backends.cpu import check_1d
 from gpuclust.schema import CPU_PERCENTILE_LEVELS_SORTED
@@ -412,10 +412,7 @@ def _threads() -> int:
         return max(1, int(THREADS))
     if threading.current_thread().name.startswith(ENGINE_THREAD_PREFIX):
         return 1
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
+    return usable_cores()
 
 
 def order_key(xp: Any, bits: Any) -> Any:

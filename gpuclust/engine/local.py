@@ -8,7 +8,6 @@ partition.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -16,7 +15,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from gpuclust._memory import tune_allocator
-from gpuclust._parallel import client_threads, map_ordered
+from gpuclust._parallel import client_threads, map_ordered, usable_cores
 from gpuclust.analyses.base import Analysis, to_host
 from gpuclust.backends import ENGINE_THREAD_PREFIX, Backend, get_backend
 from gpuclust.engine import memory as _memory
@@ -116,10 +115,7 @@ def default_workers(backend: Backend | str) -> int:
     """Threads for the local path: the usable CPU cores on the cpu backend, 1 on the gpu backend."""
     if get_backend(backend).name != "cpu":
         return 1
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
+    return usable_cores()
 
 
 def host_threads(be: Backend, nthreads: int) -> int:

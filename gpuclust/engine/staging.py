@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from gpuclust._parallel import usable_cores
 from gpuclust.arrow_numpy import null_value
 from gpuclust.backends import Backend
 from gpuclust.engine import partition as _partition
@@ -28,10 +29,13 @@ from gpuclust.schema import SCHEMAS
 
 __all__ = ["LOAD_THREADS", "STAGING_BYTES", "column_dtypes", "fill_nulls", "load_partitions"]
 
-#: Host threads that decode partitions at once (each also drives its own copy stream).  On an
-#: H100 node (16 cores) 3 threads loaded 10^7 windows' columns at 2.2-2.5 GB/s, 6 at 2.7-3.1,
-#: 12 at 2.8-2.9 (bench/results/h100-2026-11-23/).
-LOAD_THREADS = 6
+#: Host threads that decode Parquet row groups at once (each also drives its own copy stream and
+#: pair of pinned buffers): the usable cores, at most 12.  Decoding is CPU-bound and runs without
+#: the GIL, so threads beyond the cores only hold more row groups in memory: on the 2-core VM, 2
+#: threads persisted 1.6e7 windows as fast as 6 (3.9-4.8 against 4.6-6.1 s) in 1.5 GiB less
+#: RSS.  (The H100 node's 3 / 6 / 12-thread loads of 2026-11-23 were decoding whole
+#: partitions, 2-3 of them, so they could not tell.)
+LOAD_THREADS = min(12, max(2, usable_cores()))
 #: Size of each of a loading thread's two page-locked staging buffers.
 STAGING_BYTES = 64 << 20
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from gpuclust._parallel import usable_cores
 from gpuclust.dataset import MANIFEST, REJECTS_DIR, fsync_dir, new_manifest, write_json_atomic
 from gpuclust.ingest import content_hash
 from gpuclust.ingest.base import ReadOptions, SourceFile
@@ -342,14 +343,6 @@ class _ManifestWriter:
         limit = os.environ.get(KILL_AFTER_MANIFESTS_ENV)
         if limit and self.writes >= int(limit):
             os.kill(os.getpid(), signal.SIGKILL)
-
-
-def _usable_cpus() -> int:
-    """CPUs this process may run on (respects affinity / container pinning)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def _resolve_progress(progress: Any) -> Progress | None:
@@ -673,7 +666,7 @@ def _run(
         if prog is not None:
             prog.file_done(res)
 
-    nworkers = workers if workers is not None else _usable_cpus()
+    nworkers = workers if workers is not None else usable_cores()
     if nworkers < 1:
         raise IngestUsageError(f"workers must be >= 1, got {nworkers}")
     todo.sort(key=lambda t: -t[1].path.stat().st_size)  # big files first balances the pool

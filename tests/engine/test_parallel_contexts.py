@@ -132,3 +132,23 @@ def test_engine_builds_contexts_on_its_threads(tmp_path: Path, monkeypatch: pyte
     assert seen == [2, 1]
     for name, df in one.items():
         assert df.equals(two[name]), name
+
+
+def test_usable_cores_follow_the_affinity_mask_else_the_machine(monkeypatch):
+    import os
+
+    from gpuclust import _parallel
+    from gpuclust.engine import staging
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 3, 5}, raising=False)
+    assert _parallel.usable_cores() == 3
+
+    def no_mask(pid):
+        raise AttributeError("sched_getaffinity")  # not on Linux
+
+    monkeypatch.setattr(os, "sched_getaffinity", no_mask, raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 7)
+    assert _parallel.usable_cores() == 7
+    monkeypatch.setattr(os, "cpu_count", lambda: None)
+    assert _parallel.usable_cores() == 1
+    assert 2 <= staging.LOAD_THREADS <= 12
