@@ -159,6 +159,11 @@ class Analysis:
     #: instance-bucketed dataset, or as one partition of a flat one (never cut: see
     #: :func:`gpuclust.engine.partition.whole_instance_plan`).
     whole_instances: ClassVar[bool] = False
+    #: Whether :meth:`finalize` takes a partial whose arrays are still in device memory (it moves
+    #: to the host what it reads there).  A local study on a device keeps such an analysis'
+    #: partial on the device when nothing merges it (its table is one resident partition),
+    #: instead of copying it to the host and, for a finalize on the device, back again.
+    device_partial: ClassVar[bool] = False
     #: Rows per partition it prefers for ``partitions="auto"`` (None: the engine's target; see
     #: :func:`gpuclust.engine.memory.preferred_rows` and :meth:`auto_rows`).
     auto_partition_rows: ClassVar[int | None] = None

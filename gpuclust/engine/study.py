@@ -29,6 +29,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from gpuclust._lazy import pandas as pd
@@ -318,6 +319,13 @@ class Study:
             idx.append(k)
         be, resident, remote = self.backend, self._resident, self._remote
         whole = self._whole_instance_plans(ans, plans)
+        # partials nothing merges (their table is one resident partition) stay in device memory
+        # for the analyses whose finalize takes them there (Analysis.device_partial)
+        stay: set[int] = set()
+        if remote is None and be.xp is not np:
+            for idx, specs in (*plans.values(), *whole.values()):
+                if len(specs) == 1:
+                    stay.update(id(ans[k]) for k in idx if ans[k].device_partial)
         shipped = {} if remote is None else dict(zip(map(id, ctxs), remote.scatter(ctxs), strict=True))
 
         def partials(spec: _partition.PartitionSpec, sub: Sequence[Analysis], sub_ctxs: Sequence[Any], _spills: Any = None) -> list[Any]:
@@ -326,7 +334,7 @@ class Study:
                 out = remote.partials(spec.table, spec.index, sub, [shipped[id(c)] for c in sub_ctxs], be.name)
             else:  # index -1: the table's resident partitions as one (whole instances on a flat table)
                 cols = resident[spec.table][spec.index] if spec.index >= 0 else list(resident[spec.table])
-                out = partials_of(cols, sub, sub_ctxs, be)
+                out = partials_of(cols, sub, sub_ctxs, be, [id(a) in stay for a in sub])
             with lock:
                 seconds["partials"] += time.perf_counter() - start
             return out

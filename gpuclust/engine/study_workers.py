@@ -37,15 +37,21 @@ from gpuclust.engine.staging import load_partitions
 __all__ = ["WorkerResidency", "partials_of"]
 
 
-def partials_of(cols: Any, analyses: Sequence[Analysis], ctxs: Sequence[Any], backend: Any) -> list[Any]:
-    """Each analysis' partial over resident columns, moved to host memory.  ``cols``: one resident
-    partition's ``{column: array}``, or a list of them, joined first (whole instances on a flat
-    table: the partitions as one)."""
+def partials_of(cols: Any, analyses: Sequence[Analysis], ctxs: Sequence[Any], backend: Any,
+                keep: Sequence[bool] | None = None) -> list[Any]:
+    """Each analysis' partial over resident columns, moved to host memory (but where ``keep``
+    says to leave it in backend memory: see :attr:`Analysis.device_partial`).  ``cols``: one
+    resident partition's ``{column: array}``, or a list of them, joined first (whole instances on a
+    flat table: the partitions as one)."""
     if isinstance(cols, list):
         need = sorted({c for a in analyses for c in a.columns})
         cols = {c: backend.xp.concatenate([r[c] for r in cols]) for c in need}
-    return [to_host(a.partial({c: cols[c] for c in a.columns}, ctx, backend))
-            for a, ctx in zip(analyses, ctxs, strict=True)]
+    keep = keep or [False] * len(analyses)
+    out = []
+    for a, ctx, stay in zip(analyses, ctxs, keep, strict=True):
+        p = a.partial({c: cols[c] for c in a.columns}, ctx, backend)
+        out.append(p if stay else to_host(p))
+    return out
 
 
 def _load(group: Sequence[_partition.PartitionSpec], columns: Sequence[str], backend_name: str,

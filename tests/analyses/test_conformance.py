@@ -163,6 +163,29 @@ def test_single_rows(analysis, edge_backend, tables):
 
 
 @settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(tables=cell(), gpu=st.booleans())
+def test_device_partial_finalizes_where_it_is(analysis, tables, gpu, monkeypatch):
+    """An analysis with ``device_partial`` finalizes a partial whose arrays are still on the device
+    (as a local gpu study leaves it, nothing having merged it): the cpu's result, with no implicit
+    conversion of a device array.  Marked as computed on the gpu, it finalizes there; marked cpu
+    (a client without a device), on the host."""
+    from device_backend import DEVICE, resolve_gpu_to_device
+
+    if not analysis.device_partial:
+        pytest.skip("its partials always reach finalize in host memory")
+    src = TableSource(tables)
+    ctx = context_of(analysis, src)
+    t = tables[analysis.table]
+    want = analysis.finalize(partial_of(analysis, t, ctx, get_backend("cpu")), ctx)
+    with monkeypatch.context() as mp:
+        resolve_gpu_to_device(mp)
+        p = analysis.partial({c: DEVICE.asarray(column_to_numpy(t.column(c))) for c in analysis.columns}, ctx, DEVICE)
+        assert any(hasattr(v, "__cuda_array_interface__") for v in p.values() if not isinstance(v, (dict, str)))
+        got = analysis.finalize({**p, "backend": "gpu" if gpu else "cpu"}, ctx)
+    assert_results_equal(got, want)
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(tables=cell())
 def test_finalize_on_the_device_shaped_backend(analysis, tables, monkeypatch):
     """A partial marked as computed on the gpu finalizes on the gpu backend (peak-prediction's

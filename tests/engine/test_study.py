@@ -92,6 +92,31 @@ def test_study_on_the_generic_backend_matches_run(dataset, reference):
     assert_same(study.run(names()), reference, rtol=1e-9)
 
 
+@pytest.mark.parametrize("partitions", [1, 3])
+def test_device_partials_stay_on_the_device_when_nothing_merges_them(dataset, reference, monkeypatch, partitions):
+    """On a device (the device-shaped backend), usage-distribution's partial (Analysis.device_partial)
+    reaches finalize in device memory when its table is one resident partition, and in host
+    memory when partitions are merged; cell-usage's always in host memory; the results are
+    ``run``'s on the cpu either way."""
+    from device_backend import DEVICE, resolve_gpu_to_device
+
+    from gpuclust.analyses.cell_usage import CellUsage
+    from gpuclust.analyses.usage_distribution import UsageDistribution
+
+    resolve_gpu_to_device(monkeypatch)
+    seen: dict[str, bool] = {}
+    for cls in (UsageDistribution, CellUsage):
+        def spy(self, partial, ctx, real=cls.finalize):
+            seen[self.name] = any(hasattr(v, "__cuda_array_interface__") for v in partial.values())
+            return real(self, partial, ctx)
+
+        monkeypatch.setattr(cls, "finalize", spy)
+    study = gpuclust.open(dataset, backend=DEVICE, partitions=partitions, workers=1).persist()
+    got = study.run(["usage-distribution", "cell-usage"])
+    assert seen == {"usage-distribution": partitions == 1, "cell-usage": False}
+    assert_same(got, {n: reference[n] for n in ("usage-distribution", "cell-usage")}, rtol=1e-9)
+
+
 def test_each_partition_read_once_whatever_the_number_of_analyses(dataset, read_log):
     usage_specs = plan_partitions(dataset, "instance_usage", 4)
     one = gpuclust.open(dataset, partitions=4, workers=2).persist()
