@@ -220,3 +220,39 @@ def test_many_streams_check_their_batches():
         stream_quantiles_many(lambda: iter([]), 0, [0.5])
     with pytest.raises(ValueError, match=r"^stream_quantiles: NaN in the input$"):
         stream_quantiles_many(lambda: iter([(np.array([1.0]), np.array([np.nan]))]), 2, [0.5])
+
+
+@settings(max_examples=60, deadline=None)
+@given(values=st.lists(st.one_of(st.sampled_from(SPECIAL[2:]), st.floats(-1e6, 1e6, allow_nan=False)), min_size=1,
+                       max_size=300),
+       cuts=st.lists(st.integers(0, 300), max_size=4),
+       qs=st.lists(st.floats(0, 1), min_size=1, max_size=6))
+def test_backend_quantiles_equal_np_quantile_on_every_backend(values, cuts, qs):
+    """On the device-shaped backend (the device path: one sort of the copied values, only the order
+    statistics back) and the generic one, np.quantile's result, as stream_quantiles on the cpu.
+    (Zeros of both signs are left out: their sign may differ, as documented.)"""
+    from device_backend import DEVICE
+    from generic_backend import GENERIC
+
+    from gpuclust.backends import get_backend
+    from gpuclust.stream_quantiles import backend_quantiles
+
+    x = np.array(values, dtype=np.float64)
+    parts = np.split(x, sorted(c for c in cuts if c <= x.size))
+    with np.errstate(invalid="ignore"):
+        want = np.quantile(x, qs)
+        for be in (get_backend("cpu"), GENERIC, DEVICE):
+            got = backend_quantiles(be, lambda: iter(parts), qs)
+            assert isinstance(got, np.ndarray)
+            np.testing.assert_array_equal(got, want)
+
+
+def test_backend_quantiles_refuse_nan_and_nothing():
+    from device_backend import DEVICE
+
+    from gpuclust.stream_quantiles import backend_quantiles
+
+    with pytest.raises(ValueError, match="NaN"):
+        backend_quantiles(DEVICE, lambda: iter([np.array([1.0, np.nan])]), [0.5])
+    with pytest.raises(ValueError, match="no values"):
+        backend_quantiles(DEVICE, lambda: iter([]), [0.5])

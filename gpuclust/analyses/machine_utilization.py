@@ -37,6 +37,7 @@ from gpuclust.analyses.base import Analysis, fmt, null_int
 from gpuclust.analyses.grouping import bucket_pieces
 from gpuclust.analyses.options import option
 from gpuclust.arrow_numpy import schema_table, table, table_from_rows
+from gpuclust.backends import finalize_backend, merged_backend
 from gpuclust.parted import column_batches, finalize_in_memory
 from gpuclust.partials import merge_keyed
 from gpuclust.schema import TIME_AFTER_TRACE
@@ -133,7 +134,7 @@ class MachineUtilization(Analysis):
     # ---------------------------------------------------------------- partial / merge
     def empty(self, backend: Any = None) -> dict[str, Any]:
         return {"u": {"key": np.zeros(0, np.int64), **{f: np.zeros(0, _COUNTS.get(f, np.float64)) for f in _FIELDS}},
-                "stats": np.zeros(len(STATS), np.int64)}
+                "stats": np.zeros(len(STATS), np.int64), "backend": getattr(backend, "name", "cpu")}
 
     def partial(self, cols: dict[str, Any], ctx: MachineUtilizationContext, backend: Any) -> dict[str, Any]:
         """Per (machine, bucket) key ``code * span + bucket``: the sums, known counts and windows.
@@ -147,7 +148,7 @@ class MachineUtilization(Analysis):
         n = int(s.shape[0])
         stats = dict.fromkeys(STATS, 0)
         stats["rows"] = n
-        out = self.empty()
+        out = self.empty(backend)
         table = ctx.machines if ctx.machines is not None else MachineHash.build(ctx.machine_ids)
         cells = int(ctx.machine_ids.shape[0]) * ctx.span
         block = getattr(backend.ops, "lookup_block_rows", None) or max(n, 1)
@@ -213,14 +214,16 @@ class MachineUtilization(Analysis):
         return out
 
     def merge(self, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-        return {"u": merge_keyed(_widen(a["u"]), _widen(b["u"])), "stats": a["stats"] + b["stats"]}
+        return {"u": merge_keyed(_widen(a["u"]), _widen(b["u"])), "stats": a["stats"] + b["stats"],
+                "backend": merged_backend(a["backend"], b["backend"])}
 
     # ---------------------------------------------------------------- shards
     def split(self, partial: dict[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, np.ndarray]]]:
-        return {"stats": partial["stats"]}, {"u": {f: np.asarray(v) for f, v in partial["u"].items()}}
+        return ({"stats": partial["stats"], "backend": partial["backend"]},
+                {"u": {f: np.asarray(v) for f, v in partial["u"].items()}})
 
     def merge_rest(self, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-        return {"stats": a["stats"] + b["stats"]}
+        return {"stats": a["stats"] + b["stats"], "backend": merged_backend(a["backend"], b["backend"])}
 
     def shards(self, ctx: MachineUtilizationContext, rest: dict[str, Any]) -> list[tuple[int, int]]:
         """Ranges of machine codes of at most about :data:`SHARD_CELLS` machine-buckets each, of
@@ -276,8 +279,9 @@ class MachineUtilization(Analysis):
         """The summary, quantile, series and info tables, as Arrow tables (see
         :mod:`gpuclust.tables`): the quantiles read the machine table a column at a time
         (:func:`gpuclust.parted.column_batches`), so a run without plots never imports pandas."""
-        from gpuclust.stream_quantiles import stream_quantiles
+        from gpuclust.stream_quantiles import backend_quantiles
 
+        be = finalize_backend(rest["backend"])  # the exact quantiles: a sort on the device, where there is one
         machine = tables["machine"]
         rows, qrows = [], []
         series: dict[str, Any] = {"bucket": np.arange(ctx.span, dtype=np.int64)}
@@ -295,7 +299,7 @@ class MachineUtilization(Analysis):
             series[f"{r}_machines"] = known
             unknown = sum(e[r]["unknown"] for e in extras)
             if n + unknown:  # no rows for a resource without machine-buckets (an empty input)
-                qs = stream_quantiles(values, QUANTILES) if n else np.full(len(QUANTILES), np.nan)
+                qs = backend_quantiles(be, values, QUANTILES) if n else np.full(len(QUANTILES), np.nan)
                 qrows += [{"resource": r, "quantile": q, "util": float(v)} for q, v in zip(QUANTILES, qs, strict=True)]
                 over = sum(e[r]["over"] for e in extras)
                 rows.append({"resource": r, "machine_buckets": n + unknown, "known": n, "unknown": unknown,
