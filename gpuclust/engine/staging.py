@@ -36,8 +36,11 @@ __all__ = ["LOAD_THREADS", "STAGING_BYTES", "column_dtypes", "fill_nulls", "load
 #: RSS.  (The H100 node's 3 / 6 / 12-thread loads of 2026-11-23 were decoding whole
 #: partitions, 2-3 of them, so they could not tell.)
 LOAD_THREADS = min(12, max(2, usable_cores()))
-#: Size of each of a loading thread's two page-locked staging buffers.
-STAGING_BYTES = 64 << 20
+#: Size of each of a loading thread's two page-locked staging buffers: a row group's column of
+#: 2^20 int64 / float64 rows (8 MiB) in one copy, larger chunks in several.  Pinning is paid once
+#: per process, and costs more than a partition's copies (H100 node, 2026-11-23): 12 threads x
+#: 2 x 16 MiB are 384 MiB pinned, where 64 MiB buffers would be 1.5 GiB.
+STAGING_BYTES = 16 << 20
 
 
 class _Stager:
