@@ -58,12 +58,20 @@ def parse_size(value: Any) -> int | None:
     return n
 
 
+#: Where the cgroup's memory accounting is, under ``/sys/fs/cgroup``: v2, then v1 (limit, usage,
+#: stat file, and the stat's inactive page cache, which the kernel reclaims first).
+_CGROUP_FILES = (("memory.max", "memory.current", "memory.stat", "inactive_file"),
+                 ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes", "memory/memory.stat",
+                  "total_inactive_file"))
+_CGROUP_ROOT = "/sys/fs/cgroup"
+
+
 def machine_memory() -> int:
     """Physical memory, or the cgroup's limit when that is lower (containers, batch jobs)."""
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+    for limit_name, *_ in _CGROUP_FILES:
         try:
-            with open(path) as f:
+            with open(os.path.join(_CGROUP_ROOT, limit_name)) as f:
                 text = f.read().strip()
         except OSError:
             continue
@@ -72,7 +80,7 @@ def machine_memory() -> int:
     return int(total)
 
 
-def available_memory(meminfo: str = "/proc/meminfo", cgroup: str = "/sys/fs/cgroup") -> int | None:
+def available_memory(meminfo: str = "/proc/meminfo", cgroup: str = _CGROUP_ROOT) -> int | None:
     """Bytes that can be allocated now without swapping: the kernel's ``MemAvailable`` (free
     memory plus the page cache and other memory it can reclaim), or the room left under the
     cgroup's limit when that is less; ``None`` where neither can be read (not Linux).
@@ -94,12 +102,8 @@ def available_memory(meminfo: str = "/proc/meminfo", cgroup: str = "/sys/fs/cgro
             avail = int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
         except (ValueError, OSError, AttributeError):
             return None
-    # cgroup v2, then v1: the limit less the usage, the usage less its inactive page cache (what
-    # the kernel reclaims first; the cgroup's own "working set")
-    for limit_name, usage_name, stat_name, cache_key in (
-            ("memory.max", "memory.current", "memory.stat", "inactive_file"),
-            ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes", "memory/memory.stat",
-             "total_inactive_file")):
+    # the cgroup's limit less its usage, the usage less its inactive page cache (its "working set")
+    for limit_name, usage_name, stat_name, cache_key in _CGROUP_FILES:
         try:
             with open(os.path.join(cgroup, limit_name)) as f:
                 limit = f.read().strip()
