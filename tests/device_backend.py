@@ -34,7 +34,8 @@ from gpuclust.backends import Backend
 __all__ = ["DEVICE", "DeviceArray"]
 
 def _dev(x: Any) -> Any:
-    """Wrap NumPy results (arrays, scalars of a reduction, tuples / lists of them) as device ones."""
+    """Wrap NumPy results (arrays, scalars of a reduction, tuples / lists of them, the arrays of a
+    dataclass such as :class:`gpuclust.partials.Moments`) as device ones."""
     if isinstance(x, np.ndarray):
         return DeviceArray(x)
     if isinstance(x, np.generic):
@@ -43,6 +44,8 @@ def _dev(x: Any) -> Any:
         return tuple(_dev(v) for v in x)
     if isinstance(x, list):
         return [_dev(v) for v in x]
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):  # e.g. Moments: a kernel's arrays
+        return dataclasses.replace(x, **{f.name: _dev(getattr(x, f.name)) for f in dataclasses.fields(x)})
     return x
 
 

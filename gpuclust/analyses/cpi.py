@@ -49,7 +49,8 @@ from gpuclust.analyses.base import Analysis, fmt, is_null_int, resolve_tier_map
 from gpuclust.analyses.grouping import bucket_index
 from gpuclust.analyses.options import option, tier_map_option
 from gpuclust.arrow_numpy import valid as arrow_valid
-from gpuclust.backends.moments_cpu import grouped_comoments, regroup_moments
+from gpuclust.backends import finalize_backend, merged_backend
+from gpuclust.backends.moments_cpu import regroup_moments
 from gpuclust.parted import finalize_in_memory
 from gpuclust.partials import Moments, keyed_reduce, log_bins, merge_keyed
 from gpuclust.schema import TierMap, tier_map
@@ -155,13 +156,13 @@ def _trace_window(source: Any) -> tuple[int, int] | None:
     return None
 
 
-def _cell_seconds(cell: np.ndarray, window: tuple[int, int] | None) -> np.ndarray:
+def _cell_seconds(xp: Any, cell: Any, window: tuple[int, int] | None) -> Any:
     """Length in seconds of each 300 s cell inside the trace window (300 when it is unknown)."""
     if window is None:
-        return np.full(cell.shape, CELL_US / 1e6)
-    lo = np.maximum(cell * CELL_US, window[0])
-    hi = np.minimum((cell + 1) * CELL_US, window[1])
-    return np.maximum(hi - lo, 0).astype(np.float64) / 1e6
+        return xp.full(cell.shape, CELL_US / 1e6)
+    lo = xp.maximum(cell * CELL_US, window[0])
+    hi = xp.minimum((cell + 1) * CELL_US, window[1])
+    return xp.maximum(hi - lo, 0).astype(xp.float64) / 1e6
 
 
 def _platform_lookup(me: Any) -> dict[str, Any]:
@@ -417,7 +418,7 @@ class Cpi(Analysis):
                                                            unmatched=n, what="cpi tier lookup"))
 
     # ---------------------------------------------------------------- partial / merge
-    def empty(self, backend: Any = None) -> dict[str, np.ndarray]:
+    def empty(self, backend: Any = None) -> dict[str, Any]:
         b = self.spearman_bins
         out: dict[str, np.ndarray] = {**_moments_fields("g_", 2)}
         out["g_grid"] = np.zeros((0, b, b)) if self.spearman == "grid" else np.zeros((0, 0, 0))
@@ -428,7 +429,7 @@ class Cpi(Analysis):
                         for f in fields})
         out["counts"] = np.zeros(len(COUNTERS), np.int64)
         out["stats"] = np.zeros(len(_STATS), np.int64)
-        return out
+        return out | {"backend": getattr(backend, "name", "cpu")}
 
     @staticmethod
     def _machine_index(backend: Any, ctx: CpiContext, mid: Any) -> tuple[Any, Any] | None:
@@ -492,7 +493,7 @@ class Cpi(Analysis):
         idx, y, z, w, fc = filter_rows(xp, ctx.filter, cols)
         counts = dict.fromkeys(COUNTERS, 0)
         counts.update(fc)
-        out: dict[str, Any] = {k: xp.asarray(v) for k, v in self.empty().items()}
+        out: dict[str, Any] = {k: v if k == "backend" else xp.asarray(v) for k, v in self.empty(backend).items()}
         regress = self.regression != "none"
         # the regression's machine-cell sums run over every top-level row, kept or not
         mall = self._cell_sums(cols, ctx, backend, out) if regress else None
@@ -606,8 +607,8 @@ class Cpi(Analysis):
                                                                {"k": None, "bad": bad.astype(xp.int64)}).items()})
         return m2, known, cp, has_cap
 
-    def merge(self, a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        out = _merge_keyed_moments(a, b, "g_", ("g_grid",))
+    def merge(self, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = _merge_keyed_moments(a, b, "g_", ("g_grid",))
         out.update({k: np.concatenate([a[k], b[k]]) for k in ("s_key", "s_x", "s_y", "s_w")})
         for pre in KEYED:
             if pre + "_key" in a:  # not in a split's rest
@@ -615,6 +616,7 @@ class Cpi(Analysis):
                 out.update({f"{pre}_{k}": v for k, v in merge_keyed(ka, kb).items()})
         out["counts"] = a["counts"] + b["counts"]
         out["stats"] = a["stats"] + b["stats"]
+        out["backend"] = merged_backend(a["backend"], b["backend"])
         return out
 
     # ---------------------------------------------------------------- shards (regression)
@@ -641,15 +643,18 @@ class Cpi(Analysis):
         return lo * per, hi * per
 
     @staticmethod
-    def _util(c: dict[str, np.ndarray], ctx: CpiContext) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _util(c: dict[str, Any], ctx: CpiContext, be: Any = None) -> tuple[Any, Any, Any]:
         """Capacity-machine index, cell and utilisation of merged ``c`` sums (NaN when a row's CPU
-        time is unknown or the cell lies outside the trace window)."""
-        key = np.asarray(c["key"], np.int64)
+        time is unknown or the cell lies outside the trace window), on backend ``be`` (default:
+        the host) given ``c`` there."""
+        xp = np if be is None else be.xp
+        key = c["key"].astype(xp.int64, copy=False)
         span = max(ctx.cell_span, 1)
         m, cell = key // span, key % span
-        denom = _cell_seconds(cell, ctx.trace_window_us) * ctx.cap_val[m]
+        denom = xp.asarray(_cell_seconds(xp, cell, ctx.trace_window_us))
+        denom *= ctx.cap_val[m] if be is None else be.stage(ctx.cap_val)[m]
         with np.errstate(invalid="ignore", divide="ignore"):
-            u = np.where((c["bad"] == 0) & (denom > 0), c["cpu_seconds"] / np.where(denom > 0, denom, 1.0), np.nan)
+            u = xp.where((c["bad"] == 0) & (denom > 0), c["cpu_seconds"] / xp.where(denom > 0, denom, 1.0), xp.nan)
         return m, cell, u
 
     def machine_cells(self, c: dict[str, np.ndarray], ctx: CpiContext) -> pd.DataFrame:
@@ -661,44 +666,58 @@ class Cpi(Analysis):
                        lo: int, hi: int) -> tuple[dict[str, Any], dict[str, Any]]:
         """Machines ``[lo, hi)``: their machine-cells' ``k`` and ``util``, joined to the kept
         windows' (machine, cell, platform) sums: per-platform co-moments of (CPI, util, ntasks)
-        and the binned sums, with the regression counters (no parted tables)."""
-        ck, k = np.asarray(keyed["c"]["key"], np.int64), np.asarray(keyed["c"]["k"], np.int64)
-        u = self._util(keyed["c"], ctx)[2]
-        wk = keyed["w"]
+        and the binned sums, with the regression counters (no parted tables).  The join and the
+        sums run on the backend the partials were computed on (:func:`finalize_backend`: the
+        device under ``backend="gpu"``); the extra comes back to the host."""
+        be = finalize_backend(rest["backend"])
+        xp = be.xp
+        c = {f: be.asarray(v) for f, v in keyed["c"].items()}
+        wk = {f: be.asarray(v) for f, v in keyed["w"].items()}
+        ck, k = c["key"].astype(xp.int64, copy=False), c["k"].astype(xp.int64, copy=False)
+        u = self._util(c, ctx, be)[2]
         NP = ctx.n_platforms
         pl = wk["key"] % NP
         cell_key = wk["key"] // NP
-        pos = np.searchsorted(ck, cell_key)
-        posc = np.clip(pos, 0, max(ck.shape[0] - 1, 0))
-        found = (pos < ck.shape[0]) & (ck[posc] == cell_key) if ck.shape[0] else np.zeros(pos.shape[0], dtype=bool)
-        uu = np.where(found, u[posc], np.nan) if ck.shape[0] else np.full(pos.shape[0], np.nan)
-        use = found & np.isfinite(uu)
-        n = np.asarray(wk["n"], np.int64)
+        nc = int(ck.shape[0])
+        if nc:
+            pos = xp.searchsorted(ck, cell_key)
+            posc = xp.clip(pos, 0, nc - 1)
+            found = (pos < nc) & (ck[posc] == cell_key)
+            uu = xp.where(found, u[posc], xp.nan)
+        else:
+            posc = xp.zeros(int(cell_key.shape[0]), xp.int64)
+            found = xp.zeros(int(cell_key.shape[0]), dtype=bool)
+            uu = xp.full(int(cell_key.shape[0]), xp.nan)
+        use = found & xp.isfinite(uu)
+        n = wk["n"].astype(xp.int64, copy=False)
         counts = dict.fromkeys(COUNTERS, 0)
         counts.update(no_machine_cell=int(n[~found].sum()), unknown_util=int(n[found & ~use].sum()),
                       regression_used=int(n[use].sum()),
                       unknown_platform=int(n[use & (pl == ctx.unknown_platform)].sum()))
-        stats = np.array([0, ck.shape[0], int(np.isnan(u).sum())], np.int64)
+        stats = np.array([0, nc, int(xp.isnan(u).sum())], np.int64)
         # a machine-cell's windows share util and k: each (cell, platform) is one point at its
         # weighted mean CPI, with the within-cell CPI spread added to the CPI variance
         pr, nu, W, S, Q = pl[use], n[use], wk["W"][use], wk["S"][use], wk["Q"][use]
         ur, kr = uu[use], k[posc[use]]
         ybar = S / W
-        x = np.column_stack([ybar, ur, kr - 1.0])
-        uniq, inv, G = _dense_groups(np, pr, NP, np.arange(NP))
-        m = grouped_comoments(x, W, inv, G)
+        x = xp.empty((int(pr.shape[0]), 3))
+        x[:, 0], x[:, 1], x[:, 2] = ybar, ur, kr - 1.0
+        uniq, inv, G = _dense_groups(xp, pr, NP, xp.arange(NP))
+        m = be.ops.grouped_comoments(x, xp.ascontiguousarray(W), inv, G)
         C = m.C.copy()
-        C[:, 0, 0] += np.bincount(inv, weights=np.maximum(Q - S * ybar, 0.0), minlength=G)
-        r = {"r_key": uniq.astype(np.int64), "r_n": np.bincount(inv, weights=nu, minlength=G).round().astype(np.int64),
-             "r_W": m.W, "r_mean": m.mean, "r_C": C}
+        C[:, 0, 0] += bincount(xp, inv, weights=xp.maximum(Q - S * ybar, 0.0), minlength=G)
+        host = be.to_host
+        r = {"r_key": host(uniq).astype(np.int64), "r_n": host(bincount(xp, inv, weights=nu, minlength=G)).round().astype(np.int64),
+             "r_W": host(m.W), "r_mean": host(m.mean), "r_C": host(C)}
         # binned CPI vs util and vs k, per platform
-        ub = np.clip(np.floor(ur / UTIL_BIN), 0, UTIL_BINS - 1).astype(np.int64)
-        kb = np.clip(kr, 0, K_BINS - 1).astype(np.int64)
-        bkey = np.concatenate([((pr * 2) << _BIN_BITS) | ub, ((pr * 2 + 1) << _BIN_BITS) | kb])
-        bu, binv = np.unique(bkey, return_inverse=True)
+        ub = xp.clip(xp.floor(ur / UTIL_BIN), 0, UTIL_BINS - 1).astype(xp.int64)
+        kb = xp.clip(kr, 0, K_BINS - 1).astype(xp.int64)
+        bkey = xp.concatenate([((pr * 2) << _BIN_BITS) | ub, ((pr * 2 + 1) << _BIN_BITS) | kb])
+        bu, binv = xp.unique(bkey, return_inverse=True)
         binv = binv.reshape(-1)
-        sums = {"cpu_seconds": np.concatenate([W, W]), "wcpi": np.concatenate([S, S]), "n": np.concatenate([nu, nu])}
-        b = {"key": bu.astype(np.int64), **{f: np.bincount(binv, weights=v, minlength=bu.shape[0]) for f, v in sums.items()}}
+        sums = {"cpu_seconds": xp.concatenate([W, W]), "wcpi": xp.concatenate([S, S]), "n": xp.concatenate([nu, nu])}
+        b = {"key": host(bu).astype(np.int64),
+             **{f: host(bincount(xp, binv, weights=v, minlength=int(bu.shape[0]))) for f, v in sums.items()}}
         b["n"] = b["n"].round().astype(np.int64)
         return {}, {"r": r, "b": b, "counts": np.array([counts[c] for c in COUNTERS], np.int64), "stats": stats}
 
@@ -840,12 +859,12 @@ class Cpi(Analysis):
 
     def finalize(self, partial: dict[str, np.ndarray], ctx: CpiContext) -> dict[str, pd.DataFrame]:
         if self.sharded:  # the shards' reduction, in memory
-            return finalize_in_memory(self, {k: np.asarray(v) for k, v in partial.items()}, ctx)
+            return finalize_in_memory(self, {k: v if k == "backend" else np.asarray(v) for k, v in partial.items()}, ctx)
         return self._finalize({**_moments_fields("r_", 3), **{"b_" + f: v for f, v in self._empty_bins().items()},
                                **partial}, ctx)
 
     def _finalize(self, partial: dict[str, np.ndarray], ctx: CpiContext) -> dict[str, pd.DataFrame]:
-        p = {k: np.asarray(v) for k, v in partial.items()}
+        p = {k: np.asarray(v) for k, v in partial.items() if k != "backend"}
         counts = dict(zip(COUNTERS, (int(x) for x in p["counts"]), strict=True))
         groups = self._groups(p, ctx)
         regression = self._regression(p, ctx)
