@@ -36,7 +36,7 @@ from gpuclust._parallel import map_ordered, threads
 from gpuclust.arrow_numpy import to_numpy
 from gpuclust.tables import as_arrow, as_pandas, column, is_frame, parquet_options
 
-__all__ = ["FrameParts", "MappedArray", "PartedTable", "array_batches", "column_batches", "finalize_in_memory", "map_large_arrays", "frames",
+__all__ = ["FrameParts", "MappedArray", "PartedTable", "array_batches", "column_batches", "finalize_in_memory", "key_bounds", "map_large_arrays", "frames",
            "part_name", "read_keyed_range", "relocated", "slice_keyed",
            "write_keyed", "write_part"]
 
@@ -201,10 +201,28 @@ def read_keyed_range(spill: Path, name: str, fields: Sequence[str], lo: int, hi:
     return out
 
 
-def slice_keyed(keyed: dict[str, np.ndarray], first: int, end: int) -> dict[str, np.ndarray]:
-    """The rows of a keyed partial (sorted keys) whose key is in ``[first, end)`` (rows of 2-D
-    fields too)."""
-    a, b = (int(x) for x in np.searchsorted(keyed["key"], [first, end]))
+def key_bounds(key: Any, first: int, end: int) -> tuple[int, int]:
+    """``(a, b)`` such that ``key[a:b]`` are the sorted keys ``key`` in ``[first, end)``; ``key``
+    on the host or on the device (a partial a local gpu study left there:
+    :attr:`gpuclust.analyses.base.Analysis.device_partial`).
+
+    >>> key_bounds(np.array([1, 3, 3, 7]), 3, 7)
+    (1, 3)
+    """
+    if isinstance(key, np.ndarray):
+        a, b = np.searchsorted(key, [first, end])
+        return int(a), int(b)
+    from gpuclust.backends import backend_of
+
+    xp = backend_of(key).xp
+    ab = xp.searchsorted(key, xp.asarray(np.array([first, end], dtype=key.dtype)))
+    return int(ab[0]), int(ab[1])
+
+
+def slice_keyed(keyed: dict[str, Any], first: int, end: int) -> dict[str, Any]:
+    """The rows of a keyed partial (sorted keys, on the host or the device) whose key is in
+    ``[first, end)`` (rows of 2-D fields too)."""
+    a, b = key_bounds(keyed["key"], first, end)
     return {f: v[a:b] for f, v in keyed.items()}
 
 

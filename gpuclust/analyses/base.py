@@ -69,6 +69,7 @@ from gpuclust.schema import DEFAULT_TIER_MAP, TierMap, tier_map
 __all__ = [
     "Analysis",
     "fmt",
+    "host_or_device",
     "is_null_int",
     "nan_sum",
     "null_int",
@@ -131,6 +132,13 @@ def to_host(obj: Any) -> Any:
     if hasattr(obj, "__cuda_array_interface__") and hasattr(obj, "get"):
         return obj.get()
     return obj
+
+
+def host_or_device(v: Any) -> Any:
+    """``v`` as a NumPy array, unless it is a device array (left where it is): the fields of a
+    keyed partial that :meth:`Analysis.split` hands to the shards, which may still be on the device
+    (:attr:`Analysis.device_partial`)."""
+    return v if hasattr(v, "__cuda_array_interface__") else np.asarray(v)
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ from gpuclust.analyses._machine_cells import (
     grid_cuts,
     hist_edges,
 )
-from gpuclust.analyses.base import Analysis, fmt, is_null_int, resolve_tier_map
+from gpuclust.analyses.base import Analysis, fmt, host_or_device, is_null_int, resolve_tier_map, to_host
 from gpuclust.analyses.grouping import bucket_index
 from gpuclust.analyses.options import option, tier_map_option
 from gpuclust.arrow_numpy import valid as arrow_valid
@@ -625,8 +625,8 @@ class Cpi(Analysis):
         return {"key": p[pre + "_key"], **{f: p[f"{pre}_{f}"] for f in KEYED[pre]}}
 
     def split(self, partial: dict[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, np.ndarray]]]:
-        rest = {k: v for k, v in partial.items() if not k.startswith(tuple(pre + "_" for pre in KEYED))}
-        return rest, {pre: self._keyed(partial, pre) for pre in KEYED}
+        rest = {k: to_host(v) for k, v in partial.items() if not k.startswith(tuple(pre + "_" for pre in KEYED))}
+        return rest, {pre: {f: host_or_device(v) for f, v in self._keyed(partial, pre).items()} for pre in KEYED}
 
     def merge_rest(self, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         return self.merge(a, b)
@@ -857,11 +857,15 @@ class Cpi(Analysis):
                            "cpu_seconds": W, "cpi_mean": cm})
         return df
 
-    def finalize(self, partial: dict[str, np.ndarray], ctx: CpiContext) -> dict[str, pd.DataFrame]:
-        if self.sharded:  # the shards' reduction, in memory
-            return finalize_in_memory(self, {k: v if k == "backend" else np.asarray(v) for k, v in partial.items()}, ctx)
+    #: its keyed machine-cell sums (~5 B a window) go to the regression shards, which run on the
+    #: device under a gpu study (:meth:`finalize_shard`): left there, they are not copied both ways
+    device_partial = True
+
+    def finalize(self, partial: dict[str, Any], ctx: CpiContext) -> dict[str, pd.DataFrame]:
+        if self.sharded:  # the shards' reduction, in memory (the keyed sums where they are: device_partial)
+            return finalize_in_memory(self, partial, ctx)
         return self._finalize({**_moments_fields("r_", 3), **{"b_" + f: v for f, v in self._empty_bins().items()},
-                               **partial}, ctx)
+                               **to_host(partial)}, ctx)
 
     def _finalize(self, partial: dict[str, np.ndarray], ctx: CpiContext) -> dict[str, pd.DataFrame]:
         p = {k: np.asarray(v) for k, v in partial.items() if k != "backend"}

@@ -60,12 +60,12 @@ from gpuclust.analyses._intervals import (
     running_intervals,
 )
 from gpuclust.analyses._lookup import InstanceLookup, id_index, tier_lookup
-from gpuclust.analyses.base import Analysis, fmt, is_null_int, resolve_tier_map, to_host
+from gpuclust.analyses.base import Analysis, fmt, host_or_device, is_null_int, resolve_tier_map, to_host
 from gpuclust.analyses.grouping import bucket_grid, bucket_span, isin_sorted, unique_sorted
 from gpuclust.analyses.options import option, tier_map_option
 from gpuclust.arrow_numpy import schema_table, table, table_from_rows
 from gpuclust.backends import backend_of, finalize_backend, merged_backend
-from gpuclust.parted import array_batches, finalize_in_memory
+from gpuclust.parted import array_batches, finalize_in_memory, key_bounds
 from gpuclust.partials import keyed_reduce, merge_keyed
 from gpuclust.schema import TIME_AFTER_TRACE, TierMap, tier_map
 from gpuclust.tables import as_arrow
@@ -501,8 +501,8 @@ class Overcommit(Analysis):
     parted = ("machine",)
 
     def split(self, partial: dict[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, np.ndarray]]]:
-        rest = {"stats": partial["stats"], "istats": partial["istats"], "backend": partial["backend"]}
-        return rest, {k: {f: np.asarray(v) for f, v in partial[k].items()} for k in ("usage", "req", "inst")}
+        rest = {"stats": to_host(partial["stats"]), "istats": to_host(partial["istats"]), "backend": partial["backend"]}
+        return rest, {k: {f: host_or_device(v) for f, v in partial[k].items()} for k in ("usage", "req", "inst")}
 
     def merge_rest(self, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         return {"stats": a["stats"] + b["stats"], "istats": a["istats"] + b["istats"],
@@ -526,7 +526,13 @@ class Overcommit(Analysis):
                                "finalize with the client's context")
         return {**self.empty(), **ctx.client_intervals}
 
+    #: its keyed sums are ~24 B a window (240 MB at 10^7), which a gpu study would otherwise copy
+    #: to the host and back to the device for the dense tables of :meth:`finalize_shard`
+    device_partial = True
+
     def finalize(self, partial: dict[str, Any], ctx: OvercommitContext) -> dict[str, Any]:
+        if ctx.client_intervals is not None:  # merged with the client's intervals: on the host
+            partial = to_host(partial)
         return finalize_in_memory(self, partial, ctx)
 
     def _grid(self, ctx: OvercommitContext) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -548,7 +554,7 @@ class Overcommit(Analysis):
         M, T, B = int(ctx.machine_ids.shape[0]), ctx.n_tiers, ctx.n_buckets
         for k, per in (("usage", T), ("req", T), ("inst", 1)):
             key = keyed[k]["key"]
-            if key.size and (int(key.max()) >= M * per * B or int(key.min()) < 0):
+            if int(key.shape[0]) and (int(key.max()) >= M * per * B or int(key.min()) < 0):
                 raise ValueError(f"overcommit: {k} partial does not match the context (key out of range)")
         be = finalize_backend(rest["backend"])
         acc = _CellSums(be.xp, B, T)
@@ -632,7 +638,8 @@ class Overcommit(Analysis):
                L: Any) -> dict[str, Any]:
         """Dense (machine, [tier,] bucket) arrays of machines ``[m0, m1)`` on backend ``be``:
         capacity swept from the chunk's capacity intervals, requests / instances / usage scattered
-        from the keyed sums (host arrays: the chunk's rows are copied over), and ``present``, the
+        from the keyed sums (host arrays: the chunk's rows are copied over; or already on the
+        device, :attr:`device_partial`), and ``present``, the
         (machine, bucket) mask of rows."""
         xp = be.xp
         S = ctx.series
@@ -641,7 +648,7 @@ class Overcommit(Analysis):
 
         def dense(part: dict[str, np.ndarray], fields: tuple[str, ...], per: int) -> dict[str, Any]:
             key = part["key"]
-            lo, hi = np.searchsorted(key, [m0 * per * B, m1 * per * B])
+            lo, hi = key_bounds(key, m0 * per * B, m1 * per * B)
             at = be.asarray(key[lo:hi] - m0 * per * B)
             out = {}
             for f in fields:

@@ -32,7 +32,7 @@ from gpuclust.analyses._extent import max_finite
 from gpuclust.analyses._lookup import id_index
 from gpuclust.analyses._peak_sim import SimParams, simulate
 from gpuclust.analyses._requests import REQUEST_COLUMNS, RequestTimeline, asof_events
-from gpuclust.analyses.base import Analysis, fmt, is_null_int, to_host
+from gpuclust.analyses.base import Analysis, fmt, host_or_device, is_null_int, to_host
 from gpuclust.analyses.grouping import unique_codes
 from gpuclust.analyses.options import option
 from gpuclust.arrow_numpy import schema_table, table, table_from_rows
@@ -249,7 +249,7 @@ class PeakPrediction(Analysis):
         stats["filtered_rows"] = int(xp.count_nonzero(hit & ~ok))
         sel = xp.nonzero(ok)[0]
         stats["used_rows"] = int(sel.shape[0])
-        out["stats"] = np.array([stats[k] for k in STATS], np.int64)
+        out["stats"] = xp.asarray(np.array([stats[k] for k in STATS], np.int64))
         if not int(sel.shape[0]):
             return out
         idx = idx[sel]
@@ -277,9 +277,9 @@ class PeakPrediction(Analysis):
 
     # ---------------------------------------------------------------- shards
     def split(self, partial: dict[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, np.ndarray]]]:
-        return ({"count": np.asarray(partial["count"]), "stats": np.asarray(partial["stats"]),
+        return ({"count": to_host(partial["count"]), "stats": to_host(partial["stats"]),
                  "backend": partial["backend"]},
-                {"rows": {f: np.asarray(v) for f, v in partial["rows"].items()}})
+                {"rows": {f: host_or_device(v) for f, v in partial["rows"].items()}})
 
     def merge_rest(self, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         ca, cb = np.asarray(a["count"]), np.asarray(b["count"])
@@ -306,6 +306,10 @@ class PeakPrediction(Analysis):
     def key_range(self, ctx: PeakPredictionContext, name: str, lo: int, hi: int) -> tuple[int, int]:
         return lo * ctx.span, hi * ctx.span
 
+    #: its rows are ~11 B a window (110 MB at 10^7), which a gpu study would otherwise copy to the
+    #: host and back to the device for the simulation
+    device_partial = True
+
     def finalize(self, partial: dict[str, Any], ctx: PeakPredictionContext) -> dict[str, Any]:
         return finalize_in_memory(self, partial, ctx)
 
@@ -315,10 +319,12 @@ class PeakPrediction(Analysis):
         simulation runs on the backend the partials were computed on (:func:`finalize_backend`)."""
         r = keyed["rows"]
         be = finalize_backend(rest["backend"])
-        key = be.asarray(np.asarray(r["key"], np.int64))
-        sim = to_host(simulate(be, key // ctx.span, key % ctx.span, be.asarray(np.asarray(r["inst"], np.int64)),
-                               be.asarray(np.asarray(r["usage"], np.float64)),
-                               be.asarray(np.asarray(r["limit"], np.float64)), ctx.span, ctx.last_step, self.params))
+        xp = be.xp
+        key = be.asarray(r["key"]).astype(xp.int64, copy=False)
+        sim = to_host(simulate(be, key // ctx.span, key % ctx.span, be.asarray(r["inst"]).astype(xp.int64, copy=False),
+                               be.asarray(r["usage"]).astype(xp.float64, copy=False),
+                               be.asarray(r["limit"]).astype(xp.float64, copy=False), ctx.span, ctx.last_step,
+                               self.params))
         cols = {"machine_id": ctx.machine_ids[sim["code"]], "bucket": sim["step"].astype(np.int64),
                 "bucket_start_us": sim["step"].astype(np.int64) * STEP_US,
                 "instances": sim["instances"].astype(np.int64),

@@ -95,7 +95,10 @@ class Backend:
     ops: Any = field(repr=False)
 
     def asarray(self, a: Any) -> Any:
-        """Move a host (NumPy) array onto this backend."""
+        """Move a host (NumPy) array onto this backend; on the cpu backend a device array too (a
+        copy to the host: a partial left on a device, finalized where there is none)."""
+        if self.xp is np and hasattr(a, "__cuda_array_interface__"):
+            return self.to_host(a)
         return self.xp.asarray(a)
 
     def stage(self, a: np.ndarray) -> Any:

@@ -92,29 +92,41 @@ def test_study_on_the_generic_backend_matches_run(dataset, reference):
     assert_same(study.run(names()), reference, rtol=1e-9)
 
 
+def _on_device(obj) -> bool:
+    """Whether a partial (nested dicts / lists / tuples) holds any device array."""
+    if isinstance(obj, dict):
+        obj = list(obj.values())
+    if isinstance(obj, (list, tuple)):
+        return any(_on_device(v) for v in obj)
+    return hasattr(obj, "__cuda_array_interface__")
+
+
 @pytest.mark.parametrize("partitions", [1, 3])
 def test_device_partials_stay_on_the_device_when_nothing_merges_them(dataset, reference, monkeypatch, partitions):
-    """On a device (the device-shaped backend), usage-distribution's partial (Analysis.device_partial)
-    reaches finalize in device memory when its table is one resident partition, and in host
-    memory when partitions are merged; cell-usage's always in host memory; the results are
+    """On a device (the device-shaped backend), the partials of the analyses with
+    ``Analysis.device_partial`` (cpi, overcommit, peak-prediction, usage-distribution) reach
+    finalize in device memory when their table is one resident partition, and in host memory
+    when partitions are merged; every other analysis' always in host memory; the results are
     ``run``'s on the cpu either way."""
     from device_backend import DEVICE, resolve_gpu_to_device
 
-    from gpuclust.analyses.cell_usage import CellUsage
-    from gpuclust.analyses.usage_distribution import UsageDistribution
+    from gpuclust.analyses.registry import create
 
     resolve_gpu_to_device(monkeypatch)
     seen: dict[str, bool] = {}
-    for cls in (UsageDistribution, CellUsage):
+    classes = {type(create(n)) for n in names()}
+    for cls in classes:
         def spy(self, partial, ctx, real=cls.finalize):
-            seen[self.name] = any(hasattr(v, "__cuda_array_interface__") for v in partial.values())
+            seen[self.name] = _on_device(partial)
             return real(self, partial, ctx)
 
         monkeypatch.setattr(cls, "finalize", spy)
     study = gpuclust.open(dataset, backend=DEVICE, partitions=partitions, workers=1).persist()
-    got = study.run(["usage-distribution", "cell-usage"])
-    assert seen == {"usage-distribution": partitions == 1, "cell-usage": False}
-    assert_same(got, {n: reference[n] for n in ("usage-distribution", "cell-usage")}, rtol=1e-9)
+    got = study.run(names())
+    stay = {"cpi", "overcommit", "peak-prediction", "usage-distribution"}
+    assert {n for n in names() if create(n).device_partial} == stay
+    assert seen == {n: partitions == 1 and n in stay for n in names()}
+    assert_same(got, reference, rtol=1e-9)
 
 
 def test_each_partition_read_once_whatever_the_number_of_analyses(dataset, read_log):
