@@ -226,13 +226,14 @@ def slice_keyed(keyed: dict[str, Any], first: int, end: int) -> dict[str, Any]:
     return {f: v[a:b] for f, v in keyed.items()}
 
 
-def finalize_in_memory(a: Any, partial: Any, ctx: Any) -> dict[str, pd.DataFrame]:
+def finalize_in_memory(a: Any, partial: Any, ctx: Any, *, client: bool = True) -> dict[str, pd.DataFrame]:
     """``finalize`` of an analysis with ``parted`` tables, in memory: the same shards, parts and
     extras as the engine's spilled path, the parted tables concatenated (for direct calls and
     small data).  The shards are finalized on :func:`gpuclust._parallel.threads` threads (set by
     the caller with ``client_threads``; one by default), their parts and extras kept in shard
-    order, so the result is the same bits on any number of threads."""
-    cp = a.client_partial(ctx)
+    order, so the result is the same bits on any number of threads.  ``client=False``: the
+    caller has already added the analysis' :meth:`client_partial` to ``partial``."""
+    cp = a.client_partial(ctx) if client else None
     if cp is not None:
         partial = a.merge(partial, cp)
     rest, keyed = a.split(partial)

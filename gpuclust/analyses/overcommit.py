@@ -531,9 +531,16 @@ class Overcommit(Analysis):
     device_partial = True
 
     def finalize(self, partial: dict[str, Any], ctx: OvercommitContext) -> dict[str, Any]:
-        if ctx.client_intervals is not None:  # merged with the client's intervals: on the host
-            partial = to_host(partial)
-        return finalize_in_memory(self, partial, ctx)
+        cp = self.client_partial(ctx)
+        if cp is not None:
+            if any(int(partial[k]["key"].shape[0]) for k in ("req", "inst")):
+                partial = self.merge(to_host(partial), cp)  # intervals on both sides: merged on the host
+            else:
+                # a flat source: its partitions carry no intervals, the client's take their place
+                # (what the merge gives), and the usage sums stay where they are (device_partial)
+                partial = {**partial, "req": cp["req"], "inst": cp["inst"],
+                           "istats": to_host(partial["istats"]) + cp["istats"]}
+        return finalize_in_memory(self, partial, ctx, client=False)
 
     def _grid(self, ctx: OvercommitContext) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Absolute bucket numbers, bucket starts, and the seconds of each bucket in the window."""

@@ -216,8 +216,9 @@ class PeakPrediction(Analysis):
         M = int(ctx.machine_ids.shape[0])
         stats = dict.fromkeys(STATS, 0)
         stats["rows"] = n
-        out = self.empty(backend)
-        out["count"] = np.zeros(M, np.int64)
+        out = self.empty(backend)  # its arrays on the backend, as a partial with rows has them
+        out["rows"] = {k: xp.asarray(v) for k, v in out["rows"].items()}
+        out["count"] = xp.zeros(M, xp.int64)
         alloc = cols["alloc_collection_id"]
         keep = (alloc == 0) | is_null_int(xp, alloc)
         stats["alloc_rows"] = n - int(xp.count_nonzero(keep))

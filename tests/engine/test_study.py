@@ -114,18 +114,29 @@ def test_device_partials_stay_on_the_device_when_nothing_merges_them(dataset, re
 
     resolve_gpu_to_device(monkeypatch)
     seen: dict[str, bool] = {}
+    shards: dict[str, list[bool]] = {}
     classes = {type(create(n)) for n in names()}
     for cls in classes:
         def spy(self, partial, ctx, real=cls.finalize):
             seen[self.name] = _on_device(partial)
             return real(self, partial, ctx)
 
+        def spy_shard(self, keyed, rest, ctx, lo, hi, real=cls.finalize_shard):
+            shards.setdefault(self.name, []).append(_on_device(keyed))
+            return real(self, keyed, rest, ctx, lo, hi)
+
         monkeypatch.setattr(cls, "finalize", spy)
+        monkeypatch.setattr(cls, "finalize_shard", spy_shard)
     study = gpuclust.open(dataset, backend=DEVICE, partitions=partitions, workers=1).persist()
     got = study.run(names())
     stay = {"cpi", "overcommit", "peak-prediction", "usage-distribution"}
     assert {n for n in names() if create(n).device_partial} == stay
     assert seen == {n: partitions == 1 and n in stay for n in names()}
+    # the keyed sums reach the shards where they were left (overcommit's too, on this flat
+    # source, whose running intervals the client adds); usage-distribution's mixture state alone
+    # stays on the device, its group rows come to the host
+    device_shards = {n for n, on in shards.items() if all(on)}
+    assert device_shards == ({"cpi", "overcommit", "peak-prediction"} if partitions == 1 else set())
     assert_same(got, reference, rtol=1e-9)
 
 
