@@ -11,7 +11,9 @@ move*.  Definitions used here (both sides count bytes read + bytes written):
   ``--repeat``; bytes = 2 x 1 GiB;
 * an op's bytes: its inputs read once plus its output written once -- ``bucket_overlap``: start,
   end (8 B each), value (8 B), group (4 B) per interval + 8 B per output cell; ``grouped_sum``:
-  code + value per row + 8 B per group; ``grouped_comoments``: d x 8 + 8 + 8 B per row + the
+  code + value per row + 8 B per group (``bincount``, the array module's weighted
+  ``bincount`` -- CuPy's: one global ``atomicAdd`` per row -- on the same inputs, the same);
+  ``grouped_comoments``: d x 8 + 8 + 8 B per row + the
   partial; ``mixture_quantiles``: 20 x 8 (percentiles) + 8 (weight) + 8 (group) B per window +
   the (groups x 20) result.  Work the op does beyond one pass (e.g. the mixture's sort) is not
   counted: the ratio is what fraction of a pure streaming copy the op achieves.
@@ -132,6 +134,10 @@ def cases(scale: float) -> list[dict[str, Any]]:
         {"op": "grouped_sum", "name": "1,000 groups (shared-memory variant)", "n": n, "n_groups": 1_000},
         {"op": "grouped_sum", "name": "1,000 groups, global variant forced", "n": n, "n_groups": 1_000,
          "force_global": True},
+        {"op": "grouped_sum", "name": "16 groups (shared-memory variant; a tier per group)", "n": n, "n_groups": 16},
+        {"op": "bincount", "name": "16 bins: the array module's weighted bincount (usage-vs-request's tier sums)",
+         "n": n, "n_groups": 16},
+        {"op": "bincount", "name": "1,000 bins: the array module's weighted bincount", "n": n, "n_groups": 1_000},
         {"op": "grouped_comoments", "name": "d=2, 12,500 groups (cpi by machine)", "n": n, "n_groups": 12_500, "d": 2},
         {"op": "mixture_quantiles", "name": "~300 windows per group", "n": nm, "n_groups": max(1, nm // 300)},
         {"op": "mixture_quantiles", "name": "~30,000 windows per group", "n": nm, "n_groups": max(1, nm // 30_000)},
@@ -176,11 +182,13 @@ def run_case(backend: Any, c: dict[str, Any], repeat: int, rng: np.random.Genera
             return ops.bucket_overlap(d["start"], d["end"], d["value"], d["group"], **kw)
 
         nbytes = n * (8 + 8 + 4 + 8 * k) + k * G * c["n_buckets"] * 8
-    elif op == "grouped_sum":
+    elif op in ("grouped_sum", "bincount"):
         codes = xp.asarray(rng.integers(0, G, n).astype(np.int64))
         vals = xp.asarray(rng.random(n))
 
         def fn() -> Any:
+            if op == "bincount":
+                return xp.bincount(codes, weights=vals, minlength=G)
             return ops.grouped_sum(codes, vals, n_groups=G)
 
         nbytes = n * 16 + G * 8

@@ -28,13 +28,14 @@ def _run(mod, tmp_path, backend):
     res = json.loads((tmp_path / "k.json").read_text())
     assert res["copy_bytes_per_s"] > 0
     ops = {r["op"] for r in res["rows"]}
-    assert ops == {"bucket_overlap", "grouped_sum", "grouped_comoments", "mixture_quantiles"}
+    assert ops == {"bucket_overlap", "grouped_sum", "bincount", "grouped_comoments", "mixture_quantiles"}
     for r in res["rows"]:
         assert r["seconds"] > 0 and r["bytes"] > 0
         assert r["gb_per_s"] == pytest.approx(r["bytes"] / r["seconds"] / 1e9)
         assert r["fraction_of_copy"] == pytest.approx(r["gb_per_s"] * 1e9 / res["copy_bytes_per_s"])
     md = (tmp_path / "k.md").read_text()
-    assert md.count("| bucket_overlap |") == 7 and md.count("| grouped_sum |") == 3 and "Copy bandwidth" in md
+    assert md.count("| bucket_overlap |") == 7 and md.count("| grouped_sum |") == 4 and "Copy bandwidth" in md
+    assert md.count("| bincount |") == 2
     assert md.count("7 series") == 2 and md.count("| mixture_quantiles |") == 5
     assert md.count("global variant forced") == 3
     return res
