@@ -22,8 +22,11 @@ kernels), and ``stage`` / ``asarray`` copy host arrays to "the device" (wrap the
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import types
+from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -31,7 +34,38 @@ from generic_backend import CPU, SHAPED_XP, check_ufunc_method
 
 from gpuclust.backends import Backend
 
-__all__ = ["DEVICE", "DeviceArray"]
+__all__ = ["DEVICE", "WORK", "DeviceArray", "counting_device_work"]
+
+#: Device work counted inside :func:`counting_device_work`: ``ops``, the device-array operations
+#: (ufuncs, array functions and methods, array creation, gathers and scatters: each one kernel
+#: launch or more on CuPy, ~10 us of host time apiece); ``kernels``, the backend's ops (custom
+#: kernels); ``syncs``, device values read on the host (``bool`` / ``int`` / ``float`` / an index
+#: of a device array, ``get``: each waits for the device).
+WORK: Counter[str] = Counter()
+_counting = [False]
+
+
+@contextlib.contextmanager
+def counting_device_work() -> Iterator[Counter[str]]:
+    """Count the device work done inside (:data:`WORK`, cleared first)."""
+    WORK.clear()
+    _counting[0] = True
+    try:
+        yield WORK
+    finally:
+        _counting[0] = False
+
+
+def _count(kind: str) -> None:
+    if _counting[0]:
+        WORK[kind] += 1
+
+
+def _basic(key: Any) -> bool:
+    """Whether an index is basic (a view, no kernel): ints, slices, None, Ellipsis, tuples of them."""
+    if isinstance(key, tuple):
+        return all(_basic(k) for k in key)
+    return key is None or key is Ellipsis or isinstance(key, (int, slice))
 
 def _dev(x: Any) -> Any:
     """Wrap NumPy results (arrays, scalars of a reduction, tuples / lists of them, the arrays of a
@@ -78,6 +112,7 @@ class DeviceArray(np.lib.mixins.NDArrayOperatorsMixin):
 
     # ---- what CuPy arrays have and NumPy ones lack
     def get(self) -> np.ndarray:
+        _count("syncs")
         return self.data.copy()
 
     @property
@@ -96,6 +131,7 @@ class DeviceArray(np.lib.mixins.NDArrayOperatorsMixin):
             if isinstance(x, (int, float)) and type(x) not in _SCALARS:
                 raise TypeError(f"operand type(s) all returned NotImplemented from __array_ufunc__ ({where} of a "
                                 f"{type(x).__name__} scalar: CuPy takes int / float / bool only; pass int(...))")
+        _count("ops")
         args = _data(inputs, where)
         if "out" in kw:
             kw["out"] = _data(kw["out"], where)
@@ -103,6 +139,7 @@ class DeviceArray(np.lib.mixins.NDArrayOperatorsMixin):
 
     def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
         where = getattr(func, "__name__", str(func))
+        _count("ops")
         return _dev(func(*_data(args, where), **_data(kwargs, where)))
 
     # ---- the ndarray surface
@@ -112,14 +149,18 @@ class DeviceArray(np.lib.mixins.NDArrayOperatorsMixin):
         attr = getattr(self.data, name)
         if callable(attr):
             def method(*args: Any, **kw: Any) -> Any:
+                _count("ops")
                 return _dev(attr(*_data(args), **_data(kw)))
             return method
         return _dev(attr)
 
     def __getitem__(self, key: Any) -> Any:
+        if not _basic(key):
+            _count("ops")  # a gather
         return _dev(self.data[_data(key)])
 
     def __setitem__(self, key: Any, value: Any) -> None:
+        _count("ops")
         self.data[_data(key)] = _data(value)
 
     def __len__(self) -> int:
@@ -129,15 +170,19 @@ class DeviceArray(np.lib.mixins.NDArrayOperatorsMixin):
         return (_dev(v) for v in self.data)
 
     def __bool__(self) -> bool:
+        _count("syncs")
         return bool(self.data)
 
     def __int__(self) -> int:
+        _count("syncs")
         return int(self.data)
 
     def __float__(self) -> float:
+        _count("syncs")
         return float(self.data)
 
     def __index__(self) -> int:
+        _count("syncs")
         return self.data.__index__()
 
     def __repr__(self) -> str:
@@ -146,6 +191,7 @@ class DeviceArray(np.lib.mixins.NDArrayOperatorsMixin):
 
 def _creation(f: Any) -> Any:
     def make(*args: Any, **kw: Any) -> Any:
+        _count("ops")
         return _dev(f(*_data(args), **_data(kw)))
     return make
 
@@ -153,7 +199,11 @@ def _creation(f: Any) -> Any:
 def _asarray(a: Any, dtype: Any = None, **kw: Any) -> Any:
     """``cupy.asarray``: a device array as it is (or cast), a host one copied to the device."""
     if isinstance(a, DeviceArray):
-        return a if dtype is None or a.data.dtype == np.dtype(dtype) else DeviceArray(a.data.astype(dtype))
+        if dtype is None or a.data.dtype == np.dtype(dtype):
+            return a
+        _count("ops")
+        return DeviceArray(a.data.astype(dtype))
+    _count("ops")  # a host-to-device copy
     return DeviceArray(np.array(_data(a), dtype=dtype, **kw))
 
 
@@ -165,8 +215,8 @@ XP.__dict__.update(asarray=_asarray, array=_asarray, ascontiguousarray=_creation
 
 
 class _DeviceOps:
-    """The cpu backend's ops on the arrays' data ("kernels"), without ``lookup_slot_tables``;
-    array results come back as device arrays."""
+    """The cpu backend's ops on the arrays' data ("kernels"), without ``lookup_slot_tables`` and
+    ``lookup_block_rows`` (as the gpu's); array results come back as device arrays."""
 
     def __init__(self, ops: Any):
         self._ops = ops
@@ -174,11 +224,14 @@ class _DeviceOps:
     def __getattr__(self, name: str) -> Any:
         if name == "lookup_slot_tables":
             return False
+        if name == "lookup_block_rows":  # the gpu ops have none: a lookup is one launch over all rows
+            raise AttributeError(name)
         op = getattr(self._ops, name)
         if not callable(op):
             return op
 
         def call(*args: Any, **kw: Any) -> Any:
+            _count("kernels")
             return _dev(op(*_data(args), **_data(kw)))
         return call
 
