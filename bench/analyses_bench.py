@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -122,12 +123,6 @@ def cell_usage_sql(ds: Path | str) -> str:
     return sql
 
 
-def duck_cell_usage(ds: Path, _: str) -> Callable[[], Any]:
-    con = _duck()
-    sql = cell_usage_sql(ds)
-    return lambda: con.execute(sql).fetchall()
-
-
 def pandas_cell_usage(ds: Path, _: str) -> Callable[[], Any]:
     import pandas as pd
 
@@ -147,10 +142,10 @@ def pandas_cell_usage(ds: Path, _: str) -> Callable[[], Any]:
     return go
 
 
-def duck_machine_shapes(ds: Path, _: str) -> Callable[[], Any]:
-    con = _duck()
-    sql = f"SELECT cap_cpu, cap_mem, COUNT(DISTINCT machine_id) FROM read_parquet('{ds}/machine_events/**/*.parquet', hive_partitioning=false) GROUP BY ALL"
-    return lambda: con.execute(sql).fetchall()
+def machine_shapes_sql(ds: Path | str) -> str:
+    """Machines per (cap_cpu, cap_mem) over machine_events."""
+    return (f"SELECT cap_cpu, cap_mem, COUNT(DISTINCT machine_id) "
+            f"FROM read_parquet('{ds}/machine_events/**/*.parquet', hive_partitioning=false) GROUP BY ALL")
 
 
 def cpi_sql(ds: Path | str) -> str:
@@ -164,12 +159,6 @@ def cpi_sql(ds: Path | str) -> str:
            SUM(w * (cpi - mc) * (mai - mm)) / sqrt(SUM(w * (cpi - mc) ^ 2) * SUM(w * (mai - mm) ^ 2)) AS r
     FROM w JOIN m USING (machine_id) GROUP BY machine_id"""
     return sql
-
-
-def duck_cpi(ds: Path, _: str) -> Callable[[], Any]:
-    con = _duck()
-    sql = cpi_sql(ds)
-    return lambda: con.execute(sql).fetchall()
 
 
 def pandas_cpi(ds: Path, _: str) -> Callable[[], Any]:
@@ -191,29 +180,26 @@ def pandas_cpi(ds: Path, _: str) -> Callable[[], Any]:
     return go
 
 
-def duck_overcommit(ds: Path, _: str) -> Callable[[], Any]:
+def overcommit_sql(ds: Path | str) -> str:
     """Per machine x 5-min bucket CPU usage.  Buckets follow docs/dataset.md "Time buckets" (origin
     trace time 0: ``bucket = floor(t / width)``), the grid overcommit itself uses, so the peers
     compute the same buckets (the bench data starts at 600 s, so overcommit's window clips nothing)."""
-    con = _duck()
     b = 300 * US
-    sql = f"""
+    return f"""
     SELECT machine_id, g.b AS bucket,
            SUM(avg_cpu * (LEAST(end_time, (g.b + 1) * {b}) - GREATEST(start_time, g.b * {b}))) / {b} AS cpu
     FROM read_parquet('{ds}/instance_usage/**/*.parquet', hive_partitioning=false) AS u,
          generate_series(u.start_time // {b}, (u.end_time - 1) // {b}) AS g(b)
     WHERE alloc_collection_id = 0 AND end_time > start_time
     GROUP BY ALL"""
-    return lambda: con.execute(sql).fetchall()
 
 
-def duck_overcommit_tiers(ds: Path, _: str) -> Callable[[], Any]:
+def overcommit_tiers_sql(ds: Path | str) -> str:
     """The usage sums gpuclust's overcommit partial computes: machine x tier x 5-min bucket, tier
     from MAX(priority) per instance (notebook tier map), exact-overlap CPU and memory, sums of
     window maxima and window counts per bucket touched."""
-    con = _duck()
     b = 300 * US
-    sql = f"""
+    return f"""
     WITH e AS (SELECT collection_id, instance_index, machine_id, MAX(priority) AS p
                FROM read_parquet('{ds}/instance_events/**/*.parquet', hive_partitioning=false)
                WHERE alloc_collection_id IS NULL OR alloc_collection_id = 0 GROUP BY ALL),
@@ -229,7 +215,6 @@ def duck_overcommit_tiers(ds: Path, _: str) -> Callable[[], Any]:
            SUM(max_cpu) AS max_cpu, SUM(max_mem) AS max_mem, COUNT(*) AS windows
     FROM u, generate_series(u.start_time // {b}, (u.end_time - 1) // {b}) AS g(b)
     GROUP BY ALL"""
-    return lambda: con.execute(sql).fetchall()
 
 
 def pandas_overcommit(ds: Path, _: str) -> Callable[[], Any]:
@@ -416,12 +401,6 @@ def lifecycle_full_sql(ds: Path | str, out: Path | str, bucket_s: int = 3600) ->
           ) TO '{out}/info.parquet' (FORMAT parquet)"""
 
 
-def duck_lifecycle(ds: Path, _: str) -> Callable[[], Any]:
-    con = _duck()
-    sql = lifecycle_sql(ds)
-    return lambda: con.execute(sql).fetchall()
-
-
 def usage_change_sql(ds: Path | str) -> str:
     """usage-change's SQL-expressible subset: pairs of consecutive contiguous windows of an instance
     (LEAD over its windows by start time), by tier (notebook map, the highest priority of the
@@ -516,12 +495,6 @@ def usage_change_full_sql(ds: Path | str, out: Path | str, max_gap_s: int = 0) -
           FROM w) TO '{out}/info.parquet' (FORMAT parquet)"""
 
 
-def duck_usage_change(ds: Path, _: str) -> Callable[[], Any]:
-    con = _duck()
-    sql = usage_change_sql(ds)
-    return lambda: con.execute(sql).fetchall()
-
-
 def data_quality_sql(ds: Path | str) -> str:
     """data-quality's SQL-expressible subset over instance_usage, one row: the windows, NULLs (and
     NaNs) per column (in data-quality's column order), the time and machine sentinels
@@ -574,12 +547,6 @@ def data_quality_sql(ds: Path | str) -> str:
 DATA_QUALITY_SQL_CHECKS = ("start_zero", "end_after_trace", "machine_zero", "machine_dedicated", "short_windows",
                            "long_windows", "p100_below_max", "p100_above_max", "percentiles_non_monotone",
                            "cpi_mai_present", "no_events_rows", "after_end_rows")
-
-
-def duck_data_quality(ds: Path, _: str) -> Callable[[], Any]:
-    con = _duck()
-    sql = data_quality_sql(ds)
-    return lambda: con.execute(sql).fetchall()
 
 
 def _duck_type(t: Any) -> str:
@@ -986,12 +953,6 @@ def job_usage_full_sql(ds: Path | str, out: Path | str, tail: float = 0.1) -> st
           FROM {usage}) TO '{out}/info.parquet' (FORMAT parquet)"""
 
 
-def duck_job_usage(ds: Path, _: str) -> Callable[[], Any]:
-    con = _duck()
-    sql = job_usage_sql(ds)
-    return lambda: con.execute(sql).fetchall()
-
-
 def usage_vs_request_sql(ds: Path | str) -> str:
     """usage-vs-request's SQL-expressible subset: each window ASOF-joined to its instance's latest
     event with a positive CPU request at or before its start; windows, those with a limit, the mean
@@ -1102,12 +1063,6 @@ def usage_vs_request_full_sql(ds: Path | str, out: Path | str) -> str:
           FROM gh JOIN bins ON bins.b = gh.bin) TO '{out}/hist.parquet' (FORMAT parquet);
     COPY (SELECT CAST(SUM(n) AS BIGINT) AS windows FROM g WHERE measure = 'cpu_avg') TO '{out}/info.parquet'
       (FORMAT parquet)"""
-
-
-def duck_usage_vs_request(ds: Path, _: str) -> Callable[[], Any]:
-    con = _duck()
-    sql = usage_vs_request_sql(ds)
-    return lambda: con.execute(sql).fetchall()
 
 
 def machine_utilization_sql(ds: Path | str) -> str:
@@ -1302,26 +1257,51 @@ def peak_prediction_sql(ds: Path | str, out: Path | str, oracle: bool = True) ->
       TO '{out}/machine.parquet' (FORMAT parquet)"""
 
 
-def duck_machine_utilization(ds: Path, _: str) -> Callable[[], Any]:
-    con = _duck()
-    sql = machine_utilization_sql(ds)
-    return lambda: con.execute(sql).fetchall()
+#: The DuckDB peers: each analysis' SQL-expressible part, as SQL over the dataset's Parquet
+#: (``bench/study_bench.py`` runs the same queries over tables loaded into DuckDB's memory).
+DUCKDB_SQL: dict[str, dict[str, Callable[[Path | str], str]]] = {
+    "machine-utilization": {"duckdb": machine_utilization_sql},
+    "data-quality": {"duckdb": data_quality_sql},
+    "usage-vs-request": {"duckdb": usage_vs_request_sql},
+    "job-usage": {"duckdb": job_usage_sql},
+    "lifecycle": {"duckdb": lifecycle_sql},
+    "usage-change": {"duckdb": usage_change_sql},
+    "cell-usage": {"duckdb": cell_usage_sql},
+    "machine-shapes": {"duckdb": machine_shapes_sql},
+    "cpi": {"duckdb": cpi_sql},
+    "overcommit": {"duckdb": overcommit_sql, "duckdb (usage by tier)": overcommit_tiers_sql},
+}
+
+
+def resident_sql(sql: str, ds: Path | str) -> str | None:
+    """``sql`` over tables loaded into DuckDB's memory, named as the dataset's tables, instead of
+    the dataset's Parquet; None where it reads the Parquet in another form (``file_row_number``:
+    the files' row order, which a table does not keep).
+
+    >>> resident_sql("SELECT * FROM read_parquet('/d/instance_usage/**/*.parquet', hive_partitioning=false) u", "/d")
+    'SELECT * FROM instance_usage u'
+    """
+    pattern = rf"read_parquet\('{re.escape(str(ds))}/(\w+)/\*\*/\*\.parquet', hive_partitioning=false\)"
+    out = re.sub(pattern, r"\1", sql)
+    return None if "read_parquet(" in out else out
+
+
+def duck_peer(sql_of: Callable[[Path | str], str]) -> Callable[[Path, str], Callable[[], Any]]:
+    """A contender running ``sql_of(ds)`` in DuckDB (one thread per usable core)."""
+    def make(ds: Path, _: str) -> Callable[[], Any]:
+        con = _duck()
+        sql = sql_of(ds)
+        return lambda: con.execute(sql).fetchall()
+
+    return make
 
 
 PEERS: dict[str, dict[str, Callable[[Path, str], Callable[[], Any]]]] = {
-    "machine-utilization": {"duckdb": duck_machine_utilization},
-    "data-quality": {"duckdb": duck_data_quality},
-    "usage-vs-request": {"duckdb": duck_usage_vs_request},
-    "job-usage": {"duckdb": duck_job_usage},
-    "lifecycle": {"duckdb": duck_lifecycle},
-    "usage-change": {"duckdb": duck_usage_change},
-    "cell-usage": {"duckdb": duck_cell_usage, "pandas": pandas_cell_usage},
-    "machine-shapes": {"duckdb": duck_machine_shapes},
-    "cpi": {"duckdb": duck_cpi, "pandas": pandas_cpi},
-    "overcommit": {"duckdb": duck_overcommit, "duckdb (usage by tier)": duck_overcommit_tiers,
-                   "pandas": pandas_overcommit},
-    "usage-distribution": {"per-group loop": loop_usage_distribution},
-}
+    a: {name: duck_peer(f) for name, f in peers.items()} for a, peers in DUCKDB_SQL.items()}
+PEERS["cell-usage"]["pandas"] = pandas_cell_usage
+PEERS["cpi"]["pandas"] = pandas_cpi
+PEERS["overcommit"]["pandas"] = pandas_overcommit
+PEERS["usage-distribution"] = {"per-group loop": loop_usage_distribution}
 
 
 def child(analysis: str, contender: str, ds: Path, repeat: int) -> None:

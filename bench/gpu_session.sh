@@ -12,7 +12,7 @@
 #   tests-all  the same without -x: every GPU test runs                                (~3.5 min on 4 workers)
 #   sanitize   compute-sanitizer memcheck + racecheck: kernel ops, moments, tiled mixture (~1 min)
 #   kernels    bench/kernels_bench.py: each op's bandwidth against the copy bandwidth (~1-1.5 min)
-#   study      bench/study_bench.py at the last of $SIZES: resident data, gpu vs cpu  (~2.5 min)
+#   study      bench/study_bench.py at the last of $SIZES: resident data, gpu vs cpu vs DuckDB (~3 min)
 #   mixture    bench/mixture_bench.py --gpu                                            (~1-2 min)
 #   moments    bench/moments_bench.py                                                  (~1 min)
 #   profile    bench/gpu_profile.py: transfer and decode ceilings, cProfile per analysis (~1.5 min)
@@ -38,7 +38,7 @@ JOBS=${JOBS:-8}
 SANITIZE_MIXTURE=(tests/mixture/test_mixture_gpu.py::test_tiled_sweep_agrees_with_the_per_group_sweep)
 
 # limit in seconds of each step (the sanitize step is two runs: memcheck 90 s and racecheck 60 s)
-declare -A LIMIT=([env]=60 [tests]=240 [tests-all]=240 [sanitize]=150 [kernels]=150 [study]=270
+declare -A LIMIT=([env]=60 [tests]=240 [tests-all]=240 [sanitize]=150 [kernels]=150 [study]=300
                   [mixture]=400 [moments]=400 [profile]=300 [analyses]=560)
 
 if [ "${1:-}" = "--plan" ]; then
@@ -123,7 +123,7 @@ for step in "$@"; do
                 $PY -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_ops.py "${SANITIZE_MIXTURE[@]}" ;;
         kernels) run kernels "${LIMIT[kernels]}" $PY bench/kernels_bench.py --backend gpu
                  keep bench/results/kernels_gpu.json bench/results/kernels_gpu.md ;;
-        study) run study "${LIMIT[study]}" $PY bench/study_bench.py --sizes "${SIZES##*,}" --backends gpu,cpu --repeat 1 --name study_gpu
+        study) run study "${LIMIT[study]}" $PY bench/study_bench.py --sizes "${SIZES##*,}" --backends gpu,cpu,duckdb --repeat 1 --name study_gpu
                keep bench/results/study_gpu.json bench/results/study_gpu.md ;;
         mixture) run mixture "${LIMIT[mixture]}" $PY bench/mixture_bench.py --gpu --save
                  keep bench/results/mixture_bench.json bench/results/mixture_bench.md ;;

@@ -3,6 +3,7 @@
     python bench/study_bench.py --sizes 1e6,1e7 --backends cpu,gpu     # on a GPU machine
     python bench/study_bench.py --sizes 1e6 --backends cpu              # anywhere
     python bench/study_bench.py --sizes 1e7 --backends gpu,gpu+cuda     # resident on a LocalCUDACluster too
+    python bench/study_bench.py --sizes 1e7 --backends gpu,cpu,duckdb   # and DuckDB on resident tables
 
 A backend ``B+SCHED`` opens the study with ``scheduler=SCHED`` (its partitions on that cluster's
 workers: ``gpu+cuda``, ``cpu+local:2``); the cluster's start is part of the process time and not
@@ -20,6 +21,13 @@ tree's peak RSS and the whole process' wall time.  On the gpu the child also mea
 ceilings of the load in the same process: pinned host->device bandwidth and the host Parquet
 decode rate of the same columns (``bench/gpu_profile.py``), and reports the load's rate as a
 fraction of the lower one.  Same data and options as ``bench/analyses_bench.py``.
+
+Backend ``duckdb`` is the SQL peer on resident data: a process loads the dataset's tables into
+DuckDB's memory (timed: its load), then runs each SQL peer of ``bench/analyses_bench.py``
+(``DUCKDB_SQL``) over those tables, one thread per usable core, best of ``--repeat``.  The report
+sets each against the gpuclust column that computes the same (the SQL-subset variant where there
+is one: cpi's moments and Pearson r alone; the gpuclust processes run those variants besides the
+registered analyses); the issue's target on the gpu is 10x DuckDB.
 
 Writes bench/results/<name>.{json,md} with device, versions and commit.
 """
@@ -40,12 +48,71 @@ sys.path.insert(0, str(HERE.parent))
 
 from _harness import bench_dataset, environment, publish, run_measured  # noqa: E402
 
+#: The tables a DuckDB process loads into its memory (those the SQL peers read).
+DUCK_TABLES = ("instance_usage", "instance_events", "machine_events", "collection_events")
+
+
+def duck_child(ds: Path, repeat: int) -> None:
+    """The DuckDB peer on resident data: the dataset's tables loaded into DuckDB's memory once
+    (timed: its load), then each SQL peer of ``analyses_bench.DUCKDB_SQL`` over them, best of
+    ``repeat``; one thread per usable core.  Peers that read the files' row order
+    (``file_row_number``) cannot run over a table and are left out."""
+    from analyses_bench import DUCKDB_SQL, _duck, resident_sql
+
+    con = _duck()
+    t0 = time.perf_counter()
+    for t in DUCK_TABLES:
+        if (ds / t).is_dir():
+            con.execute(f"CREATE TABLE {t} AS SELECT * FROM read_parquet('{ds}/{t}/**/*.parquet', hive_partitioning=false)")
+    out: dict[str, Any] = {"load_s": time.perf_counter() - t0, "queries": {}}
+    for analysis, peers in DUCKDB_SQL.items():
+        for peer, sql_of in peers.items():
+            sql = resident_sql(sql_of(ds), ds)
+            if sql is None:
+                continue
+            best = float("inf")
+            for _ in range(repeat):
+                t = time.perf_counter()
+                con.execute(sql).fetchall()
+                best = min(best, time.perf_counter() - t)
+            out["queries"][f"{analysis} {peer}"] = {"analysis": analysis, "s": best}
+    print("RESULT " + json.dumps(out), flush=True)
+
+
+def _label(name: str, opts: dict[str, Any]) -> str:
+    return f"{name}[{','.join(f'{k}={v}' for k, v in opts.items())}]"
+
+
+def bench_analyses() -> dict[str, Any]:
+    """``{label: analysis}``: every registered analysis with the bench's options, and the
+    variants restricted to what a SQL peer computes (``analyses_bench.BENCH_VARIANTS``, labelled
+    ``name[opt=value,...]``)."""
+    from analyses_bench import BENCH_OPTIONS, BENCH_VARIANTS
+
+    from gpuclust.analyses.registry import create, names
+
+    out = {n: create(n, **BENCH_OPTIONS.get(n, {})) for n in names()}
+    for n, variants in BENCH_VARIANTS.items():
+        for v in variants:
+            out[_label(n, v)] = create(n, **{**BENCH_OPTIONS.get(n, {}), **v})
+    return out
+
+
+def sql_base(analysis: str, labels: Any) -> str:
+    """The gpuclust column a SQL peer of ``analysis`` is compared with: its SQL-subset variant
+    where there is one, else the analysis."""
+    from analyses_bench import BENCH_VARIANTS
+
+    return next((_label(analysis, v) for v in BENCH_VARIANTS.get(analysis, []) if _label(analysis, v) in labels),
+                analysis)
+
 
 def child(label: str, ds: Path, repeat: int) -> None:
-    from analyses_bench import BENCH_OPTIONS
-
+    if label == "duckdb":
+        duck_child(ds, repeat)
+        return
     import gpuclust
-    from gpuclust.analyses.registry import create, names
+    from gpuclust.analyses.registry import names
 
     backend, _, scheduler = label.partition("+")
     study = gpuclust.open(ds, backend=backend, scheduler=scheduler or None)
@@ -60,23 +127,24 @@ def child(label: str, ds: Path, repeat: int) -> None:
     load = time.perf_counter() - t0
     out: dict[str, Any] = {"load_s": load, "loaded_bytes": study.loaded_bytes,
                            "load_gbs": study.loaded_bytes / load / 1e9, "analyses": {}}
-    ans = [create(n, **BENCH_OPTIONS.get(n, {})) for n in names()]
+    labelled = bench_analyses()
+    ans = list(labelled.values())
     if backend == "gpu":  # the first run compiles every kernel (an empty kernel cache on a fresh machine)
         t = time.perf_counter()
         study.run(ans)
         out["first_run_s"] = time.perf_counter() - t
     out["phases"] = {}
-    for a in ans:
+    for name, a in labelled.items():
         best = float("inf")
         for _ in range(repeat):
             t = time.perf_counter()
             study.run(a)
             took = time.perf_counter() - t
             if took < best:
-                best, out["phases"][a.name] = took, dict(study.last_run_seconds)
-        out["analyses"][a.name] = best
+                best, out["phases"][name] = took, dict(study.last_run_seconds)
+        out["analyses"][name] = best
     t = time.perf_counter()
-    study.run(ans)
+    study.run([labelled[n] for n in names()])  # the registered analyses (not the SQL-subset variants)
     out["all_at_once_s"] = time.perf_counter() - t
     if backend == "gpu" and not scheduler:
         from gpu_profile import decode_rates, transfer_rates
@@ -101,7 +169,10 @@ def main(argv: list[str] | None = None) -> int:
         child(args.child[0], Path(args.child[1]), args.repeat)
         return 0
     backends = args.backends.split(",")
-    rows = []
+    if not [b for b in backends if b != "duckdb"]:
+        ap.error("--backends: name a gpuclust backend (cpu, gpu, ...) beside duckdb")
+    rows: list[dict[str, Any]] = []
+    duck_rows: list[dict[str, Any]] = []
     for size in [int(float(s)) for s in args.sizes.split(",")]:
         ds = bench_dataset(size)
         runs: dict[str, list[dict[str, Any]]] = {b: [] for b in backends}
@@ -117,6 +188,12 @@ def main(argv: list[str] | None = None) -> int:
                 runs[b].append(r)
                 print(json.dumps({"size": size, "backend": b, **r}), flush=True)
         for b, rs in runs.items():
+            if b == "duckdb":
+                duck_rows.append({"size": size, "backend": b, "rounds": len(rs),
+                                  **{k: statistics.median(r[k] for r in rs) for k in ("load_s", "wall_s", "peak_rss_mib")},
+                                  "queries": {q: {"analysis": v["analysis"], "s": statistics.median(r["queries"][q]["s"] for r in rs)}
+                                              for q, v in rs[0]["queries"].items()}})
+                continue
             med = {k: statistics.median(r[k] for r in rs) for k in ("load_s", "load_gbs", "all_at_once_s", "wall_s", "peak_rss_mib")}
             med["analyses"] = {a: statistics.median(r["analyses"][a] for r in rs) for a in rs[0]["analyses"]}
             for k in ("ceilings", "load_vs_ceiling", "loaded_bytes", "first_run_s", "phases"):
@@ -154,6 +231,22 @@ def main(argv: list[str] | None = None) -> int:
             md.append(f"| {a} | " + " | ".join(
                 " / ".join(f"{r['phases'][a].get(k, float('nan')):.3f}" for k in ("partials", "merge", "finalize", "convert"))
                 for r in phased) + " |")
+    by_size = {(r["size"], r["backend"]): r for r in rows}
+    for d in duck_rows:
+        gpus = [b for b in ("gpu", "cpu") if (d["size"], b) in by_size]
+        md += ["", f"DuckDB on resident data at {d['size']:,} windows: the dataset's tables loaded into DuckDB's memory "
+               f"once ({d['load_s']:.3f} s; process {d['wall_s']:.2f} s, peak RSS {d['peak_rss_mib']:,.0f} MiB), then "
+               "each SQL peer of bench/analyses_bench.py over them (one thread per usable core), against the gpuclust "
+               "column it is compared with (its SQL-subset variant where there is one; target on the gpu: >= 10x):", "",
+               "| query | DuckDB s | gpuclust column | " + " | ".join(f"{b} s | {b} speed-up over DuckDB" for b in gpus) + " |",
+               "|---|---:|---|" + "---:|---:|" * len(gpus)]
+        for q, v in d["queries"].items():
+            base = sql_base(v["analysis"], rows[0]["analyses"] if rows else {})
+            cells = []
+            for b in gpus:
+                t = by_size[(d["size"], b)]["analyses"].get(base)
+                cells += ["" if t is None else f"{t:.4f}", "" if t is None else f"{v['s'] / t:.1f}x"]
+            md.append(f"| {q} | {v['s']:.4f} | {base} | " + " | ".join(cells) + " |")
     for r in rows:
         if "first_run_s" in r:
             md.append(f"\nFirst run at {r['size']:,} on {r['backend']} (all analyses, kernels compiled): "
@@ -164,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"process: pinned H2D {c['h2d_pinned_gbs']:.1f} GB/s, pageable H2D {c['h2d_pageable_gbs']:.1f} GB/s, "
                       f"host Parquet decode {c['decode_gbs']:.2f} GB/s -> {100 * r['load_vs_ceiling']:.0f}% of the lower "
                       "(target: >= 50%).")
-    publish(args.name, {"rows": rows}, md, env)
+    publish(args.name, {"rows": rows, "duckdb": duck_rows}, md, env)
     return 0
 
 

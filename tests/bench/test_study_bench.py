@@ -6,6 +6,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
@@ -20,12 +22,21 @@ def test_study_bench_tiny_cpu(tmp_path, monkeypatch):
         import study_bench
 
         monkeypatch.setattr(study_bench, "bench_dataset", lambda size: ds)
-        assert study_bench.main(["--sizes", "2e4", "--backends", "cpu,cpu+local:2", "--rounds", "1", "--repeat", "1",
-                                 "--name", "s"]) == 0
+        assert study_bench.main(["--sizes", "2e4", "--backends", "cpu,cpu+local:2,duckdb", "--rounds", "1",
+                                 "--repeat", "1", "--name", "s"]) == 0
     finally:
         sys.modules.pop("study_bench", None)
     res = json.loads((tmp_path / "s.json").read_text())
     assert [r["backend"] for r in res["rows"]] == ["cpu", "cpu+local:2"] and "environment" in res
+    # DuckDB on resident tables: every SQL peer that reads no file row order, each set against a
+    # gpuclust column (cpi's SQL-subset variant, run by the gpuclust processes too)
+    (duck,) = res["duckdb"]
+    assert duck["load_s"] > 0 and {"cell-usage duckdb", "cpi duckdb", "overcommit duckdb (usage by tier)"} <= set(duck["queries"])
+    assert all(q["s"] > 0 for q in duck["queries"].values())
+    assert "cpi[regression=none,spearman=none]" in res["rows"][0]["analyses"]
+    md_text = (tmp_path / "s.md").read_text()
+    assert "DuckDB on resident data" in md_text and "| cpi duckdb |" in md_text
+    assert "| cpi[regression=none,spearman=none] |" in md_text.replace(" | cpi[regression=none,spearman=none] | ", "| cpi[regression=none,spearman=none] |")
     local, cluster = res["rows"]
     assert local["analyses"].keys() == cluster["analyses"].keys() and cluster["loaded_bytes"] == local["loaded_bytes"]
     md = (tmp_path / "s.md").read_text()
@@ -36,3 +47,41 @@ def test_study_bench_tiny_cpu(tmp_path, monkeypatch):
             assert set(ph) == {"contexts", "partials", "merge", "finalize", "convert"}
             rest = ph["contexts"] + ph["merge"] + ph["finalize"] + ph["convert"]
             assert 0 < ph["partials"] and rest <= r["analyses"][a] + 1e-3, (a, ph)
+
+
+def _by_keys(rows):
+    """Result rows sorted by their values other than floats (the group keys)."""
+    return sorted(rows, key=lambda r: repr([v for v in r if not isinstance(v, float)]))
+
+
+def test_resident_sql_gives_the_parquet_results(tmp_path, monkeypatch):
+    """Each DuckDB peer the study bench runs over resident tables returns, over the same data, the
+    rows it returns over the Parquet files (the resident form only renames the scans)."""
+    duckdb = pytest.importorskip("duckdb")
+    monkeypatch.syspath_prepend(str(BENCH))
+    from analyses_bench import DUCKDB_SQL, resident_sql
+    from gen_canonical import make_dataset
+    from study_bench import DUCK_TABLES
+
+    ds = make_dataset(tmp_path / "ds", 20_000, seed=2)
+    con = duckdb.connect()
+    for t in DUCK_TABLES:
+        if (ds / t).is_dir():
+            con.execute(f"CREATE TABLE {t} AS SELECT * FROM read_parquet('{ds}/{t}/**/*.parquet', hive_partitioning=false)")
+    ran = 0
+    for peers in DUCKDB_SQL.values():
+        for sql_of in peers.values():
+            sql = sql_of(ds)
+            resident = resident_sql(sql, ds)
+            if resident is None:
+                assert "file_row_number" in sql
+                continue
+            assert "read_parquet" not in resident and str(ds) not in resident
+            got, want = (_by_keys(con.execute(q).fetchall()) for q in (resident, sql))
+            assert len(got) == len(want)
+            for g, w in zip(got, want, strict=True):  # the same rows; sums in another order may differ in the last bits
+                assert [v for v in g if not isinstance(v, float)] == [v for v in w if not isinstance(v, float)]
+                assert [v for v in g if isinstance(v, float)] == pytest.approx(
+                    [v for v in w if isinstance(v, float)], rel=1e-9, abs=1e-12, nan_ok=True)
+            ran += 1
+    assert ran >= 8
