@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["backend_quantiles", "sorted_quantiles", "stream_quantiles", "stream_quantiles_many"]
+__all__ = ["backend_quantiles", "backend_quantiles_many", "sorted_quantiles", "stream_quantiles", "stream_quantiles_many"]
 
 _SIGN = np.uint64(1 << 63)
 
@@ -298,12 +298,47 @@ def backend_quantiles(be: Any, batches: Callable[[], Iterable[np.ndarray]], qs: 
     """
     if be.xp is np:
         return stream_quantiles(batches, qs)
+    out = _device_quantiles(be, [be.asarray(np.ascontiguousarray(b, dtype=np.float64).ravel()) for b in batches()], qs)
+    if out is None:
+        raise ValueError("stream_quantiles: no values")
+    return out
+
+
+def backend_quantiles_many(be: Any, batches: Callable[[], Iterable[Sequence[np.ndarray]]], k: int,
+                           qs: Sequence[float]) -> np.ndarray:
+    """:func:`stream_quantiles_many` computed where backend ``be`` computes: that function on the
+    cpu (bounded host memory, a few passes over ``batches()``); on a device one pass, each
+    stream's values copied there as they come and sorted once, only the order statistics coming
+    back.  The same result either way (NaN rows for streams without values).
+
+    >>> from gpuclust.backends import get_backend
+    >>> data = [(np.array([3.0, 1.0]), np.array([])), (np.array([2.0]), np.array([5.0]))]
+    >>> backend_quantiles_many(get_backend("cpu"), lambda: iter(data), 2, [0.5]).tolist()
+    [[2.0], [5.0]]
+    """
+    if be.xp is np:
+        return stream_quantiles_many(batches, k, qs)
+    parts: list[list[Any]] = [[] for _ in range(k)]
+    for group in _groups(batches, k):
+        for j, b in enumerate(group):
+            if b.size:
+                parts[j].append(be.asarray(b))
+    out = np.full((k, len(qs)), np.nan)
+    for j in range(k):
+        r = _device_quantiles(be, parts[j], qs)
+        if r is not None:
+            out[j] = r
+    return out
+
+
+def _device_quantiles(be: Any, parts: list[Any], qs: Sequence[float]) -> np.ndarray | None:
+    """The linear-method quantiles of the values in device arrays ``parts``, by one sort there
+    (None without values); NaN refused, as by the host selection."""
     xp = be.xp
-    parts = [be.asarray(np.ascontiguousarray(b, dtype=np.float64).ravel()) for b in batches()]
     v = xp.sort(xp.concatenate(parts)) if parts else xp.zeros(0)
     n = int(v.shape[0])
     if n == 0:
-        raise ValueError("stream_quantiles: no values")
+        return None
     if bool(xp.isnan(v[-1])):  # NaN sorts last
         raise ValueError("stream_quantiles: NaN in the input")
     lo, hi, gamma = _linear_ranks(n, np.asarray(qs, dtype=np.float64))

@@ -34,7 +34,7 @@ from generic_backend import CPU, SHAPED_XP, check_ufunc_method
 
 from gpuclust.backends import Backend
 
-__all__ = ["DEVICE", "WORK", "DeviceArray", "counting_device_work"]
+__all__ = ["DEVICE", "DEVICE_GPU", "WORK", "DeviceArray", "counting_device_work", "mark_partials_gpu"]
 
 #: Device work counted inside :func:`counting_device_work`: ``ops``, the device-array operations
 #: (ufuncs, array functions and methods, array creation, gathers and scatters: each one kernel
@@ -246,21 +246,42 @@ class _DeviceBackend(Backend):
 
 
 DEVICE = _DeviceBackend("cpu", XP, _DeviceOps(CPU.ops))
+#: :data:`DEVICE` under the gpu backend's name, what :func:`resolve_gpu_to_device` makes the gpu
+#: backend, so that code choosing by the name (a finalize's chunk sizes, the mixture inversion)
+#: takes the gpu's way.  Studies and runs keep :data:`DEVICE`: their load path is CuPy's under
+#: that name (pinned buffers, streams); :func:`mark_partials_gpu` marks their partials instead.
+DEVICE_GPU = dataclasses.replace(DEVICE, name="gpu")
+
+
+def mark_partials_gpu(monkeypatch: Any) -> None:
+    """Mark the partials of every registered analysis as computed on the gpu (their ``backend``
+    entry), as a gpu run's are, so that with :func:`resolve_gpu_to_device` a study or run on
+    :data:`DEVICE` finalizes them on the device-shaped backend, as a gpu run does on the device."""
+    from gpuclust.analyses.registry import create, names
+
+    for cls in {type(create(n)) for n in names()}:
+        def partial(self: Any, cols: Any, ctx: Any, backend: Any, real: Any = cls.partial) -> Any:
+            out = real(self, cols, ctx, backend)
+            if isinstance(out, dict) and "backend" in out:
+                out["backend"] = "gpu"
+            return out
+
+        monkeypatch.setattr(cls, "partial", partial)
 
 
 def resolve_gpu_to_device(monkeypatch: Any) -> None:
-    """Make the gpu backend :data:`DEVICE` for the rest of a test: ``get_backend("gpu")`` (and so
-    ``backend_of`` of a device array), ``available_backend("gpu")`` and ``finalize_backend("gpu")``
+    """Make the gpu backend :data:`DEVICE_GPU` for the rest of a test: ``get_backend("gpu")`` (and
+    so ``backend_of`` of a device array), ``available_backend("gpu")`` and ``finalize_backend("gpu")``
     (so partials marked as computed on the gpu finalize on it)."""
     import gpuclust.backends as backends
 
     real, real_available = backends.get_backend, backends.available_backend
 
     def get_backend(name: Any = "auto") -> Backend:
-        return DEVICE if name == "gpu" else real(name)
+        return DEVICE_GPU if name == "gpu" else real(name)
 
     def available_backend(name: str) -> Backend | None:
-        return DEVICE if name == "gpu" else real_available(name)
+        return DEVICE_GPU if name == "gpu" else real_available(name)
 
     monkeypatch.setattr(backends, "get_backend", get_backend)
     monkeypatch.setattr(backends, "available_backend", available_backend)

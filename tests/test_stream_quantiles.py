@@ -256,3 +256,30 @@ def test_backend_quantiles_refuse_nan_and_nothing():
         backend_quantiles(DEVICE, lambda: iter([np.array([1.0, np.nan])]), [0.5])
     with pytest.raises(ValueError, match="no values"):
         backend_quantiles(DEVICE, lambda: iter([]), [0.5])
+
+
+@settings(max_examples=40, deadline=None)
+@given(streams=st.lists(st.lists(st.one_of(st.sampled_from(SPECIAL[2:]), st.floats(-1e6, 1e6, allow_nan=False)),
+                                 max_size=120), min_size=1, max_size=4),
+       cuts=st.lists(st.integers(0, 120), max_size=3),
+       qs=st.lists(st.floats(0, 1), min_size=1, max_size=5))
+def test_backend_quantiles_many_equal_np_quantile_on_every_backend(streams, cuts, qs):
+    """k streams at once, batch by batch: np.quantile of each stream (NaN rows for an empty one) on
+    the cpu (stream_quantiles_many), the generic and the device-shaped backend (one pass, one
+    sort a stream on the device)."""
+    from device_backend import DEVICE
+    from generic_backend import GENERIC
+
+    from gpuclust.backends import get_backend
+    from gpuclust.stream_quantiles import backend_quantiles_many
+
+    xs = [np.array(v, dtype=np.float64) for v in streams]
+    n = max(x.size for x in xs)
+    bounds = [0, *sorted(c for c in cuts if c <= n), n]
+    batches = [tuple(x[a:b] for x in xs) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    with np.errstate(all="ignore"):
+        want = np.array([np.quantile(x, qs) if x.size else np.full(len(qs), np.nan) for x in xs])
+        for be in (get_backend("cpu"), GENERIC, DEVICE):
+            got = backend_quantiles_many(be, lambda: iter(batches), len(xs), qs)
+            assert isinstance(got, np.ndarray) and got.shape == (len(xs), len(qs))
+            np.testing.assert_array_equal(got, want)

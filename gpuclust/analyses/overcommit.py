@@ -633,7 +633,7 @@ class Overcommit(Analysis):
             for c in cell:
                 if c.startswith(_USAGE_PREFIXES):
                     cell[c] = np.full(ctx.n_buckets, np.nan)
-        summary = _summary(tables["machine"], tiers, has_usage=has_usage)
+        summary = _summary(finalize_backend(rest["backend"]), tables["machine"], tiers, has_usage=has_usage)
         info = table_from_rows([{
             "analysis": self.name, "tier_map": ctx.tier_map.name, "tiers": ",".join(tiers),
             "bucket_s": int(self.bucket_s), "window_start_us": ctx.window_start, "window_end_us": ctx.window_end,
@@ -732,15 +732,17 @@ _SUMMARY_SCHEMA = pa.schema([("metric", pa.string()), ("resource", pa.string()),
                              ("value", pa.float64())])
 
 
-def _summary(machine: Any, tiers: list[str], has_usage: bool) -> pa.Table:
+def _summary(be: Any, machine: Any, tiers: list[str], has_usage: bool) -> pa.Table:
     """Statistics over *full* machine-buckets: available the whole bucket, known capacity > 0.
     Usage statistics are NaN when the dataset has no instance_usage rows (e.g. 2011 events only).
 
     ``machine`` is the machine table (a parted table, a DataFrame or an Arrow table), read a batch
     at a time without pandas (:func:`gpuclust.parted.array_batches`): the sums in one pass, and
     the exact ratio quantiles of every (resource, tier) together in a few more
-    (:func:`gpuclust.stream_quantiles.stream_quantiles_many`), so nothing grows with the table."""
-    from gpuclust.stream_quantiles import stream_quantiles_many
+    (:func:`gpuclust.stream_quantiles.stream_quantiles_many`), so nothing grows with the table.
+    On a device backend ``be`` (the partials' backend) the quantiles take one pass instead: the
+    ratios copied there, one sort a series (:func:`gpuclust.stream_quantiles.backend_quantiles_many`)."""
+    from gpuclust.stream_quantiles import backend_quantiles_many
 
     def full_of(b: dict[str, np.ndarray], r: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         L, cap = b["covered_s"], b[f"cap_{r}"]
@@ -785,7 +787,7 @@ def _summary(machine: Any, tiers: list[str], has_usage: bool) -> pa.Table:
             full = {r: full_of(b, r) for r in {r for r, _ in quantiled}}
             yield [b[req_col[(r, t)]][full[r][0]] / full[r][2] for r, t in quantiled]
 
-    qs = stream_quantiles_many(ratios, len(quantiled), QUANTILES) if quantiled else np.zeros((0, len(QUANTILES)))
+    qs = backend_quantiles_many(be, ratios, len(quantiled), QUANTILES) if quantiled else np.zeros((0, len(QUANTILES)))
     qrow = dict(zip(quantiled, qs, strict=True))
     rows: list[dict[str, Any]] = []
 

@@ -108,7 +108,7 @@ def test_device_partials_stay_on_the_device_when_nothing_merges_them(dataset, re
     finalize in device memory when their table is one resident partition, and in host memory
     when partitions are merged; every other analysis' always in host memory; the results are
     ``run``'s on the cpu either way."""
-    from device_backend import DEVICE, resolve_gpu_to_device
+    from device_backend import DEVICE, mark_partials_gpu, resolve_gpu_to_device
 
     from gpuclust.analyses.registry import create
 
@@ -127,6 +127,7 @@ def test_device_partials_stay_on_the_device_when_nothing_merges_them(dataset, re
 
         monkeypatch.setattr(cls, "finalize", spy)
         monkeypatch.setattr(cls, "finalize_shard", spy_shard)
+    mark_partials_gpu(monkeypatch)  # so they finalize on the device-shaped backend, as a gpu study's
     study = gpuclust.open(dataset, backend=DEVICE, partitions=partitions, workers=1).persist()
     got = study.run(names())
     stay = {"cpi", "overcommit", "peak-prediction", "usage-distribution"}
