@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import threading
+import time
 import types
 from collections import Counter
 from collections.abc import Iterator
@@ -40,9 +42,12 @@ __all__ = ["DEVICE", "DEVICE_GPU", "WORK", "DeviceArray", "counting_device_work"
 #: (ufuncs, array functions and methods, array creation, gathers and scatters: each one kernel
 #: launch or more on CuPy, ~10 us of host time apiece); ``kernels``, the backend's ops (custom
 #: kernels); ``syncs``, device values read on the host (``bool`` / ``int`` / ``float`` / an index
-#: of a device array, ``get``: each waits for the device).
+#: of a device array, ``get``: each waits for the device); and ``device_s``, the seconds spent
+#: inside those operations here (on NumPy: what a device would do, the copies included), so that
+#: the rest of a run's time is what stays on the host.
 WORK: Counter[str] = Counter()
 _counting = [False]
+_nesting = threading.local()
 
 
 @contextlib.contextmanager
@@ -54,6 +59,25 @@ def counting_device_work() -> Iterator[Counter[str]]:
         yield WORK
     finally:
         _counting[0] = False
+
+
+@contextlib.contextmanager
+def _op(kind: str) -> Iterator[None]:
+    """One device operation of ``kind``: counted, and timed into ``device_s`` unless it runs
+    inside another (an array function calling methods of its arguments)."""
+    if not _counting[0]:
+        yield
+        return
+    WORK[kind] += 1
+    depth = getattr(_nesting, "depth", 0)
+    _nesting.depth = depth + 1
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        _nesting.depth = depth
+        if depth == 0:
+            WORK["device_s"] += time.perf_counter() - start
 
 
 def _count(kind: str) -> None:
@@ -112,8 +136,8 @@ class DeviceArray(np.lib.mixins.NDArrayOperatorsMixin):
 
     # ---- what CuPy arrays have and NumPy ones lack
     def get(self) -> np.ndarray:
-        _count("syncs")
-        return self.data.copy()
+        with _op("syncs"):
+            return self.data.copy()
 
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
@@ -131,16 +155,16 @@ class DeviceArray(np.lib.mixins.NDArrayOperatorsMixin):
             if isinstance(x, (int, float)) and type(x) not in _SCALARS:
                 raise TypeError(f"operand type(s) all returned NotImplemented from __array_ufunc__ ({where} of a "
                                 f"{type(x).__name__} scalar: CuPy takes int / float / bool only; pass int(...))")
-        _count("ops")
-        args = _data(inputs, where)
-        if "out" in kw:
-            kw["out"] = _data(kw["out"], where)
-        return _dev(getattr(ufunc, method)(*args, **kw))
+        with _op("ops"):
+            args = _data(inputs, where)
+            if "out" in kw:
+                kw["out"] = _data(kw["out"], where)
+            return _dev(getattr(ufunc, method)(*args, **kw))
 
     def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
         where = getattr(func, "__name__", str(func))
-        _count("ops")
-        return _dev(func(*_data(args, where), **_data(kwargs, where)))
+        with _op("ops"):
+            return _dev(func(*_data(args, where), **_data(kwargs, where)))
 
     # ---- the ndarray surface
     def __getattr__(self, name: str) -> Any:
@@ -149,19 +173,20 @@ class DeviceArray(np.lib.mixins.NDArrayOperatorsMixin):
         attr = getattr(self.data, name)
         if callable(attr):
             def method(*args: Any, **kw: Any) -> Any:
-                _count("ops")
-                return _dev(attr(*_data(args), **_data(kw)))
+                with _op("ops"):
+                    return _dev(attr(*_data(args), **_data(kw)))
             return method
         return _dev(attr)
 
     def __getitem__(self, key: Any) -> Any:
-        if not _basic(key):
-            _count("ops")  # a gather
-        return _dev(self.data[_data(key)])
+        if _basic(key):  # a view
+            return _dev(self.data[_data(key)])
+        with _op("ops"):  # a gather
+            return _dev(self.data[_data(key)])
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        _count("ops")
-        self.data[_data(key)] = _data(value)
+        with _op("ops"):
+            self.data[_data(key)] = _data(value)
 
     def __len__(self) -> int:
         return len(self.data)
@@ -191,8 +216,8 @@ class DeviceArray(np.lib.mixins.NDArrayOperatorsMixin):
 
 def _creation(f: Any) -> Any:
     def make(*args: Any, **kw: Any) -> Any:
-        _count("ops")
-        return _dev(f(*_data(args), **_data(kw)))
+        with _op("ops"):
+            return _dev(f(*_data(args), **_data(kw)))
     return make
 
 
@@ -201,10 +226,10 @@ def _asarray(a: Any, dtype: Any = None, **kw: Any) -> Any:
     if isinstance(a, DeviceArray):
         if dtype is None or a.data.dtype == np.dtype(dtype):
             return a
-        _count("ops")
-        return DeviceArray(a.data.astype(dtype))
-    _count("ops")  # a host-to-device copy
-    return DeviceArray(np.array(_data(a), dtype=dtype, **kw))
+        with _op("ops"):
+            return DeviceArray(a.data.astype(dtype))
+    with _op("ops"):  # a host-to-device copy
+        return DeviceArray(np.array(_data(a), dtype=dtype, **kw))
 
 
 XP = types.ModuleType("device_shaped", "The CuPy-shaped module, its results device arrays.")
@@ -231,8 +256,8 @@ class _DeviceOps:
             return op
 
         def call(*args: Any, **kw: Any) -> Any:
-            _count("kernels")
-            return _dev(op(*_data(args), **_data(kw)))
+            with _op("kernels"):
+                return _dev(op(*_data(args), **_data(kw)))
         return call
 
 
