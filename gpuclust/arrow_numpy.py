@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["array", "empty_table", "labels", "null_value", "rows_table", "scalar", "schema_table", "strings", "table",
+__all__ = ["array", "bin_table", "empty_table", "labels", "null_value", "rows_table", "scalar", "schema_table", "strings", "table",
            "table_from_rows", "to_numpy", "valid"]
 
 
@@ -220,6 +220,36 @@ def rows_table(rows: Any, schema: pa.Schema) -> pa.Table:
     """
     rows = list(rows)
     return table_from_rows(rows) if rows else empty_table(schema)
+
+
+def bin_table(hists: Any, lower: np.ndarray, upper: np.ndarray, value: str, count: str, schema: pa.Schema,
+              **keys: Any) -> pa.Table:
+    """The non-empty bins of several histograms as one table, histogram after histogram, in
+    ``schema``'s column order: the keys (``keys[name][i]`` on histogram ``i``'s rows), ``bin``,
+    ``lo_<value>`` / ``hi_<value>`` (``lower[bin]`` / ``upper[bin]``) and ``<count>``: the rows of
+    :func:`gpuclust.partials.bin_rows` of each histogram, built from columns instead of a dict a
+    row (:func:`rows_table` of those rows gives the same table); ``schema``'s empty table where no
+    bin is non-empty.
+
+    >>> t = bin_table([np.array([0, 2]), np.array([1, 0])], np.array([0.0, 1.0]), np.array([1.0, 2.0]), "s", "n",
+    ...               pa.schema([("tier", pa.string()), ("bin", pa.int64()), ("lo_s", pa.float64()),
+    ...                          ("hi_s", pa.float64()), ("n", pa.int64())]), tier=["a", "b"])
+    >>> t.to_pylist()
+    [{'tier': 'a', 'bin': 1, 'lo_s': 1.0, 'hi_s': 2.0, 'n': 2}, {'tier': 'b', 'bin': 0, 'lo_s': 0.0, 'hi_s': 1.0, 'n': 1}]
+    """
+    hists = [np.asarray(h) for h in hists]
+    nz = [np.flatnonzero(h) for h in hists]
+    sizes = [int(b.shape[0]) for b in nz]
+    if not sum(sizes):
+        return empty_table(schema)
+    which = np.repeat(np.arange(len(hists)), sizes)
+    b = np.concatenate(nz).astype(np.int64)
+    cols: dict[str, Any] = {k: labels(list(v), which) for k, v in keys.items()}
+    cols["bin"] = b
+    cols[f"lo_{value}"] = np.asarray(lower, np.float64)[b]
+    cols[f"hi_{value}"] = np.asarray(upper, np.float64)[b]
+    cols[count] = np.concatenate([h[x] for h, x in zip(hists, nz, strict=True)]).astype(np.int64)
+    return table({name: cols[name] for name in schema.names})
 
 
 def schema_table(rows: Any, schema: pa.Schema) -> pa.Table:

@@ -54,9 +54,9 @@ from gpuclust.analyses._extent import max_finite
 from gpuclust.analyses.base import Analysis, fmt, is_null_int, resolve_tier_map
 from gpuclust.analyses.grouping import FloatBins, bucket_index, instance_order, segmented_last
 from gpuclust.analyses.options import option, tier_map_option
-from gpuclust.arrow_numpy import empty_table, labels, rows_table, table, table_from_rows
+from gpuclust.arrow_numpy import bin_table, empty_table, labels, rows_table, table, table_from_rows
 from gpuclust.layout import key_hash
-from gpuclust.partials import bin_quantile_edges, bin_rows, keyed_reduce, merge_keyed
+from gpuclust.partials import bin_quantile_edges, keyed_reduce, merge_keyed
 from gpuclust.schema import TIME_AFTER_TRACE, EventType, TierMap, tier_map
 from gpuclust.tables import as_arrow, column
 
@@ -452,7 +452,7 @@ class Lifecycle(Analysis):
         lo_s = np.concatenate([[0.0], edges_s])
         hi_s = np.concatenate([[0.0], edges_s[1:], [np.inf]])
         rows: list[dict[str, Any]] = []
-        hrows: list[dict[str, Any]] = []
+        hists: dict[str, list[Any]] = {"hist": [], "tier": [], "measure": [], "outcome": []}
         for k in range(T):
             for d, (measure, outcome) in enumerate(DISTRIBUTIONS):
                 n_ep = int(p["episodes"][k, d])
@@ -470,11 +470,12 @@ class Lifecycle(Analysis):
                     # the bin of each inverted-CDF quantile: its lower edge (not below the minimum)
                     for q, v in bin_quantile_edges(h, lo_s, (50, 90, 99)).items():
                         row[f"p{q}_s"] = float(max(v, lo_min))
-                    hrows.extend({c: r[c] for c in _HIST_SCHEMA.names}
-                                 for r in bin_rows(h, lo_s, hi_s, "s", "episodes", tier=names[k], measure=measure,
-                                                   outcome=outcome))
+                    for hk, hv in (("hist", h), ("tier", names[k]), ("measure", measure), ("outcome", outcome)):
+                        hists[hk].append(hv)
                 rows.append(row)
-        return rows_table(rows, _DELAYS_SCHEMA), rows_table(hrows, _HIST_SCHEMA)
+        return rows_table(rows, _DELAYS_SCHEMA), bin_table(
+            hists["hist"], lo_s, hi_s, "s", "episodes", _HIST_SCHEMA, tier=hists["tier"], measure=hists["measure"],
+            outcome=hists["outcome"])
 
     def summary(self, result: dict[str, Any]) -> str:
         info = as_arrow(result["info"]).to_pylist()[0]

@@ -35,8 +35,8 @@ from gpuclust.analyses._lookup import EVENT_COLUMNS, TierLookupContext, tier_loo
 from gpuclust.analyses.base import Analysis, fmt, resolve_tier_map
 from gpuclust.analyses.grouping import instance_order
 from gpuclust.analyses.options import option, tier_map_option
-from gpuclust.arrow_numpy import rows_table, table_from_rows
-from gpuclust.partials import bin_quantile_edges, bin_rows, log_bins
+from gpuclust.arrow_numpy import bin_table, rows_table, table_from_rows
+from gpuclust.partials import bin_quantile_edges, log_bins
 from gpuclust.schema import TIME_AFTER_TRACE, tier_map
 from gpuclust.tables import as_arrow
 
@@ -193,7 +193,7 @@ class UsageChange(Analysis):
         lo = np.maximum(np.concatenate([[0.0], RATIO_EDGES]) - 1.0, -1.0)  # relative change at each bin's lower edge
         hi = np.concatenate([RATIO_EDGES, [np.inf]]) - 1.0
         rows: list[dict[str, Any]] = []
-        hrows: list[dict[str, Any]] = []
+        hists: dict[str, list[Any]] = {"hist": [], "tier": [], "resource": []}
         groups = [(names[t], p["counts"][t], p["within"][t], p["hist"][t], p["rsum"][t]) for t in range(T)]
         groups.append(("all", p["counts"][:T].sum(0), p["within"][:T].sum(0), p["hist"][:T].sum(0), p["rsum"][:T].sum(0)))
         for tier, cnt, win, hist, rs in groups:
@@ -207,12 +207,14 @@ class UsageChange(Analysis):
                 row["mean_change"] = float(rs[j]) / n if n else np.nan
                 row.update({f"p{q}_change": float(v) for q, v in bin_quantile_edges(hist[j], lo, (1, 10, 50, 90, 99)).items()})
                 rows.append(row)
-                hrows.extend({c: r[c] for c in _HIST_SCHEMA.names}
-                             for r in bin_rows(hist[j], lo, hi, "change", "pairs", tier=tier, resource=res))
+                for hk, hv in (("hist", hist[j]), ("tier", tier), ("resource", res)):
+                    hists[hk].append(hv)
         stats = dict(zip(_STATS, (int(v) for v in p["stats"]), strict=True))
         info = table_from_rows([{"analysis": self.name, "tier_map": ctx.tier_map.name, "tiers": ",".join(names),
                                  "max_gap_s": int(self.max_gap_s), **stats}])
-        return {"summary": rows_table(rows, _SUMMARY_SCHEMA), "hist": rows_table(hrows, _HIST_SCHEMA), "info": info}
+        return {"summary": rows_table(rows, _SUMMARY_SCHEMA), "info": info,
+                "hist": bin_table(hists["hist"], lo, hi, "change", "pairs", _HIST_SCHEMA, tier=hists["tier"],
+                                  resource=hists["resource"])}
 
     def summary(self, result: dict[str, Any]) -> str:
         info = as_arrow(result["info"]).to_pylist()[0]

@@ -49,8 +49,8 @@ from gpuclust.analyses.base import Analysis, fmt, resolve_tier_map
 from gpuclust.analyses.grouping import FloatBins
 from gpuclust.analyses.options import tier_map_option
 from gpuclust.analyses.usage_change import RATIO_EDGES
-from gpuclust.arrow_numpy import rows_table, table_from_rows
-from gpuclust.partials import bin_quantile_edges, bin_rows
+from gpuclust.arrow_numpy import bin_table, rows_table, table_from_rows
+from gpuclust.partials import bin_quantile_edges
 from gpuclust.schema import tier_map
 from gpuclust.tables import as_arrow
 
@@ -311,7 +311,7 @@ class UsageVsRequest(Analysis):
         groups = [(names[t], p["counts"][t], p["hist"][t], p["rsum"][t]) for t in range(T)]
         groups.append(("all", p["counts"][:T].sum(0), p["hist"][:T].sum(0), p["rsum"][:T].sum(0)))
         rows: list[dict[str, Any]] = []
-        hrows: list[dict[str, Any]] = []
+        hists: dict[str, list[Any]] = {"hist": [], "tier": [], "measure": []}
         for tier, cnt, hist, rs in groups:
             for j, (measure, _, _) in enumerate(MEASURES):
                 if not cnt[j, 0]:
@@ -323,11 +323,13 @@ class UsageVsRequest(Analysis):
                                        "mean_ratio": float(rs[j]) / nd if nd else np.nan}
                 row.update({f"p{q}_ratio": float(v) for q, v in bin_quantile_edges(hist[j], lo, (10, 50, 90, 99)).items()})
                 rows.append(row)
-                hrows.extend({f: r[f] for f in _HIST_SCHEMA.names}
-                             for r in bin_rows(hist[j], lo, hi, "ratio", "windows", tier=tier, measure=measure))
+                for hk, hv in (("hist", hist[j]), ("tier", tier), ("measure", measure)):
+                    hists[hk].append(hv)
         info = table_from_rows([{"analysis": self.name, "tier_map": ctx.tier_map.name, "tiers": ",".join(names),
                                  "windows": int(p["counts"][:T, 0, 0].sum())}])
-        return {"summary": rows_table(rows, _SUMMARY_SCHEMA), "hist": rows_table(hrows, _HIST_SCHEMA), "info": info}
+        return {"summary": rows_table(rows, _SUMMARY_SCHEMA), "info": info,
+                "hist": bin_table(hists["hist"], lo, hi, "ratio", "windows", _HIST_SCHEMA, tier=hists["tier"],
+                                  measure=hists["measure"])}
 
     def summary(self, result: dict[str, Any]) -> str:
         info = as_arrow(result["info"]).to_pylist()[0]

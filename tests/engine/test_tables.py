@@ -184,3 +184,27 @@ def test_a_run_never_imports_numpy_ma(dataset: Dataset, tmp_path: Path, name: st
         p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
         assert p.returncode == 0, p.stderr
         assert json.loads(p.stdout.strip().splitlines()[-1]) == {"rc": 0, "ma": False}, ds
+
+
+@settings(max_examples=60, deadline=None)
+@given(hists=st.lists(st.lists(st.integers(0, 3), min_size=5, max_size=5), max_size=4),
+       floats=st.booleans())
+def test_bin_table_is_the_table_of_bin_rows(hists, floats):
+    """arrow_numpy.bin_table (columns) gives rows_table of partials.bin_rows (a dict a row, the way
+    the histogram tables were built before): same rows, order and types; the schema's empty table
+    when no bin is non-empty."""
+    from gpuclust.arrow_numpy import bin_table, rows_table
+    from gpuclust.partials import bin_rows
+
+    schema = pa.schema([("tier", pa.string()), ("measure", pa.string()), ("bin", pa.int64()),
+                        ("lo_x", pa.float64()), ("hi_x", pa.float64()), ("n", pa.int64())])
+    lower = np.array([0.0, 0.5, 1.0, 2.0, 4.0])
+    upper = np.array([0.5, 1.0, 2.0, 4.0, np.inf])
+    hs = [np.array(h, dtype=np.float64 if floats else np.int64) for h in hists]
+    tiers = [f"t{i % 2}" for i in range(len(hs))]
+    measures = ["cpu" if i % 3 else "memory" for i in range(len(hs))]
+    rows = [{c: r[c] for c in schema.names} for h, t, m in zip(hs, tiers, measures, strict=True)
+            for r in bin_rows(h, lower, upper, "x", "n", tier=t, measure=m)]
+    want = rows_table(rows, schema)
+    got = bin_table(hs, lower, upper, "x", "n", schema, tier=tiers, measure=measures)
+    assert got.schema.names == schema.names and got.equals(want), (got.to_pylist(), want.to_pylist())
