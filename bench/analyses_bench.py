@@ -66,8 +66,13 @@ BENCH_VARIANTS: dict[str, list[dict[str, Any]]] = {
 }
 
 
+def variant_label(name: str, opts: dict[str, Any]) -> str:
+    """``name[opt=value,...]`` (``name`` without options): a gpuclust run restricted by ``opts``."""
+    return f"{name}[{','.join(f'{k}={v}' for k, v in opts.items())}]" if opts else name
+
+
 def _variant_name(backend: str, opts: dict[str, Any]) -> str:
-    return f"gpuclust-{backend}[{','.join(f'{k}={v}' for k, v in opts.items())}]" if opts else f"gpuclust-{backend}"
+    return variant_label(f"gpuclust-{backend}", opts)
 
 
 def _parse_contender(name: str) -> tuple[str, dict[str, Any]]:

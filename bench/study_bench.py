@@ -79,32 +79,28 @@ def duck_child(ds: Path, repeat: int) -> None:
     print("RESULT " + json.dumps(out), flush=True)
 
 
-def _label(name: str, opts: dict[str, Any]) -> str:
-    return f"{name}[{','.join(f'{k}={v}' for k, v in opts.items())}]"
-
-
 def bench_analyses() -> dict[str, Any]:
     """``{label: analysis}``: every registered analysis with the bench's options, and the
     variants restricted to what a SQL peer computes (``analyses_bench.BENCH_VARIANTS``, labelled
     ``name[opt=value,...]``)."""
-    from analyses_bench import BENCH_OPTIONS, BENCH_VARIANTS
+    from analyses_bench import BENCH_OPTIONS, BENCH_VARIANTS, variant_label
 
     from gpuclust.analyses.registry import create, names
 
     out = {n: create(n, **BENCH_OPTIONS.get(n, {})) for n in names()}
     for n, variants in BENCH_VARIANTS.items():
         for v in variants:
-            out[_label(n, v)] = create(n, **{**BENCH_OPTIONS.get(n, {}), **v})
+            out[variant_label(n, v)] = create(n, **{**BENCH_OPTIONS.get(n, {}), **v})
     return out
 
 
 def sql_base(analysis: str, labels: Any) -> str:
     """The gpuclust column a SQL peer of ``analysis`` is compared with: its SQL-subset variant
     where there is one, else the analysis."""
-    from analyses_bench import BENCH_VARIANTS
+    from analyses_bench import BENCH_VARIANTS, variant_label
 
-    return next((_label(analysis, v) for v in BENCH_VARIANTS.get(analysis, []) if _label(analysis, v) in labels),
-                analysis)
+    return next((variant_label(analysis, v) for v in BENCH_VARIANTS.get(analysis, [])
+                 if variant_label(analysis, v) in labels), analysis)
 
 
 def child(label: str, ds: Path, repeat: int) -> None:

@@ -643,23 +643,22 @@ class Cpi(Analysis):
         return lo * per, hi * per
 
     @staticmethod
-    def _util(c: dict[str, Any], ctx: CpiContext, be: Any = None) -> tuple[Any, Any, Any]:
+    def _util(c: dict[str, Any], ctx: CpiContext, be: Any) -> tuple[Any, Any, Any]:
         """Capacity-machine index, cell and utilisation of merged ``c`` sums (NaN when a row's CPU
-        time is unknown or the cell lies outside the trace window), on backend ``be`` (default:
-        the host) given ``c`` there."""
-        xp = np if be is None else be.xp
+        time is unknown or the cell lies outside the trace window), on backend ``be`` given ``c``
+        there."""
+        xp = be.xp
         key = c["key"].astype(xp.int64, copy=False)
         span = max(ctx.cell_span, 1)
         m, cell = key // span, key % span
-        denom = xp.asarray(_cell_seconds(xp, cell, ctx.trace_window_us))
-        denom *= ctx.cap_val[m] if be is None else be.stage(ctx.cap_val)[m]
+        denom = _cell_seconds(xp, cell, ctx.trace_window_us) * be.stage(ctx.cap_val)[m]
         with np.errstate(invalid="ignore", divide="ignore"):
             u = xp.where((c["bad"] == 0) & (denom > 0), c["cpu_seconds"] / xp.where(denom > 0, denom, 1.0), xp.nan)
         return m, cell, u
 
     def machine_cells(self, c: dict[str, np.ndarray], ctx: CpiContext) -> pd.DataFrame:
         """The machine-cell table of merged ``c`` sums: ``machine_id``, ``cell``, ``k``, ``util``."""
-        m, cell, u = self._util(c, ctx)
+        m, cell, u = self._util(c, ctx, finalize_backend("cpu"))
         return pd.DataFrame({"machine_id": ctx.cap_ids[m], "cell": cell, "k": np.asarray(c["k"], np.int64), "util": u})
 
     def finalize_shard(self, keyed: dict[str, dict[str, np.ndarray]], rest: dict[str, Any], ctx: CpiContext,
