@@ -1,0 +1,439 @@
+"""The steps of the device check (``bench/gpu_check.sh``), each a subcommand writing one JSON file.
+
+    python bench/gpu_check.py data OUT --base 1e6 --copies 35     # a 3*10^7-window dataset in seconds
+    python bench/gpu_check.py study DS --json study.json          # load, ceilings, warm analyses, out of core
+    python bench/gpu_check.py cli DS --backend gpu --json cli_gpu.json
+    python bench/gpu_check.py dask DS --json dask.json --ref REF  # LocalCUDACluster against the local run
+    python bench/gpu_check.py assemble WORK --logs LOGS --out gpu-latest.json   # the issue's record
+
+``data`` generates a base dataset with ``bench/gen_canonical.py`` and replicates it in time with
+pyarrow: copy k has its windows and events shifted by k spans and its collection ids offset by
+``k << 56`` (distinct instances), so per-instance, per-machine and per-hour keys grow with the copies.
+
+``study`` (backend from ``--backend``, default gpu): persist every column the registered analyses
+read (timed: the load; its rate against the pinned host->device and host decode ceilings measured in
+the same process), one run of all analyses (kernel compilation), each analysis warm on the
+resident data, all at once, the results saved under ``--ref``; then the resident columns are
+released and the same analyses stream through ``gpuclust.run(partitions="auto")`` with the device
+memory pool capped at ``--budget-frac`` of the loaded bytes (the out-of-core run), compared table by
+table with the resident results.  The JSON is rewritten after every phase, so a step cut off by its
+deadline still leaves what it measured.
+
+Every step accepts a CPU backend, which is how the script is rehearsed on a machine without a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+#: a 2019 cell's usage windows (the projection's size)
+CELL_WINDOWS = 2.7e9
+US = 1_000_000
+
+
+def _dump(path: Path, obj: dict[str, Any]) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1, default=str))
+    os.replace(tmp, path)
+
+
+# -- data ---------------------------------------------------------------------------------------
+def make_data(out: Path, base: int, copies: int, machines: int) -> Path:
+    """A dataset of ``copies`` time-shifted replicas of a ``base``-window canonical dataset."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from gen_canonical import ROW_GROUP, make_dataset
+    from gpuclust.dataset import new_manifest, write_json_atomic
+    from gpuclust.schema import SCHEMAS, tier_map
+
+    t0 = time.perf_counter()
+    src = make_dataset(out / "base", base, machines=machines, seed=1)
+    usage = pq.read_table(src / "instance_usage")
+    events = pq.read_table(src / "instance_events")
+    lo = pc.min(usage["start_time"]).as_py()
+    hi = pc.max(usage["end_time"]).as_py()
+    span = ((hi - lo) // (300 * US) + 1) * 300 * US
+    ds = out / "ds"
+    for t in ("instance_usage", "instance_events", "machine_events"):
+        (ds / t).mkdir(parents=True, exist_ok=True)
+
+    def shifted(t: pa.Table, k: int, times: tuple[str, ...]) -> pa.Table:
+        cols = {n: t[n] for n in t.column_names}
+        for n in times:
+            cols[n] = pc.add(t[n], pa.scalar(k * span, pa.int64()))
+        off = pa.scalar(k << 56, pa.int64())
+        cols["collection_id"] = pc.add(t["collection_id"], off)
+        a = t["alloc_collection_id"]
+        cols["alloc_collection_id"] = pc.if_else(pc.equal(a, 0), a, pc.add(a, off))
+        return pa.table(cols).cast(t.schema)
+
+    def write_usage(k: int) -> str:
+        rel = f"instance_usage/part-rep-{k:05d}.parquet"
+        pq.write_table(shifted(usage, k, ("start_time", "end_time")), ds / rel, row_group_size=ROW_GROUP, compression="zstd")
+        return rel
+
+    with ThreadPoolExecutor(min(copies, os.cpu_count() or 1)) as pool:
+        usage_files = list(pool.map(write_usage, range(copies)))
+    ev = pa.concat_tables([shifted(events, k, ("time",)) for k in range(copies)])
+    pq.write_table(ev, ds / "instance_events/part-rep-00000.parquet", row_group_size=ROW_GROUP, compression="zstd")
+    # collection events (every instance of the generator is its own job): SUBMIT, SCHEDULE, FINISH
+    g = ev.group_by("collection_id").aggregate([("time", "min"), ("time", "max"), ("priority", "max"),
+                                                 ("scheduling_class", "max"), ("alloc_collection_id", "max")])
+    n = g.num_rows
+    coll = pa.concat_arrays([g["collection_id"].combine_chunks()] * 3)
+    ce = pa.table({
+        "time": pa.concat_arrays([pc.subtract(g["time_min"], pa.scalar(US, pa.int64())).combine_chunks(),
+                                  g["time_min"].combine_chunks(), g["time_max"].combine_chunks()]),
+        "type": pa.array([0] * n + [3] * n + [6] * n, pa.int8()), "collection_id": coll,
+        "scheduling_class": pa.concat_arrays([g["scheduling_class_max"].combine_chunks()] * 3),
+        "missing_type": pa.array([0] * (3 * n), pa.int8()), "collection_type": pa.array([0] * (3 * n), pa.int8()),
+        "priority": pa.concat_arrays([g["priority_max"].combine_chunks()] * 3),
+        "alloc_collection_id": pa.concat_arrays([g["alloc_collection_id_max"].combine_chunks()] * 3),
+    })
+    ce_schema = SCHEMAS["collection_events"]
+    ce = pa.table({f.name: ce[f.name] if f.name in ce.column_names else pa.nulls(3 * n, f.type) for f in ce_schema}, schema=ce_schema)
+    (ds / "collection_events").mkdir(parents=True, exist_ok=True)
+    pq.write_table(ce, ds / "collection_events/part-rep-00000.parquet", row_group_size=ROW_GROUP, compression="zstd")
+    me = next((src / "machine_events").glob("*.parquet"))
+    (ds / "machine_events" / me.name).write_bytes(me.read_bytes())
+    man = new_manifest(trace_version="v3", cell="bench", tier_map=tier_map("notebook").to_json(), complete=True)
+    files = {"instance_usage": usage_files, "instance_events": ["instance_events/part-rep-00000.parquet"],
+             "machine_events": [f"machine_events/{me.name}"],
+             "collection_events": ["collection_events/part-rep-00000.parquet"]}
+    for t in SCHEMAS:
+        fl = files.get(t, [])
+        man["tables"][t] = {"files": fl, "rows": int(sum(pq.ParquetFile(ds / f).metadata.num_rows for f in fl))}
+    man["generator"] = {"name": "bench/gpu_check.py data", "base_windows": usage.num_rows, "copies": copies,
+                        "machines": machines, "span_us": span}
+    write_json_atomic(ds / "manifest.json", man)
+    print(f"{man['tables']['instance_usage']['rows']:,} windows in {ds} ({time.perf_counter() - t0:.1f} s)", flush=True)
+    return ds
+
+
+# -- comparing results --------------------------------------------------------------------------
+def frames(res: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """``{analysis/table: DataFrame}`` of a run's results (parted tables read whole)."""
+    out = {}
+    for a, tabs in res.items():
+        for t, df in tabs.items():
+            out[f"{a}/{t}"] = df.read() if hasattr(df, "read") else df
+    return out
+
+
+def compare(ref: dict[str, Any], got: dict[str, Any]) -> dict[str, Any]:
+    """Bit-for-bit equality per table, and the largest relative difference where they differ."""
+    import numpy as np
+    import pandas as pd
+
+    unequal: dict[str, Any] = {}
+    for k in sorted(set(ref) | set(got)):
+        a, b = ref.get(k), got.get(k)
+        if a is None or b is None:
+            unequal[k] = "missing"
+            continue
+        try:
+            pd.testing.assert_frame_equal(a.reset_index(drop=True), b.reset_index(drop=True), check_exact=True)
+            continue
+        except AssertionError as e:
+            why: Any = str(e).splitlines()[0][:200]
+        if a.shape == b.shape and list(a.columns) == list(b.columns):
+            worst = 0.0
+            for c in a.columns:
+                x, y = a[c].to_numpy(), b[c].to_numpy()
+                if x.dtype.kind in "fiu" and y.dtype.kind in "fiu":
+                    x, y = x.astype(np.float64), y.astype(np.float64)
+                    both = np.isfinite(x) & np.isfinite(y)
+                    d = np.abs(x[both] - y[both]) / np.maximum(np.abs(x[both]), 1e-300)
+                    worst = max(worst, float(d.max()) if d.size else 0.0)
+            why = {"first": why, "max_rel_diff": worst}
+        unequal[k] = why
+    return {"tables": len(ref), "equal": not unequal, "unequal": unequal}
+
+
+def save_ref(res: dict[str, Any], ref: Path) -> None:
+    import pickle
+
+    ref.parent.mkdir(parents=True, exist_ok=True)
+    ref.write_bytes(pickle.dumps(frames(res)))
+
+
+def load_ref(ref: Path) -> dict[str, Any]:
+    import pickle
+
+    return pickle.loads(ref.read_bytes())
+
+
+# -- study: load, warm analyses, out of core ----------------------------------------------------
+def _sync(backend: Any) -> None:
+    if backend.xp.__name__ == "cupy":
+        backend.xp.cuda.Device().synchronize()
+
+
+def study_step(ds: Path, out: Path, ref: Path, backend_name: str, budget_frac: float, repeat: int) -> None:
+    import gpuclust
+    from gpuclust.analyses.registry import names
+
+    rec: dict[str, Any] = {"backend": backend_name}
+    every = list(names())
+    study = gpuclust.open(ds, backend=backend_name)
+    be = study.backend
+    gpu = be.xp.__name__ == "cupy"
+    if gpu:
+        be.xp.zeros(1)
+        _sync(be)
+    t = time.perf_counter()
+    study.persist()
+    _sync(be)
+    rec["load"] = {"s": time.perf_counter() - t, "bytes": study.loaded_bytes}
+    rec["load"]["gb_s"] = rec["load"]["bytes"] / rec["load"]["s"] / 1e9
+    rec["windows"] = study.source.num_rows("instance_usage") if hasattr(study.source, "num_rows") else None
+    _dump(out, rec)
+    from gpu_profile import decode_rates, transfer_rates
+
+    rec["ceilings"] = decode_rates(ds)
+    if gpu:
+        rec["ceilings"].update(transfer_rates(be.xp))
+        floor = min(rec["ceilings"]["h2d_pinned_gbs"], rec["ceilings"]["decode_gbs"])
+    else:
+        floor = rec["ceilings"]["decode_gbs"]
+    rec["windows"] = rec["windows"] or rec["ceilings"]["rows"]
+    rec["load"]["vs_ceiling"] = rec["load"]["gb_s"] / floor
+    _dump(out, rec)
+    t = time.perf_counter()
+    study.run(every)
+    rec["first_run_s"] = time.perf_counter() - t  # kernels compiled (or read from CuPy's cache)
+    _dump(out, rec)
+    rec["analyses"] = {}
+    for n in every:
+        best = float("inf")
+        for _ in range(repeat):
+            t = time.perf_counter()
+            study.run(n)
+            best = min(best, time.perf_counter() - t)
+        rec["analyses"][n] = {"s": best, "phases": dict(study.last_run_seconds)}
+        _dump(out, rec)
+    t = time.perf_counter()
+    res = study.run(every)
+    rec["all_at_once_s"] = time.perf_counter() - t
+    save_ref(res, ref)
+    _dump(out, rec)
+    study.release()
+    study.close()
+    del res
+    # out of core: the same analyses streamed from Parquet with the device pool capped
+    budget = int(budget_frac * rec["load"]["bytes"])
+    ooc: dict[str, Any] = {"device_budget_bytes": budget, "data_bytes": rec["load"]["bytes"], "capped": gpu}
+    rec["out_of_core"] = ooc
+    if gpu:
+        pool = be.xp.get_default_memory_pool()
+        pool.free_all_blocks()
+        pool.set_limit(size=budget)
+    t = time.perf_counter()
+    try:
+        got = gpuclust.run(ds, every, backend=backend_name, partitions="auto")
+        ooc["s"] = time.perf_counter() - t
+        ooc.update(compare(load_ref(ref), frames(got)))
+    except Exception as e:  # recorded: the step's purpose is to say what happens
+        ooc["s"] = time.perf_counter() - t
+        ooc["error"] = f"{type(e).__name__}: {str(e)[:500]}"
+    finally:
+        if gpu:
+            ooc["pool_peak_note"] = "CuPy pool limit (set_limit) was the cap"
+            pool.set_limit(size=0)
+    _dump(out, rec)
+    print(json.dumps(rec, default=str)[:4000], flush=True)
+
+
+# -- CLI: the command users run, whole process --------------------------------------------------
+def cli_step(ds: Path, out: Path, backend: str, timeout_s: float) -> None:
+    import shutil
+
+    from _harness import run_measured
+    from gpuclust.analyses.registry import names
+
+    dest = Path(f"/tmp/gpucheck-cli-{backend}")
+    shutil.rmtree(dest, ignore_errors=True)
+    cmd = [sys.executable, "-m", "gpuclust", "analyze", str(ds), *names(), "--out", str(dest), "--backend", backend, "--quiet"]
+    m = run_measured(cmd, timeout_s=timeout_s)
+    rec = {"backend": backend, "cmd": " ".join(cmd[1:]), "wall_s": m.wall_s, "peak_rss_mib": m.peak_rss_bytes / 2**20,
+           "returncode": m.returncode, **m.extra, "tail": m.stdout_tail[-1500:]}
+    _dump(out, rec)
+    print(json.dumps(rec)[:3000], flush=True)
+
+
+# -- dask-cuda: the same study on a LocalCUDACluster --------------------------------------------
+def dask_step(ds: Path, out: Path, ref: Path, backend: str, scheduler: str) -> None:
+    import gpuclust
+    from gpuclust.analyses.registry import names
+
+    rec: dict[str, Any] = {"backend": backend, "scheduler": scheduler}
+    t = time.perf_counter()
+    try:
+        with gpuclust.open(ds, backend=backend, scheduler=scheduler) as study:
+            rec["start_s"] = time.perf_counter() - t
+            t1 = time.perf_counter()
+            study.persist()
+            rec["load_s"] = time.perf_counter() - t1
+            t1 = time.perf_counter()
+            res = study.run(list(names()))
+            rec["first_run_s"] = time.perf_counter() - t1
+            t1 = time.perf_counter()
+            res = study.run(list(names()))
+            rec["gpu_s"] = time.perf_counter() - t1
+            rec.update(compare(load_ref(ref), frames(res)))
+    except Exception as e:
+        rec["error"] = f"{type(e).__name__}: {str(e)[:500]}"
+    rec["process_s"] = time.perf_counter() - t
+    _dump(out, rec)
+    print(json.dumps(rec, default=str)[:3000], flush=True)
+
+
+# -- assemble -----------------------------------------------------------------------------------
+def _read(p: Path) -> dict[str, Any]:
+    try:
+        return json.loads(p.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def pytest_counts(log: str) -> dict[str, int]:
+    """The counts of pytest's last summary line (``3 failed, 300 passed, 1 skipped ...``)."""
+    lines = [ln for ln in log.splitlines() if re.search(r"\d+ (passed|failed|skipped|error)", ln)]
+    out = {"passed": 0, "failed": 0, "skipped": 0, "errors": 0}
+    if lines:
+        for n, word in re.findall(r"(\d+) (passed|failed|skipped|errors?|xfailed)", lines[-1]):
+            out["errors" if word.startswith("error") else word] = int(n)
+    return out
+
+
+def sanitizer_counts(memcheck: str, racecheck: str) -> dict[str, Any]:
+    def total(pattern: str, text: str) -> int | None:
+        hits = re.findall(pattern, text)
+        return sum(int(h) for h in hits) if hits else None
+
+    return {"memcheck_errors": total(r"ERROR SUMMARY: (\d+) error", memcheck),
+            "racecheck_hazards": total(r"RACECHECK SUMMARY: (\d+) hazard", racecheck)}
+
+
+def assemble(work: Path, logs: Path, out: Path) -> dict[str, Any]:
+    """The issue's record from the steps' JSON files in ``work`` and their logs in ``logs``."""
+    env = _read(work / "env.json")
+    study = _read(work / "study.json")
+    cli_gpu, cli_cpu = _read(work / "cli_gpu.json"), _read(work / "cli_cpu.json")
+    dask = _read(work / "dask.json")
+    text = {n: (logs / n).read_text(errors="replace") if (logs / n).exists() else "" for n in ("tests.log", "memcheck.log", "racecheck.log")}
+    ooc = study.get("out_of_core", {})
+
+    def ok(r: dict[str, Any]) -> float | None:
+        return r.get("wall_s") if r.get("returncode") == 0 else None
+
+    rec: dict[str, Any] = {k: env.get(k) for k in ("device", "driver", "cuda", "cupy", "commit", "date")}
+    rec["windows"] = study.get("windows") or 0
+    rec["tests"] = pytest_counts(text["tests.log"])
+    rec["sanitize"] = sanitizer_counts(text["memcheck.log"], text["racecheck.log"])
+    rec["cli"] = {"analyses": 13, "gpu_s": ok(cli_gpu), "cpu_s": ok(cli_cpu),
+                  "cpu_cut_at_s": cli_cpu.get("wall_s") if cli_cpu.get("timed_out") else None,
+                  "gpu_peak_rss_mib": cli_gpu.get("peak_rss_mib"), "cpu_peak_rss_mib": cli_cpu.get("peak_rss_mib")}
+    c = study.get("ceilings", {})
+    rec["load"] = {"gb_s": study.get("load", {}).get("gb_s"), "decode_ceiling_gb_s": c.get("decode_gbs"),
+                   "h2d_pinned_gb_s": c.get("h2d_pinned_gbs"), "vs_ceiling": study.get("load", {}).get("vs_ceiling")}
+    rec["out_of_core"] = {"device_budget_bytes": ooc.get("device_budget_bytes"), "data_bytes": ooc.get("data_bytes"),
+                          "equal": ooc.get("equal"), "gpu_s": ooc.get("s") if "error" not in ooc else None,
+                          **({"error": ooc["error"]} if "error" in ooc else {}),
+                          **({"unequal": ooc["unequal"]} if ooc.get("unequal") else {})}
+    rec["analyses"] = {n: {"gpu_s": v["s"], "cpu_s": None, "duckdb_s": None} for n, v in study.get("analyses", {}).items()}
+    rec["dask_cuda"] = {"gpu_s": dask.get("gpu_s"), "equal": dask.get("equal"),
+                        **({"error": dask["error"]} if "error" in dask else {})}
+    # a whole cell cannot be resident (~150 B a window: 400 GB), so it streams: the out-of-core rate
+    per_window = rec["out_of_core"]["gpu_s"] / rec["windows"] if rec["out_of_core"]["gpu_s"] and rec["windows"] else None
+    rec["projection_cell_min"] = per_window * CELL_WINDOWS / 60 if per_window else None
+    rec["notes"] = {"projection": "out-of-core (streamed) seconds per window x 2.7e9 windows",
+                    "analyses.cpu_s": "not measured on the node (a 16-core cpu study at this size outruns the check)",
+                    "first_run_s": study.get("first_run_s"), "all_at_once_s": study.get("all_at_once_s")}
+    rec["steps"] = {"study": study, "cli_gpu": cli_gpu, "cli_cpu": cli_cpu, "dask": dask}
+    _dump(out, rec)
+    return rec
+
+
+def env_step(out: Path, commit: str) -> None:
+    rec: dict[str, Any] = {"commit": commit or None, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    try:
+        q = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                           capture_output=True, text=True, timeout=30).stdout.strip().split(", ")
+        rec["device"], rec["driver"] = q[0], q[1]
+        import cupy as cp
+
+        v = cp.cuda.runtime.runtimeGetVersion()
+        rec["cuda"], rec["cupy"] = f"{v // 1000}.{v % 1000 // 10}", cp.__version__
+    except Exception as e:  # rehearsal on a machine without a GPU
+        rec["device"] = f"none ({type(e).__name__})"
+    _dump(out, rec)
+    print(json.dumps(rec), flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("data")
+    p.add_argument("out", type=Path)
+    p.add_argument("--base", type=lambda s: int(float(s)), default=1_000_000)
+    p.add_argument("--copies", type=int, default=30)
+    p.add_argument("--machines", type=int, default=1000)
+    p = sub.add_parser("env")
+    p.add_argument("--json", type=Path, required=True)
+    p.add_argument("--commit", default="")
+    p = sub.add_parser("study")
+    p.add_argument("ds", type=Path)
+    p.add_argument("--json", type=Path, required=True)
+    p.add_argument("--ref", type=Path, required=True)
+    p.add_argument("--backend", default="gpu")
+    p.add_argument("--budget-frac", type=float, default=0.25)
+    p.add_argument("--repeat", type=int, default=1)
+    p = sub.add_parser("cli")
+    p.add_argument("ds", type=Path)
+    p.add_argument("--json", type=Path, required=True)
+    p.add_argument("--backend", default="gpu")
+    p.add_argument("--timeout", type=float, default=300)
+    p = sub.add_parser("dask")
+    p.add_argument("ds", type=Path)
+    p.add_argument("--json", type=Path, required=True)
+    p.add_argument("--ref", type=Path, required=True)
+    p.add_argument("--backend", default="gpu")
+    p.add_argument("--scheduler", default="cuda")
+    p = sub.add_parser("assemble")
+    p.add_argument("work", type=Path)
+    p.add_argument("--logs", type=Path, required=True)
+    p.add_argument("--out", type=Path, required=True)
+    a = ap.parse_args(argv)
+    if a.cmd == "data":
+        make_data(a.out, a.base, a.copies, a.machines)
+    elif a.cmd == "env":
+        env_step(a.json, a.commit)
+    elif a.cmd == "study":
+        study_step(a.ds, a.json, a.ref, a.backend, a.budget_frac, a.repeat)
+    elif a.cmd == "cli":
+        cli_step(a.ds, a.json, a.backend, a.timeout)
+    elif a.cmd == "dask":
+        dask_step(a.ds, a.json, a.ref, a.backend, a.scheduler)
+    else:
+        print(json.dumps(assemble(a.work, a.logs, a.out), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

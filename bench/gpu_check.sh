@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# The device check of the GPU engine: one script, one device call, a global deadline.
+#
+#   COMMIT=<40 hex> bash bench/gpu_check.sh          # on the device: timeout_s 600, carry [".whl"]
+#   REHEARSE=1 bash bench/gpu_check.sh               # here, on the CPU: the same steps, small data
+#
+# Steps in priority order, each cut to the time left before the deadline (DEADLINE_S, default
+# 530 s from the start; a step that would get less than its floor is skipped and says so):
+#   env        device, driver, CUDA, CuPy, commit                                  -> env.json
+#   data       (in the background from the start) a 10^6-window canonical dataset replicated
+#              in time to $COPIES x (default 35: 3.05*10^7 windows) with pyarrow
+#   tests      GPUCLUST_REQUIRE_GPU=1 pytest -m gpu -n $JOBS                         -> tests.log
+#   sanitize   compute-sanitizer memcheck + racecheck on our kernels           -> memcheck/racecheck.log
+#   kernels    bench/kernels_bench.py --backend gpu                              -> kernels_gpu.json
+#   study      load rate vs its ceilings, warm analyses on resident data, out of core with the
+#              device pool capped at 1/4 of the data, compared with the resident results
+#   cli        gpuclust analyze DS <all 13> --backend gpu, then --backend cpu, whole process
+#   dask       the study on a LocalCUDACluster, compared with the local results
+# After every step bench/gpu_check.py assembles $OUT/gpu-latest.json (issue 34's record) from what
+# the steps wrote so far, so a call cut off still returns a valid record.  At most 8 files come back:
+# gpu-latest.json, check.log, tests.log, memcheck.log, racecheck.log, kernels.log, kernels_gpu.json,
+# steps.log (data, study, cli, dask).
+set -u
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+T0=$(date +%s)
+DEADLINE=$((T0 + ${DEADLINE_S:-530}))
+LOGS=${OUT:-bench/results/tmp/gpu-check}
+WORK=${WORK:-/tmp/gpucheck}
+mkdir -p "$LOGS"
+rm -f "$LOGS"/*.log "$LOGS"/*.json
+rm -rf "$WORK" && mkdir -p "$WORK"
+if [ -n "${REHEARSE:-}" ]; then
+    BACKEND=cpu BASE=${BASE:-1e5} COPIES=${COPIES:-4} JOBS=${JOBS:-2} MACHINES=${MACHINES:-100}
+else
+    BACKEND=gpu BASE=${BASE:-1e6} COPIES=${COPIES:-35} JOBS=${JOBS:-12} MACHINES=${MACHINES:-1000}
+    export GPUCLUST_REQUIRE_GPU=1
+fi
+if ls .whl/*.whl >/dev/null 2>&1 && [ -z "${REHEARSE:-}" ]; then
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        >>"$LOGS/check.log" 2>&1
+    export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+fi
+export PYTHONPATH=$PWD:${PYTHONPATH:-}
+export PYTHONUNBUFFERED=1
+TIMEOUT=(); $PY -c "import pytest_timeout" 2>/dev/null && TIMEOUT=(--timeout 150)
+CHECK=(bench/gpu_check.py)
+DS=$WORK/data/ds
+
+say() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$LOGS/check.log"; }
+assemble() { $PY "${CHECK[@]}" assemble "$WORK" --logs "$LOGS" --out "$LOGS/gpu-latest.json" >/dev/null 2>>"$LOGS/check.log"; }
+
+step() {  # step NAME LOGFILE MAX_S FLOOR_S CMD...: run CMD for min(MAX_S, time left), into LOGFILE
+    local name=$1 log=$2 max=$3 floor=$4; shift 4
+    local left=$((DEADLINE - $(date +%s)))
+    local limit=$(( max < left ? max : left ))
+    if [ "$limit" -lt "$floor" ]; then
+        say "$name: skipped ($left s left, needs $floor)"
+        return 0
+    fi
+    say "$name: start (limit ${limit}s): $*"
+    echo "=== $name: $*" >>"$LOGS/$log"
+    timeout -k 5 "$limit" "$@" >>"$LOGS/$log" 2>&1
+    local rc=$?
+    say "$name: exit $rc"
+    tail -n 2 "$LOGS/$log" | sed 's/^/    /' | tee -a "$LOGS/check.log" >/dev/null
+    assemble
+}
+
+say "check: backend $BACKEND, $COPIES x $BASE windows, deadline $((DEADLINE - T0)) s"
+$PY "${CHECK[@]}" env --json "$WORK/env.json" --commit "${COMMIT:-}" >>"$LOGS/check.log" 2>&1
+( timeout -k 5 240 $PY "${CHECK[@]}" data "$WORK/data" --base "$BASE" --copies "$COPIES" --machines "$MACHINES" \
+    >>"$LOGS/steps.log" 2>&1; echo $? >"$WORK/data.rc" ) &
+DATA_PID=$!
+
+if [ -n "${REHEARSE:-}" ]; then
+    step tests tests.log 170 20 $PY -m pytest -m gpu -q -n "$JOBS" "${TIMEOUT[@]}" tests/kernels/test_ops.py tests/engine/test_study.py
+    say "sanitize: stubbed in the rehearsal"
+    step kernels kernels.log 60 15 $PY bench/kernels_bench.py --backend cpu --scale 0.001 --name tmp/kernels_rehearsal
+else
+    step tests tests.log 170 30 $PY -m pytest -m gpu -q -n "$JOBS" "${TIMEOUT[@]}"
+    step memcheck memcheck.log 55 20 compute-sanitizer --tool memcheck --error-exitcode 9 --target-processes all \
+        $PY -m pytest -q -m gpu tests/kernels/test_ops.py tests/moments/test_moments_gpu.py \
+        tests/mixture/test_mixture_gpu.py::test_tiled_sweep_agrees_with_the_per_group_sweep
+    # CuPy's own cupy_nonzero_kernel_incomplete_scan reports racecheck warnings under CuPy 14.2: not ours
+    step racecheck racecheck.log 40 15 compute-sanitizer --tool racecheck --kernel-name-exclude kns=cupy_nonzero \
+        --error-exitcode 9 --target-processes all $PY -m pytest -q -m gpu tests/kernels/test_ops.py \
+        tests/mixture/test_mixture_gpu.py::test_tiled_sweep_agrees_with_the_per_group_sweep
+    step kernels kernels.log 60 20 $PY bench/kernels_bench.py --backend gpu
+    [ -f bench/results/kernels_gpu.json ] && cp bench/results/kernels_gpu.json "$LOGS/"
+fi
+
+wait "$DATA_PID"
+say "data: exit $(cat "$WORK/data.rc" 2>/dev/null || echo '?'); $(tail -n 1 "$LOGS/steps.log")"
+if [ -f "$DS/manifest.json" ]; then
+    step study steps.log 150 30 $PY "${CHECK[@]}" study "$DS" --json "$WORK/study.json" --ref "$WORK/ref.pkl" --backend "$BACKEND"
+    step cli-gpu steps.log 90 20 $PY "${CHECK[@]}" cli "$DS" --json "$WORK/cli_gpu.json" --backend "$BACKEND" --timeout 85
+    # the cpu run rarely finishes at this size inside the check: its cut is a lower bound, and dask keeps its slot
+    step cli-cpu steps.log 120 20 $PY "${CHECK[@]}" cli "$DS" --json "$WORK/cli_cpu.json" --backend cpu --timeout 110
+    if [ -z "${REHEARSE:-}" ]; then
+        step dask steps.log 120 40 $PY "${CHECK[@]}" dask "$DS" --json "$WORK/dask.json" --ref "$WORK/ref.pkl"
+    else
+        step dask steps.log 120 20 $PY "${CHECK[@]}" dask "$DS" --json "$WORK/dask.json" --ref "$WORK/ref.pkl" \
+            --backend cpu --scheduler local:2
+    fi
+fi
+assemble
+say "check: done; $LOGS/gpu-latest.json"
+cat "$LOGS/gpu-latest.json"
