@@ -1,6 +1,7 @@
 """The steps of the device check (``bench/gpu_check.sh``), each a subcommand writing one JSON file.
 
     python bench/gpu_check.py data OUT --base 1e6 --copies 35     # a 3*10^7-window dataset in seconds
+    python bench/gpu_check.py optimize DS --out OPT --json o.json  # gpuclust optimize, timed
     python bench/gpu_check.py study DS --json study.json          # load, ceilings, warm analyses, out of core
     python bench/gpu_check.py cli DS --backend gpu --json cli_gpu.json
     python bench/gpu_check.py dask DS --json dask.json --ref REF  # LocalCUDACluster against the local run
@@ -123,6 +124,21 @@ def make_data(out: Path, base: int, copies: int, machines: int) -> Path:
     write_json_atomic(ds / "manifest.json", man)
     print(f"{man['tables']['instance_usage']['rows']:,} windows in {ds} ({time.perf_counter() - t0:.1f} s)", flush=True)
     return ds
+
+
+def optimize(ds: Path, out: Path, rec_path: Path) -> None:
+    """Lay ``ds`` out by instance into ``out`` (``gpuclust optimize``), timed."""
+    import shutil
+
+    shutil.rmtree(out, ignore_errors=True)
+    t = time.perf_counter()
+    r = subprocess.run([sys.executable, "-m", "gpuclust", "optimize", str(ds), "--out", str(out), "--no-progress"],
+                       capture_output=True, text=True)
+    rec = {"s": time.perf_counter() - t, "returncode": r.returncode, "tail": (r.stdout + r.stderr)[-1500:]}
+    _dump(rec_path, rec)
+    print(json.dumps(rec), flush=True)
+    if r.returncode:
+        raise SystemExit(r.returncode)
 
 
 # -- comparing results --------------------------------------------------------------------------
@@ -336,6 +352,7 @@ def assemble(work: Path, logs: Path, out: Path) -> dict[str, Any]:
     study = _read(work / "study.json")
     cli_gpu, cli_cpu = _read(work / "cli_gpu.json"), _read(work / "cli_cpu.json")
     dask = _read(work / "dask.json")
+    opt = _read(work / "optimize.json")
     text = {n: (logs / n).read_text(errors="replace") if (logs / n).exists() else "" for n in ("tests.log", "memcheck.log", "racecheck.log")}
     ooc = study.get("out_of_core", {})
 
@@ -365,7 +382,7 @@ def assemble(work: Path, logs: Path, out: Path) -> dict[str, Any]:
     rec["notes"] = {"projection": "out-of-core (streamed) seconds per window x 2.7e9 windows",
                     "analyses.cpu_s": "not measured on the node (a 16-core cpu study at this size outruns the check)",
                     "first_run_s": study.get("first_run_s"), "all_at_once_s": study.get("all_at_once_s")}
-    rec["steps"] = {"study": study, "cli_gpu": cli_gpu, "cli_cpu": cli_cpu, "dask": dask}
+    rec["steps"] = {"optimize": opt, "study": study, "cli_gpu": cli_gpu, "cli_cpu": cli_cpu, "dask": dask}
     _dump(out, rec)
     return rec
 
@@ -394,6 +411,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--base", type=lambda s: int(float(s)), default=1_000_000)
     p.add_argument("--copies", type=int, default=30)
     p.add_argument("--machines", type=int, default=1000)
+    p = sub.add_parser("optimize")
+    p.add_argument("ds", type=Path)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--json", type=Path, required=True)
     p = sub.add_parser("env")
     p.add_argument("--json", type=Path, required=True)
     p.add_argument("--commit", default="")
@@ -422,6 +443,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.cmd == "data":
         make_data(a.out, a.base, a.copies, a.machines)
+    elif a.cmd == "optimize":
+        optimize(a.ds, a.out, a.json)
     elif a.cmd == "env":
         env_step(a.json, a.commit)
     elif a.cmd == "study":

@@ -8,7 +8,9 @@
 # 530 s from the start; a step that would get less than its floor is skipped and says so):
 #   env        device, driver, CUDA, CuPy, commit                                  -> env.json
 #   data       (in the background from the start) a 10^6-window canonical dataset replicated
-#              in time to $COPIES x (default 35: 3.05*10^7 windows) with pyarrow
+#              in time to $COPIES x (default 35: 3.05*10^7 windows) with pyarrow, then laid out by
+#              instance (`gpuclust optimize`: data-quality and usage-change refuse a flat layout
+#              this size)
 #   tests      GPUCLUST_REQUIRE_GPU=1 pytest -m gpu -n $JOBS                         -> tests.log
 #   sanitize   compute-sanitizer memcheck + racecheck on our kernels           -> memcheck/racecheck.log
 #   kernels    bench/kernels_bench.py --backend gpu                              -> kernels_gpu.json
@@ -16,7 +18,8 @@
 #              device pool capped at 1/4 of the data, compared with the resident results
 #   cli        gpuclust analyze DS <all 13> --backend gpu, then --backend cpu, whole process
 #   dask       the study on a LocalCUDACluster, compared with the local results
-# After every step bench/gpu_check.py assembles $OUT/gpu-latest.json (issue 34's record) from what
+# STEPS (default "tests sanitize kernels study cli dask") picks steps, e.g. for a rerun on the
+# time left.  After every step bench/gpu_check.py assembles $OUT/gpu-latest.json (issue 34's record) from what
 # the steps wrote so far, so a call cut off still returns a valid record.  At most 8 files come back:
 # gpu-latest.json, check.log, tests.log, memcheck.log, racecheck.log, kernels.log, kernels_gpu.json,
 # steps.log (data, study, cli, dask).
@@ -45,7 +48,7 @@ export PYTHONPATH=$PWD:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1
 TIMEOUT=(); $PY -c "import pytest_timeout" 2>/dev/null && TIMEOUT=(--timeout 150)
 CHECK=(bench/gpu_check.py)
-DS=$WORK/data/ds
+DS=$WORK/data/opt
 
 say() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$LOGS/check.log"; }
 assemble() { $PY "${CHECK[@]}" assemble "$WORK" --logs "$LOGS" --out "$LOGS/gpu-latest.json" >/dev/null 2>>"$LOGS/check.log"; }
@@ -69,35 +72,41 @@ step() {  # step NAME LOGFILE MAX_S FLOOR_S CMD...: run CMD for min(MAX_S, time 
 
 say "check: backend $BACKEND, $COPIES x $BASE windows, deadline $((DEADLINE - T0)) s"
 $PY "${CHECK[@]}" env --json "$WORK/env.json" --commit "${COMMIT:-}" >>"$LOGS/check.log" 2>&1
+STEPS=" ${STEPS:-tests sanitize kernels study cli dask} "
+has() { [[ "$STEPS" == *" $1 "* ]]; }
 ( timeout -k 5 240 $PY "${CHECK[@]}" data "$WORK/data" --base "$BASE" --copies "$COPIES" --machines "$MACHINES" \
+    >>"$LOGS/steps.log" 2>&1 && \
+  timeout -k 5 200 $PY "${CHECK[@]}" optimize "$WORK/data/ds" --out "$WORK/data/opt" --json "$WORK/optimize.json" \
     >>"$LOGS/steps.log" 2>&1; echo $? >"$WORK/data.rc" ) &
 DATA_PID=$!
 
 if [ -n "${REHEARSE:-}" ]; then
-    step tests tests.log 170 20 $PY -m pytest -m gpu -q -n "$JOBS" "${TIMEOUT[@]}" tests/kernels/test_ops.py tests/engine/test_study.py
+    has tests && step tests tests.log 170 20 $PY -m pytest -m gpu -q -n "$JOBS" "${TIMEOUT[@]}" tests/kernels/test_ops.py tests/engine/test_study.py
     say "sanitize: stubbed in the rehearsal"
-    step kernels kernels.log 60 15 $PY bench/kernels_bench.py --backend cpu --scale 0.001 --name tmp/kernels_rehearsal
+    has kernels && step kernels kernels.log 60 15 $PY bench/kernels_bench.py --backend cpu --scale 0.001 --name tmp/kernels_rehearsal
 else
-    step tests tests.log 170 30 $PY -m pytest -m gpu -q -n "$JOBS" "${TIMEOUT[@]}"
-    step memcheck memcheck.log 55 20 compute-sanitizer --tool memcheck --error-exitcode 9 --target-processes all \
+    has tests && step tests tests.log 170 30 $PY -m pytest -m gpu -q -n "$JOBS" "${TIMEOUT[@]}"
+    has sanitize && step memcheck memcheck.log 55 20 compute-sanitizer --tool memcheck --error-exitcode 9 --target-processes all \
         $PY -m pytest -q -m gpu tests/kernels/test_ops.py tests/moments/test_moments_gpu.py \
         tests/mixture/test_mixture_gpu.py::test_tiled_sweep_agrees_with_the_per_group_sweep
     # CuPy's own cupy_nonzero_kernel_incomplete_scan reports racecheck warnings under CuPy 14.2: not ours
-    step racecheck racecheck.log 40 15 compute-sanitizer --tool racecheck --kernel-name-exclude kns=cupy_nonzero \
+    has sanitize && step racecheck racecheck.log 40 15 compute-sanitizer --tool racecheck --kernel-name-exclude kns=cupy_nonzero \
         --error-exitcode 9 --target-processes all $PY -m pytest -q -m gpu tests/kernels/test_ops.py \
         tests/mixture/test_mixture_gpu.py::test_tiled_sweep_agrees_with_the_per_group_sweep
-    step kernels kernels.log 60 20 $PY bench/kernels_bench.py --backend gpu
+    has kernels && step kernels kernels.log 60 20 $PY bench/kernels_bench.py --backend gpu
     [ -f bench/results/kernels_gpu.json ] && cp bench/results/kernels_gpu.json "$LOGS/"
 fi
 
 wait "$DATA_PID"
 say "data: exit $(cat "$WORK/data.rc" 2>/dev/null || echo '?'); $(tail -n 1 "$LOGS/steps.log")"
 if [ -f "$DS/manifest.json" ]; then
-    step study steps.log 150 30 $PY "${CHECK[@]}" study "$DS" --json "$WORK/study.json" --ref "$WORK/ref.pkl" --backend "$BACKEND"
-    step cli-gpu steps.log 90 20 $PY "${CHECK[@]}" cli "$DS" --json "$WORK/cli_gpu.json" --backend "$BACKEND" --timeout 85
+    has study && step study steps.log 150 30 $PY "${CHECK[@]}" study "$DS" --json "$WORK/study.json" --ref "$WORK/ref.pkl" --backend "$BACKEND"
+    has cli && step cli-gpu steps.log 90 20 $PY "${CHECK[@]}" cli "$DS" --json "$WORK/cli_gpu.json" --backend "$BACKEND" --timeout 85
     # the cpu run rarely finishes at this size inside the check: its cut is a lower bound, and dask keeps its slot
-    step cli-cpu steps.log 120 20 $PY "${CHECK[@]}" cli "$DS" --json "$WORK/cli_cpu.json" --backend cpu --timeout 110
-    if [ -z "${REHEARSE:-}" ]; then
+    has cli && step cli-cpu steps.log 120 20 $PY "${CHECK[@]}" cli "$DS" --json "$WORK/cli_cpu.json" --backend cpu --timeout 110
+    if ! has dask; then
+        :
+    elif [ -z "${REHEARSE:-}" ]; then
         step dask steps.log 120 40 $PY "${CHECK[@]}" dask "$DS" --json "$WORK/dask.json" --ref "$WORK/ref.pkl"
     else
         step dask steps.log 120 20 $PY "${CHECK[@]}" dask "$DS" --json "$WORK/dask.json" --ref "$WORK/ref.pkl" \

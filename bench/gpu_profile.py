@@ -81,7 +81,7 @@ def decode_rates(ds: Path) -> dict[str, float]:
         a = create(n)
         if a.table == "instance_usage":
             cols.update(a.columns)
-    files = sorted((ds / "instance_usage").glob("*.parquet"))
+    files = sorted((ds / "instance_usage").rglob("*.parquet"))  # flat or bucket=k/ layout
     t = None
 
     def read() -> None:
