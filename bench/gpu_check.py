@@ -282,7 +282,7 @@ def cli_step(ds: Path, out: Path, backend: str, timeout_s: float) -> None:
     from _harness import run_measured
     from gpuclust.analyses.registry import names
 
-    dest = Path(f"/tmp/gpucheck-cli-{backend}")
+    dest = out.parent / f"cli-{backend}"  # beside the step records, removed with them
     shutil.rmtree(dest, ignore_errors=True)
     cmd = [sys.executable, "-m", "gpuclust", "analyze", str(ds), *names(), "--out", str(dest), "--backend", backend, "--quiet"]
     m = run_measured(cmd, timeout_s=timeout_s)

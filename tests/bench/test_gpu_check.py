@@ -1,0 +1,133 @@
+"""bench/gpu_check.sh and bench/gpu_check.py: the device check's data, parsers, comparison and
+record, without a GPU (the whole script is rehearsed with ``REHEARSE=1``; see docs/gpu.md)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "bench"
+DEVICE_RUN = BENCH / "results" / "h200-2026-11-28" / "call1"
+
+
+@pytest.fixture
+def check(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    import gpu_check
+
+    yield gpu_check
+    sys.modules.pop("gpu_check", None)
+
+
+def test_script_parses_and_names_the_issue_steps_in_priority_order() -> None:
+    r = subprocess.run(["bash", "-n", str(BENCH / "gpu_check.sh")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    text = (BENCH / "gpu_check.sh").read_text()
+    body = text[text.index("GPUCLUST_REQUIRE_GPU=1 pytest"):]  # the device branch, after the rehearsal's
+    body = body[body.index("else\n    has tests"):]
+    order = [body.index(s) for s in ("step tests ", "step memcheck ", "step kernels ", "step study ", "step cli-gpu ", "step dask ")]
+    assert order == sorted(order)
+
+
+def test_replicated_data_has_every_copy_shifted_and_distinct(check, tmp_path) -> None:
+    ds = check.make_data(tmp_path, 20_000, 3, machines=60)
+    base = pq.read_table(tmp_path / "base" / "instance_usage").to_pandas()
+    man = json.loads((ds / "manifest.json").read_text())
+    usage = pq.read_table([ds / f for f in man["tables"]["instance_usage"]["files"]]).to_pandas()
+    assert len(usage) == 3 * len(base) == man["tables"]["instance_usage"]["rows"]
+    key = ["collection_id", "instance_index"]
+    assert usage[key].drop_duplicates().shape[0] == 3 * base[key].drop_duplicates().shape[0]
+    # copy k: the base's windows k spans later, collection ids offset by k << 56, all else equal
+    span = man["generator"]["span_us"]
+    assert span >= base.end_time.max() - base.start_time.min()
+    for k in range(3):
+        part = pq.read_table(ds / f"instance_usage/part-rep-{k:05d}.parquet").to_pandas()
+        assert (part.start_time - base.start_time == k * span).all()
+        assert (part.collection_id - base.collection_id == k << 56).all()
+        assert np.array_equal(part.cpu_p50.to_numpy(), base.cpu_p50.to_numpy())
+    # every instance has its SCHEDULE and FINISH events; every collection SUBMIT, SCHEDULE, FINISH
+    ev = pq.read_table(ds / "instance_events").to_pandas()
+    assert set(map(tuple, usage[key].drop_duplicates().to_numpy())) <= set(map(tuple, ev[key].to_numpy()))
+    ce = pq.read_table(ds / "collection_events").to_pandas()
+    assert sorted(ce.type.unique()) == [0, 3, 6] and ce.collection_id.nunique() == ev.collection_id.nunique()
+    import gpuclust
+
+    res = gpuclust.run(ds, ["cell-usage"], backend="cpu")  # a dataset the engine opens and runs
+    assert len(res["cell-usage"]) > 0
+
+
+def test_compare_is_exact_and_measures_the_difference(check) -> None:
+    a = pd.DataFrame({"k": [1, 2], "x": [1.0, 2.0]})
+    assert check.compare({"t": a}, {"t": a.copy()})["equal"]
+    b = a.assign(x=[1.0, 2.0 * (1 + 1e-15)])
+    r = check.compare({"t": a}, {"t": b})
+    assert not r["equal"] and r["unequal"]["t"]["max_rel_diff"] == pytest.approx(1e-15, rel=0.5)
+    assert check.compare({"t": a}, {})["unequal"] == {"t": "missing"}
+
+
+@pytest.mark.skipif(not DEVICE_RUN.exists(), reason="the device run's logs are not in this checkout")
+def test_parsers_read_the_device_logs() -> None:
+    sys.path.insert(0, str(BENCH))
+    try:
+        import gpu_check
+    finally:
+        sys.path.remove(str(BENCH))
+    assert gpu_check.pytest_counts((DEVICE_RUN / "tests.log").read_text()) == {
+        "passed": 337, "failed": 0, "skipped": 2, "errors": 0}
+    assert gpu_check.sanitizer_counts((DEVICE_RUN / "memcheck.log").read_text(), (DEVICE_RUN / "racecheck.log").read_text()) == {
+        "memcheck_errors": 0, "racecheck_hazards": 0}
+    assert gpu_check.sanitizer_counts("", "") == {"memcheck_errors": None, "racecheck_hazards": None}  # not run: unknown
+    assert gpu_check.pytest_counts("3 failed, 300 passed, 1 skipped, 2 errors in 9.1s") == {
+        "passed": 300, "failed": 3, "skipped": 1, "errors": 2}
+
+
+def test_assemble_reports_what_ran_and_nothing_it_did_not(check, tmp_path) -> None:
+    work, logs = tmp_path / "work", tmp_path / "logs"
+    work.mkdir()
+    logs.mkdir()
+    (work / "study.json").write_text(json.dumps({
+        "windows": 1000, "load": {"gb_s": 2.0, "vs_ceiling": 0.5}, "ceilings": {"decode_gbs": 4.0, "h2d_pinned_gbs": 50.0},
+        "analyses": {"cell-usage": {"s": 0.5}},
+        "out_of_core": {"device_budget_bytes": 10, "data_bytes": 40, "s": 2.0, "equal": True}}))
+    (work / "cli_gpu.json").write_text(json.dumps({"wall_s": 3.0, "returncode": 0}))
+    (work / "cli_cpu.json").write_text(json.dumps({"wall_s": 110.0, "returncode": -9, "timed_out": True}))
+    (logs / "tests.log").write_text("5 passed in 1.0s\n")
+    rec = check.assemble(work, logs, tmp_path / "gpu-latest.json")
+    assert json.loads((tmp_path / "gpu-latest.json").read_text()) == json.loads(json.dumps(rec))
+    assert rec["tests"]["passed"] == 5 and rec["sanitize"]["memcheck_errors"] is None
+    assert rec["cli"]["gpu_s"] == 3.0 and rec["cli"]["cpu_s"] is None and rec["cli"]["cpu_cut_at_s"] == 110.0
+    assert rec["out_of_core"]["equal"] is True and rec["out_of_core"]["gpu_s"] == 2.0
+    assert rec["projection_cell_min"] == pytest.approx(2.0 / 1000 * 2.7e9 / 60)
+    assert rec["analyses"]["cell-usage"] == {"gpu_s": 0.5, "cpu_s": None, "duckdb_s": None}
+    assert rec["dask_cuda"] == {"gpu_s": None, "equal": None}
+
+
+@pytest.mark.slow
+def test_rehearsal_as_docs_print_it(tmp_path) -> None:
+    """docs/gpu.md's rehearsal, run from the checkout's root as printed: every step runs on the
+    cpu, and the record it assembles is whole (out of core and dask equal to the resident run)."""
+    import os
+    import re
+
+    doc = (ROOT / "docs" / "gpu.md").read_text()
+    cmd = re.search(r"^(REHEARSE=1 bash bench/gpu_check\.sh)$", doc, re.M).group(1)
+    env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable, "TMPDIR": str(tmp_path)}
+    env.pop("GPUCLUST_REQUIRE_GPU", None)
+    r = subprocess.run(["bash", "-c", cmd], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    log = (tmp_path / "check.log").read_text()
+    assert re.findall(r"\] (\S+): exit (\d+)", log) == [
+        ("tests", "0"), ("kernels", "0"), ("data", "0"), ("study", "0"), ("cli-gpu", "0"), ("cli-cpu", "0"), ("dask", "0")], log
+    rec = json.loads((tmp_path / "gpu-latest.json").read_text())
+    assert rec["windows"] > 0 and rec["cli"]["gpu_s"] > 0 and rec["cli"]["cpu_s"] > 0
+    assert rec["out_of_core"]["equal"] is True and rec["dask_cuda"]["equal"] is True
+    assert len(rec["analyses"]) == 13 and rec["projection_cell_min"] > 0
+    assert not list(tmp_path.glob("gpucheck-*")), "the work folder is removed"
