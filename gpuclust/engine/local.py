@@ -289,7 +289,7 @@ def run(
     try:
         if scheduler is None:
             res = _run(src, ans, be, partitions, None, cut_points, split_every, nthreads, progress,
-                       rows=lambda pre, s: auto_rows_of(pre, limit, nthreads, s), folders=folders)
+                       rows=lambda pre, s: auto_rows_of(pre, limit, nthreads, s), folders=folders, limit=limit)
         else:
             from gpuclust.engine.dask import open_scheduler, workers_of
 
@@ -297,7 +297,8 @@ def run(
                 in_flight = workers_of(kw["scheduler"], nthreads)
                 res = _run(src, ans, be, partitions, kw["scheduler"], cut_points, split_every, nthreads, progress,
                            label=scheduler if isinstance(scheduler, str) else type(scheduler).__name__,
-                           rows=lambda pre, s: auto_rows_of(pre, limit, in_flight, s), folders=folders)
+                           rows=lambda pre, s: auto_rows_of(pre, limit, in_flight, s), folders=folders,
+                           limit=limit)
         if folders.own:  # no parts_dir: parted tables come back as DataFrames
             res = {key: {t: v.read() if isinstance(v, PartedTable) else v for t, v in tabs.items()}
                    for key, tabs in res.items()}
@@ -309,7 +310,7 @@ def run(
 def _run(src: Any, ans: list[Analysis], be: Backend, partitions: int | str, scheduler: Any,
          cut_points: Any, split_every: int, nthreads: int, progress: Any,
          label: str = "", rows: Any = None, folders: _shards.SpillFolders | None = None,
-         ) -> dict[str, dict[str, Any]]:
+         limit: int | None = None) -> dict[str, dict[str, Any]]:
     """:func:`run` with the scheduler open (``None``: local): prerequisite passes (recursively,
     with the same settings and selection), contexts, partials (parted analyses spill to
     ``folders``), merges, shards, finalize.  A prerequisite pass runs with ``folders=None``: in
@@ -318,14 +319,15 @@ def _run(src: Any, ans: list[Analysis], be: Backend, partitions: int | str, sche
         _, pre = _selection.attach(src, pre)  # the run's selection applies to its passes too
         # contexts read their passes' tables as finalized (DataFrames or Arrow tables: see
         # gpuclust.tables.column), so a pass does not import pandas for them
-        return convert(_run(src, pre, be, partitions, scheduler, cut_points, split_every, nthreads, None, label, rows),
-                       "native")
+        return convert(_run(src, pre, be, partitions, scheduler, cut_points, split_every, nthreads, None, label, rows,
+                            limit=limit), "native")
 
     multiple = nthreads if scheduler is None else 1
     client = host_threads(be, nthreads) if scheduler is None else default_workers("cpu")  # the client's own work
     base = _selection.unwrap(src)
     auto_rows = rows(ans, base) if rows is not None else None
-    plans = plan_tables(base, ans, partitions, cut_points, multiple_of=multiple, auto_rows=auto_rows)
+    plans = plan_tables(base, ans, partitions, cut_points, multiple_of=multiple, auto_rows=auto_rows,
+                        memory_limit=limit)
     plans = _selection.prune_plans(src, plans, ans, partitions, cut_points, multiple, progress,  # row-group pushdown
                                    auto_rows=auto_rows)
     # the local path reads its first partitions while the contexts are computed (see _Prefetch)
@@ -486,10 +488,12 @@ def contexts(ans: Sequence[Analysis], src: Any, progress: Any = None, per_partit
 
 def plan_tables(src: Any, ans: Sequence[Analysis], partitions: int | str,
                 cut_points: dict[str, Sequence[int]] | Sequence[int] | None = None,
-                multiple_of: int = 1, auto_rows: dict[str, int] | None = None,
+                multiple_of: int = 1, auto_rows: dict[str, int] | None = None, memory_limit: int | None = None,
                 ) -> dict[str, tuple[list[int], list[_partition.PartitionSpec]]]:
     """``{table: (indices of the analyses streaming it, its partitions)}`` (``auto_rows``: the
-    rows per partition of ``partitions="auto"`` per table, see :func:`auto_rows_of`)."""
+    rows per partition of ``partitions="auto"`` per table, see :func:`auto_rows_of`;
+    ``memory_limit``: the budget a whole table in one partition must fit, for the analyses that
+    need whole instances of a table not laid out by instance)."""
     by_table: dict[str, list[int]] = {}
     for k, a in enumerate(ans):
         by_table.setdefault(a.table, []).append(k)
@@ -499,7 +503,12 @@ def plan_tables(src: Any, ans: Sequence[Analysis], partitions: int | str,
         specs = _partition.plan_partitions(src, table, partitions, cp, multiple_of=multiple_of,
                                            auto_rows=(auto_rows or {}).get(table, _partition.AUTO_PARTITION_ROWS))
         whole = [ans[k].label for k in idx if ans[k].whole_instances]
-        if whole:
+        if whole and memory_limit is not None:
+            sub = [ans[k] for k in idx if ans[k].whole_instances]
+            specs = _partition.whole_instance_plan(src, table, specs, whole,
+                                                   _memory.whole_table_rows(memory_limit, sub, table),
+                                                   _memory.row_bytes(sub, table), memory_limit)
+        elif whole:
             rows = (auto_rows or {}).get(table, _partition.AUTO_PARTITION_ROWS)
             specs = _partition.whole_instance_plan(src, table, specs, whole, rows * max(1, multiple_of))
         if specs and specs[0].grain is not None:

@@ -26,7 +26,7 @@ import numpy as np
 from gpuclust.schema import SCHEMAS
 
 __all__ = ["DEFAULT_SHARE", "MIN_PARTITION_ROWS", "available_memory", "default_limit", "machine_memory", "parse_size",
-           "partition_rows", "preferred_rows", "row_bytes"]
+           "partition_rows", "preferred_rows", "row_bytes", "whole_table_rows"]
 
 #: Share of the machine's memory a run may use when no limit is given.
 DEFAULT_SHARE = 0.75
@@ -156,3 +156,10 @@ def partition_rows(limit: int, in_flight: int, analyses: Sequence[Any], table: s
     least :data:`MIN_PARTITION_ROWS`."""
     per = max(1, row_bytes(analyses, table)) * max(1, int(in_flight))
     return int(min(preferred_rows(analyses, cap, source), max(MIN_PARTITION_ROWS, (limit // 2) // per)))
+
+
+def whole_table_rows(limit: int, analyses: Sequence[Any], table: str) -> int:
+    """Most rows of ``table`` that one partition may hold when it is the only one in flight (an
+    analysis that needs the whole table in one partition): half of ``limit`` over
+    :func:`row_bytes`, with no preferred size."""
+    return int(max(MIN_PARTITION_ROWS, (limit // 2) // max(1, row_bytes(analyses, table))))

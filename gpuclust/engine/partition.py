@@ -294,21 +294,24 @@ def _plan_buckets(source: Any, table: str, partitions: int | str, multiple_of: i
 
 
 def whole_instance_plan(source: Any, table: str, specs: list[PartitionSpec], names: Sequence[str],
-                        max_rows: int) -> list[PartitionSpec]:
+                        max_rows: int, row_bytes: int | None = None, limit: int | None = None) -> list[PartitionSpec]:
     """``specs`` for analyses that need every row of an instance in one partition (``names``;
     :attr:`gpuclust.analyses.base.Analysis.whole_instances`): kept when they are buckets of an
     instance-bucketed table (or at most one holds rows); else the table as one partition, for
     every analysis streaming it, whatever partition count was asked for.  A table of more than
-    ``max_rows`` rows (what one partition may hold under the memory budget) cannot be processed
-    so: a :class:`ValueError` says to lay it out by instance."""
+    ``max_rows`` rows (what one partition may hold under the memory budget ``limit``, at
+    ``row_bytes`` a row: :func:`gpuclust.engine.memory.whole_table_rows`) cannot be processed so:
+    a :class:`ValueError` gives the numbers and says to lay it out by instance."""
     if (specs and specs[0].grain == "instance") or sum(1 for sp in specs if sp.num_rows) <= 1:
         return specs
     total = sum(sp.num_rows for sp in specs)
     if total > max_rows:
+        need = "" if row_bytes is None else f" ({total:,} rows x {row_bytes:,} B = {total * row_bytes / 2**30:.1f} GiB)"
+        budget = f"{max_rows:,} rows" if limit is None else f"{max_rows:,} rows: half of the {limit / 2**30:.1f} GiB budget"
         raise ValueError(f"{', '.join(names)}: needs every row of an instance in one partition, but {table} is not "
-                         f"bucketed by instance and its {total:,} rows are more than one partition may hold under the "
-                         f"memory budget ({max_rows:,}); lay the dataset out by instance first: `gpuclust optimize "
-                         "DATASET`")
+                         f"bucketed by instance and the whole table{need} is more than one partition may hold "
+                         f"({budget}); lay the dataset out by instance first (`gpuclust optimize DATASET`), or give "
+                         "a larger --memory-limit")
     return plan_partitions(source, table, 1)
 
 

@@ -15,7 +15,8 @@ from gpuclust.dataset import Dataset
 from gpuclust.engine import run
 from gpuclust.engine.dask import open_scheduler
 from gpuclust.engine.local import auto_rows_of, plan_tables
-from gpuclust.engine.memory import MIN_PARTITION_ROWS, default_limit, machine_memory, parse_size, row_bytes
+from gpuclust.engine.memory import (MIN_PARTITION_ROWS, default_limit, machine_memory, parse_size, row_bytes,
+                                    whole_table_rows)
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +62,28 @@ def test_a_smaller_budget_gives_smaller_partitions_and_the_same_results(dataset:
     assert whole
     with pytest.raises(ValueError, match="gpuclust optimize"):
         plan_tables(dataset, whole, "auto", multiple_of=2, auto_rows={"instance_usage": 10_000})
+
+
+def test_a_whole_table_is_refused_by_its_bytes_against_the_budget_not_by_a_row_count(dataset: Dataset, monkeypatch) -> None:
+    """Issue 33: lifecycle refused 3.4M real 2011 events on a 23 GiB machine because the limit was
+    the streaming partition's row target (2 Mi rows).  The whole table in one partition is refused
+    only when its bytes exceed what the budget holds, and the message gives the numbers."""
+    whole = [a for a in (create(n) for n in names()) if a.whole_instances and a.table == "instance_usage"]
+    rows = dataset.num_rows("instance_usage")
+    per_row = row_bytes(whole, "instance_usage")
+    # the streaming target is far below the table (10,000 rows a partition), the budget is not
+    fits = 4 * rows * per_row
+    assert whole_table_rows(fits, whole, "instance_usage") >= rows
+    plans = plan_tables(dataset, whole, "auto", multiple_of=2, auto_rows={"instance_usage": 10_000}, memory_limit=fits)
+    assert [s.num_rows for s in plans["instance_usage"][1]] == [rows]
+    # a budget whose half cannot hold the table: refused, with rows, bytes and the budget (the
+    # floor of a partition lowered below this small table)
+    import gpuclust.engine.memory as memory
+
+    monkeypatch.setattr(memory, "MIN_PARTITION_ROWS", 1_000)
+    with pytest.raises(ValueError, match=rf"{rows:,} rows x {per_row:,} B = .* GiB.*GiB budget.*gpuclust optimize"):
+        plan_tables(dataset, whole, "auto", multiple_of=2, auto_rows={"instance_usage": 10_000},
+                    memory_limit=rows * per_row)
 
 
 def test_a_local_cluster_splits_the_budget_across_its_workers() -> None:
