@@ -75,14 +75,15 @@ def test_ratio_verdict(bench):
                 "runs": 1, "ok": 1, "status": "ok", "wall_s": wall, "peak_rss_bytes": rss, "s_per_mwindows": wall / (size / 1e6)}
 
     env = {"cores": 2, "memory_gib": 24, "gpu": None, "commit": "abc", "dirty": False, "date": "today"}
-    flat = bench.markdown([row(4_000_000, 1 << 30, 4.0), row(64_000_000, int(1.4 * (1 << 30)), 64.0)], env, [])
+    flat = bench.markdown([row(4_000_000, 1 << 30, 4.0), row(16_000_000, int(1.4 * (1 << 30)), 16.0)], env, [])
     assert "**1.40x** (pass" in flat and "1.00x; 1.0 = linear" in flat
-    grows = bench.markdown([row(4_000_000, 1 << 30, 4.0), row(64_000_000, 3 << 30, 128.0)], env, [])
-    assert "**3.00x** (FAIL" in grows and "2.00x; 1.0 = linear" in grows
-    partial = bench.markdown([row(4_000_000, 1 << 30, 4.0), row(16_000_000, 2 << 30, 16.0),
-                              {**row(64_000_000, 0, 0), "status": "timeout", "ok": 0}], env, [])
-    assert "Peak RSS 1.6e7 / 4e6: **2.00x**" in partial and "FAIL (larger sizes did not finish)" in partial
-    assert "**timeout**" in partial
+    assert "| a | flat | 1.00 | 1.40 | 1.40x | pass |" in flat  # the summary table
+    grows = bench.markdown([row(4_000_000, 1 << 30, 4.0), row(16_000_000, 3 << 30, 32.0)], env, [])
+    assert "**3.00x** (FAIL" in grows and "2.00x; 1.0 = linear" in grows and "| 3.00x | **FAIL** |" in grows
+    partial = bench.markdown([row(4_000_000, 1 << 30, 4.0), {**row(16_000_000, 0, 0), "status": "timeout", "ok": 0}],
+                             env, [])
+    assert "1.6e7 did not finish (timeout" in partial and "**FAIL**" in partial
+    assert "**timeout**" in partial and "| a | flat | 1.00 | | | timeout |" in partial
 
 
 def test_guards_record_timeout_and_rss(bench):
