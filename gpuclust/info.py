@@ -78,8 +78,9 @@ def dataset_info(path: str | Path) -> dict[str, Any]:
                 for i in inputs if i.get("rows_rejected")}
     analyses = {}
     for name, e in sorted(REGISTRY.items()):
-        lacking = [t for t in e.cls.requires if not ds.num_rows(t)]
-        thin = [t for t in e.cls.optional_tables if not ds.num_rows(t)]
+        required, optional = e.cls().needed_tables()  # with its default options
+        lacking = [f"{t} ({required[t]})" if required[t] else t for t in required if not ds.num_rows(t)]
+        thin = [t for t in optional if not ds.num_rows(t)]
         analyses[name] = ("needs " + ", ".join(lacking)) if lacking else (
             "runs without " + ", ".join(thin) if thin else "runs")
     tm = ds.tier_map_name

@@ -101,3 +101,20 @@ def test_v2_machine_sample_on_real_files(v2_dataset: Dataset, tmp_path: Path) ->
         assert 0 < len(have) < len(full), table
         assert have.equals(want), table
     assert got.num_rows("collection_events") == V2_ROWS["collection_events"]
+
+
+def test_kaggle_sample_cpi_by_cell_needs_no_machine_events(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The Kaggle sample has no machine_events; CPI/MAI correlations by cell need only usage rows (issue 33)."""
+    from gpuclust.cli import main
+
+    assert main(["kaggle-split", str(REAL / "kaggle-2019-sample" / "small_slice3.csv"), str(tmp_path / "parts")]) == 0
+    assert main(["ingest", *map(str, sorted((tmp_path / "parts").glob("*.csv"))), "--out", str(tmp_path / "k")]) == 0
+    assert Dataset(tmp_path / "k").num_rows("machine_events") == 0
+    capsys.readouterr()
+    for opts in (["-O", "by=cell"], ["-O", "by=cell", "-O", "regression=none"]):
+        assert main(["analyze", str(tmp_path / "k"), "cpi", *opts, "--out", str(tmp_path / "r"), "--quiet",
+                     "--no-plots"]) == 0
+        out, err = capsys.readouterr()
+        assert "needs table" not in err and "2 of 2 windows pass the CPI/MAI filter" in out
+    assert main(["analyze", str(tmp_path / "k"), "cpi", "--out", str(tmp_path / "r"), "--quiet", "--no-plots"]) == 2
+    assert "cpi needs table(s) machine_events (by=platform" in capsys.readouterr().err

@@ -147,11 +147,16 @@ class Analysis:
 
     name: ClassVar[str] = ""
     table: ClassVar[str] = ""
-    #: Tables without which the analysis has nothing to compute (``gpuclust analyze`` refuses a
-    #: dataset that lacks one); :attr:`table` is one of them unless listed as optional.
+    #: Tables without which the analysis has nothing to compute, whatever its options
+    #: (``gpuclust analyze`` refuses a dataset that lacks one); :attr:`table` is one of them
+    #: unless listed as optional.
     requires: ClassVar[tuple[str, ...]] = ()
-    #: Tables it reads when present; a dataset without one gets a note, not an error.
+    #: Tables it reads when present, or that only some options read (:meth:`needed_tables` says
+    #: which, per instance); a dataset without one gets a note, not an error.
     optional_tables: ClassVar[tuple[str, ...]] = ()
+    #: ``{table: the options that read it}`` for the tables only some options read (the "reads"
+    #: column of the capability table, :func:`gpuclust.analyses.registry.capability_table`).
+    table_uses: ClassVar[dict[str, str]] = {}
     #: Peak bytes its partial allocates per streamed row (measured: ``tracemalloc`` over 10^6
     #: windows, NumPy backend; sizes partitions to a memory budget, see gpuclust/engine/memory.py).
     row_bytes: ClassVar[int] = 512
@@ -175,6 +180,15 @@ class Analysis:
     #: Rows per partition it prefers for ``partitions="auto"`` (None: the engine's target; see
     #: :func:`gpuclust.engine.memory.preferred_rows` and :meth:`auto_rows`).
     auto_partition_rows: ClassVar[int | None] = None
+
+    def needed_tables(self) -> tuple[dict[str, str], dict[str, str]]:
+        """``(required, optional)``: the tables this instance reads *with its options*, each as
+        ``{table: what reads it}`` (``""``: the analysis itself).  A dataset lacking a required
+        one is refused, an optional one gets a note (:func:`gpuclust.engine.checks.preflight`).
+        Default: :attr:`requires` and :attr:`optional_tables`; an analysis whose options decide
+        which tables it reads narrows them, so that a table is required only by the options that
+        read it (cpi with ``by=cell`` needs no machine_events)."""
+        return dict.fromkeys(self.requires, ""), dict.fromkeys(self.optional_tables, "")
 
     def auto_rows(self, source: Any) -> int | None:
         """Rows per partition it prefers for ``partitions="auto"`` on ``source`` (a dataset or

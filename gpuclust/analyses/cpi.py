@@ -310,11 +310,15 @@ class Cpi(Analysis):
 
     name = "cpi"
     table = "instance_usage"
-    requires = ("instance_usage", "machine_events")
+    #: CPI/MAI groups other than platforms need only usage rows; machine_events and
+    #: instance_events are read for the options below (:meth:`needed_tables`)
+    requires = ("instance_usage",)
     row_bytes = 160
     #: rows per partition for partitions="auto" (gpuclust.engine.memory.preferred_rows)
     auto_partition_rows = 1 << 20
-    optional_tables = ("instance_events",)
+    optional_tables = ("machine_events", "instance_events")
+    table_uses = {"machine_events": "required for by=platform; the regression's capacities",
+                  "instance_events": "by=tier"}
 
     def __post_init__(self) -> None:
         for opt, choices in (("by", BY), ("regression", REGRESSIONS), ("spearman", SPEARMAN)):
@@ -325,6 +329,19 @@ class Cpi(Analysis):
         _ = self.filter  # validates the ranges
         if self.tier_map is not None:
             tier_map(self.tier_map)
+
+    def needed_tables(self) -> tuple[dict[str, str], dict[str, str]]:
+        """instance_usage always; machine_events for ``by=platform`` (the groups are its
+        platforms: required) and for the regression (machine capacities: without them it is
+        empty); instance_events for ``by=tier`` only."""
+        required, optional = {"instance_usage": ""}, {}
+        if self.by == "platform":
+            required["machine_events"] = "by=platform: the machines' platforms; by=cell, machine, collection, tier do not"
+        elif self.regression != "none":
+            optional["machine_events"] = "the regression: machine capacities"
+        if self.by == "tier":
+            optional["instance_events"] = "by=tier: the instances' priorities"
+        return required, optional
 
     @property
     def filter(self) -> CpiFilter:

@@ -2,8 +2,10 @@
 
 An analysis' options are its dataclass fields (declared with
 :func:`gpuclust.analyses.options.option`); the tables it reads are its ``requires`` and
-``optional_tables`` class attributes.  The registry only adds what the class cannot say about
-itself: a one-line summary, the GPU kernels its partial uses, where it runs.
+``optional_tables`` class attributes (``table_uses`` names the options that read a table only
+some options read; per instance, :meth:`~gpuclust.analyses.base.Analysis.needed_tables`).  The
+registry only adds what the class cannot say about itself: a one-line summary, the GPU kernels
+its partial uses, where it runs.
 
 ``docs/analyses.md`` embeds :func:`capability_table` between the markers
 ``<!-- capability-table:start -->`` and ``<!-- capability-table:end -->``; a test checks that the
@@ -150,7 +152,9 @@ def options_text(indent: str = "  ") -> str:
 
 
 def _reads(cls: type[Analysis]) -> str:
-    return ", ".join([*cls.requires, *(f"{t} (optional)" for t in cls.optional_tables)])
+    uses = cls.table_uses
+    return ", ".join([*cls.requires, *(f"{t} ({uses[t]})" if t in uses else f"{t} (optional)"
+                                       for t in cls.optional_tables)])
 
 
 def capability_table() -> str:

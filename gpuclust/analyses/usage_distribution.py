@@ -154,6 +154,12 @@ class UsageDistribution(Analysis):
     #: raise the working set (the 20 percentile columns and their repaired copy per row)
     auto_partition_rows = 1 << 20
     optional_tables = ("instance_events",)
+    table_uses = {"instance_events": "by=tier"}
+
+    def needed_tables(self) -> tuple[dict[str, str], dict[str, str]]:
+        """instance_events is read for ``by=tier`` only (the instances' priorities)."""
+        return {"instance_usage": ""}, ({"instance_events": "by=tier: the instances' priorities"}
+                                        if "tier" in self.by else {})
 
     def __post_init__(self) -> None:
         by = parse_by(self.by, BY, "usage-distribution")

@@ -1,7 +1,8 @@
 """Checks of a dataset against the analyses asked of it, before anything is computed.
 
-Each analysis declares the tables it needs (``requires``) and those it reads when present
-(``optional_tables``).  A required table with no rows is an error (:class:`MissingTableError`):
+Each analysis says which tables it needs and which it reads when present, *with the options it
+was given* (:meth:`gpuclust.analyses.base.Analysis.needed_tables`: ``cpi`` needs machine_events for
+``by=platform`` only).  A required table with no rows is an error (:class:`MissingTableError`):
 the analysis would compute nothing and report empty results as if they were real.  A missing
 optional table and a tier map from the other trace version give notes.
 
@@ -10,12 +11,17 @@ Examples
 >>> import pyarrow as pa
 >>> from gpuclust.analyses import Cpi
 >>> from gpuclust.engine import TableSource
->>> from gpuclust.schema import SCHEMAS
->>> src = TableSource({"machine_events": SCHEMAS["machine_events"].empty_table()})
->>> preflight(src, [Cpi()])
-Traceback (most recent call last):
-...
-gpuclust.engine.checks.MissingTableError: cpi needs table(s) instance_usage, machine_events, which the dataset does not have (0 rows)
+>>> src = TableSource({"instance_usage": pa.table({"start_time": [0]})})  # usage rows, no machine_events
+>>> try:
+...     preflight(src, [Cpi()])
+... except MissingTableError as e:
+...     print(*str(e).split("; "), sep="\\n")  # one line, cut here to fit
+cpi needs table(s) machine_events (by=platform: the machines' platforms
+by=cell, machine, collection, tier do not), which the dataset does not have (0 rows)
+>>> preflight(src, [Cpi(by="cell", regression="none")])
+[]
+>>> print(*preflight(src, [Cpi(by="cell")]))
+note: cpi[by=cell]: the dataset has no machine_events rows; the results that depend on it (the regression: machine capacities) are empty
 """
 
 from __future__ import annotations
@@ -33,6 +39,10 @@ class MissingTableError(ValueError):
 def _rows(src: Any, table: str) -> int:
     n = getattr(src, "num_rows", None)
     return int(n(table)) if n is not None else 1  # a source that cannot say: assume present
+
+
+def _why(table: str, why: str) -> str:
+    return f"{table} ({why})" if why else table
 
 
 def tier_map_note(name: str | None, src: Any) -> str | None:
@@ -58,12 +68,14 @@ def preflight(src: Any, analyses: Sequence[Any]) -> list[str]:
         notes.append(f"note: this dataset is a selection of its cell: {chosen.get('text')} (chosen at ingest); "
                      "its results describe that selection, not the whole cell")
     for a in analyses:
-        missing = [t for t in a.requires if _rows(src, t) == 0]
+        required, optional = a.needed_tables()
+        missing = [_why(t, required[t]) for t in required if _rows(src, t) == 0]
         if missing:
             errors.append(f"{a.label} needs table(s) {', '.join(missing)}, which the dataset does not have (0 rows)")
-        for t in a.optional_tables:
+        for t, why in optional.items():
             if _rows(src, t) == 0:
-                notes.append(f"note: {a.label}: the dataset has no {t} rows; the results that depend on it are empty")
+                notes.append(f"note: {a.label}: the dataset has no {t} rows; the results that depend on it"
+                             f"{f' ({why})' if why else ''} are empty")
         if not hasattr(a, "tier_map"):
             continue
         note = tier_map_note(a.tier_map or getattr(src, "tier_map_name", None), src)
