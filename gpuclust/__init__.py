@@ -44,6 +44,7 @@ __all__ = [
     "__version__",
     "analyze",
     "ingest",
+    "load_results",
     "open",
     "run",
     "synthesize",
@@ -55,6 +56,7 @@ _LAZY = {
     "analyze": ("gpuclust.engine", "analyze"),
     "run": ("gpuclust.engine", "run"),
     "ingest": ("gpuclust.ingest", "ingest"),
+    "load_results": ("gpuclust.report.provenance", "load_results"),
     "open": ("gpuclust.engine.study", "open_study"),
     "synthesize": ("gpuclust.synth", "synthesize"),
 }

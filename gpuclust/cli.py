@@ -6,6 +6,13 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+#: Exit statuses, one convention for every command (docs/analyses.md, "Exit codes"): 0 done;
+#: 1 ingest (or ``synth --dataset``) ran but an input failed, so the dataset is unfinished (its
+#: summary says which); 2 an expected fault, reported as one line on stderr naming the file or
+#: option and the reason: bad usage, a path that is missing or not what it should be, a damaged
+#: dataset file, an output that cannot be written.
+EXIT_OK, EXIT_UNFINISHED, EXIT_ERROR = 0, 1, 2
+
 #: sub-command -> (module, its register function); modules are imported only when needed
 COMMANDS = {
     "ingest": ("gpuclust.ingest.command", "register"),
@@ -51,10 +58,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     # `gpuclust COMMAND ...`: only that command's parser (help, --version and errors: all of them)
     only = argv[0] if argv and argv[0] in COMMANDS else None
     args = build_parser(only).parse_args(argv)
-    rc = int(args.func(args) or 0)
+    try:
+        rc = int(args.func(args) or 0)
+    except Exception as e:  # an expected fault the command did not catch: one line, not a traceback
+        if not expected_fault(e):
+            raise
+        print(f"gpuclust {args.command}: error: {fault_text(e)}", file=sys.stderr, flush=True)
+        return EXIT_ERROR
     if program and rc == 0 and args.command in FAST_EXIT:
         _exit_now(rc)
     return rc
+
+
+def expected_fault(e: BaseException) -> bool:
+    """Whether ``e`` is a fault of the user's files or machine rather than of gpuclust: an
+    ``OSError`` (a path missing, not writable, a full disk) or a
+    :class:`gpuclust.dataset.DatasetError`."""
+    if isinstance(e, OSError):
+        return True
+    ds = sys.modules.get("gpuclust.dataset")
+    return ds is not None and isinstance(e, ds.DatasetError)
+
+
+def fault_text(e: BaseException) -> str:
+    """An expected fault as one line: an ``OSError`` as ``FILE: reason`` (``/x/out: Permission
+    denied``), anything else its message with the whitespace collapsed.
+
+    >>> fault_text(PermissionError(13, "Permission denied", "/x/out"))
+    '/x/out: Permission denied'
+    >>> fault_text(ValueError("bad\\n  value"))
+    'bad value'
+    """
+    if isinstance(e, OSError) and e.filename is not None and e.strerror:
+        return f"{e.filename}: {e.strerror}"
+    return " ".join(str(e).split()) or type(e).__name__
 
 
 def _exit_now(rc: int) -> None:

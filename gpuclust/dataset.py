@@ -20,10 +20,11 @@ optimize).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,37 @@ REJECTS_DIR = "_rejects"
 
 
 class DatasetError(Exception):
-    """The dataset folder is missing, incomplete, or from an incompatible format version."""
+    """The dataset folder is missing, incomplete, or from an incompatible format version, or one
+    of its part files cannot be read."""
+
+
+@contextlib.contextmanager
+def reading(f: Any) -> Iterator[None]:
+    """Report a failure to read the Parquet file ``f`` (damaged, truncated, replaced by something
+    else, gone) as a :class:`DatasetError` naming the file and the reason: Arrow's own errors name
+    no file.  Memory errors pass through as they are.
+
+    >>> with reading("ds/instance_usage/part-00000.parquet"):  # doctest: +ELLIPSIS
+    ...     pq.ParquetFile(__file__)
+    Traceback (most recent call last):
+    gpuclust.dataset.DatasetError: ds/instance_usage/part-00000.parquet: not a readable Parquet file (...)
+    """
+    try:
+        yield
+    except MemoryError:
+        raise
+    except FileNotFoundError:
+        raise DatasetError(f"{f}: part file missing (the manifest lists it; re-run `gpuclust ingest`)") from None
+    except (pa.ArrowException, OSError) as e:
+        why = " ".join(str(e).split()) or type(e).__name__
+        raise DatasetError(f"{f}: not a readable Parquet file ({why})") from None
+
+
+def open_parquet(f: Any) -> pq.ParquetFile:
+    """``pyarrow.parquet.ParquetFile(f)``, with a file that cannot be read reported as
+    :func:`reading` does (a :class:`DatasetError` naming it)."""
+    with reading(f):
+        return pq.ParquetFile(f)
 
 
 def write_json_atomic(path: Path, obj: Any, before_replace: Callable[[], None] | None = None) -> None:
@@ -141,6 +172,10 @@ class Dataset:
     def __init__(self, path: str | os.PathLike[str], *, allow_incomplete: bool = False):
         self.path = Path(path)
         mpath = self.path / MANIFEST
+        if not self.path.exists():
+            raise DatasetError(f"{self.path}: no such folder")
+        if not self.path.is_dir():
+            raise DatasetError(f"{self.path}: not a folder (a gpuclust dataset is a folder holding {MANIFEST})")
         if not mpath.is_file():
             raise DatasetError(f"{self.path}: not a gpuclust dataset (no {MANIFEST})")
         try:
@@ -154,8 +189,9 @@ class Dataset:
             )
         if not self.manifest.get("complete") and not allow_incomplete:
             raise DatasetError(
-                f"{self.path}: ingest has not completed (manifest says complete: false); "
-                "re-run `gpuclust ingest` to finish it, or pass allow_incomplete=True"
+                f"{self.path}: ingest has not completed (manifest says complete: false): re-run the same "
+                "`gpuclust ingest` command to finish it (`gpuclust info` lists the failed inputs; an input over "
+                "the reject threshold needs a higher --max-reject-rate)"
             )
         try:
             self._layouts = check_layouts(self.manifest.get("tables", {}))
@@ -246,8 +282,9 @@ def _read_file(f: Any, cols: list[str], schema: pa.Schema, sub: pa.Schema) -> pa
     """``cols`` of one Parquet file as ``sub``: by the file reader when the file has them all (no
     dataset machinery to import and set up: a few ms per call, at the start of every run), else
     by ``pq.read_table`` with the canonical ``schema`` (which fills absent columns with NULLs)."""
-    pf = pq.ParquetFile(f)
-    if all(c in pf.schema_arrow.names for c in cols):
-        t = pf.read(columns=cols)
-        return t if t.schema.equals(sub) else t.cast(sub)
-    return pq.read_table(f, columns=cols, schema=schema).cast(sub)
+    with reading(f):
+        pf = pq.ParquetFile(f)
+        if all(c in pf.schema_arrow.names for c in cols):
+            t = pf.read(columns=cols)
+            return t if t.schema.equals(sub) else t.cast(sub)
+        return pq.read_table(f, columns=cols, schema=schema).cast(sub)

@@ -16,18 +16,18 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
-
 __all__ = ["dataset_info", "format_info", "main", "register"]
 
 _TIME_COLUMNS = {"instance_usage": ("start_time", "end_time")}
 
 
 def _span(files: list[Path], columns: tuple[str, ...]) -> tuple[int | None, int | None]:
+    from gpuclust.dataset import open_parquet
+
     lo: int | None = None
     hi: int | None = None
     for f in files:
-        md = pq.ParquetFile(f).metadata
+        md = open_parquet(f).metadata
         names = [md.schema.column(i).name for i in range(md.num_columns)]
         for rg in range(md.num_row_groups):
             for c in columns:

@@ -48,7 +48,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from gpuclust.dataset import MANIFEST, Dataset, DatasetError, fsync_dir, write_json_atomic
+from gpuclust.dataset import MANIFEST, Dataset, DatasetError, fsync_dir, open_parquet, reading, write_json_atomic
 from gpuclust.layout import BUCKET_COLUMN, HASH_NAME, KEYS, ORDER, bucket_ids, layout_entry
 from gpuclust.schema import SCHEMAS, TABLES
 
@@ -348,20 +348,27 @@ def _key_arrays(batch: pa.RecordBatch, key: tuple[str, ...]) -> list[np.ndarray]
     return out
 
 
+def _file_batches(f: Path, columns: list[str]) -> Iterator[pa.RecordBatch]:
+    """The batches of one part file.  One row group at a time: iter_batches over the whole file
+    reads ahead into the next row group (measured: twice the peak of the spill loop on 1 Mi-row
+    groups).  A file that cannot be read is a :class:`DatasetError` naming it."""
+    pf = open_parquet(f)
+    for g in range(pf.num_row_groups):
+        it = pf.iter_batches(batch_size=SPILL_BATCH_ROWS, row_groups=[g], columns=columns)
+        while True:
+            with reading(f):
+                b = next(it, None)
+            if b is None:
+                break
+            yield b
+
+
 def _spill_table(ds: Dataset, table: str, spill: _Spill, prog: Progress | None) -> int:
     schema = SCHEMAS[table]
     key = KEYS[table]
     rows = 0
     for f in ds.files(table):
-        pf = pq.ParquetFile(f)
-        # One row group at a time: iter_batches over the whole file reads ahead into the next
-        # row group (measured: twice the peak of this loop on 1 Mi-row groups).
-        batches = (
-            b
-            for g in range(pf.num_row_groups)
-            for b in pf.iter_batches(batch_size=SPILL_BATCH_ROWS, row_groups=[g], columns=schema.names)
-        )
-        for batch in batches:
+        for batch in _file_batches(f, schema.names):
             if batch.num_rows == 0:
                 continue
             batch = pa.Table.from_batches([batch]).cast(schema).combine_chunks().to_batches()[0]
@@ -377,7 +384,6 @@ def _spill_table(ds: Dataset, table: str, spill: _Spill, prog: Progress | None) 
             if prog is not None:
                 prog.advance(batch.num_rows)
             _kill_point("spill")
-        del pf
     spill.close()
     return rows
 
@@ -648,7 +654,6 @@ def _rewrite(
 # --------------------------------------------------------------------------------------------
 # Command line
 # --------------------------------------------------------------------------------------------
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -678,17 +683,17 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``gpuclust optimize``; returns 0 (done or nothing to do), 1 (I/O failure), 2 (usage)."""
+    """Run ``gpuclust optimize``; returns 0 (done or nothing to do) or 2 (an expected fault: not a
+    dataset, a damaged part file, a bad option, an output or disk that cannot be written)."""
+    from gpuclust.cli import EXIT_ERROR, EXIT_OK, fault_text
+
     try:
         rep = optimize(
             args.dataset, buckets=args.buckets, out=args.out, progress=None if args.no_progress else Progress()
         )
-    except (DatasetError, OptimizeUsageError) as e:
-        print(f"gpuclust optimize: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    except OSError as e:
-        print(f"gpuclust optimize: error: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
-        return EXIT_FAILED
+    except (DatasetError, OptimizeUsageError, OSError) as e:
+        print(f"gpuclust optimize: error: {fault_text(e)}", file=sys.stderr)
+        return EXIT_ERROR
     print(rep.summary())
     return EXIT_OK
 

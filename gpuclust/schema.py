@@ -141,7 +141,8 @@ V2_MISSING_TYPE_TO_V3 = np.array(
 # CPU percentile columns
 # --------------------------------------------------------------------------------------------
 #: Percentile levels of ``cpu_usage_distribution`` (11) followed by ``tail_cpu_usage_distribution``
-#: (9), in source order.
+#: (9), in source order (how the readers map the two lists; the canonical ``instance_usage``
+#: schema holds the columns in numeric order, :data:`CPU_PERCENTILE_COLUMNS_SORTED`).
 CPU_PERCENTILES_SOURCE_ORDER = (0, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 91, 92, 93, 94, 95, 96, 97, 98, 99)
 CPU_PERCENTILE_COLUMNS = tuple(f"cpu_p{p}" for p in CPU_PERCENTILES_SOURCE_ORDER)
 #: The same 20 levels sorted ascending (as fractions), and the matching column names.
@@ -190,7 +191,9 @@ SCHEMAS: dict[str, pa.Schema] = {
             _f("cpi", _f32),
             _f("mai", _f32),
             _f("sample_rate", _f32),
-            *[_f(c, _f32) for c in CPU_PERCENTILE_COLUMNS],
+            # in numeric order (cpu_p90, cpu_p91 ... cpu_p99, cpu_p100), not the source's
+            # (docs/dataset.md); the readers map the source lists by name
+            *[_f(c, _f32) for c in CPU_PERCENTILE_COLUMNS_SORTED],
         ]
     ),
     "instance_events": pa.schema(

@@ -78,11 +78,12 @@ def test_other_version_tier_map_and_missing_tables(tables, tmp_path, capsys):
     assert "  cpi                  needs instance_usage" in out and "  machine-shapes       runs" in out
 
 
-@pytest.mark.parametrize("make", [lambda p: p / "missing", lambda p: p])
-def test_not_a_dataset(make, tmp_path, capsys):
+@pytest.mark.parametrize(("make", "why"), [(lambda p: p / "missing", "no such folder"),
+                                           (lambda p: p, "not a gpuclust dataset")])
+def test_not_a_dataset(make, why, tmp_path, capsys):
     rc, out, err = info(capsys, make(tmp_path))
     assert rc == 2 and out == "" and err.count("\n") == 1
-    assert err.startswith("gpuclust info: error: ") and "not a gpuclust dataset" in err
+    assert err.startswith("gpuclust info: error: ") and why in err
 
 
 def test_readme_cli_tour_has_info():

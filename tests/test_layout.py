@@ -358,7 +358,7 @@ def test_cli_errors(flat: Path, tmp_path: Path) -> None:
     busy.mkdir()
     (busy / "x.txt").write_text("mine")
     cases = [
-        ([str(tmp_path / "nope")], "not a gpuclust dataset"),
+        ([str(tmp_path / "nope")], "nope: no such folder"),
         ([str(inc)], "not completed"),
         ([str(flat), "--buckets", "0", "--out", str(tmp_path / "z")], "--buckets must be an integer >= 1"),
         ([str(flat), "--buckets", "x"], "invalid int value"),

@@ -928,11 +928,15 @@ class Cpi(Analysis):
         g = result["groups"]
         if len(g):
             col = g.columns[0]
-            lines.append(f"  {len(g)} group(s) by {self.by}:")
-            for _, r in g.sort_values("cpu_seconds", ascending=False).head(8).iterrows():
+            shown = min(len(g), _SUMMARY_GROUPS)
+            lines.append(f"  {len(g)} group(s) by {self.by}" + (
+                f", the {shown} with the most CPU time:" if shown < len(g) else ":"))
+            for _, r in g.sort_values("cpu_seconds", ascending=False).head(shown).iterrows():
                 lines.append(f"    {str(r[col])[:22]:>22}: n={r['n']} CPI {fmt(r['cpi_mean'], '.3f')} "
                              f"(sd {fmt(r['cpi_std'], '.3f')}) MAI {fmt(r['mai_mean'])} r={fmt(r['pearson_r'], '.3f')} "
                              f"rho={fmt(r['spearman_rho'], '.3f')} [{r['spearman_method']}]")
+            if shown < len(g):
+                lines.append(f"    ... {len(g) - shown} more (every group is in the groups table)")
         reg = result["regression"]
         for _, r in reg.iterrows():
             tag = r["fit"] + ("" if pd.isna(r["platform_id"]) else f"[{str(r['platform_id'])[:12]}]")
@@ -948,6 +952,9 @@ class Cpi(Analysis):
             lines.append(f"  (* = primary fit: regression={self.regression!r})")
         return "\n".join(lines)
 
+
+#: Groups the summary lists (those with the most CPU time; the rest are counted).
+_SUMMARY_GROUPS = 8
 
 _REGRESSION_COLUMNS = [
     "fit", "platform_id", "primary", "y", "n", "cpu_seconds", "intercept", "intercept_se", "b_util", "b_util_se",

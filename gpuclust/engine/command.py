@@ -12,7 +12,8 @@ import sys
 import textwrap
 from typing import Any
 
-__all__ = ["OPTIONS_EPILOG", "AnalysesHelpFormatter", "add_run_options", "analyze_errors", "build_analyses", "main", "partitions_arg", "register"]
+__all__ = ["OPTIONS_EPILOG", "AnalysesHelpFormatter", "add_run_options", "analyze_errors", "build_analyses", "main",
+           "partitions_arg", "register", "scheduler_arg"]
 
 
 def partitions_arg(text: str) -> int | str:
@@ -26,6 +27,19 @@ def partitions_arg(text: str) -> int | str:
     if n < 1:
         raise argparse.ArgumentTypeError("partitions must be >= 1")
     return n
+
+
+def scheduler_arg(text: str) -> str:
+    """``--scheduler``: ``local:N`` must name a worker count (argparse type; the rest is checked
+    when the scheduler is opened)."""
+    if text == "local" or text.startswith("local:"):
+        from gpuclust.engine.dask import local_workers
+
+        try:
+            local_workers(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return text
 
 
 def _memory_limit(text: str) -> int | None:
@@ -90,7 +104,7 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--backend", choices=("cpu", "gpu", "auto"), default="cpu",
                    help="array backend (default cpu; auto says what it chose)")
-    p.add_argument("--scheduler", default=None, metavar="SCHED",
+    p.add_argument("--scheduler", type=scheduler_arg, default=None, metavar="SCHED",
                    help="threads | local:N | cuda | ADDRESS (tcp://host:port); default: run locally in-process")
     p.add_argument("--partitions", type=partitions_arg, default="auto", metavar="N",
                    help="partitions per table, or 'auto' (about 4 Mi rows each, 1 Mi for cell-usage and "

@@ -16,10 +16,30 @@ from typing import Any
 
 from gpuclust.engine.local import merge_lists, partition_partials
 
-__all__ = ["FREE_PORT", "compute_merged", "compute_tasks", "open_scheduler", "workers_of"]
+__all__ = ["FREE_PORT", "compute_merged", "compute_tasks", "local_workers", "open_scheduler", "workers_of"]
 
 #: The scheduler HTTP server's address for clusters gpuclust starts: any free port (see open_scheduler).
 FREE_PORT = ":0"
+
+
+def local_workers(scheduler: str) -> int:
+    """The worker processes of the scheduler ``"local:N"`` (``"local"``: 2); a :class:`ValueError`
+    saying what N must be when it is not a positive integer.
+
+    >>> local_workers("local:4"), local_workers("local")
+    (4, 2)
+    >>> local_workers("local:abc")
+    Traceback (most recent call last):
+    ValueError: scheduler 'local:abc': N in local:N is the number of worker processes, an integer >= 1, not 'abc'
+    """
+    if scheduler == "local":
+        return 2
+    text = scheduler.split(":", 1)[1]
+    n = int(text) if text.strip().isdigit() else 0
+    if n < 1:
+        raise ValueError(f"scheduler {scheduler!r}: N in local:N is the number of worker processes, an integer >= 1, "
+                         f"not {text!r}")
+    return n
 
 
 @contextlib.contextmanager
@@ -43,7 +63,7 @@ def open_scheduler(scheduler: Any, backend_name: str, memory_limit: int | None =
     if not isinstance(scheduler, str):
         raise TypeError(f"unknown scheduler {scheduler!r}")
     if scheduler.startswith("local:") or scheduler == "local":
-        n = int(scheduler.split(":", 1)[1]) if ":" in scheduler else 2
+        n = local_workers(scheduler)
         if backend_name == "gpu":
             raise ValueError("scheduler 'local:N' runs CPU workers; use scheduler='cuda' with backend='gpu'")
         per_worker = "auto" if memory_limit is None else max(1, int(memory_limit) // n)

@@ -23,6 +23,7 @@ from gpuclust.engine import partition as _partition
 from gpuclust.engine import selection as _selection
 from gpuclust.engine import shards as _shards
 from gpuclust.engine import staging as _staging
+from gpuclust.engine.progress import PassProgress
 from gpuclust.parted import PartedTable, map_large_arrays
 from gpuclust.tables import check_kind, convert
 
@@ -319,8 +320,8 @@ def _run(src: Any, ans: list[Analysis], be: Backend, partitions: int | str, sche
         _, pre = _selection.attach(src, pre)  # the run's selection applies to its passes too
         # contexts read their passes' tables as finalized (DataFrames or Arrow tables: see
         # gpuclust.tables.column), so a pass does not import pandas for them
-        return convert(_run(src, pre, be, partitions, scheduler, cut_points, split_every, nthreads, None, label, rows,
-                            limit=limit), "native")
+        return convert(_run(src, pre, be, partitions, scheduler, cut_points, split_every, nthreads,
+                            None if progress is None else PassProgress(progress), label, rows, limit=limit), "native")
 
     multiple = nthreads if scheduler is None else 1
     client = host_threads(be, nthreads) if scheduler is None else default_workers("cpu")  # the client's own work

@@ -19,10 +19,10 @@ from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from gpuclust._parallel import map_ordered
 from gpuclust.arrow_numpy import to_numpy
+from gpuclust.dataset import open_parquet, reading
 from gpuclust.layout import HASH_NAME, KEYS, ORDER, bucket_ids, key_name
 from gpuclust.schema import SCHEMAS
 
@@ -164,7 +164,7 @@ def _units(source: Any, table: str) -> tuple[list[tuple[str | None, int, pa.Tabl
     units: list[tuple[str | None, int, Any | None]] = []
     bounds, off = [0], 0
     for f in files:
-        md = pq.ParquetFile(f).metadata
+        md = open_parquet(f).metadata
         units.append((str(f), md.num_rows, None))
         for g in range(md.num_row_groups):
             off += md.row_group(g).num_rows
@@ -263,7 +263,7 @@ def bucket_pieces(source: Any, table: str) -> list[list[Piece]]:
     """The pieces (whole Parquet files, or in-memory slices) of each bucket of a bucketed table."""
     if isinstance(source, TableSource):
         return [[Piece(0, t.num_rows, None, t)] if t.num_rows else [] for t in source.bucket_slices(table)]
-    return [[Piece(0, pq.ParquetFile(f).metadata.num_rows, str(f)) for f in files]
+    return [[Piece(0, open_parquet(f).metadata.num_rows, str(f)) for f in files]
             for files in source.bucket_files(table)]
 
 
@@ -375,7 +375,7 @@ def side_table(source: Any, table: str, spec: PartitionSpec | None = None) -> Si
         t = source.tables.get(table)
         return SideTable(table, [] if t is None or not t.num_rows else [Piece(0, t.num_rows, None, t)])
     if hasattr(source, "files"):
-        return SideTable(table, [Piece(0, pq.ParquetFile(f).metadata.num_rows, str(f)) for f in source.files(table)])
+        return SideTable(table, [Piece(0, open_parquet(f).metadata.num_rows, str(f)) for f in source.files(table)])
     t = source.read(table)
     return SideTable(table, [Piece(0, t.num_rows, None, t)] if t.num_rows else [])
 
@@ -400,7 +400,7 @@ def row_group_pieces(pieces: Sequence[Piece]) -> list[Piece]:
         if p.file is None:
             out.append(p)
             continue
-        md = pq.ParquetFile(p.file).metadata
+        md = open_parquet(p.file).metadata
         off = 0
         for g in range(md.num_row_groups):
             n = md.row_group(g).num_rows
@@ -417,13 +417,14 @@ def read_piece(p: Piece, table: str, columns: Sequence[str]) -> pa.Table:
     sub = pa.schema([schema.field(c) for c in columns])
     if p.data is not None:
         return _as_schema(p.data.select(list(columns)), sub)
-    pf = pq.ParquetFile(p.file)
+    pf = open_parquet(p.file)
     groups, first = _row_groups(pf.metadata, p)
     if not groups:
         return sub.empty_table()
     # use_threads=False: the engine already runs one partition per core; Arrow's own pool on top
     # of that oversubscribes the cores (2-3x the wall time and much system time on 2 cores)
-    t = pf.read_row_groups(groups, columns=list(columns), use_threads=False)
+    with reading(p.file):
+        t = pf.read_row_groups(groups, columns=list(columns), use_threads=False)
     return _as_schema(t.slice(p.start - first, p.stop - p.start), sub)
 
 
@@ -440,13 +441,14 @@ def _piece_blocks(p: Piece, table: str, columns: Sequence[str]) -> Any:
     if p.data is not None:
         yield _as_schema(p.data.select(list(columns)), sub)
         return
-    pf = pq.ParquetFile(p.file)
+    pf = open_parquet(p.file)
     groups, first = _row_groups(pf.metadata, p)
     off = first
     for g in groups:
         n = pf.metadata.row_group(g).num_rows
         lo, hi = max(p.start, off) - off, min(p.stop, off + n) - off
-        t = pf.read_row_group(g, columns=list(columns), use_threads=False)
+        with reading(p.file):
+            t = pf.read_row_group(g, columns=list(columns), use_threads=False)
         yield _as_schema(t.slice(lo, hi - lo) if (lo, hi) != (0, n) else t, sub)
         off += n
 
@@ -525,7 +527,7 @@ def _single_block(spec: PartitionSpec) -> bool:
     if len(spec.pieces) != 1:
         return False
     p = spec.pieces[0]
-    return p.data is not None or len(_row_groups(pq.ParquetFile(p.file).metadata, p)[0]) == 1
+    return p.data is not None or len(_row_groups(open_parquet(p.file).metadata, p)[0]) == 1
 
 
 def _cudf_wanted() -> bool:
@@ -556,7 +558,7 @@ def read_partition_device(spec: PartitionSpec, columns: Sequence[str], backend: 
 
     frames = []
     for p in spec.pieces:
-        groups, first = _row_groups(pq.ParquetFile(p.file).metadata, p)
+        groups, first = _row_groups(open_parquet(p.file).metadata, p)
         if groups:
             df = cudf.read_parquet(p.file, columns=list(columns), row_groups=groups)
             frames.append(df.iloc[p.start - first:p.stop - first])

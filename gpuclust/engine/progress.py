@@ -10,9 +10,9 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import TextIO
+from typing import Any, TextIO
 
-__all__ = ["RunProgress"]
+__all__ = ["PassProgress", "RunProgress"]
 
 
 def _si(x: float) -> str:
@@ -99,3 +99,25 @@ class RunProgress:
         else:
             self.stream.write(text + "\n")
         self.stream.flush()
+
+
+class PassProgress:
+    """The progress of a prerequisite pass (e.g. data-quality's event-table profiles) inside a
+    run: the tables it streams are reported to the run's reporter ``outer`` (so the rows it reads
+    count in the run's ``done, N rows``); its own phases and its finish are not (the run has one
+    end)."""
+
+    def __init__(self, outer: Any):
+        self.outer = outer
+
+    def phase(self, text: str) -> None:
+        pass
+
+    def partitions(self, table: str, n: int, rows: int) -> None:
+        self.outer.partitions(table, n, rows)
+
+    def partition_done(self, table: str, rows: int) -> None:
+        self.outer.partition_done(table, rows)
+
+    def finish(self) -> None:
+        pass

@@ -293,13 +293,15 @@ def _count_selected(source: Any, table: str, rule: Rule, sel: Selection) -> int:
     files = source.files(table) if hasattr(source, "files") else None
     if not files:
         return count(source.read(table, list(rule.columns)))
-    import pyarrow.parquet as pq
+    from gpuclust.dataset import open_parquet, reading
 
     n = 0
     for f in files:
         groups = [g for g, (_, _, _, st) in enumerate(_file_groups(str(f), rule.columns)) if _group_may_hold(rule, sel, st)]
         if groups:
-            n += count(pq.ParquetFile(f).read_row_groups(groups, columns=list(rule.columns)))
+            with reading(f):
+                t = open_parquet(f).read_row_groups(groups, columns=list(rule.columns))
+            n += count(t)
     return n
 
 
@@ -358,9 +360,9 @@ class SelectedSpec(PartitionSpec):
 def _file_groups(path: str, columns: Sequence[str]) -> list[tuple[int, int, int, dict[str, tuple[int, int] | None]]]:
     """Per row group of a Parquet file: (first row, rows, compressed bytes of ``columns``,
     {column: (min, max) or None})."""
-    import pyarrow.parquet as pq
+    from gpuclust.dataset import open_parquet
 
-    md = pq.ParquetFile(path).metadata
+    md = open_parquet(path).metadata
     names = [md.schema.column(j).name for j in range(md.num_columns)]
     idx = {c: names.index(c) for c in columns if c in names}
     out, off = [], 0

@@ -131,7 +131,9 @@ class IngestReport:
         lines.extend(f"note: {n}" for n in self.notes)
         for f in self.files:
             if f.status in ("skipped", "duplicate"):
-                lines.append(f"  {f.path}: {f.status}")
+                why = ("already ingested" if f.status == "skipped"
+                       else "the same content as another input of this run")
+                lines.append(f"  {f.path}: skipped, {why}")
                 continue
             w = sum(f.rows_written.values())
             extra = f", {f.rows_deduplicated:,} deduplicated" if f.rows_deduplicated else ""
@@ -460,6 +462,8 @@ def ingest(
         raise IngestUsageError(f"max_reject_rate must be within 0..1, got {max_reject_rate}")
 
     out = Path(out)
+    if out.exists() and not out.is_dir():  # mkdir's "File exists" would not say what is wrong
+        raise IngestUsageError(f"{out}: exists and is not a folder (a dataset is a folder)")
     out.mkdir(parents=True, exist_ok=True)
     lock = open(out / LOCK_FILE, "a+")
     try:

@@ -8,6 +8,8 @@ from typing import Any
 
 from gpuclust.ingest.base import FORMATS
 
+#: 0 ok; 1 an input failed (the dataset is unfinished); 2 an expected fault (usage, paths, an
+#: unwritable dataset folder): the convention of every command (:data:`gpuclust.cli.EXIT_ERROR`)
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
@@ -79,14 +81,15 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the ingest described by ``args``; returns the exit status (0 ok, 1 failed, 2 usage)."""
+    """Run the ingest described by ``args``; returns the exit status (0 ok, 1 an input failed, 2 an
+    expected fault: usage, a missing input, a dataset folder that cannot be written)."""
     from gpuclust.ingest.api import IngestUsageError, ingest
     from gpuclust.ingest.base import ReadOptions
     from gpuclust.ingest.detect import DetectError
     from gpuclust.ingest.progress import Progress
 
     if args.chunk_mb < 1:
-        print("gpuclust ingest: --chunk-mb must be >= 1", file=sys.stderr)
+        print("gpuclust ingest: error: --chunk-mb must be >= 1", file=sys.stderr)
         return EXIT_USAGE
     try:
         report = ingest(
@@ -109,8 +112,10 @@ def run(args: argparse.Namespace) -> int:
     except (FileNotFoundError, DetectError, IngestUsageError) as e:
         print(f"gpuclust ingest: error: {e}", file=sys.stderr)
         return EXIT_USAGE
-    except OSError as e:  # e.g. the dataset folder cannot be written
-        print(f"gpuclust ingest: error: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
-        return EXIT_FAILED
+    except OSError as e:  # e.g. the dataset folder cannot be written: as analyze / optimize --out
+        from gpuclust.cli import fault_text
+
+        print(f"gpuclust ingest: error: {fault_text(e)}", file=sys.stderr)
+        return EXIT_USAGE
     print(report.summary())
     return report.exit_status

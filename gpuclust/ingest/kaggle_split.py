@@ -104,8 +104,10 @@ def main(args: argparse.Namespace) -> int:
     try:
         counts = kaggle_split(args.file, args.out)
     except (OSError, ValueError, csv.Error) as e:
-        print(f"gpuclust kaggle-split: error: {e}", file=sys.stderr)
-        return 2
+        from gpuclust.cli import EXIT_ERROR, fault_text
+
+        print(f"gpuclust kaggle-split: error: {fault_text(e)}", file=sys.stderr)
+        return EXIT_ERROR
     for cell, n in sorted(counts.items()):
         print(f"cluster {cell}: {n:,} records")
     return 0

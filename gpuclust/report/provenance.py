@@ -5,6 +5,7 @@ options, backend, device).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import platform
@@ -31,12 +32,37 @@ def read_run_file(folder: str | Path) -> dict[str, Any] | None:
         return None
 
 
-def load_results(folder: str | Path, run: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The result tables of a results folder, by key: a DataFrame per ``<key>/<table>.parquet``
-    and a :class:`gpuclust.parted.PartedTable` per ``<key>/<table>/part-*.parquet`` (read lazily)."""
+def load_results(folder: str | Path, run: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+    """The result tables of a results folder (``gpuclust analyze --out DIR``,
+    ``gpuclust.analyze(..., out=DIR)``, a report's results), as the run returned them: a dict
+    ``{result key: {table: DataFrame}}``, the key being the analysis name (or its label, e.g.
+    ``cell-usage[mode=exact]``, when the run had it twice); a table that grows with the cell
+    (``<key>/<table>/part-*.parquet``) is a :class:`gpuclust.parted.PartedTable`, read lazily
+    (``.read()``, ``.batches()``).  Public as ``gpuclust.load_results(path)``.
+
+    Only the files the folder's ``_run.json`` lists are read (``run``: that file's content, when
+    the caller has it already).  A path that is not there is a :class:`FileNotFoundError` (not a
+    folder: :class:`NotADirectoryError`); a folder without a readable ``_run.json`` a
+    :class:`ValueError`.
+
+    Examples
+    --------
+    >>> import gpuclust                                                # doctest: +SKIP
+    >>> res = gpuclust.load_results("results")                         # doctest: +SKIP
+    >>> res["cell-usage"]["usage"].head()                              # doctest: +SKIP
+    """
     from gpuclust.parted import PartedTable
 
     folder = Path(folder)
+    if run is None:
+        if not folder.exists():
+            raise FileNotFoundError(errno.ENOENT, "no such folder", str(folder))
+        if not folder.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, "not a folder", str(folder))
+        run = read_run_file(folder)
+        if run is None:
+            raise ValueError(f"{folder}: not a gpuclust results folder (no readable _run.json; "
+                             "`gpuclust analyze DATASET NAME... --out DIR` writes one)")
     out: dict[str, dict[str, Any]] = {a["key"]: {} for a in run.get("analyses", [])}
     parts: dict[tuple[str, str], list[str]] = {}
     for rel in run.get("files", []):

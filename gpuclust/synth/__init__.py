@@ -14,6 +14,7 @@ See ``docs/synth.md`` for the model, every knob and the ground-truth keys.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import re
 import sys
@@ -433,6 +434,8 @@ def synthesize(cfg: SynthConfig, out: Path | str, *, dataset: Path | str | None 
     t_start = time.perf_counter()
     say = progress or (lambda msg: None)
     out = Path(out)
+    if out.exists() and not out.is_dir():  # mkdir's FileExistsError would not say what is wrong
+        raise FileExistsError(errno.EEXIST, "exists and is not a folder", str(out))
     out.mkdir(parents=True, exist_ok=True)
     for old in list(out.glob("*-[0-9]*.json.gz")):  # stale shards of an earlier run
         if old.name.split("-")[0] in USAGE_TABLES:

@@ -38,15 +38,28 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run ``gpuclust synth``: 0 done; 1 the ``--dataset`` ingest left an input failed; 2 an
+    expected fault (a bad setting, an ``--out`` that is a file or cannot be written), one line."""
+    from gpuclust.cli import EXIT_ERROR, fault_text
+    from gpuclust.dataset import DatasetError
     from gpuclust.synth import SynthConfig, synthesize
 
     kw = {f.name: getattr(args, f.name) for f in dataclasses.fields(SynthConfig)}
+    faults: tuple[type[Exception], ...] = (ValueError,)  # a bad setting
     try:
         cfg = SynthConfig(**kw)
-    except ValueError as e:
-        print(f"gpuclust synth: {e}", file=sys.stderr)
-        return 2
-    res = synthesize(cfg, args.out, dataset=args.dataset, progress=None if args.quiet else _stderr)
+        faults = (OSError, DatasetError)  # an --out / --dataset that cannot be written
+        if args.dataset is not None:
+            from gpuclust.ingest.api import IngestUsageError
+            from gpuclust.ingest.detect import DetectError
+
+            faults += (IngestUsageError, DetectError)
+        res = synthesize(cfg, args.out, dataset=args.dataset, progress=None if args.quiet else _stderr)
+    except Exception as e:
+        if not isinstance(e, faults):
+            raise
+        print(f"gpuclust synth: error: {fault_text(e)}", file=sys.stderr)
+        return EXIT_ERROR
     if res.ingest_report is not None:
         summary = getattr(res.ingest_report, "summary", None)
         if callable(summary):

@@ -240,10 +240,10 @@ def test_cli_expected_faults_without_traceback(tmp_path: Path) -> None:
         r = _cli(str(src), "--out", str(tmp_path / "ds2"))
         assert r.returncode == 2 and "Traceback" not in r.stderr and want in r.stderr, r.stderr
         assert len(r.stderr.strip().splitlines()) == 1 and str(src) in r.stderr
-    # a dataset folder that cannot be made: one line, exit 1
+    # a dataset folder that cannot be made: one line, exit 2 (an expected fault, as every command)
     ok = write_json(u / "machine_events-000000000000.json.gz", records("machine_events", 5))
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("x")
     r = _cli(str(ok), "--out", str(blocker / "ds"))
-    assert r.returncode == 1 and "Traceback" not in r.stderr and str(blocker) in r.stderr, r.stderr
+    assert r.returncode == 2 and "Traceback" not in r.stderr and str(blocker) in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
