@@ -3,10 +3,13 @@
 `gpuclust synth` simulates a cell faithfully and writes the real JSON export (about 1.2M windows
 per minute on 2 cores); the analysis benchmarks need 10^7+ windows in minutes, so this writes the
 *canonical Parquet* directly with NumPy: machines with capacities and platforms, instances with
-SCHEDULE/FINISH events and requests across the priority tiers, and 300 s usage windows on a
+SCHEDULE/FINISH events and requests across the priority tiers (each its own job, with SUBMIT /
+SCHEDULE / FINISH collection events), and 300 s usage windows on a
 global grid whose 20 CPU percentiles come from a per-window lognormal shape (monotone by
 construction), CPI/MAI on some platforms with a planted load effect. Realistic enough for
 timing (key cardinalities, group sizes, contention on busy machines); not a model of a cell.
+Datasets cached under bench/data before collection events were added lack them: delete the folder
+to regenerate.
 """
 
 from __future__ import annotations
@@ -88,6 +91,17 @@ def make_dataset(out: str | Path, n_windows: int, *, machines: int | None = None
         "req_cpu": np.tile(req_cpu, 2), "req_mem": np.tile(req_mem, 2),
     })
     files["instance_events"].append(_write(out, "instance_events", ev, 0))
+    # every instance is its own job: SUBMIT 1 s before it starts, SCHEDULE, FINISH (no random draws,
+    # so the other tables are what they always were)
+    ce = pa.table({
+        "time": np.concatenate([t_start - US, t_start, t_end]), "type": np.repeat(np.array([0, 3, 6], np.int8), n),
+        "collection_id": np.tile(coll, 3), "scheduling_class": np.tile(ev["scheduling_class"].to_numpy()[:n], 3),
+        "missing_type": np.zeros(3 * n, np.int8), "collection_type": np.zeros(3 * n, np.int8),
+        "priority": np.tile(prio, 3), "alloc_collection_id": np.tile(alloc, 3),
+    })
+    ce = pa.table({f.name: ce[f.name] if f.name in ce.column_names else pa.nulls(3 * n, f.type)
+                   for f in SCHEMAS["collection_events"]})
+    files["collection_events"].append(_write(out, "collection_events", ce, 0))
 
     # Usage windows, written in parts to bound memory.
     inst_of_window = np.repeat(np.arange(n_inst), length)

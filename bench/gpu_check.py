@@ -57,8 +57,8 @@ def make_data(out: Path, base: int, copies: int, machines: int) -> Path:
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
-
     from gen_canonical import ROW_GROUP, make_dataset
+
     from gpuclust.dataset import new_manifest, write_json_atomic
     from gpuclust.schema import SCHEMAS, tier_map
 
@@ -70,7 +70,7 @@ def make_data(out: Path, base: int, copies: int, machines: int) -> Path:
     hi = pc.max(usage["end_time"]).as_py()
     span = ((hi - lo) // (300 * US) + 1) * 300 * US
     ds = out / "ds"
-    for t in ("instance_usage", "instance_events", "machine_events"):
+    for t in ("instance_usage", "instance_events", "machine_events", "collection_events"):
         (ds / t).mkdir(parents=True, exist_ok=True)
 
     def shifted(t: pa.Table, k: int, times: tuple[str, ...]) -> pa.Table:
@@ -92,24 +92,9 @@ def make_data(out: Path, base: int, copies: int, machines: int) -> Path:
         usage_files = list(pool.map(write_usage, range(copies)))
     ev = pa.concat_tables([shifted(events, k, ("time",)) for k in range(copies)])
     pq.write_table(ev, ds / "instance_events/part-rep-00000.parquet", row_group_size=ROW_GROUP, compression="zstd")
-    # collection events (every instance of the generator is its own job): SUBMIT, SCHEDULE, FINISH
-    g = ev.group_by("collection_id").aggregate([("time", "min"), ("time", "max"), ("priority", "max"),
-                                                 ("scheduling_class", "max"), ("alloc_collection_id", "max")])
-    n = g.num_rows
-    coll = pa.concat_arrays([g["collection_id"].combine_chunks()] * 3)
-    ce = pa.table({
-        "time": pa.concat_arrays([pc.subtract(g["time_min"], pa.scalar(US, pa.int64())).combine_chunks(),
-                                  g["time_min"].combine_chunks(), g["time_max"].combine_chunks()]),
-        "type": pa.array([0] * n + [3] * n + [6] * n, pa.int8()), "collection_id": coll,
-        "scheduling_class": pa.concat_arrays([g["scheduling_class_max"].combine_chunks()] * 3),
-        "missing_type": pa.array([0] * (3 * n), pa.int8()), "collection_type": pa.array([0] * (3 * n), pa.int8()),
-        "priority": pa.concat_arrays([g["priority_max"].combine_chunks()] * 3),
-        "alloc_collection_id": pa.concat_arrays([g["alloc_collection_id_max"].combine_chunks()] * 3),
-    })
-    ce_schema = SCHEMAS["collection_events"]
-    ce = pa.table({f.name: ce[f.name] if f.name in ce.column_names else pa.nulls(3 * n, f.type) for f in ce_schema}, schema=ce_schema)
-    (ds / "collection_events").mkdir(parents=True, exist_ok=True)
-    pq.write_table(ce, ds / "collection_events/part-rep-00000.parquet", row_group_size=ROW_GROUP, compression="zstd")
+    ce = pq.read_table(src / "collection_events")  # every instance is its own job: SUBMIT, SCHEDULE, FINISH
+    pq.write_table(pa.concat_tables([shifted(ce, k, ("time",)) for k in range(copies)]),
+                   ds / "collection_events/part-rep-00000.parquet", row_group_size=ROW_GROUP, compression="zstd")
     me = next((src / "machine_events").glob("*.parquet"))
     (ds / "machine_events" / me.name).write_bytes(me.read_bytes())
     man = new_manifest(trace_version="v3", cell="bench", tier_map=tier_map("notebook").to_json(), complete=True)
@@ -280,6 +265,7 @@ def cli_step(ds: Path, out: Path, backend: str, timeout_s: float) -> None:
     import shutil
 
     from _harness import run_measured
+
     from gpuclust.analyses.registry import names
 
     dest = out.parent / f"cli-{backend}"  # beside the step records, removed with them

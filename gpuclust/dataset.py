@@ -72,22 +72,31 @@ def open_parquet(f: Any) -> pq.ParquetFile:
         return pq.ParquetFile(f)
 
 
-def write_json_atomic(path: Path, obj: Any, before_replace: Callable[[], None] | None = None) -> None:
+def write_json_atomic(path: Path, obj: Any, before_replace: Callable[[], None] | None = None, *,
+                      if_changed: bool = False) -> bool:
     """Write JSON to ``path`` so that readers see either the old or the new file, never half.
 
     The file gets the mode of any new file under the process umask.  ``before_replace`` runs
     after the new content is written and fsynced and just before the rename that publishes it
     (ingest moves staged parts into place there, so they and the manifest listing them appear
-    together).
+    together).  With ``if_changed`` (and no ``before_replace``) a file that already holds exactly
+    this JSON is left alone, its modification time too (``gpuclust report`` reads it to tell
+    whether a dataset was written since its results).  Returns whether the file was written.
     """
     path = Path(path)
+    text = json.dumps(obj, indent=1, sort_keys=True, default=_json_default) + "\n"
+    if if_changed and before_replace is None:
+        try:
+            if path.read_text() == text:
+                return False
+        except (OSError, UnicodeDecodeError):
+            pass
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         os.fchmod(fd, file_mode())  # mkstemp makes 0600; a dataset file gets the umask's mode
         with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=1, sort_keys=True, default=_json_default)
-            f.write("\n")
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
         if before_replace is not None:
@@ -100,6 +109,7 @@ def write_json_atomic(path: Path, obj: Any, before_replace: Callable[[], None] |
             pass
         raise
     fsync_dir(path.parent)
+    return True
 
 
 def file_mode() -> int:

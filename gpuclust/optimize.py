@@ -48,6 +48,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from gpuclust.arrow_numpy import array as arrow_array
+from gpuclust.arrow_numpy import to_numpy
 from gpuclust.dataset import MANIFEST, Dataset, DatasetError, fsync_dir, open_parquet, reading, write_json_atomic
 from gpuclust.layout import BUCKET_COLUMN, HASH_NAME, KEYS, ORDER, bucket_ids, layout_entry
 from gpuclust.schema import SCHEMAS, TABLES
@@ -339,13 +341,9 @@ class _Spill:
 
 
 def _key_arrays(batch: pa.RecordBatch, key: tuple[str, ...]) -> list[np.ndarray]:
-    out = []
-    for c in key:
-        col = batch.column(c)
-        if col.null_count:  # NULL keys hash as the dtype minimum, as the engine hands NULLs over
-            col = pc.fill_null(col, pa.scalar(np.iinfo(col.type.to_pandas_dtype()).min, col.type))
-        out.append(col.to_numpy(zero_copy_only=False))
-    return out
+    # NULL keys hash as the dtype minimum, as the engine hands NULLs over (arrow_numpy.to_numpy:
+    # a view where there are none, and no pandas import, which Arrow's own to_numpy may make)
+    return [to_numpy(batch.column(c)) for c in key]
 
 
 def _file_batches(f: Path, columns: list[str]) -> Iterator[pa.RecordBatch]:
@@ -375,7 +373,7 @@ def _spill_table(ds: Dataset, table: str, spill: _Spill, prog: Progress | None) 
             b = bucket_ids(np, _key_arrays(batch, key), len(spill.files))
             order = np.argsort(b, kind="stable")
             sb = b[order]
-            batch = batch.take(pa.array(order))
+            batch = batch.take(arrow_array(order))  # (pa.array of NumPy imports pandas)
             ks, starts = np.unique(sb, return_index=True)
             ends = [*starts[1:], len(sb)]
             for k, s, e in zip(ks.tolist(), starts.tolist(), ends, strict=True):
@@ -620,6 +618,12 @@ def _rewrite(
     m = copy.deepcopy(old)
     for table in _ORDER_OF_WORK:
         m["tables"][table] = {"rows": rep.rows[table], "files": sorted(new_files[table]), "layout": layout_entry(table, n)}
+    # the ingest's record: these parts now hold every input's rows of the four tables, which an
+    # input's `outputs` no longer list (see gpuclust.ingest.api._recompute_tables)
+    m["laid_out"] = {table: copy.deepcopy(m["tables"][table]) for table in _ORDER_OF_WORK}
+    for inp in m.get("inputs", {}).values():
+        inp["outputs"] = [o for o in inp.get("outputs") or [] if o.split("/", 1)[0] not in KEYS]
+        inp["laid_out"] = sorted(set(inp.get("laid_out") or []) | (set(inp.get("rows_written") or {}) & set(KEYS)))
     m["optimize"] = {"buckets": n, "hash": HASH_NAME, "row_group_rows": row_group_rows}
     if not in_place:
         m["optimize"]["source"] = str(ds.path.resolve())
@@ -696,4 +700,3 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_ERROR
     print(rep.summary())
     return EXIT_OK
-

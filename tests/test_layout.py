@@ -47,7 +47,8 @@ def flat(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from gpuclust.synth import SynthConfig, synthesize
 
     root = tmp_path_factory.mktemp("flat")
-    synthesize(SynthConfig(machines=20, hours=1.5, seed=1, malformed_rate=0.001), root / "raw", dataset=root / "ds", progress=None)
+    synthesize(SynthConfig(machines=20, hours=1.5, seed=1, malformed_rate=0.001), root / "raw", dataset=root / "ds", progress=None,
+               layout="flat")
     return root / "ds"
 
 
@@ -277,14 +278,29 @@ def test_in_place_idempotent_and_rebucket(flat: Path, tmp_path: Path, capsys: py
     _listed_only(d)
 
 
-def test_ingest_refuses_a_bucketed_dataset(opt: Path, flat: Path, tmp_path: Path) -> None:
+def test_ingest_adds_to_a_bucketed_dataset_and_lays_it_out_again(flat: Path, tmp_path: Path) -> None:
+    """A bucketed dataset (what ingest writes) takes new files: they are ingested, then the four
+    key-partitioned tables are laid out again, as one ingest of every file lays them out."""
     from gpuclust.ingest import ingest
-    from gpuclust.ingest.api import IngestUsageError
 
-    d = tmp_path / "ds"
-    shutil.copytree(opt, d)
-    with pytest.raises(IngestUsageError, match="bucketed"):
-        ingest(flat.parent / "raw", d)
+    raw = sorted(p for p in (flat.parent / "raw").iterdir() if p.name.endswith(".json.gz"))
+    usage = [p for p in raw if p.name.startswith("instance_usage")]
+    rest = [p for p in raw if p not in usage]
+    d, once = tmp_path / "ds", tmp_path / "once"
+    assert ingest(rest, d, workers=1).layout == "bucketed"
+    assert Dataset(d).num_rows("instance_usage") == 0 and Dataset(d).layout("instance_usage") is not None
+    rep = ingest(raw, d, workers=1)  # the usage shards are new, the rest is skipped
+    assert rep.layout == "bucketed" and {f.status for f in rep.files} == {"done", "skipped"}
+    ingest(raw, once, workers=1)
+    for t in TABLES:
+        _same_rows(d, once, t)
+    assert Dataset(d).layout("instance_usage") == Dataset(once).layout("instance_usage")
+    m = json.loads((d / "manifest.json").read_text())
+    assert all(not any(o.split("/")[0] in KEYS for o in inp["outputs"]) for inp in m["inputs"].values())
+    # a re-run with nothing new changes nothing
+    before = (d / "manifest.json").read_bytes()
+    assert {f.status for f in ingest(raw, d, workers=1).files} == {"skipped"}
+    assert (d / "manifest.json").read_bytes() == before
 
 
 # --------------------------------------------------------------------------------------------
@@ -371,3 +387,39 @@ def test_cli_errors(flat: Path, tmp_path: Path) -> None:
     assert (busy / "x.txt").read_text() == "mine"
     with pytest.raises(OptimizeUsageError):
         optimize(flat, buckets=True, out=tmp_path / "zz")  # type: ignore[arg-type]
+
+
+def _ingest_cli(raw: Path, out: Path, kill: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != KILL_ENV}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    if kill:
+        env[KILL_ENV] = kill
+    return subprocess.run([sys.executable, "-m", "gpuclust", "ingest", str(raw), "--out", str(out), "--no-progress"],
+                          env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def ingested(flat: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The flat fixture's raw files ingested as `gpuclust ingest` does by default: laid out."""
+    out = tmp_path_factory.mktemp("ingested") / "ds"
+    r = _ingest_cli(flat.parent / "raw", out)
+    assert r.returncode == 0 and "laid out by instance and machine" in r.stdout, r.stdout + r.stderr
+    return out
+
+
+@pytest.mark.parametrize("kill", ["spill:2", "swap:1"])
+def test_ingest_killed_in_its_layout_step_then_rerun_equals_a_clean_run(flat: Path, ingested: Path, tmp_path: Path,
+                                                                        kill: str) -> None:
+    """A kill -9 while ingest lays the dataset out leaves the flat dataset (or the whole new
+    layout); the same command again gives what a clean run gives, part for part."""
+    d = tmp_path / "ds"
+    r = _ingest_cli(flat.parent / "raw", d, kill)
+    assert r.returncode == -signal.SIGKILL, r.stdout + r.stderr
+    r = _ingest_cli(flat.parent / "raw", d)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for t in TABLES:
+        assert Dataset(d).layout(t) == Dataset(ingested).layout(t)
+        _same_rows(d, ingested, t)
+    parts = {p.relative_to(d).as_posix(): p.read_bytes() for p in d.rglob("*.parquet")}
+    assert parts == {p.relative_to(ingested).as_posix(): p.read_bytes() for p in ingested.rglob("*.parquet")}
+    assert not (d / "_staging").exists()

@@ -101,6 +101,11 @@ class IngestReport:
     selection: str | None = None
     #: Rows outside the selection, over the files read.
     rows_skipped: int = 0
+    #: How the dataset's key-partitioned tables are laid out after the run: ``"bucketed"`` (by
+    #: instance and machine, :mod:`gpuclust.optimize`), ``"flat"``, or ``None`` (unfinished).
+    layout: str | None = None
+    #: One line on the layout step of this run (``None``: none ran).
+    layout_note: str | None = None
 
     @property
     def failed(self) -> list[FileReport]:
@@ -160,6 +165,8 @@ class IngestReport:
             lines.append(f"FAILED: {len(self.failed)} input(s) failed (see 'error:' above)")
         if self.over_threshold:
             lines.append("FAILED: the reject rate is over the threshold (--max-reject-rate)")
+        if self.layout_note:
+            lines.append(self.layout_note)
         if self.complete:
             lines.append("dataset complete: true")
         else:
@@ -302,13 +309,23 @@ def _remove_unlisted(out: Path, manifest: dict[str, Any]) -> list[str]:
 
 
 def _recompute_tables(manifest: dict[str, Any]) -> None:
+    """The manifest's ``tables`` from its inputs: each input's own parts and rows, and the parts a
+    layout step (``gpuclust optimize``) wrote for the inputs it took in (``laid_out``: those
+    tables' parts, rows and layout; such an input lists the tables in its own ``laid_out``).  A
+    table with parts of both kinds is flat until the next layout step lays it out again."""
     tables: dict[str, dict[str, Any]] = {t: {"rows": 0, "files": []} for t in TABLES}
+    for t, e in (manifest.get("laid_out") or {}).items():
+        tables[t] = {"rows": int(e["rows"]), "files": list(e["files"]), "layout": e["layout"]}
     for inp in manifest["inputs"].values():
+        done = set(inp.get("laid_out") or [])
         for t, n in (inp.get("rows_written") or {}).items():
-            tables[t]["rows"] += int(n)
+            if t not in done:
+                tables[t]["rows"] += int(n)
         for rel in inp.get("outputs") or []:
             t = rel.split("/", 1)[0]
-            tables[t]["files"].append(rel)
+            if t not in done:
+                tables[t]["files"].append(rel)
+                tables[t].pop("layout", None)
     for t in tables.values():
         t["files"].sort()
     manifest["tables"] = tables
@@ -338,7 +355,8 @@ class _ManifestWriter:
             for src, dst in moves:
                 os.replace(src, dst)
 
-        write_json_atomic(self.path, self.m, before_replace=switch if (moves or gone) else None)
+        # unchanged content (a re-ingest with nothing new) leaves the file and its mtime alone
+        write_json_atomic(self.path, self.m, before_replace=switch if (moves or gone) else None, if_changed=True)
         for d in sorted({dst.parent for _, dst in moves} | {f.parent for f in gone}):
             fsync_dir(d)
         self.writes += 1
@@ -374,6 +392,7 @@ def ingest(
     time_from: Any = None,
     time_to: Any = None,
     listing: str | os.PathLike[str] | None = None,
+    layout: str = "bucketed",
 ) -> IngestReport:
     """Ingest raw trace files into a canonical dataset folder.
 
@@ -415,6 +434,13 @@ def ingest(
         A bucket listing (``gsutil ls -l`` output, see :func:`read_listing`): an input smaller
         than its listed size fails as a truncated download without being read; one not listed is
         noted.
+    layout
+        ``"bucketed"`` (default): once the dataset is complete, lay its usage and event tables out
+        by instance and machine (:func:`gpuclust.optimize.optimize`, in place), the layout every
+        analysis holds its memory goal on at any size.  An ingest that adds files to such a
+        dataset lays it out again (the whole of the four tables).  ``"flat"``: leave new parts as
+        read (e.g. while adding shards one run at a time); ``gpuclust optimize`` lays the dataset
+        out at the end.
 
     Returns
     -------
@@ -460,6 +486,8 @@ def ingest(
             raise IngestUsageError(f"extra_manifest may not set reserved keys {sorted(clash)}")
     if not 0 <= max_reject_rate <= 1:
         raise IngestUsageError(f"max_reject_rate must be within 0..1, got {max_reject_rate}")
+    if layout not in LAYOUTS:
+        raise IngestUsageError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
 
     out = Path(out)
     if out.exists() and not out.is_dir():  # mkdir's "File exists" would not say what is wrong
@@ -471,12 +499,47 @@ def ingest(
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise IngestUsageError(f"{out}: another ingest is writing into this dataset") from None
-        return _run(
+        report = _run(
             srcs, version, out, cell, tier_map, max_reject_rate, workers, prog, extra_manifest, opts, t0, notes, prefer,
             (sample, time_from, time_to), listing,
         )
     finally:
         lock.close()
+    return _lay_out(report, layout, prog)
+
+
+#: What :func:`ingest` may leave: its tables laid out by key (the default), or as read.
+LAYOUTS = ("bucketed", "flat")
+
+
+def _laid_out(out: Path) -> bool:
+    """Every key-partitioned table of the dataset at ``out`` is in its buckets (none has parts an
+    ingest added since its layout step)."""
+    from gpuclust.layout import KEYS
+
+    tables = (_load_manifest(out) or {}).get("tables", {})
+    return all(isinstance(tables.get(t), dict) and tables[t].get("layout") for t in KEYS)
+
+
+def _lay_out(report: IngestReport, layout: str, prog: Progress | None) -> IngestReport:
+    """Lay a complete dataset out by key (``layout="bucketed"``) after the ingest: the same
+    in-place, crash-safe rewrite as ``gpuclust optimize`` (a crash leaves the flat dataset, and the
+    next ingest run, with nothing new to read, lays it out)."""
+    if _laid_out(report.out):
+        report.layout = "bucketed"
+        return report
+    if layout == "flat" or not report.complete:
+        report.layout = "flat" if report.complete else None
+        return report
+    from gpuclust.optimize import Progress as OptimizeProgress
+    from gpuclust.optimize import optimize
+
+    rep = optimize(report.out, progress=OptimizeProgress() if prog is not None else None)
+    report.layout = "bucketed"
+    report.layout_note = (f"laid out by instance and machine: {rep.buckets} bucket(s) in {rep.seconds:.1f} s "
+                          "(`--layout flat` skips this)")
+    report.seconds += rep.seconds
+    return report
 
 
 def _load_manifest(out: Path) -> dict[str, Any] | None:
@@ -527,12 +590,6 @@ def _run(
         content_hash.hasher(algorithm)  # can this Python compute it?
     except content_hash.MissingHashError as e:
         raise IngestUsageError(f"{out}: {e}") from None
-    bucketed = sorted(t for t, e in m.get("tables", {}).items() if isinstance(e, dict) and e.get("layout"))
-    if bucketed:
-        raise IngestUsageError(
-            f"{out} is bucketed (`gpuclust optimize`: {', '.join(bucketed)}); ingest cannot add to it. "
-            "Ingest into a new folder and optimize that, or start again from the raw files"
-        )
     if m.get("trace_version") not in (None, version):
         raise IngestUsageError(f"{out} holds a {m['trace_version']} dataset; these inputs are {version}")
     if cell is not None and m.get("cell") not in (None, cell):
@@ -628,7 +685,8 @@ def _run(
             drop.extend(inp.get("outputs") or [])
             if inp.get("rejects_file"):
                 drop.append(inp["rejects_file"])
-    m["complete"] = False
+    if todo or stale or drop:  # work to do: the dataset is incomplete until it is done
+        m["complete"] = False
     mw = _ManifestWriter(out / MANIFEST, m)
     mw.write(remove=[out / rel for rel in drop])
 

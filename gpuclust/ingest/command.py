@@ -75,6 +75,12 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "--listing", metavar="FILE",
         help="a bucket listing (`gsutil ls -l` output): an input smaller than listed fails as a truncated download",
     )
+    p.add_argument(
+        "--layout", choices=("bucketed", "flat"), default="bucketed",
+        help="bucketed (default): once complete, lay the usage and event tables out by instance and machine "
+        "(again after files are added), the layout every analysis holds its memory goal on; flat: leave new "
+        "parts as read (e.g. while adding shards run by run), and lay it out at the end with `gpuclust optimize`",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress display")
     p.set_defaults(func=run)
     return p
@@ -108,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
             time_from=args.time_from,
             time_to=args.time_to,
             listing=args.listing,
+            layout=args.layout,
         )
     except (FileNotFoundError, DetectError, IngestUsageError) as e:
         print(f"gpuclust ingest: error: {e}", file=sys.stderr)

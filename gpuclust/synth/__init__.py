@@ -406,7 +406,8 @@ def _tier_totals(prio: np.ndarray, values: np.ndarray) -> dict[str, dict[str, fl
 
 
 def synthesize(cfg: SynthConfig, out: Path | str, *, dataset: Path | str | None = None,
-               progress: Callable[[str], None] | None = _progress_default, keep_windows: bool = False) -> SynthResult:
+               progress: Callable[[str], None] | None = _progress_default, keep_windows: bool = False,
+               layout: str = "bucketed") -> SynthResult:
     """Simulate a cell and write it as v3 JSON export shards plus ``synth_truth.json``.
 
     Parameters
@@ -422,6 +423,8 @@ def synthesize(cfg: SynthConfig, out: Path | str, *, dataset: Path | str | None 
         Receives one line per phase and shard (default: stderr).  ``None`` for silence.
     keep_windows : bool
         Return window-level arrays (k, u, cpi, ...) in :attr:`SynthResult.windows` (tests).
+    layout : str
+        The dataset's layout, as ``gpuclust.ingest.ingest``'s ``layout`` (default ``"bucketed"``).
 
     Returns
     -------
@@ -577,7 +580,7 @@ def synthesize(cfg: SynthConfig, out: Path | str, *, dataset: Path | str | None 
 
         sources = [p for t in USAGE_TABLES for p in shards[t]]
         say(f"ingesting {len(sources)} shards into {dataset}")
-        res.ingest_report = ingest(sources, Path(dataset), extra_manifest={"synthetic": truth})
+        res.ingest_report = ingest(sources, Path(dataset), extra_manifest={"synthetic": truth}, layout=layout)
     return res
 
 

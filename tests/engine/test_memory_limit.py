@@ -15,8 +15,14 @@ from gpuclust.dataset import Dataset
 from gpuclust.engine import run
 from gpuclust.engine.dask import open_scheduler
 from gpuclust.engine.local import auto_rows_of, plan_tables
-from gpuclust.engine.memory import (MIN_PARTITION_ROWS, default_limit, machine_memory, parse_size, row_bytes,
-                                    whole_table_rows)
+from gpuclust.engine.memory import (
+    MIN_PARTITION_ROWS,
+    default_limit,
+    machine_memory,
+    parse_size,
+    row_bytes,
+    whole_table_rows,
+)
 
 
 @pytest.fixture(scope="module")

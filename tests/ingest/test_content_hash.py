@@ -186,7 +186,7 @@ def test_inputs_of_unique_size_are_hashed_while_read(tmp_path: Path, prehashed: 
     lines[7] = "{not json"  # a reject, so a rejects file is named too
     usage.write_text("\n".join(lines) + "\n")
     out = tmp_path / "ds"
-    rep = ingest([a, b, usage], out, workers=workers)
+    rep = ingest([a, b, usage], out, workers=workers, layout="flat")
     assert rep.exit_status == 0 and prehashed == []  # nothing read twice
     want = {p.name: blake3.blake3(p.read_bytes()).hexdigest() for p in (a, b, usage)}
     assert _keys_by_name(out) == want

@@ -32,7 +32,8 @@ SCRIPT = (
     "import sys\n"
     "from gpuclust.ingest import ingest\n"
     "from gpuclust.ingest.base import ReadOptions\n"
-    f"r = ingest(sys.argv[3:], sys.argv[1], opts=ReadOptions(chunk_bytes={CHUNK}, threads=1), workers=int(sys.argv[2]))\n"
+    f"r = ingest(sys.argv[3:], sys.argv[1], opts=ReadOptions(chunk_bytes={CHUNK}, threads=1), workers=int(sys.argv[2]),"
+    " layout='flat')\n"
     "sys.exit(r.exit_status)\n"
 )
 
@@ -106,7 +107,7 @@ def clean(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[Path], tuple]:
     d = tmp_path_factory.mktemp("inputs")
     files = _inputs(d)
     out = d / "clean"
-    rep = ingest(files, out, opts=ReadOptions(chunk_bytes=CHUNK, threads=1), workers=1)
+    rep = ingest(files, out, opts=ReadOptions(chunk_bytes=CHUNK, threads=1), workers=1, layout="flat")
     assert rep.ok and rep.complete
     n_parts = sum(len(Dataset(out).files(t)) for t in TABLES)
     assert n_parts > 20

@@ -56,5 +56,6 @@ def test_staging_is_gone_after_a_run_and_parts_are_all_listed(tmp_path: Path) ->
     assert not (out / STAGING_DIR).exists()
     m = json.loads((out / "manifest.json").read_text())
     for t in TABLES:
-        on_disk = sorted(f"{t}/{p.name}" for p in (out / t).glob("*.parquet")) if (out / t).is_dir() else []
+        # flat parts, or the bucket=<k>/ parts of the layout step
+        on_disk = sorted(p.relative_to(out).as_posix() for p in (out / t).rglob("*.parquet")) if (out / t).is_dir() else []
         assert on_disk == m["tables"][t]["files"]

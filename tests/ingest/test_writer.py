@@ -73,12 +73,12 @@ def test_manifest(tmp_path: Path) -> None:
 def test_rerun_skips_done_and_duplicates(tmp_path: Path) -> None:
     files = _inputs(tmp_path)
     out = tmp_path / "ds"
-    ingest(files[:2], out, opts=OPTS, workers=1)
+    ingest(files[:2], out, opts=OPTS, workers=1, layout="flat")
     mtimes = {p: p.stat().st_mtime_ns for p in (out / "machine_events").iterdir()}
     dup = tmp_path / "copy" / "machine_events-000000000000.json.gz"
     dup.parent.mkdir()
     dup.write_bytes(files[0].read_bytes())
-    rep = ingest([*files, dup], out, opts=OPTS, workers=1)
+    rep = ingest([*files, dup], out, opts=OPTS, workers=1, layout="flat")
     status = {Path(f.path).name if f.status != "duplicate" else "dup": f.status for f in rep.files}
     assert status["machine_events-000000000000.json.gz"] == "skipped"
     assert status["machine_events-000000000001.json.gz"] == "skipped"
