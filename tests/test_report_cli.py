@@ -4,6 +4,7 @@ and the SVG and plot helpers the page is built from."""
 from __future__ import annotations
 
 import csv
+import io
 import os
 import re
 import subprocess
@@ -76,6 +77,43 @@ def test_csv_export_matches_the_parquet_results(cell: Path) -> None:
     again = _gpuclust("report", "ds", "overcommit", "machine-shapes", "--format", "csv", "--out", "csv",
                       "--results", "res", "--quiet", cwd=cell)
     assert again.returncode == 0 and "reusing" in again.stderr, again.stderr
+
+
+def test_a_report_over_valid_results_reuses_results_and_figures(cell: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 33: a second report over results that are still valid neither runs an analysis nor
+    draws a figure (the page keeps its figures in <results>/_figures); a re-ingest that ingests
+    nothing leaves manifest.json as it was (bytes and mtime), so the report after it reuses too; and
+    the CSV export reuses the results folder the page wrote instead of computing a second one."""
+    from gpuclust import engine
+    from gpuclust.cli import main
+    from gpuclust.report import plots
+
+    first = _gpuclust("report", "ds", "cell-usage", "machine-shapes", "--out", "reuse/page.html", "--quiet", cwd=cell)
+    assert first.returncode == 0, first.stderr[-2000:]
+    page = cell / "reuse" / "page.html"
+    drawn = re.findall(r'<figure class="plot" data-figure="[^"]+">.*?</figure>', page.read_text(), re.S)
+    assert len(drawn) == 2
+    manifest = cell / "ds" / "manifest.json"
+    before = (manifest.read_bytes(), manifest.stat().st_mtime_ns)
+    again = _gpuclust("ingest", "raw", "--out", "ds", cwd=cell)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert (manifest.read_bytes(), manifest.stat().st_mtime_ns) == before, "a no-op re-ingest rewrote manifest.json"
+
+    def forbidden(*args: object, **kwargs: object) -> bool:
+        raise AssertionError("called on results that are still valid")
+
+    monkeypatch.setattr(engine, "analyze", forbidden)
+    monkeypatch.setattr(plots, "plot_result", forbidden)
+    monkeypatch.chdir(cell)
+    page.unlink()
+    assert main(["report", "ds", "cell-usage", "machine-shapes", "--out", "reuse/page.html"]) == 0
+    assert "reusing the results in reuse/page-results" in capsys.readouterr().err
+    assert re.findall(r'<figure class="plot" data-figure="[^"]+">.*?</figure>', page.read_text(), re.S) == drawn
+    assert main(["report", "ds", "cell-usage", "--format", "csv", "--out", "reuse/csv"]) == 0
+    assert f"reusing the results in {cell / 'reuse' / 'page-results'}" in capsys.readouterr().err
+    assert (cell / "reuse" / "csv" / "cell-usage" / "usage.csv").is_file()
+    assert sorted(p.name for p in (cell / "reuse").iterdir()) == ["csv", "page-results", "page.html"]
 
 
 @pytest.mark.parametrize("args, message", [
@@ -215,3 +253,72 @@ def test_a_plot_that_fails_costs_its_figure_not_the_page(tmp_path: Path, monkeyp
     assert figures == 0 and "The figure could not be drawn (RuntimeError: boom)" in page
     assert "0.5 / 0.25" in page  # the key numbers are still there
     assert "warning: machine-shapes" in capsys.readouterr().err
+
+
+def test_figures_and_key_numbers_count_the_same(cell: Path) -> None:
+    """Issue 33: the life-cycle legend says how many episodes its CDFs count, of the table's
+    `episodes`; an unknown median says why; small shares keep their digits in the legend (0.2%, not
+    0%); the data-quality panels have titles; the peak-prediction table has every column."""
+    import html as html_lib
+
+    from gpuclust.analyses.lifecycle import Lifecycle
+    from gpuclust.dataset import Dataset
+    from gpuclust.engine import run
+    from gpuclust.report.axes import percent
+    from gpuclust.report.html import render_page
+    from gpuclust.tables import as_pandas
+
+    names = ["lifecycle", "usage-vs-request", "data-quality", "peak-prediction"]
+    res = {k: {t: as_pandas(v) for t, v in tables.items()}
+           for k, tables in run(Dataset(cell / "ds"), names).items()}
+    delays = res["lifecycle"]["delays"]
+    gone = delays.index[(delays["measure"] == "execution") & (delays["outcome"] == "finish")][0]
+    delays.loc[gone, ["with_duration", "p50_s", "p90_s", "p99_s", "max_s"]] = [0, np.nan, np.nan, np.nan, np.nan]
+    res["lifecycle"]["delay_hist"] = res["lifecycle"]["delay_hist"].pipe(
+        lambda h: h[~((h["measure"] == "execution") & (h["outcome"] == "finish") & (h["tier"] == delays.at[gone, "tier"]))])
+    run_info = {"dataset": str(cell / "ds"), "trace_version": "v3", "backend": "cpu",
+                "analyses": [{"key": n, "name": n, "label": n, "options": {}} for n in names]}
+    page, _ = render_page(run_info, res, cell)
+    sections = {m.group(1): html_lib.unescape(m.group(0)) for m in
+                re.finditer(r'<section class="analysis" id="a-([^"]+)">.*?</section>', page, re.S)}
+    life = sections["lifecycle"]
+    shown = delays[(delays["measure"] == "scheduling") & (delays["outcome"] == "scheduled")]
+    for r in shown.itertuples():
+        assert f"{r.tier}: {r.with_duration:,} of {r.episodes:,}" in life, r  # the legend, against the table
+    assert "<th >with_duration</th>" in life.replace('class=""', "")
+    reason = "none of its episodes has a known duration"
+    assert reason in life  # the table says why its quantiles are unknown
+    assert f"median unknown: {reason}" in Lifecycle().summary(res["lifecycle"])
+    uvr = sections["usage-vs-request"]
+    for r in res["usage-vs-request"]["summary"].itertuples():
+        if r.tier == "all" and r.above_limit_share > 0:
+            assert f"all: {percent(r.above_limit_share)} above" in uvr, r
+    small = res["usage-vs-request"]["summary"]["above_limit_share"]
+    assert ((small > 0) & (small < 0.005)).any() and "0.2%" in percent(0.002) and percent(0.0) == "0%"
+    if len(res["data-quality"]["max_over_p100"]):
+        assert "max_cpu / cpu_p100 per usage window" in sections["data-quality"]
+        assert "what each check flags, by table" in sections["data-quality"]
+    peak = sections["peak-prediction"].split("Key numbers", 1)[1]
+    for col in res["peak-prediction"]["summary"].columns:
+        assert f">{col}</th>" in peak, col
+
+
+def test_simple_figures_cost_no_matplotlib_or_pandas_import(cell: Path) -> None:
+    """Issue 33: `gpuclust analyze` spent ~1.1 s of every run on importing matplotlib and pandas for
+    its figures.  The figures of gpuclust.report.plots.NATIVE are drawn without either (PNG by
+    Pillow, SVG as text), so a run of those analyses imports neither, and still writes its PNGs."""
+    from gpuclust.report.plots import NATIVE
+
+    names = sorted(NATIVE)
+    code = ("import sys; from gpuclust.cli import main; "
+            f"rc = main(['analyze', 'ds', *{names!r}, '--out', 'native', '--quiet']); "
+            "print(rc, sorted(m for m in ('matplotlib', 'pandas') if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], cwd=cell, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip().splitlines()[-1] == "0 []", r.stdout[-2000:]
+    for name in names:
+        png = (cell / "native" / name / f"{name}.png").read_bytes()
+        assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000, name
+        from PIL import Image
+
+        assert Image.open(io.BytesIO(png)).convert("L").getextrema()[0] < 64, name  # decodes, and has ink

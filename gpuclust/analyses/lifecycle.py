@@ -60,7 +60,8 @@ from gpuclust.partials import bin_quantile_edges, keyed_reduce, merge_keyed
 from gpuclust.schema import TIME_AFTER_TRACE, EventType, TierMap, tier_map
 from gpuclust.tables import as_arrow, column
 
-__all__ = ["CollectionLifecycle", "DELAY_EDGES_US", "DISTRIBUTIONS", "EVENT_NAMES", "EXPECTED", "Lifecycle", "STATE_AFTER", "SERIES_FIELDS"]
+__all__ = ["CollectionLifecycle", "DELAY_EDGES_US", "DISTRIBUTIONS", "EVENT_NAMES", "EXPECTED", "Lifecycle", "STATE_AFTER", "SERIES_FIELDS",
+           "unknown_duration_reason"]
 
 #: Event type names, by v3 code.
 EVENT_NAMES: tuple[str, ...] = tuple(e.name for e in EventType)
@@ -496,9 +497,23 @@ class Lifecycle(Analysis):
         for measure, outcome in (("scheduling", "scheduled"), ("execution", "finish")):
             for r in d:
                 if r["measure"] == measure and r["outcome"] == outcome:
-                    lines.append(f"  {measure} ({outcome}) {r['tier']:>8}: {r['episodes']:,} episodes, median "
-                                 f"{fmt(r['p50_s'], '.3g')} s, p90 {fmt(r['p90_s'], '.3g')} s, mean {fmt(r['mean_s'], '.3g')} s")
+                    head = f"  {measure} ({outcome}) {r['tier']:>8}: {r['episodes']:,} episodes"
+                    if not r["with_duration"]:
+                        lines.append(f"{head}, median unknown: {unknown_duration_reason(measure)}")
+                        continue
+                    timed = (f" ({r['with_duration']:,} with a known duration)"
+                             if r["with_duration"] < r["episodes"] else "")
+                    lines.append(f"{head}{timed}, median {fmt(r['p50_s'], '.3g')} s, p90 {fmt(r['p90_s'], '.3g')} s, "
+                                 f"mean {fmt(r['mean_s'], '.3g')} s")
         return "\n".join(lines)
+
+
+def unknown_duration_reason(measure: str) -> str:
+    """Why no episode of ``measure`` (a ``delays`` row with ``with_duration`` 0) has a duration, so
+    that its quantiles are unknown."""
+    entry = "SCHEDULE" if measure == "execution" else "SUBMIT"
+    return (f"none of its episodes has a known duration (each began before the trace: its {entry} at time 0 or "
+            "not in the data; or ended at 2^63-1, after the trace)")
 
 
 #: The result tables' columns and types (an empty table keeps them).

@@ -55,9 +55,10 @@ def render(results: Mapping[str, Mapping[str, pd.DataFrame]], analyses: Mapping[
         summary.append(a.summary(tables) if a is not None else f"{key}: {list(tables)}")
         title = getattr(a, "label", key) + (f" · {subject}" if subject else "")
         if plots and a is not None:
-            from gpuclust.report.plots import plot_result
+            from gpuclust.report.plots import NATIVE, plot_result
 
-            tables = {t: as_pandas(v) for t, v in tables.items()}  # plots draw from DataFrames
+            if a.name not in NATIVE:  # matplotlib plots draw from DataFrames
+                tables = {t: as_pandas(v) for t, v in tables.items()}
             if plot_result(a.name, dict(tables), folder / key / f"{key}.png", title=title):
                 written.append(f"{key}/{key}.png")
             else:  # say why there is no plot (summary.txt), instead of leaving it out silently

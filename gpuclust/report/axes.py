@@ -16,8 +16,8 @@ import numpy as np
 
 from gpuclust.schema import TRACE_OFFSET_US
 
-__all__ = ["TIME_LABEL", "edge_buckets", "mark_partial_buckets", "nothing_to_plot", "set_title", "trace_hours",
-           "wrap_label"]
+__all__ = ["TIME_LABEL", "edge_buckets", "mark_partial_buckets", "nothing_to_plot", "percent", "set_title",
+           "trace_hours", "wrap_label"]
 
 #: The x label of every time series.
 TIME_LABEL = "trace hours (since the trace start)"
@@ -33,7 +33,8 @@ def edge_buckets(starts_us: Sequence[int] | np.ndarray, width_us: float, lo_us: 
     """The first and last buckets that the data ``[lo_us, hi_us)`` covers only in part, as
     ``(start_us, end_us, why)``.  ``lo_us`` defaults to the trace start; with ``hi_us`` unknown
     the last bucket is reported as possibly partial."""
-    s = np.unique(np.asarray(starts_us, dtype=np.float64))
+    s = np.sort(np.asarray(starts_us, dtype=np.float64))  # (np.unique would import numpy.ma: ~20 ms)
+    s = s[np.concatenate(([True], s[1:] != s[:-1]))] if s.size else s
     if s.size == 0 or not width_us > 0:
         return []
     lo = TRACE_OFFSET_US if lo_us is None else float(lo_us)
@@ -74,6 +75,26 @@ def wrap_label(text: str, width: int) -> str:
     import textwrap
 
     return "\n".join(textwrap.wrap(text, width)) or text
+
+
+def percent(share: Any) -> str:
+    """A share as a percentage for a legend, never rounded to 0% or 100% unless it is exactly that:
+    ``0.002`` -> ``0.2%``, ``0.00004`` -> ``<0.01%``, ``0.127`` -> ``13%``, ``0.9996`` -> ``>99.9%``;
+    NaN -> ``unknown``."""
+    x = float(share) * 100
+    if x != x:
+        return "unknown"
+    if x <= 0 or x >= 100:
+        return f"{x:.0f}%"
+    if x < 0.01:
+        return "<0.01%"
+    if x < 1:
+        return f"{x:.2g}%"
+    if x > 99.9:
+        return ">99.9%"
+    if x > 99:
+        return f"{x:.1f}%"
+    return f"{x:.0f}%"
 
 
 def nothing_to_plot(ax: Any, reason: str) -> None:

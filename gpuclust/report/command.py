@@ -27,8 +27,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         description=textwrap.fill(
             "Run the analyses a dataset can run (or the NAMEs) into a results folder, or reuse it when its _run.json "
             "says it holds the same dataset (not written since), analyses and options; then write one "
-            "self-contained HTML page: provenance, data quality, and per analysis a caption, the figure (hover, "
-            "zoom) and the key numbers. --format csv writes every result table as CSV instead.", 88),
+            "self-contained HTML page: provenance, data quality, and per analysis a caption, the figure (hover for "
+            "values) and the key numbers. --format csv writes every result table as CSV instead.", 88),
         epilog=OPTIONS_EPILOG, formatter_class=AnalysesHelpFormatter)
     p.add_argument("dataset", metavar="DATASET", help="canonical dataset folder (from `gpuclust ingest`)")
     p.add_argument("names", metavar="NAME", nargs="*",
@@ -106,6 +106,28 @@ def _default_results(out: str | Path) -> Path:
     return out.with_name(f"{out.stem if out.suffix == '.html' else out.name}-results")
 
 
+def _matching_results(out: str | Path, dataset: str | Path, analyses: list[Any],
+                      selection: tuple[Any, Any]) -> Path | None:
+    """A results folder beside ``out`` (a sibling folder with a ``_run.json``, newest first) that
+    :func:`reusable` accepts, so that ``--format csv`` after the page (or a second page) reuses the
+    results the first one wrote instead of computing them again into a folder of its own."""
+    parent = Path(out).absolute().parent
+    try:
+        found: list[tuple[float, Path]] = []
+        for i, d in enumerate(parent.iterdir()):
+            if i >= 2000:  # a crowded folder: look no further
+                break
+            run = d / "_run.json"
+            if not d.name.startswith(".") and run.is_file():
+                found.append((run.stat().st_mtime, d))
+    except OSError:
+        return None
+    for _, d in sorted(found, key=lambda t: -t[0]):
+        if reusable(d, dataset, analyses, selection) is None:
+            return d
+    return None
+
+
 def _check_out(out: str | Path, fmt: str) -> None:
     """:class:`gpuclust.report.OutputError` now when ``out`` cannot be written later."""
     import os
@@ -142,7 +164,12 @@ def main(args: argparse.Namespace) -> int:
         if not names:
             raise ValueError(f"{args.dataset}: the dataset has no table any analysis reads (see gpuclust info)")
         analyses = build_analyses(names, args.option, tier_map=args.tier_map, mode=args.mode)
-        why = "--rerun" if args.rerun else reusable(results, args.dataset, analyses, (args.time_from, args.time_to))
+        selection = (args.time_from, args.time_to)
+        why = "--rerun" if args.rerun else reusable(results, args.dataset, analyses, selection)
+        if why is not None and not args.rerun and not args.results:  # another results folder beside OUT?
+            other = _matching_results(args.out, args.dataset, analyses, selection)
+            if other is not None and other.resolve() != Path(args.out).resolve():
+                results, why = other, None
         keys: list[str] | None = None
         if why is None:
             say(f"reusing the results in {results} (same dataset, analyses and options)")

@@ -38,6 +38,7 @@ def plot_data_quality(result: dict[str, pd.DataFrame], path: Path, *, title: str
     ax.set_xscale("log")
     ax.set_xlim(max(1e-7, float(found["share"].min()) / 3), 10.0)
     ax.set_xlabel("share of the table's rows (or of its instances / machines)")
+    ax.set_title("what each check flags, by table", fontsize="medium")
     quiet = int(((ch["count"] == 0) & ~ch["check"].isin(DENOMINATORS)).sum())
     ax.text(0.99, 0.01, f"{quiet} checks flagged nothing", transform=ax.transAxes, ha="right", fontsize="x-small")
     if len(hist):
@@ -51,6 +52,8 @@ def plot_data_quality(result: dict[str, pd.DataFrame], path: Path, *, title: str
         ax2.set_xlim(min(0.1, float(lo.min()) / 2), max(10.0, float(hi.max()) * 2))
         ax2.set_xlabel("max_cpu / cpu_p100 (line: 1)")
         ax2.set_ylabel("usage windows")
-    set_title(fig, title, "what each data-quality check flags: share and count, by table")
+        ax2.set_title("max_cpu / cpu_p100 per usage window", fontsize="medium")
+    set_title(fig, title, "what each data-quality check flags: share and count, by table" +
+              ("; and how the usage windows' max_cpu compares with their cpu_p100" if len(hist) else ""))
     save_figure_atomic(fig, path)
     return True

@@ -117,9 +117,9 @@ class ResultsFolder:
         assert self.tmp is not None, "open() first"
         who = None
         if plots and run_info and run_info.get("dataset"):  # plot titles name the dataset, cell and trace
-            from gpuclust.report.provenance import dataset_facts, subject
+            from gpuclust.report.provenance import manifest_facts, subject
 
-            who = subject(run_info, dataset_facts(run_info["dataset"]))
+            who = subject(run_info, manifest_facts(run_info["dataset"]))
         try:
             rel = render(results, analyses, self.tmp, plots=plots, subject=who)
             rel.append(write_run_file(self.tmp, rel, run_info or {}))

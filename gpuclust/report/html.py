@@ -2,8 +2,8 @@
 
 The page holds the provenance of the results, then one section per analysis (data quality first,
 :data:`gpuclust.report.sections.ORDER`): a caption saying what the figure shows, the figure as inline
-SVG (hover shows the data coordinates, drag zooms, double-click resets: a few lines of inline
-script, :file:`assets/report.js`) and the key numbers as a table; an analysis with nothing to plot
+SVG (hover shows the data coordinates: a few lines of inline script, :file:`assets/report.js`; no
+drag-to-zoom, which would crop the axes and labels away: the browser's zoom enlarges the whole figure) and the key numbers as a table; an analysis with nothing to plot
 says why.  The page's script marks each figure it found drawn (``data-rendered``), the number of
 them (``data-figures-rendered`` on ``<body>``, against ``data-figures-expected``) and any script
 error (``data-errors``), which is what the browser test reads.
@@ -46,6 +46,9 @@ def _table(df: pd.DataFrame) -> str:
         return '<p class="note">No key numbers (the table is empty).</p>'
     more = (f'<p class="note">The first {MAX_ROWS} of {len(df):,} rows; every row is in the results folder '
             "(or <code>--format csv</code>).</p>" if len(df) > MAX_ROWS else "")
+    if len(df.columns) > 8:  # every column is there; a narrow window scrolls the table
+        more = (f'<p class="note">{len(df.columns)} columns: scroll the table sideways to see them all.</p>'
+                + more)
     df = df.head(MAX_ROWS)
     text_cols = {c for c in df.columns if not pd.api.types.is_numeric_dtype(df[c])}
     head = "".join(f'<th class="{"t" if c in text_cols else ""}">{html.escape(str(c))}</th>' for c in df.columns)
@@ -57,24 +60,105 @@ def _table(df: pd.DataFrame) -> str:
     return f'<div class="key-wrap"><table class="key"><tr>{head}</tr>{"".join(rows)}</table></div>{more}'
 
 
-def _figure(name: str, key: str, tables: Mapping[str, Any], title: str, tmp: Path, index: int) -> str | None:
-    """The figure of one analysis as inline SVG, or ``None`` when it has nothing to plot."""
-    from gpuclust.report.plots import plot_result
+#: The folder inside a results folder where the page keeps the figures it drew (see :class:`FigureCache`).
+FIGURES_DIR = "_figures"
+_NONE = "no figure"
+
+
+def _code_fingerprint() -> str:
+    """What else a figure depends on besides its results: the gpuclust version, the report code
+    (every module of this package) and the matplotlib version."""
+    import hashlib
+    from importlib import metadata
+
+    from gpuclust import __version__
+
+    h = hashlib.sha256(__version__.encode())
+    for f in sorted(Path(__file__).parent.glob("*.py")):
+        h.update(f.name.encode() + f.read_bytes())
+    try:
+        h.update(metadata.version("matplotlib").encode())
+    except metadata.PackageNotFoundError:
+        pass
+    return h.hexdigest()
+
+
+class FigureCache:
+    """The figures of a results folder's page, kept in ``<results>/_figures/<key>.svg``, each under
+    a key made of the results' ``_run.json``, the analysis, the figure's title and the report code
+    (:func:`_code_fingerprint`): a page over results that are still valid reuses them instead of
+    drawing them again.  The folder goes with its results (a new run replaces the whole results
+    folder); a folder that cannot be written just means the figures are drawn every time."""
+
+    def __init__(self, folder: Path | None, run: Mapping[str, Any]):
+        import hashlib
+        import json
+
+        self.folder = folder
+        self.base = hashlib.sha256((json.dumps(run, sort_keys=True, default=str) + _code_fingerprint()).encode())
+        self.hits = 0
+
+    def _tag(self, key: str, name: str, title: str) -> str:
+        h = self.base.copy()
+        h.update("\0".join((key, name, title)).encode())
+        return f"<!-- gpuclust figure {h.hexdigest()} -->\n"
+
+    def get(self, key: str, name: str, title: str) -> str | None:
+        """The cached SVG text (``""``: the analysis had nothing to plot), or ``None`` when not cached."""
+        if self.folder is None:
+            return None
+        try:
+            text = (self.folder / f"{key}.svg").read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            return None
+        tag = self._tag(key, name, title)
+        if not text.startswith(tag):
+            return None
+        self.hits += 1
+        body = text[len(tag):]
+        return "" if body == _NONE else body
+
+    def put(self, key: str, name: str, title: str, svg: str | None) -> None:
+        if self.folder is None:
+            return
+        from gpuclust.report._files import write_atomic
+
+        text = self._tag(key, name, title) + (_NONE if svg is None else svg)
+        try:
+            write_atomic(self.folder / f"{key}.svg", lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+        except OSError:  # a read-only results folder: draw again next time
+            pass
+
+
+def _figure(name: str, key: str, tables: Mapping[str, Any], title: str, tmp: Path, index: int,
+            cache: FigureCache | None = None) -> str | None:
+    """The figure of one analysis as inline SVG, or ``None`` when it has nothing to plot; taken
+    from ``cache`` when it holds it (else drawn, and put there)."""
     from gpuclust.report.svg import inline_svg
 
-    path = tmp / f"{index}.svg"
-    if not plot_result(name, dict(tables), path, title=title):
+    text = cache.get(key, name, title) if cache is not None else None
+    if text is None:
+        from gpuclust.report.plots import plot_result
+
+        path = tmp / f"{index}.svg"
+        text = path.read_text(encoding="utf-8") if plot_result(name, dict(tables), path, title=title) else ""
+        if cache is not None:
+            cache.put(key, name, title, text or None)
+    if not text:
         return None
-    svg = inline_svg(path.read_text(encoding="utf-8"), f"f{index}-")
+    svg = inline_svg(text, f"f{index}-")
     svg = svg.replace("<svg ", f'<svg role="img" aria-label="{html.escape(title, quote=True)}" ', 1)
     return (f'<figure class="plot" data-figure="{html.escape(key)}">{svg}'
-            f'<figcaption>Hover for values; drag to zoom, double-click to reset.</figcaption></figure>')
+            "<figcaption>Hover for values; the browser&rsquo;s zoom (Ctrl +) enlarges the figure, axes and labels "
+            "included.</figcaption></figure>")
 
 
 def render_page(run: dict[str, Any], results: Mapping[str, Mapping[str, Any]], results_dir: Path, *,
                 facts: dict[str, Any] | None = None, summary_text: str = "",
-                progress: Callable[[str], None] | None = None) -> tuple[str, int]:
-    """The page's HTML and the number of figures in it."""
+                progress: Callable[[str], None] | None = None,
+                figures: FigureCache | None = None) -> tuple[str, int]:
+    """The page's HTML and the number of figures in it; ``figures``: where to reuse (and keep) the
+    figures drawn."""
     from gpuclust.engine.selection import TRACE_START
     from gpuclust.report.axes import TIME_LABEL
     from gpuclust.report.provenance import provenance_rows, subject
@@ -97,7 +181,7 @@ def render_page(run: dict[str, Any], results: Mapping[str, Mapping[str, Any]], r
             anchor = f"a-{key}"
             nav.append(f'<a href="#{html.escape(anchor)}">{html.escape(key)}</a>')
             try:
-                fig = _figure(name, key, tables, f"{label_of[key]} · {who}", Path(tmp), i)
+                fig = _figure(name, key, tables, f"{label_of[key]} · {who}", Path(tmp), i, figures)
                 why = empty_reason(name, tables)
             except Exception as e:  # noqa: BLE001 - one broken plot must not cost the whole page; said on it
                 fig, why = None, f"The figure could not be drawn ({type(e).__name__}: {e}): a bug, please report it."
@@ -153,7 +237,8 @@ def write_report(results_dir: str | Path, out: str | Path, *, keys: list[str] | 
     summary_path = results_dir / "summary.txt"
     summary = summary_path.read_text() if summary_path.is_file() else ""
     page, n_fig = render_page(run, results, results_dir, facts=dataset_facts(run.get("dataset")),
-                              summary_text=summary, progress=progress)
+                              summary_text=summary, progress=progress,
+                              figures=FigureCache(results_dir / FIGURES_DIR, run))
     size = len(page.encode("utf-8"))
     page = page.replace("PAGE_SIZE_PLACEHOLDER", _size_text(size))
     data = page.encode("utf-8")

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from gpuclust.report.axes import set_title
+from gpuclust.report.axes import percent, set_title
 from gpuclust.report.plots import new_figure, save_figure_atomic
 
 __all__ = ["plot_job_usage"]
@@ -43,7 +43,7 @@ def plot_job_usage(result: dict[str, pd.DataFrame], path: Path, *, title: str = 
             st = stats.loc[(tier, res)]
             keep = _thin(x.size)
             ax.step(x[keep], ccdf[keep], where="post", lw=2.2 if tier == "all" else 1.0,
-                    label=f"{tier} ({x.size:,}; top 1%: {st['top1pct_share']:.0%})")
+                    label=f"{tier} ({x.size:,}; top 1%: {percent(st['top1pct_share'])})")
             drawn = True
             if tier == "all" and np.isfinite(st["pareto_alpha"]):
                 m = int(st["tail_jobs"])

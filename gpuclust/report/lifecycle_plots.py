@@ -15,9 +15,16 @@ from gpuclust.report.plots import new_figure, save_figure_atomic
 __all__ = ["plot_lifecycle"]
 
 
-def _cdf(ax: Any, hist: pd.DataFrame, measure: str, outcome: str, tiers: list[str], what: str) -> None:
-    """Cumulative share of episodes by duration, one step line per tier (bins' upper edges)."""
+def _cdf(ax: Any, hist: pd.DataFrame, delays: pd.DataFrame | None, measure: str, outcome: str, tiers: list[str],
+         what: str) -> None:
+    """Cumulative share of episodes by duration, one step line per tier (bins' upper edges), over
+    the episodes with a known duration; the legend gives their number and that of all episodes
+    (the ``episodes`` of the key-number table)."""
     sel = hist[(hist["measure"] == measure) & (hist["outcome"] == outcome)]
+    total: dict[str, int] = {}
+    if delays is not None and len(delays):
+        d = delays[(delays["measure"] == measure) & (delays["outcome"] == outcome)]
+        total = {str(t): int(n) for t, n in zip(d["tier"], d["episodes"], strict=True)}
     drawn = 0
     for tier in tiers:
         h = sel[sel["tier"] == tier].sort_values("bin")
@@ -26,16 +33,18 @@ def _cdf(ax: Any, hist: pd.DataFrame, measure: str, outcome: str, tiers: list[st
         x = np.maximum(h["hi_s"].to_numpy(), 1e-6)  # zero delays at 1 µs on the log axis
         x = np.where(np.isinf(x), h["lo_s"].to_numpy(), x)
         y = np.cumsum(h["episodes"].to_numpy()) / h["episodes"].sum()
-        ax.step(x, y, where="post", label=f"{tier} ({int(h['episodes'].sum()):,})")
+        known = int(h["episodes"].sum())
+        ax.step(x, y, where="post", label=f"{tier}: {known:,} of {total.get(tier, known):,}")
         drawn += 1
     ax.set_xscale("log")
     ax.set_xlabel(f"{what}, seconds (log)")
-    ax.set_ylabel("share of episodes")
+    ax.set_ylabel("share of episodes with a duration")
     ax.set_ylim(0, 1.02)
     if drawn:
-        ax.legend(fontsize="x-small", loc="lower right")
+        ax.legend(fontsize="x-small", loc="lower right", title="tier: episodes with a known\nduration, of all",
+                  title_fontsize="x-small")
     else:
-        ax.text(0.5, 0.5, "no completed episodes", transform=ax.transAxes, ha="center")
+        ax.text(0.5, 0.5, "no completed episodes with a known duration", transform=ax.transAxes, ha="center")
 
 
 def plot_lifecycle(result: dict[str, pd.DataFrame], path: Path, *, title: str = "lifecycle") -> bool:
@@ -72,9 +81,10 @@ def plot_lifecycle(result: dict[str, pd.DataFrame], path: Path, *, title: str = 
         ax.set_xlabel(TIME_LABEL)
         ax.set_xlim(hours[0], hours[-1])
         ax.set_ylim(0, None)
-    _cdf(c, result["delay_hist"], "scheduling", "scheduled", tiers, "SUBMIT to SCHEDULE")
+    delays = result.get("delays")
+    _cdf(c, result["delay_hist"], delays, "scheduling", "scheduled", tiers, "SUBMIT to SCHEDULE")
     c.set_title("scheduling delay by tier (episodes)", fontsize="medium")
-    _cdf(d, result["delay_hist"], "execution", "finish", tiers, "SCHEDULE to FINISH")
+    _cdf(d, result["delay_hist"], delays, "execution", "finish", tiers, "SCHEDULE to FINISH")
     d.set_title("execution time of finished runs by tier", fontsize="medium")
     set_title(fig, title, "life cycles: events, queue and running instances over time; scheduling delay and "
               "execution time by tier")

@@ -7,14 +7,12 @@ Only :func:`plot_result` is needed by callers: it dispatches on the analysis nam
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = ["PLOTS", "new_figure", "plot_result", "save_figure_atomic"]
+__all__ = ["NATIVE", "PLOTS", "new_figure", "plot_result", "save_figure_atomic"]
 
 
 def new_figure() -> Figure:
@@ -55,7 +53,13 @@ PLOTS: dict[str, tuple[str, str]] = {
 }
 
 
-def plot_result(name: str, result: dict[str, pd.DataFrame], path: Path, *, title: str | None = None) -> bool:
+#: The analyses whose plot is drawn by :mod:`gpuclust.report.draw` (no matplotlib, no pandas): it
+#: takes its result tables as Arrow tables or DataFrames, so :func:`gpuclust.report.render` leaves
+#: them as they are, and a run whose figures are all of these imports neither.
+NATIVE = frozenset({"cell-usage", "machine-shapes", "machine-utilization", "usage-vs-request"})
+
+
+def plot_result(name: str, result: dict[str, Any], path: Path, *, title: str | None = None) -> bool:
     """Plot a finalized result of analysis ``name`` to ``path``; ``False`` if it has no plot."""
     import importlib
 

@@ -76,10 +76,18 @@ def _overcommit(r: Tables) -> pd.DataFrame:
 
 
 def _lifecycle(r: Tables) -> pd.DataFrame:
+    """The delays of the figure's two CDFs: ``episodes`` all of them, ``with_duration`` those the
+    CDFs (and quantiles) count; where no episode has a duration, why the quantiles are unknown."""
+    from gpuclust.analyses.lifecycle import unknown_duration_reason
+
     d = _frame(r["delays"])
     d = d[((d["measure"] == "scheduling") & (d["outcome"] == "scheduled"))
           | ((d["measure"] == "execution") & (d["outcome"] == "finish"))]
-    return d[["tier", "measure", "episodes", "p50_s", "p90_s", "p99_s", "max_s"]]
+    out = d[["tier", "measure", "episodes", "with_duration", "p50_s", "p90_s", "p99_s", "max_s"]].copy()
+    if (out["with_duration"] == 0).any():
+        out["why unknown"] = [unknown_duration_reason(m) if k == 0 else ""
+                              for m, k in zip(out["measure"], out["with_duration"], strict=True)]
+    return out
 
 
 def _job_usage(r: Tables) -> pd.DataFrame:
@@ -143,8 +151,9 @@ SECTIONS: dict[str, Section] = {
         "Table: cell-wide metrics (tier all).", _overcommit),
     "lifecycle": Section(
         "Instance life cycles replayed from the events: submissions, resubmissions and finishes per bucket, queue "
-        "length and running instances, and the distributions of scheduling delay and execution time by tier. "
-        "Table: delay quantiles (seconds).", _lifecycle),
+        "length and running instances, and the distributions of scheduling delay and execution time by tier "
+        "(over the episodes with a known duration: the legend says how many of all). Table: delay quantiles "
+        "(seconds) over those episodes.", _lifecycle),
     "collection-lifecycle": Section(
         "The same life-cycle replay for collections (jobs) from collection_events. Table: delay quantiles "
         "(seconds).", _lifecycle),
@@ -197,13 +206,13 @@ def _generic(tables: Tables) -> pd.DataFrame:
 
 def key_numbers(name: str, tables: Tables) -> pd.DataFrame:
     """The numbers that matter in analysis ``name``'s result (the page shows the first
-    :data:`MAX_ROWS` rows)."""
+    :data:`MAX_ROWS` rows, and every column)."""
     s = SECTIONS.get(name)
     try:
         df = s.key(tables) if s is not None and s.key is not None else _generic(tables)
     except (KeyError, ValueError, IndexError, ImportError, AttributeError):  # another version / shape: generic
         df = _generic(tables)
-    return df.iloc[:, :10]
+    return df
 
 
 def empty_reason(name: str, tables: Tables) -> str:

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from gpuclust.report.axes import set_title
+from gpuclust.report.axes import percent, set_title
 from gpuclust.report.plots import new_figure, save_figure_atomic
 
 __all__ = ["plot_usage_change"]
@@ -31,7 +31,7 @@ def plot_usage_change(result: dict[str, pd.DataFrame], path: Path, *, title: str
             y = np.cumsum(g["pairs"].to_numpy()) / g["pairs"].sum()
             row = s[(s["tier"] == tier) & (s["resource"] == res)]
             share = float(row["within_20pct"].iloc[0]) if len(row) else float("nan")
-            ax.step(x, y, where="post", label=f"{tier}: {share:.0%} within ±20%", lw=2.2 if tier == "all" else 1.0)
+            ax.step(x, y, where="post", label=f"{tier}: {percent(share)} within ±20%", lw=2.2 if tier == "all" else 1.0)
         ax.axvspan(-0.2, 0.2, color="grey", alpha=0.15)
         ax.set_xscale("symlog", linthresh=0.01)
         ax.set_xlim(-1.05, None)

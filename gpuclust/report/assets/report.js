@@ -1,5 +1,7 @@
-// gpuclust report: hover read-out and drag-to-zoom on the inline SVG figures (no library, no network).
+// gpuclust report: hover read-out on the inline SVG figures (no library, no network).
 // Each figure's <svg data-axes> holds its axes' boxes (figure fractions), limits and scales.
+// No drag-to-zoom: cropping the drawing would lose its axes and labels; the browser's zoom enlarges
+// the whole figure, axes included, and it stays sharp (vector).
 (function () {
   "use strict";
   var errors = [];
@@ -23,21 +25,14 @@
     var svg = fig.querySelector("svg");
     if (!svg) return false;
     var axes = JSON.parse(svg.getAttribute("data-axes") || "[]");
-    var vb = svg.viewBox.baseVal, W = vb.width, H = vb.height, full = [vb.x, vb.y, vb.width, vb.height];
+    var vb = svg.viewBox.baseVal, W = vb.width, H = vb.height;
     var tip = document.createElement("div"); tip.className = "tip"; fig.appendChild(tip);
-    var box = document.createElement("div"); box.className = "zoombox"; fig.appendChild(box);
-    var drag = null;
     function svgPoint(ev) {
       var p = svg.createSVGPoint(); p.x = ev.clientX; p.y = ev.clientY;
       return p.matrixTransform(svg.getScreenCTM().inverse());
     }
     svg.addEventListener("mousemove", function (ev) {
       var p = svgPoint(ev), fx = p.x / W, fy = 1 - p.y / H, r = fig.getBoundingClientRect();
-      if (drag) {
-        box.style.display = "block";
-        box.style.left = Math.min(drag.cx, ev.clientX) - r.left + "px"; box.style.top = Math.min(drag.cy, ev.clientY) - r.top + "px";
-        box.style.width = Math.abs(ev.clientX - drag.cx) + "px"; box.style.height = Math.abs(ev.clientY - drag.cy) + "px";
-      }
       for (var i = 0; i < axes.length; i++) {
         var a = axes[i], b = a.box;
         if (fx < b[0] || fx > b[2] || fy < b[1] || fy > b[3]) continue;
@@ -56,18 +51,6 @@
       tip.style.display = "none";
     });
     svg.addEventListener("mouseleave", function () { tip.style.display = "none"; });
-    svg.addEventListener("mousedown", function (ev) { ev.preventDefault(); drag = { p: svgPoint(ev), cx: ev.clientX, cy: ev.clientY }; });
-    window.addEventListener("mouseup", function (ev) {
-      if (!drag) return;
-      var p = svgPoint(ev), d = drag; drag = null; box.style.display = "none";
-      var w = Math.abs(p.x - d.p.x), h = Math.abs(p.y - d.p.y);
-      if (w < 8 || h < 8) return;  // a click, not a drag
-      svg.setAttribute("viewBox", [Math.min(p.x, d.p.x), Math.min(p.y, d.p.y), w, h].join(" "));
-      svg.setAttribute("preserveAspectRatio", "none");
-    });
-    svg.addEventListener("dblclick", function () {
-      svg.setAttribute("viewBox", full.join(" ")); svg.removeAttribute("preserveAspectRatio");
-    });
     var bb = svg.getBBox();
     var drawn = svg.querySelectorAll("path, use, image, rect, text").length;
     var ok = bb.width > 0 && bb.height > 0 && drawn > 0;
