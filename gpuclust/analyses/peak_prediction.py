@@ -21,6 +21,7 @@ come from the shards' sums and a streamed pass over that table (severity quantil
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -43,7 +44,8 @@ from gpuclust.schema import CPU_PERCENTILES_SOURCE_ORDER, TIME_AFTER_TRACE
 from gpuclust.stream_quantiles import sorted_quantiles
 from gpuclust.tables import as_arrow
 
-__all__ = ["BASE_PREDICTORS", "METRICS", "PREDICTORS", "STEP_US", "PeakPrediction", "PeakPredictionContext"]
+__all__ = ["BASE_PREDICTORS", "METRICS", "PREDICTORS", "STEP_US", "PeakPrediction", "PeakPredictionContext",
+           "horizon_note"]
 
 #: The simulator's step: 5 minutes, µs.
 STEP_US = 300_000_000
@@ -87,6 +89,31 @@ class PeakPredictionContext:
     span: int
     last_step: int
     requests: RequestTimeline = field(default_factory=RequestTimeline)
+
+
+def _duration(s: int) -> str:
+    """Seconds as the largest whole unit: ``86400`` -> ``24 h``, ``5400`` -> ``90 min``."""
+    return f"{s // 3600} h" if s % 3600 == 0 else f"{s // 60} min" if s % 60 == 0 else f"{s} s"
+
+
+def horizon_note(info: Mapping[str, Any]) -> str | None:
+    """Why no predictor has a number, when every machine-step is censored: the usage spans no
+    more than the oracle's horizon.  One line naming the span and the ``-O horizon_s=`` to pass
+    (half the span), or ``None`` when some machine-step has an oracle (or there is none at all).
+    The summary and the report's section say it (:func:`gpuclust.report.sections.empty_reason`).
+
+    >>> print(horizon_note({"machine_rows": 72, "censored_rows": 72, "horizon_s": 86400,
+    ...                     "first_bucket": 0, "last_bucket": 71}))
+    every machine-step is censored: the usage spans 6 h (5-minute steps 0 to 71), no more than the 24 h horizon the oracle looks ahead; pass -O horizon_s=10800 (half the span) or less to score the predictors
+    """
+    rows, censored = int(info.get("machine_rows") or 0), int(info.get("censored_rows") or 0)
+    first, last = info.get("first_bucket"), info.get("last_bucket")
+    if not rows or censored < rows or first is None or last is None or int(first) < 0:
+        return None
+    steps = int(last) - int(first) + 1
+    return (f"every machine-step is censored: the usage spans {_duration(steps * 300)} (5-minute steps {int(first)} "
+            f"to {int(last)}), no more than the {_duration(int(info['horizon_s']))} horizon the oracle looks ahead; "
+            f"pass -O horizon_s={300 * max(1, steps // 2)} (half the span) or less to score the predictors")
 
 
 def _check_range(name: str, r: tuple[int, ...]) -> None:
@@ -336,6 +363,7 @@ class PeakPrediction(Analysis):
         ucodes, inv = unique_codes(codes)
         n_rows = int(cols["bucket"].shape[0])
         extra: dict[str, Any] = {"rows": n_rows, "censored": int(np.count_nonzero(~has)), "machines": ucodes,
+                                 "first_step": int(cols["bucket"].min()) if n_rows else None,
                                  "machine_n": np.bincount(inv, minlength=ucodes.shape[0]), "limit": float(limit.sum()),
                                  "pred": {}}
         for p in ("oracle", *PREDICTORS):
@@ -355,6 +383,7 @@ class PeakPrediction(Analysis):
         n_rows = sum(e["rows"] for e in extras)
         censored = sum(e["censored"] for e in extras)
         n = n_rows - censored
+        firsts = [e["first_step"] for e in extras if e.get("first_step") is not None]
         total_limit = sum(e["limit"] for e in extras)
         mach_n = np.concatenate([np.zeros(0), *(e["machine_n"] for e in extras)])
         rows = []
@@ -395,7 +424,8 @@ class PeakPrediction(Analysis):
                               "priority_range": rng(self.priority_range),
                               "scheduling_class_range": rng(self.scheduling_class_range),
                               "machines": int(ctx.machine_ids.shape[0]), "machine_rows": int(n_rows),
-                              "censored_rows": int(censored), "last_bucket": int(ctx.last_step), **stats}])
+                              "censored_rows": int(censored), "first_bucket": min(firsts, default=-1),
+                              "last_bucket": int(ctx.last_step), **stats}])
         return {"summary": summary, "info": info}
 
     def summary(self, result: dict[str, Any]) -> str:
@@ -403,6 +433,9 @@ class PeakPrediction(Analysis):
         lines = [f"{self.label}: {info['machine_rows']:,} machine-steps ({info['censored_rows']:,} censored: the "
                  f"horizon passes the data's end) from {info['used_rows']:,} of {info['rows']:,} usage windows "
                  f"(metric {info['metric']}, horizon {info['horizon_s']} s)"]
+        note = horizon_note(info)
+        if note is not None:
+            lines.append(f"  {note}")
         for r in as_arrow(result["summary"]).to_pylist():
             lines.append(f"  {r['predictor']:>19}: violation rate {fmt(r['violation_rate'], '.3%')}, severity "
                          f"mean {fmt(r['severity_mean'], '.3f')} p99 {fmt(r['severity_p99'], '.3f')}, "

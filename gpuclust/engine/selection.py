@@ -37,7 +37,7 @@ import numpy as np
 from gpuclust.engine.partition import PartitionSpec, Piece
 
 __all__ = ["CELL_TIME_ZONES", "RULES", "SelectedSource", "Selection", "SelectionError", "attach", "columns_for",
-           "parse_time", "prune_plans", "rule_of", "selection_of", "unwrap"]
+           "data_span", "parse_time", "prune_plans", "rule_of", "selection_of", "unwrap"]
 
 US = 1_000_000
 #: Trace time of the trace start (v3 document: timestamps count from 600 s before it).
@@ -280,8 +280,46 @@ class SelectedSource:
         return int(self.__dict__[key])
 
     def describe(self) -> dict[str, Any]:
-        """The selection and its read statistics (``_run.json``'s ``selection``)."""
-        return {**self.selection.to_json(), "read": {t: dict(s) for t, s in self.stats.items()}}
+        """The selection, its read statistics and the span of each streamed table's time column
+        in the whole dataset, ``data_span_us`` (``_run.json``'s ``selection``: a selection that
+        keeps no row can then say where the data is)."""
+        return {**self.selection.to_json(), "read": {t: dict(s) for t, s in self.stats.items()},
+                "data_span_us": {t: data_span(self.inner, t) for t in self.stats}}
+
+
+def data_span(source: Any, table: str) -> dict[str, Any] | None:
+    """``{"column", "min", "max"}``: the first and last trace time of ``table``'s time column (its
+    default rule's, :data:`RULE_BY_TABLE`), NULLs and "after the trace" (2^63-1) left out, from the
+    row groups' Parquet statistics (a row group without them, or whose maximum is 2^63-1, is read);
+    ``None`` when there is no such value."""
+    import pyarrow.parquet as pq
+
+    from gpuclust.engine.partition import column_to_numpy
+    from gpuclust.schema import TIME_AFTER_TRACE
+
+    rule = RULES.get(RULE_BY_TABLE.get(table, ""))
+    if rule is None:
+        return None
+    col = rule.lo
+    ends: list[int] = []
+
+    def take(column: Any) -> None:
+        a = column_to_numpy(column)
+        a = a[(a != _NULL) & (a < TIME_AFTER_TRACE)]
+        if a.size:
+            ends.extend((int(a.min()), int(a.max())))
+
+    files = source.files(table) if hasattr(source, "files") else None
+    if not files:
+        take(source.read(table, [col]).column(0))
+    for f in files or ():
+        for g, (_, n, _, st) in enumerate(_file_groups(str(f), (col,))):
+            mm = st.get(col)
+            if n and mm is not None and mm[1] < TIME_AFTER_TRACE:
+                ends.extend(mm)
+            elif n:
+                take(pq.ParquetFile(f).read_row_group(g, columns=[col]).column(0))
+    return {"column": col, "min": min(ends), "max": max(ends)} if ends else None
 
 
 def _count_selected(source: Any, table: str, rule: Rule, sel: Selection) -> int:

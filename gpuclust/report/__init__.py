@@ -21,14 +21,15 @@ __all__ = ["RUN_FILE", "OutputError", "ResultsFolder", "render", "write_results"
 
 
 def render(results: Mapping[str, Mapping[str, pd.DataFrame]], analyses: Mapping[str, Any], folder: Path, *,
-           plots: bool = True, subject: str | None = None) -> list[str]:
+           plots: bool = True, subject: str | None = None, selection: Mapping[str, Any] | None = None) -> list[str]:
     """Write ``<analysis>/<table>.parquet``, ``<analysis>/<analysis>.png`` and ``summary.txt`` into
     ``folder``; returns the paths written, relative to ``folder``.
 
     An analysis' ``parted`` tables (:mod:`gpuclust.parted`) are folders of parts,
     ``<analysis>/<table>/part-NNNNN.parquet``: a :class:`gpuclust.parted.PartedTable` the engine
     already wrote there is listed, a DataFrame or an Arrow table is written as one part.  ``subject`` (the dataset,
-    cell and trace, :func:`gpuclust.report.provenance.subject`) goes into each plot's title."""
+    cell and trace, :func:`gpuclust.report.provenance.subject`) goes into each plot's title; ``selection`` (the
+    run's time selection, as ``_run.json`` records it) lets an empty result say where the data is."""
     from gpuclust.parted import PartedTable, write_part
     from gpuclust.tables import as_arrow, as_pandas, parquet_options
 
@@ -64,7 +65,9 @@ def render(results: Mapping[str, Mapping[str, pd.DataFrame]], analyses: Mapping[
             else:  # say why there is no plot (summary.txt), instead of leaving it out silently
                 from gpuclust.report.sections import empty_reason
 
-                summary[-1] += f"\n  {empty_reason(a.name, tables)}"
+                why = empty_reason(a.name, tables, selection=selection)
+                if why.removeprefix("Nothing to plot: ").rstrip(".") not in summary[-1]:  # not said already
+                    summary[-1] += f"\n  {why}"
     (folder / "summary.txt").write_text("\n\n".join(summary) + "\n")
     written.append("summary.txt")
     return written

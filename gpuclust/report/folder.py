@@ -121,7 +121,8 @@ class ResultsFolder:
 
             who = subject(run_info, manifest_facts(run_info["dataset"]))
         try:
-            rel = render(results, analyses, self.tmp, plots=plots, subject=who)
+            rel = render(results, analyses, self.tmp, plots=plots, subject=who,
+                         selection=(run_info or {}).get("selection"))
             rel.append(write_run_file(self.tmp, rel, run_info or {}))
         except OSError as e:
             raise OutputError(self.path, e) from None

@@ -182,7 +182,7 @@ def render_page(run: dict[str, Any], results: Mapping[str, Mapping[str, Any]], r
             nav.append(f'<a href="#{html.escape(anchor)}">{html.escape(key)}</a>')
             try:
                 fig = _figure(name, key, tables, f"{label_of[key]} · {who}", Path(tmp), i, figures)
-                why = empty_reason(name, tables)
+                why = empty_reason(name, tables, selection=run.get("selection"))
             except Exception as e:  # noqa: BLE001 - one broken plot must not cost the whole page; said on it
                 fig, why = None, f"The figure could not be drawn ({type(e).__name__}: {e}): a bug, please report it."
                 print(f"gpuclust report: warning: {key}: {why}", file=sys.stderr, flush=True)

@@ -16,8 +16,8 @@ import numpy as np
 
 from gpuclust._lazy import pandas as pd
 
-__all__ = ["ORDER", "SECTIONS", "Section", "caption", "empty_reason", "format_value", "has_figure", "key_numbers",
-           "ordered"]
+__all__ = ["NO_FIGURE", "ORDER", "SECTIONS", "Section", "caption", "empty_reason", "format_value", "has_figure",
+           "key_numbers", "ordered"]
 
 Tables = Mapping[str, Any]
 
@@ -215,15 +215,73 @@ def key_numbers(name: str, tables: Tables) -> pd.DataFrame:
     return df
 
 
-def empty_reason(name: str, tables: Tables) -> str:
-    """Why analysis ``name`` has nothing to plot: which of its tables are empty and what it reads."""
+def _info_row(tables: Tables) -> dict[str, Any]:
+    """The one row of a result's ``info`` table (``{}`` when there is none)."""
+    from gpuclust.tables import as_arrow
+
+    t = tables.get("info")
+    rows = as_arrow(t).to_pylist() if t is not None and len(t) else []
+    return rows[0] if rows else {}
+
+
+def _cpi_no_figure(info: Mapping[str, Any]) -> str | None:
+    if info.get("regression") == "none":
+        return ("Nothing to plot: the option regression=none asks for no regression, and the figure draws the binned "
+                "CPI with its fit (leave out -O regression=none for it); the per-group numbers are in the groups "
+                "table.")
+    return None
+
+
+def _peak_prediction_no_figure(info: Mapping[str, Any]) -> str | None:
+    from gpuclust.analyses.peak_prediction import horizon_note
+
+    note = horizon_note(info)
+    return None if note is None else f"Nothing to plot: {note}."
+
+
+#: Analysis name -> why it has no figure, read from its ``info`` row, where an option (or the data's
+#: span against one) says so better than "no rows" (``None``: not that case).
+NO_FIGURE: dict[str, Callable[[Mapping[str, Any]], str | None]] = {
+    "cpi": _cpi_no_figure, "peak-prediction": _peak_prediction_no_figure}
+
+
+def _trace_time(us: int) -> str:
+    """Trace microseconds as ``--from`` takes them, and in hours: ``600s (0.17 h)``."""
+    t = f"{us // 1_000_000}s" if us % 1_000_000 == 0 else f"{us}us"
+    return f"{t} ({us / 3.6e9:,.2f} h)"
+
+
+def _selection_no_figure(selection: Mapping[str, Any], table: str | None) -> str:
+    """Nothing to plot under a time selection: where the selection lies against the data's span
+    (``_run.json``'s ``selection``, :meth:`gpuclust.engine.selection.SelectedSource.describe`)."""
+    given = " ".join(f"--{k} {selection.get(k) or str(selection[k + '_us']) + 'us'}" for k in ("from", "to")
+                     if selection.get(f"{k}_us") is not None)
+    span = (selection.get("data_span_us") or {}).get(table or "")
+    if not span:
+        return f"Nothing to plot: the time selection {given} keeps no row this analysis can use."
+    lo, hi, start, end = span["min"], span["max"], selection.get("from_us"), selection.get("to_us")
+    where = ("starts after the data's end" if start is not None and start > hi else
+             "ends before the data's start" if end is not None and end <= lo else "keeps no row this analysis can use")
+    return (f"Nothing to plot: the time selection {given} {where}: the dataset's {table} {span['column']} runs from "
+            f"{_trace_time(lo)} to {_trace_time(hi)} of trace time; choose --from / --to within that.")
+
+
+def empty_reason(name: str, tables: Tables, *, selection: Mapping[str, Any] | None = None) -> str:
+    """Why analysis ``name`` has nothing to plot: an option that asks for no plotted output
+    (:data:`NO_FIGURE`), a time ``selection`` (``_run.json``'s) that keeps no row (with the data's
+    span), else which of its tables are empty and what it reads."""
     from gpuclust.analyses.registry import REGISTRY
 
     e = REGISTRY.get(name)
     reads = f" (it reads {', '.join(e.tables)})" if e is not None else ""
     if not has_figure(name):
         return "This analysis draws no figure: its key numbers are in the table below."
+    why = NO_FIGURE[name](_info_row(tables)) if name in NO_FIGURE else None
+    if why is not None:
+        return why
     empty = [k for k, v in tables.items() if k != "info" and len(v) == 0]
+    if selection and empty:
+        return _selection_no_figure(selection, e.cls.table if e is not None else None)
     if empty:
         return (f"Nothing to plot: its result table(s) {', '.join(empty)} are empty — the dataset has no rows "
                 f"this analysis can use for them{reads}.")
