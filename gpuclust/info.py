@@ -137,10 +137,11 @@ def format_info(d: dict[str, Any]) -> str:
         groups: dict[tuple[str, int], list[str]] = {}
         for t, v in lay.items():
             groups.setdefault((",".join(v["key"]), int(v["buckets"])), []).append(t)
-        lines.append("layout       bucketed (gpuclust optimize): " + "; ".join(
+        lines.append("layout       bucketed: " + "; ".join(
             f"{', '.join(ts)} by {k} into {n} buckets" for (k, n), ts in groups.items()))
     else:
-        lines.append("layout       flat (`gpuclust optimize` buckets it by instance / machine; docs/scale.md)")
+        lines.append("layout       flat (as read; `gpuclust optimize` lays it out by key, as ingest does by default; "
+                     "docs/scale.md)")
     lines.append("tables       rows          files  MB        time span (trace us)")
     for t, v in d["tables"].items():
         span = f"{_time(v['time_min'])} .. {_time(v['time_max'])}" if v["rows"] else ""

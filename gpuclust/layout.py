@@ -2,8 +2,9 @@
 one hash that assigns a row to a bucket.
 
 In a bucketed dataset every instance's usage windows and events sit in the same numbered bucket
-(a hash of ``collection_id, instance_index``), and machine-keyed tables are bucketed by a hash
-of ``machine_id``; inside a bucket, rows are ordered by time.  Per-instance work (priorities,
+(a hash of ``collection_id, instance_index``), machine-keyed tables are bucketed by a hash of
+``machine_id`` and collection events by a hash of ``collection_id``; inside a bucket, rows are
+ordered by time.  Per-instance work (priorities,
 running intervals, exact per-instance distributions) is then local to a bucket, and joins are
 bucket ``i`` of one table with bucket ``i`` of another (docs/scale.md).
 
@@ -53,6 +54,7 @@ KEYS: dict[str, tuple[str, ...]] = {
     "instance_events": ("collection_id", "instance_index"),
     "machine_events": ("machine_id",),
     "machine_attributes": ("machine_id",),
+    "collection_events": ("collection_id",),
 }
 #: The time column rows are ordered by inside a bucket.
 ORDER: dict[str, str] = {
@@ -60,8 +62,9 @@ ORDER: dict[str, str] = {
     "instance_events": "time",
     "machine_events": "time",
     "machine_attributes": "time",
+    "collection_events": "time",
 }
-_KEY_NAMES = {("collection_id", "instance_index"): "instance", ("machine_id",): "machine"}
+_KEY_NAMES = {("collection_id", "instance_index"): "instance", ("machine_id",): "machine", ("collection_id",): "collection"}
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
@@ -69,7 +72,7 @@ _SEED = np.uint64(0x2545F4914F6CDD1D)
 
 
 def key_name(columns: Sequence[str]) -> str:
-    """``instance`` / ``machine`` for a bucketing key's columns."""
+    """``instance`` / ``machine`` / ``collection`` for a bucketing key's columns."""
     return _KEY_NAMES[tuple(columns)]
 
 

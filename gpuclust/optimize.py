@@ -1,6 +1,6 @@
 """``gpuclust optimize``: rewrite a dataset into the key-partitioned ("bucketed") layout.
 
-The four key-partitioned tables of :data:`gpuclust.layout.KEYS` are rewritten so that every row
+The key-partitioned tables of :data:`gpuclust.layout.KEYS` are rewritten so that every row
 sits in ``<table>/bucket=<k>/part-<tag>-00000.parquet`` with ``k = bucket_ids(key) `` (one hash,
 :func:`gpuclust.layout.bucket_ids`), rows time-ordered inside a bucket; every table uses the
 same bucket count, so usage and events of one instance share a bucket number.  Other tables and
@@ -76,7 +76,7 @@ OUT_MARKER = ".gpuclust-optimize-out"
 #: parts are deleted).
 KILL_ENV = "GPUCLUST_TEST_KILL_OPTIMIZE"
 
-_ORDER_OF_WORK = ("instance_usage", "instance_events", "machine_events", "machine_attributes")
+_ORDER_OF_WORK = ("instance_usage", "instance_events", "machine_events", "machine_attributes", "collection_events")
 assert set(_ORDER_OF_WORK) == set(KEYS)
 
 
@@ -518,7 +518,7 @@ def optimize(
     dataset
         A complete canonical dataset (flat, or bucketed with another count).
     buckets
-        Bucket count of all four key-partitioned tables (default :func:`default_buckets`).
+        Bucket count of every key-partitioned table (default :func:`default_buckets`).
         A dataset already bucketed into this many buckets is left as it is.
     out
         Write the optimized dataset here (a new or empty folder) instead of in place; the other
@@ -618,7 +618,7 @@ def _rewrite(
     m = copy.deepcopy(old)
     for table in _ORDER_OF_WORK:
         m["tables"][table] = {"rows": rep.rows[table], "files": sorted(new_files[table]), "layout": layout_entry(table, n)}
-    # the ingest's record: these parts now hold every input's rows of the four tables, which an
+    # the ingest's record: these parts now hold every input's rows of those tables, which an
     # input's `outputs` no longer list (see gpuclust.ingest.api._recompute_tables)
     m["laid_out"] = {table: copy.deepcopy(m["tables"][table]) for table in _ORDER_OF_WORK}
     for inp in m.get("inputs", {}).values():

@@ -100,9 +100,10 @@ def test_layout_flat_then_bucketed(ds, capsys):
     optimize(ds, buckets=3, progress=False)
     rc, out, _ = info(capsys, ds)
     assert rc == 0
-    assert ("layout       bucketed (gpuclust optimize): instance_usage, instance_events by "
-            "collection_id,instance_index into 3 buckets; machine_events, machine_attributes by machine_id "
-            "into 3 buckets") in out
+    assert ("layout       bucketed: instance_usage, instance_events by "
+            "collection_id,instance_index into 3 buckets; collection_events by collection_id into 3 buckets; "
+            "machine_events, machine_attributes by machine_id into 3 buckets") in out
     d = json.loads(info(capsys, ds, "--json")[1])
     assert d["tables"]["instance_usage"]["layout"]["buckets"] == 3
-    assert d["tables"]["collection_events"]["layout"] is None
+    assert d["tables"]["collection_events"]["layout"]["key"] == ["collection_id"]
+    assert d["tables"]["instance_constraints"]["layout"] is None

@@ -196,9 +196,10 @@ def test_duckdb_hive_bucket_column_is_the_folder(opt: Path) -> None:
 
 def test_dataset_read_and_api(flat: Path, opt: Path) -> None:
     d = Dataset(opt)
-    assert d.layout("collection_events") is None
+    assert d.layout("instance_constraints") is None
     with pytest.raises(DatasetError, match="not bucketed"):
-        d.bucket_files("collection_events")
+        d.bucket_files("instance_constraints")
+    assert d.layout("collection_events")["key"] == ["collection_id"]
     assert Dataset(flat).layout("instance_usage") is None
     assert d.read("instance_usage").schema == SCHEMAS["instance_usage"]
     assert d.read("instance_usage").num_rows == Dataset(flat).num_rows("instance_usage")
@@ -219,7 +220,7 @@ def test_empty_buckets(flat: Path, tmp_path: Path) -> None:
         (lambda m: m["tables"]["instance_events"]["layout"].update(buckets=5), "same bucket count"),
         (lambda m: m["tables"]["instance_usage"]["layout"].update(key=["machine_id"]), "bucketing key"),
         (lambda m: m["tables"]["instance_usage"]["files"].append("instance_usage/part-x.parquet"), "bucket="),
-        (lambda m: m["tables"]["collection_events"].update(layout=m["tables"]["instance_usage"]["layout"]),
+        (lambda m: m["tables"]["instance_constraints"].update(layout=m["tables"]["instance_usage"]["layout"]),
          "cannot be bucketed"),
     ],
 )

@@ -199,8 +199,10 @@ class Lifecycle(Analysis):
     requires = ("instance_events",)
     #: tracemalloc peak of partial: 280 B/row (bench 1.6e7 set, 0.4M events), 272 (real 2011 task events)
     row_bytes = 320
-    #: rows per partition for partitions="auto": events of ~1 Mi rows (whole buckets), as the usage analyses
-    auto_partition_rows = 1 << 20
+    #: rows per partition for partitions="auto" (whole buckets): a replay holds ~300 B an event, so
+    #: 128 Ki events keep a partition near 40 MB and the run's memory flat from a few 10^5 events on
+    #: (docs/scale.md); the per-partition cost of a replay is small beside it
+    auto_partition_rows = 1 << 17
     whole_instances: ClassVar[bool] = True
 
     def __post_init__(self) -> None:

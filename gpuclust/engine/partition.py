@@ -302,8 +302,8 @@ def whole_instance_plan(source: Any, table: str, specs: list[PartitionSpec], nam
     ``max_rows`` rows (what one partition may hold under the memory budget ``limit``, at
     ``row_bytes`` a row: :func:`gpuclust.engine.memory.whole_table_rows`) cannot be processed so:
     a :class:`ValueError` gives the numbers and says to lay it out by instance."""
-    if (specs and specs[0].grain == "instance") or sum(1 for sp in specs if sp.num_rows) <= 1:
-        return specs
+    if (specs and specs[0].grain is not None) or sum(1 for sp in specs if sp.num_rows) <= 1:
+        return specs  # buckets of the table's own key: whole instances (whole collections for collection events)
     total = sum(sp.num_rows for sp in specs)
     if total > max_rows:
         need = "" if row_bytes is None else f" ({total:,} rows x {row_bytes:,} B = {total * row_bytes / 2**30:.1f} GiB)"

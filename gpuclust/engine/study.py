@@ -363,7 +363,8 @@ class Study:
         for table, (idx, specs) in list(plans.items()):
             need = [k for k in idx if ans[k].whole_instances]
             groups = self._plan(table)
-            if not need or len(groups) <= 1 or all(s.grain == "instance" for g in groups for s in g):
+            # buckets of the table's own key hold whole instances (whole collections for collection events)
+            if not need or len(groups) <= 1 or all(s.grain is not None for g in groups for s in g):
                 continue
             rest = [k for k in idx if k not in need]
             if rest:

@@ -438,7 +438,7 @@ def ingest(
         ``"bucketed"`` (default): once the dataset is complete, lay its usage and event tables out
         by instance and machine (:func:`gpuclust.optimize.optimize`, in place), the layout every
         analysis holds its memory goal on at any size.  An ingest that adds files to such a
-        dataset lays it out again (the whole of the four tables).  ``"flat"``: leave new parts as
+        dataset lays it out again (every key-partitioned table).  ``"flat"``: leave new parts as
         read (e.g. while adding shards one run at a time); ``gpuclust optimize`` lays the dataset
         out at the end.
 
