@@ -23,9 +23,9 @@ rounds interleave the sizes too, and the Markdown adds each tool's marginal thro
 consecutive sizes (extra JSON bytes / extra wall seconds): what each further shard of a cell costs
 once the process has started (imports, the compiled reader's load), as a many-shard ingest pays it.
 
-Before the rounds the compiled reader's shared library is built if missing (``python -m
-gpuclust.ingest.readers._fast_usage_native``; otherwise the first gpuclust run would load numba and
-start that build beside the measured runs).  ``--timeline`` adds, after the rounds, one
+The compiled reader is the C extension built when gpuclust was installed (setup.py); the results
+say which kernel the runs used (numba's stand-in where the extension was not built).
+``--timeline`` adds, after the rounds, one
 instrumented gpuclust run per input on the first size: when the imports end, the first piece is
 read and parsed, the last is parsed and written, the process exits, with the process CPU seconds
 at each point and the cores busy per tenth of a second (the instrumentation wraps the reader's
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         gz, plain = make_shard(w, args.seed)
         sizes.append({"windows": w, "gz": gz, "plain": plain, "rows": count_lines(plain),
                       "json_bytes": plain.stat().st_size, "gz_bytes": gz.stat().st_size})
-    kernel = ensure_native_kernel()
+    kernel = compiled_reader()
     print(f"gpuclust's compiled reader: {kernel}", flush=True)
     work = DATA / "work"
     runs = []
@@ -285,7 +285,7 @@ wrap(v3_json, "pieces", gen=True)
 exit_now = cli._exit_now
 def done(rc):
     ev("exit")
-    ev("native kernel" if _fast_usage.native() else "numba kernel")
+    ev("C extension" if _fast_usage.compiled() else "numba kernel")
     json.dump(EV, open(out, "w"))
     exit_now(rc)
 cli._exit_now = done
@@ -344,18 +344,13 @@ def _timeline_md(tl: dict[str, Any], label: str) -> list[str]:
             "Cores busy per 0.1 s: " + " ".join(f"{b:.1f}" for b in tl["cores_busy_per_0.1s"]), ""]
 
 
-def ensure_native_kernel() -> str:
-    """Build the compiled reader's shared library if it is missing; which kernel gpuclust will use."""
+def compiled_reader() -> str:
+    """Which kernel gpuclust's compiled reader uses here (run in a fresh process, as the runs are)."""
     import subprocess
 
-    code = ("from gpuclust.ingest.readers import _fast_usage_native as n; p = n.library_path(); "
-            "print('off' if not n.enabled() or p is None else ('built' if p.exists() else 'missing'))")
-    state = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
-    if state == "missing":
-        r = subprocess.run([sys.executable, "-m", "gpuclust.ingest.readers._fast_usage_native"], capture_output=True,
-                           text=True)
-        state = "built" if r.returncode == 0 else f"not built ({r.stderr.strip()[-200:]})"
-    return "shared library" if state == "built" else f"numba ({state})"
+    code = ("from gpuclust.ingest.readers import _fast_usage as f; ok = f.available(); "
+            "print('C extension' if f.compiled() else 'numba (no C extension built)' if ok else 'none: Arrow')")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
 
 
 def _run_tool(tool: str, src: Path, work: Path, threads: int, rows: int) -> Any:

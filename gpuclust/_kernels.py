@@ -67,7 +67,7 @@ _INCLUDE_RE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*"([^"]+)"[ \t]*$', re.MULT
 def kernels_dir() -> Path:
     """The folder holding the ``.cu`` sources.
 
-    An installed wheel carries them as ``gpuclust/kernels`` (hatchling force-include); a source
+    An installed wheel carries them as ``gpuclust/kernels`` (setup.py maps that package to kernels/); a source
     checkout has them at ``<repo>/kernels``.  The installed copy wins when both exist.
     """
     here = Path(__file__).resolve().parent

@@ -32,33 +32,34 @@ from gpuclust.ingest.readers import _fast_usage, v3_json
 
 from .conftest import BIG, bq_json_line, records, write_json
 
-pytestmark = pytest.mark.skipif(not _fast_usage.available(), reason="numba not importable: no fast reader")
+pytestmark = pytest.mark.skipif(not _fast_usage.available(), reason="no compiled reader (no extension, no numba)")
 
 
-@pytest.fixture(scope="session")
-def native_library(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The kernel built as a shared library (``_fast_usage_native``) into a test folder."""
-    import shutil
-
-    from gpuclust.ingest.readers import _fast_usage_native
-
-    if _fast_usage_native.library_path() is None or shutil.which("cc") is None:
-        pytest.skip("no native kernel here (not Linux, or no C compiler)")
-    return _fast_usage_native.build(tmp_path_factory.mktemp("kernel") / "k.so")
+def _extension() -> Any:
+    """The C extension built at install (setup.py), or None where it was not built."""
+    try:
+        from gpuclust.ingest.readers import _fast_usage_c
+    except ImportError:
+        return None
+    return _fast_usage_c
 
 
-@pytest.fixture(autouse=True, params=["numba", "native"])
+@pytest.fixture(autouse=True, params=["numba", "c"])
 def kernel(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Every test here runs with numba's kernel and with the same kernel as a shared library."""
+    """Every test here runs with numba's kernel (the stand-in where the extension was not built)
+    and with the C extension built at install."""
     if request.param == "numba":
         from gpuclust.ingest.readers import _fast_usage_kernel
 
-        monkeypatch.setattr(_fast_usage, "_kernel", _fast_usage_kernel.parse_usage)
+        mod: Any = _fast_usage_kernel
     else:
-        from gpuclust.ingest.readers import _fast_usage_native
-
-        monkeypatch.setattr(_fast_usage, "_kernel", _fast_usage_native._open(request.getfixturevalue("native_library")))
+        mod = _extension()
+        if mod is None:
+            pytest.skip("the C extension is not built here (pip install -e . builds it, given a C compiler)")
+    monkeypatch.setattr(_fast_usage, "_kernel", mod.parse_usage)
+    monkeypatch.setattr(_fast_usage, "_numbers", mod.parse_numbers)
     return str(request.param)
+
 
 GOOD = {
     "start_time": "600000000",
@@ -455,13 +456,14 @@ def test_big_floats_repr_piece_is_fast(tmp_path: Path, monkeypatch: pytest.Monke
 
 
 def test_without_numba_the_arrow_path_reads(tmp_path: Path) -> None:
-    """Where numba cannot be imported, the reader is off and ingest gives the same dataset."""
+    """Where neither the extension nor numba can be imported, the reader is off and ingest gives
+    the same dataset."""
     import subprocess
     import sys
 
     f = write_json(tmp_path / "instance_usage-000000000000.json.gz", [GOOD_LINE] * 20)
     code = (
-        "import os, sys; sys.modules['numba'] = None; os.environ['GPUCLUST_NATIVE_KERNEL'] = '0'\n"
+        "import os, sys; sys.modules['numba'] = None; sys.modules['gpuclust.ingest.readers._fast_usage_c'] = None\n"
         "from gpuclust.ingest import ingest\n"
         "from gpuclust.ingest.readers import _fast_usage\n"
         f"rep = ingest([{str(f)!r}], {str(tmp_path / 'ds')!r}, workers=1)\n"
@@ -472,6 +474,36 @@ def test_without_numba_the_arrow_path_reads(tmp_path: Path) -> None:
     with_numba = ingest([f], tmp_path / "ds2", workers=1)
     assert with_numba.exit_status == 0
     assert Dataset(tmp_path / "ds").read("instance_usage").equals(Dataset(tmp_path / "ds2").read("instance_usage"))
+
+
+def test_without_the_extension_numba_stands_in_and_caches_outside_the_package(tmp_path: Path, kernel: str) -> None:
+    """Where the extension was not built (no C compiler at install), numba's kernel parses, and
+    its machine code is cached in the user's cache folder: nothing is written into the package."""
+    import subprocess
+    import sys
+
+    if kernel != "numba":
+        pytest.skip("once")
+    pkg = Path(_fast_usage.__file__).parent
+
+    def files() -> list[tuple[Path, int]]:  # (.pyc files: Python's own, written by any import)
+        return sorted((p.relative_to(pkg), p.stat().st_mtime_ns) for p in pkg.rglob("*") if p.suffix != ".pyc")
+
+    before = files()
+    f = _write(tmp_path, [GOOD_LINE] * 20)
+    code = (
+        "import sys; sys.modules['gpuclust.ingest.readers._fast_usage_c'] = None\n"
+        "from gpuclust.ingest import ingest\n"
+        "from gpuclust.ingest.readers import _fast_usage\n"
+        f"rep = ingest([{str(f)!r}], {str(tmp_path / 'ds')!r}, workers=1)\n"
+        "assert rep.exit_status == 0 and rep.rows_read == 20, rep.summary()\n"
+        "assert _fast_usage.available() and not _fast_usage.compiled()\n"
+        f"assert _fast_usage.parse({GOOD_LINE.encode()!r}, 1).num_rows == 1\n"  # compiled (and cached) by now
+    )
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+    subprocess.run([sys.executable, "-c", code], check=True, env=dict(env, XDG_CACHE_HOME=str(tmp_path / "cache")))
+    assert any((tmp_path / "cache" / "gpuclust" / "numba").rglob("*parse_usage*.nbi"))
+    assert files() == before
 
 
 def test_negative_zero_keeps_its_sign_on_the_per_line_path(tmp_path: Path) -> None:
@@ -487,22 +519,14 @@ def test_negative_zero_keeps_its_sign_on_the_per_line_path(tmp_path: Path) -> No
     assert tbl.column("instance_index").to_pylist() == [1, 1]
 
 
-def test_native_library_without_numba(tmp_path: Path, native_library: Path, kernel: str) -> None:
-    """The shared library needs no numba: a process where numba cannot be imported still parses
-    with the compiled reader (and imports no numba), with the same dataset as numba's kernel."""
-    import shutil
+def test_extension_without_numba(tmp_path: Path, kernel: str) -> None:
+    """The C extension needs no numba: a process where numba cannot be imported still parses with
+    the compiled reader (and imports no numba), with the same dataset as numba's kernel."""
     import subprocess
     import sys
 
-    from gpuclust.ingest.readers import _fast_usage_native
-
-    if kernel != "native":
+    if kernel != "c":
         pytest.skip("once")
-    lib = _fast_usage_native.library_path()
-    assert lib is not None
-    folder = tmp_path / "kernels"
-    folder.mkdir()
-    shutil.copy(native_library, folder / lib.name)
     f = _write(tmp_path, [GOOD_LINE] * 20)
     code = (
         "import sys; sys.modules['numba'] = None\n"
@@ -510,10 +534,10 @@ def test_native_library_without_numba(tmp_path: Path, native_library: Path, kern
         "from gpuclust.ingest.readers import _fast_usage\n"
         f"rep = ingest([{str(f)!r}], {str(tmp_path / 'ds')!r}, workers=1)\n"
         "assert rep.exit_status == 0 and rep.rows_read == 20, rep.summary()\n"
-        "assert _fast_usage.available() and _fast_usage.native()\n"
+        "assert _fast_usage.available() and _fast_usage.compiled()\n"
         "assert 'numba.core' not in sys.modules\n"
     )
-    subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ, GPUCLUST_KERNEL_DIR=str(folder)))
+    subprocess.run([sys.executable, "-c", code], check=True)
     ref = ingest([f], tmp_path / "ds2", workers=1)
     assert ref.exit_status == 0
     assert Dataset(tmp_path / "ds").read("instance_usage").equals(Dataset(tmp_path / "ds2").read("instance_usage"))

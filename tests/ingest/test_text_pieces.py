@@ -1,14 +1,8 @@
 """Line-aligned pieces of plain text read by memory map (the compiled InstanceUsage reader's
-path) against the same pieces read into buffers; and the kernel's shared library
-(``readers/_fast_usage_native``): where it is looked for, when it is (not) used, its build."""
+path) against the same pieces read into buffers."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +10,7 @@ import pytest
 from gpuclust.ingest import content_hash
 from gpuclust.ingest.base import SourceError
 from gpuclust.ingest.detect import detect
-from gpuclust.ingest.readers import _fast_usage, _fast_usage_native, text_pieces
+from gpuclust.ingest.readers import _fast_usage, text_pieces
 
 LINE = b'{"start_time":"1","end_time":"2","collection_id":"3","instance_index":"1","machine_id":"4"}'
 
@@ -99,92 +93,3 @@ def test_gzip_and_other_readers_are_not_mapped(tmp_path: Path, monkeypatch: pyte
     f = tmp_path / "instance_usage-000000000001.json"
     f.write_bytes(CASES["plain"])
     assert not any(isinstance(p.buf, text_pieces.mmap.mmap) for p in text_pieces.pieces(detect(f), 500))
-
-
-# --------------------------------------------------------------------------------------------
-# The kernel's shared library
-# --------------------------------------------------------------------------------------------
-needs_native = pytest.mark.skipif(
-    _fast_usage_native.library_path() is None or shutil.which("cc") is None or not _fast_usage.wanted(),
-    reason="no native kernel here (not Linux, no C compiler, or no numba to build it)",
-)
-
-
-def test_library_name_follows_the_kernel_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("GPUCLUST_KERNEL_DIR", str(tmp_path))
-    a = _fast_usage_native.library_path()
-    if a is None:
-        pytest.skip("CPU not known here")
-    assert a.parent == tmp_path
-    src = tmp_path / "kernel.py"
-    src.write_bytes(_fast_usage_native._KERNEL_SRC.read_bytes() + b"\n# edited\n")
-    monkeypatch.setattr(_fast_usage_native, "_KERNEL_SRC", src)
-    assert _fast_usage_native.library_path() != a
-
-
-def test_bad_library_is_not_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("GPUCLUST_KERNEL_DIR", str(tmp_path))
-    path = _fast_usage_native.library_path()
-    if path is None:
-        pytest.skip("CPU not known here")
-    assert _fast_usage_native.load() is None  # none built
-    path.write_bytes(b"not a shared library")
-    assert _fast_usage_native.load() is None
-
-
-@needs_native
-def test_background_build_then_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A reader that finds no library starts one detached build (a second call while it builds
-    starts none); the next load uses it; GPUCLUST_NATIVE_KERNEL=0 turns it off."""
-    monkeypatch.setenv("GPUCLUST_KERNEL_DIR", str(tmp_path))
-    path = _fast_usage_native.library_path()
-    assert path is not None
-    assert _fast_usage_native.build_in_background()
-    assert not _fast_usage_native.build_in_background()  # building already (the lock)
-    deadline = time.monotonic() + 120
-    while not path.exists() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert path.exists(), list(tmp_path.iterdir())
-    while path.with_name(path.name + ".lock").exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]  # no lock, temp or note left
-    k = _fast_usage_native.load()
-    assert k is not None
-    _fast_usage_native.check(k)
-    assert not _fast_usage_native.build_in_background()  # built
-    monkeypatch.setenv("GPUCLUST_NATIVE_KERNEL", "0")
-    assert _fast_usage_native.load() is None and not _fast_usage_native.build_in_background()
-
-
-@needs_native
-def test_a_background_build_outlives_its_process_without_a_warning(tmp_path: Path,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    """The build is started by a launcher that exits at once, so it is not the ingest process'
-    child: that process may exit while the build runs without CPython's "subprocess is still
-    running" ResourceWarning (shown under ``-X dev``; it ended every test run before), and the
-    build still finishes."""
-    monkeypatch.setenv("GPUCLUST_KERNEL_DIR", str(tmp_path))
-    path = _fast_usage_native.library_path()
-    assert path is not None
-    code = "from gpuclust.ingest.readers import _fast_usage_native as n\nassert n.build_in_background()\n"
-    p = subprocess.run([sys.executable, "-X", "dev", "-c", code], capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0 and "still running" not in p.stderr, p.stderr
-    deadline = time.monotonic() + 120
-    while (not path.exists() or path.with_name(path.name + ".lock").exists()) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert path.exists() and _fast_usage_native.load() is not None
-
-
-@needs_native
-def test_failed_build_is_not_retried(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("GPUCLUST_KERNEL_DIR", str(tmp_path))
-    path = _fast_usage_native.library_path()
-    assert path is not None
-    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
-    assert not _fast_usage_native.build_in_background()  # no compiler: nothing started
-    monkeypatch.setenv("CC", "false")  # a compiler that always fails
-    assert _fast_usage_native._main([str(path)]) == 1
-    assert path.with_name(path.name + ".failed").exists() and not path.exists()
-    monkeypatch.delenv("CC")
-    assert not _fast_usage_native.build_in_background()  # noted as failed: not again
-    os.unlink(path.with_name(path.name + ".failed"))

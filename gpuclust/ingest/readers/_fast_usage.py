@@ -6,8 +6,14 @@ except that INT64 fields arrive as ``int64`` instead of text and floats already 
 the correctly rounded double to float32, their canonical type (one IEEE rounding, as Arrow's
 cast in ``to_canonical`` does it); :func:`~gpuclust.ingest.readers.
 v3_json.to_canonical` then flattens and validates it exactly as before.  The reader is a single
-pass over the bytes, compiled with numba (``nogil``, so it runs beside the inflate, flatten and
-writer threads; ``cache=True``, compiled on the first InstanceUsage piece only).
+pass over the bytes, compiled when the package is built or installed: the C extension
+``_fast_usage_c`` (``gpuclust/ingest/readers/_fast_usage_c.c``, built by setup.py; it releases
+the GIL, so it runs beside the inflate, flatten and writer threads), loaded in a millisecond, so
+the first ingest after installing is as fast as the next.  Where the extension was not built (no
+C compiler at install) the same kernel in numba (``_fast_usage_kernel``, ``nogil``) stands in:
+compiled on the first InstanceUsage piece, cached under the user's cache folder (never in the
+installed package); where numba cannot be imported either, Arrow's reader parses every piece.
+Nothing is built, and nothing written into the package, at run time.
 
 It accepts only a strict subset of JSON, on which the result is the Arrow path's value for value:
 
@@ -28,7 +34,8 @@ enum name, ``NaN``, a ``null`` inside an array, a number Eisel-Lemire cannot dec
 normal double range), a malformed line -- makes :func:`parse` return ``None`` and the caller parses
 the piece the old way (Arrow, then per-line isolation), so results and rejects are unchanged.
 
-``GPUCLUST_FAST_JSON=0`` turns the reader off; where numba cannot be imported it is off too.
+``GPUCLUST_FAST_JSON=0`` turns the reader off; ``GPUCLUST_FAST_JSON=numba`` uses numba's kernel
+even where the extension is built (tests, measurements).
 """
 
 from __future__ import annotations
@@ -49,9 +56,12 @@ import numpy as np
 import pyarrow as pa
 
 from gpuclust.ingest import arrays
-from gpuclust.ingest.readers import _fast_usage_native
 
-__all__ = ["available", "count_newlines", "parse", "parse_numbers", "preload", "ready", "wanted"]
+__all__ = ["available", "compiled", "count_newlines", "parse", "parse_numbers", "preload", "ready", "wanted"]
+
+#: The C extension (built at install by setup.py) and numba's kernel module.
+_EXTENSION = "gpuclust.ingest.readers._fast_usage_c"
+_NUMBA_KERNEL = "gpuclust.ingest.readers._fast_usage_kernel"
 
 #: The InstanceUsage source fields, in the order of the kernel's field numbers.
 INT_KEYS = (
@@ -79,36 +89,41 @@ _N_INT, _N_RES, _N_FLOAT = len(INT_KEYS), len(RES_KEYS), len(FLOAT_KEYS)
 _LIST_ROOM = (11, 9)
 
 _lock = threading.Lock()
+#: The loaded kernel module's ``parse_usage`` and ``parse_numbers`` (the extension's or numba's).
 _kernel: Any = None
+_numbers: Any = None
 _tables: tuple[np.ndarray, ...] | None = None
 _failed = False
 _preloading: threading.Thread | None = None
 
 
 def available() -> bool:
-    """Whether the fast reader is on (``GPUCLUST_FAST_JSON`` not ``0``) and numba imports (waits
-    for the kernel to load)."""
+    """Whether the fast reader is on (``GPUCLUST_FAST_JSON`` not ``0``) and a kernel loads: the
+    extension, else numba's (waits for it to load)."""
     return _enabled() and _load() is not None
 
 
+def compiled() -> bool:
+    """Whether the loaded kernel is the C extension built at install (not numba's stand-in)."""
+    return _kernel is not None and getattr(_kernel, "__module__", None) != _NUMBA_KERNEL
+
+
 def wanted() -> bool:
-    """Whether the fast reader is on and numba can be found, without importing it (a reader that
-    wants it starts :func:`preload` and uses :func:`ready` per piece)."""
+    """Whether the fast reader is on and a kernel can be found, without loading numba (a reader
+    that wants it starts :func:`preload` and uses :func:`ready` per piece)."""
     if not _enabled() or _failed:
         return False
-    if _kernel is not None or importlib.util.find_spec("numba") is not None:
-        return True
-    path = _fast_usage_native.library_path() if _fast_usage_native.enabled() else None
-    return path is not None and path.is_file()
+    return _kernel is not None or _load_extension() or importlib.util.find_spec("numba") is not None
 
 
 def ready(wait: float = 0.0) -> bool:
     """Whether a piece can be parsed now: the kernel is loaded and no load is in progress, after
-    waiting up to ``wait`` seconds for a load in progress (:func:`preload`).  Importing numba and
-    loading from its cache takes ~0.35 s at the start of a process; the readers wait up to :data:`LOAD_WAIT` for it,
-    which costs less than parsing the first piece with Arrow (~0.3 CPU-s per 64 MiB), while a
-    first-ever compile (~6 s) still sends the pieces read meanwhile to the Arrow path (same
-    result) instead of idling."""
+    waiting up to ``wait`` seconds for a load in progress (:func:`preload`).  The extension loads
+    at once; numba's stand-in (no extension) takes ~0.35 s to import and load from its cache at
+    the start of a process, and the readers wait up to :data:`LOAD_WAIT` for it, which costs less
+    than parsing the first piece with Arrow (~0.3 CPU-s per 64 MiB), while its first-ever compile
+    (~6 s) still sends the pieces read meanwhile to the Arrow path (same result) instead of
+    idling."""
     t = _preloading
     if wait > 0 and t is not None and t.is_alive():
         t.join(wait)
@@ -131,14 +146,15 @@ def count_newlines(buf: bytes | bytearray, start: int, end: int) -> int:
 
 
 def preload() -> threading.Thread | None:
-    """Import numba and load the compiled kernel in a background thread (ingest starts it while
-    it hashes its inputs, so the ~0.3 s of loading is off the critical path); None when off."""
+    """Load the kernel: the extension at once (~1 ms), or numba's stand-in in a background thread
+    (ingest starts it while it hashes its inputs, so the ~0.3 s of loading is off the critical
+    path); the thread, or None when there is none to wait for."""
     global _preloading
     if _kernel is not None or _failed or not _enabled():
         return None
     if _preloading is not None:
         return _preloading
-    if _load_native():  # the kernel as a shared library (~2 ms): loaded, no thread needed
+    if _load_extension():
         return None
 
     def run() -> None:
@@ -147,8 +163,6 @@ def preload() -> threading.Thread | None:
             if fn is not None:
                 with _no_gc():
                     parse(b"{}", 1)  # the first call loads the machine code from numba's cache
-        if fn is not None and not native():
-            _fast_usage_native.build_in_background()  # for the next process
 
     t = _preloading = threading.Thread(target=run, name="gpuclust-fast-json-load", daemon=True)
     t.start()
@@ -192,8 +206,12 @@ def _no_gc() -> Iterator[None]:
             gc.enable()
 
 
+def _setting() -> str:
+    return os.environ.get("GPUCLUST_FAST_JSON", "1").strip().lower()
+
+
 def _enabled() -> bool:
-    return os.environ.get("GPUCLUST_FAST_JSON", "1").strip().lower() not in ("0", "false", "no", "off")
+    return _setting() not in ("0", "false", "no", "off")
 
 
 def _key_table() -> tuple[np.ndarray, np.ndarray]:
@@ -236,44 +254,69 @@ def pow10_table() -> tuple[np.ndarray, np.ndarray]:
     return hi, lo
 
 
-def native() -> bool:
-    """Whether the loaded kernel is the shared library (:mod:`._fast_usage_native`), not numba's."""
-    return _kernel is not None and isinstance(_kernel, _fast_usage_native.Kernel)
-
-
-def _load_native() -> bool:
-    """Load the kernel from its shared library if one is built for this source and CPU."""
-    global _kernel, _tables
+def _load_extension() -> bool:
+    """Load the C extension built at install, if it was (not with ``GPUCLUST_FAST_JSON=numba``)."""
+    global _kernel, _numbers, _tables
     if _kernel is not None:
         return True
+    if _setting() == "numba":
+        return False
     with _lock:
         if _kernel is None and not _failed:
-            fn = _fast_usage_native.load()
-            if fn is not None:
-                _tables = _make_tables()
-                _kernel = fn
+            try:
+                ext = importlib.import_module(_EXTENSION)
+            except ImportError:  # not built (no C compiler at install): numba's kernel, or Arrow
+                return False
+            _tables = _make_tables()
+            _kernel, _numbers = ext.parse_usage, ext.parse_numbers
     return _kernel is not None
 
 
+def numba_cache_dir() -> str:
+    """Where numba's stand-in kernel caches its machine code: the user's cache folder
+    (``$XDG_CACHE_HOME/gpuclust/numba``, else ``~/.cache/gpuclust/numba``), never the installed
+    package (numba's default, beside the module); ``NUMBA_CACHE_DIR`` wins where set."""
+    env = os.environ.get("NUMBA_CACHE_DIR")
+    if env:
+        return env
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "gpuclust", "numba")
+
+
+def _import_numba_kernel() -> Any:
+    """Import numba's kernel module with its cache in :func:`numba_cache_dir` (numba picks a
+    function's cache folder when it is decorated, from ``numba.core.config.CACHE_DIR``)."""
+    if _NUMBA_KERNEL in sys.modules:
+        return sys.modules[_NUMBA_KERNEL]
+    from numba.core import config
+
+    was = getattr(config, "CACHE_DIR", "")  # (set at numba's import; not in its stubs)
+    setattr(config, "CACHE_DIR", numba_cache_dir())  # noqa: B010
+    try:
+        return importlib.import_module(_NUMBA_KERNEL)
+    finally:
+        setattr(config, "CACHE_DIR", was)  # noqa: B010
+
+
 def _load() -> Any:
-    """The compiled kernel (the shared library, or numba's: compiled, or loaded from numba's
-    cache, on first use), or None."""
-    global _kernel, _tables, _failed
+    """The compiled kernel's ``parse_usage`` (the extension's; else numba's: compiled, or loaded
+    from its cache, on first use), or None."""
+    global _kernel, _numbers, _tables, _failed
     if _kernel is not None or _failed:
         return _kernel
-    if _load_native():
+    if _load_extension():
         return _kernel
     with _lock, _no_gc():
         if _kernel is None and not _failed:
             try:
-                from gpuclust.ingest.readers import _fast_usage_kernel as k
+                k = _import_numba_kernel()
             except Exception as e:  # no numba (or a broken one): the Arrow path reads every piece
                 _failed = True
                 if not isinstance(e, ImportError):
                     warnings.warn(f"gpuclust: the fast JSON reader is off ({type(e).__name__}: {e})", stacklevel=2)
                 return None
             _tables = _make_tables()
-            _kernel = k.parse_usage
+            _kernel, _numbers = k.parse_usage, k.parse_numbers
     return _kernel
 
 
@@ -292,7 +335,7 @@ def parse(data: memoryview | bytes | bytearray, n_lines: int, threads: int = 1) 
 
 
 def parse_with(kernel: Any, data: memoryview | bytes | bytearray, n_lines: int, threads: int = 1) -> pa.Table | None:
-    """:func:`parse` with a given kernel (numba's ``parse_usage`` or the shared library's)."""
+    """:func:`parse` with a given kernel (the extension's ``parse_usage`` or numba's)."""
     buf = np.frombuffer(data, dtype=np.uint8)
     buf.flags.writeable = False  # one compiled signature (read-only) for bytes and bytearrays alike
     cut = _middle_line_end(buf) if threads > 2 and len(buf) >= _SPLIT_MIN else -1
@@ -335,7 +378,7 @@ _Part = tuple[Any, ...]
 
 def _run(buf: np.ndarray, cap: int, kernel: Any) -> _Part | None:
     """Run the kernel over ``buf`` (room for ``cap`` rows): its arrays, or None if it refused."""
-    global _kernel, _failed
+    global _kernel, _numbers, _failed
     tables = _tables or _make_tables()
     ints = np.zeros((_N_INT, cap), dtype=np.int64)
     int_ok = np.zeros((_N_INT, cap), dtype=np.uint8)
@@ -355,7 +398,7 @@ def _run(buf: np.ndarray, cap: int, kernel: Any) -> _Part | None:
             buf, keys, lens, hi, lo, ints, int_ok, res, res_ok, obj_ok, flt, flt_ok, lvals, loffs, list_ok, hard, hn
         )
     except Exception as e:  # numba cannot compile here: say so once, then the Arrow path
-        _kernel, _failed = None, True
+        _kernel, _numbers, _failed = None, None, True
         warnings.warn(f"gpuclust: the fast JSON reader is off ({type(e).__name__}: {e})", stacklevel=2)
         return None
     if status != 0:
@@ -407,17 +450,15 @@ def parse_numbers(texts: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
     """(values, ok) of JSON numbers converted as :func:`parse` converts them; ``ok`` is False
     where the reader would hand the piece to Arrow instead.  For tests and measurements."""
     if _load() is None:
-        raise RuntimeError("the fast JSON reader is not available (numba did not import)")
-    from gpuclust.ingest.readers import _fast_usage_kernel as k
-
-    assert _tables is not None
+        raise RuntimeError("the fast JSON reader is not available (no extension built, and numba did not import)")
+    assert _tables is not None and _numbers is not None
     lens = np.fromiter((len(t) for t in texts), dtype=np.int64, count=len(texts))
     ends = np.cumsum(lens)
     starts = ends - lens
     out = np.zeros(len(texts), dtype=np.float64)
     ok = np.zeros(len(texts), dtype=np.uint8)
     _, _, hi, lo = _tables
-    k.parse_numbers(np.frombuffer(b"".join(texts) or b" ", dtype=np.uint8), starts, ends, hi, lo, out, ok)
+    _numbers(np.frombuffer(b"".join(texts) or b" ", dtype=np.uint8), starts, ends, hi, lo, out, ok)
     return out, ok.astype(bool)
 
 
