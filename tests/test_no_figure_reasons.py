@@ -7,29 +7,19 @@ from __future__ import annotations
 
 import html
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_cells import cli_cell
+from cli_cells import gpuclust as _gpuclust
 
 NO_ROWS = "the dataset has no rows"
-
-
-def _gpuclust(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "gpuclust", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=600)
 
 
 @pytest.fixture(scope="module")
 def cell(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A one-hour synthetic cell (usage windows start from 600 s of trace time), ingested as ``ds``."""
-    d = tmp_path_factory.mktemp("cell")
-    for args in (("synth", "--out", "raw", "--machines", "8", "--hours", "1", "--seed", "3", "--quiet"),
-                 ("ingest", "raw", "--out", "ds")):
-        r = _gpuclust(*args, cwd=d)
-        assert r.returncode == 0, r.stderr[-2000:]
-    return d
+    return cli_cell(tmp_path_factory.mktemp("cell"), machines=8, hours=1, seed=3)
 
 
 def _section(page: str, key: str) -> str:

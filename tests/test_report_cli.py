@@ -15,21 +15,13 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-
-
-def _gpuclust(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "gpuclust", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=600)
+from cli_cells import cli_cell
+from cli_cells import gpuclust as _gpuclust
 
 
 @pytest.fixture(scope="module")
 def cell(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("cell")
-    for args in (("synth", "--out", "raw", "--machines", "12", "--hours", "1", "--seed", "4"),
-                 ("ingest", "raw", "--out", "ds")):
-        r = _gpuclust(*args, cwd=d)
-        assert r.returncode == 0, r.stderr[-2000:]
-    return d
+    return cli_cell(tmp_path_factory.mktemp("cell"), machines=12, hours=1, seed=4)
 
 
 def test_reuses_matching_results_and_reruns_otherwise(cell: Path) -> None:

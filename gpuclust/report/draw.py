@@ -43,6 +43,12 @@ _PAD = 3.5  # points between a tick label and its tick, or a label and the tick 
 _TICK = 3.5  # tick length
 
 
+def _runs(ok: np.ndarray) -> Any:
+    """``(start, stop)`` of each run of True in ``ok``."""
+    edges = np.flatnonzero(np.diff(np.r_[False, ok, False].astype(np.int8)))
+    return zip(edges[::2].tolist(), edges[1::2].tolist(), strict=True)
+
+
 def _size(s: float | str) -> float:
     return float(_SIZES[s]) if isinstance(s, str) else float(s)
 
@@ -497,37 +503,19 @@ class Figure:
             kind = it[0]
             if kind == "steps_fill":
                 _, edges, lo, hi, color, alpha = it
-                ok = np.isfinite(lo) & np.isfinite(hi)
-                i = 0
-                while i < ok.size:  # one polygon per run of known buckets
-                    if not ok[i]:
-                        i += 1
-                        continue
-                    j = i
-                    while j < ok.size and ok[j]:
-                        j += 1
+                for i, j in _runs(np.isfinite(lo) & np.isfinite(hi)):  # one polygon per run of known buckets
                     xs = np.repeat(edges[i:j + 1], 2)[1:-1]
                     top = np.repeat(hi[i:j], 2)
                     bot = np.repeat(lo[i:j], 2)
                     px, py = a.to_pt(np.concatenate([xs, xs[::-1]]), np.concatenate([top, bot[::-1]]))
                     out.append(("poly", list(zip(px.tolist(), py.tolist(), strict=True)), color, alpha, clip))
-                    i = j
             elif kind == "line":
                 _, x, y, color, lw, dash = it
                 px, py = a.to_pt(x, y)
-                ok = np.isfinite(px) & np.isfinite(py)
-                i = 0
-                while i < ok.size:
-                    if not ok[i]:
-                        i += 1
-                        continue
-                    j = i
-                    while j < ok.size and ok[j]:
-                        j += 1
+                for i, j in _runs(np.isfinite(px) & np.isfinite(py)):
                     if j - i >= 2:
                         pts = list(zip(px[i:j].tolist(), py[i:j].tolist(), strict=True))
                         out.append(("line", pts, color, lw, dash, clip))
-                    i = j
             elif kind == "bars":
                 _, x, h, width, color = it
                 for xx, hh in zip(x, h, strict=True):
