@@ -302,8 +302,8 @@ def test_simple_figures_cost_no_matplotlib_or_pandas_import(cell: Path) -> None:
     from gpuclust.report.plots import NATIVE
 
     names = sorted(NATIVE)
-    assert {"cell-usage", "collection-lifecycle", "job-usage", "lifecycle", "machine-shapes", "machine-utilization",
-            "usage-vs-request"} <= NATIVE  # the figures moved off matplotlib stay off it
+    assert {"cell-usage", "collection-lifecycle", "data-quality", "job-usage", "lifecycle", "machine-shapes",
+            "machine-utilization", "usage-vs-request"} <= NATIVE  # the figures moved off matplotlib stay off it
     code = ("import sys; from gpuclust.cli import main; "
             f"rc = main(['analyze', 'ds', *{names!r}, '--out', 'native', '--quiet']); "
             "print(rc, sorted(m for m in ('matplotlib', 'pandas') if m in sys.modules))")

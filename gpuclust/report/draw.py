@@ -171,10 +171,10 @@ def nice_ticks(lo: float, hi: float, n: int = 6) -> tuple[np.ndarray, int]:
     step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw * 0.999)
     first = math.ceil(lo / step - 1e-9) * step
     ticks = np.arange(first, hi + step * 1e-9, step)
-    decimals = max(0, -math.floor(math.log10(step) + 1e-12))
+    decimals = -math.floor(math.log10(step) + 1e-12)
     if round(step / 10.0 ** math.floor(math.log10(step)), 6) == 2.5:
-        decimals += 1
-    return ticks, decimals
+        decimals += 1  # 0.25, 2.5: one more digit (25000: none)
+    return ticks, max(0, decimals)
 
 
 def _tick_label(v: float, decimals: int) -> str:
@@ -228,6 +228,7 @@ class Axes:
         self.xticklabels_visible = True
         self.yticklabels_visible = True
         self.xtick_override: tuple[list[float], list[str], float] | None = None
+        self.ytick_override: tuple[list[float], list[str], float] | None = None  # positions, labels, size
         self.legend_spec: dict[str, Any] | None = None
         self.sharex: Axes | None = None
         self._next = 0
@@ -292,16 +293,35 @@ class Axes:
         self._label(label, kind="line", color=color, lw=lw, dash=dash)
         self._extent(x, y)
 
+    def rects(self, x0: Any, x1: Any, y0: Any, y1: Any, *, color: str | Sequence[str] | None = None) -> None:
+        """Filled rectangles ``[x0, x1] x [y0, y1]`` (data coordinates; an edge at 0 on a log axis
+        reaches the axes' edge); ``color``: one colour or one per rectangle."""
+        x0, x1, y0, y1 = np.broadcast_arrays(*(np.asarray(v, dtype=np.float64) for v in (x0, x1, y0, y1)))
+        if color is None or isinstance(color, str):
+            colors = [_color(color) if color else self.next_color()] * x0.size
+        else:
+            colors = [_color(c) for c in color]
+        self.items.append(("rects", x0.ravel(), x1.ravel(), y0.ravel(), y1.ravel(), colors))
+        self._extent(np.concatenate([x0.ravel(), x1.ravel()]), np.concatenate([y0.ravel(), y1.ravel()]))
+
     def bar(self, x: Any, heights: Any, *, width: float = 0.8, color: str | None = None,
             value_labels: Sequence[str] | None = None, label_size: float | str = "x-small") -> None:
         """Vertical bars centred on ``x``, with an optional label above each."""
-        color = _color(color) if color else self.next_color()
         x, h = np.asarray(x, dtype=np.float64), np.asarray(heights, dtype=np.float64)
-        self.items.append(("bars", x, h, width, color))
+        self.rects(x - width / 2, x + width / 2, 0.0, h, color=color)
         if value_labels is not None:
             for xx, hh, s in zip(x, h, value_labels, strict=True):
-                self.items.append(("data_text", float(xx), float(hh), s, _size(label_size)))
-        self._extent(np.concatenate([x - width / 2, x + width / 2]), np.append(h, 0.0))
+                self.text_at(float(xx), float(hh), s, size=label_size, ha="center", va="bottom", dy=-1.5)
+
+    def barh(self, y: Any, widths: Any, *, height: float = 0.8, color: str | Sequence[str] | None = None) -> None:
+        """Horizontal bars from 0, centred on ``y``."""
+        y = np.asarray(y, dtype=np.float64)
+        self.rects(0.0, widths, y - height / 2, y + height / 2, color=color)
+
+    def text_at(self, x: float, y: float, s: str, *, size: float | str = "medium", ha: str = "left",
+                va: str = "baseline", dx: float = 0.0, dy: float = 0.0) -> None:
+        """Text at data ``(x, y)``, moved by ``(dx, dy)`` points (right, down)."""
+        self.items.append(("data_text", float(x), float(y), s, _size(size), ha, va, dx, dy))
 
     def axhline(self, y: float, *, color: str = "k", lw: float = 0.8, dash: bool = False,
                 label: str | None = None) -> None:
@@ -331,6 +351,9 @@ class Axes:
 
     def set_xticks(self, positions: Sequence[float], labels: Sequence[str], *, rotation: float = 0.0) -> None:
         self.xtick_override = ([float(p) for p in positions], [str(s) for s in labels], float(rotation))
+
+    def set_yticks(self, positions: Sequence[float], labels: Sequence[str], *, size: float | str = "medium") -> None:
+        self.ytick_override = ([float(p) for p in positions], [str(s) for s in labels], _size(size))
 
     # -- limits and transforms
     def limits(self) -> tuple[tuple[float, float], tuple[float, float]]:
@@ -433,9 +456,12 @@ class Figure:
         for a in self.axes:
             (xl, yl) = a.limits()
             _, ylabels, _ = _ticks(*yl, a.yscale)
+            ysize = _TICK_SIZE
+            if a.ytick_override is not None:
+                _, ylabels, ysize = a.ytick_override
             if not a.yticklabels_visible:
                 ylabels = []
-            left = max((text_width(s, _TICK_SIZE) for s in ylabels), default=0.0) + _TICK + _PAD + 4.0
+            left = max((text_width(s, ysize) for s in ylabels), default=0.0) + _TICK + _PAD + 4.0
             if a.ylabel:
                 left += _block(a.ylabel, 10.0)[1] + _PAD
             bottom = 4.0
@@ -516,18 +542,22 @@ class Figure:
                     if j - i >= 2:
                         pts = list(zip(px[i:j].tolist(), py[i:j].tolist(), strict=True))
                         out.append(("line", pts, color, lw, dash, clip))
-            elif kind == "bars":
-                _, x, h, width, color = it
-                for xx, hh in zip(x, h, strict=True):
-                    if not np.isfinite(hh):
-                        continue
-                    (ax_, ay_), (bx_, by_) = (a.to_pt(xx - width / 2, hh), a.to_pt(xx + width / 2, 0.0))
-                    out.append(("poly", [(float(ax_), float(ay_)), (float(bx_), float(ay_)), (float(bx_), float(by_)),
-                                         (float(ax_), float(by_))], color, 1.0, clip))
+            elif kind == "rects":
+                _, rx0, rx1, ry0, ry1, colors = it
+                px0, py0 = a.to_pt(rx0, ry0)
+                px1, py1 = a.to_pt(rx1, ry1)
+                # an edge at 0 (or beyond the limits) on a log axis: at the axes' edge
+                px0, px1 = (np.clip(v, x0 - 1, x1 + 1) for v in (px0, px1))
+                py0, py1 = (np.clip(v, y0 - 1, y1 + 1) for v in (py0, py1))
+                for bx0, bx1, by0, by1, color in zip(px0.tolist(), px1.tolist(), py0.tolist(), py1.tolist(), colors,
+                                                     strict=True):
+                    if all(math.isfinite(v) for v in (bx0, bx1, by0, by1)):
+                        out.append(("poly", [(bx0, by0), (bx1, by0), (bx1, by1), (bx0, by1)], color, 1.0, clip))
             elif kind == "data_text":
-                _, xx, hh, s, size = it
-                px, py = a.to_pt(xx, hh)
-                out.append(("text", float(px), float(py) - 1.5, s, size, "center", "bottom", "#000000", 0.0))
+                _, xx, yy, s, size, ha, va, dx, dy = it
+                px, py = a.to_pt(xx, yy)
+                if math.isfinite(float(px)) and math.isfinite(float(py)):
+                    out.append(("text", float(px) + dx, float(py) + dy, s, size, ha, va, "#000000", 0.0))
             elif kind in ("hline", "vline"):
                 _, v, color, lw, dash = it
                 if kind == "hline":
@@ -559,6 +589,10 @@ class Figure:
             xt, xlab, xminor = _ticks(*xl, xscale)
             rot = 0.0
         yt, ylab, yminor = _ticks(*yl, a.yscale)
+        ysize = _TICK_SIZE
+        if a.ytick_override is not None:
+            yt, ylab, ysize = a.ytick_override
+            yminor = []
         for v, s in zip(xt, xlab, strict=True):
             px, _ = a.to_pt(v, yl[0])
             px = float(px)
@@ -581,8 +615,8 @@ class Figure:
                 continue
             out.append(("line", [(x0 - _TICK, py), (x0, py)], "#000000", 0.8, False, None))
             if a.yticklabels_visible:
-                out.append(("text", x0 - _TICK - _PAD, py, s, _TICK_SIZE, "right", "center", "#000000", 0.0))
-                ywidth = max(ywidth, text_width(s, _TICK_SIZE))
+                out.append(("text", x0 - _TICK - _PAD, py, s, ysize, "right", "center", "#000000", 0.0))
+                ywidth = max(ywidth, text_width(s, ysize))
         for v in yminor:
             py = float(a.to_pt(xl[0], v)[1])
             if y0 <= py <= y1:
