@@ -2,7 +2,7 @@
 
     python bench/cpu_vs_duckdb.py                       # 4e6 and 1.6e7 windows, 3 interleaved rounds
     python bench/cpu_vs_duckdb.py --sizes 4e6 --repeat 5
-    python bench/cpu_vs_duckdb.py --before bench/results/cpu_vs_duckdb_before.json
+    python bench/cpu_vs_duckdb.py --before bench/results/<an earlier run>.json
 
 Every measurement is a fresh process over the same canonical Parquet (`bench/gen_canonical.py`,
 cached under bench/data/), timed from spawn to exit, with the peak RSS of its process tree sampled

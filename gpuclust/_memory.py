@@ -20,7 +20,7 @@ transparent huge pages for its arrays (``madvise(MADV_HUGEPAGE)`` on every alloc
 or more; unless ``NUMPY_MADVISE_HUGEPAGE`` says otherwise): with THP on ``madvise`` each fault
 then zeroes 2 MiB and may compact memory; without it job-usage at 6.4e7 windows took 1.1 s of
 system time instead of 2.4-3.5 s (wall 7.7-8.6 s against 9.1-10.8 s), and every case at 1.6e7
-measured less system time (bench/results/cpu_vs_duckdb_hugepages.md).  Results do not depend on it;
+measured less system time (git show 74d5fa5:bench/results/cpu_vs_duckdb_hugepages.md).  Results do not depend on it;
 a process keeps its peak heap after a run.  ``GPUCLUST_MALLOC_TUNING=0`` turns it off; the glibc
 part does nothing where the C library is not glibc.
 """
