@@ -40,7 +40,7 @@ by `_harness.run_measured` and its user/system CPU seconds from ``getrusage(RUSA
   ``analyses_bench.usage_vs_request_full_sql``: DuckDB writing gpuclust's tables (both limits by
   ASOF joins, the tier join, four measures by tier and over all, counts, means, the log-binned
   distributions and their quantiles); checked against gpuclust's in tests/bench/test_cpu_vs_duckdb.py.
-* ``usage-change``: ``gpuclust analyze DS usage-change`` (every table) against
+* ``usage-change``: ``gpuclust analyze DS usage-change -O level=instance`` (every table) against
   ``analyses_bench.usage_change_sql`` (pairs of consecutive windows by LEAD, by tier, with the
   defined changes and those within ±20%).
 * ``usage-change (all tables)``: the same gpuclust run against ``analyses_bench.usage_change_full_sql``:
@@ -141,8 +141,9 @@ CASES: dict[str, tuple[list[str], Any, tuple[str, dict[str, str]]]] = {
                          ("cpi", {"by": "machine", "regression": "none", "spearman": "none"})),
     "lifecycle": (["lifecycle"], lifecycle_sql, ("lifecycle", {})),
     "lifecycle (all tables)": (["lifecycle"], lifecycle_full_sql, ("lifecycle", {})),
-    "usage-change": (["usage-change"], usage_change_sql, ("usage-change", {})),
-    "usage-change (all tables)": (["usage-change"], usage_change_full_sql, ("usage-change", {})),
+    "usage-change": (["usage-change", "-O", "level=instance"], usage_change_sql, ("usage-change", {"level": "instance"})),
+    "usage-change (all tables)": (["usage-change", "-O", "level=instance"], usage_change_full_sql,
+                                  ("usage-change", {"level": "instance"})),
     "job-usage": (["job-usage"], job_usage_sql, ("job-usage", {})),
     "job-usage (tiers)": (["job-usage"], job_usage_tiers_sql, ("job-usage", {})),
     "job-usage (all tables)": (["job-usage"], job_usage_full_sql, ("job-usage", {})),

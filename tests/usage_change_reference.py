@@ -70,3 +70,55 @@ def describe(ab: list[tuple[Any, Any]], edges: list[float]) -> dict[str, Any]:
         bins[bisect.bisect_right(edges, q)] += 1
     return {"pairs": len(ab), "unknown": unknown, "zero_to_zero": zz, "zero_to_positive": zp,
             "defined": len(changes), "within": within, "ratios": ratios, "changes": changes, "bins": dict(bins)}
+
+
+PERIOD_US = 300_000_000
+
+
+def period_usage(usage: list[dict[str, Any]], machines: set[int] | None) -> dict[tuple, list[Any]]:
+    """The machine level's (``machines``: the ids in machine_events) or, with ``machines=None``, the
+    cluster level's usage per 300 s period, window by window: every window of a top-level instance
+    (alloc_collection_id NULL or 0) with ``start >= 0`` and ``start < end < 2^63 - 1`` adds
+    ``avg x overlap / 300 s`` to each period it overlaps (a NULL value adds nothing).  Returns
+    ``{(machine or None, period): [cpu, mem, windows, cpu_known, mem_known]}``."""
+    out: dict[tuple, list[Any]] = defaultdict(lambda: [0.0, 0.0, 0, 0, 0])
+    for r in usage:
+        if r["alloc_collection_id"] not in (None, 0):
+            continue
+        s, e = r["start_time"], r["end_time"]
+        if s is None or e is None or not (0 <= s < e < AFTER_TRACE):
+            continue
+        if machines is not None and r["machine_id"] not in machines:
+            continue
+        m = r["machine_id"] if machines is not None else None
+        for k in range(s // PERIOD_US, (e - 1) // PERIOD_US + 1):
+            overlap = min(e, (k + 1) * PERIOD_US) - max(s, k * PERIOD_US)
+            acc = out[(m, k)]
+            acc[2] += 1
+            for j, col in ((0, "avg_cpu"), (1, "avg_mem")):
+                v = r[col]
+                if v is not None and v == v:
+                    acc[j] += v * (overlap / PERIOD_US)
+                    acc[3 + j] += 1
+    return out
+
+
+def period_pairs(sums: dict[tuple, list[Any]]) -> dict[str, Any]:
+    """Per resource, the (a, b) usage of every two consecutive periods (of one machine) that both
+    hold a window (a period without a known value: None); the periods, pairs and gaps."""
+    by: dict[Any, list[int]] = defaultdict(list)
+    for m, k in sums:
+        by[m].append(k)
+    ab: dict[str, list[tuple[Any, Any]]] = {"cpu": [], "mem": []}
+    n_pairs = gaps = 0
+    for m, ks in by.items():
+        ks.sort()
+        for k1, k2 in zip(ks, ks[1:], strict=False):
+            if k2 != k1 + 1:
+                gaps += 1
+                continue
+            n_pairs += 1
+            a, b = sums[(m, k1)], sums[(m, k2)]
+            for j, res in enumerate(("cpu", "mem")):
+                ab[res].append((a[j] if a[3 + j] else None, b[j] if b[3 + j] else None))
+    return {"pairs": ab, "periods": len(sums), "machines": len(by), "n_pairs": n_pairs, "gaps": gaps}

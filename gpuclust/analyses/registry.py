@@ -95,8 +95,10 @@ REGISTRY: dict[str, AnalysisEntry] = {
                       "borg-default / N-sigma / per-instance and per-machine percentile / max / avg predictions; per "
                       "predictor violation rate, severity and savings", kernels=("hash_index",)),
         AnalysisEntry("usage-change", "gpuclust.analyses.usage_change:UsageChange",
-                      "Relative change of CPU and memory usage between consecutive windows of one "
-                      "instance, by tier: exact shares within ±5/10/20/50%, binned distribution", kernels=("hash_index",)),
+                      "Relative change of CPU and memory usage between consecutive 300 s periods of the "
+                      "cluster (default, seed 003 Figure 10) or of each machine, or between consecutive windows of "
+                      "one instance (by tier): exact shares within ±5/10/20/50%, binned distribution",
+                      kernels=("hash_index",)),
         AnalysisEntry("usage-vs-request", "gpuclust.analyses.usage_vs_request:UsageVsRequest",
                       "Usage / limit per window (average and maximum, CPU and memory), the limit "
                       "joined as of the window's start, by tier (Borg Figure 11)", kernels=("hash_index",)),

@@ -1,8 +1,25 @@
-"""``usage-change``: how much an instance's CPU and memory usage changes from one usage window to
-the next (seed 003's first measure: "for more than 90% of sampling moments, the consumption
-fluctuates in a range smaller than 20%").
+"""``usage-change``: how much CPU and memory usage changes from one 300 s sampling period to the
+next (seed 003, Figure 10: "for more than 90% of sampling moments, the consumption fluctuates in a
+range smaller than 20%" -- the *cluster's* consumption), at one of three levels (``level``):
 
-A *pair* is two windows of one instance (``collection_id``, ``instance_index``) that follow each
+``cluster`` (default, the paper's)
+    The cell's usage in each period ``k`` = ``[k 300 s, (k+1) 300 s)`` of trace time: the sum over
+    the usage windows of top-level instances (``alloc_collection_id`` NULL or 0: an alloc set's
+    usage already holds its tasks') of ``avg x overlap(window, period) / 300 s`` (a window
+    spanning several periods counts in each in proportion to its overlap, as ``cell-usage``'s
+    exact mode and ``machine-utilization``'s time-weighted mode do; NULL values are left out of
+    the sum, a period whose every window is NULL is unknown).  A *pair* is two consecutive
+    periods that both overlap some window; a period no window overlaps breaks the sequence
+    (``info.gaps``).  The partials are dense per-period sums over the trace's periods (a few
+    thousand a month), merged by adding: memory does not grow with the windows.
+``machine``
+    The same per machine (``machine-utilization``'s time-weighted (machine, period) sums: their
+    keyed partials, spilled and reduced by shards of machines, the pairs formed and counted per
+    shard); windows on machines absent from machine_events are left out.
+``instance``
+    The per-instance change between consecutive usage windows (below).
+
+For ``level=instance``, a *pair* is two windows of one instance (``collection_id``, ``instance_index``) that follow each
 other in time order (ties keep the dataset's row order) with no gap longer than ``max_gap_s``
 between the first's end and the second's start.  For each resource (``avg_cpu``, ``avg_mem``) the
 pair's relative change is ``r = (b - a) / a`` of the average usages ``a`` (earlier) and ``b``:
@@ -15,9 +32,11 @@ pair's relative change is ``r = (b - a) / a`` of the average usages ``a`` (earli
   quantile of ``r`` lies in ``[q, the bin's upper edge - 1)``, under 2.4% of the ratio above).
 
 By tier (the tier of the earlier window's instance, from its events' highest priority, as
-``usage-distribution`` looks it up) and over all tiers (``tier = "all"``).
+``usage-distribution`` looks it up) and over all tiers (``tier = "all"``); the cluster and machine
+levels have only ``tier = "all"``.  The counts, shares and ratio bins of a pair are the same at
+every level.
 
-Pairs need every window of an instance in one partition (:attr:`whole_instances`): on an
+At the instance level, pairs need every window of an instance in one partition (:attr:`whole_instances`): on an
 instance-bucketed dataset (``gpuclust optimize``) the partitions are whole buckets; a flat
 dataset runs as one partition when it fits the memory budget.
 """
@@ -31,16 +50,27 @@ import numpy as np
 import pyarrow as pa
 
 from gpuclust._xp import bincount
+from gpuclust.analyses._extent import max_finite
 from gpuclust.analyses._lookup import EVENT_COLUMNS, TierLookupContext, tier_lookup
-from gpuclust.analyses.base import Analysis, fmt, resolve_tier_map
-from gpuclust.analyses.grouping import instance_order
+from gpuclust.analyses.base import Analysis, fmt, null_int, resolve_tier_map
+from gpuclust.analyses.grouping import bucket_pieces, instance_order
+from gpuclust.analyses.machine_utilization import BUCKET_US, MachineUtilization, MachineUtilizationContext
 from gpuclust.analyses.options import option, tier_map_option
 from gpuclust.arrow_numpy import bin_table, rows_table, table_from_rows
+from gpuclust.parted import finalize_in_memory
 from gpuclust.partials import bin_quantile_edges, log_bins
 from gpuclust.schema import TIME_AFTER_TRACE, tier_map
 from gpuclust.tables import as_arrow
 
-__all__ = ["RATIO_EDGES", "RESOURCES", "THRESHOLDS", "UsageChange"]
+__all__ = ["LEVELS", "PERIOD_US", "RATIO_EDGES", "RESOURCES", "THRESHOLDS", "UsageChange"]
+
+#: The levels whose usage is compared between consecutive samples.
+LEVELS = ("cluster", "machine", "instance")
+#: The sampling period of the cluster and machine levels: 300 s, µs (periods from trace time 0).
+PERIOD_US = BUCKET_US
+#: Most periods the cluster level's dense sums span (guards against corrupt times: 2^24 periods
+#: are 159 years).
+MAX_PERIODS = 1 << 24
 
 #: The resources compared, as (name, usage column).
 RESOURCES = (("cpu", "avg_cpu"), ("mem", "avg_mem"))
@@ -56,50 +86,107 @@ _H = len(THRESHOLDS)
 #: Per (tier, resource) counters, in order.
 _COUNTS = ("pairs", "unknown", "zero_to_zero", "zero_to_positive", "defined")
 _STATS = ("rows", "instances", "pairs", "gaps", "unplaced_ends")
+#: Counters of the cluster level's usage rows, in this order (as machine-utilization's).
+_CSTATS = ("rows", "alloc_rows", "unbounded_rows", "unplaced_rows", "used_rows")
+#: Machine level: machine-utilization's time-weighted (machine, period) sums.
+_MACHINE_SUMS = MachineUtilization(mode="time-weighted")
+_LOW = (1 << 32) - 1
+
+
+@dataclass(frozen=True)
+class ClusterContext:
+    """The cluster level's context: periods ``[0, span)`` hold every window's end."""
+
+    span: int
 
 
 @dataclass(frozen=True)
 class UsageChange(Analysis):
-    """Relative change of CPU and memory usage between consecutive windows of one instance.
+    """Relative change of CPU and memory usage between consecutive 300 s periods of the cluster or
+    of a machine, or between consecutive windows of one instance.
 
     Parameters
     ----------
+    level
+        ``cluster`` (the cell's usage per period, the paper's), ``machine`` (per machine and
+        period) or ``instance`` (consecutive windows of one instance).
     max_gap_s
         Longest gap, seconds, between a window's end and the next window's start for the two to
-        form a pair (0: contiguous or overlapping windows only).
+        form a pair (0: contiguous or overlapping windows only); ``level=instance`` only.
     tier_map
         Name of a tier map in :data:`gpuclust.schema.TIER_MAPS`; ``None``: the dataset manifest's,
-        else the trace version's default.
+        else the trace version's default; ``level=instance`` only.
 
     Examples
     --------
-    >>> UsageChange(max_gap_s=60).label
-    'usage-change[max_gap_s=60]'
+    >>> UsageChange(level="instance", max_gap_s=60).label
+    'usage-change[level=instance,max_gap_s=60]'
     """
 
-    max_gap_s: int = option(0, "longest gap (s) between a window's end and the next one's start for a pair")
-    tier_map: str | None = tier_map_option()
+    level: str = option("cluster", "cluster: the cell's usage per 300 s period (the paper's); machine: per machine "
+                        "and period; instance: consecutive windows of one instance", choices=LEVELS)
+    max_gap_s: int = option(0, "level=instance: longest gap (s) between a window's end and the next one's start "
+                            "for a pair")
+    tier_map: str | None = tier_map_option("level=instance: priority tier map; default: the dataset manifest's, "
+                                           "else the trace version's default")
 
     name = "usage-change"
     table = "instance_usage"
-    requires = ("instance_usage", "instance_events")
+    #: instance_events (the tiers) for level=instance, machine_events (the machines) for
+    #: level=machine (:meth:`needed_tables`)
+    requires = ("instance_usage",)
+    optional_tables = ("instance_events", "machine_events")
+    table_uses: ClassVar[dict[str, str]] = {"instance_events": "level=instance", "machine_events": "level=machine"}
     #: tracemalloc peak of partial: 152 B/row (bench 1.6e7 set, 4M-row partition)
     row_bytes = 200
     #: rows per partition for partitions="auto" (one 1 Mi-row bucket: gpuclust.engine.memory.preferred_rows)
     auto_partition_rows = 1 << 20
-    whole_instances: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
+        if self.level not in LEVELS:
+            raise ValueError(f"usage-change: unknown level {self.level!r}; choose one of {list(LEVELS)}")
         if int(self.max_gap_s) < 0:
             raise ValueError(f"usage-change: max_gap_s must be >= 0, got {self.max_gap_s}")
         if self.tier_map is not None:
             tier_map(self.tier_map)
 
     @property
-    def columns(self) -> tuple[str, ...]:
-        return ("start_time", "end_time", "collection_id", "instance_index", "machine_id", "avg_cpu", "avg_mem")
+    def whole_instances(self) -> bool:  # type: ignore[override]
+        """Pairs of an instance's windows need all of them in one partition (level=instance only)."""
+        return self.level == "instance"
 
-    def context(self, source: Any) -> TierLookupContext:
+    @property
+    def sharded(self) -> bool:
+        """The machine level's keyed (machine, period) sums are reduced by shards of machines."""
+        return self.level == "machine"
+
+    def needed_tables(self) -> tuple[dict[str, str], dict[str, str]]:
+        required = {"instance_usage": ""}
+        if self.level == "instance":
+            required["instance_events"] = "level=instance: the instances' tiers"
+        elif self.level == "machine":
+            required["machine_events"] = "level=machine: the machines"
+        return required, {}
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        if self.level == "instance":
+            return ("start_time", "end_time", "collection_id", "instance_index", "machine_id", "avg_cpu", "avg_mem")
+        if self.level == "machine":
+            return _MACHINE_SUMS.columns
+        return ("start_time", "end_time", "alloc_collection_id", "avg_cpu", "avg_mem")
+
+    def context(self, source: Any) -> Any:
+        if self.level == "machine":
+            return _MACHINE_SUMS.context(source)
+        if self.level == "cluster":
+            last = max(max_finite(source, "instance_usage", "start_time") or 0,
+                       max_finite(source, "instance_usage", "end_time") or 0)
+            span = int(last // PERIOD_US + 1)
+            if span > MAX_PERIODS:
+                raise ValueError(f"usage-change: the usage windows span {span} periods of 300 s (> {MAX_PERIODS}); "
+                                 "the start/end times look corrupt")
+            return ClusterContext(span)
         tm = resolve_tier_map(self.tier_map, source)
         if len(tm.names) + 1 > _T:
             raise ValueError(f"usage-change: tier map {tm.name!r} has more than {_T - 1} tiers")
@@ -107,20 +194,30 @@ class UsageChange(Analysis):
 
     @property
     def side_inputs(self) -> dict[str, tuple[str, ...]]:
-        return {"instance_events": EVENT_COLUMNS}
+        return {"instance_events": EVENT_COLUMNS} if self.level == "instance" else {}
 
-    def bind(self, ctx: TierLookupContext, side: dict[str, Any], grain: str | None) -> TierLookupContext:
+    def bind(self, ctx: Any, side: dict[str, Any], grain: str | None) -> Any:
+        if self.level != "instance":
+            return ctx
         lk = tier_lookup(side["instance_events"], ctx.tier_map, top_level_only=False,
                          unmatched=len(ctx.tier_map.names), what="usage-change tier lookup")
         return replace(ctx, lookup=lk)
 
     # ---------------------------------------------------------------- partial / merge
-    def empty(self, backend: Any = None) -> dict[str, np.ndarray]:
+    def empty(self, backend: Any = None) -> dict[str, Any]:
+        if self.level == "machine":
+            return _MACHINE_SUMS.empty(backend)
+        if self.level == "cluster":
+            return {"sums": np.zeros((5, 0)), "stats": np.zeros(len(_CSTATS), np.int64)}
         return {"counts": np.zeros((_T, _R, len(_COUNTS)), np.int64), "within": np.zeros((_T, _R, _H), np.int64),
                 "hist": np.zeros((_T, _R, _B), np.int64), "rsum": np.zeros((_T, _R)),
                 "stats": np.zeros(len(_STATS), np.int64)}
 
-    def partial(self, cols: dict[str, Any], ctx: TierLookupContext, backend: Any) -> dict[str, Any]:
+    def partial(self, cols: dict[str, Any], ctx: Any, backend: Any) -> dict[str, Any]:
+        if self.level == "machine":
+            return _MACHINE_SUMS.partial(cols, ctx, backend)
+        if self.level == "cluster":
+            return self._cluster_partial(cols, ctx, backend)
         xp = backend.xp
         out = {k: xp.asarray(v) for k, v in self.empty().items()}
         s, e = cols["start_time"], cols["end_time"]
@@ -181,12 +278,99 @@ class UsageChange(Analysis):
         out["stats"] = xp.asarray(np.array([stats[k_] for k_ in _STATS], np.int64))
         return out
 
-    def merge(self, a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def _cluster_partial(self, cols: dict[str, Any], ctx: ClusterContext, backend: Any) -> dict[str, Any]:
+        """Dense per-period sums ``[cpu, mem, windows, cpu_nulls, mem_nulls]`` (shape 5 x span;
+        ``*_nulls``: the values that are not finite) of the top-level windows' time-weighted usage."""
+        xp = backend.xp
+        s, e, alloc = cols["start_time"], cols["end_time"], cols["alloc_collection_id"]
+        n = int(s.shape[0])
+        top = (alloc == 0) | (alloc == xp.asarray(null_int(alloc.dtype), dtype=alloc.dtype))
+        bounded = top & (e > s) & (e != TIME_AFTER_TRACE)
+        keep = bounded & (s >= 0) & (s < TIME_AFTER_TRACE)
+        n_top, n_bounded, n_used = (int(xp.count_nonzero(v)) for v in (top, bounded, keep))
+        stats = np.array([n, n - n_top, n_top - n_bounded, n_bounded - n_used, n_used], np.int64)
+        span = ctx.span
+        if not n_used:
+            return {"sums": xp.zeros((5, span)), "stats": xp.asarray(stats)}
+        idx = xp.nonzero(keep)[0]
+        row, bucket, overlap = bucket_pieces(xp, s[idx], e[idx], PERIOD_US)
+        if int(bucket.max()) >= span:
+            raise ValueError("usage-change: a window ends after the last period of the dataset's statistics")
+        rows = idx[row]
+        w = overlap.astype(xp.float64) / PERIOD_US
+        total, nulls = [], []
+        for col in ("avg_cpu", "avg_mem"):
+            v = cols[col][rows].astype(xp.float64)
+            # SUM ignores NULL (NaN); an infinite value is summed but not counted as known
+            total.append(bincount(xp, bucket, weights=xp.where(xp.isnan(v), 0.0, v) * w, minlength=span))
+            nulls.append(bincount(xp, bucket[~xp.isfinite(v)], minlength=span).astype(xp.float64))
+        windows = bincount(xp, bucket, minlength=span).astype(xp.float64)
+        return {"sums": xp.stack([*total, windows, *nulls]), "stats": xp.asarray(stats)}
+
+    def merge(self, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+        if self.level == "machine":
+            return _MACHINE_SUMS.merge(a, b)
+        if self.level == "cluster":
+            sa, sb = np.asarray(a["sums"]), np.asarray(b["sums"])
+            if sa.shape[1] < sb.shape[1]:
+                sa, sb = sb, sa
+            out = sa.copy()
+            out[:, :sb.shape[1]] += sb
+            return {"sums": out, "stats": a["stats"] + b["stats"]}
         return {k: a[k] + b[k] for k in a}
 
+    # ---------------------------------------------------------------- machine level: shards
+    def split(self, partial: dict[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, np.ndarray]]]:
+        return _MACHINE_SUMS.split(partial)
+
+    def merge_rest(self, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+        return _MACHINE_SUMS.merge_rest(a, b)
+
+    def shards(self, ctx: MachineUtilizationContext, rest: dict[str, Any]) -> list[tuple[int, int]]:
+        return _MACHINE_SUMS.shards(ctx, rest)
+
+    def key_range(self, ctx: MachineUtilizationContext, name: str, lo: int, hi: int) -> tuple[int, int]:
+        return _MACHINE_SUMS.key_range(ctx, name, lo, hi)
+
+    def dense_keys(self, ctx: Any) -> dict[str, tuple[int, int]] | None:
+        return _MACHINE_SUMS.dense_keys(ctx) if self.level == "machine" else None
+
+    def finalize_shard(self, keyed: dict[str, dict[str, np.ndarray]], rest: dict[str, Any],
+                       ctx: MachineUtilizationContext, lo: int, hi: int) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Machines ``[lo, hi)``: the pairs of consecutive periods of each machine, counted (no
+        parted tables; the extra is the counts)."""
+        u = keyed["u"]
+        key = np.asarray(u["key"], np.int64)
+        windows = np.asarray(u["windows"], np.int64)
+        nulls = np.asarray(u["nulls"], np.int64)
+        machine = key // max(ctx.span, 1)
+        values = [np.where(windows - (nulls & _LOW) > 0, np.asarray(u["cpu"], np.float64), np.nan),
+                  np.where(windows - (nulls >> 32) > 0, np.asarray(u["mem"], np.float64), np.nan)]
+        pair = (key[1:] == key[:-1] + 1) & (machine[1:] == machine[:-1])
+        k = np.flatnonzero(pair)
+        machines = int(np.count_nonzero(machine[1:] != machine[:-1])) + 1 if key.shape[0] else 0
+        extra = _count_pairs([(v[k], v[k + 1]) for v in values])
+        extra["stats"] = np.array([key.shape[0], machines, k.shape[0], key.shape[0] - machines - k.shape[0]], np.int64)
+        return {}, extra
+
+    def finalize_parted(self, rest: dict[str, Any], ctx: MachineUtilizationContext, tables: dict[str, Any],
+                        extras: list[dict[str, Any]]) -> dict[str, pa.Table]:
+        tot = _count_pairs([(np.zeros(0), np.zeros(0))] * _R)
+        tot["stats"] = np.zeros(4, np.int64)
+        for e in extras:  # in shard order
+            tot = {k: tot[k] + e[k] for k in tot}
+        periods, machines, pairs, gaps = (int(v) for v in tot["stats"])
+        stats = {**dict(zip(_MSTATS, (int(v) for v in rest["stats"]), strict=True)), "machines": machines,
+                 "periods": periods, "pairs": pairs, "gaps": gaps}
+        return self._tables([("all", tot)], stats)
+
     # ---------------------------------------------------------------- finalize
-    def finalize(self, partial: dict[str, np.ndarray], ctx: TierLookupContext) -> dict[str, pa.Table]:
+    def finalize(self, partial: dict[str, Any], ctx: Any) -> dict[str, pa.Table]:
         """Arrow tables, built without pandas (see :mod:`gpuclust.tables`)."""
+        if self.level == "machine":
+            return finalize_in_memory(self, partial, ctx)
+        if self.level == "cluster":
+            return self._finalize_cluster(partial)
         names = ctx.tier_names
         T = len(names)
         p = {k: np.asarray(v) for k, v in partial.items()}
@@ -210,22 +394,96 @@ class UsageChange(Analysis):
                 for hk, hv in (("hist", hist[j]), ("tier", tier), ("resource", res)):
                     hists[hk].append(hv)
         stats = dict(zip(_STATS, (int(v) for v in p["stats"]), strict=True))
-        info = table_from_rows([{"analysis": self.name, "tier_map": ctx.tier_map.name, "tiers": ",".join(names),
-                                 "max_gap_s": int(self.max_gap_s), **stats}])
+        info = table_from_rows([{"analysis": self.name, "level": self.level, "tier_map": ctx.tier_map.name,
+                                 "tiers": ",".join(names), "max_gap_s": int(self.max_gap_s), **stats}])
+        return {"summary": rows_table(rows, _SUMMARY_SCHEMA), "info": info,
+                "hist": bin_table(hists["hist"], lo, hi, "change", "pairs", _HIST_SCHEMA, tier=hists["tier"],
+                                  resource=hists["resource"])}
+
+    def _finalize_cluster(self, partial: dict[str, Any]) -> dict[str, pa.Table]:
+        sums = np.asarray(partial["sums"], np.float64)
+        windows = sums[2]
+        present = np.flatnonzero(windows > 0)
+        values = [np.where(windows - sums[3] > 0, sums[0], np.nan), np.where(windows - sums[4] > 0, sums[1], np.nan)]
+        k = present[:-1][present[1:] == present[:-1] + 1]
+        tot = _count_pairs([(v[k], v[k + 1]) for v in values])
+        n = int(present.shape[0])
+        stats = {**dict(zip(_CSTATS, (int(v) for v in np.asarray(partial["stats"])), strict=True)),
+                 "periods": n, "pairs": int(k.shape[0]), "gaps": max(n - 1 - int(k.shape[0]), 0)}
+        return self._tables([("all", tot)], stats)
+
+    def _tables(self, groups: list[tuple[str, dict[str, np.ndarray]]], stats: dict[str, int]) -> dict[str, pa.Table]:
+        """The summary, hist and info tables of the cluster and machine levels (``groups``: (tier,
+        the counts of :func:`_count_pairs`))."""
+        lo = np.maximum(np.concatenate([[0.0], RATIO_EDGES]) - 1.0, -1.0)
+        hi = np.concatenate([RATIO_EDGES, [np.inf]]) - 1.0
+        rows: list[dict[str, Any]] = []
+        hists: dict[str, list[Any]] = {"hist": [], "tier": [], "resource": []}
+        for tier, c in groups:
+            for j, (res, _) in enumerate(RESOURCES):
+                cnt = c["counts"][j]
+                if not cnt[0]:
+                    continue
+                row: dict[str, Any] = {"tier": tier, "resource": res, **{f: int(cnt[q]) for q, f in enumerate(_COUNTS)}}
+                n = int(cnt[4])
+                for q, h in enumerate(THRESHOLDS):
+                    row[f"within_{round(h * 100)}pct"] = int(c["within"][j, q]) / n if n else np.nan
+                row["mean_change"] = float(c["rsum"][j]) / n if n else np.nan
+                row.update({f"p{q}_change": float(v)
+                            for q, v in bin_quantile_edges(c["hist"][j], lo, (1, 10, 50, 90, 99)).items()})
+                rows.append(row)
+                for hk, hv in (("hist", c["hist"][j]), ("tier", tier), ("resource", res)):
+                    hists[hk].append(hv)
+        info = table_from_rows([{"analysis": self.name, "level": self.level, "period_s": PERIOD_US // 1_000_000,
+                                 **stats}])
         return {"summary": rows_table(rows, _SUMMARY_SCHEMA), "info": info,
                 "hist": bin_table(hists["hist"], lo, hi, "change", "pairs", _HIST_SCHEMA, tier=hists["tier"],
                                   resource=hists["resource"])}
 
     def summary(self, result: dict[str, Any]) -> str:
         info = as_arrow(result["info"]).to_pylist()[0]
-        lines = [f"{self.label}: {info['pairs']:,} pairs of consecutive windows of {info['instances']:,} instances "
-                 f"({info['rows']:,} windows; {info['gaps']:,} gaps over {int(info['max_gap_s'])} s), "
-                 f"tier map {info['tier_map']!r}"]
+        if self.level == "instance":
+            head = (f"{self.label}: {info['pairs']:,} pairs of consecutive windows of {info['instances']:,} instances "
+                    f"({info['rows']:,} windows; {info['gaps']:,} gaps over {int(info['max_gap_s'])} s), "
+                    f"tier map {info['tier_map']!r}")
+        else:
+            of = f"{info['machines']:,} machines' " if self.level == "machine" else "the cluster's "
+            head = (f"{self.label}: {info['pairs']:,} pairs of consecutive 300 s periods of {of}usage "
+                    f"({info['periods']:,} periods with usage, {info['gaps']:,} gaps; {info['used_rows']:,} of "
+                    f"{info['rows']:,} windows)")
+        lines = [head]
         for r in as_arrow(result["summary"]).to_pylist():
             lines.append(f"  {r['tier']:>8} {r['resource']}: {r['defined']:,} defined changes, within ±20%: "
                          f"{fmt(r['within_20pct'], '.1%')}, within ±5%: {fmt(r['within_5pct'], '.1%')}, "
                          f"median {fmt(r['p50_change'], '+.3f')}")
         return "\n".join(lines)
+
+
+#: Counters of the machine level's usage rows (machine-utilization's).
+_MSTATS = ("rows", "alloc_rows", "short_rows", "unbounded_rows", "unplaced_rows", "unknown_machine_rows", "used_rows")
+
+
+def _count_pairs(ab: list[tuple[np.ndarray, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Per resource (``ab[j]``: the earlier and later values of its pairs, NaN unknown): the
+    counts of :data:`_COUNTS`, the counts within each threshold, the ratio bins and the sum of the
+    relative changes (host arrays, summed to merge), as the instance level counts them."""
+    counts = np.zeros((_R, len(_COUNTS)), np.int64)
+    within = np.zeros((_R, _H), np.int64)
+    hist = np.zeros((_R, _B), np.int64)
+    rsum = np.zeros(_R)
+    for j, (a, b) in enumerate(ab):
+        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+        known = np.isfinite(a) & np.isfinite(b)
+        zero = known & (a == 0)
+        defined = known & (a != 0)
+        counts[j] = [a.shape[0], int(np.count_nonzero(~known)), int(np.count_nonzero(zero & (b == 0))),
+                     int(np.count_nonzero(zero & (b != 0))), int(np.count_nonzero(defined))]
+        ratio = b[defined] / a[defined]
+        r = ratio - 1.0
+        within[j] = [int(np.count_nonzero(np.abs(r) <= h)) for h in THRESHOLDS]
+        hist[j] = np.bincount(log_bins(np, RATIO_EDGES, ratio), minlength=_B)
+        rsum[j] = float(r.sum())
+    return {"counts": counts, "within": within, "hist": hist, "rsum": rsum}
 
 
 #: The result tables' columns and types (an empty table keeps them).

@@ -166,8 +166,10 @@ SECTIONS: dict[str, Section] = {
         "memory usage over the limit (Borg Figure 11). Table: shares above the limit and at most half of it.",
         _usage_vs_request),
     "usage-change": Section(
-        "How much an instance's usage changes from one window to the next: the share of consecutive window pairs "
-        "whose relative change is at most x, by tier (±20% shaded). Table: shares within ±5/20/50%.", _usage_change),
+        "How much usage changes from one sample to the next (level=cluster, the default: the cell's usage between "
+        "consecutive 300 s periods; machine: per machine; instance: consecutive windows of an instance, by tier): "
+        "the share of pairs whose relative change is at most x (±20% shaded). Table: shares within ±5/20/50%.",
+        _usage_change),
     "machine-shapes": Section(
         "Machines per capacity shape (normalised CPU / memory), as grouped in Google's notebook; a NULL capacity "
         "is labelled unknown. Table: the largest shapes.", _machine_shapes),

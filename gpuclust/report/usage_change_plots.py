@@ -1,5 +1,6 @@
-"""The ``usage-change`` plot: the CDF of the relative change between consecutive windows, CPU and
-memory, by tier, with the ±20% band seed 003 reads off it."""
+"""The ``usage-change`` plot: the CDF of the relative change between consecutive samples (300 s
+periods of the cluster or of a machine, or windows of an instance), CPU and memory, by tier (the
+instance level; the others have only "all"), with the ±20% band seed 003 reads off it."""
 
 from __future__ import annotations
 
@@ -13,6 +14,11 @@ from gpuclust.report.plots import new_figure, save_figure_atomic
 
 __all__ = ["plot_usage_change"]
 
+#: What a pair is, per level (the info table's ``level``; results from before the option: instance).
+_PAIRS = {"cluster": "consecutive 300 s periods of the cluster's usage",
+          "machine": "consecutive 300 s periods of a machine's usage",
+          "instance": "consecutive windows of an instance"}
+
 
 def plot_usage_change(result: dict[str, pd.DataFrame], path: Path, *, title: str = "usage-change") -> bool:
     """Two panels (CPU, memory): share of pairs whose relative change is at most x, one step line
@@ -20,6 +26,9 @@ def plot_usage_change(result: dict[str, pd.DataFrame], path: Path, *, title: str
     h, s = result["hist"], result["summary"]
     if h.empty:
         return False
+    info = result.get("info")
+    level = str(info["level"].iloc[0]) if info is not None and "level" in info and len(info) else "instance"
+    what = _PAIRS.get(level, _PAIRS["instance"])
     fig = new_figure()
     axes = fig.subplots(1, 2, sharey=True)
     for ax, res in zip(axes, ("cpu", "mem"), strict=True):
@@ -35,10 +44,10 @@ def plot_usage_change(result: dict[str, pd.DataFrame], path: Path, *, title: str
         ax.axvspan(-0.2, 0.2, color="grey", alpha=0.15)
         ax.set_xscale("symlog", linthresh=0.01)
         ax.set_xlim(-1.05, None)
-        ax.set_xlabel(f"relative change of average {res} usage, next window vs this one")
+        ax.set_xlabel(f"relative change of {res} usage, next sample vs this one")
         ax.legend(fontsize="x-small", loc="upper left")
-    axes[0].set_ylabel("share of pairs of consecutive windows")
-    set_title(fig, title, "share of consecutive window pairs whose relative usage change is at most x, by tier "
-              "(shaded: ±20%)")
+    axes[0].set_ylabel("share of pairs")
+    set_title(fig, title, f"level={level}: share of pairs of {what} whose relative usage change is at most x"
+              + (", by tier" if level == "instance" else "") + " (shaded: ±20%)")
     save_figure_atomic(fig, path)
     return True

@@ -461,7 +461,7 @@ def test_usage_change_full_sql_writes_what_gpuclust_writes(tmp_path, monkeypatch
     out = tmp_path / "duck"
     out.mkdir()
     duckdb.connect().execute(analyses_bench.usage_change_full_sql(ds, out, max_gap_s=max_gap_s))
-    res = run(ds, [create("usage-change", max_gap_s=max_gap_s)], backend="cpu")["usage-change"]
+    res = run(ds, [create("usage-change", level="instance", max_gap_s=max_gap_s)], backend="cpu")["usage-change"]
     got = {name: pq.read_table(out / f"{name}.parquet").to_pandas() for name in res}
     _same_table(got["summary"], res["summary"], ["tier", "resource"], "summary")
     _same_table(got["hist"], res["hist"], ["tier", "resource", "bin"], "hist")

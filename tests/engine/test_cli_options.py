@@ -61,6 +61,7 @@ VALID = {
     ("overcommit", "tier_map"): ("v3-doc", "v3-doc"),
     ("overcommit", "window_start_us"): ("3600000000", 3600000000),
     ("overcommit", "window_end_us"): ("7200000000", 7200000000),
+    ("usage-change", "level"): ("machine", "machine"),
     ("usage-change", "max_gap_s"): ("600", 600),
     ("usage-change", "tier_map"): ("v3-doc", "v3-doc"),
     ("usage-vs-request", "tier_map"): ("seed-002", "seed-002"),
