@@ -230,6 +230,7 @@ class Axes:
         self.xtick_override: tuple[list[float], list[str], float] | None = None
         self.ytick_override: tuple[list[float], list[str], float] | None = None  # positions, labels, size
         self.legend_spec: dict[str, Any] | None = None
+        self.grid_lw = 0.0  # > 0: grid lines at the major ticks
         self.sharex: Axes | None = None
         self._next = 0
         self._data_x: list[float] = []
@@ -293,7 +294,23 @@ class Axes:
         self._label(label, kind="line", color=color, lw=lw, dash=dash)
         self._extent(x, y)
 
-    def rects(self, x0: Any, x1: Any, y0: Any, y1: Any, *, color: str | Sequence[str] | None = None) -> None:
+    def scatter(self, x: Any, y: Any, *, marker: str = "o", size: float = 36.0, color: str | None = None,
+                alpha: float = 1.0, label: str | None = None) -> None:
+        """Markers at the points: ``o`` (disc) or ``*`` (star), ``size`` their area in pt² (as
+        matplotlib's ``s``), one size or one per point."""
+        color = _color(color) if color else self.next_color()
+        x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+        r = np.broadcast_to(np.sqrt(np.asarray(size, dtype=np.float64)) / 2, x.shape)
+        self.items.append(("markers", x, y, marker, r, color, alpha))
+        self._label(label, kind="patch", color=color, alpha=alpha)
+        self._extent(x, y)
+
+    def grid(self, lw: float = 0.3) -> None:
+        """Grey lines at the major ticks, under the data."""
+        self.grid_lw = lw
+
+    def rects(self, x0: Any, x1: Any, y0: Any, y1: Any, *, color: str | Sequence[str] | None = None,
+              label: str | None = None) -> None:
         """Filled rectangles ``[x0, x1] x [y0, y1]`` (data coordinates; an edge at 0 on a log axis
         reaches the axes' edge); ``color``: one colour or one per rectangle."""
         x0, x1, y0, y1 = np.broadcast_arrays(*(np.asarray(v, dtype=np.float64) for v in (x0, x1, y0, y1)))
@@ -302,6 +319,7 @@ class Axes:
         else:
             colors = [_color(c) for c in color]
         self.items.append(("rects", x0.ravel(), x1.ravel(), y0.ravel(), y1.ravel(), colors))
+        self._label(label, kind="patch", color=colors[0] if colors else "#000000")
         self._extent(np.concatenate([x0.ravel(), x1.ravel()]), np.concatenate([y0.ravel(), y1.ravel()]))
 
     def bar(self, x: Any, heights: Any, *, width: float = 0.8, color: str | None = None,
@@ -313,10 +331,11 @@ class Axes:
             for xx, hh, s in zip(x, h, value_labels, strict=True):
                 self.text_at(float(xx), float(hh), s, size=label_size, ha="center", va="bottom", dy=-1.5)
 
-    def barh(self, y: Any, widths: Any, *, height: float = 0.8, color: str | Sequence[str] | None = None) -> None:
+    def barh(self, y: Any, widths: Any, *, height: float = 0.8, color: str | Sequence[str] | None = None,
+             label: str | None = None) -> None:
         """Horizontal bars from 0, centred on ``y``."""
         y = np.asarray(y, dtype=np.float64)
-        self.rects(0.0, widths, y - height / 2, y + height / 2, color=color)
+        self.rects(0.0, widths, y - height / 2, y + height / 2, color=color, label=label)
 
     def text_at(self, x: float, y: float, s: str, *, size: float | str = "medium", ha: str = "left",
                 va: str = "baseline", dx: float = 0.0, dy: float = 0.0) -> None:
@@ -553,6 +572,17 @@ class Figure:
                                                      strict=True):
                     if all(math.isfinite(v) for v in (bx0, bx1, by0, by1)):
                         out.append(("poly", [(bx0, by0), (bx1, by0), (bx1, by1), (bx0, by1)], color, 1.0, clip))
+            elif kind == "markers":
+                _, mx, my, marker, radii, color, alpha = it
+                px, py = a.to_pt(mx, my)
+                n = 5 if marker == "*" else 16
+                t = np.pi / 2 + np.arange(2 * n if marker == "*" else n) * np.pi / (n if marker == "*" else n / 2)
+                k = np.where(np.arange(t.size) % 2 == 0, 1.0, 0.38) if marker == "*" else np.ones(t.size)
+                for cx, cy, r in zip(px.tolist(), py.tolist(), np.asarray(radii).tolist(), strict=True):
+                    if math.isfinite(cx) and math.isfinite(cy):
+                        pts = list(zip((cx + r * k * np.cos(t)).tolist(), (cy - r * k * np.sin(t)).tolist(),
+                                       strict=True))
+                        out.append(("poly", pts, color, alpha, clip))
             elif kind == "data_text":
                 _, xx, yy, s, size, ha, va, dx, dy = it
                 px, py = a.to_pt(xx, yy)
@@ -593,6 +623,12 @@ class Figure:
         if a.ytick_override is not None:
             yt, ylab, ysize = a.ytick_override
             yminor = []
+        if a.grid_lw:  # under everything drawn so far
+            gx = [float(a.to_pt(v, yl[0])[0]) for v in xt]
+            gy = [float(a.to_pt(xl[0], v)[1]) for v in yt]
+            out[:0] = ([("line", [(px, y0), (px, y1)], "#b0b0b0", a.grid_lw, False, clip) for px in gx if x0 <= px <= x1]
+                       + [("line", [(x0, py), (x1, py)], "#b0b0b0", a.grid_lw, False, clip) for py in gy
+                          if y0 <= py <= y1])
         for v, s in zip(xt, xlab, strict=True):
             px, _ = a.to_pt(v, yl[0])
             px = float(px)
