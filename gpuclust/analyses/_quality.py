@@ -175,6 +175,9 @@ class TableProfile(Analysis):
     row_order: bool = False
     #: tracemalloc peak of partial: 82 B/row (real 2011 task events), 66 (2011 machine events)
     row_bytes = 120
+    #: rows per partition for partitions="auto" (whole buckets): as lifecycle's replay, small
+    #: partitions keep a profile's memory flat as the events grow (docs/scale.md)
+    auto_partition_rows = 1 << 17
 
     @property
     def columns(self) -> tuple[str, ...]:
