@@ -60,7 +60,7 @@ def test_tiny_run(bench, tmp_path):
     # --append adds further repeats (medians over all) and keeps the earlier environment
     assert bench.main(["--sizes", "2e4", "--no-long-span", "--analyses", "cell-usage", "--append", "--name", "s"]) == 0
     res2 = json.loads((tmp_path / "results" / "s.json").read_text())
-    again = [r for r in res2["runs"] if r["dataset"] == "2e4" and r["analysis"] == "cell-usage" and r["layout"] == "flat"]
+    again = [r for r in res2["runs"] if r["dataset"] == "2e4" and r["analysis"] == "cell-usage" and r["layout"] == "bucketed"]
     assert sorted(r["repeat"] for r in again) == [0, 1] and len(res2["runs"]) == len(runs) + 1
     assert res2["environment"]["earlier_environments"][0]["date"] == res["environment"]["date"]
     assert "ok (2/2)" in (tmp_path / "results" / "s.md").read_text()
