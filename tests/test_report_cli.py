@@ -303,7 +303,7 @@ def test_simple_figures_cost_no_matplotlib_or_pandas_import(cell: Path) -> None:
 
     names = sorted(NATIVE)
     assert {"cell-usage", "collection-lifecycle", "data-quality", "job-usage", "lifecycle", "machine-shapes",
-            "machine-utilization", "peak-prediction", "usage-vs-request"} <= NATIVE  # the figures moved off matplotlib stay off it
+            "machine-utilization", "peak-prediction", "usage-change", "usage-vs-request"} <= NATIVE  # the figures moved off matplotlib stay off it
     code = ("import sys; from gpuclust.cli import main; "
             f"rc = main(['analyze', 'ds', *{names!r}, '--out', 'native', '--quiet', "
             # peak-prediction's oracle horizon inside the 1 h cell (the default 24 h censors every step: no figure)

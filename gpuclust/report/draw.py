@@ -195,8 +195,37 @@ def _log_label(k: int) -> str:
     return "10" + str(k).translate(_SUP)
 
 
-def _ticks(lo: float, hi: float, scale: str) -> tuple[list[float], list[str], list[float]]:
-    """Major ticks and their labels, and minor ticks (log axes), inside ``[lo, hi]``."""
+_SYMLOG_LIN = 1.0 / (1.0 - 0.1)  # matplotlib's symlog, base 10, linscale 1: the linear part's width in decades
+
+
+def _symlog(v: Any, linthresh: float) -> Any:
+    """matplotlib's ``symlog`` transform (base 10, linscale 1), in decades: linear inside
+    ``[-linthresh, linthresh]``, logarithmic outside."""
+    v = np.asarray(v, dtype=np.float64) / linthresh
+    a = np.abs(v)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(a <= 1.0, v * _SYMLOG_LIN, np.sign(v) * (_SYMLOG_LIN + np.log10(np.maximum(a, 1.0))))
+
+
+def _symlog_inverse(t: float, linthresh: float) -> float:
+    a = abs(t)
+    v = t / _SYMLOG_LIN if a <= _SYMLOG_LIN else math.copysign(10.0 ** (a - _SYMLOG_LIN), t)
+    return v * linthresh
+
+
+def _ticks(lo: float, hi: float, scale: str, linthresh: float = 1.0) -> tuple[list[float], list[str], list[float]]:
+    """Major ticks and their labels, and minor ticks (log and symlog axes), inside ``[lo, hi]``."""
+    if scale == "symlog":  # 0 and +-10^k outside the linear part, minor ticks at their multiples
+        k0 = math.ceil(math.log10(linthresh) - 1e-9)
+        k1 = math.ceil(math.log10(max(abs(lo), abs(hi), linthresh)) + 1e-9)
+        pairs = [(0.0, "0")] if lo <= 0 <= hi else []
+        for k in range(k0, k1 + 1):
+            pairs += [(sign * 10.0**k, ("\u2212" if sign < 0 else "") + _log_label(k)) for sign in (-1, 1)
+                      if lo - 1e-12 <= sign * 10.0**k <= hi + 1e-12]
+        pairs.sort()
+        minor = [sign * m * 10.0**k for k in range(k0, k1 + 1) for m in range(2, 10) for sign in (-1, 1)
+                 if lo <= sign * m * 10.0**k <= hi]
+        return [p[0] for p in pairs], [p[1] for p in pairs], minor
     if scale == "log":
         a, b = math.floor(math.log10(lo) + 1e-9), math.ceil(math.log10(hi) - 1e-9)
         major = [10.0**k for k in range(a, b + 1) if lo * (1 - 1e-9) <= 10.0**k <= hi * (1 + 1e-9)]
@@ -213,6 +242,11 @@ def _ticks(lo: float, hi: float, scale: str) -> tuple[list[float], list[str], li
     return [float(v) for v in t], [_tick_label(float(v), dec) for v in t], []
 
 
+def _scale_name(scale: str) -> str:
+    """A scale as the page's hover reads it: ``linear``, ``log``, or ``other`` (not read back)."""
+    return scale if scale in ("linear", "log") else "other"
+
+
 # ----------------------------------------------------------------------------------------- axes
 class Axes:
     """One panel: data items in data coordinates, limits, scales, labels, a legend."""
@@ -223,7 +257,8 @@ class Axes:
         self.legend_items: list[tuple[str, dict[str, Any]]] = []
         self.xlim: tuple[float | None, float | None] = (None, None)
         self.ylim: tuple[float | None, float | None] = (None, None)
-        self.xscale = self.yscale = "linear"
+        self.xscale = self.yscale = "linear"  # or "log", or "symlog" (linear inside +-linthresh)
+        self.linthresh = 1.0
         self.xlabel = self.ylabel = self.title = ""
         self.xticklabels_visible = True
         self.yticklabels_visible = True
@@ -354,8 +389,10 @@ class Axes:
 
     def axvspan(self, x0: float, x1: float, *, color: str = "0.78", alpha: float = 1.0, hatch: bool = False,
                 label: str | None = None) -> None:
-        """A band over the whole height; ``hatch``: diagonal lines instead of a fill."""
+        """A band over the whole height (its ends count for the automatic x limits, as matplotlib's);
+        ``hatch``: diagonal lines instead of a fill."""
         self.items.append(("vspan", float(x0), float(x1), _color(color), alpha, hatch))
+        self._extent([x0, x1], [])
         self._label(label, kind="hatch" if hatch else "patch", color=_color(color), alpha=alpha)
 
     def text(self, fx: float, fy: float, s: str, *, size: float | str = "medium", ha: str = "left",
@@ -376,10 +413,15 @@ class Axes:
 
     # -- limits and transforms
     def limits(self) -> tuple[tuple[float, float], tuple[float, float]]:
-        def auto(lim: tuple[float | None, float | None], data: list[float], scale: str) -> tuple[float, float]:
+        def auto(lim: tuple[float | None, float | None], data: list[float], scale: str,
+                 lt: float) -> tuple[float, float]:
             vals = [v for v in data if scale != "log" or v > 0]
             lo_d, hi_d = (min(vals), max(vals)) if vals else ((1.0, 10.0) if scale == "log" else (0.0, 1.0))
-            if scale == "log":
+            if scale == "symlog":  # the 5% margins in the transformed space
+                a, b = float(_symlog(lo_d, lt)), float(_symlog(hi_d, lt))
+                pad = 0.05 * (b - a) if b > a else 0.5
+                lo_a, hi_a = _symlog_inverse(a - pad, lt), _symlog_inverse(b + pad, lt)
+            elif scale == "log":
                 a, b = math.log10(lo_d), math.log10(hi_d)
                 pad = 0.05 * (b - a) if b > a else 0.5
                 lo_a, hi_a = 10 ** (a - pad), 10 ** (b + pad)
@@ -394,15 +436,19 @@ class Axes:
 
         src = self.sharex or self
         data_x = [v for a in self.shared() for v in a._data_x]
-        return auto(src.xlim, data_x, src.xscale), auto(self.ylim, self._data_y, self.yscale)
+        return (auto(src.xlim, data_x, src.xscale, src.linthresh),
+                auto(self.ylim, self._data_y, self.yscale, self.linthresh))
 
     def shared(self) -> list[Axes]:
         """The axes sharing this one's x axis (itself included)."""
         src = self.sharex or self
         return [src, *(a for a in self.fig.axes if a.sharex is src)]
 
-    def _f(self, v: Any, lim: tuple[float, float], scale: str) -> Any:
+    def _f(self, v: Any, lim: tuple[float, float], scale: str, linthresh: float = 1.0) -> Any:
         v = np.asarray(v, dtype=np.float64)
+        if scale == "symlog":
+            a, b = _symlog(np.asarray(lim), linthresh)
+            return (_symlog(v, linthresh) - a) / (b - a)
         if scale == "log":
             with np.errstate(divide="ignore", invalid="ignore"):
                 return (np.log10(v) - math.log10(lim[0])) / (math.log10(lim[1]) - math.log10(lim[0]))
@@ -412,8 +458,9 @@ class Axes:
         """Data -> points from the figure's top left."""
         (xl, yl) = self.limits()
         x0, y0, x1, y1 = self.box
-        xs = self.sharex.xscale if self.sharex else self.xscale
-        return x0 + self._f(x, xl, xs) * (x1 - x0), y1 - self._f(y, yl, self.yscale) * (y1 - y0)
+        src = self.sharex or self
+        return (x0 + self._f(x, xl, src.xscale, src.linthresh) * (x1 - x0),
+                y1 - self._f(y, yl, self.yscale, self.linthresh) * (y1 - y0))
 
 
 # --------------------------------------------------------------------------------------- figure
@@ -474,7 +521,7 @@ class Figure:
         need: dict[Axes, dict[str, float]] = {}
         for a in self.axes:
             (xl, yl) = a.limits()
-            _, ylabels, _ = _ticks(*yl, a.yscale)
+            _, ylabels, _ = _ticks(*yl, a.yscale, a.linthresh)
             ysize = _TICK_SIZE
             if a.ytick_override is not None:
                 _, ylabels, ysize = a.ytick_override
@@ -523,7 +570,8 @@ class Figure:
             x0, y0, x1, y1 = a.box
             xlabel = a.xlabel or next((b.xlabel for b in a.shared() if b.xlabel), "")  # a stacked panel's
             out.append({"box": [round(x0 / W, 5), round(1 - y1 / H, 5), round(x1 / W, 5), round(1 - y0 / H, 5)],
-                        "x": list(xl), "y": list(yl), "xscale": (a.sharex or a).xscale, "yscale": a.yscale,
+                        "x": list(xl), "y": list(yl), "xscale": _scale_name((a.sharex or a).xscale),
+                        "yscale": _scale_name(a.yscale),
                         "xlabel": xlabel, "ylabel": a.ylabel})
         return out
 
@@ -616,9 +664,9 @@ class Figure:
             xt, xlab, rot = a.xtick_override
             xminor: list[float] = []
         else:
-            xt, xlab, xminor = _ticks(*xl, xscale)
+            xt, xlab, xminor = _ticks(*xl, xscale, (a.sharex or a).linthresh)
             rot = 0.0
-        yt, ylab, yminor = _ticks(*yl, a.yscale)
+        yt, ylab, yminor = _ticks(*yl, a.yscale, a.linthresh)
         ysize = _TICK_SIZE
         if a.ytick_override is not None:
             yt, ylab, ysize = a.ytick_override
