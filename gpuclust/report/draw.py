@@ -69,6 +69,11 @@ def _rgb(c: str) -> tuple[int, int, int]:
     return int(c[0:2], 16), int(c[2:4], 16), int(c[4:6], 16)
 
 
+def _rgba(c: str) -> tuple[int, ...]:
+    """A colour, ``#rrggbb`` or ``#rrggbbaa`` (a translucent line's), as Pillow's RGB(A) tuple."""
+    return (*_rgb(c), int(c[7:9], 16)) if len(c) == 9 else _rgb(c)
+
+
 # ------------------------------------------------------------------- result tables, pandas or not
 def _is_arrow(t: Any) -> bool:
     return hasattr(t, "column_names")
@@ -321,9 +326,11 @@ class Axes:
         self.plot(xs, ys, label=label, color=color, lw=lw)
 
     def plot(self, x: Any, y: Any, *, label: str | None = None, color: str | None = None, lw: float = 1.5,
-             dash: bool = False) -> None:
-        """A line through the points (a NaN breaks it)."""
+             dash: bool = False, alpha: float = 1.0) -> None:
+        """A line through the points (a NaN breaks it); ``alpha`` < 1: translucent."""
         color = _color(color) if color else self.next_color()
+        if alpha < 1:
+            color += f"{round(255 * alpha):02x}"
         x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
         self.items.append(("line", x, y, color, lw, dash))
         self._label(label, kind="line", color=color, lw=lw, dash=dash)
@@ -803,6 +810,9 @@ class Figure:
                 _, pts, color, lw, dash, clip = p
                 d = "M" + " L".join(f"{n(x)} {n(y)}" for x, y in pts)
                 da = f' stroke-dasharray="{n(3.7 * lw)} {n(1.6 * lw)}"' if dash else ""
+                if len(color) == 9:  # #rrggbbaa: translucent
+                    da += f' stroke-opacity="{int(color[7:], 16) / 255:.3g}"'
+                    color = color[:7]
                 body.append(f'<path d="{d}" fill="none" stroke="{color}" stroke-width="{lw:g}"{da} '
                             f'stroke-linejoin="round"{clip_attr(clip)}/>')
             elif kind == "hatch":
@@ -882,7 +892,7 @@ class Figure:
             elif kind == "line" and p[5] is not None:
                 _, pts, color, lw, dash, clip = p
                 d, ox, oy = canvas(clip)
-                _png_line(d, [(x * k - ox, y * k - oy) for x, y in pts], _rgb(color), max(1, round(lw * k)), dash, k)
+                _png_line(d, [(x * k - ox, y * k - oy) for x, y in pts], _rgba(color), max(1, round(lw * k)), dash, k)
             elif kind == "hatch":
                 _, (hx0, hy0, hx1, hy1), color, clip = p
                 d, ox, oy = canvas(clip)
@@ -901,7 +911,7 @@ class Figure:
             kind = p[0]
             if kind == "line" and p[5] is None:
                 _, pts, color, lw, dash, _ = p
-                _png_line(d, [(x * k, y * k) for x, y in pts], _rgb(color), max(1, round(lw * k)), dash, k)
+                _png_line(d, [(x * k, y * k) for x, y in pts], _rgba(color), max(1, round(lw * k)), dash, k)
             elif kind == "rect":
                 _, (rx0, ry0, rx1, ry1), color, lw = p
                 d.rectangle([rx0 * k, ry0 * k, rx1 * k, ry1 * k], outline=_rgb(color), width=max(1, round(lw * k)))
@@ -988,7 +998,7 @@ def _clip_segment(a: tuple[float, float], b: tuple[float, float], lo: float,
     return (ax + t0 * (bx - ax), ay + t0 * (by - ay)), (ax + t1 * (bx - ax), ay + t1 * (by - ay))
 
 
-def _png_line(d: Any, pts: list[tuple[float, float]], color: tuple[int, int, int], width: int, dash: bool,
+def _png_line(d: Any, pts: list[tuple[float, float]], color: tuple[int, ...], width: int, dash: bool,
               k: float) -> None:
     if not dash:
         d.line(pts, fill=color, width=width, joint="curve" if width > 2 else None)

@@ -58,7 +58,7 @@ PLOTS: dict[str, tuple[str, str]] = {
 #: them as they are, and a run whose figures are all of these imports neither.
 NATIVE = frozenset({"cell-usage", "collection-lifecycle", "data-quality", "job-usage", "lifecycle",
                     "machine-shapes", "machine-utilization", "peak-prediction", "usage-change",
-                    "usage-vs-request"})
+                    "usage-distribution", "usage-vs-request"})
 
 
 def plot_result(name: str, result: dict[str, Any], path: Path, *, title: str | None = None) -> bool:
