@@ -299,13 +299,14 @@ def test_simple_figures_cost_no_matplotlib_or_pandas_import(cell: Path) -> None:
     """Issue 33: `gpuclust analyze` spent ~1.1 s of every run on importing matplotlib and pandas for
     its figures.  The figures of gpuclust.report.plots.NATIVE are drawn without either (PNG by
     Pillow, SVG as text), so a run of those analyses imports neither, and still writes its PNGs
-    (usage-distribution's analysis imports pandas itself: its run imports no matplotlib)."""
+    (the cpi and usage-distribution analyses import pandas themselves: their run imports no
+    matplotlib)."""
     from gpuclust.report.plots import NATIVE
 
     assert {"cell-usage", "collection-lifecycle", "data-quality", "job-usage", "lifecycle", "machine-shapes",
             "machine-utilization", "peak-prediction", "usage-change", "usage-distribution",
-            "usage-vs-request"} <= NATIVE  # the figures moved off matplotlib stay off it
-    own_pandas = {"usage-distribution"}  # analyses that import pandas themselves (not for their figure)
+            "usage-vs-request", "cpi"} <= NATIVE  # the figures moved off matplotlib stay off it
+    own_pandas = {"cpi", "usage-distribution"}  # analyses that import pandas themselves (not for their figure)
     for names, loaded in ((sorted(NATIVE - own_pandas), "[]"), (sorted(NATIVE & own_pandas), "['pandas']")):
         code = ("import sys; from gpuclust.cli import main; "
                 f"rc = main(['analyze', 'ds', *{names!r}, '--out', 'native', '--quiet', "

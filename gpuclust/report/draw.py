@@ -344,7 +344,7 @@ class Axes:
         x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
         r = np.broadcast_to(np.sqrt(np.asarray(size, dtype=np.float64)) / 2, x.shape)
         self.items.append(("markers", x, y, marker, r, color, alpha))
-        self._label(label, kind="patch", color=color, alpha=alpha)
+        self._label(label, kind="marker", color=color, alpha=alpha)
         self._extent(x, y)
 
     def grid(self, lw: float = 0.3) -> None:
@@ -751,6 +751,11 @@ class Figure:
             sx = lx + pad
             if how["kind"] == "line":
                 out.append(("line", [(sx, mid), (sx + 1.8 * size, mid)], how["color"], how["lw"], how["dash"], None))
+            elif how["kind"] == "marker":  # a disc
+                t = np.arange(16) * np.pi / 8
+                out.append(("poly", list(zip((sx + 0.9 * size + 0.4 * size * np.cos(t)).tolist(),
+                                             (mid + 0.4 * size * np.sin(t)).tolist(), strict=True)),
+                            how["color"], how.get("alpha", 1.0), None))
             elif how["kind"] == "hatch":
                 out.append(("poly", [(sx, mid - 0.35 * size), (sx + 1.8 * size, mid - 0.35 * size),
                                      (sx + 1.8 * size, mid + 0.35 * size), (sx, mid + 0.35 * size)], "#ffffff", 1.0,

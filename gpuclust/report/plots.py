@@ -56,7 +56,7 @@ PLOTS: dict[str, tuple[str, str]] = {
 #: The analyses whose plot is drawn by :mod:`gpuclust.report.draw` (no matplotlib, no pandas): it
 #: takes its result tables as Arrow tables or DataFrames, so :func:`gpuclust.report.render` leaves
 #: them as they are, and a run whose figures are all of these imports neither.
-NATIVE = frozenset({"cell-usage", "collection-lifecycle", "data-quality", "job-usage", "lifecycle",
+NATIVE = frozenset({"cell-usage", "collection-lifecycle", "cpi", "data-quality", "job-usage", "lifecycle",
                     "machine-shapes", "machine-utilization", "peak-prediction", "usage-change",
                     "usage-distribution", "usage-vs-request"})
 
