@@ -69,6 +69,26 @@ def _rgb(c: str) -> tuple[int, int, int]:
     return int(c[0:2], 16), int(c[2:4], 16), int(c[4:6], 16)
 
 
+#: matplotlib's "viridis" at 33 evenly spaced levels (interpolated linearly between them).
+_VIRIDIS = ("440154470d6048186a482374472d7b4537814240863e49893b528b375b8d33638d2f6b8e2c728e297a8e26828e23898e21918c1f"
+            "988b1fa08822a78528ae8032b67a3fbc734ec36b5ec96270cf5784d44b98d83eaddc30c2df23d8e219ece51bfde725")
+
+
+def viridis(values: Any, vmin: float, vmax: float, nan: str = "0.85") -> np.ndarray:
+    """``values`` (any shape) as viridis RGB (uint8, one more axis of 3), ``vmin`` and ``vmax`` the
+    ends of the scale (values beyond them clipped), NaN as the colour ``nan``."""
+    lut = np.frombuffer(bytes.fromhex(_VIRIDIS), dtype=np.uint8).reshape(-1, 3).astype(np.float64)
+    v = np.asarray(values, dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        t = np.clip((v - vmin) / ((vmax - vmin) or 1.0), 0.0, 1.0) * (len(lut) - 1)
+    t = np.nan_to_num(t)
+    i = np.minimum(t.astype(np.int64), len(lut) - 2)
+    f = (t - i)[..., None]
+    rgb = np.rint(lut[i] * (1 - f) + lut[i + 1] * f).astype(np.uint8)
+    rgb[np.isnan(v)] = _rgb(nan)
+    return rgb
+
+
 def _rgba(c: str) -> tuple[int, ...]:
     """A colour, ``#rrggbb`` or ``#rrggbbaa`` (a translucent line's), as Pillow's RGB(A) tuple."""
     return (*_rgb(c), int(c[7:9], 16)) if len(c) == 9 else _rgb(c)
@@ -271,6 +291,7 @@ class Axes:
         self.ytick_override: tuple[list[float], list[str], float] | None = None  # positions, labels, size
         self.legend_spec: dict[str, Any] | None = None
         self.grid_lw = 0.0  # > 0: grid lines at the major ticks
+        self.colorbar_spec: tuple[float, float, str] | None = None
         self.sharex: Axes | None = None
         self._next = 0
         self._data_x: list[float] = []
@@ -309,12 +330,12 @@ class Axes:
         self._extent([], [0.0])
 
     def stairs(self, values: Any, edges: Any, *, label: str | None = None, color: str | None = None,
-               lw: float = 1.5) -> None:
+               lw: float = 1.5, dash: bool = False) -> None:
         """A step line: ``values[i]`` over ``[edges[i], edges[i+1])``."""
         edges, v = np.asarray(edges, dtype=np.float64), np.asarray(values, dtype=np.float64)
         x = np.repeat(edges, 2)[1:-1]
         y = np.repeat(v, 2)
-        self.plot(x, y, label=label, color=color, lw=lw)
+        self.plot(x, y, label=label, color=color, lw=lw, dash=dash)
 
     def step(self, x: Any, y: Any, *, label: str | None = None, color: str | None = None, lw: float = 1.5) -> None:
         """matplotlib's ``step(x, y, where="post")``."""
@@ -346,6 +367,19 @@ class Axes:
         self.items.append(("markers", x, y, marker, r, color, alpha))
         self._label(label, kind="marker", color=color, alpha=alpha)
         self._extent(x, y)
+
+    def image(self, values: Any, extent: tuple[float, float, float, float], *, vmin: float, vmax: float,
+              nan: str = "0.85") -> None:
+        """A grid of cells coloured by value (viridis, NaN in ``nan``) over ``extent`` (x0, x1, y0,
+        y1 in data coordinates), row 0 at the bottom (matplotlib's ``imshow(origin="lower",
+        interpolation="nearest")``)."""
+        rgb = viridis(values, vmin, vmax, nan)[::-1]
+        self.items.append(("image", rgb, *(float(v) for v in extent)))
+        self._extent(extent[:2], extent[2:])
+
+    def colorbar(self, vmin: float, vmax: float, label: str = "") -> None:
+        """A viridis scale from ``vmin`` to ``vmax`` right of the axes, ``label`` beside it."""
+        self.colorbar_spec = (float(vmin), float(vmax), label)
 
     def grid(self, lw: float = 0.3) -> None:
         """Grey lines at the major ticks, under the data."""
@@ -386,7 +420,9 @@ class Axes:
 
     def axhline(self, y: float, *, color: str = "k", lw: float = 0.8, dash: bool = False,
                 label: str | None = None) -> None:
+        """A line across the axes at ``y`` (counts for the automatic y limits, as matplotlib's)."""
         self.items.append(("hline", float(y), _color(color), lw, dash))
+        self._extent([], [y])
         self._label(label, kind="line", color=_color(color), lw=lw, dash=dash)
 
     def axvline(self, x: float, *, color: str = "k", lw: float = 0.8, dash: bool = False,
@@ -480,17 +516,20 @@ class Figure:
         self.suptitle = ""
         self.grid = (1, 1)
         self.width_ratios: list[float] | None = None
+        self.height_ratios: list[float] | None = None
 
     @property
     def size_pt(self) -> tuple[float, float]:
         return self.width * 72.0, self.height * 72.0
 
     def subplots(self, rows: int = 1, cols: int = 1, *, sharex: bool = False, sharey: bool = False,
-                 width_ratios: Sequence[float] | None = None) -> list[Axes]:
+                 width_ratios: Sequence[float] | None = None,
+                 height_ratios: Sequence[float] | None = None) -> list[Axes]:
         """The axes, row by row; ``sharex``: one x axis, tick labels under the bottom row only;
         ``sharey``: y tick labels in the left column only (set the same ``ylim`` on each)."""
         self.grid = (rows, cols)
         self.width_ratios = list(width_ratios) if width_ratios else None
+        self.height_ratios = list(height_ratios) if height_ratios else None
         self.axes = [Axes(self, r, c) for r in range(rows) for c in range(cols)]
         if sharey:
             for a in self.axes:
@@ -551,12 +590,19 @@ class Figure:
             right = 8.0
             if a.legend_spec is not None and a.legend_spec["outside"]:
                 right += self._legend_size(a)[0] + 6.0
+            if a.colorbar_spec is not None:  # the bar (3% of the axes' width with its gap), ticks, labels
+                vmin, vmax, label = a.colorbar_spec
+                right += 0.03 * W + _TICK + _PAD + max(text_width(t, _TICK_SIZE) for t in
+                                                       _ticks(vmin, vmax, "linear")[1]) + _PAD
+                right += _block(label, 10.0)[1] + _PAD if label else 0.0
             head = _block(a.title, 10.0)[1] + 6.0 if a.title else 4.0
             need[a] = {"left": left, "bottom": bottom, "right": right, "top": head}
         ratios = self.width_ratios or [1.0] * cols
         col_w = [(W - 0.0) * r / sum(ratios) for r in ratios]
         col_x = [sum(col_w[:c]) for c in range(cols)]
-        row_h = (H - top) / rows
+        hr = self.height_ratios or [1.0] * rows
+        row_hs = [(H - top) * r / sum(hr) for r in hr]
+        row_y = [top + sum(row_hs[:r]) for r in range(rows)]
         for c in range(cols):
             in_col = [a for a in self.axes if a.col == c]
             left = max(need[a]["left"] for a in in_col)
@@ -565,8 +611,8 @@ class Figure:
                 in_row = [b for b in self.axes if b.row == a.row]
                 bottom = max(need[b]["bottom"] for b in in_row)
                 head = max(need[b]["top"] for b in in_row)
-                y0 = top + a.row * row_h
-                a.box = (col_x[c] + left, y0 + head, col_x[c] + col_w[c] - right, y0 + row_h - bottom)
+                y0 = row_y[a.row]
+                a.box = (col_x[c] + left, y0 + head, col_x[c] + col_w[c] - right, y0 + row_hs[a.row] - bottom)
 
     def geometry(self) -> list[dict[str, Any]]:
         """Per axes what the page's hover reads (as :func:`gpuclust.report.svg.axes_geometry`)."""
@@ -638,6 +684,10 @@ class Figure:
                         pts = list(zip((cx + r * k * np.cos(t)).tolist(), (cy - r * k * np.sin(t)).tolist(),
                                        strict=True))
                         out.append(("poly", pts, color, alpha, clip))
+            elif kind == "image":
+                _, rgb, ex0, ex1, ey0, ey1 = it
+                (ix0, ix1), (iy1, iy0) = (np.asarray(v, dtype=np.float64).tolist() for v in a.to_pt([ex0, ex1], [ey0, ey1]))
+                out.append(("image", (ix0, iy0, ix1, iy1), rgb, clip))
             elif kind == "data_text":
                 _, xx, yy, s, size, ha, va, dx, dy = it
                 px, py = a.to_pt(xx, yy)
@@ -666,6 +716,8 @@ class Figure:
                 out.append(("text", x0 + fx * (x1 - x0), y1 - fy * (y1 - y0), s, size, ha, va, color, 0.0))
         # frame, ticks, tick labels, axis labels, title
         out.append(("rect", (x0, y0, x1, y1), "#000000", 0.8))
+        if a.colorbar_spec is not None:
+            out.extend(self._colorbar_primitives(a))
         xscale = (a.sharex or a).xscale
         if a.xtick_override is not None:
             xt, xlab, rot = a.xtick_override
@@ -729,6 +781,31 @@ class Figure:
         out.extend(self._legend_primitives(a))
         return out
 
+    @staticmethod
+    def _colorbar_primitives(a: Axes) -> list[tuple[Any, ...]]:
+        """The colour scale right of the axes (as matplotlib's colorbar in an inset at axes x 1.01,
+        0.02 wide): the gradient, its frame, ticks and labels on its right, the label beside them."""
+        assert a.colorbar_spec is not None
+        vmin, vmax, label = a.colorbar_spec
+        x0, y0, x1, y1 = a.box
+        bx0 = x1 + 0.01 * (x1 - x0)
+        bx1 = bx0 + 0.02 * (x1 - x0)
+        out: list[tuple[Any, ...]] = [("image", (bx0, y0, bx1, y1), viridis(np.linspace(vmax, vmin, 256)[:, None],
+                                                                           vmin, vmax), None),
+                                      ("rect", (bx0, y0, bx1, y1), "#000000", 0.8)]
+        width = 0.0
+        for v, s in zip(*_ticks(vmin, vmax, "linear")[:2], strict=True):
+            py = y1 - (v - vmin) / ((vmax - vmin) or 1.0) * (y1 - y0)
+            if y0 - 0.5 <= py <= y1 + 0.5:
+                out.append(("line", [(bx1, py), (bx1 + _TICK, py)], "#000000", 0.8, False, None))
+                out.append(("text", bx1 + _TICK + _PAD, py, s, _TICK_SIZE, "left", "center", "#000000", 0.0))
+                width = max(width, text_width(s, _TICK_SIZE))
+        if label:
+            h = _block(label, 10.0)[1]
+            out.append(("text", bx1 + _TICK + _PAD + width + _PAD + h / 2, (y0 + y1) / 2, label, 10.0, "center",
+                        "center", "#000000", 90.0))
+        return out
+
     def _legend_primitives(self, a: Axes) -> list[tuple[Any, ...]]:
         spec = a.legend_spec
         if spec is None or not a.legend_items:
@@ -777,6 +854,10 @@ class Figure:
         path = Path(path)
         if path.suffix == ".svg":
             text = self.to_svg()
+            from gpuclust.report.svg import MAX_SVG_BYTES
+
+            if len(text) > MAX_SVG_BYTES:  # too many vectors for a page (a month of 5-min buckets): a PNG in it
+                text = self._raster_svg()
             write_atomic(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
         else:
             data = self.to_png()
@@ -827,6 +908,14 @@ class Figure:
                             f'<path d="M-1 1 L1 -1 M0 6 L6 0 M5 7 L7 5" stroke="{color}" stroke-width="1"/></pattern>')
                 body.append(f'<rect x="{n(hx0)}" y="{n(hy0)}" width="{n(hx1 - hx0)}" height="{n(hy1 - hy0)}" '
                             f'fill="url(#{pid})"{clip_attr(clip)}/>')
+            elif kind == "image":
+                import base64
+
+                _, (ix0, iy0, ix1, iy1), rgb, clip = p
+                data = base64.b64encode(_png_bytes(np.ascontiguousarray(rgb), 72)).decode("ascii")
+                body.append(f'<image x="{n(ix0)}" y="{n(iy0)}" width="{n(ix1 - ix0)}" height="{n(iy1 - iy0)}" '
+                            f'preserveAspectRatio="none" style="image-rendering:pixelated"{clip_attr(clip)} '
+                            f'href="data:image/png;base64,{data}"/>')
             elif kind == "rect":
                 _, (rx0, ry0, rx1, ry1), color, lw = p
                 body.append(f'<rect x="{n(rx0)}" y="{n(ry0)}" width="{n(rx1 - rx0)}" height="{n(ry1 - ry0)}" '
@@ -841,6 +930,17 @@ class Figure:
                 f'viewBox="0 0 {n(W)} {n(H)}" data-axes="{geometry}" data-drawn="gpuclust">'
                 f'<defs>{"".join(defs)}</defs><rect width="{n(W)}" height="{n(H)}" fill="#ffffff"/>'
                 f'<g font-family="{_FONT_FAMILY}">{"".join(body)}</g></svg>\n')
+
+    def _raster_svg(self) -> str:
+        """The figure as an SVG holding one PNG of it, with the same ``data-axes`` (the page's hover)."""
+        import base64
+
+        W, H = self.size_pt
+        png = base64.b64encode(self.to_png()).decode("ascii")
+        geometry = html.escape(json.dumps(self.geometry(), separators=(",", ":")), quote=True)
+        return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{W:g}pt" height="{H:g}pt" viewBox="0 0 {W:g} {H:g}" '
+                f'data-axes="{geometry}" data-drawn="gpuclust" data-raster="png"><image width="{W:g}" height="{H:g}" '
+                f'href="data:image/png;base64,{png}"/></svg>\n')
 
     @staticmethod
     def _baselines(y: float, s: str, size: float, va: str) -> list[float]:
@@ -898,6 +998,10 @@ class Figure:
                 _, pts, color, lw, dash, clip = p
                 d, ox, oy = canvas(clip)
                 _png_line(d, [(x * k - ox, y * k - oy) for x, y in pts], _rgba(color), max(1, round(lw * k)), dash, k)
+            elif kind == "image" and p[3] is not None:
+                _, box, rgb, clip = p
+                canvas(clip)
+                _png_image(layers[clip][0], box, rgb, k, layers[clip][2])
             elif kind == "hatch":
                 _, (hx0, hy0, hx1, hy1), color, clip = p
                 d, ox, oy = canvas(clip)
@@ -917,6 +1021,8 @@ class Figure:
             if kind == "line" and p[5] is None:
                 _, pts, color, lw, dash, _ = p
                 _png_line(d, [(x * k, y * k) for x, y in pts], _rgba(color), max(1, round(lw * k)), dash, k)
+            elif kind == "image" and p[3] is None:
+                _png_image(img, p[1], p[2], k, (0, 0))
             elif kind == "rect":
                 _, (rx0, ry0, rx1, ry1), color, lw = p
                 d.rectangle([rx0 * k, ry0 * k, rx1 * k, ry1 * k], outline=_rgb(color), width=max(1, round(lw * k)))
@@ -988,6 +1094,19 @@ def _png_bytes(rgb: np.ndarray, dpi: int) -> bytes:
     return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
             + chunk(b"pHYs", struct.pack(">IIB", ppm, ppm, 1)) + chunk(b"IDAT", zlib.compress(rows.tobytes(), 6))
             + chunk(b"IEND", b""))
+
+
+def _png_image(img: Any, box: tuple[float, float, float, float], rgb: np.ndarray, k: float,
+               offset: tuple[int, int]) -> None:
+    """Paste ``rgb`` (rows top first) scaled to ``box`` (points) without smoothing into ``img``,
+    whose top left is at ``offset`` pixels of the figure."""
+    from PIL import Image
+
+    x0, y0 = round(box[0] * k) - offset[0], round(box[1] * k) - offset[1]
+    w, h = round(box[2] * k) - offset[0] - x0, round(box[3] * k) - offset[1] - y0
+    if w > 0 and h > 0:
+        tile = Image.fromarray(np.ascontiguousarray(rgb, dtype=np.uint8), "RGB")
+        img.paste(tile.resize((w, h), Image.Resampling.NEAREST), (x0, y0))
 
 
 def _clip_segment(a: tuple[float, float], b: tuple[float, float], lo: float,

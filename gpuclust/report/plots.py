@@ -57,8 +57,8 @@ PLOTS: dict[str, tuple[str, str]] = {
 #: takes its result tables as Arrow tables or DataFrames, so :func:`gpuclust.report.render` leaves
 #: them as they are, and a run whose figures are all of these imports neither.
 NATIVE = frozenset({"cell-usage", "collection-lifecycle", "cpi", "data-quality", "job-usage", "lifecycle",
-                    "machine-shapes", "machine-utilization", "peak-prediction", "usage-change",
-                    "usage-distribution", "usage-vs-request"})
+                    "machine-shapes", "machine-utilization", "overcommit", "peak-prediction",
+                    "usage-change", "usage-distribution", "usage-vs-request"})
 
 
 def plot_result(name: str, result: dict[str, Any], path: Path, *, title: str | None = None) -> bool:
