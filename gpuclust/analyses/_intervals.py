@@ -231,12 +231,14 @@ def exact_prefix_sums(xp: Any, values: Any, at: Any) -> Any:
         if m == 0.0:
             continue
         e = int(np.frexp(m)[1])  # m < 2**e
-        x = v * 2.0 ** (_WORD_BITS - e)  # |x| < 2**31; scaling by a power of two is exact
+        # |x| < 2**31; scaling by a power of two is exact (ldexp: no power of two that overflows
+        # or underflows on its own, as 2.0 ** 1093 would for a subnormal row)
+        x = xp.ldexp(v, _WORD_BITS - e)
         hi = xp.trunc(x)
-        lo = xp.trunc((x - hi) * 2.0 ** _WORD_BITS)  # x - hi is exact; its next 31 bits
+        lo = xp.trunc(xp.ldexp(x - hi, _WORD_BITS))  # x - hi is exact; its next 31 bits
         sh = xp.cumsum(hi.astype(xp.int64))[at].astype(xp.float64)
         sl = xp.cumsum(lo.astype(xp.int64))[at].astype(xp.float64)
-        out[r] = sh * 2.0 ** (e - _WORD_BITS) + sl * 2.0 ** (e - 2 * _WORD_BITS)
+        out[r] = xp.ldexp(sh, e - _WORD_BITS) + xp.ldexp(sl, e - 2 * _WORD_BITS)
     return out
 
 

@@ -41,6 +41,12 @@ def value_rows(draw):
     return np.array(vals, dtype=np.float64)
 
 
+def test_exact_prefix_sums_of_a_subnormal_row() -> None:
+    """A row bounded by a subnormal value scales by 2**1093, which as a float factor overflows."""
+    v = np.array([[2.2253e-320, -2.2253e-320, 5e-324]])
+    assert exact_prefix_sums(np, v, np.array([0, 1, 2])).tolist() == [[2.2253e-320, 0.0, 5e-324]]
+
+
 @HYP
 @given(rows=st.lists(value_rows(), min_size=1, max_size=3), data=st.data())
 def test_exact_prefix_sums_against_rational_sums(rows, data):
