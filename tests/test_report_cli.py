@@ -124,17 +124,14 @@ def test_expected_faults_are_one_line(cell: Path, args: tuple[str, ...], message
     assert not (cell / "x-results").exists() and not (cell / "raw-results").exists(), "computed before failing"
 
 
-def test_compact_svg_keeps_text_and_drawing() -> None:
-    from gpuclust.report.svg import compact, inline_svg
+def test_inline_svg_prefixes_ids_and_drops_the_prolog() -> None:
+    from gpuclust.report.svg import inline_svg
 
     svg = ('<?xml version="1.0"?>\n<!DOCTYPE svg>\n<svg width="720pt" height="324pt" viewBox="0 0 720 324">\n'
-           ' <defs>\n  <clipPath id="p1"><rect x="1.123456" y="2.000000" width="3" height="4"/></clipPath>\n </defs>\n'
-           ' <g id="figure_1"><path d="M 1.234567 2.5 \nL 3.000001 4 \nL 5 6 \nC 1 2 3 4 5 6 \nL 7 8 \nz\n" '
-           'clip-path="url(#p1)"/>\n  <text x="1.23456">0.0125 and 1.500</text></g>\n</svg>\n')
-    c = compact(svg)
-    assert 'd="M 1.23 2.5 3 4 5 6 C 1 2 3 4 5 6 L 7 8 z"' in c  # an L after C stays
-    assert ">0.0125 and 1.500<" in c and 'x="1.12"' in c and 'y="2"' in c
-    inl = inline_svg(c, "f7-")
+           ' <defs>\n  <clipPath id="p1"><rect x="1.12" y="2" width="3" height="4"/></clipPath>\n </defs>\n'
+           ' <g id="figure_1"><path d="M 1.23 2.5 3 4" clip-path="url(#p1)"/>\n  <text x="1.23">0.0125</text></g>\n'
+           '</svg>\n')
+    inl = inline_svg(svg, "f7-")
     assert inl.startswith("<svg ") and "<?xml" not in inl and 'width="720pt"' not in inl
     assert 'id="f7-p1"' in inl and 'url(#f7-p1)' in inl and 'id="figure_1"' not in inl
 
@@ -193,21 +190,24 @@ def test_machine_heatmap_is_the_mean_per_machine_and_bucket() -> None:
 
 
 def test_a_figure_too_large_for_vectors_is_embedded_as_png(tmp_path: Path) -> None:
-    from gpuclust.report.plots import new_figure
-    from gpuclust.report.svg import inline_svg, save_svg
+    from gpuclust.report.draw import Figure
+    from gpuclust.report.svg import MAX_SVG_BYTES, inline_svg
 
-    fig = new_figure()
-    ax = fig.subplots()
-    x = np.arange(20_000)
-    ax.scatter(x, np.sin(x / 500.0) + np.random.default_rng(1).random(x.size), s=2)  # a marker each
-    ax.set_xlabel("x")
-    save_svg(fig, tmp_path / "big.svg")
+    def figure(n: int) -> Figure:
+        fig = Figure()
+        (ax,) = fig.subplots()
+        x = np.arange(n, dtype=np.float64)
+        ax.scatter(x, np.sin(x / 500.0) + np.random.default_rng(1).random(x.size), size=2)  # a marker each
+        ax.xlabel = "x"
+        return fig
+
+    figure(20_000).save(tmp_path / "big.svg")
     big = (tmp_path / "big.svg").read_text()
-    assert 'data-raster="png"' in big and "data:image/png;base64," in big and len(big) < 400_000
+    assert 'data-raster="png"' in big and "data:image/png;base64," in big and len(big) < MAX_SVG_BYTES
     assert '"xlabel":"x"' in big.replace("&quot;", '"')  # hover still reads the axes
-    save_svg(fig, tmp_path / "vector.svg", max_bytes=10**9)
+    figure(200).save(tmp_path / "vector.svg")
     assert "data-raster" not in (tmp_path / "vector.svg").read_text()
-    assert inline_svg(big, "f1-").startswith('<svg class="figure-svg" data-axes=')
+    assert inline_svg(big, "f1-").startswith('<svg class="figure-svg" ')
 
 
 def test_a_section_with_nothing_to_plot_says_why(tmp_path: Path) -> None:

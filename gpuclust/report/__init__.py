@@ -31,7 +31,7 @@ def render(results: Mapping[str, Mapping[str, pd.DataFrame]], analyses: Mapping[
     cell and trace, :func:`gpuclust.report.provenance.subject`) goes into each plot's title; ``selection`` (the
     run's time selection, as ``_run.json`` records it) lets an empty result say where the data is."""
     from gpuclust.parted import PartedTable, write_part
-    from gpuclust.tables import as_arrow, as_pandas, parquet_options
+    from gpuclust.tables import as_arrow, parquet_options
 
     folder = Path(folder)
     written: list[str] = []
@@ -56,10 +56,8 @@ def render(results: Mapping[str, Mapping[str, pd.DataFrame]], analyses: Mapping[
         summary.append(a.summary(tables) if a is not None else f"{key}: {list(tables)}")
         title = getattr(a, "label", key) + (f" · {subject}" if subject else "")
         if plots and a is not None:
-            from gpuclust.report.plots import NATIVE, plot_result
+            from gpuclust.report.plots import plot_result
 
-            if a.name not in NATIVE:  # matplotlib plots draw from DataFrames
-                tables = {t: as_pandas(v) for t, v in tables.items()}
             if plot_result(a.name, dict(tables), folder / key / f"{key}.png", title=title):
                 written.append(f"{key}/{key}.png")
             else:  # say why there is no plot (summary.txt), instead of leaving it out silently

@@ -1,4 +1,4 @@
-"""Shared pieces of the plots: the time axis, partial edge buckets, titles, "nothing to plot".
+"""Shared pieces of the plots: the time axis, partial edge buckets, labels, "nothing to plot".
 
 Every time series is drawn against *trace hours*: hours since the trace start (trace time 600 s,
 1 May 2019 00:00 PDT for v3, 1 May 2011 19:00 EDT for v2; docs/dataset.md), so a series starting
@@ -16,8 +16,7 @@ import numpy as np
 
 from gpuclust.schema import TRACE_OFFSET_US
 
-__all__ = ["TIME_LABEL", "edge_buckets", "mark_partial_buckets", "nothing_to_plot", "percent", "set_title",
-           "trace_hours", "wrap_label"]
+__all__ = ["TIME_LABEL", "edge_buckets", "nothing_to_plot", "percent", "trace_hours", "wrap_label"]
 
 #: The x label of every time series.
 TIME_LABEL = "trace hours (since the trace start)"
@@ -50,26 +49,6 @@ def edge_buckets(starts_us: Sequence[int] | np.ndarray, width_us: float, lo_us: 
     return out
 
 
-def mark_partial_buckets(ax: Any, starts_us: Any, width_us: float, lo_us: float | None = None,
-                         hi_us: float | None = None, *, label: bool = True) -> int:
-    """Shade the partial edge buckets of a series on ``ax`` (x in trace hours); returns how many."""
-    edges = edge_buckets(starts_us, width_us, lo_us, hi_us)
-    for i, (a, b, _why) in enumerate(edges):
-        ax.axvspan(trace_hours(a), trace_hours(b), facecolor="none", edgecolor="0.78", hatch="//", lw=0,
-                   label="partial bucket (data covers part of it)" if label and i == 0 else None, zorder=0.5)
-    return len(edges)
-
-
-def set_title(fig: Any, title: str, what: str | None = None) -> None:
-    """The figure's title: ``title`` (the analysis and the dataset / cell it shows) over ``what``
-    (what the figure shows), each wrapped to the figure's width so that nothing is clipped."""
-    width_chars = max(40, int(fig.get_figwidth() * 11))
-    lines = [wrap_label(title, width_chars)]
-    if what:
-        lines.append(wrap_label(what, int(width_chars * 1.15)))
-    fig.suptitle("\n".join(lines), fontsize="medium")
-
-
 def wrap_label(text: str, width: int) -> str:
     """``text`` broken into lines of at most ``width`` characters (at spaces)."""
     import textwrap
@@ -98,7 +77,8 @@ def percent(share: Any) -> str:
 
 
 def nothing_to_plot(ax: Any, reason: str) -> None:
-    """Write ``reason`` in the middle of an empty panel (and hide its ticks)."""
-    ax.text(0.5, 0.5, wrap_label(reason, 60), transform=ax.transAxes, ha="center", va="center", color="0.3")
-    ax.set_xticks([])
-    ax.set_yticks([])
+    """Write ``reason`` in the middle of an empty :mod:`gpuclust.report.draw` panel (and hide its
+    ticks)."""
+    ax.text(0.5, 0.5, wrap_label(reason, 60), ha="center", va="center", color="0.3")
+    ax.set_xticks([], [])
+    ax.set_yticks([], [])

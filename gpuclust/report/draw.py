@@ -6,9 +6,9 @@ every ``gpuclust analyze`` that writes a figure, more than the analysis itself o
 instead, from NumPy arrays, in a few milliseconds:
 
 * :meth:`Figure.save` to ``*.svg``: text as text, and the root element's ``data-axes`` carries per
-  axes its box (figure fractions, origin bottom left), limits, scales and labels, as
-  :func:`gpuclust.report.svg.save_svg` writes them for a matplotlib figure, so the report page's
-  hover reads either;
+  axes its box (figure fractions, origin bottom left), limits, scales and labels, which the report
+  page's hover reads (a drawing over :data:`gpuclust.report.svg.MAX_SVG_BYTES` is a PNG inside the
+  SVG, with the same ``data-axes``);
 * to ``*.png``: rasterised with Pillow (a matplotlib dependency, ~30 ms to import), drawn at twice
   the size and reduced, so edges and text are smooth.
 
@@ -543,7 +543,8 @@ class Figure:
         return self.axes
 
     def set_title(self, title: str, what: str | None = None) -> None:
-        """The title over ``what`` (as :func:`gpuclust.report.axes.set_title`: wrapped to the width)."""
+        """The title (the analysis and the dataset / cell it shows) over ``what`` (what the figure
+        shows), each wrapped to the figure's width so that nothing is clipped."""
         w = self.size_pt[0] - 20
         self.suptitle = "\n".join([wrap(title, w, 10.0)] + ([wrap(what, w, 10.0)] if what else []))
 
@@ -615,7 +616,7 @@ class Figure:
                 a.box = (col_x[c] + left, y0 + head, col_x[c] + col_w[c] - right, y0 + row_hs[a.row] - bottom)
 
     def geometry(self) -> list[dict[str, Any]]:
-        """Per axes what the page's hover reads (as :func:`gpuclust.report.svg.axes_geometry`)."""
+        """Per axes what the page's hover reads: box, limits, scales and labels."""
         W, H = self.size_pt
         out = []
         for a in self.axes:

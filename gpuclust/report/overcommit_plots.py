@@ -74,22 +74,13 @@ def machine_heatmap(machine: object, column: str = "alloc_ratio_cpu", *, max_row
     return image, edges, int(ids.size)
 
 
-def _nothing_to_plot(ax: Any, reason: str) -> None:
-    """:func:`gpuclust.report.axes.nothing_to_plot` for a :mod:`gpuclust.report.draw` axes."""
-    from gpuclust.report.axes import wrap_label
-
-    ax.text(0.5, 0.5, wrap_label(reason, 60), ha="center", va="center", color="0.3")
-    ax.set_xticks([], [])
-    ax.set_yticks([], [])
-
-
 def plot_overcommit(result: dict[str, Any], path: Path, *, title: str = "overcommit") -> bool:
     """Four panels: cell CPU allocation ratio by tier (stacked) with the total usage ratio, cell
     CPU usage ratio by tier (stacked), a heatmap of the allocation ratio per machine and bucket
     (:func:`machine_heatmap`), and a histogram of the machine-bucket CPU and memory
     allocation ratios (machine-buckets with a known, positive capacity).  ``False`` when the
     cell series is empty."""
-    from gpuclust.report.axes import TIME_LABEL, edge_buckets, trace_hours
+    from gpuclust.report.axes import TIME_LABEL, edge_buckets, nothing_to_plot, trace_hours
     from gpuclust.report.draw import Figure, first, names_of, numbers
 
     cell, machine, info = result["cell"], result["machine"], result["info"]
@@ -109,7 +100,7 @@ def plot_overcommit(result: dict[str, Any], path: Path, *, title: str = "overcom
     has_usage = int(first(info, "usage_rows", 0)) > 0
     for ax, kind, label in ((axes[0], "alloc", "requested / capacity"), (axes[1], "usage", "usage / capacity")):
         if kind == "usage" and not has_usage:
-            _nothing_to_plot(ax, "no usage to plot: the dataset has no instance_usage rows")
+            nothing_to_plot(ax, "no usage to plot: the dataset has no instance_usage rows")
             ax.ylabel = f"CPU {label}"
             continue
         cols = [t for t in tiers if f"{kind}_ratio_cpu_{t}" in columns
@@ -163,11 +154,11 @@ def plot_overcommit(result: dict[str, Any], path: Path, *, title: str = "overcom
 def _draw_heatmap(ax: Any, machine: Any, hours: np.ndarray) -> None:
     """CPU requested / capacity per machine (sorted by its mean) and time: where and when the
     cell is overcommitted."""
-    from gpuclust.report.axes import trace_hours
+    from gpuclust.report.axes import nothing_to_plot, trace_hours
 
     hm = machine_heatmap(machine)
     if hm is None:
-        _nothing_to_plot(ax, "no machine-bucket with a known capacity: no allocation ratio to map")
+        nothing_to_plot(ax, "no machine-bucket with a known capacity: no allocation ratio to map")
         return
     image, edges, machines = hm
     finite = image[np.isfinite(image)]

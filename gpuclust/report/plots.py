@@ -1,4 +1,4 @@
-"""Plots of analysis results (matplotlib, Agg backend, written atomically).
+"""Plots of analysis results, drawn by :mod:`gpuclust.report.draw` and written atomically.
 
 Only :func:`plot_result` is needed by callers: it dispatches on the analysis name and returns
 ``False`` when there is nothing useful to draw.
@@ -7,31 +7,9 @@ Only :func:`plot_result` is needed by callers: it dispatches on the analysis nam
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from matplotlib.figure import Figure
-
-__all__ = ["NATIVE", "PLOTS", "new_figure", "plot_result", "save_figure_atomic"]
-
-
-def new_figure() -> Figure:
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    from matplotlib.figure import Figure
-
-    return Figure(figsize=(10, 4.5), dpi=100, layout="constrained")
-
-
-def save_figure_atomic(fig: Figure, path: Path) -> None:
-    from gpuclust.report._files import write_atomic
-
-    if Path(path).suffix == ".svg":  # the HTML report's figures (text as text, axes geometry for hover)
-        from gpuclust.report.svg import save_svg
-
-        return save_svg(fig, path)
-    write_atomic(Path(path), lambda tmp: fig.savefig(tmp, format="png"))
+__all__ = ["NATIVE", "PLOTS", "plot_result"]
 
 
 #: analysis -> (module under ``gpuclust.report``, its plot function ``(result, path, *, title)``):
@@ -53,12 +31,9 @@ PLOTS: dict[str, tuple[str, str]] = {
 }
 
 
-#: The analyses whose plot is drawn by :mod:`gpuclust.report.draw` (no matplotlib, no pandas): it
-#: takes its result tables as Arrow tables or DataFrames, so :func:`gpuclust.report.render` leaves
-#: them as they are, and a run whose figures are all of these imports neither.
-NATIVE = frozenset({"cell-usage", "collection-lifecycle", "cpi", "data-quality", "job-usage", "lifecycle",
-                    "machine-shapes", "machine-utilization", "overcommit", "peak-prediction",
-                    "usage-change", "usage-distribution", "usage-vs-request"})
+#: The analyses whose plot is drawn by :mod:`gpuclust.report.draw` (no matplotlib, no pandas): every
+#: one.  A plot takes its result tables as Arrow tables or DataFrames, as the run returns them.
+NATIVE = frozenset(PLOTS)
 
 
 def plot_result(name: str, result: dict[str, Any], path: Path, *, title: str | None = None) -> bool:
