@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["backend_quantiles", "backend_quantiles_many", "sorted_quantiles", "stream_quantiles", "stream_quantiles_many"]
+__all__ = ["backend_quantiles", "backend_quantiles_many", "device_quantiles_many", "sorted_quantiles", "stream_quantiles", "stream_quantiles_many"]
 
 _SIGN = np.uint64(1 << 63)
 
@@ -323,9 +323,16 @@ def backend_quantiles_many(be: Any, batches: Callable[[], Iterable[Sequence[np.n
         for j, b in enumerate(group):
             if b.size:
                 parts[j].append(be.asarray(b))
-    out = np.full((k, len(qs)), np.nan)
-    for j in range(k):
-        r = _device_quantiles(be, parts[j], qs)
+    return device_quantiles_many(be, parts, qs)
+
+
+def device_quantiles_many(be: Any, parts: Sequence[Sequence[Any]], qs: Sequence[float]) -> np.ndarray:
+    """The linear-method quantiles of each stream, ``parts[j]`` its values as device arrays of
+    backend ``be``: one sort a stream there, only the order statistics coming back (NaN rows for
+    streams without values)."""
+    out = np.full((len(parts), len(qs)), np.nan)
+    for j, p in enumerate(parts):
+        r = _device_quantiles(be, [a for a in p if int(a.shape[0])], qs)
         if r is not None:
             out[j] = r
     return out

@@ -36,15 +36,19 @@ from generic_backend import CPU, SHAPED_XP, check_ufunc_method
 
 from gpuclust.backends import Backend
 
-__all__ = ["DEVICE", "DEVICE_GPU", "WORK", "DeviceArray", "counting_device_work", "mark_partials_gpu"]
+__all__ = ["DEVICE", "DEVICE_GPU", "WORK", "DeviceArray", "column_bytes", "counting_device_work", "mark_partials_gpu",
+           "result_bytes"]
 
 #: Device work counted inside :func:`counting_device_work`: ``ops``, the device-array operations
 #: (ufuncs, array functions and methods, array creation, gathers and scatters: each one kernel
 #: launch or more on CuPy, ~10 us of host time apiece); ``kernels``, the backend's ops (custom
 #: kernels); ``syncs``, device values read on the host (``bool`` / ``int`` / ``float`` / an index
-#: of a device array, ``get``: each waits for the device); and ``device_s``, the seconds spent
+#: of a device array, ``get``: each waits for the device); ``device_s``, the seconds spent
 #: inside those operations here (on NumPy: what a device would do, the copies included), so that
-#: the rest of a run's time is what stays on the host.
+#: the rest of a run's time is what stays on the host; ``h2d_bytes``, host arrays copied to the
+#: device (``asarray`` / ``stage`` of a host array, a host array assigned into a device one, used
+#: as an index or given to a kernel); and ``d2h_bytes``, device bytes read on the host (``get`` /
+#: ``to_host`` and the scalar syncs).
 WORK: Counter[str] = Counter()
 _counting = [False]
 _nesting = threading.local()
@@ -80,9 +84,20 @@ def _op(kind: str) -> Iterator[None]:
             WORK["device_s"] += time.perf_counter() - start
 
 
-def _count(kind: str) -> None:
+def _count(kind: str, n: int = 1) -> None:
     if _counting[0]:
-        WORK[kind] += 1
+        WORK[kind] += n
+
+
+def _host_bytes(x: Any) -> int:
+    """The bytes of the host arrays (one or more dimensions) in ``x``: what a device copies in."""
+    if isinstance(x, np.ndarray):
+        return x.nbytes if x.ndim > 0 else 0
+    if isinstance(x, (list, tuple)):
+        return sum(_host_bytes(v) for v in x)
+    if isinstance(x, dict):
+        return sum(_host_bytes(v) for v in x.values())
+    return 0
 
 
 def _basic(key: Any) -> bool:
@@ -136,6 +151,7 @@ class DeviceArray(np.lib.mixins.NDArrayOperatorsMixin):
 
     # ---- what CuPy arrays have and NumPy ones lack
     def get(self) -> np.ndarray:
+        _count("d2h_bytes", self.data.nbytes)
         with _op("syncs"):
             return self.data.copy()
 
@@ -181,10 +197,12 @@ class DeviceArray(np.lib.mixins.NDArrayOperatorsMixin):
     def __getitem__(self, key: Any) -> Any:
         if _basic(key):  # a view
             return _dev(self.data[_data(key)])
+        _count("h2d_bytes", _host_bytes(key))
         with _op("ops"):  # a gather
             return _dev(self.data[_data(key)])
 
     def __setitem__(self, key: Any, value: Any) -> None:
+        _count("h2d_bytes", _host_bytes(key) + _host_bytes(value))
         with _op("ops"):
             self.data[_data(key)] = _data(value)
 
@@ -196,18 +214,22 @@ class DeviceArray(np.lib.mixins.NDArrayOperatorsMixin):
 
     def __bool__(self) -> bool:
         _count("syncs")
+        _count("d2h_bytes", self.data.itemsize)
         return bool(self.data)
 
     def __int__(self) -> int:
         _count("syncs")
+        _count("d2h_bytes", self.data.itemsize)
         return int(self.data)
 
     def __float__(self) -> float:
         _count("syncs")
+        _count("d2h_bytes", self.data.itemsize)
         return float(self.data)
 
     def __index__(self) -> int:
         _count("syncs")
+        _count("d2h_bytes", self.data.itemsize)
         return self.data.__index__()
 
     def __repr__(self) -> str:
@@ -229,7 +251,9 @@ def _asarray(a: Any, dtype: Any = None, **kw: Any) -> Any:
         with _op("ops"):
             return DeviceArray(a.data.astype(dtype))
     with _op("ops"):  # a host-to-device copy
-        return DeviceArray(np.array(_data(a), dtype=dtype, **kw))
+        out = DeviceArray(np.array(_data(a), dtype=dtype, **kw))
+    _count("h2d_bytes", out.data.nbytes)
+    return out
 
 
 XP = types.ModuleType("device_shaped", "The CuPy-shaped module, its results device arrays.")
@@ -256,6 +280,7 @@ class _DeviceOps:
             return op
 
         def call(*args: Any, **kw: Any) -> Any:
+            _count("h2d_bytes", _host_bytes(args) + _host_bytes(kw))
             with _op("kernels"):
                 return _dev(op(*_data(args), **_data(kw)))
         return call
@@ -264,7 +289,12 @@ class _DeviceOps:
 @dataclasses.dataclass(frozen=True)
 class _DeviceBackend(Backend):
     def stage(self, a: np.ndarray) -> Any:
-        return _asarray(a)
+        """As the gpu's: the device copy of a host array made once for the life of that array."""
+        from gpuclust.backends import _staged
+
+        if isinstance(a, DeviceArray):
+            return a
+        return _staged.get(a, _asarray, ("device-shaped",))
 
     def to_host(self, a: Any) -> np.ndarray:
         return a.get() if isinstance(a, DeviceArray) else np.asarray(a)
@@ -310,3 +340,24 @@ def resolve_gpu_to_device(monkeypatch: Any) -> None:
 
     monkeypatch.setattr(backends, "get_backend", get_backend)
     monkeypatch.setattr(backends, "available_backend", available_backend)
+
+
+def column_bytes(ds: Any, analysis: Any) -> int:
+    """Bytes in backend memory of the columns ``analysis`` reads from its table, every row of
+    dataset ``ds`` (what its load must copy to a device at the least)."""
+    from gpuclust.engine.staging import column_dtypes
+
+    cols = sorted(set(analysis.columns) | set(analysis.context_columns))
+    rows = ds.num_rows(analysis.table)
+    return int(sum(rows * dt.itemsize for dt in column_dtypes(analysis.table, cols).values()))
+
+
+def result_bytes(res: dict[str, Any]) -> int:
+    """Bytes of an analysis' result tables (pandas or Arrow)."""
+    total = 0
+    for t in res.values():
+        if hasattr(t, "nbytes"):  # Arrow
+            total += int(t.nbytes)
+        elif hasattr(t, "memory_usage"):
+            total += int(t.memory_usage(index=False, deep=False).sum())
+    return total

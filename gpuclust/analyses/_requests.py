@@ -95,6 +95,16 @@ class RequestTimeline:
     urun: np.ndarray = field(default_factory=lambda: np.array([[-1, *[np.iinfo(np.int64).min] * 3, 0]]))
     #: the most events of one instance, less one
     max_span: int = 0
+    #: host arrays derived from the timeline, made once (:meth:`derived`)
+    _derived: dict[Any, np.ndarray] = field(default_factory=dict, compare=False, repr=False)
+
+    def derived(self, key: Any, make: Any) -> np.ndarray:
+        """``make()``, a host array derived from this timeline, made once per ``key``: the same
+        array object on every partition, so that ``Backend.stage`` copies it to a device once."""
+        out = self._derived.get(key)
+        if out is None:
+            out = self._derived[key] = make()
+        return out
 
     @classmethod
     def build(cls, side: Any, extra: Sequence[str] = ()) -> RequestTimeline:
@@ -307,7 +317,9 @@ def asof_events(backend: Any, rq: RequestTimeline, collection: Any, instance: An
     """Per flag (a boolean host array over ``rq``'s events) and per window (``collection``,
     ``instance``, ``start`` on ``backend.xp``): ``(hit, event)``, whether its instance has a flagged
     event at or before ``start`` and the index in ``rq`` of the latest one (0 where none), both in
-    window order.  (``what`` names the caller; kept for its signature.)"""
+    window order.  ``what`` names the caller, whose flags must be the same on every call (they
+    are derived from ``rq``): each flag's latest-event table is made once per timeline and
+    caller, and so copied to a device once."""
     xp = backend.xp
     n = int(start.shape[0])
     ne = int(rq.key.shape[0])
@@ -315,8 +327,9 @@ def asof_events(backend: Any, rq: RequestTimeline, collection: Any, instance: An
         return [(xp.zeros(n, dtype=bool), xp.zeros(n, dtype=xp.int64)) for _ in flags]
     j = asof_index(backend, rq, collection, instance, start)
     out = []
-    for flag in flags:
-        prev = backend.stage(np.append(rq.latest(flag), -1))  # the last row (j = -1): no event
+    for k, flag in enumerate(flags):
+        # the last row (j = -1): no event
+        prev = backend.stage(rq.derived(("latest", what, k), lambda f=flag: np.append(rq.latest(f), -1)))
         ev = prev[j]
         hit = ev >= 0
         out.append((hit, xp.maximum(ev, 0)))

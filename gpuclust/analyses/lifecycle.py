@@ -232,13 +232,16 @@ class Lifecycle(Analysis):
 
     # ---------------------------------------------------------------- partial / merge
     def empty(self, backend: Any = None) -> dict[str, Any]:
+        """The empty partial, its dense arrays in ``backend``'s memory (made there: nothing is
+        copied to a device); the keyed series stay host arrays."""
         t = _T  # trimmed to the context's tiers at finalize
-        return {"events": np.zeros((t, _NE), np.int64), "transitions": np.zeros((t, _NE, _NE), np.int64),
-                "episodes": np.zeros((t, _D), np.int64), "hist": np.zeros((t, _D, _B), np.int64),
-                "dur_sum": np.zeros((t, _D)), "dur_min": np.full((t, _D), _I64_MAX, np.int64),
-                "dur_max": np.full((t, _D), -1, np.int64), "instances": np.zeros(t, np.int64),
+        xp = np if backend is None else backend.xp
+        return {"events": xp.zeros((t, _NE), np.int64), "transitions": xp.zeros((t, _NE, _NE), np.int64),
+                "episodes": xp.zeros((t, _D), np.int64), "hist": xp.zeros((t, _D, _B), np.int64),
+                "dur_sum": xp.zeros((t, _D)), "dur_min": xp.full((t, _D), _I64_MAX, np.int64),
+                "dur_max": xp.full((t, _D), -1, np.int64), "instances": xp.zeros(t, np.int64),
                 "series": {"key": np.zeros(0, np.int64), **{f: np.zeros(0, np.int64) for f in SERIES_FIELDS}},
-                "counters": np.zeros(len(_COUNTERS), np.int64)}
+                "counters": xp.zeros(len(_COUNTERS), np.int64)}
 
     def partial(self, cols: dict[str, Any], ctx: LifecycleContext, backend: Any) -> dict[str, Any]:
         """The replay of a partition's events; on host arrays (the cpu backend) from
@@ -259,7 +262,7 @@ class Lifecycle(Analysis):
 
     def _replay(self, cols: dict[str, Any], ctx: LifecycleContext, backend: Any) -> dict[str, Any]:
         xp, ops = backend.xp, backend.ops
-        out: dict[str, Any] = {k: (v if k == "series" else xp.asarray(v)) for k, v in self.empty().items()}
+        out: dict[str, Any] = self.empty(backend)
         T = _T
         unknown = len(ctx.tier_map.names)
         counters = dict.fromkeys(_COUNTERS, 0)

@@ -64,7 +64,7 @@ from gpuclust.analyses.base import Analysis, fmt, host_or_device, is_null_int, r
 from gpuclust.analyses.grouping import bucket_grid, bucket_span, isin_sorted, unique_sorted
 from gpuclust.analyses.options import option, tier_map_option
 from gpuclust.arrow_numpy import schema_table, table, table_from_rows
-from gpuclust.backends import backend_of, finalize_backend, merged_backend
+from gpuclust.backends import finalize_backend, merged_backend
 from gpuclust.parted import array_batches, finalize_in_memory, key_bounds
 from gpuclust.partials import keyed_reduce, merge_keyed
 from gpuclust.schema import TIME_AFTER_TRACE, TierMap, tier_map
@@ -78,12 +78,15 @@ TRACE_START_US = 600_000_000
 #: small partition's blocks are also held to 2 cells per row (2^16 at least), as its keyed rows.
 CELL_LIMIT = 1 << 20
 #: Machine-buckets of one shard of the machine table (one Parquet part; a shard task holds its
-#: keyed partials, ~0.1-0.5 KB per machine-bucket, and one chunk of rows at a time).
+#: keyed partials, ~0.1-0.5 KB per machine-bucket, and one chunk of rows at a time); x
+#: :data:`DEVICE_SHARD_FACTOR` where the partials were computed on a device.
 SHARD_CELLS = 1 << 18
+DEVICE_SHARD_FACTOR = 4
 #: Machine-buckets finalize handles at a time, one row group of the machine table (its dense
 #: temporaries and rows are ~2 KB per one of these), per backend: cache-sized on the host; on a
-#: device a whole shard (:data:`SHARD_CELLS`) at once, a few large launches.
-FINALIZE_CELLS = {"cpu": 1 << 15, "gpu": 1 << 18}
+#: device a whole shard at once (2 GB of temporaries), a few large launches (~500 operations a
+#: chunk whatever its size).
+FINALIZE_CELLS = {"cpu": 1 << 15, "gpu": 1 << 20}
 #: A ratio counts as "over capacity" when it exceeds 1 by more than this (float rounding).
 OVER_EPS = 1e-9
 QUANTILES = (0.5, 0.9, 0.99, 1.0)
@@ -184,8 +187,8 @@ class OvercommitContext:
     """What partials need (machine / tier lookups, bucket grid), what ``bind`` added, and the
     capacity intervals the shards of the machine table are finalized from.
 
-    ``client_intervals`` (the interval partial of a flat source, bound on the client: one entry
-    per running piece) is dropped when the context is pickled to a worker; the engine merges it
+    ``client_events`` (the instance events of a flat source, bound on the client) is dropped when
+    the context is pickled to a worker; the engine merges their interval partial
     (:meth:`Overcommit.client_partial`) before the shards are reduced.
     """
 
@@ -211,14 +214,14 @@ class OvercommitContext:
     #: the event columns of this partition's instances (``bind`` on a bucketed source, host
     #: arrays): the partial builds their running pieces on its backend and emits their sums
     events: dict[str, np.ndarray] | None = None
-    #: client only: the interval partial of all instances (``bind`` on a flat source); merged
-    #: before the shards (:meth:`Overcommit.client_partial`)
-    client_intervals: dict[str, Any] | str | None = None
+    #: client only: the event columns of all instances (``bind`` on a flat source, host arrays);
+    #: their interval partial is merged before the shards (:meth:`Overcommit.client_partial`)
+    client_events: dict[str, np.ndarray] | str | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         d = dict(self.__dict__)
-        if d["client_intervals"] is not None:  # client only (one per instance): merged before the shards
-            d["client_intervals"] = _DROPPED
+        if d["client_events"] is not None:  # client only (one per event): merged before the shards
+            d["client_events"] = _DROPPED
         return d
 
     def __setstate__(self, d: dict[str, Any]) -> None:
@@ -327,8 +330,8 @@ class Overcommit(Analysis):
     def bind(self, ctx: OvercommitContext, side: dict[str, Any], grain: str | None) -> OvercommitContext:
         """The usage tier lookup, and the instances in ``side``: this partition's event columns
         (``grain="instance"``: the partial builds their running pieces on its backend, the GPU's
-        under ``backend="gpu"``, and emits their sums) or the interval partial of all of them
-        (flat source, on the client, on the host: finalize merges it)."""
+        under ``backend="gpu"``, and emits their sums) or all of them (flat source, on the client:
+        finalize merges their interval partial, built where the partials were)."""
         ev = side["instance_events"]
         T = ctx.n_tiers
         # usage tier lookup: MAX(priority) per (collection, instance, machine), as cell-usage
@@ -339,7 +342,7 @@ class Overcommit(Analysis):
         ecols.update({c: to_f64(t.column(c)) for c in ("priority", "req_cpu", "req_mem")})
         del t
         if grain is None:
-            return replace(ctx, lookup=lookup, client_intervals=self._intervals(backend_of(ecols["time"]), ecols, ctx))
+            return replace(ctx, lookup=lookup, client_events=ecols)
         return replace(ctx, lookup=lookup, events=ecols)
 
     def _intervals(self, backend: Any, ecols: dict[str, Any], ctx: OvercommitContext) -> dict[str, Any]:
@@ -509,44 +512,50 @@ class Overcommit(Analysis):
                 "backend": merged_backend(a["backend"], b["backend"])}
 
     def shards(self, ctx: OvercommitContext, rest: dict[str, Any]) -> list[tuple[int, int]]:
-        """Ranges of machine codes of about :data:`SHARD_CELLS` machine-buckets each."""
+        """Ranges of machine codes of about :data:`SHARD_CELLS` machine-buckets each (x
+        :data:`DEVICE_SHARD_FACTOR` where the partials were computed on a device)."""
         M, B = int(ctx.machine_ids.shape[0]), max(int(ctx.n_buckets), 1)
-        step = max(1, SHARD_CELLS // B)
+        step = max(1, SHARD_CELLS * (DEVICE_SHARD_FACTOR if rest.get("backend", "cpu") != "cpu" else 1) // B)
         return [(m0, min(M, m0 + step)) for m0 in range(0, M, step)] or [(0, 0)]
 
     def key_range(self, ctx: OvercommitContext, name: str, lo: int, hi: int) -> tuple[int, int]:
         per = (ctx.n_tiers if name in ("usage", "req") else 1) * ctx.n_buckets
         return lo * per, hi * per
 
-    def client_partial(self, ctx: OvercommitContext) -> dict[str, Any] | None:
-        if ctx.client_intervals is None:  # bucketed source: the partitions carry the intervals
+    def client_partial(self, ctx: OvercommitContext, backend: Any = None) -> dict[str, Any] | None:
+        """The interval partial of a flat source's instances, built on ``backend`` (default: the
+        host's; a gpu finalize's on the device, so that only the event columns are copied there,
+        not the keyed sums they expand into)."""
+        if ctx.client_events is None:  # bucketed source: the partitions carry the intervals
             return None
-        if isinstance(ctx.client_intervals, str):
-            raise RuntimeError("overcommit: this context was pickled without the intervals bound on the client; "
+        if isinstance(ctx.client_events, str):
+            raise RuntimeError("overcommit: this context was pickled without the events bound on the client; "
                                "finalize with the client's context")
-        return {**self.empty(), **ctx.client_intervals}
+        be = finalize_backend("cpu") if backend is None else backend
+        return {**self.empty(be), **self._intervals(be, {k: be.stage(v) for k, v in ctx.client_events.items()}, ctx)}
 
     #: its keyed sums are ~24 B a window (240 MB at 10^7), which a gpu study would otherwise copy
     #: to the host and back to the device for the dense tables of :meth:`finalize_shard`
     device_partial = True
 
     def finalize(self, partial: dict[str, Any], ctx: OvercommitContext) -> dict[str, Any]:
-        cp = self.client_partial(ctx)
+        cp = self.client_partial(ctx, finalize_backend(partial["backend"]))
         if cp is not None:
             if any(int(partial[k]["key"].shape[0]) for k in ("req", "inst")):
-                partial = self.merge(to_host(partial), cp)  # intervals on both sides: merged on the host
+                partial = self.merge(to_host(partial), to_host(cp))  # intervals on both sides: merged on the host
             else:
                 # a flat source: its partitions carry no intervals, the client's take their place
-                # (what the merge gives), and the usage sums stay where they are (device_partial)
+                # (what the merge gives), and the sums stay where they were built (device_partial)
                 partial = {**partial, "req": cp["req"], "inst": cp["inst"],
-                           "istats": to_host(partial["istats"]) + cp["istats"]}
+                           "istats": to_host(partial["istats"]) + to_host(cp["istats"])}
         return finalize_in_memory(self, partial, ctx, client=False)
 
-    def _grid(self, ctx: OvercommitContext) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Absolute bucket numbers, bucket starts, and the seconds of each bucket in the window."""
-        bucket = ctx.origin // ctx.width + np.arange(ctx.n_buckets, dtype=np.int64)
+    def _grid(self, ctx: OvercommitContext, xp: Any = np) -> tuple[Any, Any, Any]:
+        """Absolute bucket numbers, bucket starts, and the seconds of each bucket in the window
+        (made in ``xp``'s memory: nothing copied to a device)."""
+        bucket = ctx.origin // ctx.width + xp.arange(ctx.n_buckets, dtype=np.int64)
         bstart = bucket * ctx.width
-        L = (np.minimum(bstart + ctx.width, ctx.window_end) - np.maximum(bstart, ctx.window_start)).astype(np.float64) / 1e6
+        L = (xp.minimum(bstart + ctx.width, ctx.window_end) - xp.maximum(bstart, ctx.window_start)).astype(np.float64) / 1e6
         return bucket, bstart, L
 
     def finalize_shard(self, keyed: dict[str, dict[str, np.ndarray]], rest: dict[str, Any], ctx: OvercommitContext,
@@ -564,14 +573,14 @@ class Overcommit(Analysis):
             if int(key.shape[0]) and (int(key.max()) >= M * per * B or int(key.min()) < 0):
                 raise ValueError(f"overcommit: {k} partial does not match the context (key out of range)")
         be = finalize_backend(rest["backend"])
-        acc = _CellSums(be.xp, B, T)
+        acc = _CellSums(be.xp, B, T, keep_ratios=be.name != "cpu")  # on a device: the summary's ratios stay there
         return {"machine": self._machine_rows(be, keyed, rest, ctx, lo, hi, acc)}, acc
 
     def _machine_rows(self, be: Any, keyed: dict[str, dict[str, np.ndarray]], rest: dict[str, Any],
                       ctx: OvercommitContext, lo: int, hi: int, acc: _CellSums) -> Iterator[pa.Table]:
         xp = be.xp
         tiers = list(ctx.tier_names)
-        bucket, _, L = (be.asarray(a) for a in self._grid(ctx))
+        bucket, _, L = self._grid(ctx, xp)
         has_usage = int(rest["stats"][STATS.index("usage_rows")]) > 0
         step = max(1, FINALIZE_CELLS[be.name] // max(ctx.n_buckets, 1))
         if hi <= lo:  # no machines: one empty frame (the columns)
@@ -602,6 +611,7 @@ class Overcommit(Analysis):
                 for col in _TIER_COLS:
                     cols[f"{col}_{t}"] = d[col][mi, k, bi]
             acc.add(d, pres)
+            acc.add_ratios(cols, tiers)
             del d
             n_rows = int(mi.shape[0])
             host = {c: be.to_host(cols[c]) for c in _machine_columns(tiers)}
@@ -633,7 +643,8 @@ class Overcommit(Analysis):
             for c in cell:
                 if c.startswith(_USAGE_PREFIXES):
                     cell[c] = np.full(ctx.n_buckets, np.nan)
-        summary = _summary(finalize_backend(rest["backend"]), tables["machine"], tiers, has_usage=has_usage)
+        summary = _summary(finalize_backend(rest["backend"]), tables["machine"], tiers, has_usage=has_usage,
+                           ratios=acc.ratios)
         info = table_from_rows([{
             "analysis": self.name, "tier_map": ctx.tier_map.name, "tiers": ",".join(tiers),
             "bucket_s": int(self.bucket_s), "window_start_us": ctx.window_start, "window_end_us": ctx.window_end,
@@ -732,7 +743,13 @@ _SUMMARY_SCHEMA = pa.schema([("metric", pa.string()), ("resource", pa.string()),
                              ("value", pa.float64())])
 
 
-def _summary(be: Any, machine: Any, tiers: list[str], has_usage: bool) -> pa.Table:
+def _full(up_s: Any, covered_s: Any, cap: Any) -> Any:
+    """The *full* machine-buckets: up the whole bucket, known capacity > 0 (any array module)."""
+    return (up_s >= covered_s * (1 - 1e-12)) & (cap == cap) & (abs(cap) != np.inf) & (cap > 0)
+
+
+def _summary(be: Any, machine: Any, tiers: list[str], has_usage: bool,
+             ratios: dict[tuple[str, str], list[Any]] | None = None) -> pa.Table:
     """Statistics over *full* machine-buckets: available the whole bucket, known capacity > 0.
     Usage statistics are NaN when the dataset has no instance_usage rows (e.g. 2011 events only).
 
@@ -740,13 +757,14 @@ def _summary(be: Any, machine: Any, tiers: list[str], has_usage: bool) -> pa.Tab
     at a time without pandas (:func:`gpuclust.parted.array_batches`): the sums in one pass, and
     the exact ratio quantiles of every (resource, tier) together in a few more
     (:func:`gpuclust.stream_quantiles.stream_quantiles_many`), so nothing grows with the table.
-    On a device backend ``be`` (the partials' backend) the quantiles take one pass instead: the
-    ratios copied there, one sort a series (:func:`gpuclust.stream_quantiles.backend_quantiles_many`)."""
-    from gpuclust.stream_quantiles import backend_quantiles_many
+    On a device backend ``be`` (the partials' backend) the quantiles take one sort a series of
+    ``ratios``, the ratios the finalize left on the device (:meth:`_CellSums.add_ratios`), or
+    else of the ratios copied there (:func:`gpuclust.stream_quantiles.backend_quantiles_many`)."""
+    from gpuclust.stream_quantiles import backend_quantiles_many, device_quantiles_many
 
     def full_of(b: dict[str, np.ndarray], r: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         L, cap = b["covered_s"], b[f"cap_{r}"]
-        full = (b["up_s"] >= L * (1 - 1e-12)) & np.isfinite(cap) & (cap > 0)
+        full = _full(b["up_s"], L, cap)
         return full, L[full], cap[full]
 
     series = [(r, t) for r in ("cpu", "mem") for t in ("all", *tiers)]
@@ -781,13 +799,18 @@ def _summary(be: Any, machine: Any, tiers: list[str], has_usage: bool) -> pa.Tab
     # the ratios of the resources with full machine-buckets, every tier's in the same passes
     quantiled = [(r, t) for r, t in series if z[r]["n"] > 0]
 
-    def ratios() -> Any:
+    def batch_ratios() -> Any:
         for b in array_batches(machine, ["covered_s", "up_s", "cap_cpu", "cap_mem", *{req_col[k] for k in quantiled}]):
             b = {c: np.asarray(v, np.float64) for c, v in b.items()}
             full = {r: full_of(b, r) for r in {r for r, _ in quantiled}}
             yield [b[req_col[(r, t)]][full[r][0]] / full[r][2] for r, t in quantiled]
 
-    qs = backend_quantiles_many(be, ratios, len(quantiled), QUANTILES) if quantiled else np.zeros((0, len(QUANTILES)))
+    if not quantiled:
+        qs = np.zeros((0, len(QUANTILES)))
+    elif ratios is not None:  # left on the device by the finalize
+        qs = device_quantiles_many(be, [ratios.get(k, []) for k in quantiled], QUANTILES)
+    else:
+        qs = backend_quantiles_many(be, batch_ratios, len(quantiled), QUANTILES)
     qrow = dict(zip(quantiled, qs, strict=True))
     rows: list[dict[str, Any]] = []
 
@@ -827,7 +850,7 @@ class _CellSums:
 
     COLS = ("req_cpu", "req_mem", "use_cpu", "use_mem", "max_cpu_sum", "max_mem_sum")
 
-    def __init__(self, xp: Any, B: int, T: int) -> None:
+    def __init__(self, xp: Any, B: int, T: int, keep_ratios: bool = False) -> None:
         self.xp = xp
         z = lambda *s: xp.zeros(s, xp.float64)  # noqa: E731
         self.machines = xp.zeros(B, xp.int64)
@@ -841,12 +864,28 @@ class _CellSums:
         self.known = {(k, r): z(T, B) for k in ("alloc", "usage") for r in ("cpu", "mem")}
         self.instances = z(B)
         self.windows = xp.zeros(B, xp.int64)
+        #: on a device: per (resource, tier), the request / capacity ratios of the full
+        #: machine-buckets of each chunk, left on the device for the summary's quantiles (which
+        #: would otherwise read the written machine table back and copy the ratios over again)
+        self.ratios: dict[tuple[str, str], list[Any]] | None = {} if keep_ratios else None
 
     def to_host(self) -> None:
-        """Every sum as a NumPy array (in place)."""
+        """Every sum as a NumPy array (in place); the ratios stay where they are."""
         for k, v in list(vars(self).items()):
-            setattr(self, k, to_host(v))
+            if k != "ratios":
+                setattr(self, k, to_host(v))
         self.xp = np
+
+    def add_ratios(self, cols: dict[str, Any], tiers: list[str]) -> None:
+        """Keep the chunk's ratios of full machine-buckets (:func:`_full`), on a device only."""
+        if self.ratios is None:
+            return
+        for r in ("cpu", "mem"):
+            full = _full(cols["up_s"], cols["covered_s"], cols[f"cap_{r}"])
+            cap = cols[f"cap_{r}"][full]
+            for t in ("all", *tiers):
+                req = cols[f"req_{r}" if t == "all" else f"req_{r}_{t}"]
+                self.ratios.setdefault((r, t), []).append(req[full].astype(self.xp.float64) / cap)
 
     def add(self, d: dict[str, Any], present: Any) -> None:
         xp = self.xp
@@ -880,6 +919,9 @@ class _CellSums:
             self.known[k] += o.known[k]
         self.instances += o.instances
         self.windows += o.windows
+        if self.ratios is not None and o.ratios is not None:
+            for k, v in o.ratios.items():
+                self.ratios.setdefault(k, []).extend(v)
 
     def columns(self, bucket: np.ndarray, bstart: np.ndarray, L: np.ndarray, tiers: list[str]) -> dict[str, np.ndarray]:
         """The ``cell`` table's columns, in order."""

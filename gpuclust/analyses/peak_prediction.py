@@ -64,8 +64,12 @@ PREDICTORS = (*BASE_PREDICTORS, "max_of", "avg_of")
 VIOLATION_TOL = 1e-9
 #: Longest horizon (7 days): the oracle's working matrix is a chunk of snapshots x horizon steps.
 MAX_HORIZON_S = 7 * 86400
-#: Samples (instance-steps) per shard of the machine table.
+#: Samples (instance-steps) per shard of the machine table; on a device 16x as many (fewer, larger
+#: launches: a shard's simulation is a fixed number of operations, ~1,000, whatever its size; its
+#: rows are 32 B a sample on the device, 0.5 GB for 2^24, a few times that with the simulation's
+#: temporaries).
 SHARD_ROWS = 1 << 20
+DEVICE_SHARD_FACTOR = 16
 #: Counters of the usage rows, in this order.
 STATS = ("rows", "alloc_rows", "unplaced_rows", "unknown_machine_rows", "null_metric_rows", "no_limit_rows",
          "filtered_rows", "used_rows")
@@ -271,7 +275,7 @@ class PeakPrediction(Analysis):
                 if self.apply_ranges:
                     v = backend.stage(rq.extra[name])[ev]
                     ok = ok & (v >= rng[0]) & (v <= rng[1])  # NULL (NaN) is out of every range
-            lim = backend.stage(np.ascontiguousarray(rq.req[:, res]))[ev]
+            lim = backend.stage(rq.derived(("req", res), lambda: np.ascontiguousarray(rq.req[:, res])))[ev]
         else:
             lim = xp.zeros(int(idx.shape[0]))
         stats["filtered_rows"] = int(xp.count_nonzero(hit & ~ok))
@@ -316,8 +320,10 @@ class PeakPrediction(Analysis):
                 "backend": merged_backend(a["backend"], b["backend"])}
 
     def shards(self, ctx: PeakPredictionContext, rest: dict[str, Any]) -> list[tuple[int, int]]:
-        """Ranges of machine codes of about :data:`SHARD_ROWS` samples each (a machine whole)."""
+        """Ranges of machine codes of about :data:`SHARD_ROWS` samples each (a machine whole; x
+        :data:`DEVICE_SHARD_FACTOR` where the partials were computed on a device)."""
         M = int(ctx.machine_ids.shape[0])
+        size = SHARD_ROWS * (DEVICE_SHARD_FACTOR if rest.get("backend", "cpu") != "cpu" else 1)
         count = np.asarray(rest["count"])
         if not M or not count.shape[0] or not int(count.sum()):
             return [(0, M)]
@@ -325,7 +331,7 @@ class PeakPrediction(Analysis):
         bounds, lo = [], 0
         while lo < M:
             base = int(cum[lo - 1]) if lo else 0
-            hi = int(np.searchsorted(cum, base + SHARD_ROWS, side="right"))
+            hi = int(np.searchsorted(cum, base + size, side="right"))
             hi = min(M, max(hi, lo + 1))
             bounds.append((lo, hi))
             lo = hi

@@ -197,9 +197,9 @@ def load_partitions(groups: Sequence[Sequence[_partition.PartitionSpec]], column
     def one(task: tuple[int, int, _partition.PartitionSpec, _partition.Piece]) -> None:
         gi, off, spec, piece = task
         t = _partition.read_piece(piece, spec.table, columns)
-        if backend.name == "cpu":
+        if backend.name == "cpu":  # (xp is NumPy, or in tests an array module posing as a device's)
             for arr, o, n, bits, first in _fill(t, out[gi], off, host_copy):
-                fill_nulls(np, arr[o:o + n], bits, first)
+                fill_nulls(xp, arr[o:o + n], xp.asarray(bits), first)
         else:
             assert device is not None  # set for every backend but cpu
             with xp.cuda.Device(device):

@@ -15,6 +15,12 @@ large kernel launches and its host-side merges are few.  Results are those of
 :func:`gpuclust.engine.run` over the same data (the cpu study with the same partitions gives the
 same bits).
 
+Residency is a policy, not a promise: the study keeps partitions resident while its memory
+budget allows (``memory_budget``; by default a share of the backend's free memory) and streams
+the rest, each run reading those partitions again into backend memory one at a time (out of
+core).  A streamed partition is the same partition a resident one would be, loaded the same way,
+so the results are the same bits whatever the budget.
+
 With ``scheduler=`` the resident partitions live on a dask cluster's workers (a
 ``LocalCUDACluster``: one per GPU), each loaded and kept by one worker
 (:mod:`gpuclust.engine.study_workers`); the results are the same.
@@ -37,8 +43,16 @@ from gpuclust._memory import tune_allocator
 from gpuclust.analyses.base import Analysis
 from gpuclust.backends import Backend, get_backend
 from gpuclust.engine import partition as _partition
-from gpuclust.engine.local import contexts, default_workers, finalize_all, host_threads, merge_local, resolve_analyses
-from gpuclust.engine.memory import available_memory
+from gpuclust.engine.local import (
+    _announce,
+    contexts,
+    default_workers,
+    finalize_all,
+    host_threads,
+    merge_local,
+    resolve_analyses,
+)
+from gpuclust.engine.memory import available_memory, parse_size
 from gpuclust.engine.staging import LOAD_THREADS, column_dtypes, load_partitions
 from gpuclust.engine.study_workers import WorkerResidency, partials_of
 from gpuclust.schema import SCHEMAS
@@ -53,7 +67,8 @@ MEMORY_SHARE = 0.8
 
 
 class StudyMemoryError(MemoryError):
-    """The columns asked for do not fit in the backend's free memory."""
+    """A run cannot go out of core: its analyses need a flat table's rows in one piece (whole
+    instances) and that table's partitions do not all fit in the memory budget."""
 
 
 class CachingSource:
@@ -73,6 +88,14 @@ class CachingSource:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
+
+
+def _row_bytes(table: str) -> int:
+    """Bytes of a row of ``table`` in backend memory, in the columns the registered analyses read."""
+    from gpuclust.analyses.registry import create, names
+
+    cols = {c for n in names() for a in [create(n)] if a.table == table for c in (*a.columns, *a.context_columns)}
+    return max(1, sum(d.itemsize for d in column_dtypes(table, sorted(cols)).values()))
 
 
 def _available_bytes(backend: Backend) -> int:
@@ -115,12 +138,21 @@ class Study:
         partition is loaded and kept by one worker, round robin; on the gpu backend the
         partitions are sized so that every worker gets one at least.  A cluster the study
         started is closed by :meth:`close` (or ``with``).  The memory check is the workers'
-        own (dask's ``memory_limit``), not :class:`StudyMemoryError`.
+        own (dask's ``memory_limit``); the workers keep every partition.
+    memory_budget
+        Bytes of backend memory (``"8GiB"``, a number) the resident partitions may take, with
+        room for the partitions streamed at once.  Partitions that do not fit are streamed: each
+        run reads them again, one at a time per engine thread (out of core), with the same
+        results.  Default: :data:`MEMORY_SHARE` of the backend's free memory when a column is
+        first persisted (device memory on gpu, available RAM on cpu).
 
     Attributes
     ----------
     partition_reads
-        ``{table: partitions read from the source}``, every :meth:`persist` counted.
+        ``{table: partitions read from the source}``, every :meth:`persist` and every streamed
+        partition of a run counted.
+    streamed_partitions
+        ``{table: partitions streamed}`` (not resident: read again by each run).
     load_seconds, loaded_bytes
         Wall time spent in :meth:`persist` and the bytes it made resident.
     last_run_seconds
@@ -133,7 +165,7 @@ class Study:
 
     def __init__(self, source: Any, *, backend: str | Backend = "cpu", partitions: int | str = "auto",
                  workers: int | None = None, load_threads: int = LOAD_THREADS, run_rows: int | None = None,
-                 progress: Any = None, scheduler: Any = None):
+                 progress: Any = None, scheduler: Any = None, memory_budget: int | str | None = None):
         tune_allocator()
         self.source = CachingSource(_partition.as_source(source))
         self.backend = get_backend(backend)
@@ -157,6 +189,11 @@ class Study:
         self._resident: dict[str, list[dict[str, Any]]] = {}
         self._remote_columns: dict[str, set[str]] = {}
         self._contexts: dict[Analysis, Any] = {}
+        self.memory_budget = parse_size(memory_budget)
+        #: per table: the persisted columns (resident in the resident partitions, read on each run
+        #: by the streamed ones) and the indices of the streamed partitions
+        self._columns: dict[str, set[str]] = {}
+        self._streamed: dict[str, set[int]] = {}
 
     def _open_cluster(self, scheduler: Any) -> WorkerResidency:
         from gpuclust.engine.dask import open_scheduler
@@ -185,8 +222,14 @@ class Study:
         groups = self._groups.get(table)
         if groups is None:
             multiple = self.workers if self.backend.name == "cpu" else 1
-            specs = _partition.plan_partitions(self.source.inner, table, self.partitions, multiple_of=multiple)
+            auto_rows = _partition.AUTO_PARTITION_ROWS
             cap = self.run_rows
+            if self.memory_budget is not None:  # partitions of at most a quarter of the budget
+                fit = max(1, self.memory_budget // (4 * _row_bytes(table)))
+                auto_rows = min(auto_rows, fit)
+                cap = min(cap, fit) if cap > 0 else 0
+            specs = _partition.plan_partitions(self.source.inner, table, self.partitions, multiple_of=multiple,
+                                               auto_rows=auto_rows)
             if self._remote is not None and cap > 0:  # a resident partition for every worker at least
                 cap = min(cap, max(1, math.ceil(sum(s.num_rows for s in specs) / max(1, self.workers))))
             if cap <= 0:
@@ -204,11 +247,15 @@ class Study:
         return groups
 
     def resident_columns(self, table: str) -> list[str]:
-        """Columns of ``table`` resident in backend memory (here or on the workers)."""
+        """Columns of ``table`` persisted: in backend memory (here or on the workers), but in
+        the partitions streamed for want of memory, which each run reads again."""
         if self._remote is not None:
             return sorted(self._remote_columns.get(table, ()))
-        parts = self._resident.get(table)
-        return sorted(parts[0]) if parts else []
+        return sorted(self._columns.get(table, ()))
+
+    @property
+    def streamed_partitions(self) -> dict[str, int]:
+        return {t: len(s) for t, s in self._streamed.items() if s}
 
     @property
     def resident_bytes(self) -> int:
@@ -223,8 +270,8 @@ class Study:
 
         ``columns``: a list of ``instance_usage`` columns, ``{table: columns}``, or ``None`` for
         every column any registered analysis (or a pass it runs first) streams from the tables they stream.  Columns
-        already resident are not read again.  Raises :class:`StudyMemoryError` (and loads
-        nothing) when they would not fit in the backend's free memory.
+        already resident are not read again.  Partitions beyond the memory budget are streamed
+        instead (see :class:`Study`): their columns are read by each run.
         """
         from gpuclust.analyses.registry import create, names
 
@@ -238,7 +285,8 @@ class Study:
             want = {t: set(c) for t, c in columns.items()}
         else:
             want = {"instance_usage": set(columns)}
-        for table, cols in want.items():
+        # the smaller tables first: under a memory budget the largest is the one streamed
+        for table, cols in sorted(want.items(), key=lambda tc: sum(s.num_rows for g in self._plan(tc[0]) for s in g)):
             schema = SCHEMAS[table]
             unknown = sorted(c for c in cols if c not in schema.names)
             if unknown:
@@ -248,16 +296,51 @@ class Study:
                 self._load(table, missing)
         return self
 
+    def _budget(self) -> int:
+        """Bytes the resident partitions may take (:attr:`memory_budget`, else a share of the
+        free memory now, resident bytes counted as free)."""
+        if self.memory_budget is not None:
+            return self.memory_budget
+        return int(MEMORY_SHARE * _available_bytes(self.backend)) + self.resident_bytes
+
+    def _stream_beyond_budget(self, table: str, columns: list[str]) -> None:
+        """Mark the last resident partitions of ``table`` streamed (dropping what they hold)
+        until the resident bytes, with ``columns`` added and room for the partitions streamed at
+        once (one per engine thread), fit in the budget."""
+        groups = self._plan(table)
+        streamed = self._streamed.setdefault(table, set())
+        row_bytes = sum(d.itemsize for d in column_dtypes(table, sorted({*self._columns.get(table, ()), *columns}))
+                        .values())
+        new_bytes = sum(d.itemsize for d in column_dtypes(table, columns).values())
+        rows = [sum(s.num_rows for s in g) for g in groups]
+        resident = [i for i in range(len(groups)) if i not in streamed]
+        total = self.resident_bytes + sum(rows[i] for i in resident) * new_bytes
+        budget = self._budget()
+        at_once = self.workers if self.backend.name == "cpu" else 1
+
+        def reserve() -> int:  # the largest partitions streamed at once
+            if not streamed:
+                return 0
+            return sum(sorted((rows[i] for i in streamed), reverse=True)[:at_once]) * row_bytes
+
+        while resident and total + reserve() > budget:
+            i = resident.pop()
+            streamed.add(i)
+            total -= int(sum(int(a.nbytes) for a in self._resident[table][i].values())) + rows[i] * new_bytes
+            self._resident[table][i] = {}
+
     def _load(self, table: str, columns: list[str]) -> None:
         groups = self._plan(table)
+        if self._remote is None:
+            self._stream_beyond_budget(table, columns)
+        streamed = self._streamed.get(table, set())
+        keep = [i for i in range(len(groups)) if i not in streamed]
+        groups = [groups[i] for i in keep]
         rows = sum(s.num_rows for g in groups for s in g)
         need = rows * sum(d.itemsize for d in column_dtypes(table, columns).values())
-        free = _available_bytes(self.backend) if self._remote is None else None  # workers: their own limits
-        if free is not None and need > MEMORY_SHARE * free:
-            raise StudyMemoryError(
-                f"persisting {len(columns)} column(s) of {table} ({rows:,} rows) needs {need / 2**30:.2f} GiB of "
-                f"{self.backend.name} memory; {free / 2**30:.2f} GiB are free. Persist fewer columns, or run "
-                "the analyses without a study (gpuclust.run streams partitions instead of keeping them)")
+        self._columns.setdefault(table, set()).update(columns)
+        if not groups:
+            return
         prog = self.progress
         if prog is not None:
             prog.phase(f"persist: {len(columns)} column(s) of {table} on {self.backend.name}")
@@ -269,8 +352,8 @@ class Study:
             self._remote_columns.setdefault(table, set()).update(columns)
         else:
             loaded = load_partitions(groups, columns, self.backend, threads=self.load_threads, on_done=on_done)
-            for dest, cols in zip(self._resident[table], loaded, strict=True):
-                dest.update(cols)
+            for i, cols in zip(keep, loaded, strict=True):
+                self._resident[table][i].update(cols)
         self.load_seconds += time.perf_counter() - t0
         self.loaded_bytes += need
         self.partition_reads[table] = self.partition_reads.get(table, 0) + sum(len(g) for g in groups)
@@ -278,6 +361,8 @@ class Study:
     def release(self) -> None:
         """Drop every resident column and cached context (frees the memory)."""
         self._resident = {t: [{} for _ in g] for t, g in self._groups.items()}
+        self._columns.clear()
+        self._streamed.clear()
         if self._remote is not None:
             self._remote.release()
             self._remote_columns.clear()
@@ -319,6 +404,15 @@ class Study:
             idx.append(k)
         be, resident, remote = self.backend, self._resident, self._remote
         whole = self._whole_instance_plans(ans, plans)
+        for table in whole:
+            if self._streamed.get(table):
+                raise StudyMemoryError(
+                    f"{', '.join(ans[k].name for k in whole[table][0])} need(s) every row of an instance in one piece, "
+                    f"and {len(self._streamed[table])} of the {len(self._plan(table))} partitions of {table} (a flat "
+                    "table: instances spread over its partitions) do not fit in the study's memory budget. Lay the "
+                    "dataset out by key (`gpuclust optimize DATASET`), or give the study more memory (memory_budget=)")
+        streamed = {t: set(v) for t, v in self._streamed.items() if v}
+        load_threads = max(1, self.load_threads // max(1, self.workers))
         # partials nothing merges (their table is one resident partition) stay in device memory
         # for the analyses whose finalize takes them there (Analysis.device_partial)
         stay: set[int] = set()
@@ -332,6 +426,13 @@ class Study:
             start = time.perf_counter()
             if remote is not None:  # on the worker holding the partition
                 out = remote.partials(spec.table, spec.index, sub, [shipped[id(c)] for c in sub_ctxs], be.name)
+            elif spec.index in streamed.get(spec.table, ()):  # out of core: read again, dropped after
+                group = self._plan(spec.table)[spec.index]
+                loaded = load_partitions([group], sorted(need[spec.table]), be, threads=load_threads)[0]
+                with lock:
+                    self.partition_reads[spec.table] = self.partition_reads.get(spec.table, 0) + len(group)
+                out = partials_of(loaded, sub, sub_ctxs, be, [id(a) in stay for a in sub])
+                del loaded
             else:  # index -1: the table's resident partitions as one (whole instances on a flat table)
                 cols = resident[spec.table][spec.index] if spec.index >= 0 else list(resident[spec.table])
                 out = partials_of(cols, sub, sub_ctxs, be, [id(a) in stay for a in sub])
@@ -340,10 +441,15 @@ class Study:
             return out
 
         clock = time.perf_counter()
-        merged = merge_local(plans, ans, ctxs, be, self.workers, progress, partials)
-        if whole:
-            extra = merge_local(whole, ans, ctxs, be, 1, progress, partials)
-            merged = [m if e is None else e for m, e in zip(merged, extra, strict=True)]
+        if remote is not None:  # reduced on the workers: only each table's merged partials come back
+            merged = self._reduce_remote({**plans, **{("whole", t): v for t, v in whole.items()}}, ans, shipped,
+                                         ctxs, progress)
+            seconds["partials"] = time.perf_counter() - clock
+        else:
+            merged = merge_local(plans, ans, ctxs, be, self.workers, progress, partials)
+            if whole:
+                extra = merge_local(whole, ans, ctxs, be, 1, progress, partials)
+                merged = [m if e is None else e for m, e in zip(merged, extra, strict=True)]
         seconds["merge"] = max(0.0, time.perf_counter() - clock - seconds["partials"])
         clock = time.perf_counter()
         done = finalize_all(ans, merged, ctxs, progress, threads=host_threads(be, self.workers))
@@ -353,6 +459,26 @@ class Study:
         seconds["convert"] = time.perf_counter() - clock
         self.last_run_seconds = seconds
         return out
+
+    def _reduce_remote(self, plans: dict[Any, tuple[list[int], list[Any]]], ans: list[Analysis],
+                       shipped: dict[int, Any], ctxs: list[Any], progress: Any) -> list[Any]:
+        """Each plan's partials reduced on the workers holding its partitions
+        (:meth:`WorkerResidency.reduce`); per analysis, its merged partial."""
+        assert self._remote is not None
+        merged: list[Any] = [None] * len(ans)
+        for idx, specs in plans.values():
+            sub = [ans[k] for k in idx]
+            table = specs[0].table
+            if progress is not None:
+                _announce(progress, specs)
+            acc = self._remote.reduce(table, [s.index for s in specs], sub, [shipped[id(ctxs[k])] for k in idx],
+                                      self.backend.name)
+            for k, p in zip(idx, acc, strict=True):
+                merged[k] = p
+            if progress is not None:
+                for s in specs:
+                    progress.partition_done(s.table, s.num_rows)
+        return merged
 
     def _whole_instance_plans(self, ans: list[Analysis], plans: dict[str, tuple[list[int], list[Any]]]
                               ) -> dict[str, tuple[list[int], list[Any]]]:

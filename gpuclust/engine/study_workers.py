@@ -119,6 +119,26 @@ class WorkerResidency:
                  backend_name: str) -> list[Any]:
         """The host partials of ``analyses`` over resident partition ``index`` of ``table``
         (``-1``: all of them as one), computed on the worker that holds it."""
+        return self._partials_future(table, index, analyses, ctxs, backend_name).result()
+
+    def reduce(self, table: str, indices: Sequence[int], analyses: Sequence[Analysis], ctxs: Sequence[Any],
+               backend_name: str, split_every: int = 8) -> list[Any]:
+        """The merged host partials of ``analyses`` over the resident partitions ``indices`` of
+        ``table``: each partition's on the worker holding it, merged there by the engine's tree
+        (:class:`gpuclust.engine.local.MergeTree`: groups of ``split_every`` in partition order,
+        level by level, so the same bits as a local run), only the root coming to the client."""
+        from gpuclust.engine.local import merge_lists
+
+        level = [self._partials_future(table, i, analyses, ctxs, backend_name) for i in indices]
+        if not level:
+            raise ValueError("no partitions to reduce")
+        while len(level) > 1:
+            level = [self.client.submit(merge_lists, list(analyses), *level[i:i + split_every], pure=False)
+                     for i in range(0, len(level), split_every)]
+        return level[0].result()
+
+    def _partials_future(self, table: str, index: int, analyses: Sequence[Analysis], ctxs: Sequence[Any],
+                         backend_name: str) -> Any:
         parts = self.futures[table]
         at = {}
         for k in [index] if index >= 0 else range(len(parts)):
@@ -134,7 +154,7 @@ class WorkerResidency:
             need = sorted({c for a in analyses for c in a.columns})
             cols = [self.client.submit(_select, parts[k], need, **at[k]) for k in range(len(parts))]
             where = {"pure": False}
-        return self.client.submit(_partials, cols, list(analyses), list(ctxs), backend_name, **where).result()
+        return self.client.submit(_partials, cols, list(analyses), list(ctxs), backend_name, **where)
 
     def release(self) -> None:
         for futs in self.futures.values():

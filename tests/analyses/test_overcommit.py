@@ -430,7 +430,7 @@ def test_chunked_usage_accumulation(monkeypatch):
     _assert_same(base, _run(tables, a, partitions=3))
 
 
-def test_context_pickles_without_client_intervals():
+def test_context_pickles_without_client_events():
     tables = hand_cell()
     a = Overcommit()
     src = TableSource(tables, tier_map="notebook")
@@ -438,7 +438,7 @@ def test_context_pickles_without_client_intervals():
     shipped = pickle.loads(pickle.dumps(ctx))
     # the capacity intervals travel (the shards of the machine table are finalized from them);
     # the interval partial bound on the client (one entry per running piece) does not
-    assert shipped.series is not None and ctx.client_intervals is not None
+    assert shipped.series is not None and ctx.client_events is not None
     t = tables["instance_usage"]
     from gpuclust.backends import get_backend
 

@@ -117,13 +117,13 @@ def test_client_context_on_a_bucketed_source_holds_nothing_per_instance(tmp_path
         assert isinstance(c, PerPartition)
         ctx = c.ctx
         assert isinstance(ctx, OvercommitContext)
-        assert len(ctx.lookup) == 0 and ctx.events is None and ctx.client_intervals is None
+        assert len(ctx.lookup) == 0 and ctx.events is None and ctx.client_events is None
     # 8x the instances and events: the shipped context does not grow (machines are the same 40)
     s, b = len(pickle.dumps(small)), len(pickle.dumps(big))
     assert b < 1.2 * s + 1024, (s, b)
     # the flat source binds on the client: the lookup and interval partial live there
     flat = _client_context(160_000, tmp_path / "f", None)
-    assert not isinstance(flat, PerPartition) and len(flat.lookup) > 0 and flat.client_intervals is not None
+    assert not isinstance(flat, PerPartition) and len(flat.lookup) > 0 and flat.client_events is not None
     assert len(pickle.dumps(flat)) > 20 * b
 
 

@@ -67,9 +67,12 @@ def test_replicated_data_has_every_copy_shifted_and_distinct(check, tmp_path) ->
 def test_compare_is_exact_and_measures_the_difference(check) -> None:
     a = pd.DataFrame({"k": [1, 2], "x": [1.0, 2.0]})
     assert check.compare({"t": a}, {"t": a.copy()})["equal"]
-    b = a.assign(x=[1.0, 2.0 * (1 + 1e-15)])
+    assert check.compare({"t": a}, {"t": a.copy()})["bit_equal"]
+    b = a.assign(x=[1.0, 2.0 * (1 + 1e-15)])  # another summation order: equal, not the same bits
     r = check.compare({"t": a}, {"t": b})
-    assert not r["equal"] and r["unequal"]["t"]["max_rel_diff"] == pytest.approx(1e-15, rel=0.5)
+    assert r["equal"] and not r["bit_equal"] and r["unequal"]["t"]["max_rel_diff"] == pytest.approx(1e-15, rel=0.5)
+    r = check.compare({"t": a}, {"t": a.assign(x=[1.0, 2.0 * (1 + 1e-6)])})
+    assert not r["equal"] and not r["bit_equal"]
     assert check.compare({"t": a}, {})["unequal"] == {"t": "missing"}
 
 
@@ -107,7 +110,7 @@ def test_assemble_reports_what_ran_and_nothing_it_did_not(check, tmp_path) -> No
     assert rec["out_of_core"]["equal"] is True and rec["out_of_core"]["gpu_s"] == 2.0
     assert rec["projection_cell_min"] == pytest.approx(2.0 / 1000 * 2.7e9 / 60)
     assert rec["analyses"]["cell-usage"] == {"gpu_s": 0.5, "cpu_s": None, "duckdb_s": None}
-    assert rec["dask_cuda"] == {"gpu_s": None, "equal": None}
+    assert rec["dask_cuda"] == {"gpu_s": None, "equal": None, "bit_equal": None}
 
 
 @pytest.mark.slow

@@ -134,10 +134,11 @@ def test_device_partials_stay_on_the_device_when_nothing_merges_them(dataset, re
     assert {n for n in names() if create(n).device_partial} == stay
     assert seen == {n: partitions == 1 and n in stay for n in names()}
     # the keyed sums reach the shards where they were left (overcommit's too, on this flat
-    # source, whose running intervals the client adds); usage-distribution's mixture state alone
-    # stays on the device, its group rows come to the host
+    # source, whose running intervals its finalize builds on the device, merged partitions or
+    # not); usage-distribution's mixture state alone stays on the device, its group rows come to
+    # the host
     device_shards = {n for n, on in shards.items() if all(on)}
-    assert device_shards == ({"cpi", "overcommit", "peak-prediction"} if partitions == 1 else set())
+    assert device_shards == ({"cpi", "overcommit", "peak-prediction"} if partitions == 1 else {"overcommit"})
     assert_same(got, reference, rtol=1e-9)
 
 
@@ -210,12 +211,15 @@ def test_joined_partitions_give_the_same_result(dataset, reference):
     assert_same(res, reference, rtol=1e-12)
 
 
-def test_persist_refuses_what_does_not_fit(dataset, monkeypatch):
+def test_persist_streams_what_does_not_fit(dataset, monkeypatch):
+    """Nothing fits in 1,000 bytes: nothing is read at persist, every partition is streamed (read
+    by each run; tests/engine/test_study_out_of_core.py checks the results)."""
     monkeypatch.setattr(study_mod, "_available_bytes", lambda backend: 1000)
     study = gpuclust.open(dataset)
-    with pytest.raises(study_mod.StudyMemoryError, match=r"persisting 2 column\(s\) of instance_usage .* GiB"):
-        study.persist(["avg_cpu", "machine_id"])
+    study.persist(["avg_cpu", "machine_id"])
     assert study.resident_bytes == 0 and study.partition_reads == {}
+    assert study.resident_columns("instance_usage") == ["avg_cpu", "machine_id"]
+    assert study.streamed_partitions == {"instance_usage": len(study._plan("instance_usage"))}
 
 
 def test_persist_validates_columns_and_runs_load_missing_ones(dataset):
@@ -250,9 +254,16 @@ def test_gpu_study_matches_cpu(gpu_backend, dataset, reference, monkeypatch, run
 
 
 # ------------------------------------------------------------------ partitions on a cluster's workers
-def test_study_on_cluster_workers_is_bit_identical_to_run(dataset, reference, read_log):
+def test_study_on_cluster_workers_is_bit_identical_to_run(dataset, reference, read_log, monkeypatch):
     """``scheduler="local:2"``: each resident partition is loaded by, and stays on, one worker
-    process; runs send partials to it.  Same partitions and merge tree as the local run: same bits."""
+    process; runs compute its partials there and merge them on the workers, by the local run's
+    tree: same partitions and merge tree as the local run, same bits, and the client merges
+    nothing (it receives each table's merged partials only)."""
+    from gpuclust.engine import local
+
+    client_merges = []
+    real_add = local.MergeTree.add
+    monkeypatch.setattr(local.MergeTree, "add", lambda self, *a, **kw: client_merges.append(1) or real_add(self, *a, **kw))
     with gpuclust.open(dataset, backend="cpu", partitions=4, scheduler="local:2") as study:
         study.persist()
         assert study.workers == 2 and study.partition_reads["instance_usage"] == 4
@@ -268,6 +279,7 @@ def test_study_on_cluster_workers_is_bit_identical_to_run(dataset, reference, re
         # the partials ran where the data is: no partition was copied to another worker
         assert remote.client.who_has(futs) == held
         assert study.resident_bytes == study.loaded_bytes > 0
+        assert client_merges == []  # every merge ran on the workers
         # the client process never read the streamed table: the workers did
         assert not any(f == "instance_usage" or f.startswith("instance_usage/") for (f, _) in read_log), read_log
     assert remote.futures == {}  # closed: released, and the cluster it started is gone

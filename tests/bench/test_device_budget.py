@@ -1,0 +1,34 @@
+"""bench/device_budget.py runs end to end on a tiny dataset: its counts, split and verdicts add up."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def test_device_budget_tiny(tiny_bench):
+    res, md = tiny_bench("device_budget", ["--sizes", "2e4,4e4", "--repeat", "1", "--analyses", "cell-usage,overcommit"])
+    assert set(res["sizes"]) == {"20000", "40000"}
+    for rows in res["sizes"].values():
+        assert set(rows) == {"cell-usage", "overcommit"}
+        for r in rows.values():
+            assert 0 < r["device_s"] < r["wall_s"] and r["host_s"] == pytest.approx(r["wall_s"] - r["device_s"])
+            assert r["launches"] > 0 and r["syncs"] > 0 and r["d2h_bytes"] > 0
+            assert r["column_bytes"] > 0 and r["h2d_bytes"] >= r["column_bytes"]  # the load copies its columns at least
+            assert r["cpu_s"] > 0 and r["cpu_over_host"] == pytest.approx(r["cpu_s"] / r["host_s"])
+            assert set(r["phases"]) == {"contexts", "partials", "merge", "finalize", "convert"}
+    v = res["verdicts"]["cell-usage"]
+    assert set(v["ok"]) == {"d2h", "h2d", "syncs", "launches"} and v["syncs_growth"] == 1.0  # (the same dataset)
+    assert "| 20,000 | overcommit |" in md and "cpu / host" in md and "targets" in md and "Environment:" in md
+
+
+def test_load_bench_tiny(tiny_bench, monkeypatch):
+    """bench/load_bench.py: both loads decode the same bytes; the ratio is their rates'."""
+    import sys
+
+    res, md = tiny_bench("load_bench", ["--sizes", "2e4", "--repeat", "1"])
+    (row,) = res["rows"]
+    g, p = row["median"]["gpuclust"], row["median"]["pyarrow"]
+    assert g["bytes"] > 0 and abs(g["bytes"] - p["bytes"]) <= 0.05 * p["bytes"]  # Arrow adds validity bitmaps
+    assert row["ratio"] == pytest.approx(row["gb_s"]["gpuclust"] / row["gb_s"]["pyarrow"])
+    assert "| 20,000 |" in md and "Environment:" in md
+    assert "load_bench" not in sys.modules

@@ -1,0 +1,93 @@
+"""A study out of core: with a memory budget of an eighth of its data, a study keeps what fits
+resident, streams the rest partition by partition on each run, and gives the in-memory run's
+results bit for bit (issue 34: cpu backend and the device-shaped backend).
+
+The dataset is laid out by key (``gpuclust.optimize``), as ingest leaves it, so the analyses
+that need whole instances (data-quality, lifecycle, usage-change by instance) run per bucket; on a flat
+layout such an analysis needs the table in one piece and the study says so instead.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+from strategies import random_cell, write_dataset
+
+import gpuclust
+from gpuclust.analyses.registry import names
+from gpuclust.dataset import Dataset
+from gpuclust.engine.study import StudyMemoryError
+from gpuclust.optimize import optimize
+
+PARTITIONS = 16
+
+
+@pytest.fixture(scope="module")
+def bucketed(tmp_path_factory):
+    flat = write_dataset(tmp_path_factory.mktemp("flat"), random_cell(41, n_instances=600, n_windows=24_000), files=4,
+                         row_group_size=1000)
+    out = tmp_path_factory.mktemp("bucketed") / "ds"
+    optimize(flat, buckets=PARTITIONS, out=out, progress=False, row_group_rows=1000)
+    return Dataset(out)
+
+
+def _exactly_equal(got: dict, want: dict) -> None:
+    assert got.keys() == want.keys()
+    for a in want:
+        assert got[a].keys() == want[a].keys(), a
+        for t in want[a]:
+            pd.testing.assert_frame_equal(got[a][t], want[a][t], check_exact=True, obj=f"{a}/{t}")
+
+
+def _data_and_results(ds: Dataset, backend) -> tuple[int, dict]:
+    study = gpuclust.open(ds, backend=backend, partitions=PARTITIONS, workers=1).persist()
+    assert not study.streamed_partitions
+    out = study.resident_bytes, study.run(names())
+    study.close()
+    return out
+
+
+def _out_of_core(ds: Dataset, backend, budget: int) -> tuple[gpuclust.engine.study.Study, dict]:
+    study = gpuclust.open(ds, backend=backend, partitions=PARTITIONS, workers=1, memory_budget=budget).persist()
+    return study, study.run(names())
+
+
+@pytest.mark.parametrize("backend", ["cpu", "device-shaped"])
+def test_an_eighth_of_the_memory_gives_the_same_bits(bucketed, backend, monkeypatch):
+    if backend == "device-shaped":
+        from device_backend import DEVICE, mark_partials_gpu, resolve_gpu_to_device
+
+        resolve_gpu_to_device(monkeypatch)
+        mark_partials_gpu(monkeypatch)  # the finalizes that run on a device run on the device-shaped backend
+        backend = DEVICE
+    data, want = _data_and_results(bucketed, backend)
+    budget = data // 8
+    study, got = _out_of_core(bucketed, backend, budget)
+    assert study.resident_bytes <= budget
+    streamed = study.streamed_partitions["instance_usage"]
+    assert streamed >= PARTITIONS - 2  # an eighth of the data: one or two partitions stay
+    reads = study.partition_reads["instance_usage"]
+    _exactly_equal(got, want)
+    study.run("cell-usage")  # every run reads the streamed partitions again, and only those
+    assert study.partition_reads["instance_usage"] == reads + streamed
+    study.close()
+
+
+def test_the_default_budget_streams_what_the_free_memory_cannot_hold(bucketed, monkeypatch):
+    """Without a budget the study takes a share of the free memory: with little free, it streams
+    instead of refusing."""
+    import gpuclust.engine.study as study_mod
+
+    _, want = _data_and_results(bucketed, "cpu")
+    monkeypatch.setattr(study_mod, "_available_bytes", lambda backend: 200_000)
+    study = gpuclust.open(bucketed, partitions=PARTITIONS, workers=1).persist()
+    assert study.resident_bytes <= 0.8 * 200_000 and study.streamed_partitions["instance_usage"] > 0
+    _exactly_equal(study.run(names()), want)
+
+
+def test_whole_instances_on_a_flat_table_out_of_core_is_refused_with_the_way_out(tmp_path):
+    ds = write_dataset(tmp_path, random_cell(5, n_windows=4000), files=4, row_group_size=500)
+    study = gpuclust.open(ds, partitions=4, workers=1, memory_budget=1)  # nothing fits
+    with pytest.raises(StudyMemoryError, match=r"data-quality.*gpuclust optimize"):
+        study.run("data-quality")
+    assert study.run("cell-usage")["cell-usage"]  # what needs no whole instances streams
