@@ -273,8 +273,8 @@ class _DeviceOps:
     def __getattr__(self, name: str) -> Any:
         if name == "lookup_slot_tables":
             return False
-        if name == "lookup_block_rows":  # the gpu ops have none: a lookup is one launch over all rows
-            raise AttributeError(name)
+        if name == "lookup_block_rows":  # as the gpu ops: a lookup is one launch over all rows
+            return None
         op = getattr(self._ops, name)
         if not callable(op):
             return op

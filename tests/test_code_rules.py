@@ -30,6 +30,27 @@ def test_analyses_do_not_branch_on_the_array_module_or_pick_a_backend():
     assert not bad, "analyses use backend.ops / gpuclust.backends.backend_of instead:\n" + "\n".join(bad)
 
 
+def test_analyses_do_not_probe_backend_capabilities():
+    """What a backend's ops offer is declared on every backend (``lookup_block_rows``,
+    ``lookup_slot_tables``: gpuclust/backends/cpu.py and gpu.py), so analyses read it; a
+    ``getattr`` / ``hasattr`` probe of the ops would hide a backend that lacks it."""
+    import re
+
+    bad = []
+    for f in sorted((ROOT / "analyses").glob("*.py")):
+        for i, line in _code_lines(f):
+            if re.search(r"(getattr|hasattr)\((backend\.|be\.)?ops\b", line):
+                bad.append(f"{f.name}:{i}: {line.strip()}")
+    assert not bad, "declare the attribute on every backend's ops instead:\n" + "\n".join(bad)
+
+
+def test_both_backends_declare_the_same_lookup_attributes():
+    from gpuclust.backends import cpu, gpu
+
+    for name in ("lookup_block_rows", "lookup_slot_tables"):
+        assert hasattr(cpu, name) and hasattr(gpu, name), name
+
+
 def test_array_module_calls_that_differ_on_cupy_go_through_xp_helpers():
     """``xp.bincount`` refuses an empty array on CuPy (not on NumPy): the package calls
     ``gpuclust._xp.bincount`` instead (tests/generic_backend.py runs the analyses into the rest)."""

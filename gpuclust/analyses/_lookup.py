@@ -169,9 +169,9 @@ class InstanceLookup:
         of ``dtypes``."""
         xp = backend.xp
         n = int(collection.shape[0] if rows is None else rows.shape[0])
-        block = getattr(backend.ops, "lookup_block_rows", None) or n
+        block = backend.ops.lookup_block_rows or n
         inst = np.dtype(instance.dtype)
-        if (getattr(backend.ops, "lookup_slot_tables", False) and inst.kind == "i" and inst.itemsize <= 4
+        if (backend.ops.lookup_slot_tables and inst.kind == "i" and inst.itemsize <= 4
                 and self._slot_table() is not None):
             # host arrays (the cpu backend), canonical int32 instance_index: one gather per query
             tables: tuple[Any, ...] = (self._slot_table(),)

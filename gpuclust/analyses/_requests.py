@@ -293,7 +293,7 @@ def asof_keyed(backend: Any, rq: RequestTimeline, kr: KeyedRuns, collection: Any
         return found, code, j
     if len(kr):  # (with no request events every run is the "no instance" row: the codes still count)
         t_hash, t_rec, urun = backend.stage(kr.hash), backend.stage(kr.rec), backend.stage(rq.urun)
-        block = getattr(ops, "lookup_block_rows", None) or n
+        block = ops.lookup_block_rows or n
         for lo in range(0, n, block):
             sl = slice(lo, min(n, lo + block))
             c, i, m = collection[sl], instance[sl], machine[sl]

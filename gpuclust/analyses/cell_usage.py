@@ -222,7 +222,7 @@ class CellUsage(Analysis):
         if n == 0:
             stats.update(alloc_rows=0, short_windows=0, unmatched_windows=0, used_windows=0)
             return _notebook_sums(backend, xp.zeros(0, xp.int64), cols["avg_cpu"], cols["avg_mem"])
-        block = getattr(backend.ops, "lookup_block_rows", None) or n
+        block = backend.ops.lookup_block_rows or n
         null = xp.asarray(null_int(alloc.dtype), dtype=alloc.dtype)
         h0 = int(start.min()) // HOUR_US
         span = (int(start.max()) // HOUR_US - h0 + 1) << _TIER_BITS

@@ -285,7 +285,7 @@ class JobUsage(Analysis):
         # every row counts: no gathers (the lookup probes the columns as they are)
         r = None if used == n else xp.nonzero(keep)[0]
         n_coll = int(ctx.collections.shape[0])
-        if (getattr(backend.ops, "lookup_slot_tables", False) and 0 < len(ctx.lookup) <= 4 * used + (1 << 16)
+        if (backend.ops.lookup_slot_tables and 0 < len(ctx.lookup) <= 4 * used + (1 << 16)
                 and len(ctx.lookup) < _MAX_TABLE_KEYS):
             # host arrays (the cpu backend): one pass of blocks through the lookup's key table
             table = key_table(ctx.lookup, ctx.key_collection, n_coll)

@@ -251,7 +251,7 @@ class Lifecycle(Analysis):
         other core idle).  The halves depend on the rows alone, so any thread count gives the same
         result."""
         n = int(cols["type"].shape[0])
-        if n < SPLIT_ROWS or not getattr(backend.ops, "lookup_slot_tables", False):
+        if n < SPLIT_ROWS or not backend.ops.lookup_slot_tables:
             return self._replay(cols, ctx, backend)
         upper = (key_hash(np, [cols[k] for k in self.key_columns]) >> np.uint64(63)).astype(bool)
         halves = [np.flatnonzero(~upper), np.flatnonzero(upper)]
@@ -295,7 +295,7 @@ class Lifecycle(Analysis):
         seg_start = starts[seg]
         # ---- each instance's tier: the tier of its highest priority (NULL: none; all NULL: unknown)
         pr = xp.where(is_null_int(xp, p), -1, p.astype(xp.int64))
-        if getattr(ops, "lookup_slot_tables", False):  # host NumPy arrays: one pass over the runs
+        if ops.lookup_slot_tables:  # host NumPy arrays: one pass over the runs
             maxp = np.maximum.reduceat(pr, starts)
         else:
             width = int(pr.max()) + 2

@@ -151,7 +151,7 @@ class MachineUtilization(Analysis):
         out = self.empty(backend)
         table = ctx.machines if ctx.machines is not None else MachineHash.build(ctx.machine_ids)
         cells = int(ctx.machine_ids.shape[0]) * ctx.span
-        block = getattr(backend.ops, "lookup_block_rows", None) or max(n, 1)
+        block = backend.ops.lookup_block_rows or max(n, 1)
         alloc = cols["alloc_collection_id"]
         null = xp.asarray(null_int(alloc.dtype), dtype=alloc.dtype)
         notebook = self.mode == "notebook"

@@ -209,10 +209,10 @@ class UsageVsRequest(Analysis):
             return {k: xp.asarray(v) for k, v in self.empty().items()}
         # a block of rows at a time where the backend asks for it (the cpu backend: every
         # intermediate stays in cache)
-        block = getattr(backend.ops, "lookup_block_rows", None) or n
+        block = backend.ops.lookup_block_rows or n
         counts = xp.zeros((_M, _T * _K), dtype=xp.int64)
         rsum = xp.zeros((_M, _T))
-        slots = ctx.slots if getattr(backend.ops, "lookup_slot_tables", False) else None
+        slots = ctx.slots if backend.ops.lookup_slot_tables else None
         if slots is not None:
             # host arrays (the cpu backend): one gather per window in the key's slot (see KeyedSlots);
             # blocks of lookup_block_rows (a quarter, the gathered slots in L2, handed the GIL between

@@ -212,10 +212,10 @@ _tables = PerArrayCache()
 _FIB = np.uint64(0x9E3779B97F4A7C15)
 #: Rows a caller should look up at a time (``backend.ops.lookup_block_rows``): the hash, the probe
 #: and the key checks of one block stay in cache.
-lookup_block_rows = 1 << 16
+lookup_block_rows: int | None = 1 << 16
 #: ``backend.ops.lookup_slot_tables``: this backend's arrays are host NumPy arrays, which
 #: :class:`gpuclust.analyses._lookup.InstanceLookup` probes through its slot table (the key and
-#: code in one record: one gather per query); absent on the gpu backend (``hash_index``).
+#: code in one record: one gather per query); False on the gpu backend (``hash_index``).
 lookup_slot_tables = True
 
 

@@ -16,8 +16,15 @@ import numpy as np
 
 from gpuclust.backends.cpu import check_bucket_overlap, check_grouped_sum, check_hash_index
 
-__all__ = ["bucket_overlap", "cupy_distributions", "device_count", "grouped_sum", "hash_index", "require",
-           "require_device", "sm_count"]
+__all__ = ["bucket_overlap", "cupy_distributions", "device_count", "grouped_sum", "hash_index", "lookup_block_rows",
+           "lookup_slot_tables", "require", "require_device", "sm_count"]
+
+#: ``backend.ops.lookup_block_rows``: None, a lookup is one launch over all its rows (the cpu
+#: backend's is a cache-sized block).
+lookup_block_rows: int | None = None
+#: ``backend.ops.lookup_slot_tables``: False, lookups probe ``hash_index`` (the cpu backend's
+#: host arrays probe a slot table instead).
+lookup_slot_tables = False
 
 #: Threads per block (a multiple of 32: kernels aggregate across whole warps).
 BLOCK = 256
