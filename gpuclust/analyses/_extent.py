@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 from gpuclust.arrow_numpy import to_numpy
 from gpuclust.schema import TIME_AFTER_TRACE
 
-__all__ = ["max_below", "max_finite", "to_f64", "to_i64"]
+__all__ = ["has_values", "max_below", "max_finite", "to_f64", "to_i64"]
 
 
 def to_i64(arr: Any) -> np.ndarray:
@@ -54,3 +54,24 @@ def max_finite(source: Any, table: str, column: str) -> int | None:
                     best = v if best is None else max(best, v)
         return best
     return max_below(to_i64(source.read(table, [column]).column(0)))
+
+
+def has_values(source: Any, table: str, column: str) -> bool:
+    """Whether ``table.column`` holds a value other than NULL or NaN: from each row group's
+    Parquet statistics (null count) where they exist, reading a row group only when they do not
+    settle it, and stopping at the first value; an in-memory source reads the column."""
+    files = source.files(table) if hasattr(source, "files") else None
+    if files is None:
+        return bool(np.isfinite(to_f64(source.read(table, [column]).column(0))).any())
+    for f in files:
+        pf = pq.ParquetFile(f)
+        md = pf.metadata
+        j = md.schema.to_arrow_schema().get_field_index(column)
+        for g in range(md.num_row_groups):
+            rows = md.row_group(g).num_rows
+            st = md.row_group(g).column(j).statistics
+            if rows == 0 or (st is not None and st.has_null_count and st.null_count == rows):
+                continue
+            if bool(np.isfinite(to_f64(pf.read_row_group(g, columns=[column]).column(0))).any()):
+                return True
+    return False

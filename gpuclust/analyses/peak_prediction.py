@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 
 from gpuclust._xp import bincount
-from gpuclust.analyses._extent import max_finite
+from gpuclust.analyses._extent import has_values, max_finite
 from gpuclust.analyses._lookup import id_index
 from gpuclust.analyses._peak_sim import SimParams, simulate
 from gpuclust.analyses._requests import REQUEST_COLUMNS, RequestTimeline, asof_events
@@ -50,11 +50,16 @@ __all__ = ["BASE_PREDICTORS", "METRICS", "PREDICTORS", "STEP_US", "PeakPredictio
 #: The simulator's step: 5 minutes, µs.
 STEP_US = 300_000_000
 #: metric option -> (usage column, resource: 0 = CPU, 1 = memory); the paper's default first.
+#: ``metric="auto"`` (the default) takes the paper's ``cpu_p90`` where the usage has it (the 2019
+#: trace) and :data:`AUTO_FALLBACK` otherwise (the 2011 trace has no CPU percentiles).
 METRICS: dict[str, tuple[str, int]] = {
     "cpu_p90": ("cpu_p90", 0), "avg_cpu": ("avg_cpu", 0), "max_cpu": ("max_cpu", 0), "avg_mem": ("avg_mem", 1),
     "max_mem": ("max_mem", 1),
     **{f"cpu_p{p}": (f"cpu_p{p}", 0) for p in sorted(CPU_PERCENTILES_SOURCE_ORDER) if p != 90},
 }
+#: ``metric="auto"`` on usage without ``cpu_p90``: the window's maximum CPU rate (v2's "maximum
+#: CPU rate", the closest to a peak the 2011 trace measures).
+AUTO_FALLBACK = "max_cpu"
 #: Predictors the max / avg combinations may use.
 BASE_PREDICTORS = ("borg_default", "n_sigma", "instance_percentile", "machine_percentile")
 #: Every predictor column of the machine table, in this order.
@@ -93,6 +98,17 @@ class PeakPredictionContext:
     span: int
     last_step: int
     requests: RequestTimeline = field(default_factory=RequestTimeline)
+    #: the metric used (``metric="auto"`` resolved against the data)
+    metric: str = "cpu_p90"
+
+
+def _auto_note(info: Mapping[str, Any]) -> str:
+    """Why ``metric="auto"`` took the metric it did, for the summary line."""
+    if info.get("metric_option") != "auto":
+        return ""
+    if info.get("metric") == "cpu_p90":
+        return ", auto"
+    return ", auto: the usage has no cpu_p90 (2011 traces); -O metric=... for another"
 
 
 def _duration(s: int) -> str:
@@ -136,8 +152,9 @@ class PeakPrediction(Analysis):
     'peak-prediction[metric=avg_cpu,n_sigma=3.0]'
     """
 
-    metric: str = option("cpu_p90", "the usage of an instance in a step: max over its windows of this column "
-                         "(the paper: cpu_p90)", choices=tuple(METRICS))
+    metric: str = option("auto", "the usage of an instance in a step: max over its windows of this column "
+                         "(the paper: cpu_p90); auto: cpu_p90 where the usage has it, else max_cpu (2011 traces)",
+                         choices=("auto", *METRICS))
     horizon_s: int = option(86400, "the oracle's horizon, seconds (future steps in (t, t + horizon]); at most 7 days")
     oracle_percentile: float = option(100.0, "the oracle: this percentile of the future total usage (100 = peak)")
     cap_to_limit: bool = option(True, "cap each instance's usage at its limit in the predictors and the oracle")
@@ -169,8 +186,8 @@ class PeakPrediction(Analysis):
     auto_partition_rows = 1 << 20
 
     def __post_init__(self) -> None:
-        if self.metric not in METRICS:
-            raise ValueError(f"peak-prediction: metric must be one of {list(METRICS)}, got {self.metric!r}")
+        if self.metric != "auto" and self.metric not in METRICS:
+            raise ValueError(f"peak-prediction: metric must be auto or one of {list(METRICS)}, got {self.metric!r}")
         if not 300 <= self.horizon_s <= MAX_HORIZON_S:
             raise ValueError(f"peak-prediction: horizon_s must be in [300, {MAX_HORIZON_S}], got {self.horizon_s}")
         for name in ("oracle_percentile", "instance_percentile", "machine_percentile"):
@@ -207,8 +224,17 @@ class PeakPrediction(Analysis):
 
     @property
     def columns(self) -> tuple[str, ...]:
+        metrics = ("cpu_p90", AUTO_FALLBACK) if self.metric == "auto" else (self.metric,)
         return ("start_time", "collection_id", "instance_index", "machine_id", "alloc_collection_id",
-                METRICS[self.metric][0])
+                *dict.fromkeys(METRICS[m][0] for m in metrics))
+
+    def resolve_metric(self, source: Any) -> str:
+        """The metric this run uses: the option, or for ``auto`` ``cpu_p90`` where the usage holds
+        a value of it (Parquet statistics, see :func:`gpuclust.analyses._extent.has_values`), else
+        :data:`AUTO_FALLBACK`."""
+        if self.metric != "auto":
+            return self.metric
+        return "cpu_p90" if has_values(source, "instance_usage", "cpu_p90") else AUTO_FALLBACK
 
     def context(self, source: Any) -> PeakPredictionContext:
         me = source.read("machine_events", ["machine_id"])
@@ -220,7 +246,7 @@ class PeakPrediction(Analysis):
         span = max(last_step + 1, 1)
         if ids.shape[0] * span >= 1 << 62:
             raise ValueError("peak-prediction: machines x steps do not fit an int64 key")
-        return PeakPredictionContext(ids, span, last_step)
+        return PeakPredictionContext(ids, span, last_step, metric=self.resolve_metric(source))
 
     @property
     def side_inputs(self) -> dict[str, tuple[str, ...]]:
@@ -259,7 +285,7 @@ class PeakPrediction(Analysis):
         pos, known = id_index(backend, ctx.machine_ids, cols["machine_id"])
         stats["unknown_machine_rows"] = int(xp.count_nonzero(keep & ~known))
         keep &= known
-        col, res = METRICS[self.metric]
+        col, res = METRICS[ctx.metric]
         u = cols[col].astype(xp.float64)
         fin = xp.isfinite(u)
         stats["null_metric_rows"] = int(xp.count_nonzero(keep & ~fin))
@@ -424,7 +450,8 @@ class PeakPrediction(Analysis):
         def rng(r: tuple[int, ...]) -> str:
             return f"{r[0]}..{r[1]}" if self.apply_ranges else "all"
 
-        info = table_from_rows([{"analysis": self.name, "metric": self.metric, "horizon_s": int(self.horizon_s),
+        info = table_from_rows([{"analysis": self.name, "metric": ctx.metric, "metric_option": self.metric,
+                                 "horizon_s": int(self.horizon_s),
                               "oracle_percentile": prm.oracle_percentile, "cap_to_limit": prm.cap_to_limit,
                               "min_samples": prm.min_samples, "combine": ",".join(prm.combine),
                               "priority_range": rng(self.priority_range),
@@ -438,7 +465,7 @@ class PeakPrediction(Analysis):
         info = as_arrow(result["info"]).to_pylist()[0]
         lines = [f"{self.label}: {info['machine_rows']:,} machine-steps ({info['censored_rows']:,} censored: the "
                  f"horizon passes the data's end) from {info['used_rows']:,} of {info['rows']:,} usage windows "
-                 f"(metric {info['metric']}, horizon {info['horizon_s']} s)"]
+                 f"(metric {info['metric']}{_auto_note(info)}, horizon {info['horizon_s']} s)"]
         note = horizon_note(info)
         if note is not None:
             lines.append(f"  {note}")

@@ -10,6 +10,7 @@ from collections import defaultdict
 import numpy as np
 import pandas as pd
 import peak_prediction_reference as ref
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -367,3 +368,27 @@ def test_merge_laws_with_requests():
         p1, p2, p3 = (partial_of(a, t.slice(lo, hi - lo), ctx, be) for lo, hi in ((0, c1), (c1, c2), (c2, n)))
         for p in (a.merge(a.merge(p1, p2), p3), a.merge(p1, a.merge(p2, p3)), a.merge(p3, a.merge(e, a.merge(p2, p1)))):
             assert_results_same({"r": a.finalize(p, ctx)}, {"r": full})
+
+
+@pytest.mark.parametrize("on_disk", [False, True])
+def test_auto_metric_takes_max_cpu_where_the_usage_has_no_cpu_p90(on_disk, tmp_path):
+    """The 2011 trace has no CPU percentiles: ``metric="auto"`` (the default) then scores the
+    window's maximum CPU rate, as ``metric="max_cpu"`` does, and says so; where cpu_p90 has a
+    value it is the paper's cpu_p90 (Parquet statistics decide on disk, the column in memory)."""
+    tables = cell(5)
+    us = tables["instance_usage"]
+    v2 = {**tables, "instance_usage": us.set_column(us.schema.get_field_index("cpu_p90"), "cpu_p90",
+                                                    pa.nulls(us.num_rows, us.schema.field("cpu_p90").type))}
+    opts = {**SMALL, "scheduling_class_range": (0, 3)}
+
+    def source(t, name):
+        return Dataset(write_dataset(tmp_path / name, t, files=2, row_group_size=50)) if on_disk else TableSource(t)
+
+    got = run(source(v2, "v2"), PeakPrediction(**opts))["peak-prediction"]
+    info = got["info"].iloc[0]
+    assert (info["metric"], info["metric_option"]) == ("max_cpu", "auto")
+    check(got, v2, {**opts, "metric": "max_cpu"})
+    assert "auto: the usage has no cpu_p90" in PeakPrediction(**opts).summary(got)
+    got = run(source(tables, "v3"), PeakPrediction(**opts))["peak-prediction"]
+    assert got["info"].iloc[0]["metric"] == "cpu_p90"
+    check(got, tables, opts)
