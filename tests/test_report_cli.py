@@ -145,7 +145,8 @@ def test_edge_buckets() -> None:
                                                                                  "ends after the data"]
     assert edge_buckets([600_000_000, 600_000_000 + h], h, None, 600_000_000 + 2 * h) == []
     assert edge_buckets(starts, h)[-1][2] == "the data may end inside it"
-    assert trace_hours(600_000_000 + h) == pytest.approx(1.0)
+    assert trace_hours(h) == pytest.approx(1.0)  # trace time, the buckets' and --from's origin
+    assert trace_hours(600_000_000) == pytest.approx(1 / 6)  # the trace start
 
 
 def test_every_section_states_what_it_shows() -> None:

@@ -195,10 +195,11 @@ def test_hover_in_chromium_and_no_zoom_that_crops_axes(chromium: str, report: tu
             value = float(tip.split(f"{label}: ", 1)[1].split(" | ")[0])
             lo, hi = axes[which]
             assert value == pytest.approx((lo + hi) / 2, abs=0.02 * abs(hi - lo)), (which, tip, axes)
-    if name == "synthetic":  # a time axis: the wall-clock instant too (the 2019 trace starts 2019-05-01 07:00 UTC)
-        assert axes["xlabel"] == "trace hours (since the trace start)", axes
+    if name == "synthetic":  # a time axis: the wall-clock instant too (the 2019 trace starts at trace time
+        # 600 s, 2019-05-01 07:00 UTC: trace time 0 is 06:50 UTC)
+        assert axes["xlabel"] == "trace hours (trace time; the trace starts at 0.17 h)", axes
         hours = (axes["x"][0] + axes["x"][1]) / 2
-        minute = 7 * 60 + hours * 60
+        minute = 6 * 60 + 50 + hours * 60
         assert f"UTC: 2019-05-01 {int(minute // 60):02d}:" in tip, tip
     assert attrs["data-probe-dragged"] == attrs["data-probe-full"] and len(attrs["data-probe-full"].split()) == 4
     assert attrs["data-probe-aspect"] == ""

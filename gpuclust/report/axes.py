@@ -1,10 +1,12 @@
 """Shared pieces of the plots: the time axis, partial edge buckets, labels, "nothing to plot".
 
-Every time series is drawn against *trace hours*: hours since the trace start (trace time 600 s,
-1 May 2019 00:00 PDT for v3, 1 May 2011 19:00 EDT for v2; docs/dataset.md), so a series starting
-at the trace start starts at 0.  A bucket only partly covered by the data (the first hour bucket
-starts 600 s before the trace, the last one usually extends past the data's end) is shaded and
-labelled, so that its lower total is not read as a drop in load.
+Every time series is drawn against *trace hours*: hours of trace time, whose origin is the one of
+the tables' times, of the analyses' time buckets and of ``--from`` / ``--to`` (trace time 0, 600 s
+before the trace start; docs/dataset.md, "Time"), so an hour bucket's edges fall on whole hours
+and ``--from 2h`` is 2 on the axis.  The trace starts at 600 s (0.17 h: 1 May 2019 00:00 PDT for
+v3, 1 May 2011 19:00 EDT for v2).  A bucket only partly covered by the data (the first hour
+bucket starts 600 s before the trace, the last one usually extends past the data's end) is
+shaded and labelled, so that its lower total is not read as a drop in load.
 """
 
 from __future__ import annotations
@@ -19,12 +21,13 @@ from gpuclust.schema import TRACE_OFFSET_US
 __all__ = ["TIME_LABEL", "edge_buckets", "nothing_to_plot", "percent", "trace_hours", "wrap_label"]
 
 #: The x label of every time series.
-TIME_LABEL = "trace hours (since the trace start)"
+TIME_LABEL = "trace hours (trace time; the trace starts at 0.17 h)"
 
 
 def trace_hours(us: Any) -> np.ndarray:
-    """Trace microseconds -> hours since the trace start (trace time 600 s)."""
-    return (np.asarray(us, dtype=np.float64) - TRACE_OFFSET_US) / 3.6e9
+    """Trace microseconds -> hours of trace time (the origin of the times, the buckets and
+    ``--from`` / ``--to``; the trace starts at 600 s)."""
+    return np.asarray(us, dtype=np.float64) / 3.6e9
 
 
 def edge_buckets(starts_us: Sequence[int] | np.ndarray, width_us: float, lo_us: float | None = None,

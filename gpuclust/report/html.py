@@ -163,12 +163,14 @@ def render_page(run: dict[str, Any], results: Mapping[str, Mapping[str, Any]], r
     from gpuclust.report.axes import TIME_LABEL
     from gpuclust.report.provenance import provenance_rows, subject
     from gpuclust.report.sections import caption, empty_reason, key_numbers, ordered
+    from gpuclust.schema import TRACE_OFFSET_US
 
     facts = facts or {}
     who = subject(run, facts)
     start = TRACE_START.get(str(run.get("trace_version") or facts.get("trace_version")))
-    clock = (f' data-time-label="{html.escape(TIME_LABEL)}" data-trace-start-ms="{int(start.timestamp() * 1000)}"'
-             if start is not None else "")
+    # the wall clock of trace time 0 (the time axes' origin): 600 s before the trace start
+    clock = (f' data-time-label="{html.escape(TIME_LABEL)}" '
+             f'data-time-zero-ms="{int(start.timestamp() * 1000) - TRACE_OFFSET_US // 1000}"' if start is not None else "")
     name_of = {a["key"]: a["name"] for a in run.get("analyses", [])}
     label_of = {a["key"]: a.get("label", a["key"]) for a in run.get("analyses", [])}
     keys = ordered([k for k in results if k in name_of], name_of)

@@ -167,7 +167,7 @@ def _span_text(facts: dict[str, Any]) -> str:
         a = float(trace_hours(max(int(lo), TRACE_OFFSET_US)))
         b = "after the trace (2^63-1)" if int(hi) >= TIME_AFTER_TRACE else f"{float(trace_hours(int(hi))):.2f}"
         parts.append(f"{t} {a:.2f} to {b}")
-    return ("trace hours since the trace start: " + "; ".join(parts)) if parts else "unknown"
+    return ("trace hours (trace time; the trace starts at 0.17 h): " + "; ".join(parts)) if parts else "unknown"
 
 
 def _selection_text(sel: Any) -> str:

@@ -20,7 +20,7 @@
     return lim[0] + f * (lim[1] - lim[0]);
   }
   var timeLabel = document.body.getAttribute("data-time-label");
-  var traceStart = Number(document.body.getAttribute("data-trace-start-ms")) || 0;
+  var timeZero = Number(document.body.getAttribute("data-time-zero-ms")) || 0;
   function setup(fig) {
     var svg = fig.querySelector("svg");
     if (!svg) return false;
@@ -39,9 +39,9 @@
         var lines = [];
         if (a.xscale !== "other") lines.push((a.xlabel || "x").split("\n")[0] + ": " + fmt(fromFrac((fx - b[0]) / (b[2] - b[0]), a.x, a.xscale)));
         if (a.yscale !== "other") lines.push((a.ylabel || "y").split("\n")[0] + ": " + fmt(fromFrac((fy - b[1]) / (b[3] - b[1]), a.y, a.yscale)));
-        if (a.xlabel === timeLabel && traceStart && a.xscale === "linear") {
+        if (a.xlabel === timeLabel && timeZero && a.xscale === "linear") {
           var h = fromFrac((fx - b[0]) / (b[2] - b[0]), a.x, "linear");
-          lines.push("UTC: " + new Date(traceStart + h * 3600e3).toISOString().slice(0, 16).replace("T", " "));
+          lines.push("UTC: " + new Date(timeZero + h * 3600e3).toISOString().slice(0, 16).replace("T", " "));
         }
         if (!lines.length) break;
         tip.textContent = lines.join("\n"); tip.style.display = "block";
