@@ -42,7 +42,7 @@ Per-instance sequences need every event of an instance in one partition: the ana
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -51,16 +51,40 @@ import pyarrow as pa
 from gpuclust._parallel import map_ordered, threads
 from gpuclust._xp import bincount
 from gpuclust.analyses._extent import max_finite
+from gpuclust.analyses._lifecycle_survival import max_priority_by_collection, survival_table
+from gpuclust.analyses._lifecycle_tables import (
+    _B,
+    _D,
+    _DELAY_BINS,
+    _DI,
+    _PENDING_EXIT,
+    _RUNNING_EXIT,
+    _SERIES_CLASS,
+    _T,
+    DELAY_EDGES_US,
+    DELAYS_SCHEMA,
+    DISTRIBUTIONS,
+    EVENTS_BY_KIND_SCHEMA,
+    EVENTS_SCHEMA,
+    SERIES_FIELDS,
+    TRANSITIONS_SCHEMA,
+    delay_bins,
+    delays_tables,
+    series_partial,
+    series_table,
+    with_kind,
+)
 from gpuclust.analyses.base import Analysis, fmt, is_null_int, resolve_tier_map
-from gpuclust.analyses.grouping import FloatBins, bucket_index, instance_order, segmented_last
+from gpuclust.analyses.grouping import bucket_index, instance_order, segmented_last
 from gpuclust.analyses.options import option, tier_map_option
-from gpuclust.arrow_numpy import bin_table, empty_table, labels, rows_table, table, table_from_rows
+from gpuclust.arrow_numpy import empty_table, rows_table, table_from_rows
 from gpuclust.layout import key_hash
-from gpuclust.partials import bin_quantile_edges, keyed_reduce, merge_keyed
+from gpuclust.partials import merge_keyed
 from gpuclust.schema import TIME_AFTER_TRACE, EventType, TierMap, tier_map
 from gpuclust.tables import as_arrow, column
 
-__all__ = ["CollectionLifecycle", "DELAY_EDGES_US", "DISTRIBUTIONS", "EVENT_NAMES", "EXPECTED", "Lifecycle", "STATE_AFTER", "SERIES_FIELDS",
+__all__ = ["CollectionLifecycle", "DELAY_EDGES_US", "DISTRIBUTIONS", "EVENT_NAMES", "EXPECTED", "Lifecycle", "STATE_AFTER",
+           "SERIES_FIELDS", "delay_bins",
            "unknown_duration_reason"]
 
 #: Event type names, by v3 code.
@@ -78,88 +102,16 @@ EXPECTED: dict[int, frozenset[int]] = {
                          EventType.KILL, EventType.LOST}),
     _DEAD: frozenset({EventType.SUBMIT}),
 }
-#: The ``series`` counters, in order (pending / running: changes, summed into levels at finalize).
-SERIES_FIELDS = ("submissions", "new_submissions", "resubmissions", "schedules", "evictions", "failures",
-                 "finishes", "kills", "losses", "d_pending", "d_running")
-#: An event's class in the series: SUBMIT 0 (1 when the instance was submitted before), SCHEDULE 2,
-#: EVICT 3, FAIL 4, FINISH 5, KILL 6, LOST 7, any other type 8.
-_SERIES_CLASS = np.full(_NE, 8, np.int64)
-for _k, _ev in enumerate((EventType.SCHEDULE, EventType.EVICT, EventType.FAIL, EventType.FINISH, EventType.KILL,
-                          EventType.LOST)):
-    _SERIES_CLASS[int(_ev)] = 2 + _k
-_SERIES_CLASS[int(EventType.SUBMIT)] = 0
-#: Codes per event: the classes above x 3 pending changes x 3 running changes.
-_SERIES_CLASSES = 9
-_SERIES_CODES = _SERIES_CLASSES * 3 * 3
-#: (measure, outcome) of every delay distribution, in order.
-DISTRIBUTIONS: tuple[tuple[str, str], ...] = (
-    *(("scheduling", o) for o in ("scheduled", "evict", "fail", "finish", "kill", "lost", "resubmitted", "other",
-                                   "censored")),
-    ("enable_to_schedule", "scheduled"),
-    *(("execution", o) for o in ("evict", "fail", "finish", "kill", "lost", "interrupted", "censored")),
-)
-_D = len(DISTRIBUTIONS)
-_DI = {d: k for k, d in enumerate(DISTRIBUTIONS)}
-#: Outcome of a pending episode by the v3 code of the event that ends it.
-_PENDING_EXIT = np.array([_DI["scheduling", o] for o in ("resubmitted", "other", "other", "scheduled", "evict", "fail",
-                                                         "finish", "kill", "lost", "other", "other")], np.int64)
-#: Outcome of a run by the v3 code of the event that ends it.
-_RUNNING_EXIT = np.array([_DI["execution", o] for o in ("interrupted", "interrupted", "interrupted", "interrupted",
-                                                        "evict", "fail", "finish", "kill", "lost", "interrupted",
-                                                        "interrupted")], np.int64)
-#: Lower edges (µs) of the delay bins 1, 2, ...: the distinct ``ceil(10^(k/50))``, k = 0..650 (1 µs to
-#: 10^13 µs, about 116 days); bin 0 holds zero delays, the last bin everything from 10^13 µs on.
-#: (``np.ceil`` of an increasing sequence is non-decreasing: the distinct ones are those unlike their
-#: predecessor; ``np.unique`` would import ``numpy.ma``, ~15 ms of every run's start-up)
-_EDGES = np.ceil(10.0 ** (np.arange(651) / 50.0)).astype(np.int64)
-DELAY_EDGES_US = _EDGES[np.concatenate([[True], _EDGES[1:] != _EDGES[:-1]])]
-_B = int(DELAY_EDGES_US.shape[0]) + 1
-#: :func:`delay_bins`' table: each octave of durations from 1 µs to 2^44 µs in 64 cells, each
-#: holding at most one edge.
-_DELAY_BINS = FloatBins(DELAY_EDGES_US.astype(np.float64), bits=6, lo=1.0, hi=2.0 ** 44, what="lifecycle delay bins")
-
-
-def delay_bins(xp: Any, dur: Any, cells: Any = None, edges: Any = None) -> Any:
-    """``searchsorted(DELAY_EDGES_US, dur, side="right")`` (int64) for int64 durations: the bin of
-    the duration's cell (its float64 exponent and top mantissa bits: exact below 2^53, and every
-    edge lies below), plus one where the cell's edge lies at or below it.
-
-    >>> d = np.array([-5, 0, 1, 2, 99, 100, 101, 10**13 - 1, 10**13, 2**62])
-    >>> (delay_bins(np, d) == np.searchsorted(DELAY_EDGES_US, d, side="right")).all()
-    np.True_
-    """
-    return _DELAY_BINS.bins(xp, dur.astype(xp.float64), cells, edges)
 _COUNTERS = ("rows", "invalid_type_rows", "instances", "first_not_submit", "unknown_priority_instances",
-             "time_zero_events", "after_trace_events")
+             "time_zero_events", "after_trace_events", "present_at_start", "synthesized_events",
+             "synthesized_duration_episodes", "priority_from_instances")
 _I64_MAX = np.iinfo(np.int64).max
 #: Rows of a partition from which the cpu path replays it as two halves (see ``Lifecycle.partial``).
 SPLIT_ROWS = 1 << 19
-#: Tier slots of the dense partials: the most tiers a tier map may have, plus "unknown".
-_T = 17
-
-
-def _series(backend: Any, key: Any, code: Any) -> dict[str, Any]:
-    """The series partial: per (bucket, tier) ``key`` with at least one event, the event counts of
-    :data:`SERIES_FIELDS` and the net pending / running changes, from one count per (key, code)
-    (``code``: class x pending change x running change, see :data:`_SERIES_CLASS`)."""
-    xp = backend.xp
-    got = keyed_reduce(backend, key * _SERIES_CODES + code, {}, {"n": None})
-    fused, n = got["key"], got["n"]
-    k = fused // _SERIES_CODES
-    first = xp.ones(k.shape[0], dtype=bool)
-    first[1:] = k[1:] != k[:-1]
-    row = xp.cumsum(first) - 1
-    m = xp.zeros((int(first.sum()), _SERIES_CODES), dtype=xp.int64)
-    m[row, fused % _SERIES_CODES] = n
-    m = m.reshape(-1, _SERIES_CLASSES, 3, 3)
-    per = m.sum(axis=(2, 3))
-    out = {"key": k[first].astype(xp.int64), "submissions": per[:, 0] + per[:, 1], "new_submissions": per[:, 0],
-           "resubmissions": per[:, 1]}
-    for j, f in enumerate(("schedules", "evictions", "failures", "finishes", "kills", "losses")):
-        out[f] = per[:, 2 + j]
-    out["d_pending"] = m[:, :, 2, :].sum(axis=(1, 2)) - m[:, :, 0, :].sum(axis=(1, 2))
-    out["d_running"] = m[:, :, :, 2].sum(axis=(1, 2)) - m[:, :, :, 0].sum(axis=(1, 2))
-    return {f: xp.ascontiguousarray(out[f]) for f in ("key", *SERIES_FIELDS)}
+#: Kinds of thing (``collection_type`` 0, 1, NULL or other): the dense partials' first axis is
+#: kind x tier, ``kind * _T + tier``.
+_K = 3
+_NS = _K * _T
 
 
 @dataclass(frozen=True)
@@ -167,6 +119,10 @@ class LifecycleContext:
     tier_map: TierMap
     #: The last finite event time of the data (censored episodes are measured to it); None: no events.
     data_end_us: int | None
+    #: collection-lifecycle: sorted collection ids and the highest priority over each one's instance
+    #: events (-1: none known), the priority of a collection whose own events carry none.
+    job_ids: Any = None
+    job_priority: Any = None
 
     @property
     def tier_names(self) -> tuple[str, ...]:
@@ -215,10 +171,12 @@ class Lifecycle(Analysis):
     #: in summaries (``info.instances`` counts them).
     key_columns: ClassVar[tuple[str, ...]] = ("collection_id", "instance_index")
     thing: ClassVar[str] = "instance"
+    #: The names of the kinds of thing, by ``collection_type`` (0, 1, NULL or other).
+    kinds: ClassVar[tuple[str, str, str]] = ("task", "alloc_instance", "unknown")
 
     @property
     def columns(self) -> tuple[str, ...]:
-        return ("time", "type", *self.key_columns, "priority")
+        return ("time", "type", *self.key_columns, "priority", "missing_type", "collection_type")
 
     @property
     def width_us(self) -> int:
@@ -234,7 +192,7 @@ class Lifecycle(Analysis):
     def empty(self, backend: Any = None) -> dict[str, Any]:
         """The empty partial, its dense arrays in ``backend``'s memory (made there: nothing is
         copied to a device); the keyed series stay host arrays."""
-        t = _T  # trimmed to the context's tiers at finalize
+        t = _NS  # kind x tier slots, trimmed to the context's tiers at finalize
         xp = np if backend is None else backend.xp
         return {"events": xp.zeros((t, _NE), np.int64), "transitions": xp.zeros((t, _NE, _NE), np.int64),
                 "episodes": xp.zeros((t, _D), np.int64), "hist": xp.zeros((t, _D, _B), np.int64),
@@ -279,52 +237,88 @@ class Lifecycle(Analysis):
         def pick(a: Any) -> Any:
             return a if rows is None else a[rows]
 
-        t, c, p = (pick(cols[k]) for k in ("time", "collection_id", "priority"))
+        t, c, p, mt, ct = (pick(cols[k]) for k in ("time", "collection_id", "priority", "missing_type",
+                                                     "collection_type"))
         i = pick(cols["instance_index"]) if "instance_index" in self.key_columns else xp.zeros(n, dtype=xp.int32)
         e = pick(e)
         # ---- one instance's events together, in time order (ties keep row order)
         order = instance_order(xp, c, i, t)
-        t, e, c, i, p = (xp.take(a, order) for a in (t, e, c, i, p))
+        t, e, c, i, p, mt, ct = (xp.take(a, order) for a in (t, e, c, i, p, mt, ct))
         del order
         first = xp.ones(n, dtype=bool)
         first[1:] = (c[1:] != c[:-1]) | (i[1:] != i[:-1])
-        del c, i  # (each array freed when done: the later ones reuse its memory, no fresh pages)
+        del i  # (each array freed when done: the later ones reuse its memory, no fresh pages)
         starts = xp.nonzero(first)[0]
         S = int(starts.shape[0])
         seg = xp.cumsum(first) - 1
         seg_start = starts[seg]
-        # ---- each instance's tier: the tier of its highest priority (NULL: none; all NULL: unknown)
+        # ---- events the trace synthesised (missing_type set, not NONE; NULL is the int minimum)
+        synth = mt.astype(xp.int64) > 0
+        counters["synthesized_events"] = int(xp.count_nonzero(synth))
+        del mt
+
+        def top(v: Any) -> Any:  # each instance's largest value of v (int64, -1: none known)
+            if ops.lookup_slot_tables:  # host NumPy arrays: one pass over the runs
+                return np.maximum.reduceat(v, starts)
+            width = int(v.max()) + 2
+            ranked = xp.sort(seg * width + (v + 1))
+            hi = ranked[xp.searchsorted(ranked, (xp.arange(S, dtype=xp.int64) + 1) * width, side="left") - 1]
+            return hi - xp.arange(S, dtype=xp.int64) * width - 1
+
+        # ---- each instance's tier: the tier of its highest priority (NULL: none; all NULL: unknown;
+        # a collection without one: its instances' highest, when the context has them)
         pr = xp.where(is_null_int(xp, p), -1, p.astype(xp.int64))
-        if ops.lookup_slot_tables:  # host NumPy arrays: one pass over the runs
-            maxp = np.maximum.reduceat(pr, starts)
-        else:
-            width = int(pr.max()) + 2
-            ranked = xp.sort(seg * width + (pr + 1))
-            top = ranked[xp.searchsorted(ranked, (xp.arange(S, dtype=xp.int64) + 1) * width, side="left") - 1]
-            maxp = top - xp.arange(S, dtype=xp.int64) * width - 1
+        maxp = top(pr)
+        if ctx.job_ids is not None and int(ctx.job_ids.shape[0]):
+            ids, jp = xp.asarray(ctx.job_ids), xp.asarray(ctx.job_priority)
+            cs = c[starts]
+            pos = xp.minimum(xp.searchsorted(ids, cs), int(ids.shape[0]) - 1)
+            fill = (maxp < 0) & (ids[pos] == cs) & (jp[pos] >= 0)
+            counters["priority_from_instances"] = int(xp.count_nonzero(fill))
+            maxp = xp.where(fill, jp[pos], maxp)
+        del c
         code = xp.searchsorted(xp.asarray(np.asarray(ctx.tier_map.bounds, np.int64)), maxp, side="right") - 1
         tier_s = xp.where((maxp >= 0) & (code >= 0), code, unknown).astype(xp.int64)
         counters["unknown_priority_instances"] = int(xp.count_nonzero(maxp < 0))
+        # ---- each instance's kind: its collection_type (0, 1; NULL or other: unknown)
+        kmax = top(xp.where((ct >= 0) & (ct <= 1), ct.astype(xp.int64), -1))
+        slot_s = xp.where(kmax >= 0, kmax, 2).astype(xp.int64) * T + tier_s
         tier = tier_s[seg]
-        del p, pr
-        out["instances"] = bincount(xp, tier_s, minlength=T).astype(xp.int64)
+        slot = slot_s[seg]
+        del p, pr, ct
+        out["instances"] = bincount(xp, slot_s, minlength=_NS).astype(xp.int64)
         counters["instances"] = S
         counters["first_not_submit"] = int(xp.count_nonzero(e[starts] != int(EventType.SUBMIT)))
         counters["time_zero_events"] = int(xp.count_nonzero(t == 0))
+        # an instance present at the trace start: its first event at time 0 (before the trace window)
+        pas = t[starts] == 0
+        counters["present_at_start"] = int(xp.count_nonzero(pas))
+        pas_row = pas[seg]
         after = t == TIME_AFTER_TRACE
         counters["after_trace_events"] = int(xp.count_nonzero(after))
         # ---- events, transitions
-        out["events"] = bincount(xp, tier * _NE + e, minlength=T * _NE).reshape(T, _NE).astype(xp.int64)
+        out["events"] = bincount(xp, slot * _NE + e, minlength=_NS * _NE).reshape(_NS, _NE).astype(xp.int64)
         state = xp.asarray(STATE_AFTER)[e]
         prev_e = xp.empty(n, dtype=xp.int64)
         prev_e[0] = 0
         prev_e[1:] = e[:-1]
         prev_state = xp.where(first, _NONE, xp.asarray(STATE_AFTER)[prev_e])
         # an instance's first event has no transition: counted in an extra last bin, dropped
-        pair = (tier * _NE + prev_e) * _NE + e
-        pair[first] = T * _NE * _NE
-        out["transitions"] = bincount(xp, pair, minlength=T * _NE * _NE + 1)[:-1].reshape(T, _NE, _NE).astype(xp.int64)
+        pair = (slot * _NE + prev_e) * _NE + e
+        pair[first] = _NS * _NE * _NE
+        out["transitions"] = bincount(xp, pair, minlength=_NS * _NE * _NE + 1)[:-1].reshape(
+            _NS, _NE, _NE).astype(xp.int64)
         del pair
+        # ---- pending sub-states: queued (deferred) after a QUEUE, eligible after an ENABLE, each until
+        # the next SUBMIT, QUEUE or ENABLE (UPDATE_PENDING keeps it) or the end of the pending stay
+        mark = ((e == int(EventType.SUBMIT)) | (e == int(EventType.QUEUE)) | (e == int(EventType.ENABLE))
+                | (state != _PENDING))
+        lm = segmented_last(ops, xp, mark, seg_start)
+        sub_e = xp.where(lm >= 0, e[xp.maximum(lm, 0)], -1)
+        pend = state == _PENDING
+        queued = pend & (sub_e == int(EventType.QUEUE))
+        eligible = pend & (sub_e == int(EventType.ENABLE))
+        del mark, lm, sub_e, pend
         # ---- series: counts and state changes per (bucket, tier); events after the trace are not placed
         is_sub = e == int(EventType.SUBMIT)
         csub = xp.cumsum(is_sub.astype(xp.int64))
@@ -332,21 +326,34 @@ class Lifecycle(Analysis):
         n_after = counters["after_trace_events"]
         live = slice(None) if n_after == 0 else xp.nonzero(~after)[0]  # (a slice: no gathers)
         i64 = xp.int64
-        # one code per event: its series class (SUBMIT first / again, SCHEDULE, ..., other) and
-        # its pending and running changes (-1, 0, +1 each), counted per (bucket, tier) at once
-        cls = xp.asarray(_SERIES_CLASS)[e] + (is_sub & (csub > 1))
-        d_p = (state == _PENDING).astype(i64) - (prev_state == _PENDING).astype(i64)
-        d_r = (state == _RUNNING).astype(i64) - (prev_state == _RUNNING).astype(i64)
-        code = (cls * 3 + (d_p + 1)) * 3 + (d_r + 1)
+        # one code per event: its series class (SUBMIT new / again / of an instance present at the start,
+        # SCHEDULE, ..., other), its level changes (-1, 0, +1 each) and whether it is the first event of an
+        # instance present at the start, counted per (bucket, tier) at once
+        first_sub = is_sub & (csub == 1)
+        cls = xp.asarray(_SERIES_CLASS)[e] + (is_sub & ~(first_sub & ~pas_row))
+        cls = xp.where(first_sub & pas_row & (t == 0), 9, cls)
+
+        def change(now: Any) -> Any:
+            was = xp.zeros(n, dtype=bool)
+            was[1:] = now[:-1]
+            return now.astype(i64) - (was & ~first).astype(i64) + 1
+
+        d_p = (state == _PENDING).astype(i64) - (prev_state == _PENDING).astype(i64) + 1
+        d_r = (state == _RUNNING).astype(i64) - (prev_state == _RUNNING).astype(i64) + 1
+        code = (((((cls * 3 + d_p) * 3 + d_r) * 3 + change(queued)) * 3 + change(eligible)) * 2
+                + (first & pas_row).astype(i64))
         key = bucket_index(t[live], self.width_us) * T + tier[live]
-        out["series"] = _series(backend, key, code[live])
-        del is_sub, csub, cls, d_p, d_r, code, key, after
+        out["series"] = series_partial(backend, key, code[live])
+        del is_sub, csub, first_sub, cls, d_p, d_r, code, key, after, queued, eligible, pas_row
         # ---- episodes: pending ones end at the first event leaving the state (or a SUBMIT while pending),
-        # runs likewise (or a SCHEDULE while running); those open at the end of the data are censored
+        # runs likewise (or a SCHEDULE while running); those open at the end of the data are censored.
+        # A duration is known when the episode began with its SUBMIT (SCHEDULE) after time 0, ended before
+        # 2^63-1, and neither end is an event the trace synthesised.
         end = n - 1
         last_row = xp.concatenate([starts[1:] - 1, xp.asarray([end], dtype=starts.dtype)]).astype(xp.int64)
-        recs: list[tuple[Any, Any, Any, Any]] = []  # (tier, distribution, duration, duration known)
+        recs: list[tuple[Any, Any, Any, Any]] = []  # (slot, distribution, duration, duration known)
         data_end = ctx.data_end_us
+        n_synth = 0
         for st_, restart, entry_ev, exits in ((_PENDING, int(EventType.SUBMIT), int(EventType.SUBMIT), _PENDING_EXIT),
                                               (_RUNNING, int(EventType.SCHEDULE), int(EventType.SCHEDULE), _RUNNING_EXIT)):
             entry = ((state == st_) & (prev_state != st_)) | ((state == st_) & (e == restart) & (prev_state == st_))
@@ -354,12 +361,14 @@ class Lifecycle(Analysis):
             x = xp.nonzero((prev_state == st_) & ((state != st_) | (e == restart)))[0]
             s = last_entry[x - 1]  # x is never an instance's first row (prev_state is set)
             sc = xp.maximum(s, 0)
-            known = (s >= 0) & (e[sc] == entry_ev) & (t[sc] != 0) & (t[x] != TIME_AFTER_TRACE)
-            recs.append((tier[x], xp.asarray(exits)[e[x]], t[x] - t[sc], known))
+            timed = (s >= 0) & (e[sc] == entry_ev) & (t[sc] != 0) & (t[x] != TIME_AFTER_TRACE)
+            known = timed & ~synth[sc] & ~synth[x]
+            n_synth += int(xp.count_nonzero(timed & ~known))
+            recs.append((slot[x], xp.asarray(exits)[e[x]], t[x] - t[sc], known))
             if st_ == _PENDING:  # from the last ENABLE of the episode to its SCHEDULE
                 le = segmented_last(ops, xp, e == int(EventType.ENABLE), seg_start)[x - 1]
-                en = xp.nonzero((e[x] == int(EventType.SCHEDULE)) & (le > s) & known)[0]
-                recs.append((tier[x[en]], xp.full(int(en.shape[0]), _DI["enable_to_schedule", "scheduled"], xp.int64),
+                en = xp.nonzero((e[x] == int(EventType.SCHEDULE)) & (le > s) & known & ~synth[xp.maximum(le, 0)])[0]
+                recs.append((slot[x[en]], xp.full(int(en.shape[0]), _DI["enable_to_schedule", "scheduled"], xp.int64),
                              t[x[en]] - t[le[en]], xp.ones(int(en.shape[0]), dtype=bool)))
             # censored: the instance's last event leaves it in this state
             cz = xp.nonzero(state[last_row] == st_)[0]
@@ -370,24 +379,27 @@ class Lifecycle(Analysis):
                 known = xp.zeros(int(cz.shape[0]), dtype=bool)
                 dur = xp.zeros(int(cz.shape[0]), dtype=xp.int64)
             else:
-                known = (s >= 0) & (e[sc] == entry_ev) & (t[sc] != 0) & (t[sc] <= data_end)
+                timed = (s >= 0) & (e[sc] == entry_ev) & (t[sc] != 0) & (t[sc] <= data_end)
+                known = timed & ~synth[sc]
+                n_synth += int(xp.count_nonzero(timed & ~known))
                 dur = data_end - t[sc]
-            recs.append((tier_s[cz], xp.full(int(cz.shape[0]), d_cens, xp.int64), dur, known))
+            recs.append((slot_s[cz], xp.full(int(cz.shape[0]), d_cens, xp.int64), dur, known))
+        counters["synthesized_duration_episodes"] = n_synth
         rt, rd, rdur, rk = (xp.concatenate([r[j] for r in recs]) for j in range(4))
         td = rt * _D + rd
-        out["episodes"] = bincount(xp, td, minlength=T * _D).reshape(T, _D).astype(xp.int64)
+        out["episodes"] = bincount(xp, td, minlength=_NS * _D).reshape(_NS, _D).astype(xp.int64)
         kk = xp.nonzero(rk)[0]
         td, dur = td[kk], rdur[kk].astype(xp.int64)
         b = delay_bins(xp, dur, backend.stage(_DELAY_BINS.cells), backend.stage(_DELAY_BINS.edges))
-        out["hist"] = bincount(xp, td * _B + b, minlength=T * _D * _B).reshape(T, _D, _B).astype(xp.int64)
-        out["dur_sum"] = bincount(xp, td, weights=dur.astype(xp.float64), minlength=T * _D).reshape(T, _D)
-        if int(td.shape[0]):  # per (tier, distribution) the shortest and longest known duration
-            dmax = xp.full(T * _D, -1, dtype=xp.int64)
+        out["hist"] = bincount(xp, td * _B + b, minlength=_NS * _D * _B).reshape(_NS, _D, _B).astype(xp.int64)
+        out["dur_sum"] = bincount(xp, td, weights=dur.astype(xp.float64), minlength=_NS * _D).reshape(_NS, _D)
+        if int(td.shape[0]):  # per (slot, distribution) the shortest and longest known duration
+            dmax = xp.full(_NS * _D, -1, dtype=xp.int64)
             ops.scatter_max(dmax, td, dur)
-            nmin = xp.full(T * _D, -_I64_MAX, dtype=xp.int64)
+            nmin = xp.full(_NS * _D, -_I64_MAX, dtype=xp.int64)
             ops.scatter_max(nmin, td, -dur)
-            out["dur_max"] = dmax.reshape(T, _D)
-            out["dur_min"] = (-nmin).reshape(T, _D)
+            out["dur_max"] = dmax.reshape(_NS, _D)
+            out["dur_min"] = (-nmin).reshape(_NS, _D)
         out["counters"] = xp.asarray(np.array([counters[c] for c in _COUNTERS], np.int64))
         return out
 
@@ -403,85 +415,41 @@ class Lifecycle(Analysis):
         """Arrow tables, built without pandas (see :mod:`gpuclust.tables`)."""
         names = ctx.tier_names
         T = len(names)
-        p = {k: (v if k == "series" else np.asarray(v)) for k, v in partial.items()}
-        ev = p["events"][:T]
+        # by kind: (kind, tier, ...) trimmed to the context's tiers; the tables of all kinds sum them
+        pk = {k: np.asarray(v).reshape(_K, _T, *np.shape(v)[1:])[:, :T] for k, v in partial.items()
+              if k not in ("series", "counters")}
+        p: dict[str, Any] = {k: v.sum(axis=0) for k, v in pk.items() if k not in ("dur_min", "dur_max")}
+        p["dur_min"], p["dur_max"] = pk["dur_min"].min(axis=0), pk["dur_max"].max(axis=0)
+        p["counters"] = np.asarray(partial["counters"])
+        ev = p["events"]
         events = rows_table([{"tier": names[k], "event": EVENT_NAMES[j], "count": int(ev[k, j])}
-                             for k in range(T) for j in range(_NE) if ev[k, j]], _EVENTS_SCHEMA)
-        tr = p["transitions"][:T]
+                             for k in range(T) for j in range(_NE) if ev[k, j]], EVENTS_SCHEMA)
+        tr = p["transitions"]
         trows = [{"tier": names[k], "from_event": EVENT_NAMES[a], "to_event": EVENT_NAMES[b], "count": int(tr[k, a, b]),
                   "expected": bool(b in EXPECTED[int(STATE_AFTER[a])])}
                  for k in range(T) for a in range(_NE) for b in range(_NE) if tr[k, a, b]]
-        transitions = rows_table(trows, _TRANSITIONS_SCHEMA)
-        series = self._series(partial["series"], names)
-        delays, hist = self._delays(p, names)
+        transitions = rows_table(trows, TRANSITIONS_SCHEMA)
+        series = series_table(partial["series"], names, int(self.bucket_s))
+        delays, hist = delays_tables(p, names)
+        present = [k for k in range(_K) if pk["instances"][k].sum()]
+        by_kind = [(self.kinds[k], delays_tables({f: v[k] for f, v in pk.items()}, names)[0]) for k in present]
+        delays_by_kind = (pa.concat_tables([with_kind(d, kn) for kn, d in by_kind]) if by_kind
+                          else with_kind(empty_table(DELAYS_SCHEMA), ""))
+        erows = [{"kind": self.kinds[k], "tier": names[j], "event": EVENT_NAMES[v], "count": int(pk["events"][k, j, v])}
+                 for k in range(_K) for j in range(T) for v in range(_NE) if pk["events"][k, j, v]]
+        events_by_kind = rows_table(erows, EVENTS_BY_KIND_SCHEMA)
+        survival = survival_table(pk, p, names, [self.kinds[k] for k in range(_K)], present, _DI, DISTRIBUTIONS,
+                                  DELAY_EDGES_US)
         counters = dict(zip(_COUNTERS, (int(v) for v in p["counters"]), strict=True))
+        kinds = {f"{self.kinds[k]}_{self.thing}s" if self.kinds[k] == "unknown" else f"{self.kinds[k]}s":
+                 int(pk["instances"][k].sum()) for k in range(_K)}
         info = table_from_rows([{"analysis": self.name, "tier_map": ctx.tier_map.name, "tiers": ",".join(names),
-                                 "bucket_s": int(self.bucket_s), "data_end_us": ctx.data_end_us, **counters,
+                                 "bucket_s": int(self.bucket_s), "data_end_us": ctx.data_end_us, **counters, **kinds,
                                  "transitions": int(tr.sum()),
                                  "unexpected_transitions": sum(r["count"] for r in trows if not r["expected"])}])
         return {"events": events, "transitions": transitions, "series": series, "delays": delays,
-                "delay_hist": hist, "info": info}
-
-    def _series(self, s: dict[str, np.ndarray], names: tuple[str, ...]) -> pa.Table:
-        cols = ["bucket", "bucket_start_us", "tier", *SERIES_FIELDS[:-2], "pending", "running"]
-        key = np.asarray(s["key"], np.int64)
-        if key.shape[0] == 0:
-            return empty_table(pa.schema([(c, pa.string() if c == "tier" else pa.int64()) for c in cols]))
-        T = len(names)
-        bucket, code = np.divmod(key, _T)
-        b0, b1 = int(bucket.min()), int(bucket.max())
-        nb = b1 - b0 + 1
-        if nb * T > 1 << 26:
-            raise ValueError(f"lifecycle: event times span {nb} buckets of {self.bucket_s} s; choose a larger bucket_s")
-        grid = {f: np.zeros((T, nb), np.int64) for f in SERIES_FIELDS}
-        for f in SERIES_FIELDS:
-            grid[f][code, bucket - b0] = np.asarray(s[f], np.int64)
-        # every tier that has events gets every bucket (levels carry over buckets without events),
-        # rows by bucket, then in the tier map's order
-        present = np.flatnonzero(np.bincount(code, minlength=_T))  # the tiers with events, in order
-        b = np.arange(b0, b1 + 1, dtype=np.int64)
-        tcode = np.repeat(present, nb)
-        bb = np.tile(b, present.shape[0])
-        order = np.lexsort((tcode, bb))
-        out: dict[str, Any] = {"bucket": bb[order], "bucket_start_us": (bb * self.width_us)[order],
-                               "tier": labels(names, tcode[order])}
-        for f in SERIES_FIELDS[:-2]:
-            out[f] = grid[f][present].ravel()[order]
-        out["pending"] = np.cumsum(grid["d_pending"][present], axis=1).ravel()[order]
-        out["running"] = np.cumsum(grid["d_running"][present], axis=1).ravel()[order]
-        return table({c: out[c] for c in cols})
-
-    @staticmethod
-    def _delays(p: dict[str, Any], names: tuple[str, ...]) -> tuple[pa.Table, pa.Table]:
-        T = len(names)
-        edges_s = DELAY_EDGES_US / 1e6
-        lo_s = np.concatenate([[0.0], edges_s])
-        hi_s = np.concatenate([[0.0], edges_s[1:], [np.inf]])
-        rows: list[dict[str, Any]] = []
-        hists: dict[str, list[Any]] = {"hist": [], "tier": [], "measure": [], "outcome": []}
-        for k in range(T):
-            for d, (measure, outcome) in enumerate(DISTRIBUTIONS):
-                n_ep = int(p["episodes"][k, d])
-                if not n_ep:
-                    continue
-                h = p["hist"][k, d]
-                known = int(h.sum())
-                row = {"tier": names[k], "measure": measure, "outcome": outcome, "episodes": n_ep,
-                       "with_duration": known, "mean_s": np.nan, "min_s": np.nan, "p50_s": np.nan,
-                       "p90_s": np.nan, "p99_s": np.nan, "max_s": np.nan}
-                if known:
-                    lo_min = int(p["dur_min"][k, d]) / 1e6
-                    row.update(mean_s=float(p["dur_sum"][k, d]) / known / 1e6, min_s=lo_min,
-                               max_s=int(p["dur_max"][k, d]) / 1e6)
-                    # the bin of each inverted-CDF quantile: its lower edge (not below the minimum)
-                    for q, v in bin_quantile_edges(h, lo_s, (50, 90, 99)).items():
-                        row[f"p{q}_s"] = float(max(v, lo_min))
-                    for hk, hv in (("hist", h), ("tier", names[k]), ("measure", measure), ("outcome", outcome)):
-                        hists[hk].append(hv)
-                rows.append(row)
-        return rows_table(rows, _DELAYS_SCHEMA), bin_table(
-            hists["hist"], lo_s, hi_s, "s", "episodes", _HIST_SCHEMA, tier=hists["tier"], measure=hists["measure"],
-            outcome=hists["outcome"])
+                "delay_hist": hist, "survival": survival, "delays_by_kind": delays_by_kind,
+                "events_by_kind": events_by_kind, "info": info}
 
     def summary(self, result: dict[str, Any]) -> str:
         info = as_arrow(result["info"]).to_pylist()[0]
@@ -521,17 +489,6 @@ def unknown_duration_reason(measure: str) -> str:
             "not in the data; or ended at 2^63-1, after the trace)")
 
 
-#: The result tables' columns and types (an empty table keeps them).
-_EVENTS_SCHEMA = pa.schema([("tier", pa.string()), ("event", pa.string()), ("count", pa.int64())])
-_TRANSITIONS_SCHEMA = pa.schema([("tier", pa.string()), ("from_event", pa.string()), ("to_event", pa.string()),
-                                 ("count", pa.int64()), ("expected", pa.bool_())])
-_DELAYS_SCHEMA = pa.schema([("tier", pa.string()), ("measure", pa.string()), ("outcome", pa.string()),
-                            ("episodes", pa.int64()), ("with_duration", pa.int64()),
-                            *((c, pa.float64()) for c in ("mean_s", "min_s", "p50_s", "p90_s", "p99_s", "max_s"))])
-_HIST_SCHEMA = pa.schema([("tier", pa.string()), ("measure", pa.string()), ("outcome", pa.string()),
-                          ("bin", pa.int64()), ("lo_s", pa.float64()), ("hi_s", pa.float64()), ("episodes", pa.int64())])
-
-
 @dataclass(frozen=True)
 class CollectionLifecycle(Lifecycle):
     """Collection (job and alloc set) life cycles from ``collection_events``: the same replay,
@@ -549,3 +506,17 @@ class CollectionLifecycle(Lifecycle):
     requires = ("collection_events",)
     key_columns = ("collection_id",)
     thing = "collection"
+    kinds = ("job", "alloc_set", "unknown")
+
+    @property
+    def side_inputs(self) -> dict[str, tuple[str, ...]]:
+        """The instance events, for the priority of collections whose own events carry none (the
+        2011 job_events): the highest over their instances' events."""
+        return {"instance_events": ("collection_id", "priority")}
+
+    def bind(self, ctx: LifecycleContext, side: dict[str, Any], grain: str | None) -> LifecycleContext:
+        ev = side.get("instance_events")
+        if ev is None or not ev.num_rows:
+            return ctx
+        ids, top = max_priority_by_collection(ev)
+        return replace(ctx, job_ids=ids, job_priority=top)

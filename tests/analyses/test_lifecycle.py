@@ -14,7 +14,8 @@ import pytest
 from generic_backend import CPU, GENERIC
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from lifecycle_reference import AFTER_TRACE, NAMES, bin_of, replay
+from lifecycle_reference import AFTER_TRACE, NAMES, bin_of, km_quantile, max_priorities, replay
+from lifecycle_reference import kaplan_meier as km_reference
 from strategies import HOUR, table, write_dataset
 
 from gpuclust.analyses.lifecycle import DELAY_EDGES_US, Lifecycle, delay_bins
@@ -29,26 +30,33 @@ REAL = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "real"
 @st.composite
 def event_rows(draw, max_instances: int = 8, max_events: int = 10) -> list[dict]:
     """Instances with short random event sequences: every v3 type, ties, time 0, the after-trace
-    sentinel, NULL and changing priorities; rows shuffled (the replay orders them by time, then row)."""
+    sentinel, NULL and changing priorities, events the trace synthesised (missing_type), tasks,
+    alloc instances and unknown kinds; rows shuffled (the replay orders them by time, then row)."""
     insts = draw(st.lists(st.tuples(st.sampled_from([3, 2**40 + 1, 2**62 + 9]), st.integers(0, 3)),
                           unique=True, max_size=max_instances))
     rows = []
     for c, i in insts:
         t = draw(st.sampled_from([0, 0, 600_000_000, 7 * HOUR + 5]))
         prio = draw(st.one_of(st.none(), st.sampled_from([0, 9, 99, 100, 116, 120, 360])))
+        kind = draw(st.sampled_from([None, 0, 0, 1]))
         for _ in range(draw(st.integers(1, max_events))):
             t += draw(st.sampled_from([0, 0, 1, 999_999, 300_000_000, 2 * HOUR, 10**11]))
             late = draw(st.integers(0, 25)) == 0
             rows.append({"time": AFTER_TRACE if late else t, "type": draw(st.sampled_from([0, 0, 3, 3, 6, *range(11)])),
                          "collection_id": c, "instance_index": i,
-                         "priority": draw(st.sampled_from([prio, prio, prio, None, 11, 200]))})
+                         "priority": draw(st.sampled_from([prio, prio, prio, None, 11, 200])),
+                         "missing_type": draw(st.sampled_from([None, 0, 0, 0, 0, 1, 2, 3])),
+                         "collection_type": draw(st.sampled_from([kind, kind, kind, None]))})
     perm = draw(st.permutations(range(len(rows))))
     return [rows[k] for k in perm]
 
 
+EVENT_COLUMNS = ("time", "type", "collection_id", "instance_index", "priority", "missing_type", "collection_type")
+JOB_KINDS = ("job", "alloc_set", "unknown")
+
+
 def events_table(rows: list[dict]) -> pa.Table:
-    return table("instance_events", {k: [r[k] for r in rows] for k in ("time", "type", "collection_id",
-                                                                         "instance_index", "priority")})
+    return table("instance_events", {k: [r.get(k) for r in rows] for k in EVENT_COLUMNS})
 
 
 def data_end_of(rows: list[dict]) -> int | None:
@@ -56,11 +64,12 @@ def data_end_of(rows: list[dict]) -> int | None:
     return max(finite) if finite else None
 
 
-def check(res: dict, rows: list[dict], tm_name: str = "notebook", bucket_s: int = 3600) -> None:
-    """Every table of ``res`` (a lifecycle result) equals the replay of ``rows``."""
+def check(res: dict, rows: list[dict], tm_name: str = "notebook", bucket_s: int = 3600,
+          kinds: tuple[str, str, str] = ("task", "alloc_instance", "unknown"), fallback: dict | None = None) -> dict:
+    """Every table of ``res`` (a lifecycle result) equals the replay of ``rows``; returns the replay."""
     tm = tier_map(tm_name)
     bucket_us = bucket_s * 1_000_000
-    ref = replay(rows, tm.bounds, tm.names, bucket_us, data_end_of(rows))
+    ref = replay(rows, tm.bounds, tm.names, bucket_us, data_end_of(rows), kinds=kinds, fallback_priority=fallback)
     ev = res["events"]
     assert {(r.tier, r.event): r.count for r in ev.itertuples()} == dict(ref["events"])
     tr = res["transitions"]
@@ -70,17 +79,24 @@ def check(res: dict, rows: list[dict], tm_name: str = "notebook", bucket_s: int 
     assert info["first_not_submit"] == ref["first_not_submit"]
     assert info["invalid_type_rows"] == ref["invalid"]
     assert info["unexpected_transitions"] == sum(n for k, n in ref["transitions"].items() if not k[3])
+    for c in ("present_at_start", "synthesized_events", "synthesized_duration_episodes", "priority_from_instances"):
+        assert info[c] == ref[c], c
+    for k in kinds:
+        col = f"unknown_{'collection' if kinds[0] == 'job' else 'instance'}s" if k == "unknown" else f"{k}s"
+        assert info[col] == ref["kinds"][k], k
+    ek = res["events_by_kind"]
+    assert {(r.kind, r.tier, r.event): r.count for r in ek.itertuples()} == dict(ref["kind_events"])
     # series: counts per (bucket, tier); levels = the replay's changes summed up to the bucket
     s = res["series"]
-    fields = ("submissions", "new_submissions", "resubmissions", "schedules", "evictions", "failures", "finishes",
-              "kills", "losses")
+    fields = ("submissions", "new_submissions", "resubmissions", "present_at_start", "schedules", "evictions",
+              "failures", "finishes", "kills", "losses")
     seen = set()
     for r in s.itertuples():
         c = ref["series"].get((r.bucket, r.tier), Counter())
         seen.add((r.bucket, r.tier))
         for f in fields:
             assert getattr(r, f) == c[f], (r.bucket, r.tier, f)
-        for f in ("pending", "running"):
+        for f in ("pending", "running", "queued", "eligible"):
             assert getattr(r, f) == sum(v[f] for (b, t), v in ref["series"].items() if t == r.tier and b <= r.bucket)
         assert r.bucket_start_us == r.bucket * bucket_us
     assert set(ref["series"]) <= seen
@@ -107,6 +123,50 @@ def check(res: dict, rows: list[dict], tm_name: str = "notebook", bucket_s: int 
             assert v == max(0.0 if j == 0 else EDGES[j - 1] / 1e6, durs[0] / 1e6), (key, q, exact, v)
             assert v <= exact / 1e6 < (EDGES[j] / 1e6 if j < len(EDGES) else np.inf)
     assert hist == want_hist
+    # by kind: the same episodes, counted per (kind, tier)
+    dk = {(r.kind, r.tier, r.measure, r.outcome): (r.episodes, r.with_duration) for r in res["delays_by_kind"].itertuples()}
+    assert dk == {k: (len(v), sum(x is not None for x in v)) for k, v in ref["kind_episodes"].items() if v}
+    check_survival(res["survival"], ref)
+    return ref
+
+
+LO_S = [0.0, *(x / 1e6 for x in EDGES)]
+HI_S = [0.0, *(x / 1e6 for x in EDGES[1:]), np.inf]
+#: measure: (its event outcomes, its completed outcome), as docs/analysis-lifecycle.md defines them
+KM_MEASURES = {"scheduling": ({"scheduled"}, "scheduled"),
+               "execution": ({"evict", "fail", "finish", "kill", "lost", "interrupted"}, "finish")}
+
+
+def check_survival(sv, ref: dict) -> None:
+    """``survival`` against the product-limit estimate of the reference (tests/lifecycle_reference.py)
+    over each (kind, tier, measure)'s (duration, ended) pairs, each duration taken as its bin (the
+    table's resolution): every estimate and band bound is the edge of the reference's bin."""
+    want = {}
+    for kind_key in ("all", "kind"):
+        groups: dict = {}
+        for key, durs in ref["kind_episodes"].items():
+            kind, tier, measure, outcome = key
+            if measure not in KM_MEASURES:
+                continue
+            g = groups.setdefault(("all" if kind_key == "all" else kind, tier, measure), [])
+            g += [(bin_of(x, EDGES), outcome in KM_MEASURES[measure][0], outcome) for x in durs if x is not None]
+        want.update({k: v for k, v in groups.items() if v})
+    got = {(r.kind, r.tier, r.measure): r for r in sv.itertuples()}
+    assert set(got) == set(want)
+    for key, pairs in want.items():
+        r = got[key]
+        assert (r.episodes, r.events, r.censored) == (len(pairs), sum(p[1] for p in pairs),
+                                                      sum(not p[1] for p in pairs)), key
+        assert r.completed == sum(p[2] == KM_MEASURES[key[2]][1] for p in pairs)
+        curve = km_reference([(b, ended) for b, ended, _ in pairs])
+        for q, name in ((0.5, "p50"), (0.9, "p90")):
+            for which, col, edges in ((1, "", LO_S), (2, "_lo", LO_S), (3, "_hi", HI_S)):
+                b = km_quantile(curve, q, which)
+                v = getattr(r, f"km_{name}{col}_s")
+                if b is None or not np.isfinite(edges[b]):
+                    assert np.isnan(v), (key, name, col, v)
+                else:
+                    assert v == edges[b], (key, name, col, v, b)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -214,7 +274,7 @@ def test_real_2011_task_events(tmp_path):
     assert rep.exit_status == 0
     ds = Dataset(tmp_path / "v2")
     res = run(ds, Lifecycle(), partitions="auto")["lifecycle"]
-    t = ds.read("instance_events", ["time", "type", "collection_id", "instance_index", "priority"])
+    t = ds.read("instance_events", list(EVENT_COLUMNS))
     rows = t.to_pylist()
     check(res, rows, tm_name="v2")
     info = res["info"].iloc[0]
@@ -260,9 +320,9 @@ def test_collection_lifecycle_matches_the_replay(rows):
     from gpuclust.analyses.lifecycle import CollectionLifecycle
 
     rows = [{**r, "instance_index": 0} for r in rows]
-    t = table("collection_events", {k: [r[k] for r in rows] for k in ("time", "type", "collection_id", "priority")})
+    t = table("collection_events", {k: [r[k] for r in rows] for k in EVENT_COLUMNS if k != "instance_index"})
     res = run(TableSource({"collection_events": t}), CollectionLifecycle(tier_map="notebook"))["collection-lifecycle"]
-    check(res, rows)
+    check(res, rows, kinds=JOB_KINDS)
 
 
 @pytest.mark.skipif(not REAL.is_dir(), reason=f"real trace files not found at {REAL}")
@@ -275,9 +335,9 @@ def test_real_2011_job_events(tmp_path):
     assert ingest([REAL / "2011" / "job_events"], tmp_path / "v2", progress=False).exit_status == 0
     ds = Dataset(tmp_path / "v2")
     res = run(ds, CollectionLifecycle(), partitions="auto")["collection-lifecycle"]
-    rows = [{**r, "instance_index": 0} for r in ds.read("collection_events", ["time", "type", "collection_id",
-                                                                             "priority"]).to_pylist()]
-    check(res, rows, tm_name="v2")
+    rows = [{**r, "instance_index": 0} for r in ds.read("collection_events", [c for c in EVENT_COLUMNS
+                                                                             if c != "instance_index"]).to_pylist()]
+    check(res, rows, tm_name="v2", kinds=JOB_KINDS)
     assert res["info"].iloc[0]["rows"] == 25_437
 
 
@@ -384,3 +444,110 @@ def test_replay_in_two_halves_is_the_replay(rows, split):
     _same(jobs[1], jobs[2])
     whole = run(TableSource({"collection_events": t}), lc.CollectionLifecycle(tier_map="notebook"))["collection-lifecycle"]
     _same(jobs[1], whole)
+
+
+# ---------------------------------------------------------------- issue 35: synthesised events, present at start,
+# QUEUE / ENABLE, kinds, job priority from task events, Kaplan-Meier
+
+
+def test_a_worked_sequence_of_the_issue_35_definitions():
+    """Worked by hand (priority 120, prod): task (7, 0) is present at the trace start (SUBMIT and
+    SCHEDULE at 0), finishes at 100 s; task (7, 1) is submitted at 10 s, QUEUEd at 20 s, ENABLEd
+    at 30 s, UPDATE_PENDING at 35 s (stays eligible), scheduled at 40 s by a SCHEDULE the trace
+    synthesised (missing_type 1: snapshot time), finishes at 90 s; alloc instance (8, 0) is
+    submitted at 50 s, QUEUEd at 60 s and still queued at the end (100 s)."""
+    s = 1_000_000
+    rows = [(0, 0, 7, 0, 0, 0), (0, 3, 7, 0, 0, 0), (100, 6, 7, 0, 0, 0),
+            (10, 0, 7, 1, 0, 0), (20, 1, 7, 1, 0, 0), (30, 2, 7, 1, 0, 0), (35, 9, 7, 1, 0, 0), (40, 3, 7, 1, 1, 0),
+            (90, 6, 7, 1, 0, 0), (50, 0, 8, 0, 0, 1), (60, 1, 8, 0, None, 1)]
+    t = events_table([{"time": a * s, "type": e, "collection_id": c, "instance_index": i, "priority": 120,
+                       "missing_type": m, "collection_type": k} for a, e, c, i, m, k in rows])
+    res = run(TableSource({"instance_events": t}), Lifecycle(tier_map="notebook", bucket_s=25))["lifecycle"]
+    info = res["info"].iloc[0]
+    assert (info["present_at_start"], info["synthesized_events"], info["synthesized_duration_episodes"]) == (1, 1, 2)
+    assert (info["tasks"], info["alloc_instances"], info["unknown_instances"]) == (2, 1, 0)
+    d = res["delays"].set_index(["measure", "outcome"])
+    # (7, 1)'s pending stay ends at the synthesised SCHEDULE and its run begins there: no duration
+    assert d.loc[("scheduling", "scheduled"), ["episodes", "with_duration"]].tolist() == [2, 0]
+    assert d.loc[("execution", "finish"), ["episodes", "with_duration"]].tolist() == [2, 0]
+    assert ("enable_to_schedule", "scheduled") not in d.index
+    assert d.loc[("scheduling", "censored"), ["episodes", "with_duration", "min_s"]].tolist() == [1, 1, 50.0]
+    sr = res["series"].set_index("bucket")  # buckets of 25 s: [0,25) [25,50) [50,75) [75,100) [100,125)
+    assert sr["submissions"].tolist() == [2, 0, 1, 0, 0]
+    assert sr["new_submissions"].tolist() == [1, 0, 1, 0, 0] and sr["present_at_start"].tolist() == [1, 0, 0, 0, 0]
+    assert sr["resubmissions"].sum() == 0
+    assert sr["pending"].tolist() == [1, 0, 1, 1, 1]
+    assert sr["queued"].tolist() == [1, 0, 1, 1, 1] and sr["eligible"].tolist() == [0, 0, 0, 0, 0]
+    bk = res["delays_by_kind"].set_index(["kind", "measure", "outcome"])
+    assert bk.loc[("alloc_instance", "scheduling", "censored"), "episodes"] == 1
+    assert ("alloc_instance", "execution", "finish") not in bk.index
+    assert bk.loc[("task", "execution", "finish"), "episodes"] == 2
+    ek = res["events_by_kind"].groupby("kind")["count"].sum().to_dict()
+    assert ek == {"task": 9, "alloc_instance": 2}
+    # eligible from the ENABLE at 30 s to the SCHEDULE at 40 s, across the UPDATE_PENDING: bucket 1
+    # ends at 50 s, after it; buckets of 5 s show it
+    r5 = run(TableSource({"instance_events": t}), Lifecycle(tier_map="notebook", bucket_s=5))["lifecycle"]["series"]
+    el = dict(zip(r5["bucket"], r5["eligible"], strict=True))
+    assert [el[b] for b in range(5, 9)] == [0, 1, 1, 0]  # [25,30) [30,35) [35,40) [40,45)
+
+
+def test_collection_priority_from_instance_events():
+    """A collection whose own events carry no priority takes the highest priority over its
+    instances' events (the 2011 job_events); one with its own keeps it; one without either is
+    unknown.  Against the replay with the same rule, on random sequences."""
+    from gpuclust.analyses.lifecycle import CollectionLifecycle
+
+    s = 1_000_000
+    jobs = [{"time": a * s, "type": e, "collection_id": c, "priority": p}
+            for a, e, c, p in ((1, 0, 1, None), (2, 3, 1, None), (1, 0, 2, 0), (1, 0, 3, None))]
+    tasks = [{"time": 1 * s, "type": 0, "collection_id": c, "instance_index": i, "priority": p}
+             for c, i, p in ((1, 0, 9), (1, 1, None), (1, 2, 2), (2, 0, 11))]
+    src = TableSource({"collection_events": table("collection_events", {k: [r[k] for r in jobs] for k in jobs[0]}),
+                       "instance_events": events_table(tasks)})
+    res = run(src, CollectionLifecycle(tier_map="v2"))["collection-lifecycle"]
+    ev = res["events"].set_index(["tier", "event"])["count"].to_dict()
+    # job 1: priority 9 from its tasks (v2 production); job 2: its own 0 (free); job 3: unknown
+    assert ev == {("prod", "SUBMIT"): 1, ("prod", "SCHEDULE"): 1, ("free", "SUBMIT"): 1, ("unknown", "SUBMIT"): 1}
+    assert res["info"].iloc[0]["priority_from_instances"] == 1
+    check(res, [{**r, "instance_index": 0} for r in jobs], tm_name="v2", kinds=JOB_KINDS,
+          fallback=max_priorities(tasks))
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rows=event_rows(), tasks=event_rows(max_instances=6, max_events=3))
+def test_collection_priority_matches_the_replay(rows, tasks):
+    from gpuclust.analyses.lifecycle import CollectionLifecycle
+
+    rows = [{**r, "instance_index": 0} for r in rows]
+    t = table("collection_events", {k: [r.get(k) for r in rows] for k in EVENT_COLUMNS if k != "instance_index"})
+    src = TableSource({"collection_events": t, "instance_events": events_table(tasks)})
+    res = run(src, CollectionLifecycle(tier_map="notebook"))["collection-lifecycle"]
+    check(res, rows, kinds=JOB_KINDS, fallback=max_priorities(tasks))
+
+
+def test_kaplan_meier_on_planted_durations():
+    """Episodes with planted exponential durations (median 600 s) and independent exponential
+    censoring (median 1200 s: a third censored): the Kaplan-Meier median recovers the planted one
+    within its band and 10%, where the completed-only median (the durations that ended before their
+    censoring: exponential with median 400 s) is a third below it; p90 likewise.  Each episode is a SUBMIT at a time
+    after 0, then SCHEDULE (the scheduling delay, censored when the data ends first)."""
+    rng = np.random.default_rng(5)
+    n, s = 4000, 1_000_000
+    start = rng.integers(1, 10**6, n) * s // 1000 + s
+    dur = (rng.exponential(600 / np.log(2), n) * s).astype(np.int64) + 1
+    cens = (rng.exponential(1200 / np.log(2), n) * s).astype(np.int64) + 1
+    rows = []
+    for k in range(n):  # censored: a KILL while pending (a competing end: censored for scheduling)
+        ended = dur[k] <= cens[k]
+        rows += [{"time": int(start[k]), "type": 0, "collection_id": 5, "instance_index": k, "priority": 200},
+                 {"time": int(start[k] + min(dur[k], cens[k])), "type": 3 if ended else 7, "collection_id": 5,
+                  "instance_index": k, "priority": 200}]
+    res = run(TableSource({"instance_events": events_table(rows)}), Lifecycle(tier_map="notebook"))["lifecycle"]
+    sv = res["survival"].set_index(["kind", "measure"]).loc[("all", "scheduling")]
+    assert sv["events"] == int((dur <= cens).sum()) and sv["censored"] == int((dur > cens).sum())
+    for q, name in ((0.5, "p50"), (0.9, "p90")):
+        true = -np.log(1 - q) * 600 / np.log(2)
+        assert sv[f"km_{name}_lo_s"] <= true <= sv[f"km_{name}_hi_s"], (name, sv.to_dict())
+        assert abs(sv[f"km_{name}_s"] / true - 1) < 0.1, (name, sv[f"km_{name}_s"], true)
+        assert sv[f"completed_{name}_s"] < 0.75 * true
+    check(res, rows)
