@@ -47,7 +47,7 @@ by `_harness.run_measured` and its user/system CPU seconds from ``getrusage(RUSA
   DuckDB writing gpuclust's tables (pairs by LEAD, the tier join, the four kinds of pair, the
   shares within ±5/10/20/50%, the mean and the log-binned ratios with their quantiles, info);
   checked against gpuclust's in tests/bench/test_cpu_vs_duckdb.py.
-* ``machine-utilization``: ``gpuclust analyze DS machine-utilization`` (every table, the machine
+* ``machine-utilization``: ``gpuclust analyze DS machine-utilization -O mode=notebook`` (every table, the machine
   table written as parts) against ``analyses_bench.machine_utilization_sql``: the notebook's
   query whole, with exact quantiles.
 * ``machine-utilization (all tables)``: the same gpuclust run against
@@ -149,9 +149,10 @@ CASES: dict[str, tuple[list[str], Any, tuple[str, dict[str, str]]]] = {
     "job-usage (all tables)": (["job-usage"], job_usage_full_sql, ("job-usage", {})),
     "usage-vs-request": (["usage-vs-request"], usage_vs_request_sql, ("usage-vs-request", {})),
     "usage-vs-request (all tables)": (["usage-vs-request"], usage_vs_request_full_sql, ("usage-vs-request", {})),
-    "machine-utilization": (["machine-utilization"], machine_utilization_sql, ("machine-utilization", {})),
-    "machine-utilization (all tables)": (["machine-utilization"], machine_utilization_full_sql,
-                                         ("machine-utilization", {})),
+    "machine-utilization": (["machine-utilization", "-O", "mode=notebook"], machine_utilization_sql,
+                            ("machine-utilization", {"mode": "notebook"})),
+    "machine-utilization (all tables)": (["machine-utilization", "-O", "mode=notebook"], machine_utilization_full_sql,
+                                         ("machine-utilization", {"mode": "notebook"})),
     "data-quality (SQL subset)": (["data-quality"], data_quality_sql, ("data-quality", {})),
     "data-quality (all tables)": (["data-quality"], data_quality_full_sql, ("data-quality", {})),
     "peak-prediction (SQL part)": (["peak-prediction"], peak_prediction_sql, ("peak-prediction", {})),

@@ -1,25 +1,34 @@
-"""``machine-utilization``: per machine and 5-minute bucket, the sum of the usage of the instances
-on it over its capacity, CPU and memory, and the distribution of that ratio over the cell
-(Google's notebook, "Per machine resource usage distribution").
+"""``machine-utilization``: per machine and 5-minute bucket, the usage of the instances on it over
+its capacity, CPU and memory, and the distribution of that ratio over the cell.
 
 Two named modes (docs/analysis-machine-utilization.md):
 
-``notebook`` (default): the notebook's query.  Usage rows of top-level instances
-    (``alloc_collection_id`` NULL or 0) whose window lasts at least 300 s; each row's bucket is
-    ``floor(start_time / 300 s)``; per (machine, bucket) ``usage = SUM(avg_cpu)`` (``avg_mem``);
-    ``capacity = MAX(cap_cpu)`` (``cap_mem``) of the machine over all of machine_events;
-    ``util = 1.0 if usage > capacity else usage / capacity``.  Machines absent from
-    machine_events drop out (the notebook's inner join); a NULL usage sum or capacity, or a
-    capacity that is not positive, makes ``util`` unknown (NULL).
-``time-weighted``: usage rows of top-level instances of any length with a known end; each
-    window's average usage counts in every bucket it overlaps, weighted by the overlap's share of
-    the bucket (``SUM(avg_cpu x overlap / 300 s)``: the bucket's time-weighted mean usage);
-    the same capacity; ``util = usage / capacity``, **not** capped.
+``time-weighted`` (default): every machine-bucket in which the machine is up.  The window is
+    ``[w0, w1]``, from the earliest ``start_time`` of instance_usage to its latest known
+    ``start_time`` / ``end_time``; a machine is up from an ADD to the next REMOVE and its capacity
+    is that of its latest ADD / UPDATE (:func:`gpuclust.analyses._intervals.capacity_intervals`,
+    clipped to the window).  Per (machine, bucket): ``up_s``, the seconds it is up in the bucket;
+    ``cap_s = SUM(capacity x seconds)`` over those up pieces; ``usage_s = SUM(avg_cpu x overlap
+    seconds)`` over the top-level usage windows of any length with a known end;
+    ``util = usage_s / cap_s``, **not** capped (an idle machine-bucket: 0).  A machine-bucket
+    counts when ``up_s > 0``; its capacity is unknown when any up piece in it has a NULL
+    capacity (``util`` NULL, not 0).
+``notebook``: Google's notebook query ("Per machine resource usage distribution").  Usage rows
+    of top-level instances (``alloc_collection_id`` NULL or 0) whose window lasts at least 300 s;
+    each row's bucket is ``floor(start_time / 300 s)``; per (machine, bucket)
+    ``usage = SUM(avg_cpu)`` (``avg_mem``); ``capacity = MAX(cap_cpu)`` (``cap_mem``) of the
+    machine over all of machine_events; ``util = 1.0 if usage > capacity else usage / capacity``.
+    Only machine-buckets holding a used window.  Machines absent from machine_events drop out (the
+    notebook's inner join); a NULL usage sum or capacity, or a capacity that is not positive,
+    makes ``util`` unknown (NULL).
 
-The distribution's quantiles (0, 1, ..., 100%, linear interpolation as ``numpy.quantile``) are
-exact: the machine table is a parted table (a row per machine-bucket, written part by part) and
-:func:`gpuclust.stream_quantiles.stream_quantiles` reads it a few times, so memory does not grow
-with the cell.  A per-bucket series gives the mean over machines.
+The distribution's quantiles (0, 1, ..., 100%, linear interpolation as ``numpy.quantile``, each
+machine-bucket once) are exact: the machine table is a parted table (a row per machine-bucket,
+written part by part) and :func:`gpuclust.stream_quantiles.stream_quantiles` reads it a few times,
+so memory does not grow with the cell.  A per-bucket series gives the mean over machines.  The
+partials are the same in both modes' keyed usage sums; the time-weighted mode's up time is
+swept per shard of machines from the capacity intervals (:func:`_up_grid`), never over the whole
+machine x bucket grid at once.
 """
 
 from __future__ import annotations
@@ -31,13 +40,14 @@ import numpy as np
 import pyarrow as pa
 
 from gpuclust._xp import bincount
-from gpuclust.analyses._extent import max_finite
+from gpuclust.analyses._extent import max_finite, to_f64, to_i64
+from gpuclust.analyses._intervals import capacity_intervals
 from gpuclust.analyses._lookup import MachineHash, machine_capacities
 from gpuclust.analyses.base import Analysis, fmt, null_int
 from gpuclust.analyses.grouping import bucket_pieces
 from gpuclust.analyses.options import option
 from gpuclust.arrow_numpy import schema_table, table, table_from_rows
-from gpuclust.backends import finalize_backend, merged_backend
+from gpuclust.backends import finalize_backend, get_backend, merged_backend
 from gpuclust.parted import column_batches, finalize_in_memory
 from gpuclust.partials import merge_keyed
 from gpuclust.schema import TIME_AFTER_TRACE
@@ -47,7 +57,7 @@ __all__ = ["BUCKET_US", "DENSE_CELLS", "MODES", "QUANTILES", "MachineUtilization
 
 #: The notebook's bucket: 5 minutes, µs.
 BUCKET_US = 300_000_000
-MODES = ("notebook", "time-weighted")
+MODES = ("time-weighted", "notebook")
 #: The quantiles of the distribution table: 0, 0.01, ..., 1 (the notebook's APPROX_QUANTILES(x, 100)).
 QUANTILES = tuple(np.round(np.arange(101) / 100, 2).tolist())
 #: Machine-buckets per shard of the machine table (one Parquet part).
@@ -67,6 +77,11 @@ _FIELDS = ("cpu", "mem", *_COUNTS)
 _LOW = (1 << 32) - 1
 _MACHINE_COLUMNS = ["machine_id", "bucket", "bucket_start_us", "windows", "cpu_usage", "mem_usage", "cap_cpu",
                     "cap_mem", "cpu_util", "mem_util"]
+#: The time-weighted mode's machine table: ``up_s`` after ``bucket_start_us``.
+_UP_COLUMNS = [*_MACHINE_COLUMNS[:3], "up_s", *_MACHINE_COLUMNS[3:]]
+#: Counters of the time-weighted mode's machine-buckets (info), in this order.
+UP_STATS = ("idle_machine_buckets", "partial_machine_buckets", "usage_buckets_not_up")
+_NULL_ID = np.iinfo(np.int64).min
 
 
 @dataclass(frozen=True)
@@ -80,6 +95,10 @@ class MachineUtilizationContext:
     span: int
     #: machine id -> code (:class:`MachineHash`)
     machines: MachineHash | None = None
+    #: time-weighted mode: the up pieces of the machines (code, start, end, cap_cpu, cap_mem: host
+    #: arrays sorted by code; from :func:`capacity_intervals`) and the window ``(w0, w1)``
+    up: dict[str, np.ndarray] | None = None
+    window: tuple[int, int] = (0, 0)
 
 
 @dataclass(frozen=True)
@@ -89,17 +108,19 @@ class MachineUtilization(Analysis):
     Parameters
     ----------
     mode
-        ``notebook`` (Google's query: windows of at least 300 s by start bucket, capped at 1) or
-        ``time-weighted`` (every window by its overlap with each bucket, uncapped).
+        ``time-weighted`` (default: every machine-bucket in which the machine is up, usage-seconds
+        over capacity-seconds, idle up-time 0, uncapped) or ``notebook`` (Google's query: windows
+        of at least 300 s by start bucket, machine-buckets with a window only, capped at 1).
 
     Examples
     --------
-    >>> MachineUtilization(mode="time-weighted").label
-    'machine-utilization[mode=time-weighted]'
+    >>> MachineUtilization(mode="notebook").label
+    'machine-utilization[mode=notebook]'
     """
 
-    mode: str = option("notebook", "notebook: Google's query (windows >= 300 s by start bucket, capped at 1); "
-                       "time-weighted: every window by its overlap with each bucket, uncapped", choices=MODES)
+    mode: str = option("time-weighted", "time-weighted: every machine-bucket the machine is up (machine_events), "
+                       "usage-seconds / capacity-seconds, idle = 0, uncapped; notebook: Google's query (windows "
+                       ">= 300 s by start bucket, capped at 1)", choices=MODES)
 
     name = "machine-utilization"
     table = "instance_usage"
@@ -129,7 +150,20 @@ class MachineUtilization(Analysis):
         span = int(last // BUCKET_US + 1)
         if ids.shape[0] * span >= 1 << 62:
             raise ValueError("machine-utilization: machines x buckets do not fit an int64 key")
-        return MachineUtilizationContext(ids, cpu, mem, span, MachineHash.build(ids))
+        if self.mode == "notebook":
+            return MachineUtilizationContext(ids, cpu, mem, span, MachineHash.build(ids))
+        w0 = _min_start(source)
+        window = (0, 0) if w0 is None else (w0, max(w0, last))
+        me = source.read("machine_events", ["time", "machine_id", "type", "cap_cpu", "cap_mem"])
+        mcols = {c: to_i64(me.column(c)) for c in ("time", "machine_id", "type")}
+        mcols.update({c: to_f64(me.column(c)) for c in ("cap_cpu", "cap_mem")})
+        cap = capacity_intervals(mcols, *window)
+        ok = np.flatnonzero((cap.machine_id != _NULL_ID) & (cap.end > cap.start))
+        code = np.searchsorted(ids, cap.machine_id[ok])
+        order = np.argsort(code, kind="stable")
+        up = {"code": code[order].astype(np.int64), "start": cap.start[ok][order], "end": cap.end[ok][order],
+              "cap_cpu": cap.cap_cpu[ok][order], "cap_mem": cap.cap_mem[ok][order]}
+        return MachineUtilizationContext(ids, cpu, mem, span, MachineHash.build(ids), up, window)
 
     # ---------------------------------------------------------------- partial / merge
     def empty(self, backend: Any = None) -> dict[str, Any]:
@@ -249,30 +283,61 @@ class MachineUtilization(Analysis):
 
     def finalize_shard(self, keyed: dict[str, dict[str, np.ndarray]], rest: dict[str, Any],
                        ctx: MachineUtilizationContext, lo: int, hi: int) -> tuple[dict[str, Any], dict[str, Any]]:
-        """The machine-buckets of machine codes ``[lo, hi)`` (only those with a used window) and
-        the shard's per-bucket sums for the series."""
+        """The machine-buckets of machine codes ``[lo, hi)`` and the shard's per-bucket sums for the
+        series: notebook, those with a used window; time-weighted, those in which the machine is
+        up (:func:`_up_grid`, swept for the shard's machines only)."""
         u = keyed["u"]
         key = np.asarray(u["key"], np.int64)
-        code, bucket = key // ctx.span, key % ctx.span
         windows = np.asarray(u["windows"], np.int64)
         nulls = np.asarray(u["nulls"], np.int64)
         known = {"cpu": windows - (nulls & _LOW), "mem": windows - (nulls >> 32)}
-        cols: dict[str, Any] = {"machine_id": ctx.machine_ids[code], "bucket": bucket,
-                                "bucket_start_us": bucket * BUCKET_US, "windows": windows}
+        use = {r: np.where(known[r] > 0, np.asarray(u[r], np.float64), np.nan) for r, _, _ in RESOURCES}
+        notebook = self.mode == "notebook"
         extra: dict[str, Any] = {}
-        for r, _, cap_name in RESOURCES:
-            use = np.where(known[r] > 0, np.asarray(u[r], np.float64), np.nan)
-            cap = getattr(ctx, cap_name)[code]
+        if notebook:
+            code, bucket = key // ctx.span, key % ctx.span
+            cap = {r: getattr(ctx, cap_name)[code] for r, _, cap_name in RESOURCES}
+            cols: dict[str, Any] = {"machine_id": ctx.machine_ids[code], "bucket": bucket,
+                                    "bucket_start_us": bucket * BUCKET_US, "windows": windows}
+            use_s = use
+            cap_s = cap
+        else:
+            up, cs = _up_grid(ctx, lo, hi)  # dense over the shard: (hi - lo) x span
+            local = key - lo * ctx.span
+            cells = np.flatnonzero(up > 0)
+            at = np.searchsorted(local, cells)  # the keyed sums of each up machine-bucket, if any
+            has = at < local.shape[0]
+            has[has] = local[at[has]] == cells[has]
+            code, bucket = lo + cells // ctx.span, cells % ctx.span
+            up_s = up[cells]
+            w = np.zeros(cells.shape[0], np.int64)
+            w[has] = windows[at[has]]
+            cols = {"machine_id": ctx.machine_ids[code], "bucket": bucket, "bucket_start_us": bucket * BUCKET_US,
+                    "up_s": up_s, "windows": w}
+            use_s, cap_s, cap = {}, {}, {}
+            for r, _, _ in RESOURCES:
+                v = np.zeros(cells.shape[0])
+                v[has] = use[r][at[has]] * (BUCKET_US / 1e6)  # the keyed sums are usage x overlap / 300 s
+                use_s[r] = v
+                cap_s[r] = cs[r][cells]
+                cap[r] = cap_s[r] / up_s
+                use[r] = v / up_s
+            n_keys = int(local.shape[0])
+            extra["up"] = {"idle_machine_buckets": int(np.count_nonzero(w == 0)),
+                           "partial_machine_buckets": int(np.count_nonzero(up_s < BUCKET_US / 1e6)),
+                           "usage_buckets_not_up": n_keys - int(np.count_nonzero(has))}
+        for r, _, _ in RESOURCES:
+            c = cap_s[r]
             with np.errstate(invalid="ignore", divide="ignore"):
-                ratio = np.where(cap > 0, use / np.where(cap > 0, cap, 1.0), np.nan)
-            util = np.where(ratio > 1.0, 1.0, ratio) if self.mode == "notebook" else ratio
-            cols[f"{r}_usage"], cols[f"cap_{r}"], cols[f"{r}_util"] = use, cap, util
+                ratio = np.where(c > 0, use_s[r] / np.where(c > 0, c, 1.0), np.nan)
+            util = np.where(ratio > 1.0, 1.0, ratio) if notebook else ratio
+            cols[f"{r}_usage"], cols[f"cap_{r}"], cols[f"{r}_util"] = use[r], cap[r], util
             kn = np.isfinite(util)
             extra[r] = {"known": np.bincount(bucket[kn], minlength=ctx.span),
                         "sum": np.bincount(bucket[kn], weights=util[kn], minlength=ctx.span),
                         "over": int(np.count_nonzero(ratio > 1.0)), "unknown": int(np.count_nonzero(~kn))}
         # one Arrow table in the table's column order, built from the arrays without pandas
-        return {"machine": table({c: cols[c] for c in _MACHINE_COLUMNS})}, extra
+        return {"machine": table({c: cols[c] for c in (_MACHINE_COLUMNS if notebook else _UP_COLUMNS)})}, extra
 
     def finalize_parted(self, rest: dict[str, Any], ctx: MachineUtilizationContext, tables: dict[str, Any],
                         extras: list[dict[str, Any]]) -> dict[str, pa.Table]:
@@ -312,6 +377,9 @@ class MachineUtilization(Analysis):
         keep = np.flatnonzero((series["cpu_machines"] > 0) | (series["mem_machines"] > 0))
         ser = table({c: np.asarray(v)[keep] for c, v in series.items()})
         stats = dict(zip(STATS, (int(v) for v in rest["stats"]), strict=True))
+        if self.mode != "notebook":
+            stats.update({"window_start_us": ctx.window[0], "window_end_us": ctx.window[1],
+                          **{k: sum(e["up"][k] for e in extras) for k in UP_STATS}})
         info = table_from_rows([{"analysis": self.name, "mode": self.mode, "machines": int(ctx.machine_ids.shape[0]),
                                  "machines_known_cpu_capacity": int(np.count_nonzero(ctx.cap_cpu > 0)),
                                  "machine_rows": int(machine.num_rows), **stats}])
@@ -335,6 +403,58 @@ _SUMMARY_SCHEMA = pa.schema([("resource", pa.string()), *((c, pa.int64()) for c 
                              ("mean_util", pa.float64()), ("over_capacity", pa.int64()),
                              *((c, pa.float64()) for c in ("share_over_capacity", "p50", "p90", "p99", "max"))])
 _QUANTILES_SCHEMA = pa.schema([("resource", pa.string()), ("quantile", pa.float64()), ("util", pa.float64())])
+
+
+def _min_start(source: Any) -> int | None:
+    """The earliest ``start_time`` of instance_usage at or above 0 and below 2^63-1 (``None``: no
+    such value), from Parquet row-group statistics where they can be trusted (else the row group
+    is read); an in-memory source reads the column."""
+    def low(a: np.ndarray) -> int | None:
+        a = a[(a >= 0) & (a < TIME_AFTER_TRACE)]
+        return int(a.min()) if a.size else None
+
+    files = source.files("instance_usage") if hasattr(source, "files") else None
+    if not files:
+        return low(to_i64(source.read("instance_usage", ["start_time"]).column(0)))
+    import pyarrow.parquet as pq
+
+    best: int | None = None
+    for f in files:
+        pf = pq.ParquetFile(f)
+        md = pf.metadata
+        j = md.schema.to_arrow_schema().get_field_index("start_time")
+        for g in range(md.num_row_groups):
+            if md.row_group(g).num_rows == 0:
+                continue
+            st = md.row_group(g).column(j).statistics
+            if st is not None and st.has_min_max and 0 <= int(st.min) < TIME_AFTER_TRACE:
+                v: int | None = int(st.min)
+            else:
+                v = low(to_i64(pf.read_row_group(g, columns=["start_time"]).column(0)))
+            if v is not None:
+                best = v if best is None else min(best, v)
+    return best
+
+
+def _up_grid(ctx: MachineUtilizationContext, lo: int, hi: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Dense over machine codes ``[lo, hi)`` x the ``span`` buckets (flat, machine-major): the
+    seconds each machine is up, and per resource its capacity-seconds there (NaN where an up piece
+    has an unknown capacity), swept from the shard's up pieces by the cpu backend's
+    ``bucket_overlap`` (what ``overcommit`` sweeps its capacity with).  A shard holds at most about
+    :data:`SHARD_CELLS` machine-buckets (or one machine), so nothing here grows with the cell."""
+    cells = (hi - lo) * ctx.span
+    up = ctx.up
+    if up is None:
+        raise RuntimeError("machine-utilization: the time-weighted mode needs the context's up pieces")
+    i0, i1 = np.searchsorted(up["code"], [lo, hi])
+    if cells == 0 or i1 == i0:
+        return np.zeros(cells), {r: np.zeros(cells) for r, _, _ in RESOURCES}
+    cc, cm = up["cap_cpu"][i0:i1], up["cap_mem"][i0:i1]
+    vals = np.stack([np.ones(i1 - i0), cc, cm, np.isnan(cc).astype(np.float64), np.isnan(cm).astype(np.float64)])
+    sw = get_backend("cpu").ops.bucket_overlap(
+        up["start"][i0:i1], up["end"][i0:i1], vals, (up["code"][i0:i1] - lo).astype(np.int32),
+        n_groups=hi - lo, n_buckets=ctx.span, origin=0, width=BUCKET_US).reshape(5, cells)
+    return sw[0], {"cpu": np.where(sw[3] > 0, np.nan, sw[1]), "mem": np.where(sw[4] > 0, np.nan, sw[2])}
 
 
 #: Largest cells / rows ratio summed densely (``bincount`` over every cell); beyond it the used

@@ -1,6 +1,7 @@
 """``machine-utilization`` against Google's notebook query run by DuckDB (mode ``notebook``), a slow
-pure-Python overlap computation (mode ``time-weighted``), a worked machine, and the layouts and
-schedulers it runs on."""
+pure-Python replay of machine up time and usage overlap (``machine_utilization_reference.replay``;
+the default mode, ``time-weighted``) on hypothesis and random cells, a worked machine (idle, and
+removed mid-bucket), the real 2011 machine_events, and the layouts and schedulers it runs on."""
 
 from __future__ import annotations
 
@@ -23,6 +24,22 @@ from gpuclust.engine import TableSource, run
 from gpuclust.schema import TIME_AFTER_TRACE
 
 duckdb = pytest.importorskip("duckdb")
+
+
+def _load_reference():  # a unique module name: tests/analyses has no package or conftest of its own
+    import importlib.util
+
+    name = "gpuclust_machine_utilization_reference"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("machine_utilization_reference.py"))
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[name]
+
+
+replay = _load_reference().replay
+NB = "machine-utilization[mode=notebook]"
 W = 300_000_000
 QLIST = "[" + ", ".join(repr(float(q)) for q in QUANTILES) + "]"
 
@@ -64,35 +81,12 @@ def notebook_reference(tables: dict) -> tuple[pd.DataFrame, dict[str, list[float
 
 
 def time_weighted_reference(tables: dict) -> tuple[pd.DataFrame, dict[str, list[float]]]:
-    """Each top-level window with a known end split at bucket edges, by plain loops."""
-    caps: dict[int, list] = {}
-    for e in tables["machine_events"].to_pylist():
-        c = caps.setdefault(e["machine_id"], [None, None])
-        for j, k in enumerate(("cap_cpu", "cap_mem")):
-            if e[k] is not None:
-                c[j] = e[k] if c[j] is None else max(c[j], e[k])
-    acc: dict[tuple[int, int], list] = {}
-    for u in tables["instance_usage"].to_pylist():
-        s, e = u["start_time"], u["end_time"]
-        if u["alloc_collection_id"] not in (None, 0) or e == TIME_AFTER_TRACE or e <= s or u["machine_id"] not in caps:
-            continue
-        for b in range(s // W, (e - 1) // W + 1):
-            ov = min(e, (b + 1) * W) - max(s, b * W)
-            a = acc.setdefault((u["machine_id"], b), [0, None, None])
-            a[0] += 1
-            for j, k in ((1, "avg_cpu"), (2, "avg_mem")):
-                if u[k] is not None:
-                    a[j] = (a[j] or 0.0) + u[k] * ov / W
-    rows = []
-    for (mid, b), (n, cpu, mem) in sorted(acc.items()):
-        row = {"machine_id": mid, "bucket": b, "windows": n, "cpu_usage": cpu, "mem_usage": mem,
-               "cap_cpu": caps[mid][0], "cap_mem": caps[mid][1]}
-        for r in ("cpu", "mem"):
-            use, cap = row[f"{r}_usage"], row[f"cap_{r}"]
-            row[f"{r}_util"] = use / cap if use is not None and cap is not None and cap > 0 else None
-        rows.append(row)
-    m = pd.DataFrame(rows, columns=["machine_id", "bucket", "windows", "cpu_usage", "mem_usage", "cap_cpu", "cap_mem",
-                                    "cpu_util", "mem_util"])
+    """The default mode's machine table and quantiles from the slow replay."""
+    ref = replay(tables)
+    rows = [{"machine_id": m, "bucket": b, **r} for (m, b), r in sorted(ref["rows"].items())]
+    m = pd.DataFrame(rows, columns=["machine_id", "bucket", "up_s", "windows", "cpu_usage", "mem_usage", "cap_cpu",
+                                    "cap_mem", "cpu_util", "mem_util"])
+    m.attrs["not_up"] = ref["not_up"]
     qs = {}
     for r in ("cpu", "mem"):
         v = np.array([x for x in m[f"{r}_util"] if x is not None and x == x], dtype=float)
@@ -106,7 +100,14 @@ def check(res: dict, want: pd.DataFrame, want_q: dict, capped: bool) -> None:
     assert got["bucket"].tolist() == [int(x) for x in want["bucket"]]
     assert (got["bucket_start_us"] == got["bucket"] * W).all()
     assert got["windows"].tolist() == [int(x) for x in want["windows"]]
-    for c in ("cpu_usage", "mem_usage", "cap_cpu", "cap_mem", "cpu_util", "mem_util"):
+    cols = ["cpu_usage", "mem_usage", "cap_cpu", "cap_mem", "cpu_util", "mem_util"]
+    if not capped:  # the default mode: every up machine-bucket, idle ones included
+        cols.append("up_s")
+        info = res["info"].iloc[0]
+        assert info["idle_machine_buckets"] == int((want["windows"] == 0).sum())
+        assert info["partial_machine_buckets"] == int((want["up_s"] < 300).sum())
+        assert info["usage_buckets_not_up"] == want.attrs["not_up"]
+    for c in cols:
         w = pd.to_numeric(want[c], errors="coerce").to_numpy(np.float64)
         np.testing.assert_allclose(got[c].to_numpy(np.float64), w, rtol=1e-9, atol=1e-12, equal_nan=True, err_msg=c)
     q = res["quantiles"]
@@ -135,9 +136,9 @@ def check(res: dict, want: pd.DataFrame, want_q: dict, capped: bool) -> None:
 
 def run_both(tables: dict) -> None:
     src = TableSource(tables)
-    res = run(src, [MachineUtilization(), MachineUtilization(mode="time-weighted")])
-    check(res["machine-utilization"], *notebook_reference(tables), capped=True)
-    check(res["machine-utilization[mode=time-weighted]"], *time_weighted_reference(tables), capped=False)
+    res = run(src, [MachineUtilization(mode="notebook"), MachineUtilization()])
+    check(res[NB], *notebook_reference(tables), capped=True)
+    check(res["machine-utilization"], *time_weighted_reference(tables), capped=False)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -192,7 +193,8 @@ def test_a_worked_machine():
     * task A, 0-300 s, CPU 0.2; task B, 100-400 s, CPU 0.4 (both 300 s); an alloc member 0-300 s
       (dropped); task C, 0-60 s, CPU 0.3 (short: the notebook drops it).
     * notebook, bucket 0: 0.2 + 0.4 = 0.6 > 0.5 -> 1.0 (over capacity); time-weighted, bucket 0:
-      0.2 + 0.4 x 200/300 + 0.3 x 60/300 = 0.5267 -> 1.0533; bucket 1: 0.4 x 100/300 -> 0.2667.
+      0.2 + 0.4 x 200/300 + 0.3 x 60/300 = 0.5267 -> 1.0533; bucket 1 (the usage ends at 400 s,
+      so the window does: up 100 s): 0.4 x 100 s / (0.5 x 100 s) -> 0.8.
     """
     s = [0, 100 * 10**6, 0, 0]
     e = [W, 400 * 10**6, W, 60 * 10**6]
@@ -202,17 +204,54 @@ def test_a_worked_machine():
              "start_time": s, "end_time": e, "collection_id": [1, 2, 3, 4], "instance_index": [0] * 4,
              "machine_id": [7] * 4, "alloc_collection_id": [0, None, 99, 0], "avg_cpu": [0.2, 0.4, 0.9, 0.3],
              "avg_mem": [0.1, 0.1, 0.1, 0.1]})}
-    res = run(TableSource(t), [MachineUtilization(), MachineUtilization(mode="time-weighted")])
-    nb = res["machine-utilization"]["machine"]
+    res = run(TableSource(t), [MachineUtilization(mode="notebook"), MachineUtilization(mode="time-weighted")])
+    nb = res[NB]["machine"]
     assert nb[["bucket", "windows"]].values.tolist() == [[0, 2]]
     assert nb["cpu_usage"].iloc[0] == pytest.approx(0.6) and nb["cpu_util"].iloc[0] == 1.0
     assert nb["mem_util"].iloc[0] == pytest.approx(0.2)  # MAX(cap_mem) over the machine's events: 1.0
-    info = res["machine-utilization"]["info"].iloc[0]
+    info = res[NB]["info"].iloc[0]
     assert (info["alloc_rows"], info["short_rows"], info["used_rows"]) == (1, 1, 2)
-    assert res["machine-utilization"]["summary"].set_index("resource").loc["cpu", "over_capacity"] == 1
-    tw = res["machine-utilization[mode=time-weighted]"]["machine"]
+    assert res[NB]["summary"].set_index("resource").loc["cpu", "over_capacity"] == 1
+    tw = res["machine-utilization"]["machine"]
+    # the window is [0, 400 s] (the usage's extent): bucket 1 is up 100 s
     assert tw["bucket"].tolist() == [0, 1] and tw["windows"].tolist() == [3, 1]
-    np.testing.assert_allclose(tw["cpu_util"], [(0.2 + 0.4 * 2 / 3 + 0.3 * 0.2) / 0.5, 0.4 / 3 / 0.5])
+    assert tw["up_s"].tolist() == [300.0, 100.0]
+    np.testing.assert_allclose(tw["cpu_util"], [(0.2 + 0.4 * 2 / 3 + 0.3 * 0.2) / 0.5, 0.4 / 0.5])
+
+
+def test_idle_and_removed_machines():
+    """The default counts every machine-bucket in which the machine is up (the window: 0-900 s,
+    the usage's extent); the notebook only those holding a window of 300 s.
+
+    * machine 7 (CPU 0.5): 0.25 in bucket 0 -> 0.5; bucket 1 idle -> 0; 0.1 in bucket 2 -> 0.2.
+    * machine 8 (CPU 1.0): up and idle all along -> 0, 0, 0.
+    * machine 9 (CPU 1.0): idle in bucket 0; removed at 450 s, with 0.5 from 300 s to 450 s (a
+      short window: the notebook drops it) -> 0.5 over its 150 up seconds; added again at 800 s
+      with CPU 2.0 -> bucket 2, up 100 s, idle.
+    """
+    S = 10**6
+    t = {"machine_events": table("machine_events", {
+            "time": [0, 0, 0, 450 * S, 800 * S], "machine_id": [7, 8, 9, 9, 9], "type": [1, 1, 1, 2, 1],
+            "cap_cpu": [0.5, 1.0, 1.0, None, 2.0], "cap_mem": [1.0, 1.0, 1.0, None, 1.0]}),
+         "instance_usage": table("instance_usage", {
+             "start_time": [0, 600 * S, 300 * S], "end_time": [W, 900 * S, 450 * S], "collection_id": [1, 2, 3],
+             "instance_index": [0] * 3, "machine_id": [7, 7, 9], "alloc_collection_id": [0] * 3,
+             "avg_cpu": [0.25, 0.1, 0.5], "avg_mem": [0.1] * 3})}
+    res = run(TableSource(t), [MachineUtilization(), MachineUtilization(mode="notebook")])
+    m = res["machine-utilization"]["machine"]
+    assert list(zip(m["machine_id"], m["bucket"], strict=True)) == [(i, b) for i in (7, 8, 9) for b in (0, 1, 2)]
+    np.testing.assert_allclose(m["cpu_util"], [0.5, 0, 0.2, 0, 0, 0, 0, 0.5, 0])
+    np.testing.assert_allclose(m["up_s"], [300] * 7 + [150, 100])
+    assert m["windows"].tolist() == [1, 0, 1, 0, 0, 0, 0, 1, 0] and m["cap_cpu"].tolist()[-1] == 2.0
+    info = res["machine-utilization"]["info"].iloc[0]
+    assert (info["idle_machine_buckets"], info["partial_machine_buckets"], info["usage_buckets_not_up"]) == (6, 2, 0)
+    summ = res["machine-utilization"]["summary"].set_index("resource")
+    assert (summ.loc["cpu", "p50"], summ.loc["cpu", "mean_util"]) == (0.0, pytest.approx(1.2 / 9))
+    nb = res[NB]["machine"]
+    assert list(zip(nb["machine_id"], nb["bucket"], strict=True)) == [(7, 0), (7, 2)]
+    np.testing.assert_allclose(nb["cpu_util"], [0.5, 0.2])
+    assert res[NB]["summary"].set_index("resource").loc["cpu", "p50"] == pytest.approx(0.35)
+    check(res["machine-utilization"], *time_weighted_reference(t), capped=False)
 
 
 def test_layouts_schedulers_and_the_results_folder(tmp_path):
@@ -254,7 +293,7 @@ def test_real_cell_a_capacities(tmp_path):
     ref = duckdb.sql(f"""SELECT machine_id, MAX(capacity.cpus) AS c, MAX(capacity.memory) AS m
                          FROM read_parquet('{src}') GROUP BY 1 ORDER BY 1""").df()
     me = Dataset(tmp_path / "ds").read("machine_events", None)
-    ctx = MachineUtilization().context(TableSource({"machine_events": me}))
+    ctx = MachineUtilization(mode="notebook").context(TableSource({"machine_events": me}))
     assert ctx.machine_ids.tolist() == ref["machine_id"].tolist() and len(ref) == 10_001
     np.testing.assert_allclose(ctx.cap_cpu, ref["c"].to_numpy(np.float64), rtol=1e-6)
     assert int(np.count_nonzero(ctx.cap_cpu > 0)) == int(ref["c"].notna().sum()) == 10_001
@@ -265,9 +304,65 @@ def test_real_cell_a_capacities(tmp_path):
         "start_time": [0] * n + [10**6] * n + [W] * n, "end_time": [W] * n + [W + 10**6] * n + [2 * W] * n,
         "collection_id": list(range(3 * n)), "instance_index": [0] * (3 * n), "machine_id": [int(m) for m in mids] * 3,
         "alloc_collection_id": [0] * (3 * n), "avg_cpu": [0.05] * (3 * n), "avg_mem": [0.01] * (3 * n)})
-    res = run(TableSource({"machine_events": me, "instance_usage": usage}), MachineUtilization())["machine-utilization"]
+    res = run(TableSource({"machine_events": me, "instance_usage": usage}), MachineUtilization(mode="notebook"))["machine-utilization"]
     m = res["machine"].set_index(["machine_id", "bucket"])
     cap = dict(zip(ref["machine_id"], ref["c"], strict=True))
     for mid in mids:
         assert m.loc[(mid, 0), "cpu_util"] == pytest.approx(min(0.1 / cap[mid], 1.0), rel=1e-6)
         assert m.loc[(mid, 1), "cpu_util"] == pytest.approx(min(0.05 / cap[mid], 1.0), rel=1e-6)
+
+
+REAL_2011 = REAL.parent / "2011"
+
+
+def _usage_from_task_events(ds: Dataset, t_end: int, seed: int = 2011) -> pa.Table:
+    """Usage windows where the real 2011 tasks ran (no real task_usage rows are available): every
+    SCHEDULE on a machine runs from its time (at least the trace start, 600 s) until the task's next
+    event or ``t_end``, as windows of 300 s from its start (the last one shorter), with CPU and
+    memory a random share (0.1-1 and 0.3-1) of the task's request."""
+    ev = ds.read("instance_events", ["time", "type", "collection_id", "instance_index", "machine_id", "req_cpu", "req_mem"])
+    c = {k: ev.column(k).to_numpy(zero_copy_only=False) for k in ev.column_names}
+    order = np.lexsort((np.arange(len(c["time"])), c["time"], c["instance_index"], c["collection_id"]))
+    c = {k: v[order] for k, v in c.items()}
+    nxt = np.full(order.size, t_end, np.int64)
+    same = (c["collection_id"][1:] == c["collection_id"][:-1]) & (c["instance_index"][1:] == c["instance_index"][:-1])
+    nxt[:-1] = np.where(same, c["time"][1:], t_end)
+    sel = np.flatnonzero((c["type"] == 3) & (c["machine_id"] > 0))
+    s, e = np.maximum(c["time"][sel], 600 * 10**6), np.minimum(nxt[sel], t_end)
+    sel, s, e = sel[e > s], s[e > s], e[e > s]
+    rng = np.random.default_rng(seed)
+    cpu = c["req_cpu"][sel] * rng.uniform(0.1, 1.0, sel.size)
+    mem = c["req_mem"][sel] * rng.uniform(0.3, 1.0, sel.size)
+    k = -(-(e - s) // W)  # windows per running piece
+    piece = np.repeat(np.arange(sel.size), k)
+    ws = s[piece] + (np.arange(piece.size) - np.repeat(np.cumsum(k) - k, k)) * W
+    return table("instance_usage", {
+        "start_time": ws, "end_time": np.minimum(ws + W, e[piece]), "collection_id": c["collection_id"][sel][piece],
+        "instance_index": c["instance_index"][sel][piece], "machine_id": c["machine_id"][sel][piece],
+        "alloc_collection_id": np.zeros(piece.size, np.int64), "avg_cpu": cpu[piece], "avg_mem": mem[piece]})
+
+
+@pytest.mark.skipif(not REAL_2011.is_dir(), reason=f"real trace files not found at {REAL_2011}")
+def test_real_2011_machines(tmp_path):
+    """The real 2011 machine_events (12,583 machines: ADD, REMOVE and UPDATE, NULL capacities) with
+    usage where the real task_events' tasks ran in the first 30 minutes of the trace: the default
+    mode against the slow replay, the notebook mode against DuckDB running the notebook's query."""
+    from gpuclust.ingest import ingest
+
+    rep = ingest([REAL_2011 / "machine_events", REAL_2011 / "task_events"], tmp_path / "ds", progress=False)
+    assert rep.exit_status == 0, rep.summary()
+    ds = Dataset(tmp_path / "ds")
+    tables = {"machine_events": ds.read("machine_events", None),
+              "instance_usage": _usage_from_task_events(ds, (600 + 1800) * 10**6)}
+    res = run(TableSource(tables), [MachineUtilization(), MachineUtilization(mode="notebook")])
+    tw, nb = res["machine-utilization"], res[NB]
+    check(tw, *time_weighted_reference(tables), capped=False)
+    check(nb, *notebook_reference(tables), capped=True)
+    info = tw["info"].iloc[0]
+    assert (info["machines"], info["window_start_us"], info["window_end_us"]) == (12_583, 600 * 10**6, 2400 * 10**6)
+    assert info["partial_machine_buckets"] > 0 and info["usage_buckets_not_up"] > 0
+    p50 = {k: r["summary"].set_index("resource").loc["cpu", "p50"] for k, r in (("default", tw), ("notebook", nb))}
+    print(f"2011, first 30 min: {info['machine_rows']} up machine-buckets, idle {info['idle_machine_buckets']} "
+          f"({info['idle_machine_buckets'] / info['machine_rows']:.4%}), partial {info['partial_machine_buckets']}, "
+          f"usage where not up {info['usage_buckets_not_up']}; median CPU util default {p50['default']:.4f}, "
+          f"notebook {p50['notebook']:.4f} ({nb['info'].iloc[0]['machine_rows']} machine-buckets)")

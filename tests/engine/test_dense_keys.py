@@ -23,7 +23,7 @@ def tables() -> dict:
 
 
 def _run(tables: dict, partitions: int, scheduler: str | None = None) -> dict:
-    return run(TableSource(tables), [MachineUtilization(), MachineUtilization(mode="time-weighted")],
+    return run(TableSource(tables), [MachineUtilization(mode="notebook"), MachineUtilization(mode="time-weighted")],
                partitions=partitions, scheduler=scheduler)
 
 
