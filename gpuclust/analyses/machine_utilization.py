@@ -26,9 +26,9 @@ The distribution's quantiles (0, 1, ..., 100%, linear interpolation as ``numpy.q
 machine-bucket once) are exact: the machine table is a parted table (a row per machine-bucket,
 written part by part) and :func:`gpuclust.stream_quantiles.stream_quantiles` reads it a few times,
 so memory does not grow with the cell.  A per-bucket series gives the mean over machines.  The
-partials are the same in both modes' keyed usage sums; the time-weighted mode's up time is
-swept per shard of machines from the capacity intervals (:func:`_up_grid`), never over the whole
-machine x bucket grid at once.
+partials are keyed usage sums per machine-bucket in both modes; the time-weighted mode's up time is
+not a partial: each shard of machines sweeps its machines' up pieces (:func:`_up_grid`), so no
+machine x bucket grid of the whole cell is built.
 """
 
 from __future__ import annotations
