@@ -49,7 +49,7 @@ from gpuclust.analyses._requests import (
 from gpuclust.analyses._task_ratios import TASK_COLUMNS, TaskAccumulator, empty_tasks, merge_tasks, task_tables
 from gpuclust.analyses.base import Analysis, fmt, resolve_tier_map
 from gpuclust.analyses.grouping import FloatBins
-from gpuclust.analyses.options import option, tier_map_option
+from gpuclust.analyses.options import tier_map_option
 from gpuclust.analyses.usage_change import RATIO_EDGES
 from gpuclust.arrow_numpy import bin_table, rows_table, table_from_rows
 from gpuclust.partials import bin_quantile_edges
@@ -129,8 +129,6 @@ class UsageVsRequest(Analysis):
     tier_map
         Name of a tier map in :data:`gpuclust.schema.TIER_MAPS`; ``None``: the dataset manifest's,
         else the trace version's default.
-    tasks
-        Also the per-task tables (:mod:`gpuclust.analyses._task_ratios`).
 
     Examples
     --------
@@ -139,8 +137,6 @@ class UsageVsRequest(Analysis):
     """
 
     tier_map: str | None = tier_map_option()
-    tasks: bool = option(True, "also the per-task tables task_summary and task_hist (Borg Fig. 11: CDFs over tasks of "
-                         "usage / limit and memory reservation / limit, prod and non-prod)")
 
     name = "usage-vs-request"
     table = "instance_usage"
@@ -155,7 +151,7 @@ class UsageVsRequest(Analysis):
     @property
     def columns(self) -> tuple[str, ...]:
         return ("start_time", "collection_id", "instance_index", "machine_id", "avg_cpu", "max_cpu", "avg_mem",
-                "max_mem", *(TASK_COLUMNS if self.tasks else ()))
+                "max_mem", *TASK_COLUMNS)
 
     def context(self, source: Any) -> UsageVsRequestContext:
         tm = resolve_tier_map(self.tier_map, source)
@@ -205,7 +201,7 @@ class UsageVsRequest(Analysis):
     # ---------------------------------------------------------------- partial / merge
     def empty(self, backend: Any = None) -> dict[str, np.ndarray]:
         return {"counts": np.zeros((_T, _M, len(_COUNTS)), np.int64), "hist": np.zeros((_T, _M, _B), np.int64),
-                "rsum": np.zeros((_T, _M)), **(empty_tasks() if self.tasks else {})}
+                "rsum": np.zeros((_T, _M)), **empty_tasks()}
 
     def partial(self, cols: dict[str, Any], ctx: UsageVsRequestContext, backend: Any) -> dict[str, Any]:
         xp = backend.xp
@@ -218,7 +214,7 @@ class UsageVsRequest(Analysis):
         block = backend.ops.lookup_block_rows or n
         counts = xp.zeros((_M, _T * _K), dtype=xp.int64)
         rsum = xp.zeros((_M, _T))
-        acc = TaskAccumulator(backend, cols) if self.tasks else None
+        acc = TaskAccumulator(backend, cols)
         slots = ctx.slots if backend.ops.lookup_slot_tables else None
         if slots is not None:
             # host arrays (the cpu backend): one gather per window in the key's slot (see KeyedSlots);
@@ -234,7 +230,7 @@ class UsageVsRequest(Analysis):
         c = counts.reshape(_M, _T, _K).transpose(1, 0, 2)
         hist, half, above = _split(xp, c[:, :, 2:])
         out = {"counts": xp.stack([c.sum(2), c[:, :, 0], c[:, :, 1], hist.sum(2), above, half], 2).astype(xp.int64),
-               "hist": hist.astype(xp.int64), "rsum": rsum.T.copy(), **(acc.result() if acc is not None else {})}
+               "hist": hist.astype(xp.int64), "rsum": rsum.T.copy(), **acc.result()}
         return out
 
     @staticmethod
@@ -247,7 +243,7 @@ class UsageVsRequest(Analysis):
 
     @staticmethod
     def _block(cols: dict[str, Any], sl: slice, ctx: UsageVsRequestContext, runs: KeyedRuns, backend: Any,
-               counts: Any, rsum: Any, acc: TaskAccumulator | None) -> None:
+               counts: Any, rsum: Any, acc: TaskAccumulator) -> None:
         """Rows ``sl`` joined by :func:`~gpuclust.analyses._requests.asof_keyed` (per window its
         tier and the latest event of its instance at or before its start), then counted
         (:meth:`_count`)."""
@@ -259,12 +255,11 @@ class UsageVsRequest(Analysis):
         tier = xp.where(found, code, nt)
         UsageVsRequest._count(xp, cols, sl, tier, (limit[:, 0], limit[:, 1]),
                               backend.stage(_RATIO_BINS.cells), backend.stage(_RATIO_BINS.edges), counts, rsum)
-        if acc is not None:
-            acc.add(sl, tier, nt, limit[:, 0], limit[:, 1])
+        acc.add(sl, tier, nt, limit[:, 0], limit[:, 1])
 
     @staticmethod
     def _block_slots(cols: dict[str, Any], sl: slice, ctx: UsageVsRequestContext, slots: Any, backend: Any,
-                     counts: Any, rsum: Any, acc: TaskAccumulator | None) -> None:
+                     counts: Any, rsum: Any, acc: TaskAccumulator) -> None:
         """:meth:`_block` on the cpu backend: each window's tier and limits from its key's slot
         (:func:`~gpuclust.analyses._requests.asof_keyed_slots`), the same codes and sums."""
         found, code, lim0, lim1 = asof_keyed_slots(backend, ctx.requests, slots, ctx.limits,
@@ -273,8 +268,7 @@ class UsageVsRequest(Analysis):
         nt = len(ctx.tier_map.names)
         tier = np.where(found, code, nt)
         UsageVsRequest._count(np, cols, sl, tier, (lim0, lim1), _RATIO_BINS.cells, _RATIO_BINS.edges, counts, rsum)
-        if acc is not None:
-            acc.add(sl, tier, nt, lim0, lim1)
+        acc.add(sl, tier, nt, lim0, lim1)
 
     @staticmethod
     def _count(xp: Any, cols: dict[str, Any], sl: slice, tier: Any, limits: tuple[Any, Any], cells: Any,
@@ -312,8 +306,7 @@ class UsageVsRequest(Analysis):
             rsum[k] = bincount(xp, tiers, weights=weights, minlength=_T)  # + 0.0 per other window
 
     def merge(self, a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        out = {k: a[k] + b[k] for k in a if not k.startswith("task_")}
-        return {**out, **merge_tasks(a, b)} if self.tasks else out
+        return {**{k: a[k] + b[k] for k in a if not k.startswith("task_")}, **merge_tasks(a, b)}
 
     # ---------------------------------------------------------------- finalize
     def finalize(self, partial: dict[str, np.ndarray], ctx: UsageVsRequestContext) -> dict[str, pa.Table]:
@@ -321,11 +314,8 @@ class UsageVsRequest(Analysis):
         names = ctx.tier_names
         T = len(names)
         p = {k: np.asarray(v) for k, v in partial.items()}
-        tasks: dict[str, pa.Table] = {}
-        task_info: dict[str, Any] = {}
-        if self.tasks:
-            prod = ctx.tier_map.names.index("prod") if "prod" in ctx.tier_map.names else None
-            tasks, task_info = task_tables(p, prod)
+        prod = ctx.tier_map.names.index("prod") if "prod" in ctx.tier_map.names else None
+        tasks, task_info = task_tables(p, prod)
         lo = np.concatenate([[0.0], RATIO_EDGES])
         hi = np.concatenate([RATIO_EDGES, [np.inf]])
         groups = [(names[t], p["counts"][t], p["hist"][t], p["rsum"][t]) for t in range(T)]
@@ -358,8 +348,6 @@ class UsageVsRequest(Analysis):
             lines.append(f"  {r['tier']:>8} {r['measure']}: {r['defined']:,} windows with a limit, median usage/limit "
                          f"{fmt(r['p50_ratio'], '.3g')}, above the limit {fmt(r['above_limit_share'], '.1%')}, "
                          f"no limit {r['no_limit']:,}")
-        if "task_summary" not in result:
-            return "\n".join(lines)
         lines.append(f"  per task (Borg Fig. 11), {info['tasks']:,} tasks, memory reservation: {info['reservation']}")
         for r in as_arrow(result["task_summary"]).to_pylist():
             lines.append(f"  {r['band']:>8} {r['measure']}: {r['defined']:,} tasks, median {fmt(r['p50_ratio'], '.3g')}, "

@@ -298,19 +298,11 @@ def test_without_reservations_says_so():
     assert r["defined"] == 0 and r["unknown"] > 0 and np.isnan(r["p50_ratio"])
 
 
-def test_tasks_off_keeps_the_window_tables():
-    tables = cell(9)
-    on = run(TableSource(tables), UsageVsRequest())["usage-vs-request"]
-    off = run(TableSource(tables), UsageVsRequest(tasks=False))["usage-vs-request"]
-    assert set(off) == {"summary", "hist", "info"} and set(on) == {*off, "task_summary", "task_hist"}
-    for k in ("summary", "hist"):
-        assert off[k].equals(on[k])
-
-
 def test_synthetic_cell_against_duckdb(tmp_path):
     """A synthetic cell (gpuclust synth, bucketed layout): DuckDB's per-task tables are
-    gpuclust's; the per-task median CPU usage / limit is above the per-window one (short windows
-    of low usage weigh less per task than per window)."""
+    gpuclust's; the per-task median CPU usage / limit is above the per-window one (the many
+    short-lived non-prod tasks, with higher ratios, count once each, the long-lived prod tasks'
+    many windows once per task)."""
     from gpuclust.synth import SynthConfig, synthesize
 
     synthesize(SynthConfig(machines=30, hours=3, seed=4), tmp_path / "raw", dataset=tmp_path / "ds", progress=None)
@@ -318,6 +310,9 @@ def test_synthetic_cell_against_duckdb(tmp_path):
     check(res, duckdb_tasks(tmp_path / "ds", "notebook"))
     t = res["task_summary"].set_index(["band", "measure"])
     assert t.loc[("prod", "cpu_mean"), "defined"] > 0 and t.loc[("non-prod", "cpu_mean"), "defined"] > 0
+    w = res["summary"].set_index(["tier", "measure"])
+    assert t.loc[("all", "cpu_mean"), "p50_ratio"] > w.loc[("all", "cpu_avg"), "p50_ratio"]
+    assert t.loc[("prod", "cpu_mean"), "p50_ratio"] < t.loc[("non-prod", "cpu_mean"), "p50_ratio"]
 
 
 @pytest.mark.skipif(not REAL.is_dir(), reason=f"real trace files not found at {REAL}")
