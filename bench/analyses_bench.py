@@ -59,6 +59,7 @@ BENCH_OPTIONS: dict[str, dict[str, Any]] = {
     "cpi": {"by": "machine"},                 # peers: grouped weighted Pearson per machine
     "usage-distribution": {"by": "machine"},  # peer: the per-group loop over machines
     "usage-change": {"level": "instance"},    # peer: pairs of an instance's windows by LEAD
+    "machine-utilization": {"mode": "notebook"},  # peer: the notebook's query
 }
 #: Extra gpuclust rows: the analysis restricted to what its SQL peer computes (contender name
 #: ``gpuclust-<backend>[opt=value,...]``).
