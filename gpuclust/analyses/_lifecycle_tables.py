@@ -117,7 +117,7 @@ EVENTS_BY_KIND_SCHEMA = pa.schema([("kind", pa.string()), *EVENTS_SCHEMA])
 
 
 def with_kind(t: pa.Table, kind: str) -> pa.Table:
-    return t.add_column(0, "kind", pa.array([kind] * t.num_rows, pa.string()))
+    return t.add_column(0, "kind", labels([kind], np.zeros(t.num_rows, np.int64)))  # (no pa.array of a list: it imports pandas)
 
 
 HIST_SCHEMA = pa.schema([("tier", pa.string()), ("measure", pa.string()), ("outcome", pa.string()),

@@ -18,9 +18,10 @@ Result tables (docs/analysis-lifecycle.md):
     deaths; dead: SUBMIT).  Seed 003 reported such "unexpected" transitions in the 2011 trace
     (EVICT of a pending task, for one).
 ``series``
-    Per time bucket and tier: submissions (new = an instance's first SUBMIT, and resubmissions),
-    schedules, deaths by kind, and the instances pending (the queue) and running at the bucket's
-    end.
+    Per time bucket and tier: submissions (new: an instance's first, unless it was present at the
+    trace start; resubmissions; instances present at the start), schedules, deaths by kind, and
+    the instances pending (the queue; of them queued after QUEUE, eligible after ENABLE) and
+    running at the bucket's end.
 ``delays`` and ``delay_hist``
     Scheduling delay (from the SUBMIT that makes an instance pending to the event that ends the
     pending episode; ``enable_to_schedule`` from the last ENABLE before the SCHEDULE) and
@@ -31,9 +32,18 @@ Result tables (docs/analysis-lifecycle.md):
     so any number of episodes merges in bounded memory; quantiles are resolved to a bin (the
     exact quantile lies in ``[q, the bin's upper edge)``, under 4.7% above ``q``); count, mean,
     min and max are exact.
+``survival``
+    Kaplan-Meier median and p90 of scheduling delay and execution time, with log-log Greenwood
+    95% bands, by kind and tier, beside the completed-only ones (from the delay bins: exact up to
+    the bin width; :mod:`gpuclust.analyses._lifecycle_survival`).
+``events_by_kind``, ``delays_by_kind``
+    ``events`` and ``delays`` per kind (``collection_type``: task / alloc instance, job / alloc
+    set; the other tables count every kind together).
 ``info``
-    Row and instance counts, instances first seen other than by SUBMIT (present when the trace
-    began), events at time 0 and 2^63-1, unexpected transitions.
+    Row and instance counts, instances first seen other than by SUBMIT, present at the trace
+    start (first event at time 0), events at time 0 and 2^63-1, synthesised events (missing_type
+    set: never timing a duration) and the episodes they leave without one, instances by kind,
+    unexpected transitions.
 
 Per-instance sequences need every event of an instance in one partition: the analysis declares
 :attr:`whole_instances`, so the engine runs it on the buckets of an instance-bucketed dataset

@@ -551,3 +551,44 @@ def test_kaplan_meier_on_planted_durations():
         assert abs(sv[f"km_{name}_s"] / true - 1) < 0.1, (name, sv[f"km_{name}_s"], true)
         assert sv[f"completed_{name}_s"] < 0.75 * true
     check(res, rows)
+
+
+@pytest.mark.skipif(not REAL.is_dir(), reason=f"real trace files not found at {REAL}")
+def test_real_2011_issue_35_figures_against_duckdb(tmp_path):
+    """The first 5 of 500 parts of the 2011 task_events and job_events in one dataset, against
+    DuckDB SQL written from docs/analysis-lifecycle.md: tasks present at the trace start (first
+    event at time 0), events the trace synthesised (missing_type set), the new submissions of the
+    series (first SUBMITs of tasks not present at the start), and each job's tier from the highest
+    priority over its tasks' events (the job events carry none) counted over the job events."""
+    duckdb = pytest.importorskip("duckdb")
+    from gpuclust.analyses.lifecycle import CollectionLifecycle
+    from gpuclust.ingest import ingest
+
+    assert ingest([REAL / "2011" / "task_events", REAL / "2011" / "job_events"], tmp_path / "v2",
+                  progress=False).exit_status == 0
+    ds = Dataset(tmp_path / "v2")
+    res = run(ds, [Lifecycle(), CollectionLifecycle()], partitions="auto")
+    lc, jc = res["lifecycle"], res["collection-lifecycle"]
+    ie, je = (f"read_parquet('{tmp_path / 'v2' / t}/**/*.parquet')" for t in ("instance_events", "collection_events"))
+    q = duckdb.connect().sql
+    present, = q(f"SELECT count(*) FROM (SELECT min(time) t0 FROM {ie} GROUP BY collection_id, instance_index) "
+                 "WHERE t0 = 0").fetchall()[0]
+    synth, = q(f"SELECT count(*) FROM {ie} WHERE missing_type > 0").fetchall()[0]
+    new, = q(f"""WITH f AS (SELECT collection_id, instance_index, min(time) t0 FROM {ie} GROUP BY ALL),
+                 s AS (SELECT collection_id, instance_index, min(time) ts FROM {ie} WHERE type = 0 GROUP BY ALL)
+                 SELECT count(*) FROM s JOIN f USING (collection_id, instance_index) WHERE f.t0 > 0""").fetchall()[0]
+    info = lc["info"].iloc[0]
+    assert (info["present_at_start"], info["synthesized_events"]) == (present, synth) == (144_339, 291)
+    assert lc["series"]["new_submissions"].sum() == new
+    assert lc["series"]["present_at_start"].sum() == present
+    by_tier = dict(q(f"""WITH p AS (SELECT collection_id, max(priority) p FROM {ie} GROUP BY ALL)
+                         SELECT CASE WHEN p.p IS NULL THEN 'unknown' WHEN p.p >= 9 THEN 'prod'
+                                     WHEN p.p >= 2 THEN 'middle' ELSE 'free' END, count(*)
+                         FROM {je} j LEFT JOIN p USING (collection_id) GROUP BY ALL""").fetchall())
+    assert jc["events"].groupby("tier")["count"].sum().to_dict() == by_tier
+    assert by_tier.get("unknown", 0) < 0.01 * sum(by_tier.values())
+    jinfo = jc["info"].iloc[0]
+    assert jinfo["priority_from_instances"] + jinfo["unknown_priority_instances"] == jinfo["instances"] == 9808
+    # Kaplan-Meier beside completed-only, production execution: more runs, a longer median
+    sv = lc["survival"].set_index(["kind", "tier", "measure"]).loc[("all", "prod", "execution")]
+    assert sv["episodes"] > sv["completed"] and sv["km_p50_s"] > sv["completed_p50_s"]
