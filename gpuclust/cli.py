@@ -22,6 +22,7 @@ COMMANDS = {
     "info": ("gpuclust.info", "register"),
     "analyze": ("gpuclust.engine.command", "register"),
     "report": ("gpuclust.report.command", "register"),
+    "claims": ("gpuclust.claims.command", "register"),
     "demo": ("gpuclust.demo", "register"),
 }
 

@@ -1,0 +1,169 @@
+"""``gpuclust claims``: each claim's value against an independent computation (DuckDB SQL over the
+dataset's Parquet files, the slow usage-change replay), on the real 2011 parts and on a synthetic
+2019-format cell, and whether each says the dataset can support it, or why not."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import duckdb
+import pytest
+from cli_cells import cli_cell, gpuclust
+
+from gpuclust.claims import DatasetFacts, claims, evaluate, needed_analyses
+from gpuclust.claims.command import _results
+from gpuclust.dataset import Dataset
+from gpuclust.ingest import ingest
+
+REAL = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "real"
+SUBMIT, SCHEDULE, EVICT, FINISH = 0, 3, 4, 6
+
+
+def _by_id(rows: list[dict]) -> dict[str, dict]:
+    return {r["id"]: r for r in rows}
+
+
+def _events_sql(ds: Dataset) -> str:
+    """instance_events in the dataset's order (file by file, row by row), as one DuckDB relation."""
+    files = [str(f) for f in ds.files("instance_events")]
+    order = " ".join(f"WHEN '{f}' THEN {i}" for i, f in enumerate(files))
+    return (f"(SELECT *, CASE filename {order} END AS file_no FROM read_parquet({files!r}, filename=true, "
+            "file_row_number=true))")
+
+
+@pytest.fixture(scope="module")
+def v2(tmp_path_factory):
+    if not REAL.is_dir():
+        pytest.skip(f"real trace files not found at {REAL}")
+    out = tmp_path_factory.mktemp("v2") / "ds"
+    rep = ingest([REAL / "2011" / "machine_events", REAL / "2011" / "task_events", REAL / "2011" / "job_events"], out,
+                 progress=False)
+    assert rep.exit_status == 0
+    ds = Dataset(out)
+    res, not_run = _results(str(out), quiet=True)
+    return ds, _by_id(evaluate(res, DatasetFacts.of(out), not_run=not_run))
+
+
+def test_2011_totals_and_transitions_match_duckdb(v2):
+    ds, rows = v2
+    ev = _events_sql(ds)
+    con = duckdb.connect()
+    tasks, firsts, subs, scheds, fins = con.execute(f"""
+        SELECT COUNT(DISTINCT (collection_id, instance_index)),
+               COUNT(DISTINCT (collection_id, instance_index)) FILTER (WHERE type = {SUBMIT}),
+               COUNT(*) FILTER (WHERE type = {SUBMIT}), COUNT(*) FILTER (WHERE type = {SCHEDULE}),
+               COUNT(*) FILTER (WHERE type = {FINISH})
+        FROM {ev}""").fetchone()
+    pairs = dict(((a, b), n) for a, b, n in con.execute(f"""
+        SELECT prev, type, COUNT(*) FROM (
+          SELECT type, LAG(type) OVER (PARTITION BY collection_id, instance_index
+                                       ORDER BY time, file_no, file_row_number) AS prev
+          FROM {ev} WHERE type BETWEEN 0 AND 10)
+        WHERE prev IS NOT NULL GROUP BY ALL""").fetchall())
+    assert rows["tasks"]["value"] == tasks
+    assert rows["new-submissions"]["value"] == firsts
+    assert rows["submissions"]["value"] == subs
+    assert rows["schedules"]["value"] == scheds
+    assert rows["completions"]["value"] == fins
+    assert rows["submit-evict"]["value"] == pairs.get((SUBMIT, EVICT), 0) > 0  # the paper's finding holds here
+    assert rows["no-submit-submit"]["value"] == pairs.get((SUBMIT, SUBMIT), 0) == 0
+    assert rows["submit-evict"]["supported"] and rows["no-submit-submit"]["supported"]
+    # five of the trace's 500 task_events files: no total compares with the paper's
+    for cid in ("tasks", "new-submissions", "submissions", "schedules", "completions"):
+        assert not rows[cid]["supported"] and "5 of the trace's 500 task_events part files" in rows[cid]["why"], cid
+
+
+def test_2011_production_share_matches_duckdb(v2):
+    ds, rows = v2
+    prod, total = duckdb.connect().execute(f"""
+        SELECT COUNT(*) FILTER (WHERE top >= 9), COUNT(*) FROM (
+          SELECT MAX(priority) AS top FROM {_events_sql(ds)} GROUP BY collection_id, instance_index
+          HAVING COUNT(*) FILTER (WHERE type = {SUBMIT}) > 0)""").fetchone()
+    r = rows["production-tasks"]
+    assert r["value"] == pytest.approx(prod / total, rel=1e-12)
+    assert f"{prod:,} production tasks" in r["dataset"] and not r["supported"]
+    assert "consecutive hours" in r["why"]
+
+
+def test_2011_what_the_parts_cannot_support_says_why(v2):
+    _, rows = v2
+    for cid in ("short-30min", "short-5min", "queue-trend", "running-trend"):
+        assert not rows[cid]["supported"] and "the data spans 7.1 h" in rows[cid]["why"], cid
+    # the 2011 parts here have no task_usage: usage-change cannot run, overcommit runs without usage
+    assert rows["cluster-change-20pct"]["value"] is None and "needs instance_usage" in rows["cluster-change-20pct"]["why"]
+    assert rows["prod-usage-half"]["value"] is None and "no usage windows" in rows["prod-usage-half"]["why"]
+    for cid in ("job-tail-cpu", "job-tail-mem"):
+        assert not rows[cid]["supported"], cid
+
+
+def test_2011_execution_shares_match_duckdb(v2):
+    """Finished runs: a FINISH whose previous event of the task is a SCHEDULE after the trace's
+    time 0 (a run scheduled at time 0 has no known start), its duration FINISH - SCHEDULE."""
+    ds, rows = v2
+    durs = [d for (d,) in duckdb.connect().execute(f"""
+        SELECT (time - prev_time) / 1e6 FROM (
+          SELECT type, time, LAG(type) OVER w AS prev, LAG(time) OVER w AS prev_time
+          FROM {_events_sql(ds)} WHERE type BETWEEN 0 AND 10
+          WINDOW w AS (PARTITION BY collection_id, instance_index ORDER BY time, file_no, file_row_number))
+        WHERE type = {FINISH} AND prev = {SCHEDULE} AND prev_time > 0""").fetchall()]
+    for cid, limit in (("short-30min", 1800.0), ("short-5min", 300.0)):
+        r = rows[cid]
+        edge = float(r["dataset"].split("shorter than ")[1].split(" s")[0].replace(",", ""))
+        assert abs(math.log(edge / limit)) < 0.06, r["dataset"]  # the histogram's edge nearest the limit
+        assert f"of {len(durs):,} finished runs" in r["dataset"]
+        below = sum(d < edge for d in durs)
+        assert r["value"] == pytest.approx(below / len(durs), abs=2 / len(durs)), (cid, r["dataset"])
+
+
+def test_synthetic_cell_usage_claims_match_references(tmp_path):
+    """A 2019-format synthetic cell: the cluster-level change shares against the slow replay, the
+    top-1% job shares against DuckDB; a synthetic cell supports no comparison with the paper."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from usage_change_reference import THRESHOLDS, describe, period_pairs, period_usage
+
+    cli_cell(tmp_path, machines=40, hours=4, seed=11)
+    ds = Dataset(tmp_path / "ds")
+    res, not_run = _results(str(tmp_path / "ds"), quiet=True)
+    assert not_run == {}
+    rows = _by_id(evaluate(res, DatasetFacts.of(tmp_path / "ds")))
+    usage = ds.read("instance_usage", ["start_time", "end_time", "alloc_collection_id", "machine_id", "avg_cpu",
+                                       "avg_mem"]).to_pylist()
+    ref = period_pairs(period_usage(usage, None))
+    share = {}
+    for res in ("cpu", "mem"):
+        d = describe(ref["pairs"][res], [])
+        share[res] = d["within"][0.20] / d["defined"]
+    r = rows["cluster-change-20pct"]
+    assert 0.20 in THRESHOLDS and r["value"] == pytest.approx(share["cpu"], rel=1e-12)
+    assert f"memory {100 * share['mem']:.1f}%" in r["dataset"] and r["supported"] is False
+    assert "v2" not in r["why"] and "2011 trace" in r["why"]  # a 2019 dataset, a 2011 observation
+    files = f"read_parquet('{tmp_path}/ds/instance_usage/**/*.parquet')"
+    for cid, col in (("job-tail-cpu", "avg_cpu"), ("job-tail-mem", "avg_mem")):
+        share = duckdb.connect().execute(f"""
+            WITH j AS (SELECT collection_id, SUM(COALESCE({col}, 0) * (end_time - start_time) / 3.6e9) AS h
+                       FROM {files} WHERE collection_type = 0 AND end_time > start_time
+                       AND end_time < 9223372036854775807 GROUP BY collection_id),
+                 r AS (SELECT h, ROW_NUMBER() OVER (ORDER BY h DESC) AS k, COUNT(*) OVER () AS n FROM j WHERE h > 0)
+            SELECT SUM(h) FILTER (WHERE k <= GREATEST(1, CEIL(0.01 * n))) / SUM(h) FROM r""").fetchone()[0]
+        assert rows[cid]["value"] == pytest.approx(share, rel=1e-9), cid
+        assert not rows[cid]["supported"] and "instance_usage files are not named part-K-of-N" in rows[cid]["why"]
+
+
+def test_every_claim_names_its_source_and_paper_value():
+    for c in claims():
+        assert c.sentence.endswith(".") and c.source and c.paper and c.analyses, c.id
+    assert set(needed_analyses()) <= {"lifecycle", "usage-change", "overcommit", "job-usage", "usage-vs-request"}
+
+
+def test_claims_command_as_docs_print_it(tmp_path):
+    """``gpuclust claims DATASET --csv FILE`` on a synthetic cell: one block per claim, the CSV."""
+    cli_cell(tmp_path, machines=20, hours=2, seed=3)
+    r = gpuclust("claims", "ds", "--csv", "claims.csv", "--quiet", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.count("\n[") + r.stdout.startswith("[") == len(claims())
+    assert "cannot compare: the paper measured the 2011 trace; this is a 2019 dataset" in r.stdout
+    assert (tmp_path / "claims.csv").read_text().startswith("id,claim,source,paper,value,dataset,rests_on,supported,why")
+    r = gpuclust("claims", "missing", cwd=tmp_path)
+    assert r.returncode == 2 and "gpuclust claims:" in r.stderr and "Traceback" not in r.stderr
