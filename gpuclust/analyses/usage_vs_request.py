@@ -141,7 +141,9 @@ class UsageVsRequest(Analysis):
     name = "usage-vs-request"
     table = "instance_usage"
     requires = ("instance_usage", "instance_events")
-    row_bytes = 240
+    #: tracemalloc peak of partial per row: the per-window tables' 240, plus about 110 for the
+    #: per-task grouping (the hashes, their sort, each window's task, weight, tier and limits)
+    row_bytes = 350
     auto_partition_rows = 1 << 20
 
     def __post_init__(self) -> None:
