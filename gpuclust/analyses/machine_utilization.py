@@ -390,6 +390,10 @@ class MachineUtilization(Analysis):
         info = as_arrow(result["info"]).to_pylist()[0]
         lines = [f"{self.label}: {info['machine_rows']:,} machine-buckets of {info['machines']:,} machines from "
                  f"{info['used_rows']:,} of {info['rows']:,} usage windows (mode {info['mode']})"]
+        if "idle_machine_buckets" in info:
+            lines[0] += (f"; machines up: {info['idle_machine_buckets']:,} idle machine-buckets, "
+                         f"{info['partial_machine_buckets']:,} up part of the bucket, "
+                         f"{info['usage_buckets_not_up']:,} with usage while down (left out)")
         for r in as_arrow(result["summary"]).to_pylist():
             lines.append(f"  {r['resource']}: mean {fmt(r['mean_util'], '.3f')}, p50 {fmt(r['p50'], '.3f')}, "
                          f"p90 {fmt(r['p90'], '.3f')}, p99 {fmt(r['p99'], '.3f')}, max {fmt(r['max'], '.3f')}; "
