@@ -94,6 +94,7 @@ def replay(rows: list[dict[str, Any]], bounds: tuple[int, ...], names: tuple[str
         pend_start = None  # (time, type of the entering event, synthesised)
         last_enable = None
         run_start = None
+        q_start = None  # (time, synthesised) of the QUEUE that began the current queued stretch
         prev = None
 
         def episode(measure: str, outcome: str, d: int | None, tier: str = tier, kind: str = kind) -> None:
@@ -109,6 +110,7 @@ def replay(rows: list[dict[str, Any]], bounds: tuple[int, ...], names: tuple[str
             if prev is not None:
                 transitions[(tier, NAMES[prev], NAMES[e], e in ALLOWED[state_after(prev)])] += 1
             new = state_after(e)
+            new_sub = (e if e in (SUBMIT, QUEUE, ENABLE) else sub) if new == "pending" else None
             if t != AFTER_TRACE:
                 s = series[(t // bucket_us, tier)]
                 if e == SUBMIT:
@@ -124,10 +126,20 @@ def replay(rows: list[dict[str, Any]], bounds: tuple[int, ...], names: tuple[str
                         s[field] += 1
                 s["pending"] += (new == "pending") - (state == "pending")
                 s["running"] += (new == "running") - (state == "running")
-                new_sub = (e if e in (SUBMIT, QUEUE, ENABLE) else sub) if new == "pending" else None
                 s["queued"] += (new_sub == QUEUE) - (sub == QUEUE)
                 s["eligible"] += (new_sub == ENABLE) - (sub == ENABLE)
-            sub = (e if e in (SUBMIT, QUEUE, ENABLE) else sub) if new == "pending" else None
+            # a queued stretch: from the QUEUE that defers the instance to the event that ends the deferral
+            if sub == QUEUE and new_sub != QUEUE:
+                st, syn0 = q_start
+                timed = st != 0 and t != AFTER_TRACE
+                ok = timed and not syn0 and not syn
+                synth_excluded += timed and not ok
+                outcome = {ENABLE: "enabled", SCHEDULE: "scheduled", SUBMIT: "resubmitted"}.get(
+                    e, "died" if e in DEATHS else "other")
+                episode("queued", outcome, t - st if ok else None)
+            if new_sub == QUEUE and sub != QUEUE:
+                q_start = (t, syn)
+            sub = new_sub
             if e == SUBMIT:
                 submits += 1
             # pending episode ends: leaving pending, or a SUBMIT while pending
@@ -164,6 +176,12 @@ def replay(rows: list[dict[str, Any]], bounds: tuple[int, ...], names: tuple[str
                 ok = timed and not syn0
                 synth_excluded += timed and not ok
                 episode(measure, "censored", data_end - st if ok else None)
+        if sub == QUEUE:
+            st, syn0 = q_start
+            timed = data_end is not None and st != 0 and st <= data_end
+            ok = timed and not syn0
+            synth_excluded += timed and not ok
+            episode("queued", "censored", data_end - st if ok else None)
     levels: dict[tuple[int, str], dict[str, int]] = {}  # (pending and running only; the check sums the rest)
     for tier in {k[1] for k in series}:
         buckets = sorted(b for b, tr in series if tr == tier)

@@ -41,6 +41,7 @@ DISTRIBUTIONS: tuple[tuple[str, str], ...] = (
                                    "censored")),
     ("enable_to_schedule", "scheduled"),
     *(("execution", o) for o in ("evict", "fail", "finish", "kill", "lost", "interrupted", "censored")),
+    *(("queued", o) for o in ("enabled", "scheduled", "resubmitted", "died", "other", "censored")),
 )
 _D = len(DISTRIBUTIONS)
 _DI = {d: k for k, d in enumerate(DISTRIBUTIONS)}
@@ -51,6 +52,10 @@ _PENDING_EXIT = np.array([_DI["scheduling", o] for o in ("resubmitted", "other",
 _RUNNING_EXIT = np.array([_DI["execution", o] for o in ("interrupted", "interrupted", "interrupted", "interrupted",
                                                         "evict", "fail", "finish", "kill", "lost", "interrupted",
                                                         "interrupted")], np.int64)
+#: Outcome of a queued stretch (QUEUE to the event that ends the deferral) by the v3 code of that
+#: event (QUEUE and UPDATE_PENDING never end one).
+_QUEUED_EXIT = np.array([_DI["queued", o] for o in ("resubmitted", "other", "enabled", "scheduled", "died", "died",
+                                                    "died", "died", "died", "other", "other")], np.int64)
 #: Lower edges (µs) of the delay bins 1, 2, ...: the distinct ``ceil(10^(k/50))``, k = 0..650 (1 µs to
 #: 10^13 µs, about 116 days); bin 0 holds zero delays, the last bin everything from 10^13 µs on.
 #: (``np.ceil`` of an increasing sequence is non-decreasing: the distinct ones are those unlike their

@@ -25,7 +25,8 @@ Result tables (docs/analysis-lifecycle.md):
 ``delays`` and ``delay_hist``
     Scheduling delay (from the SUBMIT that makes an instance pending to the event that ends the
     pending episode; ``enable_to_schedule`` from the last ENABLE before the SCHEDULE) and
-    execution time (from SCHEDULE to the event that ends the run), by tier and outcome.
+    execution time (from SCHEDULE to the event that ends the run), and ``queued`` time (from a
+    QUEUE to the event that ends the deferral), by tier and outcome.
     Episodes still pending or running at the end of the data are **censored**: counted, with the
     time elapsed until the last finite event time of the dataset.  Durations are exact integers
     of microseconds, kept as counts in fixed log bins (50 per decade, :data:`DELAY_EDGES_US`),
@@ -68,6 +69,7 @@ from gpuclust.analyses._lifecycle_tables import (
     _DELAY_BINS,
     _DI,
     _PENDING_EXIT,
+    _QUEUED_EXIT,
     _RUNNING_EXIT,
     _SERIES_CLASS,
     _T,
@@ -354,7 +356,7 @@ class Lifecycle(Analysis):
                 + (first & pas_row).astype(i64))
         key = bucket_index(t[live], self.width_us) * T + tier[live]
         out["series"] = series_partial(backend, key, code[live])
-        del is_sub, csub, first_sub, cls, d_p, d_r, code, key, after, queued, eligible, pas_row
+        del is_sub, csub, first_sub, cls, d_p, d_r, code, key, after, eligible, pas_row
         # ---- episodes: pending ones end at the first event leaving the state (or a SUBMIT while pending),
         # runs likewise (or a SCHEDULE while running); those open at the end of the data are censored.
         # A duration is known when the episode began with its SUBMIT (SCHEDULE) after time 0, ended before
@@ -394,6 +396,29 @@ class Lifecycle(Analysis):
                 n_synth += int(xp.count_nonzero(timed & ~known))
                 dur = data_end - t[sc]
             recs.append((slot_s[cz], xp.full(int(cz.shape[0]), d_cens, xp.int64), dur, known))
+        # queued stretches: from the QUEUE that defers a pending instance to the event that ends the
+        # deferral (ENABLE, SCHEDULE, SUBMIT, a death, UPDATE_RUNNING), or censored
+        was_q = xp.zeros(n, dtype=bool)
+        was_q[1:] = queued[:-1]
+        was_q &= ~first
+        q_in = segmented_last(ops, xp, queued & ~was_q, seg_start)
+        x = xp.nonzero(was_q & ~queued)[0]
+        s = q_in[x - 1]
+        timed = (t[s] != 0) & (t[x] != TIME_AFTER_TRACE)
+        known = timed & ~synth[s] & ~synth[x]
+        n_synth += int(xp.count_nonzero(timed & ~known))
+        recs.append((slot[x], xp.asarray(_QUEUED_EXIT)[e[x]], t[x] - t[s], known))
+        cz = xp.nonzero(queued[last_row])[0]
+        s = q_in[last_row[cz]]
+        if data_end is None:
+            known, dur = xp.zeros(int(cz.shape[0]), dtype=bool), xp.zeros(int(cz.shape[0]), dtype=xp.int64)
+        else:
+            timed = (t[s] != 0) & (t[s] <= data_end)
+            known = timed & ~synth[s]
+            n_synth += int(xp.count_nonzero(timed & ~known))
+            dur = data_end - t[s]
+        recs.append((slot_s[cz], xp.full(int(cz.shape[0]), _DI["queued", "censored"], xp.int64), dur, known))
+        del queued, was_q, q_in
         counters["synthesized_duration_episodes"] = n_synth
         rt, rd, rdur, rk = (xp.concatenate([r[j] for r in recs]) for j in range(4))
         td = rt * _D + rd

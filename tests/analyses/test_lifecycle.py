@@ -472,6 +472,9 @@ def test_a_worked_sequence_of_the_issue_35_definitions():
     assert d.loc[("execution", "finish"), ["episodes", "with_duration"]].tolist() == [2, 0]
     assert ("enable_to_schedule", "scheduled") not in d.index
     assert d.loc[("scheduling", "censored"), ["episodes", "with_duration", "min_s"]].tolist() == [1, 1, 50.0]
+    # queued (deferred) stretches: (7, 1) from 20 s to its ENABLE at 30 s; (8, 0) from 60 s to the end
+    assert d.loc[("queued", "enabled"), ["episodes", "with_duration", "min_s"]].tolist() == [1, 1, 10.0]
+    assert d.loc[("queued", "censored"), ["episodes", "with_duration", "min_s"]].tolist() == [1, 1, 40.0]
     sr = res["series"].set_index("bucket")  # buckets of 25 s: [0,25) [25,50) [50,75) [75,100) [100,125)
     assert sr["submissions"].tolist() == [2, 0, 1, 0, 0]
     assert sr["new_submissions"].tolist() == [1, 0, 1, 0, 0] and sr["present_at_start"].tolist() == [1, 0, 0, 0, 0]
