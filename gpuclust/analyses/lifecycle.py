@@ -498,7 +498,8 @@ class Lifecycle(Analysis):
             tot = {f: np.bincount(inv, weights=column(s, f).astype(np.float64), minlength=ub.shape[0])
                    for f in ("new_submissions", "resubmissions", "finishes", "pending", "running")}
             lines.append(f"  buckets of {int(info['bucket_s'])} s {int(ub[0])}..{int(ub[-1])}: "
-                         f"{int(tot['new_submissions'].sum()):,} new submissions, {int(tot['resubmissions'].sum()):,} "
+                         f"{int(tot['new_submissions'].sum()):,} new submissions ({int(info['present_at_start']):,} "
+                         f"{self.thing}s present at the start apart), {int(tot['resubmissions'].sum()):,} "
                          f"resubmissions, {int(tot['finishes'].sum()):,} finishes; at the end {int(tot['pending'][-1]):,} "
                          f"pending, {int(tot['running'][-1]):,} running")
         d = as_arrow(result["delays"]).to_pylist()
@@ -513,6 +514,15 @@ class Lifecycle(Analysis):
                              if r["with_duration"] < r["episodes"] else "")
                     lines.append(f"{head}{timed}, median {fmt(r['p50_s'], '.3g')} s, p90 {fmt(r['p90_s'], '.3g')} s, "
                                  f"mean {fmt(r['mean_s'], '.3g')} s")
+        for r in as_arrow(result["survival"]).to_pylist() if "survival" in result else ():
+            if r["kind"] == "all":
+                lines.append(f"  {r['measure']} Kaplan-Meier {r['tier']:>8}: {r['events']:,} ended, {r['censored']:,} "
+                             f"censored; median {fmt(r['km_p50_s'], '.3g', unit=' s')} (95% "
+                             f"{fmt(r['km_p50_lo_s'], '.3g')}-{fmt(r['km_p50_hi_s'], '.3g')}), "
+                             f"p90 {fmt(r['km_p90_s'], '.3g', unit=' s')}")
+        if info.get("synthesized_events"):
+            lines.append(f"  {info['synthesized_events']:,} events synthesised by the trace (missing_type): "
+                         f"{info['synthesized_duration_episodes']:,} episodes left without a duration by them")
         return "\n".join(lines)
 
 

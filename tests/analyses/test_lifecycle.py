@@ -487,6 +487,9 @@ def test_a_worked_sequence_of_the_issue_35_definitions():
     assert bk.loc[("task", "execution", "finish"), "episodes"] == 2
     ek = res["events_by_kind"].groupby("kind")["count"].sum().to_dict()
     assert ek == {"task": 9, "alloc_instance": 2}
+    text = Lifecycle().summary(res)
+    assert "(1 instances present at the start apart)" in text and "1 events synthesised by the trace" in text
+    assert "scheduling Kaplan-Meier     prod: 0 ended, 1 censored; median unknown (95% unknown-unknown)" in text
     # eligible from the ENABLE at 30 s to the SCHEDULE at 40 s, across the UPDATE_PENDING: bucket 1
     # ends at 50 s, after it; buckets of 5 s show it
     r5 = run(TableSource({"instance_events": t}), Lifecycle(tier_map="notebook", bucket_s=5))["lifecycle"]["series"]
