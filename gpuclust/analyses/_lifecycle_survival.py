@@ -5,8 +5,9 @@ The partials hold, per (kind, tier, measure, outcome), the episodes with a known
 in fixed log bins (``lifecycle.DELAY_EDGES_US``).  For a measure, the bins of the outcomes that end
 it (the *events*) and of the ones that stop observing it (*censored*) give the product-limit
 estimate over the durations coarsened to their bins: within a bin the events come first, then the
-censorings (the usual rule for ties), so the estimate equals Kaplan-Meier's on the exact durations
-wherever no censoring and event share a bin, and otherwise differs only inside that bin.
+censorings (the usual rule for ties).  It equals Kaplan-Meier's on the exact durations at the bin
+edges wherever no bin holds both an event and a censoring; otherwise the exact estimate can only be
+lower, by a relative ``d c / n^2`` or less per such bin (docs/analysis-lifecycle.md).
 """
 
 from __future__ import annotations
