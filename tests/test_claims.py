@@ -149,6 +149,22 @@ def test_synthetic_cell_usage_claims_match_references(tmp_path):
             SELECT SUM(h) FILTER (WHERE k <= GREATEST(1, CEIL(0.01 * n))) / SUM(h) FROM r""").fetchone()[0]
         assert rows[cid]["value"] == pytest.approx(share, rel=1e-9), cid
         assert not rows[cid]["supported"] and "instance_usage files are not named part-K-of-N" in rows[cid]["why"]
+    # Borg's Figure 11: the per-task values by DuckDB SQL (tests/analyses/test_usage_vs_request_tasks.py)
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "uvr_tasks", Path(__file__).resolve().parent / "analyses" / "test_usage_vs_request_tasks.py")
+    uvr = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(uvr)
+    ref, _ = uvr.summarize(uvr.duckdb_tasks(tmp_path / "ds", ds.tier_map_name or "notebook"))
+    for cid, measure, col in (("borg-cpu-below-limit", "cpu_mean", "p50_ratio"),
+                              ("borg-mem-below-limit", "mem_mean", "p50_ratio"),
+                              ("borg-reservation-near-limit", "mem_reservation", "p50_ratio")):
+        assert rows[cid]["value"] == pytest.approx(ref[("all", measure)][col], rel=1e-12), cid
+    for cid, measure in (("borg-cpu-above-limit", "cpu_mean"), ("borg-mem-rarely-above", "mem_peak")):
+        want = ref[("all", measure)]
+        assert rows[cid]["value"] == pytest.approx(want["above_limit"] / want["defined"], rel=1e-12), cid
+        assert f"of {want['defined']:,} tasks" in rows[cid]["dataset"]
 
 
 def test_every_claim_names_its_source_and_paper_value():
@@ -166,4 +182,20 @@ def test_claims_command_as_docs_print_it(tmp_path):
     assert "cannot compare: the paper measured the 2011 trace; this is a 2019 dataset" in r.stdout
     assert (tmp_path / "claims.csv").read_text().startswith("id,claim,source,paper,value,dataset,rests_on,supported,why")
     r = gpuclust("claims", "missing", cwd=tmp_path)
-    assert r.returncode == 2 and "gpuclust claims:" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 2 and r.stderr.startswith("gpuclust claims: error: ") and "Traceback" not in r.stderr
+
+
+def test_report_has_the_claims_its_analyses_support(tmp_path):
+    """``gpuclust report``'s page shows the claims whose analyses it holds (with the options they
+    ask for), and points to ``gpuclust claims`` for the rest."""
+    cli_cell(tmp_path, machines=20, hours=2, seed=5)
+    r = gpuclust("report", "ds", "lifecycle", "job-usage", "--out", "r.html", "--quiet", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    page = (tmp_path / "r.html").read_text()
+    assert '<section id="claims">' in page and '<a href="#claims">claims</a>' in page
+    lifecycle_or_jobs = [c for c in claims() if {n for n, _ in c.analyses} <= {"lifecycle", "job-usage"}]
+    assert page.count("<small>") == len(lifecycle_or_jobs)
+    assert "SUBMIT is followed by EVICT" in page and "cannot compare: the paper measured the 2011 trace" in page
+    assert f"{len(claims()) - len(lifecycle_or_jobs)} more claim(s)" in page
+    r = gpuclust("report", "ds", "machine-shapes", "--out", "m.html", "--quiet", cwd=tmp_path)
+    assert r.returncode == 0 and '<section id="claims">' not in (tmp_path / "m.html").read_text()

@@ -159,6 +159,51 @@ def _job_tail(resource: str) -> Any:
     return compute
 
 
+BORG = "Verma et al., Large-scale cluster management at Google with Borg (EuroSys 2015, seed 004)"
+#: Borg's Figure 11 is over 15 cells' tasks at one checkpoint (2014), not a trace; a cell of the
+#: 2019 trace is the closest data, and a claim about its CDF's shape needs enough tasks
+MIN_TASKS = 1000
+
+
+def _task_row(r: Mapping[str, Any], measure: str, band: str = "all") -> Any:
+    t = r["usage-vs-request"]["task_summary"]
+    row = t[(t["band"] == band) & (t["measure"] == measure)]
+    return None if row.empty else row.iloc[0]
+
+
+def _tasks_support(f: DatasetFacts, row: Any) -> tuple[bool, str]:
+    if not f.rows.get("instance_usage"):
+        return False, "the dataset has no usage windows (instance_usage)"
+    n = 0 if row is None else int(row["defined"])
+    if n < MIN_TASKS:
+        return False, f"{n:,} tasks with a limit and usage: too few for a CDF over tasks (at least {MIN_TASKS:,})"
+    return True, ""
+
+
+def _borg_median(measure: str, what: str) -> Any:
+    def compute(r: Mapping[str, Any], f: DatasetFacts) -> Verdict:
+        row = _task_row(r, measure)
+        ok, why = _tasks_support(f, row)
+        if row is None or not int(row["defined"]):
+            return Verdict(None, "no task with a limit and usage", "", False, why or "no task")
+        v = float(row["p50_ratio"])
+        return Verdict(v, f"median {v:.2f} ({what}), over {int(row['defined']):,} tasks; p90 {float(row['p90_ratio']):.2f}",
+                       f"{int(row['defined']):,} tasks (usage-vs-request task_summary, band all)", ok, why)
+    return compute
+
+
+def _borg_above(measure: str) -> Any:
+    def compute(r: Mapping[str, Any], f: DatasetFacts) -> Verdict:
+        row = _task_row(r, measure)
+        ok, why = _tasks_support(f, row)
+        if row is None or not int(row["defined"]):
+            return Verdict(None, "no task with a limit and usage", "", False, why or "no task")
+        v = float(row["above_limit_share"])
+        return Verdict(v, f"{_pct(v)} of {int(row['defined']):,} tasks above their limit",
+                       f"{int(row['defined']):,} tasks (usage-vs-request task_summary, band all)", ok, why)
+    return compute
+
+
 CLAIMS = (
     Claim("submit-evict", "A task can be evicted straight from pending: SUBMIT is followed by EVICT.",
           f"{SEED3}, state transition graph (Fig. 1)", "occurs", LIFECYCLE, _submit_evict),
@@ -188,6 +233,19 @@ CLAIMS = (
           (("usage-change", {"level": "cluster"}),), _cluster_changes),
     Claim("prod-usage-half", "Production tasks use about 50% of the CPU allocated to them.", f"{SEED3}, Fig. 9 and §8",
           "~50%", (("overcommit", {}),), _prod_usage_over_allocation),
+    Claim("borg-cpu-below-limit", "Most tasks use much less CPU than their limit (the dotted CPU line).",
+          f"{BORG}, Fig. 11", "most tasks well below 1", (("usage-vs-request", {}),),
+          _borg_median("cpu_mean", "a task's time-weighted mean CPU usage / limit"), trace="v3"),
+    Claim("borg-mem-below-limit", "Most tasks use much less memory than their limit (the dotted memory line).",
+          f"{BORG}, Fig. 11", "most tasks well below 1", (("usage-vs-request", {}),),
+          _borg_median("mem_mean", "a task's time-weighted mean memory usage / limit"), trace="v3"),
+    Claim("borg-cpu-above-limit", "A few tasks use more CPU than they requested.", f"{BORG}, Fig. 11", "a few",
+          (("usage-vs-request", {}),), _borg_above("cpu_mean"), trace="v3"),
+    Claim("borg-mem-rarely-above", "It is rare for a task to exceed its memory limit.", f"{BORG}, §5.5 and Fig. 11",
+          "rare", (("usage-vs-request", {}),), _borg_above("mem_peak"), trace="v3"),
+    Claim("borg-reservation-near-limit", "Memory reservations are closer to the limit than usage is (the solid "
+          "line).", f"{BORG}, Fig. 11", "closer to 100%", (("usage-vs-request", {}),),
+          _borg_median("mem_reservation", "a task's time-weighted mean assigned memory / limit"), trace="v3"),
     Claim("job-tail-cpu", "The top 1% of jobs use about 99% of the CPU-hours (NCU-hours).",
           "Tirmazi et al., Borg: the Next Generation (EuroSys 2020), as docs/analysis-job-usage.md", "~99%",
           (("job-usage", {}),), _job_tail("cpu"), trace="v3"),

@@ -69,7 +69,7 @@ def main(args: argparse.Namespace) -> int:
         facts = DatasetFacts.of(args.dataset)
         res, not_run = _results(args.dataset, args.quiet)
     except (DatasetError, OSError, ValueError) as e:
-        print(f"gpuclust claims: {e}", file=sys.stderr)
+        print(f"gpuclust claims: error: {e}", file=sys.stderr)
         return EXIT_ERROR
     rows = evaluate(res, facts, not_run=not_run)
     print(render(rows))

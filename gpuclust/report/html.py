@@ -196,6 +196,10 @@ def render_page(run: dict[str, Any], results: Mapping[str, Mapping[str, Any]], r
                 f'<section class="analysis" id="{html.escape(anchor)}"><h2>{html.escape(label_of[key])}</h2>'
                 f'<p class="caption">{html.escape(caption(name))}</p>{fig}'
                 f"<h3>Key numbers</h3>{_table(key_numbers(name, tables))}</section>")
+    claims_html = _claims_section(run, results)
+    if claims_html:
+        nav.insert(0, '<a href="#claims">claims</a>')
+        sections.insert(0, claims_html)
     prov = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>"
                    for k, v in provenance_rows(run, facts, results_dir))
     summary = (f"<details><summary>Text summary of every analysis (summary.txt)</summary><pre>"
@@ -215,6 +219,42 @@ the script is inline). Page size: PAGE_SIZE_PLACEHOLDER.</p></footer>
 </body></html>
 """
     return page, n_fig
+
+
+def _claims_section(run: dict[str, Any], results: Mapping[str, Mapping[str, Any]]) -> str:
+    """The published claims (:mod:`gpuclust.claims`) whose analyses, with the options each claim
+    asks for, are in this report: the paper's value beside the dataset's, supported or why not;
+    "" when none is (or the dataset is gone)."""
+    from gpuclust.analyses.registry import create
+    from gpuclust.claims import DatasetFacts, claims, evaluate
+
+    labels = {a.get("label", a["key"]): a["key"] for a in run.get("analyses", [])}
+    by_name: dict[str, Mapping[str, Any]] = {}
+    chosen, left = [], 0
+    for c in claims():
+        keys = [labels.get(create(n, **o).label) for n, o in c.analyses]
+        if all(k is not None and k in results for k in keys):
+            chosen.append(c)
+            for (n, _), k in zip(c.analyses, keys, strict=True):
+                by_name[n] = results[str(k)]
+        else:
+            left += 1
+    if not chosen or not run.get("dataset"):
+        return ""
+    try:
+        facts = DatasetFacts.of(run["dataset"])
+    except Exception:  # noqa: BLE001 - the dataset moved or changed: the page goes without the section
+        return ""
+    body = "".join(
+        f"<tr><td>{html.escape(r['claim'])}<br><small>{html.escape(r['source'])}</small></td>"
+        f"<td>{html.escape(r['paper'])}</td><td>{html.escape(r['dataset'])}</td>"
+        f"<td>{'supported' if r['supported'] else html.escape('cannot compare: ' + r['why'])}</td></tr>"
+        for r in evaluate(by_name, facts, chosen))
+    more = (f'<p class="note">{left} more claim(s) read analyses or options not in this report: '
+            "<code>gpuclust claims DATASET</code> computes every one (docs/claims.md).</p>" if left else "")
+    return (f'<section id="claims"><h2>Published claims on this dataset</h2><div class="key-wrap"><table class="key">'
+            f'<tr><th class="t">claim (source)</th><th class="t">paper</th><th class="t">this dataset</th>'
+            f'<th class="t">comparison</th></tr>{body}</table></div>{more}</section>')
 
 
 def _size_text(n: int) -> str:
