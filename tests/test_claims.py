@@ -142,7 +142,7 @@ def test_synthetic_cell_usage_claims_match_references(tmp_path):
     files = f"read_parquet('{tmp_path}/ds/instance_usage/**/*.parquet')"
     for cid, col in (("job-tail-cpu", "avg_cpu"), ("job-tail-mem", "avg_mem")):
         share = duckdb.connect().execute(f"""
-            WITH j AS (SELECT collection_id, SUM(COALESCE({col}, 0) * (end_time - start_time) / 3.6e9) AS h
+            WITH j AS (SELECT collection_id, SUM(COALESCE(CAST({col} AS DOUBLE), 0) * (end_time - start_time) / 3.6e9) AS h
                        FROM {files} WHERE collection_type = 0 AND end_time > start_time
                        AND end_time < 9223372036854775807 GROUP BY collection_id),
                  r AS (SELECT h, ROW_NUMBER() OVER (ORDER BY h DESC) AS k, COUNT(*) OVER () AS n FROM j WHERE h > 0)
@@ -199,3 +199,30 @@ def test_report_has_the_claims_its_analyses_support(tmp_path):
     assert f"{len(claims()) - len(lifecycle_or_jobs)} more claim(s)" in page
     r = gpuclust("report", "ds", "machine-shapes", "--out", "m.html", "--quiet", cwd=tmp_path)
     assert r.returncode == 0 and '<section id="claims">' not in (tmp_path / "m.html").read_text()
+
+
+def test_claims_on_the_kaggle_sample(tmp_path):
+    """The Kaggle 2019 sample (14 rows): every claim has a value or says why not; the job tail is
+    DuckDB's; too few tasks for Figure 11's CDFs."""
+    if not REAL.is_dir():
+        pytest.skip(f"real trace files not found at {REAL}")
+    rep = ingest([REAL / "kaggle-2019-sample" / "small_slice3.csv"], tmp_path / "k", progress=False)
+    assert rep.exit_status == 0
+    res, not_run = _results(str(tmp_path / "k"), quiet=True)
+    rows = _by_id(evaluate(res, DatasetFacts.of(tmp_path / "k"), not_run=not_run))
+    assert set(rows) == {c.id for c in claims()}
+    for r in rows.values():
+        assert r["supported"] or r["why"], r
+    files = f"read_parquet('{tmp_path}/k/instance_usage/**/*.parquet')"
+    share = duckdb.connect().execute(f"""
+        WITH j AS (SELECT collection_id, SUM(COALESCE(CAST(avg_cpu AS DOUBLE), 0) * (end_time - start_time) / 3.6e9) AS h
+                   FROM {files} WHERE collection_type = 0 AND end_time > start_time
+                   AND end_time < 9223372036854775807 GROUP BY collection_id),
+             r AS (SELECT h, ROW_NUMBER() OVER (ORDER BY h DESC) AS k, COUNT(*) OVER () AS n FROM j WHERE h > 0)
+        SELECT SUM(h) FILTER (WHERE k <= GREATEST(1, CEIL(0.01 * n))) / SUM(h) FROM r""").fetchone()[0]
+    if share is None:
+        assert rows["job-tail-cpu"]["value"] is None
+    else:
+        assert rows["job-tail-cpu"]["value"] == pytest.approx(share, rel=1e-9)
+    assert "too few for a CDF over tasks" in rows["borg-cpu-below-limit"]["why"] or \
+        rows["borg-cpu-below-limit"]["value"] is None
