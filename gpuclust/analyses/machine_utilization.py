@@ -47,7 +47,7 @@ from gpuclust.analyses.base import Analysis, fmt, null_int
 from gpuclust.analyses.grouping import bucket_pieces
 from gpuclust.analyses.options import option
 from gpuclust.arrow_numpy import schema_table, table, table_from_rows
-from gpuclust.backends import finalize_backend, get_backend, merged_backend
+from gpuclust.backends import finalize_backend, merged_backend
 from gpuclust.parted import column_batches, finalize_in_memory
 from gpuclust.partials import merge_keyed
 from gpuclust.schema import TIME_AFTER_TRACE
@@ -455,7 +455,7 @@ def _up_grid(ctx: MachineUtilizationContext, lo: int, hi: int) -> tuple[np.ndarr
         return np.zeros(cells), {r: np.zeros(cells) for r, _, _ in RESOURCES}
     cc, cm = up["cap_cpu"][i0:i1], up["cap_mem"][i0:i1]
     vals = np.stack([np.ones(i1 - i0), cc, cm, np.isnan(cc).astype(np.float64), np.isnan(cm).astype(np.float64)])
-    sw = get_backend("cpu").ops.bucket_overlap(
+    sw = finalize_backend("cpu").ops.bucket_overlap(  # host arrays: the shard's up pieces
         up["start"][i0:i1], up["end"][i0:i1], vals, (up["code"][i0:i1] - lo).astype(np.int32),
         n_groups=hi - lo, n_buckets=ctx.span, origin=0, width=BUCKET_US).reshape(5, cells)
     return sw[0], {"cpu": np.where(sw[3] > 0, np.nan, sw[1]), "mem": np.where(sw[4] > 0, np.nan, sw[2])}
