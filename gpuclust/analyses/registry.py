@@ -101,7 +101,7 @@ REGISTRY: dict[str, AnalysisEntry] = {
                       kernels=("hash_index",)),
         AnalysisEntry("usage-vs-request", "gpuclust.analyses.usage_vs_request:UsageVsRequest",
                       "Usage / limit per window (average and maximum, CPU and memory), the limit "
-                      "joined as of the window's start, by tier (Borg Figure 11)", kernels=("hash_index",)),
+                      "joined as of the window's start, by tier; and per task (Borg Figure 11: CDFs over tasks)", kernels=("hash_index",)),
         AnalysisEntry("usage-distribution", "gpuclust.analyses.usage_distribution:UsageDistribution",
                       "Exact CPU usage distributions (mixtures of per-window percentile CDFs) per "
                       "group: mean and quantiles",
