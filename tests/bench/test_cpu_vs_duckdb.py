@@ -323,9 +323,12 @@ def _same_table(got: Any, want: Any, keys: list[str], what: str) -> None:
 
 
 def test_lifecycle_full_sql_writes_what_gpuclust_writes(tmp_path, monkeypatch):
-    """The DuckDB contender of ``lifecycle (all tables)`` writes gpuclust's six tables, row for row,
-    on instances with random event sequences over every v3 type (and invalid ones), ties at one
-    microsecond, time 0, the after-trace sentinel and NULL priorities, in two files."""
+    """The DuckDB contender of ``lifecycle (all tables)`` writes gpuclust's tables of every kind
+    together (``events``, ``transitions``, ``series``, ``delays``, ``delay_hist``) and the counters
+    of ``info``, row for row, on instances with random event sequences over every v3 type (and
+    invalid ones), ties at one microsecond, time 0 (instances present at the start), the
+    after-trace sentinel, NULL priorities and synthesised events (``missing_type``), in two files.
+    ``survival`` and the ``*_by_kind`` tables are not the SQL's."""
     duckdb = pytest.importorskip("duckdb")
     monkeypatch.syspath_prepend(str(BENCH))
     import analyses_bench
@@ -349,29 +352,38 @@ def test_lifecycle_full_sql_writes_what_gpuclust_writes(tmp_path, monkeypatch):
     prio = rng.choice([-1, 0, 99, 105, 118, 120, 360], n_inst)[inst]
     null = (rng.integers(0, 8, n) == 0) | (prio < 0)
     perm = rng.permutation(n)
+    miss = rng.choice([-1, -1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5], n)  # -1: NULL (NONE); 1..5 synthesised
     cols = {"time": t[perm].tolist(), "type": e[perm].tolist(), "collection_id": (inst[perm] // 4 + 2**40).tolist(),
             "instance_index": (inst[perm] % 4).tolist(),
-            "priority": [None if z else int(p) for z, p in zip(null[perm], prio[perm], strict=True)]}
+            "priority": [None if z else int(p) for z, p in zip(null[perm], prio[perm], strict=True)],
+            "missing_type": [None if m < 0 else int(m) for m in miss[perm]]}
     ds = write_dataset(tmp_path / "ds", {"instance_events": table("instance_events", cols)}, files=2)
 
     out = tmp_path / "duck"
     out.mkdir()
     duckdb.connect().execute(analyses_bench.lifecycle_full_sql(ds, out, bucket_s=1800))
     res = run(ds, [create("lifecycle", bucket_s=1800)], backend="cpu")["lifecycle"]
-    got = {name: pq.read_table(out / f"{name}.parquet").to_pandas() for name in res}
+    got = {name: pq.read_table(out / f"{name}.parquet").to_pandas()
+           for name in ("events", "transitions", "series", "delays", "delay_hist", "info")}
     for name, keys in (("events", ["tier", "event"]), ("transitions", ["tier", "from_event", "to_event"]),
                        ("series", ["bucket", "tier"]), ("delays", ["tier", "measure", "outcome"]),
                        ("delay_hist", ["tier", "measure", "outcome", "bin"])):
         _same_table(got[name], res[name], keys, name)
     measures = set(zip(res["delays"]["measure"], res["delays"]["outcome"], strict=True))
     assert {("enable_to_schedule", "scheduled"), ("scheduling", "censored"), ("execution", "censored"),
-            ("scheduling", "resubmitted"), ("execution", "interrupted")} <= measures
+            ("scheduling", "resubmitted"), ("execution", "interrupted"), ("queued", "enabled"),
+            ("queued", "scheduled"), ("queued", "died"), ("queued", "censored")} <= measures
     info = res["info"].iloc[0]
+    assert {"present_at_start", "synthesized_events", "synthesized_duration_episodes"} <= set(got["info"].columns)
     for c in got["info"].columns:
         assert int(got["info"][c].iloc[0]) == int(info[c]), c
     for c in ("invalid_type_rows", "time_zero_events", "after_trace_events", "unexpected_transitions",
-              "unknown_priority_instances", "first_not_submit"):
+              "unknown_priority_instances", "first_not_submit", "present_at_start", "synthesized_events",
+              "synthesized_duration_episodes"):
         assert info[c] > 0, c
+    series = res["series"]
+    for c in ("new_submissions", "resubmissions", "present_at_start", "queued", "eligible"):
+        assert series[c].sum() > 0, c
 
 
 def test_usage_vs_request_full_sql_writes_what_gpuclust_writes(tmp_path, monkeypatch):
