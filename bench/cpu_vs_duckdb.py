@@ -19,9 +19,9 @@ by `_harness.run_measured` and its user/system CPU seconds from ``getrusage(RUSA
   ``analyses_bench.lifecycle_sql``, its SQL-expressible subset (per-instance tier, event and
   transition counts by LAG over each instance's events).
 * ``lifecycle (all tables)``: the same gpuclust run against ``analyses_bench.lifecycle_full_sql``:
-  DuckDB writing every table gpuclust writes (events, transitions, the series with its queue and
-  running levels, the scheduling and execution episodes with their outcomes, censoring and log
-  bins, info) as Parquet beside gpuclust's folder; checked table for table against gpuclust's in
+  DuckDB writing gpuclust's tables but ``survival`` and the per-kind ones (events, transitions,
+  the series with its present-at-start column and its queued, eligible, queue and running levels,
+  the scheduling, queued and execution episodes with their outcomes, censoring and log bins, info) as Parquet beside gpuclust's folder; checked table for table against gpuclust's in
   tests/bench/test_cpu_vs_duckdb.py.
 * ``job-usage``: ``gpuclust analyze DS job-usage`` (every table, tiers included) against
   ``analyses_bench.job_usage_sql`` (per-collection hours and the overall statistics, no tiers).
