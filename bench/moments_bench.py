@@ -34,8 +34,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from gpuclust.analyses.cpi.correlation import pearson_from_moments  # noqa: E402
+from gpuclust.analyses.cpi.regression import wls_from_moments  # noqa: E402
 from gpuclust.backends.moments_cpu import grouped_comoments  # noqa: E402
-from gpuclust.stats import pearson_from_moments, wls_from_moments  # noqa: E402
 
 
 def make(n: int, G: int, seed: int = 0) -> dict[str, np.ndarray]:

@@ -486,9 +486,9 @@ def test_fine_bins_and_grid_lookup_equal_searchsorted():
     float32-cast values, 0, negatives, NaN, infinities), and the fine-bin -> grid-bin table gives
     the grid partial the searchsorted bins."""
     from gpuclust.analyses._machine_cells import grid_cuts, hist_edges
+    from gpuclust.analyses.cpi.binning import spearman_grid_partial
     from gpuclust.backends import get_backend
     from gpuclust.partials import log_bins
-    from gpuclust.stats import spearman_grid_partial
 
     rng = np.random.default_rng(11)
     for var, hi in (("cpi", 100.0), ("mai", 1.0), ("cpi", 3.0), ("mai", 1e-9)):

@@ -13,18 +13,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gpuclust.analyses.cpi.binning import quantile_cuts, spearman_from_grid, spearman_grid_partial
+from gpuclust.analyses.cpi.correlation import pearson_from_moments, spearman_exact, weighted_std
+from gpuclust.analyses.cpi.regression import borg_effects, wls_from_moments
 from gpuclust.backends import get_backend
 from gpuclust.backends.moments_cpu import empty_moments, grouped_comoments, merge_moments
-from gpuclust.stats import (
-    borg_effects,
-    pearson_from_moments,
-    quantile_cuts,
-    spearman_exact,
-    spearman_from_grid,
-    spearman_grid_partial,
-    weighted_std,
-    wls_from_moments,
-)
 
 SETTINGS = settings(max_examples=int(__import__("os").environ.get("GPUCLUST_HYP_EXAMPLES", "40")), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 I64 = np.int64
@@ -333,7 +326,7 @@ def test_grid_bound_shrinks_with_bins() -> None:
 
 
 def test_cpi_mai_summary_columns() -> None:
-    from gpuclust.stats import cpi_mai_summary
+    from gpuclust.analyses.cpi.correlation import cpi_mai_summary
 
     cpi, mai, util, nt, w, g = borg_like(14, 2000, G=3)
     m = grouped_comoments(np.ascontiguousarray(np.column_stack([util, cpi, nt, mai])), w, g, 4)

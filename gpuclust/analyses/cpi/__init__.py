@@ -23,6 +23,12 @@ effects (multiplicative: CPI relative to its platform's mean, within-platform co
 option ``regression`` picks the primary one, or ``none`` skips the regression (the
 SQL-expressible subset).  The only pass before the main one builds the Spearman grid's cut points
 (``spearman="grid"``, :class:`gpuclust.analyses._machine_cells.CpiHistograms`).  Details and the reasoning: ``docs/analysis-cpi.md``.
+
+The package: the analysis (here), :mod:`.context` (constants, :class:`CpiContext` and its
+builders), :mod:`.keyed` (keyed co-moment partials), :mod:`.shards` (the regression's shard
+reduction), :mod:`.tables` (result tables, summary) and the statistics only ``cpi`` uses:
+:mod:`.correlation` (moments, Pearson, exact Spearman), :mod:`.regression` (WLS, Borg effects),
+:mod:`.binning` (the mergeable Spearman grid).
 """
 
 from __future__ import annotations
@@ -34,9 +40,8 @@ from typing import Any
 import numpy as np
 
 from gpuclust._lazy import pandas as pd
-from gpuclust._xp import bincount
 from gpuclust.analyses._extent import max_finite
-from gpuclust.analyses._lookup import EVENT_COLUMNS, InstanceLookup, id_index, machine_capacities, tier_lookup
+from gpuclust.analyses._lookup import EVENT_COLUMNS, InstanceLookup, id_index, tier_lookup
 from gpuclust.analyses._machine_cells import (
     CELL_US,
     CpiHistograms,
@@ -45,223 +50,36 @@ from gpuclust.analyses._machine_cells import (
     grid_cuts,
     hist_edges,
 )
-from gpuclust.analyses.base import Analysis, fmt, host_or_device, is_null_int, resolve_tier_map, to_host
+from gpuclust.analyses.base import Analysis, host_or_device, is_null_int, resolve_tier_map, to_host
+from gpuclust.analyses.cpi.binning import spearman_grid_partial
+from gpuclust.analyses.cpi.context import (
+    _STATS,
+    BY,
+    COUNTERS,
+    KEYED,
+    REGRESSIONS,
+    SHARD_KEYS,
+    SPEARMAN,
+    CpiContext,
+    _capacities,
+    _cell_span,
+    _platform_lookup,
+    _trace_window,
+)
+from gpuclust.analyses.cpi.keyed import _dense_groups, _keyed_comoments, _merge_keyed_moments, _moments_fields
+from gpuclust.analyses.cpi.shards import cell_util, shard_sums
+from gpuclust.analyses.cpi.tables import result_tables, summary_text
 from gpuclust.analyses.grouping import bucket_index
 from gpuclust.analyses.options import option, tier_map_option
-from gpuclust.arrow_numpy import valid as arrow_valid
 from gpuclust.backends import finalize_backend, merged_backend
-from gpuclust.backends.moments_cpu import regroup_moments
 from gpuclust.parted import finalize_in_memory
-from gpuclust.partials import Moments, keyed_reduce, log_bins, merge_keyed
+from gpuclust.partials import keyed_reduce, log_bins, merge_keyed
 from gpuclust.schema import TierMap, tier_map
-from gpuclust.stats import (
-    CpiFilter,
-    borg_effects,
-    cpi_mai_summary,
-    spearman_exact,
-    spearman_from_grid,
-    spearman_grid_partial,
-    wls_from_moments,
-)
+from gpuclust.stats import CpiFilter
 from gpuclust.tables import column
 
 __all__ = ["BY", "COUNTERS", "Cpi", "CpiContext", "REGRESSIONS", "SPEARMAN"]
 
-BY = ("platform", "machine", "collection", "tier", "cell")
-REGRESSIONS = ("platform-fixed-effects", "per-platform", "pooled", "none")
-SPEARMAN = ("grid", "exact", "none")
-#: Counters kept in every partial, in this order.
-COUNTERS = ("total", "kept", "missing", "cpu_seconds", "cpi_range", "mai_range",
-            "regression_used", "no_capacity", "no_machine_cell", "unknown_util", "unknown_platform")
-#: Utilisation bins of the ``binned`` table (width, count; the last bin is open-ended).
-UTIL_BIN = 0.05
-UTIL_BINS = 40
-#: Task counts k above this share the last bin of the ``binned`` table.
-K_BINS = 1024
-_BIN_BITS = 16
-#: Keyed sums of a partition (spilled, reduced by machine-range shards): ``c``: per (machine,
-#: cell) over the top-level rows; ``w``: per (machine, cell, platform) over the kept windows.
-KEYED = {"c": ("k", "cpu_seconds", "bad"), "w": ("n", "W", "S", "Q")}
-#: (machine, cell, platform) keys per shard (dense accumulators of this many entries).
-SHARD_KEYS = 1 << 21
-#: ``stats``: top-level rows outside the cell range, machine-cells, machine-cells of unknown util.
-_STATS = ("bad_cell_rows", "machine_cells", "machine_cells_unknown_util")
-_BY_COLUMN = {"platform": "platform_id", "machine": "machine_id", "collection": "collection_id",
-              "tier": "tier", "cell": "cell"}
-
-
-@dataclass(frozen=True)
-class CpiContext:
-    """Side inputs broadcast to every partition (all host NumPy arrays)."""
-
-    filter: CpiFilter
-    tier_map: TierMap | None
-    #: platform lookup "as of the window": machines of machine_events, platform names, events
-    pm_ids: np.ndarray
-    platforms: tuple[str, ...]
-    pe_times: np.ndarray
-    pe_key: np.ndarray
-    pe_machine: np.ndarray
-    pe_code: np.ndarray
-    pm_first: np.ndarray
-    #: machines with a known positive CPU capacity (sorted) and that capacity
-    cap_ids: np.ndarray
-    cap_val: np.ndarray
-    #: cells per machine in the keyed sums' keys (cells ``[0, cell_span)``; 0 without regression)
-    cell_span: int
-    #: per pm_ids entry: its index in cap_ids (-1: no known capacity)
-    pm_cap: np.ndarray
-    #: Spearman grid cuts
-    cpi_cuts: np.ndarray
-    mai_cuts: np.ndarray
-    #: the first pass's fine histogram edges and, per fine bin (``partials.log_bins``), its grid bin (the
-    #: cuts are fine edges); empty when the cuts are not all fine edges (then searchsorted)
-    cpi_edges: np.ndarray
-    mai_edges: np.ndarray
-    cpi_lut: np.ndarray
-    mai_lut: np.ndarray
-    #: per-instance tier lookup (by="tier" only), sorted by hash
-    #: (collection_id, instance_index, machine_id) -> tier code (``by="tier"`` only)
-    lookup: InstanceLookup
-    trace_window_us: tuple[int, int] | None
-    info: dict[str, Any]
-
-    @property
-    def unknown_platform(self) -> int:
-        return len(self.platforms)
-
-    @property
-    def tier_names(self) -> tuple[str, ...]:
-        return (self.tier_map.names if self.tier_map else ()) + ("unknown",)
-
-    @property
-    def n_platforms(self) -> int:
-        """Platform codes in the keys: the platforms and ``unknown_platform``."""
-        return len(self.platforms) + 1
-
-
-def _cell_span(last_start: int | None, machines: int, n_platforms: int) -> int:
-    """Cells per machine in the keyed sums: up to the cell of the latest window start (from
-    Parquet statistics), at most 2^32 and small enough that (machine, cell, platform) keys fit
-    an int64."""
-    cells = last_start // CELL_US + 1 if last_start is not None and last_start >= 0 else 1
-    return int(max(1, min(cells, 1 << 32, (1 << 62) // max(machines * n_platforms, 1))))
-
-
-def _trace_window(source: Any) -> tuple[int, int] | None:
-    man = getattr(source, "manifest", None) or {}
-    win = man.get("trace_window_us") or (man.get("synthetic") or {}).get("trace_window_us")
-    if win and len(win) == 2:
-        return int(win[0]), int(win[1])
-    return None
-
-
-def _cell_seconds(xp: Any, cell: Any, window: tuple[int, int] | None) -> Any:
-    """Length in seconds of each 300 s cell inside the trace window (300 when it is unknown)."""
-    if window is None:
-        return xp.full(cell.shape, CELL_US / 1e6)
-    lo = xp.maximum(cell * CELL_US, window[0])
-    hi = xp.minimum((cell + 1) * CELL_US, window[1])
-    return xp.maximum(hi - lo, 0).astype(xp.float64) / 1e6
-
-
-def _platform_lookup(me: Any) -> dict[str, Any]:
-    """Arrays for the as-of-window platform lookup from a machine_events Arrow table."""
-    mid = me.column("machine_id").to_numpy().astype(np.int64)
-    t = me.column("time").to_numpy().astype(np.int64)
-    plat = me.column("platform_id")
-    pm_ids = np.unique(mid)
-    valid = arrow_valid(plat)
-    names = np.asarray(plat.to_pylist(), dtype=object)
-    platforms = tuple(sorted({str(p) for p in names[valid]}))
-    code_of = {p: i for i, p in enumerate(platforms)}
-    mid_v, t_v = mid[valid], t[valid]
-    code_v = np.array([code_of[str(p)] for p in names[valid]], dtype=np.int32)
-    times = np.unique(t_v)
-    T = times.shape[0]
-    m2 = np.searchsorted(pm_ids, mid_v)
-    order = np.lexsort((np.arange(m2.shape[0]), t_v, m2))  # by machine, time, then file order
-    m2, t_v, code_v = m2[order], t_v[order], code_v[order]
-    key = m2.astype(np.int64) * (T + 1) + np.searchsorted(times, t_v) + 1
-    first = np.full(pm_ids.shape[0], len(platforms), dtype=np.int32)
-    if m2.shape[0]:
-        is_first = np.ones(m2.shape[0], dtype=bool)
-        is_first[1:] = m2[1:] != m2[:-1]
-        first[m2[is_first]] = code_v[is_first]
-    return {"pm_ids": pm_ids, "platforms": platforms, "pe_times": times, "pe_key": key,
-            "pe_machine": m2.astype(np.int64), "pe_code": code_v, "pm_first": first}
-
-
-def _capacities(me: Any) -> tuple[np.ndarray, np.ndarray]:
-    """Sorted machine ids with a positive CPU capacity and that capacity: MAX(cap_cpu) per machine
-    over its events (NULLs ignored), as cell-usage (:func:`machine_capacities`)."""
-    ids, cpu, _ = machine_capacities(me)
-    pos = cpu > 0
-    return ids[pos], cpu[pos]
-
-
-def _dense_groups(xp: Any, code: Any, span: int, keys: Any) -> tuple[Any, Any, int]:
-    """Sorted unique group keys and the inverse for integer codes in ``[0, span)`` whose keys
-    ``keys[code]`` increase with the code: what ``xp.unique(keys[code], return_inverse=True)``
-    returns, by a bincount instead of a sort."""
-    cnt = bincount(xp, code, minlength=span)
-    present = cnt > 0
-    if bool(present.all()):  # every code occurs: the inverse is the code itself
-        return keys.astype(xp.int64), xp.ascontiguousarray(code.astype(xp.int64, copy=False)), int(span)
-    rank = xp.cumsum(present) - 1
-    inv = xp.ascontiguousarray(rank[code].astype(xp.int64))
-    uniq = keys[xp.nonzero(present)[0]].astype(xp.int64)
-    return uniq, inv, int(uniq.shape[0])
-
-
-# ------------------------------------------------------------------------------ keyed moments
-
-def _moments_fields(prefix: str, d: int) -> dict[str, np.ndarray]:
-    return {prefix + "key": np.zeros(0, np.int64), prefix + "n": np.zeros(0, np.int64),
-            prefix + "W": np.zeros(0), prefix + "mean": np.zeros((0, d)), prefix + "C": np.zeros((0, d, d))}
-
-
-def _moments_of(p: dict[str, Any], prefix: str) -> Moments:
-    return Moments(p[prefix + "n"], p[prefix + "W"], p[prefix + "mean"], p[prefix + "C"])
-
-
-def _merge_keyed_moments(a: dict[str, np.ndarray], b: dict[str, np.ndarray], prefix: str,
-                         extra: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
-    """Concatenate + regroup two keyed moment partials (and sum keyed ``extra`` arrays)."""
-    names = (prefix + "key", prefix + "n", prefix + "W", prefix + "mean", prefix + "C", *extra)
-    if a[prefix + "key"].shape[0] == 0:
-        return {k: b[k].copy() for k in names}
-    if b[prefix + "key"].shape[0] == 0:
-        return {k: a[k].copy() for k in names}
-    key = np.concatenate([a[prefix + "key"], b[prefix + "key"]])
-    uniq, inv = np.unique(key, return_inverse=True)
-    inv = inv.reshape(-1)
-    m = regroup_moments(_moments_of(a, prefix).concat(_moments_of(b, prefix)), inv, uniq.shape[0])
-    out = {prefix + "key": uniq.astype(np.int64), prefix + "n": m.n, prefix + "W": m.W,
-           prefix + "mean": m.mean, prefix + "C": m.C}
-    for k in extra:
-        cat = np.concatenate([a[k], b[k]])
-        acc = np.zeros((uniq.shape[0],) + cat.shape[1:], dtype=cat.dtype)
-        np.add.at(acc, inv, cat)
-        out[k] = acc
-    return out
-
-
-def _keyed_comoments(backend: Any, key: Any, x: Any, w: Any, prefix: str,
-                     groups: tuple[Any, Any, int] | None = None) -> tuple[dict[str, Any], Any, int]:
-    xp = backend.xp
-    if groups is None:
-        uniq, inv = xp.unique(key, return_inverse=True)
-        inv = xp.ascontiguousarray(inv.reshape(-1).astype(xp.int64))
-        G = int(uniq.shape[0])
-    else:
-        uniq, inv, G = groups
-    m = backend.ops.grouped_comoments(xp.ascontiguousarray(x), xp.ascontiguousarray(w), inv, G)
-    return ({prefix + "key": uniq.astype(xp.int64), prefix + "n": m.n, prefix + "W": m.W,
-             prefix + "mean": m.mean, prefix + "C": m.C}, inv, G)
-
-
-# ------------------------------------------------------------------------------ the analysis
 
 @dataclass(frozen=True)
 class Cpi(Analysis):
@@ -659,23 +477,9 @@ class Cpi(Analysis):
         per = ctx.cell_span * (ctx.n_platforms if name == "w" else 1)
         return lo * per, hi * per
 
-    @staticmethod
-    def _util(c: dict[str, Any], ctx: CpiContext, be: Any) -> tuple[Any, Any, Any]:
-        """Capacity-machine index, cell and utilisation of merged ``c`` sums (NaN when a row's CPU
-        time is unknown or the cell lies outside the trace window), on backend ``be`` given ``c``
-        there."""
-        xp = be.xp
-        key = c["key"].astype(xp.int64, copy=False)
-        span = max(ctx.cell_span, 1)
-        m, cell = key // span, key % span
-        denom = _cell_seconds(xp, cell, ctx.trace_window_us) * be.stage(ctx.cap_val)[m]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            u = xp.where((c["bad"] == 0) & (denom > 0), c["cpu_seconds"] / xp.where(denom > 0, denom, 1.0), xp.nan)
-        return m, cell, u
-
     def machine_cells(self, c: dict[str, np.ndarray], ctx: CpiContext) -> pd.DataFrame:
         """The machine-cell table of merged ``c`` sums: ``machine_id``, ``cell``, ``k``, ``util``."""
-        m, cell, u = self._util(c, ctx, finalize_backend("cpu"))
+        m, cell, u = cell_util(c, ctx, finalize_backend("cpu"))
         return pd.DataFrame({"machine_id": ctx.cap_ids[m], "cell": cell, "k": np.asarray(c["k"], np.int64), "util": u})
 
     def finalize_shard(self, keyed: dict[str, dict[str, np.ndarray]], rest: dict[str, Any], ctx: CpiContext,
@@ -685,57 +489,7 @@ class Cpi(Analysis):
         and the binned sums, with the regression counters (no parted tables).  The join and the
         sums run on the backend the partials were computed on (:func:`finalize_backend`: the
         device under ``backend="gpu"``); the extra comes back to the host."""
-        be = finalize_backend(rest["backend"])
-        xp = be.xp
-        c = {f: be.asarray(v) for f, v in keyed["c"].items()}
-        wk = {f: be.asarray(v) for f, v in keyed["w"].items()}
-        ck, k = c["key"].astype(xp.int64, copy=False), c["k"].astype(xp.int64, copy=False)
-        u = self._util(c, ctx, be)[2]
-        NP = ctx.n_platforms
-        pl = wk["key"] % NP
-        cell_key = wk["key"] // NP
-        nc = int(ck.shape[0])
-        if nc:
-            pos = xp.searchsorted(ck, cell_key)
-            posc = xp.clip(pos, 0, nc - 1)
-            found = (pos < nc) & (ck[posc] == cell_key)
-            uu = xp.where(found, u[posc], xp.nan)
-        else:
-            posc = xp.zeros(int(cell_key.shape[0]), xp.int64)
-            found = xp.zeros(int(cell_key.shape[0]), dtype=bool)
-            uu = xp.full(int(cell_key.shape[0]), xp.nan)
-        use = found & xp.isfinite(uu)
-        n = wk["n"].astype(xp.int64, copy=False)
-        counts = dict.fromkeys(COUNTERS, 0)
-        counts.update(no_machine_cell=int(n[~found].sum()), unknown_util=int(n[found & ~use].sum()),
-                      regression_used=int(n[use].sum()),
-                      unknown_platform=int(n[use & (pl == ctx.unknown_platform)].sum()))
-        stats = np.array([0, nc, int(xp.isnan(u).sum())], np.int64)
-        # a machine-cell's windows share util and k: each (cell, platform) is one point at its
-        # weighted mean CPI, with the within-cell CPI spread added to the CPI variance
-        pr, nu, W, S, Q = pl[use], n[use], wk["W"][use], wk["S"][use], wk["Q"][use]
-        ur, kr = uu[use], k[posc[use]]
-        ybar = S / W
-        x = xp.empty((int(pr.shape[0]), 3))
-        x[:, 0], x[:, 1], x[:, 2] = ybar, ur, kr - 1.0
-        uniq, inv, G = _dense_groups(xp, pr, NP, xp.arange(NP))
-        m = be.ops.grouped_comoments(x, xp.ascontiguousarray(W), inv, G)
-        C = m.C.copy()
-        C[:, 0, 0] += bincount(xp, inv, weights=xp.maximum(Q - S * ybar, 0.0), minlength=G)
-        host = be.to_host
-        r = {"r_key": host(uniq).astype(np.int64), "r_n": host(bincount(xp, inv, weights=nu, minlength=G)).round().astype(np.int64),
-             "r_W": host(m.W), "r_mean": host(m.mean), "r_C": host(C)}
-        # binned CPI vs util and vs k, per platform
-        ub = xp.clip(xp.floor(ur / UTIL_BIN), 0, UTIL_BINS - 1).astype(xp.int64)
-        kb = xp.clip(kr, 0, K_BINS - 1).astype(xp.int64)
-        bkey = xp.concatenate([((pr * 2) << _BIN_BITS) | ub, ((pr * 2 + 1) << _BIN_BITS) | kb])
-        bu, binv = xp.unique(bkey, return_inverse=True)
-        binv = binv.reshape(-1)
-        sums = {"cpu_seconds": xp.concatenate([W, W]), "wcpi": xp.concatenate([S, S]), "n": xp.concatenate([nu, nu])}
-        b = {"key": host(bu).astype(np.int64),
-             **{f: host(bincount(xp, binv, weights=v, minlength=int(bu.shape[0]))) for f, v in sums.items()}}
-        b["n"] = b["n"].round().astype(np.int64)
-        return {}, {"r": r, "b": b, "counts": np.array([counts[c] for c in COUNTERS], np.int64), "stats": stats}
+        return shard_sums(keyed, rest, ctx, lo, hi)
 
     def finalize_parted(self, rest: dict[str, Any], ctx: CpiContext, tables: dict[str, Any],
                         extras: list[dict[str, Any]]) -> dict[str, pd.DataFrame]:
@@ -749,129 +503,11 @@ class Cpi(Analysis):
             p["stats"] = p["stats"] + e["stats"]
         p.update(r)
         p.update({"b_" + f: v for f, v in b.items()})
-        return self._finalize(p, ctx)
+        return result_tables(self, p, ctx)
 
     @staticmethod
     def _empty_bins() -> dict[str, np.ndarray]:
         return {"key": np.zeros(0, np.int64), "cpu_seconds": np.zeros(0), "wcpi": np.zeros(0), "n": np.zeros(0, np.int64)}
-
-    # ---------------------------------------------------------------- finalize
-    def _group_labels(self, key: np.ndarray, ctx: CpiContext) -> pd.Series:
-        if self.by in ("machine", "collection"):
-            return pd.Series(key.astype(np.int64), dtype=np.int64)
-        if self.by == "platform":
-            names = np.array([*ctx.platforms, None], dtype=object)
-        elif self.by == "tier":
-            names = np.array(ctx.tier_names, dtype=object)
-        else:
-            names = np.array(["cell"], dtype=object)
-        return pd.Series(names[key] if key.size else np.array([], dtype=object), dtype=object)
-
-    def _groups(self, p: dict[str, np.ndarray], ctx: CpiContext) -> pd.DataFrame:
-        key = np.asarray(p["g_key"], dtype=np.int64)
-        m = _moments_of(p, "g_")
-        s = cpi_mai_summary(m)
-        G = key.shape[0]
-        df = pd.DataFrame({_BY_COLUMN[self.by]: self._group_labels(key, ctx)})
-        for c in ("n", "cpu_seconds", "cpi_mean", "cpi_std", "mai_mean", "mai_std", "pearson_r"):
-            df[c] = s[c]
-        if self.spearman == "grid":
-            rho, bound = spearman_from_grid(p["g_grid"]) if G else (np.zeros(0), np.zeros(0))
-        elif self.spearman == "exact":
-            grp = np.searchsorted(key, p["s_key"]) if G else np.zeros(0, np.int64)
-            rho, _ = spearman_exact(p["s_x"], p["s_y"], grp, G, w=p["s_w"])
-            bound = np.where(np.isnan(rho), np.nan, 0.0)
-        else:
-            rho = bound = np.full(G, np.nan)
-        df["spearman_rho"] = np.asarray(rho, dtype=np.float64)
-        df["spearman_bound"] = np.asarray(bound, dtype=np.float64)
-        df["spearman_method"] = pd.Series([self.spearman] * G, dtype=object)
-        return df
-
-    def _fit_rows(self, fit_name: str, plat: list[Any], m: Moments, extra_groups: int = 0) -> list[dict[str, Any]]:
-        fit = wls_from_moments(m, 0, [1, 2])
-        if extra_groups:
-            # platform intercepts: P - 1 more parameters than the pooled design
-            dof = fit.dof - extra_groups
-            with np.errstate(invalid="ignore", divide="ignore"):
-                f = np.where(dof > 0, fit.dof / np.where(dof > 0, dof, 1.0), np.nan)
-                adj = 1.0 - (1.0 - fit.r2) * (fit.n - 1.0 - extra_groups) / np.where(dof > 0, dof, np.nan)
-            fit = dataclasses.replace(fit, dof=dof, sigma2=fit.sigma2 * f, cov=fit.cov * f[:, None, None],
-                                      se=fit.se * np.sqrt(f)[:, None], adj_r2=adj)
-        eff = {ref: borg_effects(fit, util=0, tasks=1, reference=ref) for ref in ("mean", "intercept")}
-        rows = []
-        for g in range(fit.coef.shape[0]):
-            row = {"fit": fit_name, "platform_id": plat[g], "primary": False,
-                   "y": "cpi / platform mean cpi" if fit_name == "platform-fixed-effects" else "cpi",
-                   "n": int(fit.n[g]), "cpu_seconds": float(fit.W[g]),
-                   "intercept": fit.coef[g, 0], "intercept_se": fit.se[g, 0],
-                   "b_util": fit.coef[g, 1], "b_util_se": fit.se[g, 1],
-                   "b_ntasks": fit.coef[g, 2], "b_ntasks_se": fit.se[g, 2],
-                   "r2": fit.r2[g], "adj_r2": fit.adj_r2[g], "dof": float(fit.dof[g]),
-                   "cpi_mean": fit.y_mean[g], "util_mean": fit.x_mean[g, 0], "ntasks_mean": fit.x_mean[g, 1]}
-            for ref, e in eff.items():
-                row[f"pct_per_task_vs_{ref}"] = e["pct_per_task"][g]
-                row[f"pct_per_task_vs_{ref}_se"] = e["pct_per_task_se"][g]
-                row[f"pct_per_10pct_util_vs_{ref}"] = e["pct_per_util_step"][g]
-                row[f"pct_per_10pct_util_vs_{ref}_se"] = e["pct_per_util_step_se"][g]
-            rows.append(row)
-        return rows
-
-    def _regression(self, p: dict[str, np.ndarray], ctx: CpiContext) -> pd.DataFrame:
-        key = np.asarray(p["r_key"], dtype=np.int64)
-        names = [*ctx.platforms, None]
-        per = _moments_of(p, "r_")
-        rows: list[dict[str, Any]] = []
-        if key.shape[0]:
-            pooled = regroup_moments(per, np.zeros(key.shape[0], np.int64), 1)
-            rows += self._fit_rows("pooled", [None], pooled)
-            # fixed effects (multiplicative): CPI / its platform's weighted mean, within co-moments pooled
-            W = per.W
-            ym = per.mean[:, 0]
-            s = np.where(ym > 0, 1.0 / np.where(ym > 0, ym, 1.0), np.nan)
-            mean = per.mean.copy()
-            mean[:, 0] = 1.0
-            C = per.C.copy()
-            C[:, 0, :] *= s[:, None]
-            C[:, :, 0] *= s[:, None]
-            ok = np.isfinite(s) & (W > 0)
-            if ok.any():
-                Wt = W[ok].sum()
-                fe = Moments(np.array([per.n[ok].sum()], np.int64), np.array([Wt]),
-                             ((W[ok, None] * mean[ok]).sum(axis=0) / Wt)[None, :], C[ok].sum(axis=0)[None])
-                rows += self._fit_rows("platform-fixed-effects", [None], fe, extra_groups=int(ok.sum()) - 1)
-            rows += self._fit_rows("per-platform", [names[k] for k in key], per)
-        df = pd.DataFrame(rows, columns=_REGRESSION_COLUMNS)
-        if len(df):
-            df["primary"] = df["fit"] == self.regression
-        df["primary"] = df["primary"].astype(bool)
-        df["n"] = df["n"].astype(np.int64)
-        for c in _REGRESSION_COLUMNS:
-            if c not in ("fit", "platform_id", "primary", "y", "n"):
-                df[c] = df[c].astype(np.float64)
-        for c in ("fit", "platform_id", "y"):
-            df[c] = df[c].astype(object)
-        return df
-
-    def _binned(self, p: dict[str, np.ndarray], ctx: CpiContext) -> pd.DataFrame:
-        key = np.asarray(p["b_key"], dtype=np.int64)
-        pv = key >> _BIN_BITS
-        b = key & ((1 << _BIN_BITS) - 1)
-        var = np.where(pv % 2 == 0, "util", "k").astype(object)
-        names = np.array([*ctx.platforms, None], dtype=object)
-        is_u = pv % 2 == 0
-        lo = np.where(is_u, b * UTIL_BIN, b).astype(np.float64)
-        hi = np.where(is_u, np.where(b == UTIL_BINS - 1, np.inf, (b + 1) * UTIL_BIN),
-                      np.where(b == K_BINS - 1, np.inf, b + 1)).astype(np.float64)
-        W = np.asarray(p["b_cpu_seconds"], dtype=np.float64)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            cm = np.where(W > 0, np.asarray(p["b_wcpi"]) / np.where(W > 0, W, 1.0), np.nan)
-        df = pd.DataFrame({"variable": pd.Series(var, dtype=object),
-                           "platform_id": pd.Series(names[pv // 2] if key.size else np.array([], dtype=object),
-                                                    dtype=object),
-                           "bin_lo": lo, "bin_hi": hi, "n": np.asarray(p["b_n"], dtype=np.int64),
-                           "cpu_seconds": W, "cpi_mean": cm})
-        return df
 
     #: its keyed machine-cell sums (~5 B a window) go to the regression shards, which run on the
     #: device under a gpu study (:meth:`finalize_shard`): left there, they are not copied both ways
@@ -880,86 +516,8 @@ class Cpi(Analysis):
     def finalize(self, partial: dict[str, Any], ctx: CpiContext) -> dict[str, pd.DataFrame]:
         if self.sharded:  # the shards' reduction, in memory (the keyed sums where they are: device_partial)
             return finalize_in_memory(self, partial, ctx)
-        return self._finalize({**_moments_fields("r_", 3), **{"b_" + f: v for f, v in self._empty_bins().items()},
-                               **to_host(partial)}, ctx)
-
-    def _finalize(self, partial: dict[str, np.ndarray], ctx: CpiContext) -> dict[str, pd.DataFrame]:
-        p = {k: np.asarray(v) for k, v in partial.items() if k != "backend"}
-        counts = dict(zip(COUNTERS, (int(x) for x in p["counts"]), strict=True))
-        groups = self._groups(p, ctx)
-        regression = self._regression(p, ctx)
-        binned = self._binned(p, ctx)
-        reasons = [("filter", r) for r in ("missing", "cpu_seconds", "cpi_range", "mai_range")] + [("filter", "kept")]
-        if self.regression != "none":
-            reasons += [("regression", "no_capacity"), ("regression", "no_machine_cell"),
-                        ("regression", "unknown_util"), ("regression", "regression_used")]
-        flt = pd.DataFrame({"stage": pd.Series([s for s, _ in reasons], dtype=object),
-                            "reason": pd.Series([r for _, r in reasons], dtype=object),
-                            "windows": np.array([counts[r] for _, r in reasons], dtype=np.int64)})
-        flt["fraction"] = flt["windows"] / counts["total"] if counts["total"] else np.nan
-        if counts["total"] == 0:
-            flt = flt.iloc[0:0].reset_index(drop=True)
-        f = ctx.filter
-        info = pd.DataFrame([{
-            "analysis": self.name, "by": self.by, "regression": self.regression, "spearman": self.spearman,
-            "spearman_bins": self.spearman_bins if self.spearman == "grid" else 0,
-            "cpi_bins": int(ctx.cpi_cuts.shape[0] + 1) if self.spearman == "grid" else 0,
-            "mai_bins": int(ctx.mai_cuts.shape[0] + 1) if self.spearman == "grid" else 0,
-            "cpi_min": f.cpi_min, "cpi_max": f.cpi_max, "mai_min": f.mai_min, "mai_max": f.mai_max,
-            "min_cpu_seconds": f.min_cpu_seconds,
-            "tier_map": ctx.tier_map.name if ctx.tier_map else None,
-            "platforms": ",".join(ctx.platforms),
-            "trace_window_start_us": ctx.trace_window_us[0] if ctx.trace_window_us else None,
-            "trace_window_end_us": ctx.trace_window_us[1] if ctx.trace_window_us else None,
-            **ctx.info, "machine_cells": int(p["stats"][1]), "machine_cells_unknown_util": int(p["stats"][2]),
-            "bad_cell_rows": int(p["stats"][0]), **{f"windows_{k}": v for k, v in counts.items()},
-        }])
-        return {"groups": groups, "regression": regression, "binned": binned, "filter": flt, "info": info}
+        return result_tables(self, {**_moments_fields("r_", 3), **{"b_" + f: v for f, v in self._empty_bins().items()},
+                                    **to_host(partial)}, ctx)
 
     def summary(self, result: dict[str, pd.DataFrame]) -> str:
-        info = result["info"].iloc[0]
-        lines = [f"{self.label}: {info['windows_kept']} of {info['windows_total']} windows pass the CPI/MAI filter "
-                 f"(missing {info['windows_missing']}, low CPU time {info['windows_cpu_seconds']}, "
-                 f"CPI range {info['windows_cpi_range']}, MAI range {info['windows_mai_range']}); "
-                 + ("regression not computed (regression='none'): no regression or binned rows"
-                    if self.regression == "none" else
-                    f"regression uses {info['windows_regression_used']} (no capacity {info['windows_no_capacity']}, "
-                    f"no machine-cell {info['windows_no_machine_cell']}, unknown util {info['windows_unknown_util']})")]
-        g = result["groups"]
-        if len(g):
-            col = g.columns[0]
-            shown = min(len(g), _SUMMARY_GROUPS)
-            lines.append(f"  {len(g)} group(s) by {self.by}" + (
-                f", the {shown} with the most CPU time:" if shown < len(g) else ":"))
-            for _, r in g.sort_values("cpu_seconds", ascending=False).head(shown).iterrows():
-                lines.append(f"    {str(r[col])[:22]:>22}: n={r['n']} CPI {fmt(r['cpi_mean'], '.3f')} "
-                             f"(sd {fmt(r['cpi_std'], '.3f')}) MAI {fmt(r['mai_mean'])} r={fmt(r['pearson_r'], '.3f')} "
-                             f"rho={fmt(r['spearman_rho'], '.3f')} [{r['spearman_method']}]")
-            if shown < len(g):
-                lines.append(f"    ... {len(g) - shown} more (every group is in the groups table)")
-        reg = result["regression"]
-        for _, r in reg.iterrows():
-            tag = r["fit"] + ("" if pd.isna(r["platform_id"]) else f"[{str(r['platform_id'])[:12]}]")
-            star = "*" if r["primary"] else " "
-            lines.append(f"  {star}{tag:>36}: {fmt(r['pct_per_task_vs_intercept'], '+.3f', unit='%')} CPI per extra"
-                         f" task (±{fmt(r['pct_per_task_vs_intercept_se'], '.3f')}), "
-                         f"{fmt(r['pct_per_10pct_util_vs_intercept'], '+.2f', unit='%')} "
-                         f"per +10% util (±{fmt(r['pct_per_10pct_util_vs_intercept_se'], '.2f')}) vs intercept; "
-                         f"vs mean {fmt(r['pct_per_task_vs_mean'], '+.3f', unit='%')} / "
-                         f"{fmt(r['pct_per_10pct_util_vs_mean'], '+.2f', unit='%')}; "
-                         f"R²={fmt(r['r2'], '.3f')} n={r['n']}")
-        if len(reg):
-            lines.append(f"  (* = primary fit: regression={self.regression!r})")
-        return "\n".join(lines)
-
-
-#: Groups the summary lists (those with the most CPU time; the rest are counted).
-_SUMMARY_GROUPS = 8
-
-_REGRESSION_COLUMNS = [
-    "fit", "platform_id", "primary", "y", "n", "cpu_seconds", "intercept", "intercept_se", "b_util", "b_util_se",
-    "b_ntasks", "b_ntasks_se", "r2", "adj_r2", "dof", "cpi_mean", "util_mean", "ntasks_mean",
-    "pct_per_task_vs_mean", "pct_per_task_vs_mean_se", "pct_per_10pct_util_vs_mean", "pct_per_10pct_util_vs_mean_se",
-    "pct_per_task_vs_intercept", "pct_per_task_vs_intercept_se", "pct_per_10pct_util_vs_intercept",
-    "pct_per_10pct_util_vs_intercept_se",
-]
+        return summary_text(self, result)

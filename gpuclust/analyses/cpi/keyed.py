@@ -1,0 +1,73 @@
+"""The ``cpi`` analysis' keyed partials: dense group codes and per-key co-moments (computed on
+the backend, merged on the host)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from gpuclust._xp import bincount
+from gpuclust.backends.moments_cpu import regroup_moments
+from gpuclust.partials import Moments
+
+
+def _dense_groups(xp: Any, code: Any, span: int, keys: Any) -> tuple[Any, Any, int]:
+    """Sorted unique group keys and the inverse for integer codes in ``[0, span)`` whose keys
+    ``keys[code]`` increase with the code: what ``xp.unique(keys[code], return_inverse=True)``
+    returns, by a bincount instead of a sort."""
+    cnt = bincount(xp, code, minlength=span)
+    present = cnt > 0
+    if bool(present.all()):  # every code occurs: the inverse is the code itself
+        return keys.astype(xp.int64), xp.ascontiguousarray(code.astype(xp.int64, copy=False)), int(span)
+    rank = xp.cumsum(present) - 1
+    inv = xp.ascontiguousarray(rank[code].astype(xp.int64))
+    uniq = keys[xp.nonzero(present)[0]].astype(xp.int64)
+    return uniq, inv, int(uniq.shape[0])
+
+
+# ------------------------------------------------------------------------------ keyed moments
+
+def _moments_fields(prefix: str, d: int) -> dict[str, np.ndarray]:
+    return {prefix + "key": np.zeros(0, np.int64), prefix + "n": np.zeros(0, np.int64),
+            prefix + "W": np.zeros(0), prefix + "mean": np.zeros((0, d)), prefix + "C": np.zeros((0, d, d))}
+
+
+def _moments_of(p: dict[str, Any], prefix: str) -> Moments:
+    return Moments(p[prefix + "n"], p[prefix + "W"], p[prefix + "mean"], p[prefix + "C"])
+
+
+def _merge_keyed_moments(a: dict[str, np.ndarray], b: dict[str, np.ndarray], prefix: str,
+                         extra: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
+    """Concatenate + regroup two keyed moment partials (and sum keyed ``extra`` arrays)."""
+    names = (prefix + "key", prefix + "n", prefix + "W", prefix + "mean", prefix + "C", *extra)
+    if a[prefix + "key"].shape[0] == 0:
+        return {k: b[k].copy() for k in names}
+    if b[prefix + "key"].shape[0] == 0:
+        return {k: a[k].copy() for k in names}
+    key = np.concatenate([a[prefix + "key"], b[prefix + "key"]])
+    uniq, inv = np.unique(key, return_inverse=True)
+    inv = inv.reshape(-1)
+    m = regroup_moments(_moments_of(a, prefix).concat(_moments_of(b, prefix)), inv, uniq.shape[0])
+    out = {prefix + "key": uniq.astype(np.int64), prefix + "n": m.n, prefix + "W": m.W,
+           prefix + "mean": m.mean, prefix + "C": m.C}
+    for k in extra:
+        cat = np.concatenate([a[k], b[k]])
+        acc = np.zeros((uniq.shape[0],) + cat.shape[1:], dtype=cat.dtype)
+        np.add.at(acc, inv, cat)
+        out[k] = acc
+    return out
+
+
+def _keyed_comoments(backend: Any, key: Any, x: Any, w: Any, prefix: str,
+                     groups: tuple[Any, Any, int] | None = None) -> tuple[dict[str, Any], Any, int]:
+    xp = backend.xp
+    if groups is None:
+        uniq, inv = xp.unique(key, return_inverse=True)
+        inv = xp.ascontiguousarray(inv.reshape(-1).astype(xp.int64))
+        G = int(uniq.shape[0])
+    else:
+        uniq, inv, G = groups
+    m = backend.ops.grouped_comoments(xp.ascontiguousarray(x), xp.ascontiguousarray(w), inv, G)
+    return ({prefix + "key": uniq.astype(xp.int64), prefix + "n": m.n, prefix + "W": m.W,
+             prefix + "mean": m.mean, prefix + "C": m.C}, inv, G)
