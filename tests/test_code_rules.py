@@ -23,7 +23,7 @@ def _code_lines(path: Path) -> list[tuple[int, str]]:
 
 def test_analyses_do_not_branch_on_the_array_module_or_pick_a_backend():
     bad = []
-    for f in sorted((ROOT / "analyses").glob("*.py")):
+    for f in sorted((ROOT / "analyses").rglob("*.py")):
         for i, line in _code_lines(f):
             if any(s in line for s in ("xp is np", "xp is not np", "get_backend(", "gpu_available(")):
                 bad.append(f"{f.name}:{i}: {line.strip()}")
@@ -37,7 +37,7 @@ def test_analyses_do_not_probe_backend_capabilities():
     import re
 
     bad = []
-    for f in sorted((ROOT / "analyses").glob("*.py")):
+    for f in sorted((ROOT / "analyses").rglob("*.py")):
         for i, line in _code_lines(f):
             if re.search(r"(getattr|hasattr)\((backend\.|be\.)?ops\b", line):
                 bad.append(f"{f.name}:{i}: {line.strip()}")
