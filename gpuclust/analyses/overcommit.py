@@ -36,7 +36,8 @@ Design (engine fit; docs/analysis-overcommit.md "Design").
   pickled) and ``finalize`` merges it in, so the result is the same either way.
 * ``finalize`` builds the machine table a chunk of machines at a time (dense only over the chunk:
   keyed sums + capacity intervals swept for the chunk's machines) into one preallocated float
-  block, and the cell series from per-bucket running sums.
+  block, and the cell series from per-bucket running sums
+  (:mod:`gpuclust.analyses._overcommit_finalize`).
 """
 
 from __future__ import annotations
@@ -60,15 +61,26 @@ from gpuclust.analyses._intervals import (
     running_intervals,
 )
 from gpuclust.analyses._lookup import InstanceLookup, id_index, tier_lookup
-from gpuclust.analyses.base import Analysis, fmt, host_or_device, is_null_int, resolve_tier_map, to_host
+from gpuclust.analyses._overcommit_finalize import (
+    _KNOWN_FIELDS,
+    _PARTIAL_FIELDS,
+    _USAGE_PREFIXES,
+    OVER_EPS,  # noqa: F401 (re-exported)
+    QUANTILES,  # noqa: F401 (re-exported)
+    _CellSums,
+    _grid,
+    _machine_rows,
+    _summary,
+    _summary_text,
+)
+from gpuclust.analyses.base import Analysis, host_or_device, is_null_int, resolve_tier_map, to_host
 from gpuclust.analyses.grouping import bucket_grid, bucket_span, isin_sorted, unique_sorted
 from gpuclust.analyses.options import option, tier_map_option
-from gpuclust.arrow_numpy import schema_table, table, table_from_rows
+from gpuclust.arrow_numpy import table, table_from_rows
 from gpuclust.backends import finalize_backend, merged_backend
-from gpuclust.parted import array_batches, finalize_in_memory, key_bounds
+from gpuclust.parted import finalize_in_memory
 from gpuclust.partials import keyed_reduce, merge_keyed
 from gpuclust.schema import TIME_AFTER_TRACE, TierMap, tier_map
-from gpuclust.tables import as_arrow
 
 __all__ = ["Overcommit", "OvercommitContext", "TRACE_START_US"]
 
@@ -87,9 +99,6 @@ DEVICE_SHARD_FACTOR = 4
 #: device a whole shard at once (2 GB of temporaries), a few large launches (~500 operations a
 #: chunk whatever its size).
 FINALIZE_CELLS = {"cpu": 1 << 15, "gpu": 1 << 20}
-#: A ratio counts as "over capacity" when it exceeds 1 by more than this (float rounding).
-OVER_EPS = 1e-9
-QUANTILES = (0.5, 0.9, 0.99, 1.0)
 #: Counters kept in every usage partial, in this order.
 STATS = ("usage_rows", "usage_alloc_rows", "usage_unbounded", "usage_unknown_machine",
          "usage_no_overlap", "usage_used", "usage_unknown_tier")
@@ -97,10 +106,6 @@ STATS = ("usage_rows", "usage_alloc_rows", "usage_unbounded", "usage_unknown_mac
 ISTATS = ("event_rows", "alloc_event_rows", "instances", "pieces", "schedules", "running_at_end",
           "terminal_without_schedule", "update_running_not_running", "schedule_while_running",
           "unknown_request_pieces", "pieces_unplaced", "pieces_dedicated", "pieces_unknown_tier")
-_USAGE_FIELDS = ("use_cpu", "use_mem", "max_cpu", "max_mem", "windows")
-#: per usage field: how many overlapping windows carry a non-NULL value (0 with windows > 0: unknown)
-_KNOWN_FIELDS = ("n_use_cpu", "n_use_mem", "n_max_cpu", "n_max_mem")
-_PARTIAL_FIELDS = _USAGE_FIELDS + _KNOWN_FIELDS
 _EVENT_COLUMNS = ["time", "type", "collection_id", "instance_index", "machine_id", "alloc_collection_id",
                   "priority", "req_cpu", "req_mem"]
 #: what the first pass over instance_events reads
@@ -108,27 +113,6 @@ _PASS_COLUMNS = ["time", "type", "machine_id", "alloc_collection_id"]
 _NULL = np.iinfo(np.int64).min
 #: what a pickled context holds instead of the client's interval partial
 _DROPPED = "dropped when pickled"
-#: float columns of the machine table before the per-tier ones
-_MACHINE_FLOATS = ("covered_s", "up_s", "cap_cpu", "cap_mem", "req_cpu", "req_mem", "use_cpu", "use_mem", "max_cpu_sum",
-                   "max_mem_sum", "instances", *[f"{k}_ratio_{r}" for r in ("cpu", "mem") for k in ("alloc", "usage", "peak")])
-_TIER_COLS = ("req_cpu", "req_mem", "use_cpu", "use_mem", "max_cpu_sum", "max_mem_sum")
-
-
-_INT_COLUMNS = ("machine_id", "bucket", "bucket_start_us", "instances_distinct", "windows")
-
-
-def _machine_columns(tiers: list[str]) -> list[str]:
-    """The machine table's columns, in order."""
-    out = ["machine_id", "bucket", "bucket_start_us"]
-    for c in _MACHINE_FLOATS:
-        out.append(c)
-        if c == "cap_mem":
-            out.append("cap_unknown")
-        elif c == "instances":
-            out += ["instances_distinct", "windows"]
-    return out + [f"{c}_{t}" for t in tiers for c in _TIER_COLS]
-#: columns that are NaN (unknown) when the dataset has no instance_usage rows
-_USAGE_PREFIXES = ("use_", "max_cpu_sum", "max_mem_sum", "usage_ratio_", "peak_ratio_")
 
 
 def _batches(source: Any, table: str, columns: list[str], rows: int = 1 << 20) -> Any:
@@ -550,14 +534,6 @@ class Overcommit(Analysis):
                            "istats": to_host(partial["istats"]) + to_host(cp["istats"])}
         return finalize_in_memory(self, partial, ctx, client=False)
 
-    def _grid(self, ctx: OvercommitContext, xp: Any = np) -> tuple[Any, Any, Any]:
-        """Absolute bucket numbers, bucket starts, and the seconds of each bucket in the window
-        (made in ``xp``'s memory: nothing copied to a device)."""
-        bucket = ctx.origin // ctx.width + xp.arange(ctx.n_buckets, dtype=np.int64)
-        bstart = bucket * ctx.width
-        L = (xp.minimum(bstart + ctx.width, ctx.window_end) - xp.maximum(bstart, ctx.window_start)).astype(np.float64) / 1e6
-        return bucket, bstart, L
-
     def finalize_shard(self, keyed: dict[str, dict[str, np.ndarray]], rest: dict[str, Any], ctx: OvercommitContext,
                        lo: int, hi: int) -> tuple[dict[str, Iterator[pa.Table]], _CellSums]:
         """The machine table of machine codes ``[lo, hi)``, a chunk of ~:data:`FINALIZE_CELLS`
@@ -574,55 +550,8 @@ class Overcommit(Analysis):
                 raise ValueError(f"overcommit: {k} partial does not match the context (key out of range)")
         be = finalize_backend(rest["backend"])
         acc = _CellSums(be.xp, B, T, keep_ratios=be.name != "cpu")  # on a device: the summary's ratios stay there
-        return {"machine": self._machine_rows(be, keyed, rest, ctx, lo, hi, acc)}, acc
-
-    def _machine_rows(self, be: Any, keyed: dict[str, dict[str, np.ndarray]], rest: dict[str, Any],
-                      ctx: OvercommitContext, lo: int, hi: int, acc: _CellSums) -> Iterator[pa.Table]:
-        xp = be.xp
-        tiers = list(ctx.tier_names)
-        bucket, _, L = self._grid(ctx, xp)
         has_usage = int(rest["stats"][STATS.index("usage_rows")]) > 0
-        step = max(1, FINALIZE_CELLS[be.name] // max(ctx.n_buckets, 1))
-        if hi <= lo:  # no machines: one empty frame (the columns)
-            yield table({c: np.zeros(0, bool if c == "cap_unknown" else np.int64 if c in _INT_COLUMNS else np.float64)
-                         for c in _machine_columns(tiers)})
-            acc.to_host()
-            return
-        machine_ids = be.stage(ctx.machine_ids)
-        for m0 in range(lo, hi, step):
-            m1 = min(hi, m0 + step)
-            d = self._chunk(be, ctx, keyed, m0, m1, L)
-            pres = d["present"]
-            mi, bi = xp.nonzero(pres)
-            cols: dict[str, Any] = {
-                "machine_id": machine_ids[m0 + mi], "bucket": bucket[bi], "bucket_start_us": bucket[bi] * ctx.width,
-                "covered_s": L[bi]}
-            for c, src in (("up_s", "up_s"), ("cap_cpu", "cap_c"), ("cap_mem", "cap_m"), ("req_cpu", "req_c"),
-                           ("req_mem", "req_m"), ("use_cpu", "use_c"), ("use_mem", "use_m"), ("max_cpu_sum", "max_c"),
-                           ("max_mem_sum", "max_m"), ("instances", "inst")):
-                cols[c] = d[src][mi, bi]
-            cols["cap_unknown"] = (d["unk_c"] | d["unk_m"])[mi, bi]
-            cols["instances_distinct"] = d["distinct"][mi, bi]
-            cols["windows"] = d["windows"][mi, bi]
-            for r in ("cpu", "mem"):
-                for kind, col in (("alloc", f"req_{r}"), ("usage", f"use_{r}"), ("peak", f"max_{r}_sum")):
-                    cols[f"{kind}_ratio_{r}"] = _ratio(xp, cols[col], cols[f"cap_{r}"])
-            for k, t in enumerate(tiers):
-                for col in _TIER_COLS:
-                    cols[f"{col}_{t}"] = d[col][mi, k, bi]
-            acc.add(d, pres)
-            acc.add_ratios(cols, tiers)
-            del d
-            n_rows = int(mi.shape[0])
-            host = {c: be.to_host(cols[c]) for c in _machine_columns(tiers)}
-            del cols, mi, bi
-            if not has_usage:
-                # No instance_usage rows at all: usage was not measured, so it is unknown (NaN), not 0.
-                for c in host:
-                    if c.startswith(_USAGE_PREFIXES):
-                        host[c] = np.full(n_rows, np.nan)
-            yield table(host)  # a row group, built without pandas
-        acc.to_host()
+        return {"machine": _machine_rows(be, keyed, ctx, lo, hi, acc, has_usage, FINALIZE_CELLS[be.name])}, acc
 
     def finalize_parted(self, rest: dict[str, Any], ctx: OvercommitContext, tables: dict[str, Any],
                         extras: list[_CellSums]) -> dict[str, pa.Table]:
@@ -637,7 +566,7 @@ class Overcommit(Analysis):
         acc = extras[0]
         for e in extras[1:]:
             acc.add_sums(e)
-        bucket, bstart, L = self._grid(ctx)
+        bucket, bstart, L = _grid(ctx)
         cell = acc.columns(bucket, bstart, L, tiers)
         if not has_usage:
             for c in cell:
@@ -651,297 +580,5 @@ class Overcommit(Analysis):
             "machines": int(ctx.machine_ids.shape[0]), "buckets": ctx.n_buckets, **stats}])
         return {"cell": table(cell), "summary": summary, "info": info}
 
-    @staticmethod
-    def _chunk(be: Any, ctx: OvercommitContext, parts: dict[str, dict[str, np.ndarray]], m0: int, m1: int,
-               L: Any) -> dict[str, Any]:
-        """Dense (machine, [tier,] bucket) arrays of machines ``[m0, m1)`` on backend ``be``:
-        capacity swept from the chunk's capacity intervals, requests / instances / usage scattered
-        from the keyed sums (host arrays: the chunk's rows are copied over; or already on the
-        device, :attr:`device_partial`), and ``present``, the
-        (machine, bucket) mask of rows."""
-        xp = be.xp
-        S = ctx.series
-        assert S is not None
-        T, B, cm = ctx.n_tiers, ctx.n_buckets, m1 - m0
-
-        def dense(part: dict[str, np.ndarray], fields: tuple[str, ...], per: int) -> dict[str, Any]:
-            key = part["key"]
-            lo, hi = key_bounds(key, m0 * per * B, m1 * per * B)
-            at = be.asarray(key[lo:hi] - m0 * per * B)
-            out = {}
-            for f in fields:
-                a = xp.zeros(cm * per * B, dtype=part[f].dtype)
-                a[at] = be.asarray(part[f][lo:hi])
-                out[f] = a.reshape((cm, per, B) if per > 1 else (cm, B))
-            return out
-
-        lo, hi = np.searchsorted(S["code"], [m0, m1])
-        cc, cmem = S["cap_cpu"][lo:hi], S["cap_mem"][lo:hi]
-        capv = np.stack([np.ones(hi - lo), cc, cmem, np.isnan(cc).astype(np.float64), np.isnan(cmem).astype(np.float64)])
-        cs = be.ops.bucket_overlap(be.asarray(S["start"][lo:hi]), be.asarray(S["end"][lo:hi]), be.asarray(capv),
-                                   be.asarray((S["code"][lo:hi] - m0).astype(np.int32)), n_groups=cm, n_buckets=B,
-                                   origin=ctx.origin, width=ctx.width)
-        U = dense(parts["usage"], _PARTIAL_FIELDS, T)
-        R = dense(parts["req"], ("req_cpu", "req_mem"), T)
-        I = dense(parts["inst"], ("inst", "distinct"), 1)  # noqa: E741
-        # a (machine, tier, bucket) with windows whose values are all NULL was not measured: NaN
-        wt = xp.rint(U["windows"])
-        for f, n in (("use_cpu", "n_use_cpu"), ("use_mem", "n_use_mem"), ("max_cpu", "n_max_cpu"),
-                     ("max_mem", "n_max_mem")):
-            U[f] = xp.where((wt > 0) & (xp.rint(U[n]) == 0), np.nan, U[f])
-            del U[n]
-        windows = wt.sum(axis=1).astype(xp.int64)
-        del wt
-        with np.errstate(invalid="ignore", divide="ignore"):
-            use_ct, use_mt = U["use_cpu"] / L, U["use_mem"] / L
-            use_c, use_m = use_ct.sum(axis=1), use_mt.sum(axis=1)
-            max_c, max_m = U["max_cpu"].sum(axis=1), U["max_mem"].sum(axis=1)
-        present = ((cs[0] > 0) | (R["req_cpu"].sum(axis=1) > 0) | (R["req_mem"].sum(axis=1) > 0) | (I["inst"] > 0)
-                   | (windows > 0) | (use_c != 0) | (use_m != 0) | (max_c != 0) | (max_m != 0))
-        no_me = ~be.asarray(S["has_me"][m0:m1, None])
-        unk_c = (cs[3] > 0) | no_me
-        unk_m = (cs[4] > 0) | no_me
-        with np.errstate(invalid="ignore", divide="ignore"):
-            req_ct, req_mt = R["req_cpu"] / L, R["req_mem"] / L
-            return {"present": present, "up_s": cs[0], "unk_c": unk_c, "unk_m": unk_m,
-                    "cap_c": xp.where(unk_c, np.nan, cs[1] / L), "cap_m": xp.where(unk_m, np.nan, cs[2] / L),
-                    "req_cpu": req_ct, "req_mem": req_mt, "use_cpu": use_ct, "use_mem": use_mt,
-                    "max_cpu_sum": U["max_cpu"], "max_mem_sum": U["max_mem"],
-                    "req_c": req_ct.sum(axis=1), "req_m": req_mt.sum(axis=1), "use_c": use_c, "use_m": use_m,
-                    "max_c": max_c, "max_m": max_m, "inst": I["inst"] / L, "distinct": I["distinct"],
-                    "windows": windows}
-
     def summary(self, result: dict[str, Any]) -> str:
-        info = as_arrow(result["info"]).to_pylist()[0]
-        values = {(r["metric"], r["resource"], r["tier"]): r["value"] for r in as_arrow(result["summary"]).to_pylist()}
-        lines = [f"{self.label}: tier map {info['tier_map']!r}, {info['machines']} machines x {info['buckets']} "
-                 f"buckets of {info['bucket_s']} s, window [{info['window_start_us']}, {info['window_end_us']}) us",
-                 f"  instances {info['instances']}, running pieces {info['pieces']} (unplaced {info['pieces_unplaced']},"
-                 f" dedicated {info['pieces_dedicated']}, running at end {info['running_at_end']}, terminal without"
-                 f" SCHEDULE {info['terminal_without_schedule']}); usage rows used {info['usage_used']} of"
-                 f" {info['usage_rows']}"]
-
-        def get(metric: str, r: str, t: str = "all") -> float:
-            v = values.get((metric, r, t))
-            return float("nan") if v is None else float(v)
-
-        for r in ("cpu", "mem"):
-            if not any(k[1] == r for k in values):
-                continue
-            lines.append(
-                f"  {r}: {int(get('machine_buckets', r))} full machine-buckets; requested/capacity mean "
-                f"{fmt(get('alloc_ratio_mean', r), '.3f')}, p50 {fmt(get('alloc_ratio_p50', r), '.3f')}, "
-                f"p99 {fmt(get('alloc_ratio_p99', r), '.3f')}, max {fmt(get('alloc_ratio_max', r), '.3f')}; "
-                f"over capacity by request {fmt(get('share_over_capacity_request', r), '.2f', 100, '%')}"
-                f" of machine-time, by usage {fmt(get('share_over_capacity_usage', r), '.2f', 100, '%')}; "
-                f"usage/capacity mean {fmt(get('usage_ratio_mean', r), '.3f')}")
-        return "\n".join(lines)
-
-
-#: The ``summary`` table's columns and types (an empty table keeps them).
-_SUMMARY_SCHEMA = pa.schema([("metric", pa.string()), ("resource", pa.string()), ("tier", pa.string()),
-                             ("value", pa.float64())])
-
-
-def _full(up_s: Any, covered_s: Any, cap: Any) -> Any:
-    """The *full* machine-buckets: up the whole bucket, known capacity > 0 (any array module)."""
-    return (up_s >= covered_s * (1 - 1e-12)) & (cap == cap) & (abs(cap) != np.inf) & (cap > 0)
-
-
-def _summary(be: Any, machine: Any, tiers: list[str], has_usage: bool,
-             ratios: dict[tuple[str, str], list[Any]] | None = None) -> pa.Table:
-    """Statistics over *full* machine-buckets: available the whole bucket, known capacity > 0.
-    Usage statistics are NaN when the dataset has no instance_usage rows (e.g. 2011 events only).
-
-    ``machine`` is the machine table (a parted table, a DataFrame or an Arrow table), read a batch
-    at a time without pandas (:func:`gpuclust.parted.array_batches`): the sums in one pass, and
-    the exact ratio quantiles of every (resource, tier) together in a few more
-    (:func:`gpuclust.stream_quantiles.stream_quantiles_many`), so nothing grows with the table.
-    On a device backend ``be`` (the partials' backend) the quantiles take one sort a series of
-    ``ratios``, the ratios the finalize left on the device (:meth:`_CellSums.add_ratios`), or
-    else of the ratios copied there (:func:`gpuclust.stream_quantiles.backend_quantiles_many`)."""
-    from gpuclust.stream_quantiles import backend_quantiles_many, device_quantiles_many
-
-    def full_of(b: dict[str, np.ndarray], r: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        L, cap = b["covered_s"], b[f"cap_{r}"]
-        full = _full(b["up_s"], L, cap)
-        return full, L[full], cap[full]
-
-    series = [(r, t) for r in ("cpu", "mem") for t in ("all", *tiers)]
-    req_col = {(r, t): f"req_{r}" if t == "all" else f"req_{r}_{t}" for r, t in series}
-    cols = sorted({"covered_s", "up_s", *{c for r in ("cpu", "mem") for c in (f"cap_{r}", f"use_{r}", f"max_{r}_sum")},
-                   *req_col.values()})
-    avail = 0.0
-    z = {r: {k: 0.0 for k in ("n", "tw", "den", "num", *[f"tk_{x}" for x in ("request", "usage", "peak")],
-                              *[f"over_{x}" for x in ("request", "usage", "peak")])} for r in ("cpu", "mem")}
-    reqw = {k: [0.0, 0.0] for k in req_col}  # sum(req * w), sum(cap * w)
-    for b in array_batches(machine, cols):
-        b = {c: np.asarray(v, np.float64) for c, v in b.items()}
-        avail += float(b["up_s"].sum())
-        for r in ("cpu", "mem"):
-            full, w, c = full_of(b, r)
-            a = z[r]
-            a["n"] += int(full.sum())
-            a["tw"] += float(w.sum())
-            for kind, col in (("request", f"req_{r}"), ("usage", f"use_{r}"), ("peak", f"max_{r}_sum")):
-                v = b[col][full]
-                kn = np.isfinite(v)  # usage statistics over the machine-buckets whose usage is known
-                a[f"tk_{kind}"] += float(w[kn].sum())
-                a[f"over_{kind}"] += float(w[kn & (v > c * (1 + OVER_EPS))].sum())
-            u = b[f"use_{r}"][full]
-            kn = np.isfinite(u)
-            a["den"] += float((c[kn] * w[kn]).sum())
-            a["num"] += float((u[kn] * w[kn]).sum())
-            for t in ("all", *tiers):
-                req = b[req_col[(r, t)]][full]
-                reqw[(r, t)][0] += float((req * w).sum())
-                reqw[(r, t)][1] += float((c * w).sum())
-    # the ratios of the resources with full machine-buckets, every tier's in the same passes
-    quantiled = [(r, t) for r, t in series if z[r]["n"] > 0]
-
-    def batch_ratios() -> Any:
-        for b in array_batches(machine, ["covered_s", "up_s", "cap_cpu", "cap_mem", *{req_col[k] for k in quantiled}]):
-            b = {c: np.asarray(v, np.float64) for c, v in b.items()}
-            full = {r: full_of(b, r) for r in {r for r, _ in quantiled}}
-            yield [b[req_col[(r, t)]][full[r][0]] / full[r][2] for r, t in quantiled]
-
-    if not quantiled:
-        qs = np.zeros((0, len(QUANTILES)))
-    elif ratios is not None:  # left on the device by the finalize
-        qs = device_quantiles_many(be, [ratios.get(k, []) for k in quantiled], QUANTILES)
-    else:
-        qs = backend_quantiles_many(be, batch_ratios, len(quantiled), QUANTILES)
-    qrow = dict(zip(quantiled, qs, strict=True))
-    rows: list[dict[str, Any]] = []
-
-    def add(metric: str, r: str, t: str, v: float) -> None:
-        rows.append({"metric": metric, "resource": r, "tier": t, "value": float(v)})
-
-    for r in ("cpu", "mem"):
-        a = z[r]
-        if a["n"] == 0:
-            continue
-        add("machine_buckets", r, "all", float(a["n"]))
-        add("machine_time_share", r, "all", a["tw"] / avail if avail > 0 else np.nan)
-        for kind in ("request", "usage", "peak"):
-            tk = a[f"tk_{kind}"]
-            share = a[f"over_{kind}"] / tk if tk > 0 else np.nan
-            add(f"share_over_capacity_{kind}", r, "all", share if has_usage or kind == "request" else np.nan)
-        mean_use = a["num"] / a["den"] if a["den"] > 0 else np.nan
-        add("usage_ratio_mean", r, "all", mean_use if has_usage else np.nan)
-        for t in ("all", *tiers):
-            num, den = reqw[(r, t)]
-            add("alloc_ratio_mean", r, t, num / den)
-            for q, v in zip(QUANTILES, qrow[(r, t)], strict=True):
-                add("alloc_ratio_max" if q == 1.0 else f"alloc_ratio_p{round(q * 100)}", r, t, v)
-    return schema_table(rows, _SUMMARY_SCHEMA)
-
-
-def _ratio(xp: Any, num: Any, den: Any) -> Any:
-    """num / den; 0/0 and anything / NaN -> NaN, x/0 (x > 0) -> inf."""
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return xp.where((den == 0) & (num == 0), np.nan, num.astype(xp.float64) / den)
-
-
-class _CellSums:
-    """Per-bucket running sums over machine chunks: what the ``cell`` table is built from.  Summed
-    on the backend of the chunks (``xp``), then moved to the host (:meth:`to_host`) once the
-    shard's chunks are done."""
-
-    COLS = ("req_cpu", "req_mem", "use_cpu", "use_mem", "max_cpu_sum", "max_mem_sum")
-
-    def __init__(self, xp: Any, B: int, T: int, keep_ratios: bool = False) -> None:
-        self.xp = xp
-        z = lambda *s: xp.zeros(s, xp.float64)  # noqa: E731
-        self.machines = xp.zeros(B, xp.int64)
-        self.machines_up = xp.zeros(B, xp.int64)
-        self.machines_cap_unknown = xp.zeros(B, xp.int64)
-        self.present_any = xp.zeros(B, bool)
-        self.known_any = {r: xp.zeros(B, bool) for r in ("cpu", "mem")}
-        self.cap = {r: z(B) for r in ("cpu", "mem")}
-        self.tier = {c: z(T, B) for c in self.COLS}
-        #: per tier, Σ over machines with known capacity (ratio numerators)
-        self.known = {(k, r): z(T, B) for k in ("alloc", "usage") for r in ("cpu", "mem")}
-        self.instances = z(B)
-        self.windows = xp.zeros(B, xp.int64)
-        #: on a device: per (resource, tier), the request / capacity ratios of the full
-        #: machine-buckets of each chunk, left on the device for the summary's quantiles (which
-        #: would otherwise read the written machine table back and copy the ratios over again)
-        self.ratios: dict[tuple[str, str], list[Any]] | None = {} if keep_ratios else None
-
-    def to_host(self) -> None:
-        """Every sum as a NumPy array (in place); the ratios stay where they are."""
-        for k, v in list(vars(self).items()):
-            if k != "ratios":
-                setattr(self, k, to_host(v))
-        self.xp = np
-
-    def add_ratios(self, cols: dict[str, Any], tiers: list[str]) -> None:
-        """Keep the chunk's ratios of full machine-buckets (:func:`_full`), on a device only."""
-        if self.ratios is None:
-            return
-        for r in ("cpu", "mem"):
-            full = _full(cols["up_s"], cols["covered_s"], cols[f"cap_{r}"])
-            cap = cols[f"cap_{r}"][full]
-            for t in ("all", *tiers):
-                req = cols[f"req_{r}" if t == "all" else f"req_{r}_{t}"]
-                self.ratios.setdefault((r, t), []).append(req[full].astype(self.xp.float64) / cap)
-
-    def add(self, d: dict[str, Any], present: Any) -> None:
-        xp = self.xp
-        self.machines += present.sum(axis=0)
-        self.machines_up += (d["up_s"] > 0).sum(axis=0)
-        self.machines_cap_unknown += (present & (d["unk_c"] | d["unk_m"])).sum(axis=0)
-        self.present_any |= present.any(axis=0)
-        for r, unk, cap in (("cpu", d["unk_c"], d["cap_c"]), ("mem", d["unk_m"], d["cap_m"])):
-            kn = present & ~unk
-            self.known_any[r] |= kn.any(axis=0)
-            self.cap[r] += xp.where(kn, cap, 0.0).sum(axis=0)
-            for kind, src in (("alloc", f"req_{r}"), ("usage", f"use_{r}")):
-                self.known[(kind, r)] += xp.where(kn[:, None, :], d[src], 0.0).sum(axis=0)
-        for c in self.COLS:
-            self.tier[c] += d[c].sum(axis=0)
-        self.instances += d["inst"].sum(axis=0)
-        self.windows += d["windows"].sum(axis=0)
-
-    def add_sums(self, o: _CellSums) -> None:
-        """Add another shard's sums."""
-        self.machines += o.machines
-        self.machines_up += o.machines_up
-        self.machines_cap_unknown += o.machines_cap_unknown
-        self.present_any |= o.present_any
-        for r in ("cpu", "mem"):
-            self.known_any[r] |= o.known_any[r]
-            self.cap[r] += o.cap[r]
-        for c in self.COLS:
-            self.tier[c] += o.tier[c]
-        for k in self.known:
-            self.known[k] += o.known[k]
-        self.instances += o.instances
-        self.windows += o.windows
-        if self.ratios is not None and o.ratios is not None:
-            for k, v in o.ratios.items():
-                self.ratios.setdefault(k, []).extend(v)
-
-    def columns(self, bucket: np.ndarray, bstart: np.ndarray, L: np.ndarray, tiers: list[str]) -> dict[str, np.ndarray]:
-        """The ``cell`` table's columns, in order."""
-        # Capacity of the machines with a known capacity; when machines are present but none has a
-        # known capacity the cell's capacity is unknown (NaN), not 0.
-        caps = {r: np.where(self.known_any[r] | ~self.present_any, self.cap[r], np.nan) for r in ("cpu", "mem")}
-        cell = {"bucket": bucket, "bucket_start_us": bstart, "covered_s": L, "machines": self.machines,
-                "machines_up": self.machines_up, "machines_cap_unknown": self.machines_cap_unknown,
-                "cap_cpu": caps["cpu"], "cap_mem": caps["mem"]}
-        for col in self.COLS:
-            cell[col] = self.tier[col].sum(axis=0)
-        cell["instances"] = self.instances
-        cell["windows"] = self.windows
-        for r in ("cpu", "mem"):
-            for kind in ("alloc", "usage"):
-                cell[f"{kind}_ratio_{r}"] = _ratio(np, self.known[(kind, r)].sum(axis=0), caps[r])
-        for k, t in enumerate(tiers):
-            for col in ("req_cpu", "req_mem", "use_cpu", "use_mem"):
-                cell[f"{col}_{t}"] = self.tier[col][k]
-            for r in ("cpu", "mem"):
-                for kind in ("alloc", "usage"):
-                    cell[f"{kind}_ratio_{r}_{t}"] = _ratio(np, self.known[(kind, r)][k], caps[r])
-        return cell
+        return _summary_text(self.label, result)
