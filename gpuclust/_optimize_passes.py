@@ -1,7 +1,7 @@
 """The files and the two passes of ``gpuclust optimize`` (:mod:`gpuclust.optimize`): leftovers of
 an interrupted run removed (:func:`remove_unlisted`), *spill* (each input part's rows appended to
-per-bucket Arrow IPC files, :class:`_Spill`, :func:`_spill_table`) and *sort and write* (per
-bucket, its spill sorted by time and written as one Parquet part, :func:`_write_buckets`), and
+per-bucket Arrow IPC files, :class:`Spill`, :func:`spill_table`) and *sort and write* (per
+bucket, its spill sorted by time and written as one Parquet part, :func:`write_buckets`), and
 the test hook that kills the process at a chosen point (:data:`KILL_ENV`).
 """
 
@@ -48,7 +48,7 @@ KILL_ENV = "GPUCLUST_TEST_KILL_OPTIMIZE"
 _kill_counts: dict[str, int] = {}
 
 
-def _kill_point(stage: str) -> None:
+def kill_point(stage: str) -> None:
     spec = os.environ.get(KILL_ENV)
     if not spec:
         return
@@ -63,7 +63,7 @@ def _kill_point(stage: str) -> None:
 # --------------------------------------------------------------------------------------------
 # Files
 # --------------------------------------------------------------------------------------------
-def _listed(manifest: dict[str, Any]) -> set[str]:
+def listed(manifest: dict[str, Any]) -> set[str]:
     keep: set[str] = set()
     for entry in manifest.get("tables", {}).values():
         keep.update(entry.get("files", []))
@@ -80,7 +80,7 @@ def _leftover(name: str) -> bool:
 def remove_unlisted(root: Path, manifest: dict[str, Any] | None) -> list[str]:
     """Delete the staging folder and every part / temp file of a table folder (and its
     ``bucket=<k>`` folders) that ``manifest`` does not list; empty bucket folders go too."""
-    keep = _listed(manifest or {})
+    keep = listed(manifest or {})
     removed: list[str] = []
     if (root / STAGING_DIR).exists():
         shutil.rmtree(root / STAGING_DIR)
@@ -110,7 +110,7 @@ def _dictionary_columns(schema: pa.Schema) -> list[str]:
     return [f.name for f in schema if not pa.types.is_floating(f.type)]
 
 
-def _fsync_copy(src: Path, dst: Path) -> None:
+def fsync_copy(src: Path, dst: Path) -> None:
     dst.parent.mkdir(parents=True, exist_ok=True)
     with open(src, "rb") as fi, open(dst, "wb") as fo:
         shutil.copyfileobj(fi, fo, 4 << 20)
@@ -121,7 +121,7 @@ def _fsync_copy(src: Path, dst: Path) -> None:
 # --------------------------------------------------------------------------------------------
 # Pass 1: spill rows to per-bucket files
 # --------------------------------------------------------------------------------------------
-class _Spill:
+class Spill:
     """Per-bucket Arrow IPC spill files of one table, at most ``max_open`` open at once (a bucket
     whose writer was closed continues in a new file)."""
 
@@ -193,7 +193,7 @@ def _file_batches(f: Path, columns: list[str]) -> Iterator[pa.RecordBatch]:
             yield b
 
 
-def _spill_table(ds: Dataset, table: str, spill: _Spill, prog: Progress | None) -> int:
+def spill_table(ds: Dataset, table: str, spill: Spill, prog: Progress | None) -> int:
     schema = SCHEMAS[table]
     key = KEYS[table]
     rows = 0
@@ -213,7 +213,7 @@ def _spill_table(ds: Dataset, table: str, spill: _Spill, prog: Progress | None) 
             rows += batch.num_rows
             if prog is not None:
                 prog.advance(batch.num_rows)
-            _kill_point("spill")
+            kill_point("spill")
     spill.close()
     return rows
 
@@ -257,8 +257,8 @@ def part_name(table: str, k: int, tag: str, i: int = 0) -> str:
     return f"{table}/{BUCKET_COLUMN}={k}/part-{tag}-{i:05d}.parquet"
 
 
-def _write_buckets(
-    table: str, spill: _Spill, stage: Path, tag: str, row_group_rows: int, prog: Progress | None
+def write_buckets(
+    table: str, spill: Spill, stage: Path, tag: str, row_group_rows: int, prog: Progress | None
 ) -> list[str]:
     rels = []
     for k in range(len(spill.files)):
@@ -273,13 +273,13 @@ def _write_buckets(
         if prog is not None:
             prog.advance(tbl.num_rows)
         del tbl, idx
-        _kill_point("part")
+        kill_point("part")
     return rels
 
 
 
 
-def _max_open() -> int:
+def default_max_open() -> int:
     """Spill writers kept open: raise the soft file limit towards the hard one, keep a margin."""
     try:
         import resource

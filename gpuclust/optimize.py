@@ -48,15 +48,15 @@ from gpuclust._optimize_passes import (
     PART_COMPRESSION,  # noqa: F401 (re-exported)
     SPILL_BATCH_ROWS,  # noqa: F401 (re-exported)
     STAGING_DIR,
-    _fsync_copy,
-    _kill_point,
-    _listed,
-    _max_open,
-    _Spill,
-    _spill_table,
-    _write_buckets,
+    Spill,
+    default_max_open,
+    fsync_copy,
+    kill_point,
+    listed,
     part_name,  # noqa: F401 (re-exported)
     remove_unlisted,
+    spill_table,
+    write_buckets,
 )
 from gpuclust.dataset import MANIFEST, Dataset, DatasetError, fsync_dir, write_json_atomic
 from gpuclust.layout import HASH_NAME, KEYS, layout_entry
@@ -333,7 +333,7 @@ def optimize(
             rep.files = {t: len(ds.files(t)) for t in _ORDER_OF_WORK}
             rep.seconds = time.perf_counter() - t0
             return rep
-        _rewrite(ds, dst, n, in_place, prog, row_group_rows, max_open or _max_open(), rep)
+        _rewrite(ds, dst, n, in_place, prog, row_group_rows, max_open or default_max_open(), rep)
         rep.seconds = time.perf_counter() - t0
         return rep
 
@@ -349,23 +349,23 @@ def _rewrite(
         prog.start(sum(ds.num_rows(t) for t in _ORDER_OF_WORK), n)
     new_files: dict[str, list[str]] = {}
     for table in _ORDER_OF_WORK:
-        spill = _Spill(stage / "spill" / table, SCHEMAS[table], n, max_open)
+        spill = Spill(stage / "spill" / table, SCHEMAS[table], n, max_open)
         if prog is not None:
             prog.begin(f"pass 1/2 (spill) {table}")
-        rows = _spill_table(ds, table, spill, prog)
+        rows = spill_table(ds, table, spill, prog)
         if prog is not None:
             prog.begin(f"pass 2/2 (sort, write) {table}")
-        new_files[table] = _write_buckets(table, spill, stage, tag, row_group_rows, prog)
+        new_files[table] = write_buckets(table, spill, stage, tag, row_group_rows, prog)
         rep.rows[table] = rows
         rep.files[table] = len(new_files[table])
     shutil.rmtree(stage / "spill", ignore_errors=True)
 
     moves = [(stage / rel, dst / rel) for rels in new_files.values() for rel in rels]
     if not in_place:  # the other tables and the rejects are copied as they are
-        for rel in sorted(_listed(old)):
+        for rel in sorted(listed(old)):
             if rel.split("/", 1)[0] in KEYS:
                 continue
-            _fsync_copy(ds.path / rel, stage / rel)
+            fsync_copy(ds.path / rel, stage / rel)
             moves.append((stage / rel, dst / rel))
     m = copy.deepcopy(old)
     for table in _ORDER_OF_WORK:
@@ -385,14 +385,14 @@ def _rewrite(
     def switch() -> None:
         for s, d in moves:
             os.replace(s, d)
-            _kill_point("move")
+            kill_point("move")
 
     write_json_atomic(dst / MANIFEST, m, before_replace=switch)
     for d in sorted({d.parent for _, d in moves}):
         fsync_dir(d)
-    _kill_point("swap")
+    kill_point("swap")
     if in_place:  # only now that the new manifest is in place do the old parts go
-        keep = _listed(m)
+        keep = listed(m)
         for table in _ORDER_OF_WORK:
             for rel in old.get("tables", {}).get(table, {}).get("files", []):
                 if rel not in keep:
