@@ -83,3 +83,10 @@ def test_no_private_names_imported_across_packages():
                 if alias.name.startswith("_") or private_module:
                     bad.append(f"{'/'.join(rel)}:{node.lineno}: from {node.module} import {alias.name}")
     assert not bad, "\n".join(bad)
+
+
+def test_no_module_over_600_lines():
+    """Issue 36: modules small enough to read; split a module by responsibility before it grows past this."""
+    big = {str(f.relative_to(ROOT)): n for f in sorted(ROOT.rglob("*.py"))
+           if (n := len(f.read_text().splitlines())) > 600}
+    assert not big, big
