@@ -180,28 +180,28 @@ def _tasks_support(f: DatasetFacts, row: Any) -> tuple[bool, str]:
     return True, ""
 
 
-def _borg_median(measure: str, what: str) -> Any:
+def _borg(measure: str, text: Any, column: str) -> Any:
+    """A Figure 11 claim: ``column`` of the task_summary row of ``measure`` (band all), shown by
+    ``text(value, row)``."""
     def compute(r: Mapping[str, Any], f: DatasetFacts) -> Verdict:
         row = _task_row(r, measure)
         ok, why = _tasks_support(f, row)
         if row is None or not int(row["defined"]):
             return Verdict(None, "no task with a limit and usage", "", False, why or "no task")
-        v = float(row["p50_ratio"])
-        return Verdict(v, f"median {v:.2f} ({what}), over {int(row['defined']):,} tasks; p90 {float(row['p90_ratio']):.2f}",
-                       f"{int(row['defined']):,} tasks (usage-vs-request task_summary, band all)", ok, why)
+        v = float(row[column])
+        return Verdict(v, text(v, row), f"{int(row['defined']):,} tasks (usage-vs-request task_summary, band all)",
+                       ok, why)
     return compute
+
+
+def _borg_median(measure: str, what: str) -> Any:
+    return _borg(measure, lambda v, row: f"median {v:.2f} ({what}), over {int(row['defined']):,} tasks; "
+                                         f"p90 {float(row['p90_ratio']):.2f}", "p50_ratio")
 
 
 def _borg_above(measure: str) -> Any:
-    def compute(r: Mapping[str, Any], f: DatasetFacts) -> Verdict:
-        row = _task_row(r, measure)
-        ok, why = _tasks_support(f, row)
-        if row is None or not int(row["defined"]):
-            return Verdict(None, "no task with a limit and usage", "", False, why or "no task")
-        v = float(row["above_limit_share"])
-        return Verdict(v, f"{_pct(v)} of {int(row['defined']):,} tasks above their limit",
-                       f"{int(row['defined']):,} tasks (usage-vs-request task_summary, band all)", ok, why)
-    return compute
+    return _borg(measure, lambda v, row: f"{_pct(v)} of {int(row['defined']):,} tasks above their limit",
+                 "above_limit_share")
 
 
 CLAIMS = (
