@@ -226,3 +226,17 @@ def test_claims_on_the_kaggle_sample(tmp_path):
         assert rows["job-tail-cpu"]["value"] == pytest.approx(share, rel=1e-9)
     assert "too few for a CDF over tasks" in rows["borg-cpu-below-limit"]["why"] or \
         rows["borg-cpu-below-limit"]["value"] is None
+
+
+def test_a_synthetic_cell_supports_no_claim():
+    import pandas as pd
+
+    from gpuclust.claims.catalog import CLAIMS
+
+    c = next(c for c in CLAIMS if c.id == "no-submit-submit")
+    res = {"lifecycle": {"transitions": pd.DataFrame({"tier": ["a"], "from_event": ["SUBMIT"],
+                                                      "to_event": ["SCHEDULE"], "count": [5]})}}
+    real = evaluate(res, DatasetFacts("v2"), [c])[0]
+    synthetic = evaluate(res, DatasetFacts("v2", synthetic=True), [c])[0]
+    assert real["supported"] and real["value"] == 0
+    assert not synthetic["supported"] and synthetic["why"].startswith("a synthetic cell")

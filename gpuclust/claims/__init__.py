@@ -139,7 +139,10 @@ def evaluate(results: Mapping[str, Mapping[str, Any]], facts: DatasetFacts,
             v = Verdict(None, "not computed", "", False, why)
         else:
             v = c.compute(results, facts)
-            if c.trace != (facts.trace_version or "v3") and v.supported:
+            if facts.synthetic and v.supported:
+                v = Verdict(v.value, v.text, v.rests_on, False, "a synthetic cell: its values are the generator's, "
+                            "not Google's")
+            elif c.trace != (facts.trace_version or "v3") and v.supported:
                 v = Verdict(v.value, v.text, v.rests_on, False,
                             f"the paper measured the {'2011' if c.trace == 'v2' else '2019'} trace; this is a "
                             f"{'2011' if facts.trace_version == 'v2' else '2019'} dataset")

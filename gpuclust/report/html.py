@@ -246,9 +246,9 @@ def _claims_section(run: dict[str, Any], results: Mapping[str, Mapping[str, Any]
     except Exception:  # noqa: BLE001 - the dataset moved or changed: the page goes without the section
         return ""
     body = "".join(
-        f"<tr><td>{html.escape(r['claim'])}<br><small>{html.escape(r['source'])}</small></td>"
-        f"<td>{html.escape(r['paper'])}</td><td>{html.escape(r['dataset'])}</td>"
-        f"<td>{'supported' if r['supported'] else html.escape('cannot compare: ' + r['why'])}</td></tr>"
+        f'<tr><td class="t">{html.escape(r["claim"])}<br><small>{html.escape(r["source"])}</small></td>'
+        f'<td class="t">{html.escape(r["paper"])}</td><td class="t">{html.escape(r["dataset"])}</td>'
+        f'<td class="t">{"supported" if r["supported"] else html.escape("cannot compare: " + r["why"])}</td></tr>'
         for r in evaluate(by_name, facts, chosen))
     more = (f'<p class="note">{left} more claim(s) read analyses or options not in this report: '
             "<code>gpuclust claims DATASET</code> computes every one (docs/claims.md).</p>" if left else "")
