@@ -282,7 +282,7 @@ class Lifecycle(Analysis):
         pr = xp.where(is_null_int(xp, p), -1, p.astype(xp.int64))
         maxp = top(pr)
         if ctx.job_ids is not None and int(ctx.job_ids.shape[0]):
-            ids, jp = xp.asarray(ctx.job_ids), xp.asarray(ctx.job_priority)
+            ids, jp = backend.stage(ctx.job_ids), backend.stage(ctx.job_priority)  # (copied once a process)
             cs = c[starts]
             pos = xp.minimum(xp.searchsorted(ids, cs), int(ids.shape[0]) - 1)
             fill = (maxp < 0) & (ids[pos] == cs) & (jp[pos] >= 0)
