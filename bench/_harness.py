@@ -174,6 +174,17 @@ def publish(name: str, payload: dict[str, Any], md: list[str], env: dict[str, An
     print(f"wrote {jp} and {mp}")
 
 
+def peak_rss_mib() -> float:
+    """This process' own peak RSS so far, MiB (VmHWM: kernel-kept, reset at exec; NaN off Linux)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
 def best_of(fn: Any, repeat: int) -> float:
     """Best wall seconds of ``repeat`` calls of ``fn`` (host clock; synchronise inside ``fn``)."""
     best = float("inf")

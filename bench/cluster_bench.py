@@ -34,18 +34,11 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from _harness import bench_dataset, environment, publish, run_measured  # noqa: E402
+from _harness import bench_dataset, environment, peak_rss_mib, publish, run_measured  # noqa: E402
 from scale_bench import bucketed  # noqa: E402
 
 FLAT = 1.2
 MODES = ("local", "local:2")
-
-
-def _hwm_mib() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def child(mode: str, ds: Path, out: Path, options: list[str]) -> None:
@@ -56,7 +49,7 @@ def child(mode: str, ds: Path, out: Path, options: list[str]) -> None:
     if mode != "local":
         args += ["--scheduler", mode]
     rc = cli(args)
-    print("RESULT " + json.dumps({"rc": rc, "client_hwm_mib": _hwm_mib()}), flush=True)
+    print("RESULT " + json.dumps({"rc": rc, "client_hwm_mib": peak_rss_mib()}), flush=True)
 
 
 def same_results(a: Path, b: Path, rtol: float = 1e-9) -> tuple[bool, list[str]]:

@@ -32,7 +32,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from _harness import bench_dataset, environment, publish, run_measured  # noqa: E402
+from _harness import bench_dataset, environment, peak_rss_mib, publish, run_measured  # noqa: E402
 from scale_bench import bucketed  # noqa: E402
 
 TARGET = 0.8
@@ -47,13 +47,6 @@ def usage_columns() -> list[str]:
         if a.table == "instance_usage":
             cols.update(a.columns, a.context_columns)
     return sorted(cols)
-
-
-def _hwm_mib() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def child(kind: str, ds: Path) -> None:
@@ -74,7 +67,7 @@ def child(kind: str, ds: Path) -> None:
         table = pq.read_table(files, columns=cols, use_threads=True)
         secs = time.perf_counter() - t
         nbytes = table.nbytes
-    print("RESULT " + json.dumps({"s": secs, "bytes": int(nbytes), "hwm_mib": _hwm_mib()}), flush=True)
+    print("RESULT " + json.dumps({"s": secs, "bytes": int(nbytes), "hwm_mib": peak_rss_mib()}), flush=True)
 
 
 def _one(kind: str, ds: Path) -> dict[str, Any]:

@@ -208,7 +208,7 @@ _SUMMARY_SCHEMA = pa.schema([("metric", pa.string()), ("resource", pa.string()),
 
 def _full(up_s: Any, covered_s: Any, cap: Any) -> Any:
     """The *full* machine-buckets: up the whole bucket, known capacity > 0 (any array module)."""
-    return (up_s >= covered_s * (1 - 1e-12)) & (cap == cap) & (abs(cap) != np.inf) & (cap > 0)
+    return (up_s >= covered_s * (1 - 1e-12)) & (cap > 0) & (cap < np.inf)  # (NaN compares false)
 
 
 def _summary(be: Any, machine: Any, tiers: list[str], has_usage: bool,
