@@ -181,6 +181,10 @@ def test_claims_command_as_docs_print_it(tmp_path):
     assert r.stdout.count("\n[") + r.stdout.startswith("[") == len(claims())
     assert "cannot compare: the paper measured the 2011 trace; this is a 2019 dataset" in r.stdout
     assert (tmp_path / "claims.csv").read_text().startswith("id,claim,source,paper,value,dataset,rests_on,supported,why")
+    (tmp_path / "dir").mkdir()
+    r = gpuclust("claims", "ds", "--csv", "dir", "--quiet", cwd=tmp_path)  # a folder where the file goes
+    assert r.returncode == 2 and r.stderr.startswith("gpuclust claims: error: dir: ") and "Traceback" not in r.stderr
+    assert (tmp_path / "dir").is_dir() and not list((tmp_path / "dir").iterdir())
     r = gpuclust("claims", "missing", cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.startswith("gpuclust claims: error: ") and "Traceback" not in r.stderr
 

@@ -7,6 +7,7 @@ import argparse
 import csv
 import sys
 import textwrap
+from pathlib import Path
 from typing import Any
 
 __all__ = ["main", "register", "render"]
@@ -61,6 +62,7 @@ def render(rows: list[dict[str, Any]]) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
+    from gpuclust._files import write_atomic
     from gpuclust.claims import DatasetFacts, evaluate
     from gpuclust.cli import EXIT_ERROR
     from gpuclust.dataset import DatasetError
@@ -74,8 +76,15 @@ def main(args: argparse.Namespace) -> int:
     rows = evaluate(res, facts, not_run=not_run)
     print(render(rows))
     if args.csv:
-        with open(args.csv, "w", newline="") as fh:
-            w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
+        def write(tmp: str) -> None:
+            with open(tmp, "w", newline="") as fh:
+                w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+                w.writeheader()
+                w.writerows(rows)
+
+        try:  # whole or not at all
+            write_atomic(Path(args.csv), write)
+        except OSError as e:
+            print(f"gpuclust claims: error: {args.csv}: {e.strerror or e}", file=sys.stderr)
+            return EXIT_ERROR
     return 0

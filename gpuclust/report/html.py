@@ -121,7 +121,7 @@ class FigureCache:
     def put(self, key: str, name: str, title: str, svg: str | None) -> None:
         if self.folder is None:
             return
-        from gpuclust.report._files import write_atomic
+        from gpuclust._files import write_atomic
 
         text = self._tag(key, name, title) + (_NONE if svg is None else svg)
         try:
@@ -265,7 +265,7 @@ def write_report(results_dir: str | Path, out: str | Path, *, keys: list[str] | 
                  progress: Callable[[str], None] | None = None) -> PageResult:
     """Render the results folder ``results_dir`` (written by ``gpuclust analyze``) as the page
     ``out``, written atomically; ``keys``: only these results (default: all)."""
-    from gpuclust.report._files import write_atomic
+    from gpuclust._files import write_atomic
     from gpuclust.report.folder import OutputError
     from gpuclust.report.provenance import dataset_facts, load_results, read_run_file
 

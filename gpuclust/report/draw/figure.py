@@ -142,7 +142,7 @@ class Figure:
     # -- output
     def save(self, path: str | Path) -> None:
         """Write the figure to ``path`` (``.svg`` or ``.png``) atomically."""
-        from gpuclust.report._files import write_atomic
+        from gpuclust._files import write_atomic
 
         path = Path(path)
         if path.suffix == ".svg":
