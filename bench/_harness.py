@@ -28,8 +28,15 @@ class Measured:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def run_measured(cmd: list[str], *, env: dict[str, str] | None = None, cwd: str | None = None, poll_s: float = 0.05,
-                 timeout_s: float | None = None, max_rss_bytes: int | None = None) -> Measured:
+def run_measured(
+    cmd: list[str],
+    *,
+    env: dict[str, str] | None = None,
+    cwd: str | None = None,
+    poll_s: float = 0.05,
+    timeout_s: float | None = None,
+    max_rss_bytes: int | None = None,
+) -> Measured:
     """Run ``cmd`` and sample the summed RSS of it and all its descendants every ``poll_s``.
 
     ``timeout_s`` / ``max_rss_bytes``: kill the process tree when the wall time / the sampled RSS
@@ -111,8 +118,17 @@ def environment() -> dict[str, Any]:
             return None
 
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent).stdout.strip()
-        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, cwd=Path(__file__).parent).stdout.strip())
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent
+        ).stdout.strip()
+        dirty = bool(
+            subprocess.run(
+                ["git", "status", "--porcelain", "--untracked-files=no"],
+                capture_output=True,
+                text=True,
+                cwd=Path(__file__).parent,
+            ).stdout.strip()
+        )
     except OSError:
         commit, dirty = None, None
     cpu = platform.processor() or platform.machine()
@@ -159,7 +175,10 @@ def environment() -> dict[str, Any]:
 def write_results(name: str, payload: dict[str, Any], markdown: str) -> tuple[Path, Path]:
     RESULTS.mkdir(parents=True, exist_ok=True)
     jp, mp = RESULTS / f"{name}.json", RESULTS / f"{name}.md"
-    jp.write_text(json.dumps(payload, indent=1, default=lambda o: asdict(o) if hasattr(o, "__dataclass_fields__") else str(o)) + "\n")
+    jp.write_text(
+        json.dumps(payload, indent=1, default=lambda o: asdict(o) if hasattr(o, "__dataclass_fields__") else str(o))
+        + "\n"
+    )
     mp.write_text(markdown)
     return jp, mp
 
@@ -195,8 +214,7 @@ def best_of(fn: Any, repeat: int) -> float:
     return best
 
 
-def bench_dataset(size: int, *, machines: int | None = None, days: float | None = None,
-                  generate: bool = True) -> Path:
+def bench_dataset(size: int, *, machines: int | None = None, days: float | None = None, generate: bool = True) -> Path:
     """The canonical benchmark dataset of ``size`` windows (bench/data/canonical-<size>, seed 1),
     generated on first use and shared by every benchmark (``generate=False``: only its path).
     With ``machines`` / ``days`` (the long-span set): bench/data/canonical-<size>-m<machines>-d<days>."""

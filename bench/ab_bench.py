@@ -32,15 +32,29 @@ from _harness import bench_dataset, publish, run_measured  # noqa: E402
 
 
 def _rev(rev: str) -> str:
-    return subprocess.run(["git", "rev-parse", "--short", rev], cwd=HERE.parent, capture_output=True, text=True,
-                          check=True).stdout.strip()
+    return subprocess.run(
+        ["git", "rev-parse", "--short", rev], cwd=HERE.parent, capture_output=True, text=True, check=True
+    ).stdout.strip()
 
 
 def _run(root: Path, ds: Path, analysis: str, out: Path) -> dict[str, Any]:
     shutil.rmtree(out, ignore_errors=True)
     env = {**os.environ, "PYTHONPATH": str(root)}
-    m = run_measured([sys.executable, "-m", "gpuclust.cli", "analyze", str(ds), analysis, "--out", str(out),
-                      "--no-plots", "--quiet"], env=env)
+    m = run_measured(
+        [
+            sys.executable,
+            "-m",
+            "gpuclust.cli",
+            "analyze",
+            str(ds),
+            analysis,
+            "--out",
+            str(out),
+            "--no-plots",
+            "--quiet",
+        ],
+        env=env,
+    )
     if m.returncode != 0:
         raise SystemExit(f"{analysis} on {ds} from {root} failed:\n{m.stdout_tail}")
     return {"wall_s": m.wall_s, "cpu_s": m.extra["cpu_s"], "rss_mib": m.peak_rss_bytes / 2**20}
@@ -80,22 +94,49 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for size in sizes:
         for a in names:
-            med = {side: {k: statistics.median(x[k] for x in runs[(size, a, side)]) for k in ("wall_s", "cpu_s", "rss_mib")}
-                   for side in ("base", "this")}
-            rows.append({"size": size, "analysis": a, **{f"{side}_{k}": v for side, m in med.items() for k, v in m.items()},
-                         **{f"ratio_{k}": med["this"][k] / med["base"][k] for k in ("wall_s", "cpu_s", "rss_mib")}})
-    md = [f"# A/B: {', '.join(names)} at this tree ({head} + working tree) against {base}", "",
-          f"`python bench/ab_bench.py --base {args.base} --analyses {args.analyses} --sizes {args.sizes} "
-          f"--layout {args.layout} --rounds {args.rounds} --name {args.name}`: whole `gpuclust analyze` processes, "
-          f"{args.rounds} interleaved rounds, medians; ratio = this / base.", "",
-          "| windows | analysis | base wall s | this wall s | wall ratio | base CPU s | this CPU s | CPU ratio "
-          "| base RSS MiB | this RSS MiB |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            med = {
+                side: {
+                    k: statistics.median(x[k] for x in runs[(size, a, side)]) for k in ("wall_s", "cpu_s", "rss_mib")
+                }
+                for side in ("base", "this")
+            }
+            rows.append(
+                {
+                    "size": size,
+                    "analysis": a,
+                    **{f"{side}_{k}": v for side, m in med.items() for k, v in m.items()},
+                    **{f"ratio_{k}": med["this"][k] / med["base"][k] for k in ("wall_s", "cpu_s", "rss_mib")},
+                }
+            )
+    md = [
+        f"# A/B: {', '.join(names)} at this tree ({head} + working tree) against {base}",
+        "",
+        f"`python bench/ab_bench.py --base {args.base} --analyses {args.analyses} --sizes {args.sizes} "
+        f"--layout {args.layout} --rounds {args.rounds} --name {args.name}`: whole `gpuclust analyze` processes, "
+        f"{args.rounds} interleaved rounds, medians; ratio = this / base.",
+        "",
+        "| windows | analysis | base wall s | this wall s | wall ratio | base CPU s | this CPU s | CPU ratio "
+        "| base RSS MiB | this RSS MiB |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for x in rows:
-        md.append(f"| {x['size']:.3g} | {x['analysis']} | {x['base_wall_s']:.2f} | {x['this_wall_s']:.2f} | "
-                  f"**{x['ratio_wall_s']:.2f}** | {x['base_cpu_s']:.2f} | {x['this_cpu_s']:.2f} | {x['ratio_cpu_s']:.2f} | "
-                  f"{x['base_rss_mib']:.0f} | {x['this_rss_mib']:.0f} |")
-    publish(args.name, {"base": base, "head": head, "layout": args.layout, "rounds": args.rounds, "rows": rows,
-                        "runs": {f"{s}|{a}|{side}": v for (s, a, side), v in runs.items()}}, md)
+        md.append(
+            f"| {x['size']:.3g} | {x['analysis']} | {x['base_wall_s']:.2f} | {x['this_wall_s']:.2f} | "
+            f"**{x['ratio_wall_s']:.2f}** | {x['base_cpu_s']:.2f} | {x['this_cpu_s']:.2f} | {x['ratio_cpu_s']:.2f} | "
+            f"{x['base_rss_mib']:.0f} | {x['this_rss_mib']:.0f} |"
+        )
+    publish(
+        args.name,
+        {
+            "base": base,
+            "head": head,
+            "layout": args.layout,
+            "rounds": args.rounds,
+            "rows": rows,
+            "runs": {f"{s}|{a}|{side}": v for (s, a, side), v in runs.items()},
+        },
+        md,
+    )
     return 0
 
 

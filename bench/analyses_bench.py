@@ -56,9 +56,9 @@ US = 1_000_000
 # ------------------------------------------------------------------------------------------
 #: Options that make gpuclust compute what its peers compute (same groups).
 BENCH_OPTIONS: dict[str, dict[str, Any]] = {
-    "cpi": {"by": "machine"},                 # peers: grouped weighted Pearson per machine
+    "cpi": {"by": "machine"},  # peers: grouped weighted Pearson per machine
     "usage-distribution": {"by": "machine"},  # peer: the per-group loop over machines
-    "usage-change": {"level": "instance"},    # peer: pairs of an instance's windows by LEAD
+    "usage-change": {"level": "instance"},  # peer: pairs of an instance's windows by LEAD
     "machine-utilization": {"mode": "notebook"},  # peer: the notebook's query
 }
 #: Extra gpuclust rows: the analysis restricted to what its SQL peer computes (contender name
@@ -136,9 +136,28 @@ def pandas_cell_usage(ds: Path, _: str) -> Callable[[], Any]:
     def go() -> Any:
         me = pd.read_parquet(ds / "machine_events", columns=["machine_id", "cap_cpu", "cap_mem"])
         cap = me.groupby("machine_id").max().sum()
-        ev = pd.read_parquet(ds / "instance_events", columns=["collection_id", "instance_index", "machine_id", "priority", "alloc_collection_id"])
-        ev = ev[ev.alloc_collection_id == 0].groupby(["collection_id", "instance_index", "machine_id"], as_index=False)["priority"].max()
-        u = pd.read_parquet(ds / "instance_usage", columns=["start_time", "end_time", "collection_id", "instance_index", "machine_id", "alloc_collection_id", "avg_cpu", "avg_mem"])
+        ev = pd.read_parquet(
+            ds / "instance_events",
+            columns=["collection_id", "instance_index", "machine_id", "priority", "alloc_collection_id"],
+        )
+        ev = (
+            ev[ev.alloc_collection_id == 0]
+            .groupby(["collection_id", "instance_index", "machine_id"], as_index=False)["priority"]
+            .max()
+        )
+        u = pd.read_parquet(
+            ds / "instance_usage",
+            columns=[
+                "start_time",
+                "end_time",
+                "collection_id",
+                "instance_index",
+                "machine_id",
+                "alloc_collection_id",
+                "avg_cpu",
+                "avg_mem",
+            ],
+        )
         u = u[(u.alloc_collection_id == 0) & (u.end_time - u.start_time >= 300 * US)]
         j = u.merge(ev, on=["collection_id", "instance_index", "machine_id"])
         j["bucket"] = j.start_time // 3_600_000_000  # hours from trace time 0 (docs/dataset.md "Time buckets")
@@ -151,8 +170,10 @@ def pandas_cell_usage(ds: Path, _: str) -> Callable[[], Any]:
 
 def machine_shapes_sql(ds: Path | str) -> str:
     """Machines per (cap_cpu, cap_mem) over machine_events."""
-    return (f"SELECT cap_cpu, cap_mem, COUNT(DISTINCT machine_id) "
-            f"FROM read_parquet('{ds}/machine_events/**/*.parquet', hive_partitioning=false) GROUP BY ALL")
+    return (
+        f"SELECT cap_cpu, cap_mem, COUNT(DISTINCT machine_id) "
+        f"FROM read_parquet('{ds}/machine_events/**/*.parquet', hive_partitioning=false) GROUP BY ALL"
+    )
 
 
 def cpi_sql(ds: Path | str) -> str:
@@ -172,7 +193,9 @@ def pandas_cpi(ds: Path, _: str) -> Callable[[], Any]:
     import pandas as pd
 
     def go() -> Any:
-        u = pd.read_parquet(ds / "instance_usage", columns=["machine_id", "cpi", "mai", "avg_cpu", "start_time", "end_time"])
+        u = pd.read_parquet(
+            ds / "instance_usage", columns=["machine_id", "cpi", "mai", "avg_cpu", "start_time", "end_time"]
+        )
         u = u[u.cpi.notna() & u.mai.notna() & (u.cpi > 0) & (u.cpi <= 100) & (u.mai >= 0) & (u.mai <= 1)]
         u = u.assign(w=u.avg_cpu.astype("float64") * (u.end_time - u.start_time) / 1e6)
         g = u.groupby("machine_id")
@@ -180,7 +203,9 @@ def pandas_cpi(ds: Path, _: str) -> Callable[[], Any]:
         u = u.join(mc.rename("mc"), on="machine_id")
         mm = g.apply(lambda s: (s.w * s.mai).sum() / s.w.sum(), include_groups=False)
         u = u.join(mm.rename("mm"), on="machine_id")
-        u = u.assign(xy=u.w * (u.cpi - u.mc) * (u.mai - u.mm), xx=u.w * (u.cpi - u.mc) ** 2, yy=u.w * (u.mai - u.mm) ** 2)
+        u = u.assign(
+            xy=u.w * (u.cpi - u.mc) * (u.mai - u.mm), xx=u.w * (u.cpi - u.mc) ** 2, yy=u.w * (u.mai - u.mm) ** 2
+        )
         s = u.groupby("machine_id")[["xy", "xx", "yy"]].sum()
         return s.xy / (s.xx * s.yy) ** 0.5
 
@@ -228,7 +253,9 @@ def pandas_overcommit(ds: Path, _: str) -> Callable[[], Any]:
     import pandas as pd
 
     def go() -> Any:
-        u = pd.read_parquet(ds / "instance_usage", columns=["machine_id", "start_time", "end_time", "avg_cpu", "alloc_collection_id"])
+        u = pd.read_parquet(
+            ds / "instance_usage", columns=["machine_id", "start_time", "end_time", "avg_cpu", "alloc_collection_id"]
+        )
         u = u[u.alloc_collection_id == 0]
         u = u.assign(bucket=u.start_time // (300 * US), cs=u.avg_cpu * (u.end_time - u.start_time) / (300 * US))
         return u.groupby(["machine_id", "bucket"]).cs.sum()  # grid-aligned windows only
@@ -278,8 +305,19 @@ def lifecycle_sql(ds: Path | str) -> str:
 
 
 #: v3 event type names by code (v3 document, "Event types"): what lifecycle_full_sql names them.
-_V3_EVENTS = ("SUBMIT", "QUEUE", "ENABLE", "SCHEDULE", "EVICT", "FAIL", "FINISH", "KILL", "LOST", "UPDATE_PENDING",
-              "UPDATE_RUNNING")
+_V3_EVENTS = (
+    "SUBMIT",
+    "QUEUE",
+    "ENABLE",
+    "SCHEDULE",
+    "EVICT",
+    "FAIL",
+    "FINISH",
+    "KILL",
+    "LOST",
+    "UPDATE_PENDING",
+    "UPDATE_RUNNING",
+)
 
 
 def lifecycle_full_sql(ds: Path | str, out: Path | str, bucket_s: int = 3600) -> str:
@@ -309,8 +347,9 @@ def lifecycle_full_sql(ds: Path | str, out: Path | str, bucket_s: int = 3600) ->
 
     events = f"read_parquet('{ds}/instance_events/**/*.parquet', hive_partitioning=false, file_row_number=true)"
     files = sorted(Path(ds, "instance_events").rglob("*.parquet"))
-    synth = ("COALESCE(missing_type > 0, false)" if files and "missing_type" in pq.read_schema(files[0]).names
-             else "false")
+    synth = (
+        "COALESCE(missing_type > 0, false)" if files and "missing_type" in pq.read_schema(files[0]).names else "false"
+    )
     edges = sorted({math.ceil(10.0 ** (k / 50)) for k in range(651)})  # the bins' lower edges, µs
     names = "[" + ", ".join(f"'{n}'" for n in _V3_EVENTS) + "]"
     after = "9223372036854775807"
@@ -328,8 +367,18 @@ def lifecycle_full_sql(ds: Path | str, out: Path | str, bucket_s: int = 3600) ->
     inst = "PARTITION BY c, i ORDER BY r"
     upto = f"({inst} ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)"
     died = f"lower({names}[e + 1])"
-    series_counts = ("submissions", "new_submissions", "resubmissions", "present_at_start", "schedules", "evictions",
-                     "failures", "finishes", "kills", "losses")
+    series_counts = (
+        "submissions",
+        "new_submissions",
+        "resubmissions",
+        "present_at_start",
+        "schedules",
+        "evictions",
+        "failures",
+        "finishes",
+        "kills",
+        "losses",
+    )
     levels = ("pending", "running", "queued", "eligible")
     return f"""
     CREATE TEMP TABLE raw AS SELECT time AS t, type AS e, collection_id AS c, instance_index AS i, priority,
@@ -341,24 +390,25 @@ def lifecycle_full_sql(ds: Path | str, out: Path | str, bucket_s: int = 3600) ->
                         ROW_NUMBER() OVER (PARTITION BY c, i ORDER BY r DESC) = 1 AS last
                  FROM (SELECT t, e, c, i, priority, sy, ROW_NUMBER() OVER (ORDER BY t, r) AS r FROM raw
                        WHERE e BETWEEN 0 AND 10)),
-           w AS (SELECT *, {_tier_case(ds)} AS tier, {state('e')} AS st, {state('pe')} AS pst FROM v),
+           w AS (SELECT *, {_tier_case(ds)} AS tier, {state("e")} AS st, {state("pe")} AS pst FROM v),
            z AS (SELECT *, st = 1 AND (pst <> 1 OR e = 0) AS pentry, st = 2 AND (pst <> 2 OR e = 3) AS rentry,
-                        {last('e IN (0, 1, 2) OR st <> 1', 'e')} AS sub_e FROM w),
+                        {last("e IN (0, 1, 2) OR st <> 1", "e")} AS sub_e FROM w),
            q AS (SELECT *, COALESCE(st = 1 AND sub_e = 1, false) AS queued,
                         COALESCE(st = 1 AND sub_e = 2, false) AS eligible FROM z),
            u AS (SELECT *, COALESCE(LAG(queued) OVER ({inst}), false) AS was_q,
                         COALESCE(LAG(eligible) OVER ({inst}), false) AS was_el FROM q)
       SELECT *,
              CASE pst WHEN 1 THEN e IN (1, 2, 3, 9, 5, 7, 8) WHEN 2 THEN e IN (10, 4, 5, 6, 7, 8) ELSE e = 0 END AS expected,
-             {last('pentry', 't')} AS ps_t, {last('pentry', 'e')} AS ps_e, {last('pentry', 'sy')} AS ps_sy,
-             {last('pentry', 'r')} AS ps_r,
-             {last('rentry', 't')} AS rs_t, {last('rentry', 'e')} AS rs_e, {last('rentry', 'sy')} AS rs_sy,
-             {last('e = 2', 'r')} AS en_r, {last('e = 2', 't')} AS en_t, {last('e = 2', 'sy')} AS en_sy,
-             {last('queued AND NOT was_q', 't')} AS qs_t, {last('queued AND NOT was_q', 'sy')} AS qs_sy
+             {last("pentry", "t")} AS ps_t, {last("pentry", "e")} AS ps_e, {last("pentry", "sy")} AS ps_sy,
+             {last("pentry", "r")} AS ps_r,
+             {last("rentry", "t")} AS rs_t, {last("rentry", "e")} AS rs_e, {last("rentry", "sy")} AS rs_sy,
+             {last("e = 2", "r")} AS en_r, {last("e = 2", "t")} AS en_t, {last("e = 2", "sy")} AS en_sy,
+             {last("queued AND NOT was_q", "t")} AS qs_t, {last("queued AND NOT was_q", "sy")} AS qs_sy
       FROM u;
     CREATE TEMP TABLE ep AS
-      WITH y AS (SELECT *, {lag('ps_t', 'ps_e', 'ps_sy', 'ps_r', 'rs_t', 'rs_e', 'rs_sy', 'en_r', 'en_t', 'en_sy',
-                               'qs_t', 'qs_sy')} FROM x),
+      WITH y AS (SELECT *, {
+        lag("ps_t", "ps_e", "ps_sy", "ps_r", "rs_t", "rs_e", "rs_sy", "en_r", "en_t", "en_sy", "qs_t", "qs_sy")
+    } FROM x),
            dend AS (SELECT MAX(t) FILTER (WHERE t < {after}) AS d FROM raw),
            eps AS (
       SELECT tier, 'scheduling' AS measure,
@@ -417,8 +467,11 @@ def lifecycle_full_sql(ds: Path | str, out: Path | str, bucket_s: int = 3600) ->
                         t(bucket) CROSS JOIN (SELECT DISTINCT tier FROM live))
           SELECT bucket, bucket * {width} AS bucket_start_us, tier,
                  {", ".join(f"COALESCE({f}, 0) AS {f}" for f in series_counts)},
-                 {", ".join(f"CAST(SUM(COALESCE(d_{f}, 0)) OVER (PARTITION BY tier ORDER BY bucket) AS BIGINT) AS {f}"
-                            for f in levels)}
+                 {
+        ", ".join(
+            f"CAST(SUM(COALESCE(d_{f}, 0)) OVER (PARTITION BY tier ORDER BY bucket) AS BIGINT) AS {f}" for f in levels
+        )
+    }
           FROM grid LEFT JOIN g USING (bucket, tier)) TO '{out}/series.parquet' (FORMAT parquet);
     COPY (WITH s AS (SELECT tier, measure, outcome, COUNT(*) AS episodes, COUNT(*) FILTER (WHERE known) AS with_duration,
                             AVG(dur) FILTER (WHERE known) / 1e6 AS mean_s, MIN(dur) FILTER (WHERE known) / 1e6 AS min_s,
@@ -429,8 +482,13 @@ def lifecycle_full_sql(ds: Path | str, out: Path | str, bucket_s: int = 3600) ->
                             MIN(bin) FILTER (WHERE cum >= CEIL(50 * n / 100)) AS b50,
                             MIN(bin) FILTER (WHERE cum >= CEIL(90 * n / 100)) AS b90,
                             MIN(bin) FILTER (WHERE cum >= CEIL(99 * n / 100)) AS b99 FROM c GROUP BY ALL)
-          SELECT s.*, {", ".join(f"CASE WHEN q.b{p} IS NOT NULL THEN GREATEST(COALESCE((SELECT lo FROM edges "
-                                 f"WHERE edges.b = q.b{p}), 0) / 1e6, min_s) END AS p{p}_s" for p in (50, 90, 99))}
+          SELECT s.*, {
+        ", ".join(
+            f"CASE WHEN q.b{p} IS NOT NULL THEN GREATEST(COALESCE((SELECT lo FROM edges "
+            f"WHERE edges.b = q.b{p}), 0) / 1e6, min_s) END AS p{p}_s"
+            for p in (50, 90, 99)
+        )
+    }
           FROM s LEFT JOIN q USING (tier, measure, outcome)) TO '{out}/delays.parquet' (FORMAT parquet);
     COPY (SELECT tier, measure, outcome, bin, COALESCE((SELECT lo FROM edges WHERE edges.b = bin), 0) / 1e6 AS lo_s,
                  CASE WHEN bin = 0 THEN 0 ELSE COALESCE((SELECT lo FROM edges WHERE edges.b = bin + 1) / 1e6,
@@ -493,8 +551,11 @@ def usage_change_full_sql(ds: Path | str, out: Path | str, max_gap_s: int = 0) -
     after = "9223372036854775807"
     win = "(PARTITION BY collection_id, instance_index ORDER BY start_time, file_index, file_row_number)"
     within = ", ".join(f"CASE WHEN defined > 0 THEN w{h} / defined END AS within_{h}pct" for h in (5, 10, 20, 50))
-    quant = ", ".join(f"CASE WHEN q.b{p} IS NOT NULL THEN GREATEST(COALESCE((SELECT lo FROM bins WHERE bins.b = q.b{p}), 0) "
-                      f"- 1, -1) END AS p{p}_change" for p in (1, 10, 50, 90, 99))
+    quant = ", ".join(
+        f"CASE WHEN q.b{p} IS NOT NULL THEN GREATEST(COALESCE((SELECT lo FROM bins WHERE bins.b = q.b{p}), 0) "
+        f"- 1, -1) END AS p{p}_change"
+        for p in (1, 10, 50, 90, 99)
+    )
     return f"""
     CREATE TEMP TABLE tk AS SELECT collection_id, instance_index, machine_id, {_tier_case(ds)} AS tier FROM
         (SELECT collection_id, instance_index, machine_id, MAX(priority) AS p FROM {events}
@@ -513,8 +574,8 @@ def usage_change_full_sql(ds: Path | str, out: Path | str, max_gap_s: int = 0) -
                         CASE WHEN s.a IS NULL OR s.b IS NULL OR NOT isfinite(s.a) OR NOT isfinite(s.b) THEN 1
                              WHEN s.a = 0 THEN CASE WHEN s.b = 0 THEN 2 ELSE 3 END ELSE 4 END AS kind,
                         s.b / s.a AS ratio FROM p),
-           c AS (SELECT *, CASE WHEN kind = 4 THEN {_ratio_bin_guess('ratio')} END AS cand FROM k)
-      SELECT tier, resource, kind, CASE WHEN kind = 4 THEN {_ratio_bin('ratio')} END AS bin,
+           c AS (SELECT *, CASE WHEN kind = 4 THEN {_ratio_bin_guess("ratio")} END AS cand FROM k)
+      SELECT tier, resource, kind, CASE WHEN kind = 4 THEN {_ratio_bin("ratio")} END AS bin,
              CASE WHEN kind <> 4 THEN NULL WHEN abs(ratio - 1) <= 0.05 THEN 5 WHEN abs(ratio - 1) <= 0.1 THEN 10
                   WHEN abs(ratio - 1) <= 0.2 THEN 20 WHEN abs(ratio - 1) <= 0.5 THEN 50 ELSE 100 END AS within,
              COUNT(*) AS n, SUM(CASE WHEN kind = 4 THEN ratio - 1 END) AS rs
@@ -522,26 +583,40 @@ def usage_change_full_sql(ds: Path | str, out: Path | str, max_gap_s: int = 0) -
     CREATE TEMP TABLE gh AS SELECT COALESCE(tier, 'all') AS tier, resource, bin, SUM(n) AS pairs
       FROM g WHERE kind = 4 GROUP BY GROUPING SETS ((tier, resource, bin), (resource, bin));
     COPY (WITH s AS (SELECT COALESCE(tier, 'all') AS tier, resource, SUM(n) AS pairs,
-                            {", ".join(f"COALESCE(SUM(n) FILTER (WHERE kind = {k}), 0) AS {f}" for k, f in
-                                       ((1, "unknown"), (2, "zero_to_zero"), (3, "zero_to_positive"), (4, "defined")))},
-                            {", ".join(f"COALESCE(SUM(n) FILTER (WHERE within <= {h}), 0) AS w{h}" for h in (5, 10, 20, 50))},
+                            {
+        ", ".join(
+            f"COALESCE(SUM(n) FILTER (WHERE kind = {k}), 0) AS {f}"
+            for k, f in ((1, "unknown"), (2, "zero_to_zero"), (3, "zero_to_positive"), (4, "defined"))
+        )
+    },
+                            {
+        ", ".join(f"COALESCE(SUM(n) FILTER (WHERE within <= {h}), 0) AS w{h}" for h in (5, 10, 20, 50))
+    },
                             SUM(rs) FILTER (WHERE kind = 4) AS rsum
                      FROM g GROUP BY GROUPING SETS ((tier, resource), (resource))),
                cu AS (SELECT *, SUM(pairs) OVER (PARTITION BY tier, resource ORDER BY bin) AS cum,
                              SUM(pairs) OVER (PARTITION BY tier, resource) AS nd FROM gh),
-               q AS (SELECT tier, resource, {", ".join(f"MIN(bin) FILTER (WHERE cum >= CEIL({p} * nd / 100)) AS b{p}"
-                                                        for p in (1, 10, 50, 90, 99))}
+               q AS (SELECT tier, resource, {
+        ", ".join(f"MIN(bin) FILTER (WHERE cum >= CEIL({p} * nd / 100)) AS b{p}" for p in (1, 10, 50, 90, 99))
+    }
                      FROM cu GROUP BY ALL)
-          SELECT s.tier, s.resource, {", ".join(f"CAST({f} AS BIGINT) AS {f}" for f in
-                                                ("pairs", "unknown", "zero_to_zero", "zero_to_positive", "defined"))},
+          SELECT s.tier, s.resource, {
+        ", ".join(
+            f"CAST({f} AS BIGINT) AS {f}" for f in ("pairs", "unknown", "zero_to_zero", "zero_to_positive", "defined")
+        )
+    },
                  {within}, CASE WHEN defined > 0 THEN rsum / defined END AS mean_change, {quant}
           FROM s LEFT JOIN q USING (tier, resource)) TO '{out}/summary.parquet' (FORMAT parquet);
     COPY (SELECT tier, resource, bin, CASE WHEN bin = 0 THEN -1 ELSE GREATEST(lo - 1, -1) END AS lo_change,
                  hi - 1 AS hi_change, CAST(pairs AS BIGINT) AS pairs
           FROM gh JOIN bins ON bins.b = gh.bin) TO '{out}/hist.parquet' (FORMAT parquet);
     COPY (SELECT COUNT(*) AS rows, COUNT(*) FILTER (WHERE first) AS instances,
-                 COUNT(*) FILTER (WHERE ns IS NOT NULL AND end_time <> {after} AND ns - end_time <= {int(max_gap_s) * 1_000_000}) AS pairs,
-                 COUNT(*) FILTER (WHERE ns IS NOT NULL AND end_time <> {after} AND ns - end_time > {int(max_gap_s) * 1_000_000}) AS gaps,
+                 COUNT(*) FILTER (WHERE ns IS NOT NULL AND end_time <> {after} AND ns - end_time <= {
+        int(max_gap_s) * 1_000_000
+    }) AS pairs,
+                 COUNT(*) FILTER (WHERE ns IS NOT NULL AND end_time <> {after} AND ns - end_time > {
+        int(max_gap_s) * 1_000_000
+    }) AS gaps,
                  COUNT(*) FILTER (WHERE ns IS NOT NULL AND end_time = {after}) AS unplaced_ends
           FROM w) TO '{out}/info.parquet' (FORMAT parquet)"""
 
@@ -564,8 +639,10 @@ def data_quality_sql(ds: Path | str) -> str:
     dq = create("data-quality")
     cols, short_us = dq.columns, int(dq.short_window_s) * 1_000_000
     schema = SCHEMAS["instance_usage"]
-    nulls = ", ".join(f"COUNT(*) FILTER (WHERE {c} IS NULL"
-                      f"{f' OR isnan({c})' if pa.types.is_floating(schema.field(c).type) else ''})" for c in cols)
+    nulls = ", ".join(
+        f"COUNT(*) FILTER (WHERE {c} IS NULL{f' OR isnan({c})' if pa.types.is_floating(schema.field(c).type) else ''})"
+        for c in cols
+    )
     levels = CPU_PERCENTILE_COLUMNS_SORTED
     chain = " AND ".join(f"{a} <= {b}" for a, b in zip(levels, levels[1:], strict=False))
     terminal = ", ".join(str(int(t)) for t in TERMINAL_EVENTS)
@@ -595,9 +672,20 @@ def data_quality_sql(ds: Path | str) -> str:
 
 #: The checks of data-quality's ``checks`` table (instance_usage) that :func:`data_quality_sql`
 #: returns after the windows and the NULLs per column, in its order.
-DATA_QUALITY_SQL_CHECKS = ("start_zero", "end_after_trace", "machine_zero", "machine_dedicated", "short_windows",
-                           "long_windows", "p100_below_max", "p100_above_max", "percentiles_non_monotone",
-                           "cpi_mai_present", "no_events_rows", "after_end_rows")
+DATA_QUALITY_SQL_CHECKS = (
+    "start_zero",
+    "end_after_trace",
+    "machine_zero",
+    "machine_dedicated",
+    "short_windows",
+    "long_windows",
+    "p100_below_max",
+    "p100_above_max",
+    "percentiles_non_monotone",
+    "cpi_mai_present",
+    "no_events_rows",
+    "after_end_rows",
+)
 
 
 def _duck_type(t: Any) -> str:
@@ -606,8 +694,16 @@ def _duck_type(t: Any) -> str:
 
     if pa.types.is_list(t):
         return _duck_type(t.value_type) + "[]"
-    return {"int8": "TINYINT", "int32": "INTEGER", "int64": "BIGINT", "float": "FLOAT", "double": "DOUBLE",
-            "string": "VARCHAR", "large_string": "VARCHAR", "bool": "BOOLEAN"}[str(t)]
+    return {
+        "int8": "TINYINT",
+        "int32": "INTEGER",
+        "int64": "BIGINT",
+        "float": "FLOAT",
+        "double": "DOUBLE",
+        "string": "VARCHAR",
+        "large_string": "VARCHAR",
+        "bool": "BOOLEAN",
+    }[str(t)]
 
 
 def _table_scan(ds: Path | str, table: str) -> str:
@@ -617,8 +713,10 @@ def _table_scan(ds: Path | str, table: str) -> str:
     from gpuclust.schema import SCHEMAS
 
     if any(Path(ds, table).rglob("*.parquet")):
-        return (f"(SELECT *, (CAST(file_index AS BIGINT) << 40) + file_row_number AS r FROM read_parquet("
-                f"'{ds}/{table}/**/*.parquet', hive_partitioning=false, file_row_number=true))")
+        return (
+            f"(SELECT *, (CAST(file_index AS BIGINT) << 40) + file_row_number AS r FROM read_parquet("
+            f"'{ds}/{table}/**/*.parquet', hive_partitioning=false, file_row_number=true))"
+        )
     cols = ", ".join(f"CAST(NULL AS {_duck_type(f.type)}) AS {f.name}" for f in SCHEMAS[table])
     return f"(SELECT {cols}, CAST(NULL AS BIGINT) AS r WHERE false)"
 
@@ -661,11 +759,25 @@ def data_quality_full_sql(ds: Path | str, out: Path | str, short_window_s: int =
     # table -> (the one-row table of its counts, its key, the key's unit, its code columns and their enums)
     tables: dict[str, tuple[str, str, str, tuple[tuple[str, Any], ...]]] = {
         "instance_usage": ("us", "collection_id, instance_index", "instances", ()),
-        "instance_events": ("ie", "collection_id, instance_index", "instances",
-                            (("type", EventType), ("missing_type", MissingType))),
-        "collection_events": ("ce", "collection_id", "collections", (("type", EventType), ("missing_type", MissingType))),
-        "machine_events": ("me", "machine_id", "machines",
-                           (("type", MachineEventType), ("missing_data_reason", MissingDataReason)))}
+        "instance_events": (
+            "ie",
+            "collection_id, instance_index",
+            "instances",
+            (("type", EventType), ("missing_type", MissingType)),
+        ),
+        "collection_events": (
+            "ce",
+            "collection_id",
+            "collections",
+            (("type", EventType), ("missing_type", MissingType)),
+        ),
+        "machine_events": (
+            "me",
+            "machine_id",
+            "machines",
+            (("type", MachineEventType), ("missing_data_reason", MissingDataReason)),
+        ),
+    }
 
     def nan(x: str) -> str:  # isnan(x), but DuckDB 2.0 folds isnan() to false from Parquet min/max (they skip NaN)
         return f"(NOT isfinite({x}) AND NOT isinf({x}))"
@@ -676,11 +788,14 @@ def data_quality_full_sql(ds: Path | str, out: Path | str, short_window_s: int =
     def nulls(table: str, where: dict[str, str] | None = None) -> str:
         """NULLs per column (a float's NaN is NULL too), as n_<column>; NaNs are looked for only
         where ``where`` (column -> condition) says they may be."""
+
         def nans(c: str) -> str:
             return " + " + n_if(f"{where[c]} AND {nan(c)}" if where and c in where else nan(c))
 
-        return ", ".join(f"COUNT(*) - COUNT({f.name})" + (nans(f.name) if pa.types.is_floating(f.type) else "")
-                         + f" AS n_{f.name}" for f in SCHEMAS[table])
+        return ", ".join(
+            f"COUNT(*) - COUNT({f.name})" + (nans(f.name) if pa.types.is_floating(f.type) else "") + f" AS n_{f.name}"
+            for f in SCHEMAS[table]
+        )
 
     def code(c: str) -> str:
         return f"CASE WHEN {c} IS NULL THEN -1 WHEN {c} BETWEEN 0 AND 10 THEN {c} ELSE -2 END"
@@ -702,9 +817,12 @@ def data_quality_full_sql(ds: Path | str, out: Path | str, short_window_s: int =
     length = "end_time - start_time"
     cpu_ok = f"(NOT {nan('cpu_s')} AND cpu_s > 0 AND cpu_s >= 0.01)"
     usage_checks = [  # (check, condition, denominator)
-        ("start_zero", "start_time = 0", "rows"), ("start_after_trace", f"start_time = {after}", "rows"),
-        ("end_zero", "end_time = 0", "rows"), ("end_after_trace", f"end_time = {after}", "rows"),
-        ("machine_zero", "machine_id = 0", "rows"), ("machine_dedicated", "machine_id = -1", "rows"),
+        ("start_zero", "start_time = 0", "rows"),
+        ("start_after_trace", f"start_time = {after}", "rows"),
+        ("end_zero", "end_time = 0", "rows"),
+        ("end_after_trace", f"end_time = {after}", "rows"),
+        ("machine_zero", "machine_id = 0", "rows"),
+        ("machine_dedicated", "machine_id = -1", "rows"),
         ("end_before_start", f"{finite} AND end_time < start_time", "rows"),
         ("zero_length", f"{finite} AND end_time = start_time", "rows"),
         ("short_windows", f"{finite} AND {length} >= 0 AND {length} < {short_us}", "rows"),
@@ -712,18 +830,25 @@ def data_quality_full_sql(ds: Path | str, out: Path | str, short_window_s: int =
         ("percentiles_null", f"nmiss = {len(raw)}", "rows"),
         ("percentiles_partly_null", f"nmiss > 0 AND nmiss < {len(raw)}", "rows"),
         ("percentiles_non_monotone", "nonmono", "rows"),
-        ("p100_and_max", "pm", "rows"), ("p100_below_max", "pm AND cpu_p100 < max_cpu", "p100_and_max"),
+        ("p100_and_max", "pm", "rows"),
+        ("p100_below_max", "pm AND cpu_p100 < max_cpu", "p100_and_max"),
         ("p100_above_max", "pm AND cpu_p100 > max_cpu", "p100_and_max"),
-        ("cpi_mai_present", "cf IS NOT NULL", "rows"), ("cpi_mai_low_cpu_time", "cf = 1", "rows"),
-        ("cpi_out_of_range", "cf = 2", "rows"), ("mai_out_of_range", "cf = 3", "rows"),
-        ("no_events_rows", "no_ev", "rows"), ("no_events_instances", None, "instances"),
-        ("after_end_rows", "start_time >= tt", "rows"), ("after_end_300s_rows", "start_time - tt >= 300000000", "rows"),
-        ("after_end_instances", None, "instances"), ("past_end_rows", "start_time < tt AND end_time > tt", "rows")]
+        ("cpi_mai_present", "cf IS NOT NULL", "rows"),
+        ("cpi_mai_low_cpu_time", "cf = 1", "rows"),
+        ("cpi_out_of_range", "cf = 2", "rows"),
+        ("mai_out_of_range", "cf = 3", "rows"),
+        ("no_events_rows", "no_ev", "rows"),
+        ("no_events_instances", None, "instances"),
+        ("after_end_rows", "start_time >= tt", "rows"),
+        ("after_end_300s_rows", "start_time - tt >= 300000000", "rows"),
+        ("after_end_instances", None, "instances"),
+        ("past_end_rows", "start_time < tt AND end_time > tt", "rows"),
+    ]
     usage_stmt = f"""
     CREATE TEMP TABLE us AS
       WITH x AS (SELECT u.*, ei.c IS NULL AS no_ev, ei.tt, COALESCE({allf}, false) AS allf,
                         CASE WHEN {finite} THEN CAST(avg_cpu AS DOUBLE) * CAST({length} AS DOUBLE) / 1e6 END AS cpu_s,
-                        COALESCE(NOT {nan('cpu_p100')} AND NOT {nan('max_cpu')}, false) AS pm
+                        COALESCE(NOT {nan("cpu_p100")} AND NOT {nan("max_cpu")}, false) AS pm
                  FROM {usage} u LEFT JOIN ei ON u.collection_id = ei.c AND u.instance_index = ei.i),
            y AS (SELECT *, CASE WHEN allf THEN 0 ELSE {missing} END AS nmiss,
                         CASE WHEN allf THEN NOT ({chain}) ELSE {skip} END AS nonmono,
@@ -732,7 +857,7 @@ def data_quality_full_sql(ds: Path | str, out: Path | str, short_window_s: int =
                                   WHEN NOT (mai >= 0 AND mai <= 1) THEN 3 ELSE 0 END END AS cf
                  FROM x)
       SELECT COUNT(*) AS rows, {", ".join(f"{n_if(w)} AS {c}" for c, w, _ in usage_checks if w)},
-             {nulls('instance_usage', dict.fromkeys(raw, 'NOT allf'))}
+             {nulls("instance_usage", dict.fromkeys(raw, "NOT allf"))}
       FROM y"""
     # bin b >= 1 holds [10^((b-81)/20), 10^((b-80)/20)), bin 0 what is below 10^-4, bin 161 from 10^4 on
     edge = "pow(10.0, ({} - 81) / 20.0)"
@@ -745,12 +870,12 @@ def data_quality_full_sql(ds: Path | str, out: Path | str, short_window_s: int =
             LEFT JOIN ei ON u.collection_id = ei.c AND u.instance_index = ei.i
             GROUP BY u.collection_id, u.instance_index);
     CREATE TEMP TABLE hist AS
-      WITH x AS (SELECT CASE WHEN cpu_p100 > 0 AND NOT {nan('cpu_p100')} AND NOT {nan('max_cpu')}
+      WITH x AS (SELECT CASE WHEN cpu_p100 > 0 AND NOT {nan("cpu_p100")} AND NOT {nan("max_cpu")}
                              THEN CAST(max_cpu AS DOUBLE) / CAST(cpu_p100 AS DOUBLE) END AS ratio
                  FROM (SELECT max_cpu, cpu_p100 FROM {usage})),
            y AS (SELECT ratio, CASE WHEN ratio > 0 THEN {guess} WHEN ratio IS NOT NULL THEN 0 END AS g FROM x)
-      SELECT CAST(CASE WHEN g > 0 AND ratio < {edge.format('g')} THEN g - 1
-                       WHEN g < 161 AND ratio >= {edge.format('g + 1')} THEN g + 1 ELSE g END AS BIGINT) AS bin,
+      SELECT CAST(CASE WHEN g > 0 AND ratio < {edge.format("g")} THEN g - 1
+                       WHEN g < 161 AND ratio >= {edge.format("g + 1")} THEN g + 1 ELSE g END AS BIGINT) AS bin,
              COUNT(*) AS windows
       FROM y WHERE g IS NOT NULL GROUP BY bin"""
 
@@ -762,8 +887,10 @@ def data_quality_full_sql(ds: Path | str, out: Path | str, short_window_s: int =
         if table == "machine_events":
             bad = "(pe IN (1, 3) AND e = 1) OR (pe = 2 AND e IN (2, 3))"
         else:  # the v3 state diagram: pending -> ...; running -> ...; dead -> SUBMIT
-            bad = ("pe BETWEEN 0 AND 10 AND e BETWEEN 0 AND 10 AND NOT CASE WHEN pe IN (0, 1, 2, 9) "
-                   "THEN e IN (1, 2, 3, 9, 5, 7, 8) WHEN pe IN (3, 10) THEN e IN (10, 4, 5, 6, 7, 8) ELSE e = 0 END")
+            bad = (
+                "pe BETWEEN 0 AND 10 AND e BETWEEN 0 AND 10 AND NOT CASE WHEN pe IN (0, 1, 2, 9) "
+                "THEN e IN (1, 2, 3, 9, 5, 7, 8) WHEN pe IN (3, 10) THEN e IN (10, 4, 5, 6, 7, 8) ELSE e = 0 END"
+            )
         per_row = [("time_zero", "t = 0"), ("time_after_trace", f"t = {after}")]
         if table != "collection_events":
             per_row += [("machine_zero", "machine_id = 0"), ("machine_dedicated", "machine_id = -1")]
@@ -784,8 +911,10 @@ def data_quality_full_sql(ds: Path | str, out: Path | str, short_window_s: int =
       FROM s GROUP BY ALL""")
         per_key = [("out_of_order", f"out_of_order_{unit}", "out_of_order > 0")]
         if table == "machine_events":
-            per_key += [("null_capacity_rows", "null_capacity_machines", "null_capacity_rows > 0"),
-                        ("null_capacity_rows", "never_capacity_machines", "null_capacity_rows = rows")]
+            per_key += [
+                ("null_capacity_rows", "null_capacity_machines", "null_capacity_rows > 0"),
+                ("null_capacity_rows", "never_capacity_machines", "null_capacity_rows = rows"),
+            ]
         if row_order:
             per_key.append(("time_backwards", f"time_backwards_{unit}", "time_backwards > 0"))
         stmts.append(f"""
@@ -794,8 +923,7 @@ def data_quality_full_sql(ds: Path | str, out: Path | str, short_window_s: int =
              {", ".join(f"{n_if(w)} AS {c}" for _, c, w in per_key)}
       FROM {n}_k""")
         # each instance (collection, machine) count right after the row count it is about
-        ev_checks[table] = [x for c, _ in per_row
-                            for x in [(c, "rows"), *((k, unit) for b, k, _ in per_key if b == c)]]
+        ev_checks[table] = [x for c, _ in per_row for x in [(c, "rows"), *((k, unit) for b, k, _ in per_key if b == c)]]
         stmts.append(f"""
     CREATE TEMP TABLE {n}_n AS
       SELECT COUNT(*) AS rows, {nulls(table)}, {", ".join(f"histogram({code(c)}) AS h_{c}" for c, _ in codes)}
@@ -808,22 +936,41 @@ def data_quality_full_sql(ds: Path | str, out: Path | str, short_window_s: int =
     def u(c: str) -> str:  # a usage count: the instance counts come from ui
         return f"ui.{c}" if c.endswith("instances") else f"us.{c}"
 
-    entries = [("instance_usage", "rows", "us.rows", "rows", "us.rows", "us.rows > 0"),
-               ("instance_usage", "instances", "ui.instances", "instances", "ui.instances", "us.rows > 0")]
-    entries += [("instance_usage", c, u(c), "instances" if of == "instances" else "rows", u(of), "us.rows > 0")
-                for c, _, of in usage_checks]
+    entries = [
+        ("instance_usage", "rows", "us.rows", "rows", "us.rows", "us.rows > 0"),
+        ("instance_usage", "instances", "ui.instances", "instances", "ui.instances", "us.rows > 0"),
+    ]
+    entries += [
+        ("instance_usage", c, u(c), "instances" if of == "instances" else "rows", u(of), "us.rows > 0")
+        for c, _, of in usage_checks
+    ]
     for table in ("instance_events", "collection_events", "machine_events"):
         n, _, unit, _ = tables[table]
         keep = f"{n}_n.rows > 0"
-        entries += [(table, "rows", f"{n}_n.rows", "rows", f"{n}_n.rows", keep),
-                    (table, unit, f"{n}_s.{unit}", unit, f"{n}_s.{unit}", keep)]
-        entries += [(table, c, f"{n}_s.{c}", cu, f"{n}_s.{unit}" if cu == unit else f"{n}_n.rows", keep)
-                    for c, cu in ev_checks[table]]
+        entries += [
+            (table, "rows", f"{n}_n.rows", "rows", f"{n}_n.rows", keep),
+            (table, unit, f"{n}_s.{unit}", unit, f"{n}_s.{unit}", keep),
+        ]
+        entries += [
+            (table, c, f"{n}_s.{c}", cu, f"{n}_s.{unit}" if cu == unit else f"{n}_n.rows", keep)
+            for c, cu in ev_checks[table]
+        ]
         if table == "instance_events":  # instances with events less those the windows matched; with usage only
-            entries.append((table, "instances_without_usage", "ie_s.instances - (ui.instances - ui.no_events_instances)",
-                            "instances", "ie_s.instances", "ie_n.rows > 0 AND us.rows > 0"))
-    structs = ", ".join(f"{{'o': {k}, 't': '{t}', 'c': '{c}', 'n': CAST({cnt} AS BIGINT), 'u': '{cu}', "
-                        f"'of': CAST({of} AS BIGINT), 'keep': {keep}}}" for k, (t, c, cnt, cu, of, keep) in enumerate(entries))
+            entries.append(
+                (
+                    table,
+                    "instances_without_usage",
+                    "ie_s.instances - (ui.instances - ui.no_events_instances)",
+                    "instances",
+                    "ie_s.instances",
+                    "ie_n.rows > 0 AND us.rows > 0",
+                )
+            )
+    structs = ", ".join(
+        f"{{'o': {k}, 't': '{t}', 'c': '{c}', 'n': CAST({cnt} AS BIGINT), 'u': '{cu}', "
+        f"'of': CAST({of} AS BIGINT), 'keep': {keep}}}"
+        for k, (t, c, cnt, cu, of, keep) in enumerate(entries)
+    )
     one_row = "us, ui, ie_s, ie_n, ce_s, ce_n, me_s, me_n"
     stmts.append(f"""
     COPY (SELECT e.t AS "table", e.c AS "check", e.n AS count, e.u AS unit, e.of AS of,
@@ -836,8 +983,10 @@ def data_quality_full_sql(ds: Path | str, out: Path | str, short_window_s: int =
     for table, (n, _, _, _) in tables.items():
         src = "us" if table == "instance_usage" else f"{n}_n"
         cols += [(table, f.name, f"{src}.rows", f"{src}.n_{f.name}") for f in SCHEMAS[table]]
-    structs = ", ".join(f"{{'o': {k}, 't': '{t}', 'c': '{c}', 'rows': CAST({r} AS BIGINT), 'nulls': CAST({x} AS BIGINT)}}"
-                        for k, (t, c, r, x) in enumerate(cols))
+    structs = ", ".join(
+        f"{{'o': {k}, 't': '{t}', 'c': '{c}', 'rows': CAST({r} AS BIGINT), 'nulls': CAST({x} AS BIGINT)}}"
+        for k, (t, c, r, x) in enumerate(cols)
+    )
     stmts.append(f"""
     COPY (SELECT e.t AS "table", e.c AS "column", e.rows AS rows, e.nulls AS nulls
           FROM (SELECT UNNEST([{structs}]) AS e FROM {one_row}) WHERE e.rows > 0 ORDER BY e.o)
@@ -848,11 +997,16 @@ def data_quality_full_sql(ds: Path | str, out: Path | str, short_window_s: int =
     k = 0
     for table, (n, _, _, codes) in tables.items():
         for col, enum in codes:
-            name = ("CASE code WHEN -1 THEN 'NULL' WHEN -2 THEN 'other' "
-                    + " ".join(f"WHEN {int(v)} THEN '{v.name}'" for v in enum) + " ELSE 'unknown' END")
-            parts.append(f"SELECT {k} AS o, '{table}' AS \"table\", '{col}' AS \"column\", code, {name} AS name, rows FROM "
-                         f"(SELECT CAST(UNNEST(map_keys(h_{col})) AS BIGINT) AS code, "
-                         f"CAST(UNNEST(map_values(h_{col})) AS BIGINT) AS rows FROM {n}_n)")
+            name = (
+                "CASE code WHEN -1 THEN 'NULL' WHEN -2 THEN 'other' "
+                + " ".join(f"WHEN {int(v)} THEN '{v.name}'" for v in enum)
+                + " ELSE 'unknown' END"
+            )
+            parts.append(
+                f"SELECT {k} AS o, '{table}' AS \"table\", '{col}' AS \"column\", code, {name} AS name, rows FROM "
+                f"(SELECT CAST(UNNEST(map_keys(h_{col})) AS BIGINT) AS code, "
+                f"CAST(UNNEST(map_values(h_{col})) AS BIGINT) AS rows FROM {n}_n)"
+            )
             k += 1
     stmts.append(f"""
     COPY (SELECT "table", "column", code, name, rows FROM ({" UNION ALL ".join(parts)})
@@ -861,15 +1015,22 @@ def data_quality_full_sql(ds: Path | str, out: Path | str, short_window_s: int =
     # -- max_over_p100 and info ------------------------------------------------------------------
     lo = f"CASE WHEN bin = 0 THEN 0.0 ELSE {edge.format('bin')} END"
     stmts.append(f"""
-    COPY (SELECT bin, {lo} AS lo_ratio, CASE WHEN bin = 161 THEN 'inf'::DOUBLE ELSE {edge.format('bin + 1')} END AS hi_ratio,
+    COPY (SELECT bin, {lo} AS lo_ratio, CASE WHEN bin = 161 THEN 'inf'::DOUBLE ELSE {edge.format("bin + 1")} END AS hi_ratio,
                  windows FROM hist ORDER BY bin) TO '{out}/max_over_p100.parquet' (FORMAT parquet)""")
-    quant = ", ".join(f"(SELECT {lo} FROM (SELECT MIN(bin) FILTER (WHERE cum >= CEIL({p} * n / 100)) AS bin FROM c)) "
-                      f"AS max_over_p100_p{p}" for p in (50, 90, 99))
+    quant = ", ".join(
+        f"(SELECT {lo} FROM (SELECT MIN(bin) FILTER (WHERE cum >= CEIL({p} * n / 100)) AS bin FROM c)) "
+        f"AS max_over_p100_p{p}"
+        for p in (50, 90, 99)
+    )
     stmts.append(f"""
     COPY (WITH c AS (SELECT bin, SUM(windows) OVER (ORDER BY bin) AS cum, SUM(windows) OVER () AS n FROM hist)
           SELECT 'data-quality' AS analysis, CAST({int(short_window_s)} AS BIGINT) AS short_window_s,
-                 {", ".join(f"(SELECT CAST(rows AS BIGINT) FROM {'us' if t == 'instance_usage' else n + '_n'}) AS {t}_rows"
-                            for t, (n, _, _, _) in tables.items())}, {quant})
+                 {
+        ", ".join(
+            f"(SELECT CAST(rows AS BIGINT) FROM {'us' if t == 'instance_usage' else n + '_n'}) AS {t}_rows"
+            for t, (n, _, _, _) in tables.items()
+        )
+    }, {quant})
       TO '{out}/info.parquet' (FORMAT parquet)""")
     return ";\n".join(stmts)
 
@@ -931,8 +1092,13 @@ def _tier_case(ds: Path | str) -> str:
     from gpuclust.dataset import Dataset
 
     tm = resolve_tier_map(None, Dataset(ds))
-    return "CASE " + " ".join(f"WHEN p >= {lo} THEN '{name}'" for name, lo in
-                              reversed(list(zip(tm.names, tm.bounds, strict=True)))) + " ELSE 'unknown' END"
+    return (
+        "CASE "
+        + " ".join(
+            f"WHEN p >= {lo} THEN '{name}'" for name, lo in reversed(list(zip(tm.names, tm.bounds, strict=True)))
+        )
+        + " ELSE 'unknown' END"
+    )
 
 
 def job_usage_full_sql(ds: Path | str, out: Path | str, tail: float = 0.1) -> str:
@@ -950,15 +1116,21 @@ def job_usage_full_sql(ds: Path | str, out: Path | str, tail: float = 0.1) -> st
     keep = "collection_type = 0 AND end_time > start_time AND end_time < 9223372036854775807"
 
     def hours(col: str) -> str:  # NULL, NaN or infinite averages add nothing
-        return (f"CASE WHEN isfinite({col}) THEN CAST({col} AS DOUBLE) * CAST(end_time - start_time AS DOUBLE) / 3.6e9 "
-                f"ELSE 0 END")
+        return (
+            f"CASE WHEN isfinite({col}) THEN CAST({col} AS DOUBLE) * CAST(end_time - start_time AS DOUBLE) / 3.6e9 "
+            f"ELSE 0 END"
+        )
 
     def stats(x: str, res: str) -> str:
-        top = ("CASE WHEN GROUPING(tier) = 1 THEN SUM({x}) FILTER (WHERE ka <= GREATEST(1, CEIL({s} * na))) "
-               "ELSE SUM({x}) FILTER (WHERE k <= GREATEST(1, CEIL({s} * n))) END / SUM({x})")
-        fit = ("CASE WHEN GROUPING(tier) = 1 THEN {f}(log10(ka / na), log10({x})) FILTER (WHERE ka <= LEAST(na, "
-               "GREATEST(2, CEIL({tail} * na)))) ELSE {f}(log10(k / n), log10({x})) FILTER (WHERE k <= LEAST(n, "
-               "GREATEST(2, CEIL({tail} * n)))) END")
+        top = (
+            "CASE WHEN GROUPING(tier) = 1 THEN SUM({x}) FILTER (WHERE ka <= GREATEST(1, CEIL({s} * na))) "
+            "ELSE SUM({x}) FILTER (WHERE k <= GREATEST(1, CEIL({s} * n))) END / SUM({x})"
+        )
+        fit = (
+            "CASE WHEN GROUPING(tier) = 1 THEN {f}(log10(ka / na), log10({x})) FILTER (WHERE ka <= LEAST(na, "
+            "GREATEST(2, CEIL({tail} * na)))) ELSE {f}(log10(k / n), log10({x})) FILTER (WHERE k <= LEAST(n, "
+            "GREATEST(2, CEIL({tail} * n)))) END"
+        )
         return f"""
         SELECT COALESCE(tier, 'all') AS tier, '{res}' AS resource, COUNT(*) AS jobs, SUM({x}) AS total_hours,
                AVG({x}) AS mean, VAR_POP({x}) AS variance, QUANTILE_CONT({x}, [0.5, 0.9, 0.99, 0.999]) AS q,
@@ -966,7 +1138,7 @@ def job_usage_full_sql(ds: Path | str, out: Path | str, tail: float = 0.1) -> st
                VAR_POP({x}) / AVG({x}) ^ 2 AS scv,
                CAST(CASE WHEN GROUPING(tier) = 1 THEN LEAST(MAX(na), GREATEST(2, CEIL({tail} * MAX(na))))
                          ELSE LEAST(MAX(n), GREATEST(2, CEIL({tail} * MAX(n)))) END AS DOUBLE) AS tail_jobs,
-               -{fit.format(f='REGR_SLOPE', x=x, tail=tail)} AS pareto_alpha, {fit.format(f='REGR_R2', x=x, tail=tail)} AS pareto_r2
+               -{fit.format(f="REGR_SLOPE", x=x, tail=tail)} AS pareto_alpha, {fit.format(f="REGR_R2", x=x, tail=tail)} AS pareto_r2
         FROM (SELECT tier, {x}, ROW_NUMBER() OVER (PARTITION BY tier ORDER BY {x} DESC) AS k,
                      COUNT(*) OVER (PARTITION BY tier) AS n, ROW_NUMBER() OVER (ORDER BY {x} DESC) AS ka,
                      COUNT(*) OVER () AS na FROM j WHERE {x} > 0)
@@ -974,8 +1146,8 @@ def job_usage_full_sql(ds: Path | str, out: Path | str, tail: float = 0.1) -> st
 
     return f"""
     CREATE TEMP TABLE j AS
-      WITH k AS (SELECT collection_id, instance_index, machine_id, SUM({hours('avg_cpu')}) AS ncu,
-                        SUM({hours('avg_mem')}) AS nmu, COUNT(*) AS n
+      WITH k AS (SELECT collection_id, instance_index, machine_id, SUM({hours("avg_cpu")}) AS ncu,
+                        SUM({hours("avg_mem")}) AS nmu, COUNT(*) AS n
                  FROM {usage} WHERE {keep} GROUP BY ALL),
            e AS (SELECT collection_id, instance_index, machine_id, MAX(priority) AS p
                  FROM {events} WHERE machine_id IS NOT NULL GROUP BY ALL),
@@ -988,7 +1160,7 @@ def job_usage_full_sql(ds: Path | str, out: Path | str, tail: float = 0.1) -> st
     COPY (SELECT s.tier, s.resource, s.jobs, COALESCE(z.zero_jobs, 0) AS zero_jobs, total_hours, mean, variance,
                  q[1] AS median, q[2] AS p90, q[3] AS p99, q[4] AS p999, max, top1pct_share, top01pct_share, scv,
                  tail_jobs, pareto_alpha, pareto_r2
-          FROM ({stats('ncu', 'cpu')} UNION ALL {stats('nmu', 'mem')}) s
+          FROM ({stats("ncu", "cpu")} UNION ALL {stats("nmu", "mem")}) s
           LEFT JOIN (SELECT COALESCE(tier, 'all') AS tier, r.resource, COUNT(*) AS zero_jobs
                      FROM (SELECT tier, 'cpu' AS resource FROM j WHERE NOT ncu > 0
                            UNION ALL SELECT tier, 'mem' FROM j WHERE NOT nmu > 0) r
@@ -1031,8 +1203,10 @@ _RATIO_BINS_TABLE = f"""CREATE TEMP TABLE bins AS SELECT b, CASE WHEN b = 0 THEN
 def _ratio_bin_guess(x: str) -> str:
     """The bin of a ratio ``x`` from its logarithm: right or one off where rounding puts ``x``
     near an edge (:func:`_ratio_bin` corrects it against the exact edges)."""
-    return (f"CAST(LEAST(GREATEST(CASE WHEN {x} > 0 THEN floor(100 * log10({x})) + 601 ELSE 0 END, 0), "
-            f"{len(_RATIO_EDGES_SQL)}) AS INT)")
+    return (
+        f"CAST(LEAST(GREATEST(CASE WHEN {x} > 0 THEN floor(100 * log10({x})) + 601 ELSE 0 END, 0), "
+        f"{len(_RATIO_EDGES_SQL)}) AS INT)"
+    )
 
 
 def _ratio_bin(x: str) -> str:
@@ -1054,20 +1228,27 @@ def usage_vs_request_full_sql(ds: Path | str, out: Path | str) -> str:
     tests/bench/test_cpu_vs_duckdb.py checks it against gpuclust's tables."""
     usage = f"read_parquet('{ds}/instance_usage/**/*.parquet', hive_partitioning=false)"
     events = f"read_parquet('{ds}/instance_events/**/*.parquet', hive_partitioning=false, file_row_number=true)"
-    measures = (("cpu_avg", "avg_cpu", "lc"), ("cpu_max", "max_cpu", "lc"), ("mem_avg", "avg_mem", "lm"),
-                ("mem_max", "max_mem", "lm"))
+    measures = (
+        ("cpu_avg", "avg_cpu", "lc"),
+        ("cpu_max", "max_cpu", "lc"),
+        ("mem_avg", "avg_mem", "lm"),
+        ("mem_max", "max_mem", "lm"),
+    )
 
     def latest(req: str) -> str:  # the latest positive request at or before each event
         return f"LAST_VALUE(CASE WHEN {req} > 0 AND NOT isnan({req}) THEN {req} END IGNORE NULLS) OVER w"
 
-    rows = ", ".join(f"{{'m': '{m}', 'x': CAST({col} AS DOUBLE), 'l': CAST(lim.{lim} AS DOUBLE)}}"
-                     for m, col, lim in measures)
-    quant = ", ".join(f"CASE WHEN q.b{p} IS NOT NULL THEN COALESCE((SELECT lo FROM bins WHERE bins.b = q.b{p}), 0) "
-                      f"END AS p{p}_ratio" for p in (10, 50, 90, 99))
+    rows = ", ".join(
+        f"{{'m': '{m}', 'x': CAST({col} AS DOUBLE), 'l': CAST(lim.{lim} AS DOUBLE)}}" for m, col, lim in measures
+    )
+    quant = ", ".join(
+        f"CASE WHEN q.b{p} IS NOT NULL THEN COALESCE((SELECT lo FROM bins WHERE bins.b = q.b{p}), 0) END AS p{p}_ratio"
+        for p in (10, 50, 90, 99)
+    )
     return f"""
     CREATE TEMP TABLE ev AS SELECT collection_id AS c, instance_index AS i, machine_id AS m, time, priority, req_cpu,
         req_mem, ROW_NUMBER() OVER (ORDER BY file_index, file_row_number) AS r FROM {events};
-    CREATE TEMP TABLE lim AS SELECT c, i, time, {latest('req_cpu')} AS lc, {latest('req_mem')} AS lm FROM ev
+    CREATE TEMP TABLE lim AS SELECT c, i, time, {latest("req_cpu")} AS lc, {latest("req_mem")} AS lm FROM ev
         WINDOW w AS (PARTITION BY c, i ORDER BY time, r ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
         QUALIFY ROW_NUMBER() OVER (PARTITION BY c, i, time ORDER BY r DESC) = 1;
     CREATE TEMP TABLE tk AS SELECT c, i, m, {_tier_case(ds)} AS tier FROM
@@ -1082,8 +1263,8 @@ def usage_vs_request_full_sql(ds: Path | str, out: Path | str) -> str:
            k AS (SELECT tier, s.m AS measure,
                         CASE WHEN s.l IS NULL OR NOT s.l > 0 THEN 0 WHEN s.x IS NULL OR NOT isfinite(s.x) THEN 1 ELSE 2 END AS kind,
                         s.x / s.l AS ratio FROM w),
-           c AS (SELECT *, CASE WHEN kind = 2 THEN {_ratio_bin_guess('ratio')} END AS cand FROM k)
-      SELECT tier, measure, kind, CASE WHEN kind = 2 THEN {_ratio_bin('ratio')} END AS bin,
+           c AS (SELECT *, CASE WHEN kind = 2 THEN {_ratio_bin_guess("ratio")} END AS cand FROM k)
+      SELECT tier, measure, kind, CASE WHEN kind = 2 THEN {_ratio_bin("ratio")} END AS bin,
              CASE WHEN kind <> 2 THEN NULL WHEN ratio > 1 THEN 2 WHEN ratio <= 0.5 THEN 0 ELSE 1 END AS cls,
              COUNT(*) AS n, SUM(CASE WHEN kind = 2 THEN ratio END) AS rs
       FROM c LEFT JOIN bins ON bins.b = c.cand GROUP BY ALL;
@@ -1099,8 +1280,9 @@ def usage_vs_request_full_sql(ds: Path | str, out: Path | str) -> str:
                      FROM g GROUP BY GROUPING SETS ((tier, measure), (measure))),
                cu AS (SELECT *, SUM(windows) OVER (PARTITION BY tier, measure ORDER BY bin) AS cum,
                              SUM(windows) OVER (PARTITION BY tier, measure) AS nd FROM gh),
-               q AS (SELECT tier, measure, {", ".join(f"MIN(bin) FILTER (WHERE cum >= CEIL({p} * nd / 100)) AS b{p}"
-                                                       for p in (10, 50, 90, 99))}
+               q AS (SELECT tier, measure, {
+        ", ".join(f"MIN(bin) FILTER (WHERE cum >= CEIL({p} * nd / 100)) AS b{p}" for p in (10, 50, 90, 99))
+    }
                      FROM cu GROUP BY ALL)
           SELECT s.tier, s.measure, CAST(windows AS BIGINT) AS windows, CAST(no_limit AS BIGINT) AS no_limit,
                  CAST(unknown AS BIGINT) AS unknown, CAST(defined AS BIGINT) AS defined,
@@ -1169,8 +1351,10 @@ def machine_utilization_full_sql(ds: Path | str, out: Path | str, mode: str = "n
     # each row's fate: -1 alloc, -2 short (notebook) / unbounded (time-weighted), -3 unplaced, else
     # its (first) bucket
     dropped = f"end_time - start_time < {b_us}" if notebook else f"end_time = {after} OR end_time <= start_time"
-    kind = (f"CASE WHEN NOT (alloc_collection_id IS NULL OR alloc_collection_id = 0) THEN -1 WHEN {dropped} THEN -2 "
-            f"WHEN start_time = {after} THEN -3 ELSE start_time // {b_us} END")
+    kind = (
+        f"CASE WHEN NOT (alloc_collection_id IS NULL OR alloc_collection_id = 0) THEN -1 WHEN {dropped} THEN -2 "
+        f"WHEN start_time = {after} THEN -3 ELSE start_time // {b_us} END"
+    )
 
     def val(x: str) -> str:  # NaN is NULL (not isnan(): DuckDB 2.0 folds it to false from Parquet min/max)
         return f"CASE WHEN isfinite({x}) OR isinf({x}) THEN CAST({x} AS DOUBLE) END"
@@ -1183,10 +1367,11 @@ def machine_utilization_full_sql(ds: Path | str, out: Path | str, mode: str = "n
     # first bucket or fate it is: what info counts) and the usage sums; one scan of the usage
     if notebook:
         grouped = f"""
-      SELECT machine_id, {kind} AS bucket, COUNT(*) AS windows, COUNT(*) AS rows, SUM({val('avg_cpu')}) AS cu,
-             SUM({val('avg_mem')}) AS mu
+      SELECT machine_id, {kind} AS bucket, COUNT(*) AS windows, COUNT(*) AS rows, SUM({val("avg_cpu")}) AS cu,
+             SUM({val("avg_mem")}) AS mu
       FROM {usage} GROUP BY ALL"""
     else:
+
         def part(x: str, overlap: str) -> str:  # x times the window's overlap with the bucket over 300 s
             return f"{val(x)} * CAST({overlap} AS DOUBLE) / {b_us}"
 
@@ -1199,17 +1384,17 @@ def machine_utilization_full_sql(ds: Path | str, out: Path | str, mode: str = "n
                         avg_cpu, avg_mem FROM {usage})
       SELECT machine_id, bucket, COUNT(*) AS windows, COUNT(*) FILTER (WHERE first) AS rows, SUM(cu) AS cu,
              SUM(mu) AS mu
-      FROM (SELECT machine_id, k AS bucket, true AS first, CASE WHEN k >= 0 THEN {part('avg_cpu', 'e - s')} END AS cu,
-                   CASE WHEN k >= 0 THEN {part('avg_mem', 'e - s')} END AS mu FROM k WHERE k < 0 OR kl = k
+      FROM (SELECT machine_id, k AS bucket, true AS first, CASE WHEN k >= 0 THEN {part("avg_cpu", "e - s")} END AS cu,
+                   CASE WHEN k >= 0 THEN {part("avg_mem", "e - s")} END AS mu FROM k WHERE k < 0 OR kl = k
             UNION ALL
-            SELECT machine_id, b, b = k, {part('avg_cpu', cut)}, {part('avg_mem', cut)}
+            SELECT machine_id, b, b = k, {part("avg_cpu", cut)}, {part("avg_mem", cut)}
             FROM (SELECT *, UNNEST(range(k, kl + 1)) AS b FROM k WHERE k >= 0 AND kl > k))
       GROUP BY ALL"""
     both = "(SELECT 'cpu' AS resource, qc AS q FROM q UNION ALL SELECT 'mem', qm FROM q)"
     if notebook:
         machine_buckets = f"""
     CREATE TEMP TABLE mb AS
-      SELECT machine_id, bucket, windows, rows, cu, mu, c, m, {util('cu', 'c')} AS cpu_util, {util('mu', 'm')} AS mem_util,
+      SELECT machine_id, bucket, windows, rows, cu, mu, c, m, {util("cu", "c")} AS cpu_util, {util("mu", "m")} AS mem_util,
              cu > c AND c > 0 AS cpu_over, mu > m AND m > 0 AS mem_over
       FROM g JOIN cap USING (machine_id) WHERE bucket >= 0;
     COPY (SELECT machine_id, bucket, bucket * {b_us} AS bucket_start_us, windows, cu AS cpu_usage, mu AS mem_usage,
@@ -1231,7 +1416,7 @@ def machine_utilization_full_sql(ds: Path | str, out: Path | str, mode: str = "n
     CREATE TEMP TABLE pieces AS
       SELECT machine_id, t, LEAD(t, 1, w1) OVER {order} AS e,
              LAST_VALUE(CASE WHEN type IN (1, 2) THEN type END IGNORE NULLS) OVER {order} = 1 AS up,
-             LAST_VALUE(CASE WHEN type IN (1, 3) THEN {{'c': {val('cap_cpu')}, 'm': {val('cap_mem')}}} END
+             LAST_VALUE(CASE WHEN type IN (1, 3) THEN {{'c': {val("cap_cpu")}, 'm': {val("cap_mem")}}} END
                         IGNORE NULLS) OVER {order} AS cap
       FROM (SELECT machine_id, type, cap_cpu, cap_mem, file_index, file_row_number, w1,
                    LEAST(GREATEST(COALESCE(time, -9223372036854775808), w0), w1) AS t
@@ -1251,8 +1436,8 @@ def machine_utilization_full_sql(ds: Path | str, out: Path | str, mode: str = "n
              CASE WHEN windows IS NULL THEN 0.0 ELSE mu * {b_us} END AS mu_us, c_us, m_us
       FROM upb LEFT JOIN gk USING (machine_id, bucket);
     CREATE OR REPLACE TEMP TABLE mb AS
-      SELECT *, {util('cu_us', 'c_us')} AS cpu_util, {util('mu_us', 'm_us')} AS mem_util,
-             {util('cu_us', 'c_us')} > 1 AS cpu_over, {util('mu_us', 'm_us')} > 1 AS mem_over FROM mb;
+      SELECT *, {util("cu_us", "c_us")} AS cpu_util, {util("mu_us", "m_us")} AS mem_util,
+             {util("cu_us", "c_us")} > 1 AS cpu_over, {util("mu_us", "m_us")} > 1 AS mem_over FROM mb;
     COPY (SELECT machine_id, bucket, bucket * {b_us} AS bucket_start_us, up_us / 1e6 AS up_s, windows,
                  cu_us / up_us AS cpu_usage, mu_us / up_us AS mem_usage, c_us / up_us AS cap_cpu,
                  m_us / up_us AS cap_mem, cpu_util, mem_util FROM mb ORDER BY machine_id, bucket)
@@ -1283,9 +1468,18 @@ def machine_utilization_full_sql(ds: Path | str, out: Path | str, mode: str = "n
                  AVG(cpu_util) AS cpu_mean_util, COUNT(mem_util) AS mem_machines, AVG(mem_util) AS mem_mean_util
           FROM mb GROUP BY bucket HAVING COUNT(cpu_util) + COUNT(mem_util) > 0 ORDER BY bucket)
       TO '{out}/series.parquet' (FORMAT parquet);
-    COPY (WITH n AS (SELECT {", ".join(f"CAST(COALESCE(SUM(rows) FILTER (WHERE {w}), 0) AS BIGINT) AS {c}" for c, w in (
-                                ("rows", "true"), ("alloc_rows", "bucket = -1"), ("dropped", "bucket = -2"),
-                                ("unplaced_rows", "bucket = -3"), ("placed", "bucket >= 0")))} FROM g),
+    COPY (WITH n AS (SELECT {
+        ", ".join(
+            f"CAST(COALESCE(SUM(rows) FILTER (WHERE {w}), 0) AS BIGINT) AS {c}"
+            for c, w in (
+                ("rows", "true"),
+                ("alloc_rows", "bucket = -1"),
+                ("dropped", "bucket = -2"),
+                ("unplaced_rows", "bucket = -3"),
+                ("placed", "bucket >= 0"),
+            )
+        )
+    } FROM g),
                used AS (SELECT (SELECT COUNT(*) FROM mb) AS machine_rows, CAST(COALESCE(SUM(rows), 0) AS BIGINT) AS used_rows
                         FROM g JOIN cap USING (machine_id) WHERE bucket >= 0)
           SELECT 'machine-utilization' AS analysis, '{mode}' AS mode, (SELECT COUNT(*) FROM cap) AS machines,
@@ -1345,7 +1539,7 @@ def peak_prediction_sql(ds: Path | str, out: Path | str, oracle: bool = True) ->
     return f"""
     CREATE TEMP TABLE ev AS
       SELECT collection_id AS c, instance_index AS i, time, CAST(req_cpu AS DOUBLE) AS l, priority, scheduling_class
-      FROM {_table_scan(ds, 'instance_events')} WHERE {positive('req_cpu')} AND {positive('req_mem')}
+      FROM {_table_scan(ds, "instance_events")} WHERE {positive("req_cpu")} AND {positive("req_mem")}
       QUALIFY ROW_NUMBER() OVER (PARTITION BY collection_id, instance_index, time ORDER BY r DESC) = 1;
     CREATE TEMP TABLE smp AS
       SELECT u.machine_id AS m, u.collection_id AS c, u.instance_index AS i, u.start_time // {b_us} AS b,
@@ -1395,6 +1589,7 @@ def resident_sql(sql: str, ds: Path | str) -> str | None:
 
 def duck_peer(sql_of: Callable[[Path | str], str]) -> Callable[[Path, str], Callable[[], Any]]:
     """A contender running ``sql_of(ds)`` in DuckDB (one thread per usable core)."""
+
     def make(ds: Path, _: str) -> Callable[[], Any]:
         con = _duck()
         sql = sql_of(ds)
@@ -1404,7 +1599,8 @@ def duck_peer(sql_of: Callable[[Path | str], str]) -> Callable[[Path, str], Call
 
 
 PEERS: dict[str, dict[str, Callable[[Path, str], Callable[[], Any]]]] = {
-    a: {name: duck_peer(f) for name, f in peers.items()} for a, peers in DUCKDB_SQL.items()}
+    a: {name: duck_peer(f) for name, f in peers.items()} for a, peers in DUCKDB_SQL.items()
+}
 PEERS["cell-usage"]["pandas"] = pandas_cell_usage
 PEERS["cpi"]["pandas"] = pandas_cpi
 PEERS["overcommit"]["pandas"] = pandas_overcommit
@@ -1430,8 +1626,18 @@ def child(analysis: str, contender: str, ds: Path, repeat: int) -> None:
     a = create(analysis)
     d = Dataset(ds)
     nbytes = d.read(a.table, list(a.columns)).nbytes
-    print(json.dumps({"seconds": best * scale, "measured_seconds": best, "scaled": scale != 1.0,
-                      "rows": d.num_rows(a.table), "table": a.table, "bytes": nbytes}))
+    print(
+        json.dumps(
+            {
+                "seconds": best * scale,
+                "measured_seconds": best,
+                "scaled": scale != 1.0,
+                "rows": d.num_rows(a.table),
+                "table": a.table,
+                "bytes": nbytes,
+            }
+        )
+    )
 
 
 # ------------------------------------------------------------------------------------------
@@ -1453,41 +1659,73 @@ def main(argv: list[str] | None = None) -> int:
     from gpuclust.backends import gpu_available
 
     analyses = names() if args.analyses == "all" else args.analyses.split(",")
-    backends = ["cpu", "gpu"] if args.backends == "auto" and gpu_available() else (["cpu"] if args.backends == "auto" else args.backends.split(","))
+    backends = (
+        ["cpu", "gpu"]
+        if args.backends == "auto" and gpu_available()
+        else (["cpu"] if args.backends == "auto" else args.backends.split(","))
+    )
     rows = []
     for size in [int(float(s)) for s in args.sizes.split(",")]:
         ds = bench_dataset(size)
         for an in analyses:
-            contenders = ([f"gpuclust-{b}" for b in backends]
-                          + [_variant_name(b, v) for b in backends for v in BENCH_VARIANTS.get(an, [])]
-                          + ([] if args.no_peers else list(PEERS.get(an, {}))))
+            contenders = (
+                [f"gpuclust-{b}" for b in backends]
+                + [_variant_name(b, v) for b in backends for v in BENCH_VARIANTS.get(an, [])]
+                + ([] if args.no_peers else list(PEERS.get(an, {})))
+            )
             for c in contenders:
-                m = run_measured([sys.executable, str(HERE / "analyses_bench.py"), "--repeat", str(args.repeat), "--child", an, c, str(ds)])
+                m = run_measured(
+                    [
+                        sys.executable,
+                        str(HERE / "analyses_bench.py"),
+                        "--repeat",
+                        str(args.repeat),
+                        "--child",
+                        an,
+                        c,
+                        str(ds),
+                    ]
+                )
                 if m.returncode != 0:
                     print(f"{an} / {c} failed:\n{m.stdout_tail}", file=sys.stderr)
                     rows.append({"size": size, "analysis": an, "contender": c, "error": m.stdout_tail[-500:]})
                     continue
                 r = json.loads(m.stdout_tail.strip().splitlines()[-1])
-                row = {"size": size, "analysis": an, "contender": c, "table": r["table"], "rows": r["rows"],
-                       "seconds": round(r["seconds"], 3), "rows_per_s": round(r["rows"] / r["seconds"]),
-                       "gb_per_s": round(r["bytes"] / r["seconds"] / 1e9, 3), "peak_rss_mib": round(m.peak_rss_bytes / 2**20),
-                       "scaled_from_subset": r["scaled"]}
+                row = {
+                    "size": size,
+                    "analysis": an,
+                    "contender": c,
+                    "table": r["table"],
+                    "rows": r["rows"],
+                    "seconds": round(r["seconds"], 3),
+                    "rows_per_s": round(r["rows"] / r["seconds"]),
+                    "gb_per_s": round(r["bytes"] / r["seconds"] / 1e9, 3),
+                    "peak_rss_mib": round(m.peak_rss_bytes / 2**20),
+                    "scaled_from_subset": r["scaled"],
+                }
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     env = environment()
-    notes = ["gpuclust options: " + "; ".join(f"{k}: {v}" for k, v in BENCH_OPTIONS.items()),
-             "gpuclust runs with the engine's defaults: partitions='auto' (about 4 Mi rows each, rounded up to the "
-             "thread count) on one thread per usable core; DuckDB runs with one thread per usable core (" + str(len(os.sched_getaffinity(0))) + ").",
-             "gpuclust times include the analysis' context pass (e.g. priority lookups, interval construction, cpi's "
-             "machine-cell pass), reading Parquet and finalize. Rows named gpuclust-cpu[...] run the analysis "
-             "restricted to what its SQL peer computes (cpi: moments and Pearson r only); peers are compared with "
-             "that row where there is one ('base' column). overcommit also computes capacity and request series "
-             "besides the usage sums; 'duckdb (usage by tier)' computes the same usage sums as gpuclust's partial "
-             "(tier join, 5 sums), 'duckdb' only the CPU sum. The per-group loop is timed on 1/20 of the machines "
-             "and scaled by window count."]
-    md = [f"# Analyses benchmark ({env['cores']} cores{', ' + env['gpu'] if env['gpu'] else ', no GPU'})", "",
-          "| windows | analysis | contender | s | rows/s | GB/s | peak RSS MiB | base | vs base |",
-          "|---:|---|---|---:|---:|---:|---:|---|---:|"]
+    notes = [
+        "gpuclust options: " + "; ".join(f"{k}: {v}" for k, v in BENCH_OPTIONS.items()),
+        "gpuclust runs with the engine's defaults: partitions='auto' (about 4 Mi rows each, rounded up to the "
+        "thread count) on one thread per usable core; DuckDB runs with one thread per usable core ("
+        + str(len(os.sched_getaffinity(0)))
+        + ").",
+        "gpuclust times include the analysis' context pass (e.g. priority lookups, interval construction, cpi's "
+        "machine-cell pass), reading Parquet and finalize. Rows named gpuclust-cpu[...] run the analysis "
+        "restricted to what its SQL peer computes (cpi: moments and Pearson r only); peers are compared with "
+        "that row where there is one ('base' column). overcommit also computes capacity and request series "
+        "besides the usage sums; 'duckdb (usage by tier)' computes the same usage sums as gpuclust's partial "
+        "(tier join, 5 sums), 'duckdb' only the CPU sum. The per-group loop is timed on 1/20 of the machines "
+        "and scaled by window count.",
+    ]
+    md = [
+        f"# Analyses benchmark ({env['cores']} cores{', ' + env['gpu'] if env['gpu'] else ', no GPU'})",
+        "",
+        "| windows | analysis | contender | s | rows/s | GB/s | peak RSS MiB | base | vs base |",
+        "|---:|---|---|---:|---:|---:|---:|---|---:|",
+    ]
     times = {(r["size"], r["analysis"], r["contender"]): r["seconds"] for r in rows if "seconds" in r}
 
     def base_of(r: dict[str, Any]) -> str:
@@ -1505,10 +1743,16 @@ def main(argv: list[str] | None = None) -> int:
             continue
         bname = base_of(r)
         b = times.get((r["size"], r["analysis"], bname))
-        rel = f"{r['seconds'] / b:.2f}x slower" if b and r["seconds"] >= b else (f"{b / r['seconds']:.2f}x faster" if b else "")
+        rel = (
+            f"{r['seconds'] / b:.2f}x slower"
+            if b and r["seconds"] >= b
+            else (f"{b / r['seconds']:.2f}x faster" if b else "")
+        )
         note = " (subset, scaled)" if r["scaled_from_subset"] else ""
-        md.append(f"| {r['size']:,} | {r['analysis']} | {r['contender']}{note} | {r['seconds']} | {r['rows_per_s']:,} "
-                  f"| {r['gb_per_s']} | {r['peak_rss_mib']:,} | {bname} | {rel} |")
+        md.append(
+            f"| {r['size']:,} | {r['analysis']} | {r['contender']}{note} | {r['seconds']} | {r['rows_per_s']:,} "
+            f"| {r['gb_per_s']} | {r['peak_rss_mib']:,} | {bname} | {rel} |"
+        )
     md += ["", *notes, "", "Environment: " + ", ".join(f"{k}={v}" for k, v in env.items()), ""]
     jp, mp = write_results(args.name, {"benchmark": "analyses", "rows": rows, "environment": env}, "\n".join(md))
     print("\n".join(md))

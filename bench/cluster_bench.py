@@ -45,7 +45,16 @@ def child(mode: str, ds: Path, out: Path, options: list[str]) -> None:
     from gpuclust.analyses.registry import names
     from gpuclust.cli import main as cli
 
-    args = ["analyze", str(ds), *names(), "--out", str(out), "--no-plots", "--quiet", *(a for o in options for a in ("-O", o))]
+    args = [
+        "analyze",
+        str(ds),
+        *names(),
+        "--out",
+        str(out),
+        "--no-plots",
+        "--quiet",
+        *(a for o in options for a in ("-O", o)),
+    ]
     if mode != "local":
         args += ["--scheduler", mode]
     rc = cli(args)
@@ -59,8 +68,10 @@ def same_results(a: Path, b: Path, rtol: float = 1e-9) -> tuple[bool, list[str]]
     import pandas as pd
 
     diff = []
-    tables = sorted({p.relative_to(a).as_posix() for p in a.glob("*/*.parquet")} |
-                    {p.relative_to(a).as_posix() for p in a.glob("*/*") if p.is_dir()})
+    tables = sorted(
+        {p.relative_to(a).as_posix() for p in a.glob("*/*.parquet")}
+        | {p.relative_to(a).as_posix() for p in a.glob("*/*") if p.is_dir()}
+    )
     for rel in tables:
         x, y = pd.read_parquet(a / rel), pd.read_parquet(b / rel) if (b / rel).exists() else None
         if y is None or list(x.columns) != list(y.columns) or len(x) != len(y):
@@ -83,7 +94,9 @@ def same_results(a: Path, b: Path, rtol: float = 1e-9) -> tuple[bool, list[str]]
 
 def _one(mode: str, ds: Path, out: Path, options: list[str]) -> dict[str, Any]:
     shutil.rmtree(out, ignore_errors=True)
-    m = run_measured([sys.executable, __file__, "--child", mode, str(ds), str(out), *(a for o in options for a in ("-O", o))])
+    m = run_measured(
+        [sys.executable, __file__, "--child", mode, str(ds), str(out), *(a for o in options for a in ("-O", o))]
+    )
     line = next((ln for ln in m.stdout_tail.splitlines() if ln.startswith("RESULT ")), None)
     if m.returncode != 0 or line is None or json.loads(line[7:])["rc"] != 0:
         print(m.stdout_tail[-3000:], flush=True)
@@ -96,10 +109,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes", default="4e6,1.6e7")
     ap.add_argument("--repeat", type=int, default=2, help="runs of each mode, interleaved")
     ap.add_argument("--name", default="cluster")
-    ap.add_argument("-O", "--option", action="append", default=[], metavar="NAME=VALUE",
-                    help="an analysis option for both modes (as gpuclust analyze -O), e.g. strategy=bounded: "
-                    "usage-distribution's default (auto) is exact up to 5e6 windows and bounded above, so without "
-                    "it the sizes on either side of that budget compare two strategies")
+    ap.add_argument(
+        "-O",
+        "--option",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="an analysis option for both modes (as gpuclust analyze -O), e.g. strategy=bounded: "
+        "usage-distribution's default (auto) is exact up to 5e6 windows and bounded above, so without "
+        "it the sizes on either side of that budget compare two strategies",
+    )
     ap.add_argument("--child", nargs=3, metavar=("MODE", "DATASET", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
@@ -114,29 +133,37 @@ def main(argv: list[str] | None = None) -> int:
                 for mode in MODES:
                     runs[mode].append(_one(mode, ds, Path(tmp) / mode.replace(":", "-"), args.option))
             equal, diff = same_results(Path(tmp) / "local", Path(tmp) / "local-2")
-            med = {m: {f: statistics.median(r[f] for r in v) for f in ("wall_s", "client_hwm_mib", "tree_peak_mib")}
-                   for m, v in runs.items()}
+            med = {
+                m: {f: statistics.median(r[f] for r in v) for f in ("wall_s", "client_hwm_mib", "tree_peak_mib")}
+                for m, v in runs.items()
+            }
             rows.append({"size": size, "runs": runs, "median": med, "equal": equal, "differ": diff})
             print(json.dumps({"size": size, "median": med, "equal": equal}), flush=True)
     for r in rows:
         r["client_growth"] = r["median"]["local:2"]["client_hwm_mib"] / rows[0]["median"]["local:2"]["client_hwm_mib"]
     env = environment()
-    md = [f"# gpuclust analyze on a LocalCluster against in-process ({env.get('cores')} cores)", "",
-          f"`gpuclust analyze DS <all 13> --out DIR --no-plots{''.join(' -O ' + o for o in args.option)}`, the "
-          "canonical dataset laid out by key; in-process "
-          "(`local`) and with `--scheduler local:2` (two worker processes, one thread each), interleaved, "
-          f"{args.repeat} of each; medians of the whole process' wall time, the client process' peak RSS (VmHWM) and "
-          "the process tree's (workers included, sampled). `equal`: every result table of the cluster run equals the "
-          f"local run's (rows sorted, floats to 1e-9). Target: the client's peak RSS <= {FLAT}x as the windows grow.",
-          "", "| windows | mode | wall s | client peak RSS MiB | tree peak RSS MiB | client growth | equal |",
-          "|---:|---|---:|---:|---:|---:|---|"]
+    md = [
+        f"# gpuclust analyze on a LocalCluster against in-process ({env.get('cores')} cores)",
+        "",
+        f"`gpuclust analyze DS <all 13> --out DIR --no-plots{''.join(' -O ' + o for o in args.option)}`, the "
+        "canonical dataset laid out by key; in-process "
+        "(`local`) and with `--scheduler local:2` (two worker processes, one thread each), interleaved, "
+        f"{args.repeat} of each; medians of the whole process' wall time, the client process' peak RSS (VmHWM) and "
+        "the process tree's (workers included, sampled). `equal`: every result table of the cluster run equals the "
+        f"local run's (rows sorted, floats to 1e-9). Target: the client's peak RSS <= {FLAT}x as the windows grow.",
+        "",
+        "| windows | mode | wall s | client peak RSS MiB | tree peak RSS MiB | client growth | equal |",
+        "|---:|---|---:|---:|---:|---:|---|",
+    ]
     for r in rows:
         for mode in MODES:
             m = r["median"][mode]
             growth = f"{r['client_growth']:.2f}x" if mode != "local" else ""
             eq = ("yes" if r["equal"] else "no: " + ", ".join(r["differ"][:5])) if mode != "local" else ""
-            md.append(f"| {r['size']:,} | {mode} | {m['wall_s']:.1f} | {m['client_hwm_mib']:,.0f} | "
-                      f"{m['tree_peak_mib']:,.0f} | {growth} | {eq} |")
+            md.append(
+                f"| {r['size']:,} | {mode} | {m['wall_s']:.1f} | {m['client_hwm_mib']:,.0f} | "
+                f"{m['tree_peak_mib']:,.0f} | {growth} | {eq} |"
+            )
     publish(args.name, {"rows": rows, "options": args.option, "target_client_growth": FLAT}, md, env)
     return 0
 

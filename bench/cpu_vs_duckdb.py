@@ -137,47 +137,67 @@ from analyses_bench import (  # noqa: E402
 #: case -> (gpuclust analyze arguments after the dataset, DuckDB SQL builder, the analysis (its columns))
 CASES: dict[str, tuple[list[str], Any, tuple[str, dict[str, str]]]] = {
     "cell-usage": (["cell-usage", "--mode", "notebook"], cell_usage_sql, ("cell-usage", {"mode": "notebook"})),
-    "cpi (SQL subset)": (["cpi", "-O", "by=machine", "-O", "regression=none", "-O", "spearman=none"], cpi_sql,
-                         ("cpi", {"by": "machine", "regression": "none", "spearman": "none"})),
+    "cpi (SQL subset)": (
+        ["cpi", "-O", "by=machine", "-O", "regression=none", "-O", "spearman=none"],
+        cpi_sql,
+        ("cpi", {"by": "machine", "regression": "none", "spearman": "none"}),
+    ),
     "lifecycle": (["lifecycle"], lifecycle_sql, ("lifecycle", {})),
     "lifecycle (all tables)": (["lifecycle"], lifecycle_full_sql, ("lifecycle", {})),
-    "usage-change": (["usage-change", "-O", "level=instance"], usage_change_sql, ("usage-change", {"level": "instance"})),
-    "usage-change (all tables)": (["usage-change", "-O", "level=instance"], usage_change_full_sql,
-                                  ("usage-change", {"level": "instance"})),
+    "usage-change": (
+        ["usage-change", "-O", "level=instance"],
+        usage_change_sql,
+        ("usage-change", {"level": "instance"}),
+    ),
+    "usage-change (all tables)": (
+        ["usage-change", "-O", "level=instance"],
+        usage_change_full_sql,
+        ("usage-change", {"level": "instance"}),
+    ),
     "job-usage": (["job-usage"], job_usage_sql, ("job-usage", {})),
     "job-usage (tiers)": (["job-usage"], job_usage_tiers_sql, ("job-usage", {})),
     "job-usage (all tables)": (["job-usage"], job_usage_full_sql, ("job-usage", {})),
     "usage-vs-request": (["usage-vs-request"], usage_vs_request_sql, ("usage-vs-request", {})),
     "usage-vs-request (all tables)": (["usage-vs-request"], usage_vs_request_full_sql, ("usage-vs-request", {})),
-    "machine-utilization": (["machine-utilization", "-O", "mode=notebook"], machine_utilization_sql,
-                            ("machine-utilization", {"mode": "notebook"})),
-    "machine-utilization (all tables)": (["machine-utilization", "-O", "mode=notebook"], machine_utilization_full_sql,
-                                         ("machine-utilization", {"mode": "notebook"})),
+    "machine-utilization": (
+        ["machine-utilization", "-O", "mode=notebook"],
+        machine_utilization_sql,
+        ("machine-utilization", {"mode": "notebook"}),
+    ),
+    "machine-utilization (all tables)": (
+        ["machine-utilization", "-O", "mode=notebook"],
+        machine_utilization_full_sql,
+        ("machine-utilization", {"mode": "notebook"}),
+    ),
     "data-quality (SQL subset)": (["data-quality"], data_quality_sql, ("data-quality", {})),
     "data-quality (all tables)": (["data-quality"], data_quality_full_sql, ("data-quality", {})),
     "peak-prediction (SQL part)": (["peak-prediction"], peak_prediction_sql, ("peak-prediction", {})),
 }
 
-_DUCK = ("import os, sys, duckdb\n"
-         "if len(sys.argv) > 2:\n"
-         "    os.makedirs(sys.argv[2], exist_ok=True)  # where its COPY statements write the tables\n"
-         "con = duckdb.connect()\n"
-         "con.execute(f'SET threads={len(os.sched_getaffinity(0))}')\n"
-         "con.execute('SET enable_progress_bar=false')\n"
-         "rows = con.execute(sys.argv[1]).fetchall()\n"
-         "print(len(rows))\n")
+_DUCK = (
+    "import os, sys, duckdb\n"
+    "if len(sys.argv) > 2:\n"
+    "    os.makedirs(sys.argv[2], exist_ok=True)  # where its COPY statements write the tables\n"
+    "con = duckdb.connect()\n"
+    "con.execute(f'SET threads={len(os.sched_getaffinity(0))}')\n"
+    "con.execute('SET enable_progress_bar=false')\n"
+    "rows = con.execute(sys.argv[1]).fetchall()\n"
+    "print(len(rows))\n"
+)
 
 #: The floor: the fixed stack's imports and the Parquet read of the case's columns, nothing else.
-_FLOOR = ("import glob, os, sys\n"
-          "from concurrent.futures import ThreadPoolExecutor\n"
-          "import numpy, pandas, pyarrow.parquet as pq\n"
-          "cols = sys.argv[2].split(',')\n"
-          "files = sorted(glob.glob(os.path.join(sys.argv[1], sys.argv[3], '**', '*.parquet'), recursive=True))\n"
-          "def read(f):\n"
-          "    t = pq.ParquetFile(f).read(columns=cols, use_threads=False)\n"
-          "    return sum(len(t.column(c).to_numpy()) for c in cols) // len(cols)\n"
-          "with ThreadPoolExecutor(len(os.sched_getaffinity(0))) as pool:\n"
-          "    print(sum(pool.map(read, files)))\n")
+_FLOOR = (
+    "import glob, os, sys\n"
+    "from concurrent.futures import ThreadPoolExecutor\n"
+    "import numpy, pandas, pyarrow.parquet as pq\n"
+    "cols = sys.argv[2].split(',')\n"
+    "files = sorted(glob.glob(os.path.join(sys.argv[1], sys.argv[3], '**', '*.parquet'), recursive=True))\n"
+    "def read(f):\n"
+    "    t = pq.ParquetFile(f).read(columns=cols, use_threads=False)\n"
+    "    return sum(len(t.column(c).to_numpy()) for c in cols) // len(cols)\n"
+    "with ThreadPoolExecutor(len(os.sched_getaffinity(0))) as pool:\n"
+    "    print(sum(pool.map(read, files)))\n"
+)
 
 
 def _measure(cmd: list[str]) -> dict[str, Any]:
@@ -187,8 +207,12 @@ def _measure(cmd: list[str]) -> dict[str, Any]:
     r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     if m.returncode != 0:
         raise RuntimeError(f"{cmd[:6]} failed ({m.returncode}):\n{m.stdout_tail}")
-    return {"wall_s": m.wall_s, "peak_rss_mib": m.peak_rss_bytes / 2**20,
-            "user_s": r1.ru_utime - r0.ru_utime, "sys_s": r1.ru_stime - r0.ru_stime}
+    return {
+        "wall_s": m.wall_s,
+        "peak_rss_mib": m.peak_rss_bytes / 2**20,
+        "user_s": r1.ru_utime - r0.ru_utime,
+        "sys_s": r1.ru_stime - r0.ru_stime,
+    }
 
 
 def case_columns(case: str) -> tuple[str, list[str]]:
@@ -210,10 +234,26 @@ def duck_out(out: Path) -> Path:
 def commands(case: str, ds: Path, out: Path, floor: bool = True) -> dict[str, list[str]]:
     args, sql, _ = CASES[case]
     writes = "out" in inspect.signature(sql).parameters
-    cmds = {"gpuclust": [sys.executable, "-m", "gpuclust.cli", "analyze", str(ds), *args, "--out", str(out),
-                         "--no-plots", "--quiet"],
-            "duckdb": [sys.executable, "-c", _DUCK, *((sql(ds, out=duck_out(out)), str(duck_out(out))) if writes
-                                                      else (sql(ds),))]}
+    cmds = {
+        "gpuclust": [
+            sys.executable,
+            "-m",
+            "gpuclust.cli",
+            "analyze",
+            str(ds),
+            *args,
+            "--out",
+            str(out),
+            "--no-plots",
+            "--quiet",
+        ],
+        "duckdb": [
+            sys.executable,
+            "-c",
+            _DUCK,
+            *((sql(ds, out=duck_out(out)), str(duck_out(out))) if writes else (sql(ds),)),
+        ],
+    }
     if floor:
         table, cols = case_columns(case)
         cmds["floor"] = [sys.executable, "-c", _FLOOR, str(ds), ",".join(cols), table]
@@ -232,8 +272,14 @@ def precompile() -> None:
     compileall.compile_dir(str(ROOT / "gpuclust"), quiet=1)
 
 
-def compare(sizes: list[int], cases: list[str], repeat: int, dataset: Any = bench_dataset,
-            floor: bool = True, refused: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+def compare(
+    sizes: list[int],
+    cases: list[str],
+    repeat: int,
+    dataset: Any = bench_dataset,
+    floor: bool = True,
+    refused: list[dict[str, Any]] | None = None,
+) -> list[dict[str, Any]]:
     """Interleaved rounds; one row per (size, case, contender) with medians and the raw runs.
 
     With ``refused`` (a list), a case whose run fails (e.g. an analysis that needs whole instances
@@ -255,7 +301,7 @@ def compare(sizes: list[int], cases: list[str], repeat: int, dataset: Any = benc
                     for rnd in range(repeat):
                         cmds = commands(case, ds, Path(tmp) / "out", floor)
                         # rotate who goes first, so no one always runs on a warmer cache
-                        for who in order[rnd % len(order):] + order[:rnd % len(order)]:
+                        for who in order[rnd % len(order) :] + order[: rnd % len(order)]:
                             runs[who].append(_measure(cmds[who]))
                         for d in (Path(tmp) / "out", duck_out(Path(tmp) / "out")):
                             shutil.rmtree(d, ignore_errors=True)
@@ -268,9 +314,13 @@ def compare(sizes: list[int], cases: list[str], repeat: int, dataset: Any = benc
                     failed.add(case)
                     continue
             for who, rs in runs.items():
-                row = {"size": size, "case": case, "contender": who,
-                       **{k: round(_median(rs, k), 3) for k in ("wall_s", "user_s", "sys_s", "peak_rss_mib")},
-                       "runs": rs}
+                row = {
+                    "size": size,
+                    "case": case,
+                    "contender": who,
+                    **{k: round(_median(rs, k), 3) for k in ("wall_s", "user_s", "sys_s", "peak_rss_mib")},
+                    "runs": rs,
+                }
                 rows.append(row)
                 print(json.dumps({k: v for k, v in row.items() if k != "runs"}), flush=True)
     return rows
@@ -283,15 +333,20 @@ def _ratios(rows: list[dict[str, Any]]) -> dict[tuple[int, str, str], dict[str, 
     for (size, case, who), g in by.items():
         d = by.get((size, case, "duckdb"))
         if who != "duckdb" and d:
-            out[(size, case, who)] = {"time": g["wall_s"] / d["wall_s"], "rss": g["peak_rss_mib"] / d["peak_rss_mib"],
-                                 "cpu": (g["user_s"] + g["sys_s"]) / max(1e-9, d["user_s"] + d["sys_s"])}
+            out[(size, case, who)] = {
+                "time": g["wall_s"] / d["wall_s"],
+                "rss": g["peak_rss_mib"] / d["peak_rss_mib"],
+                "cpu": (g["user_s"] + g["sys_s"]) / max(1e-9, d["user_s"] + d["sys_s"]),
+            }
     return out
 
 
 def ratio_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The ratios as JSON rows."""
-    return [{"size": s, "case": c, "contender": w, **{k: round(x, 3) for k, x in v.items()}}
-            for (s, c, w), v in _ratios(rows).items()]
+    return [
+        {"size": s, "case": c, "contender": w, **{k: round(x, 3) for k, x in v.items()}}
+        for (s, c, w), v in _ratios(rows).items()
+    ]
 
 
 def marginal(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -305,57 +360,84 @@ def marginal(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         rs = sorted(rs, key=lambda r: r["size"])
         for a, b in zip(rs, rs[1:], strict=False):
             dm = (b["size"] - a["size"]) / 1e6
-            out.append({"case": case, "contender": who, "from": a["size"], "to": b["size"],
-                        "wall_s_per_m": round((b["wall_s"] - a["wall_s"]) / dm, 4),
-                        "cpu_s_per_m": round((b["user_s"] + b["sys_s"] - a["user_s"] - a["sys_s"]) / dm, 4)})
+            out.append(
+                {
+                    "case": case,
+                    "contender": who,
+                    "from": a["size"],
+                    "to": b["size"],
+                    "wall_s_per_m": round((b["wall_s"] - a["wall_s"]) / dm, 4),
+                    "cpu_s_per_m": round((b["user_s"] + b["sys_s"] - a["user_s"] - a["sys_s"]) / dm, 4),
+                }
+            )
     return out
 
 
-def markdown(rows: list[dict[str, Any]], env: dict[str, Any], repeat: int, before: list[dict[str, Any]] | None,
-             refused: list[dict[str, Any]] | None = None) -> str:
+def markdown(
+    rows: list[dict[str, Any]],
+    env: dict[str, Any],
+    repeat: int,
+    before: list[dict[str, Any]] | None,
+    refused: list[dict[str, Any]] | None = None,
+) -> str:
     rat = _ratios(rows)
     brat = _ratios(before) if before else {}
     bby = {(r["size"], r["case"], r["contender"]): r for r in before or []}
-    md = [f"# gpuclust vs DuckDB, whole process ({env['affinity_cores']} cores, {env['cpu']})", "",
-          f"Medians of {repeat} interleaved rounds; wall = spawn to exit; CPU = user + system seconds; RSS = peak "
-          "of the process tree. On a shared machine wall times carry the other load; CPU seconds much less.", "",
-          "| windows | case | contender | wall s | user s | sys s | peak RSS MiB | time / DuckDB | CPU / DuckDB "
-          "| RSS / DuckDB |" + (" before: wall s | before: RSS MiB | before: time / DuckDB | before: CPU / DuckDB |"
-                               if before else ""),
-          "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|---:|---:|" if before else "")]
+    md = [
+        f"# gpuclust vs DuckDB, whole process ({env['affinity_cores']} cores, {env['cpu']})",
+        "",
+        f"Medians of {repeat} interleaved rounds; wall = spawn to exit; CPU = user + system seconds; RSS = peak "
+        "of the process tree. On a shared machine wall times carry the other load; CPU seconds much less.",
+        "",
+        "| windows | case | contender | wall s | user s | sys s | peak RSS MiB | time / DuckDB | CPU / DuckDB "
+        "| RSS / DuckDB |"
+        + (" before: wall s | before: RSS MiB | before: time / DuckDB | before: CPU / DuckDB |" if before else ""),
+        "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|---:|---:|" if before else ""),
+    ]
     for r in rows:
         k = (r["size"], r["case"], r["contender"])
         t = f"{rat[k]['time']:.2f}" if k in rat else ""
         m = f"{rat[k]['rss']:.2f}" if k in rat else ""
         u = f"{rat[k]['cpu']:.2f}" if k in rat else ""
-        line = (f"| {r['size']:,} | {r['case']} | {r['contender']} | {r['wall_s']:.2f} | {r['user_s']:.2f} "
-                f"| {r['sys_s']:.2f} | {r['peak_rss_mib']:,.0f} | {t} | {u} | {m} |")
+        line = (
+            f"| {r['size']:,} | {r['case']} | {r['contender']} | {r['wall_s']:.2f} | {r['user_s']:.2f} "
+            f"| {r['sys_s']:.2f} | {r['peak_rss_mib']:,.0f} | {t} | {u} | {m} |"
+        )
         if before:
             b = bby.get((r["size"], r["case"], r["contender"]))
             bt = f"{brat[k]['time']:.2f}" if k in brat else ""
             bu = f"{brat[k]['cpu']:.2f}" if k in brat else ""
-            line += (f" {b['wall_s']:.2f} | {b['peak_rss_mib']:,.0f} | {bt} | {bu} |" if b else " | | | |")
+            line += f" {b['wall_s']:.2f} | {b['peak_rss_mib']:,.0f} | {bt} | {bu} |" if b else " | | | |"
         md.append(line)
-    md += ["", "gpuclust: `python -m gpuclust.cli analyze DS <case> --out TMP --no-plots --quiet` (the engine's "
-           "defaults: partitions='auto', one thread per usable core). DuckDB: `python -c` running "
-           "bench/analyses_bench.py's `cell_usage_sql` / `cpi_sql` / `lifecycle_sql` / `usage_change_sql` / `job_usage_sql` / "
-           "`job_usage_tiers_sql` / `usage_vs_request_sql` / `machine_utilization_sql` / `data_quality_sql` with `SET threads` = "
-           "usable cores, results fetched; the `(all tables)` cases run `*_full_sql`, which write every table the analysis "
-           "writes as Parquet; `peak-prediction (SQL part)` runs `peak_prediction_sql`, which writes the columns of its "
-           "`machine` table SQL computes. cpi (SQL subset) = `-O by=machine -O regression=none -O spearman=none`.",
-           "floor: a fresh process importing numpy, pandas and pyarrow.parquet and reading the case's columns "
-           "(what gpuclust reads) of every file into NumPy, one thread per usable core, nothing else.", ""]
+    md += [
+        "",
+        "gpuclust: `python -m gpuclust.cli analyze DS <case> --out TMP --no-plots --quiet` (the engine's "
+        "defaults: partitions='auto', one thread per usable core). DuckDB: `python -c` running "
+        "bench/analyses_bench.py's `cell_usage_sql` / `cpi_sql` / `lifecycle_sql` / `usage_change_sql` / `job_usage_sql` / "
+        "`job_usage_tiers_sql` / `usage_vs_request_sql` / `machine_utilization_sql` / `data_quality_sql` with `SET threads` = "
+        "usable cores, results fetched; the `(all tables)` cases run `*_full_sql`, which write every table the analysis "
+        "writes as Parquet; `peak-prediction (SQL part)` runs `peak_prediction_sql`, which writes the columns of its "
+        "`machine` table SQL computes. cpi (SQL subset) = `-O by=machine -O regression=none -O spearman=none`.",
+        "floor: a fresh process importing numpy, pandas and pyarrow.parquet and reading the case's columns "
+        "(what gpuclust reads) of every file into NumPy, one thread per usable core, nothing else.",
+        "",
+    ]
     marg = marginal(rows)
     if marg:
         duck = {(m["case"], m["from"], m["to"]): m for m in marg if m["contender"] == "duckdb"}
-        md += ["Marginal cost between sizes (median seconds per million windows; start-up cancels out):", "",
-               "| case | contender | windows | wall s / M | CPU s / M | wall / DuckDB's |",
-               "|---|---|---|---:|---:|---:|"]
+        md += [
+            "Marginal cost between sizes (median seconds per million windows; start-up cancels out):",
+            "",
+            "| case | contender | windows | wall s / M | CPU s / M | wall / DuckDB's |",
+            "|---|---|---|---:|---:|---:|",
+        ]
         for m in marg:
             d = duck.get((m["case"], m["from"], m["to"]))
             rel = f"{m['wall_s_per_m'] / d['wall_s_per_m']:.2f}" if d and d["wall_s_per_m"] > 0 else ""
-            md.append(f"| {m['case']} | {m['contender']} | {m['from']:,} -> {m['to']:,} | {m['wall_s_per_m']:.4f} "
-                      f"| {m['cpu_s_per_m']:.4f} | {rel} |")
+            md.append(
+                f"| {m['case']} | {m['contender']} | {m['from']:,} -> {m['to']:,} | {m['wall_s_per_m']:.4f} "
+                f"| {m['cpu_s_per_m']:.4f} | {rel} |"
+            )
         md.append("")
     if refused:
         md += ["Not measured (a run failed; the case was left out from that size on):", ""]
@@ -370,19 +452,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes", default="4e6,1.6e7", help="comma-separated window counts")
     ap.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of: {', '.join(CASES)}")
     ap.add_argument("--repeat", type=int, default=3, help="interleaved rounds (medians reported)")
-    ap.add_argument("--layout", choices=["flat", "bucketed"], default="flat",
-                    help="flat = the generated dataset; bucketed = its `gpuclust optimize`d copy (both contenders "
-                         "read the same files)")
+    ap.add_argument(
+        "--layout",
+        choices=["flat", "bucketed"],
+        default="flat",
+        help="flat = the generated dataset; bucketed = its `gpuclust optimize`d copy (both contenders "
+        "read the same files)",
+    )
     ap.add_argument("--name", default="cpu_vs_duckdb")
     ap.add_argument("--no-floor", action="store_true", help="leave out the floor contender (imports + Parquet read)")
     ap.add_argument("--before", type=Path, default=None, help="an earlier run's JSON: its medians become columns")
     ap.add_argument("--note", default="", help="a line added to the Markdown (e.g. what 'before' was)")
-    ap.add_argument("--render", type=Path, default=None, help="re-write the Markdown of an earlier run's JSON (no runs)")
+    ap.add_argument(
+        "--render", type=Path, default=None, help="re-write the Markdown of an earlier run's JSON (no runs)"
+    )
     args = ap.parse_args(argv)
     if args.render:
         payload = json.loads(args.render.read_text())
-        md = markdown(payload["rows"], payload["environment"], payload["repeat"], payload.get("before"),
-                      payload.get("refused"))
+        md = markdown(
+            payload["rows"], payload["environment"], payload["repeat"], payload.get("before"), payload.get("refused")
+        )
         md = md.replace("\n\n", f"\n\n{args.note}\n\n", 1) if args.note else md
         payload["ratios"] = ratio_rows(payload["rows"])
         args.render.write_text(json.dumps(payload, indent=1) + "\n")
@@ -400,19 +489,27 @@ def main(argv: list[str] | None = None) -> int:
         def dataset(size: int) -> Path:
             b = bench_dataset(size, generate=False).with_name(f"canonical-{size}-bucketed")
             return b if (b / "manifest.json").exists() else bucketed(bench_dataset(size), True)
+
     refused: list[dict[str, Any]] = []
-    rows = compare([int(float(s)) for s in args.sizes.split(",")], cases, args.repeat, dataset, not args.no_floor,
-                   refused)
+    rows = compare(
+        [int(float(s)) for s in args.sizes.split(",")], cases, args.repeat, dataset, not args.no_floor, refused
+    )
     before = json.loads(args.before.read_text())["rows"] if args.before else None
     env = environment()
     md = markdown(rows, env, args.repeat, before, refused)
     if args.note:
         md = md.replace("\n\n", f"\n\n{args.note}\n\n", 1)
-    payload = {"benchmark": "cpu_vs_duckdb", "repeat": args.repeat, "layout": args.layout, "rows": rows, "refused": refused,
-               "marginal": marginal(rows),
-               "environment": env,
-               "ratios": ratio_rows(rows),
-               "before": before}
+    payload = {
+        "benchmark": "cpu_vs_duckdb",
+        "repeat": args.repeat,
+        "layout": args.layout,
+        "rows": rows,
+        "refused": refused,
+        "marginal": marginal(rows),
+        "environment": env,
+        "ratios": ratio_rows(rows),
+        "before": before,
+    }
     jp, mp = write_results(args.name, payload, md)
     print(md)
     print(f"wrote {jp} and {mp}")

@@ -60,8 +60,11 @@ WORK_GROWTH = 1.2
 #: bytes that leave any run whatever its size (as tests/engine/test_device_work.py)
 FIXED_BYTES = 64 << 10
 #: glibc settings of the device-shaped process: freed memory kept for reuse, as by a device pool
-POOL_LIKE_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(16 << 30),
-                    "MALLOC_TOP_PAD_": str(1 << 30)}
+POOL_LIKE_MALLOC = {
+    "MALLOC_MMAP_THRESHOLD_": str(32 << 20),
+    "MALLOC_TRIM_THRESHOLD_": str(16 << 30),
+    "MALLOC_TOP_PAD_": str(1 << 30),
+}
 
 
 def child(ds_path: Path, only: list[str], repeat: int, result: Path) -> None:
@@ -99,10 +102,17 @@ def child(ds_path: Path, only: list[str], repeat: int, result: Path) -> None:
                 res = study.run(a)[a.name]
                 wall = time.perf_counter() - t
             if best is None or wall < best["wall_s"]:
-                best = {"wall_s": wall, "device_s": w["device_s"], "host_s": wall - w["device_s"],
-                        "h2d_warm_bytes": int(w["h2d_bytes"]), "d2h_bytes": int(w["d2h_bytes"]),
-                        "result_bytes": result_bytes(res), "syncs": int(w["syncs"]),
-                        "launches": int(w["ops"] + w["kernels"]), "phases": dict(study.last_run_seconds)}
+                best = {
+                    "wall_s": wall,
+                    "device_s": w["device_s"],
+                    "host_s": wall - w["device_s"],
+                    "h2d_warm_bytes": int(w["h2d_bytes"]),
+                    "d2h_bytes": int(w["d2h_bytes"]),
+                    "result_bytes": result_bytes(res),
+                    "syncs": int(w["syncs"]),
+                    "launches": int(w["ops"] + w["kernels"]),
+                    "phases": dict(study.last_run_seconds),
+                }
         study.close()
         assert best is not None
         out[label] = {"h2d_bytes": h2d, "column_bytes": column_bytes(ds, a), "rows": ds.num_rows(a.table), **best}
@@ -119,8 +129,21 @@ def _failed(m: Any, what: str) -> SystemExit:
 def _device_shaped(ds: Path, only: list[str], repeat: int, what: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
-        m = run_measured([sys.executable, __file__, "--child", str(ds), "--analyses", ",".join(only),
-                          "--repeat", str(repeat), "--result", str(out)], env={**os.environ, **POOL_LIKE_MALLOC})
+        m = run_measured(
+            [
+                sys.executable,
+                __file__,
+                "--child",
+                str(ds),
+                "--analyses",
+                ",".join(only),
+                "--repeat",
+                str(repeat),
+                "--result",
+                str(out),
+            ],
+            env={**os.environ, **POOL_LIKE_MALLOC},
+        )
         if m.returncode != 0 or not out.exists():
             raise _failed(m, what)
         return json.loads(out.read_text())
@@ -149,10 +172,20 @@ def verdicts(by_size: dict[int, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         h2d = max(r[name]["h2d_bytes"] / max(1, r[name]["column_bytes"]) for r in by_size.values())
         syncs = b["syncs"] / max(1, a["syncs"])
         launches = b["launches"] / max(1, a["launches"])
-        out[name] = {"d2h_growth": d2h, "result_growth": res, "d2h_per_result_growth": d2h_per_result,
-                     "h2d_over_columns": h2d, "syncs_growth": syncs, "launches_growth": launches,
-                     "ok": {"d2h": d2h_per_result <= D2H_GROWTH, "h2d": h2d <= H2D_OVER_COLUMNS,
-                            "syncs": syncs <= WORK_GROWTH, "launches": launches <= WORK_GROWTH}}
+        out[name] = {
+            "d2h_growth": d2h,
+            "result_growth": res,
+            "d2h_per_result_growth": d2h_per_result,
+            "h2d_over_columns": h2d,
+            "syncs_growth": syncs,
+            "launches_growth": launches,
+            "ok": {
+                "d2h": d2h_per_result <= D2H_GROWTH,
+                "h2d": h2d <= H2D_OVER_COLUMNS,
+                "syncs": syncs <= WORK_GROWTH,
+                "launches": launches <= WORK_GROWTH,
+            },
+        }
     return out
 
 
@@ -160,45 +193,66 @@ def _mib(n: int) -> str:
     return f"{n / 2**20:,.2f}"
 
 
-def markdown(by_size: dict[int, dict[str, Any]], verdict: dict[str, dict[str, Any]], repeat: int,
-             env: dict[str, Any]) -> str:
-    md = [f"# Device budget per analysis ({env.get('cores')} cores, no device needed)", "",
-          "Each analysis in a fresh study on the device-shaped backend (tests/device_backend.py), partials marked "
-          "as the gpu's. `h2d`: what its cold run copied to the device (load and contexts), against `columns`, the "
-          f"bytes of the columns it reads. The warm run (best of {repeat}): what it still copied in (`warm h2d`), its "
-          "device-to-host bytes and result tables' bytes, syncs, launches (device-array operations and kernels), "
-          "its wall time, the host part of it (wall less device operations), and the cpu backend's time on the same "
-          "data (`cpu / host` bounds a gpu run's speed-up by the host work; target 20x). Made by "
-          "`python bench/device_budget.py --sizes ...`.", "",
-          "| windows | analysis | rows read | columns MiB | h2d / columns | warm h2d MiB | d2h MiB | result MiB "
-          "| syncs | launches | wall s | host s | cpu s | cpu / host |",
-          "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+def markdown(
+    by_size: dict[int, dict[str, Any]], verdict: dict[str, dict[str, Any]], repeat: int, env: dict[str, Any]
+) -> str:
+    md = [
+        f"# Device budget per analysis ({env.get('cores')} cores, no device needed)",
+        "",
+        "Each analysis in a fresh study on the device-shaped backend (tests/device_backend.py), partials marked "
+        "as the gpu's. `h2d`: what its cold run copied to the device (load and contexts), against `columns`, the "
+        f"bytes of the columns it reads. The warm run (best of {repeat}): what it still copied in (`warm h2d`), its "
+        "device-to-host bytes and result tables' bytes, syncs, launches (device-array operations and kernels), "
+        "its wall time, the host part of it (wall less device operations), and the cpu backend's time on the same "
+        "data (`cpu / host` bounds a gpu run's speed-up by the host work; target 20x). Made by "
+        "`python bench/device_budget.py --sizes ...`.",
+        "",
+        "| windows | analysis | rows read | columns MiB | h2d / columns | warm h2d MiB | d2h MiB | result MiB "
+        "| syncs | launches | wall s | host s | cpu s | cpu / host |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for size in sorted(by_size):
         for name, r in by_size[size].items():
             cpu = "" if r.get("cpu_s") is None else f"{r['cpu_s']:.4f}"
             ratio = "" if r.get("cpu_over_host") is None else f"{r['cpu_over_host']:.1f}x"
-            md.append(f"| {size:,} | {name} | {r['rows']:,} | {_mib(r['column_bytes'])} | "
-                      f"{r['h2d_bytes'] / max(1, r['column_bytes']):.3f} | {_mib(r['h2d_warm_bytes'])} | "
-                      f"{_mib(r['d2h_bytes'])} | {_mib(r['result_bytes'])} | {r['syncs']} | {r['launches']} | "
-                      f"{r['wall_s']:.4f} | {r['host_s']:.4f} | {cpu} | {ratio} |")
+            md.append(
+                f"| {size:,} | {name} | {r['rows']:,} | {_mib(r['column_bytes'])} | "
+                f"{r['h2d_bytes'] / max(1, r['column_bytes']):.3f} | {_mib(r['h2d_warm_bytes'])} | "
+                f"{_mib(r['d2h_bytes'])} | {_mib(r['result_bytes'])} | {r['syncs']} | {r['launches']} | "
+                f"{r['wall_s']:.4f} | {r['host_s']:.4f} | {cpu} | {ratio} |"
+            )
     sizes = sorted(by_size)
     if verdict:
-        md += ["", f"Growth from {sizes[0]:,} to {sizes[-1]:,} windows, and issue 34's targets (d2h per result byte, "
-               f"syncs and launches <= {WORK_GROWTH}x; h2d <= {H2D_OVER_COLUMNS}x the columns at every size):", "",
-               "| analysis | d2h | result | d2h per result | h2d / columns (max) | syncs | launches | targets |",
-               "|---|---:|---:|---:|---:|---:|---:|---|"]
+        md += [
+            "",
+            f"Growth from {sizes[0]:,} to {sizes[-1]:,} windows, and issue 34's targets (d2h per result byte, "
+            f"syncs and launches <= {WORK_GROWTH}x; h2d <= {H2D_OVER_COLUMNS}x the columns at every size):",
+            "",
+            "| analysis | d2h | result | d2h per result | h2d / columns (max) | syncs | launches | targets |",
+            "|---|---:|---:|---:|---:|---:|---:|---|",
+        ]
         for name, v in verdict.items():
             missed = [k for k, ok in v["ok"].items() if not ok]
-            md.append(f"| {name} | {v['d2h_growth']:.2f}x | {v['result_growth']:.2f}x | "
-                      f"{v['d2h_per_result_growth']:.2f}x | {v['h2d_over_columns']:.3f} | {v['syncs_growth']:.2f}x | "
-                      f"{v['launches_growth']:.2f}x | {'met' if not missed else 'missed: ' + ', '.join(missed)} |")
-    md += ["", f"Where the time goes at {sizes[-1]:,} windows: the phases of the device-shaped warm run (contexts / "
-           "partials / merge / finalize / convert, s; partials and finalize hold both device and host work).", "",
-           "| analysis | contexts | partials | merge | finalize | convert |", "|---|---:|---:|---:|---:|---:|"]
+            md.append(
+                f"| {name} | {v['d2h_growth']:.2f}x | {v['result_growth']:.2f}x | "
+                f"{v['d2h_per_result_growth']:.2f}x | {v['h2d_over_columns']:.3f} | {v['syncs_growth']:.2f}x | "
+                f"{v['launches_growth']:.2f}x | {'met' if not missed else 'missed: ' + ', '.join(missed)} |"
+            )
+    md += [
+        "",
+        f"Where the time goes at {sizes[-1]:,} windows: the phases of the device-shaped warm run (contexts / "
+        "partials / merge / finalize / convert, s; partials and finalize hold both device and host work).",
+        "",
+        "| analysis | contexts | partials | merge | finalize | convert |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for name, r in by_size[sizes[-1]].items():
         ph = r["phases"]
-        md.append(f"| {name} | " + " | ".join(f"{ph[k]:.4f}" for k in ("contexts", "partials", "merge", "finalize",
-                                                                         "convert")) + " |")
+        md.append(
+            f"| {name} | "
+            + " | ".join(f"{ph[k]:.4f}" for k in ("contexts", "partials", "merge", "finalize", "convert"))
+            + " |"
+        )
     md += ["", "Environment: " + ", ".join(f"{k}={v}" for k, v in env.items()), ""]
     return "\n".join(md)
 
@@ -209,8 +263,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=2, help="warm runs of each analysis in a process (best)")
     ap.add_argument("--analyses", default="", help="comma-separated labels (default: every analysis and SQL variant)")
     ap.add_argument("--no-cpu", action="store_true", help="skip the cpu backend's run (no cpu / host column)")
-    ap.add_argument("--json", type=Path, help="where to write the JSON (the Markdown beside it); "
-                                              "default bench/results/<name>.json")
+    ap.add_argument(
+        "--json", type=Path, help="where to write the JSON (the Markdown beside it); default bench/results/<name>.json"
+    )
     ap.add_argument("--name", default="device_budget")
     ap.add_argument("--child", metavar="DATASET", help=argparse.SUPPRESS)
     ap.add_argument("--result", type=Path, help=argparse.SUPPRESS)

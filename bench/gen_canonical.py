@@ -32,12 +32,21 @@ T0 = 600 * US
 def _write(out: Path, table: str, t: pa.Table, part: int) -> str:
     rel = f"{table}/part-bench-{part:05d}.parquet"
     (out / table).mkdir(parents=True, exist_ok=True)
-    pq.write_table(t.select(SCHEMAS[table].names).cast(SCHEMAS[table]), out / rel, row_group_size=ROW_GROUP, compression="zstd")
+    pq.write_table(
+        t.select(SCHEMAS[table].names).cast(SCHEMAS[table]), out / rel, row_group_size=ROW_GROUP, compression="zstd"
+    )
     return rel
 
 
-def make_dataset(out: str | Path, n_windows: int, *, machines: int | None = None, days: float | None = None,
-                 seed: int = 0, windows_per_part: int = 4 << 20) -> Path:
+def make_dataset(
+    out: str | Path,
+    n_windows: int,
+    *,
+    machines: int | None = None,
+    days: float | None = None,
+    seed: int = 0,
+    windows_per_part: int = 4 << 20,
+) -> Path:
     """Write a complete canonical dataset with about ``n_windows`` usage windows to ``out``.
 
     By default the span follows from the size (``machines`` = n_windows / 20,000, at least 50;
@@ -57,16 +66,25 @@ def make_dataset(out: str | Path, n_windows: int, *, machines: int | None = None
     else:
         hours = float(days) * 24
     n_cells = int(hours * 12)
-    machine_ids = (np.int64(10**9) + np.sort(rng.choice(10**9, size=machines, replace=False)).astype(np.int64) * 997)[rng.permutation(machines)]
+    machine_ids = (np.int64(10**9) + np.sort(rng.choice(10**9, size=machines, replace=False)).astype(np.int64) * 997)[
+        rng.permutation(machines)
+    ]
     plat = rng.integers(0, 5, machines)
     cap_cpu = rng.choice(np.array([0.386719, 0.591797, 0.708984, 1.0], np.float32), machines)
     cap_mem = rng.choice(np.array([0.166748, 0.333496, 0.5, 1.0], np.float32), machines)
     platforms = np.array([f"platform-{i}" for i in range(5)], dtype=object)
-    me = pa.table({
-        "time": np.zeros(machines, np.int64), "machine_id": machine_ids, "type": np.ones(machines, np.int8),
-        "switch_id": pa.nulls(machines, pa.string()), "cap_cpu": cap_cpu, "cap_mem": cap_mem,
-        "platform_id": platforms[plat], "missing_data_reason": np.zeros(machines, np.int8),
-    })
+    me = pa.table(
+        {
+            "time": np.zeros(machines, np.int64),
+            "machine_id": machine_ids,
+            "type": np.ones(machines, np.int8),
+            "switch_id": pa.nulls(machines, pa.string()),
+            "cap_cpu": cap_cpu,
+            "cap_mem": cap_mem,
+            "platform_id": platforms[plat],
+            "missing_data_reason": np.zeros(machines, np.int8),
+        }
+    )
     files: dict[str, list[str]] = {t: [] for t in SCHEMAS}
     files["machine_events"].append(_write(out, "machine_events", me, 0))
 
@@ -75,32 +93,55 @@ def make_dataset(out: str | Path, n_windows: int, *, machines: int | None = None
     m_of = rng.integers(0, machines, n_inst)
     length = np.minimum(rng.geometric(1 / mean_windows, n_inst), n_cells)
     first = rng.integers(0, np.maximum(1, n_cells - length + 1))
-    prio = rng.choice(np.array([0, 25, 103, 107, 116, 119, 200, 360], np.int32), n_inst, p=[0.15, 0.1, 0.2, 0.1, 0.05, 0.05, 0.3, 0.05])
+    prio = rng.choice(
+        np.array([0, 25, 103, 107, 116, 119, 200, 360], np.int32),
+        n_inst,
+        p=[0.15, 0.1, 0.2, 0.1, 0.05, 0.05, 0.3, 0.05],
+    )
     alloc = np.where(rng.random(n_inst) < 0.05, rng.integers(10**10, 2**62, n_inst), 0).astype(np.int64)
     req_cpu = (rng.lognormal(-4, 1, n_inst)).astype(np.float32)
     req_mem = (rng.lognormal(-4.5, 1, n_inst)).astype(np.float32)
     t_start = T0 + first.astype(np.int64) * 300 * US
     t_end = t_start + length.astype(np.int64) * 300 * US
     n = n_inst
-    ev = pa.table({
-        "time": np.concatenate([t_start, t_end]), "type": np.repeat(np.array([3, 6], np.int8), n),
-        "collection_id": np.tile(coll, 2), "scheduling_class": np.tile(rng.integers(0, 4, n).astype(np.int8), 2),
-        "missing_type": np.zeros(2 * n, np.int8), "collection_type": np.zeros(2 * n, np.int8),
-        "priority": np.tile(prio, 2), "alloc_collection_id": np.tile(alloc, 2), "instance_index": np.tile(idx, 2),
-        "machine_id": np.tile(machine_ids[m_of], 2), "alloc_instance_index": np.where(np.tile(alloc, 2) != 0, 0, -1).astype(np.int32),
-        "req_cpu": np.tile(req_cpu, 2), "req_mem": np.tile(req_mem, 2),
-    })
+    ev = pa.table(
+        {
+            "time": np.concatenate([t_start, t_end]),
+            "type": np.repeat(np.array([3, 6], np.int8), n),
+            "collection_id": np.tile(coll, 2),
+            "scheduling_class": np.tile(rng.integers(0, 4, n).astype(np.int8), 2),
+            "missing_type": np.zeros(2 * n, np.int8),
+            "collection_type": np.zeros(2 * n, np.int8),
+            "priority": np.tile(prio, 2),
+            "alloc_collection_id": np.tile(alloc, 2),
+            "instance_index": np.tile(idx, 2),
+            "machine_id": np.tile(machine_ids[m_of], 2),
+            "alloc_instance_index": np.where(np.tile(alloc, 2) != 0, 0, -1).astype(np.int32),
+            "req_cpu": np.tile(req_cpu, 2),
+            "req_mem": np.tile(req_mem, 2),
+        }
+    )
     files["instance_events"].append(_write(out, "instance_events", ev, 0))
     # every instance is its own job: SUBMIT 1 s before it starts, SCHEDULE, FINISH (no random draws,
     # so the other tables are what they always were)
-    ce = pa.table({
-        "time": np.concatenate([t_start - US, t_start, t_end]), "type": np.repeat(np.array([0, 3, 6], np.int8), n),
-        "collection_id": np.tile(coll, 3), "scheduling_class": np.tile(ev["scheduling_class"].to_numpy()[:n], 3),
-        "missing_type": np.zeros(3 * n, np.int8), "collection_type": np.zeros(3 * n, np.int8),
-        "priority": np.tile(prio, 3), "alloc_collection_id": np.tile(alloc, 3),
-    })
-    ce = pa.table({f.name: ce[f.name] if f.name in ce.column_names else pa.nulls(3 * n, f.type)
-                   for f in SCHEMAS["collection_events"]})
+    ce = pa.table(
+        {
+            "time": np.concatenate([t_start - US, t_start, t_end]),
+            "type": np.repeat(np.array([0, 3, 6], np.int8), n),
+            "collection_id": np.tile(coll, 3),
+            "scheduling_class": np.tile(ev["scheduling_class"].to_numpy()[:n], 3),
+            "missing_type": np.zeros(3 * n, np.int8),
+            "collection_type": np.zeros(3 * n, np.int8),
+            "priority": np.tile(prio, 3),
+            "alloc_collection_id": np.tile(alloc, 3),
+        }
+    )
+    ce = pa.table(
+        {
+            f.name: ce[f.name] if f.name in ce.column_names else pa.nulls(3 * n, f.type)
+            for f in SCHEMAS["collection_events"]
+        }
+    )
     files["collection_events"].append(_write(out, "collection_events", ce, 0))
 
     # Usage windows, written in parts to bound memory.
@@ -134,12 +175,21 @@ def make_dataset(out: str | Path, n_windows: int, *, machines: int | None = None
         shape = rng.uniform(0.1, 0.8, k)
         q = avg[:, None] * np.exp(shape[:, None] * z[None, :] - shape[:, None] ** 2 / 2)
         cols: dict[str, object] = {
-            "start_time": st, "end_time": en, "collection_id": coll[ii], "instance_index": idx[ii],
-            "machine_id": machine_ids[m_of[ii]], "alloc_collection_id": alloc[ii],
-            "alloc_instance_index": np.where(alloc[ii] != 0, 0, -1).astype(np.int32), "collection_type": np.zeros(k, np.int8),
-            "avg_cpu": avg, "avg_mem": (req_mem[ii] * rng.uniform(0.3, 0.9, k)).astype(np.float32),
-            "max_cpu": q[:, 10].astype(np.float32), "max_mem": (req_mem[ii] * 0.95).astype(np.float32),
-            "sample_cpu": q[:, 5].astype(np.float32), "assigned_mem": req_mem[ii], "page_cache_mem": (req_mem[ii] * 0.05).astype(np.float32),
+            "start_time": st,
+            "end_time": en,
+            "collection_id": coll[ii],
+            "instance_index": idx[ii],
+            "machine_id": machine_ids[m_of[ii]],
+            "alloc_collection_id": alloc[ii],
+            "alloc_instance_index": np.where(alloc[ii] != 0, 0, -1).astype(np.int32),
+            "collection_type": np.zeros(k, np.int8),
+            "avg_cpu": avg,
+            "avg_mem": (req_mem[ii] * rng.uniform(0.3, 0.9, k)).astype(np.float32),
+            "max_cpu": q[:, 10].astype(np.float32),
+            "max_mem": (req_mem[ii] * 0.95).astype(np.float32),
+            "sample_cpu": q[:, 5].astype(np.float32),
+            "assigned_mem": req_mem[ii],
+            "page_cache_mem": (req_mem[ii] * 0.05).astype(np.float32),
             "sample_rate": np.where(rng.random(k) < 0.97, 1.0, 0.5).astype(np.float32),
         }
         has_cpi = plat[m_of[ii]] < 3
@@ -166,9 +216,13 @@ if __name__ == "__main__":
     ap.add_argument("--windows", type=lambda s: int(float(s)), default=1_000_000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--machines", type=int, default=None, help="machine count (default: windows / 20,000, at least 50)")
-    ap.add_argument("--days", type=float, default=None,
-                    help="trace span in days (default: from the size, ~12 instances running per machine); "
-                         "e.g. --windows 10000000 --machines 2000 --days 31 is the long-span set")
+    ap.add_argument(
+        "--days",
+        type=float,
+        default=None,
+        help="trace span in days (default: from the size, ~12 instances running per machine); "
+        "e.g. --windows 10000000 --machines 2000 --days 31 is the long-span set",
+    )
     a = ap.parse_args()
     p = make_dataset(a.out, a.windows, machines=a.machines, days=a.days, seed=a.seed)
     print(p)

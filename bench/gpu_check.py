@@ -85,7 +85,9 @@ def make_data(out: Path, base: int, copies: int, machines: int) -> Path:
 
     def write_usage(k: int) -> str:
         rel = f"instance_usage/part-rep-{k:05d}.parquet"
-        pq.write_table(shifted(usage, k, ("start_time", "end_time")), ds / rel, row_group_size=ROW_GROUP, compression="zstd")
+        pq.write_table(
+            shifted(usage, k, ("start_time", "end_time")), ds / rel, row_group_size=ROW_GROUP, compression="zstd"
+        )
         return rel
 
     with ThreadPoolExecutor(min(copies, os.cpu_count() or 1)) as pool:
@@ -93,19 +95,31 @@ def make_data(out: Path, base: int, copies: int, machines: int) -> Path:
     ev = pa.concat_tables([shifted(events, k, ("time",)) for k in range(copies)])
     pq.write_table(ev, ds / "instance_events/part-rep-00000.parquet", row_group_size=ROW_GROUP, compression="zstd")
     ce = pq.read_table(src / "collection_events")  # every instance is its own job: SUBMIT, SCHEDULE, FINISH
-    pq.write_table(pa.concat_tables([shifted(ce, k, ("time",)) for k in range(copies)]),
-                   ds / "collection_events/part-rep-00000.parquet", row_group_size=ROW_GROUP, compression="zstd")
+    pq.write_table(
+        pa.concat_tables([shifted(ce, k, ("time",)) for k in range(copies)]),
+        ds / "collection_events/part-rep-00000.parquet",
+        row_group_size=ROW_GROUP,
+        compression="zstd",
+    )
     me = next((src / "machine_events").glob("*.parquet"))
     (ds / "machine_events" / me.name).write_bytes(me.read_bytes())
     man = new_manifest(trace_version="v3", cell="bench", tier_map=tier_map("notebook").to_json(), complete=True)
-    files = {"instance_usage": usage_files, "instance_events": ["instance_events/part-rep-00000.parquet"],
-             "machine_events": [f"machine_events/{me.name}"],
-             "collection_events": ["collection_events/part-rep-00000.parquet"]}
+    files = {
+        "instance_usage": usage_files,
+        "instance_events": ["instance_events/part-rep-00000.parquet"],
+        "machine_events": [f"machine_events/{me.name}"],
+        "collection_events": ["collection_events/part-rep-00000.parquet"],
+    }
     for t in SCHEMAS:
         fl = files.get(t, [])
         man["tables"][t] = {"files": fl, "rows": int(sum(pq.ParquetFile(ds / f).metadata.num_rows for f in fl))}
-    man["generator"] = {"name": "bench/gpu_check.py data", "base_windows": usage.num_rows, "copies": copies,
-                        "machines": machines, "span_us": span}
+    man["generator"] = {
+        "name": "bench/gpu_check.py data",
+        "base_windows": usage.num_rows,
+        "copies": copies,
+        "machines": machines,
+        "span_us": span,
+    }
     write_json_atomic(ds / "manifest.json", man)
     print(f"{man['tables']['instance_usage']['rows']:,} windows in {ds} ({time.perf_counter() - t0:.1f} s)", flush=True)
     return ds
@@ -117,8 +131,11 @@ def optimize(ds: Path, out: Path, rec_path: Path) -> None:
 
     shutil.rmtree(out, ignore_errors=True)
     t = time.perf_counter()
-    r = subprocess.run([sys.executable, "-m", "gpuclust", "optimize", str(ds), "--out", str(out), "--no-progress"],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "gpuclust", "optimize", str(ds), "--out", str(out), "--no-progress"],
+        capture_output=True,
+        text=True,
+    )
     rec = {"s": time.perf_counter() - t, "returncode": r.returncode, "tail": (r.stdout + r.stderr)[-1500:]}
     _dump(rec_path, rec)
     print(json.dumps(rec), flush=True)
@@ -244,8 +261,12 @@ def study_step(ds: Path, out: Path, ref: Path, backend_name: str, budget_frac: f
     # limit), half of it for resident and streamed partitions (memory_budget), half for the
     # analyses' temporaries
     budget = int(budget_frac * rec["load"]["bytes"])
-    ooc: dict[str, Any] = {"device_budget_bytes": budget, "data_bytes": rec["load"]["bytes"], "capped": gpu,
-                           "study_memory_budget": budget // 2}
+    ooc: dict[str, Any] = {
+        "device_budget_bytes": budget,
+        "data_bytes": rec["load"]["bytes"],
+        "capped": gpu,
+        "study_memory_budget": budget // 2,
+    }
     rec["out_of_core"] = ooc
     if gpu:
         pool = be.xp.get_default_memory_pool()
@@ -281,10 +302,29 @@ def cli_step(ds: Path, out: Path, backend: str, timeout_s: float) -> None:
 
     dest = out.parent / f"cli-{backend}"  # beside the step records, removed with them
     shutil.rmtree(dest, ignore_errors=True)
-    cmd = [sys.executable, "-m", "gpuclust", "analyze", str(ds), *names(), "--out", str(dest), "--backend", backend, "--quiet"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "gpuclust",
+        "analyze",
+        str(ds),
+        *names(),
+        "--out",
+        str(dest),
+        "--backend",
+        backend,
+        "--quiet",
+    ]
     m = run_measured(cmd, timeout_s=timeout_s)
-    rec = {"backend": backend, "cmd": " ".join(cmd[1:]), "wall_s": m.wall_s, "peak_rss_mib": m.peak_rss_bytes / 2**20,
-           "returncode": m.returncode, **m.extra, "tail": m.stdout_tail[-1500:]}
+    rec = {
+        "backend": backend,
+        "cmd": " ".join(cmd[1:]),
+        "wall_s": m.wall_s,
+        "peak_rss_mib": m.peak_rss_bytes / 2**20,
+        "returncode": m.returncode,
+        **m.extra,
+        "tail": m.stdout_tail[-1500:],
+    }
     _dump(out, rec)
     print(json.dumps(rec)[:3000], flush=True)
 
@@ -339,8 +379,10 @@ def sanitizer_counts(memcheck: str, racecheck: str) -> dict[str, Any]:
         hits = re.findall(pattern, text)
         return sum(int(h) for h in hits) if hits else None
 
-    return {"memcheck_errors": total(r"ERROR SUMMARY: (\d+) error", memcheck),
-            "racecheck_hazards": total(r"RACECHECK SUMMARY: (\d+) hazard", racecheck)}
+    return {
+        "memcheck_errors": total(r"ERROR SUMMARY: (\d+) error", memcheck),
+        "racecheck_hazards": total(r"RACECHECK SUMMARY: (\d+) hazard", racecheck),
+    }
 
 
 def assemble(work: Path, logs: Path, out: Path) -> dict[str, Any]:
@@ -350,7 +392,10 @@ def assemble(work: Path, logs: Path, out: Path) -> dict[str, Any]:
     cli_gpu, cli_cpu = _read(work / "cli_gpu.json"), _read(work / "cli_cpu.json")
     dask = _read(work / "dask.json")
     opt = _read(work / "optimize.json")
-    text = {n: (logs / n).read_text(errors="replace") if (logs / n).exists() else "" for n in ("tests.log", "memcheck.log", "racecheck.log")}
+    text = {
+        n: (logs / n).read_text(errors="replace") if (logs / n).exists() else ""
+        for n in ("tests.log", "memcheck.log", "racecheck.log")
+    }
     ooc = study.get("out_of_core", {})
 
     def ok(r: dict[str, Any]) -> float | None:
@@ -360,27 +405,51 @@ def assemble(work: Path, logs: Path, out: Path) -> dict[str, Any]:
     rec["windows"] = study.get("windows") or 0
     rec["tests"] = pytest_counts(text["tests.log"])
     rec["sanitize"] = sanitizer_counts(text["memcheck.log"], text["racecheck.log"])
-    rec["cli"] = {"analyses": 13, "gpu_s": ok(cli_gpu), "cpu_s": ok(cli_cpu),
-                  "cpu_cut_at_s": cli_cpu.get("wall_s") if cli_cpu.get("timed_out") else None,
-                  "gpu_peak_rss_mib": cli_gpu.get("peak_rss_mib"), "cpu_peak_rss_mib": cli_cpu.get("peak_rss_mib")}
+    rec["cli"] = {
+        "analyses": 13,
+        "gpu_s": ok(cli_gpu),
+        "cpu_s": ok(cli_cpu),
+        "cpu_cut_at_s": cli_cpu.get("wall_s") if cli_cpu.get("timed_out") else None,
+        "gpu_peak_rss_mib": cli_gpu.get("peak_rss_mib"),
+        "cpu_peak_rss_mib": cli_cpu.get("peak_rss_mib"),
+    }
     c = study.get("ceilings", {})
-    rec["load"] = {"gb_s": study.get("load", {}).get("gb_s"), "decode_ceiling_gb_s": c.get("decode_gbs"),
-                   "h2d_pinned_gb_s": c.get("h2d_pinned_gbs"), "vs_ceiling": study.get("load", {}).get("vs_ceiling")}
-    rec["out_of_core"] = {"device_budget_bytes": ooc.get("device_budget_bytes"), "data_bytes": ooc.get("data_bytes"),
-                          "equal": ooc.get("equal"), "bit_equal": ooc.get("bit_equal"),
-                          "streamed_partitions": ooc.get("streamed_partitions"),
-                          "gpu_s": ooc.get("s") if "error" not in ooc else None,
-                          **({"error": ooc["error"]} if "error" in ooc else {}),
-                          **({"unequal": ooc["unequal"]} if ooc.get("unequal") else {})}
-    rec["analyses"] = {n: {"gpu_s": v["s"], "cpu_s": None, "duckdb_s": None} for n, v in study.get("analyses", {}).items()}
-    rec["dask_cuda"] = {"gpu_s": dask.get("gpu_s"), "equal": dask.get("equal"), "bit_equal": dask.get("bit_equal"),
-                        **({"error": dask["error"]} if "error" in dask else {})}
+    rec["load"] = {
+        "gb_s": study.get("load", {}).get("gb_s"),
+        "decode_ceiling_gb_s": c.get("decode_gbs"),
+        "h2d_pinned_gb_s": c.get("h2d_pinned_gbs"),
+        "vs_ceiling": study.get("load", {}).get("vs_ceiling"),
+    }
+    rec["out_of_core"] = {
+        "device_budget_bytes": ooc.get("device_budget_bytes"),
+        "data_bytes": ooc.get("data_bytes"),
+        "equal": ooc.get("equal"),
+        "bit_equal": ooc.get("bit_equal"),
+        "streamed_partitions": ooc.get("streamed_partitions"),
+        "gpu_s": ooc.get("s") if "error" not in ooc else None,
+        **({"error": ooc["error"]} if "error" in ooc else {}),
+        **({"unequal": ooc["unequal"]} if ooc.get("unequal") else {}),
+    }
+    rec["analyses"] = {
+        n: {"gpu_s": v["s"], "cpu_s": None, "duckdb_s": None} for n, v in study.get("analyses", {}).items()
+    }
+    rec["dask_cuda"] = {
+        "gpu_s": dask.get("gpu_s"),
+        "equal": dask.get("equal"),
+        "bit_equal": dask.get("bit_equal"),
+        **({"error": dask["error"]} if "error" in dask else {}),
+    }
     # a whole cell cannot be resident (~150 B a window: 400 GB), so it streams: the out-of-core rate
-    per_window = rec["out_of_core"]["gpu_s"] / rec["windows"] if rec["out_of_core"]["gpu_s"] and rec["windows"] else None
+    per_window = (
+        rec["out_of_core"]["gpu_s"] / rec["windows"] if rec["out_of_core"]["gpu_s"] and rec["windows"] else None
+    )
     rec["projection_cell_min"] = per_window * CELL_WINDOWS / 60 if per_window else None
-    rec["notes"] = {"projection": "out-of-core (streamed) seconds per window x 2.7e9 windows",
-                    "analyses.cpu_s": "not measured on the node (a 16-core cpu study at this size outruns the check)",
-                    "first_run_s": study.get("first_run_s"), "all_at_once_s": study.get("all_at_once_s")}
+    rec["notes"] = {
+        "projection": "out-of-core (streamed) seconds per window x 2.7e9 windows",
+        "analyses.cpu_s": "not measured on the node (a 16-core cpu study at this size outruns the check)",
+        "first_run_s": study.get("first_run_s"),
+        "all_at_once_s": study.get("all_at_once_s"),
+    }
     rec["steps"] = {"optimize": opt, "study": study, "cli_gpu": cli_gpu, "cli_cpu": cli_cpu, "dask": dask}
     _dump(out, rec)
     return rec
@@ -389,8 +458,16 @@ def assemble(work: Path, logs: Path, out: Path) -> dict[str, Any]:
 def env_step(out: Path, commit: str) -> None:
     rec: dict[str, Any] = {"commit": commit or None, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     try:
-        q = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                           capture_output=True, text=True, timeout=30).stdout.strip().split(", ")
+        q = (
+            subprocess.run(
+                ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            .stdout.strip()
+            .split(", ")
+        )
         rec["device"], rec["driver"] = q[0], q[1]
         import cupy as cp
 

@@ -62,8 +62,11 @@ def transfer_rates(cp) -> dict[str, float]:  # type: ignore[no-untyped-def]
         dev[...] = src
         cp.cuda.Device().synchronize()
 
-    out = {"h2d_pageable_gbs": GIB / best_of(pageable, 5) / 1e9, "h2d_pinned_gbs": GIB / best_of(from_pinned, 5) / 1e9,
-           "d2d_copy_gbs": 2 * GIB / best_of(d2d, 5) / 1e9}
+    out = {
+        "h2d_pageable_gbs": GIB / best_of(pageable, 5) / 1e9,
+        "h2d_pinned_gbs": GIB / best_of(from_pinned, 5) / 1e9,
+        "d2d_copy_gbs": 2 * GIB / best_of(d2d, 5) / 1e9,
+    }
     d2h = np.empty_like(host)
     out["d2h_pageable_gbs"] = GIB / best_of(lambda: dev.get(out=d2h), 5) / 1e9
     return out
@@ -92,9 +95,15 @@ def decode_rates(ds: Path) -> dict[str, float]:
     assert t is not None
     nbytes = t.nbytes
     to_np = best_of(lambda: [c.to_numpy() for c in t.columns], 3)
-    return {"rows": d.num_rows("instance_usage"), "columns": len(cols), "decoded_bytes": nbytes,
-            "decode_s": secs, "decode_gbs": nbytes / secs / 1e9, "to_numpy_s": to_np,
-            "parquet_bytes": sum(f.stat().st_size for f in files)}
+    return {
+        "rows": d.num_rows("instance_usage"),
+        "columns": len(cols),
+        "decoded_bytes": nbytes,
+        "decode_s": secs,
+        "decode_gbs": nbytes / secs / 1e9,
+        "to_numpy_s": to_np,
+        "parquet_bytes": sum(f.stat().st_size for f in files),
+    }
 
 
 def profile_analyses(ds: Path, top: int) -> dict[str, dict[str, object]]:
@@ -141,7 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     out["analyses"] = {k: v["wall_s"] for k, v in prof.items()}
     res = HERE / "results"
     (res / "gpu_profile.json").write_text(json.dumps(out, indent=1, default=str))
-    (res / "gpu_profile.txt").write_text("\n".join(f"## {k} ({v['wall_s']:.3f} s)\n{v['profile']}" for k, v in prof.items()))
+    (res / "gpu_profile.txt").write_text(
+        "\n".join(f"## {k} ({v['wall_s']:.3f} s)\n{v['profile']}" for k, v in prof.items())
+    )
     if os.environ.get("OUT"):
         for f in ("gpu_profile.json", "gpu_profile.txt"):
             shutil.copy(res / f, os.environ["OUT"])

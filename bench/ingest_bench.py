@@ -56,13 +56,24 @@ PCT = [0, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100]
 TAIL = [91, 92, 93, 94, 95, 96, 97, 98, 99]
 
 DUCK_COLUMNS = {
-    "start_time": "BIGINT", "end_time": "BIGINT", "collection_id": "BIGINT", "instance_index": "INTEGER",
-    "machine_id": "BIGINT", "alloc_collection_id": "BIGINT", "alloc_instance_index": "INTEGER",
+    "start_time": "BIGINT",
+    "end_time": "BIGINT",
+    "collection_id": "BIGINT",
+    "instance_index": "INTEGER",
+    "machine_id": "BIGINT",
+    "alloc_collection_id": "BIGINT",
+    "alloc_instance_index": "INTEGER",
     "collection_type": "TINYINT",
-    "average_usage": "STRUCT(cpus FLOAT, memory FLOAT)", "maximum_usage": "STRUCT(cpus FLOAT, memory FLOAT)",
-    "random_sample_usage": "STRUCT(cpus FLOAT)", "assigned_memory": "FLOAT", "page_cache_memory": "FLOAT",
-    "cycles_per_instruction": "FLOAT", "memory_accesses_per_instruction": "FLOAT", "sample_rate": "FLOAT",
-    "cpu_usage_distribution": "FLOAT[]", "tail_cpu_usage_distribution": "FLOAT[]",
+    "average_usage": "STRUCT(cpus FLOAT, memory FLOAT)",
+    "maximum_usage": "STRUCT(cpus FLOAT, memory FLOAT)",
+    "random_sample_usage": "STRUCT(cpus FLOAT)",
+    "assigned_memory": "FLOAT",
+    "page_cache_memory": "FLOAT",
+    "cycles_per_instruction": "FLOAT",
+    "memory_accesses_per_instruction": "FLOAT",
+    "sample_rate": "FLOAT",
+    "cpu_usage_distribution": "FLOAT[]",
+    "tail_cpu_usage_distribution": "FLOAT[]",
 }
 
 
@@ -127,13 +138,21 @@ def _summary(runs: list[dict[str, Any]], sizes: list[dict[str, Any]], tools: tup
             for tool in tools:
                 rs = [r for r in runs if r["windows"] == sz["windows"] and r["input"] == label and r["tool"] == tool]
                 wall = statistics.median(r["wall_s"] for r in rs)
-                out.append({
-                    "windows": sz["windows"], "input": label, "tool": tool, "runs": len(rs), "wall_s": round(wall, 2),
-                    "cpu_s": round(statistics.median(r["cpu_s"] for r in rs), 2), "rows": sz["rows"],
-                    "json_bytes": sz["json_bytes"], "rows_per_s": round(sz["rows"] / wall),
-                    "json_mb_per_s": round(sz["json_bytes"] / wall / 1e6, 1),
-                    "peak_rss_mib": max(r["peak_rss_mib"] for r in rs),
-                })
+                out.append(
+                    {
+                        "windows": sz["windows"],
+                        "input": label,
+                        "tool": tool,
+                        "runs": len(rs),
+                        "wall_s": round(wall, 2),
+                        "cpu_s": round(statistics.median(r["cpu_s"] for r in rs), 2),
+                        "rows": sz["rows"],
+                        "json_bytes": sz["json_bytes"],
+                        "rows_per_s": round(sz["rows"] / wall),
+                        "json_mb_per_s": round(sz["json_bytes"] / wall / 1e6, 1),
+                        "peak_rss_mib": max(r["peak_rss_mib"] for r in rs),
+                    }
+                )
     return out
 
 
@@ -146,31 +165,52 @@ def marginal(summary: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for a, b in zip(rs, rs[1:], strict=False):
             mb = (b["json_bytes"] - a["json_bytes"]) / 1e6
             dw, dc = b["wall_s"] - a["wall_s"], b["cpu_s"] - a["cpu_s"]
-            out.append({"input": label, "tool": tool, "from": a["windows"], "to": b["windows"],
-                        "mb_per_wall_s": round(mb / dw, 1) if dw > 0 else None,
-                        "mb_per_cpu_s": round(mb / dc, 1) if dc > 0 else None})
+            out.append(
+                {
+                    "input": label,
+                    "tool": tool,
+                    "from": a["windows"],
+                    "to": b["windows"],
+                    "mb_per_wall_s": round(mb / dw, 1) if dw > 0 else None,
+                    "mb_per_cpu_s": round(mb / dc, 1) if dc > 0 else None,
+                }
+            )
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--windows", default="1500000",
-                    help="usage windows in the shard, or a comma-separated list of sizes (1.5M is ~1.1 GB of JSON)")
+    ap.add_argument(
+        "--windows",
+        default="1500000",
+        help="usage windows in the shard, or a comma-separated list of sizes (1.5M is ~1.1 GB of JSON)",
+    )
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--threads", type=int, default=2, help="threads / workers for both tools")
     ap.add_argument("--name", default="ingest", help="results file stem under bench/results/")
     ap.add_argument("--repeat", type=int, default=1, help="interleaved rounds; the table shows medians")
     ap.add_argument("--no-arrow-path", action="store_true", help="skip gpuclust with GPUCLUST_FAST_JSON=0")
-    ap.add_argument("--timeline", action="store_true",
-                    help="after the rounds, one instrumented gpuclust run per input on the first size (phases)")
+    ap.add_argument(
+        "--timeline",
+        action="store_true",
+        help="after the rounds, one instrumented gpuclust run per input on the first size (phases)",
+    )
     args = ap.parse_args(argv)
     tools = ("gpuclust", "duckdb") if args.no_arrow_path else ("gpuclust", "gpuclust-arrow", "duckdb")
 
     sizes = []
     for w in (int(float(x)) for x in str(args.windows).split(",")):
         gz, plain = make_shard(w, args.seed)
-        sizes.append({"windows": w, "gz": gz, "plain": plain, "rows": count_lines(plain),
-                      "json_bytes": plain.stat().st_size, "gz_bytes": gz.stat().st_size})
+        sizes.append(
+            {
+                "windows": w,
+                "gz": gz,
+                "plain": plain,
+                "rows": count_lines(plain),
+                "json_bytes": plain.stat().st_size,
+                "gz_bytes": gz.stat().st_size,
+            }
+        )
     kernel = compiled_reader()
     print(f"gpuclust's compiled reader: {kernel}", flush=True)
     work = DATA / "work"
@@ -181,13 +221,20 @@ def main(argv: list[str] | None = None) -> int:
                 src, rows = sz["gz" if label == "gzip" else "plain"], sz["rows"]
                 for tool in tools:
                     m = _run_tool(tool, src, work, args.threads, rows)
-                    runs.append({
-                        "round": rnd, "windows": sz["windows"], "input": label, "tool": tool,
-                        "wall_s": round(m.wall_s, 2), "cpu_s": round(m.extra.get("cpu_s", float("nan")), 2),
-                        "rows": rows, "rows_per_s": round(rows / m.wall_s),
-                        "json_mb_per_s": round(sz["json_bytes"] / m.wall_s / 1e6, 1),
-                        "peak_rss_mib": round(m.peak_rss_bytes / 2**20),
-                    })
+                    runs.append(
+                        {
+                            "round": rnd,
+                            "windows": sz["windows"],
+                            "input": label,
+                            "tool": tool,
+                            "wall_s": round(m.wall_s, 2),
+                            "cpu_s": round(m.extra.get("cpu_s", float("nan")), 2),
+                            "rows": rows,
+                            "rows_per_s": round(rows / m.wall_s),
+                            "json_mb_per_s": round(sz["json_bytes"] / m.wall_s / 1e6, 1),
+                            "peak_rss_mib": round(m.peak_rss_bytes / 2**20),
+                        }
+                    )
                     print(json.dumps(runs[-1]), flush=True)
     timelines = {}
     if args.timeline:
@@ -199,14 +246,30 @@ def main(argv: list[str] | None = None) -> int:
     summary = _summary(runs, sizes, tools)
     marg = marginal(summary) if len(sizes) > 1 else []
     first = sizes[0]
-    payload = {"benchmark": "ingest", "shard_gz_bytes": first["gz_bytes"], "shard_json_bytes": first["json_bytes"],
-               "rows": first["rows"], "sizes": [{k: v for k, v in sz.items() if k not in ("gz", "plain")} for sz in sizes],
-               "threads": args.threads, "repeat": args.repeat, "runs": runs, "summary": summary, "marginal": marg,
-               "compiled_reader": kernel, "timelines": timelines, "environment": env}
-    names = {"gpuclust": "gpuclust", "gpuclust-arrow": "gpuclust, Arrow path (`GPUCLUST_FAST_JSON=0`)",
-             "duckdb": "duckdb"}
-    shards = "; ".join(f"{sz['rows']:,} rows, {sz['json_bytes'] / 1e9:.2f} GB of JSON ({sz['gz_bytes'] / 1e6:.0f} MB gzipped)"
-                       for sz in sizes)
+    payload = {
+        "benchmark": "ingest",
+        "shard_gz_bytes": first["gz_bytes"],
+        "shard_json_bytes": first["json_bytes"],
+        "rows": first["rows"],
+        "sizes": [{k: v for k, v in sz.items() if k not in ("gz", "plain")} for sz in sizes],
+        "threads": args.threads,
+        "repeat": args.repeat,
+        "runs": runs,
+        "summary": summary,
+        "marginal": marg,
+        "compiled_reader": kernel,
+        "timelines": timelines,
+        "environment": env,
+    }
+    names = {
+        "gpuclust": "gpuclust",
+        "gpuclust-arrow": "gpuclust, Arrow path (`GPUCLUST_FAST_JSON=0`)",
+        "duckdb": "duckdb",
+    }
+    shards = "; ".join(
+        f"{sz['rows']:,} rows, {sz['json_bytes'] / 1e9:.2f} GB of JSON ({sz['gz_bytes'] / 1e6:.0f} MB gzipped)"
+        for sz in sizes
+    )
     lines = [
         f"# Ingest benchmark: v3 InstanceUsage JSON shard -> Parquet ({args.threads} threads)",
         "",
@@ -216,8 +279,11 @@ def main(argv: list[str] | None = None) -> int:
         "",
         "| rows | input | tool | wall s | CPU s | rows/s | JSON MB/s | peak RSS MiB |",
         "|---:|---|---|---:|---:|---:|---:|---:|",
-        *[f"| {r['rows']:,} | {r['input']} | {names[r['tool']]} | {r['wall_s']} | {r['cpu_s']} | {r['rows_per_s']:,} | "
-          f"{r['json_mb_per_s']} | {r['peak_rss_mib']:,} |" for r in summary],
+        *[
+            f"| {r['rows']:,} | {r['input']} | {names[r['tool']]} | {r['wall_s']} | {r['cpu_s']} | {r['rows_per_s']:,} | "
+            f"{r['json_mb_per_s']} | {r['peak_rss_mib']:,} |"
+            for r in summary
+        ],
         "",
         "Environment: " + ", ".join(f"{k}={v}" for k, v in env.items()),
         "",
@@ -226,23 +292,37 @@ def main(argv: list[str] | None = None) -> int:
     for sz in sizes:
         for label in ("gzip", "plain"):
             g, d = by[(sz["windows"], label, "gpuclust")], by[(sz["windows"], label, "duckdb")]
-            lines.append(f"- {sz['rows']:,} rows, {label}: gpuclust / DuckDB throughput = {d['wall_s'] / g['wall_s']:.2f}x "
-                         f"(CPU seconds: DuckDB / gpuclust = {d['cpu_s'] / g['cpu_s']:.2f}x)")
+            lines.append(
+                f"- {sz['rows']:,} rows, {label}: gpuclust / DuckDB throughput = {d['wall_s'] / g['wall_s']:.2f}x "
+                f"(CPU seconds: DuckDB / gpuclust = {d['cpu_s'] / g['cpu_s']:.2f}x)"
+            )
             if (sz["windows"], label, "gpuclust-arrow") in by:
                 a = by[(sz["windows"], label, "gpuclust-arrow")]
-                lines.append(f"- {sz['rows']:,} rows, {label}: compiled reader vs Arrow path: "
-                             f"{a['wall_s'] / g['wall_s']:.2f}x wall, {a['cpu_s'] / g['cpu_s']:.2f}x CPU")
+                lines.append(
+                    f"- {sz['rows']:,} rows, {label}: compiled reader vs Arrow path: "
+                    f"{a['wall_s'] / g['wall_s']:.2f}x wall, {a['cpu_s'] / g['cpu_s']:.2f}x CPU"
+                )
     if marg:
-        lines += ["", "Marginal throughput between sizes (extra JSON MB per extra second; start-up cancels out):", "",
-                  "| input | tool | rows | MB per wall s | MB per CPU s |", "|---|---|---|---:|---:|",
-                  *[f"| {r['input']} | {names[r['tool']]} | {r['from']:,} -> {r['to']:,} | {r['mb_per_wall_s']} | "
-                    f"{r['mb_per_cpu_s']} |" for r in marg]]
+        lines += [
+            "",
+            "Marginal throughput between sizes (extra JSON MB per extra second; start-up cancels out):",
+            "",
+            "| input | tool | rows | MB per wall s | MB per CPU s |",
+            "|---|---|---|---:|---:|",
+            *[
+                f"| {r['input']} | {names[r['tool']]} | {r['from']:,} -> {r['to']:,} | {r['mb_per_wall_s']} | "
+                f"{r['mb_per_cpu_s']} |"
+                for r in marg
+            ],
+        ]
         mb = {(r["input"], r["tool"]): r for r in marg}
         for label in ("gzip", "plain"):
             g, d = mb.get((label, "gpuclust")), mb.get((label, "duckdb"))
             if g and d and g["mb_per_wall_s"] and d["mb_per_wall_s"]:
-                lines.append(f"- {label}, marginal: gpuclust / DuckDB throughput = "
-                             f"{g['mb_per_wall_s'] / d['mb_per_wall_s']:.2f}x")
+                lines.append(
+                    f"- {label}, marginal: gpuclust / DuckDB throughput = "
+                    f"{g['mb_per_wall_s'] / d['mb_per_wall_s']:.2f}x"
+                )
     for label, tl in timelines.items():
         lines += ["", *_timeline_md(tl, f"{label}, {sizes[0]['rows']:,} rows")]
     jp, mp = write_results(args.name, payload, "\n".join(lines) + "\n")
@@ -302,8 +382,21 @@ def timeline(src: Path, work: Path, threads: int) -> dict[str, Any]:
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     out = work / "timeline.json"
-    cmd = [sys.executable, "-c", TIMELINE, str(out), "ingest", str(src), "--out", str(work / "ds"), "--workers",
-           str(threads), "--no-progress", "--layout", "flat"]
+    cmd = [
+        sys.executable,
+        "-c",
+        TIMELINE,
+        str(out),
+        "ingest",
+        str(src),
+        "--out",
+        str(work / "ds"),
+        "--workers",
+        str(threads),
+        "--no-progress",
+        "--layout",
+        "flat",
+    ]
     m = run_measured(cmd)
     if m.returncode != 0:
         raise SystemExit(f"timeline run failed: {m.stdout_tail}")
@@ -313,11 +406,18 @@ def timeline(src: Path, work: Path, threads: int) -> dict[str, Any]:
     for e in ev:
         first.setdefault(e["ev"], e)
         last[e["ev"]] = e
-    phases = [("interpreter up", first["interpreter up"]), ("imports done", first["imports done"]),
-              ("first piece cut", first["pieces piece"]), ("first parse starts", first["parse start"]),
-              ("first parse ends", first["parse end"]), ("first part written", first["write_part end"]),
-              ("last piece cut", last["pieces piece"]), ("last parse ends", last["parse end"]),
-              ("last part written", last["write_part end"]), ("exit (os._exit)", last["exit"])]
+    phases = [
+        ("interpreter up", first["interpreter up"]),
+        ("imports done", first["imports done"]),
+        ("first piece cut", first["pieces piece"]),
+        ("first parse starts", first["parse start"]),
+        ("first parse ends", first["parse end"]),
+        ("first part written", first["write_part end"]),
+        ("last piece cut", last["pieces piece"]),
+        ("last parse ends", last["parse end"]),
+        ("last part written", last["write_part end"]),
+        ("exit (os._exit)", last["exit"]),
+    ]
     pts = sorted((e["t"], e["cpu"]) for e in ev)
 
     def cpu_at(t: float) -> float:
@@ -329,29 +429,46 @@ def timeline(src: Path, work: Path, threads: int) -> dict[str, Any]:
         return pts[-1][1]
 
     end = pts[-1][0]
-    busy = [round((cpu_at(min(t / 10 + 0.1, end)) - cpu_at(t / 10)) / (min(t / 10 + 0.1, end) - t / 10), 2)
-            for t in range(int(end * 10) + 1) if t / 10 < end]
-    return {"input": str(src), "wall_s": round(m.wall_s, 3), "cpu_s": round(m.extra.get("cpu_s", float("nan")), 2),
-            "peak_rss_mib": round(m.peak_rss_bytes / 2**20), "kernel": ev[-1]["ev"],
-            "phases": [{"phase": k, "t_s": round(e["t"], 3), "cpu_s": round(e["cpu"], 3)} for k, e in phases],
-            "cores_busy_per_0.1s": busy,
-            "pieces": sum(1 for e in ev if e["ev"] == "pieces piece")}
+    busy = [
+        round((cpu_at(min(t / 10 + 0.1, end)) - cpu_at(t / 10)) / (min(t / 10 + 0.1, end) - t / 10), 2)
+        for t in range(int(end * 10) + 1)
+        if t / 10 < end
+    ]
+    return {
+        "input": str(src),
+        "wall_s": round(m.wall_s, 3),
+        "cpu_s": round(m.extra.get("cpu_s", float("nan")), 2),
+        "peak_rss_mib": round(m.peak_rss_bytes / 2**20),
+        "kernel": ev[-1]["ev"],
+        "phases": [{"phase": k, "t_s": round(e["t"], 3), "cpu_s": round(e["cpu"], 3)} for k, e in phases],
+        "cores_busy_per_0.1s": busy,
+        "pieces": sum(1 for e in ev if e["ev"] == "pieces piece"),
+    }
 
 
 def _timeline_md(tl: dict[str, Any], label: str) -> list[str]:
     rows = [f"| {p['phase']} | {p['t_s']:.3f} | {p['cpu_s']:.2f} |" for p in tl["phases"]]
-    return [f"Timeline, {label} ({tl['pieces']} pieces, {tl['kernel']}; this run: wall {tl['wall_s']} s measured "
-            f"outside, CPU {tl['cpu_s']} s, peak RSS {tl['peak_rss_mib']} MiB):", "",
-            "| phase | s since the process started | process CPU s |", "|---|---:|---:|", *rows, "",
-            "Cores busy per 0.1 s: " + " ".join(f"{b:.1f}" for b in tl["cores_busy_per_0.1s"]), ""]
+    return [
+        f"Timeline, {label} ({tl['pieces']} pieces, {tl['kernel']}; this run: wall {tl['wall_s']} s measured "
+        f"outside, CPU {tl['cpu_s']} s, peak RSS {tl['peak_rss_mib']} MiB):",
+        "",
+        "| phase | s since the process started | process CPU s |",
+        "|---|---:|---:|",
+        *rows,
+        "",
+        "Cores busy per 0.1 s: " + " ".join(f"{b:.1f}" for b in tl["cores_busy_per_0.1s"]),
+        "",
+    ]
 
 
 def compiled_reader() -> str:
     """Which kernel gpuclust's compiled reader uses here (run in a fresh process, as the runs are)."""
     import subprocess
 
-    code = ("from gpuclust.ingest.readers import _fast_usage as f; ok = f.available(); "
-            "print('C extension' if f.compiled() else 'numba (no C extension built)' if ok else 'none: Arrow')")
+    code = (
+        "from gpuclust.ingest.readers import _fast_usage as f; ok = f.available(); "
+        "print('C extension' if f.compiled() else 'numba (no C extension built)' if ok else 'none: Arrow')"
+    )
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
 
 
@@ -361,12 +478,26 @@ def _run_tool(tool: str, src: Path, work: Path, threads: int, rows: int) -> Any:
     work.mkdir(parents=True)
     env = None
     if tool.startswith("gpuclust"):
-        cmd = [sys.executable, "-m", "gpuclust.cli", "ingest", str(src), "--out", str(work / "ds"),
-               "--workers", str(threads), "--no-progress", "--layout", "flat"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "gpuclust.cli",
+            "ingest",
+            str(src),
+            "--out",
+            str(work / "ds"),
+            "--workers",
+            str(threads),
+            "--no-progress",
+            "--layout",
+            "flat",
+        ]
         env = dict(os.environ, GPUCLUST_FAST_JSON="0" if tool == "gpuclust-arrow" else "1")
     else:
-        script = (f"import duckdb; c = duckdb.connect(); c.execute('SET threads={threads}'); "
-                  f"c.execute({duck_sql(src, work / 'out.parquet')!r})")
+        script = (
+            f"import duckdb; c = duckdb.connect(); c.execute('SET threads={threads}'); "
+            f"c.execute({duck_sql(src, work / 'out.parquet')!r})"
+        )
         cmd = [sys.executable, "-c", script]
     m = run_measured(cmd, env=env)
     if m.returncode != 0:

@@ -98,8 +98,9 @@ def copy_bandwidth(backend: Any, nbytes: int, repeat: int) -> float:
     return 2 * src.nbytes / t
 
 
-def _intervals(rng: np.random.Generator, n: int, n_groups: int, n_buckets: int, width: int,
-               contention: bool) -> dict[str, np.ndarray]:
+def _intervals(
+    rng: np.random.Generator, n: int, n_groups: int, n_buckets: int, width: int, contention: bool
+) -> dict[str, np.ndarray]:
     span = n_buckets * width
     start = rng.integers(0, span, n).astype(np.int64)
     end = start + 300 * US
@@ -115,35 +116,102 @@ def cases(scale: float) -> list[dict[str, Any]]:
     n = max(1000, int(1e8 * scale))
     nm = max(1000, int(1e7 * scale))
     return [
-        {"op": "bucket_overlap", "name": "tier x hour (5 x 744, shared-memory variant)", "n": n,
-         "n_groups": 5, "n_buckets": 744, "width": HOUR, "contention": False},
-        {"op": "bucket_overlap", "name": "machine x 5 min (12,500 x 8,928 at scale 1, global variant)", "n": n,
-         "n_groups": max(10, int(12_500 * min(scale, 1.0))), "n_buckets": 8_928, "width": 300 * US, "contention": False},
-        {"op": "bucket_overlap", "name": "tier x hour (5 x 744), global variant forced", "n": n,
-         "n_groups": 5, "n_buckets": 744, "width": HOUR, "contention": False, "force_global": True},
-        {"op": "bucket_overlap", "name": "all intervals in one cell (contention)", "n": n,
-         "n_groups": 1, "n_buckets": 4, "width": HOUR, "contention": True},
-        {"op": "bucket_overlap", "name": "all intervals in one cell (contention), global variant forced", "n": n,
-         "n_groups": 1, "n_buckets": 4, "width": HOUR, "contention": True, "force_global": True},
-        {"op": "bucket_overlap", "name": "7 series in one launch (overcommit's whole-bucket sweep, 1,000 x 288)",
-         "n": n // 4, "n_groups": 1_000, "n_buckets": 288, "width": 300 * US, "contention": False, "series": 7},
-        {"op": "bucket_overlap", "name": "7 series, one launch per series (the same inputs)", "n": n // 4,
-         "n_groups": 1_000, "n_buckets": 288, "width": 300 * US, "contention": False, "series": 7,
-         "per_series": True},
+        {
+            "op": "bucket_overlap",
+            "name": "tier x hour (5 x 744, shared-memory variant)",
+            "n": n,
+            "n_groups": 5,
+            "n_buckets": 744,
+            "width": HOUR,
+            "contention": False,
+        },
+        {
+            "op": "bucket_overlap",
+            "name": "machine x 5 min (12,500 x 8,928 at scale 1, global variant)",
+            "n": n,
+            "n_groups": max(10, int(12_500 * min(scale, 1.0))),
+            "n_buckets": 8_928,
+            "width": 300 * US,
+            "contention": False,
+        },
+        {
+            "op": "bucket_overlap",
+            "name": "tier x hour (5 x 744), global variant forced",
+            "n": n,
+            "n_groups": 5,
+            "n_buckets": 744,
+            "width": HOUR,
+            "contention": False,
+            "force_global": True,
+        },
+        {
+            "op": "bucket_overlap",
+            "name": "all intervals in one cell (contention)",
+            "n": n,
+            "n_groups": 1,
+            "n_buckets": 4,
+            "width": HOUR,
+            "contention": True,
+        },
+        {
+            "op": "bucket_overlap",
+            "name": "all intervals in one cell (contention), global variant forced",
+            "n": n,
+            "n_groups": 1,
+            "n_buckets": 4,
+            "width": HOUR,
+            "contention": True,
+            "force_global": True,
+        },
+        {
+            "op": "bucket_overlap",
+            "name": "7 series in one launch (overcommit's whole-bucket sweep, 1,000 x 288)",
+            "n": n // 4,
+            "n_groups": 1_000,
+            "n_buckets": 288,
+            "width": 300 * US,
+            "contention": False,
+            "series": 7,
+        },
+        {
+            "op": "bucket_overlap",
+            "name": "7 series, one launch per series (the same inputs)",
+            "n": n // 4,
+            "n_groups": 1_000,
+            "n_buckets": 288,
+            "width": 300 * US,
+            "contention": False,
+            "series": 7,
+            "per_series": True,
+        },
         {"op": "grouped_sum", "name": "10^5 groups", "n": n, "n_groups": 100_000},
         {"op": "grouped_sum", "name": "1,000 groups (shared-memory variant)", "n": n, "n_groups": 1_000},
-        {"op": "grouped_sum", "name": "1,000 groups, global variant forced", "n": n, "n_groups": 1_000,
-         "force_global": True},
+        {
+            "op": "grouped_sum",
+            "name": "1,000 groups, global variant forced",
+            "n": n,
+            "n_groups": 1_000,
+            "force_global": True,
+        },
         {"op": "grouped_sum", "name": "16 groups (shared-memory variant; a tier per group)", "n": n, "n_groups": 16},
-        {"op": "bincount", "name": "16 bins: the array module's weighted bincount (usage-vs-request's tier sums)",
-         "n": n, "n_groups": 16},
+        {
+            "op": "bincount",
+            "name": "16 bins: the array module's weighted bincount (usage-vs-request's tier sums)",
+            "n": n,
+            "n_groups": 16,
+        },
         {"op": "bincount", "name": "1,000 bins: the array module's weighted bincount", "n": n, "n_groups": 1_000},
         {"op": "grouped_comoments", "name": "d=2, 12,500 groups (cpi by machine)", "n": n, "n_groups": 12_500, "d": 2},
         {"op": "mixture_quantiles", "name": "~300 windows per group", "n": nm, "n_groups": max(1, nm // 300)},
         {"op": "mixture_quantiles", "name": "~30,000 windows per group", "n": nm, "n_groups": max(1, nm // 30_000)},
         {"op": "mixture_quantiles", "name": "5 groups (by=tier): tiled sweep", "n": nm // 2, "n_groups": 5},
-        {"op": "mixture_quantiles", "name": "5 groups (by=tier), one block per group forced", "n": nm // 2,
-         "n_groups": 5, "tiled": False},
+        {
+            "op": "mixture_quantiles",
+            "name": "5 groups (by=tier), one block per group forced",
+            "n": nm // 2,
+            "n_groups": 5,
+            "tiled": False,
+        },
         {"op": "mixture_quantiles", "name": "1 group (by=cell): tiled sweep", "n": nm // 2, "n_groups": 1},
     ]
 
@@ -220,14 +288,24 @@ def run_case(backend: Any, c: dict[str, Any], repeat: int, rng: np.random.Genera
         raise ValueError(op)
     with _variant(c):
         t = _timer(backend)(fn, repeat)
-    return {"op": op, "case": c["name"], "n": n, "n_groups": G, "seconds": t, "bytes": nbytes,
-            "gb_per_s": nbytes / t / 1e9, "items_per_s": n / t}
+    return {
+        "op": op,
+        "case": c["name"],
+        "n": n,
+        "n_groups": G,
+        "seconds": t,
+        "bytes": nbytes,
+        "gb_per_s": nbytes / t / 1e9,
+        "items_per_s": n / t,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backend", default="gpu", choices=("cpu", "gpu"))
-    ap.add_argument("--scale", type=float, default=1.0, help="multiply the default sizes (10^8 intervals, 10^7 windows)")
+    ap.add_argument(
+        "--scale", type=float, default=1.0, help="multiply the default sizes (10^8 intervals, 10^7 windows)"
+    )
     ap.add_argument("--copy-gib", type=float, default=1.0, help="size of the copy-bandwidth array, GiB")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--only", default="", help="comma-separated op names to run (default: all)")
@@ -254,19 +332,33 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(r)
         print(json.dumps(r), flush=True)
     env = environment()
-    md = [f"# Kernel bandwidth ({args.backend} backend; {env['gpu'] or env['cpu']})", "",
-          f"Copy bandwidth (read + write, {args.copy_gib:g} GiB float64 copy): **{copy / 1e9:.1f} GB/s**", "",
-          "| op | case | n | groups | s | items/s | GB/s (bytes it must move) | of copy bandwidth |",
-          "|---|---|---:|---:|---:|---:|---:|---:|"]
+    md = [
+        f"# Kernel bandwidth ({args.backend} backend; {env['gpu'] or env['cpu']})",
+        "",
+        f"Copy bandwidth (read + write, {args.copy_gib:g} GiB float64 copy): **{copy / 1e9:.1f} GB/s**",
+        "",
+        "| op | case | n | groups | s | items/s | GB/s (bytes it must move) | of copy bandwidth |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
-        md.append(f"| {r['op']} | {r['case']} | {r['n']:,} | {r['n_groups']:,} | {r['seconds']:.4f} | "
-                  f"{r['items_per_s']:,.0f} | {r['gb_per_s']:.1f} | {100 * r['fraction_of_copy']:.0f}% |")
-    md += ["", "Bytes: inputs read once + output written once (see the script's docstring); target on a "
-           "GPU: bucket_overlap and mixture_quantiles >= 50% of the copy bandwidth.", "",
-           "Environment: " + ", ".join(f"{k}={v}" for k, v in env.items()), ""]
+        md.append(
+            f"| {r['op']} | {r['case']} | {r['n']:,} | {r['n_groups']:,} | {r['seconds']:.4f} | "
+            f"{r['items_per_s']:,.0f} | {r['gb_per_s']:.1f} | {100 * r['fraction_of_copy']:.0f}% |"
+        )
+    md += [
+        "",
+        "Bytes: inputs read once + output written once (see the script's docstring); target on a "
+        "GPU: bucket_overlap and mixture_quantiles >= 50% of the copy bandwidth.",
+        "",
+        "Environment: " + ", ".join(f"{k}={v}" for k, v in env.items()),
+        "",
+    ]
     name = args.name or f"kernels_{args.backend}"
-    jp, mp = write_results(name, {"benchmark": "kernels", "backend": args.backend, "copy_bytes_per_s": copy,
-                                  "rows": rows, "environment": env}, "\n".join(md))
+    jp, mp = write_results(
+        name,
+        {"benchmark": "kernels", "backend": args.backend, "copy_bytes_per_s": copy, "rows": rows, "environment": env},
+        "\n".join(md),
+    )
     print("\n".join(md))
     print(f"wrote {jp} and {mp}")
     return 0

@@ -96,27 +96,41 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.repeat):
             for kind in runs:
                 runs[kind].append(_one(kind, ds))
-        med = {k: {f: statistics.median(r[f] for r in v) for f in ("s", "bytes", "hwm_mib", "process_s")}
-               for k, v in runs.items()}
-        row = {"size": size, "columns": len(usage_columns()), "runs": runs, "median": med,
-               "gb_s": {k: v["bytes"] / v["s"] / 1e9 for k, v in med.items()}}
+        med = {
+            k: {f: statistics.median(r[f] for r in v) for f in ("s", "bytes", "hwm_mib", "process_s")}
+            for k, v in runs.items()
+        }
+        row = {
+            "size": size,
+            "columns": len(usage_columns()),
+            "runs": runs,
+            "median": med,
+            "gb_s": {k: v["bytes"] / v["s"] / 1e9 for k, v in med.items()},
+        }
         row["ratio"] = row["gb_s"]["gpuclust"] / row["gb_s"]["pyarrow"]
         rows.append(row)
         print(json.dumps({"size": size, "ratio": row["ratio"], "gb_s": row["gb_s"]}), flush=True)
     env = environment()
-    md = [f"# Load: the study pipeline against pyarrow ({env.get('cores')} cores)", "",
-          f"The instance_usage columns every analysis reads ({rows[0]['columns'] if rows else 0}), from the canonical "
-          "dataset laid out by key: `gpuclust.open(ds).persist(columns)` (decode into NumPy, NULLs filled) against "
-          "`pyarrow.parquet.read_table(files, columns=..., use_threads=True)`. One process per load, the two kinds "
-          f"interleaved, {args.repeat} of each; medians of the load's wall time (after imports), its decoded bytes, "
-          f"and the process' peak RSS. Target: gpuclust >= {TARGET:.0%} of pyarrow's rate.", "",
-          "| windows | gpuclust s | pyarrow s | gpuclust GB/s | pyarrow GB/s | ratio | target | gpuclust peak RSS MiB "
-          "| pyarrow peak RSS MiB |", "|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
+    md = [
+        f"# Load: the study pipeline against pyarrow ({env.get('cores')} cores)",
+        "",
+        f"The instance_usage columns every analysis reads ({rows[0]['columns'] if rows else 0}), from the canonical "
+        "dataset laid out by key: `gpuclust.open(ds).persist(columns)` (decode into NumPy, NULLs filled) against "
+        "`pyarrow.parquet.read_table(files, columns=..., use_threads=True)`. One process per load, the two kinds "
+        f"interleaved, {args.repeat} of each; medians of the load's wall time (after imports), its decoded bytes, "
+        f"and the process' peak RSS. Target: gpuclust >= {TARGET:.0%} of pyarrow's rate.",
+        "",
+        "| windows | gpuclust s | pyarrow s | gpuclust GB/s | pyarrow GB/s | ratio | target | gpuclust peak RSS MiB "
+        "| pyarrow peak RSS MiB |",
+        "|---:|---:|---:|---:|---:|---:|---|---:|---:|",
+    ]
     for r in rows:
         g, p = r["median"]["gpuclust"], r["median"]["pyarrow"]
-        md.append(f"| {r['size']:,} | {g['s']:.3f} | {p['s']:.3f} | {r['gb_s']['gpuclust']:.2f} | "
-                  f"{r['gb_s']['pyarrow']:.2f} | {r['ratio']:.2f} | {'met' if r['ratio'] >= TARGET else 'missed'} | "
-                  f"{g['hwm_mib']:,.0f} | {p['hwm_mib']:,.0f} |")
+        md.append(
+            f"| {r['size']:,} | {g['s']:.3f} | {p['s']:.3f} | {r['gb_s']['gpuclust']:.2f} | "
+            f"{r['gb_s']['pyarrow']:.2f} | {r['ratio']:.2f} | {'met' if r['ratio'] >= TARGET else 'missed'} | "
+            f"{g['hwm_mib']:,.0f} | {p['hwm_mib']:,.0f} |"
+        )
     publish(args.name, {"rows": rows, "target": TARGET}, md, env)
     return 0
 

@@ -39,8 +39,13 @@ def partials(n_parts: int, keys: int, seed: int = 0) -> list[dict[str, np.ndarra
     for chunk in np.array_split(ids, n_parts):
         m = chunk.shape[0]
         p = JobUsage().empty()
-        p.update(key=np.sort(chunk), cpu=rng.random(m), mem=rng.random(m), windows=np.ones(m, np.int64),
-                 prio=rng.integers(0, 400, m).astype(np.int64))
+        p.update(
+            key=np.sort(chunk),
+            cpu=rng.random(m),
+            mem=rng.random(m),
+            windows=np.ones(m, np.int64),
+            prio=rng.integers(0, 400, m).astype(np.int64),
+        )
         out.append(p)
     return out
 
@@ -72,11 +77,20 @@ def measure(n_parts: int, keys: int, repeat: int) -> dict[str, Any]:
             got[name] = fn()
             best[name] = min(best.get(name, np.inf), time.perf_counter() - t0)
     f, t = got["fold"], got["tree"]
-    if not (np.array_equal(f["key"], t["key"]) and np.allclose(f["cpu"], t["cpu"], rtol=1e-12)
-            and np.array_equal(f["windows"], t["windows"]) and np.array_equal(f["prio"], t["prio"])):
+    if not (
+        np.array_equal(f["key"], t["key"])
+        and np.allclose(f["cpu"], t["cpu"], rtol=1e-12)
+        and np.array_equal(f["windows"], t["windows"])
+        and np.array_equal(f["prio"], t["prio"])
+    ):
         raise AssertionError("the tree and the fold disagree")
-    return {"partitions": n_parts, "keys": keys, "fold_s": round(best["fold"], 4), "tree_s": round(best["tree"], 4),
-            "fold_over_tree": round(best["fold"] / best["tree"], 2)}
+    return {
+        "partitions": n_parts,
+        "keys": keys,
+        "fold_s": round(best["fold"], 4),
+        "tree_s": round(best["tree"], 4),
+        "fold_over_tree": round(best["fold"] / best["tree"], 2),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,8 +102,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     rows = [measure(int(p), args.keys, args.repeat) for p in args.partitions.split(",")]
     md = ["| partitions | keys | running fold s | tree of 8 s | fold / tree |", "|---:|---:|---:|---:|---:|"]
-    md += [f"| {r['partitions']:,} | {r['keys']:,} | {r['fold_s']:.3f} | {r['tree_s']:.3f} | {r['fold_over_tree']:.1f} |"
-           for r in rows]
+    md += [
+        f"| {r['partitions']:,} | {r['keys']:,} | {r['fold_s']:.3f} | {r['tree_s']:.3f} | {r['fold_over_tree']:.1f} |"
+        for r in rows
+    ]
     publish(args.name, {"rows": rows}, md)
     return 0
 

@@ -84,8 +84,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--windows", type=int, default=1_000_000)
     ap.add_argument("--groups", type=int, default=10_000)
     ap.add_argument("--grid", type=int, default=2049, help="grid points of the per-group loop")
-    ap.add_argument("--baseline-groups", type=int, default=0,
-                    help="time the loop on this many groups only and extrapolate (0 = all groups)")
+    ap.add_argument(
+        "--baseline-groups",
+        type=int,
+        default=0,
+        help="time the loop on this many groups only and extrapolate (0 = all groups)",
+    )
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--gpu", action="store_true", help="also time the CuPy op (needs a device)")
     ap.add_argument("--save", action="store_true", help="write bench/results/mixture_bench.{json,md}")
@@ -97,8 +101,14 @@ def main(argv: list[str] | None = None) -> int:
 
     mixture_cpu.mixture_quantiles(q[:1000], w[:1000], g[:1000], args.groups, LEVELS)  # warm-up
     t_np = timeit(lambda: mixture_cpu.mixture_quantiles(q, w, g, args.groups, LEVELS), args.repeat)
-    rows.append({"contender": "gpuclust numpy (exact)", "seconds": t_np, "cpu_seconds": CPU_TIMES[-1],
-                 "windows_per_s": n / t_np})
+    rows.append(
+        {
+            "contender": "gpuclust numpy (exact)",
+            "seconds": t_np,
+            "cpu_seconds": CPU_TIMES[-1],
+            "windows_per_s": n / t_np,
+        }
+    )
 
     df = pd.DataFrame(q, columns=list(CPU_PERCENTILE_COLUMNS_SORTED))
     df["w"], df["group"] = w, g
@@ -126,8 +136,14 @@ def main(argv: list[str] | None = None) -> int:
 
         run_gpu()
         t_gpu = timeit(run_gpu, max(args.repeat, 3))
-        rows.append({"contender": "gpuclust cupy (exact)", "seconds": t_gpu, "cpu_seconds": CPU_TIMES[-1],
-                     "windows_per_s": n / t_gpu})
+        rows.append(
+            {
+                "contender": "gpuclust cupy (exact)",
+                "seconds": t_gpu,
+                "cpu_seconds": CPU_TIMES[-1],
+                "windows_per_s": n / t_gpu,
+            }
+        )
         got = cp.asnumpy(mixture_gpu.mixture_quantiles(qd, wd, gd, args.groups, lv))
         ref = mixture_cpu.mixture_quantiles(q, w, g, args.groups, LEVELS)
         rel = np.nanmax(np.abs(got - ref) / np.maximum(np.abs(ref), 1e-300))
@@ -135,21 +151,37 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"{n} windows, {args.groups} groups, 20 levels")
     for r in rows:
-        print(f"  {r['contender']:<75s} {r['seconds']:9.3f} s wall {r['cpu_seconds']:9.3f} s cpu"
-              f"  {r['windows_per_s']:14,.0f} windows/s")
-    print(f"  speed-up of gpuclust numpy over the per-group loop: {t_loop / t_np:.1f}x wall, "
-          f"{rows[1]['cpu_seconds'] / rows[0]['cpu_seconds']:.1f}x cpu")
+        print(
+            f"  {r['contender']:<75s} {r['seconds']:9.3f} s wall {r['cpu_seconds']:9.3f} s cpu"
+            f"  {r['windows_per_s']:14,.0f} windows/s"
+        )
+    print(
+        f"  speed-up of gpuclust numpy over the per-group loop: {t_loop / t_np:.1f}x wall, "
+        f"{rows[1]['cpu_seconds'] / rows[0]['cpu_seconds']:.1f}x cpu"
+    )
 
     if args.save:
         from bench._harness import environment, write_results
 
         env = environment()
-        md = "\n".join([f"# Mixture merge: {n:,} windows in {args.groups:,} groups, 20 levels", "",
-                         "| contender | wall s | cpu s | windows/s |", "|---|---:|---:|---:|"]
-                        + [f"| {r['contender']} | {r['seconds']:.3f} | {r['cpu_seconds']:.3f} | {r['windows_per_s']:,.0f} |"
-                           for r in rows]
-                        + ["", f"Speed-up over the per-group loop: {t_loop / t_np:.1f}x wall.", "",
-                           "Environment: " + ", ".join(f"{k}={v}" for k, v in env.items())])
+        md = "\n".join(
+            [
+                f"# Mixture merge: {n:,} windows in {args.groups:,} groups, 20 levels",
+                "",
+                "| contender | wall s | cpu s | windows/s |",
+                "|---|---:|---:|---:|",
+            ]
+            + [
+                f"| {r['contender']} | {r['seconds']:.3f} | {r['cpu_seconds']:.3f} | {r['windows_per_s']:,.0f} |"
+                for r in rows
+            ]
+            + [
+                "",
+                f"Speed-up over the per-group loop: {t_loop / t_np:.1f}x wall.",
+                "",
+                "Environment: " + ", ".join(f"{k}={v}" for k, v in env.items()),
+            ]
+        )
         write_results("mixture_bench", {"args": vars(args), "rows": rows, "env": env}, md + "\n")
     return 0
 

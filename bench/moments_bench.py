@@ -101,10 +101,21 @@ def bench_pandas_wsums(d: dict[str, np.ndarray]) -> Callable[[], Any]:
     w, y, u, t = d["w"], d["cpi"], d["util"], d["nt"]
 
     def run() -> Any:  # the products are part of the work (timed)
-        df = pd.DataFrame({
-            "g": d["g"], "w": w, "wy": w * y, "wu": w * u, "wt": w * t,
-            "wyy": w * y * y, "wuu": w * u * u, "wtt": w * t * t, "wyu": w * y * u, "wyt": w * y * t, "wut": w * u * t,
-        })
+        df = pd.DataFrame(
+            {
+                "g": d["g"],
+                "w": w,
+                "wy": w * y,
+                "wu": w * u,
+                "wt": w * t,
+                "wyy": w * y * y,
+                "wuu": w * u * u,
+                "wtt": w * t * t,
+                "wyu": w * y * u,
+                "wyt": w * y * t,
+                "wut": w * u * t,
+            }
+        )
         return df.groupby("g", sort=True).sum()
 
     return run
@@ -181,10 +192,15 @@ def main(argv: list[str] | None = None) -> int:
 
         env = environment()
         md = ["| rows | groups | contender | s | Mrows/s |", "|---:|---:|---|---:|---:|"]
-        md += [f"| {r['rows']} | {r['groups']} | {r['contender']} | {r['seconds']:.3f} | {r['rows_per_s'] / 1e6:.1f} |"
-               for r in results]
-        write_results("moments", {"environment": env, "results": results},
-                      "# grouped co-moments\n\n" + "\n".join(md) + f"\n\n{env}\n")
+        md += [
+            f"| {r['rows']} | {r['groups']} | {r['contender']} | {r['seconds']:.3f} | {r['rows_per_s'] / 1e6:.1f} |"
+            for r in results
+        ]
+        write_results(
+            "moments",
+            {"environment": env, "results": results},
+            "# grouped co-moments\n\n" + "\n".join(md) + f"\n\n{env}\n",
+        )
     return 0
 
 

@@ -50,15 +50,30 @@ def main() -> None:
             if m.returncode != 0:
                 raise SystemExit(f"{cmd} failed:\n{m.stdout_tail}")
             n = buckets
-            rows.append({"windows": size, "mode": label, "buckets": n, "wall_s": round(m.wall_s, 2),
-                         "peak_rss_mb": round(m.peak_rss_bytes / 2**20), "rows_per_bucket": math.ceil(size / n)})
+            rows.append(
+                {
+                    "windows": size,
+                    "mode": label,
+                    "buckets": n,
+                    "wall_s": round(m.wall_s, 2),
+                    "peak_rss_mb": round(m.peak_rss_bytes / 2**20),
+                    "rows_per_bucket": math.ceil(size / n),
+                }
+            )
             print(rows[-1], flush=True)
     env = environment()
-    md = ["# `gpuclust optimize`: peak RSS and time", "",
-          f"{env.get('cpu', '')}, {env.get('cores', '')} cores; commit {env.get('commit', '')}; {env.get('date', '')}", "",
-          "| windows | buckets | usage rows / bucket | wall s | peak RSS MiB |", "|---:|---:|---:|---:|---:|"]
+    md = [
+        "# `gpuclust optimize`: peak RSS and time",
+        "",
+        f"{env.get('cpu', '')}, {env.get('cores', '')} cores; commit {env.get('commit', '')}; {env.get('date', '')}",
+        "",
+        "| windows | buckets | usage rows / bucket | wall s | peak RSS MiB |",
+        "|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
-        md.append(f"| {r['windows']:,} | {r['buckets']} ({r['mode']}) | {r['rows_per_bucket']:,} | {r['wall_s']} | {r['peak_rss_mb']:,} |")
+        md.append(
+            f"| {r['windows']:,} | {r['buckets']} ({r['mode']}) | {r['rows_per_bucket']:,} | {r['wall_s']} | {r['peak_rss_mb']:,} |"
+        )
     write_results(a.name, {"environment": env, "rows": rows}, "\n".join(md) + "\n")
 
 

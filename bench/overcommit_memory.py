@@ -52,8 +52,9 @@ def _reset_peak() -> bool:
         return False
 
 
-def child(path: str, bucket_s: int, buckets: int | None, partitions: int, finalize_cells: int = 0,
-          shard_cells: int = 0) -> dict:
+def child(
+    path: str, bucket_s: int, buckets: int | None, partitions: int, finalize_cells: int = 0, shard_cells: int = 0
+) -> dict:
     import tempfile
 
     import gpuclust.engine.local as L
@@ -75,8 +76,12 @@ def child(path: str, bucket_s: int, buckets: int | None, partitions: int, finali
 
     if buckets:
         ds = Dataset(path)
-        src = TableSource({t: ds.read(t) for t in TABLES if ds.num_rows(t)}, tier_map=ds.tier_map_name,
-                          trace_version=ds.trace_version, buckets=buckets)
+        src = TableSource(
+            {t: ds.read(t) for t in TABLES if ds.num_rows(t)},
+            tier_map=ds.tier_map_name,
+            trace_version=ds.trace_version,
+            buckets=buckets,
+        )
     else:
         src = as_source(path)
     out: dict = {"rss_start": _rss()}
@@ -88,14 +93,22 @@ def child(path: str, bucket_s: int, buckets: int | None, partitions: int, finali
     out["rss_after_context"], out["peak_after_context"] = _rss(), _maxrss()
     folders = SpillFolders(tempfile.mkdtemp(prefix="oc-mem-"))  # as `analyze --out`: parts written by the shards
     spills = [folders.for_analysis(0)]
-    merged = L.merge_local(plans, [a], ctxs, be, 2, None,
-                           lambda spec, sub, sc, sp: L.partition_partials(spec, sub, sc, be, sp), spills)
+    merged = L.merge_local(
+        plans, [a], ctxs, be, 2, None, lambda spec, sub, sc, sp: L.partition_partials(spec, sub, sc, be, sp), spills
+    )
     out["rss_before_finalize"], out["peak_before_finalize"] = _rss(), _maxrss()
     out["partials_s"] = time.perf_counter() - t0
     out["peak_reset"] = _reset_peak()  # so the peak below is finalize's own
     t1 = time.perf_counter()
-    res = L.finalize_all([a], merged, [L.unbound(ctxs[0])], None, folders=folders, spills=spills,
-                         run_tasks=lambda args: [reduce_shard(*t) for t in args])["overcommit"]
+    res = L.finalize_all(
+        [a],
+        merged,
+        [L.unbound(ctxs[0])],
+        None,
+        folders=folders,
+        spills=spills,
+        run_tasks=lambda args: [reduce_shard(*t) for t in args],
+    )["overcommit"]
     out["finalize_s"] = time.perf_counter() - t1
     out["peak_after_finalize"] = _maxrss()
     from gpuclust.tables import as_arrow
@@ -103,9 +116,14 @@ def child(path: str, bucket_s: int, buckets: int | None, partitions: int, finali
     info = as_arrow(res["info"]).to_pylist()[0]
     mb = int(info["machines"]) * int(info["buckets"])
     machine = res["machine"]
-    out.update(machines=int(info["machines"]), buckets=int(info["buckets"]), machine_buckets=mb,
-               machine_rows=machine.num_rows, machine_parts=len(machine.files),
-               output_bytes=int(sum(as_arrow(t).nbytes for name, t in res.items() if name != "machine")))
+    out.update(
+        machines=int(info["machines"]),
+        buckets=int(info["buckets"]),
+        machine_buckets=mb,
+        machine_rows=machine.num_rows,
+        machine_parts=len(machine.files),
+        output_bytes=int(sum(as_arrow(t).nbytes for name, t in res.items() if name != "machine")),
+    )
     folders.close()
     import shutil
 
@@ -131,17 +149,45 @@ def main() -> None:
     args = p.parse_args()
     path = Path(args.data) / f"w{args.windows}_m{args.machines}"
     if args.child:
-        print(json.dumps(child(str(path), args.bucket_s, args.buckets or None, args.partitions, args.finalize_cells,
-                               args.shard_cells)))
+        print(
+            json.dumps(
+                child(
+                    str(path),
+                    args.bucket_s,
+                    args.buckets or None,
+                    args.partitions,
+                    args.finalize_cells,
+                    args.shard_cells,
+                )
+            )
+        )
         return
     if not (path / "manifest.json").exists():
         sys.path.insert(0, str(HERE))
         from gen_canonical import make_dataset
 
         make_dataset(path, args.windows, machines=args.machines)
-    cmd = [sys.executable, __file__, "--child", "--windows", str(args.windows), "--machines", str(args.machines),
-           "--bucket-s", str(args.bucket_s), "--buckets", str(args.buckets), "--partitions", str(args.partitions),
-           "--finalize-cells", str(args.finalize_cells), "--shard-cells", str(args.shard_cells), "--data", args.data]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        "--windows",
+        str(args.windows),
+        "--machines",
+        str(args.machines),
+        "--bucket-s",
+        str(args.bucket_s),
+        "--buckets",
+        str(args.buckets),
+        "--partitions",
+        str(args.partitions),
+        "--finalize-cells",
+        str(args.finalize_cells),
+        "--shard-cells",
+        str(args.shard_cells),
+        "--data",
+        args.data,
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, check=True)
     print(r.stdout.strip().splitlines()[-1])
 

@@ -78,7 +78,9 @@ def _env() -> dict[str, str]:
 
 
 def _cli(*args: str, timeout: float | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "gpuclust.cli", *args], capture_output=True, text=True, env=_env(), timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "gpuclust.cli", *args], capture_output=True, text=True, env=_env(), timeout=timeout
+    )
 
 
 def has_optimize() -> tuple[bool, bool]:
@@ -134,8 +136,16 @@ def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for (layout, dataset, analysis), rs in groups.items():
         ok = [r for r in rs if r["status"] == "ok"]
         first = rs[0]
-        row: dict[str, Any] = {"layout": layout, "dataset": dataset, "analysis": analysis, "size": first["size"],
-                               "windows": first.get("windows"), "long_span": first["long_span"], "runs": len(rs), "ok": len(ok)}
+        row: dict[str, Any] = {
+            "layout": layout,
+            "dataset": dataset,
+            "analysis": analysis,
+            "size": first["size"],
+            "windows": first.get("windows"),
+            "long_span": first["long_span"],
+            "runs": len(rs),
+            "ok": len(ok),
+        }
         if ok:
             row["wall_s"] = round(statistics.median(r["wall_s"] for r in ok), 3)
             row["peak_rss_bytes"] = int(statistics.median(r["peak_rss_bytes"] for r in ok))
@@ -166,10 +176,14 @@ def _gib(b: int | None) -> str:
 
 
 def markdown(summary: list[dict[str, Any]], env: dict[str, Any], notes: list[str]) -> str:
-    md = [f"# Scale benchmark ({env['cores']} cores, {env['memory_gib']} GiB{', ' + env['gpu'] if env['gpu'] else ', no GPU'})", "",
-          f"Commit {env['commit']}{' (dirty)' if env['dirty'] else ''}, {env['date']}.  Whole `gpuclust analyze` process, cpu "
-          "backend; medians of the finished runs.  Goal: peak RSS at 1.6e7 windows within "
-          f"{RSS_TARGET}x of 4e6 (4x the windows), time linear (s per million windows flat).", ""]
+    md = [
+        f"# Scale benchmark ({env['cores']} cores, {env['memory_gib']} GiB{', ' + env['gpu'] if env['gpu'] else ', no GPU'})",
+        "",
+        f"Commit {env['commit']}{' (dirty)' if env['dirty'] else ''}, {env['date']}.  Whole `gpuclust analyze` process, cpu "
+        "backend; medians of the finished runs.  Goal: peak RSS at 1.6e7 windows within "
+        f"{RSS_TARGET}x of 4e6 (4x the windows), time linear (s per million windows flat).",
+        "",
+    ]
     by_an: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in summary:
         by_an.setdefault((r["analysis"], r["layout"]), []).append(r)
@@ -179,91 +193,152 @@ def markdown(summary: list[dict[str, Any]], env: dict[str, Any], notes: list[str
         small, big = ok.get(RATIO_SMALL), ok.get(RATIO_BIG)
         if small and big:
             ratio = big["peak_rss_bytes"] / small["peak_rss_bytes"]
-            md.append(f"| {an} | {layout} | {_gib(small['peak_rss_bytes'])} | {_gib(big['peak_rss_bytes'])} | "
-                      f"{ratio:.2f}x | {'pass' if ratio <= RSS_TARGET else '**FAIL**'} |")
+            md.append(
+                f"| {an} | {layout} | {_gib(small['peak_rss_bytes'])} | {_gib(big['peak_rss_bytes'])} | "
+                f"{ratio:.2f}x | {'pass' if ratio <= RSS_TARGET else '**FAIL**'} |"
+            )
         else:
             failed = next((r["status"] for r in rs if r["status"] not in ("ok", "skipped")), "not measured")
             md.append(f"| {an} | {layout} | {_gib(small['peak_rss_bytes']) if small else ''} | | | {failed} |")
     md.append("")
     for (an, layout), rs in sorted(by_an.items()):
-        md += [f"## {an} ({layout})", "",
-               "| dataset | windows | status | wall s | CPU s | peak RSS GiB | wall s per 1e6 windows | CPU s per 1e6 windows | load |",
-               "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+        md += [
+            f"## {an} ({layout})",
+            "",
+            "| dataset | windows | status | wall s | CPU s | peak RSS GiB | wall s per 1e6 windows | CPU s per 1e6 windows | load |",
+            "|---|---:|---|---:|---:|---:|---:|---:|---:|",
+        ]
         rs = sorted(rs, key=lambda r: (r["long_span"], r["size"]))
         for r in rs:
             if r["status"] == "ok":
-                md.append(f"| {r['dataset']} | {r['windows']:,} | ok ({r['ok']}/{r['runs']}) | {r['wall_s']:.1f} | "
-                          f"{r.get('cpu_s', '')} | {_gib(r['peak_rss_bytes'])} | {r.get('s_per_mwindows', '')} | "
-                          f"{r.get('cpu_s_per_mwindows', '')} | {r.get('load_avg_1m', '')} |")
+                md.append(
+                    f"| {r['dataset']} | {r['windows']:,} | ok ({r['ok']}/{r['runs']}) | {r['wall_s']:.1f} | "
+                    f"{r.get('cpu_s', '')} | {_gib(r['peak_rss_bytes'])} | {r.get('s_per_mwindows', '')} | "
+                    f"{r.get('cpu_s_per_mwindows', '')} | {r.get('load_avg_1m', '')} |"
+                )
             else:
                 at = []
                 if r.get("wall_s_at_kill") is not None:
                     at.append(f"after {r['wall_s_at_kill']:.0f} s")
                 if r.get("peak_rss_bytes_at_kill"):
                     at.append(f"at {_gib(r['peak_rss_bytes_at_kill'])} GiB")
-                md.append(f"| {r['dataset']} | {r['windows'] or '':,} | **{r['status']}** {', '.join(at)} | | | | | | |")
+                md.append(
+                    f"| {r['dataset']} | {r['windows'] or '':,} | **{r['status']}** {', '.join(at)} | | | | | | |"
+                )
         md.append("")
         ok = {r["size"]: r for r in rs if r["status"] == "ok" and not r["long_span"]}
         small = ok.get(RATIO_SMALL)
-        unfinished = [r for r in rs if not r["long_span"] and r["status"] not in ("ok", "skipped")
-                      and small and r["size"] > RATIO_SMALL]
+        unfinished = [
+            r
+            for r in rs
+            if not r["long_span"] and r["status"] not in ("ok", "skipped") and small and r["size"] > RATIO_SMALL
+        ]
         if small and RATIO_BIG in ok:
             ratio = ok[RATIO_BIG]["peak_rss_bytes"] / small["peak_rss_bytes"]
-            md.append(f"Peak RSS 1.6e7 / 4e6: **{ratio:.2f}x** ({'pass' if ratio <= RSS_TARGET else 'FAIL'}, target <= {RSS_TARGET}x).")
+            md.append(
+                f"Peak RSS 1.6e7 / 4e6: **{ratio:.2f}x** ({'pass' if ratio <= RSS_TARGET else 'FAIL'}, target <= {RSS_TARGET}x)."
+            )
         elif small:
             big = max(ok)
             if big > RATIO_SMALL:
                 ratio = ok[big]["peak_rss_bytes"] / small["peak_rss_bytes"]
-                verdict = ("FAIL" + (" (larger sizes did not finish)" if unfinished else "")) if (ratio > RSS_TARGET or unfinished) else "1.6e7 not measured"
-                md.append(f"Peak RSS {size_label(big)} / 4e6: **{ratio:.2f}x** ({big // RATIO_SMALL}x the windows; {verdict}; "
-                          f"target 1.6e7 / 4e6 <= {RSS_TARGET}x).")
+                verdict = (
+                    ("FAIL" + (" (larger sizes did not finish)" if unfinished else ""))
+                    if (ratio > RSS_TARGET or unfinished)
+                    else "1.6e7 not measured"
+                )
+                md.append(
+                    f"Peak RSS {size_label(big)} / 4e6: **{ratio:.2f}x** ({big // RATIO_SMALL}x the windows; {verdict}; "
+                    f"target 1.6e7 / 4e6 <= {RSS_TARGET}x)."
+                )
             elif unfinished:
                 u = min(unfinished, key=lambda r: r["size"])
                 at = u.get("peak_rss_bytes_at_kill")
-                md.append(f"Peak RSS: {size_label(u['size'])} did not finish ({u['status']}"
-                          + (f", already {at / small['peak_rss_bytes']:.2f}x 4e6's when killed" if at else "")
-                          + f"): **FAIL** (target 1.6e7 / 4e6 <= {RSS_TARGET}x).")
+                md.append(
+                    f"Peak RSS: {size_label(u['size'])} did not finish ({u['status']}"
+                    + (f", already {at / small['peak_rss_bytes']:.2f}x 4e6's when killed" if at else "")
+                    + f"): **FAIL** (target 1.6e7 / 4e6 <= {RSS_TARGET}x)."
+                )
         per = [r for r in rs if r["status"] == "ok" and not r["long_span"] and r.get("s_per_mwindows")]
         if len(per) >= 2:
             lo, hi = per[0], per[-1]
-            md.append(f"Wall s per million windows {lo['dataset']} -> {hi['dataset']}: {lo['s_per_mwindows']} -> "
-                      f"{hi['s_per_mwindows']} ({hi['s_per_mwindows'] / lo['s_per_mwindows']:.2f}x; 1.0 = linear).")
+            md.append(
+                f"Wall s per million windows {lo['dataset']} -> {hi['dataset']}: {lo['s_per_mwindows']} -> "
+                f"{hi['s_per_mwindows']} ({hi['s_per_mwindows'] / lo['s_per_mwindows']:.2f}x; 1.0 = linear)."
+            )
             cpu = [r for r in per if r.get("cpu_s") is not None]
             if len(cpu) >= 2:
                 # marginal CPU seconds per million windows between consecutive sizes: the process start
                 # and imports (~1 s, machine-shapes' whole run) cancel out
-                steps = [(a, b, (b["cpu_s"] - a["cpu_s"]) / ((b["windows"] - a["windows"]) / 1e6)) for a, b in zip(cpu, cpu[1:], strict=False)]
-                md.append("Marginal CPU s per million windows: " + ", ".join(f"{a['dataset']} -> {b['dataset']} {m:.3f}" for a, b, m in steps)
-                          + (f" ({steps[-1][2] / steps[0][2]:.2f}x; 1.0 = linear)." if len(steps) >= 2 and steps[0][2] > 0 else "."))
+                steps = [
+                    (a, b, (b["cpu_s"] - a["cpu_s"]) / ((b["windows"] - a["windows"]) / 1e6))
+                    for a, b in zip(cpu, cpu[1:], strict=False)
+                ]
+                md.append(
+                    "Marginal CPU s per million windows: "
+                    + ", ".join(f"{a['dataset']} -> {b['dataset']} {m:.3f}" for a, b, m in steps)
+                    + (
+                        f" ({steps[-1][2] / steps[0][2]:.2f}x; 1.0 = linear)."
+                        if len(steps) >= 2 and steps[0][2] > 0
+                        else "."
+                    )
+                )
         md.append("")
-    md += ["## Notes", "", *[f"- {n}" for n in notes], "",
-           "Environment: " + ", ".join(f"{k}={v}" for k, v in env.items()), ""]
+    md += [
+        "## Notes",
+        "",
+        *[f"- {n}" for n in notes],
+        "",
+        "Environment: " + ", ".join(f"{k}={v}" for k, v in env.items()),
+        "",
+    ]
     return "\n".join(md)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default=DEFAULT_SIZES, help=f"comma-separated window counts (default {DEFAULT_SIZES})")
-    ap.add_argument("--long-span", default=DEFAULT_LONG_SPAN, metavar="WINDOWS,MACHINES,DAYS",
-                    help=f"the long-span set (default {DEFAULT_LONG_SPAN})")
+    ap.add_argument(
+        "--long-span",
+        default=DEFAULT_LONG_SPAN,
+        metavar="WINDOWS,MACHINES,DAYS",
+        help=f"the long-span set (default {DEFAULT_LONG_SPAN})",
+    )
     ap.add_argument("--no-long-span", action="store_true", help="skip the long-span set")
-    ap.add_argument("--analyses", default="all",
-                    help="comma-separated analysis names or labels (usage-distribution[by=instance]), or all")
+    ap.add_argument(
+        "--analyses",
+        default="all",
+        help="comma-separated analysis names or labels (usage-distribution[by=instance]), or all",
+    )
     ap.add_argument("--repeat", type=int, default=1, help="runs per measurement, interleaved (medians reported)")
-    ap.add_argument("--layout", choices=["flat", "bucketed", "both"], default="bucketed",
-                    help="bucketed (default) = after `gpuclust optimize`, as `gpuclust ingest` writes it; flat = the "
-                         "generated dataset, as `ingest --layout flat` leaves it")
+    ap.add_argument(
+        "--layout",
+        choices=["flat", "bucketed", "both"],
+        default="bucketed",
+        help="bucketed (default) = after `gpuclust optimize`, as `gpuclust ingest` writes it; flat = the "
+        "generated dataset, as `ingest --layout flat` leaves it",
+    )
     ap.add_argument("--memory-limit", default=None, help="passed to `gpuclust analyze --memory-limit` when it has it")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per run before it is killed (recorded)")
-    ap.add_argument("--max-rss", type=float, default=None,
-                    help="GiB of process-tree RSS at which a run is killed (recorded); default 60%% of the machine's memory")
+    ap.add_argument(
+        "--max-rss",
+        type=float,
+        default=None,
+        help="GiB of process-tree RSS at which a run is killed (recorded); default 60%% of the machine's memory",
+    )
     ap.add_argument("--plots", action="store_true", help="let analyze write its plots (default --no-plots)")
     ap.add_argument("--name", default="scale", help="results file stem under bench/results")
-    ap.add_argument("--append", action="store_true",
-                    help="keep the runs already in <name>.json and add these as further repeats (medians over all); an "
-                         "earlier timeout / kill still rules out that analysis at that size and larger")
-    ap.add_argument("--replace", action="store_true",
-                    help="with --append: drop the earlier runs of the (layout, dataset, analysis) measured now")
+    ap.add_argument(
+        "--append",
+        action="store_true",
+        help="keep the runs already in <name>.json and add these as further repeats (medians over all); an "
+        "earlier timeout / kill still rules out that analysis at that size and larger",
+    )
+    ap.add_argument(
+        "--replace",
+        action="store_true",
+        help="with --append: drop the earlier runs of the (layout, dataset, analysis) measured now",
+    )
     ap.add_argument("--render", action="store_true", help="only rewrite <name>.md from <name>.json")
     args = ap.parse_args(argv)
     if args.render:
@@ -286,14 +361,16 @@ def main(argv: list[str] | None = None) -> int:
     else:
         chosen = all_variants
     max_rss = int((args.max_rss * 2**30) if args.max_rss else 0.6 * psutil.virtual_memory().total)
-    notes: list[str] = [f"Each run: `python -m gpuclust.cli analyze DATASET NAME [-O ...] --out TMP --backend cpu "
-                        f"{'' if args.plots else '--no-plots '}--quiet` (partitions auto = about 4 Mi rows each, one thread "
-                        "per usable core); peak RSS of the process tree sampled every 50 ms; CPU s = user + system of the "
-                        "process (RUSAGE_CHILDREN); load = the machine's 1-minute load average after the run (other work "
-                        "on a shared machine inflates wall time, much less CPU time).",
-                        f"A run is killed after {args.timeout:.0f} s or above {max_rss / 2**30:.1f} GiB RSS and recorded "
-                        "as timeout / rss-killed; the analysis is then skipped at larger sizes.",
-                        "Datasets: bench/gen_canonical.py (seed 1); windows = instance_usage rows."]
+    notes: list[str] = [
+        f"Each run: `python -m gpuclust.cli analyze DATASET NAME [-O ...] --out TMP --backend cpu "
+        f"{'' if args.plots else '--no-plots '}--quiet` (partitions auto = about 4 Mi rows each, one thread "
+        "per usable core); peak RSS of the process tree sampled every 50 ms; CPU s = user + system of the "
+        "process (RUSAGE_CHILDREN); load = the machine's 1-minute load average after the run (other work "
+        "on a shared machine inflates wall time, much less CPU time).",
+        f"A run is killed after {args.timeout:.0f} s or above {max_rss / 2**30:.1f} GiB RSS and recorded "
+        "as timeout / rss-killed; the analysis is then skipped at larger sizes.",
+        "Datasets: bench/gen_canonical.py (seed 1); windows = instance_usage rows.",
+    ]
 
     layouts = ["flat", "bucketed"] if args.layout == "both" else [args.layout]
     takes_out = False
@@ -316,6 +393,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # (dataset label, nominal size, long-span?, flat path)
     sets: list[tuple[str, int, bool, Path]] = []
+
     # the flat dataset is generated only when a flat run or a missing bucketed copy needs it
     def dataset(size: int, **kw: Any) -> Path:
         flat = bench_dataset(size, generate=False, **kw)
@@ -329,8 +407,14 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_long_span:
         w, m, d = args.long_span.split(",")
         size, machines, days = _size(w), int(m), float(d)
-        sets.append((f"long-span {size_label(size)} windows, {machines:,} machines, {days:g} days",
-                     size, True, dataset(size, machines=machines, days=days)))
+        sets.append(
+            (
+                f"long-span {size_label(size)} windows, {machines:,} machines, {days:g} days",
+                size,
+                True,
+                dataset(size, machines=machines, days=days),
+            )
+        )
     if not layouts or not sets or not chosen:
         print("nothing to run", flush=True)
         return 0
@@ -347,9 +431,13 @@ def main(argv: list[str] | None = None) -> int:
     first_rep = 0
     if args.append and jp.exists():
         old = json.loads(jp.read_text())
-        runs = [r for r in old.get("runs", []) if not (args.replace and (r["layout"], r["dataset"], r["analysis"]) in now)]
+        runs = [
+            r for r in old.get("runs", []) if not (args.replace and (r["layout"], r["dataset"], r["analysis"]) in now)
+        ]
         notes = list(dict.fromkeys([*old.get("notes", []), *notes]))
-        env["earlier_environments"] = [e for e in [old.get("environment")] if e] + old.get("environment", {}).get("earlier_environments", [])
+        env["earlier_environments"] = [e for e in [old.get("environment")] if e] + old.get("environment", {}).get(
+            "earlier_environments", []
+        )
         for e in env["earlier_environments"]:
             e.pop("earlier_environments", None)
         for r in runs:
@@ -360,8 +448,11 @@ def main(argv: list[str] | None = None) -> int:
 
     def save() -> None:
         summary = summarise(runs)
-        write_results(args.name, {"benchmark": "scale", "runs": runs, "summary": summary, "notes": notes, "environment": env},
-                      markdown(summary, env, notes))
+        write_results(
+            args.name,
+            {"benchmark": "scale", "runs": runs, "summary": summary, "notes": notes, "environment": env},
+            markdown(summary, env, notes),
+        )
 
     for rep in range(first_rep, first_rep + args.repeat):
         for label, size, long_span, _ in sets:
@@ -369,20 +460,55 @@ def main(argv: list[str] | None = None) -> int:
                 ds = paths[(layout, label)]
                 windows, machines, days = _dataset_rows(ds)
                 for vlabel, an, opts in chosen:
-                    base = {"layout": layout, "dataset": label, "size": size, "long_span": long_span, "windows": windows,
-                            "machines": machines, "days": days, "analysis": vlabel, "repeat": rep}
+                    base = {
+                        "layout": layout,
+                        "dataset": label,
+                        "size": size,
+                        "long_span": long_span,
+                        "windows": windows,
+                        "machines": machines,
+                        "days": days,
+                        "analysis": vlabel,
+                        "repeat": rep,
+                    }
                     # a failure at a smaller size rules out larger ones (the long-span set is run regardless)
                     if not long_span and size >= given_up.get((layout, vlabel), size + 1):
-                        runs.append({**base, "status": "skipped", "why": "timed out or killed at a smaller size or an earlier repeat"})
+                        runs.append(
+                            {
+                                **base,
+                                "status": "skipped",
+                                "why": "timed out or killed at a smaller size or an earlier repeat",
+                            }
+                        )
                         save()
                         continue
                     out = Path(tempfile.mkdtemp(prefix="scale-"))
-                    cmd = [sys.executable, "-m", "gpuclust.cli", "analyze", str(ds), an, *[x for k, v in opts.items() for x in ("-O", f"{k}={v}")],
-                           "--out", str(out / "r"), "--backend", "cpu", "--quiet", *([] if args.plots else ["--no-plots"]), *mem_args]
+                    cmd = [
+                        sys.executable,
+                        "-m",
+                        "gpuclust.cli",
+                        "analyze",
+                        str(ds),
+                        an,
+                        *[x for k, v in opts.items() for x in ("-O", f"{k}={v}")],
+                        "--out",
+                        str(out / "r"),
+                        "--backend",
+                        "cpu",
+                        "--quiet",
+                        *([] if args.plots else ["--no-plots"]),
+                        *mem_args,
+                    ]
                     m = run_measured(cmd, env=_env(), timeout_s=args.timeout, max_rss_bytes=max_rss)
                     shutil.rmtree(out, ignore_errors=True)
-                    row = {**base, "wall_s": round(m.wall_s, 3), "cpu_s": m.extra.get("cpu_s"), "peak_rss_bytes": m.peak_rss_bytes,
-                           "returncode": m.returncode, "load_avg_1m": round(os.getloadavg()[0], 2)}
+                    row = {
+                        **base,
+                        "wall_s": round(m.wall_s, 3),
+                        "cpu_s": m.extra.get("cpu_s"),
+                        "peak_rss_bytes": m.peak_rss_bytes,
+                        "returncode": m.returncode,
+                        "load_avg_1m": round(os.getloadavg()[0], 2),
+                    }
                     if m.extra.get("timed_out"):
                         row["status"] = "timeout"
                     elif m.extra.get("rss_killed"):

@@ -79,19 +79,29 @@ def main() -> None:
             stats = getattr(src, "stats", {}).get("instance_usage")
         rows.append({"selection": label, "seconds": round(best, 4), "read": stats})
     total = rows[1]["read"]["bytes"]
-    line = (f"cell-usage, {n:,} windows over {span / DAY:.2f} days: whole cell {rows[0]['seconds']:.3f} s; "
-            f"one day (--from 87000s --to 173400s) {rows[1]['seconds']:.3f} s, read "
-            f"{rows[1]['read']['row_groups_read']} of {rows[1]['read']['row_groups']} usage row groups, "
-            f"{rows[1]['read']['bytes_read']:,} of {total:,} compressed bytes "
-            f"({100 * rows[1]['read']['bytes_read'] / total:.1f}%; one day is {100 * DAY / span:.1f}% of the span)")
+    line = (
+        f"cell-usage, {n:,} windows over {span / DAY:.2f} days: whole cell {rows[0]['seconds']:.3f} s; "
+        f"one day (--from 87000s --to 173400s) {rows[1]['seconds']:.3f} s, read "
+        f"{rows[1]['read']['row_groups_read']} of {rows[1]['read']['row_groups']} usage row groups, "
+        f"{rows[1]['read']['bytes_read']:,} of {total:,} compressed bytes "
+        f"({100 * rows[1]['read']['bytes_read'] / total:.1f}%; one day is {100 * DAY / span:.1f}% of the span)"
+    )
     print(line)
-    res = {"benchmark": "selection", "windows": n, "span_days": span / DAY, "rows": rows, "line": line,
-           "environment": environment()}
+    res = {
+        "benchmark": "selection",
+        "windows": n,
+        "span_days": span / DAY,
+        "rows": rows,
+        "line": line,
+        "environment": environment(),
+    }
     out = HERE / "results"
     out.mkdir(exist_ok=True)
     (out / "selection.json").write_text(json.dumps(res, indent=1, default=str) + "\n")
-    (out / "selection.md").write_text("# Selection pushdown\n\n`python bench/selection_bench.py`"
-                                      f" ({time.strftime('%Y-%m-%d')}, 2 cores, shared machine)\n\n{line}\n")
+    (out / "selection.md").write_text(
+        "# Selection pushdown\n\n`python bench/selection_bench.py`"
+        f" ({time.strftime('%Y-%m-%d')}, 2 cores, shared machine)\n\n{line}\n"
+    )
 
 
 if __name__ == "__main__":

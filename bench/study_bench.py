@@ -63,7 +63,9 @@ def duck_child(ds: Path, repeat: int) -> None:
     t0 = time.perf_counter()
     for t in DUCK_TABLES:
         if (ds / t).is_dir():
-            con.execute(f"CREATE TABLE {t} AS SELECT * FROM read_parquet('{ds}/{t}/**/*.parquet', hive_partitioning=false)")
+            con.execute(
+                f"CREATE TABLE {t} AS SELECT * FROM read_parquet('{ds}/{t}/**/*.parquet', hive_partitioning=false)"
+            )
     out: dict[str, Any] = {"load_s": time.perf_counter() - t0, "queries": {}}
     for analysis, peers in DUCKDB_SQL.items():
         for peer, sql_of in peers.items():
@@ -99,8 +101,10 @@ def sql_base(analysis: str, labels: Any) -> str:
     where there is one, else the analysis."""
     from analyses_bench import BENCH_VARIANTS, variant_label
 
-    return next((variant_label(analysis, v) for v in BENCH_VARIANTS.get(analysis, [])
-                 if variant_label(analysis, v) in labels), analysis)
+    return next(
+        (variant_label(analysis, v) for v in BENCH_VARIANTS.get(analysis, []) if variant_label(analysis, v) in labels),
+        analysis,
+    )
 
 
 def child(label: str, ds: Path, repeat: int) -> None:
@@ -121,8 +125,12 @@ def child(label: str, ds: Path, repeat: int) -> None:
     if local_gpu:
         study.backend.xp.cuda.Device().synchronize()
     load = time.perf_counter() - t0
-    out: dict[str, Any] = {"load_s": load, "loaded_bytes": study.loaded_bytes,
-                           "load_gbs": study.loaded_bytes / load / 1e9, "analyses": {}}
+    out: dict[str, Any] = {
+        "load_s": load,
+        "loaded_bytes": study.loaded_bytes,
+        "load_gbs": study.loaded_bytes / load / 1e9,
+        "analyses": {},
+    }
     labelled = bench_analyses()
     ans = list(labelled.values())
     if backend == "gpu":  # the first run compiles every kernel (an empty kernel cache on a fresh machine)
@@ -185,57 +193,102 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps({"size": size, "backend": b, **r}), flush=True)
         for b, rs in runs.items():
             if b == "duckdb":
-                duck_rows.append({"size": size, "backend": b, "rounds": len(rs),
-                                  **{k: statistics.median(r[k] for r in rs) for k in ("load_s", "wall_s", "peak_rss_mib")},
-                                  "queries": {q: {"analysis": v["analysis"], "s": statistics.median(r["queries"][q]["s"] for r in rs)}
-                                              for q, v in rs[0]["queries"].items()}})
+                duck_rows.append(
+                    {
+                        "size": size,
+                        "backend": b,
+                        "rounds": len(rs),
+                        **{k: statistics.median(r[k] for r in rs) for k in ("load_s", "wall_s", "peak_rss_mib")},
+                        "queries": {
+                            q: {"analysis": v["analysis"], "s": statistics.median(r["queries"][q]["s"] for r in rs)}
+                            for q, v in rs[0]["queries"].items()
+                        },
+                    }
+                )
                 continue
-            med = {k: statistics.median(r[k] for r in rs) for k in ("load_s", "load_gbs", "all_at_once_s", "wall_s", "peak_rss_mib")}
+            med = {
+                k: statistics.median(r[k] for r in rs)
+                for k in ("load_s", "load_gbs", "all_at_once_s", "wall_s", "peak_rss_mib")
+            }
             med["analyses"] = {a: statistics.median(r["analyses"][a] for r in rs) for a in rs[0]["analyses"]}
             for k in ("ceilings", "load_vs_ceiling", "loaded_bytes", "first_run_s", "phases"):
                 if k in rs[0]:
                     med[k] = rs[-1][k]
             rows.append({"size": size, "backend": b, "rounds": len(rs), **med})
     env = environment()
-    md = [f"# Study benchmark ({env.get('cores')} cores, {env.get('gpu') or 'no GPU'})", "",
-          "Persist once (`gpuclust.open(ds, backend=...).persist()`: every column a registered analysis reads), "
-          "then each analysis on the resident data (best of the process' runs; median over processes).", "",
-          "| windows | backend | load s | load GB/s | " + " | ".join(rows[0]["analyses"]) + " | all at once s | process s | peak RSS MiB |",
-          "|---:|---|---:|---:|" + "---:|" * len(rows[0]["analyses"]) + "---:|---:|---:|"]
+    md = [
+        f"# Study benchmark ({env.get('cores')} cores, {env.get('gpu') or 'no GPU'})",
+        "",
+        "Persist once (`gpuclust.open(ds, backend=...).persist()`: every column a registered analysis reads), "
+        "then each analysis on the resident data (best of the process' runs; median over processes).",
+        "",
+        "| windows | backend | load s | load GB/s | "
+        + " | ".join(rows[0]["analyses"])
+        + " | all at once s | process s | peak RSS MiB |",
+        "|---:|---|---:|---:|" + "---:|" * len(rows[0]["analyses"]) + "---:|---:|---:|",
+    ]
     for r in rows:
-        md.append(f"| {r['size']:,} | {r['backend']} | {r['load_s']:.3f} | {r['load_gbs']:.2f} | "
-                  + " | ".join(f"{v:.4f}" for v in r["analyses"].values())
-                  + f" | {r['all_at_once_s']:.3f} | {r['wall_s']:.2f} | {r['peak_rss_mib']:,.0f} |")
+        md.append(
+            f"| {r['size']:,} | {r['backend']} | {r['load_s']:.3f} | {r['load_gbs']:.2f} | "
+            + " | ".join(f"{v:.4f}" for v in r["analyses"].values())
+            + f" | {r['all_at_once_s']:.3f} | {r['wall_s']:.2f} | {r['peak_rss_mib']:,.0f} |"
+        )
     by = {(r["size"], r["backend"]): r for r in rows}
     ratio_lines = []
     for (size, b), r in by.items():
         if b == "gpu" and (size, "cpu") in by:
             c = by[(size, "cpu")]
-            ratio_lines.append(f"| {size:,} | " + " | ".join(f"{c['analyses'][a] / r['analyses'][a]:.1f}x" for a in r["analyses"])
-                               + f" | {c['all_at_once_s'] / r['all_at_once_s']:.1f}x |")
+            ratio_lines.append(
+                f"| {size:,} | "
+                + " | ".join(f"{c['analyses'][a] / r['analyses'][a]:.1f}x" for a in r["analyses"])
+                + f" | {c['all_at_once_s'] / r['all_at_once_s']:.1f}x |"
+            )
     if ratio_lines:
-        md += ["", "gpu speed-up over cpu on resident data (target: >= 20x):", "",
-               "| windows | " + " | ".join(rows[0]["analyses"]) + " | all at once |",
-               "|---:|" + "---:|" * (len(rows[0]["analyses"]) + 1), *ratio_lines]
+        md += [
+            "",
+            "gpu speed-up over cpu on resident data (target: >= 20x):",
+            "",
+            "| windows | " + " | ".join(rows[0]["analyses"]) + " | all at once |",
+            "|---:|" + "---:|" * (len(rows[0]["analyses"]) + 1),
+            *ratio_lines,
+        ]
     phased = [r for r in rows if r.get("phases")]
     if phased:
-        md += ["", "Where each analysis' best run went, in seconds (`Study.last_run_seconds`, the last round's process): "
-               "partials (on the backend, with their copy back) / merge / finalize / convert:", "",
-               "| analysis | " + " | ".join(f"{r['size']:,} {r['backend']}" for r in phased) + " |",
-               "|---|" + "---|" * len(phased)]
+        md += [
+            "",
+            "Where each analysis' best run went, in seconds (`Study.last_run_seconds`, the last round's process): "
+            "partials (on the backend, with their copy back) / merge / finalize / convert:",
+            "",
+            "| analysis | " + " | ".join(f"{r['size']:,} {r['backend']}" for r in phased) + " |",
+            "|---|" + "---|" * len(phased),
+        ]
         for a in rows[0]["analyses"]:
-            md.append(f"| {a} | " + " | ".join(
-                " / ".join(f"{r['phases'][a].get(k, float('nan')):.3f}" for k in ("partials", "merge", "finalize", "convert"))
-                for r in phased) + " |")
+            md.append(
+                f"| {a} | "
+                + " | ".join(
+                    " / ".join(
+                        f"{r['phases'][a].get(k, float('nan')):.3f}"
+                        for k in ("partials", "merge", "finalize", "convert")
+                    )
+                    for r in phased
+                )
+                + " |"
+            )
     by_size = {(r["size"], r["backend"]): r for r in rows}
     for d in duck_rows:
         gpus = [b for b in ("gpu", "cpu") if (d["size"], b) in by_size]
-        md += ["", f"DuckDB on resident data at {d['size']:,} windows: the dataset's tables loaded into DuckDB's memory "
-               f"once ({d['load_s']:.3f} s; process {d['wall_s']:.2f} s, peak RSS {d['peak_rss_mib']:,.0f} MiB), then "
-               "each SQL peer of bench/analyses_bench.py over them (one thread per usable core), against the gpuclust "
-               "column it is compared with (its SQL-subset variant where there is one; target on the gpu: >= 10x):", "",
-               "| query | DuckDB s | gpuclust column | " + " | ".join(f"{b} s | {b} speed-up over DuckDB" for b in gpus) + " |",
-               "|---|---:|---|" + "---:|---:|" * len(gpus)]
+        md += [
+            "",
+            f"DuckDB on resident data at {d['size']:,} windows: the dataset's tables loaded into DuckDB's memory "
+            f"once ({d['load_s']:.3f} s; process {d['wall_s']:.2f} s, peak RSS {d['peak_rss_mib']:,.0f} MiB), then "
+            "each SQL peer of bench/analyses_bench.py over them (one thread per usable core), against the gpuclust "
+            "column it is compared with (its SQL-subset variant where there is one; target on the gpu: >= 10x):",
+            "",
+            "| query | DuckDB s | gpuclust column | "
+            + " | ".join(f"{b} s | {b} speed-up over DuckDB" for b in gpus)
+            + " |",
+            "|---|---:|---|" + "---:|---:|" * len(gpus),
+        ]
         for q, v in d["queries"].items():
             base = sql_base(v["analysis"], rows[0]["analyses"] if rows else {})
             cells = []
@@ -245,14 +298,18 @@ def main(argv: list[str] | None = None) -> int:
             md.append(f"| {q} | {v['s']:.4f} | {base} | " + " | ".join(cells) + " |")
     for r in rows:
         if "first_run_s" in r:
-            md.append(f"\nFirst run at {r['size']:,} on {r['backend']} (all analyses, kernels compiled): "
-                      f"{r['first_run_s']:.3f} s; the tables above are the runs after it.")
+            md.append(
+                f"\nFirst run at {r['size']:,} on {r['backend']} (all analyses, kernels compiled): "
+                f"{r['first_run_s']:.3f} s; the tables above are the runs after it."
+            )
         if "ceilings" in r:
             c = r["ceilings"]
-            md.append(f"\nLoad at {r['size']:,}: {r['load_gbs']:.2f} GB/s of decoded columns; ceilings measured in the same "
-                      f"process: pinned H2D {c['h2d_pinned_gbs']:.1f} GB/s, pageable H2D {c['h2d_pageable_gbs']:.1f} GB/s, "
-                      f"host Parquet decode {c['decode_gbs']:.2f} GB/s -> {100 * r['load_vs_ceiling']:.0f}% of the lower "
-                      "(target: >= 50%).")
+            md.append(
+                f"\nLoad at {r['size']:,}: {r['load_gbs']:.2f} GB/s of decoded columns; ceilings measured in the same "
+                f"process: pinned H2D {c['h2d_pinned_gbs']:.1f} GB/s, pageable H2D {c['h2d_pageable_gbs']:.1f} GB/s, "
+                f"host Parquet decode {c['decode_gbs']:.2f} GB/s -> {100 * r['load_vs_ceiling']:.0f}% of the lower "
+                "(target: >= 50%)."
+            )
     publish(args.name, {"rows": rows, "duckdb": duck_rows}, md, env)
     return 0
 

@@ -43,24 +43,37 @@ def main(argv: list[str] | None = None) -> int:
         marks.append((time.perf_counter() - t0, msg))
         print(f"[{marks[-1][0]:7.1f}s] {msg}", file=sys.stderr, flush=True)
 
-    cfg = SynthConfig(machines=args.machines, hours=args.hours, seed=args.seed, compresslevel=args.compresslevel,
-                      workers=args.workers)
+    cfg = SynthConfig(
+        machines=args.machines, hours=args.hours, seed=args.seed, compresslevel=args.compresslevel, workers=args.workers
+    )
     res = synthesize(cfg, out, progress=progress)
     wall = time.perf_counter() - t0
     sim_s = next((t for t, m in marks if m.startswith("simulated")), float("nan"))
     windows = res.truth["usage"]["windows"]
     nbytes = sum(p.stat().st_size for ps in res.shards.values() for p in ps)
     result = {
-        "benchmark": "synth", "machines": args.machines, "hours": args.hours, "seed": args.seed,
-        "workers": args.workers, "usage_windows": windows, "wall_s": round(wall, 2), "simulation_s": round(sim_s, 2),
-        "windows_per_min": round(windows / wall * 60), "bytes_written": nbytes,
+        "benchmark": "synth",
+        "machines": args.machines,
+        "hours": args.hours,
+        "seed": args.seed,
+        "workers": args.workers,
+        "usage_windows": windows,
+        "wall_s": round(wall, 2),
+        "simulation_s": round(sim_s, 2),
+        "windows_per_min": round(windows / wall * 60),
+        "bytes_written": nbytes,
         "instance_events": res.truth["counts"]["instance_events"]["rows"],
-        "cpus": os.cpu_count(), "python": platform.python_version(), "gpuclust": __version__,
-        "machine": platform.machine(), "node": platform.node(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "gpuclust": __version__,
+        "machine": platform.machine(),
+        "node": platform.node(),
     }
     print(json.dumps(result))
-    print(f"{windows:,} usage windows in {wall:.1f} s = {windows / wall * 60:,.0f} windows/min "
-          f"(simulation {sim_s:.1f} s; {nbytes / 1e6:,.1f} MB gzipped)")
+    print(
+        f"{windows:,} usage windows in {wall:.1f} s = {windows / wall * 60:,.0f} windows/min "
+        f"(simulation {sim_s:.1f} s; {nbytes / 1e6:,.1f} MB gzipped)"
+    )
     if args.json:
         with open(args.json, "a") as fh:
             fh.write(json.dumps(result) + "\n")

@@ -26,6 +26,7 @@ NVRTC_OPTIONS: tuple[str, ...] = ("-std=c++17",)
 _FLOATS = ("float", "double")
 _CODES = ("int", "long long")
 
+
 class KernelSourceError(RuntimeError):
     """The kernels folder or a kernel source/header could not be found."""
 
@@ -42,9 +43,15 @@ INSTANTIATIONS: dict[str, dict[str, list[tuple[str, ...]]]] = {
         "gpuclust::grouped_sum_global": list(itertools.product(_CODES, _FLOATS)),
     },
     # (T, C, D): co-moments of up to 4 variables (CPI, MAI, util, ntasks); gpuclust/backends/moments_gpu.py
-    "grouped_moments.cu": {t: list(itertools.product(_FLOATS, _CODES, ("1", "2", "3", "4"))) for t in (
-        "gpuclust::comoments_sums_shared", "gpuclust::comoments_sums_global",
-        "gpuclust::comoments_centered_shared", "gpuclust::comoments_centered_global")},
+    "grouped_moments.cu": {
+        t: list(itertools.product(_FLOATS, _CODES, ("1", "2", "3", "4")))
+        for t in (
+            "gpuclust::comoments_sums_shared",
+            "gpuclust::comoments_sums_global",
+            "gpuclust::comoments_centered_shared",
+            "gpuclust::comoments_centered_global",
+        )
+    },
     # gpuclust/backends/mixture_gpu.py
     "mixture.cu": {
         "gpuclust::mixture_repair": [("float",), ("double",)],
@@ -58,7 +65,6 @@ INSTANTIATIONS: dict[str, dict[str, list[tuple[str, ...]]]] = {
         "gpuclust::mixture_invert": [("double",)],
     },
 }
-
 
 
 _INCLUDE_RE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*"([^"]+)"[ \t]*$', re.MULTILINE)

@@ -70,10 +70,12 @@ def tune_allocator() -> bool:
                 # import subprocess & co. and run ldconfig, ~15 ms of every start
                 libc = ctypes.CDLL(None)
                 if hasattr(libc, "gnu_get_libc_version") and hasattr(libc, "mallopt"):
-                    ok = bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
-                              & libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
-                              & libc.mallopt(_M_TOP_PAD, TOP_PAD)
-                              & libc.mallopt(_M_ARENA_MAX, 1))
+                    ok = bool(
+                        libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+                        & libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+                        & libc.mallopt(_M_TOP_PAD, TOP_PAD)
+                        & libc.mallopt(_M_ARENA_MAX, 1)
+                    )
             except OSError:
                 ok = False
             if ok and not os.environ.get("ARROW_DEFAULT_MEMORY_POOL"):

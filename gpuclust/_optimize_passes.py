@@ -104,7 +104,6 @@ def remove_unlisted(root: Path, manifest: dict[str, Any] | None) -> list[str]:
     return removed
 
 
-
 def _dictionary_columns(schema: pa.Schema) -> list[str]:
     """All but the floating-point columns (as ingest: float dictionaries only cost time)."""
     return [f.name for f in schema if not pa.types.is_floating(f.type)]
@@ -275,8 +274,6 @@ def write_buckets(
         del tbl, idx
         kill_point("part")
     return rels
-
-
 
 
 def default_max_open() -> int:

@@ -55,8 +55,9 @@ def threads() -> int:
     return _threads.get()
 
 
-def map_ordered(fn: Callable[[Any], _T], items: Sequence[Any], threads: int,
-                name: str = "gpuclust-map") -> Iterable[_T]:
+def map_ordered(
+    fn: Callable[[Any], _T], items: Sequence[Any], threads: int, name: str = "gpuclust-map"
+) -> Iterable[_T]:
     """``map(fn, items)`` on ``threads`` threads when there is more than one item, results in
     item order (``fn`` must release the GIL to gain: NumPy and Arrow kernels do).
 

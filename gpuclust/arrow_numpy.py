@@ -22,8 +22,21 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["array", "bin_table", "empty_table", "labels", "null_value", "rows_table", "scalar", "schema_table", "strings", "table",
-           "table_from_rows", "to_numpy", "valid"]
+__all__ = [
+    "array",
+    "bin_table",
+    "empty_table",
+    "labels",
+    "null_value",
+    "rows_table",
+    "scalar",
+    "schema_table",
+    "strings",
+    "table",
+    "table_from_rows",
+    "to_numpy",
+    "valid",
+]
 
 
 def scalar(value: Any, type: pa.DataType) -> pa.Scalar:
@@ -50,7 +63,7 @@ def _valid_chunk(c: pa.Array) -> np.ndarray:
     if c.null_count == 0:
         return np.ones(len(c), dtype=bool)
     bits = np.frombuffer(c.buffers()[0], np.uint8)
-    return np.unpackbits(bits, count=c.offset + len(c), bitorder="little")[c.offset:].view(bool)
+    return np.unpackbits(bits, count=c.offset + len(c), bitorder="little")[c.offset :].view(bool)
 
 
 def valid(arr: Any) -> np.ndarray:
@@ -69,7 +82,7 @@ def _chunk(c: pa.Array, dtype: np.dtype) -> np.ndarray:
     if c.null_count == 0:
         v = np.from_dlpack(c)  # a read-only view of the Arrow buffer
         return v if v.dtype == dtype else v.astype(dtype)
-    raw = np.frombuffer(c.buffers()[1], np.dtype(c.type.to_pandas_dtype()), count=c.offset + len(c))[c.offset:]
+    raw = np.frombuffer(c.buffers()[1], np.dtype(c.type.to_pandas_dtype()), count=c.offset + len(c))[c.offset :]
     out = raw.astype(dtype)  # a copy: the NULL slots (whatever their bytes) are filled
     out[~_valid_chunk(c)] = null_value(dtype)
     return out
@@ -135,9 +148,12 @@ def strings(values: Any) -> pa.Array:
     offsets = np.zeros(len(data) + 1, np.int64)
     np.cumsum([len(b) for b in data], out=offsets[1:])
     if offsets[-1] < 2**31:
-        return pa.Array.from_buffers(pa.string(), len(data),
-                                     [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(b"".join(data))])
-    return pa.Array.from_buffers(pa.large_string(), len(data), [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(data))])
+        return pa.Array.from_buffers(
+            pa.string(), len(data), [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(b"".join(data))]
+        )
+    return pa.Array.from_buffers(
+        pa.large_string(), len(data), [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(data))]
+    )
 
 
 def labels(names: Any, codes: np.ndarray) -> pa.Array:
@@ -160,8 +176,9 @@ def labels(names: Any, codes: np.ndarray) -> pa.Array:
     src = np.repeat(first[codes] - offsets[:-1], length) + np.arange(offsets[-1])
     data = np.frombuffer(b"".join(enc), np.uint8)[src]
     if offsets[-1] < 2**31:
-        return pa.Array.from_buffers(pa.string(), codes.shape[0],
-                                     [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data)])
+        return pa.Array.from_buffers(
+            pa.string(), codes.shape[0], [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data)]
+        )
     return pa.Array.from_buffers(pa.large_string(), codes.shape[0], [None, pa.py_buffer(offsets), pa.py_buffer(data)])
 
 
@@ -172,8 +189,10 @@ def empty_table(schema: pa.Schema) -> pa.Table:
     ...     pa.schema([("a", pa.string()), ("n", pa.int64())]).empty_table())
     True
     """
-    cols = [strings([]) if pa.types.is_string(f.type) else pa.Array.from_buffers(f.type, 0, [None, pa.py_buffer(b"")])
-            for f in schema]
+    cols = [
+        strings([]) if pa.types.is_string(f.type) else pa.Array.from_buffers(f.type, 0, [None, pa.py_buffer(b"")])
+        for f in schema
+    ]
     return pa.Table.from_arrays(cols, schema=schema)
 
 
@@ -196,10 +215,24 @@ def table_from_rows(rows: Any) -> pa.Table:
     cols = []
     for name in names:
         vals = [r[name] for r in rows]
-        kinds = {bool if isinstance(v, (bool, np.bool_)) else int if isinstance(v, (int, np.integer))
-                 else float if isinstance(v, (float, np.floating)) else str if isinstance(v, str) else None
-                 for v in vals}
-        if None in kinds or len(kinds - {int, float}) and len(kinds) > 1 or any(r.keys() != rows[0].keys() for r in rows):
+        kinds = {
+            bool
+            if isinstance(v, (bool, np.bool_))
+            else int
+            if isinstance(v, (int, np.integer))
+            else float
+            if isinstance(v, (float, np.floating))
+            else str
+            if isinstance(v, str)
+            else None
+            for v in vals
+        }
+        if (
+            None in kinds
+            or len(kinds - {int, float})
+            and len(kinds) > 1
+            or any(r.keys() != rows[0].keys() for r in rows)
+        ):
             return pa.Table.from_pylist(rows)
         kind = kinds.pop() if len(kinds) == 1 else float
         if kind is str:
@@ -222,8 +255,9 @@ def rows_table(rows: Any, schema: pa.Schema) -> pa.Table:
     return table_from_rows(rows) if rows else empty_table(schema)
 
 
-def bin_table(hists: Any, lower: np.ndarray, upper: np.ndarray, value: str, count: str, schema: pa.Schema,
-              **keys: Any) -> pa.Table:
+def bin_table(
+    hists: Any, lower: np.ndarray, upper: np.ndarray, value: str, count: str, schema: pa.Schema, **keys: Any
+) -> pa.Table:
     """The non-empty bins of several histograms as one table, histogram after histogram, in
     ``schema``'s column order: the keys (``keys[name][i]`` on histogram ``i``'s rows), ``bin``,
     ``lo_<value>`` / ``hi_<value>`` (``lower[bin]`` / ``upper[bin]``) and ``<count>``: the rows of

@@ -72,8 +72,9 @@ def open_parquet(f: Any) -> pq.ParquetFile:
         return pq.ParquetFile(f)
 
 
-def write_json_atomic(path: Path, obj: Any, before_replace: Callable[[], None] | None = None, *,
-                      if_changed: bool = False) -> bool:
+def write_json_atomic(
+    path: Path, obj: Any, before_replace: Callable[[], None] | None = None, *, if_changed: bool = False
+) -> bool:
     """Write JSON to ``path`` so that readers see either the old or the new file, never half.
 
     The file gets the mode of any new file under the process umask.  ``before_replace`` runs
@@ -194,9 +195,7 @@ class Dataset:
             raise DatasetError(f"{mpath}: unreadable manifest: {e}") from None
         ver = self.manifest.get("dataset_format_version")
         if ver != DATASET_FORMAT_VERSION:
-            raise DatasetError(
-                f"{mpath}: dataset format version {ver!r}, this gpuclust reads {DATASET_FORMAT_VERSION}"
-            )
+            raise DatasetError(f"{mpath}: dataset format version {ver!r}, this gpuclust reads {DATASET_FORMAT_VERSION}")
         if not self.manifest.get("complete") and not allow_incomplete:
             raise DatasetError(
                 f"{self.path}: ingest has not completed (manifest says complete: false): re-run the same "

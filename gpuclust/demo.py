@@ -86,8 +86,14 @@ def run_demo(
         raise RuntimeError(f"demo: ingest of {raw} into {dataset} failed:\n{getattr(rep, 'summary', lambda: rep)()}")
     which = names()
     say(f"ingested into {dataset}; running {', '.join(which)} on backend {backend!r}")
-    analyze(dataset, [_demo_analysis(n, hours) for n in which], out=results, backend=backend, partitions=partitions,
-            scheduler=scheduler)
+    analyze(
+        dataset,
+        [_demo_analysis(n, hours) for n in which],
+        out=results,
+        backend=backend,
+        partitions=partitions,
+        scheduler=scheduler,
+    )
     say(f"writing the report page {out / 'report.html'}")
     page = write_report(results, out / "report.html")
     summary_path = results / "summary.txt"
@@ -119,9 +125,15 @@ def register(sub: Any) -> None:
     p.add_argument("--machines", type=int, default=120, help="machines in the synthetic cell (default: %(default)s)")
     p.add_argument("--hours", type=float, default=6.0, help="trace length in hours (default: %(default)s)")
     p.add_argument("--seed", type=int, default=2019, help="generator seed (default: %(default)s)")
-    p.add_argument("--backend", default="cpu", choices=["cpu", "gpu", "auto"], help="compute backend (default: %(default)s)")
-    p.add_argument("--partitions", type=partitions_arg, default="auto",
-                   help="partitions per table, or 'auto' (default: %(default)s)")
+    p.add_argument(
+        "--backend", default="cpu", choices=["cpu", "gpu", "auto"], help="compute backend (default: %(default)s)"
+    )
+    p.add_argument(
+        "--partitions",
+        type=partitions_arg,
+        default="auto",
+        help="partitions per table, or 'auto' (default: %(default)s)",
+    )
     p.add_argument("--scheduler", default=None, help="dask scheduler: threads, local:N, cuda, or an address")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(func=_main)

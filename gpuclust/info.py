@@ -68,21 +68,34 @@ def dataset_info(path: str | Path) -> dict[str, Any]:
         present = [f for f in files if f.is_file()]
         missing_files += [str(f.relative_to(ds.path)) for f in files if not f.is_file()]
         lo, hi = _span(present, _TIME_COLUMNS.get(t, ("time",)))
-        tables[t] = {"rows": ds.num_rows(t), "files": len(files), "bytes": sum(f.stat().st_size for f in present),
-                     "time_min": lo, "time_max": hi, "layout": ds.layout(t)}
+        tables[t] = {
+            "rows": ds.num_rows(t),
+            "files": len(files),
+            "bytes": sum(f.stat().st_size for f in present),
+            "time_min": lo,
+            "time_max": hi,
+            "layout": ds.layout(t),
+        }
     inputs = list(m.get("inputs", {}).values())
-    failed = [{"path": i.get("path"), "status": i.get("status"), "error": i.get("error")}
-              for i in inputs if i.get("status") != "done"]
+    failed = [
+        {"path": i.get("path"), "status": i.get("status"), "error": i.get("error")}
+        for i in inputs
+        if i.get("status") != "done"
+    ]
     rejects_dir = ds.path / REJECTS_DIR
-    rejected = {i.get("path"): {"rows": int(i.get("rows_rejected") or 0), "reasons": i.get("first_reasons") or []}
-                for i in inputs if i.get("rows_rejected")}
+    rejected = {
+        i.get("path"): {"rows": int(i.get("rows_rejected") or 0), "reasons": i.get("first_reasons") or []}
+        for i in inputs
+        if i.get("rows_rejected")
+    }
     analyses = {}
     for name, e in sorted(REGISTRY.items()):
         required, optional = e.cls().needed_tables()  # with its default options
         lacking = [f"{t} ({required[t]})" if required[t] else t for t in required if not ds.num_rows(t)]
         thin = [t for t in optional if not ds.num_rows(t)]
-        analyses[name] = ("needs " + ", ".join(lacking)) if lacking else (
-            "runs without " + ", ".join(thin) if thin else "runs")
+        analyses[name] = (
+            ("needs " + ", ".join(lacking)) if lacking else ("runs without " + ", ".join(thin) if thin else "runs")
+        )
     tm = ds.tier_map_name
     return {
         "path": str(ds.path.absolute()),
@@ -94,11 +107,17 @@ def dataset_info(path: str | Path) -> dict[str, Any]:
         "tier_map_warning": tier_map_note(tm, ds),
         "selection": m.get("selection"),
         "tables": tables,
-        "inputs": {"files": len(inputs), "done": len(inputs) - len(failed),
-                   "rows_read": sum(int(i.get("rows_read") or 0) for i in inputs),
-                   "rows_deduplicated": sum(int(i.get("rows_deduplicated") or 0) for i in inputs)},
-        "rejects": {"rows": sum(r["rows"] for r in rejected.values()), "by_input": rejected,
-                    "folder": str(rejects_dir) if rejects_dir.is_dir() else None},
+        "inputs": {
+            "files": len(inputs),
+            "done": len(inputs) - len(failed),
+            "rows_read": sum(int(i.get("rows_read") or 0) for i in inputs),
+            "rows_deduplicated": sum(int(i.get("rows_deduplicated") or 0) for i in inputs),
+        },
+        "rejects": {
+            "rows": sum(r["rows"] for r in rejected.values()),
+            "by_input": rejected,
+            "folder": str(rejects_dir) if rejects_dir.is_dir() else None,
+        },
         "complete": bool(m.get("complete")) and not failed and not missing_files,
         "manifest_complete": bool(m.get("complete")),
         "failed_inputs": failed,
@@ -137,18 +156,24 @@ def format_info(d: dict[str, Any]) -> str:
         groups: dict[tuple[str, int], list[str]] = {}
         for t, v in lay.items():
             groups.setdefault((",".join(v["key"]), int(v["buckets"])), []).append(t)
-        lines.append("layout       bucketed: " + "; ".join(
-            f"{', '.join(ts)} by {k} into {n} buckets" for (k, n), ts in groups.items()))
+        lines.append(
+            "layout       bucketed: "
+            + "; ".join(f"{', '.join(ts)} by {k} into {n} buckets" for (k, n), ts in groups.items())
+        )
     else:
-        lines.append("layout       flat (as read; `gpuclust optimize` lays it out by key, as ingest does by default; "
-                     "docs/scale.md)")
+        lines.append(
+            "layout       flat (as read; `gpuclust optimize` lays it out by key, as ingest does by default; "
+            "docs/scale.md)"
+        )
     lines.append("tables       rows          files  MB        time span (trace us)")
     for t, v in d["tables"].items():
         span = f"{_time(v['time_min'])} .. {_time(v['time_max'])}" if v["rows"] else ""
         lines.append(f"  {t:<20} {v['rows']:>13,} {v['files']:>5}  {v['bytes'] / 1e6:>8.1f}  {span}")
     i, r = d["inputs"], d["rejects"]
-    lines.append(f"inputs       {i['files']} file(s), {i['done']} done; {i['rows_read']:,} rows read, "
-                 f"{i['rows_deduplicated']:,} duplicates dropped")
+    lines.append(
+        f"inputs       {i['files']} file(s), {i['done']} done; {i['rows_read']:,} rows read, "
+        f"{i['rows_deduplicated']:,} duplicates dropped"
+    )
     lines.append(f"rejects      {r['rows']:,} row(s)" + (f" (raw records in {r['folder']})" if r["folder"] else ""))
     for p, v in r["by_input"].items():
         lines.append(f"  {p}: {v['rows']:,}" + (f" - {'; '.join(map(str, v['reasons'][:3]))}" if v["reasons"] else ""))
@@ -165,10 +190,13 @@ def format_info(d: dict[str, Any]) -> str:
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``info`` sub-command."""
-    p = subparsers.add_parser("info", help="what a dataset holds: tables, rows, time span, rejects, completeness",
-                              description="Describe a canonical dataset from its manifest and Parquet footers "
-                              "(reads no data): tables, rows, files, time span, trace version, cell, tier map, "
-                              "rejects, completeness and which analyses it can run.")
+    p = subparsers.add_parser(
+        "info",
+        help="what a dataset holds: tables, rows, time span, rejects, completeness",
+        description="Describe a canonical dataset from its manifest and Parquet footers "
+        "(reads no data): tables, rows, files, time span, trace version, cell, tier map, "
+        "rejects, completeness and which analyses it can run.",
+    )
     p.add_argument("dataset", metavar="DATASET", help="canonical dataset folder (from `gpuclust ingest`)")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.set_defaults(func=main)

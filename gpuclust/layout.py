@@ -64,7 +64,11 @@ ORDER: dict[str, str] = {
     "machine_attributes": "time",
     "collection_events": "time",
 }
-_KEY_NAMES = {("collection_id", "instance_index"): "instance", ("machine_id",): "machine", ("collection_id",): "collection"}
+_KEY_NAMES = {
+    ("collection_id", "instance_index"): "instance",
+    ("machine_id",): "machine",
+    ("collection_id",): "collection",
+}
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
@@ -127,7 +131,7 @@ def bucket_of_path(rel: str) -> int | None:
     prefix = f"{BUCKET_COLUMN}="
     for seg in parts[1:-1]:
         if seg.startswith(prefix):
-            v = seg[len(prefix):]
+            v = seg[len(prefix) :]
             if v.isdigit() and (v == "0" or not v.startswith("0")):
                 return int(v)
             raise LayoutError(f"{rel}: bucket folder {seg!r} is not {prefix}<unpadded decimal>")

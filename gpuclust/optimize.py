@@ -339,8 +339,14 @@ def optimize(
 
 
 def _rewrite(
-    ds: Dataset, dst: Path, n: int, in_place: bool, prog: Progress | None, row_group_rows: int,
-    max_open: int, rep: OptimizeReport,
+    ds: Dataset,
+    dst: Path,
+    n: int,
+    in_place: bool,
+    prog: Progress | None,
+    row_group_rows: int,
+    max_open: int,
+    rep: OptimizeReport,
 ) -> None:
     stage = dst / STAGING_DIR
     old = ds.manifest
@@ -369,7 +375,11 @@ def _rewrite(
             moves.append((stage / rel, dst / rel))
     m = copy.deepcopy(old)
     for table in _ORDER_OF_WORK:
-        m["tables"][table] = {"rows": rep.rows[table], "files": sorted(new_files[table]), "layout": layout_entry(table, n)}
+        m["tables"][table] = {
+            "rows": rep.rows[table],
+            "files": sorted(new_files[table]),
+            "layout": layout_entry(table, n),
+        }
     # the ingest's record: these parts now hold every input's rows of those tables, which an
     # input's `outputs` no longer list (see gpuclust.ingest.api._recompute_tables)
     m["laid_out"] = {table: copy.deepcopy(m["tables"][table]) for table in _ORDER_OF_WORK}

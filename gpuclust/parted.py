@@ -36,9 +36,23 @@ from gpuclust._parallel import map_ordered, threads
 from gpuclust.arrow_numpy import to_numpy
 from gpuclust.tables import as_arrow, as_pandas, column, is_frame, parquet_options
 
-__all__ = ["FrameParts", "MappedArray", "PartedTable", "array_batches", "column_batches", "finalize_in_memory", "key_bounds", "map_large_arrays", "frames",
-           "part_name", "read_keyed_range", "relocated", "slice_keyed",
-           "write_keyed", "write_part"]
+__all__ = [
+    "FrameParts",
+    "MappedArray",
+    "PartedTable",
+    "array_batches",
+    "column_batches",
+    "finalize_in_memory",
+    "key_bounds",
+    "map_large_arrays",
+    "frames",
+    "part_name",
+    "read_keyed_range",
+    "relocated",
+    "slice_keyed",
+    "write_keyed",
+    "write_part",
+]
 
 
 def part_name(index: int) -> str:
@@ -81,8 +95,10 @@ class PartedTable:
 
 def relocated(results: dict[str, dict[str, Any]], old: str | Path, new: str | Path) -> dict[str, dict[str, Any]]:
     """Run results whose parted tables were written under the folder ``old``, now renamed to ``new``."""
-    return {key: {t: v.relocated(old, new) if isinstance(v, PartedTable) else v for t, v in tables.items()}
-            for key, tables in results.items()}
+    return {
+        key: {t: v.relocated(old, new) if isinstance(v, PartedTable) else v for t, v in tables.items()}
+        for key, tables in results.items()
+    }
 
 
 @dataclass

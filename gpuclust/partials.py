@@ -56,8 +56,11 @@ def keyed_reduce(backend: Any, key: Any, sums: dict[str, Any], counts: dict[str,
     for name, v in sums.items():
         out[name] = ops.grouped_sum(inv, xp.ascontiguousarray(v), n_groups=n)
     for name, c in (counts or {}).items():
-        out[name] = bincount(xp, inv, weights=None, minlength=n).astype(xp.int64) if c is None else (
-            bincount(xp, inv, weights=c.astype(xp.float64), minlength=n).round().astype(xp.int64))
+        out[name] = (
+            bincount(xp, inv, weights=None, minlength=n).astype(xp.int64)
+            if c is None
+            else (bincount(xp, inv, weights=c.astype(xp.float64), minlength=n).round().astype(xp.int64))
+        )
     return out
 
 
@@ -65,7 +68,9 @@ def _sorted_unique(k: np.ndarray) -> bool:
     return bool(k.shape[0] < 2 or (k[1:] > k[:-1]).all())
 
 
-def merge_keyed(a: dict[str, np.ndarray], b: dict[str, np.ndarray], maxima: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
+def merge_keyed(
+    a: dict[str, np.ndarray], b: dict[str, np.ndarray], maxima: tuple[str, ...] = ()
+) -> dict[str, np.ndarray]:
     """Merge two host keyed partials (same fields): one row per key, float fields summed (NaN
     ignored, as SQL's SUM), integer fields summed exactly, the fields named in ``maxima`` merged
     by maximum instead; keys sorted.
@@ -94,8 +99,9 @@ def merge_keyed(a: dict[str, np.ndarray], b: dict[str, np.ndarray], maxima: tupl
     return _group_keyed({k: np.concatenate([a[k], b[k]]) for k in a}, maxima)
 
 
-def _merge_sorted(a: dict[str, np.ndarray], b: dict[str, np.ndarray], ka: np.ndarray, kb: np.ndarray,
-                  maxima: tuple[str, ...]) -> dict[str, np.ndarray]:
+def _merge_sorted(
+    a: dict[str, np.ndarray], b: dict[str, np.ndarray], ka: np.ndarray, kb: np.ndarray, maxima: tuple[str, ...]
+) -> dict[str, np.ndarray]:
     """:func:`merge_keyed` of two partials with sorted unique keys ``ka``, ``kb``: every row placed
     once at its index in the union (a's rows shifted by the new keys of b before them, b's new
     rows after the a rows before them), floats made summable on the output, then b's shared keys
@@ -193,7 +199,6 @@ def merge_moments(a: tuple[Any, Any, Any], b: tuple[Any, Any, Any]) -> tuple[Any
     return n, mean, m2
 
 
-
 @dataclass(frozen=True)
 class Moments:
     """Per-group weighted co-moments ``(n, W, mean, C)``; arrays of one array module.
@@ -271,6 +276,7 @@ class Moments:
 
 # ------------------------------------------------------------------------------ binned counts
 
+
 def bin_quantile_edges(counts: np.ndarray, lower: np.ndarray, percents: tuple[int, ...]) -> dict[int, float]:
     """For a histogram of exact counts (``counts[b]`` values in bin ``b``, ``lower[b]`` its lower
     edge), the lower edge of the bin holding each inverted-CDF percentile (the smallest value with
@@ -287,16 +293,19 @@ def bin_quantile_edges(counts: np.ndarray, lower: np.ndarray, percents: tuple[in
     return {q: float(lower[int(np.searchsorted(cum, -(-q * n // 100), side="left"))]) for q in percents}
 
 
-def bin_rows(counts: np.ndarray, lower: np.ndarray, upper: np.ndarray, value: str, count: str,
-             **keys: Any) -> list[dict[str, Any]]:
+def bin_rows(
+    counts: np.ndarray, lower: np.ndarray, upper: np.ndarray, value: str, count: str, **keys: Any
+) -> list[dict[str, Any]]:
     """One row per non-empty bin of a histogram: ``keys``, ``bin``, ``lo_<value>`` and
     ``hi_<value>`` (the bin's edges) and ``<count>`` (its count).
 
     >>> bin_rows(np.array([0, 2]), np.array([0.0, 1.0]), np.array([1.0, 2.0]), "s", "episodes", tier="all")
     [{'tier': 'all', 'bin': 1, 'lo_s': 1.0, 'hi_s': 2.0, 'episodes': 2}]
     """
-    return [{**keys, "bin": int(b), f"lo_{value}": float(lower[b]), f"hi_{value}": float(upper[b]), count: int(counts[b])}
-            for b in np.nonzero(counts)[0]]
+    return [
+        {**keys, "bin": int(b), f"lo_{value}": float(lower[b]), f"hi_{value}": float(upper[b]), count: int(counts[b])}
+        for b in np.nonzero(counts)[0]
+    ]
 
 
 def log_bins(xp: Any, edges: Any, v: Any) -> Any:

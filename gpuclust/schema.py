@@ -334,8 +334,7 @@ TIER_MAPS: dict[str, TierMap] = {
             "seed-002",
             ("free", "beb", "mid", "prod", "monitoring"),
             (0, 100, 116, 120, 360),
-            "v3 restatement (seed 002): free 0-99, batch 100-115, mid 116-119, "
-            "production 120-359, monitoring >= 360",
+            "v3 restatement (seed 002): free 0-99, batch 100-115, mid 116-119, production 120-359, monitoring >= 360",
         ),
         TierMap(
             "v2",

@@ -91,6 +91,8 @@ class CpiFilter:
             kept = int(xp.count_nonzero(ok))
         total = int(cpi.shape[0])
         counts = {"total": total, "kept": kept}
-        for name, c in zip(REJECT_REASONS, (total - n_present, n_present - n_cs, n_cs - n_cpi, n_cpi - kept), strict=True):
+        for name, c in zip(
+            REJECT_REASONS, (total - n_present, n_present - n_cs, n_cs - n_cpi, n_cpi - kept), strict=True
+        ):
             counts[name] = c
         return ok, counts

@@ -14,7 +14,14 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["backend_quantiles", "backend_quantiles_many", "device_quantiles_many", "sorted_quantiles", "stream_quantiles", "stream_quantiles_many"]
+__all__ = [
+    "backend_quantiles",
+    "backend_quantiles_many",
+    "device_quantiles_many",
+    "sorted_quantiles",
+    "stream_quantiles",
+    "stream_quantiles_many",
+]
 
 _SIGN = np.uint64(1 << 63)
 
@@ -237,8 +244,9 @@ def stream_quantiles_many(
     return out
 
 
-def _run(batches: Callable[[], Iterable[Sequence[np.ndarray]]], k: int, q: np.ndarray, bins_bits: int,
-         max_candidates: int) -> list[_Select]:
+def _run(
+    batches: Callable[[], Iterable[Sequence[np.ndarray]]], k: int, q: np.ndarray, bins_bits: int, max_candidates: int
+) -> list[_Select]:
     """The selections of ``k`` streams, driven over shared passes until every one has its result."""
     sels = [_Select(q, bins_bits, max(1, max_candidates // k)) for _ in range(k)]
     total, keep = 0, True
@@ -304,8 +312,9 @@ def backend_quantiles(be: Any, batches: Callable[[], Iterable[np.ndarray]], qs: 
     return out
 
 
-def backend_quantiles_many(be: Any, batches: Callable[[], Iterable[Sequence[np.ndarray]]], k: int,
-                           qs: Sequence[float]) -> np.ndarray:
+def backend_quantiles_many(
+    be: Any, batches: Callable[[], Iterable[Sequence[np.ndarray]]], k: int, qs: Sequence[float]
+) -> np.ndarray:
     """:func:`stream_quantiles_many` computed where backend ``be`` computes: that function on the
     cpu (bounded host memory, a few passes over ``batches()``); on a device one pass, each
     stream's values copied there as they come and sorted once, only the order statistics coming

@@ -33,8 +33,17 @@ import pyarrow as pa
 from gpuclust._lazy import pandas as pd
 from gpuclust.arrow_numpy import to_numpy
 
-__all__ = ["KINDS", "as_arrow", "as_pandas", "check_kind", "column", "convert", "is_frame", "nullable_int",
-           "parquet_options"]
+__all__ = [
+    "KINDS",
+    "as_arrow",
+    "as_pandas",
+    "check_kind",
+    "column",
+    "convert",
+    "is_frame",
+    "nullable_int",
+    "parquet_options",
+]
 
 #: The values of ``tables=``.
 KINDS = ("pandas", "arrow", "native")

@@ -17,13 +17,27 @@ AFTER = 2**63 - 1
 TERMINAL = {4, 5, 6, 7, 8}  # EVICT, FAIL, FINISH, KILL, LOST (v3 codes)
 LEVELS = (0, 10, 20, 30, 40, 50, 60, 70, 80, 90, 91, 92, 93, 94, 95, 96, 97, 98, 99, 100)
 THING = {"instance_events": "instances", "collection_events": "collections", "machine_events": "machines"}
-KEY = {"instance_events": ("collection_id", "instance_index"), "collection_events": ("collection_id",),
-       "machine_events": ("machine_id",)}
+KEY = {
+    "instance_events": ("collection_id", "instance_index"),
+    "collection_events": ("collection_id",),
+    "machine_events": ("machine_id",),
+}
 #: The v3 document's state diagram: the state each event type leaves an instance (or collection)
 #: in, and the event types that may follow each state.
 PENDING, RUNNING, DEAD = "pending", "running", "dead"
-STATE = {0: PENDING, 1: PENDING, 2: PENDING, 9: PENDING, 3: RUNNING, 10: RUNNING, 4: DEAD, 5: DEAD, 6: DEAD, 7: DEAD,
-         8: DEAD}
+STATE = {
+    0: PENDING,
+    1: PENDING,
+    2: PENDING,
+    9: PENDING,
+    3: RUNNING,
+    10: RUNNING,
+    4: DEAD,
+    5: DEAD,
+    6: DEAD,
+    7: DEAD,
+    8: DEAD,
+}
 MAY_FOLLOW = {PENDING: {1, 2, 3, 9, 5, 7, 8}, RUNNING: {10, 4, 5, 6, 7, 8}, DEAD: {0}}
 #: Machines: after ADD (1) or UPDATE (3) the machine is there (REMOVE or UPDATE may follow); after
 #: REMOVE (2) only ADD; UNKNOWN (0) is never flagged.
@@ -36,17 +50,42 @@ def _unexpected(name: str, prev: int, cur: int) -> bool:
     return prev in STATE and cur in STATE and cur not in MAY_FOLLOW[STATE[prev]]
 
 
-CODE_COLUMNS = {"instance_events": ("type", "missing_type"), "collection_events": ("type", "missing_type"),
-                "machine_events": ("type", "missing_data_reason")}
+CODE_COLUMNS = {
+    "instance_events": ("type", "missing_type"),
+    "collection_events": ("type", "missing_type"),
+    "machine_events": ("type", "missing_data_reason"),
+}
 
 
 #: The usage checks of the documentation's table, in its order.
-USAGE_FLAGS = ("start_zero", "start_after_trace", "end_zero", "end_after_trace", "machine_zero", "machine_dedicated",
-               "end_before_start", "zero_length", "short_windows", "long_windows", "percentiles_null",
-               "percentiles_partly_null", "percentiles_non_monotone", "p100_and_max", "p100_below_max",
-               "p100_above_max", "cpi_mai_present", "cpi_mai_low_cpu_time", "cpi_out_of_range", "mai_out_of_range",
-               "no_events_rows", "no_events_instances", "after_end_rows", "after_end_300s_rows", "after_end_instances",
-               "past_end_rows")
+USAGE_FLAGS = (
+    "start_zero",
+    "start_after_trace",
+    "end_zero",
+    "end_after_trace",
+    "machine_zero",
+    "machine_dedicated",
+    "end_before_start",
+    "zero_length",
+    "short_windows",
+    "long_windows",
+    "percentiles_null",
+    "percentiles_partly_null",
+    "percentiles_non_monotone",
+    "p100_and_max",
+    "p100_below_max",
+    "p100_above_max",
+    "cpi_mai_present",
+    "cpi_mai_low_cpu_time",
+    "cpi_out_of_range",
+    "mai_out_of_range",
+    "no_events_rows",
+    "no_events_instances",
+    "after_end_rows",
+    "after_end_300s_rows",
+    "after_end_instances",
+    "past_end_rows",
+)
 
 
 def _null(v: Any) -> bool:
@@ -102,10 +141,16 @@ def _table_profile(name: str, t: pa.Table, row_order: bool) -> tuple[dict, dict,
     if name == "machine_events":
         nocap = [_null(r["cap_cpu"]) or _null(r["cap_mem"]) for r in rows]
         add("null_capacity_rows", sum(nocap))
-        add("null_capacity_machines", sum(any(_null(r["cap_cpu"]) or _null(r["cap_mem"]) for r in rs)
-                                          for rs in by.values()), thing)
-        add("never_capacity_machines", sum(all(_null(r["cap_cpu"]) or _null(r["cap_mem"]) for r in rs)
-                                           for rs in by.values()), thing)
+        add(
+            "null_capacity_machines",
+            sum(any(_null(r["cap_cpu"]) or _null(r["cap_mem"]) for r in rs) for rs in by.values()),
+            thing,
+        )
+        add(
+            "never_capacity_machines",
+            sum(all(_null(r["cap_cpu"]) or _null(r["cap_mem"]) for r in rs) for rs in by.values()),
+            thing,
+        )
     return checks, nulls, codes
 
 
@@ -185,7 +230,9 @@ def _usage_profile(usage: pa.Table, events: pa.Table, short_s: int) -> tuple[dic
     flags["after_end_instances"] = len(after_inst)
     for c, v in flags.items():
         unit = "instances" if c.endswith("instances") else "rows"
-        of = inst if unit == "instances" else (flags["p100_and_max"] if c in ("p100_below_max", "p100_above_max") else n)
+        of = (
+            inst if unit == "instances" else (flags["p100_and_max"] if c in ("p100_below_max", "p100_above_max") else n)
+        )
         checks[("instance_usage", c)] = (v, unit, of)
     checks[("instance_usage", "rows")] = (n, "rows", n)
     checks[("instance_usage", "instances")] = (inst, "instances", inst)

@@ -36,8 +36,16 @@ from generic_backend import CPU, SHAPED_XP, check_ufunc_method
 
 from gpuclust.backends import Backend
 
-__all__ = ["DEVICE", "DEVICE_GPU", "WORK", "DeviceArray", "column_bytes", "counting_device_work", "mark_partials_gpu",
-           "result_bytes"]
+__all__ = [
+    "DEVICE",
+    "DEVICE_GPU",
+    "WORK",
+    "DeviceArray",
+    "column_bytes",
+    "counting_device_work",
+    "mark_partials_gpu",
+    "result_bytes",
+]
 
 #: Device work counted inside :func:`counting_device_work`: ``ops``, the device-array operations
 #: (ufuncs, array functions and methods, array creation, gathers and scatters: each one kernel
@@ -106,6 +114,7 @@ def _basic(key: Any) -> bool:
         return all(_basic(k) for k in key)
     return key is None or key is Ellipsis or isinstance(key, (int, slice))
 
+
 def _dev(x: Any) -> Any:
     """Wrap NumPy results (arrays, scalars of a reduction, tuples / lists of them, the arrays of a
     dataclass such as :class:`gpuclust.partials.Moments`) as device ones."""
@@ -132,8 +141,10 @@ def _data(x: Any, where: str | None = None) -> Any:
     if isinstance(x, DeviceArray):
         return x.data
     if where is not None and isinstance(x, np.ndarray) and x.ndim > 0:
-        raise TypeError(f"Unsupported type {type(x)} (a host array given to {where} beside device arrays; "
-                        "copy it with xp.asarray / backend.stage first)")
+        raise TypeError(
+            f"Unsupported type {type(x)} (a host array given to {where} beside device arrays; "
+            "copy it with xp.asarray / backend.stage first)"
+        )
     if isinstance(x, (list, tuple)):
         return type(x)(_data(v, where) for v in x)
     if isinstance(x, dict):
@@ -160,8 +171,10 @@ class DeviceArray(np.lib.mixins.NDArrayOperatorsMixin):
         return {"shape": self.data.shape, "typestr": self.data.dtype.str, "data": (0, False), "version": 3}
 
     def __array__(self, *args: Any, **kw: Any) -> np.ndarray:
-        raise TypeError("Implicit conversion to a NumPy array is not allowed. Please use `.get()` to construct a "
-                        "NumPy array explicitly.")
+        raise TypeError(
+            "Implicit conversion to a NumPy array is not allowed. Please use `.get()` to construct a "
+            "NumPy array explicitly."
+        )
 
     # ---- NumPy's protocols: refuse host operands, then compute on the data
     def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any, **kw: Any) -> Any:
@@ -169,8 +182,10 @@ class DeviceArray(np.lib.mixins.NDArrayOperatorsMixin):
         where = f"{ufunc.__name__}.{method}"
         for x in inputs:
             if isinstance(x, (int, float)) and type(x) not in _SCALARS:
-                raise TypeError(f"operand type(s) all returned NotImplemented from __array_ufunc__ ({where} of a "
-                                f"{type(x).__name__} scalar: CuPy takes int / float / bool only; pass int(...))")
+                raise TypeError(
+                    f"operand type(s) all returned NotImplemented from __array_ufunc__ ({where} of a "
+                    f"{type(x).__name__} scalar: CuPy takes int / float / bool only; pass int(...))"
+                )
         with _op("ops"):
             args = _data(inputs, where)
             if "out" in kw:
@@ -188,9 +203,11 @@ class DeviceArray(np.lib.mixins.NDArrayOperatorsMixin):
             raise AttributeError(name)
         attr = getattr(self.data, name)
         if callable(attr):
+
             def method(*args: Any, **kw: Any) -> Any:
                 with _op("ops"):
                     return _dev(attr(*_data(args), **_data(kw)))
+
             return method
         return _dev(attr)
 
@@ -240,6 +257,7 @@ def _creation(f: Any) -> Any:
     def make(*args: Any, **kw: Any) -> Any:
         with _op("ops"):
             return _dev(f(*_data(args), **_data(kw)))
+
     return make
 
 
@@ -258,8 +276,12 @@ def _asarray(a: Any, dtype: Any = None, **kw: Any) -> Any:
 
 XP = types.ModuleType("device_shaped", "The CuPy-shaped module, its results device arrays.")
 XP.__dict__.update(vars(SHAPED_XP))
-XP.__dict__.update({k: _creation(getattr(np, k)) for k in (
-    "zeros", "ones", "empty", "full", "arange", "linspace", "eye", "fromiter", "frombuffer")})
+XP.__dict__.update(
+    {
+        k: _creation(getattr(np, k))
+        for k in ("zeros", "ones", "empty", "full", "arange", "linspace", "eye", "fromiter", "frombuffer")
+    }
+)
 XP.__dict__.update(asarray=_asarray, array=_asarray, ascontiguousarray=_creation(np.ascontiguousarray))
 
 
@@ -283,6 +305,7 @@ class _DeviceOps:
             _count("h2d_bytes", _host_bytes(args) + _host_bytes(kw))
             with _op("kernels"):
                 return _dev(op(*_data(args), **_data(kw)))
+
         return call
 
 
@@ -315,6 +338,7 @@ def mark_partials_gpu(monkeypatch: Any) -> None:
     from gpuclust.analyses.registry import create, names
 
     for cls in {type(create(n)) for n in names()}:
+
         def partial(self: Any, cols: Any, ctx: Any, backend: Any, real: Any = cls.partial) -> Any:
             out = real(self, cols, ctx, backend)
             if isinstance(out, dict) and "backend" in out:

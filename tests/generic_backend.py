@@ -71,15 +71,15 @@ class _UFunc:
 
 def _bincount(x: Any, weights: Any = None, minlength: int = 0) -> Any:
     if int(x.shape[0]) == 0:
-        raise ValueError("zero-size array to reduction operation cupy_max which has no identity "
-                         "(cupy.bincount of an empty array)")
+        raise ValueError(
+            "zero-size array to reduction operation cupy_max which has no identity (cupy.bincount of an empty array)"
+        )
     return np.bincount(x, weights=weights, minlength=minlength)
 
 
 def _lexsort(keys: Any) -> Any:
     if isinstance(keys, (tuple, list)):
-        raise AttributeError("cupy.lexsort takes one (k, n) cupy.ndarray of keys, not a "
-                             f"{type(keys).__name__}")
+        raise AttributeError(f"cupy.lexsort takes one (k, n) cupy.ndarray of keys, not a {type(keys).__name__}")
     return np.lexsort(keys)
 
 

@@ -12,8 +12,19 @@ from collections import Counter, defaultdict
 from typing import Any
 
 SUBMIT, QUEUE, ENABLE, SCHEDULE, EVICT, FAIL, FINISH, KILL, LOST, UPDATE_PENDING, UPDATE_RUNNING = range(11)
-NAMES = ["SUBMIT", "QUEUE", "ENABLE", "SCHEDULE", "EVICT", "FAIL", "FINISH", "KILL", "LOST", "UPDATE_PENDING",
-         "UPDATE_RUNNING"]
+NAMES = [
+    "SUBMIT",
+    "QUEUE",
+    "ENABLE",
+    "SCHEDULE",
+    "EVICT",
+    "FAIL",
+    "FINISH",
+    "KILL",
+    "LOST",
+    "UPDATE_PENDING",
+    "UPDATE_RUNNING",
+]
 AFTER_TRACE = 2**63 - 1
 DEATHS = {EVICT: "evict", FAIL: "fail", FINISH: "finish", KILL: "kill", LOST: "lost"}
 
@@ -26,9 +37,11 @@ def state_after(e: int) -> str:
     return "dead"
 
 
-ALLOWED = {"pending": {QUEUE, ENABLE, SCHEDULE, UPDATE_PENDING, FAIL, KILL, LOST},
-           "running": {UPDATE_RUNNING, EVICT, FAIL, FINISH, KILL, LOST},
-           "dead": {SUBMIT}}
+ALLOWED = {
+    "pending": {QUEUE, ENABLE, SCHEDULE, UPDATE_PENDING, FAIL, KILL, LOST},
+    "running": {UPDATE_RUNNING, EVICT, FAIL, FINISH, KILL, LOST},
+    "dead": {SUBMIT},
+}
 
 
 def tier_of(priorities: list[Any], bounds: tuple[int, ...], names: tuple[str, ...]) -> str:
@@ -48,9 +61,15 @@ def kind_of(types: list[Any], kinds: tuple[str, str, str]) -> str:
     return kinds[max(known)] if known else kinds[2]
 
 
-def replay(rows: list[dict[str, Any]], bounds: tuple[int, ...], names: tuple[str, ...], bucket_us: int,
-           data_end: int | None, kinds: tuple[str, str, str] = ("task", "alloc_instance", "unknown"),
-           fallback_priority: dict[int, int] | None = None) -> dict[str, Any]:
+def replay(
+    rows: list[dict[str, Any]],
+    bounds: tuple[int, ...],
+    names: tuple[str, ...],
+    bucket_us: int,
+    data_end: int | None,
+    kinds: tuple[str, str, str] = ("task", "alloc_instance", "unknown"),
+    fallback_priority: dict[int, int] | None = None,
+) -> dict[str, Any]:
     """``rows``: dicts with time, type, collection_id, instance_index, priority (None = NULL) and
     optionally missing_type and collection_type (absent = NULL), in the dataset's order.
     ``fallback_priority``: a collection's priority where none of its own events has one (the
@@ -120,8 +139,14 @@ def replay(rows: list[dict[str, Any]], bounds: tuple[int, ...], names: tuple[str
                         s["new_submissions"] += 1
                     elif not (submits_now == 1 and present and t == 0):
                         s["resubmissions"] += 1
-                for code, field in ((SCHEDULE, "schedules"), (EVICT, "evictions"), (FAIL, "failures"),
-                                    (FINISH, "finishes"), (KILL, "kills"), (LOST, "losses")):
+                for code, field in (
+                    (SCHEDULE, "schedules"),
+                    (EVICT, "evictions"),
+                    (FAIL, "failures"),
+                    (FINISH, "finishes"),
+                    (KILL, "kills"),
+                    (LOST, "losses"),
+                ):
                     if e == code:
                         s[field] += 1
                 s["pending"] += (new == "pending") - (state == "pending")
@@ -135,7 +160,8 @@ def replay(rows: list[dict[str, Any]], bounds: tuple[int, ...], names: tuple[str
                 ok = timed and not syn0 and not syn
                 synth_excluded += timed and not ok
                 outcome = {ENABLE: "enabled", SCHEDULE: "scheduled", SUBMIT: "resubmitted"}.get(
-                    e, "died" if e in DEATHS else "other")
+                    e, "died" if e in DEATHS else "other"
+                )
                 episode("queued", outcome, t - st if ok else None)
             if new_sub == QUEUE and sub != QUEUE:
                 q_start = (t, syn)
@@ -150,8 +176,7 @@ def replay(rows: list[dict[str, Any]], bounds: tuple[int, ...], names: tuple[str
                 timed = how == SUBMIT and st != 0 and t != AFTER_TRACE
                 ok = timed and not syn0 and not syn
                 synth_excluded += timed and not ok
-                outcome = ("scheduled" if e == SCHEDULE else "resubmitted" if e == SUBMIT
-                           else DEATHS.get(e, "other"))
+                outcome = "scheduled" if e == SCHEDULE else "resubmitted" if e == SUBMIT else DEATHS.get(e, "other")
                 episode("scheduling", outcome, t - st if ok else None)
                 if e == SCHEDULE and ok and last_enable is not None and not last_enable[1]:
                     episode("enable_to_schedule", "scheduled", t - last_enable[0])
@@ -168,8 +193,10 @@ def replay(rows: list[dict[str, Any]], bounds: tuple[int, ...], names: tuple[str
             if new == "running" and (state != "running" or e == SCHEDULE):
                 run_start = (t, e, syn)
             state, prev = new, e
-        for st_name, start, entry, measure in (("pending", pend_start, SUBMIT, "scheduling"),
-                                               ("running", run_start, SCHEDULE, "execution")):
+        for st_name, start, entry, measure in (
+            ("pending", pend_start, SUBMIT, "scheduling"),
+            ("running", run_start, SCHEDULE, "execution"),
+        ):
             if state == st_name:
                 st, how, syn0 = start
                 timed = data_end is not None and how == entry and st != 0 and st <= data_end
@@ -191,11 +218,23 @@ def replay(rows: list[dict[str, Any]], bounds: tuple[int, ...], names: tuple[str
             pend += c["pending"]
             run += c["running"]
             levels[(b, tier)] = {"pending": pend, "running": run}
-    return {"events": events, "transitions": transitions, "series": series, "levels": levels,
-            "episodes": episodes, "instances": instances, "first_not_submit": first_not_submit,
-            "invalid": invalid, "kind_episodes": kind_episodes, "kind_events": kind_events, "kinds": kind_count,
-            "present_at_start": present_at_start, "synthesized_events": synthesized,
-            "synthesized_duration_episodes": synth_excluded, "priority_from_instances": from_instances}
+    return {
+        "events": events,
+        "transitions": transitions,
+        "series": series,
+        "levels": levels,
+        "episodes": episodes,
+        "instances": instances,
+        "first_not_submit": first_not_submit,
+        "invalid": invalid,
+        "kind_episodes": kind_episodes,
+        "kind_events": kind_events,
+        "kinds": kind_count,
+        "present_at_start": present_at_start,
+        "synthesized_events": synthesized,
+        "synthesized_duration_episodes": synth_excluded,
+        "priority_from_instances": from_instances,
+    }
 
 
 def bin_of(d: int, edges: list[int]) -> int:

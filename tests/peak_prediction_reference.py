@@ -19,8 +19,9 @@ STEP = 300_000_000
 AFTER = 2**63 - 1
 
 
-def samples(tables: dict, metric: str = "cpu_p90", priority_range: Any = (0, 400),
-            scheduling_class_range: Any = (2, 3)) -> tuple[list[tuple], dict[str, int]]:
+def samples(
+    tables: dict, metric: str = "cpu_p90", priority_range: Any = (0, 400), scheduling_class_range: Any = (2, 3)
+) -> tuple[list[tuple], dict[str, int]]:
     """Usage windows -> ``(machine_id, step, (collection_id, instance_index), usage, limit)`` and
     the drop counts."""
     res = 1 if metric.endswith("_mem") else 0
@@ -63,8 +64,9 @@ def samples(tables: dict, metric: str = "cpu_p90", priority_range: Any = (0, 400
             continue
         stats["used_rows"] += 1
         lim = e["req_mem"] if res else e["req_cpu"]
-        out.append((w["machine_id"], w["start_time"] // STEP, (w["collection_id"], w["instance_index"]), float(u),
-                    float(lim)))
+        out.append(
+            (w["machine_id"], w["start_time"] // STEP, (w["collection_id"], w["instance_index"]), float(u), float(lim))
+        )
     return out, dict(stats)
 
 
@@ -149,11 +151,24 @@ class InstancePercentile(Stateful):
         return total
 
 
-def simulate(rows: list[tuple], last_step: int, *, horizon_s: int = 86400, oracle_percentile: float = 100.0,
-             cap_to_limit: bool = True, min_samples: int = 24, borg_fraction: float = 0.9, n_sigma: float = 5.0,
-             n_sigma_history: int = 24, instance_percentile: float = 99.0, instance_history: int = 120,
-             machine_percentile: float = 100.0, machine_history: int = 24,
-             combine: tuple = ("n_sigma", "instance_percentile"), **_: Any) -> list[dict]:
+def simulate(
+    rows: list[tuple],
+    last_step: int,
+    *,
+    horizon_s: int = 86400,
+    oracle_percentile: float = 100.0,
+    cap_to_limit: bool = True,
+    min_samples: int = 24,
+    borg_fraction: float = 0.9,
+    n_sigma: float = 5.0,
+    n_sigma_history: int = 24,
+    instance_percentile: float = 99.0,
+    instance_history: int = 120,
+    machine_percentile: float = 100.0,
+    machine_history: int = 24,
+    combine: tuple = ("n_sigma", "instance_percentile"),
+    **_: Any,
+) -> list[dict]:
     """Per (machine, step) with a sample, in (machine, step) order: the machine table's values."""
     snaps: dict = defaultdict(dict)  # machine -> step -> inst -> (usage, limit): the max over windows
     for m, step, inst, u, lim in rows:
@@ -162,18 +177,23 @@ def simulate(rows: list[tuple], last_step: int, *, horizon_s: int = 86400, oracl
     E = horizon_s // 300
     out = []
     for m in sorted(snaps):
-        preds = {"n_sigma": NSigma(min_samples, n_sigma_history, cap_to_limit, n_sigma),
-                 "instance_percentile": InstancePercentile(min_samples, instance_history, cap_to_limit,
-                                                           instance_percentile),
-                 "machine_percentile": MachinePercentile(min_samples, machine_history, cap_to_limit,
-                                                         machine_percentile)}
+        preds = {
+            "n_sigma": NSigma(min_samples, n_sigma_history, cap_to_limit, n_sigma),
+            "instance_percentile": InstancePercentile(min_samples, instance_history, cap_to_limit, instance_percentile),
+            "machine_percentile": MachinePercentile(min_samples, machine_history, cap_to_limit, machine_percentile),
+        }
         steps = sorted(snaps[m])
         for t in steps:
             present = snaps[m][t]
             limit = sum(lim for _, lim in present.values())
-            row = {"machine_id": m, "bucket": t, "instances": len(present), "limit": limit,
-                   "total_usage": sum(min(u, lim) for u, lim in present.values()),
-                   "borg_default": borg_fraction * limit}
+            row = {
+                "machine_id": m,
+                "bucket": t,
+                "instances": len(present),
+                "limit": limit,
+                "total_usage": sum(min(u, lim) for u, lim in present.values()),
+                "borg_default": borg_fraction * limit,
+            }
             for name, pr in preds.items():
                 row[name] = pr.update(present)
             sub = [row[c] for c in combine]
@@ -210,10 +230,13 @@ def metrics(table: list[dict], tol: float = 1e-9) -> dict[str, dict]:
         for r in rows:
             per_m[r["machine_id"]][0] += 1
             per_m[r["machine_id"]][1] += id(r) in vid
-        out[p] = {"machine_steps": len(rows), "violations": len(viol),
-                  "violation_rate": len(viol) / len(rows) if rows else None,
-                  "severities": sev,
-                  "savings": (sum(r["limit"] - r[p] for r in rows) / sum(r["limit"] for r in rows)) if rows else None,
-                  "mean_savings": (sum((r["limit"] - r[p]) / r["limit"] for r in rows) / len(rows)) if rows else None,
-                  "machine_rates": [v / n for n, v in per_m.values()]}
+        out[p] = {
+            "machine_steps": len(rows),
+            "violations": len(viol),
+            "violation_rate": len(viol) / len(rows) if rows else None,
+            "severities": sev,
+            "savings": (sum(r["limit"] - r[p] for r in rows) / sum(r["limit"] for r in rows)) if rows else None,
+            "mean_savings": (sum((r["limit"] - r[p]) / r["limit"] for r in rows) / len(rows)) if rows else None,
+            "machine_rates": [v / n for n, v in per_m.values()],
+        }
     return out

@@ -38,8 +38,15 @@ def table(name: str, cols: dict[str, Any]) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
-def write_dataset(path: Path, tables: dict[str, pa.Table], *, files: int = 1, row_group_size: int | None = None,
-                  tier_map: str | None = "notebook", trace_version: str = "v3") -> Path:
+def write_dataset(
+    path: Path,
+    tables: dict[str, pa.Table],
+    *,
+    files: int = 1,
+    row_group_size: int | None = None,
+    tier_map: str | None = "notebook",
+    trace_version: str = "v3",
+) -> Path:
     """Write canonical tables as ``<table>/part-*.parquet`` plus a complete manifest."""
     path = Path(path)
     m = new_manifest(trace_version=trace_version, tier_map=tier_map, complete=True, cell="test")
@@ -53,8 +60,9 @@ def write_dataset(path: Path, tables: dict[str, pa.Table], *, files: int = 1, ro
         rel = []
         for j in range(k):
             f = f"{name}/part-{j:05d}.parquet"
-            pq.write_table(t.slice(edges[j], edges[j + 1] - edges[j]), path / f,
-                           row_group_size=row_group_size or max(1, n))
+            pq.write_table(
+                t.slice(edges[j], edges[j + 1] - edges[j]), path / f, row_group_size=row_group_size or max(1, n)
+            )
             rel.append(f)
         m["tables"][name] = {"rows": n, "files": rel}
     write_json_atomic(path / "manifest.json", m)
@@ -88,10 +96,18 @@ def cell(draw: Any, max_instances: int = 8, max_windows: int = 30) -> dict[str, 
     collection_events with the instance events' collection-level columns)."""
     me = draw(machine_events())
     machines = me.column("machine_id").to_pylist() or [5]
-    inst = draw(st.lists(st.tuples(st.sampled_from(BIG_IDS), st.integers(0, 3), st.sampled_from(machines)),
-                         min_size=0, max_size=max_instances, unique=True))
-    ev: dict[str, list[Any]] = {k: [] for k in ("time", "type", "collection_id", "instance_index", "machine_id",
-                                                "priority", "alloc_collection_id")}
+    inst = draw(
+        st.lists(
+            st.tuples(st.sampled_from(BIG_IDS), st.integers(0, 3), st.sampled_from(machines)),
+            min_size=0,
+            max_size=max_instances,
+            unique=True,
+        )
+    )
+    ev: dict[str, list[Any]] = {
+        k: []
+        for k in ("time", "type", "collection_id", "instance_index", "machine_id", "priority", "alloc_collection_id")
+    }
     for c, i, m in inst:
         for _ in range(draw(st.integers(0, 3))):  # 0 events: the instance has usage but no event row
             ev["time"].append(draw(times))
@@ -99,19 +115,42 @@ def cell(draw: Any, max_instances: int = 8, max_windows: int = 30) -> dict[str, 
             ev["collection_id"].append(c)
             ev["instance_index"].append(i)
             ev["machine_id"].append(draw(st.one_of(st.just(m), st.just(m), st.none(), st.just(0))))
-            ev["priority"].append(draw(st.one_of(st.sampled_from([0, 99, 100, 115, 116, 119, 120, 200, 360, 450]),
-                                                 st.none(), st.just(-1), st.integers(0, 500))))
+            ev["priority"].append(
+                draw(
+                    st.one_of(
+                        st.sampled_from([0, 99, 100, 115, 116, 119, 120, 200, 360, 450]),
+                        st.none(),
+                        st.just(-1),
+                        st.integers(0, 500),
+                    )
+                )
+            )
             ev["alloc_collection_id"].append(draw(st.one_of(st.none(), st.just(0), st.just(0), st.just(2**40 + 3))))
-    us: dict[str, list[Any]] = {k: [] for k in ("start_time", "end_time", "collection_id", "instance_index",
-                                                "machine_id", "alloc_collection_id", "avg_cpu", "avg_mem")}
+    us: dict[str, list[Any]] = {
+        k: []
+        for k in (
+            "start_time",
+            "end_time",
+            "collection_id",
+            "instance_index",
+            "machine_id",
+            "alloc_collection_id",
+            "avg_cpu",
+            "avg_mem",
+        )
+    }
     if inst:
         for _ in range(draw(st.integers(0, max_windows))):
             c, i, m = draw(st.sampled_from(inst))
             s = draw(times)
             kind = draw(st.sampled_from(["5min", "5min", "5min", "short", "zero", "long", "cross"]))
-            length = {"5min": 300_000_000, "short": draw(st.integers(1, 299_999_999)), "zero": 0,
-                      "long": draw(st.integers(300_000_000, 5 * HOUR)),
-                      "cross": 300_000_000}[kind]
+            length = {
+                "5min": 300_000_000,
+                "short": draw(st.integers(1, 299_999_999)),
+                "zero": 0,
+                "long": draw(st.integers(300_000_000, 5 * HOUR)),
+                "cross": 300_000_000,
+            }[kind]
             if kind == "cross":
                 s = (s // HOUR + 1) * HOUR - draw(st.integers(1, 299_999_999))
             us["start_time"].append(s)
@@ -119,13 +158,18 @@ def cell(draw: Any, max_instances: int = 8, max_windows: int = 30) -> dict[str, 
             us["collection_id"].append(c)
             us["instance_index"].append(i)
             us["machine_id"].append(m)
-            us["alloc_collection_id"].append(draw(st.one_of(st.none(), st.just(0), st.just(0), st.just(0),
-                                                            st.just(2**33 + 1))))
+            us["alloc_collection_id"].append(
+                draw(st.one_of(st.none(), st.just(0), st.just(0), st.just(0), st.just(2**33 + 1)))
+            )
             us["avg_cpu"].append(draw(st.one_of(st.none(), st.floats(0, 2, width=32))))
             us["avg_mem"].append(draw(st.one_of(st.none(), st.floats(0, 2, width=32))))
     coll = {k: ev[k] for k in ("time", "type", "collection_id", "priority", "alloc_collection_id")}
-    return {"machine_events": me, "instance_events": table("instance_events", ev),
-            "instance_usage": table("instance_usage", us), "collection_events": table("collection_events", coll)}
+    return {
+        "machine_events": me,
+        "instance_events": table("instance_events", ev),
+        "instance_usage": table("instance_usage", us),
+        "collection_events": table("collection_events", coll),
+    }
 
 
 def random_cell(seed: int, n_machines: int = 40, n_instances: int = 300, n_windows: int = 5000) -> dict[str, pa.Table]:
@@ -137,29 +181,53 @@ def random_cell(seed: int, n_machines: int = 40, n_instances: int = 300, n_windo
     sh = shapes[rng.integers(0, len(shapes), mrow.size)]
     capc = [None if rng.random() < 0.05 else float(x) for x in sh[:, 0]]
     capm = [None if rng.random() < 0.05 else float(x) for x in sh[:, 1]]
-    me = table("machine_events", {"time": rng.integers(0, 2**40, mrow.size), "machine_id": mrow,
-                                  "type": np.where(np.arange(mrow.size) % 2 == 0, 1, 3).astype(np.int8),
-                                  "cap_cpu": capc, "cap_mem": capm})
+    me = table(
+        "machine_events",
+        {
+            "time": rng.integers(0, 2**40, mrow.size),
+            "machine_id": mrow,
+            "type": np.where(np.arange(mrow.size) % 2 == 0, 1, 3).astype(np.int8),
+            "cap_cpu": capc,
+            "cap_mem": capm,
+        },
+    )
     ic = rng.choice(np.array([3, 2**40 + 1, 2**53 + 3, 2**62 + 9], dtype=np.int64), n_instances)
     ii = rng.integers(0, 50, n_instances).astype(np.int32)
     im = rng.choice(mids, n_instances)
     k = rng.integers(0, 3, n_instances)  # events per instance (0 = no event row)
     er = np.repeat(np.arange(n_instances), k)
     prio = rng.choice(np.array([0, 25, 100, 103, 116, 119, 120, 200, 360, -1]), er.size)
-    ev = table("instance_events", {
-        "time": rng.integers(0, 700 * HOUR, er.size), "type": np.full(er.size, 3, np.int8),
-        "collection_id": ic[er], "instance_index": ii[er], "machine_id": im[er],
-        "priority": [None if rng.random() < 0.03 else int(p) for p in prio],
-        "alloc_collection_id": [None if r < 0.3 else (0 if r < 0.95 else 2**35) for r in rng.random(er.size)]})
+    ev = table(
+        "instance_events",
+        {
+            "time": rng.integers(0, 700 * HOUR, er.size),
+            "type": np.full(er.size, 3, np.int8),
+            "collection_id": ic[er],
+            "instance_index": ii[er],
+            "machine_id": im[er],
+            "priority": [None if rng.random() < 0.03 else int(p) for p in prio],
+            "alloc_collection_id": [None if r < 0.3 else (0 if r < 0.95 else 2**35) for r in rng.random(er.size)],
+        },
+    )
     w = rng.integers(0, n_instances, n_windows)
     start = rng.integers(0, 48 * HOUR, n_windows)
     length = rng.choice(np.array([300_000_000, 300_000_000, 120_000_000, 0, 2 * HOUR + 17]), n_windows)
-    us = table("instance_usage", {
-        "start_time": start, "end_time": start + length, "collection_id": ic[w], "instance_index": ii[w],
-        "machine_id": im[w],
-        "alloc_collection_id": [None if r < 0.3 else (0 if r < 0.9 else 2**35 + 1) for r in rng.random(n_windows)],
-        "avg_cpu": [None if r < 0.02 else float(v) for r, v in zip(rng.random(n_windows), rng.random(n_windows), strict=False)],
-        "avg_mem": rng.random(n_windows).astype(np.float32)})
+    us = table(
+        "instance_usage",
+        {
+            "start_time": start,
+            "end_time": start + length,
+            "collection_id": ic[w],
+            "instance_index": ii[w],
+            "machine_id": im[w],
+            "alloc_collection_id": [None if r < 0.3 else (0 if r < 0.9 else 2**35 + 1) for r in rng.random(n_windows)],
+            "avg_cpu": [
+                None if r < 0.02 else float(v)
+                for r, v in zip(rng.random(n_windows), rng.random(n_windows), strict=False)
+            ],
+            "avg_mem": rng.random(n_windows).astype(np.float32),
+        },
+    )
     coll = ev.select(["time", "type", "collection_id", "priority", "alloc_collection_id"])
     coll = table("collection_events", {k: coll.column(k).to_pylist() for k in coll.column_names})
     return {"machine_events": me, "instance_events": ev, "instance_usage": us, "collection_events": coll}
@@ -178,8 +246,9 @@ def assert_results_same(r1: dict[str, Any], r2: dict[str, Any], rtol: float = 1e
             assert list(a.columns) == list(b.columns) and len(a) == len(b), (k, t)
             for c in a.columns:
                 if a[c].dtype.kind == "f":
-                    np.testing.assert_allclose(a[c].to_numpy(), b[c].to_numpy(), rtol=rtol, atol=1e-300,
-                                               equal_nan=True, err_msg=f"{k}/{t}/{c}")
+                    np.testing.assert_allclose(
+                        a[c].to_numpy(), b[c].to_numpy(), rtol=rtol, atol=1e-300, equal_nan=True, err_msg=f"{k}/{t}/{c}"
+                    )
                 else:  # exact; a missing value (None / NaN) only matches a missing value
                     na, nb = a[c].isna().to_numpy(), b[c].isna().to_numpy()
                     assert (na == nb).all(), (k, t, c)

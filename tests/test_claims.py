@@ -29,8 +29,10 @@ def _events_sql(ds: Dataset) -> str:
     """instance_events in the dataset's order (file by file, row by row), as one DuckDB relation."""
     files = [str(f) for f in ds.files("instance_events")]
     order = " ".join(f"WHEN '{f}' THEN {i}" for i, f in enumerate(files))
-    return (f"(SELECT *, CASE filename {order} END AS file_no FROM read_parquet({files!r}, filename=true, "
-            "file_row_number=true))")
+    return (
+        f"(SELECT *, CASE filename {order} END AS file_no FROM read_parquet({files!r}, filename=true, "
+        "file_row_number=true))"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +40,11 @@ def v2(tmp_path_factory):
     if not REAL.is_dir():
         pytest.skip(f"real trace files not found at {REAL}")
     out = tmp_path_factory.mktemp("v2") / "ds"
-    rep = ingest([REAL / "2011" / "machine_events", REAL / "2011" / "task_events", REAL / "2011" / "job_events"], out,
-                 progress=False)
+    rep = ingest(
+        [REAL / "2011" / "machine_events", REAL / "2011" / "task_events", REAL / "2011" / "job_events"],
+        out,
+        progress=False,
+    )
     assert rep.exit_status == 0
     ds = Dataset(out)
     res, not_run = _results(str(out), quiet=True)
@@ -56,12 +61,15 @@ def test_2011_totals_and_transitions_match_duckdb(v2):
                COUNT(*) FILTER (WHERE type = {SUBMIT}), COUNT(*) FILTER (WHERE type = {SCHEDULE}),
                COUNT(*) FILTER (WHERE type = {FINISH})
         FROM {ev}""").fetchone()
-    pairs = dict(((a, b), n) for a, b, n in con.execute(f"""
+    pairs = dict(
+        ((a, b), n)
+        for a, b, n in con.execute(f"""
         SELECT prev, type, COUNT(*) FROM (
           SELECT type, LAG(type) OVER (PARTITION BY collection_id, instance_index
                                        ORDER BY time, file_no, file_row_number) AS prev
           FROM {ev} WHERE type BETWEEN 0 AND 10)
-        WHERE prev IS NOT NULL GROUP BY ALL""").fetchall())
+        WHERE prev IS NOT NULL GROUP BY ALL""").fetchall()
+    )
     assert rows["tasks"]["value"] == tasks
     assert rows["new-submissions"]["value"] == firsts
     assert rows["submissions"]["value"] == subs
@@ -77,10 +85,14 @@ def test_2011_totals_and_transitions_match_duckdb(v2):
 
 def test_2011_production_share_matches_duckdb(v2):
     ds, rows = v2
-    prod, total = duckdb.connect().execute(f"""
+    prod, total = (
+        duckdb.connect()
+        .execute(f"""
         SELECT COUNT(*) FILTER (WHERE top >= 9), COUNT(*) FROM (
           SELECT MAX(priority) AS top FROM {_events_sql(ds)} GROUP BY collection_id, instance_index
-          HAVING COUNT(*) FILTER (WHERE type = {SUBMIT}) > 0)""").fetchone()
+          HAVING COUNT(*) FILTER (WHERE type = {SUBMIT}) > 0)""")
+        .fetchone()
+    )
     r = rows["production-tasks"]
     assert r["value"] == pytest.approx(prod / total, rel=1e-12)
     assert f"{prod:,} production tasks" in r["dataset"] and not r["supported"]
@@ -92,7 +104,9 @@ def test_2011_what_the_parts_cannot_support_says_why(v2):
     for cid in ("short-30min", "short-5min", "queue-trend", "running-trend"):
         assert not rows[cid]["supported"] and "the data spans 7.1 h" in rows[cid]["why"], cid
     # the 2011 parts here have no task_usage: usage-change cannot run, overcommit runs without usage
-    assert rows["cluster-change-20pct"]["value"] is None and "needs instance_usage" in rows["cluster-change-20pct"]["why"]
+    assert (
+        rows["cluster-change-20pct"]["value"] is None and "needs instance_usage" in rows["cluster-change-20pct"]["why"]
+    )
     assert rows["prod-usage-half"]["value"] is None and "no usage windows" in rows["prod-usage-half"]["why"]
     for cid in ("job-tail-cpu", "job-tail-mem"):
         assert not rows[cid]["supported"], cid
@@ -102,12 +116,17 @@ def test_2011_execution_shares_match_duckdb(v2):
     """Finished runs: a FINISH whose previous event of the task is a SCHEDULE after the trace's
     time 0 (a run scheduled at time 0 has no known start), its duration FINISH - SCHEDULE."""
     ds, rows = v2
-    durs = [d for (d,) in duckdb.connect().execute(f"""
+    durs = [
+        d
+        for (d,) in duckdb.connect()
+        .execute(f"""
         SELECT (time - prev_time) / 1e6 FROM (
           SELECT type, time, LAG(type) OVER w AS prev, LAG(time) OVER w AS prev_time
           FROM {_events_sql(ds)} WHERE type BETWEEN 0 AND 10
           WINDOW w AS (PARTITION BY collection_id, instance_index ORDER BY time, file_no, file_row_number))
-        WHERE type = {FINISH} AND prev = {SCHEDULE} AND prev_time > 0""").fetchall()]
+        WHERE type = {FINISH} AND prev = {SCHEDULE} AND prev_time > 0""")
+        .fetchall()
+    ]
     for cid, limit in (("short-30min", 1800.0), ("short-5min", 300.0)):
         r = rows[cid]
         edge = float(r["dataset"].split("shorter than ")[1].split(" s")[0].replace(",", ""))
@@ -128,8 +147,9 @@ def test_synthetic_cell_usage_claims_match_references(tmp_path):
     res, not_run = _results(str(tmp_path / "ds"), quiet=True)
     assert not_run == {}
     rows = _by_id(evaluate(res, DatasetFacts.of(tmp_path / "ds")))
-    usage = ds.read("instance_usage", ["start_time", "end_time", "alloc_collection_id", "machine_id", "avg_cpu",
-                                       "avg_mem"]).to_pylist()
+    usage = ds.read(
+        "instance_usage", ["start_time", "end_time", "alloc_collection_id", "machine_id", "avg_cpu", "avg_mem"]
+    ).to_pylist()
     ref = period_pairs(period_usage(usage, None))
     share = {}
     for res in ("cpu", "mem"):
@@ -141,25 +161,32 @@ def test_synthetic_cell_usage_claims_match_references(tmp_path):
     assert "v2" not in r["why"] and "2011 trace" in r["why"]  # a 2019 dataset, a 2011 observation
     files = f"read_parquet('{tmp_path}/ds/instance_usage/**/*.parquet')"
     for cid, col in (("job-tail-cpu", "avg_cpu"), ("job-tail-mem", "avg_mem")):
-        share = duckdb.connect().execute(f"""
+        share = (
+            duckdb.connect()
+            .execute(f"""
             WITH j AS (SELECT collection_id, SUM(COALESCE(CAST({col} AS DOUBLE), 0) * (end_time - start_time) / 3.6e9) AS h
                        FROM {files} WHERE collection_type = 0 AND end_time > start_time
                        AND end_time < 9223372036854775807 GROUP BY collection_id),
                  r AS (SELECT h, ROW_NUMBER() OVER (ORDER BY h DESC) AS k, COUNT(*) OVER () AS n FROM j WHERE h > 0)
-            SELECT SUM(h) FILTER (WHERE k <= GREATEST(1, CEIL(0.01 * n))) / SUM(h) FROM r""").fetchone()[0]
+            SELECT SUM(h) FILTER (WHERE k <= GREATEST(1, CEIL(0.01 * n))) / SUM(h) FROM r""")
+            .fetchone()[0]
+        )
         assert rows[cid]["value"] == pytest.approx(share, rel=1e-9), cid
         assert not rows[cid]["supported"] and "instance_usage files are not named part-K-of-N" in rows[cid]["why"]
     # Borg's Figure 11: the per-task values by DuckDB SQL (tests/analyses/test_usage_vs_request_tasks.py)
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(
-        "uvr_tasks", Path(__file__).resolve().parent / "analyses" / "test_usage_vs_request_tasks.py")
+        "uvr_tasks", Path(__file__).resolve().parent / "analyses" / "test_usage_vs_request_tasks.py"
+    )
     uvr = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(uvr)
     ref, _ = uvr.summarize(uvr.duckdb_tasks(tmp_path / "ds", ds.tier_map_name or "notebook"))
-    for cid, measure, col in (("borg-cpu-below-limit", "cpu_mean", "p50_ratio"),
-                              ("borg-mem-below-limit", "mem_mean", "p50_ratio"),
-                              ("borg-reservation-near-limit", "mem_reservation", "p50_ratio")):
+    for cid, measure, col in (
+        ("borg-cpu-below-limit", "cpu_mean", "p50_ratio"),
+        ("borg-mem-below-limit", "mem_mean", "p50_ratio"),
+        ("borg-reservation-near-limit", "mem_reservation", "p50_ratio"),
+    ):
         assert rows[cid]["value"] == pytest.approx(ref[("all", measure)][col], rel=1e-12), cid
     for cid, measure in (("borg-cpu-above-limit", "cpu_mean"), ("borg-mem-rarely-above", "mem_peak")):
         want = ref[("all", measure)]
@@ -180,7 +207,9 @@ def test_claims_command_as_docs_print_it(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.count("\n[") + r.stdout.startswith("[") == len(claims())
     assert "cannot compare: the paper measured the 2011 trace; this is a 2019 dataset" in r.stdout
-    assert (tmp_path / "claims.csv").read_text().startswith("id,claim,source,paper,value,dataset,rests_on,supported,why")
+    assert (
+        (tmp_path / "claims.csv").read_text().startswith("id,claim,source,paper,value,dataset,rests_on,supported,why")
+    )
     (tmp_path / "dir").mkdir()
     r = gpuclust("claims", "ds", "--csv", "dir", "--quiet", cwd=tmp_path)  # a folder where the file goes
     assert r.returncode == 2 and r.stderr.startswith("gpuclust claims: error: dir: ") and "Traceback" not in r.stderr
@@ -218,18 +247,24 @@ def test_claims_on_the_kaggle_sample(tmp_path):
     for r in rows.values():
         assert r["supported"] or r["why"], r
     files = f"read_parquet('{tmp_path}/k/instance_usage/**/*.parquet')"
-    share = duckdb.connect().execute(f"""
+    share = (
+        duckdb.connect()
+        .execute(f"""
         WITH j AS (SELECT collection_id, SUM(COALESCE(CAST(avg_cpu AS DOUBLE), 0) * (end_time - start_time) / 3.6e9) AS h
                    FROM {files} WHERE collection_type = 0 AND end_time > start_time
                    AND end_time < 9223372036854775807 GROUP BY collection_id),
              r AS (SELECT h, ROW_NUMBER() OVER (ORDER BY h DESC) AS k, COUNT(*) OVER () AS n FROM j WHERE h > 0)
-        SELECT SUM(h) FILTER (WHERE k <= GREATEST(1, CEIL(0.01 * n))) / SUM(h) FROM r""").fetchone()[0]
+        SELECT SUM(h) FILTER (WHERE k <= GREATEST(1, CEIL(0.01 * n))) / SUM(h) FROM r""")
+        .fetchone()[0]
+    )
     if share is None:
         assert rows["job-tail-cpu"]["value"] is None
     else:
         assert rows["job-tail-cpu"]["value"] == pytest.approx(share, rel=1e-9)
-    assert "too few for a CDF over tasks" in rows["borg-cpu-below-limit"]["why"] or \
-        rows["borg-cpu-below-limit"]["value"] is None
+    assert (
+        "too few for a CDF over tasks" in rows["borg-cpu-below-limit"]["why"]
+        or rows["borg-cpu-below-limit"]["value"] is None
+    )
 
 
 def test_a_synthetic_cell_supports_no_claim():
@@ -238,8 +273,13 @@ def test_a_synthetic_cell_supports_no_claim():
     from gpuclust.claims.catalog import CLAIMS
 
     c = next(c for c in CLAIMS if c.id == "no-submit-submit")
-    res = {"lifecycle": {"transitions": pd.DataFrame({"tier": ["a"], "from_event": ["SUBMIT"],
-                                                      "to_event": ["SCHEDULE"], "count": [5]})}}
+    res = {
+        "lifecycle": {
+            "transitions": pd.DataFrame(
+                {"tier": ["a"], "from_event": ["SUBMIT"], "to_event": ["SCHEDULE"], "count": [5]}
+            )
+        }
+    }
     real = evaluate(res, DatasetFacts("v2"), [c])[0]
     synthetic = evaluate(res, DatasetFacts("v2", synthetic=True), [c])[0]
     assert real["supported"] and real["value"] == 0

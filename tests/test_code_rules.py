@@ -15,8 +15,11 @@ def _code_lines(path: Path) -> list[tuple[int, str]]:
     tree = ast.parse(path.read_text())
     doc = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.Expr) and isinstance(getattr(node, "value", None), ast.Constant) and isinstance(
-                node.value.value, str):
+        if (
+            isinstance(node, ast.Expr)
+            and isinstance(getattr(node, "value", None), ast.Constant)
+            and isinstance(node.value.value, str)
+        ):
             doc.update(range(node.lineno, (node.end_lineno or node.lineno) + 1))
     return [(i, line.split("#", 1)[0]) for i, line in enumerate(path.read_text().splitlines(), 1) if i not in doc]
 
@@ -87,6 +90,7 @@ def test_no_private_names_imported_across_packages():
 
 def test_no_module_over_600_lines():
     """Issue 36: modules small enough to read; split a module by responsibility before it grows past this."""
-    big = {str(f.relative_to(ROOT)): n for f in sorted(ROOT.rglob("*.py"))
-           if (n := len(f.read_text().splitlines())) > 600}
+    big = {
+        str(f.relative_to(ROOT)): n for f in sorted(ROOT.rglob("*.py")) if (n := len(f.read_text().splitlines())) > 600
+    }
     assert not big, big

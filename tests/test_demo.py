@@ -13,7 +13,21 @@ import pytest
 
 
 def _demo(out: Path) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "gpuclust", "demo", "--out", str(out), "--machines", "25", "--hours", "2", "--seed", "5", "--quiet"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "gpuclust",
+        "demo",
+        "--out",
+        str(out),
+        "--machines",
+        "25",
+        "--hours",
+        "2",
+        "--seed",
+        "5",
+        "--quiet",
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
 
 

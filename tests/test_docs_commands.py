@@ -45,12 +45,14 @@ SMALLER = [
 #: the document shows as a not-run ``gsutil`` block (commands run in the sandbox after the tour;
 #: ``cell/raw`` is the tour's synthetic raw export folder).  The README has none: it runs as printed.
 SETUP = {
-    "docs/ingest.md": ["cp -r ../shared/data/real/2019-cell-a cell-a",
-                       "ln -s ../shared/data/real/2011 2011",
-                       "cp cell/raw/instance_events-*.json.gz odd-name.bin",
-                       # what `gsutil ls -l gs://clusterdata_2019_a/` prints, for the files copied above
-                       "for f in cell-a/*; do printf '%10d  2019-06-01T00:00:00Z  gs://clusterdata_2019_a/%s\\n' "
-                       "$(stat -c %s \"$f\") \"$(basename \"$f\")\"; done > cell-a.listing"],
+    "docs/ingest.md": [
+        "cp -r ../shared/data/real/2019-cell-a cell-a",
+        "ln -s ../shared/data/real/2011 2011",
+        "cp cell/raw/instance_events-*.json.gz odd-name.bin",
+        # what `gsutil ls -l gs://clusterdata_2019_a/` prints, for the files copied above
+        "for f in cell-a/*; do printf '%10d  2019-06-01T00:00:00Z  gs://clusterdata_2019_a/%s\\n' "
+        '$(stat -c %s "$f") "$(basename "$f")"; done > cell-a.listing',
+    ],
 }
 #: The README's main job (the block after ``<!-- main-command -->``) ends with this command, which its
 #: tour runs as printed (``gpuclust demo`` writes ``gpuclust-demo`` unless told otherwise).
@@ -78,7 +80,7 @@ def blocks(doc: str) -> list[tuple[str, str, str | None, int]]:
             prev = next((lines[k] for k in range(start - 1, -1, -1) if lines[k].strip()), "")
             nr = NOT_RUN.search(prev)
             if lang in ("bash", "sh", "python"):
-                out.append((lang, "\n".join(lines[start + 1:j]), nr.group(1) if nr else None, start + 1))
+                out.append((lang, "\n".join(lines[start + 1 : j]), nr.group(1) if nr else None, start + 1))
             i = j + 1
             continue
         i += 1
@@ -134,16 +136,19 @@ def _run(doc: str, lang: str, text: str, line: int, sandbox: Path, env: dict[str
     asked for ``--backend gpu`` on a machine without one, failed with one clear line)."""
     if lang == "python":
         code = text if gpu else text.replace('backend="gpu"', 'backend="cpu"')
-        r = subprocess.run([sys.executable, "-c", code], cwd=sandbox, env=env, capture_output=True, text=True,
-                           timeout=600)
+        r = subprocess.run(
+            [sys.executable, "-c", code], cwd=sandbox, env=env, capture_output=True, text=True, timeout=600
+        )
         assert r.returncode == 0, f"{doc}:{line}: python block failed\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
         return
-    r = subprocess.run(["bash", "-euo", "pipefail", "-c", text], cwd=sandbox, env=env, capture_output=True,
-                       text=True, timeout=600)
+    r = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", text], cwd=sandbox, env=env, capture_output=True, text=True, timeout=600
+    )
     where = f"{doc}:{line}: {text}"
     if "--backend gpu" in text and not gpu:
         assert r.returncode != 0 and "backend 'gpu'" in r.stderr and "Traceback" not in r.stderr, (
-            f"{where}: without a GPU this must fail with one clear line\n{r.stderr[-2000:]}")
+            f"{where}: without a GPU this must fail with one clear line\n{r.stderr[-2000:]}"
+        )
         return
     assert r.returncode == 0, f"{where}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
     assert "Traceback" not in r.stderr, f"{where}\n{r.stderr[-3000:]}"
@@ -165,7 +170,7 @@ def toured(tmp_path_factory: pytest.TempPathFactory) -> Path:
     sandbox = _checkout(tmp_path_factory.mktemp("tour"))
     sandbox.mkdir()
     env, gpu = _env(sandbox), _gpu()
-    for lang, text, line in steps("README.md")[:_tour_split()]:
+    for lang, text, line in steps("README.md")[: _tour_split()]:
         _run("README.md", lang, text, line, sandbox, env, gpu)
     return sandbox
 
@@ -194,7 +199,7 @@ def test_documented_commands_run(doc: str, tmp_path: Path, toured: Path) -> None
     sandbox = _checkout(tmp_path)
     shutil.copytree(toured, sandbox, symlinks=True)
     env, gpu = _env(sandbox), _gpu()
-    todo = steps(doc)[_tour_split():] if doc == "README.md" else steps(doc)
+    todo = steps(doc)[_tour_split() :] if doc == "README.md" else steps(doc)
     for cmd in SETUP.get(doc, []):
         subprocess.run(cmd, shell=True, cwd=sandbox, env=env, check=True)
     for lang, text, line in todo:
@@ -207,8 +212,8 @@ def test_readme_runs_as_printed() -> None:
     after the tour's commands, not instead of them."""
     assert "README.md" not in SETUP
     text = (ROOT / "README.md").read_text()
-    main = text[text.index("<!-- main-command -->"):]
-    main = main[main.index("```bash") + 7:main.index("```", main.index("```bash") + 7)].strip()
+    main = text[text.index("<!-- main-command -->") :]
+    main = main[main.index("```bash") + 7 : main.index("```", main.index("```bash") + 7)].strip()
     assert main.split("&&")[-1].strip() == ".venv/bin/gpuclust demo", main
     from gpuclust.cli import build_parser
 
@@ -250,13 +255,17 @@ def test_a_python_block_says_how_to_install_what_the_readme_does_not() -> None:
         lines = (ROOT / doc).read_text().splitlines()
         prev_end = 0
         for lang, text, reason, line in blocks(doc):
-            before = "\n".join(lines[prev_end:line - 1])
+            before = "\n".join(lines[prev_end : line - 1])
             prev_end = line + len(text.splitlines()) + 1
             if lang != "python" or reason is not None:
                 continue
-            mods = {(n.module if isinstance(n, ast.ImportFrom) else a.name).split(".")[0]
-                    for n in ast.walk(ast.parse(text)) if isinstance(n, (ast.Import, ast.ImportFrom))
-                    for a in (n.names if isinstance(n, ast.Import) else [n]) if getattr(n, "level", 0) == 0}
+            mods = {
+                (n.module if isinstance(n, ast.ImportFrom) else a.name).split(".")[0]
+                for n in ast.walk(ast.parse(text))
+                if isinstance(n, (ast.Import, ast.ImportFrom))
+                for a in (n.names if isinstance(n, ast.Import) else [n])
+                if getattr(n, "level", 0) == 0
+            }
             for mod in sorted(mods - set(sys.stdlib_module_names) - {"gpuclust"}):
                 dists = {d.lower() for d in dist_of.get(mod, [mod])}
                 if dists & core:
@@ -264,4 +273,5 @@ def test_a_python_block_says_how_to_install_what_the_readme_does_not() -> None:
                 ways = [f"pip install {d}" for d in dists] + [f".[{k}]" for k, v in extras.items() if dists & v]
                 assert any(w in before for w in ways), (
                     f"{doc}:{line}: the block imports {mod}, which `pip install -e .` does not install; say how "
-                    f"to get it before the block (one of {ways})")
+                    f"to get it before the block (one of {ways})"
+                )

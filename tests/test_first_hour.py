@@ -50,9 +50,12 @@ def error_line(err: str, command: str) -> str:
 def test_a_part_file_replaced_by_garbage_is_named(command, ds, tmp_path, capsys):
     part = sorted((ds / "instance_usage").glob("*.parquet"))[0]
     part.write_bytes(b"not a parquet file\n" * 40)
-    args = {"info": [ds], "optimize": [ds, "--out", tmp_path / "opt", "--no-progress"],
-            "analyze": [ds, "cpi", "--out", tmp_path / "r", "--quiet"],
-            "report": [ds, "cpi", "--out", tmp_path / "r.html", "--quiet"]}[command]
+    args = {
+        "info": [ds],
+        "optimize": [ds, "--out", tmp_path / "opt", "--no-progress"],
+        "analyze": [ds, "cpi", "--out", tmp_path / "r", "--quiet"],
+        "report": [ds, "cpi", "--out", tmp_path / "r.html", "--quiet"],
+    }[command]
     rc, out, err = cli(capsys, command, *args)
     line = error_line(err, command)
     assert rc == 2 and f"{part}: not a readable Parquet file (" in line, line
@@ -98,11 +101,13 @@ def test_an_out_that_is_a_file_is_the_same_fault_everywhere(ds, tmp_path, capsys
     raw = write_json(tmp_path / "raw" / "machine_events-000000000000.json.gz", records("machine_events", 3))
     f = tmp_path / "afile"
     f.write_text("mine")
-    for command, args in [("ingest", [raw, "--out", f, "--no-progress"]),
-                          ("analyze", [ds, "machine-shapes", "--out", f, "--quiet"]),
-                          ("optimize", [ds, "--out", f, "--no-progress"]),
-                          ("synth", ["--out", f, "--quiet"]),
-                          ("report", [ds, "machine-shapes", "--out", f / "page.html", "--quiet"])]:
+    for command, args in [
+        ("ingest", [raw, "--out", f, "--no-progress"]),
+        ("analyze", [ds, "machine-shapes", "--out", f, "--quiet"]),
+        ("optimize", [ds, "--out", f, "--no-progress"]),
+        ("synth", ["--out", f, "--quiet"]),
+        ("report", [ds, "machine-shapes", "--out", f / "page.html", "--quiet"]),
+    ]:
         rc, _, err = cli(capsys, command, *args)
         line = error_line(err, command)
         assert rc == 2 and str(f) in line and "not a" in line, (command, line)
@@ -188,8 +193,20 @@ def test_cpi_summary_says_how_many_groups_are_not_listed(cell, tmp_path, capsys)
     for c, v in (("cpi", 1 + rng.random(u.num_rows)), ("mai", 0.01 + 0.01 * rng.random(u.num_rows))):
         u = u.set_column(u.schema.get_field_index(c), c, pa.array(v, pa.float32()))
     ds = write_dataset(tmp_path / "ds", {**cell, "instance_usage": u})
-    rc, out, _ = cli(capsys, "analyze", ds, "cpi", "-O", "by=machine", "-O", "min_cpu_seconds=0", "--out",
-                     tmp_path / "r", "--quiet", "--no-plots")
+    rc, out, _ = cli(
+        capsys,
+        "analyze",
+        ds,
+        "cpi",
+        "-O",
+        "by=machine",
+        "-O",
+        "min_cpu_seconds=0",
+        "--out",
+        tmp_path / "r",
+        "--quiet",
+        "--no-plots",
+    )
     groups = pq.read_table(tmp_path / "r" / "cpi" / "groups.parquet").num_rows
     assert rc == 0 and groups > 8
     assert f"  {groups} group(s) by machine, the 8 with the most CPU time:" in out

@@ -20,8 +20,11 @@ def test_the_shaped_module_refuses_what_cupy_refuses():
         xp.lexsort((np.array([1, 0]), np.array([0, 0])))
     with pytest.raises(ValueError, match="repeats"):
         xp.repeat(np.arange(3), np.array([1, 0, 2]))
-    for bad in (lambda: xp.maximum.reduceat(np.arange(4), [0, 2]), lambda: xp.maximum.accumulate(np.arange(4)),
-                lambda: xp.minimum.accumulate(np.arange(4))):
+    for bad in (
+        lambda: xp.maximum.reduceat(np.arange(4), [0, 2]),
+        lambda: xp.maximum.accumulate(np.arange(4)),
+        lambda: xp.minimum.accumulate(np.arange(4)),
+    ):
         with pytest.raises(NotImplementedError):
             bad()
     # ... and accepts what CuPy accepts, with NumPy's results
@@ -50,8 +53,12 @@ def test_device_arrays_refuse_host_arrays_and_implicit_conversion():
     assert isinstance(d, DeviceArray) and isinstance(xp.zeros(2), DeviceArray)
     with pytest.raises(TypeError, match="Implicit conversion"):
         np.asarray(d)
-    for bad in (lambda: d + np.arange(4), lambda: xp.where(d > 1, np.ones(4), 0), lambda: xp.concatenate([d, np.arange(2)]),
-                lambda: xp.searchsorted(d, np.array([1, 2]))):
+    for bad in (
+        lambda: d + np.arange(4),
+        lambda: xp.where(d > 1, np.ones(4), 0),
+        lambda: xp.concatenate([d, np.arange(2)]),
+        lambda: xp.searchsorted(d, np.array([1, 2])),
+    ):
         with pytest.raises(TypeError, match="host array"):
             bad()
     with pytest.raises(NotImplementedError):

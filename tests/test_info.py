@@ -21,8 +21,16 @@ def tables():
 def ds(tables, tmp_path):
     path = write_dataset(tmp_path / "ds", tables, files=2)
     m = json.loads((path / "manifest.json").read_text())
-    m["inputs"] = {"abc": {"path": "/raw/instance_usage-0.json.gz", "status": "done", "rows_read": 205,
-                           "rows_rejected": 5, "rows_deduplicated": 0, "first_reasons": ["line 3: bad INT64"]}}
+    m["inputs"] = {
+        "abc": {
+            "path": "/raw/instance_usage-0.json.gz",
+            "status": "done",
+            "rows_read": 205,
+            "rows_rejected": 5,
+            "rows_deduplicated": 0,
+            "first_reasons": ["line 3: bad INT64"],
+        }
+    }
     (path / "manifest.json").write_text(json.dumps(m))
     return path
 
@@ -67,19 +75,23 @@ def test_incomplete_and_missing_files(ds, capsys):
     rc, out, _ = info(capsys, ds)
     assert rc == 0
     assert "complete     NO (ingest has not finished: re-run it)" in out
-    assert "failed input /raw/broken.json.gz: failed truncated gzip" in out and "missing part file machine_events/" in out
+    assert (
+        "failed input /raw/broken.json.gz: failed truncated gzip" in out and "missing part file machine_events/" in out
+    )
 
 
 def test_other_version_tier_map_and_missing_tables(tables, tmp_path, capsys):
-    path = write_dataset(tmp_path / "v2", {"machine_events": tables["machine_events"]}, tier_map="notebook",
-                         trace_version="v2")
+    path = write_dataset(
+        tmp_path / "v2", {"machine_events": tables["machine_events"]}, tier_map="notebook", trace_version="v2"
+    )
     rc, out, _ = info(capsys, path)
     assert rc == 0 and "warning: tier map 'notebook' is for v3 traces but the dataset is v2" in out
     assert "  cpi                  needs instance_usage" in out and "  machine-shapes       runs" in out
 
 
-@pytest.mark.parametrize(("make", "why"), [(lambda p: p / "missing", "no such folder"),
-                                           (lambda p: p, "not a gpuclust dataset")])
+@pytest.mark.parametrize(
+    ("make", "why"), [(lambda p: p / "missing", "no such folder"), (lambda p: p, "not a gpuclust dataset")]
+)
 def test_not_a_dataset(make, why, tmp_path, capsys):
     rc, out, err = info(capsys, make(tmp_path))
     assert rc == 2 and out == "" and err.count("\n") == 1
@@ -100,9 +112,11 @@ def test_layout_flat_then_bucketed(ds, capsys):
     optimize(ds, buckets=3, progress=False)
     rc, out, _ = info(capsys, ds)
     assert rc == 0
-    assert ("layout       bucketed: instance_usage, instance_events by "
-            "collection_id,instance_index into 3 buckets; collection_events by collection_id into 3 buckets; "
-            "machine_events, machine_attributes by machine_id into 3 buckets") in out
+    assert (
+        "layout       bucketed: instance_usage, instance_events by "
+        "collection_id,instance_index into 3 buckets; collection_events by collection_id into 3 buckets; "
+        "machine_events, machine_attributes by machine_id into 3 buckets"
+    ) in out
     d = json.loads(info(capsys, ds, "--json")[1])
     assert d["tables"]["instance_usage"]["layout"]["buckets"] == 3
     assert d["tables"]["collection_events"]["layout"]["key"] == ["collection_id"]

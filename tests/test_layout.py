@@ -47,8 +47,13 @@ def flat(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from gpuclust.synth import SynthConfig, synthesize
 
     root = tmp_path_factory.mktemp("flat")
-    synthesize(SynthConfig(machines=20, hours=1.5, seed=1, malformed_rate=0.001), root / "raw", dataset=root / "ds", progress=None,
-               layout="flat")
+    synthesize(
+        SynthConfig(machines=20, hours=1.5, seed=1, malformed_rate=0.001),
+        root / "raw",
+        dataset=root / "ds",
+        progress=None,
+        layout="flat",
+    )
     return root / "ds"
 
 
@@ -191,7 +196,9 @@ def test_duckdb_hive_bucket_column_is_the_folder(opt: Path) -> None:
 
     df = pd.read_parquet(opt / "machine_events")
     assert len(df) == Dataset(opt).num_rows("machine_events")
-    assert sorted(df["bucket"].astype(int).unique()) == [k for k, f in enumerate(Dataset(opt).bucket_files("machine_events")) if f]
+    assert sorted(df["bucket"].astype(int).unique()) == [
+        k for k, f in enumerate(Dataset(opt).bucket_files("machine_events")) if f
+    ]
 
 
 def test_dataset_read_and_api(flat: Path, opt: Path) -> None:
@@ -220,8 +227,10 @@ def test_empty_buckets(flat: Path, tmp_path: Path) -> None:
         (lambda m: m["tables"]["instance_events"]["layout"].update(buckets=5), "same bucket count"),
         (lambda m: m["tables"]["instance_usage"]["layout"].update(key=["machine_id"]), "bucketing key"),
         (lambda m: m["tables"]["instance_usage"]["files"].append("instance_usage/part-x.parquet"), "bucket="),
-        (lambda m: m["tables"]["instance_constraints"].update(layout=m["tables"]["instance_usage"]["layout"]),
-         "cannot be bucketed"),
+        (
+            lambda m: m["tables"]["instance_constraints"].update(layout=m["tables"]["instance_usage"]["layout"]),
+            "cannot be bucketed",
+        ),
     ],
 )
 def test_bad_layout_refused(opt: Path, tmp_path: Path, change, match: str) -> None:  # type: ignore[no-untyped-def]
@@ -275,7 +284,11 @@ def test_in_place_idempotent_and_rebucket(flat: Path, tmp_path: Path, capsys: py
     _listed_only(d)
     # the default bucket count: ceil(usage rows / 1 Mi), at least 16
     assert main(["optimize", str(d), "--no-progress"]) == 0
-    assert Dataset(d).layout("instance_usage")["buckets"] == default_buckets(Dataset(flat).num_rows("instance_usage")) == 16  # type: ignore[index]
+    assert (
+        Dataset(d).layout("instance_usage")["buckets"]
+        == default_buckets(Dataset(flat).num_rows("instance_usage"))
+        == 16
+    )  # type: ignore[index]
     _listed_only(d)
 
 
@@ -312,8 +325,9 @@ def _cli(args: list[str], kill: str | None = None) -> subprocess.CompletedProces
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     if kill:
         env[KILL_ENV] = kill
-    return subprocess.run([sys.executable, "-m", "gpuclust", "optimize", *args], env=env, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "gpuclust", "optimize", *args], env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 @pytest.fixture(scope="module")
@@ -395,8 +409,13 @@ def _ingest_cli(raw: Path, out: Path, kill: str | None = None) -> subprocess.Com
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     if kill:
         env[KILL_ENV] = kill
-    return subprocess.run([sys.executable, "-m", "gpuclust", "ingest", str(raw), "--out", str(out), "--no-progress"],
-                          env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "gpuclust", "ingest", str(raw), "--out", str(out), "--no-progress"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -409,8 +428,9 @@ def ingested(flat: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.parametrize("kill", ["spill:2", "swap:1"])
-def test_ingest_killed_in_its_layout_step_then_rerun_equals_a_clean_run(flat: Path, ingested: Path, tmp_path: Path,
-                                                                        kill: str) -> None:
+def test_ingest_killed_in_its_layout_step_then_rerun_equals_a_clean_run(
+    flat: Path, ingested: Path, tmp_path: Path, kill: str
+) -> None:
     """A kill -9 while ingest lays the dataset out leaves the flat dataset (or the whole new
     layout); the same command again gives what a clean run gives, part for part."""
     d = tmp_path / "ds"

@@ -24,14 +24,17 @@ def cell(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _section(page: str, key: str) -> str:
     start = page.index(f'id="a-{key}"')
-    return html.unescape(page[start:page.index("</section>", start)])
+    return html.unescape(page[start : page.index("</section>", start)])
 
 
 def test_peak_prediction_says_the_span_and_the_horizon_to_pass(cell: Path) -> None:
     r = _gpuclust("analyze", "ds", "peak-prediction", "--out", "pp", cwd=cell)
     assert r.returncode == 0, r.stderr[-2000:]
-    m = re.search(r"every machine-step is censored: the usage spans 1 h \(5-minute steps (\d+) to (\d+)\), no more "
-                  r"than the 24 h horizon the oracle looks ahead; pass -O horizon_s=(\d+) \(half the span\)", r.stdout)
+    m = re.search(
+        r"every machine-step is censored: the usage spans 1 h \(5-minute steps (\d+) to (\d+)\), no more "
+        r"than the 24 h horizon the oracle looks ahead; pass -O horizon_s=(\d+) \(half the span\)",
+        r.stdout,
+    )
     assert m, r.stdout
     assert r.stdout.count("every machine-step is censored") == 1 and NO_ROWS not in r.stdout, r.stdout
     first, last, horizon = (int(x) for x in m.groups())
@@ -50,20 +53,37 @@ def test_peak_prediction_says_the_span_and_the_horizon_to_pass(cell: Path) -> No
 
 
 def test_an_option_that_asks_for_no_plotted_output_is_named(cell: Path) -> None:
-    r = _gpuclust("analyze", "ds", "cpi", "-O", "by=machine", "-O", "regression=none", "-O", "spearman=none",
-                  "--out", "r4b", cwd=cell)
+    r = _gpuclust(
+        "analyze",
+        "ds",
+        "cpi",
+        "-O",
+        "by=machine",
+        "-O",
+        "regression=none",
+        "-O",
+        "spearman=none",
+        "--out",
+        "r4b",
+        cwd=cell,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert "Nothing to plot: the option regression=none asks for no regression" in r.stdout, r.stdout
     assert NO_ROWS not in r.stdout
 
 
-@pytest.mark.parametrize(("when", "where"), [(("--from", "100h"), "starts after the data's end"),
-                                             (("--to", "5min"), "ends before the data's start")])
+@pytest.mark.parametrize(
+    ("when", "where"),
+    [(("--from", "100h"), "starts after the data's end"), (("--to", "5min"), "ends before the data's start")],
+)
 def test_a_selection_outside_the_data_says_the_data_span(cell: Path, when: tuple[str, str], where: str) -> None:
     r = _gpuclust("analyze", "ds", "cell-usage", *when, "--out", "sel", cwd=cell)
     assert r.returncode == 0, r.stderr[-2000:]
-    m = re.search(rf"Nothing to plot: the time selection {' '.join(when)} {where}: the dataset's instance_usage "
-                  r"start_time runs from 600s \(0\.17 h\) to (\d+)s \((\d+\.\d\d) h\) of trace time", r.stdout)
+    m = re.search(
+        rf"Nothing to plot: the time selection {' '.join(when)} {where}: the dataset's instance_usage "
+        r"start_time runs from 600s \(0\.17 h\) to (\d+)s \((\d+\.\d\d) h\) of trace time",
+        r.stdout,
+    )
     assert m and 600 < int(m.group(1)) <= 600 + 3600, r.stdout
     assert NO_ROWS not in r.stdout
     page = _gpuclust("report", "ds", "cell-usage", *when, "--out", "sel.html", "--quiet", cwd=cell)

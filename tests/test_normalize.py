@@ -16,7 +16,9 @@ def test_exact_int64_from_text() -> None:
     vals = [str(INT64_MAX), str(2**53 + 1), str(-(2**63)), "0", "+7", " 12 "]
     n = len(vals)
     # machine_id: any int64 (times may not be negative, see test_domain.py).
-    t, bad, why = conform("machine_events", {"time": pa.array(["1"] * n), "machine_id": pa.array(vals), "type": pa.array(["1"] * n)}, n)
+    t, bad, why = conform(
+        "machine_events", {"time": pa.array(["1"] * n), "machine_id": pa.array(vals), "type": pa.array(["1"] * n)}, n
+    )
     assert not bad.any(), why
     assert t.column("machine_id").to_pylist() == [INT64_MAX, 2**53 + 1, -(2**63), 0, 7, 12]
     assert t.schema == SCHEMAS["machine_events"]
@@ -69,7 +71,9 @@ def test_whole_floats_accepted_as_ints_fractional_rejected() -> None:
 @given(st.lists(st.one_of(st.integers(-(2**63), 2**63 - 1).map(str), st.text(max_size=5)), min_size=1, max_size=50))
 def test_good_rows_never_lost(values: list[str]) -> None:
     n = len(values)
-    t, bad, why = conform("machine_events", {"time": pa.array(["1"] * n), "machine_id": pa.array(values), "type": pa.array(["1"] * n)}, n)
+    t, bad, why = conform(
+        "machine_events", {"time": pa.array(["1"] * n), "machine_id": pa.array(values), "type": pa.array(["1"] * n)}, n
+    )
 
     def ok(v: str) -> bool:
         s = v.strip()

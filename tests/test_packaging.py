@@ -21,8 +21,9 @@ ROOT = Path(__file__).resolve().parents[1]
 def _copy_source(dst: Path) -> Path:
     """The project's source (not its venv, data, builds or caches), to build from: a build writes
     into the tree it builds (``build/``, ``*.egg-info``), which must not be the checkout others use."""
-    skip = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", "*.so", "data",
-                                  ".*_cache", ".hypothesis")
+    skip = shutil.ignore_patterns(
+        ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", "*.so", "data", ".*_cache", ".hypothesis"
+    )
     return Path(shutil.copytree(ROOT, dst, ignore=skip))
 
 
@@ -31,8 +32,12 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The wheel ``pip wheel`` builds from a copy of the source (setuptools, setup.py's extension)."""
     src = _copy_source(tmp_path_factory.mktemp("src") / "gpuclust")
     out = tmp_path_factory.mktemp("wheel")
-    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(src)],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(src)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     if proc.returncode != 0 and "No matching distribution found for setuptools" in proc.stderr:
         pytest.skip("cannot fetch the build backend (setuptools) here")
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -54,8 +59,14 @@ def test_wheel_contains_kernels_and_loader_finds_them(wheel: Path, tmp_path: Pat
         "d = k.kernels_dir(); assert pathlib.Path(d).parent.name == 'gpuclust', d;"
         "[k.load_source(f) for f in k.INSTANTIATIONS]; print(len(k.INSTANTIATIONS))"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
-                         env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"},
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert int(out.stdout.strip()) == len([s for s in sources if s.endswith(".cu")])
 
@@ -68,7 +79,7 @@ _USAGE_LINE = (
     '"cycles_per_instruction":1.71071,"memory_accesses_per_instruction":0.0122081,"sample_rate":1,'
     '"cpu_usage_distribution":[0.0204756,0.0347219,0.0403137,0.0465799,0.051505,0.0580301,0.0639032,'
     '0.0702573,0.0825102,0.0993762,0.2123632],"tail_cpu_usage_distribution":[0.102765,0.1080336,0.1135926,'
-    '0.1189096,0.1228147,0.1268398,0.136508,0.1444362,0.1652012]}}'
+    "0.1189096,0.1228147,0.1268398,0.136508,0.1444362,0.1652012]}}"
 )
 
 
@@ -90,22 +101,43 @@ def test_the_first_ingest_after_installing_uses_the_reader_built_at_install(whee
         return sorted((str(p.relative_to(site)), p.stat().st_size, p.stat().st_mtime_ns) for p in site.rglob("*"))
 
     shard = tmp_path / "instance_usage-000000000000.json.gz"
-    shard.write_bytes(gzip.compress("".join(_USAGE_LINE.format(t=600_000_000 + 300_000_000 * (k // 7), e=900_000_000
-                                                               + 300_000_000 * (k // 7), i=k % 7) + "\n"
-                                            for k in range(5000)).encode()))
-    env = {**os.environ, "PYTHONPATH": str(site), "PYTHONDONTWRITEBYTECODE": "1", "XDG_CACHE_HOME": str(tmp_path / "c"),
-           "GPUCLUST_FAST_JSON": "1"}
+    shard.write_bytes(
+        gzip.compress(
+            "".join(
+                _USAGE_LINE.format(
+                    t=600_000_000 + 300_000_000 * (k // 7), e=900_000_000 + 300_000_000 * (k // 7), i=k % 7
+                )
+                + "\n"
+                for k in range(5000)
+            ).encode()
+        )
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(site),
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "XDG_CACHE_HOME": str(tmp_path / "c"),
+        "GPUCLUST_FAST_JSON": "1",
+    }
     env.pop("NUMBA_CACHE_DIR", None)
     # ``python -m gpuclust.cli ingest ...``, saying at exit (its exit handlers run) which modules it imported
-    cli = ("import atexit, json, runpy, sys\n"
-           "atexit.register(lambda: print('MODULES', json.dumps([sys.modules['gpuclust'].__file__, *sys.modules]),"
-           " file=sys.stderr))\n"
-           "sys.argv = ['gpuclust', *sys.argv[1:]]\n"
-           "runpy.run_module('gpuclust.cli', run_name='__main__', alter_sys=True)\n")
+    cli = (
+        "import atexit, json, runpy, sys\n"
+        "atexit.register(lambda: print('MODULES', json.dumps([sys.modules['gpuclust'].__file__, *sys.modules]),"
+        " file=sys.stderr))\n"
+        "sys.argv = ['gpuclust', *sys.argv[1:]]\n"
+        "runpy.run_module('gpuclust.cli', run_name='__main__', alter_sys=True)\n"
+    )
     before = installed()
     for run in (1, 2):
-        p = subprocess.run([sys.executable, "-c", cli, "ingest", str(shard), "--out", str(tmp_path / f"ds{run}"),
-                            "--no-progress"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+        p = subprocess.run(
+            [sys.executable, "-c", cli, "ingest", str(shard), "--out", str(tmp_path / f"ds{run}"), "--no-progress"],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+            timeout=300,
+        )
         assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
         where, *imported = json.loads(p.stderr.rsplit("MODULES ", 1)[1])
         assert Path(where).is_relative_to(site), where  # the installed wheel, not the checkout
@@ -119,16 +151,20 @@ def test_the_first_ingest_after_installing_uses_the_reader_built_at_install(whee
     assert tables[0].num_rows == 5000 and tables[0].equals(tables[1])
 
 
-@pytest.mark.parametrize(("orig_argv", "argv0", "program"), [
-    (["python", "-m", "gpuclust.cli", "analyze"], "-m", True),
-    (["python", "-m", "gpuclust", "analyze"], "-m", True),
-    (["/venv/bin/python", "/venv/bin/gpuclust", "analyze"], "/venv/bin/gpuclust", True),
-    (["python", "-c", "import gpuclust"], "-c", False),
-    (["python", "-m", "pytest"], "-m", False),
-    (["python", "notebook.py"], "notebook.py", False)])
-def test_the_command_is_told_from_a_program_importing_the_library(monkeypatch: pytest.MonkeyPatch,
-                                                                  orig_argv: list[str], argv0: str,
-                                                                  program: bool) -> None:
+@pytest.mark.parametrize(
+    ("orig_argv", "argv0", "program"),
+    [
+        (["python", "-m", "gpuclust.cli", "analyze"], "-m", True),
+        (["python", "-m", "gpuclust", "analyze"], "-m", True),
+        (["/venv/bin/python", "/venv/bin/gpuclust", "analyze"], "/venv/bin/gpuclust", True),
+        (["python", "-c", "import gpuclust"], "-c", False),
+        (["python", "-m", "pytest"], "-m", False),
+        (["python", "notebook.py"], "notebook.py", False),
+    ],
+)
+def test_the_command_is_told_from_a_program_importing_the_library(
+    monkeypatch: pytest.MonkeyPatch, orig_argv: list[str], argv0: str, program: bool
+) -> None:
     """Only the command sets ``OPENBLAS_NUM_THREADS`` (to 1, unless set: docs/scale.md, "Start-up")."""
     import gpuclust
 
@@ -143,8 +179,10 @@ def test_the_command_runs_openblas_single_threaded_and_the_library_does_not_touc
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert p.stdout.strip() == "None"
     # the command: `python -m gpuclust.cli` (what the README's commands run) sees 1, or the user's value
-    code = ("import sys; sys.argv = ['gpuclust', '--version']  # as the console script's\n"
-            "import gpuclust, os; print(os.environ.get('OPENBLAS_NUM_THREADS'))")
+    code = (
+        "import sys; sys.argv = ['gpuclust', '--version']  # as the console script's\n"
+        "import gpuclust, os; print(os.environ.get('OPENBLAS_NUM_THREADS'))"
+    )
     for user, want in ((None, "1"), ("4", "4")):
         e = env if user is None else {**env, "OPENBLAS_NUM_THREADS": user}
         p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=e, check=True)

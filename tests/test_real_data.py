@@ -23,7 +23,11 @@ V2_ROWS = {"machine_events": 37_780, "instance_events": 919_519, "collection_eve
 @pytest.fixture(scope="module")
 def v2_dataset(tmp_path_factory: pytest.TempPathFactory) -> Dataset:
     out = tmp_path_factory.mktemp("v2")
-    rep = ingest([REAL / "2011" / "machine_events", REAL / "2011" / "task_events", REAL / "2011" / "job_events"], out, progress=False)
+    rep = ingest(
+        [REAL / "2011" / "machine_events", REAL / "2011" / "task_events", REAL / "2011" / "job_events"],
+        out,
+        progress=False,
+    )
     assert rep.exit_status == 0, rep.summary()
     return Dataset(out)
 
@@ -72,10 +76,14 @@ def test_real_2019_machine_shapes_match_duckdb_on_raw_file(tmp_path: Path, name:
                    COUNT(DISTINCT machine_id) AS n
             FROM {reader}('{src}') GROUP BY ALL"""
     ).df()
-    got = {(None if np.isnan(c) else np.float32(c), None if np.isnan(m) else np.float32(m)): int(n)
-           for c, m, n in zip(shapes["cap_cpu"], shapes["cap_mem"], shapes["machines"], strict=True)}
-    want = {(None if c != c or c is None else np.float32(c), None if m != m or m is None else np.float32(m)): int(n)
-            for c, m, n in zip(ref["c"], ref["m"], ref["n"], strict=True)}
+    got = {
+        (None if np.isnan(c) else np.float32(c), None if np.isnan(m) else np.float32(m)): int(n)
+        for c, m, n in zip(shapes["cap_cpu"], shapes["cap_mem"], shapes["machines"], strict=True)
+    }
+    want = {
+        (None if c != c or c is None else np.float32(c), None if m != m or m is None else np.float32(m)): int(n)
+        for c, m, n in zip(ref["c"], ref["m"], ref["n"], strict=True)
+    }
     assert got == want
     assert got[(None, None)] == 459  # TRACE_NOTES: 459 machines in cell a have NULL capacity
     assert sum(got.values()) == 10_461
@@ -87,13 +95,20 @@ def test_v2_machine_sample_on_real_files(v2_dataset: Dataset, tmp_path: Path) ->
     from tests.ingest.test_sampling import in_sample
 
     out = tmp_path / "sample"
-    rep = ingest([REAL / "2011" / "machine_events", REAL / "2011" / "task_events", REAL / "2011" / "job_events"],
-                 out, progress=False, sample="machines=10%")
+    rep = ingest(
+        [REAL / "2011" / "machine_events", REAL / "2011" / "task_events", REAL / "2011" / "job_events"],
+        out,
+        progress=False,
+        sample="machines=10%",
+    )
     assert rep.exit_status == 0, rep.summary()
     got = Dataset(out)
     for table in ("machine_events", "instance_events"):
-        cols = ["time", "collection_id", "instance_index", "machine_id"] if table == "instance_events" else \
-            ["time", "machine_id", "type"]
+        cols = (
+            ["time", "collection_id", "instance_index", "machine_id"]
+            if table == "instance_events"
+            else ["time", "machine_id", "type"]
+        )
         full = v2_dataset.read(table, cols).to_pandas()
         machines = {m for m in full["machine_id"].dropna().unique().tolist() if in_sample(int(m), 0.10, machine=True)}
         want = full[full["machine_id"].isin(machines)].sort_values(cols, kind="stable").reset_index(drop=True)
@@ -112,8 +127,10 @@ def test_kaggle_sample_cpi_by_cell_needs_no_machine_events(tmp_path: Path, capsy
     assert Dataset(tmp_path / "k").num_rows("machine_events") == 0
     capsys.readouterr()
     for opts in (["-O", "by=cell"], ["-O", "by=cell", "-O", "regression=none"]):
-        assert main(["analyze", str(tmp_path / "k"), "cpi", *opts, "--out", str(tmp_path / "r"), "--quiet",
-                     "--no-plots"]) == 0
+        assert (
+            main(["analyze", str(tmp_path / "k"), "cpi", *opts, "--out", str(tmp_path / "r"), "--quiet", "--no-plots"])
+            == 0
+        )
         out, err = capsys.readouterr()
         assert "needs table" not in err and "2 of 2 windows pass the CPI/MAI filter" in out
     assert main(["analyze", str(tmp_path / "k"), "cpi", "--out", str(tmp_path / "r"), "--quiet", "--no-plots"]) == 2

@@ -34,8 +34,7 @@ def test_reuses_matching_results_and_reruns_otherwise(cell: Path) -> None:
     assert 'id="a-machine-shapes"' in page and 'id="a-cell-usage"' not in page  # only what was asked for
     other = _gpuclust("report", "ds", "cell-usage", "-O", "mode=exact", "--out", "r/page.html", "--quiet", cwd=cell)
     assert other.returncode == 0 and "reusing" not in other.stderr, other.stderr
-    forced = _gpuclust("report", "ds", "cell-usage", "-O", "mode=exact", "--out", "r/page.html", "--rerun",
-                       cwd=cell)
+    forced = _gpuclust("report", "ds", "cell-usage", "-O", "mode=exact", "--out", "r/page.html", "--rerun", cwd=cell)
     assert forced.returncode == 0 and "--rerun" in forced.stderr, forced.stderr
     # a dataset written after the results: run anew
     written_at = (cell / "ds" / "manifest.json").stat().st_mtime
@@ -49,14 +48,25 @@ def test_reuses_matching_results_and_reruns_otherwise(cell: Path) -> None:
 
 
 def test_csv_export_matches_the_parquet_results(cell: Path) -> None:
-    r = _gpuclust("report", "ds", "overcommit", "machine-shapes", "--format", "csv", "--out", "csv",
-                  "--results", "res", "--quiet", cwd=cell)
+    r = _gpuclust(
+        "report",
+        "ds",
+        "overcommit",
+        "machine-shapes",
+        "--format",
+        "csv",
+        "--out",
+        "csv",
+        "--results",
+        "res",
+        "--quiet",
+        cwd=cell,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     res, out = cell / "res", cell / "csv"
     assert (out / "_run.json").read_text() == (res / "_run.json").read_text()
     tables = sorted(p.relative_to(res) for p in res.glob("*/*") if p.suffix == ".parquet" or p.is_dir())
-    assert tables and sorted(p.relative_to(out) for p in out.glob("*/*.csv")) == [t.with_suffix(".csv")
-                                                                                  for t in tables]
+    assert tables and sorted(p.relative_to(out) for p in out.glob("*/*.csv")) == [t.with_suffix(".csv") for t in tables]
     for t in tables:
         want = pq.read_table(res / t).to_pandas() if t.suffix else pq.ParquetDataset(res / t).read().to_pandas()
         with open(out / t.with_suffix(".csv"), newline="") as f:
@@ -66,13 +76,26 @@ def test_csv_export_matches_the_parquet_results(cell: Path) -> None:
         for col in want.select_dtypes("number").columns[:3]:  # numbers as written, NULL as an empty cell
             got = np.array([float(x[rows[0].index(col)] or "nan") for x in rows[1:]])
             np.testing.assert_allclose(got, want[col].to_numpy(dtype=float), rtol=1e-12, equal_nan=True)
-    again = _gpuclust("report", "ds", "overcommit", "machine-shapes", "--format", "csv", "--out", "csv",
-                      "--results", "res", "--quiet", cwd=cell)
+    again = _gpuclust(
+        "report",
+        "ds",
+        "overcommit",
+        "machine-shapes",
+        "--format",
+        "csv",
+        "--out",
+        "csv",
+        "--results",
+        "res",
+        "--quiet",
+        cwd=cell,
+    )
     assert again.returncode == 0 and "reusing" in again.stderr, again.stderr
 
 
-def test_a_report_over_valid_results_reuses_results_and_figures(cell: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_report_over_valid_results_reuses_results_and_figures(
+    cell: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Issue 33: a second report over results that are still valid neither runs an analysis nor
     draws a figure (the page keeps its figures in <results>/_figures); a re-ingest that ingests
     nothing leaves manifest.json as it was (bytes and mtime), so the report after it reuses too; and
@@ -108,14 +131,17 @@ def test_a_report_over_valid_results_reuses_results_and_figures(cell: Path, monk
     assert sorted(p.name for p in (cell / "reuse").iterdir()) == ["csv", "page-results", "page.html"]
 
 
-@pytest.mark.parametrize("args, message", [
-    (("no-such-dataset", "--out", "x.html"), "no-such-dataset"),
-    (("ds", "cell-usage", "-O", "nonsense=1", "--out", "x.html"), "nonsense"),
-    (("ds", "cell-usage", "--out", "x.html", "--results", "x.html"), "must differ"),
-    (("ds", "cell-usage", "--format", "csv", "--out", "raw"), "not gpuclust results"),
-    (("ds", "cell-usage", "--out", "raw"), "is a folder"),
-    (("ds", "no-such-analysis", "--out", "x.html"), "unknown analysis 'no-such-analysis'"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("no-such-dataset", "--out", "x.html"), "no-such-dataset"),
+        (("ds", "cell-usage", "-O", "nonsense=1", "--out", "x.html"), "nonsense"),
+        (("ds", "cell-usage", "--out", "x.html", "--results", "x.html"), "must differ"),
+        (("ds", "cell-usage", "--format", "csv", "--out", "raw"), "not gpuclust results"),
+        (("ds", "cell-usage", "--out", "raw"), "is a folder"),
+        (("ds", "no-such-analysis", "--out", "x.html"), "unknown analysis 'no-such-analysis'"),
+    ],
+)
 def test_expected_faults_are_one_line(cell: Path, args: tuple[str, ...], message: str) -> None:
     r = _gpuclust("report", *args, "--quiet", cwd=cell)
     assert r.returncode == 2, r.stderr
@@ -127,13 +153,15 @@ def test_expected_faults_are_one_line(cell: Path, args: tuple[str, ...], message
 def test_inline_svg_prefixes_ids_and_drops_the_prolog() -> None:
     from gpuclust.report.svg import inline_svg
 
-    svg = ('<?xml version="1.0"?>\n<!DOCTYPE svg>\n<svg width="720pt" height="324pt" viewBox="0 0 720 324">\n'
-           ' <defs>\n  <clipPath id="p1"><rect x="1.12" y="2" width="3" height="4"/></clipPath>\n </defs>\n'
-           ' <g id="figure_1"><path d="M 1.23 2.5 3 4" clip-path="url(#p1)"/>\n  <text x="1.23">0.0125</text></g>\n'
-           '</svg>\n')
+    svg = (
+        '<?xml version="1.0"?>\n<!DOCTYPE svg>\n<svg width="720pt" height="324pt" viewBox="0 0 720 324">\n'
+        ' <defs>\n  <clipPath id="p1"><rect x="1.12" y="2" width="3" height="4"/></clipPath>\n </defs>\n'
+        ' <g id="figure_1"><path d="M 1.23 2.5 3 4" clip-path="url(#p1)"/>\n  <text x="1.23">0.0125</text></g>\n'
+        "</svg>\n"
+    )
     inl = inline_svg(svg, "f7-")
     assert inl.startswith("<svg ") and "<?xml" not in inl and 'width="720pt"' not in inl
-    assert 'id="f7-p1"' in inl and 'url(#f7-p1)' in inl and 'id="figure_1"' not in inl
+    assert 'id="f7-p1"' in inl and "url(#f7-p1)" in inl and 'id="figure_1"' not in inl
 
 
 def test_edge_buckets() -> None:
@@ -141,8 +169,10 @@ def test_edge_buckets() -> None:
 
     h = 3_600_000_000
     starts = [0, h, 2 * h]
-    assert [e[2] for e in edge_buckets(starts, h, None, 2 * h + 600_000_000)] == ["starts before the data",
-                                                                                 "ends after the data"]
+    assert [e[2] for e in edge_buckets(starts, h, None, 2 * h + 600_000_000)] == [
+        "starts before the data",
+        "ends after the data",
+    ]
     assert edge_buckets([600_000_000, 600_000_000 + h], h, None, 600_000_000 + 2 * h) == []
     assert edge_buckets(starts, h)[-1][2] == "the data may end inside it"
     assert trace_hours(h) == pytest.approx(1.0)  # trace time, the buckets' and --from's origin
@@ -175,9 +205,13 @@ def test_machine_heatmap_is_the_mean_per_machine_and_bucket() -> None:
 
     rng = np.random.default_rng(7)
     rows = [(m, b) for m in (11, 5, 40, 7) for b in range(6) if rng.random() > 0.15]
-    df = pd.DataFrame({"machine_id": np.array([r[0] for r in rows], np.int64),
-                       "bucket_start_us": np.array([600_000_000 + r[1] * 300_000_000 for r in rows], np.int64),
-                       "alloc_ratio_cpu": rng.random(len(rows)) * 1.5})
+    df = pd.DataFrame(
+        {
+            "machine_id": np.array([r[0] for r in rows], np.int64),
+            "bucket_start_us": np.array([600_000_000 + r[1] * 300_000_000 for r in rows], np.int64),
+            "alloc_ratio_cpu": rng.random(len(rows)) * 1.5,
+        }
+    )
     df.loc[3, "alloc_ratio_cpu"] = np.nan
     pivot = df.pivot_table(index="machine_id", columns="bucket_start_us", values="alloc_ratio_cpu", aggfunc="mean")
     means = df.groupby("machine_id")["alloc_ratio_cpu"].mean()
@@ -216,11 +250,22 @@ def test_a_section_with_nothing_to_plot_says_why(tmp_path: Path) -> None:
 
     from gpuclust.report.html import render_page
 
-    run = {"dataset": str(tmp_path / "gone"), "trace_version": "v3", "backend": "cpu",
-           "analyses": [{"key": "cell-usage", "name": "cell-usage", "label": "cell-usage", "options": {}}]}
-    usage = pd.DataFrame({"bucket": pd.Series([], dtype="int64"), "bucket_start_us": pd.Series([], dtype="int64"),
-                          "tier": pd.Series([], dtype="object"), "cpu": pd.Series([], dtype="float64"),
-                          "mem": pd.Series([], dtype="float64"), "windows": pd.Series([], dtype="int64")})
+    run = {
+        "dataset": str(tmp_path / "gone"),
+        "trace_version": "v3",
+        "backend": "cpu",
+        "analyses": [{"key": "cell-usage", "name": "cell-usage", "label": "cell-usage", "options": {}}],
+    }
+    usage = pd.DataFrame(
+        {
+            "bucket": pd.Series([], dtype="int64"),
+            "bucket_start_us": pd.Series([], dtype="int64"),
+            "tier": pd.Series([], dtype="object"),
+            "cpu": pd.Series([], dtype="float64"),
+            "mem": pd.Series([], dtype="float64"),
+            "windows": pd.Series([], dtype="int64"),
+        }
+    )
     info = pd.DataFrame([{"tiers": "free,beb,mid,prod", "bucket_s": 3600}])
     page, figures = render_page(run, {"cell-usage": {"usage": usage, "info": info}}, tmp_path)
     assert figures == 0 and 'data-figures-expected="0"' in page
@@ -228,8 +273,9 @@ def test_a_section_with_nothing_to_plot_says_why(tmp_path: Path) -> None:
     assert "instance_usage" in page.split("Nothing to plot", 1)[1].split("</p>", 1)[0]
 
 
-def test_a_plot_that_fails_costs_its_figure_not_the_page(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_plot_that_fails_costs_its_figure_not_the_page(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     import pandas as pd
 
     from gpuclust.report import plots
@@ -239,8 +285,10 @@ def test_a_plot_that_fails_costs_its_figure_not_the_page(tmp_path: Path, monkeyp
         raise RuntimeError("boom")
 
     monkeypatch.setattr(plots, "plot_result", broken)
-    run = {"dataset": None, "analyses": [{"key": "machine-shapes", "name": "machine-shapes", "label": "machine-shapes",
-                                          "options": {}}]}
+    run = {
+        "dataset": None,
+        "analyses": [{"key": "machine-shapes", "name": "machine-shapes", "label": "machine-shapes", "options": {}}],
+    }
     shapes = pd.DataFrame({"cap_cpu": [0.5], "cap_mem": [0.25], "machines": [3]})
     page, figures = render_page(run, {"machine-shapes": {"shapes": shapes}}, tmp_path)
     assert figures == 0 and "The figure could not be drawn (RuntimeError: boom)" in page
@@ -262,18 +310,26 @@ def test_figures_and_key_numbers_count_the_same(cell: Path) -> None:
     from gpuclust.tables import as_pandas
 
     names = ["lifecycle", "usage-vs-request", "data-quality", "peak-prediction"]
-    res = {k: {t: as_pandas(v) for t, v in tables.items()}
-           for k, tables in run(Dataset(cell / "ds"), names).items()}
+    res = {k: {t: as_pandas(v) for t, v in tables.items()} for k, tables in run(Dataset(cell / "ds"), names).items()}
     delays = res["lifecycle"]["delays"]
     gone = delays.index[(delays["measure"] == "execution") & (delays["outcome"] == "finish")][0]
     delays.loc[gone, ["with_duration", "p50_s", "p90_s", "p99_s", "max_s"]] = [0, np.nan, np.nan, np.nan, np.nan]
     res["lifecycle"]["delay_hist"] = res["lifecycle"]["delay_hist"].pipe(
-        lambda h: h[~((h["measure"] == "execution") & (h["outcome"] == "finish") & (h["tier"] == delays.at[gone, "tier"]))])
-    run_info = {"dataset": str(cell / "ds"), "trace_version": "v3", "backend": "cpu",
-                "analyses": [{"key": n, "name": n, "label": n, "options": {}} for n in names]}
+        lambda h: h[
+            ~((h["measure"] == "execution") & (h["outcome"] == "finish") & (h["tier"] == delays.at[gone, "tier"]))
+        ]
+    )
+    run_info = {
+        "dataset": str(cell / "ds"),
+        "trace_version": "v3",
+        "backend": "cpu",
+        "analyses": [{"key": n, "name": n, "label": n, "options": {}} for n in names],
+    }
     page, _ = render_page(run_info, res, cell)
-    sections = {m.group(1): html_lib.unescape(m.group(0)) for m in
-                re.finditer(r'<section class="analysis" id="a-([^"]+)">.*?</section>', page, re.S)}
+    sections = {
+        m.group(1): html_lib.unescape(m.group(0))
+        for m in re.finditer(r'<section class="analysis" id="a-([^"]+)">.*?</section>', page, re.S)
+    }
     life = sections["lifecycle"]
     shown = delays[(delays["measure"] == "scheduling") & (delays["outcome"] == "scheduled")]
     for r in shown.itertuples():
@@ -304,16 +360,31 @@ def test_simple_figures_cost_no_matplotlib_or_pandas_import(cell: Path) -> None:
     matplotlib)."""
     from gpuclust.report.plots import NATIVE
 
-    assert {"cell-usage", "collection-lifecycle", "data-quality", "job-usage", "lifecycle", "machine-shapes",
-            "machine-utilization", "peak-prediction", "usage-change", "usage-distribution",
-            "usage-vs-request", "cpi", "overcommit"} <= NATIVE  # the figures moved off matplotlib stay off it
+    assert {
+        "cell-usage",
+        "collection-lifecycle",
+        "data-quality",
+        "job-usage",
+        "lifecycle",
+        "machine-shapes",
+        "machine-utilization",
+        "peak-prediction",
+        "usage-change",
+        "usage-distribution",
+        "usage-vs-request",
+        "cpi",
+        "overcommit",
+    } <= NATIVE  # the figures moved off matplotlib stay off it
     own_pandas = {"cpi", "usage-distribution"}  # analyses that import pandas themselves (not for their figure)
     for names, loaded in ((sorted(NATIVE - own_pandas), "[]"), (sorted(NATIVE & own_pandas), "['pandas']")):
-        code = ("import sys; from gpuclust.cli import main; "
-                f"rc = main(['analyze', 'ds', *{names!r}, '--out', 'native', '--quiet', "
-                # peak-prediction's oracle horizon inside the 1 h cell (the default 24 h censors every step: no figure)
-                + ("'-O', 'horizon_s=1800'" if "peak-prediction" in names else "") + "]); "
-                "print(rc, sorted(m for m in ('matplotlib', 'pandas') if m in sys.modules))")
+        code = (
+            "import sys; from gpuclust.cli import main; "
+            f"rc = main(['analyze', 'ds', *{names!r}, '--out', 'native', '--quiet', "
+            # peak-prediction's oracle horizon inside the 1 h cell (the default 24 h censors every step: no figure)
+            + ("'-O', 'horizon_s=1800'" if "peak-prediction" in names else "")
+            + "]); "
+            "print(rc, sorted(m for m in ('matplotlib', 'pandas') if m in sys.modules))"
+        )
         r = subprocess.run([sys.executable, "-c", code], cwd=cell, capture_output=True, text=True, timeout=600)
         assert r.returncode == 0, r.stderr[-2000:]
         assert r.stdout.strip().splitlines()[-1] == f"0 {loaded}", (names, r.stdout[-2000:])

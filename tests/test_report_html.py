@@ -26,14 +26,25 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = Path(os.environ.get("GPUCLUST_ARTIFACTS") or ROOT / "out" / "report-browser")
 #: Analyses whose figure the synthetic cell always has data for.
-DRAWN = {"cell-usage", "collection-lifecycle", "cpi", "job-usage", "lifecycle", "machine-shapes", "overcommit",
-         "usage-change", "usage-distribution", "usage-vs-request"}
+DRAWN = {
+    "cell-usage",
+    "collection-lifecycle",
+    "cpi",
+    "job-usage",
+    "lifecycle",
+    "machine-shapes",
+    "overcommit",
+    "usage-change",
+    "usage-distribution",
+    "usage-vs-request",
+}
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 
 
 def _gpuclust(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "gpuclust", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "gpuclust", *args], cwd=cwd, capture_output=True, text=True, timeout=600
+    )
 
 
 def find_chromium() -> tuple[str | None, str]:
@@ -65,9 +76,21 @@ def chromium() -> str:
 def browse(chromium: str, page: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """Run headless Chromium on a local page (console messages go to stderr)."""
     profile = page.parent / ".chromium-profile"
-    cmd = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-           "--hide-scrollbars", f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0",
-           "--virtual-time-budget=5000", *args, page.absolute().as_uri()]
+    cmd = [
+        chromium,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--no-first-run",
+        "--hide-scrollbars",
+        f"--user-data-dir={profile}",
+        "--enable-logging=stderr",
+        "--v=0",
+        "--virtual-time-budget=5000",
+        *args,
+        page.absolute().as_uri(),
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=180)
 
 
@@ -78,13 +101,30 @@ def console_lines(stderr: str) -> list[str]:
 REAL = ROOT.parent / "shared" / "data" / "real"
 #: dataset -> (how to make it: gpuclust command lines run in a fresh folder, analyses that must draw a figure)
 DATASETS = {
-    "synthetic": ([("synth", "--out", "raw", "--machines", "20", "--hours", "1.5", "--seed", "3"),
-                   ("ingest", "raw", "--out", "ds")], DRAWN),
-    "real-2011": ([("ingest", str(REAL / "2011" / "machine_events"), str(REAL / "2011" / "task_events"),
-                    str(REAL / "2011" / "job_events"), "--out", "ds")],
-                  {"collection-lifecycle", "lifecycle", "machine-shapes", "overcommit"}),
-    "real-2019-cell-a": ([("ingest", str(REAL / "2019-cell-a"), "--out", "ds", "--cell", "a", "--prefer", "parquet")],
-                         {"machine-shapes"}),
+    "synthetic": (
+        [
+            ("synth", "--out", "raw", "--machines", "20", "--hours", "1.5", "--seed", "3"),
+            ("ingest", "raw", "--out", "ds"),
+        ],
+        DRAWN,
+    ),
+    "real-2011": (
+        [
+            (
+                "ingest",
+                str(REAL / "2011" / "machine_events"),
+                str(REAL / "2011" / "task_events"),
+                str(REAL / "2011" / "job_events"),
+                "--out",
+                "ds",
+            )
+        ],
+        {"collection-lifecycle", "lifecycle", "machine-shapes", "overcommit"},
+    ),
+    "real-2019-cell-a": (
+        [("ingest", str(REAL / "2019-cell-a"), "--out", "ds", "--cell", "a", "--prefer", "parquet")],
+        {"machine-shapes"},
+    ),
 }
 
 
@@ -112,8 +152,17 @@ def test_page_is_self_contained_and_small(report: tuple[str, Path, set[str]]) ->
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", text), "the page fetches something"
     assert "<link" not in text and "@import" not in text
     assert page.stat().st_size < 2 * 1024 * 1024, "too large to mail"
-    for what in ("dataset", "trace version", "tier map", "time span", "sample", "gpuclust", "options", "backend",
-                 "device"):
+    for what in (
+        "dataset",
+        "trace version",
+        "tier map",
+        "time span",
+        "sample",
+        "gpuclust",
+        "options",
+        "backend",
+        "device",
+    ):
         assert f"<td>{what}</td>" in text, what
     sections = re.findall(r'<section class="analysis" id="a-([^"]+)"', text)
     assert sections[0] == "data-quality" or "data-quality" not in sections, "data quality comes first"
@@ -138,7 +187,8 @@ def test_report_renders_in_chromium(chromium: str, report: tuple[str, Path, set[
     # a section without a figure says why
     for sec in re.findall(r'<section class="analysis".*?</section>', dom.stdout, re.S):
         assert "<figure" in sec or re.search(r'class="empty">(Nothing to plot|This analysis draws no figure)', sec), (
-            sec[:300])
+            sec[:300]
+        )
 
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     shot = ARTIFACTS / f"report-{name}.png"

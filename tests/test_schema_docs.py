@@ -22,7 +22,9 @@ def _section(table: str) -> str:
 @pytest.mark.parametrize("table", schema.TABLES)
 def test_every_column_documented_with_its_type(table: str) -> None:
     sec = _section(table)
-    rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `([a-z_0-9]+)`(?: … `[a-z_0-9]+`)? \| ([^|]+) \|", sec, re.M)}
+    rows = {
+        m.group(1): m.group(2) for m in re.finditer(r"^\| `([a-z_0-9]+)`(?: … `[a-z_0-9]+`)? \| ([^|]+) \|", sec, re.M)
+    }
     for field in schema.SCHEMAS[table]:
         name = field.name
         if name.startswith("cpu_p"):

@@ -1,5 +1,5 @@
 """The linters the project keeps clean, run as tests so CI holds every change to them: ruff over
-the sources, tests and benchmarks (settings in pyproject.toml) and mypy over the package."""
+the sources, tests and benchmarks, checked and formatted (settings in pyproject.toml), and mypy over the package."""
 
 from __future__ import annotations
 
@@ -21,6 +21,12 @@ def _run(module: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 def test_ruff_is_clean() -> None:
     r = _run("ruff", "check", "gpuclust", "tests", "bench")
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_ruff_format_is_clean() -> None:
+    """The code is laid out by `ruff format` (settings in pyproject.toml): run it before committing."""
+    r = _run("ruff", "format", "--check", "gpuclust", "tests", "bench")
     assert r.returncode == 0, r.stdout + r.stderr
 
 

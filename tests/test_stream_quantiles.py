@@ -159,8 +159,10 @@ def test_big_tie_resolved_without_fixing_all_bits():
 
 
 @settings(max_examples=200, deadline=None)
-@given(values=st.lists(st.floats(-1e12, 1e12, allow_nan=False, allow_subnormal=False), min_size=1, max_size=60),
-       qs=st.lists(st.one_of(st.floats(0, 1), st.sampled_from([0.0, 0.5, 0.9, 0.99, 0.999, 1.0])), min_size=1, max_size=6))
+@given(
+    values=st.lists(st.floats(-1e12, 1e12, allow_nan=False, allow_subnormal=False), min_size=1, max_size=60),
+    qs=st.lists(st.one_of(st.floats(0, 1), st.sampled_from([0.0, 0.5, 0.9, 0.99, 0.999, 1.0])), min_size=1, max_size=6),
+)
 def test_sorted_quantiles_are_numpys(values, qs):
     """``sorted_quantiles`` of sorted values is ``np.quantile`` (linear), value for value."""
     from gpuclust.stream_quantiles import sorted_quantiles
@@ -180,8 +182,9 @@ def test_sorted_quantiles_refuse_no_values():
 
 @settings(max_examples=150, deadline=None)
 @given(
-    xs=st.lists(st.lists(st.one_of(st.sampled_from(SPECIAL), st.floats(allow_nan=False)), max_size=40),
-                min_size=1, max_size=4),
+    xs=st.lists(
+        st.lists(st.one_of(st.sampled_from(SPECIAL), st.floats(allow_nan=False)), max_size=40), min_size=1, max_size=4
+    ),
     n_batches=st.integers(1, 4),
     qs=st.lists(st.one_of(st.just(0.0), st.just(1.0), st.floats(0, 1)), min_size=1, max_size=5),
     bins_bits=st.integers(1, 16),
@@ -223,10 +226,13 @@ def test_many_streams_check_their_batches():
 
 
 @settings(max_examples=60, deadline=None)
-@given(values=st.lists(st.one_of(st.sampled_from(SPECIAL[2:]), st.floats(-1e6, 1e6, allow_nan=False)), min_size=1,
-                       max_size=300),
-       cuts=st.lists(st.integers(0, 300), max_size=4),
-       qs=st.lists(st.floats(0, 1), min_size=1, max_size=6))
+@given(
+    values=st.lists(
+        st.one_of(st.sampled_from(SPECIAL[2:]), st.floats(-1e6, 1e6, allow_nan=False)), min_size=1, max_size=300
+    ),
+    cuts=st.lists(st.integers(0, 300), max_size=4),
+    qs=st.lists(st.floats(0, 1), min_size=1, max_size=6),
+)
 def test_backend_quantiles_equal_np_quantile_on_every_backend(values, cuts, qs):
     """On the device-shaped backend (the device path: one sort of the copied values, only the order
     statistics back) and the generic one, np.quantile's result, as stream_quantiles on the cpu.
@@ -259,10 +265,15 @@ def test_backend_quantiles_refuse_nan_and_nothing():
 
 
 @settings(max_examples=40, deadline=None)
-@given(streams=st.lists(st.lists(st.one_of(st.sampled_from(SPECIAL[2:]), st.floats(-1e6, 1e6, allow_nan=False)),
-                                 max_size=120), min_size=1, max_size=4),
-       cuts=st.lists(st.integers(0, 120), max_size=3),
-       qs=st.lists(st.floats(0, 1), min_size=1, max_size=5))
+@given(
+    streams=st.lists(
+        st.lists(st.one_of(st.sampled_from(SPECIAL[2:]), st.floats(-1e6, 1e6, allow_nan=False)), max_size=120),
+        min_size=1,
+        max_size=4,
+    ),
+    cuts=st.lists(st.integers(0, 120), max_size=3),
+    qs=st.lists(st.floats(0, 1), min_size=1, max_size=5),
+)
 def test_backend_quantiles_many_equal_np_quantile_on_every_backend(streams, cuts, qs):
     """k streams at once, batch by batch: np.quantile of each stream (NaN rows for an empty one) on
     the cpu (stream_quantiles_many), the generic and the device-shaped backend (one pass, one

@@ -68,8 +68,17 @@ def describe(ab: list[tuple[Any, Any]], edges: list[float]) -> dict[str, Any]:
     bins: dict[int, int] = defaultdict(int)
     for q in ratios:
         bins[bisect.bisect_right(edges, q)] += 1
-    return {"pairs": len(ab), "unknown": unknown, "zero_to_zero": zz, "zero_to_positive": zp,
-            "defined": len(changes), "within": within, "ratios": ratios, "changes": changes, "bins": dict(bins)}
+    return {
+        "pairs": len(ab),
+        "unknown": unknown,
+        "zero_to_zero": zz,
+        "zero_to_positive": zp,
+        "defined": len(changes),
+        "within": within,
+        "ratios": ratios,
+        "changes": changes,
+        "bins": dict(bins),
+    }
 
 
 PERIOD_US = 300_000_000

@@ -32,8 +32,13 @@ __all__ = [
     "names",
 ]
 
-_CLASSES = {"CellUsage": "cell_usage", "Cpi": "cpi", "MachineShapes": "machine_shapes", "Overcommit": "overcommit",
-            "UsageDistribution": "usage_distribution"}
+_CLASSES = {
+    "CellUsage": "cell_usage",
+    "Cpi": "cpi",
+    "MachineShapes": "machine_shapes",
+    "Overcommit": "overcommit",
+    "UsageDistribution": "usage_distribution",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -53,8 +53,12 @@ def spill_threshold(k: int | None) -> float:
 
 def empty(k: int | None, xp: ModuleType = np) -> dict[str, Any]:
     """The identity: no groups (``k=None``: the exact strategy, which never spills)."""
-    return {"kind": "hybrid", "k": k, "exact": ms.empty("exact", xp=xp),
-            "bounded": ms.empty("bounded", ms.DEFAULT_K if k is None else int(k), xp=xp)}
+    return {
+        "kind": "hybrid",
+        "k": k,
+        "exact": ms.empty("exact", xp=xp),
+        "bounded": ms.empty("bounded", ms.DEFAULT_K if k is None else int(k), xp=xp),
+    }
 
 
 def leaf(q: Any, w: Any, keys: Any, k: int | None, *, repaired: bool = False) -> dict[str, Any]:
@@ -95,12 +99,21 @@ def _spill(h: dict[str, Any]) -> dict[str, Any]:
     # holds repaired, usable rows only: no second repair, no second pass for the stats
     Gm = int(em["key"].shape[0])
     codes_m = xp.searchsorted(em["key"], em["row_key"]).astype(xp.int64)
-    knots = backend_of(em["q"]).ops.mixture_quantiles(xp.ascontiguousarray(em["q"]), xp.ascontiguousarray(em["w"]),
-                                              xp.ascontiguousarray(codes_m), Gm, xp.asarray(ms.summary_levels(int(k))))
+    knots = backend_of(em["q"]).ops.mixture_quantiles(
+        xp.ascontiguousarray(em["q"]),
+        xp.ascontiguousarray(em["w"]),
+        xp.ascontiguousarray(codes_m),
+        Gm,
+        xp.asarray(ms.summary_levels(int(k))),
+    )
     err = xp.where(em["weight"] > 0, 1.0 / float(k), 0.0)
     bm = {"kind": "bounded", "k": int(k), "key": em["key"], **{s: em[s] for s in _STATS}, "knots": knots, "err": err}
-    return {"kind": "hybrid", "k": k, "exact": _take_exact(xp, e, ~move),
-            "bounded": bm if Gb == 0 else _merge_bounded(b, bm)}
+    return {
+        "kind": "hybrid",
+        "k": k,
+        "exact": _take_exact(xp, e, ~move),
+        "bounded": bm if Gb == 0 else _merge_bounded(b, bm),
+    }
 
 
 def _merge_bounded(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
@@ -115,27 +128,38 @@ def _merge_bounded(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     def pieces(p: dict[str, Any]) -> list[dict[str, Any]]:
         G = int(p["key"].shape[0])
         edges = [0, *[int(x) for x in xp.searchsorted(p["key"], cuts).tolist()], G]
-        return [{f: (v[lo:hi] if hasattr(v, "shape") and v.ndim and v.shape[0] == G else v) for f, v in p.items()}
-                for lo, hi in zip(edges[:-1], edges[1:], strict=True)]
+        return [
+            {f: (v[lo:hi] if hasattr(v, "shape") and v.ndim and v.shape[0] == G else v) for f, v in p.items()}
+            for lo, hi in zip(edges[:-1], edges[1:], strict=True)
+        ]
 
     parts = [ms.merge(x, y) for x, y in zip(pieces(a), pieces(b), strict=True)]
-    return {f: (xp.concatenate([p[f] for p in parts]) if hasattr(v, "shape") and v.ndim else v)
-            for f, v in parts[0].items()}
+    return {
+        f: (xp.concatenate([p[f] for p in parts]) if hasattr(v, "shape") and v.ndim else v) for f, v in parts[0].items()
+    }
 
 
 def merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     """Merge two partials (associative and commutative up to rounding, like their parts)."""
     if a["k"] != b["k"]:
         raise ValueError(f"cannot merge partials with k={a['k']} and k={b['k']}")
-    h = {"kind": "hybrid", "k": a["k"], "exact": ms.merge(a["exact"], b["exact"]),
-         "bounded": _merge_bounded(a["bounded"], b["bounded"])}
+    h = {
+        "kind": "hybrid",
+        "k": a["k"],
+        "exact": ms.merge(a["exact"], b["exact"]),
+        "bounded": _merge_bounded(a["bounded"], b["bounded"]),
+    }
     return _spill(h)
 
 
 def to_backend(h: dict[str, Any], be: Any) -> dict[str, Any]:
     """A host partial moved onto backend ``be``."""
-    return {f: ({g: (be.asarray(v) if isinstance(v, np.ndarray) else v) for g, v in p.items()}
-                if isinstance(p, dict) else p) for f, p in h.items()}
+    return {
+        f: (
+            {g: (be.asarray(v) if isinstance(v, np.ndarray) else v) for g, v in p.items()} if isinstance(p, dict) else p
+        )
+        for f, p in h.items()
+    }
 
 
 def finalize(h: dict[str, Any], levels: Any) -> dict[str, Any]:

@@ -50,8 +50,15 @@ import numpy as np
 from gpuclust.analyses.grouping import instance_order, isin_sorted, segmented_last
 from gpuclust.partials import keyed_reduce
 
-__all__ = ["CapacityIntervals", "RunningIntervals", "capacity_intervals", "distinct_keyed", "exact_prefix_sums",
-           "overlap_keyed", "running_intervals"]
+__all__ = [
+    "CapacityIntervals",
+    "RunningIntervals",
+    "capacity_intervals",
+    "distinct_keyed",
+    "exact_prefix_sums",
+    "overlap_keyed",
+    "running_intervals",
+]
 
 SCHEDULE = 3
 TERMINALS = (4, 5, 6, 7, 8)  # EVICT FAIL FINISH KILL LOST (consecutive codes)
@@ -64,13 +71,13 @@ class RunningIntervals:
     """Running pieces (one per SCHEDULE / UPDATE_RUNNING that opened one), times clipped; arrays
     on the backend the pieces were built on."""
 
-    instance: Any        # int64 dense instance id (index into the sorted distinct instances)
-    machine_id: Any      # int64 (0 / NULL-min = not placed, -1 = dedicated)
-    start: Any           # int64 us, clipped
-    end: Any             # int64 us, clipped
-    req_cpu: Any         # float64, NaN = unknown
+    instance: Any  # int64 dense instance id (index into the sorted distinct instances)
+    machine_id: Any  # int64 (0 / NULL-min = not placed, -1 = dedicated)
+    start: Any  # int64 us, clipped
+    end: Any  # int64 us, clipped
+    req_cpu: Any  # float64, NaN = unknown
     req_mem: Any
-    priority: Any        # float64, NaN = unknown
+    priority: Any  # float64, NaN = unknown
     stats: dict[str, int]
 
 
@@ -156,18 +163,28 @@ def running_intervals(backend: Any, cols: dict[str, Any], start: int, end: int) 
         return _take(xp, v, _ffill_idx(xp, ~xp.isnan(v), gs)[op], xp.nan)
 
     p_cpu, p_mem, p_pri = carried("req_cpu"), carried("req_mem"), carried("priority")
-    stats.update({
-        "instances": int(new.sum()),
-        "pieces": int(op.shape[0]),
-        "schedules": int(is_sched.sum()),
-        "running_at_end": int((~has).sum()),
-        "terminal_without_schedule": int((is_term & ~run_before).sum()),
-        "update_running_not_running": int((is_upd & ~run_before).sum()),
-        "schedule_while_running": int((is_sched & run_before).sum()),
-        "unknown_request_pieces": int((xp.isnan(p_cpu) | xp.isnan(p_mem)).sum()),
-    })
-    return RunningIntervals(inst[op].astype(xp.int64), p_mach.astype(xp.int64), p_start.astype(xp.int64),
-                            p_end.astype(xp.int64), p_cpu, p_mem, p_pri, stats)
+    stats.update(
+        {
+            "instances": int(new.sum()),
+            "pieces": int(op.shape[0]),
+            "schedules": int(is_sched.sum()),
+            "running_at_end": int((~has).sum()),
+            "terminal_without_schedule": int((is_term & ~run_before).sum()),
+            "update_running_not_running": int((is_upd & ~run_before).sum()),
+            "schedule_while_running": int((is_sched & run_before).sum()),
+            "unknown_request_pieces": int((xp.isnan(p_cpu) | xp.isnan(p_mem)).sum()),
+        }
+    )
+    return RunningIntervals(
+        inst[op].astype(xp.int64),
+        p_mach.astype(xp.int64),
+        p_start.astype(xp.int64),
+        p_end.astype(xp.int64),
+        p_cpu,
+        p_mem,
+        p_pri,
+        stats,
+    )
 
 
 def capacity_intervals(cols: dict[str, np.ndarray], start: int, end: int) -> CapacityIntervals:
@@ -242,8 +259,9 @@ def exact_prefix_sums(xp: Any, values: Any, at: Any) -> Any:
     return out
 
 
-def _expand_runs(backend: Any, group: Any, lo: Any, hi: Any, n_buckets: int,
-                 values: Any = None) -> tuple[Any, Any, Any]:
+def _expand_runs(
+    backend: Any, group: Any, lo: Any, hi: Any, n_buckets: int, values: Any = None
+) -> tuple[Any, Any, Any]:
     """Sparse sweep of bucket runs ``[lo, hi)`` per group: for every (group, bucket) covered by at
     least one run, its key ``group * n_buckets + bucket`` (sorted, unique), the number of runs
     covering it, and (``values`` of shape ``(k, n)`` given) the sum of the covering runs' values.
@@ -288,8 +306,9 @@ def _expand_runs(backend: Any, group: Any, lo: Any, hi: Any, n_buckets: int,
     return key, count, exact_prefix_sums(xp, ev, at[seg])[:, rep]
 
 
-def overlap_keyed(backend: Any, group: Any, start: Any, end: Any, values: Any, origin: int,
-                  width: int, n_buckets: int) -> tuple[Any, Any]:
+def overlap_keyed(
+    backend: Any, group: Any, start: Any, end: Any, values: Any, origin: int, width: int, n_buckets: int
+) -> tuple[Any, Any]:
     """Sparse twin of the ``bucket_overlap`` op: ``value * overlap_seconds(piece, bucket)`` summed
     per (group, bucket), as sorted unique keys ``group * n_buckets + bucket`` of the cells with a
     positive overlap and a ``(k, n_keys)`` array of sums (NaN values add nothing).
@@ -322,8 +341,9 @@ def overlap_keyed(backend: Any, group: Any, start: Any, end: Any, values: Any, o
     return red["key"], xp.stack([red[str(r)] for r in range(int(val.shape[0]))]) if val.shape[0] else val[:, :0]
 
 
-def distinct_keyed(backend: Any, code: Any, instance: Any, start: Any, end: Any, origin: int,
-                   width: int, n_buckets: int) -> tuple[Any, Any]:
+def distinct_keyed(
+    backend: Any, code: Any, instance: Any, start: Any, end: Any, origin: int, width: int, n_buckets: int
+) -> tuple[Any, Any]:
     """Sorted unique keys ``code * n_buckets + bucket`` of the (machine, bucket) cells with a
     running piece of positive overlap, and the number of distinct instances there.  Per
     (machine, instance) the pieces' bucket ranges are merged first (an instance counts once per

@@ -75,8 +75,15 @@ class KeyTable:
     #: log2 of slots per key (at least): load factor at most 1/4
     SPARSITY = 2
 
-    def __init__(self, collection: np.ndarray, instance: np.ndarray, machine: np.ndarray, code: np.ndarray,
-                 priority: np.ndarray, n_codes: int):
+    def __init__(
+        self,
+        collection: np.ndarray,
+        instance: np.ndarray,
+        machine: np.ndarray,
+        code: np.ndarray,
+        priority: np.ndarray,
+        n_codes: int,
+    ):
         code = np.asarray(code, dtype=np.int64)
         n = int(code.shape[0])
         if n >= (1 << 31) - 1:
@@ -143,12 +150,15 @@ _tables = PerArrayCache()
 
 def key_table(lookup: Any, key_collection: np.ndarray, n_codes: int) -> KeyTable:
     """The :class:`KeyTable` of a lookup and its keys' collection codes (built once per lookup)."""
-    return _tables.get(lookup.hash, lambda _h: KeyTable(lookup.collection, lookup.instance, lookup.machine,
-                                                        key_collection, lookup.code, n_codes))
+    return _tables.get(
+        lookup.hash,
+        lambda _h: KeyTable(lookup.collection, lookup.instance, lookup.machine, key_collection, lookup.code, n_codes),
+    )
 
 
-def group_windows(table: KeyTable, collections: np.ndarray, cols: dict[str, np.ndarray], rows: np.ndarray | None,
-                  n: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, int]]:
+def group_windows(
+    table: KeyTable, collections: np.ndarray, cols: dict[str, np.ndarray], rows: np.ndarray | None, n: int
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, int]]:
     """Per collection of the windows ``rows`` of ``cols`` (``None``: all ``n``): NCU-hours, NMU-hours
     (NULL or infinite averages add nothing), windows and the priority.
 
@@ -187,16 +197,29 @@ def group_windows(table: KeyTable, collections: np.ndarray, cols: dict[str, np.n
         c = cid[miss if rows is None else rows[miss]].astype(np.int64)
         u, inv = np.unique(c, return_inverse=True)
         pos = np.searchsorted(collections, u)
-        known = (pos < n_coll) & (collections[np.minimum(pos, max(n_coll - 1, 0))] == u) if n_coll else np.zeros(
-            u.shape[0], dtype=bool)
+        known = (
+            (pos < n_coll) & (collections[np.minimum(pos, max(n_coll - 1, 0))] == u)
+            if n_coll
+            else np.zeros(u.shape[0], dtype=bool)
+        )
         code[miss] = np.where(known, pos, n_coll + np.cumsum(~known) - 1)[inv.reshape(-1)]
         extra_ids = u[~known]
     total = n_coll + int(extra_ids.shape[0])
     windows = np.bincount(code, minlength=total)
     sums = {k: np.bincount(code, weights=w[k], minlength=total) for k in w}
     prio = table.priorities(marked[:-1])
-    dense = {"key": collections, "cpu": sums["cpu"][:n_coll], "mem": sums["mem"][:n_coll],
-             "windows": windows[:n_coll].astype(np.int64, copy=False), "prio": prio}
-    extra = {"key": extra_ids, "cpu": sums["cpu"][n_coll:], "mem": sums["mem"][n_coll:],
-             "windows": windows[n_coll:].astype(np.int64, copy=False), "prio": np.full(extra_ids.shape[0], -1, np.int64)}
+    dense = {
+        "key": collections,
+        "cpu": sums["cpu"][:n_coll],
+        "mem": sums["mem"][:n_coll],
+        "windows": windows[:n_coll].astype(np.int64, copy=False),
+        "prio": prio,
+    }
+    extra = {
+        "key": extra_ids,
+        "cpu": sums["cpu"][n_coll:],
+        "mem": sums["mem"][n_coll:],
+        "windows": windows[n_coll:].astype(np.int64, copy=False),
+        "prio": np.full(extra_ids.shape[0], -1, np.int64),
+    }
     return dense, extra, unknown

@@ -19,8 +19,16 @@ import pyarrow as pa
 
 from gpuclust.analyses._extent import to_i64
 
-__all__ = ["SURVIVAL_MEASURES", "SURVIVAL_SCHEMA", "Z95", "kaplan_meier", "km_quantile", "max_priority_by_collection",
-           "survival_row", "survival_table"]
+__all__ = [
+    "SURVIVAL_MEASURES",
+    "SURVIVAL_SCHEMA",
+    "Z95",
+    "kaplan_meier",
+    "km_quantile",
+    "max_priority_by_collection",
+    "survival_row",
+    "survival_table",
+]
 
 #: The standard normal quantile of a two-sided 95% band.
 Z95 = 1.959963984540054
@@ -66,8 +74,11 @@ def survival_row(events: np.ndarray, censored: np.ndarray, lo_s: np.ndarray, hi_
     band's lower curve falls to the level, the upper edge of the bin where its upper curve does);
     NaN (NULL) where a curve never falls that far, or the bin is the last, open one."""
     s, lo, hi = kaplan_meier(events, censored)
-    row: dict[str, Any] = {"episodes": int(events.sum() + censored.sum()), "events": int(events.sum()),
-                           "censored": int(censored.sum())}
+    row: dict[str, Any] = {
+        "episodes": int(events.sum() + censored.sum()),
+        "events": int(events.sum()),
+        "censored": int(censored.sum()),
+    }
     for q, name in ((0.5, "p50"), (0.9, "p90")):
         j, jl, jh = km_quantile(s, q), km_quantile(lo, q), km_quantile(hi, q)
         row[f"km_{name}_s"] = np.nan if j is None else float(lo_s[j])
@@ -76,12 +87,23 @@ def survival_row(events: np.ndarray, censored: np.ndarray, lo_s: np.ndarray, hi_
     return row
 
 
-SURVIVAL_SCHEMA = pa.schema([("kind", pa.string()), ("tier", pa.string()), ("measure", pa.string()),
-                             ("episodes", pa.int64()), ("events", pa.int64()), ("censored", pa.int64()),
-                             *((c, pa.float64()) for c in ("km_p50_s", "km_p50_lo_s", "km_p50_hi_s", "km_p90_s",
-                                                           "km_p90_lo_s", "km_p90_hi_s")),
-                             ("completed", pa.int64()), ("completed_p50_s", pa.float64()),
-                             ("completed_p90_s", pa.float64())])
+SURVIVAL_SCHEMA = pa.schema(
+    [
+        ("kind", pa.string()),
+        ("tier", pa.string()),
+        ("measure", pa.string()),
+        ("episodes", pa.int64()),
+        ("events", pa.int64()),
+        ("censored", pa.int64()),
+        *(
+            (c, pa.float64())
+            for c in ("km_p50_s", "km_p50_lo_s", "km_p50_hi_s", "km_p90_s", "km_p90_lo_s", "km_p90_hi_s")
+        ),
+        ("completed", pa.int64()),
+        ("completed_p50_s", pa.float64()),
+        ("completed_p90_s", pa.float64()),
+    ]
+)
 
 
 def max_priority_by_collection(side: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -117,9 +139,16 @@ SURVIVAL_MEASURES: dict[str, tuple[tuple[str, ...], str]] = {
 }
 
 
-def survival_table(pk: dict[str, np.ndarray], p: dict[str, np.ndarray], names: tuple[str, ...], kinds: list[str],
-                   present: list[int], di: dict[tuple[str, str], int], distributions: Any,
-                   edges_us: np.ndarray) -> pa.Table:
+def survival_table(
+    pk: dict[str, np.ndarray],
+    p: dict[str, np.ndarray],
+    names: tuple[str, ...],
+    kinds: list[str],
+    present: list[int],
+    di: dict[tuple[str, str], int],
+    distributions: Any,
+    edges_us: np.ndarray,
+) -> pa.Table:
     """The ``survival`` table: per kind ("all", then each kind with things), tier and measure with
     an episode of known duration, the Kaplan-Meier estimates (:func:`survival_row`) and the
     completed-only median and p90 (the lower edges of their bins)."""
@@ -139,8 +168,15 @@ def survival_table(pk: dict[str, np.ndarray], p: dict[str, np.ndarray], names: t
                 if not (ev.sum() + cz.sum()):
                     continue
                 h = hist[j, di[measure, done]]
-                row = {"kind": kind, "tier": tier, "measure": measure, **survival_row(ev, cz, lo_s, hi_s),
-                       "completed": int(h.sum()), "completed_p50_s": np.nan, "completed_p90_s": np.nan}
+                row = {
+                    "kind": kind,
+                    "tier": tier,
+                    "measure": measure,
+                    **survival_row(ev, cz, lo_s, hi_s),
+                    "completed": int(h.sum()),
+                    "completed_p50_s": np.nan,
+                    "completed_p90_s": np.nan,
+                }
                 if h.sum():
                     for q, v in bin_quantile_edges(h, lo_s, (50, 90)).items():
                         row[f"completed_p{q}_s"] = float(v)

@@ -32,10 +32,18 @@ from gpuclust.analyses._machine_hash import MachineHash, id_index, machine_capac
 from gpuclust.analyses.grouping import hash_order
 from gpuclust.arrow_numpy import to_numpy, valid
 
-__all__ = ["EVENT_COLUMNS", "InstanceLookup", "MachineHash", "TierLookupContext", "id_index", "machine_capacities",
-           "max_priority",
-           "priority_lookup",
-           "tier_lookup", "triple_hash"]
+__all__ = [
+    "EVENT_COLUMNS",
+    "InstanceLookup",
+    "MachineHash",
+    "TierLookupContext",
+    "id_index",
+    "machine_capacities",
+    "max_priority",
+    "priority_lookup",
+    "tier_lookup",
+    "triple_hash",
+]
 
 #: The instance_events columns :func:`tier_lookup` reads.
 EVENT_COLUMNS = ("collection_id", "instance_index", "machine_id", "priority", "alloc_collection_id")
@@ -96,11 +104,18 @@ class InstanceLookup:
 
     @classmethod
     def empty(cls) -> InstanceLookup:
-        return cls(np.zeros(0, np.uint64), np.zeros(0, np.int64), np.zeros(0, np.int32),
-                   np.zeros(0, np.int64), np.zeros(0, np.int32))
+        return cls(
+            np.zeros(0, np.uint64),
+            np.zeros(0, np.int64),
+            np.zeros(0, np.int32),
+            np.zeros(0, np.int64),
+            np.zeros(0, np.int32),
+        )
 
     @classmethod
-    def build(cls, collection: Any, instance: Any, machine: Any, code: Any, *, what: str = "instance lookup") -> InstanceLookup:
+    def build(
+        cls, collection: Any, instance: Any, machine: Any, code: Any, *, what: str = "instance lookup"
+    ) -> InstanceLookup:
         """A lookup from unique key triples (the caller has reduced duplicates) and their codes."""
         c = np.asarray(collection, dtype=np.int64)
         i = np.asarray(instance, dtype=np.int32)
@@ -116,8 +131,7 @@ class InstanceLookup:
     def __len__(self) -> int:
         return int(self.hash.shape[0])
 
-    def find(self, backend: Any, collection: Any, instance: Any, machine: Any,
-             rows: Any = None) -> tuple[Any, Any]:
+    def find(self, backend: Any, collection: Any, instance: Any, machine: Any, rows: Any = None) -> tuple[Any, Any]:
         """Per query row: whether its triple is in the table, and its code (0 where not found).
 
         ``rows``: look up only these positions of the three columns (the result has one entry
@@ -128,8 +142,15 @@ class InstanceLookup:
         n = int(collection.shape[0] if rows is None else rows.shape[0])
         if len(self) == 0 or n == 0:
             return xp.zeros(n, dtype=bool), xp.zeros(n, dtype=xp.int32)
-        return self._blocked(backend, collection, instance, machine, rows,
-                             (bool, xp.int32), lambda found, pos, code: (found, xp.where(found, code, 0)))
+        return self._blocked(
+            backend,
+            collection,
+            instance,
+            machine,
+            rows,
+            (bool, xp.int32),
+            lambda found, pos, code: (found, xp.where(found, code, 0)),
+        )
 
     def index(self, backend: Any, collection: Any, instance: Any, machine: Any, rows: Any = None) -> Any:
         """Per query row: its triple's row in the table (an index into :attr:`collection`,
@@ -146,19 +167,31 @@ class InstanceLookup:
         n = int(collection.shape[0] if rows is None else rows.shape[0])
         if len(self) == 0 or n == 0:
             return xp.full(n, -1, dtype=xp.int64)
-        return self._blocked(backend, collection, instance, machine, rows, (xp.int64,),
-                             lambda found, pos, code: (xp.where(found, pos, -1),))[0]
+        return self._blocked(
+            backend,
+            collection,
+            instance,
+            machine,
+            rows,
+            (xp.int64,),
+            lambda found, pos, code: (xp.where(found, pos, -1),),
+        )[0]
 
-    def _blocked(self, backend: Any, collection: Any, instance: Any, machine: Any, rows: Any,
-                 dtypes: tuple[Any, ...], pick: Any) -> tuple[Any, ...]:
+    def _blocked(
+        self, backend: Any, collection: Any, instance: Any, machine: Any, rows: Any, dtypes: tuple[Any, ...], pick: Any
+    ) -> tuple[Any, ...]:
         """``pick(found, pos, code)`` of every query row, a block of rows at a time, as arrays
         of ``dtypes``."""
         xp = backend.xp
         n = int(collection.shape[0] if rows is None else rows.shape[0])
         block = backend.ops.lookup_block_rows or n
         inst = np.dtype(instance.dtype)
-        if (backend.ops.lookup_slot_tables and inst.kind == "i" and inst.itemsize <= 4
-                and self._slot_table() is not None):
+        if (
+            backend.ops.lookup_slot_tables
+            and inst.kind == "i"
+            and inst.itemsize <= 4
+            and self._slot_table() is not None
+        ):
             # host arrays (the cpu backend), canonical int32 instance_index: one gather per query
             tables: tuple[Any, ...] = (self._slot_table(),)
             probe = self._probe_slots
@@ -166,8 +199,9 @@ class InstanceLookup:
             tables = (backend.stage(self.hash), backend.stage(self._records()))
             probe = self._probe
         if block >= n:
-            got = pick(*probe(backend, tables, *(a if rows is None else a[rows]
-                                                        for a in (collection, instance, machine))))
+            got = pick(
+                *probe(backend, tables, *(a if rows is None else a[rows] for a in (collection, instance, machine)))
+            )
             return tuple(g.astype(d, copy=False) for g, d in zip(got, dtypes, strict=True))
         out = [xp.empty(n, dtype=d) for d in dtypes]
         for lo in range(0, n, block):
@@ -178,7 +212,9 @@ class InstanceLookup:
         return tuple(out)
 
     @staticmethod
-    def _probe(backend: Any, tables: tuple[Any, ...], collection: Any, instance: Any, machine: Any) -> tuple[Any, Any, Any]:
+    def _probe(
+        backend: Any, tables: tuple[Any, ...], collection: Any, instance: Any, machine: Any
+    ) -> tuple[Any, Any, Any]:
         """``(found, pos, code)``: per query, whether its full key is in the table, its table
         position and its code (both meaningful where found)."""
         xp = backend.xp
@@ -192,8 +228,9 @@ class InstanceLookup:
         return found, pos, rec[:, 3]
 
     @staticmethod
-    def _probe_slots(backend: Any, tables: tuple[Any, ...], collection: Any, instance: Any,
-                     machine: Any) -> tuple[Any, Any, Any]:
+    def _probe_slots(
+        backend: Any, tables: tuple[Any, ...], collection: Any, instance: Any, machine: Any
+    ) -> tuple[Any, Any, Any]:
         """:meth:`_probe` on the cpu backend, by the :class:`_SlotTable` of the lookup."""
         return tables[0].find(triple_hash(np, collection, instance, machine), collection, instance, machine)
 
@@ -202,14 +239,21 @@ class InstanceLookup:
         a table too large for its packed positions)."""
         if len(self) >= _SlotTable.MAX_ROWS:
             return None
-        return _slot_tables.get(self.hash, lambda _h: _SlotTable(self.hash, self.collection, self.instance,
-                                                                  self.machine, self.code))
+        return _slot_tables.get(
+            self.hash, lambda _h: _SlotTable(self.hash, self.collection, self.instance, self.machine, self.code)
+        )
 
     def _records(self) -> np.ndarray:
         """The table as one (n, 4) int64 array: collection, machine, instance, code per row (so a
         hit's key check and code read one row), built once per lookup."""
-        return _records.get(self.hash, lambda _h: np.ascontiguousarray(np.stack(
-            [self.collection, self.machine, self.instance.astype(np.int64), self.code.astype(np.int64)], axis=1)))
+        return _records.get(
+            self.hash,
+            lambda _h: np.ascontiguousarray(
+                np.stack(
+                    [self.collection, self.machine, self.instance.astype(np.int64), self.code.astype(np.int64)], axis=1
+                )
+            ),
+        )
 
 
 @dataclass(frozen=True)
@@ -247,8 +291,9 @@ class _SlotTable:
     SPARSE_MAX_BYTES = 1 << 27
     SLOT = np.dtype([("c", "<i8"), ("m", "<i8"), ("code", "<i4"), ("i", "<i4"), ("row", "<i4"), ("pad", "<i4")])
 
-    def __init__(self, h: np.ndarray, collection: np.ndarray, instance: np.ndarray, machine: np.ndarray,
-                 code: np.ndarray):
+    def __init__(
+        self, h: np.ndarray, collection: np.ndarray, instance: np.ndarray, machine: np.ndarray, code: np.ndarray
+    ):
         n = int(h.shape[0])
         self.bits = max(4, int(4 * n - 1).bit_length())  # load factor <= 1/4: ~1.1 probes per hit
         if (1 << self.bits) * self.SLOT.itemsize > self.SPARSE_MAX_BYTES:
@@ -268,8 +313,9 @@ class _SlotTable:
         tab["row"][pos] = ar
         self.tab = tab
 
-    def find(self, h: np.ndarray, collection: np.ndarray, instance: np.ndarray,
-             machine: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def find(
+        self, h: np.ndarray, collection: np.ndarray, instance: np.ndarray, machine: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per query (``h``: its hash): whether it is in the lookup, its row and its code (both
         meaningless where it is not)."""
         p = (h >> self.shift).astype(np.int64)
@@ -313,8 +359,12 @@ def _event_arrays(ev: Any, top_level_only: bool) -> tuple[np.ndarray, np.ndarray
         a = to_numpy(ev.column(name), dtype)
         return a if rows is None else a[rows]
 
-    return (col("collection_id", np.int64), col("instance_index", np.int32), col("machine_id", np.int64),
-            col("priority", np.float64))
+    return (
+        col("collection_id", np.int64),
+        col("instance_index", np.int32),
+        col("machine_id", np.int64),
+        col("priority", np.float64),
+    )
 
 
 def _group_max(c: np.ndarray, i: np.ndarray, m: np.ndarray, p: np.ndarray) -> pd.DataFrame:
@@ -324,8 +374,9 @@ def _group_max(c: np.ndarray, i: np.ndarray, m: np.ndarray, p: np.ndarray) -> pd
     else, groups in order of first appearance."""
     n = int(c.shape[0])
     if n == 0:
-        return pd.DataFrame({"c": c.astype(np.int64), "i": i.astype(np.int32), "m": m.astype(np.int64),
-                             "p": p.astype(np.float64)})
+        return pd.DataFrame(
+            {"c": c.astype(np.int64), "i": i.astype(np.int32), "m": m.astype(np.int64), "p": p.astype(np.float64)}
+        )
     h = triple_hash(np, c, i, m)
     # any sort order will do (a group's first appearance is its smallest row, whatever the order)
     order = np.argsort(h)
@@ -357,12 +408,16 @@ def _max_priorities(events: Any, top_level_only: bool) -> pd.DataFrame | None:
     parts = [max_priority(t, top_level_only) for t in events.batches(list(EVENT_COLUMNS))]
     if not parts:
         return None
-    return parts[0] if len(parts) == 1 else (
-        _group_max(*(np.concatenate([d[k].to_numpy() for d in parts]) for k in ("c", "i", "m", "p"))))
+    return (
+        parts[0]
+        if len(parts) == 1
+        else (_group_max(*(np.concatenate([d[k].to_numpy() for d in parts]) for k in ("c", "i", "m", "p"))))
+    )
 
 
-def _sorted_max(c: np.ndarray, i: np.ndarray, m: np.ndarray, p: np.ndarray,
-                h: np.ndarray | None = None) -> tuple[np.ndarray, ...] | None:
+def _sorted_max(
+    c: np.ndarray, i: np.ndarray, m: np.ndarray, p: np.ndarray, h: np.ndarray | None = None
+) -> tuple[np.ndarray, ...] | None:
     """``(hash, c, i, m, MAX(p))`` of each distinct key, sorted by :func:`triple_hash` (NaN
     skipped unless a key has nothing else, as :func:`_group_max`): the arrays an
     :class:`InstanceLookup` holds, without its second hash and sort.  ``None`` when two distinct
@@ -390,17 +445,26 @@ def _sorted_max_priorities(events: Any, top_level_only: bool) -> tuple[np.ndarra
     :func:`_max_priorities`; on the client, a row group per thread on
     :func:`gpuclust._parallel.threads` threads); ``None``: a hash shared by two keys.  Empty
     arrays for no rows."""
+
     def part(t: Any) -> tuple[np.ndarray, ...] | None:
         return _sorted_max(*_event_arrays(t, top_level_only))
 
     columns = list(EVENT_COLUMNS)
-    parts = (events.map(part, columns, threads=_parallel.threads()) if hasattr(events, "map")
-             else [part(t) for t in events.batches(columns)])
+    parts = (
+        events.map(part, columns, threads=_parallel.threads())
+        if hasattr(events, "map")
+        else [part(t) for t in events.batches(columns)]
+    )
     if any(r is None for r in parts):
         return None
     if not parts:
-        return (np.zeros(0, np.uint64), np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int64),
-                np.zeros(0, np.float64))
+        return (
+            np.zeros(0, np.uint64),
+            np.zeros(0, np.int64),
+            np.zeros(0, np.int32),
+            np.zeros(0, np.int64),
+            np.zeros(0, np.float64),
+        )
     if len(parts) == 1:
         return parts[0]
     cat = [np.concatenate([q[k] for q in parts]) for k in range(5)]  # type: ignore[index]
@@ -416,8 +480,13 @@ def _fused_lookup(events: Any, top_level_only: bool, codes_of: Any, what: str) -
     h, c, i, m, p = r
     if h.shape[0] == 0:
         return InstanceLookup.empty()
-    return InstanceLookup(h, c.astype(np.int64, copy=False), i.astype(np.int32, copy=False),
-                          m.astype(np.int64, copy=False), np.asarray(codes_of(p), dtype=np.int32))
+    return InstanceLookup(
+        h,
+        c.astype(np.int64, copy=False),
+        i.astype(np.int32, copy=False),
+        m.astype(np.int64, copy=False),
+        np.asarray(codes_of(p), dtype=np.int32),
+    )
 
 
 def _tier_codes(p: np.ndarray, tm: Any, unmatched: int) -> np.ndarray:
@@ -448,8 +517,9 @@ def tier_lookup(events: Any, tm: Any, *, top_level_only: bool, unmatched: int, w
     if lk is None:
         return InstanceLookup.empty()
     codes = _tier_codes(lk["p"].to_numpy(np.float64), tm, unmatched)
-    return InstanceLookup.build(lk["c"].to_numpy(np.int64), lk["i"].to_numpy(np.int32), lk["m"].to_numpy(np.int64),
-                                codes, what=what)
+    return InstanceLookup.build(
+        lk["c"].to_numpy(np.int64), lk["i"].to_numpy(np.int32), lk["m"].to_numpy(np.int64), codes, what=what
+    )
 
 
 def priority_lookup(events: Any, *, top_level_only: bool, what: str) -> InstanceLookup:
@@ -462,5 +532,6 @@ def priority_lookup(events: Any, *, top_level_only: bool, what: str) -> Instance
     if lk is None:
         return InstanceLookup.empty()
     prio = _priority_codes(lk["p"].to_numpy(np.float64))
-    return InstanceLookup.build(lk["c"].to_numpy(np.int64), lk["i"].to_numpy(np.int32), lk["m"].to_numpy(np.int64),
-                                prio, what=what)
+    return InstanceLookup.build(
+        lk["c"].to_numpy(np.int64), lk["i"].to_numpy(np.int32), lk["m"].to_numpy(np.int64), prio, what=what
+    )

@@ -30,8 +30,17 @@ from gpuclust.partials import log_bins
 from gpuclust.schema import TIME_AFTER_TRACE
 from gpuclust.stats import CpiFilter
 
-__all__ = ["CELL_US", "FINE_BINS", "CpiHistograms", "HistogramsContext", "cpu_seconds", "filter_rows",
-           "fine_hist", "grid_cuts", "hist_edges"]
+__all__ = [
+    "CELL_US",
+    "FINE_BINS",
+    "CpiHistograms",
+    "HistogramsContext",
+    "cpu_seconds",
+    "filter_rows",
+    "fine_hist",
+    "grid_cuts",
+    "hist_edges",
+]
 
 #: Length of a usage-grid cell (the trace's 5-minute windows), microseconds.
 CELL_US = 300_000_000
@@ -133,8 +142,9 @@ class CpiHistograms(Analysis):
         return ("start_time", "end_time", "avg_cpu", "cpi", "mai")
 
     def context(self, source: Any) -> HistogramsContext:
-        return HistogramsContext(self.filter, hist_edges("cpi", self.filter.cpi_max),
-                                 hist_edges("mai", self.filter.mai_max))
+        return HistogramsContext(
+            self.filter, hist_edges("cpi", self.filter.cpi_max), hist_edges("mai", self.filter.mai_max)
+        )
 
     def empty(self, backend: Any = None) -> dict[str, np.ndarray]:
         return {"cpi": np.zeros(FINE_BINS, np.int64), "mai": np.zeros(FINE_BINS, np.int64)}
@@ -142,8 +152,10 @@ class CpiHistograms(Analysis):
     def partial(self, cols: dict[str, Any], ctx: HistogramsContext, backend: Any) -> dict[str, Any]:
         xp = backend.xp
         _, cpi, mai, _, _ = filter_rows(xp, ctx.filter, cols)
-        return {var: fine_hist(xp, backend.stage(edges), v)
-                for var, v, edges in (("cpi", cpi, ctx.cpi_edges), ("mai", mai, ctx.mai_edges))}
+        return {
+            var: fine_hist(xp, backend.stage(edges), v)
+            for var, v, edges in (("cpi", cpi, ctx.cpi_edges), ("mai", mai, ctx.mai_edges))
+        }
 
     def merge(self, a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return {k: a[k] + b[k] for k in ("cpi", "mai")}

@@ -85,11 +85,11 @@ class MachineHash:
             disp = np.zeros(1 << gbits, dtype=np.int64)
             slot = np.zeros(n, dtype=np.int64)
             for j in np.argsort(starts - ends, kind="stable"):  # largest groups first
-                members = order[starts[j]:ends[j]]
+                members = order[starts[j] : ends[j]]
                 s = sl[members]
                 d = -1
                 for lo in range(0, m, 256):  # the first displacement whose slots are all free
-                    free = np.flatnonzero(~occupied[s[:, None] ^ cand[None, lo:lo + 256]].any(axis=0))
+                    free = np.flatnonzero(~occupied[s[:, None] ^ cand[None, lo : lo + 256]].any(axis=0))
                     if free.shape[0]:
                         d = lo + int(free[0])
                         break

@@ -31,8 +31,20 @@ _USAGE_FIELDS = ("use_cpu", "use_mem", "max_cpu", "max_mem", "windows")
 _KNOWN_FIELDS = ("n_use_cpu", "n_use_mem", "n_max_cpu", "n_max_mem")
 _PARTIAL_FIELDS = _USAGE_FIELDS + _KNOWN_FIELDS
 #: float columns of the machine table before the per-tier ones
-_MACHINE_FLOATS = ("covered_s", "up_s", "cap_cpu", "cap_mem", "req_cpu", "req_mem", "use_cpu", "use_mem", "max_cpu_sum",
-                   "max_mem_sum", "instances", *[f"{k}_ratio_{r}" for r in ("cpu", "mem") for k in ("alloc", "usage", "peak")])
+_MACHINE_FLOATS = (
+    "covered_s",
+    "up_s",
+    "cap_cpu",
+    "cap_mem",
+    "req_cpu",
+    "req_mem",
+    "use_cpu",
+    "use_mem",
+    "max_cpu_sum",
+    "max_mem_sum",
+    "instances",
+    *[f"{k}_ratio_{r}" for r in ("cpu", "mem") for k in ("alloc", "usage", "peak")],
+)
 _TIER_COLS = ("req_cpu", "req_mem", "use_cpu", "use_mem", "max_cpu_sum", "max_mem_sum")
 
 
@@ -49,6 +61,8 @@ def _machine_columns(tiers: list[str]) -> list[str]:
         elif c == "instances":
             out += ["instances_distinct", "windows"]
     return out + [f"{c}_{t}" for t in tiers for c in _TIER_COLS]
+
+
 #: columns that are NaN (unknown) when the dataset has no instance_usage rows
 _USAGE_PREFIXES = ("use_", "max_cpu_sum", "max_mem_sum", "usage_ratio_", "peak_ratio_")
 
@@ -62,8 +76,16 @@ def _grid(ctx: OvercommitContext, xp: Any = np) -> tuple[Any, Any, Any]:
     return bucket, bstart, L
 
 
-def _machine_rows(be: Any, keyed: dict[str, dict[str, np.ndarray]], ctx: OvercommitContext, lo: int, hi: int,
-                  acc: _CellSums, has_usage: bool, cells: int) -> Iterator[pa.Table]:
+def _machine_rows(
+    be: Any,
+    keyed: dict[str, dict[str, np.ndarray]],
+    ctx: OvercommitContext,
+    lo: int,
+    hi: int,
+    acc: _CellSums,
+    has_usage: bool,
+    cells: int,
+) -> Iterator[pa.Table]:
     """The machine table of machine codes ``[lo, hi)``, a chunk of ``cells`` machine-buckets at a
     time, each chunk one Arrow table (a row group); the cell sums go to ``acc``
     (:meth:`Overcommit.finalize_shard`)."""
@@ -72,8 +94,12 @@ def _machine_rows(be: Any, keyed: dict[str, dict[str, np.ndarray]], ctx: Overcom
     bucket, _, L = _grid(ctx, xp)
     step = max(1, cells // max(ctx.n_buckets, 1))
     if hi <= lo:  # no machines: one empty frame (the columns)
-        yield table({c: np.zeros(0, bool if c == "cap_unknown" else np.int64 if c in _INT_COLUMNS else np.float64)
-                     for c in _machine_columns(tiers)})
+        yield table(
+            {
+                c: np.zeros(0, bool if c == "cap_unknown" else np.int64 if c in _INT_COLUMNS else np.float64)
+                for c in _machine_columns(tiers)
+            }
+        )
         acc.to_host()
         return
     machine_ids = be.stage(ctx.machine_ids)
@@ -83,11 +109,23 @@ def _machine_rows(be: Any, keyed: dict[str, dict[str, np.ndarray]], ctx: Overcom
         pres = d["present"]
         mi, bi = xp.nonzero(pres)
         cols: dict[str, Any] = {
-            "machine_id": machine_ids[m0 + mi], "bucket": bucket[bi], "bucket_start_us": bucket[bi] * ctx.width,
-            "covered_s": L[bi]}
-        for c, src in (("up_s", "up_s"), ("cap_cpu", "cap_c"), ("cap_mem", "cap_m"), ("req_cpu", "req_c"),
-                       ("req_mem", "req_m"), ("use_cpu", "use_c"), ("use_mem", "use_m"), ("max_cpu_sum", "max_c"),
-                       ("max_mem_sum", "max_m"), ("instances", "inst")):
+            "machine_id": machine_ids[m0 + mi],
+            "bucket": bucket[bi],
+            "bucket_start_us": bucket[bi] * ctx.width,
+            "covered_s": L[bi],
+        }
+        for c, src in (
+            ("up_s", "up_s"),
+            ("cap_cpu", "cap_c"),
+            ("cap_mem", "cap_m"),
+            ("req_cpu", "req_c"),
+            ("req_mem", "req_m"),
+            ("use_cpu", "use_c"),
+            ("use_mem", "use_m"),
+            ("max_cpu_sum", "max_c"),
+            ("max_mem_sum", "max_m"),
+            ("instances", "inst"),
+        ):
             cols[c] = d[src][mi, bi]
         cols["cap_unknown"] = (d["unk_c"] | d["unk_m"])[mi, bi]
         cols["instances_distinct"] = d["distinct"][mi, bi]
@@ -113,8 +151,9 @@ def _machine_rows(be: Any, keyed: dict[str, dict[str, np.ndarray]], ctx: Overcom
     acc.to_host()
 
 
-def _chunk(be: Any, ctx: OvercommitContext, parts: dict[str, dict[str, np.ndarray]], m0: int, m1: int,
-           L: Any) -> dict[str, Any]:
+def _chunk(
+    be: Any, ctx: OvercommitContext, parts: dict[str, dict[str, np.ndarray]], m0: int, m1: int, L: Any
+) -> dict[str, Any]:
     """Dense (machine, [tier,] bucket) arrays of machines ``[m0, m1)`` on backend ``be``:
     capacity swept from the chunk's capacity intervals, requests / instances / usage scattered
     from the keyed sums (host arrays: the chunk's rows are copied over; or already on the
@@ -139,16 +178,27 @@ def _chunk(be: Any, ctx: OvercommitContext, parts: dict[str, dict[str, np.ndarra
     lo, hi = np.searchsorted(S["code"], [m0, m1])
     cc, cmem = S["cap_cpu"][lo:hi], S["cap_mem"][lo:hi]
     capv = np.stack([np.ones(hi - lo), cc, cmem, np.isnan(cc).astype(np.float64), np.isnan(cmem).astype(np.float64)])
-    cs = be.ops.bucket_overlap(be.asarray(S["start"][lo:hi]), be.asarray(S["end"][lo:hi]), be.asarray(capv),
-                               be.asarray((S["code"][lo:hi] - m0).astype(np.int32)), n_groups=cm, n_buckets=B,
-                               origin=ctx.origin, width=ctx.width)
+    cs = be.ops.bucket_overlap(
+        be.asarray(S["start"][lo:hi]),
+        be.asarray(S["end"][lo:hi]),
+        be.asarray(capv),
+        be.asarray((S["code"][lo:hi] - m0).astype(np.int32)),
+        n_groups=cm,
+        n_buckets=B,
+        origin=ctx.origin,
+        width=ctx.width,
+    )
     U = dense(parts["usage"], _PARTIAL_FIELDS, T)
     R = dense(parts["req"], ("req_cpu", "req_mem"), T)
     I = dense(parts["inst"], ("inst", "distinct"), 1)  # noqa: E741
     # a (machine, tier, bucket) with windows whose values are all NULL was not measured: NaN
     wt = xp.rint(U["windows"])
-    for f, n in (("use_cpu", "n_use_cpu"), ("use_mem", "n_use_mem"), ("max_cpu", "n_max_cpu"),
-                 ("max_mem", "n_max_mem")):
+    for f, n in (
+        ("use_cpu", "n_use_cpu"),
+        ("use_mem", "n_use_mem"),
+        ("max_cpu", "n_max_cpu"),
+        ("max_mem", "n_max_mem"),
+    ):
         U[f] = xp.where((wt > 0) & (xp.rint(U[n]) == 0), np.nan, U[f])
         del U[n]
     windows = wt.sum(axis=1).astype(xp.int64)
@@ -157,32 +207,59 @@ def _chunk(be: Any, ctx: OvercommitContext, parts: dict[str, dict[str, np.ndarra
         use_ct, use_mt = U["use_cpu"] / L, U["use_mem"] / L
         use_c, use_m = use_ct.sum(axis=1), use_mt.sum(axis=1)
         max_c, max_m = U["max_cpu"].sum(axis=1), U["max_mem"].sum(axis=1)
-    present = ((cs[0] > 0) | (R["req_cpu"].sum(axis=1) > 0) | (R["req_mem"].sum(axis=1) > 0) | (I["inst"] > 0)
-               | (windows > 0) | (use_c != 0) | (use_m != 0) | (max_c != 0) | (max_m != 0))
+    present = (
+        (cs[0] > 0)
+        | (R["req_cpu"].sum(axis=1) > 0)
+        | (R["req_mem"].sum(axis=1) > 0)
+        | (I["inst"] > 0)
+        | (windows > 0)
+        | (use_c != 0)
+        | (use_m != 0)
+        | (max_c != 0)
+        | (max_m != 0)
+    )
     no_me = ~be.asarray(S["has_me"][m0:m1, None])
     unk_c = (cs[3] > 0) | no_me
     unk_m = (cs[4] > 0) | no_me
     with np.errstate(invalid="ignore", divide="ignore"):
         req_ct, req_mt = R["req_cpu"] / L, R["req_mem"] / L
-        return {"present": present, "up_s": cs[0], "unk_c": unk_c, "unk_m": unk_m,
-                "cap_c": xp.where(unk_c, np.nan, cs[1] / L), "cap_m": xp.where(unk_m, np.nan, cs[2] / L),
-                "req_cpu": req_ct, "req_mem": req_mt, "use_cpu": use_ct, "use_mem": use_mt,
-                "max_cpu_sum": U["max_cpu"], "max_mem_sum": U["max_mem"],
-                "req_c": req_ct.sum(axis=1), "req_m": req_mt.sum(axis=1), "use_c": use_c, "use_m": use_m,
-                "max_c": max_c, "max_m": max_m, "inst": I["inst"] / L, "distinct": I["distinct"],
-                "windows": windows}
+        return {
+            "present": present,
+            "up_s": cs[0],
+            "unk_c": unk_c,
+            "unk_m": unk_m,
+            "cap_c": xp.where(unk_c, np.nan, cs[1] / L),
+            "cap_m": xp.where(unk_m, np.nan, cs[2] / L),
+            "req_cpu": req_ct,
+            "req_mem": req_mt,
+            "use_cpu": use_ct,
+            "use_mem": use_mt,
+            "max_cpu_sum": U["max_cpu"],
+            "max_mem_sum": U["max_mem"],
+            "req_c": req_ct.sum(axis=1),
+            "req_m": req_mt.sum(axis=1),
+            "use_c": use_c,
+            "use_m": use_m,
+            "max_c": max_c,
+            "max_m": max_m,
+            "inst": I["inst"] / L,
+            "distinct": I["distinct"],
+            "windows": windows,
+        }
 
 
 def _summary_text(label: str, result: dict[str, Any]) -> str:
     """The text summary of an overcommit result (:meth:`Overcommit.summary`)."""
     info = as_arrow(result["info"]).to_pylist()[0]
     values = {(r["metric"], r["resource"], r["tier"]): r["value"] for r in as_arrow(result["summary"]).to_pylist()}
-    lines = [f"{label}: tier map {info['tier_map']!r}, {info['machines']} machines x {info['buckets']} "
-             f"buckets of {info['bucket_s']} s, window [{info['window_start_us']}, {info['window_end_us']}) us",
-             f"  instances {info['instances']}, running pieces {info['pieces']} (unplaced {info['pieces_unplaced']},"
-             f" dedicated {info['pieces_dedicated']}, running at end {info['running_at_end']}, terminal without"
-             f" SCHEDULE {info['terminal_without_schedule']}); usage rows used {info['usage_used']} of"
-             f" {info['usage_rows']}"]
+    lines = [
+        f"{label}: tier map {info['tier_map']!r}, {info['machines']} machines x {info['buckets']} "
+        f"buckets of {info['bucket_s']} s, window [{info['window_start_us']}, {info['window_end_us']}) us",
+        f"  instances {info['instances']}, running pieces {info['pieces']} (unplaced {info['pieces_unplaced']},"
+        f" dedicated {info['pieces_dedicated']}, running at end {info['running_at_end']}, terminal without"
+        f" SCHEDULE {info['terminal_without_schedule']}); usage rows used {info['usage_used']} of"
+        f" {info['usage_rows']}",
+    ]
 
     def get(metric: str, r: str, t: str = "all") -> float:
         v = values.get((metric, r, t))
@@ -197,13 +274,15 @@ def _summary_text(label: str, result: dict[str, Any]) -> str:
             f"p99 {fmt(get('alloc_ratio_p99', r), '.3f')}, max {fmt(get('alloc_ratio_max', r), '.3f')}; "
             f"over capacity by request {fmt(get('share_over_capacity_request', r), '.2f', 100, '%')}"
             f" of machine-time, by usage {fmt(get('share_over_capacity_usage', r), '.2f', 100, '%')}; "
-            f"usage/capacity mean {fmt(get('usage_ratio_mean', r), '.3f')}")
+            f"usage/capacity mean {fmt(get('usage_ratio_mean', r), '.3f')}"
+        )
     return "\n".join(lines)
 
 
 #: The ``summary`` table's columns and types (an empty table keeps them).
-_SUMMARY_SCHEMA = pa.schema([("metric", pa.string()), ("resource", pa.string()), ("tier", pa.string()),
-                             ("value", pa.float64())])
+_SUMMARY_SCHEMA = pa.schema(
+    [("metric", pa.string()), ("resource", pa.string()), ("tier", pa.string()), ("value", pa.float64())]
+)
 
 
 def _full(up_s: Any, covered_s: Any, cap: Any) -> Any:
@@ -211,8 +290,9 @@ def _full(up_s: Any, covered_s: Any, cap: Any) -> Any:
     return (up_s >= covered_s * (1 - 1e-12)) & (cap > 0) & (cap < np.inf)  # (NaN compares false)
 
 
-def _summary(be: Any, machine: Any, tiers: list[str], has_usage: bool,
-             ratios: dict[tuple[str, str], list[Any]] | None = None) -> pa.Table:
+def _summary(
+    be: Any, machine: Any, tiers: list[str], has_usage: bool, ratios: dict[tuple[str, str], list[Any]] | None = None
+) -> pa.Table:
     """Statistics over *full* machine-buckets: available the whole bucket, known capacity > 0.
     Usage statistics are NaN when the dataset has no instance_usage rows (e.g. 2011 events only).
 
@@ -232,11 +312,29 @@ def _summary(be: Any, machine: Any, tiers: list[str], has_usage: bool,
 
     series = [(r, t) for r in ("cpu", "mem") for t in ("all", *tiers)]
     req_col = {(r, t): f"req_{r}" if t == "all" else f"req_{r}_{t}" for r, t in series}
-    cols = sorted({"covered_s", "up_s", *{c for r in ("cpu", "mem") for c in (f"cap_{r}", f"use_{r}", f"max_{r}_sum")},
-                   *req_col.values()})
+    cols = sorted(
+        {
+            "covered_s",
+            "up_s",
+            *{c for r in ("cpu", "mem") for c in (f"cap_{r}", f"use_{r}", f"max_{r}_sum")},
+            *req_col.values(),
+        }
+    )
     avail = 0.0
-    z = {r: {k: 0.0 for k in ("n", "tw", "den", "num", *[f"tk_{x}" for x in ("request", "usage", "peak")],
-                              *[f"over_{x}" for x in ("request", "usage", "peak")])} for r in ("cpu", "mem")}
+    z = {
+        r: {
+            k: 0.0
+            for k in (
+                "n",
+                "tw",
+                "den",
+                "num",
+                *[f"tk_{x}" for x in ("request", "usage", "peak")],
+                *[f"over_{x}" for x in ("request", "usage", "peak")],
+            )
+        }
+        for r in ("cpu", "mem")
+    }
     reqw = {k: [0.0, 0.0] for k in req_col}  # sum(req * w), sum(cap * w)
     for b in array_batches(machine, cols):
         b = {c: np.asarray(v, np.float64) for c, v in b.items()}
@@ -391,9 +489,16 @@ class _CellSums:
         # Capacity of the machines with a known capacity; when machines are present but none has a
         # known capacity the cell's capacity is unknown (NaN), not 0.
         caps = {r: np.where(self.known_any[r] | ~self.present_any, self.cap[r], np.nan) for r in ("cpu", "mem")}
-        cell = {"bucket": bucket, "bucket_start_us": bstart, "covered_s": L, "machines": self.machines,
-                "machines_up": self.machines_up, "machines_cap_unknown": self.machines_cap_unknown,
-                "cap_cpu": caps["cpu"], "cap_mem": caps["mem"]}
+        cell = {
+            "bucket": bucket,
+            "bucket_start_us": bstart,
+            "covered_s": L,
+            "machines": self.machines,
+            "machines_up": self.machines_up,
+            "machines_cap_unknown": self.machines_cap_unknown,
+            "cap_cpu": caps["cpu"],
+            "cap_mem": caps["mem"],
+        }
         for col in self.COLS:
             cell[col] = self.tier[col].sum(axis=0)
         cell["instances"] = self.instances

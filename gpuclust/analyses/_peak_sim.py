@@ -125,15 +125,16 @@ def _ratio_series(xp: Any, gI: Any, warm: Any, j: Any, uc: Any, L: Any, H: int, 
     return r, nk
 
 
-def _instance_percentile(xp: Any, cells: int, gI: Any, warm: Any, j: Any, ratio: Any, L: Any, H: int, p: float,
-                         NS: int) -> Any:
+def _instance_percentile(
+    xp: Any, cells: int, gI: Any, warm: Any, j: Any, ratio: Any, L: Any, H: int, p: float, NS: int
+) -> Any:
     """Per snapshot the sum over warm instances of percentile p of their last H ratios x limit."""
     out = xp.zeros(NS)
     w = xp.flatnonzero(warm)
     step = max(1, cells // H)
     ks = xp.arange(H)
     for a in range(0, w.shape[0], step):
-        ww = w[a:a + step]
+        ww = w[a : a + step]
         n = xp.minimum(j[ww], H)
         idx = ww[:, None] - ks[None, :]
         mat = xp.where(ks[None, :] < n[:, None], ratio[xp.maximum(idx, 0)], np.inf)
@@ -143,8 +144,22 @@ def _instance_percentile(xp: Any, cells: int, gI: Any, warm: Any, j: Any, ratio:
     return out
 
 
-def _oracle(be: Any, snap_key: Any, mfirst: Any, mend: Any, gI: Any, uI: Any, LI: Any, grp: Any, piece: Any,
-            limit: Any, todo: Any, E: int, p: float, cap: bool) -> Any:
+def _oracle(
+    be: Any,
+    snap_key: Any,
+    mfirst: Any,
+    mend: Any,
+    gI: Any,
+    uI: Any,
+    LI: Any,
+    grp: Any,
+    piece: Any,
+    limit: Any,
+    todo: Any,
+    E: int,
+    p: float,
+    cap: bool,
+) -> Any:
     """Per snapshot the oracle peak (NaN where ``todo`` is false)."""
     xp = be.xp
     NS = snap_key.shape[0]
@@ -207,14 +222,20 @@ def _oracle(be: Any, snap_key: Any, mfirst: Any, mend: Any, gI: Any, uI: Any, LI
 
 def _empty(xp: Any) -> dict[str, Any]:
     z = xp.zeros(0)
-    return {"code": xp.zeros(0, xp.int64), "step": xp.zeros(0, xp.int64), "instances": xp.zeros(0, xp.int64),
-            "limit": z, "total_usage": z, "oracle": z,
-            **{p: z for p in ("borg_default", "n_sigma", "instance_percentile", "machine_percentile", "max_of",
-                              "avg_of")}}
+    return {
+        "code": xp.zeros(0, xp.int64),
+        "step": xp.zeros(0, xp.int64),
+        "instances": xp.zeros(0, xp.int64),
+        "limit": z,
+        "total_usage": z,
+        "oracle": z,
+        **{p: z for p in ("borg_default", "n_sigma", "instance_percentile", "machine_percentile", "max_of", "avg_of")},
+    }
 
 
-def simulate(be: Any, code: Any, step: Any, inst: Any, usage: Any, lim: Any, span: int, last_step: int,
-             prm: SimParams) -> dict[str, Any]:
+def simulate(
+    be: Any, code: Any, step: Any, inst: Any, usage: Any, lim: Any, span: int, last_step: int, prm: SimParams
+) -> dict[str, Any]:
     """The per-snapshot table of one shard (arrays on backend ``be``, as the inputs; in (machine
     code, step) order): ``code``, ``step``, ``instances``, ``limit``, ``total_usage``, ``oracle``
     (NaN: censored) and one array per predictor (``borg_default``, ``n_sigma``,
@@ -244,9 +265,13 @@ def simulate(be: Any, code: Any, step: Any, inst: Any, usage: Any, lim: Any, spa
     mfirst = _run_first(xp, mnew)
     mstarts = xp.flatnonzero(mnew)
     mend = xp.concatenate([mstarts[1:], xp.full(1, NS, dtype=mstarts.dtype)])[xp.cumsum(mnew) - 1]
-    out: dict[str, Any] = {"code": scode, "step": sstep, "instances": bincount(xp, g, None, NS),
-                           "limit": bincount(xp, g, lim, NS),
-                           "total_usage": bincount(xp, g, xp.minimum(usage, lim), NS)}
+    out: dict[str, Any] = {
+        "code": scode,
+        "step": sstep,
+        "instances": bincount(xp, g, None, NS),
+        "limit": bincount(xp, g, lim, NS),
+        "total_usage": bincount(xp, g, xp.minimum(usage, lim), NS),
+    }
     rcode = key // span
     order, j, grp, piece = _runs(xp, rcode, inst, g, lim, prm.cap_to_limit)
     gI, uI, LI = g[order], usage[order], lim[order]
@@ -276,12 +301,30 @@ def simulate(be: Any, code: Any, step: Any, inst: Any, usage: Any, lim: Any, spa
         ratio = uI / LI
     if prm.cap_to_limit:
         ratio = xp.minimum(ratio, 1.0)
-    preds["instance_percentile"] = _instance_percentile(xp, CHUNK_CELLS[be.name], gI, warm, j, ratio, LI,
-                                                        prm.instance_history, prm.instance_percentile, NS) + cold
+    preds["instance_percentile"] = (
+        _instance_percentile(
+            xp, CHUNK_CELLS[be.name], gI, warm, j, ratio, LI, prm.instance_history, prm.instance_percentile, NS
+        )
+        + cold
+    )
     sub = xp.stack([preds[c] for c in prm.combine]) if prm.combine else xp.zeros((1, NS))
     preds["max_of"], preds["avg_of"] = sub.max(0), sub.mean(0)
     todo = sstep + prm.horizon_steps <= last_step
-    out["oracle"] = _oracle(be, snap_key, mfirst, mend, gI, uI, LI, grp, piece, out["limit"], todo,
-                            prm.horizon_steps, prm.oracle_percentile, prm.cap_to_limit)
+    out["oracle"] = _oracle(
+        be,
+        snap_key,
+        mfirst,
+        mend,
+        gI,
+        uI,
+        LI,
+        grp,
+        piece,
+        out["limit"],
+        todo,
+        prm.horizon_steps,
+        prm.oracle_percentile,
+        prm.cap_to_limit,
+    )
     out.update(preds)
     return out

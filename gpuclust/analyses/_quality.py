@@ -46,17 +46,43 @@ from gpuclust.schema import (
 )
 from gpuclust.tables import nullable_int
 
-__all__ = ["CHECKS", "CHECKS_SCHEMA", "CODES_SCHEMA", "CODE_SLOTS", "COLUMNS_SCHEMA", "CollectionEventsProfile",
-           "InstanceEventsProfile", "MachineEventsProfile", "TableProfile", "check_rows", "code_rows",
-           "fixed_width_columns", "null_rows", "string_nulls"]
+__all__ = [
+    "CHECKS",
+    "CHECKS_SCHEMA",
+    "CODES_SCHEMA",
+    "CODE_SLOTS",
+    "COLUMNS_SCHEMA",
+    "CollectionEventsProfile",
+    "InstanceEventsProfile",
+    "MachineEventsProfile",
+    "TableProfile",
+    "check_rows",
+    "code_rows",
+    "fixed_width_columns",
+    "null_rows",
+    "string_nulls",
+]
 
 #: Code slots of the ``codes`` partial: codes 0..10, then NULL, then any other value.
 CODE_SLOTS = 13
 _NULL_SLOT, _OTHER_SLOT = 11, 12
 #: Every counter a profile may keep (a table reports those of :attr:`TableProfile.checks`).
-CHECKS = ("rows", "things", "time_zero", "time_after_trace", "machine_zero", "machine_dedicated", "time_ties",
-          "out_of_order", "out_of_order_things", "time_backwards", "time_backwards_things", "null_capacity_rows",
-          "null_capacity_machines", "never_capacity_machines")
+CHECKS = (
+    "rows",
+    "things",
+    "time_zero",
+    "time_after_trace",
+    "machine_zero",
+    "machine_dedicated",
+    "time_ties",
+    "out_of_order",
+    "out_of_order_things",
+    "time_backwards",
+    "time_backwards_things",
+    "null_capacity_rows",
+    "null_capacity_machines",
+    "never_capacity_machines",
+)
 _C = {c: k for k, c in enumerate(CHECKS)}
 #: ``ALLOWED[table][previous type, type]``: whether an event may follow the thing's previous event.
 #: Instance and collection events: the v3 document's state diagram (``lifecycle``'s
@@ -65,8 +91,9 @@ _C = {c: k for k, c in enumerate(CHECKS)}
 #: UNKNOWN (0) event, before or after, is never flagged.
 ALLOWED: dict[str, np.ndarray] = {
     "events": np.array([[b in EXPECTED[int(STATE_AFTER[a])] for b in range(11)] for a in range(11)], dtype=bool),
-    "machines": np.array([[True] * 4, [True, False, True, True], [True, True, False, False],
-                          [True, False, True, True]], dtype=bool),
+    "machines": np.array(
+        [[True] * 4, [True, False, True, True], [True, True, False, False], [True, False, True, True]], dtype=bool
+    ),
 }
 
 
@@ -137,8 +164,10 @@ def code_rows(table: str, column: str, names: type[enum.IntEnum], counts: np.nda
 
 def check_rows(table: str, items: list[tuple[str, int, str, int]]) -> list[dict[str, Any]]:
     """Rows of the ``checks`` result table from ``(check, count, unit, of)``."""
-    return [{"table": table, "check": c, "count": int(n), "unit": u, "of": int(of),
-             "share": (n / of) if of else np.nan} for c, n, u, of in items]
+    return [
+        {"table": table, "check": c, "count": int(n), "unit": u, "of": int(of), "share": (n / of) if of else np.nan}
+        for c, n, u, of in items
+    ]
 
 
 def code_counts(xp: Any, v: Any) -> Any:
@@ -187,8 +216,11 @@ class TableProfile(Analysis):
         return string_nulls(source, self.table)
 
     def empty(self, backend: Any = None) -> dict[str, np.ndarray]:
-        return {"nulls": np.zeros(len(self.columns), np.int64), "counts": np.zeros(len(CHECKS), np.int64),
-                "codes": np.zeros((len(self.code_columns), CODE_SLOTS), np.int64)}
+        return {
+            "nulls": np.zeros(len(self.columns), np.int64),
+            "counts": np.zeros(len(CHECKS), np.int64),
+            "codes": np.zeros((len(self.code_columns), CODE_SLOTS), np.int64),
+        }
 
     def partial(self, cols: dict[str, Any], ctx: Any, backend: Any) -> dict[str, Any]:
         xp = backend.xp
@@ -269,18 +301,31 @@ class TableProfile(Analysis):
             checks = check_rows(self.table, items)
             for j, (c, names) in enumerate(self.code_columns):
                 codes += code_rows(self.table, c, names, p["codes"][j])
-        return {"columns": schema_table(cols, COLUMNS_SCHEMA), "checks": schema_table(checks, CHECKS_SCHEMA),
-                "codes": schema_table(codes, CODES_SCHEMA)}
+        return {
+            "columns": schema_table(cols, COLUMNS_SCHEMA),
+            "checks": schema_table(checks, CHECKS_SCHEMA),
+            "codes": schema_table(codes, CODES_SCHEMA),
+        }
 
 
 #: The columns of the ``columns``, ``checks`` and ``codes`` result tables (Arrow tables, so that a
 #: run without plots does not import pandas; ``nulls`` is NULL where unknown, ``Int64`` in pandas).
-COLUMNS_SCHEMA = pa.schema([("table", pa.string()), ("column", pa.string()), ("rows", pa.int64()),
-                            nullable_int("nulls")])
-CHECKS_SCHEMA = pa.schema([("table", pa.string()), ("check", pa.string()), ("count", pa.int64()),
-                           ("unit", pa.string()), ("of", pa.int64()), ("share", pa.float64())])
-CODES_SCHEMA = pa.schema([("table", pa.string()), ("column", pa.string()), ("code", pa.int64()),
-                          ("name", pa.string()), ("rows", pa.int64())])
+COLUMNS_SCHEMA = pa.schema(
+    [("table", pa.string()), ("column", pa.string()), ("rows", pa.int64()), nullable_int("nulls")]
+)
+CHECKS_SCHEMA = pa.schema(
+    [
+        ("table", pa.string()),
+        ("check", pa.string()),
+        ("count", pa.int64()),
+        ("unit", pa.string()),
+        ("of", pa.int64()),
+        ("share", pa.float64()),
+    ]
+)
+CODES_SCHEMA = pa.schema(
+    [("table", pa.string()), ("column", pa.string()), ("code", pa.int64()), ("name", pa.string()), ("rows", pa.int64())]
+)
 
 
 _EVENT_CHECKS = ("time_zero", "time_after_trace", "time_ties", "out_of_order", "out_of_order_things")
@@ -293,8 +338,15 @@ class InstanceEventsProfile(TableProfile):
     name = "_data-quality-instance-events"
     table = "instance_events"
     code_columns = (("type", EventType), ("missing_type", MissingType))
-    checks = ("time_zero", "time_after_trace", "machine_zero", "machine_dedicated", "time_ties", "out_of_order",
-              "out_of_order_things")
+    checks = (
+        "time_zero",
+        "time_after_trace",
+        "machine_zero",
+        "machine_dedicated",
+        "time_ties",
+        "out_of_order",
+        "out_of_order_things",
+    )
 
 
 @dataclass(frozen=True)
@@ -319,5 +371,15 @@ class MachineEventsProfile(TableProfile):
     thing = "machines"
     code_columns = (("type", MachineEventType), ("missing_data_reason", MissingDataReason))
     allowed = "machines"
-    checks = ("time_zero", "time_after_trace", "machine_zero", "machine_dedicated", "time_ties", "out_of_order",
-              "out_of_order_things", "null_capacity_rows", "null_capacity_machines", "never_capacity_machines")
+    checks = (
+        "time_zero",
+        "time_after_trace",
+        "machine_zero",
+        "machine_dedicated",
+        "time_ties",
+        "out_of_order",
+        "out_of_order_things",
+        "null_capacity_rows",
+        "null_capacity_machines",
+        "never_capacity_machines",
+    )

@@ -35,8 +35,20 @@ from gpuclust.analyses._lookup import triple_hash
 from gpuclust.analyses.grouping import instance_order
 from gpuclust.arrow_numpy import to_numpy
 
-__all__ = ["REQUEST_COLUMNS", "KeyedRuns", "KeyedSlots", "ReadOnce", "RequestTimeline", "asof_events", "asof_index", "asof_keyed",
-           "asof_keyed_slots", "asof_run", "instance_positions", "timeline_order"]
+__all__ = [
+    "REQUEST_COLUMNS",
+    "KeyedRuns",
+    "KeyedSlots",
+    "ReadOnce",
+    "RequestTimeline",
+    "asof_events",
+    "asof_index",
+    "asof_keyed",
+    "asof_keyed_slots",
+    "asof_run",
+    "instance_positions",
+    "timeline_order",
+]
 
 #: The instance_events columns a :class:`RequestTimeline` reads (plus any ``extra``).
 REQUEST_COLUMNS = ("time", "collection_id", "instance_index", "req_cpu", "req_mem")
@@ -112,14 +124,18 @@ class RequestTimeline:
         parts = [t for t in side.batches(cols_needed) if t.num_rows]
         if not parts:
             return cls(extra={c: np.zeros(0) for c in extra})
-        cols = {c: np.concatenate([to_numpy(t.column(c)) for t in parts])  # (NULL: NaN, or the int minimum)
-                for c in cols_needed}
+        cols = {
+            c: np.concatenate([to_numpy(t.column(c)) for t in parts])  # (NULL: NaN, or the int minimum)
+            for c in cols_needed
+        }
         req = np.empty((int(cols["time"].shape[0]), 2))
         req[:, 0], req[:, 1] = cols["req_cpu"], cols["req_mem"]
         np.nan_to_num(req, copy=False, nan=0.0)
         keep = (req[:, 0] > 0) | (req[:, 1] > 0)  # (not .any(1): a reduction over 2 columns is slow)
-        c, i, t = (cols[n].astype(d, copy=False) for n, d in (("collection_id", np.int64),
-                                                               ("instance_index", np.int32), ("time", np.int64)))
+        c, i, t = (
+            cols[n].astype(d, copy=False)
+            for n, d in (("collection_id", np.int64), ("instance_index", np.int32), ("time", np.int64))
+        )
         if not bool(keep.all()):
             c, i, t, req = c[keep], i[keep], t[keep], req[keep]
             cols = {n: cols[n][keep] for n in extra}
@@ -145,13 +161,22 @@ class RequestTimeline:
         # "no instance": a last event at index -1 and the earliest time (none, see _asof)
         small = np.iinfo(np.int64).min
         urun = np.concatenate([np.stack([last, t[first], t[prev], t[last], first], 1), [[-1, small, small, small, 0]]])
-        return cls(key, c, i, t, req, ex, key[first], ucol, np.ascontiguousarray(urun, dtype=np.int64),
-                   int((last - first).max()))
+        return cls(
+            key,
+            c,
+            i,
+            t,
+            req,
+            ex,
+            key[first],
+            ucol,
+            np.ascontiguousarray(urun, dtype=np.int64),
+            int((last - first).max()),
+        )
 
     @property
     def n_instances(self) -> int:
         return int(self.ukey.shape[0])
-
 
     def instances_of(self, collection: np.ndarray, instance: np.ndarray) -> np.ndarray:
         """On the host: per (``collection``, ``instance``) its instance's position in ``ukey``, or
@@ -197,8 +222,9 @@ def instance_positions(backend: Any, rq: RequestTimeline, collection: Any, insta
     return xp.where(found, u, nk)
 
 
-def _asof(backend: Any, rq: RequestTimeline, last: Any, t_first: Any, t_prev: Any, t_last: Any, start: Any,
-          first_of: Any) -> Any:
+def _asof(
+    backend: Any, rq: RequestTimeline, last: Any, t_first: Any, t_prev: Any, t_last: Any, start: Any, first_of: Any
+) -> Any:
     """The latest event at or before ``start`` (-1: none) from the instance's last event and the
     times of its first, next-to-last and last events: at or after the last, the last; else at or
     after the next-to-last, the one before the last; else before the first, none; else (with four
@@ -267,16 +293,28 @@ class KeyedRuns:
         u = rq.instances_of(lookup.collection, lookup.instance)
         run = np.take(rq.urun, u, axis=0)
         ic = (np.asarray(lookup.instance, dtype=np.int64) << 32) | code
-        rec = np.stack([np.asarray(lookup.collection, np.int64), np.asarray(lookup.machine, np.int64), ic, u,
-                        run[:, 0], run[:, 1], run[:, 2], run[:, 3]], 1)
+        rec = np.stack(
+            [
+                np.asarray(lookup.collection, np.int64),
+                np.asarray(lookup.machine, np.int64),
+                ic,
+                u,
+                run[:, 0],
+                run[:, 1],
+                run[:, 2],
+                run[:, 3],
+            ],
+            1,
+        )
         return cls(np.asarray(lookup.hash), np.ascontiguousarray(rec, dtype=np.int64))
 
     def __len__(self) -> int:
         return int(self.hash.shape[0])
 
 
-def asof_keyed(backend: Any, rq: RequestTimeline, kr: KeyedRuns, collection: Any, instance: Any, machine: Any,
-               start: Any) -> tuple[Any, Any, Any]:
+def asof_keyed(
+    backend: Any, rq: RequestTimeline, kr: KeyedRuns, collection: Any, instance: Any, machine: Any, start: Any
+) -> tuple[Any, Any, Any]:
     """Per window (``collection``, ``instance``, ``machine``, ``start`` on ``backend.xp``):
     whether its key is in ``kr``, its code there (0 where not), and, as :func:`asof_index`, the
     index in ``rq`` of the latest event of its instance at or before ``start`` (-1: none).
@@ -303,8 +341,16 @@ def asof_keyed(backend: Any, rq: RequestTimeline, kr: KeyedRuns, collection: Any
             f = (pos >= 0) & (rec[:, 0] == c) & (rec[:, 1] == m) & ((ic >> 32) == i)
             found[sl] = f
             code[sl] = xp.where(f, ic & 0xFFFFFFFF, 0)
-            jb = _asof(backend, rq, rec[:, 4], rec[:, 5], rec[:, 6], rec[:, 7], start[sl],
-                       lambda rows, rec=rec: xp.take(urun, rec[rows, 3], axis=0)[:, 4])
+            jb = _asof(
+                backend,
+                rq,
+                rec[:, 4],
+                rec[:, 5],
+                rec[:, 6],
+                rec[:, 7],
+                start[sl],
+                lambda rows, rec=rec: xp.take(urun, rec[rows, 3], axis=0)[:, 4],
+            )
             j[sl] = xp.where(f, jb, -1)
     miss = xp.nonzero(~found)[0]
     if int(miss.shape[0]) and rq.n_instances:
@@ -312,8 +358,15 @@ def asof_keyed(backend: Any, rq: RequestTimeline, kr: KeyedRuns, collection: Any
     return found, code, j
 
 
-def asof_events(backend: Any, rq: RequestTimeline, collection: Any, instance: Any, start: Any,
-                flags: Sequence[np.ndarray], what: str) -> list[tuple[Any, Any]]:
+def asof_events(
+    backend: Any,
+    rq: RequestTimeline,
+    collection: Any,
+    instance: Any,
+    start: Any,
+    flags: Sequence[np.ndarray],
+    what: str,
+) -> list[tuple[Any, Any]]:
     """Per flag (a boolean host array over ``rq``'s events) and per window (``collection``,
     ``instance``, ``start`` on ``backend.xp``): ``(hit, event)``, whether its instance has a flagged
     event at or before ``start`` and the index in ``rq`` of the latest one (0 where none), both in
@@ -355,9 +408,20 @@ class KeyedSlots:
     instance position in the timeline plus one, is 0), so the table is allocated zeroed, without a
     fill pass."""
 
-    SLOT = np.dtype([("c", "<i8"), ("m", "<i8"), ("t_prev", "<i8"), ("t_last", "<i8"), ("i", "<i4"),
-                     ("code", "<i4"), ("u1", "<i4"), ("v_last", "<f4", (2,)), ("v_prev", "<f4", (2,)),
-                     ("pad", "<i4")])
+    SLOT = np.dtype(
+        [
+            ("c", "<i8"),
+            ("m", "<i8"),
+            ("t_prev", "<i8"),
+            ("t_last", "<i8"),
+            ("i", "<i4"),
+            ("code", "<i4"),
+            ("u1", "<i4"),
+            ("v_last", "<f4", (2,)),
+            ("v_prev", "<f4", (2,)),
+            ("pad", "<i4"),
+        ]
+    )
 
     def __init__(self, lookup: Any):
         """The table with the lookup's keys and codes (:meth:`fill` adds the timeline's part; the
@@ -374,7 +438,7 @@ class KeyedSlots:
         size = max(self.slots, (int(pos[-1]) if n else 0) + 2)  # an empty slot after the last key
         raw = np.zeros(size * 64 + 64, np.uint8)  # zeroed: fresh pages, no fill pass
         off = (-raw.ctypes.data) % 64  # aligned: one slot per cache line
-        self.tab64 = raw[off:off + size * 64].view(np.int64).reshape(size, 8)
+        self.tab64 = raw[off : off + size * 64].view(np.int64).reshape(size, 8)
         self.tab = tab = self.tab64.view(self.SLOT)[:, 0]
         if n:
             tab["c"][pos] = lookup.collection
@@ -423,8 +487,9 @@ class KeyedSlots:
         """The home slot of each hash."""
         return (((h >> np.uint64(32)) * np.uint64(self.slots)) >> np.uint64(32)).astype(np.int64)
 
-    def find(self, h: np.ndarray, collection: np.ndarray, instance: np.ndarray, machine: np.ndarray
-             ) -> tuple[np.ndarray, np.ndarray]:
+    def find(
+        self, h: np.ndarray, collection: np.ndarray, instance: np.ndarray, machine: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Per query (``h``: its :func:`~gpuclust.analyses._lookup.triple_hash`): whether its key is
         here, and its slot (meaningless where it is not).  The home slot of every query in one
         gather; the queries that find another key there (about a fifth at load factor 1/3) probe
@@ -458,8 +523,16 @@ class KeyedSlots:
         return hit, e
 
 
-def asof_keyed_slots(backend: Any, rq: RequestTimeline, ks: KeyedSlots, values: Any, collection: Any, instance: Any,
-                     machine: Any, start: Any) -> tuple[Any, Any, Any, Any]:
+def asof_keyed_slots(
+    backend: Any,
+    rq: RequestTimeline,
+    ks: KeyedSlots,
+    values: Any,
+    collection: Any,
+    instance: Any,
+    machine: Any,
+    start: Any,
+) -> tuple[Any, Any, Any, Any]:
     """:func:`asof_keyed` on the cpu backend by ``ks`` (the :class:`KeyedSlots` of a lookup, ``rq``
     and ``values``), returning the values of the joined event instead of its index: per window
     whether its key is in the lookup, its code (0 where not) and the two values (float64) as of the

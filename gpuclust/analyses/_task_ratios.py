@@ -43,9 +43,13 @@ from gpuclust.schema import TIME_AFTER_TRACE
 __all__ = ["BANDS", "TASK_COLUMNS", "TASK_MEASURES", "TaskAccumulator", "empty_tasks", "merge_tasks", "task_tables"]
 
 #: (measure, usage column, limit: 0 CPU / 1 memory, kind): ``mean`` time-weighted, ``peak`` the maximum.
-TASK_MEASURES = (("cpu_mean", "avg_cpu", 0, "mean"), ("cpu_peak", "max_cpu", 0, "peak"),
-                 ("mem_mean", "avg_mem", 1, "mean"), ("mem_peak", "max_mem", 1, "peak"),
-                 ("mem_reservation", "assigned_mem", 1, "mean"))
+TASK_MEASURES = (
+    ("cpu_mean", "avg_cpu", 0, "mean"),
+    ("cpu_peak", "max_cpu", 0, "peak"),
+    ("mem_mean", "avg_mem", 1, "mean"),
+    ("mem_peak", "max_mem", 1, "peak"),
+    ("mem_reservation", "assigned_mem", 1, "mean"),
+)
 #: The instance_usage columns the per-task ratios read beyond the analysis' own.
 TASK_COLUMNS = ("end_time", "assigned_mem")
 BANDS = ("prod", "non-prod", "unknown", "all")
@@ -193,33 +197,75 @@ def task_tables(partial: dict[str, Any], prod_tier: int | None) -> tuple[dict[st
             x = v[state == 2]
             nd = int(x.shape[0])
             hist = np.bincount(np.searchsorted(RATIO_EDGES, x, side="right"), minlength=lo.shape[0])
-            row: dict[str, Any] = {"band": b, "measure": m, "tasks": n, "no_limit": int(np.count_nonzero(state == 0)),
-                                   "unknown": int(np.count_nonzero(state == 1)), "defined": nd,
-                                   "above_limit": int(np.count_nonzero(x > 1)),
-                                   "at_most_half": int(np.count_nonzero(x <= 0.5))}
-            row.update({"above_limit_share": row["above_limit"] / nd if nd else np.nan,
-                        "at_most_half_share": row["at_most_half"] / nd if nd else np.nan,
-                        "mean_ratio": float(x.mean()) if nd else np.nan})
+            row: dict[str, Any] = {
+                "band": b,
+                "measure": m,
+                "tasks": n,
+                "no_limit": int(np.count_nonzero(state == 0)),
+                "unknown": int(np.count_nonzero(state == 1)),
+                "defined": nd,
+                "above_limit": int(np.count_nonzero(x > 1)),
+                "at_most_half": int(np.count_nonzero(x <= 0.5)),
+            }
+            row.update(
+                {
+                    "above_limit_share": row["above_limit"] / nd if nd else np.nan,
+                    "at_most_half_share": row["at_most_half"] / nd if nd else np.nan,
+                    "mean_ratio": float(x.mean()) if nd else np.nan,
+                }
+            )
             row.update({f"p{q}_ratio": e for q, e in bin_quantile_edges(hist, lo, (10, 50, 90, 99)).items()})
             rows.append(row)
             if nd:
                 for hk, hv in (("hist", hist), ("band", b), ("measure", m)):
                     hists[hk].append(hv)
     res_windows = int(p["task_n_mem_reservation"].sum())
-    info = {"tasks": int(tier.shape[0]), "reservation_windows": res_windows,
-            "reservation": ("assigned_mem" if res_windows else
-                            "none: assigned_mem is NULL in every window with a memory limit"
-                            if int(p["task_lim_mem"].sum()) else "none: no window has a memory limit")}
-    return {"task_summary": rows_table(rows, TASK_SUMMARY_SCHEMA),
-            "task_hist": bin_table(hists["hist"], lo, hi, "ratio", "tasks", TASK_HIST_SCHEMA, band=hists["band"],
-                                   measure=hists["measure"])}, info
+    info = {
+        "tasks": int(tier.shape[0]),
+        "reservation_windows": res_windows,
+        "reservation": (
+            "assigned_mem"
+            if res_windows
+            else "none: assigned_mem is NULL in every window with a memory limit"
+            if int(p["task_lim_mem"].sum())
+            else "none: no window has a memory limit"
+        ),
+    }
+    return {
+        "task_summary": rows_table(rows, TASK_SUMMARY_SCHEMA),
+        "task_hist": bin_table(
+            hists["hist"], lo, hi, "ratio", "tasks", TASK_HIST_SCHEMA, band=hists["band"], measure=hists["measure"]
+        ),
+    }, info
 
 
 #: The result tables' columns and types (an empty table keeps them).
-TASK_SUMMARY_SCHEMA = pa.schema([("band", pa.string()), ("measure", pa.string()),
-                                 *((c, pa.int64()) for c in ("tasks", "no_limit", "unknown", "defined", "above_limit",
-                                                             "at_most_half")),
-                                 *((c, pa.float64()) for c in ("above_limit_share", "at_most_half_share", "mean_ratio",
-                                                               "p10_ratio", "p50_ratio", "p90_ratio", "p99_ratio"))])
-TASK_HIST_SCHEMA = pa.schema([("band", pa.string()), ("measure", pa.string()), ("bin", pa.int64()),
-                              ("lo_ratio", pa.float64()), ("hi_ratio", pa.float64()), ("tasks", pa.int64())])
+TASK_SUMMARY_SCHEMA = pa.schema(
+    [
+        ("band", pa.string()),
+        ("measure", pa.string()),
+        *((c, pa.int64()) for c in ("tasks", "no_limit", "unknown", "defined", "above_limit", "at_most_half")),
+        *(
+            (c, pa.float64())
+            for c in (
+                "above_limit_share",
+                "at_most_half_share",
+                "mean_ratio",
+                "p10_ratio",
+                "p50_ratio",
+                "p90_ratio",
+                "p99_ratio",
+            )
+        ),
+    ]
+)
+TASK_HIST_SCHEMA = pa.schema(
+    [
+        ("band", pa.string()),
+        ("measure", pa.string()),
+        ("bin", pa.int64()),
+        ("lo_ratio", pa.float64()),
+        ("hi_ratio", pa.float64()),
+        ("tasks", pa.int64()),
+    ]
+)

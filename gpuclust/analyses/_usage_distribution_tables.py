@@ -26,8 +26,14 @@ def level_name(level: float) -> str:
     return "q" + f"{float(level) * 100:.10g}"
 
 
-def _group_tables(by: tuple[str, ...], bucket_us: int, n_components: int, res: dict[str, Any], g: dict[str, Any],
-                  ctx: UsageDistributionContext) -> tuple[pd.DataFrame, pd.DataFrame]:
+def _group_tables(
+    by: tuple[str, ...],
+    bucket_us: int,
+    n_components: int,
+    res: dict[str, Any],
+    g: dict[str, Any],
+    ctx: UsageDistributionContext,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The ``quantiles`` and ``naive`` rows of groups ``res`` / ``g`` (aligned), sorted by key."""
     G = int(np.asarray(res["n_windows"]).shape[0])
     keys = _decode_keys(by, bucket_us, np.asarray(g["kc"]).reshape(G, n_components), ctx)
@@ -46,8 +52,10 @@ def _group_tables(by: tuple[str, ...], bucket_us: int, n_components: int, res: d
     W = df["weight"].to_numpy()
     with np.errstate(invalid="ignore", divide="ignore"):
         navg = np.asarray(g["wq"], dtype=np.float64).reshape(G, 20) / np.where(W > 0, W, np.nan)[:, None]
-    naive = pd.concat([keys.reset_index(drop=True), df[["weight"]],
-                       pd.DataFrame(navg, columns=[level_name(x) for x in _STD_LEVELS])], axis=1)
+    naive = pd.concat(
+        [keys.reset_index(drop=True), df[["weight"]], pd.DataFrame(navg, columns=[level_name(x) for x in _STD_LEVELS])],
+        axis=1,
+    )
     sort_cols = [c for c in _sort_columns(by) if c in df.columns]
     if sort_cols and G:
         order = np.lexsort([df[c].to_numpy() for c in reversed(sort_cols)])
@@ -88,27 +96,36 @@ def _decode_keys(by: tuple[str, ...], bucket_us: int, kc: np.ndarray, ctx: Usage
             cols["bucket"] = kc[:, j].astype(np.int64)
             cols["bucket_start_us"] = kc[:, j].astype(np.int64) * np.int64(bucket_us)
             j += 1
-    return pd.DataFrame({k: (v.to_numpy() if isinstance(v, pd.Series) else v) for k, v in cols.items()},
-                        index=pd.RangeIndex(G))
+    return pd.DataFrame(
+        {k: (v.to_numpy() if isinstance(v, pd.Series) else v) for k, v in cols.items()}, index=pd.RangeIndex(G)
+    )
 
 
 def _summary_text(label: str, key_columns: list[str], result: dict[str, pd.DataFrame], top: int) -> str:
     """The text summary of a usage-distribution result (:meth:`UsageDistribution.summary`)."""
     info = result["info"].iloc[0]
-    lines = [f"{label}: by {info['by']}, rows {info['rows']}, strategy {info['strategy']}"
-             + (f" (K={info['k']}, max CDF error bound {info['max_cdf_error_bound']:.3g})"
-                if info["strategy"] == "bounded" else " (exact)")
-             + (f", tier map {info['tier_map']!r}" if info["tier_map"] else ""),
-             f"  windows read={info['windows_read']} used={info['used_windows']} "
-             f"alloc-task (filtered)={info['alloc_task_windows']} no-percentiles (skipped)="
-             f"{info['skipped_no_percentiles']} repaired={info['repaired']} bad-time={info['bad_time_windows']} "
-             f"zero-weight={info['zero_weight_windows']}; {info['groups']} groups"]
+    lines = [
+        f"{label}: by {info['by']}, rows {info['rows']}, strategy {info['strategy']}"
+        + (
+            f" (K={info['k']}, max CDF error bound {info['max_cdf_error_bound']:.3g})"
+            if info["strategy"] == "bounded"
+            else " (exact)"
+        )
+        + (f", tier map {info['tier_map']!r}" if info["tier_map"] else ""),
+        f"  windows read={info['windows_read']} used={info['used_windows']} "
+        f"alloc-task (filtered)={info['alloc_task_windows']} no-percentiles (skipped)="
+        f"{info['skipped_no_percentiles']} repaired={info['repaired']} bad-time={info['bad_time_windows']} "
+        f"zero-weight={info['zero_weight_windows']}; {info['groups']} groups",
+    ]
     heavy, _ = heaviest_groups(result, top)
     if len(heavy):
         keycols = [c for c in key_columns if c in heavy.columns and c != "bucket_start_us"]
         show = [c for c in ("q50", "q90", "q99", "q100") if c in heavy.columns]
-        lines.append(f"  heaviest {len(heavy)} groups (CPU, normalised cores): "
-                     + ", ".join(["mean", *show]) + ("" if info["strategy"] == "exact" else ", bound"))
+        lines.append(
+            f"  heaviest {len(heavy)} groups (CPU, normalised cores): "
+            + ", ".join(["mean", *show])
+            + ("" if info["strategy"] == "exact" else ", bound")
+        )
         for j in range(len(heavy)):
             k = " ".join(f"{c}={heavy[c].iloc[j]}" for c in keycols)
             v = " ".join(fmt(heavy[c].iloc[j]) for c in ("mean", *show))

@@ -277,8 +277,9 @@ class Analysis:
         partitions' before shards are reduced; default: none."""
         return None
 
-    def finalize_shard(self, keyed: dict[str, dict[str, np.ndarray]], rest: Any, ctx: Any, lo: int,
-                       hi: int) -> tuple[dict[str, Any], Any]:
+    def finalize_shard(
+        self, keyed: dict[str, dict[str, np.ndarray]], rest: Any, ctx: Any, lo: int, hi: int
+    ) -> tuple[dict[str, Any], Any]:
         """The rows of the parted tables for shard ``[lo, hi)`` (``keyed``: the merged keyed
         partials of its key ranges; ``rest``: the merged small part) and a small *extra* that
         :meth:`finalize_parted` gets (one per shard, in shard order).  A table's rows are a
@@ -286,7 +287,9 @@ class Analysis:
         shard need not hold all its rows); the extra may be completed while they are consumed."""
         raise NotImplementedError
 
-    def finalize_parted(self, rest: Any, ctx: Any, tables: dict[str, Any], extras: list[Any]) -> dict[str, pd.DataFrame]:
+    def finalize_parted(
+        self, rest: Any, ctx: Any, tables: dict[str, Any], extras: list[Any]
+    ) -> dict[str, pd.DataFrame]:
         """The result tables other than the parted ones, given those (``tables``: a
         :class:`gpuclust.parted.PartedTable` or :class:`gpuclust.parted.FrameParts` each, to be
         read by batches) and the shards' extras."""

@@ -51,8 +51,16 @@ MAX_EXACT_HOURS = 1 << 20
 #: Largest dense (hour, tier) accumulator of the blocked notebook partial (else rows are gathered).
 _DENSE_MAX = 1 << 20
 #: Counters kept in every partial, in this order.
-STATS = ("rows", "alloc_rows", "short_windows", "unmatched_windows", "unknown_windows",
-         "unbounded_windows", "used_windows")
+STATS = (
+    "rows",
+    "alloc_rows",
+    "short_windows",
+    "unmatched_windows",
+    "unknown_windows",
+    "unbounded_windows",
+    "used_windows",
+)
+
 
 @dataclass(frozen=True)
 class CellUsageContext:
@@ -76,13 +84,31 @@ def _notebook_sums(backend: Any, key: Any, cpu: Any, mem: Any) -> dict[str, Any]
     xp = backend.xp
     n = int(key.shape[0])
     if n == 0:
-        return keyed_reduce(backend, key, {"cpu": cpu, "mem": mem, "cpu_n": xp.isfinite(cpu).astype(xp.float64),
-                                           "mem_n": xp.isfinite(mem).astype(xp.float64)}, {"windows": None})
+        return keyed_reduce(
+            backend,
+            key,
+            {
+                "cpu": cpu,
+                "mem": mem,
+                "cpu_n": xp.isfinite(cpu).astype(xp.float64),
+                "mem_n": xp.isfinite(mem).astype(xp.float64),
+            },
+            {"windows": None},
+        )
     kmin = int(key.min())
     span = int(key.max()) - kmin + 1
     if span > max(4 * n, 1 << 16):  # not compact: keyed_reduce's sorted path
-        return keyed_reduce(backend, key, {"cpu": cpu, "mem": mem, "cpu_n": xp.isfinite(cpu).astype(xp.float64),
-                                           "mem_n": xp.isfinite(mem).astype(xp.float64)}, {"windows": None})
+        return keyed_reduce(
+            backend,
+            key,
+            {
+                "cpu": cpu,
+                "mem": mem,
+                "cpu_n": xp.isfinite(cpu).astype(xp.float64),
+                "mem_n": xp.isfinite(mem).astype(xp.float64),
+            },
+            {"windows": None},
+        )
     off = key - kmin if kmin else key
     del key
     cnt = bincount(xp, off, minlength=span)
@@ -138,8 +164,16 @@ class CellUsage(Analysis):
 
     @property
     def columns(self) -> tuple[str, ...]:
-        return ("start_time", "end_time", "collection_id", "instance_index", "machine_id",
-                "alloc_collection_id", "avg_cpu", "avg_mem")
+        return (
+            "start_time",
+            "end_time",
+            "collection_id",
+            "instance_index",
+            "machine_id",
+            "alloc_collection_id",
+            "avg_cpu",
+            "avg_mem",
+        )
 
     # ---------------------------------------------------------------- context (client side)
     def resolve_tier_map(self, source: Any) -> TierMap:
@@ -164,15 +198,26 @@ class CellUsage(Analysis):
         # NULL or unmatched priority: the notebook's CASE ... ELSE puts it in the last tier, exact
         # mode in "unknown".
         n = len(ctx.tier_map.names)
-        lk = tier_lookup(side["instance_events"], ctx.tier_map, top_level_only=True,
-                         unmatched=n - 1 if self.mode == "notebook" else n, what="cell-usage priority lookup")
+        lk = tier_lookup(
+            side["instance_events"],
+            ctx.tier_map,
+            top_level_only=True,
+            unmatched=n - 1 if self.mode == "notebook" else n,
+            what="cell-usage priority lookup",
+        )
         return replace(ctx, lookup=lk)
 
     # ---------------------------------------------------------------- partial / merge
     def empty(self, backend: Any = None) -> dict[str, np.ndarray]:
-        return {"key": np.zeros(0, np.int64), "cpu": np.zeros(0, np.float64), "mem": np.zeros(0, np.float64),
-                "cpu_n": np.zeros(0, np.float64), "mem_n": np.zeros(0, np.float64),
-                "windows": np.zeros(0, np.int64), "stats": np.zeros(len(STATS), np.int64)}
+        return {
+            "key": np.zeros(0, np.int64),
+            "cpu": np.zeros(0, np.float64),
+            "mem": np.zeros(0, np.float64),
+            "cpu_n": np.zeros(0, np.float64),
+            "mem_n": np.zeros(0, np.float64),
+            "windows": np.zeros(0, np.int64),
+            "stats": np.zeros(len(STATS), np.int64),
+        }
 
     def partial(self, cols: dict[str, Any], ctx: CellUsageContext, backend: Any) -> dict[str, Any]:
         xp = backend.xp
@@ -197,19 +242,28 @@ class CellUsage(Analysis):
         def pick(a: Any) -> Any:
             return a if rows is None else a[rows]
 
-        found, tier = ctx.lookup.find(backend, cols["collection_id"], cols["instance_index"], cols["machine_id"],
-                                      rows=rows)
+        found, tier = ctx.lookup.find(
+            backend, cols["collection_id"], cols["instance_index"], cols["machine_id"], rows=rows
+        )
         t_all = xp.where(found, tier, xp.int32(len(ctx.tier_map.names)))
         stats["unknown_windows"] = int((t_all == len(ctx.tier_map.names)).sum())
         stats["used_windows"] = int(found.shape[0])
-        part = self._exact_partial(backend, pick(start), pick(end), t_all.astype(xp.int32),
-                                   pick(cols["avg_cpu"]), pick(cols["avg_mem"]), len(ctx.tier_names))
+        part = self._exact_partial(
+            backend,
+            pick(start),
+            pick(end),
+            t_all.astype(xp.int32),
+            pick(cols["avg_cpu"]),
+            pick(cols["avg_mem"]),
+            len(ctx.tier_names),
+        )
         part["stats"] = xp.asarray(np.array([stats[s] for s in STATS], dtype=np.int64))
         return part
 
     @staticmethod
-    def _notebook_partial(backend: Any, cols: dict[str, Any], ctx: CellUsageContext,
-                          stats: dict[str, int]) -> dict[str, Any]:
+    def _notebook_partial(
+        backend: Any, cols: dict[str, Any], ctx: CellUsageContext, stats: dict[str, int]
+    ) -> dict[str, Any]:
         """Notebook mode, one block of rows at a time (``backend.ops.lookup_block_rows``, else all
         at once): select, look up and key each block of contiguous rows while it is in cache (no
         column is gathered); a row that is not used gets the key ``span``, one past the dense
@@ -277,8 +331,9 @@ class CellUsage(Analysis):
         out["windows"] = cnt[present].astype(xp.int64)
         return {k: out[k] for k in ("key", "cpu", "mem", "cpu_n", "mem_n", "windows")}
 
-    def _exact_partial(self, backend: Any, start: Any, end: Any, tier: Any, cpu: Any, mem: Any,
-                       n_tiers: int) -> dict[str, Any]:
+    def _exact_partial(
+        self, backend: Any, start: Any, end: Any, tier: Any, cpu: Any, mem: Any, n_tiers: int
+    ) -> dict[str, Any]:
         xp, ops = backend.xp, backend.ops
         if start.shape[0] == 0:
             return {k: xp.asarray(v) for k, v in self.empty().items() if k != "stats"}
@@ -287,30 +342,40 @@ class CellUsage(Analysis):
         h1 = int(xp.maximum(he, hs).max()) + 1
         nb = h1 - h0
         if nb > MAX_EXACT_HOURS:
-            raise ValueError(f"cell-usage (exact): the windows of one partition span {nb} hours "
-                             f"(> {MAX_EXACT_HOURS}); the start/end times look corrupt")
+            raise ValueError(
+                f"cell-usage (exact): the windows of one partition span {nb} hours "
+                f"(> {MAX_EXACT_HOURS}); the start/end times look corrupt"
+            )
         kw = dict(n_groups=n_tiers, n_buckets=nb, origin=h0 * HOUR_US, width=HOUR_US)
         start = xp.ascontiguousarray(start)
         end = xp.ascontiguousarray(end)
         # one sweep of four series: usage, and the overlap of windows with a non-NULL value
         fin = [xp.isfinite(v).astype(xp.float64) for v in (cpu, mem)]
-        swept = ops.bucket_overlap(start, end, xp.stack([cpu.astype(xp.float64), mem.astype(xp.float64), *fin]),
-                                   tier, **kw).reshape(4, -1)
+        swept = ops.bucket_overlap(
+            start, end, xp.stack([cpu.astype(xp.float64), mem.astype(xp.float64), *fin]), tier, **kw
+        ).reshape(4, -1)
         dcpu, dmem = swept[0], swept[1]
         cell = tier.astype(xp.int64) * nb + (hs - h0)
         dwin = bincount(xp, cell, minlength=n_tiers * nb).astype(xp.int64)
         # cpu_n / mem_n > 0 iff some window with a non-NULL value touches the hour (positive overlap,
         # or starts in it): otherwise the hour's usage is unknown (NaN), not 0
-        known = {name: swept[2 + j] + bincount(xp, cell, weights=fin[j], minlength=n_tiers * nb)
-                 for j, name in enumerate(("cpu_n", "mem_n"))}
+        known = {
+            name: swept[2 + j] + bincount(xp, cell, weights=fin[j], minlength=n_tiers * nb)
+            for j, name in enumerate(("cpu_n", "mem_n"))
+        }
         # keep the known-coverage of cells this partition does not otherwise touch: another partition
         # may hold the cell's only NULL-valued windows (finalize drops cells without contribution)
         idx = xp.nonzero((dcpu != 0) | (dmem != 0) | (dwin != 0) | (known["cpu_n"] != 0) | (known["mem_n"] != 0))[0]
         key = ((h0 + idx % nb) << _TIER_BITS) + idx // nb
         order = xp.argsort(key)
-        return {"key": key[order].astype(xp.int64), "cpu": dcpu[idx][order], "mem": dmem[idx][order],
-                "cpu_n": known["cpu_n"][idx][order], "mem_n": known["mem_n"][idx][order],
-                "windows": dwin[idx][order]}
+        return {
+            "key": key[order].astype(xp.int64),
+            "cpu": dcpu[idx][order],
+            "mem": dmem[idx][order],
+            "cpu_n": known["cpu_n"][idx][order],
+            "mem_n": known["mem_n"][idx][order],
+            "windows": dwin[idx][order],
+        }
 
     def merge(self, a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         ka = {k: v for k, v in a.items() if k != "stats"}
@@ -322,8 +387,11 @@ class CellUsage(Analysis):
     # ---------------------------------------------------------------- finalize
     def finalize(self, partial: dict[str, np.ndarray], ctx: CellUsageContext) -> dict[str, pa.Table]:
         # cells with no contribution (all sums 0, no window starting there) are absent
-        keep = ((np.asarray(partial["cpu"]) != 0) | (np.asarray(partial["mem"]) != 0)
-                | (np.asarray(partial["windows"]) != 0))
+        keep = (
+            (np.asarray(partial["cpu"]) != 0)
+            | (np.asarray(partial["mem"]) != 0)
+            | (np.asarray(partial["windows"]) != 0)
+        )
         if not keep.all():
             partial = {k: (v if k == "stats" else np.asarray(v)[keep]) for k, v in partial.items()}
         key = np.asarray(partial["key"], dtype=np.int64)
@@ -342,36 +410,51 @@ class CellUsage(Analysis):
         hour, code = hour[o], code[o]
         names = np.array(ctx.tier_names, dtype=object)
         # Arrow tables: a run without plots never needs pandas (gpuclust.tables)
-        usage = table({
-            "bucket": hour,
-            "bucket_start_us": hour * HOUR_US,
-            "tier": names[code],
-            "cpu": norm(partial["cpu"], partial["cpu_n"], ctx.cpu_capacity)[o],
-            "mem": norm(partial["mem"], partial["mem_n"], ctx.mem_capacity)[o],
-            "windows": np.asarray(partial["windows"], dtype=np.int64)[o],
-        })
+        usage = table(
+            {
+                "bucket": hour,
+                "bucket_start_us": hour * HOUR_US,
+                "tier": names[code],
+                "cpu": norm(partial["cpu"], partial["cpu_n"], ctx.cpu_capacity)[o],
+                "mem": norm(partial["mem"], partial["mem_n"], ctx.mem_capacity)[o],
+                "windows": np.asarray(partial["windows"], dtype=np.int64)[o],
+            }
+        )
         stats = dict(zip(STATS, (int(x) for x in partial["stats"]), strict=False))
-        info = table_from_rows([{
-            "analysis": self.name, "mode": self.mode, "bucket_s": HOUR_US // 1_000_000, "tier_map": ctx.tier_map.name,
-            "tiers": ",".join(ctx.tier_names),
-            "cpu_capacity": ctx.cpu_capacity, "mem_capacity": ctx.mem_capacity, **stats,
-        }])
+        info = table_from_rows(
+            [
+                {
+                    "analysis": self.name,
+                    "mode": self.mode,
+                    "bucket_s": HOUR_US // 1_000_000,
+                    "tier_map": ctx.tier_map.name,
+                    "tiers": ",".join(ctx.tier_names),
+                    "cpu_capacity": ctx.cpu_capacity,
+                    "mem_capacity": ctx.mem_capacity,
+                    **stats,
+                }
+            ]
+        )
         return {"usage": usage, "info": info}
 
     def summary(self, result: dict[str, Any]) -> str:
         info = as_arrow(result["info"]).to_pylist()[0]
         u = as_arrow(result["usage"])
-        lines = [f"{self.label}: tier map {info['tier_map']!r}, capacity cpu={fmt(info['cpu_capacity'], '.6g')} "
-                 f"mem={fmt(info['mem_capacity'], '.6g')}",
-                 f"  rows={info['rows']} used={info['used_windows']} alloc={info['alloc_rows']} "
-                 f"short={info['short_windows']} unmatched={info['unmatched_windows']} "
-                 f"unknown-tier={info['unknown_windows']} unbounded={info['unbounded_windows']}"]
+        lines = [
+            f"{self.label}: tier map {info['tier_map']!r}, capacity cpu={fmt(info['cpu_capacity'], '.6g')} "
+            f"mem={fmt(info['mem_capacity'], '.6g')}",
+            f"  rows={info['rows']} used={info['used_windows']} alloc={info['alloc_rows']} "
+            f"short={info['short_windows']} unmatched={info['unmatched_windows']} "
+            f"unknown-tier={info['unknown_windows']} unbounded={info['unbounded_windows']}",
+        ]
         if u.num_rows:
             bucket = column(u, "bucket")
             hours = np.sort(bucket)
             nh = int(np.count_nonzero(hours[1:] != hours[:-1])) + 1  # distinct hours (np.unique imports numpy.ma)
-            lines.append(f"  hours (buckets of 3600 s from trace time 0) {int(bucket.min())}.."
-                         f"{int(bucket.max())} ({nh} with data)")
+            lines.append(
+                f"  hours (buckets of 3600 s from trace time 0) {int(bucket.min())}.."
+                f"{int(bucket.max())} ({nh} with data)"
+            )
             tier = np.asarray(u.column("tier").to_pylist(), dtype=object)
             cpu, mem = column(u, "cpu").astype(np.float64), column(u, "mem").astype(np.float64)
             _, first = np.unique(tier, return_index=True)
@@ -380,6 +463,8 @@ class CellUsage(Analysis):
                 # a tier with no measured hour: NaN, shown as unknown
                 c, m = fmt(nan_sum(cpu[sel]) / max(nh, 1), ".4f"), fmt(nan_sum(mem[sel]) / max(nh, 1), ".4f")
                 unk = int(np.isnan(cpu[sel]).sum())
-                lines.append(f"  {t:>8}: mean cpu {c}  mean mem {m} (fraction of capacity)"
-                             + (f"; {unk} hour(s) with unknown cpu usage left out" if unk else ""))
+                lines.append(
+                    f"  {t:>8}: mean cpu {c}  mean mem {m} (fraction of capacity)"
+                    + (f"; {unk} hour(s) with unknown cpu usage left out" if unk else "")
+                )
         return "\n".join(lines)

@@ -59,12 +59,38 @@ from gpuclust.tables import as_arrow
 __all__ = ["DENOMINATORS", "DataQuality", "RATIO_EDGES", "TABLE_ORDER", "USAGE_CHECKS"]
 
 #: The usage counters, in order (those ending in ``instances`` count distinct instances).
-USAGE_CHECKS = ("rows", "instances", "start_zero", "start_after_trace", "end_zero", "end_after_trace", "machine_zero",
-                "machine_dedicated", "end_before_start", "zero_length", "short_windows", "long_windows",
-                "percentiles_null", "percentiles_partly_null", "percentiles_non_monotone", "p100_and_max",
-                "p100_below_max", "p100_above_max", "cpi_mai_present", "cpi_mai_low_cpu_time", "cpi_out_of_range",
-                "mai_out_of_range", "no_events_rows", "no_events_instances", "after_end_rows", "after_end_300s_rows",
-                "after_end_instances", "past_end_rows", "matched_instances", "bound_instances")
+USAGE_CHECKS = (
+    "rows",
+    "instances",
+    "start_zero",
+    "start_after_trace",
+    "end_zero",
+    "end_after_trace",
+    "machine_zero",
+    "machine_dedicated",
+    "end_before_start",
+    "zero_length",
+    "short_windows",
+    "long_windows",
+    "percentiles_null",
+    "percentiles_partly_null",
+    "percentiles_non_monotone",
+    "p100_and_max",
+    "p100_below_max",
+    "p100_above_max",
+    "cpi_mai_present",
+    "cpi_mai_low_cpu_time",
+    "cpi_out_of_range",
+    "mai_out_of_range",
+    "no_events_rows",
+    "no_events_instances",
+    "after_end_rows",
+    "after_end_300s_rows",
+    "after_end_instances",
+    "past_end_rows",
+    "matched_instances",
+    "bound_instances",
+)
 #: Internal counters (not reported as checks): usage instances with events; event instances bound
 #: in partition tasks.
 _INTERNAL = ("matched_instances", "bound_instances")
@@ -115,8 +141,9 @@ class DataQuality(Analysis):
     """
 
     short_window_s: int = option(300, "usage windows shorter than this many seconds are counted as short")
-    row_order: bool = option(False, "also count events whose time goes backwards in the dataset's row order "
-                             "(layout-dependent)")
+    row_order: bool = option(
+        False, "also count events whose time goes backwards in the dataset's row order (layout-dependent)"
+    )
 
     name = "data-quality"
     table = "instance_usage"
@@ -138,8 +165,11 @@ class DataQuality(Analysis):
 
     def prerequisites(self, source: Any) -> dict[str, Analysis]:
         ro = bool(self.row_order)
-        return {"instance_events": InstanceEventsProfile(row_order=ro),
-                "collection_events": CollectionEventsProfile(row_order=ro), "machine_events": MachineEventsProfile(row_order=ro)}
+        return {
+            "instance_events": InstanceEventsProfile(row_order=ro),
+            "collection_events": CollectionEventsProfile(row_order=ro),
+            "machine_events": MachineEventsProfile(row_order=ro),
+        }
 
     def context(self, source: Any, prior: dict[str, dict[str, Any]] | None = None) -> DataQualityContext:
         if prior is None:
@@ -174,8 +204,11 @@ class DataQuality(Analysis):
 
     # ---------------------------------------------------------------- partial / merge
     def empty(self, backend: Any = None) -> dict[str, np.ndarray]:
-        return {"nulls": np.zeros(len(self.columns), np.int64), "counts": np.zeros(len(USAGE_CHECKS), np.int64),
-                "ratio": np.zeros(_B, np.int64)}
+        return {
+            "nulls": np.zeros(len(self.columns), np.int64),
+            "counts": np.zeros(len(USAGE_CHECKS), np.int64),
+            "ratio": np.zeros(_B, np.int64),
+        }
 
     def partial(self, cols: dict[str, Any], ctx: DataQualityContext, backend: Any) -> dict[str, Any]:
         xp = backend.xp
@@ -194,9 +227,14 @@ class DataQuality(Analysis):
 
         cnt[_U["rows"]] = n
         m = cols["machine_id"]
-        for name, mask in (("start_zero", s == 0), ("start_after_trace", s == TIME_AFTER_TRACE), ("end_zero", e == 0),
-                           ("end_after_trace", e == TIME_AFTER_TRACE), ("machine_zero", m == 0),
-                           ("machine_dedicated", m == -1)):
+        for name, mask in (
+            ("start_zero", s == 0),
+            ("start_after_trace", s == TIME_AFTER_TRACE),
+            ("end_zero", e == 0),
+            ("end_after_trace", e == TIME_AFTER_TRACE),
+            ("machine_zero", m == 0),
+            ("machine_dedicated", m == -1),
+        ):
             count(name, mask)
         # ---- window lengths (both times below 2^63-1)
         finite = (s != TIME_AFTER_TRACE) & (e != TIME_AFTER_TRACE)
@@ -224,8 +262,9 @@ class DataQuality(Analysis):
         count("percentiles_null", all_null)
         count("percentiles_partly_null", any_null & ~all_null)
         count("percentiles_non_monotone", bad)
-        out["nulls"] = xp.asarray(np.array([nulls[c] if c in nulls else column_nulls(xp, cols[c]) for c in self.columns],
-                                           np.int64))
+        out["nulls"] = xp.asarray(
+            np.array([nulls[c] if c in nulls else column_nulls(xp, cols[c]) for c in self.columns], np.int64)
+        )
         p100, mx = cols["cpu_p100"], cols["max_cpu"]
         both = ~xp.isnan(p100) & ~xp.isnan(mx)
         count("p100_and_max", both)
@@ -233,8 +272,7 @@ class DataQuality(Analysis):
         count("p100_above_max", both & (p100 > mx))
         r = xp.nonzero(both & (p100 > 0))[0]
         ratio = mx[r].astype(xp.float64) / p100[r].astype(xp.float64)
-        out["ratio"] = bincount(xp, log_bins(xp, xp.asarray(RATIO_EDGES), ratio),
-                                   minlength=_B).astype(xp.int64)
+        out["ratio"] = bincount(xp, log_bins(xp, xp.asarray(RATIO_EDGES), ratio), minlength=_B).astype(xp.int64)
         # ---- CPI / MAI: cpi's plausibility rule (CPU-seconds from the window's length)
         secs = xp.where(finite, dur, -1).astype(xp.float64) / 1e6
         _, fc = CpiFilter().mask(xp, cols["cpi"], cols["mai"], cols["avg_cpu"].astype(xp.float64) * secs)
@@ -284,36 +322,63 @@ class DataQuality(Analysis):
         rows, inst = u["rows"], u["instances"]
         # per table: its rows of the checks, columns and codes tables
         tables: dict[str, dict[str, list[dict[str, Any]]]] = {
-            t: {name: as_arrow(v).to_pylist() for name, v in profile.items()} for t, profile in ctx.prior.items()}
+            t: {name: as_arrow(v).to_pylist() for name, v in profile.items()} for t, profile in ctx.prior.items()
+        }
         if rows:
             nulls: dict[str, int | None] = {c: int(v) for c, v in zip(self.columns, p["nulls"], strict=True)}
             items = [("rows", rows, "rows", rows), ("instances", inst, "instances", inst)]
-            items += [(c, u[c], "instances" if c.endswith("instances") else "rows",
-                       inst if c.endswith("instances") else (u["p100_and_max"] if c.startswith("p100_") and c != "p100_and_max"
-                                                             else rows))
-                      for c in USAGE_CHECKS[2:] if c not in _INTERNAL]
-            tables["instance_usage"] = {"columns": null_rows("instance_usage", rows, nulls),
-                                        "checks": check_rows("instance_usage", items)}
+            items += [
+                (
+                    c,
+                    u[c],
+                    "instances" if c.endswith("instances") else "rows",
+                    inst
+                    if c.endswith("instances")
+                    else (u["p100_and_max"] if c.startswith("p100_") and c != "p100_and_max" else rows),
+                )
+                for c in USAGE_CHECKS[2:]
+                if c not in _INTERNAL
+            ]
+            tables["instance_usage"] = {
+                "columns": null_rows("instance_usage", rows, nulls),
+                "checks": check_rows("instance_usage", items),
+            }
         ev_checks = tables.get("instance_events", {}).get("checks")
         if rows and ev_checks:
             # the instances the usage was joined with: bound in the partition tasks, or on the client
             n_ev = u["bound_instances"] + (0 if ctx.per_partition else len(ctx.lookup))
-            ev_checks += check_rows("instance_events", [("instances_without_usage", n_ev - u["matched_instances"],
-                                                         "instances", n_ev)])
+            ev_checks += check_rows(
+                "instance_events", [("instances_without_usage", n_ev - u["matched_instances"], "instances", n_ev)]
+            )
 
         def cat(name: str, schema: pa.Schema) -> pa.Table:
             return schema_table([r for t in TABLE_ORDER for r in tables.get(t, {}).get(name, [])], schema)
 
         edges = np.concatenate([[0.0], RATIO_EDGES])
-        hist = schema_table(bin_rows(p["ratio"], edges, np.concatenate([RATIO_EDGES, [np.inf]]), "ratio", "windows"),
-                            _HIST_SCHEMA)
+        hist = schema_table(
+            bin_rows(p["ratio"], edges, np.concatenate([RATIO_EDGES, [np.inf]]), "ratio", "windows"), _HIST_SCHEMA
+        )
         q = bin_quantile_edges(p["ratio"], edges, (50, 90, 99))
         counts = {f"{t}_rows": _rows_of(tables.get(t)) for t in TABLE_ORDER}
-        info = table_from_rows([{"analysis": self.name, "short_window_s": int(self.short_window_s), **counts,
-                                 "max_over_p100_p50": float(q[50]), "max_over_p100_p90": float(q[90]),
-                                 "max_over_p100_p99": float(q[99])}])
-        return {"checks": cat("checks", CHECKS_SCHEMA), "columns": cat("columns", COLUMNS_SCHEMA),
-                "codes": cat("codes", CODES_SCHEMA), "max_over_p100": hist, "info": info}
+        info = table_from_rows(
+            [
+                {
+                    "analysis": self.name,
+                    "short_window_s": int(self.short_window_s),
+                    **counts,
+                    "max_over_p100_p50": float(q[50]),
+                    "max_over_p100_p90": float(q[90]),
+                    "max_over_p100_p99": float(q[99]),
+                }
+            ]
+        )
+        return {
+            "checks": cat("checks", CHECKS_SCHEMA),
+            "columns": cat("columns", COLUMNS_SCHEMA),
+            "codes": cat("codes", CODES_SCHEMA),
+            "max_over_p100": hist,
+            "info": info,
+        }
 
     def summary(self, result: dict[str, Any]) -> str:
         info = as_arrow(result["info"]).to_pylist()[0]
@@ -322,8 +387,9 @@ class DataQuality(Analysis):
         for r in as_arrow(result["checks"]).to_pylist():
             if r["check"] in DENOMINATORS or not r["count"]:
                 continue
-            lines.append(f"  {r['table']:>17} {r['check']}: {r['count']:,} {r['unit']} "
-                         f"({fmt(r['share'], '.2%')} of {r['of']:,})")
+            lines.append(
+                f"  {r['table']:>17} {r['check']}: {r['count']:,} {r['unit']} ({fmt(r['share'], '.2%')} of {r['of']:,})"
+            )
         by_table: dict[str, list[dict[str, Any]]] = {}
         for r in as_arrow(result["columns"]).to_pylist():
             by_table.setdefault(r["table"], []).append(r)
@@ -331,8 +397,10 @@ class DataQuality(Analysis):
             known = [r for r in g if r["nulls"] is not None]
             part = [r for r in known if 0 < r["nulls"] < r["rows"]]
             partly = ", ".join(f"{r['column']} {int(r['nulls']):,}" for r in part)
-            lines.append(f"  {t:>17} NULLs: {sum(r['nulls'] == r['rows'] for r in known)} of {len(g)} columns all NULL"
-                         + (f"; partly: {partly}" if part else ""))
+            lines.append(
+                f"  {t:>17} NULLs: {sum(r['nulls'] == r['rows'] for r in known)} of {len(g)} columns all NULL"
+                + (f"; partly: {partly}" if part else "")
+            )
         p50 = info["max_over_p100_p50"]  # (NULL: no window with both)
         if p50 is not None:
             lines.append(f"  max_cpu / cpu_p100: median in [{fmt(p50, '.3g')}, x1.12)")
@@ -340,8 +408,9 @@ class DataQuality(Analysis):
 
 
 #: The ``max_over_p100`` table's columns.
-_HIST_SCHEMA = pa.schema([("bin", pa.int64()), ("lo_ratio", pa.float64()), ("hi_ratio", pa.float64()),
-                          ("windows", pa.int64())])
+_HIST_SCHEMA = pa.schema(
+    [("bin", pa.int64()), ("lo_ratio", pa.float64()), ("hi_ratio", pa.float64()), ("windows", pa.int64())]
+)
 
 
 def _rows_of(t: dict[str, list[dict[str, Any]]] | None) -> int:

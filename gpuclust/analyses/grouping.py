@@ -23,9 +23,26 @@ import numpy as np
 
 from gpuclust.layout import key_hash
 
-__all__ = ["HOUR_US", "KEY_COLUMNS", "FloatBins", "bucket_grid", "bucket_index", "bucket_pieces", "bucket_span", "group_key",
-           "dense_rank", "distinct_sorted", "instance_order", "isin_sorted", "parse_by", "parse_list", "segmented_last",
-           "unique_codes", "unique_counts", "unique_sorted"]
+__all__ = [
+    "HOUR_US",
+    "KEY_COLUMNS",
+    "FloatBins",
+    "bucket_grid",
+    "bucket_index",
+    "bucket_pieces",
+    "bucket_span",
+    "group_key",
+    "dense_rank",
+    "distinct_sorted",
+    "instance_order",
+    "isin_sorted",
+    "parse_by",
+    "parse_list",
+    "segmented_last",
+    "unique_codes",
+    "unique_counts",
+    "unique_sorted",
+]
 
 
 def distinct_sorted(xp: Any, a: Any) -> int:
@@ -99,8 +116,13 @@ def isin_sorted(a: Any, values: Any) -> np.ndarray:
 HOUR_US = 3_600_000_000
 #: Result key columns of each grouping name (``cell``: none, one group; ``time``: the bucket).
 KEY_COLUMNS: dict[str, tuple[str, ...]] = {
-    "instance": ("collection_id", "instance_index"), "collection": ("collection_id",),
-    "machine": ("machine_id",), "tier": ("tier",), "cell": (), "time": ("bucket",)}
+    "instance": ("collection_id", "instance_index"),
+    "collection": ("collection_id",),
+    "machine": ("machine_id",),
+    "tier": ("tier",),
+    "cell": (),
+    "time": ("bucket",),
+}
 
 
 @dataclass(frozen=True)

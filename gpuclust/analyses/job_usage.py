@@ -61,8 +61,24 @@ ROWS = ("jobs", "top-level")
 _HOUR_US = 3.6e9
 _STATS = ("rows", "used_rows", "unknown_cpu_rows", "unknown_mem_rows", "bad_duration_rows")
 #: Columns of the ``stats`` table after ``tier`` and ``resource``.
-STAT_COLUMNS = ("jobs", "zero_jobs", "total_hours", "mean", "variance", "median", "p90", "p99", "p999", "max",
-                "top1pct_share", "top01pct_share", "scv", "tail_jobs", "pareto_alpha", "pareto_r2")
+STAT_COLUMNS = (
+    "jobs",
+    "zero_jobs",
+    "total_hours",
+    "mean",
+    "variance",
+    "median",
+    "p90",
+    "p99",
+    "p999",
+    "max",
+    "top1pct_share",
+    "top01pct_share",
+    "scv",
+    "tail_jobs",
+    "pareto_alpha",
+    "pareto_r2",
+)
 
 
 _FIELDS = ("key", "cpu", "mem", "windows", "prio")
@@ -71,8 +87,13 @@ _MAX_TABLE_KEYS = (1 << 31) - 1
 
 
 def _empty_keyed() -> dict[str, np.ndarray]:
-    return {"key": np.zeros(0, np.int64), "cpu": np.zeros(0), "mem": np.zeros(0), "windows": np.zeros(0, np.int64),
-            "prio": np.zeros(0, np.int64)}
+    return {
+        "key": np.zeros(0, np.int64),
+        "cpu": np.zeros(0),
+        "mem": np.zeros(0),
+        "windows": np.zeros(0, np.int64),
+        "prio": np.zeros(0, np.int64),
+    }
 
 
 @dataclass(frozen=True)
@@ -107,9 +128,19 @@ def job_stats(x: np.ndarray, tail: float) -> dict[str, float]:
     asc = np.sort(x)  # one sort for the quantiles, the top shares and the tail
     desc = asc[::-1]
     q = sorted_quantiles(asc, (0.5, 0.9, 0.99, 0.999))
-    out.update(total_hours=float(x.sum()), mean=mean, variance=var, median=float(q[0]), p90=float(q[1]),
-               p99=float(q[2]), p999=float(q[3]), max=float(x.max()), top1pct_share=_top_share(x, 0.01, desc),
-               top01pct_share=_top_share(x, 0.001, desc), scv=var / mean**2 if mean > 0 else np.nan)
+    out.update(
+        total_hours=float(x.sum()),
+        mean=mean,
+        variance=var,
+        median=float(q[0]),
+        p90=float(q[1]),
+        p99=float(q[2]),
+        p999=float(q[3]),
+        max=float(x.max()),
+        top1pct_share=_top_share(x, 0.01, desc),
+        top01pct_share=_top_share(x, 0.001, desc),
+        scv=var / mean**2 if mean > 0 else np.nan,
+    )
     m = max(2, int(np.ceil(tail * n)))
     if n >= 2:
         m = min(m, n)
@@ -203,8 +234,12 @@ class JobUsage(Analysis):
     'job-usage[rows=top-level]'
     """
 
-    rows: str = option("jobs", "jobs = rows of JOB collections (allocs' tasks included, alloc sets out); top-level = "
-                       "rows with alloc_collection_id NULL or 0 (Google's notebook)", choices=ROWS)
+    rows: str = option(
+        "jobs",
+        "jobs = rows of JOB collections (allocs' tasks included, alloc sets out); top-level = "
+        "rows with alloc_collection_id NULL or 0 (Google's notebook)",
+        choices=ROWS,
+    )
     tail: float = option(0.1, "share of the largest collections the Pareto tail fit uses")
     tier_map: str | None = tier_map_option()
 
@@ -237,8 +272,11 @@ class JobUsage(Analysis):
         peak RSS 710 -> 460 MiB, system time 0.8-1.3 -> 0.4 s, wall 2.3-2.5 -> 2.0 s)."""
         if source is None:
             return self.auto_partition_rows
-        return self.few_events_rows if source.num_rows("instance_events") <= self.few_events_rows \
+        return (
+            self.few_events_rows
+            if source.num_rows("instance_events") <= self.few_events_rows
             else self.auto_partition_rows
+        )
 
     @property
     def columns(self) -> tuple[str, ...]:
@@ -259,8 +297,11 @@ class JobUsage(Analysis):
 
     # ---------------------------------------------------------------- partial / merge
     def empty(self, backend: Any = None) -> dict[str, np.ndarray]:
-        return {**_empty_keyed(), **{"x" + k: v for k, v in _empty_keyed().items()},
-                "stats": np.zeros(len(_STATS), np.int64)}
+        return {
+            **_empty_keyed(),
+            **{"x" + k: v for k, v in _empty_keyed().items()},
+            "stats": np.zeros(len(_STATS), np.int64),
+        }
 
     def partial(self, cols: dict[str, Any], ctx: JobUsageContext, backend: Any) -> dict[str, Any]:
         xp = backend.xp
@@ -285,8 +326,11 @@ class JobUsage(Analysis):
         # every row counts: no gathers (the lookup probes the columns as they are)
         r = None if used == n else xp.nonzero(keep)[0]
         n_coll = int(ctx.collections.shape[0])
-        if (backend.ops.lookup_slot_tables and 0 < len(ctx.lookup) <= 4 * used + (1 << 16)
-                and len(ctx.lookup) < _MAX_TABLE_KEYS):
+        if (
+            backend.ops.lookup_slot_tables
+            and 0 < len(ctx.lookup) <= 4 * used + (1 << 16)
+            and len(ctx.lookup) < _MAX_TABLE_KEYS
+        ):
             # host arrays (the cpu backend): one pass of blocks through the lookup's key table
             table = key_table(ctx.lookup, ctx.key_collection, n_coll)
             dense, extra, unknown = group_windows(table, ctx.collections, cols, r, used)
@@ -310,15 +354,18 @@ class JobUsage(Analysis):
         if n_coll <= 4 * used + (1 << 16):
             out = self._by_code(backend, ctx, cols, r, c, vals)
         else:  # the lookup's collections far outnumber this partition's rows: group by a sort
-            found, p = ctx.lookup.find(backend, cols["collection_id"], cols["instance_index"], cols["machine_id"], rows=r)
+            found, p = ctx.lookup.find(
+                backend, cols["collection_id"], cols["instance_index"], cols["machine_id"], rows=r
+            )
             out = self._by_sort(backend, c, xp.where(found, p, -1).astype(xp.int64), vals)
         out.update({"x" + k: xp.asarray(v) for k, v in _empty_keyed().items()})
         out["stats"] = xp.asarray(np.array([stats[k] for k in _STATS], np.int64))
         return out
 
     @staticmethod
-    def _by_code(backend: Any, ctx: JobUsageContext, cols: dict[str, Any], r: Any, c: Any,
-                 vals: dict[str, Any]) -> dict[str, Any]:
+    def _by_code(
+        backend: Any, ctx: JobUsageContext, cols: dict[str, Any], r: Any, c: Any, vals: dict[str, Any]
+    ) -> dict[str, Any]:
         """Per collection sums by dense code: a window's code is its key's collection in the
         lookup's table; the collections of windows whose key has no events get codes after
         those.  ``bincount`` adds each code's windows in row order (as the sort path does).
@@ -336,8 +383,11 @@ class JobUsage(Analysis):
         if int(miss.shape[0]):
             u = xp.unique(c[miss])
             pos = xp.searchsorted(coll, u)
-            known = (pos < n_coll) & (coll[xp.minimum(pos, max(n_coll - 1, 0))] == u) if n_coll else xp.zeros(
-                u.shape[0], dtype=bool)
+            known = (
+                (pos < n_coll) & (coll[xp.minimum(pos, max(n_coll - 1, 0))] == u)
+                if n_coll
+                else xp.zeros(u.shape[0], dtype=bool)
+            )
             code[miss] = xp.where(known, pos, n_coll + xp.cumsum(~known) - 1)[xp.searchsorted(u, c[miss])]
             ids = xp.concatenate([coll, u[~known]])
         total = int(ids.shape[0])
@@ -345,9 +395,13 @@ class JobUsage(Analysis):
         present = xp.nonzero(windows > 0)[0]
         prio = xp.full(total, -1, dtype=xp.int32)
         backend.ops.scatter_max(prio, code[found], backend.stage(ctx.lookup.code)[at[found]])
-        out = {"key": ids[present], "cpu": bincount(xp, code, weights=vals["cpu"], minlength=total)[present],
-               "mem": bincount(xp, code, weights=vals["mem"], minlength=total)[present],
-               "windows": windows[present].astype(xp.int64), "prio": prio[present].astype(xp.int64)}
+        out = {
+            "key": ids[present],
+            "cpu": bincount(xp, code, weights=vals["cpu"], minlength=total)[present],
+            "mem": bincount(xp, code, weights=vals["mem"], minlength=total)[present],
+            "windows": windows[present].astype(xp.int64),
+            "prio": prio[present].astype(xp.int64),
+        }
         if total > n_coll:  # codes past the table's collections: keys no longer in order
             order = xp.argsort(out["key"])
             out = {k: v[order] for k, v in out.items()}
@@ -407,8 +461,9 @@ class JobUsage(Analysis):
         order = _by_usage(cpu, key)  # NCU-hours descending, then collection_id
         key, cpu, code = key[order], cpu[order], code[order]
         mem, windows = p["mem"].astype(np.float64)[order], p["windows"].astype(np.int64)[order]
-        jobs = table({"collection_id": key, "tier": labels(names, code), "ncu_hours": cpu, "nmu_hours": mem,
-                      "windows": windows})
+        jobs = table(
+            {"collection_id": key, "tier": labels(names, code), "ncu_hours": cpu, "nmu_hours": mem, "windows": windows}
+        )
         rows, corr = [], []
         for t in (*names, "all"):
             sel = None if t == "all" else np.array([nm == t for nm in names])[code]  # the rows of tier t
@@ -421,29 +476,61 @@ class JobUsage(Analysis):
                 rows.append({"tier": t, "resource": res, **{c: got[c] for c in STAT_COLUMNS}})
             both = (xs["cpu"] > 0) & (xs["mem"] > 0)
             a, b = xs["cpu"][both], xs["mem"][both]
-            corr.append({"tier": t, "jobs": int(a.shape[0]), "pearson_r": _pearson(a, b),
-                         "log_pearson_r": _pearson(np.log10(a), np.log10(b)) if a.size else np.nan})
+            corr.append(
+                {
+                    "tier": t,
+                    "jobs": int(a.shape[0]),
+                    "pearson_r": _pearson(a, b),
+                    "log_pearson_r": _pearson(np.log10(a), np.log10(b)) if a.size else np.nan,
+                }
+            )
         st = dict(zip(_STATS, (int(v) for v in p["stats"]), strict=True))
-        info = table_from_rows([{"analysis": self.name, "rows_rule": self.rows, "tail": float(self.tail),
-                                 "tier_map": ctx.tier_map.name, "tiers": ",".join(names), "collections": int(key.shape[0]),
-                                 **st}])
-        return {"jobs": jobs, "stats": rows_table(rows, _STATS_SCHEMA), "correlation": rows_table(corr, _CORR_SCHEMA),
-                "info": info}
+        info = table_from_rows(
+            [
+                {
+                    "analysis": self.name,
+                    "rows_rule": self.rows,
+                    "tail": float(self.tail),
+                    "tier_map": ctx.tier_map.name,
+                    "tiers": ",".join(names),
+                    "collections": int(key.shape[0]),
+                    **st,
+                }
+            ]
+        )
+        return {
+            "jobs": jobs,
+            "stats": rows_table(rows, _STATS_SCHEMA),
+            "correlation": rows_table(corr, _CORR_SCHEMA),
+            "info": info,
+        }
 
     def summary(self, result: dict[str, Any]) -> str:
         info = as_arrow(result["info"]).to_pylist()[0]
-        lines = [f"{self.label}: {info['collections']:,} collections from {info['used_rows']:,} windows "
-                 f"(rows: {info['rows_rule']}), tier map {info['tier_map']!r}"]
+        lines = [
+            f"{self.label}: {info['collections']:,} collections from {info['used_rows']:,} windows "
+            f"(rows: {info['rows_rule']}), tier map {info['tier_map']!r}"
+        ]
         for r in as_arrow(result["stats"]).to_pylist():
-            lines.append(f"  {r['tier']:>8} {r['resource']}: {r['jobs']:,} jobs, {fmt(r['total_hours'], '.4g')} h; top 1% "
-                         f"{fmt(r['top1pct_share'], '.1%')}, top 0.1% {fmt(r['top01pct_share'], '.1%')}; median "
-                         f"{fmt(r['median'], '.3g')} h, p99 {fmt(r['p99'], '.3g')} h; C² {fmt(r['scv'], '.3g')}; "
-                         f"Pareto alpha {fmt(r['pareto_alpha'], '.3g')} (R² {fmt(r['pareto_r2'], '.3f')})")
+            lines.append(
+                f"  {r['tier']:>8} {r['resource']}: {r['jobs']:,} jobs, {fmt(r['total_hours'], '.4g')} h; top 1% "
+                f"{fmt(r['top1pct_share'], '.1%')}, top 0.1% {fmt(r['top01pct_share'], '.1%')}; median "
+                f"{fmt(r['median'], '.3g')} h, p99 {fmt(r['p99'], '.3g')} h; C² {fmt(r['scv'], '.3g')}; "
+                f"Pareto alpha {fmt(r['pareto_alpha'], '.3g')} (R² {fmt(r['pareto_r2'], '.3f')})"
+            )
         return "\n".join(lines)
 
 
 #: The ``stats`` and ``correlation`` tables' columns (an empty table keeps them).
-_STATS_SCHEMA = pa.schema([("tier", pa.string()), ("resource", pa.string()), ("jobs", pa.int64()),
-                           ("zero_jobs", pa.int64()), *((c, pa.float64()) for c in STAT_COLUMNS[2:])])
-_CORR_SCHEMA = pa.schema([("tier", pa.string()), ("jobs", pa.int64()), ("pearson_r", pa.float64()),
-                          ("log_pearson_r", pa.float64())])
+_STATS_SCHEMA = pa.schema(
+    [
+        ("tier", pa.string()),
+        ("resource", pa.string()),
+        ("jobs", pa.int64()),
+        ("zero_jobs", pa.int64()),
+        *((c, pa.float64()) for c in STAT_COLUMNS[2:]),
+    ]
+)
+_CORR_SCHEMA = pa.schema(
+    [("tier", pa.string()), ("jobs", pa.int64()), ("pearson_r", pa.float64()), ("log_pearson_r", pa.float64())]
+)

@@ -95,28 +95,58 @@ from gpuclust.partials import merge_keyed
 from gpuclust.schema import TIME_AFTER_TRACE, EventType, TierMap, tier_map
 from gpuclust.tables import as_arrow, column
 
-__all__ = ["CollectionLifecycle", "DELAY_EDGES_US", "DISTRIBUTIONS", "EVENT_NAMES", "EXPECTED", "Lifecycle", "STATE_AFTER",
-           "SERIES_FIELDS", "delay_bins",
-           "unknown_duration_reason"]
+__all__ = [
+    "CollectionLifecycle",
+    "DELAY_EDGES_US",
+    "DISTRIBUTIONS",
+    "EVENT_NAMES",
+    "EXPECTED",
+    "Lifecycle",
+    "STATE_AFTER",
+    "SERIES_FIELDS",
+    "delay_bins",
+    "unknown_duration_reason",
+]
 
 #: Event type names, by v3 code.
 EVENT_NAMES: tuple[str, ...] = tuple(e.name for e in EventType)
 _NE = len(EVENT_NAMES)
 _NONE, _PENDING, _RUNNING, _DEAD = 0, 1, 2, 3
 #: The state (1 pending, 2 running, 3 dead) an instance is in after each event type (v3 code).
-STATE_AFTER = np.array([_PENDING, _PENDING, _PENDING, _RUNNING, _DEAD, _DEAD, _DEAD, _DEAD, _DEAD, _PENDING,
-                        _RUNNING], dtype=np.int64)
+STATE_AFTER = np.array(
+    [_PENDING, _PENDING, _PENDING, _RUNNING, _DEAD, _DEAD, _DEAD, _DEAD, _DEAD, _PENDING, _RUNNING], dtype=np.int64
+)
 #: Events that may follow each state in the v3 document's state diagram.
 EXPECTED: dict[int, frozenset[int]] = {
-    _PENDING: frozenset({EventType.QUEUE, EventType.ENABLE, EventType.SCHEDULE, EventType.UPDATE_PENDING,
-                         EventType.FAIL, EventType.KILL, EventType.LOST}),
-    _RUNNING: frozenset({EventType.UPDATE_RUNNING, EventType.EVICT, EventType.FAIL, EventType.FINISH,
-                         EventType.KILL, EventType.LOST}),
+    _PENDING: frozenset(
+        {
+            EventType.QUEUE,
+            EventType.ENABLE,
+            EventType.SCHEDULE,
+            EventType.UPDATE_PENDING,
+            EventType.FAIL,
+            EventType.KILL,
+            EventType.LOST,
+        }
+    ),
+    _RUNNING: frozenset(
+        {EventType.UPDATE_RUNNING, EventType.EVICT, EventType.FAIL, EventType.FINISH, EventType.KILL, EventType.LOST}
+    ),
     _DEAD: frozenset({EventType.SUBMIT}),
 }
-_COUNTERS = ("rows", "invalid_type_rows", "instances", "first_not_submit", "unknown_priority_instances",
-             "time_zero_events", "after_trace_events", "present_at_start", "synthesized_events",
-             "synthesized_duration_episodes", "priority_from_instances")
+_COUNTERS = (
+    "rows",
+    "invalid_type_rows",
+    "instances",
+    "first_not_submit",
+    "unknown_priority_instances",
+    "time_zero_events",
+    "after_trace_events",
+    "present_at_start",
+    "synthesized_events",
+    "synthesized_duration_episodes",
+    "priority_from_instances",
+)
 _I64_MAX = np.iinfo(np.int64).max
 #: Rows of a partition from which the cpu path replays it as two halves (see ``Lifecycle.partial``).
 SPLIT_ROWS = 1 << 19
@@ -206,12 +236,18 @@ class Lifecycle(Analysis):
         copied to a device); the keyed series stay host arrays."""
         t = _NS  # kind x tier slots, trimmed to the context's tiers at finalize
         xp = np if backend is None else backend.xp
-        return {"events": xp.zeros((t, _NE), np.int64), "transitions": xp.zeros((t, _NE, _NE), np.int64),
-                "episodes": xp.zeros((t, _D), np.int64), "hist": xp.zeros((t, _D, _B), np.int64),
-                "dur_sum": xp.zeros((t, _D)), "dur_min": xp.full((t, _D), _I64_MAX, np.int64),
-                "dur_max": xp.full((t, _D), -1, np.int64), "instances": xp.zeros(t, np.int64),
-                "series": {"key": np.zeros(0, np.int64), **{f: np.zeros(0, np.int64) for f in SERIES_FIELDS}},
-                "counters": xp.zeros(len(_COUNTERS), np.int64)}
+        return {
+            "events": xp.zeros((t, _NE), np.int64),
+            "transitions": xp.zeros((t, _NE, _NE), np.int64),
+            "episodes": xp.zeros((t, _D), np.int64),
+            "hist": xp.zeros((t, _D, _B), np.int64),
+            "dur_sum": xp.zeros((t, _D)),
+            "dur_min": xp.full((t, _D), _I64_MAX, np.int64),
+            "dur_max": xp.full((t, _D), -1, np.int64),
+            "instances": xp.zeros(t, np.int64),
+            "series": {"key": np.zeros(0, np.int64), **{f: np.zeros(0, np.int64) for f in SERIES_FIELDS}},
+            "counters": xp.zeros(len(_COUNTERS), np.int64),
+        }
 
     def partial(self, cols: dict[str, Any], ctx: LifecycleContext, backend: Any) -> dict[str, Any]:
         """The replay of a partition's events; on host arrays (the cpu backend) from
@@ -226,8 +262,13 @@ class Lifecycle(Analysis):
         upper = (key_hash(np, [cols[k] for k in self.key_columns]) >> np.uint64(63)).astype(bool)
         halves = [np.flatnonzero(~upper), np.flatnonzero(upper)]
         del upper
-        parts = list(map_ordered(lambda rows: self._replay({k: v[rows] for k, v in cols.items()}, ctx, backend),
-                                 halves, threads=min(2, threads())))
+        parts = list(
+            map_ordered(
+                lambda rows: self._replay({k: v[rows] for k, v in cols.items()}, ctx, backend),
+                halves,
+                threads=min(2, threads()),
+            )
+        )
         return self.merge(parts[0], parts[1])
 
     def _replay(self, cols: dict[str, Any], ctx: LifecycleContext, backend: Any) -> dict[str, Any]:
@@ -249,8 +290,9 @@ class Lifecycle(Analysis):
         def pick(a: Any) -> Any:
             return a if rows is None else a[rows]
 
-        t, c, p, mt, ct = (pick(cols[k]) for k in ("time", "collection_id", "priority", "missing_type",
-                                                     "collection_type"))
+        t, c, p, mt, ct = (
+            pick(cols[k]) for k in ("time", "collection_id", "priority", "missing_type", "collection_type")
+        )
         i = pick(cols["instance_index"]) if "instance_index" in self.key_columns else xp.zeros(n, dtype=xp.int32)
         e = pick(e)
         # ---- one instance's events together, in time order (ties keep row order)
@@ -318,13 +360,18 @@ class Lifecycle(Analysis):
         # an instance's first event has no transition: counted in an extra last bin, dropped
         pair = (slot * _NE + prev_e) * _NE + e
         pair[first] = _NS * _NE * _NE
-        out["transitions"] = bincount(xp, pair, minlength=_NS * _NE * _NE + 1)[:-1].reshape(
-            _NS, _NE, _NE).astype(xp.int64)
+        out["transitions"] = (
+            bincount(xp, pair, minlength=_NS * _NE * _NE + 1)[:-1].reshape(_NS, _NE, _NE).astype(xp.int64)
+        )
         del pair
         # ---- pending sub-states: queued (deferred) after a QUEUE, eligible after an ENABLE, each until
         # the next SUBMIT, QUEUE or ENABLE (UPDATE_PENDING keeps it) or the end of the pending stay
-        mark = ((e == int(EventType.SUBMIT)) | (e == int(EventType.QUEUE)) | (e == int(EventType.ENABLE))
-                | (state != _PENDING))
+        mark = (
+            (e == int(EventType.SUBMIT))
+            | (e == int(EventType.QUEUE))
+            | (e == int(EventType.ENABLE))
+            | (state != _PENDING)
+        )
         lm = segmented_last(ops, xp, mark, seg_start)
         sub_e = xp.where(lm >= 0, e[xp.maximum(lm, 0)], -1)
         pend = state == _PENDING
@@ -352,8 +399,9 @@ class Lifecycle(Analysis):
 
         d_p = (state == _PENDING).astype(i64) - (prev_state == _PENDING).astype(i64) + 1
         d_r = (state == _RUNNING).astype(i64) - (prev_state == _RUNNING).astype(i64) + 1
-        code = (((((cls * 3 + d_p) * 3 + d_r) * 3 + change(queued)) * 3 + change(eligible)) * 2
-                + (first & pas_row).astype(i64))
+        code = ((((cls * 3 + d_p) * 3 + d_r) * 3 + change(queued)) * 3 + change(eligible)) * 2 + (
+            first & pas_row
+        ).astype(i64)
         key = bucket_index(t[live], self.width_us) * T + tier[live]
         out["series"] = series_partial(backend, key, code[live])
         del is_sub, csub, first_sub, cls, d_p, d_r, code, key, after, eligible, pas_row
@@ -366,8 +414,10 @@ class Lifecycle(Analysis):
         recs: list[tuple[Any, Any, Any, Any]] = []  # (slot, distribution, duration, duration known)
         data_end = ctx.data_end_us
         n_synth = 0
-        for st_, restart, entry_ev, exits in ((_PENDING, int(EventType.SUBMIT), int(EventType.SUBMIT), _PENDING_EXIT),
-                                              (_RUNNING, int(EventType.SCHEDULE), int(EventType.SCHEDULE), _RUNNING_EXIT)):
+        for st_, restart, entry_ev, exits in (
+            (_PENDING, int(EventType.SUBMIT), int(EventType.SUBMIT), _PENDING_EXIT),
+            (_RUNNING, int(EventType.SCHEDULE), int(EventType.SCHEDULE), _RUNNING_EXIT),
+        ):
             entry = ((state == st_) & (prev_state != st_)) | ((state == st_) & (e == restart) & (prev_state == st_))
             last_entry = segmented_last(ops, xp, entry, seg_start)
             x = xp.nonzero((prev_state == st_) & ((state != st_) | (e == restart)))[0]
@@ -380,8 +430,14 @@ class Lifecycle(Analysis):
             if st_ == _PENDING:  # from the last ENABLE of the episode to its SCHEDULE
                 le = segmented_last(ops, xp, e == int(EventType.ENABLE), seg_start)[x - 1]
                 en = xp.nonzero((e[x] == int(EventType.SCHEDULE)) & (le > s) & known & ~synth[xp.maximum(le, 0)])[0]
-                recs.append((slot[x[en]], xp.full(int(en.shape[0]), _DI["enable_to_schedule", "scheduled"], xp.int64),
-                             t[x[en]] - t[le[en]], xp.ones(int(en.shape[0]), dtype=bool)))
+                recs.append(
+                    (
+                        slot[x[en]],
+                        xp.full(int(en.shape[0]), _DI["enable_to_schedule", "scheduled"], xp.int64),
+                        t[x[en]] - t[le[en]],
+                        xp.ones(int(en.shape[0]), dtype=bool),
+                    )
+                )
             # censored: the instance's last event leaves it in this state
             cz = xp.nonzero(state[last_row] == st_)[0]
             s = last_entry[last_row[cz]]
@@ -439,7 +495,9 @@ class Lifecycle(Analysis):
         return out
 
     def merge(self, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-        out = {k: a[k] + b[k] for k in ("events", "transitions", "episodes", "hist", "dur_sum", "instances", "counters")}
+        out = {
+            k: a[k] + b[k] for k in ("events", "transitions", "episodes", "hist", "dur_sum", "instances", "counters")
+        }
         out["dur_min"] = np.minimum(a["dur_min"], b["dur_min"])
         out["dur_max"] = np.maximum(a["dur_max"], b["dur_max"])
         out["series"] = merge_keyed(a["series"], b["series"])
@@ -451,57 +509,115 @@ class Lifecycle(Analysis):
         names = ctx.tier_names
         T = len(names)
         # by kind: (kind, tier, ...) trimmed to the context's tiers; the tables of all kinds sum them
-        pk = {k: np.asarray(v).reshape(_K, _T, *np.shape(v)[1:])[:, :T] for k, v in partial.items()
-              if k not in ("series", "counters")}
+        pk = {
+            k: np.asarray(v).reshape(_K, _T, *np.shape(v)[1:])[:, :T]
+            for k, v in partial.items()
+            if k not in ("series", "counters")
+        }
         p: dict[str, Any] = {k: v.sum(axis=0) for k, v in pk.items() if k not in ("dur_min", "dur_max")}
         p["dur_min"], p["dur_max"] = pk["dur_min"].min(axis=0), pk["dur_max"].max(axis=0)
         p["counters"] = np.asarray(partial["counters"])
         ev = p["events"]
-        events = rows_table([{"tier": names[k], "event": EVENT_NAMES[j], "count": int(ev[k, j])}
-                             for k in range(T) for j in range(_NE) if ev[k, j]], EVENTS_SCHEMA)
+        events = rows_table(
+            [
+                {"tier": names[k], "event": EVENT_NAMES[j], "count": int(ev[k, j])}
+                for k in range(T)
+                for j in range(_NE)
+                if ev[k, j]
+            ],
+            EVENTS_SCHEMA,
+        )
         tr = p["transitions"]
-        trows = [{"tier": names[k], "from_event": EVENT_NAMES[a], "to_event": EVENT_NAMES[b], "count": int(tr[k, a, b]),
-                  "expected": bool(b in EXPECTED[int(STATE_AFTER[a])])}
-                 for k in range(T) for a in range(_NE) for b in range(_NE) if tr[k, a, b]]
+        trows = [
+            {
+                "tier": names[k],
+                "from_event": EVENT_NAMES[a],
+                "to_event": EVENT_NAMES[b],
+                "count": int(tr[k, a, b]),
+                "expected": bool(b in EXPECTED[int(STATE_AFTER[a])]),
+            }
+            for k in range(T)
+            for a in range(_NE)
+            for b in range(_NE)
+            if tr[k, a, b]
+        ]
         transitions = rows_table(trows, TRANSITIONS_SCHEMA)
         series = series_table(partial["series"], names, int(self.bucket_s))
         delays, hist = delays_tables(p, names)
         present = [k for k in range(_K) if pk["instances"][k].sum()]
         by_kind = [(self.kinds[k], delays_tables({f: v[k] for f, v in pk.items()}, names)[0]) for k in present]
-        delays_by_kind = (pa.concat_tables([with_kind(d, kn) for kn, d in by_kind]) if by_kind
-                          else with_kind(empty_table(DELAYS_SCHEMA), ""))
-        erows = [{"kind": self.kinds[k], "tier": names[j], "event": EVENT_NAMES[v], "count": int(pk["events"][k, j, v])}
-                 for k in range(_K) for j in range(T) for v in range(_NE) if pk["events"][k, j, v]]
+        delays_by_kind = (
+            pa.concat_tables([with_kind(d, kn) for kn, d in by_kind])
+            if by_kind
+            else with_kind(empty_table(DELAYS_SCHEMA), "")
+        )
+        erows = [
+            {"kind": self.kinds[k], "tier": names[j], "event": EVENT_NAMES[v], "count": int(pk["events"][k, j, v])}
+            for k in range(_K)
+            for j in range(T)
+            for v in range(_NE)
+            if pk["events"][k, j, v]
+        ]
         events_by_kind = rows_table(erows, EVENTS_BY_KIND_SCHEMA)
-        survival = survival_table(pk, p, names, [self.kinds[k] for k in range(_K)], present, _DI, DISTRIBUTIONS,
-                                  DELAY_EDGES_US)
+        survival = survival_table(
+            pk, p, names, [self.kinds[k] for k in range(_K)], present, _DI, DISTRIBUTIONS, DELAY_EDGES_US
+        )
         counters = dict(zip(_COUNTERS, (int(v) for v in p["counters"]), strict=True))
-        kinds = {f"{self.kinds[k]}_{self.thing}s" if self.kinds[k] == "unknown" else f"{self.kinds[k]}s":
-                 int(pk["instances"][k].sum()) for k in range(_K)}
-        info = table_from_rows([{"analysis": self.name, "tier_map": ctx.tier_map.name, "tiers": ",".join(names),
-                                 "bucket_s": int(self.bucket_s), "data_end_us": ctx.data_end_us, **counters, **kinds,
-                                 "transitions": int(tr.sum()),
-                                 "unexpected_transitions": sum(r["count"] for r in trows if not r["expected"])}])
-        return {"events": events, "transitions": transitions, "series": series, "delays": delays,
-                "delay_hist": hist, "survival": survival, "delays_by_kind": delays_by_kind,
-                "events_by_kind": events_by_kind, "info": info}
+        kinds = {
+            f"{self.kinds[k]}_{self.thing}s" if self.kinds[k] == "unknown" else f"{self.kinds[k]}s": int(
+                pk["instances"][k].sum()
+            )
+            for k in range(_K)
+        }
+        info = table_from_rows(
+            [
+                {
+                    "analysis": self.name,
+                    "tier_map": ctx.tier_map.name,
+                    "tiers": ",".join(names),
+                    "bucket_s": int(self.bucket_s),
+                    "data_end_us": ctx.data_end_us,
+                    **counters,
+                    **kinds,
+                    "transitions": int(tr.sum()),
+                    "unexpected_transitions": sum(r["count"] for r in trows if not r["expected"]),
+                }
+            ]
+        )
+        return {
+            "events": events,
+            "transitions": transitions,
+            "series": series,
+            "delays": delays,
+            "delay_hist": hist,
+            "survival": survival,
+            "delays_by_kind": delays_by_kind,
+            "events_by_kind": events_by_kind,
+            "info": info,
+        }
 
     def summary(self, result: dict[str, Any]) -> str:
         info = as_arrow(result["info"]).to_pylist()[0]
-        lines = [f"{self.label}: {info['instances']:,} {self.thing}s, {info['rows']:,} events, tier map "
-                 f"{info['tier_map']!r}; {info['unexpected_transitions']:,} of {info['transitions']:,} transitions not in "
-                 f"the v3 state diagram; {info['first_not_submit']:,} {self.thing}s first seen other than by SUBMIT"]
+        lines = [
+            f"{self.label}: {info['instances']:,} {self.thing}s, {info['rows']:,} events, tier map "
+            f"{info['tier_map']!r}; {info['unexpected_transitions']:,} of {info['transitions']:,} transitions not in "
+            f"the v3 state diagram; {info['first_not_submit']:,} {self.thing}s first seen other than by SUBMIT"
+        ]
         s = as_arrow(result["series"])
         if s.num_rows:
             bucket = column(s, "bucket")
             ub, inv = np.unique(bucket, return_inverse=True)
-            tot = {f: np.bincount(inv, weights=column(s, f).astype(np.float64), minlength=ub.shape[0])
-                   for f in ("new_submissions", "resubmissions", "finishes", "pending", "running")}
-            lines.append(f"  buckets of {int(info['bucket_s'])} s {int(ub[0])}..{int(ub[-1])}: "
-                         f"{int(tot['new_submissions'].sum()):,} new submissions ({int(info['present_at_start']):,} "
-                         f"{self.thing}s present at the start apart), {int(tot['resubmissions'].sum()):,} "
-                         f"resubmissions, {int(tot['finishes'].sum()):,} finishes; at the end {int(tot['pending'][-1]):,} "
-                         f"pending, {int(tot['running'][-1]):,} running")
+            tot = {
+                f: np.bincount(inv, weights=column(s, f).astype(np.float64), minlength=ub.shape[0])
+                for f in ("new_submissions", "resubmissions", "finishes", "pending", "running")
+            }
+            lines.append(
+                f"  buckets of {int(info['bucket_s'])} s {int(ub[0])}..{int(ub[-1])}: "
+                f"{int(tot['new_submissions'].sum()):,} new submissions ({int(info['present_at_start']):,} "
+                f"{self.thing}s present at the start apart), {int(tot['resubmissions'].sum()):,} "
+                f"resubmissions, {int(tot['finishes'].sum()):,} finishes; at the end {int(tot['pending'][-1]):,} "
+                f"pending, {int(tot['running'][-1]):,} running"
+            )
         d = as_arrow(result["delays"]).to_pylist()
         for measure, outcome in (("scheduling", "scheduled"), ("execution", "finish")):
             for r in d:
@@ -510,19 +626,26 @@ class Lifecycle(Analysis):
                     if not r["with_duration"]:
                         lines.append(f"{head}, median unknown: {unknown_duration_reason(measure)}")
                         continue
-                    timed = (f" ({r['with_duration']:,} with a known duration)"
-                             if r["with_duration"] < r["episodes"] else "")
-                    lines.append(f"{head}{timed}, median {fmt(r['p50_s'], '.3g')} s, p90 {fmt(r['p90_s'], '.3g')} s, "
-                                 f"mean {fmt(r['mean_s'], '.3g')} s")
+                    timed = (
+                        f" ({r['with_duration']:,} with a known duration)" if r["with_duration"] < r["episodes"] else ""
+                    )
+                    lines.append(
+                        f"{head}{timed}, median {fmt(r['p50_s'], '.3g')} s, p90 {fmt(r['p90_s'], '.3g')} s, "
+                        f"mean {fmt(r['mean_s'], '.3g')} s"
+                    )
         for r in as_arrow(result["survival"]).to_pylist() if "survival" in result else ():
             if r["kind"] == "all":
-                lines.append(f"  {r['measure']} Kaplan-Meier {r['tier']:>8}: {r['events']:,} ended, {r['censored']:,} "
-                             f"censored; median {fmt(r['km_p50_s'], '.3g', unit=' s')} (95% "
-                             f"{fmt(r['km_p50_lo_s'], '.3g')}-{fmt(r['km_p50_hi_s'], '.3g')}), "
-                             f"p90 {fmt(r['km_p90_s'], '.3g', unit=' s')}")
+                lines.append(
+                    f"  {r['measure']} Kaplan-Meier {r['tier']:>8}: {r['events']:,} ended, {r['censored']:,} "
+                    f"censored; median {fmt(r['km_p50_s'], '.3g', unit=' s')} (95% "
+                    f"{fmt(r['km_p50_lo_s'], '.3g')}-{fmt(r['km_p50_hi_s'], '.3g')}), "
+                    f"p90 {fmt(r['km_p90_s'], '.3g', unit=' s')}"
+                )
         if info.get("synthesized_events"):
-            lines.append(f"  {info['synthesized_events']:,} events synthesised by the trace (missing_type): "
-                         f"{info['synthesized_duration_episodes']:,} episodes left without a duration by them")
+            lines.append(
+                f"  {info['synthesized_events']:,} events synthesised by the trace (missing_type): "
+                f"{info['synthesized_duration_episodes']:,} episodes left without a duration by them"
+            )
         return "\n".join(lines)
 
 
@@ -530,8 +653,10 @@ def unknown_duration_reason(measure: str) -> str:
     """Why no episode of ``measure`` (a ``delays`` row with ``with_duration`` 0) has a duration, so
     that its quantiles are unknown."""
     entry = "SCHEDULE" if measure == "execution" else "SUBMIT"
-    return (f"none of its episodes has a known duration (each began before the trace: its {entry} at time 0 or "
-            "not in the data; or ended at 2^63-1, after the trace)")
+    return (
+        f"none of its episodes has a known duration (each began before the trace: its {entry} at time 0 or "
+        "not in the data; or ended at 2^63-1, after the trace)"
+    )
 
 
 @dataclass(frozen=True)

@@ -78,8 +78,9 @@ class MachineShapes(Analysis):
         return _distinct_pairs(xp, shape, cols["machine_id"])
 
     def merge(self, a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return _distinct_pairs(np, np.concatenate([a["shape"], b["shape"]]),
-                               np.concatenate([a["machine_id"], b["machine_id"]]))
+        return _distinct_pairs(
+            np, np.concatenate([a["shape"], b["shape"]]), np.concatenate([a["machine_id"], b["machine_id"]])
+        )
 
     def finalize(self, partial: dict[str, np.ndarray], ctx: Any) -> dict[str, pa.Table]:
         """The shapes table (an Arrow table, built without pandas)."""
@@ -93,8 +94,9 @@ class MachineShapes(Analysis):
         rows = as_arrow(result["shapes"]).to_pylist()
         lines = [f"{self.name}: {len(rows)} capacity shapes, {sum(r['machines'] for r in rows)} machine-shape pairs"]
         for r in rows[:10]:
-            lines.append(f"  cpu={fmt(r['cap_cpu'], '.6g'):<10} mem={fmt(r['cap_mem'], '.6g'):<10} "
-                         f"machines={r['machines']}")
+            lines.append(
+                f"  cpu={fmt(r['cap_cpu'], '.6g'):<10} mem={fmt(r['cap_mem'], '.6g'):<10} machines={r['machines']}"
+            )
         if len(rows) > 10:
             lines.append(f"  ... {len(rows) - 10} more")
         return "\n".join(lines)

@@ -75,8 +75,18 @@ STATS = ("rows", "alloc_rows", "short_rows", "unbounded_rows", "unplaced_rows", 
 _COUNTS = {"windows": np.int32, "nulls": np.int64}
 _FIELDS = ("cpu", "mem", *_COUNTS)
 _LOW = (1 << 32) - 1
-_MACHINE_COLUMNS = ["machine_id", "bucket", "bucket_start_us", "windows", "cpu_usage", "mem_usage", "cap_cpu",
-                    "cap_mem", "cpu_util", "mem_util"]
+_MACHINE_COLUMNS = [
+    "machine_id",
+    "bucket",
+    "bucket_start_us",
+    "windows",
+    "cpu_usage",
+    "mem_usage",
+    "cap_cpu",
+    "cap_mem",
+    "cpu_util",
+    "mem_util",
+]
 #: The time-weighted mode's machine table: ``up_s`` after ``bucket_start_us``.
 _UP_COLUMNS = [*_MACHINE_COLUMNS[:3], "up_s", *_MACHINE_COLUMNS[3:]]
 #: Counters of the time-weighted mode's machine-buckets (info), in this order.
@@ -118,9 +128,13 @@ class MachineUtilization(Analysis):
     'machine-utilization[mode=notebook]'
     """
 
-    mode: str = option("time-weighted", "time-weighted: every machine-bucket the machine is up (machine_events), "
-                       "usage-seconds / capacity-seconds, idle = 0, uncapped; notebook: Google's query (windows "
-                       ">= 300 s by start bucket, capped at 1)", choices=MODES)
+    mode: str = option(
+        "time-weighted",
+        "time-weighted: every machine-bucket the machine is up (machine_events), "
+        "usage-seconds / capacity-seconds, idle = 0, uncapped; notebook: Google's query (windows "
+        ">= 300 s by start bucket, capped at 1)",
+        choices=MODES,
+    )
 
     name = "machine-utilization"
     table = "instance_usage"
@@ -145,8 +159,10 @@ class MachineUtilization(Analysis):
 
     def context(self, source: Any) -> MachineUtilizationContext:
         ids, cpu, mem = machine_capacities(source.read("machine_events", ["machine_id", "cap_cpu", "cap_mem"]))
-        last = max(max_finite(source, "instance_usage", "start_time") or 0,
-                   max_finite(source, "instance_usage", "end_time") or 0)
+        last = max(
+            max_finite(source, "instance_usage", "start_time") or 0,
+            max_finite(source, "instance_usage", "end_time") or 0,
+        )
         span = int(last // BUCKET_US + 1)
         if ids.shape[0] * span >= 1 << 62:
             raise ValueError("machine-utilization: machines x buckets do not fit an int64 key")
@@ -161,14 +177,22 @@ class MachineUtilization(Analysis):
         ok = np.flatnonzero((cap.machine_id != _NULL_ID) & (cap.end > cap.start))
         code = np.searchsorted(ids, cap.machine_id[ok])
         order = np.argsort(code, kind="stable")
-        up = {"code": code[order].astype(np.int64), "start": cap.start[ok][order], "end": cap.end[ok][order],
-              "cap_cpu": cap.cap_cpu[ok][order], "cap_mem": cap.cap_mem[ok][order]}
+        up = {
+            "code": code[order].astype(np.int64),
+            "start": cap.start[ok][order],
+            "end": cap.end[ok][order],
+            "cap_cpu": cap.cap_cpu[ok][order],
+            "cap_mem": cap.cap_mem[ok][order],
+        }
         return MachineUtilizationContext(ids, cpu, mem, span, MachineHash.build(ids), up, window)
 
     # ---------------------------------------------------------------- partial / merge
     def empty(self, backend: Any = None) -> dict[str, Any]:
-        return {"u": {"key": np.zeros(0, np.int64), **{f: np.zeros(0, _COUNTS.get(f, np.float64)) for f in _FIELDS}},
-                "stats": np.zeros(len(STATS), np.int64), "backend": getattr(backend, "name", "cpu")}
+        return {
+            "u": {"key": np.zeros(0, np.int64), **{f: np.zeros(0, _COUNTS.get(f, np.float64)) for f in _FIELDS}},
+            "stats": np.zeros(len(STATS), np.int64),
+            "backend": getattr(backend, "name", "cpu"),
+        }
 
     def partial(self, cols: dict[str, Any], ctx: MachineUtilizationContext, backend: Any) -> dict[str, Any]:
         """Per (machine, bucket) key ``code * span + bucket``: the sums, known counts and windows.
@@ -248,13 +272,18 @@ class MachineUtilization(Analysis):
         return out
 
     def merge(self, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-        return {"u": merge_keyed(_widen(a["u"]), _widen(b["u"])), "stats": a["stats"] + b["stats"],
-                "backend": merged_backend(a["backend"], b["backend"])}
+        return {
+            "u": merge_keyed(_widen(a["u"]), _widen(b["u"])),
+            "stats": a["stats"] + b["stats"],
+            "backend": merged_backend(a["backend"], b["backend"]),
+        }
 
     # ---------------------------------------------------------------- shards
     def split(self, partial: dict[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, np.ndarray]]]:
-        return ({"stats": partial["stats"], "backend": partial["backend"]},
-                {"u": {f: np.asarray(v) for f, v in partial["u"].items()}})
+        return (
+            {"stats": partial["stats"], "backend": partial["backend"]},
+            {"u": {f: np.asarray(v) for f, v in partial["u"].items()}},
+        )
 
     def merge_rest(self, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         return {"stats": a["stats"] + b["stats"], "backend": merged_backend(a["backend"], b["backend"])}
@@ -281,8 +310,14 @@ class MachineUtilization(Analysis):
     def finalize(self, partial: dict[str, Any], ctx: MachineUtilizationContext) -> dict[str, Any]:
         return finalize_in_memory(self, partial, ctx)
 
-    def finalize_shard(self, keyed: dict[str, dict[str, np.ndarray]], rest: dict[str, Any],
-                       ctx: MachineUtilizationContext, lo: int, hi: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    def finalize_shard(
+        self,
+        keyed: dict[str, dict[str, np.ndarray]],
+        rest: dict[str, Any],
+        ctx: MachineUtilizationContext,
+        lo: int,
+        hi: int,
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
         """The machine-buckets of machine codes ``[lo, hi)`` and the shard's per-bucket sums for the
         series: notebook, those with a used window; time-weighted, those in which the machine is
         up (:func:`_up_grid`, swept for the shard's machines only)."""
@@ -297,8 +332,12 @@ class MachineUtilization(Analysis):
         if notebook:
             code, bucket = key // ctx.span, key % ctx.span
             cap = {r: getattr(ctx, cap_name)[code] for r, _, cap_name in RESOURCES}
-            cols: dict[str, Any] = {"machine_id": ctx.machine_ids[code], "bucket": bucket,
-                                    "bucket_start_us": bucket * BUCKET_US, "windows": windows}
+            cols: dict[str, Any] = {
+                "machine_id": ctx.machine_ids[code],
+                "bucket": bucket,
+                "bucket_start_us": bucket * BUCKET_US,
+                "windows": windows,
+            }
             use_s = use
             cap_s = cap
         else:
@@ -312,8 +351,13 @@ class MachineUtilization(Analysis):
             up_s = up[cells]
             w = np.zeros(cells.shape[0], np.int64)
             w[has] = windows[at[has]]
-            cols = {"machine_id": ctx.machine_ids[code], "bucket": bucket, "bucket_start_us": bucket * BUCKET_US,
-                    "up_s": up_s, "windows": w}
+            cols = {
+                "machine_id": ctx.machine_ids[code],
+                "bucket": bucket,
+                "bucket_start_us": bucket * BUCKET_US,
+                "up_s": up_s,
+                "windows": w,
+            }
             use_s, cap_s, cap = {}, {}, {}
             for r, _, _ in RESOURCES:
                 v = np.zeros(cells.shape[0])
@@ -323,9 +367,11 @@ class MachineUtilization(Analysis):
                 cap[r] = cap_s[r] / up_s
                 use[r] = v / up_s
             n_keys = int(local.shape[0])
-            extra["up"] = {"idle_machine_buckets": int(np.count_nonzero(w == 0)),
-                           "partial_machine_buckets": int(np.count_nonzero(up_s < BUCKET_US / 1e6)),
-                           "usage_buckets_not_up": n_keys - int(np.count_nonzero(has))}
+            extra["up"] = {
+                "idle_machine_buckets": int(np.count_nonzero(w == 0)),
+                "partial_machine_buckets": int(np.count_nonzero(up_s < BUCKET_US / 1e6)),
+                "usage_buckets_not_up": n_keys - int(np.count_nonzero(has)),
+            }
         for r, _, _ in RESOURCES:
             c = cap_s[r]
             with np.errstate(invalid="ignore", divide="ignore"):
@@ -333,14 +379,18 @@ class MachineUtilization(Analysis):
             util = np.where(ratio > 1.0, 1.0, ratio) if notebook else ratio
             cols[f"{r}_usage"], cols[f"cap_{r}"], cols[f"{r}_util"] = use[r], cap[r], util
             kn = np.isfinite(util)
-            extra[r] = {"known": np.bincount(bucket[kn], minlength=ctx.span),
-                        "sum": np.bincount(bucket[kn], weights=util[kn], minlength=ctx.span),
-                        "over": int(np.count_nonzero(ratio > 1.0)), "unknown": int(np.count_nonzero(~kn))}
+            extra[r] = {
+                "known": np.bincount(bucket[kn], minlength=ctx.span),
+                "sum": np.bincount(bucket[kn], weights=util[kn], minlength=ctx.span),
+                "over": int(np.count_nonzero(ratio > 1.0)),
+                "unknown": int(np.count_nonzero(~kn)),
+            }
         # one Arrow table in the table's column order, built from the arrays without pandas
         return {"machine": table({c: cols[c] for c in (_MACHINE_COLUMNS if notebook else _UP_COLUMNS)})}, extra
 
-    def finalize_parted(self, rest: dict[str, Any], ctx: MachineUtilizationContext, tables: dict[str, Any],
-                        extras: list[dict[str, Any]]) -> dict[str, pa.Table]:
+    def finalize_parted(
+        self, rest: dict[str, Any], ctx: MachineUtilizationContext, tables: dict[str, Any], extras: list[dict[str, Any]]
+    ) -> dict[str, pa.Table]:
         """The summary, quantile, series and info tables, as Arrow tables (see
         :mod:`gpuclust.tables`): the quantiles read the machine table a column at a time
         (:func:`gpuclust.parted.column_batches`), so a run without plots never imports pandas."""
@@ -367,45 +417,83 @@ class MachineUtilization(Analysis):
                 qs = backend_quantiles(be, values, QUANTILES) if n else np.full(len(QUANTILES), np.nan)
                 qrows += [{"resource": r, "quantile": q, "util": float(v)} for q, v in zip(QUANTILES, qs, strict=True)]
                 over = sum(e[r]["over"] for e in extras)
-                rows.append({"resource": r, "machine_buckets": n + unknown, "known": n, "unknown": unknown,
-                             "mean_util": float(total.sum()) / n if n else np.nan, "over_capacity": over,
-                             "share_over_capacity": over / n if n else np.nan,
-                             **{f"p{round(q * 100)}": float(qs[round(q * 100)]) for q in (0.5, 0.9, 0.99)},
-                             "max": float(qs[-1])})
+                rows.append(
+                    {
+                        "resource": r,
+                        "machine_buckets": n + unknown,
+                        "known": n,
+                        "unknown": unknown,
+                        "mean_util": float(total.sum()) / n if n else np.nan,
+                        "over_capacity": over,
+                        "share_over_capacity": over / n if n else np.nan,
+                        **{f"p{round(q * 100)}": float(qs[round(q * 100)]) for q in (0.5, 0.9, 0.99)},
+                        "max": float(qs[-1]),
+                    }
+                )
             with np.errstate(invalid="ignore", divide="ignore"):
                 series[f"{r}_mean_util"] = np.where(known > 0, total / np.maximum(known, 1), np.nan)
         keep = np.flatnonzero((series["cpu_machines"] > 0) | (series["mem_machines"] > 0))
         ser = table({c: np.asarray(v)[keep] for c, v in series.items()})
         stats = dict(zip(STATS, (int(v) for v in rest["stats"]), strict=True))
         if self.mode != "notebook":
-            stats.update({"window_start_us": ctx.window[0], "window_end_us": ctx.window[1],
-                          **{k: sum(e["up"][k] for e in extras) for k in UP_STATS}})
-        info = table_from_rows([{"analysis": self.name, "mode": self.mode, "machines": int(ctx.machine_ids.shape[0]),
-                                 "machines_known_cpu_capacity": int(np.count_nonzero(ctx.cap_cpu > 0)),
-                                 "machine_rows": int(machine.num_rows), **stats}])
-        return {"summary": schema_table(rows, _SUMMARY_SCHEMA), "quantiles": schema_table(qrows, _QUANTILES_SCHEMA),
-                "series": ser, "info": info}
+            stats.update(
+                {
+                    "window_start_us": ctx.window[0],
+                    "window_end_us": ctx.window[1],
+                    **{k: sum(e["up"][k] for e in extras) for k in UP_STATS},
+                }
+            )
+        info = table_from_rows(
+            [
+                {
+                    "analysis": self.name,
+                    "mode": self.mode,
+                    "machines": int(ctx.machine_ids.shape[0]),
+                    "machines_known_cpu_capacity": int(np.count_nonzero(ctx.cap_cpu > 0)),
+                    "machine_rows": int(machine.num_rows),
+                    **stats,
+                }
+            ]
+        )
+        return {
+            "summary": schema_table(rows, _SUMMARY_SCHEMA),
+            "quantiles": schema_table(qrows, _QUANTILES_SCHEMA),
+            "series": ser,
+            "info": info,
+        }
 
     def summary(self, result: dict[str, Any]) -> str:
         info = as_arrow(result["info"]).to_pylist()[0]
-        lines = [f"{self.label}: {info['machine_rows']:,} machine-buckets of {info['machines']:,} machines from "
-                 f"{info['used_rows']:,} of {info['rows']:,} usage windows (mode {info['mode']})"]
+        lines = [
+            f"{self.label}: {info['machine_rows']:,} machine-buckets of {info['machines']:,} machines from "
+            f"{info['used_rows']:,} of {info['rows']:,} usage windows (mode {info['mode']})"
+        ]
         if "idle_machine_buckets" in info:
-            lines[0] += (f"; machines up: {info['idle_machine_buckets']:,} idle machine-buckets, "
-                         f"{info['partial_machine_buckets']:,} up part of the bucket, "
-                         f"{info['usage_buckets_not_up']:,} with usage while down (left out)")
+            lines[0] += (
+                f"; machines up: {info['idle_machine_buckets']:,} idle machine-buckets, "
+                f"{info['partial_machine_buckets']:,} up part of the bucket, "
+                f"{info['usage_buckets_not_up']:,} with usage while down (left out)"
+            )
         for r in as_arrow(result["summary"]).to_pylist():
-            lines.append(f"  {r['resource']}: mean {fmt(r['mean_util'], '.3f')}, p50 {fmt(r['p50'], '.3f')}, "
-                         f"p90 {fmt(r['p90'], '.3f')}, p99 {fmt(r['p99'], '.3f')}, max {fmt(r['max'], '.3f')}; "
-                         f"{r['over_capacity']:,} machine-buckets over capacity "
-                         f"({fmt(r['share_over_capacity'], '.2%')}), {r['unknown']:,} unknown")
+            lines.append(
+                f"  {r['resource']}: mean {fmt(r['mean_util'], '.3f')}, p50 {fmt(r['p50'], '.3f')}, "
+                f"p90 {fmt(r['p90'], '.3f')}, p99 {fmt(r['p99'], '.3f')}, max {fmt(r['max'], '.3f')}; "
+                f"{r['over_capacity']:,} machine-buckets over capacity "
+                f"({fmt(r['share_over_capacity'], '.2%')}), {r['unknown']:,} unknown"
+            )
         return "\n".join(lines)
 
 
 #: The ``summary`` and ``quantiles`` tables' columns and types (an empty table keeps them).
-_SUMMARY_SCHEMA = pa.schema([("resource", pa.string()), *((c, pa.int64()) for c in ("machine_buckets", "known", "unknown")),
-                             ("mean_util", pa.float64()), ("over_capacity", pa.int64()),
-                             *((c, pa.float64()) for c in ("share_over_capacity", "p50", "p90", "p99", "max"))])
+_SUMMARY_SCHEMA = pa.schema(
+    [
+        ("resource", pa.string()),
+        *((c, pa.int64()) for c in ("machine_buckets", "known", "unknown")),
+        ("mean_util", pa.float64()),
+        ("over_capacity", pa.int64()),
+        *((c, pa.float64()) for c in ("share_over_capacity", "p50", "p90", "p99", "max")),
+    ]
+)
 _QUANTILES_SCHEMA = pa.schema([("resource", pa.string()), ("quantile", pa.float64()), ("util", pa.float64())])
 
 
@@ -413,6 +501,7 @@ def _min_start(source: Any) -> int | None:
     """The earliest ``start_time`` of instance_usage at or above 0 and below 2^63-1 (``None``: no
     such value), from Parquet row-group statistics where they can be trusted (else the row group
     is read); an in-memory source reads the column."""
+
     def low(a: np.ndarray) -> int | None:
         a = a[(a >= 0) & (a < TIME_AFTER_TRACE)]
         return int(a.min()) if a.size else None
@@ -455,9 +544,20 @@ def _up_grid(ctx: MachineUtilizationContext, lo: int, hi: int) -> tuple[np.ndarr
         return np.zeros(cells), {r: np.zeros(cells) for r, _, _ in RESOURCES}
     cc, cm = up["cap_cpu"][i0:i1], up["cap_mem"][i0:i1]
     vals = np.stack([np.ones(i1 - i0), cc, cm, np.isnan(cc).astype(np.float64), np.isnan(cm).astype(np.float64)])
-    sw = finalize_backend("cpu").ops.bucket_overlap(  # host arrays: the shard's up pieces
-        up["start"][i0:i1], up["end"][i0:i1], vals, (up["code"][i0:i1] - lo).astype(np.int32),
-        n_groups=hi - lo, n_buckets=ctx.span, origin=0, width=BUCKET_US).reshape(5, cells)
+    sw = (
+        finalize_backend("cpu")
+        .ops.bucket_overlap(  # host arrays: the shard's up pieces
+            up["start"][i0:i1],
+            up["end"][i0:i1],
+            vals,
+            (up["code"][i0:i1] - lo).astype(np.int32),
+            n_groups=hi - lo,
+            n_buckets=ctx.span,
+            origin=0,
+            width=BUCKET_US,
+        )
+        .reshape(5, cells)
+    )
     return sw[0], {"cpu": np.where(sw[3] > 0, np.nan, sw[1]), "mem": np.where(sw[4] > 0, np.nan, sw[2])}
 
 
@@ -471,8 +571,9 @@ def _narrow(xp: Any, c: Any) -> Any:
     """Counts as the narrowest of uint8 / uint16 / int32 that holds them (a smaller spill: most
     machine-buckets get one or two windows from a partition)."""
     top = int(c.max()) if int(c.shape[0]) else 0
-    return c.astype(xp.uint8 if top < 1 << 8 else xp.uint16 if top < 1 << 16 else
-                    xp.int32 if top < 1 << 31 else xp.int64)
+    return c.astype(
+        xp.uint8 if top < 1 << 8 else xp.uint16 if top < 1 << 16 else xp.int32 if top < 1 << 31 else xp.int64
+    )
 
 
 def _widen(u: dict[str, Any]) -> dict[str, Any]:
@@ -529,11 +630,11 @@ def _keyed_sums(backend: Any, key: Any, cells: int, cpu: Any, mem: Any) -> dict[
         bad = ~xp.isfinite(v)
         if bool(bad.any()):
             total = bincount(xp, group, weights=xp.where(xp.isnan(v), 0.0, v), minlength=n_groups)
-            nb = bincount(xp, group[bad], minlength=n_groups)[:cnt.shape[0]][present] << shift
+            nb = bincount(xp, group[bad], minlength=n_groups)[: cnt.shape[0]][present] << shift
             nulls = nb if nulls is None else nulls + nb
         else:
             total = bincount(xp, group, weights=v, minlength=n_groups)
-        out[name] = total[:cnt.shape[0]][present]
+        out[name] = total[: cnt.shape[0]][present]
         del total
     out["windows"] = _narrow(xp, cnt[present])
     out["nulls"] = xp.zeros(int(gkey.shape[0]), dtype=xp.uint8) if nulls is None else _narrow(xp, nulls)

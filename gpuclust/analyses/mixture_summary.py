@@ -104,8 +104,9 @@ def _unique_inverse(xp: ModuleType, keys: Any) -> tuple[Any, Any]:
     return uniq, inv.reshape(-1).astype(xp.int64)
 
 
-def _group_stats(xp: ModuleType, ops: ModuleType, q: Any, w: Any, keys: Any,
-                 repaired_input: bool = False) -> tuple[dict[str, Any], Any, Any, Any]:
+def _group_stats(
+    xp: ModuleType, ops: ModuleType, q: Any, w: Any, keys: Any, repaired_input: bool = False
+) -> tuple[dict[str, Any], Any, Any, Any]:
     """Repair, per-key counts/weights/mean sums; returns (stats, inverse codes, repaired q, usable mask).
     With ``repaired_input`` the rows of ``q`` are already repaired, finite float64 (no NULL, none
     left to repair), as :func:`repair_percentiles` would return them."""
@@ -154,14 +155,26 @@ def _merge_stats(xp: ModuleType, a: dict[str, Any], b: dict[str, Any]) -> tuple[
 # --------------------------------------------------------------------------------------------
 def empty(kind: str = "exact", k: int = DEFAULT_K, xp: ModuleType = np) -> dict[str, Any]:
     """The merge identity of a ``kind`` (``"exact"`` or ``"bounded"``) partial."""
-    base = {"key": xp.zeros(0, dtype=xp.int64), **{s: xp.zeros(0, dtype=xp.int64 if s in _INT_STATS else xp.float64)
-                                                  for s in _STATS}}
+    base = {
+        "key": xp.zeros(0, dtype=xp.int64),
+        **{s: xp.zeros(0, dtype=xp.int64 if s in _INT_STATS else xp.float64) for s in _STATS},
+    }
     if kind == "exact":
-        return {"kind": "exact", **base, "row_key": xp.zeros(0, dtype=xp.int64),
-                "q": xp.zeros((0, 20), dtype=xp.float64), "w": xp.zeros(0, dtype=xp.float64)}
+        return {
+            "kind": "exact",
+            **base,
+            "row_key": xp.zeros(0, dtype=xp.int64),
+            "q": xp.zeros((0, 20), dtype=xp.float64),
+            "w": xp.zeros(0, dtype=xp.float64),
+        }
     if kind == "bounded":
-        return {"kind": "bounded", "k": int(k), **base, "knots": xp.zeros((0, int(k) + 1), dtype=xp.float64),
-                "err": xp.zeros(0, dtype=xp.float64)}
+        return {
+            "kind": "bounded",
+            "k": int(k),
+            **base,
+            "knots": xp.zeros((0, int(k) + 1), dtype=xp.float64),
+            "err": xp.zeros(0, dtype=xp.float64),
+        }
     raise ValueError(f"unknown partial kind {kind!r}")
 
 
@@ -205,8 +218,13 @@ def exact_partial(q: Any, w: Any, keys: Any, *, repaired: bool = False) -> dict[
     if bool(usable.all()):  # no copy of the (n, 20) matrix when every row is usable
         return {"kind": "exact", **stats, "row_key": stats["key"][inv], "q": qr, "w": w}
     rows = xp.flatnonzero(usable)
-    return {"kind": "exact", **stats, "row_key": stats["key"][inv[rows]],
-            "q": xp.ascontiguousarray(qr[rows]), "w": w[rows]}
+    return {
+        "kind": "exact",
+        **stats,
+        "row_key": stats["key"][inv[rows]],
+        "q": xp.ascontiguousarray(qr[rows]),
+        "w": w[rows],
+    }
 
 
 def bounded_partial(q: Any, w: Any, keys: Any, k: int = DEFAULT_K, *, repaired: bool = False) -> dict[str, Any]:
@@ -234,8 +252,9 @@ def bounded_partial(q: Any, w: Any, keys: Any, k: int = DEFAULT_K, *, repaired: 
     else:
         rows = xp.flatnonzero(usable)
         qu, wu, iu = qr[rows], w.astype(xp.float64)[rows], inv[rows]
-    knots = ops.mixture_quantiles(xp.ascontiguousarray(qu), xp.ascontiguousarray(wu),
-                                  xp.ascontiguousarray(iu), G, xp.asarray(lv))
+    knots = ops.mixture_quantiles(
+        xp.ascontiguousarray(qu), xp.ascontiguousarray(wu), xp.ascontiguousarray(iu), G, xp.asarray(lv)
+    )
     err = xp.where(stats["weight"] > 0, 1.0 / float(k), 0.0)
     return {"kind": "bounded", "k": int(k), **stats, "knots": knots, "err": err}
 
@@ -305,8 +324,13 @@ def merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     xp = _xp_of(a["weight"])
     stats, ia, ib = _merge_stats(xp, a, b)
     if a["kind"] == "exact":
-        return {"kind": "exact", **stats, "row_key": xp.concatenate([a["row_key"], b["row_key"]]),
-                "q": xp.concatenate([a["q"], b["q"]]), "w": xp.concatenate([a["w"], b["w"]])}
+        return {
+            "kind": "exact",
+            **stats,
+            "row_key": xp.concatenate([a["row_key"], b["row_key"]]),
+            "q": xp.concatenate([a["q"], b["q"]]),
+            "w": xp.concatenate([a["w"], b["w"]]),
+        }
     k = int(a["k"])
     if int(b["k"]) != k:
         raise ValueError(f"cannot merge bounded partials with K={k} and K={b['k']}")
@@ -365,12 +389,26 @@ def finalize(p: dict[str, Any], levels: Any = None) -> dict[str, Any]:
     else:
         klv = xp.asarray(summary_levels(int(p["k"])))
         has = weight > 0
-        quant = ops.mixture_quantiles(xp.ascontiguousarray(xp.where(has[:, None], p["knots"], 0.0)),
-                                      xp.ascontiguousarray(xp.where(has, weight, 0.0)),
-                                      xp.arange(G, dtype=xp.int64), G, lv, q_levels=klv)
+        quant = ops.mixture_quantiles(
+            xp.ascontiguousarray(xp.where(has[:, None], p["knots"], 0.0)),
+            xp.ascontiguousarray(xp.where(has, weight, 0.0)),
+            xp.arange(G, dtype=xp.int64),
+            G,
+            lv,
+            q_levels=klv,
+        )
         err = p["err"]
-    return {"key": p["key"], "n_windows": p["n_windows"], "n_repaired": p["n_repaired"], "n_null": p["n_null"],
-            "weight": weight, "mean": mean, "levels": lv, "quantiles": quant, "err_bound": err}
+    return {
+        "key": p["key"],
+        "n_windows": p["n_windows"],
+        "n_repaired": p["n_repaired"],
+        "n_null": p["n_null"],
+        "weight": weight,
+        "mean": mean,
+        "levels": lv,
+        "quantiles": quant,
+        "err_bound": err,
+    }
 
 
 def level_column(level: float) -> str:
@@ -387,7 +425,9 @@ def to_frame(result: dict[str, Any]) -> Any:
     from gpuclust.analyses.base import to_host
 
     r = to_host(result)
-    cols: dict[str, Any] = {f: r[f] for f in ("key", "n_windows", "n_repaired", "n_null", "weight", "mean", "err_bound")}
+    cols: dict[str, Any] = {
+        f: r[f] for f in ("key", "n_windows", "n_repaired", "n_null", "weight", "mean", "err_bound")
+    }
     for j, lv in enumerate(np.asarray(r["levels"]).tolist()):
         cols[level_column(lv)] = r["quantiles"][:, j]
     return pd.DataFrame(cols)

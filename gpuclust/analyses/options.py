@@ -41,8 +41,15 @@ class OptionError(ValueError):
     """A ``NAME=VALUE`` text that the option's type or choices do not accept."""
 
 
-def option(default: Any, help: str, *, choices: Sequence[Any] | None = None, default_text: str | None = None,
-           fmt: str | None = None, always_in_label: bool = False) -> Any:
+def option(
+    default: Any,
+    help: str,
+    *,
+    choices: Sequence[Any] | None = None,
+    default_text: str | None = None,
+    fmt: str | None = None,
+    always_in_label: bool = False,
+) -> Any:
     """A dataclass field declaring an analysis option.
 
     Parameters
@@ -61,13 +68,19 @@ def option(default: Any, help: str, *, choices: Sequence[Any] | None = None, def
     always_in_label
         Show the option in the label even at its default.
     """
-    meta = {"help": help, "choices": tuple(choices) if choices is not None else None,
-            "default_text": default_text, "fmt": fmt, "always_in_label": always_in_label}
+    meta = {
+        "help": help,
+        "choices": tuple(choices) if choices is not None else None,
+        "default_text": default_text,
+        "fmt": fmt,
+        "always_in_label": always_in_label,
+    }
     return dataclasses.field(default=default, metadata={_META: meta})
 
 
-def tier_map_option(help: str = "priority tier map; default: the dataset manifest's, else the trace version's default"
-                    ) -> Any:
+def tier_map_option(
+    help: str = "priority tier map; default: the dataset manifest's, else the trace version's default",
+) -> Any:
     """The ``tier_map`` option shared by the analyses that split by priority tier."""
     from gpuclust.schema import TIER_MAPS
 
@@ -89,7 +102,9 @@ def _type_name(tp: Any) -> str:
     if origin in (tuple, list):
         name = f"list of {_type_name(typing.get_args(tp)[0])} (comma-separated)"
     else:
-        name = {bool: "true/false", int: "integer", float: "number", str: "text"}.get(tp, getattr(tp, "__name__", str(tp)))
+        name = {bool: "true/false", int: "integer", float: "number", str: "text"}.get(
+            tp, getattr(tp, "__name__", str(tp))
+        )
     return f"{name} or none" if opt else name
 
 
@@ -170,16 +185,26 @@ class Option:
     def field(self) -> Any:
         """The dataclass field :func:`option` makes of this option (an option declared here, as
         :data:`CELL_USAGE_MODE`, and used as an analysis' field)."""
-        return option(self.default, self.help, choices=self.choices, default_text=self.default_text, fmt=self.fmt,
-                      always_in_label=self.always_in_label)
+        return option(
+            self.default,
+            self.help,
+            choices=self.choices,
+            default_text=self.default_text,
+            fmt=self.fmt,
+            always_in_label=self.always_in_label,
+        )
 
 
 #: cell-usage's ``mode`` (its field is ``CELL_USAGE_MODE.field()``), declared here so the command
 #: line's ``--mode`` offers it without importing the analysis (and its lookups) in every run.
 CELL_USAGE_MODES: tuple[str, ...] = ("notebook", "exact")
-CELL_USAGE_MODE = Option("mode", "notebook", CELL_USAGE_MODES,
-                         "notebook = Google's notebook exactly; exact = time-weighted overlap with each hour",
-                         always_in_label=True)
+CELL_USAGE_MODE = Option(
+    "mode",
+    "notebook",
+    CELL_USAGE_MODES,
+    "notebook = Google's notebook exactly; exact = time-weighted overlap with each hour",
+    always_in_label=True,
+)
 
 
 def options_of(cls: type) -> tuple[Option, ...]:
@@ -190,8 +215,18 @@ def options_of(cls: type) -> tuple[Option, ...]:
         meta = f.metadata.get(_META)
         if meta is None:
             continue
-        out.append(Option(f.name, f.default, meta["choices"], meta["help"], hints.get(f.name, str),
-                          meta["default_text"], meta["fmt"], meta["always_in_label"]))
+        out.append(
+            Option(
+                f.name,
+                f.default,
+                meta["choices"],
+                meta["help"],
+                hints.get(f.name, str),
+                meta["default_text"],
+                meta["fmt"],
+                meta["always_in_label"],
+            )
+        )
     return tuple(out)
 
 

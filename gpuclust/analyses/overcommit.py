@@ -100,14 +100,42 @@ DEVICE_SHARD_FACTOR = 4
 #: chunk whatever its size).
 FINALIZE_CELLS = {"cpu": 1 << 15, "gpu": 1 << 20}
 #: Counters kept in every usage partial, in this order.
-STATS = ("usage_rows", "usage_alloc_rows", "usage_unbounded", "usage_unknown_machine",
-         "usage_no_overlap", "usage_used", "usage_unknown_tier")
+STATS = (
+    "usage_rows",
+    "usage_alloc_rows",
+    "usage_unbounded",
+    "usage_unknown_machine",
+    "usage_no_overlap",
+    "usage_used",
+    "usage_unknown_tier",
+)
 #: Counters of the running intervals (summed over partitions), in this order.
-ISTATS = ("event_rows", "alloc_event_rows", "instances", "pieces", "schedules", "running_at_end",
-          "terminal_without_schedule", "update_running_not_running", "schedule_while_running",
-          "unknown_request_pieces", "pieces_unplaced", "pieces_dedicated", "pieces_unknown_tier")
-_EVENT_COLUMNS = ["time", "type", "collection_id", "instance_index", "machine_id", "alloc_collection_id",
-                  "priority", "req_cpu", "req_mem"]
+ISTATS = (
+    "event_rows",
+    "alloc_event_rows",
+    "instances",
+    "pieces",
+    "schedules",
+    "running_at_end",
+    "terminal_without_schedule",
+    "update_running_not_running",
+    "schedule_while_running",
+    "unknown_request_pieces",
+    "pieces_unplaced",
+    "pieces_dedicated",
+    "pieces_unknown_tier",
+)
+_EVENT_COLUMNS = [
+    "time",
+    "type",
+    "collection_id",
+    "instance_index",
+    "machine_id",
+    "alloc_collection_id",
+    "priority",
+    "req_cpu",
+    "req_mem",
+]
 #: what the first pass over instance_events reads
 _PASS_COLUMNS = ["time", "type", "machine_id", "alloc_collection_id"]
 _NULL = np.iinfo(np.int64).min
@@ -241,8 +269,9 @@ class Overcommit(Analysis):
     bucket_s: int = option(300, "bucket width in seconds")
     tier_map: str | None = tier_map_option()
     window_start_us: int = option(TRACE_START_US, "trace window start (trace microseconds)")
-    window_end_us: int | None = option(None, "trace window end; default: the largest finite time in instance_events / "
-                                       "instance_usage")
+    window_end_us: int | None = option(
+        None, "trace window end; default: the largest finite time in instance_events / instance_usage"
+    )
 
     name = "overcommit"
     table = "instance_usage"
@@ -265,8 +294,18 @@ class Overcommit(Analysis):
 
     @property
     def columns(self) -> tuple[str, ...]:
-        return ("start_time", "end_time", "collection_id", "instance_index", "machine_id",
-                "alloc_collection_id", "avg_cpu", "avg_mem", "max_cpu", "max_mem")
+        return (
+            "start_time",
+            "end_time",
+            "collection_id",
+            "instance_index",
+            "machine_id",
+            "alloc_collection_id",
+            "avg_cpu",
+            "avg_mem",
+            "max_cpu",
+            "max_mem",
+        )
 
     @property
     def width_us(self) -> int:
@@ -301,11 +340,27 @@ class Overcommit(Analysis):
         mids = unique_sorted(np.concatenate([me_ids[me_ids != _NULL], placed]))
         ccode = np.searchsorted(mids, cap.machine_id).astype(np.int64)
         order = np.argsort(ccode, kind="stable")
-        series = {"code": ccode[order], "start": cap.start[order], "end": cap.end[order],
-                  "cap_cpu": cap.cap_cpu[order], "cap_mem": cap.cap_mem[order], "has_me": isin_sorted(mids, me_ids)}
+        series = {
+            "code": ccode[order],
+            "start": cap.start[order],
+            "end": cap.end[order],
+            "cap_cpu": cap.cap_cpu[order],
+            "cap_mem": cap.cap_mem[order],
+            "has_me": isin_sorted(mids, me_ids),
+        }
         return OvercommitContext(
-            tier_map=tm, tier_names=tier_names, window_start=w0, window_end=w1, width=width, n_buckets=B, origin=origin,
-            machine_ids=mids, lookup=InstanceLookup.empty(), series=series, stats=dict(cap.stats))
+            tier_map=tm,
+            tier_names=tier_names,
+            window_start=w0,
+            window_end=w1,
+            width=width,
+            n_buckets=B,
+            origin=origin,
+            machine_ids=mids,
+            lookup=InstanceLookup.empty(),
+            series=series,
+            stats=dict(cap.stats),
+        )
 
     @property
     def side_inputs(self) -> dict[str, tuple[str, ...]]:
@@ -321,8 +376,10 @@ class Overcommit(Analysis):
         # usage tier lookup: MAX(priority) per (collection, instance, machine), as cell-usage
         lookup = tier_lookup(ev, ctx.tier_map, top_level_only=True, unmatched=T - 1, what="overcommit priority lookup")
         t = ev.read(_EVENT_COLUMNS)
-        ecols = {c: to_i64(t.column(c)) for c in ("time", "type", "collection_id", "instance_index", "machine_id",
-                                                 "alloc_collection_id")}
+        ecols = {
+            c: to_i64(t.column(c))
+            for c in ("time", "type", "collection_id", "instance_index", "machine_id", "alloc_collection_id")
+        }
         ecols.update({c: to_f64(t.column(c)) for c in ("priority", "req_cpu", "req_mem")})
         del t
         if grain is None:
@@ -347,21 +404,26 @@ class Overcommit(Analysis):
         pcode = pcode.astype(xp.int64)
         ptier = _tier_codes(backend, ctx.tier_map, run.priority[placed], T - 1)
         kw = dict(origin=ctx.origin, width=ctx.width, n_buckets=B)
-        rk, rs = overlap_keyed(backend, pcode * T + ptier, ps, pe, xp.stack([run.req_cpu[placed], run.req_mem[placed]]),
-                               **kw)
+        rk, rs = overlap_keyed(
+            backend, pcode * T + ptier, ps, pe, xp.stack([run.req_cpu[placed], run.req_mem[placed]]), **kw
+        )
         ik, iss = overlap_keyed(backend, pcode, ps, pe, xp.ones((1, ps.shape[0])), **kw)
         dk, dc = distinct_keyed(backend, pcode, run.instance[placed], ps, pe, **kw)
         # both keyed by machine code * B + bucket; a distinct count implies positive piece-seconds
         distinct = xp.zeros(ik.shape[0], xp.int64)
         distinct[xp.searchsorted(ik, dk)] = dc
         m = run.machine_id
-        st = {**run.stats,
-              "pieces_unplaced": int(((m == 0) | (m == _NULL)).sum()),
-              "pieces_dedicated": int((m == -1).sum()),
-              "pieces_unknown_tier": int((ptier == T - 1).sum())}
-        return {"req": _keyed(xp, rk, req_cpu=rs[0], req_mem=rs[1]),
-                "inst": _keyed(xp, ik, inst=iss[0], distinct=distinct),
-                "istats": xp.asarray(np.array([st[k] for k in ISTATS], dtype=np.int64))}
+        st = {
+            **run.stats,
+            "pieces_unplaced": int(((m == 0) | (m == _NULL)).sum()),
+            "pieces_dedicated": int((m == -1).sum()),
+            "pieces_unknown_tier": int((ptier == T - 1).sum()),
+        }
+        return {
+            "req": _keyed(xp, rk, req_cpu=rs[0], req_mem=rs[1]),
+            "inst": _keyed(xp, ik, inst=iss[0], distinct=distinct),
+            "istats": xp.asarray(np.array([st[k] for k in ISTATS], dtype=np.int64)),
+        }
 
     # ---------------------------------------------------------------- partial / merge
     def _empty_usage(self) -> dict[str, np.ndarray]:
@@ -371,14 +433,20 @@ class Overcommit(Analysis):
 
     def empty(self, backend: Any = None) -> dict[str, Any]:
         # ``backend``: where the partials were computed, so finalize builds the tables there too
-        return {"usage": self._empty_usage(), "stats": np.zeros(len(STATS), np.int64), **self._empty_intervals(),
-                "backend": getattr(backend, "name", "cpu")}
+        return {
+            "usage": self._empty_usage(),
+            "stats": np.zeros(len(STATS), np.int64),
+            **self._empty_intervals(),
+            "backend": getattr(backend, "name", "cpu"),
+        }
 
     @staticmethod
     def _empty_intervals() -> dict[str, Any]:
-        return {"req": _keyed(np, np.zeros(0, np.int64), req_cpu=np.zeros(0), req_mem=np.zeros(0)),
-                "inst": _keyed(np, np.zeros(0, np.int64), inst=np.zeros(0), distinct=np.zeros(0, np.int64)),
-                "istats": np.zeros(len(ISTATS), np.int64)}
+        return {
+            "req": _keyed(np, np.zeros(0, np.int64), req_cpu=np.zeros(0), req_mem=np.zeros(0)),
+            "inst": _keyed(np, np.zeros(0, np.int64), inst=np.zeros(0), distinct=np.zeros(0, np.int64)),
+            "istats": np.zeros(len(ISTATS), np.int64),
+        }
 
     def _tiers(self, backend: Any, c: Any, i: Any, m: Any, ctx: OvercommitContext) -> tuple[Any, Any]:
         found, code = ctx.lookup.find(backend, c, i, m)
@@ -398,15 +466,34 @@ class Overcommit(Analysis):
         e = xp.clip(end, w0, w1)
         found, tier = self._tiers(backend, cols["collection_id"], cols["instance_index"], mach, ctx)
         use = top & bounded & known & (e > s)
-        st = {"usage_rows": n, "usage_alloc_rows": n - int(top.sum()),
-              "usage_unbounded": int((top & ~bounded).sum()),
-              "usage_unknown_machine": int((top & bounded & ~known).sum()),
-              "usage_no_overlap": int((top & bounded & known & ~(e > s)).sum()),
-              "usage_used": int(use.sum()), "usage_unknown_tier": int((use & ~found).sum())}
-        usage = self._usage(backend, s[use], e[use], (code[use].astype(xp.int64) * T + tier[use]), max(M, 1) * T,
-                            {k: cols[c][use] for k, c in (("use_cpu", "avg_cpu"), ("use_mem", "avg_mem"),
-                                                         ("max_cpu", "max_cpu"), ("max_mem", "max_mem"))},
-                            ctx.origin, width, B)
+        st = {
+            "usage_rows": n,
+            "usage_alloc_rows": n - int(top.sum()),
+            "usage_unbounded": int((top & ~bounded).sum()),
+            "usage_unknown_machine": int((top & bounded & ~known).sum()),
+            "usage_no_overlap": int((top & bounded & known & ~(e > s)).sum()),
+            "usage_used": int(use.sum()),
+            "usage_unknown_tier": int((use & ~found).sum()),
+        }
+        usage = self._usage(
+            backend,
+            s[use],
+            e[use],
+            (code[use].astype(xp.int64) * T + tier[use]),
+            max(M, 1) * T,
+            {
+                k: cols[c][use]
+                for k, c in (
+                    ("use_cpu", "avg_cpu"),
+                    ("use_mem", "avg_mem"),
+                    ("max_cpu", "max_cpu"),
+                    ("max_mem", "max_mem"),
+                )
+            },
+            ctx.origin,
+            width,
+            B,
+        )
         # the running pieces of this partition's instances (bucketed source: bind gave their events)
         if ctx.events is not None:
             intervals = self._intervals(backend, {c: backend.asarray(v) for c, v in ctx.events.items()}, ctx)
@@ -416,8 +503,9 @@ class Overcommit(Analysis):
         part["stats"] = xp.asarray(np.array([st[k] for k in STATS], dtype=np.int64))
         return part
 
-    def _usage(self, backend: Any, s: Any, e: Any, g: Any, n_codes: int, vals: dict[str, Any], w0: int,
-               width: int, B: int) -> dict[str, Any]:
+    def _usage(
+        self, backend: Any, s: Any, e: Any, g: Any, n_codes: int, vals: dict[str, Any], w0: int, width: int, B: int
+    ) -> dict[str, Any]:
         """Keyed usage sums: key = (machine code * T + tier) * B + bucket; ``g`` in ``[0, n_codes)``;
         ``w0`` is the grid origin (the first bucket's start), buckets counted from it."""
         xp, ops = backend.xp, backend.ops
@@ -425,7 +513,7 @@ class Overcommit(Analysis):
             return {k: xp.asarray(v) for k, v in self._empty_usage().items()}
         ws = width / 1e6
         b0, b1 = bucket_span(xp, s, e, width, w0)
-        a_s = xp.ascontiguousarray(w0 + b0 * width)      # bucket-aligned: every overlapped bucket whole,
+        a_s = xp.ascontiguousarray(w0 + b0 * width)  # bucket-aligned: every overlapped bucket whole,
         a_e = xp.ascontiguousarray(w0 + (b1 + 1) * width)  # so value / width_s adds the value once per bucket
         # dense codes of the (machine, tier) pairs present: a bincount, not a sort
         present = bincount(xp, g, minlength=n_codes) > 0
@@ -436,10 +524,14 @@ class Overcommit(Analysis):
         step = max(1, min(CELL_LIMIT, max(2 * int(s.shape[0]), 1 << 16)) // max(G, 1))
         # two sweeps: exact overlap (mean usage) and whole buckets (window maxima, window counts)
         exact = xp.stack([vals["use_cpu"].astype(xp.float64), vals["use_mem"].astype(xp.float64)])
-        whole = xp.stack([vals["max_cpu"].astype(xp.float64) / ws, vals["max_mem"].astype(xp.float64) / ws,
-                          xp.full(s.shape[0], 1.0 / ws, dtype=xp.float64),
-                          *[xp.isfinite(vals[k]).astype(xp.float64) / ws
-                            for k in ("use_cpu", "use_mem", "max_cpu", "max_mem")]])
+        whole = xp.stack(
+            [
+                vals["max_cpu"].astype(xp.float64) / ws,
+                vals["max_mem"].astype(xp.float64) / ws,
+                xp.full(s.shape[0], 1.0 / ws, dtype=xp.float64),
+                *[xp.isfinite(vals[k]).astype(xp.float64) / ws for k in ("use_cpu", "use_mem", "max_cpu", "max_mem")],
+            ]
+        )
         keys: list[Any] = []
         outs: dict[str, list[Any]] = {k: [] for k in _PARTIAL_FIELDS}
         s = xp.ascontiguousarray(s)
@@ -452,7 +544,7 @@ class Overcommit(Analysis):
             if hi - lo > step:
                 if bounds[j + 1] == bounds[j]:
                     continue
-                sel = xp.sort(order[bounds[j]:bounds[j + 1]])  # the chunk's rows, in row order
+                sel = xp.sort(order[bounds[j] : bounds[j + 1]])  # the chunk's rows, in row order
             cb1 = int(b1[sel].max()) + 1 if sel is not None else hi
             nb = cb1 - c0
             kw = dict(n_groups=G, n_buckets=nb, origin=w0 + c0 * width, width=width)
@@ -461,13 +553,28 @@ class Overcommit(Analysis):
                 d2 = ops.bucket_overlap(a_s, a_e, whole, ginv, **kw)
             else:
                 gi = xp.ascontiguousarray(ginv[sel])
-                d1 = ops.bucket_overlap(xp.ascontiguousarray(s[sel]), xp.ascontiguousarray(e[sel]),
-                                        xp.ascontiguousarray(exact[:, sel]), gi, **kw)
-                d2 = ops.bucket_overlap(xp.ascontiguousarray(a_s[sel]), xp.ascontiguousarray(a_e[sel]),
-                                        xp.ascontiguousarray(whole[:, sel]), gi, **kw)
-            dense = {"use_cpu": d1[0].reshape(-1), "use_mem": d1[1].reshape(-1), "max_cpu": d2[0].reshape(-1),
-                     "max_mem": d2[1].reshape(-1), "windows": d2[2].reshape(-1),
-                     **{k: d2[3 + j].reshape(-1) for j, k in enumerate(_KNOWN_FIELDS)}}
+                d1 = ops.bucket_overlap(
+                    xp.ascontiguousarray(s[sel]),
+                    xp.ascontiguousarray(e[sel]),
+                    xp.ascontiguousarray(exact[:, sel]),
+                    gi,
+                    **kw,
+                )
+                d2 = ops.bucket_overlap(
+                    xp.ascontiguousarray(a_s[sel]),
+                    xp.ascontiguousarray(a_e[sel]),
+                    xp.ascontiguousarray(whole[:, sel]),
+                    gi,
+                    **kw,
+                )
+            dense = {
+                "use_cpu": d1[0].reshape(-1),
+                "use_mem": d1[1].reshape(-1),
+                "max_cpu": d2[0].reshape(-1),
+                "max_mem": d2[1].reshape(-1),
+                "windows": d2[2].reshape(-1),
+                **{k: d2[3 + j].reshape(-1) for j, k in enumerate(_KNOWN_FIELDS)},
+            }
             nz = dense["windows"] != 0
             for k in ("use_cpu", "use_mem", "max_cpu", "max_mem"):
                 nz |= dense[k] != 0
@@ -481,8 +588,12 @@ class Overcommit(Analysis):
         return keyed_reduce(backend, xp.concatenate(keys), {k: xp.concatenate(v) for k, v in outs.items()})
 
     def merge(self, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-        return {"usage": merge_keyed(a["usage"], b["usage"]), "req": merge_keyed(a["req"], b["req"]),
-                "inst": merge_keyed(a["inst"], b["inst"]), **self.merge_rest(a, b)}
+        return {
+            "usage": merge_keyed(a["usage"], b["usage"]),
+            "req": merge_keyed(a["req"], b["req"]),
+            "inst": merge_keyed(a["inst"], b["inst"]),
+            **self.merge_rest(a, b),
+        }
 
     # ---------------------------------------------------------------- finalize
     parted = ("machine",)
@@ -492,8 +603,11 @@ class Overcommit(Analysis):
         return rest, {k: {f: host_or_device(v) for f, v in partial[k].items()} for k in ("usage", "req", "inst")}
 
     def merge_rest(self, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-        return {"stats": a["stats"] + b["stats"], "istats": a["istats"] + b["istats"],
-                "backend": merged_backend(a["backend"], b["backend"])}
+        return {
+            "stats": a["stats"] + b["stats"],
+            "istats": a["istats"] + b["istats"],
+            "backend": merged_backend(a["backend"], b["backend"]),
+        }
 
     def shards(self, ctx: OvercommitContext, rest: dict[str, Any]) -> list[tuple[int, int]]:
         """Ranges of machine codes of about :data:`SHARD_CELLS` machine-buckets each (x
@@ -513,8 +627,10 @@ class Overcommit(Analysis):
         if ctx.client_events is None:  # bucketed source: the partitions carry the intervals
             return None
         if isinstance(ctx.client_events, str):
-            raise RuntimeError("overcommit: this context was pickled without the events bound on the client; "
-                               "finalize with the client's context")
+            raise RuntimeError(
+                "overcommit: this context was pickled without the events bound on the client; "
+                "finalize with the client's context"
+            )
         be = finalize_backend("cpu") if backend is None else backend
         return {**self.empty(be), **self._intervals(be, {k: be.stage(v) for k, v in ctx.client_events.items()}, ctx)}
 
@@ -530,12 +646,17 @@ class Overcommit(Analysis):
             else:
                 # a flat source: its partitions carry no intervals, the client's take their place
                 # (what the merge gives), and the sums stay where they were built (device_partial)
-                partial = {**partial, "req": cp["req"], "inst": cp["inst"],
-                           "istats": to_host(partial["istats"]) + to_host(cp["istats"])}
+                partial = {
+                    **partial,
+                    "req": cp["req"],
+                    "inst": cp["inst"],
+                    "istats": to_host(partial["istats"]) + to_host(cp["istats"]),
+                }
         return finalize_in_memory(self, partial, ctx, client=False)
 
-    def finalize_shard(self, keyed: dict[str, dict[str, np.ndarray]], rest: dict[str, Any], ctx: OvercommitContext,
-                       lo: int, hi: int) -> tuple[dict[str, Iterator[pa.Table]], _CellSums]:
+    def finalize_shard(
+        self, keyed: dict[str, dict[str, np.ndarray]], rest: dict[str, Any], ctx: OvercommitContext, lo: int, hi: int
+    ) -> tuple[dict[str, Iterator[pa.Table]], _CellSums]:
         """The machine table of machine codes ``[lo, hi)``, a chunk of ~:data:`FINALIZE_CELLS`
         machine-buckets at a time (dense only over the chunk; each chunk one Arrow table, written as
         a row group), and the shard's cell sums (complete once the rows are consumed).  The dense
@@ -553,8 +674,9 @@ class Overcommit(Analysis):
         has_usage = int(rest["stats"][STATS.index("usage_rows")]) > 0
         return {"machine": _machine_rows(be, keyed, ctx, lo, hi, acc, has_usage, FINALIZE_CELLS[be.name])}, acc
 
-    def finalize_parted(self, rest: dict[str, Any], ctx: OvercommitContext, tables: dict[str, Any],
-                        extras: list[_CellSums]) -> dict[str, pa.Table]:
+    def finalize_parted(
+        self, rest: dict[str, Any], ctx: OvercommitContext, tables: dict[str, Any], extras: list[_CellSums]
+    ) -> dict[str, pa.Table]:
         """The cell series (the shards' cell sums, added in shard order), the summary (streamed
         from the machine table) and the run's counters, as Arrow tables (a run without plots never
         imports pandas)."""
@@ -572,12 +694,24 @@ class Overcommit(Analysis):
             for c in cell:
                 if c.startswith(_USAGE_PREFIXES):
                     cell[c] = np.full(ctx.n_buckets, np.nan)
-        summary = _summary(finalize_backend(rest["backend"]), tables["machine"], tiers, has_usage=has_usage,
-                           ratios=acc.ratios)
-        info = table_from_rows([{
-            "analysis": self.name, "tier_map": ctx.tier_map.name, "tiers": ",".join(tiers),
-            "bucket_s": int(self.bucket_s), "window_start_us": ctx.window_start, "window_end_us": ctx.window_end,
-            "machines": int(ctx.machine_ids.shape[0]), "buckets": ctx.n_buckets, **stats}])
+        summary = _summary(
+            finalize_backend(rest["backend"]), tables["machine"], tiers, has_usage=has_usage, ratios=acc.ratios
+        )
+        info = table_from_rows(
+            [
+                {
+                    "analysis": self.name,
+                    "tier_map": ctx.tier_map.name,
+                    "tiers": ",".join(tiers),
+                    "bucket_s": int(self.bucket_s),
+                    "window_start_us": ctx.window_start,
+                    "window_end_us": ctx.window_end,
+                    "machines": int(ctx.machine_ids.shape[0]),
+                    "buckets": ctx.n_buckets,
+                    **stats,
+                }
+            ]
+        )
         return {"cell": table(cell), "summary": summary, "info": info}
 
     def summary(self, result: dict[str, Any]) -> str:

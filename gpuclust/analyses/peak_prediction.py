@@ -44,8 +44,15 @@ from gpuclust.schema import CPU_PERCENTILES_SOURCE_ORDER, TIME_AFTER_TRACE
 from gpuclust.stream_quantiles import sorted_quantiles
 from gpuclust.tables import as_arrow
 
-__all__ = ["BASE_PREDICTORS", "METRICS", "PREDICTORS", "STEP_US", "PeakPrediction", "PeakPredictionContext",
-           "horizon_note"]
+__all__ = [
+    "BASE_PREDICTORS",
+    "METRICS",
+    "PREDICTORS",
+    "STEP_US",
+    "PeakPrediction",
+    "PeakPredictionContext",
+    "horizon_note",
+]
 
 #: The simulator's step: 5 minutes, µs.
 STEP_US = 300_000_000
@@ -53,7 +60,10 @@ STEP_US = 300_000_000
 #: ``metric="auto"`` (the default) takes the paper's ``cpu_p90`` where the usage has it (the 2019
 #: trace) and :data:`AUTO_FALLBACK` otherwise (the 2011 trace has no CPU percentiles).
 METRICS: dict[str, tuple[str, int]] = {
-    "cpu_p90": ("cpu_p90", 0), "avg_cpu": ("avg_cpu", 0), "max_cpu": ("max_cpu", 0), "avg_mem": ("avg_mem", 1),
+    "cpu_p90": ("cpu_p90", 0),
+    "avg_cpu": ("avg_cpu", 0),
+    "max_cpu": ("max_cpu", 0),
+    "avg_mem": ("avg_mem", 1),
     "max_mem": ("max_mem", 1),
     **{f"cpu_p{p}": (f"cpu_p{p}", 0) for p in sorted(CPU_PERCENTILES_SOURCE_ORDER) if p != 90},
 }
@@ -76,16 +86,52 @@ MAX_HORIZON_S = 7 * 86400
 SHARD_ROWS = 1 << 20
 DEVICE_SHARD_FACTOR = 16
 #: Counters of the usage rows, in this order.
-STATS = ("rows", "alloc_rows", "unplaced_rows", "unknown_machine_rows", "null_metric_rows", "no_limit_rows",
-         "filtered_rows", "used_rows")
-_MACHINE_COLUMNS = ["machine_id", "bucket", "bucket_start_us", "instances", "limit", "total_usage", "oracle",
-                    *PREDICTORS]
-_SUMMARY_COLUMNS = ["predictor", "machine_steps", "violations", "violation_rate", "severity_mean", "severity_p50",
-                    "severity_p99", "severity_max", "savings", "mean_savings", "machines", "machine_rate_p50",
-                    "machine_rate_p90", "machine_rate_p99", "machine_rate_max"]
-_SUMMARY_SCHEMA = pa.schema([("predictor", pa.string()), *((c, pa.int64() if c in ("machine_steps", "violations",
-                                                                                  "machines") else pa.float64())
-                                                              for c in _SUMMARY_COLUMNS[1:])])
+STATS = (
+    "rows",
+    "alloc_rows",
+    "unplaced_rows",
+    "unknown_machine_rows",
+    "null_metric_rows",
+    "no_limit_rows",
+    "filtered_rows",
+    "used_rows",
+)
+_MACHINE_COLUMNS = [
+    "machine_id",
+    "bucket",
+    "bucket_start_us",
+    "instances",
+    "limit",
+    "total_usage",
+    "oracle",
+    *PREDICTORS,
+]
+_SUMMARY_COLUMNS = [
+    "predictor",
+    "machine_steps",
+    "violations",
+    "violation_rate",
+    "severity_mean",
+    "severity_p50",
+    "severity_p99",
+    "severity_max",
+    "savings",
+    "mean_savings",
+    "machines",
+    "machine_rate_p50",
+    "machine_rate_p90",
+    "machine_rate_p99",
+    "machine_rate_max",
+]
+_SUMMARY_SCHEMA = pa.schema(
+    [
+        ("predictor", pa.string()),
+        *(
+            (c, pa.int64() if c in ("machine_steps", "violations", "machines") else pa.float64())
+            for c in _SUMMARY_COLUMNS[1:]
+        ),
+    ]
+)
 _EXTRA_EVENT_COLUMNS = ("priority", "scheduling_class")
 
 
@@ -131,9 +177,11 @@ def horizon_note(info: Mapping[str, Any]) -> str | None:
     if not rows or censored < rows or first is None or last is None or int(first) < 0:
         return None
     steps = int(last) - int(first) + 1
-    return (f"every machine-step is censored: the usage spans {_duration(steps * 300)} (5-minute steps {int(first)} "
-            f"to {int(last)}), no more than the {_duration(int(info['horizon_s']))} horizon the oracle looks ahead; "
-            f"pass -O horizon_s={300 * max(1, steps // 2)} (half the span) or less to score the predictors")
+    return (
+        f"every machine-step is censored: the usage spans {_duration(steps * 300)} (5-minute steps {int(first)} "
+        f"to {int(last)}), no more than the {_duration(int(info['horizon_s']))} horizon the oracle looks ahead; "
+        f"pass -O horizon_s={300 * max(1, steps // 2)} (half the span) or less to score the predictors"
+    )
 
 
 def _check_range(name: str, r: tuple[int, ...]) -> None:
@@ -152,30 +200,43 @@ class PeakPrediction(Analysis):
     'peak-prediction[metric=avg_cpu,n_sigma=3.0]'
     """
 
-    metric: str = option("auto", "the usage of an instance in a step: max over its windows of this column "
-                         "(the paper: cpu_p90); auto: cpu_p90 where the usage has it, else max_cpu (2011 traces)",
-                         choices=("auto", *METRICS))
+    metric: str = option(
+        "auto",
+        "the usage of an instance in a step: max over its windows of this column "
+        "(the paper: cpu_p90); auto: cpu_p90 where the usage has it, else max_cpu (2011 traces)",
+        choices=("auto", *METRICS),
+    )
     horizon_s: int = option(86400, "the oracle's horizon, seconds (future steps in (t, t + horizon]); at most 7 days")
     oracle_percentile: float = option(100.0, "the oracle: this percentile of the future total usage (100 = peak)")
     cap_to_limit: bool = option(True, "cap each instance's usage at its limit in the predictors and the oracle")
-    min_samples: int = option(24, "samples an instance needs on its machine before a predictor uses it "
-                              "(before: its whole limit counts)")
+    min_samples: int = option(
+        24, "samples an instance needs on its machine before a predictor uses it (before: its whole limit counts)"
+    )
     borg_fraction: float = option(0.9, "borg-default: this fraction of the limits")
     n_sigma: float = option(5.0, "n-sigma: mean + n x stdev of the machine's usage/limit history")
     n_sigma_history: int = option(24, "n-sigma: samples of history")
-    instance_percentile: float = option(99.0, "per-instance (RC-like): this percentile of each instance's "
-                                        "usage/limit history x its limit")
+    instance_percentile: float = option(
+        99.0, "per-instance (RC-like): this percentile of each instance's usage/limit history x its limit"
+    )
     instance_history: int = option(120, "per-instance percentile: samples of history")
     machine_percentile: float = option(100.0, "per-machine: this percentile of the machine's usage/limit history")
     machine_history: int = option(24, "per-machine percentile: samples of history")
-    combine: tuple[str, ...] = option(("n_sigma", "instance_percentile"), "the predictors max_of / avg_of "
-                                      "combine (the paper's: n_sigma + instance_percentile)", choices=BASE_PREDICTORS)
-    priority_range: tuple[int, ...] = option((0, 400), "LO,HI: keep instances whose joined event's priority is in "
-                                             "[LO, HI] (the paper's filter; see apply_ranges)")
-    scheduling_class_range: tuple[int, ...] = option((2, 3), "LO,HI: keep instances whose joined event's "
-                                                     "scheduling class is in [LO, HI] (the paper's filter)")
-    apply_ranges: bool = option(True, "apply priority_range and scheduling_class_range (false: keep every "
-                                "instance, NULL priority or class included)")
+    combine: tuple[str, ...] = option(
+        ("n_sigma", "instance_percentile"),
+        "the predictors max_of / avg_of combine (the paper's: n_sigma + instance_percentile)",
+        choices=BASE_PREDICTORS,
+    )
+    priority_range: tuple[int, ...] = option(
+        (0, 400),
+        "LO,HI: keep instances whose joined event's priority is in [LO, HI] (the paper's filter; see apply_ranges)",
+    )
+    scheduling_class_range: tuple[int, ...] = option(
+        (2, 3), "LO,HI: keep instances whose joined event's scheduling class is in [LO, HI] (the paper's filter)"
+    )
+    apply_ranges: bool = option(
+        True,
+        "apply priority_range and scheduling_class_range (false: keep every instance, NULL priority or class included)",
+    )
 
     name = "peak-prediction"
     table = "instance_usage"
@@ -207,26 +268,40 @@ class PeakPrediction(Analysis):
         object.__setattr__(self, "combine", tuple(self.combine))
         bad = [c for c in self.combine if c not in BASE_PREDICTORS]
         if bad or not self.combine:
-            raise ValueError(f"peak-prediction: combine must name some of {list(BASE_PREDICTORS)}, got {self.combine!r}")
+            raise ValueError(
+                f"peak-prediction: combine must name some of {list(BASE_PREDICTORS)}, got {self.combine!r}"
+            )
         _check_range("priority_range", self.priority_range)
         _check_range("scheduling_class_range", self.scheduling_class_range)
 
     @property
     def params(self) -> SimParams:
-        return SimParams(horizon_steps=self.horizon_s // 300, oracle_percentile=float(self.oracle_percentile),
-                         cap_to_limit=bool(self.cap_to_limit), min_samples=int(self.min_samples),
-                         borg_fraction=float(self.borg_fraction), n_sigma=float(self.n_sigma),
-                         n_sigma_history=int(self.n_sigma_history),
-                         instance_percentile=float(self.instance_percentile),
-                         instance_history=int(self.instance_history),
-                         machine_percentile=float(self.machine_percentile), machine_history=int(self.machine_history),
-                         combine=tuple(self.combine))
+        return SimParams(
+            horizon_steps=self.horizon_s // 300,
+            oracle_percentile=float(self.oracle_percentile),
+            cap_to_limit=bool(self.cap_to_limit),
+            min_samples=int(self.min_samples),
+            borg_fraction=float(self.borg_fraction),
+            n_sigma=float(self.n_sigma),
+            n_sigma_history=int(self.n_sigma_history),
+            instance_percentile=float(self.instance_percentile),
+            instance_history=int(self.instance_history),
+            machine_percentile=float(self.machine_percentile),
+            machine_history=int(self.machine_history),
+            combine=tuple(self.combine),
+        )
 
     @property
     def columns(self) -> tuple[str, ...]:
         metrics = ("cpu_p90", AUTO_FALLBACK) if self.metric == "auto" else (self.metric,)
-        return ("start_time", "collection_id", "instance_index", "machine_id", "alloc_collection_id",
-                *dict.fromkeys(METRICS[m][0] for m in metrics))
+        return (
+            "start_time",
+            "collection_id",
+            "instance_index",
+            "machine_id",
+            "alloc_collection_id",
+            *dict.fromkeys(METRICS[m][0] for m in metrics),
+        )
 
     def resolve_metric(self, source: Any) -> str:
         """The metric this run uses: the option, or for ``auto`` ``cpu_p90`` where the usage holds
@@ -258,13 +333,21 @@ class PeakPrediction(Analysis):
     # ---------------------------------------------------------------- partial / merge
     @staticmethod
     def _empty_rows() -> dict[str, np.ndarray]:
-        return {"key": np.zeros(0, np.int64), "inst": np.zeros(0, np.int64), "usage": np.zeros(0, np.float32),
-                "limit": np.zeros(0, np.float32)}
+        return {
+            "key": np.zeros(0, np.int64),
+            "inst": np.zeros(0, np.int64),
+            "usage": np.zeros(0, np.float32),
+            "limit": np.zeros(0, np.float32),
+        }
 
     def empty(self, backend: Any = None) -> dict[str, Any]:
         # ``backend``: where the partials were computed, so the simulation runs there too
-        return {"rows": self._empty_rows(), "count": np.zeros(0, np.int64), "stats": np.zeros(len(STATS), np.int64),
-                "backend": getattr(backend, "name", "cpu")}
+        return {
+            "rows": self._empty_rows(),
+            "count": np.zeros(0, np.int64),
+            "stats": np.zeros(len(STATS), np.int64),
+            "backend": getattr(backend, "name", "cpu"),
+        }
 
     def partial(self, cols: dict[str, Any], ctx: PeakPredictionContext, backend: Any) -> dict[str, Any]:
         xp = backend.xp
@@ -316,8 +399,12 @@ class PeakPrediction(Analysis):
         inst = key_hash(xp, [cols["collection_id"][idx], cols["instance_index"][idx]]).view(xp.int64)
         o = xp.argsort(key)
         # float32: the trace's usage and request columns are float32, so nothing is lost (24 bytes a row)
-        out["rows"] = {"key": key[o], "inst": inst[o], "usage": u[idx][o].astype(xp.float32),
-                       "limit": lim[sel][o].astype(xp.float32)}
+        out["rows"] = {
+            "key": key[o],
+            "inst": inst[o],
+            "usage": u[idx][o].astype(xp.float32),
+            "limit": lim[sel][o].astype(xp.float32),
+        }
         out["count"] = bincount(xp, code, minlength=M).astype(xp.int64)
         return out
 
@@ -335,15 +422,19 @@ class PeakPrediction(Analysis):
 
     # ---------------------------------------------------------------- shards
     def split(self, partial: dict[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, np.ndarray]]]:
-        return ({"count": to_host(partial["count"]), "stats": to_host(partial["stats"]),
-                 "backend": partial["backend"]},
-                {"rows": {f: host_or_device(v) for f, v in partial["rows"].items()}})
+        return (
+            {"count": to_host(partial["count"]), "stats": to_host(partial["stats"]), "backend": partial["backend"]},
+            {"rows": {f: host_or_device(v) for f, v in partial["rows"].items()}},
+        )
 
     def merge_rest(self, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         ca, cb = np.asarray(a["count"]), np.asarray(b["count"])
         count = cb if not ca.shape[0] else ca if not cb.shape[0] else ca + cb
-        return {"count": count, "stats": np.asarray(a["stats"]) + np.asarray(b["stats"]),
-                "backend": merged_backend(a["backend"], b["backend"])}
+        return {
+            "count": count,
+            "stats": np.asarray(a["stats"]) + np.asarray(b["stats"]),
+            "backend": merged_backend(a["backend"], b["backend"]),
+        }
 
     def shards(self, ctx: PeakPredictionContext, rest: dict[str, Any]) -> list[tuple[int, int]]:
         """Ranges of machine codes of about :data:`SHARD_ROWS` samples each (a machine whole; x
@@ -373,42 +464,70 @@ class PeakPrediction(Analysis):
     def finalize(self, partial: dict[str, Any], ctx: PeakPredictionContext) -> dict[str, Any]:
         return finalize_in_memory(self, partial, ctx)
 
-    def finalize_shard(self, keyed: dict[str, dict[str, np.ndarray]], rest: dict[str, Any],
-                       ctx: PeakPredictionContext, lo: int, hi: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    def finalize_shard(
+        self,
+        keyed: dict[str, dict[str, np.ndarray]],
+        rest: dict[str, Any],
+        ctx: PeakPredictionContext,
+        lo: int,
+        hi: int,
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
         """The machine-steps of machine codes ``[lo, hi)`` and the shard's metric sums.  The
         simulation runs on the backend the partials were computed on (:func:`finalize_backend`)."""
         r = keyed["rows"]
         be = finalize_backend(rest["backend"])
         xp = be.xp
         key = be.asarray(r["key"]).astype(xp.int64, copy=False)
-        sim = to_host(simulate(be, key // ctx.span, key % ctx.span, be.asarray(r["inst"]).astype(xp.int64, copy=False),
-                               be.asarray(r["usage"]).astype(xp.float64, copy=False),
-                               be.asarray(r["limit"]).astype(xp.float64, copy=False), ctx.span, ctx.last_step,
-                               self.params))
-        cols = {"machine_id": ctx.machine_ids[sim["code"]], "bucket": sim["step"].astype(np.int64),
-                "bucket_start_us": sim["step"].astype(np.int64) * STEP_US,
-                "instances": sim["instances"].astype(np.int64),
-                **{c: np.asarray(sim[c], np.float64) for c in _MACHINE_COLUMNS[4:]}}
+        sim = to_host(
+            simulate(
+                be,
+                key // ctx.span,
+                key % ctx.span,
+                be.asarray(r["inst"]).astype(xp.int64, copy=False),
+                be.asarray(r["usage"]).astype(xp.float64, copy=False),
+                be.asarray(r["limit"]).astype(xp.float64, copy=False),
+                ctx.span,
+                ctx.last_step,
+                self.params,
+            )
+        )
+        cols = {
+            "machine_id": ctx.machine_ids[sim["code"]],
+            "bucket": sim["step"].astype(np.int64),
+            "bucket_start_us": sim["step"].astype(np.int64) * STEP_US,
+            "instances": sim["instances"].astype(np.int64),
+            **{c: np.asarray(sim[c], np.float64) for c in _MACHINE_COLUMNS[4:]},
+        }
         has = np.isfinite(cols["oracle"])
         limit, oracle = cols["limit"][has], cols["oracle"][has]
         codes = sim["code"][has]
         ucodes, inv = unique_codes(codes)
         n_rows = int(cols["bucket"].shape[0])
-        extra: dict[str, Any] = {"rows": n_rows, "censored": int(np.count_nonzero(~has)), "machines": ucodes,
-                                 "first_step": int(cols["bucket"].min()) if n_rows else None,
-                                 "machine_n": np.bincount(inv, minlength=ucodes.shape[0]), "limit": float(limit.sum()),
-                                 "pred": {}}
+        extra: dict[str, Any] = {
+            "rows": n_rows,
+            "censored": int(np.count_nonzero(~has)),
+            "machines": ucodes,
+            "first_step": int(cols["bucket"].min()) if n_rows else None,
+            "machine_n": np.bincount(inv, minlength=ucodes.shape[0]),
+            "limit": float(limit.sum()),
+            "pred": {},
+        }
         for p in ("oracle", *PREDICTORS):
             pred = cols[p][has]
             viol = oracle - pred > VIOLATION_TOL * limit
             sev = (oracle - pred)[viol] / limit[viol]
-            extra["pred"][p] = {"violations": int(viol.sum()), "severity": float(sev.sum()),
-                                "saved": float((limit - pred).sum()), "saved_ratio": float(((limit - pred) / limit).sum()),
-                                "machine_viol": np.bincount(inv, weights=viol, minlength=ucodes.shape[0])}
+            extra["pred"][p] = {
+                "violations": int(viol.sum()),
+                "severity": float(sev.sum()),
+                "saved": float((limit - pred).sum()),
+                "saved_ratio": float(((limit - pred) / limit).sum()),
+                "machine_viol": np.bincount(inv, weights=viol, minlength=ucodes.shape[0]),
+            }
         return {"machine": table({c: cols[c] for c in _MACHINE_COLUMNS})}, extra
 
-    def finalize_parted(self, rest: dict[str, Any], ctx: PeakPredictionContext, tables: dict[str, Any],
-                        extras: list[dict[str, Any]]) -> dict[str, Any]:
+    def finalize_parted(
+        self, rest: dict[str, Any], ctx: PeakPredictionContext, tables: dict[str, Any], extras: list[dict[str, Any]]
+    ) -> dict[str, Any]:
         from gpuclust.stream_quantiles import stream_quantiles
 
         machine = tables["machine"]
@@ -419,7 +538,7 @@ class PeakPrediction(Analysis):
         total_limit = sum(e["limit"] for e in extras)
         mach_n = np.concatenate([np.zeros(0), *(e["machine_n"] for e in extras)])
         rows = []
-        for p in (("oracle", *PREDICTORS) if n_rows else ()):
+        for p in ("oracle", *PREDICTORS) if n_rows else ():
             d = [e["pred"][p] for e in extras]
             v = sum(x["violations"] for x in d)
             mv = np.concatenate([np.zeros(0), *(x["machine_viol"] for x in d)])
@@ -435,14 +554,25 @@ class PeakPrediction(Analysis):
 
             qs = stream_quantiles(sev, (0.5, 0.99, 1.0)) if v else np.full(3, np.nan)
             mq = sorted_quantiles(np.sort(rates), (0.5, 0.9, 0.99, 1.0)) if rates.shape[0] else np.full(4, np.nan)
-            rows.append({"predictor": p, "machine_steps": n, "violations": v,
-                         "violation_rate": v / n if n else np.nan,
-                         "severity_mean": sum(x["severity"] for x in d) / v if v else np.nan,
-                         "severity_p50": qs[0], "severity_p99": qs[1], "severity_max": qs[2],
-                         "savings": sum(x["saved"] for x in d) / total_limit if n else np.nan,
-                         "mean_savings": sum(x["saved_ratio"] for x in d) / n if n else np.nan,
-                         "machines": int(rates.shape[0]), "machine_rate_p50": mq[0], "machine_rate_p90": mq[1],
-                         "machine_rate_p99": mq[2], "machine_rate_max": mq[3]})
+            rows.append(
+                {
+                    "predictor": p,
+                    "machine_steps": n,
+                    "violations": v,
+                    "violation_rate": v / n if n else np.nan,
+                    "severity_mean": sum(x["severity"] for x in d) / v if v else np.nan,
+                    "severity_p50": qs[0],
+                    "severity_p99": qs[1],
+                    "severity_max": qs[2],
+                    "savings": sum(x["saved"] for x in d) / total_limit if n else np.nan,
+                    "mean_savings": sum(x["saved_ratio"] for x in d) / n if n else np.nan,
+                    "machines": int(rates.shape[0]),
+                    "machine_rate_p50": mq[0],
+                    "machine_rate_p90": mq[1],
+                    "machine_rate_p99": mq[2],
+                    "machine_rate_max": mq[3],
+                }
+            )
         summary = schema_table(rows, _SUMMARY_SCHEMA)
         stats = dict(zip(STATS, (int(x) for x in np.asarray(rest["stats"])), strict=True))
         prm = self.params
@@ -450,27 +580,44 @@ class PeakPrediction(Analysis):
         def rng(r: tuple[int, ...]) -> str:
             return f"{r[0]}..{r[1]}" if self.apply_ranges else "all"
 
-        info = table_from_rows([{"analysis": self.name, "metric": ctx.metric, "metric_option": self.metric,
-                                 "horizon_s": int(self.horizon_s),
-                              "oracle_percentile": prm.oracle_percentile, "cap_to_limit": prm.cap_to_limit,
-                              "min_samples": prm.min_samples, "combine": ",".join(prm.combine),
-                              "priority_range": rng(self.priority_range),
-                              "scheduling_class_range": rng(self.scheduling_class_range),
-                              "machines": int(ctx.machine_ids.shape[0]), "machine_rows": int(n_rows),
-                              "censored_rows": int(censored), "first_bucket": min(firsts, default=-1),
-                              "last_bucket": int(ctx.last_step), **stats}])
+        info = table_from_rows(
+            [
+                {
+                    "analysis": self.name,
+                    "metric": ctx.metric,
+                    "metric_option": self.metric,
+                    "horizon_s": int(self.horizon_s),
+                    "oracle_percentile": prm.oracle_percentile,
+                    "cap_to_limit": prm.cap_to_limit,
+                    "min_samples": prm.min_samples,
+                    "combine": ",".join(prm.combine),
+                    "priority_range": rng(self.priority_range),
+                    "scheduling_class_range": rng(self.scheduling_class_range),
+                    "machines": int(ctx.machine_ids.shape[0]),
+                    "machine_rows": int(n_rows),
+                    "censored_rows": int(censored),
+                    "first_bucket": min(firsts, default=-1),
+                    "last_bucket": int(ctx.last_step),
+                    **stats,
+                }
+            ]
+        )
         return {"summary": summary, "info": info}
 
     def summary(self, result: dict[str, Any]) -> str:
         info = as_arrow(result["info"]).to_pylist()[0]
-        lines = [f"{self.label}: {info['machine_rows']:,} machine-steps ({info['censored_rows']:,} censored: the "
-                 f"horizon passes the data's end) from {info['used_rows']:,} of {info['rows']:,} usage windows "
-                 f"(metric {info['metric']}{_auto_note(info)}, horizon {info['horizon_s']} s)"]
+        lines = [
+            f"{self.label}: {info['machine_rows']:,} machine-steps ({info['censored_rows']:,} censored: the "
+            f"horizon passes the data's end) from {info['used_rows']:,} of {info['rows']:,} usage windows "
+            f"(metric {info['metric']}{_auto_note(info)}, horizon {info['horizon_s']} s)"
+        ]
         note = horizon_note(info)
         if note is not None:
             lines.append(f"  {note}")
         for r in as_arrow(result["summary"]).to_pylist():
-            lines.append(f"  {r['predictor']:>19}: violation rate {fmt(r['violation_rate'], '.3%')}, severity "
-                         f"mean {fmt(r['severity_mean'], '.3f')} p99 {fmt(r['severity_p99'], '.3f')}, "
-                         f"savings {fmt(r['savings'], '.1%')} of the limits")
+            lines.append(
+                f"  {r['predictor']:>19}: violation rate {fmt(r['violation_rate'], '.3%')}, severity "
+                f"mean {fmt(r['severity_mean'], '.3f')} p99 {fmt(r['severity_p99'], '.3f')}, "
+                f"savings {fmt(r['savings'], '.1%')} of the limits"
+            )
         return "\n".join(lines)

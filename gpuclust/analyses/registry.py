@@ -61,51 +61,92 @@ class AnalysisEntry:
 REGISTRY: dict[str, AnalysisEntry] = {
     e.name: e
     for e in (  # the names are the classes' own (a test checks)
-        AnalysisEntry("cell-usage", "gpuclust.analyses.cell_usage:CellUsage",
-                      "Hourly CPU and memory usage by priority tier, normalised by cell capacity",
-                      kernels=("grouped_sum", "bucket_overlap", "hash_index")),
-        AnalysisEntry("cpi", "gpuclust.analyses.cpi:Cpi",
-                      "CPI/MAI per group (CPU-second weighted) and the Borg §5.2 CPI interference regression",
-                      kernels=("grouped_comoments", "grouped_sum", "hash_index")),
-        AnalysisEntry("data-quality", "gpuclust.analyses.data_quality:DataQuality",
-                      "Per table: rows, NULLs per column, codes, sentinels, short windows, "
-                      "non-monotone percentiles, p100 vs max, implausible CPI/MAI, out-of-order events, usage "
-                      "after the final terminal event, usage without events and vice versa", kernels=("hash_index",)),
-        AnalysisEntry("job-usage", "gpuclust.analyses.job_usage:JobUsage",
-                      "Per-collection NCU-hours and NMU-hours and their heavy tail by tier: quantiles, top "
-                      "1% / 0.1% shares, C², Pareto alpha of the CCDF tail, NCU-NMU correlation",
-                      kernels=("hash_index",)),
-        AnalysisEntry("collection-lifecycle", "gpuclust.analyses.lifecycle:CollectionLifecycle",
-                      "Collection (job) life cycles from collection_events: the same tables as "
-                      "lifecycle, one thing per collection"),
-        AnalysisEntry("lifecycle", "gpuclust.analyses.lifecycle:Lifecycle",
-                      "Instance life cycles: events and transitions by tier, submissions / queue / running "
-                      "series, scheduling delays and execution times (censored at the data's end)"),
-        AnalysisEntry("machine-shapes", "gpuclust.analyses.machine_shapes:MachineShapes",
-                      "Machines per capacity shape (cap_cpu, cap_mem), as in Google's notebook"),
-        AnalysisEntry("machine-utilization", "gpuclust.analyses.machine_utilization:MachineUtilization",
-                      "Per machine x 5 minutes: usage / capacity, CPU and memory (Google's "
-                      "notebook query, or time-weighted and uncapped), its exact quantiles and mean series"),
-        AnalysisEntry("overcommit", "gpuclust.analyses.overcommit:Overcommit",
-                      "Per machine x time bucket: capacity vs. requested (by tier) vs. usage, ratios, "
-                      "cell series, summary", kernels=("bucket_overlap", "grouped_sum", "hash_index")),
-        AnalysisEntry("peak-prediction", "gpuclust.analyses.peak_prediction:PeakPrediction",
-                      "Peak-prediction overcommit simulator (Take it to the Limit; Google's "
-                      "cluster-resource-forecast semantics): per machine x 5 minutes limits, usage, the oracle peak and "
-                      "borg-default / N-sigma / per-instance and per-machine percentile / max / avg predictions; per "
-                      "predictor violation rate, severity and savings", kernels=("hash_index",)),
-        AnalysisEntry("usage-change", "gpuclust.analyses.usage_change:UsageChange",
-                      "Relative change of CPU and memory usage between consecutive 300 s periods of the "
-                      "cluster (default, seed 003 Figure 10) or of each machine, or between consecutive windows of "
-                      "one instance (by tier): exact shares within ±5/10/20/50%, binned distribution",
-                      kernels=("hash_index",)),
-        AnalysisEntry("usage-vs-request", "gpuclust.analyses.usage_vs_request:UsageVsRequest",
-                      "Usage / limit per window (average and maximum, CPU and memory), the limit "
-                      "joined as of the window's start, by tier; and per task (Borg Figure 11: CDFs over tasks)", kernels=("hash_index",)),
-        AnalysisEntry("usage-distribution", "gpuclust.analyses.usage_distribution:UsageDistribution",
-                      "Exact CPU usage distributions (mixtures of per-window percentile CDFs) per "
-                      "group: mean and quantiles",
-                      kernels=("repair_percentiles", "window_means", "mixture_quantiles", "hash_index")),
+        AnalysisEntry(
+            "cell-usage",
+            "gpuclust.analyses.cell_usage:CellUsage",
+            "Hourly CPU and memory usage by priority tier, normalised by cell capacity",
+            kernels=("grouped_sum", "bucket_overlap", "hash_index"),
+        ),
+        AnalysisEntry(
+            "cpi",
+            "gpuclust.analyses.cpi:Cpi",
+            "CPI/MAI per group (CPU-second weighted) and the Borg §5.2 CPI interference regression",
+            kernels=("grouped_comoments", "grouped_sum", "hash_index"),
+        ),
+        AnalysisEntry(
+            "data-quality",
+            "gpuclust.analyses.data_quality:DataQuality",
+            "Per table: rows, NULLs per column, codes, sentinels, short windows, "
+            "non-monotone percentiles, p100 vs max, implausible CPI/MAI, out-of-order events, usage "
+            "after the final terminal event, usage without events and vice versa",
+            kernels=("hash_index",),
+        ),
+        AnalysisEntry(
+            "job-usage",
+            "gpuclust.analyses.job_usage:JobUsage",
+            "Per-collection NCU-hours and NMU-hours and their heavy tail by tier: quantiles, top "
+            "1% / 0.1% shares, C², Pareto alpha of the CCDF tail, NCU-NMU correlation",
+            kernels=("hash_index",),
+        ),
+        AnalysisEntry(
+            "collection-lifecycle",
+            "gpuclust.analyses.lifecycle:CollectionLifecycle",
+            "Collection (job) life cycles from collection_events: the same tables as "
+            "lifecycle, one thing per collection",
+        ),
+        AnalysisEntry(
+            "lifecycle",
+            "gpuclust.analyses.lifecycle:Lifecycle",
+            "Instance life cycles: events and transitions by tier, submissions / queue / running "
+            "series, scheduling delays and execution times (censored at the data's end)",
+        ),
+        AnalysisEntry(
+            "machine-shapes",
+            "gpuclust.analyses.machine_shapes:MachineShapes",
+            "Machines per capacity shape (cap_cpu, cap_mem), as in Google's notebook",
+        ),
+        AnalysisEntry(
+            "machine-utilization",
+            "gpuclust.analyses.machine_utilization:MachineUtilization",
+            "Per machine x 5 minutes: usage / capacity, CPU and memory (Google's "
+            "notebook query, or time-weighted and uncapped), its exact quantiles and mean series",
+        ),
+        AnalysisEntry(
+            "overcommit",
+            "gpuclust.analyses.overcommit:Overcommit",
+            "Per machine x time bucket: capacity vs. requested (by tier) vs. usage, ratios, cell series, summary",
+            kernels=("bucket_overlap", "grouped_sum", "hash_index"),
+        ),
+        AnalysisEntry(
+            "peak-prediction",
+            "gpuclust.analyses.peak_prediction:PeakPrediction",
+            "Peak-prediction overcommit simulator (Take it to the Limit; Google's "
+            "cluster-resource-forecast semantics): per machine x 5 minutes limits, usage, the oracle peak and "
+            "borg-default / N-sigma / per-instance and per-machine percentile / max / avg predictions; per "
+            "predictor violation rate, severity and savings",
+            kernels=("hash_index",),
+        ),
+        AnalysisEntry(
+            "usage-change",
+            "gpuclust.analyses.usage_change:UsageChange",
+            "Relative change of CPU and memory usage between consecutive 300 s periods of the "
+            "cluster (default, seed 003 Figure 10) or of each machine, or between consecutive windows of "
+            "one instance (by tier): exact shares within ±5/10/20/50%, binned distribution",
+            kernels=("hash_index",),
+        ),
+        AnalysisEntry(
+            "usage-vs-request",
+            "gpuclust.analyses.usage_vs_request:UsageVsRequest",
+            "Usage / limit per window (average and maximum, CPU and memory), the limit "
+            "joined as of the window's start, by tier; and per task (Borg Figure 11: CDFs over tasks)",
+            kernels=("hash_index",),
+        ),
+        AnalysisEntry(
+            "usage-distribution",
+            "gpuclust.analyses.usage_distribution:UsageDistribution",
+            "Exact CPU usage distributions (mixtures of per-window percentile CDFs) per group: mean and quantiles",
+            kernels=("repair_percentiles", "window_means", "mixture_quantiles", "hash_index"),
+        ),
     )
 }
 
@@ -155,8 +196,9 @@ def options_text(indent: str = "  ") -> str:
 
 def _reads(cls: type[Analysis]) -> str:
     uses = cls.table_uses
-    return ", ".join([*cls.requires, *(f"{t} ({uses[t]})" if t in uses else f"{t} (optional)"
-                                       for t in cls.optional_tables)])
+    return ", ".join(
+        [*cls.requires, *(f"{t} ({uses[t]})" if t in uses else f"{t} (optional)" for t in cls.optional_tables)]
+    )
 
 
 def capability_table() -> str:

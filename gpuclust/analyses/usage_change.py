@@ -123,12 +123,18 @@ class UsageChange(Analysis):
     'usage-change[level=instance,max_gap_s=60]'
     """
 
-    level: str = option("cluster", "cluster: the cell's usage per 300 s period (the paper's); machine: per machine "
-                        "and period; instance: consecutive windows of one instance", choices=LEVELS)
-    max_gap_s: int = option(0, "level=instance: longest gap (s) between a window's end and the next one's start "
-                            "for a pair")
-    tier_map: str | None = tier_map_option("level=instance: priority tier map; default: the dataset manifest's, "
-                                           "else the trace version's default")
+    level: str = option(
+        "cluster",
+        "cluster: the cell's usage per 300 s period (the paper's); machine: per machine "
+        "and period; instance: consecutive windows of one instance",
+        choices=LEVELS,
+    )
+    max_gap_s: int = option(
+        0, "level=instance: longest gap (s) between a window's end and the next one's start for a pair"
+    )
+    tier_map: str | None = tier_map_option(
+        "level=instance: priority tier map; default: the dataset manifest's, else the trace version's default"
+    )
 
     name = "usage-change"
     table = "instance_usage"
@@ -180,12 +186,16 @@ class UsageChange(Analysis):
         if self.level == "machine":
             return _MACHINE_SUMS.context(source)
         if self.level == "cluster":
-            last = max(max_finite(source, "instance_usage", "start_time") or 0,
-                       max_finite(source, "instance_usage", "end_time") or 0)
+            last = max(
+                max_finite(source, "instance_usage", "start_time") or 0,
+                max_finite(source, "instance_usage", "end_time") or 0,
+            )
             span = int(last // PERIOD_US + 1)
             if span > MAX_PERIODS:
-                raise ValueError(f"usage-change: the usage windows span {span} periods of 300 s (> {MAX_PERIODS}); "
-                                 "the start/end times look corrupt")
+                raise ValueError(
+                    f"usage-change: the usage windows span {span} periods of 300 s (> {MAX_PERIODS}); "
+                    "the start/end times look corrupt"
+                )
             return ClusterContext(span)
         tm = resolve_tier_map(self.tier_map, source)
         if len(tm.names) + 1 > _T:
@@ -199,8 +209,13 @@ class UsageChange(Analysis):
     def bind(self, ctx: Any, side: dict[str, Any], grain: str | None) -> Any:
         if self.level != "instance":
             return ctx
-        lk = tier_lookup(side["instance_events"], ctx.tier_map, top_level_only=False,
-                         unmatched=len(ctx.tier_map.names), what="usage-change tier lookup")
+        lk = tier_lookup(
+            side["instance_events"],
+            ctx.tier_map,
+            top_level_only=False,
+            unmatched=len(ctx.tier_map.names),
+            what="usage-change tier lookup",
+        )
         return replace(ctx, lookup=lk)
 
     # ---------------------------------------------------------------- partial / merge
@@ -209,9 +224,13 @@ class UsageChange(Analysis):
             return _MACHINE_SUMS.empty(backend)
         if self.level == "cluster":
             return {"sums": np.zeros((5, 0)), "stats": np.zeros(len(_CSTATS), np.int64)}
-        return {"counts": np.zeros((_T, _R, len(_COUNTS)), np.int64), "within": np.zeros((_T, _R, _H), np.int64),
-                "hist": np.zeros((_T, _R, _B), np.int64), "rsum": np.zeros((_T, _R)),
-                "stats": np.zeros(len(_STATS), np.int64)}
+        return {
+            "counts": np.zeros((_T, _R, len(_COUNTS)), np.int64),
+            "within": np.zeros((_T, _R, _H), np.int64),
+            "hist": np.zeros((_T, _R, _B), np.int64),
+            "rsum": np.zeros((_T, _R)),
+            "stats": np.zeros(len(_STATS), np.int64),
+        }
 
     def partial(self, cols: dict[str, Any], ctx: Any, backend: Any) -> dict[str, Any]:
         if self.level == "machine":
@@ -315,7 +334,7 @@ class UsageChange(Analysis):
             if sa.shape[1] < sb.shape[1]:
                 sa, sb = sb, sa
             out = sa.copy()
-            out[:, :sb.shape[1]] += sb
+            out[:, : sb.shape[1]] += sb
             return {"sums": out, "stats": a["stats"] + b["stats"]}
         return {k: a[k] + b[k] for k in a}
 
@@ -335,8 +354,14 @@ class UsageChange(Analysis):
     def dense_keys(self, ctx: Any) -> dict[str, tuple[int, int]] | None:
         return _MACHINE_SUMS.dense_keys(ctx) if self.level == "machine" else None
 
-    def finalize_shard(self, keyed: dict[str, dict[str, np.ndarray]], rest: dict[str, Any],
-                       ctx: MachineUtilizationContext, lo: int, hi: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    def finalize_shard(
+        self,
+        keyed: dict[str, dict[str, np.ndarray]],
+        rest: dict[str, Any],
+        ctx: MachineUtilizationContext,
+        lo: int,
+        hi: int,
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
         """Machines ``[lo, hi)``: the pairs of consecutive periods of each machine, counted (no
         parted tables; the extra is the counts)."""
         u = keyed["u"]
@@ -344,8 +369,10 @@ class UsageChange(Analysis):
         windows = np.asarray(u["windows"], np.int64)
         nulls = np.asarray(u["nulls"], np.int64)
         machine = key // max(ctx.span, 1)
-        values = [np.where(windows - (nulls & _LOW) > 0, np.asarray(u["cpu"], np.float64), np.nan),
-                  np.where(windows - (nulls >> 32) > 0, np.asarray(u["mem"], np.float64), np.nan)]
+        values = [
+            np.where(windows - (nulls & _LOW) > 0, np.asarray(u["cpu"], np.float64), np.nan),
+            np.where(windows - (nulls >> 32) > 0, np.asarray(u["mem"], np.float64), np.nan),
+        ]
         pair = (key[1:] == key[:-1] + 1) & (machine[1:] == machine[:-1])
         k = np.flatnonzero(pair)
         machines = int(np.count_nonzero(machine[1:] != machine[:-1])) + 1 if key.shape[0] else 0
@@ -353,15 +380,21 @@ class UsageChange(Analysis):
         extra["stats"] = np.array([key.shape[0], machines, k.shape[0], key.shape[0] - machines - k.shape[0]], np.int64)
         return {}, extra
 
-    def finalize_parted(self, rest: dict[str, Any], ctx: MachineUtilizationContext, tables: dict[str, Any],
-                        extras: list[dict[str, Any]]) -> dict[str, pa.Table]:
+    def finalize_parted(
+        self, rest: dict[str, Any], ctx: MachineUtilizationContext, tables: dict[str, Any], extras: list[dict[str, Any]]
+    ) -> dict[str, pa.Table]:
         tot = _count_pairs([(np.zeros(0), np.zeros(0))] * _R)
         tot["stats"] = np.zeros(4, np.int64)
         for e in extras:  # in shard order
             tot = {k: tot[k] + e[k] for k in tot}
         periods, machines, pairs, gaps = (int(v) for v in tot["stats"])
-        stats = {**dict(zip(_MSTATS, (int(v) for v in rest["stats"]), strict=True)), "machines": machines,
-                 "periods": periods, "pairs": pairs, "gaps": gaps}
+        stats = {
+            **dict(zip(_MSTATS, (int(v) for v in rest["stats"]), strict=True)),
+            "machines": machines,
+            "periods": periods,
+            "pairs": pairs,
+            "gaps": gaps,
+        }
         return self._tables([("all", tot)], stats)
 
     # ---------------------------------------------------------------- finalize
@@ -379,26 +412,48 @@ class UsageChange(Analysis):
         rows: list[dict[str, Any]] = []
         hists: dict[str, list[Any]] = {"hist": [], "tier": [], "resource": []}
         groups = [(names[t], p["counts"][t], p["within"][t], p["hist"][t], p["rsum"][t]) for t in range(T)]
-        groups.append(("all", p["counts"][:T].sum(0), p["within"][:T].sum(0), p["hist"][:T].sum(0), p["rsum"][:T].sum(0)))
+        groups.append(
+            ("all", p["counts"][:T].sum(0), p["within"][:T].sum(0), p["hist"][:T].sum(0), p["rsum"][:T].sum(0))
+        )
         for tier, cnt, win, hist, rs in groups:
             for j, (res, _) in enumerate(RESOURCES):
                 if not cnt[j, 0]:
                     continue
-                row: dict[str, Any] = {"tier": tier, "resource": res, **{f: int(cnt[j, q]) for q, f in enumerate(_COUNTS)}}
+                row: dict[str, Any] = {
+                    "tier": tier,
+                    "resource": res,
+                    **{f: int(cnt[j, q]) for q, f in enumerate(_COUNTS)},
+                }
                 n = int(cnt[j, 4])
                 for q, h in enumerate(THRESHOLDS):
                     row[f"within_{round(h * 100)}pct"] = int(win[j, q]) / n if n else np.nan
                 row["mean_change"] = float(rs[j]) / n if n else np.nan
-                row.update({f"p{q}_change": float(v) for q, v in bin_quantile_edges(hist[j], lo, (1, 10, 50, 90, 99)).items()})
+                row.update(
+                    {f"p{q}_change": float(v) for q, v in bin_quantile_edges(hist[j], lo, (1, 10, 50, 90, 99)).items()}
+                )
                 rows.append(row)
                 for hk, hv in (("hist", hist[j]), ("tier", tier), ("resource", res)):
                     hists[hk].append(hv)
         stats = dict(zip(_STATS, (int(v) for v in p["stats"]), strict=True))
-        info = table_from_rows([{"analysis": self.name, "level": self.level, "tier_map": ctx.tier_map.name,
-                                 "tiers": ",".join(names), "max_gap_s": int(self.max_gap_s), **stats}])
-        return {"summary": rows_table(rows, _SUMMARY_SCHEMA), "info": info,
-                "hist": bin_table(hists["hist"], lo, hi, "change", "pairs", _HIST_SCHEMA, tier=hists["tier"],
-                                  resource=hists["resource"])}
+        info = table_from_rows(
+            [
+                {
+                    "analysis": self.name,
+                    "level": self.level,
+                    "tier_map": ctx.tier_map.name,
+                    "tiers": ",".join(names),
+                    "max_gap_s": int(self.max_gap_s),
+                    **stats,
+                }
+            ]
+        )
+        return {
+            "summary": rows_table(rows, _SUMMARY_SCHEMA),
+            "info": info,
+            "hist": bin_table(
+                hists["hist"], lo, hi, "change", "pairs", _HIST_SCHEMA, tier=hists["tier"], resource=hists["resource"]
+            ),
+        }
 
     def _finalize_cluster(self, partial: dict[str, Any]) -> dict[str, pa.Table]:
         sums = np.asarray(partial["sums"], np.float64)
@@ -408,8 +463,12 @@ class UsageChange(Analysis):
         k = present[:-1][present[1:] == present[:-1] + 1]
         tot = _count_pairs([(v[k], v[k + 1]) for v in values])
         n = int(present.shape[0])
-        stats = {**dict(zip(_CSTATS, (int(v) for v in np.asarray(partial["stats"])), strict=True)),
-                 "periods": n, "pairs": int(k.shape[0]), "gaps": max(n - 1 - int(k.shape[0]), 0)}
+        stats = {
+            **dict(zip(_CSTATS, (int(v) for v in np.asarray(partial["stats"])), strict=True)),
+            "periods": n,
+            "pairs": int(k.shape[0]),
+            "gaps": max(n - 1 - int(k.shape[0]), 0),
+        }
         return self._tables([("all", tot)], stats)
 
     def _tables(self, groups: list[tuple[str, dict[str, np.ndarray]]], stats: dict[str, int]) -> dict[str, pa.Table]:
@@ -429,33 +488,48 @@ class UsageChange(Analysis):
                 for q, h in enumerate(THRESHOLDS):
                     row[f"within_{round(h * 100)}pct"] = int(c["within"][j, q]) / n if n else np.nan
                 row["mean_change"] = float(c["rsum"][j]) / n if n else np.nan
-                row.update({f"p{q}_change": float(v)
-                            for q, v in bin_quantile_edges(c["hist"][j], lo, (1, 10, 50, 90, 99)).items()})
+                row.update(
+                    {
+                        f"p{q}_change": float(v)
+                        for q, v in bin_quantile_edges(c["hist"][j], lo, (1, 10, 50, 90, 99)).items()
+                    }
+                )
                 rows.append(row)
                 for hk, hv in (("hist", c["hist"][j]), ("tier", tier), ("resource", res)):
                     hists[hk].append(hv)
-        info = table_from_rows([{"analysis": self.name, "level": self.level, "period_s": PERIOD_US // 1_000_000,
-                                 **stats}])
-        return {"summary": rows_table(rows, _SUMMARY_SCHEMA), "info": info,
-                "hist": bin_table(hists["hist"], lo, hi, "change", "pairs", _HIST_SCHEMA, tier=hists["tier"],
-                                  resource=hists["resource"])}
+        info = table_from_rows(
+            [{"analysis": self.name, "level": self.level, "period_s": PERIOD_US // 1_000_000, **stats}]
+        )
+        return {
+            "summary": rows_table(rows, _SUMMARY_SCHEMA),
+            "info": info,
+            "hist": bin_table(
+                hists["hist"], lo, hi, "change", "pairs", _HIST_SCHEMA, tier=hists["tier"], resource=hists["resource"]
+            ),
+        }
 
     def summary(self, result: dict[str, Any]) -> str:
         info = as_arrow(result["info"]).to_pylist()[0]
         if self.level == "instance":
-            head = (f"{self.label}: {info['pairs']:,} pairs of consecutive windows of {info['instances']:,} instances "
-                    f"({info['rows']:,} windows; {info['gaps']:,} gaps over {int(info['max_gap_s'])} s), "
-                    f"tier map {info['tier_map']!r}")
+            head = (
+                f"{self.label}: {info['pairs']:,} pairs of consecutive windows of {info['instances']:,} instances "
+                f"({info['rows']:,} windows; {info['gaps']:,} gaps over {int(info['max_gap_s'])} s), "
+                f"tier map {info['tier_map']!r}"
+            )
         else:
             of = f"{info['machines']:,} machines' " if self.level == "machine" else "the cluster's "
-            head = (f"{self.label}: {info['pairs']:,} pairs of consecutive 300 s periods of {of}usage "
-                    f"({info['periods']:,} periods with usage, {info['gaps']:,} gaps; {info['used_rows']:,} of "
-                    f"{info['rows']:,} windows)")
+            head = (
+                f"{self.label}: {info['pairs']:,} pairs of consecutive 300 s periods of {of}usage "
+                f"({info['periods']:,} periods with usage, {info['gaps']:,} gaps; {info['used_rows']:,} of "
+                f"{info['rows']:,} windows)"
+            )
         lines = [head]
         for r in as_arrow(result["summary"]).to_pylist():
-            lines.append(f"  {r['tier']:>8} {r['resource']}: {r['defined']:,} defined changes, within ±20%: "
-                         f"{fmt(r['within_20pct'], '.1%')}, within ±5%: {fmt(r['within_5pct'], '.1%')}, "
-                         f"median {fmt(r['p50_change'], '+.3f')}")
+            lines.append(
+                f"  {r['tier']:>8} {r['resource']}: {r['defined']:,} defined changes, within ±20%: "
+                f"{fmt(r['within_20pct'], '.1%')}, within ±5%: {fmt(r['within_5pct'], '.1%')}, "
+                f"median {fmt(r['p50_change'], '+.3f')}"
+            )
         return "\n".join(lines)
 
 
@@ -476,8 +550,13 @@ def _count_pairs(ab: list[tuple[np.ndarray, np.ndarray]]) -> dict[str, np.ndarra
         known = np.isfinite(a) & np.isfinite(b)
         zero = known & (a == 0)
         defined = known & (a != 0)
-        counts[j] = [a.shape[0], int(np.count_nonzero(~known)), int(np.count_nonzero(zero & (b == 0))),
-                     int(np.count_nonzero(zero & (b != 0))), int(np.count_nonzero(defined))]
+        counts[j] = [
+            a.shape[0],
+            int(np.count_nonzero(~known)),
+            int(np.count_nonzero(zero & (b == 0))),
+            int(np.count_nonzero(zero & (b != 0))),
+            int(np.count_nonzero(defined)),
+        ]
         ratio = b[defined] / a[defined]
         r = ratio - 1.0
         within[j] = [int(np.count_nonzero(np.abs(r) <= h)) for h in THRESHOLDS]
@@ -487,8 +566,23 @@ def _count_pairs(ab: list[tuple[np.ndarray, np.ndarray]]) -> dict[str, np.ndarra
 
 
 #: The result tables' columns and types (an empty table keeps them).
-_SUMMARY_SCHEMA = pa.schema([("tier", pa.string()), ("resource", pa.string()), *((c, pa.int64()) for c in _COUNTS),
-                             *((f"within_{round(h * 100)}pct", pa.float64()) for h in THRESHOLDS),
-                             ("mean_change", pa.float64()), *((f"p{q}_change", pa.float64()) for q in (1, 10, 50, 90, 99))])
-_HIST_SCHEMA = pa.schema([("tier", pa.string()), ("resource", pa.string()), ("bin", pa.int64()),
-                          ("lo_change", pa.float64()), ("hi_change", pa.float64()), ("pairs", pa.int64())])
+_SUMMARY_SCHEMA = pa.schema(
+    [
+        ("tier", pa.string()),
+        ("resource", pa.string()),
+        *((c, pa.int64()) for c in _COUNTS),
+        *((f"within_{round(h * 100)}pct", pa.float64()) for h in THRESHOLDS),
+        ("mean_change", pa.float64()),
+        *((f"p{q}_change", pa.float64()) for q in (1, 10, 50, 90, 99)),
+    ]
+)
+_HIST_SCHEMA = pa.schema(
+    [
+        ("tier", pa.string()),
+        ("resource", pa.string()),
+        ("bin", pa.int64()),
+        ("lo_change", pa.float64()),
+        ("hi_change", pa.float64()),
+        ("pairs", pa.int64()),
+    ]
+)

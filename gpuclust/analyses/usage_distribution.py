@@ -66,8 +66,16 @@ BY = ("tier", "time", "instance", "collection", "machine", "cell")
 ROWS = ("auto", "top-level", "all")
 STRATEGIES = ("auto", "exact", "bounded")
 #: Global counters kept in every partial (the ``info`` table), in this order.
-STATS = ("windows_read", "alloc_task_windows", "bad_time_windows", "skipped_no_percentiles", "repaired",
-         "used_windows", "zero_weight_windows", "pieces")
+STATS = (
+    "windows_read",
+    "alloc_task_windows",
+    "bad_time_windows",
+    "skipped_no_percentiles",
+    "repaired",
+    "used_windows",
+    "zero_weight_windows",
+    "pieces",
+)
 #: Most (window, bucket) pieces one partition may produce with ``time`` grouping (guards against a
 #: tiny ``bucket_s`` or corrupt times; about 1.3 GB of exact partial).
 MAX_PIECES = 1 << 23
@@ -136,15 +144,23 @@ class UsageDistribution(Analysis):
     'usage-distribution[by=tier+time,strategy=bounded]'
     """
 
-    by: tuple[str, ...] = option(("tier",), "one or more grouping keys, comma-separated (e.g. tier,time); "
-                                 "time uses bucket_s", choices=BY)
+    by: tuple[str, ...] = option(
+        ("tier",), "one or more grouping keys, comma-separated (e.g. tier,time); time uses bucket_s", choices=BY
+    )
     bucket_s: float = option(3600, "time bucket width in seconds (by=time)", fmt="g")
-    levels: tuple[float, ...] | None = option(None, "quantile levels in [0, 1] (comma-separated); default: the 20 "
-                                              "standard percentile levels", default_text="20 standard levels", fmt="g")
-    rows: str = option("auto", "auto = all rows for instance/collection groups, top-level rows otherwise",
-                       choices=ROWS)
-    strategy: str = option("auto", "exact = partials carry the windows; bounded = fixed-size summary with an error "
-                           "bound; auto = exact up to exact_max_windows usage rows", choices=STRATEGIES)
+    levels: tuple[float, ...] | None = option(
+        None,
+        "quantile levels in [0, 1] (comma-separated); default: the 20 standard percentile levels",
+        default_text="20 standard levels",
+        fmt="g",
+    )
+    rows: str = option("auto", "auto = all rows for instance/collection groups, top-level rows otherwise", choices=ROWS)
+    strategy: str = option(
+        "auto",
+        "exact = partials carry the windows; bounded = fixed-size summary with an error "
+        "bound; auto = exact up to exact_max_windows usage rows",
+        choices=STRATEGIES,
+    )
     k: int = option(ms.DEFAULT_K, "bounded summary size (CDF error <= (1 + merge depth) / k)")
     exact_max_windows: int = option(DEFAULT_EXACT_MAX_WINDOWS, "row budget of strategy=auto for exact")
     tier_map: str | None = tier_map_option("tier map for by=tier; default: the dataset's")
@@ -161,8 +177,9 @@ class UsageDistribution(Analysis):
 
     def needed_tables(self) -> tuple[dict[str, str], dict[str, str]]:
         """instance_events is read for ``by=tier`` only (the instances' priorities)."""
-        return {"instance_usage": ""}, ({"instance_events": "by=tier: the instances' priorities"}
-                                        if "tier" in self.by else {})
+        return {"instance_usage": ""}, (
+            {"instance_events": "by=tier: the instances' priorities"} if "tier" in self.by else {}
+        )
 
     def __post_init__(self) -> None:
         by = parse_by(self.by, BY, "usage-distribution")
@@ -217,8 +234,16 @@ class UsageDistribution(Analysis):
 
     @property
     def columns(self) -> tuple[str, ...]:
-        return ("start_time", "end_time", "collection_id", "instance_index", "machine_id", "alloc_collection_id",
-                "sample_rate", *CPU_PERCENTILE_COLUMNS_SORTED)
+        return (
+            "start_time",
+            "end_time",
+            "collection_id",
+            "instance_index",
+            "machine_id",
+            "alloc_collection_id",
+            "sample_rate",
+            *CPU_PERCENTILE_COLUMNS_SORTED,
+        )
 
     # ---------------------------------------------------------------- context (client side)
     def _resolve_tier_map(self, source: Any) -> TierMap:
@@ -262,8 +287,13 @@ class UsageDistribution(Analysis):
             # All rows (allocs included), so that rows="all" can place tasks inside allocs.
             assert ctx.tier_map is not None  # context() resolves one when "tier" is in by
             n = len(ctx.tier_map.names)
-            lk = tier_lookup(side["instance_events"], ctx.tier_map, top_level_only=False, unmatched=n,
-                             what="usage-distribution tier lookup")
+            lk = tier_lookup(
+                side["instance_events"],
+                ctx.tier_map,
+                top_level_only=False,
+                unmatched=n,
+                what="usage-distribution tier lookup",
+            )
         local = grain == "instance" and "instance" in self.by and ctx.strategy == "exact"
         return replace(ctx, lookup=lk, local_groups=local)
 
@@ -276,8 +306,12 @@ class UsageDistribution(Analysis):
         return sum(len(KEY_COLUMNS[b]) for b in self.by)
 
     def _empty_groups(self, xp: Any = np) -> dict[str, Any]:
-        return {"key": xp.zeros(0, xp.int64), "frac": xp.zeros(0, xp.float64), "wq": xp.zeros((0, 20), xp.float64),
-                "kc": xp.zeros((0, self._n_components()), xp.int64)}
+        return {
+            "key": xp.zeros(0, xp.int64),
+            "frac": xp.zeros(0, xp.float64),
+            "wq": xp.zeros((0, 20), xp.float64),
+            "kc": xp.zeros((0, self._n_components()), xp.int64),
+        }
 
     def _tier(self, backend: Any, ctx: UsageDistributionContext, c: Any, i: Any, m: Any) -> Any:
         found, code = ctx.lookup.find(backend, c, i, m)
@@ -318,8 +352,11 @@ class UsageDistribution(Analysis):
             elif b == "machine":
                 comps.append(cols["machine_id"][idx])
             elif b == "tier":
-                comps.append(self._tier(backend, ctx, cols["collection_id"][idx], cols["instance_index"][idx],
-                                        cols["machine_id"][idx]))
+                comps.append(
+                    self._tier(
+                        backend, ctx, cols["collection_id"][idx], cols["instance_index"][idx], cols["machine_id"][idx]
+                    )
+                )
             elif b == "time":
                 comps.append(None)  # filled per piece below
         src = use  # row of ``qr`` of each piece
@@ -346,8 +383,12 @@ class UsageDistribution(Analysis):
         kc = xp.stack(comps, axis=1) if comps else xp.zeros((m, 0), dtype=xp.int64)
         part = hs.leaf(qr, w, key, None if ctx.strategy == "exact" else int(self.k), repaired=True)
         groups = self._group_extras(xp, ops, key, kc, frac, w, qr)
-        out = {"backend": backend.name, "ms": part, "groups": groups,
-               "stats": xp.asarray(np.array([stats[s_] for s_ in STATS], dtype=np.int64))}
+        out = {
+            "backend": backend.name,
+            "ms": part,
+            "groups": groups,
+            "stats": xp.asarray(np.array([stats[s_] for s_ in STATS], dtype=np.int64)),
+        }
         if ctx.local_groups:
             # every window of these groups is here: finalize them now (the partial is then a few
             # hundred bytes per group, whatever the groups' sizes)
@@ -364,8 +405,10 @@ class UsageDistribution(Analysis):
         span = b1 - b0 + 1
         total = int(span.sum()) if span.shape[0] else 0
         if total > MAX_PIECES:
-            raise ValueError(f"usage-distribution: the windows of one partition cover {total} (window, bucket) "
-                             f"pieces (> {MAX_PIECES}); use a larger bucket_s or more partitions")
+            raise ValueError(
+                f"usage-distribution: the windows of one partition cover {total} (window, bucket) "
+                f"pieces (> {MAX_PIECES}); use a larger bucket_s or more partitions"
+            )
         off = xp.cumsum(span)
         j = xp.arange(total, dtype=xp.int64)
         row = xp.searchsorted(off, j, side="right").astype(xp.int64)
@@ -373,8 +416,9 @@ class UsageDistribution(Analysis):
         lo = xp.maximum(s[row], bucket * B)
         hi = xp.minimum(e[row], (bucket + 1) * B)
         length = e[row] - s[row]
-        frac = xp.where(length > 0, (hi - lo).astype(xp.float64) / xp.where(length > 0, length, 1).astype(xp.float64),
-                        1.0)
+        frac = xp.where(
+            length > 0, (hi - lo).astype(xp.float64) / xp.where(length > 0, length, 1).astype(xp.float64), 1.0
+        )
         return row, bucket, frac
 
     def _group_extras(self, xp: Any, ops: Any, key: Any, kc: Any, frac: Any, w: Any, qr: Any) -> dict[str, Any]:
@@ -392,8 +436,12 @@ class UsageDistribution(Analysis):
         G = int(kc_u.shape[0])
         ws = xp.where(w > 0, w, 0.0)
         wq = ops.run_weighted_sums(first, inv, G, ws, qr)  # sequential per run on the cpu
-        return {"key": key[first], "frac": bincount(xp, inv, weights=frac, minlength=G),
-                "wq": wq.reshape(G, 20), "kc": kc_u}
+        return {
+            "key": key[first],
+            "frac": bincount(xp, inv, weights=frac, minlength=G),
+            "wq": wq.reshape(G, 20),
+            "kc": kc_u,
+        }
 
     # ---------------------------------------------------------------- merge
     def merge(self, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
@@ -403,17 +451,28 @@ class UsageDistribution(Analysis):
             parts = [p for p in (a, b) if "done" in p]
             if any(p["ms"] is not None for p in (a, b)):
                 raise RuntimeError("usage-distribution: finalized and open partials mixed (internal error)")
-            cat = (lambda f, d: np.concatenate([p[d][f] for p in parts])) if len(parts) > 1 else (
-                lambda f, d: parts[0][d][f])
-            return {"backend": be, "ms": None, "done": {f: cat(f, "done") for f in _DONE_FIELDS},
-                    "groups": {f: cat(f, "groups") for f in parts[0]["groups"]},
-                    "stats": np.asarray(a["stats"]) + np.asarray(b["stats"])}
+            cat = (
+                (lambda f, d: np.concatenate([p[d][f] for p in parts]))
+                if len(parts) > 1
+                else (lambda f, d: parts[0][d][f])
+            )
+            return {
+                "backend": be,
+                "ms": None,
+                "done": {f: cat(f, "done") for f in _DONE_FIELDS},
+                "groups": {f: cat(f, "groups") for f in parts[0]["groups"]},
+                "stats": np.asarray(a["stats"]) + np.asarray(b["stats"]),
+            }
         if a["ms"] is None or b["ms"] is None:
             mp = b["ms"] if a["ms"] is None else a["ms"]
         else:
             mp = hs.merge(a["ms"], b["ms"])
-        return {"backend": be, "ms": mp, "groups": _merge_groups(a["groups"], b["groups"]),
-                "stats": np.asarray(a["stats"]) + np.asarray(b["stats"])}
+        return {
+            "backend": be,
+            "ms": mp,
+            "groups": _merge_groups(a["groups"], b["groups"]),
+            "stats": np.asarray(a["stats"]) + np.asarray(b["stats"]),
+        }
 
     # ---------------------------------------------------------------- finalize
     # With ``instance`` in ``by`` the group tables grow with the cell (a row per instance): they
@@ -428,15 +487,27 @@ class UsageDistribution(Analysis):
 
     def _empty_rows(self) -> dict[str, np.ndarray]:
         L = self.level_values.shape[0]
-        return {"key": np.zeros(0, np.int64), "n_windows": np.zeros(0, np.int64), "weight": np.zeros(0),
-                "mean": np.zeros(0), "quantiles": np.zeros((0, L)), "err_bound": np.zeros(0),
-                **{f"g_{k}": v for k, v in self._empty_groups().items() if k != "key"}}
+        return {
+            "key": np.zeros(0, np.int64),
+            "n_windows": np.zeros(0, np.int64),
+            "weight": np.zeros(0),
+            "mean": np.zeros(0),
+            "quantiles": np.zeros((0, L)),
+            "err_bound": np.zeros(0),
+            **{f"g_{k}": v for k, v in self._empty_groups().items() if k != "key"},
+        }
 
     def split(self, partial: dict[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, np.ndarray]]]:
         """Finished groups (a bucketed source) become rows keyed by their leading key component,
         sorted; anything else stays whole in ``full`` (merged by the tree, one shard)."""
-        rest = {"backend": partial["backend"], "stats": np.asarray(partial["stats"]), "full": None, "n": 0,
-                "err_max": 0.0, "sample": np.zeros(0, np.int64)}
+        rest = {
+            "backend": partial["backend"],
+            "stats": np.asarray(partial["stats"]),
+            "full": None,
+            "n": 0,
+            "err_max": 0.0,
+            "sample": np.zeros(0, np.int64),
+        }
         if "done" not in partial:
             empty = partial["ms"] is None and int(np.asarray(partial["groups"]["key"]).shape[0]) == 0
             rest["full"] = None if empty else partial
@@ -448,8 +519,11 @@ class UsageDistribution(Analysis):
         kc = np.asarray(g["kc"]).reshape(G, self._n_components())
         coord = kc[:, 0].astype(np.int64)
         order = np.argsort(coord, kind="stable")
-        rows = {"key": coord[order], **{f: np.asarray(d[f])[order] for f in _DONE_FIELDS if f != "key"},
-                **{f"g_{k}": np.asarray(v)[order] for k, v in g.items() if k != "key"}}
+        rows = {
+            "key": coord[order],
+            **{f: np.asarray(d[f])[order] for f in _DONE_FIELDS if f != "key"},
+            **{f"g_{k}": np.asarray(v)[order] for k, v in g.items() if k != "key"},
+        }
         rows["quantiles"] = rows["quantiles"].reshape(G, self.level_values.shape[0])
         rows["g_kc"] = rows["g_kc"].reshape(G, self._n_components())
         rows["g_wq"] = rows["g_wq"].reshape(G, 20)
@@ -459,9 +533,14 @@ class UsageDistribution(Analysis):
 
     def merge_rest(self, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         full = a["full"] if b["full"] is None else b["full"] if a["full"] is None else self.merge(a["full"], b["full"])
-        return {"backend": merged_backend(a["backend"], b["backend"]), "stats": a["stats"] + b["stats"],
-                "full": full, "n": a["n"] + b["n"], "err_max": max(a["err_max"], b["err_max"]),
-                "sample": np.concatenate([a["sample"], b["sample"]])}
+        return {
+            "backend": merged_backend(a["backend"], b["backend"]),
+            "stats": a["stats"] + b["stats"],
+            "full": full,
+            "n": a["n"] + b["n"],
+            "err_max": max(a["err_max"], b["err_max"]),
+            "sample": np.concatenate([a["sample"], b["sample"]]),
+        }
 
     def shards(self, ctx: UsageDistributionContext, rest: dict[str, Any]) -> list[tuple[int, int]]:
         """Ranges of the leading key of about :data:`SHARD_GROUPS` groups each, placed by the
@@ -493,8 +572,14 @@ class UsageDistribution(Analysis):
         tables, extra = self.finalize_shard(keyed, rest, ctx, 0, 0)
         return {**tables, **self.finalize_parted(rest, ctx, {}, [extra])}
 
-    def finalize_shard(self, keyed: dict[str, dict[str, np.ndarray]], rest: dict[str, Any],
-                       ctx: UsageDistributionContext, lo: int, hi: int) -> tuple[dict[str, pd.DataFrame], Any]:
+    def finalize_shard(
+        self,
+        keyed: dict[str, dict[str, np.ndarray]],
+        rest: dict[str, Any],
+        ctx: UsageDistributionContext,
+        lo: int,
+        hi: int,
+    ) -> tuple[dict[str, pd.DataFrame], Any]:
         """The group tables of one shard: from the merged partial (``full``), or from the shard's
         finished rows; the extra is ``(groups, max CDF error bound)``."""
         full = rest["full"]
@@ -514,24 +599,37 @@ class UsageDistribution(Analysis):
         err = np.asarray(res["err_bound"], dtype=np.float64)
         return {"quantiles": df, "naive": naive}, (len(df), float(err.max()) if err.size else 0.0)
 
-    def finalize_parted(self, rest: dict[str, Any], ctx: UsageDistributionContext, tables: dict[str, Any],
-                        extras: list[Any]) -> dict[str, pd.DataFrame]:
+    def finalize_parted(
+        self, rest: dict[str, Any], ctx: UsageDistributionContext, tables: dict[str, Any], extras: list[Any]
+    ) -> dict[str, pd.DataFrame]:
         stats = dict(zip(STATS, (int(x) for x in np.asarray(rest["stats"])), strict=False))
         lv = ctx.levels
-        info = pd.DataFrame([{
-            "analysis": self.name, "by": ",".join(self.by), "rows": ctx.rows, "rows_option": self.rows,
-            "strategy": ctx.strategy, "strategy_option": self.strategy,
-            "k": int(self.k) if ctx.strategy == "bounded" else 0,
-            "exact_max_windows": int(self.exact_max_windows), "total_rows": int(ctx.total_rows),
-            "bucket_s": float(self.bucket_s) if "time" in self.by else float("nan"),
-            "tier_map": ctx.tier_map.name if ctx.tier_map else "",
-            "levels": ",".join(f"{x:g}" for x in lv), **stats, "groups": int(sum(n for n, _ in extras)),
-            "max_cdf_error_bound": max([e for _, e in extras], default=0.0),
-        }])
+        info = pd.DataFrame(
+            [
+                {
+                    "analysis": self.name,
+                    "by": ",".join(self.by),
+                    "rows": ctx.rows,
+                    "rows_option": self.rows,
+                    "strategy": ctx.strategy,
+                    "strategy_option": self.strategy,
+                    "k": int(self.k) if ctx.strategy == "bounded" else 0,
+                    "exact_max_windows": int(self.exact_max_windows),
+                    "total_rows": int(ctx.total_rows),
+                    "bucket_s": float(self.bucket_s) if "time" in self.by else float("nan"),
+                    "tier_map": ctx.tier_map.name if ctx.tier_map else "",
+                    "levels": ",".join(f"{x:g}" for x in lv),
+                    **stats,
+                    "groups": int(sum(n for n, _ in extras)),
+                    "max_cdf_error_bound": max([e for _, e in extras], default=0.0),
+                }
+            ]
+        )
         return {"info": info}
 
-    def _group_tables(self, res: dict[str, Any], g: dict[str, Any],
-                      ctx: UsageDistributionContext) -> tuple[pd.DataFrame, pd.DataFrame]:
+    def _group_tables(
+        self, res: dict[str, Any], g: dict[str, Any], ctx: UsageDistributionContext
+    ) -> tuple[pd.DataFrame, pd.DataFrame]:
         """The ``quantiles`` and ``naive`` rows of groups ``res`` / ``g`` (aligned), sorted by key."""
         return _group_tables(self.by, self.bucket_us, self._n_components(), res, g, ctx)
 

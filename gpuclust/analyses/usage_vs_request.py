@@ -76,7 +76,7 @@ _K = 2 + _B + 2
 _REFINED = np.sort(np.concatenate([RATIO_EDGES, np.nextafter([0.5, 1.0], np.inf)]))
 #: :func:`refined_bins`' table: each octave of ratios from 2^-20 (< 1e-6) to 2^20 (> 1e6) in 2^9 cells,
 #: each holding at most one edge of _REFINED.
-_RATIO_BINS = FloatBins(_REFINED, bits=9, lo=2.0 ** -20, hi=2.0 ** 20, what="usage-vs-request ratio bins")
+_RATIO_BINS = FloatBins(_REFINED, bits=9, lo=2.0**-20, hi=2.0**20, what="usage-vs-request ratio bins")
 
 
 def refined_bins(xp: Any, ratio: Any, cells: Any = None, edges: Any = None) -> Any:
@@ -97,10 +97,10 @@ def _split(xp: Any, x: Any) -> tuple[Any, Any, Any]:
     -> counts by bin, of ratios <= 0.5 and of ratios > 1: a ratio <= 0.5 has ``x = bin <= _B05``,
     one in (0.5, 1] ``x = bin + 1`` in ``[_B05 + 1, _B1 + 1]``, one > 1 ``x = bin + 2 >= _B1 + 2``."""
     hist = xp.zeros((*x.shape[:-1], _B), dtype=x.dtype)
-    hist[..., :_B05 + 1] += x[..., :_B05 + 1]
-    hist[..., _B05:_B1 + 1] += x[..., _B05 + 1:_B1 + 2]
-    hist[..., _B1:] += x[..., _B1 + 2:]
-    return hist, x[..., :_B05 + 1].sum(-1), x[..., _B1 + 2:].sum(-1)
+    hist[..., : _B05 + 1] += x[..., : _B05 + 1]
+    hist[..., _B05 : _B1 + 1] += x[..., _B05 + 1 : _B1 + 2]
+    hist[..., _B1:] += x[..., _B1 + 2 :]
+    return hist, x[..., : _B05 + 1].sum(-1), x[..., _B1 + 2 :].sum(-1)
 
 
 @dataclass(frozen=True)
@@ -152,8 +152,17 @@ class UsageVsRequest(Analysis):
 
     @property
     def columns(self) -> tuple[str, ...]:
-        return ("start_time", "collection_id", "instance_index", "machine_id", "avg_cpu", "max_cpu", "avg_mem",
-                "max_mem", *TASK_COLUMNS)
+        return (
+            "start_time",
+            "collection_id",
+            "instance_index",
+            "machine_id",
+            "avg_cpu",
+            "max_cpu",
+            "avg_mem",
+            "max_mem",
+            *TASK_COLUMNS,
+        )
 
     def context(self, source: Any) -> UsageVsRequestContext:
         tm = resolve_tier_map(self.tier_map, source)
@@ -170,8 +179,13 @@ class UsageVsRequest(Analysis):
         ev = ReadOnce(side["instance_events"], self.side_inputs["instance_events"])
 
         def lookup(ev: Any) -> tuple[Any, KeyedSlots | None]:
-            lk = tier_lookup(ev, ctx.tier_map, top_level_only=False, unmatched=len(ctx.tier_map.names),
-                             what="usage-vs-request tier lookup")
+            lk = tier_lookup(
+                ev,
+                ctx.tier_map,
+                top_level_only=False,
+                unmatched=len(ctx.tier_map.names),
+                what="usage-vs-request tier lookup",
+            )
             return lk, KeyedSlots.start(lk)  # the cpu backend's table: its keys (no timeline needed)
 
         # the tier lookup (with the slot table's keys) and the request timeline from the same
@@ -202,8 +216,12 @@ class UsageVsRequest(Analysis):
 
     # ---------------------------------------------------------------- partial / merge
     def empty(self, backend: Any = None) -> dict[str, np.ndarray]:
-        return {"counts": np.zeros((_T, _M, len(_COUNTS)), np.int64), "hist": np.zeros((_T, _M, _B), np.int64),
-                "rsum": np.zeros((_T, _M)), **empty_tasks()}
+        return {
+            "counts": np.zeros((_T, _M, len(_COUNTS)), np.int64),
+            "hist": np.zeros((_T, _M, _B), np.int64),
+            "rsum": np.zeros((_T, _M)),
+            **empty_tasks(),
+        }
 
     def partial(self, cols: dict[str, Any], ctx: UsageVsRequestContext, backend: Any) -> dict[str, Any]:
         xp = backend.xp
@@ -231,8 +249,12 @@ class UsageVsRequest(Analysis):
                 self._block(cols, slice(lo, min(n, lo + block)), ctx, runs, backend, counts, rsum, acc)
         c = counts.reshape(_M, _T, _K).transpose(1, 0, 2)
         hist, half, above = _split(xp, c[:, :, 2:])
-        out = {"counts": xp.stack([c.sum(2), c[:, :, 0], c[:, :, 1], hist.sum(2), above, half], 2).astype(xp.int64),
-               "hist": hist.astype(xp.int64), "rsum": rsum.T.copy(), **acc.result()}
+        out = {
+            "counts": xp.stack([c.sum(2), c[:, :, 0], c[:, :, 1], hist.sum(2), above, half], 2).astype(xp.int64),
+            "hist": hist.astype(xp.int64),
+            "rsum": rsum.T.copy(),
+            **acc.result(),
+        }
         return out
 
     @staticmethod
@@ -240,41 +262,90 @@ class UsageVsRequest(Analysis):
         """``ctx.runs``, built once per lookup where ``bind`` left it out (thread-safe)."""
         if ctx.runs is not None:
             return ctx.runs
-        return _runs_cache.get(ctx.lookup.hash, lambda _h: KeyedRuns.build(ctx.lookup, ctx.requests),
-                               (id(ctx.requests),))
+        return _runs_cache.get(
+            ctx.lookup.hash, lambda _h: KeyedRuns.build(ctx.lookup, ctx.requests), (id(ctx.requests),)
+        )
 
     @staticmethod
-    def _block(cols: dict[str, Any], sl: slice, ctx: UsageVsRequestContext, runs: KeyedRuns, backend: Any,
-               counts: Any, rsum: Any, acc: TaskAccumulator) -> None:
+    def _block(
+        cols: dict[str, Any],
+        sl: slice,
+        ctx: UsageVsRequestContext,
+        runs: KeyedRuns,
+        backend: Any,
+        counts: Any,
+        rsum: Any,
+        acc: TaskAccumulator,
+    ) -> None:
         """Rows ``sl`` joined by :func:`~gpuclust.analyses._requests.asof_keyed` (per window its
         tier and the latest event of its instance at or before its start), then counted
         (:meth:`_count`)."""
         xp = backend.xp
-        found, code, j = asof_keyed(backend, ctx.requests, runs, cols["collection_id"][sl],
-                                    cols["instance_index"][sl], cols["machine_id"][sl], cols["start_time"][sl])
+        found, code, j = asof_keyed(
+            backend,
+            ctx.requests,
+            runs,
+            cols["collection_id"][sl],
+            cols["instance_index"][sl],
+            cols["machine_id"][sl],
+            cols["start_time"][sl],
+        )
         limit = xp.take(backend.stage(ctx.limits), j, axis=0)  # j = -1 (none): the last row, NaN
         nt = len(ctx.tier_map.names)
         tier = xp.where(found, code, nt)
-        UsageVsRequest._count(xp, cols, sl, tier, (limit[:, 0], limit[:, 1]),
-                              backend.stage(_RATIO_BINS.cells), backend.stage(_RATIO_BINS.edges), counts, rsum)
+        UsageVsRequest._count(
+            xp,
+            cols,
+            sl,
+            tier,
+            (limit[:, 0], limit[:, 1]),
+            backend.stage(_RATIO_BINS.cells),
+            backend.stage(_RATIO_BINS.edges),
+            counts,
+            rsum,
+        )
         acc.add(sl, tier, nt, limit[:, 0], limit[:, 1])
 
     @staticmethod
-    def _block_slots(cols: dict[str, Any], sl: slice, ctx: UsageVsRequestContext, slots: Any, backend: Any,
-                     counts: Any, rsum: Any, acc: TaskAccumulator) -> None:
+    def _block_slots(
+        cols: dict[str, Any],
+        sl: slice,
+        ctx: UsageVsRequestContext,
+        slots: Any,
+        backend: Any,
+        counts: Any,
+        rsum: Any,
+        acc: TaskAccumulator,
+    ) -> None:
         """:meth:`_block` on the cpu backend: each window's tier and limits from its key's slot
         (:func:`~gpuclust.analyses._requests.asof_keyed_slots`), the same codes and sums."""
-        found, code, lim0, lim1 = asof_keyed_slots(backend, ctx.requests, slots, ctx.limits,
-                                                   cols["collection_id"][sl], cols["instance_index"][sl],
-                                                   cols["machine_id"][sl], cols["start_time"][sl])
+        found, code, lim0, lim1 = asof_keyed_slots(
+            backend,
+            ctx.requests,
+            slots,
+            ctx.limits,
+            cols["collection_id"][sl],
+            cols["instance_index"][sl],
+            cols["machine_id"][sl],
+            cols["start_time"][sl],
+        )
         nt = len(ctx.tier_map.names)
         tier = np.where(found, code, nt)
         UsageVsRequest._count(np, cols, sl, tier, (lim0, lim1), _RATIO_BINS.cells, _RATIO_BINS.edges, counts, rsum)
         acc.add(sl, tier, nt, lim0, lim1)
 
     @staticmethod
-    def _count(xp: Any, cols: dict[str, Any], sl: slice, tier: Any, limits: tuple[Any, Any], cells: Any,
-               cell_edges: Any, counts: Any, rsum: Any) -> None:
+    def _count(
+        xp: Any,
+        cols: dict[str, Any],
+        sl: slice,
+        tier: Any,
+        limits: tuple[Any, Any],
+        cells: Any,
+        cell_edges: Any,
+        counts: Any,
+        rsum: Any,
+    ) -> None:
         """Rows ``sl`` (``tier``: each row's tier code, ``limits``: its CPU and memory limit, NaN
         for none): their codes counted into ``counts`` and their ratios (0 where not defined)
         summed per tier into ``rsum``, in row order after the sums so far: each ``bincount`` starts
@@ -329,37 +400,85 @@ class UsageVsRequest(Analysis):
                 if not cnt[j, 0]:
                     continue
                 nd = int(cnt[j, 3])
-                row: dict[str, Any] = {"tier": tier, "measure": measure, **{f: int(cnt[j, q]) for q, f in enumerate(_COUNTS)},
-                                       "above_limit_share": int(cnt[j, 4]) / nd if nd else np.nan,
-                                       "at_most_half_share": int(cnt[j, 5]) / nd if nd else np.nan,
-                                       "mean_ratio": float(rs[j]) / nd if nd else np.nan}
-                row.update({f"p{q}_ratio": float(v) for q, v in bin_quantile_edges(hist[j], lo, (10, 50, 90, 99)).items()})
+                row: dict[str, Any] = {
+                    "tier": tier,
+                    "measure": measure,
+                    **{f: int(cnt[j, q]) for q, f in enumerate(_COUNTS)},
+                    "above_limit_share": int(cnt[j, 4]) / nd if nd else np.nan,
+                    "at_most_half_share": int(cnt[j, 5]) / nd if nd else np.nan,
+                    "mean_ratio": float(rs[j]) / nd if nd else np.nan,
+                }
+                row.update(
+                    {f"p{q}_ratio": float(v) for q, v in bin_quantile_edges(hist[j], lo, (10, 50, 90, 99)).items()}
+                )
                 rows.append(row)
                 for hk, hv in (("hist", hist[j]), ("tier", tier), ("measure", measure)):
                     hists[hk].append(hv)
-        info = table_from_rows([{"analysis": self.name, "tier_map": ctx.tier_map.name, "tiers": ",".join(names),
-                                 "windows": int(p["counts"][:T, 0, 0].sum()), **task_info}])
-        return {"summary": rows_table(rows, _SUMMARY_SCHEMA), "info": info,
-                "hist": bin_table(hists["hist"], lo, hi, "ratio", "windows", _HIST_SCHEMA, tier=hists["tier"],
-                                  measure=hists["measure"]), **tasks}
+        info = table_from_rows(
+            [
+                {
+                    "analysis": self.name,
+                    "tier_map": ctx.tier_map.name,
+                    "tiers": ",".join(names),
+                    "windows": int(p["counts"][:T, 0, 0].sum()),
+                    **task_info,
+                }
+            ]
+        )
+        return {
+            "summary": rows_table(rows, _SUMMARY_SCHEMA),
+            "info": info,
+            "hist": bin_table(
+                hists["hist"], lo, hi, "ratio", "windows", _HIST_SCHEMA, tier=hists["tier"], measure=hists["measure"]
+            ),
+            **tasks,
+        }
 
     def summary(self, result: dict[str, Any]) -> str:
         info = as_arrow(result["info"]).to_pylist()[0]
         lines = [f"{self.label}: {info['windows']:,} windows, tier map {info['tier_map']!r}"]
         for r in as_arrow(result["summary"]).to_pylist():
-            lines.append(f"  {r['tier']:>8} {r['measure']}: {r['defined']:,} windows with a limit, median usage/limit "
-                         f"{fmt(r['p50_ratio'], '.3g')}, above the limit {fmt(r['above_limit_share'], '.1%')}, "
-                         f"no limit {r['no_limit']:,}")
+            lines.append(
+                f"  {r['tier']:>8} {r['measure']}: {r['defined']:,} windows with a limit, median usage/limit "
+                f"{fmt(r['p50_ratio'], '.3g')}, above the limit {fmt(r['above_limit_share'], '.1%')}, "
+                f"no limit {r['no_limit']:,}"
+            )
         lines.append(f"  per task (Borg Fig. 11), {info['tasks']:,} tasks, memory reservation: {info['reservation']}")
         for r in as_arrow(result["task_summary"]).to_pylist():
-            lines.append(f"  {r['band']:>8} {r['measure']}: {r['defined']:,} tasks, median {fmt(r['p50_ratio'], '.3g')}, "
-                         f"above the limit {fmt(r['above_limit_share'], '.1%')}")
+            lines.append(
+                f"  {r['band']:>8} {r['measure']}: {r['defined']:,} tasks, median {fmt(r['p50_ratio'], '.3g')}, "
+                f"above the limit {fmt(r['above_limit_share'], '.1%')}"
+            )
         return "\n".join(lines)
 
 
 #: The result tables' columns and types (an empty table keeps them).
-_SUMMARY_SCHEMA = pa.schema([("tier", pa.string()), ("measure", pa.string()), *((c, pa.int64()) for c in _COUNTS),
-                             *((c, pa.float64()) for c in ("above_limit_share", "at_most_half_share", "mean_ratio",
-                                                           "p10_ratio", "p50_ratio", "p90_ratio", "p99_ratio"))])
-_HIST_SCHEMA = pa.schema([("tier", pa.string()), ("measure", pa.string()), ("bin", pa.int64()),
-                          ("lo_ratio", pa.float64()), ("hi_ratio", pa.float64()), ("windows", pa.int64())])
+_SUMMARY_SCHEMA = pa.schema(
+    [
+        ("tier", pa.string()),
+        ("measure", pa.string()),
+        *((c, pa.int64()) for c in _COUNTS),
+        *(
+            (c, pa.float64())
+            for c in (
+                "above_limit_share",
+                "at_most_half_share",
+                "mean_ratio",
+                "p10_ratio",
+                "p50_ratio",
+                "p90_ratio",
+                "p99_ratio",
+            )
+        ),
+    ]
+)
+_HIST_SCHEMA = pa.schema(
+    [
+        ("tier", pa.string()),
+        ("measure", pa.string()),
+        ("bin", pa.int64()),
+        ("lo_ratio", pa.float64()),
+        ("hi_ratio", pa.float64()),
+        ("windows", pa.int64()),
+    ]
+)

@@ -20,8 +20,21 @@ import numpy as np
 
 from gpuclust._cache import PerArrayCache
 
-__all__ = ["BACKEND_NAMES", "ENGINE_THREAD_PREFIX", "EXTENSION_OP_MODULES", "Backend", "Ops", "BackendUnavailable", "OP_NAMES", "available_backend", "backend_of", "finalize_backend", "merged_backend",
-           "get_backend", "gpu_available"]
+__all__ = [
+    "BACKEND_NAMES",
+    "ENGINE_THREAD_PREFIX",
+    "EXTENSION_OP_MODULES",
+    "Backend",
+    "Ops",
+    "BackendUnavailable",
+    "OP_NAMES",
+    "available_backend",
+    "backend_of",
+    "finalize_backend",
+    "merged_backend",
+    "get_backend",
+    "gpu_available",
+]
 
 #: Name prefix of the local engine's partition threads (``gpuclust.engine.local``): ops that
 #: thread themselves (the mixture ops) stay single-threaded there.  Here, not in the mixture
@@ -60,6 +73,8 @@ class Ops:
 
     def __repr__(self) -> str:
         return f"Ops({self._main.__name__}, {list(self._extensions)})"
+
+
 BACKEND_NAMES: tuple[str, ...] = ("cpu", "gpu", "auto")
 
 

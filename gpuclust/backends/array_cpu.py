@@ -8,8 +8,16 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["cummax_rows", "cummin_rows", "gather_repair_percentiles", "repeat_index", "run_max", "run_weighted_sums", "scatter_max",
-           "stable_argsort"]
+__all__ = [
+    "cummax_rows",
+    "cummin_rows",
+    "gather_repair_percentiles",
+    "repeat_index",
+    "run_max",
+    "run_weighted_sums",
+    "scatter_max",
+    "stable_argsort",
+]
 
 
 def stable_argsort(a: np.ndarray) -> np.ndarray:

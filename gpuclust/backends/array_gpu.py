@@ -8,8 +8,16 @@ import numpy as np
 
 from gpuclust._xp import bincount
 
-__all__ = ["cummax_rows", "cummin_rows", "gather_repair_percentiles", "repeat_index", "run_max", "run_weighted_sums", "scatter_max",
-           "stable_argsort"]
+__all__ = [
+    "cummax_rows",
+    "cummin_rows",
+    "gather_repair_percentiles",
+    "repeat_index",
+    "run_max",
+    "run_weighted_sums",
+    "scatter_max",
+    "stable_argsort",
+]
 
 
 def _cp() -> Any:
@@ -91,8 +99,9 @@ def run_max(values: Any, starts: Any) -> Any:
         return values[:0].copy()
     first = cp.zeros(n, dtype=cp.int64)
     first[starts] = 1
-    out = cp.full(int(starts.shape[0]), -np.inf if values.dtype.kind == "f" else np.iinfo(values.dtype).min,
-                  dtype=values.dtype)
+    out = cp.full(
+        int(starts.shape[0]), -np.inf if values.dtype.kind == "f" else np.iinfo(values.dtype).min, dtype=values.dtype
+    )
     scatter_max(out, cp.cumsum(first) - 1, values)
     return out
 

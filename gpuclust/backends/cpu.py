@@ -12,8 +12,17 @@ import numpy as np
 
 from gpuclust._cache import PerArrayCache
 
-__all__ = ["bucket_overlap", "check_1d", "check_bucket_overlap", "check_grouped_sum", "check_hash_index", "grouped_sum", "hash_index",
-           "lookup_block_rows", "lookup_slot_tables"]
+__all__ = [
+    "bucket_overlap",
+    "check_1d",
+    "check_bucket_overlap",
+    "check_grouped_sum",
+    "check_hash_index",
+    "grouped_sum",
+    "hash_index",
+    "lookup_block_rows",
+    "lookup_slot_tables",
+]
 
 _INT64_MAX = 2**63 - 1
 _VALUE_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))

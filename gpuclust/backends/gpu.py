@@ -16,8 +16,18 @@ import numpy as np
 
 from gpuclust.backends.cpu import check_bucket_overlap, check_grouped_sum, check_hash_index
 
-__all__ = ["bucket_overlap", "cupy_distributions", "device_count", "grouped_sum", "hash_index", "lookup_block_rows",
-           "lookup_slot_tables", "require", "require_device", "sm_count"]
+__all__ = [
+    "bucket_overlap",
+    "cupy_distributions",
+    "device_count",
+    "grouped_sum",
+    "hash_index",
+    "lookup_block_rows",
+    "lookup_slot_tables",
+    "require",
+    "require_device",
+    "sm_count",
+]
 
 #: ``backend.ops.lookup_block_rows``: None, a lookup is one launch over all its rows (the cpu
 #: backend's is a cache-sized block).
@@ -56,8 +66,12 @@ GROUPED_SUM_PARAMS: tuple[tuple[str, Any], ...] = (
     ("out", _PTR),
 )
 
-_CTYPE = {np.dtype(np.float32): "float", np.dtype(np.float64): "double",
-          np.dtype(np.int32): "int", np.dtype(np.int64): "long long"}
+_CTYPE = {
+    np.dtype(np.float32): "float",
+    np.dtype(np.float64): "double",
+    np.dtype(np.int32): "int",
+    np.dtype(np.int64): "long long",
+}
 
 
 def _cupy() -> Any:
@@ -84,7 +98,8 @@ def require() -> Any:
         raise BackendUnavailable(
             f"backend 'gpu': {len(dists)} CuPy distributions are installed ({', '.join(dists)}); they overwrite "
             "each other's files. Uninstall all but the one matching your CUDA driver's major version "
-            "(nvidia-smi shows it), e.g. pip uninstall " + dists[0])
+            "(nvidia-smi shows it), e.g. pip uninstall " + dists[0]
+        )
     try:
         cp = _cupy()
     except Exception as e:
@@ -130,12 +145,13 @@ def require_device(**arrays: Any) -> None:
     cp = _cupy()
     for name, a in arrays.items():
         if not isinstance(a, cp.ndarray):
-            raise TypeError(f"{name} must be a CuPy (device) array, got {type(a).__module__}.{type(a).__name__}; "
-                            f"pass cupy.asarray({name})")
+            raise TypeError(
+                f"{name} must be a CuPy (device) array, got {type(a).__module__}.{type(a).__name__}; "
+                f"pass cupy.asarray({name})"
+            )
 
 
-def _launch(kernel: Any, n_items: int, params: tuple[tuple[str, Any], ...], shared_mem: int = 0,
-            **named: Any) -> None:
+def _launch(kernel: Any, n_items: int, params: tuple[tuple[str, Any], ...], shared_mem: int = 0, **named: Any) -> None:
     missing = [p for p, _ in params if p not in named]
     extra = sorted(set(named) - {p for p, _ in params})
     if missing or extra:
@@ -146,8 +162,9 @@ def _launch(kernel: Any, n_items: int, params: tuple[tuple[str, Any], ...], shar
     kernel((blocks,), (BLOCK,), args, shared_mem=shared_mem)
 
 
-def bucket_overlap(start: Any, end: Any, value: Any, group: Any, *, n_groups: int, n_buckets: int,
-                   origin: int, width: int) -> Any:
+def bucket_overlap(
+    start: Any, end: Any, value: Any, group: Any, *, n_groups: int, n_buckets: int, origin: int, width: int
+) -> Any:
     """GPU twin of :func:`gpuclust.backends.cpu.bucket_overlap` (same arguments and result).
 
     One launch for all series of a 2-D ``value`` (the intervals read and the keys matched once per
@@ -168,9 +185,23 @@ def bucket_overlap(start: Any, end: Any, value: Any, group: Any, *, n_groups: in
     small = cells * 8 <= SHARED_BYTES
     tmpl = "gpuclust::bucket_overlap_shared" if small else "gpuclust::bucket_overlap_global"
     kernel = _kernels.get_function("bucket_overlap.cu", tmpl, (_CTYPE[value.dtype],))
-    _launch(kernel, n, BUCKET_OVERLAP_PARAMS, shared_mem=cells * 8 if small else 0,
-            start=start, end=end, value=value, k=k, group=group, n=n, n_groups=n_groups,
-            n_buckets=n_buckets, origin=origin, width=width, out=out)
+    _launch(
+        kernel,
+        n,
+        BUCKET_OVERLAP_PARAMS,
+        shared_mem=cells * 8 if small else 0,
+        start=start,
+        end=end,
+        value=value,
+        k=k,
+        group=group,
+        n=n,
+        n_groups=n_groups,
+        n_buckets=n_buckets,
+        origin=origin,
+        width=width,
+        out=out,
+    )
     return out
 
 
@@ -186,8 +217,17 @@ def grouped_sum(codes: Any, values: Any, *, n_groups: int) -> Any:
     small = n_groups * 8 <= SHARED_BYTES
     tmpl = "gpuclust::grouped_sum_shared" if small else "gpuclust::grouped_sum_global"
     kernel = _kernels.get_function("grouped_sum.cu", tmpl, (_CTYPE[codes.dtype], _CTYPE[values.dtype]))
-    _launch(kernel, n, GROUPED_SUM_PARAMS, shared_mem=n_groups * 8 if small else 0,
-            codes=codes, values=values, n=n, n_groups=n_groups, out=out)
+    _launch(
+        kernel,
+        n,
+        GROUPED_SUM_PARAMS,
+        shared_mem=n_groups * 8 if small else 0,
+        codes=codes,
+        values=values,
+        n=n,
+        n_groups=n_groups,
+        out=out,
+    )
     return out
 
 

@@ -101,8 +101,6 @@ def check_percentile_matrix(name: str, q: Any, dtypes: tuple[np.dtype, ...], n_c
     return int(q.shape[0])
 
 
-
-
 def check_mixture_quantiles(q: Any, w: Any, group: Any, n_groups: int, levels: Any, q_levels: Any) -> np.ndarray:
     """Validate :func:`mixture_quantiles` arguments (both backends); returns the source levels."""
     src = source_levels(q_levels)

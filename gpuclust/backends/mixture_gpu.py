@@ -34,8 +34,16 @@ from gpuclust.backends.mixture_cpu import (
     packed_event_keys,
 )
 
-__all__ = ["INSTANTIATIONS", "KERNEL_FILE", "TILED_SWEEP", "mixture_quantiles", "name_expressions",
-           "repair_percentiles", "tile_table", "window_means"]
+__all__ = [
+    "INSTANTIATIONS",
+    "KERNEL_FILE",
+    "TILED_SWEEP",
+    "mixture_quantiles",
+    "name_expressions",
+    "repair_percentiles",
+    "tile_table",
+    "window_means",
+]
 
 KERNEL_FILE = "mixture.cu"
 #: Threads per block (a multiple of 32; the block scans work on whole warps).
@@ -50,54 +58,116 @@ INSTANTIATIONS: dict[str, list[tuple[str, ...]]] = _kernels.INSTANTIATIONS[KERNE
 C_SIGNATURES: dict[str, str] = {
     "gpuclust::mixture_repair": "const {T}*, long long, int, double*, bool*, bool*",
     "gpuclust::mixture_window_means": "const {T}*, const double*, long long, int, double*",
-    "gpuclust::mixture_sweep": ("const {T}*, const double*, const double*, const long long*, const long long*, "
-                                "long long, int, double, double*, double*, double*"),
-    "gpuclust::mixture_tile_slope": ("const {T}*, const double*, const double*, const long long*, const long long*, "
-                                     "const long long*, long long, int, double, double*, double*"),
+    "gpuclust::mixture_sweep": (
+        "const {T}*, const double*, const double*, const long long*, const long long*, "
+        "long long, int, double, double*, double*, double*"
+    ),
+    "gpuclust::mixture_tile_slope": (
+        "const {T}*, const double*, const double*, const long long*, const long long*, "
+        "const long long*, long long, int, double, double*, double*"
+    ),
     "gpuclust::mixture_tile_carry": "const long long*, long long, const double*, double*",
-    "gpuclust::mixture_tile_slopes": ("const {T}*, const double*, const double*, const long long*, const long long*, "
-                                      "const long long*, const long long*, long long, int, double, const double*, "
-                                      "const double*, double*, double*, double*, double*"),
+    "gpuclust::mixture_tile_slopes": (
+        "const {T}*, const double*, const double*, const long long*, const long long*, "
+        "const long long*, const long long*, long long, int, double, const double*, "
+        "const double*, double*, double*, double*, double*"
+    ),
     "gpuclust::mixture_tile_cdf": "const long long*, const long long*, long long, const double*, {T}*, double*",
     "gpuclust::mixture_tile_max": "const long long*, const long long*, long long, const double*, {T}*",
-    "gpuclust::mixture_invert": ("const {T}*, const {T}*, const {T}*, const long long*, long long, const double*, "
-                                 "long long, double, {T}*"),
+    "gpuclust::mixture_invert": (
+        "const {T}*, const {T}*, const {T}*, const long long*, long long, const double*, long long, double, {T}*"
+    ),
 }
 
 _PTR = "ptr"
 #: Declared kernel parameter lists: (name, NumPy scalar type or "ptr"), in CUDA signature order.
 REPAIR_PARAMS: tuple[tuple[str, Any], ...] = (
-    ("q", _PTR), ("n", np.int64), ("nl", np.int32), ("out", _PTR), ("repaired", _PTR), ("null_mask", _PTR),
+    ("q", _PTR),
+    ("n", np.int64),
+    ("nl", np.int32),
+    ("out", _PTR),
+    ("repaired", _PTR),
+    ("null_mask", _PTR),
 )
 MEANS_PARAMS: tuple[tuple[str, Any], ...] = (
-    ("q", _PTR), ("half_dl", _PTR), ("n", np.int64), ("nl", np.int32), ("out", _PTR),
+    ("q", _PTR),
+    ("half_dl", _PTR),
+    ("n", np.int64),
+    ("nl", np.int32),
+    ("out", _PTR),
 )
 SWEEP_PARAMS: tuple[tuple[str, Any], ...] = (
-    ("q", _PTR), ("src", _PTR), ("v", _PTR), ("ev", _PTR), ("row_start", _PTR), ("n_groups", np.int64),
-    ("nl", np.int32), ("narrow_rel", np.float64), ("xs", _PTR), ("slope", _PTR), ("cdf", _PTR),
+    ("q", _PTR),
+    ("src", _PTR),
+    ("v", _PTR),
+    ("ev", _PTR),
+    ("row_start", _PTR),
+    ("n_groups", np.int64),
+    ("nl", np.int32),
+    ("narrow_rel", np.float64),
+    ("xs", _PTR),
+    ("slope", _PTR),
+    ("cdf", _PTR),
 )
 _TILES = (("tile_start", _PTR), ("tile_end", _PTR))
 TILE_SLOPE_PARAMS: tuple[tuple[str, Any], ...] = (
-    ("q", _PTR), ("src", _PTR), ("v", _PTR), ("ev", _PTR), *_TILES, ("n_tiles", np.int64), ("nl", np.int32),
-    ("narrow_rel", np.float64), ("tile_sum", _PTR), ("tile_last", _PTR),
+    ("q", _PTR),
+    ("src", _PTR),
+    ("v", _PTR),
+    ("ev", _PTR),
+    *_TILES,
+    ("n_tiles", np.int64),
+    ("nl", np.int32),
+    ("narrow_rel", np.float64),
+    ("tile_sum", _PTR),
+    ("tile_last", _PTR),
 )
 TILE_CARRY_PARAMS: tuple[tuple[str, Any], ...] = (
-    ("tile_first", _PTR), ("n_groups", np.int64), ("vals", _PTR), ("carry", _PTR),
+    ("tile_first", _PTR),
+    ("n_groups", np.int64),
+    ("vals", _PTR),
+    ("carry", _PTR),
 )
 TILE_SLOPES_PARAMS: tuple[tuple[str, Any], ...] = (
-    ("q", _PTR), ("src", _PTR), ("v", _PTR), ("ev", _PTR), *_TILES, ("tile_s0", _PTR), ("n_tiles", np.int64),
-    ("nl", np.int32), ("narrow_rel", np.float64), ("slope_carry", _PTR), ("tile_last", _PTR), ("xs", _PTR),
-    ("slope", _PTR), ("inc_out", _PTR), ("inc_sum", _PTR),
+    ("q", _PTR),
+    ("src", _PTR),
+    ("v", _PTR),
+    ("ev", _PTR),
+    *_TILES,
+    ("tile_s0", _PTR),
+    ("n_tiles", np.int64),
+    ("nl", np.int32),
+    ("narrow_rel", np.float64),
+    ("slope_carry", _PTR),
+    ("tile_last", _PTR),
+    ("xs", _PTR),
+    ("slope", _PTR),
+    ("inc_out", _PTR),
+    ("inc_sum", _PTR),
 )
 TILE_CDF_PARAMS: tuple[tuple[str, Any], ...] = (
-    *_TILES, ("n_tiles", np.int64), ("cdf_carry", _PTR), ("cdf", _PTR), ("tile_max", _PTR),
+    *_TILES,
+    ("n_tiles", np.int64),
+    ("cdf_carry", _PTR),
+    ("cdf", _PTR),
+    ("tile_max", _PTR),
 )
 TILE_MAX_PARAMS: tuple[tuple[str, Any], ...] = (
-    *_TILES, ("n_tiles", np.int64), ("max_carry", _PTR), ("cdf", _PTR),
+    *_TILES,
+    ("n_tiles", np.int64),
+    ("max_carry", _PTR),
+    ("cdf", _PTR),
 )
 INVERT_PARAMS: tuple[tuple[str, Any], ...] = (
-    ("xs", _PTR), ("slope", _PTR), ("cdf", _PTR), ("row_start", _PTR), ("n_groups", np.int64),
-    ("levels", _PTR), ("n_levels", np.int64), ("snap_rel", np.float64), ("out", _PTR),
+    ("xs", _PTR),
+    ("slope", _PTR),
+    ("cdf", _PTR),
+    ("row_start", _PTR),
+    ("n_groups", np.int64),
+    ("levels", _PTR),
+    ("n_levels", np.int64),
+    ("snap_rel", np.float64),
+    ("out", _PTR),
 )
 
 _CTYPE = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
@@ -203,11 +273,37 @@ def mixture_quantiles(q: Any, w: Any, group: Any, n_groups: int, levels: Any, *,
         _tiled_sweep(cp, qv, srcd, v, ev, row_start, G, nl, xs, slope, cdf)
     else:
         sweep = _function("gpuclust::mixture_sweep", ("double",))
-        _launch(sweep, min(G, sm_count() * 32), SWEEP_PARAMS, q=qv, src=srcd, v=v, ev=ev, row_start=row_start,
-                n_groups=G, nl=nl, narrow_rel=NARROW_REL, xs=xs, slope=slope, cdf=cdf)
+        _launch(
+            sweep,
+            min(G, sm_count() * 32),
+            SWEEP_PARAMS,
+            q=qv,
+            src=srcd,
+            v=v,
+            ev=ev,
+            row_start=row_start,
+            n_groups=G,
+            nl=nl,
+            narrow_rel=NARROW_REL,
+            xs=xs,
+            slope=slope,
+            cdf=cdf,
+        )
     invert = _function("gpuclust::mixture_invert", ("double",))
-    _launch(invert, _grid(G * L, cp), INVERT_PARAMS, xs=xs, slope=slope, cdf=cdf, row_start=row_start,
-            n_groups=G, levels=levels, n_levels=L, snap_rel=SNAP_REL, out=out)
+    _launch(
+        invert,
+        _grid(G * L, cp),
+        INVERT_PARAMS,
+        xs=xs,
+        slope=slope,
+        cdf=cdf,
+        row_start=row_start,
+        n_groups=G,
+        levels=levels,
+        n_levels=L,
+        snap_rel=SNAP_REL,
+        out=out,
+    )
     return out
 
 
@@ -249,8 +345,9 @@ def tile_table(xp: Any, row_start: Any, block: int) -> tuple[Any, Any, Any, Any]
     return tile_first, tile_start, tile_end, tile_s0
 
 
-def _tiled_sweep(cp: Any, qv: Any, src: Any, v: Any, ev: Any, row_start: Any, G: int, nl: int, xs: Any,
-                 slope: Any, cdf: Any) -> None:
+def _tiled_sweep(
+    cp: Any, qv: Any, src: Any, v: Any, ev: Any, row_start: Any, G: int, nl: int, xs: Any, slope: Any, cdf: Any
+) -> None:
     """x, slope and F of every sorted event by the tiled kernels (kernels/mixture.cu, "The tiled
     sweep"): tiles of :data:`BLOCK` events, a group's first tile at its first event."""
     tile_first, tile_start, tile_end, tile_s0 = tile_table(cp, row_start, BLOCK)
@@ -259,8 +356,10 @@ def _tiled_sweep(cp: Any, qv: Any, src: Any, v: Any, ev: Any, row_start: Any, G:
         return
     tiles = {"tile_start": tile_start, "tile_end": tile_end, "n_tiles": T}
     per_tile, per_group = min(T, sm_count() * 16), min(G, sm_count() * 32)
-    pair = {name: cp.empty(2 * T, dtype=cp.float64) for name in ("tile_sum", "tile_last", "slope_carry",
-                                                                  "inc_sum", "cdf_carry")}
+    pair = {
+        name: cp.empty(2 * T, dtype=cp.float64)
+        for name in ("tile_sum", "tile_last", "slope_carry", "inc_sum", "cdf_carry")
+    }
     tile_max = cp.empty(T, dtype=cp.float64)
     max_carry = cp.empty(T, dtype=cp.float64)
     events = {"q": qv, "src": src, "v": v, "ev": ev, "nl": nl, "narrow_rel": NARROW_REL}
@@ -269,17 +368,42 @@ def _tiled_sweep(cp: Any, qv: Any, src: Any, v: Any, ev: Any, row_start: Any, G:
         _launch(_function(f"gpuclust::{name}", (arg,)), grid, params, **named)
 
     def carry(op: str, vals: Any, out: Any) -> None:  # per group: exclusive sums (TileSum) or maxima (TileMax)
-        run("mixture_tile_carry", per_group, TILE_CARRY_PARAMS, f"gpuclust::{op}", tile_first=tile_first,
-            n_groups=G, vals=vals, carry=out)
+        run(
+            "mixture_tile_carry",
+            per_group,
+            TILE_CARRY_PARAMS,
+            f"gpuclust::{op}",
+            tile_first=tile_first,
+            n_groups=G,
+            vals=vals,
+            carry=out,
+        )
 
-    run("mixture_tile_slope", per_tile, TILE_SLOPE_PARAMS, **events, **tiles, tile_sum=pair["tile_sum"],
-        tile_last=pair["tile_last"])
+    run(
+        "mixture_tile_slope",
+        per_tile,
+        TILE_SLOPE_PARAMS,
+        **events,
+        **tiles,
+        tile_sum=pair["tile_sum"],
+        tile_last=pair["tile_last"],
+    )
     carry("TileSum", pair["tile_sum"], pair["slope_carry"])
-    run("mixture_tile_slopes", per_tile, TILE_SLOPES_PARAMS, **events, **tiles, tile_s0=tile_s0,
-        slope_carry=pair["slope_carry"], tile_last=pair["tile_last"], xs=xs, slope=slope, inc_out=cdf,
-        inc_sum=pair["inc_sum"])
+    run(
+        "mixture_tile_slopes",
+        per_tile,
+        TILE_SLOPES_PARAMS,
+        **events,
+        **tiles,
+        tile_s0=tile_s0,
+        slope_carry=pair["slope_carry"],
+        tile_last=pair["tile_last"],
+        xs=xs,
+        slope=slope,
+        inc_out=cdf,
+        inc_sum=pair["inc_sum"],
+    )
     carry("TileSum", pair["inc_sum"], pair["cdf_carry"])
-    run("mixture_tile_cdf", per_tile, TILE_CDF_PARAMS, **tiles, cdf_carry=pair["cdf_carry"], cdf=cdf,
-        tile_max=tile_max)
+    run("mixture_tile_cdf", per_tile, TILE_CDF_PARAMS, **tiles, cdf_carry=pair["cdf_carry"], cdf=cdf, tile_max=tile_max)
     carry("TileMax", tile_max, max_carry)
     run("mixture_tile_max", per_tile, TILE_MAX_PARAMS, **tiles, max_carry=max_carry, cdf=cdf)

@@ -110,8 +110,9 @@ def finish_comoments(xp: Any, acc1: Any, acc2: Any, m0: Any, d: int) -> Moments:
 _BLOCK_ROWS = 1 << 15
 
 
-def _valid_block(x: np.ndarray, w: np.ndarray, group: np.ndarray, G: int, lo: int,
-                 hi: int) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+def _valid_block(
+    x: np.ndarray, w: np.ndarray, group: np.ndarray, G: int, lo: int, hi: int
+) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
     """Rows ``[lo, hi)`` that are used (see *Row validity*): group codes (intp), weights and the
     float64 columns of ``x``."""
     xb, wb, gb = x[lo:hi], w[lo:hi], group[lo:hi]

@@ -41,10 +41,20 @@ assert all(int(a[2]) <= MAX_D for args in INSTANTIATIONS.values() for a in args)
 _PTR = "ptr"
 #: Declared kernel parameter lists (name, NumPy scalar type or "ptr"), in CUDA signature order.
 SUMS_PARAMS: tuple[tuple[str, Any], ...] = (
-    ("x", _PTR), ("w", _PTR), ("group", _PTR), ("n", np.int64), ("n_groups", np.int64), ("out", _PTR),
+    ("x", _PTR),
+    ("w", _PTR),
+    ("group", _PTR),
+    ("n", np.int64),
+    ("n_groups", np.int64),
+    ("out", _PTR),
 )
 CENTERED_PARAMS: tuple[tuple[str, Any], ...] = (
-    ("x", _PTR), ("w", _PTR), ("group", _PTR), ("m0", _PTR), ("n", np.int64), ("n_groups", np.int64),
+    ("x", _PTR),
+    ("w", _PTR),
+    ("group", _PTR),
+    ("m0", _PTR),
+    ("n", np.int64),
+    ("n_groups", np.int64),
     ("out", _PTR),
 )
 #: C parameter types per kernel family, ``{T}`` / ``{C}`` substituted (used by the nvcc test to
@@ -54,8 +64,12 @@ C_SIGNATURES: dict[str, str] = {
     "comoments_centered": "const {T}*, const double*, const {C}*, const double*, long long, long long, double*",
 }
 
-_CTYPE = {np.dtype(np.float32): "float", np.dtype(np.float64): "double",
-          np.dtype(np.int32): "int", np.dtype(np.int64): "long long"}
+_CTYPE = {
+    np.dtype(np.float32): "float",
+    np.dtype(np.float64): "double",
+    np.dtype(np.int32): "int",
+    np.dtype(np.int64): "long long",
+}
 
 
 def _cupy() -> Any:
@@ -93,8 +107,10 @@ def grouped_comoments(x: Any, w: Any, group: Any, n_groups: int) -> Moments:
     cp = _cupy()
     n, d = check_grouped_comoments(x, w, group, n_groups)
     if d > MAX_D:
-        raise ValueError(f"the GPU grouped_comoments supports up to {MAX_D} variables, got {d}; "
-                         "split the variables or use backend='cpu'")
+        raise ValueError(
+            f"the GPU grouped_comoments supports up to {MAX_D} variables, got {d}; "
+            "split the variables or use backend='cpu'"
+        )
     G = int(n_groups)
     k1, k2 = 2 + d, d + d * (d + 1) // 2
     acc1 = cp.zeros((G, k1), dtype=cp.float64)
@@ -104,16 +120,27 @@ def grouped_comoments(x: Any, w: Any, group: Any, n_groups: int) -> Moments:
         targs = (_CTYPE[x.dtype], _CTYPE[group.dtype], str(d))
         small1 = G * k1 * 8 <= SHARED_BYTES
         kern = _function("gpuclust::comoments_sums_shared" if small1 else "gpuclust::comoments_sums_global", targs)
-        _launch(kern, n, SUMS_PARAMS, G * k1 * 8 if small1 else 0,
-                x=x, w=w, group=group, n=n, n_groups=G, out=acc1)
+        _launch(kern, n, SUMS_PARAMS, G * k1 * 8 if small1 else 0, x=x, w=w, group=group, n=n, n_groups=G, out=acc1)
         W = acc1[:, 1]
         has = W > 0
         m0 = cp.ascontiguousarray(cp.where(has[:, None], acc1[:, 2:] / cp.where(has, W, 1.0)[:, None], 0.0))
         small2 = G * k2 * 8 <= SHARED_BYTES
-        kern = _function("gpuclust::comoments_centered_shared" if small2 else "gpuclust::comoments_centered_global",
-                         targs)
-        _launch(kern, n, CENTERED_PARAMS, G * k2 * 8 if small2 else 0,
-                x=x, w=w, group=group, m0=m0, n=n, n_groups=G, out=acc2)
+        kern = _function(
+            "gpuclust::comoments_centered_shared" if small2 else "gpuclust::comoments_centered_global", targs
+        )
+        _launch(
+            kern,
+            n,
+            CENTERED_PARAMS,
+            G * k2 * 8 if small2 else 0,
+            x=x,
+            w=w,
+            group=group,
+            m0=m0,
+            n=n,
+            n_groups=G,
+            out=acc2,
+        )
     return finish_comoments(cp, acc1, acc2, m0, d)
 
 

@@ -125,8 +125,12 @@ def needed_analyses(selected: list[Claim] | None = None) -> dict[str, dict[str, 
     return out
 
 
-def evaluate(results: Mapping[str, Mapping[str, Any]], facts: DatasetFacts,
-             selected: list[Claim] | None = None, not_run: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+def evaluate(
+    results: Mapping[str, Mapping[str, Any]],
+    facts: DatasetFacts,
+    selected: list[Claim] | None = None,
+    not_run: Mapping[str, str] | None = None,
+) -> list[dict[str, Any]]:
     """One row per claim: ``id``, ``claim``, ``source``, ``paper``, ``value`` (number or None),
     ``dataset`` (the value as text), ``rests_on``, ``supported`` and ``why`` (empty when
     supported).  ``results``: the analyses' tables by analysis name (pandas); ``not_run``: why
@@ -140,12 +144,29 @@ def evaluate(results: Mapping[str, Mapping[str, Any]], facts: DatasetFacts,
         else:
             v = c.compute(results, facts)
             if facts.synthetic and v.supported:
-                v = Verdict(v.value, v.text, v.rests_on, False, "a synthetic cell: its values are the generator's, "
-                            "not Google's")
+                v = Verdict(
+                    v.value, v.text, v.rests_on, False, "a synthetic cell: its values are the generator's, not Google's"
+                )
             elif c.trace != (facts.trace_version or "v3") and v.supported:
-                v = Verdict(v.value, v.text, v.rests_on, False,
-                            f"the paper measured the {'2011' if c.trace == 'v2' else '2019'} trace; this is a "
-                            f"{'2011' if facts.trace_version == 'v2' else '2019'} dataset")
-        rows.append({"id": c.id, "claim": c.sentence, "source": c.source, "paper": c.paper, "value": v.value,
-                     "dataset": v.text, "rests_on": v.rests_on, "supported": v.supported, "why": v.why})
+                v = Verdict(
+                    v.value,
+                    v.text,
+                    v.rests_on,
+                    False,
+                    f"the paper measured the {'2011' if c.trace == 'v2' else '2019'} trace; this is a "
+                    f"{'2011' if facts.trace_version == 'v2' else '2019'} dataset",
+                )
+        rows.append(
+            {
+                "id": c.id,
+                "claim": c.sentence,
+                "source": c.source,
+                "paper": c.paper,
+                "value": v.value,
+                "dataset": v.text,
+                "rests_on": v.rests_on,
+                "supported": v.supported,
+                "why": v.why,
+            }
+        )
     return rows

@@ -36,14 +36,24 @@ def _submit_evict(r: Mapping[str, Any], f: DatasetFacts) -> Verdict:
     n, m = _transitions(r).get(("SUBMIT", "EVICT"), 0), _from_submit(r)
     whole, why = f.whole_trace("instance_events")
     seen = n > 0
-    return Verdict(float(n), f"{n:,} SUBMIT -> EVICT of {m:,} transitions from SUBMIT", f"{m:,} transitions from SUBMIT",
-                   seen or whole, "" if seen or whole else f"none in this sample ({why}): absence here does not refute it")
+    return Verdict(
+        float(n),
+        f"{n:,} SUBMIT -> EVICT of {m:,} transitions from SUBMIT",
+        f"{m:,} transitions from SUBMIT",
+        seen or whole,
+        "" if seen or whole else f"none in this sample ({why}): absence here does not refute it",
+    )
 
 
 def _no_submit_submit(r: Mapping[str, Any], f: DatasetFacts) -> Verdict:
     n, m = _transitions(r).get(("SUBMIT", "SUBMIT"), 0), _from_submit(r)
-    return Verdict(float(n), f"{n:,} SUBMIT -> SUBMIT of {m:,} transitions from SUBMIT", f"{m:,} transitions from SUBMIT",
-                   m > 0, "" if m > 0 else "no transition from SUBMIT")
+    return Verdict(
+        float(n),
+        f"{n:,} SUBMIT -> SUBMIT of {m:,} transitions from SUBMIT",
+        f"{m:,} transitions from SUBMIT",
+        m > 0,
+        "" if m > 0 else "no transition from SUBMIT",
+    )
 
 
 def _first_submissions(series: Any) -> Any:
@@ -59,8 +69,14 @@ def _total(column: str, what: str) -> Any:
         s = r["lifecycle"]["series"]
         n = int((_first_submissions(s) if column == "new_submissions" else s[column]).sum())
         whole, why = f.whole_trace("instance_events")
-        return Verdict(float(n), f"{n:,}", f"{f.rows.get('instance_events', 0):,} instance events", whole,
-                       "" if whole else f"a total over the whole trace; {why}")
+        return Verdict(
+            float(n),
+            f"{n:,}",
+            f"{f.rows.get('instance_events', 0):,} instance events",
+            whole,
+            "" if whole else f"a total over the whole trace; {why}",
+        )
+
     compute.__doc__ = f"The total of {what}: the lifecycle series' `{column}` summed."
     return compute
 
@@ -68,8 +84,13 @@ def _total(column: str, what: str) -> Any:
 def _tasks(r: Mapping[str, Any], f: DatasetFacts) -> Verdict:
     n = int(r["lifecycle"]["info"]["instances"].iloc[0])
     whole, why = f.whole_trace("instance_events")
-    return Verdict(float(n), f"{n:,}", f"{f.rows.get('instance_events', 0):,} instance events", whole,
-                   "" if whole else f"a total over the whole trace; {why}")
+    return Verdict(
+        float(n),
+        f"{n:,}",
+        f"{f.rows.get('instance_events', 0):,} instance events",
+        whole,
+        "" if whole else f"a total over the whole trace; {why}",
+    )
 
 
 def _production_share(r: Mapping[str, Any], f: DatasetFacts) -> Verdict:
@@ -79,9 +100,13 @@ def _production_share(r: Mapping[str, Any], f: DatasetFacts) -> Verdict:
     prod = int(by_tier.get("prod", 0))
     whole, why = f.whole_trace("instance_events")
     share = prod / total if total else float("nan")
-    return Verdict(share, f"{prod:,} production tasks, {_pct(share)} of {total:,}" if total else "no tasks",
-                   f"{total:,} tasks (first submissions)", whole and total > 0,
-                   "" if whole else f"the trace's part files are consecutive hours, not a sample of tasks; {why}")
+    return Verdict(
+        share,
+        f"{prod:,} production tasks, {_pct(share)} of {total:,}" if total else "no tasks",
+        f"{total:,} tasks (first submissions)",
+        whole and total > 0,
+        "" if whole else f"the trace's part files are consecutive hours, not a sample of tasks; {why}",
+    )
 
 
 def _execution_share(limit_s: float) -> Any:
@@ -97,11 +122,22 @@ def _execution_share(limit_s: float) -> Any:
         cens = d[(d["measure"] == "execution") & (d["outcome"] == "censored")]["episodes"].sum()
         hours = f.hours("instance_events")
         ok = hours >= MONTH_H and n > 0
-        why = "" if ok else (f"the data spans {hours:.1f} h: a run longer than that cannot finish in it "
-                             f"({int(cens):,} runs censored), so short runs are over-represented")
-        return Verdict(share, f"{_pct(share)} of {n:,} finished runs shorter than {edge:,.2f} s" if n else "no finished run",
-                       f"{n:,} finished runs (their execution-time histogram; the bin edge nearest {limit_s:,.0f} s)",
-                       ok, why)
+        why = (
+            ""
+            if ok
+            else (
+                f"the data spans {hours:.1f} h: a run longer than that cannot finish in it "
+                f"({int(cens):,} runs censored), so short runs are over-represented"
+            )
+        )
+        return Verdict(
+            share,
+            f"{_pct(share)} of {n:,} finished runs shorter than {edge:,.2f} s" if n else "no finished run",
+            f"{n:,} finished runs (their execution-time histogram; the bin edge nearest {limit_s:,.0f} s)",
+            ok,
+            why,
+        )
+
     return compute
 
 
@@ -113,9 +149,16 @@ def _trend(column: str) -> Any:
         slope = float(np.polyfit(t, y, 1)[0]) if len(s) >= 2 and np.ptp(t) > 0 else float("nan")
         hours = f.hours("instance_events")
         ok = hours >= MONTH_H
-        return Verdict(slope, f"{slope:+,.0f} tasks a day (least squares over {len(s):,} hours; mean {y.mean():,.0f})"
-                       if len(s) >= 2 else "no series", f"{len(s):,} hourly counts", ok,
-                       "" if ok else f"the data spans {hours:.1f} h, not the month the trend is about")
+        return Verdict(
+            slope,
+            f"{slope:+,.0f} tasks a day (least squares over {len(s):,} hours; mean {y.mean():,.0f})"
+            if len(s) >= 2
+            else "no series",
+            f"{len(s):,} hourly counts",
+            ok,
+            "" if ok else f"the data spans {hours:.1f} h, not the month the trend is about",
+        )
+
     return compute
 
 
@@ -126,9 +169,13 @@ def _cluster_changes(r: Mapping[str, Any], f: DatasetFacts) -> Verdict:
         return Verdict(None, "no usage", "", False, "the dataset has no usage windows (instance_usage)")
     cpu, mem = float(s.loc["cpu", "within_20pct"]), float(s.loc["mem", "within_20pct"])
     pairs = int(s.loc["cpu", "defined"])
-    return Verdict(cpu, f"CPU {_pct(cpu)}, memory {_pct(mem)} of {pairs:,} consecutive 300 s periods",
-                   f"{pairs:,} pairs of consecutive periods of the cluster's usage", pairs > 0,
-                   "" if pairs > 0 else "fewer than two sampling periods")
+    return Verdict(
+        cpu,
+        f"CPU {_pct(cpu)}, memory {_pct(mem)} of {pairs:,} consecutive 300 s periods",
+        f"{pairs:,} pairs of consecutive periods of the cluster's usage",
+        pairs > 0,
+        "" if pairs > 0 else "fewer than two sampling periods",
+    )
 
 
 def _prod_usage_over_allocation(r: Mapping[str, Any], f: DatasetFacts) -> Verdict:
@@ -139,8 +186,13 @@ def _prod_usage_over_allocation(r: Mapping[str, Any], f: DatasetFacts) -> Verdic
         return Verdict(None, "no production tier", "", False, "the tier map has no tier named prod")
     use, req = float(np.nansum(cell["use_cpu_prod"])), float(np.nansum(cell["req_cpu_prod"]))
     ratio = use / req if req > 0 else float("nan")
-    return Verdict(ratio, f"{_pct(ratio)} (CPU-seconds used / requested by production)", f"{len(cell):,} cell buckets",
-                   req > 0, "" if req > 0 else "no production request")
+    return Verdict(
+        ratio,
+        f"{_pct(ratio)} (CPU-seconds used / requested by production)",
+        f"{len(cell):,} cell buckets",
+        req > 0,
+        "" if req > 0 else "no production request",
+    )
 
 
 def _job_tail(resource: str) -> Any:
@@ -154,8 +206,14 @@ def _job_tail(resource: str) -> Any:
         hours = f.hours("instance_usage")
         ok = whole and hours >= MONTH_H
         unit = {"cpu": "NCU", "mem": "NMU"}[resource]
-        return Verdict(share, f"{_pct(share)} of the {unit}-hours by the top 1% of {jobs:,} jobs",
-                       f"{jobs:,} jobs", ok, "" if ok else (why or f"the data spans {hours:.1f} h of the month"))
+        return Verdict(
+            share,
+            f"{_pct(share)} of the {unit}-hours by the top 1% of {jobs:,} jobs",
+            f"{jobs:,} jobs",
+            ok,
+            "" if ok else (why or f"the data spans {hours:.1f} h of the month"),
+        )
+
     return compute
 
 
@@ -183,73 +241,204 @@ def _tasks_support(f: DatasetFacts, row: Any) -> tuple[bool, str]:
 def _borg(measure: str, text: Any, column: str) -> Any:
     """A Figure 11 claim: ``column`` of the task_summary row of ``measure`` (band all), shown by
     ``text(value, row)``."""
+
     def compute(r: Mapping[str, Any], f: DatasetFacts) -> Verdict:
         row = _task_row(r, measure)
         ok, why = _tasks_support(f, row)
         if row is None or not int(row["defined"]):
             return Verdict(None, "no task with a limit and usage", "", False, why or "no task")
         v = float(row[column])
-        return Verdict(v, text(v, row), f"{int(row['defined']):,} tasks (usage-vs-request task_summary, band all)",
-                       ok, why)
+        return Verdict(
+            v, text(v, row), f"{int(row['defined']):,} tasks (usage-vs-request task_summary, band all)", ok, why
+        )
+
     return compute
 
 
 def _borg_median(measure: str, what: str) -> Any:
-    return _borg(measure, lambda v, row: f"median {v:.2f} ({what}), over {int(row['defined']):,} tasks; "
-                                         f"p90 {float(row['p90_ratio']):.2f}", "p50_ratio")
+    return _borg(
+        measure,
+        lambda v, row: (
+            f"median {v:.2f} ({what}), over {int(row['defined']):,} tasks; p90 {float(row['p90_ratio']):.2f}"
+        ),
+        "p50_ratio",
+    )
 
 
 def _borg_above(measure: str) -> Any:
-    return _borg(measure, lambda v, row: f"{_pct(v)} of {int(row['defined']):,} tasks above their limit",
-                 "above_limit_share")
+    return _borg(
+        measure, lambda v, row: f"{_pct(v)} of {int(row['defined']):,} tasks above their limit", "above_limit_share"
+    )
 
 
 CLAIMS = (
-    Claim("submit-evict", "A task can be evicted straight from pending: SUBMIT is followed by EVICT.",
-          f"{SEED3}, state transition graph (Fig. 1)", "occurs", LIFECYCLE, _submit_evict),
-    Claim("no-submit-submit", "A SUBMIT never directly follows another SUBMIT of the same task.",
-          f"{SEED3}, state transition graph (Fig. 1)", "0", LIFECYCLE, _no_submit_submit),
-    Claim("new-submissions", "Total new task submissions (first SUBMIT of each task).", f"{SEED3}, Fig. 3",
-          "25,424,731", LIFECYCLE, _total("new_submissions", "new submissions")),
-    Claim("submissions", "Total task submissions, resubmissions included.", f"{SEED3}, Fig. 3", "48,375,166",
-          LIFECYCLE, _total("submissions", "submissions")),
-    Claim("schedules", "Total task scheduling events.", f"{SEED3}, Fig. 3", "47,331,507", LIFECYCLE,
-          _total("schedules", "schedules")),
-    Claim("completions", "Total task completions (FINISH): the tasks run to completion.", f"{SEED3}, Fig. 3 and §5",
-          "18,217,975 (18,217,749 tasks)", LIFECYCLE, _total("finishes", "completions")),
+    Claim(
+        "submit-evict",
+        "A task can be evicted straight from pending: SUBMIT is followed by EVICT.",
+        f"{SEED3}, state transition graph (Fig. 1)",
+        "occurs",
+        LIFECYCLE,
+        _submit_evict,
+    ),
+    Claim(
+        "no-submit-submit",
+        "A SUBMIT never directly follows another SUBMIT of the same task.",
+        f"{SEED3}, state transition graph (Fig. 1)",
+        "0",
+        LIFECYCLE,
+        _no_submit_submit,
+    ),
+    Claim(
+        "new-submissions",
+        "Total new task submissions (first SUBMIT of each task).",
+        f"{SEED3}, Fig. 3",
+        "25,424,731",
+        LIFECYCLE,
+        _total("new_submissions", "new submissions"),
+    ),
+    Claim(
+        "submissions",
+        "Total task submissions, resubmissions included.",
+        f"{SEED3}, Fig. 3",
+        "48,375,166",
+        LIFECYCLE,
+        _total("submissions", "submissions"),
+    ),
+    Claim(
+        "schedules",
+        "Total task scheduling events.",
+        f"{SEED3}, Fig. 3",
+        "47,331,507",
+        LIFECYCLE,
+        _total("schedules", "schedules"),
+    ),
+    Claim(
+        "completions",
+        "Total task completions (FINISH): the tasks run to completion.",
+        f"{SEED3}, Fig. 3 and §5",
+        "18,217,975 (18,217,749 tasks)",
+        LIFECYCLE,
+        _total("finishes", "completions"),
+    ),
     Claim("tasks", "Tasks in the trace.", f"{SEED3}, §5", "25,444,397", LIFECYCLE, _tasks),
-    Claim("production-tasks", "Production tasks (priority >= 9) are about 6% of tasks.", f"{SEED3}, §6",
-          "1,558,255 (6%)", LIFECYCLE, _production_share),
-    Claim("short-30min", "About 80% of tasks run for less than 30 minutes.", f"{SEED3}, Fig. 8", "~80%",
-          LIFECYCLE, _execution_share(1800.0)),
-    Claim("short-5min", "About 40% of tasks run for less than 5 minutes.", f"{SEED3}, Fig. 8 and §7", "~40%",
-          LIFECYCLE, _execution_share(300.0)),
-    Claim("queue-trend", "The number of tasks queueing to be scheduled slowly increases.", f"{SEED3}, Obs. 7, Fig. 4",
-          "increasing", LIFECYCLE, _trend("pending")),
-    Claim("running-trend", "The number of running tasks increases.", f"{SEED3}, Obs. 8, Fig. 5", "increasing",
-          LIFECYCLE, _trend("running")),
-    Claim("cluster-change-20pct", "For more than 90% of 300 s sampling moments the cluster's CPU and memory "
-          "consumption changes by less than 20%.", f"{SEED3}, Fig. 10", "> 90%",
-          (("usage-change", {"level": "cluster"}),), _cluster_changes),
-    Claim("prod-usage-half", "Production tasks use about 50% of the CPU allocated to them.", f"{SEED3}, Fig. 9 and §8",
-          "~50%", (("overcommit", {}),), _prod_usage_over_allocation),
-    Claim("borg-cpu-below-limit", "Most tasks use much less CPU than their limit (the dotted CPU line).",
-          f"{BORG}, Fig. 11", "most tasks well below 1", (("usage-vs-request", {}),),
-          _borg_median("cpu_mean", "a task's time-weighted mean CPU usage / limit"), trace="v3"),
-    Claim("borg-mem-below-limit", "Most tasks use much less memory than their limit (the dotted memory line).",
-          f"{BORG}, Fig. 11", "most tasks well below 1", (("usage-vs-request", {}),),
-          _borg_median("mem_mean", "a task's time-weighted mean memory usage / limit"), trace="v3"),
-    Claim("borg-cpu-above-limit", "A few tasks use more CPU than they requested.", f"{BORG}, Fig. 11", "a few",
-          (("usage-vs-request", {}),), _borg_above("cpu_mean"), trace="v3"),
-    Claim("borg-mem-rarely-above", "It is rare for a task to exceed its memory limit.", f"{BORG}, §5.5 and Fig. 11",
-          "rare", (("usage-vs-request", {}),), _borg_above("mem_peak"), trace="v3"),
-    Claim("borg-reservation-near-limit", "Memory reservations are closer to the limit than usage is (the solid "
-          "line).", f"{BORG}, Fig. 11", "closer to 100%", (("usage-vs-request", {}),),
-          _borg_median("mem_reservation", "a task's time-weighted mean assigned memory / limit"), trace="v3"),
-    Claim("job-tail-cpu", "The top 1% of jobs use about 99% of the CPU-hours (NCU-hours).",
-          "Tirmazi et al., Borg: the Next Generation (EuroSys 2020), as docs/analysis-job-usage.md", "~99%",
-          (("job-usage", {}),), _job_tail("cpu"), trace="v3"),
-    Claim("job-tail-mem", "The top 1% of jobs use about 99% of the memory-hours (NMU-hours).",
-          "Tirmazi et al., Borg: the Next Generation (EuroSys 2020), as docs/analysis-job-usage.md", "~99%",
-          (("job-usage", {}),), _job_tail("mem"), trace="v3"),
+    Claim(
+        "production-tasks",
+        "Production tasks (priority >= 9) are about 6% of tasks.",
+        f"{SEED3}, §6",
+        "1,558,255 (6%)",
+        LIFECYCLE,
+        _production_share,
+    ),
+    Claim(
+        "short-30min",
+        "About 80% of tasks run for less than 30 minutes.",
+        f"{SEED3}, Fig. 8",
+        "~80%",
+        LIFECYCLE,
+        _execution_share(1800.0),
+    ),
+    Claim(
+        "short-5min",
+        "About 40% of tasks run for less than 5 minutes.",
+        f"{SEED3}, Fig. 8 and §7",
+        "~40%",
+        LIFECYCLE,
+        _execution_share(300.0),
+    ),
+    Claim(
+        "queue-trend",
+        "The number of tasks queueing to be scheduled slowly increases.",
+        f"{SEED3}, Obs. 7, Fig. 4",
+        "increasing",
+        LIFECYCLE,
+        _trend("pending"),
+    ),
+    Claim(
+        "running-trend",
+        "The number of running tasks increases.",
+        f"{SEED3}, Obs. 8, Fig. 5",
+        "increasing",
+        LIFECYCLE,
+        _trend("running"),
+    ),
+    Claim(
+        "cluster-change-20pct",
+        "For more than 90% of 300 s sampling moments the cluster's CPU and memory "
+        "consumption changes by less than 20%.",
+        f"{SEED3}, Fig. 10",
+        "> 90%",
+        (("usage-change", {"level": "cluster"}),),
+        _cluster_changes,
+    ),
+    Claim(
+        "prod-usage-half",
+        "Production tasks use about 50% of the CPU allocated to them.",
+        f"{SEED3}, Fig. 9 and §8",
+        "~50%",
+        (("overcommit", {}),),
+        _prod_usage_over_allocation,
+    ),
+    Claim(
+        "borg-cpu-below-limit",
+        "Most tasks use much less CPU than their limit (the dotted CPU line).",
+        f"{BORG}, Fig. 11",
+        "most tasks well below 1",
+        (("usage-vs-request", {}),),
+        _borg_median("cpu_mean", "a task's time-weighted mean CPU usage / limit"),
+        trace="v3",
+    ),
+    Claim(
+        "borg-mem-below-limit",
+        "Most tasks use much less memory than their limit (the dotted memory line).",
+        f"{BORG}, Fig. 11",
+        "most tasks well below 1",
+        (("usage-vs-request", {}),),
+        _borg_median("mem_mean", "a task's time-weighted mean memory usage / limit"),
+        trace="v3",
+    ),
+    Claim(
+        "borg-cpu-above-limit",
+        "A few tasks use more CPU than they requested.",
+        f"{BORG}, Fig. 11",
+        "a few",
+        (("usage-vs-request", {}),),
+        _borg_above("cpu_mean"),
+        trace="v3",
+    ),
+    Claim(
+        "borg-mem-rarely-above",
+        "It is rare for a task to exceed its memory limit.",
+        f"{BORG}, §5.5 and Fig. 11",
+        "rare",
+        (("usage-vs-request", {}),),
+        _borg_above("mem_peak"),
+        trace="v3",
+    ),
+    Claim(
+        "borg-reservation-near-limit",
+        "Memory reservations are closer to the limit than usage is (the solid line).",
+        f"{BORG}, Fig. 11",
+        "closer to 100%",
+        (("usage-vs-request", {}),),
+        _borg_median("mem_reservation", "a task's time-weighted mean assigned memory / limit"),
+        trace="v3",
+    ),
+    Claim(
+        "job-tail-cpu",
+        "The top 1% of jobs use about 99% of the CPU-hours (NCU-hours).",
+        "Tirmazi et al., Borg: the Next Generation (EuroSys 2020), as docs/analysis-job-usage.md",
+        "~99%",
+        (("job-usage", {}),),
+        _job_tail("cpu"),
+        trace="v3",
+    ),
+    Claim(
+        "job-tail-mem",
+        "The top 1% of jobs use about 99% of the memory-hours (NMU-hours).",
+        "Tirmazi et al., Borg: the Next Generation (EuroSys 2020), as docs/analysis-job-usage.md",
+        "~99%",
+        (("job-usage", {}),),
+        _job_tail("mem"),
+        trace="v3",
+    ),
 )

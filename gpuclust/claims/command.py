@@ -16,13 +16,17 @@ __all__ = ["main", "register", "render"]
 def register(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``claims`` sub-command."""
     p = subparsers.add_parser(
-        "claims", help="published observations on the traces, side by side with this dataset's values",
+        "claims",
+        help="published observations on the traces, side by side with this dataset's values",
         description=textwrap.fill(
             "For every published observation the trace can support (seed 003's ten observations on the 2011 "
             "trace, Borg's, the 2019 job tail): the claim, its source, the paper's value, this dataset's value, "
             "what it rests on, and whether this dataset can support it (trace, share of the trace, time span, "
             "usage present) or why not. Runs the analyses the claims read. "
-            "Definitions: docs/claims.md.", 88))
+            "Definitions: docs/claims.md.",
+            88,
+        ),
+    )
     p.add_argument("dataset", metavar="DATASET", help="canonical dataset folder (from `gpuclust ingest`)")
     p.add_argument("--csv", default=None, metavar="FILE", help="also write the rows as CSV")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
@@ -55,9 +59,14 @@ def render(rows: list[dict[str, Any]]) -> str:
     lines = []
     for r in rows:
         mark = "supported" if r["supported"] else f"cannot compare: {r['why']}"
-        lines += [f"[{r['id']}] {r['claim']}", f"    source:  {r['source']}", f"    paper:   {r['paper']}",
-                  f"    dataset: {r['dataset']}" + (f" (rests on {r['rests_on']})" if r["rests_on"] else ""),
-                  f"    {mark}", ""]
+        lines += [
+            f"[{r['id']}] {r['claim']}",
+            f"    source:  {r['source']}",
+            f"    paper:   {r['paper']}",
+            f"    dataset: {r['dataset']}" + (f" (rests on {r['rests_on']})" if r["rests_on"] else ""),
+            f"    {mark}",
+            "",
+        ]
     return "\n".join(lines)
 
 
@@ -76,6 +85,7 @@ def main(args: argparse.Namespace) -> int:
     rows = evaluate(res, facts, not_run=not_run)
     print(render(rows))
     if args.csv:
+
         def write(tmp: str) -> None:
             with open(tmp, "w", newline="") as fh:
                 w = csv.DictWriter(fh, fieldnames=list(rows[0]))

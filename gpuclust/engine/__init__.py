@@ -12,9 +12,26 @@ from gpuclust.engine.partition import PartitionSpec, TableSource, plan_partition
 __all__ = ["PartitionSpec", "TableSource", "analyze", "plan_partitions", "read_partition", "run"]
 
 
-def analyze(dataset, names, *, out=None, backend="cpu", scheduler=None, partitions=1, tier_map=None,
-            mode=None, plots=True, workers=None, progress=None, note=None, time_from=None, time_to=None, cells=None,
-            memory_limit=None, tables="pandas"):
+def analyze(
+    dataset,
+    names,
+    *,
+    out=None,
+    backend="cpu",
+    scheduler=None,
+    partitions=1,
+    tier_map=None,
+    mode=None,
+    plots=True,
+    workers=None,
+    progress=None,
+    note=None,
+    time_from=None,
+    time_to=None,
+    cells=None,
+    memory_limit=None,
+    tables="pandas",
+):
     """Run registered analyses by name, optionally writing results to ``out``.
 
     Before anything is computed: the dataset is checked against what the analyses need
@@ -66,10 +83,24 @@ def analyze(dataset, names, *, out=None, backend="cpu", scheduler=None, partitio
     if cells is not None:  # several cells, one dataset each (--cells)
         from gpuclust.engine.cells import analyze_cells
 
-        res = analyze_cells(dataset, names, cells=cells, out=out, backend=backend, scheduler=scheduler,
-                            partitions=partitions, tier_map=tier_map, mode=mode, plots=plots, workers=workers,
-                            progress=progress, note=note, time_from=time_from, time_to=time_to,
-                            memory_limit=memory_limit)
+        res = analyze_cells(
+            dataset,
+            names,
+            cells=cells,
+            out=out,
+            backend=backend,
+            scheduler=scheduler,
+            partitions=partitions,
+            tier_map=tier_map,
+            mode=mode,
+            plots=plots,
+            workers=workers,
+            progress=progress,
+            note=note,
+            time_from=time_from,
+            time_to=time_to,
+            memory_limit=memory_limit,
+        )
         return convert(res, tables)
     from gpuclust.engine import memory as _memory
     from gpuclust.engine import selection as _selection
@@ -86,13 +117,31 @@ def analyze(dataset, names, *, out=None, backend="cpu", scheduler=None, partitio
         folder_tmp = folder.tmp
     try:
         limit = _memory.parse_size(memory_limit) or _memory.default_limit()
-        res = run(src, plan.analyses, backend=plan.backend, partitions=partitions, scheduler=scheduler,
-                  workers=workers, progress=progress, memory_limit=limit,
-                  parts_dir=None if folder is None else folder.tmp, tables="native")
+        res = run(
+            src,
+            plan.analyses,
+            backend=plan.backend,
+            partitions=partitions,
+            scheduler=scheduler,
+            workers=workers,
+            progress=progress,
+            memory_limit=limit,
+            parts_dir=None if folder is None else folder.tmp,
+            tables="native",
+        )
         if folder is not None:
-            folder.write(res, plan.by_key(), plots=plots,
-                         run_info=plan.info(scheduler=scheduler, partitions=partitions, workers=workers,
-                                            memory_limit=limit, **_selection.run_info(src)))
+            folder.write(
+                res,
+                plan.by_key(),
+                plots=plots,
+                run_info=plan.info(
+                    scheduler=scheduler,
+                    partitions=partitions,
+                    workers=workers,
+                    memory_limit=limit,
+                    **_selection.run_info(src),
+                ),
+            )
             final = folder.commit()
             res = relocated(res, folder_tmp, final)
             if progress is not None:

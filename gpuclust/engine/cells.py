@@ -60,8 +60,9 @@ def find_cells(folder: str | Path, cells: str | Sequence[str] = "all") -> dict[s
 
     folder = Path(folder)
     if (folder / MANIFEST).is_file():
-        raise DatasetError(f"{folder} is one dataset; --cells needs a folder holding one dataset per cell "
-                           "(e.g. cells/a, cells/b)")
+        raise DatasetError(
+            f"{folder} is one dataset; --cells needs a folder holding one dataset per cell (e.g. cells/a, cells/b)"
+        )
     if not folder.is_dir():
         raise DatasetError(f"{folder}: no such folder")
     found: dict[str, Path] = {}
@@ -83,8 +84,9 @@ def find_cells(folder: str | Path, cells: str | Sequence[str] = "all") -> dict[s
         return dict(sorted(found.items()))
     missing = [c for c in want if c not in found]
     if missing:
-        raise DatasetError(f"{folder}: no dataset for cell(s) {','.join(missing)}; found: "
-                           f"{','.join(sorted(found)) or 'none'}")
+        raise DatasetError(
+            f"{folder}: no dataset for cell(s) {','.join(missing)}; found: {','.join(sorted(found)) or 'none'}"
+        )
     return {c: found[c] for c in want}
 
 
@@ -102,8 +104,9 @@ def _file_batches(t: Any, f: str, cell: str) -> Iterator[pd.DataFrame]:
         yield _with_cell(df, cell).reset_index(drop=True)
 
 
-def combine(per_cell: Mapping[str, Mapping[str, Mapping[str, Any]]],
-            parts_dir: Path | None = None) -> dict[str, dict[str, Any]]:
+def combine(
+    per_cell: Mapping[str, Mapping[str, Mapping[str, Any]]], parts_dir: Path | None = None
+) -> dict[str, dict[str, Any]]:
     """Concatenate each result table across cells with ``cell`` as its first column (a table that
     already has a ``cell`` column, e.g. ``by=cell``, gets the cell's name there).
 
@@ -168,15 +171,30 @@ class _CellSummaries:
         self.name, self.label, self.parted = first.name, first.label, first.parted
 
     def summary(self, tables: Mapping[str, Any]) -> str:
-        return "\n".join(f"cell {cell}: " + textwrap.indent(a.summary(own), "  ").lstrip()
-                         for cell, (a, own) in self.by_cell.items())
+        return "\n".join(
+            f"cell {cell}: " + textwrap.indent(a.summary(own), "  ").lstrip() for cell, (a, own) in self.by_cell.items()
+        )
 
 
-def analyze_cells(folder: str | Path, names: Any, *, cells: str | Sequence[str] = "all", out: Any = None,
-                  backend: Any = "cpu", scheduler: Any = None, partitions: Any = 1, tier_map: str | None = None,
-                  mode: str | None = None, plots: bool = True, workers: int | None = None, progress: Any = None,
-                  note: Callable[[str], None] | None = None, time_from: Any = None,
-                  time_to: Any = None, memory_limit: Any = None) -> dict[str, dict[str, pd.DataFrame]]:
+def analyze_cells(
+    folder: str | Path,
+    names: Any,
+    *,
+    cells: str | Sequence[str] = "all",
+    out: Any = None,
+    backend: Any = "cpu",
+    scheduler: Any = None,
+    partitions: Any = 1,
+    tier_map: str | None = None,
+    mode: str | None = None,
+    plots: bool = True,
+    workers: int | None = None,
+    progress: Any = None,
+    note: Callable[[str], None] | None = None,
+    time_from: Any = None,
+    time_to: Any = None,
+    memory_limit: Any = None,
+) -> dict[str, dict[str, pd.DataFrame]]:
     """:func:`gpuclust.engine.analyze` over the datasets of ``cells`` in ``folder`` (see
     :func:`find_cells`): every cell is checked (and its selection resolved) before anything is
     computed; results have a leading ``cell`` column; ``summary.txt`` has each cell's summary
@@ -217,20 +235,37 @@ def analyze_cells(folder: str | Path, names: Any, *, cells: str | Sequence[str] 
                 progress.phase(f"cell {cell}: {plan.source.path}")
             # with a results folder, each cell's parted tables stay parts in its staging area
             staging = None if tmp is None else tmp / _STAGING / cell
-            per_cell[cell] = run(src, plan.analyses, backend=plan.backend, partitions=partitions, scheduler=scheduler,
-                                 workers=workers, progress=progress, memory_limit=memory_limit, parts_dir=staging)
+            per_cell[cell] = run(
+                src,
+                plan.analyses,
+                backend=plan.backend,
+                partitions=partitions,
+                scheduler=scheduler,
+                workers=workers,
+                progress=progress,
+                memory_limit=memory_limit,
+                parts_dir=staging,
+            )
         res = combine(per_cell, tmp)
         if folder_out is not None:
             assert tmp is not None
             first_plan = next(iter(prepared.values()))[0]
             keys = list(res)
-            shims = {k: _CellSummaries({c: (pl.analyses[j], per_cell[c][k]) for c, (pl, _) in prepared.items()})
-                     for j, k in enumerate(keys)}
+            shims = {
+                k: _CellSummaries({c: (pl.analyses[j], per_cell[c][k]) for c, (pl, _) in prepared.items()})
+                for j, k in enumerate(keys)
+            }
             info = first_plan.info(scheduler=scheduler, partitions=partitions, workers=workers)
             info["dataset"] = str(Path(folder).absolute())
-            info["cells"] = {c: {"dataset": str(pl.source.path.absolute()), "trace_version": pl.source.trace_version,
-                                 "notes": pl.notes, **_selection.run_info(src)}
-                             for c, (pl, src) in prepared.items()}
+            info["cells"] = {
+                c: {
+                    "dataset": str(pl.source.path.absolute()),
+                    "trace_version": pl.source.trace_version,
+                    "notes": pl.notes,
+                    **_selection.run_info(src),
+                }
+                for c, (pl, src) in prepared.items()
+            }
             folder_out.write(res, shims, plots=False, run_info=info)
             shutil.rmtree(tmp / _STAGING)  # the cells' own parts, copied into the results above
             final = folder_out.commit()

@@ -53,8 +53,10 @@ def tier_map_note(name: str | None, src: Any) -> str | None:
     made_for = TIER_MAP_TRACE.get(name or "")
     if not (version and made_for) or made_for == version:
         return None
-    return (f"warning: tier map {name!r} is for {made_for} traces but the dataset is {version} "
-            f"(priorities differ: v2 0-11, v3 0-450); its tiers will not mean what they say")
+    return (
+        f"warning: tier map {name!r} is for {made_for} traces but the dataset is {version} "
+        f"(priorities differ: v2 0-11, v3 0-450); its tiers will not mean what they say"
+    )
 
 
 def preflight(src: Any, analyses: Sequence[Any]) -> list[str]:
@@ -65,8 +67,10 @@ def preflight(src: Any, analyses: Sequence[Any]) -> list[str]:
     manifest = getattr(src, "manifest", None)
     chosen = manifest.get("selection") if isinstance(manifest, dict) else None
     if isinstance(chosen, dict):
-        notes.append(f"note: this dataset is a selection of its cell: {chosen.get('text')} (chosen at ingest); "
-                     "its results describe that selection, not the whole cell")
+        notes.append(
+            f"note: this dataset is a selection of its cell: {chosen.get('text')} (chosen at ingest); "
+            "its results describe that selection, not the whole cell"
+        )
     for a in analyses:
         required, optional = a.needed_tables()
         missing = [_why(t, required[t]) for t in required if _rows(src, t) == 0]
@@ -74,8 +78,10 @@ def preflight(src: Any, analyses: Sequence[Any]) -> list[str]:
             errors.append(f"{a.label} needs table(s) {', '.join(missing)}, which the dataset does not have (0 rows)")
         for t, why in optional.items():
             if _rows(src, t) == 0:
-                notes.append(f"note: {a.label}: the dataset has no {t} rows; the results that depend on it"
-                             f"{f' ({why})' if why else ''} are empty")
+                notes.append(
+                    f"note: {a.label}: the dataset has no {t} rows; the results that depend on it"
+                    f"{f' ({why})' if why else ''} are empty"
+                )
         if not hasattr(a, "tier_map"):
             continue
         note = tier_map_note(a.tier_map or getattr(src, "tier_map_name", None), src)

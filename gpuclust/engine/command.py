@@ -12,8 +12,17 @@ import sys
 import textwrap
 from typing import Any
 
-__all__ = ["OPTIONS_EPILOG", "AnalysesHelpFormatter", "add_run_options", "analyze_errors", "build_analyses", "main",
-           "partitions_arg", "register", "scheduler_arg"]
+__all__ = [
+    "OPTIONS_EPILOG",
+    "AnalysesHelpFormatter",
+    "add_run_options",
+    "analyze_errors",
+    "build_analyses",
+    "main",
+    "partitions_arg",
+    "register",
+    "scheduler_arg",
+]
 
 
 def partitions_arg(text: str) -> int | str:
@@ -78,17 +87,26 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
             "Run analyses over a canonical dataset and write DIR/<analysis>/<table>.parquet (a table that grows with "
             "the cell: a folder of parts, DIR/<analysis>/<table>/part-NNNNN.parquet), DIR/summary.txt, a "
             "plot per analysis and DIR/_run.json (what this run wrote, and how). DIR is written as a whole: an "
-            "earlier run's results there are replaced.", 88),
+            "earlier run's results there are replaced.",
+            88,
+        ),
         epilog=OPTIONS_EPILOG,
         formatter_class=AnalysesHelpFormatter,
     )
-    p.add_argument("dataset", metavar="DATASET", help="canonical dataset folder (from `gpuclust ingest`); with "
-                   "--cells, a folder holding one dataset per cell")
+    p.add_argument(
+        "dataset",
+        metavar="DATASET",
+        help="canonical dataset folder (from `gpuclust ingest`); with --cells, a folder holding one dataset per cell",
+    )
     p.add_argument("names", metavar="NAME", nargs="+", choices=names(), help=f"analyses: {', '.join(names())}")
     p.add_argument("--out", required=True, metavar="DIR", help="output folder (new, empty, or an earlier run's)")
     add_run_options(p)
-    p.add_argument("--cells", default=None, metavar="CELLS",
-                   help="a,b,... or all: DATASET holds one dataset per cell; results get a leading cell column")
+    p.add_argument(
+        "--cells",
+        default=None,
+        metavar="CELLS",
+        help="a,b,... or all: DATASET holds one dataset per cell; results get a leading cell column",
+    )
     p.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr (notes and warnings stay)")
     p.set_defaults(func=main)
@@ -102,34 +120,79 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     from gpuclust.analyses.options import CELL_USAGE_MODE as mode
     from gpuclust.schema import TIER_MAPS
 
-    p.add_argument("--backend", choices=("cpu", "gpu", "auto"), default="cpu",
-                   help="array backend (default cpu; auto says what it chose)")
-    p.add_argument("--scheduler", type=scheduler_arg, default=None, metavar="SCHED",
-                   help="threads | local:N | cuda | ADDRESS (tcp://host:port); default: run locally in-process")
-    p.add_argument("--partitions", type=partitions_arg, default="auto", metavar="N",
-                   help="partitions per table, or 'auto' (about 4 Mi rows each, 1 Mi for cell-usage and "
-                        "cpi; the default)")
-    p.add_argument("--workers", type=int, default=None, metavar="N",
-                   help="local run: threads processing partitions at once (default: the usable CPU cores "
-                   "on the cpu backend, 1 on gpu); results do not depend on it")
-    p.add_argument("--memory-limit", type=_memory_limit, default=None, metavar="SIZE",
-                   help="memory budget of the run, e.g. 8GiB (default: 75%% of the machine's memory): sizes "
-                        "partitions and a local:N cluster's workers (docs/scale.md)")
-    p.add_argument("--tier-map", choices=sorted(TIER_MAPS), default=None,
-                   help="priority tier map, same as -O tier_map=NAME (default: the dataset manifest's)")
-    p.add_argument("--mode", choices=mode.choices, default=None,
-                   help=f"cell-usage mode, same as -O mode=NAME (default {mode.default})")
-    p.add_argument("--from", dest="time_from", default=None, metavar="TIME",
-                   help="select [TIME, --to): trace time (1d, 86400s, 2h, 90min, 1500ms, integer microseconds) or "
-                   "wall-clock in the cell's time zone (2019-05-02, 2019-05-02T08:00; Z or +HH:MM for an instant)")
-    p.add_argument("--to", dest="time_to", default=None, metavar="TIME", help="end of the selection (exclusive), as --from")
-    p.add_argument("-O", "--option", action="append", default=[], metavar="NAME=VALUE",
-                   help="an analysis option (repeatable), e.g. -O by=machine -O bucket_s=3600; it applies to "
-                   "every named analysis that declares it (listed below)")
+    p.add_argument(
+        "--backend",
+        choices=("cpu", "gpu", "auto"),
+        default="cpu",
+        help="array backend (default cpu; auto says what it chose)",
+    )
+    p.add_argument(
+        "--scheduler",
+        type=scheduler_arg,
+        default=None,
+        metavar="SCHED",
+        help="threads | local:N | cuda | ADDRESS (tcp://host:port); default: run locally in-process",
+    )
+    p.add_argument(
+        "--partitions",
+        type=partitions_arg,
+        default="auto",
+        metavar="N",
+        help="partitions per table, or 'auto' (about 4 Mi rows each, 1 Mi for cell-usage and cpi; the default)",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="local run: threads processing partitions at once (default: the usable CPU cores "
+        "on the cpu backend, 1 on gpu); results do not depend on it",
+    )
+    p.add_argument(
+        "--memory-limit",
+        type=_memory_limit,
+        default=None,
+        metavar="SIZE",
+        help="memory budget of the run, e.g. 8GiB (default: 75%% of the machine's memory): sizes "
+        "partitions and a local:N cluster's workers (docs/scale.md)",
+    )
+    p.add_argument(
+        "--tier-map",
+        choices=sorted(TIER_MAPS),
+        default=None,
+        help="priority tier map, same as -O tier_map=NAME (default: the dataset manifest's)",
+    )
+    p.add_argument(
+        "--mode",
+        choices=mode.choices,
+        default=None,
+        help=f"cell-usage mode, same as -O mode=NAME (default {mode.default})",
+    )
+    p.add_argument(
+        "--from",
+        dest="time_from",
+        default=None,
+        metavar="TIME",
+        help="select [TIME, --to): trace time (1d, 86400s, 2h, 90min, 1500ms, integer microseconds) or "
+        "wall-clock in the cell's time zone (2019-05-02, 2019-05-02T08:00; Z or +HH:MM for an instant)",
+    )
+    p.add_argument(
+        "--to", dest="time_to", default=None, metavar="TIME", help="end of the selection (exclusive), as --from"
+    )
+    p.add_argument(
+        "-O",
+        "--option",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="an analysis option (repeatable), e.g. -O by=machine -O bucket_s=3600; it applies to "
+        "every named analysis that declares it (listed below)",
+    )
 
 
-def build_analyses(names: list[str], raw_options: list[str], *, tier_map: str | None = None,
-                   mode: str | None = None) -> list[Any]:
+def build_analyses(
+    names: list[str], raw_options: list[str], *, tier_map: str | None = None, mode: str | None = None
+) -> list[Any]:
     """Create the named analyses with ``NAME=VALUE`` options parsed by each one's option fields.
 
     An option applies to every named analysis that declares it; one that none declares is an
@@ -190,11 +253,23 @@ def main(args: argparse.Namespace) -> int:
 
     try:
         analyses = build_analyses(list(dict.fromkeys(args.names)), args.option, tier_map=args.tier_map, mode=args.mode)
-        analyze(args.dataset, analyses, out=args.out, backend=args.backend,
-                scheduler=args.scheduler, partitions=args.partitions, plots=not args.no_plots,
-                workers=args.workers, progress=None if args.quiet else RunProgress(), note=say,
-                time_from=args.time_from, time_to=args.time_to, cells=args.cells,
-                memory_limit=args.memory_limit, tables="native")  # the results are read from the folder
+        analyze(
+            args.dataset,
+            analyses,
+            out=args.out,
+            backend=args.backend,
+            scheduler=args.scheduler,
+            partitions=args.partitions,
+            plots=not args.no_plots,
+            workers=args.workers,
+            progress=None if args.quiet else RunProgress(),
+            note=say,
+            time_from=args.time_from,
+            time_to=args.time_to,
+            cells=args.cells,
+            memory_limit=args.memory_limit,
+            tables="native",
+        )  # the results are read from the folder
     except analyze_errors() as e:
         say(f"error: {' '.join(str(e).split())}")
         return 2

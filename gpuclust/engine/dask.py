@@ -37,8 +37,9 @@ def local_workers(scheduler: str) -> int:
     text = scheduler.split(":", 1)[1]
     n = int(text) if text.strip().isdigit() else 0
     if n < 1:
-        raise ValueError(f"scheduler {scheduler!r}: N in local:N is the number of worker processes, an integer >= 1, "
-                         f"not {text!r}")
+        raise ValueError(
+            f"scheduler {scheduler!r}: N in local:N is the number of worker processes, an integer >= 1, not {text!r}"
+        )
     return n
 
 
@@ -73,16 +74,26 @@ def open_scheduler(scheduler: Any, backend_name: str, memory_limit: int | None =
         # dashboard_address=":0": the scheduler's HTTP server on a free port.  With None it still
         # listens, on 8787; a second cluster (another run, another process) then finds the port
         # taken, and distributed retries on another port but leaves the failed socket open.
-        with distributed.LocalCluster(n_workers=n, threads_per_worker=1, processes=True, memory_limit=per_worker,
-                                      dashboard_address=FREE_PORT, silence_logs=logging.CRITICAL) as cluster, \
-                distributed.Client(cluster) as client:
+        with (
+            distributed.LocalCluster(
+                n_workers=n,
+                threads_per_worker=1,
+                processes=True,
+                memory_limit=per_worker,
+                dashboard_address=FREE_PORT,
+                silence_logs=logging.CRITICAL,
+            ) as cluster,
+            distributed.Client(cluster) as client,
+        ):
             yield {"scheduler": client}
         return
     if scheduler == "cuda":
         try:
             from dask_cuda import LocalCUDACluster
         except ImportError as e:
-            raise RuntimeError("scheduler 'cuda' needs dask-cuda (pip install 'gpuclust[gpu-cu12]' or '[gpu-cu13]', matching your CuPy)") from e
+            raise RuntimeError(
+                "scheduler 'cuda' needs dask-cuda (pip install 'gpuclust[gpu-cu12]' or '[gpu-cu13]', matching your CuPy)"
+            ) from e
         with LocalCUDACluster(dashboard_address=FREE_PORT) as cluster, distributed.Client(cluster) as client:
             yield {"scheduler": client}
         return
@@ -124,9 +135,16 @@ def compute_tasks(fn: Any, args: list[tuple[Any, ...]], scheduler: Any) -> list[
         return list(dask.compute(*[dask.delayed(fn, pure=False)(*a) for a in args], **kw))
 
 
-def compute_merged(plans: dict[str, tuple[list[int], list[Any]]], analyses: list[Any], ctxs: list[Any],
-                   backend_name: str, scheduler: Any, split_every: int = 8, on_done: Any = None,
-                   spills: list[Any] | None = None) -> list[Any]:
+def compute_merged(
+    plans: dict[str, tuple[list[int], list[Any]]],
+    analyses: list[Any],
+    ctxs: list[Any],
+    backend_name: str,
+    scheduler: Any,
+    split_every: int = 8,
+    on_done: Any = None,
+    spills: list[Any] | None = None,
+) -> list[Any]:
     """Build one merge tree per table and compute all of them in one ``dask.compute`` call.
 
     ``on_done(spec)`` is called for each partition: as its task finishes on dask's local
@@ -145,14 +163,18 @@ def compute_merged(plans: dict[str, tuple[list[int], list[Any]]], analyses: list
         sub_d = dask.delayed(sub, traverse=False)
         ctx_d = dask.delayed([ctxs[k] for k in idx], traverse=False)
         sub_spills = [spills[k] if spills else None for k in idx]
-        level = [dask.delayed(partition_partials)(dask.delayed(spec, traverse=False), sub_d, ctx_d, backend_name,
-                                                  sub_spills) for spec in specs]
+        level = [
+            dask.delayed(partition_partials)(dask.delayed(spec, traverse=False), sub_d, ctx_d, backend_name, sub_spills)
+            for spec in specs
+        ]
         task_spec.update((d.key, spec) for d, spec in zip(level, specs, strict=True))
         if not level:
             level = [dask.delayed([a.empty() for a in sub], traverse=False)]
         while len(level) > 1:
-            level = [dask.delayed(merge_lists, pure=True)(sub_d, *level[i:i + split_every])
-                     for i in range(0, len(level), split_every)]
+            level = [
+                dask.delayed(merge_lists, pure=True)(sub_d, *level[i : i + split_every])
+                for i in range(0, len(level), split_every)
+            ]
         roots.append(level[0])
         order.append(idx)
     with open_scheduler(scheduler, backend_name) as kw:

@@ -27,8 +27,24 @@ from gpuclust.engine.progress import PassProgress
 from gpuclust.parted import PartedTable, map_large_arrays
 from gpuclust.tables import check_kind, convert
 
-__all__ = ["PerPartition", "bind_partition", "context_of", "contexts", "default_workers", "finalize_all", "host_threads", "merge_local",
-           "partition_partials", "per_partition", "plan_tables", "auto_rows_of", "resolve_analyses", "result_keys", "run", "unbound"]
+__all__ = [
+    "PerPartition",
+    "bind_partition",
+    "context_of",
+    "contexts",
+    "default_workers",
+    "finalize_all",
+    "host_threads",
+    "merge_local",
+    "partition_partials",
+    "per_partition",
+    "plan_tables",
+    "auto_rows_of",
+    "resolve_analyses",
+    "result_keys",
+    "run",
+    "unbound",
+]
 
 
 def resolve_analyses(analyses: Analysis | str | Iterable[Analysis | str]) -> list[Analysis]:
@@ -81,9 +97,14 @@ def partition_columns(spec: _partition.PartitionSpec, analyses: Sequence[Analysi
     return sorted({c for a in analyses for c in a.columns} | _selection.extra_columns(spec, analyses))
 
 
-def partition_partials(spec: _partition.PartitionSpec, analyses: Sequence[Analysis], ctxs: Sequence[Any],
-                       backend: Backend | str, spills: Sequence[_shards.SpillTarget | None] | None = None,
-                       host: dict[str, Any] | None = None) -> list[Any]:
+def partition_partials(
+    spec: _partition.PartitionSpec,
+    analyses: Sequence[Analysis],
+    ctxs: Sequence[Any],
+    backend: Backend | str,
+    spills: Sequence[_shards.SpillTarget | None] | None = None,
+    host: dict[str, Any] | None = None,
+) -> list[Any]:
     """Read one partition once (the union of the analyses' columns) and return each analysis'
     partial, moved to host memory so it can be merged or shipped to another worker (``spills``:
     per analysis, the folder its keyed partials are spilled to, for one with parted tables; see
@@ -104,8 +125,10 @@ def partition_partials(spec: _partition.PartitionSpec, analyses: Sequence[Analys
         cols = {c: be.asarray(v) for c, v in host.items()}
         del host
     masks: dict[str, Any] = {}  # selection (--from/--to): rows filtered per analysis rule, one mask per rule
-    out = [to_host(a.partial(_selection.columns_for(spec, a, cols, be, masks), ctx, be))
-           for a, ctx in zip(analyses, bound, strict=True)]
+    out = [
+        to_host(a.partial(_selection.columns_for(spec, a, cols, be, masks), ctx, be))
+        for a, ctx in zip(analyses, bound, strict=True)
+    ]
     for k, folder in enumerate(spills or ()):
         if folder is not None:
             out[k] = _shards.spill(analyses[k], out[k], folder)
@@ -136,8 +159,12 @@ def merge_lists(analyses: Sequence[Analysis], *lists: list[Any]) -> list[Any]:
     """Merge several per-partition partial lists analysis by analysis."""
     out = list(lists[0])
     for lst in lists[1:]:
-        out = [_shards.merge_spilled(a, x, y) if isinstance(x, _shards.Spilled) or isinstance(y, _shards.Spilled)
-               else a.merge(x, y) for a, x, y in zip(analyses, out, lst, strict=False)]
+        out = [
+            _shards.merge_spilled(a, x, y)
+            if isinstance(x, _shards.Spilled) or isinstance(y, _shards.Spilled)
+            else a.merge(x, y)
+            for a, x, y in zip(analyses, out, lst, strict=False)
+        ]
     return out
 
 
@@ -289,64 +316,140 @@ def run(
     folders = _shards.SpillFolders(parts_dir)  # spills of parted analyses, large context arrays
     try:
         if scheduler is None:
-            res = _run(src, ans, be, partitions, None, cut_points, split_every, nthreads, progress,
-                       rows=lambda pre, s: auto_rows_of(pre, limit, nthreads, s), folders=folders, limit=limit)
+            res = _run(
+                src,
+                ans,
+                be,
+                partitions,
+                None,
+                cut_points,
+                split_every,
+                nthreads,
+                progress,
+                rows=lambda pre, s: auto_rows_of(pre, limit, nthreads, s),
+                folders=folders,
+                limit=limit,
+            )
         else:
             from gpuclust.engine.dask import open_scheduler, workers_of
 
             with open_scheduler(scheduler, be.name, memory_limit=limit) as kw:  # one cluster for every pass of the run
                 in_flight = workers_of(kw["scheduler"], nthreads)
-                res = _run(src, ans, be, partitions, kw["scheduler"], cut_points, split_every, nthreads, progress,
-                           label=scheduler if isinstance(scheduler, str) else type(scheduler).__name__,
-                           rows=lambda pre, s: auto_rows_of(pre, limit, in_flight, s), folders=folders,
-                           limit=limit)
+                res = _run(
+                    src,
+                    ans,
+                    be,
+                    partitions,
+                    kw["scheduler"],
+                    cut_points,
+                    split_every,
+                    nthreads,
+                    progress,
+                    label=scheduler if isinstance(scheduler, str) else type(scheduler).__name__,
+                    rows=lambda pre, s: auto_rows_of(pre, limit, in_flight, s),
+                    folders=folders,
+                    limit=limit,
+                )
         if folders.own:  # no parts_dir: parted tables come back as DataFrames
-            res = {key: {t: v.read() if isinstance(v, PartedTable) else v for t, v in tabs.items()}
-                   for key, tabs in res.items()}
+            res = {
+                key: {t: v.read() if isinstance(v, PartedTable) else v for t, v in tabs.items()}
+                for key, tabs in res.items()
+            }
         return convert(res, tables)
     finally:
         folders.close()
 
 
-def _run(src: Any, ans: list[Analysis], be: Backend, partitions: int | str, scheduler: Any,
-         cut_points: Any, split_every: int, nthreads: int, progress: Any,
-         label: str = "", rows: Any = None, folders: _shards.SpillFolders | None = None,
-         limit: int | None = None) -> dict[str, dict[str, Any]]:
+def _run(
+    src: Any,
+    ans: list[Analysis],
+    be: Backend,
+    partitions: int | str,
+    scheduler: Any,
+    cut_points: Any,
+    split_every: int,
+    nthreads: int,
+    progress: Any,
+    label: str = "",
+    rows: Any = None,
+    folders: _shards.SpillFolders | None = None,
+    limit: int | None = None,
+) -> dict[str, dict[str, Any]]:
     """:func:`run` with the scheduler open (``None``: local): prerequisite passes (recursively,
     with the same settings and selection), contexts, partials (parted analyses spill to
     ``folders``), merges, shards, finalize.  A prerequisite pass runs with ``folders=None``: in
     memory, as its results feed a context."""
+
     def run_pass(pre: list[Analysis]) -> dict[str, dict[str, Any]]:
         _, pre = _selection.attach(src, pre)  # the run's selection applies to its passes too
         # contexts read their passes' tables as finalized (DataFrames or Arrow tables: see
         # gpuclust.tables.column), so a pass does not import pandas for them
-        return convert(_run(src, pre, be, partitions, scheduler, cut_points, split_every, nthreads,
-                            None if progress is None else PassProgress(progress), label, rows, limit=limit), "native")
+        return convert(
+            _run(
+                src,
+                pre,
+                be,
+                partitions,
+                scheduler,
+                cut_points,
+                split_every,
+                nthreads,
+                None if progress is None else PassProgress(progress),
+                label,
+                rows,
+                limit=limit,
+            ),
+            "native",
+        )
 
     multiple = nthreads if scheduler is None else 1
     client = host_threads(be, nthreads) if scheduler is None else default_workers("cpu")  # the client's own work
     base = _selection.unwrap(src)
     auto_rows = rows(ans, base) if rows is not None else None
-    plans = plan_tables(base, ans, partitions, cut_points, multiple_of=multiple, auto_rows=auto_rows,
-                        memory_limit=limit)
-    plans = _selection.prune_plans(src, plans, ans, partitions, cut_points, multiple, progress,  # row-group pushdown
-                                   auto_rows=auto_rows)
+    plans = plan_tables(
+        base, ans, partitions, cut_points, multiple_of=multiple, auto_rows=auto_rows, memory_limit=limit
+    )
+    plans = _selection.prune_plans(
+        src,
+        plans,
+        ans,
+        partitions,
+        cut_points,
+        multiple,
+        progress,  # row-group pushdown
+        auto_rows=auto_rows,
+    )
     # the local path reads its first partitions while the contexts are computed (see _Prefetch)
     prefetch = _Prefetch.start(plans, ans, src, be, nthreads) if scheduler is None else None
     try:
-        ctxs = contexts(ans, src, progress, per_partition=per_partition(src, ans, plans), run_pass=run_pass,
-                        scratch=None if folders is None else folders.spill / "context",
-                        threads=client)
-        spills: list[_shards.SpillTarget | None] = [folders.for_analysis(k) if a.sharded and folders is not None
-                                                    else None for k, a in enumerate(ans)]
+        ctxs = contexts(
+            ans,
+            src,
+            progress,
+            per_partition=per_partition(src, ans, plans),
+            run_pass=run_pass,
+            scratch=None if folders is None else folders.spill / "context",
+            threads=client,
+        )
+        spills: list[_shards.SpillTarget | None] = [
+            folders.for_analysis(k) if a.sharded and folders is not None else None for k, a in enumerate(ans)
+        ]
         if scheduler is None:  # merged here in partition order: small keyed partials stay in memory
             spills = [_shards.dense_target(a, unbound(c), f) for a, c, f in zip(ans, ctxs, spills, strict=True)]
         if scheduler is None:
-            merged = merge_local(plans, ans, ctxs, be, nthreads, progress,
-                                 lambda spec, sub, sub_ctxs, sub_spills: partition_partials(
-                                     spec, sub, sub_ctxs, be, sub_spills,
-                                     host=None if prefetch is None else prefetch.pop(spec)),
-                                 spills, split_every)
+            merged = merge_local(
+                plans,
+                ans,
+                ctxs,
+                be,
+                nthreads,
+                progress,
+                lambda spec, sub, sub_ctxs, sub_spills: partition_partials(
+                    spec, sub, sub_ctxs, be, sub_spills, host=None if prefetch is None else prefetch.pop(spec)
+                ),
+                spills,
+                split_every,
+            )
     finally:
         if prefetch is not None:
             prefetch.close()
@@ -358,19 +461,37 @@ def _run(src: Any, ans: list[Analysis], be: Backend, partitions: int | str, sche
             progress.phase(f"dask ({label}): {len(specs)} partition(s), {sum(sp.num_rows for sp in specs):,} rows")
             for _, table_specs in plans.values():
                 _announce(progress, table_specs)
-        merged = compute_merged(plans, ans, ctxs, be.name, scheduler, split_every,
-                                on_done=None if progress is None else (lambda sp: progress.partition_done(
-                                    sp.table, sp.num_rows)), spills=spills)
+        merged = compute_merged(
+            plans,
+            ans,
+            ctxs,
+            be.name,
+            scheduler,
+            split_every,
+            on_done=None if progress is None else (lambda sp: progress.partition_done(sp.table, sp.num_rows)),
+            spills=spills,
+        )
     if scheduler is None:
+
         def run_tasks(args: list[tuple[Any, ...]]) -> list[Any]:
             return list(_map_in_order(lambda t: _shards.reduce_shard(*t), args, nthreads))
     else:
+
         def run_tasks(args: list[tuple[Any, ...]]) -> list[Any]:
             from gpuclust.engine.dask import compute_tasks
 
             return compute_tasks(_shards.reduce_shard, args, scheduler)
-    return finalize_all(ans, merged, [unbound(c) for c in ctxs], progress, folders=folders, run_tasks=run_tasks,
-                        spills=spills, threads=client)
+
+    return finalize_all(
+        ans,
+        merged,
+        [unbound(c) for c in ctxs],
+        progress,
+        folders=folders,
+        run_tasks=run_tasks,
+        spills=spills,
+        threads=client,
+    )
 
 
 class _Prefetch:
@@ -389,8 +510,14 @@ class _Prefetch:
         self._futures = futures
 
     @classmethod
-    def start(cls, plans: dict[str, tuple[list[int], list[_partition.PartitionSpec]]], ans: Sequence[Analysis],
-              src: Any, be: Backend, threads: int) -> _Prefetch | None:
+    def start(
+        cls,
+        plans: dict[str, tuple[list[int], list[_partition.PartitionSpec]]],
+        ans: Sequence[Analysis],
+        src: Any,
+        be: Backend,
+        threads: int,
+    ) -> _Prefetch | None:
         if be.name != "cpu" or threads < 2 or not plans or any(a.prerequisites(src) for a in ans):
             return None
         idx, specs = next(iter(plans.values()))  # merge_local runs the first table first
@@ -422,8 +549,10 @@ def auto_rows_of(ans: Sequence[Analysis], memory_limit: int, in_flight: int, sou
     by_table: dict[str, list[Analysis]] = {}
     for a in ans:
         by_table.setdefault(a.table, []).append(a)
-    return {t: _memory.partition_rows(memory_limit, in_flight, sub, t, _partition.AUTO_PARTITION_ROWS, source)
-            for t, sub in by_table.items()}
+    return {
+        t: _memory.partition_rows(memory_limit, in_flight, sub, t, _partition.AUTO_PARTITION_ROWS, source)
+        for t, sub in by_table.items()
+    }
 
 
 def context_of(a: Analysis, source: Any, **run_kw: Any) -> Any:
@@ -434,8 +563,9 @@ def context_of(a: Analysis, source: Any, **run_kw: Any) -> Any:
     return contexts([a], src, run_pass=lambda pre: run(src, pre, **run_kw))[0]
 
 
-def per_partition(src: Any, ans: Sequence[Analysis],
-                  plans: dict[str, tuple[list[int], list[_partition.PartitionSpec]]]) -> set[int]:
+def per_partition(
+    src: Any, ans: Sequence[Analysis], plans: dict[str, tuple[list[int], list[_partition.PartitionSpec]]]
+) -> set[int]:
     """Indices of the analyses bound in each partition task: those streaming a bucketed table
     whose side inputs are all co-partitioned with it."""
     out: set[int] = set()
@@ -446,8 +576,15 @@ def per_partition(src: Any, ans: Sequence[Analysis],
     return out
 
 
-def contexts(ans: Sequence[Analysis], src: Any, progress: Any = None, per_partition: set[int] | None = None,
-             run_pass: Any = None, scratch: Path | None = None, threads: int = 1) -> list[Any]:
+def contexts(
+    ans: Sequence[Analysis],
+    src: Any,
+    progress: Any = None,
+    per_partition: set[int] | None = None,
+    run_pass: Any = None,
+    scratch: Path | None = None,
+    threads: int = 1,
+) -> list[Any]:
     """Each analysis' context, in order: its prerequisite passes run by ``run_pass(analyses) ->
     results`` (the caller's engine: same backend, partitions and scheduler), the context computed
     on the client from their results (with ``scratch``, a folder: its large arrays memory-mapped
@@ -487,10 +624,15 @@ def contexts(ans: Sequence[Analysis], src: Any, progress: Any = None, per_partit
     return ctxs
 
 
-def plan_tables(src: Any, ans: Sequence[Analysis], partitions: int | str,
-                cut_points: dict[str, Sequence[int]] | Sequence[int] | None = None,
-                multiple_of: int = 1, auto_rows: dict[str, int] | None = None, memory_limit: int | None = None,
-                ) -> dict[str, tuple[list[int], list[_partition.PartitionSpec]]]:
+def plan_tables(
+    src: Any,
+    ans: Sequence[Analysis],
+    partitions: int | str,
+    cut_points: dict[str, Sequence[int]] | Sequence[int] | None = None,
+    multiple_of: int = 1,
+    auto_rows: dict[str, int] | None = None,
+    memory_limit: int | None = None,
+) -> dict[str, tuple[list[int], list[_partition.PartitionSpec]]]:
     """``{table: (indices of the analyses streaming it, its partitions)}`` (``auto_rows``: the
     rows per partition of ``partitions="auto"`` per table, see :func:`auto_rows_of`;
     ``memory_limit``: the budget a whole table in one partition must fit, for the analyses that
@@ -501,14 +643,26 @@ def plan_tables(src: Any, ans: Sequence[Analysis], partitions: int | str,
     plans = {}
     for table, idx in by_table.items():
         cp = cut_points.get(table) if isinstance(cut_points, dict) else cut_points
-        specs = _partition.plan_partitions(src, table, partitions, cp, multiple_of=multiple_of,
-                                           auto_rows=(auto_rows or {}).get(table, _partition.AUTO_PARTITION_ROWS))
+        specs = _partition.plan_partitions(
+            src,
+            table,
+            partitions,
+            cp,
+            multiple_of=multiple_of,
+            auto_rows=(auto_rows or {}).get(table, _partition.AUTO_PARTITION_ROWS),
+        )
         whole = [ans[k].label for k in idx if ans[k].whole_instances]
         if whole and memory_limit is not None:
             sub = [ans[k] for k in idx if ans[k].whole_instances]
-            specs = _partition.whole_instance_plan(src, table, specs, whole,
-                                                   _memory.whole_table_rows(memory_limit, sub, table),
-                                                   _memory.row_bytes(sub, table), memory_limit)
+            specs = _partition.whole_instance_plan(
+                src,
+                table,
+                specs,
+                whole,
+                _memory.whole_table_rows(memory_limit, sub, table),
+                _memory.row_bytes(sub, table),
+                memory_limit,
+            )
         elif whole:
             rows = (auto_rows or {}).get(table, _partition.AUTO_PARTITION_ROWS)
             specs = _partition.whole_instance_plan(src, table, specs, whole, rows * max(1, multiple_of))
@@ -523,10 +677,17 @@ def _announce(progress: Any, specs: Sequence[_partition.PartitionSpec]) -> None:
     progress.partitions(specs[0].table if specs else "", len(specs), sum(sp.num_rows for sp in specs))
 
 
-def merge_local(plans: dict[str, tuple[list[int], list[_partition.PartitionSpec]]], ans: Sequence[Analysis],
-                ctxs: Sequence[Any], be: Backend, nthreads: int, progress: Any,
-                partials: Any, spills: Sequence[_shards.SpillTarget | None] | None = None,
-                split_every: int = 8) -> list[Any]:
+def merge_local(
+    plans: dict[str, tuple[list[int], list[_partition.PartitionSpec]]],
+    ans: Sequence[Analysis],
+    ctxs: Sequence[Any],
+    be: Backend,
+    nthreads: int,
+    progress: Any,
+    partials: Any,
+    spills: Sequence[_shards.SpillTarget | None] | None = None,
+    split_every: int = 8,
+) -> list[Any]:
     """The local path: ``partials(spec, analyses, ctxs, spills)`` per partition on ``nthreads``
     threads, merged in partition order by dask's tree (:class:`MergeTree` of fan-in
     ``split_every``): bit-for-bit the result of one thread, and of the dask schedulers."""
@@ -542,8 +703,9 @@ def merge_local(plans: dict[str, tuple[list[int], list[_partition.PartitionSpec]
         # that whole-instance analyses read as one) are lent to its partials (_parallel.threads)
         spare = max(1, nthreads // max(1, len(specs))) if be.name == "cpu" else 1
 
-        def run_partials(spec: Any, sub: Any = sub, sub_ctxs: Any = sub_ctxs, sub_spills: Any = sub_spills,
-                         spare: int = spare) -> Any:
+        def run_partials(
+            spec: Any, sub: Any = sub, sub_ctxs: Any = sub_ctxs, sub_spills: Any = sub_spills, spare: int = spare
+        ) -> Any:
             with client_threads(spare):
                 return partials(spec, sub, sub_ctxs, sub_spills)
 
@@ -559,10 +721,16 @@ def merge_local(plans: dict[str, tuple[list[int], list[_partition.PartitionSpec]
     return merged
 
 
-def finalize_all(ans: Sequence[Analysis], merged: Sequence[Any], ctxs: Sequence[Any],
-                 progress: Any = None, folders: _shards.SpillFolders | None = None, run_tasks: Any = None,
-                 spills: Sequence[_shards.SpillTarget | None] | None = None,
-                 threads: int = 1) -> dict[str, dict[str, Any]]:
+def finalize_all(
+    ans: Sequence[Analysis],
+    merged: Sequence[Any],
+    ctxs: Sequence[Any],
+    progress: Any = None,
+    folders: _shards.SpillFolders | None = None,
+    run_tasks: Any = None,
+    spills: Sequence[_shards.SpillTarget | None] | None = None,
+    threads: int = 1,
+) -> dict[str, dict[str, Any]]:
     """``{result key: finalized tables}`` (see :func:`result_keys`); an analysis whose partials
     were spilled (``spills``) gets its shards reduced by ``run_tasks`` and its parted tables
     written under ``folders.root`` (:func:`gpuclust.engine.shards.finalize_parted`).  The others'

@@ -25,15 +25,39 @@ import numpy as np
 
 from gpuclust.schema import SCHEMAS
 
-__all__ = ["DEFAULT_SHARE", "MIN_PARTITION_ROWS", "available_memory", "default_limit", "machine_memory", "parse_size",
-           "partition_rows", "preferred_rows", "row_bytes", "whole_table_rows"]
+__all__ = [
+    "DEFAULT_SHARE",
+    "MIN_PARTITION_ROWS",
+    "available_memory",
+    "default_limit",
+    "machine_memory",
+    "parse_size",
+    "partition_rows",
+    "preferred_rows",
+    "row_bytes",
+    "whole_table_rows",
+]
 
 #: Share of the machine's memory a run may use when no limit is given.
 DEFAULT_SHARE = 0.75
 #: Fewest rows per partition a budget may ask for (smaller partitions cost more than they save).
 MIN_PARTITION_ROWS = 1 << 16
-_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
-          "t": 1000**4, "tb": 1000**4, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "kib": 1 << 10,
+    "mib": 1 << 20,
+    "gib": 1 << 30,
+    "tib": 1 << 40,
+}
 
 
 def parse_size(value: Any) -> int | None:
@@ -60,9 +84,10 @@ def parse_size(value: Any) -> int | None:
 
 #: Where the cgroup's memory accounting is, under ``/sys/fs/cgroup``: v2, then v1 (limit, usage,
 #: stat file, and the stat's inactive page cache, which the kernel reclaims first).
-_CGROUP_FILES = (("memory.max", "memory.current", "memory.stat", "inactive_file"),
-                 ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes", "memory/memory.stat",
-                  "total_inactive_file"))
+_CGROUP_FILES = (
+    ("memory.max", "memory.current", "memory.stat", "inactive_file"),
+    ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes", "memory/memory.stat", "total_inactive_file"),
+)
 _CGROUP_ROOT = "/sys/fs/cgroup"
 
 
@@ -149,8 +174,9 @@ def preferred_rows(analyses: Sequence[Any], cap: int, source: Any = None) -> int
     return int(min(cap, max(int(h) for h in hints if h is not None)))  # none is None here
 
 
-def partition_rows(limit: int, in_flight: int, analyses: Sequence[Any], table: str, cap: int,
-                   source: Any = None) -> int:
+def partition_rows(
+    limit: int, in_flight: int, analyses: Sequence[Any], table: str, cap: int, source: Any = None
+) -> int:
     """Rows per partition so that ``in_flight`` partitions fit in half of ``limit``; at most
     ``cap`` (the engine's usual target) or the analyses' own target (:func:`preferred_rows`), at
     least :data:`MIN_PARTITION_ROWS`."""

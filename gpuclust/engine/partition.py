@@ -26,10 +26,26 @@ from gpuclust.dataset import open_parquet, reading
 from gpuclust.layout import HASH_NAME, KEYS, ORDER, bucket_ids, key_name
 from gpuclust.schema import SCHEMAS
 
-__all__ = ["PartitionSpec", "Piece", "SideTable", "TableSource", "as_source", "bucket_pieces", "column_to_numpy",
-           "copartitioned", "layout_key", "plan_partitions", "whole_instance_plan", "read_arrow", "read_partition", "read_partition_device",
-           "read_piece", "row_group_pieces",
-           "side_table", "with_side"]
+__all__ = [
+    "PartitionSpec",
+    "Piece",
+    "SideTable",
+    "TableSource",
+    "as_source",
+    "bucket_pieces",
+    "column_to_numpy",
+    "copartitioned",
+    "layout_key",
+    "plan_partitions",
+    "whole_instance_plan",
+    "read_arrow",
+    "read_partition",
+    "read_partition_device",
+    "read_piece",
+    "row_group_pieces",
+    "side_table",
+    "with_side",
+]
 
 _T = TypeVar("_T")
 
@@ -53,8 +69,14 @@ class TableSource:
     1
     """
 
-    def __init__(self, tables: Mapping[str, Any], *, tier_map: str | None = None, trace_version: str | None = None,
-                 buckets: int | None = None):
+    def __init__(
+        self,
+        tables: Mapping[str, Any],
+        *,
+        tier_map: str | None = None,
+        trace_version: str | None = None,
+        buckets: int | None = None,
+    ):
         unknown = sorted(set(tables) - set(SCHEMAS))
         if unknown:
             raise KeyError(f"unknown tables {unknown}; tables are {list(SCHEMAS)}")
@@ -194,9 +216,14 @@ def _snap_cuts(ideal: Sequence[int], bounds: np.ndarray) -> list[int]:
     return out
 
 
-def plan_partitions(source: Any, table: str, partitions: int | str = 1,
-                    cut_points: Sequence[int] | None = None, multiple_of: int = 1,
-                    auto_rows: int = AUTO_PARTITION_ROWS) -> list[PartitionSpec]:
+def plan_partitions(
+    source: Any,
+    table: str,
+    partitions: int | str = 1,
+    cut_points: Sequence[int] | None = None,
+    multiple_of: int = 1,
+    auto_rows: int = AUTO_PARTITION_ROWS,
+) -> list[PartitionSpec]:
     """Cut ``table`` of ``source`` into partitions.
 
     Parameters
@@ -235,7 +262,9 @@ def plan_partitions(source: Any, table: str, partitions: int | str = 1,
         for (f, n, data), u0 in zip(units, offs[:-1], strict=False):
             s, e = max(lo, int(u0)), min(hi, int(u0) + n)
             if e > s:
-                pieces.append(Piece(s - int(u0), e - int(u0), f, None if data is None else data.slice(s - int(u0), e - s)))
+                pieces.append(
+                    Piece(s - int(u0), e - int(u0), f, None if data is None else data.slice(s - int(u0), e - s))
+                )
         specs.append(PartitionSpec(table, k, tuple(pieces)))
     return specs
 
@@ -255,20 +284,21 @@ def copartitioned(source: Any, table: str, other: str) -> bool:
     """True when bucket ``i`` of ``other`` holds exactly the keys of bucket ``i`` of ``table``
     (same key, same bucket count, same hash)."""
     k1, k2 = layout_key(source, table), layout_key(source, other)
-    return (k1 is not None and k1 == k2
-            and int(source.layout(table)["buckets"]) == int(source.layout(other)["buckets"]))
+    return k1 is not None and k1 == k2 and int(source.layout(table)["buckets"]) == int(source.layout(other)["buckets"])
 
 
 def bucket_pieces(source: Any, table: str) -> list[list[Piece]]:
     """The pieces (whole Parquet files, or in-memory slices) of each bucket of a bucketed table."""
     if isinstance(source, TableSource):
         return [[Piece(0, t.num_rows, None, t)] if t.num_rows else [] for t in source.bucket_slices(table)]
-    return [[Piece(0, open_parquet(f).metadata.num_rows, str(f)) for f in files]
-            for files in source.bucket_files(table)]
+    return [
+        [Piece(0, open_parquet(f).metadata.num_rows, str(f)) for f in files] for files in source.bucket_files(table)
+    ]
 
 
-def _plan_buckets(source: Any, table: str, partitions: int | str, multiple_of: int,
-                  auto_rows: int = AUTO_PARTITION_ROWS) -> list[PartitionSpec]:
+def _plan_buckets(
+    source: Any, table: str, partitions: int | str, multiple_of: int, auto_rows: int = AUTO_PARTITION_ROWS
+) -> list[PartitionSpec]:
     """Partitions of whole, consecutive buckets, balanced by rows: ``partitions`` of them (or
     fewer: never more than the buckets; ``"auto"``: about :data:`AUTO_PARTITION_ROWS` rows each,
     rounded up to a multiple of ``multiple_of``)."""
@@ -293,8 +323,15 @@ def _plan_buckets(source: Any, table: str, partitions: int | str, multiple_of: i
     return specs
 
 
-def whole_instance_plan(source: Any, table: str, specs: list[PartitionSpec], names: Sequence[str],
-                        max_rows: int, row_bytes: int | None = None, limit: int | None = None) -> list[PartitionSpec]:
+def whole_instance_plan(
+    source: Any,
+    table: str,
+    specs: list[PartitionSpec],
+    names: Sequence[str],
+    max_rows: int,
+    row_bytes: int | None = None,
+    limit: int | None = None,
+) -> list[PartitionSpec]:
     """``specs`` for analyses that need every row of an instance in one partition (``names``;
     :attr:`gpuclust.analyses.base.Analysis.whole_instances`): kept when they are buckets of an
     instance-bucketed table (or at most one holds rows); else the table as one partition, for
@@ -307,11 +344,15 @@ def whole_instance_plan(source: Any, table: str, specs: list[PartitionSpec], nam
     total = sum(sp.num_rows for sp in specs)
     if total > max_rows:
         need = "" if row_bytes is None else f" ({total:,} rows x {row_bytes:,} B = {total * row_bytes / 2**30:.1f} GiB)"
-        budget = f"{max_rows:,} rows" if limit is None else f"{max_rows:,} rows: half of the {limit / 2**30:.1f} GiB budget"
-        raise ValueError(f"{', '.join(names)}: needs every row of an instance in one partition, but {table} is not "
-                         f"bucketed by instance and the whole table{need} is more than one partition may hold "
-                         f"({budget}); lay the dataset out by instance first (`gpuclust optimize DATASET`), or give "
-                         "a larger --memory-limit")
+        budget = (
+            f"{max_rows:,} rows" if limit is None else f"{max_rows:,} rows: half of the {limit / 2**30:.1f} GiB budget"
+        )
+        raise ValueError(
+            f"{', '.join(names)}: needs every row of an instance in one partition, but {table} is not "
+            f"bucketed by instance and the whole table{need} is more than one partition may hold "
+            f"({budget}); lay the dataset out by instance first (`gpuclust optimize DATASET`), or give "
+            "a larger --memory-limit"
+        )
     return plan_partitions(source, table, 1)
 
 
@@ -319,8 +360,17 @@ def with_side(source: Any, specs: Sequence[PartitionSpec], tables: Sequence[str]
     """``specs`` (partitions of a bucketed table) with the pieces of their buckets of each
     co-partitioned table in ``tables``."""
     per = {t: bucket_pieces(source, t) for t in tables}
-    return [PartitionSpec(sp.table, sp.index, sp.pieces, sp.grain, sp.buckets, tuple(
-        (t, tuple(p for b in sp.buckets for p in per[t][b])) for t in tables)) for sp in specs]
+    return [
+        PartitionSpec(
+            sp.table,
+            sp.index,
+            sp.pieces,
+            sp.grain,
+            sp.buckets,
+            tuple((t, tuple(p for b in sp.buckets for p in per[t][b])) for t in tables),
+        )
+        for sp in specs
+    ]
 
 
 class SideTable:
@@ -350,8 +400,11 @@ class SideTable:
         gain: Arrow's reader and NumPy's kernels do)."""
         if threads <= 1:
             return [fn(b) for b in self.batches(columns)]
-        return list(map_ordered(lambda p: fn(read_piece(p, self.table, columns)), self.row_group_pieces(), threads,
-                                name="gpuclust-side"))
+        return list(
+            map_ordered(
+                lambda p: fn(read_piece(p, self.table, columns)), self.row_group_pieces(), threads, name="gpuclust-side"
+            )
+        )
 
     def row_group_pieces(self) -> list[Piece]:
         """The pieces split at their files' row group boundaries (see :func:`row_group_pieces`)."""
@@ -462,7 +515,7 @@ def _fill_chunk(out: np.ndarray, at: int, arr: pa.Array) -> None:
     as :func:`column_to_numpy`)."""
     n = len(arr)
     # without NULLs to_numpy is a view of the Arrow buffer (one copy)
-    out[at:at + n] = to_numpy(arr, out.dtype)
+    out[at : at + n] = to_numpy(arr, out.dtype)
 
 
 def _row_groups(md: Any, p: Piece) -> tuple[list[int], int]:
@@ -552,7 +605,8 @@ def read_partition_device(spec: PartitionSpec, columns: Sequence[str], backend: 
         return None
     fields = [SCHEMAS[spec.table].field(c) for c in columns]
     if any(p.data is not None for p in spec.pieces) or not all(
-            pa.types.is_integer(f.type) or pa.types.is_floating(f.type) for f in fields):
+        pa.types.is_integer(f.type) or pa.types.is_floating(f.type) for f in fields
+    ):
         return None
     import cudf
 
@@ -561,7 +615,7 @@ def read_partition_device(spec: PartitionSpec, columns: Sequence[str], backend: 
         groups, first = _row_groups(open_parquet(p.file).metadata, p)
         if groups:
             df = cudf.read_parquet(p.file, columns=list(columns), row_groups=groups)
-            frames.append(df.iloc[p.start - first:p.stop - first])
+            frames.append(df.iloc[p.start - first : p.stop - first])
     xp = backend.xp
     out: dict[str, Any] = {}
     df = (cudf.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]) if frames else None

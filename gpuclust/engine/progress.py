@@ -42,8 +42,14 @@ class RunProgress:
     analyze: done, 1,000 rows
     """
 
-    def __init__(self, stream: TextIO | None = None, *, tty: bool | None = None,
-                 min_interval: float = 0.2, log_interval: float = 10.0):
+    def __init__(
+        self,
+        stream: TextIO | None = None,
+        *,
+        tty: bool | None = None,
+        min_interval: float = 0.2,
+        log_interval: float = 10.0,
+    ):
         self.stream = stream if stream is not None else sys.stderr
         self.tty = bool(tty if tty is not None else getattr(self.stream, "isatty", lambda: False)())
         self.min_interval = min_interval
@@ -81,9 +87,11 @@ class RunProgress:
                 self._last = now
                 rate = st[3] / max(now - st[4], 1e-9)
                 pct = 100.0 * st[3] / st[2] if st[2] else 100.0
-                self._emit(f"analyze: {table}: partition {int(st[1])}/{int(st[0])}, "
-                           f"{_si(st[3])} rows ({pct:.0f}%), {_si(rate)} rows/s",
-                           final=not self.tty)
+                self._emit(
+                    f"analyze: {table}: partition {int(st[1])}/{int(st[0])}, "
+                    f"{_si(st[3])} rows ({pct:.0f}%), {_si(rate)} rows/s",
+                    final=not self.tty,
+                )
 
     def finish(self) -> None:
         with self._lock:

@@ -54,9 +54,15 @@ class RunPlan:
             "gpuclust_version": __version__,
             "dataset": str(path.absolute()) if path is not None else None,
             "trace_version": getattr(self.source, "trace_version", None),
-            "analyses": [{"key": k, "name": a.name, "label": a.label,
-                          "options": {o.name: getattr(a, o.name) for o in options_of(type(a))}}
-                         for k, a in zip(self.keys, self.analyses, strict=True)],
+            "analyses": [
+                {
+                    "key": k,
+                    "name": a.name,
+                    "label": a.label,
+                    "options": {o.name: getattr(a, o.name) for o in options_of(type(a))},
+                }
+                for k, a in zip(self.keys, self.analyses, strict=True)
+            ],
             "backend": self.backend.name,
             "backend_requested": self.backend_requested,
             **run_args,
@@ -83,8 +89,15 @@ def _analyses(names: Any, options: dict[str, Any]) -> list[Any]:
     return resolve_analyses(out)
 
 
-def prepare(dataset: Any, names: Any, *, backend: Any = "cpu", tier_map: str | None = None,
-            mode: str | None = None, note: Callable[[str], None] | None = None) -> RunPlan:
+def prepare(
+    dataset: Any,
+    names: Any,
+    *,
+    backend: Any = "cpu",
+    tier_map: str | None = None,
+    mode: str | None = None,
+    note: Callable[[str], None] | None = None,
+) -> RunPlan:
     """Resolve and check everything :func:`gpuclust.engine.analyze` needs before it computes."""
     from gpuclust.backends import get_backend
     from gpuclust.engine.checks import preflight
@@ -102,4 +115,3 @@ def prepare(dataset: Any, names: Any, *, backend: Any = "cpu", tier_map: str | N
     for n in notes:
         say(n)
     return RunPlan(src, analyses, be, requested, notes)
-

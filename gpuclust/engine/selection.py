@@ -36,21 +36,40 @@ import numpy as np
 
 from gpuclust.engine.partition import PartitionSpec, Piece
 
-__all__ = ["CELL_TIME_ZONES", "RULES", "SelectedSource", "Selection", "SelectionError", "attach", "columns_for",
-           "data_span", "parse_time", "prune_plans", "rule_of", "selection_of", "unwrap"]
+__all__ = [
+    "CELL_TIME_ZONES",
+    "RULES",
+    "SelectedSource",
+    "Selection",
+    "SelectionError",
+    "attach",
+    "columns_for",
+    "data_span",
+    "parse_time",
+    "prune_plans",
+    "rule_of",
+    "selection_of",
+    "unwrap",
+]
 
 US = 1_000_000
 #: Trace time of the trace start (v3 document: timestamps count from 600 s before it).
 TRACE_START_US = 600 * US
 #: The instant of the trace start (t = 600 s), per trace version.
 TRACE_START = {
-    "v3": datetime(2019, 5, 1, 7, 0, tzinfo=timezone.utc),   # 1 May 2019 00:00 PDT (every 2019 cell)
+    "v3": datetime(2019, 5, 1, 7, 0, tzinfo=timezone.utc),  # 1 May 2019 00:00 PDT (every 2019 cell)
     "v2": datetime(2011, 5, 1, 23, 0, tzinfo=timezone.utc),  # 1 May 2011 19:00 EDT
 }
 #: The cells' time zones (v3 document, "Traces": 2019-05-a ... 2019-05-h).
 CELL_TIME_ZONES = {
-    "a": "America/New_York", "b": "America/Chicago", "c": "America/New_York", "d": "America/New_York",
-    "e": "Europe/Helsinki", "f": "America/Chicago", "g": "Asia/Singapore", "h": "Europe/Brussels",
+    "a": "America/New_York",
+    "b": "America/Chicago",
+    "c": "America/New_York",
+    "d": "America/New_York",
+    "e": "Europe/Helsinki",
+    "f": "America/Chicago",
+    "g": "Asia/Singapore",
+    "h": "Europe/Brussels",
 }
 _UNITS = {"us": 1, "ms": 1_000, "s": US, "min": 60 * US, "m": 60 * US, "h": 3600 * US, "d": 86400 * US}
 _TRACE_TIME = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*(us|ms|s|min|m|h|d)?\s*$")
@@ -73,13 +92,15 @@ def cell_time_zone(source: Any) -> str:
         raise SelectionError(
             f"wall-clock time needs the cell's time zone, and only the v3 (2019) cells have one documented "
             f"(this dataset's trace version: {version or 'unknown'}); give trace time (e.g. 1d, 86400s) or a "
-            "time with a UTC offset (e.g. 2011-05-02T00:00-04:00)")
+            "time with a UTC offset (e.g. 2011-05-02T00:00-04:00)"
+        )
     key = str(cell).lower().rsplit("-", 1)[-1] if cell else None
     if key not in CELL_TIME_ZONES:
         raise SelectionError(
             f"wall-clock time needs the cell's time zone, but the dataset's manifest names "
             f"{'no cell' if not cell else f'cell {cell!r}, not one of a-h'} (ingest with --cell a..h); give trace "
-            "time (e.g. 1d, 86400s) or a time with a UTC offset (e.g. 2019-05-02T00:00-04:00)")
+            "time (e.g. 1d, 86400s) or a time with a UTC offset (e.g. 2019-05-02T00:00-04:00)"
+        )
     return CELL_TIME_ZONES[key]
 
 
@@ -118,7 +139,8 @@ def parse_time(value: Any, source: Any = None) -> int:
         return _wall_clock(value.strip(), source)
     raise SelectionError(
         f"cannot read time {value!r}: expected trace time (86400s, 1d, 2h, 90min, 1500ms, 250us or integer "
-        "microseconds) or wall-clock (2019-05-02, 2019-05-02T08:00, optionally with Z or +HH:MM)")
+        "microseconds) or wall-clock (2019-05-02, 2019-05-02T08:00, optionally with Z or +HH:MM)"
+    )
 
 
 def _wall_clock(text: str, source: Any) -> int:
@@ -128,8 +150,10 @@ def _wall_clock(text: str, source: Any) -> int:
         raise SelectionError(f"cannot read wall-clock time {text!r}: {e}") from None
     version = getattr(source, "trace_version", None)
     if version not in TRACE_START:
-        raise SelectionError(f"wall-clock time {text!r} needs the trace start, and this dataset's trace version is "
-                             f"{version or 'unknown'}; give trace time (e.g. 1d, 86400s)")
+        raise SelectionError(
+            f"wall-clock time {text!r} needs the trace start, and this dataset's trace version is "
+            f"{version or 'unknown'}; give trace time (e.g. 1d, 86400s)"
+        )
     if dt.tzinfo is None:
         from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -137,8 +161,9 @@ def _wall_clock(text: str, source: Any) -> int:
         try:
             dt = dt.replace(tzinfo=ZoneInfo(zone))
         except ZoneInfoNotFoundError:
-            raise SelectionError(f"time zone {zone} is not in this system's zone database "
-                                 "(install the tzdata package)") from None
+            raise SelectionError(
+                f"time zone {zone} is not in this system's zone database (install the tzdata package)"
+            ) from None
     delta = dt - TRACE_START[version]
     return TRACE_START_US + (delta // timedelta(microseconds=1))
 
@@ -158,8 +183,13 @@ class Selection:
             raise SelectionError(f"empty selection: --to ({self.end} us) is not after --from ({self.start} us)")
 
     def to_json(self) -> dict[str, Any]:
-        return {"from_us": self.start, "to_us": self.end, "from": self.given[0], "to": self.given[1],
-                "time_zone": self.time_zone}
+        return {
+            "from_us": self.start,
+            "to_us": self.end,
+            "from": self.given[0],
+            "to": self.given[1],
+            "time_zone": self.time_zone,
+        }
 
 
 def selection_of(source: Any, time_from: Any = None, time_to: Any = None) -> Selection | None:
@@ -172,8 +202,9 @@ def selection_of(source: Any, time_from: Any = None, time_to: Any = None) -> Sel
             zone = cell_time_zone(source)
     start = None if time_from is None else parse_time(time_from, source)
     end = None if time_to is None else parse_time(time_to, source)
-    return Selection(start, end, (None if time_from is None else str(time_from),
-                                  None if time_to is None else str(time_to)), zone)
+    return Selection(
+        start, end, (None if time_from is None else str(time_from), None if time_to is None else str(time_to)), zone
+    )
 
 
 # --------------------------------------------------------------------------------- rules
@@ -183,8 +214,8 @@ class Rule:
     ``hi`` column > from), ``lo`` column < to; NULL times are never selected."""
 
     name: str
-    lo: str                 # compared with to (and with from unless hi is set)
-    hi: str | None = None   # overlap: compared with from
+    lo: str  # compared with to (and with from unless hi is set)
+    hi: str | None = None  # overlap: compared with from
     uses_from: bool = True
     text: str = ""
 
@@ -196,23 +227,37 @@ class Rule:
 #: The rules, by name.
 RULES = {
     "start": Rule("start", "start_time", text="usage windows with start_time in [from, to)"),
-    "overlap": Rule("overlap", "start_time", "end_time",
-                    text="usage windows overlapping [from, to): start_time < to and end_time > from"),
+    "overlap": Rule(
+        "overlap",
+        "start_time",
+        "end_time",
+        text="usage windows overlapping [from, to): start_time < to and end_time > from",
+    ),
     "time": Rule("time", "time", text="events with time in [from, to)"),
-    "before-to": Rule("before-to", "time", uses_from=False, text="events with time < to (state up to the selection's end)"),
+    "before-to": Rule(
+        "before-to", "time", uses_from=False, text="events with time < to (state up to the selection's end)"
+    ),
 }
 #: Analyses whose rule is not their table's default.
 RULE_BY_ANALYSIS = {"overcommit": "overlap", "machine-shapes": "before-to"}
 #: Default rule of an analysis streaming each table.
-RULE_BY_TABLE = {"instance_usage": "start", "instance_events": "time", "collection_events": "time",
-                 "machine_events": "before-to", "machine_attributes": "before-to"}
+RULE_BY_TABLE = {
+    "instance_usage": "start",
+    "instance_events": "time",
+    "collection_events": "time",
+    "machine_events": "before-to",
+    "machine_attributes": "before-to",
+}
 
 
 def rule_of(analysis: Any) -> Rule:
     """The selection rule of an analysis: its ``selection_rule`` attribute, else
     :data:`RULE_BY_ANALYSIS`, else its table's default (:data:`RULE_BY_TABLE`)."""
-    name = getattr(analysis, "selection_rule", None) or RULE_BY_ANALYSIS.get(analysis.name) \
+    name = (
+        getattr(analysis, "selection_rule", None)
+        or RULE_BY_ANALYSIS.get(analysis.name)
         or RULE_BY_TABLE.get(analysis.table)
+    )
     if name is None:
         raise SelectionError(f"{analysis.name}: no time selection is defined for table {analysis.table}")
     return RULES[name]
@@ -283,8 +328,11 @@ class SelectedSource:
         """The selection, its read statistics and the span of each streamed table's time column
         in the whole dataset, ``data_span_us`` (``_run.json``'s ``selection``: a selection that
         keeps no row can then say where the data is)."""
-        return {**self.selection.to_json(), "read": {t: dict(s) for t, s in self.stats.items()},
-                "data_span_us": {t: data_span(self.inner, t) for t in self.stats}}
+        return {
+            **self.selection.to_json(),
+            "read": {t: dict(s) for t, s in self.stats.items()},
+            "data_span_us": {t: data_span(self.inner, t) for t in self.stats},
+        }
 
 
 def data_span(source: Any, table: str) -> dict[str, Any] | None:
@@ -335,7 +383,9 @@ def _count_selected(source: Any, table: str, rule: Rule, sel: Selection) -> int:
 
     n = 0
     for f in files:
-        groups = [g for g, (_, _, _, st) in enumerate(_file_groups(str(f), rule.columns)) if _group_may_hold(rule, sel, st)]
+        groups = [
+            g for g, (_, _, _, st) in enumerate(_file_groups(str(f), rule.columns)) if _group_may_hold(rule, sel, st)
+        ]
         if groups:
             with reading(f):
                 t = open_parquet(f).read_row_groups(groups, columns=list(rule.columns))
@@ -380,8 +430,9 @@ def bind(analysis: Any, sel: Selection) -> Any:
         cur, default = getattr(analysis, opt), fields[opt].default
         if cur != default and cur != val:
             flag = "--from" if opt == "window_start_us" else "--to"
-            raise SelectionError(f"{analysis.name}: option {opt}={cur} conflicts with {flag} ({val} us); "
-                                 "give one of them")
+            raise SelectionError(
+                f"{analysis.name}: option {opt}={cur} conflicts with {flag} ({val} us); give one of them"
+            )
         if cur != val:
             changes[opt] = val
     return dataclasses.replace(analysis, **changes) if changes else analysis
@@ -418,9 +469,16 @@ def _file_groups(path: str, columns: Sequence[str]) -> list[tuple[int, int, int,
     return out
 
 
-def prune_plans(source: Any, plans: dict[str, tuple[list[int], list[PartitionSpec]]], analyses: Sequence[Any],
-                partitions: int | str = 1, cut_points: Any = None, multiple_of: int = 1,
-                progress: Any = None, auto_rows: dict[str, int] | None = None) -> dict[str, tuple[list[int], list[PartitionSpec]]]:
+def prune_plans(
+    source: Any,
+    plans: dict[str, tuple[list[int], list[PartitionSpec]]],
+    analyses: Sequence[Any],
+    partitions: int | str = 1,
+    cut_points: Any = None,
+    multiple_of: int = 1,
+    progress: Any = None,
+    auto_rows: dict[str, int] | None = None,
+) -> dict[str, tuple[list[int], list[PartitionSpec]]]:
     """Each table's partitions reduced to the Parquet row groups that may hold selected rows (for
     any of the analyses streaming it), as :class:`SelectedSpec` (rows filtered before the partial).
 
@@ -437,8 +495,9 @@ def prune_plans(source: Any, plans: dict[str, tuple[list[int], list[PartitionSpe
     for table, (idx, specs) in plans.items():
         rules = [rule_of(analyses[k]) for k in idx]
         read_cols = sorted({c for k in idx for c in analyses[k].columns} | {c for r in rules for c in r.columns})
-        st = source.stats.setdefault(table, {"passes": 0, "row_groups": 0, "row_groups_read": 0, "bytes": 0,
-                                             "bytes_read": 0})
+        st = source.stats.setdefault(
+            table, {"passes": 0, "row_groups": 0, "row_groups_read": 0, "bytes": 0, "bytes_read": 0}
+        )
         st["passes"] += 1
         cache: dict[str, Any] = {}
         kept: list[list[Piece]] = []
@@ -467,19 +526,30 @@ def prune_plans(source: Any, plans: dict[str, tuple[list[int], list[PartitionSpe
             kept.append(pieces)
         if any(sp.grain is not None for sp in specs):
             # partitions of whole buckets (a bucketed layout): keep them, pruned inside
-            out[table] = (idx, [SelectedSpec(table, sp.index, tuple(ps), sp.grain, sp.buckets, sp.side, selection=sel)
-                                for sp, ps in zip(specs, kept, strict=True)])
+            out[table] = (
+                idx,
+                [
+                    SelectedSpec(table, sp.index, tuple(ps), sp.grain, sp.buckets, sp.side, selection=sel)
+                    for sp, ps in zip(specs, kept, strict=True)
+                ],
+            )
         else:
             if any(getattr(analyses[k], "whole_instances", False) for k in idx):
                 kept = [[p for ps in kept for p in ps]]  # every instance whole: still one partition
             elif cut_points is None and all(p.file is not None for ps in kept for p in ps):
-                kept = _recut([p for ps in kept for p in ps], partitions, multiple_of,
-                              (auto_rows or {}).get(table, AUTO_PARTITION_ROWS))
+                kept = _recut(
+                    [p for ps in kept for p in ps],
+                    partitions,
+                    multiple_of,
+                    (auto_rows or {}).get(table, AUTO_PARTITION_ROWS),
+                )
             out[table] = (idx, [SelectedSpec(table, k, tuple(ps), selection=sel) for k, ps in enumerate(kept)])
         if progress is not None:
             pct = 100.0 * st["bytes_read"] / st["bytes"] if st["bytes"] else 100.0
-            progress.phase(f"selection {sel.start}..{sel.end} us: {table}: {st['row_groups_read']} of "
-                           f"{st['row_groups']} row groups, {st['bytes_read']:,} of {st['bytes']:,} bytes ({pct:.1f}%)")
+            progress.phase(
+                f"selection {sel.start}..{sel.end} us: {table}: {st['row_groups_read']} of "
+                f"{st['row_groups']} row groups, {st['bytes_read']:,} of {st['bytes']:,} bytes ({pct:.1f}%)"
+            )
     return out
 
 
@@ -512,8 +582,9 @@ def extra_columns(spec: Any, analyses: Sequence[Any]) -> set[str]:
     return {c for a in analyses for c in rule_of(a).columns}
 
 
-def columns_for(spec: Any, analysis: Any, cols: dict[str, Any], backend: Any,
-                masks: dict[str, Any] | None = None) -> dict[str, Any]:
+def columns_for(
+    spec: Any, analysis: Any, cols: dict[str, Any], backend: Any, masks: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The columns handed to ``analysis.partial``: its own, rows filtered by its rule when the
     partition carries a selection (``masks`` caches one mask per rule across analyses)."""
     sel = getattr(spec, "selection", None)

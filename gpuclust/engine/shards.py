@@ -44,8 +44,19 @@ from gpuclust.partials import merge_keyed
 #: Largest key range of a shard merged into dense accumulators (else by insertion).
 DENSE_KEYS = 1 << 24
 
-__all__ = ["DENSE_KEYS", "DenseKeys", "SpillFolders", "SpillTarget", "Spilled", "as_spilled", "dense_target",
-           "finalize_parted", "merge_spilled", "reduce_shard", "spill"]
+__all__ = [
+    "DENSE_KEYS",
+    "DenseKeys",
+    "SpillFolders",
+    "SpillTarget",
+    "Spilled",
+    "as_spilled",
+    "dense_target",
+    "finalize_parted",
+    "merge_spilled",
+    "reduce_shard",
+    "spill",
+]
 
 
 class _Dense:
@@ -57,8 +68,9 @@ class _Dense:
         n = end - first
         self.first, self.end = first, end
         self.seen = np.zeros(n, dtype=bool)
-        self.sums = {f: np.zeros(n, dtype=np.float64 if v.dtype.kind == "f" else v.dtype)
-                     for f, v in empty.items() if f != "key"}
+        self.sums = {
+            f: np.zeros(n, dtype=np.float64 if v.dtype.kind == "f" else v.dtype) for f, v in empty.items() if f != "key"
+        }
 
     def add(self, piece: dict[str, np.ndarray]) -> None:
         off = piece["key"] - self.first
@@ -160,8 +172,9 @@ def merge_spilled(a: Analysis, x: Any, y: Any) -> Spilled:
     return Spilled(a.merge_rest(x.rest, y.rest), x.spills + y.spills, x.dense or y.dense)
 
 
-def _merge_dense(empty: dict[str, np.ndarray], pieces: Iterable[dict[str, np.ndarray]], first: int,
-                 end: int) -> dict[str, np.ndarray]:
+def _merge_dense(
+    empty: dict[str, np.ndarray], pieces: Iterable[dict[str, np.ndarray]], first: int, end: int
+) -> dict[str, np.ndarray]:
     """Merge keyed pieces whose keys lie in ``[first, end)`` into dense accumulators, one piece
     at a time (O(pieces + range), however many partitions touch the shard; every partition may
     touch every key of it).  Per key the values add in piece order, NaN as 0 (as
@@ -172,8 +185,17 @@ def _merge_dense(empty: dict[str, np.ndarray], pieces: Iterable[dict[str, np.nda
     return acc.take(first, end, release=True)
 
 
-def reduce_shard(a: Analysis, ctx: Any, rest: Any, index: int, lo: int, hi: int, spills: Sequence[Path],
-                 out: Path, dense: DenseKeys | None = None) -> tuple[dict[str, tuple[str, int]], Any]:
+def reduce_shard(
+    a: Analysis,
+    ctx: Any,
+    rest: Any,
+    index: int,
+    lo: int,
+    hi: int,
+    spills: Sequence[Path],
+    out: Path,
+    dense: DenseKeys | None = None,
+) -> tuple[dict[str, tuple[str, int]], Any]:
     """Shard ``index`` (``[lo, hi)``): its key ranges of every spill merged in order (or taken
     from ``dense``, the keyed partials merged in memory), finalized, each parted table's rows
     written as part ``index`` under ``out/<table>/``; returns ``({table: (file name, rows)}, extra)``."""
@@ -201,8 +223,15 @@ def reduce_shard(a: Analysis, ctx: Any, rest: Any, index: int, lo: int, hi: int,
     return {t: write_part(out / t, index, df) for t, df in rows.items()}, extra
 
 
-def finalize_parted(a: Analysis, ctx: Any, merged: Any, out: Path, spill_folder: SpillTarget,
-                    run_tasks: Callable[[list[tuple[Any, ...]]], list[Any]], progress: Any = None) -> dict[str, Any]:
+def finalize_parted(
+    a: Analysis,
+    ctx: Any,
+    merged: Any,
+    out: Path,
+    spill_folder: SpillTarget,
+    run_tasks: Callable[[list[tuple[Any, ...]]], list[Any]],
+    progress: Any = None,
+) -> dict[str, Any]:
     """The result of a parted analysis: the client's own partial (a flat source) spilled too
     (``spill_folder``: the partitions' spill target), the shards reduced by ``run_tasks`` (a list
     of :func:`reduce_shard` argument tuples -> their results, in order), the parted tables as
@@ -217,8 +246,7 @@ def finalize_parted(a: Analysis, ctx: Any, merged: Any, out: Path, spill_folder:
     shards = a.shards(ctx, sp.rest)
     if progress is not None:
         progress.phase(f"{a.label}: {len(shards)} shard(s) of {', '.join(a.parted) or 'keyed partials'}")
-    results = run_tasks([(a, ctx, sp.rest, i, lo, hi, sp.spills, out, sp.dense)
-                         for i, (lo, hi) in enumerate(shards)])
+    results = run_tasks([(a, ctx, sp.rest, i, lo, hi, sp.spills, out, sp.dense) for i, (lo, hi) in enumerate(shards)])
     tables = {t: PartedTable(out / t) for t in a.parted}
     extras = []
     for files, extra in results:

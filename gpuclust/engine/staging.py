@@ -61,12 +61,13 @@ class _Stager:
         raw = src.view(np.uint8).reshape(-1)
         cp = self.cp
         for off in range(0, raw.shape[0], self.nbytes):
-            piece = raw[off:off + self.nbytes]
+            piece = raw[off : off + self.nbytes]
             mem, view, done = self.bufs[self.turn]
             done.synchronize()  # the last copy out of this buffer has finished
-            view[:piece.shape[0]] = piece
-            cp.cuda.runtime.memcpyAsync(dst_ptr + off, mem.ptr, piece.shape[0],
-                                        cp.cuda.runtime.memcpyHostToDevice, self.stream.ptr)
+            view[: piece.shape[0]] = piece
+            cp.cuda.runtime.memcpyAsync(
+                dst_ptr + off, mem.ptr, piece.shape[0], cp.cuda.runtime.memcpyHostToDevice, self.stream.ptr
+            )
             done.record(self.stream)
             self.turn ^= 1
 
@@ -112,7 +113,7 @@ def _chunk_host(chunk: pa.Array, dtype: np.dtype) -> tuple[np.ndarray, np.ndarra
         values = np.frombuffer(chunk.buffers()[1], dtype, count=off + n)[off:]
         if chunk.null_count == 0:
             return values, None
-        return values, np.frombuffer(chunk.buffers()[0], np.uint8, count=(off + n + 7) // 8)[off // 8:]
+        return values, np.frombuffer(chunk.buffers()[0], np.uint8, count=(off + n + 7) // 8)[off // 8 :]
     return np.ascontiguousarray(_partition.column_to_numpy(chunk).astype(dtype, copy=False)), None
 
 
@@ -128,12 +129,13 @@ def fill_nulls(xp: Any, dest: Any, bits: Any, first_bit: int) -> None:
     [0.0, 1.0, nan, 3.0, 4.0]
     """
     n = int(dest.shape[0])
-    valid = xp.unpackbits(bits, bitorder="little")[first_bit:first_bit + n].view(bool)
+    valid = xp.unpackbits(bits, bitorder="little")[first_bit : first_bit + n].view(bool)
     dest[~valid] = null_value(dest.dtype)
 
 
-def _fill(t: pa.Table, dest: dict[str, Any], offset: int, copy: Callable[[Any, int, np.ndarray], None]
-          ) -> list[tuple[Any, int, int, np.ndarray, int]]:
+def _fill(
+    t: pa.Table, dest: dict[str, Any], offset: int, copy: Callable[[Any, int, np.ndarray], None]
+) -> list[tuple[Any, int, int, np.ndarray, int]]:
     """Write every column of ``t`` into rows ``offset...`` of the arrays in ``dest``, chunk by chunk
     (values as they are); returns the NULL fills still to do, ``(array, first row, rows,
     validity bytes, first bit)`` per chunk with NULLs (see :func:`fill_nulls`)."""
@@ -156,9 +158,14 @@ def column_dtypes(table: str, columns: Sequence[str]) -> dict[str, np.dtype]:
     return {c: np.dtype(schema.field(c).type.to_pandas_dtype()) for c in columns}
 
 
-def load_partitions(groups: Sequence[Sequence[_partition.PartitionSpec]], columns: Sequence[str], backend: Backend, *,
-                    threads: int = LOAD_THREADS, on_done: Callable[[_partition.PartitionSpec], None] | None = None,
-                    ) -> list[dict[str, Any]]:
+def load_partitions(
+    groups: Sequence[Sequence[_partition.PartitionSpec]],
+    columns: Sequence[str],
+    backend: Backend,
+    *,
+    threads: int = LOAD_THREADS,
+    on_done: Callable[[_partition.PartitionSpec], None] | None = None,
+) -> list[dict[str, Any]]:
     """Read ``columns`` once into ``backend`` memory: one dict of arrays per group of partitions
     (the partitions of a group, consecutive, fill consecutive rows of the group's arrays).
 
@@ -192,26 +199,27 @@ def load_partitions(groups: Sequence[Sequence[_partition.PartitionSpec]], column
     device = None if backend.name == "cpu" else xp.cuda.Device().id
 
     def host_copy(arr: np.ndarray, off: int, host: np.ndarray) -> None:
-        arr[off:off + host.shape[0]] = host
+        arr[off : off + host.shape[0]] = host
 
     def one(task: tuple[int, int, _partition.PartitionSpec, _partition.Piece]) -> None:
         gi, off, spec, piece = task
         t = _partition.read_piece(piece, spec.table, columns)
         if backend.name == "cpu":  # (xp is NumPy, or in tests an array module posing as a device's)
             for arr, o, n, bits, first in _fill(t, out[gi], off, host_copy):
-                fill_nulls(xp, arr[o:o + n], xp.asarray(bits), first)
+                fill_nulls(xp, arr[o : o + n], xp.asarray(bits), first)
         else:
             assert device is not None  # set for every backend but cpu
             with xp.cuda.Device(device):
                 st = _borrow(xp, device)
                 try:
-                    nulls = _fill(t, out[gi], off,
-                                  lambda arr, o, host: st.copy(arr.data.ptr + o * arr.dtype.itemsize, host))
+                    nulls = _fill(
+                        t, out[gi], off, lambda arr, o, host: st.copy(arr.data.ptr + o * arr.dtype.itemsize, host)
+                    )
                     st.finish()  # this partition's copies have landed: the NULL fills may follow
                 finally:
                     _give_back(device, st)
                 for arr, o, n, bits, first in nulls:  # only the validity bytes travel: n / 8 of them
-                    fill_nulls(xp, arr[o:o + n], xp.asarray(bits), first)
+                    fill_nulls(xp, arr[o : o + n], xp.asarray(bits), first)
                 xp.cuda.Stream.null.synchronize()
         with left_lock:
             left[id(spec)] -= 1

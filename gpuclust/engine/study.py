@@ -163,9 +163,19 @@ class Study:
         ``convert`` (to pandas).
     """
 
-    def __init__(self, source: Any, *, backend: str | Backend = "cpu", partitions: int | str = "auto",
-                 workers: int | None = None, load_threads: int = LOAD_THREADS, run_rows: int | None = None,
-                 progress: Any = None, scheduler: Any = None, memory_budget: int | str | None = None):
+    def __init__(
+        self,
+        source: Any,
+        *,
+        backend: str | Backend = "cpu",
+        partitions: int | str = "auto",
+        workers: int | None = None,
+        load_threads: int = LOAD_THREADS,
+        run_rows: int | None = None,
+        progress: Any = None,
+        scheduler: Any = None,
+        memory_budget: int | str | None = None,
+    ):
         tune_allocator()
         self.source = CachingSource(_partition.as_source(source))
         self.backend = get_backend(backend)
@@ -202,8 +212,10 @@ class Study:
         client = kw["scheduler"]
         if isinstance(client, str):
             self._exit.close()
-            raise ValueError(f"a study's scheduler keeps partitions on workers: use 'cuda', 'local:N', an address "
-                             f"or a distributed.Client, not {scheduler!r}")
+            raise ValueError(
+                f"a study's scheduler keeps partitions on workers: use 'cuda', 'local:N', an address "
+                f"or a distributed.Client, not {scheduler!r}"
+            )
         return WorkerResidency(client)
 
     def close(self) -> None:
@@ -228,8 +240,9 @@ class Study:
                 fit = max(1, self.memory_budget // (4 * _row_bytes(table)))
                 auto_rows = min(auto_rows, fit)
                 cap = min(cap, fit) if cap > 0 else 0
-            specs = _partition.plan_partitions(self.source.inner, table, self.partitions, multiple_of=multiple,
-                                               auto_rows=auto_rows)
+            specs = _partition.plan_partitions(
+                self.source.inner, table, self.partitions, multiple_of=multiple, auto_rows=auto_rows
+            )
             if self._remote is not None and cap > 0:  # a resident partition for every worker at least
                 cap = min(cap, max(1, math.ceil(sum(s.num_rows for s in specs) / max(1, self.workers))))
             if cap <= 0:
@@ -261,8 +274,11 @@ class Study:
     def resident_bytes(self) -> int:
         """Bytes of resident columns."""
         if self._remote is not None:
-            return sum(sum(s.num_rows for g in self._groups[t] for s in g) * d.itemsize
-                       for t, cols in self._remote_columns.items() for d in column_dtypes(t, sorted(cols)).values())
+            return sum(
+                sum(s.num_rows for g in self._groups[t] for s in g) * d.itemsize
+                for t, cols in self._remote_columns.items()
+                for d in column_dtypes(t, sorted(cols)).values()
+            )
         return sum(int(a.nbytes) for parts in self._resident.values() for p in parts for a in p.values())
 
     def persist(self, columns: Sequence[str] | Mapping[str, Sequence[str]] | None = None) -> Study:
@@ -309,8 +325,9 @@ class Study:
         once (one per engine thread), fit in the budget."""
         groups = self._plan(table)
         streamed = self._streamed.setdefault(table, set())
-        row_bytes = sum(d.itemsize for d in column_dtypes(table, sorted({*self._columns.get(table, ()), *columns}))
-                        .values())
+        row_bytes = sum(
+            d.itemsize for d in column_dtypes(table, sorted({*self._columns.get(table, ()), *columns})).values()
+        )
         new_bytes = sum(d.itemsize for d in column_dtypes(table, columns).values())
         rows = [sum(s.num_rows for s in g) for g in groups]
         resident = [i for i in range(len(groups)) if i not in streamed]
@@ -398,9 +415,16 @@ class Study:
         lock = threading.Lock()
         plans: dict[str, tuple[list[int], list[_partition.PartitionSpec]]] = {}
         for k, a in enumerate(ans):
-            idx, _ = plans.setdefault(a.table, ([], [
-                _partition.PartitionSpec(a.table, i, tuple(p for s in g for p in s.pieces))
-                for i, g in enumerate(self._plan(a.table))]))
+            idx, _ = plans.setdefault(
+                a.table,
+                (
+                    [],
+                    [
+                        _partition.PartitionSpec(a.table, i, tuple(p for s in g for p in s.pieces))
+                        for i, g in enumerate(self._plan(a.table))
+                    ],
+                ),
+            )
             idx.append(k)
         be, resident, remote = self.backend, self._resident, self._remote
         whole = self._whole_instance_plans(ans, plans)
@@ -410,7 +434,8 @@ class Study:
                     f"{', '.join(ans[k].name for k in whole[table][0])} need(s) every row of an instance in one piece, "
                     f"and {len(self._streamed[table])} of the {len(self._plan(table))} partitions of {table} (a flat "
                     "table: instances spread over its partitions) do not fit in the study's memory budget. Lay the "
-                    "dataset out by key (`gpuclust optimize DATASET`), or give the study more memory (memory_budget=)")
+                    "dataset out by key (`gpuclust optimize DATASET`), or give the study more memory (memory_budget=)"
+                )
         streamed = {t: set(v) for t, v in self._streamed.items() if v}
         load_threads = max(1, self.load_threads // max(1, self.workers))
         # partials nothing merges (their table is one resident partition) stay in device memory
@@ -422,7 +447,9 @@ class Study:
                     stay.update(id(ans[k]) for k in idx if ans[k].device_partial)
         shipped = {} if remote is None else dict(zip(map(id, ctxs), remote.scatter(ctxs), strict=True))
 
-        def partials(spec: _partition.PartitionSpec, sub: Sequence[Analysis], sub_ctxs: Sequence[Any], _spills: Any = None) -> list[Any]:
+        def partials(
+            spec: _partition.PartitionSpec, sub: Sequence[Analysis], sub_ctxs: Sequence[Any], _spills: Any = None
+        ) -> list[Any]:
             start = time.perf_counter()
             if remote is not None:  # on the worker holding the partition
                 out = remote.partials(spec.table, spec.index, sub, [shipped[id(c)] for c in sub_ctxs], be.name)
@@ -442,8 +469,9 @@ class Study:
 
         clock = time.perf_counter()
         if remote is not None:  # reduced on the workers: only each table's merged partials come back
-            merged = self._reduce_remote({**plans, **{("whole", t): v for t, v in whole.items()}}, ans, shipped,
-                                         ctxs, progress)
+            merged = self._reduce_remote(
+                {**plans, **{("whole", t): v for t, v in whole.items()}}, ans, shipped, ctxs, progress
+            )
             seconds["partials"] = time.perf_counter() - clock
         else:
             merged = merge_local(plans, ans, ctxs, be, self.workers, progress, partials)
@@ -460,8 +488,14 @@ class Study:
         self.last_run_seconds = seconds
         return out
 
-    def _reduce_remote(self, plans: dict[Any, tuple[list[int], list[Any]]], ans: list[Analysis],
-                       shipped: dict[int, Any], ctxs: list[Any], progress: Any) -> list[Any]:
+    def _reduce_remote(
+        self,
+        plans: dict[Any, tuple[list[int], list[Any]]],
+        ans: list[Analysis],
+        shipped: dict[int, Any],
+        ctxs: list[Any],
+        progress: Any,
+    ) -> list[Any]:
         """Each plan's partials reduced on the workers holding its partitions
         (:meth:`WorkerResidency.reduce`); per analysis, its merged partial."""
         assert self._remote is not None
@@ -471,8 +505,9 @@ class Study:
             table = specs[0].table
             if progress is not None:
                 _announce(progress, specs)
-            acc = self._remote.reduce(table, [s.index for s in specs], sub, [shipped[id(ctxs[k])] for k in idx],
-                                      self.backend.name)
+            acc = self._remote.reduce(
+                table, [s.index for s in specs], sub, [shipped[id(ctxs[k])] for k in idx], self.backend.name
+            )
             for k, p in zip(idx, acc, strict=True):
                 merged[k] = p
             if progress is not None:
@@ -480,8 +515,9 @@ class Study:
                     progress.partition_done(s.table, s.num_rows)
         return merged
 
-    def _whole_instance_plans(self, ans: list[Analysis], plans: dict[str, tuple[list[int], list[Any]]]
-                              ) -> dict[str, tuple[list[int], list[Any]]]:
+    def _whole_instance_plans(
+        self, ans: list[Analysis], plans: dict[str, tuple[list[int], list[Any]]]
+    ) -> dict[str, tuple[list[int], list[Any]]]:
         """Take the analyses that need whole instances (``Analysis.whole_instances``) out of
         ``plans`` where their table's resident partitions are not whole instance buckets: they
         run over the table's partitions joined into one (index -1)."""
@@ -502,8 +538,10 @@ class Study:
 
     def __repr__(self) -> str:
         res = {t: self.resident_columns(t) for t in self._resident}
-        return (f"Study(backend={self.backend.name!r}, resident={ {t: len(c) for t, c in res.items()} }, "
-                f"{self.resident_bytes / 2**20:.1f} MiB)")
+        return (
+            f"Study(backend={self.backend.name!r}, resident={ {t: len(c) for t, c in res.items()} }, "
+            f"{self.resident_bytes / 2**20:.1f} MiB)"
+        )
 
 
 def open_study(source: Any, *, backend: str | Backend = "cpu", **kw: Any) -> Study:

@@ -37,8 +37,9 @@ from gpuclust.engine.staging import load_partitions
 __all__ = ["WorkerResidency", "partials_of"]
 
 
-def partials_of(cols: Any, analyses: Sequence[Analysis], ctxs: Sequence[Any], backend: Any,
-                keep: Sequence[bool] | None = None) -> list[Any]:
+def partials_of(
+    cols: Any, analyses: Sequence[Analysis], ctxs: Sequence[Any], backend: Any, keep: Sequence[bool] | None = None
+) -> list[Any]:
     """Each analysis' partial over resident columns, moved to host memory (but where ``keep``
     says to leave it in backend memory: see :attr:`Analysis.device_partial`).  ``cols``: one
     resident partition's ``{column: array}``, or a list of them, joined first (whole instances on a
@@ -54,8 +55,9 @@ def partials_of(cols: Any, analyses: Sequence[Analysis], ctxs: Sequence[Any], ba
     return out
 
 
-def _load(group: Sequence[_partition.PartitionSpec], columns: Sequence[str], backend_name: str,
-          threads: int) -> dict[str, Any]:
+def _load(
+    group: Sequence[_partition.PartitionSpec], columns: Sequence[str], backend_name: str, threads: int
+) -> dict[str, Any]:
     """On a worker: one resident partition's columns, read once into the worker's backend memory."""
     return load_partitions([group], columns, get_backend(backend_name), threads=threads)[0]
 
@@ -88,8 +90,15 @@ class WorkerResidency:
         """The worker resident partition ``index`` is sent to (round robin)."""
         return self.workers[index % len(self.workers)]
 
-    def load(self, table: str, groups: Sequence[Sequence[_partition.PartitionSpec]], columns: Sequence[str],
-             backend_name: str, threads: int, on_done: Any = None) -> None:
+    def load(
+        self,
+        table: str,
+        groups: Sequence[Sequence[_partition.PartitionSpec]],
+        columns: Sequence[str],
+        backend_name: str,
+        threads: int,
+        on_done: Any = None,
+    ) -> None:
         """Load ``columns`` of every group on its worker (joined there with the columns it holds)
         and wait for all of them; a failed load raises here."""
         import distributed
@@ -115,14 +124,22 @@ class WorkerResidency:
         """Futures of the contexts (sent once per run, to the workers that need them)."""
         return self.client.scatter(list(ctxs), hash=False)
 
-    def partials(self, table: str, index: int, analyses: Sequence[Analysis], ctxs: Sequence[Any],
-                 backend_name: str) -> list[Any]:
+    def partials(
+        self, table: str, index: int, analyses: Sequence[Analysis], ctxs: Sequence[Any], backend_name: str
+    ) -> list[Any]:
         """The host partials of ``analyses`` over resident partition ``index`` of ``table``
         (``-1``: all of them as one), computed on the worker that holds it."""
         return self._partials_future(table, index, analyses, ctxs, backend_name).result()
 
-    def reduce(self, table: str, indices: Sequence[int], analyses: Sequence[Analysis], ctxs: Sequence[Any],
-               backend_name: str, split_every: int = 8) -> list[Any]:
+    def reduce(
+        self,
+        table: str,
+        indices: Sequence[int],
+        analyses: Sequence[Analysis],
+        ctxs: Sequence[Any],
+        backend_name: str,
+        split_every: int = 8,
+    ) -> list[Any]:
         """The merged host partials of ``analyses`` over the resident partitions ``indices`` of
         ``table``: each partition's on the worker holding it, merged there by the engine's tree
         (:class:`gpuclust.engine.local.MergeTree`: groups of ``split_every`` in partition order,
@@ -133,19 +150,24 @@ class WorkerResidency:
         if not level:
             raise ValueError("no partitions to reduce")
         while len(level) > 1:
-            level = [self.client.submit(merge_lists, list(analyses), *level[i:i + split_every], pure=False)
-                     for i in range(0, len(level), split_every)]
+            level = [
+                self.client.submit(merge_lists, list(analyses), *level[i : i + split_every], pure=False)
+                for i in range(0, len(level), split_every)
+            ]
         return level[0].result()
 
-    def _partials_future(self, table: str, index: int, analyses: Sequence[Analysis], ctxs: Sequence[Any],
-                         backend_name: str) -> Any:
+    def _partials_future(
+        self, table: str, index: int, analyses: Sequence[Analysis], ctxs: Sequence[Any], backend_name: str
+    ) -> Any:
         parts = self.futures[table]
         at = {}
         for k in [index] if index >= 0 else range(len(parts)):
             held = self.client.who_has([parts[k]]).get(parts[k].key) or ()
             if not held:
-                raise RuntimeError(f"resident partition {k} of {table} left the cluster with its worker; "
-                                   "call release() and persist() again")
+                raise RuntimeError(
+                    f"resident partition {k} of {table} left the cluster with its worker; "
+                    "call release() and persist() again"
+                )
             at[k] = {"workers": [held[0]], "allow_other_workers": False, "pure": False}
         if index >= 0:
             cols: Any = parts[index]

@@ -183,8 +183,21 @@ def ingest(
         except BlockingIOError:
             raise IngestUsageError(f"{out}: another ingest is writing into this dataset") from None
         report = _run(
-            srcs, version, out, cell, tier_map, max_reject_rate, workers, prog, extra_manifest, opts, t0, notes, prefer,
-            (sample, time_from, time_to), listing,
+            srcs,
+            version,
+            out,
+            cell,
+            tier_map,
+            max_reject_rate,
+            workers,
+            prog,
+            extra_manifest,
+            opts,
+            t0,
+            notes,
+            prefer,
+            (sample, time_from, time_to),
+            listing,
         )
     finally:
         lock.close()
@@ -219,7 +232,8 @@ def _lay_out(report: IngestReport, layout: str, prog: Progress | None) -> Ingest
 
     rep = optimize(report.out, progress=OptimizeProgress() if prog is not None else None)
     report.layout = "bucketed"
-    report.layout_note = (f"laid out by instance and machine: {rep.buckets} bucket(s) in {rep.seconds:.1f} s "
-                          "(`--layout flat` skips this)")
+    report.layout_note = (
+        f"laid out by instance and machine: {rep.buckets} bucket(s) in {rep.seconds:.1f} s (`--layout flat` skips this)"
+    )
     report.seconds += rep.seconds
     return report

@@ -64,19 +64,26 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "sampled machines / collections in every table that names them (docs/ingest.md)",
     )
     p.add_argument(
-        "--from", dest="time_from", metavar="T",
+        "--from",
+        dest="time_from",
+        metavar="T",
         help="keep usage windows ending after T (trace time like 1d, or wall-clock in the cell's time zone)",
     )
     p.add_argument(
-        "--to", dest="time_to", metavar="T",
+        "--to",
+        dest="time_to",
+        metavar="T",
         help="keep usage windows starting before T, and the events before T",
     )
     p.add_argument(
-        "--listing", metavar="FILE",
+        "--listing",
+        metavar="FILE",
         help="a bucket listing (`gsutil ls -l` output): an input smaller than listed fails as a truncated download",
     )
     p.add_argument(
-        "--layout", choices=("bucketed", "flat"), default="bucketed",
+        "--layout",
+        choices=("bucketed", "flat"),
+        default="bucketed",
         help="bucketed (default): once complete, lay the usage and event tables out by instance and machine "
         "(again after files are added), the layout every analysis holds its memory goal on; flat: leave new "
         "parts as read (e.g. while adding shards run by run), and lay it out at the end with `gpuclust optimize`",

@@ -30,8 +30,11 @@ def _hash(s: SourceFile, algorithm: str) -> tuple[SourceFile, str]:
 
 def _known_inputs(manifest: dict[str, Any]) -> dict[tuple[str, int, int], str]:
     """``(path, size, mtime_ns) -> content hash`` of the inputs a manifest records as done."""
-    return {(inp["path"], int(inp["size"]), int(inp["mtime_ns"])): key for key, inp in manifest["inputs"].items()
-            if inp.get("status") == "done" and inp.get("mtime_ns") is not None and inp.get("size") is not None}
+    return {
+        (inp["path"], int(inp["size"]), int(inp["mtime_ns"])): key
+        for key, inp in manifest["inputs"].items()
+        if inp.get("status") == "done" and inp.get("mtime_ns") is not None and inp.get("size") is not None
+    }
 
 
 def _identify(
@@ -108,8 +111,10 @@ def _check_listing(s: SourceFile, listing: dict[str, int], where: str, notes: li
         return s
     have = s.path.stat().st_size
     if have < want:
-        why = (f"{s.path}: truncated download: {have:,} of {want:,} bytes (the listing {where}); "
-               "download it again and re-run")
+        why = (
+            f"{s.path}: truncated download: {have:,} of {want:,} bytes (the listing {where}); "
+            "download it again and re-run"
+        )
     elif have > want:
         why = f"{s.path}: {have:,} bytes, but the listing {where} says {want:,}: not the listed object"
     else:

@@ -126,7 +126,9 @@ def _cast_isolating(arr: pa.Array, target: pa.DataType, col: str, bad: np.ndarra
     return out_arr
 
 
-def conform(table: str, columns: Mapping[str, pa.Array | pa.ChunkedArray], n: int) -> tuple[pa.Table, np.ndarray, list[str | None]]:
+def conform(
+    table: str, columns: Mapping[str, pa.Array | pa.ChunkedArray], n: int
+) -> tuple[pa.Table, np.ndarray, list[str | None]]:
     """Cast ``columns`` to the canonical schema of ``table`` with row-level rejection.
 
     Parameters
@@ -167,7 +169,11 @@ def conform(table: str, columns: Mapping[str, pa.Array | pa.ChunkedArray], n: in
         arr = _cast_isolating(arr, fld.type, fld.name, bad, why)
         if fld.name in defaults and arr.null_count:
             arr = arrays.from_numpy(arrays.values(arr, fill=int(defaults[fld.name])), fld.type)
-        lohi = MACHINE_EVENT_TYPE_RANGE if (table == "machine_events" and fld.name == "type") else CODE_RANGES.get(fld.name)
+        lohi = (
+            MACHINE_EVENT_TYPE_RANGE
+            if (table == "machine_events" and fld.name == "type")
+            else CODE_RANGES.get(fld.name)
+        )
         if lohi is not None:
             valid = arrays.valid(arr)
             vv = arrays.values(arr, fill=lohi[0])

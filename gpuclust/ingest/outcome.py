@@ -94,8 +94,7 @@ class IngestReport:
         lines.extend(f"note: {n}" for n in self.notes)
         for f in self.files:
             if f.status in ("skipped", "duplicate"):
-                why = ("already ingested" if f.status == "skipped"
-                       else "the same content as another input of this run")
+                why = "already ingested" if f.status == "skipped" else "the same content as another input of this run"
                 lines.append(f"  {f.path}: skipped, {why}")
                 continue
             w = sum(f.rows_written.values())

@@ -131,8 +131,10 @@ def _settle_manifest(
     if m["inputs"] and not IngestSelection.same(m.get("selection"), select):
         was = (m.get("selection") or {}).get("text") or "everything (no selection)"
         now = select.describe() if select is not None else "everything (no selection)"
-        raise IngestUsageError(f"{out} was ingested with selection {was!r}; this run asks for {now!r}. A dataset "
-                               "holds one selection: give the same --sample / --from / --to, or use a new folder")
+        raise IngestUsageError(
+            f"{out} was ingested with selection {was!r}; this run asks for {now!r}. A dataset "
+            "holds one selection: give the same --sample / --from / --to, or use a new folder"
+        )
     if select is not None:
         m["selection"] = select.to_json()
         opts = replace(opts, select=select)
@@ -229,8 +231,10 @@ def _recorder(
                 f"({res.rows_rejected / res.rows_read:.2%}), over --max-reject-rate {max_reject_rate:.2%}"
             )
         if res.content_hash in m["inputs"]:  # hashed while read, and changed since it was sized
-            warn(f"{res.path} has the same content as {m['inputs'][res.content_hash].get('path')} "
-                 f"({algorithm} {res.content_hash[:16]}...) after all; ingested once")
+            warn(
+                f"{res.path} has the same content as {m['inputs'][res.content_hash].get('path')} "
+                f"({algorithm} {res.content_hash[:16]}...) after all; ingested once"
+            )
             reports[i] = FileReport(res.path, res.content_hash, "duplicate", res.format, res.source_table)
             return  # its staged files are removed with the staging folder
         m["inputs"][res.content_hash] = res.manifest_entry()
@@ -275,8 +279,9 @@ def _read_all(
     todo.sort(key=lambda t: -t[1].path.stat().st_size)  # big files first balances the pool
     if nworkers == 1 or len(todo) <= 1:
         for i, s, sha in todo:
-            res = ingest_file(s, sha, out, opts, progress=prog.update if prog is not None else None,
-                              algorithm=algorithm)
+            res = ingest_file(
+                s, sha, out, opts, progress=prog.update if prog is not None else None, algorithm=algorithm
+            )
             record(i, res)
     else:
         _run_pool(todo, out, opts, min(nworkers, len(todo)), prog, record, algorithm)

@@ -74,8 +74,11 @@ def sample_hash(ids: np.ndarray) -> np.ndarray:
 
 def int_values(arr: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
     """An integer Arrow column as (int64 values, NULL 0; valid) NumPy arrays, for :meth:`IngestSelection.mask`."""
-    valid = np.ones(len(arr), bool) if not arr.null_count else \
-        np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+    valid = (
+        np.ones(len(arr), bool)
+        if not arr.null_count
+        else np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+    )
     vals = arr.fill_null(0).to_numpy() if arr.null_count else arr.to_numpy()
     return np.asarray(vals).astype(np.int64, copy=False), valid
 
@@ -93,8 +96,14 @@ class IngestSelection:
     given: tuple[str | None, str | None] = (None, None)
 
     @classmethod
-    def parse(cls, sample: str | None = None, time_from: Any = None, time_to: Any = None,
-              trace_version: str | None = None, cell: str | None = None) -> IngestSelection | None:
+    def parse(
+        cls,
+        sample: str | None = None,
+        time_from: Any = None,
+        time_to: Any = None,
+        trace_version: str | None = None,
+        cell: str | None = None,
+    ) -> IngestSelection | None:
         """The selection of ``--sample`` / ``--from`` / ``--to`` (``None`` when none is given)."""
         if sample is None and time_from is None and time_to is None:
             return None
@@ -102,8 +111,10 @@ class IngestSelection:
         if sample is not None:
             m = _SPEC.match(sample)
             if not m or m.group(1) not in SAMPLE_KEYS:
-                raise SelectionSpecError(f"--sample {sample!r}: expected machines=P or collections=P "
-                                         "(P a percentage like 1% or a fraction like 0.01)")
+                raise SelectionSpecError(
+                    f"--sample {sample!r}: expected machines=P or collections=P "
+                    "(P a percentage like 1% or a fraction like 0.01)"
+                )
             key, frac = m.group(1), float(m.group(2)) / (100.0 if m.group(3) else 1.0)
             if not 0.0 < frac <= 1.0:
                 raise SelectionSpecError(f"--sample {sample!r}: the fraction must be in (0, 100%]")
@@ -118,8 +129,13 @@ class IngestSelection:
                 raise SelectionSpecError(str(e)) from None
             assert sel is not None  # None only when neither bound is given
             lo, hi = sel.start, sel.end
-        return cls(key, frac, lo, hi, (None if time_from is None else str(time_from),
-                                       None if time_to is None else str(time_to)))
+        return cls(
+            key,
+            frac,
+            lo,
+            hi,
+            (None if time_from is None else str(time_from), None if time_to is None else str(time_to)),
+        )
 
     @property
     def threshold(self) -> int:
@@ -137,11 +153,21 @@ class IngestSelection:
         return "; ".join(parts)
 
     def to_json(self) -> dict[str, Any]:
-        return {"sample": None if self.sample_key is None else
-                {"key": self.sample_key, "column": SAMPLE_KEYS[self.sample_key], "fraction": self.fraction,
-                 "hash": HASH_NAME},
-                "from_us": self.time_from, "to_us": self.time_to, "from": self.given[0], "to": self.given[1],
-                "text": self.describe()}
+        return {
+            "sample": None
+            if self.sample_key is None
+            else {
+                "key": self.sample_key,
+                "column": SAMPLE_KEYS[self.sample_key],
+                "fraction": self.fraction,
+                "hash": HASH_NAME,
+            },
+            "from_us": self.time_from,
+            "to_us": self.time_to,
+            "from": self.given[0],
+            "to": self.given[1],
+            "text": self.describe(),
+        }
 
     @staticmethod
     def same(recorded: dict[str, Any] | None, new: IngestSelection | None) -> bool:

@@ -360,7 +360,7 @@ def _name_by_hash(res: FileResult, digest: content_hash.StreamHash, stage: Path,
     try:
         for rel in res.outputs:
             table, name = rel.split("/", 1)
-            to = f"{table}/{new}{name[len(st):]}"
+            to = f"{table}/{new}{name[len(st) :]}"
             os.replace(stage / rel, stage / to)
             renamed.append(to)
         for folder in {(stage / rel).parent for rel in renamed}:

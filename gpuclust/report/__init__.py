@@ -20,8 +20,15 @@ from gpuclust.report.folder import RUN_FILE, OutputError, ResultsFolder
 __all__ = ["RUN_FILE", "OutputError", "ResultsFolder", "render", "write_results", "write_run_file"]
 
 
-def render(results: Mapping[str, Mapping[str, pd.DataFrame]], analyses: Mapping[str, Any], folder: Path, *,
-           plots: bool = True, subject: str | None = None, selection: Mapping[str, Any] | None = None) -> list[str]:
+def render(
+    results: Mapping[str, Mapping[str, pd.DataFrame]],
+    analyses: Mapping[str, Any],
+    folder: Path,
+    *,
+    plots: bool = True,
+    subject: str | None = None,
+    selection: Mapping[str, Any] | None = None,
+) -> list[str]:
     """Write ``<analysis>/<table>.parquet``, ``<analysis>/<analysis>.png`` and ``summary.txt`` into
     ``folder``; returns the paths written, relative to ``folder``.
 
@@ -88,9 +95,14 @@ def write_run_file(folder: Path, files: list[str], info: Mapping[str, Any]) -> s
     return RUN_FILE
 
 
-def write_results(results: Mapping[str, Mapping[str, pd.DataFrame]], analyses: Mapping[str, Any],
-                  out: str | os.PathLike[str], *, plots: bool = True,
-                  run_info: Mapping[str, Any] | None = None) -> list[Path]:
+def write_results(
+    results: Mapping[str, Mapping[str, pd.DataFrame]],
+    analyses: Mapping[str, Any],
+    out: str | os.PathLike[str],
+    *,
+    plots: bool = True,
+    run_info: Mapping[str, Any] | None = None,
+) -> list[Path]:
     """Write a results folder ``out`` as a whole (replacing an earlier run's; see
     :mod:`gpuclust.report.folder`).
 

@@ -30,8 +30,9 @@ def trace_hours(us: Any) -> np.ndarray:
     return np.asarray(us, dtype=np.float64) / 3.6e9
 
 
-def edge_buckets(starts_us: Sequence[int] | np.ndarray, width_us: float, lo_us: float | None = None,
-                 hi_us: float | None = None) -> list[tuple[float, float, str]]:
+def edge_buckets(
+    starts_us: Sequence[int] | np.ndarray, width_us: float, lo_us: float | None = None, hi_us: float | None = None
+) -> list[tuple[float, float, str]]:
     """The first and last buckets that the data ``[lo_us, hi_us)`` covers only in part, as
     ``(start_us, end_us, why)``.  ``lo_us`` defaults to the trace start; with ``hi_us`` unknown
     the last bucket is reported as possibly partial."""

@@ -70,8 +70,12 @@ def plot_cell_usage(result: dict[str, Any], path: Path, *, title: str = "cell-us
         if n_unknown:
             ax.text(0.01, 0.03, f"{n_unknown} (bucket, tier) value(s) unknown: gaps", size="small")
         for i, (a, b, _why) in enumerate(edge_buckets(starts, width_us)):
-            ax.axvspan(float(trace_hours(a)), float(trace_hours(b)), hatch=True,
-                       label="partial bucket (data covers part of it)" if ax is axes[0] and i == 0 else None)
+            ax.axvspan(
+                float(trace_hours(a)),
+                float(trace_hours(b)),
+                hatch=True,
+                label="partial bucket (data covers part of it)" if ax is axes[0] and i == 0 else None,
+            )
         cap = _info(result, f"{col}_capacity")
         ax.ylabel = f"{what} usage / capacity" + (f"\n(capacity {float(cap):.4g})" if cap is not None else "")  # type: ignore[arg-type]
     axes[0].legend(loc="upper left", outside=True, size="small", title="tier")

@@ -23,23 +23,41 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     from gpuclust.engine.command import OPTIONS_EPILOG, AnalysesHelpFormatter, add_run_options
 
     p = subparsers.add_parser(
-        "report", help="one self-contained HTML page (or CSV files) of a dataset's analyses",
+        "report",
+        help="one self-contained HTML page (or CSV files) of a dataset's analyses",
         description=textwrap.fill(
             "Run the analyses a dataset can run (or the NAMEs) into a results folder, or reuse it when its _run.json "
             "says it holds the same dataset (not written since), analyses and options; then write one "
             "self-contained HTML page: provenance, data quality, and per analysis a caption, the figure (hover for "
-            "values) and the key numbers. --format csv writes every result table as CSV instead.", 88),
-        epilog=OPTIONS_EPILOG, formatter_class=AnalysesHelpFormatter)
+            "values) and the key numbers. --format csv writes every result table as CSV instead.",
+            88,
+        ),
+        epilog=OPTIONS_EPILOG,
+        formatter_class=AnalysesHelpFormatter,
+    )
     p.add_argument("dataset", metavar="DATASET", help="canonical dataset folder (from `gpuclust ingest`)")
-    p.add_argument("names", metavar="NAME", nargs="*",
-                   help=f"analyses (default: every one the dataset can run): {', '.join(names())}")
-    p.add_argument("--out", required=True, metavar="PATH",
-                   help="the page to write (report.html); with --format csv, a folder")
-    p.add_argument("--format", choices=("html", "csv"), default="html",
-                   help="html: one page with figures and key numbers (default); csv: every result table as "
-                   "<analysis>/<table>.csv, for spreadsheets")
-    p.add_argument("--results", default=None, metavar="DIR",
-                   help="results folder to reuse or (re)write (default: OUT's name + '-results', beside it)")
+    p.add_argument(
+        "names",
+        metavar="NAME",
+        nargs="*",
+        help=f"analyses (default: every one the dataset can run): {', '.join(names())}",
+    )
+    p.add_argument(
+        "--out", required=True, metavar="PATH", help="the page to write (report.html); with --format csv, a folder"
+    )
+    p.add_argument(
+        "--format",
+        choices=("html", "csv"),
+        default="html",
+        help="html: one page with figures and key numbers (default); csv: every result table as "
+        "<analysis>/<table>.csv, for spreadsheets",
+    )
+    p.add_argument(
+        "--results",
+        default=None,
+        metavar="DIR",
+        help="results folder to reuse or (re)write (default: OUT's name + '-results', beside it)",
+    )
     p.add_argument("--rerun", action="store_true", help="run the analyses even when DIR holds matching results")
     add_run_options(p)
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr (notes and warnings stay)")
@@ -58,8 +76,10 @@ def _wanted(analyses: list[Any]) -> list[dict[str, Any]]:
     from gpuclust.analyses.options import options_of
     from gpuclust.report import _jsonable
 
-    return [{"name": a.name, "options": _jsonable({o.name: getattr(a, o.name) for o in options_of(type(a))})}
-            for a in analyses]
+    return [
+        {"name": a.name, "options": _jsonable({o.name: getattr(a, o.name) for o in options_of(type(a))})}
+        for a in analyses
+    ]
 
 
 def reusable(results: str | Path, dataset: str | Path, analyses: list[Any], selection: tuple[Any, Any]) -> str | None:
@@ -106,8 +126,9 @@ def _default_results(out: str | Path) -> Path:
     return out.with_name(f"{out.stem if out.suffix == '.html' else out.name}-results")
 
 
-def _matching_results(out: str | Path, dataset: str | Path, analyses: list[Any],
-                      selection: tuple[Any, Any]) -> Path | None:
+def _matching_results(
+    out: str | Path, dataset: str | Path, analyses: list[Any], selection: tuple[Any, Any]
+) -> Path | None:
     """A results folder beside ``out`` (a sibling folder with a ``_run.json``, newest first) that
     :func:`reusable` accepts, so that ``--format csv`` after the page (or a second page) reuses the
     results the first one wrote instead of computing them again into a folder of its own."""
@@ -179,10 +200,21 @@ def main(args: argparse.Namespace) -> int:
         else:
             if not args.quiet:
                 say(f"running {', '.join(names)} into {results} ({why})")
-            analyze(args.dataset, analyses, out=results, backend=args.backend, scheduler=args.scheduler,
-                    partitions=args.partitions, plots=False, workers=args.workers,
-                    progress=None if args.quiet else RunProgress(), note=say, time_from=args.time_from,
-                    time_to=args.time_to, memory_limit=args.memory_limit)
+            analyze(
+                args.dataset,
+                analyses,
+                out=results,
+                backend=args.backend,
+                scheduler=args.scheduler,
+                partitions=args.partitions,
+                plots=False,
+                workers=args.workers,
+                progress=None if args.quiet else RunProgress(),
+                note=say,
+                time_from=args.time_from,
+                time_to=args.time_to,
+                memory_limit=args.memory_limit,
+            )
         if args.format == "csv":
             from gpuclust.report.csv_out import write_csv
 
@@ -195,6 +227,8 @@ def main(args: argparse.Namespace) -> int:
     except analyze_errors() as e:
         say(f"error: {' '.join(str(e).split())}")
         return 2
-    print(f"{page.path}  ({page.bytes / 1024:.0f} KiB, {page.sections} analyses, {page.figures} figures; "
-          f"results in {results})")
+    print(
+        f"{page.path}  ({page.bytes / 1024:.0f} KiB, {page.sections} analyses, {page.figures} figures; "
+        f"results in {results})"
+    )
     return 0

@@ -24,8 +24,11 @@ def _relative_bins(binned: Any, regression: Any, variable: str) -> dict[str, np.
 
     fit = strings(regression, "fit")
     per = fit == "per-platform"
-    ref = dict(zip(strings(regression, "platform_id")[per].tolist(), numbers(regression, "cpi_mean")[per].tolist(),
-                   strict=True))
+    ref = dict(
+        zip(
+            strings(regression, "platform_id")[per].tolist(), numbers(regression, "cpi_mean")[per].tolist(), strict=True
+        )
+    )
     keep = strings(binned, "variable") == variable
     r = np.asarray([ref.get(p, np.nan) for p in strings(binned, "platform_id")[keep].tolist()], dtype=np.float64)
     cs = numbers(binned, "cpu_seconds")[keep]
@@ -66,8 +69,10 @@ def plot_cpi(result: dict[str, Any], path: Path, *, title: str = "cpi", min_wind
     fig = Figure(10, 4.5)
     axes = fig.subplots(1, 2, sharey=True)
     ys: list[np.ndarray] = []
-    for ax, var, xlabel in ((axes[0], "util", "machine CPU utilisation in the 5-min cell (fraction of capacity)"),
-                            (axes[1], "k", "tasks on the machine in the 5-min cell (top-level usage rows)")):
+    for ax, var, xlabel in (
+        (axes[0], "util", "machine CPU utilisation in the 5-min cell (fraction of capacity)"),
+        (axes[1], "k", "tasks on the machine in the 5-min cell (top-level usage rows)"),
+    ):
         g = _relative_bins(binned, reg, var)
         keep = g["n"] >= min_windows
         g = {k: v[keep] for k, v in g.items()}
@@ -98,7 +103,10 @@ def plot_cpi(result: dict[str, Any], path: Path, *, title: str = "cpi", min_wind
         for ax in axes:
             ax.ylim = (float(y.min()) - pad, float(y.max()) + pad)
     axes[0].ylabel = "CPI / platform mean CPI"
-    fig.set_title(title, "CPI interference: CPI relative to its platform's mean against machine load, with the "
-                  "platform-fixed-effects fit (binned, CPU-second weighted)")
+    fig.set_title(
+        title,
+        "CPI interference: CPI relative to its platform's mean against machine load, with the "
+        "platform-fixed-effects fit (binned, CPU-second weighted)",
+    )
     fig.save(path)
     return True

@@ -36,8 +36,9 @@ def plot_data_quality(result: dict[str, Any], path: Path, *, title: str = "data-
     tables = list(dict.fromkeys(table.tolist()))
     y = np.arange(table.size)[::-1]
     ax.barh(y, share, color=[f"C{tables.index(t)}" for t in table.tolist()])
-    ax.set_yticks(y.tolist(), [f"{t}: {c}" for t, c in zip(table.tolist(), check.tolist(), strict=True)],
-                  size="x-small")
+    ax.set_yticks(
+        y.tolist(), [f"{t}: {c}" for t, c in zip(table.tolist(), check.tolist(), strict=True)], size="x-small"
+    )
     for yy, sh, n, u in zip(y.tolist(), share.tolist(), count.tolist(), unit.tolist(), strict=True):
         ax.text_at(sh, yy, f"{int(n):,} {u}", size="xx-small", va="center", dx=2.0)
     ax.xscale = "log"
@@ -50,7 +51,7 @@ def plot_data_quality(result: dict[str, Any], path: Path, *, title: str = "data-
         ax2 = axes[1]
         lo, hi = numbers(hist, "lo_ratio"), numbers(hist, "hi_ratio")
         lo = np.where(lo <= 0, 1e-4, lo)
-        hi = np.where(np.isinf(hi), lo * 10 ** 0.05, hi)
+        hi = np.where(np.isinf(hi), lo * 10**0.05, hi)
         ax2.rects(lo, hi, 0.0, numbers(hist, "windows"), color="C0")
         ax2.axvline(1.0, color="grey", lw=0.8)
         ax2.xscale = "log"
@@ -59,7 +60,10 @@ def plot_data_quality(result: dict[str, Any], path: Path, *, title: str = "data-
         ax2.xlabel = "max_cpu / cpu_p100 (line: 1)"
         ax2.ylabel = "usage windows"
         ax2.title = "max_cpu / cpu_p100 per usage window"
-    fig.set_title(title, "what each data-quality check flags: share and count, by table" +
-                  ("; and how the usage windows' max_cpu compares with their cpu_p100" if has_hist else ""))
+    fig.set_title(
+        title,
+        "what each data-quality check flags: share and count, by table"
+        + ("; and how the usage windows' max_cpu compares with their cpu_p100" if has_hist else ""),
+    )
     fig.save(path)
     return True

@@ -34,8 +34,9 @@ def _key_text(v: object, column: str = "") -> str:
     return str(v)
 
 
-def plot_usage_distribution(result: dict[str, Any], path: Path, *, title: str = "usage-distribution",
-                            top: int = 6) -> bool:
+def plot_usage_distribution(
+    result: dict[str, Any], path: Path, *, title: str = "usage-distribution", top: int = 6
+) -> bool:
     """Mixture CDFs of the ``top`` heaviest groups (solid) and the weighted-average-of-percentiles
     shortcut (dashed); ``False`` when there is no group with weight."""
     from gpuclust.analyses.usage_distribution import heaviest_groups
@@ -57,10 +58,20 @@ def plot_usage_distribution(result: dict[str, Any], path: Path, *, title: str = 
         xn = naive[ncols].iloc[i].to_numpy(np.float64)
         for ax in axes:
             ax.plot(x, lv, color=color, label=f"{label} (mixture)" if ax is axes[0] else None)
-            ax.plot(xn, nlv, color=color, dash=True, alpha=0.7,
-                    label=f"{label} (avg of percentiles)" if ax is axes[0] else None)
-    tail_x = np.concatenate([qd[qcols].iloc[order].to_numpy(np.float64)[:, lv >= 0.9].ravel(),
-                             naive[ncols].iloc[order].to_numpy(np.float64)[:, nlv >= 0.9].ravel()])
+            ax.plot(
+                xn,
+                nlv,
+                color=color,
+                dash=True,
+                alpha=0.7,
+                label=f"{label} (avg of percentiles)" if ax is axes[0] else None,
+            )
+    tail_x = np.concatenate(
+        [
+            qd[qcols].iloc[order].to_numpy(np.float64)[:, lv >= 0.9].ravel(),
+            naive[ncols].iloc[order].to_numpy(np.float64)[:, nlv >= 0.9].ravel(),
+        ]
+    )
     tail_x = tail_x[np.isfinite(tail_x)]
     body = [c for c, x in zip(qcols, lv, strict=True) if x <= 0.99]
     x99 = np.nanmax(qd[body].iloc[order].to_numpy(np.float64)) if body else np.nan
@@ -77,7 +88,10 @@ def plot_usage_distribution(result: dict[str, Any], path: Path, *, title: str = 
     axes[1].xlabel = "CPU (log scale)"
     axes[0].title = "body (up to the largest p99)"
     axes[1].title = "tail (levels 0.9-1)"
-    fig.set_title(title, "CPU usage distribution per group: exact mixture (solid) against the average of the "
-                  "windows' percentiles (dashed, the usual shortcut)")
+    fig.set_title(
+        title,
+        "CPU usage distribution per group: exact mixture (solid) against the average of the "
+        "windows' percentiles (dashed, the usual shortcut)",
+    )
     fig.save(path)
     return True

@@ -69,19 +69,23 @@ class ResultsFolder:
             return
         legacy = (p / "summary.txt").is_file() and all(
             e.name == "summary.txt" or e.name.startswith(".") or e.is_dir() and not (e / "manifest.json").exists()
-            for e in entries)
+            for e in entries
+        )
         if not legacy:
-            raise OutputError(p, f"folder exists and holds files that are not gpuclust results (no {RUN_FILE}); "
-                              "choose a new or empty folder")
+            raise OutputError(
+                p,
+                f"folder exists and holds files that are not gpuclust results (no {RUN_FILE}); "
+                "choose a new or empty folder",
+            )
 
     def _sweep(self) -> None:
         """Remove temporary siblings left by runs whose process is gone."""
         with contextlib.suppress(OSError):
             for q in self.path.parent.glob(f".{self.path.name}.gpuclust-*"):
-                tag = q.name[len(self.path.name) + 1:]
+                tag = q.name[len(self.path.name) + 1 :]
                 if not tag.startswith((_TMP, _OLD)):
                     continue
-                pid = tag[len(_TMP):].split("-", 1)[0]
+                pid = tag[len(_TMP) :].split("-", 1)[0]
                 if pid.isdigit() and not _alive(int(pid)):
                     shutil.rmtree(q, ignore_errors=True)
 
@@ -108,8 +112,9 @@ class ResultsFolder:
         return self
 
     # ------------------------------------------------------------------------- writing
-    def write(self, results: Any, analyses: Any, *, plots: bool = True,
-              run_info: dict[str, Any] | None = None) -> list[Path]:
+    def write(
+        self, results: Any, analyses: Any, *, plots: bool = True, run_info: dict[str, Any] | None = None
+    ) -> list[Path]:
         """Write the results into the temporary folder (see :func:`gpuclust.report.render`); the
         paths returned are where the files will be after :meth:`commit`."""
         from gpuclust.report import render, write_run_file
@@ -121,8 +126,9 @@ class ResultsFolder:
 
             who = subject(run_info, manifest_facts(run_info["dataset"]))
         try:
-            rel = render(results, analyses, self.tmp, plots=plots, subject=who,
-                         selection=(run_info or {}).get("selection"))
+            rel = render(
+                results, analyses, self.tmp, plots=plots, subject=who, selection=(run_info or {}).get("selection")
+            )
             rel.append(write_run_file(self.tmp, rel, run_info or {}))
         except OSError as e:
             raise OutputError(self.path, e) from None

@@ -44,18 +44,23 @@ def _table(df: pd.DataFrame) -> str:
 
     if df.empty:
         return '<p class="note">No key numbers (the table is empty).</p>'
-    more = (f'<p class="note">The first {MAX_ROWS} of {len(df):,} rows; every row is in the results folder '
-            "(or <code>--format csv</code>).</p>" if len(df) > MAX_ROWS else "")
+    more = (
+        f'<p class="note">The first {MAX_ROWS} of {len(df):,} rows; every row is in the results folder '
+        "(or <code>--format csv</code>).</p>"
+        if len(df) > MAX_ROWS
+        else ""
+    )
     if len(df.columns) > 8:  # every column is there; a narrow window scrolls the table
-        more = (f'<p class="note">{len(df.columns)} columns: scroll the table sideways to see them all.</p>'
-                + more)
+        more = f'<p class="note">{len(df.columns)} columns: scroll the table sideways to see them all.</p>' + more
     df = df.head(MAX_ROWS)
     text_cols = {c for c in df.columns if not pd.api.types.is_numeric_dtype(df[c])}
     head = "".join(f'<th class="{"t" if c in text_cols else ""}">{html.escape(str(c))}</th>' for c in df.columns)
     rows = []
     for rec in df.itertuples(index=False):
-        cells = "".join(f'<td class="{"t" if c in text_cols else ""}">{html.escape(format_value(v))}</td>'
-                        for c, v in zip(df.columns, rec, strict=True))
+        cells = "".join(
+            f'<td class="{"t" if c in text_cols else ""}">{html.escape(format_value(v))}</td>'
+            for c, v in zip(df.columns, rec, strict=True)
+        )
         rows.append(f"<tr>{cells}</tr>")
     return f'<div class="key-wrap"><table class="key"><tr>{head}</tr>{"".join(rows)}</table></div>{more}'
 
@@ -115,7 +120,7 @@ class FigureCache:
         if not text.startswith(tag):
             return None
         self.hits += 1
-        body = text[len(tag):]
+        body = text[len(tag) :]
         return "" if body == _NONE else body
 
     def put(self, key: str, name: str, title: str, svg: str | None) -> None:
@@ -130,8 +135,9 @@ class FigureCache:
             pass
 
 
-def _figure(name: str, key: str, tables: Mapping[str, Any], title: str, tmp: Path, index: int,
-            cache: FigureCache | None = None) -> str | None:
+def _figure(
+    name: str, key: str, tables: Mapping[str, Any], title: str, tmp: Path, index: int, cache: FigureCache | None = None
+) -> str | None:
     """The figure of one analysis as inline SVG, or ``None`` when it has nothing to plot; taken
     from ``cache`` when it holds it (else drawn, and put there)."""
     from gpuclust.report.svg import inline_svg
@@ -148,15 +154,23 @@ def _figure(name: str, key: str, tables: Mapping[str, Any], title: str, tmp: Pat
         return None
     svg = inline_svg(text, f"f{index}-")
     svg = svg.replace("<svg ", f'<svg role="img" aria-label="{html.escape(title, quote=True)}" ', 1)
-    return (f'<figure class="plot" data-figure="{html.escape(key)}">{svg}'
-            "<figcaption>Hover for values; the browser&rsquo;s zoom (Ctrl +) enlarges the figure, axes and labels "
-            "included.</figcaption></figure>")
+    return (
+        f'<figure class="plot" data-figure="{html.escape(key)}">{svg}'
+        "<figcaption>Hover for values; the browser&rsquo;s zoom (Ctrl +) enlarges the figure, axes and labels "
+        "included.</figcaption></figure>"
+    )
 
 
-def render_page(run: dict[str, Any], results: Mapping[str, Mapping[str, Any]], results_dir: Path, *,
-                facts: dict[str, Any] | None = None, summary_text: str = "",
-                progress: Callable[[str], None] | None = None,
-                figures: FigureCache | None = None) -> tuple[str, int]:
+def render_page(
+    run: dict[str, Any],
+    results: Mapping[str, Mapping[str, Any]],
+    results_dir: Path,
+    *,
+    facts: dict[str, Any] | None = None,
+    summary_text: str = "",
+    progress: Callable[[str], None] | None = None,
+    figures: FigureCache | None = None,
+) -> tuple[str, int]:
     """The page's HTML and the number of figures in it; ``figures``: where to reuse (and keep) the
     figures drawn."""
     from gpuclust.engine.selection import TRACE_START
@@ -169,8 +183,12 @@ def render_page(run: dict[str, Any], results: Mapping[str, Mapping[str, Any]], r
     who = subject(run, facts)
     start = TRACE_START.get(str(run.get("trace_version") or facts.get("trace_version")))
     # the wall clock of trace time 0 (the time axes' origin): 600 s before the trace start
-    clock = (f' data-time-label="{html.escape(TIME_LABEL)}" '
-             f'data-time-zero-ms="{int(start.timestamp() * 1000) - TRACE_OFFSET_US // 1000}"' if start is not None else "")
+    clock = (
+        f' data-time-label="{html.escape(TIME_LABEL)}" '
+        f'data-time-zero-ms="{int(start.timestamp() * 1000) - TRACE_OFFSET_US // 1000}"'
+        if start is not None
+        else ""
+    )
     name_of = {a["key"]: a["name"] for a in run.get("analyses", [])}
     label_of = {a["key"]: a.get("label", a["key"]) for a in run.get("analyses", [])}
     keys = ordered([k for k in results if k in name_of], name_of)
@@ -195,15 +213,22 @@ def render_page(run: dict[str, Any], results: Mapping[str, Mapping[str, Any]], r
             sections.append(
                 f'<section class="analysis" id="{html.escape(anchor)}"><h2>{html.escape(label_of[key])}</h2>'
                 f'<p class="caption">{html.escape(caption(name))}</p>{fig}'
-                f"<h3>Key numbers</h3>{_table(key_numbers(name, tables))}</section>")
+                f"<h3>Key numbers</h3>{_table(key_numbers(name, tables))}</section>"
+            )
     claims_html = _claims_section(run, results)
     if claims_html:
         nav.insert(0, '<a href="#claims">claims</a>')
         sections.insert(0, claims_html)
-    prov = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>"
-                   for k, v in provenance_rows(run, facts, results_dir))
-    summary = (f"<details><summary>Text summary of every analysis (summary.txt)</summary><pre>"
-               f"{html.escape(summary_text)}</pre></details>" if summary_text else "")
+    prov = "".join(
+        f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>"
+        for k, v in provenance_rows(run, facts, results_dir)
+    )
+    summary = (
+        f"<details><summary>Text summary of every analysis (summary.txt)</summary><pre>"
+        f"{html.escape(summary_text)}</pre></details>"
+        if summary_text
+        else ""
+    )
     page = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
 <meta name="generator" content="gpuclust report">
@@ -249,20 +274,32 @@ def _claims_section(run: dict[str, Any], results: Mapping[str, Mapping[str, Any]
         f'<tr><td class="t">{html.escape(r["claim"])}<br><small>{html.escape(r["source"])}</small></td>'
         f'<td class="t">{html.escape(r["paper"])}</td><td class="t">{html.escape(r["dataset"])}</td>'
         f'<td class="t">{"supported" if r["supported"] else html.escape("cannot compare: " + r["why"])}</td></tr>'
-        for r in evaluate(by_name, facts, chosen))
-    more = (f'<p class="note">{left} more claim(s) read analyses or options not in this report: '
-            "<code>gpuclust claims DATASET</code> computes every one (docs/claims.md).</p>" if left else "")
-    return (f'<section id="claims"><h2>Published claims on this dataset</h2><div class="key-wrap"><table class="key">'
-            f'<tr><th class="t">claim (source)</th><th class="t">paper</th><th class="t">this dataset</th>'
-            f'<th class="t">comparison</th></tr>{body}</table></div>{more}</section>')
+        for r in evaluate(by_name, facts, chosen)
+    )
+    more = (
+        f'<p class="note">{left} more claim(s) read analyses or options not in this report: '
+        "<code>gpuclust claims DATASET</code> computes every one (docs/claims.md).</p>"
+        if left
+        else ""
+    )
+    return (
+        f'<section id="claims"><h2>Published claims on this dataset</h2><div class="key-wrap"><table class="key">'
+        f'<tr><th class="t">claim (source)</th><th class="t">paper</th><th class="t">this dataset</th>'
+        f'<th class="t">comparison</th></tr>{body}</table></div>{more}</section>'
+    )
 
 
 def _size_text(n: int) -> str:
     return f"{n / 1024:.0f} KiB" if n < 1024 * 1024 else f"{n / 1024 / 1024:.1f} MiB"
 
 
-def write_report(results_dir: str | Path, out: str | Path, *, keys: list[str] | None = None,
-                 progress: Callable[[str], None] | None = None) -> PageResult:
+def write_report(
+    results_dir: str | Path,
+    out: str | Path,
+    *,
+    keys: list[str] | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> PageResult:
     """Render the results folder ``results_dir`` (written by ``gpuclust analyze``) as the page
     ``out``, written atomically; ``keys``: only these results (default: all)."""
     from gpuclust._files import write_atomic
@@ -278,9 +315,15 @@ def write_report(results_dir: str | Path, out: str | Path, *, keys: list[str] | 
         results = {k: v for k, v in results.items() if k in keys}
     summary_path = results_dir / "summary.txt"
     summary = summary_path.read_text() if summary_path.is_file() else ""
-    page, n_fig = render_page(run, results, results_dir, facts=dataset_facts(run.get("dataset")),
-                              summary_text=summary, progress=progress,
-                              figures=FigureCache(results_dir / FIGURES_DIR, run))
+    page, n_fig = render_page(
+        run,
+        results,
+        results_dir,
+        facts=dataset_facts(run.get("dataset")),
+        summary_text=summary,
+        progress=progress,
+        figures=FigureCache(results_dir / FIGURES_DIR, run),
+    )
     size = len(page.encode("utf-8"))
     page = page.replace("PAGE_SIZE_PLACEHOLDER", _size_text(size))
     data = page.encode("utf-8")

@@ -34,13 +34,16 @@ def plot_job_usage(result: dict[str, Any], path: Path, *, title: str = "job-usag
         return False
     cols = ("top1pct_share", "pareto_alpha", "tail_jobs", "pareto_r2")
     st_all = {c: numbers(stats, c) for c in cols}
-    st_of = {(t, r): {c: float(st_all[c][i]) for c in cols}
-             for i, (t, r) in enumerate(zip(strings(stats, "tier"), strings(stats, "resource"), strict=True))}
+    st_of = {
+        (t, r): {c: float(st_all[c][i]) for c in cols}
+        for i, (t, r) in enumerate(zip(strings(stats, "tier"), strings(stats, "resource"), strict=True))
+    }
     tier_of = strings(jobs, "tier")
     fig = Figure(10, 4.5)
     axes = fig.subplots(1, 2)
-    for ax, (res, col, unit) in zip(axes, (("cpu", "ncu_hours", "NCU-hours"), ("mem", "nmu_hours", "NMU-hours")),
-                                    strict=True):
+    for ax, (res, col, unit) in zip(
+        axes, (("cpu", "ncu_hours", "NCU-hours"), ("mem", "nmu_hours", "NMU-hours")), strict=True
+    ):
         values = numbers(jobs, col)
         drawn = False
         for tier in ["all", *dict.fromkeys(tier_of.tolist())]:
@@ -51,21 +54,32 @@ def plot_job_usage(result: dict[str, Any], path: Path, *, title: str = "job-usag
             ccdf = np.arange(1, x.size + 1) / x.size
             st = st_of.get((tier, res), dict.fromkeys(cols, float("nan")))
             keep = _thin(x.size)
-            ax.step(x[keep], ccdf[keep], lw=2.2 if tier == "all" else 1.0,
-                    label=f"{tier} ({x.size:,}; top 1%: {percent(st['top1pct_share'])})")
+            ax.step(
+                x[keep],
+                ccdf[keep],
+                lw=2.2 if tier == "all" else 1.0,
+                label=f"{tier} ({x.size:,}; top 1%: {percent(st['top1pct_share'])})",
+            )
             drawn = True
             if tier == "all" and np.isfinite(st["pareto_alpha"]):
                 m = int(st["tail_jobs"])
                 xs = x[:m][_thin(m)]
                 icept = np.mean(np.log10(ccdf[:m]) + st["pareto_alpha"] * np.log10(x[:m]))
-                ax.plot(xs, 10 ** (icept - st["pareto_alpha"] * np.log10(xs)), color="k", dash=True, lw=1,
-                        label=f"Pareto tail alpha {st['pareto_alpha']:.2f} (R² {st['pareto_r2']:.2f})")
+                ax.plot(
+                    xs,
+                    10 ** (icept - st["pareto_alpha"] * np.log10(xs)),
+                    color="k",
+                    dash=True,
+                    lw=1,
+                    label=f"Pareto tail alpha {st['pareto_alpha']:.2f} (R² {st['pareto_r2']:.2f})",
+                )
         ax.xscale = ax.yscale = "log"
         ax.xlabel = f"{unit} per collection (log)"
         ax.ylabel = "share of collections with at least x (log)"
         if drawn:
             ax.legend(size="x-small", loc="lower left")
-    fig.set_title(title, "share of collections using at least x NCU-hours / NMU-hours (CCDF, log-log), "
-                  "with the Pareto tail fit")
+    fig.set_title(
+        title, "share of collections using at least x NCU-hours / NMU-hours (CCDF, log-log), with the Pareto tail fit"
+    )
     fig.save(path)
     return True

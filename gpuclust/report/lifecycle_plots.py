@@ -28,8 +28,9 @@ def _cdf(ax: Any, hist: Any, delays: Any, measure: str, outcome: str, tiers: lis
     total: dict[str, int] = {}
     if delays is not None and len(delays):
         d = (strings(delays, "measure") == measure) & (strings(delays, "outcome") == outcome)
-        total = {str(t): int(n) for t, n in zip(strings(delays, "tier")[d], numbers(delays, "episodes")[d],
-                                                strict=True)}
+        total = {
+            str(t): int(n) for t, n in zip(strings(delays, "tier")[d], numbers(delays, "episodes")[d], strict=True)
+        }
     drawn = 0
     for tier in tiers:
         i = np.nonzero(sel & (h_tier == tier))[0]
@@ -96,7 +97,8 @@ def plot_lifecycle(result: dict[str, Any], path: Path, *, title: str = "lifecycl
     c.title = "scheduling delay by tier (episodes)"
     _cdf(d, result["delay_hist"], delays, "execution", "finish", tiers, "SCHEDULE to FINISH")
     d.title = "execution time of finished runs by tier"
-    fig.set_title(title, "life cycles: events, queue and running instances over time; scheduling delay and "
-                  "execution time by tier")
+    fig.set_title(
+        title, "life cycles: events, queue and running instances over time; scheduling delay and execution time by tier"
+    )
     fig.save(path)
     return True

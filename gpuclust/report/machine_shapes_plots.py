@@ -19,8 +19,7 @@ def shape_label(cpu: float, mem: float) -> str:
     return f"{one(cpu)} / {one(mem)}"
 
 
-def plot_machine_shapes(result: dict[str, Any], path: Path, *, top: int = 20,
-                        title: str = "machine-shapes") -> bool:
+def plot_machine_shapes(result: dict[str, Any], path: Path, *, top: int = 20, title: str = "machine-shapes") -> bool:
     """Bar chart of machine counts per (cap_cpu, cap_mem) shape (largest ``top`` shapes)."""
     from gpuclust.report.draw import Figure, numbers
 

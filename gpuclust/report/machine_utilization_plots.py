@@ -12,8 +12,7 @@ import numpy as np
 __all__ = ["plot_machine_utilization"]
 
 
-def plot_machine_utilization(result: dict[str, Any], path: Path, *,
-                             title: str = "machine-utilization") -> bool:
+def plot_machine_utilization(result: dict[str, Any], path: Path, *, title: str = "machine-utilization") -> bool:
     """Left: the CDF of usage / capacity over machine-buckets (exact quantiles 0..100%) per
     resource; right: its mean over machines per 5-minute bucket in trace hours.  ``False`` when
     no machine-bucket has a known utilisation."""
@@ -33,8 +32,9 @@ def plot_machine_utilization(result: dict[str, Any], path: Path, *,
         left.plot(util[sel], quantile[sel], label=f"{res}", lw=1.5)
         right.plot(hours, numbers(ser, f"{res}_mean_util"), label=f"{res}", lw=0.8)
     left.axvline(1.0, color="grey", lw=0.8, dash=True)
-    left.xlabel = ("usage / capacity of a machine in a 5-minute bucket" +
-                   (" (capped at 1)" if mode == "notebook" else ""))
+    left.xlabel = "usage / capacity of a machine in a 5-minute bucket" + (
+        " (capped at 1)" if mode == "notebook" else ""
+    )
     left.ylabel = "share of machine-buckets"
     left.ylim = (0.0, 1.0)
     left.xlim = (0.0, None)

@@ -19,8 +19,9 @@ from gpuclust.stream_quantiles import stream_quantiles
 __all__ = ["machine_heatmap", "plot_overcommit"]
 
 
-def machine_heatmap(machine: object, column: str = "alloc_ratio_cpu", *, max_rows: int = 160,
-                    max_cols: int = 240) -> tuple[np.ndarray, np.ndarray, int] | None:
+def machine_heatmap(
+    machine: object, column: str = "alloc_ratio_cpu", *, max_rows: int = 160, max_cols: int = 240
+) -> tuple[np.ndarray, np.ndarray, int] | None:
     """``column`` per machine x time bucket as a small image: machines sorted by their mean value
     (bottom: lowest) and grouped into at most ``max_rows`` bands, buckets into at most ``max_cols``
     columns, each cell the mean of its finite values (NaN where none).  Two passes over a parted
@@ -37,8 +38,12 @@ def machine_heatmap(machine: object, column: str = "alloc_ratio_cpu", *, max_row
         m, vs = m[order], v[ok][order]
         if m.size:
             starts = np.flatnonzero(np.r_[True, m[1:] != m[:-1]])
-            for mid, sm, n in zip(m[starts].tolist(), np.add.reduceat(vs, starts).tolist(),
-                                  np.diff(np.r_[starts, m.size]).tolist(), strict=True):
+            for mid, sm, n in zip(
+                m[starts].tolist(),
+                np.add.reduceat(vs, starts).tolist(),
+                np.diff(np.r_[starts, m.size]).tolist(),
+                strict=True,
+            ):
                 acc = sums.setdefault(int(mid), [0.0, 0.0])
                 acc[0] += sm
                 acc[1] += n
@@ -103,19 +108,30 @@ def plot_overcommit(result: dict[str, Any], path: Path, *, title: str = "overcom
             nothing_to_plot(ax, "no usage to plot: the dataset has no instance_usage rows")
             ax.ylabel = f"CPU {label}"
             continue
-        cols = [t for t in tiers if f"{kind}_ratio_cpu_{t}" in columns
-                and np.nan_to_num(numbers(cell, f"{kind}_ratio_cpu_{t}")).any()]
+        cols = [
+            t
+            for t in tiers
+            if f"{kind}_ratio_cpu_{t}" in columns and np.nan_to_num(numbers(cell, f"{kind}_ratio_cpu_{t}")).any()
+        ]
         # unknown (NaN) buckets, e.g. no machine with a known capacity, stay gaps: never drawn as 0
         known = np.isfinite(numbers(cell, f"{kind}_ratio_cpu"))
         if cols:
-            ax.stack_steps(hours, [np.where(known, np.nan_to_num(numbers(cell, f"{kind}_ratio_cpu_{t}")), np.nan)
-                                   for t in cols], cols, alpha=0.8)
+            ax.stack_steps(
+                hours,
+                [np.where(known, np.nan_to_num(numbers(cell, f"{kind}_ratio_cpu_{t}")), np.nan) for t in cols],
+                cols,
+                alpha=0.8,
+            )
         if not known.all():
             ax.text(0.01, 0.02, f"{int((~known).sum())} bucket(s) unknown (gaps)", size="small")
         ax.stairs(numbers(cell, f"{kind}_ratio_mem"), hours, color="k", lw=1, dash=True, label="memory (all tiers)")
         for i, (a, b, _why) in enumerate(edge_buckets(starts, width_us, lo_us, hi_us)):  # partial buckets, hatched
-            ax.axvspan(float(trace_hours(a)), float(trace_hours(b)), hatch=True,
-                       label="partial bucket (data covers part of it)" if kind == "alloc" and i == 0 else None)
+            ax.axvspan(
+                float(trace_hours(a)),
+                float(trace_hours(b)),
+                hatch=True,
+                label="partial bucket (data covers part of it)" if kind == "alloc" and i == 0 else None,
+            )
         ax.xlim = (float(hours[0]), float(hours[-1]))
         ax.axhline(1.0, color="r", lw=0.8, label="capacity")
         ax.ylim = (0.0, None)
@@ -127,6 +143,7 @@ def plot_overcommit(result: dict[str, Any], path: Path, *, title: str = "overcom
     _draw_heatmap(axes[2], machine, hours)
     ax = axes[3]
     for r, color in (("cpu", "C0"), ("mem", "C1")):
+
         def ratios(r: str = r) -> Iterator[np.ndarray]:
             for b in array_batches(machine, [f"alloc_ratio_{r}", f"cap_{r}"]):  # a parted table: a part at a time
                 v = np.asarray(b[f"alloc_ratio_{r}"], dtype=np.float64)
@@ -144,8 +161,11 @@ def plot_overcommit(result: dict[str, Any], path: Path, *, title: str = "overcom
     ax.xlabel = "requested / capacity per machine-bucket"
     ax.ylabel = "machine-buckets"
     ax.title = "allocation ratio per machine and bucket"
-    fig.set_title(title, f"overcommitment: requested and used CPU against capacity per {width_us / 6e7:g}-min "
-                  "bucket, for the cell, per machine, and over machines")
+    fig.set_title(
+        title,
+        f"overcommitment: requested and used CPU against capacity per {width_us / 6e7:g}-min "
+        "bucket, for the cell, per machine, and over machines",
+    )
     ax.legend(loc="upper right", size="small")
     fig.save(path)
     return True

@@ -18,8 +18,16 @@ import pyarrow.parquet as pq
 from gpuclust.report.axes import trace_hours
 from gpuclust.schema import TIME_AFTER_TRACE, TRACE_OFFSET_US
 
-__all__ = ["code_commit", "dataset_facts", "device_text", "load_results", "manifest_facts", "provenance_rows",
-           "read_run_file", "subject"]
+__all__ = [
+    "code_commit",
+    "dataset_facts",
+    "device_text",
+    "load_results",
+    "manifest_facts",
+    "provenance_rows",
+    "read_run_file",
+    "subject",
+]
 
 
 def read_run_file(folder: str | Path) -> dict[str, Any] | None:
@@ -61,8 +69,10 @@ def load_results(folder: str | Path, run: dict[str, Any] | None = None) -> dict[
             raise NotADirectoryError(errno.ENOTDIR, "not a folder", str(folder))
         run = read_run_file(folder)
         if run is None:
-            raise ValueError(f"{folder}: not a gpuclust results folder (no readable _run.json; "
-                             "`gpuclust analyze DATASET NAME... --out DIR` writes one)")
+            raise ValueError(
+                f"{folder}: not a gpuclust results folder (no readable _run.json; "
+                "`gpuclust analyze DATASET NAME... --out DIR` writes one)"
+            )
     out: dict[str, dict[str, Any]] = {a["key"]: {} for a in run.get("analyses", [])}
     parts: dict[tuple[str, str], list[str]] = {}
     for rel in run.get("files", []):
@@ -113,9 +123,11 @@ def code_commit() -> str:
     if not (src / ".git").exists():
         return "unknown (gpuclust is not running from a git checkout)"
     try:
+
         def git(*args: str) -> str:
-            return subprocess.run(["git", "-C", str(src), *args], capture_output=True, text=True, timeout=10,
-                                  check=True).stdout.strip()
+            return subprocess.run(
+                ["git", "-C", str(src), *args], capture_output=True, text=True, timeout=10, check=True
+            ).stdout.strip()
 
         head = git("rev-parse", "--short=12", "HEAD")
         dirty = git("status", "--porcelain", "--untracked-files=no")
@@ -174,6 +186,7 @@ def _selection_text(sel: Any) -> str:
     """``[FROM, TO)`` of a run's time selection, with its trace hours."""
     if not isinstance(sel, dict):
         return str(sel)
+
     def hours(us: Any) -> str:
         return "the end" if us is None else f"{float(trace_hours(int(us))):.2f} h"
 
@@ -209,8 +222,10 @@ def provenance_rows(run: dict[str, Any], facts: dict[str, Any], results: str | P
             pass
     tiers = facts.get("tier_map_tiers") or {}
     tier_text = ", ".join(f"{k} ≥ {v}" for k, v in sorted(tiers.items(), key=lambda kv: kv[1]))
-    options = "\n".join(f"{a['label']}: " + (", ".join(f"{k}={json.dumps(v)}" for k, v in a["options"].items()) or
-                                              "no options") for a in run.get("analyses", []))
+    options = "\n".join(
+        f"{a['label']}: " + (", ".join(f"{k}={json.dumps(v)}" for k, v in a["options"].items()) or "no options")
+        for a in run.get("analyses", [])
+    )
     backend = run.get("backend", "?")
     req = run.get("backend_requested")
     run_args = {k: run.get(k) for k in ("scheduler", "partitions", "workers", "memory_limit") if k in run}
@@ -222,8 +237,11 @@ def provenance_rows(run: dict[str, Any], facts: dict[str, Any], results: str | P
         ("time span", _span_text(facts)),
         ("sample", _sample_text(run, facts, synthetic)),
         ("results", f"{Path(results).absolute()} (written {run.get('finished', '?')} in {run.get('seconds', '?')} s)"),
-        ("gpuclust", f"results by gpuclust {run.get('gpuclust_version', '?')}; page by gpuclust {__version__}, "
-                     f"commit {code_commit()}"),
+        (
+            "gpuclust",
+            f"results by gpuclust {run.get('gpuclust_version', '?')}; page by gpuclust {__version__}, "
+            f"commit {code_commit()}",
+        ),
         ("options", options),
         ("run", ", ".join(f"{k}={v}" for k, v in run_args.items()) or "defaults"),
         ("backend", backend + (f" (asked: {req})" if req and req != backend else "")),

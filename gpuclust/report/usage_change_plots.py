@@ -15,9 +15,11 @@ from gpuclust.report.axes import percent
 __all__ = ["plot_usage_change"]
 
 #: What a pair is, per level (the info table's ``level``; results from before the option: instance).
-_PAIRS = {"cluster": "consecutive 300 s periods of the cluster's usage",
-          "machine": "consecutive 300 s periods of a machine's usage",
-          "instance": "consecutive windows of an instance"}
+_PAIRS = {
+    "cluster": "consecutive 300 s periods of the cluster's usage",
+    "machine": "consecutive 300 s periods of a machine's usage",
+    "instance": "consecutive windows of an instance",
+}
 
 
 def plot_usage_change(result: dict[str, Any], path: Path, *, title: str = "usage-change") -> bool:
@@ -54,7 +56,11 @@ def plot_usage_change(result: dict[str, Any], path: Path, *, title: str = "usage
         ax.xlabel = f"relative change of {res} usage, next sample vs this one"
         ax.legend(size="x-small", loc="upper left")
     axes[0].ylabel = "share of pairs"
-    fig.set_title(title, f"level={level}: share of pairs of {what} whose relative usage change is at most x"
-                  + (", by tier" if level == "instance" else "") + " (shaded: ±20%)")
+    fig.set_title(
+        title,
+        f"level={level}: share of pairs of {what} whose relative usage change is at most x"
+        + (", by tier" if level == "instance" else "")
+        + " (shaded: ±20%)",
+    )
     fig.save(path)
     return True

@@ -51,7 +51,10 @@ def plot_usage_vs_request(result: dict[str, Any], path: Path, *, title: str = "u
         ax.legend(size="x-small", loc="upper left")
     axes[0].ylabel = "share of windows"
     axes[2].ylabel = "share of windows"
-    fig.set_title(title, "share of windows with usage / limit at most x, by tier (dashed: the limit; windows "
-                  "with zero usage start each curve above 0)")
+    fig.set_title(
+        title,
+        "share of windows with usage / limit at most x, by tier (dashed: the limit; windows "
+        "with zero usage start each curve above 0)",
+    )
     fig.save(path)
     return True

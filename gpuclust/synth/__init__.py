@@ -67,9 +67,15 @@ def _progress_default(msg: str) -> None:
     print(f"[synth] {msg}", file=sys.stderr, flush=True)
 
 
-def synthesize(cfg: SynthConfig, out: Path | str, *, dataset: Path | str | None = None,
-               progress: Callable[[str], None] | None = _progress_default, keep_windows: bool = False,
-               layout: str = "bucketed") -> SynthResult:
+def synthesize(
+    cfg: SynthConfig,
+    out: Path | str,
+    *,
+    dataset: Path | str | None = None,
+    progress: Callable[[str], None] | None = _progress_default,
+    keep_windows: bool = False,
+    layout: str = "bucketed",
+) -> SynthResult:
     """Simulate a cell and write it as v3 JSON export shards plus ``synth_truth.json``.
 
     Parameters
@@ -109,8 +115,10 @@ def synthesize(cfg: SynthConfig, out: Path | str, *, dataset: Path | str | None 
     s_model, s_params, s_usage, s_bad = ss.spawn(4)
     md = _model.Model(cfg, np.random.default_rng(s_model))
     md.run()
-    say(f"simulated {cfg.machines} machines x {cfg.hours:g} h: {len(md.colls):,} collections, "
-        f"{len(md.inst_events):,} instance events ({time.perf_counter() - t_start:.1f}s)")
+    say(
+        f"simulated {cfg.machines} machines x {cfg.hours:g} h: {len(md.colls):,} collections, "
+        f"{len(md.inst_events):,} instance events ({time.perf_counter() - t_start:.1f}s)"
+    )
     bad = _Malformer(cfg.malformed_rate, np.random.default_rng(s_bad))
 
     shards: dict[str, list[Path]] = {}
@@ -140,16 +148,27 @@ def synthesize(cfg: SynthConfig, out: Path | str, *, dataset: Path | str | None 
     tiers = _model.PLANT_TIERS
     ratios = _usage.ratio_by_tier(cfg)
     iv_ratio = np.array([ratios[t] for t in tiers.names])[tiers.tier_codes(coll["prio"][iv["coll"]]).astype(np.int64)]
-    params = _usage.interval_params(iv, coll["ctype"][iv["coll"]] == int(CollectionType.ALLOC_SET),
-                                    np.random.default_rng(s_params), cfg, ratio=iv_ratio)
+    params = _usage.interval_params(
+        iv,
+        coll["ctype"][iv["coll"]] == int(CollectionType.ALLOC_SET),
+        np.random.default_rng(s_params),
+        cfg,
+        ratio=iv_ratio,
+    )
     cpi_base = np.array([p[1] if p[1] is not None else np.nan for p in _model.PLATFORMS])[md.m_platform]
     mai_base = np.array([p[2] if p[2] is not None else np.nan for p in _model.PLATFORMS])[md.m_platform]
     cap_c = np.where(md.m_null_cap, np.nan, md.m_cap_c / _model.UNIT)
     s_ml = cfg.machine_load_sigma
     load = np.exp(s_ml * np.random.default_rng(s_params.spawn(1)[0]).standard_normal(cfg.machines) - 0.5 * s_ml * s_ml)
     load /= load.mean()  # mean exactly one over the machines (keeps the planted usage / request means)
-    mach = {"mid": md.m_id, "cap_c": cap_c, "cap_true": md.m_cap_c / _model.UNIT, "cpi_base": cpi_base,
-            "mai_base": mai_base, "load": load}
+    mach = {
+        "mid": md.m_id,
+        "cap_c": cap_c,
+        "cap_true": md.m_cap_c / _model.UNIT,
+        "cpi_base": cpi_base,
+        "mai_base": mai_base,
+        "load": load,
+    }
     ctx = _usage.UsageContext(cfg, iv, params, coll, mach, md.t_end)
     g_first = TRACE_OFFSET_US // _usage.CELL_US
     g_last = -(-md.t_end // _usage.CELL_US)
@@ -168,7 +187,9 @@ def synthesize(cfg: SynthConfig, out: Path | str, *, dataset: Path | str | None 
     plat_wc = np.zeros(len(_model.PLATFORMS))
     kept: dict[str, list] = {}
     n_tiers = len(tiers.names)
-    ratio_sums = np.zeros((4, n_tiers))  # windows, sum of E[usage/request], sum of realised, sum over machine-cells of windows^2
+    ratio_sums = np.zeros(
+        (4, n_tiers)
+    )  # windows, sum of E[usage/request], sum of realised, sum over machine-cells of windows^2
     iv_windows = np.zeros(iv["coll"].size, np.int64)  # windows per running interval
     mach_windows = np.zeros((n_tiers, cfg.machines), np.int64)  # windows per tier and machine
     for cols, chunks in _usage_blocks(ctx, blocks, g_last, usage_seeds, cfg.workers, keep_windows):
@@ -203,8 +224,9 @@ def synthesize(cfg: SynthConfig, out: Path | str, *, dataset: Path | str | None 
         ratio_sums[1] += np.bincount(tcode, weights=cols["exp_ratio"], minlength=n_tiers)
         ratio_sums[2] += np.bincount(tcode, weights=cols["avg_cpu"] / cols["req_cpu"], minlength=n_tiers)
         iv_windows += np.bincount(cols["iv"], minlength=iv_windows.size)
-        mach_windows += np.bincount(tcode * cfg.machines + cols["machine"],
-                                    minlength=n_tiers * cfg.machines).reshape(n_tiers, cfg.machines)
+        mach_windows += np.bincount(tcode * cfg.machines + cols["machine"], minlength=n_tiers * cfg.machines).reshape(
+            n_tiers, cfg.machines
+        )
         g0_, g1_ = cols["cells"]
         mc = np.bincount((tcode * cfg.machines + cols["machine"]) * (g1_ - g0_) + cols["cell"] - g0_)
         mc_tier = np.arange(mc.size) // (cfg.machines * (g1_ - g0_))
@@ -215,8 +237,10 @@ def synthesize(cfg: SynthConfig, out: Path | str, *, dataset: Path | str | None 
                 kept.setdefault(k, []).append(cols[k])
             kept.setdefault("valid", []).append(valid)
         g0, g1 = cols["cells"]
-        say(f"usage cells {g0 - g_first}-{g1 - g_first} of {g_last - g_first}: {n_windows:,} windows "
-            f"({time.perf_counter() - t_start:.1f}s)")
+        say(
+            f"usage cells {g0 - g_first}-{g1 - g_first} of {g_last - g_first}: {n_windows:,} windows "
+            f"({time.perf_counter() - t_start:.1f}s)"
+        )
     shards["instance_usage"] = w_usage.close()
     counts["instance_usage"] = {"rows": w_usage.rows}
     for table in counts:
@@ -225,11 +249,27 @@ def synthesize(cfg: SynthConfig, out: Path | str, *, dataset: Path | str | None 
         counts[table]["malformed_total"] = int(sum(mal.values()))
         counts[table]["valid_rows"] = counts[table]["rows"] - counts[table]["malformed_total"]
 
-    truth = _truth(cfg, md, counts, shards, prio_cpu_top, prio_cpu_all, prio_cpu_top_valid, job_cpu, n_windows,
-                   n_cpi, n_outliers, cpi_sum, (plat_w, plat_wc))
+    truth = _truth(
+        cfg,
+        md,
+        counts,
+        shards,
+        prio_cpu_top,
+        prio_cpu_all,
+        prio_cpu_top_valid,
+        job_cpu,
+        n_windows,
+        n_cpi,
+        n_outliers,
+        cpi_sum,
+        (plat_w, plat_wc),
+    )
     iv_tier = tiers.tier_codes(coll["prio"][iv["coll"]]).astype(np.int64)
-    sq = {"interval": np.bincount(iv_tier, weights=iv_windows.astype(np.float64) ** 2, minlength=n_tiers),
-          "machine": (mach_windows.astype(np.float64) ** 2).sum(1), "machine_cell": ratio_sums[3]}
+    sq = {
+        "interval": np.bincount(iv_tier, weights=iv_windows.astype(np.float64) ** 2, minlength=n_tiers),
+        "machine": (mach_windows.astype(np.float64) ** 2).sum(1),
+        "machine_cell": ratio_sums[3],
+    }
     truth["planted"].update(_planted_laws(cfg, md, ratio_sums, sq))
     (out / TRUTH_FILE).write_text(json.dumps(truth, indent=1, sort_keys=True) + "\n")
     seconds = time.perf_counter() - t_start

@@ -9,12 +9,52 @@ import numpy as np
 from . import usage as _usage
 from .tables import format_usage
 
-_KEEP = ("k", "u", "cpi", "mai", "cpi_base", "avg_cpu", "dur", "has_cpi", "cpi_outlier", "top", "machine", "cell",
-         "start_time", "end_time", "collection_id", "instance_index", "max_cpu", "pct", "sample_rate", "n", "in_alloc",
-         "req_cpu", "priority", "exp_ratio", "collection_type")
+_KEEP = (
+    "k",
+    "u",
+    "cpi",
+    "mai",
+    "cpi_base",
+    "avg_cpu",
+    "dur",
+    "has_cpi",
+    "cpi_outlier",
+    "top",
+    "machine",
+    "cell",
+    "start_time",
+    "end_time",
+    "collection_id",
+    "instance_index",
+    "max_cpu",
+    "pct",
+    "sample_rate",
+    "n",
+    "in_alloc",
+    "req_cpu",
+    "priority",
+    "exp_ratio",
+    "collection_type",
+)
 #: Columns the main process needs from a block (the rest stays in the worker).
-_SUMMARY = ("start_time", "avg_cpu", "dur", "top", "priority", "collection_type", "coll", "has_cpi", "cpi_outlier", "cpi",
-            "cpi_base", "machine", "exp_ratio", "req_cpu", "iv", "cell")
+_SUMMARY = (
+    "start_time",
+    "avg_cpu",
+    "dur",
+    "top",
+    "priority",
+    "collection_type",
+    "coll",
+    "has_cpi",
+    "cpi_outlier",
+    "cpi",
+    "cpi_base",
+    "machine",
+    "exp_ratio",
+    "req_cpu",
+    "iv",
+    "cell",
+)
 _FMT_ROWS = 65536
 _WORKER_CTX: _usage.UsageContext | None = None
 

@@ -29,8 +29,9 @@ def register(subparsers) -> argparse.ArgumentParser:
     for f in dataclasses.fields(SynthConfig):
         d = getattr(defaults, f.name)
         if isinstance(d, bool):
-            p.add_argument(_flag(f.name), dest=f.name, default=d, action=argparse.BooleanOptionalAction,
-                           help=f"(default {d})")
+            p.add_argument(
+                _flag(f.name), dest=f.name, default=d, action=argparse.BooleanOptionalAction, help=f"(default {d})"
+            )
         else:
             p.add_argument(_flag(f.name), dest=f.name, type=type(d), default=d, help=f"(default {d})")
     p.set_defaults(func=run)

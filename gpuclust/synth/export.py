@@ -146,7 +146,9 @@ class LineBuilder:
         self.ints(v, mask)
         self.raw('"', mask)
 
-    def field_float(self, key: str, v: np.ndarray, decimals: int, mask: np.ndarray | None = None, first: bool = False) -> None:
+    def field_float(
+        self, key: str, v: np.ndarray, decimals: int, mask: np.ndarray | None = None, first: bool = False
+    ) -> None:
         self.raw(("" if first else ",") + f'"{key}":', mask)
         self.floats(v, decimals, mask)
 
@@ -231,8 +233,14 @@ def _gzip_header() -> bytes:
 class ShardWriter:
     """Streams lines of one table into ``<table>-NNNNNNNNNNNN.json.gz`` shards."""
 
-    def __init__(self, out: Path, table: str, shard_rows: int = 1_500_000, compresslevel: int = 1,
-                 progress: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        out: Path,
+        table: str,
+        shard_rows: int = 1_500_000,
+        compresslevel: int = 1,
+        progress: Callable[[str], None] | None = None,
+    ):
         self.out = Path(out)
         self.table = table
         self.shard_rows = int(shard_rows)
@@ -285,8 +293,8 @@ class ShardWriter:
                 self._close_shard()
             room = self.shard_rows - (self._rows_in_shard if self._fh is not None else 0)
             take = min(room, n - i)
-            nbytes = int(lengths[i:i + take].sum())
-            self._write(data[pos:pos + nbytes], take)
+            nbytes = int(lengths[i : i + take].sum())
+            self._write(data[pos : pos + nbytes], take)
             pos += nbytes
             i += take
 

@@ -40,7 +40,11 @@ class _Malformer:
             return np.zeros(0, np.int64), []
         m = int(self.rng.binomial(n, self.rate))
         rows = np.sort(self.rng.choice(n, size=m, replace=False)) if m else np.zeros(0, np.int64)
-        kinds = MALFORMED_KINDS if table == "instance_usage" else tuple(k for k in MALFORMED_KINDS if k != "wrong_list_length")
+        kinds = (
+            MALFORMED_KINDS
+            if table == "instance_usage"
+            else tuple(k for k in MALFORMED_KINDS if k != "wrong_list_length")
+        )
         chosen = [kinds[int(i)] for i in self.rng.integers(len(kinds), size=m)]
         for k in chosen:
             self.counts[table][k] += 1

@@ -55,9 +55,27 @@ from .scheduler import Scheduler
 from .state import ModelState
 
 __all__ = [
-    "CAPACITY_SHAPES", "CELL_US", "PLANT_TIERS", "PLATFORMS", "PRODUCTION_PRIORITY", "SIZE_CAP", "SIZED_KINDS",
-    "SIZED_REQUEST_RANGE", "UNIT", "US", "WORK_MEAN", "WORK_SIGMA", "WORKLOAD", "Coll", "Inst", "Model",
-    "ModelState", "Scheduler", "b64id", "pareto_capped_mean", "tier_of",
+    "CAPACITY_SHAPES",
+    "CELL_US",
+    "PLANT_TIERS",
+    "PLATFORMS",
+    "PRODUCTION_PRIORITY",
+    "SIZE_CAP",
+    "SIZED_KINDS",
+    "SIZED_REQUEST_RANGE",
+    "UNIT",
+    "US",
+    "WORK_MEAN",
+    "WORK_SIGMA",
+    "WORKLOAD",
+    "Coll",
+    "Inst",
+    "Model",
+    "ModelState",
+    "Scheduler",
+    "b64id",
+    "pareto_capped_mean",
+    "tier_of",
 ]
 
 
@@ -117,9 +135,11 @@ class Model(Scheduler):
                     a = self._new_coll("alloc_set", int(t), ctype=int(CollectionType.ALLOC_SET))
                     self._push(int(t), "csub", a)
                     for _ in range(int(rng.integers(1, 3))):
-                        self._push(int(t) + int(rng.integers(1, 600)) * US,
-                                   "csub", self._new_coll("batch" if rng.random() < 0.5 else "prod_service",
-                                                          int(t), alloc_set=a.idx))
+                        self._push(
+                            int(t) + int(rng.integers(1, 600)) * US,
+                            "csub",
+                            self._new_coll("batch" if rng.random() < 0.5 else "prod_service", int(t), alloc_set=a.idx),
+                        )
                 else:
                     self._make_job(kind, int(t))
         self._push(TRACE_OFFSET_US, "pass", None)

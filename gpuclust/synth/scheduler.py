@@ -70,7 +70,8 @@ class Scheduler(ModelState):
         c = inst.c
         if preempt:
             ok = (self.m_used_c - self.m_low_c + inst.req_c <= self.m_lim_c) & (
-                self.m_used_m - self.m_low_m + inst.req_m <= self.m_lim_m)
+                self.m_used_m - self.m_low_m + inst.req_m <= self.m_lim_m
+            )
         else:
             ok = (self.m_used_c + inst.req_c <= self.m_lim_c) & (self.m_used_m + inst.req_m <= self.m_lim_m)
         ok &= self.m_up
@@ -126,10 +127,13 @@ class Scheduler(ModelState):
         return True
 
     def _preempt(self, m: int, inst: Inst, t: int) -> None:
-        victims = sorted((v for v in self.m_running[m].values() if v.c.prio < PRODUCTION_PRIORITY),
-                         key=lambda v: (v.c.prio, -v.iv))
+        victims = sorted(
+            (v for v in self.m_running[m].values() if v.c.prio < PRODUCTION_PRIORITY), key=lambda v: (v.c.prio, -v.iv)
+        )
         for v in victims:
-            if (self.m_used_c[m] + inst.req_c <= self.m_lim_c[m]) and (self.m_used_m[m] + inst.req_m <= self.m_lim_m[m]):
+            if (self.m_used_c[m] + inst.req_c <= self.m_lim_c[m]) and (
+                self.m_used_m[m] + inst.req_m <= self.m_lim_m[m]
+            ):
                 break
             self.stats["preemptions"] += 1
             self._stop(v, t, EventType.EVICT)
@@ -193,7 +197,7 @@ class Scheduler(ModelState):
                 how = EventType.FINISH
         if end >= 0:
             self._push(end, "end", (inst, att, int(how)))
-        if (inst.alloc is None and c.ctype == CollectionType.JOB and rng.random() < self.cfg.update_running_fraction):
+        if inst.alloc is None and c.ctype == CollectionType.JOB and rng.random() < self.cfg.update_running_fraction:
             horizon = (end if end >= 0 else min(c.end_time, self.t_end)) - t
             if horizon > 2:
                 self._push(t + int(rng.uniform(0.05, 0.8) * horizon) + 1, "upd_running", (inst, att))

@@ -52,11 +52,19 @@ class ModelState:
         self.machine_attrs: list[tuple] = []  # (time, m, name, value or None, deleted)
         self.coll_events: list[tuple] = []  # (time, type, coll_idx, missing_type)
         self.inst_events: list[tuple] = []  # (time, type, coll_idx, index, machine, req_c, req_m, alloc_index, missing)
-        self.iv: dict[str, list] = {k: [] for k in ("coll", "index", "machine", "start", "end", "alloc_iv", "alloc_index",
-                                                     "req_c", "req_m", "top")}
+        self.iv: dict[str, list] = {
+            k: []
+            for k in ("coll", "index", "machine", "start", "end", "alloc_iv", "alloc_index", "req_c", "req_m", "top")
+        }
         self.colls: list[Coll] = []
-        self.stats = {"preemptions": 0, "machine_evictions": 0, "resubmissions": 0, "updates_running": 0,
-                      "updates_pending": 0, "unplaced_at_end": 0}
+        self.stats = {
+            "preemptions": 0,
+            "machine_evictions": 0,
+            "resubmissions": 0,
+            "updates_running": 0,
+            "updates_pending": 0,
+            "unplaced_at_end": 0,
+        }
         #: planted scheduling delay (SUBMIT -> first placement attempt) per notebook tier: mean seconds
         self.delay_mean_s = {t: float(getattr(cfg, f"sched_delay_{t}_s")) for t in PLANT_TIERS.names}
         #: per tier: [submissions during the trace, sum of planted delays (s), first attempts, placed at the first]
@@ -105,8 +113,13 @@ class ModelState:
             ([(self.attr_names[0], "3", int(Relation.GREATER_THAN_EQUAL))], self.m_attr_int >= 3),
             ([(self.attr_names[1], "2", int(Relation.EQUAL))], self.m_attr_gen == 2),
             ([(self.attr_names[2], None, int(Relation.PRESENT))], self.m_attr_flag),
-            ([(self.attr_names[1], "1", int(Relation.NOT_EQUAL)), (self.attr_names[0], "5", int(Relation.LESS_THAN))],
-             (self.m_attr_gen != 1) & (self.m_attr_int < 5)),
+            (
+                [
+                    (self.attr_names[1], "1", int(Relation.NOT_EQUAL)),
+                    (self.attr_names[0], "5", int(Relation.LESS_THAN)),
+                ],
+                (self.m_attr_gen != 1) & (self.m_attr_int < 5),
+            ),
         ]
         # machine event schedule: (time, seq, m, type)
         t0, t1 = TRACE_OFFSET_US, self.t_end
@@ -161,9 +174,23 @@ class ModelState:
             cid += 1
         self._cids.add(cid)
         lname = self.lnames[int(rng.integers(len(self.lnames)))]
-        c = Coll(idx=len(self.colls), cid=cid, ctype=ctype, kind=kind, prio=prio, sclass=sclass, n=n,
-                 req_c=int(round(req_c * UNIT)), req_m=int(round(req_m * UNIT)), submit=t, dur=dur, user=user,
-                 name=b64id(rng), lname=lname, alloc_set=alloc_set)
+        c = Coll(
+            idx=len(self.colls),
+            cid=cid,
+            ctype=ctype,
+            kind=kind,
+            prio=prio,
+            sclass=sclass,
+            n=n,
+            req_c=int(round(req_c * UNIT)),
+            req_m=int(round(req_m * UNIT)),
+            submit=t,
+            dur=dur,
+            user=user,
+            name=b64id(rng),
+            lname=lname,
+            alloc_set=alloc_set,
+        )
         c.scheduler = 1 if (kind in ("batch", "free") and rng.random() < 0.4) else 0
         c.vscale = int(rng.choice([0, 1, 2, 3], p=[0.02, 0.6, 0.18, 0.2]))
         if p["service"] and kind != "alloc_set" and rng.random() < 0.15:
@@ -211,7 +238,6 @@ class ModelState:
     def _delay(self, c: Coll) -> int:
         """A planted scheduling delay (µs): exponential with the tier's mean."""
         return int(self.rng.exponential(self.delay_mean_s[tier_of(c.prio)]) * US)
-
 
     # ------------------------------------------------------------------------------- results
     def intervals(self) -> dict[str, np.ndarray]:

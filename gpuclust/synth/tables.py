@@ -25,18 +25,26 @@ def _res(c: int, m: int) -> dict:
 def _machine_lines(md: _model.Model) -> list[str]:
     lines = []
     for t, m, typ, cc, cm in sorted(md.machine_events, key=lambda e: e[0]):
-        lines.append(json_line({
-            "time": t, "machine_id": int(md.m_id[m]), "type": int(typ),
-            "switch_id": md.switch_ids[md.m_switch[m]],
-            "capacity": None if md.m_null_cap[m] else _res(cc, cm),
-            "platform_id": md.platform_ids[md.m_platform[m]],
-        }))
+        lines.append(
+            json_line(
+                {
+                    "time": t,
+                    "machine_id": int(md.m_id[m]),
+                    "type": int(typ),
+                    "switch_id": md.switch_ids[md.m_switch[m]],
+                    "capacity": None if md.m_null_cap[m] else _res(cc, cm),
+                    "platform_id": md.platform_ids[md.m_platform[m]],
+                }
+            )
+        )
     return lines
 
 
 def _attr_lines(md: _model.Model) -> list[str]:
-    return [json_line({"time": t, "machine_id": int(md.m_id[m]), "name": name, "value": value, "deleted": deleted})
-            for t, m, name, value, deleted in sorted(md.machine_attrs, key=lambda e: e[0])]
+    return [
+        json_line({"time": t, "machine_id": int(md.m_id[m]), "name": name, "value": value, "deleted": deleted})
+        for t, m, name, value, deleted in sorted(md.machine_attrs, key=lambda e: e[0])
+    ]
 
 
 def _coll_lines(md: _model.Model) -> list[str]:
@@ -44,16 +52,29 @@ def _coll_lines(md: _model.Model) -> list[str]:
     lines = []
     for t, typ, ci, missing in sorted(md.coll_events, key=lambda e: e[0]):
         c = colls[ci]
-        lines.append(json_line({
-            "time": t, "type": int(typ), "collection_id": c.cid, "scheduling_class": c.sclass,
-            "missing_type": missing or None, "collection_type": c.ctype, "priority": c.prio,
-            "alloc_collection_id": colls[c.alloc_set].cid if c.alloc_set >= 0 else None,
-            "user": c.user, "collection_name": c.name, "collection_logical_name": c.lname,
-            "parent_collection_id": colls[c.parent].cid if c.parent >= 0 else None,
-            "start_after_collection_ids": [colls[x].cid for x in c.start_after] or None,
-            "max_per_machine": c.max_pm or None, "max_per_switch": c.max_ps or None,
-            "vertical_scaling": c.vscale, "scheduler": c.scheduler,
-        }))
+        lines.append(
+            json_line(
+                {
+                    "time": t,
+                    "type": int(typ),
+                    "collection_id": c.cid,
+                    "scheduling_class": c.sclass,
+                    "missing_type": missing or None,
+                    "collection_type": c.ctype,
+                    "priority": c.prio,
+                    "alloc_collection_id": colls[c.alloc_set].cid if c.alloc_set >= 0 else None,
+                    "user": c.user,
+                    "collection_name": c.name,
+                    "collection_logical_name": c.lname,
+                    "parent_collection_id": colls[c.parent].cid if c.parent >= 0 else None,
+                    "start_after_collection_ids": [colls[x].cid for x in c.start_after] or None,
+                    "max_per_machine": c.max_pm or None,
+                    "max_per_switch": c.max_ps or None,
+                    "vertical_scaling": c.vscale,
+                    "scheduler": c.scheduler,
+                }
+            )
+        )
     return lines
 
 
@@ -79,14 +100,18 @@ def _inst_lines(md: _model.Model) -> list[str]:
         if h is None:
             c = colls[ci]
             alloc = f',"alloc_collection_id":"{colls[c.alloc_set].cid}"' if c.alloc_set >= 0 else ""
-            h = head[ci] = (f'","collection_id":"{c.cid}","scheduling_class":"{c.sclass}"',
-                            f',"collection_type":"{c.ctype}","priority":"{c.prio}"{alloc},"instance_index":"',
-                            f',"constraint":{cons[c.constraint]}}}\n' if c.constraint >= 0 else "}\n")
+            h = head[ci] = (
+                f'","collection_id":"{c.cid}","scheduling_class":"{c.sclass}"',
+                f',"collection_type":"{c.ctype}","priority":"{c.prio}"{alloc},"instance_index":"',
+                f',"constraint":{cons[c.constraint]}}}\n' if c.constraint >= 0 else "}\n",
+            )
         mt = f',"missing_type":"{missing}"' if missing else ""
         mach = f',"machine_id":"{mids[machine]}"' if machine >= 0 else ""
         aidx = f',"alloc_instance_index":"{ai}"' if ai >= 0 else ""
-        lines.append(f'{{"time":"{t}","type":"{int(typ)}{h[0]}{mt}{h[1]}{index}"{mach}{aidx},'
-                     f'"resource_request":{{"cpus":{f6(rc)},"memory":{f6(rm)}}}{h[2]}')
+        lines.append(
+            f'{{"time":"{t}","type":"{int(typ)}{h[0]}{mt}{h[1]}{index}"{mach}{aidx},'
+            f'"resource_request":{{"cpus":{f6(rc)},"memory":{f6(rm)}}}{h[2]}'
+        )
     return lines
 
 

@@ -24,6 +24,7 @@ def _tier_totals(prio: np.ndarray, values: np.ndarray) -> dict[str, dict[str, fl
         out[name] = {tm.names[i]: float(sums[i]) for i in range(len(tm.names))}
     return out
 
+
 def _share_within(sigma: float, h: float) -> float:
     """P(|e^X - 1| <= h) for X ~ N(0, sigma^2)."""
     from math import erf, log, sqrt
@@ -44,8 +45,11 @@ def _planted_laws(cfg, md, ratio_sums: np.ndarray, sq: dict[str, np.ndarray]) ->
     # standard error of a tier's mean usage / request over its windows: the interval factor f, the
     # machine and machine-cell factors and the window factor are independent with mean one, shared by
     # the windows of one interval, machine, machine-cell, window
-    var = {"interval": np.exp(s_f**2) - 1, "machine": np.exp(cfg.machine_load_sigma**2) - 1,
-           "machine_cell": np.exp(cfg.machine_cell_load_sigma**2) - 1}
+    var = {
+        "interval": np.exp(s_f**2) - 1,
+        "machine": np.exp(cfg.machine_load_sigma**2) - 1,
+        "machine_cell": np.exp(cfg.machine_cell_load_sigma**2) - 1,
+    }
     with np.errstate(invalid="ignore", divide="ignore"):
         sq = {**sq, "machine": np.maximum(sq["machine"] - n_w**2 / cfg.machines, 0.0)}  # load factors sum to one
         rel_var = sum(var[k] * sq[k] for k in var) / n_w**2 + (np.exp(cfg.usage_window_sigma**2) - 1) / n_w
@@ -63,12 +67,12 @@ def _planted_laws(cfg, md, ratio_sums: np.ndarray, sq: dict[str, np.ndarray]) ->
             "kinds": list(_model.SIZED_KINDS) if cfg.job_size_alpha else [],
             "tiers": ["free", "beb"] if cfg.job_size_alpha else [],
             "law": "per job of the batch and free classes not in an alloc set: S = instances x CPU request x "
-                   "expected running seconds inside the trace window ~ scale x Pareto(alpha) (P(S > x) = "
-                   "(x / scale)^-alpha, capped at 1e4 x scale); the request follows (then the instance count "
-                   "where the request would leave [0.0005, 0.3])",
+            "expected running seconds inside the trace window ~ scale x Pareto(alpha) (P(S > x) = "
+            "(x / scale)^-alpha, capped at 1e4 x scale); the request follows (then the instance count "
+            "where the request would leave [0.0005, 0.3])",
             "expected_ncu_hours": "NCU-hours ~ usage_ratio[tier] x S / 3600 times a noise factor of mean about 1 "
-                                  "(usage, work and stops of its instances), so per tier the CCDF tail of job-usage's "
-                                  "ncu_hours (rows=top-level: jobs in alloc sets left out) has tail index alpha",
+            "(usage, work and stops of its instances), so per tier the CCDF tail of job-usage's "
+            "ncu_hours (rows=top-level: jobs in alloc sets left out) has tail index alpha",
             "scale_cpu_seconds": {k: float(v) for k, v in md.size_scale.items()},
             **{k: int(v) for k, v in md.size_stats.items()},
         },
@@ -77,40 +81,41 @@ def _planted_laws(cfg, md, ratio_sums: np.ndarray, sq: dict[str, np.ndarray]) ->
             "sigma": s_f,
             "tier_map": _model.PLANT_TIERS.name,
             "law": "each running interval's CPU level = request x f x mean-one factors (window, machine, "
-                   "machine-cell, diurnal normalised over the trace) with f = clip(mean[tier] x exp(sigma z - "
-                   "sigma^2/2), 0.01, 2.5); so E[average_usage.cpus / request] = mean[tier] (clipped mean below) "
-                   "for every task window; an alloc instance's window reports its tasks' sum",
-            "clipped_mean_by_tier": {t: _usage.clipped_lognormal_mean(r, s_f, *_usage.F_CPU_CLIP)
-                                     for t, r in ratios.items()},
+            "machine-cell, diurnal normalised over the trace) with f = clip(mean[tier] x exp(sigma z - "
+            "sigma^2/2), 0.01, 2.5); so E[average_usage.cpus / request] = mean[tier] (clipped mean below) "
+            "for every task window; an alloc instance's window reports its tasks' sum",
+            "clipped_mean_by_tier": {
+                t: _usage.clipped_lognormal_mean(r, s_f, *_usage.F_CPU_CLIP) for t, r in ratios.items()
+            },
             "expected_mean_by_tier": {names[k]: float(e_sum[k] / n_w[k]) for k in range(len(names)) if n_w[k]},
             "realised_mean_by_tier": {names[k]: float(r_sum[k] / n_w[k]) for k in range(len(names)) if n_w[k]},
             "windows_by_tier": {names[k]: int(n_w[k]) for k in range(len(names)) if n_w[k]},
             "expected_mean_se_by_tier": {names[k]: float(se[k]) for k in range(len(names)) if n_w[k]},
             "definitions": "expected: mean over the tier's windows of the law's E[usage / request] (alloc "
-                           "windows: their tasks' expected usage / the alloc's request); realised: mean of "
-                           "average_usage.cpus / the request at SCHEDULE (not after UPDATE_RUNNING); machines "
-                           "throttled to max_machine_utilisation pull it below the expectation; se: the "
-                           "standard error of the tier's mean under the law (interval, machine, machine-cell and "
-                           "window factors independent, windows sharing them counted together)",
+            "windows: their tasks' expected usage / the alloc's request); realised: mean of "
+            "average_usage.cpus / the request at SCHEDULE (not after UPDATE_RUNNING); machines "
+            "throttled to max_machine_utilisation pull it below the expectation; se: the "
+            "standard error of the tier's mean under the law (interval, machine, machine-cell and "
+            "window factors independent, windows sharing them counted together)",
         },
         "usage_change": {
             "window_sigma": cfg.usage_window_sigma,
             "machine_cell_sigma": cfg.machine_cell_load_sigma,
             "law": "within a running interval, consecutive 300 s windows (same machine) have independent "
-                   "lognormal window factors (usage_window_sigma) and machine-cell factors "
-                   "(machine_cell_load_sigma), so log(b / a) ~ N(0, 2 (sw^2 + smc^2)) plus the sampling "
-                   "noise of the mean of 300 samples (variance 2 E[exp(s_i^2) - 1] / 300, s_i ~ U(0.1, 0.7))",
+            "lognormal window factors (usage_window_sigma) and machine-cell factors "
+            "(machine_cell_load_sigma), so log(b / a) ~ N(0, 2 (sw^2 + smc^2)) plus the sampling "
+            "noise of the mean of 300 samples (variance 2 E[exp(s_i^2) - 1] / 300, s_i ~ U(0.1, 0.7))",
             "sigma_log_change": s_all,
             "sigma_log_change_without_sampling": float(np.sqrt(planted_var)),
             **{f"share_within_{int(h * 100)}pct": _share_within(s_all, h) for h in (0.05, 0.1, 0.2, 0.5)},
             "applies_to": "task windows (not alloc instances) of full length; throttled machine-cells "
-                          "(max_machine_utilisation) and the diurnal drift (under 0.3% per window) add a little",
+            "(max_machine_utilisation) and the diurnal drift (under 0.3% per window) add a little",
         },
         "scheduling_delay": {
             "law": "every SUBMIT during the trace (new and resubmitted instances): the first placement attempt "
-                   "comes an exponential delay with the tier's mean after it (BATCH-scheduler jobs are ENABLEd "
-                   "within it); SCHEDULE then if the instance fits, else it waits for a scheduling pass. The "
-                   "population submitted at time 0 has no delay",
+            "comes an exponential delay with the tier's mean after it (BATCH-scheduler jobs are ENABLEd "
+            "within it); SCHEDULE then if the instance fits, else it waits for a scheduling pass. The "
+            "population submitted at time 0 has no delay",
             "mean_s_by_tier": {t: md.delay_mean_s[t] for t in names},
             "median_s_by_tier": {t: md.delay_mean_s[t] * float(np.log(2)) for t in names},
             "submissions_by_tier": {t: int(ds[t][0]) for t in names},
@@ -121,8 +126,21 @@ def _planted_laws(cfg, md, ratio_sums: np.ndarray, sq: dict[str, np.ndarray]) ->
     }
 
 
-def _truth(cfg, md, counts, shards, prio_top, prio_all, prio_top_valid, job_cpu, n_windows, n_cpi, n_outliers,
-           cpi_sum, plat_sums) -> dict:
+def _truth(
+    cfg,
+    md,
+    counts,
+    shards,
+    prio_top,
+    prio_all,
+    prio_top_valid,
+    job_cpu,
+    n_windows,
+    n_cpi,
+    n_outliers,
+    cpi_sum,
+    plat_sums,
+) -> dict:
     ev_types: dict[str, int] = {}
     for e in md.inst_events:
         name = EventType(e[1]).name
@@ -148,7 +166,9 @@ def _truth(cfg, md, counts, shards, prio_top, prio_all, prio_top_valid, job_cpu,
         pw, pwc = plat_sums[0][i], plat_sums[1][i]
         ybar = float(pwc / pw) if pw > 0 else None
         platforms[md.platform_ids[i]] = {
-            "cpi_base": cpi, "mai_base": mai, "has_counters": cpi is not None,
+            "cpi_base": cpi,
+            "mai_base": mai,
+            "has_counters": cpi is not None,
             "machines": int((md.m_platform == i).sum()),
             "cpi_weighted_mean_clean": ybar,
             "expected_pct_per_task_vs_mean": 100 * cfg.cpi_per_task * cpi / ybar if ybar and cpi else None,
@@ -169,18 +189,18 @@ def _truth(cfg, md, counts, shards, prio_top, prio_all, prio_top_valid, job_cpu,
             "cpi_model": "cpi = base[platform] * (1 + cpi_per_task*(k-1) + cpi_per_util*u) * exp(sigma*z - sigma^2/2)",
             "mai_model": "mai = mai_base[platform] * (cpi_clean/base) * exp(sigma_m*z' - sigma_m^2/2)",
             "k_definition": "number of top-level usage rows (alloc_collection_id 0: tasks not in allocs and alloc "
-                            "instances) on the same machine whose window lies in the same 300 s grid cell "
-                            "(cell = floor(start_time / 300 s)); includes the row itself when top-level; the "
-                            "same k applies to tasks inside allocs on that machine and cell",
+            "instances) on the same machine whose window lies in the same 300 s grid cell "
+            "(cell = floor(start_time / 300 s)); includes the row itself when top-level; the "
+            "same k applies to tasks inside allocs on that machine and cell",
             "u_definition": "sum over those top-level rows of average_usage.cpus * (end_time - start_time) / "
-                            "(cell length within the trace window * capacity.cpus of the machine); capacity "
-                            "never changes for CPU in this generator",
+            "(cell length within the trace window * capacity.cpus of the machine); capacity "
+            "never changes for CPU in this generator",
             "cpi_where": "only machines of platforms with counters and with a known capacity; other rows omit "
-                         "cycles_per_instruction and memory_accesses_per_instruction",
+            "cycles_per_instruction and memory_accesses_per_instruction",
             "cpi_outlier_fraction": cfg.cpi_outlier_fraction,
             "cpi_outlier_range": list(_usage.CPI_OUTLIER_RANGE),
             "cpi_outlier_filter": "keep cycles_per_instruction <= 100 (or <= 20) to drop exactly the planted "
-                                  "outliers; clean CPI stays below 20",
+            "outliers; clean CPI stays below 20",
             "cpi_outlier_rows": n_outliers,
             "cpi_rows": n_cpi,
             "cpi_weighting": "weight each row by average_usage.cpus * duration (CPU-seconds)",
@@ -190,29 +210,31 @@ def _truth(cfg, md, counts, shards, prio_top, prio_all, prio_top_valid, job_cpu,
                 "pct_per_task_vs_base": 100 * cfg.cpi_per_task,
                 "pct_per_10pct_util_vs_base": 10 * cfg.cpi_per_util,
                 "note": "per platform (group by platform_id; clean rows, CPU-second weights) the fit "
-                        "CPI = b0 + b_t*(k - 1) + b_u*u has b0 = base, b_t = a*base, b_u = b*base, so "
-                        "100*b_t/b0 = 100*a and 10*b_u/b0 = 10*b (the *_vs_base values); with ntasks = k "
-                        "divide by b0 + b_t instead of b0. Relative to the platform's weighted mean CPI the "
-                        "effects are planted.platforms[p].expected_pct_per_task_vs_mean etc. Do not pool raw "
-                        "CPI over platforms: bases differ by +-25% and in a finite cell the platform mix "
-                        "correlates with k and u by chance (a pooled fit was seen 25% off); divide by the "
-                        "base or group by platform",
+                "CPI = b0 + b_t*(k - 1) + b_u*u has b0 = base, b_t = a*base, b_u = b*base, so "
+                "100*b_t/b0 = 100*a and 10*b_u/b0 = 10*b (the *_vs_base values); with ntasks = k "
+                "divide by b0 + b_t instead of b0. Relative to the platform's weighted mean CPI the "
+                "effects are planted.platforms[p].expected_pct_per_task_vs_mean etc. Do not pool raw "
+                "CPI over platforms: bases differ by +-25% and in a finite cell the platform mix "
+                "correlates with k and u by chance (a pooled fit was seen 25% off); divide by the "
+                "base or group by platform",
             },
             "overcommit_cpu": cfg.overcommit_cpu,
             "overcommit_mem": cfg.overcommit_mem,
             "overcommit_rule": "sum of resource_request of running top-level instances (tasks not in allocs, alloc "
-                               "instances) on an ADDed machine <= overcommit * capacity, per resource, at every "
-                               "event; sum of requests of the tasks in an alloc instance <= the alloc's request",
+            "instances) on an ADDed machine <= overcommit * capacity, per resource, at every "
+            "event; sum of requests of the tasks in an alloc instance <= the alloc's request",
             "alloc_usage_rule": "an alloc instance's CPU sample at each second is the sum of its tasks' samples; "
-                                "machine-level sums must use only rows with alloc_collection_id 0",
+            "machine-level sums must use only rows with alloc_collection_id 0",
             "platforms": platforms,
         },
         "machines": {
             "count": cfg.machines,
             "capacity_shapes": shapes,
             "capacity_shapes_at_end": shapes_end,
-            "null_capacity_hidden": {str(int(md.m_id[m])): [md.m_cap_c[m] / _model.UNIT, md.m_cap_m[m] / _model.UNIT]
-                                     for m in np.flatnonzero(md.m_null_cap)},
+            "null_capacity_hidden": {
+                str(int(md.m_id[m])): [md.m_cap_c[m] / _model.UNIT, md.m_cap_m[m] / _model.UNIT]
+                for m in np.flatnonzero(md.m_null_cap)
+            },
             "machine_event_types": m_types,
             "ids_above_2_53": int((md.m_id > 2**53).sum()),
         },
@@ -235,7 +257,7 @@ def _truth(cfg, md, counts, shards, prio_top, prio_all, prio_top_valid, job_cpu,
             "cpu_seconds_top_level_total": float(top_vals.sum()),
             "job_cpu_seconds_top1pct_share": float(jc[:top1].sum() / jc.sum()) if jc.size else None,
             "cpu_seconds_definition": "sum of average_usage.cpus * (end_time - start_time)/1e6 over rows; "
-                                      "top-level = alloc_collection_id 0; valid = excluding planted malformed lines",
+            "top-level = alloc_collection_id 0; valid = excluding planted malformed lines",
             "sample_rate_below_1_fraction_planted": cfg.low_sample_rate_fraction,
         },
         "counts": counts,

@@ -121,8 +121,9 @@ def clipped_lognormal_mean(mean: float, sigma: float, lo: float, hi: float) -> f
     return lo * p_lo + (partial(hi) - partial(lo)) + (hi * (1 - p_hi) if hi < inf else 0.0)
 
 
-def interval_params(iv: dict[str, np.ndarray], is_alloc: np.ndarray, rng: np.random.Generator, cfg,
-                    ratio: np.ndarray | None = None) -> dict:
+def interval_params(
+    iv: dict[str, np.ndarray], is_alloc: np.ndarray, rng: np.random.Generator, cfg, ratio: np.ndarray | None = None
+) -> dict:
     """Per-interval usage parameters (drawn once, after the simulation).
 
     ``is_alloc`` marks the intervals of alloc instances; they and the tasks inside them keep
@@ -176,8 +177,9 @@ def diurnal_factor(amplitude: float, t_s: np.ndarray, span_s: float) -> np.ndarr
     return (1.0 + amplitude * np.sin(w * t_s)) / (1.0 + amplitude * mean_sin)
 
 
-def plant_cpi(k: np.ndarray, u: np.ndarray, base: np.ndarray, a: float, b: float, sigma: float,
-              rng: np.random.Generator) -> np.ndarray:
+def plant_cpi(
+    k: np.ndarray, u: np.ndarray, base: np.ndarray, a: float, b: float, sigma: float, rng: np.random.Generator
+) -> np.ndarray:
     """``CPI = base x (1 + a (k - 1) + b u) x LogNormal(-sigma^2/2, sigma)`` (the noise has mean 1)."""
     noise = np.exp(sigma * rng.standard_normal(k.size) - 0.5 * sigma * sigma)
     return base * (1.0 + a * (k - 1) + b * u) * noise
@@ -186,8 +188,15 @@ def plant_cpi(k: np.ndarray, u: np.ndarray, base: np.ndarray, a: float, b: float
 class UsageContext:
     """Everything the per-block usage generation needs, as flat arrays."""
 
-    def __init__(self, cfg, iv: dict[str, np.ndarray], params: dict[str, np.ndarray], coll: dict[str, np.ndarray],
-                 mach: dict[str, np.ndarray], t_end: int):
+    def __init__(
+        self,
+        cfg,
+        iv: dict[str, np.ndarray],
+        params: dict[str, np.ndarray],
+        coll: dict[str, np.ndarray],
+        mach: dict[str, np.ndarray],
+        t_end: int,
+    ):
         self.cfg = cfg
         self.iv = iv
         self.p = params
@@ -197,7 +206,9 @@ class UsageContext:
         self.t_end_s = t_end // US
 
 
-def generate_block(ctx: UsageContext, g0: int, g1: int, rng: np.random.Generator, batch: int = 8192) -> dict[str, np.ndarray]:
+def generate_block(
+    ctx: UsageContext, g0: int, g1: int, rng: np.random.Generator, batch: int = 8192
+) -> dict[str, np.ndarray]:
     """Usage rows of grid cells ``[g0, g1)`` (every machine), as columns."""
     cfg, iv, p = ctx.cfg, ctx.iv, ctx.p
     w = enumerate_windows(iv, g0, g1, ctx.t_end)
@@ -227,8 +238,14 @@ def generate_block(ctx: UsageContext, g0: int, g1: int, rng: np.random.Generator
     mc_fac = np.exp(s_mc * rng.standard_normal((nm, g1 - g0)) - 0.5 * s_mc * s_mc)
     mach_w = iv["machine"][ivx]
     s_w = cfg.usage_window_sigma
-    level = (req_c * p["f_cpu"][ivx] * np.exp(s_w * rng.standard_normal(W) - 0.5 * s_w * s_w) * diurnal
-             * ctx.mach["load"][mach_w] * mc_fac[mach_w, w["cell"] - g0])
+    level = (
+        req_c
+        * p["f_cpu"][ivx]
+        * np.exp(s_w * rng.standard_normal(W) - 0.5 * s_w * s_w)
+        * diurnal
+        * ctx.mach["load"][mach_w]
+        * mc_fac[mach_w, w["cell"] - g0]
+    )
     sig = p["sig"][ivx]
     u_pick = rng.random(W)
     # a machine cannot run more than its cores: where the expected CPU demand of the tasks on a
@@ -346,7 +363,12 @@ def generate_block(ctx: UsageContext, g0: int, g1: int, rng: np.random.Generator
 
     q = DEC_USAGE
     mean, mx, pick, pct = quantize(mean, q), quantize(mx, q), quantize(pick, q), quantize(pct, q)
-    avg_mem, max_mem, page, assigned = quantize(avg_mem, q), quantize(max_mem, q), quantize(page, q), quantize(assigned, q)
+    avg_mem, max_mem, page, assigned = (
+        quantize(avg_mem, q),
+        quantize(max_mem, q),
+        quantize(page, q),
+        quantize(assigned, q),
+    )
     rate_w = quantize(n / dur, DEC_RATE)
 
     # machine-level co-location count k and utilisation u per (machine, cell), top-level rows only
@@ -369,8 +391,9 @@ def generate_block(ctx: UsageContext, g0: int, g1: int, rng: np.random.Generator
     mai = np.full(W, np.nan)
     hc = np.flatnonzero(has_cpi)
     if hc.size:
-        clean = plant_cpi(kk[hc].astype(np.float64), uu[hc], base[hc], cfg.cpi_per_task, cfg.cpi_per_util,
-                          cfg.cpi_noise, rng)
+        clean = plant_cpi(
+            kk[hc].astype(np.float64), uu[hc], base[hc], cfg.cpi_per_task, cfg.cpi_per_util, cfg.cpi_noise, rng
+        )
         m_noise = np.exp(cfg.mai_noise * rng.standard_normal(hc.size) - 0.5 * cfg.mai_noise**2)
         mai[hc] = quantize(ctx.mach["mai_base"][machine[hc]] * (clean / base[hc]) * m_noise, DEC_USAGE)
         out = rng.random(hc.size) < cfg.cpi_outlier_fraction
@@ -384,15 +407,40 @@ def generate_block(ctx: UsageContext, g0: int, g1: int, rng: np.random.Generator
 
     c = iv["coll"][ivx]
     return {
-        "start_time": w["ws"] * US, "end_time": w["we"] * US, "dur": dur, "cell": cell,
-        "collection_id": ctx.coll["cid"][c], "instance_index": iv["index"][ivx], "machine_id": ctx.mach["mid"][machine],
-        "machine": machine, "coll": c,
+        "start_time": w["ws"] * US,
+        "end_time": w["we"] * US,
+        "dur": dur,
+        "cell": cell,
+        "collection_id": ctx.coll["cid"][c],
+        "instance_index": iv["index"][ivx],
+        "machine_id": ctx.mach["mid"][machine],
+        "machine": machine,
+        "coll": c,
         "alloc_collection_id": np.where(in_alloc, ctx.coll["alloc_cid"][c], 0),
-        "alloc_instance_index": iv["alloc_index"][ivx], "in_alloc": in_alloc, "top": top,
-        "collection_type": ctx.coll["ctype"][c], "priority": ctx.coll["prio"][c],
-        "avg_cpu": mean, "max_cpu": mx, "sample_cpu": pick, "pct": pct, "n": n,
-        "avg_mem": avg_mem, "max_mem": max_mem, "assigned_mem": assigned, "page_cache_mem": page,
-        "max_missing": max_missing, "sample_rate": rate_w,
-        "cpi": cpi, "mai": mai, "has_cpi": has_cpi, "cpi_outlier": cpi_outlier, "k": kk, "u": uu, "cpi_base": base,
-        "req_cpu": req_c, "exp_ratio": exp_ratio, "iv": ivx,
+        "alloc_instance_index": iv["alloc_index"][ivx],
+        "in_alloc": in_alloc,
+        "top": top,
+        "collection_type": ctx.coll["ctype"][c],
+        "priority": ctx.coll["prio"][c],
+        "avg_cpu": mean,
+        "max_cpu": mx,
+        "sample_cpu": pick,
+        "pct": pct,
+        "n": n,
+        "avg_mem": avg_mem,
+        "max_mem": max_mem,
+        "assigned_mem": assigned,
+        "page_cache_mem": page,
+        "max_missing": max_missing,
+        "sample_rate": rate_w,
+        "cpi": cpi,
+        "mai": mai,
+        "has_cpi": has_cpi,
+        "cpi_outlier": cpi_outlier,
+        "k": kk,
+        "u": uu,
+        "cpi_base": base,
+        "req_cpu": req_c,
+        "exp_ratio": exp_ratio,
+        "iv": ivx,
     }

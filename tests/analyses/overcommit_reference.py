@@ -72,8 +72,15 @@ def _integrate(acc: dict, key: tuple, s: int, e: int, value: float, start: int, 
             acc[(*key, b)] += value * (ov / 1e6)
 
 
-def replay(tables: dict[str, pa.Table], *, bucket_s: int, names: tuple[str, ...], bounds: tuple[int, ...],
-           start: int = 600_000_000, end: int | None = None) -> dict[str, Any]:
+def replay(
+    tables: dict[str, pa.Table],
+    *,
+    bucket_s: int,
+    names: tuple[str, ...],
+    bounds: tuple[int, ...],
+    start: int = 600_000_000,
+    end: int | None = None,
+) -> dict[str, Any]:
     """Interval-derived series (capacity, requests, instance counts) by plain loops.
 
     Returns dict with ``end``, ``n_buckets``, ``machines`` (set of machine ids) and accumulators
@@ -90,7 +97,9 @@ def replay(tables: dict[str, pa.Table], *, bucket_s: int, names: tuple[str, ...]
     def clip(t: int) -> int:
         return min(max(t, start), end)
 
-    out: dict[str, Any] = {k: defaultdict(float) for k in ("up", "capc", "capm", "unkc", "unkm", "inst", "reqc", "reqm")}
+    out: dict[str, Any] = {
+        k: defaultdict(float) for k in ("up", "capc", "capm", "unkc", "unkm", "inst", "reqc", "reqm")
+    }
     out["distinct"] = defaultdict(set)
     # ---- instances
     by_inst: dict[tuple[int, int], list[tuple[int, int, dict]]] = defaultdict(list)
@@ -177,14 +186,25 @@ def _val(v: Any) -> float:
     return float("nan") if v is None else float(v)
 
 
-def usage_sql(con: Any, *, bucket_s: int, names: tuple[str, ...], bounds: tuple[int, ...], start: int, end: int,
-              machines: set[int]) -> Any:
+def usage_sql(
+    con: Any,
+    *,
+    bucket_s: int,
+    names: tuple[str, ...],
+    bounds: tuple[int, ...],
+    start: int,
+    end: int,
+    machines: set[int],
+) -> Any:
     """DuckDB: per (machine, tier, bucket) time-weighted usage seconds, sums of window maxima and
     window counts over views ``usage`` and ``events``; returns a pandas DataFrame."""
     width = bucket_s * 1_000_000
     b_lo, b_hi = start // width, -(-end // width)  # absolute buckets meeting [start, end)
-    case = "CASE WHEN p IS NULL OR p < 0 THEN 'unknown' " + " ".join(
-        f"WHEN p >= {b} THEN '{n}'" for b, n in reversed(list(zip(bounds, names, strict=True)))) + " END"
+    case = (
+        "CASE WHEN p IS NULL OR p < 0 THEN 'unknown' "
+        + " ".join(f"WHEN p >= {b} THEN '{n}'" for b, n in reversed(list(zip(bounds, names, strict=True))))
+        + " END"
+    )
     con.execute("CREATE OR REPLACE TEMP TABLE known_machines (m BIGINT)")
     if machines:
         con.executemany("INSERT INTO known_machines VALUES (?)", [[int(m)] for m in machines])

@@ -14,10 +14,20 @@ from gpuclust.backends import get_backend
 from gpuclust.partials import keyed_reduce, merge_keyed, merge_moments
 
 DOCTEST_MODULES = [
-    "gpuclust.analyses.base", "gpuclust.analyses.cell_usage", "gpuclust.analyses.machine_shapes",
-    "gpuclust.analyses.registry", "gpuclust.backends", "gpuclust.backends.cpu", "gpuclust.engine.local",
-    "gpuclust.engine.partition", "gpuclust.analyses._lookup", "gpuclust.engine.progress", "gpuclust._cache",
-    "gpuclust.partials", "gpuclust.analyses.grouping", "gpuclust.backends.array_cpu",
+    "gpuclust.analyses.base",
+    "gpuclust.analyses.cell_usage",
+    "gpuclust.analyses.machine_shapes",
+    "gpuclust.analyses.registry",
+    "gpuclust.backends",
+    "gpuclust.backends.cpu",
+    "gpuclust.engine.local",
+    "gpuclust.engine.partition",
+    "gpuclust.analyses._lookup",
+    "gpuclust.engine.progress",
+    "gpuclust._cache",
+    "gpuclust.partials",
+    "gpuclust.analyses.grouping",
+    "gpuclust.backends.array_cpu",
 ]
 
 
@@ -103,8 +113,11 @@ def test_stage_is_identity_on_cpu():
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.lists(st.integers(-2**63 + 1, 2**63 - 1), unique=True, max_size=30), st.lists(st.integers(-50, 50), max_size=30),
-       st.booleans())
+@given(
+    st.lists(st.integers(-(2**63) + 1, 2**63 - 1), unique=True, max_size=30),
+    st.lists(st.integers(-50, 50), max_size=30),
+    st.booleans(),
+)
 def test_id_index_matches_dict(ids, extra, nonneg):
     """Sorted int64 ids: the hash path (all ids >= 0) and the binary-search path agree with a dict."""
     from gpuclust.analyses._lookup import id_index
@@ -141,8 +154,11 @@ def test_grouping_buckets_and_by_lists():
 
 
 @settings(max_examples=100, deadline=None)
-@given(_rows, st.lists(st.one_of(st.floats(-1e3, 1e3), st.just(float("nan"))), min_size=30, max_size=30),
-       st.lists(st.integers(-3, 3), min_size=30, max_size=30))
+@given(
+    _rows,
+    st.lists(st.one_of(st.floats(-1e3, 1e3), st.just(float("nan"))), min_size=30, max_size=30),
+    st.lists(st.integers(-3, 3), min_size=30, max_size=30),
+)
 def test_merge_keyed_same_keys_match_pandas(ra, vb, nb):
     """Two sorted partials over the same keys (the elementwise path): pandas' groupby of the two,
     NaN summed as 0, sums and maxima, dtypes kept."""
@@ -183,19 +199,28 @@ _values = st.one_of(st.floats(-1e3, 1e3), st.just(float("nan")), st.just(float("
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.integers(-20, 60), unique=True, min_size=1, max_size=30),
-       st.lists(st.integers(-20, 60), unique=True, min_size=1, max_size=30),
-       st.lists(_values, min_size=60, max_size=60), st.lists(st.integers(-9, 9), min_size=60, max_size=60),
-       st.booleans())
+@given(
+    st.lists(st.integers(-20, 60), unique=True, min_size=1, max_size=30),
+    st.lists(st.integers(-20, 60), unique=True, min_size=1, max_size=30),
+    st.lists(_values, min_size=60, max_size=60),
+    st.lists(st.integers(-9, 9), min_size=60, max_size=60),
+    st.booleans(),
+)
 def test_merge_keyed_places_rows_as_insertion_does(ka, kb, vals, ints, as_max):
     """The sorted path against the insert-and-add merge, bit for bit: NaN and infinities, float32,
     a 2-D field, integer and float maxima."""
+
     def part(keys, off):
         k = np.array(sorted(keys), dtype=np.int64)
         n = k.shape[0]
-        v = np.array(vals[off:off + n], dtype=np.float64)
-        return {"key": k, "v": v, "v32": v.astype(np.float32), "n": np.array(ints[off:off + n], dtype=np.int64),
-                "two": np.stack([v, np.array(ints[off:off + n], dtype=np.float64)], axis=1)}
+        v = np.array(vals[off : off + n], dtype=np.float64)
+        return {
+            "key": k,
+            "v": v,
+            "v32": v.astype(np.float32),
+            "n": np.array(ints[off : off + n], dtype=np.int64),
+            "two": np.stack([v, np.array(ints[off : off + n], dtype=np.float64)], axis=1),
+        }
 
     a, b = part(ka, 0), part(kb, 30)
     maxima = ("n", "v") if as_max else ()

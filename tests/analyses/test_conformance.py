@@ -43,8 +43,9 @@ def instances():
 
 
 INSTANCES = instances()
-SETTINGS = settings(max_examples=12, deadline=None,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 
 
 def partial_of(a, t: pa.Table, ctx, backend):
@@ -159,7 +160,9 @@ def test_single_rows(analysis, edge_backend, tables):
     acc = to_host(analysis.empty(edge_backend))
     for lo, hi in zip(cuts, cuts[1:], strict=False):
         acc = analysis.merge(acc, partial_of(analysis, t.slice(lo, hi - lo), ctx, edge_backend))
-    assert_results_equal(analysis.finalize(acc, ctx), analysis.finalize(partial_of(analysis, t, ctx, edge_backend), ctx))
+    assert_results_equal(
+        analysis.finalize(acc, ctx), analysis.finalize(partial_of(analysis, t, ctx, edge_backend), ctx)
+    )
 
 
 def _leaves(obj):
@@ -171,7 +174,9 @@ def _leaves(obj):
     return [obj]
 
 
-@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+    max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 @given(tables=cell(), gpu=st.booleans())
 def test_device_partial_finalizes_where_it_is(analysis, tables, gpu, monkeypatch):
     """An analysis with ``device_partial`` finalizes a partial whose arrays are still on the device
@@ -194,7 +199,9 @@ def test_device_partial_finalizes_where_it_is(analysis, tables, gpu, monkeypatch
     assert_results_equal(got, want)
 
 
-@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+    max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 @given(tables=cell())
 def test_finalize_on_the_device_shaped_backend(analysis, tables, monkeypatch):
     """A partial marked as computed on the gpu finalizes on the gpu backend (peak-prediction's

@@ -36,6 +36,7 @@ HOUR = 3_600_000_000
 
 # ----------------------------------------------------------------------------- fixtures
 
+
 @pytest.fixture(scope="session")
 def synth_ds(tmp_path_factory):
     from gpuclust.synth import SynthConfig, synthesize
@@ -92,7 +93,11 @@ def _assert_frames(a: pd.DataFrame, b: pd.DataFrame, rtol: float = RTOL) -> None
             atol = 1e-7 if c.endswith("_se") else 1e-12 if c.endswith("_std") else 1e-300
             np.testing.assert_allclose(x.to_numpy(), y.to_numpy(), rtol=rtol, atol=atol, equal_nan=True, err_msg=c)
         else:
-            assert x.tolist() == y.tolist() or (x.isna() == y.isna()).all() and x[x.notna()].tolist() == y[y.notna()].tolist(), c
+            assert (
+                x.tolist() == y.tolist()
+                or (x.isna() == y.isna()).all()
+                and x[x.notna()].tolist() == y[y.notna()].tolist()
+            ), c
 
 
 def _assert_results(r1, r2, rtol=RTOL):
@@ -102,6 +107,7 @@ def _assert_results(r1, r2, rtol=RTOL):
 
 
 # ----------------------------------------------------------------------------- planted truth
+
 
 def test_synth_recovers_planted_slopes(synth_ds, synth_result):
     planted = Dataset(synth_ds).manifest["synthetic"]["planted"]
@@ -134,15 +140,22 @@ def test_filter_drops_exactly_the_planted_outliers(synth_ds):
     f = res["filter"].set_index("reason")["windows"]
     ds = Dataset(synth_ds)
     us = [str(x) for x in ds.files("instance_usage")]
-    n_out, n_out_cpu = duckdb.connect().execute(f"""SELECT COUNT(*), COUNT(*) FILTER (WHERE avg_cpu * (end_time - start_time) > 0)
-                                     FROM read_parquet({us}) WHERE cpi > 100""").fetchone()
+    n_out, n_out_cpu = (
+        duckdb.connect()
+        .execute(f"""SELECT COUNT(*), COUNT(*) FILTER (WHERE avg_cpu * (end_time - start_time) > 0)
+                                     FROM read_parquet({us}) WHERE cpi > 100""")
+        .fetchone()
+    )
     assert n_out == planted["cpi_outlier_rows"]
     assert f["cpi_range"] == n_out_cpu  # an outlier window with no CPU time fails the weight test first
-    assert f["missing"] + f["cpu_seconds"] + f["cpi_range"] + f["mai_range"] + f["kept"] == res["info"]["windows_total"][0]
+    assert (
+        f["missing"] + f["cpu_seconds"] + f["cpi_range"] + f["mai_range"] + f["kept"] == res["info"]["windows_total"][0]
+    )
     assert f["missing"] == res["info"]["windows_total"][0] - planted["cpi_rows"]
 
 
 # ----------------------------------------------------------------------------- references
+
 
 def test_k_and_util_match_sql(synth_ds):
     """The machine-cell sums (k, util per machine and 300 s cell; merged partials of two
@@ -157,8 +170,10 @@ def test_k_and_util_match_sql(synth_ds):
     t = as_source(ds).read("instance_usage", list(a.columns))
     be = get_backend("cpu")
     half = t.num_rows // 2
-    parts = [a.partial({c: column_to_numpy(t.slice(lo, hi - lo).column(c)) for c in a.columns}, ctx, be)
-             for lo, hi in ((0, half), (half, t.num_rows))]
+    parts = [
+        a.partial({c: column_to_numpy(t.slice(lo, hi - lo).column(c)) for c in a.columns}, ctx, be)
+        for lo, hi in ((0, half), (half, t.num_rows))
+    ]
     _, keyed = a.split(a.merge(*parts))
     got = a.machine_cells(keyed["c"], ctx)
     con = duckdb.connect()
@@ -199,8 +214,14 @@ def test_groups_match_sql(synth_ds, synth_rows, by):
     got = res.sort_values(key).reset_index(drop=True)
     assert got[key].tolist() == ref["g"].tolist()
     assert got["n"].tolist() == ref["n"].tolist()
-    for a, b in (("cpu_seconds", "Wt"), ("cpi_mean", "cpi_mean"), ("cpi_std", "cpi_std"), ("mai_mean", "mai_mean"),
-                 ("mai_std", "mai_std"), ("pearson_r", "r")):
+    for a, b in (
+        ("cpu_seconds", "Wt"),
+        ("cpi_mean", "cpi_mean"),
+        ("cpi_std", "cpi_std"),
+        ("mai_mean", "mai_mean"),
+        ("mai_std", "mai_std"),
+        ("pearson_r", "r"),
+    ):
         ok = ref["n"] > 2
         np.testing.assert_allclose(got[a][ok], ref[b][ok], rtol=1e-9, atol=1e-12, err_msg=a)
 
@@ -250,23 +271,40 @@ def test_regression_matches_lstsq(synth_result, synth_rows):
 
 # ----------------------------------------------------------------------------- Spearman
 
+
 def _tiny_cell(seed: int, n: int = 400, equal_weights: bool = True) -> dict[str, pa.Table]:
     rng = np.random.default_rng(seed)
     mids = np.array([11, 12, 2**53 + 1], dtype=np.int64)
-    me = table("machine_events", {"time": [0, 0, 0], "machine_id": mids, "type": [1, 1, 1],
-                                  "cap_cpu": [0.5, 1.0, None], "cap_mem": [0.5, 0.5, 0.5],
-                                  "platform_id": ["pA", "pB", "pA"]})
+    me = table(
+        "machine_events",
+        {
+            "time": [0, 0, 0],
+            "machine_id": mids,
+            "type": [1, 1, 1],
+            "cap_cpu": [0.5, 1.0, None],
+            "cap_mem": [0.5, 0.5, 0.5],
+            "platform_id": ["pA", "pB", "pA"],
+        },
+    )
     m = rng.choice(mids, n)
     start = 600_000_000 + rng.integers(0, 12, n) * 300_000_000
     x = rng.normal(size=n)
     cpi = np.round(1.5 + 0.3 * x + 0.2 * rng.normal(size=n), 2)  # rounded: many ties
     mai = np.round(0.01 + 0.002 * x + 0.002 * rng.normal(size=n), 4)
-    us = table("instance_usage", {
-        "start_time": start, "end_time": start + 300_000_000, "collection_id": rng.integers(1, 4, n),
-        "instance_index": rng.integers(0, 5, n).astype(np.int32), "machine_id": m,
-        "alloc_collection_id": np.where(rng.random(n) < 0.1, 7, 0),
-        "avg_cpu": np.full(n, 0.05, np.float32) if equal_weights else rng.uniform(0.01, 0.2, n).astype(np.float32),
-        "cpi": cpi.astype(np.float32), "mai": mai.astype(np.float32)})
+    us = table(
+        "instance_usage",
+        {
+            "start_time": start,
+            "end_time": start + 300_000_000,
+            "collection_id": rng.integers(1, 4, n),
+            "instance_index": rng.integers(0, 5, n).astype(np.int32),
+            "machine_id": m,
+            "alloc_collection_id": np.where(rng.random(n) < 0.1, 7, 0),
+            "avg_cpu": np.full(n, 0.05, np.float32) if equal_weights else rng.uniform(0.01, 0.2, n).astype(np.float32),
+            "cpi": cpi.astype(np.float32),
+            "mai": mai.astype(np.float32),
+        },
+    )
     return {"machine_events": me, "instance_usage": us}
 
 
@@ -290,8 +328,7 @@ def test_weighted_spearman_is_replicated_unweighted():
     t = tables["instance_usage"]
     rng = np.random.default_rng(5)
     reps = rng.integers(1, 4, t.num_rows)
-    t = t.set_column(t.schema.get_field_index("avg_cpu"), "avg_cpu",
-                     pa.array((reps * 0.01).astype(np.float32)))
+    t = t.set_column(t.schema.get_field_index("avg_cpu"), "avg_cpu", pa.array((reps * 0.01).astype(np.float32)))
     tables["instance_usage"] = t
     g = engine.run(tables, Cpi(by="cell", spearman="exact"))["cpi"]["groups"]
     us = t.to_pandas()
@@ -303,10 +340,14 @@ def test_weighted_spearman_is_replicated_unweighted():
 
 # ----------------------------------------------------------------------------- partitions / schedulers
 
+
 def test_partition_invariance(synth_ds, synth_result):
     n = Dataset(synth_ds).num_rows("instance_usage")
-    for kw in ({"partitions": 1}, {"partitions": 7},
-               {"cut_points": {"instance_usage": sorted(np.random.default_rng(0).integers(1, n, 4).tolist())}}):
+    for kw in (
+        {"partitions": 1},
+        {"partitions": 7},
+        {"cut_points": {"instance_usage": sorted(np.random.default_rng(0).integers(1, n, 4).tolist())}},
+    ):
         _assert_results(engine.run(synth_ds, Cpi(by="platform"), **kw)["cpi"], synth_result)
 
 
@@ -320,6 +361,7 @@ def test_local_cluster(tmp_path):
 
 # ----------------------------------------------------------------------------- merge laws with CPI present
 
+
 @st.composite
 def shared_cell_with_cpi(draw):
     """The shared conformance cell (tests/strategies.py) with CPI, MAI and platforms added."""
@@ -328,8 +370,11 @@ def shared_cell_with_cpi(draw):
     n = us.num_rows
     f32 = st.one_of(st.floats(-1, 300, width=32), st.just(float("nan")))
     cpi = draw(st.lists(st.one_of(st.none(), st.sampled_from([0.0, 1.5, 1.5, 250.0]), f32), min_size=n, max_size=n))
-    mai = draw(st.lists(st.one_of(st.none(), st.sampled_from([0.0, 0.01, 2.0]), st.floats(0, 1, width=32)),
-                        min_size=n, max_size=n))
+    mai = draw(
+        st.lists(
+            st.one_of(st.none(), st.sampled_from([0.0, 0.01, 2.0]), st.floats(0, 1, width=32)), min_size=n, max_size=n
+        )
+    )
     us = us.set_column(us.schema.get_field_index("cpi"), "cpi", pa.array(cpi, pa.float32()))
     us = us.set_column(us.schema.get_field_index("mai"), "mai", pa.array(mai, pa.float32()))
     me = t["machine_events"]
@@ -353,8 +398,14 @@ def dense_cpi_cell(draw):
             me["cap_cpu"].append(draw(st.sampled_from([None, 0.5, 0.5, 1.0, 0.25])))
             me["cap_mem"].append(0.5)
             me["platform_id"].append(draw(st.sampled_from([None, "p1", "p2", "p2"])))
-    inst = draw(st.lists(st.tuples(st.sampled_from([5, 2**40 + 1, 2**60]), st.integers(0, 2), st.sampled_from(mids)),
-                         min_size=1, max_size=6, unique=True))
+    inst = draw(
+        st.lists(
+            st.tuples(st.sampled_from([5, 2**40 + 1, 2**60]), st.integers(0, 2), st.sampled_from(mids)),
+            min_size=1,
+            max_size=6,
+            unique=True,
+        )
+    )
     ev: dict[str, list] = {k: [] for k in ("time", "type", "collection_id", "instance_index", "machine_id", "priority")}
     for c, i, m in inst:
         if draw(st.booleans()):
@@ -364,14 +415,30 @@ def dense_cpi_cell(draw):
             ev["instance_index"].append(i)
             ev["machine_id"].append(m)
             ev["priority"].append(draw(st.sampled_from([None, 0, 105, 117, 200, 400, -1])))
-    us: dict[str, list] = {k: [] for k in ("start_time", "end_time", "collection_id", "instance_index", "machine_id",
-                                           "alloc_collection_id", "avg_cpu", "cpi", "mai")}
+    us: dict[str, list] = {
+        k: []
+        for k in (
+            "start_time",
+            "end_time",
+            "collection_id",
+            "instance_index",
+            "machine_id",
+            "alloc_collection_id",
+            "avg_cpu",
+            "cpi",
+            "mai",
+        )
+    }
     for _ in range(draw(st.integers(1, 60))):
         c, i, m = draw(st.sampled_from(inst))
         s = 600_000_000 + draw(st.integers(0, 4)) * 300_000_000 + draw(st.sampled_from([0, 0, 100_000_000]))
         kind = draw(st.sampled_from(["full"] * 8 + ["short", "zero", "after"]))
-        e = {"full": s + 300_000_000 - (s % 300_000_000 if s % 300_000_000 else 0), "short": s + 50_000_000,
-             "zero": s, "after": 2**63 - 1}[kind]
+        e = {
+            "full": s + 300_000_000 - (s % 300_000_000 if s % 300_000_000 else 0),
+            "short": s + 50_000_000,
+            "zero": s,
+            "after": 2**63 - 1,
+        }[kind]
         us["start_time"].append(s)
         us["end_time"].append(e)
         us["collection_id"].append(c)
@@ -379,14 +446,20 @@ def dense_cpi_cell(draw):
         us["machine_id"].append(m)
         us["alloc_collection_id"].append(draw(st.sampled_from([0, 0, 0, None, 2**33 + 1])))
         ugly = draw(st.integers(0, 9)) == 0  # one row in ten gets an ugly value somewhere
-        us["avg_cpu"].append(draw(st.sampled_from([None, 0.0]) if ugly and draw(st.booleans())
-                                  else st.floats(0.0009765625, 1, width=32)))
-        us["cpi"].append(draw(st.sampled_from([None, 0.0, 250.0]) if ugly and draw(st.booleans())
-                              else st.floats(0.25, 5, width=32)))
-        us["mai"].append(draw(st.sampled_from([None, 2.0]) if ugly and draw(st.booleans())
-                              else st.floats(0, 0.0625, width=32)))
-    return {"machine_events": table("machine_events", me), "instance_events": table("instance_events", ev),
-            "instance_usage": table("instance_usage", us)}
+        us["avg_cpu"].append(
+            draw(st.sampled_from([None, 0.0]) if ugly and draw(st.booleans()) else st.floats(0.0009765625, 1, width=32))
+        )
+        us["cpi"].append(
+            draw(st.sampled_from([None, 0.0, 250.0]) if ugly and draw(st.booleans()) else st.floats(0.25, 5, width=32))
+        )
+        us["mai"].append(
+            draw(st.sampled_from([None, 2.0]) if ugly and draw(st.booleans()) else st.floats(0, 0.0625, width=32))
+        )
+    return {
+        "machine_events": table("machine_events", me),
+        "instance_events": table("instance_events", ev),
+        "instance_usage": table("instance_usage", us),
+    }
 
 
 def cpi_cell():
@@ -398,11 +471,14 @@ def _partial(a, t, ctx, backend):
     return to_host(a.partial(cols, ctx, backend))
 
 
-VARIANTS = [Cpi(by=b) for b in BY] + [Cpi(by="machine", spearman="exact"), Cpi(by="tier", spearman="none"),
-                                      Cpi(by="collection", regression="pooled", spearman_bins=4),
-                                      Cpi(by="machine", regression="none", spearman="none"),
-                                      Cpi(by="platform", regression="none", spearman="exact"),
-                                      Cpi(by="cell", regression="none", spearman_bins=4)]
+VARIANTS = [Cpi(by=b) for b in BY] + [
+    Cpi(by="machine", spearman="exact"),
+    Cpi(by="tier", spearman="none"),
+    Cpi(by="collection", regression="pooled", spearman_bins=4),
+    Cpi(by="machine", regression="none", spearman="none"),
+    Cpi(by="platform", regression="none", spearman="exact"),
+    Cpi(by="cell", regression="none", spearman_bins=4),
+]
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -455,8 +531,9 @@ def test_regression_none_is_the_sql_subset(synth_ds, monkeypatch, by):
     full = {sp: engine.run(synth_ds, Cpi(by=by, spearman=sp), partitions=2)["cpi"] for sp in ("exact", "grid")}
     calls = []
     orig = _machine_cells.CpiHistograms.partial
-    monkeypatch.setattr(_machine_cells.CpiHistograms, "partial",
-                        lambda self, *a, **k: calls.append(self.name) or orig(self, *a, **k))
+    monkeypatch.setattr(
+        _machine_cells.CpiHistograms, "partial", lambda self, *a, **k: calls.append(self.name) or orig(self, *a, **k)
+    )
     for sp in ("none", "exact", "grid"):
         calls.clear()
         a = Cpi(by=by, regression="none", spearman=sp)
@@ -493,8 +570,15 @@ def test_fine_bins_and_grid_lookup_equal_searchsorted():
     rng = np.random.default_rng(11)
     for var, hi in (("cpi", 100.0), ("mai", 1.0), ("cpi", 3.0), ("mai", 1e-9)):
         e = hist_edges(var, hi)
-        v = np.concatenate([np.exp(rng.normal(np.log(e[len(e) // 3]), 4, 20_000)), e, np.nextafter(e, 0),
-                            np.nextafter(e, np.inf), [0.0, -0.0, -1.0, np.nan, np.inf, -np.inf, 1e-300, 1e300]])
+        v = np.concatenate(
+            [
+                np.exp(rng.normal(np.log(e[len(e) // 3]), 4, 20_000)),
+                e,
+                np.nextafter(e, 0),
+                np.nextafter(e, np.inf),
+                [0.0, -0.0, -1.0, np.nan, np.inf, -np.inf, 1e-300, 1e300],
+            ]
+        )
         with np.errstate(over="ignore"):
             for x in (v, v.astype(np.float32).astype(np.float64)):
                 np.testing.assert_array_equal(log_bins(np, e, x), np.searchsorted(e, x, side="right"))
@@ -511,8 +595,9 @@ def test_fine_bins_and_grid_lookup_equal_searchsorted():
     w[::50] = np.nan
     zc = np.quantile(z, [0.25, 0.5, 0.75])
     ref = spearman_grid_partial(be, y, z, g, 3, cuts, zc, w)
-    got = spearman_grid_partial(be, y, z, g, 3, cuts, zc, w,
-                                (lut[log_bins(np, e, y)], np.searchsorted(zc, z, side="right")))
+    got = spearman_grid_partial(
+        be, y, z, g, 3, cuts, zc, w, (lut[log_bins(np, e, y)], np.searchsorted(zc, z, side="right"))
+    )
     np.testing.assert_array_equal(got, ref)
 
 
@@ -523,8 +608,14 @@ def test_empty_and_options():
     assert all(len(df) == 0 for k, df in r.items() if k != "info")
     assert create("cpi", by="machine", regression="pooled") == Cpi(by="machine", regression="pooled")
     assert Cpi(by="tier", cpi_max=20.0).label == "cpi[by=tier,cpi_max=20.0]"
-    for bad in ({"by": "rack"}, {"regression": "ols"}, {"spearman": "fast"}, {"spearman_bins": 1},
-                {"cpi_min": 5.0, "cpi_max": 1.0}, {"tier_map": "nope"}):
+    for bad in (
+        {"by": "rack"},
+        {"regression": "ols"},
+        {"spearman": "fast"},
+        {"spearman_bins": 1},
+        {"cpi_min": 5.0, "cpi_max": 1.0},
+        {"tier_map": "nope"},
+    ):
         with pytest.raises(ValueError):
             Cpi(**bad)
 
@@ -532,14 +623,32 @@ def test_empty_and_options():
 def test_platform_as_of_window():
     """A machine whose platform changes: each window takes the platform of the last event at or
     before its start (the first platform before the machine's first event)."""
-    me = table("machine_events", {"time": [0, 5 * HOUR, 0], "machine_id": [1, 1, 2], "type": [1, 3, 1],
-                                  "cap_cpu": [0.5, 0.5, 0.5], "cap_mem": [0.5, 0.5, 0.5],
-                                  "platform_id": ["old", "new", "old"]})
+    me = table(
+        "machine_events",
+        {
+            "time": [0, 5 * HOUR, 0],
+            "machine_id": [1, 1, 2],
+            "type": [1, 3, 1],
+            "cap_cpu": [0.5, 0.5, 0.5],
+            "cap_mem": [0.5, 0.5, 0.5],
+            "platform_id": ["old", "new", "old"],
+        },
+    )
     st_ = np.array([HOUR, 6 * HOUR, 5 * HOUR, 7 * HOUR])
-    us = table("instance_usage", {"start_time": st_, "end_time": st_ + 300_000_000, "collection_id": [1, 1, 2, 2],
-                                  "instance_index": [0, 0, 0, 0], "machine_id": [1, 1, 2, 99],
-                                  "alloc_collection_id": [0, 0, 0, 0], "avg_cpu": [0.1, 0.2, 0.3, 0.4],
-                                  "cpi": [1.0, 2.0, 3.0, 4.0], "mai": [0.01, 0.01, 0.01, 0.01]})
+    us = table(
+        "instance_usage",
+        {
+            "start_time": st_,
+            "end_time": st_ + 300_000_000,
+            "collection_id": [1, 1, 2, 2],
+            "instance_index": [0, 0, 0, 0],
+            "machine_id": [1, 1, 2, 99],
+            "alloc_collection_id": [0, 0, 0, 0],
+            "avg_cpu": [0.1, 0.2, 0.3, 0.4],
+            "cpi": [1.0, 2.0, 3.0, 4.0],
+            "mai": [0.01, 0.01, 0.01, 0.01],
+        },
+    )
     r = engine.run({"machine_events": me, "instance_usage": us}, Cpi(by="platform"))["cpi"]
     g = r["groups"].dropna(subset=["platform_id"]).set_index("platform_id")
     assert g.loc["new", "n"] == 1 and g.loc["old", "n"] == 2
@@ -558,6 +667,7 @@ def test_report_files(synth_ds, tmp_path):
 
 
 # ----------------------------------------------------------------------------- GPU parity
+
 
 def test_backend_parity(backend, synth_ds, synth_result):
     for a, ref in ((Cpi(by="platform"), synth_result), (Cpi(by="machine", spearman="exact"), None)):

@@ -65,8 +65,9 @@ def quality_cell(draw) -> dict:
             vals = [draw(st.one_of(st.none(), st.just(v))) for v in vals]
         for q, v in zip(LEVELS, vals, strict=True):
             r[f"cpu_p{q}"] = v
-        r["max_cpu"] = draw(st.one_of(st.none(), st.just(vals[-1]), percentile,
-                                      st.just(None if vals[-1] is None else vals[-1] * 3)))
+        r["max_cpu"] = draw(
+            st.one_of(st.none(), st.just(vals[-1]), percentile, st.just(None if vals[-1] is None else vals[-1] * 3))
+        )
         r["cpi"] = draw(st.sampled_from([None, 0.0, 1.5, 150.0, -1.0, float("inf")]))
         r["mai"] = draw(st.sampled_from([None, 0.01, 2.0, -0.1]))
         r["end_time"] = draw(st.sampled_from([r["end_time"]] * 6 + [TIME_AFTER_TRACE, 0]))
@@ -88,10 +89,12 @@ def quality_cell(draw) -> dict:
     def tab(name, rows, like):
         return table(name, {c: [r[c] for r in rows] for c in like.column_names}) if rows else like
 
-    return {"instance_usage": tab("instance_usage", us, t["instance_usage"]),
-            "instance_events": tab("instance_events", ev, t["instance_events"]),
-            "machine_events": tab("machine_events", me, t["machine_events"]),
-            "collection_events": tab("collection_events", co, t["collection_events"])}
+    return {
+        "instance_usage": tab("instance_usage", us, t["instance_usage"]),
+        "instance_events": tab("instance_events", ev, t["instance_events"]),
+        "machine_events": tab("machine_events", me, t["machine_events"]),
+        "collection_events": tab("collection_events", co, t["collection_events"]),
+    }
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -115,11 +118,22 @@ def test_a_worked_instance():
     events only (KILL then UPDATE_RUNNING at the same time: not ended); (8, 0) usage only."""
     s = [400, 700, 900, 1000, 1400, 50]
     e = [700, 1000, 1010, 1300, 1700, 350]
-    us = {"start_time": [x * 10**6 for x in s], "end_time": [x * 10**6 for x in e], "collection_id": [9] * 5 + [8],
-          "instance_index": [0] * 6, "machine_id": [5] * 6, "max_cpu": [None] * 4 + [0.9, None],
-          **{f"cpu_p{q}": [None] * 4 + [0.45 if q == 50 else q / 200, None] for q in LEVELS}}
-    ev = {"time": [0, 10**9, 10**8, 5 * 10**8, 5 * 10**8], "type": [0, 6, 3, 7, 10], "collection_id": [9, 9, 9, 9, 9],
-          "instance_index": [0, 0, 0, 1, 1], "machine_id": [5] * 5}
+    us = {
+        "start_time": [x * 10**6 for x in s],
+        "end_time": [x * 10**6 for x in e],
+        "collection_id": [9] * 5 + [8],
+        "instance_index": [0] * 6,
+        "machine_id": [5] * 6,
+        "max_cpu": [None] * 4 + [0.9, None],
+        **{f"cpu_p{q}": [None] * 4 + [0.45 if q == 50 else q / 200, None] for q in LEVELS},
+    }
+    ev = {
+        "time": [0, 10**9, 10**8, 5 * 10**8, 5 * 10**8],
+        "type": [0, 6, 3, 7, 10],
+        "collection_id": [9, 9, 9, 9, 9],
+        "instance_index": [0, 0, 0, 1, 1],
+        "machine_id": [5] * 5,
+    }
     t = {"instance_usage": table("instance_usage", us), "instance_events": table("instance_events", ev)}
     res = run(TableSource(t), DataQuality(row_order=True))["data-quality"]
     ch = {(r.table, r.check): r.count for r in res["checks"].itertuples()}
@@ -148,8 +162,21 @@ def test_events_only_dataset_and_cli(tmp_path):
     assert "instances_without_usage" not in set(res["checks"]["check"])
     check(res, tables)
     ds = write_dataset(tmp_path / "ds", tables)
-    r = subprocess.run([sys.executable, "-m", "gpuclust.cli", "analyze", str(ds), "data-quality", "--out",
-                        str(tmp_path / "out"), "--no-plots"], capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpuclust.cli",
+            "analyze",
+            str(ds),
+            "data-quality",
+            "--out",
+            str(tmp_path / "out"),
+            "--no-plots",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
     assert "instance_events" in r.stdout and "out_of_order" in r.stdout
     assert (tmp_path / "out" / "data-quality").is_dir()
@@ -164,8 +191,11 @@ def test_bucketed_equals_flat_and_schedulers(tmp_path):
     a = DataQuality()
     r_flat = run(Dataset(flat), a, partitions="auto")["data-quality"]
     check(r_flat, tables)
-    r = subprocess.run([sys.executable, "-m", "gpuclust.cli", "optimize", str(flat), "--out", str(tmp_path / "opt"),
-                        "--buckets", "8"], capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "gpuclust.cli", "optimize", str(flat), "--out", str(tmp_path / "opt"), "--buckets", "8"],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
 
     for parts, scheduler in ((3, None), ("auto", None), (3, "threads"), (2, "sync")):
@@ -195,11 +225,15 @@ def test_duckdb_over_the_parquet(tmp_path):
         for q, x in zip(LEVELS, v, strict=True):
             r[f"cpu_p{q}"] = x
         r["max_cpu"] = float(np.float32(v[-1] * rng.choice([0.5, 1.0, 3.0])))
-    tables["instance_usage"] = table("instance_usage", {c: [r[c] for r in us] for c in tables["instance_usage"].column_names})
+    tables["instance_usage"] = table(
+        "instance_usage", {c: [r[c] for r in us] for c in tables["instance_usage"].column_names}
+    )
     ev = tables["instance_events"].to_pylist()
     for r in ev:
         r["type"] = int(rng.choice([0, 3, 5, 6, 7, 10]))
-    tables["instance_events"] = table("instance_events", {c: [r[c] for r in ev] for c in tables["instance_events"].column_names})
+    tables["instance_events"] = table(
+        "instance_events", {c: [r[c] for r in ev] for c in tables["instance_events"].column_names}
+    )
     ds = write_dataset(tmp_path / "ds", tables, files=2)
     res = run(Dataset(ds), DataQuality(), partitions="auto")["data-quality"]
     got = {(r.table, r.check): r.count for r in res["checks"].itertuples()}
@@ -215,9 +249,13 @@ def test_duckdb_over_the_parquet(tmp_path):
                COUNT(*) FILTER (WHERE cpu_p100 < max_cpu), COUNT(*) FILTER (WHERE cpu_p100 > max_cpu),
                COUNT(*) FILTER (WHERE NOT ({monotone}))
         FROM {u}""").fetchone()
-    assert (got["instance_usage", "short_windows"], got["instance_usage", "long_windows"],
-            got["instance_usage", "p100_below_max"], got["instance_usage", "p100_above_max"],
-            got["instance_usage", "percentiles_non_monotone"]) == q
+    assert (
+        got["instance_usage", "short_windows"],
+        got["instance_usage", "long_windows"],
+        got["instance_usage", "p100_below_max"],
+        got["instance_usage", "p100_above_max"],
+        got["instance_usage", "percentiles_non_monotone"],
+    ) == q
     q = con.execute(f"""
         WITH last AS (SELECT collection_id, instance_index, arg_max(type, time) AS type, max(time) AS time
                       FROM {e} GROUP BY ALL),
@@ -228,9 +266,16 @@ def test_duckdb_over_the_parquet(tmp_path):
                (SELECT COUNT(*) FROM {u} x JOIN last USING (collection_id, instance_index)
                 WHERE last.type IN (4, 5, 6, 7, 8) AND x.start_time >= last.time)""").fetchone()
     # random_cell's event times are distinct per instance, so arg_max(type, time) is the last event
-    assert con.execute(f"SELECT COUNT(*) - COUNT(DISTINCT (collection_id, instance_index, time)) FROM {e}").fetchone()[0] == 0
-    assert (got["instance_usage", "no_events_rows"], got["instance_usage", "no_events_instances"],
-            got["instance_events", "instances_without_usage"], got["instance_usage", "after_end_rows"]) == q
+    assert (
+        con.execute(f"SELECT COUNT(*) - COUNT(DISTINCT (collection_id, instance_index, time)) FROM {e}").fetchone()[0]
+        == 0
+    )
+    assert (
+        got["instance_usage", "no_events_rows"],
+        got["instance_usage", "no_events_instances"],
+        got["instance_events", "instances_without_usage"],
+        got["instance_usage", "after_end_rows"],
+    ) == q
 
 
 @pytest.mark.skipif(not REAL.is_dir(), reason=f"real trace files not found at {REAL}")
@@ -240,8 +285,11 @@ def test_real_2011_events_and_2019_machines(tmp_path):
     reference (and SOURCES.md: 32 rows of 2011 machine_events, 459 of 2019, lack capacity)."""
     from gpuclust.ingest import ingest
 
-    rep = ingest([REAL / "2011" / "machine_events", REAL / "2011" / "task_events", REAL / "2011" / "job_events"],
-                 tmp_path / "v2", progress=False)
+    rep = ingest(
+        [REAL / "2011" / "machine_events", REAL / "2011" / "task_events", REAL / "2011" / "job_events"],
+        tmp_path / "v2",
+        progress=False,
+    )
     assert rep.exit_status == 0, rep.summary()
     ds = Dataset(tmp_path / "v2")
     res = run(ds, DataQuality(), partitions="auto")["data-quality"]
@@ -250,10 +298,18 @@ def test_real_2011_events_and_2019_machines(tmp_path):
     ch = {(r.table, r.check): r.count for r in res["checks"].itertuples()}
     assert ch["instance_events", "rows"] == 919_519 and ch["collection_events", "rows"] == 25_437
     assert ch["machine_events", "null_capacity_rows"] == 32
-    assert (ch["instance_events", "out_of_order"], ch["collection_events", "out_of_order"]) == (21, 0)  # SUBMIT -> EVICT
+    assert (ch["instance_events", "out_of_order"], ch["collection_events", "out_of_order"]) == (
+        21,
+        0,
+    )  # SUBMIT -> EVICT
     # the export's own row order (ingest's layout step would sort each bucket by time)
-    rep = ingest([REAL / "2019-cell-a" / "machine_events-000000000000.json.gz"], tmp_path / "v3", cell="a",
-                 progress=False, layout="flat")
+    rep = ingest(
+        [REAL / "2019-cell-a" / "machine_events-000000000000.json.gz"],
+        tmp_path / "v3",
+        cell="a",
+        progress=False,
+        layout="flat",
+    )
     assert rep.exit_status == 0, rep.summary()
     ds3 = Dataset(tmp_path / "v3")
     res3 = run(ds3, DataQuality(row_order=True))["data-quality"]
@@ -307,9 +363,10 @@ def test_string_nulls_from_parquet_statistics(tmp_path):
     in-memory table), not counted under a time selection."""
     tables = random_cell(6, n_windows=500)
     ds = Dataset(write_dataset(tmp_path / "ds", tables, files=2, row_group_size=100))
-    strings = {("collection_events", c) for c in ("user", "collection_name", "collection_logical_name",
-                                                  "start_after_collection_ids")} | {
-        ("machine_events", c) for c in ("switch_id", "platform_id")}
+    strings = {
+        ("collection_events", c)
+        for c in ("user", "collection_name", "collection_logical_name", "start_after_collection_ids")
+    } | {("machine_events", c) for c in ("switch_id", "platform_id")}
     mem = run(TableSource(tables), DataQuality())["data-quality"]["columns"].set_index(["table", "column"])["nulls"]
     got = run(ds, DataQuality())["data-quality"]["columns"].set_index(["table", "column"])["nulls"]
     for k in strings:
@@ -332,8 +389,11 @@ def test_table_profiles_merge_laws(seed, row_order):
     be = get_backend("cpu")
     tables = random_cell(seed, n_windows=200)
     rng = np.random.default_rng(seed)
-    for a in (InstanceEventsProfile(row_order=row_order), CollectionEventsProfile(row_order=row_order),
-              MachineEventsProfile(row_order=row_order)):
+    for a in (
+        InstanceEventsProfile(row_order=row_order),
+        CollectionEventsProfile(row_order=row_order),
+        MachineEventsProfile(row_order=row_order),
+    ):
         t = tables[a.table]
         t = t.take(pc.sort_indices(t, sort_keys=[(k, "ascending") for k in a.key_columns]))  # stable
         ctx = a.context(TableSource(tables))
@@ -346,5 +406,9 @@ def test_table_profiles_merge_laws(seed, row_order):
         c1, c2 = sorted(rng.choice(cuts, 2, replace=False))
         p1, p2, p3 = part(t.slice(0, c1)), part(t.slice(c1, c2 - c1)), part(t.slice(c2))
         whole = a.finalize(part(t), ctx)
-        for merged in (a.merge(a.merge(p1, p2), p3), a.merge(p3, a.merge(p2, p1)), a.merge(a.empty(), a.merge(p1, a.merge(p2, p3)))):
+        for merged in (
+            a.merge(a.merge(p1, p2), p3),
+            a.merge(p3, a.merge(p2, p1)),
+            a.merge(a.empty(), a.merge(p1, a.merge(p2, p3))),
+        ):
             assert_results_same({"p": a.finalize(merged, ctx)}, {"p": whole})

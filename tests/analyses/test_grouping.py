@@ -20,27 +20,41 @@ def test_segmented_last_is_the_last_flag_of_the_run(backend, flags, cuts):
     n = len(flags)
     seg = [max([0, *(c for c in cuts if c <= i)]) for i in range(n)]
     want = [max([j for j in range(seg[i], i + 1) if flags[j]], default=-1) for i in range(n)]
-    got = segmented_last(backend.ops, xp, backend.asarray(np.array(flags, dtype=bool)), backend.asarray(np.array(seg, np.int64)))
+    got = segmented_last(
+        backend.ops, xp, backend.asarray(np.array(flags, dtype=bool)), backend.asarray(np.array(seg, np.int64))
+    )
     assert backend.to_host(got).tolist() == want
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(wins=st.lists(st.tuples(st.integers(0, 10_000), st.integers(1, 2_500)), max_size=30),
-       width=st.sampled_from([1, 7, 100, 300]))
+@given(
+    wins=st.lists(st.tuples(st.integers(0, 10_000), st.integers(1, 2_500)), max_size=30),
+    width=st.sampled_from([1, 7, 100, 300]),
+)
 def test_bucket_pieces_cover_each_window_once(backend, wins, width):
     xp = backend.xp
     s = np.array([a for a, _ in wins], np.int64)
     e = s + np.array([d for _, d in wins], np.int64)
-    row, bucket, overlap = (backend.to_host(a) for a in bucket_pieces(xp, backend.asarray(s), backend.asarray(e), width))
-    want = [(r, b, min(e[r], (b + 1) * width) - max(s[r], b * width))
-            for r in range(len(wins)) for b in range(s[r] // width, (e[r] - 1) // width + 1)]
+    row, bucket, overlap = (
+        backend.to_host(a) for a in bucket_pieces(xp, backend.asarray(s), backend.asarray(e), width)
+    )
+    want = [
+        (r, b, min(e[r], (b + 1) * width) - max(s[r], b * width))
+        for r in range(len(wins))
+        for b in range(s[r] // width, (e[r] - 1) // width + 1)
+    ]
     assert list(zip(row.tolist(), bucket.tolist(), overlap.tolist(), strict=True)) == want
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(rows=st.lists(st.tuples(st.sampled_from([0, 7, -3, 2**62, -(2**62), 41]), st.integers(-2, 4), st.integers(0, 6)),
-                     max_size=40), time_sorted=st.booleans(), wide=st.sampled_from([0, 55, 58]),
-       wide_time=st.booleans())
+@given(
+    rows=st.lists(
+        st.tuples(st.sampled_from([0, 7, -3, 2**62, -(2**62), 41]), st.integers(-2, 4), st.integers(0, 6)), max_size=40
+    ),
+    time_sorted=st.booleans(),
+    wide=st.sampled_from([0, 55, 58]),
+    wide_time=st.booleans(),
+)
 def test_instance_order_is_the_stable_three_key_sort(backend, rows, time_sorted, wide, wide_time):
     """Rows by collection, instance, time, ties in row order: time-ordered input (the one-sort path),
     unordered input (a time rank first), instance indexes so wide that the key fits but not beside
@@ -74,9 +88,14 @@ def test_packed_order_is_the_stable_argsort_or_declines(backend, keys, span_bits
 
 
 @settings(max_examples=200, deadline=None)
-@given(hashes=st.lists(st.one_of(st.integers(0, 2**64 - 1),
-                                 st.builds(lambda t, lo: (t << 60) | lo, st.integers(0, 15), st.integers(0, 255))),
-                       max_size=60))
+@given(
+    hashes=st.lists(
+        st.one_of(
+            st.integers(0, 2**64 - 1), st.builds(lambda t, lo: (t << 60) | lo, st.integers(0, 15), st.integers(0, 255))
+        ),
+        max_size=60,
+    )
+)
 def test_hash_order_sorts_hashes_sharing_their_top_bits(hashes):
     """``hash_order`` against a plain sort: full-range hashes, and hashes drawn to share their top
     bits (the packed sort's key) and differ below them, in any order (the stable fix-up)."""
@@ -89,9 +108,16 @@ def test_hash_order_sorts_hashes_sharing_their_top_bits(hashes):
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(values=st.lists(st.one_of(st.integers(-(2**63), 2**63 - 1), st.sampled_from([0, 1, 2**62, -(2**63), 2**63 - 1]),
-                                 st.builds(lambda t, lo: (t << 58) | lo, st.integers(0, 15), st.integers(0, 3))),
-                       max_size=50))
+@given(
+    values=st.lists(
+        st.one_of(
+            st.integers(-(2**63), 2**63 - 1),
+            st.sampled_from([0, 1, 2**62, -(2**63), 2**63 - 1]),
+            st.builds(lambda t, lo: (t << 58) | lo, st.integers(0, 15), st.integers(0, 3)),
+        ),
+        max_size=50,
+    )
+)
 def test_dense_rank_is_the_rank_among_distinct_values(backend, values):
     """``dense_rank`` is ``np.unique``'s inverse and count, for values of any range: narrow (the
     packed sort) and up to the whole int64 range (argsort), values sharing their top bits included."""
@@ -113,8 +139,15 @@ def test_log_bins_equal_the_binary_search_on_the_ratio_edges(backend):
 
     rng = np.random.default_rng(5)
     for edges in (RATIO_EDGES, DQ_EDGES):
-        v = np.concatenate([edges, np.nextafter(edges, 0), np.nextafter(edges, np.inf),
-                            np.exp(rng.normal(0, 6, 50_000)), [0.0, -1.0, np.nan, np.inf, -np.inf, 1e-300, 1e300]])
+        v = np.concatenate(
+            [
+                edges,
+                np.nextafter(edges, 0),
+                np.nextafter(edges, np.inf),
+                np.exp(rng.normal(0, 6, 50_000)),
+                [0.0, -1.0, np.nan, np.inf, -np.inf, 1e-300, 1e300],
+            ]
+        )
         got = backend.to_host(log_bins(backend.xp, backend.asarray(edges), backend.asarray(v)))
         assert np.array_equal(got, np.searchsorted(edges, v, side="right"))
 
@@ -126,9 +159,9 @@ def test_float_bins_equal_a_binary_search(xs: list[float], seed: int) -> None:
 
     rng = np.random.default_rng(seed)
     edges = np.sort(rng.choice(10.0 ** (np.arange(-60, 101) / 20), 40, replace=False))  # 1e-3 .. 1e5
-    fb = FloatBins(edges, bits=8, lo=2.0 ** -11, hi=2.0 ** 18)
+    fb = FloatBins(edges, bits=8, lo=2.0**-11, hi=2.0**18)
     near = np.concatenate([edges, np.nextafter(edges, -np.inf), np.nextafter(edges, np.inf)])
-    x = np.concatenate([np.array(xs), near, [0.0, -0.0, np.inf, -np.inf, 2.0 ** -11, 2.0 ** 18]])
+    x = np.concatenate([np.array(xs), near, [0.0, -0.0, np.inf, -np.inf, 2.0**-11, 2.0**18]])
     assert (fb.bins(np, x) == np.searchsorted(edges, x, side="right")).all()
 
 

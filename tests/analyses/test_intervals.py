@@ -90,8 +90,9 @@ def test_overlap_keyed_against_dense_bucket_overlap(p):
     kw = dict(origin=p["origin"], width=p["width"], n_buckets=p["n_buckets"])
     key, sums = overlap_keyed(CPU, p["g"], p["s"], p["e"], p["v"], **kw)
     dense = CPU.ops.bucket_overlap(p["s"], p["e"], p["v"], p["g"].astype(np.int32), n_groups=p["n_groups"], **kw)
-    seconds = CPU.ops.bucket_overlap(p["s"], p["e"], np.ones(p["s"].shape[0]), p["g"].astype(np.int32),
-                                     n_groups=p["n_groups"], **kw).reshape(-1)
+    seconds = CPU.ops.bucket_overlap(
+        p["s"], p["e"], np.ones(p["s"].shape[0]), p["g"].astype(np.int32), n_groups=p["n_groups"], **kw
+    ).reshape(-1)
     # the keys: exactly the (group, bucket) cells some piece overlaps for a positive time
     assert key.tolist() == np.flatnonzero(seconds > 0).tolist()
     flat = dense.reshape(2, -1)

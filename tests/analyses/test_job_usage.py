@@ -71,10 +71,20 @@ def plain_stats(xs: list[float], tail: float) -> dict[str, float]:
     mean = sum(xs) / n
     var = sum((x - mean) ** 2 for x in xs) / n
     desc = sorted(xs, reverse=True)
-    out = {"jobs": n, "total_hours": sum(xs), "mean": mean, "variance": var, "median": quantile(xs, 0.5),
-           "p90": quantile(xs, 0.9), "p99": quantile(xs, 0.99), "p999": quantile(xs, 0.999), "max": desc[0],
-           "top1pct_share": sum(desc[:max(1, math.ceil(0.01 * n))]) / sum(xs),
-           "top01pct_share": sum(desc[:max(1, math.ceil(0.001 * n))]) / sum(xs), "scv": var / mean**2}
+    out = {
+        "jobs": n,
+        "total_hours": sum(xs),
+        "mean": mean,
+        "variance": var,
+        "median": quantile(xs, 0.5),
+        "p90": quantile(xs, 0.9),
+        "p99": quantile(xs, 0.99),
+        "p999": quantile(xs, 0.999),
+        "max": desc[0],
+        "top1pct_share": sum(desc[: max(1, math.ceil(0.01 * n))]) / sum(xs),
+        "top01pct_share": sum(desc[: max(1, math.ceil(0.001 * n))]) / sum(xs),
+        "scv": var / mean**2,
+    }
     m = min(n, max(2, math.ceil(tail * n)))
     if n >= 2:
         lx = [math.log10(x) for x in desc[:m]]
@@ -135,8 +145,9 @@ def test_planted_top_share_of_a_synthetic_cell(tmp_path):
     generated (synth_truth.json usage.job_cpu_seconds_top1pct_share); job-usage recovers it."""
     from gpuclust.synth import SynthConfig, synthesize
 
-    syn = synthesize(SynthConfig(machines=40, hours=3, seed=5), tmp_path / "raw", dataset=tmp_path / "ds",
-                     progress=None)
+    syn = synthesize(
+        SynthConfig(machines=40, hours=3, seed=5), tmp_path / "raw", dataset=tmp_path / "ds", progress=None
+    )
     res = run(Dataset(tmp_path / "ds"), JobUsage(), partitions="auto")["job-usage"]
     row = res["stats"].set_index(["tier", "resource"]).loc[("all", "cpu")]
     assert row["top1pct_share"] == pytest.approx(syn.truth["usage"]["job_cpu_seconds_top1pct_share"], rel=1e-6)
@@ -148,8 +159,11 @@ def test_bucketed_equals_flat(tmp_path):
 
     tables = cell_with_types(4)
     flat = write_dataset(tmp_path / "flat", tables, files=2)
-    r = subprocess.run([sys.executable, "-m", "gpuclust.cli", "optimize", str(flat), "--out", str(tmp_path / "opt"),
-                        "--buckets", "8"], capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "gpuclust.cli", "optimize", str(flat), "--out", str(tmp_path / "opt"), "--buckets", "8"],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
     a = JobUsage()
     want = run(Dataset(flat), a, partitions=3)["job-usage"]
@@ -175,18 +189,29 @@ def test_planted_pareto_tail_of_job_sizes(tmp_path):
     from gpuclust.synth import SynthConfig, synthesize
 
     alpha = 1.5
-    syn = synthesize(SynthConfig(machines=150, hours=4, seed=1, job_size_alpha=alpha), tmp_path / "raw",
-                     dataset=tmp_path / "ds", progress=None)
+    syn = synthesize(
+        SynthConfig(machines=150, hours=4, seed=1, job_size_alpha=alpha),
+        tmp_path / "raw",
+        dataset=tmp_path / "ds",
+        progress=None,
+    )
     planted = syn.truth["planted"]["job_sizes"]
     assert planted["alpha"] == alpha and planted["tiers"] == ["free", "beb"]
-    res = run(Dataset(tmp_path / "ds"), JobUsage(rows="top-level", tail=0.5, tier_map="notebook"),
-              partitions="auto")["job-usage"]
+    res = run(Dataset(tmp_path / "ds"), JobUsage(rows="top-level", tail=0.5, tier_map="notebook"), partitions="auto")[
+        "job-usage"
+    ]
     stats = res["stats"].set_index(["tier", "resource"])
     jobs = res["jobs"]
     x = jobs.loc[jobs["tier"].isin(planted["tiers"]), "ncu_hours"].to_numpy()
     both = job_stats(x[x > 0], 0.5)
-    fits = {t: (int(stats.loc[(t, "cpu"), "jobs"]), stats.loc[(t, "cpu"), "pareto_alpha"],
-                stats.loc[(t, "cpu"), "pareto_r2"]) for t in planted["tiers"]}
+    fits = {
+        t: (
+            int(stats.loc[(t, "cpu"), "jobs"]),
+            stats.loc[(t, "cpu"), "pareto_alpha"],
+            stats.loc[(t, "cpu"), "pareto_r2"],
+        )
+        for t in planted["tiers"]
+    }
     fits["both"] = (int(both["jobs"]), both["pareto_alpha"], both["pareto_r2"])
     for name, (n, a_hat, r2) in fits.items():
         assert n >= 300, (name, n)
@@ -207,15 +232,20 @@ def test_grouping_by_lookup_codes_equals_grouping_by_sort(seed):
 
     be = get_backend("cpu")
     rng = np.random.default_rng(seed)
-    keys = np.unique(np.stack([rng.integers(0, 60, 400), rng.integers(0, 5, 400), rng.integers(1, 9, 400)], axis=1), axis=0)
+    keys = np.unique(
+        np.stack([rng.integers(0, 60, 400), rng.integers(0, 5, 400), rng.integers(1, 9, 400)], axis=1), axis=0
+    )
     prio = np.where(rng.random(keys.shape[0]) < 0.2, -1, rng.integers(0, 400, keys.shape[0])).astype(np.int32)
     lk = InstanceLookup.build(keys[:, 0], keys[:, 1], keys[:, 2], prio)
     colls, key_coll = np.unique(lk.collection, return_inverse=True)
     ctx = JobUsageContext(tier_map("notebook"), lk, colls, key_coll.reshape(-1).astype(np.int64))
     n = 5000
     c = rng.integers(0, 80, n)  # collections 60..79 have no events
-    cols = {"collection_id": c, "instance_index": rng.integers(0, 6, n).astype(np.int32),
-            "machine_id": rng.integers(1, 10, n)}  # instance 5 and machine 9 never have events
+    cols = {
+        "collection_id": c,
+        "instance_index": rng.integers(0, 6, n).astype(np.int32),
+        "machine_id": rng.integers(1, 10, n),
+    }  # instance 5 and machine 9 never have events
     r = np.flatnonzero(rng.random(n) < 0.9)
     vals = {k: rng.gamma(0.5, 0.3, r.shape[0]) for k in ("cpu", "mem")}
     by_code = JobUsage._by_code(be, ctx, cols, r, c[r], vals)
@@ -243,5 +273,9 @@ def test_grouping_by_lookup_codes_equals_grouping_by_sort(seed):
     r_all = np.arange(n)
     assert every["key"].tolist() == sorted(set(c.tolist()))
     found, p = lk.find(be, cols["collection_id"], cols["instance_index"], cols["machine_id"], rows=r_all)
-    assert every["prio"].tolist() == JobUsage._by_sort(be, c, np.where(found, p, -1).astype(np.int64),
-                                                       {k: np.zeros(n) for k in ("cpu", "mem")})["prio"].tolist()
+    assert (
+        every["prio"].tolist()
+        == JobUsage._by_sort(be, c, np.where(found, p, -1).astype(np.int64), {k: np.zeros(n) for k in ("cpu", "mem")})[
+            "prio"
+        ].tolist()
+    )

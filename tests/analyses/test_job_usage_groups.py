@@ -26,9 +26,12 @@ IDS = st.sampled_from([0, 1, 2, 3, -1, 2**40 + 1, 2**62 + 9, -(2**63), 2**63 - 1
 
 
 @settings(max_examples=80, deadline=None)
-@given(keys=st.lists(st.tuples(IDS, st.integers(-3, 3), IDS), max_size=40, unique=True),
-       queries=st.lists(st.tuples(IDS, st.integers(-3, 3), IDS), max_size=60),
-       spare=st.integers(0, 2), shuffle=st.randoms(use_true_random=False))
+@given(
+    keys=st.lists(st.tuples(IDS, st.integers(-3, 3), IDS), max_size=40, unique=True),
+    queries=st.lists(st.tuples(IDS, st.integers(-3, 3), IDS), max_size=60),
+    spare=st.integers(0, 2),
+    shuffle=st.randoms(use_true_random=False),
+)
 def test_key_table_finds_exactly_the_keys(keys, queries, spare, shuffle):
     """Every query finds its key's collection code and position, and nothing else (keys of 0, of
     extreme ids and of colliding home slots included, in any order); the priorities are the
@@ -56,7 +59,7 @@ def test_key_table_finds_exactly_the_keys(keys, queries, spare, shuffle):
     pr = t.priorities(marked)
     key_prio = {k: int(prio[j]) for j, k in enumerate(keys)}
     hit = {q[j] for j in np.flatnonzero(got >= 0)}
-    assert pr.shape == (colls.shape[0] + spare,) and (pr[colls.shape[0]:] == -1).all()
+    assert pr.shape == (colls.shape[0] + spare,) and (pr[colls.shape[0] :] == -1).all()
     for cc, coll in enumerate(colls.tolist()):
         assert pr[cc] == max([key_prio[k] for k in hit if k[0] == coll], default=-1)
 
@@ -64,11 +67,18 @@ def test_key_table_finds_exactly_the_keys(keys, queries, spare, shuffle):
 def test_key_table_small_blocks_and_probes(monkeypatch):
     """Many keys in a small table (long probe runs), queried a few rows per block."""
     rng = np.random.default_rng(3)
-    keys = np.unique(np.stack([rng.integers(0, 300, 3000), rng.integers(0, 4, 3000), rng.integers(0, 9, 3000)], 1),
-                     axis=0)
+    keys = np.unique(
+        np.stack([rng.integers(0, 300, 3000), rng.integers(0, 4, 3000), rng.integers(0, 9, 3000)], 1), axis=0
+    )
     colls, code = np.unique(keys[:, 0], return_inverse=True)
-    t = jg.KeyTable(keys[:, 0], keys[:, 1].astype(np.int32), keys[:, 2], code.reshape(-1),
-                    np.zeros(keys.shape[0], np.int32), colls.shape[0])
+    t = jg.KeyTable(
+        keys[:, 0],
+        keys[:, 1].astype(np.int32),
+        keys[:, 2],
+        code.reshape(-1),
+        np.zeros(keys.shape[0], np.int32),
+        colls.shape[0],
+    )
     q = np.stack([rng.integers(0, 320, 5000), rng.integers(0, 5, 5000), rng.integers(0, 10, 5000)], 1)
     got, _ = t.find(q[:, 0], q[:, 1].astype(np.int32), q[:, 2])
     index = {tuple(k): int(cc) for k, cc in zip(keys.tolist(), code.reshape(-1).tolist(), strict=True)}
@@ -77,8 +87,9 @@ def test_key_table_small_blocks_and_probes(monkeypatch):
 
 def _ctx(seed: int, n_keys: int = 400) -> JobUsageContext:
     rng = np.random.default_rng(seed)
-    keys = np.unique(np.stack([rng.integers(0, 60, n_keys), rng.integers(0, 5, n_keys), rng.integers(1, 9, n_keys)],
-                              axis=1), axis=0)
+    keys = np.unique(
+        np.stack([rng.integers(0, 60, n_keys), rng.integers(0, 5, n_keys), rng.integers(1, 9, n_keys)], axis=1), axis=0
+    )
     prio = np.where(rng.random(keys.shape[0]) < 0.2, -1, rng.integers(0, 400, keys.shape[0])).astype(np.int32)
     lk = InstanceLookup.build(keys[:, 0], keys[:, 1], keys[:, 2], prio)
     colls, key_coll = np.unique(lk.collection, return_inverse=True)
@@ -98,10 +109,17 @@ def _cols(seed: int, n: int) -> dict[str, np.ndarray]:
     ct = rng.choice(np.array([0, 1], np.int8), n, p=[0.9, 0.1])
     alloc = np.where(rng.random(n) < 0.7, 0, 2**35).astype(np.int64)
     alloc[rng.random(n) < 0.2] = np.iinfo(np.int64).min  # NULL
-    return {"start_time": s, "end_time": e, "collection_id": rng.integers(0, 80, n),  # 60..79: no events
-            "instance_index": rng.integers(0, 6, n).astype(np.int32),  # instance 5: no events
-            "machine_id": rng.integers(1, 10, n), "collection_type": ct, "alloc_collection_id": alloc,
-            "avg_cpu": cpu, "avg_mem": mem}
+    return {
+        "start_time": s,
+        "end_time": e,
+        "collection_id": rng.integers(0, 80, n),  # 60..79: no events
+        "instance_index": rng.integers(0, 6, n).astype(np.int32),  # instance 5: no events
+        "machine_id": rng.integers(1, 10, n),
+        "collection_type": ct,
+        "alloc_collection_id": alloc,
+        "avg_cpu": cpu,
+        "avg_mem": mem,
+    }
 
 
 def _compact(p: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -217,8 +235,15 @@ def test_no_events_at_all(tmp_path):
 
 
 @settings(max_examples=80, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from([0.0, -0.0, 1.0, 2.5, 3.0, float("nan"), float("inf")]),
-                          st.integers(-(2**63), 2**63 - 1)), max_size=30, unique_by=lambda t: t[1]))
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from([0.0, -0.0, 1.0, 2.5, 3.0, float("nan"), float("inf")]), st.integers(-(2**63), 2**63 - 1)
+        ),
+        max_size=30,
+        unique_by=lambda t: t[1],
+    )
+)
 def test_order_by_usage_is_pandas_sort(rows):
     cpu = np.array([r[0] for r in rows], np.float64)
     key = np.array([r[1] for r in rows], np.int64)
@@ -239,15 +264,26 @@ def test_merge_of_same_keys_is_merge_keyed():
     from gpuclust.partials import merge_keyed
 
     key = np.array([2, 5, 9, 11], np.int64)
-    a = {"key": key, "cpu": np.array([1.0, np.nan, 2.0, np.inf]), "mem": np.array([0.5, 1.0, 0.0, 3.0]),
-         "windows": np.array([1, 2, 0, 4], np.int64), "prio": np.array([-1, 3, 7, 0], np.int64)}
-    b = {"key": key, "cpu": np.array([0.25, 1.0, np.nan, -np.inf]), "mem": np.array([1.0, 2.0, 3.0, 4.0]),
-         "windows": np.array([0, 1, 2, 3], np.int64), "prio": np.array([5, 2, -1, 0], np.int64)}
+    a = {
+        "key": key,
+        "cpu": np.array([1.0, np.nan, 2.0, np.inf]),
+        "mem": np.array([0.5, 1.0, 0.0, 3.0]),
+        "windows": np.array([1, 2, 0, 4], np.int64),
+        "prio": np.array([-1, 3, 7, 0], np.int64),
+    }
+    b = {
+        "key": key,
+        "cpu": np.array([0.25, 1.0, np.nan, -np.inf]),
+        "mem": np.array([1.0, 2.0, 3.0, 4.0]),
+        "windows": np.array([0, 1, 2, 3], np.int64),
+        "prio": np.array([5, 2, -1, 0], np.int64),
+    }
     for x, y in ((a, b), (b, a), (a, a)):
         with np.errstate(over="ignore", invalid="ignore"):  # merge_keyed: an infinity as the largest float
             got = ju._merge_same_keys(x, y)
-            want = merge_keyed({k: v.copy() for k, v in x.items()}, {k: v.copy() for k, v in y.items()},
-                               maxima=("prio",))
+            want = merge_keyed(
+                {k: v.copy() for k, v in x.items()}, {k: v.copy() for k, v in y.items()}, maxima=("prio",)
+            )
         assert got is not None and got["key"] is key
         for f in ju._FIELDS:
             assert got[f].dtype == want[f].dtype, f

@@ -32,8 +32,13 @@ def event_rows(draw, max_instances: int = 8, max_events: int = 10) -> list[dict]
     """Instances with short random event sequences: every v3 type, ties, time 0, the after-trace
     sentinel, NULL and changing priorities, events the trace synthesised (missing_type), tasks,
     alloc instances and unknown kinds; rows shuffled (the replay orders them by time, then row)."""
-    insts = draw(st.lists(st.tuples(st.sampled_from([3, 2**40 + 1, 2**62 + 9]), st.integers(0, 3)),
-                          unique=True, max_size=max_instances))
+    insts = draw(
+        st.lists(
+            st.tuples(st.sampled_from([3, 2**40 + 1, 2**62 + 9]), st.integers(0, 3)),
+            unique=True,
+            max_size=max_instances,
+        )
+    )
     rows = []
     for c, i in insts:
         t = draw(st.sampled_from([0, 0, 600_000_000, 7 * HOUR + 5]))
@@ -42,11 +47,17 @@ def event_rows(draw, max_instances: int = 8, max_events: int = 10) -> list[dict]
         for _ in range(draw(st.integers(1, max_events))):
             t += draw(st.sampled_from([0, 0, 1, 999_999, 300_000_000, 2 * HOUR, 10**11]))
             late = draw(st.integers(0, 25)) == 0
-            rows.append({"time": AFTER_TRACE if late else t, "type": draw(st.sampled_from([0, 0, 3, 3, 6, *range(11)])),
-                         "collection_id": c, "instance_index": i,
-                         "priority": draw(st.sampled_from([prio, prio, prio, None, 11, 200])),
-                         "missing_type": draw(st.sampled_from([None, 0, 0, 0, 0, 1, 2, 3])),
-                         "collection_type": draw(st.sampled_from([kind, kind, kind, None]))})
+            rows.append(
+                {
+                    "time": AFTER_TRACE if late else t,
+                    "type": draw(st.sampled_from([0, 0, 3, 3, 6, *range(11)])),
+                    "collection_id": c,
+                    "instance_index": i,
+                    "priority": draw(st.sampled_from([prio, prio, prio, None, 11, 200])),
+                    "missing_type": draw(st.sampled_from([None, 0, 0, 0, 0, 1, 2, 3])),
+                    "collection_type": draw(st.sampled_from([kind, kind, kind, None])),
+                }
+            )
     perm = draw(st.permutations(range(len(rows))))
     return [rows[k] for k in perm]
 
@@ -64,8 +75,14 @@ def data_end_of(rows: list[dict]) -> int | None:
     return max(finite) if finite else None
 
 
-def check(res: dict, rows: list[dict], tm_name: str = "notebook", bucket_s: int = 3600,
-          kinds: tuple[str, str, str] = ("task", "alloc_instance", "unknown"), fallback: dict | None = None) -> dict:
+def check(
+    res: dict,
+    rows: list[dict],
+    tm_name: str = "notebook",
+    bucket_s: int = 3600,
+    kinds: tuple[str, str, str] = ("task", "alloc_instance", "unknown"),
+    fallback: dict | None = None,
+) -> dict:
     """Every table of ``res`` (a lifecycle result) equals the replay of ``rows``; returns the replay."""
     tm = tier_map(tm_name)
     bucket_us = bucket_s * 1_000_000
@@ -73,7 +90,9 @@ def check(res: dict, rows: list[dict], tm_name: str = "notebook", bucket_s: int 
     ev = res["events"]
     assert {(r.tier, r.event): r.count for r in ev.itertuples()} == dict(ref["events"])
     tr = res["transitions"]
-    assert {(r.tier, r.from_event, r.to_event, r.expected): r.count for r in tr.itertuples()} == dict(ref["transitions"])
+    assert {(r.tier, r.from_event, r.to_event, r.expected): r.count for r in tr.itertuples()} == dict(
+        ref["transitions"]
+    )
     info = res["info"].iloc[0]
     assert info["instances"] == sum(ref["instances"].values())
     assert info["first_not_submit"] == ref["first_not_submit"]
@@ -88,8 +107,18 @@ def check(res: dict, rows: list[dict], tm_name: str = "notebook", bucket_s: int 
     assert {(r.kind, r.tier, r.event): r.count for r in ek.itertuples()} == dict(ref["kind_events"])
     # series: counts per (bucket, tier); levels = the replay's changes summed up to the bucket
     s = res["series"]
-    fields = ("submissions", "new_submissions", "resubmissions", "present_at_start", "schedules", "evictions",
-              "failures", "finishes", "kills", "losses")
+    fields = (
+        "submissions",
+        "new_submissions",
+        "resubmissions",
+        "present_at_start",
+        "schedules",
+        "evictions",
+        "failures",
+        "finishes",
+        "kills",
+        "losses",
+    )
     seen = set()
     for r in s.itertuples():
         c = ref["series"].get((r.bucket, r.tier), Counter())
@@ -124,7 +153,10 @@ def check(res: dict, rows: list[dict], tm_name: str = "notebook", bucket_s: int 
             assert v <= exact / 1e6 < (EDGES[j] / 1e6 if j < len(EDGES) else np.inf)
     assert hist == want_hist
     # by kind: the same episodes, counted per (kind, tier)
-    dk = {(r.kind, r.tier, r.measure, r.outcome): (r.episodes, r.with_duration) for r in res["delays_by_kind"].itertuples()}
+    dk = {
+        (r.kind, r.tier, r.measure, r.outcome): (r.episodes, r.with_duration)
+        for r in res["delays_by_kind"].itertuples()
+    }
     assert dk == {k: (len(v), sum(x is not None for x in v)) for k, v in ref["kind_episodes"].items() if v}
     check_survival(res["survival"], ref)
     return ref
@@ -139,7 +171,8 @@ def check_exact_km(res: dict, ref: dict) -> int:
     for (_, tier, measure, outcome), durs in ref["kind_episodes"].items():
         if measure in KM_MEASURES:
             pairs.setdefault((tier, measure), []).extend(
-                (x, outcome in KM_MEASURES[measure][0]) for x in durs if x is not None)
+                (x, outcome in KM_MEASURES[measure][0]) for x in durs if x is not None
+            )
     sv = res["survival"].set_index(["kind", "tier", "measure"])
     n = 0
     for (tier, measure), p in pairs.items():
@@ -148,7 +181,12 @@ def check_exact_km(res: dict, ref: dict) -> int:
         if np.isnan(v):
             assert exact is None or bin_of(exact, EDGES) >= len(EDGES), (tier, measure, exact)
             continue
-        assert exact is not None and LO_S.index(v) - 1 <= bin_of(exact, EDGES) <= LO_S.index(v), (tier, measure, v, exact)
+        assert exact is not None and LO_S.index(v) - 1 <= bin_of(exact, EDGES) <= LO_S.index(v), (
+            tier,
+            measure,
+            v,
+            exact,
+        )
         n += 1
     return n
 
@@ -156,8 +194,10 @@ def check_exact_km(res: dict, ref: dict) -> int:
 LO_S = [0.0, *(x / 1e6 for x in EDGES)]
 HI_S = [0.0, *(x / 1e6 for x in EDGES[1:]), np.inf]
 #: measure: (its event outcomes, its completed outcome), as docs/analysis-lifecycle.md defines them
-KM_MEASURES = {"scheduling": ({"scheduled"}, "scheduled"),
-               "execution": ({"evict", "fail", "finish", "kill", "lost", "interrupted"}, "finish")}
+KM_MEASURES = {
+    "scheduling": ({"scheduled"}, "scheduled"),
+    "execution": ({"evict", "fail", "finish", "kill", "lost", "interrupted"}, "finish"),
+}
 
 
 def check_survival(sv, ref: dict) -> None:
@@ -178,8 +218,11 @@ def check_survival(sv, ref: dict) -> None:
     assert set(got) == set(want)
     for key, pairs in want.items():
         r = got[key]
-        assert (r.episodes, r.events, r.censored) == (len(pairs), sum(p[1] for p in pairs),
-                                                      sum(not p[1] for p in pairs)), key
+        assert (r.episodes, r.events, r.censored) == (
+            len(pairs),
+            sum(p[1] for p in pairs),
+            sum(not p[1] for p in pairs),
+        ), key
         assert r.completed == sum(p[2] == KM_MEASURES[key[2]][1] for p in pairs)
         curve = km_reference([(b, ended) for b, ended, _ in pairs])
         for q, name in ((0.5, "p50"), (0.9, "p90")):
@@ -202,8 +245,9 @@ def test_matches_the_replay(rows):
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(rows=event_rows(max_instances=12), bucket_s=st.sampled_from([1, 300, 86_400]))
 def test_bucket_width(rows, bucket_s):
-    res = run(TableSource({"instance_events": events_table(rows)}),
-              Lifecycle(tier_map="notebook", bucket_s=bucket_s))["lifecycle"]
+    res = run(TableSource({"instance_events": events_table(rows)}), Lifecycle(tier_map="notebook", bucket_s=bucket_s))[
+        "lifecycle"
+    ]
     check(res, rows, bucket_s=bucket_s)
 
 
@@ -213,8 +257,9 @@ def test_a_worked_sequence():
     resubmitted at 30 s, enabled at 40 s, scheduled at 50 s, and still running at the end (100 s)."""
     s = 1_000_000
     rows = [(10, 0, 0), (15, 3, 0), (100, 6, 0), (20, 0, 1), (30, 4, 1), (30, 0, 1), (40, 2, 1), (50, 3, 1)]
-    t = events_table([{"time": a * s, "type": e, "collection_id": 7, "instance_index": i, "priority": 120}
-                      for a, e, i in rows])
+    t = events_table(
+        [{"time": a * s, "type": e, "collection_id": 7, "instance_index": i, "priority": 120} for a, e, i in rows]
+    )
     res = run(TableSource({"instance_events": t}), Lifecycle(tier_map="notebook", bucket_s=25))["lifecycle"]
     d = res["delays"].set_index(["measure", "outcome"])
     assert d.loc[("scheduling", "scheduled"), "episodes"] == 2
@@ -223,9 +268,13 @@ def test_a_worked_sequence():
     assert d.loc[("enable_to_schedule", "scheduled"), "min_s"] == 10.0
     assert d.loc[("execution", "finish"), "min_s"] == 85.0
     assert d.loc[("execution", "censored"), ["episodes", "min_s"]].tolist() == [1, 50.0]  # 100 s - 50 s
-    assert set(d["episodes"].index) == {("scheduling", "scheduled"), ("scheduling", "evict"),
-                                        ("enable_to_schedule", "scheduled"), ("execution", "finish"),
-                                        ("execution", "censored")}
+    assert set(d["episodes"].index) == {
+        ("scheduling", "scheduled"),
+        ("scheduling", "evict"),
+        ("enable_to_schedule", "scheduled"),
+        ("execution", "finish"),
+        ("execution", "censored"),
+    }
     tr = res["transitions"].set_index(["from_event", "to_event"])
     assert not tr.loc[("SUBMIT", "EVICT"), "expected"] and tr.loc[("EVICT", "SUBMIT"), "expected"]
     assert res["info"].iloc[0]["unexpected_transitions"] == 1
@@ -240,17 +289,32 @@ def test_every_layout_gives_the_same_result(tmp_path):
     partitions, and in-memory tables give one result."""
     rng = np.random.default_rng(3)
     n = 3000
-    rows = [{"time": int(t), "type": int(e), "collection_id": int(c), "instance_index": int(i),
-             "priority": None if p < 0 else int(p)}
-            for t, e, c, i, p in zip(rng.integers(0, 50, n) * 60_000_000, rng.choice([0, 0, 1, 2, 3, 3, 4, 6, 7, 9, 10], n),
-                                     rng.choice([3, 2**40 + 1, 2**62 + 9], n), rng.integers(0, 200, n),
-                                     rng.choice([-1, 0, 105, 118, 120, 400], n), strict=True)]
+    rows = [
+        {
+            "time": int(t),
+            "type": int(e),
+            "collection_id": int(c),
+            "instance_index": int(i),
+            "priority": None if p < 0 else int(p),
+        }
+        for t, e, c, i, p in zip(
+            rng.integers(0, 50, n) * 60_000_000,
+            rng.choice([0, 0, 1, 2, 3, 3, 4, 6, 7, 9, 10], n),
+            rng.choice([3, 2**40 + 1, 2**62 + 9], n),
+            rng.integers(0, 200, n),
+            rng.choice([-1, 0, 105, 118, 120, 400], n),
+            strict=True,
+        )
+    ]
     flat = write_dataset(tmp_path / "flat", {"instance_events": events_table(rows)}, files=3, row_group_size=500)
     a = Lifecycle(bucket_s=600)
     r_flat = run(Dataset(flat), a, partitions="auto")["lifecycle"]
     check(r_flat, rows, bucket_s=600)
-    r = subprocess.run([sys.executable, "-m", "gpuclust.cli", "optimize", str(flat), "--out", str(tmp_path / "opt"),
-                        "--buckets", "8"], capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "gpuclust.cli", "optimize", str(flat), "--out", str(tmp_path / "opt"), "--buckets", "8"],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
     for parts, scheduler in ((1, None), (3, None), ("auto", None), (3, "threads"), (3, "local:2")):
         r_opt = run(Dataset(tmp_path / "opt"), a, partitions=parts, workers=2, scheduler=scheduler)["lifecycle"]
@@ -272,16 +336,44 @@ def test_a_flat_dataset_is_never_cut(tmp_path, monkeypatch):
         if "time_from" not in kw:
             assert all(got[k].equals(one[k]) for k in one), kw
         check(got, [r for r in rows if r["time"] >= kw.get("time_from", 0)])
-    r = subprocess.run([sys.executable, "-m", "gpuclust.cli", "analyze", str(flat), "lifecycle", "--partitions", "2",
-                        "--out", str(tmp_path / "r2")], capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpuclust.cli",
+            "analyze",
+            str(flat),
+            "lifecycle",
+            "--partitions",
+            "2",
+            "--out",
+            str(tmp_path / "r2"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
     monkeypatch.setattr(memory, "MIN_PARTITION_ROWS", 10)  # a budget of 10-row partitions: 100 rows are too many
     with pytest.raises(ValueError, match="gpuclust optimize"):
         run(Dataset(flat), Lifecycle(), partitions="auto", memory_limit=10 * 2 * Lifecycle.row_bytes * 2, workers=2)
     monkeypatch.undo()
     # the CLI says it in one line, without a traceback, and writes nothing
-    r = subprocess.run([sys.executable, "-m", "gpuclust.cli", "analyze", str(flat), "lifecycle", "--memory-limit", "1",
-                        "--out", str(tmp_path / "r")], capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpuclust.cli",
+            "analyze",
+            str(flat),
+            "lifecycle",
+            "--memory-limit",
+            "1",
+            "--out",
+            str(tmp_path / "r"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     if r.returncode != 0:  # (a budget floor may still admit 100 rows: then the run is simply fine)
         assert "gpuclust optimize" in r.stderr and "Traceback" not in r.stderr and r.stderr.count("\n") == 1
         assert not (tmp_path / "r").exists()
@@ -316,8 +408,9 @@ def test_planted_life_cycles_of_a_synthetic_cell(tmp_path):
     pending ones bounded: the truth counts only those never placed)."""
     from gpuclust.synth import SynthConfig, synthesize
 
-    syn = synthesize(SynthConfig(machines=30, hours=3, seed=7), tmp_path / "raw", dataset=tmp_path / "ds",
-                     progress=None)
+    syn = synthesize(
+        SynthConfig(machines=30, hours=3, seed=7), tmp_path / "raw", dataset=tmp_path / "ds", progress=None
+    )
     assert syn.truth["counts"]["instance_events"]["malformed_total"] == 0
     w = syn.truth["workload"]
     res = run(Dataset(tmp_path / "ds"), Lifecycle(), partitions="auto")["lifecycle"]
@@ -332,8 +425,10 @@ def test_planted_life_cycles_of_a_synthetic_cell(tmp_path):
     assert pending == int(res["delays"].query("measure == 'scheduling' and outcome == 'censored'")["episodes"].sum())
     d = res["delays"]
     assert int(d.loc[d["measure"] == "execution", "episodes"].sum()) == w["running_intervals"]
-    assert int(d.loc[(d["measure"] == "execution") & (d["outcome"] == "censored"), "episodes"].sum()) == \
-        w["still_running_at_end"]
+    assert (
+        int(d.loc[(d["measure"] == "execution") & (d["outcome"] == "censored"), "episodes"].sum())
+        == w["still_running_at_end"]
+    )
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -359,8 +454,10 @@ def test_real_2011_job_events(tmp_path):
     assert ingest([REAL / "2011" / "job_events"], tmp_path / "v2", progress=False).exit_status == 0
     ds = Dataset(tmp_path / "v2")
     res = run(ds, CollectionLifecycle(), partitions="auto")["collection-lifecycle"]
-    rows = [{**r, "instance_index": 0} for r in ds.read("collection_events", [c for c in EVENT_COLUMNS
-                                                                             if c != "instance_index"]).to_pylist()]
+    rows = [
+        {**r, "instance_index": 0}
+        for r in ds.read("collection_events", [c for c in EVENT_COLUMNS if c != "instance_index"]).to_pylist()
+    ]
     check(res, rows, tm_name="v2", kinds=JOB_KINDS)
     assert res["info"].iloc[0]["rows"] == 25_437
 
@@ -381,8 +478,12 @@ def test_planted_scheduling_delays_of_a_synthetic_cell(tmp_path):
     60 episodes in this cell."""
     from gpuclust.synth import SynthConfig, synthesize
 
-    syn = synthesize(SynthConfig(machines=60, hours=3, seed=2, request_fill=0.55), tmp_path / "raw",
-                     dataset=tmp_path / "ds", progress=None)
+    syn = synthesize(
+        SynthConfig(machines=60, hours=3, seed=2, request_fill=0.55),
+        tmp_path / "raw",
+        dataset=tmp_path / "ds",
+        progress=None,
+    )
     p = syn.truth["planted"]["scheduling_delay"]
     res = run(Dataset(tmp_path / "ds"), Lifecycle(tier_map="notebook"), partitions="auto")["lifecycle"]
     d = res["delays"].set_index(["tier", "measure", "outcome"])
@@ -415,8 +516,16 @@ def test_planted_scheduling_delays_of_a_synthetic_cell(tmp_path):
 def test_delay_bins_is_a_binary_search(ds, seed):
     rng = np.random.default_rng(seed)
     near = rng.choice(DELAY_EDGES_US, 200)
-    d = np.concatenate([np.array(ds, dtype=np.int64), near, near - 1, near + 1, [0, 1, 2**53, 2**53 + 1, 2**62],
-                        (10.0 ** rng.uniform(0, 15, 500)).astype(np.int64)])
+    d = np.concatenate(
+        [
+            np.array(ds, dtype=np.int64),
+            near,
+            near - 1,
+            near + 1,
+            [0, 1, 2**53, 2**53 + 1, 2**62],
+            (10.0 ** rng.uniform(0, 15, 500)).astype(np.int64),
+        ]
+    )
     assert (delay_bins(np, d) == np.searchsorted(DELAY_EDGES_US, d, side="right")).all()
 
 
@@ -461,12 +570,18 @@ def test_replay_in_two_halves_is_the_replay(rows, split):
     with mock.patch.object(lc, "SPLIT_ROWS", split):
         one = run(TableSource({"instance_events": t}), Lifecycle(tier_map="notebook"), workers=1)["lifecycle"]
         two = run(TableSource({"instance_events": t}), Lifecycle(tier_map="notebook"), workers=2)["lifecycle"]
-        jobs = {w: run(TableSource({"collection_events": t}), lc.CollectionLifecycle(tier_map="notebook"),
-                       workers=w)["collection-lifecycle"] for w in (1, 2)}
+        jobs = {
+            w: run(TableSource({"collection_events": t}), lc.CollectionLifecycle(tier_map="notebook"), workers=w)[
+                "collection-lifecycle"
+            ]
+            for w in (1, 2)
+        }
     check(one, rows)
     _same(one, two)
     _same(jobs[1], jobs[2])
-    whole = run(TableSource({"collection_events": t}), lc.CollectionLifecycle(tier_map="notebook"))["collection-lifecycle"]
+    whole = run(TableSource({"collection_events": t}), lc.CollectionLifecycle(tier_map="notebook"))[
+        "collection-lifecycle"
+    ]
     _same(jobs[1], whole)
 
 
@@ -481,11 +596,33 @@ def test_a_worked_sequence_of_the_issue_35_definitions():
     synthesised (missing_type 1: snapshot time), finishes at 90 s; alloc instance (8, 0) is
     submitted at 50 s, QUEUEd at 60 s and still queued at the end (100 s)."""
     s = 1_000_000
-    rows = [(0, 0, 7, 0, 0, 0), (0, 3, 7, 0, 0, 0), (100, 6, 7, 0, 0, 0),
-            (10, 0, 7, 1, 0, 0), (20, 1, 7, 1, 0, 0), (30, 2, 7, 1, 0, 0), (35, 9, 7, 1, 0, 0), (40, 3, 7, 1, 1, 0),
-            (90, 6, 7, 1, 0, 0), (50, 0, 8, 0, 0, 1), (60, 1, 8, 0, None, 1)]
-    t = events_table([{"time": a * s, "type": e, "collection_id": c, "instance_index": i, "priority": 120,
-                       "missing_type": m, "collection_type": k} for a, e, c, i, m, k in rows])
+    rows = [
+        (0, 0, 7, 0, 0, 0),
+        (0, 3, 7, 0, 0, 0),
+        (100, 6, 7, 0, 0, 0),
+        (10, 0, 7, 1, 0, 0),
+        (20, 1, 7, 1, 0, 0),
+        (30, 2, 7, 1, 0, 0),
+        (35, 9, 7, 1, 0, 0),
+        (40, 3, 7, 1, 1, 0),
+        (90, 6, 7, 1, 0, 0),
+        (50, 0, 8, 0, 0, 1),
+        (60, 1, 8, 0, None, 1),
+    ]
+    t = events_table(
+        [
+            {
+                "time": a * s,
+                "type": e,
+                "collection_id": c,
+                "instance_index": i,
+                "priority": 120,
+                "missing_type": m,
+                "collection_type": k,
+            }
+            for a, e, c, i, m, k in rows
+        ]
+    )
     res = run(TableSource({"instance_events": t}), Lifecycle(tier_map="notebook", bucket_s=25))["lifecycle"]
     info = res["info"].iloc[0]
     assert (info["present_at_start"], info["synthesized_events"], info["synthesized_duration_episodes"]) == (1, 1, 2)
@@ -528,19 +665,28 @@ def test_collection_priority_from_instance_events():
     from gpuclust.analyses.lifecycle import CollectionLifecycle
 
     s = 1_000_000
-    jobs = [{"time": a * s, "type": e, "collection_id": c, "priority": p}
-            for a, e, c, p in ((1, 0, 1, None), (2, 3, 1, None), (1, 0, 2, 0), (1, 0, 3, None))]
-    tasks = [{"time": 1 * s, "type": 0, "collection_id": c, "instance_index": i, "priority": p}
-             for c, i, p in ((1, 0, 9), (1, 1, None), (1, 2, 2), (2, 0, 11))]
-    src = TableSource({"collection_events": table("collection_events", {k: [r[k] for r in jobs] for k in jobs[0]}),
-                       "instance_events": events_table(tasks)})
+    jobs = [
+        {"time": a * s, "type": e, "collection_id": c, "priority": p}
+        for a, e, c, p in ((1, 0, 1, None), (2, 3, 1, None), (1, 0, 2, 0), (1, 0, 3, None))
+    ]
+    tasks = [
+        {"time": 1 * s, "type": 0, "collection_id": c, "instance_index": i, "priority": p}
+        for c, i, p in ((1, 0, 9), (1, 1, None), (1, 2, 2), (2, 0, 11))
+    ]
+    src = TableSource(
+        {
+            "collection_events": table("collection_events", {k: [r[k] for r in jobs] for k in jobs[0]}),
+            "instance_events": events_table(tasks),
+        }
+    )
     res = run(src, CollectionLifecycle(tier_map="v2"))["collection-lifecycle"]
     ev = res["events"].set_index(["tier", "event"])["count"].to_dict()
     # job 1: priority 9 from its tasks (v2 production); job 2: its own 0 (free); job 3: unknown
     assert ev == {("prod", "SUBMIT"): 1, ("prod", "SCHEDULE"): 1, ("free", "SUBMIT"): 1, ("unknown", "SUBMIT"): 1}
     assert res["info"].iloc[0]["priority_from_instances"] == 1
-    check(res, [{**r, "instance_index": 0} for r in jobs], tm_name="v2", kinds=JOB_KINDS,
-          fallback=max_priorities(tasks))
+    check(
+        res, [{**r, "instance_index": 0} for r in jobs], tm_name="v2", kinds=JOB_KINDS, fallback=max_priorities(tasks)
+    )
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -569,9 +715,16 @@ def test_kaplan_meier_on_planted_durations():
     rows = []
     for k in range(n):  # censored: a KILL while pending (a competing end: censored for scheduling)
         ended = dur[k] <= cens[k]
-        rows += [{"time": int(start[k]), "type": 0, "collection_id": 5, "instance_index": k, "priority": 200},
-                 {"time": int(start[k] + min(dur[k], cens[k])), "type": 3 if ended else 7, "collection_id": 5,
-                  "instance_index": k, "priority": 200}]
+        rows += [
+            {"time": int(start[k]), "type": 0, "collection_id": 5, "instance_index": k, "priority": 200},
+            {
+                "time": int(start[k] + min(dur[k], cens[k])),
+                "type": 3 if ended else 7,
+                "collection_id": 5,
+                "instance_index": k,
+                "priority": 200,
+            },
+        ]
     res = run(TableSource({"instance_events": events_table(rows)}), Lifecycle(tier_map="notebook"))["lifecycle"]
     sv = res["survival"].set_index(["kind", "measure"]).loc[("all", "scheduling")]
     assert sv["events"] == int((dur <= cens).sum()) and sv["censored"] == int((dur > cens).sum())
@@ -594,27 +747,34 @@ def test_real_2011_issue_35_figures_against_duckdb(tmp_path):
     from gpuclust.analyses.lifecycle import CollectionLifecycle
     from gpuclust.ingest import ingest
 
-    assert ingest([REAL / "2011" / "task_events", REAL / "2011" / "job_events"], tmp_path / "v2",
-                  progress=False).exit_status == 0
+    assert (
+        ingest(
+            [REAL / "2011" / "task_events", REAL / "2011" / "job_events"], tmp_path / "v2", progress=False
+        ).exit_status
+        == 0
+    )
     ds = Dataset(tmp_path / "v2")
     res = run(ds, [Lifecycle(), CollectionLifecycle()], partitions="auto")
     lc, jc = res["lifecycle"], res["collection-lifecycle"]
     ie, je = (f"read_parquet('{tmp_path / 'v2' / t}/**/*.parquet')" for t in ("instance_events", "collection_events"))
     q = duckdb.connect().sql
-    present, = q(f"SELECT count(*) FROM (SELECT min(time) t0 FROM {ie} GROUP BY collection_id, instance_index) "
-                 "WHERE t0 = 0").fetchall()[0]
-    synth, = q(f"SELECT count(*) FROM {ie} WHERE missing_type > 0").fetchall()[0]
-    new, = q(f"""WITH f AS (SELECT collection_id, instance_index, min(time) t0 FROM {ie} GROUP BY ALL),
+    (present,) = q(
+        f"SELECT count(*) FROM (SELECT min(time) t0 FROM {ie} GROUP BY collection_id, instance_index) WHERE t0 = 0"
+    ).fetchall()[0]
+    (synth,) = q(f"SELECT count(*) FROM {ie} WHERE missing_type > 0").fetchall()[0]
+    (new,) = q(f"""WITH f AS (SELECT collection_id, instance_index, min(time) t0 FROM {ie} GROUP BY ALL),
                  s AS (SELECT collection_id, instance_index, min(time) ts FROM {ie} WHERE type = 0 GROUP BY ALL)
                  SELECT count(*) FROM s JOIN f USING (collection_id, instance_index) WHERE f.t0 > 0""").fetchall()[0]
     info = lc["info"].iloc[0]
     assert (info["present_at_start"], info["synthesized_events"]) == (present, synth) == (144_339, 291)
     assert lc["series"]["new_submissions"].sum() == new
     assert lc["series"]["present_at_start"].sum() == present
-    by_tier = dict(q(f"""WITH p AS (SELECT collection_id, max(priority) p FROM {ie} GROUP BY ALL)
+    by_tier = dict(
+        q(f"""WITH p AS (SELECT collection_id, max(priority) p FROM {ie} GROUP BY ALL)
                          SELECT CASE WHEN p.p IS NULL THEN 'unknown' WHEN p.p >= 9 THEN 'prod'
                                      WHEN p.p >= 2 THEN 'middle' ELSE 'free' END, count(*)
-                         FROM {je} j LEFT JOIN p USING (collection_id) GROUP BY ALL""").fetchall())
+                         FROM {je} j LEFT JOIN p USING (collection_id) GROUP BY ALL""").fetchall()
+    )
     assert jc["events"].groupby("tier")["count"].sum().to_dict() == by_tier
     assert by_tier.get("unknown", 0) < 0.01 * sum(by_tier.values())
     jinfo = jc["info"].iloc[0]

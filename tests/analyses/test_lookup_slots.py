@@ -40,7 +40,7 @@ def test_slot_table_matches_generic_path(n: int) -> None:
     found, got = lk.find(be, qc, qi, qm)
     np.testing.assert_array_equal(found, want_pos >= 0)
     np.testing.assert_array_equal(got, want_code)
-    assert found[np.argsort(order)][:keys.shape[0]].all()  # every key is found
+    assert found[np.argsort(order)][: keys.shape[0]].all()  # every key is found
     rows = np.flatnonzero(rng.random(qc.shape[0]) < 0.5)
     np.testing.assert_array_equal(lk.index(be, qc, qi, qm, rows=rows), want_pos[rows])
 
@@ -77,13 +77,15 @@ def _events(rng: np.random.Generator, n: int):
         mask = rng.random(n) < frac
         return pa.array(a, type=typ, mask=mask)
 
-    return pa.table({
-        "collection_id": pa.array(rng.integers(0, 40, n), pa.int64()),
-        "instance_index": pa.array(rng.integers(-2, 30, n), pa.int32()),
-        "machine_id": nulls(rng.integers(0, 5, n) * 1000, 0.05, pa.int64()),
-        "priority": nulls(rng.integers(0, 400, n), 0.2, pa.int32()),
-        "alloc_collection_id": nulls(np.where(rng.random(n) < 0.2, rng.integers(1, 9, n), 0), 0.3, pa.int64()),
-    })
+    return pa.table(
+        {
+            "collection_id": pa.array(rng.integers(0, 40, n), pa.int64()),
+            "instance_index": pa.array(rng.integers(-2, 30, n), pa.int32()),
+            "machine_id": nulls(rng.integers(0, 5, n) * 1000, 0.05, pa.int64()),
+            "priority": nulls(rng.integers(0, 400, n), 0.2, pa.int32()),
+            "alloc_collection_id": nulls(np.where(rng.random(n) < 0.2, rng.integers(1, 9, n), 0), 0.3, pa.int64()),
+        }
+    )
 
 
 @pytest.mark.parametrize("top_level_only", [True, False])
@@ -102,14 +104,21 @@ def test_fused_lookups_equal_grouped_path(top_level_only: bool, sizes: list[int]
     def build(codes):
         if old is None:
             return InstanceLookup.empty()
-        return InstanceLookup.build(old["c"].to_numpy(np.int64), old["i"].to_numpy(np.int32),
-                                    old["m"].to_numpy(np.int64), codes)
+        return InstanceLookup.build(
+            old["c"].to_numpy(np.int64), old["i"].to_numpy(np.int32), old["m"].to_numpy(np.int64), codes
+        )
 
     p = None if old is None else old["p"].to_numpy(np.float64)
-    for got, want in ((L.tier_lookup(ev, tm, top_level_only=top_level_only, unmatched=9, what="t"),
-                       build(None if p is None else L._tier_codes(p, tm, 9))),
-                      (L.priority_lookup(ev, top_level_only=top_level_only, what="t"),
-                       build(None if p is None else L._priority_codes(p)))):
+    for got, want in (
+        (
+            L.tier_lookup(ev, tm, top_level_only=top_level_only, unmatched=9, what="t"),
+            build(None if p is None else L._tier_codes(p, tm, 9)),
+        ),
+        (
+            L.priority_lookup(ev, top_level_only=top_level_only, what="t"),
+            build(None if p is None else L._priority_codes(p)),
+        ),
+    ):
         for f in ("hash", "collection", "instance", "machine", "code"):
             a, b = getattr(got, f), getattr(want, f)
             if len(want) == 0:

@@ -31,7 +31,9 @@ def _load_reference():  # a unique module name: tests/analyses has no package or
 
     name = "gpuclust_machine_utilization_reference"
     if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("machine_utilization_reference.py"))
+        spec = importlib.util.spec_from_file_location(
+            name, Path(__file__).with_name("machine_utilization_reference.py")
+        )
         mod = importlib.util.module_from_spec(spec)
         sys.modules[name] = mod
         spec.loader.exec_module(mod)
@@ -65,16 +67,22 @@ GROUP BY 1, 2
 
 def util_sql(r: str, capped: bool) -> str:
     ratio = f"{r}_usage / cap_{r}"
-    return (f"CASE WHEN cap_{r} > 0 THEN " + (f"IF({r}_usage > cap_{r}, 1.0, {ratio})" if capped else ratio)
-            + f" END AS {r}_util")
+    return (
+        f"CASE WHEN cap_{r} > 0 THEN "
+        + (f"IF({r}_usage > cap_{r}, 1.0, {ratio})" if capped else ratio)
+        + f" END AS {r}_util"
+    )
 
 
 def notebook_reference(tables: dict) -> tuple[pd.DataFrame, dict[str, list[float]]]:
     con = duckdb.connect()
     con.register("me", tables["machine_events"])
     con.register("iu", tables["instance_usage"])
-    m = con.sql(f"SELECT *, {util_sql('cpu', True)}, {util_sql('mem', True)} FROM ("
-                + NOTEBOOK_SQL.format(after=TIME_AFTER_TRACE) + ") ORDER BY machine_id, bucket").df()
+    m = con.sql(
+        f"SELECT *, {util_sql('cpu', True)}, {util_sql('mem', True)} FROM ("
+        + NOTEBOOK_SQL.format(after=TIME_AFTER_TRACE)
+        + ") ORDER BY machine_id, bucket"
+    ).df()
     con.register("m", m)
     qs = {r: con.sql(f"SELECT quantile_cont({r}_util, {QLIST}) FROM m").fetchall()[0][0] for r in ("cpu", "mem")}
     return m, qs
@@ -84,8 +92,21 @@ def time_weighted_reference(tables: dict) -> tuple[pd.DataFrame, dict[str, list[
     """The default mode's machine table and quantiles from the slow replay."""
     ref = replay(tables)
     rows = [{"machine_id": m, "bucket": b, **r} for (m, b), r in sorted(ref["rows"].items())]
-    m = pd.DataFrame(rows, columns=["machine_id", "bucket", "up_s", "windows", "cpu_usage", "mem_usage", "cap_cpu",
-                                    "cap_mem", "cpu_util", "mem_util"])
+    m = pd.DataFrame(
+        rows,
+        columns=[
+            "machine_id",
+            "bucket",
+            "up_s",
+            "windows",
+            "cpu_usage",
+            "mem_usage",
+            "cap_cpu",
+            "cap_mem",
+            "cpu_util",
+            "mem_util",
+        ],
+    )
     m.attrs["not_up"] = ref["not_up"]
     qs = {}
     for r in ("cpu", "mem"):
@@ -163,9 +184,11 @@ def test_dense_and_sorted_sums(monkeypatch, dense_ratio, row_bits):
     us = tables["instance_usage"]
     mem = us.column("avg_mem").to_pylist()
     rng = np.random.default_rng(8)
-    us = us.set_column(us.schema.get_field_index("avg_mem"), "avg_mem",
-                       pa.array([None if r < 0.03 else v for r, v in zip(rng.random(len(mem)), mem, strict=True)],
-                                pa.float32()))
+    us = us.set_column(
+        us.schema.get_field_index("avg_mem"),
+        "avg_mem",
+        pa.array([None if r < 0.03 else v for r, v in zip(rng.random(len(mem)), mem, strict=True)], pa.float32()),
+    )
     tables = {**tables, "instance_usage": us}
     run_both(tables)
     src = TableSource(tables)
@@ -178,8 +201,14 @@ def test_machine_hash(n):
     """The perfect hash finds exactly the machine ids (any int64, negative too) and their positions."""
     rng = np.random.default_rng(n)
     ids = np.unique(rng.integers(-(2**62), 2**62, n, dtype=np.int64))
-    q = np.concatenate([ids, rng.integers(-(2**62), 2**62, 500, dtype=np.int64), ids[::-1] + 1,
-                        np.array([np.iinfo(np.int64).min, 0, -1], np.int64)])
+    q = np.concatenate(
+        [
+            ids,
+            rng.integers(-(2**62), 2**62, 500, dtype=np.int64),
+            ids[::-1] + 1,
+            np.array([np.iinfo(np.int64).min, 0, -1], np.int64),
+        ]
+    )
     code, found = MachineHash.build(ids).find(get_backend("cpu"), q)
     pos = np.clip(np.searchsorted(ids, q), 0, max(ids.shape[0] - 1, 0))
     want = (ids[pos] == q) if ids.shape[0] else np.zeros(q.shape[0], bool)
@@ -198,12 +227,25 @@ def test_a_worked_machine():
     """
     s = [0, 100 * 10**6, 0, 0]
     e = [W, 400 * 10**6, W, 60 * 10**6]
-    t = {"machine_events": table("machine_events", {"time": [0, 5], "machine_id": [7, 7], "type": [1, 3],
-                                                    "cap_cpu": [0.5, 0.5], "cap_mem": [0.5, 1.0]}),
-         "instance_usage": table("instance_usage", {
-             "start_time": s, "end_time": e, "collection_id": [1, 2, 3, 4], "instance_index": [0] * 4,
-             "machine_id": [7] * 4, "alloc_collection_id": [0, None, 99, 0], "avg_cpu": [0.2, 0.4, 0.9, 0.3],
-             "avg_mem": [0.1, 0.1, 0.1, 0.1]})}
+    t = {
+        "machine_events": table(
+            "machine_events",
+            {"time": [0, 5], "machine_id": [7, 7], "type": [1, 3], "cap_cpu": [0.5, 0.5], "cap_mem": [0.5, 1.0]},
+        ),
+        "instance_usage": table(
+            "instance_usage",
+            {
+                "start_time": s,
+                "end_time": e,
+                "collection_id": [1, 2, 3, 4],
+                "instance_index": [0] * 4,
+                "machine_id": [7] * 4,
+                "alloc_collection_id": [0, None, 99, 0],
+                "avg_cpu": [0.2, 0.4, 0.9, 0.3],
+                "avg_mem": [0.1, 0.1, 0.1, 0.1],
+            },
+        ),
+    }
     res = run(TableSource(t), [MachineUtilization(mode="notebook"), MachineUtilization(mode="time-weighted")])
     nb = res[NB]["machine"]
     assert nb[["bucket", "windows"]].values.tolist() == [[0, 2]]
@@ -230,13 +272,31 @@ def test_idle_and_removed_machines():
       with CPU 2.0 -> bucket 2, up 100 s, idle.
     """
     S = 10**6
-    t = {"machine_events": table("machine_events", {
-            "time": [0, 0, 0, 450 * S, 800 * S], "machine_id": [7, 8, 9, 9, 9], "type": [1, 1, 1, 2, 1],
-            "cap_cpu": [0.5, 1.0, 1.0, None, 2.0], "cap_mem": [1.0, 1.0, 1.0, None, 1.0]}),
-         "instance_usage": table("instance_usage", {
-             "start_time": [0, 600 * S, 300 * S], "end_time": [W, 900 * S, 450 * S], "collection_id": [1, 2, 3],
-             "instance_index": [0] * 3, "machine_id": [7, 7, 9], "alloc_collection_id": [0] * 3,
-             "avg_cpu": [0.25, 0.1, 0.5], "avg_mem": [0.1] * 3})}
+    t = {
+        "machine_events": table(
+            "machine_events",
+            {
+                "time": [0, 0, 0, 450 * S, 800 * S],
+                "machine_id": [7, 8, 9, 9, 9],
+                "type": [1, 1, 1, 2, 1],
+                "cap_cpu": [0.5, 1.0, 1.0, None, 2.0],
+                "cap_mem": [1.0, 1.0, 1.0, None, 1.0],
+            },
+        ),
+        "instance_usage": table(
+            "instance_usage",
+            {
+                "start_time": [0, 600 * S, 300 * S],
+                "end_time": [W, 900 * S, 450 * S],
+                "collection_id": [1, 2, 3],
+                "instance_index": [0] * 3,
+                "machine_id": [7, 7, 9],
+                "alloc_collection_id": [0] * 3,
+                "avg_cpu": [0.25, 0.1, 0.5],
+                "avg_mem": [0.1] * 3,
+            },
+        ),
+    }
     res = run(TableSource(t), [MachineUtilization(), MachineUtilization(mode="notebook")])
     m = res["machine-utilization"]["machine"]
     assert list(zip(m["machine_id"], m["bucket"], strict=True)) == [(i, b) for i in (7, 8, 9) for b in (0, 1, 2)]
@@ -260,16 +320,39 @@ def test_layouts_schedulers_and_the_results_folder(tmp_path):
     a = MachineUtilization(mode="time-weighted")
     ref = run(Dataset(flat), a, partitions=1)
     check(ref[a.name], *time_weighted_reference(tables), capped=False)
-    r = subprocess.run([sys.executable, "-m", "gpuclust.cli", "optimize", str(flat), "--out", str(tmp_path / "opt"),
-                        "--buckets", "8"], capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "gpuclust.cli", "optimize", str(flat), "--out", str(tmp_path / "opt"), "--buckets", "8"],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
-    for ds, parts, scheduler in ((flat, 5, "threads"), (tmp_path / "opt", 3, None), (tmp_path / "opt", "auto", "threads")):
+    for ds, parts, scheduler in (
+        (flat, 5, "threads"),
+        (tmp_path / "opt", 3, None),
+        (tmp_path / "opt", "auto", "threads"),
+    ):
         got = run(Dataset(ds), a, partitions=parts, workers=2, scheduler=scheduler)
         assert_results_same(got, ref, rtol=1e-12)
     # the CLI writes the machine table as parts and the small tables beside it
     out = tmp_path / "res"
-    r = subprocess.run([sys.executable, "-m", "gpuclust.cli", "analyze", str(flat), "machine-utilization",
-                        "-O", "mode=time-weighted", "--partitions", "4", "--out", str(out)], capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpuclust.cli",
+            "analyze",
+            str(flat),
+            "machine-utilization",
+            "-O",
+            "mode=time-weighted",
+            "--partitions",
+            "4",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
     assert "machine-buckets over capacity" in r.stdout
     parts = sorted((out / "machine-utilization" / "machine").glob("part-*.parquet"))
@@ -300,11 +383,22 @@ def test_real_cell_a_capacities(tmp_path):
     # three 5-minute windows of 0.05 CPU on each of 50 real machines, in buckets 0, 0 and 1
     mids = ref["machine_id"].to_numpy()[::200][:50]
     n = len(mids)
-    usage = table("instance_usage", {
-        "start_time": [0] * n + [10**6] * n + [W] * n, "end_time": [W] * n + [W + 10**6] * n + [2 * W] * n,
-        "collection_id": list(range(3 * n)), "instance_index": [0] * (3 * n), "machine_id": [int(m) for m in mids] * 3,
-        "alloc_collection_id": [0] * (3 * n), "avg_cpu": [0.05] * (3 * n), "avg_mem": [0.01] * (3 * n)})
-    res = run(TableSource({"machine_events": me, "instance_usage": usage}), MachineUtilization(mode="notebook"))["machine-utilization"]
+    usage = table(
+        "instance_usage",
+        {
+            "start_time": [0] * n + [10**6] * n + [W] * n,
+            "end_time": [W] * n + [W + 10**6] * n + [2 * W] * n,
+            "collection_id": list(range(3 * n)),
+            "instance_index": [0] * (3 * n),
+            "machine_id": [int(m) for m in mids] * 3,
+            "alloc_collection_id": [0] * (3 * n),
+            "avg_cpu": [0.05] * (3 * n),
+            "avg_mem": [0.01] * (3 * n),
+        },
+    )
+    res = run(TableSource({"machine_events": me, "instance_usage": usage}), MachineUtilization(mode="notebook"))[
+        "machine-utilization"
+    ]
     m = res["machine"].set_index(["machine_id", "bucket"])
     cap = dict(zip(ref["machine_id"], ref["c"], strict=True))
     for mid in mids:
@@ -320,7 +414,9 @@ def _usage_from_task_events(ds: Dataset, t_end: int, seed: int = 2011) -> pa.Tab
     SCHEDULE on a machine runs from its time (at least the trace start, 600 s) until the task's next
     event or ``t_end``, as windows of 300 s from its start (the last one shorter), with CPU and
     memory a random share (0.1-1 and 0.3-1) of the task's request."""
-    ev = ds.read("instance_events", ["time", "type", "collection_id", "instance_index", "machine_id", "req_cpu", "req_mem"])
+    ev = ds.read(
+        "instance_events", ["time", "type", "collection_id", "instance_index", "machine_id", "req_cpu", "req_mem"]
+    )
     c = {k: ev.column(k).to_numpy(zero_copy_only=False) for k in ev.column_names}
     order = np.lexsort((np.arange(len(c["time"])), c["time"], c["instance_index"], c["collection_id"]))
     c = {k: v[order] for k, v in c.items()}
@@ -336,10 +432,19 @@ def _usage_from_task_events(ds: Dataset, t_end: int, seed: int = 2011) -> pa.Tab
     k = -(-(e - s) // W)  # windows per running piece
     piece = np.repeat(np.arange(sel.size), k)
     ws = s[piece] + (np.arange(piece.size) - np.repeat(np.cumsum(k) - k, k)) * W
-    return table("instance_usage", {
-        "start_time": ws, "end_time": np.minimum(ws + W, e[piece]), "collection_id": c["collection_id"][sel][piece],
-        "instance_index": c["instance_index"][sel][piece], "machine_id": c["machine_id"][sel][piece],
-        "alloc_collection_id": np.zeros(piece.size, np.int64), "avg_cpu": cpu[piece], "avg_mem": mem[piece]})
+    return table(
+        "instance_usage",
+        {
+            "start_time": ws,
+            "end_time": np.minimum(ws + W, e[piece]),
+            "collection_id": c["collection_id"][sel][piece],
+            "instance_index": c["instance_index"][sel][piece],
+            "machine_id": c["machine_id"][sel][piece],
+            "alloc_collection_id": np.zeros(piece.size, np.int64),
+            "avg_cpu": cpu[piece],
+            "avg_mem": mem[piece],
+        },
+    )
 
 
 @pytest.mark.skipif(not REAL_2011.is_dir(), reason=f"real trace files not found at {REAL_2011}")
@@ -352,8 +457,10 @@ def test_real_2011_machines(tmp_path):
     rep = ingest([REAL_2011 / "machine_events", REAL_2011 / "task_events"], tmp_path / "ds", progress=False)
     assert rep.exit_status == 0, rep.summary()
     ds = Dataset(tmp_path / "ds")
-    tables = {"machine_events": ds.read("machine_events", None),
-              "instance_usage": _usage_from_task_events(ds, (600 + 1800) * 10**6)}
+    tables = {
+        "machine_events": ds.read("machine_events", None),
+        "instance_usage": _usage_from_task_events(ds, (600 + 1800) * 10**6),
+    }
     res = run(TableSource(tables), [MachineUtilization(), MachineUtilization(mode="notebook")])
     tw, nb = res["machine-utilization"], res[NB]
     check(tw, *time_weighted_reference(tables), capped=False)
@@ -362,7 +469,9 @@ def test_real_2011_machines(tmp_path):
     assert (info["machines"], info["window_start_us"], info["window_end_us"]) == (12_583, 600 * 10**6, 2400 * 10**6)
     assert info["partial_machine_buckets"] > 0 and info["usage_buckets_not_up"] > 0
     p50 = {k: r["summary"].set_index("resource").loc["cpu", "p50"] for k, r in (("default", tw), ("notebook", nb))}
-    print(f"2011, first 30 min: {info['machine_rows']} up machine-buckets, idle {info['idle_machine_buckets']} "
-          f"({info['idle_machine_buckets'] / info['machine_rows']:.4%}), partial {info['partial_machine_buckets']}, "
-          f"usage where not up {info['usage_buckets_not_up']}; median CPU util default {p50['default']:.4f}, "
-          f"notebook {p50['notebook']:.4f} ({nb['info'].iloc[0]['machine_rows']} machine-buckets)")
+    print(
+        f"2011, first 30 min: {info['machine_rows']} up machine-buckets, idle {info['idle_machine_buckets']} "
+        f"({info['idle_machine_buckets'] / info['machine_rows']:.4%}), partial {info['partial_machine_buckets']}, "
+        f"usage where not up {info['usage_buckets_not_up']}; median CPU util default {p50['default']:.4f}, "
+        f"notebook {p50['notebook']:.4f} ({nb['info'].iloc[0]['machine_rows']} machine-buckets)"
+    )

@@ -61,14 +61,16 @@ def _run(tables, a: Overcommit, **kw):
 def check_against_reference(tables, res, a: Overcommit, tm=NB):
     """Every machine-bucket value against the slow replay (intervals) and DuckDB (usage)."""
     duckdb = pytest.importorskip("duckdb")
-    ref = replay(tables, bucket_s=a.bucket_s, names=tm.names, bounds=tm.bounds, start=a.window_start_us,
-                 end=a.window_end_us)
+    ref = replay(
+        tables, bucket_s=a.bucket_s, names=tm.names, bounds=tm.bounds, start=a.window_start_us, end=a.window_end_us
+    )
     start, end, width = a.window_start_us, ref["end"], a.bucket_s * S
     con = duckdb.connect()
     con.register("usage", tables["instance_usage"])
     con.register("events", tables["instance_events"])
-    udf = usage_sql(con, bucket_s=a.bucket_s, names=tm.names, bounds=tm.bounds, start=start, end=end,
-                    machines=ref["machines"])
+    udf = usage_sql(
+        con, bucket_s=a.bucket_s, names=tm.names, bounds=tm.bounds, start=start, end=end, machines=ref["machines"]
+    )
     info = res["info"].iloc[0]
     assert info["window_end_us"] == end and info["buckets"] == ref["n_buckets"]
     tiers = [*tm.names, "unknown"]
@@ -108,9 +110,14 @@ def check_against_reference(tables, res, a: Overcommit, tm=NB):
         for t in tiers:
             u = use.get((mid, t, b))
             zero = 0.0 if measured else nan
-            exp = {"req_cpu": ref["reqc"].get((mid, t, b), 0.0) / L, "req_mem": ref["reqm"].get((mid, t, b), 0.0) / L,
-                   "use_cpu": (u.use_cpu_s / L) if u else zero, "use_mem": (u.use_mem_s / L) if u else zero,
-                   "max_cpu_sum": u.max_cpu if u else zero, "max_mem_sum": u.max_mem if u else zero}
+            exp = {
+                "req_cpu": ref["reqc"].get((mid, t, b), 0.0) / L,
+                "req_mem": ref["reqm"].get((mid, t, b), 0.0) / L,
+                "use_cpu": (u.use_cpu_s / L) if u else zero,
+                "use_mem": (u.use_mem_s / L) if u else zero,
+                "max_cpu_sum": u.max_cpu if u else zero,
+                "max_mem_sum": u.max_mem if u else zero,
+            }
             nwin += int(u.windows) if u else 0
             for k, v in exp.items():
                 close(r[f"{k}_{t}"], v, (k, t, mid, b))
@@ -127,15 +134,30 @@ def check_against_reference(tables, res, a: Overcommit, tm=NB):
 # ------------------------------------------------------------------------------------ hand-written
 def hand_cell():
     """Two machines, ugly lifecycles; every number below is worked out by hand in the asserts."""
-    me = table("machine_events", {
-        "time": [0, 0, T0 + 200 * S, T0 + 400 * S, T0 + 100 * S, MAXT],
-        "machine_id": [1, 2, 1, 1, 2, 2],
-        "type": [1, 1, 2, 1, 3, 2],          # m1: ADD, REMOVE@200s, ADD@400s; m2: ADD(NULL mem), UPDATE@100s, REMOVE@MAXT
-        "cap_cpu": [0.5, 1.0, 0.5, 0.25, 1.0, 1.0],
-        "cap_mem": [0.5, None, 0.5, 0.25, 0.5, 0.5],
-    })
-    ev = {k: [] for k in ("time", "type", "collection_id", "instance_index", "machine_id", "priority",
-                          "alloc_collection_id", "req_cpu", "req_mem")}
+    me = table(
+        "machine_events",
+        {
+            "time": [0, 0, T0 + 200 * S, T0 + 400 * S, T0 + 100 * S, MAXT],
+            "machine_id": [1, 2, 1, 1, 2, 2],
+            "type": [1, 1, 2, 1, 3, 2],  # m1: ADD, REMOVE@200s, ADD@400s; m2: ADD(NULL mem), UPDATE@100s, REMOVE@MAXT
+            "cap_cpu": [0.5, 1.0, 0.5, 0.25, 1.0, 1.0],
+            "cap_mem": [0.5, None, 0.5, 0.25, 0.5, 0.5],
+        },
+    )
+    ev = {
+        k: []
+        for k in (
+            "time",
+            "type",
+            "collection_id",
+            "instance_index",
+            "machine_id",
+            "priority",
+            "alloc_collection_id",
+            "req_cpu",
+            "req_mem",
+        )
+    }
 
     def e(t, typ, c, i, m, p, cpu, mem, alloc=0):
         for k, v in zip(ev, (t, typ, c, i, m, p, alloc, cpu, mem), strict=True):
@@ -146,7 +168,7 @@ def hand_cell():
     # runs past the end (no terminal).
     e(0, 0, 10, 0, 0, 200, 0.1, 0.1)
     e(0, 3, 10, 0, 1, 200, 0.1, 0.1)
-    e(T0 + 150 * S, 10, 10, 0, 1, 200, 0.3, None)       # NULL mem carried forward (0.1)
+    e(T0 + 150 * S, 10, 10, 0, 1, 200, 0.3, None)  # NULL mem carried forward (0.1)
     e(T0 + 200 * S, 4, 10, 0, 1, 200, 0.3, 0.1)
     e(T0 + 200 * S, 0, 10, 0, 0, 200, 0.3, 0.1)
     e(T0 + 200 * S, 3, 10, 0, 2, 200, 0.3, 0.1)
@@ -162,14 +184,21 @@ def hand_cell():
     # then it ends the trace window: the latest finite time is 600 s (G's usage window)
     e(T0 + 500 * S, 3, 15, 0, 2, None, 0.05, 0.05)
     e(T0 + 550 * S, 7, 15, 0, 2, None, 0.05, 0.05)
-    us = table("instance_usage", {
-        "start_time": [T0 - 100 * S, T0 + 250 * S, T0 + 250 * S, T0 + 420 * S],
-        "end_time": [T0 + 200 * S, T0 + 550 * S, T0 + 550 * S, MAXT],
-        "collection_id": [10, 10, 12, 11], "instance_index": [0, 0, 0, 0], "machine_id": [1, 2, 2, 1],
-        "alloc_collection_id": [0, 0, 99, 0],
-        "avg_cpu": [0.05, 0.2, 0.5, 0.1], "avg_mem": [0.1, 0.1, 0.5, 0.1],
-        "max_cpu": [0.1, 0.4, 0.9, 0.2], "max_mem": [0.2, 0.2, 0.9, 0.2],
-    })
+    us = table(
+        "instance_usage",
+        {
+            "start_time": [T0 - 100 * S, T0 + 250 * S, T0 + 250 * S, T0 + 420 * S],
+            "end_time": [T0 + 200 * S, T0 + 550 * S, T0 + 550 * S, MAXT],
+            "collection_id": [10, 10, 12, 11],
+            "instance_index": [0, 0, 0, 0],
+            "machine_id": [1, 2, 2, 1],
+            "alloc_collection_id": [0, 0, 99, 0],
+            "avg_cpu": [0.05, 0.2, 0.5, 0.1],
+            "avg_mem": [0.1, 0.1, 0.5, 0.1],
+            "max_cpu": [0.1, 0.4, 0.9, 0.2],
+            "max_mem": [0.2, 0.2, 0.9, 0.2],
+        },
+    )
     return {"machine_events": me, "instance_events": table("instance_events", ev), "instance_usage": us}
 
 
@@ -215,7 +244,8 @@ def test_hand_written_case():
     cell = res["cell"].set_index("bucket")
     assert cell.loc[2, "cap_cpu"] == pytest.approx(0.5 * 200 / 300 + 1.0)
     assert cell.loc[2, "alloc_ratio_cpu"] == pytest.approx(
-        ((0.1 * 150 + 0.3 * 50) / 300 + 0.3 * 100 / 300) / (0.5 * 200 / 300 + 1.0))
+        ((0.1 * 150 + 0.3 * 50) / 300 + 0.3 * 100 / 300) / (0.5 * 200 / 300 + 1.0)
+    )
     assert np.isnan(cell.loc[2, "alloc_ratio_mem"]) or cell.loc[2, "machines_cap_unknown"] == 1
 
 
@@ -253,8 +283,9 @@ def test_without_usage_is_unknown_not_zero():
     for name in ("machine", "cell"):
         df = res[name]
         assert len(df)
-        usage_cols = [c for c in df.columns if c.startswith(("use_", "max_cpu_sum", "max_mem_sum", "usage_ratio_",
-                                                               "peak_ratio_"))]
+        usage_cols = [
+            c for c in df.columns if c.startswith(("use_", "max_cpu_sum", "max_mem_sum", "usage_ratio_", "peak_ratio_"))
+        ]
         assert "use_cpu" in usage_cols and "usage_ratio_cpu" in usage_cols and "use_cpu_prod" in usage_cols
         for c in usage_cols:
             assert df[c].isna().all(), (name, c)
@@ -304,8 +335,9 @@ def test_cell_capacity_unknown_when_no_machine_known():
 
 
 # ------------------------------------------------------------------------------------ hypothesis
-TIMES = st.one_of(st.sampled_from([0, T0, T0 + 100 * S, T0 + 300 * S, T0 + 301 * S, MAXT]),
-                  st.integers(0, T0 + 2000 * S))
+TIMES = st.one_of(
+    st.sampled_from([0, T0, T0 + 100 * S, T0 + 300 * S, T0 + 301 * S, MAXT]), st.integers(0, T0 + 2000 * S)
+)
 
 
 @st.composite
@@ -321,10 +353,28 @@ def lifecycle_cell(draw):
             me["cap_cpu"].append(draw(cap))
             me["cap_mem"].append(draw(cap))
     place = st.sampled_from([*mids, 0, -1, 77]) if mids else st.sampled_from([0, -1, 77])
-    ev = {k: [] for k in ("time", "type", "collection_id", "instance_index", "machine_id", "priority",
-                          "alloc_collection_id", "req_cpu", "req_mem")}
-    inst = draw(st.lists(st.tuples(st.sampled_from([7, 2**40 + 1, 2**62 + 3]), st.integers(0, 2)),
-                         min_size=0, max_size=5, unique=True))
+    ev = {
+        k: []
+        for k in (
+            "time",
+            "type",
+            "collection_id",
+            "instance_index",
+            "machine_id",
+            "priority",
+            "alloc_collection_id",
+            "req_cpu",
+            "req_mem",
+        )
+    }
+    inst = draw(
+        st.lists(
+            st.tuples(st.sampled_from([7, 2**40 + 1, 2**62 + 3]), st.integers(0, 2)),
+            min_size=0,
+            max_size=5,
+            unique=True,
+        )
+    )
     for c, i in inst:
         for _ in range(draw(st.integers(1, 6))):
             ev["time"].append(draw(TIMES))
@@ -336,8 +386,21 @@ def lifecycle_cell(draw):
             ev["alloc_collection_id"].append(draw(st.sampled_from([0, 0, 0, None, 2**40])))
             ev["req_cpu"].append(draw(st.one_of(st.none(), st.sampled_from([0.0, 0.1, 0.25, 0.5]))))
             ev["req_mem"].append(draw(st.one_of(st.none(), st.sampled_from([0.0, 0.05, 0.3]))))
-    us = {k: [] for k in ("start_time", "end_time", "collection_id", "instance_index", "machine_id",
-                          "alloc_collection_id", "avg_cpu", "avg_mem", "max_cpu", "max_mem")}
+    us = {
+        k: []
+        for k in (
+            "start_time",
+            "end_time",
+            "collection_id",
+            "instance_index",
+            "machine_id",
+            "alloc_collection_id",
+            "avg_cpu",
+            "avg_mem",
+            "max_cpu",
+            "max_mem",
+        )
+    }
     if inst:
         for _ in range(draw(st.integers(0, 8))):
             c, i = draw(st.sampled_from(inst))
@@ -350,8 +413,11 @@ def lifecycle_cell(draw):
             us["alloc_collection_id"].append(draw(st.sampled_from([0, 0, None, 5])))
             for k in ("avg_cpu", "avg_mem", "max_cpu", "max_mem"):
                 us[k].append(draw(st.one_of(st.none(), st.sampled_from([0.0, 0.125, 0.5]))))
-    return {"machine_events": table("machine_events", me), "instance_events": table("instance_events", ev),
-            "instance_usage": table("instance_usage", us)}
+    return {
+        "machine_events": table("machine_events", me),
+        "instance_events": table("instance_events", ev),
+        "instance_usage": table("instance_usage", us),
+    }
 
 
 HYP = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -391,11 +457,25 @@ def test_partition_invariance_and_sql(tmp_path):
     ev.loc[ev.index % 3 == 2, "type"] = 6
     ev["req_cpu"] = np.where(ev.index % 5 == 0, np.nan, (ev.index % 7 + 1) / 50.0)
     ev["req_mem"] = (ev.index % 4 + 1) / 40.0
-    tables["instance_events"] = table("instance_events", {c: [None if isinstance(v, float) and np.isnan(v) else v
-                                                              for v in ev[c].tolist()] for c in ev.columns
-                                                          if c in ("time", "type", "collection_id", "instance_index",
-                                                                   "machine_id", "priority", "alloc_collection_id",
-                                                                   "req_cpu", "req_mem")})
+    tables["instance_events"] = table(
+        "instance_events",
+        {
+            c: [None if isinstance(v, float) and np.isnan(v) else v for v in ev[c].tolist()]
+            for c in ev.columns
+            if c
+            in (
+                "time",
+                "type",
+                "collection_id",
+                "instance_index",
+                "machine_id",
+                "priority",
+                "alloc_collection_id",
+                "req_cpu",
+                "req_mem",
+            )
+        },
+    )
     ds = write_dataset(tmp_path / "ds", tables, files=3, row_group_size=400)
     a = Overcommit(bucket_s=3600)
     base = run(ds, [a])["overcommit"]

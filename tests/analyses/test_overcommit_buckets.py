@@ -37,10 +37,21 @@ def _lifecycle_cell(seed: int) -> dict:
     ev.loc[ev.index % 11 == 5, "type"] = 10  # UPDATE_RUNNING
     ev["req_cpu"] = np.where(ev.index % 5 == 0, np.nan, (ev.index % 7 + 1) / 50.0)
     ev["req_mem"] = (ev.index % 4 + 1) / 40.0
-    cols = ("time", "type", "collection_id", "instance_index", "machine_id", "priority", "alloc_collection_id",
-            "req_cpu", "req_mem")
-    tables["instance_events"] = table("instance_events", {
-        c: [None if isinstance(v, float) and np.isnan(v) else v for v in ev[c].tolist()] for c in cols})
+    cols = (
+        "time",
+        "type",
+        "collection_id",
+        "instance_index",
+        "machine_id",
+        "priority",
+        "alloc_collection_id",
+        "req_cpu",
+        "req_mem",
+    )
+    tables["instance_events"] = table(
+        "instance_events",
+        {c: [None if isinstance(v, float) and np.isnan(v) else v for v in ev[c].tolist()] for c in cols},
+    )
     return tables
 
 
@@ -103,8 +114,12 @@ def test_bind_per_partition_covers_every_instance_once(monkeypatch: pytest.Monke
 def _client_context(n_windows: int, tmp: Path, buckets: int | None) -> object:
     make_dataset(tmp, n_windows, machines=40, seed=1)
     ds = Dataset(tmp)
-    src = TableSource({t: ds.read(t) for t in TABLES if ds.num_rows(t)}, tier_map=ds.tier_map_name,
-                      trace_version=ds.trace_version, buckets=buckets)
+    src = TableSource(
+        {t: ds.read(t) for t in TABLES if ds.num_rows(t)},
+        tier_map=ds.tier_map_name,
+        trace_version=ds.trace_version,
+        buckets=buckets,
+    )
     a = [Overcommit()]
     (ctx,) = contexts(a, src, per_partition=per_partition(src, a, plan_tables(src, a, 3)))
     return ctx
@@ -136,10 +151,30 @@ def test_finalize_memory_per_machine_bucket(tmp_path: Path) -> None:
     docs/analysis-overcommit.md)."""
     windows, machines = 200_000, 2000
     make_dataset(tmp_path / f"w{windows}_m{machines}", windows, machines=machines, seed=2)
-    out = subprocess.run([sys.executable, str(BENCH / "overcommit_memory.py"), "--child", "--windows", str(windows),
-                          "--machines", str(machines), "--bucket-s", "10", "--partitions", "2",
-                          "--finalize-cells", str(1 << 15), "--shard-cells", str(1 << 16),
-                          "--data", str(tmp_path)], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / "overcommit_memory.py"),
+            "--child",
+            "--windows",
+            str(windows),
+            "--machines",
+            str(machines),
+            "--bucket-s",
+            "10",
+            "--partitions",
+            "2",
+            "--finalize-cells",
+            str(1 << 15),
+            "--shard-cells",
+            str(1 << 16),
+            "--data",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     m = json.loads(out.stdout.strip().splitlines()[-1])
     assert m["machine_buckets"] >= 700_000 and m["machine_parts"] >= 10
     # the machine table (~420 B a row, ~300 MB here) never is in memory: growth is a constant

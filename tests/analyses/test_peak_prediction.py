@@ -28,8 +28,16 @@ from gpuclust.tables import as_pandas
 S = 1_000_000
 STEP = 300 * S
 #: Small histories and horizon, so that a small cell exercises warm-up, forgetting and the oracle.
-SMALL = dict(min_samples=3, n_sigma_history=4, instance_history=5, machine_history=3, horizon_s=1800,
-             instance_percentile=90.0, machine_percentile=80.0, n_sigma=2.0)
+SMALL = dict(
+    min_samples=3,
+    n_sigma_history=4,
+    instance_history=5,
+    machine_history=3,
+    horizon_s=1800,
+    instance_percentile=90.0,
+    machine_percentile=80.0,
+    n_sigma=2.0,
+)
 
 
 def cell(seed: int, n_machines: int = 3, n_inst: int = 14, n_steps: int = 40) -> dict:
@@ -38,8 +46,16 @@ def cell(seed: int, n_machines: int = 3, n_inst: int = 14, n_steps: int = 40) ->
     filtered priorities and scheduling classes, events without requests."""
     rng = np.random.default_rng(seed)
     mids = [int(x) for x in rng.choice([5, 77, 2**40 + 3, 2**53 + 1], n_machines, replace=False)]
-    me = table("machine_events", {"time": [0] * n_machines, "machine_id": mids, "type": [1] * n_machines,
-                                  "cap_cpu": [1.0] * n_machines, "cap_mem": [1.0] * n_machines})
+    me = table(
+        "machine_events",
+        {
+            "time": [0] * n_machines,
+            "machine_id": mids,
+            "type": [1] * n_machines,
+            "cap_cpu": [1.0] * n_machines,
+            "cap_mem": [1.0] * n_machines,
+        },
+    )
     ev, us = defaultdict(list), defaultdict(list)
     for k in range(n_inst):
         c, i = int(rng.choice([3, 2**40 + 1, 2**62 + 9])), int(k)  # index 0 kept (Google's query drops it)
@@ -47,9 +63,11 @@ def cell(seed: int, n_machines: int = 3, n_inst: int = 14, n_steps: int = 40) ->
         t0 = int(rng.integers(0, n_steps - 2))
         t1 = int(rng.integers(t0 + 1, n_steps + 1))
         # events: a request at or before the start, sometimes a change later, sometimes a zero / NULL one
-        for te, rc, rm in [(t0 * STEP - int(rng.integers(0, 2)) * STEP, rng.uniform(0.1, 0.5), rng.uniform(0.1, 0.5)),
-                           ((t0 + t1) // 2 * STEP, rng.choice([0.0, rng.uniform(0.1, 0.5)]), rng.uniform(0.1, 0.5)),
-                           (int(rng.integers(t0, t1 + 1)) * STEP, None, rng.uniform(0.1, 0.5))]:
+        for te, rc, rm in [
+            (t0 * STEP - int(rng.integers(0, 2)) * STEP, rng.uniform(0.1, 0.5), rng.uniform(0.1, 0.5)),
+            ((t0 + t1) // 2 * STEP, rng.choice([0.0, rng.uniform(0.1, 0.5)]), rng.uniform(0.1, 0.5)),
+            (int(rng.integers(t0, t1 + 1)) * STEP, None, rng.uniform(0.1, 0.5)),
+        ]:
             if rng.random() < 0.15:
                 continue
             ev["time"].append(max(int(te), 0))
@@ -79,13 +97,27 @@ def cell(seed: int, n_machines: int = 3, n_inst: int = 14, n_steps: int = 40) ->
                 for col in ("avg_cpu", "max_cpu", "cpu_p90", "cpu_p50", "avg_mem", "max_mem"):
                     us[col].append(None if rng.random() < 0.03 else float(np.float32(base * rng.uniform(0.5, 1.5))))
     # a window on a machine absent from machine_events
-    us_extra = {"start_time": 0, "end_time": STEP, "collection_id": 3, "instance_index": 0, "machine_id": 999,
-                "alloc_collection_id": None, "avg_cpu": 0.1, "max_cpu": 0.1, "cpu_p90": 0.1, "cpu_p50": 0.1,
-                "avg_mem": 0.1, "max_mem": 0.1}
+    us_extra = {
+        "start_time": 0,
+        "end_time": STEP,
+        "collection_id": 3,
+        "instance_index": 0,
+        "machine_id": 999,
+        "alloc_collection_id": None,
+        "avg_cpu": 0.1,
+        "max_cpu": 0.1,
+        "cpu_p90": 0.1,
+        "cpu_p50": 0.1,
+        "avg_mem": 0.1,
+        "max_mem": 0.1,
+    }
     for k, v in us_extra.items():
         us[k].append(v)
-    return {"machine_events": me, "instance_events": table("instance_events", dict(ev)),
-            "instance_usage": table("instance_usage", dict(us))}
+    return {
+        "machine_events": me,
+        "instance_events": table("instance_events", dict(ev)),
+        "instance_usage": table("instance_usage", dict(us)),
+    }
 
 
 def last_step(tables: dict) -> int:
@@ -94,8 +126,12 @@ def last_step(tables: dict) -> int:
 
 def check(res: dict, tables: dict, opts: dict) -> None:
     keep_all = not opts.get("apply_ranges", True)
-    rows, stats = ref.samples(tables, opts.get("metric", "cpu_p90"), None if keep_all else opts.get("priority_range", (0, 400)),
-                              None if keep_all else opts.get("scheduling_class_range", (2, 3)))
+    rows, stats = ref.samples(
+        tables,
+        opts.get("metric", "cpu_p90"),
+        None if keep_all else opts.get("priority_range", (0, 400)),
+        None if keep_all else opts.get("scheduling_class_range", (2, 3)),
+    )
     info = res["info"].iloc[0]
     for k, v in stats.items():
         assert info[k] == v, k
@@ -118,12 +154,15 @@ def check(res: dict, tables: dict, opts: dict) -> None:
         r = summ.loc[p]
         assert (r.machine_steps, r.violations) == (g["machine_steps"], g["violations"]), p
         sev = g["severities"]
-        for col, val in (("violation_rate", g["violation_rate"]), ("savings", g["savings"]),
-                         ("mean_savings", g["mean_savings"]),
-                         ("severity_mean", sum(sev) / len(sev) if sev else None),
-                         ("severity_p99", float(np.quantile(sev, 0.99)) if sev else None),
-                         ("severity_max", max(sev) if sev else None),
-                         ("machine_rate_p90", float(np.quantile(g["machine_rates"], 0.9)) if g["machine_rates"] else None)):
+        for col, val in (
+            ("violation_rate", g["violation_rate"]),
+            ("savings", g["savings"]),
+            ("mean_savings", g["mean_savings"]),
+            ("severity_mean", sum(sev) / len(sev) if sev else None),
+            ("severity_p99", float(np.quantile(sev, 0.99)) if sev else None),
+            ("severity_max", max(sev) if sev else None),
+            ("machine_rate_p90", float(np.quantile(g["machine_rates"], 0.9)) if g["machine_rates"] else None),
+        ):
             if val is None:
                 assert np.isnan(r[col]), (p, col)
             else:
@@ -186,10 +225,17 @@ def test_simulate_on_the_device_shaped_backend():
 
     rng = np.random.default_rng(8)
     n = 20_000
-    args = (rng.integers(0, 5, n), rng.integers(0, 400, n), rng.integers(0, 60, n) * 31, rng.gamma(1.0, 0.1, n),
-            rng.choice([0.2, 0.5, 1.0], n))
-    for prm in (_peak_sim.SimParams(horizon_steps=100, min_samples=5),
-                _peak_sim.SimParams(horizon_steps=50, oracle_percentile=90.0, cap_to_limit=False)):
+    args = (
+        rng.integers(0, 5, n),
+        rng.integers(0, 400, n),
+        rng.integers(0, 60, n) * 31,
+        rng.gamma(1.0, 0.1, n),
+        rng.choice([0.2, 0.5, 1.0], n),
+    )
+    for prm in (
+        _peak_sim.SimParams(horizon_steps=100, min_samples=5),
+        _peak_sim.SimParams(horizon_steps=50, oracle_percentile=90.0, cap_to_limit=False),
+    ):
         want = _peak_sim.simulate(CPU, *args, 1 << 10, 390, prm)
         got = _peak_sim.simulate(DEVICE, *(DEVICE.asarray(x) for x in args), 1 << 10, 390, prm)
         assert set(got) == set(want)
@@ -215,8 +261,9 @@ def test_gpu_simulate_agrees_with_the_cpu(gpu_backend):
     prm = _peak_sim.SimParams(horizon_steps=288, min_samples=24, oracle_percentile=99.0)
     cpu = get_backend("cpu")
     want = _peak_sim.simulate(cpu, code, step, inst, usage, lim, span, 590, prm)
-    got = _peak_sim.simulate(gpu_backend, *(gpu_backend.asarray(a) for a in (code, step, inst, usage, lim)), span,
-                             590, prm)
+    got = _peak_sim.simulate(
+        gpu_backend, *(gpu_backend.asarray(a) for a in (code, step, inst, usage, lim)), span, 590, prm
+    )
     assert set(got) == set(want)
     for k, w in want.items():
         g = gpu_backend.to_host(got[k])
@@ -241,17 +288,35 @@ def _planted(usages: dict, limits: dict, n_steps: int) -> dict:
     """One machine; instance k runs over steps [0, n_steps) with usage usages[k](t) and limit limits[k]."""
     ev, us = defaultdict(list), defaultdict(list)
     for k, lim in limits.items():
-        for col, v in (("time", 0), ("type", 3), ("collection_id", 1), ("instance_index", k), ("machine_id", 5),
-                       ("req_cpu", lim), ("req_mem", 1.0), ("priority", 200), ("scheduling_class", 2)):
+        for col, v in (
+            ("time", 0),
+            ("type", 3),
+            ("collection_id", 1),
+            ("instance_index", k),
+            ("machine_id", 5),
+            ("req_cpu", lim),
+            ("req_mem", 1.0),
+            ("priority", 200),
+            ("scheduling_class", 2),
+        ):
             ev[col].append(v)
         for t in range(n_steps):
             u = usages[k](t)
-            for col, v in (("start_time", t * STEP), ("end_time", (t + 1) * STEP), ("collection_id", 1),
-                           ("instance_index", k), ("machine_id", 5), ("cpu_p90", u)):
+            for col, v in (
+                ("start_time", t * STEP),
+                ("end_time", (t + 1) * STEP),
+                ("collection_id", 1),
+                ("instance_index", k),
+                ("machine_id", 5),
+                ("cpu_p90", u),
+            ):
                 us[col].append(v)
     me = table("machine_events", {"time": [0], "machine_id": [5], "type": [1]})
-    return {"machine_events": me, "instance_events": table("instance_events", dict(ev)),
-            "instance_usage": table("instance_usage", dict(us))}
+    return {
+        "machine_events": me,
+        "instance_events": table("instance_events", dict(ev)),
+        "instance_usage": table("instance_usage", dict(us)),
+    }
 
 
 def test_planted_constant_usage():
@@ -304,13 +369,19 @@ def test_percentile_rows_is_numpy_percentile():
         m2 = np.where(np.arange(9)[None, :] < n[:, None], mat, np.inf)
         m2.sort(axis=1)
         got = percentile_rows(np, m2, n, p)
-        want = [np.percentile(mat[r, :n[r]], p) for r in range(50)]
+        want = [np.percentile(mat[r, : n[r]], p) for r in range(50)]
         np.testing.assert_allclose(got, want, rtol=1e-14)
 
 
 def test_options_checked():
-    for bad in (dict(metric="cpu_p95x"), dict(horizon_s=10), dict(priority_range=(3, 1)), dict(combine=("x",)),
-                dict(instance_percentile=101.0), dict(n_sigma_history=0)):
+    for bad in (
+        dict(metric="cpu_p95x"),
+        dict(horizon_s=10),
+        dict(priority_range=(3, 1)),
+        dict(combine=("x",)),
+        dict(instance_percentile=101.0),
+        dict(n_sigma_history=0),
+    ):
         with pytest.raises(ValueError):
             PeakPrediction(**bad)
 
@@ -327,8 +398,11 @@ def test_layouts_schedulers_and_cli(ds, tmp_path):
 
     a = PeakPrediction(**SMALL)
     base = run(Dataset(ds), a, partitions=1)
-    check(base["peak-prediction"], {t: Dataset(ds).read(t) for t in ("machine_events", "instance_events",
-                                                                       "instance_usage")}, SMALL)
+    check(
+        base["peak-prediction"],
+        {t: Dataset(ds).read(t) for t in ("machine_events", "instance_events", "instance_usage")},
+        SMALL,
+    )
     assert_results_same(base, run(Dataset(ds), a, partitions=4, workers=2))
     assert_results_same(base, run(Dataset(ds), a, partitions=3, scheduler="threads"))
     bucketed = tmp_path / "bucketed"
@@ -377,8 +451,12 @@ def test_auto_metric_takes_max_cpu_where_the_usage_has_no_cpu_p90(on_disk, tmp_p
     value it is the paper's cpu_p90 (Parquet statistics decide on disk, the column in memory)."""
     tables = cell(5)
     us = tables["instance_usage"]
-    v2 = {**tables, "instance_usage": us.set_column(us.schema.get_field_index("cpu_p90"), "cpu_p90",
-                                                    pa.nulls(us.num_rows, us.schema.field("cpu_p90").type))}
+    v2 = {
+        **tables,
+        "instance_usage": us.set_column(
+            us.schema.get_field_index("cpu_p90"), "cpu_p90", pa.nulls(us.num_rows, us.schema.field("cpu_p90").type)
+        ),
+    }
     opts = {**SMALL, "scheduling_class_range": (0, 3)}
 
     def source(t, name):

@@ -55,12 +55,12 @@ GROUP BY 1, 2, 3
 def notebook_sql(ds: Dataset, tm: str) -> pd.DataFrame:
     duckdb = pytest.importorskip("duckdb")
     q = f"""
-    WITH cap AS ({CAPACITY_SQL.format(me=_files(ds, 'machine_events'))}),
-    e AS ({PRIORITY_SQL.format(ev=_files(ds, 'instance_events'))}),
+    WITH cap AS ({CAPACITY_SQL.format(me=_files(ds, "machine_events"))}),
+    e AS ({PRIORITY_SQL.format(ev=_files(ds, "instance_events"))}),
     u AS (
       SELECT start_time AS time, collection_id, instance_index, machine_id,
              avg_cpu AS cpu_usage, avg_mem AS memory_usage
-      FROM read_parquet({_files(ds, 'instance_usage')})
+      FROM read_parquet({_files(ds, "instance_usage")})
       WHERE (alloc_collection_id IS NULL OR alloc_collection_id = 0)
         AND (end_time - start_time) >= (5 * 60 * 1e6)
     ),
@@ -82,15 +82,15 @@ def exact_sql(ds: Dataset, tm: str) -> pd.DataFrame:
     duckdb = pytest.importorskip("duckdb")
     H = 3_600_000_000
     q = f"""
-    WITH cap AS ({CAPACITY_SQL.format(me=_files(ds, 'machine_events'))}),
-    e AS ({PRIORITY_SQL.format(ev=_files(ds, 'instance_events'))}),
+    WITH cap AS ({CAPACITY_SQL.format(me=_files(ds, "machine_events"))}),
+    e AS ({PRIORITY_SQL.format(ev=_files(ds, "instance_events"))}),
     u AS (
       SELECT start_time AS s, end_time AS t, collection_id, instance_index, machine_id, avg_cpu, avg_mem
-      FROM read_parquet({_files(ds, 'instance_usage')})
+      FROM read_parquet({_files(ds, "instance_usage")})
       WHERE (alloc_collection_id IS NULL OR alloc_collection_id = 0) AND end_time <> 9223372036854775807
     ),
     j AS (
-      SELECT u.*, {_case(tm, 'unknown')} AS tier
+      SELECT u.*, {_case(tm, "unknown")} AS tier
       FROM u LEFT JOIN e ON u.collection_id = e.collection_id AND u.instance_index = e.instance_index
                         AND u.machine_id = e.machine_id
     ),
@@ -116,7 +116,7 @@ def exact_sql(ds: Dataset, tm: str) -> pd.DataFrame:
 def shapes_sql(ds: Dataset) -> pd.DataFrame:
     duckdb = pytest.importorskip("duckdb")
     q = f"""SELECT cap_cpu, cap_mem, COUNT(DISTINCT machine_id) AS machines
-            FROM read_parquet({_files(ds, 'machine_events')}) GROUP BY 1, 2"""
+            FROM read_parquet({_files(ds, "machine_events")}) GROUP BY 1, 2"""
     return duckdb.sql(q).df()
 
 
@@ -137,8 +137,10 @@ def assert_shapes_equal(got: pd.DataFrame, want: pd.DataFrame) -> None:
     def norm(df: pd.DataFrame) -> list[tuple[str, str, int]]:
         rows = []
         for c, m, n in zip(df["cap_cpu"], df["cap_mem"], df["machines"], strict=False):
+
             def f(v):
-                return ("NULL" if v is None or pd.isna(v) else repr(float(np.float32(v)) + 0.0))
+                return "NULL" if v is None or pd.isna(v) else repr(float(np.float32(v)) + 0.0)
+
             rows.append((f(c), f(m), int(n)))
         return sorted(rows)
 
@@ -147,12 +149,17 @@ def assert_shapes_equal(got: pd.DataFrame, want: pd.DataFrame) -> None:
 
 def _check(ds: Dataset, tm: str | None = None, partitions: int = 1) -> None:
     tmn = tm or "notebook"
-    res = run(ds, [CellUsage(mode="notebook", tier_map=tm), CellUsage(mode="exact", tier_map=tm), MachineShapes()],
-              partitions=partitions)
-    assert_usage_equal(res["cell-usage[mode=notebook" + (f",tier_map={tm}" if tm else "") + "]"]["usage"],
-                       notebook_sql(ds, tmn))
-    assert_usage_equal(res["cell-usage[mode=exact" + (f",tier_map={tm}" if tm else "") + "]"]["usage"],
-                       exact_sql(ds, tmn))
+    res = run(
+        ds,
+        [CellUsage(mode="notebook", tier_map=tm), CellUsage(mode="exact", tier_map=tm), MachineShapes()],
+        partitions=partitions,
+    )
+    assert_usage_equal(
+        res["cell-usage[mode=notebook" + (f",tier_map={tm}" if tm else "") + "]"]["usage"], notebook_sql(ds, tmn)
+    )
+    assert_usage_equal(
+        res["cell-usage[mode=exact" + (f",tier_map={tm}" if tm else "") + "]"]["usage"], exact_sql(ds, tmn)
+    )
     assert_shapes_equal(res["machine-shapes"]["shapes"], shapes_sql(ds))
 
 
@@ -168,8 +175,9 @@ def test_other_tier_maps_match_duckdb(tmp_path, tm):
     _check(ds, tm=tm, partitions=2)
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                  HealthCheck.too_slow])
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 @given(tables=cell())
 def test_hypothesis_cells_match_duckdb(tmp_path_factory, tables):
     ds = Dataset(write_dataset(tmp_path_factory.mktemp("ds"), tables, files=2))
@@ -183,6 +191,7 @@ def test_info_counts(tmp_path):
     nb = run(ds, CellUsage(mode="notebook"))["cell-usage"]["info"].iloc[0]
     ex = run(ds, CellUsage(mode="exact"))["cell-usage"]["info"].iloc[0]
     top = "(alloc_collection_id IS NULL OR alloc_collection_id = 0)"
+
     def one(q: str) -> object:
         duckdb = pytest.importorskip("duckdb")
         return duckdb.sql(q).fetchall()[0][0]
@@ -190,12 +199,15 @@ def test_info_counts(tmp_path):
     assert nb["rows"] == ex["rows"] == one(f"SELECT COUNT(*) FROM read_parquet({files})")
     assert nb["alloc_rows"] == one(f"SELECT COUNT(*) FROM read_parquet({files}) WHERE NOT {top}")
     assert nb["short_windows"] == one(
-        f"SELECT COUNT(*) FROM read_parquet({files}) WHERE {top} AND end_time - start_time < 300000000")
+        f"SELECT COUNT(*) FROM read_parquet({files}) WHERE {top} AND end_time - start_time < 300000000"
+    )
     assert nb["used_windows"] == run(ds, CellUsage())["cell-usage"]["usage"]["windows"].sum()
     assert nb["used_windows"] + nb["unmatched_windows"] + nb["short_windows"] + nb["alloc_rows"] == nb["rows"]
     assert ex["used_windows"] + ex["alloc_rows"] + ex["unbounded_windows"] == ex["rows"]
-    assert ex["unknown_windows"] == run(ds, CellUsage(mode="exact"))["cell-usage"]["usage"].query(
-        "tier == 'unknown'")["windows"].sum()
+    assert (
+        ex["unknown_windows"]
+        == run(ds, CellUsage(mode="exact"))["cell-usage"]["usage"].query("tier == 'unknown'")["windows"].sum()
+    )
     # independently: bounded top-level windows whose instance has no event priority (no match, or
     # MAX(priority) NULL) -- the notebook tier map covers every priority >= 0
     ev = _files(ds, "instance_events")
@@ -218,16 +230,35 @@ def test_all_null_group_is_unknown_not_zero(tmp_path):
 
     H = 3_600_000_000
     tables = {
-        "machine_events": table("machine_events", {"time": [0], "machine_id": [5], "type": [1],
-                                                   "cap_cpu": [1.0], "cap_mem": [1.0]}),
-        "instance_events": table("instance_events", {"time": [0, 0], "type": [3, 3], "collection_id": [1, 2],
-                                                     "instance_index": [0, 0], "machine_id": [5, 5],
-                                                     "priority": [200, 0], "alloc_collection_id": [0, 0]}),
+        "machine_events": table(
+            "machine_events", {"time": [0], "machine_id": [5], "type": [1], "cap_cpu": [1.0], "cap_mem": [1.0]}
+        ),
+        "instance_events": table(
+            "instance_events",
+            {
+                "time": [0, 0],
+                "type": [3, 3],
+                "collection_id": [1, 2],
+                "instance_index": [0, 0],
+                "machine_id": [5, 5],
+                "priority": [200, 0],
+                "alloc_collection_id": [0, 0],
+            },
+        ),
         # hour 2: prod window with NULL cpu, measured mem; hour 3: free window with cpu 0.0 (measured)
-        "instance_usage": table("instance_usage", {
-            "start_time": [2 * H, 3 * H], "end_time": [2 * H + 300_000_000, 3 * H + 300_000_000],
-            "collection_id": [1, 2], "instance_index": [0, 0], "machine_id": [5, 5], "alloc_collection_id": [0, 0],
-            "avg_cpu": [None, 0.0], "avg_mem": [0.5, 0.25]}),
+        "instance_usage": table(
+            "instance_usage",
+            {
+                "start_time": [2 * H, 3 * H],
+                "end_time": [2 * H + 300_000_000, 3 * H + 300_000_000],
+                "collection_id": [1, 2],
+                "instance_index": [0, 0],
+                "machine_id": [5, 5],
+                "alloc_collection_id": [0, 0],
+                "avg_cpu": [None, 0.0],
+                "avg_mem": [0.5, 0.25],
+            },
+        ),
     }
     ds = Dataset(write_dataset(tmp_path / "ds", tables))
     for mode in ("notebook", "exact"):
@@ -239,8 +270,16 @@ def test_all_null_group_is_unknown_not_zero(tmp_path):
 
 
 @settings(max_examples=60, deadline=None)
-@given(pairs=st.lists(st.tuples(st.sampled_from([0.5, 0.25, -0.0, 0.0, 1.0, float("nan")]),
-                                st.sampled_from([0.5, 0.125, 0.0, float("nan")]), st.integers(1, 6)), max_size=40))
+@given(
+    pairs=st.lists(
+        st.tuples(
+            st.sampled_from([0.5, 0.25, -0.0, 0.0, 1.0, float("nan")]),
+            st.sampled_from([0.5, 0.125, 0.0, float("nan")]),
+            st.integers(1, 6),
+        ),
+        max_size=40,
+    )
+)
 def test_shapes_rows_in_the_documented_order(pairs: list) -> None:
     """machine-shapes' rows: COUNT(DISTINCT machine_id) per shape (-0.0 and 0.0 one shape, NULL
     its own), sorted by machines descending, then cap_cpu, cap_mem, NULL last -- as pandas'
@@ -254,16 +293,23 @@ def test_shapes_rows_in_the_documented_order(pairs: list) -> None:
     mem = np.array([p[1] for p in pairs], np.float32)
     mid = np.array([p[2] for p in pairs], np.int64)
     a = MachineShapes()
-    res = as_pandas(a.finalize(a.partial({"machine_id": mid, "cap_cpu": cpu, "cap_mem": mem}, None,
-                                         get_backend("cpu")), None)["shapes"])
+    res = as_pandas(
+        a.finalize(a.partial({"machine_id": mid, "cap_cpu": cpu, "cap_mem": mem}, None, get_backend("cpu")), None)[
+            "shapes"
+        ]
+    )
     machines: dict = defaultdict(set)
     for c, m, i in pairs:
         key = tuple("NULL" if v != v else float(np.float32(v)) + 0.0 for v in (c, m))
         machines[key].add(i)
-    want = pd.DataFrame([{"cap_cpu": np.nan if c == "NULL" else c, "cap_mem": np.nan if m == "NULL" else m,
-                          "machines": len(ids)} for (c, m), ids in machines.items()],
-                        columns=["cap_cpu", "cap_mem", "machines"]).astype({"cap_cpu": float, "cap_mem": float,
-                                                                           "machines": np.int64})
-    want = want.sort_values(["machines", "cap_cpu", "cap_mem"], ascending=[False, True, True], na_position="last",
-                            kind="stable").reset_index(drop=True)
+    want = pd.DataFrame(
+        [
+            {"cap_cpu": np.nan if c == "NULL" else c, "cap_mem": np.nan if m == "NULL" else m, "machines": len(ids)}
+            for (c, m), ids in machines.items()
+        ],
+        columns=["cap_cpu", "cap_mem", "machines"],
+    ).astype({"cap_cpu": float, "cap_mem": float, "machines": np.int64})
+    want = want.sort_values(
+        ["machines", "cap_cpu", "cap_mem"], ascending=[False, True, True], na_position="last", kind="stable"
+    ).reset_index(drop=True)
     pd.testing.assert_frame_equal(res, want)

@@ -15,7 +15,9 @@ def test_docs_capability_table_is_generated():
     text = DOCS.read_text()
     m = re.search(r"<!-- capability-table:start -->\n(.*?)<!-- capability-table:end -->", text, re.S)
     assert m, "docs/analyses.md lacks the capability-table markers"
-    assert m.group(1) == capability_table(), "regenerate: python -c 'from gpuclust.analyses import capability_table as c; print(c())'"
+    assert m.group(1) == capability_table(), (
+        "regenerate: python -c 'from gpuclust.analyses import capability_table as c; print(c())'"
+    )
 
 
 def test_create_and_options():

@@ -134,14 +134,36 @@ def test_summaries_say_unknown_not_nan(tmp_path):
     from strategies import table, write_dataset
 
     tables = {
-        "machine_events": table("machine_events", {"time": [0], "machine_id": [5], "type": [1],
-                                                   "cap_cpu": [1.0], "cap_mem": [1.0]}),
-        "instance_events": table("instance_events", {"time": [0], "type": [3], "collection_id": [1],
-                                                     "instance_index": [0], "machine_id": [5], "priority": [200],
-                                                     "alloc_collection_id": [0], "req_cpu": [0.5], "req_mem": [0.5]}),
-        "instance_usage": table("instance_usage", {
-            "start_time": [H], "end_time": [H + 300_000_000], "collection_id": [1], "instance_index": [0],
-            "machine_id": [5], "alloc_collection_id": [0], "avg_cpu": [None], "avg_mem": [0.5]}),
+        "machine_events": table(
+            "machine_events", {"time": [0], "machine_id": [5], "type": [1], "cap_cpu": [1.0], "cap_mem": [1.0]}
+        ),
+        "instance_events": table(
+            "instance_events",
+            {
+                "time": [0],
+                "type": [3],
+                "collection_id": [1],
+                "instance_index": [0],
+                "machine_id": [5],
+                "priority": [200],
+                "alloc_collection_id": [0],
+                "req_cpu": [0.5],
+                "req_mem": [0.5],
+            },
+        ),
+        "instance_usage": table(
+            "instance_usage",
+            {
+                "start_time": [H],
+                "end_time": [H + 300_000_000],
+                "collection_id": [1],
+                "instance_index": [0],
+                "machine_id": [5],
+                "alloc_collection_id": [0],
+                "avg_cpu": [None],
+                "avg_mem": [0.5],
+            },
+        ),
     }
     ds = write_dataset(tmp_path / "ds", tables)
     cu = CellUsage(mode="exact")
@@ -163,9 +185,16 @@ def test_plots_draw_unknown_values(tmp_path):
     """Plots accept NaN (unknown) values and draw them as gaps (never as 0)."""
     from gpuclust.report.plots import plot_result
 
-    usage = pd.DataFrame({"bucket": np.array([0, 0, 1], np.int64), "bucket_start_us": np.array([0, 0, H], np.int64),
-                          "tier": ["free", "prod", "prod"], "cpu": [0.1, np.nan, 0.2], "mem": [0.1, 0.2, np.nan],
-                          "windows": np.array([1, 1, 1], np.int64)})
+    usage = pd.DataFrame(
+        {
+            "bucket": np.array([0, 0, 1], np.int64),
+            "bucket_start_us": np.array([0, 0, H], np.int64),
+            "tier": ["free", "prod", "prod"],
+            "cpu": [0.1, np.nan, 0.2],
+            "mem": [0.1, 0.2, np.nan],
+            "windows": np.array([1, 1, 1], np.int64),
+        }
+    )
     info = pd.DataFrame([{"tiers": "free,beb,mid,prod,unknown"}])
     assert plot_result("cell-usage", {"usage": usage, "info": info}, tmp_path / "cu.png")
     assert (tmp_path / "cu.png").stat().st_size > 1000
@@ -179,8 +208,15 @@ def test_zero_weight_distribution_is_unknown():
     from gpuclust.engine import TableSource
     from gpuclust.schema import CPU_PERCENTILE_COLUMNS_SORTED
 
-    cols = {"start_time": [H, 2 * H], "end_time": [H, 2 * H + 300_000_000], "collection_id": [1, 2],
-            "instance_index": [0, 0], "machine_id": [5, 6], "alloc_collection_id": [0, 0], "sample_rate": [1.0, 1.0]}
+    cols = {
+        "start_time": [H, 2 * H],
+        "end_time": [H, 2 * H + 300_000_000],
+        "collection_id": [1, 2],
+        "instance_index": [0, 0],
+        "machine_id": [5, 6],
+        "alloc_collection_id": [0, 0],
+        "sample_rate": [1.0, 1.0],
+    }
     cols.update({c: [0.5, 0.2] for c in CPU_PERCENTILE_COLUMNS_SORTED})
     a = UsageDistribution(by="machine")
     r = _pick(run(TableSource({"instance_usage": table("instance_usage", cols)}), [a]), a)
@@ -206,7 +242,9 @@ def test_docs_list_the_result_columns(synth_ds):
 
     docs = Path(__file__).resolve().parents[2] / "docs"
     text = {p.name: p.read_text() for p in docs.glob("*.md")}
-    assert "## Time buckets" in text["dataset.md"] and "## Result tables: names and missing values" in text["dataset.md"]
+    assert (
+        "## Time buckets" in text["dataset.md"] and "## Result tables: names and missing values" in text["dataset.md"]
+    )
     for name in ("analyses.md", "analysis-overcommit.md", "analysis-usage-distribution.md", "analysis-cpi.md"):
         assert "dataset.md#time-buckets" in text[name], name
     for name in ("analyses.md", "analysis-overcommit.md", "analysis-usage-distribution.md"):

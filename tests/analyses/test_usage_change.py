@@ -30,7 +30,11 @@ def check(res: dict, tables: dict, max_gap_s: int = 0, tm_name: str = "notebook"
     ref = pairs(tables["instance_usage"].to_pylist(), tiers, max_gap_s * 1_000_000)
     info = res["info"].iloc[0]
     assert (info["pairs"], info["instances"], info["gaps"], info["unplaced_ends"]) == (
-        ref["n_pairs"], ref["instances"], ref["gaps"], ref["unplaced"])
+        ref["n_pairs"],
+        ref["instances"],
+        ref["gaps"],
+        ref["unplaced"],
+    )
     groups = dict(ref["pairs"])
     for res_name in ("cpu", "mem"):  # the "all" rows: every tier's pairs
         every = [ab for (t, r), v in ref["pairs"].items() if r == res_name for ab in v]
@@ -44,7 +48,12 @@ def check(res: dict, tables: dict, max_gap_s: int = 0, tm_name: str = "notebook"
         d = describe(ab, EDGES)
         r = got[key]
         assert (r.pairs, r.unknown, r.zero_to_zero, r.zero_to_positive, r.defined) == (
-            d["pairs"], d["unknown"], d["zero_to_zero"], d["zero_to_positive"], d["defined"]), key
+            d["pairs"],
+            d["unknown"],
+            d["zero_to_zero"],
+            d["zero_to_positive"],
+            d["defined"],
+        ), key
         for h in THRESHOLDS:
             v = getattr(r, f"within_{round(h * 100)}pct")
             assert (np.isnan(v) and not d["defined"]) or v == d["within"][h] / d["defined"], (key, h)
@@ -81,11 +90,31 @@ def test_a_worked_instance():
     w = 300_000_000
     starts = [0, w, 2 * w, 3 * w, 4 * w, 6 * w]
     cpu = [1.0, 1.1, 0.0, 0.0, 0.5, 0.5]
-    t = {"instance_usage": table("instance_usage", {
-            "start_time": starts, "end_time": [s + w for s in starts], "collection_id": [9] * 6,
-            "instance_index": [0] * 6, "machine_id": [5] * 6, "avg_cpu": cpu, "avg_mem": [0.25] * 6}),
-         "instance_events": table("instance_events", {"time": [0], "type": [0], "collection_id": [9],
-                                                      "instance_index": [0], "machine_id": [5], "priority": [200]})}
+    t = {
+        "instance_usage": table(
+            "instance_usage",
+            {
+                "start_time": starts,
+                "end_time": [s + w for s in starts],
+                "collection_id": [9] * 6,
+                "instance_index": [0] * 6,
+                "machine_id": [5] * 6,
+                "avg_cpu": cpu,
+                "avg_mem": [0.25] * 6,
+            },
+        ),
+        "instance_events": table(
+            "instance_events",
+            {
+                "time": [0],
+                "type": [0],
+                "collection_id": [9],
+                "instance_index": [0],
+                "machine_id": [5],
+                "priority": [200],
+            },
+        ),
+    }
     res = run(TableSource(t), UsageChange(level="instance", tier_map="notebook"))["usage-change"]
     s = res["summary"].set_index(["tier", "resource"])
     cpu_row = s.loc[("prod", "cpu")]
@@ -102,8 +131,11 @@ def test_bucketed_equals_flat_and_a_flat_table_is_never_cut(tmp_path):
     a = UsageChange(level="instance", max_gap_s=7200)
     r_flat = run(Dataset(flat), a, partitions="auto")["usage-change"]
     check(r_flat, tables, 7200)
-    r = subprocess.run([sys.executable, "-m", "gpuclust.cli", "optimize", str(flat), "--out", str(tmp_path / "opt"),
-                        "--buckets", "8"], capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "gpuclust.cli", "optimize", str(flat), "--out", str(tmp_path / "opt"), "--buckets", "8"],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
     for parts, scheduler in ((3, None), ("auto", None), (3, "threads")):
         r_opt = run(Dataset(tmp_path / "opt"), a, partitions=parts, workers=2, scheduler=scheduler)["usage-change"]
@@ -125,12 +157,24 @@ def test_planted_usage_change_of_a_synthetic_cell(tmp_path):
     within 20% planted 0.475, all 0.473 (23,397 pairs), free 0.501, beb 0.454, mid 0.472."""
     from gpuclust.synth import SynthConfig, synthesize
 
-    syn = synthesize(SynthConfig(machines=40, hours=2, seed=4, usage_window_sigma=0.2, machine_cell_load_sigma=0.1,
-                                 max_machine_utilisation=float("inf")), tmp_path / "raw", dataset=tmp_path / "ds",
-                     progress=None)
+    syn = synthesize(
+        SynthConfig(
+            machines=40,
+            hours=2,
+            seed=4,
+            usage_window_sigma=0.2,
+            machine_cell_load_sigma=0.1,
+            max_machine_utilisation=float("inf"),
+        ),
+        tmp_path / "raw",
+        dataset=tmp_path / "ds",
+        progress=None,
+    )
     p = syn.truth["planted"]["usage_change"]
     assert p["sigma_log_change_without_sampling"] == pytest.approx(np.sqrt(2 * (0.2**2 + 0.1**2)))
-    res = run(Dataset(tmp_path / "ds"), UsageChange(level="instance", tier_map="notebook"), partitions="auto")["usage-change"]
+    res = run(Dataset(tmp_path / "ds"), UsageChange(level="instance", tier_map="notebook"), partitions="auto")[
+        "usage-change"
+    ]
     s = res["summary"]
     s = s[s["resource"] == "cpu"].set_index("tier")
     for tier in ("free", "beb", "mid", "prod", "all"):
@@ -161,7 +205,12 @@ def check_periods(res: dict, ab: dict[str, list], periods: int, n_pairs: int, ga
         d = describe(pairs_, EDGES)
         r = got[("all", name)]
         assert (r.pairs, r.unknown, r.zero_to_zero, r.zero_to_positive, r.defined) == (
-            d["pairs"], d["unknown"], d["zero_to_zero"], d["zero_to_positive"], d["defined"]), name
+            d["pairs"],
+            d["unknown"],
+            d["zero_to_zero"],
+            d["zero_to_positive"],
+            d["defined"],
+        ), name
         for h in THRESHOLDS:
             v = getattr(r, f"within_{round(h * 100)}pct")
             assert (np.isnan(v) and not d["defined"]) or v == d["within"][h] / d["defined"], (name, h)
@@ -190,13 +239,20 @@ def cluster_pairs_sql(tables: dict) -> dict:
         p AS (SELECT k, SUM(avg_cpu * ((LEAST(e, (k + 1) * {P}) - GREATEST(s, k * {P})) / {P}.0)) AS cpu,
                         SUM(avg_mem * ((LEAST(e, (k + 1) * {P}) - GREATEST(s, k * {P})) / {P}.0)) AS mem
               FROM pieces GROUP BY k)"""
-    rows = con.execute(periods + """
+    rows = con.execute(
+        periods
+        + """
         , q AS (SELECT k, cpu, mem, LEAD(k) OVER (ORDER BY k) AS k2, LEAD(cpu) OVER (ORDER BY k) AS cpu2,
                        LEAD(mem) OVER (ORDER BY k) AS mem2 FROM p)
-        SELECT cpu, cpu2, mem, mem2 FROM q WHERE k2 = k + 1 ORDER BY k""").fetchall()
+        SELECT cpu, cpu2, mem, mem2 FROM q WHERE k2 = k + 1 ORDER BY k"""
+    ).fetchall()
     n = con.execute(periods + " SELECT count(*) FROM p").fetchone()[0]
-    return {"pairs": {"cpu": [(r[0], r[1]) for r in rows], "mem": [(r[2], r[3]) for r in rows]},
-            "periods": n, "n_pairs": len(rows), "gaps": max(n - 1 - len(rows), 0)}
+    return {
+        "pairs": {"cpu": [(r[0], r[1]) for r in rows], "mem": [(r[2], r[3]) for r in rows]},
+        "periods": n,
+        "n_pairs": len(rows),
+        "gaps": max(n - 1 - len(rows), 0),
+    }
 
 
 @pytest.mark.parametrize("seed", [1, 2])
@@ -239,12 +295,25 @@ def test_a_worked_cluster():
     float32, the column's type)."""
     s = [0, 300, 600, 0, 1500]
     e = [600, 450, 900, 900, 1800]
-    t = {"instance_usage": table("instance_usage", {
-            "start_time": [x * 10**6 for x in s], "end_time": [x * 10**6 for x in e], "collection_id": [1, 2, 3, 4, 5],
-            "instance_index": [0] * 5, "machine_id": [5, 6, 5, 5, 6], "alloc_collection_id": [None, 0, 0, 9, None],
-            "avg_cpu": [1.0, 0.375, 1.25, 7.0, 0.5], "avg_mem": [0.5] * 5}),
-         "machine_events": table("machine_events", {"time": [0, 0], "machine_id": [5, 6], "type": [0, 0],
-                                                    "cap_cpu": [1.0, 1.0], "cap_mem": [1.0, 1.0]})}
+    t = {
+        "instance_usage": table(
+            "instance_usage",
+            {
+                "start_time": [x * 10**6 for x in s],
+                "end_time": [x * 10**6 for x in e],
+                "collection_id": [1, 2, 3, 4, 5],
+                "instance_index": [0] * 5,
+                "machine_id": [5, 6, 5, 5, 6],
+                "alloc_collection_id": [None, 0, 0, 9, None],
+                "avg_cpu": [1.0, 0.375, 1.25, 7.0, 0.5],
+                "avg_mem": [0.5] * 5,
+            },
+        ),
+        "machine_events": table(
+            "machine_events",
+            {"time": [0, 0], "machine_id": [5, 6], "type": [0, 0], "cap_cpu": [1.0, 1.0], "cap_mem": [1.0, 1.0]},
+        ),
+    }
     res = run(TableSource(t), UsageChange())["usage-change"]
     s_ = res["summary"].set_index("resource")
     assert (s_.loc["cpu", "pairs"], s_.loc["cpu", "defined"]) == (2, 2)
@@ -307,9 +376,18 @@ def test_every_level_on_the_device_shaped_backend(level, monkeypatch):
     a = UsageChange(level=level, tier_map="notebook")
     ctx = context_of(a, TableSource(tables))
     t = tables[a.table]
-    got, want = ({k: v for k, v in a.finalize(to_host(a.partial(
-        {c: be.asarray(column_to_numpy(t.column(c))) for c in a.columns}, ctx, be)), ctx).items()}
-        for be in (DEVICE, get_backend("cpu")))
-    assert_results_same({"u": {k: v.to_pandas() for k, v in got.items()}},
-                        {"u": {k: v.to_pandas() for k, v in want.items()}}, rtol=1e-12)
+    got, want = (
+        {
+            k: v
+            for k, v in a.finalize(
+                to_host(a.partial({c: be.asarray(column_to_numpy(t.column(c))) for c in a.columns}, ctx, be)), ctx
+            ).items()
+        }
+        for be in (DEVICE, get_backend("cpu"))
+    )
+    assert_results_same(
+        {"u": {k: v.to_pandas() for k, v in got.items()}},
+        {"u": {k: v.to_pandas() for k, v in want.items()}},
+        rtol=1e-12,
+    )
     assert got["summary"].num_rows >= 2

@@ -29,7 +29,9 @@ from gpuclust.schema import CPU_PERCENTILE_COLUMNS, CPU_PERCENTILE_LEVELS_SORTED
 def _load_reference():  # the mixture folder's slow reference, under the name its conftest uses
     name = "gpuclust_mixture_reference"
     if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "mixture" / "reference.py")
+        spec = importlib.util.spec_from_file_location(
+            name, Path(__file__).resolve().parents[1] / "mixture" / "reference.py"
+        )
         mod = importlib.util.module_from_spec(spec)
         sys.modules[name] = mod
         spec.loader.exec_module(mod)
@@ -47,8 +49,9 @@ BIG = [3, 2**40 + 1, 2**53 + 3, 2**62 + 9]
 # --------------------------------------------------------------------------------------------
 # data
 # --------------------------------------------------------------------------------------------
-def make_cell(seed: int, n_windows: int = 240, n_instances: int = 30, n_machines: int = 6,
-              percentiles: bool = True) -> dict[str, pa.Table]:
+def make_cell(
+    seed: int, n_windows: int = 240, n_instances: int = 30, n_machines: int = 6, percentiles: bool = True
+) -> dict[str, pa.Table]:
     """instance_usage with realistic and ugly percentile vectors, rates, lengths and allocs, plus
     instance_events for the tier lookup."""
     rng = np.random.default_rng(seed)
@@ -67,14 +70,22 @@ def make_cell(seed: int, n_windows: int = 240, n_instances: int = 30, n_machines
             ev["instance_index"].append(int(ii[j]))
             ev["machine_id"].append(None if rng.random() < 0.05 else int(im[j]))
             r = rng.random()
-            ev["priority"].append(None if r < 0.05 else (-1 if r < 0.08 else int(rng.choice([0, 50, 100, 115, 116, 119,
-                                                                                             120, 200, 360]))))
+            ev["priority"].append(
+                None if r < 0.05 else (-1 if r < 0.08 else int(rng.choice([0, 50, 100, 115, 116, 119, 120, 200, 360])))
+            )
             ev["alloc_collection_id"].append(2**35 if inst_alloc[j] else (None if rng.random() < 0.3 else 0))
     w = rng.integers(0, n_instances, n_windows)
     start = rng.integers(0, 6 * HOUR, n_windows)
     kind = rng.choice(np.array(["5min", "5min", "short", "zero", "long", "cross"]), n_windows)
-    length = np.where(kind == "5min", 300 * S, np.where(kind == "short", rng.integers(1, 300 * S, n_windows),
-                      np.where(kind == "zero", 0, np.where(kind == "long", 2 * HOUR + 17 * S, 300 * S))))
+    length = np.where(
+        kind == "5min",
+        300 * S,
+        np.where(
+            kind == "short",
+            rng.integers(1, 300 * S, n_windows),
+            np.where(kind == "zero", 0, np.where(kind == "long", 2 * HOUR + 17 * S, 300 * S)),
+        ),
+    )
     cross = kind == "cross"
     start = np.where(cross, (start // (1800 * S) + 1) * 1800 * S - rng.integers(1, 300 * S, n_windows), start)
     end = start + length
@@ -82,10 +93,15 @@ def make_cell(seed: int, n_windows: int = 240, n_instances: int = 30, n_machines
     end[:2] = TIME_AFTER_TRACE
     end[2] = start[2] - 5  # ends before it starts (excluded)
     rate = rng.choice(np.array([1.0, 1.0, 0.5, 0.0, np.nan]), n_windows)
-    cols = {"start_time": start, "end_time": end, "collection_id": ic[w], "instance_index": ii[w],
-            "machine_id": im[w],
-            "alloc_collection_id": [2**35 if inst_alloc[x] else (None if rng.random() < 0.3 else 0) for x in w],
-            "sample_rate": [None if np.isnan(r) else float(r) for r in rate]}
+    cols = {
+        "start_time": start,
+        "end_time": end,
+        "collection_id": ic[w],
+        "instance_index": ii[w],
+        "machine_id": im[w],
+        "alloc_collection_id": [2**35 if inst_alloc[x] else (None if rng.random() < 0.3 else 0) for x in w],
+        "sample_rate": [None if np.isnan(r) else float(r) for r in rate],
+    }
     if percentiles:
         scale = np.exp(rng.normal(-2, 1.5, n_windows))
         q = np.sort(rng.gamma(0.7, 1.0, (n_windows, 20)), axis=1) * scale[:, None]
@@ -133,8 +149,17 @@ def expected_groups(tables, by, *, bucket_s=3600, rows="auto"):
         p = e["priority"]
         prio[k] = p if cur is None else (cur if p is None else max(cur, p))
     groups: dict = defaultdict(list)
-    counts = dict.fromkeys(("windows_read", "alloc_task_windows", "bad_time_windows", "skipped_no_percentiles",
-                            "repaired", "used_windows"), 0)
+    counts = dict.fromkeys(
+        (
+            "windows_read",
+            "alloc_task_windows",
+            "bad_time_windows",
+            "skipped_no_percentiles",
+            "repaired",
+            "used_windows",
+        ),
+        0,
+    )
     B = round(bucket_s * S)
     for r in tables["instance_usage"].to_pylist():
         counts["windows_read"] += 1
@@ -193,8 +218,14 @@ def expected_groups(tables, by, *, bucket_s=3600, rows="auto"):
 def key_of(row, by):
     out = []
     for b in by:
-        out += {"instance": ["collection_id", "instance_index"], "collection": ["collection_id"],
-                "machine": ["machine_id"], "tier": ["tier"], "cell": ["cell"], "time": ["bucket"]}[b]
+        out += {
+            "instance": ["collection_id", "instance_index"],
+            "collection": ["collection_id"],
+            "machine": ["machine_id"],
+            "tier": ["tier"],
+            "cell": ["cell"],
+            "time": ["bucket"],
+        }[b]
     return tuple(row[c] if not isinstance(row[c], (np.integer,)) else int(row[c]) for c in out)
 
 
@@ -240,15 +271,18 @@ def cell1():
 # --------------------------------------------------------------------------------------------
 # per group against the reference (one partition)
 # --------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("by,kw", [
-    (("tier",), {}),
-    (("instance",), {}),
-    (("collection",), {"rows": "top-level"}),
-    (("machine", "time"), {"bucket_s": 1800}),
-    (("tier", "time"), {"bucket_s": 1800, "rows": "all"}),
-    (("time",), {"bucket_s": 1200, "levels": (0.0, 0.005, 0.5, 0.95, 0.999, 1.0)}),
-    (("cell",), {}),
-])
+@pytest.mark.parametrize(
+    "by,kw",
+    [
+        (("tier",), {}),
+        (("instance",), {}),
+        (("collection",), {"rows": "top-level"}),
+        (("machine", "time"), {"bucket_s": 1800}),
+        (("tier", "time"), {"bucket_s": 1800, "rows": "all"}),
+        (("time",), {"bucket_s": 1200, "levels": (0.0, 0.005, 0.5, 0.95, 0.999, 1.0)}),
+        (("cell",), {}),
+    ],
+)
 def test_matches_reference(cell1, by, kw):
     a = UsageDistribution(by=by, **kw)
     res = engine.run(TableSource(cell1), [a])[a.name]
@@ -268,8 +302,15 @@ def test_crossing_window_by_hand():
     # one window of 300 s starting 100 s before a bucket boundary: 1/3 and 2/3 of its weight, and
     # its whole percentile shape in each bucket
     q = np.linspace(0.1, 2.0, 20)
-    cols = {"start_time": [HOUR - 100 * S], "end_time": [HOUR + 200 * S], "collection_id": [1], "instance_index": [0],
-            "machine_id": [5], "alloc_collection_id": [0], "sample_rate": [0.5]}
+    cols = {
+        "start_time": [HOUR - 100 * S],
+        "end_time": [HOUR + 200 * S],
+        "collection_id": [1],
+        "instance_index": [0],
+        "machine_id": [5],
+        "alloc_collection_id": [0],
+        "sample_rate": [0.5],
+    }
     cols.update({c: [float(np.float32(q[k]))] for k, c in enumerate(SORTED_COLS)})
     t = {"instance_usage": table("instance_usage", cols)}
     a = UsageDistribution(by="time")
@@ -290,8 +331,15 @@ def test_docs_worked_example():
     D = np.where(lv <= 0.5, 0.0, (lv - 0.5) / 0.5 * 0.4)
     qs = [A, B, C, D]
     dur = [300, 300, 30, 300]
-    cols = {"start_time": [0] * 4, "end_time": [d * S for d in dur], "collection_id": [1, 2, 3, 4],
-            "instance_index": [0] * 4, "machine_id": [5] * 4, "alloc_collection_id": [0] * 4, "sample_rate": [1.0] * 4}
+    cols = {
+        "start_time": [0] * 4,
+        "end_time": [d * S for d in dur],
+        "collection_id": [1, 2, 3, 4],
+        "instance_index": [0] * 4,
+        "machine_id": [5] * 4,
+        "alloc_collection_id": [0] * 4,
+        "sample_rate": [1.0] * 4,
+    }
     cols.update({c: [float(q[k]) for q in qs] for k, c in enumerate(SORTED_COLS)})
     a = UsageDistribution(by="cell", levels=(0.5, 0.9, 0.99))
     res = engine.run(TableSource({"instance_usage": table("instance_usage", cols)}), [a])[a.name]
@@ -328,16 +376,24 @@ def test_exact_partition_invariance(cell1, by):
     whole = engine.run(src, [a])[a.name]
     n = cell1["instance_usage"].num_rows
     rng = np.random.default_rng(7)
-    runs = [dict(partitions=2), dict(partitions=7),
-            dict(cut_points=sorted(rng.integers(0, n, 5).tolist())),
-            dict(partitions=4, scheduler="threads", split_every=2)]
+    runs = [
+        dict(partitions=2),
+        dict(partitions=7),
+        dict(cut_points=sorted(rng.integers(0, n, 5).tolist())),
+        dict(partitions=4, scheduler="threads", split_every=2),
+    ]
     for kw in runs:
         _assert_same(engine.run(src, [a], **kw)[a.name], whole)
 
 
-@pytest.mark.parametrize("by,kw", [(("tier",), dict(partitions=7)),
-                                   (("machine", "time"), dict(cut_points=[3, 40, 41, 150, 233])),
-                                   (("instance",), dict(partitions=2))])
+@pytest.mark.parametrize(
+    "by,kw",
+    [
+        (("tier",), dict(partitions=7)),
+        (("machine", "time"), dict(cut_points=[3, 40, 41, 150, 233])),
+        (("instance",), dict(partitions=2)),
+    ],
+)
 def test_bounded_within_reported_bound(cell1, by, kw):
     k = 64
     levels = (0.0, 0.1, 0.5, 0.9, 0.99, 1.0)  # a few levels: the reference is slow
@@ -359,7 +415,9 @@ def test_bounded_within_reported_bound(cell1, by, kw):
     assert (one.loc[small, "cdf_error_bound"] == 0).all()
     assert one["cdf_error_bound"].isin([0.0, 1 / k]).all() and (one["cdf_error_bound"] > 0).sum() > 3
     assert (q["cdf_error_bound"] > 0).sum() > 3
-    ex = engine.run(src, [UsageDistribution(by=by, bucket_s=1800, strategy="exact", levels=levels)])[a.name]["quantiles"]
+    ex = engine.run(src, [UsageDistribution(by=by, bucket_s=1800, strategy="exact", levels=levels)])[a.name][
+        "quantiles"
+    ]
     assert ex["n_windows"].tolist() == q["n_windows"].tolist()
     np.testing.assert_allclose(ex[["weight", "mean"]].to_numpy(), q[["weight", "mean"]].to_numpy(), rtol=1e-12)
 
@@ -387,8 +445,11 @@ def test_v2_like_input_is_skipped_and_counted(by):
     _, counts = expected_groups(t, by)
     assert info["used_windows"] == 0 and info["groups"] == 0
     assert info["skipped_no_percentiles"] == counts["skipped_no_percentiles"] > 0
-    assert (info["skipped_no_percentiles"] + info["alloc_task_windows"] + info["bad_time_windows"]
-            == info["windows_read"] == t["instance_usage"].num_rows)
+    assert (
+        info["skipped_no_percentiles"] + info["alloc_task_windows"] + info["bad_time_windows"]
+        == info["windows_read"]
+        == t["instance_usage"].num_rows
+    )
     assert "0 groups" in a.summary(res)
 
 
@@ -402,9 +463,18 @@ def test_options():
     assert UsageDistribution(by="instance,machine").resolved_rows() == "all"
     assert level_name(0.005) == "q0.5" and level_name(0.91) == "q91" and level_name(1.0) == "q100"
     assert hash(a) == hash(create("usage-distribution", by=["tier", "time"], bucket_s=900, levels=[0.5, 0.99]))
-    for bad in (dict(by="tier,nope"), dict(by=""), dict(by="tier,tier"), dict(by="instance,collection"),
-                dict(levels=[0.5, 1.5]), dict(rows="some"), dict(strategy="fast"), dict(bucket_s=0), dict(k=0),
-                dict(tier_map="nope")):
+    for bad in (
+        dict(by="tier,nope"),
+        dict(by=""),
+        dict(by="tier,tier"),
+        dict(by="instance,collection"),
+        dict(levels=[0.5, 1.5]),
+        dict(rows="some"),
+        dict(strategy="fast"),
+        dict(bucket_s=0),
+        dict(k=0),
+        dict(tier_map="nope"),
+    ):
         with pytest.raises(ValueError):
             UsageDistribution(**bad)
 
@@ -507,8 +577,6 @@ def test_bounded_strategy_keeps_small_groups_exact_and_spills_big_ones():
                 want = ref.group_quantiles(q[sel], w[sel], lv)
                 for j, p in enumerate(lv):
                     assert ref.quantile_ok(r["quantiles"][i, j], want[j], q[sel], w[sel], float(p))
-
-
 
 
 @pytest.mark.parametrize("opts", [{"by": "tier"}, {"by": "machine"}, {"by": "tier", "strategy": "bounded"}])

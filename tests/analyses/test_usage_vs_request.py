@@ -33,25 +33,42 @@ S = 1_000_000
 
 def cell(seed: int, n_inst: int = 60, n_ev: int = 200, n_win: int = 1500) -> dict:
     rng = np.random.default_rng(seed)
-    inst = [(int(c), int(i), int(m)) for c, i, m in zip(rng.choice([3, 2**40 + 1, 2**62 + 9], n_inst),
-                                                        rng.integers(0, 30, n_inst), rng.choice([5, 6, 2**53 + 1], n_inst),
-                                                        strict=True)]
+    inst = [
+        (int(c), int(i), int(m))
+        for c, i, m in zip(
+            rng.choice([3, 2**40 + 1, 2**62 + 9], n_inst),
+            rng.integers(0, 30, n_inst),
+            rng.choice([5, 6, 2**53 + 1], n_inst),
+            strict=True,
+        )
+    ]
     inst = list(dict.fromkeys(inst))
     ev = defaultdict(list)
     for _ in range(n_ev):
         c, i, m = inst[rng.integers(len(inst))]
         req = lambda: None if rng.random() < 0.1 else float(np.float32(rng.choice([0.0, rng.uniform(0.01, 0.5)])))  # noqa: E731
-        for k, v in (("time", int(rng.integers(0, 40)) * 300 * S), ("type", int(rng.choice([0, 3, 9, 10]))),
-                     ("collection_id", c), ("instance_index", i), ("machine_id", None if rng.random() < 0.05 else m),
-                     ("priority", None if rng.random() < 0.05 else int(rng.choice([0, 103, 117, 200, 400]))),
-                     ("req_cpu", req()), ("req_mem", req())):
+        for k, v in (
+            ("time", int(rng.integers(0, 40)) * 300 * S),
+            ("type", int(rng.choice([0, 3, 9, 10]))),
+            ("collection_id", c),
+            ("instance_index", i),
+            ("machine_id", None if rng.random() < 0.05 else m),
+            ("priority", None if rng.random() < 0.05 else int(rng.choice([0, 103, 117, 200, 400]))),
+            ("req_cpu", req()),
+            ("req_mem", req()),
+        ):
             ev[k].append(v)
     us = defaultdict(list)
     for _ in range(n_win):
         c, i, m = inst[rng.integers(len(inst))]
         start = int(rng.integers(0, 45)) * 300 * S
-        for k, v in (("start_time", start), ("end_time", start + 300 * S), ("collection_id", c), ("instance_index", i),
-                     ("machine_id", m)):
+        for k, v in (
+            ("start_time", start),
+            ("end_time", start + 300 * S),
+            ("collection_id", c),
+            ("instance_index", i),
+            ("machine_id", m),
+        ):
             us[k].append(v)
         for col in ("avg_cpu", "max_cpu", "avg_mem", "max_mem"):
             us[col].append(None if rng.random() < 0.03 else float(np.float32(rng.uniform(0, 0.6))))
@@ -99,7 +116,9 @@ def check(res: dict, tables: dict) -> None:
     want_hist: dict = defaultdict(int)
     for key, g in ref.items():
         r, xs = got[key], g["ratios"]
-        assert (r.windows, r.no_limit, r.unknown, r.defined) == (g["windows"], g["no_limit"], g["unknown"], len(xs)), key
+        assert (r.windows, r.no_limit, r.unknown, r.defined) == (g["windows"], g["no_limit"], g["unknown"], len(xs)), (
+            key
+        )
         assert r.above_limit == sum(1 for x in xs if x > 1) and r.at_most_half == sum(1 for x in xs if x <= 0.5)
         for x in xs:
             want_hist[(*key, bisect.bisect_right(EDGES, x))] += 1
@@ -123,14 +142,34 @@ def test_matches_the_reference(seed):
 def test_a_worked_instance():
     """Requests 0.2 at 0 s, 0 (ignored) at 600 s, 0.4 at 900 s; windows at 300, 900 and 1200 s with
     CPU 0.1, 0.5, 0.1: ratios 0.5 (limit 0.2), 1.25 (0.4: the event at the window's start counts), 0.25."""
-    ev = table("instance_events", {"time": [0, 600 * S, 900 * S], "type": [0, 9, 10], "collection_id": [7] * 3,
-                                   "instance_index": [1] * 3, "machine_id": [5] * 3, "priority": [200] * 3,
-                                   "req_cpu": [0.2, 0.0, 0.4], "req_mem": [0.1, 0.1, 0.1]})
+    ev = table(
+        "instance_events",
+        {
+            "time": [0, 600 * S, 900 * S],
+            "type": [0, 9, 10],
+            "collection_id": [7] * 3,
+            "instance_index": [1] * 3,
+            "machine_id": [5] * 3,
+            "priority": [200] * 3,
+            "req_cpu": [0.2, 0.0, 0.4],
+            "req_mem": [0.1, 0.1, 0.1],
+        },
+    )
     starts = [300 * S, 900 * S, 1200 * S]
-    us = table("instance_usage", {"start_time": starts, "end_time": [s + 300 * S for s in starts],
-                                  "collection_id": [7] * 3, "instance_index": [1] * 3, "machine_id": [5] * 3,
-                                  "avg_cpu": [0.1, 0.5, 0.1], "max_cpu": [0.2, 0.6, 0.2], "avg_mem": [0.05] * 3,
-                                  "max_mem": [0.05] * 3})
+    us = table(
+        "instance_usage",
+        {
+            "start_time": starts,
+            "end_time": [s + 300 * S for s in starts],
+            "collection_id": [7] * 3,
+            "instance_index": [1] * 3,
+            "machine_id": [5] * 3,
+            "avg_cpu": [0.1, 0.5, 0.1],
+            "max_cpu": [0.2, 0.6, 0.2],
+            "avg_mem": [0.05] * 3,
+            "max_mem": [0.05] * 3,
+        },
+    )
     res = run(TableSource({"instance_events": ev, "instance_usage": us}), UsageVsRequest(tier_map="notebook"))
     r = res["usage-vs-request"]["summary"].set_index(["tier", "measure"]).loc[("prod", "cpu_avg")]
     assert (r["defined"], r["above_limit"], r["at_most_half"]) == (3, 1, 2)
@@ -142,8 +181,11 @@ def test_layouts_and_schedulers_agree(tmp_path):
     flat = write_dataset(tmp_path / "flat", tables, files=3, row_group_size=700)
     want = run(Dataset(flat), UsageVsRequest(), partitions=4, workers=2)["usage-vs-request"]
     check(want, tables)
-    r = subprocess.run([sys.executable, "-m", "gpuclust.cli", "optimize", str(flat), "--out", str(tmp_path / "opt"),
-                        "--buckets", "8"], capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "gpuclust.cli", "optimize", str(flat), "--out", str(tmp_path / "opt"), "--buckets", "8"],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
     for parts, sched in ((3, None), ("auto", None), (3, "threads")):
         got = run(Dataset(tmp_path / "opt"), UsageVsRequest(), partitions=parts, scheduler=sched)["usage-vs-request"]
@@ -172,7 +214,12 @@ def test_duckdb_asof_join_agrees(tmp_path):
     FROM u ASOF LEFT JOIN ev ON u.collection_id = ev.collection_id AND u.instance_index = ev.instance_index
                              AND u.start_time >= ev.time"""
     n, with_limit, defined, mean, above = duckdb.sql(q).fetchall()[0]
-    assert (r["windows"], r["windows"] - r["no_limit"], r["defined"], r["above_limit"]) == (n, with_limit, defined, above)
+    assert (r["windows"], r["windows"] - r["no_limit"], r["defined"], r["above_limit"]) == (
+        n,
+        with_limit,
+        defined,
+        above,
+    )
     assert r["mean_ratio"] == pytest.approx(mean, rel=1e-9)
 
 
@@ -191,9 +238,12 @@ def test_planted_usage_over_request_by_tier(tmp_path):
     (0.450, 0.018), prod 0.331 (expected 0.327, 0.007)."""
     from gpuclust.synth import SynthConfig, synthesize
 
-    syn = synthesize(SynthConfig(machines=60, hours=3, seed=3, machine_load_sigma=0.1,
-                                 max_machine_utilisation=float("inf")), tmp_path / "raw", dataset=tmp_path / "ds",
-                     progress=None)
+    syn = synthesize(
+        SynthConfig(machines=60, hours=3, seed=3, machine_load_sigma=0.1, max_machine_utilisation=float("inf")),
+        tmp_path / "raw",
+        dataset=tmp_path / "ds",
+        progress=None,
+    )
     p = syn.truth["planted"]["usage_ratio"]
     res = run(Dataset(tmp_path / "ds"), UsageVsRequest(tier_map="notebook"), partitions="auto")["usage-vs-request"]
     s = res["summary"].set_index(["tier", "measure"])
@@ -233,9 +283,15 @@ def test_asof_join_matches_a_loop(seed):
     pick = rng.integers(0, n_inst, ne)
     times = rng.integers(0, 30, ne) * S
     req = np.where(rng.random((ne, 2)) < 0.3, 0.0, rng.uniform(0.01, 1.0, (ne, 2)))
-    ev = pa.table({"time": pa.array(times, pa.int64()), "collection_id": pa.array([insts[k][0] for k in pick], pa.int64()),
-                   "instance_index": pa.array([insts[k][1] for k in pick], pa.int32()),
-                   "req_cpu": pa.array(req[:, 0], pa.float32()), "req_mem": pa.array(req[:, 1], pa.float32())})
+    ev = pa.table(
+        {
+            "time": pa.array(times, pa.int64()),
+            "collection_id": pa.array([insts[k][0] for k in pick], pa.int64()),
+            "instance_index": pa.array([insts[k][1] for k in pick], pa.int32()),
+            "req_cpu": pa.array(req[:, 0], pa.float32()),
+            "req_mem": pa.array(req[:, 1], pa.float32()),
+        }
+    )
     req = req.astype(np.float32).astype(np.float64)
     rq = RequestTimeline.build(_Side(ev))
     nw = 400
@@ -267,14 +323,34 @@ def test_asof_join_matches_a_loop(seed):
 def test_window_on_another_machine_keeps_its_limit():
     """A window whose (collection, instance, machine) has no event (its tier: unknown) still joins
     its instance's requests (the separate instance probe of usage-vs-request)."""
-    ev = table("instance_events", {"time": [0, 600 * S], "type": [0, 10], "collection_id": [7] * 2,
-                                   "instance_index": [1] * 2, "machine_id": [5] * 2, "priority": [200] * 2,
-                                   "req_cpu": [0.2, 0.4], "req_mem": [0.1, 0.1]})
+    ev = table(
+        "instance_events",
+        {
+            "time": [0, 600 * S],
+            "type": [0, 10],
+            "collection_id": [7] * 2,
+            "instance_index": [1] * 2,
+            "machine_id": [5] * 2,
+            "priority": [200] * 2,
+            "req_cpu": [0.2, 0.4],
+            "req_mem": [0.1, 0.1],
+        },
+    )
     starts = [300 * S, 900 * S]
-    us = table("instance_usage", {"start_time": starts, "end_time": [s + 300 * S for s in starts],
-                                  "collection_id": [7] * 2, "instance_index": [1] * 2, "machine_id": [5, 6],
-                                  "avg_cpu": [0.1, 0.1], "max_cpu": [0.2, 0.2], "avg_mem": [0.05] * 2,
-                                  "max_mem": [0.05] * 2})
+    us = table(
+        "instance_usage",
+        {
+            "start_time": starts,
+            "end_time": [s + 300 * S for s in starts],
+            "collection_id": [7] * 2,
+            "instance_index": [1] * 2,
+            "machine_id": [5, 6],
+            "avg_cpu": [0.1, 0.1],
+            "max_cpu": [0.2, 0.2],
+            "avg_mem": [0.05] * 2,
+            "max_mem": [0.05] * 2,
+        },
+    )
     tables = {"instance_events": ev, "instance_usage": us}
     res = run(TableSource(tables), UsageVsRequest(tier_map="notebook"))["usage-vs-request"]
     s = res["summary"].set_index(["tier", "measure"])
@@ -339,8 +415,25 @@ def test_no_requests_keeps_the_tiers():
 
 # ---------------------------------------------------------------- the cpu backend's fast path
 
-SPECIAL = np.array([0.0, -0.0, -1.0, 5e-324, 1e-300, 1e-7, 1e-6, 0.5, 1.0, 1e6, 2.0**20, 1e300, np.inf, -np.inf,
-                    np.finfo(np.float64).max])
+SPECIAL = np.array(
+    [
+        0.0,
+        -0.0,
+        -1.0,
+        5e-324,
+        1e-300,
+        1e-7,
+        1e-6,
+        0.5,
+        1.0,
+        1e6,
+        2.0**20,
+        1e300,
+        np.inf,
+        -np.inf,
+        np.finfo(np.float64).max,
+    ]
+)
 
 
 @settings(max_examples=50, deadline=None)
@@ -350,8 +443,16 @@ def test_refined_bins_is_a_binary_search(xs, seed):
     and around every edge, 0.5 and 1, and for any float but NaN."""
     rng = np.random.default_rng(seed)
     near = rng.choice(np.concatenate([RATIO_EDGES, [0.5, 1.0]]), 200)
-    r = np.concatenate([np.array(xs, dtype=np.float64), SPECIAL, near, np.nextafter(near, 0), np.nextafter(near, 2e6),
-                        10.0 ** rng.uniform(-8, 8, 500)])
+    r = np.concatenate(
+        [
+            np.array(xs, dtype=np.float64),
+            SPECIAL,
+            near,
+            np.nextafter(near, 0),
+            np.nextafter(near, 2e6),
+            10.0 ** rng.uniform(-8, 8, 500),
+        ]
+    )
     want = np.searchsorted(RATIO_EDGES, r, side="right") + (r > 0.5) + (r > 1.0)
     assert (refined_bins(np, r) == want).all()
     assert (np.searchsorted(_REFINED, r, side="right") == want).all()
@@ -364,8 +465,10 @@ def test_slot_table_finds_every_key(n, q, seed):
     queries present and absent: found exactly where present, with the key's own code and row."""
     rng = np.random.default_rng(seed)
     ids = np.array([0, 1, 2, 3, -1, 2**40 + 1, 2**62 + 9, -(2**63), 2**63 - 1], dtype=np.int64)
-    keys = {(int(c), int(i), int(m)) for c, i, m in zip(rng.choice(ids, n), rng.integers(0, 5, n), rng.choice(ids, n),
-                                                        strict=True)}
+    keys = {
+        (int(c), int(i), int(m))
+        for c, i, m in zip(rng.choice(ids, n), rng.integers(0, 5, n), rng.choice(ids, n), strict=True)
+    }
     k = np.array(sorted(keys), dtype=np.int64).reshape(-1, 3)
     c, i, m = k[:, 0], k[:, 1].astype(np.int32), k[:, 2]
     h = triple_hash(np, c, i, m)
@@ -389,8 +492,13 @@ def test_slot_table_finds_every_key(n, q, seed):
 
 def test_slot_table_needs_float32_values():
     """Limits float32 does not hold exactly (a float64 request): no slot table (the records then)."""
-    lk = InstanceLookup(np.zeros(1, np.uint64), np.zeros(1, np.int64), np.zeros(1, np.int32), np.zeros(1, np.int64),
-                        np.zeros(1, np.int32))
+    lk = InstanceLookup(
+        np.zeros(1, np.uint64),
+        np.zeros(1, np.int64),
+        np.zeros(1, np.int32),
+        np.zeros(1, np.int64),
+        np.zeros(1, np.int32),
+    )
     assert KeyedSlots.build(lk, RequestTimeline(), np.array([[0.1, np.nan]])) is None
     assert KeyedSlots.build(lk, RequestTimeline(), np.array([[np.float32(0.1), np.nan]])) is not None
 
@@ -424,22 +532,42 @@ def test_usage_vs_request_slot_path_is_the_generic_path(seed, block):
 def test_usage_vs_request_edge_cases_agree():
     """No windows, no events, windows before every event and instances with one event, on both paths."""
     S = 1_000_000
-    ev = table("instance_events", {"time": [600 * S, 900 * S, 0], "type": [0, 10, 0], "collection_id": [7, 7, 8],
-                                   "instance_index": [1, 1, 2], "machine_id": [5, 5, 6], "priority": [200, 200, 0],
-                                   "req_cpu": [0.2, 0.4, 0.5], "req_mem": [None, 0.1, 0.25]})
+    ev = table(
+        "instance_events",
+        {
+            "time": [600 * S, 900 * S, 0],
+            "type": [0, 10, 0],
+            "collection_id": [7, 7, 8],
+            "instance_index": [1, 1, 2],
+            "machine_id": [5, 5, 6],
+            "priority": [200, 200, 0],
+            "req_cpu": [0.2, 0.4, 0.5],
+            "req_mem": [None, 0.1, 0.25],
+        },
+    )
     starts = [0, 300 * S, 600 * S, 700 * S, 900 * S, 1200 * S, 0, 300 * S, 100 * S]
     ci = [(7, 1, 5)] * 6 + [(8, 2, 6), (8, 2, 9), (9, 9, 9)]
-    us = table("instance_usage", {"start_time": starts, "end_time": [s + 300 * S for s in starts],
-                                  "collection_id": [x[0] for x in ci], "instance_index": [x[1] for x in ci],
-                                  "machine_id": [x[2] for x in ci], "avg_cpu": [0.1] * 8 + [None],
-                                  "max_cpu": [0.3] * 9, "avg_mem": [0.05] * 9, "max_mem": [0.5] * 9})
-    for tables in ({"instance_events": ev, "instance_usage": us},
-                   {"instance_events": ev.slice(0, 0), "instance_usage": us},
-                   {"instance_events": ev, "instance_usage": us.slice(0, 0)}):
+    us = table(
+        "instance_usage",
+        {
+            "start_time": starts,
+            "end_time": [s + 300 * S for s in starts],
+            "collection_id": [x[0] for x in ci],
+            "instance_index": [x[1] for x in ci],
+            "machine_id": [x[2] for x in ci],
+            "avg_cpu": [0.1] * 8 + [None],
+            "max_cpu": [0.3] * 9,
+            "avg_mem": [0.05] * 9,
+            "max_mem": [0.5] * 9,
+        },
+    )
+    for tables in (
+        {"instance_events": ev, "instance_usage": us},
+        {"instance_events": ev.slice(0, 0), "instance_usage": us},
+        {"instance_events": ev, "instance_usage": us.slice(0, 0)},
+    ):
         fast = run(TableSource(tables), UsageVsRequest(tier_map="notebook"), backend=CPU)["usage-vs-request"]
         slow = run(TableSource(tables), UsageVsRequest(tier_map="notebook"), backend=GENERIC)["usage-vs-request"]
         _same(fast, slow)
         if tables["instance_usage"].num_rows:
             check(fast, tables)
-
-

@@ -32,9 +32,13 @@ LO = [0.0, *EDGES]
 S = 1_000_000
 AFTER = 2**63 - 1
 #: measure -> (usage column, limit column, kind)
-MEASURES = {"cpu_mean": ("avg_cpu", "req_cpu", "mean"), "cpu_peak": ("max_cpu", "req_cpu", "peak"),
-            "mem_mean": ("avg_mem", "req_mem", "mean"), "mem_peak": ("max_mem", "req_mem", "peak"),
-            "mem_reservation": ("assigned_mem", "req_mem", "mean")}
+MEASURES = {
+    "cpu_mean": ("avg_cpu", "req_cpu", "mean"),
+    "cpu_peak": ("max_cpu", "req_cpu", "peak"),
+    "mem_mean": ("avg_mem", "req_mem", "mean"),
+    "mem_peak": ("max_mem", "req_mem", "peak"),
+    "mem_reservation": ("assigned_mem", "req_mem", "mean"),
+}
 REAL = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "real"
 
 
@@ -43,9 +47,17 @@ def cell(seed: int, n_inst: int = 50, n_ev: int = 200, n_win: int = 1500) -> dic
     priorities and machines, windows of 300 s, 150 s, zero and negative length and ending at
     2^63-1, NULL usages and reservations."""
     rng = np.random.default_rng(seed)
-    inst = list(dict.fromkeys((int(c), int(i), int(m)) for c, i, m in zip(
-        rng.choice([3, 2**40 + 1, 2**62 + 9], n_inst), rng.integers(0, 25, n_inst), rng.choice([5, 6, 2**53 + 1], n_inst),
-        strict=True)))
+    inst = list(
+        dict.fromkeys(
+            (int(c), int(i), int(m))
+            for c, i, m in zip(
+                rng.choice([3, 2**40 + 1, 2**62 + 9], n_inst),
+                rng.integers(0, 25, n_inst),
+                rng.choice([5, 6, 2**53 + 1], n_inst),
+                strict=True,
+            )
+        )
+    )
     ev: dict[str, list[Any]] = defaultdict(list)
 
     def req() -> float | None:
@@ -53,18 +65,29 @@ def cell(seed: int, n_inst: int = 50, n_ev: int = 200, n_win: int = 1500) -> dic
 
     for _ in range(n_ev):
         c, i, m = inst[rng.integers(len(inst))]
-        for k, v in (("time", int(rng.integers(0, 40)) * 300 * S), ("type", int(rng.choice([0, 3, 9, 10]))),
-                     ("collection_id", c), ("instance_index", i), ("machine_id", None if rng.random() < 0.05 else m),
-                     ("priority", None if rng.random() < 0.05 else int(rng.choice([0, 103, 117, 150, 400]))),
-                     ("req_cpu", req()), ("req_mem", req())):
+        for k, v in (
+            ("time", int(rng.integers(0, 40)) * 300 * S),
+            ("type", int(rng.choice([0, 3, 9, 10]))),
+            ("collection_id", c),
+            ("instance_index", i),
+            ("machine_id", None if rng.random() < 0.05 else m),
+            ("priority", None if rng.random() < 0.05 else int(rng.choice([0, 103, 117, 150, 400]))),
+            ("req_cpu", req()),
+            ("req_mem", req()),
+        ):
             ev[k].append(v)
     us: dict[str, list[Any]] = defaultdict(list)
     for _ in range(n_win):
         c, i, m = inst[rng.integers(len(inst))]
         start = int(rng.integers(0, 45)) * 300 * S
         end = AFTER if rng.random() < 0.02 else start + int(rng.choice([300, 300, 300, 150, 0, -10])) * S
-        for k, v in (("start_time", start), ("end_time", end), ("collection_id", c), ("instance_index", i),
-                     ("machine_id", m)):
+        for k, v in (
+            ("start_time", start),
+            ("end_time", end),
+            ("collection_id", c),
+            ("instance_index", i),
+            ("machine_id", m),
+        ):
             us[k].append(v)
         for col in ("avg_cpu", "max_cpu", "avg_mem", "max_mem", "assigned_mem"):
             us[col].append(None if rng.random() < 0.04 else float(np.float32(rng.uniform(0, 0.6))))
@@ -94,7 +117,9 @@ def replay(tables: dict[str, pa.Table], tm_name: str) -> dict[tuple[int, int], d
     acc: dict[tuple, dict[str, Any]] = {}
     for w in tables["instance_usage"].to_pylist():
         task = (w["collection_id"], w["instance_index"])
-        a = acc.setdefault(task, {"tier": -1, **{m: {"lim": 0, "n": 0, "w": 0.0, "s": 0.0, "pk": None} for m in MEASURES}})
+        a = acc.setdefault(
+            task, {"tier": -1, **{m: {"lim": 0, "n": 0, "w": 0.0, "s": 0.0, "pk": None} for m in MEASURES}}
+        )
         p = top.get((*task, w["machine_id"]))
         if p is not None and p >= 0:
             a["tier"] = max(a["tier"], max(k for k, lo in enumerate(tm.bounds) if p >= lo))
@@ -137,9 +162,15 @@ def load(ds: Path) -> dict[str, pa.Table]:
     import pyarrow.parquet as pq
 
     man = json.loads((ds / "manifest.json").read_text())
-    return {t: pa.concat_tables([SCHEMAS[t].empty_table(), *(pq.read_table(ds / f).cast(SCHEMAS[t])
-                                                          for f in man["tables"].get(t, {}).get("files", []))])
-            for t in ("instance_usage", "instance_events")}
+    return {
+        t: pa.concat_tables(
+            [
+                SCHEMAS[t].empty_table(),
+                *(pq.read_table(ds / f).cast(SCHEMAS[t]) for f in man["tables"].get(t, {}).get("files", [])),
+            ]
+        )
+        for t in ("instance_usage", "instance_events")
+    }
 
 
 def duckdb_tasks(ds: Path, tm_name: str) -> dict[tuple[int, int], dict[str, Any]]:
@@ -149,8 +180,11 @@ def duckdb_tasks(ds: Path, tm_name: str) -> dict[tuple[int, int], dict[str, Any]
     per task a GROUP BY."""
     duckdb = pytest.importorskip("duckdb")
     tm = tier_map(tm_name)
-    tier_case = "CASE " + " ".join(f"WHEN p >= {lo} THEN {k}" for k, lo in reversed(list(enumerate(tm.bounds)))) + \
-        " ELSE -1 END"
+    tier_case = (
+        "CASE "
+        + " ".join(f"WHEN p >= {lo} THEN {k}" for k, lo in reversed(list(enumerate(tm.bounds))))
+        + " ELSE -1 END"
+    )
     con = duckdb.connect()
     tables = load(ds)
     events = tables["instance_events"]
@@ -190,8 +224,10 @@ def duckdb_tasks(ds: Path, tm_name: str) -> dict[tuple[int, int], dict[str, Any]
     out = {}
     for row in rows:
         d = dict(zip(names, row, strict=True))
-        vals = {m: ("no_limit", None) if not d[f"{m}_lim"] else ("unknown", None) if d[m] is None else ("defined", d[m])
-                for m in MEASURES}
+        vals = {
+            m: ("no_limit", None) if not d[f"{m}_lim"] else ("unknown", None) if d[m] is None else ("defined", d[m])
+            for m in MEASURES
+        }
         out[(d["c"], d["i"])] = {"band": _band(d["tier"], tm.names), **vals}
     return out
 
@@ -208,12 +244,19 @@ def summarize(tasks: dict[tuple[int, int], dict[str, Any]]) -> tuple[dict, dict]
         for m in MEASURES:
             states = [t[m][0] for t in group]
             xs = [t[m][1] for t in group if t[m][0] == "defined"]
-            row = {"tasks": len(group), "no_limit": states.count("no_limit"), "unknown": states.count("unknown"),
-                   "defined": len(xs), "above_limit": sum(x > 1 for x in xs), "at_most_half": sum(x <= 0.5 for x in xs),
-                   "mean_ratio": sum(xs) / len(xs) if xs else None}
+            row = {
+                "tasks": len(group),
+                "no_limit": states.count("no_limit"),
+                "unknown": states.count("unknown"),
+                "defined": len(xs),
+                "above_limit": sum(x > 1 for x in xs),
+                "at_most_half": sum(x <= 0.5 for x in xs),
+                "mean_ratio": sum(xs) / len(xs) if xs else None,
+            }
             for q in (10, 50, 90, 99):
-                row[f"p{q}_ratio"] = LO[bisect.bisect_right(EDGES, sorted(xs)[math.ceil(q * len(xs) / 100) - 1])] \
-                    if xs else None
+                row[f"p{q}_ratio"] = (
+                    LO[bisect.bisect_right(EDGES, sorted(xs)[math.ceil(q * len(xs) / 100) - 1])] if xs else None
+                )
             summary[(band, m)] = row
             for x in xs:
                 hist[(band, m, bisect.bisect_right(EDGES, x))] += 1
@@ -271,13 +314,34 @@ def test_a_worked_task():
     """Limit 0.2 from 0 s, 0.4 from 900 s; windows [300, 900) CPU 0.1 and [900, 1050) CPU 0.5:
     ratios 0.5 over 600 s and 1.25 over 150 s, the task's mean (0.5 x 600 + 1.25 x 150) / 750 = 0.65
     and peak (max_cpu 0.6 / 0.4) 1.5; priority 200 (notebook: prod)."""
-    ev = table("instance_events", {"time": [0, 900 * S], "type": [0, 10], "collection_id": [7] * 2,
-                                   "instance_index": [1] * 2, "machine_id": [5] * 2, "priority": [200] * 2,
-                                   "req_cpu": [0.2, 0.4], "req_mem": [0.5, 0.5]})
-    us = table("instance_usage", {"start_time": [300 * S, 900 * S], "end_time": [900 * S, 1050 * S],
-                                  "collection_id": [7] * 2, "instance_index": [1] * 2, "machine_id": [5] * 2,
-                                  "avg_cpu": [0.1, 0.5], "max_cpu": [0.2, 0.6], "avg_mem": [0.1, 0.1],
-                                  "max_mem": [0.1, 0.1], "assigned_mem": [0.25, None]})
+    ev = table(
+        "instance_events",
+        {
+            "time": [0, 900 * S],
+            "type": [0, 10],
+            "collection_id": [7] * 2,
+            "instance_index": [1] * 2,
+            "machine_id": [5] * 2,
+            "priority": [200] * 2,
+            "req_cpu": [0.2, 0.4],
+            "req_mem": [0.5, 0.5],
+        },
+    )
+    us = table(
+        "instance_usage",
+        {
+            "start_time": [300 * S, 900 * S],
+            "end_time": [900 * S, 1050 * S],
+            "collection_id": [7] * 2,
+            "instance_index": [1] * 2,
+            "machine_id": [5] * 2,
+            "avg_cpu": [0.1, 0.5],
+            "max_cpu": [0.2, 0.6],
+            "avg_mem": [0.1, 0.1],
+            "max_mem": [0.1, 0.1],
+            "assigned_mem": [0.25, None],
+        },
+    )
     res = run(TableSource({"instance_events": ev, "instance_usage": us}), UsageVsRequest(tier_map="notebook"))
     s = res["usage-vs-request"]["task_summary"].set_index(["band", "measure"])
     assert s.loc[("prod", "cpu_mean"), "mean_ratio"] == pytest.approx(0.65)
@@ -324,8 +388,11 @@ def test_real_2011_parts(tmp_path):
     timelines, priorities and v2 tier map."""
     from gpuclust.ingest import ingest
 
-    rep = ingest([REAL / "2011" / "machine_events", REAL / "2011" / "task_events", REAL / "2011" / "job_events"],
-                 tmp_path / "v2", progress=False)
+    rep = ingest(
+        [REAL / "2011" / "machine_events", REAL / "2011" / "task_events", REAL / "2011" / "job_events"],
+        tmp_path / "v2",
+        progress=False,
+    )
     assert rep.exit_status == 0, rep.summary()
     ds = Dataset(tmp_path / "v2")
     alone = run(ds, UsageVsRequest())["usage-vs-request"]
@@ -338,8 +405,13 @@ def test_real_2011_parts(tmp_path):
     keys = sorted(set(zip(cols["collection_id"].tolist(), cols["instance_index"].tolist(), strict=True)))
     pick = [keys[k] for k in rng.choice(len(keys), 300, replace=False)]
     first = {}
-    for t, c, i, m in zip(cols["time"].tolist(), cols["collection_id"].tolist(), cols["instance_index"].tolist(),
-                          cols["machine_id"].tolist(), strict=True):
+    for t, c, i, m in zip(
+        cols["time"].tolist(),
+        cols["collection_id"].tolist(),
+        cols["instance_index"].tolist(),
+        cols["machine_id"].tolist(),
+        strict=True,
+    ):
         if (c, i) not in first or t < first[(c, i)][0]:
             first[(c, i)] = (t, m)
     us: dict[str, list[Any]] = defaultdict(list)
@@ -347,14 +419,26 @@ def test_real_2011_parts(tmp_path):
         t0, m = first[(c, i)]
         for k in range(int(rng.integers(1, 30))):
             s = t0 + (k - 2) * 300 * S  # two windows before the first event: no limit yet
-            for col, v in (("start_time", s), ("end_time", s + int(rng.choice([300, 300, 60])) * S), ("collection_id", c),
-                           ("instance_index", i), ("machine_id", 0 if m is None or m < 0 else m)):
+            for col, v in (
+                ("start_time", s),
+                ("end_time", s + int(rng.choice([300, 300, 60])) * S),
+                ("collection_id", c),
+                ("instance_index", i),
+                ("machine_id", 0 if m is None or m < 0 else m),
+            ):
                 us[col].append(v)
             for col in ("avg_cpu", "max_cpu", "avg_mem", "max_mem", "assigned_mem"):
                 us[col].append(float(np.float32(rng.uniform(0, 0.05))))
-    planted = write_dataset(tmp_path / "planted", {"instance_events": load(tmp_path / "v2")["instance_events"],
-                                                   "instance_usage": table("instance_usage", dict(us))},
-                            files=3, tier_map="v2", trace_version="v2")
+    planted = write_dataset(
+        tmp_path / "planted",
+        {
+            "instance_events": load(tmp_path / "v2")["instance_events"],
+            "instance_usage": table("instance_usage", dict(us)),
+        },
+        files=3,
+        tier_map="v2",
+        trace_version="v2",
+    )
     res = run(Dataset(planted), UsageVsRequest(), partitions=3)["usage-vs-request"]
     check(res, duckdb_tasks(planted, "v2"))
     s = res["task_summary"].set_index(["band", "measure"])

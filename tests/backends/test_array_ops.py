@@ -75,8 +75,12 @@ def test_run_weighted_sums_match_a_loop(backend):
     G = int(first.sum())
     w = rng.random(key.shape[0])
     q = rng.random((key.shape[0], 4))
-    got = _host(backend, backend.ops.run_weighted_sums(*(backend.asarray(x) for x in (first, inv)), G,
-                                                        backend.asarray(w), backend.asarray(q)))
+    got = _host(
+        backend,
+        backend.ops.run_weighted_sums(
+            *(backend.asarray(x) for x in (first, inv)), G, backend.asarray(w), backend.asarray(q)
+        ),
+    )
     want = np.zeros((G, 4))
     for r in range(key.shape[0]):
         want[inv[r]] += w[r] * q[r]

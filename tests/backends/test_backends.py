@@ -115,7 +115,8 @@ def test_gpu_tests_collect_with_only_the_device_image_packages():
             sys.modules[m] = None  # makes `import duckdb` raise ImportError
         import pytest
         sys.exit(pytest.main(["--collect-only", "-q", "-m", "gpu", "-p", "no:cacheprovider", "tests"]))
-        """)
+        """
+    )
     root = Path(__file__).resolve().parents[2]
     r = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
@@ -133,6 +134,9 @@ def test_two_cupy_distributions_are_refused_with_the_way_out(monkeypatch):
     fake = [Dist("numpy"), Dist("cupy-cuda12x"), Dist("cupy_cuda13x"), Dist("cupyx-helpers")]
     monkeypatch.setattr(metadata, "distributions", lambda: iter(fake))
     assert gpu.cupy_distributions() == ["cupy-cuda12x", "cupy-cuda13x"]
-    with pytest.raises(BackendUnavailable, match=r"2 CuPy distributions are installed \(cupy-cuda12x, cupy-cuda13x\).*"
-                                                 r"pip uninstall cupy-cuda12x"):
+    with pytest.raises(
+        BackendUnavailable,
+        match=r"2 CuPy distributions are installed \(cupy-cuda12x, cupy-cuda13x\).*"
+        r"pip uninstall cupy-cuda12x",
+    ):
         gpu.require()

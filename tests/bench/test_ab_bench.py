@@ -33,8 +33,23 @@ def test_ab_bench_tiny(tmp_path, monkeypatch):
         import ab_bench
 
         monkeypatch.setattr(ab_bench, "bench_dataset", lambda size: ds)
-        assert ab_bench.main(["--base", "HEAD", "--analyses", "machine-shapes,cell-usage", "--sizes", "2e4",
-                              "--rounds", "1", "--name", "ab"]) == 0
+        assert (
+            ab_bench.main(
+                [
+                    "--base",
+                    "HEAD",
+                    "--analyses",
+                    "machine-shapes,cell-usage",
+                    "--sizes",
+                    "2e4",
+                    "--rounds",
+                    "1",
+                    "--name",
+                    "ab",
+                ]
+            )
+            == 0
+        )
     finally:
         sys.modules.pop("ab_bench", None)
     assert _worktrees() == before

@@ -13,10 +13,24 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
 def cpu_vs_duckdb_cases() -> tuple[str, ...]:
-    return ("cell-usage", "cpi (SQL subset)", "lifecycle", "lifecycle (all tables)", "usage-change",
-            "usage-change (all tables)", "job-usage", "job-usage (tiers)", "job-usage (all tables)",
-            "usage-vs-request", "usage-vs-request (all tables)", "machine-utilization", "machine-utilization (all tables)",
-            "data-quality (SQL subset)", "data-quality (all tables)", "peak-prediction (SQL part)")
+    return (
+        "cell-usage",
+        "cpi (SQL subset)",
+        "lifecycle",
+        "lifecycle (all tables)",
+        "usage-change",
+        "usage-change (all tables)",
+        "job-usage",
+        "job-usage (tiers)",
+        "job-usage (all tables)",
+        "usage-vs-request",
+        "usage-vs-request (all tables)",
+        "machine-utilization",
+        "machine-utilization (all tables)",
+        "data-quality (SQL subset)",
+        "data-quality (all tables)",
+        "peak-prediction (SQL part)",
+    )
 
 
 def _planted_dataset(tmp_path: Path, windows: int, seed: int) -> tuple[Path, Path, Path]:
@@ -35,7 +49,9 @@ def _with(t: Any, name: str, values: Any, mask: Any = None) -> Any:
     ``mask``)."""
     import pyarrow as pa
 
-    return t.set_column(t.schema.get_field_index(name), name, pa.array(values, type=t.schema.field(name).type, mask=mask))
+    return t.set_column(
+        t.schema.get_field_index(name), name, pa.array(values, type=t.schema.field(name).type, mask=mask)
+    )
 
 
 def test_cpu_vs_duckdb_tiny(tmp_path, monkeypatch):
@@ -54,13 +70,17 @@ def test_cpu_vs_duckdb_tiny(tmp_path, monkeypatch):
         sys.modules.pop("cpu_vs_duckdb", None)
     res = json.loads((tmp_path / "c.json").read_text())
     assert {(r["case"], r["contender"]) for r in res["rows"]} == {
-        (c, w) for c in cpu_vs_duckdb_cases() for w in ("gpuclust", "duckdb", "floor")}
+        (c, w) for c in cpu_vs_duckdb_cases() for w in ("gpuclust", "duckdb", "floor")
+    }
     for r in res["rows"]:
         assert r["wall_s"] > 0 and r["peak_rss_mib"] > 0 and len(r["runs"]) == 1
     assert {(r["case"], r["contender"]) for r in res["ratios"]} == {
-        (c, w) for c in cpu_vs_duckdb_cases() for w in ("gpuclust", "floor")}
+        (c, w) for c in cpu_vs_duckdb_cases() for w in ("gpuclust", "floor")
+    }
     md = (tmp_path / "c.md").read_text()
-    assert "| 20,000 | cell-usage | gpuclust |" in md and "| 20,000 | cell-usage | floor |" in md and "Environment:" in md
+    assert (
+        "| 20,000 | cell-usage | gpuclust |" in md and "| 20,000 | cell-usage | floor |" in md and "Environment:" in md
+    )
     assert res["marginal"] == []  # one size: nothing between sizes
 
 
@@ -82,13 +102,21 @@ def test_a_refused_case_is_recorded_and_the_others_go_on(tmp_path, monkeypatch):
     def failing(case: str, *a: Any, **k: Any) -> dict[str, list[str]]:
         cmds = commands(case, *a, **k)
         if case == "lifecycle":
-            cmds["gpuclust"] = [sys.executable, "-c", "import sys; print('gpuclust analyze: error: lifecycle: no'); sys.exit(2)"]
+            cmds["gpuclust"] = [
+                sys.executable,
+                "-c",
+                "import sys; print('gpuclust analyze: error: lifecycle: no'); sys.exit(2)",
+            ]
         return cmds
 
     monkeypatch.setattr(cpu_vs_duckdb, "commands", failing)
     try:
-        assert cpu_vs_duckdb.main(["--sizes", "2e4,3e4", "--repeat", "1", "--no-floor", "--cases",
-                                   "lifecycle,cell-usage", "--name", "r"]) == 0
+        assert (
+            cpu_vs_duckdb.main(
+                ["--sizes", "2e4,3e4", "--repeat", "1", "--no-floor", "--cases", "lifecycle,cell-usage", "--name", "r"]
+            )
+            == 0
+        )
     finally:
         sys.modules.pop("cpu_vs_duckdb", None)
     res = json.loads((tmp_path / "r.json").read_text())
@@ -113,8 +141,16 @@ def test_floor_reads_what_the_analysis_reads(tmp_path, monkeypatch):
         cmd = cpu_vs_duckdb.commands("cell-usage", ds, tmp_path / "out")["floor"]
         assert cmd[-1] == "instance_usage"
         cols = cmd[-2].split(",")
-        assert cols == ["start_time", "end_time", "collection_id", "instance_index", "machine_id",
-                        "alloc_collection_id", "avg_cpu", "avg_mem"]
+        assert cols == [
+            "start_time",
+            "end_time",
+            "collection_id",
+            "instance_index",
+            "machine_id",
+            "alloc_collection_id",
+            "avg_cpu",
+            "avg_mem",
+        ]
     finally:
         sys.modules.pop("cpu_vs_duckdb", None)
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
@@ -129,9 +165,15 @@ def test_marginal_costs_between_sizes(monkeypatch):
     import cpu_vs_duckdb
 
     try:
-        rows = [{"size": s, "case": "c", "contender": w, "wall_s": t, "user_s": u, "sys_s": 0.5, "peak_rss_mib": 1}
-                for s, w, t, u in ((4_000_000, "gpuclust", 0.6, 0.7), (16_000_000, "gpuclust", 1.2, 1.9),
-                                   (4_000_000, "duckdb", 0.3, 0.4), (16_000_000, "duckdb", 0.9, 1.0))]
+        rows = [
+            {"size": s, "case": "c", "contender": w, "wall_s": t, "user_s": u, "sys_s": 0.5, "peak_rss_mib": 1}
+            for s, w, t, u in (
+                (4_000_000, "gpuclust", 0.6, 0.7),
+                (16_000_000, "gpuclust", 1.2, 1.9),
+                (4_000_000, "duckdb", 0.3, 0.4),
+                (16_000_000, "duckdb", 0.9, 1.0),
+            )
+        ]
         m = {r["contender"]: r for r in cpu_vs_duckdb.marginal(rows)}
         md = cpu_vs_duckdb.markdown(rows, {"affinity_cores": 2, "cpu": "x"}, 1, None)
     finally:
@@ -154,8 +196,12 @@ def test_cpu_vs_duckdb_bucketed_layout(tmp_path, monkeypatch):
     ds = make_dataset(tmp_path / "canonical-20000", 20_000, seed=1)
     monkeypatch.setattr(cpu_vs_duckdb, "bench_dataset", lambda size, **kw: ds)
     try:
-        assert cpu_vs_duckdb.main(["--sizes", "2e4", "--repeat", "1", "--name", "b", "--layout", "bucketed",
-                                   "--cases", "cell-usage"]) == 0
+        assert (
+            cpu_vs_duckdb.main(
+                ["--sizes", "2e4", "--repeat", "1", "--name", "b", "--layout", "bucketed", "--cases", "cell-usage"]
+            )
+            == 0
+        )
     finally:
         sys.modules.pop("cpu_vs_duckdb", None)
     assert (tmp_path / "canonical-20000-bucketed" / "instance_usage").is_dir()
@@ -183,9 +229,17 @@ def test_job_usage_tiers_sql_computes_what_gpuclust_reports(tmp_path, monkeypatc
     for tier, n, total, mean, var, qs, mx, top in got:
         row = cpu.loc[tier or "all"]
         assert n == row["jobs"]
-        for a, b in ((total, row["total_hours"]), (mean, row["mean"]), (var, row["variance"]), (qs[0], row["median"]),
-                     (qs[1], row["p90"]), (qs[2], row["p99"]), (qs[3], row["p999"]), (mx, row["max"]),
-                     (top, row["top1pct_share"])):
+        for a, b in (
+            (total, row["total_hours"]),
+            (mean, row["mean"]),
+            (var, row["variance"]),
+            (qs[0], row["median"]),
+            (qs[1], row["p90"]),
+            (qs[2], row["p99"]),
+            (qs[3], row["p999"]),
+            (mx, row["max"]),
+            (top, row["top1pct_share"]),
+        ):
             assert a == pytest.approx(b, rel=1e-9)
 
 
@@ -236,11 +290,22 @@ def test_data_quality_sql_counts_what_gpuclust_reports(tmp_path, monkeypatch):
     columns = res["columns"][res["columns"]["table"] == "instance_usage"]
     cols = create("data-quality").columns
     assert got[0] == n == checks["rows"]
-    assert dict(zip(cols, got[1:1 + len(cols)], strict=True)) == dict(zip(columns["column"], columns["nulls"], strict=True))
-    sql = dict(zip(analyses_bench.DATA_QUALITY_SQL_CHECKS, got[1 + len(cols):], strict=True))
+    assert dict(zip(cols, got[1 : 1 + len(cols)], strict=True)) == dict(
+        zip(columns["column"], columns["nulls"], strict=True)
+    )
+    sql = dict(zip(analyses_bench.DATA_QUALITY_SQL_CHECKS, got[1 + len(cols) :], strict=True))
     assert sql == {k: checks[k] for k in analyses_bench.DATA_QUALITY_SQL_CHECKS}
-    for k in ("short_windows", "long_windows", "p100_below_max", "p100_above_max", "percentiles_non_monotone",
-              "start_zero", "machine_zero", "no_events_rows", "after_end_rows"):
+    for k in (
+        "short_windows",
+        "long_windows",
+        "p100_below_max",
+        "p100_above_max",
+        "percentiles_non_monotone",
+        "start_zero",
+        "machine_zero",
+        "no_events_rows",
+        "after_end_rows",
+    ):
         assert sql[k] > 0, k  # every planted fault is there to count
 
 
@@ -353,33 +418,59 @@ def test_lifecycle_full_sql_writes_what_gpuclust_writes(tmp_path, monkeypatch):
     null = (rng.integers(0, 8, n) == 0) | (prio < 0)
     perm = rng.permutation(n)
     miss = rng.choice([-1, -1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5], n)  # -1: NULL (NONE); 1..5 synthesised
-    cols = {"time": t[perm].tolist(), "type": e[perm].tolist(), "collection_id": (inst[perm] // 4 + 2**40).tolist(),
-            "instance_index": (inst[perm] % 4).tolist(),
-            "priority": [None if z else int(p) for z, p in zip(null[perm], prio[perm], strict=True)],
-            "missing_type": [None if m < 0 else int(m) for m in miss[perm]]}
+    cols = {
+        "time": t[perm].tolist(),
+        "type": e[perm].tolist(),
+        "collection_id": (inst[perm] // 4 + 2**40).tolist(),
+        "instance_index": (inst[perm] % 4).tolist(),
+        "priority": [None if z else int(p) for z, p in zip(null[perm], prio[perm], strict=True)],
+        "missing_type": [None if m < 0 else int(m) for m in miss[perm]],
+    }
     ds = write_dataset(tmp_path / "ds", {"instance_events": table("instance_events", cols)}, files=2)
 
     out = tmp_path / "duck"
     out.mkdir()
     duckdb.connect().execute(analyses_bench.lifecycle_full_sql(ds, out, bucket_s=1800))
     res = run(ds, [create("lifecycle", bucket_s=1800)], backend="cpu")["lifecycle"]
-    got = {name: pq.read_table(out / f"{name}.parquet").to_pandas()
-           for name in ("events", "transitions", "series", "delays", "delay_hist", "info")}
-    for name, keys in (("events", ["tier", "event"]), ("transitions", ["tier", "from_event", "to_event"]),
-                       ("series", ["bucket", "tier"]), ("delays", ["tier", "measure", "outcome"]),
-                       ("delay_hist", ["tier", "measure", "outcome", "bin"])):
+    got = {
+        name: pq.read_table(out / f"{name}.parquet").to_pandas()
+        for name in ("events", "transitions", "series", "delays", "delay_hist", "info")
+    }
+    for name, keys in (
+        ("events", ["tier", "event"]),
+        ("transitions", ["tier", "from_event", "to_event"]),
+        ("series", ["bucket", "tier"]),
+        ("delays", ["tier", "measure", "outcome"]),
+        ("delay_hist", ["tier", "measure", "outcome", "bin"]),
+    ):
         _same_table(got[name], res[name], keys, name)
     measures = set(zip(res["delays"]["measure"], res["delays"]["outcome"], strict=True))
-    assert {("enable_to_schedule", "scheduled"), ("scheduling", "censored"), ("execution", "censored"),
-            ("scheduling", "resubmitted"), ("execution", "interrupted"), ("queued", "enabled"),
-            ("queued", "scheduled"), ("queued", "died"), ("queued", "censored")} <= measures
+    assert {
+        ("enable_to_schedule", "scheduled"),
+        ("scheduling", "censored"),
+        ("execution", "censored"),
+        ("scheduling", "resubmitted"),
+        ("execution", "interrupted"),
+        ("queued", "enabled"),
+        ("queued", "scheduled"),
+        ("queued", "died"),
+        ("queued", "censored"),
+    } <= measures
     info = res["info"].iloc[0]
     assert {"present_at_start", "synthesized_events", "synthesized_duration_episodes"} <= set(got["info"].columns)
     for c in got["info"].columns:
         assert int(got["info"][c].iloc[0]) == int(info[c]), c
-    for c in ("invalid_type_rows", "time_zero_events", "after_trace_events", "unexpected_transitions",
-              "unknown_priority_instances", "first_not_submit", "present_at_start", "synthesized_events",
-              "synthesized_duration_episodes"):
+    for c in (
+        "invalid_type_rows",
+        "time_zero_events",
+        "after_trace_events",
+        "unexpected_transitions",
+        "unknown_priority_instances",
+        "first_not_submit",
+        "present_at_start",
+        "synthesized_events",
+        "synthesized_duration_episodes",
+    ):
         assert info[c] > 0, c
     series = res["series"]
     for c in ("new_submissions", "resubmissions", "present_at_start", "queued", "eligible"):
@@ -455,10 +546,17 @@ def test_usage_change_full_sql_writes_what_gpuclust_writes(tmp_path, monkeypatch
     u = pq.read_table(uf)
     row = np.arange(u.num_rows)
     s, e = u["start_time"].to_numpy(), u["end_time"].to_numpy()
-    u = _with(u, "avg_cpu", np.where(row % 5 == 0, 0.0, u["avg_cpu"].to_numpy(zero_copy_only=False)), mask=row % 13 == 0)
-    u = _with(u, "avg_mem", np.where(row % 11 == 0, np.nan, np.where(row % 7 < 2, 0.0, u["avg_mem"].to_numpy(
-        zero_copy_only=False))))
-    u = _with(u, "end_time", np.where(row % 29 == 0, np.iinfo(np.int64).max, np.where(row % 31 == 0, e - 200_000_000, e)))
+    u = _with(
+        u, "avg_cpu", np.where(row % 5 == 0, 0.0, u["avg_cpu"].to_numpy(zero_copy_only=False)), mask=row % 13 == 0
+    )
+    u = _with(
+        u,
+        "avg_mem",
+        np.where(row % 11 == 0, np.nan, np.where(row % 7 < 2, 0.0, u["avg_mem"].to_numpy(zero_copy_only=False))),
+    )
+    u = _with(
+        u, "end_time", np.where(row % 29 == 0, np.iinfo(np.int64).max, np.where(row % 31 == 0, e - 200_000_000, e))
+    )
     u = _with(u, "start_time", np.where(row % 37 == 0, s + 300_000_000, s))  # gaps; ties with the next window
     ev = pq.read_table(ef)
     ev = ev.filter(pa.array(ev["instance_index"].to_numpy() % 10 != 3))  # keys without events
@@ -547,12 +645,35 @@ def _data_quality_dataset(tmp_path: Path) -> Path:
     u = _with(u, "cpu_p30", np.where(row % 103 == 0, col("cpu_p10") * 0.9, col("cpu_p30")))  # below p10, across a NULL
     u = _with(u, "cpu_p20", col("cpu_p20"), mask=(row % 103 == 0) | (row % 97 == 0))
     u = _with(u, "cpu_p0", np.where(row % 97 == 0, np.nan, col("cpu_p0")))  # partly NULL (NaN), monotone
-    for c in ("cpu_p0", "cpu_p10", "cpu_p20", "cpu_p30", "cpu_p40", "cpu_p50", "cpu_p60", "cpu_p70", "cpu_p80",
-              "cpu_p90", "cpu_p91", "cpu_p92", "cpu_p93", "cpu_p94", "cpu_p95", "cpu_p96", "cpu_p97", "cpu_p98",
-              "cpu_p99", "cpu_p100"):
+    for c in (
+        "cpu_p0",
+        "cpu_p10",
+        "cpu_p20",
+        "cpu_p30",
+        "cpu_p40",
+        "cpu_p50",
+        "cpu_p60",
+        "cpu_p70",
+        "cpu_p80",
+        "cpu_p90",
+        "cpu_p91",
+        "cpu_p92",
+        "cpu_p93",
+        "cpu_p94",
+        "cpu_p95",
+        "cpu_p96",
+        "cpu_p97",
+        "cpu_p98",
+        "cpu_p99",
+        "cpu_p100",
+    ):
         x = col(c)
-        u = _with(u, c, np.where(row % 139 == 0, np.nan, x), mask=(row % 89 == 0) | u[c].is_null().to_numpy(
-            zero_copy_only=False))  # all NULL; all NULL or NaN
+        u = _with(
+            u,
+            c,
+            np.where(row % 139 == 0, np.nan, x),
+            mask=(row % 89 == 0) | u[c].is_null().to_numpy(zero_copy_only=False),
+        )  # all NULL; all NULL or NaN
     pq.write_table(u, uf)
 
     # -- instance_events: two files; the second's rows come later ------------------------------
@@ -561,8 +682,17 @@ def _data_quality_dataset(tmp_path: Path) -> Path:
     g = ev["instance_index"].to_numpy() % 10
     typ, t = ev["type"].to_numpy(), ev["time"].to_numpy()
     fin = typ == 6
-    start = dict(zip(zip(ev["collection_id"].to_numpy()[~fin].tolist(), ev["instance_index"].to_numpy()[~fin].tolist(),
-                         strict=True), t[~fin].tolist(), strict=True))
+    start = dict(
+        zip(
+            zip(
+                ev["collection_id"].to_numpy()[~fin].tolist(),
+                ev["instance_index"].to_numpy()[~fin].tolist(),
+                strict=True,
+            ),
+            t[~fin].tolist(),
+            strict=True,
+        )
+    )
     t = np.where(fin & (g == 5), t - 450 * s_, t)  # a window past the end, one after it (< 300 s)
     t = np.where(fin & (g == 6), t - 900 * s_, t)  # windows at the end, exactly 300 s after it, later
     t = np.where(fin & np.isin(g, [7, 8]), t - 1000 * s_, t)
@@ -591,8 +721,11 @@ def _data_quality_dataset(tmp_path: Path) -> Path:
             extra.append({**r, "type": 9, "time": start[(c, i)] + 7})
     for j in range(40):  # instances with events and no usage
         base = {**fin_rows[0], "collection_id": 777_000 + j, "instance_index": j}
-        extra += [{**base, "type": 0, "time": 10 * s_}, {**base, "type": 3, "time": 20 * s_},
-                  {**base, "type": 6, "time": 30 * s_ + j}]
+        extra += [
+            {**base, "type": 0, "time": 10 * s_},
+            {**base, "type": 3, "time": 20 * s_},
+            {**base, "type": 6, "time": 30 * s_ + j},
+        ]
     _add_file(ds, "instance_events", pa.Table.from_pylist(extra, schema=ev.schema), "part-bench-00001.parquet")
 
     # -- collection_events: random life cycles, ties, sentinels ---------------------------------
@@ -604,12 +737,18 @@ def _data_quality_dataset(tmp_path: Path) -> Path:
     tc = rng.choice([0, 5 * s_, 7 * s_, 7 * s_, 9 * s_, never], n)
     tc = np.where(rng.integers(0, 3, n) == 0, 0, tc)
     types = rng.choice([0, 0, 1, 2, 3, 3, 4, 5, 6, 7, 8, 9, 10], n)
-    ce = table("collection_events", {
-        "time": tc.tolist(), "type": types.tolist(), "collection_id": (cid + 5_000).tolist(),
-        "missing_type": [None if z % 11 == 0 else (7 if z % 13 == 0 else 0) for z in range(n)],
-        "user": [None if z % 5 == 0 else f"u{z % 9}" for z in range(n)],
-        "start_after_collection_ids": [None if z % 4 == 0 else [z] for z in range(n)],
-        "priority": [None if z % 6 == 0 else 200 for z in range(n)]})
+    ce = table(
+        "collection_events",
+        {
+            "time": tc.tolist(),
+            "type": types.tolist(),
+            "collection_id": (cid + 5_000).tolist(),
+            "missing_type": [None if z % 11 == 0 else (7 if z % 13 == 0 else 0) for z in range(n)],
+            "user": [None if z % 5 == 0 else f"u{z % 9}" for z in range(n)],
+            "start_after_collection_ids": [None if z % 4 == 0 else [z] for z in range(n)],
+            "priority": [None if z % 6 == 0 else 200 for z in range(n)],
+        },
+    )
     half = n // 2  # two files, a collection's events across both
     _add_file(ds, "collection_events", ce.slice(0, half), "part-00000.parquet")
     _add_file(ds, "collection_events", ce.slice(half), "part-00001.parquet")
@@ -619,21 +758,42 @@ def _data_quality_dataset(tmp_path: Path) -> Path:
     me = pq.read_table(me_f)  # an ADD at time 0 per machine, with capacity
     m = me["machine_id"].to_numpy().tolist()
     rows = [  # (machine, time, type, cap_cpu, missing_data_reason)
-        (m[0], 10, 3, 0.5, 0), (m[0], 20, 2, 0.5, 0), (m[0], 30, 1, 0.5, 0),  # in order
+        (m[0], 10, 3, 0.5, 0),
+        (m[0], 20, 2, 0.5, 0),
+        (m[0], 30, 1, 0.5, 0),  # in order
         (m[1], 10, 1, 0.5, 0),  # ADD after ADD
-        (m[2], 10, 2, 0.5, 0), (m[2], 20, 2, 0.5, 0), (m[2], 30, 3, 0.5, 0),  # REMOVE, UPDATE after REMOVE
-        (m[3], 10, 0, 0.5, 0), (m[3], 20, 1, 0.5, 0),  # UNKNOWN: never flagged, nor what follows it
-        (m[4], 10, 12, 0.5, None), (m[4], 20, 1, 0.5, 3),  # a code outside 0..10
-        (m[5], 50, 2, 0.5, 0), (m[5], 50, 1, 0.5, 0),  # a tie: REMOVE then ADD, in row order
-        (m[6], 5, 3, None, 0), (m[6], 6, 3, 0.5, 0),  # a NULL capacity
-        (m[7], 7, 3, np.nan, 0), (m[8], never, 2, 0.5, 0),
-        (m[9], 100, 3, 0.5, 0), (m[9], 50, 3, 0.5, 0),  # backwards in row order
-        (123, 0, 1, None, 0), (123, 5, 3, None, None),  # never a capacity
-        (0, 0, 1, 0.5, 0), (-1, 0, 1, 0.5, 0)]
-    more = pa.table({"time": [r[1] for r in rows], "machine_id": [r[0] for r in rows], "type": [r[2] for r in rows],
-                     "switch_id": pa.nulls(len(rows), pa.string()), "cap_cpu": [r[3] for r in rows],
-                     "cap_mem": [0.25] * len(rows), "platform_id": [None] * len(rows),
-                     "missing_data_reason": [r[4] for r in rows]})
+        (m[2], 10, 2, 0.5, 0),
+        (m[2], 20, 2, 0.5, 0),
+        (m[2], 30, 3, 0.5, 0),  # REMOVE, UPDATE after REMOVE
+        (m[3], 10, 0, 0.5, 0),
+        (m[3], 20, 1, 0.5, 0),  # UNKNOWN: never flagged, nor what follows it
+        (m[4], 10, 12, 0.5, None),
+        (m[4], 20, 1, 0.5, 3),  # a code outside 0..10
+        (m[5], 50, 2, 0.5, 0),
+        (m[5], 50, 1, 0.5, 0),  # a tie: REMOVE then ADD, in row order
+        (m[6], 5, 3, None, 0),
+        (m[6], 6, 3, 0.5, 0),  # a NULL capacity
+        (m[7], 7, 3, np.nan, 0),
+        (m[8], never, 2, 0.5, 0),
+        (m[9], 100, 3, 0.5, 0),
+        (m[9], 50, 3, 0.5, 0),  # backwards in row order
+        (123, 0, 1, None, 0),
+        (123, 5, 3, None, None),  # never a capacity
+        (0, 0, 1, 0.5, 0),
+        (-1, 0, 1, 0.5, 0),
+    ]
+    more = pa.table(
+        {
+            "time": [r[1] for r in rows],
+            "machine_id": [r[0] for r in rows],
+            "type": [r[2] for r in rows],
+            "switch_id": pa.nulls(len(rows), pa.string()),
+            "cap_cpu": [r[3] for r in rows],
+            "cap_mem": [0.25] * len(rows),
+            "platform_id": [None] * len(rows),
+            "missing_data_reason": [r[4] for r in rows],
+        }
+    )
     _add_file(ds, "machine_events", more, "part-bench-00001.parquet")
     return ds
 
@@ -662,30 +822,65 @@ def test_data_quality_full_sql_writes_what_gpuclust_writes(tmp_path, monkeypatch
     ds = _data_quality_dataset(tmp_path)
     out = tmp_path / "duck"
     out.mkdir()
-    duckdb.connect().execute(analyses_bench.data_quality_full_sql(ds, out, short_window_s=short_window_s,
-                                                                  row_order=row_order))
-    res = run(ds, [create("data-quality", short_window_s=short_window_s, row_order=row_order)],
-              backend="cpu")["data-quality"]
+    duckdb.connect().execute(
+        analyses_bench.data_quality_full_sql(ds, out, short_window_s=short_window_s, row_order=row_order)
+    )
+    res = run(ds, [create("data-quality", short_window_s=short_window_s, row_order=row_order)], backend="cpu")[
+        "data-quality"
+    ]
     got = {name: pq.read_table(out / f"{name}.parquet").to_pandas() for name in res}
     assert set(got) == {"checks", "columns", "codes", "max_over_p100", "info"}
-    for name, keys in (("checks", ["table", "check"]), ("columns", ["table", "column"]),
-                       ("codes", ["table", "column", "code"]), ("max_over_p100", ["bin"]), ("info", ["analysis"])):
+    for name, keys in (
+        ("checks", ["table", "check"]),
+        ("columns", ["table", "column"]),
+        ("codes", ["table", "column", "code"]),
+        ("max_over_p100", ["bin"]),
+        ("info", ["analysis"]),
+    ):
         assert list(got[name].columns) == list(res[name].columns), name
         _same_table(got[name], res[name], keys, name)
     assert got["checks"][["table", "check"]].values.tolist() == res["checks"][["table", "check"]].values.tolist()
 
     c = res["checks"].set_index(["table", "check"])["count"]
-    planted = [("instance_usage", k) for k in (
-        "start_zero", "start_after_trace", "end_zero", "end_after_trace", "machine_zero", "machine_dedicated",
-        "end_before_start", "zero_length", "short_windows", "long_windows", "percentiles_null",
-        "percentiles_partly_null", "percentiles_non_monotone", "p100_below_max", "p100_above_max",
-        "cpi_mai_low_cpu_time", "cpi_out_of_range", "mai_out_of_range", "no_events_rows", "no_events_instances",
-        "after_end_rows", "after_end_300s_rows", "after_end_instances", "past_end_rows")]
-    planted += [(t, k) for t in ("instance_events", "collection_events", "machine_events")
-                for k in ("time_zero", "time_after_trace", "time_ties", "out_of_order")]
+    planted = [
+        ("instance_usage", k)
+        for k in (
+            "start_zero",
+            "start_after_trace",
+            "end_zero",
+            "end_after_trace",
+            "machine_zero",
+            "machine_dedicated",
+            "end_before_start",
+            "zero_length",
+            "short_windows",
+            "long_windows",
+            "percentiles_null",
+            "percentiles_partly_null",
+            "percentiles_non_monotone",
+            "p100_below_max",
+            "p100_above_max",
+            "cpi_mai_low_cpu_time",
+            "cpi_out_of_range",
+            "mai_out_of_range",
+            "no_events_rows",
+            "no_events_instances",
+            "after_end_rows",
+            "after_end_300s_rows",
+            "after_end_instances",
+            "past_end_rows",
+        )
+    ]
+    planted += [
+        (t, k)
+        for t in ("instance_events", "collection_events", "machine_events")
+        for k in ("time_zero", "time_after_trace", "time_ties", "out_of_order")
+    ]
     planted += [("instance_events", k) for k in ("machine_zero", "machine_dedicated", "instances_without_usage")]
-    planted += [("machine_events", k) for k in ("machine_zero", "machine_dedicated", "null_capacity_rows",
-                                                "never_capacity_machines")]
+    planted += [
+        ("machine_events", k)
+        for k in ("machine_zero", "machine_dedicated", "null_capacity_rows", "never_capacity_machines")
+    ]
     if row_order:
         planted += [(t, "time_backwards") for t in ("instance_events", "collection_events", "machine_events")]
     for k in planted:
@@ -694,8 +889,13 @@ def test_data_quality_full_sql_writes_what_gpuclust_writes(tmp_path, monkeypatch
     assert {-1, -2} <= set(res["codes"]["code"]) and "unknown" in set(res["codes"]["name"])
     assert len(res["max_over_p100"]) > 3 and {0, 161} <= set(res["max_over_p100"]["bin"])
     cols = res["columns"].set_index(["table", "column"])["nulls"]
-    for k in (("collection_events", "user"), ("collection_events", "start_after_collection_ids"),
-              ("instance_usage", "avg_mem"), ("instance_events", "req_cpu"), ("machine_events", "cap_cpu")):
+    for k in (
+        ("collection_events", "user"),
+        ("collection_events", "start_after_collection_ids"),
+        ("instance_usage", "avg_mem"),
+        ("instance_events", "req_cpu"),
+        ("machine_events", "cap_cpu"),
+    ):
         assert 0 < cols[k], k
 
 
@@ -727,8 +927,13 @@ def test_data_quality_full_sql_with_tables_missing(tmp_path, monkeypatch, missin
     duckdb.connect().execute(analyses_bench.data_quality_full_sql(ds, out, row_order=True))
     res = run(ds, [create("data-quality", row_order=True)], backend="cpu")["data-quality"]
     got = {name: pq.read_table(out / f"{name}.parquet").to_pandas() for name in res}
-    for name, keys in (("checks", ["table", "check"]), ("columns", ["table", "column"]),
-                       ("codes", ["table", "column", "code"]), ("max_over_p100", ["bin"]), ("info", ["analysis"])):
+    for name, keys in (
+        ("checks", ["table", "check"]),
+        ("columns", ["table", "column"]),
+        ("codes", ["table", "column", "code"]),
+        ("max_over_p100", ["bin"]),
+        ("info", ["analysis"]),
+    ):
         _same_table(got[name], res[name], keys, name)
     assert set(res["checks"]["table"]).isdisjoint({"collection_events", *missing})
     info = res["info"].iloc[0]
@@ -791,16 +996,30 @@ def _machine_utilization_dataset(tmp_path: Path) -> Path:
     me = _with(me, "cap_cpu", cc, mask=k == 1)
     me = _with(me, "cap_mem", cm, mask=k == 6)
     pq.write_table(me, me_f)
-    rows = [(m[7], 3, 2.0, None), (m[7], 3, None, 3.0), (m[1], 3, None, None),  # the MAX of its rows; still none
-            (999, 1, 0.5, 0.5), (998, 1, None, 0.5), (997, 1, None, None),  # 999, 998: no usage
-            (996, 3, 0.5, 0.5),  # only an UPDATE: never up
-            (m[3], 2, None, None), (m[3], 1, 0.4, 0.4)]  # removed mid-bucket 10, added again in bucket 20
+    rows = [
+        (m[7], 3, 2.0, None),
+        (m[7], 3, None, 3.0),
+        (m[1], 3, None, None),  # the MAX of its rows; still none
+        (999, 1, 0.5, 0.5),
+        (998, 1, None, 0.5),
+        (997, 1, None, None),  # 999, 998: no usage
+        (996, 3, 0.5, 0.5),  # only an UPDATE: never up
+        (m[3], 2, None, None),
+        (m[3], 1, 0.4, 0.4),
+    ]  # removed mid-bucket 10, added again in bucket 20
     times = [10 * (i + 1) for i in range(len(rows) - 2)] + [10 * b_us + 123_456_789, 20 * b_us + 7]
-    more = pa.table({"time": times, "machine_id": [r[0] for r in rows],
-                     "type": [r[1] for r in rows], "switch_id": pa.nulls(len(rows), pa.string()),
-                     "cap_cpu": pa.array([r[2] for r in rows], pa.float32()),
-                     "cap_mem": pa.array([r[3] for r in rows], pa.float32()), "platform_id": [None] * len(rows),
-                     "missing_data_reason": [0] * len(rows)})
+    more = pa.table(
+        {
+            "time": times,
+            "machine_id": [r[0] for r in rows],
+            "type": [r[1] for r in rows],
+            "switch_id": pa.nulls(len(rows), pa.string()),
+            "cap_cpu": pa.array([r[2] for r in rows], pa.float32()),
+            "cap_mem": pa.array([r[3] for r in rows], pa.float32()),
+            "platform_id": [None] * len(rows),
+            "missing_data_reason": [0] * len(rows),
+        }
+    )
     _add_file(ds, "machine_events", more, "part-bench-00001.parquet")
     return ds
 
@@ -836,11 +1055,17 @@ def test_machine_utilization_full_sql_writes_what_gpuclust_writes(tmp_path, monk
     want = {name: res[name].read() if name == "machine" else res[name] for name in res}
     got = {name: pq.read_table(out / f"{name}.parquet").to_pandas() for name in res}
     assert set(got) == {"machine", "quantiles", "summary", "series", "info"}
-    for name, keys in (("machine", ["machine_id", "bucket"]), ("quantiles", ["resource", "quantile"]),
-                       ("summary", ["resource"]), ("series", ["bucket"]), ("info", ["analysis"])):
+    for name, keys in (
+        ("machine", ["machine_id", "bucket"]),
+        ("quantiles", ["resource", "quantile"]),
+        ("summary", ["resource"]),
+        ("series", ["bucket"]),
+        ("info", ["analysis"]),
+    ):
         written = res["machine"].folder / res["machine"].files[0] if name == "machine" else gp / f"{a}/{name}.parquet"
         assert [(f.name, f.type) for f in pq.read_schema(out / f"{name}.parquet")] == [
-            (f.name, f.type) for f in pq.read_schema(written)], name  # the same columns, in order, of the same types
+            (f.name, f.type) for f in pq.read_schema(written)
+        ], name  # the same columns, in order, of the same types
         _same_table(got[name], want[name], keys, name)
 
     info, mb = want["info"].iloc[0], want["machine"]
@@ -884,8 +1109,12 @@ def _peak_prediction_dataset(tmp_path: Path) -> Path:
     j = np.arange(n)
     mid = _with(mid, "time", t[:n] + 10 * b_us + (j % 2))
     mid = _with(mid, "type", np.full(n, 8))  # UPDATE_RUNNING
-    mid = _with(mid, "req_cpu", np.where(j % 5 == 0, 0.0, mid["req_cpu"].to_numpy() * np.where(j % 3 == 0, 0.5, 2.0)),
-                mask=j % 10 == 4)
+    mid = _with(
+        mid,
+        "req_cpu",
+        np.where(j % 5 == 0, 0.0, mid["req_cpu"].to_numpy() * np.where(j % 3 == 0, 0.5, 2.0)),
+        mask=j % 10 == 4,
+    )
     mid = _with(mid, "req_mem", mid["req_mem"].to_numpy(), mask=j % 10 == 8)
     # priorities and classes the event is filtered by: NULL, above the range
     mid = _with(mid, "priority", np.where(j % 13 == 0, 450, mid["priority"].to_numpy()), mask=j % 17 == 0)
@@ -909,8 +1138,11 @@ def _peak_prediction_dataset(tmp_path: Path) -> Path:
     u = _with(u, "machine_id", np.where(row % 31 == 0, 123_456_789, u["machine_id"].to_numpy()))
     u = _with(u, "start_time", np.where(row % 37 == 0, never, u["start_time"].to_numpy()))
     extra = u.filter(pa.array(row % 3 == 0))
-    extra = _with(extra, "start_time", np.where(extra["start_time"].to_numpy() == never, never,
-                                                extra["start_time"].to_numpy() + 150_000_000))
+    extra = _with(
+        extra,
+        "start_time",
+        np.where(extra["start_time"].to_numpy() == never, never, extra["start_time"].to_numpy() + 150_000_000),
+    )
     extra = _with(extra, "cpu_p90", extra["cpu_p90"].to_numpy(zero_copy_only=False) * 0.7)
     pq.write_table(pa.concat_tables([x.cast(SCHEMAS["instance_usage"]) for x in (u, extra)]), uf)
     return ds
@@ -950,8 +1182,14 @@ def test_peak_prediction_sql_computes_what_gpuclust_writes(tmp_path, monkeypatch
     _same_table(got.to_pandas(), want[got.column_names], ["machine_id", "bucket"], "machine")
 
     info = res["info"].iloc[0]
-    for c in ("alloc_rows", "unplaced_rows", "unknown_machine_rows", "null_metric_rows", "no_limit_rows",
-              "filtered_rows"):
+    for c in (
+        "alloc_rows",
+        "unplaced_rows",
+        "unknown_machine_rows",
+        "null_metric_rows",
+        "no_limit_rows",
+        "filtered_rows",
+    ):
         assert info[c] > 0, c
     assert 0 < info["censored_rows"] < info["machine_rows"] / 1.5
     assert (want["total_usage"] < want["limit"] * (1 - 1e-6)).any() and (want["total_usage"] == want["limit"]).any()

@@ -6,7 +6,9 @@ import pytest
 
 
 def test_device_budget_tiny(tiny_bench):
-    res, md = tiny_bench("device_budget", ["--sizes", "2e4,4e4", "--repeat", "1", "--analyses", "cell-usage,overcommit"])
+    res, md = tiny_bench(
+        "device_budget", ["--sizes", "2e4,4e4", "--repeat", "1", "--analyses", "cell-usage,overcommit"]
+    )
     assert set(res["sizes"]) == {"20000", "40000"}
     for rows in res["sizes"].values():
         assert set(rows) == {"cell-usage", "overcommit"}

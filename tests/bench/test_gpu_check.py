@@ -31,9 +31,12 @@ def test_script_parses_and_names_the_issue_steps_in_priority_order() -> None:
     r = subprocess.run(["bash", "-n", str(BENCH / "gpu_check.sh")], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     text = (BENCH / "gpu_check.sh").read_text()
-    body = text[text.index("GPUCLUST_REQUIRE_GPU=1 pytest"):]  # the device branch, after the rehearsal's
-    body = body[body.index("else\n    has tests"):]
-    order = [body.index(s) for s in ("step tests ", "step memcheck ", "step kernels ", "step study ", "step cli-gpu ", "step dask ")]
+    body = text[text.index("GPUCLUST_REQUIRE_GPU=1 pytest") :]  # the device branch, after the rehearsal's
+    body = body[body.index("else\n    has tests") :]
+    order = [
+        body.index(s)
+        for s in ("step tests ", "step memcheck ", "step kernels ", "step study ", "step cli-gpu ", "step dask ")
+    ]
     assert order == sorted(order)
 
 
@@ -84,22 +87,41 @@ def test_parsers_read_the_device_logs() -> None:
     finally:
         sys.path.remove(str(BENCH))
     assert gpu_check.pytest_counts((DEVICE_RUN / "tests.log").read_text()) == {
-        "passed": 337, "failed": 0, "skipped": 2, "errors": 0}
-    assert gpu_check.sanitizer_counts((DEVICE_RUN / "memcheck.log").read_text(), (DEVICE_RUN / "racecheck.log").read_text()) == {
-        "memcheck_errors": 0, "racecheck_hazards": 0}
-    assert gpu_check.sanitizer_counts("", "") == {"memcheck_errors": None, "racecheck_hazards": None}  # not run: unknown
+        "passed": 337,
+        "failed": 0,
+        "skipped": 2,
+        "errors": 0,
+    }
+    assert gpu_check.sanitizer_counts(
+        (DEVICE_RUN / "memcheck.log").read_text(), (DEVICE_RUN / "racecheck.log").read_text()
+    ) == {"memcheck_errors": 0, "racecheck_hazards": 0}
+    assert gpu_check.sanitizer_counts("", "") == {
+        "memcheck_errors": None,
+        "racecheck_hazards": None,
+    }  # not run: unknown
     assert gpu_check.pytest_counts("3 failed, 300 passed, 1 skipped, 2 errors in 9.1s") == {
-        "passed": 300, "failed": 3, "skipped": 1, "errors": 2}
+        "passed": 300,
+        "failed": 3,
+        "skipped": 1,
+        "errors": 2,
+    }
 
 
 def test_assemble_reports_what_ran_and_nothing_it_did_not(check, tmp_path) -> None:
     work, logs = tmp_path / "work", tmp_path / "logs"
     work.mkdir()
     logs.mkdir()
-    (work / "study.json").write_text(json.dumps({
-        "windows": 1000, "load": {"gb_s": 2.0, "vs_ceiling": 0.5}, "ceilings": {"decode_gbs": 4.0, "h2d_pinned_gbs": 50.0},
-        "analyses": {"cell-usage": {"s": 0.5}},
-        "out_of_core": {"device_budget_bytes": 10, "data_bytes": 40, "s": 2.0, "equal": True}}))
+    (work / "study.json").write_text(
+        json.dumps(
+            {
+                "windows": 1000,
+                "load": {"gb_s": 2.0, "vs_ceiling": 0.5},
+                "ceilings": {"decode_gbs": 4.0, "h2d_pinned_gbs": 50.0},
+                "analyses": {"cell-usage": {"s": 0.5}},
+                "out_of_core": {"device_budget_bytes": 10, "data_bytes": 40, "s": 2.0, "equal": True},
+            }
+        )
+    )
     (work / "cli_gpu.json").write_text(json.dumps({"wall_s": 3.0, "returncode": 0}))
     (work / "cli_cpu.json").write_text(json.dumps({"wall_s": 110.0, "returncode": -9, "timed_out": True}))
     (logs / "tests.log").write_text("5 passed in 1.0s\n")
@@ -128,7 +150,14 @@ def test_rehearsal_as_docs_print_it(tmp_path) -> None:
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     log = (tmp_path / "check.log").read_text()
     assert re.findall(r"\] (\S+): exit (\d+)", log) == [
-        ("tests", "0"), ("kernels", "0"), ("data", "0"), ("study", "0"), ("cli-gpu", "0"), ("cli-cpu", "0"), ("dask", "0")], log
+        ("tests", "0"),
+        ("kernels", "0"),
+        ("data", "0"),
+        ("study", "0"),
+        ("cli-gpu", "0"),
+        ("cli-cpu", "0"),
+        ("dask", "0"),
+    ], log
     rec = json.loads((tmp_path / "gpu-latest.json").read_text())
     assert rec["windows"] > 0 and rec["cli"]["gpu_s"] > 0 and rec["cli"]["cpu_s"] > 0
     assert rec["out_of_core"]["equal"] is True and rec["dask_cuda"]["equal"] is True

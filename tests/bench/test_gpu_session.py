@@ -11,10 +11,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "gpu_session.sh"
-SESSION_DEVICE_S = 15 * 60   # device time of a session, the machine's start included
-START_S = 120                # a machine's start, at the upper end seen
-COMMAND_S = 600              # one command's limit
-LAST_CALL_MIN_S = 180        # device time left, at the least, for a session's last call
+SESSION_DEVICE_S = 15 * 60  # device time of a session, the machine's start included
+START_S = 120  # a machine's start, at the upper end seen
+COMMAND_S = 600  # one command's limit
+LAST_CALL_MIN_S = 180  # device time left, at the least, for a session's last call
 
 
 def plan(*steps: str) -> tuple[int, str]:
@@ -47,8 +47,9 @@ def test_documented_calls_fit_their_timeouts_and_the_session() -> None:
     assert "tests-all" in calls[0][0] or "tests" in calls[0][0]
 
 
-@pytest.mark.parametrize("step", ["env", "tests", "tests-all", "sanitize", "kernels", "study", "mixture",
-                                  "moments", "profile", "analyses"])
+@pytest.mark.parametrize(
+    "step", ["env", "tests", "tests-all", "sanitize", "kernels", "study", "mixture", "moments", "profile", "analyses"]
+)
 def test_every_step_has_a_limit_under_a_command(step: str) -> None:
     rc, out = plan(step)
     assert rc == 0 and 0 < int(out.split()[1]) <= COMMAND_S - 30

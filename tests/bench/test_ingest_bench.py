@@ -26,7 +26,8 @@ def test_ingest_bench_two_sizes(tmp_path, monkeypatch):
         sys.modules.pop("ingest_bench", None)
     res = json.loads((tmp_path / "i.json").read_text())
     assert {(r["windows"], r["input"], r["tool"]) for r in res["summary"]} == {
-        (w, i, t) for w in (24000, 48000) for i in ("gzip", "plain") for t in ("gpuclust", "duckdb")}
+        (w, i, t) for w in (24000, 48000) for i in ("gzip", "plain") for t in ("gpuclust", "duckdb")
+    }
     small, big = res["sizes"]
     assert 0 < small["json_bytes"] < big["json_bytes"] and small["rows"] < big["rows"]
     by = {(r["windows"], r["input"], r["tool"]): r for r in res["summary"]}

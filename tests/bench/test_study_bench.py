@@ -10,13 +10,16 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
 def test_study_bench_tiny_cpu(tiny_bench):
-    res, md = tiny_bench("study_bench", ["--sizes", "2e4", "--backends", "cpu,cpu+local:2,duckdb", "--rounds", "1",
-                                         "--repeat", "1"])
+    res, md = tiny_bench(
+        "study_bench", ["--sizes", "2e4", "--backends", "cpu,cpu+local:2,duckdb", "--rounds", "1", "--repeat", "1"]
+    )
     assert [r["backend"] for r in res["rows"]] == ["cpu", "cpu+local:2"] and "environment" in res
     # DuckDB on resident tables: every SQL peer that reads no file row order, each set against a
     # gpuclust column (cpi's SQL-subset variant, run by the gpuclust processes too)
     (duck,) = res["duckdb"]
-    assert duck["load_s"] > 0 and {"cell-usage duckdb", "cpi duckdb", "overcommit duckdb (usage by tier)"} <= set(duck["queries"])
+    assert duck["load_s"] > 0 and {"cell-usage duckdb", "cpi duckdb", "overcommit duckdb (usage by tier)"} <= set(
+        duck["queries"]
+    )
     assert all(q["s"] > 0 for q in duck["queries"].values())
     assert "cpi[regression=none,spearman=none]" in res["rows"][0]["analyses"]
     assert "DuckDB on resident data" in md and "| cpi duckdb |" in md
@@ -51,7 +54,9 @@ def test_resident_sql_gives_the_parquet_results(tmp_path, monkeypatch):
     con = duckdb.connect()
     for t in DUCK_TABLES:
         if (ds / t).is_dir():
-            con.execute(f"CREATE TABLE {t} AS SELECT * FROM read_parquet('{ds}/{t}/**/*.parquet', hive_partitioning=false)")
+            con.execute(
+                f"CREATE TABLE {t} AS SELECT * FROM read_parquet('{ds}/{t}/**/*.parquet', hive_partitioning=false)"
+            )
     ran = 0
     for peers in DUCKDB_SQL.values():
         for sql_of in peers.values():
@@ -66,6 +71,7 @@ def test_resident_sql_gives_the_parquet_results(tmp_path, monkeypatch):
             for g, w in zip(got, want, strict=True):  # the same rows; sums in another order may differ in the last bits
                 assert [v for v in g if not isinstance(v, float)] == [v for v in w if not isinstance(v, float)]
                 assert [v for v in g if isinstance(v, float)] == pytest.approx(
-                    [v for v in w if isinstance(v, float)], rel=1e-9, abs=1e-12, nan_ok=True)
+                    [v for v in w if isinstance(v, float)], rel=1e-9, abs=1e-12, nan_ok=True
+                )
             ran += 1
     assert ran >= 8

@@ -27,20 +27,22 @@ from gen_canonical import make_dataset  # noqa: E402
 N_BUCKETS = 7
 
 
-
-
 @pytest.fixture(scope="module")
 def tables(tmp_path_factory: pytest.TempPathFactory) -> dict:
     d = tmp_path_factory.mktemp("canon")
     make_dataset(d, 60_000, seed=3)
     ds = Dataset(d)
-    return {"tables": {t: ds.read(t) for t in TABLES if ds.num_rows(t)}, "tier_map": ds.tier_map_name,
-            "trace_version": ds.trace_version}
+    return {
+        "tables": {t: ds.read(t) for t in TABLES if ds.num_rows(t)},
+        "tier_map": ds.tier_map_name,
+        "trace_version": ds.trace_version,
+    }
 
 
 def _source(tables: dict, buckets: int | None) -> TableSource:
-    return TableSource(tables["tables"], tier_map=tables["tier_map"], trace_version=tables["trace_version"],
-                       buckets=buckets)
+    return TableSource(
+        tables["tables"], tier_map=tables["tier_map"], trace_version=tables["trace_version"], buckets=buckets
+    )
 
 
 def test_every_row_sits_in_its_hash_bucket_in_time_order(tables: dict) -> None:
@@ -68,17 +70,23 @@ def test_partitions_hold_whole_buckets_with_their_side_buckets(tables: dict) -> 
         assert sum(s.num_rows for s in specs) == tables["tables"]["instance_usage"].num_rows
     ans = [create("cell-usage")]
     plans = plan_tables(src, ans, 3)
-    (_, specs), = plans.values()
+    ((_, specs),) = plans.values()
     for s in specs:
-        (name, pieces), = s.side
+        ((name, pieces),) = s.side
         assert name == "instance_events"
         ev_rows = sum(p.stop - p.start for p in pieces)
         assert ev_rows == sum(src.bucket_slices("instance_events")[b].num_rows for b in s.buckets)
 
 
 def _analyses() -> list:
-    return [*(create(n) for n in names()), UsageDistribution(by="instance"), UsageDistribution(by="instance,tier"),
-            UsageDistribution(by="machine,tier"), create("cell-usage", mode="exact"), create("cpi", by="tier")]
+    return [
+        *(create(n) for n in names()),
+        UsageDistribution(by="instance"),
+        UsageDistribution(by="instance,tier"),
+        UsageDistribution(by="machine,tier"),
+        create("cell-usage", mode="exact"),
+        create("cpi", by="tier"),
+    ]
 
 
 @pytest.mark.parametrize("partitions", [1, 2, 7])
@@ -93,8 +101,9 @@ def test_bucketed_results_equal_flat_results(tables: dict, partitions: int) -> N
 def test_dask_on_a_bucketed_source_equals_local(tables: dict) -> None:
     bucketed = _source(tables, N_BUCKETS)
     ans = _analyses()
-    assert_results_same(run(bucketed, ans, partitions=3), run(bucketed, ans, partitions=3, scheduler="threads"),
-                        rtol=1e-9)
+    assert_results_same(
+        run(bucketed, ans, partitions=3), run(bucketed, ans, partitions=3, scheduler="threads"), rtol=1e-9
+    )
 
 
 def test_side_inputs_are_bound_per_partition_to_its_buckets_only(tables: dict, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -126,8 +135,9 @@ def test_instances_are_exact_at_any_size_on_a_bucketed_source(tables: dict) -> N
     usage bucketed by instance every instance is whole in its partition, so it stays exact."""
     bucketed = _source(tables, N_BUCKETS)
     got = run(bucketed, UsageDistribution(by="instance", exact_max_windows=0), partitions=3)["usage-distribution"]
-    ref = run(_source(tables, None), UsageDistribution(by="instance", strategy="exact"),
-              partitions=3)["usage-distribution"]
+    ref = run(_source(tables, None), UsageDistribution(by="instance", strategy="exact"), partitions=3)[
+        "usage-distribution"
+    ]
     assert got["info"]["strategy"].iloc[0] == "exact" and got["info"]["max_cdf_error_bound"].iloc[0] == 0
     assert_results_same({"u": {"q": ref["quantiles"]}}, {"u": {"q": got["quantiles"]}}, rtol=1e-9)
     # flat and over the budget: bounded, and said so

@@ -111,10 +111,15 @@ def no_machines(tables, tmp_path_factory):
     usage = tables["instance_usage"]
     rng = np.random.default_rng(3)
     for name, lo, hi in (("cpi", 0.5, 3.0), ("mai", 0.0, 0.1)):  # random_cell leaves them NULL
-        usage = usage.set_column(usage.schema.get_field_index(name), name,
-                                 pa.array(rng.uniform(lo, hi, usage.num_rows), usage.schema.field(name).type))
-    return write_dataset(tmp_path_factory.mktemp("nm"),
-                         {**{k: v for k, v in tables.items() if k != "machine_events"}, "instance_usage": usage})
+        usage = usage.set_column(
+            usage.schema.get_field_index(name),
+            name,
+            pa.array(rng.uniform(lo, hi, usage.num_rows), usage.schema.field(name).type),
+        )
+    return write_dataset(
+        tmp_path_factory.mktemp("nm"),
+        {**{k: v for k, v in tables.items() if k != "machine_events"}, "instance_usage": usage},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -122,15 +127,24 @@ def usage_only(tables, tmp_path_factory):
     return write_dataset(tmp_path_factory.mktemp("uo"), {"instance_usage": tables["instance_usage"]})
 
 
-@pytest.mark.parametrize("options", [["by=cell"], ["by=cell", "regression=none"], ["by=machine"],
-                                     ["by=collection", "regression=none"], ["by=tier", "regression=pooled"]])
+@pytest.mark.parametrize(
+    "options",
+    [
+        ["by=cell"],
+        ["by=cell", "regression=none"],
+        ["by=machine"],
+        ["by=collection", "regression=none"],
+        ["by=tier", "regression=pooled"],
+    ],
+)
 def test_cpi_without_machine_events_runs_unless_an_option_reads_them(options, no_machines, tmp_path, capsys):
     assert run(no_machines, tmp_path, "cpi", *[a for o in options for a in ("-O", o)]) == 0
     err = capsys.readouterr().err
     assert "error" not in err
     regression = "regression=none" not in options
-    assert ("no machine_events rows; the results that depend on it (the regression: machine capacities) are empty"
-            in err) is regression
+    assert (
+        "no machine_events rows; the results that depend on it (the regression: machine capacities) are empty" in err
+    ) is regression
     assert err.count("\n") == int(regression)
     import pyarrow.parquet as pq
 
@@ -140,8 +154,10 @@ def test_cpi_without_machine_events_runs_unless_an_option_reads_them(options, no
 def test_cpi_by_platform_without_machine_events_is_refused(no_machines, tmp_path, capsys):
     assert run(no_machines, tmp_path, "cpi") == 2
     err = capsys.readouterr().err
-    assert err == ("gpuclust analyze: error: cpi needs table(s) machine_events (by=platform: the machines' platforms; "
-                   "by=cell, machine, collection, tier do not), which the dataset does not have (0 rows)\n")
+    assert err == (
+        "gpuclust analyze: error: cpi needs table(s) machine_events (by=platform: the machines' platforms; "
+        "by=cell, machine, collection, tier do not), which the dataset does not have (0 rows)\n"
+    )
     assert not (tmp_path / "r").exists()
 
 
@@ -151,8 +167,10 @@ def test_instance_events_only_noted_for_the_options_that_read_them(usage_only, t
     assert run(usage_only, tmp_path, "usage-distribution", "-O", "by=instance") == 0
     assert capsys.readouterr().err == ""
     assert run(usage_only, tmp_path, "usage-distribution") == 0  # by=tier (the default) reads the priorities
-    assert "note: usage-distribution: the dataset has no instance_events rows; the results that depend on it " \
-           "(by=tier: the instances' priorities) are empty" in capsys.readouterr().err
+    assert (
+        "note: usage-distribution: the dataset has no instance_events rows; the results that depend on it "
+        "(by=tier: the instances' priorities) are empty" in capsys.readouterr().err
+    )
     assert run(usage_only, tmp_path, "cpi", "-O", "by=tier", "-O", "regression=none") == 0
     assert "note: cpi[by=tier,regression=none]: the dataset has no instance_events rows" in capsys.readouterr().err
 

@@ -93,8 +93,9 @@ def invalid_text(o: Option) -> str:
 
 @pytest.fixture(scope="module")
 def ds(tmp_path_factory):
-    return write_dataset(tmp_path_factory.mktemp("opt_ds"), random_cell(3, n_machines=10, n_instances=60,
-                                                                       n_windows=400))
+    return write_dataset(
+        tmp_path_factory.mktemp("opt_ds"), random_cell(3, n_machines=10, n_instances=60, n_windows=400)
+    )
 
 
 def test_valid_table_covers_every_option():
@@ -105,14 +106,12 @@ def test_valid_table_covers_every_option():
 def test_every_option_from_cli(name, opt, ds, tmp_path, capsys):
     text, want = VALID[(name, opt.name)]
     out = tmp_path / "r"
-    assert main(["analyze", str(ds), name, "-O", f"{opt.name}={text}", "--out", str(out), "--quiet",
-                 "--no-plots"]) == 0
+    assert main(["analyze", str(ds), name, "-O", f"{opt.name}={text}", "--out", str(out), "--quiet", "--no-plots"]) == 0
     got = json.loads((out / "_run.json").read_text())["analyses"][0]["options"][opt.name]
     assert got == want and type(got) is type(want)
     capsys.readouterr()
     bad = invalid_text(opt)
-    assert main(["analyze", str(ds), name, "-O", f"{opt.name}={bad}", "--out", str(tmp_path / "bad"),
-                 "--quiet"]) == 2
+    assert main(["analyze", str(ds), name, "-O", f"{opt.name}={bad}", "--out", str(tmp_path / "bad"), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("gpuclust analyze: error: ") and opt.name in err, err
     assert "Traceback" not in err and not (tmp_path / "bad").exists()
@@ -121,18 +120,37 @@ def test_every_option_from_cli(name, opt, ds, tmp_path, capsys):
 def test_overcommit_window_options_together(ds, tmp_path, capsys):
     """The reported failure: two integer options, one of them optional (was: str < int TypeError)."""
     out = tmp_path / "r"
-    assert main(["analyze", str(ds), "overcommit", "-O", "window_start_us=3600000000", "-O",
-                 "window_end_us=7200000000", "--out", str(out), "--quiet", "--no-plots"]) == 0
+    assert (
+        main(
+            [
+                "analyze",
+                str(ds),
+                "overcommit",
+                "-O",
+                "window_start_us=3600000000",
+                "-O",
+                "window_end_us=7200000000",
+                "--out",
+                str(out),
+                "--quiet",
+                "--no-plots",
+            ]
+        )
+        == 0
+    )
     assert "window [3600000000, 7200000000) us" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("args, match", [
-    (["overcommit", "-O", "bucket_s=0.5"], "overcommit: option bucket_s: expected an integer, got '0.5'"),
-    (["overcommit", "-O", "bucket_s=-5"], "overcommit: bucket_s must be positive"),
-    (["cpi", "-O", "cpi_min=60", "-O", "cpi_max=50"], "cpi:"),
-    (["machine-shapes", "-O", "by=tier"], "no named analysis has option(s) ['by']"),
-    (["cpi", "-O", "by"], "--option expects NAME=VALUE"),
-])
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        (["overcommit", "-O", "bucket_s=0.5"], "overcommit: option bucket_s: expected an integer, got '0.5'"),
+        (["overcommit", "-O", "bucket_s=-5"], "overcommit: bucket_s must be positive"),
+        (["cpi", "-O", "cpi_min=60", "-O", "cpi_max=50"], "cpi:"),
+        (["machine-shapes", "-O", "by=tier"], "no named analysis has option(s) ['by']"),
+        (["cpi", "-O", "by"], "--option expects NAME=VALUE"),
+    ],
+)
 def test_option_errors_are_one_line(args, match, ds, tmp_path, capsys):
     assert main(["analyze", str(ds), *args, "--out", str(tmp_path / "r"), "--quiet"]) == 2
     err = capsys.readouterr().err

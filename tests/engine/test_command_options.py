@@ -18,11 +18,14 @@ def test_float_option() -> None:
     assert cpi.cpi_max == 50.0 and isinstance(cpi.cpi_max, float) and cpi.by == "machine"
 
 
-@pytest.mark.parametrize("opts, match", [
-    (["bogus=1"], "no named analysis has option"),
-    (["bucket_s"], "NAME=VALUE"),
-    (["bucket_s=abc"], "option bucket_s"),
-])
+@pytest.mark.parametrize(
+    "opts, match",
+    [
+        (["bogus=1"], "no named analysis has option"),
+        (["bucket_s"], "NAME=VALUE"),
+        (["bucket_s=abc"], "option bucket_s"),
+    ],
+)
 def test_bad_options_are_clear_errors(opts: list[str], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         build_analyses(["overcommit"], opts)

@@ -57,18 +57,30 @@ def _shipped_bytes(ds: Dataset, analysis: object) -> int:
     ans = [analysis]
     plans = plan_tables(ds, ans, 4)
     with tempfile.TemporaryDirectory() as scratch:  # as run(): large context arrays travel as file names
-        ctxs = contexts(ans, ds, per_partition=per_partition(ds, ans, plans),
-                        run_pass=lambda pre: run(ds, pre, partitions=4), scratch=Path(scratch))
+        ctxs = contexts(
+            ans,
+            ds,
+            per_partition=per_partition(ds, ans, plans),
+            run_pass=lambda pre: run(ds, pre, partitions=4),
+            scratch=Path(scratch),
+        )
         return len(pickle.dumps(ctxs)) + len(pickle.dumps(plans))
 
 
-@pytest.mark.parametrize("analysis", [create("cell-usage"), UsageDistribution(by="tier"),
-                                      UsageDistribution(by="instance"), create("overcommit"),
-                                      create("machine-shapes"),
-                                      # its machine x 5-minute table (the first pass' result) is memory-mapped
-                                      # from the run's scratch folder: it travels as a file name
-                                      create("cpi")],
-                         ids=lambda a: a.label)
+@pytest.mark.parametrize(
+    "analysis",
+    [
+        create("cell-usage"),
+        UsageDistribution(by="tier"),
+        UsageDistribution(by="instance"),
+        create("overcommit"),
+        create("machine-shapes"),
+        # its machine x 5-minute table (the first pass' result) is memory-mapped
+        # from the run's scratch folder: it travels as a file name
+        create("cpi"),
+    ],
+    ids=lambda a: a.label,
+)
 def test_the_graph_does_not_grow_with_the_data(small: Dataset, large: Dataset, analysis: object) -> None:
     """4x the windows (4x the instances and hours; the same 50 machines: per-machine context is
     allowed, a cell has ~12k machines): the shipped bytes stay within 1.5x."""

@@ -17,7 +17,8 @@ def test_read_equals_read_table_and_fills_a_missing_column(tmp_path: Path) -> No
     cols = ["machine_id", "cap_cpu", "cap_mem"]
     files = ds.files("machine_events")
     want = __import__("pyarrow").concat_tables(
-        [pq.read_table(f, columns=cols, schema=SCHEMAS["machine_events"]) for f in files])
+        [pq.read_table(f, columns=cols, schema=SCHEMAS["machine_events"]) for f in files]
+    )
     got = ds.read("machine_events", cols)
     assert got.equals(want.cast(got.schema))
     # a file written without cap_mem (an older writer): that column reads as NULLs

@@ -23,8 +23,12 @@ def tables() -> dict:
 
 
 def _run(tables: dict, partitions: int, scheduler: str | None = None) -> dict:
-    return run(TableSource(tables), [MachineUtilization(mode="notebook"), MachineUtilization(mode="time-weighted")],
-               partitions=partitions, scheduler=scheduler)
+    return run(
+        TableSource(tables),
+        [MachineUtilization(mode="notebook"), MachineUtilization(mode="time-weighted")],
+        partitions=partitions,
+        scheduler=scheduler,
+    )
 
 
 @pytest.mark.parametrize("partitions", [1, 4, 9])

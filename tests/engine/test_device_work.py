@@ -58,8 +58,11 @@ def work(tmp_path_factory):
     out: dict[int, dict[str, dict[str, int]]] = {}
     try:
         for n in SIZES:
-            ds = Dataset(write_dataset(tmp_path_factory.mktemp(f"cell{n}"), random_cell(23, n_windows=n), files=3,
-                                       row_group_size=500))
+            ds = Dataset(
+                write_dataset(
+                    tmp_path_factory.mktemp(f"cell{n}"), random_cell(23, n_windows=n), files=3, row_group_size=500
+                )
+            )
             out[n] = {}
             for a in names():
                 study = gpuclust.open(ds, backend=DEVICE, workers=1)
@@ -69,8 +72,7 @@ def work(tmp_path_factory):
                 assert all(len(g) == 1 for g in study._groups.values())  # one resident partition a table
                 with counting_device_work() as w:
                     res = study.run(a)[a]
-                out[n][a] = {**w, "h2d_cold": h2d, "columns": column_bytes(ds, create(a)),
-                             "result": result_bytes(res)}
+                out[n][a] = {**w, "h2d_cold": h2d, "columns": column_bytes(ds, create(a)), "result": result_bytes(res)}
                 study.close()
     finally:
         mp.undo()
@@ -98,7 +100,9 @@ def test_host_to_device_bytes_follow_the_columns_read(work, analysis):
         assert w["h2d_cold"] <= COPY_RATIO * w["columns"] + FIXED_BYTES, w
     # what 3x more windows add is what their columns add, not lookups or partials copied over
     assert large["h2d_cold"] - small["h2d_cold"] <= COPY_RATIO * (large["columns"] - small["columns"]) + FIXED_BYTES, (
-        small, large)
+        small,
+        large,
+    )
 
 
 @pytest.mark.parametrize("analysis", names())

@@ -106,8 +106,9 @@ def test_one_read_per_partition_shared_by_analyses(dataset, monkeypatch):
 
     monkeypatch.setattr(partition, "read_partition", counting)
     run(dataset, ANALYSES, partitions=3)
-    assert sorted((t, i) for t, i, _ in calls) == sorted([("instance_usage", i) for i in range(3)]
-                                                       + [("machine_events", i) for i in range(3)])
+    assert sorted((t, i) for t, i, _ in calls) == sorted(
+        [("instance_usage", i) for i in range(3)] + [("machine_events", i) for i in range(3)]
+    )
     usage_cols = {c for t, _, cols in calls if t == "instance_usage" for c in cols}
     assert usage_cols == set(CellUsage().columns)  # column pruning: only what the analyses read
     calls.clear()
@@ -155,8 +156,10 @@ def test_partials_are_host_and_picklable(dataset):
 @pytest.fixture(scope="module")
 def cluster():
     distributed = pytest.importorskip("distributed")
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
-                                  dashboard_address=":0") as c, distributed.Client(c) as client:
+    with (
+        distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0") as c,
+        distributed.Client(c) as client,
+    ):
         yield c, client
     gc.collect()  # surface distributed's leaked sockets here, under this module's filters
 
@@ -202,8 +205,22 @@ def test_cli_analyze(dataset, tmp_path, capsys):
     sub = parser.add_subparsers(dest="command")
     register(sub)
     out = tmp_path / "out"
-    args = parser.parse_args(["analyze", str(dataset.path), "cell-usage", "machine-shapes", "--out", str(out),
-                              "--partitions", "2", "--mode", "exact", "--tier-map", "seed-002"])
+    args = parser.parse_args(
+        [
+            "analyze",
+            str(dataset.path),
+            "cell-usage",
+            "machine-shapes",
+            "--out",
+            str(out),
+            "--partitions",
+            "2",
+            "--mode",
+            "exact",
+            "--tier-map",
+            "seed-002",
+        ]
+    )
     assert args.func(args) == 0
     captured = capsys.readouterr()
     assert (out / "summary.txt").read_text() == captured.out
@@ -302,28 +319,40 @@ def test_allocator_tuning_is_once_and_can_be_turned_off():
     import subprocess
     import sys
 
-    code = ("from gpuclust._memory import tune_allocator as t; a = t(); b = t(); "
-            "import gpuclust._memory as m; print(a, b, len(m._done))")
+    code = (
+        "from gpuclust._memory import tune_allocator as t; a = t(); b = t(); "
+        "import gpuclust._memory as m; print(a, b, len(m._done))"
+    )
     on = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     import platform
 
     glibc = platform.libc_ver()[0] == "glibc"
     assert on == [str(glibc), str(glibc), "1"]
     env = {**__import__("os").environ, "GPUCLUST_MALLOC_TUNING": "0"}
-    off = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout.split()
+    off = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
+    ).stdout.split()
     assert off == ["False", "False", "1"]
     # NumPy's huge-page advice: off once tuned (the switch returns its previous state), unless the
     # user's NUMPY_MADVISE_HUGEPAGE chose, and left alone without the tuning
-    hp = ("from gpuclust._memory import tune_allocator as t; t(); "
-          "from numpy._core.multiarray import _set_madvise_hugepage as s; print(s(True))")
-    base = {k: v for k, v in __import__("os").environ.items() if k not in ("NUMPY_MADVISE_HUGEPAGE",
-                                                                            "GPUCLUST_MALLOC_TUNING")}
-    for extra, want in (({}, str(not glibc)), ({"NUMPY_MADVISE_HUGEPAGE": "1"}, "True"),
-                        ({"GPUCLUST_MALLOC_TUNING": "0"}, "True")):
-        got = subprocess.run([sys.executable, "-c", hp], capture_output=True, text=True, check=True,
-                             env={**base, **extra}).stdout.strip()
+    hp = (
+        "from gpuclust._memory import tune_allocator as t; t(); "
+        "from numpy._core.multiarray import _set_madvise_hugepage as s; print(s(True))"
+    )
+    base = {
+        k: v
+        for k, v in __import__("os").environ.items()
+        if k not in ("NUMPY_MADVISE_HUGEPAGE", "GPUCLUST_MALLOC_TUNING")
+    }
+    for extra, want in (
+        ({}, str(not glibc)),
+        ({"NUMPY_MADVISE_HUGEPAGE": "1"}, "True"),
+        ({"GPUCLUST_MALLOC_TUNING": "0"}, "True"),
+    ):
+        got = subprocess.run(
+            [sys.executable, "-c", hp], capture_output=True, text=True, check=True, env={**base, **extra}
+        ).stdout.strip()
         assert got == want, extra
-
 
 
 @pytest.mark.parametrize("fan", [2, 3, 8])
@@ -342,7 +371,7 @@ def test_local_merge_tree_is_dasks(fan):
         items = list(range(n))
         level = list(items)
         while len(level) > 1:  # compute_merged's loop
-            level = [reduce(merge, level[i:i + fan]) for i in range(0, len(level), fan)]
+            level = [reduce(merge, level[i : i + fan]) for i in range(0, len(level), fan)]
         tree = MergeTree(merge, fan)
         for x in items:
             tree.add(x)

@@ -21,8 +21,18 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Dataset:
 def _run(dataset: Dataset, out: Path, fast: str) -> subprocess.CompletedProcess[str]:
     import os
 
-    cmd = [sys.executable, "-m", "gpuclust.cli", "analyze", str(dataset.path), "cell-usage", "machine-shapes",
-           "--out", str(out), "--no-plots"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "gpuclust.cli",
+        "analyze",
+        str(dataset.path),
+        "cell-usage",
+        "machine-shapes",
+        "--out",
+        str(out),
+        "--no-plots",
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "GPUCLUST_FAST_EXIT": fast})
 
 
@@ -40,6 +50,9 @@ def test_fast_exit_writes_and_prints_what_an_ordinary_exit_does(dataset: Dataset
 
 
 def test_a_failed_run_exits_as_before(dataset: Dataset) -> None:
-    bad = subprocess.run([sys.executable, "-m", "gpuclust.cli", "analyze", str(dataset.path), "no-such-analysis"],
-                         capture_output=True, text=True)
+    bad = subprocess.run(
+        [sys.executable, "-m", "gpuclust.cli", "analyze", str(dataset.path), "no-such-analysis"],
+        capture_output=True,
+        text=True,
+    )
     assert bad.returncode == 2 and "Traceback" not in bad.stderr

@@ -59,8 +59,10 @@ import pytest
 from strategies import assert_results_same
 
 psutil = pytest.importorskip("psutil")
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc (VmHWM)")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc (VmHWM)"),
+]
 
 ROOT = Path(__file__).resolve().parents[2]
 WINDOWS = 2_000_000
@@ -74,7 +76,10 @@ ROW_BYTES = 149
 AMPLIFY = 4
 PARTITION_MIB = IN_FLIGHT * (WINDOWS // PARTITIONS) * ROW_BYTES * AMPLIFY / MIB  # 142 MiB
 #: 2 x the result tables, MiB (see the module docstring).
-OUTPUT_MIB = {"overcommit": 2 * 100 * 1_666 * 53 * 8 / MIB, "usage-distribution[by=instance]": 2 * 50_000 * 2 * 24 * 8 / MIB}
+OUTPUT_MIB = {
+    "overcommit": 2 * 100 * 1_666 * 53 * 8 / MIB,
+    "usage-distribution[by=instance]": 2 * 50_000 * 2 * 24 * 8 / MIB,
+}
 
 
 def cap_mib(label: str) -> float:
@@ -96,12 +101,24 @@ CASES = [
     # the child pickled with protocol 5: with protocol 4 the copies of the result's buffers added
     # 15-45 MiB and a CI run was killed at 438 MiB against the 437 MiB cap)
     pytest.param("overcommit", {}, id="overcommit"),
-    pytest.param("usage-distribution", {}, id="usage-distribution", marks=_xfail(
-        "exact partials carry every window (n x 20 float64) to finalize; by=tier groups are huge")),
-    pytest.param("usage-distribution", {"by": "machine"}, id="usage-distribution[by=machine]", marks=_xfail(
-        "exact partials carry every window (several n x 20 float64 copies) to finalize")),
-    pytest.param("usage-distribution", {"by": "instance"}, id="usage-distribution[by=instance]", marks=_xfail(
-        "exact partials carry every window: an instance's windows are spread over all partitions")),
+    pytest.param(
+        "usage-distribution",
+        {},
+        id="usage-distribution",
+        marks=_xfail("exact partials carry every window (n x 20 float64) to finalize; by=tier groups are huge"),
+    ),
+    pytest.param(
+        "usage-distribution",
+        {"by": "machine"},
+        id="usage-distribution[by=machine]",
+        marks=_xfail("exact partials carry every window (several n x 20 float64 copies) to finalize"),
+    ),
+    pytest.param(
+        "usage-distribution",
+        {"by": "instance"},
+        id="usage-distribution[by=instance]",
+        marks=_xfail("exact partials carry every window: an instance's windows are spread over all partitions"),
+    ),
 ]
 
 #: The same analyses on the dataset after ``gpuclust optimize --buckets 16`` (one bucket of ~125k
@@ -116,11 +133,18 @@ BUCKETED_CASES = [
     pytest.param("overcommit", {}, id="overcommit"),
     # within a few MiB of its cap since the analyses import only what they use (pandas lazily):
     # one fresh-clone CI run measured it under the cap (a strict xfail then fails), the next above
-    pytest.param("usage-distribution", {"by": "instance"}, id="usage-distribution[by=instance]", marks=pytest.mark.xfail(
-        strict=False, reason="issue 8: the per-instance rows are written by the shard tasks now (355 -> 351 MiB "
-        "against 339, at the cap since the lazy imports), but the peak is a partition's working set: 20 "
-        "percentile columns as float64 and their repaired copy per row, above the cap's generic 4x "
-        "amplification of a row")),
+    pytest.param(
+        "usage-distribution",
+        {"by": "instance"},
+        id="usage-distribution[by=instance]",
+        marks=pytest.mark.xfail(
+            strict=False,
+            reason="issue 8: the per-instance rows are written by the shard tasks now (355 -> 351 MiB "
+            "against 339, at the cap since the lazy imports), but the peak is a partition's working set: 20 "
+            "percentile columns as float64 and their repaired copy per row, above the cap's generic 4x "
+            "amplification of a row",
+        ),
+    ),
 ]
 
 CHILD = r"""
@@ -163,11 +187,18 @@ def bucketed(dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def run_capped(ds: Path, name: str, opts: dict[str, str], cap_bytes: int, out: Path, timeout_s: float = 300) -> dict[str, int]:
+def run_capped(
+    ds: Path, name: str, opts: dict[str, str], cap_bytes: int, out: Path, timeout_s: float = 300
+) -> dict[str, int]:
     """Run the analysis in a child; kill it when its RSS passes ``cap_bytes``."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(ds), name, json.dumps(opts), str(PARTITIONS), str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(ds), name, json.dumps(opts), str(PARTITIONS), str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     watched = psutil.Process(proc.pid)
     peak, t0, killed = 0, time.monotonic(), None
     while proc.poll() is None:
@@ -212,12 +243,14 @@ def _check_under_cap(ds: Path, tmp_path: Path, name: str, opts: dict[str, str], 
 
 
 @pytest.mark.parametrize(("name", "opts"), CASES)
-def test_analysis_under_memory_cap(dataset: Path, tmp_path: Path, name: str, opts: dict[str, str],
-                                   request: pytest.FixtureRequest) -> None:
+def test_analysis_under_memory_cap(
+    dataset: Path, tmp_path: Path, name: str, opts: dict[str, str], request: pytest.FixtureRequest
+) -> None:
     _check_under_cap(dataset, tmp_path, name, opts, request.node.callspec.id)
 
 
 @pytest.mark.parametrize(("name", "opts"), BUCKETED_CASES)
-def test_analysis_under_memory_cap_on_a_bucketed_dataset(bucketed: Path, tmp_path: Path, name: str,
-                                                         opts: dict[str, str], request: pytest.FixtureRequest) -> None:
+def test_analysis_under_memory_cap_on_a_bucketed_dataset(
+    bucketed: Path, tmp_path: Path, name: str, opts: dict[str, str], request: pytest.FixtureRequest
+) -> None:
     _check_under_cap(bucketed, tmp_path, name, opts, request.node.callspec.id)

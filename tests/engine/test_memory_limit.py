@@ -27,12 +27,23 @@ from gpuclust.engine.memory import (
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory: pytest.TempPathFactory) -> Dataset:
-    return Dataset(write_dataset(tmp_path_factory.mktemp("ds"), random_cell(5, n_windows=40_000), files=2,
-                                 row_group_size=2_000))
+    return Dataset(
+        write_dataset(tmp_path_factory.mktemp("ds"), random_cell(5, n_windows=40_000), files=2, row_group_size=2_000)
+    )
 
 
-@pytest.mark.parametrize(("text", "n"), [("8GiB", 8 << 30), ("512MB", 512_000_000), ("2g", 2_000_000_000),
-                                         ("1.5 MiB", 3 << 19), (4096, 4096), ("auto", None), (None, None)])
+@pytest.mark.parametrize(
+    ("text", "n"),
+    [
+        ("8GiB", 8 << 30),
+        ("512MB", 512_000_000),
+        ("2g", 2_000_000_000),
+        ("1.5 MiB", 3 << 19),
+        (4096, 4096),
+        ("auto", None),
+        (None, None),
+    ],
+)
 def test_sizes_parse(text: object, n: int | None) -> None:
     assert parse_size(text) == n
 
@@ -70,7 +81,9 @@ def test_a_smaller_budget_gives_smaller_partitions_and_the_same_results(dataset:
         plan_tables(dataset, whole, "auto", multiple_of=2, auto_rows={"instance_usage": 10_000})
 
 
-def test_a_whole_table_is_refused_by_its_bytes_against_the_budget_not_by_a_row_count(dataset: Dataset, monkeypatch) -> None:
+def test_a_whole_table_is_refused_by_its_bytes_against_the_budget_not_by_a_row_count(
+    dataset: Dataset, monkeypatch
+) -> None:
     """Issue 33: lifecycle refused 3.4M real 2011 events on a 23 GiB machine because the limit was
     the streaming partition's row target (2 Mi rows).  The whole table in one partition is refused
     only when its bytes exceed what the budget holds, and the message gives the numbers."""
@@ -88,8 +101,9 @@ def test_a_whole_table_is_refused_by_its_bytes_against_the_budget_not_by_a_row_c
 
     monkeypatch.setattr(memory, "MIN_PARTITION_ROWS", 1_000)
     with pytest.raises(ValueError, match=rf"{rows:,} rows x {per_row:,} B = .* GiB.*GiB budget.*gpuclust optimize"):
-        plan_tables(dataset, whole, "auto", multiple_of=2, auto_rows={"instance_usage": 10_000},
-                    memory_limit=rows * per_row)
+        plan_tables(
+            dataset, whole, "auto", multiple_of=2, auto_rows={"instance_usage": 10_000}, memory_limit=rows * per_row
+        )
 
 
 def test_a_local_cluster_splits_the_budget_across_its_workers() -> None:
@@ -100,8 +114,18 @@ def test_a_local_cluster_splits_the_budget_across_its_workers() -> None:
 
 def test_cli_records_the_budget_and_refuses_a_bad_one(dataset: Dataset, tmp_path) -> None:  # type: ignore[no-untyped-def]
     out = tmp_path / "res"
-    cmd = [sys.executable, "-m", "gpuclust.cli", "analyze", str(dataset.path), "cell-usage", "--out", str(out),
-           "--quiet", "--no-plots"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "gpuclust.cli",
+        "analyze",
+        str(dataset.path),
+        "cell-usage",
+        "--out",
+        str(out),
+        "--quiet",
+        "--no-plots",
+    ]
     r = subprocess.run([*cmd, "--memory-limit", "3GiB"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert json.loads((out / "_run.json").read_text())["memory_limit"] == 3 << 30
@@ -129,12 +153,19 @@ def test_available_memory_counts_the_page_cache_and_the_cgroup_room(tmp_path) ->
     from gpuclust.engine.memory import available_memory
 
     assert available_memory(*_fake(tmp_path / "a", MEMINFO, {})) == 23930880 * 1024
-    v2 = {"memory.max": "8589934592\n", "memory.current": str(6 << 30), "memory.stat": f"anon 1\ninactive_file {3 << 30}\n"}
+    v2 = {
+        "memory.max": "8589934592\n",
+        "memory.current": str(6 << 30),
+        "memory.stat": f"anon 1\ninactive_file {3 << 30}\n",
+    }
     assert available_memory(*_fake(tmp_path / "b", MEMINFO, v2)) == (8 << 30) - (3 << 30)
     unlimited = {"memory.max": "max\n", "memory.current": str(6 << 30)}
     assert available_memory(*_fake(tmp_path / "c", MEMINFO, unlimited)) == 23930880 * 1024
-    v1 = {"memory/memory.limit_in_bytes": str(4 << 30), "memory/memory.usage_in_bytes": str(5 << 30),
-          "memory/memory.stat": f"total_inactive_file {2 << 30}\n"}
+    v1 = {
+        "memory/memory.limit_in_bytes": str(4 << 30),
+        "memory/memory.usage_in_bytes": str(5 << 30),
+        "memory/memory.stat": f"total_inactive_file {2 << 30}\n",
+    }
     assert available_memory(*_fake(tmp_path / "d", MEMINFO, v1)) == 1 << 30
 
 

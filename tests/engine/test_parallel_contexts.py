@@ -72,8 +72,13 @@ def _files(tmp_path: Path, rng: np.random.Generator) -> list[Path]:
 def test_row_group_pieces_cover_the_same_rows(tmp_path: Path) -> None:
     files = _files(tmp_path, np.random.default_rng(1))
     mem = _events(np.random.default_rng(2), 40)
-    pieces = [Piece(0, 3000, str(files[0])), Piece(0, 1, str(files[1])), Piece(100, 2400, str(files[2])),
-              Piece(300, 1500, str(files[3])), Piece(0, 40, None, mem)]
+    pieces = [
+        Piece(0, 3000, str(files[0])),
+        Piece(0, 1, str(files[1])),
+        Piece(100, 2400, str(files[2])),
+        Piece(300, 1500, str(files[3])),
+        Piece(0, 40, None, mem),
+    ]
     side = SideTable("instance_events", pieces)
     split = side.row_group_pieces()
     assert sum(p.stop - p.start for p in split) == side.num_rows
@@ -96,8 +101,10 @@ def test_lookups_on_threads_equal_one_thread(tmp_path: Path, top_level_only: boo
 
     def build(threads: int) -> tuple[L.InstanceLookup, L.InstanceLookup]:
         with _parallel.client_threads(threads):
-            return (L.tier_lookup(side, tm, top_level_only=top_level_only, unmatched=9, what="t"),
-                    L.priority_lookup(side, top_level_only=top_level_only, what="t"))
+            return (
+                L.tier_lookup(side, tm, top_level_only=top_level_only, unmatched=9, what="t"),
+                L.priority_lookup(side, top_level_only=top_level_only, what="t"),
+            )
 
     one, two = build(1), build(2)
     ref = L._max_priorities(side, top_level_only)

@@ -66,16 +66,22 @@ def _shards(ctx_machines: int, buckets: int) -> int:
 
 @pytest.mark.parametrize("buckets", [None, 5])
 @pytest.mark.parametrize("scheduler", [None, "threads"])
-def test_many_shards_equal_one(cell: dict, reference: dict, monkeypatch: pytest.MonkeyPatch, buckets: int | None,
-                               scheduler: str | None) -> None:
+def test_many_shards_equal_one(
+    cell: dict, reference: dict, monkeypatch: pytest.MonkeyPatch, buckets: int | None, scheduler: str | None
+) -> None:
     monkeypatch.setattr(oc, "SHARD_CELLS", SHARD)
-    got = run(TableSource(cell, tier_map="notebook", buckets=buckets), [Overcommit(bucket_s=300)], partitions=3,
-              scheduler=scheduler)
+    got = run(
+        TableSource(cell, tier_map="notebook", buckets=buckets),
+        [Overcommit(bucket_s=300)],
+        partitions=3,
+        scheduler=scheduler,
+    )
     assert_results_same(reference, got, rtol=1e-9)
 
 
-def test_in_memory_finalize_on_threads_gives_the_one_thread_bits(cell: dict, reference: dict,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_in_memory_finalize_on_threads_gives_the_one_thread_bits(
+    cell: dict, reference: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A study (or a direct ``finalize``) finalizes a parted analysis in memory, its shards on the
     host threads that ``client_threads`` grants: the bits of one thread (parts and cell sums in
     shard order), and the shards really ran on several threads."""
@@ -112,12 +118,14 @@ def test_in_memory_finalize_on_threads_gives_the_one_thread_bits(cell: dict, ref
     assert list(many) == list(one)
     for name in one:
         pd.testing.assert_frame_equal(as_pandas(many[name]), as_pandas(one[name]), check_exact=True)
-    pd.testing.assert_frame_equal(as_pandas(one["machine"]), reference["overcommit"]["machine"], check_exact=False,
-                                  rtol=1e-9)
+    pd.testing.assert_frame_equal(
+        as_pandas(one["machine"]), reference["overcommit"]["machine"], check_exact=False, rtol=1e-9
+    )
 
 
-def test_shards_written_by_the_tasks(cell: dict, reference: dict, monkeypatch: pytest.MonkeyPatch,
-                                     tmp_path: Path) -> None:
+def test_shards_written_by_the_tasks(
+    cell: dict, reference: dict, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     monkeypatch.setattr(oc, "SHARD_CELLS", SHARD)
     calls: list[int] = []
     real = Overcommit.finalize_shard
@@ -128,8 +136,9 @@ def test_shards_written_by_the_tasks(cell: dict, reference: dict, monkeypatch: p
 
     monkeypatch.setattr(Overcommit, "finalize_shard", spy)
     parts = tmp_path / "parts"
-    got = run(TableSource(cell, tier_map="notebook", buckets=5), [Overcommit(bucket_s=300)], partitions=3,
-              parts_dir=parts)
+    got = run(
+        TableSource(cell, tier_map="notebook", buckets=5), [Overcommit(bucket_s=300)], partitions=3, parts_dir=parts
+    )
     machine = got["overcommit"]["machine"]
     info = reference["overcommit"]["info"].iloc[0]
     n = _shards(int(info["machines"]), int(info["buckets"]))
@@ -144,13 +153,19 @@ def test_shards_written_by_the_tasks(cell: dict, reference: dict, monkeypatch: p
     # the folder is plain Parquet: pandas and DuckDB read it back in order
     pd.testing.assert_frame_equal(pd.read_parquet(parts / "overcommit" / "machine"), ref, check_exact=False, rtol=1e-9)
     duckdb = pytest.importorskip("duckdb")
-    ((n_db, m_db),) = duckdb.connect().execute(f"SELECT count(*), count(DISTINCT machine_id) FROM "
-                                               f"read_parquet('{parts}/overcommit/machine/*.parquet')").fetchall()
+    ((n_db, m_db),) = (
+        duckdb.connect()
+        .execute(
+            f"SELECT count(*), count(DISTINCT machine_id) FROM read_parquet('{parts}/overcommit/machine/*.parquet')"
+        )
+        .fetchall()
+    )
     assert (n_db, m_db) == (len(ref), ref["machine_id"].nunique())
 
 
-def test_analyze_writes_parts_and_returns_them_in_place(cell: dict, reference: dict, monkeypatch: pytest.MonkeyPatch,
-                                                         tmp_path: Path) -> None:
+def test_analyze_writes_parts_and_returns_them_in_place(
+    cell: dict, reference: dict, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     monkeypatch.setattr(oc, "SHARD_CELLS", SHARD)
     out = tmp_path / "out"
     res = analyze(cell, [Overcommit(bucket_s=300)], out=out, plots=True, tier_map="notebook")
@@ -158,8 +173,13 @@ def test_analyze_writes_parts_and_returns_them_in_place(cell: dict, reference: d
     assert isinstance(machine, PartedTable) and machine.folder == out / "overcommit" / "machine"
     pd.testing.assert_frame_equal(machine.read(), reference["overcommit"]["machine"], check_exact=False, rtol=1e-9)
     for t in ("cell", "summary", "info"):
-        pd.testing.assert_frame_equal(pd.read_parquet(out / "overcommit" / f"{t}.parquet"), reference["overcommit"][t],
-                                      check_exact=False, rtol=1e-9, check_dtype=False)
+        pd.testing.assert_frame_equal(
+            pd.read_parquet(out / "overcommit" / f"{t}.parquet"),
+            reference["overcommit"][t],
+            check_exact=False,
+            rtol=1e-9,
+            check_dtype=False,
+        )
     assert (out / "overcommit" / "overcommit.png").stat().st_size > 0
     assert not [p for p in tmp_path.iterdir() if p.name != "out"]  # no temporary folder left beside it
 
@@ -183,8 +203,9 @@ def test_a_failing_shard_leaves_nothing(cell: dict, monkeypatch: pytest.MonkeyPa
 def test_many_shards_on_a_dask_cluster(cell: dict, reference: dict, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("distributed")
     monkeypatch.setattr(oc, "SHARD_CELLS", SHARD)  # read on the client, where the shards are planned
-    got = run(TableSource(cell, tier_map="notebook", buckets=5), [Overcommit(bucket_s=300)], partitions=3,
-              scheduler="local:2")
+    got = run(
+        TableSource(cell, tier_map="notebook", buckets=5), [Overcommit(bucket_s=300)], partitions=3, scheduler="local:2"
+    )
     assert_results_same(reference, got, rtol=1e-9)
 
 
@@ -200,8 +221,9 @@ def test_dense_and_insertion_merges_agree(cell: dict, reference: dict, monkeypat
 
 
 @pytest.mark.parametrize("by", ["instance", "instance,time"])
-def test_usage_distribution_by_instance_in_shards(canonical: dict, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
-                                                  by: str) -> None:
+def test_usage_distribution_by_instance_in_shards(
+    canonical: dict, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, by: str
+) -> None:
     """usage-distribution with instance in ``by``: on an instance-bucketed source every partition
     spills its finished groups as rows; shards are ranges of collection_id placed by the
     partitions' key samples, each written as a part, in the table's order.  The reference is the
@@ -264,8 +286,10 @@ def test_array_batches_read_every_kind_of_table_alike(tmp_path: Path) -> None:
 
     from gpuclust.parted import FrameParts, array_batches, column_batches, write_part
 
-    parts = [pa.table({"a": pa.array([1, None, 3], pa.int64()), "x": pa.array([0.5, None, 2.0])}),
-             pa.table({"a": pa.array([4], pa.int64()), "x": pa.array([float("nan")])})]
+    parts = [
+        pa.table({"a": pa.array([1, None, 3], pa.int64()), "x": pa.array([0.5, None, 2.0])}),
+        pa.table({"a": pa.array([4], pa.int64()), "x": pa.array([float("nan")])}),
+    ]
     files = [write_part(tmp_path / "t", i, p)[0] for i, p in enumerate(parts)]
     written = PartedTable(tmp_path / "t", files, 4)
     whole = pa.concat_tables(parts)

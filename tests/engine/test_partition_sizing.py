@@ -72,15 +72,19 @@ def test_single_row_group_reads_are_views_with_the_same_values(dataset):
     for sp in specs:
         got = read_partition(sp, cols)
         for c in cols:
-            np.testing.assert_array_equal(got[c], whole[c][at:at + sp.num_rows])
+            np.testing.assert_array_equal(got[c], whole[c][at : at + sp.num_rows])
             assert got[c].dtype == whole[c].dtype
         at += sp.num_rows
     assert at == whole["start_time"].shape[0]
 
 
 def test_in_memory_slices_read_as_views():
-    t = pa.table({"start_time": pa.array(np.arange(10, dtype=np.int64)),
-                  "alloc_collection_id": pa.array([None, 1] * 5, type=pa.int64())})
+    t = pa.table(
+        {
+            "start_time": pa.array(np.arange(10, dtype=np.int64)),
+            "alloc_collection_id": pa.array([None, 1] * 5, type=pa.int64()),
+        }
+    )
     src = partition.TableSource({"instance_usage": t})
     sp = plan_partitions(src, "instance_usage", 2)[1]
     got = read_partition(sp, ["start_time", "alloc_collection_id"])
@@ -92,8 +96,9 @@ def test_in_memory_slices_read_as_views():
 def test_preferred_rows_only_when_every_analysis_names_one():
     cap = 1 << 22
     assert memory.preferred_rows([CellUsage()], cap) == CellUsage.auto_partition_rows
-    assert memory.preferred_rows([CellUsage(), Cpi()], cap) == max(CellUsage.auto_partition_rows,
-                                                                 Cpi.auto_partition_rows)
+    assert memory.preferred_rows([CellUsage(), Cpi()], cap) == max(
+        CellUsage.auto_partition_rows, Cpi.auto_partition_rows
+    )
     assert memory.preferred_rows([CellUsage(), MachineShapes()], cap) == cap
     assert memory.preferred_rows([CellUsage()], 1 << 10) == 1 << 10
     # the memory budget still wins when it asks for less
@@ -135,6 +140,5 @@ def test_group_max_matches_pandas(monkeypatch, collide):
     if collide:  # every key shares one hash: the keys' own sort must take over
         monkeypatch.setattr(_lookup, "triple_hash", lambda xp, a, b, d: np.zeros(a.shape[0], np.uint64))
     got = _lookup._group_max(c, i, m, p)
-    want = (pd.DataFrame({"c": c, "i": i, "m": m, "p": p}).groupby(["c", "i", "m"], sort=False)["p"].max()
-            .reset_index())
+    want = pd.DataFrame({"c": c, "i": i, "m": m, "p": p}).groupby(["c", "i", "m"], sort=False)["p"].max().reset_index()
     pd.testing.assert_frame_equal(got.reset_index(drop=True), want, check_dtype=False)

@@ -13,8 +13,11 @@ from gpuclust.engine import partition as P
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory: pytest.TempPathFactory) -> Dataset:
-    return Dataset(write_dataset(tmp_path_factory.mktemp("prefetch"), random_cell(11, n_windows=20_000), files=2,
-                                 row_group_size=2_000))
+    return Dataset(
+        write_dataset(
+            tmp_path_factory.mktemp("prefetch"), random_cell(11, n_windows=20_000), files=2, row_group_size=2_000
+        )
+    )
 
 
 def test_each_partition_is_read_once_and_results_match(dataset: Dataset, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -17,8 +17,7 @@ from gpuclust.cli import main
 
 @pytest.fixture(scope="module")
 def ds(tmp_path_factory):
-    return write_dataset(tmp_path_factory.mktemp("out_ds"), random_cell(5, n_machines=8, n_instances=40,
-                                                                       n_windows=300))
+    return write_dataset(tmp_path_factory.mktemp("out_ds"), random_cell(5, n_machines=8, n_instances=40, n_windows=300))
 
 
 def analyze(ds, out, *names, extra=()):
@@ -37,8 +36,10 @@ def one_line_error(capsys, *needles):
 @pytest.fixture
 def no_compute(monkeypatch):
     """Fail the test if anything is computed (the output must be checked first)."""
+
     def boom(*a, **k):
         raise AssertionError("computed before the output path was checked")
+
     monkeypatch.setattr(engine, "run", boom)
 
 

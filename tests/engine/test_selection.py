@@ -42,8 +42,9 @@ def _gen(out: Path, seed: int, windows: int = 40_000) -> Path:
     return make_dataset(out, windows, machines=4, seed=seed)  # ~3 days of 300 s windows
 
 
-def _rewrite_usage(ds: Path, t: pa.Table, *, files: int = 2, row_group_size: int = 1000,
-                   statistics: bool = True) -> None:
+def _rewrite_usage(
+    ds: Path, t: pa.Table, *, files: int = 2, row_group_size: int = 1000, statistics: bool = True
+) -> None:
     m = json.loads((ds / "manifest.json").read_text())
     for f in m["tables"]["instance_usage"]["files"]:
         (ds / f).unlink()
@@ -51,8 +52,12 @@ def _rewrite_usage(ds: Path, t: pa.Table, *, files: int = 2, row_group_size: int
     rel = []
     for j in range(files):
         f = f"instance_usage/part-{j:05d}.parquet"
-        pq.write_table(t.slice(edges[j], edges[j + 1] - edges[j]), ds / f, row_group_size=row_group_size,
-                       write_statistics=statistics)
+        pq.write_table(
+            t.slice(edges[j], edges[j + 1] - edges[j]),
+            ds / f,
+            row_group_size=row_group_size,
+            write_statistics=statistics,
+        )
         rel.append(f)
     m["tables"]["instance_usage"] = {"rows": t.num_rows, "files": rel}
     write_json_atomic(ds / "manifest.json", m)
@@ -203,11 +208,11 @@ def test_notebook_query_with_where_clause_in_duckdb(layouts):
 
     q = f"""
     WITH cap AS (SELECT SUM(c) AS cc, SUM(m) AS mc FROM (SELECT machine_id, MAX(cap_cpu) c, MAX(cap_mem) m
-                 FROM read_parquet({files('machine_events')}) GROUP BY 1)),
+                 FROM read_parquet({files("machine_events")}) GROUP BY 1)),
     e AS (SELECT collection_id, instance_index, machine_id, MAX(priority) AS priority
-          FROM read_parquet({files('instance_events')})
+          FROM read_parquet({files("instance_events")})
           WHERE alloc_collection_id IS NULL OR alloc_collection_id = 0 GROUP BY 1, 2, 3),
-    u AS (SELECT * FROM read_parquet({files('instance_usage')})
+    u AS (SELECT * FROM read_parquet({files("instance_usage")})
           WHERE start_time >= {LO} AND start_time < {HI}
             AND (alloc_collection_id IS NULL OR alloc_collection_id = 0) AND end_time - start_time >= 300000000)
     SELECT CAST(FLOOR(u.start_time / 3600000000) AS BIGINT) AS bucket,
@@ -240,16 +245,19 @@ def _read_stats(ds, analyses, **kw):
 
 
 def test_one_day_reads_about_one_days_row_groups(layouts):
-    days = (Dataset(layouts["sorted"].path).read("instance_usage", ["start_time"]).column(0).to_numpy().max()
-            - 600 * US) / DAY
+    days = (
+        Dataset(layouts["sorted"].path).read("instance_usage", ["start_time"]).column(0).to_numpy().max() - 600 * US
+    ) / DAY
     st = _read_stats(layouts["sorted"], [CellUsage()])
     share = st["bytes_read"] / st["bytes"]
     assert st["passes"] == 1 and st["row_groups"] > 20
     assert share < 1.5 / days, (share, days, st)  # about one day's share (+ the edge row groups)
     assert share > 0.5 / days
     # loose or missing statistics: every row group is read (and the results above are still the same)
-    assert _read_stats(layouts["nostats"], [CellUsage()])["bytes_read"] == _read_stats(layouts["nostats"],
-                                                                                      [CellUsage()])["bytes"]
+    assert (
+        _read_stats(layouts["nostats"], [CellUsage()])["bytes_read"]
+        == _read_stats(layouts["nostats"], [CellUsage()])["bytes"]
+    )
     shuffled = _read_stats(layouts["shuffled"], [CellUsage()])
     assert shuffled["bytes_read"] == shuffled["bytes"]
 
@@ -263,17 +271,43 @@ def test_cli_from_to_and_run_json(layouts, tmp_path, capsys):
     from gpuclust.cli import main
 
     out = tmp_path / "r"
-    rc = main(["analyze", str(layouts["sorted"].path), "cell-usage", "overcommit", "--out", str(out),
-               "--from", "87000s", "--to", "173400s", "--no-plots", "--quiet"])
+    rc = main(
+        [
+            "analyze",
+            str(layouts["sorted"].path),
+            "cell-usage",
+            "overcommit",
+            "--out",
+            str(out),
+            "--from",
+            "87000s",
+            "--to",
+            "173400s",
+            "--no-plots",
+            "--quiet",
+        ]
+    )
     assert rc == 0
     info = json.loads((out / "_run.json").read_text())
     assert info["selection"]["from_us"] == LO and info["selection"]["to_us"] == HI
-    assert info["selection"]["read"]["instance_usage"]["bytes_read"] < info["selection"]["read"]["instance_usage"]["bytes"]
+    assert (
+        info["selection"]["read"]["instance_usage"]["bytes_read"] < info["selection"]["read"]["instance_usage"]["bytes"]
+    )
     oc = next(a for a in info["analyses"] if a["name"] == "overcommit")
     assert oc["options"]["window_start_us"] == LO and oc["options"]["window_end_us"] == HI
     capsys.readouterr()
-    rc = main(["analyze", str(layouts["sorted"].path), "cell-usage", "--out", str(tmp_path / "r2"),
-               "--from", "2019-05-02", "--quiet"])
+    rc = main(
+        [
+            "analyze",
+            str(layouts["sorted"].path),
+            "cell-usage",
+            "--out",
+            str(tmp_path / "r2"),
+            "--from",
+            "2019-05-02",
+            "--quiet",
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 2 and "cell 'bench', not one of a-h" in err and "Traceback" not in err
     assert not (tmp_path / "r2").exists()
@@ -314,8 +348,23 @@ def test_cli_cells_with_wall_clock_selection(cells, tmp_path, capsys):
 
     out = tmp_path / "r"
     # manifests say cells a and b: wall-clock is read in each cell's own zone (New York, Chicago)
-    rc = main(["analyze", str(cells), "cell-usage", "machine-shapes", "--cells", "b,a", "--out", str(out),
-               "--from", "2019-05-01T12:00", "--to", "2019-05-02", "--quiet"])
+    rc = main(
+        [
+            "analyze",
+            str(cells),
+            "cell-usage",
+            "machine-shapes",
+            "--cells",
+            "b,a",
+            "--out",
+            str(out),
+            "--from",
+            "2019-05-01T12:00",
+            "--to",
+            "2019-05-02",
+            "--quiet",
+        ]
+    )
     captured = capsys.readouterr()
     assert rc == 0, captured.err
     usage = pq.read_table(out / "cell-usage" / "usage.parquet").to_pandas()

@@ -28,9 +28,9 @@ def test_fill_nulls_matches_column_to_numpy(valid, start, data):
     typ = pa.from_numpy_dtype(dtype)
     arr = pa.array([k if v else None for k, v in enumerate(valid)], typ).slice(min(start, n), max(0, stop - start))
     want = column_to_numpy(arr)
-    got = np.frombuffer(arr.buffers()[1], dtype, count=arr.offset + len(arr))[arr.offset:].copy()
+    got = np.frombuffer(arr.buffers()[1], dtype, count=arr.offset + len(arr))[arr.offset :].copy()
     if arr.null_count:
-        bits = np.frombuffer(arr.buffers()[0], np.uint8)[arr.offset // 8:]
+        bits = np.frombuffer(arr.buffers()[0], np.uint8)[arr.offset // 8 :]
         fill_nulls(np, got, bits, arr.offset % 8)
     np.testing.assert_array_equal(got, want)
 

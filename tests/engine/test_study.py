@@ -117,6 +117,7 @@ def test_device_partials_stay_on_the_device_when_nothing_merges_them(dataset, re
     shards: dict[str, list[bool]] = {}
     classes = {type(create(n)) for n in names()}
     for cls in classes:
+
         def spy(self, partial, ctx, real=cls.finalize):
             seen[self.name] = _on_device(partial)
             return real(self, partial, ctx)
@@ -160,8 +161,13 @@ def test_each_partition_read_once_whatever_the_number_of_analyses(dataset, read_
     # streamed tables' row groups, each read once by the loader (instance_events, streamed by
     # lifecycle, is also a side input read by contexts)
     usage_reads = sum(v for (f, how), v in read_log.items() if how == "row_groups" and f != "instance_events")
-    pieces = sum(len(row_group_pieces(s.pieces)) for t, g in study._groups.items() if t != "instance_events"
-                 for grp in g for s in grp)
+    pieces = sum(
+        len(row_group_pieces(s.pieces))
+        for t, g in study._groups.items()
+        if t != "instance_events"
+        for grp in g
+        for s in grp
+    )
     assert pieces > sum(len(s.pieces) for s in usage_specs) and usage_reads == pieces
     # the streamed table is never read whole (contexts' passes use the resident columns)
     assert not any(f.startswith("instance_usage/") for (f, how) in read_log if how == "table"), read_log
@@ -252,7 +258,6 @@ def test_gpu_study_matches_cpu(gpu_backend, dataset, reference, monkeypatch, run
     assert_same(study.run(names()), reference, rtol=1e-9)
 
 
-
 # ------------------------------------------------------------------ partitions on a cluster's workers
 def test_study_on_cluster_workers_is_bit_identical_to_run(dataset, reference, read_log, monkeypatch):
     """``scheduler="local:2"``: each resident partition is loaded by, and stays on, one worker
@@ -263,7 +268,9 @@ def test_study_on_cluster_workers_is_bit_identical_to_run(dataset, reference, re
 
     client_merges = []
     real_add = local.MergeTree.add
-    monkeypatch.setattr(local.MergeTree, "add", lambda self, *a, **kw: client_merges.append(1) or real_add(self, *a, **kw))
+    monkeypatch.setattr(
+        local.MergeTree, "add", lambda self, *a, **kw: client_merges.append(1) or real_add(self, *a, **kw)
+    )
     with gpuclust.open(dataset, backend="cpu", partitions=4, scheduler="local:2") as study:
         study.persist()
         assert study.workers == 2 and study.partition_reads["instance_usage"] == 4
@@ -345,5 +352,7 @@ def test_cluster_study_runs_where_a_retired_worker_left_its_partitions(dataset, 
         deadline = time.monotonic() + 30
         while client.who_has([lost]).get(lost.key) and time.monotonic() < deadline:
             time.sleep(0.1)
-        with pytest.raises(RuntimeError, match=r"left the cluster with its worker; call release\(\) and persist\(\) again"):
+        with pytest.raises(
+            RuntimeError, match=r"left the cluster with its worker; call release\(\) and persist\(\) again"
+        ):
             study.run("cell-usage")

@@ -24,8 +24,12 @@ PARTITIONS = 16
 
 @pytest.fixture(scope="module")
 def bucketed(tmp_path_factory):
-    flat = write_dataset(tmp_path_factory.mktemp("flat"), random_cell(41, n_instances=600, n_windows=24_000), files=4,
-                         row_group_size=1000)
+    flat = write_dataset(
+        tmp_path_factory.mktemp("flat"),
+        random_cell(41, n_instances=600, n_windows=24_000),
+        files=4,
+        row_group_size=1000,
+    )
     out = tmp_path_factory.mktemp("bucketed") / "ds"
     optimize(flat, buckets=PARTITIONS, out=out, progress=False, row_group_rows=1000)
     return Dataset(out)

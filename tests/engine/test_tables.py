@@ -49,8 +49,14 @@ def test_run_tables_kinds(dataset: Dataset) -> None:
 
 def test_cell_usage_dtypes_are_those_of_the_dataframes_it_built_before(dataset: Dataset) -> None:
     df = run(dataset, ["cell-usage"])["cell-usage"]["usage"]
-    assert df.dtypes.astype(str).to_dict() == {"bucket": "int64", "bucket_start_us": "int64", "tier": "object",
-                                               "cpu": "float64", "mem": "float64", "windows": "int64"}
+    assert df.dtypes.astype(str).to_dict() == {
+        "bucket": "int64",
+        "bucket_start_us": "int64",
+        "tier": "object",
+        "cpu": "float64",
+        "mem": "float64",
+        "windows": "int64",
+    }
     assert df["tier"].map(type).eq(str).all() and len(df)
 
 
@@ -70,8 +76,11 @@ _NUMBER_TYPES = [pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.u
 @given(data=st.data(), t=st.sampled_from(_NUMBER_TYPES))
 def test_to_numpy_matches_pyarrows_conversion(data: st.DataObject, t: pa.DataType) -> None:
     info = np.iinfo(t.to_pandas_dtype()) if pa.types.is_integer(t) else None
-    value = (st.integers(int(info.min) + 1, int(info.max)) if info is not None
-             else st.floats(-1e6, 1e6, width=32 if t == pa.float32() else 64))
+    value = (
+        st.integers(int(info.min) + 1, int(info.max))
+        if info is not None
+        else st.floats(-1e6, 1e6, width=32 if t == pa.float32() else 64)
+    )
     chunks = data.draw(st.lists(st.lists(st.one_of(st.none(), value), max_size=20), max_size=4))
     arr = pa.chunked_array([pa.array(c, t) for c in chunks], t)
     if data.draw(st.booleans()) and len(arr):
@@ -106,23 +115,41 @@ def test_labels_equal_a_string_per_row(data: st.DataObject, names: list[str]) ->
 
 
 @settings(max_examples=40, deadline=None)
-@given(rows=st.lists(st.fixed_dictionaries({
-    "s": st.text(max_size=5), "i": st.integers(-2**63, 2**63 - 1), "f": st.floats(allow_nan=True),
-    "b": st.booleans(), "m": st.one_of(st.integers(-5, 5), st.floats(-5, 5))}), min_size=1, max_size=6))
+@given(
+    rows=st.lists(
+        st.fixed_dictionaries(
+            {
+                "s": st.text(max_size=5),
+                "i": st.integers(-(2**63), 2**63 - 1),
+                "f": st.floats(allow_nan=True),
+                "b": st.booleans(),
+                "m": st.one_of(st.integers(-5, 5), st.floats(-5, 5)),
+            }
+        ),
+        min_size=1,
+        max_size=6,
+    )
+)
 def test_tables_without_pandas_equal_pyarrows(rows: list[dict]) -> None:
     """The reference is what the analyses did before: a DataFrame built from the rows (or
     columns), converted by ``pa.Table.from_pandas`` (NaN -> NULL)."""
+
     def same(a: pa.Table, b: pa.Table) -> bool:  # Table.equals: NaN != NaN
         def nan_free(t: pa.Table) -> list:
             return [{k: "NaN" if isinstance(v, float) and v != v else v for k, v in r.items()} for r in t.to_pylist()]
+
         return a.schema == b.schema and nan_free(a) == nan_free(b)
 
     def via_pandas(df: pd.DataFrame) -> pa.Table:  # strings as object columns, as the analyses built them
         return pa.Table.from_pandas(df.astype({"s": object}), preserve_index=False)
 
     assert same(arrow_numpy.table_from_rows(rows), via_pandas(pd.DataFrame(rows)))
-    cols = {"s": [r["s"] for r in rows], "i": np.array([r["i"] for r in rows], np.int64),
-            "f": np.array([r["f"] for r in rows]), "b": np.array([r["b"] for r in rows])}
+    cols = {
+        "s": [r["s"] for r in rows],
+        "i": np.array([r["i"] for r in rows], np.int64),
+        "f": np.array([r["f"] for r in rows]),
+        "b": np.array([r["b"] for r in rows]),
+    }
     assert same(arrow_numpy.table(cols), via_pandas(pd.DataFrame({**cols, "s": np.array(cols["s"], dtype=object)})))
     assert arrow_numpy.scalar(rows[0]["i"], pa.int64()).equals(pa.scalar(rows[0]["i"], pa.int64()))
 
@@ -132,26 +159,49 @@ def test_rows_with_none_go_through_pyarrow() -> None:
     assert arrow_numpy.table_from_rows(rows).equals(pa.Table.from_pylist(rows))
 
 
-@pytest.mark.parametrize(("name", "table", "opts"), [
-    ("cell-usage", "usage", []), ("machine-shapes", "shapes", []), ("job-usage", "jobs", []),  # (no JOB collections in the cell: empty tables)
-    ("job-usage", "jobs", ["-O", "rows=top-level"]), ("job-usage", "stats", ["-O", "rows=top-level"]),
-    ("usage-vs-request", "summary", []), ("usage-vs-request", "hist", []),
-    ("lifecycle", "series", []), ("lifecycle", "transitions", []), ("lifecycle", "delays", []),
-    ("collection-lifecycle", "events", []), ("usage-change", "summary", []), ("usage-change", "hist", []),
-    ("machine-utilization", "summary", []), ("machine-utilization", "quantiles", []),
-    ("machine-utilization", "series", []), ("machine-utilization", "info", []),
-    ("data-quality", "checks", []), ("data-quality", "columns", []), ("data-quality", "codes", []),
-    ("data-quality", "max_over_p100", []), ("data-quality", "info", []),
-    ("peak-prediction", "summary", []), ("peak-prediction", "info", []),
-    ("overcommit", "summary", []), ("overcommit", "cell", []), ("overcommit", "info", [])])
-def test_from_the_command_line_never_imports_pandas(dataset: Dataset, tmp_path: Path, name: str, table: str,
-                                                    opts: list[str]) -> None:
+@pytest.mark.parametrize(
+    ("name", "table", "opts"),
+    [
+        ("cell-usage", "usage", []),
+        ("machine-shapes", "shapes", []),
+        ("job-usage", "jobs", []),  # (no JOB collections in the cell: empty tables)
+        ("job-usage", "jobs", ["-O", "rows=top-level"]),
+        ("job-usage", "stats", ["-O", "rows=top-level"]),
+        ("usage-vs-request", "summary", []),
+        ("usage-vs-request", "hist", []),
+        ("lifecycle", "series", []),
+        ("lifecycle", "transitions", []),
+        ("lifecycle", "delays", []),
+        ("collection-lifecycle", "events", []),
+        ("usage-change", "summary", []),
+        ("usage-change", "hist", []),
+        ("machine-utilization", "summary", []),
+        ("machine-utilization", "quantiles", []),
+        ("machine-utilization", "series", []),
+        ("machine-utilization", "info", []),
+        ("data-quality", "checks", []),
+        ("data-quality", "columns", []),
+        ("data-quality", "codes", []),
+        ("data-quality", "max_over_p100", []),
+        ("data-quality", "info", []),
+        ("peak-prediction", "summary", []),
+        ("peak-prediction", "info", []),
+        ("overcommit", "summary", []),
+        ("overcommit", "cell", []),
+        ("overcommit", "info", []),
+    ],
+)
+def test_from_the_command_line_never_imports_pandas(
+    dataset: Dataset, tmp_path: Path, name: str, table: str, opts: list[str]
+) -> None:
     """The start-up this saves (pandas, and pyarrow.compute): docs/scale.md, "Start-up"."""
-    code = ("import sys, json\nfrom gpuclust.cli import main\n"
-            f"rc = main(['analyze', {str(dataset.path)!r}, {name!r}, '--out', {str(tmp_path / 'o')!r}, "
-            f"'--no-plots', '--quiet', *{opts!r}])\n"
-            "print(json.dumps({'rc': rc, 'pandas': 'pandas' in sys.modules, 'compute': 'pyarrow.compute' in sys.modules, "
-            "'analyses': sorted(m for m in sys.modules if m.startswith('gpuclust.analyses.'))}))")
+    code = (
+        "import sys, json\nfrom gpuclust.cli import main\n"
+        f"rc = main(['analyze', {str(dataset.path)!r}, {name!r}, '--out', {str(tmp_path / 'o')!r}, "
+        f"'--no-plots', '--quiet', *{opts!r}])\n"
+        "print(json.dumps({'rc': rc, 'pandas': 'pandas' in sys.modules, 'compute': 'pyarrow.compute' in sys.modules, "
+        "'analyses': sorted(m for m in sys.modules if m.startswith('gpuclust.analyses.'))}))"
+    )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
     doc = json.loads(p.stdout.strip().splitlines()[-1])
@@ -166,9 +216,21 @@ def test_from_the_command_line_never_imports_pandas(dataset: Dataset, tmp_path: 
     pd.testing.assert_frame_equal(df, want[label][table])
 
 
-@pytest.mark.parametrize("name", ["cell-usage", "lifecycle", "usage-vs-request", "usage-change", "job-usage",
-                                  "machine-utilization", "data-quality", "peak-prediction", "overcommit",
-                                  "machine-shapes"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "cell-usage",
+        "lifecycle",
+        "usage-vs-request",
+        "usage-change",
+        "job-usage",
+        "machine-utilization",
+        "data-quality",
+        "peak-prediction",
+        "overcommit",
+        "machine-shapes",
+    ],
+)
 def test_a_run_never_imports_numpy_ma(dataset: Dataset, tmp_path: Path, name: str) -> None:
     """``np.unique`` imports ``numpy.ma`` (~20-30 ms of start-up): the engine's bucket plan and
     these analyses' runs, on a flat and on an optimized (bucketed) dataset, do without it."""
@@ -177,18 +239,19 @@ def test_a_run_never_imports_numpy_ma(dataset: Dataset, tmp_path: Path, name: st
     bucketed = tmp_path / "bucketed"
     optimize(dataset.path, buckets=4, out=bucketed)
     for ds in (dataset.path, bucketed):
-        code = ("import sys, json\nfrom gpuclust.cli import main\n"
-                f"rc = main(['analyze', {str(ds)!r}, {name!r}, '--out', {str(tmp_path / 'o' / ds.name)!r}, "
-                "'--no-plots', '--quiet'])\n"
-                "print(json.dumps({'rc': rc, 'ma': 'numpy.ma' in sys.modules}))")
+        code = (
+            "import sys, json\nfrom gpuclust.cli import main\n"
+            f"rc = main(['analyze', {str(ds)!r}, {name!r}, '--out', {str(tmp_path / 'o' / ds.name)!r}, "
+            "'--no-plots', '--quiet'])\n"
+            "print(json.dumps({'rc': rc, 'ma': 'numpy.ma' in sys.modules}))"
+        )
         p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
         assert p.returncode == 0, p.stderr
         assert json.loads(p.stdout.strip().splitlines()[-1]) == {"rc": 0, "ma": False}, ds
 
 
 @settings(max_examples=60, deadline=None)
-@given(hists=st.lists(st.lists(st.integers(0, 3), min_size=5, max_size=5), max_size=4),
-       floats=st.booleans())
+@given(hists=st.lists(st.lists(st.integers(0, 3), min_size=5, max_size=5), max_size=4), floats=st.booleans())
 def test_bin_table_is_the_table_of_bin_rows(hists, floats):
     """arrow_numpy.bin_table (columns) gives rows_table of partials.bin_rows (a dict a row, the way
     the histogram tables were built before): same rows, order and types; the schema's empty table
@@ -196,15 +259,26 @@ def test_bin_table_is_the_table_of_bin_rows(hists, floats):
     from gpuclust.arrow_numpy import bin_table, rows_table
     from gpuclust.partials import bin_rows
 
-    schema = pa.schema([("tier", pa.string()), ("measure", pa.string()), ("bin", pa.int64()),
-                        ("lo_x", pa.float64()), ("hi_x", pa.float64()), ("n", pa.int64())])
+    schema = pa.schema(
+        [
+            ("tier", pa.string()),
+            ("measure", pa.string()),
+            ("bin", pa.int64()),
+            ("lo_x", pa.float64()),
+            ("hi_x", pa.float64()),
+            ("n", pa.int64()),
+        ]
+    )
     lower = np.array([0.0, 0.5, 1.0, 2.0, 4.0])
     upper = np.array([0.5, 1.0, 2.0, 4.0, np.inf])
     hs = [np.array(h, dtype=np.float64 if floats else np.int64) for h in hists]
     tiers = [f"t{i % 2}" for i in range(len(hs))]
     measures = ["cpu" if i % 3 else "memory" for i in range(len(hs))]
-    rows = [{c: r[c] for c in schema.names} for h, t, m in zip(hs, tiers, measures, strict=True)
-            for r in bin_rows(h, lower, upper, "x", "n", tier=t, measure=m)]
+    rows = [
+        {c: r[c] for c in schema.names}
+        for h, t, m in zip(hs, tiers, measures, strict=True)
+        for r in bin_rows(h, lower, upper, "x", "n", tier=t, measure=m)
+    ]
     want = rows_table(rows, schema)
     got = bin_table(hs, lower, upper, "x", "n", schema, tier=tiers, measure=measures)
     assert got.schema.names == schema.names and got.equals(want), (got.to_pylist(), want.to_pylist())

@@ -26,11 +26,16 @@ def test_round_trip_matches_pyarrow(data: st.DataObject, typ: pa.DataType, n: in
     if pa.types.is_boolean(typ):
         vals = np.array(data.draw(st.lists(st.booleans(), min_size=n, max_size=n)), dtype=bool)
     elif pa.types.is_floating(typ):
-        vals = np.array(data.draw(st.lists(st.floats(width=32, allow_nan=False), min_size=n, max_size=n)), dtype=typ.to_pandas_dtype())
+        vals = np.array(
+            data.draw(st.lists(st.floats(width=32, allow_nan=False), min_size=n, max_size=n)),
+            dtype=typ.to_pandas_dtype(),
+        )
     else:
         info = np.iinfo(typ.to_pandas_dtype())
-        vals = np.array(data.draw(st.lists(st.integers(int(info.min), int(info.max)), min_size=n, max_size=n)),
-                        dtype=typ.to_pandas_dtype())
+        vals = np.array(
+            data.draw(st.lists(st.integers(int(info.min), int(info.max)), min_size=n, max_size=n)),
+            dtype=typ.to_pandas_dtype(),
+        )
     mask = np.array(data.draw(st.lists(st.booleans(), min_size=n, max_size=n)), dtype=bool)
     ours = arrays.from_numpy(vals, typ, mask)
     ref = pa.array(vals, typ, mask=mask)
@@ -61,10 +66,12 @@ def test_from_numpy_without_mask_and_with_another_type() -> None:
 
 def test_usage_ingest_does_not_import_pandas(tmp_path: Path) -> None:
     src = write_json(tmp_path / "instance_usage-000000000000.json", records("instance_usage", 3000, seed=4), gz=False)
-    code = ("import sys; from gpuclust.cli import main; from gpuclust.ingest.readers import _fast_usage as f; "
-            "t = f.preload(); t and t.join(); "
-            f"rc = main(['ingest', {str(src)!r}, '--out', {str(tmp_path / 'ds')!r}, '--no-progress']); "
-            "print('PANDAS' if 'pandas' in sys.modules else 'no pandas', f.ready()); sys.exit(rc)")
+    code = (
+        "import sys; from gpuclust.cli import main; from gpuclust.ingest.readers import _fast_usage as f; "
+        "t = f.preload(); t and t.join(); "
+        f"rc = main(['ingest', {str(src)!r}, '--out', {str(tmp_path / 'ds')!r}, '--no-progress']); "
+        "print('PANDAS' if 'pandas' in sys.modules else 'no pandas', f.ready()); sys.exit(rc)"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip().splitlines()[-1] == "no pandas True"  # the compiled reader did the work

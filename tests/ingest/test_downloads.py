@@ -76,7 +76,8 @@ def test_listing_names_a_truncated_download(tmp_path: Path) -> None:
     listing.write_text(
         f"{good.stat().st_size:>10}  2019-06-01T10:00:00Z  gs://clusterdata_2019_a/{good.name}\n"
         f"{full:>10}  2019-06-01T10:00:00Z  gs://clusterdata_2019_a/{cut.name}\n"
-        f"TOTAL: 2 objects, {good.stat().st_size + full} bytes\n")
+        f"TOTAL: 2 objects, {good.stat().st_size + full} bytes\n"
+    )
     assert read_listing(listing) == {good.name: good.stat().st_size, cut.name: full}
     rep = ingest([raw], out, workers=1, listing=listing)
     by = {Path(f.path).name: f for f in rep.files}
@@ -93,6 +94,20 @@ def test_listing_errors(tmp_path: Path) -> None:
     empty.write_text("nothing here\n")
     with pytest.raises(IngestUsageError, match="no 'SIZE"):
         ingest([f], tmp_path / "ds", workers=1, listing=empty)
-    p = subprocess.run([sys.executable, "-m", "gpuclust", "ingest", str(f), "--out", str(tmp_path / "ds"),
-                        "--listing", str(tmp_path / "missing.txt"), "--no-progress"], capture_output=True, text=True)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpuclust",
+            "ingest",
+            str(f),
+            "--out",
+            str(tmp_path / "ds"),
+            "--listing",
+            str(tmp_path / "missing.txt"),
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert p.returncode == 2 and "Traceback" not in p.stderr and "missing.txt: cannot read" in p.stderr

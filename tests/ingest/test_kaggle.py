@@ -452,14 +452,15 @@ def test_kaggle_split_parts_ingest_like_their_records(tmp_path: Path, capsys: py
     text = gzip.decompress(gz.read_bytes()).decode()
     assert text.endswith("\n")
     lines = [line + "\n" for line in text.split("\n")[:-1]]
-    rec_text = ["".join(lines[s - 1:e - 1]) for s, e in zip(starts, [*starts[1:], len(lines) + 1], strict=True)]
-    head = "".join(lines[:starts[0] - 1])
-    assert parts[0].read_bytes().decode() == head + "".join(rec_text[:n] + rec_text[2 * n:])
-    assert parts[1].read_bytes().decode() == head + "".join(rec_text[n:2 * n])
+    rec_text = ["".join(lines[s - 1 : e - 1]) for s, e in zip(starts, [*starts[1:], len(lines) + 1], strict=True)]
+    head = "".join(lines[: starts[0] - 1])
+    assert parts[0].read_bytes().decode() == head + "".join(rec_text[:n] + rec_text[2 * n :])
+    assert parts[1].read_bytes().decode() == head + "".join(rec_text[n : 2 * n])
     one, rej1, _ = _read_all(parts[0])
     three, rej3, _ = _read_all(parts[1])
     assert rej1 == rej3 == [] and one["instance_events"].num_rows == n + 2 and three["instance_events"].num_rows == n
     assert set(three["instance_events"].column("collection_id").to_pylist()).isdisjoint(
-        one["instance_events"].column("collection_id").to_pylist())
+        one["instance_events"].column("collection_id").to_pylist()
+    )
     assert not list((tmp_path / "parts").glob(".*.tmp"))
     assert main(["kaggle-split", str(tmp_path / "missing.csv"), str(tmp_path / "p2")]) == 2

@@ -57,5 +57,7 @@ def test_staging_is_gone_after_a_run_and_parts_are_all_listed(tmp_path: Path) ->
     m = json.loads((out / "manifest.json").read_text())
     for t in TABLES:
         # flat parts, or the bucket=<k>/ parts of the layout step
-        on_disk = sorted(p.relative_to(out).as_posix() for p in (out / t).rglob("*.parquet")) if (out / t).is_dir() else []
+        on_disk = (
+            sorted(p.relative_to(out).as_posix() for p in (out / t).rglob("*.parquet")) if (out / t).is_dir() else []
+        )
         assert on_disk == m["tables"][t]["files"]

@@ -50,16 +50,23 @@ def _rows(ds: Path, table: str) -> list[dict]:
     return sorted(Dataset(ds).read(table).to_pylist(), key=lambda r: json.dumps(r, sort_keys=True, default=str))
 
 
-@pytest.mark.parametrize("key,column,fraction", [("machines", "machine_id", 0.3), ("collections", "collection_id", 0.25)])
-def test_sample_is_the_documented_rule_in_every_table(cell: tuple[Path, Path], tmp_path: Path, key: str, column: str,
-                                                     fraction: float) -> None:
+@pytest.mark.parametrize(
+    "key,column,fraction", [("machines", "machine_id", 0.3), ("collections", "collection_id", 0.25)]
+)
+def test_sample_is_the_documented_rule_in_every_table(
+    cell: tuple[Path, Path], tmp_path: Path, key: str, column: str, fraction: float
+) -> None:
     raw, full = cell
     out = tmp_path / "ds"
     rep = ingest([raw], out, sample=f"{key}={fraction * 100:g}%", workers=1)
     assert rep.exit_status == 0 and rep.selection and rep.rows_skipped > 0
     ds = Dataset(out)
-    assert ds.manifest["selection"]["sample"] == {"key": key, "column": column, "fraction": fraction,
-                                                  "hash": "splitmix64-v1"}
+    assert ds.manifest["selection"]["sample"] == {
+        "key": key,
+        "column": column,
+        "fraction": fraction,
+        "hash": "splitmix64-v1",
+    }
     fds = Dataset(full)
     for table in [t for t in TABLES if fds.num_rows(t)]:
         want = _rows(full, table)
@@ -84,8 +91,10 @@ def test_sample_is_consistent_across_tables(cell: tuple[Path, Path], tmp_path: P
             out[r] = out.get(r, 0) + 1
         return out
 
-    for spec, cols in (("collections=40%", ("collection_id", "instance_index")),
-                       ("machines=40%", ("collection_id", "instance_index", "machine_id"))):
+    for spec, cols in (
+        ("collections=40%", ("collection_id", "instance_index")),
+        ("machines=40%", ("collection_id", "instance_index", "machine_id")),
+    ):
         out = tmp_path / spec.split("=")[0]
         assert ingest([raw], out, sample=spec, workers=1).exit_status == 0
         full_u, full_e = keys(full, "instance_usage", cols), keys(full, "instance_events", cols)
@@ -110,8 +119,14 @@ def test_time_range_keeps_overlapping_windows_and_earlier_events(cell: tuple[Pat
     for table in [t for t in TABLES if Dataset(full).num_rows(t)]:
         want = _rows(full, table)
         if table == "instance_usage":
-            want = [r for r in want if r["start_time"] is not None and r["end_time"] is not None
-                    and r["start_time"] < hi and r["end_time"] > lo]
+            want = [
+                r
+                for r in want
+                if r["start_time"] is not None
+                and r["end_time"] is not None
+                and r["start_time"] < hi
+                and r["end_time"] > lo
+            ]
         elif "time" in Dataset(full).read(table).column_names:
             want = [r for r in want if r["time"] is not None and r["time"] < hi]
         assert _rows(out, table) == want, table
@@ -123,14 +138,25 @@ def test_extending_needs_the_same_selection(cell: tuple[Path, Path], tmp_path: P
     assert ingest([raw], out, sample="machines=10%", workers=1).exit_status == 0
     again = ingest([raw], out, sample="machines=0.1", workers=1)  # the same sample, written differently
     assert again.exit_status == 0 and all(f.status == "skipped" for f in again.files)
-    for kw in ({}, {"sample": "machines=20%"}, {"sample": "collections=10%"},
-               {"sample": "machines=10%", "time_to": "1h"}):
+    for kw in (
+        {},
+        {"sample": "machines=20%"},
+        {"sample": "collections=10%"},
+        {"sample": "machines=10%", "time_to": "1h"},
+    ):
         with pytest.raises(IngestUsageError, match="was ingested with selection"):
             ingest([raw], out, workers=1, **kw)
 
 
-@pytest.mark.parametrize("bad,why", [("racks=1%", "machines=P or collections=P"), ("machines=0%", r"\(0, 100%\]"),
-                                     ("machines=150%", r"\(0, 100%\]"), ("machines", "machines=P")])
+@pytest.mark.parametrize(
+    "bad,why",
+    [
+        ("racks=1%", "machines=P or collections=P"),
+        ("machines=0%", r"\(0, 100%\]"),
+        ("machines=150%", r"\(0, 100%\]"),
+        ("machines", "machines=P"),
+    ],
+)
 def test_bad_sample_is_a_usage_error(cell: tuple[Path, Path], tmp_path: Path, bad: str, why: str) -> None:
     raw, _ = cell
     with pytest.raises(IngestUsageError, match=why):
@@ -143,18 +169,25 @@ def test_cli_sample_and_analyze_note(cell: tuple[Path, Path], tmp_path: Path) ->
     raw, _ = cell
     out = tmp_path / "ds"
     run = [sys.executable, "-m", "gpuclust"]
-    p = subprocess.run([*run, "ingest", str(raw), "--out", str(out), "--sample", "machines=50%", "--from", "1h",
-                        "--no-progress"], capture_output=True, text=True)
+    p = subprocess.run(
+        [*run, "ingest", str(raw), "--out", str(out), "--sample", "machines=50%", "--from", "1h", "--no-progress"],
+        capture_output=True,
+        text=True,
+    )
     assert p.returncode == 0, p.stderr
     assert "selection: machines sample 50% (splitmix64-v1); usage windows overlapping [3600000000 us, +inf)" in p.stdout
-    p = subprocess.run([*run, "analyze", str(out), "cell-usage", "--out", str(tmp_path / "res"), "--no-plots"],
-                       capture_output=True, text=True)
+    p = subprocess.run(
+        [*run, "analyze", str(out), "cell-usage", "--out", str(tmp_path / "res"), "--no-plots"],
+        capture_output=True,
+        text=True,
+    )
     assert p.returncode == 0, p.stderr
     assert "this dataset is a selection of its cell: machines sample 50%" in p.stderr
     info = json.loads((tmp_path / "res" / "_run.json").read_text())
     assert any("machines sample 50%" in n for n in info["notes"])
-    p = subprocess.run([*run, "ingest", str(raw), "--out", str(tmp_path / "x"), "--sample", "racks=5%"],
-                       capture_output=True, text=True)
+    p = subprocess.run(
+        [*run, "ingest", str(raw), "--out", str(tmp_path / "x"), "--sample", "racks=5%"], capture_output=True, text=True
+    )
     assert p.returncode == 2 and "Traceback" not in p.stderr and "machines=P or collections=P" in p.stderr
 
 
@@ -165,8 +198,19 @@ def test_sampled_out_rows_skip_validation_but_rejects_keep_their_lines(tmp_path:
 
     ids = list(range(1, 400))
     kept = [m for m in ids if in_sample(m, 0.5, machine=True)]
-    lines = [bq_json_line({"start_time": 0, "end_time": 300_000_000, "collection_id": 7, "instance_index": 0,
-                           "machine_id": m, "average_usage": {"cpus": 0.5, "memory": 0.25}}) for m in ids]
+    lines = [
+        bq_json_line(
+            {
+                "start_time": 0,
+                "end_time": 300_000_000,
+                "collection_id": 7,
+                "instance_index": 0,
+                "machine_id": m,
+                "average_usage": {"cpus": 0.5, "memory": 0.25},
+            }
+        )
+        for m in ids
+    ]
     bad_at = ids.index(kept[3])
     lines[bad_at] = lines[bad_at].replace('"cpus":0.5', '"cpus":"lots"')
     f = tmp_path / "instance_usage-000000000000.json"

@@ -52,7 +52,12 @@ def test_manifest(tmp_path: Path) -> None:
     assert m["complete"] is True and m["synthetic"] == {"seed": 1}
     assert len(m["inputs"]) == 4
     for sha, inp in m["inputs"].items():
-        assert inp["content_hash"] == sha and m["content_hash"] == "blake3" and inp["status"] == "done" and inp["error"] is None
+        assert (
+            inp["content_hash"] == sha
+            and m["content_hash"] == "blake3"
+            and inp["status"] == "done"
+            and inp["error"] is None
+        )
         assert Path(inp["path"]).is_file() and inp["size"] == Path(inp["path"]).stat().st_size
         assert (
             inp["rows_read"]

@@ -64,18 +64,27 @@ def test_wrapper_parameter_lists_match_the_cuda_signatures():
 
     ctype = {np.int64: "long long", np.int32: "int", np.float64: "double"}
     lists = {
-        "bucket_overlap.cu": {"bucket_overlap_shared": gpu.BUCKET_OVERLAP_PARAMS,
-                              "bucket_overlap_global": gpu.BUCKET_OVERLAP_PARAMS},
+        "bucket_overlap.cu": {
+            "bucket_overlap_shared": gpu.BUCKET_OVERLAP_PARAMS,
+            "bucket_overlap_global": gpu.BUCKET_OVERLAP_PARAMS,
+        },
         "grouped_sum.cu": {"grouped_sum_shared": gpu.GROUPED_SUM_PARAMS, "grouped_sum_global": gpu.GROUPED_SUM_PARAMS},
-        "grouped_moments.cu": {f"comoments_{p}_{v}": params for p, params in (
-            ("sums", moments_gpu.SUMS_PARAMS), ("centered", moments_gpu.CENTERED_PARAMS)) for v in ("shared", "global")},
-        "mixture.cu": {"mixture_repair": mixture_gpu.REPAIR_PARAMS, "mixture_window_means": mixture_gpu.MEANS_PARAMS,
-                       "mixture_sweep": mixture_gpu.SWEEP_PARAMS, "mixture_invert": mixture_gpu.INVERT_PARAMS,
-                       "mixture_tile_slope": mixture_gpu.TILE_SLOPE_PARAMS,
-                       "mixture_tile_carry": mixture_gpu.TILE_CARRY_PARAMS,
-                       "mixture_tile_slopes": mixture_gpu.TILE_SLOPES_PARAMS,
-                       "mixture_tile_cdf": mixture_gpu.TILE_CDF_PARAMS,
-                       "mixture_tile_max": mixture_gpu.TILE_MAX_PARAMS},
+        "grouped_moments.cu": {
+            f"comoments_{p}_{v}": params
+            for p, params in (("sums", moments_gpu.SUMS_PARAMS), ("centered", moments_gpu.CENTERED_PARAMS))
+            for v in ("shared", "global")
+        },
+        "mixture.cu": {
+            "mixture_repair": mixture_gpu.REPAIR_PARAMS,
+            "mixture_window_means": mixture_gpu.MEANS_PARAMS,
+            "mixture_sweep": mixture_gpu.SWEEP_PARAMS,
+            "mixture_invert": mixture_gpu.INVERT_PARAMS,
+            "mixture_tile_slope": mixture_gpu.TILE_SLOPE_PARAMS,
+            "mixture_tile_carry": mixture_gpu.TILE_CARRY_PARAMS,
+            "mixture_tile_slopes": mixture_gpu.TILE_SLOPES_PARAMS,
+            "mixture_tile_cdf": mixture_gpu.TILE_CDF_PARAMS,
+            "mixture_tile_max": mixture_gpu.TILE_MAX_PARAMS,
+        },
     }
     assert sorted(lists) == _kernels.kernel_files()
     for filename, kernels in lists.items():

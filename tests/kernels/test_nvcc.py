@@ -26,10 +26,14 @@ def translation_unit(filename: str) -> str:
     """The inlined source plus a table taking the address of every declared instantiation."""
     exprs = _kernels.name_expressions(filename)
     table = "".join(f"    (void*)&{e},\n" for e in exprs)
-    return (_kernels.load_source(filename)
-            + "\n// gpuclust test: force the declared instantiations\n"
-            + "static void* const gpuclust_instances[] = {\n" + table + "};\n"
-            + "void* gpuclust_keep_instances() { return (void*)gpuclust_instances; }\n")
+    return (
+        _kernels.load_source(filename)
+        + "\n// gpuclust test: force the declared instantiations\n"
+        + "static void* const gpuclust_instances[] = {\n"
+        + table
+        + "};\n"
+        + "void* gpuclust_keep_instances() { return (void*)gpuclust_instances; }\n"
+    )
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
@@ -38,8 +42,17 @@ def test_kernel_compiles(tmp_path, filename, arch):
     tu = tmp_path / filename
     tu.write_text(translation_unit(filename))
     cubin = tmp_path / (filename + f".{arch}.cubin")
-    cmd = [NVCC, *_kernels.NVRTC_OPTIONS, f"-arch={arch}", "--cubin", "-Werror", "all-warnings",
-           "-o", str(cubin), str(tu)]
+    cmd = [
+        NVCC,
+        *_kernels.NVRTC_OPTIONS,
+        f"-arch={arch}",
+        "--cubin",
+        "-Werror",
+        "all-warnings",
+        "-o",
+        str(cubin),
+        str(tu),
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stdout}\n{r.stderr}"
     data = cubin.read_bytes()

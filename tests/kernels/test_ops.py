@@ -54,7 +54,9 @@ def intervals(draw):
 @given(intervals())
 def test_bucket_overlap_twin_matches_slow_loop(args):
     start, end, value, group, n_groups, n_buckets, origin, width = args
-    got = cpu.bucket_overlap(start, end, value, group, n_groups=n_groups, n_buckets=n_buckets, origin=origin, width=width)
+    got = cpu.bucket_overlap(
+        start, end, value, group, n_groups=n_groups, n_buckets=n_buckets, origin=origin, width=width
+    )
     want = slow_bucket_overlap(start, end, value, group, n_groups, n_buckets, origin, width)
     assert got.dtype == np.float64 and got.shape == (n_groups, n_buckets)
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-9)
@@ -66,15 +68,21 @@ def test_bucket_overlap_2d_values_are_independent_series(args, k, data):
     """A (k, n) value gives k series over the same intervals; a NaN drops the row from its own series only."""
     start, end, value, group, n_groups, n_buckets, origin, width = args
     n = start.shape[0]
-    rows = [data.draw(st.lists(st.one_of(st.floats(-10, 10, width=32), st.just(float("nan"))), min_size=n, max_size=n))
-            for _ in range(k)]
+    rows = [
+        data.draw(st.lists(st.one_of(st.floats(-10, 10, width=32), st.just(float("nan"))), min_size=n, max_size=n))
+        for _ in range(k)
+    ]
     vals = np.array(rows, dtype=value.dtype).reshape(k, n)
     kw = dict(n_groups=n_groups, n_buckets=n_buckets, origin=origin, width=width)
     got = cpu.bucket_overlap(start, end, vals, group, **kw)
     assert got.shape == (k, n_groups, n_buckets)
     for j in range(k):
-        np.testing.assert_allclose(got[j], slow_bucket_overlap(start, end, vals[j], group, n_groups, n_buckets, origin, width),
-                                   rtol=1e-12, atol=1e-9)
+        np.testing.assert_allclose(
+            got[j],
+            slow_bucket_overlap(start, end, vals[j], group, n_groups, n_buckets, origin, width),
+            rtol=1e-12,
+            atol=1e-9,
+        )
 
 
 def test_bucket_overlap_crossing_and_sentinels():
@@ -87,8 +95,12 @@ def test_bucket_overlap_crossing_and_sentinels():
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.lists(st.tuples(st.integers(-2, 6), st.one_of(st.floats(-1e6, 1e6), st.just(float("nan")))), max_size=50),
-       st.integers(0, 6), st.sampled_from([np.int32, np.int64]), st.sampled_from([np.float32, np.float64]))
+@given(
+    st.lists(st.tuples(st.integers(-2, 6), st.one_of(st.floats(-1e6, 1e6), st.just(float("nan")))), max_size=50),
+    st.integers(0, 6),
+    st.sampled_from([np.int32, np.int64]),
+    st.sampled_from([np.float32, np.float64]),
+)
 def test_grouped_sum_twin_matches_loop(rows, n_groups, cdt, vdt):
     codes = np.array([r[0] for r in rows], dtype=cdt)
     values = np.array([r[1] for r in rows], dtype=vdt)
@@ -146,12 +158,18 @@ def _rng_case(rng, n, n_groups, n_buckets, width, dtype, contention):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize(("n", "n_groups", "n_buckets", "contention"), [
-    (0, 3, 5, False), (1, 1, 1, False), (1000, 5, 24, False),       # shared-memory path
-    (200_000, 5, 744, False),                                        # shared (5*744*8 < 48 KiB)
-    (200_000, 6, 5000, False),                                       # global-atomics path
-    (300_000, 1, 4, True), (300_000, 2, 20000, True),                # heavy contention, both paths
-])
+@pytest.mark.parametrize(
+    ("n", "n_groups", "n_buckets", "contention"),
+    [
+        (0, 3, 5, False),
+        (1, 1, 1, False),
+        (1000, 5, 24, False),  # shared-memory path
+        (200_000, 5, 744, False),  # shared (5*744*8 < 48 KiB)
+        (200_000, 6, 5000, False),  # global-atomics path
+        (300_000, 1, 4, True),
+        (300_000, 2, 20000, True),  # heavy contention, both paths
+    ],
+)
 def test_bucket_overlap_gpu_parity(gpu_backend, dtype, n, n_groups, n_buckets, contention):
     cp = gpu_backend.xp
     rng = np.random.default_rng(n + n_buckets)
@@ -160,19 +178,25 @@ def test_bucket_overlap_gpu_parity(gpu_backend, dtype, n, n_groups, n_buckets, c
     kw = dict(n_groups=n_groups, n_buckets=n_buckets, origin=origin, width=width)
     want = cpu.bucket_overlap(start, end, value, group, **kw)
     got = gpu_backend.ops.bucket_overlap(cp.asarray(start), cp.asarray(end), cp.asarray(value), cp.asarray(group), **kw)
-    np.testing.assert_allclose(cp.asnumpy(got), want, rtol=1e-9, atol=1e-9 * max(1.0, float(np.abs(want).max(initial=0))))
+    np.testing.assert_allclose(
+        cp.asnumpy(got), want, rtol=1e-9, atol=1e-9 * max(1.0, float(np.abs(want).max(initial=0)))
+    )
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize(("n", "n_groups", "n_buckets", "contention", "force_global"), [
-    (100_000, 4, 300, False, False),   # 3 series: shared memory (3 x 4 x 300 doubles)
-    (100_000, 4, 300, False, True),    # the same, global variant forced
-    (100_000, 6, 2000, False, False),  # 3 x 6 x 2000 doubles: global
-    (300_000, 1, 4, True, False),      # every interval in one cell, all series
-])
-def test_bucket_overlap_gpu_parity_2d(gpu_backend, monkeypatch, dtype, n, n_groups, n_buckets, contention,
-                                      force_global):
+@pytest.mark.parametrize(
+    ("n", "n_groups", "n_buckets", "contention", "force_global"),
+    [
+        (100_000, 4, 300, False, False),  # 3 series: shared memory (3 x 4 x 300 doubles)
+        (100_000, 4, 300, False, True),  # the same, global variant forced
+        (100_000, 6, 2000, False, False),  # 3 x 6 x 2000 doubles: global
+        (300_000, 1, 4, True, False),  # every interval in one cell, all series
+    ],
+)
+def test_bucket_overlap_gpu_parity_2d(
+    gpu_backend, monkeypatch, dtype, n, n_groups, n_buckets, contention, force_global
+):
     """k series in one launch: each the 1-D sweep of its own values, a NaN dropping the interval
     from its own series only."""
     from gpuclust.backends import gpu
@@ -190,11 +214,16 @@ def test_bucket_overlap_gpu_parity_2d(gpu_backend, monkeypatch, dtype, n, n_grou
     got = gpu_backend.ops.bucket_overlap(cp.asarray(start), cp.asarray(end), cp.asarray(vals), cp.asarray(group), **kw)
     assert got.shape == (3, n_groups, n_buckets)
     for j in range(3):
-        np.testing.assert_allclose(cp.asnumpy(got[j]), want[j], rtol=1e-9,
-                                   atol=1e-9 * max(1.0, float(np.abs(want[j]).max(initial=0))))
+        np.testing.assert_allclose(
+            cp.asnumpy(got[j]), want[j], rtol=1e-9, atol=1e-9 * max(1.0, float(np.abs(want[j]).max(initial=0)))
+        )
     # and each series is what its own 1-D sweep gives
-    one = gpu_backend.ops.bucket_overlap(cp.asarray(start), cp.asarray(end), cp.asarray(vals[1]), cp.asarray(group), **kw)
-    np.testing.assert_allclose(cp.asnumpy(got[1]), cp.asnumpy(one), rtol=1e-12, atol=1e-12 * max(1.0, float(abs(one).max())))
+    one = gpu_backend.ops.bucket_overlap(
+        cp.asarray(start), cp.asarray(end), cp.asarray(vals[1]), cp.asarray(group), **kw
+    )
+    np.testing.assert_allclose(
+        cp.asnumpy(got[1]), cp.asnumpy(one), rtol=1e-12, atol=1e-12 * max(1.0, float(abs(one).max()))
+    )
 
 
 @pytest.mark.gpu
@@ -219,8 +248,11 @@ def slow_hash_index(keys, queries):
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.integers(0, 2**64 - 1), unique=True, max_size=50),
-       st.lists(st.integers(0, 2**64 - 1), max_size=50), st.data())
+@given(
+    st.lists(st.integers(0, 2**64 - 1), unique=True, max_size=50),
+    st.lists(st.integers(0, 2**64 - 1), max_size=50),
+    st.data(),
+)
 def test_hash_index_matches_dict(keys, extra, data):
     k = np.sort(np.array(keys, dtype=np.uint64))
     hits = data.draw(st.lists(st.sampled_from(keys), max_size=30)) if keys else []
@@ -242,8 +274,15 @@ def test_hash_index_gpu_parity(gpu_backend):
     cp = gpu_backend.xp
     rng = np.random.default_rng(5)
     keys = np.unique(rng.integers(0, 2**63, 200_000, dtype=np.uint64))
-    q = np.concatenate([rng.choice(keys, 300_000), rng.integers(0, 2**63, 100_000, dtype=np.uint64),
-                        keys[:1], keys[-1:], np.array([0, 2**64 - 1], dtype=np.uint64)])
+    q = np.concatenate(
+        [
+            rng.choice(keys, 300_000),
+            rng.integers(0, 2**63, 100_000, dtype=np.uint64),
+            keys[:1],
+            keys[-1:],
+            np.array([0, 2**64 - 1], dtype=np.uint64),
+        ]
+    )
     from gpuclust.backends import gpu
 
     got = gpu.hash_index(cp.asarray(keys), cp.asarray(q)).get()

@@ -34,8 +34,9 @@ def window(draw: st.DrawFn, *, monotone: bool = True, allow_null: bool = False) 
 
 
 @st.composite
-def groups(draw: st.DrawFn, *, max_windows: int = 6, max_groups: int = 3, monotone: bool = True,
-           allow_null: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+def groups(
+    draw: st.DrawFn, *, max_windows: int = 6, max_groups: int = 3, monotone: bool = True, allow_null: bool = False
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """``(q (n, 20), w (n,), group (n,) int64, n_groups)``; windows of a group may be duplicated."""
     n_groups = draw(st.integers(1, max_groups))
     n = draw(st.integers(1, max_windows))

@@ -43,7 +43,9 @@ def window_cdf(q: Sequence[float], x: float, levels: Sequence[float] = LEVELS, *
     return lv[k] + (lv[k + 1] - lv[k]) * (x - a) / (b - a)
 
 
-def mixture_cdf(qs: np.ndarray, ws: np.ndarray, x: float, levels: Sequence[float] = LEVELS, *, left: bool = False) -> float:
+def mixture_cdf(
+    qs: np.ndarray, ws: np.ndarray, x: float, levels: Sequence[float] = LEVELS, *, left: bool = False
+) -> float:
     """``F(x) = sum_i w_i F_i(x)`` over rows with positive weight (``math.fsum`` for the sum)."""
     return math.fsum(float(w) * window_cdf(q, x, levels, left=left) for q, w in zip(qs, ws, strict=False) if w > 0)
 
@@ -97,8 +99,14 @@ def group_breakpoints(qs: np.ndarray, ws: np.ndarray) -> np.ndarray:
     return np.unique(np.asarray(qs)[keep].ravel())
 
 
-def reference_quantiles(q: np.ndarray, w: np.ndarray, group: np.ndarray, n_groups: int, levels: np.ndarray,
-                        q_levels: Sequence[float] = LEVELS) -> np.ndarray:
+def reference_quantiles(
+    q: np.ndarray,
+    w: np.ndarray,
+    group: np.ndarray,
+    n_groups: int,
+    levels: np.ndarray,
+    q_levels: Sequence[float] = LEVELS,
+) -> np.ndarray:
     """``(n_groups, L)`` quantiles, one group at a time."""
     out = np.full((n_groups, len(levels)), np.nan)
     for g in range(n_groups):
@@ -108,8 +116,17 @@ def reference_quantiles(q: np.ndarray, w: np.ndarray, group: np.ndarray, n_group
     return out
 
 
-def quantile_ok(fast: float, ref: float, qs: np.ndarray, ws: np.ndarray, p: float, *, rtol: float = 1e-9,
-                ptol: float = 1e-12, levels: Sequence[float] = LEVELS) -> bool:
+def quantile_ok(
+    fast: float,
+    ref: float,
+    qs: np.ndarray,
+    ws: np.ndarray,
+    p: float,
+    *,
+    rtol: float = 1e-9,
+    ptol: float = 1e-12,
+    levels: Sequence[float] = LEVELS,
+) -> bool:
     """``fast`` agrees with ``ref`` to ``rtol`` relative; or, where the quantile is ill-conditioned
     (F nearly flat at ``p W``, or a plateau of F at exactly ``p W`` so the answer jumps with the
     last bit of rounding), ``fast`` is the exact quantile of some level within ``ptol`` of ``p``:
@@ -138,8 +155,9 @@ def window_cdf_np(q: np.ndarray, xs: np.ndarray, levels: Sequence[float] = LEVEL
     return np.where(mid, inner, out)
 
 
-def mixture_cdf_np(qs: np.ndarray, ws: np.ndarray, xs: np.ndarray, levels: Sequence[float] = LEVELS, *,
-                   left: bool = False) -> np.ndarray:
+def mixture_cdf_np(
+    qs: np.ndarray, ws: np.ndarray, xs: np.ndarray, levels: Sequence[float] = LEVELS, *, left: bool = False
+) -> np.ndarray:
     """``F(xs) / W`` (normalised), one window at a time, for rows with positive weight."""
     xs = np.asarray(xs, dtype=np.float64)
     acc = np.zeros_like(xs)
@@ -151,7 +169,9 @@ def mixture_cdf_np(qs: np.ndarray, ws: np.ndarray, xs: np.ndarray, levels: Seque
     return acc / W
 
 
-def group_quantiles(qs: np.ndarray, ws: np.ndarray, ps: Sequence[float], levels: Sequence[float] = LEVELS) -> np.ndarray:
+def group_quantiles(
+    qs: np.ndarray, ws: np.ndarray, ps: Sequence[float], levels: Sequence[float] = LEVELS
+) -> np.ndarray:
     """:func:`mixture_quantile` for many levels of one group at once (bisection run in lock-step)."""
     qs, ws = np.asarray(qs, dtype=np.float64), np.asarray(ws, dtype=np.float64)
     keep = ws > 0

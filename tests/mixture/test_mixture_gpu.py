@@ -58,15 +58,17 @@ def ugly_data(seed: int, n: int = 4000, n_groups: int = 60) -> tuple[np.ndarray,
     return np.ascontiguousarray(q), w, g.astype(np.int64)
 
 
-def assert_quantiles_close(got: np.ndarray, want: np.ndarray, q: np.ndarray, w: np.ndarray, g: np.ndarray,
-                           levels: np.ndarray, seed: int) -> None:
+def assert_quantiles_close(
+    got: np.ndarray, want: np.ndarray, q: np.ndarray, w: np.ndarray, g: np.ndarray, levels: np.ndarray, seed: int
+) -> None:
     assert got.shape == want.shape
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=f"seed={seed}")
     bad = np.argwhere(~np.isclose(got, want, rtol=1e-9, atol=0.0) & ~np.isnan(want))
     for gg, j in bad:  # ill-conditioned spots: both must satisfy the definition (reference check)
         sel = (g == gg) & (w > 0)
         assert ref.quantile_ok(float(got[gg, j]), float(want[gg, j]), q[sel], w[sel], float(levels[j])), (
-            f"seed={seed} group={gg} p={levels[j]} gpu={got[gg, j]!r} cpu={want[gg, j]!r}")
+            f"seed={seed} group={gg} p={levels[j]} gpu={got[gg, j]!r} cpu={want[gg, j]!r}"
+        )
 
 
 def test_repair_parity(gpu_backend, seed) -> None:  # type: ignore[no-untyped-def]
@@ -94,8 +96,12 @@ def test_window_means_parity(gpu_backend, seed) -> None:  # type: ignore[no-unty
     q, _, _ = ugly_data(seed)
     for dt in (np.float32, np.float64):
         qq = np.ascontiguousarray(q.astype(dt))
-        np.testing.assert_allclose(cp.asnumpy(mixture_gpu.window_means(cp.asarray(qq))), mx.window_means(qq),
-                                   rtol=1e-12, err_msg=f"seed={seed}")
+        np.testing.assert_allclose(
+            cp.asnumpy(mixture_gpu.window_means(cp.asarray(qq))),
+            mx.window_means(qq),
+            rtol=1e-12,
+            err_msg=f"seed={seed}",
+        )
 
 
 def test_mixture_quantiles_parity(gpu_backend, seed, sweep) -> None:  # type: ignore[no-untyped-def]
@@ -105,15 +111,17 @@ def test_mixture_quantiles_parity(gpu_backend, seed, sweep) -> None:  # type: ig
     q, w, g = ugly_data(seed)
     G = 60
     want = mx.mixture_quantiles(q, w, g, G, LEVELS)
-    got = cp.asnumpy(mixture_gpu.mixture_quantiles(cp.asarray(q), cp.asarray(w), cp.asarray(g), G,
-                                                   cp.asarray(LEVELS)))
+    got = cp.asnumpy(mixture_gpu.mixture_quantiles(cp.asarray(q), cp.asarray(w), cp.asarray(g), G, cp.asarray(LEVELS)))
     assert_quantiles_close(got, want, q, w, g, LEVELS, seed)
     # int32 codes, huge and tiny scales
     for scale in (1e-200, 1e200):
         qs = np.ascontiguousarray(q * scale)
         want = mx.mixture_quantiles(qs, w, g.astype(np.int32), G, LEVELS)
-        got = cp.asnumpy(mixture_gpu.mixture_quantiles(cp.asarray(qs), cp.asarray(w), cp.asarray(g.astype(np.int32)),
-                                                       G, cp.asarray(LEVELS)))
+        got = cp.asnumpy(
+            mixture_gpu.mixture_quantiles(
+                cp.asarray(qs), cp.asarray(w), cp.asarray(g.astype(np.int32)), G, cp.asarray(LEVELS)
+            )
+        )
         assert_quantiles_close(got / scale, want / scale, q, w, g, LEVELS, seed)
 
 
@@ -124,12 +132,12 @@ def test_mixture_quantiles_parity_one_big_group(gpu_backend, seed, sweep) -> Non
     q, w, _ = ugly_data(seed, n=20000)
     g = np.zeros(q.shape[0], dtype=np.int64)  # 400k events in one block's sweep
     want = mx.mixture_quantiles(q, w, g, 1, LEVELS)
-    got = cp.asnumpy(mixture_gpu.mixture_quantiles(cp.asarray(q), cp.asarray(w), cp.asarray(g), 1,
-                                                   cp.asarray(LEVELS)))
+    got = cp.asnumpy(mixture_gpu.mixture_quantiles(cp.asarray(q), cp.asarray(w), cp.asarray(g), 1, cp.asarray(LEVELS)))
     bad = ~np.isclose(got, want, rtol=1e-9, atol=0.0)
     assert not bad.any() or all(
         ref.quantile_ok(float(got[0, j]), float(want[0, j]), q[w > 0], w[w > 0], float(LEVELS[j]))
-        for j in np.flatnonzero(bad[0])), f"seed={seed}"
+        for j in np.flatnonzero(bad[0])
+    ), f"seed={seed}"
 
 
 def test_q_levels_and_summary_parity(gpu_backend, seed, sweep) -> None:  # type: ignore[no-untyped-def]
@@ -161,7 +169,8 @@ def test_q_levels_and_summary_parity(gpu_backend, seed, sweep) -> None:  # type:
         for i, j in np.argwhere(~np.isclose(got, want, rtol=1e-9, atol=0.0) & ~np.isnan(want)):
             use = (keys == rc["key"][i]) & ~null & (w > 0)
             assert ref.quantile_ok(float(got[i, j]), float(want[i, j]), qr[use], w[use], float(LEVELS[j])), (
-                f"seed={seed} key={rc['key'][i]} p={LEVELS[j]} gpu={got[i, j]!r} cpu={want[i, j]!r}")
+                f"seed={seed} key={rc['key'][i]} p={LEVELS[j]} gpu={got[i, j]!r} cpu={want[i, j]!r}"
+            )
 
 
 def test_tiled_sweep_agrees_with_the_per_group_sweep(gpu_backend, seed, monkeypatch) -> None:  # type: ignore[no-untyped-def]
@@ -180,8 +189,9 @@ def test_tiled_sweep_agrees_with_the_per_group_sweep(gpu_backend, seed, monkeypa
     out = {}
     for tiled in (True, False):
         monkeypatch.setattr(mixture_gpu, "TILED_SWEEP", tiled)
-        out[tiled] = cp.asnumpy(mixture_gpu.mixture_quantiles(cp.asarray(q), cp.asarray(w), cp.asarray(g), len(sizes),
-                                                              cp.asarray(LEVELS)))
+        out[tiled] = cp.asnumpy(
+            mixture_gpu.mixture_quantiles(cp.asarray(q), cp.asarray(w), cp.asarray(g), len(sizes), cp.asarray(LEVELS))
+        )
     assert np.isnan(out[True][5]).all()
     assert_quantiles_close(out[True], out[False], q, w, g, LEVELS, seed)
     assert np.isclose(out[True], out[False], rtol=1e-12, atol=0.0)[~np.isnan(out[False])].mean() > 0.99
@@ -194,9 +204,9 @@ def test_tiled_sweep_is_chosen_for_few_large_groups(gpu_backend, monkeypatch) ->
     cp = gpu_backend.xp
     monkeypatch.setattr(mixture_gpu, "TILED_SWEEP", None)
     sms = mixture_gpu.sm_count()
-    assert mixture_gpu._tiled(cp.asarray([0, 500, 1000, 1500, 2000, 2500]), 2500)   # by=tier: 5 groups
-    assert mixture_gpu._tiled(cp.asarray([0, 10, 20, 10_000]), 10_000)               # one dominant group
-    even = cp.arange(0, 100 * sms * 4 + 1, 100, dtype=cp.int64)                      # 4 x SMs even groups
+    assert mixture_gpu._tiled(cp.asarray([0, 500, 1000, 1500, 2000, 2500]), 2500)  # by=tier: 5 groups
+    assert mixture_gpu._tiled(cp.asarray([0, 10, 20, 10_000]), 10_000)  # one dominant group
+    even = cp.arange(0, 100 * sms * 4 + 1, 100, dtype=cp.int64)  # 4 x SMs even groups
     assert not mixture_gpu._tiled(even, int(even[-1]))
 
 

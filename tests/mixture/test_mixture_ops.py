@@ -25,8 +25,9 @@ def point(x: float) -> np.ndarray:
     return np.full(20, float(x))
 
 
-def quantiles(rows: list[np.ndarray], w: list[float], levels: np.ndarray, group: list[int] | None = None,
-              n_groups: int = 1) -> np.ndarray:
+def quantiles(
+    rows: list[np.ndarray], w: list[float], levels: np.ndarray, group: list[int] | None = None, n_groups: int = 1
+) -> np.ndarray:
     q = np.ascontiguousarray(np.stack(rows))
     g = np.zeros(len(rows), dtype=np.int64) if group is None else np.asarray(group, dtype=np.int64)
     return mx.mixture_quantiles(q, np.asarray(w, dtype=np.float64), g, n_groups, np.asarray(levels, dtype=np.float64))
@@ -111,8 +112,9 @@ def test_scale_invariance_huge_and_tiny(scale: float) -> None:
     g = rng.integers(0, 3, 30)
     lv = np.concatenate([STD, EXTRA])
     base = mx.mixture_quantiles(q, w, g, 3, lv)
-    np.testing.assert_allclose(mx.mixture_quantiles(np.ascontiguousarray(q * scale), w, g, 3, lv), base * scale,
-                               rtol=1e-12)
+    np.testing.assert_allclose(
+        mx.mixture_quantiles(np.ascontiguousarray(q * scale), w, g, 3, lv), base * scale, rtol=1e-12
+    )
     # weights rescaled by a huge factor change nothing
     np.testing.assert_allclose(mx.mixture_quantiles(q, w * 1e250, g, 3, lv), base, rtol=1e-12)
 
@@ -136,8 +138,9 @@ def test_row_order_and_chunking_do_not_matter(monkeypatch: pytest.MonkeyPatch) -
     perm = rng.permutation(n)
     # (row order changes the float sums, hence the last bits; 1e-9 is the accuracy target, the
     # level 1 - 1e-12 sits in a sparse tail where the last bits of F move x by ~1e-11)
-    np.testing.assert_allclose(mx.mixture_quantiles(np.ascontiguousarray(q[perm]), w[perm], g[perm], G, lv), base,
-                               rtol=1e-9)
+    np.testing.assert_allclose(
+        mx.mixture_quantiles(np.ascontiguousarray(q[perm]), w[perm], g[perm], G, lv), base, rtol=1e-9
+    )
     monkeypatch.setattr(mx, "_CHUNK", 64)  # one row per chunk, a group wider than a chunk
     np.testing.assert_array_equal(mx.mixture_quantiles(q, w, g, G, lv), base)
     # and every answer satisfies the definition against the reference CDF
@@ -206,7 +209,11 @@ def _check_against_reference(q: np.ndarray, w: np.ndarray, g: np.ndarray, G: int
         want = ref.group_quantiles(q[sel], w[sel], lv)
         for j, p in enumerate(lv):
             assert ref.quantile_ok(float(fast[gg, j]), float(want[j]), q[sel], w[sel], float(p)), (
-                gg, p, fast[gg, j], want[j])
+                gg,
+                p,
+                fast[gg, j],
+                want[j],
+            )
 
 
 @given(strat.groups(), st.lists(st.floats(0.0, 1.0), max_size=4))
@@ -321,9 +328,11 @@ def test_radix_sorted_big_group(monkeypatch: pytest.MonkeyPatch, float32_values:
 
 def test_radix_argsort_orders_like_a_stable_sort() -> None:
     rng = np.random.default_rng(14)
-    for x in (rng.standard_normal(5000).astype(np.float32).astype(np.float64),  # float32 keys, 2 passes
-              rng.standard_normal(5000) * 10.0 ** rng.uniform(-300, 300, 5000),  # float64 keys, 4 passes
-              np.array([1e200, -1e300, 3.0, 0.0, -0.0, 1e-300, -5e-324, np.inf, 3.0, 0.0])):
+    for x in (
+        rng.standard_normal(5000).astype(np.float32).astype(np.float64),  # float32 keys, 2 passes
+        rng.standard_normal(5000) * 10.0 ** rng.uniform(-300, 300, 5000),  # float64 keys, 4 passes
+        np.array([1e200, -1e300, 3.0, 0.0, -0.0, 1e-300, -5e-324, np.inf, 3.0, 0.0]),
+    ):
         x = x.copy()
         x[::9] = x[0]  # ties
         order = mx._radix_argsort(x)
@@ -334,9 +343,14 @@ def test_radix_argsort_orders_like_a_stable_sort() -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(values=st.lists(st.one_of(st.floats(width=32, allow_nan=False), st.sampled_from([0.0, -0.0, 1.5, -1.5])),
-                       min_size=1, max_size=60),
-       data=st.data())
+@given(
+    values=st.lists(
+        st.one_of(st.floats(width=32, allow_nan=False), st.sampled_from([0.0, -0.0, 1.5, -1.5])),
+        min_size=1,
+        max_size=60,
+    ),
+    data=st.data(),
+)
 def test_packed_event_keys_order_like_a_lexsort(values: list[float], data: st.DataObject) -> None:
     """The GPU's one-key event order (``packed_event_keys``, a stable argsort -- CuPy's is a radix
     sort): the (group, x) sequence of ``lexsort((x, group))``, ties of equal bits in row order."""

@@ -72,8 +72,7 @@ def test_exact_independent_of_partitioning(n_parts: int, shape: str) -> None:
     q, w, keys = synthetic(400, 1)
     rng = np.random.default_rng(n_parts)
     whole = ms.finalize(ms.exact_partial(q, w, keys), LEVELS)
-    parts = [ms.exact_partial(q[ix], w[ix], keys[ix])
-             for ix in split(400, list(rng.integers(0, 400, n_parts - 1)))]
+    parts = [ms.exact_partial(q[ix], w[ix], keys[ix]) for ix in split(400, list(rng.integers(0, 400, n_parts - 1)))]
     parts.append(ms.empty("exact"))
     got = ms.finalize(merge_tree(parts, shape, rng)[0], LEVELS)
     np.testing.assert_array_equal(got["key"], whole["key"])
@@ -90,7 +89,7 @@ def test_exact_matches_reference_and_counts() -> None:
     qr = np.maximum.accumulate(q, axis=1)
     null = np.isnan(q).any(axis=1)
     for i, k in enumerate(res["key"]):
-        sel = (keys == k)
+        sel = keys == k
         use = sel & ~null & (w > 0)
         assert res["n_null"][i] == int((sel & null).sum())
         assert res["n_windows"][i] == int((sel & ~null).sum())
@@ -114,7 +113,9 @@ def test_empty_and_zero_weight_groups() -> None:
     r = ms.finalize(ms.merge(e, p))
     assert r["n_windows"].tolist() == [2] and r["weight"].tolist() == [0.0]
     assert np.isnan(r["mean"]).all() and np.isnan(r["quantiles"]).all()
-    b = ms.finalize(ms.merge(ms.bounded_partial(q, np.array([0.0, 0.0]), np.array([3, 3]), k=8), ms.empty("bounded", 8)))
+    b = ms.finalize(
+        ms.merge(ms.bounded_partial(q, np.array([0.0, 0.0]), np.array([3, 3]), k=8), ms.empty("bounded", 8))
+    )
     assert np.isnan(b["quantiles"]).all() and b["err_bound"].tolist() == [0.0]
     with pytest.raises(ValueError):
         ms.merge(ms.empty("exact"), ms.empty("bounded"))
@@ -143,8 +144,12 @@ def check_cdf_bound(knots: np.ndarray, k: int, qs: np.ndarray, ws: np.ndarray, e
     assert np.all(fh >= ref.mixture_cdf_np(qs, ws, dn) - eps - TOL)
     assert np.all(fh_l <= ref.mixture_cdf_np(qs, ws, up, left=True) + eps + TOL)
     assert np.all(fh_l >= ref.mixture_cdf_np(qs, ws, dn, left=True) - eps - TOL)
-    return float(max(np.abs(fh - ref.mixture_cdf_np(qs, ws, pts)).max(),
-                     np.abs(fh_l - ref.mixture_cdf_np(qs, ws, pts, left=True)).max()))
+    return float(
+        max(
+            np.abs(fh - ref.mixture_cdf_np(qs, ws, pts)).max(),
+            np.abs(fh_l - ref.mixture_cdf_np(qs, ws, pts, left=True)).max(),
+        )
+    )
 
 
 @st.composite
@@ -211,8 +216,9 @@ def test_bounded_leaf_bound_is_attained_order() -> None:
             sup = check_cdf_bound(b["knots"][i], k, qr[use], w[use], 1.0 / k)
             assert sup <= 1.0 / k + TOL
     # knots at the K + 1 levels of the exact mixture
-    np.testing.assert_allclose(ms.bounded_partial(q, w, keys, k=20)["knots"][:, [0, 20]],
-                               exact["quantiles"][:, [0, 19]], rtol=1e-12)
+    np.testing.assert_allclose(
+        ms.bounded_partial(q, w, keys, k=20)["knots"][:, [0, 20]], exact["quantiles"][:, [0, 19]], rtol=1e-12
+    )
 
 
 def test_bounded_merge_commutes_and_skips_weightless_side() -> None:
@@ -248,7 +254,8 @@ def test_tabulation_error_is_the_exact_sup(k: int, seed: int) -> None:
         want = 0.0
         for left in (False, True):
             h = alpha[r] * ref.window_cdf_np(ka[r], pts, lv, left=left) + (1 - alpha[r]) * ref.window_cdf_np(
-                kb[r], pts, lv, left=left)
+                kb[r], pts, lv, left=left
+            )
             want = max(want, float(np.abs(ref.window_cdf_np(kn[r], pts, lv, left=left) - h).max()))
         assert abs(got[r] - want) <= 1e-12, (r, got[r], want)
 

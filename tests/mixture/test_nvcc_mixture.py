@@ -69,8 +69,12 @@ def test_name_expressions() -> None:
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_mixture_compiles(tmp_path, arch) -> None:  # type: ignore[no-untyped-def]
     tu = tmp_path / "mixture_tu.cu"
-    tu.write_text(_kernels.load_source(mixture_gpu.KERNEL_FILE)
-                  + "\n// explicit instantiations (gpuclust test)\n" + "\n".join(_instantiation_lines()) + "\n")
+    tu.write_text(
+        _kernels.load_source(mixture_gpu.KERNEL_FILE)
+        + "\n// explicit instantiations (gpuclust test)\n"
+        + "\n".join(_instantiation_lines())
+        + "\n"
+    )
     obj = tmp_path / f"mixture.{arch}.o"
     cmd = [NVCC, *_kernels.NVRTC_OPTIONS, f"-arch={arch}", "-c", "-Werror", "all-warnings", "-o", str(obj), str(tu)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)

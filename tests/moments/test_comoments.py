@@ -23,10 +23,15 @@ from gpuclust.backends.moments_cpu import (
     regroup_moments,
 )
 
-SETTINGS = settings(max_examples=int(__import__("os").environ.get("GPUCLUST_HYP_EXAMPLES", "60")), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=int(__import__("os").environ.get("GPUCLUST_HYP_EXAMPLES", "60")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 
 
 # ----------------------------------------------------------------------------- helpers
+
 
 def direct(x: np.ndarray, w: np.ndarray, group: np.ndarray, G: int) -> Moments:
     """Per-group reference with np.average / np.cov on all of the group's rows at once."""
@@ -52,8 +57,10 @@ def exact(x: np.ndarray, w: np.ndarray) -> tuple[list[Fraction], list[list[Fract
     W = sum(Wf)
     d = x.shape[1]
     mean = [sum(wi * r[k] for wi, r in zip(Wf, X, strict=True)) / W for k in range(d)]
-    C = [[sum(wi * (r[i] - mean[i]) * (r[j] - mean[j]) for wi, r in zip(Wf, X, strict=True)) for j in range(d)]
-         for i in range(d)]
+    C = [
+        [sum(wi * (r[i] - mean[i]) * (r[j] - mean[j]) for wi, r in zip(Wf, X, strict=True)) for j in range(d)]
+        for i in range(d)
+    ]
     return mean, C
 
 
@@ -86,8 +93,18 @@ def assert_close(a: Moments, b: Moments, rtol: float) -> None:
     assert np.all(np.abs(a.C - b.C) <= scale_c + floor), (a.C, b.C)
 
 
-def make_data(seed: int, n: int, d: int, G: int, *, offset: float = 0.0, spread: float = 1.0,
-              wlog: float = 0.0, const_col: bool = False, dtype: type = np.float64):
+def make_data(
+    seed: int,
+    n: int,
+    d: int,
+    G: int,
+    *,
+    offset: float = 0.0,
+    spread: float = 1.0,
+    wlog: float = 0.0,
+    const_col: bool = False,
+    dtype: type = np.float64,
+):
     rng = np.random.default_rng(seed)
     x = offset + spread * rng.standard_normal((n, d))
     if d > 1:
@@ -106,6 +123,7 @@ def split_points(rng: np.random.Generator, n: int, pieces: int) -> list[np.ndarr
 
 
 # ----------------------------------------------------------------------------- references
+
 
 @pytest.mark.parametrize("d", [1, 2, 3, 4, 6])
 def test_matches_numpy_direct(d: int) -> None:
@@ -198,6 +216,7 @@ def test_argument_checks() -> None:
 
 # ----------------------------------------------------------------------------- stability
 
+
 @pytest.mark.parametrize("offset,spread", [(1e3, 1e-3), (1e6, 1e-2), (-5e4, 1e-6)])
 def test_huge_offset_matches_exact_rational(offset: float, spread: float) -> None:
     x, w, g = make_data(6, 300, 2, 1, offset=offset, spread=spread, wlog=6.0)
@@ -238,28 +257,40 @@ def test_constant_column_has_zero_comoment() -> None:
     x, w, g = make_data(8, 500, 3, 2, offset=1e3, const_col=True, wlog=6.0)
     m = grouped_comoments(x, w, g, 2)
     tiny = (1e-13 * 1e3) ** 2 * m.W
-    assert np.all(np.abs(m.C[:, 2, :]) <= np.sqrt(tiny[:, None] * np.maximum(m.C[:, [0, 1, 2], [0, 1, 2]], tiny[:, None])))
+    assert np.all(
+        np.abs(m.C[:, 2, :]) <= np.sqrt(tiny[:, None] * np.maximum(m.C[:, [0, 1, 2], [0, 1, 2]], tiny[:, None]))
+    )
     assert np.all(m.C[:, 2, 2] <= tiny)
     np.testing.assert_allclose(m.mean[:, 2], 1e3 + 0.3, rtol=1e-15)
 
 
 # ----------------------------------------------------------------------------- merge algebra
 
-ugly = st.fixed_dictionaries({
-    "seed": st.integers(0, 2**32 - 1),
-    "n": st.integers(0, 80),
-    "d": st.integers(1, 3),
-    "G": st.integers(1, 4),
-    "offset": st.sampled_from([0.0, 1.0, 1e3, -1e6]),
-    "spread": st.sampled_from([1.0, 1e-3, 1e3]),
-    "wlog": st.sampled_from([0.0, 6.0]),
-    "const_col": st.booleans(),
-})
+ugly = st.fixed_dictionaries(
+    {
+        "seed": st.integers(0, 2**32 - 1),
+        "n": st.integers(0, 80),
+        "d": st.integers(1, 3),
+        "G": st.integers(1, 4),
+        "offset": st.sampled_from([0.0, 1.0, 1e3, -1e6]),
+        "spread": st.sampled_from([1.0, 1e-3, 1e3]),
+        "wlog": st.sampled_from([0.0, 6.0]),
+        "const_col": st.booleans(),
+    }
+)
 
 
 def _data(p: dict):
-    return make_data(p["seed"], p["n"], p["d"], p["G"], offset=p["offset"], spread=p["spread"],
-                     wlog=p["wlog"], const_col=p["const_col"])
+    return make_data(
+        p["seed"],
+        p["n"],
+        p["d"],
+        p["G"],
+        offset=p["offset"],
+        spread=p["spread"],
+        wlog=p["wlog"],
+        const_col=p["const_col"],
+    )
 
 
 def _parts(p: dict, pieces: int, seed: int) -> list[Moments]:
@@ -303,8 +334,10 @@ def test_partitioning_does_not_matter(p: dict, pieces: int, seed: int, tree: boo
     parts = _parts(p, pieces, seed)
     if tree:  # pairwise tree, like dask's split_every=2
         while len(parts) > 1:
-            parts = [merge_moments(parts[i], parts[i + 1]) if i + 1 < len(parts) else parts[i]
-                     for i in range(0, len(parts), 2)]
+            parts = [
+                merge_moments(parts[i], parts[i + 1]) if i + 1 < len(parts) else parts[i]
+                for i in range(0, len(parts), 2)
+            ]
         merged = parts[0]
     else:
         merged = empty_moments(p["G"], p["d"])
@@ -320,6 +353,7 @@ def test_merge_shape_mismatch_raises() -> None:
 
 
 # ----------------------------------------------------------------------------- regroup
+
 
 @SETTINGS
 @given(ugly, st.integers(1, 3))

@@ -47,9 +47,16 @@ def test_missing_and_first_reason_wins() -> None:
 
 
 @settings(max_examples=50, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from([nan, -1.0, 0.0, 0.5, 1.58, 99.0, 150.0]),
-                          st.sampled_from([nan, -0.1, 0.0, 0.01, 1.0, 2.0]),
-                          st.sampled_from([nan, -1.0, 0.0, 0.005, 0.01, 300.0])), max_size=40))
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from([nan, -1.0, 0.0, 0.5, 1.58, 99.0, 150.0]),
+            st.sampled_from([nan, -0.1, 0.0, 0.01, 1.0, 2.0]),
+            st.sampled_from([nan, -1.0, 0.0, 0.005, 0.01, 300.0]),
+        ),
+        max_size=40,
+    )
+)
 def test_counts_add_up_and_match_rule(rows: list[tuple[float, float, float]]) -> None:
     a = np.array(rows, dtype=np.float64).reshape(-1, 3)
     f = CpiFilter()

@@ -23,7 +23,8 @@ def test_loader_declares_the_same_instantiations() -> None:
     declared = _kernels.INSTANTIATIONS.get(moments_gpu.KERNEL_FILE)
     if declared is not None:
         assert {k: sorted(v) for k, v in declared.items()} == {
-            k: sorted(v) for k, v in moments_gpu.INSTANTIATIONS.items()}
+            k: sorted(v) for k, v in moments_gpu.INSTANTIATIONS.items()
+        }
 
 
 @pytest.fixture(scope="module")
@@ -56,13 +57,18 @@ def _close(gpu: Moments, ref: Moments, rtol: float = 1e-9) -> None:
     assert np.all(np.abs(h.mean - ref.mean) <= rtol * (np.abs(ref.mean) + sd) + 1e-300)
     fl = (1e-13 * np.abs(ref.mean)) ** 2 * W[:, None]
     D = np.maximum(diag, fl)
-    tol = rtol * np.sqrt(diag[:, :, None] * diag[:, None, :]) + np.sqrt(D[:, :, None] * fl[:, None, :]) \
-        + np.sqrt(fl[:, :, None] * D[:, None, :]) + 1e-300
+    tol = (
+        rtol * np.sqrt(diag[:, :, None] * diag[:, None, :])
+        + np.sqrt(D[:, :, None] * fl[:, None, :])
+        + np.sqrt(fl[:, :, None] * D[:, None, :])
+        + 1e-300
+    )
     assert np.all(np.abs(h.C - ref.C) <= tol)
 
 
-def _data(seed: int, n: int, d: int, G: int, xdtype=np.float64, gdtype=np.int64, sorted_groups=False,
-          offset: float = 1.5):
+def _data(
+    seed: int, n: int, d: int, G: int, xdtype=np.float64, gdtype=np.int64, sorted_groups=False, offset: float = 1.5
+):
     rng = np.random.default_rng(seed)
     x = (offset + rng.standard_normal((n, d))).astype(xdtype)
     w = 10.0 ** rng.uniform(-3, 3, n)
@@ -70,9 +76,9 @@ def _data(seed: int, n: int, d: int, G: int, xdtype=np.float64, gdtype=np.int64,
     if sorted_groups:
         g = np.sort(g)
     g = g.astype(gdtype)
-    x[:: 97, 0] = np.nan  # invalid rows
-    w[:: 89] = 0.0
-    g[:: 83] = -1
+    x[::97, 0] = np.nan  # invalid rows
+    w[::89] = 0.0
+    g[::83] = -1
     return np.ascontiguousarray(x), w, g
 
 
@@ -107,7 +113,10 @@ def test_gpu_empty_and_merge(cp) -> None:
     m = moments_gpu.grouped_comoments(cp.zeros((0, 2)), cp.zeros(0), cp.zeros(0, dtype=cp.int64), 4)
     assert m.to_host().n.tolist() == [0, 0, 0, 0]
     x, w, g = _data(1, 10_000, 3, 5)
-    a_ref, b_ref = grouped_comoments(x[:4000], w[:4000], g[:4000], 5), grouped_comoments(x[4000:], w[4000:], g[4000:], 5)
+    a_ref, b_ref = (
+        grouped_comoments(x[:4000], w[:4000], g[:4000], 5),
+        grouped_comoments(x[4000:], w[4000:], g[4000:], 5),
+    )
     a = moments_gpu.grouped_comoments(cp.asarray(x[:4000]), cp.asarray(w[:4000]), cp.asarray(g[:4000]), 5)
     b = moments_gpu.grouped_comoments(cp.asarray(x[4000:]), cp.asarray(w[4000:]), cp.asarray(g[4000:]), 5)
     _close(moments_gpu.merge_moments(a, b), merge_moments(a_ref, b_ref))

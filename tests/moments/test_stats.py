@@ -19,7 +19,11 @@ from gpuclust.analyses.cpi.regression import borg_effects, wls_from_moments
 from gpuclust.backends import get_backend
 from gpuclust.backends.moments_cpu import empty_moments, grouped_comoments, merge_moments
 
-SETTINGS = settings(max_examples=int(__import__("os").environ.get("GPUCLUST_HYP_EXAMPLES", "40")), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=int(__import__("os").environ.get("GPUCLUST_HYP_EXAMPLES", "40")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 I64 = np.int64
 
 
@@ -52,6 +56,7 @@ def lstsq_reference(X: np.ndarray, y: np.ndarray, w: np.ndarray, frequency: bool
 
 # ----------------------------------------------------------------------------- mean / std / Pearson
 
+
 def test_weighted_std_and_pearson_match_numpy() -> None:
     cpi, mai, _, _, w, g = borg_like(1, 4000, G=5)
     m = grouped_comoments(np.ascontiguousarray(np.column_stack([cpi, mai])), w, g, 5)
@@ -62,8 +67,9 @@ def test_weighted_std_and_pearson_match_numpy() -> None:
         cov = np.cov(np.vstack([cpi[s], mai[s]]), aweights=w[s], bias=True)
         np.testing.assert_allclose(sd[k], np.sqrt(np.diag(cov)), rtol=1e-12)
         np.testing.assert_allclose(r[k], cov[0, 1] / np.sqrt(cov[0, 0] * cov[1, 1]), rtol=1e-12)
-        np.testing.assert_allclose(m.mean[k], np.average(np.column_stack([cpi[s], mai[s]]), axis=0, weights=w[s]),
-                                   rtol=1e-13)
+        np.testing.assert_allclose(
+            m.mean[k], np.average(np.column_stack([cpi[s], mai[s]]), axis=0, weights=w[s]), rtol=1e-13
+        )
 
 
 def test_pearson_unweighted_matches_scipy() -> None:
@@ -88,6 +94,7 @@ def test_pearson_degenerate_cases_are_nan() -> None:
 
 
 # ----------------------------------------------------------------------------- WLS
+
 
 @pytest.mark.parametrize("weights", ["analytic", "frequency"])
 def test_wls_matches_lstsq_reference(weights: str) -> None:
@@ -181,6 +188,7 @@ def test_wls_degenerate_groups() -> None:
 
 # ----------------------------------------------------------------------------- Borg effects
 
+
 @pytest.mark.parametrize("reference", ["mean", "intercept"])
 def test_borg_effects_values_and_delta_method(reference: str) -> None:
     cpi, _, util, nt, w, g = borg_like(7, 20000, noise=0.2)
@@ -198,15 +206,19 @@ def test_borg_effects_values_and_delta_method(reference: str) -> None:
     assert np.all(np.abs(coef[1:] - [1.3 * 0.15, 1.3 * 0.003]) < 4 * fit.se[0, 1:])
     # delta method against a central finite-difference gradient
     for name, j, step in (("pct_per_task", 2, 1.0), ("pct_per_util_step", 1, 0.1)):
+
         def f(c: np.ndarray, j: int = j, step: float = step) -> float:
             return 100 * step * c[j] / (a @ c)
 
         h = 1e-6 * np.maximum(np.abs(coef), 1e-3)
-        grad = np.array([(f(coef + h[i] * np.eye(3)[i]) - f(coef - h[i] * np.eye(3)[i])) / (2 * h[i]) for i in range(3)])
+        grad = np.array(
+            [(f(coef + h[i] * np.eye(3)[i]) - f(coef - h[i] * np.eye(3)[i])) / (2 * h[i]) for i in range(3)]
+        )
         np.testing.assert_allclose(e[name + "_se"][0], np.sqrt(grad @ cov @ grad), rtol=1e-5)
 
 
 # ----------------------------------------------------------------------------- Spearman, exact
+
 
 def slow_weighted_spearman(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> float:
     """O(n^2) definition: rank = weight strictly below + half the weight of ties; weighted Pearson."""
@@ -254,12 +266,14 @@ def test_spearman_integer_weights_equal_replicated_rows() -> None:
 
 
 def test_spearman_degenerate() -> None:
-    rho, n = spearman_exact(np.array([1.0, 1.0, 1.0, 2.0, np.nan]), np.array([1.0, 2.0, 3.0, 4.0, 5.0]),
-                            np.array([0, 0, 0, 1, 1]), 3)
+    rho, n = spearman_exact(
+        np.array([1.0, 1.0, 1.0, 2.0, np.nan]), np.array([1.0, 2.0, 3.0, 4.0, 5.0]), np.array([0, 0, 0, 1, 1]), 3
+    )
     assert np.isnan(rho).all() and n.tolist() == [3, 1, 0]
 
 
 # ----------------------------------------------------------------------------- Spearman, grid
+
 
 def test_grid_equals_exact_when_bins_hold_single_values() -> None:
     rng = np.random.default_rng(11)
@@ -289,8 +303,9 @@ def test_grid_bound_holds(seed: int, corr: float, bins: int, weighted: bool) -> 
     y = np.exp(y)  # monotone transform: Spearman unchanged, Pearson not
     w = 10.0 ** rng.uniform(-2, 2, n) if weighted else None
     g = np.zeros(n, I64)
-    h = spearman_grid_partial(get_backend("cpu"), x, y, g, 1, quantile_cuts(x[:300], bins),
-                              quantile_cuts(y[:300], bins), w=w)
+    h = spearman_grid_partial(
+        get_backend("cpu"), x, y, g, 1, quantile_cuts(x[:300], bins), quantile_cuts(y[:300], bins), w=w
+    )
     rho_g, bound = spearman_from_grid(h)
     rho_e, _ = spearman_exact(x, y, g, 1, w=w)
     assert abs(rho_g[0] - rho_e[0]) <= bound[0]
@@ -304,7 +319,9 @@ def test_grid_partials_merge_by_addition() -> None:
     be = get_backend("cpu")
     xc, yc = quantile_cuts(x, 32), quantile_cuts(y, 32)
     whole = spearman_grid_partial(be, x, y, g, 3, xc, yc)
-    parts = sum(spearman_grid_partial(be, x[i], y[i], g[i], 3, xc, yc) for i in np.split(np.arange(n), [100, 1700, 2999]))
+    parts = sum(
+        spearman_grid_partial(be, x[i], y[i], g[i], 3, xc, yc) for i in np.split(np.arange(n), [100, 1700, 2999])
+    )
     np.testing.assert_array_equal(whole, parts)  # counts: exact
     assert whole.shape == (3, 32, 32) and whole.sum() == n  # 31 cuts -> 32 bins
 
@@ -318,7 +335,9 @@ def test_grid_bound_shrinks_with_bins() -> None:
     bounds, errs = [], []
     exact_rho = spearman_exact(x, y)[0][0]
     for bins in (8, 32, 128):
-        rho, b = spearman_from_grid(spearman_grid_partial(be, x, y, g, 1, quantile_cuts(x, bins), quantile_cuts(y, bins)))
+        rho, b = spearman_from_grid(
+            spearman_grid_partial(be, x, y, g, 1, quantile_cuts(x, bins), quantile_cuts(y, bins))
+        )
         bounds.append(b[0])
         errs.append(abs(rho[0] - exact_rho))
     assert bounds[0] > bounds[1] > bounds[2] and bounds[2] < 0.03

@@ -25,33 +25,86 @@ INT_RE = re.compile(r"^-?[0-9]+$")
 INT64 = {
     "machine_events": {"time", "machine_id", "type", "missing_data_reason"},
     "machine_attributes": {"time", "machine_id"},
-    "collection_events": {"time", "type", "collection_id", "scheduling_class", "missing_type", "collection_type",
-                          "priority", "alloc_collection_id", "parent_collection_id", "max_per_machine",
-                          "max_per_switch", "vertical_scaling", "scheduler"},
-    "instance_events": {"time", "type", "collection_id", "scheduling_class", "missing_type", "collection_type",
-                        "priority", "alloc_collection_id", "instance_index", "machine_id", "alloc_instance_index"},
-    "instance_usage": {"start_time", "end_time", "collection_id", "instance_index", "machine_id",
-                       "alloc_collection_id", "alloc_instance_index", "collection_type"},
+    "collection_events": {
+        "time",
+        "type",
+        "collection_id",
+        "scheduling_class",
+        "missing_type",
+        "collection_type",
+        "priority",
+        "alloc_collection_id",
+        "parent_collection_id",
+        "max_per_machine",
+        "max_per_switch",
+        "vertical_scaling",
+        "scheduler",
+    },
+    "instance_events": {
+        "time",
+        "type",
+        "collection_id",
+        "scheduling_class",
+        "missing_type",
+        "collection_type",
+        "priority",
+        "alloc_collection_id",
+        "instance_index",
+        "machine_id",
+        "alloc_instance_index",
+    },
+    "instance_usage": {
+        "start_time",
+        "end_time",
+        "collection_id",
+        "instance_index",
+        "machine_id",
+        "alloc_collection_id",
+        "alloc_instance_index",
+        "collection_type",
+    },
 }
-FLOATS = {"instance_usage": {"assigned_memory", "page_cache_memory", "cycles_per_instruction",
-                             "memory_accesses_per_instruction", "sample_rate"}}
+FLOATS = {
+    "instance_usage": {
+        "assigned_memory",
+        "page_cache_memory",
+        "cycles_per_instruction",
+        "memory_accesses_per_instruction",
+        "sample_rate",
+    }
+}
 REQUIRED = {
     "machine_events": {"time", "machine_id", "type"},
     "machine_attributes": {"time", "machine_id", "name"},
     "collection_events": {"time", "type", "collection_id", "collection_type", "priority"},
     "instance_events": {"time", "type", "collection_id", "instance_index", "collection_type", "priority"},
-    "instance_usage": {"start_time", "end_time", "collection_id", "instance_index", "machine_id", "average_usage",
-                       "cpu_usage_distribution", "tail_cpu_usage_distribution", "sample_rate"},
+    "instance_usage": {
+        "start_time",
+        "end_time",
+        "collection_id",
+        "instance_index",
+        "machine_id",
+        "average_usage",
+        "cpu_usage_distribution",
+        "tail_cpu_usage_distribution",
+        "sample_rate",
+    },
 }
 ALLOWED = {
     "machine_events": {"time", "machine_id", "type", "switch_id", "capacity", "platform_id", "missing_data_reason"},
     "machine_attributes": {"time", "machine_id", "name", "value", "deleted"},
-    "collection_events": INT64["collection_events"] | {"user", "collection_name", "collection_logical_name",
-                                                        "start_after_collection_ids"},
+    "collection_events": INT64["collection_events"]
+    | {"user", "collection_name", "collection_logical_name", "start_after_collection_ids"},
     "instance_events": INT64["instance_events"] | {"resource_request", "constraint"},
-    "instance_usage": INT64["instance_usage"] | FLOATS["instance_usage"] | {
-        "average_usage", "maximum_usage", "random_sample_usage", "cpu_usage_distribution",
-        "tail_cpu_usage_distribution"},
+    "instance_usage": INT64["instance_usage"]
+    | FLOATS["instance_usage"]
+    | {
+        "average_usage",
+        "maximum_usage",
+        "random_sample_usage",
+        "cpu_usage_distribution",
+        "tail_cpu_usage_distribution",
+    },
 }
 TERMINAL = {int(e) for e in (EventType.EVICT, EventType.FAIL, EventType.FINISH, EventType.KILL, EventType.LOST)}
 
@@ -72,11 +125,14 @@ def read_table(out: Path, table: str) -> list[dict]:
 def cell(tmp_path_factory):
     """A small cell (about 30k usage windows), parsed back from its files."""
     out = tmp_path_factory.mktemp("cell")
-    cfg = SynthConfig(machines=50, hours=2, seed=0, null_capacity_fraction=0.04, remove_fraction=0.1,
-                      update_fraction=0.1)
+    cfg = SynthConfig(
+        machines=50, hours=2, seed=0, null_capacity_fraction=0.04, remove_fraction=0.1, update_fraction=0.1
+    )
     res = synthesize(cfg, out, progress=None, keep_windows=True)
-    tables = {t: read_table(out, t) for t in ("machine_events", "machine_attributes", "collection_events",
-                                               "instance_events", "instance_usage")}
+    tables = {
+        t: read_table(out, t)
+        for t in ("machine_events", "machine_attributes", "collection_events", "instance_events", "instance_usage")
+    }
     return res, tables
 
 
@@ -98,7 +154,8 @@ def test_formatter_matches_scalar_path():
     assert data.decode().split() == [fmt_float(v, 7) for v in x]
     assert int(lengths.sum()) == len(data)
     assert json_line({"a": 2**63 - 1, "b": None, "c": [1, 2], "d": {"cpus": None}}) == (
-        '{"a":"9223372036854775807","c":["1","2"],"d":{}}\n')
+        '{"a":"9223372036854775807","c":["1","2"],"d":{}}\n'
+    )
 
 
 def test_fast_event_lines_equal_generic_encoder():
@@ -108,18 +165,32 @@ def test_fast_event_lines_equal_generic_encoder():
 
     md = M.Model(SynthConfig(machines=20, hours=1, seed=11), np.random.default_rng(11))
     md.run()
-    cons = {i: [{"name": n, "value": v, "relation": r} for n, v, r in spec]
-            for i, (spec, _m) in enumerate(md.constraint_kinds)}
+    cons = {
+        i: [{"name": n, "value": v, "relation": r} for n, v, r in spec]
+        for i, (spec, _m) in enumerate(md.constraint_kinds)
+    }
     want = []
     for t, typ, ci, index, machine, rc, rm, ai, missing in sorted(md.inst_events, key=lambda e: e[0]):
         c = md.colls[ci]
-        want.append(json_line({
-            "time": t, "type": int(typ), "collection_id": c.cid, "scheduling_class": c.sclass,
-            "missing_type": missing or None, "collection_type": c.ctype, "priority": c.prio,
-            "alloc_collection_id": md.colls[c.alloc_set].cid if c.alloc_set >= 0 else None,
-            "instance_index": index, "machine_id": int(md.m_id[machine]) if machine >= 0 else None,
-            "alloc_instance_index": ai if ai >= 0 else None, "resource_request": _res(rc, rm),
-            "constraint": cons[c.constraint] if c.constraint >= 0 else None}))
+        want.append(
+            json_line(
+                {
+                    "time": t,
+                    "type": int(typ),
+                    "collection_id": c.cid,
+                    "scheduling_class": c.sclass,
+                    "missing_type": missing or None,
+                    "collection_type": c.ctype,
+                    "priority": c.prio,
+                    "alloc_collection_id": md.colls[c.alloc_set].cid if c.alloc_set >= 0 else None,
+                    "instance_index": index,
+                    "machine_id": int(md.m_id[machine]) if machine >= 0 else None,
+                    "alloc_instance_index": ai if ai >= 0 else None,
+                    "resource_request": _res(rc, rm),
+                    "constraint": cons[c.constraint] if c.constraint >= 0 else None,
+                }
+            )
+        )
     assert _inst_lines(md) == want
 
 
@@ -189,7 +260,9 @@ def test_determinism(tmp_path):
     assert "synth_truth.json" in names and len(names) == 6
     for n in names:
         assert (a / n).read_bytes() == (b / n).read_bytes(), n
-    assert (a / "instance_usage-000000000000.json.gz").read_bytes() != (c / "instance_usage-000000000000.json.gz").read_bytes()
+    assert (a / "instance_usage-000000000000.json.gz").read_bytes() != (
+        c / "instance_usage-000000000000.json.gz"
+    ).read_bytes()
 
 
 def test_shards_split(tmp_path):
@@ -306,8 +379,16 @@ def test_lifecycles(cell):
             if a in (EventType.EVICT,) and b != EventType.KILL:
                 assert b == EventType.SUBMIT, s  # resubmitted after an eviction
     E = EventType
-    for pair in ((E.SUBMIT, E.SCHEDULE), (E.SUBMIT, E.QUEUE), (E.QUEUE, E.ENABLE), (E.ENABLE, E.SCHEDULE),
-                 (E.SCHEDULE, E.FINISH), (E.SCHEDULE, E.UPDATE_RUNNING), (E.EVICT, E.SUBMIT), (E.FAIL, E.SUBMIT)):
+    for pair in (
+        (E.SUBMIT, E.SCHEDULE),
+        (E.SUBMIT, E.QUEUE),
+        (E.QUEUE, E.ENABLE),
+        (E.ENABLE, E.SCHEDULE),
+        (E.SCHEDULE, E.FINISH),
+        (E.SCHEDULE, E.UPDATE_RUNNING),
+        (E.EVICT, E.SUBMIT),
+        (E.FAIL, E.SUBMIT),
+    ):
         assert kinds[(int(pair[0]), int(pair[1]))] > 0, pair
     assert any(E.UPDATE_PENDING in s for s in seq.values())
     assert any(E.KILL in s for s in seq.values()) and any(E.LOST in s for s in seq.values())
@@ -466,8 +547,24 @@ def test_cli(tmp_path):
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="command")
     register(sub)
-    args = parser.parse_args(["synth", "--out", str(tmp_path), "--machines", "6", "--hours", "0.25", "--seed", "3",
-                              "--cpi-per-task", "0.004", "--malformed-rate", "0.001", "--quiet"])
+    args = parser.parse_args(
+        [
+            "synth",
+            "--out",
+            str(tmp_path),
+            "--machines",
+            "6",
+            "--hours",
+            "0.25",
+            "--seed",
+            "3",
+            "--cpi-per-task",
+            "0.004",
+            "--malformed-rate",
+            "0.001",
+            "--quiet",
+        ]
+    )
     assert args.func(args) == 0
     truth = json.loads((tmp_path / "synth_truth.json").read_text())
     assert truth["planted"]["cpi_per_task"] == 0.004 and truth["seed"] == 3
@@ -486,8 +583,12 @@ def test_ingest_path(tmp_path):
 
     from gpuclust.schema import TIER_MAPS
 
-    res = synthesize(SynthConfig(machines=10, hours=0.5, seed=4, malformed_rate=0.003), tmp_path / "raw",
-                     dataset=tmp_path / "ds", progress=None)
+    res = synthesize(
+        SynthConfig(machines=10, hours=0.5, seed=4, malformed_rate=0.003),
+        tmp_path / "raw",
+        dataset=tmp_path / "ds",
+        progress=None,
+    )
     rep = res.ingest_report
     assert rep is not None and rep.exit_status == 0
     counts = res.truth["counts"]
@@ -522,8 +623,7 @@ def test_machines_never_run_above_capacity(big):
     import pandas as pd
 
     w = big.windows
-    df = pd.DataFrame({"m": w["machine"], "c": w["cell"], "cs": w["avg_cpu"] * w["dur"], "top": w["top"],
-                       "u": w["u"]})
+    df = pd.DataFrame({"m": w["machine"], "c": w["cell"], "cs": w["avg_cpu"] * w["dur"], "top": w["top"], "u": w["u"]})
     cs = df[df.top].groupby(["m", "c"])["cs"].sum()
     u = df[df.top].groupby(["m", "c"])["u"].first().dropna()
     assert float(u.max()) <= 1.0, float(u.max())

@@ -113,11 +113,15 @@ class Cpi(Analysis):
     """
 
     by: str = option("platform", "grouping of the groups table (cell = the whole dataset)", choices=BY)
-    regression: str = option("platform-fixed-effects",
-                             "primary fit (all fits are reported): multiplicative platform fixed effects, "
-                             "one fit per platform, or pooled over platforms", choices=REGRESSIONS)
-    spearman: str = option("grid", "grid = mergeable estimate with an error bound; exact = carries the rows; none",
-                           choices=SPEARMAN)
+    regression: str = option(
+        "platform-fixed-effects",
+        "primary fit (all fits are reported): multiplicative platform fixed effects, "
+        "one fit per platform, or pooled over platforms",
+        choices=REGRESSIONS,
+    )
+    spearman: str = option(
+        "grid", "grid = mergeable estimate with an error bound; exact = carries the rows; none", choices=SPEARMAN
+    )
     spearman_bins: int = option(32, "Spearman grid bins per axis")
     cpi_min: float = option(CpiFilter.cpi_min, "CPI filter: exclusive lower bound")
     cpi_max: float = option(CpiFilter.cpi_max, "CPI filter: inclusive upper bound")
@@ -135,8 +139,10 @@ class Cpi(Analysis):
     #: rows per partition for partitions="auto" (gpuclust.engine.memory.preferred_rows)
     auto_partition_rows = 1 << 20
     optional_tables = ("machine_events", "instance_events")
-    table_uses = {"machine_events": "required for by=platform; the regression's capacities",
-                  "instance_events": "by=tier"}
+    table_uses = {
+        "machine_events": "required for by=platform; the regression's capacities",
+        "instance_events": "by=tier",
+    }
 
     def __post_init__(self) -> None:
         for opt, choices in (("by", BY), ("regression", REGRESSIONS), ("spearman", SPEARMAN)):
@@ -154,7 +160,9 @@ class Cpi(Analysis):
         empty); instance_events for ``by=tier`` only."""
         required, optional = {"instance_usage": ""}, {}
         if self.by == "platform":
-            required["machine_events"] = "by=platform: the machines' platforms; by=cell, machine, collection, tier do not"
+            required["machine_events"] = (
+                "by=platform: the machines' platforms; by=cell, machine, collection, tier do not"
+            )
         elif self.regression != "none":
             optional["machine_events"] = "the regression: machine capacities"
         if self.by == "tier":
@@ -220,23 +228,43 @@ class Cpi(Analysis):
             # fine bin b holds edges[b - 1] <= v < edges[b]; as every cut is an edge, the grid bin
             # searchsorted(cuts, v, "right") is the same for all of them: the count of cuts <= edges[b - 1]
             ok = self.spearman == "grid" and bool(np.isin(cuts, edges[var]).all())
-            luts[var + "_lut"] = (np.concatenate([[0], np.searchsorted(cuts, edges[var], side="right")]).astype(np.int64)
-                                  if ok else np.zeros(0, np.int64))
+            luts[var + "_lut"] = (
+                np.concatenate([[0], np.searchsorted(cuts, edges[var], side="right")]).astype(np.int64)
+                if ok
+                else np.zeros(0, np.int64)
+            )
         span = 0
         if self.regression != "none" and cap_ids.shape[0]:
-            span = _cell_span(max_finite(source, "instance_usage", "start_time"), int(cap_ids.shape[0]),
-                              len(plat["platforms"]) + 1)
+            span = _cell_span(
+                max_finite(source, "instance_usage", "start_time"), int(cap_ids.shape[0]), len(plat["platforms"]) + 1
+            )
         tm = self.resolve_tier_map(source) if self.by == "tier" else None
         cpos = np.searchsorted(cap_ids, plat["pm_ids"]) if cap_ids.shape[0] else np.zeros(0, np.int64)
         cposc = np.clip(cpos, 0, max(cap_ids.shape[0] - 1, 0))
-        pm_cap = (np.where(cap_ids[cposc] == plat["pm_ids"], cpos, -1) if cap_ids.shape[0]
-                  else np.full(plat["pm_ids"].shape[0], -1)).astype(np.int64)
+        pm_cap = (
+            np.where(cap_ids[cposc] == plat["pm_ids"], cpos, -1)
+            if cap_ids.shape[0]
+            else np.full(plat["pm_ids"].shape[0], -1)
+        ).astype(np.int64)
         info = {"machines": int(plat["pm_ids"].shape[0]), "machines_with_capacity": int(cap_ids.shape[0])}
-        return CpiContext(filter=flt, tier_map=tm, **plat, cap_ids=cap_ids, cap_val=cap_val, cell_span=span,
-                          pm_cap=pm_cap,
-                          cpi_cuts=cpi_cuts, mai_cuts=mai_cuts, cpi_edges=edges["cpi"], mai_edges=edges["mai"],
-                          cpi_lut=luts["cpi_lut"], mai_lut=luts["mai_lut"],
-                          lookup=InstanceLookup.empty(), trace_window_us=window, info=info)
+        return CpiContext(
+            filter=flt,
+            tier_map=tm,
+            **plat,
+            cap_ids=cap_ids,
+            cap_val=cap_val,
+            cell_span=span,
+            pm_cap=pm_cap,
+            cpi_cuts=cpi_cuts,
+            mai_cuts=mai_cuts,
+            cpi_edges=edges["cpi"],
+            mai_edges=edges["mai"],
+            cpi_lut=luts["cpi_lut"],
+            mai_lut=luts["mai_lut"],
+            lookup=InstanceLookup.empty(),
+            trace_window_us=window,
+            info=info,
+        )
 
     @property
     def side_inputs(self) -> dict[str, tuple[str, ...]]:
@@ -249,8 +277,12 @@ class Cpi(Analysis):
         # rows (allocs included: the cpi analysis keeps tasks inside allocs) -> tier code
         assert ctx.tier_map is not None  # context() resolves one for by="tier"
         n = len(ctx.tier_map.names)
-        return dataclasses.replace(ctx, lookup=tier_lookup(side["instance_events"], ctx.tier_map, top_level_only=False,
-                                                           unmatched=n, what="cpi tier lookup"))
+        return dataclasses.replace(
+            ctx,
+            lookup=tier_lookup(
+                side["instance_events"], ctx.tier_map, top_level_only=False, unmatched=n, what="cpi tier lookup"
+            ),
+        )
 
     # ---------------------------------------------------------------- partial / merge
     def empty(self, backend: Any = None) -> dict[str, Any]:
@@ -260,8 +292,7 @@ class Cpi(Analysis):
         out.update({"s_key": np.zeros(0, np.int64), "s_x": np.zeros(0), "s_y": np.zeros(0), "s_w": np.zeros(0)})
         for pre, fields in KEYED.items():
             out[pre + "_key"] = np.zeros(0, np.int64)
-            out.update({f"{pre}_{f}": np.zeros(0, np.int64) if f in ("k", "bad", "n") else np.zeros(0)
-                        for f in fields})
+            out.update({f"{pre}_{f}": np.zeros(0, np.int64) if f in ("k", "bad", "n") else np.zeros(0) for f in fields})
         out["counts"] = np.zeros(len(COUNTERS), np.int64)
         out["stats"] = np.zeros(len(_STATS), np.int64)
         return out | {"backend": getattr(backend, "name", "cpu")}
@@ -273,8 +304,7 @@ class Cpi(Analysis):
             return None
         return id_index(backend, ctx.pm_ids, mid)
 
-    def _platform(self, backend: Any, ctx: CpiContext, mid: Any, start: Any,
-                  mi: tuple[Any, Any] | None = None) -> Any:
+    def _platform(self, backend: Any, ctx: CpiContext, mid: Any, start: Any, mi: tuple[Any, Any] | None = None) -> Any:
         """Platform code per row as of the window's start (machine's first known platform before
         its first platform event; ``unknown_platform`` for machines absent from machine_events)."""
         xp = backend.xp
@@ -342,8 +372,11 @@ class Cpi(Analysis):
             mi = (mall[0][idx], mall[1][idx])
         else:
             mi = self._machine_index(backend, ctx, mid) if mid is not None else None
-        plat = self._platform(backend, ctx, mid, st if regress else cols["start_time"][idx], mi) if (
-            regress or self.by == "platform") else None
+        plat = (
+            self._platform(backend, ctx, mid, st if regress else cols["start_time"][idx], mi)
+            if (regress or self.by == "platform")
+            else None
+        )
         groups = None
         # ---- per-group CPI/MAI moments (keyed)
         if self.by == "machine":
@@ -358,7 +391,9 @@ class Cpi(Analysis):
             gkey = plat.astype(xp.int64)
             groups = _dense_groups(xp, gkey, ctx.unknown_platform + 1, xp.arange(ctx.unknown_platform + 1))
         elif self.by == "tier":
-            gkey = self._tier(backend, ctx, cols["collection_id"][idx], cols["instance_index"][idx], mid).astype(xp.int64)
+            gkey = self._tier(backend, ctx, cols["collection_id"][idx], cols["instance_index"][idx], mid).astype(
+                xp.int64
+            )
             nt = len(ctx.tier_names)
             groups = _dense_groups(xp, gkey, nt, xp.arange(nt))
         else:
@@ -374,10 +409,13 @@ class Cpi(Analysis):
         if self.spearman == "grid":
             bins = None
             if ctx.cpi_lut.shape[0] and ctx.mai_lut.shape[0]:
-                bins = tuple(backend.stage(lut)[log_bins(xp, backend.stage(e), v)]
-                             for lut, e, v in ((ctx.cpi_lut, ctx.cpi_edges, y), (ctx.mai_lut, ctx.mai_edges, z)))
-            out["g_grid"] = spearman_grid_partial(backend, y, z, inv, G, backend.stage(ctx.cpi_cuts),
-                                                  backend.stage(ctx.mai_cuts), w, bins)
+                bins = tuple(
+                    backend.stage(lut)[log_bins(xp, backend.stage(e), v)]
+                    for lut, e, v in ((ctx.cpi_lut, ctx.cpi_edges, y), (ctx.mai_lut, ctx.mai_edges, z))
+                )
+            out["g_grid"] = spearman_grid_partial(
+                backend, y, z, inv, G, backend.stage(ctx.cpi_cuts), backend.stage(ctx.mai_cuts), w, bins
+            )
             if ctx.cpi_cuts.shape[0] + 1 != self.spearman_bins or ctx.mai_cuts.shape[0] + 1 != self.spearman_bins:
                 grid = xp.zeros((G, self.spearman_bins, self.spearman_bins))
                 hx, hy = ctx.cpi_cuts.shape[0] + 1, ctx.mai_cuts.shape[0] + 1
@@ -408,12 +446,17 @@ class Cpi(Analysis):
             key += plat[ri].astype(xp.int64)
             wr, yr = w[ri], y[ri]
             wy = wr * yr
-            out.update({"w_" + k: v for k, v in keyed_reduce(backend, key, {"W": wr, "S": wy, "Q": wy * yr},
-                                                               {"n": None}).items()})
+            out.update(
+                {
+                    "w_" + k: v
+                    for k, v in keyed_reduce(backend, key, {"W": wr, "S": wy, "Q": wy * yr}, {"n": None}).items()
+                }
+            )
         return out
 
-    def _cell_sums(self, cols: dict[str, Any], ctx: CpiContext, backend: Any,
-                   out: dict[str, Any]) -> tuple[Any, Any, Any, Any] | None:
+    def _cell_sums(
+        self, cols: dict[str, Any], ctx: CpiContext, backend: Any, out: dict[str, Any]
+    ) -> tuple[Any, Any, Any, Any] | None:
         """Per (capacity machine, cell) over the top-level rows of every window (kept or not):
         ``k``, CPU-seconds (0 for unknown ones) and ``bad`` (unknown CPU time), into ``out``'s
         ``c_*`` and ``stats``; returns the rows' machine lookup ``(pm index, known, capacity
@@ -438,8 +481,14 @@ class Cpi(Analysis):
             cs[bad] = 0.0
             key = cp[ui].astype(xp.int64) * ctx.cell_span
             key += bucket_index(start[ui], CELL_US)
-            out.update({"c_" + k: v for k, v in keyed_reduce(backend, key, {"cpu_seconds": cs},
-                                                               {"k": None, "bad": bad.astype(xp.int64)}).items()})
+            out.update(
+                {
+                    "c_" + k: v
+                    for k, v in keyed_reduce(
+                        backend, key, {"cpu_seconds": cs}, {"k": None, "bad": bad.astype(xp.int64)}
+                    ).items()
+                }
+            )
         return m2, known, cp, has_cap
 
     def merge(self, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
@@ -482,8 +531,9 @@ class Cpi(Analysis):
         m, cell, u = cell_util(c, ctx, finalize_backend("cpu"))
         return pd.DataFrame({"machine_id": ctx.cap_ids[m], "cell": cell, "k": np.asarray(c["k"], np.int64), "util": u})
 
-    def finalize_shard(self, keyed: dict[str, dict[str, np.ndarray]], rest: dict[str, Any], ctx: CpiContext,
-                       lo: int, hi: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    def finalize_shard(
+        self, keyed: dict[str, dict[str, np.ndarray]], rest: dict[str, Any], ctx: CpiContext, lo: int, hi: int
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
         """Machines ``[lo, hi)``: their machine-cells' ``k`` and ``util``, joined to the kept
         windows' (machine, cell, platform) sums: per-platform co-moments of (CPI, util, ntasks)
         and the binned sums, with the regression counters (no parted tables).  The join and the
@@ -491,8 +541,9 @@ class Cpi(Analysis):
         device under ``backend="gpu"``); the extra comes back to the host."""
         return shard_sums(keyed, rest, ctx, lo, hi)
 
-    def finalize_parted(self, rest: dict[str, Any], ctx: CpiContext, tables: dict[str, Any],
-                        extras: list[dict[str, Any]]) -> dict[str, pd.DataFrame]:
+    def finalize_parted(
+        self, rest: dict[str, Any], ctx: CpiContext, tables: dict[str, Any], extras: list[dict[str, Any]]
+    ) -> dict[str, pd.DataFrame]:
         p = dict(rest)
         r = _moments_fields("r_", 3)
         b = self._empty_bins()
@@ -507,7 +558,12 @@ class Cpi(Analysis):
 
     @staticmethod
     def _empty_bins() -> dict[str, np.ndarray]:
-        return {"key": np.zeros(0, np.int64), "cpu_seconds": np.zeros(0), "wcpi": np.zeros(0), "n": np.zeros(0, np.int64)}
+        return {
+            "key": np.zeros(0, np.int64),
+            "cpu_seconds": np.zeros(0),
+            "wcpi": np.zeros(0),
+            "n": np.zeros(0, np.int64),
+        }
 
     #: its keyed machine-cell sums (~5 B a window) go to the regression shards, which run on the
     #: device under a gpu study (:meth:`finalize_shard`): left there, they are not copied both ways
@@ -516,8 +572,11 @@ class Cpi(Analysis):
     def finalize(self, partial: dict[str, Any], ctx: CpiContext) -> dict[str, pd.DataFrame]:
         if self.sharded:  # the shards' reduction, in memory (the keyed sums where they are: device_partial)
             return finalize_in_memory(self, partial, ctx)
-        return result_tables(self, {**_moments_fields("r_", 3), **{"b_" + f: v for f, v in self._empty_bins().items()},
-                                    **to_host(partial)}, ctx)
+        return result_tables(
+            self,
+            {**_moments_fields("r_", 3), **{"b_" + f: v for f, v in self._empty_bins().items()}, **to_host(partial)},
+            ctx,
+        )
 
     def summary(self, result: dict[str, pd.DataFrame]) -> str:
         return summary_text(self, result)

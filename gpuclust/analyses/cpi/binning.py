@@ -25,13 +25,23 @@ def quantile_cuts(v: np.ndarray, bins: int, w: np.ndarray | None = None) -> np.n
     if not ok.any():
         return np.zeros(0)
     q = np.arange(1, bins) / bins
-    cuts = np.quantile(v[ok], q, weights=None if w is None else np.asarray(w, dtype=np.float64)[ok],
-                       method="inverted_cdf")
+    cuts = np.quantile(
+        v[ok], q, weights=None if w is None else np.asarray(w, dtype=np.float64)[ok], method="inverted_cdf"
+    )
     return np.unique(cuts)
 
 
-def spearman_grid_partial(backend: Any, x: Any, y: Any, group: Any, n_groups: int, x_cuts: Any, y_cuts: Any,
-                          w: Any = None, bins: tuple[Any, Any] | None = None) -> Any:
+def spearman_grid_partial(
+    backend: Any,
+    x: Any,
+    y: Any,
+    group: Any,
+    n_groups: int,
+    x_cuts: Any,
+    y_cuts: Any,
+    w: Any = None,
+    bins: tuple[Any, Any] | None = None,
+) -> Any:
     """Mergeable Spearman partial: per-group weighted counts on a fixed grid, ``(G, Bx, By)``.
 
     ``x`` falls in bin ``searchsorted(x_cuts, x, side="right")`` (``Bx = len(x_cuts) + 1`` bins;
@@ -53,7 +63,9 @@ def spearman_grid_partial(backend: Any, x: Any, y: Any, group: Any, n_groups: in
     g = xp.asarray(group).astype(xp.int64)
     wv = xp.ones(xv.shape[0], dtype=xp.float64) if w is None else xp.asarray(w, dtype=xp.float64)
     ok = xp.isfinite(xv) & xp.isfinite(yv) & (g >= 0) & (g < n_groups) & xp.isfinite(wv) & (wv > 0)
-    xb, yb = bins if bins is not None else (xp.searchsorted(xc, xv, side="right"), xp.searchsorted(yc, yv, side="right"))
+    xb, yb = (
+        bins if bins is not None else (xp.searchsorted(xc, xv, side="right"), xp.searchsorted(yc, yv, side="right"))
+    )
     # code = (g * bx + xb) * by + yb, in place in ``g`` (astype made a copy)
     code = g
     code *= bx

@@ -15,15 +15,36 @@ from gpuclust.arrow_numpy import valid as arrow_valid
 from gpuclust.schema import TierMap
 from gpuclust.stats import CpiFilter
 
-__all__ = ["BY", "COUNTERS", "CpiContext", "K_BINS", "KEYED", "REGRESSIONS", "SHARD_KEYS", "SPEARMAN", "UTIL_BIN",
-           "UTIL_BINS"]
+__all__ = [
+    "BY",
+    "COUNTERS",
+    "CpiContext",
+    "K_BINS",
+    "KEYED",
+    "REGRESSIONS",
+    "SHARD_KEYS",
+    "SPEARMAN",
+    "UTIL_BIN",
+    "UTIL_BINS",
+]
 
 BY = ("platform", "machine", "collection", "tier", "cell")
 REGRESSIONS = ("platform-fixed-effects", "per-platform", "pooled", "none")
 SPEARMAN = ("grid", "exact", "none")
 #: Counters kept in every partial, in this order.
-COUNTERS = ("total", "kept", "missing", "cpu_seconds", "cpi_range", "mai_range",
-            "regression_used", "no_capacity", "no_machine_cell", "unknown_util", "unknown_platform")
+COUNTERS = (
+    "total",
+    "kept",
+    "missing",
+    "cpu_seconds",
+    "cpi_range",
+    "mai_range",
+    "regression_used",
+    "no_capacity",
+    "no_machine_cell",
+    "unknown_util",
+    "unknown_platform",
+)
 #: Utilisation bins of the ``binned`` table (width, count; the last bin is open-ended).
 UTIL_BIN = 0.05
 UTIL_BINS = 40
@@ -37,8 +58,13 @@ KEYED = {"c": ("k", "cpu_seconds", "bad"), "w": ("n", "W", "S", "Q")}
 SHARD_KEYS = 1 << 21
 #: ``stats``: top-level rows outside the cell range, machine-cells, machine-cells of unknown util.
 _STATS = ("bad_cell_rows", "machine_cells", "machine_cells_unknown_util")
-_BY_COLUMN = {"platform": "platform_id", "machine": "machine_id", "collection": "collection_id",
-              "tier": "tier", "cell": "cell"}
+_BY_COLUMN = {
+    "platform": "platform_id",
+    "machine": "machine_id",
+    "collection": "collection_id",
+    "tier": "tier",
+    "cell": "cell",
+}
 
 
 @dataclass(frozen=True)
@@ -139,8 +165,15 @@ def _platform_lookup(me: Any) -> dict[str, Any]:
         is_first = np.ones(m2.shape[0], dtype=bool)
         is_first[1:] = m2[1:] != m2[:-1]
         first[m2[is_first]] = code_v[is_first]
-    return {"pm_ids": pm_ids, "platforms": platforms, "pe_times": times, "pe_key": key,
-            "pe_machine": m2.astype(np.int64), "pe_code": code_v, "pm_first": first}
+    return {
+        "pm_ids": pm_ids,
+        "platforms": platforms,
+        "pe_times": times,
+        "pe_key": key,
+        "pe_machine": m2.astype(np.int64),
+        "pe_code": code_v,
+        "pm_first": first,
+    }
 
 
 def _capacities(me: Any) -> tuple[np.ndarray, np.ndarray]:

@@ -17,8 +17,14 @@ import numpy as np
 from gpuclust.backends.moments_cpu import grouped_comoments
 from gpuclust.partials import Moments
 
-__all__ = ["CONSTANT_RTOL", "cpi_mai_summary", "pearson_from_moments", "spearman_exact", "variable_is_constant",
-           "weighted_std"]
+__all__ = [
+    "CONSTANT_RTOL",
+    "cpi_mai_summary",
+    "pearson_from_moments",
+    "spearman_exact",
+    "variable_is_constant",
+    "weighted_std",
+]
 
 # --------------------------------------------------------------------------- moments finalize
 
@@ -113,6 +119,7 @@ def cpi_mai_summary(m: Moments, cpi: int = 0, mai: int = 1) -> dict[str, np.ndar
 
 # --------------------------------------------------------------------------- Spearman
 
+
 def _valid_rows(x: np.ndarray, y: np.ndarray, w: np.ndarray | None, group: np.ndarray, G: int) -> np.ndarray:
     with np.errstate(invalid="ignore"):
         ok = np.isfinite(x) & np.isfinite(y) & (group >= 0) & (group < G)
@@ -158,8 +165,13 @@ def _midranks(v: np.ndarray, group: np.ndarray, w: np.ndarray | None, G: int) ->
     return out
 
 
-def spearman_exact(x: np.ndarray, y: np.ndarray, group: np.ndarray | None = None, n_groups: int | None = None,
-                   w: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+def spearman_exact(
+    x: np.ndarray,
+    y: np.ndarray,
+    group: np.ndarray | None = None,
+    n_groups: int | None = None,
+    w: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
     """Exact Spearman rank correlation per group, from all rows of each group (host).
 
     Ranks are within-group mid-ranks (ties get the average rank).  Unweighted (``w=None``): the
@@ -198,6 +210,7 @@ def spearman_exact(x: np.ndarray, y: np.ndarray, group: np.ndarray | None = None
     wv = None if wv is None else wv[ok]
     rx = _midranks(x, group, wv, G)
     ry = _midranks(y, group, wv, G)
-    m = grouped_comoments(np.ascontiguousarray(np.column_stack([rx, ry])),
-                          np.ones(x.shape[0]) if wv is None else wv, group, G)
+    m = grouped_comoments(
+        np.ascontiguousarray(np.column_stack([rx, ry])), np.ones(x.shape[0]) if wv is None else wv, group, G
+    )
     return pearson_from_moments(m, 0, 1), m.n

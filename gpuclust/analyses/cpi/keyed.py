@@ -28,17 +28,24 @@ def _dense_groups(xp: Any, code: Any, span: int, keys: Any) -> tuple[Any, Any, i
 
 # ------------------------------------------------------------------------------ keyed moments
 
+
 def _moments_fields(prefix: str, d: int) -> dict[str, np.ndarray]:
-    return {prefix + "key": np.zeros(0, np.int64), prefix + "n": np.zeros(0, np.int64),
-            prefix + "W": np.zeros(0), prefix + "mean": np.zeros((0, d)), prefix + "C": np.zeros((0, d, d))}
+    return {
+        prefix + "key": np.zeros(0, np.int64),
+        prefix + "n": np.zeros(0, np.int64),
+        prefix + "W": np.zeros(0),
+        prefix + "mean": np.zeros((0, d)),
+        prefix + "C": np.zeros((0, d, d)),
+    }
 
 
 def _moments_of(p: dict[str, Any], prefix: str) -> Moments:
     return Moments(p[prefix + "n"], p[prefix + "W"], p[prefix + "mean"], p[prefix + "C"])
 
 
-def _merge_keyed_moments(a: dict[str, np.ndarray], b: dict[str, np.ndarray], prefix: str,
-                         extra: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
+def _merge_keyed_moments(
+    a: dict[str, np.ndarray], b: dict[str, np.ndarray], prefix: str, extra: tuple[str, ...] = ()
+) -> dict[str, np.ndarray]:
     """Concatenate + regroup two keyed moment partials (and sum keyed ``extra`` arrays)."""
     names = (prefix + "key", prefix + "n", prefix + "W", prefix + "mean", prefix + "C", *extra)
     if a[prefix + "key"].shape[0] == 0:
@@ -49,8 +56,13 @@ def _merge_keyed_moments(a: dict[str, np.ndarray], b: dict[str, np.ndarray], pre
     uniq, inv = np.unique(key, return_inverse=True)
     inv = inv.reshape(-1)
     m = regroup_moments(_moments_of(a, prefix).concat(_moments_of(b, prefix)), inv, uniq.shape[0])
-    out = {prefix + "key": uniq.astype(np.int64), prefix + "n": m.n, prefix + "W": m.W,
-           prefix + "mean": m.mean, prefix + "C": m.C}
+    out = {
+        prefix + "key": uniq.astype(np.int64),
+        prefix + "n": m.n,
+        prefix + "W": m.W,
+        prefix + "mean": m.mean,
+        prefix + "C": m.C,
+    }
     for k in extra:
         cat = np.concatenate([a[k], b[k]])
         acc = np.zeros((uniq.shape[0],) + cat.shape[1:], dtype=cat.dtype)
@@ -59,8 +71,9 @@ def _merge_keyed_moments(a: dict[str, np.ndarray], b: dict[str, np.ndarray], pre
     return out
 
 
-def _keyed_comoments(backend: Any, key: Any, x: Any, w: Any, prefix: str,
-                     groups: tuple[Any, Any, int] | None = None) -> tuple[dict[str, Any], Any, int]:
+def _keyed_comoments(
+    backend: Any, key: Any, x: Any, w: Any, prefix: str, groups: tuple[Any, Any, int] | None = None
+) -> tuple[dict[str, Any], Any, int]:
     xp = backend.xp
     if groups is None:
         uniq, inv = xp.unique(key, return_inverse=True)
@@ -69,5 +82,14 @@ def _keyed_comoments(backend: Any, key: Any, x: Any, w: Any, prefix: str,
     else:
         uniq, inv, G = groups
     m = backend.ops.grouped_comoments(xp.ascontiguousarray(x), xp.ascontiguousarray(w), inv, G)
-    return ({prefix + "key": uniq.astype(xp.int64), prefix + "n": m.n, prefix + "W": m.W,
-             prefix + "mean": m.mean, prefix + "C": m.C}, inv, G)
+    return (
+        {
+            prefix + "key": uniq.astype(xp.int64),
+            prefix + "n": m.n,
+            prefix + "W": m.W,
+            prefix + "mean": m.mean,
+            prefix + "C": m.C,
+        },
+        inv,
+        G,
+    )

@@ -63,8 +63,9 @@ class WlsFit:
     weights: str
 
 
-def wls_from_moments(m: Moments, y_index: int, x_indices: Any, *, weights: str = "analytic",
-                     rcond: float = 1e-12) -> WlsFit:
+def wls_from_moments(
+    m: Moments, y_index: int, x_indices: Any, *, weights: str = "analytic", rcond: float = 1e-12
+) -> WlsFit:
     """Weighted least squares ``y ~ 1 + x`` per group from (merged) co-moments, exactly.
 
     Slopes ``beta = Cxx^-1 Cxy`` (centred co-moments), intercept ``mean_y - beta . mean_x``,
@@ -163,13 +164,25 @@ def wls_from_moments(m: Moments, y_index: int, x_indices: Any, *, weights: str =
         adj = np.where(tss_ok & (dof > 0), 1.0 - (1.0 - r2) * (n_eff - 1.0) / np.where(dof > 0, dof, 1.0), np.nan)
     coef = np.column_stack([b0, beta])
     coef = np.where(ok[:, None], coef, np.nan)
-    return WlsFit(coef=coef, se=se, cov=cov, r2=r2, adj_r2=adj, n=n.copy(), W=W.copy(), dof=dof,
-                  sigma2=sigma2, y_mean=np.where(W > 0, ym, np.nan), x_mean=np.where(W[:, None] > 0, xm, np.nan),
-                  weights=weights)
+    return WlsFit(
+        coef=coef,
+        se=se,
+        cov=cov,
+        r2=r2,
+        adj_r2=adj,
+        n=n.copy(),
+        W=W.copy(),
+        dof=dof,
+        sigma2=sigma2,
+        y_mean=np.where(W > 0, ym, np.nan),
+        x_mean=np.where(W[:, None] > 0, xm, np.nan),
+        weights=weights,
+    )
 
 
-def borg_effects(fit: WlsFit, util: int, tasks: int, *, reference: str = "mean",
-                 util_step: float = 0.10) -> dict[str, np.ndarray]:
+def borg_effects(
+    fit: WlsFit, util: int, tasks: int, *, reference: str = "mean", util_step: float = 0.10
+) -> dict[str, np.ndarray]:
     """Borg-paper (§5.2) effects of a CPI regression, in percent of a reference CPI.
 
     With ``CPI = b0 + b_util * util + b_tasks * ntasks`` (``util`` = machine CPU usage as a

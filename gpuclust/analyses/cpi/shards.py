@@ -30,8 +30,9 @@ def cell_util(c: dict[str, Any], ctx: CpiContext, be: Any) -> tuple[Any, Any, An
     return m, cell, u
 
 
-def shard_sums(keyed: dict[str, dict[str, np.ndarray]], rest: dict[str, Any], ctx: CpiContext,
-               lo: int, hi: int) -> tuple[dict[str, Any], dict[str, Any]]:
+def shard_sums(
+    keyed: dict[str, dict[str, np.ndarray]], rest: dict[str, Any], ctx: CpiContext, lo: int, hi: int
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """Machines ``[lo, hi)``: their machine-cells' ``k`` and ``util``, joined to the kept
     windows' (machine, cell, platform) sums: per-platform co-moments of (CPI, util, ntasks)
     and the binned sums, with the regression counters (no parted tables).  The join and the
@@ -59,9 +60,12 @@ def shard_sums(keyed: dict[str, dict[str, np.ndarray]], rest: dict[str, Any], ct
     use = found & xp.isfinite(uu)
     n = wk["n"].astype(xp.int64, copy=False)
     counts = dict.fromkeys(COUNTERS, 0)
-    counts.update(no_machine_cell=int(n[~found].sum()), unknown_util=int(n[found & ~use].sum()),
-                  regression_used=int(n[use].sum()),
-                  unknown_platform=int(n[use & (pl == ctx.unknown_platform)].sum()))
+    counts.update(
+        no_machine_cell=int(n[~found].sum()),
+        unknown_util=int(n[found & ~use].sum()),
+        regression_used=int(n[use].sum()),
+        unknown_platform=int(n[use & (pl == ctx.unknown_platform)].sum()),
+    )
     stats = np.array([0, nc, int(xp.isnan(u).sum())], np.int64)
     # a machine-cell's windows share util and k: each (cell, platform) is one point at its
     # weighted mean CPI, with the within-cell CPI spread added to the CPI variance
@@ -75,8 +79,13 @@ def shard_sums(keyed: dict[str, dict[str, np.ndarray]], rest: dict[str, Any], ct
     C = m.C.copy()
     C[:, 0, 0] += bincount(xp, inv, weights=xp.maximum(Q - S * ybar, 0.0), minlength=G)
     host = be.to_host
-    r = {"r_key": host(uniq).astype(np.int64), "r_n": host(bincount(xp, inv, weights=nu, minlength=G)).round().astype(np.int64),
-         "r_W": host(m.W), "r_mean": host(m.mean), "r_C": host(C)}
+    r = {
+        "r_key": host(uniq).astype(np.int64),
+        "r_n": host(bincount(xp, inv, weights=nu, minlength=G)).round().astype(np.int64),
+        "r_W": host(m.W),
+        "r_mean": host(m.mean),
+        "r_C": host(C),
+    }
     # binned CPI vs util and vs k, per platform
     ub = xp.clip(xp.floor(ur / UTIL_BIN), 0, UTIL_BINS - 1).astype(xp.int64)
     kb = xp.clip(kr, 0, K_BINS - 1).astype(xp.int64)
@@ -84,7 +93,9 @@ def shard_sums(keyed: dict[str, dict[str, np.ndarray]], rest: dict[str, Any], ct
     bu, binv = xp.unique(bkey, return_inverse=True)
     binv = binv.reshape(-1)
     sums = {"cpu_seconds": xp.concatenate([W, W]), "wcpi": xp.concatenate([S, S]), "n": xp.concatenate([nu, nu])}
-    b = {"key": host(bu).astype(np.int64),
-         **{f: host(bincount(xp, binv, weights=v, minlength=int(bu.shape[0]))) for f, v in sums.items()}}
+    b = {
+        "key": host(bu).astype(np.int64),
+        **{f: host(bincount(xp, binv, weights=v, minlength=int(bu.shape[0]))) for f, v in sums.items()},
+    }
     b["n"] = b["n"].round().astype(np.int64)
     return {}, {"r": r, "b": b, "counts": np.array([counts[c] for c in COUNTERS], np.int64), "stats": stats}

@@ -22,8 +22,15 @@ from gpuclust.partials import Moments
 if TYPE_CHECKING:
     from gpuclust.analyses.cpi import Cpi
 
-__all__ = ["binned_table", "fit_rows", "group_labels", "groups_table", "regression_table", "result_tables",
-           "summary_text"]
+__all__ = [
+    "binned_table",
+    "fit_rows",
+    "group_labels",
+    "groups_table",
+    "regression_table",
+    "result_tables",
+    "summary_text",
+]
 
 
 def group_labels(a: Cpi, key: np.ndarray, ctx: CpiContext) -> pd.Series:
@@ -68,19 +75,37 @@ def fit_rows(fit_name: str, plat: list[Any], m: Moments, extra_groups: int = 0) 
         with np.errstate(invalid="ignore", divide="ignore"):
             f = np.where(dof > 0, fit.dof / np.where(dof > 0, dof, 1.0), np.nan)
             adj = 1.0 - (1.0 - fit.r2) * (fit.n - 1.0 - extra_groups) / np.where(dof > 0, dof, np.nan)
-        fit = dataclasses.replace(fit, dof=dof, sigma2=fit.sigma2 * f, cov=fit.cov * f[:, None, None],
-                                  se=fit.se * np.sqrt(f)[:, None], adj_r2=adj)
+        fit = dataclasses.replace(
+            fit,
+            dof=dof,
+            sigma2=fit.sigma2 * f,
+            cov=fit.cov * f[:, None, None],
+            se=fit.se * np.sqrt(f)[:, None],
+            adj_r2=adj,
+        )
     eff = {ref: borg_effects(fit, util=0, tasks=1, reference=ref) for ref in ("mean", "intercept")}
     rows = []
     for g in range(fit.coef.shape[0]):
-        row = {"fit": fit_name, "platform_id": plat[g], "primary": False,
-               "y": "cpi / platform mean cpi" if fit_name == "platform-fixed-effects" else "cpi",
-               "n": int(fit.n[g]), "cpu_seconds": float(fit.W[g]),
-               "intercept": fit.coef[g, 0], "intercept_se": fit.se[g, 0],
-               "b_util": fit.coef[g, 1], "b_util_se": fit.se[g, 1],
-               "b_ntasks": fit.coef[g, 2], "b_ntasks_se": fit.se[g, 2],
-               "r2": fit.r2[g], "adj_r2": fit.adj_r2[g], "dof": float(fit.dof[g]),
-               "cpi_mean": fit.y_mean[g], "util_mean": fit.x_mean[g, 0], "ntasks_mean": fit.x_mean[g, 1]}
+        row = {
+            "fit": fit_name,
+            "platform_id": plat[g],
+            "primary": False,
+            "y": "cpi / platform mean cpi" if fit_name == "platform-fixed-effects" else "cpi",
+            "n": int(fit.n[g]),
+            "cpu_seconds": float(fit.W[g]),
+            "intercept": fit.coef[g, 0],
+            "intercept_se": fit.se[g, 0],
+            "b_util": fit.coef[g, 1],
+            "b_util_se": fit.se[g, 1],
+            "b_ntasks": fit.coef[g, 2],
+            "b_ntasks_se": fit.se[g, 2],
+            "r2": fit.r2[g],
+            "adj_r2": fit.adj_r2[g],
+            "dof": float(fit.dof[g]),
+            "cpi_mean": fit.y_mean[g],
+            "util_mean": fit.x_mean[g, 0],
+            "ntasks_mean": fit.x_mean[g, 1],
+        }
         for ref, e in eff.items():
             row[f"pct_per_task_vs_{ref}"] = e["pct_per_task"][g]
             row[f"pct_per_task_vs_{ref}_se"] = e["pct_per_task_se"][g]
@@ -110,8 +135,12 @@ def regression_table(a: Cpi, p: dict[str, np.ndarray], ctx: CpiContext) -> pd.Da
         ok = np.isfinite(s) & (W > 0)
         if ok.any():
             Wt = W[ok].sum()
-            fe = Moments(np.array([per.n[ok].sum()], np.int64), np.array([Wt]),
-                         ((W[ok, None] * mean[ok]).sum(axis=0) / Wt)[None, :], C[ok].sum(axis=0)[None])
+            fe = Moments(
+                np.array([per.n[ok].sum()], np.int64),
+                np.array([Wt]),
+                ((W[ok, None] * mean[ok]).sum(axis=0) / Wt)[None, :],
+                C[ok].sum(axis=0)[None],
+            )
             rows += fit_rows("platform-fixed-effects", [None], fe, extra_groups=int(ok.sum()) - 1)
         rows += fit_rows("per-platform", [names[k] for k in key], per)
     df = pd.DataFrame(rows, columns=_REGRESSION_COLUMNS)
@@ -135,16 +164,23 @@ def binned_table(p: dict[str, np.ndarray], ctx: CpiContext) -> pd.DataFrame:
     names = np.array([*ctx.platforms, None], dtype=object)
     is_u = pv % 2 == 0
     lo = np.where(is_u, b * UTIL_BIN, b).astype(np.float64)
-    hi = np.where(is_u, np.where(b == UTIL_BINS - 1, np.inf, (b + 1) * UTIL_BIN),
-                  np.where(b == K_BINS - 1, np.inf, b + 1)).astype(np.float64)
+    hi = np.where(
+        is_u, np.where(b == UTIL_BINS - 1, np.inf, (b + 1) * UTIL_BIN), np.where(b == K_BINS - 1, np.inf, b + 1)
+    ).astype(np.float64)
     W = np.asarray(p["b_cpu_seconds"], dtype=np.float64)
     with np.errstate(invalid="ignore", divide="ignore"):
         cm = np.where(W > 0, np.asarray(p["b_wcpi"]) / np.where(W > 0, W, 1.0), np.nan)
-    df = pd.DataFrame({"variable": pd.Series(var, dtype=object),
-                       "platform_id": pd.Series(names[pv // 2] if key.size else np.array([], dtype=object),
-                                                dtype=object),
-                       "bin_lo": lo, "bin_hi": hi, "n": np.asarray(p["b_n"], dtype=np.int64),
-                       "cpu_seconds": W, "cpi_mean": cm})
+    df = pd.DataFrame(
+        {
+            "variable": pd.Series(var, dtype=object),
+            "platform_id": pd.Series(names[pv // 2] if key.size else np.array([], dtype=object), dtype=object),
+            "bin_lo": lo,
+            "bin_hi": hi,
+            "n": np.asarray(p["b_n"], dtype=np.int64),
+            "cpu_seconds": W,
+            "cpi_mean": cm,
+        }
+    )
     return df
 
 
@@ -156,64 +192,94 @@ def result_tables(a: Cpi, partial: dict[str, np.ndarray], ctx: CpiContext) -> di
     binned = binned_table(p, ctx)
     reasons = [("filter", r) for r in ("missing", "cpu_seconds", "cpi_range", "mai_range")] + [("filter", "kept")]
     if a.regression != "none":
-        reasons += [("regression", "no_capacity"), ("regression", "no_machine_cell"),
-                    ("regression", "unknown_util"), ("regression", "regression_used")]
-    flt = pd.DataFrame({"stage": pd.Series([s for s, _ in reasons], dtype=object),
-                        "reason": pd.Series([r for _, r in reasons], dtype=object),
-                        "windows": np.array([counts[r] for _, r in reasons], dtype=np.int64)})
+        reasons += [
+            ("regression", "no_capacity"),
+            ("regression", "no_machine_cell"),
+            ("regression", "unknown_util"),
+            ("regression", "regression_used"),
+        ]
+    flt = pd.DataFrame(
+        {
+            "stage": pd.Series([s for s, _ in reasons], dtype=object),
+            "reason": pd.Series([r for _, r in reasons], dtype=object),
+            "windows": np.array([counts[r] for _, r in reasons], dtype=np.int64),
+        }
+    )
     flt["fraction"] = flt["windows"] / counts["total"] if counts["total"] else np.nan
     if counts["total"] == 0:
         flt = flt.iloc[0:0].reset_index(drop=True)
     f = ctx.filter
-    info = pd.DataFrame([{
-        "analysis": a.name, "by": a.by, "regression": a.regression, "spearman": a.spearman,
-        "spearman_bins": a.spearman_bins if a.spearman == "grid" else 0,
-        "cpi_bins": int(ctx.cpi_cuts.shape[0] + 1) if a.spearman == "grid" else 0,
-        "mai_bins": int(ctx.mai_cuts.shape[0] + 1) if a.spearman == "grid" else 0,
-        "cpi_min": f.cpi_min, "cpi_max": f.cpi_max, "mai_min": f.mai_min, "mai_max": f.mai_max,
-        "min_cpu_seconds": f.min_cpu_seconds,
-        "tier_map": ctx.tier_map.name if ctx.tier_map else None,
-        "platforms": ",".join(ctx.platforms),
-        "trace_window_start_us": ctx.trace_window_us[0] if ctx.trace_window_us else None,
-        "trace_window_end_us": ctx.trace_window_us[1] if ctx.trace_window_us else None,
-        **ctx.info, "machine_cells": int(p["stats"][1]), "machine_cells_unknown_util": int(p["stats"][2]),
-        "bad_cell_rows": int(p["stats"][0]), **{f"windows_{k}": v for k, v in counts.items()},
-    }])
+    info = pd.DataFrame(
+        [
+            {
+                "analysis": a.name,
+                "by": a.by,
+                "regression": a.regression,
+                "spearman": a.spearman,
+                "spearman_bins": a.spearman_bins if a.spearman == "grid" else 0,
+                "cpi_bins": int(ctx.cpi_cuts.shape[0] + 1) if a.spearman == "grid" else 0,
+                "mai_bins": int(ctx.mai_cuts.shape[0] + 1) if a.spearman == "grid" else 0,
+                "cpi_min": f.cpi_min,
+                "cpi_max": f.cpi_max,
+                "mai_min": f.mai_min,
+                "mai_max": f.mai_max,
+                "min_cpu_seconds": f.min_cpu_seconds,
+                "tier_map": ctx.tier_map.name if ctx.tier_map else None,
+                "platforms": ",".join(ctx.platforms),
+                "trace_window_start_us": ctx.trace_window_us[0] if ctx.trace_window_us else None,
+                "trace_window_end_us": ctx.trace_window_us[1] if ctx.trace_window_us else None,
+                **ctx.info,
+                "machine_cells": int(p["stats"][1]),
+                "machine_cells_unknown_util": int(p["stats"][2]),
+                "bad_cell_rows": int(p["stats"][0]),
+                **{f"windows_{k}": v for k, v in counts.items()},
+            }
+        ]
+    )
     return {"groups": groups, "regression": regression, "binned": binned, "filter": flt, "info": info}
 
 
 def summary_text(a: Cpi, result: dict[str, pd.DataFrame]) -> str:
     info = result["info"].iloc[0]
-    lines = [f"{a.label}: {info['windows_kept']} of {info['windows_total']} windows pass the CPI/MAI filter "
-             f"(missing {info['windows_missing']}, low CPU time {info['windows_cpu_seconds']}, "
-             f"CPI range {info['windows_cpi_range']}, MAI range {info['windows_mai_range']}); "
-             + ("regression not computed (regression='none'): no regression or binned rows"
-                if a.regression == "none" else
-                f"regression uses {info['windows_regression_used']} (no capacity {info['windows_no_capacity']}, "
-                f"no machine-cell {info['windows_no_machine_cell']}, unknown util {info['windows_unknown_util']})")]
+    lines = [
+        f"{a.label}: {info['windows_kept']} of {info['windows_total']} windows pass the CPI/MAI filter "
+        f"(missing {info['windows_missing']}, low CPU time {info['windows_cpu_seconds']}, "
+        f"CPI range {info['windows_cpi_range']}, MAI range {info['windows_mai_range']}); "
+        + (
+            "regression not computed (regression='none'): no regression or binned rows"
+            if a.regression == "none"
+            else f"regression uses {info['windows_regression_used']} (no capacity {info['windows_no_capacity']}, "
+            f"no machine-cell {info['windows_no_machine_cell']}, unknown util {info['windows_unknown_util']})"
+        )
+    ]
     g = result["groups"]
     if len(g):
         col = g.columns[0]
         shown = min(len(g), _SUMMARY_GROUPS)
-        lines.append(f"  {len(g)} group(s) by {a.by}" + (
-            f", the {shown} with the most CPU time:" if shown < len(g) else ":"))
+        lines.append(
+            f"  {len(g)} group(s) by {a.by}" + (f", the {shown} with the most CPU time:" if shown < len(g) else ":")
+        )
         for _, r in g.sort_values("cpu_seconds", ascending=False).head(shown).iterrows():
-            lines.append(f"    {str(r[col])[:22]:>22}: n={r['n']} CPI {fmt(r['cpi_mean'], '.3f')} "
-                         f"(sd {fmt(r['cpi_std'], '.3f')}) MAI {fmt(r['mai_mean'])} r={fmt(r['pearson_r'], '.3f')} "
-                         f"rho={fmt(r['spearman_rho'], '.3f')} [{r['spearman_method']}]")
+            lines.append(
+                f"    {str(r[col])[:22]:>22}: n={r['n']} CPI {fmt(r['cpi_mean'], '.3f')} "
+                f"(sd {fmt(r['cpi_std'], '.3f')}) MAI {fmt(r['mai_mean'])} r={fmt(r['pearson_r'], '.3f')} "
+                f"rho={fmt(r['spearman_rho'], '.3f')} [{r['spearman_method']}]"
+            )
         if shown < len(g):
             lines.append(f"    ... {len(g) - shown} more (every group is in the groups table)")
     reg = result["regression"]
     for _, r in reg.iterrows():
         tag = r["fit"] + ("" if pd.isna(r["platform_id"]) else f"[{str(r['platform_id'])[:12]}]")
         star = "*" if r["primary"] else " "
-        lines.append(f"  {star}{tag:>36}: {fmt(r['pct_per_task_vs_intercept'], '+.3f', unit='%')} CPI per extra"
-                     f" task (±{fmt(r['pct_per_task_vs_intercept_se'], '.3f')}), "
-                     f"{fmt(r['pct_per_10pct_util_vs_intercept'], '+.2f', unit='%')} "
-                     f"per +10% util (±{fmt(r['pct_per_10pct_util_vs_intercept_se'], '.2f')}) vs intercept; "
-                     f"vs mean {fmt(r['pct_per_task_vs_mean'], '+.3f', unit='%')} / "
-                     f"{fmt(r['pct_per_10pct_util_vs_mean'], '+.2f', unit='%')}; "
-                     f"R²={fmt(r['r2'], '.3f')} n={r['n']}")
+        lines.append(
+            f"  {star}{tag:>36}: {fmt(r['pct_per_task_vs_intercept'], '+.3f', unit='%')} CPI per extra"
+            f" task (±{fmt(r['pct_per_task_vs_intercept_se'], '.3f')}), "
+            f"{fmt(r['pct_per_10pct_util_vs_intercept'], '+.2f', unit='%')} "
+            f"per +10% util (±{fmt(r['pct_per_10pct_util_vs_intercept_se'], '.2f')}) vs intercept; "
+            f"vs mean {fmt(r['pct_per_task_vs_mean'], '+.3f', unit='%')} / "
+            f"{fmt(r['pct_per_10pct_util_vs_mean'], '+.2f', unit='%')}; "
+            f"R²={fmt(r['r2'], '.3f')} n={r['n']}"
+        )
     if len(reg):
         lines.append(f"  (* = primary fit: regression={a.regression!r})")
     return "\n".join(lines)
@@ -223,9 +289,30 @@ def summary_text(a: Cpi, result: dict[str, pd.DataFrame]) -> str:
 _SUMMARY_GROUPS = 8
 
 _REGRESSION_COLUMNS = [
-    "fit", "platform_id", "primary", "y", "n", "cpu_seconds", "intercept", "intercept_se", "b_util", "b_util_se",
-    "b_ntasks", "b_ntasks_se", "r2", "adj_r2", "dof", "cpi_mean", "util_mean", "ntasks_mean",
-    "pct_per_task_vs_mean", "pct_per_task_vs_mean_se", "pct_per_10pct_util_vs_mean", "pct_per_10pct_util_vs_mean_se",
-    "pct_per_task_vs_intercept", "pct_per_task_vs_intercept_se", "pct_per_10pct_util_vs_intercept",
+    "fit",
+    "platform_id",
+    "primary",
+    "y",
+    "n",
+    "cpu_seconds",
+    "intercept",
+    "intercept_se",
+    "b_util",
+    "b_util_se",
+    "b_ntasks",
+    "b_ntasks_se",
+    "r2",
+    "adj_r2",
+    "dof",
+    "cpi_mean",
+    "util_mean",
+    "ntasks_mean",
+    "pct_per_task_vs_mean",
+    "pct_per_task_vs_mean_se",
+    "pct_per_10pct_util_vs_mean",
+    "pct_per_10pct_util_vs_mean_se",
+    "pct_per_task_vs_intercept",
+    "pct_per_task_vs_intercept_se",
+    "pct_per_10pct_util_vs_intercept",
     "pct_per_10pct_util_vs_intercept_se",
 ]

@@ -188,7 +188,8 @@ def read(src: SourceFile, opts: ReadOptions) -> Iterator[Chunk]:
                         f"cluster {cl}; collection and machine IDs are unique only within a cell, so a dataset "
                         f"holds one cell: split the file with `gpuclust kaggle-split {src.path} DIR` and ingest "
                         f"each part into its own dataset (--cell)",
-                        line=last_line + 1)
+                        line=last_line + 1,
+                    )
             batch.add(last_line + 1, record_no, fields, feed.take())
             record_no += 1
             last_line = reader.line_num

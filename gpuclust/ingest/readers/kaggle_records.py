@@ -113,6 +113,7 @@ def _row_keys(tbl: pa.Table) -> list[bytes]:
     mat = np.ascontiguousarray(np.hstack(parts))
     return [hashlib.blake2b(row.tobytes(), digest_size=16).digest() for row in mat]
 
+
 class _Batch:
     """Raw records of one chunk, converted to canonical tables in :meth:`finish`."""
 

@@ -300,8 +300,11 @@ def _mapped_pieces(
                 cut = mm.find(b"\n", end, min(size, start + max_line + 1)) + 1
                 if cut <= start:
                     if size - start > max_line:
-                        raise SourceError(src.path, f"line {line} is longer than {max_line >> 20} MiB "
-                                          "(is this newline-delimited JSON?)", line=line)
+                        raise SourceError(
+                            src.path,
+                            f"line {line} is longer than {max_line >> 20} MiB (is this newline-delimited JSON?)",
+                            line=line,
+                        )
                     cut = size  # the last line, without a newline
         if digest is not None:
             digest._feed(hashed, view[hashed:cut])

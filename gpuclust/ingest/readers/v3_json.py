@@ -302,8 +302,9 @@ def _finish_piece(src: SourceFile, parsed: _Parsed, opts: ReadOptions) -> Chunk:
             )
         rejects.sort(key=lambda r: r.line or 0)
     release(piece)
-    return Chunk(tables=tables, rejects=rejects, rows_read=parsed.rows_read, bytes_done=piece.bytes_done,
-                 rows_skipped=skipped)
+    return Chunk(
+        tables=tables, rejects=rejects, rows_read=parsed.rows_read, bytes_done=piece.bytes_done, rows_skipped=skipped
+    )
 
 
 def parse_piece(src: SourceFile, piece: Piece, opts: ReadOptions) -> Chunk:
@@ -333,12 +334,21 @@ def read(src: SourceFile, opts: ReadOptions) -> Iterator[Chunk]:
     fast = src.source_table == "instance_usage" and _fast_usage.wanted()
     if fast:  # load the compiled reader in the background (a piece waits for it: _parse_raw)
         _fast_usage.preload()
-    text = pieces(src, opts.chunk_bytes, _fast_usage.count_newlines if fast else None,
-                  keep=4 + opts.threads if fast else 4, digest=opts.digest)
+    text = pieces(
+        src,
+        opts.chunk_bytes,
+        _fast_usage.count_newlines if fast else None,
+        keep=4 + opts.threads if fast else 4,
+        digest=opts.digest,
+    )
     if opts.threads > 1:
         if fast:  # read or inflate in one thread, the compiled parse in ``threads`` more
-            parsed_it = ordered_map(lambda p: _parse_raw(src, p, opts), threaded(text, name="gpuclust-inflate"),
-                                    opts.threads, "gpuclust-parse")
+            parsed_it = ordered_map(
+                lambda p: _parse_raw(src, p, opts),
+                threaded(text, name="gpuclust-inflate"),
+                opts.threads,
+                "gpuclust-parse",
+            )
         else:
             parsed_it = threaded((_parse_raw(src, p, opts) for p in text), name="gpuclust-parse")
         for parsed in parsed_it:

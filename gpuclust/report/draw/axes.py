@@ -72,8 +72,16 @@ class Axes:
             base = top
         self._extent([], [0.0])
 
-    def stairs(self, values: Any, edges: Any, *, label: str | None = None, color: str | None = None,
-               lw: float = 1.5, dash: bool = False) -> None:
+    def stairs(
+        self,
+        values: Any,
+        edges: Any,
+        *,
+        label: str | None = None,
+        color: str | None = None,
+        lw: float = 1.5,
+        dash: bool = False,
+    ) -> None:
         """A step line: ``values[i]`` over ``[edges[i], edges[i+1])``."""
         edges, v = np.asarray(edges, dtype=np.float64), np.asarray(values, dtype=np.float64)
         x = np.repeat(edges, 2)[1:-1]
@@ -89,8 +97,17 @@ class Axes:
         ys = np.repeat(y, 2)[:-1]
         self.plot(xs, ys, label=label, color=color, lw=lw)
 
-    def plot(self, x: Any, y: Any, *, label: str | None = None, color: str | None = None, lw: float = 1.5,
-             dash: bool = False, alpha: float = 1.0) -> None:
+    def plot(
+        self,
+        x: Any,
+        y: Any,
+        *,
+        label: str | None = None,
+        color: str | None = None,
+        lw: float = 1.5,
+        dash: bool = False,
+        alpha: float = 1.0,
+    ) -> None:
         """A line through the points (a NaN breaks it); ``alpha`` < 1: translucent."""
         color = _color(color) if color else self.next_color()
         if alpha < 1:
@@ -100,8 +117,17 @@ class Axes:
         self._label(label, kind="line", color=color, lw=lw, dash=dash)
         self._extent(x, y)
 
-    def scatter(self, x: Any, y: Any, *, marker: str = "o", size: float = 36.0, color: str | None = None,
-                alpha: float = 1.0, label: str | None = None) -> None:
+    def scatter(
+        self,
+        x: Any,
+        y: Any,
+        *,
+        marker: str = "o",
+        size: float = 36.0,
+        color: str | None = None,
+        alpha: float = 1.0,
+        label: str | None = None,
+    ) -> None:
         """Markers at the points: ``o`` (disc) or ``*`` (star), ``size`` their area in pt² (as
         matplotlib's ``s``), one size or one per point."""
         color = _color(color) if color else self.next_color()
@@ -111,8 +137,9 @@ class Axes:
         self._label(label, kind="marker", color=color, alpha=alpha)
         self._extent(x, y)
 
-    def image(self, values: Any, extent: tuple[float, float, float, float], *, vmin: float, vmax: float,
-              nan: str = "0.85") -> None:
+    def image(
+        self, values: Any, extent: tuple[float, float, float, float], *, vmin: float, vmax: float, nan: str = "0.85"
+    ) -> None:
         """A grid of cells coloured by value (viridis, NaN in ``nan``) over ``extent`` (x0, x1, y0,
         y1 in data coordinates), row 0 at the bottom (matplotlib's ``imshow(origin="lower",
         interpolation="nearest")``)."""
@@ -128,8 +155,9 @@ class Axes:
         """Grey lines at the major ticks, under the data."""
         self.grid_lw = lw
 
-    def rects(self, x0: Any, x1: Any, y0: Any, y1: Any, *, color: str | Sequence[str] | None = None,
-              label: str | None = None) -> None:
+    def rects(
+        self, x0: Any, x1: Any, y0: Any, y1: Any, *, color: str | Sequence[str] | None = None, label: str | None = None
+    ) -> None:
         """Filled rectangles ``[x0, x1] x [y0, y1]`` (data coordinates; an edge at 0 on a log axis
         reaches the axes' edge); ``color``: one colour or one per rectangle."""
         x0, x1, y0, y1 = np.broadcast_arrays(*(np.asarray(v, dtype=np.float64) for v in (x0, x1, y0, y1)))
@@ -141,8 +169,16 @@ class Axes:
         self._label(label, kind="patch", color=colors[0] if colors else "#000000")
         self._extent(np.concatenate([x0.ravel(), x1.ravel()]), np.concatenate([y0.ravel(), y1.ravel()]))
 
-    def bar(self, x: Any, heights: Any, *, width: float = 0.8, color: str | None = None,
-            value_labels: Sequence[str] | None = None, label_size: float | str = "x-small") -> None:
+    def bar(
+        self,
+        x: Any,
+        heights: Any,
+        *,
+        width: float = 0.8,
+        color: str | None = None,
+        value_labels: Sequence[str] | None = None,
+        label_size: float | str = "x-small",
+    ) -> None:
         """Vertical bars centred on ``x``, with an optional label above each."""
         x, h = np.asarray(x, dtype=np.float64), np.asarray(heights, dtype=np.float64)
         self.rects(x - width / 2, x + width / 2, 0.0, h, color=color)
@@ -150,44 +186,81 @@ class Axes:
             for xx, hh, s in zip(x, h, value_labels, strict=True):
                 self.text_at(float(xx), float(hh), s, size=label_size, ha="center", va="bottom", dy=-1.5)
 
-    def barh(self, y: Any, widths: Any, *, height: float = 0.8, color: str | Sequence[str] | None = None,
-             label: str | None = None) -> None:
+    def barh(
+        self,
+        y: Any,
+        widths: Any,
+        *,
+        height: float = 0.8,
+        color: str | Sequence[str] | None = None,
+        label: str | None = None,
+    ) -> None:
         """Horizontal bars from 0, centred on ``y``."""
         y = np.asarray(y, dtype=np.float64)
         self.rects(0.0, widths, y - height / 2, y + height / 2, color=color, label=label)
 
-    def text_at(self, x: float, y: float, s: str, *, size: float | str = "medium", ha: str = "left",
-                va: str = "baseline", dx: float = 0.0, dy: float = 0.0) -> None:
+    def text_at(
+        self,
+        x: float,
+        y: float,
+        s: str,
+        *,
+        size: float | str = "medium",
+        ha: str = "left",
+        va: str = "baseline",
+        dx: float = 0.0,
+        dy: float = 0.0,
+    ) -> None:
         """Text at data ``(x, y)``, moved by ``(dx, dy)`` points (right, down)."""
         self.items.append(("data_text", float(x), float(y), s, _size(size), ha, va, dx, dy))
 
-    def axhline(self, y: float, *, color: str = "k", lw: float = 0.8, dash: bool = False,
-                label: str | None = None) -> None:
+    def axhline(
+        self, y: float, *, color: str = "k", lw: float = 0.8, dash: bool = False, label: str | None = None
+    ) -> None:
         """A line across the axes at ``y`` (counts for the automatic y limits, as matplotlib's)."""
         self.items.append(("hline", float(y), _color(color), lw, dash))
         self._extent([], [y])
         self._label(label, kind="line", color=_color(color), lw=lw, dash=dash)
 
-    def axvline(self, x: float, *, color: str = "k", lw: float = 0.8, dash: bool = False,
-                label: str | None = None) -> None:
+    def axvline(
+        self, x: float, *, color: str = "k", lw: float = 0.8, dash: bool = False, label: str | None = None
+    ) -> None:
         self.items.append(("vline", float(x), _color(color), lw, dash))
         self._label(label, kind="line", color=_color(color), lw=lw, dash=dash)
 
-    def axvspan(self, x0: float, x1: float, *, color: str = "0.78", alpha: float = 1.0, hatch: bool = False,
-                label: str | None = None) -> None:
+    def axvspan(
+        self,
+        x0: float,
+        x1: float,
+        *,
+        color: str = "0.78",
+        alpha: float = 1.0,
+        hatch: bool = False,
+        label: str | None = None,
+    ) -> None:
         """A band over the whole height (its ends count for the automatic x limits, as matplotlib's);
         ``hatch``: diagonal lines instead of a fill."""
         self.items.append(("vspan", float(x0), float(x1), _color(color), alpha, hatch))
         self._extent([x0, x1], [])
         self._label(label, kind="hatch" if hatch else "patch", color=_color(color), alpha=alpha)
 
-    def text(self, fx: float, fy: float, s: str, *, size: float | str = "medium", ha: str = "left",
-             va: str = "baseline", color: str = "k") -> None:
+    def text(
+        self,
+        fx: float,
+        fy: float,
+        s: str,
+        *,
+        size: float | str = "medium",
+        ha: str = "left",
+        va: str = "baseline",
+        color: str = "k",
+    ) -> None:
         """Text at axes fractions ``(fx, fy)`` (origin bottom left)."""
         self.items.append(("text", fx, fy, s, _size(size), ha, va, _color(color)))
 
-    def legend(self, *, loc: str = "upper left", title: str | None = None, size: float | str = "small",
-               outside: bool = False) -> None:
+    def legend(
+        self, *, loc: str = "upper left", title: str | None = None, size: float | str = "small", outside: bool = False
+    ) -> None:
         """A legend of the labelled items; ``outside``: to the right of the axes, top aligned."""
         self.legend_spec = {"loc": loc, "title": title, "size": _size(size), "outside": outside}
 
@@ -199,8 +272,9 @@ class Axes:
 
     # -- limits and transforms
     def limits(self) -> tuple[tuple[float, float], tuple[float, float]]:
-        def auto(lim: tuple[float | None, float | None], data: list[float], scale: str,
-                 lt: float) -> tuple[float, float]:
+        def auto(
+            lim: tuple[float | None, float | None], data: list[float], scale: str, lt: float
+        ) -> tuple[float, float]:
             vals = [v for v in data if scale != "log" or v > 0]
             lo_d, hi_d = (min(vals), max(vals)) if vals else ((1.0, 10.0) if scale == "log" else (0.0, 1.0))
             if scale == "symlog":  # the 5% margins in the transformed space
@@ -222,8 +296,10 @@ class Axes:
 
         src = self.sharex or self
         data_x = [v for a in self.shared() for v in a._data_x]
-        return (auto(src.xlim, data_x, src.xscale, src.linthresh),
-                auto(self.ylim, self._data_y, self.yscale, self.linthresh))
+        return (
+            auto(src.xlim, data_x, src.xscale, src.linthresh),
+            auto(self.ylim, self._data_y, self.yscale, self.linthresh),
+        )
 
     def shared(self) -> list[Axes]:
         """The axes sharing this one's x axis (itself included)."""
@@ -245,5 +321,7 @@ class Axes:
         (xl, yl) = self.limits()
         x0, y0, x1, y1 = self.box
         src = self.sharex or self
-        return (x0 + self._f(x, xl, src.xscale, src.linthresh) * (x1 - x0),
-                y1 - self._f(y, yl, self.yscale, self.linthresh) * (y1 - y0))
+        return (
+            x0 + self._f(x, xl, src.xscale, src.linthresh) * (x1 - x0),
+            y1 - self._f(y, yl, self.yscale, self.linthresh) * (y1 - y0),
+        )

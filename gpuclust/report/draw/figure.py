@@ -32,9 +32,16 @@ class Figure:
     def size_pt(self) -> tuple[float, float]:
         return self.width * 72.0, self.height * 72.0
 
-    def subplots(self, rows: int = 1, cols: int = 1, *, sharex: bool = False, sharey: bool = False,
-                 width_ratios: Sequence[float] | None = None,
-                 height_ratios: Sequence[float] | None = None) -> list[Axes]:
+    def subplots(
+        self,
+        rows: int = 1,
+        cols: int = 1,
+        *,
+        sharex: bool = False,
+        sharey: bool = False,
+        width_ratios: Sequence[float] | None = None,
+        height_ratios: Sequence[float] | None = None,
+    ) -> list[Axes]:
         """The axes, row by row; ``sharex``: one x axis, tick labels under the bottom row only;
         ``sharey``: y tick labels in the left column only (set the same ``ylim`` on each)."""
         self.grid = (rows, cols)
@@ -81,8 +88,11 @@ class Figure:
                 if a.xtick_override is not None and a.xtick_override[2]:
                     labels, rot = a.xtick_override[1], math.radians(a.xtick_override[2])
                     size = 8.33
-                    bottom += max((text_width(s, size) * math.sin(rot) + size * math.cos(rot) for s in labels),
-                                  default=0.0) + _TICK + _PAD
+                    bottom += (
+                        max((text_width(s, size) * math.sin(rot) + size * math.cos(rot) for s in labels), default=0.0)
+                        + _TICK
+                        + _PAD
+                    )
                 else:
                     bottom += _TICK_SIZE + _TICK + _PAD
                 if a.xlabel:
@@ -92,8 +102,13 @@ class Figure:
                 right += legend_size(a)[0] + 6.0
             if a.colorbar_spec is not None:  # the bar (3% of the axes' width with its gap), ticks, labels
                 vmin, vmax, label = a.colorbar_spec
-                right += 0.03 * W + _TICK + _PAD + max(text_width(t, _TICK_SIZE) for t in
-                                                       _ticks(vmin, vmax, "linear")[1]) + _PAD
+                right += (
+                    0.03 * W
+                    + _TICK
+                    + _PAD
+                    + max(text_width(t, _TICK_SIZE) for t in _ticks(vmin, vmax, "linear")[1])
+                    + _PAD
+                )
                 right += _block(label, 10.0)[1] + _PAD if label else 0.0
             head = _block(a.title, 10.0)[1] + 6.0 if a.title else 4.0
             need[a] = {"left": left, "bottom": bottom, "right": right, "top": head}
@@ -122,10 +137,17 @@ class Figure:
             (xl, yl) = a.limits()
             x0, y0, x1, y1 = a.box
             xlabel = a.xlabel or next((b.xlabel for b in a.shared() if b.xlabel), "")  # a stacked panel's
-            out.append({"box": [round(x0 / W, 5), round(1 - y1 / H, 5), round(x1 / W, 5), round(1 - y0 / H, 5)],
-                        "x": list(xl), "y": list(yl), "xscale": _scale_name((a.sharex or a).xscale),
-                        "yscale": _scale_name(a.yscale),
-                        "xlabel": xlabel, "ylabel": a.ylabel})
+            out.append(
+                {
+                    "box": [round(x0 / W, 5), round(1 - y1 / H, 5), round(x1 / W, 5), round(1 - y0 / H, 5)],
+                    "x": list(xl),
+                    "y": list(yl),
+                    "xscale": _scale_name((a.sharex or a).xscale),
+                    "yscale": _scale_name(a.yscale),
+                    "xlabel": xlabel,
+                    "ylabel": a.ylabel,
+                }
+            )
         return out
 
     # -- drawing into primitives (points, top left origin)

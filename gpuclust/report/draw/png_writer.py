@@ -60,8 +60,11 @@ def to_png(fig: Figure, *, supersample: int = 2) -> bytes:
             while x < hx1 * k:
                 seg = _clip_segment((x, hy1 * k), (x + (hy1 - hy0) * k, hy0 * k), hx0 * k, hx1 * k)
                 if seg is not None:
-                    d.line([(seg[0][0] - ox, seg[0][1] - oy), (seg[1][0] - ox, seg[1][1] - oy)],
-                           fill=_rgb(color), width=max(1, round(0.8 * k)))
+                    d.line(
+                        [(seg[0][0] - ox, seg[0][1] - oy), (seg[1][0] - ox, seg[1][1] - oy)],
+                        fill=_rgb(color),
+                        width=max(1, round(0.8 * k)),
+                    )
                 x += step
     for sub, _, (ox, oy) in layers.values():
         img.paste(sub, (int(ox), int(oy)))
@@ -78,16 +81,23 @@ def to_png(fig: Figure, *, supersample: int = 2) -> bytes:
             d.rectangle([rx0 * k, ry0 * k, rx1 * k, ry1 * k], outline=_rgb(color), width=max(1, round(lw * k)))
         elif kind == "box":
             _, (rx0, ry0, rx1, ry1), fill, alpha, edge = p
-            d.rectangle([rx0 * k, ry0 * k, rx1 * k, ry1 * k], fill=(*_rgb(fill), round(255 * alpha)),
-                        outline=_rgb(edge), width=max(1, round(0.8 * k)))
+            d.rectangle(
+                [rx0 * k, ry0 * k, rx1 * k, ry1 * k],
+                fill=(*_rgb(fill), round(255 * alpha)),
+                outline=_rgb(edge),
+                width=max(1, round(0.8 * k)),
+            )
         elif kind == "poly" and p[4] is None:
             _, pts, color, alpha, _ = p
             d.polygon([(x * k, y * k) for x, y in pts], fill=(*_rgb(color), round(255 * alpha)))
         elif kind == "hatch" and p[3] is None:
             _, (hx0, hy0, hx1, hy1), color, _ = p
             for t in np.arange(hx0, hx1, 3.0):
-                d.line([(t * k, hy1 * k), (min(t + (hy1 - hy0), hx1) * k, (hy1 - min(hy1 - hy0, hx1 - t)) * k)],
-                       fill=_rgb(color), width=max(1, round(0.8 * k)))
+                d.line(
+                    [(t * k, hy1 * k), (min(t + (hy1 - hy0), hx1) * k, (hy1 - min(hy1 - hy0, hx1 - t)) * k)],
+                    fill=_rgb(color),
+                    width=max(1, round(0.8 * k)),
+                )
         elif kind == "text":
             _png_text(img, d, p, k)
     if supersample > 1:
@@ -142,13 +152,18 @@ def _png_bytes(rgb: np.ndarray, dpi: int) -> bytes:
         return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data) & 0xFFFFFFFF)
 
     ppm = round(dpi / 0.0254)
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
-            + chunk(b"pHYs", struct.pack(">IIB", ppm, ppm, 1)) + chunk(b"IDAT", zlib.compress(rows.tobytes(), 6))
-            + chunk(b"IEND", b""))
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
+        + chunk(b"pHYs", struct.pack(">IIB", ppm, ppm, 1))
+        + chunk(b"IDAT", zlib.compress(rows.tobytes(), 6))
+        + chunk(b"IEND", b"")
+    )
 
 
-def _png_image(img: Any, box: tuple[float, float, float, float], rgb: np.ndarray, k: float,
-               offset: tuple[int, int]) -> None:
+def _png_image(
+    img: Any, box: tuple[float, float, float, float], rgb: np.ndarray, k: float, offset: tuple[int, int]
+) -> None:
     """Paste ``rgb`` (rows top first) scaled to ``box`` (points) without smoothing into ``img``,
     whose top left is at ``offset`` pixels of the figure."""
     from PIL import Image
@@ -160,8 +175,9 @@ def _png_image(img: Any, box: tuple[float, float, float, float], rgb: np.ndarray
         img.paste(tile.resize((w, h), Image.Resampling.NEAREST), (x0, y0))
 
 
-def _clip_segment(a: tuple[float, float], b: tuple[float, float], lo: float,
-                  hi: float) -> tuple[tuple[float, float], tuple[float, float]] | None:
+def _clip_segment(
+    a: tuple[float, float], b: tuple[float, float], lo: float, hi: float
+) -> tuple[tuple[float, float], tuple[float, float]] | None:
     """The part of segment ``a``-``b`` with ``lo <= x <= hi``."""
     (ax, ay), (bx, by) = a, b
     if bx == ax:
@@ -173,8 +189,7 @@ def _clip_segment(a: tuple[float, float], b: tuple[float, float], lo: float,
     return (ax + t0 * (bx - ax), ay + t0 * (by - ay)), (ax + t1 * (bx - ax), ay + t1 * (by - ay))
 
 
-def _png_line(d: Any, pts: list[tuple[float, float]], color: tuple[int, ...], width: int, dash: bool,
-              k: float) -> None:
+def _png_line(d: Any, pts: list[tuple[float, float]], color: tuple[int, ...], width: int, dash: bool, k: float) -> None:
     if not dash:
         d.line(pts, fill=color, width=width, joint="curve" if width > 2 else None)
         return
@@ -184,6 +199,12 @@ def _png_line(d: Any, pts: list[tuple[float, float]], color: tuple[int, ...], wi
         t = 0.0
         while t < length:
             e = min(t + on, length)
-            d.line([(ax + (bx - ax) * t / length, ay + (by - ay) * t / length),
-                    (ax + (bx - ax) * e / length, ay + (by - ay) * e / length)], fill=color, width=width)
+            d.line(
+                [
+                    (ax + (bx - ax) * t / length, ay + (by - ay) * t / length),
+                    (ax + (bx - ax) * e / length, ay + (by - ay) * e / length),
+                ],
+                fill=color,
+                width=width,
+            )
             t = e + off

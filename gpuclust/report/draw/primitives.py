@@ -45,7 +45,7 @@ def axes_primitives(a: Axes) -> list[tuple[Any, ...]]:
         if kind == "steps_fill":
             _, edges, lo, hi, color, alpha = it
             for i, j in _runs(np.isfinite(lo) & np.isfinite(hi)):  # one polygon per run of known buckets
-                xs = np.repeat(edges[i:j + 1], 2)[1:-1]
+                xs = np.repeat(edges[i : j + 1], 2)[1:-1]
                 top = np.repeat(hi[i:j], 2)
                 bot = np.repeat(lo[i:j], 2)
                 px, py = a.to_pt(np.concatenate([xs, xs[::-1]]), np.concatenate([top, bot[::-1]]))
@@ -64,8 +64,9 @@ def axes_primitives(a: Axes) -> list[tuple[Any, ...]]:
             # an edge at 0 (or beyond the limits) on a log axis: at the axes' edge
             px0, px1 = (np.clip(v, x0 - 1, x1 + 1) for v in (px0, px1))
             py0, py1 = (np.clip(v, y0 - 1, y1 + 1) for v in (py0, py1))
-            for bx0, bx1, by0, by1, color in zip(px0.tolist(), px1.tolist(), py0.tolist(), py1.tolist(), colors,
-                                                 strict=True):
+            for bx0, bx1, by0, by1, color in zip(
+                px0.tolist(), px1.tolist(), py0.tolist(), py1.tolist(), colors, strict=True
+            ):
                 if all(math.isfinite(v) for v in (bx0, bx1, by0, by1)):
                     out.append(("poly", [(bx0, by0), (bx1, by0), (bx1, by1), (bx0, by1)], color, 1.0, clip))
         elif kind == "markers":
@@ -76,8 +77,7 @@ def axes_primitives(a: Axes) -> list[tuple[Any, ...]]:
             k = np.where(np.arange(t.size) % 2 == 0, 1.0, 0.38) if marker == "*" else np.ones(t.size)
             for cx, cy, r in zip(px.tolist(), py.tolist(), np.asarray(radii).tolist(), strict=True):
                 if math.isfinite(cx) and math.isfinite(cy):
-                    pts = list(zip((cx + r * k * np.cos(t)).tolist(), (cy - r * k * np.sin(t)).tolist(),
-                                   strict=True))
+                    pts = list(zip((cx + r * k * np.cos(t)).tolist(), (cy - r * k * np.sin(t)).tolist(), strict=True))
                     out.append(("poly", pts, color, alpha, clip))
         elif kind == "image":
             _, rgb, ex0, ex1, ey0, ey1 = it
@@ -128,9 +128,9 @@ def axes_primitives(a: Axes) -> list[tuple[Any, ...]]:
     if a.grid_lw:  # under everything drawn so far
         gx = [float(a.to_pt(v, yl[0])[0]) for v in xt]
         gy = [float(a.to_pt(xl[0], v)[1]) for v in yt]
-        out[:0] = ([("line", [(px, y0), (px, y1)], "#b0b0b0", a.grid_lw, False, clip) for px in gx if x0 <= px <= x1]
-                   + [("line", [(x0, py), (x1, py)], "#b0b0b0", a.grid_lw, False, clip) for py in gy
-                      if y0 <= py <= y1])
+        out[:0] = [("line", [(px, y0), (px, y1)], "#b0b0b0", a.grid_lw, False, clip) for px in gx if x0 <= px <= x1] + [
+            ("line", [(x0, py), (x1, py)], "#b0b0b0", a.grid_lw, False, clip) for py in gy if y0 <= py <= y1
+        ]
     for v, s in zip(xt, xlab, strict=True):
         px, _ = a.to_pt(v, yl[0])
         px = float(px)
@@ -165,12 +165,24 @@ def axes_primitives(a: Axes) -> list[tuple[Any, ...]]:
             drop = max((text_width(s, 8.33) * math.sin(r) + 8.33 * math.cos(r) for s in xlab), default=0.0)
         else:
             drop = _TICK_SIZE
-        out.append(("text", (x0 + x1) / 2, y1 + _TICK + _PAD + drop + _PAD, a.xlabel, 10.0, "center", "top",
-                    "#000000", 0.0))
+        out.append(
+            ("text", (x0 + x1) / 2, y1 + _TICK + _PAD + drop + _PAD, a.xlabel, 10.0, "center", "top", "#000000", 0.0)
+        )
     if a.ylabel:
         _, h = _block(a.ylabel, 10.0)
-        out.append(("text", x0 - _TICK - _PAD - ywidth - _PAD - h / 2, (y0 + y1) / 2, a.ylabel, 10.0, "center",
-                    "center", "#000000", 90.0))
+        out.append(
+            (
+                "text",
+                x0 - _TICK - _PAD - ywidth - _PAD - h / 2,
+                (y0 + y1) / 2,
+                a.ylabel,
+                10.0,
+                "center",
+                "center",
+                "#000000",
+                90.0,
+            )
+        )
     if a.title:
         out.append(("text", (x0 + x1) / 2, y0 - 4.0, a.title, 10.0, "center", "bottom", "#000000", 0.0))
     out.extend(legend_primitives(a))
@@ -185,9 +197,10 @@ def colorbar_primitives(a: Axes) -> list[tuple[Any, ...]]:
     x0, y0, x1, y1 = a.box
     bx0 = x1 + 0.01 * (x1 - x0)
     bx1 = bx0 + 0.02 * (x1 - x0)
-    out: list[tuple[Any, ...]] = [("image", (bx0, y0, bx1, y1), viridis(np.linspace(vmax, vmin, 256)[:, None],
-                                                                       vmin, vmax), None),
-                                  ("rect", (bx0, y0, bx1, y1), "#000000", 0.8)]
+    out: list[tuple[Any, ...]] = [
+        ("image", (bx0, y0, bx1, y1), viridis(np.linspace(vmax, vmin, 256)[:, None], vmin, vmax), None),
+        ("rect", (bx0, y0, bx1, y1), "#000000", 0.8),
+    ]
     width = 0.0
     for v, s in zip(*_ticks(vmin, vmax, "linear")[:2], strict=True):
         py = y1 - (v - vmin) / ((vmax - vmin) or 1.0) * (y1 - y0)
@@ -197,8 +210,19 @@ def colorbar_primitives(a: Axes) -> list[tuple[Any, ...]]:
             width = max(width, text_width(s, _TICK_SIZE))
     if label:
         h = _block(label, 10.0)[1]
-        out.append(("text", bx1 + _TICK + _PAD + width + _PAD + h / 2, (y0 + y1) / 2, label, 10.0, "center",
-                    "center", "#000000", 90.0))
+        out.append(
+            (
+                "text",
+                bx1 + _TICK + _PAD + width + _PAD + h / 2,
+                (y0 + y1) / 2,
+                label,
+                10.0,
+                "center",
+                "center",
+                "#000000",
+                90.0,
+            )
+        )
     return out
 
 
@@ -226,19 +250,52 @@ def legend_primitives(a: Axes) -> list[tuple[Any, ...]]:
             out.append(("line", [(sx, mid), (sx + 1.8 * size, mid)], how["color"], how["lw"], how["dash"], None))
         elif how["kind"] == "marker":  # a disc
             t = np.arange(16) * np.pi / 8
-            out.append(("poly", list(zip((sx + 0.9 * size + 0.4 * size * np.cos(t)).tolist(),
-                                         (mid + 0.4 * size * np.sin(t)).tolist(), strict=True)),
-                        how["color"], how.get("alpha", 1.0), None))
+            out.append(
+                (
+                    "poly",
+                    list(
+                        zip(
+                            (sx + 0.9 * size + 0.4 * size * np.cos(t)).tolist(),
+                            (mid + 0.4 * size * np.sin(t)).tolist(),
+                            strict=True,
+                        )
+                    ),
+                    how["color"],
+                    how.get("alpha", 1.0),
+                    None,
+                )
+            )
         elif how["kind"] == "hatch":
-            out.append(("poly", [(sx, mid - 0.35 * size), (sx + 1.8 * size, mid - 0.35 * size),
-                                 (sx + 1.8 * size, mid + 0.35 * size), (sx, mid + 0.35 * size)], "#ffffff", 1.0,
-                        None))
+            out.append(
+                (
+                    "poly",
+                    [
+                        (sx, mid - 0.35 * size),
+                        (sx + 1.8 * size, mid - 0.35 * size),
+                        (sx + 1.8 * size, mid + 0.35 * size),
+                        (sx, mid + 0.35 * size),
+                    ],
+                    "#ffffff",
+                    1.0,
+                    None,
+                )
+            )
             out.append(("hatch", (sx, mid - 0.35 * size, sx + 1.8 * size, mid + 0.35 * size), how["color"], None))
         else:
-            out.append(("poly", [(sx, mid - 0.35 * size), (sx + 1.8 * size, mid - 0.35 * size),
-                                 (sx + 1.8 * size, mid + 0.35 * size), (sx, mid + 0.35 * size)], how["color"],
-                        how.get("alpha", 1.0), None))
+            out.append(
+                (
+                    "poly",
+                    [
+                        (sx, mid - 0.35 * size),
+                        (sx + 1.8 * size, mid - 0.35 * size),
+                        (sx + 1.8 * size, mid + 0.35 * size),
+                        (sx, mid + 0.35 * size),
+                    ],
+                    how["color"],
+                    how.get("alpha", 1.0),
+                    None,
+                )
+            )
         out.append(("text", sx + 2.4 * size, mid, label, size, "left", "center", "#000000", 0.0))
         y += size * 1.45
     return out
-

@@ -8,8 +8,7 @@ from typing import Any
 import numpy as np
 
 #: matplotlib's default colour cycle ("tab10").
-COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
-          "#17becf")
+COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
 _SIZES = {"xx-small": 5.79, "x-small": 6.94, "small": 8.33, "medium": 10.0, "large": 12.0}
 _FONT_FAMILY = "DejaVu Sans, Bitstream Vera Sans, Arial, Helvetica, sans-serif"
 _TICK_SIZE = 10.0  # matplotlib's tick labels: "medium" at font.size 10
@@ -45,8 +44,10 @@ def _rgb(c: str) -> tuple[int, int, int]:
 
 
 #: matplotlib's "viridis" at 33 evenly spaced levels (interpolated linearly between them).
-_VIRIDIS = ("440154470d6048186a482374472d7b4537814240863e49893b528b375b8d33638d2f6b8e2c728e297a8e26828e23898e21918c1f"
-            "988b1fa08822a78528ae8032b67a3fbc734ec36b5ec96270cf5784d44b98d83eaddc30c2df23d8e219ece51bfde725")
+_VIRIDIS = (
+    "440154470d6048186a482374472d7b4537814240863e49893b528b375b8d33638d2f6b8e2c728e297a8e26828e23898e21918c1f"
+    "988b1fa08822a78528ae8032b67a3fbc734ec36b5ec96270cf5784d44b98d83eaddc30c2df23d8e219ece51bfde725"
+)
 
 
 def viridis(values: Any, vmin: float, vmax: float, nan: str = "0.85") -> np.ndarray:

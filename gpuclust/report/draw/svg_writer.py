@@ -37,8 +37,10 @@ def to_svg(fig: Figure) -> str:
         if c not in clips:
             cid = f"c{len(clips)}"
             clips[c] = cid
-            defs.append(f'<clipPath id="{cid}"><rect x="{n(c[0])}" y="{n(c[1])}" width="{n(c[2] - c[0])}" '
-                        f'height="{n(c[3] - c[1])}"/></clipPath>')
+            defs.append(
+                f'<clipPath id="{cid}"><rect x="{n(c[0])}" y="{n(c[1])}" width="{n(c[2] - c[0])}" '
+                f'height="{n(c[3] - c[1])}"/></clipPath>'
+            )
         return f' clip-path="url(#{clips[c]})"'
 
     for p in prims:
@@ -55,37 +57,51 @@ def to_svg(fig: Figure) -> str:
             if len(color) == 9:  # #rrggbbaa: translucent
                 da += f' stroke-opacity="{int(color[7:], 16) / 255:.3g}"'
                 color = color[:7]
-            body.append(f'<path d="{d}" fill="none" stroke="{color}" stroke-width="{lw:g}"{da} '
-                        f'stroke-linejoin="round"{clip_attr(clip)}/>')
+            body.append(
+                f'<path d="{d}" fill="none" stroke="{color}" stroke-width="{lw:g}"{da} '
+                f'stroke-linejoin="round"{clip_attr(clip)}/>'
+            )
         elif kind == "hatch":
             _, (hx0, hy0, hx1, hy1), color, clip = p
             pid = f"h{len(defs)}"
-            defs.append(f'<pattern id="{pid}" patternUnits="userSpaceOnUse" width="6" height="6">'
-                        f'<path d="M-1 1 L1 -1 M0 6 L6 0 M5 7 L7 5" stroke="{color}" stroke-width="1"/></pattern>')
-            body.append(f'<rect x="{n(hx0)}" y="{n(hy0)}" width="{n(hx1 - hx0)}" height="{n(hy1 - hy0)}" '
-                        f'fill="url(#{pid})"{clip_attr(clip)}/>')
+            defs.append(
+                f'<pattern id="{pid}" patternUnits="userSpaceOnUse" width="6" height="6">'
+                f'<path d="M-1 1 L1 -1 M0 6 L6 0 M5 7 L7 5" stroke="{color}" stroke-width="1"/></pattern>'
+            )
+            body.append(
+                f'<rect x="{n(hx0)}" y="{n(hy0)}" width="{n(hx1 - hx0)}" height="{n(hy1 - hy0)}" '
+                f'fill="url(#{pid})"{clip_attr(clip)}/>'
+            )
         elif kind == "image":
             import base64
 
             _, (ix0, iy0, ix1, iy1), rgb, clip = p
             data = base64.b64encode(_png_bytes(np.ascontiguousarray(rgb), 72)).decode("ascii")
-            body.append(f'<image x="{n(ix0)}" y="{n(iy0)}" width="{n(ix1 - ix0)}" height="{n(iy1 - iy0)}" '
-                        f'preserveAspectRatio="none" style="image-rendering:pixelated"{clip_attr(clip)} '
-                        f'href="data:image/png;base64,{data}"/>')
+            body.append(
+                f'<image x="{n(ix0)}" y="{n(iy0)}" width="{n(ix1 - ix0)}" height="{n(iy1 - iy0)}" '
+                f'preserveAspectRatio="none" style="image-rendering:pixelated"{clip_attr(clip)} '
+                f'href="data:image/png;base64,{data}"/>'
+            )
         elif kind == "rect":
             _, (rx0, ry0, rx1, ry1), color, lw = p
-            body.append(f'<rect x="{n(rx0)}" y="{n(ry0)}" width="{n(rx1 - rx0)}" height="{n(ry1 - ry0)}" '
-                        f'fill="none" stroke="{color}" stroke-width="{lw:g}"/>')
+            body.append(
+                f'<rect x="{n(rx0)}" y="{n(ry0)}" width="{n(rx1 - rx0)}" height="{n(ry1 - ry0)}" '
+                f'fill="none" stroke="{color}" stroke-width="{lw:g}"/>'
+            )
         elif kind == "box":
             _, (rx0, ry0, rx1, ry1), fill, alpha, edge = p
-            body.append(f'<rect x="{n(rx0)}" y="{n(ry0)}" width="{n(rx1 - rx0)}" height="{n(ry1 - ry0)}" '
-                        f'rx="2" fill="{fill}" fill-opacity="{alpha:g}" stroke="{edge}" stroke-width="0.8"/>')
+            body.append(
+                f'<rect x="{n(rx0)}" y="{n(ry0)}" width="{n(rx1 - rx0)}" height="{n(ry1 - ry0)}" '
+                f'rx="2" fill="{fill}" fill-opacity="{alpha:g}" stroke="{edge}" stroke-width="0.8"/>'
+            )
         elif kind == "text":
             body.append(_svg_text(p, n))
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{n(W)}pt" height="{n(H)}pt" '
-            f'viewBox="0 0 {n(W)} {n(H)}" data-axes="{geometry}" data-drawn="gpuclust">'
-            f'<defs>{"".join(defs)}</defs><rect width="{n(W)}" height="{n(H)}" fill="#ffffff"/>'
-            f'<g font-family="{_FONT_FAMILY}">{"".join(body)}</g></svg>\n')
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{n(W)}pt" height="{n(H)}pt" '
+        f'viewBox="0 0 {n(W)} {n(H)}" data-axes="{geometry}" data-drawn="gpuclust">'
+        f'<defs>{"".join(defs)}</defs><rect width="{n(W)}" height="{n(H)}" fill="#ffffff"/>'
+        f'<g font-family="{_FONT_FAMILY}">{"".join(body)}</g></svg>\n'
+    )
 
 
 def raster_svg(fig: Figure) -> str:
@@ -95,9 +111,11 @@ def raster_svg(fig: Figure) -> str:
     W, H = fig.size_pt
     png = base64.b64encode(fig.to_png()).decode("ascii")
     geometry = html.escape(json.dumps(fig.geometry(), separators=(",", ":")), quote=True)
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{W:g}pt" height="{H:g}pt" viewBox="0 0 {W:g} {H:g}" '
-            f'data-axes="{geometry}" data-drawn="gpuclust" data-raster="png"><image width="{W:g}" height="{H:g}" '
-            f'href="data:image/png;base64,{png}"/></svg>\n')
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{W:g}pt" height="{H:g}pt" viewBox="0 0 {W:g} {H:g}" '
+        f'data-axes="{geometry}" data-drawn="gpuclust" data-raster="png"><image width="{W:g}" height="{H:g}" '
+        f'href="data:image/png;base64,{png}"/></svg>\n'
+    )
 
 
 def _svg_text(p: tuple[Any, ...], n: Any) -> str:
@@ -106,11 +124,15 @@ def _svg_text(p: tuple[Any, ...], n: Any) -> str:
     lines = s.split("\n")
     if rot:  # rotated about (x, y): lay the lines out as if unrotated, then turn them
         base = _baselines(y, s, size, va)
-        spans = "".join(f'<tspan x="{n(x)}" y="{n(b)}">{html.escape(line)}</tspan>'
-                        for line, b in zip(lines, base, strict=True))
-        return (f'<text font-size="{size:g}" fill="{color}" text-anchor="{anchor}" '
-                f'transform="rotate({-rot:g} {n(x)} {n(y)})">{spans}</text>')
+        spans = "".join(
+            f'<tspan x="{n(x)}" y="{n(b)}">{html.escape(line)}</tspan>' for line, b in zip(lines, base, strict=True)
+        )
+        return (
+            f'<text font-size="{size:g}" fill="{color}" text-anchor="{anchor}" '
+            f'transform="rotate({-rot:g} {n(x)} {n(y)})">{spans}</text>'
+        )
     base = _baselines(y, s, size, va)
-    spans = "".join(f'<tspan x="{n(x)}" y="{n(b)}">{html.escape(line)}</tspan>'
-                    for line, b in zip(lines, base, strict=True))
+    spans = "".join(
+        f'<tspan x="{n(x)}" y="{n(b)}">{html.escape(line)}</tspan>' for line, b in zip(lines, base, strict=True)
+    )
     return f'<text font-size="{size:g}" fill="{color}" text-anchor="{anchor}">{spans}</text>'

@@ -39,7 +39,7 @@ def _log_label(k: int) -> str:
     if 0 <= k <= 3:
         return str(10**k)
     if -2 <= k < 0:
-        return f"{10.0 ** k:g}"
+        return f"{10.0**k:g}"
     return "10" + str(k).translate(_SUP)
 
 
@@ -68,11 +68,19 @@ def _ticks(lo: float, hi: float, scale: str, linthresh: float = 1.0) -> tuple[li
         k1 = math.ceil(math.log10(max(abs(lo), abs(hi), linthresh)) + 1e-9)
         pairs = [(0.0, "0")] if lo <= 0 <= hi else []
         for k in range(k0, k1 + 1):
-            pairs += [(sign * 10.0**k, ("\u2212" if sign < 0 else "") + _log_label(k)) for sign in (-1, 1)
-                      if lo - 1e-12 <= sign * 10.0**k <= hi + 1e-12]
+            pairs += [
+                (sign * 10.0**k, ("\u2212" if sign < 0 else "") + _log_label(k))
+                for sign in (-1, 1)
+                if lo - 1e-12 <= sign * 10.0**k <= hi + 1e-12
+            ]
         pairs.sort()
-        minor = [sign * m * 10.0**k for k in range(k0, k1 + 1) for m in range(2, 10) for sign in (-1, 1)
-                 if lo <= sign * m * 10.0**k <= hi]
+        minor = [
+            sign * m * 10.0**k
+            for k in range(k0, k1 + 1)
+            for m in range(2, 10)
+            for sign in (-1, 1)
+            if lo <= sign * m * 10.0**k <= hi
+        ]
         return [p[0] for p in pairs], [p[1] for p in pairs], minor
     if scale == "log":
         a, b = math.floor(math.log10(lo) + 1e-9), math.ceil(math.log10(hi) - 1e-9)
