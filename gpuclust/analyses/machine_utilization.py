@@ -27,8 +27,9 @@ machine-bucket once) are exact: the machine table is a parted table (a row per m
 written part by part) and :func:`gpuclust.stream_quantiles.stream_quantiles` reads it a few times,
 so memory does not grow with the cell.  A per-bucket series gives the mean over machines.  The
 partials are keyed usage sums per machine-bucket in both modes; the time-weighted mode's up time is
-not a partial: each shard of machines sweeps its machines' up pieces (:func:`_up_grid`), so no
-machine x bucket grid of the whole cell is built.
+not a partial: each shard of machines sweeps its machines' up pieces
+(:func:`gpuclust.analyses._machine_up.up_grid`), so no machine x bucket grid of the whole cell is
+built.  The keyed sums are :func:`gpuclust.analyses._machine_sums.keyed_sums`.
 """
 
 from __future__ import annotations
@@ -39,10 +40,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from gpuclust._xp import bincount
 from gpuclust.analyses._extent import max_finite, to_f64, to_i64
 from gpuclust.analyses._intervals import capacity_intervals
 from gpuclust.analyses._lookup import MachineHash, machine_capacities
+from gpuclust.analyses._machine_sums import COUNTS, LOW, keyed_sums, widen
+from gpuclust.analyses._machine_up import min_start, up_grid
 from gpuclust.analyses.base import Analysis, fmt, null_int
 from gpuclust.analyses.grouping import bucket_pieces
 from gpuclust.analyses.options import option
@@ -68,13 +70,8 @@ DENSE_CELLS = 1 << 23
 RESOURCES = (("cpu", "avg_cpu", "cap_cpu"), ("mem", "avg_mem", "cap_mem"))
 #: Counters of the usage rows, in this order.
 STATS = ("rows", "alloc_rows", "short_rows", "unbounded_rows", "unplaced_rows", "unknown_machine_rows", "used_rows")
-#: The keyed sums' integer fields and their dtypes: ``windows`` and ``nulls``, the values per key
-#: that are not finite (SQL NULLs; an infinite value is summed but not counted as known), CPU's
-#: in the low 32 bits and memory's above (one field, not two: a field less to spill and merge;
-#: a machine-bucket holds fewer than 2^31 windows).
-_COUNTS = {"windows": np.int32, "nulls": np.int64}
-_FIELDS = ("cpu", "mem", *_COUNTS)
-_LOW = (1 << 32) - 1
+#: The keyed sums' fields (:data:`gpuclust.analyses._machine_sums.COUNTS`: the integer ones).
+_FIELDS = ("cpu", "mem", *COUNTS)
 _MACHINE_COLUMNS = [
     "machine_id",
     "bucket",
@@ -115,13 +112,6 @@ class MachineUtilizationContext:
 class MachineUtilization(Analysis):
     """Per machine x 5 minutes: usage / capacity (CPU, memory) and its distribution over the cell.
 
-    Parameters
-    ----------
-    mode
-        ``time-weighted`` (default: every machine-bucket in which the machine is up, usage-seconds
-        over capacity-seconds, idle up-time 0, uncapped) or ``notebook`` (Google's query: windows
-        of at least 300 s by start bucket, machine-buckets with a window only, capped at 1).
-
     Examples
     --------
     >>> MachineUtilization(mode="notebook").label
@@ -149,10 +139,6 @@ class MachineUtilization(Analysis):
     #: the rows per partition: peak RSS 0.43 -> 0.63 GiB (1.6e7) and 0.49 -> 0.83 GiB (6.4e7).
     auto_partition_rows = 1 << 20
 
-    def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"machine-utilization: mode must be one of {list(MODES)}, got {self.mode!r}")
-
     @property
     def columns(self) -> tuple[str, ...]:
         return ("start_time", "end_time", "machine_id", "alloc_collection_id", "avg_cpu", "avg_mem")
@@ -168,7 +154,7 @@ class MachineUtilization(Analysis):
             raise ValueError("machine-utilization: machines x buckets do not fit an int64 key")
         if self.mode == "notebook":
             return MachineUtilizationContext(ids, cpu, mem, span, MachineHash.build(ids))
-        w0 = _min_start(source)
+        w0 = min_start(source)
         window = (0, 0) if w0 is None else (w0, max(w0, last))
         me = source.read("machine_events", ["time", "machine_id", "type", "cap_cpu", "cap_mem"])
         mcols = {c: to_i64(me.column(c)) for c in ("time", "machine_id", "type")}
@@ -189,7 +175,7 @@ class MachineUtilization(Analysis):
     # ---------------------------------------------------------------- partial / merge
     def empty(self, backend: Any = None) -> dict[str, Any]:
         return {
-            "u": {"key": np.zeros(0, np.int64), **{f: np.zeros(0, _COUNTS.get(f, np.float64)) for f in _FIELDS}},
+            "u": {"key": np.zeros(0, np.int64), **{f: np.zeros(0, COUNTS.get(f, np.float64)) for f in _FIELDS}},
             "stats": np.zeros(len(STATS), np.int64),
             "backend": getattr(backend, "name", "cpu"),
         }
@@ -200,7 +186,7 @@ class MachineUtilization(Analysis):
         Notebook mode, one block of rows at a time (``backend.ops.lookup_block_rows``, else all at
         once): select, look up and key each block while it is in cache, no column gathered; a
         row that is not used gets the key one past the cells, so each sum is one ``bincount`` over
-        the partition, in row order (see :func:`_keyed_sums`)."""
+        the partition, in row order (see :func:`gpuclust.analyses._machine_sums.keyed_sums`)."""
         xp = backend.xp
         s, e, mid = cols["start_time"], cols["end_time"], cols["machine_id"]
         n = int(s.shape[0])
@@ -252,7 +238,7 @@ class MachineUtilization(Analysis):
         if not n_used:
             return out
         if notebook:
-            out["u"] = _keyed_sums(backend, keys, cells, cols["avg_cpu"], cols["avg_mem"])
+            out["u"] = keyed_sums(backend, keys, cells, cols["avg_cpu"], cols["avg_mem"])
             return out
         # time-weighted: each window's pieces, usage weighted by the piece's share of its bucket
         assert codes is not None
@@ -268,12 +254,12 @@ class MachineUtilization(Analysis):
         cpu = cols["avg_cpu"][rows].astype(xp.float64) * w
         mem = cols["avg_mem"][rows].astype(xp.float64) * w
         del rows, w
-        out["u"] = _keyed_sums(backend, key, cells, cpu, mem)
+        out["u"] = keyed_sums(backend, key, cells, cpu, mem)
         return out
 
     def merge(self, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         return {
-            "u": merge_keyed(_widen(a["u"]), _widen(b["u"])),
+            "u": merge_keyed(widen(a["u"]), widen(b["u"])),
             "stats": a["stats"] + b["stats"],
             "backend": merged_backend(a["backend"], b["backend"]),
         }
@@ -320,12 +306,12 @@ class MachineUtilization(Analysis):
     ) -> tuple[dict[str, Any], dict[str, Any]]:
         """The machine-buckets of machine codes ``[lo, hi)`` and the shard's per-bucket sums for the
         series: notebook, those with a used window; time-weighted, those in which the machine is
-        up (:func:`_up_grid`, swept for the shard's machines only)."""
+        up (:func:`gpuclust.analyses._machine_up.up_grid`, swept for the shard's machines only)."""
         u = keyed["u"]
         key = np.asarray(u["key"], np.int64)
         windows = np.asarray(u["windows"], np.int64)
         nulls = np.asarray(u["nulls"], np.int64)
-        known = {"cpu": windows - (nulls & _LOW), "mem": windows - (nulls >> 32)}
+        known = {"cpu": windows - (nulls & LOW), "mem": windows - (nulls >> 32)}
         use = {r: np.where(known[r] > 0, np.asarray(u[r], np.float64), np.nan) for r, _, _ in RESOURCES}
         notebook = self.mode == "notebook"
         extra: dict[str, Any] = {}
@@ -341,7 +327,7 @@ class MachineUtilization(Analysis):
             use_s = use
             cap_s = cap
         else:
-            up, cs = _up_grid(ctx, lo, hi)  # dense over the shard: (hi - lo) x span
+            up, cs = up_grid(ctx.up, lo, hi, ctx.span, BUCKET_US)  # dense over the shard: (hi - lo) x span
             local = key - lo * ctx.span
             cells = np.flatnonzero(up > 0)
             at = np.searchsorted(local, cells)  # the keyed sums of each up machine-bucket, if any
@@ -495,147 +481,3 @@ _SUMMARY_SCHEMA = pa.schema(
     ]
 )
 _QUANTILES_SCHEMA = pa.schema([("resource", pa.string()), ("quantile", pa.float64()), ("util", pa.float64())])
-
-
-def _min_start(source: Any) -> int | None:
-    """The earliest ``start_time`` of instance_usage at or above 0 and below 2^63-1 (``None``: no
-    such value), from Parquet row-group statistics where they can be trusted (else the row group
-    is read); an in-memory source reads the column."""
-
-    def low(a: np.ndarray) -> int | None:
-        a = a[(a >= 0) & (a < TIME_AFTER_TRACE)]
-        return int(a.min()) if a.size else None
-
-    files = source.files("instance_usage") if hasattr(source, "files") else None
-    if not files:
-        return low(to_i64(source.read("instance_usage", ["start_time"]).column(0)))
-    import pyarrow.parquet as pq
-
-    best: int | None = None
-    for f in files:
-        pf = pq.ParquetFile(f)
-        md = pf.metadata
-        j = md.schema.to_arrow_schema().get_field_index("start_time")
-        for g in range(md.num_row_groups):
-            if md.row_group(g).num_rows == 0:
-                continue
-            st = md.row_group(g).column(j).statistics
-            if st is not None and st.has_min_max and 0 <= int(st.min) < TIME_AFTER_TRACE:
-                v: int | None = int(st.min)
-            else:
-                v = low(to_i64(pf.read_row_group(g, columns=["start_time"]).column(0)))
-            if v is not None:
-                best = v if best is None else min(best, v)
-    return best
-
-
-def _up_grid(ctx: MachineUtilizationContext, lo: int, hi: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """Dense over machine codes ``[lo, hi)`` x the ``span`` buckets (flat, machine-major): the
-    seconds each machine is up, and per resource its capacity-seconds there (NaN where an up piece
-    has an unknown capacity), swept from the shard's up pieces by the cpu backend's
-    ``bucket_overlap`` (what ``overcommit`` sweeps its capacity with).  A shard holds at most about
-    :data:`SHARD_CELLS` machine-buckets (or one machine), so nothing here grows with the cell."""
-    cells = (hi - lo) * ctx.span
-    up = ctx.up
-    if up is None:
-        raise RuntimeError("machine-utilization: the time-weighted mode needs the context's up pieces")
-    i0, i1 = np.searchsorted(up["code"], [lo, hi])
-    if cells == 0 or i1 == i0:
-        return np.zeros(cells), {r: np.zeros(cells) for r, _, _ in RESOURCES}
-    cc, cm = up["cap_cpu"][i0:i1], up["cap_mem"][i0:i1]
-    vals = np.stack([np.ones(i1 - i0), cc, cm, np.isnan(cc).astype(np.float64), np.isnan(cm).astype(np.float64)])
-    sw = (
-        finalize_backend("cpu")
-        .ops.bucket_overlap(  # host arrays: the shard's up pieces
-            up["start"][i0:i1],
-            up["end"][i0:i1],
-            vals,
-            (up["code"][i0:i1] - lo).astype(np.int32),
-            n_groups=hi - lo,
-            n_buckets=ctx.span,
-            origin=0,
-            width=BUCKET_US,
-        )
-        .reshape(5, cells)
-    )
-    return sw[0], {"cpu": np.where(sw[3] > 0, np.nan, sw[1]), "mem": np.where(sw[4] > 0, np.nan, sw[2])}
-
-
-#: Largest cells / rows ratio summed densely (``bincount`` over every cell); beyond it the used
-#: rows are sorted (a partition then touches few of the cells).
-_DENSE_RATIO = 4
-_ROW_BITS = 24
-
-
-def _narrow(xp: Any, c: Any) -> Any:
-    """Counts as the narrowest of uint8 / uint16 / int32 that holds them (a smaller spill: most
-    machine-buckets get one or two windows from a partition)."""
-    top = int(c.max()) if int(c.shape[0]) else 0
-    return c.astype(
-        xp.uint8 if top < 1 << 8 else xp.uint16 if top < 1 << 16 else xp.int32 if top < 1 << 31 else xp.int64
-    )
-
-
-def _widen(u: dict[str, Any]) -> dict[str, Any]:
-    """A keyed partial with its counts in the dtypes of :meth:`empty` (so merges add in them)."""
-    return {f: (np.asarray(v).astype(_COUNTS[f], copy=False) if f in _COUNTS else v) for f, v in u.items()}
-
-
-def _keyed_sums(backend: Any, key: Any, cells: int, cpu: Any, mem: Any) -> dict[str, Any]:
-    """The keyed partial of rows keyed in ``[0, cells]`` (``cells``: not used): sorted unique keys,
-    float64 sums of ``cpu`` and ``mem`` (NaN ignored, as SQL's SUM), the windows and the values of
-    each that are not finite (``nulls``, packed as :data:`_COUNTS` says: SQL's SUM of only NULLs
-    is NULL), counts narrowed (:func:`_narrow`).  Every sum adds its rows in row order, as
-    ``keyed_reduce`` does.
-
-    Dense (``bincount`` over every cell, no sort) when the cells are at most :data:`_DENSE_RATIO`
-    times the rows; else the used rows are sorted by key (key and row packed in one int64: one
-    sort of one array) and summed by their group."""
-    xp = backend.xp
-    n = int(key.shape[0])
-    if cells <= _DENSE_RATIO * max(n, 1 << 14):
-        cnt = bincount(xp, key, minlength=cells + 1)[:cells]
-        present = xp.nonzero(cnt > 0)[0]  # (a bool's nonzero: several times an int64's)
-        group, n_groups, gkey = key, cells + 1, present
-    else:
-        rows = xp.nonzero(key < cells)[0]
-        k = key[rows]
-        if cells < 1 << (63 - _ROW_BITS) and n < 1 << _ROW_BITS:  # (key, row) in one int64, sorted in place
-            k <<= _ROW_BITS
-            k |= xp.arange(int(rows.shape[0]), dtype=xp.int64)
-            k.sort()
-            rows = rows[k & ((1 << _ROW_BITS) - 1)]
-            k >>= _ROW_BITS
-        else:
-            order = xp.argsort(k, kind="stable")
-            k, rows = k[order], rows[order]
-            del order
-        new = xp.ones(int(k.shape[0]), dtype=bool)
-        new[1:] = k[1:] != k[:-1]
-        starts = xp.nonzero(new)[0]
-        n_groups = int(starts.shape[0])
-        gkey = k[starts]
-        del k, starts
-        group = xp.cumsum(new, dtype=xp.int64)
-        group -= 1
-        del new
-        cpu, mem = cpu[rows], mem[rows]
-        del rows
-        cnt = bincount(xp, group, minlength=n_groups)
-        present = slice(None)
-    out = {"key": gkey.astype(xp.int64)}
-    nulls = None
-    for name, v, shift in (("cpu", cpu, 0), ("mem", mem, 32)):
-        v = v.astype(xp.float64, copy=False)
-        bad = ~xp.isfinite(v)
-        if bool(bad.any()):
-            total = bincount(xp, group, weights=xp.where(xp.isnan(v), 0.0, v), minlength=n_groups)
-            nb = bincount(xp, group[bad], minlength=n_groups)[: cnt.shape[0]][present] << shift
-            nulls = nb if nulls is None else nulls + nb
-        else:
-            total = bincount(xp, group, weights=v, minlength=n_groups)
-        out[name] = total[: cnt.shape[0]][present]
-        del total
-    out["windows"] = _narrow(xp, cnt[present])
-    out["nulls"] = xp.zeros(int(gkey.shape[0]), dtype=xp.uint8) if nulls is None else _narrow(xp, nulls)
-    return out

@@ -16,7 +16,8 @@ limit); the engine spills them per partition and hands each shard (a range of ma
 the per-machine sample counts carried in the small ``rest``) every row of its machines;
 ``finalize_shard`` runs the simulation vectorised with NumPy
 (:func:`gpuclust.analyses._peak_sim.simulate`) and writes the ``machine`` table part; the metrics
-come from the shards' sums and a streamed pass over that table (severity quantiles).
+come from the shards' sums and a streamed pass over that table (severity quantiles;
+:mod:`gpuclust.analyses._peak_metrics`).
 """
 
 from __future__ import annotations
@@ -26,22 +27,21 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
 from gpuclust._xp import bincount
 from gpuclust.analyses._extent import has_values, max_finite
 from gpuclust.analyses._lookup import id_index
+from gpuclust.analyses._peak_metrics import shard_sums, summary_table
 from gpuclust.analyses._peak_sim import SimParams, simulate
 from gpuclust.analyses._requests import REQUEST_COLUMNS, RequestTimeline, asof_events
 from gpuclust.analyses.base import Analysis, fmt, host_or_device, is_null_int, to_host
 from gpuclust.analyses.grouping import unique_codes
 from gpuclust.analyses.options import option
-from gpuclust.arrow_numpy import schema_table, table, table_from_rows
+from gpuclust.arrow_numpy import table, table_from_rows
 from gpuclust.backends import finalize_backend, merged_backend
 from gpuclust.layout import key_hash
-from gpuclust.parted import column_batches, finalize_in_memory
+from gpuclust.parted import finalize_in_memory
 from gpuclust.schema import CPU_PERCENTILES_SOURCE_ORDER, TIME_AFTER_TRACE
-from gpuclust.stream_quantiles import sorted_quantiles
 from gpuclust.tables import as_arrow
 
 __all__ = [
@@ -74,9 +74,6 @@ AUTO_FALLBACK = "max_cpu"
 BASE_PREDICTORS = ("borg_default", "n_sigma", "instance_percentile", "machine_percentile")
 #: Every predictor column of the machine table, in this order.
 PREDICTORS = (*BASE_PREDICTORS, "max_of", "avg_of")
-#: Relative tolerance of a violation: ``oracle - predicted > VIOLATION_TOL x limit`` (float sums
-#: of equal quantities in different orders must not count as violations).
-VIOLATION_TOL = 1e-9
 #: Longest horizon (7 days): the oracle's working matrix is a chunk of snapshots x horizon steps.
 MAX_HORIZON_S = 7 * 86400
 #: Samples (instance-steps) per shard of the machine table; on a device 16x as many (fewer, larger
@@ -106,32 +103,6 @@ _MACHINE_COLUMNS = [
     "oracle",
     *PREDICTORS,
 ]
-_SUMMARY_COLUMNS = [
-    "predictor",
-    "machine_steps",
-    "violations",
-    "violation_rate",
-    "severity_mean",
-    "severity_p50",
-    "severity_p99",
-    "severity_max",
-    "savings",
-    "mean_savings",
-    "machines",
-    "machine_rate_p50",
-    "machine_rate_p90",
-    "machine_rate_p99",
-    "machine_rate_max",
-]
-_SUMMARY_SCHEMA = pa.schema(
-    [
-        ("predictor", pa.string()),
-        *(
-            (c, pa.int64() if c in ("machine_steps", "violations", "machines") else pa.float64())
-            for c in _SUMMARY_COLUMNS[1:]
-        ),
-    ]
-)
 _EXTRA_EVENT_COLUMNS = ("priority", "scheduling_class")
 
 
@@ -184,9 +155,8 @@ def horizon_note(info: Mapping[str, Any]) -> str | None:
     )
 
 
-def _check_range(name: str, r: tuple[int, ...]) -> None:
-    if len(r) != 2 or r[0] > r[1]:
-        raise ValueError(f"peak-prediction: {name} must be two integers LO,HI with LO <= HI, got {r!r}")
+#: The check of a ``LO,HI`` option.
+_RANGE = (lambda r: len(r) == 2 and r[0] <= r[1], "two integers LO,HI with LO <= HI")
 
 
 @dataclass(frozen=True)
@@ -206,21 +176,35 @@ class PeakPrediction(Analysis):
         "(the paper: cpu_p90); auto: cpu_p90 where the usage has it, else max_cpu (2011 traces)",
         choices=("auto", *METRICS),
     )
-    horizon_s: int = option(86400, "the oracle's horizon, seconds (future steps in (t, t + horizon]); at most 7 days")
-    oracle_percentile: float = option(100.0, "the oracle: this percentile of the future total usage (100 = peak)")
+    horizon_s: int = option(
+        86400,
+        "the oracle's horizon, seconds (future steps in (t, t + horizon]); at most 7 days",
+        ge=300,
+        le=MAX_HORIZON_S,
+    )
+    oracle_percentile: float = option(
+        100.0, "the oracle: this percentile of the future total usage (100 = peak)", ge=0, le=100
+    )
     cap_to_limit: bool = option(True, "cap each instance's usage at its limit in the predictors and the oracle")
     min_samples: int = option(
-        24, "samples an instance needs on its machine before a predictor uses it (before: its whole limit counts)"
+        24,
+        "samples an instance needs on its machine before a predictor uses it (before: its whole limit counts)",
+        ge=0,
     )
-    borg_fraction: float = option(0.9, "borg-default: this fraction of the limits")
+    borg_fraction: float = option(0.9, "borg-default: this fraction of the limits", ge=0)
     n_sigma: float = option(5.0, "n-sigma: mean + n x stdev of the machine's usage/limit history")
-    n_sigma_history: int = option(24, "n-sigma: samples of history")
+    n_sigma_history: int = option(24, "n-sigma: samples of history", ge=1, le=10_000)
     instance_percentile: float = option(
-        99.0, "per-instance (RC-like): this percentile of each instance's usage/limit history x its limit"
+        99.0,
+        "per-instance (RC-like): this percentile of each instance's usage/limit history x its limit",
+        ge=0,
+        le=100,
     )
-    instance_history: int = option(120, "per-instance percentile: samples of history")
-    machine_percentile: float = option(100.0, "per-machine: this percentile of the machine's usage/limit history")
-    machine_history: int = option(24, "per-machine percentile: samples of history")
+    instance_history: int = option(120, "per-instance percentile: samples of history", ge=1, le=10_000)
+    machine_percentile: float = option(
+        100.0, "per-machine: this percentile of the machine's usage/limit history", ge=0, le=100
+    )
+    machine_history: int = option(24, "per-machine percentile: samples of history", ge=1, le=10_000)
     combine: tuple[str, ...] = option(
         ("n_sigma", "instance_percentile"),
         "the predictors max_of / avg_of combine (the paper's: n_sigma + instance_percentile)",
@@ -229,9 +213,12 @@ class PeakPrediction(Analysis):
     priority_range: tuple[int, ...] = option(
         (0, 400),
         "LO,HI: keep instances whose joined event's priority is in [LO, HI] (the paper's filter; see apply_ranges)",
+        check=_RANGE,
     )
     scheduling_class_range: tuple[int, ...] = option(
-        (2, 3), "LO,HI: keep instances whose joined event's scheduling class is in [LO, HI] (the paper's filter)"
+        (2, 3),
+        "LO,HI: keep instances whose joined event's scheduling class is in [LO, HI] (the paper's filter)",
+        check=_RANGE,
     )
     apply_ranges: bool = option(
         True,
@@ -245,34 +232,6 @@ class PeakPrediction(Analysis):
     keyed_rows = ("rows",)
     row_bytes = 320
     auto_partition_rows = 1 << 20
-
-    def __post_init__(self) -> None:
-        if self.metric != "auto" and self.metric not in METRICS:
-            raise ValueError(f"peak-prediction: metric must be auto or one of {list(METRICS)}, got {self.metric!r}")
-        if not 300 <= self.horizon_s <= MAX_HORIZON_S:
-            raise ValueError(f"peak-prediction: horizon_s must be in [300, {MAX_HORIZON_S}], got {self.horizon_s}")
-        for name in ("oracle_percentile", "instance_percentile", "machine_percentile"):
-            if not 0.0 <= getattr(self, name) <= 100.0:
-                raise ValueError(f"peak-prediction: {name} must be in [0, 100], got {getattr(self, name)}")
-        for name in ("n_sigma_history", "instance_history", "machine_history"):
-            if not 1 <= getattr(self, name) <= 10_000:
-                raise ValueError(f"peak-prediction: {name} must be in [1, 10000], got {getattr(self, name)}")
-        if self.min_samples < 0:
-            raise ValueError(f"peak-prediction: min_samples must be >= 0, got {self.min_samples}")
-        if not self.borg_fraction >= 0.0:
-            raise ValueError(f"peak-prediction: borg_fraction must be >= 0, got {self.borg_fraction}")
-        if isinstance(self.combine, str):
-            object.__setattr__(self, "combine", (self.combine,))
-        for name in ("priority_range", "scheduling_class_range"):
-            object.__setattr__(self, name, tuple(int(x) for x in getattr(self, name)))
-        object.__setattr__(self, "combine", tuple(self.combine))
-        bad = [c for c in self.combine if c not in BASE_PREDICTORS]
-        if bad or not self.combine:
-            raise ValueError(
-                f"peak-prediction: combine must name some of {list(BASE_PREDICTORS)}, got {self.combine!r}"
-            )
-        _check_range("priority_range", self.priority_range)
-        _check_range("scheduling_class_range", self.scheduling_class_range)
 
     @property
     def params(self) -> SimParams:
@@ -498,82 +457,16 @@ class PeakPrediction(Analysis):
             "instances": sim["instances"].astype(np.int64),
             **{c: np.asarray(sim[c], np.float64) for c in _MACHINE_COLUMNS[4:]},
         }
-        has = np.isfinite(cols["oracle"])
-        limit, oracle = cols["limit"][has], cols["oracle"][has]
-        codes = sim["code"][has]
-        ucodes, inv = unique_codes(codes)
-        n_rows = int(cols["bucket"].shape[0])
-        extra: dict[str, Any] = {
-            "rows": n_rows,
-            "censored": int(np.count_nonzero(~has)),
-            "machines": ucodes,
-            "first_step": int(cols["bucket"].min()) if n_rows else None,
-            "machine_n": np.bincount(inv, minlength=ucodes.shape[0]),
-            "limit": float(limit.sum()),
-            "pred": {},
-        }
-        for p in ("oracle", *PREDICTORS):
-            pred = cols[p][has]
-            viol = oracle - pred > VIOLATION_TOL * limit
-            sev = (oracle - pred)[viol] / limit[viol]
-            extra["pred"][p] = {
-                "violations": int(viol.sum()),
-                "severity": float(sev.sum()),
-                "saved": float((limit - pred).sum()),
-                "saved_ratio": float(((limit - pred) / limit).sum()),
-                "machine_viol": np.bincount(inv, weights=viol, minlength=ucodes.shape[0]),
-            }
+        extra = shard_sums(cols, sim["code"], PREDICTORS)
         return {"machine": table({c: cols[c] for c in _MACHINE_COLUMNS})}, extra
 
     def finalize_parted(
         self, rest: dict[str, Any], ctx: PeakPredictionContext, tables: dict[str, Any], extras: list[dict[str, Any]]
     ) -> dict[str, Any]:
-        from gpuclust.stream_quantiles import stream_quantiles
-
-        machine = tables["machine"]
         n_rows = sum(e["rows"] for e in extras)
         censored = sum(e["censored"] for e in extras)
-        n = n_rows - censored
         firsts = [e["first_step"] for e in extras if e.get("first_step") is not None]
-        total_limit = sum(e["limit"] for e in extras)
-        mach_n = np.concatenate([np.zeros(0), *(e["machine_n"] for e in extras)])
-        rows = []
-        for p in ("oracle", *PREDICTORS) if n_rows else ():
-            d = [e["pred"][p] for e in extras]
-            v = sum(x["violations"] for x in d)
-            mv = np.concatenate([np.zeros(0), *(x["machine_viol"] for x in d)])
-            rates = mv / np.maximum(mach_n, 1)
-
-            def sev(p: str = p) -> Any:  # (the three columns' batches are the same row groups)
-                for lim, orc, pr in zip(*(column_batches(machine, c) for c in ("limit", "oracle", p)), strict=True):
-                    lim, orc, pr = (np.asarray(x, np.float64) for x in (lim, orc, pr))
-                    ok = np.isfinite(orc)
-                    lim, orc, pr = lim[ok], orc[ok], pr[ok]
-                    viol = orc - pr > VIOLATION_TOL * lim
-                    yield (orc - pr)[viol] / lim[viol]
-
-            qs = stream_quantiles(sev, (0.5, 0.99, 1.0)) if v else np.full(3, np.nan)
-            mq = sorted_quantiles(np.sort(rates), (0.5, 0.9, 0.99, 1.0)) if rates.shape[0] else np.full(4, np.nan)
-            rows.append(
-                {
-                    "predictor": p,
-                    "machine_steps": n,
-                    "violations": v,
-                    "violation_rate": v / n if n else np.nan,
-                    "severity_mean": sum(x["severity"] for x in d) / v if v else np.nan,
-                    "severity_p50": qs[0],
-                    "severity_p99": qs[1],
-                    "severity_max": qs[2],
-                    "savings": sum(x["saved"] for x in d) / total_limit if n else np.nan,
-                    "mean_savings": sum(x["saved_ratio"] for x in d) / n if n else np.nan,
-                    "machines": int(rates.shape[0]),
-                    "machine_rate_p50": mq[0],
-                    "machine_rate_p90": mq[1],
-                    "machine_rate_p99": mq[2],
-                    "machine_rate_max": mq[3],
-                }
-            )
-        summary = schema_table(rows, _SUMMARY_SCHEMA)
+        summary = summary_table(tables["machine"], extras, PREDICTORS)
         stats = dict(zip(STATS, (int(x) for x in np.asarray(rest["stats"])), strict=True))
         prm = self.params
 

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from strategies import assert_results_same, cell, random_cell, table, write_dataset
 
-import gpuclust.analyses.machine_utilization as mu
+import gpuclust.analyses._machine_sums as machine_sums
 from gpuclust.analyses.machine_utilization import QUANTILES, MachineHash, MachineUtilization
 from gpuclust.backends import get_backend
 from gpuclust.dataset import Dataset
@@ -178,8 +178,8 @@ def test_dense_and_sorted_sums(monkeypatch, dense_ratio, row_bits):
     """Every way of summing a partition's keys (bincount over every machine-bucket; the used rows
     sorted by key and row packed in one int64, or by an argsort), NULL usage in both columns,
     several partitions merged."""
-    monkeypatch.setattr(mu, "_DENSE_RATIO", dense_ratio)
-    monkeypatch.setattr(mu, "_ROW_BITS", row_bits)
+    monkeypatch.setattr(machine_sums, "DENSE_RATIO", dense_ratio)
+    monkeypatch.setattr(machine_sums, "ROW_BITS", row_bits)
     tables = random_cell(8, n_windows=5000)
     us = tables["instance_usage"]
     mem = us.column("avg_mem").to_pylist()
