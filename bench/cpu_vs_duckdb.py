@@ -10,73 +10,76 @@ by `_harness.run_measured` and its user/system CPU seconds from ``getrusage(RUSA
 
 * ``cell-usage``: ``python -m gpuclust.cli analyze DS cell-usage --out TMP --no-plots --quiet``
   (notebook mode, the engine's defaults: one thread per usable core) against DuckDB running
-  Google's notebook query (``analyses_bench.cell_usage_sql``) with ``SET threads`` = usable cores
+  Google's notebook query (``cell_usage_sql``) with ``SET threads`` = usable cores
   (and its progress bar off).
 * ``cpi (SQL subset)``: ``gpuclust analyze DS cpi -O by=machine -O regression=none -O
   spearman=none`` (weighted moments and Pearson r per machine, one pass) against
-  ``analyses_bench.cpi_sql`` in DuckDB.
+  ``cpi_sql`` in DuckDB.
 * ``lifecycle``: ``gpuclust analyze DS lifecycle`` (every table) against
-  ``analyses_bench.lifecycle_sql``, its SQL-expressible subset (per-instance tier, event and
+  ``lifecycle_sql``, its SQL-expressible subset (per-instance tier, event and
   transition counts by LAG over each instance's events).
-* ``lifecycle (all tables)``: the same gpuclust run against ``analyses_bench.lifecycle_full_sql``:
+* ``lifecycle (all tables)``: the same gpuclust run against ``lifecycle_full_sql``:
   DuckDB writing gpuclust's tables but ``survival`` and the per-kind ones (events, transitions,
   the series with its present-at-start column and its queued, eligible, queue and running levels,
   the scheduling, queued and execution episodes with their outcomes, censoring and log bins, info) as Parquet beside gpuclust's folder; checked table for table against gpuclust's in
   tests/bench/test_cpu_vs_duckdb.py.
 * ``job-usage``: ``gpuclust analyze DS job-usage`` (every table, tiers included) against
-  ``analyses_bench.job_usage_sql`` (per-collection hours and the overall statistics, no tiers).
-* ``job-usage (tiers)``: the same gpuclust run against ``analyses_bench.job_usage_tiers_sql``:
+  ``job_usage_sql`` (per-collection hours and the overall statistics, no tiers).
+* ``job-usage (tiers)``: the same gpuclust run against ``job_usage_tiers_sql``:
   DuckDB doing the work gpuclust does (each collection's tier from the MAX priority of the events
   of its keys with usage, then the statistics per tier and over all; checked against gpuclust's
   ``stats`` table in tests/bench/test_cpu_vs_duckdb.py).
-* ``job-usage (all tables)``: the same gpuclust run against ``analyses_bench.job_usage_full_sql``:
+* ``job-usage (all tables)``: the same gpuclust run against ``job_usage_full_sql``:
   DuckDB writing every table gpuclust writes (the 400,000-row ``jobs`` table at 1.6e7, ``stats``
   for CPU and memory with the top 0.1% share, C² and the Pareto fit, ``correlation``, ``info``)
   as Parquet into a folder beside gpuclust's; tests/bench/test_cpu_vs_duckdb.py checks each table
   against gpuclust's.
 * ``usage-vs-request``: ``gpuclust analyze DS usage-vs-request`` (every table) against
-  ``analyses_bench.usage_vs_request_sql`` (an ASOF join for the CPU limit, one measure, no tiers).
+  ``usage_vs_request_sql`` (an ASOF join for the CPU limit, one measure, no tiers).
 * ``usage-vs-request (all tables)``: the same gpuclust run against
-  ``analyses_bench.usage_vs_request_full_sql``: DuckDB writing gpuclust's tables (both limits by
+  ``usage_vs_request_full_sql``: DuckDB writing gpuclust's tables (both limits by
   ASOF joins, the tier join, four measures by tier and over all, counts, means, the log-binned
   distributions and their quantiles); checked against gpuclust's in tests/bench/test_cpu_vs_duckdb.py.
 * ``usage-change``: ``gpuclust analyze DS usage-change -O level=instance`` (every table) against
-  ``analyses_bench.usage_change_sql`` (pairs of consecutive windows by LEAD, by tier, with the
+  ``usage_change_sql`` (pairs of consecutive windows by LEAD, by tier, with the
   defined changes and those within ±20%).
-* ``usage-change (all tables)``: the same gpuclust run against ``analyses_bench.usage_change_full_sql``:
+* ``usage-change (all tables)``: the same gpuclust run against ``usage_change_full_sql``:
   DuckDB writing gpuclust's tables (pairs by LEAD, the tier join, the four kinds of pair, the
   shares within ±5/10/20/50%, the mean and the log-binned ratios with their quantiles, info);
   checked against gpuclust's in tests/bench/test_cpu_vs_duckdb.py.
 * ``machine-utilization``: ``gpuclust analyze DS machine-utilization -O mode=notebook`` (every table, the machine
-  table written as parts) against ``analyses_bench.machine_utilization_sql``: the notebook's
+  table written as parts) against ``machine_utilization_sql``: the notebook's
   query whole, with exact quantiles.
 * ``machine-utilization (all tables)``: the same gpuclust run against
-  ``analyses_bench.machine_utilization_full_sql``: DuckDB writing every table gpuclust writes (the
+  ``machine_utilization_full_sql``: DuckDB writing every table gpuclust writes (the
   per machine x 5-minute bucket ``machine`` table, as one Parquet file, with its windows, usage
   sums, capacities and ratios; the exact quantiles, ``summary``, ``series`` and ``info`` with the
   rows dropped by each rule) as Parquet; checked table for table against gpuclust's in
   tests/bench/test_cpu_vs_duckdb.py.
 * ``data-quality (SQL subset)``: ``gpuclust analyze DS data-quality`` (every table: events checks,
   ties and out-of-order sequences, the max/p100 histogram included) against
-  ``analyses_bench.data_quality_sql``: the usage table's NULLs per column, sentinels, window
+  ``data_quality_sql``: the usage table's NULLs per column, sentinels, window
   lengths, p100 against max, non-monotone percentiles and the joins with each instance's last
   event (checked against gpuclust's ``checks`` and ``columns`` in tests/bench/test_cpu_vs_duckdb.py).
   An unbucketed dataset larger than one partition is refused by data-quality: use ``--layout
   bucketed``.
 * ``data-quality (all tables)``: the same gpuclust run against
-  ``analyses_bench.data_quality_full_sql``: DuckDB writing every table gpuclust writes
+  ``data_quality_full_sql``: DuckDB writing every table gpuclust writes
   (``checks`` of all four tables: the usage checks in one scan joined to each instance's final
   terminal event, the events tables' sentinels, ties, out-of-order sequences and NULL capacities;
   ``columns``, ``codes``, the ``max_over_p100`` bins and ``info``) as Parquet; checked table for
   table against gpuclust's in tests/bench/test_cpu_vs_duckdb.py.
 * ``peak-prediction (SQL part)``: ``gpuclust analyze DS peak-prediction`` (the whole simulation,
-  default options) against ``analyses_bench.peak_prediction_sql``: DuckDB writing the columns of
+  default options) against ``peak_prediction_sql``: DuckDB writing the columns of
   gpuclust's ``machine`` table that SQL computes (the ASOF join of each window to its instance's
   latest event with both requests positive, the paper's filters, per machine x 5-minute step the
   instances, the sums of limits and of usage capped at them, ``borg_default`` and the 24 h oracle
   by a self-join over the horizon) as Parquet; the stateful predictors (N-sigma, percentiles and
   their combinations) are left out.  Checked against gpuclust's ``machine`` table in
   tests/bench/test_cpu_vs_duckdb.py.
+
+The DuckDB side of each case is an SQL reference of tests/references/ (``sql_<analysis>.py``),
+written from the analysis' document; the tests use the same statements as their oracle.
 
 A third contender, ``floor``, is the least any engine built on gpuclust's fixed stack (Python,
 NumPy, pyarrow's Parquet reader, pandas result tables) can take for a case: a fresh process that
@@ -113,26 +116,18 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
+sys.path.append(str(ROOT / "tests"))  # the SQL peers: tests/references/
 
 from _harness import bench_dataset, environment, run_measured, write_results  # noqa: E402
-from analyses_bench import (  # noqa: E402
-    cell_usage_sql,
-    cpi_sql,
-    data_quality_full_sql,
-    data_quality_sql,
-    job_usage_full_sql,
-    job_usage_sql,
-    job_usage_tiers_sql,
-    lifecycle_full_sql,
-    lifecycle_sql,
-    machine_utilization_full_sql,
-    machine_utilization_sql,
-    peak_prediction_sql,
-    usage_change_full_sql,
-    usage_change_sql,
-    usage_vs_request_full_sql,
-    usage_vs_request_sql,
-)
+from references.sql_cell_usage import cell_usage_sql  # noqa: E402
+from references.sql_cpi import cpi_sql  # noqa: E402
+from references.sql_data_quality import data_quality_full_sql, data_quality_sql  # noqa: E402
+from references.sql_job_usage import job_usage_full_sql, job_usage_sql, job_usage_tiers_sql  # noqa: E402
+from references.sql_lifecycle import lifecycle_full_sql, lifecycle_sql  # noqa: E402
+from references.sql_machine_utilization import machine_utilization_full_sql, machine_utilization_sql  # noqa: E402
+from references.sql_peak_prediction import peak_prediction_sql  # noqa: E402
+from references.sql_usage_change import usage_change_full_sql, usage_change_sql  # noqa: E402
+from references.sql_usage_vs_request import usage_vs_request_full_sql, usage_vs_request_sql  # noqa: E402
 
 #: case -> (gpuclust analyze arguments after the dataset, DuckDB SQL builder, the analysis (its columns))
 CASES: dict[str, tuple[list[str], Any, tuple[str, dict[str, str]]]] = {
@@ -413,8 +408,8 @@ def markdown(
         "",
         "gpuclust: `python -m gpuclust.cli analyze DS <case> --out TMP --no-plots --quiet` (the engine's "
         "defaults: partitions='auto', one thread per usable core). DuckDB: `python -c` running "
-        "bench/analyses_bench.py's `cell_usage_sql` / `cpi_sql` / `lifecycle_sql` / `usage_change_sql` / `job_usage_sql` / "
-        "`job_usage_tiers_sql` / `usage_vs_request_sql` / `machine_utilization_sql` / `data_quality_sql` with `SET threads` = "
+        "the SQL references of tests/references/ (`cell_usage_sql` / `cpi_sql` / `lifecycle_sql` / `usage_change_sql` / `job_usage_sql` / "
+        "`job_usage_tiers_sql` / `usage_vs_request_sql` / `machine_utilization_sql` / `data_quality_sql`) with `SET threads` = "
         "usable cores, results fetched; the `(all tables)` cases run `*_full_sql`, which write every table the analysis "
         "writes as Parquet; `peak-prediction (SQL part)` runs `peak_prediction_sql`, which writes the columns of its "
         "`machine` table SQL computes. cpi (SQL subset) = `-O by=machine -O regression=none -O spearman=none`.",

@@ -23,11 +23,11 @@ decode rate of the same columns (``bench/gpu_profile.py``), and reports the load
 fraction of the lower one.  Same data and options as ``bench/analyses_bench.py``.
 
 Backend ``duckdb`` is the SQL peer on resident data: a process loads the dataset's tables into
-DuckDB's memory (timed: its load), then runs each SQL peer of ``bench/analyses_bench.py``
-(``DUCKDB_SQL``) over those tables, one thread per usable core, best of ``--repeat``.  The report
-sets each against the gpuclust column that computes the same (the SQL-subset variant where there
-is one: cpi's moments and Pearson r alone; the gpuclust processes run those variants besides the
-registered analyses); the issue's target on the gpu is 10x DuckDB.
+DuckDB's memory (timed: its load), then runs each SQL peer of tests/references/
+(``references.sql_peers.DUCKDB_SQL``) over those tables, one thread per usable core, best of
+``--repeat``.  The report sets each against the gpuclust column that computes the same (the
+SQL-subset variant where there is one: cpi's moments and Pearson r alone; the gpuclust processes
+run those variants besides the registered analyses); the issue's target on the gpu is 10x DuckDB.
 
 Writes bench/results/<name>.{json,md} with device, versions and commit.
 """
@@ -45,6 +45,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
+sys.path.append(str(HERE.parent / "tests"))  # the SQL peers: tests/references/
 
 from _harness import bench_dataset, environment, publish, run_measured  # noqa: E402
 
@@ -54,10 +55,11 @@ DUCK_TABLES = ("instance_usage", "instance_events", "machine_events", "collectio
 
 def duck_child(ds: Path, repeat: int) -> None:
     """The DuckDB peer on resident data: the dataset's tables loaded into DuckDB's memory once
-    (timed: its load), then each SQL peer of ``analyses_bench.DUCKDB_SQL`` over them, best of
+    (timed: its load), then each SQL peer of ``references.sql_peers.DUCKDB_SQL`` over them, best of
     ``repeat``; one thread per usable core.  Peers that read the files' row order
     (``file_row_number``) cannot run over a table and are left out."""
-    from analyses_bench import DUCKDB_SQL, _duck, resident_sql
+    from analyses_bench import _duck, resident_sql
+    from references.sql_peers import DUCKDB_SQL
 
     con = _duck()
     t0 = time.perf_counter()
@@ -281,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
             "",
             f"DuckDB on resident data at {d['size']:,} windows: the dataset's tables loaded into DuckDB's memory "
             f"once ({d['load_s']:.3f} s; process {d['wall_s']:.2f} s, peak RSS {d['peak_rss_mib']:,.0f} MiB), then "
-            "each SQL peer of bench/analyses_bench.py over them (one thread per usable core), against the gpuclust "
+            "each SQL peer of tests/references/ over them (one thread per usable core), against the gpuclust "
             "column it is compared with (its SQL-subset variant where there is one; target on the gpu: >= 10x):",
             "",
             "| query | DuckDB s | gpuclust column | "

@@ -215,14 +215,14 @@ def test_job_usage_tiers_sql_computes_what_gpuclust_reports(tmp_path, monkeypatc
     CPU statistics equal gpuclust's ``stats`` table (rows=jobs) on a benchmark dataset."""
     duckdb = pytest.importorskip("duckdb")
     monkeypatch.syspath_prepend(str(BENCH))
-    import analyses_bench
     from gen_canonical import make_dataset
+    from references.sql_job_usage import job_usage_tiers_sql
 
     from gpuclust.analyses.registry import create
     from gpuclust.engine import run
 
     ds = make_dataset(tmp_path / "ds", 40_000, seed=2)
-    got = duckdb.sql(analyses_bench.job_usage_tiers_sql(ds)).fetchall()
+    got = duckdb.sql(job_usage_tiers_sql(ds)).fetchall()
     stats = run(ds, [create("job-usage")], backend="cpu")["job-usage"]["stats"]
     cpu = stats[stats["resource"] == "cpu"].set_index("tier")
     assert len(got) == len(cpu) >= 2
@@ -250,10 +250,10 @@ def test_data_quality_sql_counts_what_gpuclust_reports(tmp_path, monkeypatch):
     percentiles, instances without events and windows after a final FINISH."""
     duckdb = pytest.importorskip("duckdb")
     monkeypatch.syspath_prepend(str(BENCH))
-    import analyses_bench
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
+    from references.sql_data_quality import DATA_QUALITY_SQL_CHECKS, data_quality_sql
 
     from gpuclust.analyses.registry import create
     from gpuclust.engine import run
@@ -284,7 +284,7 @@ def test_data_quality_sql_counts_what_gpuclust_reports(tmp_path, monkeypatch):
     ev = ev.set_column(ev.schema.get_field_index("time"), "time", pa.array(t, type=pa.int64()))
     pq.write_table(ev, ef)
 
-    (got,) = duckdb.sql(analyses_bench.data_quality_sql(ds)).fetchall()
+    (got,) = duckdb.sql(data_quality_sql(ds)).fetchall()
     res = run(ds, [create("data-quality")], backend="cpu")["data-quality"]
     checks = {r.check: r.count for r in res["checks"].itertuples() if r.table == "instance_usage"}
     columns = res["columns"][res["columns"]["table"] == "instance_usage"]
@@ -293,8 +293,8 @@ def test_data_quality_sql_counts_what_gpuclust_reports(tmp_path, monkeypatch):
     assert dict(zip(cols, got[1 : 1 + len(cols)], strict=True)) == dict(
         zip(columns["column"], columns["nulls"], strict=True)
     )
-    sql = dict(zip(analyses_bench.DATA_QUALITY_SQL_CHECKS, got[1 + len(cols) :], strict=True))
-    assert sql == {k: checks[k] for k in analyses_bench.DATA_QUALITY_SQL_CHECKS}
+    sql = dict(zip(DATA_QUALITY_SQL_CHECKS, got[1 + len(cols) :], strict=True))
+    assert sql == {k: checks[k] for k in DATA_QUALITY_SQL_CHECKS}
     for k in (
         "short_windows",
         "long_windows",
@@ -317,10 +317,10 @@ def test_job_usage_full_sql_writes_what_gpuclust_writes(tmp_path, monkeypatch):
     2^63-1, rows of alloc sets, collections that use no CPU and keys without events."""
     duckdb = pytest.importorskip("duckdb")
     monkeypatch.syspath_prepend(str(BENCH))
-    import analyses_bench
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
+    from references.sql_job_usage import job_usage_full_sql
 
     from gpuclust.analyses.registry import create
     from gpuclust.engine import run
@@ -342,7 +342,7 @@ def test_job_usage_full_sql_writes_what_gpuclust_writes(tmp_path, monkeypatch):
 
     out = tmp_path / "duck"
     out.mkdir()
-    duckdb.connect().execute(analyses_bench.job_usage_full_sql(ds, out, tail=0.1))
+    duckdb.connect().execute(job_usage_full_sql(ds, out, tail=0.1))
     got = {t: pq.read_table(out / f"{t}.parquet").to_pandas() for t in ("jobs", "stats", "correlation", "info")}
     res = run(ds, [create("job-usage")], backend="cpu")["job-usage"]
 
@@ -396,9 +396,9 @@ def test_lifecycle_full_sql_writes_what_gpuclust_writes(tmp_path, monkeypatch):
     ``survival`` and the ``*_by_kind`` tables are not the SQL's."""
     duckdb = pytest.importorskip("duckdb")
     monkeypatch.syspath_prepend(str(BENCH))
-    import analyses_bench
     import numpy as np
     import pyarrow.parquet as pq
+    from references.sql_lifecycle import lifecycle_full_sql
     from strategies import table, write_dataset
 
     from gpuclust.analyses.registry import create
@@ -430,7 +430,7 @@ def test_lifecycle_full_sql_writes_what_gpuclust_writes(tmp_path, monkeypatch):
 
     out = tmp_path / "duck"
     out.mkdir()
-    duckdb.connect().execute(analyses_bench.lifecycle_full_sql(ds, out, bucket_s=1800))
+    duckdb.connect().execute(lifecycle_full_sql(ds, out, bucket_s=1800))
     res = run(ds, [create("lifecycle", bucket_s=1800)], backend="cpu")["lifecycle"]
     got = {
         name: pq.read_table(out / f"{name}.parquet").to_pandas()
@@ -484,10 +484,10 @@ def test_usage_vs_request_full_sql_writes_what_gpuclust_writes(tmp_path, monkeyp
     request, instances without events and windows on machines their key has no event on."""
     duckdb = pytest.importorskip("duckdb")
     monkeypatch.syspath_prepend(str(BENCH))
-    import analyses_bench
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
+    from references.sql_usage_vs_request import usage_vs_request_full_sql
 
     from gpuclust.analyses.registry import create
     from gpuclust.engine import run
@@ -514,7 +514,7 @@ def test_usage_vs_request_full_sql_writes_what_gpuclust_writes(tmp_path, monkeyp
 
     out = tmp_path / "duck"
     out.mkdir()
-    duckdb.connect().execute(analyses_bench.usage_vs_request_full_sql(ds, out))
+    duckdb.connect().execute(usage_vs_request_full_sql(ds, out))
     res = run(ds, [create("usage-vs-request")], backend="cpu")["usage-vs-request"]
     got = {name: pq.read_table(out / f"{name}.parquet").to_pandas() for name in ("summary", "hist", "info")}
     _same_table(got["summary"], res["summary"], ["tier", "measure"], "summary")
@@ -534,10 +534,10 @@ def test_usage_change_full_sql_writes_what_gpuclust_writes(tmp_path, monkeypatch
     starting at one microsecond (row order decides), and keys without events."""
     duckdb = pytest.importorskip("duckdb")
     monkeypatch.syspath_prepend(str(BENCH))
-    import analyses_bench
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
+    from references.sql_usage_change import usage_change_full_sql
 
     from gpuclust.analyses.registry import create
     from gpuclust.engine import run
@@ -570,7 +570,7 @@ def test_usage_change_full_sql_writes_what_gpuclust_writes(tmp_path, monkeypatch
 
     out = tmp_path / "duck"
     out.mkdir()
-    duckdb.connect().execute(analyses_bench.usage_change_full_sql(ds, out, max_gap_s=max_gap_s))
+    duckdb.connect().execute(usage_change_full_sql(ds, out, max_gap_s=max_gap_s))
     res = run(ds, [create("usage-change", level="instance", max_gap_s=max_gap_s)], backend="cpu")["usage-change"]
     got = {name: pq.read_table(out / f"{name}.parquet").to_pandas() for name in res}
     _same_table(got["summary"], res["summary"], ["tier", "resource"], "summary")
@@ -813,8 +813,8 @@ def test_data_quality_full_sql_writes_what_gpuclust_writes(tmp_path, monkeypatch
     duckdb = pytest.importorskip("duckdb")
     monkeypatch.syspath_prepend(str(BENCH))
     monkeypatch.syspath_prepend(str(BENCH.parent / "tests"))
-    import analyses_bench
     import pyarrow.parquet as pq
+    from references.sql_data_quality import data_quality_full_sql
 
     from gpuclust.analyses.registry import create
     from gpuclust.engine import run
@@ -822,9 +822,7 @@ def test_data_quality_full_sql_writes_what_gpuclust_writes(tmp_path, monkeypatch
     ds = _data_quality_dataset(tmp_path)
     out = tmp_path / "duck"
     out.mkdir()
-    duckdb.connect().execute(
-        analyses_bench.data_quality_full_sql(ds, out, short_window_s=short_window_s, row_order=row_order)
-    )
+    duckdb.connect().execute(data_quality_full_sql(ds, out, short_window_s=short_window_s, row_order=row_order))
     res = run(ds, [create("data-quality", short_window_s=short_window_s, row_order=row_order)], backend="cpu")[
         "data-quality"
     ]
@@ -909,8 +907,8 @@ def test_data_quality_full_sql_with_tables_missing(tmp_path, monkeypatch, missin
     monkeypatch.syspath_prepend(str(BENCH))
     import shutil
 
-    import analyses_bench
     import pyarrow.parquet as pq
+    from references.sql_data_quality import data_quality_full_sql
 
     from gpuclust.analyses.registry import create
     from gpuclust.engine import run
@@ -924,7 +922,7 @@ def test_data_quality_full_sql_with_tables_missing(tmp_path, monkeypatch, missin
     assert not (ds / "collection_events").exists()
     out = tmp_path / "duck"
     out.mkdir()
-    duckdb.connect().execute(analyses_bench.data_quality_full_sql(ds, out, row_order=True))
+    duckdb.connect().execute(data_quality_full_sql(ds, out, row_order=True))
     res = run(ds, [create("data-quality", row_order=True)], backend="cpu")["data-quality"]
     got = {name: pq.read_table(out / f"{name}.parquet").to_pandas() for name in res}
     for name, keys in (
@@ -1037,8 +1035,8 @@ def test_machine_utilization_full_sql_writes_what_gpuclust_writes(tmp_path, monk
     known ratio at all."""
     duckdb = pytest.importorskip("duckdb")
     monkeypatch.syspath_prepend(str(BENCH))
-    import analyses_bench
     import pyarrow.parquet as pq
+    from references.sql_machine_utilization import machine_utilization_full_sql
 
     from gpuclust.analyses.registry import create
     from gpuclust.engine import analyze
@@ -1047,7 +1045,7 @@ def test_machine_utilization_full_sql_writes_what_gpuclust_writes(tmp_path, monk
     ds = _machine_utilization_dataset(tmp_path)
     out = tmp_path / "duck"
     out.mkdir()
-    duckdb.connect().execute(analyses_bench.machine_utilization_full_sql(ds, out, mode=mode))
+    duckdb.connect().execute(machine_utilization_full_sql(ds, out, mode=mode))
     gp = tmp_path / "gpuclust"
     (res,) = analyze(ds, [create("machine-utilization", mode=mode)], out=gp, plots=False, partitions=3).values()
     a = "machine-utilization"
@@ -1160,8 +1158,8 @@ def test_peak_prediction_sql_computes_what_gpuclust_writes(tmp_path, monkeypatch
     an instance in one step."""
     duckdb = pytest.importorskip("duckdb")
     monkeypatch.syspath_prepend(str(BENCH))
-    import analyses_bench
     import pyarrow.parquet as pq
+    from references.sql_peak_prediction import peak_prediction_sql
 
     from gpuclust.analyses.registry import create
     from gpuclust.engine import analyze
@@ -1170,7 +1168,7 @@ def test_peak_prediction_sql_computes_what_gpuclust_writes(tmp_path, monkeypatch
     ds = _peak_prediction_dataset(tmp_path)
     out = tmp_path / "duck"
     out.mkdir()
-    duckdb.connect().execute(analyses_bench.peak_prediction_sql(ds, out))
+    duckdb.connect().execute(peak_prediction_sql(ds, out))
     gp = tmp_path / "gpuclust"
     (res,) = analyze(ds, [create("peak-prediction")], out=gp, plots=False, partitions=3).values()
     assert isinstance(res["machine"], PartedTable) and res["machine"].folder == gp / "peak-prediction" / "machine"

@@ -46,8 +46,9 @@ def test_resident_sql_gives_the_parquet_results(tmp_path, monkeypatch):
     rows it returns over the Parquet files (the resident form only renames the scans)."""
     duckdb = pytest.importorskip("duckdb")
     monkeypatch.syspath_prepend(str(BENCH))
-    from analyses_bench import DUCKDB_SQL, resident_sql
+    from analyses_bench import resident_sql
     from gen_canonical import make_dataset
+    from references.sql_peers import DUCKDB_SQL
     from study_bench import DUCK_TABLES
 
     ds = make_dataset(tmp_path / "ds", 20_000, seed=2)
