@@ -3,6 +3,7 @@
     python bench/cpu_vs_duckdb.py                       # 4e6 and 1.6e7 windows, 3 interleaved rounds
     python bench/cpu_vs_duckdb.py --sizes 4e6 --repeat 5
     python bench/cpu_vs_duckdb.py --before bench/results/<an earlier run>.json
+    python bench/cpu_vs_duckdb.py --merge A.json B.json --name cpu_vs_duckdb   # runs of one layout -> one result
 
 Every measurement is a fresh process over the same canonical Parquet (`bench/gen_canonical.py`,
 cached under bench/data/), timed from spawn to exit, with the peak RSS of its process tree sampled
@@ -94,7 +95,9 @@ gpuclust writes its result tables (Parquet), the summary and ``_run.json``; Duck
 result rows.  gpuclust is byte-compiled first (``compileall``), as an installed package is.  Contenders are interleaved round by round (the machine is shared, so timings are
 noisy) and the medians reported, with the ratio gpuclust / DuckDB (< 1: gpuclust is faster).
 Writes bench/results/<name>.json and .md with machine, versions and commit; ``--before`` adds an
-earlier run's medians (e.g. before an optimisation) as extra columns.  A case whose run fails (an
+earlier run's medians (e.g. before an optimisation) as extra columns; ``--merge`` makes one result of
+earlier runs of one layout (per size and case the latest run's rows, each row naming its run, and
+the runs' environments listed).  A case whose run fails (an
 analysis that needs whole instances refuses a flat table larger than a partition: use ``--layout
 bucketed``) is listed under "Not measured" with the error's line and left out at larger sizes.
 """
@@ -346,12 +349,13 @@ def ratio_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def marginal(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per case and contender, between consecutive sizes: the median wall and CPU seconds added per
-    million windows (what a larger cell pays, start-up left out)."""
-    by: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for r in rows:
-        by.setdefault((r["case"], r["contender"]), []).append(r)
+    million windows (what a larger cell pays, start-up left out); in a merged result, between sizes
+    of one run."""
+    by: dict[tuple[str, str, int | None], list[dict[str, Any]]] = {}
+    for r in rows:  # a merged result's rows: within their run only
+        by.setdefault((r["case"], r["contender"], r.get("run")), []).append(r)
     out = []
-    for (case, who), rs in by.items():
+    for (case, who, _), rs in by.items():
         rs = sorted(rs, key=lambda r: r["size"])
         for a, b in zip(rs, rs[1:], strict=False):
             dm = (b["size"] - a["size"]) / 1e6
@@ -374,20 +378,30 @@ def markdown(
     repeat: int,
     before: list[dict[str, Any]] | None,
     refused: list[dict[str, Any]] | None = None,
+    runs: list[dict[str, Any]] | None = None,
 ) -> str:
+    """The result's Markdown; with ``runs`` (a merged result, :func:`merge_runs`), each row's run in
+    a column and the runs listed instead of one environment."""
     rat = _ratios(rows)
     brat = _ratios(before) if before else {}
     bby = {(r["size"], r["case"], r["contender"]): r for r in before or []}
+    machines = sorted(
+        {f"{e['affinity_cores']} cores, {e['cpu']}" for e in [r["environment"] for r in runs or []] or [env]}
+    )
     md = [
-        f"# gpuclust vs DuckDB, whole process ({env['affinity_cores']} cores, {env['cpu']})",
+        f"# gpuclust vs DuckDB, whole process ({' / '.join(machines)})",
         "",
-        f"Medians of {repeat} interleaved rounds; wall = spawn to exit; CPU = user + system seconds; RSS = peak "
+        (f"Medians of {repeat} interleaved rounds" if not runs else "Medians of each run's interleaved rounds")
+        + "; wall = spawn to exit; CPU = user + system seconds; RSS = peak "
         "of the process tree. On a shared machine wall times carry the other load; CPU seconds much less.",
         "",
         "| windows | case | contender | wall s | user s | sys s | peak RSS MiB | time / DuckDB | CPU / DuckDB "
         "| RSS / DuckDB |"
-        + (" before: wall s | before: RSS MiB | before: time / DuckDB | before: CPU / DuckDB |" if before else ""),
-        "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|---:|---:|" if before else ""),
+        + (" before: wall s | before: RSS MiB | before: time / DuckDB | before: CPU / DuckDB |" if before else "")
+        + (" run |" if runs else ""),
+        "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|"
+        + ("---:|---:|---:|---:|" if before else "")
+        + ("---:|" if runs else ""),
     ]
     for r in rows:
         k = (r["size"], r["case"], r["contender"])
@@ -403,6 +417,8 @@ def markdown(
             bt = f"{brat[k]['time']:.2f}" if k in brat else ""
             bu = f"{brat[k]['cpu']:.2f}" if k in brat else ""
             line += f" {b['wall_s']:.2f} | {b['peak_rss_mib']:,.0f} | {bt} | {bu} |" if b else " | | | |"
+        if runs:
+            line += f" {r['run']} |"
         md.append(line)
     md += [
         "",
@@ -438,8 +454,59 @@ def markdown(
         md += ["Not measured (a run failed; the case was left out from that size on):", ""]
         md += [f"* {r['case']} at {r['size']:,} windows: {r['error']}" for r in refused]
         md.append("")
+    if runs:
+        md += [
+            "Runs (merged: per size and case the rows of the latest run that measured it; ratios and marginal "
+            "costs within a run; every run's rows and environment are in the JSON):",
+            "",
+        ]
+        for k, run in enumerate(runs):
+            e = run["environment"]
+            md.append(
+                f"* {k}: `{run['source']}`, {e['date']}, commit {str(e['commit'])[:7]}{' (dirty)' if e.get('dirty') else ''}, "
+                f"medians of {run['repeat']}, {e['affinity_cores']} cores, {e['cpu']}, load {e['load_avg_1m']}, "
+                + ", ".join(f"{v}={e[v]}" for v in ("python", "numpy", "pyarrow", "duckdb", "gpuclust") if v in e)
+            )
+        md.append("")
+        return "\n".join(md)
     md += ["Environment: " + ", ".join(f"{k}={v}" for k, v in env.items()), ""]
     return "\n".join(md)
+
+
+def merge_runs(sources: list[Path]) -> dict[str, Any]:
+    """One result from earlier runs of one layout (their JSON files): per (size, case) the rows of
+    the latest run (by its date) that measured it, each with ``run``, its index in ``runs`` (the
+    source, its rounds and its environment, oldest first)."""
+    loaded = sorted(((json.loads(p.read_text()), p) for p in sources), key=lambda x: x[0]["environment"]["date"])
+    layouts = {p.get("layout", "flat") for p, _ in loaded}
+    if len(layouts) != 1:
+        raise ValueError(f"runs of different layouts: {sorted(layouts)}")
+    latest = {(r["size"], r["case"]): k for k, (p, _) in enumerate(loaded) for r in p["rows"]}
+    case_order, who_order = {c: i for i, c in enumerate(CASES)}, {"gpuclust": 0, "duckdb": 1, "floor": 2}
+    rows = [
+        {**r, "run": k} for k, (p, _) in enumerate(loaded) for r in p["rows"] if latest[(r["size"], r["case"])] == k
+    ]
+    rows.sort(key=lambda r: (r["size"], case_order.get(r["case"], len(CASES)), who_order.get(r["contender"], 3)))
+    refused = [
+        {**r, "run": k}
+        for k, (p, _) in enumerate(loaded)
+        for r in p.get("refused") or []
+        if latest.get((r["size"], r["case"]), -1) < k
+    ]
+
+    def source(p: Path) -> str:
+        return str(p.resolve().relative_to(ROOT)) if p.resolve().is_relative_to(ROOT) else str(p)
+
+    return {
+        "benchmark": "cpu_vs_duckdb",
+        "layout": layouts.pop(),
+        "runs": [{"source": source(f), "repeat": p["repeat"], "environment": p["environment"]} for p, f in loaded],
+        "rows": rows,
+        "refused": refused,
+        "marginal": marginal(rows),
+        "ratios": ratio_rows(rows),
+        "before": None,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -461,11 +528,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--render", type=Path, default=None, help="re-write the Markdown of an earlier run's JSON (no runs)"
     )
+    ap.add_argument(
+        "--merge",
+        type=Path,
+        nargs="+",
+        default=None,
+        help="earlier runs' JSON (one layout): write one result (--name) of, per size and case, the latest run's rows",
+    )
     args = ap.parse_args(argv)
+    if args.merge:
+        payload = merge_runs(args.merge)
+        md = markdown(payload["rows"], {}, 0, None, payload["refused"], payload["runs"])
+        jp, mp = write_results(args.name, payload, md)
+        print(md)
+        print(f"wrote {jp} and {mp}")
+        return 0
     if args.render:
         payload = json.loads(args.render.read_text())
         md = markdown(
-            payload["rows"], payload["environment"], payload["repeat"], payload.get("before"), payload.get("refused")
+            payload["rows"],
+            payload.get("environment", {}),
+            payload.get("repeat", 0),
+            payload.get("before"),
+            payload.get("refused"),
+            payload.get("runs"),
         )
         md = md.replace("\n\n", f"\n\n{args.note}\n\n", 1) if args.note else md
         payload["ratios"] = ratio_rows(payload["rows"])

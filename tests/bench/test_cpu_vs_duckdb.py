@@ -183,6 +183,58 @@ def test_marginal_costs_between_sizes(monkeypatch):
     assert "| c | gpuclust | 4,000,000 -> 16,000,000 | 0.0500 | 0.1000 | 1.00 |" in md
 
 
+def test_merge_keeps_the_latest_run_of_each_size_and_case(tmp_path, monkeypatch):
+    """``--merge``: per (size, case) the rows of the latest run (by date, whatever the order given),
+    each naming its run; ratios and marginal costs within a run; the runs listed in the Markdown
+    (``--render`` writes the same); runs of two layouts refused."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import _harness
+    import cpu_vs_duckdb
+
+    monkeypatch.setattr(_harness, "RESULTS", tmp_path)
+
+    def run(name: str, date: str, cells: list[tuple[int, str, float]], layout: str = "bucketed") -> Path:
+        env = {"date": date, "commit": name * 8, "cpu": "x", "affinity_cores": 2, "load_avg_1m": 1.0}
+        rows = [
+            {"size": s, "case": c, "contender": w, "wall_s": t * k, "user_s": t * k, "sys_s": 0.0, "peak_rss_mib": 1}
+            for s, c, t in cells
+            for w, k in (("gpuclust", 1.0), ("duckdb", 2.0))
+        ]
+        p = tmp_path / f"{name}.json"
+        p.write_text(json.dumps({"repeat": 3, "layout": layout, "rows": rows, "refused": [], "environment": env}))
+        return p
+
+    old = run("a", "2026-11-27 09:00:00 UTC", [(1_000_000, "lifecycle", 1.0), (4_000_000, "lifecycle", 2.0)])
+    new = run("b", "2026-11-28 09:00:00 UTC", [(1_000_000, "lifecycle", 0.5), (1_000_000, "cell-usage", 3.0)])
+    try:
+        assert cpu_vs_duckdb.main(["--merge", str(new), str(old), "--name", "m"]) == 0
+        flat = run("c", "2026-11-28 10:00:00 UTC", [(1_000_000, "lifecycle", 0.5)], layout="flat")
+        with pytest.raises(ValueError, match="layouts"):
+            cpu_vs_duckdb.merge_runs([old, flat])
+        md = (tmp_path / "m.md").read_text()
+        assert cpu_vs_duckdb.main(["--render", str(tmp_path / "m.json")]) == 0
+    finally:
+        sys.modules.pop("cpu_vs_duckdb", None)
+    res = json.loads((tmp_path / "m.json").read_text())
+    assert [r["source"] for r in res["runs"]] == [str(old), str(new)]  # oldest first
+    got = {(r["size"], r["case"], r["contender"]): (r["wall_s"], r["run"]) for r in res["rows"]}
+    assert got == {
+        (1_000_000, "lifecycle", "gpuclust"): (0.5, 1),
+        (1_000_000, "lifecycle", "duckdb"): (1.0, 1),
+        (1_000_000, "cell-usage", "gpuclust"): (3.0, 1),
+        (1_000_000, "cell-usage", "duckdb"): (6.0, 1),
+        (4_000_000, "lifecycle", "gpuclust"): (2.0, 0),
+        (4_000_000, "lifecycle", "duckdb"): (4.0, 0),
+    }
+    assert [(r["size"], r["case"]) for r in res["rows"]][:2] == [(1_000_000, "cell-usage")] * 2  # the CASES order
+    assert {r["time"] for r in res["ratios"]} == {0.5}
+    assert res["marginal"] == []  # 1e6 and 4e6 of lifecycle are from two runs
+    assert "| 4,000,000 | lifecycle | gpuclust | 2.00 | 2.00 | 0.00 | 1 | 0.50 | 0.50 | 1.00 | 0 |" in md
+    assert f"* 0: `{old}`, 2026-11-27 09:00:00 UTC, commit aaaaaaa, medians of 3" in md
+    assert "Environment:" not in md
+    assert (tmp_path / "m.md").read_text() == md
+
+
 def test_cpu_vs_duckdb_bucketed_layout(tmp_path, monkeypatch):
     """``--layout bucketed``: both contenders read the `gpuclust optimize`d copy (hive folders),
     and DuckDB's SQL finds its files there."""
