@@ -7,7 +7,7 @@ A whole-cell run over a bucketed layout has thousands of partitions, and partial
 their bucket holds (job-usage's collections, machine-utilization's and cpi's machines): each
 partition's keys are new to the merge.  A running fold (``acc = merge(acc, p)`` per partition,
 the local path before 2026-11-27) moves the whole accumulator at every partition, O(keys x
-partitions); :class:`gpuclust.engine.local.MergeTree` (the dask path's tree, fan-in 8) moves
+partitions); :class:`gpuclust.engine.tasks.MergeTree` (the dask path's tree, fan-in 8) moves
 each key about log8(partitions) times.  Each row here: ``--keys`` distinct collection keys spread
 over the partitions, job-usage's ``merge`` (its partial fields), both ways in one process (the
 best of ``--repeat`` runs); the two results are checked equal.
@@ -52,7 +52,7 @@ def partials(n_parts: int, keys: int, seed: int = 0) -> list[dict[str, np.ndarra
 
 def measure(n_parts: int, keys: int, repeat: int) -> dict[str, Any]:
     from gpuclust.analyses.job_usage import JobUsage
-    from gpuclust.engine.local import MergeTree
+    from gpuclust.engine.tasks import MergeTree
 
     a = JobUsage()
     parts = partials(n_parts, keys)

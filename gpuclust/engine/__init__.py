@@ -7,7 +7,8 @@ when the gpu backend is).
 from __future__ import annotations
 
 from gpuclust.engine.local import run
-from gpuclust.engine.partition import PartitionSpec, TableSource, plan_partitions, read_partition
+from gpuclust.engine.partition import PartitionSpec, TableSource, plan_partitions
+from gpuclust.engine.reading import read_partition
 
 __all__ = ["PartitionSpec", "TableSource", "analyze", "plan_partitions", "read_partition", "run"]
 

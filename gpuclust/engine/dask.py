@@ -14,7 +14,7 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
-from gpuclust.engine.local import merge_lists, partition_partials
+from gpuclust.engine.tasks import merge_lists, partition_partials
 
 __all__ = ["FREE_PORT", "compute_merged", "compute_tasks", "local_workers", "open_scheduler", "workers_of"]
 
@@ -150,7 +150,7 @@ def compute_merged(
     ``on_done(spec)`` is called for each partition: as its task finishes on dask's local
     schedulers (threads, sync), after the compute on distributed ones (the tasks run in other
     processes).  ``spills``: per analysis, where a parted analysis' partition tasks spill
-    (:func:`gpuclust.engine.local.partition_partials`).
+    (:func:`gpuclust.engine.tasks.partition_partials`).
     """
     import dask
 

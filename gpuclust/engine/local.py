@@ -1,18 +1,19 @@
-"""The engine core: plan partitions, compute contexts once, one partial per partition, merge, finalize.
+"""The engine's run: plan partitions, compute contexts once, one partial per partition, merge, finalize.
 
 :func:`run` is the entry point for both the local path (``scheduler=None``: partitions are
-processed in this process, by a pool of threads on the cpu backend) and dask (any other ``scheduler``, see
-:mod:`gpuclust.engine.dask`).  Several analyses that stream the same table share one read per
-partition.
+processed in this process, by a pool of threads on the cpu backend: :func:`merge_local`) and dask
+(any other ``scheduler``, see :mod:`gpuclust.engine.dask`).  Several analyses that stream the same
+table share one read per partition.  The steps live beside it: the plan in
+:mod:`gpuclust.engine.planning`, the contexts in :mod:`gpuclust.engine.contexts`, what a partition
+task does and the merge tree in :mod:`gpuclust.engine.tasks`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from gpuclust._memory import tune_allocator
 from gpuclust._parallel import client_threads, map_ordered, usable_cores
@@ -20,119 +21,24 @@ from gpuclust.analyses.base import Analysis, to_host
 from gpuclust.backends import ENGINE_THREAD_PREFIX, Backend, get_backend
 from gpuclust.engine import memory as _memory
 from gpuclust.engine import partition as _partition
+from gpuclust.engine import reading as _reading
 from gpuclust.engine import selection as _selection
 from gpuclust.engine import shards as _shards
-from gpuclust.engine import staging as _staging
+from gpuclust.engine.contexts import contexts, per_partition, resolve_analyses, result_keys, unbound
+from gpuclust.engine.planning import auto_rows_of, plan_tables
 from gpuclust.engine.progress import PassProgress
-from gpuclust.parted import PartedTable, map_large_arrays
+from gpuclust.engine.tasks import MergeTree, merge_lists, partition_columns, partition_partials
+from gpuclust.parted import PartedTable
 from gpuclust.tables import check_kind, convert
 
 __all__ = [
-    "PerPartition",
-    "bind_partition",
     "context_of",
-    "contexts",
     "default_workers",
     "finalize_all",
     "host_threads",
     "merge_local",
-    "partition_partials",
-    "per_partition",
-    "plan_tables",
-    "auto_rows_of",
-    "resolve_analyses",
-    "result_keys",
     "run",
-    "unbound",
 ]
-
-
-def resolve_analyses(analyses: Analysis | str | Iterable[Analysis | str]) -> list[Analysis]:
-    """Analysis instances from instances and/or registered names."""
-    from gpuclust.analyses.registry import create
-
-    if isinstance(analyses, (Analysis, str)):
-        analyses = [analyses]
-    out = [create(a) if isinstance(a, str) else a for a in analyses]
-    for a in out:
-        if not isinstance(a, Analysis):
-            raise TypeError(f"not an analysis: {a!r}")
-    if not out:
-        raise ValueError("no analyses given")
-    return out
-
-
-def result_keys(analyses: Sequence[Analysis]) -> list[str]:
-    """Result names: the analysis name, or its label when the same name appears twice."""
-    names = [a.name for a in analyses]
-    keys = [a.name if names.count(a.name) == 1 else a.label for a in analyses]
-    if len(set(keys)) != len(keys):
-        raise ValueError(f"the same analysis is requested twice: {keys}")
-    return keys
-
-
-@dataclass(frozen=True)
-class PerPartition:
-    """A context still to be bound to each partition's side inputs (a bucketed source: see
-    :meth:`gpuclust.analyses.base.Analysis.bind`)."""
-
-    ctx: Any
-
-
-def unbound(ctx: Any) -> Any:
-    """The client-side context (what ``finalize`` gets)."""
-    return ctx.ctx if isinstance(ctx, PerPartition) else ctx
-
-
-def bind_partition(a: Analysis, ctx: Any, spec: _partition.PartitionSpec) -> Any:
-    """The context ``a.partial`` runs with on partition ``spec``."""
-    if not isinstance(ctx, PerPartition):
-        return ctx
-    side = {t: _partition.side_table(None, t, spec) for t in a.side_inputs}
-    return a.bind(ctx.ctx, side, spec.grain)
-
-
-def partition_columns(spec: _partition.PartitionSpec, analyses: Sequence[Analysis]) -> list[str]:
-    """The columns :func:`partition_partials` reads from ``spec`` for ``analyses``."""
-    return sorted({c for a in analyses for c in a.columns} | _selection.extra_columns(spec, analyses))
-
-
-def partition_partials(
-    spec: _partition.PartitionSpec,
-    analyses: Sequence[Analysis],
-    ctxs: Sequence[Any],
-    backend: Backend | str,
-    spills: Sequence[_shards.SpillTarget | None] | None = None,
-    host: dict[str, Any] | None = None,
-) -> list[Any]:
-    """Read one partition once (the union of the analyses' columns) and return each analysis'
-    partial, moved to host memory so it can be merged or shipped to another worker (``spills``:
-    per analysis, the folder its keyed partials are spilled to, for one with parted tables; see
-    :mod:`gpuclust.engine.shards`; ``host``: the partition already read by
-    :func:`gpuclust.engine.partition.read_partition`, see :class:`_Prefetch`)."""
-    be = get_backend(backend)
-    tune_allocator()  # once per process (dask workers too); see gpuclust/_memory.py
-    columns = partition_columns(spec, analyses)
-    bound = [bind_partition(a, ctx, spec) for a, ctx in zip(analyses, ctxs, strict=True)]
-    cols = None if host is not None else _partition.read_partition_device(spec, columns, be)  # cuDF (RAPIDS)
-    if cols is None and host is None and be.name != "cpu":
-        # decoded on the host and copied through pinned buffers on a copy stream, as a study loads
-        # (a pageable copy runs at a fraction of the bus's rate: 8 against 55 GB/s on an H100 node)
-        cols = _staging.load_partitions([[spec]], columns, be, threads=1)[0]
-    if cols is None:
-        if host is None:
-            host = _partition.read_partition(spec, columns)
-        cols = {c: be.asarray(v) for c, v in host.items()}
-        del host
-    masks: dict[str, Any] = {}  # selection (--from/--to): rows filtered per analysis rule, one mask per rule
-    out = [
-        to_host(a.partial(_selection.columns_for(spec, a, cols, be, masks), ctx, be))
-        for a, ctx in zip(analyses, bound, strict=True)
-    ]
-    for k, folder in enumerate(spills or ()):
-        if folder is not None:
-            out[k] = _shards.spill(analyses[k], out[k], folder)
-    return out
 
 
 def default_workers(backend: Backend | str) -> int:
@@ -153,67 +59,6 @@ def _map_in_order(fn: Any, items: Sequence[Any], threads: int) -> Iterable[Any]:
     """``map(fn, items)``, on ``threads`` engine threads when there is more than one item; results
     come back in item order (at most ``threads`` items are being worked on at once)."""
     return map_ordered(fn, items, threads, name=ENGINE_THREAD_PREFIX)
-
-
-def merge_lists(analyses: Sequence[Analysis], *lists: list[Any]) -> list[Any]:
-    """Merge several per-partition partial lists analysis by analysis."""
-    out = list(lists[0])
-    for lst in lists[1:]:
-        out = [
-            _shards.merge_spilled(a, x, y)
-            if isinstance(x, _shards.Spilled) or isinstance(y, _shards.Spilled)
-            else a.merge(x, y)
-            for a, x, y in zip(analyses, out, lst, strict=False)
-        ]
-    return out
-
-
-class MergeTree:
-    """The dask path's merge tree (:func:`gpuclust.engine.dask.compute_merged`), fed one item at a
-    time: the items (per-partition partial lists, in partition order) in groups of ``fan``, each
-    group folded left to right by :func:`merge_lists`, the groups' results grouped the same way at
-    the next level, until one is left.  So the local path merges exactly as dask does (the same
-    sums, bit for bit), and partials keyed by what they hold (collections, machines: each bucket's
-    own) cost O(n log n) to merge instead of the O(n x partitions) of one running fold; at most
-    ``fan - 1`` results per level wait.
-
-    >>> t = MergeTree(lambda a, b: f"({a}{b})", 2)
-    >>> for x in "abcde":
-    ...     t.add(x)
-    >>> t.result()
-    '(((ab)(cd))e)'
-    """
-
-    def __init__(self, merge: Any, fan: int):
-        if fan < 2:
-            raise ValueError("split_every must be >= 2")
-        self._merge, self._fan = merge, fan
-        self._levels: list[list[Any]] = []  # per level: [fold of its open group, items in it, a group passed up]
-
-    def add(self, item: Any, level: int = 0) -> None:
-        while True:
-            if level == len(self._levels):
-                self._levels.append([None, 0, False])
-            lv = self._levels[level]
-            lv[0] = item if lv[1] == 0 else self._merge(lv[0], item)
-            lv[1] += 1
-            if lv[1] < self._fan:
-                return
-            item, lv[0], lv[1], lv[2] = lv[0], None, 0, True  # a full group: one item of the next level
-            level += 1
-
-    def result(self) -> Any:
-        """The root (``None`` for no item): each level's open group closes and goes up as the
-        next level's last item; a level that never passed a group up is the top."""
-        item = None
-        for k, lv in enumerate(self._levels):
-            if item is not None:
-                lv[0] = item if lv[1] == 0 else self._merge(lv[0], item)
-                lv[1] += 1
-            item = lv[0] if lv[1] else None
-            if not lv[2] and k == len(self._levels) - 1:
-                break
-        return item
 
 
 def run(
@@ -274,7 +119,7 @@ def run(
     time_from, time_to
         A time selection ``[time_from, time_to)``: trace time (``"1d"``, ``"86400s"``, integer
         microseconds) or wall-clock in the cell's time zone (``"2019-05-02"``); see
-        :mod:`gpuclust.engine.selection` and docs/analyses.md ("Time selections").  Only the
+        :mod:`gpuclust.engine.selection` and docs/analyses/README.md ("Time selections").  Only the
         Parquet row groups that can hold selected rows are read.
     parts_dir
         Where the tables that grow with the data (an analysis' ``parted`` tables, e.g.
@@ -526,7 +371,7 @@ class _Prefetch:
             return None
         sub = [ans[k] for k in idx]
         pool = ThreadPoolExecutor(max_workers=len(ahead), thread_name_prefix="gpuclust-prefetch")
-        futures = {id(sp): pool.submit(_partition.read_partition, sp, partition_columns(sp, sub)) for sp in ahead}
+        futures = {id(sp): pool.submit(_reading.read_partition, sp, partition_columns(sp, sub)) for sp in ahead}
         return cls(pool, futures)
 
     def pop(self, spec: _partition.PartitionSpec) -> dict[str, Any] | None:
@@ -542,135 +387,12 @@ class _Prefetch:
         self._pool.shutdown(wait=True)
 
 
-def auto_rows_of(ans: Sequence[Analysis], memory_limit: int, in_flight: int, source: Any = None) -> dict[str, int]:
-    """Rows per partition of each streamed table so that ``in_flight`` partitions fit the budget
-    (:func:`gpuclust.engine.memory.partition_rows`; ``source``: what the analyses may size their
-    preference by, see :meth:`gpuclust.analyses.base.Analysis.auto_rows`)."""
-    by_table: dict[str, list[Analysis]] = {}
-    for a in ans:
-        by_table.setdefault(a.table, []).append(a)
-    return {
-        t: _memory.partition_rows(memory_limit, in_flight, sub, t, _partition.AUTO_PARTITION_ROWS, source)
-        for t, sub in by_table.items()
-    }
-
-
 def context_of(a: Analysis, source: Any, **run_kw: Any) -> Any:
     """The context ``a.partial`` runs with on ``source`` read whole (no per-partition binding), as
     :func:`run` computes it: prerequisite passes run by :func:`run` with ``run_kw``, side inputs
     bound on the client.  For calling an analysis' ``partial`` / ``finalize`` by hand."""
     src = _partition.as_source(source)
     return contexts([a], src, run_pass=lambda pre: run(src, pre, **run_kw))[0]
-
-
-def per_partition(
-    src: Any, ans: Sequence[Analysis], plans: dict[str, tuple[list[int], list[_partition.PartitionSpec]]]
-) -> set[int]:
-    """Indices of the analyses bound in each partition task: those streaming a bucketed table
-    whose side inputs are all co-partitioned with it."""
-    out: set[int] = set()
-    for table, (idx, specs) in plans.items():
-        if not specs or specs[0].grain is None:
-            continue
-        out.update(k for k in idx if all(_partition.copartitioned(src, table, t) for t in ans[k].side_inputs))
-    return out
-
-
-def contexts(
-    ans: Sequence[Analysis],
-    src: Any,
-    progress: Any = None,
-    per_partition: set[int] | None = None,
-    run_pass: Any = None,
-    scratch: Path | None = None,
-    threads: int = 1,
-) -> list[Any]:
-    """Each analysis' context, in order: its prerequisite passes run by ``run_pass(analyses) ->
-    results`` (the caller's engine: same backend, partitions and scheduler), the context computed
-    on the client from their results (with ``scratch``, a folder: its large arrays memory-mapped
-    from files there, so they travel to tasks as file names, see
-    :func:`gpuclust.parted.map_large_arrays`), then bound to its side inputs there (the whole
-    tables), or wrapped in :class:`PerPartition` for the analyses in ``per_partition`` (bound in
-    each partition task to its buckets).  The context and its binding may use ``threads``
-    threads (:func:`gpuclust._parallel.client_threads`: e.g. the instance lookups sort their
-    events a row group per thread)."""
-    ctxs = []
-    for k, a in enumerate(ans):
-        pre = a.prerequisites(src)
-        if pre:
-            if run_pass is None:
-                raise ValueError(f"{a.label} needs a pass over the data before its context; no engine given to run it")
-            if progress is not None:
-                progress.phase(f"pass: {', '.join(p.label for p in pre.values())} (for {a.label})")
-            res = run_pass(list(pre.values()))
-            keys = result_keys(list(pre.values()))
-            if progress is not None:
-                progress.phase(f"context: {a.label}")
-            with client_threads(threads):  # an analysis with prerequisites takes their results as `prior`
-                ctx = cast(Any, a).context(src, {name: res[key] for name, key in zip(pre, keys, strict=True)})
-        else:
-            if progress is not None:
-                progress.phase(f"context: {a.label}")
-            with client_threads(threads):
-                ctx = a.context(src)
-        if scratch is not None:
-            ctx = map_large_arrays(ctx, scratch)
-        if per_partition is not None and k in per_partition:
-            ctxs.append(PerPartition(ctx))
-        else:
-            side = {t: _partition.side_table(src, t) for t in a.side_inputs}
-            with client_threads(threads):
-                ctxs.append(a.bind(ctx, side, None))
-    return ctxs
-
-
-def plan_tables(
-    src: Any,
-    ans: Sequence[Analysis],
-    partitions: int | str,
-    cut_points: dict[str, Sequence[int]] | Sequence[int] | None = None,
-    multiple_of: int = 1,
-    auto_rows: dict[str, int] | None = None,
-    memory_limit: int | None = None,
-) -> dict[str, tuple[list[int], list[_partition.PartitionSpec]]]:
-    """``{table: (indices of the analyses streaming it, its partitions)}`` (``auto_rows``: the
-    rows per partition of ``partitions="auto"`` per table, see :func:`auto_rows_of`;
-    ``memory_limit``: the budget a whole table in one partition must fit, for the analyses that
-    need whole instances of a table not laid out by instance)."""
-    by_table: dict[str, list[int]] = {}
-    for k, a in enumerate(ans):
-        by_table.setdefault(a.table, []).append(k)
-    plans = {}
-    for table, idx in by_table.items():
-        cp = cut_points.get(table) if isinstance(cut_points, dict) else cut_points
-        specs = _partition.plan_partitions(
-            src,
-            table,
-            partitions,
-            cp,
-            multiple_of=multiple_of,
-            auto_rows=(auto_rows or {}).get(table, _partition.AUTO_PARTITION_ROWS),
-        )
-        whole = [ans[k].label for k in idx if ans[k].whole_instances]
-        if whole and memory_limit is not None:
-            sub = [ans[k] for k in idx if ans[k].whole_instances]
-            specs = _partition.whole_instance_plan(
-                src,
-                table,
-                specs,
-                whole,
-                _memory.whole_table_rows(memory_limit, sub, table),
-                _memory.row_bytes(sub, table),
-                memory_limit,
-            )
-        elif whole:
-            rows = (auto_rows or {}).get(table, _partition.AUTO_PARTITION_ROWS)
-            specs = _partition.whole_instance_plan(src, table, specs, whole, rows * max(1, multiple_of))
-        if specs and specs[0].grain is not None:
-            side = sorted({t for k in idx for t in ans[k].side_inputs if _partition.copartitioned(src, table, t)})
-            specs = _partition.with_side(src, specs, side)
-        plans[table] = (idx, specs)
-    return plans
 
 
 def _announce(progress: Any, specs: Sequence[_partition.PartitionSpec]) -> None:

@@ -37,7 +37,7 @@ class RunPlan:
 
     @property
     def keys(self) -> list[str]:
-        from gpuclust.engine.local import result_keys
+        from gpuclust.engine.contexts import result_keys
 
         return result_keys(self.analyses)
 
@@ -75,7 +75,7 @@ class RunPlan:
 
 def _analyses(names: Any, options: dict[str, Any]) -> list[Any]:
     from gpuclust.analyses.registry import create, entry
-    from gpuclust.engine.local import resolve_analyses
+    from gpuclust.engine.contexts import resolve_analyses
 
     if isinstance(names, str):
         names = [names]

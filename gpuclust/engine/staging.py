@@ -2,7 +2,7 @@
 through pinned staging buffers on a non-default stream, overlapped with the next decode.
 
 Used by :class:`gpuclust.engine.study.Study` (``persist``) and, on the gpu backend, by a streamed
-run's partition tasks (:func:`gpuclust.engine.local.partition_partials`, one partition at a time).
+run's partition tasks (:func:`gpuclust.engine.tasks.partition_partials`, one partition at a time).
 Each column of a group of partitions is allocated once (NumPy on the cpu backend, device memory on
 the gpu) and filled chunk by chunk, straight from Arrow's buffers.  On the gpu an Arrow chunk is
 copied into one of two page-locked buffers of the loading thread, and ``cudaMemcpyAsync`` moves it from there on that thread's own stream while the next
@@ -25,6 +25,7 @@ from gpuclust._parallel import usable_cores
 from gpuclust.arrow_numpy import null_value
 from gpuclust.backends import Backend
 from gpuclust.engine import partition as _partition
+from gpuclust.engine import reading as _reading
 from gpuclust.schema import SCHEMAS
 
 __all__ = ["LOAD_THREADS", "STAGING_BYTES", "column_dtypes", "fill_nulls", "load_partitions"]
@@ -187,7 +188,7 @@ def load_partitions(
     for gi, g in enumerate(groups):
         off = 0
         for spec in g:
-            pieces = _partition.row_group_pieces(spec.pieces)
+            pieces = _reading.row_group_pieces(spec.pieces)
             left[id(spec)] = len(pieces)
             for p in pieces:
                 tasks.append((gi, off, spec, p))
@@ -203,7 +204,7 @@ def load_partitions(
 
     def one(task: tuple[int, int, _partition.PartitionSpec, _partition.Piece]) -> None:
         gi, off, spec, piece = task
-        t = _partition.read_piece(piece, spec.table, columns)
+        t = _reading.read_piece(piece, spec.table, columns)
         if backend.name == "cpu":  # (xp is NumPy, or in tests an array module posing as a device's)
             for arr, o, n, bits, first in _fill(t, out[gi], off, host_copy):
                 fill_nulls(xp, arr[o : o + n], xp.asarray(bits), first)

@@ -43,15 +43,8 @@ from gpuclust._memory import tune_allocator
 from gpuclust.analyses.base import Analysis
 from gpuclust.backends import Backend, get_backend
 from gpuclust.engine import partition as _partition
-from gpuclust.engine.local import (
-    _announce,
-    contexts,
-    default_workers,
-    finalize_all,
-    host_threads,
-    merge_local,
-    resolve_analyses,
-)
+from gpuclust.engine.contexts import contexts, resolve_analyses
+from gpuclust.engine.local import _announce, default_workers, finalize_all, host_threads, merge_local
 from gpuclust.engine.memory import available_memory, parse_size
 from gpuclust.engine.staging import LOAD_THREADS, column_dtypes, load_partitions
 from gpuclust.engine.study_workers import WorkerResidency, partials_of

@@ -142,9 +142,9 @@ class WorkerResidency:
     ) -> list[Any]:
         """The merged host partials of ``analyses`` over the resident partitions ``indices`` of
         ``table``: each partition's on the worker holding it, merged there by the engine's tree
-        (:class:`gpuclust.engine.local.MergeTree`: groups of ``split_every`` in partition order,
+        (:class:`gpuclust.engine.tasks.MergeTree`: groups of ``split_every`` in partition order,
         level by level, so the same bits as a local run), only the root coming to the client."""
-        from gpuclust.engine.local import merge_lists
+        from gpuclust.engine.tasks import merge_lists
 
         level = [self._partials_future(table, i, analyses, ctxs, backend_name) for i in indices]
         if not level:

@@ -17,7 +17,7 @@ fraction ``p`` when ``h < floor(p * 2^64)``.  The samples are nested: the 1% sam
 the 5% sample.
 
 ``--from`` / ``--to`` (trace time or wall-clock, as ``gpuclust analyze`` reads them, see
-:mod:`gpuclust.engine.selection`) keep the usage windows that overlap ``[from, to)`` and the
+:mod:`gpuclust.trace_time`) keep the usage windows that overlap ``[from, to)`` and the
 rows of every event table with ``time < to``: the state (priorities, placements, capacities)
 the windows of the range need.  Rows with a NULL time are not kept.
 
@@ -120,7 +120,7 @@ class IngestSelection:
                 raise SelectionSpecError(f"--sample {sample!r}: the fraction must be in (0, 100%]")
         lo = hi = None
         if time_from is not None or time_to is not None:
-            from gpuclust.engine.selection import SelectionError, selection_of
+            from gpuclust.trace_time import SelectionError, selection_of
 
             src = SimpleNamespace(trace_version=trace_version, manifest={"cell": cell})
             try:

@@ -170,7 +170,7 @@ def _check_out(out: str | Path, fmt: str) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from gpuclust.engine import analyze
-    from gpuclust.engine.command import analyze_errors, build_analyses
+    from gpuclust.engine.command import analyze_errors, build_analyses, flag_values
     from gpuclust.engine.progress import RunProgress
 
     def say(msg: str) -> None:
@@ -184,7 +184,7 @@ def main(args: argparse.Namespace) -> int:
         names = list(dict.fromkeys(args.names)) or default_analyses(args.dataset)
         if not names:
             raise ValueError(f"{args.dataset}: the dataset has no table any analysis reads (see gpuclust info)")
-        analyses = build_analyses(names, args.option, tier_map=args.tier_map, mode=args.mode)
+        analyses = build_analyses(names, args.option, **flag_values(args))
         selection = (args.time_from, args.time_to)
         why = "--rerun" if args.rerun else reusable(results, args.dataset, analyses, selection)
         if why is not None and not args.rerun and not args.results:  # another results folder beside OUT?
@@ -194,7 +194,7 @@ def main(args: argparse.Namespace) -> int:
         keys: list[str] | None = None
         if why is None:
             say(f"reusing the results in {results} (same dataset, analyses and options)")
-            from gpuclust.engine.local import result_keys
+            from gpuclust.engine.contexts import result_keys
 
             keys = result_keys(analyses)
         else:

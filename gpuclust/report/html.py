@@ -173,11 +173,11 @@ def render_page(
 ) -> tuple[str, int]:
     """The page's HTML and the number of figures in it; ``figures``: where to reuse (and keep) the
     figures drawn."""
-    from gpuclust.engine.selection import TRACE_START
     from gpuclust.report.axes import TIME_LABEL
     from gpuclust.report.provenance import provenance_rows, subject
     from gpuclust.report.sections import caption, empty_reason, key_numbers, ordered
     from gpuclust.schema import TRACE_OFFSET_US
+    from gpuclust.trace_time import TRACE_START
 
     facts = facts or {}
     who = subject(run, facts)
@@ -278,7 +278,7 @@ def _claims_section(run: dict[str, Any], results: Mapping[str, Mapping[str, Any]
     )
     more = (
         f'<p class="note">{left} more claim(s) read analyses or options not in this report: '
-        "<code>gpuclust claims DATASET</code> computes every one (docs/claims.md).</p>"
+        "<code>gpuclust claims DATASET</code> computes every one (docs/user/claims.md).</p>"
         if left
         else ""
     )

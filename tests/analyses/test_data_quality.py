@@ -281,7 +281,7 @@ def test_duckdb_over_the_parquet(tmp_path):
 @pytest.mark.skipif(not REAL.is_dir(), reason=f"real trace files not found at {REAL}")
 def test_real_2011_events_and_2019_machines(tmp_path):
     """The real 2011 task / job / machine events (first 5 of 500 parts) and the real 2019 cell-a
-    machine_events shard: the figures of docs/analysis-data-quality.md, checked against the
+    machine_events shard: the figures of docs/analyses/data-quality.md, checked against the
     reference (and SOURCES.md: 32 rows of 2011 machine_events, 459 of 2019, lack capacity)."""
     from gpuclust.ingest import ingest
 
@@ -325,7 +325,8 @@ def test_the_graph_and_the_client_do_not_grow_with_the_data(tmp_path):
     the same size for 4x the instances and windows."""
     import pickle
 
-    from gpuclust.engine.local import contexts, per_partition, plan_tables
+    from gpuclust.engine.contexts import contexts, per_partition
+    from gpuclust.engine.planning import plan_tables
     from gpuclust.optimize import optimize
 
     sizes = []

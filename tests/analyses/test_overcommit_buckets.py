@@ -18,8 +18,9 @@ from strategies import assert_results_same, random_cell, table
 from gpuclust.analyses.overcommit import Overcommit, OvercommitContext
 from gpuclust.dataset import Dataset
 from gpuclust.engine import run
-from gpuclust.engine.local import PerPartition, contexts, per_partition, plan_tables
+from gpuclust.engine.contexts import PerPartition, contexts, per_partition
 from gpuclust.engine.partition import TableSource
+from gpuclust.engine.planning import plan_tables
 from gpuclust.schema import TABLES
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
@@ -148,7 +149,7 @@ def test_finalize_memory_per_machine_bucket(tmp_path: Path) -> None:
     table as parts, a shard of 2^16 machine-buckets at a time, so its peak growth is a shard's
     keyed partials and a chunk of rows, not the table (before issue 8's rewrite: ~1,030 bytes per
     machine-bucket, of which ~615 temporaries; then 512 with the table gathered, see
-    docs/analysis-overcommit.md)."""
+    docs/analyses/overcommit.md)."""
     windows, machines = 200_000, 2000
     make_dataset(tmp_path / f"w{windows}_m{machines}", windows, machines=machines, seed=2)
     out = subprocess.run(

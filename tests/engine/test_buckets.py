@@ -16,8 +16,9 @@ from gpuclust.analyses.registry import create, names
 from gpuclust.analyses.usage_distribution import UsageDistribution
 from gpuclust.dataset import Dataset
 from gpuclust.engine import run
-from gpuclust.engine.local import PerPartition, contexts, per_partition, plan_tables
+from gpuclust.engine.contexts import PerPartition, contexts, per_partition
 from gpuclust.engine.partition import TableSource, plan_partitions
+from gpuclust.engine.planning import plan_tables
 from gpuclust.layout import KEYS, ORDER
 from gpuclust.schema import TABLES
 

@@ -15,7 +15,8 @@ from gpuclust.analyses.registry import create, names
 from gpuclust.analyses.usage_distribution import UsageDistribution
 from gpuclust.dataset import Dataset
 from gpuclust.engine import run
-from gpuclust.engine.local import contexts, per_partition, plan_tables
+from gpuclust.engine.contexts import contexts, per_partition
+from gpuclust.engine.planning import plan_tables
 from gpuclust.optimize import optimize
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))

@@ -18,8 +18,9 @@ from strategies import assert_results_same, random_cell, write_dataset
 from gpuclust.analyses import CellUsage, MachineShapes
 from gpuclust.backends import BackendUnavailable, gpu_available
 from gpuclust.dataset import Dataset
-from gpuclust.engine import TableSource, partition, plan_partitions, read_partition, run
-from gpuclust.engine.local import context_of, partition_partials
+from gpuclust.engine import TableSource, plan_partitions, read_partition, reading, run
+from gpuclust.engine.local import context_of
+from gpuclust.engine.tasks import partition_partials
 
 # distributed (2026.8) leaks the socket it uses to pick a free port (distributed/node.py); the
 # ResourceWarning surfaces as an "unraisable" warning in whichever test runs at GC time.
@@ -98,13 +99,13 @@ def test_nulls_reach_partials_as_sentinels(tables):
 
 def test_one_read_per_partition_shared_by_analyses(dataset, monkeypatch):
     calls = []
-    real = partition.read_partition
+    real = reading.read_partition
 
     def counting(spec, columns):
         calls.append((spec.table, spec.index, tuple(columns)))
         return real(spec, columns)
 
-    monkeypatch.setattr(partition, "read_partition", counting)
+    monkeypatch.setattr(reading, "read_partition", counting)
     run(dataset, ANALYSES, partitions=3)
     assert sorted((t, i) for t, i, _ in calls) == sorted(
         [("instance_usage", i) for i in range(3)] + [("machine_events", i) for i in range(3)]
@@ -285,7 +286,7 @@ def test_device_read_does_not_apply_on_cpu(dataset):
     from gpuclust.backends import get_backend
 
     spec = plan_partitions(dataset, "instance_usage", 2)[1]
-    assert partition.read_partition_device(spec, ["start_time"], get_backend("cpu")) is None
+    assert reading.read_partition_device(spec, ["start_time"], get_backend("cpu")) is None
 
 
 @pytest.mark.gpu
@@ -294,7 +295,7 @@ def test_cudf_device_read_matches_host_read(gpu_backend, dataset, tables):
     pytest.importorskip("cudf")
     cols = ["start_time", "end_time", "alloc_collection_id", "avg_cpu", "instance_index", "cpi"]
     for spec in plan_partitions(dataset, "instance_usage", cut_points=[1, 451, 3000]):
-        dev = partition.read_partition_device(spec, cols, gpu_backend)
+        dev = reading.read_partition_device(spec, cols, gpu_backend)
         host = read_partition(spec, cols)
         assert dev is not None and set(dev) == set(host)
         for c in cols:
@@ -362,7 +363,7 @@ def test_local_merge_tree_is_dasks(fan):
     items: the same merges of the same operands in the same order."""
     from functools import reduce
 
-    from gpuclust.engine.local import MergeTree
+    from gpuclust.engine.tasks import MergeTree
 
     def merge(a, b):
         return (a, b)  # the nesting records which operands met, and in which order

@@ -14,7 +14,6 @@ from gpuclust.analyses.registry import create, names
 from gpuclust.dataset import Dataset
 from gpuclust.engine import run
 from gpuclust.engine.dask import open_scheduler
-from gpuclust.engine.local import auto_rows_of, plan_tables
 from gpuclust.engine.memory import (
     MIN_PARTITION_ROWS,
     default_limit,
@@ -23,6 +22,7 @@ from gpuclust.engine.memory import (
     row_bytes,
     whole_table_rows,
 )
+from gpuclust.engine.planning import auto_rows_of, plan_tables
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,8 @@ import pytest
 
 from gpuclust import _parallel
 from gpuclust.analyses import _lookup as L
-from gpuclust.engine.partition import Piece, SideTable
+from gpuclust.engine.partition import Piece
+from gpuclust.engine.reading import SideTable
 from gpuclust.schema import SCHEMAS, tier_map
 
 

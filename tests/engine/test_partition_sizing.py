@@ -13,8 +13,9 @@ from strategies import random_cell, write_dataset
 
 from gpuclust.analyses import CellUsage, Cpi, MachineShapes, _lookup
 from gpuclust.dataset import Dataset
-from gpuclust.engine import memory, partition
-from gpuclust.engine.partition import _snap_cuts, plan_partitions, read_partition
+from gpuclust.engine import memory, partition, reading
+from gpuclust.engine.partition import _snap_cuts, plan_partitions
+from gpuclust.engine.reading import read_partition
 
 
 def _nearest(ideal, bounds):
@@ -59,13 +60,13 @@ def test_partitions_are_whole_row_groups(dataset):
         groups += [md.row_group(g).num_rows for g in range(md.num_row_groups)]
     specs = plan_partitions(dataset, "instance_usage", len(groups))
     assert [sp.num_rows for sp in specs] == groups
-    assert all(partition._single_block(sp) for sp in specs)
+    assert all(reading._single_block(sp) for sp in specs)
 
 
 def test_single_row_group_reads_are_views_with_the_same_values(dataset):
     cols = list(CellUsage().columns)
     specs = plan_partitions(dataset, "instance_usage", "auto", auto_rows=400)
-    one = [sp for sp in specs if partition._single_block(sp)]
+    one = [sp for sp in specs if reading._single_block(sp)]
     assert one
     whole = read_partition(plan_partitions(dataset, "instance_usage", 1)[0], cols)
     at = 0
@@ -109,7 +110,7 @@ def test_job_usage_partitions_follow_the_events():
     """job-usage's ``auto`` partitions: one 1 Mi-row row group while the events (a bound on its
     dense partials' collections) are at most that many, 2 Mi rows beyond; the run plans them so."""
     from gpuclust.analyses.job_usage import JobUsage
-    from gpuclust.engine.local import auto_rows_of
+    from gpuclust.engine.planning import auto_rows_of
 
     class Counted:
         def __init__(self, events: int):

@@ -7,7 +7,7 @@ import pytest
 from strategies import assert_results_same, random_cell, write_dataset
 
 from gpuclust.dataset import Dataset
-from gpuclust.engine import local, run
+from gpuclust.engine import local, planning, reading, run
 from gpuclust.engine import partition as P
 
 
@@ -25,7 +25,7 @@ def test_each_partition_is_read_once_and_results_match(dataset: Dataset, monkeyp
     want = run(dataset, names, partitions=6, workers=1)
     reads: list[tuple[str, int]] = []
     popped: list[bool] = []
-    read, pop = P.read_partition, local._Prefetch.pop
+    read, pop = reading.read_partition, local._Prefetch.pop
 
     def counting_read(spec, columns):  # type: ignore[no-untyped-def]
         reads.append((spec.table, spec.index))
@@ -36,7 +36,7 @@ def test_each_partition_is_read_once_and_results_match(dataset: Dataset, monkeyp
         popped.append(got is not None)
         return got
 
-    monkeypatch.setattr(P, "read_partition", counting_read)
+    monkeypatch.setattr(reading, "read_partition", counting_read)
     monkeypatch.setattr(local._Prefetch, "pop", counting_pop)
     got = run(dataset, names, partitions=6, workers=2)
     assert_results_same(got, want)
@@ -52,11 +52,11 @@ def test_no_prefetch_with_one_thread_or_a_prerequisite_pass(dataset: Dataset) ->
     src = P.as_source(dataset)
     be = get_backend("cpu")
     ans = [create("cell-usage")]
-    plans = local.plan_tables(src, ans, 4)
+    plans = planning.plan_tables(src, ans, 4)
     assert local._Prefetch.start(plans, ans, src, be, 1) is None
     pre = [a for a in (create("cpi"), create("data-quality")) if a.prerequisites(src)]
     assert pre
-    assert local._Prefetch.start(local.plan_tables(src, pre, 4), pre, src, be, 2) is None
+    assert local._Prefetch.start(planning.plan_tables(src, pre, 4), pre, src, be, 2) is None
     pf = local._Prefetch.start(plans, ans, src, be, 2)
     assert pf is not None
     pf.close()  # unused reads dropped, threads ended

@@ -28,7 +28,8 @@ from gpuclust.analyses.usage_distribution import UsageDistribution
 from gpuclust.dataset import Dataset, DatasetError, write_json_atomic
 from gpuclust.engine import TableSource, analyze, run
 from gpuclust.engine.cells import find_cells, run_cells
-from gpuclust.engine.selection import SelectedSource, SelectionError, attach, parse_time, selection_of
+from gpuclust.engine.selection import SelectedSource, attach
+from gpuclust.trace_time import SelectionError, parse_time, selection_of
 
 ROOT = Path(__file__).resolve().parents[2]
 US = 1_000_000

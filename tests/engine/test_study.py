@@ -25,7 +25,8 @@ from gpuclust.analyses.registry import create, names
 from gpuclust.dataset import Dataset
 from gpuclust.engine import run
 from gpuclust.engine import study as study_mod
-from gpuclust.engine.partition import plan_partitions, read_partition, row_group_pieces
+from gpuclust.engine.partition import plan_partitions
+from gpuclust.engine.reading import read_partition, row_group_pieces
 from gpuclust.schema import SCHEMAS
 
 pytestmark = [
@@ -264,12 +265,12 @@ def test_study_on_cluster_workers_is_bit_identical_to_run(dataset, reference, re
     process; runs compute its partials there and merge them on the workers, by the local run's
     tree: same partitions and merge tree as the local run, same bits, and the client merges
     nothing (it receives each table's merged partials only)."""
-    from gpuclust.engine import local
+    from gpuclust.engine import tasks
 
     client_merges = []
-    real_add = local.MergeTree.add
+    real_add = tasks.MergeTree.add
     monkeypatch.setattr(
-        local.MergeTree, "add", lambda self, *a, **kw: client_merges.append(1) or real_add(self, *a, **kw)
+        tasks.MergeTree, "add", lambda self, *a, **kw: client_merges.append(1) or real_add(self, *a, **kw)
     )
     with gpuclust.open(dataset, backend="cpu", partitions=4, scheduler="local:2") as study:
         study.persist()

@@ -1,0 +1,128 @@
+"""What one partition task does, and how its results are merged.
+
+:func:`partition_partials` reads one partition once (the union of the analyses' columns), filters it
+by the run's time selection and returns each analysis' partial on the host; :func:`merge_lists` and
+:class:`MergeTree` merge those lists in partition order, by the same tree on the local path
+(:mod:`gpuclust.engine.local`) and on dask (:mod:`gpuclust.engine.dask`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from gpuclust._memory import tune_allocator
+from gpuclust.analyses.base import Analysis, to_host
+from gpuclust.backends import Backend, get_backend
+from gpuclust.engine import partition as _partition
+from gpuclust.engine import reading as _reading
+from gpuclust.engine import selection as _selection
+from gpuclust.engine import shards as _shards
+from gpuclust.engine import staging as _staging
+from gpuclust.engine.contexts import bind_partition
+
+__all__ = ["MergeTree", "merge_lists", "partition_columns", "partition_partials"]
+
+
+def partition_columns(spec: _partition.PartitionSpec, analyses: Sequence[Analysis]) -> list[str]:
+    """The columns :func:`partition_partials` reads from ``spec`` for ``analyses``."""
+    return sorted({c for a in analyses for c in a.columns} | _selection.extra_columns(spec, analyses))
+
+
+def partition_partials(
+    spec: _partition.PartitionSpec,
+    analyses: Sequence[Analysis],
+    ctxs: Sequence[Any],
+    backend: Backend | str,
+    spills: Sequence[_shards.SpillTarget | None] | None = None,
+    host: dict[str, Any] | None = None,
+) -> list[Any]:
+    """Read one partition once (the union of the analyses' columns) and return each analysis'
+    partial, moved to host memory so it can be merged or shipped to another worker (``spills``:
+    per analysis, the folder its keyed partials are spilled to, for one with parted tables; see
+    :mod:`gpuclust.engine.shards`; ``host``: the partition already read by
+    the local path's read-ahead, :func:`gpuclust.engine.reading.read_partition`)."""
+    be = get_backend(backend)
+    tune_allocator()  # once per process (dask workers too); see gpuclust/_memory.py
+    columns = partition_columns(spec, analyses)
+    bound = [bind_partition(a, ctx, spec) for a, ctx in zip(analyses, ctxs, strict=True)]
+    cols = None if host is not None else _reading.read_partition_device(spec, columns, be)  # cuDF (RAPIDS)
+    if cols is None and host is None and be.name != "cpu":
+        # decoded on the host and copied through pinned buffers on a copy stream, as a study loads
+        # (a pageable copy runs at a fraction of the bus's rate: 8 against 55 GB/s on an H100 node)
+        cols = _staging.load_partitions([[spec]], columns, be, threads=1)[0]
+    if cols is None:
+        if host is None:
+            host = _reading.read_partition(spec, columns)
+        cols = {c: be.asarray(v) for c, v in host.items()}
+        del host
+    masks: dict[str, Any] = {}  # selection (--from/--to): rows filtered per analysis rule, one mask per rule
+    out = [
+        to_host(a.partial(_selection.columns_for(spec, a, cols, be, masks), ctx, be))
+        for a, ctx in zip(analyses, bound, strict=True)
+    ]
+    for k, folder in enumerate(spills or ()):
+        if folder is not None:
+            out[k] = _shards.spill(analyses[k], out[k], folder)
+    return out
+
+
+def merge_lists(analyses: Sequence[Analysis], *lists: list[Any]) -> list[Any]:
+    """Merge several per-partition partial lists analysis by analysis."""
+    out = list(lists[0])
+    for lst in lists[1:]:
+        out = [
+            _shards.merge_spilled(a, x, y)
+            if isinstance(x, _shards.Spilled) or isinstance(y, _shards.Spilled)
+            else a.merge(x, y)
+            for a, x, y in zip(analyses, out, lst, strict=False)
+        ]
+    return out
+
+
+class MergeTree:
+    """The dask path's merge tree (:func:`gpuclust.engine.dask.compute_merged`), fed one item at a
+    time: the items (per-partition partial lists, in partition order) in groups of ``fan``, each
+    group folded left to right by :func:`merge_lists`, the groups' results grouped the same way at
+    the next level, until one is left.  So the local path merges exactly as dask does (the same
+    sums, bit for bit), and partials keyed by what they hold (collections, machines: each bucket's
+    own) cost O(n log n) to merge instead of the O(n x partitions) of one running fold; at most
+    ``fan - 1`` results per level wait.
+
+    >>> t = MergeTree(lambda a, b: f"({a}{b})", 2)
+    >>> for x in "abcde":
+    ...     t.add(x)
+    >>> t.result()
+    '(((ab)(cd))e)'
+    """
+
+    def __init__(self, merge: Any, fan: int):
+        if fan < 2:
+            raise ValueError("split_every must be >= 2")
+        self._merge, self._fan = merge, fan
+        self._levels: list[list[Any]] = []  # per level: [fold of its open group, items in it, a group passed up]
+
+    def add(self, item: Any, level: int = 0) -> None:
+        while True:
+            if level == len(self._levels):
+                self._levels.append([None, 0, False])
+            lv = self._levels[level]
+            lv[0] = item if lv[1] == 0 else self._merge(lv[0], item)
+            lv[1] += 1
+            if lv[1] < self._fan:
+                return
+            item, lv[0], lv[1], lv[2] = lv[0], None, 0, True  # a full group: one item of the next level
+            level += 1
+
+    def result(self) -> Any:
+        """The root (``None`` for no item): each level's open group closes and goes up as the
+        next level's last item; a level that never passed a group up is the top."""
+        item = None
+        for k, lv in enumerate(self._levels):
+            if item is not None:
+                lv[0] = item if lv[1] == 0 else self._merge(lv[0], item)
+                lv[1] += 1
+            item = lv[0] if lv[1] else None
+            if not lv[2] and k == len(self._levels) - 1:
+                break
+        return item
