@@ -18,11 +18,11 @@
 #   profile    bench/gpu_profile.py: transfer and decode ceilings, cProfile per analysis (~1.5 min)
 #   analyses   bench/analyses_bench.py at $SIZES (default 1e6,1e7), cpu and gpu        (~4.5 min)
 #
-# A call's timeout_s must be at least the --plan sum of its steps (docs/gpu.md gives the calls).
+# A call's timeout_s must be at least the --plan sum of its steps (docs/user/gpu.md gives the calls).
 # Logs go straight to $OUT (when set; else bench/results/) as gpu_<step>.log, so whatever a step
 # wrote comes back even when the call is cut off; result tables (json/md) are copied there too.
 # Python packages missing on the machine (dask, distributed, dask-cuda, duckdb, ...) travel as
-# wheels in .whl/ (docs/gpu.md lists them); they are installed into /tmp/site first, never over
+# wheels in .whl/ (docs/user/gpu.md lists them); they are installed into /tmp/site first, never over
 # the image's own CuPy.
 set -u
 cd "$(dirname "$0")/.."

@@ -2,7 +2,7 @@
 
 A ``gpuclust analyze`` process that never builds a DataFrame (an analysis whose ``finalize``
 returns Arrow tables, no plots) should not pay for importing pandas: about 0.15 s of one core,
-before any data is read, which is a sixth of cell-usage's whole run at 1.6e7 windows (docs/scale.md,
+before any data is read, which is a sixth of cell-usage's whole run at 1.6e7 windows (docs/user/scale.md,
 "Start-up"). Modules that use pandas import it as ``from gpuclust._lazy import pandas as pd``; the
 first attribute read (``pd.DataFrame``) imports the real module, and every read after that is a
 plain attribute read of this module object.  Type checkers see the real module.

@@ -4,7 +4,7 @@ pyarrow imports pandas the first time it converts anything: ``Array.to_numpy`` g
 pandas conversion code (even for a zero-copy view of an int64 column), and ``pa.array``,
 ``pa.scalar``, ``pa.table`` and every compute function given a Python number first check whether
 their input is a pandas object.  That import costs ~0.15 s of one core before any data is read
-(docs/scale.md, "Start-up").  The functions here do the same through the DLPack protocol and
+(docs/user/scale.md, "Start-up").  The functions here do the same through the DLPack protocol and
 ``from_buffers`` (and NULLs through the validity bitmap: importing ``pyarrow.compute`` costs
 another ~0.06 s): the engine reads every partition's columns through :func:`to_numpy`, and
 analyses that build their result tables from NumPy arrays use :func:`table` and

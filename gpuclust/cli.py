@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-#: Exit statuses, one convention for every command (docs/analyses.md, "Exit codes"): 0 done;
+#: Exit statuses, one convention for every command (docs/analyses/README.md, "Exit codes"): 0 done;
 #: 1 ingest (or ``synth --dataset``) ran but an input failed, so the dataset is unfinished (its
 #: summary says which); 2 an expected fault, reported as one line on stderr naming the file or
 #: option and the reason: bad usage, a path that is missing or not what it should be, a damaged

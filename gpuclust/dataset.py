@@ -1,6 +1,6 @@
 """Opening a canonical gpuclust dataset: a folder of per-table Parquet parts plus ``manifest.json``.
 
-Layout (``docs/dataset.md`` is the full description)::
+Layout (``docs/user/dataset.md`` is the full description)::
 
     DATASET/
       manifest.json            what is in the dataset; the only source of truth
@@ -225,7 +225,7 @@ class Dataset:
 
     def layout(self, table: str) -> dict[str, Any] | None:
         """The bucketed layout of ``table`` (``{"key", "buckets", "hash", "order"}``), or ``None``
-        when its parts are not laid out by key (docs/dataset.md, "Bucketed layout").
+        when its parts are not laid out by key (docs/user/dataset.md, "Bucketed layout").
 
         Examples
         --------

@@ -2,7 +2,7 @@
 
 Synthesises a small Borg cell in the real v3 export format, ingests it through the real ingest
 path, runs every registered analysis, writes the results and the report page (``report.html``: one
-self-contained HTML file, see docs/report.md) and prints where they are.  Re-running
+self-contained HTML file, see docs/user/report.md) and prints where they are.  Re-running
 it into the same folder regenerates the same bytes (the generator is deterministic per seed), the
 ingest skips the inputs it already has, and the results are rewritten identically.
 """

@@ -163,7 +163,7 @@ def format_info(d: dict[str, Any]) -> str:
     else:
         lines.append(
             "layout       flat (as read; `gpuclust optimize` lays it out by key, as ingest does by default; "
-            "docs/scale.md)"
+            "docs/user/scale.md)"
         )
     lines.append("tables       rows          files  MB        time span (trace us)")
     for t, v in d["tables"].items():

@@ -6,7 +6,7 @@ In a bucketed dataset every instance's usage windows and events sit in the same 
 ``machine_id`` and collection events by a hash of ``collection_id``; inside a bucket, rows are
 ordered by time.  Per-instance work (priorities,
 running intervals, exact per-instance distributions) is then local to a bucket, and joins are
-bucket ``i`` of one table with bucket ``i`` of another (docs/scale.md).
+bucket ``i`` of one table with bucket ``i`` of another (docs/user/scale.md).
 
 The bucket of a row is ``splitmix64 chain of its key columns mod n_buckets`` (see
 :func:`bucket_ids`); the same function runs on NumPy and CuPy arrays.  A bucketed dataset stores

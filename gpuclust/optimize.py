@@ -68,7 +68,7 @@ __all__ = ["OptimizeReport", "OptimizeUsageError", "default_buckets", "optimize"
 ROWS_PER_BUCKET = 1 << 20
 #: Largest row group of a bucketed part: smaller ones help time pushdown, and a reader decodes a
 #: row group at once, so a partition's peak follows it (data-quality at 1.6e7 windows, 2 threads:
-#: 1.10 GiB with 1 Mi-row groups, 0.80 GiB with 256 Ki; docs/scale.md).
+#: 1.10 GiB with 1 Mi-row groups, 0.80 GiB with 256 Ki; docs/user/scale.md).
 ROW_GROUP_ROWS = 1 << 18
 #: The same lock as ingest's: an ingest and an optimize never write one dataset at once.
 LOCK_FILE = ".gpuclust-ingest.lock"

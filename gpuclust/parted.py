@@ -1,4 +1,4 @@
-"""Result tables that grow with the cell, written part by part (issue 8, docs/scale.md "Outputs").
+"""Result tables that grow with the cell, written part by part (issue 8, docs/user/scale.md "Outputs").
 
 An analysis whose result has a row per machine x time bucket (overcommit's ``machine`` table: ~1e8
 rows for one 2019 cell) lists those tables in ``Analysis.parted``.  Their rows are never gathered

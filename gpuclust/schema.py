@@ -2,7 +2,7 @@
 
 Everything that names a column, a code or a sentinel lives here, once.  Readers normalise every
 source format (v3 JSON / Parquet exports, v2 CSV, the Kaggle layout) to these schemas; analyses
-read only these schemas.  ``docs/dataset.md`` documents every column (its v2 and v3 source field,
+read only these schemas.  ``docs/user/dataset.md`` documents every column (its v2 and v3 source field,
 unit, and what NULL means) and is checked against this module by the tests.
 """
 
@@ -192,7 +192,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             _f("mai", _f32),
             _f("sample_rate", _f32),
             # in numeric order (cpu_p90, cpu_p91 ... cpu_p99, cpu_p100), not the source's
-            # (docs/dataset.md); the readers map the source lists by name
+            # (docs/user/dataset.md); the readers map the source lists by name
             *[_f(c, _f32) for c in CPU_PERCENTILE_COLUMNS_SORTED],
         ]
     ),

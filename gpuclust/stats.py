@@ -5,7 +5,7 @@ The statistics only ``cpi`` uses live beside it in :mod:`gpuclust.analyses.cpi`:
 Pearson and exact Spearman correlation (:mod:`gpuclust.analyses.cpi.correlation`), the weighted
 least-squares regression and the Borg effects (:mod:`gpuclust.analyses.cpi.regression`), the
 mergeable Spearman grid (:mod:`gpuclust.analyses.cpi.binning`).  Defaults justified in
-``docs/cpi-math.md``.
+``docs/analyses/cpi-math.md``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ REJECT_REASONS: tuple[str, ...] = ("missing", "cpu_seconds", "cpi_range", "mai_r
 
 @dataclass(frozen=True)
 class CpiFilter:
-    """Plausibility filter for usage windows with CPI and MAI (defaults justified in docs/cpi-math.md).
+    """Plausibility filter for usage windows with CPI and MAI (defaults justified in docs/analyses/cpi-math.md).
 
     A window is kept iff CPI and MAI are both present (not NaN) and finite,
     ``cpi_min < CPI <= cpi_max``, ``mai_min <= MAI <= mai_max`` and

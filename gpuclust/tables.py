@@ -2,7 +2,7 @@
 
 An analysis' ``finalize`` returns, per table name, a pandas DataFrame or a ``pyarrow.Table``
 (analyses that build their tables from NumPy arrays return Arrow tables, so that a ``gpuclust
-analyze`` run without plots never imports pandas: docs/scale.md, "Start-up"), or a
+analyze`` run without plots never imports pandas: docs/user/scale.md, "Start-up"), or a
 :class:`gpuclust.parted.PartedTable` for the tables that grow with the data.  The engine hands
 them on unchanged (``tables="native"``) or as one kind for every analysis:
 

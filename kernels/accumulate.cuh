@@ -1,6 +1,6 @@
 // Shared device helpers for gpuclust's accumulation kernels.
 //
-// Contention strategy (see docs/kernels.md):
+// Contention strategy (see docs/developer/kernels.md):
 //   * Every lane of a warp calls these helpers in lock-step (loops are written with warp-uniform
 //     trip counts, inactive lanes pass key = -1).
 //   * Lanes with the same key are found with __match_any_sync (sm_70+); the group leader sums

@@ -1,4 +1,4 @@
-// Grouped weighted co-moments, corrected two-pass (see docs/cpi-math.md and
+// Grouped weighted co-moments, corrected two-pass (see docs/analyses/cpi-math.md and
 // gpuclust/backends/moments_cpu.py, the NumPy twin):
 //
 //   pass 1  comoments_sums_{shared,global}<T, C, D>:

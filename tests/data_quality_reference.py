@@ -1,4 +1,4 @@
-"""A slow, obvious, pure-Python ``data-quality``, written from docs/analysis-data-quality.md (never
+"""A slow, obvious, pure-Python ``data-quality``, written from docs/analyses/data-quality.md (never
 from the code under test): one Python dict per row (``pyarrow.Table.to_pylist``), plain loops.
 
 :func:`reference` returns ``{"checks": {(table, check): (count, unit, of)}, "nulls": {(table,

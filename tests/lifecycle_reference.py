@@ -1,5 +1,5 @@
 """A slow, obvious replay of instance life cycles, written from the v3 document's state diagram and
-docs/analysis-lifecycle.md, as the reference the ``lifecycle`` analysis is tested against.
+docs/analyses/lifecycle.md, as the reference the ``lifecycle`` analysis is tested against.
 
 One Python loop per instance over its events in (time, row) order; no NumPy in the replay.
 """

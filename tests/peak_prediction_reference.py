@@ -1,5 +1,5 @@
 """A slow, obvious pure-Python peak-prediction simulator written from the specification
-(docs/analysis-peak-prediction.md and Google's cluster-resource-forecast predictor / oracle
+(docs/analyses/peak-prediction.md and Google's cluster-resource-forecast predictor / oracle
 semantics): dicts, deques and loops per machine and step — never the code under test.
 
 :func:`samples` joins usage windows to their limits by a loop over each instance's events;

@@ -255,7 +255,7 @@ def assert_results_same(r1: dict[str, Any], r2: dict[str, Any], rtol: float = 1e
                     assert a[c][~na].tolist() == b[c][~nb].tolist(), (k, t, c)
 
 
-# The documented bucket hash (docs/dataset.md, "Bucketed layout"), one row at a time in plain
+# The documented bucket hash (docs/user/dataset.md, "Bucketed layout"), one row at a time in plain
 # Python integers: the reference the bucketed layout and engine tests check gpuclust.layout with.
 MASK = (1 << 64) - 1
 

@@ -1,4 +1,4 @@
-"""Every command README.md and docs/*.md tell a user to run, run as written.
+"""Every command README.md and docs/**/*.md tell a user to run, run as written.
 
 Each fenced ``bash`` / ``python`` block of a document is run, in document order, in a folder laid
 out as a fresh checkout (``../shared`` beside it, where the real trace files live).  The README
@@ -33,7 +33,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
-DOCS = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]
+DOCS = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md"))]
 
 #: Size edits (applied to every block, bash and python): the documented sizes take minutes.
 SMALLER = [
@@ -45,7 +45,7 @@ SMALLER = [
 #: the document shows as a not-run ``gsutil`` block (commands run in the sandbox after the tour;
 #: ``cell/raw`` is the tour's synthetic raw export folder).  The README has none: it runs as printed.
 SETUP = {
-    "docs/ingest.md": [
+    "docs/user/ingest.md": [
         "cp -r ../shared/data/real/2019-cell-a cell-a",
         "ln -s ../shared/data/real/2011 2011",
         "cp cell/raw/instance_events-*.json.gz odd-name.bin",

@@ -1,6 +1,6 @@
 """Issue 33, "a new user's first hour has no surprises", at the command line: a fault is one line
 naming the file and the reason, with no traceback and the exit status of the one convention
-(docs/analyses.md, "Exit codes"); and the small things a new user meets first (percentile
+(docs/analyses/README.md, "Exit codes"); and the small things a new user meets first (percentile
 column order, cpi's group list, data-quality's row count, re-ingest, ``gpuclust.load_results``)."""
 
 from __future__ import annotations
@@ -141,9 +141,10 @@ def test_incomplete_dataset_names_the_cli_way_out(ds, tmp_path, capsys):
 
 
 def test_exit_codes_are_documented():
-    doc = (Path(__file__).resolve().parents[1] / "docs" / "analyses.md").read_text()
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "analyses" / "README.md").read_text()
     sec = doc.split("### Exit codes (every `gpuclust` command)", 1)[1].split("\n### ", 1)[0]
-    from gpuclust.cli import COMMANDS, EXIT_ERROR, EXIT_OK, EXIT_UNFINISHED
+    from gpuclust.cli import COMMANDS
+    from gpuclust.errors import EXIT_ERROR, EXIT_OK, EXIT_UNFINISHED
 
     assert all(f"`{c}`" in sec for c in COMMANDS)
     assert (EXIT_OK, EXIT_UNFINISHED, EXIT_ERROR) == (0, 1, 2)

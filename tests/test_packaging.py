@@ -165,7 +165,7 @@ def test_the_first_ingest_after_installing_uses_the_reader_built_at_install(whee
 def test_the_command_is_told_from_a_program_importing_the_library(
     monkeypatch: pytest.MonkeyPatch, orig_argv: list[str], argv0: str, program: bool
 ) -> None:
-    """Only the command sets ``OPENBLAS_NUM_THREADS`` (to 1, unless set: docs/scale.md, "Start-up")."""
+    """Only the command sets ``OPENBLAS_NUM_THREADS`` (to 1, unless set: docs/user/scale.md, "Start-up")."""
     import gpuclust
 
     monkeypatch.setattr(sys, "orig_argv", orig_argv, raising=False)

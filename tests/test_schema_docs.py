@@ -1,4 +1,4 @@
-"""docs/dataset.md must document every canonical column and code, as `gpuclust.schema` defines them."""
+"""docs/user/dataset.md must document every canonical column and code, as `gpuclust.schema` defines them."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ import pytest
 
 from gpuclust import schema
 
-DOC = (Path(__file__).resolve().parents[1] / "docs" / "dataset.md").read_text()
+DOC = (Path(__file__).resolve().parents[1] / "docs" / "user" / "dataset.md").read_text()
 
 
 def _section(table: str) -> str:
     m = re.search(rf"^### `{table}`\n(.*?)(?=^### |\Z)", DOC, re.S | re.M)
-    assert m, f"docs/dataset.md has no section for {table}"
+    assert m, f"docs/user/dataset.md has no section for {table}"
     return m.group(1)
 
 
@@ -30,7 +30,7 @@ def test_every_column_documented_with_its_type(table: str) -> None:
         if name.startswith("cpu_p"):
             assert name in sec, f"{table}.{name} not mentioned"
             continue
-        assert name in rows, f"{table}.{name} has no row in docs/dataset.md"
+        assert name in rows, f"{table}.{name} has no row in docs/user/dataset.md"
         doc_type = rows[name].strip()
         arrow = {"float": "float32"}.get(str(field.type), str(field.type)).replace("list<item: int64>", "list<int64>")
         assert doc_type == arrow, f"{table}.{name}: docs say {doc_type}, schema says {arrow}"

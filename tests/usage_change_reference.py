@@ -1,4 +1,4 @@
-"""A slow, obvious computation of ``usage-change`` (docs/analysis-usage-change.md), the reference
+"""A slow, obvious computation of ``usage-change`` (docs/analyses/usage-change.md), the reference
 its tests compare with: Python loops over each instance's windows, no NumPy."""
 
 from __future__ import annotations

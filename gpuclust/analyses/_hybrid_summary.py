@@ -18,7 +18,7 @@ A group moves ("spills") from ``exact`` to ``bounded`` when its usable windows e
 when it is already bounded on the other side of a merge: its windows are tabulated as a leaf
 (what ``mixture_summary.bounded_partial`` computes, error ``1/K``; the stats are kept from the
 exact part) and merged into the bounded part with the
-proven bound (``docs/mixture.md``): tabulating any subset of a group's windows is a leaf of the
+proven bound (``docs/analyses/mixture.md``): tabulating any subset of a group's windows is a leaf of the
 same theorem, so every group's tracked bound stays valid.  Memory per group is at most about
 ``8 (K + 8)`` bytes in either part.  Counts, weights and means stay exact.
 """

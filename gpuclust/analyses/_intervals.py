@@ -14,7 +14,7 @@ partition holds every event of its instances), or once over the whole table on a
 No interval crosses instances, so per-partition results add up.  :func:`overlap_keyed` and
 :func:`distinct_keyed` reduce pieces to keyed sums in O(pieces + cells touched) (never groups x
 buckets), the value sums in fixed point (:func:`exact_prefix_sums`).  See
-``docs/analysis-overcommit.md``.
+``docs/analyses/overcommit.md``.
 
 Semantics (the slow replay in ``tests/analyses/overcommit_reference.py`` restates them with
 plain loops):

@@ -1,5 +1,5 @@
 """``lifecycle``'s Kaplan-Meier estimates from binned durations, and the per-collection priority a
-``collection-lifecycle`` takes from instance events (docs/analysis-lifecycle.md).
+``collection-lifecycle`` takes from instance events (docs/analyses/lifecycle.md).
 
 The partials hold, per (kind, tier, measure, outcome), the episodes with a known duration as counts
 in fixed log bins (``lifecycle.DELAY_EDGES_US``).  For a measure, the bins of the outcomes that end
@@ -7,7 +7,7 @@ it (the *events*) and of the ones that stop observing it (*censored*) give the p
 estimate over the durations coarsened to their bins: within a bin the events come first, then the
 censorings (the usual rule for ties).  It equals Kaplan-Meier's on the exact durations at the bin
 edges wherever no bin holds both an event and a censoring; otherwise the exact estimate can only be
-lower, by a relative ``d c / ((n - c) (n - d))`` or less per such bin (docs/analysis-lifecycle.md).
+lower, by a relative ``d c / ((n - c) (n - d))`` or less per such bin (docs/analyses/lifecycle.md).
 """
 
 from __future__ import annotations

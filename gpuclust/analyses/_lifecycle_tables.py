@@ -1,5 +1,5 @@
 """``lifecycle``'s constants, series partial and finalize tables (see :mod:`gpuclust.analyses.lifecycle`
-and docs/analysis-lifecycle.md): kept apart so that each module stays short."""
+and docs/analyses/lifecycle.md): kept apart so that each module stays short."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ For a usage window on machine ``m`` with ``cell = floor(start_time / 300 s)``:
   before the start, or the 2^63-1 "after the trace" end): the cell's utilisation is then unknown.
 
 ``cpi`` computes these per partition as keyed sums and reduces them by machine-range shards
-(docs/analysis-cpi.md).  :class:`CpiHistograms` is the pass the Spearman grid needs first: fine
+(docs/analyses/cpi.md).  :class:`CpiHistograms` is the pass the Spearman grid needs first: fine
 *fixed* histograms (row counts, exact integers) of CPI and MAI over the windows that pass the
 plausibility filter; :func:`grid_cuts` turns them into the grid's cut points, so every partition
 of the main pass bins with the same cuts.

@@ -6,7 +6,7 @@ where this simulation is most of the analysis' work).  What differs by backend g
 
 Input: one row per usage sample (machine code, 5-minute step, instance key, usage, limit),
 in any order and with repeats.  Output: per *snapshot* (a machine at a step where it has a
-sample) the limit, capped usage, the oracle and every predictor (docs/analysis-peak-prediction.md).
+sample) the limit, capped usage, the oracle and every predictor (docs/analyses/peak-prediction.md).
 
 How it stays vectorised:
 

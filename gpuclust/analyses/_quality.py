@@ -205,7 +205,7 @@ class TableProfile(Analysis):
     #: tracemalloc peak of partial: 82 B/row (real 2011 task events), 66 (2011 machine events)
     row_bytes = 120
     #: rows per partition for partitions="auto" (whole buckets): as lifecycle's replay, small
-    #: partitions keep a profile's memory flat as the events grow (docs/scale.md)
+    #: partitions keep a profile's memory flat as the events grow (docs/user/scale.md)
     auto_partition_rows = 1 << 17
 
     @property

@@ -22,7 +22,7 @@ An analysis is declared **once**, as a small frozen dataclass (never a CPU class
     names the tables and columns, ``bind`` builds what the partial needs from ``side`` (``{table:
     SideTable}``, see :class:`gpuclust.engine.partition.SideTable`: ``batches(columns)`` /
     ``read(columns)``).  When the dataset's layout co-partitions them with :attr:`table`
-    (docs/scale.md), the engine calls ``bind`` in each partition task with the rows of that
+    (docs/user/scale.md), the engine calls ``bind`` in each partition task with the rows of that
     partition's buckets and ``grain="instance"`` (the partition then holds every row of each
     instance it holds, so per-instance groups are complete in it); otherwise once on the client
     with the whole tables and ``grain=None``.  Nothing proportional to the data is then built on
@@ -91,7 +91,7 @@ def resolve_tier_map(explicit: str | None, source: Any) -> TierMap:
 
 def fmt(v: Any, spec: str = ".4g", scale: float = 1.0, unit: str = "") -> str:
     """A number for a summary line; NULL / NaN (not measured) prints as ``unknown``, never as 0
-    or ``nan`` (docs/dataset.md, "Result tables: names and missing values")."""
+    or ``nan`` (docs/user/dataset.md, "Result tables: names and missing values")."""
     try:
         x = float(v)
     except (TypeError, ValueError):

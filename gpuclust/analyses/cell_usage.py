@@ -405,7 +405,7 @@ class CellUsage(Analysis):
             # a group without any non-NULL value was not measured: NaN (unknown), never 0
             return np.where(np.asarray(n) > 0, np.asarray(v, dtype=np.float64) / (per * cap), np.nan)
 
-        # Time buckets (docs/dataset.md): hour k = [k h, (k+1) h) of trace time (origin 0)
+        # Time buckets (docs/user/dataset.md): hour k = [k h, (k+1) h) of trace time (origin 0)
         o = np.lexsort((code, hour))  # by hour, then the tier map's order
         hour, code = hour[o], code[o]
         names = np.array(ctx.tier_names, dtype=object)

@@ -1,5 +1,5 @@
 """``data-quality``: what a dataset holds and where it is odd, per table, so a user knows what they
-analyse (issue 11, item 6; every check is defined in docs/analysis-data-quality.md).
+analyse (issue 11, item 6; every check is defined in docs/analyses/data-quality.md).
 
 Per table (instance_usage, instance_events, collection_events, machine_events): rows, NULLs per
 column, rows per code (``type``, ``missing_type``, ``missing_data_reason``), the sentinels (time

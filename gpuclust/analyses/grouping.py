@@ -8,7 +8,7 @@
 * :func:`instance_order`: rows by instance, then time (a stable three-key sort, as one sort);
 * :class:`FloatBins`: ``searchsorted(edges, x, side="right")`` from a table of the floats' top
   bits (lifecycle's delay bins, usage-vs-request's ratio bins);
-* time buckets (docs/dataset.md, "Time buckets"): origin trace time 0, bucket ``k`` of width ``W``
+* time buckets (docs/user/dataset.md, "Time buckets"): origin trace time 0, bucket ``k`` of width ``W``
   is ``[k W, (k + 1) W)`` µs -- :func:`bucket_index`, :func:`bucket_span` (the buckets a window
   ``[s, e)`` touches), :func:`bucket_grid` (the buckets covering a trace window).
 """

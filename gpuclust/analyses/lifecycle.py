@@ -7,7 +7,7 @@ event is determined by its type alone -- SUBMIT, QUEUE, ENABLE and UPDATE_PENDIN
 instance **pending**, SCHEDULE and UPDATE_RUNNING **running**, EVICT, FAIL, FINISH, KILL and LOST
 **dead**.  v2 (2011) datasets carry v3 codes after ingest, so both traces use one replay.
 
-Result tables (docs/analysis-lifecycle.md):
+Result tables (docs/analyses/lifecycle.md):
 
 ``events``
     Events by type and tier (an instance's tier: its highest priority over its events).
@@ -199,7 +199,7 @@ class Lifecycle(Analysis):
     row_bytes = 320
     #: rows per partition for partitions="auto" (whole buckets): a replay holds ~300 B an event, so
     #: 128 Ki events keep a partition near 40 MB and the run's memory flat from a few 10^5 events on
-    #: (docs/scale.md); the per-partition cost of a replay is small beside it
+    #: (docs/user/scale.md); the per-partition cost of a replay is small beside it
     auto_partition_rows = 1 << 17
     whole_instances: ClassVar[bool] = True
 

@@ -1,7 +1,7 @@
 """``machine-utilization``: per machine and 5-minute bucket, the usage of the instances on it over
 its capacity, CPU and memory, and the distribution of that ratio over the cell.
 
-Two named modes (docs/analysis-machine-utilization.md):
+Two named modes (docs/analyses/machine-utilization.md):
 
 ``time-weighted`` (default): every machine-bucket in which the machine is up.  The window is
     ``[w0, w1]``, from the earliest ``start_time`` of instance_usage to its latest known

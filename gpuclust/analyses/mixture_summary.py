@@ -18,7 +18,7 @@ merges partials in a tree and finalizes once.  Two strategies:
     Memory is ``O(groups * K)`` whatever the number of windows.  **Use it for tree reductions over
     many partitions when groups are spread across partitions and the rows do not fit.**
 
-Error bound of ``bounded`` (proof in ``docs/mixture.md``), in probability (Kolmogorov distance of
+Error bound of ``bounded`` (proof in ``docs/analyses/mixture.md``), in probability (Kolmogorov distance of
 normalised CDFs): a leaf tabulation is within ``1/K`` of its partition's exact mixture; a merge of
 summaries with bounds ``e_a, e_b`` and weights ``W_a, W_b`` is within
 ``(W_a e_a + W_b e_b) / (W_a + W_b) + tau`` of the exact mixture of all their windows, where

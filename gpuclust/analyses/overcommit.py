@@ -16,7 +16,7 @@ For each machine and bucket (default 5 minutes) of the trace window:
 Derived: allocation ratio (requested / capacity), usage ratio (usage / capacity) per
 machine-bucket; a cell-level series (sums over machines, capacity-weighted ratios); a summary.
 
-Design (engine fit; docs/analysis-overcommit.md "Design").
+Design (engine fit; docs/analyses/overcommit.md "Design").
 
 * ``context`` (client): the trace window and bucket grid, the machine list (machine_events ids
   plus the machines of top-level SCHEDULE rows) from a *first pass* that reads four columns of
@@ -211,7 +211,7 @@ class OvercommitContext:
     width: int
     n_buckets: int
     #: start of the first bucket: ``floor(window_start / width) * width`` (buckets are aligned to
-    #: trace time 0, see "Time buckets" in docs/dataset.md); dense bucket ``j`` is absolute bucket
+    #: trace time 0, see "Time buckets" in docs/user/dataset.md); dense bucket ``j`` is absolute bucket
     #: ``origin // width + j``
     origin: int
     #: sorted machine ids (machine_events and machines of top-level SCHEDULE rows); a row's
@@ -328,7 +328,7 @@ class Overcommit(Analysis):
             cands = [v for v in (ev_max, max_finite(source, "instance_usage", "end_time")) if v is not None]
             w1 = max([w0, *cands])
         width = self.width_us
-        # Time buckets (docs/dataset.md): aligned to trace time 0, bucket k = [k*width, (k+1)*width);
+        # Time buckets (docs/user/dataset.md): aligned to trace time 0, bucket k = [k*width, (k+1)*width);
         # the window clips the first and last bucket (column covered_s).
         origin, B = bucket_grid(w0, w1, width)
         # ---- capacity intervals (machine_events: one row per machine event, small)

@@ -7,7 +7,7 @@ present now, over a horizon) and the **predicted** peak of each predictor: ``bor
 fraction of the limits), ``n-sigma``, the per-instance percentile (RC-like), the per-machine
 percentile, and the max / mean of chosen predictors; then per predictor the violation rate and
 severity against the oracle and the capacity saved relative to the limits
-(docs/analysis-peak-prediction.md has the exact semantics and where they differ from Google's code).
+(docs/analyses/peak-prediction.md has the exact semantics and where they differ from Google's code).
 
 Plan: the partial joins each top-level usage window as of its start to the latest event of its
 instance with a positive CPU and memory request (the limit, :mod:`gpuclust.analyses._requests`)

@@ -7,7 +7,7 @@ some options read; per instance, :meth:`~gpuclust.analyses.base.Analysis.needed_
 registry only adds what the class cannot say about itself: a one-line summary, the GPU kernels
 its partial uses, where it runs.
 
-``docs/analyses.md`` embeds :func:`capability_table` between the markers
+``docs/analyses/README.md`` embeds :func:`capability_table` between the markers
 ``<!-- capability-table:start -->`` and ``<!-- capability-table:end -->``; a test checks that the
 docs match the generated table.
 """
@@ -32,7 +32,7 @@ class AnalysisEntry:
 
     name: str
     #: ``module:Class``: the module is imported when the class is first needed, so that a run of
-    #: one analysis does not import the others (docs/scale.md, "Start-up").
+    #: one analysis does not import the others (docs/user/scale.md, "Start-up").
     target: str
     summary: str
     #: Custom-kernel ops (``backend.ops``) its partial uses on the GPU.

@@ -3,8 +3,8 @@
 A window's 20 CPU percentiles define a piecewise-linear CDF (a flat step is a point mass); a
 group's distribution is the mixture of its windows' CDFs weighted by sample count
 (``duration_s x sample_rate``, or ``duration_s`` when the rate is missing or 0).  See
-``docs/analysis-usage-distribution.md`` (meaning, options, columns, strategies, error bound) and
-``docs/mixture.md`` (the ops and the mergeable summaries this analysis is built on).
+``docs/analyses/usage-distribution.md`` (meaning, options, columns, strategies, error bound) and
+``docs/analyses/mixture.md`` (the ops and the mergeable summaries this analysis is built on).
 
 Groups: any combination (option ``by``) of ``instance`` (collection_id, instance_index),
 ``collection``, ``machine``, ``tier`` (MAX(priority) per (collection_id, instance_index,
@@ -124,7 +124,7 @@ class UsageDistribution(Analysis):
     bucket_s
         Width of the ``time`` buckets in seconds (default 3600); bucket ``k`` is
         ``[k*bucket_s, (k+1)*bucket_s)`` of trace time (origin 0, 600 s before the trace start),
-        reported as ``bucket`` and ``bucket_start_us`` (see "Time buckets" in docs/dataset.md).
+        reported as ``bucket`` and ``bucket_start_us`` (see "Time buckets" in docs/user/dataset.md).
     levels
         Quantile levels in [0, 1] (sorted, duplicates removed); default the 20 standard levels.
     rows

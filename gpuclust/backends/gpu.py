@@ -171,7 +171,7 @@ def bucket_overlap(
     step for every series).  Uses ``bucket_overlap_shared`` (block-local shared-memory
     accumulator) when the whole ``(k, n_groups, n_buckets)`` output fits in :data:`SHARED_BYTES`,
     else ``bucket_overlap_global``; both aggregate equal (group, bucket) keys across a warp before
-    any atomic (see docs/kernels.md).
+    any atomic (see docs/developer/kernels.md).
     """
     from gpuclust import _kernels
 

@@ -4,7 +4,7 @@ A usage window's CPU percentiles ``q_0 <= ... <= q_19`` at the sorted levels ``l
 (:data:`gpuclust.schema.CPU_PERCENTILE_LEVELS_SORTED`) define a piecewise-linear CDF through the
 points ``(q_k, l_k)``; a flat step ``q_k == q_{k+1}`` is a point mass ``l_{k+1} - l_k`` at
 ``q_k``.  A group's distribution is the mixture ``F(x) = sum_i w_i F_i(x)`` (``W = sum_i w_i``).
-See ``docs/mixture.md`` for the algorithm and its numerical envelope.
+See ``docs/analyses/mixture.md`` for the algorithm and its numerical envelope.
 
 Three ops, same names and signatures as in ``backends/mixture_gpu.py``:
 

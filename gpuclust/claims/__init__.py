@@ -9,7 +9,7 @@ its time span, usage present) and, when it cannot, why, instead of a number alon
 Each claim is declared once (:class:`Claim`) in :mod:`gpuclust.claims.catalog`, naming the
 analyses (with options) whose tables it reads; ``gpuclust claims DATASET`` runs what is needed
 (or reads an earlier ``gpuclust analyze`` folder) and prints one row per claim.  The exact
-definition of each claim is in docs/claims.md.
+definition of each claim is in docs/user/claims.md.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The claims: seed 003's observations on the 2011 trace (Zhu, Wang, Wang: "10 Observations on
 Google Cluster Trace"), Borg's (Verma et al., EuroSys 2015) and the 2019 trace's job tail, each
-computed from an analysis' result tables (docs/claims.md gives each definition)."""
+computed from an analysis' result tables (docs/user/claims.md gives each definition)."""
 
 from __future__ import annotations
 
@@ -426,7 +426,7 @@ CLAIMS = (
     Claim(
         "job-tail-cpu",
         "The top 1% of jobs use about 99% of the CPU-hours (NCU-hours).",
-        "Tirmazi et al., Borg: the Next Generation (EuroSys 2020), as docs/analysis-job-usage.md",
+        "Tirmazi et al., Borg: the Next Generation (EuroSys 2020), as docs/analyses/job-usage.md",
         "~99%",
         (("job-usage", {}),),
         _job_tail("cpu"),
@@ -435,7 +435,7 @@ CLAIMS = (
     Claim(
         "job-tail-mem",
         "The top 1% of jobs use about 99% of the memory-hours (NMU-hours).",
-        "Tirmazi et al., Borg: the Next Generation (EuroSys 2020), as docs/analysis-job-usage.md",
+        "Tirmazi et al., Borg: the Next Generation (EuroSys 2020), as docs/analyses/job-usage.md",
         "~99%",
         (("job-usage", {}),),
         _job_tail("mem"),

@@ -23,7 +23,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
             "trace, Borg's, the 2019 job tail): the claim, its source, the paper's value, this dataset's value, "
             "what it rests on, and whether this dataset can support it (trace, share of the trace, time span, "
             "usage present) or why not. Runs the analyses the claims read. "
-            "Definitions: docs/claims.md.",
+            "Definitions: docs/user/claims.md.",
             88,
         ),
     )

@@ -154,7 +154,7 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="SIZE",
         help="memory budget of the run, e.g. 8GiB (default: 75%% of the machine's memory): sizes "
-        "partitions and a local:N cluster's workers (docs/scale.md)",
+        "partitions and a local:N cluster's workers (docs/user/scale.md)",
     )
     p.add_argument(
         "--tier-map",

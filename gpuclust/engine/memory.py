@@ -4,7 +4,7 @@ turn it into partition sizes.
 Peak memory of a streamed run is about ``threads x rows per partition x bytes per row`` (the
 columns read, their Arrow decode buffers, and the partial's transient arrays) plus the merged
 partials and contexts, which on a bucketed dataset do not grow with the cell
-(docs/scale.md).  So the budget sets the rows per partition: half of it is given to the
+(docs/user/scale.md).  So the budget sets the rows per partition: half of it is given to the
 partitions in flight, the other half is left to merged partials, contexts and finalize.  On a
 ``distributed.LocalCluster`` the budget is also split across the workers as their
 ``memory_limit`` (dask then spills to disk and pauses workers near it).

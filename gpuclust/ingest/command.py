@@ -61,7 +61,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "--sample",
         metavar="KEY=P",
         help="keep a consistent sample: machines=P or collections=P (P like 1%% or 0.01); every row of the "
-        "sampled machines / collections in every table that names them (docs/ingest.md)",
+        "sampled machines / collections in every table that names them (docs/user/ingest.md)",
     )
     p.add_argument(
         "--from",

@@ -4,7 +4,7 @@
 type cast, so every reader (v3 JSON and Parquet, v2 CSV, Kaggle CSV) applies the same policy.
 A value outside its domain rejects its row with a reason; the other rows are kept.
 
-Policy (``docs/ingest.md``, "Value domains"):
+Policy (``docs/user/ingest.md``, "Value domains"):
 
 * **Times** (``time``, ``start_time``, ``end_time``) are microseconds since 600 s before the
   trace start and never negative.  ``0`` ("before the trace window") and ``2^63 - 1`` ("after

@@ -1,7 +1,7 @@
 """Gzip inflation for the readers: ISA-L's igzip (``python-isal``) where it is installed, else zlib.
 
 zlib inflates the 2019 exports at ~1.6 CPU-seconds per GB of JSON, about a seventh of ingest's CPU;
-igzip inflates the same stream 2.5x faster on this project's benchmark shard (docs/ingest.md).  ``isal`` is a dependency (wheels
+igzip inflates the same stream 2.5x faster on this project's benchmark shard (docs/user/ingest.md).  ``isal`` is a dependency (wheels
 for CPython 3.10-3.13 on x86-64 and aarch64); where it cannot be imported, zlib is used and the
 bytes are the same.  ``GPUCLUST_INFLATE=zlib`` forces zlib (to compare, or to rule isal out).
 

@@ -2,7 +2,7 @@
 
 Every time series is drawn against *trace hours*: hours of trace time, whose origin is the one of
 the tables' times, of the analyses' time buckets and of ``--from`` / ``--to`` (trace time 0, 600 s
-before the trace start; docs/dataset.md, "Time"), so an hour bucket's edges fall on whole hours
+before the trace start; docs/user/dataset.md, "Time"), so an hour bucket's edges fall on whole hours
 and ``--from 2h`` is 2 on the axis.  The trace starts at 600 s (0.17 h: 1 May 2019 00:00 PDT for
 v3, 1 May 2011 19:00 EDT for v2).  A bucket only partly covered by the data (the first hour
 bucket starts 600 s before the trace, the last one usually extends past the data's end) is

@@ -94,7 +94,7 @@ def plot_overcommit(result: dict[str, Any], path: Path, *, title: str = "overcom
     tiers = str(first(info, "tiers", "")).split(",")
     fig = Figure(10, 12)
     axes = fig.subplots(4, 1, height_ratios=(1, 1, 1.1, 1))
-    # x: bucket start in hours of trace time (origin 0, 600 s before the trace start; docs/dataset.md)
+    # x: bucket start in hours of trace time (origin 0, 600 s before the trace start; docs/user/dataset.md)
     width_us = float(first(info, "bucket_s", 300)) * 1e6
     starts = numbers(cell, "bucket_start_us")
     hours = trace_hours(np.append(starts, starts[-1] + width_us))

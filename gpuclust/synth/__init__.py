@@ -8,7 +8,7 @@ Examples
 >>> res.truth["counts"]["instance_usage"]["rows"] > 0  # doctest: +SKIP
 True
 
-See ``docs/synth.md`` for the model, every knob and the ground-truth keys.
+See ``docs/user/synth.md`` for the model, every knob and the ground-truth keys.
 
 Modules: :mod:`~gpuclust.synth.config` (:class:`SynthConfig`, :class:`SynthResult`), the simulation
 in :mod:`~gpuclust.synth.model` (its parameters and records in :mod:`~gpuclust.synth.params`, its

@@ -20,7 +20,7 @@ def register(subparsers) -> argparse.ArgumentParser:
         "synth",
         help="write a synthetic cell in the v3 JSON export format, with planted ground truth",
         description="Simulate a Borg cell and write v3 BigQuery-export JSON shards plus synth_truth.json "
-        "(see docs/synth.md).",
+        "(see docs/user/synth.md).",
     )
     p.add_argument("--out", required=True, type=Path, help="output folder for the shards")
     p.add_argument("--dataset", type=Path, default=None, help="also ingest into this gpuclust dataset")

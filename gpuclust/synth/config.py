@@ -1,5 +1,5 @@
 """The knobs and the result of ``gpuclust synth``: :class:`SynthConfig`, :class:`SynthResult`, the
-tables written and the kinds of planted malformed lines.  See ``docs/synth.md``.
+tables written and the kinds of planted malformed lines.  See ``docs/user/synth.md``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ TRUTH_VERSION = 1
 
 @dataclass(frozen=True)
 class SynthConfig:
-    """Every knob of the synthetic cell (defaults make a small cell fast).  See ``docs/synth.md``."""
+    """Every knob of the synthetic cell (defaults make a small cell fast).  See ``docs/user/synth.md``."""
 
     machines: int = 200
     hours: float = 6.0
@@ -49,7 +49,7 @@ class SynthConfig:
     kill_fraction: float = 0.05
     lost_fraction: float = 0.003
     max_retries: int = 3
-    # planted truths (docs/synth.md "Planted laws"): job sizes, usage / request, usage change, scheduling delay
+    # planted truths (docs/user/synth.md "Planted laws"): job sizes, usage / request, usage change, scheduling delay
     job_size_alpha: float = 1.2
     usage_ratio_free: float = 0.6
     usage_ratio_beb: float = 0.55

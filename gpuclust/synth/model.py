@@ -1,6 +1,6 @@
 """The scheduling simulation behind ``gpuclust synth``.
 
-A small discrete-event model of a Borg cell (see ``docs/synth.md``):
+A small discrete-event model of a Borg cell (see ``docs/user/synth.md``):
 
 * machines of several platforms and capacity shapes, ADDed (mostly at time 0), some REMOVEd and
   re-ADDed, a few UPDATEd (UPDATEs never shrink capacity and happen on the 300 s grid);

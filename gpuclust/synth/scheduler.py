@@ -3,7 +3,7 @@
 :class:`Scheduler` SUBMITs instances (with the planted scheduling delays), places them by request
 under the overcommit limits (power of two choices; production instances preempt lower-priority
 ones; tasks of alloc sets go inside alloc instances), starts and stops running attempts, ends
-collections, runs the scheduling passes and applies machine events.  See ``docs/synth.md``.
+collections, runs the scheduling passes and applies machine events.  See ``docs/user/synth.md``.
 """
 
 from __future__ import annotations

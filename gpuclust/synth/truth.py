@@ -1,5 +1,5 @@
 """The ground truth of a synthetic cell (``synth_truth.json``): the planted laws, the model's
-parameters and what the generator realised.  See ``docs/synth.md``.
+parameters and what the generator realised.  See ``docs/user/synth.md``.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def _share_within(sigma: float, h: float) -> float:
 
 def _planted_laws(cfg, md, ratio_sums: np.ndarray, sq: dict[str, np.ndarray]) -> dict:
     """The four planted laws of issue 11 (job sizes, usage / request, usage change, scheduling
-    delay): parameters, closed forms and what the generator realised (docs/synth.md)."""
+    delay): parameters, closed forms and what the generator realised (docs/user/synth.md)."""
     names = _model.PLANT_TIERS.names
     ratios = _usage.ratio_by_tier(cfg)
     s_f = cfg.usage_ratio_sigma

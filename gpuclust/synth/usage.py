@@ -19,7 +19,7 @@ duration equals the sum over its tasks' windows of average x duration in that ce
 allocs and alloc instances always have ``sample_rate`` 1.
 
 CPI and MAI (only on platforms with counters and machines with a known capacity): see
-:func:`plant_cpi` and ``docs/synth.md``.
+:func:`plant_cpi` and ``docs/user/synth.md``.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """A slow, obvious replay of ``machine-utilization``'s default (time-weighted) mode, written from
-docs/analysis-machine-utilization.md with plain Python loops and integers (microseconds): no
+docs/analyses/machine-utilization.md with plain Python loops and integers (microseconds): no
 code of gpuclust is used.
 
 * The window ``[w0, w1]``: the earliest ``start_time`` of instance_usage (at or above 0, below

@@ -6,12 +6,12 @@
 * :func:`usage_sql`: DuckDB SQL for the usage part (``generate_series`` over buckets); a group
   whose values are all NULL is NULL (plain ``SUM``: unknown, never 0).
 
-Semantics restated (see ``docs/analysis-overcommit.md``): events of a thing are ordered by time,
+Semantics restated (see ``docs/analyses/overcommit.md``): events of a thing are ordered by time,
 ties by row order; event times are clipped to the window; tasks inside allocs are dropped row by
 row; SCHEDULE opens (closing a running piece first), UPDATE_RUNNING while running splits,
 EVICT/FAIL/FINISH/KILL/LOST close; NULL requests / priorities carry forward; ADD / UPDATE / REMOVE
 set capacity / change it / make it 0; NULL capacity is unknown.  Buckets follow the time-bucket
-convention of ``docs/dataset.md``: bucket ``b`` is ``[b*width, (b+1)*width)`` of absolute trace
+convention of ``docs/user/dataset.md``: bucket ``b`` is ``[b*width, (b+1)*width)`` of absolute trace
 time (origin 0), keyed by that absolute ``b``; the window clips the first and last bucket.
 """
 

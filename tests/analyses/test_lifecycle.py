@@ -193,7 +193,7 @@ def check_exact_km(res: dict, ref: dict) -> int:
 
 LO_S = [0.0, *(x / 1e6 for x in EDGES)]
 HI_S = [0.0, *(x / 1e6 for x in EDGES[1:]), np.inf]
-#: measure: (its event outcomes, its completed outcome), as docs/analysis-lifecycle.md defines them
+#: measure: (its event outcomes, its completed outcome), as docs/analyses/lifecycle.md defines them
 KM_MEASURES = {
     "scheduling": ({"scheduled"}, "scheduled"),
     "execution": ({"evict", "fail", "finish", "kill", "lost", "interrupted"}, "finish"),
@@ -739,7 +739,7 @@ def test_kaplan_meier_on_planted_durations():
 @pytest.mark.skipif(not REAL.is_dir(), reason=f"real trace files not found at {REAL}")
 def test_real_2011_issue_35_figures_against_duckdb(tmp_path):
     """The first 5 of 500 parts of the 2011 task_events and job_events in one dataset, against
-    DuckDB SQL written from docs/analysis-lifecycle.md: tasks present at the trace start (first
+    DuckDB SQL written from docs/analyses/lifecycle.md: tasks present at the trace start (first
     event at time 0), events the trace synthesised (missing_type set), the new submissions of the
     series (first SUBMITs of tasks not present at the start), and each job's tier from the highest
     priority over its tasks' events (the job events carry none) counted over the job events."""

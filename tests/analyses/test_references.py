@@ -3,7 +3,7 @@
 The notebook-mode SQL is Google's notebook query (clusterdata_analysis_colab) in DuckDB dialect,
 with canonical column names; the exact-mode SQL expands each window over its hours with
 generate_series.  Engine results are compared to 1e-12 relative.  Hours are time buckets of
-3600 s from trace time 0 (docs/dataset.md, "Time buckets"), reported as ``bucket`` and
+3600 s from trace time 0 (docs/user/dataset.md, "Time buckets"), reported as ``bucket`` and
 ``bucket_start_us``; a group whose values are all NULL is NULL (SQL's SUM), never 0.
 """
 

@@ -8,13 +8,13 @@ import pytest
 from gpuclust.analyses import REGISTRY, capability_table, create, names
 from gpuclust.analyses.cell_usage import CellUsage
 
-DOCS = Path(__file__).resolve().parents[2] / "docs" / "analyses.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "analyses" / "README.md"
 
 
 def test_docs_capability_table_is_generated():
     text = DOCS.read_text()
     m = re.search(r"<!-- capability-table:start -->\n(.*?)<!-- capability-table:end -->", text, re.S)
-    assert m, "docs/analyses.md lacks the capability-table markers"
+    assert m, "docs/analyses/README.md lacks the capability-table markers"
     assert m.group(1) == capability_table(), (
         "regenerate: python -c 'from gpuclust.analyses import capability_table as c; print(c())'"
     )

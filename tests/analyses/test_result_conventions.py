@@ -1,4 +1,4 @@
-"""Result conventions shared by every analysis (issue 7; docs/dataset.md "Time buckets" and
+"""Result conventions shared by every analysis (issue 7; docs/user/dataset.md "Time buckets" and
 "Result tables"):
 
 * one time-bucket convention: bucket ``k`` of width ``W`` is ``[k*W, (k+1)*W)`` of trace time
@@ -241,13 +241,14 @@ def test_docs_list_the_result_columns(synth_ds):
     from pathlib import Path
 
     docs = Path(__file__).resolve().parents[2] / "docs"
-    text = {p.name: p.read_text() for p in docs.glob("*.md")}
+    text = {p.relative_to(docs).as_posix(): p.read_text() for p in docs.rglob("*.md")}
     assert (
-        "## Time buckets" in text["dataset.md"] and "## Result tables: names and missing values" in text["dataset.md"]
+        "## Time buckets" in text["user/dataset.md"]
+        and "## Result tables: names and missing values" in text["user/dataset.md"]
     )
-    for name in ("analyses.md", "analysis-overcommit.md", "analysis-usage-distribution.md", "analysis-cpi.md"):
+    for name in ("analyses/README.md", "analyses/overcommit.md", "analyses/usage-distribution.md", "analyses/cpi.md"):
         assert "dataset.md#time-buckets" in text[name], name
-    for name in ("analyses.md", "analysis-overcommit.md", "analysis-usage-distribution.md"):
+    for name in ("analyses/README.md", "analyses/overcommit.md", "analyses/usage-distribution.md"):
         for old in ("`hour`", "`bucket_start_s`", "`machine`,", "`time`, `bucket_s`"):
             assert old not in text[name], (name, old)
     oc, cu, ud = Overcommit(bucket_s=W), CellUsage(), UsageDistribution(by="tier,time")
@@ -257,8 +258,8 @@ def test_docs_list_the_result_columns(synth_ds):
     for table in ("machine", "cell"):
         for c in _pick(res, oc)[table].columns:
             if not per_tier.search(c):
-                assert f"`{c}`" in text["analysis-overcommit.md"], (table, c)
+                assert f"`{c}`" in text["analyses/overcommit.md"], (table, c)
     for c in _pick(res, cu)["usage"].columns:
-        assert f"`{c}`" in text["analyses.md"], c
+        assert f"`{c}`" in text["analyses/README.md"], c
     for c in ud.key_columns():
-        assert f"`{c}`" in text["analysis-usage-distribution.md"], c
+        assert f"`{c}`" in text["analyses/usage-distribution.md"], c

@@ -224,7 +224,7 @@ def check_periods(res: dict, ab: dict[str, list], periods: int, n_pairs: int, ga
 
 
 def cluster_pairs_sql(tables: dict) -> dict:
-    """The cluster level in DuckDB, from docs/analysis-usage-change.md: each top-level window's
+    """The cluster level in DuckDB, from docs/analyses/usage-change.md: each top-level window's
     usage spread over the 300 s periods it overlaps, summed per period, consecutive periods paired
     by LEAD."""
     import duckdb

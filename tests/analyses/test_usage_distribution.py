@@ -324,7 +324,7 @@ def test_crossing_window_by_hand():
 
 
 def test_docs_worked_example():
-    # docs/mixture.md "How far the shortcuts land": A uniform [0.5, 1] w=300, B uniform [0, 0.05]
+    # docs/analyses/mixture.md "How far the shortcuts land": A uniform [0.5, 1] w=300, B uniform [0, 0.05]
     # w=300, C a point mass at 2.0 w=30, D 0 up to its p50 then linear to 0.4, w=300
     lv = np.asarray(STD)
     A, B, C = 0.5 + 0.5 * lv, 0.05 * lv, np.full(20, 2.0)

@@ -1,5 +1,5 @@
 """bench/gpu_check.sh and bench/gpu_check.py: the device check's data, parsers, comparison and
-record, without a GPU (the whole script is rehearsed with ``REHEARSE=1``; see docs/gpu.md)."""
+record, without a GPU (the whole script is rehearsed with ``REHEARSE=1``; see docs/user/gpu.md)."""
 
 from __future__ import annotations
 
@@ -137,12 +137,12 @@ def test_assemble_reports_what_ran_and_nothing_it_did_not(check, tmp_path) -> No
 
 @pytest.mark.slow
 def test_rehearsal_as_docs_print_it(tmp_path) -> None:
-    """docs/gpu.md's rehearsal, run from the checkout's root as printed: every step runs on the
+    """docs/user/gpu.md's rehearsal, run from the checkout's root as printed: every step runs on the
     cpu, and the record it assembles is whole (out of core and dask equal to the resident run)."""
     import os
     import re
 
-    doc = (ROOT / "docs" / "gpu.md").read_text()
+    doc = (ROOT / "docs" / "user" / "gpu.md").read_text()
     cmd = re.search(r"^(REHEARSE=1 bash bench/gpu_check\.sh)$", doc, re.M).group(1)
     env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable, "TMPDIR": str(tmp_path)}
     env.pop("GPUCLUST_REQUIRE_GPU", None)

@@ -1,4 +1,4 @@
-"""bench/gpu_session.sh: the device calls docs/gpu.md gives fit their timeouts and the session's
+"""bench/gpu_session.sh: the device calls docs/user/gpu.md gives fit their timeouts and the session's
 device time, and an unknown step is refused (no GPU needed: ``--plan`` runs nothing)."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def plan(*steps: str) -> tuple[int, str]:
 
 
 def documented_calls() -> list[tuple[list[str], int]]:
-    text = (ROOT / "docs" / "gpu.md").read_text()
+    text = (ROOT / "docs" / "user" / "gpu.md").read_text()
     calls = re.findall(r"^(?:\S+=\S+ )*bash bench/gpu_session\.sh ([\w -]+?)\s+# call \d+: timeout_s (\d+)", text, re.M)
     return [(steps.split(), int(t)) for steps, t in calls]
 
@@ -34,7 +34,7 @@ def test_documented_calls_fit_their_timeouts_and_the_session() -> None:
     at least LAST_CALL_MIN_S (the device tool cuts a call at the session's end, and a step's log
     comes back as far as it got)."""
     calls = documented_calls()
-    assert len(calls) >= 2, "docs/gpu.md lists the calls of a device session"
+    assert len(calls) >= 2, "docs/user/gpu.md lists the calls of a device session"
     for steps, timeout_s in calls:
         rc, out = plan(*steps)
         assert rc == 0, out

@@ -17,7 +17,7 @@ the windows:
 * the warm run's device-to-host bytes: growing no faster than its result tables (the results
   leave the device; partials and lookups do not).
 
-docs/gpu.md ("Launches, syncs and copies") lists the counts; ``bench/device_budget.py`` measures
+docs/user/gpu.md ("Launches, syncs and copies") lists the counts; ``bench/device_budget.py`` measures
 the same at 10^6 and 4x10^6 windows.
 """
 

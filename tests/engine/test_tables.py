@@ -194,7 +194,7 @@ def test_rows_with_none_go_through_pyarrow() -> None:
 def test_from_the_command_line_never_imports_pandas(
     dataset: Dataset, tmp_path: Path, name: str, table: str, opts: list[str]
 ) -> None:
-    """The start-up this saves (pandas, and pyarrow.compute): docs/scale.md, "Start-up"."""
+    """The start-up this saves (pandas, and pyarrow.compute): docs/user/scale.md, "Start-up"."""
     code = (
         "import sys, json\nfrom gpuclust.cli import main\n"
         f"rc = main(['analyze', {str(dataset.path)!r}, {name!r}, '--out', {str(tmp_path / 'o')!r}, "

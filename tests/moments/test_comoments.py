@@ -230,7 +230,7 @@ def test_huge_offset_matches_exact_rational(offset: float, spread: float) -> Non
             scale = float(C[i][i] * C[j][j]) ** 0.5
             assert abs(m.C[0, i, j] - ref) <= 1e-9 * scale, (i, j, m.C[0, i, j], ref)
     # split in 7 pieces and merged.  Partition means are doubles, so the between-partition term
-    # carries an error ~ eps * kappa, kappa = |mean| / sd (docs/cpi-math.md, "Accuracy").
+    # carries an error ~ eps * kappa, kappa = |mean| / sd (docs/analyses/cpi-math.md, "Accuracy").
     kappa = abs(offset) / spread
     tol = max(1e-9, 20 * np.finfo(float).eps * kappa)
     rng = np.random.default_rng(0)

@@ -22,7 +22,7 @@ binned sums.  Fits: pooled, per platform, and platform fixed
 effects (multiplicative: CPI relative to its platform's mean, within-platform co-moments pooled);
 option ``regression`` picks the primary one, or ``none`` skips the regression (the
 SQL-expressible subset).  The only pass before the main one builds the Spearman grid's cut points
-(``spearman="grid"``, :class:`gpuclust.analyses._machine_cells.CpiHistograms`).  Details and the reasoning: ``docs/analysis-cpi.md``.
+(``spearman="grid"``, :class:`gpuclust.analyses._machine_cells.CpiHistograms`).  Details and the reasoning: ``docs/analyses/cpi.md``.
 
 The package: the analysis (here), :mod:`.context` (constants, :class:`CpiContext` and its
 builders), :mod:`.keyed` (keyed co-moment partials), :mod:`.shards` (the regression's shard

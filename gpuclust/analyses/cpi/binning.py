@@ -3,7 +3,7 @@
 Grid cut points (:func:`quantile_cuts`), the per-partition grid partial on the backend
 (:func:`spearman_grid_partial`) and Spearman with a proven error bound from the merged grid
 (:func:`spearman_from_grid`, on the host).  The exact Spearman is
-:func:`gpuclust.analyses.cpi.correlation.spearman_exact`; derivations in ``docs/cpi-math.md``.
+:func:`gpuclust.analyses.cpi.correlation.spearman_exact`; derivations in ``docs/analyses/cpi-math.md``.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def spearman_from_grid(h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     ``rho`` is the exact (weighted) Spearman of the *binned* data: every row of a bin takes the
     bin's mid-rank, ties averaged, then weighted Pearson.  When each bin holds a single distinct
     value it equals :func:`~gpuclust.analyses.cpi.correlation.spearman_exact`.  The bound
-    (derivation in docs/cpi-math.md) is
+    (derivation in docs/analyses/cpi-math.md) is
     ``(1 + eps1) / sqrt((1 - Sx)(1 - Sy)) - 1`` with ``Sx = sum px_b^3`` over the marginal bin
     masses and ``eps1 = 12 (T1 + T2 + T3)`` computed from the grid; it is at most about
     ``1.5 (max px + max py)``: in practice ~0.04 with 64 and ~0.01 with 256 equal-mass bins per
@@ -105,7 +105,7 @@ def spearman_from_grid(h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         vv = (py * dv * dv).sum(axis=1)
         ok = (W > 0) & (px.max(axis=1, initial=0.0) < 1.0) & (py.max(axis=1, initial=0.0) < 1.0) & (vu > 0) & (vv > 0)
         rho = np.where(ok, cov / np.sqrt(np.where(ok, vu * vv, 1.0)), np.nan)
-        # |12 cov(U,V) - 12 cov(U~,V~)| <= eps1 (docs/cpi-math.md): each term uses that the exact
+        # |12 cov(U,V) - 12 cov(U~,V~)| <= eps1 (docs/analyses/cpi-math.md): each term uses that the exact
         # mid-rank lies within half a bin mass of its bin's mid-rank and averages to it per bin.
         mv = np.einsum("gbc,gc->gb", f, dv) / np.where(px > 0, px, 1.0)  # mean of V~ per x-bin
         mu = np.einsum("gbc,gb->gc", f, du) / np.where(py > 0, py, 1.0)  # mean of U~ per y-bin

@@ -7,7 +7,7 @@ correlation (:func:`pearson_from_moments`) and the per-group CPI/MAI columns
 (:func:`spearman_exact`).  The mergeable grid approximation is in
 :mod:`gpuclust.analyses.cpi.binning`, the regression in :mod:`gpuclust.analyses.cpi.regression`.
 
-Definitions, derivations and the choice of standard errors are in ``docs/cpi-math.md``.
+Definitions, derivations and the choice of standard errors are in ``docs/analyses/cpi-math.md``.
 """
 
 from __future__ import annotations

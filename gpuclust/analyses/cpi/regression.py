@@ -2,7 +2,7 @@
 
 The weighted least-squares regression with standard errors and R^2 from merged co-moments
 (:func:`wls_from_moments`), and the Borg-paper effects (:func:`borg_effects`).  Definitions,
-derivations and the choice of standard errors are in ``docs/cpi-math.md``.
+derivations and the choice of standard errors are in ``docs/analyses/cpi-math.md``.
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def wls_from_moments(
       ``sigma2 = RSS / (W - k - 1)``.  Depends on the weight unit; shown for completeness.
 
     Both assume independent, homoscedastic errors; windows of one task are correlated in time,
-    so these SEs are lower bounds on the true uncertainty (see docs/cpi-math.md).
+    so these SEs are lower bounds on the true uncertainty (see docs/analyses/cpi-math.md).
 
     Groups with ``n <= k`` rows, a constant regressor (:func:`variable_is_constant`), or collinear regressors (smallest
     eigenvalue of the regressors' correlation matrix below ``rcond``) get NaN coefficients;

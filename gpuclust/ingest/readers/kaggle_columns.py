@@ -1,7 +1,7 @@
 """The columns of the Kaggle ``borg_traces_data.csv`` layout: the published header, the columns
 the reader needs, those it reads but does not ingest, and the values a usage row gets for its
 unknown instance and machine (see :mod:`gpuclust.ingest.readers.kaggle_csv` and
-``docs/formats-v2-kaggle.md``).
+``docs/user/formats-v2-kaggle.md``).
 """
 
 from __future__ import annotations

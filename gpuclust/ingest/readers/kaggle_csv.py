@@ -15,7 +15,7 @@ A record becomes
 * one ``instance_constraints`` row per element of a non-empty ``constraint`` list.
 
 What each column means was worked out from the data; the conclusions and the evidence are in
-``docs/formats-v2-kaggle.md``.  The two that matter most:
+``docs/user/formats-v2-kaggle.md``.  The two that matter most:
 
 * ``instance_events_type`` is the event's type (v3 code).  The string column ``event`` is *not*
   the same thing (``SUBMIT`` rows say ``ENABLE``); it and ``failed`` are labels added by the

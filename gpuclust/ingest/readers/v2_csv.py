@@ -25,7 +25,7 @@ How a file is read
   incomplete last line is not (its last field could be cut short and still parse), then
   :class:`~gpuclust.ingest.base.SourceError` is raised with the line number of the cut.
 
-See ``docs/formats-v2-kaggle.md`` for the field-by-field mapping.
+See ``docs/user/formats-v2-kaggle.md`` for the field-by-field mapping.
 """
 
 from __future__ import annotations
