@@ -94,9 +94,11 @@ class PartedTable:
 
 
 def relocated(results: dict[str, dict[str, Any]], old: str | Path, new: str | Path) -> dict[str, dict[str, Any]]:
-    """Run results whose parted tables were written under the folder ``old``, now renamed to ``new``."""
+    """Run results whose parted tables (and tables written by dask workers,
+    :class:`gpuclust.report.writer.WrittenTable`) were written under the folder ``old``, now
+    renamed to ``new``."""
     return {
-        key: {t: v.relocated(old, new) if isinstance(v, PartedTable) else v for t, v in tables.items()}
+        key: {t: v.relocated(old, new) if hasattr(v, "relocated") else v for t, v in tables.items()}
         for key, tables in results.items()
     }
 

@@ -63,7 +63,11 @@ def analyze(
         row groups and compressed bytes read.
     tables
         The kind of the returned tables, as :func:`run` (``"native"``: as the analyses built
-        them; the command line asks for that, as it does not use them).
+        them; the command line asks for that, as it does not use them).  With ``out`` on a
+        distributed scheduler (``"local:N"``, ``"cuda"``, an address, a client), ``"native"``
+        has the workers that finalize the analyses write their tables into ``out`` and returns
+        handles on the files (:class:`gpuclust.report.writer.WrittenTable`; a parted table's
+        :class:`gpuclust.parted.PartedTable`), so the client never holds the result rows.
     cells
         ``"a,b"``, a list of cells or ``"all"``: ``dataset`` is a folder holding one dataset per
         cell and the results are keyed by cell (:func:`gpuclust.engine.cells.analyze_cells`).
@@ -118,6 +122,14 @@ def analyze(
         folder_tmp = folder.tmp
     try:
         limit = _memory.parse_size(memory_limit) or _memory.default_limit()
+        # a caller who takes the tables as finalized (the command line) gets, on a distributed
+        # scheduler, handles on the files the workers wrote (gpuclust.report.writer): the client
+        # never holds the result rows
+        writer = None
+        if folder is not None and tables == "native":
+            writer = folder.writer(
+                plots=plots, run_info=plan.info(), selection=_plot_selection(src, plan.analyses) if plots else None
+            )
         res = run(
             src,
             plan.analyses,
@@ -129,6 +141,7 @@ def analyze(
             memory_limit=limit,
             parts_dir=None if folder is None else folder.tmp,
             tables="native",
+            writer=writer,
         )
         if folder is not None:
             folder.write(
@@ -142,6 +155,7 @@ def analyze(
                     memory_limit=limit,
                     **_selection.run_info(src),
                 ),
+                rendered=None if writer is None else writer.rendered,
             )
             final = folder.commit()
             res = relocated(res, folder_tmp, final)
@@ -151,3 +165,16 @@ def analyze(
         if folder is not None:
             folder.abort()
     return convert(res, tables)
+
+
+def _plot_selection(src, analyses):
+    """A time selection as ``_run.json`` records it, for what an empty plot says (see
+    :func:`gpuclust.report.sections.empty_reason`) where the workers plot: the selection and the
+    span of each table the analyses stream (known before the run, unlike its read statistics);
+    ``None`` without a selection."""
+    from gpuclust.engine import selection as _selection
+
+    if not isinstance(src, _selection.SelectedSource):
+        return None
+    spans = {t: _selection.data_span(src.inner, t) for t in sorted({a.table for a in analyses})}
+    return {**src.selection.to_json(), "data_span_us": spans}

@@ -144,6 +144,9 @@ def compute_merged(
     split_every: int = 8,
     on_done: Any = None,
     spills: list[Any] | None = None,
+    finalize: list[bool] | None = None,
+    keys: list[str] | None = None,
+    writer: Any = None,
 ) -> list[Any]:
     """Build one merge tree per table and compute all of them in one ``dask.compute`` call.
 
@@ -151,8 +154,18 @@ def compute_merged(
     schedulers (threads, sync), after the compute on distributed ones (the tasks run in other
     processes).  ``spills``: per analysis, where a parted analysis' partition tasks spill
     (:func:`gpuclust.engine.tasks.partition_partials`).
+
+    ``finalize``: per analysis, whether its tree's last task finalizes it on the worker that
+    merges the root (:func:`gpuclust.engine.finish.finalize_root`: the root's merge followed by
+    ``finalize``; a distributed scheduler's run, so that the client receives result tables, not
+    the merged partials); it comes back as a :class:`gpuclust.engine.finish.Finalized`.
+    ``keys``: the analyses' result keys; ``writer``: called there on each finalized result,
+    ``writer(key, analysis, tables) -> (tables, note)`` (:class:`gpuclust.report.writer.AnalysisWriter`:
+    the tables written into the results folder, handles on the files returned).
     """
     import dask
+
+    from gpuclust.engine.finish import finalize_root
 
     if split_every < 2:
         raise ValueError("split_every must be >= 2")
@@ -170,11 +183,15 @@ def compute_merged(
         task_spec.update((d.key, spec) for d, spec in zip(level, specs, strict=True))
         if not level:
             level = [dask.delayed([a.empty() for a in sub], traverse=False)]
-        while len(level) > 1:
+        fin = [bool(finalize[k]) for k in idx] if finalize else []
+        while len(level) > (split_every if any(fin) else 1):  # the same groups as without the finalize
             level = [
                 dask.delayed(merge_lists, pure=True)(sub_d, *level[i : i + split_every])
                 for i in range(0, len(level), split_every)
             ]
+        if any(fin):  # the root's merge and the finalize: one task
+            sub_keys = [keys[k] if keys else str(k) for k in idx]
+            level = [dask.delayed(finalize_root, pure=False)(sub_d, ctx_d, fin, sub_keys, writer, *level)]
         roots.append(level[0])
         order.append(idx)
     with open_scheduler(scheduler, backend_name) as kw:

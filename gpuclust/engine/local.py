@@ -25,6 +25,7 @@ from gpuclust.engine import reading as _reading
 from gpuclust.engine import selection as _selection
 from gpuclust.engine import shards as _shards
 from gpuclust.engine.contexts import contexts, per_partition, resolve_analyses, result_keys, unbound
+from gpuclust.engine.finish import received
 from gpuclust.engine.planning import auto_rows_of, plan_tables
 from gpuclust.engine.progress import PassProgress
 from gpuclust.engine.tasks import MergeTree, merge_lists, partition_columns, partition_partials
@@ -77,6 +78,7 @@ def run(
     time_to: Any = None,
     parts_dir: str | Path | None = None,
     tables: str = "pandas",
+    writer: Any = None,
 ) -> dict[str, dict[str, Any]]:
     """Run analyses over a dataset or in-memory tables.
 
@@ -130,6 +132,13 @@ def run(
     tables
         ``"pandas"``: every result table a DataFrame; ``"arrow"``: a ``pyarrow.Table``;
         ``"native"``: as each analysis' ``finalize`` built it (see :mod:`gpuclust.tables`).
+    writer
+        On a distributed scheduler (``"local:N"``, ``"cuda"``, an address or a client), where
+        each analysis is finalized on a worker: ``writer(key, analysis, tables) -> (tables,
+        note)`` is called there on its result, and the client gets those tables
+        (:class:`gpuclust.report.writer.AnalysisWriter`: the tables written into a results
+        folder, handles on the files returned; ``writer.keep(key, note)`` on the client).
+        Ignored on the other schedulers.
 
     Returns
     -------
@@ -194,6 +203,7 @@ def run(
                     rows=lambda pre, s: auto_rows_of(pre, limit, in_flight, s),
                     folders=folders,
                     limit=limit,
+                    writer=writer,
                 )
         if folders.own:  # no parts_dir: parted tables come back as DataFrames
             res = {
@@ -219,11 +229,13 @@ def _run(
     rows: Any = None,
     folders: _shards.SpillFolders | None = None,
     limit: int | None = None,
+    writer: Any = None,
 ) -> dict[str, dict[str, Any]]:
     """:func:`run` with the scheduler open (``None``: local): prerequisite passes (recursively,
     with the same settings and selection), contexts, partials (parted analyses spill to
-    ``folders``), merges, shards, finalize.  A prerequisite pass runs with ``folders=None``: in
-    memory, as its results feed a context."""
+    ``folders``), merges, shards, finalize (on a distributed scheduler, of the analyses not
+    spilled: on the workers, by each tree's last task, with ``writer``).  A prerequisite pass
+    runs with ``folders=None``: in memory, as its results feed a context."""
 
     def run_pass(pre: list[Analysis]) -> dict[str, dict[str, Any]]:
         _, pre = _selection.attach(src, pre)  # the run's selection applies to its passes too
@@ -315,6 +327,10 @@ def _run(
             split_every,
             on_done=None if progress is None else (lambda sp: progress.partition_done(sp.table, sp.num_rows)),
             spills=spills,
+            # a distributed scheduler's client receives result tables (see gpuclust.engine.finish)
+            finalize=[not isinstance(scheduler, str) and s is None for s in spills],
+            keys=result_keys(ans),
+            writer=writer,
         )
     if scheduler is None:
 
@@ -336,6 +352,7 @@ def _run(
         run_tasks=run_tasks,
         spills=spills,
         threads=client,
+        writer=writer,
     )
 
 
@@ -452,19 +469,25 @@ def finalize_all(
     run_tasks: Any = None,
     spills: Sequence[_shards.SpillTarget | None] | None = None,
     threads: int = 1,
+    writer: Any = None,
 ) -> dict[str, dict[str, Any]]:
     """``{result key: finalized tables}`` (see :func:`result_keys`); an analysis whose partials
     were spilled (``spills``) gets its shards reduced by ``run_tasks`` and its parted tables
     written under ``folders.root`` (:func:`gpuclust.engine.shards.finalize_parted`).  The others'
     ``finalize`` may use ``threads`` host threads (``client_threads``: the shards of an in-memory
-    parted finalize, :func:`gpuclust.parted.finalize_in_memory`)."""
+    parted finalize, :func:`gpuclust.parted.finalize_in_memory`); one finalized on a worker
+    (:class:`gpuclust.engine.finish.Finalized`) is taken as it is (``writer``: told what its
+    worker wrote, see :func:`gpuclust.engine.finish.received`)."""
     keys = result_keys(ans)
     if progress is not None:
         progress.phase("finalize")
     out = {}
     for k, (key, a, p, ctx) in enumerate(zip(keys, ans, merged, ctxs, strict=False)):
         folder = spills[k] if spills else None
-        if folder is not None and folders is not None:
+        done = received(key, p, writer)
+        if done is not None:
+            out[key] = done
+        elif folder is not None and folders is not None:
             out[key] = _shards.finalize_parted(a, ctx, p, folders.root / key, folder, run_tasks, progress)
         else:
             with client_threads(threads):

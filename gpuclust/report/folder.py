@@ -23,9 +23,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from gpuclust.report.provenance import RUN_FILE
+
 __all__ = ["RUN_FILE", "OutputError", "ResultsFolder"]
 
-RUN_FILE = "_run.json"
 _TMP, _OLD = ".gpuclust-tmp-", ".gpuclust-old-"
 
 
@@ -38,6 +39,10 @@ class OutputError(Exception):
             reason = f"{reason.strerror or reason}{where}"
         super().__init__(f"cannot write results to {path}: {reason}")
         self.path = Path(path)
+        self.reason = str(reason)
+
+    def __reduce__(self) -> Any:  # from a dask worker that wrote results (see gpuclust.report.writer)
+        return (OutputError, (self.path, self.reason))
 
 
 def _alive(pid: int) -> bool:
@@ -48,6 +53,15 @@ def _alive(pid: int) -> bool:
     except (PermissionError, OSError):
         return True
     return True
+
+
+def _subject(plots: bool, run_info: dict[str, Any] | None) -> str | None:
+    """What plot titles name (the dataset, cell and trace; only with plots)."""
+    if plots and run_info and run_info.get("dataset"):
+        from gpuclust.report.provenance import manifest_facts, subject
+
+        return subject(run_info, manifest_facts(run_info["dataset"]))
+    return None
 
 
 class ResultsFolder:
@@ -113,26 +127,48 @@ class ResultsFolder:
 
     # ------------------------------------------------------------------------- writing
     def write(
-        self, results: Any, analyses: Any, *, plots: bool = True, run_info: dict[str, Any] | None = None
+        self,
+        results: Any,
+        analyses: Any,
+        *,
+        plots: bool = True,
+        run_info: dict[str, Any] | None = None,
+        rendered: Any = None,
     ) -> list[Path]:
-        """Write the results into the temporary folder (see :func:`gpuclust.report.render`); the
+        """Write the results into the temporary folder (see :func:`gpuclust.report.render`;
+        ``rendered``: the analyses whose files the dask workers wrote, see :meth:`writer`); the
         paths returned are where the files will be after :meth:`commit`."""
         from gpuclust.report import render, write_run_file
 
         assert self.tmp is not None, "open() first"
-        who = None
-        if plots and run_info and run_info.get("dataset"):  # plot titles name the dataset, cell and trace
-            from gpuclust.report.provenance import manifest_facts, subject
-
-            who = subject(run_info, manifest_facts(run_info["dataset"]))
         try:
             rel = render(
-                results, analyses, self.tmp, plots=plots, subject=who, selection=(run_info or {}).get("selection")
+                results,
+                analyses,
+                self.tmp,
+                plots=plots,
+                subject=_subject(plots, run_info),
+                selection=(run_info or {}).get("selection"),
+                rendered=rendered,
             )
             rel.append(write_run_file(self.tmp, rel, run_info or {}))
         except OSError as e:
             raise OutputError(self.path, e) from None
         return [self.path / r for r in rel]
+
+    def writer(
+        self, *, plots: bool = True, run_info: dict[str, Any] | None = None, selection: dict[str, Any] | None = None
+    ) -> Any:
+        """An :class:`gpuclust.report.writer.AnalysisWriter` into the temporary folder: for the
+        engine to write each analysis' tables where it finalizes them (a dask worker); pass its
+        ``rendered`` to :meth:`write`.  ``run_info``: as :meth:`write` gets it (what the plots'
+        titles name); ``selection``: the time selection, as ``_run.json`` records it."""
+        from gpuclust.report.writer import AnalysisWriter
+
+        assert self.tmp is not None, "open() first"
+        return AnalysisWriter(
+            self.tmp, out=self.path, plots=plots, subject=_subject(plots, run_info), selection=selection
+        )
 
     def commit(self) -> Path:
         """Swap the new folder in (the previous one, if any, is removed)."""

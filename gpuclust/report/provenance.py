@@ -19,6 +19,7 @@ from gpuclust.report.axes import trace_hours
 from gpuclust.schema import TIME_AFTER_TRACE, TRACE_OFFSET_US
 
 __all__ = [
+    "RUN_FILE",
     "code_commit",
     "dataset_facts",
     "device_text",
@@ -30,10 +31,13 @@ __all__ = [
 ]
 
 
+#: The run file of a results folder: what ran, on what, and the files written (see
+#: :func:`gpuclust.report.write_run_file`); its presence marks a folder as gpuclust results.
+RUN_FILE = "_run.json"
+
+
 def read_run_file(folder: str | Path) -> dict[str, Any] | None:
     """``_run.json`` of a results folder, or ``None`` when there is none (or it is unreadable)."""
-    from gpuclust.report.folder import RUN_FILE
-
     try:
         return dict(json.loads((Path(folder) / RUN_FILE).read_text()))
     except (OSError, ValueError):
