@@ -246,9 +246,20 @@ def test_docs_list_the_result_columns(synth_ds):
         "## Time buckets" in text["user/dataset.md"]
         and "## Result tables: names and missing values" in text["user/dataset.md"]
     )
-    for name in ("analyses/README.md", "analyses/overcommit.md", "analyses/usage-distribution.md", "analyses/cpi.md"):
+    for name in (
+        "analyses/README.md",
+        "analyses/cell-usage.md",
+        "analyses/overcommit.md",
+        "analyses/usage-distribution.md",
+        "analyses/cpi.md",
+    ):
         assert "dataset.md#time-buckets" in text[name], name
-    for name in ("analyses/README.md", "analyses/overcommit.md", "analyses/usage-distribution.md"):
+    for name in (
+        "analyses/README.md",
+        "analyses/cell-usage.md",
+        "analyses/overcommit.md",
+        "analyses/usage-distribution.md",
+    ):
         for old in ("`hour`", "`bucket_start_s`", "`machine`,", "`time`, `bucket_s`"):
             assert old not in text[name], (name, old)
     oc, cu, ud = Overcommit(bucket_s=W), CellUsage(), UsageDistribution(by="tier,time")
@@ -260,6 +271,6 @@ def test_docs_list_the_result_columns(synth_ds):
             if not per_tier.search(c):
                 assert f"`{c}`" in text["analyses/overcommit.md"], (table, c)
     for c in _pick(res, cu)["usage"].columns:
-        assert f"`{c}`" in text["analyses/README.md"], c
+        assert f"`{c}`" in text["analyses/cell-usage.md"], c
     for c in ud.key_columns():
         assert f"`{c}`" in text["analyses/usage-distribution.md"], c
