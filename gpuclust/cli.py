@@ -1,4 +1,5 @@
-"""The ``gpuclust`` command.  Each sub-command is registered by the module that implements it."""
+"""The ``gpuclust`` command.  Each sub-command is registered by the module that implements it; the
+exit statuses and fault text they share are :mod:`gpuclust.errors`."""
 
 from __future__ import annotations
 
@@ -6,12 +7,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-#: Exit statuses, one convention for every command (docs/analyses/README.md, "Exit codes"): 0 done;
-#: 1 ingest (or ``synth --dataset``) ran but an input failed, so the dataset is unfinished (its
-#: summary says which); 2 an expected fault, reported as one line on stderr naming the file or
-#: option and the reason: bad usage, a path that is missing or not what it should be, a damaged
-#: dataset file, an output that cannot be written.
-EXIT_OK, EXIT_UNFINISHED, EXIT_ERROR = 0, 1, 2
+from gpuclust.errors import EXIT_ERROR, expected_fault, fault_text
 
 #: sub-command -> (module, its register function); modules are imported only when needed
 COMMANDS = {
@@ -69,30 +65,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if program and rc == 0 and args.command in FAST_EXIT:
         _exit_now(rc)
     return rc
-
-
-def expected_fault(e: BaseException) -> bool:
-    """Whether ``e`` is a fault of the user's files or machine rather than of gpuclust: an
-    ``OSError`` (a path missing, not writable, a full disk) or a
-    :class:`gpuclust.dataset.DatasetError`."""
-    if isinstance(e, OSError):
-        return True
-    ds = sys.modules.get("gpuclust.dataset")
-    return ds is not None and isinstance(e, ds.DatasetError)
-
-
-def fault_text(e: BaseException) -> str:
-    """An expected fault as one line: an ``OSError`` as ``FILE: reason`` (``/x/out: Permission
-    denied``), anything else its message with the whitespace collapsed.
-
-    >>> fault_text(PermissionError(13, "Permission denied", "/x/out"))
-    '/x/out: Permission denied'
-    >>> fault_text(ValueError("bad\\n  value"))
-    'bad value'
-    """
-    if isinstance(e, OSError) and e.filename is not None and e.strerror:
-        return f"{e.filename}: {e.strerror}"
-    return " ".join(str(e).split()) or type(e).__name__
 
 
 def _exit_now(rc: int) -> None:

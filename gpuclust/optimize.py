@@ -451,7 +451,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """Run ``gpuclust optimize``; returns 0 (done or nothing to do) or 2 (an expected fault: not a
     dataset, a damaged part file, a bad option, an output or disk that cannot be written)."""
-    from gpuclust.cli import EXIT_ERROR, EXIT_OK, fault_text
+    from gpuclust.errors import EXIT_ERROR, EXIT_OK, fault_text
 
     try:
         rep = optimize(

@@ -153,18 +153,17 @@ def _summable(v: np.ndarray) -> np.ndarray:
 
 def _group_keyed(cat: dict[str, np.ndarray], maxima: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
     """Group concatenated keyed rows by key: float fields summed (NaN ignored), integers exactly,
-    ``maxima`` by maximum."""
-    from gpuclust.backends import get_backend
-
+    ``maxima`` by maximum (on the host, as the cpu backend's ``grouped_sum``: one ``bincount``)."""
     fsum = {k: v for k, v in cat.items() if k != "key" and k not in maxima and v.dtype.kind == "f"}
     isum = {k: v for k, v in cat.items() if k != "key" and k not in maxima and v.dtype.kind in "iu"}
     uniq, inv = np.unique(cat["key"], return_inverse=True)
     inv = inv.reshape(-1).astype(np.int64)
     n = uniq.shape[0]
-    ops = get_backend("cpu").ops
     out = {"key": uniq.astype(np.int64)}
     for k, v in fsum.items():
-        out[k] = ops.grouped_sum(inv, v, n_groups=n)
+        v = v.astype(np.float64, copy=False)
+        keep = ~np.isnan(v)
+        out[k] = np.bincount(inv[keep], weights=v[keep], minlength=n).astype(np.float64)
     for k, v in isum.items():
         acc = np.zeros(n, dtype=v.dtype)
         np.add.at(acc, inv, v)

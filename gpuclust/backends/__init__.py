@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from gpuclust._cache import PerArrayCache
+from gpuclust.errors import BackendUnavailable
 
 __all__ = [
     "BACKEND_NAMES",
@@ -76,10 +77,6 @@ class Ops:
 
 
 BACKEND_NAMES: tuple[str, ...] = ("cpu", "gpu", "auto")
-
-
-class BackendUnavailable(RuntimeError):
-    """The requested backend cannot run here (e.g. ``gpu`` without CuPy or a CUDA device)."""
 
 
 @dataclass(frozen=True)

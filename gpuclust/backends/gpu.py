@@ -91,7 +91,7 @@ def device_count() -> int:
 
 def require() -> Any:
     """Return the :mod:`cupy` module, or raise a clear error when the GPU backend cannot run."""
-    from gpuclust.backends import BackendUnavailable
+    from gpuclust.errors import BackendUnavailable
 
     dists = cupy_distributions()
     if len(dists) > 1:

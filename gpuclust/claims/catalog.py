@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from gpuclust.claims import Claim, DatasetFacts, Verdict
+from gpuclust.claims.model import Claim, DatasetFacts, Verdict
 
 __all__ = ["CLAIMS"]
 

@@ -73,8 +73,8 @@ def render(rows: list[dict[str, Any]]) -> str:
 def main(args: argparse.Namespace) -> int:
     from gpuclust._files import write_atomic
     from gpuclust.claims import DatasetFacts, evaluate
-    from gpuclust.cli import EXIT_ERROR
     from gpuclust.dataset import DatasetError
+    from gpuclust.errors import EXIT_ERROR
 
     try:
         facts = DatasetFacts.of(args.dataset)

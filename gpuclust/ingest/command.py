@@ -6,11 +6,8 @@ import argparse
 import sys
 from typing import Any
 
+from gpuclust.errors import EXIT_ERROR, fault_text
 from gpuclust.ingest.base import FORMATS
-
-#: 0 ok; 1 an input failed (the dataset is unfinished); 2 an expected fault (usage, paths, an
-#: unwritable dataset folder): the convention of every command (:data:`gpuclust.cli.EXIT_ERROR`)
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -103,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.chunk_mb < 1:
         print("gpuclust ingest: error: --chunk-mb must be >= 1", file=sys.stderr)
-        return EXIT_USAGE
+        return EXIT_ERROR
     try:
         report = ingest(
             args.sources,
@@ -125,11 +122,9 @@ def run(args: argparse.Namespace) -> int:
         )
     except (FileNotFoundError, DetectError, IngestUsageError) as e:
         print(f"gpuclust ingest: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
+        return EXIT_ERROR
     except OSError as e:  # e.g. the dataset folder cannot be written: as analyze / optimize --out
-        from gpuclust.cli import fault_text
-
         print(f"gpuclust ingest: error: {fault_text(e)}", file=sys.stderr)
-        return EXIT_USAGE
+        return EXIT_ERROR
     print(report.summary())
     return report.exit_status

@@ -15,7 +15,15 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from gpuclust.ingest.base import FORMATS, SourceFile
-from gpuclust.ingest.sniff import FORMAT_KIND, content_kind, describe, kind_from_name, mismatch, non_table_reason
+from gpuclust.ingest.sniff import (
+    FORMAT_KIND,
+    KAGGLE_HEADER,
+    content_kind,
+    describe,
+    kind_from_name,
+    mismatch,
+    non_table_reason,
+)
 
 GZIP_MAGIC = b"\x1f\x8b"
 PARQUET_MAGIC = b"PAR1"
@@ -27,8 +35,6 @@ V3_TABLES = ("instance_usage", "instance_events", "collection_events", "machine_
 V2_TABLES = ("task_usage", "task_events", "job_events", "machine_events", "machine_attributes", "task_constraints")
 #: The one "table" of the Kaggle layout.
 KAGGLE_TABLE = "borg_traces_data"
-#: The first columns of a Kaggle ``borg_traces_data.csv`` header (after an optional index column).
-KAGGLE_HEADER = ("time", "instance_events_type", "collection_id")
 
 FORMAT_TABLES: dict[str, tuple[str, ...]] = {
     "v3-json": V3_TABLES,

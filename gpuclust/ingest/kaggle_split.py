@@ -104,7 +104,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         counts = kaggle_split(args.file, args.out)
     except (OSError, ValueError, csv.Error) as e:
-        from gpuclust.cli import EXIT_ERROR, fault_text
+        from gpuclust.errors import EXIT_ERROR, fault_text
 
         print(f"gpuclust kaggle-split: error: {fault_text(e)}", file=sys.stderr)
         return EXIT_ERROR

@@ -80,9 +80,11 @@ def content_kind(head: bytes) -> str:
     return "text"
 
 
-def _csv_guess(head: bytes) -> str:
-    from gpuclust.ingest.detect import KAGGLE_HEADER
+#: The first columns of a Kaggle ``borg_traces_data.csv`` header (after an optional index column).
+KAGGLE_HEADER = ("time", "instance_events_type", "collection_id")
 
+
+def _csv_guess(head: bytes) -> str:
     first = head.lstrip(b"\xef\xbb\xbf").split(b"\n", 1)[0].decode("utf-8", "replace").strip()
     cells = [c.strip().strip('"') for c in first.split(",")]
     if any(tuple(cells[i : i + len(KAGGLE_HEADER)]) == KAGGLE_HEADER for i in (0, 1)):

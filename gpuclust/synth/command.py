@@ -41,8 +41,8 @@ def register(subparsers) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """Run ``gpuclust synth``: 0 done; 1 the ``--dataset`` ingest left an input failed; 2 an
     expected fault (a bad setting, an ``--out`` that is a file or cannot be written), one line."""
-    from gpuclust.cli import EXIT_ERROR, fault_text
     from gpuclust.dataset import DatasetError
+    from gpuclust.errors import EXIT_ERROR, fault_text
     from gpuclust.synth import SynthConfig, synthesize
 
     kw = {f.name: getattr(args, f.name) for f in dataclasses.fields(SynthConfig)}

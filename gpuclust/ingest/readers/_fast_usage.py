@@ -56,6 +56,7 @@ import numpy as np
 import pyarrow as pa
 
 from gpuclust.ingest import arrays
+from gpuclust.ingest.readers._pow10 import pow10_table
 
 __all__ = ["available", "compiled", "count_newlines", "parse", "parse_numbers", "preload", "ready", "wanted"]
 
@@ -225,33 +226,10 @@ def _key_table() -> tuple[np.ndarray, np.ndarray]:
     return keys, lens
 
 
-#: Decimal exponents covered by the Eisel-Lemire table.
-POW_MIN, POW_MAX = -342, 308
-
-
 def _make_tables() -> tuple[np.ndarray, ...]:
     keys, lens = _key_table()
     hi, lo = pow10_table()
     return keys, lens, hi, lo
-
-
-def pow10_table() -> tuple[np.ndarray, np.ndarray]:
-    """(hi, lo) 64-bit halves of the 128-bit mantissa of 10^q, rounded down and normalised so the
-    top bit is set, for q in POW_MIN..POW_MAX (exact integer arithmetic)."""
-    hi = np.zeros(POW_MAX - POW_MIN + 1, dtype=np.uint64)
-    lo = np.zeros_like(hi)
-    for q in range(POW_MIN, POW_MAX + 1):
-        if q >= 0:
-            v = 10**q
-            bl = v.bit_length()
-            m = v << (128 - bl) if bl <= 128 else v >> (bl - 128)
-        else:
-            d = 10**-q
-            m = (1 << (127 + d.bit_length())) // d
-        assert m >> 127 == 1
-        hi[q - POW_MIN] = m >> 64
-        lo[q - POW_MIN] = m & ((1 << 64) - 1)
-    return hi, lo
 
 
 def _load_extension() -> bool:

@@ -34,7 +34,7 @@
 #define HARD_RES 0
 #define HARD_FLT 1
 #define HARD_LIST 2
-/* Decimal exponents of the Eisel-Lemire table (_fast_usage.POW_MIN, POW_MAX). */
+/* Decimal exponents of the Eisel-Lemire table (_pow10.POW_MIN, POW_MAX). */
 #define POW_MIN (-342)
 #define POW_MAX 308
 

@@ -13,7 +13,7 @@ import math
 import numpy as np
 from numba import njit
 
-from gpuclust.ingest.readers._fast_usage import POW_MAX, POW_MIN
+from gpuclust.ingest.readers._pow10 import POW_MAX, POW_MIN
 
 _U0 = np.uint64(0)
 _U1 = np.uint64(1)
