@@ -147,9 +147,8 @@ def test_client_context_on_a_bucketed_source_holds_nothing_per_instance(tmp_path
 def test_finalize_memory_per_machine_bucket(tmp_path: Path) -> None:
     """Many machine-buckets (2,000 machines x 360 ten-second buckets): finalize writes the machine
     table as parts, a shard of 2^16 machine-buckets at a time, so its peak growth is a shard's
-    keyed partials and a chunk of rows, not the table (before issue 8's rewrite: ~1,030 bytes per
-    machine-bucket, of which ~615 temporaries; then 512 with the table gathered, see
-    docs/analyses/overcommit.md)."""
+    keyed partials and a chunk of rows, not the table (~420 bytes a row; docs/analyses/overcommit.md,
+    "Memory")."""
     windows, machines = 200_000, 2000
     make_dataset(tmp_path / f"w{windows}_m{machines}", windows, machines=machines, seed=2)
     out = subprocess.run(
