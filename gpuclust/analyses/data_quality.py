@@ -124,15 +124,10 @@ class DataQualityContext:
 class DataQuality(Analysis):
     """Rows, NULLs, codes, sentinels and consistency checks of every table of a dataset.
 
-    Parameters
-    ----------
-    short_window_s
-        Usage windows shorter than this many seconds are counted as short (the trace's windows
-        are nominally 300 s).
-    row_order
-        Also count the events whose time goes backwards in the dataset's row order
-        (``time_backwards``): the source's order on a dataset as ingested, none on a
-        ``gpuclust optimize``d one (each bucket is sorted by time), so off by default.
+    The trace's usage windows are nominally 300 s.  ``row_order`` counts the events whose time
+    goes backwards in the dataset's row order (``time_backwards``): the source's order on a dataset
+    as ingested, none on a ``gpuclust optimize``d one (each bucket is sorted by time), so it is off
+    by default.
 
     Examples
     --------
@@ -140,7 +135,7 @@ class DataQuality(Analysis):
     'data-quality[short_window_s=60]'
     """
 
-    short_window_s: int = option(300, "usage windows shorter than this many seconds are counted as short")
+    short_window_s: int = option(300, "usage windows shorter than this many seconds are counted as short", gt=0)
     row_order: bool = option(
         False, "also count events whose time goes backwards in the dataset's row order (layout-dependent)"
     )
@@ -154,10 +149,6 @@ class DataQuality(Analysis):
     row_bytes = 160
     auto_partition_rows = 1 << 20
     whole_instances: ClassVar[bool] = True
-
-    def __post_init__(self) -> None:
-        if int(self.short_window_s) <= 0:
-            raise ValueError(f"data-quality: short_window_s must be positive, got {self.short_window_s}")
 
     @property
     def columns(self) -> tuple[str, ...]:

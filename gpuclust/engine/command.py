@@ -18,6 +18,7 @@ __all__ = [
     "add_run_options",
     "analyze_errors",
     "build_analyses",
+    "flag_values",
     "main",
     "partitions_arg",
     "register",
@@ -117,8 +118,7 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     """The options of an analysis run (backend, scheduler, partitions, workers, memory, tier map,
     mode, time selection, ``-O``), declared once for every command that runs analyses
     (``analyze``, ``report``)."""
-    from gpuclust.analyses.options import CELL_USAGE_MODE as mode
-    from gpuclust.schema import TIER_MAPS
+    from gpuclust.analyses.options import FLAG_OPTIONS
 
     p.add_argument(
         "--backend",
@@ -156,18 +156,10 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
         help="memory budget of the run, e.g. 8GiB (default: 75%% of the machine's memory): sizes "
         "partitions and a local:N cluster's workers (docs/user/scale.md)",
     )
-    p.add_argument(
-        "--tier-map",
-        choices=sorted(TIER_MAPS),
-        default=None,
-        help="priority tier map, same as -O tier_map=NAME (default: the dataset manifest's)",
-    )
-    p.add_argument(
-        "--mode",
-        choices=mode.choices,
-        default=None,
-        help=f"cell-usage mode, same as -O mode=NAME (default {mode.default})",
-    )
+    for o in FLAG_OPTIONS:  # --tier-map, --mode: declared on the option they stand for
+        p.add_argument(
+            str(o.flag), dest=o.name, choices=o.choices, default=None, help=f"{o.help}; same as -O {o.name}=NAME"
+        )
     p.add_argument(
         "--from",
         dest="time_from",
@@ -190,10 +182,17 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def build_analyses(
-    names: list[str], raw_options: list[str], *, tier_map: str | None = None, mode: str | None = None
-) -> list[Any]:
-    """Create the named analyses with ``NAME=VALUE`` options parsed by each one's option fields.
+def flag_values(args: argparse.Namespace) -> dict[str, str | None]:
+    """The values of the flags that stand for options (``--tier-map``, ``--mode``), by option name."""
+    from gpuclust.analyses.options import FLAG_OPTIONS
+
+    return {o.name: getattr(args, o.name, None) for o in FLAG_OPTIONS}
+
+
+def build_analyses(names: list[str], raw_options: list[str], **flags: str | None) -> list[Any]:
+    """Create the named analyses with ``NAME=VALUE`` options parsed by each one's option fields;
+    ``flags`` (:func:`flag_values`: ``tier_map=``, ``mode=``) stand for ``NAME=VALUE`` where it is
+    not given.
 
     An option applies to every named analysis that declares it; one that none declares is an
     error.  Every error is a :class:`ValueError` with a one-line message.
@@ -207,10 +206,9 @@ def build_analyses(
         if not sep or not key.strip():
             raise ValueError(f"--option expects NAME=VALUE, got {item!r}")
         given[key.strip().replace("-", "_")] = val
-    if tier_map is not None:
-        given.setdefault("tier_map", tier_map)
-    if mode is not None:
-        given.setdefault("mode", mode)
+    for flag_name, flag_value in flags.items():
+        if flag_value is not None:
+            given.setdefault(flag_name, flag_value)
     used: set[str] = set()
     out = []
     for name in names:
@@ -252,7 +250,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"gpuclust analyze: {msg}", file=sys.stderr, flush=True)
 
     try:
-        analyses = build_analyses(list(dict.fromkeys(args.names)), args.option, tier_map=args.tier_map, mode=args.mode)
+        analyses = build_analyses(list(dict.fromkeys(args.names)), args.option, **flag_values(args))
         analyze(
             args.dataset,
             analyses,
