@@ -3,6 +3,12 @@
 The gpu case is skipped when CuPy or a CUDA device is missing, unless ``GPUCLUST_REQUIRE_GPU=1``,
 which turns a missing GPU into a failure (set it on GPU CI machines so GPU tests cannot silently
 skip).
+
+Hypothesis runs under one of three profiles, chosen by ``GPUCLUST_HYPOTHESIS_PROFILE`` (or
+pytest's ``--hypothesis-profile``), and printed in the pytest header: ``ci`` (the default, so
+the README's test command and CI use it), ``dev`` (the counts written at each test) and
+``thorough`` (five times those, for nightly or hand runs).  A test asks for its count through
+:func:`strategies.examples`, which scales it by the profile.
 """
 
 from __future__ import annotations
@@ -12,8 +18,29 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # for `import strategies`
+
+from strategies import EXAMPLES_AT, PROFILE_ENV  # noqa: E402 (needs the path above)
+
+#: Each profile's ``max_examples`` is its scale: :func:`strategies.examples` multiplies a test's
+#: own count by ``max_examples / EXAMPLES_AT`` (the ``dev`` profile's, which keeps every count).
+#: ``ci``: half of each count (at least 20, or the count itself when smaller), no deadline (a
+#: shared 2-core machine's timing is noise) and the failing example's blob printed, to replay it.
+settings.register_profile("ci", max_examples=EXAMPLES_AT // 2, deadline=None, print_blob=True)
+settings.register_profile("dev", max_examples=EXAMPLES_AT)
+settings.register_profile("thorough", max_examples=EXAMPLES_AT * 5, deadline=None, print_blob=True)
+settings.load_profile(os.environ.get(PROFILE_ENV, "ci"))
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    from strategies import examples
+
+    name = config.getoption("hypothesis_profile", None) or os.environ.get(PROFILE_ENV, "ci")
+    return (
+        f"hypothesis profile: {name} (ci, dev or thorough: {PROFILE_ENV}); a test's 100 examples run as {examples(100)}"
+    )
 
 
 def _require_gpu() -> bool:

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from hypothesis import settings
 from hypothesis import strategies as st
 
 from gpuclust.dataset import new_manifest, write_json_atomic
@@ -22,6 +23,21 @@ from gpuclust.schema import SCHEMAS, TABLES, TIME_AFTER_TRACE
 
 HOUR = 3_600_000_000
 BIG_IDS = [1, 2, 3, 2**32 + 7, 2**53 + 1, 2**62 + 12345, 2**63 - 2]
+
+#: The environment variable that names the Hypothesis profile (``ci``, ``dev`` or ``thorough``;
+#: tests/conftest.py registers them and loads ``ci`` when it is unset).
+PROFILE_ENV = "GPUCLUST_HYPOTHESIS_PROFILE"
+#: The ``max_examples`` of the profile under which a test runs the count written at it (``dev``).
+EXAMPLES_AT = 100
+#: The fewest examples :func:`examples` scales a count down to (a smaller count stays as written).
+MIN_EXAMPLES = 20
+
+
+def examples(n: int) -> int:
+    """A test's ``n`` examples under the loaded Hypothesis profile: scaled by the profile's
+    ``max_examples`` over :data:`EXAMPLES_AT` (``dev``: ``n``; ``ci``: fewer, but never fewer
+    than :data:`MIN_EXAMPLES` or ``n``; ``thorough``: more).  Write ``@settings(max_examples=examples(n))``."""
+    return max(round(n * settings.default.max_examples / EXAMPLES_AT), min(n, MIN_EXAMPLES))
 
 
 def table(name: str, cols: dict[str, Any]) -> pa.Table:

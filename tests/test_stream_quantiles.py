@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from strategies import examples
 
 from gpuclust import stream_quantiles as sq_mod
 from gpuclust.stream_quantiles import stream_quantiles
@@ -59,7 +60,7 @@ def test_doctests():
     assert doctest.testmod(sq_mod, optionflags=doctest.ELLIPSIS).failed == 0
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     x=st.lists(
         st.one_of(st.sampled_from(SPECIAL), st.floats(allow_nan=False), st.integers(-3, 3).map(float)),
@@ -158,7 +159,7 @@ def test_big_tie_resolved_without_fixing_all_bits():
     assert b.calls == 2  # histogram; then 0.0's bin is seen to hold one value, the others are collected
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     values=st.lists(st.floats(-1e12, 1e12, allow_nan=False, allow_subnormal=False), min_size=1, max_size=60),
     qs=st.lists(st.one_of(st.floats(0, 1), st.sampled_from([0.0, 0.5, 0.9, 0.99, 0.999, 1.0])), min_size=1, max_size=6),
@@ -180,7 +181,7 @@ def test_sorted_quantiles_refuse_no_values():
         sorted_quantiles(np.zeros(0), [0.5])
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(
     xs=st.lists(
         st.lists(st.one_of(st.sampled_from(SPECIAL), st.floats(allow_nan=False)), max_size=40), min_size=1, max_size=4
@@ -225,7 +226,7 @@ def test_many_streams_check_their_batches():
         stream_quantiles_many(lambda: iter([(np.array([1.0]), np.array([np.nan]))]), 2, [0.5])
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     values=st.lists(
         st.one_of(st.sampled_from(SPECIAL[2:]), st.floats(-1e6, 1e6, allow_nan=False)), min_size=1, max_size=300
@@ -264,7 +265,7 @@ def test_backend_quantiles_refuse_nan_and_nothing():
         backend_quantiles(DEVICE, lambda: iter([]), [0.5])
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(
     streams=st.lists(
         st.lists(st.one_of(st.sampled_from(SPECIAL[2:]), st.floats(-1e6, 1e6, allow_nan=False)), max_size=120),

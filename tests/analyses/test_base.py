@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from strategies import examples
 
 from gpuclust.analyses.base import to_host
 from gpuclust.backends import get_backend
@@ -78,7 +79,7 @@ def _partial(rows, shuffle_seed):
     return {"key": df["key"].to_numpy(np.int64), "v": df["v"].to_numpy(np.float64), "n": df["n"].to_numpy(np.int64)}
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(_rows, _rows, st.one_of(st.none(), st.integers(0, 9)), st.one_of(st.none(), st.integers(0, 9)))
 def test_merge_keyed_matches_pandas(ra, rb, sa, sb):
     """Sorted partials take the insert path, shuffled ones the grouping path: both agree with a
@@ -95,7 +96,7 @@ def test_merge_keyed_matches_pandas(ra, rb, sa, sb):
     assert got["n"].tolist() == want["n"].tolist() and got["n"].dtype == np.int64
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(_rows, _rows, st.one_of(st.none(), st.integers(0, 9)), st.one_of(st.none(), st.integers(0, 9)))
 def test_merge_keyed_maxima_match_pandas(ra, rb, sa, sb):
     """A field named in ``maxima`` merges by maximum on both paths (insert and grouping); the
@@ -115,7 +116,7 @@ def test_stage_is_identity_on_cpu():
     assert get_backend("cpu").stage(a) is a
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(
     st.lists(st.integers(-(2**63) + 1, 2**63 - 1), unique=True, max_size=30),
     st.lists(st.integers(-50, 50), max_size=30),
@@ -156,7 +157,7 @@ def test_grouping_buckets_and_by_lists():
     assert group_key(np, [], 2).tolist() == [0, 0] and group_key(np, comps[:1], 3).tolist() == [1, 1, 2]
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(
     _rows,
     st.lists(st.one_of(st.floats(-1e3, 1e3), st.just(float("nan"))), min_size=30, max_size=30),
@@ -201,7 +202,7 @@ def _merge_by_insertion(a, b, maxima=()):
 _values = st.one_of(st.floats(-1e3, 1e3), st.just(float("nan")), st.just(float("inf")), st.just(-float("inf")))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     st.lists(st.integers(-20, 60), unique=True, min_size=1, max_size=30),
     st.lists(st.integers(-20, 60), unique=True, min_size=1, max_size=30),

@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from strategies import cell
+from strategies import cell, examples
 
 from gpuclust.analyses import REGISTRY, create
 from gpuclust.analyses.base import to_host
@@ -44,7 +44,9 @@ def instances():
 
 INSTANCES = instances()
 SETTINGS = settings(
-    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+    max_examples=examples(12),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 
 
@@ -175,7 +177,9 @@ def _leaves(obj):
 
 
 @settings(
-    max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+    max_examples=examples(4),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(tables=cell(), gpu=st.booleans())
 def test_device_partial_finalizes_where_it_is(analysis, tables, gpu, monkeypatch):
@@ -200,7 +204,9 @@ def test_device_partial_finalizes_where_it_is(analysis, tables, gpu, monkeypatch
 
 
 @settings(
-    max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+    max_examples=examples(4),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(tables=cell())
 def test_finalize_on_the_device_shaped_backend(analysis, tables, monkeypatch):

@@ -12,7 +12,7 @@ import pytest
 import scipy.stats
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from strategies import cell, table
+from strategies import cell, examples, table
 
 import gpuclust.engine as engine
 from gpuclust.analyses import create
@@ -481,7 +481,7 @@ VARIANTS = [Cpi(by=b) for b in BY] + [
 ]
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(tables=cpi_cell(), data=st.data())
 def test_merge_laws_with_cpi(tables, data):
     from gpuclust.backends import get_backend

@@ -15,7 +15,7 @@ import pytest
 from data_quality_reference import reference
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from strategies import assert_results_same, cell, random_cell, table, write_dataset
+from strategies import assert_results_same, cell, examples, random_cell, table, write_dataset
 
 from gpuclust.analyses.data_quality import RATIO_EDGES, DataQuality
 from gpuclust.dataset import Dataset
@@ -97,7 +97,7 @@ def quality_cell(draw) -> dict:
     }
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(tables=quality_cell(), short=st.sampled_from([300, 60]), row_order=st.booleans())
 def test_matches_the_reference(tables, short, row_order):
     res = run(TableSource(tables), DataQuality(short_window_s=short, row_order=row_order))["data-quality"]

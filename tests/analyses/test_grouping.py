@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from strategies import examples
 
 from gpuclust.analyses.grouping import FloatBins, bucket_pieces, instance_order, segmented_last
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(flags=st.lists(st.booleans(), max_size=60), cuts=st.sets(st.integers(1, 59), max_size=8))
 def test_segmented_last_is_the_last_flag_of_the_run(backend, flags, cuts):
     xp = backend.xp
@@ -26,7 +27,7 @@ def test_segmented_last_is_the_last_flag_of_the_run(backend, flags, cuts):
     assert backend.to_host(got).tolist() == want
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     wins=st.lists(st.tuples(st.integers(0, 10_000), st.integers(1, 2_500)), max_size=30),
     width=st.sampled_from([1, 7, 100, 300]),
@@ -46,7 +47,7 @@ def test_bucket_pieces_cover_each_window_once(backend, wins, width):
     assert list(zip(row.tolist(), bucket.tolist(), overlap.tolist(), strict=True)) == want
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     rows=st.lists(
         st.tuples(st.sampled_from([0, 7, -3, 2**62, -(2**62), 41]), st.integers(-2, 4), st.integers(0, 6)), max_size=40
@@ -70,7 +71,7 @@ def test_instance_order_is_the_stable_three_key_sort(backend, rows, time_sorted,
     assert backend.to_host(got).tolist() == want
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(keys=st.lists(st.integers(0, 2**40), max_size=50), span_bits=st.integers(1, 63))
 def test_packed_order_is_the_stable_argsort_or_declines(backend, keys, span_bits):
     """``packed_order`` is NumPy's stable argsort wherever ``key << bits | row`` fits in 63 bits,
@@ -87,7 +88,7 @@ def test_packed_order_is_the_stable_argsort_or_declines(backend, keys, span_bits
         assert backend.to_host(got).tolist() == np.argsort(key, kind="stable").tolist()
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     hashes=st.lists(
         st.one_of(
@@ -107,7 +108,7 @@ def test_hash_order_sorts_hashes_sharing_their_top_bits(hashes):
     assert h[got].tolist() == sorted(hashes)
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     values=st.lists(
         st.one_of(
@@ -152,7 +153,7 @@ def test_log_bins_equal_the_binary_search_on_the_ratio_edges(backend):
         assert np.array_equal(got, np.searchsorted(edges, v, side="right"))
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.lists(st.floats(allow_nan=False, width=64), min_size=1, max_size=200), st.integers(0, 10**6))
 def test_float_bins_equal_a_binary_search(xs: list[float], seed: int) -> None:
     """FloatBins against searchsorted, at random values and at, just below and just above every edge."""

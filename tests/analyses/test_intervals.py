@@ -17,12 +17,13 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from strategies import examples
 
 from gpuclust.analyses._intervals import distinct_keyed, exact_prefix_sums, overlap_keyed, running_intervals
 from gpuclust.backends import get_backend
 
 CPU = get_backend("cpu")
-HYP = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+HYP = settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 S = 1_000_000
 
 MAGNITUDES = st.sampled_from([1e-12, 1e-3, 0.1, 1.0, 3.0, 1e6])

@@ -11,7 +11,7 @@ import pytest
 from generic_backend import CPU, GENERIC
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from strategies import random_cell, write_dataset
+from strategies import examples, random_cell, write_dataset
 
 import gpuclust.analyses._job_groups as jg
 from gpuclust.analyses import job_usage as ju
@@ -25,7 +25,7 @@ from gpuclust.tables import convert
 IDS = st.sampled_from([0, 1, 2, 3, -1, 2**40 + 1, 2**62 + 9, -(2**63), 2**63 - 1])
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(
     keys=st.lists(st.tuples(IDS, st.integers(-3, 3), IDS), max_size=40, unique=True),
     queries=st.lists(st.tuples(IDS, st.integers(-3, 3), IDS), max_size=60),
@@ -234,7 +234,7 @@ def test_no_events_at_all(tmp_path):
     assert len(res["jobs"]) > 0 and (res["jobs"]["tier"] == "unknown").all()
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(
     st.lists(
         st.tuples(

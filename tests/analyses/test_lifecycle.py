@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from lifecycle_reference import AFTER_TRACE, NAMES, bin_of, km_quantile, max_priorities, replay
 from lifecycle_reference import kaplan_meier as km_reference
-from strategies import HOUR, table, write_dataset
+from strategies import HOUR, examples, table, write_dataset
 
 from gpuclust.analyses.lifecycle import DELAY_EDGES_US, Lifecycle, delay_bins
 from gpuclust.dataset import Dataset
@@ -235,14 +235,14 @@ def check_survival(sv, ref: dict) -> None:
                     assert v == edges[b], (key, name, col, v, b)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(rows=event_rows())
 def test_matches_the_replay(rows):
     res = run(TableSource({"instance_events": events_table(rows)}), Lifecycle(tier_map="notebook"))["lifecycle"]
     check(res, rows)
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(15), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(rows=event_rows(max_instances=12), bucket_s=st.sampled_from([1, 300, 86_400]))
 def test_bucket_width(rows, bucket_s):
     res = run(TableSource({"instance_events": events_table(rows)}), Lifecycle(tier_map="notebook", bucket_s=bucket_s))[
@@ -431,7 +431,7 @@ def test_planted_life_cycles_of_a_synthetic_cell(tmp_path):
     )
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(rows=event_rows())
 def test_collection_lifecycle_matches_the_replay(rows):
     """The same replay per collection, from collection_events (no instance_index: one thing per
@@ -511,7 +511,7 @@ def test_planted_scheduling_delays_of_a_synthetic_cell(tmp_path):
 # ---------------------------------------------------------------- the cpu backend's fast path
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=examples(50), deadline=None)
 @given(st.lists(st.integers(-(2**63), 2**63 - 1), max_size=200), st.integers(0, 10**6))
 def test_delay_bins_is_a_binary_search(ds, seed):
     rng = np.random.default_rng(seed)
@@ -535,7 +535,7 @@ def _same(a: dict, b: dict) -> None:
         assert a[k].equals(b[k]), k
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(rows=event_rows())
 def test_lifecycle_cpu_path_is_the_generic_path(rows):
     """lifecycle's per-instance top priority by ``maximum.reduceat`` (cpu) and by a sort (generic):
@@ -556,7 +556,7 @@ def test_lifecycle_without_events_of_a_known_type():
     assert int(res["info"]["rows"].iloc[0]) == 0
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(rows=event_rows(), split=st.sampled_from([1, 2, 7]))
 def test_replay_in_two_halves_is_the_replay(rows, split):
     """The cpu path replays a partition of at least ``SPLIT_ROWS`` rows as two halves by instance
@@ -689,7 +689,7 @@ def test_collection_priority_from_instance_events():
     )
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(20), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(rows=event_rows(), tasks=event_rows(max_instances=6, max_events=3))
 def test_collection_priority_matches_the_replay(rows, tasks):
     from gpuclust.analyses.lifecycle import CollectionLifecycle

@@ -14,7 +14,7 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
-from strategies import assert_results_same, cell, random_cell, table, write_dataset
+from strategies import assert_results_same, cell, examples, random_cell, table, write_dataset
 
 import gpuclust.analyses._machine_sums as machine_sums
 from gpuclust.analyses.machine_utilization import QUANTILES, MachineHash, MachineUtilization
@@ -162,7 +162,7 @@ def run_both(tables: dict) -> None:
     check(res["machine-utilization"], *time_weighted_reference(tables), capped=False)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(tables=cell(max_windows=40))
 def test_matches_the_references(tables):
     run_both(tables)

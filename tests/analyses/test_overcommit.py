@@ -19,7 +19,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from strategies import BIG_IDS, cell, random_cell, table, write_dataset
+from strategies import BIG_IDS, cell, examples, random_cell, table, write_dataset
 
 from gpuclust.analyses import create
 from gpuclust.analyses.base import to_host
@@ -420,7 +420,7 @@ def lifecycle_cell(draw):
     }
 
 
-HYP = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+HYP = settings(max_examples=examples(30), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @HYP
@@ -430,7 +430,7 @@ def test_matches_replay_and_sql(tables, bucket_s):
     check_against_reference(tables, _run(tables, a), a)
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(10), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(tables=cell())
 def test_matches_replay_on_shared_strategy(tables):
     """The conformance strategy's cells (times up to 800 h, ids above 2^53, alloc rows)."""

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from strategies import assert_results_same, table, write_dataset
+from strategies import assert_results_same, examples, table, write_dataset
 
 from gpuclust.analyses import _peak_sim
 from gpuclust.analyses import peak_prediction as pp_mod
@@ -169,7 +169,7 @@ def check(res: dict, tables: dict, opts: dict) -> None:
                 assert r[col] == pytest.approx(val, rel=1e-9, abs=1e-12), (p, col)
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(20), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10**6), variant=st.sampled_from(["small", "small-uncapped", "small-p", "avg_mem"]))
 def test_matches_the_reference(seed, variant):
     tables = cell(seed)

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from strategies import cell, random_cell, write_dataset
+from strategies import cell, examples, random_cell, write_dataset
 
 from gpuclust.analyses import CellUsage, MachineShapes
 from gpuclust.dataset import Dataset
@@ -176,7 +176,9 @@ def test_other_tier_maps_match_duckdb(tmp_path, tm):
 
 
 @settings(
-    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+    max_examples=examples(30),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(tables=cell())
 def test_hypothesis_cells_match_duckdb(tmp_path_factory, tables):
@@ -269,7 +271,7 @@ def test_all_null_group_is_unknown_not_zero(tmp_path):
     _check(ds)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     pairs=st.lists(
         st.tuples(

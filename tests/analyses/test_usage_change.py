@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from strategies import assert_results_same, cell, random_cell, table, write_dataset
+from strategies import assert_results_same, cell, examples, random_cell, table, write_dataset
 from usage_change_reference import THRESHOLDS, describe, pairs, period_pairs, period_usage, tiers_of
 
 from gpuclust.analyses.usage_change import RATIO_EDGES, UsageChange
@@ -70,7 +70,7 @@ def check(res: dict, tables: dict, max_gap_s: int = 0, tm_name: str = "notebook"
     assert hist == want_hist
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(tables=cell(max_windows=60), gap=st.sampled_from([0, 300, 10**6]))
 def test_matches_the_reference(tables, gap):
     res = run(TableSource(tables), UsageChange(level="instance", tier_map="notebook", max_gap_s=gap))["usage-change"]
@@ -264,7 +264,7 @@ def test_cluster_level_matches_duckdb(seed):
     assert res["info"].iloc[0]["level"] == "cluster" and set(res["summary"]["tier"]) == {"all"}
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(30), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(tables=cell(max_windows=40), level=st.sampled_from(["cluster", "machine"]))
 def test_cluster_and_machine_levels_match_the_replay(tables, level):
     """Hypothesis cells (NULL and zero usage, after-trace ends, NULL machines): the window-by-window

@@ -14,7 +14,7 @@ import pytest
 from generic_backend import CPU, GENERIC
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from strategies import assert_results_same, table, write_dataset
+from strategies import assert_results_same, examples, table, write_dataset
 from usage_change_reference import tiers_of
 
 from gpuclust.analyses._lookup import InstanceLookup, triple_hash
@@ -132,7 +132,7 @@ def check(res: dict, tables: dict) -> None:
     assert hist == dict(want_hist)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10**6))
 def test_matches_the_reference(seed):
     tables = cell(seed)
@@ -268,7 +268,7 @@ class _Side:
         yield self.t.select(list(columns))
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(30), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10**6))
 def test_asof_join_matches_a_loop(seed):
     """The as-of join against a loop over each instance's events, with long runs of events (the
@@ -386,7 +386,7 @@ def test_small_blocks_agree(monkeypatch):
         assert got[k].equals(want[k]), k
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(n=st.integers(0, 300), kinds=st.integers(1, 6), times=st.integers(1, 8), seed=st.integers(0, 10**6))
 def test_timeline_order_is_lexsort(n, kinds, times, seed):
     """The request timeline's event order (one sort of dense ranks) is ``lexsort((time, key))``:
@@ -436,7 +436,7 @@ SPECIAL = np.array(
 )
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=examples(50), deadline=None)
 @given(st.lists(st.floats(allow_nan=False, width=64), max_size=200), st.integers(0, 10**6))
 def test_refined_bins_is_a_binary_search(xs, seed):
     """The ratio's refined bin (bin of RATIO_EDGES + [r > 0.5] + [r > 1]) from the cell table, at
@@ -458,7 +458,7 @@ def test_refined_bins_is_a_binary_search(xs, seed):
     assert (np.searchsorted(_REFINED, r, side="right") == want).all()
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(n=st.integers(0, 300), q=st.integers(1, 400), seed=st.integers(0, 10**6))
 def test_slot_table_finds_every_key(n, q, seed):
     """Keys (some sharing collection, instance or machine, so home slots collide and runs form) and
@@ -509,7 +509,7 @@ def _same(a: dict, b: dict) -> None:
         assert a[k].equals(b[k]), k
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10**6), block=st.sampled_from([None, 1, 7, 64]))
 def test_usage_vs_request_slot_path_is_the_generic_path(seed, block):
     """The slot table's join (cpu) and the records' join (generic) give bit-identical tables, in

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from strategies import table, write_dataset
+from strategies import examples, table, write_dataset
 
 from gpuclust.analyses.usage_change import RATIO_EDGES
 from gpuclust.analyses.usage_vs_request import UsageVsRequest
@@ -282,7 +282,7 @@ def check(res: dict[str, Any], tasks: dict[tuple[int, int], dict[str, Any]]) -> 
     assert int(res["info"]["tasks"].iloc[0]) == len(tasks)
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(20), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10**6), tm_name=st.sampled_from(["notebook", "v3-doc"]))
 def test_matches_the_python_replay(seed, tm_name):
     """Every count, bin and quantile bin of both tables exact, means to 1e-9, on random cells

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from strategies import random_cell
+from strategies import examples, random_cell
 
 from gpuclust.backends import get_backend
 from gpuclust.engine.partition import TableSource, column_to_numpy, plan_partitions
@@ -19,7 +19,7 @@ from gpuclust.engine.staging import fill_nulls, load_partitions
 CPU = get_backend("cpu")
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(valid=st.lists(st.booleans(), min_size=1, max_size=70), start=st.integers(0, 20), data=st.data())
 def test_fill_nulls_matches_column_to_numpy(valid, start, data):
     n = len(valid)
@@ -42,7 +42,7 @@ def _sliced_chunks(col: pa.ChunkedArray, rng: np.random.Generator) -> pa.Chunked
     return pa.chunked_array([a.slice(lo, hi - lo) for lo, hi in zip(cuts, cuts[1:], strict=False)], a.type)
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(10), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10**6))
 def test_loaded_columns_equal_column_to_numpy(seed):
     rng = np.random.default_rng(seed)

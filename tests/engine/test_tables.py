@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from strategies import random_cell, write_dataset
+from strategies import examples, random_cell, write_dataset
 
 from gpuclust import arrow_numpy
 from gpuclust.analyses import create
@@ -72,7 +72,7 @@ def test_an_unknown_kind_is_refused_before_anything_runs(dataset: Dataset) -> No
 _NUMBER_TYPES = [pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint32(), pa.float32(), pa.float64()]
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(data=st.data(), t=st.sampled_from(_NUMBER_TYPES))
 def test_to_numpy_matches_pyarrows_conversion(data: st.DataObject, t: pa.DataType) -> None:
     info = np.iinfo(t.to_pandas_dtype()) if pa.types.is_integer(t) else None
@@ -104,7 +104,7 @@ def test_to_numpy_matches_pyarrows_conversion(data: st.DataObject, t: pa.DataTyp
             assert not arrow_numpy.to_numpy(chunk).flags.writeable
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(data=st.data(), names=st.lists(st.text(max_size=6), min_size=1, max_size=5))
 def test_labels_equal_a_string_per_row(data: st.DataObject, names: list[str]) -> None:
     """The vectorised label column (job-usage's tier per collection) against pyarrow's array of the
@@ -114,7 +114,7 @@ def test_labels_equal_a_string_per_row(data: st.DataObject, names: list[str]) ->
     assert got.equals(pa.array([names[c] for c in codes], pa.string()))
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(
     rows=st.lists(
         st.fixed_dictionaries(
@@ -250,7 +250,7 @@ def test_a_run_never_imports_numpy_ma(dataset: Dataset, tmp_path: Path, name: st
         assert json.loads(p.stdout.strip().splitlines()[-1]) == {"rc": 0, "ma": False}, ds
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(hists=st.lists(st.lists(st.integers(0, 3), min_size=5, max_size=5), max_size=4), floats=st.booleans())
 def test_bin_table_is_the_table_of_bin_rows(hists, floats):
     """arrow_numpy.bin_table (columns) gives rows_table of partials.bin_rows (a dict a row, the way

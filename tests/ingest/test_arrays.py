@@ -12,6 +12,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from strategies import examples
 
 from gpuclust.ingest import arrays
 
@@ -20,7 +21,7 @@ from .conftest import records, write_json
 TYPES = [pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.float32(), pa.float64(), pa.bool_()]
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(data=st.data(), typ=st.sampled_from(TYPES), n=st.integers(0, 70), cut=st.integers(0, 9))
 def test_round_trip_matches_pyarrow(data: st.DataObject, typ: pa.DataType, n: int, cut: int) -> None:
     if pa.types.is_boolean(typ):

@@ -23,6 +23,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from strategies import examples
 
 from gpuclust.dataset import Dataset
 from gpuclust.ingest import ingest
@@ -406,7 +407,7 @@ def _vary(line: str, rng: random.Random) -> str:
     return "{" + ",".join(parts) + "}"
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     seed=st.integers(0, 10**6),
     n=st.integers(1, 80),

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from strategies import examples
 
 from gpuclust.ingest.readers._pylit import PyLitError, parse, parse_float_array, parse_resources
 
@@ -45,20 +46,20 @@ values = st.recursive(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(values)
 def test_roundtrip_python_repr(v: object) -> None:
     assert _same(parse(repr(v)), v)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.text(max_size=40))
 def test_roundtrip_strings_with_escapes(s: str) -> None:
     assert parse(repr(s)) == s
     assert parse(repr({s: [s]})) == {s: [s]}
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     st.dictionaries(st.sampled_from(["cpus", "memory"]), st.one_of(st.none(), st.floats(0, 1e6), st.integers(0, 10**6)))
 )
@@ -71,7 +72,7 @@ def test_resources_dict(d: dict) -> None:
 floats64 = st.floats(allow_nan=True, allow_infinity=True, width=64)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(floats64, min_size=1, max_size=40))
 def test_roundtrip_numpy_array_default_print(xs: list[float]) -> None:
     arr = np.array(xs, dtype=np.float64)
@@ -82,7 +83,7 @@ def test_roundtrip_numpy_array_default_print(xs: list[float]) -> None:
     np.testing.assert_allclose(got, arr, rtol=1e-7, atol=1e-8, equal_nan=True)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(floats64, min_size=1, max_size=40))
 def test_roundtrip_numpy_array_exact(xs: list[float]) -> None:
     arr = np.array(xs, dtype=np.float64)
@@ -92,13 +93,13 @@ def test_roundtrip_numpy_array_exact(xs: list[float]) -> None:
     assert _same(got, [float(x) for x in arr])
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(st.lists(st.integers(-(2**62), 2**62), min_size=1, max_size=30))
 def test_roundtrip_numpy_int_array(xs: list[int]) -> None:
     assert parse(str(np.array(xs, dtype=np.int64))) == xs
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(st.lists(st.floats(0, 1, width=32), min_size=11, max_size=11))
 def test_float_array_length(xs: list[float]) -> None:
     text = str(np.array(xs, dtype=np.float32))
@@ -214,7 +215,7 @@ def _slow_array(text: str, n: int) -> tuple[float | None, ...] | None:
     return tuple(out)
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(st.text(alphabet="[] ,\n0123456789.e-+naif", max_size=30), st.integers(0, 4))
 def test_array_fast_path_agrees_with_full_parser(text: str, n: int) -> None:
     """The regex fast path of parse_float_array accepts exactly what the full parser accepts."""
@@ -229,7 +230,7 @@ def test_array_fast_path_agrees_with_full_parser(text: str, n: int) -> None:
     assert _same(got, want), (text, got, want)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.one_of(st.none(), st.floats(), st.integers(-5, 5)), st.one_of(st.none(), st.floats(), st.integers(-5, 5)))
 def test_resources_fast_path_agrees(cpus: object, mem: object) -> None:
     text = repr({"cpus": cpus, "memory": mem})

@@ -14,6 +14,7 @@ import pyarrow.compute as pc
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from strategies import examples
 
 from gpuclust.ingest.base import Chunk, ReadOptions, SourceError, SourceFile
 from gpuclust.ingest.readers.v2_csv import V2_FIELDS, V2_TO_CANONICAL, read
@@ -540,7 +541,7 @@ def test_every_canonical_table_written() -> None:
     assert set(V2_TO_CANONICAL.values()) == set(SCHEMAS)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     kinds=st.lists(
         st.sampled_from(["good", "good", "good", "short", "long", "empty", "badcode"]), min_size=1, max_size=40

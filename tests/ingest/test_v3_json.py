@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from strategies import examples
 
 from gpuclust.dataset import Dataset
 from gpuclust.ingest import ingest
@@ -199,7 +200,7 @@ _BAD_KINDS = [
 ]
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     plan=st.lists(
         st.tuples(st.sampled_from(["good", "bad", "blank"]), st.integers(0, len(_BAD_KINDS) - 1)),

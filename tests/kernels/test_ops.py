@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from strategies import examples
 
 from gpuclust.backends import cpu
 
@@ -50,7 +51,7 @@ def intervals(draw):
     return start, end, value, group, n_groups, n_buckets, origin, width
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(intervals())
 def test_bucket_overlap_twin_matches_slow_loop(args):
     start, end, value, group, n_groups, n_buckets, origin, width = args
@@ -62,7 +63,7 @@ def test_bucket_overlap_twin_matches_slow_loop(args):
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-9)
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(intervals(), st.integers(0, 3), st.data())
 def test_bucket_overlap_2d_values_are_independent_series(args, k, data):
     """A (k, n) value gives k series over the same intervals; a NaN drops the row from its own series only."""
@@ -94,7 +95,7 @@ def test_bucket_overlap_crossing_and_sentinels():
     np.testing.assert_allclose(out[0], [60 + 2 * 3600, 240 + 2 * 3600, 2 * 3600])
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(
     st.lists(st.tuples(st.integers(-2, 6), st.one_of(st.floats(-1e6, 1e6), st.just(float("nan")))), max_size=50),
     st.integers(0, 6),
@@ -247,7 +248,7 @@ def slow_hash_index(keys, queries):
     return np.array([where.get(int(q), -1) for q in queries.tolist()], dtype=np.int64)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     st.lists(st.integers(0, 2**64 - 1), unique=True, max_size=50),
     st.lists(st.integers(0, 2**64 - 1), max_size=50),

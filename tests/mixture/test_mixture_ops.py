@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from strategies import examples
 
 from gpuclust.backends import mixture_cpu as mx
 
@@ -175,7 +176,7 @@ def test_argument_checks() -> None:
 # repair and means
 # --------------------------------------------------------------------------------------------
 @given(st.lists(strat.window(monotone=False, allow_null=True), min_size=1, max_size=5), st.booleans())
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 def test_repair_percentiles(rows: list[np.ndarray], as32: bool) -> None:
     q = np.stack(rows).astype(np.float32 if as32 else np.float64)
     r, rep, null = mx.repair_percentiles(q)
@@ -190,7 +191,7 @@ def test_repair_percentiles(rows: list[np.ndarray], as32: bool) -> None:
 
 
 @given(st.lists(strat.window(), min_size=1, max_size=6))
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 def test_window_means_match_reference(rows: list[np.ndarray]) -> None:
     q = np.stack(rows)
     got = mx.window_means(q)
@@ -217,14 +218,14 @@ def _check_against_reference(q: np.ndarray, w: np.ndarray, g: np.ndarray, G: int
 
 
 @given(strat.groups(), st.lists(st.floats(0.0, 1.0), max_size=4))
-@settings(max_examples=70, deadline=None)
+@settings(max_examples=examples(70), deadline=None)
 def test_quantiles_match_reference(data: tuple, extra: list[float]) -> None:
     q, w, g, G = data
     _check_against_reference(q, w, g, G, np.concatenate([STD, np.asarray(extra, dtype=np.float64)]))
 
 
 @given(strat.groups(monotone=False, allow_null=True))
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 def test_repair_then_quantiles_match_reference(data: tuple) -> None:
     q_raw, w, g, G = data
     q, _, null = mx.repair_percentiles(q_raw)
@@ -342,7 +343,7 @@ def test_radix_argsort_orders_like_a_stable_sort() -> None:
         assert np.all(order[1:][tie & same_sign] > order[:-1][tie & same_sign])  # stable
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     values=st.lists(
         st.one_of(st.floats(width=32, allow_nan=False), st.sampled_from([0.0, -0.0, 1.5, -1.5])),
@@ -373,7 +374,7 @@ def test_packed_event_keys_refuse_what_they_cannot_order_exactly() -> None:
     assert mx.packed_event_keys(np, np.array([0.5, 0.25, 2.0]), g, 1 << 32) is not None
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(st.lists(st.integers(0, 700), min_size=0, max_size=12), st.sampled_from([1, 32, 256]))
 def test_tile_table_partitions_each_group(lengths: list[int], block: int) -> None:
     """The tiled GPU sweep's tiles (``mixture_gpu.tile_table``, NumPy here): each group's events cut

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from strategies import examples
 
 from gpuclust.analyses import mixture_summary as ms
 from gpuclust.backends import mixture_cpu as mx
@@ -173,7 +174,7 @@ def partitioned(draw: st.DrawFn) -> tuple:
 
 
 @given(partitioned())
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 def test_bounded_error_bound(case: tuple) -> None:
     q, w, g, part, k, shape, seed = case
     rng = np.random.default_rng(seed)
@@ -236,7 +237,7 @@ def test_bounded_merge_commutes_and_skips_weightless_side() -> None:
 
 
 @given(st.integers(1, 12), st.integers(0, 2**16))
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 def test_tabulation_error_is_the_exact_sup(k: int, seed: int) -> None:
     # knot vectors with ties (point masses) shared across the three CDFs, compared with a direct
     # evaluation of sup |H_hat - H| at every breakpoint (values and left limits)

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from strategies import examples
 
 from gpuclust.backends.moments_cpu import (
     Moments,
@@ -24,7 +25,7 @@ from gpuclust.backends.moments_cpu import (
 )
 
 SETTINGS = settings(
-    max_examples=int(__import__("os").environ.get("GPUCLUST_HYP_EXAMPLES", "60")),
+    max_examples=examples(60),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )

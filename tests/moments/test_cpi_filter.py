@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from strategies import examples
 
 from gpuclust.stats import REJECT_REASONS, CpiFilter
 
@@ -46,7 +47,7 @@ def test_missing_and_first_reason_wins() -> None:
     assert c == {"total": 7, "kept": 1, "missing": 3, "cpu_seconds": 2, "cpi_range": 1, "mai_range": 0}
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=examples(50), deadline=None)
 @given(
     st.lists(
         st.tuples(

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from strategies import examples
 
 from gpuclust.analyses.cpi.binning import quantile_cuts, spearman_from_grid, spearman_grid_partial
 from gpuclust.analyses.cpi.correlation import pearson_from_moments, spearman_exact, weighted_std
@@ -20,7 +21,7 @@ from gpuclust.backends import get_backend
 from gpuclust.backends.moments_cpu import empty_moments, grouped_comoments, merge_moments
 
 SETTINGS = settings(
-    max_examples=int(__import__("os").environ.get("GPUCLUST_HYP_EXAMPLES", "40")),
+    max_examples=examples(40),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
