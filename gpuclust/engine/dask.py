@@ -1,4 +1,9 @@
-"""The dask engine: one delayed partial per partition, a tree of merges, one finalize (on the client).
+"""The dask engine: one delayed partial per partition, a tree of merges, one finalize.
+
+On a distributed scheduler the finalize is the last task of each table's tree, on a worker
+(:mod:`gpuclust.engine.finish`): the client receives result tables (or, from
+``gpuclust analyze --out``, handles on the files the workers wrote), not the merged partials.
+On dask's threaded and synchronous schedulers the client finalizes, as the local path does.
 
 Built only from public dask API (``dask.delayed``, ``dask.compute``, ``distributed.Client``);
 never reaches into graph internals.  Contexts are wrapped in one delayed object so they are
