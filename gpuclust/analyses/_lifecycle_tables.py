@@ -1,5 +1,6 @@
-"""``lifecycle``'s constants, series partial and finalize tables (see :mod:`gpuclust.analyses.lifecycle`
-and docs/analyses/lifecycle.md): kept apart so that each module stays short."""
+"""``lifecycle``'s constants (the v3 state machine, the partials' slots), series partial and
+finalize tables (see :mod:`gpuclust.analyses.lifecycle` and docs/analyses/lifecycle.md): kept apart
+so that each module stays short."""
 
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ from gpuclust.schema import EventType
 __all__ = [
     "DELAY_EDGES_US",
     "DISTRIBUTIONS",
+    "EVENT_NAMES",
+    "EXPECTED",
+    "STATE_AFTER",
     "SERIES_FIELDS",
     "delay_bins",
     "delays_tables",
@@ -24,6 +28,44 @@ __all__ = [
 ]
 
 _NE = len(EventType)
+#: Event type names, by v3 code.
+EVENT_NAMES: tuple[str, ...] = tuple(e.name for e in EventType)
+_NONE, _PENDING, _RUNNING, _DEAD = 0, 1, 2, 3
+#: The state (1 pending, 2 running, 3 dead) an instance is in after each event type (v3 code).
+STATE_AFTER = np.array(
+    [_PENDING, _PENDING, _PENDING, _RUNNING, _DEAD, _DEAD, _DEAD, _DEAD, _DEAD, _PENDING, _RUNNING], dtype=np.int64
+)
+#: Events that may follow each state in the v3 document's state diagram.
+EXPECTED: dict[int, frozenset[int]] = {
+    _PENDING: frozenset(
+        {
+            EventType.QUEUE,
+            EventType.ENABLE,
+            EventType.SCHEDULE,
+            EventType.UPDATE_PENDING,
+            EventType.FAIL,
+            EventType.KILL,
+            EventType.LOST,
+        }
+    ),
+    _RUNNING: frozenset(
+        {EventType.UPDATE_RUNNING, EventType.EVICT, EventType.FAIL, EventType.FINISH, EventType.KILL, EventType.LOST}
+    ),
+    _DEAD: frozenset({EventType.SUBMIT}),
+}
+_COUNTERS = (
+    "rows",
+    "invalid_type_rows",
+    "instances",
+    "first_not_submit",
+    "unknown_priority_instances",
+    "time_zero_events",
+    "after_trace_events",
+    "present_at_start",
+    "synthesized_events",
+    "synthesized_duration_episodes",
+    "priority_from_instances",
+)
 
 #: The ``series`` counters, in order (the last four: changes of the pending, running, queued and
 #: eligible levels, summed into levels at finalize).
@@ -156,6 +198,10 @@ def delay_bins(xp: Any, dur: Any, cells: Any = None, edges: Any = None) -> Any:
 
 #: Tier slots of the dense partials: the most tiers a tier map may have, plus "unknown".
 _T = 17
+#: Kinds of thing (``collection_type`` 0, 1, NULL or other): the dense partials' first axis is
+#: kind x tier, ``kind * _T + tier``.
+_K = 3
+_NS = _K * _T
 
 
 def series_partial(backend: Any, key: Any, code: Any) -> dict[str, Any]:

@@ -62,38 +62,39 @@ import pyarrow as pa
 from gpuclust._parallel import map_ordered, threads
 from gpuclust._xp import bincount
 from gpuclust.analyses._extent import max_finite
-from gpuclust.analyses._lifecycle_survival import max_priority_by_collection, survival_table
+from gpuclust.analyses._lifecycle_finalize import result_tables, summary_text, unknown_duration_reason
+from gpuclust.analyses._lifecycle_survival import max_priority_by_collection
 from gpuclust.analyses._lifecycle_tables import (
     _B,
+    _COUNTERS,
     _D,
     _DELAY_BINS,
     _DI,
+    _NE,
+    _NONE,
+    _NS,
+    _PENDING,
     _PENDING_EXIT,
     _QUEUED_EXIT,
+    _RUNNING,
     _RUNNING_EXIT,
     _SERIES_CLASS,
     _T,
     DELAY_EDGES_US,
-    DELAYS_SCHEMA,
     DISTRIBUTIONS,
-    EVENTS_BY_KIND_SCHEMA,
-    EVENTS_SCHEMA,
+    EVENT_NAMES,
+    EXPECTED,
     SERIES_FIELDS,
-    TRANSITIONS_SCHEMA,
+    STATE_AFTER,
     delay_bins,
-    delays_tables,
     series_partial,
-    series_table,
-    with_kind,
 )
-from gpuclust.analyses.base import Analysis, fmt, is_null_int, resolve_tier_map
+from gpuclust.analyses.base import Analysis, is_null_int, resolve_tier_map
 from gpuclust.analyses.grouping import bucket_index, instance_order, segmented_last
 from gpuclust.analyses.options import option, tier_map_option
-from gpuclust.arrow_numpy import empty_table, rows_table, table_from_rows
 from gpuclust.layout import key_hash
 from gpuclust.partials import merge_keyed
-from gpuclust.schema import TIME_AFTER_TRACE, EventType, TierMap, tier_map
-from gpuclust.tables import as_arrow, column
+from gpuclust.schema import TIME_AFTER_TRACE, EventType, TierMap
 
 __all__ = [
     "CollectionLifecycle",
@@ -108,52 +109,9 @@ __all__ = [
     "unknown_duration_reason",
 ]
 
-#: Event type names, by v3 code.
-EVENT_NAMES: tuple[str, ...] = tuple(e.name for e in EventType)
-_NE = len(EVENT_NAMES)
-_NONE, _PENDING, _RUNNING, _DEAD = 0, 1, 2, 3
-#: The state (1 pending, 2 running, 3 dead) an instance is in after each event type (v3 code).
-STATE_AFTER = np.array(
-    [_PENDING, _PENDING, _PENDING, _RUNNING, _DEAD, _DEAD, _DEAD, _DEAD, _DEAD, _PENDING, _RUNNING], dtype=np.int64
-)
-#: Events that may follow each state in the v3 document's state diagram.
-EXPECTED: dict[int, frozenset[int]] = {
-    _PENDING: frozenset(
-        {
-            EventType.QUEUE,
-            EventType.ENABLE,
-            EventType.SCHEDULE,
-            EventType.UPDATE_PENDING,
-            EventType.FAIL,
-            EventType.KILL,
-            EventType.LOST,
-        }
-    ),
-    _RUNNING: frozenset(
-        {EventType.UPDATE_RUNNING, EventType.EVICT, EventType.FAIL, EventType.FINISH, EventType.KILL, EventType.LOST}
-    ),
-    _DEAD: frozenset({EventType.SUBMIT}),
-}
-_COUNTERS = (
-    "rows",
-    "invalid_type_rows",
-    "instances",
-    "first_not_submit",
-    "unknown_priority_instances",
-    "time_zero_events",
-    "after_trace_events",
-    "present_at_start",
-    "synthesized_events",
-    "synthesized_duration_episodes",
-    "priority_from_instances",
-)
 _I64_MAX = np.iinfo(np.int64).max
 #: Rows of a partition from which the cpu path replays it as two halves (see ``Lifecycle.partial``).
 SPLIT_ROWS = 1 << 19
-#: Kinds of thing (``collection_type`` 0, 1, NULL or other): the dense partials' first axis is
-#: kind x tier, ``kind * _T + tier``.
-_K = 3
-_NS = _K * _T
 
 
 @dataclass(frozen=True)
@@ -175,21 +133,13 @@ class LifecycleContext:
 class Lifecycle(Analysis):
     """Instance life cycles: event counts, transitions, time series, scheduling and execution times.
 
-    Parameters
-    ----------
-    bucket_s
-        Width of the ``series`` time buckets, seconds (buckets of trace time from 0).
-    tier_map
-        Name of a tier map in :data:`gpuclust.schema.TIER_MAPS`; ``None``: the dataset manifest's,
-        else the trace version's default.
-
     Examples
     --------
     >>> Lifecycle(bucket_s=300).label
     'lifecycle[bucket_s=300]'
     """
 
-    bucket_s: int = option(3600, "width of the series' time buckets, seconds")
+    bucket_s: int = option(3600, "width of the series' time buckets, seconds (buckets of trace time from 0)", gt=0)
     tier_map: str | None = tier_map_option()
 
     name = "lifecycle"
@@ -202,12 +152,6 @@ class Lifecycle(Analysis):
     #: (docs/user/scale.md); the per-partition cost of a replay is small beside it
     auto_partition_rows = 1 << 17
     whole_instances: ClassVar[bool] = True
-
-    def __post_init__(self) -> None:
-        if int(self.bucket_s) <= 0:
-            raise ValueError(f"lifecycle: bucket_s must be positive, got {self.bucket_s}")
-        if self.tier_map is not None:
-            tier_map(self.tier_map)
 
     #: The columns that name one thing whose events are replayed (an instance here), and its name
     #: in summaries (``info.instances`` counts them).
@@ -506,157 +450,12 @@ class Lifecycle(Analysis):
     # ---------------------------------------------------------------- finalize
     def finalize(self, partial: dict[str, Any], ctx: LifecycleContext) -> dict[str, pa.Table]:
         """Arrow tables, built without pandas (see :mod:`gpuclust.tables`)."""
-        names = ctx.tier_names
-        T = len(names)
-        # by kind: (kind, tier, ...) trimmed to the context's tiers; the tables of all kinds sum them
-        pk = {
-            k: np.asarray(v).reshape(_K, _T, *np.shape(v)[1:])[:, :T]
-            for k, v in partial.items()
-            if k not in ("series", "counters")
-        }
-        p: dict[str, Any] = {k: v.sum(axis=0) for k, v in pk.items() if k not in ("dur_min", "dur_max")}
-        p["dur_min"], p["dur_max"] = pk["dur_min"].min(axis=0), pk["dur_max"].max(axis=0)
-        p["counters"] = np.asarray(partial["counters"])
-        ev = p["events"]
-        events = rows_table(
-            [
-                {"tier": names[k], "event": EVENT_NAMES[j], "count": int(ev[k, j])}
-                for k in range(T)
-                for j in range(_NE)
-                if ev[k, j]
-            ],
-            EVENTS_SCHEMA,
+        return result_tables(
+            partial, ctx, name=self.name, kinds=self.kinds, thing=self.thing, bucket_s=int(self.bucket_s)
         )
-        tr = p["transitions"]
-        trows = [
-            {
-                "tier": names[k],
-                "from_event": EVENT_NAMES[a],
-                "to_event": EVENT_NAMES[b],
-                "count": int(tr[k, a, b]),
-                "expected": bool(b in EXPECTED[int(STATE_AFTER[a])]),
-            }
-            for k in range(T)
-            for a in range(_NE)
-            for b in range(_NE)
-            if tr[k, a, b]
-        ]
-        transitions = rows_table(trows, TRANSITIONS_SCHEMA)
-        series = series_table(partial["series"], names, int(self.bucket_s))
-        delays, hist = delays_tables(p, names)
-        present = [k for k in range(_K) if pk["instances"][k].sum()]
-        by_kind = [(self.kinds[k], delays_tables({f: v[k] for f, v in pk.items()}, names)[0]) for k in present]
-        delays_by_kind = (
-            pa.concat_tables([with_kind(d, kn) for kn, d in by_kind])
-            if by_kind
-            else with_kind(empty_table(DELAYS_SCHEMA), "")
-        )
-        erows = [
-            {"kind": self.kinds[k], "tier": names[j], "event": EVENT_NAMES[v], "count": int(pk["events"][k, j, v])}
-            for k in range(_K)
-            for j in range(T)
-            for v in range(_NE)
-            if pk["events"][k, j, v]
-        ]
-        events_by_kind = rows_table(erows, EVENTS_BY_KIND_SCHEMA)
-        survival = survival_table(
-            pk, p, names, [self.kinds[k] for k in range(_K)], present, _DI, DISTRIBUTIONS, DELAY_EDGES_US
-        )
-        counters = dict(zip(_COUNTERS, (int(v) for v in p["counters"]), strict=True))
-        kinds = {
-            f"{self.kinds[k]}_{self.thing}s" if self.kinds[k] == "unknown" else f"{self.kinds[k]}s": int(
-                pk["instances"][k].sum()
-            )
-            for k in range(_K)
-        }
-        info = table_from_rows(
-            [
-                {
-                    "analysis": self.name,
-                    "tier_map": ctx.tier_map.name,
-                    "tiers": ",".join(names),
-                    "bucket_s": int(self.bucket_s),
-                    "data_end_us": ctx.data_end_us,
-                    **counters,
-                    **kinds,
-                    "transitions": int(tr.sum()),
-                    "unexpected_transitions": sum(r["count"] for r in trows if not r["expected"]),
-                }
-            ]
-        )
-        return {
-            "events": events,
-            "transitions": transitions,
-            "series": series,
-            "delays": delays,
-            "delay_hist": hist,
-            "survival": survival,
-            "delays_by_kind": delays_by_kind,
-            "events_by_kind": events_by_kind,
-            "info": info,
-        }
 
     def summary(self, result: dict[str, Any]) -> str:
-        info = as_arrow(result["info"]).to_pylist()[0]
-        lines = [
-            f"{self.label}: {info['instances']:,} {self.thing}s, {info['rows']:,} events, tier map "
-            f"{info['tier_map']!r}; {info['unexpected_transitions']:,} of {info['transitions']:,} transitions not in "
-            f"the v3 state diagram; {info['first_not_submit']:,} {self.thing}s first seen other than by SUBMIT"
-        ]
-        s = as_arrow(result["series"])
-        if s.num_rows:
-            bucket = column(s, "bucket")
-            ub, inv = np.unique(bucket, return_inverse=True)
-            tot = {
-                f: np.bincount(inv, weights=column(s, f).astype(np.float64), minlength=ub.shape[0])
-                for f in ("new_submissions", "resubmissions", "finishes", "pending", "running")
-            }
-            lines.append(
-                f"  buckets of {int(info['bucket_s'])} s {int(ub[0])}..{int(ub[-1])}: "
-                f"{int(tot['new_submissions'].sum()):,} new submissions ({int(info['present_at_start']):,} "
-                f"{self.thing}s present at the start apart), {int(tot['resubmissions'].sum()):,} "
-                f"resubmissions, {int(tot['finishes'].sum()):,} finishes; at the end {int(tot['pending'][-1]):,} "
-                f"pending, {int(tot['running'][-1]):,} running"
-            )
-        d = as_arrow(result["delays"]).to_pylist()
-        for measure, outcome in (("scheduling", "scheduled"), ("execution", "finish")):
-            for r in d:
-                if r["measure"] == measure and r["outcome"] == outcome:
-                    head = f"  {measure} ({outcome}) {r['tier']:>8}: {r['episodes']:,} episodes"
-                    if not r["with_duration"]:
-                        lines.append(f"{head}, median unknown: {unknown_duration_reason(measure)}")
-                        continue
-                    timed = (
-                        f" ({r['with_duration']:,} with a known duration)" if r["with_duration"] < r["episodes"] else ""
-                    )
-                    lines.append(
-                        f"{head}{timed}, median {fmt(r['p50_s'], '.3g')} s, p90 {fmt(r['p90_s'], '.3g')} s, "
-                        f"mean {fmt(r['mean_s'], '.3g')} s"
-                    )
-        for r in as_arrow(result["survival"]).to_pylist() if "survival" in result else ():
-            if r["kind"] == "all":
-                lines.append(
-                    f"  {r['measure']} Kaplan-Meier {r['tier']:>8}: {r['events']:,} ended, {r['censored']:,} "
-                    f"censored; median {fmt(r['km_p50_s'], '.3g', unit=' s')} (95% "
-                    f"{fmt(r['km_p50_lo_s'], '.3g')}-{fmt(r['km_p50_hi_s'], '.3g')}), "
-                    f"p90 {fmt(r['km_p90_s'], '.3g', unit=' s')}"
-                )
-        if info.get("synthesized_events"):
-            lines.append(
-                f"  {info['synthesized_events']:,} events synthesised by the trace (missing_type): "
-                f"{info['synthesized_duration_episodes']:,} episodes left without a duration by them"
-            )
-        return "\n".join(lines)
-
-
-def unknown_duration_reason(measure: str) -> str:
-    """Why no episode of ``measure`` (a ``delays`` row with ``with_duration`` 0) has a duration, so
-    that its quantiles are unknown."""
-    entry = "SCHEDULE" if measure == "execution" else "SUBMIT"
-    return (
-        f"none of its episodes has a known duration (each began before the trace: its {entry} at time 0 or "
-        "not in the data; or ended at 2^63-1, after the trace)"
-    )
+        return summary_text(self.label, self.thing, result)
 
 
 @dataclass(frozen=True)

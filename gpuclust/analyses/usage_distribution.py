@@ -22,7 +22,9 @@ Strategies (option ``strategy``): ``exact`` (partials carry every window; merge 
 ``cdf_error_bound``), ``auto`` (exact when the usage table has at most ``exact_max_windows`` rows,
 else bounded; decided once on the client, reported in ``info``).
 
-The group tables and the text summary are built in :mod:`gpuclust.analyses._usage_distribution_tables`.
+The group tables and the text summary are built in :mod:`gpuclust.analyses._usage_distribution_tables`;
+the time pieces, the group extras, the merge and the split of partials in
+:mod:`gpuclust.analyses._usage_distribution_parts`.
 """
 
 from __future__ import annotations
@@ -33,20 +35,26 @@ from typing import Any
 import numpy as np
 
 from gpuclust._lazy import pandas as pd
-from gpuclust._xp import bincount
 from gpuclust.analyses import _hybrid_summary as hs
 from gpuclust.analyses import mixture_summary as ms
 from gpuclust.analyses._lookup import EVENT_COLUMNS, InstanceLookup, tier_lookup
+from gpuclust.analyses._usage_distribution_parts import (
+    _DONE_FIELDS,
+    empty_groups,
+    expand_pieces,
+    group_extras,
+    merge_partials,
+    split_partial,
+)
 from gpuclust.analyses._usage_distribution_tables import (
     _STD_LEVELS,
     _group_tables,
-    _merge_groups,
     _summary_text,
     heaviest_groups,  # noqa: F401 (re-exported)
     level_name,
 )
 from gpuclust.analyses.base import Analysis, is_null_int, to_host
-from gpuclust.analyses.grouping import KEY_COLUMNS, bucket_span, group_key, parse_by
+from gpuclust.analyses.grouping import KEY_COLUMNS, group_key
 from gpuclust.analyses.options import option, tier_map_option
 from gpuclust.backends import merged_backend
 from gpuclust.layout import key_name
@@ -76,9 +84,6 @@ STATS = (
     "zero_weight_windows",
     "pieces",
 )
-#: Most (window, bucket) pieces one partition may produce with ``time`` grouping (guards against a
-#: tiny ``bucket_s`` or corrupt times; about 1.3 GB of exact partial).
-MAX_PIECES = 1 << 23
 #: Default row budget of ``strategy="auto"`` for the exact strategy: the merged partial holds about
 #: 180 bytes per window, and ``finalize`` peaks at about 0.5 kB (many groups) to 2.9 kB (one
 #: group) per window (measured, NumPy), i.e. about 2.5-15 GB at this budget.
@@ -88,9 +93,6 @@ SHARD_GROUPS = 1 << 18
 #: Every SAMPLE_EVERY-th leading key of a partition's finished groups places the shard bounds.
 SAMPLE_EVERY = 64
 US = 1_000_000
-
-#: What a partial keeps of each group it finalized itself (``local_groups``).
-_DONE_FIELDS = ("key", "n_windows", "weight", "mean", "quantiles", "err_bound")
 
 
 @dataclass(frozen=True)
@@ -112,31 +114,22 @@ class UsageDistributionContext:
         return (self.tier_map.names if self.tier_map else ()) + ("unknown",)
 
 
+def _by_ok(by: tuple[str, ...]) -> bool:
+    return len(set(by)) == len(by) and not {"instance", "collection"} <= set(by)
+
+
+def _sorted_levels(levels: tuple[float, ...]) -> tuple[float, ...]:
+    return tuple(sorted({float(x) for x in levels}))
+
+
 @dataclass(frozen=True)
 class UsageDistribution(Analysis):
     """Exact CPU usage distributions (mixtures of per-window percentile CDFs) per group.
 
-    Parameters
-    ----------
-    by
-        Grouping keys, a sequence or a ``","``/``"+"``-separated string of ``instance``,
-        ``collection``, ``machine``, ``tier``, ``cell``, ``time`` (default ``("tier",)``).
-    bucket_s
-        Width of the ``time`` buckets in seconds (default 3600); bucket ``k`` is
-        ``[k*bucket_s, (k+1)*bucket_s)`` of trace time (origin 0, 600 s before the trace start),
-        reported as ``bucket`` and ``bucket_start_us`` (see "Time buckets" in docs/user/dataset.md).
-    levels
-        Quantile levels in [0, 1] (sorted, duplicates removed); default the 20 standard levels.
-    rows
-        ``auto`` (default), ``top-level`` (alloc_collection_id NULL or 0 only) or ``all``.
-    strategy
-        ``auto`` (default), ``exact`` or ``bounded``.
-    k
-        Knot intervals per group of the bounded summary (error <= (1 + merge depth) / k).
-    exact_max_windows
-        ``strategy="auto"`` uses ``exact`` up to this many usage rows, else ``bounded``.
-    tier_map
-        Tier map for ``tier`` groups; default: the dataset manifest's, else the trace version's.
+    ``by`` is a sequence or a ``","``/``"+"``-separated string.  Time bucket ``k`` is
+    ``[k*bucket_s, (k+1)*bucket_s)`` of trace time (origin 0, 600 s before the trace start),
+    reported as ``bucket`` and ``bucket_start_us`` (see "Time buckets" in docs/user/dataset.md).
+    ``levels`` are sorted, duplicates removed.
 
     Examples
     --------
@@ -145,12 +138,26 @@ class UsageDistribution(Analysis):
     """
 
     by: tuple[str, ...] = option(
-        ("tier",), "one or more grouping keys, comma-separated (e.g. tier,time); time uses bucket_s", choices=BY
+        ("tier",),
+        "one or more grouping keys, comma-separated (e.g. tier,time); time uses bucket_s",
+        choices=BY,
+        check=(_by_ok, "keys named once, not both instance and collection (an instance includes its collection)"),
+        example="cell+time",
     )
-    bucket_s: float = option(3600, "time bucket width in seconds (by=time)", fmt="g")
+    bucket_s: float = option(
+        3600,
+        "time bucket width in seconds (by=time)",
+        gt=0,
+        check=(lambda s: round(s * US) >= 1, "at least one microsecond"),
+        fmt="g",
+    )
     levels: tuple[float, ...] | None = option(
         None,
         "quantile levels in [0, 1] (comma-separated); default: the 20 standard percentile levels",
+        ge=0,
+        le=1,
+        normalize=_sorted_levels,
+        check=(lambda v: len({level_name(x) for x in v}) == len(v), "levels at least 1e-12 apart (one column each)"),
         default_text="20 standard levels",
         fmt="g",
     )
@@ -161,8 +168,8 @@ class UsageDistribution(Analysis):
         "bound; auto = exact up to exact_max_windows usage rows",
         choices=STRATEGIES,
     )
-    k: int = option(ms.DEFAULT_K, "bounded summary size (CDF error <= (1 + merge depth) / k)")
-    exact_max_windows: int = option(DEFAULT_EXACT_MAX_WINDOWS, "row budget of strategy=auto for exact")
+    k: int = option(ms.DEFAULT_K, "bounded summary size (CDF error <= (1 + merge depth) / k)", ge=1)
+    exact_max_windows: int = option(DEFAULT_EXACT_MAX_WINDOWS, "row budget of strategy=auto for exact", ge=0)
     tier_map: str | None = tier_map_option("tier map for by=tier; default: the dataset's")
 
     name = "usage-distribution"
@@ -180,35 +187,6 @@ class UsageDistribution(Analysis):
         return {"instance_usage": ""}, (
             {"instance_events": "by=tier: the instances' priorities"} if "tier" in self.by else {}
         )
-
-    def __post_init__(self) -> None:
-        by = parse_by(self.by, BY, "usage-distribution")
-        if "instance" in by and "collection" in by:
-            raise ValueError("usage-distribution: by 'instance' already includes its collection; drop 'collection'")
-        object.__setattr__(self, "by", by)
-        if self.levels is not None:
-            lv = self.levels
-            if isinstance(lv, str):
-                lv = [float(s) for s in lv.replace("+", ",").split(",") if s.strip()]
-            arr = np.asarray(lv, dtype=np.float64).reshape(-1)
-            if arr.size == 0 or not np.all(np.isfinite(arr)) or arr.min() < 0 or arr.max() > 1:
-                raise ValueError(f"usage-distribution: levels must be in [0, 1], got {self.levels!r}")
-            arr = np.unique(arr)
-            if len({level_name(x) for x in arr}) != arr.size:
-                raise ValueError("usage-distribution: levels closer than 1e-12 give the same column name")
-            object.__setattr__(self, "levels", tuple(float(x) for x in arr))
-        if self.rows not in ROWS:
-            raise ValueError(f"usage-distribution: rows must be one of {list(ROWS)}, got {self.rows!r}")
-        if self.strategy not in STRATEGIES:
-            raise ValueError(f"usage-distribution: strategy must be one of {list(STRATEGIES)}, got {self.strategy!r}")
-        if not (float(self.bucket_s) > 0) or round(float(self.bucket_s) * US) < 1:
-            raise ValueError(f"usage-distribution: bucket_s must be > 0, got {self.bucket_s!r}")
-        if int(self.k) != self.k or self.k < 1:
-            raise ValueError(f"usage-distribution: k must be a positive integer, got {self.k!r}")
-        if int(self.exact_max_windows) < 0:
-            raise ValueError("usage-distribution: exact_max_windows must be >= 0")
-        if self.tier_map is not None:
-            tier_map(self.tier_map)
 
     @property
     def bucket_us(self) -> int:
@@ -306,12 +284,7 @@ class UsageDistribution(Analysis):
         return sum(len(KEY_COLUMNS[b]) for b in self.by)
 
     def _empty_groups(self, xp: Any = np) -> dict[str, Any]:
-        return {
-            "key": xp.zeros(0, xp.int64),
-            "frac": xp.zeros(0, xp.float64),
-            "wq": xp.zeros((0, 20), xp.float64),
-            "kc": xp.zeros((0, self._n_components()), xp.int64),
-        }
+        return empty_groups(xp, self._n_components())
 
     def _tier(self, backend: Any, ctx: UsageDistributionContext, c: Any, i: Any, m: Any) -> Any:
         found, code = ctx.lookup.find(backend, c, i, m)
@@ -361,7 +334,7 @@ class UsageDistribution(Analysis):
                 comps.append(None)  # filled per piece below
         src = use  # row of ``qr`` of each piece
         if "time" in self.by:
-            row, bucket, frac = self._expand(xp, s, e)
+            row, bucket, frac = expand_pieces(xp, s, e, self.bucket_us)
             src = use[row]
             w = w[row] * frac
             comps = [bucket if c is None else c[row] for c in comps]
@@ -382,7 +355,7 @@ class UsageDistribution(Analysis):
         qr = xp.take(qr, src[order], axis=0)  # row gather (faster than fancy indexing on the host)
         kc = xp.stack(comps, axis=1) if comps else xp.zeros((m, 0), dtype=xp.int64)
         part = hs.leaf(qr, w, key, None if ctx.strategy == "exact" else int(self.k), repaired=True)
-        groups = self._group_extras(xp, ops, key, kc, frac, w, qr)
+        groups = group_extras(xp, ops, key, kc, frac, w, qr)
         out = {
             "backend": backend.name,
             "ms": part,
@@ -397,82 +370,9 @@ class UsageDistribution(Analysis):
             out["done"] = {f: res[f] for f in _DONE_FIELDS}
         return out
 
-    def _expand(self, xp: Any, s: Any, e: Any) -> tuple[Any, Any, Any]:
-        """One piece per (window, bucket it overlaps): row index, bucket, overlap fraction
-        (a zero-length window is one piece in the bucket of its start, fraction 1)."""
-        B = self.bucket_us
-        b0, b1 = bucket_span(xp, s, e, B)
-        span = b1 - b0 + 1
-        total = int(span.sum()) if span.shape[0] else 0
-        if total > MAX_PIECES:
-            raise ValueError(
-                f"usage-distribution: the windows of one partition cover {total} (window, bucket) "
-                f"pieces (> {MAX_PIECES}); use a larger bucket_s or more partitions"
-            )
-        off = xp.cumsum(span)
-        j = xp.arange(total, dtype=xp.int64)
-        row = xp.searchsorted(off, j, side="right").astype(xp.int64)
-        bucket = b0[row] + (j - (off[row] - span[row]))
-        lo = xp.maximum(s[row], bucket * B)
-        hi = xp.minimum(e[row], (bucket + 1) * B)
-        length = e[row] - s[row]
-        frac = xp.where(
-            length > 0, (hi - lo).astype(xp.float64) / xp.where(length > 0, length, 1).astype(xp.float64), 1.0
-        )
-        return row, bucket, frac
-
-    def _group_extras(self, xp: Any, ops: Any, key: Any, kc: Any, frac: Any, w: Any, qr: Any) -> dict[str, Any]:
-        """Per group: key components (verified: a hash collision raises), fractional window count
-        and the sum of ``w x q`` over weighted rows (the weighted average of percentile vectors).
-        Rows come sorted by ``key`` (see :meth:`partial`)."""
-        if key.shape[0] == 0:
-            return self._empty_groups(xp)
-        first = xp.ones(key.shape[0], dtype=bool)
-        first[1:] = key[1:] != key[:-1]
-        inv = xp.cumsum(first.astype(xp.int64)) - 1
-        kc_u = kc[first]
-        if kc.shape[1] and bool((kc != kc_u[inv]).any()):
-            raise RuntimeError("usage-distribution: 64-bit hash collision between group keys (please report)")
-        G = int(kc_u.shape[0])
-        ws = xp.where(w > 0, w, 0.0)
-        wq = ops.run_weighted_sums(first, inv, G, ws, qr)  # sequential per run on the cpu
-        return {
-            "key": key[first],
-            "frac": bincount(xp, inv, weights=frac, minlength=G),
-            "wq": wq.reshape(G, 20),
-            "kc": kc_u,
-        }
-
     # ---------------------------------------------------------------- merge
     def merge(self, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-        be = merged_backend(a["backend"], b["backend"])
-        if "done" in a or "done" in b:
-            # finalized groups of different partitions: disjoint, so the union is a concatenation
-            parts = [p for p in (a, b) if "done" in p]
-            if any(p["ms"] is not None for p in (a, b)):
-                raise RuntimeError("usage-distribution: finalized and open partials mixed (internal error)")
-            cat = (
-                (lambda f, d: np.concatenate([p[d][f] for p in parts]))
-                if len(parts) > 1
-                else (lambda f, d: parts[0][d][f])
-            )
-            return {
-                "backend": be,
-                "ms": None,
-                "done": {f: cat(f, "done") for f in _DONE_FIELDS},
-                "groups": {f: cat(f, "groups") for f in parts[0]["groups"]},
-                "stats": np.asarray(a["stats"]) + np.asarray(b["stats"]),
-            }
-        if a["ms"] is None or b["ms"] is None:
-            mp = b["ms"] if a["ms"] is None else a["ms"]
-        else:
-            mp = hs.merge(a["ms"], b["ms"])
-        return {
-            "backend": be,
-            "ms": mp,
-            "groups": _merge_groups(a["groups"], b["groups"]),
-            "stats": np.asarray(a["stats"]) + np.asarray(b["stats"]),
-        }
+        return merge_partials(a, b)
 
     # ---------------------------------------------------------------- finalize
     # With ``instance`` in ``by`` the group tables grow with the cell (a row per instance): they
@@ -485,51 +385,10 @@ class UsageDistribution(Analysis):
     def parted(self) -> tuple[str, ...]:  # type: ignore[override]
         return ("quantiles", "naive") if "instance" in self.by else ()
 
-    def _empty_rows(self) -> dict[str, np.ndarray]:
-        L = self.level_values.shape[0]
-        return {
-            "key": np.zeros(0, np.int64),
-            "n_windows": np.zeros(0, np.int64),
-            "weight": np.zeros(0),
-            "mean": np.zeros(0),
-            "quantiles": np.zeros((0, L)),
-            "err_bound": np.zeros(0),
-            **{f"g_{k}": v for k, v in self._empty_groups().items() if k != "key"},
-        }
-
     def split(self, partial: dict[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, np.ndarray]]]:
         """Finished groups (a bucketed source) become rows keyed by their leading key component,
         sorted; anything else stays whole in ``full`` (merged by the tree, one shard)."""
-        rest = {
-            "backend": partial["backend"],
-            "stats": np.asarray(partial["stats"]),
-            "full": None,
-            "n": 0,
-            "err_max": 0.0,
-            "sample": np.zeros(0, np.int64),
-        }
-        if "done" not in partial:
-            empty = partial["ms"] is None and int(np.asarray(partial["groups"]["key"]).shape[0]) == 0
-            rest["full"] = None if empty else partial
-            return rest, {"rows": self._empty_rows()}
-        d, g = partial["done"], partial["groups"]
-        if not np.array_equal(np.asarray(d["key"]), np.asarray(g["key"])):
-            raise RuntimeError("usage-distribution: summary and group tables disagree (internal error)")
-        G = int(np.asarray(d["key"]).shape[0])
-        kc = np.asarray(g["kc"]).reshape(G, self._n_components())
-        coord = kc[:, 0].astype(np.int64)
-        order = np.argsort(coord, kind="stable")
-        rows = {
-            "key": coord[order],
-            **{f: np.asarray(d[f])[order] for f in _DONE_FIELDS if f != "key"},
-            **{f"g_{k}": np.asarray(v)[order] for k, v in g.items() if k != "key"},
-        }
-        rows["quantiles"] = rows["quantiles"].reshape(G, self.level_values.shape[0])
-        rows["g_kc"] = rows["g_kc"].reshape(G, self._n_components())
-        rows["g_wq"] = rows["g_wq"].reshape(G, 20)
-        err = np.asarray(d["err_bound"], np.float64)
-        rest.update(n=G, err_max=float(err.max()) if G else 0.0, sample=rows["key"][::SAMPLE_EVERY].copy())
-        return rest, {"rows": rows}
+        return split_partial(partial, self._n_components(), int(self.level_values.shape[0]), SAMPLE_EVERY)
 
     def merge_rest(self, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         full = a["full"] if b["full"] is None else b["full"] if a["full"] is None else self.merge(a["full"], b["full"])

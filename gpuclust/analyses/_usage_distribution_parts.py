@@ -1,0 +1,163 @@
+"""``usage-distribution``'s partial pieces (:mod:`gpuclust.analyses.usage_distribution`): the
+(window, bucket) pieces of ``time`` groups (:func:`expand_pieces`), the per-group extras of a
+partial (:func:`group_extras`), the merge of two partials (:func:`merge_partials`) and their
+split into keyed rows of finished groups for the parted tables (:func:`split_partial`).
+
+The tunable the split reads (``SAMPLE_EVERY``) stays in :mod:`gpuclust.analyses.usage_distribution`,
+which passes it in.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from gpuclust._xp import bincount
+from gpuclust.analyses import _hybrid_summary as hs
+from gpuclust.analyses._usage_distribution_tables import _merge_groups
+from gpuclust.analyses.grouping import bucket_span
+from gpuclust.backends import merged_backend
+
+#: Most (window, bucket) pieces one partition may produce with ``time`` grouping (guards against a
+#: tiny ``bucket_s`` or corrupt times; about 1.3 GB of exact partial).
+MAX_PIECES = 1 << 23
+#: What a partial keeps of each group it finalized itself (``local_groups``).
+_DONE_FIELDS = ("key", "n_windows", "weight", "mean", "quantiles", "err_bound")
+
+
+def empty_groups(xp: Any, n_components: int) -> dict[str, Any]:
+    """The empty group extras (``n_components`` key components)."""
+    return {
+        "key": xp.zeros(0, xp.int64),
+        "frac": xp.zeros(0, xp.float64),
+        "wq": xp.zeros((0, 20), xp.float64),
+        "kc": xp.zeros((0, n_components), xp.int64),
+    }
+
+
+def expand_pieces(xp: Any, s: Any, e: Any, B: int) -> tuple[Any, Any, Any]:
+    """One piece per (window, bucket of ``B`` microseconds it overlaps): row index, bucket, overlap
+    fraction (a zero-length window is one piece in the bucket of its start, fraction 1)."""
+    b0, b1 = bucket_span(xp, s, e, B)
+    span = b1 - b0 + 1
+    total = int(span.sum()) if span.shape[0] else 0
+    if total > MAX_PIECES:
+        raise ValueError(
+            f"usage-distribution: the windows of one partition cover {total} (window, bucket) "
+            f"pieces (> {MAX_PIECES}); use a larger bucket_s or more partitions"
+        )
+    off = xp.cumsum(span)
+    j = xp.arange(total, dtype=xp.int64)
+    row = xp.searchsorted(off, j, side="right").astype(xp.int64)
+    bucket = b0[row] + (j - (off[row] - span[row]))
+    lo = xp.maximum(s[row], bucket * B)
+    hi = xp.minimum(e[row], (bucket + 1) * B)
+    length = e[row] - s[row]
+    frac = xp.where(length > 0, (hi - lo).astype(xp.float64) / xp.where(length > 0, length, 1).astype(xp.float64), 1.0)
+    return row, bucket, frac
+
+
+def group_extras(xp: Any, ops: Any, key: Any, kc: Any, frac: Any, w: Any, qr: Any) -> dict[str, Any]:
+    """Per group: key components (verified: a hash collision raises), fractional window count
+    and the sum of ``w x q`` over weighted rows (the weighted average of percentile vectors).
+    Rows come sorted by ``key`` (see :meth:`UsageDistribution.partial`)."""
+    if key.shape[0] == 0:
+        return empty_groups(xp, int(kc.shape[1]))
+    first = xp.ones(key.shape[0], dtype=bool)
+    first[1:] = key[1:] != key[:-1]
+    inv = xp.cumsum(first.astype(xp.int64)) - 1
+    kc_u = kc[first]
+    if kc.shape[1] and bool((kc != kc_u[inv]).any()):
+        raise RuntimeError("usage-distribution: 64-bit hash collision between group keys (please report)")
+    G = int(kc_u.shape[0])
+    ws = xp.where(w > 0, w, 0.0)
+    wq = ops.run_weighted_sums(first, inv, G, ws, qr)  # sequential per run on the cpu
+    return {
+        "key": key[first],
+        "frac": bincount(xp, inv, weights=frac, minlength=G),
+        "wq": wq.reshape(G, 20),
+        "kc": kc_u,
+    }
+
+
+def merge_partials(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Two partials merged: finished groups (``done``) concatenated, open ones' mixture states merged."""
+    be = merged_backend(a["backend"], b["backend"])
+    if "done" in a or "done" in b:
+        # finalized groups of different partitions: disjoint, so the union is a concatenation
+        parts = [p for p in (a, b) if "done" in p]
+        if any(p["ms"] is not None for p in (a, b)):
+            raise RuntimeError("usage-distribution: finalized and open partials mixed (internal error)")
+        cat = (
+            (lambda f, d: np.concatenate([p[d][f] for p in parts])) if len(parts) > 1 else (lambda f, d: parts[0][d][f])
+        )
+        return {
+            "backend": be,
+            "ms": None,
+            "done": {f: cat(f, "done") for f in _DONE_FIELDS},
+            "groups": {f: cat(f, "groups") for f in parts[0]["groups"]},
+            "stats": np.asarray(a["stats"]) + np.asarray(b["stats"]),
+        }
+    if a["ms"] is None or b["ms"] is None:
+        mp = b["ms"] if a["ms"] is None else a["ms"]
+    else:
+        mp = hs.merge(a["ms"], b["ms"])
+    return {
+        "backend": be,
+        "ms": mp,
+        "groups": _merge_groups(a["groups"], b["groups"]),
+        "stats": np.asarray(a["stats"]) + np.asarray(b["stats"]),
+    }
+
+
+def empty_rows(n_levels: int, n_components: int) -> dict[str, np.ndarray]:
+    """The empty rows of finished groups (``split_partial``)."""
+    L = n_levels
+    return {
+        "key": np.zeros(0, np.int64),
+        "n_windows": np.zeros(0, np.int64),
+        "weight": np.zeros(0),
+        "mean": np.zeros(0),
+        "quantiles": np.zeros((0, L)),
+        "err_bound": np.zeros(0),
+        **{f"g_{k}": v for k, v in empty_groups(np, n_components).items() if k != "key"},
+    }
+
+
+def split_partial(
+    partial: dict[str, Any], n_components: int, n_levels: int, sample_every: int
+) -> tuple[dict[str, Any], dict[str, dict[str, np.ndarray]]]:
+    """Finished groups (a bucketed source) become rows keyed by their leading key component,
+    sorted, every ``sample_every``-th key kept as a sample for the shard bounds; anything else
+    stays whole in ``full`` (merged by the tree, one shard)."""
+    rest = {
+        "backend": partial["backend"],
+        "stats": np.asarray(partial["stats"]),
+        "full": None,
+        "n": 0,
+        "err_max": 0.0,
+        "sample": np.zeros(0, np.int64),
+    }
+    if "done" not in partial:
+        empty = partial["ms"] is None and int(np.asarray(partial["groups"]["key"]).shape[0]) == 0
+        rest["full"] = None if empty else partial
+        return rest, {"rows": empty_rows(n_levels, n_components)}
+    d, g = partial["done"], partial["groups"]
+    if not np.array_equal(np.asarray(d["key"]), np.asarray(g["key"])):
+        raise RuntimeError("usage-distribution: summary and group tables disagree (internal error)")
+    G = int(np.asarray(d["key"]).shape[0])
+    kc = np.asarray(g["kc"]).reshape(G, n_components)
+    coord = kc[:, 0].astype(np.int64)
+    order = np.argsort(coord, kind="stable")
+    rows = {
+        "key": coord[order],
+        **{f: np.asarray(d[f])[order] for f in _DONE_FIELDS if f != "key"},
+        **{f"g_{k}": np.asarray(v)[order] for k, v in g.items() if k != "key"},
+    }
+    rows["quantiles"] = rows["quantiles"].reshape(G, n_levels)
+    rows["g_kc"] = rows["g_kc"].reshape(G, n_components)
+    rows["g_wq"] = rows["g_wq"].reshape(G, 20)
+    err = np.asarray(d["err_bound"], np.float64)
+    rest.update(n=G, err_max=float(err.max()) if G else 0.0, sample=rows["key"][::sample_every].copy())
+    return rest, {"rows": rows}
