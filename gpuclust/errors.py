@@ -4,14 +4,25 @@ The commands live in the packages that implement them (``gpuclust ingest`` in
 :mod:`gpuclust.ingest.command`, ``gpuclust claims`` in :mod:`gpuclust.claims.command`, ...) and
 :mod:`gpuclust.cli` dispatches to them; this module sits below all of them so that a command
 reports a fault the same way without importing the dispatcher, and so that a fault one layer
-raises (:class:`BackendUnavailable`, from :mod:`gpuclust.backends`) is caught by name above it.
+raises (:class:`BackendUnavailable` from :mod:`gpuclust.backends`, :class:`OutputError` from the
+results folder) is caught by name above it.
 """
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
+from typing import Any
 
-__all__ = ["EXIT_ERROR", "EXIT_OK", "EXIT_UNFINISHED", "BackendUnavailable", "expected_fault", "fault_text"]
+__all__ = [
+    "EXIT_ERROR",
+    "EXIT_OK",
+    "EXIT_UNFINISHED",
+    "BackendUnavailable",
+    "OutputError",
+    "expected_fault",
+    "fault_text",
+]
 
 #: Exit statuses, one convention for every command (docs/analyses/README.md, "Exit codes"): 0 done;
 #: 1 ingest (or ``synth --dataset``) ran but an input failed, so the dataset is unfinished (its
@@ -24,6 +35,22 @@ EXIT_OK, EXIT_UNFINISHED, EXIT_ERROR = 0, 1, 2
 class BackendUnavailable(RuntimeError):
     """The requested backend cannot run here (e.g. ``gpu`` without CuPy or a CUDA device); also
     :class:`gpuclust.backends.BackendUnavailable`."""
+
+
+class OutputError(Exception):
+    """The results cannot be written: ``cannot write results to PATH: REASON`` (raised by the
+    results folder, :mod:`gpuclust.report.folder`; also :class:`gpuclust.report.OutputError`)."""
+
+    def __init__(self, path: Path | str, reason: BaseException | str):
+        if isinstance(reason, OSError):
+            where = f" ({reason.filename})" if reason.filename and str(reason.filename) != str(path) else ""
+            reason = f"{reason.strerror or reason}{where}"
+        super().__init__(f"cannot write results to {path}: {reason}")
+        self.path = Path(path)
+        self.reason = str(reason)
+
+    def __reduce__(self) -> Any:  # from a dask worker that wrote results (see gpuclust.report.writer)
+        return (OutputError, (self.path, self.reason))
 
 
 def expected_fault(e: BaseException) -> bool:

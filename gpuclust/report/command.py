@@ -74,7 +74,7 @@ def default_analyses(dataset: str | Path) -> list[str]:
 
 def _wanted(analyses: list[Any]) -> list[dict[str, Any]]:
     from gpuclust.analyses.options import options_of
-    from gpuclust.report import _jsonable
+    from gpuclust.report.rendering import _jsonable
 
     return [
         {"name": a.name, "options": _jsonable({o.name: getattr(a, o.name) for o in options_of(type(a))})}
@@ -214,6 +214,7 @@ def main(args: argparse.Namespace) -> int:
                 time_from=args.time_from,
                 time_to=args.time_to,
                 memory_limit=args.memory_limit,
+                tables="native",  # read back from the folder below (on a cluster: written by the workers)
             )
         if args.format == "csv":
             from gpuclust.report.csv_out import write_csv

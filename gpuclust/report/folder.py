@@ -23,26 +23,12 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from gpuclust.errors import OutputError
 from gpuclust.report.provenance import RUN_FILE
 
 __all__ = ["RUN_FILE", "OutputError", "ResultsFolder"]
 
 _TMP, _OLD = ".gpuclust-tmp-", ".gpuclust-old-"
-
-
-class OutputError(Exception):
-    """The results cannot be written: ``cannot write results to PATH: REASON``."""
-
-    def __init__(self, path: Path | str, reason: BaseException | str):
-        if isinstance(reason, OSError):
-            where = f" ({reason.filename})" if reason.filename and str(reason.filename) != str(path) else ""
-            reason = f"{reason.strerror or reason}{where}"
-        super().__init__(f"cannot write results to {path}: {reason}")
-        self.path = Path(path)
-        self.reason = str(reason)
-
-    def __reduce__(self) -> Any:  # from a dask worker that wrote results (see gpuclust.report.writer)
-        return (OutputError, (self.path, self.reason))
 
 
 def _alive(pid: int) -> bool:
@@ -138,7 +124,7 @@ class ResultsFolder:
         """Write the results into the temporary folder (see :func:`gpuclust.report.render`;
         ``rendered``: the analyses whose files the dask workers wrote, see :meth:`writer`); the
         paths returned are where the files will be after :meth:`commit`."""
-        from gpuclust.report import render, write_run_file
+        from gpuclust.report.rendering import render, write_run_file
 
         assert self.tmp is not None, "open() first"
         try:

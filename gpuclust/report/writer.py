@@ -14,21 +14,14 @@ the :class:`Rendered` (:meth:`AnalysisWriter.keep`) and writes ``summary.txt`` a
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["AnalysisWriter", "Rendered", "WrittenTable"]
+from gpuclust.errors import OutputError
+from gpuclust.report.rendering import Rendered, render_analysis
 
-
-@dataclass
-class Rendered:
-    """What :func:`gpuclust.report.render_analysis` wrote: ``files`` (relative to the folder),
-    the analysis' ``summary`` paragraph and the rows of each table (``rows``)."""
-
-    files: list[str]
-    summary: str
-    rows: dict[str, int] = field(default_factory=dict)
+__all__ = ["AnalysisWriter", "WrittenTable"]
 
 
 @dataclass
@@ -95,7 +88,6 @@ class AnalysisWriter:
 
     def __call__(self, key: str, a: Any, tables: Mapping[str, Any]) -> tuple[dict[str, Any], Rendered]:
         from gpuclust.parted import PartedTable
-        from gpuclust.report import OutputError, render_analysis
 
         try:
             done = render_analysis(

@@ -95,12 +95,12 @@ def test_disk_full_leaves_previous_results(ds, tmp_path, capsys, monkeypatch):
     assert analyze(ds, out) == 0
     before = sorted(p.relative_to(out) for p in out.rglob("*"))
     capsys.readouterr()
-    import gpuclust.report as report
+    from gpuclust.report import rendering
 
     def full(*a, **k):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(report.pq, "write_table", full)
+    monkeypatch.setattr(rendering.pq, "write_table", full)
     assert analyze(ds, out, "machine-shapes", "cell-usage") == 2
     one_line_error(capsys, str(out), "No space left on device")
     assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
