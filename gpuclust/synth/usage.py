@@ -206,11 +206,9 @@ class UsageContext:
         self.t_end_s = t_end // US
 
 
-def generate_block(
-    ctx: UsageContext, g0: int, g1: int, rng: np.random.Generator, batch: int = 8192
-) -> dict[str, np.ndarray]:
-    """Usage rows of grid cells ``[g0, g1)`` (every machine), as columns."""
-    cfg, iv, p = ctx.cfg, ctx.iv, ctx.p
+def _block_windows(ctx: UsageContext, g0: int, g1: int) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+    """The block's windows with task rows first and alloc rows after, and which are / are inside allocs."""
+    iv = ctx.iv
     w = enumerate_windows(iv, g0, g1, ctx.t_end)
     ivx = w["iv"]
     ctype = ctx.coll["ctype"][iv["coll"][ivx]]
@@ -220,15 +218,15 @@ def generate_block(
     order = np.concatenate([np.flatnonzero(~is_alloc), np.flatnonzero(is_alloc)])
     for k in w:
         w[k] = w[k][order]
-    ivx, is_alloc, in_alloc = w["iv"], is_alloc[order], in_alloc[order]
-    W = ivx.size
-    nT = int((~is_alloc).sum())
-    dur = (w["we"] - w["ws"]).astype(np.int64)
-    rate = p["rate"][ivx]
-    n = np.maximum(1, np.rint(rate * dur)).astype(np.int64)
-    n = np.minimum(n, CELL_S)
-    req_c = iv["req_c"][ivx] / UNIT
-    req_m = iv["req_m"][ivx] / UNIT
+    return w, is_alloc[order], in_alloc[order]
+
+
+def _cpu_level(
+    ctx: UsageContext, w: dict[str, np.ndarray], req_c: np.ndarray, g0: int, g1: int, rng: np.random.Generator
+) -> np.ndarray:
+    """Each window's expected CPU: request x interval factor x window noise x diurnal x machine loads."""
+    cfg, iv, p = ctx.cfg, ctx.iv, ctx.p
+    ivx = w["iv"]
     tmid = (w["ws"] + w["we"]) / 2.0 - TRACE_OFFSET_US / US
     diurnal = diurnal_factor(cfg.diurnal_amplitude, tmid, (ctx.t_end - TRACE_OFFSET_US) / US)
     # machine-level load: a per-machine factor (drawn once) and a per-(machine, cell) factor shared by
@@ -238,56 +236,57 @@ def generate_block(
     mc_fac = np.exp(s_mc * rng.standard_normal((nm, g1 - g0)) - 0.5 * s_mc * s_mc)
     mach_w = iv["machine"][ivx]
     s_w = cfg.usage_window_sigma
-    level = (
+    return (
         req_c
         * p["f_cpu"][ivx]
-        * np.exp(s_w * rng.standard_normal(W) - 0.5 * s_w * s_w)
+        * np.exp(s_w * rng.standard_normal(ivx.size) - 0.5 * s_w * s_w)
         * diurnal
         * ctx.mach["load"][mach_w]
         * mc_fac[mach_w, w["cell"] - g0]
     )
-    sig = p["sig"][ivx]
-    u_pick = rng.random(W)
+
+
+def _throttle_levels(
+    ctx: UsageContext,
+    w: dict[str, np.ndarray],
+    level: np.ndarray,
+    dur: np.ndarray,
+    is_alloc: np.ndarray,
+    g0: int,
+    g1: int,
+) -> None:
+    """Scale the task levels of machine-cells whose expected demand passes the utilisation cap (in place)."""
     # a machine cannot run more than its cores: where the expected CPU demand of the tasks on a
     # machine in a cell exceeds max_machine_utilisation x capacity, scale those tasks' levels down
     # (draws no random numbers, so everything else stays the same)
-    if np.isfinite(cfg.max_machine_utilisation):
-        tasks = np.flatnonzero(~is_alloc)
-        cap_c = ctx.mach["cap_true"][mach_w[tasks]]
-        ncell = g1 - g0
-        mk = mach_w[tasks] * ncell + (w["cell"][tasks] - g0)
-        demand = np.bincount(mk, weights=level[tasks] * dur[tasks], minlength=nm * ncell)
-        cl = w["cell"][tasks]
-        cell_len = np.minimum((cl + 1) * CELL_S, ctx.t_end_s) - np.maximum(cl * CELL_S, TRACE_OFFSET_US // US)
-        limit = cfg.max_machine_utilisation * cap_c * cell_len
-        with np.errstate(invalid="ignore", divide="ignore"):
-            f = np.where((demand[mk] > limit) & (limit > 0), limit / demand[mk], 1.0)
-        level[tasks] *= f
+    mach_w = ctx.iv["machine"][w["iv"]]
+    nm = ctx.mach["mid"].size
+    tasks = np.flatnonzero(~is_alloc)
+    cap_c = ctx.mach["cap_true"][mach_w[tasks]]
+    ncell = g1 - g0
+    mk = mach_w[tasks] * ncell + (w["cell"][tasks] - g0)
+    demand = np.bincount(mk, weights=level[tasks] * dur[tasks], minlength=nm * ncell)
+    cl = w["cell"][tasks]
+    cell_len = np.minimum((cl + 1) * CELL_S, ctx.t_end_s) - np.maximum(cl * CELL_S, TRACE_OFFSET_US // US)
+    limit = ctx.cfg.max_machine_utilisation * cap_c * cell_len
+    with np.errstate(invalid="ignore", divide="ignore"):
+        f = np.where((demand[mk] > limit) & (limit > 0), limit / demand[mk], 1.0)
+    level[tasks] *= f
 
+
+def _alloc_links(
+    w: dict[str, np.ndarray], in_alloc: np.ndarray, alloc_iv: np.ndarray, nT: int, g0: int, g1: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Task rows inside allocs, their alloc window (counted from row nT), second offset in it, and row -> position."""
+    ivx = w["iv"]
     # alloc windows: map (alloc interval, cell) -> row
-    a_rows = np.arange(nT, W)
+    a_rows = np.arange(nT, ivx.size)
     a_key = ivx[a_rows] * (g1 - g0 + 1) + (w["cell"][a_rows] - g0)
     srt = np.argsort(a_key, kind="stable")
     a_key_sorted = a_key[srt]
-    alloc_S = np.zeros((W - nT, CELL_S), dtype=np.float32)
-
-    mean = np.empty(W)
-    mx = np.empty(W)
-    pick = np.empty(W)
-    pct = np.empty((W, LEVELS.size))
-    # memory of tasks (alloc memory = sums over tasks below)
-    f_mem = p["f_mem"][ivx]
-    avg_mem = np.minimum(req_m * f_mem * (1.0 + 0.03 * rng.standard_normal(W)), req_m)
-    max_mem = np.minimum(avg_mem * (1.0 + 0.05 * np.abs(rng.standard_normal(W))), req_m)
-    max_mem = np.maximum(max_mem, avg_mem)
-    page = avg_mem * p["pc"][ivx]
-    assigned = req_m.copy()
-    # E[usage / request] of each window under the planted law (tasks: their tier's mean factor)
-    exp_ratio = np.where(is_alloc, 0.0, p["f_mean"][ivx])
-
     tia = np.flatnonzero(in_alloc[:nT])  # task-in-alloc rows
     if tia.size:
-        key = iv["alloc_iv"][ivx[tia]] * (g1 - g0 + 1) + (w["cell"][tia] - g0)
+        key = alloc_iv[ivx[tia]] * (g1 - g0 + 1) + (w["cell"][tia] - g0)
         pos = np.searchsorted(a_key_sorted, key)
         if np.any(pos >= a_key_sorted.size) or np.any(a_key_sorted[np.minimum(pos, a_key_sorted.size - 1)] != key):
             raise AssertionError("a task in an alloc has no alloc window in the same cell")
@@ -297,7 +296,42 @@ def generate_block(
         tia_alloc = tia_delta = np.zeros(0, np.int64)
     tia_pos = np.full(nT, -1, np.int64)
     tia_pos[tia] = np.arange(tia.size)
+    return tia, tia_alloc, tia_delta, tia_pos
 
+
+def _task_memory(
+    p: dict[str, np.ndarray], ivx: np.ndarray, req_m: np.ndarray, rng: np.random.Generator
+) -> dict[str, np.ndarray]:
+    """Average, maximum, assigned and page-cache memory of every window (alloc rows are redone from their tasks)."""
+    W = ivx.size
+    f_mem = p["f_mem"][ivx]
+    avg_mem = np.minimum(req_m * f_mem * (1.0 + 0.03 * rng.standard_normal(W)), req_m)
+    max_mem = np.minimum(avg_mem * (1.0 + 0.05 * np.abs(rng.standard_normal(W))), req_m)
+    max_mem = np.maximum(max_mem, avg_mem)
+    page = avg_mem * p["pc"][ivx]
+    return {"avg": avg_mem, "max": max_mem, "page": page, "assigned": req_m.copy()}
+
+
+def _put_stats(stats: dict[str, np.ndarray], rows: slice, st: dict[str, np.ndarray]) -> None:
+    """Store one batch's window statistics (mean, max, percentiles, picked sample) at ``rows``."""
+    for k in ("mean", "max", "pct", "pick"):
+        stats[k][rows] = st[k]
+
+
+def _task_cpu_stats(
+    level: np.ndarray,
+    sig: np.ndarray,
+    n: np.ndarray,
+    u_pick: np.ndarray,
+    links: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    alloc_S: np.ndarray,
+    stats: dict[str, np.ndarray],
+    rng: np.random.Generator,
+    batch: int,
+) -> None:
+    """Draw the task rows' 1 Hz samples in batches, store their statistics, and add them to their allocs' samples."""
+    _, tia_alloc, tia_delta, tia_pos = links
+    nT = tia_pos.size
     for b0 in range(0, nT, batch):
         b1 = min(nT, b0 + batch)
         nb = b1 - b0
@@ -306,74 +340,107 @@ def generate_block(
         S = (level[b0:b1, None].astype(np.float32) * np.exp(sg * z - 0.5 * sg * sg)).astype(np.float32)
         nn = n[b0:b1]
         pk = np.minimum((u_pick[b0:b1] * nn).astype(np.int64), nn - 1)
-        st = window_stats(S, nn, pk)
-        mean[b0:b1], mx[b0:b1], pct[b0:b1], pick[b0:b1] = st["mean"], st["max"], st["pct"], st["pick"]
+        _put_stats(stats, slice(b0, b1), window_stats(S, nn, pk))
         tp = tia_pos[b0:b1]
         sel = np.flatnonzero(tp >= 0)
         if sel.size:
             valid = np.arange(CELL_S)[None, :] < nn[sel, None]
             r, cidx = np.nonzero(valid)
             np.add.at(alloc_S, (tia_alloc[tp[sel]][r], tia_delta[tp[sel]][r] + cidx), S[sel[r], cidx])
-    if W > nT:
-        na = n[nT:]
-        pk = np.minimum((u_pick[nT:] * na).astype(np.int64), na - 1)
-        for b0 in range(0, W - nT, batch):
-            b1 = min(W - nT, b0 + batch)
-            st = window_stats(alloc_S[b0:b1], na[b0:b1], pk[b0:b1])
-            sl = slice(nT + b0, nT + b1)
-            mean[sl], mx[sl], pct[sl], pick[sl] = st["mean"], st["max"], st["pct"], st["pick"]
-        # alloc memory: sums of its tasks (time-weighted average; max as sum of the tasks' max)
-        am = np.zeros(W - nT)
-        ax = np.zeros(W - nT)
-        ap = np.zeros(W - nT)
-        if tia.size:
-            np.add.at(am, tia_alloc, avg_mem[tia] * dur[tia])
-            np.add.at(ax, tia_alloc, max_mem[tia])
-            np.add.at(ap, tia_alloc, page[tia] * dur[tia])
-        dA = dur[nT:]
-        avg_mem[nT:] = am / dA
-        if tia.size:  # planted expectation of an alloc window's usage / request: its tasks' expected usage
-            np.add.at(exp_ratio[nT:], tia_alloc, p["f_mean"][ivx[tia]] * req_c[tia] * dur[tia])
-        exp_ratio[nT:] /= req_c[nT:] * dA
-        max_mem[nT:] = np.maximum(np.minimum(ax, req_m[nT:]), avg_mem[nT:])
-        page[nT:] = ap / dA
 
-    if np.isfinite(cfg.max_machine_utilisation) and cfg.max_machine_utilisation <= 1:
-        # sampling noise may still lift a throttled machine-cell's realised demand above its cores:
-        # scale the statistics (linear in the samples) of its tasks outside allocs down to the capacity
-        ncell = g1 - g0
-        mk = mach_w * ncell + (w["cell"] - g0)
-        top_task = ~in_alloc & ~is_alloc
-        cs = mean * dur
-        d_all = np.bincount(mk[~in_alloc], weights=cs[~in_alloc], minlength=nm * ncell)
-        d_task = np.bincount(mk[top_task], weights=cs[top_task], minlength=nm * ncell)
-        cl = np.arange(g0, g1)
-        c_len = np.minimum((cl + 1) * CELL_S, ctx.t_end_s) - np.maximum(cl * CELL_S, TRACE_OFFSET_US // US)
-        hard = 0.9999 * ctx.mach["cap_true"][:, None] * c_len[None, :]
-        over = (d_all > hard.ravel()) & (d_task > 0)
-        if over.any():
-            fac = np.ones(nm * ncell)
-            fac[over] = np.maximum(0.0, 1.0 - (d_all[over] - hard.ravel()[over]) / d_task[over])
-            rows = np.flatnonzero(top_task & over[mk])
-            f_r = fac[mk[rows]]
-            mean[rows] *= f_r
-            mx[rows] *= f_r
-            pick[rows] *= f_r
-            pct[rows] *= f_r[:, None]
 
-    q = DEC_USAGE
-    mean, mx, pick, pct = quantize(mean, q), quantize(mx, q), quantize(pick, q), quantize(pct, q)
-    avg_mem, max_mem, page, assigned = (
-        quantize(avg_mem, q),
-        quantize(max_mem, q),
-        quantize(page, q),
-        quantize(assigned, q),
-    )
-    rate_w = quantize(n / dur, DEC_RATE)
+def _alloc_cpu_stats(
+    alloc_S: np.ndarray, n: np.ndarray, u_pick: np.ndarray, nT: int, stats: dict[str, np.ndarray], batch: int
+) -> None:
+    """Store the alloc rows' statistics of their summed samples."""
+    na = n[nT:]
+    pk = np.minimum((u_pick[nT:] * na).astype(np.int64), na - 1)
+    for b0 in range(0, na.size, batch):
+        b1 = min(na.size, b0 + batch)
+        _put_stats(stats, slice(nT + b0, nT + b1), window_stats(alloc_S[b0:b1], na[b0:b1], pk[b0:b1]))
 
+
+def _alloc_memory(
+    mem: dict[str, np.ndarray],
+    exp_ratio: np.ndarray,
+    links: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    dur: np.ndarray,
+    req_c: np.ndarray,
+    req_m: np.ndarray,
+    f_mean: np.ndarray,
+) -> None:
+    """Alloc rows' memory and expected usage / request from their tasks' (in place)."""
+    tia, tia_alloc, _, tia_pos = links
+    nT = tia_pos.size
+    avg_mem, max_mem, page = mem["avg"], mem["max"], mem["page"]
+    # alloc memory: sums of its tasks (time-weighted average; max as sum of the tasks' max)
+    am = np.zeros(dur.size - nT)
+    ax = np.zeros(dur.size - nT)
+    ap = np.zeros(dur.size - nT)
+    if tia.size:
+        np.add.at(am, tia_alloc, avg_mem[tia] * dur[tia])
+        np.add.at(ax, tia_alloc, max_mem[tia])
+        np.add.at(ap, tia_alloc, page[tia] * dur[tia])
+    dA = dur[nT:]
+    avg_mem[nT:] = am / dA
+    if tia.size:  # planted expectation of an alloc window's usage / request: its tasks' expected usage
+        np.add.at(exp_ratio[nT:], tia_alloc, f_mean[tia] * req_c[tia] * dur[tia])
+    exp_ratio[nT:] /= req_c[nT:] * dA
+    max_mem[nT:] = np.maximum(np.minimum(ax, req_m[nT:]), avg_mem[nT:])
+    page[nT:] = ap / dA
+
+
+def _cap_realised(
+    ctx: UsageContext,
+    w: dict[str, np.ndarray],
+    stats: dict[str, np.ndarray],
+    dur: np.ndarray,
+    in_alloc: np.ndarray,
+    is_alloc: np.ndarray,
+    g0: int,
+    g1: int,
+) -> None:
+    """Scale down the CPU statistics of top-level tasks on machine-cells whose realised demand passes the cores."""
+    # sampling noise may still lift a throttled machine-cell's realised demand above its cores:
+    # scale the statistics (linear in the samples) of its tasks outside allocs down to the capacity
+    mach_w = ctx.iv["machine"][w["iv"]]
+    nm = ctx.mach["mid"].size
+    ncell = g1 - g0
+    mk = mach_w * ncell + (w["cell"] - g0)
+    top_task = ~in_alloc & ~is_alloc
+    cs = stats["mean"] * dur
+    d_all = np.bincount(mk[~in_alloc], weights=cs[~in_alloc], minlength=nm * ncell)
+    d_task = np.bincount(mk[top_task], weights=cs[top_task], minlength=nm * ncell)
+    cl = np.arange(g0, g1)
+    c_len = np.minimum((cl + 1) * CELL_S, ctx.t_end_s) - np.maximum(cl * CELL_S, TRACE_OFFSET_US // US)
+    hard = 0.9999 * ctx.mach["cap_true"][:, None] * c_len[None, :]
+    over = (d_all > hard.ravel()) & (d_task > 0)
+    if over.any():
+        fac = np.ones(nm * ncell)
+        fac[over] = np.maximum(0.0, 1.0 - (d_all[over] - hard.ravel()[over]) / d_task[over])
+        rows = np.flatnonzero(top_task & over[mk])
+        f_r = fac[mk[rows]]
+        stats["mean"][rows] *= f_r
+        stats["max"][rows] *= f_r
+        stats["pick"][rows] *= f_r
+        stats["pct"][rows] *= f_r[:, None]
+
+
+def _machine_cpi(
+    ctx: UsageContext,
+    w: dict[str, np.ndarray],
+    mean: np.ndarray,
+    dur: np.ndarray,
+    top: np.ndarray,
+    g0: int,
+    g1: int,
+    rng: np.random.Generator,
+) -> dict[str, np.ndarray]:
+    """Co-location count k and utilisation u of each row's machine-cell, and the CPI and MAI planted on them."""
+    cfg = ctx.cfg
     # machine-level co-location count k and utilisation u per (machine, cell), top-level rows only
-    machine = iv["machine"][ivx]
-    top = ~in_alloc
+    machine = ctx.iv["machine"][w["iv"]]
+    W = machine.size
     ncell = g1 - g0
     mkey = machine * ncell + (w["cell"] - g0)
     size = int(ctx.mach["mid"].size * ncell)
@@ -403,14 +470,25 @@ def generate_block(
     cpi_outlier = np.zeros(W, bool)
     if hc.size:
         cpi_outlier[hc[out]] = True
-    max_missing = rng.random(W) < cfg.max_usage_missing_fraction
+    return {"cpi": cpi, "mai": mai, "has_cpi": has_cpi, "cpi_outlier": cpi_outlier, "k": kk, "u": uu, "cpi_base": base}
 
+
+def _usage_columns(
+    ctx: UsageContext,
+    w: dict[str, np.ndarray],
+    dur: np.ndarray,
+    in_alloc: np.ndarray,
+    top: np.ndarray,
+) -> dict[str, np.ndarray]:
+    """The identifying columns of the block's rows: times, cell, collection, instance, machine, alloc, priority."""
+    iv, ivx = ctx.iv, w["iv"]
+    machine = iv["machine"][ivx]
     c = iv["coll"][ivx]
     return {
         "start_time": w["ws"] * US,
         "end_time": w["we"] * US,
         "dur": dur,
-        "cell": cell,
+        "cell": w["cell"],
         "collection_id": ctx.coll["cid"][c],
         "instance_index": iv["index"][ivx],
         "machine_id": ctx.mach["mid"][machine],
@@ -422,24 +500,65 @@ def generate_block(
         "top": top,
         "collection_type": ctx.coll["ctype"][c],
         "priority": ctx.coll["prio"][c],
-        "avg_cpu": mean,
-        "max_cpu": mx,
-        "sample_cpu": pick,
-        "pct": pct,
+    }
+
+
+def generate_block(
+    ctx: UsageContext, g0: int, g1: int, rng: np.random.Generator, batch: int = 8192
+) -> dict[str, np.ndarray]:
+    """Usage rows of grid cells ``[g0, g1)`` (every machine), as columns.
+
+    The random draws happen in a fixed order (the output is a function of the seed): machine-cell
+    loads and window noise (:func:`_cpu_level`), the picked samples, memory noise
+    (:func:`_task_memory`), the task samples batch by batch (:func:`_task_cpu_stats`), CPI and MAI
+    (:func:`_machine_cpi`), then which maxima go missing.
+    """
+    cfg, iv, p = ctx.cfg, ctx.iv, ctx.p
+    w, is_alloc, in_alloc = _block_windows(ctx, g0, g1)
+    ivx = w["iv"]
+    W = ivx.size
+    nT = int((~is_alloc).sum())
+    dur = (w["we"] - w["ws"]).astype(np.int64)
+    n = np.maximum(1, np.rint(p["rate"][ivx] * dur)).astype(np.int64)
+    n = np.minimum(n, CELL_S)
+    req_c = iv["req_c"][ivx] / UNIT
+    req_m = iv["req_m"][ivx] / UNIT
+    level = _cpu_level(ctx, w, req_c, g0, g1, rng)
+    u_pick = rng.random(W)
+    if np.isfinite(cfg.max_machine_utilisation):
+        _throttle_levels(ctx, w, level, dur, is_alloc, g0, g1)
+    links = _alloc_links(w, in_alloc, iv["alloc_iv"], nT, g0, g1)
+    alloc_S = np.zeros((W - nT, CELL_S), dtype=np.float32)
+    stats = {"mean": np.empty(W), "max": np.empty(W), "pick": np.empty(W), "pct": np.empty((W, LEVELS.size))}
+    # memory of tasks (alloc memory = sums over tasks below)
+    mem = _task_memory(p, ivx, req_m, rng)
+    # E[usage / request] of each window under the planted law (tasks: their tier's mean factor)
+    exp_ratio = np.where(is_alloc, 0.0, p["f_mean"][ivx])
+    _task_cpu_stats(level, p["sig"][ivx], n, u_pick, links, alloc_S, stats, rng, batch)
+    if W > nT:
+        _alloc_cpu_stats(alloc_S, n, u_pick, nT, stats, batch)
+        _alloc_memory(mem, exp_ratio, links, dur, req_c, req_m, p["f_mean"][ivx])
+    if np.isfinite(cfg.max_machine_utilisation) and cfg.max_machine_utilisation <= 1:
+        _cap_realised(ctx, w, stats, dur, in_alloc, is_alloc, g0, g1)
+    stats = {k: quantize(v, DEC_USAGE) for k, v in stats.items()}
+    mem = {k: quantize(v, DEC_USAGE) for k, v in mem.items()}
+    top = ~in_alloc
+    cpi = _machine_cpi(ctx, w, stats["mean"], dur, top, g0, g1, rng)
+    max_missing = rng.random(W) < cfg.max_usage_missing_fraction
+    return {
+        **_usage_columns(ctx, w, dur, in_alloc, top),
+        "avg_cpu": stats["mean"],
+        "max_cpu": stats["max"],
+        "sample_cpu": stats["pick"],
+        "pct": stats["pct"],
         "n": n,
-        "avg_mem": avg_mem,
-        "max_mem": max_mem,
-        "assigned_mem": assigned,
-        "page_cache_mem": page,
+        "avg_mem": mem["avg"],
+        "max_mem": mem["max"],
+        "assigned_mem": mem["assigned"],
+        "page_cache_mem": mem["page"],
         "max_missing": max_missing,
-        "sample_rate": rate_w,
-        "cpi": cpi,
-        "mai": mai,
-        "has_cpi": has_cpi,
-        "cpi_outlier": cpi_outlier,
-        "k": kk,
-        "u": uu,
-        "cpi_base": base,
+        "sample_rate": quantize(n / dur, DEC_RATE),
+        **cpi,
         "req_cpu": req_c,
         "exp_ratio": exp_ratio,
         "iv": ivx,
