@@ -140,7 +140,7 @@ def test_synthetic_cell_usage_claims_match_references(tmp_path):
     """A 2019-format synthetic cell: the cluster-level change shares against the slow replay, the
     top-1% job shares against DuckDB; a synthetic cell supports no comparison with the paper."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from usage_change_reference import THRESHOLDS, describe, period_pairs, period_usage
+    from references.usage_change import THRESHOLDS, describe, period_pairs, period_usage
 
     cli_cell(tmp_path, machines=40, hours=4, seed=11)
     ds = Dataset(tmp_path / "ds")

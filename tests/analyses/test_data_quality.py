@@ -1,4 +1,4 @@
-"""``data-quality`` against a slow pure-Python reference (tests/data_quality_reference.py) and DuckDB
+"""``data-quality`` against a slow pure-Python reference (tests/references/data_quality.py) and DuckDB
 SQL over the canonical Parquet, hand-worked instances, events-only datasets, the layouts and
 schedulers, and the real 2011 / 2019 files."""
 
@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from data_quality_reference import reference
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from references.data_quality import reference
 from strategies import assert_results_same, cell, examples, random_cell, table, write_dataset
 
 from gpuclust.analyses.data_quality import RATIO_EDGES, DataQuality

@@ -1,4 +1,4 @@
-"""``lifecycle`` against a slow pure-Python replay (tests/lifecycle_reference.py), a
+"""``lifecycle`` against a slow pure-Python replay (tests/references/lifecycle.py), a
 hand-worked sequence, the real 2011 task events, and the layouts it may and may not run on."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import pytest
 from generic_backend import CPU, GENERIC
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from lifecycle_reference import AFTER_TRACE, NAMES, bin_of, km_quantile, max_priorities, replay
-from lifecycle_reference import kaplan_meier as km_reference
+from references.lifecycle import AFTER_TRACE, NAMES, bin_of, km_quantile, max_priorities, replay
+from references.lifecycle import kaplan_meier as km_reference
 from strategies import HOUR, examples, table, write_dataset
 
 from gpuclust.analyses.lifecycle import DELAY_EDGES_US, Lifecycle, delay_bins
@@ -201,7 +201,7 @@ KM_MEASURES = {
 
 
 def check_survival(sv, ref: dict) -> None:
-    """``survival`` against the product-limit estimate of the reference (tests/lifecycle_reference.py)
+    """``survival`` against the product-limit estimate of the reference (tests/references/lifecycle.py)
     over each (kind, tier, measure)'s (duration, ended) pairs, each duration taken as its bin (the
     table's resolution): every estimate and band bound is the edge of the reference's bin."""
     want = {}

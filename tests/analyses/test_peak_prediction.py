@@ -1,5 +1,5 @@
 """``peak-prediction`` against a slow pure-Python simulator written from the specification
-(tests/peak_prediction_reference.py), planted truths (constant usage: known predictions, no
+(tests/references/peak_prediction.py), planted truths (constant usage: known predictions, no
 violation; a planted spike: a known violation), and the CLI, the Python API, the layouts and
 the schedulers it runs on."""
 
@@ -9,12 +9,12 @@ from collections import defaultdict
 
 import numpy as np
 import pandas as pd
-import peak_prediction_reference as ref
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from references import peak_prediction as ref
 from strategies import assert_results_same, examples, table, write_dataset
 
 from gpuclust.analyses import _peak_sim

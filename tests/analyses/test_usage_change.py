@@ -1,5 +1,5 @@
 """``usage-change`` against independent references, one per level: DuckDB SQL (cluster), a slow
-pure-Python replay (machine, instance: tests/usage_change_reference.py); hand-worked cases, and
+pure-Python replay (machine, instance: tests/references/usage_change.py); hand-worked cases, and
 the layouts it may and may not run on."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from references.usage_change import THRESHOLDS, describe, pairs, period_pairs, period_usage, tiers_of
 from strategies import assert_results_same, cell, examples, random_cell, table, write_dataset
-from usage_change_reference import THRESHOLDS, describe, pairs, period_pairs, period_usage, tiers_of
 
 from gpuclust.analyses.usage_change import RATIO_EDGES, UsageChange
 from gpuclust.dataset import Dataset
@@ -268,7 +268,7 @@ def test_cluster_level_matches_duckdb(seed):
 @given(tables=cell(max_windows=40), level=st.sampled_from(["cluster", "machine"]))
 def test_cluster_and_machine_levels_match_the_replay(tables, level):
     """Hypothesis cells (NULL and zero usage, after-trace ends, NULL machines): the window-by-window
-    replay of tests/usage_change_reference.py, same float sums (one partition: the same order)."""
+    replay of tests/references/usage_change.py, same float sums (one partition: the same order)."""
     machines = None if level == "cluster" else set(tables["machine_events"].column("machine_id").to_pylist())
     ref = period_pairs(period_usage(tables["instance_usage"].to_pylist(), machines))
     res = run(TableSource(tables), UsageChange(level=level))["usage-change"]

@@ -14,8 +14,8 @@ import pytest
 from generic_backend import CPU, GENERIC
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from references.usage_change import tiers_of
 from strategies import assert_results_same, examples, table, write_dataset
-from usage_change_reference import tiers_of
 
 from gpuclust.analyses._lookup import InstanceLookup, triple_hash
 from gpuclust.analyses._requests import KeyedSlots, RequestTimeline

@@ -9,7 +9,8 @@
   (``bench/cpu_vs_duckdb.py``, ``bench/analyses_bench.py``, ``bench/study_bench.py``) time them as
   the peer, listed by analysis in :data:`references.sql_peers.DUCKDB_SQL`.
 * ``data_quality``, ``lifecycle``, ``peak_prediction``, ``usage_change``: slow, obvious pure-Python
-  replays the analyses' tests compare with, row by row.
+  replays the analyses' tests compare with, row by row (overcommit's and machine-utilization's lie
+  beside their tests, ``tests/analyses/*_reference.py``; the mixture's in ``tests/mixture/``).
 
 ``tests/conftest.py`` puts ``tests/`` on ``sys.path`` (``from references.sql_job_usage import
 job_usage_full_sql``); the benchmarks add it the same way.
