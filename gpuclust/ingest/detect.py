@@ -87,6 +87,74 @@ def _is_kaggle_header(first_line: str) -> bool:
     return tuple(cells[: len(KAGGLE_HEADER)]) == KAGGLE_HEADER
 
 
+def _check_path(p: Path, format: str | None) -> None:
+    """Raise if ``p`` is missing or not a regular file, or ``format`` is not a known format."""
+    if not p.exists():
+        raise FileNotFoundError(f"{p}: no such file")
+    if not p.is_file():
+        raise DetectError(f"{p}: not a regular file")
+    if format is not None and format not in FORMATS:
+        raise DetectError(f"{p}: unknown format {format!r}; formats are {list(FORMATS)}")
+
+
+def _read_start(p: Path) -> tuple[int, str | None, bytes, str | None]:
+    """Size, compression and (decompressed) head of ``p``, and why it cannot be read (None when it can)."""
+    try:
+        size = p.stat().st_size
+        with open(p, "rb") as f:
+            magic = f.read(4)
+        compression = "gzip" if magic[:2] == GZIP_MAGIC else None
+        head = read_head(p, compression) if magic[:4] != PARQUET_MAGIC else PARQUET_MAGIC
+    except OSError as e:
+        return -1, None, b"", f"cannot read: {e.strerror or e}"
+    return size, compression, head, None
+
+
+def _format_of(p: Path, head: bytes, kind: str, named: str | None, size: int, unreadable: str | None) -> str:
+    """The format the content (then the name, the Kaggle header, a v2 table name) says ``p`` is in."""
+    name = p.name
+    parent = p.parent.name.lower()
+    first_line = head.split(b"\n", 1)[0].decode("utf-8", "replace").lstrip("\ufeff")
+    if kind == "parquet":
+        return "v3-parquet"
+    if head.lstrip()[:1] == b"{" or (kind == "json" and named != "csv"):
+        return "v3-json"
+    if named == "json":
+        return "v3-json"  # damaged or empty: the problem is named below
+    if named == "parquet":
+        return "v3-parquet"
+    if name.lower().startswith(KAGGLE_TABLE) or _is_kaggle_header(first_line):
+        return "kaggle-csv"
+    if parent in V2_TABLES or _table_from_name(name, V2_TABLES):
+        return "v2-csv"
+    what = unreadable or (
+        "empty file"
+        if size == 0
+        else f"it holds {describe(kind, head)}, which is neither a v3 JSON or Parquet export, v2 CSV nor the Kaggle CSV layout"
+    )
+    raise DetectError(f"{p}: cannot detect the format ({what}); pass --format and --table")
+
+
+def _table_of(p: Path, fmt: str, table: str | None, problem: str | None) -> str:
+    """The source table: ``table`` checked against the format's tables, else from the file or folder name."""
+    tables = FORMAT_TABLES[fmt]
+    if table is not None:
+        if table not in tables:
+            raise DetectError(f"{p}: table {table!r} is not a {fmt} table; choose one of {list(tables)}")
+        return table
+    if fmt == "kaggle-csv":
+        return KAGGLE_TABLE
+    parent = p.parent.name.lower()
+    tbl = _table_from_name(p.name, tables) or (parent if parent in tables else None)
+    if tbl is None and problem is not None:
+        raise DetectError(f"{p}: {problem}; pass --format and --table if it is a trace table")
+    if tbl is None:
+        raise DetectError(
+            f"{p}: cannot tell which {fmt} table this is from its name or folder; pass --table (one of {list(tables)})"
+        )
+    return tbl
+
+
 def detect(path: str | os.PathLike[str], *, format: str | None = None, table: str | None = None) -> SourceFile:
     """Detect the format, source table and compression of one input file.
 
@@ -122,71 +190,17 @@ def detect(path: str | os.PathLike[str], *, format: str | None = None, table: st
     'v3-parquet'
     """
     p = Path(path)
-    if not p.exists():
-        raise FileNotFoundError(f"{p}: no such file")
-    if not p.is_file():
-        raise DetectError(f"{p}: not a regular file")
-    if format is not None and format not in FORMATS:
-        raise DetectError(f"{p}: unknown format {format!r}; formats are {list(FORMATS)}")
-    unreadable: str | None = None
-    try:
-        size = p.stat().st_size
-        with open(p, "rb") as f:
-            magic = f.read(4)
-        compression = "gzip" if magic[:2] == GZIP_MAGIC else None
-        head = read_head(p, compression) if magic[:4] != PARQUET_MAGIC else PARQUET_MAGIC
-    except OSError as e:
-        unreadable = f"cannot read: {e.strerror or e}"
-        size, compression, head = -1, None, b""
+    _check_path(p, format)
+    size, compression, head, unreadable = _read_start(p)
     kind = content_kind(head)
-    first_line = head.split(b"\n", 1)[0].decode("utf-8", "replace").lstrip("\ufeff")
-    name = p.name
-    parent = p.parent.name.lower()
-    named = kind_from_name(name)
-
-    fmt = format
-    if fmt is None:
-        if kind == "parquet":
-            fmt = "v3-parquet"
-        elif head.lstrip()[:1] == b"{" or (kind == "json" and named != "csv"):
-            fmt = "v3-json"
-        elif named == "json":
-            fmt = "v3-json"  # damaged or empty: the problem is named below
-        elif named == "parquet":
-            fmt = "v3-parquet"
-        elif name.lower().startswith(KAGGLE_TABLE) or _is_kaggle_header(first_line):
-            fmt = "kaggle-csv"
-        elif parent in V2_TABLES or _table_from_name(name, V2_TABLES):
-            fmt = "v2-csv"
-        else:
-            what = unreadable or (
-                "empty file"
-                if size == 0
-                else f"it holds {describe(kind, head)}, which is neither a v3 JSON or Parquet export, v2 CSV nor the Kaggle CSV layout"
-            )
-            raise DetectError(f"{p}: cannot detect the format ({what}); pass --format and --table")
-
+    named = kind_from_name(p.name)
+    fmt = format if format is not None else _format_of(p, head, kind, named, size, unreadable)
     problem = unreadable
     if problem is None and size == 0:
         problem = "empty file (0 bytes: an interrupted download?)"
     if problem is None:
         problem = mismatch(fmt, kind, head)
-    tables = FORMAT_TABLES[fmt]
-    tbl = table
-    if tbl is None:
-        if fmt == "kaggle-csv":
-            tbl = KAGGLE_TABLE
-        else:
-            tbl = _table_from_name(name, tables) or (parent if parent in tables else None)
-        if tbl is None and problem is not None:
-            raise DetectError(f"{p}: {problem}; pass --format and --table if it is a trace table")
-        if tbl is None:
-            raise DetectError(
-                f"{p}: cannot tell which {fmt} table this is from its name or folder; "
-                f"pass --table (one of {list(tables)})"
-            )
-    elif tbl not in tables:
-        raise DetectError(f"{p}: table {tbl!r} is not a {fmt} table; choose one of {list(tables)}")
+    tbl = _table_of(p, fmt, table, problem)
     note = None
     if problem is None and named is not None and named != FORMAT_KIND[fmt] and kind != "nothing":
         note = f"{p}: named like {named} but holds {describe(kind, head)}; read as {fmt}"

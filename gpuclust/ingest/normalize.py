@@ -26,6 +26,102 @@ def _fmt(v: object) -> str:
     return s if len(s) <= 80 else s[:77] + "..."
 
 
+def _text_to_int64(arr: pa.Array, mark: np.ndarray) -> pa.Array:
+    """Parse whitespace-trimmed text as int64 exactly; non-integers and out-of-range digits become null, marked."""
+    stripped = pc.utf8_trim_whitespace(arr)
+    ok = pc.match_substring_regex(stripped, _INT_RE)
+    notok = pc.and_(pc.is_valid(stripped), pc.invert(ok))
+    mark |= np.asarray(notok.to_numpy(zero_copy_only=False), dtype=bool)
+    arr = pc.if_else(notok, pa.scalar(None, stripped.type), stripped)
+    try:
+        return pc.cast(arr, pa.int64())
+    except pa.ArrowInvalid:
+        # Out-of-range digits: find them one by one (rare).
+        vals = arr.to_pylist()
+        out: list[int | None] = []
+        for i, v in enumerate(vals):
+            if v is None:
+                out.append(None)
+                continue
+            iv = int(v)
+            if -(2**63) <= iv < 2**63:
+                out.append(iv)
+            else:
+                mark[i] = True
+                out.append(None)
+        return pa.array(out, pa.int64())
+
+
+def _float_to_int64(arr: pa.Array, mark: np.ndarray) -> pa.Array:
+    """Whole floats below 2**53 as int64; fractional or too large values become null, marked."""
+    f = arr.to_numpy(zero_copy_only=False).astype(np.float64)
+    valid = ~np.isnan(f) & np.asarray(pc.is_valid(arr).to_numpy(zero_copy_only=False), dtype=bool)
+    whole = valid & (np.floor(f) == f) & (np.abs(f) < 2.0**53)
+    mark |= valid & ~whole
+    return pa.array(np.where(whole, f, 0).astype(np.int64), pa.int64(), mask=~whole)
+
+
+def _narrow_int(as64: pa.Array, target: pa.DataType, mark: np.ndarray) -> pa.Array:
+    """int64 values as the narrower integer ``target``; values outside its range become null, marked."""
+    info = np.iinfo(target.to_pandas_dtype())
+    v = as64.to_numpy(zero_copy_only=False)
+    valid = np.asarray(pc.is_valid(as64).to_numpy(zero_copy_only=False), dtype=bool)
+    vv = np.where(valid, v, 0).astype(np.int64)
+    inr = (vv >= info.min) & (vv <= info.max)
+    mark |= valid & ~inr
+    keep = valid & inr
+    return pa.array(np.where(keep, vv, 0).astype(target.to_pandas_dtype()), target, mask=~keep)
+
+
+def _to_int(arr: pa.Array, target: pa.DataType, col: str, mark: np.ndarray) -> pa.Array:
+    """Text, floats, integers or booleans as the integer ``target``, marking the rows that do not convert."""
+    src = arr.type
+    if pa.types.is_string(src) or pa.types.is_large_string(src):
+        as64 = _text_to_int64(arr, mark)
+    elif pa.types.is_floating(src):
+        as64 = _float_to_int64(arr, mark)
+    elif pa.types.is_integer(src) or pa.types.is_boolean(src):
+        as64 = pc.cast(arr, pa.int64())
+    else:
+        raise TypeError(f"column {col}: cannot convert {src} to {target}")
+    return as64 if target == pa.int64() else _narrow_int(as64, target, mark)
+
+
+def _to_float(arr: pa.Array, target: pa.DataType, mark: np.ndarray) -> pa.Array:
+    """Text (whitespace-trimmed) or numbers as the floating ``target``, marking text that is not a number."""
+    src = arr.type
+    if not (pa.types.is_string(src) or pa.types.is_large_string(src)):
+        return pc.cast(arr, target, safe=False)
+    try:
+        return pc.cast(pc.utf8_trim_whitespace(arr), target)
+    except pa.ArrowInvalid:
+        vals = arr.to_pylist()
+        fo: list[float | None] = []
+        for i, v in enumerate(vals):
+            if v is None:
+                fo.append(None)
+                continue
+            try:
+                fo.append(float(v))
+            except ValueError:
+                mark[i] = True
+                fo.append(None)
+        return pa.array(fo, pa.float64()).cast(target, safe=False)
+
+
+def _to_bool(arr: pa.Array, mark: np.ndarray) -> pa.Array:
+    """Text 1/true/0/false (any case, trimmed) or other values as booleans, marking other text."""
+    if not pa.types.is_string(arr.type):
+        return pc.cast(arr, pa.bool_())
+    low = pc.utf8_lower(pc.utf8_trim_whitespace(arr))
+    t = pc.is_in(low, pa.array(["1", "true"]))
+    fl = pc.is_in(low, pa.array(["0", "false"]))
+    valid = pc.is_valid(low)
+    badb = pc.and_(valid, pc.invert(pc.or_(t, fl)))
+    mark |= np.asarray(badb.to_numpy(zero_copy_only=False), dtype=bool)
+    return pc.if_else(pc.or_(t, fl), t, pa.scalar(None, pa.bool_()))
+
+
 def _cast_isolating(arr: pa.Array, target: pa.DataType, col: str, bad: np.ndarray, why: list[str | None]) -> pa.Array:
     """Cast ``arr`` to ``target``; rows that cannot be cast become null and are marked bad."""
     n = len(arr)
@@ -33,93 +129,20 @@ def _cast_isolating(arr: pa.Array, target: pa.DataType, col: str, bad: np.ndarra
         return arr
     if pa.types.is_null(arr.type):
         return pa.nulls(n, target)
-    src = arr.type
-    orig = arr
     mark = np.zeros(n, dtype=bool)
     if pa.types.is_integer(target):
-        if pa.types.is_string(src) or pa.types.is_large_string(src):
-            stripped = pc.utf8_trim_whitespace(arr)
-            ok = pc.match_substring_regex(stripped, _INT_RE)
-            notok = pc.and_(pc.is_valid(stripped), pc.invert(ok))
-            mark |= np.asarray(notok.to_numpy(zero_copy_only=False), dtype=bool)
-            arr = pc.if_else(notok, pa.scalar(None, stripped.type), stripped)
-            try:
-                as64 = pc.cast(arr, pa.int64())
-            except pa.ArrowInvalid:
-                # Out-of-range digits: find them one by one (rare).
-                vals = arr.to_pylist()
-                out: list[int | None] = []
-                for i, v in enumerate(vals):
-                    if v is None:
-                        out.append(None)
-                        continue
-                    iv = int(v)
-                    if -(2**63) <= iv < 2**63:
-                        out.append(iv)
-                    else:
-                        mark[i] = True
-                        out.append(None)
-                as64 = pa.array(out, pa.int64())
-        elif pa.types.is_floating(src):
-            f = arr.to_numpy(zero_copy_only=False).astype(np.float64)
-            valid = ~np.isnan(f) & np.asarray(pc.is_valid(arr).to_numpy(zero_copy_only=False), dtype=bool)
-            whole = valid & (np.floor(f) == f) & (np.abs(f) < 2.0**53)
-            mark |= valid & ~whole
-            as64 = pa.array(np.where(whole, f, 0).astype(np.int64), pa.int64(), mask=~whole)
-        elif pa.types.is_integer(src) or pa.types.is_boolean(src):
-            as64 = pc.cast(arr, pa.int64())
-        else:
-            raise TypeError(f"column {col}: cannot convert {src} to {target}")
-        if target == pa.int64():
-            out_arr = as64
-        else:
-            info = np.iinfo(target.to_pandas_dtype())
-            v = as64.to_numpy(zero_copy_only=False)
-            valid = np.asarray(pc.is_valid(as64).to_numpy(zero_copy_only=False), dtype=bool)
-            vv = np.where(valid, v, 0).astype(np.int64)
-            inr = (vv >= info.min) & (vv <= info.max)
-            mark |= valid & ~inr
-            keep = valid & inr
-            out_arr = pa.array(np.where(keep, vv, 0).astype(target.to_pandas_dtype()), target, mask=~keep)
+        out_arr = _to_int(arr, target, col, mark)
     elif pa.types.is_floating(target):
-        if pa.types.is_string(src) or pa.types.is_large_string(src):
-            try:
-                out_arr = pc.cast(pc.utf8_trim_whitespace(arr), target)
-            except pa.ArrowInvalid:
-                vals = arr.to_pylist()
-                fo: list[float | None] = []
-                for i, v in enumerate(vals):
-                    if v is None:
-                        fo.append(None)
-                        continue
-                    try:
-                        fo.append(float(v))
-                    except ValueError:
-                        mark[i] = True
-                        fo.append(None)
-                out_arr = pa.array(fo, pa.float64()).cast(target, safe=False)
-        else:
-            out_arr = pc.cast(arr, target, safe=False)
+        out_arr = _to_float(arr, target, mark)
     elif pa.types.is_boolean(target):
-        if pa.types.is_string(src):
-            low = pc.utf8_lower(pc.utf8_trim_whitespace(arr))
-            t = pc.is_in(low, pa.array(["1", "true"]))
-            fl = pc.is_in(low, pa.array(["0", "false"]))
-            valid = pc.is_valid(low)
-            badb = pc.and_(valid, pc.invert(pc.or_(t, fl)))
-            mark |= np.asarray(badb.to_numpy(zero_copy_only=False), dtype=bool)
-            out_arr = pc.if_else(pc.or_(t, fl), t, pa.scalar(None, pa.bool_()))
-        else:
-            out_arr = pc.cast(arr, target)
-    elif pa.types.is_string(target):
-        out_arr = pc.cast(arr, target)
-    elif pa.types.is_list(target):
+        out_arr = _to_bool(arr, mark)
+    elif pa.types.is_string(target) or pa.types.is_list(target):
         out_arr = pc.cast(arr, target)
     else:  # pragma: no cover - schema has no other types
         raise TypeError(f"column {col}: unsupported target type {target}")
     if mark.any():
         idx = np.flatnonzero(mark & ~bad)
-        pyvals = orig.take(pa.array(idx)).to_pylist() if len(idx) else []
+        pyvals = arr.take(pa.array(idx)).to_pylist() if len(idx) else []
         for row, v in zip(idx, pyvals, strict=True):
             why[row] = f"column {col}: cannot convert {_fmt(v)} to {target}"
         bad |= mark
