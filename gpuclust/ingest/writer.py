@@ -233,53 +233,29 @@ class _RejectSink:
 # --------------------------------------------------------------------------------------------
 # One input file
 # --------------------------------------------------------------------------------------------
-def ingest_file(
+def _queue_progress() -> ProgressFn | None:
+    """In a worker process, a progress callback that sends ``(path, rows, bytes done)`` to the parent's queue."""
+    if _QUEUE is None:
+        return None
+    queue = _QUEUE
+
+    def progress(path: str, rows: int, done: int) -> None:
+        queue.put((path, rows, done))
+
+    return progress
+
+
+def _write_chunks(
     src: SourceFile,
-    key: str | None,
-    out: Path,
     opts: ReadOptions,
-    progress: ProgressFn | None = None,
-    algorithm: str = content_hash.LEGACY,
-) -> FileResult:
-    """Read ``src`` and publish its canonical parts and rejects under ``out``.
-
-    Everything is written under ``out/_staging/`` (see the module docstring); the result's
-    ``outputs`` and ``rejects_file`` are the final paths relative to ``out``.  Never raises for
-    bad input: an unreadable or truncated file gives ``status="failed"`` with ``error`` set,
-    keeping the parts written before the failure.
-
-    ``key`` is the input's content hash, or None when it is not known yet: the file is then
-    hashed (with ``algorithm``) as the reader reads it (:class:`content_hash.StreamHash`), its
-    parts are staged under a provisional name and renamed to the hash's once it is known.
-    """
-    t0 = time.perf_counter()
-    out = Path(out)
-    info = os.stat(src.path)
-    digest = content_hash.StreamHash(src.path, algorithm) if key is None else None
-    res = FileResult(
-        content_hash=key or "",
-        path=str(src.path),
-        size=info.st_size,
-        mtime_ns=info.st_mtime_ns,
-        format=src.format,
-        source_table=src.source_table,
-        trace_version=src.trace_version,
-    )
-    if src.problem is not None:  # empty, unreadable, another format inside: not read at all
-        res.error = src.problem
-        res.seconds = time.perf_counter() - t0
-        return res
-    # Unknown hash: a provisional stem, unique among the run's inputs (their paths differ).
-    st = stem(key) if key is not None else f"part-new-{hashlib.sha256(os.fsencode(src.path)).hexdigest()[:16]}"
-    if digest is not None:
-        opts = replace(opts, digest=digest)
-    stage = out / STAGING_DIR
-    sink = _RejectSink(stage / REJECTS_DIR / f"{st}.jsonl")
-    if progress is None and _QUEUE is not None:
-
-        def progress(path: str, rows: int, done: int) -> None:
-            _QUEUE.put((path, rows, done))
-
+    stage: Path,
+    st: str,
+    res: FileResult,
+    sink: _RejectSink,
+    progress: ProgressFn | None,
+) -> None:
+    """Read ``src`` chunk by chunk, staging each table's rows as part ``<table>/<st>-<chunk>.parquet``
+    and its rejects in ``sink``; ``res`` counts them (and says done or failed, with the error)."""
     # Parts are written by one background thread (Parquet encoding releases the GIL) while the
     # reader parses the next chunk; at most two parts wait in memory.
     pool = ThreadPoolExecutor(max_workers=WRITE_THREADS, thread_name_prefix="gpuclust-write")
@@ -328,10 +304,10 @@ def ingest_file(
     except Exception as e:  # a reader bug or an OS error: the file fails, the run goes on
         res.status = "failed"
         res.error = f"{type(e).__name__}: {e}"
-    res.rows_rejected = sink.count
-    res.first_reasons = sink.first
-    if digest is not None:
-        st = _name_by_hash(res, digest, stage, st, sink)
+
+
+def _publish_rejects(res: FileResult, sink: _RejectSink, st: str) -> None:
+    """Publish the staged rejects file under stem ``st``; failing to write it fails the input."""
     try:
         if sink.publish():
             res.rejects_file = f"{REJECTS_DIR}/{st}.jsonl"
@@ -339,6 +315,58 @@ def ingest_file(
         sink.discard()
         res.status = "failed"
         res.error = (res.error + "; " if res.error else "") + f"cannot write rejects: {e}"
+
+
+def ingest_file(
+    src: SourceFile,
+    key: str | None,
+    out: Path,
+    opts: ReadOptions,
+    progress: ProgressFn | None = None,
+    algorithm: str = content_hash.LEGACY,
+) -> FileResult:
+    """Read ``src`` and publish its canonical parts and rejects under ``out``.
+
+    Everything is written under ``out/_staging/`` (see the module docstring); the result's
+    ``outputs`` and ``rejects_file`` are the final paths relative to ``out``.  Never raises for
+    bad input: an unreadable or truncated file gives ``status="failed"`` with ``error`` set,
+    keeping the parts written before the failure.
+
+    ``key`` is the input's content hash, or None when it is not known yet: the file is then
+    hashed (with ``algorithm``) as the reader reads it (:class:`content_hash.StreamHash`), its
+    parts are staged under a provisional name and renamed to the hash's once it is known.
+    """
+    t0 = time.perf_counter()
+    out = Path(out)
+    info = os.stat(src.path)
+    digest = content_hash.StreamHash(src.path, algorithm) if key is None else None
+    res = FileResult(
+        content_hash=key or "",
+        path=str(src.path),
+        size=info.st_size,
+        mtime_ns=info.st_mtime_ns,
+        format=src.format,
+        source_table=src.source_table,
+        trace_version=src.trace_version,
+    )
+    if src.problem is not None:  # empty, unreadable, another format inside: not read at all
+        res.error = src.problem
+        res.seconds = time.perf_counter() - t0
+        return res
+    # Unknown hash: a provisional stem, unique among the run's inputs (their paths differ).
+    st = stem(key) if key is not None else f"part-new-{hashlib.sha256(os.fsencode(src.path)).hexdigest()[:16]}"
+    if digest is not None:
+        opts = replace(opts, digest=digest)
+    stage = out / STAGING_DIR
+    sink = _RejectSink(stage / REJECTS_DIR / f"{st}.jsonl")
+    if progress is None:
+        progress = _queue_progress()
+    _write_chunks(src, opts, stage, st, res, sink, progress)
+    res.rows_rejected = sink.count
+    res.first_reasons = sink.first
+    if digest is not None:
+        st = _name_by_hash(res, digest, stage, st, sink)
+    _publish_rejects(res, sink, st)
     if progress is not None:
         progress(res.path, res.rows_read, res.size)
     res.seconds = time.perf_counter() - t0
