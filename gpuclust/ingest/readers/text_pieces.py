@@ -16,7 +16,7 @@ import stat
 import sys
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -130,6 +130,88 @@ class _BufferPool:
 _SLACK = max(_MAX_OUT, _READ_BLOCK)
 
 
+class _TextStream:
+    """The state of :func:`pieces` over one file: its reused buffers, the text read but not cut yet
+    (``buf[start:n]``), the number of the next line, and the error that stopped the reading."""
+
+    def __init__(self, f: Any, gz: bool, chunk_bytes: int, keep: int) -> None:
+        self.f = f
+        self.pool = _BufferPool(chunk_bytes + _SLACK, keep)
+        self.buf = self.pool.get()
+        self.start = self.n = 0  # buf[start:n]: text read but not yet cut into pieces
+        self.line = 1
+        self.error: str | None = None
+        self.chunk_bytes = chunk_bytes
+        self.max_line = max(4 * chunk_bytes, MAX_LINE)
+        self.it = _blocks(f, True) if gz else None
+
+    def room(self, size: int) -> None:
+        """Make ``buf[n:n + size]`` writable, keeping ``buf[start:n]`` (moved to a new buffer)."""
+        if self.n + size <= len(self.buf):
+            return
+        rest = self.n - self.start
+        new = self.pool.get() if rest + size <= self.pool.size else bytearray(max(rest + size, 2 * rest))
+        if rest:
+            new[:rest] = memoryview(self.buf)[self.start : self.n]
+        self.buf, self.start, self.n = new, 0, rest
+
+    def read(self) -> bool:
+        """Append the next decompressed block or read to the text; True at the end (or where damage stops it)."""
+        if self.it is not None:
+            try:
+                data = next(self.it, None)
+            except _Damage as e:
+                self.error = str(e)
+                data = None
+            if not data:
+                return True
+            self.room(len(data))
+            self.buf[self.n : self.n + len(data)] = data
+            self.n += len(data)
+            return False
+        want = max(self.chunk_bytes - (self.n - self.start), _READ_BLOCK)
+        self.room(want)
+        try:
+            got = self.f.readinto(memoryview(self.buf)[self.n : self.n + want])
+        except OSError as e:
+            self.error = f"read error: {e.strerror or e}"
+            got = 0
+        if not got:
+            return True
+        self.n += got
+        return False
+
+    def cut(self, final: bool, count: Callable[[bytearray, int, int], int] | None) -> Generator[Piece, None, bool]:
+        """Yield the line-aligned pieces of ~chunk_bytes the text holds (at the end, the rest); returns
+        whether the reading is over (a line too long ends it)."""
+        buf, chunk_bytes = self.buf, self.chunk_bytes
+        while self.n - self.start >= chunk_bytes or (final and self.start < self.n):
+            start, n = self.start, self.n
+            cut = buf.rfind(b"\n", start, min(start + chunk_bytes, n)) + 1
+            if cut <= start:  # a line longer than chunk_bytes
+                cut = buf.find(b"\n", start + chunk_bytes, n) + 1
+            if cut <= start:
+                if n - start > self.max_line and self.error is None:
+                    self.error = (
+                        f"line {self.line} is longer than {self.max_line >> 20} MiB (is this newline-delimited JSON?)"
+                    )
+                    self.start = n
+                    return True
+                if not final or self.error is not None:
+                    break  # no line end yet (or never: a damaged file's partial last line)
+                cut = n  # the last line lacks a newline
+            if count is not None:  # the compiled reader parses it: only the count is needed
+                nl_pos, nl = None, count(buf, start, cut)
+            else:
+                # One pass finds the newlines: their count, and later the blank-line check.
+                nl_pos = np.flatnonzero(np.frombuffer(buf, np.uint8, cut - start, start) == 10)
+                nl = len(nl_pos)
+            yield Piece(buf, start, cut, self.line, nl, self.f.tell(), nl_pos)
+            self.line += nl
+            self.start = cut
+        return final
+
+
 def pieces(
     src: SourceFile,
     chunk_bytes: int,
@@ -158,85 +240,20 @@ def pieces(
             yield from _mapped_pieces(src, mm, chunk_bytes, count, digest)  # type: ignore[arg-type]
             return
         f = digest.wrap(raw) if digest is not None else raw  # hashed as it is read
-        gz = src.compression == "gzip"
-        pool = _BufferPool(chunk_bytes + _SLACK, keep)
-        buf = pool.get()
-        start = n = 0  # buf[start:n]: text read but not yet cut into pieces
-        line = 1
-        error: str | None = None
+        s = _TextStream(f, src.compression == "gzip", chunk_bytes, keep)
         first = True
-        max_line = max(4 * chunk_bytes, MAX_LINE)
-        it = _blocks(f, True) if gz else None
-
-        def room(size: int) -> None:
-            """Make ``buf[n:n + size]`` writable, keeping ``buf[start:n]`` (moved to a new buffer)."""
-            nonlocal buf, start, n
-            if n + size <= len(buf):
-                return
-            rest = n - start
-            new = pool.get() if rest + size <= pool.size else bytearray(max(rest + size, 2 * rest))
-            if rest:
-                new[:rest] = memoryview(buf)[start:n]
-            buf, start, n = new, 0, rest
-
         while True:
-            final = False
-            if it is not None:
-                try:
-                    data = next(it, None)
-                except _Damage as e:
-                    error = str(e)
-                    data = None
-                if data:
-                    room(len(data))
-                    buf[n : n + len(data)] = data
-                    n += len(data)
-                else:
-                    final = True
-            else:
-                want = max(chunk_bytes - (n - start), _READ_BLOCK)
-                room(want)
-                try:
-                    got = f.readinto(memoryview(buf)[n : n + want])
-                except OSError as e:
-                    error = f"read error: {e.strerror or e}"
-                    got = 0
-                if got:
-                    n += got
-                else:
-                    final = True
-            if n - start < chunk_bytes and not final:
+            final = s.read()
+            if s.n - s.start < chunk_bytes and not final:
                 continue
-            if first and buf.startswith(b"\xef\xbb\xbf", start, n):  # a UTF-8 byte-order mark
-                start += 3
+            if first and s.buf.startswith(b"\xef\xbb\xbf", s.start, s.n):  # a UTF-8 byte-order mark
+                s.start += 3
             first = False
-            while n - start >= chunk_bytes or (final and start < n):
-                cut = buf.rfind(b"\n", start, min(start + chunk_bytes, n)) + 1
-                if cut <= start:  # a line longer than chunk_bytes
-                    cut = buf.find(b"\n", start + chunk_bytes, n) + 1
-                if cut <= start:
-                    if n - start > max_line and error is None:
-                        error = f"line {line} is longer than {max_line >> 20} MiB (is this newline-delimited JSON?)"
-                        final = True
-                        start = n
-                        break
-                    if not final or error is not None:
-                        break  # no line end yet (or never: a damaged file's partial last line)
-                    cut = n  # the last line lacks a newline
-                if count is not None:  # the compiled reader parses it: only the count is needed
-                    nl_pos, nl = None, count(buf, start, cut)
-                else:
-                    # One pass finds the newlines: their count, and later the blank-line check.
-                    nl_pos = np.flatnonzero(np.frombuffer(buf, np.uint8, cut - start, start) == 10)
-                    nl = len(nl_pos)
-                yield Piece(buf, start, cut, line, nl, f.tell(), nl_pos)
-                line += nl
-                start = cut
-            if final:
+            if (yield from s.cut(final, count)):
                 break
-        if error is not None:
-            partial = " (its partial last line was dropped)" if n > start else ""
-            raise SourceError(path, error + partial, line=line)
+        if s.error is not None:
+            partial = " (its partial last line was dropped)" if s.n > s.start else ""
+            raise SourceError(path, s.error + partial, line=s.line)
 
 
 def mapping_enabled() -> bool:
