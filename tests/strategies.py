@@ -33,11 +33,13 @@ EXAMPLES_AT = 100
 MIN_EXAMPLES = 20
 
 
-def examples(n: int) -> int:
+def examples(n: int, least: int = MIN_EXAMPLES) -> int:
     """A test's ``n`` examples under the loaded Hypothesis profile: scaled by the profile's
     ``max_examples`` over :data:`EXAMPLES_AT` (``dev``: ``n``; ``ci``: fewer, but never fewer
-    than :data:`MIN_EXAMPLES` or ``n``; ``thorough``: more).  Write ``@settings(max_examples=examples(n))``."""
-    return max(round(n * settings.default.max_examples / EXAMPLES_AT), min(n, MIN_EXAMPLES))
+    than ``least`` or ``n``; ``thorough``: more).  Write ``@settings(max_examples=examples(n))``;
+    a lower ``least`` is for a test run once per analysis and option (the conformance suite), whose
+    examples add up over the registry."""
+    return max(round(n * settings.default.max_examples / EXAMPLES_AT), min(n, least))
 
 
 def table(name: str, cols: dict[str, Any]) -> pa.Table:
