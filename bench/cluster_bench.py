@@ -6,9 +6,11 @@ with the windows.
 For each size (the canonical dataset laid out by key, as ingest leaves it), the command users run,
 ``gpuclust analyze DS <all 13 analyses> --out DIR --no-plots``, runs once in-process (``local``)
 and once on a ``distributed.LocalCluster`` of two worker processes (``--scheduler local:2``),
-interleaved, ``--repeat`` times each.  The partition tasks and the merge tree run on the workers,
-the parted tables (per machine, per instance) are written by the workers' shard tasks; the
-client plans, builds contexts, finalizes the merged partials and writes the small tables.
+interleaved, ``--repeat`` times each.  The partition tasks, the merge tree and the finalize run
+on the workers, which write the result tables into DIR (the parted tables, per machine, by their
+shard tasks; the others by the task that finalizes them, gpuclust/engine/finish.py); the client
+plans, builds contexts, builds the parted analyses' small tables and writes summary.txt and
+_run.json.
 
 Each run is a child process that calls the CLI's ``main`` and reports its own peak RSS (VmHWM:
 the client alone; the workers are other processes, their peak sampled with the process tree's).
