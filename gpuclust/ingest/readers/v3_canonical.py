@@ -204,6 +204,67 @@ def _finish(
     return good, bad, why
 
 
+def _raw_column(raw: pa.Table, name: str) -> pa.Array | None:
+    """The source column ``name`` as one array (None when the records have no such field)."""
+    if name not in raw.column_names:
+        return None
+    return _combine(raw.column(name))
+
+
+def _mapped_columns(source_table: str, raw: pa.Table) -> dict[str, pa.Array]:
+    """The canonical columns taken straight from source fields (sub-fields picked, integer fields prepared once)."""
+    fields = SOURCE_FIELDS[source_table]
+    enums = ENUMS[source_table]
+    cols: dict[str, pa.Array] = {}
+    prepped: dict[str, pa.Array] = {}
+    for canon, (src, sub) in COLUMN_MAP[source_table].items():
+        arr = _raw_column(raw, src)
+        if arr is None:
+            continue
+        if sub is not None:
+            arr = _sub(arr, sub)
+        elif fields[src] == INT:
+            if src not in prepped:
+                prepped[src] = _prep_int(arr, enums.get(src))
+            arr = prepped[src]
+        cols[canon] = arr
+    return cols
+
+
+def _constraints(
+    cons: pa.Array | None, cols: dict[str, pa.Array], n: int, pre_bad: np.ndarray, pre_why: list[str | None]
+) -> tuple[pa.Table, np.ndarray] | None:
+    """The conforming ``instance_constraints`` rows of the events' constraint lists, and each one's event row;
+    an event with a bad constraint is marked bad (None when there are no constraints)."""
+    if cons is None or pa.types.is_null(cons.type):
+        return None
+    offs, values, valid = _list_offsets_values(cons)
+    counts = np.where(valid, np.diff(offs), 0)
+    parent = np.repeat(np.arange(n, dtype=np.int64), counts)
+    if not len(parent):
+        return None
+    sel = _ranges(offs[:-1], counts)
+    items = values.take(pa.array(sel))
+    pidx = pa.array(parent)
+    ccols: dict[str, pa.Array] = {}
+    for c in ("time", "collection_id", "instance_index"):
+        if c in cols:
+            ccols[c] = cols[c].take(pidx)
+    for c in ("name", "value", "relation"):
+        if pa.types.is_struct(items.type) and items.type.get_field_index(c) >= 0:
+            a = pc.struct_field(items, c)
+            ccols[c] = _prep_int(a, Relation) if c == "relation" else a
+    cgood, cbad, cwhy = conform("instance_constraints", _to_target("instance_constraints", ccols), len(parent))
+    if cbad.any():
+        first_in_row = offs[:-1]
+        for j in np.flatnonzero(cbad):
+            r = int(parent[j])
+            if not pre_bad[r]:
+                pre_why[r] = f"constraint[{int(sel[j] - first_in_row[r])}]: {cwhy[j]}"
+            pre_bad[r] = True
+    return cgood, parent[~cbad]
+
+
 def to_canonical(source_table: str, raw: pa.Table) -> tuple[dict[str, pa.Table], np.ndarray, list[str | None]]:
     """Flatten parsed v3 records (JSON or Parquet) into canonical tables.
 
@@ -224,81 +285,26 @@ def to_canonical(source_table: str, raw: pa.Table) -> tuple[dict[str, pa.Table],
         The reason per rejected record.
     """
     n = raw.num_rows
-    fields = SOURCE_FIELDS[source_table]
-    enums = ENUMS[source_table]
-
-    def col(name: str) -> pa.Array | None:
-        if name not in raw.column_names:
-            return None
-        return _combine(raw.column(name))
-
     pre_bad = np.zeros(n, dtype=bool)
     pre_why: list[str | None] = [None] * n
-    cols: dict[str, pa.Array] = {}
-    prepped: dict[str, pa.Array] = {}
-    for canon, (src, sub) in COLUMN_MAP[source_table].items():
-        arr = col(src)
-        if arr is None:
-            continue
-        if sub is not None:
-            arr = _sub(arr, sub)
-        elif fields[src] == INT:
-            if src not in prepped:
-                prepped[src] = _prep_int(arr, enums.get(src))
-            arr = prepped[src]
-        cols[canon] = arr
+    cols = _mapped_columns(source_table, raw)
     tables: dict[str, pa.Table] = {}
     if source_table == "instance_usage":
-        _percentiles(
-            col("cpu_usage_distribution"), "cpu_usage_distribution", _CPU_DIST_LEVELS, n, cols, pre_bad, pre_why
-        )
-        _percentiles(
-            col("tail_cpu_usage_distribution"),
-            "tail_cpu_usage_distribution",
-            _TAIL_DIST_LEVELS,
-            n,
-            cols,
-            pre_bad,
-            pre_why,
-        )
+        for name, levels in (
+            ("cpu_usage_distribution", _CPU_DIST_LEVELS),
+            ("tail_cpu_usage_distribution", _TAIL_DIST_LEVELS),
+        ):
+            _percentiles(_raw_column(raw, name), name, levels, n, cols, pre_bad, pre_why)
     elif source_table == "collection_events":
         cols["start_after_collection_ids"] = _int_list(
-            col("start_after_collection_ids"), "start_after_collection_ids", n, pre_bad, pre_why
+            _raw_column(raw, "start_after_collection_ids"), "start_after_collection_ids", n, pre_bad, pre_why
         )
     elif source_table == "instance_events":
-        cons = col("constraint")
-        ctable = None
-        if cons is not None and not pa.types.is_null(cons.type):
-            offs, values, valid = _list_offsets_values(cons)
-            counts = np.where(valid, np.diff(offs), 0)
-            parent = np.repeat(np.arange(n, dtype=np.int64), counts)
-            if len(parent):
-                sel = _ranges(offs[:-1], counts)
-                items = values.take(pa.array(sel))
-                pidx = pa.array(parent)
-                ccols: dict[str, pa.Array] = {}
-                for c in ("time", "collection_id", "instance_index"):
-                    if c in cols:
-                        ccols[c] = cols[c].take(pidx)
-                for c in ("name", "value", "relation"):
-                    if pa.types.is_struct(items.type) and items.type.get_field_index(c) >= 0:
-                        a = pc.struct_field(items, c)
-                        ccols[c] = _prep_int(a, Relation) if c == "relation" else a
-                cgood, cbad, cwhy = conform(
-                    "instance_constraints", _to_target("instance_constraints", ccols), len(parent)
-                )
-                if cbad.any():
-                    first_in_row = offs[:-1]
-                    for j in np.flatnonzero(cbad):
-                        r = int(parent[j])
-                        if not pre_bad[r]:
-                            pre_why[r] = f"constraint[{int(sel[j] - first_in_row[r])}]: {cwhy[j]}"
-                        pre_bad[r] = True
-                ctable = cgood
-                cparent = parent[~cbad]
+        constraints = _constraints(_raw_column(raw, "constraint"), cols, n, pre_bad, pre_why)
         good, bad, why = _finish("instance_events", cols, n, pre_bad, pre_why)
         tables["instance_events"] = good
-        if ctable is not None:
+        if constraints is not None:
+            ctable, cparent = constraints
             tables["instance_constraints"] = ctable.filter(pa.array(~bad[cparent])) if bad.any() else ctable
         return tables, bad, why
     good, bad, why = _finish(source_table, cols, n, pre_bad, pre_why)
