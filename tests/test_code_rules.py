@@ -94,3 +94,72 @@ def test_no_module_over_600_lines():
         str(f.relative_to(ROOT)): n for f in sorted(ROOT.rglob("*.py")) if (n := len(f.read_text().splitlines())) > 600
     }
     assert not big, big
+
+
+def _analysis_classes() -> list[type]:
+    """Every analysis class in gpuclust/analyses (the registered ones and their prerequisite passes)."""
+    import importlib
+    import pkgutil
+
+    import gpuclust.analyses as pkg
+    from gpuclust.analyses.base import Analysis
+
+    for m in pkgutil.walk_packages(pkg.__path__, "gpuclust.analyses."):
+        importlib.import_module(m.name)
+    out, todo = [], list(Analysis.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        out.append(cls)
+        todo += cls.__subclasses__()
+    return sorted({c for c in out if c.__module__.startswith("gpuclust.analyses")}, key=lambda c: c.__qualname__)
+
+
+def test_analyses_check_options_only_by_their_declarations():
+    """Issue 36: an option's checks are declared on it (``option(..., gt=0, check=...)``) and a rule
+    between options in ``option_relations``; ``Analysis.__post_init__`` checks them all, so no
+    analysis class defines its own ``__post_init__``."""
+    bad = [f"{c.__module__}.{c.__qualname__}" for c in _analysis_classes() if "__post_init__" in vars(c)]
+    assert not bad, "declare the checks on the options instead of a __post_init__:\n" + "\n".join(bad)
+
+
+def test_analysis_parameters_docs_come_from_the_options():
+    """Issue 36: the Parameters section of an analysis docstring is generated from its option
+    declarations (``Analysis.__init_subclass__``), never written by hand beside them."""
+    import inspect
+    import re
+
+    from gpuclust.analyses.options import options_of
+
+    section = re.compile(r"^\s*Parameters\s*\n\s*-{3,}", re.M)
+    bad = []
+    for cls in _analysis_classes():
+        tree = ast.parse(Path(inspect.getfile(cls)).read_text())
+        node = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == cls.__name__)
+        opts = options_of(cls)
+        if opts and section.search(ast.get_docstring(node) or ""):
+            bad.append(f"{cls.__qualname__}: hand-written Parameters")
+        missing = [
+            o.name for o in opts if f"\n{o.name} : {o.kind}, default {o.default_str}\n" not in (cls.__doc__ or "")
+        ]
+        if missing:
+            bad.append(f"{cls.__qualname__}: no generated entry for {missing}")
+    assert not bad, "\n".join(bad)
+
+
+def test_run_flags_that_set_options_are_declared_on_the_option():
+    """Issue 36: ``--tier-map`` / ``--mode`` stand for ``-O tier_map=`` / ``-O mode=``; such a flag is
+    declared on the option (``option(..., flag=...)``, :data:`FLAG_OPTIONS`), not beside it."""
+    import argparse
+
+    from gpuclust.analyses import REGISTRY
+    from gpuclust.analyses.options import FLAG_OPTIONS
+    from gpuclust.engine.command import add_run_options
+
+    p = argparse.ArgumentParser()
+    add_run_options(p)
+    option_names = {o.name for e in REGISTRY.values() for o in e.options}
+    flags = {a.dest: tuple(a.option_strings) for a in p._actions if a.dest in option_names}
+    assert flags == {o.name: (o.flag,) for o in FLAG_OPTIONS}
+    for o in FLAG_OPTIONS:
+        declared = [e.name for e in REGISTRY.values() for d in e.options if d.name == o.name and d.flag == o.flag]
+        assert declared, f"no analysis option is {o.flag}'s {o.name}"

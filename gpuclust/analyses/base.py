@@ -64,6 +64,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from gpuclust._lazy import pandas as pd
+from gpuclust.analyses.options import Relation, check_options, with_parameters_doc
 from gpuclust.schema import DEFAULT_TIER_MAP, TierMap, tier_map
 
 __all__ = [
@@ -180,6 +181,21 @@ class Analysis:
     #: Rows per partition it prefers for ``partitions="auto"`` (None: the engine's target; see
     #: :func:`gpuclust.engine.memory.preferred_rows` and :meth:`auto_rows`).
     auto_partition_rows: ClassVar[int | None] = None
+    #: Rules between its options (``cpi_min < cpi_max``); each option's own checks are in its
+    #: declaration (:func:`gpuclust.analyses.options.option`).
+    option_relations: ClassVar[tuple[Relation, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """The class docstring gets the ``Parameters`` section of its options (from their
+        declarations, :func:`gpuclust.analyses.options.with_parameters_doc`)."""
+        super().__init_subclass__(**kwargs)
+        with_parameters_doc(cls)
+
+    def __post_init__(self) -> None:
+        """Every option checked (and normalized) by its declaration, then the
+        :attr:`option_relations` (:func:`gpuclust.analyses.options.check_options`): an analysis
+        never checks its options itself."""
+        check_options(self)
 
     def needed_tables(self) -> tuple[dict[str, str], dict[str, str]]:
         """``(required, optional)``: the tables this instance reads *with its options*, each as

@@ -37,7 +37,7 @@ from gpuclust.analyses.grouping import HOUR_US, bucket_span
 from gpuclust.analyses.options import CELL_USAGE_MODE, CELL_USAGE_MODES, tier_map_option
 from gpuclust.arrow_numpy import table, table_from_rows
 from gpuclust.partials import keyed_reduce, merge_keyed
-from gpuclust.schema import TIME_AFTER_TRACE, TierMap, tier_map
+from gpuclust.schema import TIME_AFTER_TRACE, TierMap
 from gpuclust.tables import as_arrow, column
 
 __all__ = ["CellUsage", "HOUR_US", "MODES", "triple_hash"]
@@ -132,14 +132,6 @@ def _notebook_sums(backend: Any, key: Any, cpu: Any, mem: Any) -> dict[str, Any]
 class CellUsage(Analysis):
     """Hourly CPU and memory usage by priority tier, normalised by cell capacity.
 
-    Parameters
-    ----------
-    mode
-        ``"notebook"`` (Google's notebook, exactly) or ``"exact"`` (time-weighted overlap).
-    tier_map
-        Name of a tier map in :data:`gpuclust.schema.TIER_MAPS`; ``None`` uses the dataset
-        manifest's tier map, else the default for its trace version, else ``"notebook"``.
-
     Examples
     --------
     >>> CellUsage(mode="exact").label
@@ -155,12 +147,6 @@ class CellUsage(Analysis):
     row_bytes = 96
     #: rows per partition for partitions="auto" (gpuclust.engine.memory.preferred_rows)
     auto_partition_rows = 1 << 20
-
-    def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"cell-usage: unknown mode {self.mode!r}; choose one of {list(MODES)}")
-        if self.tier_map is not None:
-            tier_map(self.tier_map)
 
     @property
     def columns(self) -> tuple[str, ...]:

@@ -51,7 +51,7 @@ from gpuclust.analyses.grouping import unique_codes
 from gpuclust.analyses.options import option, tier_map_option
 from gpuclust.arrow_numpy import labels, rows_table, table, table_from_rows
 from gpuclust.partials import merge_keyed
-from gpuclust.schema import TIME_AFTER_TRACE, CollectionType, tier_map
+from gpuclust.schema import TIME_AFTER_TRACE, CollectionType
 from gpuclust.stream_quantiles import sorted_quantiles
 from gpuclust.tables import as_arrow
 
@@ -217,17 +217,6 @@ def _pearson(a: np.ndarray, b: np.ndarray) -> float:
 class JobUsage(Analysis):
     """Per-collection NCU-hours and NMU-hours and how heavy their tail is, by tier.
 
-    Parameters
-    ----------
-    rows
-        ``"jobs"``: rows of JOB collections (allocs' tasks included, alloc sets left out);
-        ``"top-level"``: rows with alloc_collection_id NULL or 0 (Google's notebook).
-    tail
-        Share of the largest collections the Pareto tail fit uses.
-    tier_map
-        Name of a tier map in :data:`gpuclust.schema.TIER_MAPS`; ``None``: the dataset manifest's,
-        else the trace version's default.
-
     Examples
     --------
     >>> JobUsage(rows="top-level").label
@@ -240,7 +229,7 @@ class JobUsage(Analysis):
         "rows with alloc_collection_id NULL or 0 (Google's notebook)",
         choices=ROWS,
     )
-    tail: float = option(0.1, "share of the largest collections the Pareto tail fit uses")
+    tail: float = option(0.1, "share of the largest collections the Pareto tail fit uses", gt=0, le=1)
     tier_map: str | None = tier_map_option()
 
     name = "job-usage"
@@ -254,14 +243,6 @@ class JobUsage(Analysis):
     auto_partition_rows = 1 << 21
     #: ... and where they are at most this many: one Parquet row group
     few_events_rows = 1 << 20
-
-    def __post_init__(self) -> None:
-        if self.rows not in ROWS:
-            raise ValueError(f"job-usage: unknown rows {self.rows!r}; choose one of {list(ROWS)}")
-        if not 0 < float(self.tail) <= 1:
-            raise ValueError(f"job-usage: tail must be in (0, 1], got {self.tail}")
-        if self.tier_map is not None:
-            tier_map(self.tier_map)
 
     def auto_rows(self, source: Any) -> int | None:
         """Rows per partition for ``partitions="auto"`` (:func:`gpuclust.engine.memory.preferred_rows`):

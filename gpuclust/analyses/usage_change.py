@@ -59,7 +59,7 @@ from gpuclust.analyses.options import option, tier_map_option
 from gpuclust.arrow_numpy import bin_table, rows_table, table_from_rows
 from gpuclust.parted import finalize_in_memory
 from gpuclust.partials import bin_quantile_edges, log_bins
-from gpuclust.schema import TIME_AFTER_TRACE, tier_map
+from gpuclust.schema import TIME_AFTER_TRACE
 from gpuclust.tables import as_arrow
 
 __all__ = ["LEVELS", "PERIOD_US", "RATIO_EDGES", "RESOURCES", "THRESHOLDS", "UsageChange"]
@@ -105,18 +105,6 @@ class UsageChange(Analysis):
     """Relative change of CPU and memory usage between consecutive 300 s periods of the cluster or
     of a machine, or between consecutive windows of one instance.
 
-    Parameters
-    ----------
-    level
-        ``cluster`` (the cell's usage per period, the paper's), ``machine`` (per machine and
-        period) or ``instance`` (consecutive windows of one instance).
-    max_gap_s
-        Longest gap, seconds, between a window's end and the next window's start for the two to
-        form a pair (0: contiguous or overlapping windows only); ``level=instance`` only.
-    tier_map
-        Name of a tier map in :data:`gpuclust.schema.TIER_MAPS`; ``None``: the dataset manifest's,
-        else the trace version's default; ``level=instance`` only.
-
     Examples
     --------
     >>> UsageChange(level="instance", max_gap_s=60).label
@@ -130,7 +118,10 @@ class UsageChange(Analysis):
         choices=LEVELS,
     )
     max_gap_s: int = option(
-        0, "level=instance: longest gap (s) between a window's end and the next one's start for a pair"
+        0,
+        "level=instance: longest gap (s) between a window's end and the next one's start for a pair "
+        "(0: contiguous or overlapping windows only)",
+        ge=0,
     )
     tier_map: str | None = tier_map_option(
         "level=instance: priority tier map; default: the dataset manifest's, else the trace version's default"
@@ -147,14 +138,6 @@ class UsageChange(Analysis):
     row_bytes = 200
     #: rows per partition for partitions="auto" (one 1 Mi-row bucket: gpuclust.engine.memory.preferred_rows)
     auto_partition_rows = 1 << 20
-
-    def __post_init__(self) -> None:
-        if self.level not in LEVELS:
-            raise ValueError(f"usage-change: unknown level {self.level!r}; choose one of {list(LEVELS)}")
-        if int(self.max_gap_s) < 0:
-            raise ValueError(f"usage-change: max_gap_s must be >= 0, got {self.max_gap_s}")
-        if self.tier_map is not None:
-            tier_map(self.tier_map)
 
     @property
     def whole_instances(self) -> bool:  # type: ignore[override]

@@ -53,7 +53,6 @@ from gpuclust.analyses.options import tier_map_option
 from gpuclust.analyses.usage_change import RATIO_EDGES
 from gpuclust.arrow_numpy import bin_table, rows_table, table_from_rows
 from gpuclust.partials import bin_quantile_edges
-from gpuclust.schema import tier_map
 from gpuclust.tables import as_arrow
 
 __all__ = ["MEASURES", "UsageVsRequest", "refined_bins"]
@@ -124,12 +123,6 @@ class UsageVsRequestContext(TierLookupContext):
 class UsageVsRequest(Analysis):
     """Usage / limit per window (average and maximum, CPU and memory), by tier.
 
-    Parameters
-    ----------
-    tier_map
-        Name of a tier map in :data:`gpuclust.schema.TIER_MAPS`; ``None``: the dataset manifest's,
-        else the trace version's default.
-
     Examples
     --------
     >>> UsageVsRequest(tier_map="v3-doc").label
@@ -145,10 +138,6 @@ class UsageVsRequest(Analysis):
     #: per-task grouping (the hashes, their sort, each window's task, weight, tier and limits)
     row_bytes = 350
     auto_partition_rows = 1 << 20
-
-    def __post_init__(self) -> None:
-        if self.tier_map is not None:
-            tier_map(self.tier_map)
 
     @property
     def columns(self) -> tuple[str, ...]:

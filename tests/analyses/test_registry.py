@@ -28,9 +28,9 @@ def test_create_and_options():
         create("nope")
     with pytest.raises(ValueError, match="no option"):
         create("machine-shapes", mode="exact")
-    with pytest.raises(ValueError, match="unknown mode"):
+    with pytest.raises(ValueError, match="cell-usage: option mode: expected one of notebook / exact, got 'fast'"):
         create("cell-usage", mode="fast")
-    with pytest.raises(ValueError, match="unknown tier map"):
+    with pytest.raises(ValueError, match="cell-usage: option tier_map: expected one of notebook / "):
         create("cell-usage", tier_map="nope")
 
 

@@ -17,78 +17,85 @@ from gpuclust.analyses import REGISTRY
 from gpuclust.analyses.options import Option, options_of
 from gpuclust.cli import main
 
-#: (analysis, option) -> (the text given to -O, the value the analysis must receive)
-VALID = {
-    ("cell-usage", "mode"): ("exact", "exact"),
-    ("cell-usage", "tier_map"): ("v3-doc", "v3-doc"),
-    ("cpi", "by"): ("machine", "machine"),
-    ("cpi", "regression"): ("pooled", "pooled"),
-    ("cpi", "spearman"): ("exact", "exact"),
-    ("cpi", "spearman_bins"): ("16", 16),
-    ("cpi", "cpi_min"): ("0.5", 0.5),
-    ("cpi", "cpi_max"): ("50", 50.0),
-    ("cpi", "mai_min"): ("0.001", 0.001),
-    ("cpi", "mai_max"): ("0.9", 0.9),
-    ("cpi", "min_cpu_seconds"): ("0.5", 0.5),
-    ("cpi", "tier_map"): ("seed-002", "seed-002"),
-    ("collection-lifecycle", "bucket_s"): ("600", 600),
-    ("data-quality", "short_window_s"): ("60", 60),
-    ("data-quality", "row_order"): ("true", True),
-    ("collection-lifecycle", "tier_map"): ("v3-doc", "v3-doc"),
-    ("job-usage", "rows"): ("top-level", "top-level"),
-    ("job-usage", "tail"): ("0.25", 0.25),
-    ("job-usage", "tier_map"): ("v3-doc", "v3-doc"),
-    ("lifecycle", "bucket_s"): ("300", 300),
-    ("lifecycle", "tier_map"): ("v2", "v2"),
-    ("machine-utilization", "mode"): ("time-weighted", "time-weighted"),
-    ("peak-prediction", "metric"): ("max_mem", "max_mem"),
-    ("peak-prediction", "horizon_s"): ("3600", 3600),
-    ("peak-prediction", "oracle_percentile"): ("99", 99.0),
-    ("peak-prediction", "cap_to_limit"): ("false", False),
-    ("peak-prediction", "min_samples"): ("12", 12),
-    ("peak-prediction", "borg_fraction"): ("0.8", 0.8),
-    ("peak-prediction", "n_sigma"): ("3", 3.0),
-    ("peak-prediction", "n_sigma_history"): ("48", 48),
-    ("peak-prediction", "instance_percentile"): ("95", 95.0),
-    ("peak-prediction", "instance_history"): ("60", 60),
-    ("peak-prediction", "machine_percentile"): ("99", 99.0),
-    ("peak-prediction", "machine_history"): ("12", 12),
-    ("peak-prediction", "combine"): ("n_sigma+machine_percentile", ["n_sigma", "machine_percentile"]),
-    ("peak-prediction", "priority_range"): ("0,200", [0, 200]),
-    ("peak-prediction", "scheduling_class_range"): ("0,3", [0, 3]),
-    ("peak-prediction", "apply_ranges"): ("false", False),
-    ("overcommit", "bucket_s"): ("600", 600),
-    ("overcommit", "tier_map"): ("v3-doc", "v3-doc"),
-    ("overcommit", "window_start_us"): ("3600000000", 3600000000),
-    ("overcommit", "window_end_us"): ("7200000000", 7200000000),
-    ("usage-change", "level"): ("machine", "machine"),
-    ("usage-change", "max_gap_s"): ("600", 600),
-    ("usage-change", "tier_map"): ("v3-doc", "v3-doc"),
-    ("usage-vs-request", "tier_map"): ("seed-002", "seed-002"),
-    ("usage-distribution", "by"): ("tier+time", ["tier", "time"]),
-    ("usage-distribution", "bucket_s"): ("0.5", 0.5),
-    ("usage-distribution", "levels"): ("0.99,0.5", [0.5, 0.99]),
-    ("usage-distribution", "rows"): ("all", "all"),
-    ("usage-distribution", "strategy"): ("bounded", "bounded"),
-    ("usage-distribution", "k"): ("64", 64),
-    ("usage-distribution", "exact_max_windows"): ("10", 10),
-    ("usage-distribution", "tier_map"): ("notebook", "notebook"),
-}
 ALL = [(name, o) for name, e in sorted(REGISTRY.items()) for o in e.options]
 
 
-def invalid_text(o: Option) -> str:
-    """A value the option's type or choices refuse."""
+def _elem(o: Option) -> tuple[object, bool]:
+    """(the element type, whether the option is a list)."""
     base = o.type
     if typing.get_origin(base) in (typing.Union, types.UnionType):  # X | None
         base = next(a for a in typing.get_args(base) if a is not type(None))
-    if o.choices:
-        return "nope"
-    if base is int:
-        return "0.5"
     if typing.get_origin(base) in (tuple, list):
-        return "x"
-    return "abc"
+        return typing.get_args(base)[0], True
+    return base, False
+
+
+def _text(v: object) -> str:
+    if isinstance(v, (tuple, list)):
+        return ",".join(_text(x) for x in v)
+    return format(v, ".12g") if isinstance(v, float) else str(v).lower() if isinstance(v, bool) else str(v)
+
+
+def _numbers(o: Option, elem: object, d: object) -> list[object]:
+    """Candidate numbers near ``d`` (the default, or None), then inside the bounds."""
+    out: list[float] = []
+    if isinstance(d, (int, float)):
+        out += [d * 2, d + 1, d / 2, d - 1]
+    lo = o.ge if o.ge is not None else o.gt
+    hi = o.le if o.le is not None else o.lt
+    if lo is not None and hi is not None:
+        out += [lo + (hi - lo) * 0.75, lo + (hi - lo) * 0.25]
+    out += [1, 10**10]
+    return [int(x) for x in out if float(x).is_integer()] if elem is int else [float(x) for x in out]
+
+
+def candidates(o: Option) -> list[str]:
+    """-O texts other than the default, derived from the option's declaration (its ``example``
+    first, then from its choices, type, default and bounds)."""
+    elem, is_list = _elem(o)
+    out = [o.example] if o.example else []
+    if o.choices:
+        out += ["+".join(map(str, o.choices[-2:]))] if is_list else [str(c) for c in o.choices]
+    elif elem is bool:
+        out.append(_text(not o.default))
+    elif elem in (int, float) and not is_list:
+        out += [_text(x) for x in _numbers(o, elem, o.default)]
+    elif elem in (int, float) and o.default is not None:  # a list: its last element changed
+        out += [_text((*o.default[:-1], x)) for x in _numbers(o, elem, o.default[-1])]
+    elif elem in (int, float):
+        out += [_text(_numbers(o, elem, None)[:2])]
+    return out
+
+
+def valid_example(name: str, o: Option) -> tuple[str, object]:
+    """The first candidate the analysis accepts with a value other than the default, and the value it gets."""
+    cls = REGISTRY[name].cls
+    for text in candidates(o):
+        try:
+            value = getattr(cls(**{o.name: o.parse(text)}), o.name)
+        except ValueError:
+            continue
+        if value != o.default:
+            return text, value
+    raise AssertionError(f"{name}: no valid -O {o.name}=... derived; declare option(..., example=TEXT)")
+
+
+def invalid_texts(o: Option) -> list[str]:
+    """Values the option's type or choices refuse, and one outside its bounds."""
+    elem, is_list = _elem(o)
+    out = []
+    if o.choices:
+        out.append("nope")
+    elif elem is int:
+        out.append("0.5")
+    elif is_list:
+        out.append("x")
+    elif elem in (float, bool):
+        out.append("abc")
+    for bound, step in ((o.gt, 0), (o.ge, -1), (o.lt, 0), (o.le, 1)):
+        if bound is not None:
+            out.append(_text(bound + step))
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -98,23 +105,30 @@ def ds(tmp_path_factory):
     )
 
 
-def test_valid_table_covers_every_option():
-    assert {(n, o.name) for n, o in ALL} == set(VALID), "add a valid CLI value for each new option to VALID"
+def test_every_option_has_a_derived_valid_and_invalid_value():
+    for name, o in ALL:
+        valid_example(name, o)
+        assert invalid_texts(o), f"{name}: no invalid -O {o.name}=... derived"
 
 
 @pytest.mark.parametrize("name, opt", ALL, ids=[f"{n}-{o.name}" for n, o in ALL])
 def test_every_option_from_cli(name, opt, ds, tmp_path, capsys):
-    text, want = VALID[(name, opt.name)]
+    text, value = valid_example(name, opt)
+    want = json.loads(json.dumps(value))
     out = tmp_path / "r"
     assert main(["analyze", str(ds), name, "-O", f"{opt.name}={text}", "--out", str(out), "--quiet", "--no-plots"]) == 0
     got = json.loads((out / "_run.json").read_text())["analyses"][0]["options"][opt.name]
     assert got == want and type(got) is type(want)
-    capsys.readouterr()
-    bad = invalid_text(opt)
-    assert main(["analyze", str(ds), name, "-O", f"{opt.name}={bad}", "--out", str(tmp_path / "bad"), "--quiet"]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("gpuclust analyze: error: ") and opt.name in err, err
-    assert "Traceback" not in err and not (tmp_path / "bad").exists()
+    elem, is_list = _elem(opt)
+    assert all(type(x) is elem for x in (got if is_list else [got])), (got, opt.type)
+    for bad in invalid_texts(opt):
+        capsys.readouterr()
+        assert (
+            main(["analyze", str(ds), name, "-O", f"{opt.name}={bad}", "--out", str(tmp_path / "bad"), "--quiet"]) == 2
+        )
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith(f"gpuclust analyze: error: {name}: option {opt.name}: "), err
+        assert "Traceback" not in err and not (tmp_path / "bad").exists()
 
 
 def test_overcommit_window_options_together(ds, tmp_path, capsys):
@@ -145,8 +159,14 @@ def test_overcommit_window_options_together(ds, tmp_path, capsys):
     "args, match",
     [
         (["overcommit", "-O", "bucket_s=0.5"], "overcommit: option bucket_s: expected an integer, got '0.5'"),
-        (["overcommit", "-O", "bucket_s=-5"], "overcommit: bucket_s must be positive"),
-        (["cpi", "-O", "cpi_min=60", "-O", "cpi_max=50"], "cpi:"),
+        (["overcommit", "-O", "bucket_s=-5"], "overcommit: option bucket_s: must be > 0, got -5"),
+        (
+            ["cpi", "-O", "cpi_min=60", "-O", "cpi_max=50"],
+            "cpi: options cpi_min, cpi_max: must satisfy cpi_min < cpi_max, got cpi_min=60.0, cpi_max=50.0",
+        ),
+        (["peak-prediction", "-O", "priority_range=9,1"], "option priority_range: must be two integers LO,HI"),
+        (["usage-distribution", "-O", "by=instance+collection"], "option by: must be keys named once"),
+        (["usage-distribution", "-O", "levels=0.5,1.5"], "option levels: must be each in [0, 1], got (0.5, 1.5)"),
         (["machine-shapes", "-O", "by=tier"], "no named analysis has option(s) ['by']"),
         (["cpi", "-O", "by"], "--option expects NAME=VALUE"),
     ],
@@ -188,3 +208,24 @@ def test_label_derived_from_fields():
 def test_doctests(modname):
     res = doctest.testmod(importlib.import_module(modname), optionflags=doctest.ELLIPSIS)
     assert res.failed == 0
+
+
+def test_docs_option_tables_name_every_option():
+    """A page of docs/analyses/ with an options table (``| option | default |``) lists exactly the
+    analysis' options (the declarations are the source; ``--help`` and the capability table are
+    generated from them)."""
+    import re
+    from pathlib import Path
+
+    docs = Path(__file__).resolve().parents[2] / "docs" / "analyses"
+    pages = 0
+    for name, e in REGISTRY.items():
+        page = docs / f"{name}.md"
+        text = page.read_text() if page.exists() else ""
+        m = re.search(r"^\| option \| default \|.*\n\|[-|]+\|\n((?:\|.*\n)+)", text, re.M)
+        if not m:
+            continue
+        pages += 1
+        listed = [re.match(r"\| `(\w+)`", row).group(1) for row in m.group(1).splitlines()]
+        assert listed == [o.name for o in e.options], (page.name, listed)
+    assert pages >= 3

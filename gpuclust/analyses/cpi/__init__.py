@@ -70,11 +70,11 @@ from gpuclust.analyses.cpi.keyed import _dense_groups, _keyed_comoments, _merge_
 from gpuclust.analyses.cpi.shards import cell_util, shard_sums
 from gpuclust.analyses.cpi.tables import result_tables, summary_text
 from gpuclust.analyses.grouping import bucket_index
-from gpuclust.analyses.options import option, tier_map_option
+from gpuclust.analyses.options import Relation, option, tier_map_option
 from gpuclust.backends import finalize_backend, merged_backend
 from gpuclust.parted import finalize_in_memory
 from gpuclust.partials import keyed_reduce, log_bins, merge_keyed
-from gpuclust.schema import TierMap, tier_map
+from gpuclust.schema import TierMap
 from gpuclust.stats import CpiFilter
 from gpuclust.tables import column
 
@@ -85,26 +85,13 @@ __all__ = ["BY", "COUNTERS", "Cpi", "CpiContext", "REGRESSIONS", "SPEARMAN"]
 class Cpi(Analysis):
     """CPI/MAI per group and the Borg §5.2 CPI interference regression.
 
-    Parameters
-    ----------
-    by
-        Grouping of the ``groups`` table: ``platform`` (default), ``machine``, ``collection``,
-        ``tier`` or ``cell`` (one group: the whole dataset).
-    regression
-        Primary fit: ``platform-fixed-effects`` (default; recovers the synthetic cell's planted
-        slopes), ``per-platform`` or ``pooled``.  All fits are reported in ``regression``.
-        ``none`` skips the regression: no (machine, cell) sums, empty ``regression`` and
-        ``binned`` tables, no ``regression`` stage in ``filter`` (what SQL expresses: per-group
-        weighted moments and Pearson r).
-    spearman
-        ``grid`` (mergeable, with an error bound), ``exact`` (carries the filtered rows: memory
-        O(rows)) or ``none``.
-    spearman_bins
-        Grid bins per axis (cuts at CPI/MAI row-count quantiles from the first pass).
-    cpi_min, cpi_max, mai_min, mai_max, min_cpu_seconds
-        The plausibility filter (:class:`gpuclust.stats.CpiFilter`; same defaults).
-    tier_map
-        Tier map for ``by="tier"`` (default: the dataset's, as ``cell-usage``).
+    The default fit, ``platform-fixed-effects``, recovers the synthetic cell's planted slopes;
+    every fit is reported in ``regression``.  ``regression=none`` skips the regression: no
+    (machine, cell) sums, empty ``regression`` and ``binned`` tables, no ``regression`` stage in
+    ``filter`` (what SQL expresses: per-group weighted moments and Pearson r).  ``spearman=exact``
+    carries the filtered rows (memory O(rows)); the grid cuts at CPI/MAI row-count quantiles from
+    the first pass.  ``cpi_min`` ... ``min_cpu_seconds`` are the plausibility filter
+    (:class:`gpuclust.stats.CpiFilter`, same defaults).
 
     Examples
     --------
@@ -116,18 +103,20 @@ class Cpi(Analysis):
     regression: str = option(
         "platform-fixed-effects",
         "primary fit (all fits are reported): multiplicative platform fixed effects, "
-        "one fit per platform, or pooled over platforms",
+        "one fit per platform, pooled over platforms, or none (no regression)",
         choices=REGRESSIONS,
     )
     spearman: str = option(
         "grid", "grid = mergeable estimate with an error bound; exact = carries the rows; none", choices=SPEARMAN
     )
-    spearman_bins: int = option(32, "Spearman grid bins per axis")
+    spearman_bins: int = option(32, "Spearman grid bins per axis", ge=2, le=1024)
     cpi_min: float = option(CpiFilter.cpi_min, "CPI filter: exclusive lower bound")
     cpi_max: float = option(CpiFilter.cpi_max, "CPI filter: inclusive upper bound")
     mai_min: float = option(CpiFilter.mai_min, "MAI filter: inclusive lower bound")
     mai_max: float = option(CpiFilter.mai_max, "MAI filter: inclusive upper bound")
-    min_cpu_seconds: float = option(CpiFilter.min_cpu_seconds, "minimum CPU-seconds (avg_cpu x duration) of a window")
+    min_cpu_seconds: float = option(
+        CpiFilter.min_cpu_seconds, "minimum CPU-seconds (avg_cpu x duration) of a window", ge=0
+    )
     tier_map: str | None = tier_map_option("tier map for by=tier; default: the dataset's")
 
     name = "cpi"
@@ -144,15 +133,10 @@ class Cpi(Analysis):
         "instance_events": "by=tier",
     }
 
-    def __post_init__(self) -> None:
-        for opt, choices in (("by", BY), ("regression", REGRESSIONS), ("spearman", SPEARMAN)):
-            if getattr(self, opt) not in choices:
-                raise ValueError(f"cpi: unknown {opt} {getattr(self, opt)!r}; choose one of {list(choices)}")
-        if not (isinstance(self.spearman_bins, int) and 2 <= self.spearman_bins <= 1024):
-            raise ValueError(f"cpi: spearman_bins must be an integer in [2, 1024], got {self.spearman_bins!r}")
-        _ = self.filter  # validates the ranges
-        if self.tier_map is not None:
-            tier_map(self.tier_map)
+    option_relations = (
+        Relation(("cpi_min", "cpi_max"), lambda lo, hi: lo < hi, "cpi_min < cpi_max"),
+        Relation(("mai_min", "mai_max"), lambda lo, hi: lo <= hi, "mai_min <= mai_max"),
+    )
 
     def needed_tables(self) -> tuple[dict[str, str], dict[str, str]]:
         """instance_usage always; machine_events for ``by=platform`` (the groups are its
