@@ -39,6 +39,7 @@ from __future__ import annotations
 import codecs
 import csv
 from collections.abc import Iterator
+from typing import Any
 
 from gpuclust.ingest.base import Chunk, ReadOptions, SourceError, SourceFile
 from gpuclust.ingest.readers.kaggle_columns import (
@@ -105,6 +106,83 @@ class LineFeed:
         return raw
 
 
+def _read_header(src: SourceFile, reader: Any, feed: LineFeed) -> list[str]:
+    """The header row, stripped, checked to name every needed column once."""
+    try:
+        header = next(reader)
+    except StopIteration:
+        raise SourceError(src.path, "empty file: no header row") from None
+    except (_Truncated, csv.Error) as e:
+        raise SourceError(src.path, f"cannot read the header: {e}", line=1) from None
+    feed.take()
+    header = [h.strip() for h in header]
+    missing = [c for c in REQUIRED_COLUMNS if c not in header]
+    if missing:
+        raise SourceError(src.path, f"not the borg_traces_data layout: header lacks {missing}", line=1)
+    if len(set(header)) != len(header):
+        raise SourceError(src.path, "header has duplicate column names", line=1)
+    return header
+
+
+def _same_cell(src: SourceFile, cl: str, line: int, first_cluster: tuple[str, int] | None) -> tuple[str, int]:
+    """The file's first cluster and its line; raises when ``cl`` (at ``line``) is another cell."""
+    # One dataset holds one cell: IDs are unique only within a cell, so a file whose `cluster`
+    # column changes (the full published file mixes 8) is refused, with the way out.
+    if first_cluster is None:
+        return (cl, line)
+    if cl != first_cluster[0]:
+        raise SourceError(
+            src.path,
+            f"the file mixes cells: cluster {first_cluster[0]} (from line {first_cluster[1]}) and "
+            f"cluster {cl}; collection and machine IDs are unique only within a cell, so a dataset "
+            f"holds one cell: split the file with `gpuclust kaggle-split {src.path} DIR` and ingest "
+            f"each part into its own dataset (--cell)",
+            line=line,
+        )
+    return first_cluster
+
+
+def _chunks(
+    src: SourceFile, raw: Any, feed: LineFeed, reader: Any, header: list[str], chunk_bytes: int
+) -> Iterator[Chunk]:
+    """The records after the header as chunks of about ``chunk_bytes`` of text (malformed ones rejected)."""
+    seen: set[bytes] = set()
+    idx = {c: header.index(c) for c in (*REQUIRED_COLUMNS, "collection_id_1", "collection_id_2") if c in header}
+    ci = header.index("cluster") if "cluster" in header else None
+    first_cluster: tuple[str, int] | None = None
+    batch = _Batch(src, idx, len(header), seen)
+    start_chars = feed.chars
+    last_line = reader.line_num
+    record_no = 0
+    while True:
+        try:
+            fields = next(reader)
+        except StopIteration:
+            break
+        except csv.Error as e:
+            # A malformed record (e.g. an oversized field from a stray quote): reject it, go on.
+            batch.rejects.append((last_line + 1, record_no, f"CSV error: {e}", feed.take()))
+            record_no += 1
+            batch.rows_read += 1
+            last_line = reader.line_num
+            continue
+        except _Truncated as e:
+            if batch.rows_read:
+                yield batch.finish(raw.tell())
+            raise SourceError(src.path, str(e), line=last_line + 1) from None
+        if ci is not None and len(fields) == len(header) and fields[ci].strip():
+            first_cluster = _same_cell(src, fields[ci].strip(), last_line + 1, first_cluster)
+        batch.add(last_line + 1, record_no, fields, feed.take())
+        record_no += 1
+        last_line = reader.line_num
+        if feed.chars - start_chars >= chunk_bytes:
+            yield batch.finish(raw.tell())
+            batch = _Batch(src, idx, len(header), seen)
+            start_chars = feed.chars
+    if batch.rows_read:
+        yield batch.finish(raw.tell())
+
+
 def read(src: SourceFile, opts: ReadOptions) -> Iterator[Chunk]:
     """Read one Kaggle ``borg_traces_data.csv`` file as canonical chunks.
 
@@ -130,75 +208,12 @@ def read(src: SourceFile, opts: ReadOptions) -> Iterator[Chunk]:
     except OSError as e:
         raise SourceError(src.path, f"cannot open: {e.strerror or e}") from None
     chunk_bytes = max(1, int(opts.chunk_bytes))
-    seen: set[bytes] = set()
     try:
         hashed = opts.digest.wrap(raw) if opts.digest is not None else raw  # hashed as it is read
         feed = LineFeed(decompressed_pieces(hashed, src.compression))
         reader = csv.reader(feed, strict=False)
-        try:
-            header = next(reader)
-        except StopIteration:
-            raise SourceError(src.path, "empty file: no header row") from None
-        except (_Truncated, csv.Error) as e:
-            raise SourceError(src.path, f"cannot read the header: {e}", line=1) from None
-        feed.take()
-        header = [h.strip() for h in header]
-        missing = [c for c in REQUIRED_COLUMNS if c not in header]
-        if missing:
-            raise SourceError(src.path, f"not the borg_traces_data layout: header lacks {missing}", line=1)
-        if len(set(header)) != len(header):
-            raise SourceError(src.path, "header has duplicate column names", line=1)
-        idx = {c: header.index(c) for c in (*REQUIRED_COLUMNS, "collection_id_1", "collection_id_2") if c in header}
-        # One dataset holds one cell: IDs are unique only within a cell, so a file whose `cluster`
-        # column changes (the full published file mixes 8) is refused, with the way out.
-        ci = header.index("cluster") if "cluster" in header else None
-        first_cluster: tuple[str, int] | None = None
-
-        def new_batch() -> _Batch:
-            return _Batch(src, idx, len(header), seen)
-
-        batch = new_batch()
-        start_chars = feed.chars
-        last_line = reader.line_num
-        record_no = 0
-        while True:
-            try:
-                fields = next(reader)
-            except StopIteration:
-                break
-            except csv.Error as e:
-                # A malformed record (e.g. an oversized field from a stray quote): reject it, go on.
-                batch.rejects.append((last_line + 1, record_no, f"CSV error: {e}", feed.take()))
-                record_no += 1
-                batch.rows_read += 1
-                last_line = reader.line_num
-                continue
-            except _Truncated as e:
-                if batch.rows_read:
-                    yield batch.finish(raw.tell())
-                raise SourceError(src.path, str(e), line=last_line + 1) from None
-            if ci is not None and len(fields) == len(header) and fields[ci].strip():
-                cl = fields[ci].strip()
-                if first_cluster is None:
-                    first_cluster = (cl, last_line + 1)
-                elif cl != first_cluster[0]:
-                    raise SourceError(
-                        src.path,
-                        f"the file mixes cells: cluster {first_cluster[0]} (from line {first_cluster[1]}) and "
-                        f"cluster {cl}; collection and machine IDs are unique only within a cell, so a dataset "
-                        f"holds one cell: split the file with `gpuclust kaggle-split {src.path} DIR` and ingest "
-                        f"each part into its own dataset (--cell)",
-                        line=last_line + 1,
-                    )
-            batch.add(last_line + 1, record_no, fields, feed.take())
-            record_no += 1
-            last_line = reader.line_num
-            if feed.chars - start_chars >= chunk_bytes:
-                yield batch.finish(raw.tell())
-                batch = new_batch()
-                start_chars = feed.chars
-        if batch.rows_read:
-            yield batch.finish(raw.tell())
+        header = _read_header(src, reader, feed)
+        yield from _chunks(src, raw, feed, reader, header, chunk_bytes)
     except OSError as e:
         raise SourceError(src.path, f"read error: {e.strerror or e}") from None
     finally:
