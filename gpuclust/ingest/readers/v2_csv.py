@@ -35,20 +35,12 @@ from typing import Any, BinaryIO
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from gpuclust.ingest import inflate
 from gpuclust.ingest.base import Chunk, ReadOptions, Reject, SourceError, SourceFile, clip_raw
 from gpuclust.ingest.normalize import conform
-from gpuclust.schema import (
-    NO_ALLOC_COLLECTION,
-    NO_ALLOC_INDEX,
-    V2_EVENT_TYPE_TO_V3,
-    V2_MACHINE_EVENT_TO_V3,
-    V2_MISSING_TYPE_TO_V3,
-    CollectionType,
-)
+from gpuclust.ingest.readers.v2_columns import MAPPERS
 
 __all__ = ["V2_FIELDS", "V2_TO_CANONICAL", "read"]
 
@@ -117,14 +109,10 @@ V2_TO_CANONICAL: dict[str, str] = {
     "task_constraints": "instance_constraints",
 }
 
-#: v2 comparison operators 0-3 (EQUAL, NOT_EQUAL, LESS_THAN, GREATER_THAN) are the v3 codes.
-V2_RELATION_TO_V3 = np.arange(4, dtype=np.int8)
-
 #: Size of one read from the (compressed) file.
 _PIECE = 1 << 20
 #: Most decompressed bytes produced per inflate call (bounds memory on highly compressible input).
 _MAX_INFLATE = 8 << 20
-_INT_TEXT = r"^[+-]?[0-9]{1,18}$"
 
 # ---------------------------------------------------------------------------------------------
 # Shared helpers (also used by the Kaggle reader)
@@ -201,152 +189,6 @@ def conform_rows(
         why = [pw if pb else w for pw, pb, w in zip(pre_why, pre_bad, why, strict=True)]
     return tbl, all_bad, why
 
-
-def parse_code(
-    arr: pa.Array,
-    code_map: np.ndarray,
-    col: str,
-    what: str,
-    bad: np.ndarray,
-    why: list[str | None],
-) -> pa.Array:
-    """Translate a string column of v2 codes through ``code_map`` (index = v2 code).
-
-    NULL stays NULL.  Text that is not an integer, or a code outside ``0..len(code_map)-1``,
-    marks the row bad with a reason (the first reason per row is kept).
-    """
-    stripped = pc.utf8_trim_whitespace(arr)
-    ok = pc.match_substring_regex(stripped, _INT_TEXT)
-    valid = np.asarray(pc.is_valid(stripped).to_numpy(zero_copy_only=False), dtype=bool)
-    okn = np.asarray(pc.fill_null(ok, False).to_numpy(zero_copy_only=False), dtype=bool)
-    notint = valid & ~okn
-    ints = pc.cast(pc.if_else(ok, stripped, pa.scalar(None, pa.string())), pa.int64())
-    v = np.asarray(pc.fill_null(ints, -1).to_numpy(zero_copy_only=False), dtype=np.int64)
-    isint = valid & okn
-    oor = isint & ((v < 0) | (v >= len(code_map)))
-    good = isint & ~oor
-    if notint.any() or oor.any():
-        texts = arr.to_pylist()
-        for i in np.flatnonzero((notint | oor) & ~bad):
-            if notint[i]:
-                why[i] = f"column {col}: cannot read {texts[i]!r} as a v2 {what} code"
-            else:
-                why[i] = f"column {col}: v2 {what} code {int(v[i])} outside 0..{len(code_map) - 1}"
-        bad |= notint | oor
-    mapped = code_map[np.where(good, v, 0)].astype(np.int8)
-    return pa.array(mapped, pa.int8(), mask=~good)
-
-
-def _const(value: int, typ: pa.DataType, n: int) -> pa.Array:
-    return pa.array(np.full(n, value), typ)
-
-
-# ---------------------------------------------------------------------------------------------
-# Per-table mapping: raw string columns (by v2 field name) -> canonical columns
-# ---------------------------------------------------------------------------------------------
-
-_Mapper = Callable[[dict[str, pa.Array], int, np.ndarray, list], dict[str, pa.Array]]
-
-
-def _map_task_usage(r: dict[str, pa.Array], n: int, bad: np.ndarray, why: list) -> dict[str, pa.Array]:
-    return {
-        "start_time": r["start time"],
-        "end_time": r["end time"],
-        "collection_id": r["job ID"],
-        "instance_index": r["task index"],
-        "machine_id": r["machine ID"],
-        "alloc_collection_id": _const(NO_ALLOC_COLLECTION, pa.int64(), n),
-        "alloc_instance_index": _const(NO_ALLOC_INDEX, pa.int32(), n),
-        "collection_type": _const(CollectionType.JOB, pa.int8(), n),
-        "avg_cpu": r["CPU rate"],
-        "avg_mem": r["canonical memory usage"],
-        "assigned_mem": r["assigned memory usage"],
-        "page_cache_mem": r["total page cache"],
-        "max_mem": r["maximum memory usage"],
-        "max_cpu": r["maximum CPU rate"],
-        "cpi": r["cycles per instruction"],
-        "mai": r["memory accesses per instruction"],
-        # v2 sampled at a nominal 1 Hz: the portion of expected samples = samples per second.
-        "sample_rate": r["sample portion"],
-        "sample_cpu": r["sampled CPU usage"],
-    }
-
-
-def _map_task_events(r: dict[str, pa.Array], n: int, bad: np.ndarray, why: list) -> dict[str, pa.Array]:
-    return {
-        "time": r["time"],
-        "type": parse_code(r["event type"], V2_EVENT_TYPE_TO_V3, "event type", "event type", bad, why),
-        "collection_id": r["job ID"],
-        "scheduling_class": r["scheduling class"],
-        "missing_type": parse_code(r["missing info"], V2_MISSING_TYPE_TO_V3, "missing info", "missing info", bad, why),
-        "collection_type": _const(CollectionType.JOB, pa.int8(), n),
-        "priority": r["priority"],
-        "alloc_collection_id": _const(NO_ALLOC_COLLECTION, pa.int64(), n),
-        "instance_index": r["task index"],
-        "machine_id": r["machine ID"],  # empty -> NO_MACHINE (0) via NULL_MEANS
-        "alloc_instance_index": _const(NO_ALLOC_INDEX, pa.int32(), n),
-        "req_cpu": r["CPU request"],
-        "req_mem": r["memory request"],
-    }
-
-
-def _map_job_events(r: dict[str, pa.Array], n: int, bad: np.ndarray, why: list) -> dict[str, pa.Array]:
-    return {
-        "time": r["time"],
-        "type": parse_code(r["event type"], V2_EVENT_TYPE_TO_V3, "event type", "event type", bad, why),
-        "collection_id": r["job ID"],
-        "scheduling_class": r["scheduling class"],
-        "missing_type": parse_code(r["missing info"], V2_MISSING_TYPE_TO_V3, "missing info", "missing info", bad, why),
-        "collection_type": _const(CollectionType.JOB, pa.int8(), n),
-        # priority: v2 jobs carry none (it is a task field) -> NULL
-        "user": r["user"],
-        "collection_name": r["job name"],
-        "collection_logical_name": r["logical job name"],
-    }
-
-
-def _map_machine_events(r: dict[str, pa.Array], n: int, bad: np.ndarray, why: list) -> dict[str, pa.Array]:
-    return {
-        "time": r["time"],
-        "machine_id": r["machine ID"],
-        "type": parse_code(r["event type"], V2_MACHINE_EVENT_TO_V3, "event type", "machine event type", bad, why),
-        "platform_id": r["platform ID"],
-        "cap_cpu": r["CPUs"],
-        "cap_mem": r["Memory"],
-    }
-
-
-def _map_machine_attributes(r: dict[str, pa.Array], n: int, bad: np.ndarray, why: list) -> dict[str, pa.Array]:
-    return {
-        "time": r["time"],
-        "machine_id": r["machine ID"],
-        "name": r["attribute name"],
-        "value": r["attribute value"],
-        "deleted": r["attribute deleted"],
-    }
-
-
-def _map_task_constraints(r: dict[str, pa.Array], n: int, bad: np.ndarray, why: list) -> dict[str, pa.Array]:
-    return {
-        "time": r["time"],
-        "collection_id": r["job ID"],
-        "instance_index": r["task index"],
-        "relation": parse_code(
-            r["comparison operator"], V2_RELATION_TO_V3, "comparison operator", "comparison operator", bad, why
-        ),
-        "name": r["attribute name"],
-        "value": r["attribute value"],
-    }
-
-
-_MAPPERS: dict[str, _Mapper] = {
-    "task_usage": _map_task_usage,
-    "task_events": _map_task_events,
-    "job_events": _map_job_events,
-    "machine_events": _map_machine_events,
-    "machine_attributes": _map_machine_attributes,
-    "task_constraints": _map_task_constraints,
-}
 
 # ---------------------------------------------------------------------------------------------
 # Blocks and parsing
@@ -457,25 +299,19 @@ def _parse_python(lines: list[str], ncols: int) -> tuple[list[list[str | None]],
     return cols, bad
 
 
-def _read_block(src: SourceFile, block: bytes, first_line: int, bytes_done: int) -> Chunk:
-    names = V2_FIELDS[src.source_table]
-    ncols = len(names)
-    fname = str(src.path)
+def _clean_lines(block: bytes) -> tuple[bytes, np.ndarray, np.ndarray, dict[int, str], dict[int, str]]:
+    """The block with lines that are not UTF-8 emptied, its line bounds, the lines rejected before
+    parsing (line index -> why: empty, not UTF-8), and the raw text of the emptied lines."""
     starts, ends = _line_bounds(block)
-    nlines = len(starts)
     # Line index in block -> why it is rejected before parsing (empty, not UTF-8).
     pre: dict[int, str] = {}
     # Line index -> raw text, for lines whose bytes are replaced before parsing.
     raw_texts: dict[int, str] = {}
-
-    def text_of(i: int) -> str:
-        return block[starts[i] : ends[i]].decode("utf-8", errors="replace").rstrip("\r")
-
     try:
         block.decode("utf-8")
     except UnicodeDecodeError:
         parts = []
-        for i in range(nlines):
+        for i in range(len(starts)):
             seg = block[starts[i] : ends[i]]
             try:
                 seg.decode("utf-8")
@@ -493,43 +329,45 @@ def _read_block(src: SourceFile, block: bytes, first_line: int, bytes_done: int)
             empty[j] = True
     for j in np.flatnonzero(empty).tolist():
         pre.setdefault(j, "empty line")
+    return block, starts, ends, pre, raw_texts
 
-    parsed = _parse_arrow(block, names)
-    row_lines: np.ndarray
-    raw_cols: dict[str, pa.Array]
+
+def _parse_fields(
+    block: bytes, names: tuple[str, ...], nlines: int, text_of: Callable[[int], str]
+) -> tuple[np.ndarray, dict[str, pa.Array], dict[int, str]]:
+    """The lines that parse into ``len(names)`` fields, their columns as strings (by v2 field name), and
+    the other lines' reasons; by pyarrow, or by splitting on commas where pyarrow cannot say which line."""
+    ncols = len(names)
     field_rejects: dict[int, str] = {}
+    parsed = _parse_arrow(block, names)
     if parsed is not None:
         tbl, invalid = parsed
         inv_idx = np.array([num - 1 for num, _, _ in invalid], dtype=np.int64)
         if tbl.num_rows + len(inv_idx) == nlines:
             mask = np.ones(nlines, dtype=bool)
             mask[inv_idx] = False
-            row_lines = np.flatnonzero(mask)
             for (_num, _text, nf), i in zip(invalid, inv_idx, strict=True):
                 field_rejects[int(i)] = f"expected {ncols} fields, found {nf}"
-            raw_cols = {name: tbl.column(k).combine_chunks() for k, name in enumerate(names)}
-        else:
-            parsed = None
-    if parsed is None:
-        lines = [text_of(i) for i in range(nlines)]
-        cols, bad_idx = _parse_python(lines, ncols)
-        for i in bad_idx:
-            field_rejects[i] = f"expected {ncols} fields, found {len(lines[i].split(','))}"
-        mask = np.ones(nlines, dtype=bool)
-        mask[np.array(bad_idx, dtype=np.int64)] = False
-        row_lines = np.flatnonzero(mask)
-        raw_cols = {name: pa.array(c, pa.string()) for name, c in zip(names, cols, strict=True)}
+            return (
+                np.flatnonzero(mask),
+                {name: tbl.column(k).combine_chunks() for k, name in enumerate(names)},
+                field_rejects,
+            )
+    lines = [text_of(i) for i in range(nlines)]
+    cols, bad_idx = _parse_python(lines, ncols)
+    for i in bad_idx:
+        field_rejects[i] = f"expected {ncols} fields, found {len(lines[i].split(','))}"
+    mask = np.ones(nlines, dtype=bool)
+    mask[np.array(bad_idx, dtype=np.int64)] = False
+    return (
+        np.flatnonzero(mask),
+        {name: pa.array(c, pa.string()) for name, c in zip(names, cols, strict=True)},
+        field_rejects,
+    )
 
-    rejects: list[Reject] = []
 
-    def reject(i: int, reason: str) -> None:
-        raw = raw_texts.get(i)
-        if raw is None:
-            raw = text_of(i)
-        rejects.append(
-            Reject(file=fname, line=first_line + i, row=first_line + i - 1, reason=reason, raw=clip_raw(raw))
-        )
-
+def _pre_rejected(pre: dict[int, str], row_lines: np.ndarray) -> tuple[np.ndarray, list[str | None]]:
+    """Which parsed rows were rejected before parsing, with the reason, by row."""
     n = len(row_lines)
     pre_bad = np.zeros(n, dtype=bool)
     pre_why: list[str | None] = [None] * n
@@ -540,18 +378,48 @@ def _read_block(src: SourceFile, block: bytes, first_line: int, bytes_done: int)
             if k < n and row_lines[k] == i:
                 pre_bad[k] = True
                 pre_why[k] = pre[i]
-    canonical = V2_TO_CANONICAL[src.source_table]
-    columns = _MAPPERS[src.source_table](raw_cols, n, pre_bad, pre_why)
-    good, bad, why = conform_rows(canonical, columns, n, pre_bad, pre_why)
-    # Rejects in line order.
+    return pre_bad, pre_why
+
+
+def _rejects_by_line(
+    field_rejects: dict[int, str], pre: dict[int, str], bad: np.ndarray, why: list[str | None], row_lines: np.ndarray
+) -> dict[int, str]:
+    """Line index -> reason of every rejected line: the field count, else the pre-parse reason, else conform's."""
     by_line: dict[int, str] = dict(field_rejects)
     for i in pre:
         if i in field_rejects:
             by_line[i] = pre[i]
     for k in np.flatnonzero(bad).tolist():
         by_line[int(row_lines[k])] = why[k] or "rejected"
+    return by_line
+
+
+def _read_block(src: SourceFile, block: bytes, first_line: int, bytes_done: int) -> Chunk:
+    """Parse one newline-aligned block (its first line is ``first_line``) into a chunk of one canonical table."""
+    names = V2_FIELDS[src.source_table]
+    fname = str(src.path)
+    block, starts, ends, pre, raw_texts = _clean_lines(block)
+    nlines = len(starts)
+
+    def text_of(i: int) -> str:
+        return block[starts[i] : ends[i]].decode("utf-8", errors="replace").rstrip("\r")
+
+    row_lines, raw_cols, field_rejects = _parse_fields(block, names, nlines, text_of)
+    n = len(row_lines)
+    pre_bad, pre_why = _pre_rejected(pre, row_lines)
+    canonical = V2_TO_CANONICAL[src.source_table]
+    columns = MAPPERS[src.source_table](raw_cols, n, pre_bad, pre_why)
+    good, bad, why = conform_rows(canonical, columns, n, pre_bad, pre_why)
+    # Rejects in line order.
+    by_line = _rejects_by_line(field_rejects, pre, bad, why, row_lines)
+    rejects: list[Reject] = []
     for i in sorted(by_line):
-        reject(i, by_line[i])
+        raw = raw_texts.get(i)
+        if raw is None:
+            raw = text_of(i)
+        rejects.append(
+            Reject(file=fname, line=first_line + i, row=first_line + i - 1, reason=by_line[i], raw=clip_raw(raw))
+        )
     return Chunk(tables={canonical: good}, rejects=rejects, rows_read=nlines, bytes_done=bytes_done)
 
 
