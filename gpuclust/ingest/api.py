@@ -18,10 +18,11 @@ end); the run itself is :mod:`gpuclust.ingest.runner`, identifying the inputs
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,56 @@ def _resolve_progress(progress: Any) -> Progress | None:
     if progress is True:
         return Progress()
     return progress  # type: ignore[no-any-return,unused-ignore]
+
+
+def _detect_inputs(
+    sources: str | os.PathLike[str] | Iterable[str | os.PathLike[str]], format: str | None, table: str | None
+) -> tuple[list[SourceFile], str, list[str]]:
+    """The input files of ``sources`` detected, their one trace version, and the notes on skipped or
+    misnamed files; raises when there are none or they mix trace versions."""
+    if isinstance(sources, (str, os.PathLike)):
+        sources = [sources]
+    notes: list[str] = []
+    paths = [Path(os.path.abspath(p)) for p in expand_sources(sources, notes)]
+    if not paths:
+        raise IngestUsageError("no input files" + (f" ({len(notes)} skipped: {notes[0]} ...)" if notes else ""))
+    srcs: list[SourceFile] = [detect(p, format=format, table=table) for p in paths]
+    notes.extend(s.note for s in srcs if s.note)
+    versions = sorted({s.trace_version for s in srcs})
+    if len(versions) > 1:
+        by = {v: next(str(s.path) for s in srcs if s.trace_version == v) for v in versions}
+        raise IngestUsageError(f"inputs mix trace versions {versions} (e.g. {by}); one dataset holds one trace version")
+    return srcs, versions[0], notes
+
+
+def _check_request(extra_manifest: dict[str, Any] | None, max_reject_rate: float, layout: str) -> None:
+    """Raise :class:`IngestUsageError` for reserved ``extra_manifest`` keys, a rate outside 0..1 or an unknown layout."""
+    if extra_manifest:
+        clash = set(extra_manifest) & _RESERVED
+        if clash:
+            raise IngestUsageError(f"extra_manifest may not set reserved keys {sorted(clash)}")
+    if not 0 <= max_reject_rate <= 1:
+        raise IngestUsageError(f"max_reject_rate must be within 0..1, got {max_reject_rate}")
+    if layout not in LAYOUTS:
+        raise IngestUsageError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+
+
+@contextlib.contextmanager
+def _locked_dataset(out: Path) -> Iterator[None]:
+    """Create the dataset folder ``out`` and hold its ingest lock while the block runs (another
+    ingest holding it is an :class:`IngestUsageError`)."""
+    if out.exists() and not out.is_dir():  # mkdir's "File exists" would not say what is wrong
+        raise IngestUsageError(f"{out}: exists and is not a folder (a dataset is a folder)")
+    out.mkdir(parents=True, exist_ok=True)
+    lock = open(out / LOCK_FILE, "a+")
+    try:
+        try:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise IngestUsageError(f"{out}: another ingest is writing into this dataset") from None
+        yield
+    finally:
+        lock.close()
 
 
 # --------------------------------------------------------------------------------------------
@@ -150,38 +201,10 @@ def ingest(
     t0 = time.perf_counter()
     opts = opts or ReadOptions()
     prog = _resolve_progress(progress)
-    if isinstance(sources, (str, os.PathLike)):
-        sources = [sources]
-    notes: list[str] = []
-    paths = [Path(os.path.abspath(p)) for p in expand_sources(sources, notes)]
-    if not paths:
-        raise IngestUsageError("no input files" + (f" ({len(notes)} skipped: {notes[0]} ...)" if notes else ""))
-    srcs: list[SourceFile] = [detect(p, format=format, table=table) for p in paths]
-    notes.extend(s.note for s in srcs if s.note)
-    versions = sorted({s.trace_version for s in srcs})
-    if len(versions) > 1:
-        by = {v: next(str(s.path) for s in srcs if s.trace_version == v) for v in versions}
-        raise IngestUsageError(f"inputs mix trace versions {versions} (e.g. {by}); one dataset holds one trace version")
-    version = versions[0]
-    if extra_manifest:
-        clash = set(extra_manifest) & _RESERVED
-        if clash:
-            raise IngestUsageError(f"extra_manifest may not set reserved keys {sorted(clash)}")
-    if not 0 <= max_reject_rate <= 1:
-        raise IngestUsageError(f"max_reject_rate must be within 0..1, got {max_reject_rate}")
-    if layout not in LAYOUTS:
-        raise IngestUsageError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
-
+    srcs, version, notes = _detect_inputs(sources, format, table)
+    _check_request(extra_manifest, max_reject_rate, layout)
     out = Path(out)
-    if out.exists() and not out.is_dir():  # mkdir's "File exists" would not say what is wrong
-        raise IngestUsageError(f"{out}: exists and is not a folder (a dataset is a folder)")
-    out.mkdir(parents=True, exist_ok=True)
-    lock = open(out / LOCK_FILE, "a+")
-    try:
-        try:
-            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise IngestUsageError(f"{out}: another ingest is writing into this dataset") from None
+    with _locked_dataset(out):
         report = _run(
             srcs,
             version,
@@ -199,8 +222,6 @@ def ingest(
             (sample, time_from, time_to),
             listing,
         )
-    finally:
-        lock.close()
     return _lay_out(report, layout, prog)
 
 
