@@ -53,7 +53,7 @@ __all__ = [
 
 _LAZY = {
     "Dataset": ("gpuclust.dataset", "Dataset"),
-    "analyze": ("gpuclust.engine", "analyze"),
+    "analyze": ("gpuclust.report.analyze", "analyze"),
     "run": ("gpuclust.engine", "run"),
     "ingest": ("gpuclust.ingest", "ingest"),
     "load_results": ("gpuclust.report.provenance", "load_results"),

@@ -62,7 +62,7 @@ def run_demo(
     >>> sorted(p.name for p in res.results.iterdir())                  # doctest: +SKIP
     """
     from gpuclust.analyses.registry import names
-    from gpuclust.engine import analyze
+    from gpuclust.report.analyze import analyze
     from gpuclust.report.html import write_report
     from gpuclust.synth import SynthConfig, synthesize
 

@@ -6,7 +6,7 @@ analyze`` run without plots never imports pandas: docs/user/scale.md, "Start-up"
 :class:`gpuclust.parted.PartedTable` for the tables that grow with the data.  The engine hands
 them on unchanged (``tables="native"``) or as one kind for every analysis:
 
-* ``"pandas"`` (the default of :func:`gpuclust.engine.run` and :func:`gpuclust.engine.analyze`):
+* ``"pandas"`` (the default of :func:`gpuclust.engine.run` and :func:`gpuclust.report.analyze.analyze`):
   every table a DataFrame, as the Python API has always returned them;
 * ``"arrow"``: every table a ``pyarrow.Table`` (for Arrow, polars or DuckDB pipelines);
 * ``"native"``: as finalized.

@@ -19,6 +19,7 @@ import ast
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1] / "gpuclust"
 
@@ -127,11 +128,13 @@ def member(package: str, module: str) -> str | None:
     return f"{package}.{module[len(package) + 1 :].split('.')[0]}"
 
 
-def graph(package: str, edges: list[Import]) -> dict[str, dict[str, Import]]:
-    """The imports between the members of ``package``: ``{member: {member it imports: one such import}}``."""
+def graph(package: str, edges: list[Import], member_of: Any = None) -> dict[str, dict[str, Import]]:
+    """The imports between the members of ``package``: ``{member: {member it imports: one such import}}``
+    (``member_of(package, module)``: the member holding a module, :func:`member` by default)."""
+    member_of = member_of or member
     out: dict[str, dict[str, Import]] = {}
     for e in edges:
-        a, b = member(package, e.importer), member(package, e.target)
+        a, b = member_of(package, e.importer), member_of(package, e.target)
         if a is not None and b is not None and a != b:
             out.setdefault(a, {}).setdefault(b, e)
     return out

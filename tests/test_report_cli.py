@@ -100,7 +100,7 @@ def test_a_report_over_valid_results_reuses_results_and_figures(
     draws a figure (the page keeps its figures in <results>/_figures); a re-ingest that ingests
     nothing leaves manifest.json as it was (bytes and mtime), so the report after it reuses too; and
     the CSV export reuses the results folder the page wrote instead of computing a second one."""
-    from gpuclust import engine
+    import gpuclust.report.analyze as report_analyze
     from gpuclust.cli import main
     from gpuclust.report import plots
 
@@ -118,7 +118,7 @@ def test_a_report_over_valid_results_reuses_results_and_figures(
     def forbidden(*args: object, **kwargs: object) -> bool:
         raise AssertionError("called on results that are still valid")
 
-    monkeypatch.setattr(engine, "analyze", forbidden)
+    monkeypatch.setattr(report_analyze, "analyze", forbidden)
     monkeypatch.setattr(plots, "plot_result", forbidden)
     monkeypatch.chdir(cell)
     page.unlink()

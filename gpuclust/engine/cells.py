@@ -10,7 +10,8 @@ canonical dataset per cell::
 A sub-folder's cell is its manifest's ``cell`` (else the folder name).  :func:`run_cells` runs the
 same analyses over each cell (one :func:`gpuclust.engine.run` per cell, so every cell gets exactly
 the result of a run over it alone) and concatenates each result table across cells, with the cell
-as the first column; :func:`analyze_cells` is ``gpuclust analyze FOLDER NAME... --cells a,b``.
+as the first column; :func:`gpuclust.report.analyze.analyze_cells` is ``gpuclust analyze FOLDER
+NAME... --cells a,b``.
 
 A time selection given as wall-clock is read in **each** cell's own time zone (``2019-05-02`` is
 local midnight in every cell); trace time is the same instant everywhere.
@@ -25,18 +26,13 @@ them is gathered in memory.
 from __future__ import annotations
 
 import json
-import shutil
-import textwrap
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from gpuclust._lazy import pandas as pd
 
-__all__ = ["analyze_cells", "combine", "find_cells", "parse_cells", "run_cells"]
-
-#: Sub-folder of the temporary results folder where each cell's run writes its parted tables.
-_STAGING = ".cells"
+__all__ = ["combine", "find_cells", "parse_cells", "run_cells"]
 
 
 def parse_cells(cells: str | Sequence[str]) -> list[str] | None:
@@ -159,120 +155,3 @@ def run_cells(sources: Mapping[str, Any], analyses: Any, **run_kw: Any) -> dict[
     if not sources:
         raise ValueError("no cells given")
     return combine({str(c): run(src, analyses, **run_kw) for c, src in sources.items()})
-
-
-class _CellSummaries:
-    """Stands for one result key in the report: its summary is each cell's summary of that cell's
-    own result, in turn (``by_cell``: cell -> (analysis, its tables))."""
-
-    def __init__(self, by_cell: dict[str, tuple[Any, Mapping[str, Any]]]):
-        self.by_cell = by_cell
-        first = next(iter(by_cell.values()))[0]
-        self.name, self.label, self.parted = first.name, first.label, first.parted
-
-    def summary(self, tables: Mapping[str, Any]) -> str:
-        return "\n".join(
-            f"cell {cell}: " + textwrap.indent(a.summary(own), "  ").lstrip() for cell, (a, own) in self.by_cell.items()
-        )
-
-
-def analyze_cells(
-    folder: str | Path,
-    names: Any,
-    *,
-    cells: str | Sequence[str] = "all",
-    out: Any = None,
-    backend: Any = "cpu",
-    scheduler: Any = None,
-    partitions: Any = 1,
-    tier_map: str | None = None,
-    mode: str | None = None,
-    plots: bool = True,
-    workers: int | None = None,
-    progress: Any = None,
-    note: Callable[[str], None] | None = None,
-    time_from: Any = None,
-    time_to: Any = None,
-    memory_limit: Any = None,
-) -> dict[str, dict[str, pd.DataFrame]]:
-    """:func:`gpuclust.engine.analyze` over the datasets of ``cells`` in ``folder`` (see
-    :func:`find_cells`): every cell is checked (and its selection resolved) before anything is
-    computed; results have a leading ``cell`` column; ``summary.txt`` has each cell's summary
-    lines; ``_run.json`` records each cell's dataset and selection.  No plots are drawn (the
-    per-analysis plots show one cell; run a cell alone for its plots)."""
-    import logging
-
-    from gpuclust.engine import selection as _selection
-    from gpuclust.engine.local import run
-    from gpuclust.engine.run_info import prepare
-    from gpuclust.parted import relocated
-
-    say = note if note is not None else logging.getLogger("gpuclust").warning
-    paths = find_cells(folder, cells)
-    prepared = {}
-    for cell, path in paths.items():
-
-        def cell_note(m: str, c: str = cell) -> None:
-            say(f"cell {c}: {m}")
-
-        plan = prepare(path, names, backend=backend, tier_map=tier_map, mode=mode, note=cell_note)
-        src, plan.analyses = _selection.attach(plan.source, plan.analyses, time_from, time_to)
-        prepared[cell] = (plan, src)
-    if plots:
-        say("note: --cells draws no plots (each plot shows one cell; run a cell alone for its plots)")
-    folder_out = None
-    tmp: Path | None = None  # the results folder's temporary folder
-    if out is not None:
-        from gpuclust.report import ResultsFolder
-
-        folder_out = ResultsFolder(out).open()
-        tmp = folder_out.tmp
-        assert tmp is not None  # open() creates it
-    try:
-        per_cell = {}
-        for cell, (plan, src) in prepared.items():
-            if progress is not None:
-                progress.phase(f"cell {cell}: {plan.source.path}")
-            # with a results folder, each cell's parted tables stay parts in its staging area
-            staging = None if tmp is None else tmp / _STAGING / cell
-            per_cell[cell] = run(
-                src,
-                plan.analyses,
-                backend=plan.backend,
-                partitions=partitions,
-                scheduler=scheduler,
-                workers=workers,
-                progress=progress,
-                memory_limit=memory_limit,
-                parts_dir=staging,
-            )
-        res = combine(per_cell, tmp)
-        if folder_out is not None:
-            assert tmp is not None
-            first_plan = next(iter(prepared.values()))[0]
-            keys = list(res)
-            shims = {
-                k: _CellSummaries({c: (pl.analyses[j], per_cell[c][k]) for c, (pl, _) in prepared.items()})
-                for j, k in enumerate(keys)
-            }
-            info = first_plan.info(scheduler=scheduler, partitions=partitions, workers=workers)
-            info["dataset"] = str(Path(folder).absolute())
-            info["cells"] = {
-                c: {
-                    "dataset": str(pl.source.path.absolute()),
-                    "trace_version": pl.source.trace_version,
-                    "notes": pl.notes,
-                    **_selection.run_info(src),
-                }
-                for c, (pl, src) in prepared.items()
-            }
-            folder_out.write(res, shims, plots=False, run_info=info)
-            shutil.rmtree(tmp / _STAGING)  # the cells' own parts, copied into the results above
-            final = folder_out.commit()
-            res = relocated(res, tmp, final)
-            if progress is not None:
-                progress.phase(f"wrote {out}")
-    finally:
-        if folder_out is not None:
-            folder_out.abort()
-    return res

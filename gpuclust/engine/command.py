@@ -237,14 +237,14 @@ def analyze_errors() -> tuple[type[BaseException], ...]:
     (no traceback): no such backend, a bad dataset, an unwritable output, a bad option or plan."""
     from gpuclust.backends import BackendUnavailable
     from gpuclust.dataset import DatasetError
-    from gpuclust.report import OutputError
+    from gpuclust.errors import OutputError
 
     return (BackendUnavailable, DatasetError, OutputError, ValueError, OSError)
 
 
 def main(args: argparse.Namespace) -> int:
-    from gpuclust.engine import analyze
     from gpuclust.engine.progress import RunProgress
+    from gpuclust.report.analyze import analyze
 
     def say(msg: str) -> None:
         print(f"gpuclust analyze: {msg}", file=sys.stderr, flush=True)

@@ -1,4 +1,4 @@
-"""What :func:`gpuclust.engine.analyze` settles before computing, and what ``_run.json`` records.
+"""What :func:`gpuclust.report.analyze.analyze` settles before computing, and what ``_run.json`` records.
 
 :func:`prepare` resolves the analyses, opens the source, checks it
 (:func:`gpuclust.engine.checks.preflight`) and resolves the backend once, reporting notes (and
@@ -98,7 +98,7 @@ def prepare(
     mode: str | None = None,
     note: Callable[[str], None] | None = None,
 ) -> RunPlan:
-    """Resolve and check everything :func:`gpuclust.engine.analyze` needs before it computes."""
+    """Resolve and check everything :func:`gpuclust.report.analyze.analyze` needs before it computes."""
     from gpuclust.backends import get_backend
     from gpuclust.engine.checks import preflight
     from gpuclust.engine.partition import as_source

@@ -169,9 +169,9 @@ def _check_out(out: str | Path, fmt: str) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from gpuclust.engine import analyze
     from gpuclust.engine.command import analyze_errors, build_analyses, flag_values
     from gpuclust.engine.progress import RunProgress
+    from gpuclust.report.analyze import analyze
 
     def say(msg: str) -> None:
         print(f"gpuclust report: {msg}", file=sys.stderr, flush=True)

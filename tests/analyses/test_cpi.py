@@ -22,6 +22,7 @@ from gpuclust.dataset import Dataset
 from gpuclust.engine import TableSource
 from gpuclust.engine.local import context_of
 from gpuclust.engine.partition import column_to_numpy
+from gpuclust.report.analyze import analyze
 
 # distributed leaks the socket it uses to pick a free port; the ResourceWarning surfaces as an
 # "unraisable" warning in whichever test runs at GC time (as in tests/engine/test_engine.py).
@@ -658,7 +659,7 @@ def test_platform_as_of_window():
 
 
 def test_report_files(synth_ds, tmp_path):
-    engine.analyze(synth_ds, ["cpi"], out=tmp_path)
+    analyze(synth_ds, ["cpi"], out=tmp_path)
     text = (tmp_path / "summary.txt").read_text()
     assert "platform-fixed-effects" in text and "per extra task" in text
     assert (tmp_path / "cpi" / "cpi.png").stat().st_size > 10_000

@@ -577,7 +577,7 @@ def test_synth_recovers_planted_overcommit(synth_cell):
 
 
 def test_report_plots(synth_cell, tmp_path):
-    from gpuclust.engine import analyze
+    from gpuclust.report.analyze import analyze
 
     ds, _ = synth_cell
     analyze(ds, ["overcommit"], out=tmp_path)

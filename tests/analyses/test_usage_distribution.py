@@ -23,6 +23,7 @@ from gpuclust.analyses import create
 from gpuclust.analyses._hybrid_summary import spill_threshold
 from gpuclust.analyses.usage_distribution import UsageDistribution, level_name
 from gpuclust.engine import TableSource
+from gpuclust.report.analyze import analyze
 from gpuclust.schema import CPU_PERCENTILE_COLUMNS, CPU_PERCENTILE_LEVELS_SORTED, TIME_AFTER_TRACE
 
 
@@ -509,7 +510,7 @@ def test_synth_tier_means(synth_cell, tmp_path):
     from gpuclust.dataset import Dataset
 
     a = UsageDistribution(by="tier")
-    res = engine.analyze(synth_cell, [a], out=tmp_path / "out", partitions=3)[a.name]
+    res = analyze(synth_cell, [a], out=tmp_path / "out", partitions=3)[a.name]
     q = res["quantiles"].set_index("tier")
     # independent pandas: top-level rows, tier = notebook map of MAX(priority) per (c, i, m) over
     # all events (no event row -> unknown), window mean = trapezoid of the running-max-repaired

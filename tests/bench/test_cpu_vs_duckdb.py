@@ -1091,8 +1091,8 @@ def test_machine_utilization_full_sql_writes_what_gpuclust_writes(tmp_path, monk
     from references.sql_machine_utilization import machine_utilization_full_sql
 
     from gpuclust.analyses.registry import create
-    from gpuclust.engine import analyze
     from gpuclust.parted import PartedTable
+    from gpuclust.report.analyze import analyze
 
     ds = _machine_utilization_dataset(tmp_path)
     out = tmp_path / "duck"
@@ -1214,8 +1214,8 @@ def test_peak_prediction_sql_computes_what_gpuclust_writes(tmp_path, monkeypatch
     from references.sql_peak_prediction import peak_prediction_sql
 
     from gpuclust.analyses.registry import create
-    from gpuclust.engine import analyze
     from gpuclust.parted import PartedTable
+    from gpuclust.report.analyze import analyze
 
     ds = _peak_prediction_dataset(tmp_path)
     out = tmp_path / "duck"

@@ -17,8 +17,9 @@ import pytest
 from strategies import assert_results_same
 
 from gpuclust.analyses.registry import create
-from gpuclust.engine import analyze, run
+from gpuclust.engine import run
 from gpuclust.engine.finish import Finalized
+from gpuclust.report.analyze import analyze
 from gpuclust.report.writer import WrittenTable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))

@@ -20,9 +20,10 @@ from strategies import assert_results_same, random_cell
 
 import gpuclust.analyses.overcommit as oc
 from gpuclust.analyses.overcommit import Overcommit
-from gpuclust.engine import analyze, run
+from gpuclust.engine import run
 from gpuclust.engine.partition import TableSource
 from gpuclust.parted import PartedTable
+from gpuclust.report.analyze import analyze
 
 SHARD = 200  # machine-buckets per shard in the many-shard runs (12 machines x 241 buckets: 15 shards)
 

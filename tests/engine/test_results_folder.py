@@ -11,7 +11,7 @@ import stat
 import pytest
 from strategies import random_cell, write_dataset
 
-import gpuclust.engine as engine
+import gpuclust.report.analyze as report_analyze
 from gpuclust.cli import main
 
 
@@ -40,7 +40,7 @@ def no_compute(monkeypatch):
     def boom(*a, **k):
         raise AssertionError("computed before the output path was checked")
 
-    monkeypatch.setattr(engine, "run", boom)
+    monkeypatch.setattr(report_analyze, "run", boom)
 
 
 def no_temp_siblings(out):
@@ -160,12 +160,12 @@ def test_files_get_the_umask(ds, tmp_path):
 
 def test_python_api_writes_the_same_folder(ds, tmp_path):
     out = tmp_path / "api"
-    engine.analyze(ds, ["machine-shapes"], out=out)
+    report_analyze.analyze(ds, ["machine-shapes"], out=out)
     assert json.loads((out / "_run.json").read_text())["analyses"][0]["name"] == "machine-shapes"
     from gpuclust.report import OutputError
 
     with pytest.raises(OutputError, match="exists and is not a folder"):
-        engine.analyze(ds, ["machine-shapes"], out=out / "_run.json")
+        report_analyze.analyze(ds, ["machine-shapes"], out=out / "_run.json")
 
 
 def test_link_to_a_results_folder_stays_a_link(ds, tmp_path):

@@ -26,9 +26,10 @@ from gpuclust.analyses.cpi import Cpi
 from gpuclust.analyses.overcommit import Overcommit
 from gpuclust.analyses.usage_distribution import UsageDistribution
 from gpuclust.dataset import Dataset, DatasetError, write_json_atomic
-from gpuclust.engine import TableSource, analyze, run
+from gpuclust.engine import TableSource, run
 from gpuclust.engine.cells import find_cells, run_cells
 from gpuclust.engine.selection import SelectedSource, attach
+from gpuclust.report.analyze import analyze
 from gpuclust.trace_time import SelectionError, parse_time, selection_of
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -404,8 +405,8 @@ def test_cells_parted_tables_stay_parts(cells, tmp_path):
     """``--cells`` with a results folder: overcommit's machine table (parted) is copied part by
     part with the ``cell`` column into ``<key>/machine/``, equals the per-cell runs, and no
     staging folder is left; the summary is each cell's own."""
-    from gpuclust.engine import analyze
     from gpuclust.parted import PartedTable
+    from gpuclust.report.analyze import analyze
 
     out = tmp_path / "r"
     res = analyze(cells, ["overcommit"], cells="a,b", out=out, partitions=2, plots=False)

@@ -21,7 +21,8 @@ from strategies import examples, random_cell, write_dataset
 from gpuclust import arrow_numpy
 from gpuclust.analyses import create
 from gpuclust.dataset import Dataset
-from gpuclust.engine import analyze, run
+from gpuclust.engine import run
+from gpuclust.report.analyze import analyze
 from gpuclust.tables import as_pandas, convert
 
 
