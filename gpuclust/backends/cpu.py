@@ -133,15 +133,7 @@ def bucket_overlap(
     shape = (k, n_groups, n_buckets) if value.ndim == 2 else (n_groups, n_buckets)
     if cells == 0 or start.shape[0] == 0:
         return out.reshape(shape)
-    hi = origin + n_buckets * width
-    s = np.clip(start, origin, hi)
-    e = np.clip(end, origin, hi)
-    keep = (e > s) & (group >= 0) & (group < n_groups)
-    if not keep.all():
-        idx = np.flatnonzero(keep)
-        s, e, g, vals = s[idx], e[idx], group[idx].astype(np.int64), vals[:, idx]
-    else:
-        g = group.astype(np.int64)
+    s, e, g, vals = _clip_intervals(start, end, vals, group, n_groups, origin, origin + n_buckets * width)
     if s.shape[0] == 0:
         return out.reshape(shape)
     v = vals.astype(np.float64, copy=False)
@@ -155,7 +147,38 @@ def bucket_overlap(
     b1 //= width
     base = g
     base *= n_buckets  # g is a fresh int64 array (astype or fancy index), safe to scale in place
-    # first bucket of every interval: overlap = min(e, bucket end) - s, in seconds
+    _add_first_buckets(out, s, e, v, base, b0, origin, width)
+    multi = np.flatnonzero(b1 > b0)
+    if multi.shape[0]:
+        _add_later_buckets(out, e, v, base, b0, b1, multi, origin, width)
+    return out.reshape(shape)
+
+
+def _clip_intervals(
+    start: np.ndarray, end: np.ndarray, vals: np.ndarray, group: np.ndarray, n_groups: int, lo: int, hi: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Clip the intervals to ``[lo, hi]`` and keep the non-empty ones with a group in range (group as fresh int64)."""
+    s = np.clip(start, lo, hi)
+    e = np.clip(end, lo, hi)
+    keep = (e > s) & (group >= 0) & (group < n_groups)
+    if not keep.all():
+        idx = np.flatnonzero(keep)
+        return s[idx], e[idx], group[idx].astype(np.int64), vals[:, idx]
+    return s, e, group.astype(np.int64), vals
+
+
+def _add_first_buckets(
+    out: np.ndarray,
+    s: np.ndarray,
+    e: np.ndarray,
+    v: np.ndarray,
+    base: np.ndarray,
+    b0: np.ndarray,
+    origin: int,
+    width: int,
+) -> None:
+    """Set ``out`` to every interval's first-bucket share: ``min(e, bucket end) - s`` seconds."""
+    cells = out.shape[1]
     sec = b0 + 1
     sec *= width
     sec += origin
@@ -164,30 +187,40 @@ def bucket_overlap(
     sec = sec / 1e6
     key = base + b0
     wv = np.empty_like(sec)
-    for j in range(k):
+    for j in range(out.shape[0]):
         np.multiply(v[j], sec, out=wv)
         out[j] = np.bincount(key, weights=wv, minlength=cells)
-    del wv, sec, key
-    multi = np.flatnonzero(b1 > b0)
-    if multi.shape[0]:
-        # last bucket of intervals spanning two or more
-        lb = b1[multi]
-        sec = (e[multi] - (origin + lb * width)) / 1e6
-        key = base[multi] + lb
+
+
+def _add_later_buckets(
+    out: np.ndarray,
+    e: np.ndarray,
+    v: np.ndarray,
+    base: np.ndarray,
+    b0: np.ndarray,
+    b1: np.ndarray,
+    multi: np.ndarray,
+    origin: int,
+    width: int,
+) -> None:
+    """Add the last bucket, then the full buckets in between, of the intervals ``multi`` spanning two or more."""
+    cells = out.shape[1]
+    k = out.shape[0]
+    lb = b1[multi]
+    sec = (e[multi] - (origin + lb * width)) / 1e6
+    key = base[multi] + lb
+    for j in range(k):
+        out[j] += np.bincount(key, weights=v[j, multi] * sec, minlength=cells)
+    counts = lb - b0[multi] - 1
+    mid = counts > 0
+    if mid.any():
+        rows, counts = multi[mid], counts[mid]
+        rep = np.repeat(np.arange(rows.shape[0]), counts)
+        first = np.cumsum(counts) - counts
+        key = (base[rows] + b0[rows] + 1)[rep] + (np.arange(rep.shape[0], dtype=np.int64) - first[rep])
+        wsec = width / 1e6
         for j in range(k):
-            out[j] += np.bincount(key, weights=v[j, multi] * sec, minlength=cells)
-        # the full buckets in between
-        counts = lb - b0[multi] - 1
-        mid = counts > 0
-        if mid.any():
-            rows, counts = multi[mid], counts[mid]
-            rep = np.repeat(np.arange(rows.shape[0]), counts)
-            first = np.cumsum(counts) - counts
-            key = (base[rows] + b0[rows] + 1)[rep] + (np.arange(rep.shape[0], dtype=np.int64) - first[rep])
-            wsec = width / 1e6
-            for j in range(k):
-                out[j] += np.bincount(key, weights=v[j, rows][rep] * wsec, minlength=cells)
-    return out.reshape(shape)
+            out[j] += np.bincount(key, weights=v[j, rows][rep] * wsec, minlength=cells)
 
 
 def grouped_sum(codes: np.ndarray, values: np.ndarray, *, n_groups: int) -> np.ndarray:
