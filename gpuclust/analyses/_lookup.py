@@ -31,6 +31,7 @@ from gpuclust._lazy import pandas as pd
 from gpuclust.analyses._machine_hash import MachineHash, id_index, machine_capacities
 from gpuclust.analyses.grouping import hash_order
 from gpuclust.arrow_numpy import to_numpy, valid
+from gpuclust.tiers import TierNames, tier_codes
 
 __all__ = [
     "EVENT_COLUMNS",
@@ -257,16 +258,12 @@ class InstanceLookup:
 
 
 @dataclass(frozen=True)
-class TierLookupContext:
+class TierLookupContext(TierNames):
     """The context of an analysis that splits by tier through a per-instance lookup: the tier map,
     and the lookup ``bind`` builds from the partition's events (tier codes or priorities)."""
 
     tier_map: Any
     lookup: InstanceLookup = InstanceLookup.empty()
-
-    @property
-    def tier_names(self) -> tuple[str, ...]:
-        return (*self.tier_map.names, "unknown")
 
 
 _records = PerArrayCache()
@@ -489,14 +486,6 @@ def _fused_lookup(events: Any, top_level_only: bool, codes_of: Any, what: str) -
     )
 
 
-def _tier_codes(p: np.ndarray, tm: Any, unmatched: int) -> np.ndarray:
-    codes = np.full(p.shape[0], unmatched, dtype=np.int32)
-    ok = ~np.isnan(p)
-    tc = tm.tier_codes(p[ok].astype(np.int64)).astype(np.int32)
-    codes[ok] = np.where(tc >= 0, tc, unmatched)
-    return codes
-
-
 def _priority_codes(p: np.ndarray) -> np.ndarray:
     prio = np.where(np.isnan(p) | (p < 0), -1, np.nan_to_num(p, nan=-1.0)).astype(np.int64)
     return np.minimum(prio, np.iinfo(np.int32).max).astype(np.int32)
@@ -508,15 +497,20 @@ def tier_lookup(events: Any, tm: Any, *, top_level_only: bool, unmatched: int, w
     ``events`` yields Arrow tables of :data:`EVENT_COLUMNS` from ``batches(columns)`` (a
     :class:`gpuclust.engine.partition.SideTable`: a file or a bucket at a time, so the whole table
     is never in memory at once); the priority is :func:`max_priority` of each key, mapped by the
-    tier map ``tm``; a NULL priority, or one no tier covers, gets ``unmatched``.
+    tier map ``tm`` (:func:`gpuclust.tiers.tier_codes`); a NULL priority, or one no tier covers,
+    gets ``unmatched``.
     """
-    fused = _fused_lookup(events, top_level_only, lambda p: _tier_codes(p, tm, unmatched), what)
+
+    def codes_of(p: np.ndarray) -> np.ndarray:  # (float64 priorities, NaN: NULL)
+        return tier_codes(np, tm, p, unmatched).astype(np.int32)
+
+    fused = _fused_lookup(events, top_level_only, codes_of, what)
     if fused is not None:
         return fused
     lk = _max_priorities(events, top_level_only)
     if lk is None:
         return InstanceLookup.empty()
-    codes = _tier_codes(lk["p"].to_numpy(np.float64), tm, unmatched)
+    codes = codes_of(lk["p"].to_numpy(np.float64))
     return InstanceLookup.build(
         lk["c"].to_numpy(np.int64), lk["i"].to_numpy(np.int32), lk["m"].to_numpy(np.int64), codes, what=what
     )

@@ -21,7 +21,7 @@ from gpuclust.analyses._lookup import id_index
 from gpuclust.analyses._overcommit_finalize import _KNOWN_FIELDS, _PARTIAL_FIELDS
 from gpuclust.analyses.grouping import bucket_span, unique_sorted
 from gpuclust.partials import keyed_reduce
-from gpuclust.schema import TierMap
+from gpuclust.tiers import tier_codes
 
 if TYPE_CHECKING:
     from gpuclust.analyses.overcommit import OvercommitContext
@@ -82,16 +82,6 @@ def event_pass(source: Any) -> tuple[int | None, np.ndarray]:
         if len(mids) > 64:
             mids = [unique_sorted(np.concatenate(mids))]
     return best, unique_sorted(np.concatenate(mids))
-
-
-def _tier_codes(backend: Any, tm: TierMap, priority: Any, unknown: int) -> Any:
-    """Tier code per (float) priority on ``backend`` (as :meth:`TierMap.tier_codes`); NaN or a
-    priority no tier covers -> ``unknown``."""
-    xp = backend.xp
-    bounds = backend.stage(np.asarray(tm.bounds, dtype=np.int64))
-    ok = ~xp.isnan(priority)
-    tc = xp.searchsorted(bounds, xp.where(ok, priority, -1.0).astype(xp.int64), side="right") - 1
-    return xp.where(ok & (tc >= 0), tc, unknown).astype(xp.int64)
 
 
 def keyed(xp: Any, key: Any, **fields: Any) -> dict[str, Any]:
@@ -223,7 +213,7 @@ def interval_partial(run: RunningIntervals, ctx: OvercommitContext, backend: Any
     if not bool(known.all()):
         raise RuntimeError("overcommit: a running piece's machine is not in the machine list (first pass)")
     pcode = pcode.astype(xp.int64)
-    ptier = _tier_codes(backend, ctx.tier_map, run.priority[placed], T - 1)
+    ptier = tier_codes(xp, ctx.tier_map, run.priority[placed], T - 1)
     kw = dict(origin=ctx.origin, width=ctx.width, n_buckets=B)
     rk, rs = overlap_keyed(
         backend, pcode * T + ptier, ps, pe, xp.stack([run.req_cpu[placed], run.req_mem[placed]]), **kw

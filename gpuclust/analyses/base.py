@@ -65,7 +65,6 @@ import numpy as np
 
 from gpuclust._lazy import pandas as pd
 from gpuclust.analyses.options import Relation, check_options, with_parameters_doc
-from gpuclust.schema import DEFAULT_TIER_MAP, TierMap, tier_map
 
 __all__ = [
     "Analysis",
@@ -74,20 +73,8 @@ __all__ = [
     "is_null_int",
     "nan_sum",
     "null_int",
-    "resolve_tier_map",
     "to_host",
 ]
-
-
-def resolve_tier_map(explicit: str | None, source: Any) -> TierMap:
-    """The tier map an analysis uses: its own option, else the dataset manifest's, else the
-    default of the dataset's trace version (``schema.DEFAULT_TIER_MAP``)."""
-    if explicit is not None:
-        return tier_map(explicit)
-    name = getattr(source, "tier_map_name", None)
-    if name:
-        return tier_map(name)
-    return tier_map(DEFAULT_TIER_MAP.get(getattr(source, "trace_version", None) or "v3", "notebook"))
 
 
 def fmt(v: Any, spec: str = ".4g", scale: float = 1.0, unit: str = "") -> str:

@@ -32,13 +32,14 @@ import pyarrow as pa
 
 from gpuclust._xp import bincount
 from gpuclust.analyses._lookup import EVENT_COLUMNS, InstanceLookup, machine_capacities, tier_lookup, triple_hash
-from gpuclust.analyses.base import Analysis, fmt, is_null_int, nan_sum, null_int, resolve_tier_map
+from gpuclust.analyses.base import Analysis, fmt, is_null_int, nan_sum, null_int
 from gpuclust.analyses.grouping import HOUR_US, bucket_span
 from gpuclust.analyses.options import CELL_USAGE_MODE, CELL_USAGE_MODES, tier_map_option
 from gpuclust.arrow_numpy import table, table_from_rows
 from gpuclust.partials import keyed_reduce, merge_keyed
 from gpuclust.schema import TIME_AFTER_TRACE, TierMap
 from gpuclust.tables import as_arrow, column
+from gpuclust.tiers import TierNames, resolve_tier_map
 
 __all__ = ["CellUsage", "HOUR_US", "MODES", "triple_hash"]
 
@@ -63,7 +64,7 @@ STATS = (
 
 
 @dataclass(frozen=True)
-class CellUsageContext:
+class CellUsageContext(TierNames):
     mode: str
     tier_map: TierMap
     cpu_capacity: float
@@ -71,9 +72,8 @@ class CellUsageContext:
     #: (collection_id, instance_index, machine_id) -> tier code (set by ``bind``)
     lookup: InstanceLookup = InstanceLookup.empty()
 
-    @property
-    def tier_names(self) -> tuple[str, ...]:
-        return self.tier_map.names + (("unknown",) if self.mode == "exact" else ())
+    def has_unknown_tier(self) -> bool:
+        return self.mode == "exact"  # the notebook mode joins no priorities: no unknown tier
 
 
 def _notebook_sums(backend: Any, key: Any, cpu: Any, mem: Any) -> dict[str, Any]:
@@ -162,11 +162,8 @@ class CellUsage(Analysis):
         )
 
     # ---------------------------------------------------------------- context (client side)
-    def resolve_tier_map(self, source: Any) -> TierMap:
-        return resolve_tier_map(self.tier_map, source)
-
     def context(self, source: Any) -> CellUsageContext:
-        tm = self.resolve_tier_map(source)
+        tm = resolve_tier_map(self.tier_map, source)
         if len(tm.names) + 1 > (1 << _TIER_BITS):
             raise ValueError(f"tier map {tm.name!r} has too many tiers")
         # Capacity: SUM over machines of MAX(capacity); NULLs ignored, all-NULL -> NaN (SQL NULL).

@@ -46,7 +46,7 @@ import pyarrow as pa
 from gpuclust._xp import bincount
 from gpuclust.analyses._job_groups import group_windows, key_table
 from gpuclust.analyses._lookup import EVENT_COLUMNS, TierLookupContext, priority_lookup
-from gpuclust.analyses.base import Analysis, fmt, is_null_int, resolve_tier_map
+from gpuclust.analyses.base import Analysis, fmt, is_null_int
 from gpuclust.analyses.grouping import unique_codes
 from gpuclust.analyses.options import option, tier_map_option
 from gpuclust.arrow_numpy import labels, rows_table, table, table_from_rows
@@ -54,6 +54,7 @@ from gpuclust.partials import merge_keyed
 from gpuclust.schema import TIME_AFTER_TRACE, CollectionType
 from gpuclust.stream_quantiles import sorted_quantiles
 from gpuclust.tables import as_arrow
+from gpuclust.tiers import resolve_tier_map, tier_codes
 
 __all__ = ["JobUsage", "ROWS", "STAT_COLUMNS", "job_stats"]
 
@@ -436,8 +437,7 @@ class JobUsage(Analysis):
         p.update(main)
         names = ctx.tier_names
         prio = p["prio"].astype(np.int64)
-        code = ctx.tier_map.tier_codes(np.maximum(prio, 0)).astype(np.int64)
-        code = np.where((prio >= 0) & (code >= 0), code, len(names) - 1)
+        code = tier_codes(np, ctx.tier_map, prio, len(names) - 1)  # -1 (no priority known): unknown
         key, cpu = p["key"].astype(np.int64), p["cpu"].astype(np.float64)
         order = _by_usage(cpu, key)  # NCU-hours descending, then collection_id
         key, cpu, code = key[order], cpu[order], code[order]

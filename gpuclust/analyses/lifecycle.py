@@ -89,12 +89,13 @@ from gpuclust.analyses._lifecycle_tables import (
     delay_bins,
     series_partial,
 )
-from gpuclust.analyses.base import Analysis, is_null_int, resolve_tier_map
+from gpuclust.analyses.base import Analysis, is_null_int
 from gpuclust.analyses.grouping import bucket_index, instance_order, segmented_last
 from gpuclust.analyses.options import option, tier_map_option
 from gpuclust.layout import key_hash
 from gpuclust.partials import merge_keyed
 from gpuclust.schema import TIME_AFTER_TRACE, EventType, TierMap
+from gpuclust.tiers import TierNames, resolve_tier_map, tier_codes
 
 __all__ = [
     "CollectionLifecycle",
@@ -115,7 +116,7 @@ SPLIT_ROWS = 1 << 19
 
 
 @dataclass(frozen=True)
-class LifecycleContext:
+class LifecycleContext(TierNames):
     tier_map: TierMap
     #: The last finite event time of the data (censored episodes are measured to it); None: no events.
     data_end_us: int | None
@@ -123,10 +124,6 @@ class LifecycleContext:
     #: events (-1: none known), the priority of a collection whose own events carry none.
     job_ids: Any = None
     job_priority: Any = None
-
-    @property
-    def tier_names(self) -> tuple[str, ...]:
-        return (*self.tier_map.names, "unknown")
 
 
 @dataclass(frozen=True)
@@ -275,8 +272,7 @@ class Lifecycle(Analysis):
             counters["priority_from_instances"] = int(xp.count_nonzero(fill))
             maxp = xp.where(fill, jp[pos], maxp)
         del c
-        code = xp.searchsorted(xp.asarray(np.asarray(ctx.tier_map.bounds, np.int64)), maxp, side="right") - 1
-        tier_s = xp.where((maxp >= 0) & (code >= 0), code, unknown).astype(xp.int64)
+        tier_s = tier_codes(xp, ctx.tier_map, maxp, unknown)  # maxp -1 (none known): unknown
         counters["unknown_priority_instances"] = int(xp.count_nonzero(maxp < 0))
         # ---- each instance's kind: its collection_type (0, 1; NULL or other: unknown)
         kmax = top(xp.where((ct >= 0) & (ct <= 1), ct.astype(xp.int64), -1))

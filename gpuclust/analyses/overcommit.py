@@ -72,7 +72,7 @@ from gpuclust.analyses._overcommit_partial import (
     interval_partial,
     usage_sums,
 )
-from gpuclust.analyses.base import Analysis, host_or_device, is_null_int, resolve_tier_map, to_host
+from gpuclust.analyses.base import Analysis, host_or_device, is_null_int, to_host
 from gpuclust.analyses.grouping import bucket_grid, isin_sorted, unique_sorted
 from gpuclust.analyses.options import Relation, option, tier_map_option
 from gpuclust.arrow_numpy import table, table_from_rows
@@ -80,6 +80,7 @@ from gpuclust.backends import finalize_backend, merged_backend
 from gpuclust.parted import finalize_in_memory
 from gpuclust.partials import merge_keyed
 from gpuclust.schema import TIME_AFTER_TRACE, TierMap
+from gpuclust.tiers import TierNames, resolve_tier_map
 
 __all__ = ["Overcommit", "OvercommitContext", "TRACE_START_US"]
 
@@ -124,7 +125,7 @@ _DROPPED = "dropped when pickled"
 
 
 @dataclass
-class OvercommitContext:
+class OvercommitContext(TierNames):
     """What partials need (machine / tier lookups, bucket grid), what ``bind`` added, and the
     capacity intervals the shards of the machine table are finalized from.
 
@@ -134,7 +135,6 @@ class OvercommitContext:
     """
 
     tier_map: TierMap
-    tier_names: tuple[str, ...]
     window_start: int
     window_end: int
     width: int
@@ -232,12 +232,8 @@ class Overcommit(Analysis):
         return int(self.bucket_s) * 1_000_000
 
     # ---------------------------------------------------------------- context (client side)
-    def resolve_tier_map(self, source: Any) -> TierMap:
-        return resolve_tier_map(self.tier_map, source)
-
     def context(self, source: Any) -> OvercommitContext:
-        tm = self.resolve_tier_map(source)
-        tier_names = (*tm.names, "unknown")
+        tm = resolve_tier_map(self.tier_map, source)
         # ---- first pass over instance_events (4 columns, a row group at a time): max time, machines
         ev_max, placed = event_pass(source)
         # ---- the trace window
@@ -270,7 +266,6 @@ class Overcommit(Analysis):
         }
         return OvercommitContext(
             tier_map=tm,
-            tier_names=tier_names,
             window_start=w0,
             window_end=w1,
             width=width,

@@ -52,7 +52,7 @@ import pyarrow as pa
 from gpuclust._xp import bincount
 from gpuclust.analyses._extent import max_finite
 from gpuclust.analyses._lookup import EVENT_COLUMNS, TierLookupContext, tier_lookup
-from gpuclust.analyses.base import Analysis, fmt, null_int, resolve_tier_map
+from gpuclust.analyses.base import Analysis, fmt, null_int
 from gpuclust.analyses.grouping import bucket_pieces, instance_order
 from gpuclust.analyses.machine_utilization import BUCKET_US, MachineUtilization, MachineUtilizationContext
 from gpuclust.analyses.options import option, tier_map_option
@@ -61,6 +61,7 @@ from gpuclust.parted import finalize_in_memory
 from gpuclust.partials import bin_quantile_edges, log_bins
 from gpuclust.schema import TIME_AFTER_TRACE
 from gpuclust.tables import as_arrow
+from gpuclust.tiers import resolve_tier_map
 
 __all__ = ["LEVELS", "PERIOD_US", "RATIO_EDGES", "RESOURCES", "THRESHOLDS", "UsageChange"]
 

@@ -61,11 +61,10 @@ from gpuclust.layout import key_name
 from gpuclust.parted import finalize_in_memory
 from gpuclust.schema import (
     CPU_PERCENTILE_COLUMNS_SORTED,
-    DEFAULT_TIER_MAP,
     TIME_AFTER_TRACE,
     TierMap,
-    tier_map,
 )
+from gpuclust.tiers import TierNames, resolve_tier_map
 
 __all__ = ["BY", "ROWS", "STRATEGIES", "STATS", "UsageDistribution", "level_name"]
 
@@ -96,7 +95,7 @@ US = 1_000_000
 
 
 @dataclass(frozen=True)
-class UsageDistributionContext:
+class UsageDistributionContext(TierNames):
     strategy: str
     rows: str
     total_rows: int
@@ -108,10 +107,6 @@ class UsageDistributionContext:
     #: every group's windows are in one partition (``by`` has ``instance`` and the layout buckets
     #: usage by instance): each partial finalizes its own groups (``bind`` sets it per partition)
     local_groups: bool = False
-
-    @property
-    def tier_names(self) -> tuple[str, ...]:
-        return (self.tier_map.names if self.tier_map else ()) + ("unknown",)
 
 
 def _by_ok(by: tuple[str, ...]) -> bool:
@@ -224,14 +219,6 @@ class UsageDistribution(Analysis):
         )
 
     # ---------------------------------------------------------------- context (client side)
-    def _resolve_tier_map(self, source: Any) -> TierMap:
-        if self.tier_map is not None:
-            return tier_map(self.tier_map)
-        name = getattr(source, "tier_map_name", None)
-        if name:
-            return tier_map(name)
-        return tier_map(DEFAULT_TIER_MAP.get(getattr(source, "trace_version", None) or "v3", "notebook"))
-
     def context(self, source: Any) -> UsageDistributionContext:
         if hasattr(source, "num_rows"):
             total = int(source.num_rows(self.table))
@@ -244,7 +231,7 @@ class UsageDistribution(Analysis):
             strategy = "exact" if total <= int(self.exact_max_windows) or self._groups_local(source) else "bounded"
         manifest = getattr(source, "manifest", None)
         cell = str(manifest.get("cell") or "all") if isinstance(manifest, dict) else "all"
-        tm = self._resolve_tier_map(source) if "tier" in self.by else None
+        tm = resolve_tier_map(self.tier_map, source) if "tier" in self.by else None
         return UsageDistributionContext(strategy, self.resolved_rows(), total, self.level_values, cell, tm)
 
     def _groups_local(self, source: Any) -> bool:

@@ -47,13 +47,14 @@ from gpuclust.analyses._requests import (
     asof_keyed_slots,
 )
 from gpuclust.analyses._task_ratios import TASK_COLUMNS, TaskAccumulator, empty_tasks, merge_tasks, task_tables
-from gpuclust.analyses.base import Analysis, fmt, resolve_tier_map
+from gpuclust.analyses.base import Analysis, fmt
 from gpuclust.analyses.grouping import FloatBins
 from gpuclust.analyses.options import tier_map_option
 from gpuclust.analyses.usage_change import RATIO_EDGES
 from gpuclust.arrow_numpy import bin_table, rows_table, table_from_rows
 from gpuclust.partials import bin_quantile_edges
 from gpuclust.tables import as_arrow
+from gpuclust.tiers import resolve_tier_map
 
 __all__ = ["MEASURES", "UsageVsRequest", "refined_bins"]
 

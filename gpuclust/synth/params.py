@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from gpuclust.schema import TIER_MAPS
+from gpuclust.tiers import tier_codes
 
 US = 1_000_000
 CELL_US = 300 * US
@@ -145,10 +146,11 @@ WORKLOAD: dict[str, dict[str, Any]] = {
     ),
 }
 
-#: Fixed machine attribute names (hashed-looking) used by constraints.
-PRODUCTION_PRIORITY = 120
 #: The tier map the planted per-tier truths use (Google's notebook: free, beb, mid, prod).
 PLANT_TIERS = TIER_MAPS["notebook"]
+#: The lowest production priority (the planted map's ``prod`` tier, 120): production instances
+#: that do not fit preempt lower-priority ones.
+PRODUCTION_PRIORITY = PLANT_TIERS.bounds[PLANT_TIERS.names.index("prod")]
 #: Workload classes whose job sizes follow the planted Pareto law (``job_size_alpha``).
 SIZED_KINDS = ("batch", "free")
 #: Mean of the lognormal(0, 0.4) factor of a batch task's work around its job's duration.
@@ -163,7 +165,7 @@ SIZED_REQUEST_RANGE = (0.0005, 0.1)
 @functools.cache
 def tier_of(prio: int) -> str:
     """The notebook tier (free, beb, mid, prod) of a priority."""
-    return PLANT_TIERS.names[int(PLANT_TIERS.tier_codes(np.array([prio]))[0])]
+    return PLANT_TIERS.names[int(tier_codes(np, PLANT_TIERS, np.array([prio]))[0])]
 
 
 def pareto_capped_mean(alpha: float, cap: float) -> float:

@@ -95,6 +95,7 @@ def test_fused_lookups_equal_grouped_path(top_level_only: bool, sizes: list[int]
     first appearance and building it again (arrays equal, dtypes too)."""
     from gpuclust.analyses import _lookup as L
     from gpuclust.schema import tier_map
+    from gpuclust.tiers import tier_codes
 
     rng = np.random.default_rng(sum(sizes) + top_level_only)
     ev = _Batches([_events(rng, k) for k in sizes])
@@ -112,7 +113,7 @@ def test_fused_lookups_equal_grouped_path(top_level_only: bool, sizes: list[int]
     for got, want in (
         (
             L.tier_lookup(ev, tm, top_level_only=top_level_only, unmatched=9, what="t"),
-            build(None if p is None else L._tier_codes(p, tm, 9)),
+            build(None if p is None else tier_codes(np, tm, p, 9).astype(np.int32)),
         ),
         (
             L.priority_lookup(ev, top_level_only=top_level_only, what="t"),

@@ -43,8 +43,8 @@ def table_scan(ds: Path | str, table: str) -> str:
 def tier_case(ds: Path | str) -> str:
     """The dataset's tier map (its manifest's, else the trace's default) as a SQL CASE over ``p``
     (the highest priority; NULL, negative or below every tier: ``'unknown'``)."""
-    from gpuclust.analyses.base import resolve_tier_map
     from gpuclust.dataset import Dataset
+    from gpuclust.tiers import resolve_tier_map
 
     tm = resolve_tier_map(None, Dataset(ds))
     return (

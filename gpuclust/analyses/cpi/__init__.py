@@ -50,7 +50,7 @@ from gpuclust.analyses._machine_cells import (
     grid_cuts,
     hist_edges,
 )
-from gpuclust.analyses.base import Analysis, host_or_device, is_null_int, resolve_tier_map, to_host
+from gpuclust.analyses.base import Analysis, host_or_device, is_null_int, to_host
 from gpuclust.analyses.cpi.binning import spearman_grid_partial
 from gpuclust.analyses.cpi.context import (
     _STATS,
@@ -74,9 +74,9 @@ from gpuclust.analyses.options import Relation, option, tier_map_option
 from gpuclust.backends import finalize_backend, merged_backend
 from gpuclust.parted import finalize_in_memory
 from gpuclust.partials import keyed_reduce, log_bins, merge_keyed
-from gpuclust.schema import TierMap
 from gpuclust.stats import CpiFilter
 from gpuclust.tables import column
+from gpuclust.tiers import resolve_tier_map
 
 __all__ = ["BY", "COUNTERS", "Cpi", "CpiContext", "REGRESSIONS", "SPEARMAN"]
 
@@ -183,9 +183,6 @@ class Cpi(Analysis):
         return (*cols, "avg_cpu", "cpi", "mai")
 
     # ---------------------------------------------------------------- context (client side)
-    def resolve_tier_map(self, source: Any) -> TierMap:
-        return resolve_tier_map(self.tier_map, source)
-
     @property
     def context_columns(self) -> tuple[str, ...]:
         return CpiHistograms().columns if self.first_pass else ()
@@ -222,7 +219,7 @@ class Cpi(Analysis):
             span = _cell_span(
                 max_finite(source, "instance_usage", "start_time"), int(cap_ids.shape[0]), len(plat["platforms"]) + 1
             )
-        tm = self.resolve_tier_map(source) if self.by == "tier" else None
+        tm = resolve_tier_map(self.tier_map, source) if self.by == "tier" else None
         cpos = np.searchsorted(cap_ids, plat["pm_ids"]) if cap_ids.shape[0] else np.zeros(0, np.int64)
         cposc = np.clip(cpos, 0, max(cap_ids.shape[0] - 1, 0))
         pm_cap = (

@@ -14,6 +14,7 @@ from gpuclust.analyses._machine_cells import CELL_US
 from gpuclust.arrow_numpy import valid as arrow_valid
 from gpuclust.schema import TierMap
 from gpuclust.stats import CpiFilter
+from gpuclust.tiers import TierNames
 
 __all__ = [
     "BY",
@@ -68,7 +69,7 @@ _BY_COLUMN = {
 
 
 @dataclass(frozen=True)
-class CpiContext:
+class CpiContext(TierNames):
     """Side inputs broadcast to every partition (all host NumPy arrays)."""
 
     filter: CpiFilter
@@ -106,10 +107,6 @@ class CpiContext:
     @property
     def unknown_platform(self) -> int:
         return len(self.platforms)
-
-    @property
-    def tier_names(self) -> tuple[str, ...]:
-        return (self.tier_map.names if self.tier_map else ()) + ("unknown",)
 
     @property
     def n_platforms(self) -> int:
