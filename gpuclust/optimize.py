@@ -254,6 +254,24 @@ def _prepare_out(src: Path, out: Path, n: int) -> bool:
     return False
 
 
+def _check_args(buckets: int | None, row_group_rows: int) -> None:
+    """Raise :class:`OptimizeUsageError` for a bucket count that is not an integer >= 1 or a row group under 1 row."""
+    if buckets is not None and (isinstance(buckets, bool) or not isinstance(buckets, int) or buckets < 1):
+        raise OptimizeUsageError(f"--buckets must be an integer >= 1, got {buckets!r}")
+    if row_group_rows < 1:
+        raise OptimizeUsageError(f"row_group_rows must be >= 1, got {row_group_rows!r}")
+
+
+def _start_out(dst: Path) -> None:
+    """Empty the ``--out`` folder ``dst`` but its lock and marker (a crashed run starts again from
+    nothing), and mark it as an optimize output."""
+    for p in list(dst.iterdir()):
+        if p.name in (LOCK_FILE, OUT_MARKER):
+            continue
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
+    (dst / OUT_MARKER).touch()
+
+
 def optimize(
     dataset: str | os.PathLike[str],
     *,
@@ -297,10 +315,7 @@ def optimize(
     8
     """
     t0 = time.perf_counter()
-    if buckets is not None and (isinstance(buckets, bool) or not isinstance(buckets, int) or buckets < 1):
-        raise OptimizeUsageError(f"--buckets must be an integer >= 1, got {buckets!r}")
-    if row_group_rows < 1:
-        raise OptimizeUsageError(f"row_group_rows must be >= 1, got {row_group_rows!r}")
+    _check_args(buckets, row_group_rows)
     prog: Progress | None = Progress() if progress is True else (progress or None)
     src = Path(dataset)
     Dataset(src)  # not a dataset / incomplete / bad layout: DatasetError before anything is written
@@ -320,11 +335,7 @@ def optimize(
             if done:
                 removed = remove_unlisted(dst, json.loads((dst / MANIFEST).read_text()))
                 return OptimizeReport(src, dst, n0, True, removed=removed, seconds=time.perf_counter() - t0)
-            for p in list(dst.iterdir()):  # a crashed --out run: start again from nothing
-                if p.name in (LOCK_FILE, OUT_MARKER):
-                    continue
-                shutil.rmtree(p) if p.is_dir() else p.unlink()
-            (dst / OUT_MARKER).touch()
+            _start_out(dst)
         n = buckets or default_buckets(ds.num_rows("instance_usage"))
         rep = OptimizeReport(src, dst, n, False, removed=removed)
         if in_place and _already(ds, n):
