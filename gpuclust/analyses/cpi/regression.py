@@ -117,20 +117,35 @@ def wls_from_moments(
     if weights not in ("analytic", "frequency"):
         raise ValueError(f"weights must be 'analytic' or 'frequency', got {weights!r}")
     xi = [int(i) for i in x_indices]
-    k = len(xi)
-    if k < 1:
+    if len(xi) < 1:
         raise ValueError("need at least one regressor")
     C = np.asarray(m.C, dtype=np.float64)
     mean = np.asarray(m.mean, dtype=np.float64)
     W = np.asarray(m.W, dtype=np.float64)
     n = np.asarray(m.n, dtype=np.int64)
-    G = W.shape[0]
-    Cxx = C[:, xi][:, :, xi]
-    cxy = C[:, xi, y_index]
-    cyy = C[:, y_index, y_index]
-    sx = np.sqrt(np.maximum(np.diagonal(Cxx, axis1=1, axis2=2), 0.0))
     const = variable_is_constant(m)
-    ok = (W > 0) & (n > k) & ~np.any(const[:, xi], axis=1)
+    ok, Cinv = _inverse_regressor_comoments(C[:, xi][:, :, xi], W, n, np.any(const[:, xi], axis=1), rcond)
+    return _fit_groups(
+        C[:, xi, y_index],
+        C[:, y_index, y_index],
+        mean[:, xi],
+        mean[:, y_index],
+        W,
+        n,
+        ok,
+        Cinv,
+        const[:, y_index],
+        weights,
+    )
+
+
+def _inverse_regressor_comoments(
+    Cxx: np.ndarray, W: np.ndarray, n: np.ndarray, x_const: np.ndarray, rcond: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Groups that can be fitted, and ``Cxx^-1`` (via the regressors' correlation matrix; identity where not)."""
+    G, k = Cxx.shape[0], Cxx.shape[1]
+    sx = np.sqrt(np.maximum(np.diagonal(Cxx, axis1=1, axis2=2), 0.0))
+    ok = (W > 0) & (n > k) & ~x_const
     sxs = np.where(ok[:, None], sx, 1.0)
     R = Cxx / (sxs[:, :, None] * sxs[:, None, :])
     eye = np.broadcast_to(np.eye(k), (G, k, k))
@@ -138,30 +153,30 @@ def wls_from_moments(
     ok &= np.linalg.eigvalsh(R)[:, 0] > rcond
     R = np.where(ok[:, None, None], R, eye)
     Rinv = np.linalg.inv(R)
-    Cinv = Rinv / (sxs[:, :, None] * sxs[:, None, :])  # Cxx^-1
+    return ok, Rinv / (sxs[:, :, None] * sxs[:, None, :])
+
+
+def _fit_groups(
+    cxy: np.ndarray,
+    cyy: np.ndarray,
+    xm: np.ndarray,
+    ym: np.ndarray,
+    W: np.ndarray,
+    n: np.ndarray,
+    ok: np.ndarray,
+    Cinv: np.ndarray,
+    y_const: np.ndarray,
+    weights: str,
+) -> WlsFit:
+    """The fit from the centred co-moments ``cxy``, ``cyy``, the means and ``Cxx^-1``: coefficients, SEs, R^2."""
     beta = np.einsum("gij,gj->gi", Cinv, cxy)
-    xm = mean[:, xi]
-    ym = mean[:, y_index]
     b0 = ym - np.einsum("gi,gi->g", beta, xm)
     rss = np.maximum(cyy - np.einsum("gi,gi->g", cxy, beta), 0.0)
-    p = k + 1
+    p = xm.shape[1] + 1
     dof = (n - p).astype(np.float64) if weights == "analytic" else W - p
-    with np.errstate(invalid="ignore", divide="ignore"):
-        sigma2 = np.where(ok & (dof > 0), rss / np.where(dof > 0, dof, 1.0), np.nan)
-        Wsafe = np.where(W > 0, W, 1.0)
-        cov = np.empty((G, p, p))
-        cinv_m = np.einsum("gij,gj->gi", Cinv, xm)
-        cov[:, 0, 0] = 1.0 / Wsafe + np.einsum("gi,gi->g", xm, cinv_m)
-        cov[:, 0, 1:] = -cinv_m
-        cov[:, 1:, 0] = -cinv_m
-        cov[:, 1:, 1:] = Cinv
-        cov = cov * sigma2[:, None, None]
-        se = np.sqrt(np.maximum(np.diagonal(cov, axis1=1, axis2=2), 0.0))
-        se = np.where(np.isfinite(sigma2)[:, None], se, np.nan)
-        tss_ok = ok & ~const[:, y_index]
-        r2 = np.where(tss_ok, 1.0 - rss / np.where(cyy > 0, cyy, 1.0), np.nan)
-        n_eff = n.astype(np.float64) if weights == "analytic" else W
-        adj = np.where(tss_ok & (dof > 0), 1.0 - (1.0 - r2) * (n_eff - 1.0) / np.where(dof > 0, dof, 1.0), np.nan)
+    n_eff = n.astype(np.float64) if weights == "analytic" else W
+    sigma2, r2, adj = _residual_stats(rss, cyy, dof, n_eff, ok, ok & ~y_const)
+    cov, se = _coef_covariance(Cinv, xm, W, sigma2)
     coef = np.column_stack([b0, beta])
     coef = np.where(ok[:, None], coef, np.nan)
     return WlsFit(
@@ -178,6 +193,36 @@ def wls_from_moments(
         x_mean=np.where(W[:, None] > 0, xm, np.nan),
         weights=weights,
     )
+
+
+def _residual_stats(
+    rss: np.ndarray, cyy: np.ndarray, dof: np.ndarray, n_eff: np.ndarray, ok: np.ndarray, tss_ok: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Residual variance ``RSS / dof``, R^2 and adjusted R^2 (NaN where undefined)."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        sigma2 = np.where(ok & (dof > 0), rss / np.where(dof > 0, dof, 1.0), np.nan)
+        r2 = np.where(tss_ok, 1.0 - rss / np.where(cyy > 0, cyy, 1.0), np.nan)
+        adj = np.where(tss_ok & (dof > 0), 1.0 - (1.0 - r2) * (n_eff - 1.0) / np.where(dof > 0, dof, 1.0), np.nan)
+    return sigma2, r2, adj
+
+
+def _coef_covariance(
+    Cinv: np.ndarray, xm: np.ndarray, W: np.ndarray, sigma2: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Classical WLS covariance ``sigma2 (X^T W X)^-1`` of intercept and slopes, and its standard errors."""
+    G, p = Cinv.shape[0], Cinv.shape[1] + 1
+    with np.errstate(invalid="ignore", divide="ignore"):
+        Wsafe = np.where(W > 0, W, 1.0)
+        cov = np.empty((G, p, p))
+        cinv_m = np.einsum("gij,gj->gi", Cinv, xm)
+        cov[:, 0, 0] = 1.0 / Wsafe + np.einsum("gi,gi->g", xm, cinv_m)
+        cov[:, 0, 1:] = -cinv_m
+        cov[:, 1:, 0] = -cinv_m
+        cov[:, 1:, 1:] = Cinv
+        cov = cov * sigma2[:, None, None]
+        se = np.sqrt(np.maximum(np.diagonal(cov, axis1=1, axis2=2), 0.0))
+        se = np.where(np.isfinite(sigma2)[:, None], se, np.nan)
+    return cov, se
 
 
 def borg_effects(
