@@ -295,19 +295,14 @@ class TierMap:
     """An ordered partition of priorities into named tiers.
 
     ``bounds[i]`` is the lowest priority of tier ``names[i]``; tiers are contiguous and the last
-    one is open-ended.
+    one is open-ended.  Applied by :mod:`gpuclust.tiers` (which map an analysis uses, the tier
+    code of a priority on any backend, the tier names).
     """
 
     name: str
     names: tuple[str, ...]
     bounds: tuple[int, ...]
     source: str
-
-    def tier_codes(self, priority: np.ndarray) -> np.ndarray:
-        """Tier index (int8) per priority; -1 where the priority is negative (invalid/unknown)."""
-        xp_prio = np.asarray(priority)
-        codes = np.searchsorted(np.asarray(self.bounds), xp_prio, side="right").astype(np.int8) - 1
-        return codes
 
     def to_json(self) -> dict[str, object]:
         return {"name": self.name, "tiers": dict(zip(self.names, self.bounds, strict=True)), "source": self.source}

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from gpuclust.schema import TRACE_OFFSET_US, CollectionType
+from gpuclust.tiers import tier_codes
 
 from . import model as _model
 from . import usage as _usage
@@ -88,7 +89,7 @@ def _usage_context(cfg: SynthConfig, md: _model.Model, s_params: np.random.SeedS
     }
     tiers = _model.PLANT_TIERS
     ratios = _usage.ratio_by_tier(cfg)
-    iv_ratio = np.array([ratios[t] for t in tiers.names])[tiers.tier_codes(coll["prio"][iv["coll"]]).astype(np.int64)]
+    iv_ratio = np.array([ratios[t] for t in tiers.names])[tier_codes(np, tiers, coll["prio"][iv["coll"]])]
     params = _usage.interval_params(
         iv,
         coll["ctype"][iv["coll"]] == int(CollectionType.ALLOC_SET),
@@ -171,7 +172,7 @@ class _UsageTally:
     def _add_tiers(self, cols: dict[str, Any]) -> None:
         """Add the block's usage / request sums by tier and its windows by interval, machine and machine-cell."""
         n_tiers, machines = self.n_tiers, self.machines
-        tcode = _model.PLANT_TIERS.tier_codes(cols["priority"]).astype(np.int64)
+        tcode = tier_codes(np, _model.PLANT_TIERS, cols["priority"])
         self.ratio_sums[0] += np.bincount(tcode, minlength=n_tiers)
         self.ratio_sums[1] += np.bincount(tcode, weights=cols["exp_ratio"], minlength=n_tiers)
         self.ratio_sums[2] += np.bincount(tcode, weights=cols["avg_cpu"] / cols["req_cpu"], minlength=n_tiers)
@@ -187,7 +188,7 @@ class _UsageTally:
     def squares(self, iv_prio: np.ndarray) -> dict[str, np.ndarray]:
         """Per tier, the sums of squared window counts per interval (``iv_prio``: their priorities),
         machine and machine-cell (the planted laws' standard errors)."""
-        iv_tier = _model.PLANT_TIERS.tier_codes(iv_prio).astype(np.int64)
+        iv_tier = tier_codes(np, _model.PLANT_TIERS, iv_prio)
         return {
             "interval": np.bincount(iv_tier, weights=self.iv_windows.astype(np.float64) ** 2, minlength=self.n_tiers),
             "machine": (self.mach_windows.astype(np.float64) ** 2).sum(1),

@@ -9,6 +9,7 @@ import dataclasses
 import numpy as np
 
 from gpuclust.schema import TIER_MAPS, TRACE_OFFSET_US, CollectionType, EventType, MachineEventType
+from gpuclust.tiers import tier_codes
 
 from . import model as _model
 from . import usage as _usage
@@ -19,8 +20,8 @@ def _tier_totals(prio: np.ndarray, values: np.ndarray) -> dict[str, dict[str, fl
     out: dict[str, dict[str, float]] = {}
     for name in ("notebook", "seed-002", "v3-doc"):
         tm = TIER_MAPS[name]
-        codes = tm.tier_codes(prio)
-        sums = np.bincount(codes.astype(np.int64), weights=values, minlength=len(tm.names))
+        codes = tier_codes(np, tm, prio)
+        sums = np.bincount(codes, weights=values, minlength=len(tm.names))
         out[name] = {tm.names[i]: float(sums[i]) for i in range(len(tm.names))}
     return out
 
