@@ -495,7 +495,7 @@ def tier_lookup(events: Any, tm: Any, *, top_level_only: bool, unmatched: int, w
     """``(collection_id, instance_index, machine_id) -> tier code`` from instance_events rows.
 
     ``events`` yields Arrow tables of :data:`EVENT_COLUMNS` from ``batches(columns)`` (a
-    :class:`gpuclust.engine.partition.SideTable`: a file or a bucket at a time, so the whole table
+    :class:`gpuclust.engine.reading.SideTable`: a file or a bucket at a time, so the whole table
     is never in memory at once); the priority is :func:`max_priority` of each key, mapped by the
     tier map ``tm`` (:func:`gpuclust.tiers.tier_codes`); a NULL priority, or one no tier covers,
     gets ``unmatched``.

@@ -20,7 +20,7 @@ An analysis is declared **once**, as a small frozen dataclass (never a CPU class
 ``side_inputs`` and ``bind(ctx, side, grain) -> ctx``
     Per-instance side inputs (a priority lookup from instance_events, ...): ``side_inputs``
     names the tables and columns, ``bind`` builds what the partial needs from ``side`` (``{table:
-    SideTable}``, see :class:`gpuclust.engine.partition.SideTable`: ``batches(columns)`` /
+    SideTable}``, see :class:`gpuclust.engine.reading.SideTable`: ``batches(columns)`` /
     ``read(columns)``).  When the dataset's layout co-partitions them with :attr:`table`
     (docs/user/scale.md), the engine calls ``bind`` in each partition task with the rows of that
     partition's buckets and ``grain="instance"`` (the partition then holds every row of each
