@@ -9,6 +9,7 @@ y, text, size, ha, va, colour, rotation)``; ``clip`` is the axes' box, or None."
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -34,103 +35,190 @@ def legend_size(ax: Axes) -> tuple[float, float]:
     return w + 0.8 * size, h + 0.8 * size
 
 
+_Limits = tuple[tuple[float, float], tuple[float, float]]
+_Clip = tuple[float, float, float, float]
+
+
 def axes_primitives(a: Axes) -> list[tuple[Any, ...]]:
-    (xl, yl) = a.limits()
+    """The axes' primitives: its items, then frame, colour bar, grid (at the bottom), ticks, labels and legend."""
+    lims = a.limits()
     x0, y0, x1, y1 = a.box
     clip = (x0, y0, x1, y1)
     out: list[tuple[Any, ...]] = []
     # spans under the data (matplotlib's axvspan at zorder 0.5), text over it
     for it in sorted(a.items, key=lambda it: {"vspan": 0, "text": 2, "data_text": 2}.get(it[0], 1)):
-        kind = it[0]
-        if kind == "steps_fill":
-            _, edges, lo, hi, color, alpha = it
-            for i, j in _runs(np.isfinite(lo) & np.isfinite(hi)):  # one polygon per run of known buckets
-                xs = np.repeat(edges[i : j + 1], 2)[1:-1]
-                top = np.repeat(hi[i:j], 2)
-                bot = np.repeat(lo[i:j], 2)
-                px, py = a.to_pt(np.concatenate([xs, xs[::-1]]), np.concatenate([top, bot[::-1]]))
-                out.append(("poly", list(zip(px.tolist(), py.tolist(), strict=True)), color, alpha, clip))
-        elif kind == "line":
-            _, x, y, color, lw, dash = it
-            px, py = a.to_pt(x, y)
-            for i, j in _runs(np.isfinite(px) & np.isfinite(py)):
-                if j - i >= 2:
-                    pts = list(zip(px[i:j].tolist(), py[i:j].tolist(), strict=True))
-                    out.append(("line", pts, color, lw, dash, clip))
-        elif kind == "rects":
-            _, rx0, rx1, ry0, ry1, colors = it
-            px0, py0 = a.to_pt(rx0, ry0)
-            px1, py1 = a.to_pt(rx1, ry1)
-            # an edge at 0 (or beyond the limits) on a log axis: at the axes' edge
-            px0, px1 = (np.clip(v, x0 - 1, x1 + 1) for v in (px0, px1))
-            py0, py1 = (np.clip(v, y0 - 1, y1 + 1) for v in (py0, py1))
-            for bx0, bx1, by0, by1, color in zip(
-                px0.tolist(), px1.tolist(), py0.tolist(), py1.tolist(), colors, strict=True
-            ):
-                if all(math.isfinite(v) for v in (bx0, bx1, by0, by1)):
-                    out.append(("poly", [(bx0, by0), (bx1, by0), (bx1, by1), (bx0, by1)], color, 1.0, clip))
-        elif kind == "markers":
-            _, mx, my, marker, radii, color, alpha = it
-            px, py = a.to_pt(mx, my)
-            n = 5 if marker == "*" else 16
-            t = np.pi / 2 + np.arange(2 * n if marker == "*" else n) * np.pi / (n if marker == "*" else n / 2)
-            k = np.where(np.arange(t.size) % 2 == 0, 1.0, 0.38) if marker == "*" else np.ones(t.size)
-            for cx, cy, r in zip(px.tolist(), py.tolist(), np.asarray(radii).tolist(), strict=True):
-                if math.isfinite(cx) and math.isfinite(cy):
-                    pts = list(zip((cx + r * k * np.cos(t)).tolist(), (cy - r * k * np.sin(t)).tolist(), strict=True))
-                    out.append(("poly", pts, color, alpha, clip))
-        elif kind == "image":
-            _, rgb, ex0, ex1, ey0, ey1 = it
-            (ix0, ix1), (iy1, iy0) = (np.asarray(v, dtype=np.float64).tolist() for v in a.to_pt([ex0, ex1], [ey0, ey1]))
-            out.append(("image", (ix0, iy0, ix1, iy1), rgb, clip))
-        elif kind == "data_text":
-            _, xx, yy, s, size, ha, va, dx, dy = it
-            px, py = a.to_pt(xx, yy)
-            if math.isfinite(float(px)) and math.isfinite(float(py)):
-                out.append(("text", float(px) + dx, float(py) + dy, s, size, ha, va, "#000000", 0.0))
-        elif kind in ("hline", "vline"):
-            _, v, color, lw, dash = it
-            if kind == "hline":
-                _, py = a.to_pt(xl[0], v)
-                pts = [(x0, float(py)), (x1, float(py))]
-            else:
-                px, _ = a.to_pt(v, yl[0])
-                pts = [(float(px), y0), (float(px), y1)]
-            out.append(("line", pts, color, lw, dash, clip))
-        elif kind == "vspan":
-            _, v0, v1, color, alpha, hatch = it
-            pa_, _ = a.to_pt(v0, yl[0])
-            pb_, _ = a.to_pt(v1, yl[0])
-            lo, hi = sorted((float(pa_), float(pb_)))
-            if hatch:
-                out.append(("hatch", (lo, y0, hi, y1), color, clip))
-            else:
-                out.append(("poly", [(lo, y0), (hi, y0), (hi, y1), (lo, y1)], color, alpha, clip))
-        elif kind == "text":
-            _, fx, fy, s, size, ha, va, color = it
-            out.append(("text", x0 + fx * (x1 - x0), y1 - fy * (y1 - y0), s, size, ha, va, color, 0.0))
+        draw = _ITEM_PRIMITIVES.get(it[0])
+        if draw is not None:
+            out.extend(draw(a, it, lims, clip))
     # frame, ticks, tick labels, axis labels, title
     out.append(("rect", (x0, y0, x1, y1), "#000000", 0.8))
     if a.colorbar_spec is not None:
         out.extend(colorbar_primitives(a))
-    xscale = (a.sharex or a).xscale
+    xt, xlab, xminor, rot = _x_ticks(a, lims)
+    yt, ylab, yminor, ysize = _y_ticks(a, lims)
+    if a.grid_lw:  # under everything drawn so far
+        out[:0] = _grid_primitives(a, xt, yt, lims, clip)
+    out.extend(_x_tick_primitives(a, xt, xlab, xminor, rot, lims))
+    ytick_prims, ywidth = _y_tick_primitives(a, yt, ylab, yminor, ysize, lims)
+    out.extend(ytick_prims)
+    out.extend(_label_primitives(a, xlab, rot, ywidth))
+    out.extend(legend_primitives(a))
+    return out
+
+
+def _steps_fill_primitives(a: Axes, it: tuple[Any, ...], lims: _Limits, clip: _Clip) -> list[tuple[Any, ...]]:
+    """A band between two step lines: one polygon per run of buckets where both are known."""
+    _, edges, lo, hi, color, alpha = it
+    out: list[tuple[Any, ...]] = []
+    for i, j in _runs(np.isfinite(lo) & np.isfinite(hi)):
+        xs = np.repeat(edges[i : j + 1], 2)[1:-1]
+        top = np.repeat(hi[i:j], 2)
+        bot = np.repeat(lo[i:j], 2)
+        px, py = a.to_pt(np.concatenate([xs, xs[::-1]]), np.concatenate([top, bot[::-1]]))
+        out.append(("poly", list(zip(px.tolist(), py.tolist(), strict=True)), color, alpha, clip))
+    return out
+
+
+def _line_primitives(a: Axes, it: tuple[Any, ...], lims: _Limits, clip: _Clip) -> list[tuple[Any, ...]]:
+    """A data line: one polyline per run of two or more finite points."""
+    _, x, y, color, lw, dash = it
+    px, py = a.to_pt(x, y)
+    out: list[tuple[Any, ...]] = []
+    for i, j in _runs(np.isfinite(px) & np.isfinite(py)):
+        if j - i >= 2:
+            pts = list(zip(px[i:j].tolist(), py[i:j].tolist(), strict=True))
+            out.append(("line", pts, color, lw, dash, clip))
+    return out
+
+
+def _rects_primitives(a: Axes, it: tuple[Any, ...], lims: _Limits, clip: _Clip) -> list[tuple[Any, ...]]:
+    """Filled data rectangles (bars, heat-map cells), each edge held just outside the axes at most."""
+    x0, y0, x1, y1 = clip
+    _, rx0, rx1, ry0, ry1, colors = it
+    px0, py0 = a.to_pt(rx0, ry0)
+    px1, py1 = a.to_pt(rx1, ry1)
+    # an edge at 0 (or beyond the limits) on a log axis: at the axes' edge
+    px0, px1 = (np.clip(v, x0 - 1, x1 + 1) for v in (px0, px1))
+    py0, py1 = (np.clip(v, y0 - 1, y1 + 1) for v in (py0, py1))
+    out: list[tuple[Any, ...]] = []
+    for bx0, bx1, by0, by1, color in zip(px0.tolist(), px1.tolist(), py0.tolist(), py1.tolist(), colors, strict=True):
+        if all(math.isfinite(v) for v in (bx0, bx1, by0, by1)):
+            out.append(("poly", [(bx0, by0), (bx1, by0), (bx1, by1), (bx0, by1)], color, 1.0, clip))
+    return out
+
+
+def _markers_primitives(a: Axes, it: tuple[Any, ...], lims: _Limits, clip: _Clip) -> list[tuple[Any, ...]]:
+    """Markers at finite points: a five-pointed star (``*``) or a 16-sided disc, of the given radii."""
+    _, mx, my, marker, radii, color, alpha = it
+    px, py = a.to_pt(mx, my)
+    n = 5 if marker == "*" else 16
+    t = np.pi / 2 + np.arange(2 * n if marker == "*" else n) * np.pi / (n if marker == "*" else n / 2)
+    k = np.where(np.arange(t.size) % 2 == 0, 1.0, 0.38) if marker == "*" else np.ones(t.size)
+    out: list[tuple[Any, ...]] = []
+    for cx, cy, r in zip(px.tolist(), py.tolist(), np.asarray(radii).tolist(), strict=True):
+        if math.isfinite(cx) and math.isfinite(cy):
+            pts = list(zip((cx + r * k * np.cos(t)).tolist(), (cy - r * k * np.sin(t)).tolist(), strict=True))
+            out.append(("poly", pts, color, alpha, clip))
+    return out
+
+
+def _image_primitives(a: Axes, it: tuple[Any, ...], lims: _Limits, clip: _Clip) -> list[tuple[Any, ...]]:
+    """An RGB image over its data extent."""
+    _, rgb, ex0, ex1, ey0, ey1 = it
+    (ix0, ix1), (iy1, iy0) = (np.asarray(v, dtype=np.float64).tolist() for v in a.to_pt([ex0, ex1], [ey0, ey1]))
+    return [("image", (ix0, iy0, ix1, iy1), rgb, clip)]
+
+
+def _data_text_primitives(a: Axes, it: tuple[Any, ...], lims: _Limits, clip: _Clip) -> list[tuple[Any, ...]]:
+    """Text at a data point (offset in points), unless the point is off the scale."""
+    _, xx, yy, s, size, ha, va, dx, dy = it
+    px, py = a.to_pt(xx, yy)
+    if math.isfinite(float(px)) and math.isfinite(float(py)):
+        return [("text", float(px) + dx, float(py) + dy, s, size, ha, va, "#000000", 0.0)]
+    return []
+
+
+def _rule_primitives(a: Axes, it: tuple[Any, ...], lims: _Limits, clip: _Clip) -> list[tuple[Any, ...]]:
+    """A horizontal (``hline``) or vertical (``vline``) line across the axes."""
+    kind, v, color, lw, dash = it
+    (xl, yl), (x0, y0, x1, y1) = lims, clip
+    if kind == "hline":
+        _, py = a.to_pt(xl[0], v)
+        pts = [(x0, float(py)), (x1, float(py))]
+    else:
+        px, _ = a.to_pt(v, yl[0])
+        pts = [(float(px), y0), (float(px), y1)]
+    return [("line", pts, color, lw, dash, clip)]
+
+
+def _vspan_primitives(a: Axes, it: tuple[Any, ...], lims: _Limits, clip: _Clip) -> list[tuple[Any, ...]]:
+    """A vertical band over the axes' height: hatched, or filled."""
+    _, v0, v1, color, alpha, hatch = it
+    yl, (_, y0, _, y1) = lims[1], clip
+    pa_, _ = a.to_pt(v0, yl[0])
+    pb_, _ = a.to_pt(v1, yl[0])
+    lo, hi = sorted((float(pa_), float(pb_)))
+    if hatch:
+        return [("hatch", (lo, y0, hi, y1), color, clip)]
+    return [("poly", [(lo, y0), (hi, y0), (hi, y1), (lo, y1)], color, alpha, clip)]
+
+
+def _text_primitives(a: Axes, it: tuple[Any, ...], lims: _Limits, clip: _Clip) -> list[tuple[Any, ...]]:
+    """Text at a position in axes fractions (from the bottom left)."""
+    _, fx, fy, s, size, ha, va, color = it
+    x0, y0, x1, y1 = clip
+    return [("text", x0 + fx * (x1 - x0), y1 - fy * (y1 - y0), s, size, ha, va, color, 0.0)]
+
+
+_ITEM_PRIMITIVES: dict[str, Callable[[Axes, tuple[Any, ...], _Limits, _Clip], list[tuple[Any, ...]]]] = {
+    "steps_fill": _steps_fill_primitives,
+    "line": _line_primitives,
+    "rects": _rects_primitives,
+    "markers": _markers_primitives,
+    "image": _image_primitives,
+    "data_text": _data_text_primitives,
+    "hline": _rule_primitives,
+    "vline": _rule_primitives,
+    "vspan": _vspan_primitives,
+    "text": _text_primitives,
+}
+
+
+def _x_ticks(a: Axes, lims: _Limits) -> tuple[list[float], list[str], list[float], float]:
+    """The x axis' major ticks, their labels, minor ticks and the labels' rotation (the shared x axis' scale)."""
     if a.xtick_override is not None:
         xt, xlab, rot = a.xtick_override
-        xminor: list[float] = []
-    else:
-        xt, xlab, xminor = _ticks(*xl, xscale, (a.sharex or a).linthresh)
-        rot = 0.0
-    yt, ylab, yminor = _ticks(*yl, a.yscale, a.linthresh)
-    ysize = _TICK_SIZE
+        return xt, xlab, [], rot
+    xt, xlab, xminor = _ticks(*lims[0], (a.sharex or a).xscale, (a.sharex or a).linthresh)
+    return xt, xlab, xminor, 0.0
+
+
+def _y_ticks(a: Axes, lims: _Limits) -> tuple[list[float], list[str], list[float], float]:
+    """The y axis' major ticks, their labels, minor ticks and the labels' font size."""
+    yt, ylab, yminor = _ticks(*lims[1], a.yscale, a.linthresh)
     if a.ytick_override is not None:
         yt, ylab, ysize = a.ytick_override
-        yminor = []
-    if a.grid_lw:  # under everything drawn so far
-        gx = [float(a.to_pt(v, yl[0])[0]) for v in xt]
-        gy = [float(a.to_pt(xl[0], v)[1]) for v in yt]
-        out[:0] = [("line", [(px, y0), (px, y1)], "#b0b0b0", a.grid_lw, False, clip) for px in gx if x0 <= px <= x1] + [
-            ("line", [(x0, py), (x1, py)], "#b0b0b0", a.grid_lw, False, clip) for py in gy if y0 <= py <= y1
-        ]
+        return yt, ylab, [], ysize
+    return yt, ylab, yminor, _TICK_SIZE
+
+
+def _grid_primitives(a: Axes, xt: list[float], yt: list[float], lims: _Limits, clip: _Clip) -> list[tuple[Any, ...]]:
+    """Grey grid lines at the major ticks inside the axes: the vertical ones, then the horizontal ones."""
+    (xl, yl), (x0, y0, x1, y1) = lims, clip
+    gx = [float(a.to_pt(v, yl[0])[0]) for v in xt]
+    gy = [float(a.to_pt(xl[0], v)[1]) for v in yt]
+    return [("line", [(px, y0), (px, y1)], "#b0b0b0", a.grid_lw, False, clip) for px in gx if x0 <= px <= x1] + [
+        ("line", [(x0, py), (x1, py)], "#b0b0b0", a.grid_lw, False, clip) for py in gy if y0 <= py <= y1
+    ]
+
+
+def _x_tick_primitives(
+    a: Axes, xt: list[float], xlab: list[str], xminor: list[float], rot: float, lims: _Limits
+) -> list[tuple[Any, ...]]:
+    """Major ticks under the axes with their labels (rotated ones right-aligned), then the minor ticks."""
+    x0, _, x1, y1 = a.box
+    yl = lims[1]
+    out: list[tuple[Any, ...]] = []
     for v, s in zip(xt, xlab, strict=True):
         px, _ = a.to_pt(v, yl[0])
         px = float(px)
@@ -146,6 +234,16 @@ def axes_primitives(a: Axes) -> list[tuple[Any, ...]]:
         px = float(a.to_pt(v, yl[0])[0])
         if x0 <= px <= x1:
             out.append(("line", [(px, y1), (px, y1 + _TICK / 2)], "#000000", 0.6, False, None))
+    return out
+
+
+def _y_tick_primitives(
+    a: Axes, yt: list[float], ylab: list[str], yminor: list[float], ysize: float, lims: _Limits
+) -> tuple[list[tuple[Any, ...]], float]:
+    """Major ticks left of the axes with their labels, then the minor ticks; and the labels' widest width."""
+    x0, y0, _, y1 = a.box
+    xl = lims[0]
+    out: list[tuple[Any, ...]] = []
     ywidth = 0.0
     for v, s in zip(yt, ylab, strict=True):
         py = float(a.to_pt(xl[0], v)[1])
@@ -159,6 +257,13 @@ def axes_primitives(a: Axes) -> list[tuple[Any, ...]]:
         py = float(a.to_pt(xl[0], v)[1])
         if y0 <= py <= y1:
             out.append(("line", [(x0 - _TICK / 2, py), (x0, py)], "#000000", 0.6, False, None))
+    return out, ywidth
+
+
+def _label_primitives(a: Axes, xlab: list[str], rot: float, ywidth: float) -> list[tuple[Any, ...]]:
+    """The x label below the tick labels, the y label left of them (rotated) and the title above the axes."""
+    x0, y0, x1, y1 = a.box
+    out: list[tuple[Any, ...]] = []
     if a.xlabel and a.xticklabels_visible:
         if a.xtick_override is not None and rot:
             r = math.radians(rot)
@@ -185,7 +290,6 @@ def axes_primitives(a: Axes) -> list[tuple[Any, ...]]:
         )
     if a.title:
         out.append(("text", (x0 + x1) / 2, y0 - 4.0, a.title, 10.0, "center", "bottom", "#000000", 0.0))
-    out.extend(legend_primitives(a))
     return out
 
 
