@@ -22,87 +22,112 @@ def to_png(fig: Figure, *, supersample: int = 2) -> bytes:
     k = fig.dpi / 72.0 * supersample
     W, H = fig.size_pt
     img = Image.new("RGB", (round(W * k), round(H * k)), "white")
-    layers: dict[tuple[float, ...], tuple[Any, Any, tuple[int, int]]] = {}
-
-    def canvas(clip: tuple[float, ...] | None) -> tuple[Any, float, float]:
-        """The drawing (and its offset in pixels) for items clipped to ``clip``."""
-        if clip is None:
-            return ImageDraw.Draw(img, "RGBA"), 0.0, 0.0
-        if clip not in layers:
-            x0, y0 = math.floor(clip[0] * k), math.floor(clip[1] * k)
-            x1, y1 = math.ceil(clip[2] * k), math.ceil(clip[3] * k)
-            sub = Image.new("RGB", (max(1, x1 - x0), max(1, y1 - y0)), "white")
-            layers[clip] = (sub, ImageDraw.Draw(sub, "RGBA"), (x0, y0))
-        _, d, (ox, oy) = layers[clip]
-        return d, float(ox), float(oy)
-
+    layers = _ClipLayers(img, k)
     prims = fig._primitives()
     # clipped content first (pasted as one layer per axes), then frames, ticks and text over it
     for p in prims:
-        kind = p[0]
-        if kind == "poly":
-            _, pts, color, alpha, clip = p
-            d, ox, oy = canvas(clip)
-            d.polygon([(x * k - ox, y * k - oy) for x, y in pts], fill=(*_rgb(color), round(255 * alpha)))
-        elif kind == "line" and p[5] is not None:
-            _, pts, color, lw, dash, clip = p
-            d, ox, oy = canvas(clip)
-            _png_line(d, [(x * k - ox, y * k - oy) for x, y in pts], _rgba(color), max(1, round(lw * k)), dash, k)
-        elif kind == "image" and p[3] is not None:
-            _, box, rgb, clip = p
-            canvas(clip)
-            _png_image(layers[clip][0], box, rgb, k, layers[clip][2])
-        elif kind == "hatch":
-            _, (hx0, hy0, hx1, hy1), color, clip = p
-            d, ox, oy = canvas(clip)
-            step = 6 * k
-            x = hx0 * k - (hy1 - hy0) * k
-            while x < hx1 * k:
-                seg = _clip_segment((x, hy1 * k), (x + (hy1 - hy0) * k, hy0 * k), hx0 * k, hx1 * k)
-                if seg is not None:
-                    d.line(
-                        [(seg[0][0] - ox, seg[0][1] - oy), (seg[1][0] - ox, seg[1][1] - oy)],
-                        fill=_rgb(color),
-                        width=max(1, round(0.8 * k)),
-                    )
-                x += step
-    for sub, _, (ox, oy) in layers.values():
-        img.paste(sub, (int(ox), int(oy)))
+        _draw_clipped(layers, p, k)
+    layers.paste()
     d = ImageDraw.Draw(img, "RGBA")
     for p in prims:
-        kind = p[0]
-        if kind == "line" and p[5] is None:
-            _, pts, color, lw, dash, _ = p
-            _png_line(d, [(x * k, y * k) for x, y in pts], _rgba(color), max(1, round(lw * k)), dash, k)
-        elif kind == "image" and p[3] is None:
-            _png_image(img, p[1], p[2], k, (0, 0))
-        elif kind == "rect":
-            _, (rx0, ry0, rx1, ry1), color, lw = p
-            d.rectangle([rx0 * k, ry0 * k, rx1 * k, ry1 * k], outline=_rgb(color), width=max(1, round(lw * k)))
-        elif kind == "box":
-            _, (rx0, ry0, rx1, ry1), fill, alpha, edge = p
-            d.rectangle(
-                [rx0 * k, ry0 * k, rx1 * k, ry1 * k],
-                fill=(*_rgb(fill), round(255 * alpha)),
-                outline=_rgb(edge),
-                width=max(1, round(0.8 * k)),
-            )
-        elif kind == "poly" and p[4] is None:
-            _, pts, color, alpha, _ = p
-            d.polygon([(x * k, y * k) for x, y in pts], fill=(*_rgb(color), round(255 * alpha)))
-        elif kind == "hatch" and p[3] is None:
-            _, (hx0, hy0, hx1, hy1), color, _ = p
-            for t in np.arange(hx0, hx1, 3.0):
-                d.line(
-                    [(t * k, hy1 * k), (min(t + (hy1 - hy0), hx1) * k, (hy1 - min(hy1 - hy0, hx1 - t)) * k)],
-                    fill=_rgb(color),
-                    width=max(1, round(0.8 * k)),
-                )
-        elif kind == "text":
-            _png_text(img, d, p, k)
+        _draw_over(img, d, p, k)
     if supersample > 1:
         img = img.reduce(supersample)
     return _png_bytes(np.asarray(img), fig.dpi)
+
+
+class _ClipLayers:
+    """One white layer per clip box (an axes), in pixels at scale ``k``, to paste onto the figure's image."""
+
+    def __init__(self, img: Any, k: float) -> None:
+        self.img = img
+        self.k = k
+        self.layers: dict[tuple[float, ...], tuple[Any, Any, tuple[int, int]]] = {}
+
+    def canvas(self, clip: tuple[float, ...] | None) -> tuple[Any, float, float]:
+        """The drawing (and its offset in pixels) for items clipped to ``clip``."""
+        from PIL import Image, ImageDraw
+
+        if clip is None:
+            return ImageDraw.Draw(self.img, "RGBA"), 0.0, 0.0
+        if clip not in self.layers:
+            k = self.k
+            x0, y0 = math.floor(clip[0] * k), math.floor(clip[1] * k)
+            x1, y1 = math.ceil(clip[2] * k), math.ceil(clip[3] * k)
+            sub = Image.new("RGB", (max(1, x1 - x0), max(1, y1 - y0)), "white")
+            self.layers[clip] = (sub, ImageDraw.Draw(sub, "RGBA"), (x0, y0))
+        _, d, (ox, oy) = self.layers[clip]
+        return d, float(ox), float(oy)
+
+    def paste(self) -> None:
+        """Paste every layer onto the figure's image at its offset."""
+        for sub, _, (ox, oy) in self.layers.values():
+            self.img.paste(sub, (int(ox), int(oy)))
+
+
+def _draw_clipped(layers: _ClipLayers, p: tuple[Any, ...], k: float) -> None:
+    """Draw a primitive of the first pass: every polygon and hatch, clipped lines and images."""
+    kind = p[0]
+    if kind == "poly":
+        _, pts, color, alpha, clip = p
+        d, ox, oy = layers.canvas(clip)
+        d.polygon([(x * k - ox, y * k - oy) for x, y in pts], fill=(*_rgb(color), round(255 * alpha)))
+    elif kind == "line" and p[5] is not None:
+        _, pts, color, lw, dash, clip = p
+        d, ox, oy = layers.canvas(clip)
+        _png_line(d, [(x * k - ox, y * k - oy) for x, y in pts], _rgba(color), max(1, round(lw * k)), dash, k)
+    elif kind == "image" and p[3] is not None:
+        _, box, rgb, clip = p
+        layers.canvas(clip)
+        _png_image(layers.layers[clip][0], box, rgb, k, layers.layers[clip][2])
+    elif kind == "hatch":
+        _, (hx0, hy0, hx1, hy1), color, clip = p
+        d, ox, oy = layers.canvas(clip)
+        step = 6 * k
+        x = hx0 * k - (hy1 - hy0) * k
+        while x < hx1 * k:
+            seg = _clip_segment((x, hy1 * k), (x + (hy1 - hy0) * k, hy0 * k), hx0 * k, hx1 * k)
+            if seg is not None:
+                d.line(
+                    [(seg[0][0] - ox, seg[0][1] - oy), (seg[1][0] - ox, seg[1][1] - oy)],
+                    fill=_rgb(color),
+                    width=max(1, round(0.8 * k)),
+                )
+            x += step
+
+
+def _draw_over(img: Any, d: Any, p: tuple[Any, ...], k: float) -> None:
+    """Draw a primitive of the second pass, over the pasted layers: unclipped items, frames, boxes and text."""
+    kind = p[0]
+    if kind == "line" and p[5] is None:
+        _, pts, color, lw, dash, _ = p
+        _png_line(d, [(x * k, y * k) for x, y in pts], _rgba(color), max(1, round(lw * k)), dash, k)
+    elif kind == "image" and p[3] is None:
+        _png_image(img, p[1], p[2], k, (0, 0))
+    elif kind == "rect":
+        _, (rx0, ry0, rx1, ry1), color, lw = p
+        d.rectangle([rx0 * k, ry0 * k, rx1 * k, ry1 * k], outline=_rgb(color), width=max(1, round(lw * k)))
+    elif kind == "box":
+        _, (rx0, ry0, rx1, ry1), fill, alpha, edge = p
+        d.rectangle(
+            [rx0 * k, ry0 * k, rx1 * k, ry1 * k],
+            fill=(*_rgb(fill), round(255 * alpha)),
+            outline=_rgb(edge),
+            width=max(1, round(0.8 * k)),
+        )
+    elif kind == "poly" and p[4] is None:
+        _, pts, color, alpha, _ = p
+        d.polygon([(x * k, y * k) for x, y in pts], fill=(*_rgb(color), round(255 * alpha)))
+    elif kind == "hatch" and p[3] is None:
+        _, (hx0, hy0, hx1, hy1), color, _ = p
+        for t in np.arange(hx0, hx1, 3.0):
+            d.line(
+                [(t * k, hy1 * k), (min(t + (hy1 - hy0), hx1) * k, (hy1 - min(hy1 - hy0, hx1 - t)) * k)],
+                fill=_rgb(color),
+                width=max(1, round(0.8 * k)),
+            )
+    elif kind == "text":
+        _png_text(img, d, p, k)
 
 
 def _png_text(img: Any, d: Any, p: tuple[Any, ...], k: float) -> None:
