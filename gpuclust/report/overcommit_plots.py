@@ -85,63 +85,86 @@ def plot_overcommit(result: dict[str, Any], path: Path, *, title: str = "overcom
     (:func:`machine_heatmap`), and a histogram of the machine-bucket CPU and memory
     allocation ratios (machine-buckets with a known, positive capacity).  ``False`` when the
     cell series is empty."""
-    from gpuclust.report.axes import TIME_LABEL, edge_buckets, nothing_to_plot, trace_hours
-    from gpuclust.report.draw import Figure, first, names_of, numbers
+    from gpuclust.report.axes import TIME_LABEL, nothing_to_plot, trace_hours
+    from gpuclust.report.draw import Figure, first, numbers
 
     cell, machine, info = result["cell"], result["machine"], result["info"]
     if len(cell) == 0:
         return False
-    tiers = str(first(info, "tiers", "")).split(",")
     fig = Figure(10, 12)
     axes = fig.subplots(4, 1, height_ratios=(1, 1, 1.1, 1))
     # x: bucket start in hours of trace time (origin 0, 600 s before the trace start; docs/user/dataset.md)
     width_us = float(first(info, "bucket_s", 300)) * 1e6
     starts = numbers(cell, "bucket_start_us")
     hours = trace_hours(np.append(starts, starts[-1] + width_us))
-    lo_us, hi_us = first(info, "window_start_us"), first(info, "window_end_us")
-    lo_us = float(lo_us) if lo_us is not None else None
-    hi_us = float(hi_us) if hi_us is not None else None
-    columns = set(names_of(cell))
     has_usage = int(first(info, "usage_rows", 0)) > 0
     for ax, kind, label in ((axes[0], "alloc", "requested / capacity"), (axes[1], "usage", "usage / capacity")):
         if kind == "usage" and not has_usage:
             nothing_to_plot(ax, "no usage to plot: the dataset has no instance_usage rows")
             ax.ylabel = f"CPU {label}"
             continue
-        cols = [
-            t
-            for t in tiers
-            if f"{kind}_ratio_cpu_{t}" in columns and np.nan_to_num(numbers(cell, f"{kind}_ratio_cpu_{t}")).any()
-        ]
-        # unknown (NaN) buckets, e.g. no machine with a known capacity, stay gaps: never drawn as 0
-        known = np.isfinite(numbers(cell, f"{kind}_ratio_cpu"))
-        if cols:
-            ax.stack_steps(
-                hours,
-                [np.where(known, np.nan_to_num(numbers(cell, f"{kind}_ratio_cpu_{t}")), np.nan) for t in cols],
-                cols,
-                alpha=0.8,
-            )
-        if not known.all():
-            ax.text(0.01, 0.02, f"{int((~known).sum())} bucket(s) unknown (gaps)", size="small")
-        ax.stairs(numbers(cell, f"{kind}_ratio_mem"), hours, color="k", lw=1, dash=True, label="memory (all tiers)")
-        for i, (a, b, _why) in enumerate(edge_buckets(starts, width_us, lo_us, hi_us)):  # partial buckets, hatched
-            ax.axvspan(
-                float(trace_hours(a)),
-                float(trace_hours(b)),
-                hatch=True,
-                label="partial bucket (data covers part of it)" if kind == "alloc" and i == 0 else None,
-            )
-        ax.xlim = (float(hours[0]), float(hours[-1]))
-        ax.axhline(1.0, color="r", lw=0.8, label="capacity")
-        ax.ylim = (0.0, None)
-        ax.ylabel = f"CPU {label}"
-        ax.legend(loc="upper left", outside=True, size="small")
+        _draw_cell_ratios(ax, kind, label, cell, info, hours, width_us)
     axes[0].title = "cell-level ratios by tier (capacity-weighted)"
     axes[1].xlabel = TIME_LABEL
     axes[2].xlabel = TIME_LABEL
     _draw_heatmap(axes[2], machine, hours)
-    ax = axes[3]
+    _draw_ratio_histogram(axes[3], machine)
+    fig.set_title(
+        title,
+        f"overcommitment: requested and used CPU against capacity per {width_us / 6e7:g}-min "
+        "bucket, for the cell, per machine, and over machines",
+    )
+    axes[3].legend(loc="upper right", size="small")
+    fig.save(path)
+    return True
+
+
+def _draw_cell_ratios(ax: Any, kind: str, label: str, cell: Any, info: Any, hours: np.ndarray, width_us: float) -> None:
+    """The cell's CPU ``kind`` ratio per bucket stacked by tier, the memory ratio over it, partial
+    buckets hatched and the capacity line."""
+    from gpuclust.report.axes import edge_buckets, trace_hours
+    from gpuclust.report.draw import first, names_of, numbers
+
+    tiers = str(first(info, "tiers", "")).split(",")
+    columns = set(names_of(cell))
+    cols = [
+        t
+        for t in tiers
+        if f"{kind}_ratio_cpu_{t}" in columns and np.nan_to_num(numbers(cell, f"{kind}_ratio_cpu_{t}")).any()
+    ]
+    # unknown (NaN) buckets, e.g. no machine with a known capacity, stay gaps: never drawn as 0
+    known = np.isfinite(numbers(cell, f"{kind}_ratio_cpu"))
+    if cols:
+        ax.stack_steps(
+            hours,
+            [np.where(known, np.nan_to_num(numbers(cell, f"{kind}_ratio_cpu_{t}")), np.nan) for t in cols],
+            cols,
+            alpha=0.8,
+        )
+    if not known.all():
+        ax.text(0.01, 0.02, f"{int((~known).sum())} bucket(s) unknown (gaps)", size="small")
+    ax.stairs(numbers(cell, f"{kind}_ratio_mem"), hours, color="k", lw=1, dash=True, label="memory (all tiers)")
+    lo_us, hi_us = first(info, "window_start_us"), first(info, "window_end_us")
+    lo_us = float(lo_us) if lo_us is not None else None
+    hi_us = float(hi_us) if hi_us is not None else None
+    starts = numbers(cell, "bucket_start_us")
+    for i, (a, b, _why) in enumerate(edge_buckets(starts, width_us, lo_us, hi_us)):  # partial buckets, hatched
+        ax.axvspan(
+            float(trace_hours(a)),
+            float(trace_hours(b)),
+            hatch=True,
+            label="partial bucket (data covers part of it)" if kind == "alloc" and i == 0 else None,
+        )
+    ax.xlim = (float(hours[0]), float(hours[-1]))
+    ax.axhline(1.0, color="r", lw=0.8, label="capacity")
+    ax.ylim = (0.0, None)
+    ax.ylabel = f"CPU {label}"
+    ax.legend(loc="upper left", outside=True, size="small")
+
+
+def _draw_ratio_histogram(ax: Any, machine: Any) -> None:
+    """Histograms of the machine-bucket CPU and memory allocation ratios (known, positive capacity),
+    up to their 99.9th percentile (at least 2), with the capacity line."""
     for r, color in (("cpu", "C0"), ("mem", "C1")):
 
         def ratios(r: str = r) -> Iterator[np.ndarray]:
@@ -161,14 +184,6 @@ def plot_overcommit(result: dict[str, Any], path: Path, *, title: str = "overcom
     ax.xlabel = "requested / capacity per machine-bucket"
     ax.ylabel = "machine-buckets"
     ax.title = "allocation ratio per machine and bucket"
-    fig.set_title(
-        title,
-        f"overcommitment: requested and used CPU against capacity per {width_us / 6e7:g}-min "
-        "bucket, for the cell, per machine, and over machines",
-    )
-    ax.legend(loc="upper right", size="small")
-    fig.save(path)
-    return True
 
 
 def _draw_heatmap(ax: Any, machine: Any, hours: np.ndarray) -> None:
