@@ -173,48 +173,12 @@ def render_page(
 ) -> tuple[str, int]:
     """The page's HTML and the number of figures in it; ``figures``: where to reuse (and keep) the
     figures drawn."""
-    from gpuclust.report.axes import TIME_LABEL
     from gpuclust.report.provenance import provenance_rows, subject
-    from gpuclust.report.sections import caption, empty_reason, key_numbers, ordered
-    from gpuclust.schema import TRACE_OFFSET_US
-    from gpuclust.trace_time import TRACE_START
 
     facts = facts or {}
     who = subject(run, facts)
-    start = TRACE_START.get(str(run.get("trace_version") or facts.get("trace_version")))
-    # the wall clock of trace time 0 (the time axes' origin): 600 s before the trace start
-    clock = (
-        f' data-time-label="{html.escape(TIME_LABEL)}" '
-        f'data-time-zero-ms="{int(start.timestamp() * 1000) - TRACE_OFFSET_US // 1000}"'
-        if start is not None
-        else ""
-    )
-    name_of = {a["key"]: a["name"] for a in run.get("analyses", [])}
-    label_of = {a["key"]: a.get("label", a["key"]) for a in run.get("analyses", [])}
-    keys = ordered([k for k in results if k in name_of], name_of)
-    sections, nav, n_fig = [], [], 0
-    with tempfile.TemporaryDirectory(prefix="gpuclust-report-") as tmp:
-        for i, key in enumerate(keys):
-            name, tables = name_of[key], results[key]
-            if progress is not None:
-                progress(f"drawing {key} ({i + 1}/{len(keys)})")
-            anchor = f"a-{key}"
-            nav.append(f'<a href="#{html.escape(anchor)}">{html.escape(key)}</a>')
-            try:
-                fig = _figure(name, key, tables, f"{label_of[key]} · {who}", Path(tmp), i, figures)
-                why = empty_reason(name, tables, selection=run.get("selection"))
-            except Exception as e:  # noqa: BLE001 - one broken plot must not cost the whole page; said on it
-                fig, why = None, f"The figure could not be drawn ({type(e).__name__}: {e}): a bug, please report it."
-                print(f"gpuclust report: warning: {key}: {why}", file=sys.stderr, flush=True)
-            if fig is None:
-                fig = f'<p class="empty">{html.escape(why)}</p>'
-            else:
-                n_fig += 1
-            sections.append(
-                f'<section class="analysis" id="{html.escape(anchor)}"><h2>{html.escape(label_of[key])}</h2>'
-                f'<p class="caption">{html.escape(caption(name))}</p>{fig}'
-                f"<h3>Key numbers</h3>{_table(key_numbers(name, tables))}</section>"
-            )
+    clock = _time_zero_attrs(run, facts)
+    keys, sections, nav, n_fig = _analysis_sections(run, results, who, progress, figures)
     claims_html = _claims_section(run, results)
     if claims_html:
         nav.insert(0, '<a href="#claims">claims</a>')
@@ -244,6 +208,62 @@ the script is inline). Page size: PAGE_SIZE_PLACEHOLDER.</p></footer>
 </body></html>
 """
     return page, n_fig
+
+
+def _time_zero_attrs(run: dict[str, Any], facts: dict[str, Any]) -> str:
+    """The body's time-axis label and the wall clock (ms) of trace time 0: 600 s before the trace's
+    start; "" for an unknown trace version."""
+    from gpuclust.report.axes import TIME_LABEL
+    from gpuclust.schema import TRACE_OFFSET_US
+    from gpuclust.trace_time import TRACE_START
+
+    start = TRACE_START.get(str(run.get("trace_version") or facts.get("trace_version")))
+    if start is None:
+        return ""
+    return (
+        f' data-time-label="{html.escape(TIME_LABEL)}" '
+        f'data-time-zero-ms="{int(start.timestamp() * 1000) - TRACE_OFFSET_US // 1000}"'
+    )
+
+
+def _analysis_sections(
+    run: dict[str, Any],
+    results: Mapping[str, Mapping[str, Any]],
+    who: str,
+    progress: Callable[[str], None] | None,
+    figures: FigureCache | None,
+) -> tuple[list[str], list[str], list[str], int]:
+    """The analyses' keys in page order, a section (figure or why none, caption, key numbers) and a
+    navigation link for each, and the number of figures drawn."""
+    from gpuclust.report.sections import caption, empty_reason, key_numbers, ordered
+
+    name_of = {a["key"]: a["name"] for a in run.get("analyses", [])}
+    label_of = {a["key"]: a.get("label", a["key"]) for a in run.get("analyses", [])}
+    keys = ordered([k for k in results if k in name_of], name_of)
+    sections, nav, n_fig = [], [], 0
+    with tempfile.TemporaryDirectory(prefix="gpuclust-report-") as tmp:
+        for i, key in enumerate(keys):
+            name, tables = name_of[key], results[key]
+            if progress is not None:
+                progress(f"drawing {key} ({i + 1}/{len(keys)})")
+            anchor = f"a-{key}"
+            nav.append(f'<a href="#{html.escape(anchor)}">{html.escape(key)}</a>')
+            try:
+                fig = _figure(name, key, tables, f"{label_of[key]} · {who}", Path(tmp), i, figures)
+                why = empty_reason(name, tables, selection=run.get("selection"))
+            except Exception as e:  # noqa: BLE001 - one broken plot must not cost the whole page; said on it
+                fig, why = None, f"The figure could not be drawn ({type(e).__name__}: {e}): a bug, please report it."
+                print(f"gpuclust report: warning: {key}: {why}", file=sys.stderr, flush=True)
+            if fig is None:
+                fig = f'<p class="empty">{html.escape(why)}</p>'
+            else:
+                n_fig += 1
+            sections.append(
+                f'<section class="analysis" id="{html.escape(anchor)}"><h2>{html.escape(label_of[key])}</h2>'
+                f'<p class="caption">{html.escape(caption(name))}</p>{fig}'
+                f"<h3>Key numbers</h3>{_table(key_numbers(name, tables))}</section>"
+            )
+    return keys, sections, nav, n_fig
 
 
 def _claims_section(run: dict[str, Any], results: Mapping[str, Mapping[str, Any]]) -> str:
