@@ -9,7 +9,8 @@ running intervals, exact per-instance distributions) is then local to a bucket, 
 bucket ``i`` of one table with bucket ``i`` of another (docs/user/scale.md).
 
 The bucket of a row is ``splitmix64 chain of its key columns mod n_buckets`` (see
-:func:`bucket_ids`); the same function runs on NumPy and CuPy arrays.  A bucketed dataset stores
+:func:`bucket_ids`; the chain is :func:`gpuclust.keys.hash64`); the same function runs on NumPy
+and CuPy arrays.  A bucketed dataset stores
 the bucket number in its folder names (``instance_usage/bucket=17/part-*.parquet``, hive style),
 so DuckDB, pandas and polars read it as a plain column without recomputing the hash.
 
@@ -26,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
+from gpuclust.keys import hash64
 
 __all__ = [
     "BUCKET_COLUMN",
@@ -35,7 +36,6 @@ __all__ = [
     "ORDER",
     "LayoutError",
     "bucket_ids",
-    "key_hash",
     "bucket_of_path",
     "check_layouts",
     "key_name",
@@ -70,45 +70,20 @@ _KEY_NAMES = {
     ("collection_id",): "collection",
 }
 
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
-_SEED = np.uint64(0x2545F4914F6CDD1D)
-
 
 def key_name(columns: Sequence[str]) -> str:
     """``instance`` / ``machine`` / ``collection`` for a bucketing key's columns."""
     return _KEY_NAMES[tuple(columns)]
 
 
-def _mix(xp: Any, x: Any) -> Any:
-    x = x ^ (x >> xp.uint64(30))
-    x = x * _M1
-    x = x ^ (x >> xp.uint64(27))
-    x = x * _M2
-    return x ^ (x >> xp.uint64(31))
-
-
-def key_hash(xp: Any, key_columns: Sequence[Any]) -> Any:
-    """The uint64 splitmix64 chain of key columns: ``h = mix(c0 ^ SEED); h = mix(h ^ c1); ...``
-    with every column taken as its int64 bit pattern (as uint64) and ``mix`` the splitmix64
-    finaliser (the bucket hash before the modulo; also usage-distribution's group key)."""
-    if not key_columns:
-        raise ValueError("a bucketing key needs at least one column")
-    with np.errstate(over="ignore"):
-        h = _mix(xp, xp.asarray(key_columns[0]).astype(xp.int64).astype(xp.uint64) ^ _SEED)
-        for c in key_columns[1:]:
-            h = _mix(xp, h ^ xp.asarray(c).astype(xp.int64).astype(xp.uint64))
-    return h
-
-
 def bucket_ids(xp: Any, key_columns: Sequence[Any], n_buckets: int) -> Any:
     """The bucket (int32 in ``[0, n_buckets)``) of each row, from its key columns:
-    :func:`key_hash` mod ``n_buckets``.  A NULL key (dtype minimum, as the engine hands NULLs
+    :func:`gpuclust.keys.hash64` mod ``n_buckets``.  A NULL key (dtype minimum, as the engine hands NULLs
     over) is hashed like any value: its rows land in one bucket together."""
     n = int(n_buckets)
     if n < 1:
         raise ValueError(f"n_buckets must be >= 1, got {n_buckets!r}")
-    return (key_hash(xp, key_columns) % xp.uint64(n)).astype(xp.int32)
+    return (hash64(xp, key_columns) % xp.uint64(n)).astype(xp.int32)
 
 
 class LayoutError(ValueError):

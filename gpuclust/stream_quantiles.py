@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from gpuclust.keys import pack_bits
+
 __all__ = [
     "backend_quantiles",
     "backend_quantiles_many",
@@ -50,7 +52,7 @@ def _split(groups: dict, prefix: int, hist: np.ndarray, members: list, step: int
     cum = np.cumsum(hist)
     for rank, local in members:
         j = int(np.searchsorted(cum, local, side="right"))
-        sub = groups.setdefault((prefix << step) | j, (int(hist[j]), []))
+        sub = groups.setdefault(pack_bits(prefix, j, step), (int(hist[j]), []))
         sub[1].append((rank, local - (int(cum[j - 1]) if j else 0)))
 
 

@@ -5,6 +5,7 @@ private helpers."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "gpuclust"
@@ -163,3 +164,115 @@ def test_run_flags_that_set_options_are_declared_on_the_option():
     for o in FLAG_OPTIONS:
         declared = [e.name for e in REGISTRY.values() for d in e.options if d.name == o.name and d.flag == o.flag]
         assert declared, f"no analysis option is {o.flag}'s {o.name}"
+
+
+#: Constants of 64-bit hashes (splitmix64, golden ratio, xxhash primes): only gpuclust/keys.py has them.
+_HASH_CONSTANTS = {
+    0x9E3779B97F4A7C15,
+    0xBF58476D1CE4E5B9,
+    0x94D049BB133111EB,
+    0x2545F4914F6CDD1D,
+    0xC2B2AE3D27D4EB4F,
+    0x165667B19E3779F9,
+    0xFF51AFD7ED558CCD,
+    0xC4CEB9FE1A85EC53,
+}
+#: Names of a key's span (the buckets per code, the tiers per machine): ``x * span + y`` packs a key.
+_SPAN_NAME = re.compile(r"^(span|\w+_span|n_buckets|B1?|nb|T|n_platforms)$")
+_BITS_NAME = re.compile(r"^_?[A-Z_]*BITS$")
+#: Modules that still pack keys inline (``code * T + tier``), to move to gpuclust.keys once the
+#: modules being split around them have settled.
+_PACKING_PENDING = {
+    "analyses/lifecycle.py",
+    "analyses/_lifecycle_finalize.py",
+    "analyses/overcommit.py",
+    "analyses/_overcommit_partial.py",
+    "analyses/_overcommit_finalize.py",
+}
+#: Modules whose shifts are not keys: 128-bit integer arithmetic.
+_NOT_KEYS = {"ingest/readers/_fast_usage_kernel.py"}
+
+
+def _name(node: ast.AST) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return None
+
+
+def _inline_keys(tree: ast.AST) -> list[tuple[int, str]]:
+    """Where ``tree`` hashes or packs integer keys by hand: a hash constant; ``a * span + b`` or
+    ``| b``; ``k // span`` / ``k % span``; ``a << n | b`` or ``+ b``; a shift by a ``*_BITS``
+    constant; ``k *= span``, ``k += code * span`` (span: a name :data:`_SPAN_NAME` matches;
+    ``1 << n``, a power of two, is not a key)."""
+    hits = []
+    for node in ast.walk(tree):
+        line = getattr(node, "lineno", 0)
+        if isinstance(node, ast.Constant) and type(node.value) is int and node.value in _HASH_CONSTANTS:
+            hits.append((line, f"hash constant {node.value:#x}"))
+        elif isinstance(node, ast.BinOp):
+            op = node.op
+            if isinstance(op, (ast.Add, ast.BitOr)):
+                for side in (node.left, node.right):
+                    if isinstance(side, ast.BinOp) and isinstance(side.op, ast.LShift):
+                        if not isinstance(side.left, ast.Constant):  # (1 << n) + m: a power of two
+                            hits.append((line, "a << n | b"))
+                    elif isinstance(side, ast.BinOp) and isinstance(side.op, ast.Mult):
+                        if _SPAN_NAME.match(_name(side.right) or ""):
+                            hits.append((line, "a * span + b"))
+            elif isinstance(op, (ast.FloorDiv, ast.Mod)) and _SPAN_NAME.match(_name(node.right) or ""):
+                hits.append((line, "k // span, k % span"))
+            elif isinstance(op, (ast.LShift, ast.RShift)) and _BITS_NAME.match(_name(node.right) or ""):
+                if isinstance(node.left, ast.Constant):  # 1 << BITS: a power of two
+                    continue
+                hits.append((line, "a << BITS"))
+        elif isinstance(node, ast.AugAssign):
+            if isinstance(node.op, (ast.LShift, ast.RShift)) and _BITS_NAME.match(_name(node.value) or ""):
+                hits.append((line, "a <<= BITS"))
+            elif isinstance(node.op, ast.Mult) and _SPAN_NAME.match(_name(node.value) or ""):
+                hits.append((line, "k *= span"))
+            elif isinstance(node.op, (ast.Add, ast.BitOr)) and isinstance(node.value, ast.BinOp):
+                v = node.value
+                if isinstance(v.op, ast.Mult) and _SPAN_NAME.match(_name(v.right) or ""):
+                    hits.append((line, "k += code * span"))
+    return sorted(set(hits))
+
+
+def test_keys_are_hashed_and_packed_by_gpuclust_keys():
+    """One hash and one packing of integer keys, in gpuclust/keys.py (``hash64``, ``splitmix64``,
+    ``pack`` / ``unpack``, ``pack_bits`` / ``unpack_bits``): no module hashes or packs by hand."""
+    bad = []
+    for f in sorted(ROOT.rglob("*.py")):
+        rel = f.relative_to(ROOT).as_posix()
+        if rel == "keys.py" or rel in _NOT_KEYS:
+            continue
+        for line, what in _inline_keys(ast.parse(f.read_text())):
+            if rel in _PACKING_PENDING and not what.startswith("hash"):
+                continue
+            bad.append(f"{rel}:{line}: {what}")
+    assert not bad, "hash and pack integer keys with gpuclust.keys:\n" + "\n".join(bad)
+
+
+def test_the_inline_key_check_finds_each_scheme():
+    """The check above finds each scheme it names (and not plain arithmetic)."""
+    src = """
+h = x * 0x9E3779B97F4A7C15
+key = code * ctx.span + bucket
+key = code * span | bucket
+code, bucket = key // span, key % span
+k = (hi << 32) | lo
+k = (hi << n) + lo
+size = (1 << bits) + n
+b = key >> _TIER_BITS
+k <<= ROW_BITS
+k *= ctx.n_platforms
+k += code * ctx.span
+cells = machines * span
+end = origin + n_buckets * width
+mask = 1 << ROW_BITS
+step = total // max(span, 1)
+y = a * b + c
+"""
+    found = [line for line, _ in _inline_keys(ast.parse(src))]
+    assert found == [2, 3, 4, 5, 6, 7, 9, 10, 11, 12], found

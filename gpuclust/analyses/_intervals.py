@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from gpuclust.analyses.grouping import instance_order, isin_sorted, segmented_last
+from gpuclust.keys import pack, unpack
 from gpuclust.partials import keyed_reduce
 
 __all__ = [
@@ -279,7 +280,7 @@ def _expand_runs(
     if m == 0:
         empty = xp.zeros(0, xp.int64)
         return empty, empty, None if values is None else xp.zeros((k, 0))
-    ek = xp.concatenate([group * B1 + lo, group * B1 + hi])
+    ek = xp.concatenate([pack(group, lo, B1), pack(group, hi, B1)])
     order = backend.ops.stable_argsort(ek)
     ek = ek[order]
     ec = xp.where(order < m, 1, -1).astype(xp.int64)
@@ -297,7 +298,7 @@ def _expand_runs(
         rep[ends[:-1]] = 1
     rep = xp.cumsum(rep)
     kk = uk[seg][rep] + (xp.arange(total, dtype=xp.int64) - (ends - length)[rep])
-    key = (kk // B1) * n_buckets + kk % B1
+    key = pack(*unpack(kk, B1), n_buckets)
     count = cnt[seg][rep]
     if values is None:
         return key, count, None
@@ -326,10 +327,10 @@ def overlap_keyed(
     b0 = (s - origin) // width
     b1 = (e - 1 - origin) // width
     ends = xp.minimum(e, origin + (b0 + 1) * width)
-    keys = [g * B + b0]
+    keys = [pack(g, b0, B)]
     vals = [v * ((ends - s) / 1e6)]
     multi = xp.nonzero(b1 > b0)[0]
-    keys.append(g[multi] * B + b1[multi])
+    keys.append(pack(g[multi], b1[multi], B))
     vals.append(v[:, multi] * ((e[multi] - (origin + b1[multi] * width)) / 1e6))
     inner = xp.nonzero((b1 - b0) >= 2)[0]
     if inner.shape[0]:

@@ -4,10 +4,9 @@
 machine_id)`` of job-usage's priority lookup, each slot a 32-byte record ``(collection,
 machine, instance, collection code)``: one gather per window finds its key (checked on the
 whole key, so a hash collision never attaches a wrong collection) and, in the same record, the
-dense code of its collection among the lookup's sorted collections.  The hash is cheaper than
-:func:`gpuclust.analyses._lookup.triple_hash` (three multiplies, a fold and a multiply: the
-table's slot is the top bits, which depend on every bit of the key); it decides only where a key
-is looked for, never whether it is found.  A window's key found marks its slot; the collection's
+dense code of its collection among the lookup's sorted collections.  A key's slot is the top
+bits of its :func:`gpuclust.keys.hash64`, which depend on every bit of the key; the hash decides
+only where a key is looked for, never whether it is found.  A window's key found marks its slot; the collection's
 priority is the maximum over its keys whose slots were marked (so the windows need no
 per-row maximum).  The table is built once per lookup (no sort of the keys by hash beyond one
 ``argsort`` of their slots).
@@ -27,35 +26,13 @@ import numpy as np
 
 from gpuclust._cache import PerArrayCache
 from gpuclust.analyses.grouping import packed_order
+from gpuclust.keys import hash64
 
-__all__ = ["KeyTable", "group_windows", "key_hash", "key_table"]
+__all__ = ["KeyTable", "group_windows", "key_table"]
 
-_K1 = np.uint64(0x9E3779B97F4A7C15)
-_K2 = np.uint64(0xC2B2AE3D27D4EB4F)
-_K3 = np.uint64(0x165667B19E3779F9)
-_KM = np.uint64(0xBF58476D1CE4E5B9)
-_U32 = np.uint64(32)
 #: Rows per block (a block's temporaries stay in the core's cache).
 BLOCK = 1 << 15
 _HOUR_US = 3.6e9
-
-
-def key_hash(collection: np.ndarray, instance: np.ndarray, machine: np.ndarray) -> np.ndarray:
-    """A 64-bit hash of each key whose top bits mix every bit of the three columns.
-
-    >>> h = key_hash(np.array([1, 1]), np.array([0, 1], np.int32), np.array([5, 5]))
-    >>> h.dtype.name, bool(h[0] != h[1])
-    ('uint64', True)
-    """
-    h = np.asarray(collection, dtype=np.int64).view(np.uint64) * _K1
-    t = np.asarray(machine, dtype=np.int64).view(np.uint64) * _K2
-    h ^= t
-    np.multiply(np.asarray(instance).astype(np.int64).view(np.uint64), _K3, out=t)
-    h ^= t
-    np.right_shift(h, _U32, out=t)
-    h ^= t
-    h *= _KM
-    return h
 
 
 class KeyTable:
@@ -65,10 +42,10 @@ class KeyTable:
     machine, instance, code), then a sentinel record at position ``n``: a copy of key 0 with
     code -1.  The slots (``2**bits + n`` int32, load factor at most 1/4, no wrap-around) hold
     the position of a key in ``keys``, ``n`` where empty.  A key sits in the first free slot at
-    or after its home slot (the top ``bits`` of its :func:`key_hash`), so a query probes from its
-    home slot until it finds its key or an empty slot; no query that reaches an empty slot has
-    key 0 (key 0 lies between its home slot and the first empty slot after it), so the sentinel
-    matches nothing and the probe needs no other test.
+    or after its home slot (the top ``bits`` of its :func:`gpuclust.keys.hash64`), so a query
+    probes from its home slot until it finds its key or an empty slot; no query that reaches an
+    empty slot has key 0 (key 0 lies between its home slot and the first empty slot after it), so
+    the sentinel matches nothing and the probe needs no other test.
     """
 
     REC = np.dtype([("c", "<i8"), ("m", "<i8"), ("i", "<i4"), ("code", "<i4"), ("pad", "<i8")])
@@ -103,7 +80,7 @@ class KeyTable:
         self.n_codes = int(n_codes)
         self.bits = max(4, int(max(n, 1) - 1).bit_length() + self.SPARSITY)
         self.shift = np.uint64(64 - self.bits)
-        home = (key_hash(collection, instance, machine) >> self.shift).view(np.int64)
+        home = (hash64(np, [collection, instance, machine]) >> self.shift).view(np.int64)
         order = packed_order(np, home, 1 << self.bits)  # (home < 2^bits: one sort of values)
         if order is None:
             order = np.argsort(home)
@@ -116,7 +93,7 @@ class KeyTable:
         """Per query: its collection code (-1 where its key is not in the table) and the position
         of its key in :attr:`keys` (``n``, the sentinel, where not)."""
         n = self.n
-        p = (key_hash(collection, instance, machine) >> self.shift).view(np.int64)
+        p = (hash64(np, [collection, instance, machine]) >> self.shift).view(np.int64)
         k = np.take(self.slots, p)
         rec = np.take(self.keys, k)
         hit = rec["c"] == collection

@@ -5,8 +5,9 @@ cpi (``by="tier"``), overcommit and usage-distribution.  The context builds one
 :class:`InstanceLookup` on the client; every partial looks its rows up with
 :meth:`InstanceLookup.find` on its backend.
 
-The table is keyed by a 64-bit splitmix hash of the triple (:func:`triple_hash`), sorted by hash,
-with the three key columns kept beside it: a hit is confirmed on the full key, so a hash
+The table is keyed by the 64-bit hash of the triple (:func:`triple_hash`, that is
+:func:`gpuclust.keys.hash64`), sorted by hash, with the three key columns kept beside it: a hit
+is confirmed on the full key, so a hash
 collision between a *query* and a table key can never attach the wrong code; a collision between
 two *table* keys is detected when the table is built (and raises).
 
@@ -31,6 +32,7 @@ from gpuclust._lazy import pandas as pd
 from gpuclust.analyses._machine_hash import MachineHash, id_index, machine_capacities
 from gpuclust.analyses.grouping import hash_order
 from gpuclust.arrow_numpy import to_numpy, valid
+from gpuclust.keys import hash64
 from gpuclust.tiers import TierNames, tier_codes
 
 __all__ = [
@@ -49,38 +51,10 @@ __all__ = [
 #: The instance_events columns :func:`tier_lookup` reads.
 EVENT_COLUMNS = ("collection_id", "instance_index", "machine_id", "priority", "alloc_collection_id")
 
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
-_SEED = np.uint64(0x9E3779B97F4A7C15)
-
-
-def _mix(xp: Any, x: Any) -> Any:
-    """splitmix64's finaliser, in place on the uint64 array ``x`` (one temporary)."""
-    t = x >> xp.uint64(30)
-    x ^= t
-    x *= _M1
-    xp.right_shift(x, xp.uint64(27), out=t)
-    x ^= t
-    x *= _M2
-    xp.right_shift(x, xp.uint64(31), out=t)
-    x ^= t
-    return x
-
-
-def _as_u64(xp: Any, a: Any) -> Any:
-    """``a`` as int64 reinterpreted as uint64 (a view when ``a`` is already int64)."""
-    a = a.astype(xp.int64, copy=False)
-    return a.view(xp.uint64)
-
 
 def triple_hash(xp: Any, collection_id: Any, instance_index: Any, machine_id: Any) -> Any:
-    """A 64-bit hash of (collection_id, instance_index, machine_id) with splitmix64 mixing."""
-    h = _as_u64(xp, collection_id) ^ _SEED
-    _mix(xp, h)
-    h ^= _as_u64(xp, instance_index)
-    _mix(xp, h)
-    h ^= _as_u64(xp, machine_id)
-    return _mix(xp, h)
+    """The 64-bit hash of (collection_id, instance_index, machine_id): :func:`gpuclust.keys.hash64`."""
+    return hash64(xp, [collection_id, instance_index, machine_id])
 
 
 @dataclass(frozen=True)

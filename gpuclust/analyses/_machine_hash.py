@@ -13,24 +13,21 @@ import numpy as np
 
 from gpuclust._cache import PerArrayCache
 from gpuclust.analyses.grouping import distinct_sorted
+from gpuclust.keys import GOLDEN, splitmix64
 
 __all__ = ["MachineHash", "id_index", "machine_capacities"]
 
 
 def _odd_multiplier(k: int) -> int:
     """The ``k``-th candidate multiplier of :class:`MachineHash`: splitmix64's ``k``-th output
-    (seed 0x5EED), made odd and below 2^63, in Python integers (``numpy.random`` would cost ~10 ms
-    of a run's start-up to import).
+    (seed 0x5EED, :func:`gpuclust.keys.splitmix64`), made odd and below 2^63 (``numpy.random``
+    would cost ~10 ms of a run's start-up to import).
 
     >>> all(_odd_multiplier(k) % 2 == 1 and 0 < _odd_multiplier(k) < 1 << 63 for k in range(64))
     True
     """
-    mask = (1 << 64) - 1
-    z = (0x5EED + (k + 1) * 0x9E3779B97F4A7C15) & mask
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
-    z ^= z >> 31
-    return ((z >> 2) << 1) | 1
+    z = int(splitmix64(np, np.array([(0x5EED + k * GOLDEN) & ((1 << 64) - 1)], np.uint64))[0])
+    return (z >> 1) | 1
 
 
 @dataclass(frozen=True)

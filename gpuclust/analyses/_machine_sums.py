@@ -11,16 +11,16 @@ from typing import Any
 import numpy as np
 
 from gpuclust._xp import bincount
+from gpuclust.keys import pack_bits, unpack_bits
 
-__all__ = ["COUNTS", "LOW", "keyed_sums", "narrow", "widen"]
+__all__ = ["COUNTS", "NULL_BITS", "keyed_sums", "narrow", "widen"]
 
 #: The keyed sums' integer fields and their dtypes: ``windows`` and ``nulls``, the values per key
 #: that are not finite (SQL NULLs; an infinite value is summed but not counted as known), CPU's
-#: in the low 32 bits and memory's above (one field, not two: a field less to spill and merge;
-#: a machine-bucket holds fewer than 2^31 windows).
+#: in the low :data:`NULL_BITS` bits and memory's above (``pack_bits(mem, cpu, NULL_BITS)``, one
+#: field, not two: a field less to spill and merge; a machine-bucket holds fewer than 2^31 windows).
 COUNTS = {"windows": np.int32, "nulls": np.int64}
-#: The low 32 bits of ``nulls`` (CPU's count).
-LOW = (1 << 32) - 1
+NULL_BITS = 32
 #: Largest cells / rows ratio summed densely (``bincount`` over every cell); beyond it the used
 #: rows are sorted (a partition then touches few of the cells).
 DENSE_RATIO = 4
@@ -61,11 +61,11 @@ def keyed_sums(backend: Any, key: Any, cells: int, cpu: Any, mem: Any) -> dict[s
         rows = xp.nonzero(key < cells)[0]
         k = key[rows]
         if cells < 1 << (63 - ROW_BITS) and n < 1 << ROW_BITS:  # (key, row) in one int64, sorted in place
-            k <<= ROW_BITS
-            k |= xp.arange(int(rows.shape[0]), dtype=xp.int64)
+            pack_bits(k, xp.arange(int(rows.shape[0]), dtype=xp.int64), ROW_BITS, inplace=True)
             k.sort()
-            rows = rows[k & ((1 << ROW_BITS) - 1)]
-            k >>= ROW_BITS
+            k, order = unpack_bits(k, ROW_BITS, inplace=True)
+            rows = rows[order]
+            del order
         else:
             order = xp.argsort(k, kind="stable")
             k, rows = k[order], rows[order]
@@ -84,18 +84,20 @@ def keyed_sums(backend: Any, key: Any, cells: int, cpu: Any, mem: Any) -> dict[s
         cnt = bincount(xp, group, minlength=n_groups)
         present = slice(None)
     out = {"key": gkey.astype(xp.int64)}
-    nulls = None
-    for name, v, shift in (("cpu", cpu, 0), ("mem", mem, 32)):
+    nulls = {}
+    for name, v in (("cpu", cpu), ("mem", mem)):
         v = v.astype(xp.float64, copy=False)
         bad = ~xp.isfinite(v)
         if bool(bad.any()):
             total = bincount(xp, group, weights=xp.where(xp.isnan(v), 0.0, v), minlength=n_groups)
-            nb = bincount(xp, group[bad], minlength=n_groups)[: cnt.shape[0]][present] << shift
-            nulls = nb if nulls is None else nulls + nb
+            nulls[name] = bincount(xp, group[bad], minlength=n_groups)[: cnt.shape[0]][present]
         else:
             total = bincount(xp, group, weights=v, minlength=n_groups)
         out[name] = total[: cnt.shape[0]][present]
         del total
     out["windows"] = narrow(xp, cnt[present])
-    out["nulls"] = xp.zeros(int(gkey.shape[0]), dtype=xp.uint8) if nulls is None else narrow(xp, nulls)
+    if nulls:
+        out["nulls"] = narrow(xp, pack_bits(nulls.get("mem", 0), nulls.get("cpu", 0), NULL_BITS))
+    else:
+        out["nulls"] = xp.zeros(int(gkey.shape[0]), dtype=xp.uint8)
     return out

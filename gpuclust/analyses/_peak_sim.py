@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from gpuclust._xp import bincount
+from gpuclust.keys import pack, unpack
 
 __all__ = ["CHUNK_CELLS", "SimParams", "percentile_rows", "simulate"]
 
@@ -243,7 +244,7 @@ def simulate(
     xp, ops = be.xp, be.ops
     if not code.shape[0]:
         return _empty(xp)
-    key = code.astype(xp.int64) * span + step
+    key = pack(code.astype(xp.int64), step, span)
     # one row per (machine, step, instance): the max of usage and of limit over its windows
     o = xp.lexsort(xp.stack([inst, key]))
     key, inst, usage, lim = key[o], inst[o], usage[o], lim[o]
@@ -259,7 +260,7 @@ def simulate(
     g = xp.cumsum(snap_first) - 1
     snap_key = key[snap_first]
     NS = snap_key.shape[0]
-    scode, sstep = snap_key // span, snap_key % span
+    scode, sstep = unpack(snap_key, span)
     mnew = xp.ones(NS, dtype=bool)
     mnew[1:] = scode[1:] != scode[:-1]
     mfirst = _run_first(xp, mnew)
@@ -272,7 +273,7 @@ def simulate(
         "limit": bincount(xp, g, lim, NS),
         "total_usage": bincount(xp, g, xp.minimum(usage, lim), NS),
     }
-    rcode = key // span
+    rcode = unpack(key, span)[0]
     order, j, grp, piece = _runs(xp, rcode, inst, g, lim, prm.cap_to_limit)
     gI, uI, LI = g[order], usage[order], lim[order]
     warm = j >= max(prm.min_samples, 2)

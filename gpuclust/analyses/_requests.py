@@ -34,6 +34,7 @@ from gpuclust._parallel import threads
 from gpuclust.analyses._lookup import triple_hash
 from gpuclust.analyses.grouping import instance_order
 from gpuclust.arrow_numpy import to_numpy
+from gpuclust.keys import pack_bits, unpack_bits
 
 __all__ = [
     "REQUEST_COLUMNS",
@@ -292,7 +293,7 @@ class KeyedRuns:
             raise ValueError("KeyedRuns: the lookup's codes must be >= 0")
         u = rq.instances_of(lookup.collection, lookup.instance)
         run = np.take(rq.urun, u, axis=0)
-        ic = (np.asarray(lookup.instance, dtype=np.int64) << 32) | code
+        ic = pack_bits(np.asarray(lookup.instance, dtype=np.int64), code, 32)
         rec = np.stack(
             [
                 np.asarray(lookup.collection, np.int64),
@@ -337,10 +338,10 @@ def asof_keyed(
             c, i, m = collection[sl], instance[sl], machine[sl]
             pos = ops.hash_index(t_hash, triple_hash(xp, c, i, m))
             rec = xp.take(t_rec, xp.maximum(pos, 0), axis=0)
-            ic = rec[:, 2]
-            f = (pos >= 0) & (rec[:, 0] == c) & (rec[:, 1] == m) & ((ic >> 32) == i)
+            inst, kcode = unpack_bits(rec[:, 2], 32)
+            f = (pos >= 0) & (rec[:, 0] == c) & (rec[:, 1] == m) & (inst == i)
             found[sl] = f
-            code[sl] = xp.where(f, ic & 0xFFFFFFFF, 0)
+            code[sl] = xp.where(f, kcode, 0)
             jb = _asof(
                 backend,
                 rq,

@@ -36,6 +36,7 @@ from gpuclust.analyses.base import Analysis, fmt, is_null_int, nan_sum, null_int
 from gpuclust.analyses.grouping import HOUR_US, bucket_span
 from gpuclust.analyses.options import CELL_USAGE_MODE, CELL_USAGE_MODES, tier_map_option
 from gpuclust.arrow_numpy import table, table_from_rows
+from gpuclust.keys import pack, pack_bits, unpack, unpack_bits
 from gpuclust.partials import keyed_reduce, merge_keyed
 from gpuclust.schema import TIME_AFTER_TRACE, TierMap
 from gpuclust.tables import as_arrow, column
@@ -45,7 +46,7 @@ __all__ = ["CellUsage", "HOUR_US", "MODES", "triple_hash"]
 
 FIVE_MIN_US = 300_000_000
 MODES = CELL_USAGE_MODES
-#: Keys pack (hour, tier) as hour * 16 + tier; tier codes are < 16.
+#: Keys pack (hour, tier) as hour << 4 | tier (:func:`gpuclust.keys.pack_bits`); tier codes are < 16.
 _TIER_BITS = 4
 #: Most hours one partition's windows may span in exact mode (guards against garbage times).
 MAX_EXACT_HOURS = 1 << 20
@@ -262,7 +263,7 @@ class CellUsage(Analysis):
         block = backend.ops.lookup_block_rows or n
         null = xp.asarray(null_int(alloc.dtype), dtype=alloc.dtype)
         h0 = int(start.min()) // HOUR_US
-        span = (int(start.max()) // HOUR_US - h0 + 1) << _TIER_BITS
+        span = pack_bits(int(start.max()) // HOUR_US - h0 + 1, 0, _TIER_BITS)
         dense = span <= _DENSE_MAX
         keys = xp.empty(n, dtype=xp.int64)
         used = None if dense else xp.empty(n, dtype=bool)
@@ -281,8 +282,7 @@ class CellUsage(Analysis):
             xp.floor_divide(s, HOUR_US, out=k)
             if dense:
                 k -= h0
-            k <<= _TIER_BITS
-            k += tier.astype(xp.int64)
+            pack_bits(k, tier.astype(xp.int64), _TIER_BITS, inplace=True)
             if dense:
                 k[~use] = span
             else:
@@ -297,7 +297,7 @@ class CellUsage(Analysis):
             return _notebook_sums(backend, keys[rows], cols["avg_cpu"][rows], cols["avg_mem"][rows])
         cnt = bincount(xp, keys, minlength=span + 1)[:span]
         present = xp.nonzero(cnt > 0)[0]
-        out = {"key": (present + (h0 << _TIER_BITS)).astype(xp.int64)}
+        out = {"key": (present + pack_bits(h0, 0, _TIER_BITS)).astype(xp.int64)}
         for name in ("cpu", "mem"):
             v = cols["avg_" + name]
             bad = ~xp.isfinite(v)
@@ -338,7 +338,7 @@ class CellUsage(Analysis):
             start, end, xp.stack([cpu.astype(xp.float64), mem.astype(xp.float64), *fin]), tier, **kw
         ).reshape(4, -1)
         dcpu, dmem = swept[0], swept[1]
-        cell = tier.astype(xp.int64) * nb + (hs - h0)
+        cell = pack(tier.astype(xp.int64), hs - h0, nb)
         dwin = bincount(xp, cell, minlength=n_tiers * nb).astype(xp.int64)
         # cpu_n / mem_n > 0 iff some window with a non-NULL value touches the hour (positive overlap,
         # or starts in it): otherwise the hour's usage is unknown (NaN), not 0
@@ -349,7 +349,8 @@ class CellUsage(Analysis):
         # keep the known-coverage of cells this partition does not otherwise touch: another partition
         # may hold the cell's only NULL-valued windows (finalize drops cells without contribution)
         idx = xp.nonzero((dcpu != 0) | (dmem != 0) | (dwin != 0) | (known["cpu_n"] != 0) | (known["mem_n"] != 0))[0]
-        key = ((h0 + idx % nb) << _TIER_BITS) + idx // nb
+        tier_of, hour = unpack(idx, nb)
+        key = pack_bits(hour + h0, tier_of, _TIER_BITS)
         order = xp.argsort(key)
         return {
             "key": key[order].astype(xp.int64),
@@ -378,8 +379,7 @@ class CellUsage(Analysis):
         if not keep.all():
             partial = {k: (v if k == "stats" else np.asarray(v)[keep]) for k, v in partial.items()}
         key = np.asarray(partial["key"], dtype=np.int64)
-        hour = key >> _TIER_BITS
-        code = (key & ((1 << _TIER_BITS) - 1)).astype(np.int64)
+        hour, code = unpack_bits(key, _TIER_BITS)
         per = 12.0 if self.mode == "notebook" else 3600.0
 
         def norm(v: np.ndarray, n: np.ndarray, cap: float) -> np.ndarray:

@@ -4,7 +4,7 @@
   ``"a+b"`` or a sequence, validated against the analysis' choices;
 * :data:`KEY_COLUMNS`: the result columns of each grouping name;
 * :func:`group_key`: one int64 key per row from the key components (the value itself for one
-  component, a splitmix64 chain of several, :func:`gpuclust.layout.key_hash`);
+  component, a splitmix64 chain of several, :func:`gpuclust.keys.hash64`);
 * :func:`instance_order`: rows by instance, then time (a stable three-key sort, as one sort);
 * :class:`FloatBins`: ``searchsorted(edges, x, side="right")`` from a table of the floats' top
   bits (lifecycle's delay bins, usage-vs-request's ratio bins);
@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from gpuclust.layout import key_hash
+from gpuclust.keys import hash64, pack_bits, unpack_bits
 
 __all__ = [
     "HOUR_US",
@@ -211,7 +211,7 @@ def group_key(xp: Any, comps: list[Any], n: int) -> Any:
         return xp.zeros(n, dtype=xp.int64)
     if len(comps) == 1:
         return comps[0].astype(xp.int64)
-    return key_hash(xp, comps).view(xp.int64)
+    return hash64(xp, comps).view(xp.int64)
 
 
 def bucket_index(t: Any, width_us: int) -> Any:
@@ -300,7 +300,7 @@ def packed_order(xp: Any, key: Any, span: int) -> Any | None:
     bits = max(n - 1, 1).bit_length()
     if span <= 0 or (span - 1) >> (63 - bits):
         return None
-    return xp.sort((key << bits) | xp.arange(n, dtype=xp.int64)) & ((1 << bits) - 1)
+    return unpack_bits(xp.sort(pack_bits(key, xp.arange(n, dtype=xp.int64), bits)), bits, inplace=True)[1]
 
 
 def hash_order(h: np.ndarray) -> np.ndarray:

@@ -92,7 +92,7 @@ from gpuclust.analyses._lifecycle_tables import (
 from gpuclust.analyses.base import Analysis, is_null_int
 from gpuclust.analyses.grouping import bucket_index, instance_order, segmented_last
 from gpuclust.analyses.options import option, tier_map_option
-from gpuclust.layout import key_hash
+from gpuclust.keys import hash64
 from gpuclust.partials import merge_keyed
 from gpuclust.schema import TIME_AFTER_TRACE, EventType, TierMap
 from gpuclust.tiers import TierNames, resolve_tier_map, tier_codes
@@ -200,7 +200,7 @@ class Lifecycle(Analysis):
         n = int(cols["type"].shape[0])
         if n < SPLIT_ROWS or not backend.ops.lookup_slot_tables:
             return self._replay(cols, ctx, backend)
-        upper = (key_hash(np, [cols[k] for k in self.key_columns]) >> np.uint64(63)).astype(bool)
+        upper = (hash64(np, [cols[k] for k in self.key_columns]) >> np.uint64(63)).astype(bool)
         halves = [np.flatnonzero(~upper), np.flatnonzero(upper)]
         del upper
         parts = list(

@@ -24,6 +24,7 @@ import pyarrow as pa
 from gpuclust.analyses.base import Analysis, fmt
 from gpuclust.analyses.grouping import unique_counts
 from gpuclust.arrow_numpy import table
+from gpuclust.keys import pack_bits, unpack_bits
 from gpuclust.tables import as_arrow
 
 __all__ = ["MachineShapes"]
@@ -74,7 +75,7 @@ class MachineShapes(Analysis):
 
     def partial(self, cols: dict[str, Any], ctx: Any, backend: Any) -> dict[str, Any]:
         xp = backend.xp
-        shape = (_bits(xp, cols["cap_cpu"]) << xp.uint64(32)) | _bits(xp, cols["cap_mem"])
+        shape = pack_bits(_bits(xp, cols["cap_cpu"]), _bits(xp, cols["cap_mem"]), 32)
         return _distinct_pairs(xp, shape, cols["machine_id"])
 
     def merge(self, a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -85,8 +86,7 @@ class MachineShapes(Analysis):
     def finalize(self, partial: dict[str, np.ndarray], ctx: Any) -> dict[str, pa.Table]:
         """The shapes table (an Arrow table, built without pandas)."""
         shapes, counts = unique_counts(np.asarray(partial["shape"], dtype=np.uint64))
-        cpu = (shapes >> np.uint64(32)).astype(np.uint32).view(np.float32).astype(np.float64)
-        mem = (shapes & np.uint64(0xFFFFFFFF)).astype(np.uint32).view(np.float32).astype(np.float64)
+        cpu, mem = (b.astype(np.uint32).view(np.float32).astype(np.float64) for b in unpack_bits(shapes, 32))
         order = np.lexsort((mem, cpu, -counts))  # machines descending, then cap_cpu, cap_mem; NaN (NULL) last
         return {"shapes": table({"cap_cpu": cpu[order], "cap_mem": mem[order], "machines": counts[order]})}
 

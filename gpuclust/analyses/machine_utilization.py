@@ -43,13 +43,14 @@ import pyarrow as pa
 from gpuclust.analyses._extent import max_finite, to_f64, to_i64
 from gpuclust.analyses._intervals import capacity_intervals
 from gpuclust.analyses._lookup import MachineHash, machine_capacities
-from gpuclust.analyses._machine_sums import COUNTS, LOW, keyed_sums, widen
+from gpuclust.analyses._machine_sums import COUNTS, NULL_BITS, keyed_sums, widen
 from gpuclust.analyses._machine_up import min_start, up_grid
 from gpuclust.analyses.base import Analysis, fmt, null_int
 from gpuclust.analyses.grouping import bucket_pieces
 from gpuclust.analyses.options import option
 from gpuclust.arrow_numpy import schema_table, table, table_from_rows
 from gpuclust.backends import finalize_backend, merged_backend
+from gpuclust.keys import pack, unpack, unpack_bits
 from gpuclust.parted import column_batches, finalize_in_memory
 from gpuclust.partials import merge_keyed
 from gpuclust.schema import TIME_AFTER_TRACE
@@ -223,7 +224,7 @@ class MachineUtilization(Analysis):
                 assert keys is not None
                 k = keys[lo:hi]
                 xp.floor_divide(st, BUCKET_US, out=k)
-                k += code * ctx.span
+                k[...] = pack(code, k, ctx.span, inplace=True)  # (code: a fresh gather)
                 k[~keep] = cells
             else:
                 assert used is not None and codes is not None
@@ -247,7 +248,7 @@ class MachineUtilization(Analysis):
         row, bucket, overlap = bucket_pieces(xp, s[idx], e[idx], BUCKET_US)
         rows = idx[row]  # "windows": those overlapping the bucket
         del idx, row
-        key = codes[rows] * ctx.span + bucket
+        key = pack(codes[rows], bucket, ctx.span)
         del codes, bucket
         w = overlap.astype(xp.float64) / BUCKET_US
         del overlap
@@ -282,7 +283,7 @@ class MachineUtilization(Analysis):
         return [(M * i // k, M * (i + 1) // k) for i in range(k)] or [(0, 0)]
 
     def key_range(self, ctx: MachineUtilizationContext, name: str, lo: int, hi: int) -> tuple[int, int]:
-        return lo * ctx.span, hi * ctx.span
+        return pack(lo, 0, ctx.span), pack(hi, 0, ctx.span)
 
     def dense_keys(self, ctx: MachineUtilizationContext) -> dict[str, tuple[int, int]] | None:
         """The keys of the keyed sums, every machine-bucket, when there are at most
@@ -311,12 +312,13 @@ class MachineUtilization(Analysis):
         key = np.asarray(u["key"], np.int64)
         windows = np.asarray(u["windows"], np.int64)
         nulls = np.asarray(u["nulls"], np.int64)
-        known = {"cpu": windows - (nulls & LOW), "mem": windows - (nulls >> 32)}
+        mem_nulls, cpu_nulls = unpack_bits(nulls, NULL_BITS)
+        known = {"cpu": windows - cpu_nulls, "mem": windows - mem_nulls}
         use = {r: np.where(known[r] > 0, np.asarray(u[r], np.float64), np.nan) for r, _, _ in RESOURCES}
         notebook = self.mode == "notebook"
         extra: dict[str, Any] = {}
         if notebook:
-            code, bucket = key // ctx.span, key % ctx.span
+            code, bucket = unpack(key, ctx.span)
             cap = {r: getattr(ctx, cap_name)[code] for r, _, cap_name in RESOURCES}
             cols: dict[str, Any] = {
                 "machine_id": ctx.machine_ids[code],
@@ -328,12 +330,13 @@ class MachineUtilization(Analysis):
             cap_s = cap
         else:
             up, cs = up_grid(ctx.up, lo, hi, ctx.span, BUCKET_US)  # dense over the shard: (hi - lo) x span
-            local = key - lo * ctx.span
+            local = key - pack(lo, 0, ctx.span)
             cells = np.flatnonzero(up > 0)
             at = np.searchsorted(local, cells)  # the keyed sums of each up machine-bucket, if any
             has = at < local.shape[0]
             has[has] = local[at[has]] == cells[has]
-            code, bucket = lo + cells // ctx.span, cells % ctx.span
+            code, bucket = unpack(cells, ctx.span)
+            code += lo
             up_s = up[cells]
             w = np.zeros(cells.shape[0], np.int64)
             w[has] = windows[at[has]]

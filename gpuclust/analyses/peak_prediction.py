@@ -39,7 +39,7 @@ from gpuclust.analyses.grouping import unique_codes
 from gpuclust.analyses.options import option
 from gpuclust.arrow_numpy import table, table_from_rows
 from gpuclust.backends import finalize_backend, merged_backend
-from gpuclust.layout import key_hash
+from gpuclust.keys import hash64, pack, unpack
 from gpuclust.parted import finalize_in_memory
 from gpuclust.schema import CPU_PERCENTILES_SOURCE_ORDER, TIME_AFTER_TRACE
 from gpuclust.tables import as_arrow
@@ -354,8 +354,8 @@ class PeakPrediction(Analysis):
             return out
         idx = idx[sel]
         code = pos[idx].astype(xp.int64)
-        key = code * ctx.span + s[idx] // STEP_US
-        inst = key_hash(xp, [cols["collection_id"][idx], cols["instance_index"][idx]]).view(xp.int64)
+        key = pack(code, s[idx] // STEP_US, ctx.span)
+        inst = hash64(xp, [cols["collection_id"][idx], cols["instance_index"][idx]]).view(xp.int64)
         o = xp.argsort(key)
         # float32: the trace's usage and request columns are float32, so nothing is lost (24 bytes a row)
         out["rows"] = {
@@ -414,7 +414,7 @@ class PeakPrediction(Analysis):
         return bounds
 
     def key_range(self, ctx: PeakPredictionContext, name: str, lo: int, hi: int) -> tuple[int, int]:
-        return lo * ctx.span, hi * ctx.span
+        return pack(lo, 0, ctx.span), pack(hi, 0, ctx.span)
 
     #: its rows are ~11 B a window (110 MB at 10^7), which a gpu study would otherwise copy to the
     #: host and back to the device for the simulation
@@ -436,12 +436,12 @@ class PeakPrediction(Analysis):
         r = keyed["rows"]
         be = finalize_backend(rest["backend"])
         xp = be.xp
-        key = be.asarray(r["key"]).astype(xp.int64, copy=False)
+        code, step = unpack(be.asarray(r["key"]).astype(xp.int64, copy=False), ctx.span)
         sim = to_host(
             simulate(
                 be,
-                key // ctx.span,
-                key % ctx.span,
+                code,
+                step,
                 be.asarray(r["inst"]).astype(xp.int64, copy=False),
                 be.asarray(r["usage"]).astype(xp.float64, copy=False),
                 be.asarray(r["limit"]).astype(xp.float64, copy=False),

@@ -52,11 +52,13 @@ import pyarrow as pa
 from gpuclust._xp import bincount
 from gpuclust.analyses._extent import max_finite
 from gpuclust.analyses._lookup import EVENT_COLUMNS, TierLookupContext, tier_lookup
+from gpuclust.analyses._machine_sums import NULL_BITS
 from gpuclust.analyses.base import Analysis, fmt, null_int
 from gpuclust.analyses.grouping import bucket_pieces, instance_order
 from gpuclust.analyses.machine_utilization import BUCKET_US, MachineUtilization, MachineUtilizationContext
 from gpuclust.analyses.options import option, tier_map_option
 from gpuclust.arrow_numpy import bin_table, rows_table, table_from_rows
+from gpuclust.keys import unpack, unpack_bits
 from gpuclust.parted import finalize_in_memory
 from gpuclust.partials import bin_quantile_edges, log_bins
 from gpuclust.schema import TIME_AFTER_TRACE
@@ -91,7 +93,6 @@ _STATS = ("rows", "instances", "pairs", "gaps", "unplaced_ends")
 _CSTATS = ("rows", "alloc_rows", "unbounded_rows", "unplaced_rows", "used_rows")
 #: Machine level: machine-utilization's time-weighted (machine, period) sums.
 _MACHINE_SUMS = MachineUtilization(mode="time-weighted")
-_LOW = (1 << 32) - 1
 
 
 @dataclass(frozen=True)
@@ -352,10 +353,11 @@ class UsageChange(Analysis):
         key = np.asarray(u["key"], np.int64)
         windows = np.asarray(u["windows"], np.int64)
         nulls = np.asarray(u["nulls"], np.int64)
-        machine = key // max(ctx.span, 1)
+        machine = unpack(key, max(ctx.span, 1))[0]
+        mem_nulls, cpu_nulls = unpack_bits(nulls, NULL_BITS)
         values = [
-            np.where(windows - (nulls & _LOW) > 0, np.asarray(u["cpu"], np.float64), np.nan),
-            np.where(windows - (nulls >> 32) > 0, np.asarray(u["mem"], np.float64), np.nan),
+            np.where(windows - cpu_nulls > 0, np.asarray(u["cpu"], np.float64), np.nan),
+            np.where(windows - mem_nulls > 0, np.asarray(u["mem"], np.float64), np.nan),
         ]
         pair = (key[1:] == key[:-1] + 1) & (machine[1:] == machine[:-1])
         k = np.flatnonzero(pair)

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from gpuclust._cache import PerArrayCache
+from gpuclust.keys import GOLDEN, pack
 
 __all__ = [
     "bucket_overlap",
@@ -145,8 +146,7 @@ def bucket_overlap(
     b0 //= width
     b1 = e - (1 + origin)
     b1 //= width
-    base = g
-    base *= n_buckets  # g is a fresh int64 array (astype or fancy index), safe to scale in place
+    base = pack(g, 0, n_buckets, inplace=True)  # g is a fresh int64 array (astype or fancy index)
     _add_first_buckets(out, s, e, v, base, b0, origin, width)
     multi = np.flatnonzero(b1 > b0)
     if multi.shape[0]:
@@ -251,7 +251,7 @@ def check_hash_index(keys: Any, queries: Any) -> int:
 
 _tables = PerArrayCache()
 #: Fibonacci hashing multiplier (2^64 / golden ratio): spreads sorted / clustered ids over the slots.
-_FIB = np.uint64(0x9E3779B97F4A7C15)
+_FIB = np.uint64(GOLDEN)
 #: Rows a caller should look up at a time (``backend.ops.lookup_block_rows``): the hash, the probe
 #: and the key checks of one block stay in cache.
 lookup_block_rows: int | None = 1 << 16

@@ -26,6 +26,7 @@ import numpy as np
 from gpuclust._parallel import usable_cores
 from gpuclust.backends import ENGINE_THREAD_PREFIX
 from gpuclust.backends.cpu import check_1d
+from gpuclust.keys import pack_bits
 from gpuclust.schema import CPU_PERCENTILE_LEVELS_SORTED
 
 __all__ = [
@@ -447,7 +448,7 @@ def packed_event_keys(xp: Any, x: Any, group: Any, n_groups: int) -> Any:
         x32 = x.astype(xp.float32)
     if not bool(xp.all(x32.astype(xp.float64) == x)):
         return None
-    return (group.astype(xp.uint64) << xp.uint64(32)) | order_key(xp, x32.view(xp.uint32)).astype(xp.uint64)
+    return pack_bits(group.astype(xp.uint64), order_key(xp, x32.view(xp.uint32)).astype(xp.uint64), 32)
 
 
 def _radix_argsort(x: np.ndarray) -> np.ndarray:

@@ -45,15 +45,14 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from gpuclust.keys import splitmix64
+
 __all__ = ["HASH_NAME", "SAMPLE_KEYS", "IngestSelection", "SelectionSpecError", "int_values", "sample_hash"]
 
 #: The sample keys and the column that carries each.
 SAMPLE_KEYS = {"machines": "machine_id", "collections": "collection_id"}
 #: Name and version of the sample hash (recorded in the manifest).
 HASH_NAME = "splitmix64-v1"
-_GAMMA = np.uint64(0x9E3779B97F4A7C15)
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
 _SPEC = re.compile(r"^\s*(\w+)\s*=\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(%?)\s*$")
 #: Tables whose ``time`` rows are kept up to ``--to``; usage windows overlap the range instead.
 _USAGE = "instance_usage"
@@ -65,11 +64,9 @@ class SelectionSpecError(ValueError):
 
 def sample_hash(ids: np.ndarray) -> np.ndarray:
     """splitmix64(id): ``z = id + 0x9E3779B97F4A7C15; z = (z ^ z >> 30) * 0xBF58476D1CE4E5B9;
-    z = (z ^ z >> 27) * 0x94D049BB133111EB; z ^ z >> 31`` (all mod 2^64), as uint64."""
-    z = np.asarray(ids, dtype=np.int64).view(np.uint64) + _GAMMA
-    z = (z ^ (z >> np.uint64(30))) * _M1
-    z = (z ^ (z >> np.uint64(27))) * _M2
-    return z ^ (z >> np.uint64(31))
+    z = (z ^ z >> 27) * 0x94D049BB133111EB; z ^ z >> 31`` (all mod 2^64), as uint64
+    (:func:`gpuclust.keys.splitmix64`)."""
+    return splitmix64(np, np.asarray(ids, dtype=np.int64))
 
 
 def int_values(arr: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:

@@ -72,6 +72,7 @@ from gpuclust.analyses.cpi.tables import result_tables, summary_text
 from gpuclust.analyses.grouping import bucket_index
 from gpuclust.analyses.options import Relation, option, tier_map_option
 from gpuclust.backends import finalize_backend, merged_backend
+from gpuclust.keys import pack
 from gpuclust.parted import finalize_in_memory
 from gpuclust.partials import keyed_reduce, log_bins, merge_keyed
 from gpuclust.stats import CpiFilter
@@ -421,10 +422,8 @@ class Cpi(Analysis):
         out["counts"] = xp.asarray(np.array([counts[c] for c in COUNTERS], np.int64))
         if int(ri.shape[0]):
             assert cp is not None  # rows with a capacity come from the machine lookup (mall)
-            key = cp[ri].astype(xp.int64) * span
-            key += bucket_index(st[ri], CELL_US)
-            key *= ctx.n_platforms
-            key += plat[ri].astype(xp.int64)
+            key = pack(cp[ri].astype(xp.int64), bucket_index(st[ri], CELL_US), span, inplace=True)
+            pack(key, plat[ri].astype(xp.int64), ctx.n_platforms, inplace=True)
             wr, yr = w[ri], y[ri]
             wy = wr * yr
             out.update(
@@ -460,8 +459,7 @@ class Cpi(Analysis):
             cs = cpu_seconds(xp, start[ui], cols["end_time"][ui], cols["avg_cpu"][ui])
             bad = ~xp.isfinite(cs)
             cs[bad] = 0.0
-            key = cp[ui].astype(xp.int64) * ctx.cell_span
-            key += bucket_index(start[ui], CELL_US)
+            key = pack(cp[ui].astype(xp.int64), bucket_index(start[ui], CELL_US), ctx.cell_span, inplace=True)
             out.update(
                 {
                     "c_" + k: v
@@ -505,7 +503,7 @@ class Cpi(Analysis):
 
     def key_range(self, ctx: CpiContext, name: str, lo: int, hi: int) -> tuple[int, int]:
         per = ctx.cell_span * (ctx.n_platforms if name == "w" else 1)
-        return lo * per, hi * per
+        return pack(lo, 0, per), pack(hi, 0, per)
 
     def machine_cells(self, c: dict[str, np.ndarray], ctx: CpiContext) -> pd.DataFrame:
         """The machine-cell table of merged ``c`` sums: ``machine_id``, ``cell``, ``k``, ``util``."""

@@ -12,6 +12,7 @@ from gpuclust._xp import bincount
 from gpuclust.analyses.cpi.context import _BIN_BITS, COUNTERS, K_BINS, UTIL_BIN, UTIL_BINS, CpiContext, _cell_seconds
 from gpuclust.analyses.cpi.keyed import _dense_groups
 from gpuclust.backends import finalize_backend
+from gpuclust.keys import pack_bits, unpack
 
 __all__ = ["cell_util", "shard_sums"]
 
@@ -23,7 +24,7 @@ def cell_util(c: dict[str, Any], ctx: CpiContext, be: Any) -> tuple[Any, Any, An
     xp = be.xp
     key = c["key"].astype(xp.int64, copy=False)
     span = max(ctx.cell_span, 1)
-    m, cell = key // span, key % span
+    m, cell = unpack(key, span)
     denom = _cell_seconds(xp, cell, ctx.trace_window_us) * be.stage(ctx.cap_val)[m]
     with np.errstate(invalid="ignore", divide="ignore"):
         u = xp.where((c["bad"] == 0) & (denom > 0), c["cpu_seconds"] / xp.where(denom > 0, denom, 1.0), xp.nan)
@@ -45,8 +46,7 @@ def shard_sums(
     ck, k = c["key"].astype(xp.int64, copy=False), c["k"].astype(xp.int64, copy=False)
     u = cell_util(c, ctx, be)[2]
     NP = ctx.n_platforms
-    pl = wk["key"] % NP
-    cell_key = wk["key"] // NP
+    cell_key, pl = unpack(wk["key"], NP)
     nc = int(ck.shape[0])
     if nc:
         pos = xp.searchsorted(ck, cell_key)
@@ -89,7 +89,7 @@ def shard_sums(
     # binned CPI vs util and vs k, per platform
     ub = xp.clip(xp.floor(ur / UTIL_BIN), 0, UTIL_BINS - 1).astype(xp.int64)
     kb = xp.clip(kr, 0, K_BINS - 1).astype(xp.int64)
-    bkey = xp.concatenate([((pr * 2) << _BIN_BITS) | ub, ((pr * 2 + 1) << _BIN_BITS) | kb])
+    bkey = xp.concatenate([pack_bits(pr * 2, ub, _BIN_BITS), pack_bits(pr * 2 + 1, kb, _BIN_BITS)])
     bu, binv = xp.unique(bkey, return_inverse=True)
     binv = binv.reshape(-1)
     sums = {"cpu_seconds": xp.concatenate([W, W]), "wcpi": xp.concatenate([S, S]), "n": xp.concatenate([nu, nu])}

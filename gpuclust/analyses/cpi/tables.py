@@ -17,6 +17,7 @@ from gpuclust.analyses.cpi.correlation import cpi_mai_summary, spearman_exact
 from gpuclust.analyses.cpi.keyed import _moments_of
 from gpuclust.analyses.cpi.regression import borg_effects, wls_from_moments
 from gpuclust.backends.moments_cpu import regroup_moments
+from gpuclust.keys import unpack_bits
 from gpuclust.partials import Moments
 
 if TYPE_CHECKING:
@@ -158,8 +159,7 @@ def regression_table(a: Cpi, p: dict[str, np.ndarray], ctx: CpiContext) -> pd.Da
 
 def binned_table(p: dict[str, np.ndarray], ctx: CpiContext) -> pd.DataFrame:
     key = np.asarray(p["b_key"], dtype=np.int64)
-    pv = key >> _BIN_BITS
-    b = key & ((1 << _BIN_BITS) - 1)
+    pv, b = unpack_bits(key, _BIN_BITS)
     var = np.where(pv % 2 == 0, "util", "k").astype(object)
     names = np.array([*ctx.platforms, None], dtype=object)
     is_u = pv % 2 == 0
