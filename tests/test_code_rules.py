@@ -166,6 +166,162 @@ def test_run_flags_that_set_options_are_declared_on_the_option():
         assert declared, f"no analysis option is {o.flag}'s {o.name}"
 
 
+# ------------------------------------------------------------------ package direction (issue 36)
+#: The layers of gpuclust, lowest first: a member of the package (a top-level module, or a
+#: sub-package with everything in it) imports only members of its own layer or of a layer below,
+#: lazy imports included.  Every member is placed here, so a new one is placed on purpose.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    # the kit: leaf modules every layer uses (``gpuclust`` itself: its ``__init__``, which imports
+    # only the schema and resolves the public API by name, on first use, from the layers above)
+    (
+        "gpuclust",
+        "gpuclust.schema",
+        "gpuclust.errors",
+        "gpuclust._files",
+        "gpuclust._xp",
+        "gpuclust._lazy",
+        "gpuclust._cache",
+        "gpuclust._memory",
+        "gpuclust._parallel",
+        "gpuclust._kernels",
+        "gpuclust.arrow_numpy",
+        "gpuclust.stats",
+        "gpuclust.stream_quantiles",
+        "gpuclust.trace_time",
+        "gpuclust.tiers",
+        "gpuclust.keys",
+    ),
+    # data on disk and in memory: the dataset, its layout, tables; `gpuclust optimize` rewrites a dataset
+    ("gpuclust.layout", "gpuclust.tables", "gpuclust.dataset", "gpuclust._optimize_passes", "gpuclust.optimize"),
+    ("gpuclust.partials",),  # mergeable partial results (moments, keyed sums)
+    ("gpuclust.backends",),  # the array backends and their kernels
+    ("gpuclust.parted",),  # tables written in parts, finalized shard by shard on a backend
+    ("gpuclust.ingest",),  # raw traces -> a dataset
+    ("gpuclust.synth",),  # a synthetic trace, ingested
+    ("gpuclust.analyses",),
+    ("gpuclust.engine",),  # runs analyses over a dataset
+    ("gpuclust.info",),  # what a dataset holds and which analyses can run on it
+    ("gpuclust.claims",),  # published observations computed from analyses' results
+    ("gpuclust.report",),  # results folders, plots, the HTML report
+    ("gpuclust.demo", "gpuclust.cli", "gpuclust.__main__"),  # the command line
+)
+
+#: Imports that still go up a layer, each with why, as ``(importing module, member it imports)``;
+#: the cycle test skips them too.  None is: move what two layers share down instead.
+UPWARD_ALLOWED: dict[tuple[str, str], str] = {}
+
+#: Cycles inside a package allowed for now, each with why (members, sorted).  None is.
+CYCLES_ALLOWED: dict[tuple[str, ...], str] = {}
+
+
+def _layer_edges() -> tuple[list, list]:
+    """gpuclust's imports (tests/import_graph.py: every import statement, lazy ones included,
+    ``TYPE_CHECKING`` ones not): all of them, and those not in :data:`UPWARD_ALLOWED`."""
+    from import_graph import command_member, imports
+
+    edges = imports(ROOT)
+    allowed = {(e.importer, command_member(ROOT.name, e.target)) for e in edges} & set(UPWARD_ALLOWED)
+    return edges, [e for e in edges if (e.importer, command_member(ROOT.name, e.target)) not in allowed]
+
+
+def test_packages_import_down_the_layers_only():
+    """Issue 36: gpuclust's packages and top-level modules form the layers of :data:`LAYERS`; none
+    imports a member of a higher layer, a lazy import inside a function included (it is a
+    dependency all the same).  A package's ``command`` module (its command-line face, registered by
+    ``gpuclust.cli``) is in the command line's layer: ``engine/command.py`` runs
+    ``gpuclust.report.analyze``.  What two layers share lives in the lower one
+    (``gpuclust.errors``: exit statuses, ``BackendUnavailable``, ``OutputError``;
+    ``gpuclust.trace_time``: the ``--from/--to`` reading that ingest and the engine share;
+    ``gpuclust.report.analyze``: running analyses into a results folder, above the engine)."""
+    from import_graph import command_member, modules
+
+    placed = [m for names in LAYERS for m in names]
+    members = {m for m in modules(ROOT) if m.count(".") <= 1}
+    assert len(placed) == len(set(placed)), "a member is in two layers"
+    assert members == set(placed), {"not placed in LAYERS": members - set(placed), "gone": set(placed) - members}
+    edges, kept = _layer_edges()
+    layer = {m: k for k, names in enumerate(LAYERS) for m in names}
+
+    bad = sorted(
+        f"{e} ({a} is in layer {layer[a]}, {b} in layer {layer[b]})"
+        for e in kept
+        if (a := command_member(ROOT.name, e.importer)) != (b := command_member(ROOT.name, e.target))
+        and layer[a] < layer[b]
+    )
+    assert not bad, "imports up the layers:\n" + "\n".join(bad)
+    used = {(e.importer, command_member(ROOT.name, e.target)) for e in edges}
+    assert set(UPWARD_ALLOWED) <= used, f"allowed but no longer imported (drop them): {set(UPWARD_ALLOWED) - used}"
+
+
+def test_no_import_cycles_inside_a_package():
+    """Issue 36: inside each package (gpuclust itself, whose members are its top-level modules and
+    sub-packages; each sub-package, whose members are its modules, its ``__init__`` and its own
+    sub-packages) the imports between members have no cycle (no strongly connected component of
+    two or more members), lazy imports included.  Imports under ``if TYPE_CHECKING:`` are not
+    counted: they never run.  A cycle is broken by moving what both ends need into a module of
+    its own (``claims.model``: the claim types the catalog and the evaluation share;
+    ``ingest.readers._pow10``: the table both fast JSON kernels index)."""
+    from import_graph import command_member, cycles, graph, packages
+
+    _, edges = _layer_edges()
+    found = {pkg: cycles(graph(pkg, edges, command_member)) for pkg in packages(ROOT)}
+    bad = [f"{pkg}: {c}" for pkg, cs in found.items() for c in cs if tuple(c) not in CYCLES_ALLOWED]
+    assert not bad, "import cycles:\n" + "\n".join(bad)
+    still = {tuple(c) for cs in found.values() for c in cs}
+    assert set(CYCLES_ALLOWED) <= still, f"allowed cycles that are gone (drop them): {set(CYCLES_ALLOWED) - still}"
+
+
+#: What only gpuclust/tiers.py defines (issue 36: the tier map resolution, priority -> tier code and
+#: the tier names were each written several times): functions, methods and class attributes.
+_TIER_NAMES_ONLY_IN_TIERS = ("resolve_tier_map", "tier_codes", "tier_names")
+
+
+def _tier_copies(path: Path, boundaries: set[int]) -> list[str]:
+    """A module's tier code outside gpuclust/tiers.py: a definition named as one of
+    :data:`_TIER_NAMES_ONLY_IN_TIERS` (leading underscores ignored), a ``searchsorted`` over a tier
+    map's ``bounds``, or a priority compared with a tier boundary literal (``prio >= 120``)."""
+    bad = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        names: list[str] = []
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            names = [node.name]
+        elif isinstance(node, ast.ClassDef):
+            for st in node.body:
+                if isinstance(st, ast.AnnAssign) and isinstance(st.target, ast.Name):
+                    names.append(st.target.id)
+                elif isinstance(st, ast.Assign):
+                    names += [t.id for t in st.targets if isinstance(t, ast.Name)]
+        for n in names:
+            if n.lstrip("_") in _TIER_NAMES_ONLY_IN_TIERS:
+                bad.append(f"{path.relative_to(ROOT)}:{node.lineno}: defines {n}")
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) == "searchsorted":
+            if any(isinstance(a, ast.Attribute) and a.attr == "bounds" for arg in node.args for a in ast.walk(arg)):
+                bad.append(f"{path.relative_to(ROOT)}:{node.lineno}: searchsorted over tier bounds")
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            lits = {s.value for s in sides if isinstance(s, ast.Constant) and type(s.value) is int}
+            if lits & boundaries and any("prio" in ast.unparse(s).lower() for s in sides):
+                bad.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
+    return bad
+
+
+def test_tiers_are_resolved_coded_and_named_only_in_gpuclust_tiers():
+    """Issue 36: one tiers module.  Which tier map an analysis uses, the tier code of a priority
+    (on any backend) and the tier names come from gpuclust/tiers.py (the maps themselves from
+    gpuclust/schema.py); a copy elsewhere fails here: a function or attribute of those names, a
+    ``searchsorted`` over ``TierMap.bounds``, or a priority compared with a tier boundary (the
+    lowest priority of a tier of a named map above 2, or the one below it: smaller numbers are
+    too common to tell)."""
+    from gpuclust.schema import TIER_MAPS
+
+    boundaries = {v for tm in TIER_MAPS.values() for b in tm.bounds if b > 2 for v in (b, b - 1)}
+    bad = []
+    for f in sorted(ROOT.rglob("*.py")):
+        if f.relative_to(ROOT).as_posix() != "tiers.py":
+            bad += _tier_copies(f, boundaries)
+    assert not bad, "use gpuclust.tiers (resolve_tier_map, tier_codes, tier_names, TierNames):\n" + "\n".join(bad)
+
+
 #: Constants of 64-bit hashes (splitmix64, golden ratio, xxhash primes): only gpuclust/keys.py has them.
 _HASH_CONSTANTS = {
     0x9E3779B97F4A7C15,
