@@ -25,10 +25,10 @@ SQL-expressible subset).  The only pass before the main one builds the Spearman 
 (``spearman="grid"``, :class:`gpuclust.analyses._machine_cells.CpiHistograms`).  Details and the reasoning: ``docs/analyses/cpi.md``.
 
 The package: the analysis (here), :mod:`.context` (constants, :class:`CpiContext` and its
-builders), :mod:`.keyed` (keyed co-moment partials), :mod:`.shards` (the regression's shard
-reduction), :mod:`.tables` (result tables, summary) and the statistics only ``cpi`` uses:
-:mod:`.correlation` (moments, Pearson, exact Spearman), :mod:`.regression` (WLS, Borg effects),
-:mod:`.binning` (the mergeable Spearman grid).
+builders), :mod:`.partial_steps` (the steps of :meth:`Cpi.partial`), :mod:`.keyed` (keyed co-moment
+partials), :mod:`.shards` (the regression's shard reduction), :mod:`.tables` (result tables,
+summary) and the statistics only ``cpi`` uses: :mod:`.correlation` (moments, Pearson, exact
+Spearman), :mod:`.regression` (WLS, Borg effects), :mod:`.binning` (the mergeable Spearman grid).
 """
 
 from __future__ import annotations
@@ -51,7 +51,6 @@ from gpuclust.analyses._machine_cells import (
     hist_edges,
 )
 from gpuclust.analyses.base import Analysis, host_or_device, is_null_int, to_host
-from gpuclust.analyses.cpi.binning import spearman_grid_partial
 from gpuclust.analyses.cpi.context import (
     _STATS,
     BY,
@@ -66,7 +65,14 @@ from gpuclust.analyses.cpi.context import (
     _platform_lookup,
     _trace_window,
 )
-from gpuclust.analyses.cpi.keyed import _dense_groups, _keyed_comoments, _merge_keyed_moments, _moments_fields
+from gpuclust.analyses.cpi.keyed import _merge_keyed_moments, _moments_fields
+from gpuclust.analyses.cpi.partial_steps import (
+    _counts_array,
+    _group_keys,
+    _group_moments,
+    _regression_sums,
+    _spearman_partial,
+)
 from gpuclust.analyses.cpi.shards import cell_util, shard_sums
 from gpuclust.analyses.cpi.tables import result_tables, summary_text
 from gpuclust.analyses.grouping import bucket_index
@@ -74,7 +80,7 @@ from gpuclust.analyses.options import Relation, option, tier_map_option
 from gpuclust.backends import finalize_backend, merged_backend
 from gpuclust.keys import pack
 from gpuclust.parted import finalize_in_memory
-from gpuclust.partials import keyed_reduce, log_bins, merge_keyed
+from gpuclust.partials import keyed_reduce, merge_keyed
 from gpuclust.stats import CpiFilter
 from gpuclust.tables import column
 from gpuclust.tiers import resolve_tier_map
@@ -311,30 +317,6 @@ class Cpi(Analysis):
         code = xp.where(same, backend.stage(ctx.pe_code)[posc], first)
         return xp.where(known, code, unknown).astype(xp.int32)
 
-    @staticmethod
-    def _machine_groups(backend: Any, ctx: CpiContext, gkey: Any, mi: tuple[Any, Any]) -> tuple[Any, Any, int]:
-        """``xp.unique(gkey, return_inverse=True)`` for machine-id keys, from the rows' pm_ids
-        index (dense codes, a bincount) and a unique of the rows whose machine is not in pm_ids."""
-        xp = backend.xp
-        m2, known = mi
-        P = int(ctx.pm_ids.shape[0])
-        pm = backend.stage(ctx.pm_ids)
-        if bool(known.all()):
-            return _dense_groups(xp, m2.astype(xp.int64, copy=False), P, pm)
-        other = ~known
-        ou, oinv = xp.unique(gkey[other], return_inverse=True)
-        code = m2.astype(xp.int64)
-        code[other] = P + oinv.reshape(-1).astype(xp.int64)
-        allk = xp.concatenate([pm.astype(xp.int64), ou.astype(xp.int64)])
-        order = xp.argsort(allk)
-        rank = xp.empty_like(order)
-        rank[order] = xp.arange(order.shape[0], dtype=order.dtype)
-        return _dense_groups(xp, rank[code].astype(xp.int64), int(allk.shape[0]), allk[order])
-
-    def _tier(self, backend: Any, ctx: CpiContext, c: Any, i: Any, m: Any) -> Any:
-        found, code = ctx.lookup.find(backend, c, i, m)
-        return backend.xp.where(found, code, len(ctx.tier_names) - 1).astype(backend.xp.int32)
-
     def partial(self, cols: dict[str, Any], ctx: CpiContext, backend: Any) -> dict[str, Any]:
         xp = backend.xp
         idx, y, z, w, fc = filter_rows(xp, ctx.filter, cols)
@@ -345,7 +327,7 @@ class Cpi(Analysis):
         # the regression's machine-cell sums run over every top-level row, kept or not
         mall = self._cell_sums(cols, ctx, backend, out) if regress else None
         if int(idx.shape[0]) == 0:
-            out["counts"] = xp.asarray(np.array([counts[c] for c in COUNTERS], np.int64))
+            out["counts"] = _counts_array(xp, counts)
             return out
         mid = cols["machine_id"][idx] if "machine_id" in cols else None
         st = cols["start_time"][idx] if regress else None
@@ -359,79 +341,18 @@ class Cpi(Analysis):
             if (regress or self.by == "platform")
             else None
         )
-        groups = None
-        # ---- per-group CPI/MAI moments (keyed)
-        if self.by == "machine":
-            assert mid is not None  # by="machine" reads machine_id
-            gkey = mid.astype(xp.int64)
-            if mi is not None:
-                groups = self._machine_groups(backend, ctx, gkey, mi)
-        elif self.by == "collection":
-            gkey = cols["collection_id"][idx].astype(xp.int64)
-        elif self.by == "platform":
-            assert plat is not None  # computed for by="platform"
-            gkey = plat.astype(xp.int64)
-            groups = _dense_groups(xp, gkey, ctx.unknown_platform + 1, xp.arange(ctx.unknown_platform + 1))
-        elif self.by == "tier":
-            gkey = self._tier(backend, ctx, cols["collection_id"][idx], cols["instance_index"][idx], mid).astype(
-                xp.int64
-            )
-            nt = len(ctx.tier_names)
-            groups = _dense_groups(xp, gkey, nt, xp.arange(nt))
-        else:
-            gkey = xp.zeros(int(idx.shape[0]), dtype=xp.int64)
-            groups = _dense_groups(xp, gkey, 1, xp.arange(1))
-        n_kept = int(idx.shape[0])
-        xg = xp.empty((n_kept, 2))
-        xg[:, 0] = y
-        xg[:, 1] = z
-        g, inv, G = _keyed_comoments(backend, gkey, xg, w, "g_", groups)
-        del xg
+        # ---- per-group CPI/MAI moments (keyed) and the Spearman partial
+        gkey, groups = _group_keys(backend, ctx, self.by, cols, idx, mid, mi, plat)
+        g, inv, G = _group_moments(backend, gkey, y, z, w, groups)
         out.update(g)
-        if self.spearman == "grid":
-            bins = None
-            if ctx.cpi_lut.shape[0] and ctx.mai_lut.shape[0]:
-                bins = tuple(
-                    backend.stage(lut)[log_bins(xp, backend.stage(e), v)]
-                    for lut, e, v in ((ctx.cpi_lut, ctx.cpi_edges, y), (ctx.mai_lut, ctx.mai_edges, z))
-                )
-            out["g_grid"] = spearman_grid_partial(
-                backend, y, z, inv, G, backend.stage(ctx.cpi_cuts), backend.stage(ctx.mai_cuts), w, bins
-            )
-            if ctx.cpi_cuts.shape[0] + 1 != self.spearman_bins or ctx.mai_cuts.shape[0] + 1 != self.spearman_bins:
-                grid = xp.zeros((G, self.spearman_bins, self.spearman_bins))
-                hx, hy = ctx.cpi_cuts.shape[0] + 1, ctx.mai_cuts.shape[0] + 1
-                grid[:, :hx, :hy] = out["g_grid"]
-                out["g_grid"] = grid
-        else:
-            out["g_grid"] = xp.zeros((G, 0, 0))
-            if self.spearman == "exact":
-                out.update({"s_key": gkey, "s_x": y, "s_y": z, "s_w": w})
+        _spearman_partial(backend, ctx, self.spearman, self.spearman_bins, out, gkey, y, z, w, inv, G)
         if not regress:
-            out["counts"] = xp.asarray(np.array([counts[c] for c in COUNTERS], np.int64))
+            out["counts"] = _counts_array(xp, counts)
             return out
         # ---- regression: keyed sums of the kept windows per (machine, cell, platform); k and util
         # are constant inside a machine-cell, so the shards need no per-window join
         assert st is not None and plat is not None  # both computed when regress
-        cp, has_cap = (mall[2][idx], mall[3][idx]) if mall is not None else (None, xp.zeros(n_kept, dtype=bool))
-        span = ctx.cell_span
-        inside = has_cap & (st >= 0) & (st < span * CELL_US)
-        ri = xp.nonzero(inside)[0]
-        counts["no_capacity"] = n_kept - int(has_cap.sum())
-        counts["no_machine_cell"] = int(has_cap.sum()) - int(ri.shape[0])  # the shards add the cells without rows
-        out["counts"] = xp.asarray(np.array([counts[c] for c in COUNTERS], np.int64))
-        if int(ri.shape[0]):
-            assert cp is not None  # rows with a capacity come from the machine lookup (mall)
-            key = pack(cp[ri].astype(xp.int64), bucket_index(st[ri], CELL_US), span, inplace=True)
-            pack(key, plat[ri].astype(xp.int64), ctx.n_platforms, inplace=True)
-            wr, yr = w[ri], y[ri]
-            wy = wr * yr
-            out.update(
-                {
-                    "w_" + k: v
-                    for k, v in keyed_reduce(backend, key, {"W": wr, "S": wy, "Q": wy * yr}, {"n": None}).items()
-                }
-            )
+        _regression_sums(backend, ctx, out, counts, mall, idx, st, plat, y, w)
         return out
 
     def _cell_sums(
