@@ -336,15 +336,6 @@ _HASH_CONSTANTS = {
 #: Names of a key's span (the buckets per code, the tiers per machine): ``x * span + y`` packs a key.
 _SPAN_NAME = re.compile(r"^(span|\w+_span|n_buckets|B1?|nb|T|n_platforms)$")
 _BITS_NAME = re.compile(r"^_?[A-Z_]*BITS$")
-#: Modules that still pack keys inline (``code * T + tier``), to move to gpuclust.keys once the
-#: modules being split around them have settled.
-_PACKING_PENDING = {
-    "analyses/lifecycle.py",
-    "analyses/_lifecycle_finalize.py",
-    "analyses/overcommit.py",
-    "analyses/_overcommit_partial.py",
-    "analyses/_overcommit_finalize.py",
-}
 #: Modules whose shifts are not keys: 128-bit integer arithmetic.
 _NOT_KEYS = {"ingest/readers/_fast_usage_kernel.py"}
 
@@ -404,8 +395,6 @@ def test_keys_are_hashed_and_packed_by_gpuclust_keys():
         if rel == "keys.py" or rel in _NOT_KEYS:
             continue
         for line, what in _inline_keys(ast.parse(f.read_text())):
-            if rel in _PACKING_PENDING and not what.startswith("hash"):
-                continue
             bad.append(f"{rel}:{line}: {what}")
     assert not bad, "hash and pack integer keys with gpuclust.keys:\n" + "\n".join(bad)
 

@@ -11,6 +11,7 @@ import pyarrow as pa
 
 from gpuclust.analyses.grouping import FloatBins
 from gpuclust.arrow_numpy import bin_table, empty_table, labels, rows_table, table
+from gpuclust.keys import unpack
 from gpuclust.partials import bin_quantile_edges, keyed_reduce
 from gpuclust.schema import EventType
 
@@ -287,7 +288,7 @@ def series_table(s: dict[str, np.ndarray], names: tuple[str, ...], bucket_s: int
     if key.shape[0] == 0:
         return empty_table(pa.schema([(c, pa.string() if c == "tier" else pa.int64()) for c in cols]))
     T = len(names)
-    bucket, code = np.divmod(key, _T)
+    bucket, code = unpack(key, _T)
     b0, b1 = int(bucket.min()), int(bucket.max())
     nb = b1 - b0 + 1
     if nb * T > 1 << 26:

@@ -17,6 +17,7 @@ import pyarrow as pa
 
 from gpuclust.analyses.base import fmt, to_host
 from gpuclust.arrow_numpy import schema_table, table
+from gpuclust.keys import pack
 from gpuclust.parted import array_batches, key_bounds
 from gpuclust.tables import as_arrow
 
@@ -166,8 +167,9 @@ def _chunk(
 
     def dense(part: dict[str, np.ndarray], fields: tuple[str, ...], per: int) -> dict[str, Any]:
         key = part["key"]
-        lo, hi = key_bounds(key, m0 * per * B, m1 * per * B)
-        at = be.asarray(key[lo:hi] - m0 * per * B)
+        first = pack(m0, 0, per * B)
+        lo, hi = key_bounds(key, first, pack(m1, 0, per * B))
+        at = be.asarray(key[lo:hi] - first)
         out = {}
         for f in fields:
             a = xp.zeros(cm * per * B, dtype=part[f].dtype)

@@ -20,6 +20,7 @@ from gpuclust.analyses._intervals import SCHEDULE, RunningIntervals, distinct_ke
 from gpuclust.analyses._lookup import id_index
 from gpuclust.analyses._overcommit_finalize import _KNOWN_FIELDS, _PARTIAL_FIELDS
 from gpuclust.analyses.grouping import bucket_span, unique_sorted
+from gpuclust.keys import pack, unpack
 from gpuclust.partials import keyed_reduce
 from gpuclust.tiers import tier_codes
 
@@ -192,7 +193,8 @@ def usage_sums(
         for k in ("use_cpu", "use_mem", "max_cpu", "max_mem"):
             nz |= dense[k] != 0
         idx = xp.nonzero(nz)[0]
-        keys.append(ug[idx // nb] * B + (c0 + idx % nb))
+        gi_nz, b_nz = unpack(idx, nb)  # the dense block's (group, bucket) of each nonzero cell
+        keys.append(pack(ug[gi_nz], c0 + b_nz, B))
         for k in _PARTIAL_FIELDS:
             outs[k].append(dense[k][idx])
         del d1, d2, dense, nz, idx  # before the next chunk's blocks are allocated
@@ -216,7 +218,7 @@ def interval_partial(run: RunningIntervals, ctx: OvercommitContext, backend: Any
     ptier = tier_codes(xp, ctx.tier_map, run.priority[placed], T - 1)
     kw = dict(origin=ctx.origin, width=ctx.width, n_buckets=B)
     rk, rs = overlap_keyed(
-        backend, pcode * T + ptier, ps, pe, xp.stack([run.req_cpu[placed], run.req_mem[placed]]), **kw
+        backend, pack(pcode, ptier, T), ps, pe, xp.stack([run.req_cpu[placed], run.req_mem[placed]]), **kw
     )
     ik, iss = overlap_keyed(backend, pcode, ps, pe, xp.ones((1, ps.shape[0])), **kw)
     dk, dc = distinct_keyed(backend, pcode, run.instance[placed], ps, pe, **kw)

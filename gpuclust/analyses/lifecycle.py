@@ -92,7 +92,7 @@ from gpuclust.analyses._lifecycle_tables import (
 from gpuclust.analyses.base import Analysis, is_null_int
 from gpuclust.analyses.grouping import bucket_index, instance_order, segmented_last
 from gpuclust.analyses.options import option, tier_map_option
-from gpuclust.keys import hash64
+from gpuclust.keys import hash64, pack
 from gpuclust.partials import merge_keyed
 from gpuclust.schema import TIME_AFTER_TRACE, EventType, TierMap
 from gpuclust.tiers import TierNames, resolve_tier_map, tier_codes
@@ -276,7 +276,7 @@ class Lifecycle(Analysis):
         counters["unknown_priority_instances"] = int(xp.count_nonzero(maxp < 0))
         # ---- each instance's kind: its collection_type (0, 1; NULL or other: unknown)
         kmax = top(xp.where((ct >= 0) & (ct <= 1), ct.astype(xp.int64), -1))
-        slot_s = xp.where(kmax >= 0, kmax, 2).astype(xp.int64) * T + tier_s
+        slot_s = pack(xp.where(kmax >= 0, kmax, 2).astype(xp.int64), tier_s, T)
         tier = tier_s[seg]
         slot = slot_s[seg]
         del p, pr, ct
@@ -342,7 +342,7 @@ class Lifecycle(Analysis):
         code = ((((cls * 3 + d_p) * 3 + d_r) * 3 + change(queued)) * 3 + change(eligible)) * 2 + (
             first & pas_row
         ).astype(i64)
-        key = bucket_index(t[live], self.width_us) * T + tier[live]
+        key = pack(bucket_index(t[live], self.width_us), tier[live], T)
         out["series"] = series_partial(backend, key, code[live])
         del is_sub, csub, first_sub, cls, d_p, d_r, code, key, after, eligible, pas_row
         # ---- episodes: pending ones end at the first event leaving the state (or a SUBMIT while pending),

@@ -77,6 +77,7 @@ from gpuclust.analyses.grouping import bucket_grid, isin_sorted, unique_sorted
 from gpuclust.analyses.options import Relation, option, tier_map_option
 from gpuclust.arrow_numpy import table, table_from_rows
 from gpuclust.backends import finalize_backend, merged_backend
+from gpuclust.keys import pack
 from gpuclust.parted import finalize_in_memory
 from gpuclust.partials import merge_keyed
 from gpuclust.schema import TIME_AFTER_TRACE, TierMap
@@ -346,7 +347,7 @@ class Overcommit(Analysis):
             backend,
             s[use],
             e[use],
-            (code[use].astype(xp.int64) * T + tier[use]),
+            pack(code[use].astype(xp.int64), tier[use], T),
             max(M, 1) * T,
             {
                 k: cols[c][use]
@@ -396,13 +397,14 @@ class Overcommit(Analysis):
     def shards(self, ctx: OvercommitContext, rest: dict[str, Any]) -> list[tuple[int, int]]:
         """Ranges of machine codes of about :data:`SHARD_CELLS` machine-buckets each (x
         :data:`DEVICE_SHARD_FACTOR` where the partials were computed on a device)."""
-        M, B = int(ctx.machine_ids.shape[0]), max(int(ctx.n_buckets), 1)
-        step = max(1, SHARD_CELLS * (DEVICE_SHARD_FACTOR if rest.get("backend", "cpu") != "cpu" else 1) // B)
+        M, per_machine = int(ctx.machine_ids.shape[0]), max(int(ctx.n_buckets), 1)
+        cells = SHARD_CELLS * (DEVICE_SHARD_FACTOR if rest.get("backend", "cpu") != "cpu" else 1)
+        step = max(1, cells // per_machine)
         return [(m0, min(M, m0 + step)) for m0 in range(0, M, step)] or [(0, 0)]
 
     def key_range(self, ctx: OvercommitContext, name: str, lo: int, hi: int) -> tuple[int, int]:
         per = (ctx.n_tiers if name in ("usage", "req") else 1) * ctx.n_buckets
-        return lo * per, hi * per
+        return pack(lo, 0, per), pack(hi, 0, per)
 
     def client_partial(self, ctx: OvercommitContext, backend: Any = None) -> dict[str, Any] | None:
         """The interval partial of a flat source's instances, built on ``backend`` (default: the
