@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -170,41 +171,34 @@ def run(
     folders = _shards.SpillFolders(parts_dir)  # spills of parted analyses, large context arrays
     try:
         if scheduler is None:
-            res = _run(
-                src,
-                ans,
+            st = _Settings(
                 be,
                 partitions,
                 None,
                 cut_points,
                 split_every,
                 nthreads,
-                progress,
                 rows=lambda pre, s: auto_rows_of(pre, limit, nthreads, s),
-                folders=folders,
                 limit=limit,
             )
+            res = _run(src, ans, st, progress, folders=folders)
         else:
             from gpuclust.engine.dask import open_scheduler, workers_of
 
             with open_scheduler(scheduler, be.name, memory_limit=limit) as kw:  # one cluster for every pass of the run
                 in_flight = workers_of(kw["scheduler"], nthreads)
-                res = _run(
-                    src,
-                    ans,
+                st = _Settings(
                     be,
                     partitions,
                     kw["scheduler"],
                     cut_points,
                     split_every,
                     nthreads,
-                    progress,
                     label=scheduler if isinstance(scheduler, str) else type(scheduler).__name__,
                     rows=lambda pre, s: auto_rows_of(pre, limit, in_flight, s),
-                    folders=folders,
                     limit=limit,
-                    writer=writer,
                 )
+                res = _run(src, ans, st, progress, folders=folders, writer=writer)
         if folders.own:  # no parts_dir: parted tables come back as DataFrames
             res = {
                 key: {t: v.read() if isinstance(v, PartedTable) else v for t, v in tabs.items()}
@@ -215,25 +209,37 @@ def run(
         folders.close()
 
 
+@dataclass(frozen=True)
+class _Settings:
+    """What every pass of one run shares: backend, partitioning, scheduler, threads, memory budget."""
+
+    be: Backend
+    partitions: int | str
+    scheduler: Any  # None: local
+    cut_points: Any
+    split_every: int
+    nthreads: int
+    label: str = ""
+    rows: Any = None
+    limit: int | None = None
+
+    @property
+    def client(self) -> int:
+        """Threads for the client's own work (contexts, finalize)."""
+        return host_threads(self.be, self.nthreads) if self.scheduler is None else default_workers("cpu")
+
+
 def _run(
     src: Any,
     ans: list[Analysis],
-    be: Backend,
-    partitions: int | str,
-    scheduler: Any,
-    cut_points: Any,
-    split_every: int,
-    nthreads: int,
+    st: _Settings,
     progress: Any,
-    label: str = "",
-    rows: Any = None,
     folders: _shards.SpillFolders | None = None,
-    limit: int | None = None,
     writer: Any = None,
 ) -> dict[str, dict[str, Any]]:
-    """:func:`run` with the scheduler open (``None``: local): prerequisite passes (recursively,
-    with the same settings and selection), contexts, partials (parted analyses spill to
-    ``folders``), merges, shards, finalize (on a distributed scheduler, of the analyses not
+    """:func:`run` with the scheduler open (``st.scheduler``, ``None``: local): prerequisite passes
+    (recursively, with the same settings and selection), contexts, partials (parted analyses spill
+    to ``folders``), merges, shards, finalize (on a distributed scheduler, of the analyses not
     spilled: on the workers, by each tree's last task, with ``writer``).  A prerequisite pass
     runs with ``folders=None``: in memory, as its results feed a context."""
 
@@ -241,97 +247,145 @@ def _run(
         _, pre = _selection.attach(src, pre)  # the run's selection applies to its passes too
         # contexts read their passes' tables as finalized (DataFrames or Arrow tables: see
         # gpuclust.tables.column), so a pass does not import pandas for them
-        return convert(
-            _run(
-                src,
-                pre,
-                be,
-                partitions,
-                scheduler,
-                cut_points,
-                split_every,
-                nthreads,
-                None if progress is None else PassProgress(progress),
-                label,
-                rows,
-                limit=limit,
-            ),
-            "native",
-        )
+        return convert(_run(src, pre, st, None if progress is None else PassProgress(progress)), "native")
 
-    multiple = nthreads if scheduler is None else 1
-    client = host_threads(be, nthreads) if scheduler is None else default_workers("cpu")  # the client's own work
-    base = _selection.unwrap(src)
-    auto_rows = rows(ans, base) if rows is not None else None
-    plans = plan_tables(
-        base, ans, partitions, cut_points, multiple_of=multiple, auto_rows=auto_rows, memory_limit=limit
+    plans = _plan(src, ans, st, progress)
+    if st.scheduler is None:
+        ctxs, spills, merged = _merge_here(src, ans, plans, st, progress, run_pass, folders)
+    else:
+        ctxs, spills = _contexts_and_spills(src, ans, plans, st, progress, run_pass, folders)
+        merged = _merge_on_dask(plans, ans, ctxs, spills, st, progress, writer)
+    return finalize_all(
+        ans,
+        merged,
+        [unbound(c) for c in ctxs],
+        progress,
+        folders=folders,
+        run_tasks=_shard_runner(st),
+        spills=spills,
+        threads=st.client,
+        writer=writer,
     )
-    plans = _selection.prune_plans(
+
+
+def _plan(
+    src: Any, ans: list[Analysis], st: _Settings, progress: Any
+) -> dict[str, tuple[list[int], list[_partition.PartitionSpec]]]:
+    """The run's partitions per table, pruned to the row groups its time selection can hold."""
+    multiple = st.nthreads if st.scheduler is None else 1
+    base = _selection.unwrap(src)
+    auto_rows = st.rows(ans, base) if st.rows is not None else None
+    plans = plan_tables(
+        base, ans, st.partitions, st.cut_points, multiple_of=multiple, auto_rows=auto_rows, memory_limit=st.limit
+    )
+    return _selection.prune_plans(
         src,
         plans,
         ans,
-        partitions,
-        cut_points,
+        st.partitions,
+        st.cut_points,
         multiple,
         progress,  # row-group pushdown
         auto_rows=auto_rows,
     )
-    # the local path reads its first partitions while the contexts are computed (see _Prefetch)
-    prefetch = _Prefetch.start(plans, ans, src, be, nthreads) if scheduler is None else None
-    try:
-        ctxs = contexts(
-            ans,
-            src,
-            progress,
-            per_partition=per_partition(src, ans, plans),
-            run_pass=run_pass,
-            scratch=None if folders is None else folders.spill / "context",
-            threads=client,
-        )
-        spills: list[_shards.SpillTarget | None] = [
-            folders.for_analysis(k) if a.sharded and folders is not None else None for k, a in enumerate(ans)
-        ]
-        if scheduler is None:  # merged here in partition order: small keyed partials stay in memory
-            spills = [_shards.dense_target(a, unbound(c), f) for a, c, f in zip(ans, ctxs, spills, strict=True)]
-        if scheduler is None:
-            merged = merge_local(
-                plans,
-                ans,
-                ctxs,
-                be,
-                nthreads,
-                progress,
-                lambda spec, sub, sub_ctxs, sub_spills: partition_partials(
-                    spec, sub, sub_ctxs, be, sub_spills, host=None if prefetch is None else prefetch.pop(spec)
-                ),
-                spills,
-                split_every,
-            )
-    finally:
-        if prefetch is not None:
-            prefetch.close()
-    if scheduler is not None:
-        from gpuclust.engine.dask import compute_merged
 
-        specs = [sp for _, table_specs in plans.values() for sp in table_specs]
-        if progress is not None:
-            progress.phase(f"dask ({label}): {len(specs)} partition(s), {sum(sp.num_rows for sp in specs):,} rows")
-            for _, table_specs in plans.values():
-                _announce(progress, table_specs)
-        merged = compute_merged(
+
+def _contexts_and_spills(
+    src: Any,
+    ans: list[Analysis],
+    plans: dict[str, tuple[list[int], list[_partition.PartitionSpec]]],
+    st: _Settings,
+    progress: Any,
+    run_pass: Any,
+    folders: _shards.SpillFolders | None,
+) -> tuple[list[Any], list[_shards.SpillTarget | None]]:
+    """The analyses' contexts (prerequisite passes by ``run_pass``) and where each spills its partials."""
+    ctxs = contexts(
+        ans,
+        src,
+        progress,
+        per_partition=per_partition(src, ans, plans),
+        run_pass=run_pass,
+        scratch=None if folders is None else folders.spill / "context",
+        threads=st.client,
+    )
+    spills: list[_shards.SpillTarget | None] = [
+        folders.for_analysis(k) if a.sharded and folders is not None else None for k, a in enumerate(ans)
+    ]
+    return ctxs, spills
+
+
+def _merge_here(
+    src: Any,
+    ans: list[Analysis],
+    plans: dict[str, tuple[list[int], list[_partition.PartitionSpec]]],
+    st: _Settings,
+    progress: Any,
+    run_pass: Any,
+    folders: _shards.SpillFolders | None,
+) -> tuple[list[Any], list[_shards.SpillTarget | None], list[Any]]:
+    """The local path's contexts, spills and merged partials (:func:`merge_local`); its first
+    partitions are read while the contexts are computed (see :class:`_Prefetch`)."""
+    prefetch = _Prefetch.start(plans, ans, src, st.be, st.nthreads)
+    try:
+        ctxs, spills = _contexts_and_spills(src, ans, plans, st, progress, run_pass, folders)
+        # merged here in partition order: small keyed partials stay in memory
+        spills = [_shards.dense_target(a, unbound(c), f) for a, c, f in zip(ans, ctxs, spills, strict=True)]
+        merged = merge_local(
             plans,
             ans,
             ctxs,
-            be.name,
-            scheduler,
-            split_every,
-            on_done=None if progress is None else (lambda sp: progress.partition_done(sp.table, sp.num_rows)),
-            spills=spills,
-            # a distributed scheduler's client receives result tables (see gpuclust.engine.finish)
-            finalize=[not isinstance(scheduler, str) and s is None for s in spills],
-            keys=result_keys(ans),
-            writer=writer,
+            st.be,
+            st.nthreads,
+            progress,
+            lambda spec, sub, sub_ctxs, sub_spills: partition_partials(
+                spec, sub, sub_ctxs, st.be, sub_spills, host=None if prefetch is None else prefetch.pop(spec)
+            ),
+            spills,
+            st.split_every,
         )
+    finally:
+        if prefetch is not None:
+            prefetch.close()
+    return ctxs, spills, merged
+
+
+def _merge_on_dask(
+    plans: dict[str, tuple[list[int], list[_partition.PartitionSpec]]],
+    ans: list[Analysis],
+    ctxs: list[Any],
+    spills: list[_shards.SpillTarget | None],
+    st: _Settings,
+    progress: Any,
+    writer: Any,
+) -> list[Any]:
+    """The merged partials computed on the dask scheduler (finalized on the workers where distributed)."""
+    from gpuclust.engine.dask import compute_merged
+
+    specs = [sp for _, table_specs in plans.values() for sp in table_specs]
+    if progress is not None:
+        progress.phase(f"dask ({st.label}): {len(specs)} partition(s), {sum(sp.num_rows for sp in specs):,} rows")
+        for _, table_specs in plans.values():
+            _announce(progress, table_specs)
+    return compute_merged(
+        plans,
+        ans,
+        ctxs,
+        st.be.name,
+        st.scheduler,
+        st.split_every,
+        on_done=None if progress is None else (lambda sp: progress.partition_done(sp.table, sp.num_rows)),
+        spills=spills,
+        # a distributed scheduler's client receives result tables (see gpuclust.engine.finish)
+        finalize=[not isinstance(st.scheduler, str) and s is None for s in spills],
+        keys=result_keys(ans),
+        writer=writer,
+    )
+
+
+def _shard_runner(st: _Settings) -> Any:
+    """How the run's shard reductions are run: on the engine threads, or as dask tasks."""
+    scheduler, nthreads = st.scheduler, st.nthreads
     if scheduler is None:
 
         def run_tasks(args: list[tuple[Any, ...]]) -> list[Any]:
@@ -343,17 +397,7 @@ def _run(
 
             return compute_tasks(_shards.reduce_shard, args, scheduler)
 
-    return finalize_all(
-        ans,
-        merged,
-        [unbound(c) for c in ctxs],
-        progress,
-        folders=folders,
-        run_tasks=run_tasks,
-        spills=spills,
-        threads=client,
-        writer=writer,
-    )
+    return run_tasks
 
 
 class _Prefetch:
