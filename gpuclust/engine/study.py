@@ -406,38 +406,13 @@ class Study:
         ctxs = [self._context(a) for a in ans]
         seconds = {"contexts": time.perf_counter() - clock, "partials": 0.0}
         lock = threading.Lock()
-        plans: dict[str, tuple[list[int], list[_partition.PartitionSpec]]] = {}
-        for k, a in enumerate(ans):
-            idx, _ = plans.setdefault(
-                a.table,
-                (
-                    [],
-                    [
-                        _partition.PartitionSpec(a.table, i, tuple(p for s in g for p in s.pieces))
-                        for i, g in enumerate(self._plan(a.table))
-                    ],
-                ),
-            )
-            idx.append(k)
+        plans = self._table_plans(ans)
         be, resident, remote = self.backend, self._resident, self._remote
         whole = self._whole_instance_plans(ans, plans)
-        for table in whole:
-            if self._streamed.get(table):
-                raise StudyMemoryError(
-                    f"{', '.join(ans[k].name for k in whole[table][0])} need(s) every row of an instance in one piece, "
-                    f"and {len(self._streamed[table])} of the {len(self._plan(table))} partitions of {table} (a flat "
-                    "table: instances spread over its partitions) do not fit in the study's memory budget. Lay the "
-                    "dataset out by key (`gpuclust optimize DATASET`), or give the study more memory (memory_budget=)"
-                )
+        self._check_whole_fits(ans, whole)
         streamed = {t: set(v) for t, v in self._streamed.items() if v}
         load_threads = max(1, self.load_threads // max(1, self.workers))
-        # partials nothing merges (their table is one resident partition) stay in device memory
-        # for the analyses whose finalize takes them there (Analysis.device_partial)
-        stay: set[int] = set()
-        if remote is None and be.xp is not np:
-            for idx, specs in (*plans.values(), *whole.values()):
-                if len(specs) == 1:
-                    stay.update(id(ans[k]) for k in idx if ans[k].device_partial)
+        stay = self._staying(ans, plans, whole)
         shipped = {} if remote is None else dict(zip(map(id, ctxs), remote.scatter(ctxs), strict=True))
 
         def partials(
@@ -480,6 +455,47 @@ class Study:
         seconds["convert"] = time.perf_counter() - clock
         self.last_run_seconds = seconds
         return out
+
+    def _table_plans(self, ans: list[Analysis]) -> dict[str, tuple[list[int], list[_partition.PartitionSpec]]]:
+        """Per table: the analyses (by index) that read it and one partition per resident group."""
+        plans: dict[str, tuple[list[int], list[_partition.PartitionSpec]]] = {}
+        for k, a in enumerate(ans):
+            idx, _ = plans.setdefault(
+                a.table,
+                (
+                    [],
+                    [
+                        _partition.PartitionSpec(a.table, i, tuple(p for s in g for p in s.pieces))
+                        for i, g in enumerate(self._plan(a.table))
+                    ],
+                ),
+            )
+            idx.append(k)
+        return plans
+
+    def _check_whole_fits(self, ans: list[Analysis], whole: dict[str, tuple[list[int], list[Any]]]) -> None:
+        """Raise :class:`StudyMemoryError` where a whole-instance plan's table is partly streamed."""
+        for table in whole:
+            if self._streamed.get(table):
+                raise StudyMemoryError(
+                    f"{', '.join(ans[k].name for k in whole[table][0])} need(s) every row of an instance in one piece, "
+                    f"and {len(self._streamed[table])} of the {len(self._plan(table))} partitions of {table} (a flat "
+                    "table: instances spread over its partitions) do not fit in the study's memory budget. Lay the "
+                    "dataset out by key (`gpuclust optimize DATASET`), or give the study more memory (memory_budget=)"
+                )
+
+    def _staying(
+        self, ans: list[Analysis], plans: dict[str, tuple[list[int], list[Any]]], whole: dict[Any, Any]
+    ) -> set[int]:
+        """The ids of the analyses whose partials stay in device memory: partials nothing merges
+        (their table is one resident partition) of the analyses whose finalize takes them there
+        (``Analysis.device_partial``)."""
+        stay: set[int] = set()
+        if self._remote is None and self.backend.xp is not np:
+            for idx, specs in (*plans.values(), *whole.values()):
+                if len(specs) == 1:
+                    stay.update(id(ans[k]) for k in idx if ans[k].device_partial)
+        return stay
 
     def _reduce_remote(
         self,
