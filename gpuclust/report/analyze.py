@@ -117,27 +117,12 @@ def analyze(
         return convert(res, tables)
     from gpuclust.engine import memory as _memory
     from gpuclust.engine import selection as _selection
-    from gpuclust.engine.run_info import prepare
-    from gpuclust.parted import relocated
 
-    plan = prepare(dataset, names, backend=backend, tier_map=tier_map, mode=mode, note=note)
-    src, plan.analyses = _selection.attach(plan.source, plan.analyses, time_from, time_to)  # --from/--to
-    folder = None
-    if out is not None:
-        from gpuclust.report import ResultsFolder
-
-        folder = ResultsFolder(out).open()
-        folder_tmp = folder.tmp
+    plan, src = _prepared(dataset, names, backend, tier_map, mode, note, time_from, time_to)
+    folder = _open_folder(out)
     try:
         limit = _memory.parse_size(memory_limit) or _memory.default_limit()
-        # a caller who takes the tables as finalized (the command line) gets, on a distributed
-        # scheduler, handles on the files the workers wrote (gpuclust.report.writer): the client
-        # never holds the result rows
-        writer = None
-        if folder is not None and tables == "native":
-            writer = folder.writer(
-                plots=plots, run_info=plan.info(), selection=_plot_selection(src, plan.analyses) if plots else None
-            )
+        writer = _worker_writer(folder, tables, plots, plan, src)
         res = run(
             src,
             plan.analyses,
@@ -152,27 +137,64 @@ def analyze(
             writer=writer,
         )
         if folder is not None:
-            folder.write(
-                res,
-                plan.by_key(),
-                plots=plots,
-                run_info=plan.info(
-                    scheduler=scheduler,
-                    partitions=partitions,
-                    workers=workers,
-                    memory_limit=limit,
-                    **_selection.run_info(src),
-                ),
-                rendered=None if writer is None else writer.rendered,
+            run_info = plan.info(
+                scheduler=scheduler,
+                partitions=partitions,
+                workers=workers,
+                memory_limit=limit,
+                **_selection.run_info(src),
             )
-            final = folder.commit()
-            res = relocated(res, folder_tmp, final)
-            if progress is not None:
-                progress.phase(f"wrote {out}")
+            res = _write_results(folder, res, plan, plots, run_info, writer, progress, out)
     finally:
         if folder is not None:
             folder.abort()
     return convert(res, tables)
+
+
+def _prepared(dataset, names, backend, tier_map, mode, note, time_from, time_to):
+    """The checked run plan of ``dataset`` and its source, the time selection ``[time_from, time_to)`` attached."""
+    from gpuclust.engine import selection as _selection
+    from gpuclust.engine.run_info import prepare
+
+    plan = prepare(dataset, names, backend=backend, tier_map=tier_map, mode=mode, note=note)
+    src, plan.analyses = _selection.attach(plan.source, plan.analyses, time_from, time_to)  # --from/--to
+    return plan, src
+
+
+def _open_folder(out):
+    """The results folder ``out`` opened (its temporary sibling created), ``None`` without ``out``."""
+    if out is None:
+        return None
+    from gpuclust.report import ResultsFolder
+
+    return ResultsFolder(out).open()
+
+
+def _worker_writer(folder, tables, plots, plan, src):
+    """The writer the workers finalizing on a distributed scheduler write ``folder``'s tables with, or ``None``."""
+    # a caller who takes the tables as finalized (the command line) gets, on a distributed
+    # scheduler, handles on the files the workers wrote (gpuclust.report.writer): the client
+    # never holds the result rows
+    if folder is None or tables != "native":
+        return None
+    return folder.writer(
+        plots=plots, run_info=plan.info(), selection=_plot_selection(src, plan.analyses) if plots else None
+    )
+
+
+def _write_results(folder, res, plan, plots, run_info, writer, progress, out):
+    """Write the run's results into ``folder`` (opened at ``out``) and swap it into place; ``res`` relocated there."""
+    from gpuclust.parted import relocated
+
+    tmp = folder.tmp
+    folder.write(
+        res, plan.by_key(), plots=plots, run_info=run_info, rendered=None if writer is None else writer.rendered
+    )
+    final = folder.commit()
+    res = relocated(res, tmp, final)
+    if progress is not None:
+        progress.phase(f"wrote {out}")
+    return res
 
 
 def _plot_selection(src, analyses):
@@ -233,29 +255,15 @@ def analyze_cells(
     per-analysis plots show one cell; run a cell alone for its plots)."""
     import logging
 
-    from gpuclust.engine import selection as _selection
-    from gpuclust.engine.run_info import prepare
     from gpuclust.parted import relocated
 
     say = note if note is not None else logging.getLogger("gpuclust").warning
-    paths = find_cells(folder, cells)
-    prepared = {}
-    for cell, path in paths.items():
-
-        def cell_note(m: str, c: str = cell) -> None:
-            say(f"cell {c}: {m}")
-
-        plan = prepare(path, names, backend=backend, tier_map=tier_map, mode=mode, note=cell_note)
-        src, plan.analyses = _selection.attach(plan.source, plan.analyses, time_from, time_to)
-        prepared[cell] = (plan, src)
+    prepared = _prepare_cells(find_cells(folder, cells), names, backend, tier_map, mode, say, time_from, time_to)
     if plots:
         say("note: --cells draws no plots (each plot shows one cell; run a cell alone for its plots)")
-    folder_out = None
+    folder_out = _open_folder(out)
     tmp: Path | None = None  # the results folder's temporary folder
-    if out is not None:
-        from gpuclust.report import ResultsFolder
-
-        folder_out = ResultsFolder(out).open()
+    if folder_out is not None:
         tmp = folder_out.tmp
         assert tmp is not None  # open() creates it
     try:
@@ -279,23 +287,7 @@ def analyze_cells(
         res = combine(per_cell, tmp)
         if folder_out is not None:
             assert tmp is not None
-            first_plan = next(iter(prepared.values()))[0]
-            keys = list(res)
-            shims = {
-                k: _CellSummaries({c: (pl.analyses[j], per_cell[c][k]) for c, (pl, _) in prepared.items()})
-                for j, k in enumerate(keys)
-            }
-            info = first_plan.info(scheduler=scheduler, partitions=partitions, workers=workers)
-            info["dataset"] = str(Path(folder).absolute())
-            info["cells"] = {
-                c: {
-                    "dataset": str(pl.source.path.absolute()),
-                    "trace_version": pl.source.trace_version,
-                    "notes": pl.notes,
-                    **_selection.run_info(src),
-                }
-                for c, (pl, src) in prepared.items()
-            }
+            shims, info = _cells_report(folder, prepared, per_cell, list(res), scheduler, partitions, workers)
             folder_out.write(res, shims, plots=False, run_info=info)
             shutil.rmtree(tmp / _STAGING)  # the cells' own parts, copied into the results above
             final = folder_out.commit()
@@ -306,3 +298,56 @@ def analyze_cells(
         if folder_out is not None:
             folder_out.abort()
     return res
+
+
+def _prepare_cells(
+    paths: dict[str, Path],
+    names: Any,
+    backend: Any,
+    tier_map: str | None,
+    mode: str | None,
+    say: Callable[[str], None],
+    time_from: Any,
+    time_to: Any,
+) -> dict[str, tuple[Any, Any]]:
+    """Per cell: its checked run plan and source (see :func:`_prepared`), its notes told as the cell's."""
+    prepared = {}
+    for cell, path in paths.items():
+
+        def cell_note(m: str, c: str = cell) -> None:
+            say(f"cell {c}: {m}")
+
+        prepared[cell] = _prepared(path, names, backend, tier_map, mode, cell_note, time_from, time_to)
+    return prepared
+
+
+def _cells_report(
+    folder: str | Path,
+    prepared: dict[str, tuple[Any, Any]],
+    per_cell: dict[str, dict[str, Any]],
+    keys: list[str],
+    scheduler: Any,
+    partitions: Any,
+    workers: int | None,
+) -> tuple[dict[str, _CellSummaries], dict[str, Any]]:
+    """What the cells' results folder is written with: per result key, its cells' summaries; the
+    ``_run.json`` record (each cell's dataset and selection)."""
+    from gpuclust.engine import selection as _selection
+
+    first_plan = next(iter(prepared.values()))[0]
+    shims = {
+        k: _CellSummaries({c: (pl.analyses[j], per_cell[c][k]) for c, (pl, _) in prepared.items()})
+        for j, k in enumerate(keys)
+    }
+    info = first_plan.info(scheduler=scheduler, partitions=partitions, workers=workers)
+    info["dataset"] = str(Path(folder).absolute())
+    info["cells"] = {
+        c: {
+            "dataset": str(pl.source.path.absolute()),
+            "trace_version": pl.source.trace_version,
+            "notes": pl.notes,
+            **_selection.run_info(src),
+        }
+        for c, (pl, src) in prepared.items()
+    }
+    return shims, info
