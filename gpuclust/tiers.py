@@ -10,7 +10,9 @@ module is the one place that applies them:
 * :func:`tier_codes`: priority -> tier code on NumPy or CuPy arrays (the tier whose range holds
   the priority; ``unknown`` for a NULL/NaN or negative priority);
 * :func:`tier_names` (and :class:`TierNames` for contexts): the map's tier names, then
-  ``"unknown"``, the labels tier codes index.
+  ``"unknown"``, the labels tier codes index;
+* :data:`TIER_SLOTS` and :func:`check_tier_slots`: the tier slots of an analysis' dense per-tier
+  arrays, and the check that a map's tiers fit them.
 
 ``tests/test_code_rules.py`` keeps copies of these out of the rest of the package.
 """
@@ -23,10 +25,21 @@ import numpy as np
 
 from gpuclust.schema import DEFAULT_TIER_MAP, TierMap, tier_map
 
-__all__ = ["UNKNOWN", "TierNames", "resolve_tier_map", "tier_codes", "tier_names"]
+__all__ = ["TIER_SLOTS", "UNKNOWN", "TierNames", "check_tier_slots", "resolve_tier_map", "tier_codes", "tier_names"]
 
 #: The name of the tier of a priority no tier covers (NULL, negative) or of an instance without one.
 UNKNOWN = "unknown"
+#: Tier slots of an analysis' dense per-tier arrays: the most tiers a tier map may have (16), plus
+#: :data:`UNKNOWN`.
+TIER_SLOTS = 17
+
+
+def check_tier_slots(analysis: str, tm: TierMap, slots: int = TIER_SLOTS) -> TierMap:
+    """``tm`` when its tiers and :data:`UNKNOWN` fit ``slots`` tier slots (default
+    :data:`TIER_SLOTS`); else a ValueError that names ``analysis``."""
+    if len(tm.names) + 1 > slots:
+        raise ValueError(f"{analysis}: tier map {tm.name!r} has more than {slots - 1} tiers")
+    return tm
 
 
 def resolve_tier_map(explicit: str | None, source: Any) -> TierMap:

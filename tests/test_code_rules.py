@@ -273,13 +273,25 @@ def test_no_import_cycles_inside_a_package():
 
 #: What only gpuclust/tiers.py defines (issue 36: the tier map resolution, priority -> tier code and
 #: the tier names were each written several times): functions, methods and class attributes.
-_TIER_NAMES_ONLY_IN_TIERS = ("resolve_tier_map", "tier_codes", "tier_names")
+_TIER_NAMES_ONLY_IN_TIERS = ("resolve_tier_map", "tier_codes", "tier_names", "check_tier_slots")
 
 
-def _tier_copies(path: Path, boundaries: set[int]) -> list[str]:
+def _is_tier_count(node: ast.AST) -> bool:
+    """Whether ``node`` is ``len(<a tier map>.names)``."""
+    return (
+        isinstance(node, ast.Call)
+        and _name(node.func) == "len"
+        and len(node.args) == 1
+        and isinstance(node.args[0], ast.Attribute)
+        and node.args[0].attr == "names"
+    )
+
+
+def _tier_copies(path: Path, boundaries: set[int], root: Path = ROOT) -> list[str]:
     """A module's tier code outside gpuclust/tiers.py: a definition named as one of
     :data:`_TIER_NAMES_ONLY_IN_TIERS` (leading underscores ignored), a ``searchsorted`` over a tier
-    map's ``bounds``, or a priority compared with a tier boundary literal (``prio >= 120``)."""
+    map's ``bounds``, a priority compared with a tier boundary literal (``prio >= 120``), or a
+    map's tier count compared with a limit (``len(tm.names) + 1 > 17``: ``check_tier_slots``)."""
     bad = []
     for node in ast.walk(ast.parse(path.read_text())):
         names: list[str] = []
@@ -293,25 +305,29 @@ def _tier_copies(path: Path, boundaries: set[int]) -> list[str]:
                     names += [t.id for t in st.targets if isinstance(t, ast.Name)]
         for n in names:
             if n.lstrip("_") in _TIER_NAMES_ONLY_IN_TIERS:
-                bad.append(f"{path.relative_to(ROOT)}:{node.lineno}: defines {n}")
+                bad.append(f"{path.relative_to(root)}:{node.lineno}: defines {n}")
         if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) == "searchsorted":
             if any(isinstance(a, ast.Attribute) and a.attr == "bounds" for arg in node.args for a in ast.walk(arg)):
-                bad.append(f"{path.relative_to(ROOT)}:{node.lineno}: searchsorted over tier bounds")
+                bad.append(f"{path.relative_to(root)}:{node.lineno}: searchsorted over tier bounds")
         if isinstance(node, ast.Compare):
             sides = [node.left, *node.comparators]
+            limit = any(isinstance(op, ast.Gt | ast.GtE | ast.Lt | ast.LtE) for op in node.ops)
+            if limit and any(_is_tier_count(n) for s in sides for n in ast.walk(s)):
+                bad.append(f"{path.relative_to(root)}:{node.lineno}: tier count checked (check_tier_slots)")
             lits = {s.value for s in sides if isinstance(s, ast.Constant) and type(s.value) is int}
             if lits & boundaries and any("prio" in ast.unparse(s).lower() for s in sides):
-                bad.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
+                bad.append(f"{path.relative_to(root)}:{node.lineno}: {ast.unparse(node)}")
     return bad
 
 
 def test_tiers_are_resolved_coded_and_named_only_in_gpuclust_tiers():
     """Issue 36: one tiers module.  Which tier map an analysis uses, the tier code of a priority
-    (on any backend) and the tier names come from gpuclust/tiers.py (the maps themselves from
-    gpuclust/schema.py); a copy elsewhere fails here: a function or attribute of those names, a
-    ``searchsorted`` over ``TierMap.bounds``, or a priority compared with a tier boundary (the
-    lowest priority of a tier of a named map above 2, or the one below it: smaller numbers are
-    too common to tell)."""
+    (on any backend), the tier names and whether a map's tiers fit an analysis' tier slots come
+    from gpuclust/tiers.py (the maps themselves from gpuclust/schema.py); a copy elsewhere fails
+    here: a function or attribute of those names, a ``searchsorted`` over ``TierMap.bounds``, a
+    priority compared with a tier boundary (the lowest priority of a tier of a named map above 2,
+    or the one below it: smaller numbers are too common to tell), or a tier count compared with a
+    limit."""
     from gpuclust.schema import TIER_MAPS
 
     boundaries = {v for tm in TIER_MAPS.values() for b in tm.bounds if b > 2 for v in (b, b - 1)}
@@ -319,7 +335,18 @@ def test_tiers_are_resolved_coded_and_named_only_in_gpuclust_tiers():
     for f in sorted(ROOT.rglob("*.py")):
         if f.relative_to(ROOT).as_posix() != "tiers.py":
             bad += _tier_copies(f, boundaries)
-    assert not bad, "use gpuclust.tiers (resolve_tier_map, tier_codes, tier_names, TierNames):\n" + "\n".join(bad)
+    assert not bad, (
+        "use gpuclust.tiers (resolve_tier_map, tier_codes, tier_names, TierNames, check_tier_slots):\n" + "\n".join(bad)
+    )
+
+
+def test_the_tier_copy_check_finds_a_tier_count_check(tmp_path: Path) -> None:
+    """The check above finds a tier count checked by hand (and not other lengths)."""
+    f = tmp_path / "copy.py"
+    f.write_text(
+        "if len(tm.names) + 1 > _T:\n    raise ValueError\nif len(cols) > 3 or code == len(tm.names):\n    pass\n"
+    )
+    assert [b.split(": ", 1)[1] for b in _tier_copies(f, set(), tmp_path)] == ["tier count checked (check_tier_slots)"]
 
 
 #: Constants of 64-bit hashes (splitmix64, golden ratio, xxhash primes): only gpuclust/keys.py has them.

@@ -105,3 +105,18 @@ def test_tier_names_end_with_unknown() -> None:
     assert Ctx(nb).tier_names == tier_names(nb)
     assert Ctx(nb, unknown=False).tier_names == nb.names
     assert Ctx(None).tier_names == ("unknown",)
+
+
+def test_check_tier_slots_passes_a_map_that_fits_and_names_the_analysis_otherwise() -> None:
+    from gpuclust.schema import TierMap
+    from gpuclust.tiers import TIER_SLOTS, check_tier_slots
+
+    tm = tier_map("notebook")
+    assert check_tier_slots("x", tm) is tm
+    most = TierMap("most", tuple(f"t{k}" for k in range(TIER_SLOTS - 1)), tuple(range(TIER_SLOTS - 1)), "")
+    assert check_tier_slots("x", most) is most
+    over = TierMap("over", (*most.names, "extra"), (*most.bounds, 99), "")
+    with pytest.raises(ValueError, match=f"^lifecycle: tier map 'over' has more than {TIER_SLOTS - 1} tiers$"):
+        check_tier_slots("lifecycle", over)
+    with pytest.raises(ValueError, match="^cell-usage: tier map 'notebook' has more than 3 tiers$"):
+        check_tier_slots("cell-usage", tm, 4)

@@ -14,6 +14,7 @@ from gpuclust.arrow_numpy import bin_table, empty_table, labels, rows_table, tab
 from gpuclust.keys import unpack
 from gpuclust.partials import bin_quantile_edges, keyed_reduce
 from gpuclust.schema import EventType
+from gpuclust.tiers import TIER_SLOTS
 
 __all__ = [
     "DELAY_EDGES_US",
@@ -197,8 +198,8 @@ def delay_bins(xp: Any, dur: Any, cells: Any = None, edges: Any = None) -> Any:
     return _DELAY_BINS.bins(xp, dur.astype(xp.float64), cells, edges)
 
 
-#: Tier slots of the dense partials: the most tiers a tier map may have, plus "unknown".
-_T = 17
+#: Tier slots of the dense partials (:data:`gpuclust.tiers.TIER_SLOTS`).
+_T = TIER_SLOTS
 #: Kinds of thing (``collection_type`` 0, 1, NULL or other): the dense partials' first axis is
 #: kind x tier, ``kind * _T + tier``.
 _K = 3

@@ -40,7 +40,7 @@ from gpuclust.keys import pack, pack_bits, unpack, unpack_bits
 from gpuclust.partials import keyed_reduce, merge_keyed
 from gpuclust.schema import TIME_AFTER_TRACE, TierMap
 from gpuclust.tables import as_arrow, column
-from gpuclust.tiers import TierNames, resolve_tier_map
+from gpuclust.tiers import TierNames, check_tier_slots, resolve_tier_map
 
 __all__ = ["CellUsage", "HOUR_US", "MODES", "triple_hash"]
 
@@ -164,9 +164,7 @@ class CellUsage(Analysis):
 
     # ---------------------------------------------------------------- context (client side)
     def context(self, source: Any) -> CellUsageContext:
-        tm = resolve_tier_map(self.tier_map, source)
-        if len(tm.names) + 1 > (1 << _TIER_BITS):
-            raise ValueError(f"tier map {tm.name!r} has too many tiers")
+        tm = check_tier_slots("cell-usage", resolve_tier_map(self.tier_map, source), 1 << _TIER_BITS)
         # Capacity: SUM over machines of MAX(capacity); NULLs ignored, all-NULL -> NaN (SQL NULL).
         _, cpu, mem = machine_capacities(source.read("machine_events", ["machine_id", "cap_cpu", "cap_mem"]))
         cpu_cap, mem_cap = nan_sum(cpu), nan_sum(mem)

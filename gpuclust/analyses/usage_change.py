@@ -63,7 +63,7 @@ from gpuclust.parted import finalize_in_memory
 from gpuclust.partials import bin_quantile_edges, log_bins
 from gpuclust.schema import TIME_AFTER_TRACE
 from gpuclust.tables import as_arrow
-from gpuclust.tiers import resolve_tier_map
+from gpuclust.tiers import TIER_SLOTS, check_tier_slots, resolve_tier_map
 
 __all__ = ["LEVELS", "PERIOD_US", "RATIO_EDGES", "RESOURCES", "THRESHOLDS", "UsageChange"]
 
@@ -83,7 +83,7 @@ THRESHOLDS = (0.05, 0.10, 0.20, 0.50)
 #: ratios below 10^-6 (0 included: usage dropped to zero), the last bin ratios from 10^6 on.
 RATIO_EDGES = 10.0 ** (np.arange(-600, 601) / 100.0)
 _B = int(RATIO_EDGES.shape[0]) + 1
-_T = 17  # tier slots: the most tiers a tier map may have, plus "unknown"
+_T = TIER_SLOTS  # tier slots: the most tiers a tier map may have, plus "unknown"
 _R = len(RESOURCES)
 _H = len(THRESHOLDS)
 #: Per (tier, resource) counters, in order.
@@ -182,9 +182,7 @@ class UsageChange(Analysis):
                     "the start/end times look corrupt"
                 )
             return ClusterContext(span)
-        tm = resolve_tier_map(self.tier_map, source)
-        if len(tm.names) + 1 > _T:
-            raise ValueError(f"usage-change: tier map {tm.name!r} has more than {_T - 1} tiers")
+        tm = check_tier_slots("usage-change", resolve_tier_map(self.tier_map, source))
         return TierLookupContext(tm)
 
     @property

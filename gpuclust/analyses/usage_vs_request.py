@@ -54,7 +54,7 @@ from gpuclust.analyses.usage_change import RATIO_EDGES
 from gpuclust.arrow_numpy import bin_table, rows_table, table_from_rows
 from gpuclust.partials import bin_quantile_edges
 from gpuclust.tables import as_arrow
-from gpuclust.tiers import resolve_tier_map
+from gpuclust.tiers import TIER_SLOTS, check_tier_slots, resolve_tier_map
 
 __all__ = ["MEASURES", "UsageVsRequest", "refined_bins"]
 
@@ -64,7 +64,7 @@ _runs_cache = PerArrayCache()
 MEASURES = (("cpu_avg", "avg_cpu", 0), ("cpu_max", "max_cpu", 0), ("mem_avg", "avg_mem", 1), ("mem_max", "max_mem", 1))
 _M = len(MEASURES)
 _B = int(RATIO_EDGES.shape[0]) + 1
-_T = 17  # tier slots: the most tiers a tier map may have, plus "unknown"
+_T = TIER_SLOTS  # tier slots: the most tiers a tier map may have, plus "unknown"
 _COUNTS = ("windows", "no_limit", "unknown", "defined", "above_limit", "at_most_half")
 #: The bins of 0.5 and of 1.0: a ratio <= 0.5 is in a bin <= _B05, one in (0.5, 1] in [_B05, _B1], one > 1 in a bin >= _B1.
 _B05 = int(np.searchsorted(RATIO_EDGES, 0.5, side="right"))
@@ -155,9 +155,7 @@ class UsageVsRequest(Analysis):
         )
 
     def context(self, source: Any) -> UsageVsRequestContext:
-        tm = resolve_tier_map(self.tier_map, source)
-        if len(tm.names) + 1 > _T:
-            raise ValueError(f"usage-vs-request: tier map {tm.name!r} has more than {_T - 1} tiers")
+        tm = check_tier_slots("usage-vs-request", resolve_tier_map(self.tier_map, source))
         return UsageVsRequestContext(tm)
 
     @property
