@@ -163,62 +163,21 @@ def _chunk(
     xp = be.xp
     S = ctx.series
     assert S is not None
-    T, B, cm = ctx.n_tiers, ctx.n_buckets, m1 - m0
-
-    def dense(part: dict[str, np.ndarray], fields: tuple[str, ...], per: int) -> dict[str, Any]:
-        key = part["key"]
-        first = pack(m0, 0, per * B)
-        lo, hi = key_bounds(key, first, pack(m1, 0, per * B))
-        at = be.asarray(key[lo:hi] - first)
-        out = {}
-        for f in fields:
-            a = xp.zeros(cm * per * B, dtype=part[f].dtype)
-            a[at] = be.asarray(part[f][lo:hi])
-            out[f] = a.reshape((cm, per, B) if per > 1 else (cm, B))
-        return out
-
-    lo, hi = np.searchsorted(S["code"], [m0, m1])
-    cc, cmem = S["cap_cpu"][lo:hi], S["cap_mem"][lo:hi]
-    capv = np.stack([np.ones(hi - lo), cc, cmem, np.isnan(cc).astype(np.float64), np.isnan(cmem).astype(np.float64)])
-    cs = be.ops.bucket_overlap(
-        be.asarray(S["start"][lo:hi]),
-        be.asarray(S["end"][lo:hi]),
-        be.asarray(capv),
-        be.asarray((S["code"][lo:hi] - m0).astype(np.int32)),
-        n_groups=cm,
-        n_buckets=B,
-        origin=ctx.origin,
-        width=ctx.width,
-    )
-    U = dense(parts["usage"], _PARTIAL_FIELDS, T)
-    R = dense(parts["req"], ("req_cpu", "req_mem"), T)
-    I = dense(parts["inst"], ("inst", "distinct"), 1)  # noqa: E741
-    # a (machine, tier, bucket) with windows whose values are all NULL was not measured: NaN
-    wt = xp.rint(U["windows"])
-    for f, n in (
-        ("use_cpu", "n_use_cpu"),
-        ("use_mem", "n_use_mem"),
-        ("max_cpu", "n_max_cpu"),
-        ("max_mem", "n_max_mem"),
-    ):
-        U[f] = xp.where((wt > 0) & (xp.rint(U[n]) == 0), np.nan, U[f])
-        del U[n]
-    windows = wt.sum(axis=1).astype(xp.int64)
-    del wt
-    with np.errstate(invalid="ignore", divide="ignore"):
-        use_ct, use_mt = U["use_cpu"] / L, U["use_mem"] / L
-        use_c, use_m = use_ct.sum(axis=1), use_mt.sum(axis=1)
-        max_c, max_m = U["max_cpu"].sum(axis=1), U["max_mem"].sum(axis=1)
+    T, B = ctx.n_tiers, ctx.n_buckets
+    cs = _capacity_sums(be, ctx, m0, m1)
+    u = _usage_rates(xp, _dense(be, parts["usage"], _PARTIAL_FIELDS, T, m0, m1, B), L)
+    R = _dense(be, parts["req"], ("req_cpu", "req_mem"), T, m0, m1, B)
+    I = _dense(be, parts["inst"], ("inst", "distinct"), 1, m0, m1, B)  # noqa: E741
     present = (
         (cs[0] > 0)
         | (R["req_cpu"].sum(axis=1) > 0)
         | (R["req_mem"].sum(axis=1) > 0)
         | (I["inst"] > 0)
-        | (windows > 0)
-        | (use_c != 0)
-        | (use_m != 0)
-        | (max_c != 0)
-        | (max_m != 0)
+        | (u["windows"] > 0)
+        | (u["use_c"] != 0)
+        | (u["use_m"] != 0)
+        | (u["max_c"] != 0)
+        | (u["max_m"] != 0)
     )
     no_me = ~be.asarray(S["has_me"][m0:m1, None])
     unk_c = (cs[3] > 0) | no_me
@@ -234,18 +193,82 @@ def _chunk(
             "cap_m": xp.where(unk_m, np.nan, cs[2] / L),
             "req_cpu": req_ct,
             "req_mem": req_mt,
+            "req_c": req_ct.sum(axis=1),
+            "req_m": req_mt.sum(axis=1),
+            **u,
+            "inst": I["inst"] / L,
+            "distinct": I["distinct"],
+        }
+
+
+def _dense(
+    be: Any, part: dict[str, np.ndarray], fields: tuple[str, ...], per: int, m0: int, m1: int, B: int
+) -> dict[str, Any]:
+    """The ``fields`` of keyed sums ``part`` (key: machine code, ``per`` slots, ``B`` buckets
+    packed) of machines ``[m0, m1)``, dense on backend ``be``: (machine, slot, bucket), or
+    (machine, bucket) where ``per`` is 1."""
+    xp, cm = be.xp, m1 - m0
+    key = part["key"]
+    first = pack(m0, 0, per * B)
+    lo, hi = key_bounds(key, first, pack(m1, 0, per * B))
+    at = be.asarray(key[lo:hi] - first)
+    out = {}
+    for f in fields:
+        a = xp.zeros(cm * per * B, dtype=part[f].dtype)
+        a[at] = be.asarray(part[f][lo:hi])
+        out[f] = a.reshape((cm, per, B) if per > 1 else (cm, B))
+    return out
+
+
+def _capacity_sums(be: Any, ctx: OvercommitContext, m0: int, m1: int) -> Any:
+    """Per (machine, bucket) of machines ``[m0, m1)``, swept from their capacity intervals: the
+    seconds up, CPU and memory capacity x seconds, and the seconds of unknown CPU and memory
+    capacity (a (5, machines, buckets) array on backend ``be``)."""
+    S = ctx.series
+    assert S is not None
+    lo, hi = np.searchsorted(S["code"], [m0, m1])
+    cc, cmem = S["cap_cpu"][lo:hi], S["cap_mem"][lo:hi]
+    capv = np.stack([np.ones(hi - lo), cc, cmem, np.isnan(cc).astype(np.float64), np.isnan(cmem).astype(np.float64)])
+    return be.ops.bucket_overlap(
+        be.asarray(S["start"][lo:hi]),
+        be.asarray(S["end"][lo:hi]),
+        be.asarray(capv),
+        be.asarray((S["code"][lo:hi] - m0).astype(np.int32)),
+        n_groups=m1 - m0,
+        n_buckets=ctx.n_buckets,
+        origin=ctx.origin,
+        width=ctx.width,
+    )
+
+
+def _usage_rates(xp: Any, U: dict[str, Any], L: Any) -> dict[str, Any]:
+    """Usage of the dense (machine, tier, bucket) usage sums ``U`` (``L``: each bucket's seconds):
+    per tier the mean usage (``use_cpu``, ``use_mem``) and sums of window maxima
+    (``max_cpu_sum``, ``max_mem_sum``), and per (machine, bucket) their sums over tiers and the
+    windows; a (machine, tier, bucket) with windows whose values are all NULL was not measured:
+    NaN."""
+    wt = xp.rint(U["windows"])
+    for f, n in (
+        ("use_cpu", "n_use_cpu"),
+        ("use_mem", "n_use_mem"),
+        ("max_cpu", "n_max_cpu"),
+        ("max_mem", "n_max_mem"),
+    ):
+        U[f] = xp.where((wt > 0) & (xp.rint(U[n]) == 0), np.nan, U[f])
+        del U[n]
+    windows = wt.sum(axis=1).astype(xp.int64)
+    del wt
+    with np.errstate(invalid="ignore", divide="ignore"):
+        use_ct, use_mt = U["use_cpu"] / L, U["use_mem"] / L
+        return {
             "use_cpu": use_ct,
             "use_mem": use_mt,
             "max_cpu_sum": U["max_cpu"],
             "max_mem_sum": U["max_mem"],
-            "req_c": req_ct.sum(axis=1),
-            "req_m": req_mt.sum(axis=1),
-            "use_c": use_c,
-            "use_m": use_m,
-            "max_c": max_c,
-            "max_m": max_m,
-            "inst": I["inst"] / L,
-            "distinct": I["distinct"],
+            "use_c": use_ct.sum(axis=1),
+            "use_m": use_mt.sum(axis=1),
+            "max_c": U["max_cpu"].sum(axis=1),
+            "max_m": U["max_mem"].sum(axis=1),
             "windows": windows,
         }
 
@@ -305,76 +328,12 @@ def _summary(
     On a device backend ``be`` (the partials' backend) the quantiles take one sort a series of
     ``ratios``, the ratios the finalize left on the device (:meth:`_CellSums.add_ratios`), or
     else of the ratios copied there (:func:`gpuclust.stream_quantiles.backend_quantiles_many`)."""
-    from gpuclust.stream_quantiles import backend_quantiles_many, device_quantiles_many
-
-    def full_of(b: dict[str, np.ndarray], r: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        L, cap = b["covered_s"], b[f"cap_{r}"]
-        full = _full(b["up_s"], L, cap)
-        return full, L[full], cap[full]
-
     series = [(r, t) for r in ("cpu", "mem") for t in ("all", *tiers)]
     req_col = {(r, t): f"req_{r}" if t == "all" else f"req_{r}_{t}" for r, t in series}
-    cols = sorted(
-        {
-            "covered_s",
-            "up_s",
-            *{c for r in ("cpu", "mem") for c in (f"cap_{r}", f"use_{r}", f"max_{r}_sum")},
-            *req_col.values(),
-        }
-    )
-    avail = 0.0
-    z = {
-        r: {
-            k: 0.0
-            for k in (
-                "n",
-                "tw",
-                "den",
-                "num",
-                *[f"tk_{x}" for x in ("request", "usage", "peak")],
-                *[f"over_{x}" for x in ("request", "usage", "peak")],
-            )
-        }
-        for r in ("cpu", "mem")
-    }
-    reqw = {k: [0.0, 0.0] for k in req_col}  # sum(req * w), sum(cap * w)
-    for b in array_batches(machine, cols):
-        b = {c: np.asarray(v, np.float64) for c, v in b.items()}
-        avail += float(b["up_s"].sum())
-        for r in ("cpu", "mem"):
-            full, w, c = full_of(b, r)
-            a = z[r]
-            a["n"] += int(full.sum())
-            a["tw"] += float(w.sum())
-            for kind, col in (("request", f"req_{r}"), ("usage", f"use_{r}"), ("peak", f"max_{r}_sum")):
-                v = b[col][full]
-                kn = np.isfinite(v)  # usage statistics over the machine-buckets whose usage is known
-                a[f"tk_{kind}"] += float(w[kn].sum())
-                a[f"over_{kind}"] += float(w[kn & (v > c * (1 + OVER_EPS))].sum())
-            u = b[f"use_{r}"][full]
-            kn = np.isfinite(u)
-            a["den"] += float((c[kn] * w[kn]).sum())
-            a["num"] += float((u[kn] * w[kn]).sum())
-            for t in ("all", *tiers):
-                req = b[req_col[(r, t)]][full]
-                reqw[(r, t)][0] += float((req * w).sum())
-                reqw[(r, t)][1] += float((c * w).sum())
+    avail, z, reqw = _full_sums(machine, req_col)
     # the ratios of the resources with full machine-buckets, every tier's in the same passes
     quantiled = [(r, t) for r, t in series if z[r]["n"] > 0]
-
-    def batch_ratios() -> Any:
-        for b in array_batches(machine, ["covered_s", "up_s", "cap_cpu", "cap_mem", *{req_col[k] for k in quantiled}]):
-            b = {c: np.asarray(v, np.float64) for c, v in b.items()}
-            full = {r: full_of(b, r) for r in {r for r, _ in quantiled}}
-            yield [b[req_col[(r, t)]][full[r][0]] / full[r][2] for r, t in quantiled]
-
-    if not quantiled:
-        qs = np.zeros((0, len(QUANTILES)))
-    elif ratios is not None:  # left on the device by the finalize
-        qs = device_quantiles_many(be, [ratios.get(k, []) for k in quantiled], QUANTILES)
-    else:
-        qs = backend_quantiles_many(be, batch_ratios, len(quantiled), QUANTILES)
-    qrow = dict(zip(quantiled, qs, strict=True))
+    qrow = dict(zip(quantiled, _ratio_quantiles(be, machine, quantiled, req_col, ratios), strict=True))
     rows: list[dict[str, Any]] = []
 
     def add(metric: str, r: str, t: str, v: float) -> None:
@@ -398,6 +357,83 @@ def _summary(
             for q, v in zip(QUANTILES, qrow[(r, t)], strict=True):
                 add("alloc_ratio_max" if q == 1.0 else f"alloc_ratio_p{round(q * 100)}", r, t, v)
     return schema_table(rows, _SUMMARY_SCHEMA)
+
+
+def _full_of(b: dict[str, np.ndarray], r: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Of a batch ``b`` of the machine table, for resource ``r``: the mask of full machine-buckets
+    and their seconds and capacity."""
+    L, cap = b["covered_s"], b[f"cap_{r}"]
+    full = _full(b["up_s"], L, cap)
+    return full, L[full], cap[full]
+
+
+def _full_sums(
+    machine: Any, req_col: dict[tuple[str, str], str]
+) -> tuple[float, dict[str, Any], dict[Any, list[float]]]:
+    """One pass over the machine table: the machine-seconds up; per resource the full
+    machine-buckets, their seconds, the seconds with a known and an over-capacity request / usage
+    / peak, and the capacity- and usage-seconds of known usage; per (resource, tier) of
+    ``req_col`` (its request column) the request- and capacity-seconds."""
+    cols = sorted(
+        {
+            "covered_s",
+            "up_s",
+            *{c for r in ("cpu", "mem") for c in (f"cap_{r}", f"use_{r}", f"max_{r}_sum")},
+            *req_col.values(),
+        }
+    )
+    avail = 0.0
+    keys = ("n", "tw", "den", "num", *[f"{p}_{x}" for p in ("tk", "over") for x in ("request", "usage", "peak")])
+    z = {r: dict.fromkeys(keys, 0.0) for r in ("cpu", "mem")}
+    reqw = {k: [0.0, 0.0] for k in req_col}  # sum(req * w), sum(cap * w)
+    for b in array_batches(machine, cols):
+        b = {c: np.asarray(v, np.float64) for c, v in b.items()}
+        avail += float(b["up_s"].sum())
+        for r in ("cpu", "mem"):
+            full, w, c = _full_of(b, r)
+            a = z[r]
+            a["n"] += int(full.sum())
+            a["tw"] += float(w.sum())
+            for kind, col in (("request", f"req_{r}"), ("usage", f"use_{r}"), ("peak", f"max_{r}_sum")):
+                v = b[col][full]
+                kn = np.isfinite(v)  # usage statistics over the machine-buckets whose usage is known
+                a[f"tk_{kind}"] += float(w[kn].sum())
+                a[f"over_{kind}"] += float(w[kn & (v > c * (1 + OVER_EPS))].sum())
+            u = b[f"use_{r}"][full]
+            kn = np.isfinite(u)
+            a["den"] += float((c[kn] * w[kn]).sum())
+            a["num"] += float((u[kn] * w[kn]).sum())
+            for (rr, t), col in req_col.items():
+                if rr == r:
+                    req = b[col][full]
+                    reqw[(r, t)][0] += float((req * w).sum())
+                    reqw[(r, t)][1] += float((c * w).sum())
+    return avail, z, reqw
+
+
+def _ratio_quantiles(
+    be: Any,
+    machine: Any,
+    quantiled: list[tuple[str, str]],
+    req_col: dict[tuple[str, str], str],
+    ratios: dict[tuple[str, str], list[Any]] | None,
+) -> Any:
+    """The :data:`QUANTILES` of the request / capacity ratios of the full machine-buckets, per
+    (resource, tier) of ``quantiled``: of the ``ratios`` left on the device by the finalize, or
+    else read from the machine table a batch at a time."""
+    from gpuclust.stream_quantiles import backend_quantiles_many, device_quantiles_many
+
+    def batch_ratios() -> Any:
+        for b in array_batches(machine, ["covered_s", "up_s", "cap_cpu", "cap_mem", *{req_col[k] for k in quantiled}]):
+            b = {c: np.asarray(v, np.float64) for c, v in b.items()}
+            full = {r: _full_of(b, r) for r in {r for r, _ in quantiled}}
+            yield [b[req_col[(r, t)]][full[r][0]] / full[r][2] for r, t in quantiled]
+
+    if not quantiled:
+        return np.zeros((0, len(QUANTILES)))
+    if ratios is not None:  # left on the device by the finalize
+        return device_quantiles_many(be, [ratios.get(k, []) for k in quantiled], QUANTILES)
+    return backend_quantiles_many(be, batch_ratios, len(quantiled), QUANTILES)
 
 
 def _ratio(xp: Any, num: Any, den: Any) -> Any:

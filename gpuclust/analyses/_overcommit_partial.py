@@ -122,13 +122,10 @@ def usage_sums(
     ``w0`` is the grid origin (the first bucket's start), buckets counted from it.  A dense
     (groups x buckets) block of one ``bucket_overlap`` call holds at most ``cell_limit`` cells (2
     per row, 2^16 at least, for a small partition), so wide bucket ranges are cut into chunks."""
-    xp, ops = backend.xp, backend.ops
+    xp = backend.xp
     if s.shape[0] == 0:
         return {k: xp.asarray(v) for k, v in empty_usage().items()}
-    ws = width / 1e6
     b0, b1 = bucket_span(xp, s, e, width, w0)
-    a_s = xp.ascontiguousarray(w0 + b0 * width)  # bucket-aligned: every overlapped bucket whole,
-    a_e = xp.ascontiguousarray(w0 + (b1 + 1) * width)  # so value / width_s adds the value once per bucket
     # dense codes of the (machine, tier) pairs present: a bincount, not a sort
     present = bincount(xp, g, minlength=n_codes) > 0
     ug = xp.nonzero(present)[0].astype(xp.int64)
@@ -136,20 +133,9 @@ def usage_sums(
     G = int(ug.shape[0])
     lo, hi = int(b0.min()), int(b1.max()) + 1
     step = max(1, min(cell_limit, max(2 * int(s.shape[0]), 1 << 16)) // max(G, 1))
-    # two sweeps: exact overlap (mean usage) and whole buckets (window maxima, window counts)
-    exact = xp.stack([vals["use_cpu"].astype(xp.float64), vals["use_mem"].astype(xp.float64)])
-    whole = xp.stack(
-        [
-            vals["max_cpu"].astype(xp.float64) / ws,
-            vals["max_mem"].astype(xp.float64) / ws,
-            xp.full(s.shape[0], 1.0 / ws, dtype=xp.float64),
-            *[xp.isfinite(vals[k]).astype(xp.float64) / ws for k in ("use_cpu", "use_mem", "max_cpu", "max_mem")],
-        ]
-    )
+    sweeps = _sweeps(xp, s, e, b0, b1, vals, w0, width)
     keys: list[Any] = []
     outs: dict[str, list[Any]] = {k: [] for k in _PARTIAL_FIELDS}
-    s = xp.ascontiguousarray(s)
-    e = xp.ascontiguousarray(e)
     if hi - lo > step:  # rows by first bucket once, so a chunk's rows are a slice, not a scan of all rows
         order = xp.argsort(b0, kind="stable")
         bounds = xp.searchsorted(b0[order], xp.arange(lo, hi + step, step, dtype=b0.dtype)).tolist()
@@ -161,34 +147,9 @@ def usage_sums(
             sel = xp.sort(order[bounds[j] : bounds[j + 1]])  # the chunk's rows, in row order
         cb1 = int(b1[sel].max()) + 1 if sel is not None else hi
         nb = cb1 - c0
-        kw = dict(n_groups=G, n_buckets=nb, origin=w0 + c0 * width, width=width)
-        if sel is None:
-            d1 = ops.bucket_overlap(s, e, exact, ginv, **kw)
-            d2 = ops.bucket_overlap(a_s, a_e, whole, ginv, **kw)
-        else:
-            gi = xp.ascontiguousarray(ginv[sel])
-            d1 = ops.bucket_overlap(
-                xp.ascontiguousarray(s[sel]),
-                xp.ascontiguousarray(e[sel]),
-                xp.ascontiguousarray(exact[:, sel]),
-                gi,
-                **kw,
-            )
-            d2 = ops.bucket_overlap(
-                xp.ascontiguousarray(a_s[sel]),
-                xp.ascontiguousarray(a_e[sel]),
-                xp.ascontiguousarray(whole[:, sel]),
-                gi,
-                **kw,
-            )
-        dense = {
-            "use_cpu": d1[0].reshape(-1),
-            "use_mem": d1[1].reshape(-1),
-            "max_cpu": d2[0].reshape(-1),
-            "max_mem": d2[1].reshape(-1),
-            "windows": d2[2].reshape(-1),
-            **{k: d2[3 + j].reshape(-1) for j, k in enumerate(_KNOWN_FIELDS)},
-        }
+        dense = _block_sums(
+            backend, sweeps, ginv, sel, dict(n_groups=G, n_buckets=nb, origin=w0 + c0 * width, width=width)
+        )
         nz = dense["windows"] != 0
         for k in ("use_cpu", "use_mem", "max_cpu", "max_mem"):
             nz |= dense[k] != 0
@@ -197,10 +158,59 @@ def usage_sums(
         keys.append(pack(ug[gi_nz], c0 + b_nz, B))
         for k in _PARTIAL_FIELDS:
             outs[k].append(dense[k][idx])
-        del d1, d2, dense, nz, idx  # before the next chunk's blocks are allocated
+        del dense, nz, idx  # before the next chunk's blocks are allocated
     if len(keys) == 1:  # g-major dense layout: keys already sorted and unique
         return {"key": keys[0], **{k: v[0] for k, v in outs.items()}}
     return keyed_reduce(backend, xp.concatenate(keys), {k: xp.concatenate(v) for k, v in outs.items()})
+
+
+def _sweeps(xp: Any, s: Any, e: Any, b0: Any, b1: Any, vals: dict[str, Any], w0: int, width: int) -> tuple[Any, ...]:
+    """The two sweeps of the usage windows ``[s, e)`` (buckets ``b0..b1``): exact overlap (mean
+    usage: ``s``, ``e`` and the values) and whole buckets (window maxima and counts, each value /
+    the bucket's seconds: the windows widened to whole buckets, so that it adds once per bucket)."""
+    ws = width / 1e6
+    a_s = xp.ascontiguousarray(w0 + b0 * width)
+    a_e = xp.ascontiguousarray(w0 + (b1 + 1) * width)
+    exact = xp.stack([vals["use_cpu"].astype(xp.float64), vals["use_mem"].astype(xp.float64)])
+    whole = xp.stack(
+        [
+            vals["max_cpu"].astype(xp.float64) / ws,
+            vals["max_mem"].astype(xp.float64) / ws,
+            xp.full(s.shape[0], 1.0 / ws, dtype=xp.float64),
+            *[xp.isfinite(vals[k]).astype(xp.float64) / ws for k in ("use_cpu", "use_mem", "max_cpu", "max_mem")],
+        ]
+    )
+    return xp.ascontiguousarray(s), xp.ascontiguousarray(e), exact, a_s, a_e, whole
+
+
+def _block_sums(backend: Any, sweeps: tuple[Any, ...], ginv: Any, sel: Any, kw: dict[str, Any]) -> dict[str, Any]:
+    """The dense (group x bucket) block (``kw``: its groups, buckets, origin and width) of each
+    usage field, from the two ``sweeps`` of the rows ``sel`` (None: every row)."""
+    xp, ops = backend.xp, backend.ops
+    s, e, exact, a_s, a_e, whole = sweeps
+    if sel is None:
+        d1 = ops.bucket_overlap(s, e, exact, ginv, **kw)
+        d2 = ops.bucket_overlap(a_s, a_e, whole, ginv, **kw)
+    else:
+        gi = xp.ascontiguousarray(ginv[sel])
+        d1 = ops.bucket_overlap(
+            xp.ascontiguousarray(s[sel]), xp.ascontiguousarray(e[sel]), xp.ascontiguousarray(exact[:, sel]), gi, **kw
+        )
+        d2 = ops.bucket_overlap(
+            xp.ascontiguousarray(a_s[sel]),
+            xp.ascontiguousarray(a_e[sel]),
+            xp.ascontiguousarray(whole[:, sel]),
+            gi,
+            **kw,
+        )
+    return {
+        "use_cpu": d1[0].reshape(-1),
+        "use_mem": d1[1].reshape(-1),
+        "max_cpu": d2[0].reshape(-1),
+        "max_mem": d2[1].reshape(-1),
+        "windows": d2[2].reshape(-1),
+        **{k: d2[3 + j].reshape(-1) for j, k in enumerate(_KNOWN_FIELDS)},
+    }
 
 
 def interval_partial(run: RunningIntervals, ctx: OvercommitContext, backend: Any) -> dict[str, Any]:
