@@ -204,102 +204,23 @@ class DataQuality(Analysis):
     def partial(self, cols: dict[str, Any], ctx: DataQualityContext, backend: Any) -> dict[str, Any]:
         xp = backend.xp
         out = {k: xp.asarray(v) for k, v in self.empty().items()}
-        s, e = cols["start_time"], cols["end_time"]
-        n = int(s.shape[0])
+        n = int(cols["start_time"].shape[0])
         cnt = np.zeros(len(USAGE_CHECKS), np.int64)
         if ctx.per_partition:  # every partition task counts its own events' instances, usage or not
             cnt[_U["bound_instances"]] = len(ctx.lookup)
         out["counts"] = xp.asarray(cnt)
         if n == 0:
             return out
-
-        def count(name: str, mask: Any) -> None:
-            cnt[_U[name]] = int(xp.count_nonzero(mask))
-
         cnt[_U["rows"]] = n
-        m = cols["machine_id"]
-        for name, mask in (
-            ("start_zero", s == 0),
-            ("start_after_trace", s == TIME_AFTER_TRACE),
-            ("end_zero", e == 0),
-            ("end_after_trace", e == TIME_AFTER_TRACE),
-            ("machine_zero", m == 0),
-            ("machine_dedicated", m == -1),
-        ):
-            count(name, mask)
-        # ---- window lengths (both times below 2^63-1)
-        finite = (s != TIME_AFTER_TRACE) & (e != TIME_AFTER_TRACE)
-        dur = xp.where(finite, e - s, 0)
-        count("end_before_start", finite & (dur < 0))
-        count("zero_length", finite & (dur == 0))
-        count("short_windows", finite & (dur >= 0) & (dur < ctx.short_us))
-        count("long_windows", finite & (dur > ctx.short_us))
-        # ---- CPU percentile vectors, in level order (their NULLs counted here, once)
-        nulls: dict[str, int] = {}
-        any_null, all_null = xp.zeros(n, dtype=bool), xp.ones(n, dtype=bool)
-        bad = xp.zeros(n, dtype=bool)
-        run = None
-        for c in CPU_PERCENTILE_COLUMNS_SORTED:
-            v = cols[c]
-            null = xp.isnan(v)
-            nulls[c] = int(xp.count_nonzero(null))
-            any_null |= null
-            all_null &= null
-            if run is not None:
-                bad |= v < run  # NaN compares False: NULL levels are skipped
-                run = xp.fmax(run, v)
-            else:
-                run = v
-        count("percentiles_null", all_null)
-        count("percentiles_partly_null", any_null & ~all_null)
-        count("percentiles_non_monotone", bad)
+        finite, dur = _window_checks(xp, cols, ctx.short_us, cnt)
+        nulls = _percentile_checks(xp, cols, cnt)
         out["nulls"] = xp.asarray(
             np.array([nulls[c] if c in nulls else column_nulls(xp, cols[c]) for c in self.columns], np.int64)
         )
-        p100, mx = cols["cpu_p100"], cols["max_cpu"]
-        both = ~xp.isnan(p100) & ~xp.isnan(mx)
-        count("p100_and_max", both)
-        count("p100_below_max", both & (p100 < mx))
-        count("p100_above_max", both & (p100 > mx))
-        r = xp.nonzero(both & (p100 > 0))[0]
-        ratio = mx[r].astype(xp.float64) / p100[r].astype(xp.float64)
-        out["ratio"] = bincount(xp, log_bins(xp, xp.asarray(RATIO_EDGES), ratio), minlength=_B).astype(xp.int64)
-        # ---- CPI / MAI: cpi's plausibility rule (CPU-seconds from the window's length)
-        secs = xp.where(finite, dur, -1).astype(xp.float64) / 1e6
-        _, fc = CpiFilter().mask(xp, cols["cpi"], cols["mai"], cols["avg_cpu"].astype(xp.float64) * secs)
-        cnt[_U["cpi_mai_present"]] = fc["total"] - fc["missing"]
-        cnt[_U["cpi_mai_low_cpu_time"]] = fc["cpu_seconds"]
-        cnt[_U["cpi_out_of_range"]] = fc["cpi_range"]
-        cnt[_U["mai_out_of_range"]] = fc["mai_range"]
-        # ---- per instance: events, the final terminal event
-        c, i = cols["collection_id"], cols["instance_index"]
-        found, code = ctx.lookup.find(backend, c, i, xp.zeros(n, dtype=xp.int64))
-        ends = backend.stage(ctx.end_us) if ctx.end_us.shape[0] else xp.zeros(1, dtype=xp.int64)
-        end = xp.where(found, ends[xp.where(found, code, 0).astype(xp.int64)], TIME_AFTER_TRACE)
-        ended = end != TIME_AFTER_TRACE
-        after = ended & (s >= end)
-        count("no_events_rows", ~found)
-        count("after_end_rows", after)
-        count("after_end_300s_rows", after & (s - end >= _AFTER_S * 1_000_000))
-        count("past_end_rows", ended & (s < end) & (e > end))
-        # distinct instances: those with events by their lookup codes (a flag per code), those
-        # without by a sort of their rows alone (every row of an instance is in this partition)
-        seen = xp.zeros(len(ctx.lookup) + 1, dtype=bool)
-        seen[code[found]] = True
-        matched = int(xp.count_nonzero(seen))
-        seen[:] = False
-        seen[code[after]] = True  # (after: found)
-        cnt[_U["after_end_instances"]] = int(xp.count_nonzero(seen))
-        miss = xp.nonzero(~found)[0]
-        lone = 0
-        if int(miss.shape[0]):
-            cm, im = c[miss].astype(xp.int64), i[miss].astype(xp.int64)
-            order = instance_order(xp, cm, im, xp.zeros(cm.shape[0], dtype=xp.int64))
-            cs, is_ = cm[order], im[order]
-            lone = 1 + int(xp.count_nonzero((cs[1:] != cs[:-1]) | (is_[1:] != is_[:-1])))
-        cnt[_U["instances"]] = matched + lone
-        cnt[_U["no_events_instances"]] = lone
-        cnt[_U["matched_instances"]] = matched
+        out["ratio"] = _p100_max_checks(xp, cols, cnt)
+        _cpi_mai_checks(xp, cols, finite, dur, cnt)
+        del finite, dur
+        _instance_checks(backend, cols, ctx, cnt)
         out["counts"] = xp.asarray(cnt)
         return out
 
@@ -406,3 +327,115 @@ _HIST_SCHEMA = pa.schema(
 
 def _rows_of(t: dict[str, list[dict[str, Any]]] | None) -> int:
     return next((int(r["count"]) for r in (t or {}).get("checks", []) if r["check"] == "rows"), 0)
+
+
+def _count(xp: Any, cnt: np.ndarray, name: str, mask: Any) -> None:
+    """The count of usage check ``name``: the rows ``mask`` holds."""
+    cnt[_U[name]] = int(xp.count_nonzero(mask))
+
+
+def _window_checks(xp: Any, cols: dict[str, Any], short_us: int, cnt: np.ndarray) -> tuple[Any, Any]:
+    """Counts the rows' odd times and machines and their window lengths (both times below
+    2^63-1); returns whether each row's times are finite and its length (0 where not)."""
+    s, e, m = cols["start_time"], cols["end_time"], cols["machine_id"]
+    for name, mask in (
+        ("start_zero", s == 0),
+        ("start_after_trace", s == TIME_AFTER_TRACE),
+        ("end_zero", e == 0),
+        ("end_after_trace", e == TIME_AFTER_TRACE),
+        ("machine_zero", m == 0),
+        ("machine_dedicated", m == -1),
+    ):
+        _count(xp, cnt, name, mask)
+    finite = (s != TIME_AFTER_TRACE) & (e != TIME_AFTER_TRACE)
+    dur = xp.where(finite, e - s, 0)
+    _count(xp, cnt, "end_before_start", finite & (dur < 0))
+    _count(xp, cnt, "zero_length", finite & (dur == 0))
+    _count(xp, cnt, "short_windows", finite & (dur >= 0) & (dur < short_us))
+    _count(xp, cnt, "long_windows", finite & (dur > short_us))
+    return finite, dur
+
+
+def _percentile_checks(xp: Any, cols: dict[str, Any], cnt: np.ndarray) -> dict[str, int]:
+    """Counts the CPU percentile vectors all NULL, partly NULL and not monotone (in level order);
+    returns the NULLs of each percentile column (counted here, once)."""
+    n = int(cols["start_time"].shape[0])
+    nulls: dict[str, int] = {}
+    any_null, all_null = xp.zeros(n, dtype=bool), xp.ones(n, dtype=bool)
+    bad = xp.zeros(n, dtype=bool)
+    run = None
+    for c in CPU_PERCENTILE_COLUMNS_SORTED:
+        v = cols[c]
+        null = xp.isnan(v)
+        nulls[c] = int(xp.count_nonzero(null))
+        any_null |= null
+        all_null &= null
+        if run is not None:
+            bad |= v < run  # NaN compares False: NULL levels are skipped
+            run = xp.fmax(run, v)
+        else:
+            run = v
+    _count(xp, cnt, "percentiles_null", all_null)
+    _count(xp, cnt, "percentiles_partly_null", any_null & ~all_null)
+    _count(xp, cnt, "percentiles_non_monotone", bad)
+    return nulls
+
+
+def _p100_max_checks(xp: Any, cols: dict[str, Any], cnt: np.ndarray) -> Any:
+    """Counts rows with both the CPU p100 and max_cpu, and the p100 below and above it; returns the
+    histogram of max_cpu / p100 (:data:`RATIO_EDGES`, int64)."""
+    p100, mx = cols["cpu_p100"], cols["max_cpu"]
+    both = ~xp.isnan(p100) & ~xp.isnan(mx)
+    _count(xp, cnt, "p100_and_max", both)
+    _count(xp, cnt, "p100_below_max", both & (p100 < mx))
+    _count(xp, cnt, "p100_above_max", both & (p100 > mx))
+    r = xp.nonzero(both & (p100 > 0))[0]
+    ratio = mx[r].astype(xp.float64) / p100[r].astype(xp.float64)
+    return bincount(xp, log_bins(xp, xp.asarray(RATIO_EDGES), ratio), minlength=_B).astype(xp.int64)
+
+
+def _cpi_mai_checks(xp: Any, cols: dict[str, Any], finite: Any, dur: Any, cnt: np.ndarray) -> None:
+    """Counts CPI / MAI present and failing cpi's plausibility rule (CPU-seconds from the window's
+    length)."""
+    secs = xp.where(finite, dur, -1).astype(xp.float64) / 1e6
+    _, fc = CpiFilter().mask(xp, cols["cpi"], cols["mai"], cols["avg_cpu"].astype(xp.float64) * secs)
+    cnt[_U["cpi_mai_present"]] = fc["total"] - fc["missing"]
+    cnt[_U["cpi_mai_low_cpu_time"]] = fc["cpu_seconds"]
+    cnt[_U["cpi_out_of_range"]] = fc["cpi_range"]
+    cnt[_U["mai_out_of_range"]] = fc["mai_range"]
+
+
+def _instance_checks(backend: Any, cols: dict[str, Any], ctx: DataQualityContext, cnt: np.ndarray) -> None:
+    """Counts per instance: rows without events, rows after or past the instance's final terminal
+    event, and the distinct instances (with events, without, with rows after the end)."""
+    xp = backend.xp
+    s, e = cols["start_time"], cols["end_time"]
+    n = int(s.shape[0])
+    c, i = cols["collection_id"], cols["instance_index"]
+    found, code = ctx.lookup.find(backend, c, i, xp.zeros(n, dtype=xp.int64))
+    ends = backend.stage(ctx.end_us) if ctx.end_us.shape[0] else xp.zeros(1, dtype=xp.int64)
+    end = xp.where(found, ends[xp.where(found, code, 0).astype(xp.int64)], TIME_AFTER_TRACE)
+    ended = end != TIME_AFTER_TRACE
+    after = ended & (s >= end)
+    _count(xp, cnt, "no_events_rows", ~found)
+    _count(xp, cnt, "after_end_rows", after)
+    _count(xp, cnt, "after_end_300s_rows", after & (s - end >= _AFTER_S * 1_000_000))
+    _count(xp, cnt, "past_end_rows", ended & (s < end) & (e > end))
+    # distinct instances: those with events by their lookup codes (a flag per code), those
+    # without by a sort of their rows alone (every row of an instance is in this partition)
+    seen = xp.zeros(len(ctx.lookup) + 1, dtype=bool)
+    seen[code[found]] = True
+    matched = int(xp.count_nonzero(seen))
+    seen[:] = False
+    seen[code[after]] = True  # (after: found)
+    cnt[_U["after_end_instances"]] = int(xp.count_nonzero(seen))
+    miss = xp.nonzero(~found)[0]
+    lone = 0
+    if int(miss.shape[0]):
+        cm, im = c[miss].astype(xp.int64), i[miss].astype(xp.int64)
+        order = instance_order(xp, cm, im, xp.zeros(cm.shape[0], dtype=xp.int64))
+        cs, is_ = cm[order], im[order]
+        lone = 1 + int(xp.count_nonzero((cs[1:] != cs[:-1]) | (is_[1:] != is_[:-1])))
+    cnt[_U["instances"]] = matched + lone
+    cnt[_U["no_events_instances"]] = lone
+    cnt[_U["matched_instances"]] = matched
