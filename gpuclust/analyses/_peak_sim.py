@@ -234,18 +234,11 @@ def _empty(xp: Any) -> dict[str, Any]:
     }
 
 
-def simulate(
-    be: Any, code: Any, step: Any, inst: Any, usage: Any, lim: Any, span: int, last_step: int, prm: SimParams
-) -> dict[str, Any]:
-    """The per-snapshot table of one shard (arrays on backend ``be``, as the inputs; in (machine
-    code, step) order): ``code``, ``step``, ``instances``, ``limit``, ``total_usage``, ``oracle``
-    (NaN: censored) and one array per predictor (``borg_default``, ``n_sigma``,
-    ``instance_percentile``, ``machine_percentile``, ``max_of``, ``avg_of``)."""
+def _instance_rows(be: Any, code: Any, step: Any, inst: Any, usage: Any, lim: Any, span: int) -> tuple[Any, ...]:
+    """One row per (machine, step, instance), in (key, instance) order: its key (machine code and
+    step packed), instance, and the max of usage and of limit over its windows."""
     xp, ops = be.xp, be.ops
-    if not code.shape[0]:
-        return _empty(xp)
     key = pack(code.astype(xp.int64), step, span)
-    # one row per (machine, step, instance): the max of usage and of limit over its windows
     o = xp.lexsort(xp.stack([inst, key]))
     key, inst, usage, lim = key[o], inst[o], usage[o], lim[o]
     n = key.shape[0]
@@ -253,7 +246,13 @@ def simulate(
     first[1:] = (key[1:] != key[:-1]) | (inst[1:] != inst[:-1])
     at = xp.flatnonzero(first)
     usage, lim = ops.run_max(usage, at), ops.run_max(lim, at)
-    key, inst = key[at], inst[at]
+    return key[at], inst[at], usage, lim
+
+
+def _snapshots(xp: Any, key: Any, span: int) -> tuple[Any, ...]:
+    """The snapshots of rows in ``key`` order: each row's snapshot number, the snapshots' keys,
+    machine codes and steps, and per snapshot its machine's first snapshot and the end of its
+    machine's snapshots."""
     nr = key.shape[0]
     snap_first = xp.ones(nr, dtype=bool)
     snap_first[1:] = key[1:] != key[:-1]
@@ -266,21 +265,14 @@ def simulate(
     mfirst = _run_first(xp, mnew)
     mstarts = xp.flatnonzero(mnew)
     mend = xp.concatenate([mstarts[1:], xp.full(1, NS, dtype=mstarts.dtype)])[xp.cumsum(mnew) - 1]
-    out: dict[str, Any] = {
-        "code": scode,
-        "step": sstep,
-        "instances": bincount(xp, g, None, NS),
-        "limit": bincount(xp, g, lim, NS),
-        "total_usage": bincount(xp, g, xp.minimum(usage, lim), NS),
-    }
-    rcode = unpack(key, span)[0]
-    order, j, grp, piece = _runs(xp, rcode, inst, g, lim, prm.cap_to_limit)
-    gI, uI, LI = g[order], usage[order], lim[order]
-    warm = j >= max(prm.min_samples, 2)
-    cold = bincount(xp, gI[~warm], LI[~warm], NS)
-    warm_limit = bincount(xp, gI[warm], LI[warm], NS)
-    uc = xp.minimum(uI, LI) if prm.cap_to_limit else uI
-    preds: dict[str, Any] = {"borg_default": prm.borg_fraction * out["limit"]}
+    return g, snap_key, scode, sstep, mfirst, mend
+
+
+def _ratio_predictions(
+    xp: Any, gI: Any, warm: Any, j: Any, uc: Any, LI: Any, warm_limit: Any, cold: Any, prm: SimParams, NS: int
+) -> dict[str, Any]:
+    """The ``n_sigma`` and ``machine_percentile`` predictions, from the series of the warm
+    instances' usage over their limits (``cold``: the cold instances' limits, added)."""
     r, nk = _ratio_series(xp, gI, warm, j, uc, LI, prm.n_sigma_history, NS)
     ks = xp.arange(prm.n_sigma_history)[None, :]
     valid = ks < nk[:, None]
@@ -289,15 +281,29 @@ def simulate(
     dev = xp.where(valid, r - mean[:, None], 0.0)
     sd = xp.sqrt((dev * dev).sum(1) / xp.maximum(nk - 1, 1))
     ns = xp.where(nk > 0, xp.minimum(1.0, mean + prm.n_sigma * sd) * warm_limit, 0.0)
-    preds["n_sigma"] = ns + cold
+    out = {"n_sigma": ns + cold}
     if prm.machine_history != prm.n_sigma_history:
         r, nk = _ratio_series(xp, gI, warm, j, uc, LI, prm.machine_history, NS)
     ks = xp.arange(r.shape[1])[None, :]
     mat = xp.where(ks < nk[:, None], r, np.inf)
     mat.sort(axis=1)
     mp = xp.minimum(1.0, percentile_rows(xp, mat, xp.maximum(nk, 1), prm.machine_percentile))
-    preds["machine_percentile"] = xp.where(nk > 0, mp * warm_limit, 0.0) + cold
-    del r, mat, dev, valid
+    out["machine_percentile"] = xp.where(nk > 0, mp * warm_limit, 0.0) + cold
+    return out
+
+
+def _predictions(be: Any, gI: Any, uI: Any, LI: Any, j: Any, limit: Any, prm: SimParams, NS: int) -> dict[str, Any]:
+    """Every predictor's limit per snapshot, of the rows in run order (``gI`` snapshot, ``uI``
+    usage, ``LI`` limit, ``j`` run position; ``limit`` per snapshot)."""
+    xp = be.xp
+    warm = j >= max(prm.min_samples, 2)
+    cold = bincount(xp, gI[~warm], LI[~warm], NS)
+    warm_limit = bincount(xp, gI[warm], LI[warm], NS)
+    uc = xp.minimum(uI, LI) if prm.cap_to_limit else uI
+    preds: dict[str, Any] = {
+        "borg_default": prm.borg_fraction * limit,
+        **_ratio_predictions(xp, gI, warm, j, uc, LI, warm_limit, cold, prm, NS),
+    }
     with np.errstate(invalid="ignore", divide="ignore"):
         ratio = uI / LI
     if prm.cap_to_limit:
@@ -310,6 +316,33 @@ def simulate(
     )
     sub = xp.stack([preds[c] for c in prm.combine]) if prm.combine else xp.zeros((1, NS))
     preds["max_of"], preds["avg_of"] = sub.max(0), sub.mean(0)
+    return preds
+
+
+def simulate(
+    be: Any, code: Any, step: Any, inst: Any, usage: Any, lim: Any, span: int, last_step: int, prm: SimParams
+) -> dict[str, Any]:
+    """The per-snapshot table of one shard (arrays on backend ``be``, as the inputs; in (machine
+    code, step) order): ``code``, ``step``, ``instances``, ``limit``, ``total_usage``, ``oracle``
+    (NaN: censored) and one array per predictor (``borg_default``, ``n_sigma``,
+    ``instance_percentile``, ``machine_percentile``, ``max_of``, ``avg_of``)."""
+    xp = be.xp
+    if not code.shape[0]:
+        return _empty(xp)
+    key, inst, usage, lim = _instance_rows(be, code, step, inst, usage, lim, span)
+    g, snap_key, scode, sstep, mfirst, mend = _snapshots(xp, key, span)
+    NS = snap_key.shape[0]
+    out: dict[str, Any] = {
+        "code": scode,
+        "step": sstep,
+        "instances": bincount(xp, g, None, NS),
+        "limit": bincount(xp, g, lim, NS),
+        "total_usage": bincount(xp, g, xp.minimum(usage, lim), NS),
+    }
+    rcode = unpack(key, span)[0]
+    order, j, grp, piece = _runs(xp, rcode, inst, g, lim, prm.cap_to_limit)
+    gI, uI, LI = g[order], usage[order], lim[order]
+    preds = _predictions(be, gI, uI, LI, j, out["limit"], prm, NS)
     todo = sstep + prm.horizon_steps <= last_step
     out["oracle"] = _oracle(
         be,
