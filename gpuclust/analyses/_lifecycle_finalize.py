@@ -53,42 +53,8 @@ def result_tables(
     :mod:`gpuclust.tables`): ``kinds`` names the kinds of ``thing`` by ``collection_type`` (the
     dense partials' first axis), ``name`` and ``bucket_s`` go to ``info``."""
     names = ctx.tier_names
-    T = len(names)
-    # by kind: (kind, tier, ...) trimmed to the context's tiers; the tables of all kinds sum them
-    pk = {
-        k: np.asarray(v).reshape(_K, _T, *np.shape(v)[1:])[:, :T]
-        for k, v in partial.items()
-        if k not in ("series", "counters")
-    }
-    p: dict[str, Any] = {k: v.sum(axis=0) for k, v in pk.items() if k not in ("dur_min", "dur_max")}
-    p["dur_min"], p["dur_max"] = pk["dur_min"].min(axis=0), pk["dur_max"].max(axis=0)
-    p["counters"] = np.asarray(partial["counters"])
-    ev = p["events"]
-    events = rows_table(
-        [
-            {"tier": names[k], "event": EVENT_NAMES[j], "count": int(ev[k, j])}
-            for k in range(T)
-            for j in range(_NE)
-            if ev[k, j]
-        ],
-        EVENTS_SCHEMA,
-    )
-    tr = p["transitions"]
-    trows = [
-        {
-            "tier": names[k],
-            "from_event": EVENT_NAMES[a],
-            "to_event": EVENT_NAMES[b],
-            "count": int(tr[k, a, b]),
-            "expected": bool(b in EXPECTED[int(STATE_AFTER[a])]),
-        }
-        for k in range(T)
-        for a in range(_NE)
-        for b in range(_NE)
-        if tr[k, a, b]
-    ]
-    transitions = rows_table(trows, TRANSITIONS_SCHEMA)
-    series = series_table(partial["series"], names, bucket_s)
+    pk, p = _by_kind(partial, len(names))
+    trows = _transition_rows(p["transitions"], names)
     delays, hist = delays_tables(p, names)
     present = [k for k in range(_K) if pk["instances"][k].sum()]
     by_kind = [(kinds[k], delays_tables({f: v[k] for f, v in pk.items()}, names)[0]) for k in present]
@@ -97,14 +63,6 @@ def result_tables(
         if by_kind
         else with_kind(empty_table(DELAYS_SCHEMA), "")
     )
-    erows = [
-        {"kind": kinds[k], "tier": names[j], "event": EVENT_NAMES[v], "count": int(pk["events"][k, j, v])}
-        for k in range(_K)
-        for j in range(T)
-        for v in range(_NE)
-        if pk["events"][k, j, v]
-    ]
-    events_by_kind = rows_table(erows, EVENTS_BY_KIND_SCHEMA)
     survival = survival_table(pk, p, names, [kinds[k] for k in range(_K)], present, _DI, DISTRIBUTIONS, DELAY_EDGES_US)
     counters = dict(zip(_COUNTERS, (int(v) for v in p["counters"]), strict=True))
     kind_counts = {
@@ -121,22 +79,78 @@ def result_tables(
                 "data_end_us": ctx.data_end_us,
                 **counters,
                 **kind_counts,
-                "transitions": int(tr.sum()),
+                "transitions": int(p["transitions"].sum()),
                 "unexpected_transitions": sum(r["count"] for r in trows if not r["expected"]),
             }
         ]
     )
     return {
-        "events": events,
-        "transitions": transitions,
-        "series": series,
+        "events": _events_table(p["events"], names),
+        "transitions": rows_table(trows, TRANSITIONS_SCHEMA),
+        "series": series_table(partial["series"], names, bucket_s),
         "delays": delays,
         "delay_hist": hist,
         "survival": survival,
         "delays_by_kind": delays_by_kind,
-        "events_by_kind": events_by_kind,
+        "events_by_kind": _events_by_kind_table(pk["events"], names, kinds),
         "info": info,
     }
+
+
+def _by_kind(partial: dict[str, Any], T: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The dense partials by kind, ``(kind, tier, ...)`` trimmed to the context's ``T`` tiers, and
+    of all kinds together (summed; the shortest and longest durations over kinds; the counters)."""
+    pk = {
+        k: np.asarray(v).reshape(_K, _T, *np.shape(v)[1:])[:, :T]
+        for k, v in partial.items()
+        if k not in ("series", "counters")
+    }
+    p: dict[str, Any] = {k: v.sum(axis=0) for k, v in pk.items() if k not in ("dur_min", "dur_max")}
+    p["dur_min"], p["dur_max"] = pk["dur_min"].min(axis=0), pk["dur_max"].max(axis=0)
+    p["counters"] = np.asarray(partial["counters"])
+    return pk, p
+
+
+def _events_table(ev: np.ndarray, names: tuple[str, ...]) -> pa.Table:
+    """The ``events`` table of the (tier, event type) counts ``ev``."""
+    return rows_table(
+        [
+            {"tier": names[k], "event": EVENT_NAMES[j], "count": int(ev[k, j])}
+            for k in range(len(names))
+            for j in range(_NE)
+            if ev[k, j]
+        ],
+        EVENTS_SCHEMA,
+    )
+
+
+def _transition_rows(tr: np.ndarray, names: tuple[str, ...]) -> list[dict[str, Any]]:
+    """The ``transitions`` table's rows of the (tier, from, to) counts ``tr``."""
+    return [
+        {
+            "tier": names[k],
+            "from_event": EVENT_NAMES[a],
+            "to_event": EVENT_NAMES[b],
+            "count": int(tr[k, a, b]),
+            "expected": bool(b in EXPECTED[int(STATE_AFTER[a])]),
+        }
+        for k in range(len(names))
+        for a in range(_NE)
+        for b in range(_NE)
+        if tr[k, a, b]
+    ]
+
+
+def _events_by_kind_table(ev: np.ndarray, names: tuple[str, ...], kinds: tuple[str, ...]) -> pa.Table:
+    """The ``events_by_kind`` table of the (kind, tier, event type) counts ``ev``."""
+    erows = [
+        {"kind": kinds[k], "tier": names[j], "event": EVENT_NAMES[v], "count": int(ev[k, j, v])}
+        for k in range(_K)
+        for j in range(len(names))
+        for v in range(_NE)
+        if ev[k, j, v]
+    ]
+    return rows_table(erows, EVENTS_BY_KIND_SCHEMA)
 
 
 def summary_text(label: str, thing: str, result: dict[str, Any]) -> str:
