@@ -155,18 +155,55 @@ def window_cdf_np(q: np.ndarray, xs: np.ndarray, levels: Sequence[float] = LEVEL
     return np.where(mid, inner, out)
 
 
+def windows_cdf_np(
+    qs: np.ndarray, xs: np.ndarray, levels: Sequence[float] = LEVELS, *, left: bool = False
+) -> np.ndarray | None:
+    """``(windows, len(xs))``: row ``i`` is :func:`window_cdf_np` of ``qs[i]`` at ``xs``, element for
+    element the same arithmetic, all windows at once; ``None`` where that equivalence is not
+    guaranteed (a row not sorted, a NaN anywhere), for the caller to go one window at a time.
+
+    For a sorted row, ``searchsorted(q, x, side)`` is the number of breakpoints ``<= x`` (right) or
+    ``< x`` (left), which is what is counted here."""
+    qs = np.asarray(qs, dtype=np.float64)
+    xs = np.asarray(xs, dtype=np.float64)
+    if qs.ndim != 2 or np.isnan(qs).any() or np.isnan(xs).any() or (np.diff(qs, axis=1) < 0).any():
+        return None
+    lv = np.asarray(levels, dtype=np.float64)
+    n = qs.shape[1]
+    below = qs[:, :, None] < xs[None, None, :] if left else qs[:, :, None] <= xs[None, None, :]
+    k = below.sum(axis=1) - 1
+    out = np.where(k >= n - 1, 1.0, 0.0)
+    mid = (k >= 0) & (k < n - 1)
+    kk = np.clip(k, 0, n - 2)
+    a, b = np.take_along_axis(qs, kk, axis=1), np.take_along_axis(qs, kk + 1, axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        inner = lv[kk] + (lv[kk + 1] - lv[kk]) * (xs[None, :] - a) / (b - a)
+    return np.where(mid, inner, out)
+
+
+def _weighted_sum(qs: np.ndarray, ws: np.ndarray, xs: np.ndarray, levels: Sequence[float], left: bool) -> np.ndarray:
+    """``sum_i w_i F_i(xs)`` over the rows given (all with positive weight), added window after window
+    in row order (a running sum: the same roundings as adding one window at a time)."""
+    xs = np.asarray(xs, dtype=np.float64)
+    acc = np.zeros_like(xs)
+    f = windows_cdf_np(qs, xs, levels, left=left) if len(qs) else None
+    if f is None:
+        for q, w in zip(qs, ws, strict=False):
+            acc += float(w) * window_cdf_np(q, xs, levels, left=left)
+        return acc
+    return acc + np.cumsum(np.asarray(ws, dtype=np.float64)[:, None] * f, axis=0)[-1]
+
+
 def mixture_cdf_np(
     qs: np.ndarray, ws: np.ndarray, xs: np.ndarray, levels: Sequence[float] = LEVELS, *, left: bool = False
 ) -> np.ndarray:
-    """``F(xs) / W`` (normalised), one window at a time, for rows with positive weight."""
-    xs = np.asarray(xs, dtype=np.float64)
-    acc = np.zeros_like(xs)
+    """``F(xs) / W`` (normalised), window after window, for rows with positive weight."""
+    qs, ws = np.asarray(qs), np.asarray(ws)
+    keep = ws > 0
     W = 0.0
-    for q, w in zip(np.asarray(qs), np.asarray(ws), strict=False):
-        if w > 0:
-            acc += float(w) * window_cdf_np(q, xs, levels, left=left)
-            W += float(w)
-    return acc / W
+    for w in ws[keep]:
+        W += float(w)
+    return _weighted_sum(qs[keep], ws[keep], xs, levels, left) / W
 
 
 def group_quantiles(
@@ -183,10 +220,7 @@ def group_quantiles(
     lo_s, hi_s = float(qs[:, 0].min()), float(qs[:, -1].max())
 
     def F(xs: np.ndarray) -> np.ndarray:  # un-normalised sum_i w_i F_i(x)
-        acc = np.zeros_like(xs)
-        for q, w in zip(qs, ws, strict=False):
-            acc += w * window_cdf_np(q, xs, levels)
-        return acc
+        return _weighted_sum(qs, ws, xs, levels, False)
 
     t = ps * W
     lo = np.full(ps.shape, lo_s)
