@@ -9,6 +9,7 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pytest
 from generic_backend import CPU, GENERIC
@@ -119,16 +120,32 @@ def check(
         "kills",
         "losses",
     )
-    seen = set()
-    for r in s.itertuples():
-        c = ref["series"].get((r.bucket, r.tier), Counter())
-        seen.add((r.bucket, r.tier))
-        for f in fields:
-            assert getattr(r, f) == c[f], (r.bucket, r.tier, f)
-        for f in ("pending", "running", "queued", "eligible"):
-            assert getattr(r, f) == sum(v[f] for (b, t), v in ref["series"].items() if t == r.tier and b <= r.bucket)
-        assert r.bucket_start_us == r.bucket * bucket_us
-    assert set(ref["series"]) <= seen
+    levels = ("pending", "running", "queued", "eligible")
+    bucket, tier = s["bucket"].to_numpy(np.int64), s["tier"].astype(object).to_numpy()
+    assert (s["bucket_start_us"].to_numpy(np.int64) == bucket * bucket_us).all()
+    # counts: the replay's for the row's (bucket, tier), 0 where the replay has none
+    keys = list(ref["series"])
+    want = pd.DataFrame(
+        [[ref["series"][k][f] for f in fields] for k in keys],
+        index=pd.MultiIndex.from_tuples(keys, names=["bucket", "tier"]) if keys else None,
+        columns=list(fields),
+        dtype=np.int64,
+    )
+    rows_key = pd.MultiIndex.from_arrays([bucket, tier], names=["bucket", "tier"])
+    want = want.reindex(rows_key, fill_value=0) if keys else pd.DataFrame(0, index=rows_key, columns=list(fields))
+    got = s[list(fields)].to_numpy(np.int64)
+    bad = np.flatnonzero((got != want.to_numpy(np.int64)).any(axis=1))
+    assert not len(bad), s.iloc[bad[:5]]
+    # levels: the replay's changes summed over the buckets b <= the row's (integers: exact)
+    for t in set(tier.tolist()) | {k[1] for k in keys}:
+        ch = sorted((b, [ref["series"][(b, tt)][f] for f in levels]) for b, tt in keys if tt == t)
+        cum = np.cumsum(np.array([[0] * len(levels)] + [v for _, v in ch], dtype=np.int64), axis=0)
+        at = tier == t
+        upto = np.searchsorted(np.array([b for b, _ in ch], dtype=np.int64), bucket[at], side="right")
+        lv = s[list(levels)].to_numpy(np.int64)[at]
+        bad = np.flatnonzero((lv != cum[upto]).any(axis=1))
+        assert not len(bad), (t, s[at].iloc[bad[:5]], cum[upto][bad[:5]])
+    assert set(keys) <= set(zip(bucket.tolist(), tier.tolist(), strict=True))
     # delays: exact counts, mean, min, max; quantiles resolved to their bin; the histogram
     d = res["delays"]
     got = {(r.tier, r.measure, r.outcome): r for r in d.itertuples()}
