@@ -166,13 +166,35 @@ def _checkout(base: Path) -> Path:
 def toured(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The folder a new user has after the README's tour: an empty checkout folder in which the
     README's steps ran as printed, in order, up to :data:`TOUR_END` (which the README's test runs
-    next, in a copy)."""
-    sandbox = _checkout(tmp_path_factory.mktemp("tour"))
-    sandbox.mkdir()
-    env, gpu = _env(sandbox), _gpu()
-    for lang, text, line in steps("README.md")[: _tour_split()]:
-        _run("README.md", lang, text, line, sandbox, env, gpu)
-    return sandbox
+    next, in a copy).
+
+    The tour runs once per pytest run, whatever the number of xdist workers: the first worker to
+    need it runs it in the run's folder that all workers share (``getbasetemp().parent`` under
+    xdist), holding a lock on it, and marks it done; a worker that comes later waits for the lock
+    and uses that folder (tests only copy it).  A tour that failed left no mark: the next worker
+    runs it again, from an empty folder, and fails the same way."""
+    import fcntl
+
+    base = tmp_path_factory.getbasetemp()
+    base = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "docs-tour"
+    base.mkdir(exist_ok=True)
+    with open(base / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        sandbox, done = base / "checkout", base / "done"
+        if done.exists():
+            return sandbox
+        for old in (sandbox, base / "shared"):
+            if old.is_symlink() or old.is_file():
+                old.unlink()
+            elif old.exists():
+                shutil.rmtree(old)
+        sandbox = _checkout(base)
+        sandbox.mkdir()
+        env, gpu = _env(sandbox), _gpu()
+        for lang, text, line in steps("README.md")[: _tour_split()]:
+            _run("README.md", lang, text, line, sandbox, env, gpu)
+        done.touch()
+        return sandbox
 
 
 def _env(sandbox: Path) -> dict[str, str]:
