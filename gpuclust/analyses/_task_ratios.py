@@ -239,33 +239,25 @@ def task_tables(partial: dict[str, Any], prod_tier: int | None) -> tuple[dict[st
     }, info
 
 
-#: The result tables' columns and types (an empty table keeps them).
-TASK_SUMMARY_SCHEMA = pa.schema(
-    [
-        ("band", pa.string()),
-        ("measure", pa.string()),
-        *((c, pa.int64()) for c in ("tasks", "no_limit", "unknown", "defined", "above_limit", "at_most_half")),
-        *(
-            (c, pa.float64())
-            for c in (
-                "above_limit_share",
-                "at_most_half_share",
-                "mean_ratio",
-                "p10_ratio",
-                "p50_ratio",
-                "p90_ratio",
-                "p99_ratio",
-            )
-        ),
-    ]
-)
-TASK_HIST_SCHEMA = pa.schema(
-    [
-        ("band", pa.string()),
-        ("measure", pa.string()),
-        ("bin", pa.int64()),
-        ("lo_ratio", pa.float64()),
-        ("hi_ratio", pa.float64()),
-        ("tasks", pa.int64()),
-    ]
-)
+def ratio_schemas(group: str, unit: str) -> tuple[pa.Schema, pa.Schema]:
+    """The summary and histogram tables' columns and types of a usage/limit ratio over ``unit``
+    rows (windows or tasks) grouped by ``group`` (tier or band); an empty table keeps them."""
+    counts = (unit, "no_limit", "unknown", "defined", "above_limit", "at_most_half")
+    shares = (
+        "above_limit_share",
+        "at_most_half_share",
+        "mean_ratio",
+        "p10_ratio",
+        "p50_ratio",
+        "p90_ratio",
+        "p99_ratio",
+    )
+    head = [(group, pa.string()), ("measure", pa.string())]
+    summary = pa.schema([*head, *((c, pa.int64()) for c in counts), *((c, pa.float64()) for c in shares)])
+    hist = pa.schema(
+        [*head, ("bin", pa.int64()), ("lo_ratio", pa.float64()), ("hi_ratio", pa.float64()), (unit, pa.int64())]
+    )
+    return summary, hist
+
+
+TASK_SUMMARY_SCHEMA, TASK_HIST_SCHEMA = ratio_schemas("band", "tasks")

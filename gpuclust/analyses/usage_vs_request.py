@@ -46,7 +46,14 @@ from gpuclust.analyses._requests import (
     asof_keyed,
     asof_keyed_slots,
 )
-from gpuclust.analyses._task_ratios import TASK_COLUMNS, TaskAccumulator, empty_tasks, merge_tasks, task_tables
+from gpuclust.analyses._task_ratios import (
+    TASK_COLUMNS,
+    TaskAccumulator,
+    empty_tasks,
+    merge_tasks,
+    ratio_schemas,
+    task_tables,
+)
 from gpuclust.analyses.base import Analysis, fmt
 from gpuclust.analyses.grouping import FloatBins
 from gpuclust.analyses.options import tier_map_option
@@ -441,32 +448,4 @@ class UsageVsRequest(Analysis):
 
 
 #: The result tables' columns and types (an empty table keeps them).
-_SUMMARY_SCHEMA = pa.schema(
-    [
-        ("tier", pa.string()),
-        ("measure", pa.string()),
-        *((c, pa.int64()) for c in _COUNTS),
-        *(
-            (c, pa.float64())
-            for c in (
-                "above_limit_share",
-                "at_most_half_share",
-                "mean_ratio",
-                "p10_ratio",
-                "p50_ratio",
-                "p90_ratio",
-                "p99_ratio",
-            )
-        ),
-    ]
-)
-_HIST_SCHEMA = pa.schema(
-    [
-        ("tier", pa.string()),
-        ("measure", pa.string()),
-        ("bin", pa.int64()),
-        ("lo_ratio", pa.float64()),
-        ("hi_ratio", pa.float64()),
-        ("windows", pa.int64()),
-    ]
-)
+_SUMMARY_SCHEMA, _HIST_SCHEMA = ratio_schemas("tier", "windows")
