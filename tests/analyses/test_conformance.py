@@ -63,11 +63,12 @@ def assert_results_equal(r1, r2, rtol=1e-12):
         a, b = as_pandas(r1[k]).reset_index(drop=True), as_pandas(r2[k]).reset_index(drop=True)
         assert list(a.columns) == list(b.columns)
         assert len(a) == len(b), (k, a, b)
-        for c in a.columns:
-            if a[c].dtype.kind == "f":
-                np.testing.assert_allclose(a[c].to_numpy(), b[c].to_numpy(), rtol=rtol, atol=1e-300, equal_nan=True)
+        for c, x in a.items():
+            y = b[c]
+            if x.dtype.kind == "f":
+                np.testing.assert_allclose(x.to_numpy(), y.to_numpy(), rtol=rtol, atol=1e-300, equal_nan=True)
             else:
-                assert a[c].tolist() == b[c].tolist(), (k, c)
+                assert x.tolist() == y.tolist(), (k, c)
 
 
 def cuttable(analysis, t: pa.Table) -> tuple[pa.Table, list[int]]:
