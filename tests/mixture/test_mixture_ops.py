@@ -242,6 +242,25 @@ def test_two_windows_reference_by_bisection() -> None:
         assert ref.quantile_ok(fast[j], ref.mixture_quantile(q, w, float(p)), q, w, float(p))
 
 
+def test_reference_all_windows_cdf_is_the_one_window_cdf() -> None:
+    """The reference's all-windows CDF (what its group sums use) is, row for row and bit for bit,
+    its one-window CDF, right value and left limit, at breakpoints, between and outside them; a row
+    it cannot take (not sorted) is left to the one-window path."""
+    rng = np.random.default_rng(3)
+    q = np.sort(rng.gamma(0.7, 1.0, (40, 20)), axis=1)
+    q[:10, :8] = 0.0  # point mass at 0
+    q[10:14] = q[10:14, :1]  # one-point windows
+    q[14, 5:9] = q[14, 5]  # a flat step inside
+    xs = np.r_[np.unique(q)[::7], rng.random(50) * q.max(), -1.0, 0.0, q.max(), q.max() * 2]
+    for left in (False, True):
+        got = ref.windows_cdf_np(q, xs, left=left)
+        want = np.stack([ref.window_cdf_np(r, xs, left=left) for r in q])
+        assert got is not None and np.array_equal(got, want), left
+    bad = q.copy()
+    bad[3, 12] = bad[3, 11] - 1.0
+    assert ref.windows_cdf_np(bad, xs) is None
+
+
 def _payload_rowwise(q: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The event payload written window by window (the definition ``_event_table`` vectorises)."""
     n, nl = q.shape
