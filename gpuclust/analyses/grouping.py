@@ -1,7 +1,5 @@
-"""Grouping, shared by every analysis: ``by=`` lists, group keys, and the one time-bucket convention.
+"""Grouping, shared by every analysis: group keys, and the one time-bucket convention.
 
-* :func:`parse_list` / :func:`parse_by`: a ``by`` (or any list) option given as ``"a,b"``,
-  ``"a+b"`` or a sequence, validated against the analysis' choices;
 * :data:`KEY_COLUMNS`: the result columns of each grouping name;
 * :func:`group_key`: one int64 key per row from the key components (the value itself for one
   component, a splitmix64 chain of several, :func:`gpuclust.keys.hash64`);
@@ -15,7 +13,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,8 +33,6 @@ __all__ = [
     "distinct_sorted",
     "instance_order",
     "isin_sorted",
-    "parse_by",
-    "parse_list",
     "segmented_last",
     "unique_codes",
     "unique_counts",
@@ -179,29 +174,6 @@ class FloatBins:
         b = xp.take(cells, k).astype(xp.int64)
         b += x >= xp.take(edges, b)
         return b
-
-
-def parse_list(v: Any) -> tuple[str, ...]:
-    """``"a,b"``, ``"a+b"`` or a sequence -> ``("a", "b")`` (blanks dropped).
-
-    >>> parse_list("machine+time"), parse_list(["tier"])
-    (('machine', 'time'), ('tier',))
-    """
-    if isinstance(v, str):
-        return tuple(s.strip() for s in v.replace("+", ",").split(",") if s.strip())
-    return tuple(str(s) for s in v)
-
-
-def parse_by(v: Any, choices: Sequence[str], what: str) -> tuple[str, ...]:
-    """A ``by`` option: one or more of ``choices``, none repeated (``what`` names the analysis
-    in the error)."""
-    by = parse_list(v)
-    bad = [b for b in by if b not in choices]
-    if bad or not by:
-        raise ValueError(f"{what}: by must name one or more of {list(choices)}, got {v!r}")
-    if len(set(by)) != len(by):
-        raise ValueError(f"{what}: repeated key in by={v!r}")
-    return by
 
 
 def group_key(xp: Any, comps: list[Any], n: int) -> Any:

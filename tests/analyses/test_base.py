@@ -136,8 +136,9 @@ def test_id_index_matches_dict(ids, extra, nonneg):
 
 
 def test_grouping_buckets_and_by_lists():
-    """The one bucket convention against the obvious loop, and ``by`` validation."""
-    from gpuclust.analyses.grouping import bucket_grid, bucket_span, group_key, parse_by
+    """The one bucket convention against the obvious loop, and group keys (``by`` lists are
+    checked by their option declarations: tests/engine/test_cli_options.py)."""
+    from gpuclust.analyses.grouping import bucket_grid, bucket_span, group_key
 
     W = 300
     s = np.array([0, 299, 300, 599, 1000, 50])
@@ -147,10 +148,6 @@ def test_grouping_buckets_and_by_lists():
         touched = [b for b in range(10) if max(s[k], b * W) < min(e[k], (b + 1) * W)] or [s[k] // W]
         assert (b0[k], b1[k]) == (touched[0], touched[-1])
     assert bucket_grid(600, 601, W) == (600, 1) and bucket_grid(5, 5, W) == (0, 0) and bucket_grid(0, 900, W) == (0, 3)
-    assert parse_by("machine+time", ("machine", "time"), "x") == ("machine", "time")
-    for bad in ("", "machine,machine", "nope"):
-        with pytest.raises(ValueError, match="x: "):
-            parse_by(bad, ("machine", "time"), "x")
     comps = [np.array([1, 1, 2]), np.array([5, 6, 5])]
     k = group_key(np, comps, 3)
     assert k.dtype == np.int64 and len(set(k.tolist())) == 3
