@@ -77,6 +77,24 @@ def test_compare_is_exact_and_measures_the_difference(check) -> None:
     r = check.compare({"t": a}, {"t": a.assign(x=[1.0, 2.0 * (1 + 1e-6)])})
     assert not r["equal"] and not r["bit_equal"]
     assert check.compare({"t": a}, {})["unequal"] == {"t": "missing"}
+    s = pd.DataFrame({"k": ["a", "b"], "x": [1.0, 2.0]})  # a string column counts too
+    assert not check.compare({"t": s}, {"t": s.assign(k=["a", "c"])})["equal"]
+
+
+def test_compare_aligns_rows_that_tie_in_one_run_by_their_key(check) -> None:
+    """job-usage's jobs are ordered by NCU-hours, then collection id: two jobs tied in one run
+    may differ in the last bit in another and swap. Aligned by their key they are equal, and
+    marked reordered; a swap of values between keys, or a key missing, is not equal."""
+    a = pd.DataFrame({"collection_id": [7, 3, 5], "ncu_hours": [4.0, 2.0, 2.0]})
+    b = pd.DataFrame({"collection_id": [7, 5, 3], "ncu_hours": [4.0, 2.0 * (1 + 2e-16), 2.0]})
+    r = check.compare({"t": a}, {"t": b})
+    assert r["equal"] and not r["bit_equal"] and r["unequal"]["t"]["reordered"]
+    c = pd.DataFrame({"collection_id": [7, 5, 3], "ncu_hours": [4.0, 2.5, 2.0]})  # 5 and 3 differ
+    assert not check.compare({"t": a}, {"t": c})["equal"]
+    d = pd.DataFrame({"collection_id": [7, 5, 4], "ncu_hours": [4.0, 2.0, 2.0]})  # another key
+    assert not check.compare({"t": a}, {"t": d})["equal"]
+    dup = pd.DataFrame({"collection_id": [7, 7, 3], "ncu_hours": [4.0, 2.0, 2.0]})  # not a key
+    assert not check.compare({"t": dup}, {"t": dup.iloc[[0, 2, 1]]})["equal"]
 
 
 @pytest.mark.skipif(not DEVICE_RUN.exists(), reason="the device run's logs are not in this checkout")
