@@ -205,14 +205,14 @@ def cases(scale: float) -> list[dict[str, Any]]:
         {"op": "mixture_quantiles", "name": "~300 windows per group", "n": nm, "n_groups": max(1, nm // 300)},
         {"op": "mixture_quantiles", "name": "~30,000 windows per group", "n": nm, "n_groups": max(1, nm // 30_000)},
         {"op": "mixture_quantiles", "name": "5 groups (by=tier): tiled sweep", "n": nm // 2, "n_groups": 5},
-        {
+        {"op": "mixture_quantiles", "name": "1 group (by=cell): tiled sweep", "n": nm // 2, "n_groups": 1},
+        {  # last: the slowest case, the one a time limit may cut
             "op": "mixture_quantiles",
             "name": "5 groups (by=tier), one block per group forced",
             "n": nm // 2,
             "n_groups": 5,
             "tiled": False,
         },
-        {"op": "mixture_quantiles", "name": "1 group (by=cell): tiled sweep", "n": nm // 2, "n_groups": 1},
     ]
 
 
@@ -300,6 +300,39 @@ def run_case(backend: Any, c: dict[str, Any], repeat: int, rng: np.random.Genera
     }
 
 
+def _write(
+    name: str, args: Any, copy: float, rows: list[dict[str, Any]], env: dict[str, Any]
+) -> tuple[Any, Any, list[str]]:
+    """bench/results/<name>.{json,md} of the rows so far; returns both paths and the Markdown."""
+    md = [
+        f"# Kernel bandwidth ({args.backend} backend; {env['gpu'] or env['cpu']})",
+        "",
+        f"Copy bandwidth (read + write, {args.copy_gib:g} GiB float64 copy): **{copy / 1e9:.1f} GB/s**",
+        "",
+        "| op | case | n | groups | s | items/s | GB/s (bytes it must move) | of copy bandwidth |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        md.append(
+            f"| {r['op']} | {r['case']} | {r['n']:,} | {r['n_groups']:,} | {r['seconds']:.4f} | "
+            f"{r['items_per_s']:,.0f} | {r['gb_per_s']:.1f} | {100 * r['fraction_of_copy']:.0f}% |"
+        )
+    md += [
+        "",
+        "Bytes: inputs read once + output written once (see the script's docstring); target on a "
+        "GPU: bucket_overlap and mixture_quantiles >= 50% of the copy bandwidth.",
+        "",
+        "Environment: " + ", ".join(f"{k}={v}" for k, v in env.items()),
+        "",
+    ]
+    jp, mp = write_results(
+        name,
+        {"benchmark": "kernels", "backend": args.backend, "copy_bytes_per_s": copy, "rows": rows, "environment": env},
+        "\n".join(md),
+    )
+    return jp, mp, md
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backend", default="gpu", choices=("cpu", "gpu"))
@@ -323,7 +356,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"copy bandwidth (read + write): {copy / 1e9:.1f} GB/s", flush=True)
     rng = np.random.default_rng(0)
     only = set(filter(None, args.only.split(",")))
-    rows = []
+    rows: list[dict[str, Any]] = []
+    env = environment()
+    name = args.name or f"kernels_{args.backend}"
+    jp, mp, md = _write(name, args, copy, rows, env)
     for c in cases(args.scale):
         if only and c["op"] not in only:
             continue
@@ -331,34 +367,8 @@ def main(argv: list[str] | None = None) -> int:
         r["fraction_of_copy"] = r["gb_per_s"] * 1e9 / copy
         rows.append(r)
         print(json.dumps(r), flush=True)
-    env = environment()
-    md = [
-        f"# Kernel bandwidth ({args.backend} backend; {env['gpu'] or env['cpu']})",
-        "",
-        f"Copy bandwidth (read + write, {args.copy_gib:g} GiB float64 copy): **{copy / 1e9:.1f} GB/s**",
-        "",
-        "| op | case | n | groups | s | items/s | GB/s (bytes it must move) | of copy bandwidth |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in rows:
-        md.append(
-            f"| {r['op']} | {r['case']} | {r['n']:,} | {r['n_groups']:,} | {r['seconds']:.4f} | "
-            f"{r['items_per_s']:,.0f} | {r['gb_per_s']:.1f} | {100 * r['fraction_of_copy']:.0f}% |"
-        )
-    md += [
-        "",
-        "Bytes: inputs read once + output written once (see the script's docstring); target on a "
-        "GPU: bucket_overlap and mixture_quantiles >= 50% of the copy bandwidth.",
-        "",
-        "Environment: " + ", ".join(f"{k}={v}" for k, v in env.items()),
-        "",
-    ]
-    name = args.name or f"kernels_{args.backend}"
-    jp, mp = write_results(
-        name,
-        {"benchmark": "kernels", "backend": args.backend, "copy_bytes_per_s": copy, "rows": rows, "environment": env},
-        "\n".join(md),
-    )
+        # written after every case: a run cut by a time limit leaves the cases it finished
+        jp, mp, md = _write(name, args, copy, rows, env)
     print("\n".join(md))
     print(f"wrote {jp} and {mp}")
     return 0
