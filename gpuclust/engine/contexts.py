@@ -17,6 +17,7 @@ from gpuclust._parallel import client_threads
 from gpuclust.analyses.base import Analysis
 from gpuclust.engine import partition as _partition
 from gpuclust.engine import reading as _reading
+from gpuclust.engine.timing import phase
 from gpuclust.parted import map_large_arrays
 
 __all__ = [
@@ -108,29 +109,32 @@ def contexts(
     events a row group per thread)."""
     ctxs = []
     for k, a in enumerate(ans):
-        pre = a.prerequisites(src)
-        if pre:
-            if run_pass is None:
-                raise ValueError(f"{a.label} needs a pass over the data before its context; no engine given to run it")
-            if progress is not None:
-                progress.phase(f"pass: {', '.join(p.label for p in pre.values())} (for {a.label})")
-            res = run_pass(list(pre.values()))
-            keys = result_keys(list(pre.values()))
-            if progress is not None:
-                progress.phase(f"context: {a.label}")
-            with client_threads(threads):  # an analysis with prerequisites takes their results as `prior`
-                ctx = cast(Any, a).context(src, {name: res[key] for name, key in zip(pre, keys, strict=True)})
-        else:
-            if progress is not None:
-                progress.phase(f"context: {a.label}")
-            with client_threads(threads):
-                ctx = a.context(src)
-        if scratch is not None:
-            ctx = map_large_arrays(ctx, scratch)
-        if per_partition is not None and k in per_partition:
-            ctxs.append(PerPartition(ctx))
-        else:
-            side = {t: _reading.side_table(src, t) for t in a.side_inputs}
-            with client_threads(threads):
-                ctxs.append(a.bind(ctx, side, None))
+        with phase("contexts", a.label):  # a prerequisite pass's own phases apart
+            pre = a.prerequisites(src)
+            if pre:
+                if run_pass is None:
+                    raise ValueError(
+                        f"{a.label} needs a pass over the data before its context; no engine given to run it"
+                    )
+                if progress is not None:
+                    progress.phase(f"pass: {', '.join(p.label for p in pre.values())} (for {a.label})")
+                res = run_pass(list(pre.values()))
+                keys = result_keys(list(pre.values()))
+                if progress is not None:
+                    progress.phase(f"context: {a.label}")
+                with client_threads(threads):  # an analysis with prerequisites takes their results as `prior`
+                    ctx = cast(Any, a).context(src, {name: res[key] for name, key in zip(pre, keys, strict=True)})
+            else:
+                if progress is not None:
+                    progress.phase(f"context: {a.label}")
+                with client_threads(threads):
+                    ctx = a.context(src)
+            if scratch is not None:
+                ctx = map_large_arrays(ctx, scratch)
+            if per_partition is not None and k in per_partition:
+                ctxs.append(PerPartition(ctx))
+            else:
+                side = {t: _reading.side_table(src, t) for t in a.side_inputs}
+                with client_threads(threads):
+                    ctxs.append(a.bind(ctx, side, None))
     return ctxs

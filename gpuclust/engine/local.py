@@ -29,7 +29,9 @@ from gpuclust.engine.contexts import contexts, per_partition, resolve_analyses, 
 from gpuclust.engine.finish import received
 from gpuclust.engine.planning import auto_rows_of, plan_tables
 from gpuclust.engine.progress import PassProgress
+from gpuclust.engine.staging import LOAD_THREADS
 from gpuclust.engine.tasks import MergeTree, merge_lists, partition_columns, partition_partials
+from gpuclust.engine.timing import phase
 from gpuclust.parted import PartedTable
 from gpuclust.tables import check_kind, convert
 
@@ -274,20 +276,21 @@ def _plan(
     """The run's partitions per table, pruned to the row groups its time selection can hold."""
     multiple = st.nthreads if st.scheduler is None else 1
     base = _selection.unwrap(src)
-    auto_rows = st.rows(ans, base) if st.rows is not None else None
-    plans = plan_tables(
-        base, ans, st.partitions, st.cut_points, multiple_of=multiple, auto_rows=auto_rows, memory_limit=st.limit
-    )
-    return _selection.prune_plans(
-        src,
-        plans,
-        ans,
-        st.partitions,
-        st.cut_points,
-        multiple,
-        progress,  # row-group pushdown
-        auto_rows=auto_rows,
-    )
+    with phase("plan"):
+        auto_rows = st.rows(ans, base) if st.rows is not None else None
+        plans = plan_tables(
+            base, ans, st.partitions, st.cut_points, multiple_of=multiple, auto_rows=auto_rows, memory_limit=st.limit
+        )
+        return _selection.prune_plans(
+            src,
+            plans,
+            ans,
+            st.partitions,
+            st.cut_points,
+            multiple,
+            progress,  # row-group pushdown
+            auto_rows=auto_rows,
+        )
 
 
 def _contexts_and_spills(
@@ -327,6 +330,9 @@ def _merge_here(
     """The local path's contexts, spills and merged partials (:func:`merge_local`); its first
     partitions are read while the contexts are computed (see :class:`_Prefetch`)."""
     prefetch = _Prefetch.start(plans, ans, src, st.be, st.nthreads)
+    # a device backend's engine threads (one by default) leave the host's cores to decode their
+    # partitions' row groups (as a study loads; one thread decoded a partition at a time before)
+    load_threads = 1 if st.be.name == "cpu" else max(1, min(LOAD_THREADS, usable_cores() // st.nthreads))
     try:
         ctxs, spills = _contexts_and_spills(src, ans, plans, st, progress, run_pass, folders)
         # merged here in partition order: small keyed partials stay in memory
@@ -339,7 +345,13 @@ def _merge_here(
             st.nthreads,
             progress,
             lambda spec, sub, sub_ctxs, sub_spills: partition_partials(
-                spec, sub, sub_ctxs, st.be, sub_spills, host=None if prefetch is None else prefetch.pop(spec)
+                spec,
+                sub,
+                sub_ctxs,
+                st.be,
+                sub_spills,
+                host=None if prefetch is None else prefetch.pop(spec),
+                load_threads=load_threads,
             ),
             spills,
             st.split_every,
@@ -492,11 +504,14 @@ def merge_local(
             with client_threads(spare):
                 return partials(spec, sub, sub_ctxs, sub_spills)
 
-        for spec, parts in zip(specs, _map_in_order(run_partials, specs, nthreads), strict=True):
-            tree.add(parts)
-            if progress is not None:
-                progress.partition_done(spec.table, spec.num_rows)
-        acc = tree.result()
+        with phase("stream"):
+            for spec, parts in zip(specs, _map_in_order(run_partials, specs, nthreads), strict=True):
+                with phase("merge"):
+                    tree.add(parts)
+                if progress is not None:
+                    progress.partition_done(spec.table, spec.num_rows)
+            with phase("merge"):
+                acc = tree.result()
         if acc is None:
             acc = [to_host(a.empty(be)) for a in sub]
         for k, p in zip(idx, acc, strict=False):
@@ -532,9 +547,10 @@ def finalize_all(
         if done is not None:
             out[key] = done
         elif folder is not None and folders is not None:
-            out[key] = _shards.finalize_parted(a, ctx, p, folders.root / key, folder, run_tasks, progress)
+            with phase("finalize", a.label):
+                out[key] = _shards.finalize_parted(a, ctx, p, folders.root / key, folder, run_tasks, progress)
         else:
-            with client_threads(threads):
+            with client_threads(threads), phase("finalize", a.label):
                 out[key] = a.finalize(p, ctx)
     if progress is not None:
         progress.finish()

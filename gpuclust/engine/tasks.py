@@ -20,6 +20,7 @@ from gpuclust.engine import selection as _selection
 from gpuclust.engine import shards as _shards
 from gpuclust.engine import staging as _staging
 from gpuclust.engine.contexts import bind_partition
+from gpuclust.engine.timing import phase
 
 __all__ = ["MergeTree", "merge_lists", "partition_columns", "partition_partials"]
 
@@ -36,31 +37,38 @@ def partition_partials(
     backend: Backend | str,
     spills: Sequence[_shards.SpillTarget | None] | None = None,
     host: dict[str, Any] | None = None,
+    load_threads: int = 1,
 ) -> list[Any]:
     """Read one partition once (the union of the analyses' columns) and return each analysis'
     partial, moved to host memory so it can be merged or shipped to another worker (``spills``:
     per analysis, the folder its keyed partials are spilled to, for one with parted tables; see
     :mod:`gpuclust.engine.shards`; ``host``: the partition already read by
-    the local path's read-ahead, :func:`gpuclust.engine.reading.read_partition`)."""
+    the local path's read-ahead, :func:`gpuclust.engine.reading.read_partition`; ``load_threads``:
+    on a device backend, the threads that decode its Parquet row groups and copy them to the
+    device, as a study loads)."""
     be = get_backend(backend)
     tune_allocator()  # once per process (dask workers too); see gpuclust/_memory.py
     columns = partition_columns(spec, analyses)
-    bound = [bind_partition(a, ctx, spec) for a, ctx in zip(analyses, ctxs, strict=True)]
-    cols = None if host is not None else _reading.read_partition_device(spec, columns, be)  # cuDF (RAPIDS)
-    if cols is None and host is None and be.name != "cpu":
-        # decoded on the host and copied through pinned buffers on a copy stream, as a study loads
-        # (a pageable copy runs at a fraction of the bus's rate: 8 against 55 GB/s on an H100 node)
-        cols = _staging.load_partitions([[spec]], columns, be, threads=1)[0]
-    if cols is None:
-        if host is None:
-            host = _reading.read_partition(spec, columns)
-        cols = {c: be.asarray(v) for c, v in host.items()}
-        del host
+    bound = []
+    for a, ctx in zip(analyses, ctxs, strict=True):
+        with phase("contexts", a.label):
+            bound.append(bind_partition(a, ctx, spec))
+    with phase("read"):
+        cols = None if host is not None else _reading.read_partition_device(spec, columns, be)  # cuDF (RAPIDS)
+        if cols is None and host is None and be.name != "cpu":
+            # decoded on the host and copied through pinned buffers on a copy stream, as a study loads
+            # (a pageable copy runs at a fraction of the bus's rate: 8 against 55 GB/s on an H100 node)
+            cols = _staging.load_partitions([[spec]], columns, be, threads=load_threads)[0]
+        if cols is None:
+            if host is None:
+                host = _reading.read_partition(spec, columns)
+            cols = {c: be.asarray(v) for c, v in host.items()}
+            del host
     masks: dict[str, Any] = {}  # selection (--from/--to): rows filtered per analysis rule, one mask per rule
-    out = [
-        to_host(a.partial(_selection.columns_for(spec, a, cols, be, masks), ctx, be))
-        for a, ctx in zip(analyses, bound, strict=True)
-    ]
+    out = []
+    for a, ctx in zip(analyses, bound, strict=True):
+        with phase("partials", a.label):
+            out.append(to_host(a.partial(_selection.columns_for(spec, a, cols, be, masks), ctx, be)))
     for k, folder in enumerate(spills or ()):
         if folder is not None:
             out[k] = _shards.spill(analyses[k], out[k], folder)

@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from gpuclust._lazy import pandas as pd
-from gpuclust.engine import run
+from gpuclust.engine import run, timing
 from gpuclust.engine.cells import combine, find_cells
+from gpuclust.engine.timing import phase
 
 __all__ = ["analyze", "analyze_cells"]
 
@@ -95,59 +96,62 @@ def analyze(
     from gpuclust.tables import check_kind, convert
 
     check_kind(tables)  # before anything is computed
-    if cells is not None:  # several cells, one dataset each (--cells)
-        res = analyze_cells(
-            dataset,
-            names,
-            cells=cells,
-            out=out,
-            backend=backend,
-            scheduler=scheduler,
-            partitions=partitions,
-            tier_map=tier_map,
-            mode=mode,
-            plots=plots,
-            workers=workers,
-            progress=progress,
-            note=note,
-            time_from=time_from,
-            time_to=time_to,
-            memory_limit=memory_limit,
-        )
-        return convert(res, tables)
-    from gpuclust.engine import memory as _memory
-    from gpuclust.engine import selection as _selection
-
-    plan, src = _prepared(dataset, names, backend, tier_map, mode, note, time_from, time_to)
-    folder = _open_folder(out)
-    try:
-        limit = _memory.parse_size(memory_limit) or _memory.default_limit()
-        writer = _worker_writer(folder, tables, plots, plan, src)
-        res = run(
-            src,
-            plan.analyses,
-            backend=plan.backend,
-            partitions=partitions,
-            scheduler=scheduler,
-            workers=workers,
-            progress=progress,
-            memory_limit=limit,
-            parts_dir=None if folder is None else folder.tmp,
-            tables="native",
-            writer=writer,
-        )
-        if folder is not None:
-            run_info = plan.info(
+    with timing.clock():  # the run's phases, in _run.json
+        if cells is not None:  # several cells, one dataset each (--cells)
+            res = analyze_cells(
+                dataset,
+                names,
+                cells=cells,
+                out=out,
+                backend=backend,
                 scheduler=scheduler,
                 partitions=partitions,
+                tier_map=tier_map,
+                mode=mode,
+                plots=plots,
                 workers=workers,
-                memory_limit=limit,
-                **_selection.run_info(src),
+                progress=progress,
+                note=note,
+                time_from=time_from,
+                time_to=time_to,
+                memory_limit=memory_limit,
             )
-            res = _write_results(folder, res, plan, plots, run_info, writer, progress, out)
-    finally:
-        if folder is not None:
-            folder.abort()
+            return convert(res, tables)
+        from gpuclust.engine import memory as _memory
+        from gpuclust.engine import selection as _selection
+
+        with phase("prepare"):
+            plan, src = _prepared(dataset, names, backend, tier_map, mode, note, time_from, time_to)
+            folder = _open_folder(out)
+        try:
+            with phase("prepare"):
+                limit = _memory.parse_size(memory_limit) or _memory.default_limit()
+                writer = _worker_writer(folder, tables, plots, plan, src)
+            res = run(
+                src,
+                plan.analyses,
+                backend=plan.backend,
+                partitions=partitions,
+                scheduler=scheduler,
+                workers=workers,
+                progress=progress,
+                memory_limit=limit,
+                parts_dir=None if folder is None else folder.tmp,
+                tables="native",
+                writer=writer,
+            )
+            if folder is not None:
+                run_info = plan.info(
+                    scheduler=scheduler,
+                    partitions=partitions,
+                    workers=workers,
+                    memory_limit=limit,
+                    **_selection.run_info(src),
+                )
+                res = _write_results(folder, res, plan, plots, run_info, writer, progress, out)
+        finally:
+            if folder is not None:
+                folder.abort()
     return convert(res, tables)
 
 

@@ -17,6 +17,8 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from gpuclust._lazy import pandas as pd
+from gpuclust.engine import timing
+from gpuclust.engine.timing import phase
 from gpuclust.report.provenance import RUN_FILE
 
 __all__ = ["Rendered", "render", "render_analysis", "write_run_file"]
@@ -63,7 +65,8 @@ def render(
             )
         written.extend(done.files)
         summary.append(done.summary)
-    (folder / "summary.txt").write_text("\n\n".join(summary) + "\n")
+    with phase("summary"):
+        (folder / "summary.txt").write_text("\n\n".join(summary) + "\n")
     written.append("summary.txt")
     return written
 
@@ -88,6 +91,7 @@ def render_analysis(
     folder = Path(folder)
     written: list[str] = []
     rows: dict[str, int] = {}
+    label = getattr(a, "label", key)  # as the engine's phases name it
     (folder / key).mkdir(parents=True, exist_ok=True)
     for tname, df in tables.items():
         if isinstance(df, PartedTable):
@@ -97,25 +101,31 @@ def render_analysis(
             rows[tname] = df.num_rows
             continue
         if tname in getattr(a, "parted", ()):  # (write_part takes a DataFrame or an Arrow table)
-            name, rows[tname] = write_part(folder / key / tname, 0, df)
+            with phase("tables", label):
+                name, rows[tname] = write_part(folder / key / tname, 0, df)
             written.append(f"{key}/{tname}/{name}")
             continue
         rel = f"{key}/{tname}.parquet"
-        t = as_arrow(df)
-        pq.write_table(t, folder / rel, **parquet_options(t.schema))
+        with phase("tables", label):
+            t = as_arrow(df)
+            pq.write_table(t, folder / rel, **parquet_options(t.schema))
         written.append(rel)
         rows[tname] = t.num_rows
-    summary = a.summary(tables) if a is not None else f"{key}: {list(tables)}"
+    with phase("summary", label):
+        summary = a.summary(tables) if a is not None else f"{key}: {list(tables)}"
     title = getattr(a, "label", key) + (f" · {subject}" if subject else "")
     if plots and a is not None:
         from gpuclust.report.plots import plot_result
 
-        if plot_result(a.name, dict(tables), folder / key / f"{key}.png", title=title):
+        with phase("plots", label):
+            drawn = plot_result(a.name, dict(tables), folder / key / f"{key}.png", title=title)
+        if drawn:
             written.append(f"{key}/{key}.png")
         else:  # say why there is no plot (summary.txt), instead of leaving it out silently
             from gpuclust.report.sections import empty_reason
 
-            why = empty_reason(a.name, tables, selection=selection)
+            with phase("summary", label):
+                why = empty_reason(a.name, tables, selection=selection)
             if why.removeprefix("Nothing to plot: ").rstrip(".") not in summary:  # not said already
                 summary += f"\n  {why}"
     return Rendered(written, summary, rows)
@@ -132,7 +142,9 @@ def _jsonable(v: Any) -> Any:
 
 
 def write_run_file(folder: Path, files: list[str], info: Mapping[str, Any]) -> str:
-    """Write ``_run.json`` (``info`` plus the list of ``files`` this run wrote); returns its name."""
-    doc = {**_jsonable(dict(info)), "files": sorted([*files, RUN_FILE])}
+    """Write ``_run.json`` (``info`` plus the list of ``files`` this run wrote; with the run's clock
+    open, its start, finish, wall seconds and phases so far, :mod:`gpuclust.engine.timing`); returns its name."""
+    c = timing.current()
+    doc = {**_jsonable(dict(info)), **(c.record() if c is not None else {}), "files": sorted([*files, RUN_FILE])}
     (Path(folder) / RUN_FILE).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
     return RUN_FILE
