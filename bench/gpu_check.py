@@ -355,10 +355,23 @@ def cli_step(ds: Path, out: Path, backend: str, timeout_s: float) -> None:
         "peak_rss_mib": m.peak_rss_bytes / 2**20,
         "returncode": m.returncode,
         **m.extra,
+        **_run_phases(dest),
         "tail": m.stdout_tail[-1500:],
     }
     _dump(out, rec)
     print(json.dumps(rec)[:3000], flush=True)
+
+
+def _run_phases(dest: Path) -> dict[str, Any]:
+    """Where the command's time went, as its ``DIR/_run.json`` says (docs/analyses/README.md):
+    ``run_s`` (the run in the process, less the interpreter's start and imports), ``phases``,
+    ``phases_other_threads`` and ``phases_by_analysis``; ``{}`` when it wrote none (it failed)."""
+    try:
+        run = json.loads((dest / "_run.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    keys = ("phases", "phases_other_threads", "phases_by_analysis")
+    return {"run_s": run.get("seconds"), **{k: run[k] for k in keys if k in run}}
 
 
 # -- dask-cuda: the same study on a LocalCUDACluster --------------------------------------------

@@ -153,6 +153,33 @@ def test_assemble_reports_what_ran_and_nothing_it_did_not(check, tmp_path) -> No
     assert rec["dask_cuda"] == {"gpu_s": None, "equal": None, "bit_equal": None}
 
 
+def test_cli_step_records_the_phases_of_its_run_json(check, tmp_path, monkeypatch) -> None:
+    """The CLI step's record carries where the command's time went, from DIR/_run.json; a
+    command that wrote none (it failed) leaves them out."""
+    import _harness
+
+    phases = {"read": 2.0, "partials": 1.0, "plots": 0.5}
+    ran = []
+
+    def fake_run(cmd, timeout_s):
+        ran.append(cmd)
+        dest = Path(cmd[cmd.index("--out") + 1])
+        if len(ran) == 1:
+            dest.mkdir(parents=True)
+            run = {"seconds": 4.0, "phases": phases, "phases_by_analysis": {"cpi": {"read": 2.0}}}
+            (dest / "_run.json").write_text(json.dumps(run))
+        return _harness.Measured(wall_s=5.0, peak_rss_bytes=2**20, returncode=0 if len(ran) == 1 else 1)
+
+    monkeypatch.setattr(_harness, "run_measured", fake_run)
+    check.cli_step(tmp_path / "ds", tmp_path / "cli_gpu.json", "gpu", 60)
+    rec = json.loads((tmp_path / "cli_gpu.json").read_text())
+    assert rec["phases"] == phases and rec["run_s"] == 4.0 and rec["wall_s"] == 5.0
+    assert rec["phases_by_analysis"] == {"cpi": {"read": 2.0}} and "phases_other_threads" not in rec
+    check.cli_step(tmp_path / "ds", tmp_path / "cli_gpu.json", "gpu", 60)  # the folder is removed first
+    rec = json.loads((tmp_path / "cli_gpu.json").read_text())
+    assert rec["returncode"] == 1 and "phases" not in rec and "run_s" not in rec
+
+
 @pytest.mark.slow
 def test_rehearsal_as_docs_print_it(tmp_path) -> None:
     """docs/user/gpu.md's rehearsal, run from the checkout's root as printed: every step runs on the
