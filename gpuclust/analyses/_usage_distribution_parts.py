@@ -16,6 +16,7 @@ import numpy as np
 from gpuclust._xp import bincount
 from gpuclust.analyses import _hybrid_summary as hs
 from gpuclust.analyses._usage_distribution_tables import _merge_groups
+from gpuclust.analyses._usage_distribution_two_pass import merge_two_pass
 from gpuclust.analyses.grouping import bucket_span
 from gpuclust.backends import merged_backend
 
@@ -82,7 +83,8 @@ def group_extras(xp: Any, ops: Any, key: Any, kc: Any, frac: Any, w: Any, qr: An
 
 
 def merge_partials(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-    """Two partials merged: finished groups (``done``) concatenated, open ones' mixture states merged."""
+    """Two partials merged: finished groups (``done``) concatenated, open ones' mixture states (or
+    second-pass states, ``tp``) merged."""
     be = merged_backend(a["backend"], b["backend"])
     if "done" in a or "done" in b:
         # finalized groups of different partitions: disjoint, so the union is a concatenation
@@ -103,12 +105,15 @@ def merge_partials(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         mp = b["ms"] if a["ms"] is None else a["ms"]
     else:
         mp = hs.merge(a["ms"], b["ms"])
-    return {
+    out = {
         "backend": be,
         "ms": mp,
         "groups": _merge_groups(a["groups"], b["groups"]),
         "stats": np.asarray(a["stats"]) + np.asarray(b["stats"]),
     }
+    if "tp" in a or "tp" in b:  # exact-two-pass: second-pass states
+        out["tp"] = merge_two_pass(a.get("tp"), b.get("tp"))
+    return out
 
 
 def empty_rows(n_levels: int, n_components: int) -> dict[str, np.ndarray]:

@@ -124,12 +124,12 @@ def _summary_text(label: str, key_columns: list[str], result: dict[str, pd.DataF
         lines.append(
             f"  heaviest {len(heavy)} groups (CPU, normalised cores): "
             + ", ".join(["mean", *show])
-            + ("" if info["strategy"] == "exact" else ", bound")
+            + ("" if info["strategy"] != "bounded" else ", bound")
         )
         for j in range(len(heavy)):
             k = " ".join(f"{c}={heavy[c].iloc[j]}" for c in keycols)
             v = " ".join(fmt(heavy[c].iloc[j]) for c in ("mean", *show))
-            b = "" if info["strategy"] == "exact" else f" ±{fmt(heavy['cdf_error_bound'].iloc[j], '.2g')}"
+            b = "" if info["strategy"] != "bounded" else f" ±{fmt(heavy['cdf_error_bound'].iloc[j], '.2g')}"
             lines.append(f"  {k}: weight={heavy['weight'].iloc[j]:.4g} {v}{b}")
     return "\n".join(lines)
 

@@ -18,9 +18,12 @@ top-level rows (alloc_collection_id NULL or 0): machine / tier / cell / time gro
 otherwise count a task's usage twice, once in its own rows and once in its alloc instance's.
 
 Strategies (option ``strategy``): ``exact`` (partials carry every window; merge concatenates),
-``bounded`` (per group a fixed-size summary with a tracked Kolmogorov-distance bound, reported as
-``cdf_error_bound``), ``auto`` (exact when the usage table has at most ``exact_max_windows`` rows,
-else bounded; decided once on the client, reported in ``info``).
+``exact-two-pass`` (a ``bounded`` first pass brackets every quantile, a second pass carries only
+what lies inside the brackets: :mod:`gpuclust.analyses._usage_distribution_two_pass`), ``bounded``
+(per group a fixed-size summary with a tracked Kolmogorov-distance bound, reported as
+``cdf_error_bound``), ``auto`` (exact when the usage table has at most ``exact_max_windows`` rows
+or its groups are whole in each partition, else exact-two-pass; decided once on the client,
+reported in ``info``).
 
 The group tables and the text summary are built in :mod:`gpuclust.analyses._usage_distribution_tables`;
 the time pieces, the group extras, the merge and the split of partials in
@@ -36,6 +39,7 @@ import numpy as np
 
 from gpuclust._lazy import pandas as pd
 from gpuclust.analyses import _hybrid_summary as hs
+from gpuclust.analyses import _usage_distribution_two_pass as tp
 from gpuclust.analyses import mixture_summary as ms
 from gpuclust.analyses._lookup import EVENT_COLUMNS, InstanceLookup, tier_lookup
 from gpuclust.analyses._usage_distribution_parts import (
@@ -56,7 +60,7 @@ from gpuclust.analyses._usage_distribution_tables import (
 from gpuclust.analyses.base import Analysis, is_null_int, to_host
 from gpuclust.analyses.grouping import KEY_COLUMNS, group_key
 from gpuclust.analyses.options import option, tier_map_option
-from gpuclust.backends import merged_backend
+from gpuclust.backends import finalize_backend, merged_backend
 from gpuclust.layout import key_name
 from gpuclust.parted import finalize_in_memory
 from gpuclust.schema import (
@@ -66,12 +70,12 @@ from gpuclust.schema import (
 )
 from gpuclust.tiers import TierNames, resolve_tier_map
 
-__all__ = ["BY", "ROWS", "STRATEGIES", "STATS", "UsageDistribution", "level_name"]
+__all__ = ["BY", "ROWS", "STRATEGIES", "STATS", "UsageDistribution", "UsageDistributionBrackets", "level_name"]
 
 #: Grouping keys (option ``by``), in the order the registry lists them.
 BY = ("tier", "time", "instance", "collection", "machine", "cell")
 ROWS = ("auto", "top-level", "all")
-STRATEGIES = ("auto", "exact", "bounded")
+STRATEGIES = ("auto", "exact", "exact-two-pass", "bounded")
 #: Global counters kept in every partial (the ``info`` table), in this order.
 STATS = (
     "windows_read",
@@ -87,6 +91,11 @@ STATS = (
 #: 180 bytes per window, and ``finalize`` peaks at about 0.5 kB (many groups) to 2.9 kB (one
 #: group) per window (measured, NumPy), i.e. about 2.5-15 GB at this budget.
 DEFAULT_EXACT_MAX_WINDOWS = 5_000_000
+#: First-pass summary size of ``exact-two-pass`` (option ``bracket_k`` = 0): few groups (``by`` within
+#: tier / cell, at most 17 groups) afford large summaries, whose tight brackets keep the second pass
+#: small; many groups keep their small ones exact in the first pass up to ``(k + 1) // 22`` windows.
+BRACKET_K_FEW_GROUPS = 32768
+BRACKET_K_MANY_GROUPS = 4096
 #: Groups of one shard of the parted group tables (``instance`` in ``by``): one Parquet part.
 SHARD_GROUPS = 1 << 18
 #: Every SAMPLE_EVERY-th leading key of a partition's finished groups places the shard bounds.
@@ -107,6 +116,12 @@ class UsageDistributionContext(TierNames):
     #: every group's windows are in one partition (``by`` has ``instance`` and the layout buckets
     #: usage by instance): each partial finalizes its own groups (``bind`` sets it per partition)
     local_groups: bool = False
+    #: ``exact-two-pass``: the first pass's groups (sorted keys) and their quantile brackets (G, L)
+    br_key: np.ndarray | None = None
+    br_lo: np.ndarray | None = None
+    br_hi: np.ndarray | None = None
+    #: the first pass's summary size (``exact-two-pass``)
+    bracket_k: int = 0
 
 
 def _by_ok(by: tuple[str, ...]) -> bool:
@@ -159,11 +174,17 @@ class UsageDistribution(Analysis):
     rows: str = option("auto", "auto = all rows for instance/collection groups, top-level rows otherwise", choices=ROWS)
     strategy: str = option(
         "auto",
-        "exact = partials carry the windows; bounded = fixed-size summary with an error "
-        "bound; auto = exact up to exact_max_windows usage rows",
+        "exact = partials carry the windows; exact-two-pass = a bounded first pass brackets the "
+        "quantiles, a second carries what lies inside; bounded = fixed-size summary with an error "
+        "bound; auto = exact up to exact_max_windows usage rows, else exact-two-pass",
         choices=STRATEGIES,
     )
     k: int = option(ms.DEFAULT_K, "bounded summary size (CDF error <= (1 + merge depth) / k)", ge=1)
+    bracket_k: int = option(
+        0,
+        "first-pass summary size of exact-two-pass; 0 = 32768 when by is within tier/cell, else 4096",
+        ge=0,
+    )
     exact_max_windows: int = option(DEFAULT_EXACT_MAX_WINDOWS, "row budget of strategy=auto for exact", ge=0)
     tier_map: str | None = tier_map_option("tier map for by=tier; default: the dataset's")
 
@@ -219,20 +240,58 @@ class UsageDistribution(Analysis):
         )
 
     # ---------------------------------------------------------------- context (client side)
-    def context(self, source: Any) -> UsageDistributionContext:
+    def _total_rows(self, source: Any) -> int:
         if hasattr(source, "num_rows"):
-            total = int(source.num_rows(self.table))
-        else:
-            total = int(source.read(self.table, ["start_time"]).num_rows)
-        strategy = self.strategy
-        if strategy == "auto":
-            # groups that are whole in each partition (instances of a bucketed dataset) are exact
-            # at any size: each partition finalizes its own
-            strategy = "exact" if total <= int(self.exact_max_windows) or self._groups_local(source) else "bounded"
+            return int(source.num_rows(self.table))
+        return int(source.read(self.table, ["start_time"]).num_rows)
+
+    def resolved_strategy(self, source: Any) -> str:
+        """``exact``, ``exact-two-pass`` or ``bounded`` on ``source`` (``auto``: exact up to the row
+        budget, and at any size when groups are whole in each partition, else exact-two-pass)."""
+        if self.strategy != "auto":
+            return self.strategy
+        if self._total_rows(source) <= int(self.exact_max_windows) or self._groups_local(source):
+            return "exact"
+        return "exact-two-pass"
+
+    @property
+    def first_pass_k(self) -> int:
+        """The first pass's summary size of ``exact-two-pass`` (option ``bracket_k``, 0: by ``by``)."""
+        if int(self.bracket_k):
+            return int(self.bracket_k)
+        return BRACKET_K_FEW_GROUPS if set(self.by) <= {"tier", "cell"} else BRACKET_K_MANY_GROUPS
+
+    def prerequisites(self, source: Any) -> dict[str, Analysis]:
+        """``exact-two-pass``: the bounded first pass of the same grouping, whose result is each
+        group's quantile brackets (:class:`UsageDistributionBrackets`)."""
+        if self.resolved_strategy(source) != "exact-two-pass":
+            return {}
+        first = UsageDistributionBrackets(
+            by=self.by,
+            bucket_s=self.bucket_s,
+            levels=self.levels,
+            rows=self.rows,
+            strategy="bounded",
+            k=self.first_pass_k,
+            tier_map=self.tier_map,
+        )
+        return {"brackets": first}
+
+    def context(self, source: Any, prior: dict[str, dict[str, Any]] | None = None) -> UsageDistributionContext:
+        total = self._total_rows(source)
+        strategy = self.resolved_strategy(source)
         manifest = getattr(source, "manifest", None)
         cell = str(manifest.get("cell") or "all") if isinstance(manifest, dict) else "all"
         tm = resolve_tier_map(self.tier_map, source) if "tier" in self.by else None
-        return UsageDistributionContext(strategy, self.resolved_rows(), total, self.level_values, cell, tm)
+        ctx = UsageDistributionContext(strategy, self.resolved_rows(), total, self.level_values, cell, tm)
+        if strategy != "exact-two-pass":
+            return ctx
+        if prior is None or "brackets" not in prior:
+            raise RuntimeError(
+                "usage-distribution: exact-two-pass needs its first pass (the engine runs prerequisites)"
+            )
+        key, lo, hi = tp.brackets_of_table(prior["brackets"]["brackets"], int(ctx.levels.shape[0]))
+        return replace(ctx, br_key=key, br_lo=lo, br_hi=hi, bracket_k=self.first_pass_k)
 
     def _groups_local(self, source: Any) -> bool:
         """``by`` has ``instance`` and the source's usage table is bucketed by instance."""
@@ -341,21 +400,27 @@ class UsageDistribution(Analysis):
         comps = [c[order] for c in comps]
         qr = xp.take(qr, src[order], axis=0)  # row gather (faster than fancy indexing on the host)
         kc = xp.stack(comps, axis=1) if comps else xp.zeros((m, 0), dtype=xp.int64)
-        part = hs.leaf(qr, w, key, None if ctx.strategy == "exact" else int(self.k), repaired=True)
-        groups = group_extras(xp, ops, key, kc, frac, w, qr)
         out = {
             "backend": backend.name,
-            "ms": part,
-            "groups": groups,
+            "ms": None,
+            "groups": group_extras(xp, ops, key, kc, frac, w, qr),
             "stats": xp.asarray(np.array([stats[s_] for s_ in STATS], dtype=np.int64)),
         }
-        if ctx.local_groups:
-            # every window of these groups is here: finalize them now (the partial is then a few
-            # hundred bytes per group, whatever the groups' sizes)
-            res = hs.finalize(part, ctx.levels)
-            out["ms"] = None
-            out["done"] = {f: res[f] for f in _DONE_FIELDS}
-        return out
+        return {**out, **self._summaries(qr, w, key, ctx, backend)}
+
+    def _summaries(self, qr: Any, w: Any, key: Any, ctx: UsageDistributionContext, backend: Any) -> dict[str, Any]:
+        """The mixture part of a partial (grouped, repaired rows ``qr``, weights ``w``, sorted
+        ``key``): the hybrid summary (``ms``), the finished groups (``done``) or the second pass
+        of exact-two-pass (``tp``)."""
+        if ctx.strategy == "exact-two-pass":
+            return {"tp": tp.second_partial_of(backend, qr, w, key, ctx.br_key, ctx.br_lo, ctx.br_hi)}
+        part = hs.leaf(qr, w, key, None if ctx.strategy == "exact" else int(self.k), repaired=True)
+        if not ctx.local_groups:
+            return {"ms": part}
+        # every window of these groups is here: finalize them now (the partial is then a few
+        # hundred bytes per group, whatever the groups' sizes)
+        res = hs.finalize(part, ctx.levels)
+        return {"ms": None, "done": {f: res[f] for f in _DONE_FIELDS}}
 
     # ---------------------------------------------------------------- merge
     def merge(self, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
@@ -429,7 +494,12 @@ class UsageDistribution(Analysis):
         """The group tables of one shard: from the merged partial (``full``), or from the shard's
         finished rows; the extra is ``(groups, max CDF error bound)``."""
         full = rest["full"]
-        if full is not None:
+        if full is not None and "tp" in full:
+            res = tp.finalize_two_pass(full["tp"], ctx.br_key, ctx.br_lo, ctx.br_hi, ctx.levels)
+            g = full["groups"]
+            if not np.array_equal(np.asarray(res["key"]), np.asarray(g["key"])):
+                raise RuntimeError("usage-distribution: second pass and group tables disagree (internal error)")
+        elif full is not None:
             mp = full["ms"]
             if mp is None:
                 mp = hs.empty(None if ctx.strategy == "exact" else int(self.k))
@@ -459,7 +529,7 @@ class UsageDistribution(Analysis):
                     "rows_option": self.rows,
                     "strategy": ctx.strategy,
                     "strategy_option": self.strategy,
-                    "k": int(self.k) if ctx.strategy == "bounded" else 0,
+                    "k": {"bounded": int(self.k), "exact-two-pass": int(ctx.bracket_k)}.get(ctx.strategy, 0),
                     "exact_max_windows": int(self.exact_max_windows),
                     "total_rows": int(ctx.total_rows),
                     "bucket_s": float(self.bucket_s) if "time" in self.by else float("nan"),
@@ -483,13 +553,30 @@ class UsageDistribution(Analysis):
         """:func:`mixture_summary.finalize` on the backend the partials were computed on (when that
         backend is available in this process; the exact strategy's inversion is the heavy step)."""
         if backend_name == "gpu" and int(mp["exact"]["key"].shape[0]) + int(mp["bounded"]["key"].shape[0]):
-            from gpuclust.backends import available_backend
-
-            be = available_backend("gpu")
-            if be is not None:
+            be = finalize_backend("gpu")  # the host where there is no device, or an out-of-core study's
+            if be.name != "cpu":
                 return to_host(hs.finalize(hs.to_backend(mp, be), levels))
         return hs.finalize(to_host(mp), levels)
 
     # ---------------------------------------------------------------- summary
     def summary(self, result: dict[str, pd.DataFrame], top: int = 12) -> str:
         return _summary_text(self.label, self.key_columns(), result, top)
+
+
+@dataclass(frozen=True)
+class UsageDistributionBrackets(UsageDistribution):
+    """The first pass of ``exact-two-pass`` (not registered; :meth:`UsageDistribution.prerequisites`
+    creates it): the ``bounded`` strategy of the same grouping (``k``: the first pass's summary
+    size), finalized as one table, ``brackets`` (:func:`gpuclust.analyses._usage_distribution_two_pass.brackets_table`)."""
+
+    name = "usage-distribution-brackets"
+
+    @property
+    def parted(self) -> tuple[str, ...]:  # type: ignore[override]
+        return ()  # groups x levels x 2 numbers, whatever the grouping
+
+    def finalize(self, partial: dict[str, Any], ctx: UsageDistributionContext) -> dict[str, pd.DataFrame]:
+        return {"brackets": tp.brackets_of_partial(to_host(partial), int(self.k), ctx.strategy, ctx.levels)}
+
+    def summary(self, result: dict[str, pd.DataFrame], top: int = 12) -> str:
+        return f"{self.label}: brackets of {len(result['brackets'])} groups"

@@ -426,7 +426,7 @@ def test_bounded_within_reported_bound(cell1, by, kw):
 def test_auto_strategy_budget(cell1):
     src = TableSource(cell1)
     n = cell1["instance_usage"].num_rows
-    for budget, want in ((n, "exact"), (n - 1, "bounded")):
+    for budget, want in ((n, "exact"), (n - 1, "exact-two-pass")):
         a = UsageDistribution(exact_max_windows=budget)
         info = engine.run(src, [a], partitions=3)[a.name]["info"].iloc[0]
         assert info["strategy"] == want and info["strategy_option"] == "auto" and info["total_rows"] == n

@@ -132,8 +132,8 @@ def test_side_inputs_are_bound_per_partition_to_its_buckets_only(tables: dict, m
 
 
 def test_instances_are_exact_at_any_size_on_a_bucketed_source(tables: dict) -> None:
-    """``strategy=auto`` would switch to the bounded sketch above ``exact_max_windows``; with
-    usage bucketed by instance every instance is whole in its partition, so it stays exact."""
+    """``strategy=auto`` runs two passes above ``exact_max_windows``; with usage bucketed by
+    instance every instance is whole in its partition, so it stays one exact pass."""
     bucketed = _source(tables, N_BUCKETS)
     got = run(bucketed, UsageDistribution(by="instance", exact_max_windows=0), partitions=3)["usage-distribution"]
     ref = run(_source(tables, None), UsageDistribution(by="instance", strategy="exact"), partitions=3)[
@@ -141,9 +141,12 @@ def test_instances_are_exact_at_any_size_on_a_bucketed_source(tables: dict) -> N
     ]
     assert got["info"]["strategy"].iloc[0] == "exact" and got["info"]["max_cdf_error_bound"].iloc[0] == 0
     assert_results_same({"u": {"q": ref["quantiles"]}}, {"u": {"q": got["quantiles"]}}, rtol=1e-9)
-    # flat and over the budget: bounded, and said so
+    # flat and over the budget: exact in two passes, and said so
     flat = run(_source(tables, None), UsageDistribution(by="instance", exact_max_windows=0), partitions=3)
-    assert flat["usage-distribution"]["info"]["strategy"].iloc[0] == "bounded"
+    assert flat["usage-distribution"]["info"]["strategy"].iloc[0] == "exact-two-pass"
+    assert_results_same(
+        {"u": {"q": ref["quantiles"]}}, {"u": {"q": flat["usage-distribution"]["quantiles"]}}, rtol=1e-9
+    )
 
 
 def test_a_time_selection_on_a_bucketed_source_equals_it_on_the_flat_one(tables: dict) -> None:

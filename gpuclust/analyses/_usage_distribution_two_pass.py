@@ -1,0 +1,346 @@
+"""The ``exact-two-pass`` strategy of ``usage-distribution``: exact quantiles in two streamed
+passes, with memory that grows with the window knots inside small brackets, not with the windows.
+(The first pass is :class:`gpuclust.analyses.usage_distribution.UsageDistributionBrackets`.)
+
+Pass 1 is the ``bounded`` strategy of the same grouping (a first-pass summary size
+``bracket_k``).  Its tracked bound ``e`` (Kolmogorov distance, in probability) brackets every
+quantile: ``Q(p) ∈ [Q̂(p - e), Q̂(p + e)]``, and since the summary's quantile function runs through
+its knots ``y_j = Q̂(j/K)``, ``Q(p) ∈ [y_jlo, y_jhi]`` with ``jlo = ⌊(p - e - δ) K⌋`` and
+``jhi = ⌈(p + e + δ) K⌉`` (clipped to ``[0, K]``; ``δ`` = :data:`BRACKET_MARGIN` covers the
+rounding of the bound).  Groups the first pass kept exact (few windows) get their exact quantile as
+a closed bracket ``lo = hi``; so do groups without weight (NaN).  :func:`brackets` computes them.
+
+Pass 2 (:func:`second_partial`) computes, per *open* (group, level) pair (``lo < hi``), from the
+windows with weight:
+
+``f_lo``, ``f_lo_left``, ``f_hi``
+    ``Σ w_i F_i(lo)``, ``Σ w_i F_i(lo-)`` and ``Σ w_i F_i(hi)`` (additive; the last two only check
+    that the bracket holds the quantile);
+``s``
+    the summed density of the window segments that span the whole bracket (additive);
+``a_hi``
+    ``Σ w_i (1 - F_i(hi-))``, the mass at or above ``hi`` (additive);
+pieces
+    every other window segment inside ``(lo, hi)``, clipped to it: ``(a, b, mass)``, or a point
+    mass ``(a, a, mass)`` with ``lo < a < hi`` -- only windows with a knot strictly inside the
+    bracket have any; identical pieces of a pair are summed (concatenate, then sort and sum).
+
+A pair's mixture restricted to ``[lo, hi]`` is then exactly the mixture of a point mass ``f_lo``
+at ``lo``, a uniform of mass ``s (hi - lo)`` on ``[lo, hi]``, the pieces, and a point mass
+``a_hi`` at ``hi``: it agrees with the group's mixture on ``[lo, hi)`` and has the same total, so
+(as ``Q(p) ∈ [lo, hi]``) its quantile at ``p`` is the group's.  :func:`resolve` inverts it with the
+same op, ``mixture_quantiles`` (rows of two knots at levels 0 and 1), so the conventions at point
+masses, plateaus and the support ends are the one-pass exact strategy's.
+
+Memory of pass 2: per open pair 6 numbers, plus 4 per distinct piece; pieces number at most twice
+the window knots strictly inside the pair's bracket.  See docs/analyses/usage-distribution.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from gpuclust._xp import bincount
+from gpuclust.analyses import mixture_summary as ms
+from gpuclust.backends import backend_of
+from gpuclust.schema import CPU_PERCENTILE_LEVELS_SORTED
+
+__all__ = [
+    "BRACKET_MARGIN",
+    "SUMS",
+    "brackets",
+    "brackets_of_partial",
+    "brackets_of_table",
+    "brackets_table",
+    "empty_state",
+    "finalize_two_pass",
+    "merge_state",
+    "merge_two_pass",
+    "resolve",
+    "second_partial",
+    "second_partial_of",
+]
+
+#: Added to the first pass's bound when its knots bracket a quantile (in probability).
+BRACKET_MARGIN = 1e-9
+#: The additive per-pair sums of a second-pass state, in this order.
+SUMS = ("f_lo", "f_lo_left", "f_hi", "s", "a_hi")
+_PIECES = ("p_pid", "p_a", "p_b", "p_m")
+_LV = np.asarray(CPU_PERCENTILE_LEVELS_SORTED, dtype=np.float64)
+#: Relative slack of the check that a bracket holds its quantile (rounding of the sums).
+_CHECK_REL = 1e-9
+
+
+def brackets(h: dict[str, Any], levels: Any, margin: float = BRACKET_MARGIN) -> dict[str, np.ndarray]:
+    """Per group of a merged first-pass (hybrid, host) partial ``h``: ``key`` (sorted) and the
+    brackets ``lo``, ``hi`` (``(G, L)``) of its quantiles at ``levels``."""
+    lv = np.asarray(levels, dtype=np.float64).reshape(-1)
+    L = int(lv.shape[0])
+    e = ms.finalize(h["exact"], lv)
+    qe = np.asarray(e["quantiles"], dtype=np.float64).reshape(-1, L)
+    b = h["bounded"]
+    kn = np.asarray(b["knots"], dtype=np.float64)
+    err = np.asarray(b["err"], dtype=np.float64)[:, None]
+    K = int(kn.shape[1]) - 1
+    jlo = np.clip(np.floor((lv[None, :] - err - margin) * K), 0, K).astype(np.int64)
+    jhi = np.clip(np.ceil((lv[None, :] + err + margin) * K), 0, K).astype(np.int64)
+    key = np.concatenate([np.asarray(e["key"], np.int64), np.asarray(b["key"], np.int64)])
+    order = np.argsort(key, kind="stable")
+    lo = np.concatenate([qe, np.take_along_axis(kn, jlo, axis=1)])[order]
+    hi = np.concatenate([qe, np.take_along_axis(kn, jhi, axis=1)])[order]
+    return {"key": key[order], "lo": np.ascontiguousarray(lo), "hi": np.ascontiguousarray(hi)}
+
+
+def empty_state(xp: Any = np) -> dict[str, Any]:
+    """The merge identity of a second-pass state."""
+    out = {"pid": xp.zeros(0, dtype=xp.int64), "p_pid": xp.zeros(0, dtype=xp.int64)}
+    out.update({f: xp.zeros(0, dtype=xp.float64) for f in (*SUMS, "p_a", "p_b", "p_m")})
+    return out
+
+
+def _aggregate(xp: Any, ops: Any, pid: Any, sums: list[Any], pieces: list[Any]) -> dict[str, Any]:
+    """Sums per pair id (sorted unique ``pid``) and identical pieces summed (sorted by pair, a, b)."""
+    if int(pid.shape[0]) == 0:
+        out = empty_state(xp)
+    else:
+        uniq, inv = _unique_inverse(xp, ops, pid)
+        P = int(uniq.shape[0])
+        out = {"pid": uniq, **{s: bincount(xp, inv, weights=v, minlength=P) for s, v in zip(SUMS, sums, strict=True)}}
+    p_pid, p_a, p_b, p_m = pieces
+    if int(p_pid.shape[0]) == 0:
+        out.update({f: v for f, v in empty_state(xp).items() if f in _PIECES})
+        return out
+    order = ops.stable_argsort(p_b)
+    order = order[ops.stable_argsort(p_a[order])]
+    order = order[ops.stable_argsort(p_pid[order])]
+    p_pid, p_a, p_b, p_m = p_pid[order], p_a[order], p_b[order], p_m[order]
+    first = xp.ones(p_pid.shape[0], dtype=bool)
+    first[1:] = (p_pid[1:] != p_pid[:-1]) | (p_a[1:] != p_a[:-1]) | (p_b[1:] != p_b[:-1])
+    inv = xp.cumsum(first.astype(xp.int64)) - 1
+    n = int(inv[-1]) + 1
+    out.update(p_pid=p_pid[first], p_a=p_a[first], p_b=p_b[first], p_m=bincount(xp, inv, weights=p_m, minlength=n))
+    return out
+
+
+def _unique_inverse(xp: Any, ops: Any, a: Any) -> tuple[Any, Any]:
+    """``unique(a, return_inverse=True)`` by one stable sort."""
+    order = ops.stable_argsort(a)
+    s = a[order]
+    first = xp.ones(s.shape[0], dtype=bool)
+    first[1:] = s[1:] != s[:-1]
+    run = xp.cumsum(first.astype(xp.int64)) - 1
+    inv = xp.empty_like(run)
+    inv[order] = run
+    return s[first], inv
+
+
+def _level_rows(xp: Any, y: Any, ww: Any, lo: Any, hi: Any) -> tuple[list[Any], Any]:
+    """One level's sums per window (rows ``y`` with weights ``ww`` and their brackets ``lo``,
+    ``hi``) and the mask of windows with a knot strictly inside their bracket."""
+    lvx = xp.asarray(_LV)
+    a, b = lo[:, None], hi[:, None]
+    c_lo = (y <= a).sum(axis=1, keepdims=True)
+    c_hi = (y < b).sum(axis=1, keepdims=True)
+    f_lo, f_lo_left = ms._cdf_at_sorted_points(xp, y, lvx, a, c_lo, (y < a).sum(axis=1, keepdims=True))
+    f_hi, f_hi_left = ms._cdf_at_sorted_points(xp, y, lvx, b, (y <= b).sum(axis=1, keepdims=True), c_hi)
+    inside = (c_hi - c_lo)[:, 0] > 0
+    # a segment spanning the bracket: the one starting at the last knot <= lo, when no knot is inside
+    k = c_lo[:, 0] - 1
+    kc = xp.clip(k, 0, 18)
+    ya = xp.take_along_axis(y, kc[:, None], axis=1)[:, 0]
+    yb = xp.take_along_axis(y, kc[:, None] + 1, axis=1)[:, 0]
+    span = ~inside & (k >= 0) & (k <= 18) & (yb > ya)
+    dl = lvx[kc + 1] - lvx[kc]
+    s = xp.where(span, ww * dl / xp.where(span, yb - ya, 1.0), 0.0)
+    sums = [ww * f_lo[:, 0], ww * f_lo_left[:, 0], ww * f_hi[:, 0], s, ww * (1.0 - f_hi_left[:, 0])]
+    return sums, inside
+
+
+def _level_pieces(xp: Any, y: Any, ww: Any, lo: Any, hi: Any) -> tuple[Any, Any, Any, Any]:
+    """The pieces of windows ``y`` (each with a knot strictly inside its bracket): the row of each,
+    its clipped ends and mass."""
+    lvx = xp.asarray(_LV)
+    a, b = lo[:, None], hi[:, None]
+    ya, yb = y[:, :-1], y[:, 1:]
+    flat = yb == ya
+    pa = xp.maximum(ya, a)
+    pb = xp.minimum(yb, b)
+    mass = ww[:, None] * (lvx[1:] - lvx[:-1])[None, :]
+    part = xp.where(flat, mass, mass * (pb - pa) / xp.where(flat, 1.0, yb - ya))
+    keep = xp.where(flat, (ya > a) & (ya < b), pa < pb)
+    idx = xp.flatnonzero(keep.reshape(-1))
+    return idx // 19, pa.reshape(-1)[idx], pb.reshape(-1)[idx], part.reshape(-1)[idx]
+
+
+def second_partial(xp: Any, ops: Any, qr: Any, w: Any, key: Any, br: dict[str, Any]) -> dict[str, Any]:
+    """The second-pass state of one partition: repaired rows ``qr`` (``(n, 20)``), weights ``w``
+    and group keys ``key`` of its windows; ``br`` the brackets (:func:`brackets`, arrays on the
+    backend).  Pair id = ``code * L + level index``, ``code`` the group's row in ``br``."""
+    bkey, lo, hi = br["key"], br["lo"], br["hi"]
+    L = int(lo.shape[1])
+    G = int(bkey.shape[0])
+    code = xp.clip(xp.searchsorted(bkey, key), 0, max(G - 1, 0))
+    if int(key.shape[0]) and (G == 0 or bool((bkey[code] != key).any())):
+        raise RuntimeError("usage-distribution: a group the first pass did not see (internal error)")
+    is_open = lo < hi
+    pids: list[Any] = []
+    sums: list[list[Any]] = [[] for _ in SUMS]
+    pieces: list[list[Any]] = [[] for _ in _PIECES]
+    for j in range(L):
+        sel = xp.flatnonzero(is_open[code, j] & (w > 0)) if G else xp.zeros(0, dtype=xp.int64)
+        if int(sel.shape[0]) == 0:
+            continue
+        c = code[sel]
+        y, ww, a, b = qr[sel], w[sel], lo[c, j], hi[c, j]
+        vals, inside = _level_rows(xp, y, ww, a, b)
+        pid = c * L + j
+        pids.append(pid)
+        for acc, v in zip(sums, vals, strict=True):
+            acc.append(v)
+        r = xp.flatnonzero(inside)
+        if int(r.shape[0]):
+            row, pa, pb, pm = _level_pieces(xp, y[r], ww[r], a[r], b[r])
+            for acc, v in zip(pieces, (pid[r][row], pa, pb, pm), strict=True):
+                acc.append(v)
+    e = empty_state(xp)
+    cat = [xp.concatenate(v) if v else e[f] for f, v in zip(SUMS, sums, strict=True)]
+    pcat = [xp.concatenate(v) if v else e[f] for f, v in zip(_PIECES, pieces, strict=True)]
+    return _aggregate(xp, ops, xp.concatenate(pids) if pids else e["pid"], cat, pcat)
+
+
+def merge_state(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Two second-pass states merged (sums added per pair, pieces concatenated and summed)."""
+    be = backend_of(a["pid"])
+    xp = be.xp
+    cat = {f: xp.concatenate([a[f], b[f]]) for f in a}
+    return _aggregate(xp, be.ops, cat["pid"], [cat[s] for s in SUMS], [cat[p] for p in _PIECES])
+
+
+def resolve(state: dict[str, Any], br: dict[str, np.ndarray], levels: Any) -> np.ndarray:
+    """The exact quantiles ``(G, L)`` of the groups of ``br`` from a merged (host) second-pass
+    state: closed brackets are their value; an open pair's is its restricted mixture's quantile."""
+    lv = np.asarray(levels, dtype=np.float64).reshape(-1)
+    lo, hi = br["lo"], br["hi"]
+    L = int(lv.shape[0])
+    out = np.array(lo, dtype=np.float64, copy=True)
+    is_open = lo < hi
+    pid = np.asarray(state["pid"])
+    want = np.flatnonzero(is_open.reshape(-1))
+    if not np.array_equal(pid, want):
+        raise RuntimeError("usage-distribution: second-pass pairs differ from the open brackets (internal error)")
+    if not pid.shape[0]:
+        return out
+    g, j = pid // L, pid % L
+    plo, phi = lo[g, j], hi[g, j]
+    f_lo, f_lo_left, f_hi, s, a_hi = (np.asarray(state[f], dtype=np.float64) for f in SUMS)
+    p_row = np.searchsorted(pid, np.asarray(state["p_pid"]))
+    ops = backend_of(plo).ops
+    for jj in range(L):
+        sel = np.flatnonzero(j == jj)
+        if not sel.shape[0]:
+            continue
+        rank = np.full(pid.shape[0], -1, np.int64)
+        rank[sel] = np.arange(sel.shape[0])
+        pr = np.flatnonzero(rank[p_row] >= 0)
+        q = np.concatenate(
+            [
+                np.stack([plo[sel], plo[sel]], axis=1),
+                np.stack([plo[sel], phi[sel]], axis=1),
+                np.stack([phi[sel], phi[sel]], axis=1),
+                np.stack([np.asarray(state["p_a"])[pr], np.asarray(state["p_b"])[pr]], axis=1),
+            ]
+        )
+        wt = np.concatenate([f_lo[sel], s[sel] * (phi[sel] - plo[sel]), a_hi[sel], np.asarray(state["p_m"])[pr]])
+        codes = np.concatenate([np.tile(np.arange(sel.shape[0]), 3), rank[p_row[pr]]])
+        total = np.bincount(codes, weights=wt, minlength=sel.shape[0])
+        t = lv[jj] * total
+        slack = _CHECK_REL * total
+        if bool(((f_lo_left[sel] > t + slack) | (f_hi[sel] < t - slack)).any()):
+            raise RuntimeError("usage-distribution: a first-pass bracket misses its quantile (internal error)")
+        res = ops.mixture_quantiles(
+            np.ascontiguousarray(q),
+            np.ascontiguousarray(wt),
+            np.ascontiguousarray(codes.astype(np.int64)),
+            int(sel.shape[0]),
+            np.asarray([lv[jj]]),
+            q_levels=np.asarray([0.0, 1.0]),
+        )
+        out[g[sel], jj] = res[:, 0]
+    return out
+
+
+# ------------------------------------------------------------------ the analysis' side (usage_distribution.py)
+def brackets_table(br: dict[str, np.ndarray]) -> Any:
+    """The first pass's result table: ``key``, then ``lo<j>`` and ``hi<j>`` per level ``j``."""
+    from gpuclust._lazy import pandas as pd
+
+    L = int(br["lo"].shape[1])
+    cols: dict[str, np.ndarray] = {"key": br["key"]}
+    cols.update({f"lo{j}": br["lo"][:, j] for j in range(L)})
+    cols.update({f"hi{j}": br["hi"][:, j] for j in range(L)})
+    return pd.DataFrame(cols)
+
+
+def brackets_of_partial(p: dict[str, Any], k: int, strategy: str, levels: Any) -> Any:
+    """The first pass's result table from its merged host partial (the bounded strategy)."""
+    from gpuclust.analyses import _hybrid_summary as hs
+
+    if strategy != "bounded" or "done" in p:
+        raise RuntimeError("usage-distribution-brackets: not a bounded first pass (internal error)")
+    return brackets_table(brackets(p["ms"] if p["ms"] is not None else hs.empty(int(k)), levels))
+
+
+def brackets_of_table(t: Any, n_levels: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(key, lo, hi)`` from :func:`brackets_table`'s table (a DataFrame or an Arrow table)."""
+    from gpuclust.tables import column
+
+    key = np.ascontiguousarray(column(t, "key"), dtype=np.int64)
+
+    def side(s: str) -> np.ndarray:
+        if n_levels == 0 or key.shape[0] == 0:
+            return np.zeros((key.shape[0], n_levels))
+        return np.ascontiguousarray(np.stack([column(t, f"{s}{j}") for j in range(n_levels)], axis=1), np.float64)
+
+    return key, side("lo"), side("hi")
+
+
+def second_partial_of(be: Any, qr: Any, w: Any, key: Any, bkey: Any, lo: Any, hi: Any) -> dict[str, Any]:
+    """A partition's two-pass partial on backend ``be``: the group stats of its windows (those of
+    :func:`mixture_summary.exact_partial`; ``key`` sorted) and its second-pass state."""
+    xp, ops = be.xp, be.ops
+    stats, _, _, _ = ms._group_stats(xp, ops, qr, w, key, True)
+    br = {"key": be.stage(bkey), "lo": be.stage(lo), "hi": be.stage(hi)}
+    return {"stats": stats, "state": second_partial(xp, ops, qr, w.astype(xp.float64), key, br)}
+
+
+def merge_two_pass(a: dict[str, Any] | None, b: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Two host two-pass partials merged (``None``: a partial without one, the identity)."""
+    if a is None or b is None:
+        return b if a is None else a
+    stats, _, _ = ms._merge_stats(np, a["stats"], b["stats"])
+    return {"stats": stats, "state": merge_state(a["state"], b["state"])}
+
+
+def finalize_two_pass(part: dict[str, Any], bkey: Any, lo: Any, hi: Any, levels: Any) -> dict[str, Any]:
+    """Per group of a merged (host) two-pass partial: ``key``, ``n_windows``, ``weight``, ``mean``,
+    exact ``quantiles`` and ``err_bound`` (0), as :func:`mixture_summary.finalize` gives them."""
+    st = part["stats"]
+    key = np.asarray(st["key"], dtype=np.int64)
+    bkey = np.asarray(bkey)
+    q = resolve(part["state"], {"key": bkey, "lo": np.asarray(lo), "hi": np.asarray(hi)}, levels)
+    rows = np.clip(np.searchsorted(bkey, key), 0, max(bkey.shape[0] - 1, 0))
+    if key.shape[0] and (bkey.shape[0] == 0 or not np.array_equal(bkey[rows], key)):
+        raise RuntimeError("usage-distribution: a group the first pass did not see (internal error)")
+    weight = np.asarray(st["weight"], dtype=np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.where(weight > 0, np.asarray(st["wmean"]) / np.where(weight > 0, weight, 1.0), np.nan)
+    return {
+        "key": key,
+        "n_windows": np.asarray(st["n_windows"]),
+        "weight": weight,
+        "mean": mean,
+        "quantiles": q[rows] if key.shape[0] else np.zeros((0, q.shape[1])),
+        "err_bound": np.zeros(key.shape[0]),
+    }

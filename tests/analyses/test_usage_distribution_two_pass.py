@@ -1,0 +1,221 @@
+"""``usage-distribution``'s ``exact-two-pass`` strategy: the same tables as the one-pass ``exact``
+strategy (quantiles to 1e-9 relative, sums to 1e-12, counts equal), a second-pass partial that
+grows with the distinct knots inside the brackets and not with the windows, and ``auto`` never
+falling back to the bounded sketch.
+
+The data of ``make_cell`` (tests/analyses/test_usage_distribution.py): point masses (idle lower
+halves at 0, one-point windows), zero-weight windows (sample rate 0, zero length), NULL rates,
+NULL percentiles, windows crossing time buckets, groups of one window.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from strategies import examples, table
+
+import gpuclust.engine as engine
+from gpuclust.analyses import _hybrid_summary as hs
+from gpuclust.analyses import _usage_distribution_two_pass as tp
+from gpuclust.analyses import mixture_summary as ms
+from gpuclust.analyses.base import to_host
+from gpuclust.analyses.usage_distribution import UsageDistribution
+from gpuclust.backends import get_backend
+from gpuclust.engine import TableSource
+from gpuclust.engine.local import context_of
+from gpuclust.engine.partition import column_to_numpy
+
+
+def _usage_distribution_tests():  # the sibling test module (its make_cell), loaded by path
+    name = "gpuclust_test_usage_distribution"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("test_usage_distribution.py"))
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[name]
+
+
+make_cell = _usage_distribution_tests().make_cell
+BYS = [("machine",), ("tier",), ("cell",), ("machine", "time")]
+
+
+@pytest.fixture(scope="module")
+def cell():
+    return make_cell(2, n_windows=400, n_instances=40)
+
+
+def assert_same(got, want):
+    """The ``quantiles`` and ``naive`` tables equal: same columns, groups and counts; quantiles
+    and the naive table to 1e-9 relative, other floats to 1e-12."""
+    for name in ("quantiles", "naive"):
+        a, b = got[name], want[name]
+        assert list(a.columns) == list(b.columns) and len(a) == len(b) > 0
+        for c in a.columns:
+            if a[c].dtype.kind == "f":
+                rt = 1e-9 if (c.startswith("q") or name == "naive") else 1e-12
+                np.testing.assert_allclose(a[c].to_numpy(), b[c].to_numpy(), rtol=rt, atol=1e-300, equal_nan=True)
+            else:
+                assert a[c].tolist() == b[c].tolist(), (name, c)
+
+
+def _run(src, a, **kw):
+    return engine.run(src, [a], **kw)[a.name]
+
+
+@pytest.mark.parametrize("by", BYS)
+def test_two_pass_equals_exact(cell, by):
+    src = TableSource(cell)
+    exact = _run(src, UsageDistribution(by=by, bucket_s=1800, strategy="exact"), partitions=3)
+    if "time" in by:
+        assert exact["quantiles"]["q0"].isna().any()  # a group without weight (NaN row)
+    # bracket_k=8: every group with weight is a bounded summary in the first pass (wide brackets,
+    # many pieces); 64 keeps the small groups exact there (closed brackets); auto = the default
+    for k, kw in ((8, dict(partitions=7)), (64, dict(partitions=4, scheduler="threads", split_every=2)), (0, {})):
+        a = UsageDistribution(by=by, bucket_s=1800, strategy="auto", exact_max_windows=0, bracket_k=k)
+        got = _run(src, a, **({"partitions": 3} | kw))
+        assert_same(got, exact)
+        info = got["info"].iloc[0]
+        assert info["strategy"] == "exact-two-pass" and info["strategy_option"] == "auto"
+        assert info["max_cdf_error_bound"] == 0 and info["k"] == a.first_pass_k
+        assert (got["quantiles"]["cdf_error_bound"] == 0).all()
+        if k == 8:
+            assert "strategy exact-two-pass (exact)" in a.summary(got)
+
+
+@pytest.mark.parametrize("backend_name", ["generic", "device"])
+def test_two_pass_on_the_gpu_shaped_backends(cell, backend_name, monkeypatch):
+    """The partials of both passes on the generic backend (NumPy shaped like CuPy) and on the
+    device-shaped one (arrays that refuse host operands): the cpu's tables."""
+    from device_backend import DEVICE, resolve_gpu_to_device
+    from generic_backend import GENERIC
+
+    be = {"generic": GENERIC, "device": DEVICE}[backend_name]
+    if be is DEVICE:
+        resolve_gpu_to_device(monkeypatch)  # its arrays belong to the "gpu" backend
+    src = TableSource(cell)
+    by = ("machine", "time")
+    a = UsageDistribution(by=by, bucket_s=1800, strategy="exact-two-pass", bracket_k=8)
+    want = _run(src, a, partitions=3)
+    assert_same(_run(src, a, partitions=3, backend=be), want)
+    assert_same(want, _run(src, UsageDistribution(by=by, bucket_s=1800, strategy="exact"), partitions=2))
+
+
+def test_auto_is_exact_at_any_size_and_bounded_is_a_choice(cell):
+    src = TableSource(cell)
+    n = cell["instance_usage"].num_rows
+    for by in (("tier",), ("collection",), ("instance", "time")):
+        for budget, want in ((n, "exact"), (n - 1, "exact-two-pass")):
+            a = UsageDistribution(by=by, exact_max_windows=budget)
+            assert bool(a.prerequisites(src)) == (want == "exact-two-pass")
+            info = _run(src, a, partitions=2)["info"].iloc[0]
+            assert info["strategy"] == want and info["strategy_option"] == "auto"
+    b = UsageDistribution(strategy="bounded", exact_max_windows=0, k=64)
+    assert not b.prerequisites(src)
+    info = _run(src, b, partitions=3)["info"].iloc[0]
+    assert info["strategy"] == "bounded" and info["max_cdf_error_bound"] > 0
+
+
+# --------------------------------------------------------------------------------------------
+# memory: the second pass grows with the knots inside the brackets, not with the windows
+# --------------------------------------------------------------------------------------------
+def pool_cell(n: int, seed: int = 3):
+    """``n`` five-minute windows on 3 machines, each window's percentiles one of 30 vectors (trace
+    percentiles repeat: idle and saturated windows, float32 values); weights vary."""
+    rng = np.random.default_rng(seed)
+    pool = np.sort(rng.gamma(0.7, 1.0, (30, 20)), axis=1).astype(np.float32).astype(np.float64)
+    pool[:8, :6] = 0.0
+    q = pool[rng.integers(0, 30, n)]
+    start = rng.integers(0, 10 * 3_600_000_000, n)
+    cols = {
+        "start_time": start,
+        "end_time": start + 300_000_000,
+        "collection_id": rng.integers(1, 50, n),
+        "instance_index": np.zeros(n, np.int64),
+        "machine_id": rng.integers(1, 4, n),
+        "alloc_collection_id": np.zeros(n, np.int64),
+        "sample_rate": rng.choice([1.0, 0.5, 0.25], n),
+    }
+    from gpuclust.schema import CPU_PERCENTILE_COLUMNS_SORTED
+
+    cols.update({c: q[:, k] for k, c in enumerate(CPU_PERCENTILE_COLUMNS_SORTED)})
+    return {"instance_usage": table("instance_usage", cols)}
+
+
+def _merged_partial(a, tables, parts=4):
+    src = TableSource(tables)
+    ctx = context_of(a, src, partitions=parts)
+    t = tables["instance_usage"]
+    cpu = get_backend("cpu")
+    cuts = np.linspace(0, t.num_rows, parts + 1).astype(int)
+    out = a.empty(cpu)
+    for lo, hi in zip(cuts[:-1], cuts[1:], strict=True):
+        s = t.slice(lo, hi - lo)
+        out = a.merge(out, to_host(a.partial({c: column_to_numpy(s.column(c)) for c in a.columns}, ctx, cpu)))
+    return out
+
+
+def _nbytes(obj) -> int:
+    if isinstance(obj, dict):
+        return sum(_nbytes(v) for v in obj.values())
+    return int(getattr(obj, "nbytes", 0))
+
+
+def test_second_pass_partial_grows_with_the_knots_inside_brackets_not_windows():
+    two = UsageDistribution(by="machine", strategy="exact-two-pass")
+    one = UsageDistribution(by="machine", strategy="exact")
+    small, big = pool_cell(2000), pool_cell(8000, seed=4)
+    tp_small, tp_big = (_merged_partial(two, c)["tp"] for c in (small, big))
+    ex_small, ex_big = (_nbytes(_merged_partial(one, c)["ms"]) for c in (small, big))
+    assert tp_small["state"]["p_pid"].shape[0] > 0  # knots inside the brackets
+    assert _nbytes(tp_big) <= 1.5 * _nbytes(tp_small)
+    assert ex_big >= 3.5 * ex_small  # the one-pass exact partial carries every window
+    assert _nbytes(tp_big) < ex_big / 10
+    # and the tables are the exact strategy's
+    src = TableSource(big)
+    assert_same(_run(src, two, partitions=4), _run(src, one, partitions=2))
+
+
+# --------------------------------------------------------------------------------------------
+# the second-pass math alone, against the one-pass exact finalize
+# --------------------------------------------------------------------------------------------
+@settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    k=st.sampled_from([2, 5, 16, 64]),
+    n=st.integers(1, 120),
+    parts=st.integers(1, 4),
+)
+def test_resolve_equals_the_exact_inversion(seed, k, n, parts):
+    rng = np.random.default_rng(seed)
+    q = np.sort(rng.gamma(0.7, 1.0, (n, 20)), axis=1) * np.exp(rng.normal(0, 2, n))[:, None]
+    q[rng.random(n) < 0.3, :7] = 0.0  # point masses at 0
+    one = rng.random(n) < 0.1
+    q[one] = q[one, :1]  # one-point windows
+    q[:, 12:15] = np.where(rng.random((n, 1)) < 0.2, q[:, 12:13], q[:, 12:15])  # point masses inside
+    q = np.maximum.accumulate(q.astype(np.float32).astype(np.float64), axis=1)
+    w = rng.choice([300.0, 30.0, 0.0, 1e-3, 7e5], n)
+    keys = rng.integers(0, 4, n).astype(np.int64) * (2**40 + 1)
+    lv = np.array([0.0, 0.005, 0.25, 0.5, 0.9, 0.99, 1.0])
+    cuts = np.sort(rng.integers(0, n + 1, parts - 1))
+    pieces = np.split(np.arange(n), cuts)
+    h = hs.empty(k)
+    for r in pieces:
+        o = r[np.argsort(keys[r], kind="stable")]
+        h = hs.merge(h, hs.leaf(q[o], w[o], keys[o], k, repaired=True))
+    br = tp.brackets(h, lv)
+    state = tp.empty_state()
+    cpu = get_backend("cpu")
+    for r in pieces:
+        o = r[np.argsort(keys[r], kind="stable")]
+        state = tp.merge_state(state, tp.second_partial(np, cpu.ops, q[o], w[o], keys[o], br))
+    got = tp.resolve(state, br, lv)
+    want = ms.finalize(ms.exact_partial(q, w, keys), lv)
+    assert br["key"].tolist() == want["key"].tolist()
+    np.testing.assert_allclose(got, want["quantiles"], rtol=1e-9, atol=1e-300, equal_nan=True)
