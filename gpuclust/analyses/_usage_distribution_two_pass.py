@@ -50,6 +50,7 @@ from gpuclust.schema import CPU_PERCENTILE_LEVELS_SORTED
 __all__ = [
     "BRACKET_MARGIN",
     "SUMS",
+    "SUM_PIECES_AT",
     "brackets",
     "brackets_of_partial",
     "brackets_of_table",
@@ -69,6 +70,8 @@ BRACKET_MARGIN = 1e-9
 SUMS = ("f_lo", "f_lo_left", "f_hi", "s", "a_hi")
 _PIECES = ("p_pid", "p_a", "p_b", "p_m")
 _LV = np.asarray(CPU_PERCENTILE_LEVELS_SORTED, dtype=np.float64)
+#: Fewest pieces a merge sums identical ones at (:func:`merge_state`).
+SUM_PIECES_AT = 1 << 16
 #: Relative slack of the check that a bracket holds its quantile (rounding of the sums).
 _CHECK_REL = 1e-9
 
@@ -95,33 +98,34 @@ def brackets(h: dict[str, Any], levels: Any, margin: float = BRACKET_MARGIN) -> 
 
 def empty_state(xp: Any = np) -> dict[str, Any]:
     """The merge identity of a second-pass state."""
-    out = {"pid": xp.zeros(0, dtype=xp.int64), "p_pid": xp.zeros(0, dtype=xp.int64)}
+    out: dict[str, Any] = {"pid": xp.zeros(0, dtype=xp.int64), "p_pid": xp.zeros(0, dtype=xp.int64), "p_summed": 0}
     out.update({f: xp.zeros(0, dtype=xp.float64) for f in (*SUMS, "p_a", "p_b", "p_m")})
     return out
 
 
-def _aggregate(xp: Any, ops: Any, pid: Any, sums: list[Any], pieces: list[Any]) -> dict[str, Any]:
-    """Sums per pair id (sorted unique ``pid``) and identical pieces summed (sorted by pair, a, b)."""
+def _pair_sums(xp: Any, ops: Any, pid: Any, sums: list[Any]) -> dict[str, Any]:
+    """Sums per pair id (sorted unique ``pid``)."""
     if int(pid.shape[0]) == 0:
-        out = empty_state(xp)
-    else:
-        uniq, inv = _unique_inverse(xp, ops, pid)
-        P = int(uniq.shape[0])
-        out = {"pid": uniq, **{s: bincount(xp, inv, weights=v, minlength=P) for s, v in zip(SUMS, sums, strict=True)}}
+        return {f: v for f, v in empty_state(xp).items() if f == "pid" or f in SUMS}
+    uniq, inv = _unique_inverse(xp, ops, pid)
+    P = int(uniq.shape[0])
+    return {"pid": uniq, **{s: bincount(xp, inv, weights=v, minlength=P) for s, v in zip(SUMS, sums, strict=True)}}
+
+
+def _summed_pieces(xp: Any, pieces: list[Any]) -> dict[str, Any]:
+    """Identical pieces summed (sorted by pair, a, b); ``p_summed`` = their number."""
     p_pid, p_a, p_b, p_m = pieces
-    if int(p_pid.shape[0]) == 0:
-        out.update({f: v for f, v in empty_state(xp).items() if f in _PIECES})
-        return out
-    order = ops.stable_argsort(p_b)
-    order = order[ops.stable_argsort(p_a[order])]
-    order = order[ops.stable_argsort(p_pid[order])]
+    n = int(p_pid.shape[0])
+    if n == 0:
+        return {f: v for f, v in empty_state(xp).items() if f in (*_PIECES, "p_summed")}
+    order = xp.lexsort(xp.stack([p_b, p_a, p_pid.astype(xp.float64)]))  # pair ids < 2^53: exact
     p_pid, p_a, p_b, p_m = p_pid[order], p_a[order], p_b[order], p_m[order]
-    first = xp.ones(p_pid.shape[0], dtype=bool)
+    first = xp.ones(n, dtype=bool)
     first[1:] = (p_pid[1:] != p_pid[:-1]) | (p_a[1:] != p_a[:-1]) | (p_b[1:] != p_b[:-1])
     inv = xp.cumsum(first.astype(xp.int64)) - 1
-    n = int(inv[-1]) + 1
-    out.update(p_pid=p_pid[first], p_a=p_a[first], p_b=p_b[first], p_m=bincount(xp, inv, weights=p_m, minlength=n))
-    return out
+    k = int(inv[-1]) + 1
+    m = bincount(xp, inv, weights=p_m, minlength=k)
+    return {"p_pid": p_pid[first], "p_a": p_a[first], "p_b": p_b[first], "p_m": m, "p_summed": k}
 
 
 def _unique_inverse(xp: Any, ops: Any, a: Any) -> tuple[Any, Any]:
@@ -207,15 +211,22 @@ def second_partial(xp: Any, ops: Any, qr: Any, w: Any, key: Any, br: dict[str, A
     e = empty_state(xp)
     cat = [xp.concatenate(v) if v else e[f] for f, v in zip(SUMS, sums, strict=True)]
     pcat = [xp.concatenate(v) if v else e[f] for f, v in zip(_PIECES, pieces, strict=True)]
-    return _aggregate(xp, ops, xp.concatenate(pids) if pids else e["pid"], cat, pcat)
+    return {**_pair_sums(xp, ops, xp.concatenate(pids) if pids else e["pid"], cat), **_summed_pieces(xp, pcat)}
 
 
 def merge_state(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-    """Two second-pass states merged (sums added per pair, pieces concatenated and summed)."""
+    """Two second-pass states merged: sums added per pair; pieces concatenated, and identical ones
+    summed once they are more than twice as many as at the last summing (at least
+    :data:`SUM_PIECES_AT`), so that a fold over many partitions sorts each piece a few times, not
+    once per merge."""
     be = backend_of(a["pid"])
     xp = be.xp
-    cat = {f: xp.concatenate([a[f], b[f]]) for f in a}
-    return _aggregate(xp, be.ops, cat["pid"], [cat[s] for s in SUMS], [cat[p] for p in _PIECES])
+    cat = {f: xp.concatenate([a[f], b[f]]) for f in (*SUMS, "pid", *_PIECES)}
+    out = _pair_sums(xp, be.ops, cat["pid"], [cat[s] for s in SUMS])
+    base = max(int(a["p_summed"]), int(b["p_summed"]), SUM_PIECES_AT)
+    if int(cat["p_pid"].shape[0]) > 2 * base:
+        return {**out, **_summed_pieces(xp, [cat[p] for p in _PIECES])}
+    return {**out, **{p: cat[p] for p in _PIECES}, "p_summed": base}
 
 
 def resolve(state: dict[str, Any], br: dict[str, np.ndarray], levels: Any) -> np.ndarray:
