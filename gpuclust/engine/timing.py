@@ -8,7 +8,9 @@ opened the clock add up to at most the run's wall time; what no phase covers is 
 Phases run on other threads (the engine threads of a cpu run with several workers, the read-ahead)
 are summed over those threads apart (``phases_other_threads``), and the main thread meanwhile waits
 in ``stream``.  ``phase(name, label)`` also counts the seconds for the analysis ``label``
-(``phases_by_analysis``, any thread).  Without a clock, :func:`phase` does nothing.
+(``phases_by_analysis``, any thread).  Without a clock, :func:`phase` does nothing.  One run at a
+time records its phases: a run started on another thread meanwhile records none (its phases count
+in the first run's ``phases_other_threads``).
 """
 
 from __future__ import annotations
@@ -110,7 +112,7 @@ class Clock:
 @contextlib.contextmanager
 def clock() -> Iterator[Clock]:
     """Open the run's clock (the one :func:`phase` records into) for the ``with`` block; a clock
-    already open (a run inside a run) stays the one."""
+    already open (a run inside a run, or another thread's run) stays the one."""
     global _CURRENT
     if _CURRENT is not None:
         yield _CURRENT
@@ -123,8 +125,9 @@ def clock() -> Iterator[Clock]:
 
 
 def current() -> Clock | None:
-    """The open clock, if any."""
-    return _CURRENT
+    """The open clock, if this thread opened it."""
+    c = _CURRENT
+    return c if c is not None and c.owner == threading.get_ident() else None
 
 
 @contextlib.contextmanager

@@ -85,6 +85,11 @@ def test_nested_phases_count_once_other_threads_apart():
         t = threading.Thread(target=_in_phase, args=("partials", 0.05))
         t.start()
         t.join()
+        seen = []
+        t = threading.Thread(target=lambda: seen.append(_run_on_another_thread()))
+        t.start()
+        t.join()
+        assert seen == [None] and timing.current() is c  # a run on another thread meanwhile records none
         rec = c.record()
     assert timing.current() is None
     ph = rec["phases"]
@@ -95,6 +100,11 @@ def test_nested_phases_count_once_other_threads_apart():
     assert rec["phases_by_analysis"]["a"]["partials"] >= 0.05
     with pytest.raises(ValueError, match="unknown phase"), timing.clock(), phase("loading"):
         pass
+
+
+def _run_on_another_thread():
+    with timing.clock():
+        return timing.current()
 
 
 def _in_phase(name, seconds):
