@@ -2,7 +2,7 @@
 
 The gpu case is skipped when CuPy or a CUDA device is missing, unless ``GPUCLUST_REQUIRE_GPU=1``,
 which turns a missing GPU into a failure (set it on GPU CI machines so GPU tests cannot silently
-skip).
+skip).  ``real_2011`` is the real 2011 parts, ingested once per pytest run and read-only.
 
 Hypothesis runs under one of three profiles, chosen by ``GPUCLUST_HYPOTHESIS_PROFILE`` (or
 pytest's ``--hypothesis-profile``), and printed in the pytest header: ``ci`` (the default, so
@@ -22,7 +22,11 @@ from hypothesis import settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # for `import strategies`
 
+from run_once import once_per_run  # noqa: E402 (needs the path above)
 from strategies import EXAMPLES_AT, PROFILE_ENV  # noqa: E402 (needs the path above)
+
+#: The real trace files (``../shared/data/real``, beside the checkout).
+REAL = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "real"
 
 #: Each profile's ``max_examples`` is its scale: :func:`strategies.examples` multiplies a test's
 #: own count by ``max_examples / EXAMPLES_AT`` (the ``dev`` profile's, which keeps every count).
@@ -73,3 +77,23 @@ def backend(request):  # type: ignore[no-untyped-def]
 def gpu_backend():  # type: ignore[no-untyped-def]
     """The gpu backend (skipped without a device, or failing under GPUCLUST_REQUIRE_GPU=1)."""
     return gpu_backend_or_skip()
+
+
+@pytest.fixture(scope="session")
+def real_2011(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The real 2011 parts (machine, task and job events) through the public ingest, once per
+    pytest run (:func:`run_once.once_per_run`): the dataset's folder, read-only (copy it to change
+    it).  Skipped where the real trace files are missing."""
+    if not (REAL / "2011").is_dir():
+        pytest.skip(f"real trace files not found at {REAL}")
+
+    def build(folder: Path) -> Path:
+        from gpuclust.ingest import ingest
+
+        rep = ingest(
+            [REAL / "2011" / t for t in ("machine_events", "task_events", "job_events")], folder / "ds", progress=False
+        )
+        assert rep.exit_status == 0, rep.summary()
+        return folder / "ds"
+
+    return once_per_run(tmp_path_factory, "real-2011", build, read_only=True)

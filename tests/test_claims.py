@@ -5,11 +5,13 @@ dataset's Parquet files, the slow usage-change replay), on the real 2011 parts a
 from __future__ import annotations
 
 import math
+import pickle
 import sys
 from pathlib import Path
 
 import pytest
 from cli_cells import cli_cell, gpuclust
+from run_once import once_per_run
 
 from gpuclust.claims import DatasetFacts, claims, evaluate, needed_analyses
 from gpuclust.claims.command import _results
@@ -36,19 +38,17 @@ def _events_sql(ds: Dataset) -> str:
 
 
 @pytest.fixture(scope="module")
-def v2(tmp_path_factory):
-    if not REAL.is_dir():
-        pytest.skip(f"real trace files not found at {REAL}")
-    out = tmp_path_factory.mktemp("v2") / "ds"
-    rep = ingest(
-        [REAL / "2011" / "machine_events", REAL / "2011" / "task_events", REAL / "2011" / "job_events"],
-        out,
-        progress=False,
-    )
-    assert rep.exit_status == 0
-    ds = Dataset(out)
-    res, not_run = _results(str(out), quiet=True)
-    return ds, _by_id(evaluate(res, DatasetFacts.of(out), not_run=not_run))
+def v2(real_2011, tmp_path_factory):
+    """The real 2011 parts, ingested once per run (tests/conftest.py's ``real_2011``, read-only), and
+    the claims evaluated on them, also once per run (:func:`run_once.once_per_run`, kept pickled)."""
+
+    def evaluated(d: Path) -> Path:
+        res, not_run = _results(str(real_2011), quiet=True)
+        rows = _by_id(evaluate(res, DatasetFacts.of(real_2011), not_run=not_run))
+        (d / "rows.pickle").write_bytes(pickle.dumps(rows))
+        return d / "rows.pickle"
+
+    return Dataset(real_2011), pickle.loads(once_per_run(tmp_path_factory, "claims-2011", evaluated).read_bytes())
 
 
 def test_2011_totals_and_transitions_match_duckdb(v2):
@@ -200,9 +200,19 @@ def test_every_claim_names_its_source_and_paper_value():
     assert set(needed_analyses()) <= {"lifecycle", "usage-change", "overcommit", "job-usage", "usage-vs-request"}
 
 
-def test_claims_command_as_docs_print_it(tmp_path):
+@pytest.fixture(scope="module")
+def cell_ds(tmp_path_factory):
+    """A synthetic 20-machine, 2 h cell made by the CLI (``cli_cell``) once per run
+    (:func:`run_once.once_per_run`), read-only: the command tests link it as ``ds`` in their own
+    folder."""
+    return once_per_run(
+        tmp_path_factory, "claims-cell", lambda d: cli_cell(d, machines=20, hours=2, seed=3) / "ds", read_only=True
+    )
+
+
+def test_claims_command_as_docs_print_it(cell_ds, tmp_path):
     """``gpuclust claims DATASET --csv FILE`` on a synthetic cell: one block per claim, the CSV."""
-    cli_cell(tmp_path, machines=20, hours=2, seed=3)
+    (tmp_path / "ds").symlink_to(cell_ds, target_is_directory=True)
     r = gpuclust("claims", "ds", "--csv", "claims.csv", "--quiet", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.count("\n[") + r.stdout.startswith("[") == len(claims())
@@ -218,10 +228,10 @@ def test_claims_command_as_docs_print_it(tmp_path):
     assert r.returncode == 2 and r.stderr.startswith("gpuclust claims: error: ") and "Traceback" not in r.stderr
 
 
-def test_report_has_the_claims_its_analyses_support(tmp_path):
+def test_report_has_the_claims_its_analyses_support(cell_ds, tmp_path):
     """``gpuclust report``'s page shows the claims whose analyses it holds (with the options they
     ask for), and points to ``gpuclust claims`` for the rest."""
-    cli_cell(tmp_path, machines=20, hours=2, seed=5)
+    (tmp_path / "ds").symlink_to(cell_ds, target_is_directory=True)
     r = gpuclust("report", "ds", "lifecycle", "job-usage", "--out", "r.html", "--quiet", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     page = (tmp_path / "r.html").read_text()

@@ -30,6 +30,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from run_once import once_per_run
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
@@ -168,33 +169,20 @@ def toured(tmp_path_factory: pytest.TempPathFactory) -> Path:
     README's steps ran as printed, in order, up to :data:`TOUR_END` (which the README's test runs
     next, in a copy).
 
-    The tour runs once per pytest run, whatever the number of xdist workers: the first worker to
-    need it runs it in the run's folder that all workers share (``getbasetemp().parent`` under
-    xdist), holding a lock on it, and marks it done; a worker that comes later waits for the lock
-    and uses that folder (tests only copy it).  A tour that failed left no mark: the next worker
-    runs it again, from an empty folder, and fails the same way."""
-    import fcntl
+    The tour runs once per pytest run, whatever the number of xdist workers
+    (:func:`run_once.once_per_run`): a worker that comes later uses the folder the first one left
+    (tests only copy it); a tour that failed is run again, from an empty folder, and fails the
+    same way."""
 
-    base = tmp_path_factory.getbasetemp()
-    base = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "docs-tour"
-    base.mkdir(exist_ok=True)
-    with open(base / "lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        sandbox, done = base / "checkout", base / "done"
-        if done.exists():
-            return sandbox
-        for old in (sandbox, base / "shared"):
-            if old.is_symlink() or old.is_file():
-                old.unlink()
-            elif old.exists():
-                shutil.rmtree(old)
+    def tour(base: Path) -> Path:
         sandbox = _checkout(base)
         sandbox.mkdir()
         env, gpu = _env(sandbox), _gpu()
         for lang, text, line in steps("README.md")[: _tour_split()]:
             _run("README.md", lang, text, line, sandbox, env, gpu)
-        done.touch()
         return sandbox
+
+    return once_per_run(tmp_path_factory, "docs-tour", tour)
 
 
 def _env(sandbox: Path) -> dict[str, str]:

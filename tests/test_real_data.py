@@ -20,16 +20,10 @@ pytestmark = pytest.mark.skipif(not REAL.is_dir(), reason=f"real trace files not
 V2_ROWS = {"machine_events": 37_780, "instance_events": 919_519, "collection_events": 25_437}
 
 
-@pytest.fixture(scope="module")
-def v2_dataset(tmp_path_factory: pytest.TempPathFactory) -> Dataset:
-    out = tmp_path_factory.mktemp("v2")
-    rep = ingest(
-        [REAL / "2011" / "machine_events", REAL / "2011" / "task_events", REAL / "2011" / "job_events"],
-        out,
-        progress=False,
-    )
-    assert rep.exit_status == 0, rep.summary()
-    return Dataset(out)
+@pytest.fixture
+def v2_dataset(real_2011: Path) -> Dataset:
+    """The real 2011 parts, ingested once per run (tests/conftest.py's ``real_2011``), read-only."""
+    return Dataset(real_2011)
 
 
 def test_v2_row_counts_preserved(v2_dataset: Dataset) -> None:

@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from run_once import once_per_run
 
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = Path(os.environ.get("GPUCLUST_ARTIFACTS") or ROOT / "out" / "report-browser")
@@ -108,17 +109,8 @@ DATASETS = {
         ],
         DRAWN,
     ),
-    "real-2011": (
-        [
-            (
-                "ingest",
-                str(REAL / "2011" / "machine_events"),
-                str(REAL / "2011" / "task_events"),
-                str(REAL / "2011" / "job_events"),
-                "--out",
-                "ds",
-            )
-        ],
+    "real-2011": (  # no commands: ``ds`` is the run's ingest of the 2011 parts (tests/conftest.py's real_2011)
+        [],
         {"collection-lifecycle", "lifecycle", "machine-shapes", "overcommit"},
     ),
     "real-2019-cell-a": (
@@ -131,19 +123,25 @@ DATASETS = {
 @pytest.fixture(scope="module", params=list(DATASETS))
 def report(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, set[str]]:
     """A dataset (the synthetic cell, the real 2011 events-only trace files, the real 2019 cell-a
-    machine_events), ingested, and its report."""
+    machine_events), ingested, and its report: made once per pytest run whatever the number of
+    xdist workers (:func:`run_once.once_per_run`); tests only read the page."""
     name = request.param
     commands, drawn = DATASETS[name]
     if name.startswith("real") and not REAL.is_dir():
         pytest.skip(f"real trace files not found at {REAL}")
-    d = tmp_path_factory.mktemp(name)
-    for args in commands:
-        r = _gpuclust(*args, cwd=d)
-        assert r.returncode == 0, (args, r.stderr[-2000:])
-    r = _gpuclust("report", "ds", "--out", "report.html", "--quiet", cwd=d)
-    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
-    assert "report.html" in r.stdout and "KiB" in r.stdout
-    return name, d / "report.html", drawn
+
+    def make(d: Path) -> Path:
+        if name == "real-2011":  # read-only: the report writes beside its page, not into the dataset
+            (d / "ds").symlink_to(request.getfixturevalue("real_2011"), target_is_directory=True)
+        for args in commands:
+            r = _gpuclust(*args, cwd=d)
+            assert r.returncode == 0, (args, r.stderr[-2000:])
+        r = _gpuclust("report", "ds", "--out", "report.html", "--quiet", cwd=d)
+        assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
+        assert "report.html" in r.stdout and "KiB" in r.stdout
+        return d / "report.html"
+
+    return name, once_per_run(tmp_path_factory, f"report-{name}", make), drawn
 
 
 def test_page_is_self_contained_and_small(report: tuple[str, Path, set[str]]) -> None:
@@ -223,12 +221,14 @@ PROBE = """<script>document.addEventListener("DOMContentLoaded", function () {
 });</script>"""
 
 
-def test_hover_in_chromium_and_no_zoom_that_crops_axes(chromium: str, report: tuple[str, Path, set[str]]) -> None:
+def test_hover_in_chromium_and_no_zoom_that_crops_axes(
+    chromium: str, report: tuple[str, Path, set[str]], tmp_path: Path
+) -> None:
     """Hover shows the data coordinates of the point under the pointer (the middle of the axes:
     the middle of its limits on a linear axis); a drag leaves the figure whole (axes and labels
     stay: no zoom that crops them away)."""
     name, page, _ = report
-    probe = page.with_name("probe.html")
+    probe = tmp_path / "probe.html"  # the page is self-contained: it renders from any folder
     probe.write_text(page.read_text().replace("</body>", PROBE + "</body>"))
     dom = browse(chromium, probe, "--dump-dom")
     assert not console_lines(dom.stderr), console_lines(dom.stderr)

@@ -278,20 +278,13 @@ def test_duckdb_over_the_parquet(tmp_path):
     ) == q
 
 
-@pytest.mark.skipif(not REAL.is_dir(), reason=f"real trace files not found at {REAL}")
-def test_real_2011_events_and_2019_machines(tmp_path):
+def test_real_2011_events_and_2019_machines(real_2011, tmp_path):
     """The real 2011 task / job / machine events (first 5 of 500 parts) and the real 2019 cell-a
     machine_events shard: the figures of docs/analyses/data-quality.md, checked against the
     reference (and SOURCES.md: 32 rows of 2011 machine_events, 459 of 2019, lack capacity)."""
     from gpuclust.ingest import ingest
 
-    rep = ingest(
-        [REAL / "2011" / "machine_events", REAL / "2011" / "task_events", REAL / "2011" / "job_events"],
-        tmp_path / "v2",
-        progress=False,
-    )
-    assert rep.exit_status == 0, rep.summary()
-    ds = Dataset(tmp_path / "v2")
+    ds = Dataset(real_2011)  # the 2011 parts, ingested once per run (tests/conftest.py), read-only
     res = run(ds, DataQuality(), partitions="auto")["data-quality"]
     tables = {t: ds.read(t) for t in ("instance_events", "collection_events", "machine_events")}
     check(res, tables)

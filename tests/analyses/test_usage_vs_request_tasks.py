@@ -39,7 +39,6 @@ MEASURES = {
     "mem_peak": ("max_mem", "req_mem", "peak"),
     "mem_reservation": ("assigned_mem", "req_mem", "mean"),
 }
-REAL = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "real"
 
 
 def cell(seed: int, n_inst: int = 50, n_ev: int = 200, n_win: int = 1500) -> dict[str, pa.Table]:
@@ -379,22 +378,13 @@ def test_synthetic_cell_against_duckdb(tmp_path):
     assert t.loc[("prod", "cpu_mean"), "p50_ratio"] < t.loc[("non-prod", "cpu_mean"), "p50_ratio"]
 
 
-@pytest.mark.skipif(not REAL.is_dir(), reason=f"real trace files not found at {REAL}")
-def test_real_2011_parts(tmp_path):
+def test_real_2011_parts(real_2011, tmp_path):
     """The real 2011 parts (task_events, job_events, machine_events; no task_usage in them): alone,
     no windows and empty per-task tables with their columns; with usage windows planted on 300 of
     their real instances (300 s windows from each instance's first event, CPU and memory at random
     fractions of its real requests), the per-task tables match DuckDB's over the real request
-    timelines, priorities and v2 tier map."""
-    from gpuclust.ingest import ingest
-
-    rep = ingest(
-        [REAL / "2011" / "machine_events", REAL / "2011" / "task_events", REAL / "2011" / "job_events"],
-        tmp_path / "v2",
-        progress=False,
-    )
-    assert rep.exit_status == 0, rep.summary()
-    ds = Dataset(tmp_path / "v2")
+    timelines, priorities and v2 tier map (the parts ingested once per run: ``real_2011``)."""
+    ds = Dataset(real_2011)
     alone = run(ds, UsageVsRequest())["usage-vs-request"]
     assert alone["info"]["tier_map"].iloc[0] == "v2" and int(alone["info"]["tasks"].iloc[0]) == 0
     assert alone["task_summary"].empty and alone["task_hist"].empty and "p50_ratio" in alone["task_summary"]
@@ -432,7 +422,7 @@ def test_real_2011_parts(tmp_path):
     planted = write_dataset(
         tmp_path / "planted",
         {
-            "instance_events": load(tmp_path / "v2")["instance_events"],
+            "instance_events": load(real_2011)["instance_events"],
             "instance_usage": table("instance_usage", dict(us)),
         },
         files=3,
