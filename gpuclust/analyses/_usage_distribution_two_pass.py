@@ -140,26 +140,41 @@ def _unique_inverse(xp: Any, ops: Any, a: Any) -> tuple[Any, Any]:
     return s[first], inv
 
 
+def _segment(xp: Any, yf: Any, base: Any, c: Any) -> tuple[Any, Any, Any, Any]:
+    """Per row (flat rows ``yf``, row starts ``base``), the segment after its ``c``-th knot:
+    ``k = c - 1`` (the knot it starts at), its ends and its level step."""
+    lvx = xp.asarray(_LV)
+    k = c - 1
+    kc = xp.clip(k, 0, 18)
+    return k, yf[base + kc], yf[base + kc + 1], (lvx[kc], lvx[kc + 1])
+
+
+def _cdf(xp: Any, yf: Any, base: Any, x: Any, c: Any) -> Any:
+    """``F_i(x)`` of each row given ``c``, its knots ``<= x`` (or ``< x`` for the left limit): the
+    formula of :func:`mixture_summary._cdf_at_sorted_points`, by flat gathers."""
+    k, ya, yb, (la, lb) = _segment(xp, yf, base, c)
+    inner = la + (lb - la) * (x - ya) / xp.where(yb > ya, yb - ya, 1.0)
+    return xp.where(k < 0, 0.0, xp.where(k >= 19, 1.0, inner))
+
+
 def _level_rows(xp: Any, y: Any, ww: Any, lo: Any, hi: Any) -> tuple[list[Any], Any]:
     """One level's sums per window (rows ``y`` with weights ``ww`` and their brackets ``lo``,
     ``hi``) and the mask of windows with a knot strictly inside their bracket."""
-    lvx = xp.asarray(_LV)
     a, b = lo[:, None], hi[:, None]
-    c_lo = (y <= a).sum(axis=1, keepdims=True)
-    c_hi = (y < b).sum(axis=1, keepdims=True)
-    f_lo, f_lo_left = ms._cdf_at_sorted_points(xp, y, lvx, a, c_lo, (y < a).sum(axis=1, keepdims=True))
-    f_hi, f_hi_left = ms._cdf_at_sorted_points(xp, y, lvx, b, (y <= b).sum(axis=1, keepdims=True), c_hi)
-    inside = (c_hi - c_lo)[:, 0] > 0
+    c_lo = (y <= a).sum(axis=1)
+    c_hi = (y < b).sum(axis=1)
+    yf = y.reshape(-1)
+    base = xp.arange(y.shape[0], dtype=xp.int64) * 20
+    f_lo = _cdf(xp, yf, base, lo, c_lo)
+    f_lo_left = _cdf(xp, yf, base, lo, (y < a).sum(axis=1))
+    f_hi = _cdf(xp, yf, base, hi, (y <= b).sum(axis=1))
+    f_hi_left = _cdf(xp, yf, base, hi, c_hi)
+    inside = c_hi > c_lo
     # a segment spanning the bracket: the one starting at the last knot <= lo, when no knot is inside
-    k = c_lo[:, 0] - 1
-    kc = xp.clip(k, 0, 18)
-    ya = xp.take_along_axis(y, kc[:, None], axis=1)[:, 0]
-    yb = xp.take_along_axis(y, kc[:, None] + 1, axis=1)[:, 0]
+    k, ya, yb, (la, lb) = _segment(xp, yf, base, c_lo)
     span = ~inside & (k >= 0) & (k <= 18) & (yb > ya)
-    dl = lvx[kc + 1] - lvx[kc]
-    s = xp.where(span, ww * dl / xp.where(span, yb - ya, 1.0), 0.0)
-    sums = [ww * f_lo[:, 0], ww * f_lo_left[:, 0], ww * f_hi[:, 0], s, ww * (1.0 - f_hi_left[:, 0])]
-    return sums, inside
+    s = xp.where(span, ww * (lb - la) / xp.where(span, yb - ya, 1.0), 0.0)
+    return [ww * f_lo, ww * f_lo_left, ww * f_hi, s, ww * (1.0 - f_hi_left)], inside
 
 
 def _level_pieces(xp: Any, y: Any, ww: Any, lo: Any, hi: Any) -> tuple[Any, Any, Any, Any]:
@@ -196,13 +211,17 @@ def second_partial(xp: Any, ops: Any, qr: Any, w: Any, key: Any, br: dict[str, A
         sel = xp.flatnonzero(is_open[code, j] & (w > 0)) if G else xp.zeros(0, dtype=xp.int64)
         if int(sel.shape[0]) == 0:
             continue
-        c = code[sel]
-        y, ww, a, b = qr[sel], w[sel], lo[c, j], hi[c, j]
+        c = code[sel]  # sorted, as ``key``
+        every = int(sel.shape[0]) == int(w.shape[0])
+        y, ww, a, b = qr if every else qr[sel], w if every else w[sel], lo[c, j], hi[c, j]
         vals, inside = _level_rows(xp, y, ww, a, b)
         pid = c * L + j
-        pids.append(pid)
+        first = xp.ones(pid.shape[0], dtype=bool)
+        first[1:] = c[1:] != c[:-1]
+        run = xp.cumsum(first.astype(xp.int64)) - 1
+        pids.append(pid[first])
         for acc, v in zip(sums, vals, strict=True):
-            acc.append(v)
+            acc.append(bincount(xp, run, weights=v, minlength=int(run[-1]) + 1))
         r = xp.flatnonzero(inside)
         if int(r.shape[0]):
             row, pa, pb, pm = _level_pieces(xp, y[r], ww[r], a[r], b[r])
