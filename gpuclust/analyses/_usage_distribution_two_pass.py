@@ -55,6 +55,8 @@ __all__ = [
     "brackets_of_partial",
     "brackets_of_table",
     "brackets_table",
+    "carry",
+    "first_pass_merge",
     "empty_state",
     "finalize_two_pass",
     "merge_state",
@@ -313,13 +315,44 @@ def brackets_table(br: dict[str, np.ndarray]) -> Any:
     return pd.DataFrame(cols)
 
 
+def carry(stack: list[tuple[int, Any]]) -> list[tuple[int, Any]]:
+    """First-pass summaries ``(leaves, hybrid partial)`` merged like a binary counter: a summary
+    only merges with one of the same rank (``floor(log2(leaves))``), so whatever order the engine
+    merges partials in (the local engine folds them left), a summary of ``n`` leaves has been
+    through at most ``log2(n)`` merges and its bound grows with ``log2`` of the partitions, not
+    with their number (docs/analyses/mixture.md, "The bound")."""
+    from gpuclust.analyses import _hybrid_summary as hs
+
+    ranks: dict[int, tuple[int, Any]] = {}
+    for n, h in sorted(stack, key=lambda e: e[0]):
+        r = int(n).bit_length() - 1
+        while r in ranks:
+            m, g = ranks.pop(r)
+            n, h = n + m, hs.merge(g, h)
+            r = int(n).bit_length() - 1
+        ranks[r] = (n, h)
+    return [ranks[r] for r in sorted(ranks)]
+
+
+def first_pass_merge(a: dict[str, Any], b: dict[str, Any], merge_rest: Any) -> dict[str, Any]:
+    """Two first-pass partials merged: group extras and counters by ``merge_rest`` (the analysis'
+    merge), the summaries by :func:`carry` (a partial's ``stack``; none in the empty partial)."""
+    out = merge_rest({**a, "ms": None}, {**b, "ms": None})
+    out["stack"] = carry([*a.get("stack", []), *b.get("stack", [])])
+    return out
+
+
 def brackets_of_partial(p: dict[str, Any], k: int, strategy: str, levels: Any) -> Any:
-    """The first pass's result table from its merged host partial (the bounded strategy)."""
+    """The first pass's result table from its merged host partial (the bounded strategy): its
+    summaries merged smallest first (depth at most ``log2(partitions) + 1``), then bracketed."""
     from gpuclust.analyses import _hybrid_summary as hs
 
     if strategy != "bounded" or "done" in p:
         raise RuntimeError("usage-distribution-brackets: not a bounded first pass (internal error)")
-    return brackets_table(brackets(p["ms"] if p["ms"] is not None else hs.empty(int(k)), levels))
+    h = hs.empty(int(k))
+    for _, g in carry(list(p.get("stack", []))):
+        h = hs.merge(h, g) if int(h["exact"]["key"].shape[0]) + int(h["bounded"]["key"].shape[0]) else g
+    return brackets_table(brackets(h, levels))
 
 
 def brackets_of_table(t: Any, n_levels: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -567,13 +567,21 @@ class UsageDistribution(Analysis):
 class UsageDistributionBrackets(UsageDistribution):
     """The first pass of ``exact-two-pass`` (not registered; :meth:`UsageDistribution.prerequisites`
     creates it): the ``bounded`` strategy of the same grouping (``k``: the first pass's summary
-    size), finalized as one table, ``brackets`` (:func:`gpuclust.analyses._usage_distribution_two_pass.brackets_table`)."""
+    size; summaries merged as a binary counter, :func:`~gpuclust.analyses._usage_distribution_two_pass.carry`),
+    finalized as one table, ``brackets``."""
 
     name = "usage-distribution-brackets"
 
     @property
     def parted(self) -> tuple[str, ...]:  # type: ignore[override]
         return ()  # groups x levels x 2 numbers, whatever the grouping
+
+    def partial(self, cols: dict[str, Any], ctx: UsageDistributionContext, backend: Any) -> dict[str, Any]:
+        out = super().partial(cols, ctx, backend)
+        return {**out, "ms": None, "stack": [(1, out["ms"])]}  # a leaf: see tp.carry
+
+    def merge(self, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+        return tp.first_pass_merge(a, b, merge_partials)
 
     def finalize(self, partial: dict[str, Any], ctx: UsageDistributionContext) -> dict[str, pd.DataFrame]:
         return {"brackets": tp.brackets_of_partial(to_host(partial), int(self.k), ctx.strategy, ctx.levels)}

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -148,7 +149,7 @@ def pool_cell(n: int, seed: int = 3):
     return {"instance_usage": table("instance_usage", cols)}
 
 
-def _merged_partial(a, tables, parts=4):
+def _merged_partial(a, tables, parts):
     src = TableSource(tables)
     ctx = context_of(a, src, partitions=parts)
     t = tables["instance_usage"]
@@ -167,19 +168,45 @@ def _nbytes(obj) -> int:
     return int(getattr(obj, "nbytes", 0))
 
 
-def test_second_pass_partial_grows_with_the_knots_inside_brackets_not_windows():
+def test_second_pass_partial_grows_with_the_knots_inside_brackets_not_windows(monkeypatch):
+    """4x the windows with the same distribution (each window 4 times): the same second-pass
+    partial (the same brackets, the same distinct pieces), where the one-pass partial is 4x."""
     two = UsageDistribution(by="machine", strategy="exact-two-pass")
     one = UsageDistribution(by="machine", strategy="exact")
-    small, big = pool_cell(2000), pool_cell(8000, seed=4)
-    tp_small, tp_big = (_merged_partial(two, c)["tp"] for c in (small, big))
-    ex_small, ex_big = (_nbytes(_merged_partial(one, c)["ms"]) for c in (small, big))
+    small = pool_cell(2000)
+    big = {"instance_usage": pa.concat_tables([small["instance_usage"]] * 4)}
+    tp_small, tp_big = (_merged_partial(two, c, 1)["tp"] for c in (small, big))
+    ex_small, ex_big = (_nbytes(_merged_partial(one, c, 1)["ms"]) for c in (small, big))
     assert tp_small["state"]["p_pid"].shape[0] > 0  # knots inside the brackets
     assert _nbytes(tp_big) <= 1.5 * _nbytes(tp_small)
     assert ex_big >= 3.5 * ex_small  # the one-pass exact partial carries every window
     assert _nbytes(tp_big) < ex_big / 10
-    # and the tables are the exact strategy's
+    # over 4 partitions, merges sum the copies of a piece (here from the first merges on)
+    monkeypatch.setattr(tp, "SUM_PIECES_AT", 0)
+    many = _merged_partial(two, big, 4)["tp"]
+    assert many["state"]["p_pid"].shape[0] <= 3 * tp_big["state"]["p_pid"].shape[0]
     src = TableSource(big)
     assert_same(_run(src, two, partitions=4), _run(src, one, partitions=2))
+
+
+def test_merges_sum_identical_pieces_once_they_have_doubled(monkeypatch):
+    monkeypatch.setattr(tp, "SUM_PIECES_AT", 0)
+    rng = np.random.default_rng(5)
+    q = np.sort(rng.gamma(0.7, 1.0, (300, 20)), axis=1)
+    w, keys = rng.random(300) + 0.5, np.zeros(300, np.int64)
+    lv = np.array([0.1, 0.5, 0.9])
+    br = tp.brackets(hs.leaf(q, w, keys, 16, repaired=True), lv)
+    one = tp.second_partial(np, get_backend("cpu").ops, q, w, keys, br)
+    d = int(one["p_pid"].shape[0])
+    assert d > 10 and one["p_summed"] == d
+    acc = tp.empty_state()
+    sizes = []
+    for _ in range(16):
+        acc = tp.merge_state(acc, one)
+        sizes.append(int(acc["p_pid"].shape[0]))
+    assert max(sizes) <= 3 * d and min(sizes[1:]) >= d  # summed now and then, never one copy per merge
+    np.testing.assert_allclose(tp.resolve(acc, br, lv), tp.resolve(one, br, lv), rtol=1e-12)
+    np.testing.assert_allclose(acc["f_lo"], 16 * one["f_lo"], rtol=1e-12)
 
 
 # --------------------------------------------------------------------------------------------
