@@ -27,6 +27,7 @@ import dataclasses
 import threading
 import time
 import types
+import weakref
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -39,10 +40,13 @@ from gpuclust.backends import Backend
 __all__ = [
     "DEVICE",
     "DEVICE_GPU",
+    "MEMORY",
     "WORK",
     "DeviceArray",
+    "DeviceOutOfMemoryError",
     "column_bytes",
     "counting_device_work",
+    "device_memory",
     "mark_partials_gpu",
     "result_bytes",
 ]
@@ -95,6 +99,74 @@ def _op(kind: str) -> Iterator[None]:
 def _count(kind: str, n: int = 1) -> None:
     if _counting[0]:
         WORK[kind] += n
+
+
+#: Device memory inside :func:`device_memory`: ``live_bytes``, the bytes of the device buffers
+#: alive now (each NumPy buffer a :class:`DeviceArray` wraps counted once, from its wrapping to
+#: its release, whatever views of it there are), and ``peak_live_bytes``, the most there were;
+#: ``cap``, a limit (0: none) beyond which an allocation raises :class:`DeviceOutOfMemoryError`,
+#: as CuPy's pool does past ``set_limit``.  Buffers wrapped before :func:`device_memory` began
+#: are not counted.  Temporaries inside one operation (a sort's scratch) are not seen.
+MEMORY: Counter[str] = Counter()
+_live: dict[int, int] = {}  # id of a base buffer -> its bytes
+_live_lock = threading.Lock()
+_tracking = [False]
+
+
+class DeviceOutOfMemoryError(MemoryError):
+    """An allocation past :data:`MEMORY`'s cap (CuPy: ``cupy.cuda.memory.OutOfMemoryError``)."""
+
+
+@contextlib.contextmanager
+def device_memory(cap: int = 0) -> Iterator[Counter[str]]:
+    """Count the device bytes alive and their peak (:data:`MEMORY`, cleared first); with ``cap``
+    (bytes), raise :class:`DeviceOutOfMemoryError` for an allocation that would pass it."""
+    with _live_lock:
+        MEMORY.clear()
+        _live.clear()
+        MEMORY["cap"] = int(cap)
+        _tracking[0] = True
+    try:
+        yield MEMORY
+    finally:
+        with _live_lock:
+            _tracking[0] = False
+            _live.clear()
+
+
+def _freed(key: int) -> None:
+    with _live_lock:
+        n = _live.pop(key, None)
+        if n is not None:
+            MEMORY["live_bytes"] -= n
+
+
+def _base(a: np.ndarray) -> np.ndarray:
+    """The array owning ``a``'s buffer (``a`` itself if it owns it, or views a foreign one)."""
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
+
+
+def _allocated(a: np.ndarray) -> None:
+    """Count ``a``'s buffer as device memory (once: a view of a counted buffer adds nothing)."""
+    if not _tracking[0]:
+        return
+    base = _base(a)
+    key = id(base)
+    with _live_lock:
+        if not _tracking[0] or key in _live:
+            return
+        n = int(base.nbytes)
+        live, cap = MEMORY["live_bytes"], MEMORY["cap"]
+        if cap and live + n > cap:
+            raise DeviceOutOfMemoryError(
+                f"Out of memory allocating {n:,} bytes (allocated so far: {live:,} bytes, limit set to: {cap:,} bytes)."
+            )
+        _live[key] = n
+        MEMORY["live_bytes"] = live + n
+        MEMORY["peak_live_bytes"] = max(MEMORY["peak_live_bytes"], live + n)
+    weakref.finalize(base, _freed, key)
 
 
 def _host_bytes(x: Any) -> int:
@@ -158,6 +230,7 @@ class DeviceArray(np.lib.mixins.NDArrayOperatorsMixin):
     __slots__ = ("data",)
 
     def __init__(self, data: np.ndarray):
+        _allocated(data)
         self.data = data
 
     # ---- what CuPy arrays have and NumPy ones lack

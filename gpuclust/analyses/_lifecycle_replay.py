@@ -332,7 +332,7 @@ def duration_sums(backend: Any, recs: list[tuple[Any, Any, Any, Any]], out: dict
     kk = xp.nonzero(rk)[0]
     td, dur = td[kk], rdur[kk].astype(xp.int64)
     b = delay_bins(xp, dur, backend.stage(_DELAY_BINS.cells), backend.stage(_DELAY_BINS.edges))
-    out["hist"] = bincount(xp, td * _B + b, minlength=_NS * _D * _B).reshape(_NS, _D, _B).astype(xp.int64)
+    out["hist"] = bincount(xp, td * _B + b, minlength=_NS * _D * _B).reshape(_NS, _D, _B).astype(xp.int64, copy=False)
     out["dur_sum"] = bincount(xp, td, weights=dur.astype(xp.float64), minlength=_NS * _D).reshape(_NS, _D)
     if int(td.shape[0]):  # per (slot, distribution) the shortest and longest known duration
         dmax = xp.full(_NS * _D, -1, dtype=xp.int64)

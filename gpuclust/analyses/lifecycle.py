@@ -222,6 +222,7 @@ class Lifecycle(Analysis):
             return out
         r, c, p, ct = got
         del got
+        out["hist"] = None  # (tier x distribution x bin) ints, made by duration_sums: the empty one need not wait
         tier_s, slot_s = instance_slots(backend, ctx, r, c, p, ct, counters)
         del c, p, ct
         tier, slot = tier_s[r.seg], slot_s[r.seg]

@@ -458,7 +458,10 @@ class Overcommit(Analysis):
         be = finalize_backend(rest["backend"])
         acc = _CellSums(be.xp, B, T, keep_ratios=be.name != "cpu")  # on a device: the summary's ratios stay there
         has_usage = int(rest["stats"][STATS.index("usage_rows")]) > 0
-        return {"machine": _machine_rows(be, keyed, ctx, lo, hi, acc, has_usage, FINALIZE_CELLS[be.name])}, acc
+        # chunks sized by where the partials were computed, not where they are finalized: the cell
+        # sums add chunk by chunk, so a gpu study's partials give the same bits on the host
+        cells = FINALIZE_CELLS["cpu" if rest["backend"] == "cpu" else "gpu"]
+        return {"machine": _machine_rows(be, keyed, ctx, lo, hi, acc, has_usage, cells)}, acc
 
     def finalize_parted(
         self, rest: dict[str, Any], ctx: OvercommitContext, tables: dict[str, Any], extras: list[_CellSums]

@@ -11,7 +11,9 @@ op names with the same signatures; analyses touch only ``backend.xp`` and ``back
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -32,6 +34,7 @@ __all__ = [
     "available_backend",
     "backend_of",
     "finalize_backend",
+    "finalizing_on_host",
     "merged_backend",
     "get_backend",
     "gpu_available",
@@ -227,7 +230,29 @@ def finalize_backend(name: str) -> Backend:
     >>> finalize_backend("cpu").name
     'cpu'
     """
+    if _on_host[0]:
+        return get_backend("cpu")
     return available_backend(name) or get_backend("cpu")
+
+
+_on_host = [0]
+_on_host_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def finalizing_on_host() -> Iterator[None]:
+    """Inside, :func:`finalize_backend` gives the cpu backend whatever the partials were computed
+    on: an out-of-core study on a device finalizes on the host, since some finalizes take device
+    memory in proportion to the data (:mod:`gpuclust.engine.study`).  The partials keep their
+    ``backend``, so the finalizes cut their work as they would on the device (the same results).
+    Process-wide: a finalize running meanwhile in another thread goes to the host too."""
+    with _on_host_lock:
+        _on_host[0] += 1
+    try:
+        yield
+    finally:
+        with _on_host_lock:
+            _on_host[0] -= 1
 
 
 def merged_backend(a: str, b: str) -> str:

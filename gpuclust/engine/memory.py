@@ -28,6 +28,7 @@ from gpuclust.schema import SCHEMAS
 __all__ = [
     "DEFAULT_SHARE",
     "MIN_PARTITION_ROWS",
+    "array_bytes",
     "available_memory",
     "default_limit",
     "machine_memory",
@@ -189,3 +190,34 @@ def whole_table_rows(limit: int, analyses: Sequence[Any], table: str) -> int:
     analysis that needs the whole table in one partition): half of ``limit`` over
     :func:`row_bytes`, with no preferred size."""
     return int(max(MIN_PARTITION_ROWS, (limit // 2) // max(1, row_bytes(analyses, table))))
+
+
+def array_bytes(objs: Sequence[Any], depth: int = 4) -> int:
+    """Bytes of the NumPy arrays in ``objs`` (contexts: dataclass fields, dicts, lists, tuples,
+    ``depth`` levels down), each array counted once however often it is reached: at most what the
+    partials copy to a device of the contexts' arrays (``Backend.stage``, kept while they live).
+
+    >>> array_bytes([{"a": np.zeros(4), "b": (np.zeros(2, np.int32),)}])
+    40
+    """
+    import dataclasses
+
+    seen: set[int] = set()
+
+    def walk(x: Any, left: int) -> int:
+        if isinstance(x, np.ndarray):
+            if id(x) in seen:
+                return 0
+            seen.add(id(x))
+            return int(x.nbytes)
+        if left <= 0:
+            return 0
+        if dataclasses.is_dataclass(x) and not isinstance(x, type):
+            return sum(walk(getattr(x, f.name), left - 1) for f in dataclasses.fields(x))
+        if isinstance(x, dict):
+            return sum(walk(v, left - 1) for v in x.values())
+        if isinstance(x, (list, tuple)):
+            return sum(walk(v, left - 1) for v in x)
+        return 0
+
+    return sum(walk(o, depth) for o in objs)

@@ -41,11 +41,11 @@ import pyarrow as pa
 from gpuclust._lazy import pandas as pd
 from gpuclust._memory import tune_allocator
 from gpuclust.analyses.base import Analysis
-from gpuclust.backends import Backend, get_backend
+from gpuclust.backends import Backend, finalizing_on_host, get_backend
 from gpuclust.engine import partition as _partition
 from gpuclust.engine.contexts import contexts, resolve_analyses
 from gpuclust.engine.local import _announce, default_workers, finalize_all, host_threads, merge_local
-from gpuclust.engine.memory import available_memory, parse_size
+from gpuclust.engine.memory import array_bytes, available_memory, parse_size
 from gpuclust.engine.staging import LOAD_THREADS, column_dtypes, load_partitions
 from gpuclust.engine.study_workers import WorkerResidency, partials_of
 from gpuclust.schema import SCHEMAS
@@ -83,11 +83,15 @@ class CachingSource:
         return getattr(self.inner, name)
 
 
-def _row_bytes(table: str) -> int:
-    """Bytes of a row of ``table`` in backend memory, in the columns the registered analyses read."""
+def _row_bytes(table: str, work: bool = False) -> int:
+    """Bytes of a row of ``table`` in backend memory, in the columns the registered analyses read
+    (``work``: the most any of them allocates a row in its partial, ``Analysis.row_bytes``)."""
     from gpuclust.analyses.registry import create, names
 
-    cols = {c for n in names() for a in [create(n)] if a.table == table for c in (*a.columns, *a.context_columns)}
+    ans = [a for n in names() for a in [create(n)] if a.table == table]
+    if work:
+        return max((int(a.row_bytes) for a in ans), default=0)
+    cols = {c for a in ans for c in (*a.columns, *a.context_columns)}
     return max(1, sum(d.itemsize for d in column_dtypes(table, sorted(cols)).values()))
 
 
@@ -137,7 +141,9 @@ class Study:
         room for the partitions streamed at once.  Partitions that do not fit are streamed: each
         run reads them again, one at a time per engine thread (out of core), with the same
         results.  Default: :data:`MEMORY_SHARE` of the backend's free memory when a column is
-        first persisted (device memory on gpu, available RAM on cpu).
+        first persisted (device memory on gpu, available RAM on cpu).  Given, on a device, it
+        also covers the contexts' device copies and the partials' working memory
+        (:meth:`_device_extra`); a run that streams finalizes on the host.
 
     Attributes
     ----------
@@ -312,10 +318,22 @@ class Study:
             return self.memory_budget
         return int(MEMORY_SHARE * _available_bytes(self.backend)) + self.resident_bytes
 
-    def _stream_beyond_budget(self, table: str, columns: list[str]) -> None:
+    def _device_extra(self, ctxs: Sequence[Any] = ()) -> int:
+        """Device memory beside the partitions, counted against an explicit :attr:`memory_budget`
+        on a device backend: the arrays of the contexts (cached and ``ctxs``), which the partials
+        copy there for the study's life, and the partials' transient arrays, ``Analysis.row_bytes``
+        a row of the largest partition (per engine thread; of the table whose analyses take most)."""
+        if self.memory_budget is None or self._remote is not None or self.backend.xp is np:
+            return 0
+        at_once = self.workers if self.backend.name == "cpu" else 1
+        rows = {t: max((sum(s.num_rows for s in g) for g in gs), default=0) for t, gs in self._groups.items()}
+        work = max((at_once * n * _row_bytes(t, work=True) for t, n in rows.items()), default=0)
+        return work + array_bytes([*self._contexts.values(), *ctxs])
+
+    def _stream_beyond_budget(self, table: str, columns: list[str], extra: int = 0) -> None:
         """Mark the last resident partitions of ``table`` streamed (dropping what they hold)
-        until the resident bytes, with ``columns`` added and room for the partitions streamed at
-        once (one per engine thread), fit in the budget."""
+        until the resident bytes, with ``columns`` added, room for the partitions streamed at
+        once (one per engine thread) and ``extra`` bytes, fit in the budget."""
         groups = self._plan(table)
         streamed = self._streamed.setdefault(table, set())
         row_bytes = sum(
@@ -333,7 +351,7 @@ class Study:
                 return 0
             return sum(sorted((rows[i] for i in streamed), reverse=True)[:at_once]) * row_bytes
 
-        while resident and total + reserve() > budget:
+        while resident and total + reserve() + extra > budget:
             i = resident.pop()
             streamed.add(i)
             total -= int(sum(int(a.nbytes) for a in self._resident[table][i].values())) + rows[i] * new_bytes
@@ -342,7 +360,7 @@ class Study:
     def _load(self, table: str, columns: list[str]) -> None:
         groups = self._plan(table)
         if self._remote is None:
-            self._stream_beyond_budget(table, columns)
+            self._stream_beyond_budget(table, columns, self._device_extra())
         streamed = self._streamed.get(table, set())
         keep = [i for i in range(len(groups)) if i not in streamed]
         groups = [groups[i] for i in keep]
@@ -405,6 +423,9 @@ class Study:
         clock = time.perf_counter()
         ctxs = [self._context(a) for a in ans]
         seconds = {"contexts": time.perf_counter() - clock, "partials": 0.0}
+        if beside := self._device_extra(ctxs):  # the contexts known now: streams more where they do not fit
+            for table in sorted(need, key=lambda t: -sum(s.num_rows for g in self._plan(t) for s in g)):
+                self._stream_beyond_budget(table, [], beside)
         lock = threading.Lock()
         plans = self._table_plans(ans)
         be, resident, remote = self.backend, self._resident, self._remote
@@ -448,7 +469,11 @@ class Study:
                 merged = [m if e is None else e for m, e in zip(merged, extra, strict=True)]
         seconds["merge"] = max(0.0, time.perf_counter() - clock - seconds["partials"])
         clock = time.perf_counter()
-        done = finalize_all(ans, merged, ctxs, progress, threads=host_threads(be, self.workers))
+        # out of core on a device: finalized on the host, where the finalizes whose memory grows
+        # with the data (peak-prediction, usage-distribution) do not meet the resident partitions
+        host = remote is None and be.xp is not np and any(streamed.get(a.table) for a in ans)
+        with finalizing_on_host() if host else contextlib.nullcontext():
+            done = finalize_all(ans, merged, ctxs, progress, threads=host_threads(be, self.workers))
         seconds["finalize"] = time.perf_counter() - clock
         clock = time.perf_counter()
         out = convert(done, "pandas")  # as engine.run's default

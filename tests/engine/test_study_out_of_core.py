@@ -9,6 +9,10 @@ layout such an analysis needs the table in one piece and the study says so inste
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+import numpy as np
 import pandas as pd
 import pytest
 from strategies import random_cell, write_dataset
@@ -20,6 +24,7 @@ from gpuclust.engine.study import StudyMemoryError
 from gpuclust.optimize import optimize
 
 PARTITIONS = 16
+BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
 @pytest.fixture(scope="module")
@@ -95,3 +100,58 @@ def test_whole_instances_on_a_flat_table_out_of_core_is_refused_with_the_way_out
     with pytest.raises(StudyMemoryError, match=r"data-quality.*gpuclust optimize"):
         study.run("data-quality")
     assert study.run("cell-usage")["cell-usage"]  # what needs no whole instances streams
+
+
+def test_device_memory_counts_each_buffer_once_while_it_lives():
+    from device_backend import XP, DeviceOutOfMemoryError, device_memory
+
+    with device_memory(cap=10_000) as mem:
+        a = XP.zeros(500)  # 4000 bytes
+        v = a[100:200]  # a view: no new buffer
+        b = a + 1  # a new one
+        assert mem["live_bytes"] == 8000
+        del a, b
+        assert mem["live_bytes"] == 4000  # the view keeps its buffer
+        del v
+        assert mem["live_bytes"] == 0 and mem["peak_live_bytes"] == 8000
+        with pytest.raises(DeviceOutOfMemoryError, match="allocating 12,000 bytes"):
+            XP.asarray(np.zeros(1500))
+
+
+@pytest.fixture(scope="module")
+def replicas(tmp_path_factory):
+    """A dataset shaped as the gpu check's (``gpu_check.make_data``: time-shifted replicas of a
+    canonical cell, laid out by instance), 4e5 windows over 32 buckets."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        from gpu_check import make_data
+    finally:
+        sys.path.remove(str(BENCH))
+    root = tmp_path_factory.mktemp("replicas")
+    out = root / "opt"
+    optimize(make_data(root, 100_000, 4, 50), buckets=32, out=out, progress=False)
+    return Dataset(out)
+
+
+def test_a_device_of_a_quarter_of_the_data_holds_the_study(replicas, monkeypatch):
+    """The H200 check of 2026-11-28 (bench/results/h200-2026-11-28/call3): device memory capped at
+    a quarter of the data (CuPy's pool limit), ``memory_budget`` half of that, the analyses all at
+    once: out of memory.  The same on the device-shaped backend, its device bytes counted and
+    capped alike: the study counts the contexts' device copies and the partials' working memory
+    (``Analysis.row_bytes``) in its budget, streaming what does not fit beside them, and finalizes
+    on the host (some finalizes take memory in proportion to the data).  Before: 1.56x the cap
+    in the partials, 14x in peak-prediction's finalize."""
+    from device_backend import DEVICE, device_memory, mark_partials_gpu, resolve_gpu_to_device
+
+    resolve_gpu_to_device(monkeypatch)
+    mark_partials_gpu(monkeypatch)
+    with gpuclust.open(replicas, backend=DEVICE, partitions=32, workers=1).persist() as study:
+        data = study.resident_bytes
+    cap = data // 4
+    with device_memory(cap) as mem:
+        study = gpuclust.open(replicas, backend=DEVICE, partitions=32, workers=1, memory_budget=cap // 2).persist()
+        got = study.run(names())
+        assert study.streamed_partitions["instance_usage"] == 32
+        assert 0 < mem["peak_live_bytes"] <= cap, (mem["peak_live_bytes"], cap)
+        study.close()
+    assert set(got) == set(names()) and all(got.values())
