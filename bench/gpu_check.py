@@ -238,6 +238,17 @@ def _sync(backend: Any) -> None:
         backend.xp.cuda.Device().synchronize()
 
 
+def last_frames(e: BaseException, n: int = 6) -> list[str]:
+    """The innermost ``n`` frames of ``e``'s traceback, a line each (``file:line in function:
+    source``): where in the engine or an analysis a failure on the device happened."""
+    import traceback
+
+    return [
+        f"{f.filename}:{f.lineno} in {f.name}: {(f.line or '').strip()}"
+        for f in traceback.extract_tb(e.__traceback__)[-n:]
+    ]
+
+
 def study_step(ds: Path, out: Path, ref: Path, backend_name: str, budget_frac: float, repeat: int) -> None:
     import gpuclust
     from gpuclust.analyses.registry import names
@@ -316,6 +327,7 @@ def study_step(ds: Path, out: Path, ref: Path, backend_name: str, budget_frac: f
     except Exception as e:  # recorded: the step's purpose is to say what happens
         ooc["s"] = time.perf_counter() - t
         ooc["error"] = f"{type(e).__name__}: {str(e)[:500]}"
+        ooc["traceback"] = last_frames(e)
     finally:
         if gpu:
             ooc["pool_peak_note"] = "CuPy pool limit (set_limit) was the cap"

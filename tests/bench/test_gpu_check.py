@@ -208,3 +208,25 @@ def test_rehearsal_as_docs_print_it(tmp_path) -> None:
     assert rec["out_of_core"]["equal"] is True and rec["dask_cuda"]["equal"] is True
     assert len(rec["analyses"]) == 13 and rec["projection_cell_min"] > 0
     assert not list(tmp_path.glob("gpucheck-*")), "the work folder is removed"
+
+
+def test_a_failure_is_recorded_with_its_innermost_frames(check) -> None:
+    """The out-of-core step keeps where an exception came from (issue 34: an OutOfMemoryError on
+    the H200 said nothing of the analysis or stage)."""
+
+    def inner() -> None:
+        raise MemoryError("Out of memory allocating 155,832,832 bytes")
+
+    def outer(depth: int) -> None:
+        if depth:
+            outer(depth - 1)
+        else:
+            inner()
+
+    try:
+        outer(8)
+    except MemoryError as e:
+        frames = check.last_frames(e)
+    assert len(frames) == 6
+    assert " in inner: raise MemoryError(" in frames[-1] and frames[-1].startswith(__file__)
+    assert all(" in outer: " in f for f in frames[:-1])
