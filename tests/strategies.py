@@ -9,6 +9,7 @@ event row, and event rows inside allocs.
 
 from __future__ import annotations
 
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -94,18 +95,44 @@ times = st.one_of(
 cap = st.one_of(st.none(), st.sampled_from([0.25, 0.5, 0.5, 1.0, -0.0, 0.0]), st.floats(0, 1, width=32))
 
 
+_MACHINE_ROWS = st.integers(1, 3)
+_MACHINE_TIME = st.sampled_from([0, 1, 2**40, TIME_AFTER_TRACE])
+_MACHINE_UPDATE = st.sampled_from([2, 3])
+
+
 @st.composite
 def machine_events(draw: Any, max_machines: int = 6) -> pa.Table:
     ids = draw(st.lists(st.sampled_from(BIG_IDS + [10, 11, 12]), min_size=0, max_size=max_machines, unique=True))
     rows: dict[str, list[Any]] = {k: [] for k in ("time", "machine_id", "type", "cap_cpu", "cap_mem")}
     for mid in ids:
-        for k in range(draw(st.integers(1, 3))):
-            rows["time"].append(draw(st.sampled_from([0, 1, 2**40, TIME_AFTER_TRACE])))
+        for k in range(draw(_MACHINE_ROWS)):
+            rows["time"].append(draw(_MACHINE_TIME))
             rows["machine_id"].append(mid)
-            rows["type"].append(1 if k == 0 else draw(st.sampled_from([2, 3])))
+            rows["type"].append(1 if k == 0 else draw(_MACHINE_UPDATE))
             rows["cap_cpu"].append(draw(cap))
             rows["cap_mem"].append(draw(cap))
     return table("machine_events", rows)
+
+
+#: cell()'s strategies that depend on nothing drawn, built once (a strategy built inside the draw
+#: loop is validated again on every draw: most of cell()'s time; the same draws either way).
+_EVENTS_PER_INSTANCE = st.integers(0, 3)
+_EVENT_TYPE = st.sampled_from([0, 3, 6])
+_PRIORITY = st.one_of(
+    st.sampled_from([0, 99, 100, 115, 116, 119, 120, 200, 360, 450]), st.none(), st.just(-1), st.integers(0, 500)
+)
+_EVENT_ALLOC = st.one_of(st.none(), st.just(0), st.just(0), st.just(2**40 + 3))
+_WINDOW_KIND = st.sampled_from(["5min", "5min", "5min", "short", "zero", "long", "cross"])
+_SHORT = st.integers(1, 299_999_999)
+_LONG = st.integers(300_000_000, 5 * HOUR)
+_WINDOW_ALLOC = st.one_of(st.none(), st.just(0), st.just(0), st.just(0), st.just(2**33 + 1))
+_AVG = st.one_of(st.none(), st.floats(0, 2, width=32))
+
+
+@cache
+def _event_machine(m: int) -> st.SearchStrategy[int | None]:
+    """An event row's machine: its instance's ``m`` (twice as likely), NULL or 0."""
+    return st.one_of(st.just(m), st.just(m), st.none(), st.just(0))
 
 
 @st.composite
@@ -127,23 +154,14 @@ def cell(draw: Any, max_instances: int = 8, max_windows: int = 30) -> dict[str, 
         for k in ("time", "type", "collection_id", "instance_index", "machine_id", "priority", "alloc_collection_id")
     }
     for c, i, m in inst:
-        for _ in range(draw(st.integers(0, 3))):  # 0 events: the instance has usage but no event row
+        for _ in range(draw(_EVENTS_PER_INSTANCE)):  # 0 events: the instance has usage but no event row
             ev["time"].append(draw(times))
-            ev["type"].append(draw(st.sampled_from([0, 3, 6])))
+            ev["type"].append(draw(_EVENT_TYPE))
             ev["collection_id"].append(c)
             ev["instance_index"].append(i)
-            ev["machine_id"].append(draw(st.one_of(st.just(m), st.just(m), st.none(), st.just(0))))
-            ev["priority"].append(
-                draw(
-                    st.one_of(
-                        st.sampled_from([0, 99, 100, 115, 116, 119, 120, 200, 360, 450]),
-                        st.none(),
-                        st.just(-1),
-                        st.integers(0, 500),
-                    )
-                )
-            )
-            ev["alloc_collection_id"].append(draw(st.one_of(st.none(), st.just(0), st.just(0), st.just(2**40 + 3))))
+            ev["machine_id"].append(draw(_event_machine(m)))
+            ev["priority"].append(draw(_PRIORITY))
+            ev["alloc_collection_id"].append(draw(_EVENT_ALLOC))
     us: dict[str, list[Any]] = {
         k: []
         for k in (
@@ -158,29 +176,28 @@ def cell(draw: Any, max_instances: int = 8, max_windows: int = 30) -> dict[str, 
         )
     }
     if inst:
+        which = st.sampled_from(inst)
         for _ in range(draw(st.integers(0, max_windows))):
-            c, i, m = draw(st.sampled_from(inst))
+            c, i, m = draw(which)
             s = draw(times)
-            kind = draw(st.sampled_from(["5min", "5min", "5min", "short", "zero", "long", "cross"]))
+            kind = draw(_WINDOW_KIND)
             length = {
                 "5min": 300_000_000,
-                "short": draw(st.integers(1, 299_999_999)),
+                "short": draw(_SHORT),
                 "zero": 0,
-                "long": draw(st.integers(300_000_000, 5 * HOUR)),
+                "long": draw(_LONG),
                 "cross": 300_000_000,
             }[kind]
             if kind == "cross":
-                s = (s // HOUR + 1) * HOUR - draw(st.integers(1, 299_999_999))
+                s = (s // HOUR + 1) * HOUR - draw(_SHORT)
             us["start_time"].append(s)
             us["end_time"].append(s + length)
             us["collection_id"].append(c)
             us["instance_index"].append(i)
             us["machine_id"].append(m)
-            us["alloc_collection_id"].append(
-                draw(st.one_of(st.none(), st.just(0), st.just(0), st.just(0), st.just(2**33 + 1)))
-            )
-            us["avg_cpu"].append(draw(st.one_of(st.none(), st.floats(0, 2, width=32))))
-            us["avg_mem"].append(draw(st.one_of(st.none(), st.floats(0, 2, width=32))))
+            us["alloc_collection_id"].append(draw(_WINDOW_ALLOC))
+            us["avg_cpu"].append(draw(_AVG))
+            us["avg_mem"].append(draw(_AVG))
     coll = {k: ev[k] for k in ("time", "type", "collection_id", "priority", "alloc_collection_id")}
     return {
         "machine_events": me,
