@@ -51,16 +51,24 @@ def _require_gpu() -> bool:
     return os.environ.get("GPUCLUST_REQUIRE_GPU", "") == "1"
 
 
+#: Why the gpu backend is unavailable in this process, once a try found it: the ~400 gpu cases of a
+#: run without a device skip on it instead of each trying again (~20 ms: the installed
+#: distributions are read again each time).  A backend found is never remembered here.
+_GPU_MISSING: list[str] = []
+
+
 def gpu_backend_or_skip():  # type: ignore[no-untyped-def]
     from gpuclust.backends import BackendUnavailable, get_backend
 
-    try:
-        return get_backend("gpu")
-    except BackendUnavailable as e:  # the real cause (import error, warning, no device) is in e
-        msg = f"gpu backend unavailable: {e}"
-        if _require_gpu():
-            pytest.fail(msg + " (GPUCLUST_REQUIRE_GPU=1)")
-        pytest.skip(msg)
+    if not _GPU_MISSING:
+        try:
+            return get_backend("gpu")
+        except BackendUnavailable as e:  # the real cause (import error, warning, no device) is in e
+            _GPU_MISSING.append(f"gpu backend unavailable: {e}")
+    msg = _GPU_MISSING[0]
+    if _require_gpu():
+        pytest.fail(msg + " (GPUCLUST_REQUIRE_GPU=1)")
+    pytest.skip(msg)
 
 
 @pytest.fixture(params=["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
