@@ -263,6 +263,12 @@ def _recorder(
     return record
 
 
+#: Inputs (bytes on disk, compressed or not) below which ingest without ``--workers`` reads in
+#: this process: a spawned worker costs ~0.5-1 CPU-second to start and import (docs/user/ingest.md),
+#: about what one core takes to read this much gzipped JSON.
+POOL_MIN_BYTES = 32 * 2**20
+
+
 def _read_all(
     todo: _Todo,
     out: Path,
@@ -272,12 +278,15 @@ def _read_all(
     record: Callable[[int, FileResult], None],
     algorithm: str,
 ) -> None:
-    """Read the inputs, biggest first: in this process, or in a pool of worker processes."""
+    """Read the inputs, biggest first: in this process, or in a pool of worker processes (by
+    default only when they hold more than :data:`POOL_MIN_BYTES`: a worker's start-up costs
+    more than it saves on less)."""
     nworkers = workers if workers is not None else usable_cores()
     if nworkers < 1:
         raise IngestUsageError(f"workers must be >= 1, got {nworkers}")
     todo.sort(key=lambda t: -t[1].path.stat().st_size)  # big files first balances the pool
-    if nworkers == 1 or len(todo) <= 1:
+    small = workers is None and sum(t[1].path.stat().st_size for t in todo) <= POOL_MIN_BYTES
+    if nworkers == 1 or len(todo) <= 1 or small:
         for i, s, sha in todo:
             res = ingest_file(
                 s, sha, out, opts, progress=prog.update if prog is not None else None, algorithm=algorithm
