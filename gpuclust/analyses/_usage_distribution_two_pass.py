@@ -48,6 +48,7 @@ from gpuclust.backends import backend_of
 from gpuclust.schema import CPU_PERCENTILE_LEVELS_SORTED
 
 __all__ = [
+    "BLOCK_ROWS",
     "BRACKET_MARGIN",
     "SUMS",
     "SUM_PIECES_AT",
@@ -72,6 +73,8 @@ BRACKET_MARGIN = 1e-9
 SUMS = ("f_lo", "f_lo_left", "f_hi", "s", "a_hi")
 _PIECES = ("p_pid", "p_a", "p_b", "p_m")
 _LV = np.asarray(CPU_PERCENTILE_LEVELS_SORTED, dtype=np.float64)
+#: Windows a second-pass step handles at once (bounds its temporaries: about 1.2 kB a window).
+BLOCK_ROWS = 1 << 16
 #: Fewest pieces a merge sums identical ones at (:func:`merge_state`).
 SUM_PIECES_AT = 1 << 16
 #: Relative slack of the check that a bracket holds its quantile (rounding of the sums).
@@ -195,6 +198,16 @@ def _level_pieces(xp: Any, y: Any, ww: Any, lo: Any, hi: Any) -> tuple[Any, Any,
     return idx // 19, pa.reshape(-1)[idx], pb.reshape(-1)[idx], part.reshape(-1)[idx]
 
 
+def _blocks(xp: Any, is_open: Any, code: Any, w: Any) -> Any:
+    """``(level index, windows)``: per level, its windows with weight in an open bracket, at most
+    :data:`BLOCK_ROWS` at a time (the temporaries of a step stay that size)."""
+    for j in range(int(is_open.shape[1])):
+        sel = xp.flatnonzero(is_open[code, j] & (w > 0))
+        n = int(sel.shape[0])
+        for i in range(0, n, BLOCK_ROWS):
+            yield j, sel if n <= BLOCK_ROWS else sel[i : i + BLOCK_ROWS]
+
+
 def second_partial(xp: Any, ops: Any, qr: Any, w: Any, key: Any, br: dict[str, Any]) -> dict[str, Any]:
     """The second-pass state of one partition: repaired rows ``qr`` (``(n, 20)``), weights ``w``
     and group keys ``key`` of its windows; ``br`` the brackets (:func:`brackets`, arrays on the
@@ -209,10 +222,7 @@ def second_partial(xp: Any, ops: Any, qr: Any, w: Any, key: Any, br: dict[str, A
     pids: list[Any] = []
     sums: list[list[Any]] = [[] for _ in SUMS]
     pieces: list[list[Any]] = [[] for _ in _PIECES]
-    for j in range(L):
-        sel = xp.flatnonzero(is_open[code, j] & (w > 0)) if G else xp.zeros(0, dtype=xp.int64)
-        if int(sel.shape[0]) == 0:
-            continue
+    for j, sel in _blocks(xp, is_open, code, w) if G else ():
         c = code[sel]  # sorted, as ``key``
         every = int(sel.shape[0]) == int(w.shape[0])
         y, ww, a, b = qr if every else qr[sel], w if every else w[sel], lo[c, j], hi[c, j]

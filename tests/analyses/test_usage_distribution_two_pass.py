@@ -90,6 +90,15 @@ def test_two_pass_equals_exact(cell, by):
             assert "strategy exact-two-pass (exact)" in a.summary(got)
 
 
+def test_second_pass_in_blocks_of_windows(cell, monkeypatch):
+    """A level's windows in blocks of 37 (``BLOCK_ROWS``: groups cut between blocks): the same tables."""
+    monkeypatch.setattr(tp, "BLOCK_ROWS", 37)
+    src = TableSource(cell)
+    by = ("machine", "time")
+    want = _run(src, UsageDistribution(by=by, bucket_s=1800, strategy="exact"), partitions=2)
+    assert_same(_run(src, UsageDistribution(by=by, bucket_s=1800, strategy="exact-two-pass", bracket_k=8)), want)
+
+
 @pytest.mark.parametrize("backend_name", ["generic", "device"])
 def test_two_pass_on_the_gpu_shaped_backends(cell, backend_name, monkeypatch):
     """The partials of both passes on the generic backend (NumPy shaped like CuPy) and on the
