@@ -56,6 +56,7 @@ import time
 from pathlib import Path
 
 import pytest
+from run_once import once_per_run
 from strategies import assert_results_same
 
 psutil = pytest.importorskip("psutil")
@@ -163,8 +164,7 @@ print(json.dumps({"vmhwm_bytes": int(hwm) * 1024}))
 """
 
 
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def _make_dataset(folder: Path) -> Path:
     sys.path.insert(0, str(ROOT / "bench"))
     try:
         import gen_canonical
@@ -173,18 +173,29 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     old = gen_canonical.ROW_GROUP
     gen_canonical.ROW_GROUP = ROW_GROUP  # so that 16 partitions snap to row groups
     try:
-        return gen_canonical.make_dataset(tmp_path_factory.mktemp("cap") / "ds", WINDOWS, seed=3)
+        return gen_canonical.make_dataset(folder / "ds", WINDOWS, seed=3)
     finally:
         gen_canonical.ROW_GROUP = old
 
 
 @pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The 2e6-window dataset, made once per pytest run (:func:`run_once.once_per_run`: xdist
+    workers read the same one; the runs only read it).  Not made read-only: ``optimize`` (the
+    :func:`bucketed` fixture) takes the source's lock file for writing."""
+    return once_per_run(tmp_path_factory, "memory-cap", _make_dataset)
+
+
+@pytest.fixture(scope="module")
 def bucketed(dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The dataset after ``optimize --buckets 16``, made once per pytest run like :func:`dataset`."""
     from gpuclust.optimize import optimize
 
-    out = tmp_path_factory.mktemp("cap-bucketed") / "ds"
-    optimize(dataset, buckets=PARTITIONS, out=out, progress=False)
-    return out
+    def build(folder: Path) -> Path:
+        optimize(dataset, buckets=PARTITIONS, out=folder / "ds", progress=False)
+        return folder / "ds"
+
+    return once_per_run(tmp_path_factory, "memory-cap-bucketed", build, read_only=True)
 
 
 def run_capped(
