@@ -12,6 +12,7 @@ import pytest
 import scipy.stats
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from run_once import once_per_run
 from strategies import cell, examples, table
 
 import gpuclust.engine as engine
@@ -40,11 +41,15 @@ HOUR = 3_600_000_000
 
 @pytest.fixture(scope="session")
 def synth_ds(tmp_path_factory):
+    """The synthetic cell with planted CPI slopes, synthesized once per pytest run (whatever the
+    xdist workers: :func:`run_once.once_per_run`); the tests only read it."""
     from gpuclust.synth import SynthConfig, synthesize
 
-    root = tmp_path_factory.mktemp("cpi-synth")
-    synthesize(SynthConfig(machines=150, hours=6, seed=3), root / "raw", dataset=root / "ds", progress=None)
-    return root / "ds"
+    def build(root):
+        synthesize(SynthConfig(machines=150, hours=6, seed=3), root / "raw", dataset=root / "ds", progress=None)
+        return root / "ds"
+
+    return once_per_run(tmp_path_factory, "cpi-synth", build)
 
 
 @pytest.fixture(scope="session")
