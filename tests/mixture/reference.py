@@ -168,6 +168,11 @@ def windows_cdf_np(
     xs = np.asarray(xs, dtype=np.float64)
     if qs.ndim != 2 or np.isnan(qs).any() or np.isnan(xs).any() or (np.diff(qs, axis=1) < 0).any():
         return None
+    return _sorted_rows_cdf(qs, xs, levels, left)
+
+
+def _sorted_rows_cdf(qs: np.ndarray, xs: np.ndarray, levels: Sequence[float], left: bool) -> np.ndarray:
+    """:func:`windows_cdf_np` of float64 rows already found sorted and NaN-free, at NaN-free ``xs``."""
     lv = np.asarray(levels, dtype=np.float64)
     n = qs.shape[1]
     below = qs[:, :, None] < xs[None, None, :] if left else qs[:, :, None] <= xs[None, None, :]
@@ -175,18 +180,25 @@ def windows_cdf_np(
     out = np.where(k >= n - 1, 1.0, 0.0)
     mid = (k >= 0) & (k < n - 1)
     kk = np.clip(k, 0, n - 2)
-    a, b = np.take_along_axis(qs, kk, axis=1), np.take_along_axis(qs, kk + 1, axis=1)
+    rows = np.arange(qs.shape[0])[:, None]
+    a, b = qs[rows, kk], qs[rows, kk + 1]
     with np.errstate(invalid="ignore", divide="ignore"):
         inner = lv[kk] + (lv[kk + 1] - lv[kk]) * (xs[None, :] - a) / (b - a)
     return np.where(mid, inner, out)
 
 
-def _weighted_sum(qs: np.ndarray, ws: np.ndarray, xs: np.ndarray, levels: Sequence[float], left: bool) -> np.ndarray:
+def _weighted_sum(
+    qs: np.ndarray, ws: np.ndarray, xs: np.ndarray, levels: Sequence[float], left: bool, *, sorted_rows: bool = False
+) -> np.ndarray:
     """``sum_i w_i F_i(xs)`` over the rows given (all with positive weight), added window after window
-    in row order (a running sum: the same roundings as adding one window at a time)."""
+    in row order (a running sum: the same roundings as adding one window at a time).  ``sorted_rows``:
+    the caller found ``qs`` (float64) sorted and NaN-free, and ``xs`` has no NaN."""
     xs = np.asarray(xs, dtype=np.float64)
     acc = np.zeros_like(xs)
-    f = windows_cdf_np(qs, xs, levels, left=left) if len(qs) else None
+    if sorted_rows and len(qs):
+        f: np.ndarray | None = _sorted_rows_cdf(qs, xs, levels, left)
+    else:
+        f = windows_cdf_np(qs, xs, levels, left=left) if len(qs) else None
     if f is None:
         for q, w in zip(qs, ws, strict=False):
             acc += float(w) * window_cdf_np(q, xs, levels, left=left)
@@ -219,8 +231,10 @@ def group_quantiles(
     W = math.fsum(ws)
     lo_s, hi_s = float(qs[:, 0].min()), float(qs[:, -1].max())
 
+    elementwise = windows_cdf_np(qs, np.empty(0), levels) is not None  # sorted rows, no NaN
+
     def F(xs: np.ndarray) -> np.ndarray:  # un-normalised sum_i w_i F_i(x)
-        return _weighted_sum(qs, ws, xs, levels, False)
+        return _weighted_sum(qs, ws, xs, levels, False, sorted_rows=elementwise)
 
     t = ps * W
     lo = np.full(ps.shape, lo_s)
@@ -230,7 +244,6 @@ def group_quantiles(
     # whatever their bisection gives, below) need no bisection: p = 0 over windows at 0 would halve
     # hi through the subnormals, ~1,075 steps.  Otherwise (window_cdf_np's searchsorted on an
     # unsorted row depends on the other x) every level is bisected and F taken at all of them.
-    elementwise = windows_cdf_np(qs, np.empty(0), levels) is not None
     fixed = ((ps <= 0) | (ps >= 1)) & elementwise
     for _ in range(2000):
         mid = lo + (hi - lo) / 2
