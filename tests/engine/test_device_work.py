@@ -23,6 +23,9 @@ the same at 10^6 and 4x10^6 windows.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 from device_backend import (
     DEVICE,
@@ -32,6 +35,7 @@ from device_backend import (
     resolve_gpu_to_device,
     result_bytes,
 )
+from run_once import once_per_run
 from strategies import random_cell, write_dataset
 
 import gpuclust
@@ -52,17 +56,25 @@ SIZES = (12000, 48000)
 
 @pytest.fixture(scope="module")
 def work(tmp_path_factory):
+    """Each analysis' counts at both sizes, counted once per pytest run (:func:`run_once.once_per_run`:
+    written as JSON, which every xdist worker reads)."""
+
+    def build(folder: Path) -> Path:
+        (folder / "work.json").write_text(json.dumps(_count(folder), default=int))
+        return folder / "work.json"
+
+    counts = json.loads(once_per_run(tmp_path_factory, "device-work", build).read_text())
+    return {int(n): by_analysis for n, by_analysis in counts.items()}
+
+
+def _count(folder: Path) -> dict[int, dict[str, dict[str, int]]]:
     mp = pytest.MonkeyPatch()
     resolve_gpu_to_device(mp)
     mark_partials_gpu(mp)  # the finalizes that run on a device run on the device-shaped backend, counted
     out: dict[int, dict[str, dict[str, int]]] = {}
     try:
         for n in SIZES:
-            ds = Dataset(
-                write_dataset(
-                    tmp_path_factory.mktemp(f"cell{n}"), random_cell(23, n_windows=n), files=3, row_group_size=500
-                )
-            )
+            ds = Dataset(write_dataset(folder / f"cell{n}", random_cell(23, n_windows=n), files=3, row_group_size=500))
             out[n] = {}
             for a in names():
                 study = gpuclust.open(ds, backend=DEVICE, workers=1)
