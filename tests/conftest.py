@@ -105,3 +105,18 @@ def real_2011(tmp_path_factory: pytest.TempPathFactory) -> Path:
         return folder / "ds"
 
     return once_per_run(tmp_path_factory, "real-2011", build, read_only=True)
+
+
+@pytest.fixture(scope="session")
+def synth_cell_40(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``gpuclust synth`` of a small cell (40 machines x 3 h, seed 5), once per pytest run
+    (:func:`run_once.once_per_run`): a folder with its raw v3 shards (``raw``) and their ingest
+    (``ds``; what it planted in its manifest's ``synthetic``).  Read it; copy it to change it."""
+
+    def build(folder: Path) -> Path:
+        from gpuclust.synth import SynthConfig, synthesize
+
+        synthesize(SynthConfig(machines=40, hours=3, seed=5), folder / "raw", dataset=folder / "ds", progress=None)
+        return folder
+
+    return once_per_run(tmp_path_factory, "synth-cell-40", build)

@@ -140,17 +140,15 @@ def test_matches_sql_and_plain_statistics(tmp_path, seed, rows):
     assert set(STAT_COLUMNS) <= set(res["stats"].columns)
 
 
-def test_planted_top_share_of_a_synthetic_cell(tmp_path):
+def test_planted_top_share_of_a_synthetic_cell(synth_cell_40):
     """`gpuclust synth` writes the share of job CPU-seconds used by the top 1% of jobs it
-    generated (synth_truth.json usage.job_cpu_seconds_top1pct_share); job-usage recovers it."""
-    from gpuclust.synth import SynthConfig, synthesize
-
-    syn = synthesize(
-        SynthConfig(machines=40, hours=3, seed=5), tmp_path / "raw", dataset=tmp_path / "ds", progress=None
-    )
-    res = run(Dataset(tmp_path / "ds"), JobUsage(), partitions="auto")["job-usage"]
+    generated (synth_truth.json usage.job_cpu_seconds_top1pct_share, also in the dataset's manifest);
+    job-usage recovers it."""
+    ds = Dataset(synth_cell_40 / "ds")
+    truth = ds.manifest["synthetic"]
+    res = run(ds, JobUsage(), partitions="auto")["job-usage"]
     row = res["stats"].set_index(["tier", "resource"]).loc[("all", "cpu")]
-    assert row["top1pct_share"] == pytest.approx(syn.truth["usage"]["job_cpu_seconds_top1pct_share"], rel=1e-6)
+    assert row["top1pct_share"] == pytest.approx(truth["usage"]["job_cpu_seconds_top1pct_share"], rel=1e-6)
 
 
 def test_bucketed_equals_flat(tmp_path):

@@ -37,13 +37,10 @@ def in_sample(v: int | None, fraction: float, machine: bool = False) -> bool:
 
 
 @pytest.fixture(scope="module")
-def cell(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """Raw v3 shards of a small synthetic cell, and their full ingest."""
-    from gpuclust.synth import SynthConfig, synthesize
-
-    root = tmp_path_factory.mktemp("cell")
-    synthesize(SynthConfig(machines=40, hours=3, seed=5), root / "raw", dataset=root / "full", progress=None)
-    return root / "raw", root / "full"
+def cell(synth_cell_40: Path) -> tuple[Path, Path]:
+    """Raw v3 shards of a small synthetic cell, and their full ingest (conftest's ``synth_cell_40``,
+    synthesized once per pytest run)."""
+    return synth_cell_40 / "raw", synth_cell_40 / "ds"
 
 
 def _rows(ds: Path, table: str) -> list[dict]:
