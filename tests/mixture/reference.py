@@ -239,12 +239,14 @@ def group_quantiles(
     t = ps * W
     lo = np.full(ps.shape, lo_s)
     hi = np.full(ps.shape, hi_s)
+    at_lo = F(np.full(ps.shape, lo_s)) >= t  # these levels' answer is lo_s whatever the bisection
     # With every row sorted and no NaN, F is elementwise in x (windows_cdf_np), so F of the levels
-    # still bisected alone gives the same values, and the levels <= 0 and >= 1 (lo_s and hi_s
-    # whatever their bisection gives, below) need no bisection: p = 0 over windows at 0 would halve
-    # hi through the subnormals, ~1,075 steps.  Otherwise (window_cdf_np's searchsorted on an
-    # unsorted row depends on the other x) every level is bisected and F taken at all of them.
-    fixed = ((ps <= 0) | (ps >= 1)) & elementwise
+    # still bisected alone gives the same values, and the levels whose answer does not depend on
+    # the bisection (lo_s where F(lo_s) reaches p W or p <= 0, hi_s where p >= 1) need none: over
+    # windows at 0 their hi would be halved through the subnormals, ~1,075 steps.  Otherwise
+    # (window_cdf_np's searchsorted on an unsorted row depends on the other x) every level is
+    # bisected and F taken at all of them.
+    fixed = ((ps <= 0) | (ps >= 1) | at_lo) & elementwise
     for _ in range(2000):
         mid = lo + (hi - lo) / 2
         done = fixed | (mid <= lo) | (mid >= hi) | (hi - lo <= 1e-13 * np.maximum(np.abs(lo), np.abs(hi)))
@@ -258,5 +260,5 @@ def group_quantiles(
             ok = F(mid) >= t
         hi = np.where(todo & ok, mid, hi)
         lo = np.where(todo & ~ok, mid, lo)
-    res = np.where(F(np.full(ps.shape, lo_s)) >= t, lo_s, hi)
+    res = np.where(at_lo, lo_s, hi)
     return np.where(ps <= 0, lo_s, np.where(ps >= 1, hi_s, res))
