@@ -397,14 +397,10 @@ def test_a_flat_dataset_is_never_cut(tmp_path, monkeypatch):
 
 
 @pytest.mark.skipif(not REAL.is_dir(), reason=f"real trace files not found at {REAL}")
-def test_real_2011_task_events(tmp_path):
-    """The first 5 of 500 parts of the 2011 task_events (919,519 rows), ingested, against the
-    replay of the same canonical rows."""
-    from gpuclust.ingest import ingest
-
-    rep = ingest([REAL / "2011" / "task_events"], tmp_path / "v2", progress=False)
-    assert rep.exit_status == 0
-    ds = Dataset(tmp_path / "v2")
+def test_real_2011_task_events(real_2011):
+    """The first 5 of 500 parts of the 2011 task_events (919,519 rows), ingested (with the machine
+    and job events: the session's ``real_2011``), against the replay of the same canonical rows."""
+    ds = Dataset(real_2011)
     res = run(ds, Lifecycle(), partitions="auto")["lifecycle"]
     t = ds.read("instance_events", list(EVENT_COLUMNS))
     rows = t.to_pylist()
@@ -754,7 +750,7 @@ def test_kaplan_meier_on_planted_durations():
 
 
 @pytest.mark.skipif(not REAL.is_dir(), reason=f"real trace files not found at {REAL}")
-def test_real_2011_issue_35_figures_against_duckdb(tmp_path):
+def test_real_2011_issue_35_figures_against_duckdb(real_2011):
     """The first 5 of 500 parts of the 2011 task_events and job_events in one dataset, against
     DuckDB SQL written from docs/analyses/lifecycle.md: tasks present at the trace start (first
     event at time 0), events the trace synthesised (missing_type set), the new submissions of the
@@ -762,18 +758,11 @@ def test_real_2011_issue_35_figures_against_duckdb(tmp_path):
     priority over its tasks' events (the job events carry none) counted over the job events."""
     duckdb = pytest.importorskip("duckdb")
     from gpuclust.analyses.lifecycle import CollectionLifecycle
-    from gpuclust.ingest import ingest
 
-    assert (
-        ingest(
-            [REAL / "2011" / "task_events", REAL / "2011" / "job_events"], tmp_path / "v2", progress=False
-        ).exit_status
-        == 0
-    )
-    ds = Dataset(tmp_path / "v2")
+    ds = Dataset(real_2011)  # the task and job events (and the machine events, unread here)
     res = run(ds, [Lifecycle(), CollectionLifecycle()], partitions="auto")
     lc, jc = res["lifecycle"], res["collection-lifecycle"]
-    ie, je = (f"read_parquet('{tmp_path / 'v2' / t}/**/*.parquet')" for t in ("instance_events", "collection_events"))
+    ie, je = (f"read_parquet('{real_2011 / t}/**/*.parquet')" for t in ("instance_events", "collection_events"))
     q = duckdb.connect().sql
     (present,) = q(
         f"SELECT count(*) FROM (SELECT min(time) t0 FROM {ie} GROUP BY collection_id, instance_index) WHERE t0 = 0"
