@@ -84,7 +84,7 @@ if [ -n "${REHEARSE:-}" ]; then
     has tests && step tests tests.log 170 20 $PY -m pytest -m gpu -q -n "$JOBS" "${TIMEOUT[@]}" tests/kernels/test_ops.py
     say "sanitize: stubbed in the rehearsal"
     mkdir -p bench/results/tmp  # git-ignored: not in a fresh clone
-    has kernels && step kernels kernels.log 60 15 $PY bench/kernels_bench.py --backend cpu --scale 0.001 --only grouped_sum \
+    has kernels && step kernels kernels.log 60 15 $PY bench/kernels_bench.py --backend cpu --scale 0.001 --only grouped_sum --copy-gib 0.01 --repeat 1 \
         --name tmp/kernels_rehearsal
 else
     has tests && step tests tests.log 170 30 $PY -m pytest -m gpu -q -n "$JOBS" "${TIMEOUT[@]}"
