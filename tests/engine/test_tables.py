@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +30,57 @@ from gpuclust.tables import as_pandas, convert
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory: pytest.TempPathFactory) -> Dataset:
     return Dataset(write_dataset(tmp_path_factory.mktemp("tables"), random_cell(11, n_windows=4_000)))
+
+
+class CliRun:
+    """``gpuclust analyze <dataset> <name> --out ... --no-plots --quiet <opts>`` in a fresh interpreter,
+    run once per (dataset, name, opts) in this module (per xdist worker): what it left in
+    ``sys.modules`` (pandas, pyarrow.compute, numpy.ma, the analyses) and the folder it wrote.  The
+    tests of one run check different tables or modules of the same run."""
+
+    def __init__(self, dataset: Dataset, folder: Path) -> None:
+        self.dataset, self.folder = dataset, folder
+        self.runs: dict[tuple[str, str, tuple[str, ...]], tuple[dict, Path]] = {}
+
+    def __call__(self, path: Path | None, name: str, opts: list[str]) -> tuple[dict, Path]:
+        ds = self.dataset.path if path is None else path
+        key = (str(ds), name, tuple(opts))
+        if key not in self.runs:
+            out = self.folder / f"run{len(self.runs)}"
+            code = (
+                "import sys, json\nfrom gpuclust.cli import main\n"
+                f"rc = main(['analyze', {str(ds)!r}, {name!r}, '--out', {str(out)!r}, "
+                f"'--no-plots', '--quiet', *{opts!r}])\n"
+                "print(json.dumps({'rc': rc, 'pandas': 'pandas' in sys.modules, "
+                "'compute': 'pyarrow.compute' in sys.modules, 'ma': 'numpy.ma' in sys.modules, "
+                "'analyses': sorted(m for m in sys.modules if m.startswith('gpuclust.analyses.'))}))"
+            )
+            p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+            assert p.returncode == 0, p.stderr
+            self.runs[key] = (json.loads(p.stdout.strip().splitlines()[-1]), out)
+        return self.runs[key]
+
+
+@pytest.fixture(scope="module")
+def cli_run(dataset: Dataset, tmp_path_factory: pytest.TempPathFactory) -> CliRun:
+    return CliRun(dataset, tmp_path_factory.mktemp("cli"))
+
+
+Want = Callable[[str, list[str]], dict]
+
+
+@pytest.fixture(scope="module")
+def want(dataset: Dataset) -> Want:
+    """``run(dataset, [name with opts])`` in this process, once per (name, opts) in this module."""
+    results: dict[tuple[str, tuple[str, ...]], dict] = {}
+
+    def get(name: str, opts: list[str]) -> dict:
+        key = (name, tuple(opts))
+        if key not in results:
+            results[key] = run(dataset, [create(name, **dict([opts[1].split("=")])) if opts else name])
+        return results[key]
+
+    return get
 
 
 def test_run_tables_kinds(dataset: Dataset) -> None:
@@ -193,28 +245,19 @@ def test_rows_with_none_go_through_pyarrow() -> None:
     ],
 )
 def test_from_the_command_line_never_imports_pandas(
-    dataset: Dataset, tmp_path: Path, name: str, table: str, opts: list[str]
+    cli_run: CliRun, want: Want, name: str, table: str, opts: list[str]
 ) -> None:
     """The start-up this saves (pandas, and pyarrow.compute): docs/user/scale.md, "Start-up"."""
-    code = (
-        "import sys, json\nfrom gpuclust.cli import main\n"
-        f"rc = main(['analyze', {str(dataset.path)!r}, {name!r}, '--out', {str(tmp_path / 'o')!r}, "
-        f"'--no-plots', '--quiet', *{opts!r}])\n"
-        "print(json.dumps({'rc': rc, 'pandas': 'pandas' in sys.modules, 'compute': 'pyarrow.compute' in sys.modules, "
-        "'analyses': sorted(m for m in sys.modules if m.startswith('gpuclust.analyses.'))}))"
-    )
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert p.returncode == 0, p.stderr
-    doc = json.loads(p.stdout.strip().splitlines()[-1])
+    doc, out = cli_run(None, name, opts)
     assert doc["rc"] == 0 and doc["pandas"] is False
     assert doc["compute"] is False  # (~0.06 s: Table.cast imports it, see Dataset.read)
     assert "gpuclust.analyses.cpi" not in doc["analyses"]  # the registry imports the analyses it runs only
     # and the results read back as before
-    df = as_pandas(pq.read_table(tmp_path / "o" / name / f"{table}.parquet"))
-    want = run(dataset, [create(name, **dict([opts[1].split("=")])) if opts else name])
-    label = next(iter(want))
+    df = as_pandas(pq.read_table(out / name / f"{table}.parquet"))
+    results = want(name, opts)
+    label = next(iter(results))
     assert len(df) > 0 or not opts
-    pd.testing.assert_frame_equal(df, want[label][table])
+    pd.testing.assert_frame_equal(df, results[label][table])
 
 
 @pytest.mark.parametrize(
@@ -232,23 +275,16 @@ def test_from_the_command_line_never_imports_pandas(
         "machine-shapes",
     ],
 )
-def test_a_run_never_imports_numpy_ma(dataset: Dataset, tmp_path: Path, name: str) -> None:
+def test_a_run_never_imports_numpy_ma(cli_run: CliRun, tmp_path: Path, name: str) -> None:
     """``np.unique`` imports ``numpy.ma`` (~20-30 ms of start-up): the engine's bucket plan and
     these analyses' runs, on a flat and on an optimized (bucketed) dataset, do without it."""
     from gpuclust.optimize import optimize
 
     bucketed = tmp_path / "bucketed"
-    optimize(dataset.path, buckets=4, out=bucketed)
-    for ds in (dataset.path, bucketed):
-        code = (
-            "import sys, json\nfrom gpuclust.cli import main\n"
-            f"rc = main(['analyze', {str(ds)!r}, {name!r}, '--out', {str(tmp_path / 'o' / ds.name)!r}, "
-            "'--no-plots', '--quiet'])\n"
-            "print(json.dumps({'rc': rc, 'ma': 'numpy.ma' in sys.modules}))"
-        )
-        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-        assert p.returncode == 0, p.stderr
-        assert json.loads(p.stdout.strip().splitlines()[-1]) == {"rc": 0, "ma": False}, ds
+    optimize(cli_run.dataset.path, buckets=4, out=bucketed)
+    for ds in (None, bucketed):
+        doc, _out = cli_run(ds, name, [])
+        assert {"rc": doc["rc"], "ma": doc["ma"]} == {"rc": 0, "ma": False}, ds
 
 
 @settings(max_examples=examples(60), deadline=None)
