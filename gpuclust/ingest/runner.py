@@ -263,9 +263,10 @@ def _recorder(
     return record
 
 
-#: Inputs (bytes on disk, compressed or not) below which ingest without ``--workers`` reads in
-#: this process: a spawned worker costs ~0.5-1 CPU-second to start and import (docs/user/ingest.md),
-#: about what one core takes to read this much gzipped JSON.
+#: Bytes on disk (compressed or not) of the inputs besides the biggest (the work a pool could
+#: overlap with it) below which ingest without ``--workers`` reads in this process: a spawned
+#: worker costs ~0.5-1 CPU-second to start and import (docs/user/ingest.md), about what one core
+#: takes to read this much gzipped JSON.
 POOL_MIN_BYTES = 32 * 2**20
 
 
@@ -279,13 +280,15 @@ def _read_all(
     algorithm: str,
 ) -> None:
     """Read the inputs, biggest first: in this process, or in a pool of worker processes (by
-    default only when they hold more than :data:`POOL_MIN_BYTES`: a worker's start-up costs
-    more than it saves on less)."""
+    default only when the inputs besides the biggest hold more than :data:`POOL_MIN_BYTES`: a
+    worker's start-up costs more than it saves on less, and the biggest input is one process's
+    work either way)."""
     nworkers = workers if workers is not None else usable_cores()
     if nworkers < 1:
         raise IngestUsageError(f"workers must be >= 1, got {nworkers}")
     todo.sort(key=lambda t: -t[1].path.stat().st_size)  # big files first balances the pool
-    small = workers is None and sum(t[1].path.stat().st_size for t in todo) <= POOL_MIN_BYTES
+    sizes = [t[1].path.stat().st_size for t in todo]  # biggest first
+    small = workers is None and sum(sizes[1:]) <= POOL_MIN_BYTES
     if nworkers == 1 or len(todo) <= 1 or small:
         for i, s, sha in todo:
             res = ingest_file(
