@@ -4,34 +4,16 @@ The translation unit is the source exactly as NVRTC sees it (``_kernels.load_sou
 local headers) followed by one *explicit instantiation* per declared name expression
 (``moments_gpu.INSTANTIATIONS``), written from the declared C signatures, so a template that
 fails to instantiate, or a signature that drifted from the wrapper's parameter list, is a build
-error here.
+error here.  The unit also holds test_nvcc.py's address table: tests/nvcc_units.py compiles it once
+per arch per pytest run for both modules, with ``-c`` (host code too) and ``-Werror all-warnings``.
 """
 
 from __future__ import annotations
 
-import re
-import shutil
-import subprocess
-from pathlib import Path
-
+import nvcc_units
 import pytest
 
-from gpuclust import _kernels
 from gpuclust.backends import moments_gpu
-
-NVCC = shutil.which("nvcc")
-
-
-def _instantiation_lines() -> list[str]:
-    lines = []
-    for template, arglist in moments_gpu.INSTANTIATIONS.items():
-        family = re.sub(r"_(shared|global)$", "", template.split("::")[-1])
-        sig = moments_gpu.C_SIGNATURES[family]
-        for args in arglist:
-            t, c, _d = args
-            expr = _kernels.name_expression(template, args)
-            lines.append(f"template __global__ void {expr}({sig.format(T=t, C=c)});")
-    return lines
 
 
 def test_instantiations_cover_wrapper_choices() -> None:
@@ -44,15 +26,15 @@ def test_instantiations_cover_wrapper_choices() -> None:
 
 
 @pytest.mark.nvcc
-@pytest.mark.skipif(NVCC is None, reason="nvcc not found")
+@pytest.mark.skipif(nvcc_units.NVCC is None, reason="nvcc not found")
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_grouped_moments_compiles(arch: str, tmp_path: Path) -> None:
-    src = _kernels.load_source(moments_gpu.KERNEL_FILE)
-    tu = tmp_path / "grouped_moments_inst.cu"
-    tu.write_text(src + "\n// ---- explicit instantiations (generated)\n" + "\n".join(_instantiation_lines()) + "\n")
-    cmd = [NVCC, "-std=c++17", f"-arch={arch}", "-c", str(tu), "-o", str(tmp_path / "out.o")]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, f"nvcc failed ({' '.join(cmd)}):\n{res.stdout}\n{res.stderr}"
-    # warnings about our source fail too (toolkit-level notices, e.g. arch deprecations, do not)
-    ours = [ln for ln in res.stderr.splitlines() if tu.name in ln and "warning" in ln.lower()]
-    assert not ours, res.stderr
+def test_grouped_moments_compiles(arch: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    c = nvcc_units.compiled(tmp_path_factory, moments_gpu.KERNEL_FILE, arch)
+    assert "-c" in c.cmd and f"-arch={arch}" in c.cmd  # host code too
+    unit = c.tu.read_text()
+    assert all(line in unit for line in nvcc_units.grouped_moments_instantiations())
+    assert c.returncode == 0, f"nvcc failed ({c.failure()})"
+    # warnings about our source fail too (nvcc's are errors under -Werror all-warnings; the host
+    # compiler's are caught here)
+    ours = [ln for ln in c.stderr.splitlines() if c.tu.name in ln and "warning" in ln.lower()]
+    assert not ours, c.stderr
