@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -47,11 +48,30 @@ def _rows(ds: Path, table: str) -> list[dict]:
     return sorted(Dataset(ds).read(table).to_pylist(), key=lambda r: json.dumps(r, sort_keys=True, default=str))
 
 
+FullRows = Callable[[str], tuple[list[dict], list[str]]]
+
+
+@pytest.fixture(scope="module")
+def full_rows(cell: tuple[Path, Path]) -> FullRows:
+    """``_rows`` of the full ingest's table, and its column names, once per table in this module
+    (per worker; the full ingest is the read-only ``synth_cell_40``, and its users filter copies of
+    the list)."""
+    full = cell[1]
+    got: dict[str, tuple[list[dict], list[str]]] = {}
+
+    def rows(table: str) -> tuple[list[dict], list[str]]:
+        if table not in got:
+            got[table] = _rows(full, table), Dataset(full).read(table).column_names
+        return got[table]
+
+    return rows
+
+
 @pytest.mark.parametrize(
     "key,column,fraction", [("machines", "machine_id", 0.3), ("collections", "collection_id", 0.25)]
 )
 def test_sample_is_the_documented_rule_in_every_table(
-    cell: tuple[Path, Path], tmp_path: Path, key: str, column: str, fraction: float
+    cell: tuple[Path, Path], full_rows: FullRows, tmp_path: Path, key: str, column: str, fraction: float
 ) -> None:
     raw, full = cell
     out = tmp_path / "ds"
@@ -66,12 +86,12 @@ def test_sample_is_the_documented_rule_in_every_table(
     }
     fds = Dataset(full)
     for table in [t for t in TABLES if fds.num_rows(t)]:
-        want = _rows(full, table)
-        if column in Dataset(full).read(table).column_names:
+        want, columns = full_rows(table)
+        if column in columns:
             want = [r for r in want if in_sample(r[column], fraction, machine=key == "machines")]
         got = _rows(out, table)
         assert got == want, table
-        if column in Dataset(full).read(table).column_names and fds.num_rows(table) > 20:
+        if column in columns and fds.num_rows(table) > 20:
             assert 0 < len(got) < fds.num_rows(table), table  # a real sample, not all or nothing
 
 
@@ -105,7 +125,9 @@ def test_sample_is_consistent_across_tables(cell: tuple[Path, Path], tmp_path: P
             assert got_u.get(k, 0) == full_u.get(k, 0)
 
 
-def test_time_range_keeps_overlapping_windows_and_earlier_events(cell: tuple[Path, Path], tmp_path: Path) -> None:
+def test_time_range_keeps_overlapping_windows_and_earlier_events(
+    cell: tuple[Path, Path], full_rows: FullRows, tmp_path: Path
+) -> None:
     raw, full = cell
     lo, hi = 3_600_000_000, 7_200_000_000  # trace time [1 h, 2 h)
     out = tmp_path / "ds"
@@ -114,7 +136,7 @@ def test_time_range_keeps_overlapping_windows_and_earlier_events(cell: tuple[Pat
     sel = Dataset(out).manifest["selection"]
     assert (sel["from_us"], sel["to_us"], sel["sample"]) == (lo, hi, None)
     for table in [t for t in TABLES if Dataset(full).num_rows(t)]:
-        want = _rows(full, table)
+        want, columns = full_rows(table)
         if table == "instance_usage":
             want = [
                 r
@@ -124,7 +146,7 @@ def test_time_range_keeps_overlapping_windows_and_earlier_events(cell: tuple[Pat
                 and r["start_time"] < hi
                 and r["end_time"] > lo
             ]
-        elif "time" in Dataset(full).read(table).column_names:
+        elif "time" in columns:
             want = [r for r in want if r["time"] is not None and r["time"] < hi]
         assert _rows(out, table) == want, table
 
