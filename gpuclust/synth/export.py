@@ -155,10 +155,16 @@ class LineBuilder:
     def float_list(self, key: str, cols: np.ndarray, decimals: int) -> None:
         """``,"key":[v0,v1,...]`` from a ``(n, m)`` array."""
         self.raw(f',"{key}":[')
-        m = cols.shape[1]
-        for j in range(m):
-            self.floats(cols[:, j], decimals)
-            self.raw("," if j < m - 1 else "]")
+        n, m = cols.shape
+        # all m columns rendered at once: a column narrower than the widest gets more 0 bytes
+        # of padding, which build() squeezes out as it does any column's
+        flat = float_digits(np.ascontiguousarray(cols).ravel(), decimals)
+        digits = flat.reshape(n, m, flat.shape[1])
+        block = np.empty((n, m, digits.shape[2] + 1), np.uint8)
+        block[:, :, :-1] = digits
+        block[:, :, -1] = ord(",")
+        block[:, -1, -1] = ord("]")
+        self._add(block.reshape(n, m * block.shape[2]), None)
 
     def build(self) -> tuple[bytes, np.ndarray]:
         """The lines as one ``bytes`` and each line's length."""
