@@ -4,31 +4,20 @@ The translation unit is the source exactly as NVRTC sees it (``_kernels.load_sou
 local ``mixture_dd.cuh``) followed by one *explicit instantiation* per declared name expression
 (``mixture_gpu.INSTANTIATIONS``), written from the declared C signatures, so a template that does
 not instantiate, or a signature that drifted from the wrapper's parameter lists, fails the build.
+The unit also holds tests/kernels/test_nvcc.py's address table: tests/nvcc_units.py compiles it
+once per arch per pytest run for both modules.
 """
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-
 import numpy as np
+import nvcc_units
 import pytest
 
 from gpuclust import _kernels
 from gpuclust.backends import mixture_gpu
 
 pytestmark = pytest.mark.nvcc
-
-NVCC = shutil.which("nvcc")
-
-
-def _instantiation_lines() -> list[str]:
-    lines = []
-    for template, arglist in mixture_gpu.INSTANTIATIONS.items():
-        sig = mixture_gpu.C_SIGNATURES[template]
-        for (t,) in arglist:
-            lines.append(f"template __global__ void {template}<{t}>({sig.format(T=t)});")
-    return lines
 
 
 def _param_ctypes(params: tuple[tuple[str, object], ...]) -> list[str]:
@@ -65,18 +54,12 @@ def test_name_expressions() -> None:
     assert '#include "mixture_dd.cuh"' not in src and "block_scan_dd" in src
 
 
-@pytest.mark.skipif(NVCC is None, reason="nvcc not found")
+@pytest.mark.skipif(nvcc_units.NVCC is None, reason="nvcc not found")
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_mixture_compiles(tmp_path, arch) -> None:  # type: ignore[no-untyped-def]
-    tu = tmp_path / "mixture_tu.cu"
-    tu.write_text(
-        _kernels.load_source(mixture_gpu.KERNEL_FILE)
-        + "\n// explicit instantiations (gpuclust test)\n"
-        + "\n".join(_instantiation_lines())
-        + "\n"
-    )
-    obj = tmp_path / f"mixture.{arch}.o"
-    cmd = [NVCC, *_kernels.NVRTC_OPTIONS, f"-arch={arch}", "-c", "-Werror", "all-warnings", "-o", str(obj), str(tu)]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stdout}\n{r.stderr}"
-    assert obj.stat().st_size > 0
+def test_mixture_compiles(tmp_path_factory, arch) -> None:  # type: ignore[no-untyped-def]
+    c = nvcc_units.compiled(tmp_path_factory, mixture_gpu.KERNEL_FILE, arch)
+    assert "-c" in c.cmd and f"-arch={arch}" in c.cmd and "-Werror" in c.cmd
+    unit = c.tu.read_text()
+    assert all(line in unit for line in nvcc_units.mixture_instantiations())
+    assert c.returncode == 0, c.failure()
+    assert c.obj is not None and c.obj.stat().st_size > 0
