@@ -64,9 +64,9 @@ def window_stats(samples: np.ndarray, n: np.ndarray, pick: np.ndarray | None = N
     n = np.asarray(n, dtype=np.int64)
     col = np.arange(S)[None, :]
     valid = col < n[:, None]
-    x = np.where(valid, samples, np.float32(np.inf))
-    srt = np.sort(x, axis=1)
-    s64 = np.where(valid, samples, 0).astype(np.float64)
+    srt = np.where(valid, samples, np.float32(np.inf))
+    srt.sort(axis=1)  # in place: the array is this function's own
+    s64 = np.where(valid, samples.astype(np.float64), 0.0)  # the same values as casting after the where, one pass fewer
     mean = s64.sum(axis=1) / n
     rows = np.arange(W)[:, None]
     idx = (n[:, None] - 1) * LEVELS[None, :]
