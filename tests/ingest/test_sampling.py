@@ -45,7 +45,12 @@ def cell(synth_cell_40: Path) -> tuple[Path, Path]:
 
 
 def _rows(ds: Path, table: str) -> list[dict]:
-    return sorted(Dataset(ds).read(table).to_pylist(), key=lambda r: json.dumps(r, sort_keys=True, default=str))
+    """The table's rows in one total order (the same rows give the same list): sorted by every
+    column in Arrow when none is nested, else by each row's JSON."""
+    t = Dataset(ds).read(table)
+    if not any(pa.types.is_nested(f.type) for f in t.schema):
+        return t.sort_by([(c, "ascending") for c in t.column_names]).to_pylist()
+    return sorted(t.to_pylist(), key=lambda r: json.dumps(r, sort_keys=True, default=str))
 
 
 FullRows = Callable[[str], tuple[list[dict], list[str]]]
