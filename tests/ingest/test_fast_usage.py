@@ -223,7 +223,7 @@ def test_ready_waits_for_a_load_in_progress(monkeypatch: pytest.MonkeyPatch) -> 
     assert not _fast_usage.ready()  # no wait: still loading
     t0 = time.monotonic()
     assert _fast_usage.ready(5.0) and time.monotonic() - t0 < 4.0  # returned when the load ended
-    slow = threading.Thread(target=time.sleep, args=(2.0,))
+    slow = threading.Thread(target=time.sleep, args=(0.5,))
     slow.start()
     monkeypatch.setattr(_fast_usage, "_preloading", slow)
     assert not _fast_usage.ready(0.05)  # a first-ever compile: the piece goes to Arrow
