@@ -174,13 +174,9 @@ def test_synthetic_cell_usage_claims_match_references(tmp_path):
         assert rows[cid]["value"] == pytest.approx(share, rel=1e-9), cid
         assert not rows[cid]["supported"] and "instance_usage files are not named part-K-of-N" in rows[cid]["why"]
     # Borg's Figure 11: the per-task values by DuckDB SQL (tests/analyses/test_usage_vs_request_tasks.py)
-    import importlib.util
+    import by_path
 
-    spec = importlib.util.spec_from_file_location(
-        "uvr_tasks", Path(__file__).resolve().parent / "analyses" / "test_usage_vs_request_tasks.py"
-    )
-    uvr = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(uvr)
+    uvr = by_path.load("uvr_tasks", Path(__file__).resolve().parent / "analyses" / "test_usage_vs_request_tasks.py")
     ref, _ = uvr.summarize(uvr.duckdb_tasks(tmp_path / "ds", ds.tier_map_name or "notebook"))
     for cid, measure, col in (
         ("borg-cpu-below-limit", "cpu_mean", "p50_ratio"),

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import by_path
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -26,21 +27,9 @@ from gpuclust.schema import TIME_AFTER_TRACE
 duckdb = pytest.importorskip("duckdb")
 
 
-def _load_reference():  # a unique module name: tests/analyses has no package or conftest of its own
-    import importlib.util
-
-    name = "gpuclust_machine_utilization_reference"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            name, Path(__file__).with_name("machine_utilization_reference.py")
-        )
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
-
-
-replay = _load_reference().replay
+replay = by_path.load(
+    "gpuclust_machine_utilization_reference", Path(__file__).with_name("machine_utilization_reference.py")
+).replay
 NB = "machine-utilization[mode=notebook]"
 W = 300_000_000
 QLIST = "[" + ", ".join(repr(float(q)) for q in QUANTILES) + "]"

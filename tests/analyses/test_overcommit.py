@@ -14,6 +14,7 @@ import math
 import pickle
 from pathlib import Path
 
+import by_path
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -30,21 +31,7 @@ from gpuclust.engine.partition import column_to_numpy
 from gpuclust.schema import SCHEMAS, TIER_MAPS
 from gpuclust.tables import as_pandas
 
-
-def _load_reference():  # a unique module name: tests/analyses has no package or conftest of its own
-    import importlib.util
-    import sys
-
-    name = "gpuclust_overcommit_reference"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("overcommit_reference.py"))
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
-
-
-_ref = _load_reference()
+_ref = by_path.load("gpuclust_overcommit_reference", Path(__file__).with_name("overcommit_reference.py"))
 replay, usage_sql = _ref.replay, _ref.usage_sql
 S = 1_000_000
 T0 = 600 * S

@@ -7,12 +7,11 @@ analysis; the reference then evaluates each group's mixture from its definition.
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
 from collections import defaultdict
 from pathlib import Path
 
+import by_path
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -26,20 +25,8 @@ from gpuclust.engine import TableSource
 from gpuclust.report.analyze import analyze
 from gpuclust.schema import CPU_PERCENTILE_COLUMNS, CPU_PERCENTILE_LEVELS_SORTED, TIME_AFTER_TRACE
 
-
-def _load_reference():  # the mixture folder's slow reference, under the name its conftest uses
-    name = "gpuclust_mixture_reference"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            name, Path(__file__).resolve().parents[1] / "mixture" / "reference.py"
-        )
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
-
-
-ref = _load_reference()
+# the mixture folder's slow reference, under the name its conftest uses
+ref = by_path.load("gpuclust_mixture_reference", Path(__file__).resolve().parents[1] / "mixture" / "reference.py")
 STD = [float(x) for x in CPU_PERCENTILE_LEVELS_SORTED]
 SORTED_COLS = [f"cpu_p{round(x * 100)}" for x in STD]
 S = 1_000_000

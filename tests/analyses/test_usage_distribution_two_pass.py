@@ -10,10 +10,9 @@ NULL percentiles, windows crossing time buckets, groups of one window.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
+import by_path
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -32,18 +31,10 @@ from gpuclust.engine import TableSource
 from gpuclust.engine.local import context_of
 from gpuclust.engine.partition import column_to_numpy
 
-
-def _usage_distribution_tests():  # the sibling test module (its make_cell), loaded by path
-    name = "gpuclust_test_usage_distribution"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("test_usage_distribution.py"))
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
-
-
-make_cell = _usage_distribution_tests().make_cell
+# the sibling test module's make_cell
+make_cell = by_path.load(
+    "gpuclust_test_usage_distribution", Path(__file__).with_name("test_usage_distribution.py")
+).make_cell
 BYS = [("machine",), ("tier",), ("cell",), ("machine", "time")]
 
 

@@ -3,20 +3,9 @@ module names (``gpuclust_mixture_reference``, ``gpuclust_mixture_strategies``)."
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
+import by_path
 
-def _load(name: str, filename: str) -> None:
-    if name in sys.modules:
-        return
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(filename))
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-
-
-_load("gpuclust_mixture_reference", "reference.py")
-_load("gpuclust_mixture_strategies", "mixture_strategies.py")
+by_path.load("gpuclust_mixture_reference", Path(__file__).with_name("reference.py"))
+by_path.load("gpuclust_mixture_strategies", Path(__file__).with_name("mixture_strategies.py"))
