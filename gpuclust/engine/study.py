@@ -457,7 +457,7 @@ class Study:
             return out
 
         clock = time.perf_counter()
-        if remote is not None:  # reduced on the workers: only each table's merged partials come back
+        if remote is not None:  # reduced and finalized on the workers: result tables come back (sharded: partials)
             merged = self._reduce_remote(
                 {**plans, **{("whole", t): v for t, v in whole.items()}}, ans, shipped, ctxs, progress
             )
@@ -530,8 +530,10 @@ class Study:
         ctxs: list[Any],
         progress: Any,
     ) -> list[Any]:
-        """Each plan's partials reduced on the workers holding its partitions
-        (:meth:`WorkerResidency.reduce`); per analysis, its merged partial."""
+        """Each plan's partials reduced and finalized on the workers holding its partitions
+        (:meth:`WorkerResidency.reduce`); per analysis, its result as a worker finalized it
+        (:class:`gpuclust.engine.finish.Finalized`, taken as it is by :func:`finalize_all`), or
+        a sharded analysis' merged partial."""
         assert self._remote is not None
         merged: list[Any] = [None] * len(ans)
         for idx, specs in plans.values():

@@ -9,9 +9,11 @@ worker's memory as the task's result; the client holds only its future.  Residen
 to the workers round robin, and a run's partial task of a partition is pinned to the worker
 holding it (left to itself, dask's scheduler was seen to run loads elsewhere and to copy
 partitions between workers: twice the device memory); the contexts travel once per run,
-scattered.  The client gathers the host partials and merges them in the local path's tree, so
-the results are those of a local study with the same partitions.  Columns persisted later are
-loaded on the same worker and joined there.
+scattered.  The workers merge the host partials in the local path's tree and finalize at its root
+(:func:`gpuclust.engine.finish.finalize_root`, the task a distributed run's tree ends with): the
+client receives result tables, not partials (but for the ``sharded`` analyses', which it
+finalizes, as a run does), and the results are those of a local study with the same partitions.
+Columns persisted later are loaded on the same worker and joined there.
 
 Analyses that need whole instances on a flat table run over the partitions joined on one worker:
 only the columns they read travel there, as copies (the local study joins them too).  A
@@ -140,21 +142,30 @@ class WorkerResidency:
         backend_name: str,
         split_every: int = 8,
     ) -> list[Any]:
-        """The merged host partials of ``analyses`` over the resident partitions ``indices`` of
-        ``table``: each partition's on the worker holding it, merged there by the engine's tree
+        """The results of ``analyses`` over the resident partitions ``indices`` of ``table``: each
+        partition's partials on the worker holding it, merged there by the engine's tree
         (:class:`gpuclust.engine.tasks.MergeTree`: groups of ``split_every`` in partition order,
-        level by level, so the same bits as a local run), only the root coming to the client."""
+        level by level, so the same bits as a local run), the root's merge and the ``finalize``
+        of each analysis that is not :attr:`~gpuclust.analyses.base.Analysis.sharded` one task on
+        a worker (:func:`gpuclust.engine.finish.finalize_root`, as a distributed run's tree ends):
+        per analysis, a :class:`gpuclust.engine.finish.Finalized` (its tables), or a sharded
+        one's merged partial (finalized on the client: overcommit's context holds events bound
+        there), all that comes to the client."""
+        from gpuclust.engine.finish import finalize_root
         from gpuclust.engine.tasks import merge_lists
 
         level = [self._partials_future(table, i, analyses, ctxs, backend_name) for i in indices]
         if not level:
             raise ValueError("no partitions to reduce")
-        while len(level) > 1:
+        while len(level) > split_every:  # the root's merge is finalize_root's: the same groups
             level = [
                 self.client.submit(merge_lists, list(analyses), *level[i : i + split_every], pure=False)
                 for i in range(0, len(level), split_every)
             ]
-        return level[0].result()
+        fin = [not a.sharded for a in analyses]  # as a run, whose sharded analyses spill and finalize on the client
+        keys = [a.label for a in analyses]  # finalize_root's keys are for a writer; none here
+        root = self.client.submit(finalize_root, list(analyses), list(ctxs), fin, keys, None, *level, pure=False)
+        return root.result()
 
     def _partials_future(
         self, table: str, index: int, analyses: Sequence[Analysis], ctxs: Sequence[Any], backend_name: str

@@ -264,7 +264,7 @@ def test_study_on_cluster_workers_is_bit_identical_to_run(dataset, reference, re
     """``scheduler="local:2"``: each resident partition is loaded by, and stays on, one worker
     process; runs compute its partials there and merge them on the workers, by the local run's
     tree: same partitions and merge tree as the local run, same bits, and the client merges
-    nothing (it receives each table's merged partials only)."""
+    nothing (it receives each table's results, finalized on a worker; overcommit's merged partial)."""
     from gpuclust.engine import tasks
 
     client_merges = []
