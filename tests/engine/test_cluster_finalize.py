@@ -128,3 +128,56 @@ def test_analyze_out_on_a_cluster_writes_on_the_workers(ds, client, tmp_path, mo
 def test_a_pandas_caller_on_a_cluster_gets_dataframes(ds, client, tmp_path):
     got = analyze(ds, ["usage-vs-request"], out=tmp_path / "r", partitions=3, scheduler=client, plots=False)
     assert type(got["usage-vs-request"]["hist"]).__name__ == "DataFrame"
+
+
+def _where_finalized(monkeypatch, names):
+    """Per analysis name, where each of its ``finalize`` calls ran: ``True`` on a dask worker,
+    ``False`` on the client (the cluster's workers are threads of this process)."""
+    from distributed import get_worker
+
+    where: dict[str, list[bool]] = {}
+    for name in names:
+        cls = type(create(name))
+        real = cls.finalize
+
+        def spy(self, partial, ctx, _real=real):
+            try:
+                get_worker()
+                on_worker = True
+            except ValueError:
+                on_worker = False
+            where.setdefault(self.name, []).append(on_worker)
+            return _real(self, partial, ctx)
+
+        monkeypatch.setattr(cls, "finalize", spy)
+    return where
+
+
+#: the in-memory analyses of the entry points below (a study finalizes parted ones in memory too)
+SMALL = ["usage-vs-request", "job-usage", "cell-usage", "machine-shapes"]
+
+
+def test_a_study_on_a_cluster_finalizes_on_the_workers(ds, client, monkeypatch):
+    import gpuclust
+
+    with gpuclust.open(ds, partitions=3) as study:
+        ref = study.run(SMALL)
+    where = _where_finalized(monkeypatch, SMALL)
+    with gpuclust.open(ds, partitions=3, scheduler=client) as study:
+        got = study.run(SMALL)
+    assert where == {n: [True] for n in SMALL}  # never the client's
+    assert_results_same(ref, got, rtol=0.0)  # the same merge tree: the same bits
+
+
+def test_analyze_cells_on_a_cluster_finalizes_on_the_workers(ds, client, tmp_path, monkeypatch):
+    import shutil
+
+    for c in ("a", "b"):  # the same dataset as two cells
+        shutil.copytree(ds, tmp_path / "cells" / c)
+        manifest = tmp_path / "cells" / c / "manifest.json"
+        manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "cell": c}))
+    ref = analyze(tmp_path / "cells", SMALL, cells="a,b", partitions=3, plots=False)
+    where = _where_finalized(monkeypatch, SMALL)
+    got = analyze(tmp_path / "cells", SMALL, cells="a,b", partitions=3, plots=False, scheduler=client)
+    assert where == {n: [True, True] for n in SMALL}  # a run per cell, each finalized on a worker
+    assert_results_same(ref, got, rtol=1e-9)
