@@ -245,12 +245,15 @@ class UsageDistribution(Analysis):
             return int(source.num_rows(self.table))
         return int(source.read(self.table, ["start_time"]).num_rows)
 
-    def resolved_strategy(self, source: Any) -> str:
+    def resolved_strategy(self, source: Any, total: int | None = None) -> str:
         """``exact``, ``exact-two-pass`` or ``bounded`` on ``source`` (``auto``: exact up to the row
-        budget, and at any size when groups are whole in each partition, else exact-two-pass)."""
+        budget, and at any size when groups are whole in each partition, else exact-two-pass);
+        ``total``: the usage table's rows, when the caller has counted them."""
         if self.strategy != "auto":
             return self.strategy
-        if self._total_rows(source) <= int(self.exact_max_windows) or self._groups_local(source):
+        if total is None:
+            total = self._total_rows(source)
+        if total <= int(self.exact_max_windows) or self._groups_local(source):
             return "exact"
         return "exact-two-pass"
 
@@ -279,7 +282,7 @@ class UsageDistribution(Analysis):
 
     def context(self, source: Any, prior: dict[str, dict[str, Any]] | None = None) -> UsageDistributionContext:
         total = self._total_rows(source)
-        strategy = self.resolved_strategy(source)
+        strategy = self.resolved_strategy(source, total)
         manifest = getattr(source, "manifest", None)
         cell = str(manifest.get("cell") or "all") if isinstance(manifest, dict) else "all"
         tm = resolve_tier_map(self.tier_map, source) if "tier" in self.by else None

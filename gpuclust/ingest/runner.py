@@ -286,9 +286,9 @@ def _read_all(
     nworkers = workers if workers is not None else usable_cores()
     if nworkers < 1:
         raise IngestUsageError(f"workers must be >= 1, got {nworkers}")
-    todo.sort(key=lambda t: -t[1].path.stat().st_size)  # big files first balances the pool
-    sizes = [t[1].path.stat().st_size for t in todo]  # biggest first
-    small = workers is None and sum(sizes[1:]) <= POOL_MIN_BYTES
+    sized = sorted(((t[1].path.stat().st_size, t) for t in todo), key=lambda x: -x[0])
+    todo[:] = [t for _, t in sized]  # big files first balances the pool
+    small = workers is None and sum(n for n, _ in sized[1:]) <= POOL_MIN_BYTES
     if nworkers == 1 or len(todo) <= 1 or small:
         for i, s, sha in todo:
             res = ingest_file(
