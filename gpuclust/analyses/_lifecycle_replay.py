@@ -116,15 +116,19 @@ def instance_slots(
     has them), its kind its collection_type (0, 1; NULL or other: unknown)."""
     xp, ops = backend.xp, backend.ops
     maxp = instance_max(ops, xp, r, xp.where(is_null_int(xp, p), -1, p.astype(xp.int64)))
+    unknown = int(xp.count_nonzero(maxp < 0))
     if ctx.job_ids is not None and int(ctx.job_ids.shape[0]):
-        ids, jp = backend.stage(ctx.job_ids), backend.stage(ctx.job_priority)  # (copied once a process)
-        cs = c[r.starts]
-        pos = xp.minimum(xp.searchsorted(ids, cs), int(ids.shape[0]) - 1)
-        fill = (maxp < 0) & (ids[pos] == cs) & (jp[pos] >= 0)
-        counters["priority_from_instances"] = int(xp.count_nonzero(fill))
-        maxp = xp.where(fill, jp[pos], maxp)
+        counters["priority_from_instances"] = 0
+        if unknown:  # (a 2019 cell's collections carry their priority: the lookup is not copied in)
+            ids, jp = backend.stage(ctx.job_ids), backend.stage(ctx.job_priority)  # (copied once a process)
+            cs = c[r.starts]
+            pos = xp.minimum(xp.searchsorted(ids, cs), int(ids.shape[0]) - 1)
+            fill = (maxp < 0) & (ids[pos] == cs) & (jp[pos] >= 0)
+            counters["priority_from_instances"] = filled = int(xp.count_nonzero(fill))
+            maxp = xp.where(fill, jp[pos], maxp)
+            unknown -= filled
     tier_s = tier_codes(xp, ctx.tier_map, maxp, len(ctx.tier_map.names))  # maxp -1 (none known): unknown
-    counters["unknown_priority_instances"] = int(xp.count_nonzero(maxp < 0))
+    counters["unknown_priority_instances"] = unknown
     kmax = instance_max(ops, xp, r, xp.where((ct >= 0) & (ct <= 1), ct.astype(xp.int64), -1))
     return tier_s, pack(xp.where(kmax >= 0, kmax, 2).astype(xp.int64), tier_s, _T)
 

@@ -702,6 +702,34 @@ def test_collection_priority_from_instance_events():
     )
 
 
+def test_collection_priority_lookup_copied_only_when_needed(monkeypatch):
+    """The instances' priorities per collection are copied to the device only for a cell with
+    collections whose own events carry none (a 2011 trace): a 2019 cell's run copies its columns
+    and no lookup (its collections, 8+8 bytes each, would add 20% to its copies in)."""
+    from device_backend import DEVICE
+
+    from gpuclust.analyses.lifecycle import CollectionLifecycle
+
+    n = 4000
+    tasks = events_table(
+        [{"time": HOUR, "type": 0, "collection_id": c, "instance_index": 0, "priority": 200} for c in range(n)]
+    )
+    staged: list[int] = []
+    stage = type(DEVICE).stage
+    monkeypatch.setattr(type(DEVICE), "stage", lambda self, a: staged.append(np.asarray(a).size) or stage(self, a))
+    for own in (200, None):
+        staged.clear()
+        jobs = table(
+            "collection_events",
+            {"time": [HOUR] * n, "type": [0] * n, "collection_id": list(range(n)), "priority": [own] * n},
+        )
+        src = TableSource({"collection_events": jobs, "instance_events": tasks})
+        res = run(src, CollectionLifecycle(), backend=DEVICE)["collection-lifecycle"]
+        assert res["info"].iloc[0]["unknown_priority_instances"] == 0
+        assert res["info"].iloc[0]["priority_from_instances"] == (0 if own else n)
+        assert staged.count(n) == (0 if own else 2), staged  # the ids and their priorities
+
+
 @settings(max_examples=examples(20), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(rows=event_rows(), tasks=event_rows(max_instances=6, max_events=3))
 def test_collection_priority_matches_the_replay(rows, tasks):
