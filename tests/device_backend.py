@@ -23,6 +23,7 @@ kernels), and ``stage`` / ``asarray`` copy host arrays to "the device" (wrap the
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 import threading
 import time
@@ -241,7 +242,14 @@ class DeviceArray(np.lib.mixins.NDArrayOperatorsMixin):
 
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
-        return {"shape": self.data.shape, "typestr": self.data.dtype.str, "data": (0, False), "version": 3}
+        """The buffer's address is its "device pointer" (:data:`XP`'s ``cuda.runtime.memcpyAsync``
+        writes there)."""
+        return {
+            "shape": self.data.shape,
+            "typestr": self.data.dtype.str,
+            "data": (int(self.data.ctypes.data), False),
+            "version": 3,
+        }
 
     def __array__(self, *args: Any, **kw: Any) -> np.ndarray:
         raise TypeError(
@@ -356,6 +364,74 @@ XP.__dict__.update(
     }
 )
 XP.__dict__.update(asarray=_asarray, array=_asarray, ascontiguousarray=_creation(np.ascontiguousarray))
+
+
+class _Pinned(np.ndarray):
+    """Page-locked host memory (``cupy.cuda.alloc_pinned_memory``): a buffer with its ``ptr``."""
+
+    @property
+    def ptr(self) -> int:
+        return int(self.ctypes.data)
+
+
+class _Stream:
+    """A CUDA stream: the copies here are done when issued, so there is nothing to wait for."""
+
+    ptr = 0
+
+    def __init__(self, non_blocking: bool = False):
+        self.non_blocking = non_blocking
+
+    def synchronize(self) -> None:
+        _count("syncs")
+
+
+class _Event:
+    def record(self, stream: Any = None) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+
+class _Device:
+    """``cupy.cuda.Device``: device 0, its free memory :data:`MEMORY`'s cap less what is live
+    (inside :func:`device_memory` with a cap; else 16 GiB)."""
+
+    def __init__(self, device: int = 0):
+        self.id = int(device)
+
+    def __enter__(self) -> _Device:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        pass
+
+    @property
+    def mem_info(self) -> tuple[int, int]:
+        total = int(MEMORY["cap"]) if _tracking[0] and MEMORY["cap"] else 16 << 30
+        return max(0, total - int(MEMORY["live_bytes"])), total
+
+
+def _memcpy_async(dst: int, src: int, nbytes: int, kind: int, stream: int) -> None:
+    """``cudaMemcpyAsync`` host to device: the bytes at ``src`` written at ``dst`` (a device
+    array's buffer, by its ``__cuda_array_interface__`` address), counted as copied in."""
+    assert kind == _RUNTIME.memcpyHostToDevice
+    ctypes.memmove(dst, src, nbytes)
+    _count("h2d_bytes", nbytes)
+
+
+_RUNTIME = types.SimpleNamespace(memcpyHostToDevice=1, memcpyAsync=_memcpy_async)
+_STREAM = type("Stream", (_Stream,), {"null": _Stream()})
+#: What the engine's gpu load path (gpuclust/engine/staging.py) uses of ``cupy.cuda``: devices,
+#: streams, events, pinned buffers and the runtime's asynchronous copy.
+XP.cuda = types.SimpleNamespace(
+    Device=_Device,
+    Stream=_STREAM,
+    Event=_Event,
+    alloc_pinned_memory=lambda nbytes: np.zeros(int(nbytes), np.uint8).view(_Pinned),
+    runtime=_RUNTIME,
+)
 
 
 class _DeviceOps:

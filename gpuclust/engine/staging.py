@@ -153,6 +153,11 @@ def _fill(
     return nulls
 
 
+def _address(arr: Any) -> int:
+    """A device array's address (``arr.data.ptr`` on CuPy), by the CUDA array interface."""
+    return int(arr.__cuda_array_interface__["data"][0])
+
+
 def column_dtypes(table: str, columns: Sequence[str]) -> dict[str, np.dtype]:
     """The NumPy dtype each canonical column has in backend memory."""
     schema = SCHEMAS[table]
@@ -214,7 +219,7 @@ def load_partitions(
                 st = _borrow(xp, device)
                 try:
                     nulls = _fill(
-                        t, out[gi], off, lambda arr, o, host: st.copy(arr.data.ptr + o * arr.dtype.itemsize, host)
+                        t, out[gi], off, lambda arr, o, host: st.copy(_address(arr) + o * arr.dtype.itemsize, host)
                     )
                     st.finish()  # this partition's copies have landed: the NULL fills may follow
                 finally:

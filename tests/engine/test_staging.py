@@ -59,3 +59,35 @@ def test_loaded_columns_equal_column_to_numpy(seed):
     out = load_partitions([specs], cols, CPU, threads=2)[0]
     for c in cols:
         np.testing.assert_array_equal(out[c], column_to_numpy(t.column(c)), err_msg=c)
+
+
+def test_device_load_path_through_pinned_buffers(monkeypatch):
+    """The gpu backend's load (pinned buffers taken in turn, copies on each thread's stream, the
+    NULL rows filled from the validity bits on the device) on the device-shaped backend under the
+    gpu's name: the same columns as ``column_to_numpy``, and what crossed to the device is the
+    columns' values and their validity bits, nothing more.  Buffers of 256 bytes make every
+    column chunk several copies, so the double buffering's offsets are exercised."""
+    from device_backend import DEVICE_GPU, counting_device_work
+
+    import gpuclust.engine.staging as staging
+
+    monkeypatch.setattr(staging, "STAGING_BYTES", 256)
+    monkeypatch.setattr(staging, "_stagers", {})
+    rng = np.random.default_rng(5)
+    tables = random_cell(11, n_machines=4, n_instances=30, n_windows=2000)
+    t = tables["instance_usage"]
+    a = t.column("cpi").combine_chunks()
+    nulled = pc.if_else(pa.array(rng.random(len(a)) < 0.3), pa.scalar(None, a.type), a)
+    tables["instance_usage"] = t.set_column(
+        t.schema.get_field_index("cpi"), t.schema.field("cpi"), _sliced_chunks(pa.chunked_array([nulled]), rng)
+    )
+    t = tables["instance_usage"]
+    cols = ["cpi", "avg_cpu", "machine_id", "start_time"]
+    specs = plan_partitions(TableSource(tables), "instance_usage", 3)
+    with counting_device_work() as w:
+        out = load_partitions([specs[:2], specs[2:]], cols, DEVICE_GPU, threads=2)
+    got = {c: np.concatenate([DEVICE_GPU.to_host(g[c]) for g in out]) for c in cols}
+    for c in cols:
+        np.testing.assert_array_equal(got[c], column_to_numpy(t.column(c)), err_msg=c)
+    values = sum(got[c].nbytes for c in cols)
+    assert values <= w["h2d_bytes"] <= values + len(a) // 8 + 64 * len(specs) * len(cols)  # + the validity bytes
