@@ -23,7 +23,10 @@ The partial is keyed by the instance's 64-bit hash (``_requests._key``): per tas
 instance's ``collection_id`` / ``instance_index`` and their negations: a hash shared by two
 instances leaves the maximum and minus the negation apart, which :func:`task_tables` refuses).
 Memory: one row per task of a partition, not per window.  Everything in :class:`TaskAccumulator`
-runs on ``backend.xp`` / ``backend.ops``.
+runs on ``backend.xp`` / ``backend.ops``, and so does :func:`task_tables`' reduction of the merged
+partial, on the backend the partials were computed on: a gpu study's per-task partial stays on the
+device (``Analysis.device_partial``), and the host receives its counts per band, measure and bin and
+the sums of its values, not a row per task.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import pyarrow as pa
 
 from gpuclust._xp import bincount
 from gpuclust.analyses._requests import _key
+from gpuclust.analyses.base import to_host
 from gpuclust.analyses.usage_change import RATIO_EDGES
 from gpuclust.arrow_numpy import bin_table, rows_table
 from gpuclust.partials import bin_quantile_edges, merge_keyed
@@ -154,80 +158,137 @@ class TaskAccumulator:
         return {"task_key": self.key, **{"task_" + k: v for k, v in self.f.items()}}
 
 
-def task_values(p: dict[str, np.ndarray]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Per measure, per task of the merged partial ``p``: (its value, NaN where not defined; its
-    state: 0 no limit, 1 a limit but no defined value, 2 defined)."""
+def task_values(xp: Any, p: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """Per measure, per task of the merged partial ``p`` (``xp`` arrays): (its value, NaN where not
+    defined; its state: 0 no limit, 1 a limit but no defined value, 2 defined)."""
     out = {}
     for m, _, r, kind in TASK_MEASURES:
         lim = p["task_" + ("lim_cpu", "lim_mem")[r]] > 0
         if kind == "mean":
             wsum = p[f"task_w_{m}"]
             ok = lim & (wsum > 0)
-            v = np.where(ok, p[f"task_s_{m}"] / np.where(ok, wsum, 1.0), np.nan)
+            v = xp.where(ok, p[f"task_s_{m}"] / xp.where(ok, wsum, 1.0), np.nan)
         else:
             ok = lim & (p[f"task_n_{m}"] > 0)
-            v = np.where(ok, p[f"task_pk_{m}"], np.nan)
-        out[m] = (v, np.where(ok, 2, np.where(lim, 1, 0)))
+            v = xp.where(ok, p[f"task_pk_{m}"], np.nan)
+        out[m] = (v, xp.where(ok, 2, xp.where(lim, 1, 0)))
     return out
 
 
-def task_tables(partial: dict[str, Any], prod_tier: int | None) -> tuple[dict[str, pa.Table], dict[str, Any]]:
-    """``task_summary`` and ``task_hist`` of a merged partial (``prod_tier``: the tier code of the
-    tier map's production tier; None: the map has none, every task with a tier is ``non-prod``),
-    and the ``info`` fields they add."""
-    p = {k: np.asarray(v) for k, v in partial.items() if k.startswith("task_")}
-    if not (np.array_equal(p["task_cid"], -p["task_ncid"]) and np.array_equal(p["task_idx"], -p["task_nidx"])):
-        raise RuntimeError("usage-vs-request: 64-bit hash collision between two instance keys (please report)")
+#: Per-task counts, a slot of one ``bincount`` each (:func:`_task_counts`): per measure and band
+#: (prod, non-prod, unknown) _CODES codes (0 no limit, 1 a limit but no value, 2 + the value's bin
+#: of RATIO_EDGES), then per measure and band 3 flags (0, 1 at most half the limit, 2 above it),
+#: then the tasks per band.
+_NM, _NB3 = len(TASK_MEASURES), len(BANDS) - 1
+_CODES = 2 + int(RATIO_EDGES.shape[0]) + 1
+_FLAGS_AT = _NM * _NB3 * _CODES
+_TASKS_AT = _FLAGS_AT + _NM * _NB3 * 3
+_SLOTS = _TASKS_AT + _NB3
+#: :func:`_task_sums`' sort keys: measure x 3 + band, then measure + 15 (all bands), then this (no value)
+_NONE = _NM * _NB3 + _NM
+
+
+def _task_counts(be: Any, p: dict[str, Any], prod_tier: int | None) -> tuple[Any, Any, Any]:
+    """On ``be``, from the merged per-task partial ``p``: the counts of :data:`_SLOTS` followed by
+    a hash collision flag, the reservation windows and the windows with a memory limit (int64, one
+    array: one copy to the host), the defined values (``(measures, tasks)``, 0 elsewhere) and
+    their groups (int8: measure x 3 + band where defined, else :data:`_NONE`)."""
+    xp = be.xp
     tier = p["task_tier"]
     known = tier >= 0
     prod = known & (tier >= (prod_tier if prod_tier is not None else np.iinfo(np.int64).max))
-    band = {"prod": prod, "non-prod": known & ~prod, "unknown": ~known, "all": np.ones(tier.shape[0], bool)}
-    vals = task_values(p)
+    band = xp.where(prod, 0, xp.where(known, 1, 2)).astype(xp.int64)
+    vals = task_values(xp, p)
+    state = xp.stack([vals[m][1] for m, *_ in TASK_MEASURES])
+    defined = state == 2
+    x = xp.where(defined, xp.stack([vals[m][0] for m, *_ in TASK_MEASURES]), 0.0)
+    bins = xp.searchsorted(be.stage(RATIO_EDGES), x.ravel(), side="right").reshape(x.shape)
+    group = band + _NB3 * xp.arange(_NM, dtype=xp.int64)[:, None]  # measure x 3 + band
+    code = xp.where(defined, bins + 2, state)
+    flag = xp.where(defined & (x > 1), 2, xp.where(defined & (x <= 0.5), 1, 0))
+    keys = xp.concatenate([(group * _CODES + code).ravel(), (_FLAGS_AT + group * 3 + flag).ravel(), _TASKS_AT + band])
+    clash = (p["task_cid"] != -p["task_ncid"]).any() | (p["task_idx"] != -p["task_nidx"]).any()
+    extra = xp.stack([clash.astype(xp.int64), p["task_n_mem_reservation"].sum(), p["task_lim_mem"].sum()])
+    counts = xp.concatenate([bincount(xp, keys, minlength=_SLOTS).astype(xp.int64), extra.astype(xp.int64)])
+    return counts, x, xp.where(defined, group, _NONE).astype(xp.int8)
+
+
+def _task_sums(be: Any, x: Any, group: Any, defined: np.ndarray) -> np.ndarray:
+    """The sum of the defined values of each band and measure (``(bands, measures)``, host), as
+    NumPy's ``sum`` of them in task order: per measure, the values of each band (by ``group``)
+    and of all, made contiguous by one stable sort, then each run summed (``defined``: the runs'
+    lengths, ``(measures, bands)``, from :func:`_task_counts`)."""
+    xp = be.xp
+    n = _NM * _NB3
+    every = xp.where(group < n, n + group // _NB3, _NONE).astype(xp.int8)  # all bands: measure m -> n + m
+    order = be.ops.stable_argsort(xp.concatenate([group.ravel(), every.ravel()]))
+    vals = xp.concatenate([x.ravel(), x.ravel()])[order]
+    runs = np.concatenate([defined[:, :_NB3].ravel(), defined[:, _NB3]])
+    ends = np.cumsum(runs)
+    sums = [vals[int(e - k) : int(e)].sum() for e, k in zip(ends, runs, strict=True)]
+    s = to_host(xp.stack(sums))
+    return np.concatenate([s[:n].reshape(_NM, _NB3), s[n:, None]], axis=1).T
+
+
+def task_tables(partial: dict[str, Any], prod_tier: int | None, be: Any) -> tuple[dict[str, pa.Table], dict[str, Any]]:
+    """``task_summary`` and ``task_hist`` of a merged partial (``prod_tier``: the tier code of the
+    tier map's production tier; None: the map has none, every task with a tier is ``non-prod``),
+    and the ``info`` fields they add.  The per-task arrays are reduced on backend ``be`` (where a
+    device partial is, or copied there): only the counts per band, measure and bin and the sums of
+    the values (a copy each) come to the host, whatever the number of tasks."""
+    p = {k: to_backend(be, v) for k, v in partial.items() if k.startswith("task_")}
+    counts, x, group = _task_counts(be, p, prod_tier)
+    c = to_host(counts)
+    if int(c[_SLOTS]):
+        raise RuntimeError("usage-vs-request: 64-bit hash collision between two instance keys (please report)")
+    codes = c[:_FLAGS_AT].reshape(_NM, _NB3, _CODES)
+    codes = np.concatenate([codes, codes.sum(1, keepdims=True)], axis=1)  # the bands, then all
+    flags = c[_FLAGS_AT:_TASKS_AT].reshape(_NM, _NB3, 3)
+    flags = np.concatenate([flags, flags.sum(1, keepdims=True)], axis=1)
+    tasks = np.append(c[_TASKS_AT:_SLOTS], c[_TASKS_AT:_SLOTS].sum())
+    sums = _task_sums(be, x, group, codes[:, :, 2:].sum(2))
     lo = np.concatenate([[0.0], RATIO_EDGES])
     hi = np.concatenate([RATIO_EDGES, [np.inf]])
     rows: list[dict[str, Any]] = []
     hists: dict[str, list[Any]] = {"hist": [], "band": [], "measure": []}
-    for b in BANDS:
-        sel = band[b]
-        n = int(np.count_nonzero(sel))
+    for b, band in enumerate(BANDS):
+        n = int(tasks[b])
         if not n:
             continue
-        for m, *_ in TASK_MEASURES:
-            v, state = vals[m][0][sel], vals[m][1][sel]
-            x = v[state == 2]
-            nd = int(x.shape[0])
-            hist = np.bincount(np.searchsorted(RATIO_EDGES, x, side="right"), minlength=lo.shape[0])
+        for j, (m, *_) in enumerate(TASK_MEASURES):
+            hist = codes[j, b, 2:]
+            nd = int(hist.sum())
             row: dict[str, Any] = {
-                "band": b,
+                "band": band,
                 "measure": m,
                 "tasks": n,
-                "no_limit": int(np.count_nonzero(state == 0)),
-                "unknown": int(np.count_nonzero(state == 1)),
+                "no_limit": int(codes[j, b, 0]),
+                "unknown": int(codes[j, b, 1]),
                 "defined": nd,
-                "above_limit": int(np.count_nonzero(x > 1)),
-                "at_most_half": int(np.count_nonzero(x <= 0.5)),
+                "above_limit": int(flags[j, b, 2]),
+                "at_most_half": int(flags[j, b, 1]),
             }
             row.update(
                 {
                     "above_limit_share": row["above_limit"] / nd if nd else np.nan,
                     "at_most_half_share": row["at_most_half"] / nd if nd else np.nan,
-                    "mean_ratio": float(x.mean()) if nd else np.nan,
+                    "mean_ratio": float(sums[b, j]) / nd if nd else np.nan,
                 }
             )
             row.update({f"p{q}_ratio": e for q, e in bin_quantile_edges(hist, lo, (10, 50, 90, 99)).items()})
             rows.append(row)
             if nd:
-                for hk, hv in (("hist", hist), ("band", b), ("measure", m)):
+                for hk, hv in (("hist", hist), ("band", band), ("measure", m)):
                     hists[hk].append(hv)
-    res_windows = int(p["task_n_mem_reservation"].sum())
+    res_windows = int(c[_SLOTS + 1])
     info = {
-        "tasks": int(tier.shape[0]),
+        "tasks": int(tasks[-1]),
         "reservation_windows": res_windows,
         "reservation": (
             "assigned_mem"
             if res_windows
             else "none: assigned_mem is NULL in every window with a memory limit"
-            if int(p["task_lim_mem"].sum())
+            if int(c[_SLOTS + 2])
             else "none: no window has a memory limit"
         ),
     }
@@ -237,6 +298,12 @@ def task_tables(partial: dict[str, Any], prod_tier: int | None) -> tuple[dict[st
             hists["hist"], lo, hi, "ratio", "tasks", TASK_HIST_SCHEMA, band=hists["band"], measure=hists["measure"]
         ),
     }, info
+
+
+def to_backend(be: Any, v: Any) -> Any:
+    """Array ``v`` on backend ``be``: left where it is when it is there already (a device partial
+    finalized on the device), else copied (to the host for the cpu backend)."""
+    return to_host(v) if be.name == "cpu" else be.xp.asarray(v)
 
 
 def ratio_schemas(group: str, unit: str) -> tuple[pa.Schema, pa.Schema]:

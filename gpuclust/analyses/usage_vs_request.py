@@ -54,11 +54,12 @@ from gpuclust.analyses._task_ratios import (
     ratio_schemas,
     task_tables,
 )
-from gpuclust.analyses.base import Analysis, fmt
+from gpuclust.analyses.base import Analysis, fmt, to_host
 from gpuclust.analyses.grouping import FloatBins
 from gpuclust.analyses.options import tier_map_option
 from gpuclust.analyses.usage_change import RATIO_EDGES
 from gpuclust.arrow_numpy import bin_table, rows_table, table_from_rows
+from gpuclust.backends import finalize_backend, merged_backend
 from gpuclust.partials import bin_quantile_edges
 from gpuclust.tables import as_arrow
 from gpuclust.tiers import TIER_SLOTS, check_tier_slots, resolve_tier_map
@@ -210,12 +211,14 @@ class UsageVsRequest(Analysis):
         return rq, limits
 
     # ---------------------------------------------------------------- partial / merge
-    def empty(self, backend: Any = None) -> dict[str, np.ndarray]:
+    def empty(self, backend: Any = None) -> dict[str, Any]:
+        # ``backend``: where the partials were computed, so the per-task tables are reduced there too
         return {
             "counts": np.zeros((_T, _M, len(_COUNTS)), np.int64),
             "hist": np.zeros((_T, _M, _B), np.int64),
             "rsum": np.zeros((_T, _M)),
             **empty_tasks(),
+            "backend": getattr(backend, "name", "cpu"),
         }
 
     def partial(self, cols: dict[str, Any], ctx: UsageVsRequestContext, backend: Any) -> dict[str, Any]:
@@ -223,7 +226,7 @@ class UsageVsRequest(Analysis):
         s = cols["start_time"]
         n = int(s.shape[0])
         if n == 0:
-            return {k: xp.asarray(v) for k, v in self.empty().items()}
+            return {k: v if k == "backend" else xp.asarray(v) for k, v in self.empty(backend).items()}
         # a block of rows at a time where the backend asks for it (the cpu backend: every
         # intermediate stays in cache)
         block = backend.ops.lookup_block_rows or n
@@ -249,6 +252,7 @@ class UsageVsRequest(Analysis):
             "hist": hist.astype(xp.int64),
             "rsum": rsum.T.copy(),
             **acc.result(),
+            "backend": backend.name,
         }
         return out
 
@@ -373,17 +377,25 @@ class UsageVsRequest(Analysis):
             weights[:_T] = rsum[k]
             rsum[k] = bincount(xp, tiers, weights=weights, minlength=_T)  # + 0.0 per other window
 
-    def merge(self, a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return {**{k: a[k] + b[k] for k in a if not k.startswith("task_")}, **merge_tasks(a, b)}
+    def merge(self, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+        dense = {k: a[k] + b[k] for k in ("counts", "hist", "rsum")}
+        return {**dense, **merge_tasks(a, b), "backend": merged_backend(a["backend"], b["backend"])}
+
+    #: its per-task partial is a row per task (~140 B each: 17 MiB at 4x10^6 windows), which a gpu
+    #: study would otherwise copy to the host to reduce to tables of a few hundred rows
+    device_partial = True
 
     # ---------------------------------------------------------------- finalize
-    def finalize(self, partial: dict[str, np.ndarray], ctx: UsageVsRequestContext) -> dict[str, pa.Table]:
-        """Arrow tables, built without pandas (see :mod:`gpuclust.tables`)."""
+    def finalize(self, partial: dict[str, Any], ctx: UsageVsRequestContext) -> dict[str, pa.Table]:
+        """Arrow tables, built without pandas (see :mod:`gpuclust.tables`).  The per-task partial
+        is reduced on the backend the partials were computed on (:func:`finalize_backend`: on the
+        device, where a gpu study leaves it), so only its counts and sums come to the host, with
+        the per-window counts of the named tiers."""
         names = ctx.tier_names
         T = len(names)
-        p = {k: np.asarray(v) for k, v in partial.items()}
+        p = {k: to_host(partial[k][:T]) for k in ("counts", "hist", "rsum")}
         prod = ctx.tier_map.names.index("prod") if "prod" in ctx.tier_map.names else None
-        tasks, task_info = task_tables(p, prod)
+        tasks, task_info = task_tables(partial, prod, finalize_backend(partial["backend"]))
         lo = np.concatenate([[0.0], RATIO_EDGES])
         hi = np.concatenate([RATIO_EDGES, [np.inf]])
         groups = [(names[t], p["counts"][t], p["hist"][t], p["rsum"][t]) for t in range(T)]

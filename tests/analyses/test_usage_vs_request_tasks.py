@@ -433,3 +433,66 @@ def test_real_2011_parts(real_2011, tmp_path):
     check(res, duckdb_tasks(planted, "v2"))
     s = res["task_summary"].set_index(["band", "measure"])
     assert s.loc[("all", "cpu_mean"), "defined"] > 100
+
+
+def _tasks_cell(n_tasks: int, seed: int = 0) -> dict[str, pa.Table]:
+    """``n_tasks`` instances, each with one submit event (its priority and limits) and four 300 s
+    windows, some NULL usages and limits: the per-task partial has ``n_tasks`` rows."""
+    rng = np.random.default_rng(seed)
+    cid = 10**6 + np.arange(n_tasks, dtype=np.int64) // 20
+    idx = (np.arange(n_tasks) % 20).astype(np.int32)
+    mach = rng.integers(1, 50, n_tasks)
+    ev = table(
+        "instance_events",
+        {
+            "time": np.zeros(n_tasks, np.int64),
+            "type": np.zeros(n_tasks, np.int8),
+            "collection_id": cid,
+            "instance_index": idx,
+            "machine_id": mach,
+            "priority": rng.choice([0, 103, 117, 150, 400], n_tasks),
+            "req_cpu": [None if rng.random() < 0.05 else float(x) for x in rng.uniform(0.01, 0.5, n_tasks)],
+            "req_mem": [None if rng.random() < 0.05 else float(x) for x in rng.uniform(0.01, 0.5, n_tasks)],
+        },
+    )
+    w = np.repeat(np.arange(n_tasks), 4)
+    start = (np.tile(np.arange(4), n_tasks) * 300 + 60) * S
+    us = {"start_time": start, "end_time": start + 300 * S, "collection_id": cid[w], "instance_index": idx[w]}
+    us["machine_id"] = mach[w]
+    for col in ("avg_cpu", "max_cpu", "avg_mem", "max_mem", "assigned_mem"):
+        us[col] = [None if rng.random() < 0.03 else float(x) for x in rng.uniform(0, 0.6, w.size)]
+    return {"instance_events": ev, "instance_usage": table("instance_usage", us)}
+
+
+def test_a_gpu_run_copies_out_its_tables_not_its_tasks(monkeypatch):
+    """On a device (the device-shaped backend, partials marked as the gpu's), the per-task partial
+    stays where it was computed and is reduced there: a warm run's device-to-host bytes follow its
+    result tables (plus the per-window counts of the named tiers), not its tasks, which grow 8x
+    here; syncs and launches do not grow; the results are the cpu's."""
+    from device_backend import DEVICE, counting_device_work, mark_partials_gpu, resolve_gpu_to_device, result_bytes
+    from strategies import assert_results_same
+
+    import gpuclust
+
+    resolve_gpu_to_device(monkeypatch)
+    mark_partials_gpu(monkeypatch)
+    seen = {}
+    for n_tasks in (1500, 12000):
+        tables = _tasks_cell(n_tasks)
+        study = gpuclust.open(TableSource(tables), backend=DEVICE, workers=1)
+        study.run(UsageVsRequest())  # cold: columns loaded, contexts staged
+        with counting_device_work() as w:
+            got = study.run(UsageVsRequest())
+        study.close()
+        res = got["usage-vs-request"]
+        assert int(res["info"]["tasks"].iloc[0]) == n_tasks
+        assert_results_same(got, {"usage-vs-request": run(TableSource(tables), UsageVsRequest())["usage-vs-request"]})
+        seen[n_tasks] = {**w, "result": result_bytes(res)}
+    small, large = seen[1500], seen[12000]
+    dense = 5 * 4 * (len(RATIO_EDGES) + 1) * 8  # the per-window histograms of the named tiers
+    for c in (small, large):
+        assert c["d2h_bytes"] <= c["result"] + dense + (64 << 10), c
+    growth = max(1.0, large["result"] / small["result"])
+    assert large["d2h_bytes"] <= 1.2 * growth * small["d2h_bytes"] + (64 << 10), (small, large)
+    for kind in ("ops", "kernels", "syncs"):
+        assert large.get(kind, 0) == small.get(kind, 0), (kind, small, large)

@@ -105,10 +105,10 @@ def _on_device(obj) -> bool:
 @pytest.mark.parametrize("partitions", [1, 3])
 def test_device_partials_stay_on_the_device_when_nothing_merges_them(dataset, reference, monkeypatch, partitions):
     """On a device (the device-shaped backend), the partials of the analyses with
-    ``Analysis.device_partial`` (cpi, overcommit, peak-prediction, usage-distribution) reach
-    finalize in device memory when their table is one resident partition, and in host memory
-    when partitions are merged; every other analysis' always in host memory; the results are
-    ``run``'s on the cpu either way."""
+    ``Analysis.device_partial`` (cpi, overcommit, peak-prediction, usage-distribution,
+    usage-vs-request) reach finalize in device memory when their table is one resident partition,
+    and in host memory when partitions are merged; every other analysis' always in host memory;
+    the results are ``run``'s on the cpu either way."""
     from device_backend import DEVICE, mark_partials_gpu, resolve_gpu_to_device
 
     from gpuclust.analyses.registry import create
@@ -132,7 +132,7 @@ def test_device_partials_stay_on_the_device_when_nothing_merges_them(dataset, re
     mark_partials_gpu(monkeypatch)  # so they finalize on the device-shaped backend, as a gpu study's
     study = gpuclust.open(dataset, backend=DEVICE, partitions=partitions, workers=1).persist()
     got = study.run(names())
-    stay = {"cpi", "overcommit", "peak-prediction", "usage-distribution"}
+    stay = {"cpi", "overcommit", "peak-prediction", "usage-distribution", "usage-vs-request"}
     assert {n for n in names() if create(n).device_partial} == stay
     assert seen == {n: partitions == 1 and n in stay for n in names()}
     # the keyed sums reach the shards where they were left (overcommit's too, on this flat
