@@ -406,11 +406,28 @@ def dask_step(ds: Path, out: Path, ref: Path, backend: str, scheduler: str) -> N
             res = study.run(list(names()))
             rec["gpu_s"] = time.perf_counter() - t1
             rec.update(compare(load_ref(ref), frames(res)))
+            rec["worker_allocators"] = _worker_allocators()
     except Exception as e:
         rec["error"] = f"{type(e).__name__}: {str(e)[:500]}"
     rec["process_s"] = time.perf_counter() - t
     _dump(out, rec)
     print(json.dumps(rec, default=str)[:3000], flush=True)
+
+
+def _worker_allocators() -> list[str]:
+    """What CuPy allocates from on the cluster's workers (``rmm_cupy_allocator``: the RMM pool of
+    :func:`gpuclust.engine.dask.cuda_cluster_options`; ``MemoryPool.malloc``: CuPy's own)."""
+    import distributed
+
+    def allocator() -> str:
+        try:
+            import cupy
+        except ImportError:  # (the CPU rehearsal's workers)
+            return "no cupy"
+        f = cupy.cuda.get_allocator()
+        return str(getattr(f, "__qualname__", None) or getattr(f, "__name__", None) or repr(f))
+
+    return sorted(set(distributed.default_client().run(allocator).values()))
 
 
 # -- assemble -----------------------------------------------------------------------------------
@@ -494,6 +511,7 @@ def assemble(work: Path, logs: Path, out: Path) -> dict[str, Any]:
         "gpu_s": dask.get("gpu_s"),
         "equal": dask.get("equal"),
         "bit_equal": dask.get("bit_equal"),
+        "worker_allocators": dask.get("worker_allocators"),
         **({"error": dask["error"]} if "error" in dask else {}),
     }
     # a whole cell cannot be resident (~150 B a window: 400 GB), so it streams: the out-of-core rate

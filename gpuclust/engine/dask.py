@@ -21,10 +21,48 @@ from typing import Any
 
 from gpuclust.engine.tasks import merge_lists, partition_partials
 
-__all__ = ["FREE_PORT", "compute_merged", "compute_tasks", "local_workers", "open_scheduler", "workers_of"]
+__all__ = [
+    "FREE_PORT",
+    "RMM_POOL",
+    "compute_merged",
+    "cuda_cluster_options",
+    "compute_tasks",
+    "local_workers",
+    "open_scheduler",
+    "workers_of",
+]
 
 #: The scheduler HTTP server's address for clusters gpuclust starts: any free port (see open_scheduler).
 FREE_PORT = ":0"
+
+
+#: Each ``LocalCUDACluster`` worker's RMM pool, as fractions of its GPU's memory: the pool it
+#: starts with and the most it grows to.
+RMM_POOL = (0.25, 0.9)
+
+
+def cuda_cluster_options(rmm: bool | None = None) -> dict[str, Any]:
+    """The ``dask_cuda.LocalCUDACluster`` options of ``scheduler="cuda"``: where the ``rmm``
+    package is installed (``rmm``: whether it is; None: look), each worker allocates its device
+    memory, CuPy's included, from an RMM pool (:data:`RMM_POOL`), so that partitions, partials and
+    temporaries reuse pooled memory instead of calling ``cudaMalloc`` / ``cudaFree``; without it,
+    CuPy's own pool.  Either way dask-cuda moves the device objects dask holds for a worker
+    to host memory past 80% of its GPU (its ``device_memory_limit`` default).
+
+    >>> cuda_cluster_options(rmm=True)["rmm_allocator_external_lib_list"], cuda_cluster_options(rmm=False)
+    (['cupy'], {})
+    """
+    if rmm is None:
+        try:  # (imported, not only found: a package whose libraries do not load counts as absent)
+            import rmm as _rmm  # noqa: F401
+
+            rmm = True
+        except (ImportError, OSError):
+            rmm = False
+    if not rmm:
+        return {}
+    start, most = RMM_POOL
+    return {"rmm_pool_size": start, "rmm_maximum_pool_size": most, "rmm_allocator_external_lib_list": ["cupy"]}
 
 
 def local_workers(scheduler: str) -> int:
@@ -99,7 +137,10 @@ def open_scheduler(scheduler: Any, backend_name: str, memory_limit: int | None =
             raise RuntimeError(
                 "scheduler 'cuda' needs dask-cuda (pip install 'gpuclust[gpu-cu12]' or '[gpu-cu13]', matching your CuPy)"
             ) from e
-        with LocalCUDACluster(dashboard_address=FREE_PORT) as cluster, distributed.Client(cluster) as client:
+        with (
+            LocalCUDACluster(dashboard_address=FREE_PORT, **cuda_cluster_options()) as cluster,
+            distributed.Client(cluster) as client,
+        ):
             yield {"scheduler": client}
         return
     if "://" in scheduler or ":" in scheduler:

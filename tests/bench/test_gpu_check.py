@@ -150,7 +150,7 @@ def test_assemble_reports_what_ran_and_nothing_it_did_not(check, tmp_path) -> No
     assert rec["out_of_core"]["equal"] is True and rec["out_of_core"]["gpu_s"] == 2.0
     assert rec["projection_cell_min"] == pytest.approx(2.0 / 1000 * 2.7e9 / 60)
     assert rec["analyses"]["cell-usage"] == {"gpu_s": 0.5, "cpu_s": None, "duckdb_s": None}
-    assert rec["dask_cuda"] == {"gpu_s": None, "equal": None, "bit_equal": None}
+    assert rec["dask_cuda"] == {"gpu_s": None, "equal": None, "bit_equal": None, "worker_allocators": None}
 
 
 def test_cli_step_records_the_phases_of_its_run_json(check, tmp_path, monkeypatch) -> None:

@@ -197,6 +197,32 @@ def test_local_cuda_cluster(gpu_backend, dataset, reference):
     assert_same(run(dataset, ANALYSES, partitions=4, backend="gpu", scheduler="cuda"), reference, rtol=1e-9)
 
 
+@pytest.mark.parametrize("rmm", [True, False])
+def test_scheduler_cuda_gives_workers_an_rmm_pool(monkeypatch, rmm):
+    """``scheduler="cuda"`` starts its LocalCUDACluster with an RMM pool per worker that CuPy
+    allocates from, where rmm is installed (here a LocalCluster stands in for it: no GPU)."""
+    import sys
+    import types
+
+    import distributed
+
+    import gpuclust.engine.dask as engine_dask
+
+    seen: dict = {}
+
+    def cluster(**kw):
+        seen.update(kw)
+        return distributed.LocalCluster(n_workers=1, processes=False, dashboard_address=kw["dashboard_address"])
+
+    monkeypatch.setitem(sys.modules, "dask_cuda", types.SimpleNamespace(LocalCUDACluster=cluster))
+    real = engine_dask.cuda_cluster_options
+    monkeypatch.setattr(engine_dask, "cuda_cluster_options", lambda: real(rmm=rmm))
+    with engine_dask.open_scheduler("cuda", "gpu") as kw:
+        assert isinstance(kw["scheduler"], distributed.Client)
+    pool = {"rmm_pool_size": 0.25, "rmm_maximum_pool_size": 0.9, "rmm_allocator_external_lib_list": ["cupy"]}
+    assert {k: seen.get(k) for k in pool} == (pool if rmm else dict.fromkeys(pool))
+
+
 def test_cli_analyze(dataset, tmp_path, capsys):
     import pandas as pd
 
