@@ -689,3 +689,46 @@ def test_tier_groups_sum_to_cell(synth_ds):
     assert set(g["tier"]) <= {"free", "beb", "mid", "prod", "unknown"}
     assert g["n"].sum() == c["groups"]["n"].iloc[0]
     np.testing.assert_allclose(g["cpu_seconds"].sum(), c["groups"]["cpu_seconds"].iloc[0], rtol=1e-12)
+
+
+# ----------------------------------------------------------------------------- device traffic
+
+
+def _cpi_cell(path, machines: int):
+    """A random cell of ``machines`` machines whose windows have CPI and MAI (most pass the filter)."""
+    from strategies import random_cell, write_dataset
+
+    tables = random_cell(29, n_machines=machines, n_instances=10 * machines, n_windows=60 * machines)
+    us = tables["instance_usage"]
+    rng = np.random.default_rng(machines)
+    for name, values in (("cpi", rng.uniform(0.5, 4.0, us.num_rows)), ("mai", rng.uniform(0.0, 0.05, us.num_rows))):
+        us = us.set_column(us.schema.get_field_index(name), name, pa.array(values, pa.float32()))
+    return Dataset(write_dataset(path, {**tables, "instance_usage": us}))
+
+
+def test_a_gpu_run_brings_back_results_not_grids(tmp_path, monkeypatch):
+    """issue 34: a gpu run of cpi by machine (its Spearman grid: 32 x 32 doubles a machine) reduces
+    the grids on the device (tables.grid_spearman), so what leaves the device grows with the result
+    tables as the machines do, not by 8 KiB a machine; the results are the cpu backend's."""
+    from device_backend import DEVICE, counting_device_work, mark_partials_gpu, resolve_gpu_to_device, result_bytes
+
+    import gpuclust
+
+    resolve_gpu_to_device(monkeypatch)
+    mark_partials_gpu(monkeypatch)  # finalized on the device-shaped backend, as a gpu run on the device
+    a = Cpi(by="machine")
+    got = []
+    for machines in (25, 100):
+        ds = _cpi_cell(tmp_path / f"cell{machines}", machines)
+        study = gpuclust.open(ds, backend=DEVICE, workers=1)
+        study.run(a)  # cold: loads the columns, stages the contexts
+        with counting_device_work() as w:
+            res = study.run(a)["cpi"]
+        study.close()
+        _assert_results(res, engine.run(ds, a, backend="cpu")["cpi"], 0.0)
+        got.append((int(w["d2h_bytes"]), result_bytes(res), len(res["groups"])))
+    (d2h_small, res_small, groups_small), (d2h_large, res_large, groups_large) = got
+    assert groups_large >= 3 * groups_small  # the machines grew
+    # the extra machines' rows leave the device, their grids (8 KiB a machine) do not
+    assert d2h_large - d2h_small <= 1.2 * max(0, res_large - res_small) + 4096, got
+    assert d2h_large <= 1.2 * res_large + (16 << 10), got

@@ -392,6 +392,7 @@ class Cpi(Analysis):
         return m2, known, cp, has_cap
 
     def merge(self, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+        a, b = to_host(a), to_host(b)  # merged on the host (a rest may hold its grid on the device: split)
         out: dict[str, Any] = _merge_keyed_moments(a, b, "g_", ("g_grid",))
         out.update({k: np.concatenate([a[k], b[k]]) for k in ("s_key", "s_x", "s_y", "s_w")})
         for pre in KEYED:
@@ -409,7 +410,13 @@ class Cpi(Analysis):
         return {"key": p[pre + "_key"], **{f: p[f"{pre}_{f}"] for f in KEYED[pre]}}
 
     def split(self, partial: dict[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, np.ndarray]]]:
-        rest = {k: to_host(v) for k, v in partial.items() if not k.startswith(tuple(pre + "_" for pre in KEYED))}
+        """The rest on the host, but for the Spearman grid (groups x bins x bins: 8 KiB a machine
+        under ``by=machine``), left where it is: its finalize reduces it there to two values a
+        group (:func:`~gpuclust.analyses.cpi.tables.grid_spearman`); the keyed sums where they are."""
+        keyed = tuple(pre + "_" for pre in KEYED)
+        rest = {
+            k: host_or_device(v) if k == "g_grid" else to_host(v) for k, v in partial.items() if not k.startswith(keyed)
+        }
         return rest, {pre: {f: host_or_device(v) for f, v in self._keyed(partial, pre).items()} for pre in KEYED}
 
     def merge_rest(self, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
@@ -472,10 +479,9 @@ class Cpi(Analysis):
     def finalize(self, partial: dict[str, Any], ctx: CpiContext) -> dict[str, pd.DataFrame]:
         if self.sharded:  # the shards' reduction, in memory (the keyed sums where they are: device_partial)
             return finalize_in_memory(self, partial, ctx)
+        rest = {k: v if k == "g_grid" else to_host(v) for k, v in partial.items()}  # the grid as in split
         return result_tables(
-            self,
-            {**_moments_fields("r_", 3), **{"b_" + f: v for f, v in self._empty_bins().items()}, **to_host(partial)},
-            ctx,
+            self, {**_moments_fields("r_", 3), **{"b_" + f: v for f, v in self._empty_bins().items()}, **rest}, ctx
         )
 
     def summary(self, result: dict[str, pd.DataFrame]) -> str:

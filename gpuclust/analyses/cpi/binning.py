@@ -2,7 +2,7 @@
 
 Grid cut points (:func:`quantile_cuts`), the per-partition grid partial on the backend
 (:func:`spearman_grid_partial`) and Spearman with a proven error bound from the merged grid
-(:func:`spearman_from_grid`, on the host).  The exact Spearman is
+(:func:`spearman_from_grid`, where the grid is: the host or the device).  The exact Spearman is
 :func:`gpuclust.analyses.cpi.correlation.spearman_exact`; derivations in ``docs/analyses/cpi-math.md``.
 """
 
@@ -80,7 +80,7 @@ def spearman_grid_partial(
     return h.reshape(int(n_groups), bx, by)
 
 
-def spearman_from_grid(h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def spearman_from_grid(h: Any, xp: Any = np) -> tuple[Any, Any]:
     """Spearman from a grid partial: ``(rho, bound)`` per group, with ``|rho - exact| <= bound``.
 
     ``rho`` is the exact (weighted) Spearman of the *binned* data: every row of a bin takes the
@@ -91,28 +91,32 @@ def spearman_from_grid(h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     masses and ``eps1 = 12 (T1 + T2 + T3)`` computed from the grid; it is at most about
     ``1.5 (max px + max py)``: in practice ~0.04 with 64 and ~0.01 with 256 equal-mass bins per
     axis on bivariate-normal samples (actual errors are far smaller).  NaN where a marginal has a
-    single occupied bin.
+    single occupied bin.  ``xp``: the array module of ``h`` (NumPy, or CuPy for a grid on the
+    device: the statistics are computed there, two values per group leave it); at least one bin
+    per axis.
     """
-    h = np.asarray(h, dtype=np.float64)
+    h = xp.asarray(h, dtype=xp.float64)
     W = h.sum(axis=(1, 2))
     with np.errstate(invalid="ignore", divide="ignore"):
-        f = h / np.where(W > 0, W, 1.0)[:, None, None]
+        f = h / xp.where(W > 0, W, 1.0)[:, None, None]
         px, py = f.sum(axis=2), f.sum(axis=1)
-        du = np.cumsum(px, axis=1) - px / 2.0 - 0.5
-        dv = np.cumsum(py, axis=1) - py / 2.0 - 0.5
-        cov = np.einsum("gb,gbc,gc->g", du, f, dv)
+        du = xp.cumsum(px, axis=1) - px / 2.0 - 0.5
+        dv = xp.cumsum(py, axis=1) - py / 2.0 - 0.5
+        cov = xp.einsum("gb,gbc,gc->g", du, f, dv)
         vu = (px * du * du).sum(axis=1)
         vv = (py * dv * dv).sum(axis=1)
-        ok = (W > 0) & (px.max(axis=1, initial=0.0) < 1.0) & (py.max(axis=1, initial=0.0) < 1.0) & (vu > 0) & (vv > 0)
-        rho = np.where(ok, cov / np.sqrt(np.where(ok, vu * vv, 1.0)), np.nan)
+        # the largest bin mass (0 for no mass: masses are >= 0, as ``max(initial=0.0)``; CuPy has no ``initial``)
+        pxm, pym = xp.maximum(px.max(axis=1), 0.0), xp.maximum(py.max(axis=1), 0.0)
+        ok = (W > 0) & (pxm < 1.0) & (pym < 1.0) & (vu > 0) & (vv > 0)
+        rho = xp.where(ok, cov / xp.sqrt(xp.where(ok, vu * vv, 1.0)), xp.nan)
         # |12 cov(U,V) - 12 cov(U~,V~)| <= eps1 (docs/analyses/cpi-math.md): each term uses that the exact
         # mid-rank lies within half a bin mass of its bin's mid-rank and averages to it per bin.
-        mv = np.einsum("gbc,gc->gb", f, dv) / np.where(px > 0, px, 1.0)  # mean of V~ per x-bin
-        mu = np.einsum("gbc,gb->gc", f, du) / np.where(py > 0, py, 1.0)  # mean of U~ per y-bin
-        t1 = np.einsum("gb,gbc->g", px / 2.0, f * np.abs(dv[:, None, :] - mv[:, :, None]))
-        t2 = np.einsum("gc,gbc->g", py / 2.0, f * np.abs(du[:, :, None] - mu[:, None, :]))
-        t3 = np.einsum("gb,gbc,gc->g", px, f, py) / 4.0
+        mv = xp.einsum("gbc,gc->gb", f, dv) / xp.where(px > 0, px, 1.0)  # mean of V~ per x-bin
+        mu = xp.einsum("gbc,gb->gc", f, du) / xp.where(py > 0, py, 1.0)  # mean of U~ per y-bin
+        t1 = xp.einsum("gb,gbc->g", px / 2.0, f * xp.abs(dv[:, None, :] - mv[:, :, None]))
+        t2 = xp.einsum("gc,gbc->g", py / 2.0, f * xp.abs(du[:, :, None] - mu[:, None, :]))
+        t3 = xp.einsum("gb,gbc,gc->g", px, f, py) / 4.0
         eps1 = 12.0 * (t1 + t2 + t3)
-        s = np.sqrt(np.maximum((1.0 - (px**3).sum(axis=1)) * (1.0 - (py**3).sum(axis=1)), 0.0))
-        bound = np.where(ok, (1.0 + eps1) / np.where(s > 0, s, 1.0) - 1.0, np.nan)
-    return np.clip(rho, -1.0, 1.0), np.minimum(bound, 2.0)
+        s = xp.sqrt(xp.maximum((1.0 - (px**3).sum(axis=1)) * (1.0 - (py**3).sum(axis=1)), 0.0))
+        bound = xp.where(ok, (1.0 + eps1) / xp.where(s > 0, s, 1.0) - 1.0, xp.nan)
+    return xp.clip(rho, -1.0, 1.0), xp.minimum(bound, 2.0)

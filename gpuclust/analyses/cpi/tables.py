@@ -1,4 +1,5 @@
-"""The ``cpi`` analysis' result tables from its merged partial (host): ``groups`` (CPI/MAI moments,
+"""The ``cpi`` analysis' result tables from its merged partial (host arrays, but for the Spearman
+grid, reduced where it is: :func:`grid_spearman`): ``groups`` (CPI/MAI moments,
 Pearson and Spearman per group), ``regression`` (the fits and the Borg effects), ``binned``,
 ``filter`` and ``info``; and its summary text."""
 
@@ -16,6 +17,7 @@ from gpuclust.analyses.cpi.context import _BIN_BITS, _BY_COLUMN, COUNTERS, K_BIN
 from gpuclust.analyses.cpi.correlation import cpi_mai_summary, spearman_exact
 from gpuclust.analyses.cpi.keyed import _moments_of
 from gpuclust.analyses.cpi.regression import borg_effects, wls_from_moments
+from gpuclust.backends import finalize_backend
 from gpuclust.backends.moments_cpu import regroup_moments
 from gpuclust.keys import unpack_bits
 from gpuclust.partials import Moments
@@ -26,6 +28,7 @@ if TYPE_CHECKING:
 __all__ = [
     "binned_table",
     "fit_rows",
+    "grid_spearman",
     "group_labels",
     "groups_table",
     "regression_table",
@@ -55,7 +58,7 @@ def groups_table(a: Cpi, p: dict[str, np.ndarray], ctx: CpiContext) -> pd.DataFr
     for c in ("n", "cpu_seconds", "cpi_mean", "cpi_std", "mai_mean", "mai_std", "pearson_r"):
         df[c] = s[c]
     if a.spearman == "grid":
-        rho, bound = spearman_from_grid(p["g_grid"]) if G else (np.zeros(0), np.zeros(0))
+        rho, bound = p["g_rho"], p["g_bound"]  # from the grid, where it was (grid_spearman)
     elif a.spearman == "exact":
         grp = np.searchsorted(key, p["s_key"]) if G else np.zeros(0, np.int64)
         rho, _ = spearman_exact(p["s_x"], p["s_y"], grp, G, w=p["s_w"])
@@ -184,8 +187,29 @@ def binned_table(p: dict[str, np.ndarray], ctx: CpiContext) -> pd.DataFrame:
     return df
 
 
-def result_tables(a: Cpi, partial: dict[str, np.ndarray], ctx: CpiContext) -> dict[str, pd.DataFrame]:
-    p = {k: np.asarray(v) for k, v in partial.items() if k != "backend"}
+def grid_spearman(partial: dict[str, Any]) -> dict[str, Any]:
+    """``partial`` with the Spearman ``(rho, bound)`` of its grid per group (``g_rho``, ``g_bound``:
+    host arrays) in place of ``g_grid``, computed where the grid is: a grid left on the device (a
+    gpu run's partial, :meth:`gpuclust.analyses.cpi.Cpi.split`) is reduced there, on the backend
+    :func:`~gpuclust.backends.finalize_backend` gives (on the host under ``finalizing_on_host``),
+    so that two values per group leave it instead of its ``bins x bins``; a host grid on the host."""
+    out = {k: v for k, v in partial.items() if k != "g_grid"}
+    grid = partial["g_grid"]
+    if int(grid.shape[0]) == 0:
+        out["g_rho"], out["g_bound"] = np.zeros(0), np.zeros(0)
+        return out
+    be = finalize_backend("cpu" if isinstance(grid, np.ndarray) else partial["backend"])
+    rho, bound = spearman_from_grid(be.asarray(grid), be.xp)
+    out["g_rho"], out["g_bound"] = be.to_host(rho), be.to_host(bound)
+    return out
+
+
+def result_tables(a: Cpi, partial: dict[str, Any], ctx: CpiContext) -> dict[str, pd.DataFrame]:
+    """The result tables of a merged partial: host arrays but for ``g_grid``, which may be on the
+    device (:func:`grid_spearman`)."""
+    if a.spearman == "grid":
+        partial = grid_spearman(partial)
+    p = {k: np.asarray(v) for k, v in partial.items() if k not in ("backend", "g_grid")}  # the grid: reduced above
     counts = dict(zip(COUNTERS, (int(x) for x in p["counts"]), strict=True))
     groups = groups_table(a, p, ctx)
     regression = regression_table(a, p, ctx)
