@@ -27,7 +27,7 @@ from gpuclust.engine import selection as _selection
 from gpuclust.engine import shards as _shards
 from gpuclust.engine.contexts import contexts, per_partition, resolve_analyses, result_keys, unbound
 from gpuclust.engine.finish import received
-from gpuclust.engine.planning import auto_rows_of, plan_tables
+from gpuclust.engine.planning import auto_rows_of, device_rows_of, plan_tables
 from gpuclust.engine.progress import PassProgress
 from gpuclust.engine.staging import LOAD_THREADS
 from gpuclust.engine.tasks import MergeTree, merge_lists, partition_columns, partition_partials
@@ -180,7 +180,11 @@ def run(
                 cut_points,
                 split_every,
                 nthreads,
-                rows=lambda pre, s: auto_rows_of(pre, limit, nthreads, s),
+                rows=(
+                    (lambda pre, s: auto_rows_of(pre, limit, nthreads, s))
+                    if be.name == "cpu"  # on a device: as large as its memory allows
+                    else (lambda pre, s: device_rows_of(pre, _memory.device_free_bytes(be), nthreads))
+                ),
                 limit=limit,
             )
             res = _run(src, ans, st, progress, folders=folders)
@@ -337,6 +341,7 @@ def _merge_here(
         ctxs, spills = _contexts_and_spills(src, ans, plans, st, progress, run_pass, folders)
         # merged here in partition order: small keyed partials stay in memory
         spills = [_shards.dense_target(a, unbound(c), f) for a, c, f in zip(ans, ctxs, spills, strict=True)]
+        keep = _staying(plans, ans, spills, st.be)
         merged = merge_local(
             plans,
             ans,
@@ -352,6 +357,7 @@ def _merge_here(
                 sub_spills,
                 host=None if prefetch is None else prefetch.pop(spec),
                 load_threads=load_threads,
+                keep=keep,
             ),
             spills,
             st.split_every,
@@ -360,6 +366,26 @@ def _merge_here(
         if prefetch is not None:
             prefetch.close()
     return ctxs, spills, merged
+
+
+def _staying(
+    plans: dict[str, tuple[list[int], list[_partition.PartitionSpec]]],
+    ans: list[Analysis],
+    spills: list[Any],
+    be: Backend,
+) -> set[int]:
+    """The ids of the analyses whose partials stay in device memory, as in a study
+    (``Analysis.device_partial``): their table is one partition, so nothing merges them, and
+    their partials are not spilled; the finalize takes them there."""
+    if be.name == "cpu":
+        return set()
+    return {
+        id(ans[k])
+        for idx, specs in plans.values()
+        if len(specs) == 1
+        for k in idx
+        if ans[k].device_partial and spills[k] is None
+    }
 
 
 def _merge_on_dask(

@@ -27,10 +27,14 @@ from gpuclust.schema import SCHEMAS
 
 __all__ = [
     "DEFAULT_SHARE",
+    "DEVICE_PARTITION_ROWS",
+    "DEVICE_SHARE",
     "MIN_PARTITION_ROWS",
     "array_bytes",
     "available_memory",
     "default_limit",
+    "device_free_bytes",
+    "device_partition_rows",
     "machine_memory",
     "parse_size",
     "partition_rows",
@@ -173,6 +177,35 @@ def preferred_rows(analyses: Sequence[Any], cap: int, source: Any = None) -> int
     if not hints or any(h is None for h in hints):
         return int(cap)
     return int(min(cap, max(int(h) for h in hints if h is not None)))  # none is None here
+
+
+#: Most rows of a partition on a device backend.  A partition costs the same launches and syncs
+#: at any size, so a device run takes its partitions as large as its memory allows, up to this.
+DEVICE_PARTITION_ROWS = 1 << 26
+#: Share of the device's free memory a device run's partitions may take.
+DEVICE_SHARE = 0.8
+
+
+def device_free_bytes(backend: Any) -> int:
+    """Free memory of ``backend``'s device (CUDA's ``cudaMemGetInfo``, through CuPy)."""
+    free, _ = backend.xp.cuda.Device().mem_info
+    return int(free)
+
+
+def device_partition_rows(free: int, in_flight: int, analyses: Sequence[Any], table: str) -> int:
+    """Rows per partition of ``table`` on a device with ``free`` bytes: ``in_flight`` partitions,
+    at :func:`row_bytes` each row, within :data:`DEVICE_SHARE` of them (the host holds no more
+    than a row group of a partition: it is decoded straight into the device's arrays); at most
+    :data:`DEVICE_PARTITION_ROWS`, at least :data:`MIN_PARTITION_ROWS`.
+
+    >>> from gpuclust.analyses import CellUsage
+    >>> device_partition_rows(80 << 30, 1, [CellUsage()], "instance_usage") == DEVICE_PARTITION_ROWS
+    True
+    >>> device_partition_rows(1 << 30, 1, [CellUsage()], "instance_usage")
+    4294967
+    """
+    per = max(1, row_bytes(analyses, table)) * max(1, int(in_flight))
+    return int(min(DEVICE_PARTITION_ROWS, max(MIN_PARTITION_ROWS, int(DEVICE_SHARE * free) // per)))
 
 
 def partition_rows(

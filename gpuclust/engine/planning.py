@@ -15,7 +15,7 @@ from gpuclust.analyses.base import Analysis
 from gpuclust.engine import memory as _memory
 from gpuclust.engine import partition as _partition
 
-__all__ = ["auto_rows_of", "plan_tables"]
+__all__ = ["auto_rows_of", "device_rows_of", "plan_tables"]
 
 
 def auto_rows_of(ans: Sequence[Analysis], memory_limit: int, in_flight: int, source: Any = None) -> dict[str, int]:
@@ -29,6 +29,15 @@ def auto_rows_of(ans: Sequence[Analysis], memory_limit: int, in_flight: int, sou
         t: _memory.partition_rows(memory_limit, in_flight, sub, t, _partition.AUTO_PARTITION_ROWS, source)
         for t, sub in by_table.items()
     }
+
+
+def device_rows_of(ans: Sequence[Analysis], free: int, in_flight: int) -> dict[str, int]:
+    """Rows per partition of each streamed table on a device with ``free`` bytes
+    (:func:`gpuclust.engine.memory.device_partition_rows`)."""
+    by_table: dict[str, list[Analysis]] = {}
+    for a in ans:
+        by_table.setdefault(a.table, []).append(a)
+    return {t: _memory.device_partition_rows(free, in_flight, sub, t) for t, sub in by_table.items()}
 
 
 def plan_tables(

@@ -45,7 +45,7 @@ from gpuclust.backends import Backend, finalizing_on_host, get_backend
 from gpuclust.engine import partition as _partition
 from gpuclust.engine.contexts import contexts, resolve_analyses
 from gpuclust.engine.local import _announce, default_workers, finalize_all, host_threads, merge_local
-from gpuclust.engine.memory import array_bytes, available_memory, parse_size
+from gpuclust.engine.memory import DEVICE_PARTITION_ROWS, array_bytes, available_memory, parse_size
 from gpuclust.engine.staging import LOAD_THREADS, column_dtypes, load_partitions
 from gpuclust.engine.study_workers import WorkerResidency, partials_of
 from gpuclust.schema import SCHEMAS
@@ -54,7 +54,7 @@ from gpuclust.tables import convert
 __all__ = ["GPU_RUN_ROWS", "Study", "StudyMemoryError", "open_study"]
 
 #: Most rows in one resident partition on the gpu backend.
-GPU_RUN_ROWS = 1 << 26
+GPU_RUN_ROWS = DEVICE_PARTITION_ROWS
 #: Share of free memory (device memory on gpu, available RAM on cpu) a persist may take.
 MEMORY_SHARE = 0.8
 

@@ -38,6 +38,7 @@ def partition_partials(
     spills: Sequence[_shards.SpillTarget | None] | None = None,
     host: dict[str, Any] | None = None,
     load_threads: int = 1,
+    keep: set[int] | frozenset[int] = frozenset(),
 ) -> list[Any]:
     """Read one partition once (the union of the analyses' columns) and return each analysis'
     partial, moved to host memory so it can be merged or shipped to another worker (``spills``:
@@ -45,7 +46,8 @@ def partition_partials(
     :mod:`gpuclust.engine.shards`; ``host``: the partition already read by
     the local path's read-ahead, :func:`gpuclust.engine.reading.read_partition`; ``load_threads``:
     on a device backend, the threads that decode its Parquet row groups and copy them to the
-    device, as a study loads)."""
+    device, as a study loads; ``keep``: the ids of the analyses whose partials stay in backend
+    memory, see :attr:`gpuclust.analyses.base.Analysis.device_partial`)."""
     be = get_backend(backend)
     tune_allocator()  # once per process (dask workers too); see gpuclust/_memory.py
     columns = partition_columns(spec, analyses)
@@ -68,7 +70,8 @@ def partition_partials(
     out = []
     for a, ctx in zip(analyses, bound, strict=True):
         with phase("partials", a.label):
-            out.append(to_host(a.partial(_selection.columns_for(spec, a, cols, be, masks), ctx, be)))
+            p = a.partial(_selection.columns_for(spec, a, cols, be, masks), ctx, be)
+            out.append(p if id(a) in keep else to_host(p))
     for k, folder in enumerate(spills or ()):
         if folder is not None:
             out[k] = _shards.spill(analyses[k], out[k], folder)

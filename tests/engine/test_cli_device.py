@@ -8,29 +8,73 @@ from __future__ import annotations
 
 import json
 
-from device_backend import counting_device_work, resolve_gpu_to_device
+import numpy as np
+from device_backend import DeviceArray, counting_device_work, resolve_gpu_to_device
 from strategies import assert_results_same, random_cell, write_dataset
 
 from gpuclust import cli, load_results
-from gpuclust.analyses.registry import names
+from gpuclust.analyses.registry import create, names
 from gpuclust.parted import PartedTable
 
 
 def test_analyze_backend_gpu_equals_cpu(tmp_path, monkeypatch):
+    """In three partitions a table (partials merged on the host) and in its default partitions (one
+    a table here: device partials kept on the device, see the next test)."""
     ds = write_dataset(tmp_path / "cell", random_cell(29, n_windows=6000), files=3, row_group_size=500)
-    args = ["analyze", str(ds), *names(), "--partitions", "3", "--no-plots", "--quiet"]
-    assert cli.main([*args, "--out", str(tmp_path / "cpu"), "--backend", "cpu"]) == 0
+    args = ["analyze", str(ds), *names(), "--no-plots", "--quiet"]
+    assert cli.main([*args, "--partitions", "3", "--out", str(tmp_path / "cpu"), "--backend", "cpu"]) == 0
     resolve_gpu_to_device(monkeypatch)
     with counting_device_work() as w:
-        assert cli.main([*args, "--out", str(tmp_path / "gpu"), "--backend", "gpu"]) == 0
+        assert cli.main([*args, "--partitions", "3", "--out", str(tmp_path / "gpu"), "--backend", "gpu"]) == 0
     assert w["ops"] > 1000 and w["kernels"] > 0 and w["h2d_bytes"] > 0
-    runs = {b: json.loads((tmp_path / b / "_run.json").read_text()) for b in ("cpu", "gpu")}
-    assert runs["gpu"]["backend"] == "gpu"
-    res = {b: _tables(load_results(tmp_path / b)) for b in ("cpu", "gpu")}
-    assert res["gpu"].keys() == res["cpu"].keys() == set(names())
-    for a in names():  # (a table that grows with the cell may be cut in other parts: larger shards on a device)
-        assert res["gpu"][a].keys() == res["cpu"][a].keys(), a
-    assert_results_same(res["cpu"], res["gpu"], rtol=1e-9)
+    assert cli.main([*args, "--out", str(tmp_path / "gpu-auto"), "--backend", "gpu"]) == 0
+    res = {b: _tables(load_results(tmp_path / b)) for b in ("cpu", "gpu", "gpu-auto")}
+    for b in ("gpu", "gpu-auto"):
+        assert json.loads((tmp_path / b / "_run.json").read_text())["backend"] == "gpu"
+        assert res[b].keys() == res["cpu"].keys() == set(names())
+        for a in names():  # (a table that grows with the cell may be cut in other parts: larger shards on a device)
+            assert res[b][a].keys() == res["cpu"][a].keys(), a
+        assert_results_same(res["cpu"], res[b], rtol=1e-9)
+
+
+def test_analyze_backend_gpu_keeps_partials_on_the_device(tmp_path, monkeypatch):
+    """With its default partitions a gpu run takes each table as one partition (as large as the
+    device's memory allows), so the partials of the analyses that finalize on the device and
+    write no parted table reach their finalize in device memory, never copied out and back in
+    (issue 34); with several partitions they are merged on the host.  (The parted analyses' keyed
+    partials go to the host, to be spilled and reduced by shards.)"""
+
+    resolve_gpu_to_device(monkeypatch)
+    kept = [a for a in names() if create(a).device_partial and not create(a).sharded]
+    assert {"usage-distribution", "usage-vs-request"} <= set(kept)
+    where: dict[str, set[str]] = {}
+    for a in kept:
+        cls, real = type(create(a)), type(create(a)).finalize
+
+        def spy(self, partial, ctx, _real=real):
+            where.setdefault(self.name, set()).update(_kinds(partial))
+            return _real(self, partial, ctx)
+
+        monkeypatch.setattr(cls, "finalize", spy)
+    ds = write_dataset(tmp_path / "cell", random_cell(31, n_windows=4000), files=3, row_group_size=500)
+    for parts, kind in ((["--partitions", "3"], "host"), ([], "device")):
+        where.clear()
+        args = ["analyze", str(ds), *kept, "--no-plots", "--quiet", "--out", str(tmp_path / kind), *parts]
+        assert cli.main([*args, "--backend", "gpu"]) == 0
+        assert where == dict.fromkeys(kept, {kind}), (parts, where)
+
+
+def _kinds(x) -> set[str]:
+    """Where the arrays in a partial are: ``device`` (DeviceArray), ``host`` (NumPy)."""
+    if isinstance(x, DeviceArray):
+        return {"device"}
+    if isinstance(x, np.ndarray) and x.ndim:
+        return {"host"}
+    if isinstance(x, dict):
+        x = list(x.values())
+    if isinstance(x, (list, tuple)):
+        return set().union(*(_kinds(v) for v in x)) if x else set()
+    return set()
 
 
 def _tables(results: dict) -> dict:
