@@ -119,7 +119,9 @@ def run(
     memory_limit
         The run's memory budget (bytes, or a size like ``"8GiB"``; default: 75% of the machine's
         memory, see :mod:`gpuclust.engine.memory`): ``partitions="auto"`` sizes partitions so
-        the partitions in flight fit half of it, and a ``local:N`` cluster's workers get an
+        the partitions in flight fit half of it (on a device backend run locally, the device's
+        free memory sizes them instead: :func:`gpuclust.engine.memory.device_partition_rows`),
+        and a ``local:N`` cluster's workers get an
         equal share each as their dask ``memory_limit`` (spilling to disk near it).
     time_from, time_to
         A time selection ``[time_from, time_to)``: trace time (``"1d"``, ``"86400s"``, integer
