@@ -25,6 +25,10 @@ How it stays vectorised:
   ``s`` adds the same value to ``S(t, s)`` for every ``t`` of a piece within the horizon before
   ``s``, an interval of ``t``: a difference array over ``e = s - t`` per row ``s``.  Work is
   O(samples x pieces they reach + snapshots x horizon), memory a chunk of snapshots x horizon.
+* the **walks** over bounded working matrices (the oracle's chunks of snapshots, the
+  per-instance percentile's blocks of rows) are a fixed handful of operations a chunk and no
+  host read: whatever is per row or per snapshot is computed once, before or after the walk, and
+  the chunks' bounds are read in one sync (on a device, a chunk's cost is its launches).
 
 The arithmetic is the same on both backends; only the order of floating-point additions in
 ``bincount`` differs (atomics on the GPU), so the backends agree to rounding.
@@ -83,6 +87,29 @@ def percentile_rows(xp: Any, sorted_rows: Any, n: Any, p: float) -> Any:
         return xp.where(d == 0, a, out)
 
 
+def _order_stats(xp: Any, n: Any, p: float) -> tuple[Any, Any, Any]:
+    """:func:`percentile_rows`' interpolation for rows of ``n`` values, worked out before the rows
+    are sorted: per row the positions ``(lo, hi)`` of the two order statistics it takes (an
+    ``(rows, 2)`` array), whether it counts from ``hi`` (``t >= 0.5``) and the weight of their
+    difference; :func:`_interpolate` finishes it."""
+    h = (n - 1) * (p / 100.0)
+    lo = xp.floor(h).astype(xp.int64)
+    hi = xp.minimum(lo + 1, n - 1)
+    t = h - lo
+    big = t >= 0.5
+    return xp.stack([lo, hi], axis=1), big, xp.where(big, -(1 - t), t)
+
+
+def _interpolate(xp: Any, ab: Any, big: Any, coef: Any) -> Any:
+    """:func:`percentile_rows`' result from the two order statistics ``ab`` of each row and
+    :func:`_order_stats`' ``big`` and ``coef``: ``a + (b - a) t``, or ``b - (b - a)(1 - t)`` for
+    ``t >= 0.5``, the same bits (``x - y`` is ``x + -y``); where ``a == b`` that is ``a`` again for
+    finite values (up to the sign of a zero), as its ``d == 0`` case."""
+    a, b = ab[:, 0], ab[:, 1]
+    with np.errstate(invalid="ignore"):  # rows without values (all inf) are masked by the caller
+        return xp.where(big, b, a) + (b - a) * coef
+
+
 def _run_first(xp: Any, new: Any) -> Any:
     """Per row, the index of the first row of its run (``new``: where runs begin, ``new[0]``)."""
     return xp.flatnonzero(new)[xp.cumsum(new) - 1]
@@ -127,21 +154,41 @@ def _ratio_series(xp: Any, gI: Any, warm: Any, j: Any, uc: Any, L: Any, H: int, 
 
 
 def _instance_percentile(
-    xp: Any, cells: int, gI: Any, warm: Any, j: Any, ratio: Any, L: Any, H: int, p: float, NS: int
+    be: Any, cells: int, gI: Any, warm: Any, j: Any, ratio: Any, L: Any, H: int, p: float, NS: int
 ) -> Any:
-    """Per snapshot the sum over warm instances of percentile p of their last H ratios x limit."""
+    """Per snapshot the sum over warm instances of percentile p of their last H ratios x limit.
+
+    A block of warm rows at a time (``cells`` matrix cells), each block a fixed handful of
+    operations (gather, mask, sort, gather of the two order statistics): a row's ratios are the H
+    ending at it (those before its run: +inf), and everything else per row (:func:`_order_stats`,
+    :func:`_interpolate`, the limit) is computed once, over every row, before or after the walk.
+    The sums per snapshot: on the cpu a ``bincount`` per block, added in turn; on a device, whose
+    ``bincount`` adds in no set order anyway, one ``bincount`` over every row."""
+    xp = be.xp
     out = xp.zeros(NS)
     w = xp.flatnonzero(warm)
+    nw = w.shape[0]
+    if not nw:
+        return out
+    n = xp.minimum(j[w], H)
+    take, big, coef = _order_stats(xp, n, p)
+    first = H - n  # window positions before the run
+    pad = xp.concatenate([xp.zeros(H - 1), ratio])  # row i's ratios i-H+1..i: pad[i : i + H]
+    pos = xp.arange(H)[None, :]
     step = max(1, cells // H)
-    ks = xp.arange(H)
-    for a in range(0, w.shape[0], step):
-        ww = w[a : a + step]
-        n = xp.minimum(j[ww], H)
-        idx = ww[:, None] - ks[None, :]
-        mat = xp.where(ks[None, :] < n[:, None], ratio[xp.maximum(idx, 0)], np.inf)
+    rows = xp.arange(min(step, nw))[:, None]
+    ab = xp.empty((nw, 2))  # per row its two order statistics
+    for a in range(0, nw, step):
+        b = min(nw, a + step)
+        mat = xp.where(pos >= first[a:b, None], pad[w[a:b, None] + pos], np.inf)
         mat.sort(axis=1)
-        v = percentile_rows(xp, mat, n, p) * L[ww]
-        out += bincount(xp, gI[ww], v, NS)
+        ab[a:b] = mat[rows[: b - a], take[a:b]]
+        del mat  # before the next block's is made
+    v = _interpolate(xp, ab, big, coef) * L[w]
+    if be.name != "cpu":
+        return bincount(xp, gI[w], v, NS)
+    for a in range(0, nw, step):  # the reference's order of additions
+        out += bincount(xp, gI[w[a : a + step]], v[a : a + step], NS)
     return out
 
 
@@ -168,6 +215,29 @@ def _oracle(
     tids = xp.flatnonzero(todo)
     if not tids.shape[0]:
         return out
+    s, kk, ww = _difference_rows(be, snap_key, mfirst, gI, uI, LI, grp, piece, E, cap)
+    hi = xp.minimum(mend, xp.searchsorted(snap_key, snap_key + E, side="right")) - 1
+    nf = (hi - xp.arange(NS))[tids]
+    out[tids] = xp.where(nf > 0, _future_peaks(be, NS, s, kk, ww, tids, nf, E, p), limit[tids])
+    return out
+
+
+def _chunk(be: Any, E: int) -> tuple[int, int]:
+    """The oracle's chunk: its snapshots ``C`` and half its bins, ``(C + E) x (E + 2)``."""
+    C = max(E, CHUNK_CELLS[be.name] // (E + 2))
+    return C, (C + E) * (E + 2)
+
+
+def _difference_rows(
+    be: Any, snap_key: Any, mfirst: Any, gI: Any, uI: Any, LI: Any, grp: Any, piece: Any, E: int, cap: bool
+) -> tuple[Any, Any, Any]:
+    """The oracle's difference entries, a pair per (sample s, piece it reaches), in ``s`` order:
+    ``s``, and interleaved the two entries' bins (``s (E + 3) - t1`` and, in the second half of a
+    chunk's bins, ``s (E + 3) - t0 + 1``: less the chunk's first snapshot x ``(E + 2)``, a cell of
+    the chunk's matrix of rows ``s`` and columns ``e = s - t``) and values (``val`` twice: the
+    first added, the second subtracted)."""
+    xp = be.xp
+    NS = snap_key.shape[0]
     # pieces: first / last snapshot and limit
     n_rows = piece.shape[0]
     starts = xp.flatnonzero(xp.concatenate([xp.ones(1, dtype=bool), piece[1:] != piece[:-1]]))
@@ -189,36 +259,59 @@ def _oracle(
     order = be.ops.stable_argsort(s)
     s, t0, t1, val = s[order], t0[order], t1[order], val[order]
     del row, pp, order
-    hi = xp.minimum(mend, xp.searchsorted(snap_key, snap_key + E, side="right")) - 1
-    nf = hi - xp.arange(NS)
-    C = max(E, CHUNK_CELLS[be.name] // (E + 2))
-    es = xp.arange(1, E + 1)
-    th = be.to_host(tids)  # the chunks' bounds, walked on the host
-    a = 0
-    while a < th.shape[0]:
-        c0 = int(th[a])
-        c1 = min(NS, c0 + C)
-        b = int(np.searchsorted(th, c1))
-        R = c1 - c0 + E
-        x, y = (int(v) for v in be.to_host(xp.searchsorted(s, xp.asarray([c0, c0 + R], dtype=s.dtype))))
-        base = (s[x:y] - c0) * (E + 2) + s[x:y]
-        M = bincount(xp, base - t1[x:y], val[x:y], R * (E + 2))
-        M -= bincount(xp, base - t0[x:y] + 1, val[x:y], R * (E + 2))
-        M = xp.cumsum(M.reshape(R, E + 2), axis=1)
-        tt = tids[a:b]
-        rel = tt - c0
-        vals = M[rel[:, None] + es[None, :], es[None, :]]
-        n = nf[tt]
-        valid = es[None, :] <= n[:, None]
+    sk = s * (E + 3)
+    half = _chunk(be, E)[1]
+    return s, xp.stack([sk - t1, sk - t0 + 1 + half], axis=1).reshape(-1), xp.stack([val, val], axis=1).reshape(-1)
+
+
+def _future_peaks(be: Any, NS: int, s: Any, kk: Any, ww: Any, tids: Any, nf: Any, E: int, p: float) -> Any:
+    """Per snapshot ``t`` of ``tids`` the oracle over its ``nf`` future snapshots (``nf >= 1``;
+    else any value): the maximum or percentile ``p`` of ``S(t, s)`` from the difference entries
+    of :func:`_difference_rows`."""
+    xp = be.xp
+    # Chunks of C snapshots t (the matrix of a chunk: its rows s from its first t to E past its
+    # last), their bounds in ``tids`` and in the rows read in one sync.  A chunk is a fixed handful
+    # of operations, whatever is per row computed once before: one bincount of the rows' +val and
+    # -val entries (interleaved; the -val ones to the second half of the bins), the halves'
+    # difference and its cumsum over e = s - t, a gather of each t's future sums, their maximum
+    # (or the two order statistics of the percentile, interpolated after the walk).
+    C, half = _chunk(be, E)
+    K = -(-NS // C)
+    cb = xp.arange(0, (K + 1) * C, C)
+    bounds = be.to_host(xp.concatenate([xp.searchsorted(tids, cb), xp.searchsorted(s, cb), xp.searchsorted(s, cb + E)]))
+    tb, xb, yb = (bounds[i * (K + 1) : (i + 1) * (K + 1)].tolist() for i in range(3))
+    # a t's sum at e, M[t - c0 + e, e], at t's row base + e (E + 3) of the flattened matrix
+    base = (tids % C) * (E + 2)
+    es = xp.arange(1, E + 1)[None, :]
+    es3 = es * (E + 3)
+    if p >= 100.0:
+        res = xp.empty(tids.shape[0])
+        nf3 = nf * (E + 3)
+    else:  # per t the two order statistics of its future sums
+        take, big, coef = _order_stats(xp, xp.maximum(nf, 1), p)
+        res = xp.empty((tids.shape[0], 2))
+        rows = xp.arange(C)[:, None]
+    for k in range(K):
+        a, b = tb[k], tb[k + 1]
+        if a == b:
+            continue
+        x, y = 2 * xb[k], 2 * yb[k + 1]
+        # (each temporary freed as soon as done with, so that the next one reuses its memory)
+        B = bincount(xp, kk[x:y] - k * C * (E + 2), ww[x:y], 2 * half).reshape(2, C + E, E + 2)
+        M = xp.cumsum(xp.subtract(B[0], B[1], out=B[0]), axis=1)
+        del B
         if p >= 100.0:
-            v = xp.where(valid, vals, -np.inf).max(axis=1)
+            # the max over e <= n of the future sums: past n, the n-th again (no mask needed)
+            at = base[a:b, None] + xp.minimum(es3, nf3[a:b, None])
+            xp.take(M, at).max(axis=1, out=res[a:b])
+            del at, M
         else:
-            mat = xp.where(valid, vals, np.inf)
+            mat = xp.where(es <= nf[a:b, None], xp.take(M, base[a:b, None] + es3), np.inf)
+            del M
             mat.sort(axis=1)
-            v = percentile_rows(xp, mat, xp.maximum(n, 1), p)
-        out[tt] = xp.where(n > 0, v, limit[tt])
-        a = b
-    return out
+            res[a:b] = mat[rows[: b - a], take[a:b]]
+            del mat
+    return _interpolate(xp, res, big, coef) if p < 100.0 else res
 
 
 def _empty(xp: Any) -> dict[str, Any]:
@@ -310,7 +403,7 @@ def _predictions(be: Any, gI: Any, uI: Any, LI: Any, j: Any, limit: Any, prm: Si
         ratio = xp.minimum(ratio, 1.0)
     preds["instance_percentile"] = (
         _instance_percentile(
-            xp, CHUNK_CELLS[be.name], gI, warm, j, ratio, LI, prm.instance_history, prm.instance_percentile, NS
+            be, CHUNK_CELLS[be.name], gI, warm, j, ratio, LI, prm.instance_history, prm.instance_percentile, NS
         )
         + cold
     )

@@ -244,6 +244,48 @@ def test_simulate_on_the_device_shaped_backend():
         assert np.isfinite(want["oracle"]).sum() > 1000
 
 
+@pytest.mark.parametrize("oracle_percentile", [100.0, 95.0])
+def test_device_work_per_chunk_is_a_few_launches_and_no_sync(monkeypatch, oracle_percentile):
+    """The oracle walks chunks of snapshots and the per-instance percentile blocks of warm rows,
+    each a bounded working matrix (``CHUNK_CELLS``).  On the device-shaped backend under the gpu's
+    name (every launch and host sync counted: tests/device_backend.py), from one chunk and one
+    block to many (small matrices forced: 25 chunks, 140 blocks) the syncs stay the same and the
+    launches grow by at most 12 a chunk or block (a walk of per-step operations takes ~35 and a
+    sync for the chunk's bounds), and the results are the same bits; as on the cpu, to rounding."""
+    from device_backend import DEVICE_GPU, counting_device_work
+    from generic_backend import CPU
+
+    n_m, n_i, n_t, E, H, ms = 3, 8, 400, 48, 30, 6
+    rng = np.random.default_rng(3)
+    m, st_, i = (x.ravel() for x in np.meshgrid(np.arange(n_m), np.arange(n_t), np.arange(n_i), indexing="ij"))
+    rep = rng.random(m.shape[0]) < 0.1  # a second window for some (machine, step, instance)
+    m, st_, i = (np.concatenate([x, x[rep]]) for x in (m, st_, i))
+    usage = rng.gamma(2.0, 0.1, m.shape[0])
+    lim = np.where(st_ > (i * 37) % n_t, 0.5, 0.8)  # each instance's limit changes once
+    args = (m, st_, i * 7919 + 1, usage, lim)
+    prm = _peak_sim.SimParams(horizon_steps=E, min_samples=ms, instance_history=H, oracle_percentile=oracle_percentile)
+    # every instance runs on its machine at every step: n_m x n_t snapshots, warm from step ms - 1
+    n_snap, n_warm = n_m * n_t, n_m * n_i * (n_t - ms + 1)
+    work, out = {}, {}
+    for cells in (1 << 20, 2048):
+        monkeypatch.setattr(_peak_sim, "CHUNK_CELLS", {"cpu": cells, "gpu": cells})
+        dev = [DEVICE_GPU.asarray(x) for x in args]
+        with counting_device_work() as w:
+            got = _peak_sim.simulate(DEVICE_GPU, *dev, 1 << 10, n_t - 1, prm)
+        chunks = -(-n_snap // max(E, cells // (E + 2))) + -(-n_warm // max(1, cells // H))
+        work[cells] = (w["ops"] + w["kernels"], w["syncs"], chunks)
+        out[cells] = {k: DEVICE_GPU.to_host(v) for k, v in got.items()}
+    (one, sync_one, n_one), (many, sync_many, n_many) = work[1 << 20], work[2048]
+    assert (n_one, n_many) == (2, 165)
+    assert sync_many == sync_one <= 2, (sync_one, sync_many)
+    assert many - one <= 12 * (n_many - n_one), (one, many)
+    want = _peak_sim.simulate(CPU, *args, 1 << 10, n_t - 1, prm)
+    assert np.isfinite(want["oracle"]).sum() > 1000 and (want["instance_percentile"] < want["limit"]).any()
+    for k, w_ in want.items():
+        np.testing.assert_array_equal(out[2048][k], out[1 << 20][k], err_msg=k)
+        np.testing.assert_allclose(out[2048][k], w_, rtol=1e-12, atol=1e-12, equal_nan=True, err_msg=k)
+
+
 @pytest.mark.gpu
 def test_gpu_simulate_agrees_with_the_cpu(gpu_backend):
     """``simulate`` on both backends over the same 200k random samples (repeats, gaps, moves,
@@ -364,13 +406,17 @@ def test_planted_spike():
 def test_percentile_rows_is_numpy_percentile():
     rng = np.random.default_rng(3)
     for p in (0.0, 10.0, 50.0, 90.0, 99.0, 100.0, 37.5):
-        mat = rng.random((50, 9))
+        mat = np.round(rng.random((50, 9)), 1)  # ties: equal order statistics
         n = rng.integers(1, 10, 50)
         m2 = np.where(np.arange(9)[None, :] < n[:, None], mat, np.inf)
         m2.sort(axis=1)
         got = percentile_rows(np, m2, n, p)
         want = [np.percentile(mat[r, : n[r]], p) for r in range(50)]
         np.testing.assert_allclose(got, want, rtol=1e-14)
+        # the walks' form of it: the order statistics' positions first, the interpolation after
+        take, big, coef = _peak_sim._order_stats(np, n, p)
+        ab = m2[np.arange(50)[:, None], take]
+        np.testing.assert_array_equal(_peak_sim._interpolate(np, ab, big, coef), got)
 
 
 def test_options_checked():
