@@ -28,7 +28,7 @@ def _run(mod, tmp_path, backend):
     res = json.loads((tmp_path / "k.json").read_text())
     assert res["copy_bytes_per_s"] > 0
     ops = {r["op"] for r in res["rows"]}
-    assert ops == {"bucket_overlap", "grouped_sum", "bincount", "grouped_comoments", "mixture_quantiles"}
+    assert ops == {"bucket_overlap", "grouped_sum", "bincount", "grouped_comoments", "sort", "mixture_quantiles"}
     for r in res["rows"]:
         assert r["seconds"] > 0 and r["bytes"] > 0
         assert r["gb_per_s"] == pytest.approx(r["bytes"] / r["seconds"] / 1e9)
@@ -38,6 +38,11 @@ def _run(mod, tmp_path, backend):
     assert md.count("| bincount |") == 2
     assert md.count("7 series") == 2 and md.count("| mixture_quantiles |") == 5
     assert md.count("global variant forced") == 3
+    # the mixture's event sort against a plain sort of as many keys (issue 34: >= 25% of its rate)
+    sorts = {bool(r.get("plain")): r for r in res["rows"] if r["op"] == "sort"}
+    assert sorts[True]["n"] == sorts[False]["n"] == 20 * max(1000, int(1e7 * 0.0002))
+    share = sorts[False]["items_per_s"] / sorts[True]["items_per_s"]
+    assert f"runs at **{100 * share:.0f}%** of the plain sort's keys per second" in md
     return res
 
 
