@@ -343,6 +343,7 @@ def _merge_here(
         ctxs, spills = _contexts_and_spills(src, ans, plans, st, progress, run_pass, folders)
         # merged here in partition order: small keyed partials stay in memory
         spills = [_shards.dense_target(a, unbound(c), f) for a, c, f in zip(ans, ctxs, spills, strict=True)]
+        spills = _kept_in_memory(plans, spills, st.be)
         keep = _staying(plans, ans, spills, st.be)
         merged = merge_local(
             plans,
@@ -368,6 +369,18 @@ def _merge_here(
         if prefetch is not None:
             prefetch.close()
     return ctxs, spills, merged
+
+
+def _kept_in_memory(
+    plans: dict[str, tuple[list[int], list[_partition.PartitionSpec]]], spills: list[Any], be: Backend
+) -> list[Any]:
+    """On a device backend, the spill targets with a table of one partition replaced by
+    :class:`gpuclust.engine.shards.KeptKeys`: nothing merges that partition's keyed partials, so
+    they stay in memory for the shards instead of being written to files and read back."""
+    if be.name == "cpu":
+        return spills
+    single = {k for idx, specs in plans.values() if len(specs) == 1 for k in idx}
+    return [_shards.KeptKeys() if k in single and isinstance(f, Path) else f for k, f in enumerate(spills)]
 
 
 def _staying(

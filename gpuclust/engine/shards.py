@@ -28,6 +28,7 @@ what it saves is writing every partition's keyed partials to files and reading t
 
 from __future__ import annotations
 
+import itertools
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Sequence
@@ -38,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from gpuclust.analyses.base import Analysis
-from gpuclust.parted import PartedTable, read_keyed_range, write_keyed, write_part
+from gpuclust.parted import PartedTable, key_bounds, read_keyed_range, write_keyed, write_part
 from gpuclust.partials import merge_keyed
 
 #: Largest key range of a shard merged into dense accumulators (else by insertion).
@@ -47,6 +48,7 @@ DENSE_KEYS = 1 << 24
 __all__ = [
     "DENSE_KEYS",
     "DenseKeys",
+    "KeptKeys",
     "SpillFolders",
     "SpillTarget",
     "Spilled",
@@ -111,9 +113,16 @@ class DenseKeys:
             self.dense[name].add(piece)
 
 
+class KeptKeys:
+    """The spill target of a parted analysis on the local path of a device backend when its table
+    is one partition: nothing merges its keyed partials, so they stay in memory as the partition
+    task split them (no files written and read back) and each shard takes its key ranges of
+    them, through the same merge as a spill's (:func:`reduce_shard`)."""
+
+
 #: Where a partition task puts a parted analysis' keyed partials: a spill folder or, on the
-#: local path, a :class:`DenseKeys`.
-SpillTarget = Path | DenseKeys
+#: local path, a :class:`DenseKeys` or :class:`KeptKeys`.
+SpillTarget = Path | DenseKeys | KeptKeys
 
 
 def dense_target(a: Analysis, ctx: Any, folder: SpillTarget | None) -> SpillTarget | None:
@@ -140,6 +149,8 @@ class Spilled:
     spills: list[Path] = field(default_factory=list)
     dense: DenseKeys | None = None
     pending: dict[str, dict[str, np.ndarray]] | None = None
+    #: keyed partials kept in memory (:class:`KeptKeys`), in partition order
+    kept: list[dict[str, dict[str, np.ndarray]]] = field(default_factory=list)
 
 
 def spill(a: Analysis, partial: Any, folder: SpillTarget) -> Spilled:
@@ -148,6 +159,8 @@ def spill(a: Analysis, partial: Any, folder: SpillTarget) -> Spilled:
     rest, keyed = a.split(partial)
     if isinstance(folder, DenseKeys):
         return Spilled(rest, dense=folder, pending=keyed)
+    if isinstance(folder, KeptKeys):
+        return Spilled(rest, kept=[keyed])
     return Spilled(rest, [write_keyed(folder, keyed)])
 
 
@@ -169,7 +182,7 @@ def merge_spilled(a: Analysis, x: Any, y: Any) -> Spilled:
         if s.pending is not None and s.dense is not None:
             s.dense.add(s.pending)
             s.pending = None
-    return Spilled(a.merge_rest(x.rest, y.rest), x.spills + y.spills, x.dense or y.dense)
+    return Spilled(a.merge_rest(x.rest, y.rest), x.spills + y.spills, x.dense or y.dense, kept=x.kept + y.kept)
 
 
 def _merge_dense(
@@ -185,6 +198,12 @@ def _merge_dense(
     return acc.take(first, end, release=True)
 
 
+def _key_range_of(piece: dict[str, np.ndarray], first: int, end: int) -> dict[str, np.ndarray]:
+    """The rows of keyed partial ``piece`` (sorted keys) whose key is in ``[first, end)``."""
+    a, b = key_bounds(piece["key"], first, end)
+    return {f: v[a:b] for f, v in piece.items()}
+
+
 def reduce_shard(
     a: Analysis,
     ctx: Any,
@@ -195,16 +214,21 @@ def reduce_shard(
     spills: Sequence[Path],
     out: Path,
     dense: DenseKeys | None = None,
+    kept: Sequence[dict[str, dict[str, np.ndarray]]] = (),
 ) -> tuple[dict[str, tuple[str, int]], Any]:
-    """Shard ``index`` (``[lo, hi)``): its key ranges of every spill merged in order (or taken
-    from ``dense``, the keyed partials merged in memory), finalized, each parted table's rows
-    written as part ``index`` under ``out/<table>/``; returns ``({table: (file name, rows)}, extra)``."""
+    """Shard ``index`` (``[lo, hi)``): its key ranges of every spill, then of the keyed partials
+    ``kept`` in memory, merged in order (or taken from ``dense``, the keyed partials merged in
+    memory), finalized, each parted table's rows written as part ``index`` under
+    ``out/<table>/``; returns ``({table: (file name, rows)}, extra)``."""
     keyed = {}
     empty = a.split(a.empty())[1]  # the keyed partials' names, fields and dtypes
     for name in empty:
         fields = [f for f in empty[name] if f != "key"]
         first, end = a.key_range(ctx, name, lo, hi)
-        pieces = (read_keyed_range(p, name, fields, first, end) for p in spills)
+        pieces = itertools.chain(
+            (read_keyed_range(p, name, fields, first, end) for p in spills),
+            (_key_range_of(k[name], first, end) for k in kept),
+        )
         if dense is not None and name in dense.dense:
             if spills:
                 raise RuntimeError(f"{a.label}: keyed partials both spilled and merged in memory")
@@ -246,7 +270,9 @@ def finalize_parted(
     shards = a.shards(ctx, sp.rest)
     if progress is not None:
         progress.phase(f"{a.label}: {len(shards)} shard(s) of {', '.join(a.parted) or 'keyed partials'}")
-    results = run_tasks([(a, ctx, sp.rest, i, lo, hi, sp.spills, out, sp.dense) for i, (lo, hi) in enumerate(shards)])
+    results = run_tasks(
+        [(a, ctx, sp.rest, i, lo, hi, sp.spills, out, sp.dense, sp.kept) for i, (lo, hi) in enumerate(shards)]
+    )
     tables = {t: PartedTable(out / t) for t in a.parted}
     extras = []
     for files, extra in results:

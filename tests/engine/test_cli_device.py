@@ -64,6 +64,27 @@ def test_analyze_backend_gpu_keeps_partials_on_the_device(tmp_path, monkeypatch)
         assert where == dict.fromkeys(kept, {kind}), (parts, where)
 
 
+def test_analyze_backend_gpu_writes_no_spill_for_a_table_of_one_partition(tmp_path, monkeypatch):
+    """A parted analysis' keyed partials are spilled to files to be merged across partitions;
+    with one partition a table (a gpu run's default here) they stay in memory for the shards."""
+    import gpuclust.engine.shards as shards
+
+    resolve_gpu_to_device(monkeypatch)
+    written = []
+    real = shards.write_keyed
+    monkeypatch.setattr(shards, "write_keyed", lambda *a: written.append(1) or real(*a))
+    sharded = [a for a in names() if create(a).sharded]
+    assert {"overcommit", "cpi", "peak-prediction"} <= set(sharded)
+    ds = write_dataset(tmp_path / "cell", random_cell(37, n_windows=3000), files=3, row_group_size=500)
+    for parts, spilled in ((["--partitions", "3"], True), ([], False)):
+        written.clear()
+        args = ["analyze", str(ds), *sharded, "--no-plots", "--quiet", "--out", str(tmp_path / str(spilled)), *parts]
+        assert cli.main([*args, "--backend", "gpu"]) == 0
+        assert bool(written) == spilled, (parts, len(written))
+    same = [_tables(load_results(tmp_path / str(b))) for b in (True, False)]
+    assert_results_same(same[0], same[1], rtol=1e-9)
+
+
 def _kinds(x) -> set[str]:
     """Where the arrays in a partial are: ``device`` (DeviceArray), ``host`` (NumPy)."""
     if isinstance(x, DeviceArray):
