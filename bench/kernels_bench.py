@@ -105,18 +105,33 @@ def copy_bandwidth(backend: Any, nbytes: int, repeat: int) -> float:
     return 2 * src.nbytes / t
 
 
-def _intervals(
-    rng: np.random.Generator, n: int, n_groups: int, n_buckets: int, width: int, contention: bool
-) -> dict[str, np.ndarray]:
-    span = n_buckets * width
-    start = rng.integers(0, span, n).astype(np.int64)
-    end = start + 300 * US
-    group = rng.integers(0, n_groups, n).astype(np.int32)
+_UNIFORM: dict[tuple[int, int, int], Any] = {}
+
+
+def _uniform(xp: Any, n: int, k: int = 0) -> Any:
+    """``n`` uniform draws in [0, 1) in ``xp``'s memory, stream ``k``: drawn on the host and
+    copied once per size (drawing 10^8 values per case took most of the device check's kernels
+    step, before any kernel ran); the cases derive their inputs from them on the device."""
+    key = (id(xp), int(n), int(k))
+    if key not in _UNIFORM:
+        _UNIFORM[key] = xp.asarray(np.random.default_rng([n, k]).random(n))
+    return _UNIFORM[key]
+
+
+def _intervals(xp: Any, n: int, n_groups: int, n_buckets: int, width: int, contention: bool) -> dict[str, Any]:
+    """``n`` intervals of 300 s starting uniformly over ``n_buckets`` buckets of ``width``, in
+    ``n_groups`` groups (``contention``: every one in the first bucket of group 0)."""
     if contention:
-        start[:] = width // 4
-        end[:] = width // 2
-        group[:] = 0
-    return {"start": start, "end": end, "value": rng.random(n), "group": group}
+        start = xp.full(n, width // 4, dtype=xp.int64)
+        return {
+            "start": start,
+            "end": xp.full(n, width // 2, dtype=xp.int64),
+            "value": _uniform(xp, n, 2),
+            "group": xp.zeros(n, dtype=xp.int32),
+        }
+    start = (_uniform(xp, n, 0) * (n_buckets * width)).astype(xp.int64)
+    group = (_uniform(xp, n, 1) * n_groups).astype(xp.int32)
+    return {"start": start, "end": start + 300 * US, "value": _uniform(xp, n, 2), "group": group}
 
 
 def cases(scale: float) -> list[dict[str, Any]]:
@@ -263,11 +278,10 @@ def run_case(backend: Any, c: dict[str, Any], repeat: int, rng: np.random.Genera
     xp, ops = backend.xp, backend.ops
     op, n, G = c["op"], c["n"], c["n_groups"]
     if op == "bucket_overlap":
-        h = _intervals(rng, n, G, c["n_buckets"], c["width"], c["contention"])
+        d = _intervals(xp, n, G, c["n_buckets"], c["width"], c["contention"])
         k = c.get("series", 1)
         if k > 1:  # k value series over the same intervals: one 2-D sweep
-            h["value"] = rng.random((k, n))
-        d = {key: xp.asarray(v) for key, v in h.items()}
+            d["value"] = _uniform(xp, k * n, 3).reshape(k, n)
         kw = dict(n_groups=G, n_buckets=c["n_buckets"], origin=0, width=c["width"])
 
         def fn() -> Any:
@@ -277,8 +291,8 @@ def run_case(backend: Any, c: dict[str, Any], repeat: int, rng: np.random.Genera
 
         nbytes = n * (8 + 8 + 4 + 8 * k) + k * G * c["n_buckets"] * 8
     elif op in ("grouped_sum", "bincount"):
-        codes = xp.asarray(rng.integers(0, G, n).astype(np.int64))
-        vals = xp.asarray(rng.random(n))
+        codes = (_uniform(xp, n, 0) * G).astype(xp.int64)
+        vals = _uniform(xp, n, 2)
 
         def fn() -> Any:
             if op == "bincount":
@@ -288,9 +302,9 @@ def run_case(backend: Any, c: dict[str, Any], repeat: int, rng: np.random.Genera
         nbytes = n * 16 + G * 8
     elif op == "grouped_comoments":
         dd = c["d"]
-        x = xp.asarray(rng.random((n, dd)))
-        w = xp.asarray(rng.uniform(0.1, 300.0, n))
-        g = xp.asarray(rng.integers(0, G, n).astype(np.int64))
+        x = xp.ascontiguousarray(xp.stack([_uniform(xp, n, j) for j in range(dd)], axis=1))
+        w = 0.1 + 299.9 * _uniform(xp, n, 2)
+        g = (_uniform(xp, n, 4) * G).astype(xp.int64)
 
         def fn() -> Any:
             return ops.grouped_comoments(x, w, g, G)
