@@ -395,8 +395,8 @@ class _Event:
 
 
 class _Device:
-    """``cupy.cuda.Device``: device 0, its free memory :data:`MEMORY`'s cap less what is live
-    (inside :func:`device_memory` with a cap; else 16 GiB)."""
+    """``cupy.cuda.Device``: device 0 of 16 GiB, its free memory what is not live inside
+    :func:`device_memory`."""
 
     def __init__(self, device: int = 0):
         self.id = int(device)
@@ -409,8 +409,22 @@ class _Device:
 
     @property
     def mem_info(self) -> tuple[int, int]:
-        total = int(MEMORY["cap"]) if _tracking[0] and MEMORY["cap"] else 16 << 30
+        total = 16 << 30
         return max(0, total - int(MEMORY["live_bytes"])), total
+
+
+class _MemoryPool:
+    """``cupy.get_default_memory_pool()``: its limit :data:`MEMORY`'s cap inside
+    :func:`device_memory` (as ``set_limit``), its used bytes the live ones; it caches nothing."""
+
+    def get_limit(self) -> int:
+        return int(MEMORY["cap"]) if _tracking[0] else 0
+
+    def used_bytes(self) -> int:
+        return int(MEMORY["live_bytes"])
+
+    def free_bytes(self) -> int:
+        return 0
 
 
 def _memcpy_async(dst: int, src: int, nbytes: int, kind: int, stream: int) -> None:
@@ -425,6 +439,8 @@ _RUNTIME = types.SimpleNamespace(memcpyHostToDevice=1, memcpyAsync=_memcpy_async
 _STREAM = type("Stream", (_Stream,), {"null": _Stream()})
 #: What the engine's gpu load path (gpuclust/engine/staging.py) uses of ``cupy.cuda``: devices,
 #: streams, events, pinned buffers and the runtime's asynchronous copy.
+_POOL = _MemoryPool()
+XP.get_default_memory_pool = lambda: _POOL
 XP.cuda = types.SimpleNamespace(
     Device=_Device,
     Stream=_STREAM,

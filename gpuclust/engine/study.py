@@ -45,7 +45,13 @@ from gpuclust.backends import Backend, finalizing_on_host, get_backend
 from gpuclust.engine import partition as _partition
 from gpuclust.engine.contexts import contexts, resolve_analyses
 from gpuclust.engine.local import _announce, default_workers, finalize_all, host_threads, merge_local
-from gpuclust.engine.memory import DEVICE_PARTITION_ROWS, array_bytes, available_memory, parse_size
+from gpuclust.engine.memory import (
+    DEVICE_PARTITION_ROWS,
+    array_bytes,
+    available_memory,
+    device_free_bytes,
+    parse_size,
+)
 from gpuclust.engine.staging import LOAD_THREADS, column_dtypes, load_partitions
 from gpuclust.engine.study_workers import WorkerResidency, partials_of
 from gpuclust.schema import SCHEMAS
@@ -97,8 +103,7 @@ def _row_bytes(table: str, work: bool = False) -> int:
 
 def _available_bytes(backend: Backend) -> int:
     if backend.name != "cpu":
-        free, _ = backend.xp.cuda.Device().mem_info
-        return int(free)
+        return device_free_bytes(backend)
     avail = available_memory()
     return 1 << 62 if avail is None else avail  # not on Linux: no check
 

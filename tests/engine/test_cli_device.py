@@ -100,3 +100,19 @@ def _kinds(x) -> set[str]:
 
 def _tables(results: dict) -> dict:
     return {a: {t: v.read() if isinstance(v, PartedTable) else v for t, v in ts.items()} for a, ts in results.items()}
+
+
+def test_device_free_bytes_within_the_pool_limit():
+    """A device run sizes its partitions by what the device can still give: its free memory, or
+    less under CuPy's pool limit (``CUPY_GPU_MEMORY_LIMIT``; the test backend's cap stands for it)."""
+    from device_backend import DEVICE_GPU, device_memory
+
+    from gpuclust.analyses import CellUsage
+    from gpuclust.engine.memory import device_free_bytes, device_partition_rows
+
+    assert device_free_bytes(DEVICE_GPU) == 16 << 30  # the test device, nothing live
+    with device_memory(cap=64 << 20):
+        held = DEVICE_GPU.xp.zeros(1 << 20)  # 8 MiB live
+        assert device_free_bytes(DEVICE_GPU) == (64 << 20) - held.data.nbytes
+        rows = device_partition_rows(device_free_bytes(DEVICE_GPU), 1, [CellUsage()], "instance_usage")
+        assert rows == int(0.8 * ((64 << 20) - (8 << 20))) // 200  # cell-usage: 200 B a row
