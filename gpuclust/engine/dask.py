@@ -57,7 +57,7 @@ def cuda_cluster_options(rmm: bool | None = None) -> dict[str, Any]:
             import rmm as _rmm  # noqa: F401
 
             rmm = True
-        except (ImportError, OSError):
+        except Exception:  # any failure to load it (a missing library, CUDA bindings of another version)
             rmm = False
     if not rmm:
         return {}
