@@ -391,7 +391,8 @@ def _staying(
 ) -> set[int]:
     """The ids of the analyses whose partials stay in device memory, as in a study
     (``Analysis.device_partial``): their table is one partition, so nothing merges them, and
-    their partials are not spilled; the finalize takes them there."""
+    their partials are not spilled to files (kept whole, or their keyed partials kept for the
+    shards: :class:`gpuclust.engine.shards.KeptKeys`); the finalize takes them there."""
     if be.name == "cpu":
         return set()
     return {
@@ -399,7 +400,7 @@ def _staying(
         for idx, specs in plans.values()
         if len(specs) == 1
         for k in idx
-        if ans[k].device_partial and spills[k] is None
+        if ans[k].device_partial and (spills[k] is None or isinstance(spills[k], _shards.KeptKeys))
     }
 
 

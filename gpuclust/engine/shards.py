@@ -38,8 +38,8 @@ from typing import Any
 
 import numpy as np
 
-from gpuclust.analyses.base import Analysis
-from gpuclust.parted import PartedTable, key_bounds, read_keyed_range, write_keyed, write_part
+from gpuclust.analyses.base import Analysis, to_host
+from gpuclust.parted import PartedTable, read_keyed_range, slice_keyed, write_keyed, write_part
 from gpuclust.partials import merge_keyed
 
 #: Largest key range of a shard merged into dense accumulators (else by insertion).
@@ -116,8 +116,9 @@ class DenseKeys:
 class KeptKeys:
     """The spill target of a parted analysis on the local path of a device backend when its table
     is one partition: nothing merges its keyed partials, so they stay in memory as the partition
-    task split them (no files written and read back) and each shard takes its key ranges of
-    them, through the same merge as a spill's (:func:`reduce_shard`)."""
+    task split them (no files written and read back; in device memory for an analysis whose
+    partial stays there, ``Analysis.device_partial``) and each shard takes its key ranges of
+    them (:func:`reduce_shard`)."""
 
 
 #: Where a partition task puts a parted analysis' keyed partials: a spill folder or, on the
@@ -198,12 +199,6 @@ def _merge_dense(
     return acc.take(first, end, release=True)
 
 
-def _key_range_of(piece: dict[str, np.ndarray], first: int, end: int) -> dict[str, np.ndarray]:
-    """The rows of keyed partial ``piece`` (sorted keys) whose key is in ``[first, end)``."""
-    a, b = key_bounds(piece["key"], first, end)
-    return {f: v[a:b] for f, v in piece.items()}
-
-
 def reduce_shard(
     a: Analysis,
     ctx: Any,
@@ -227,9 +222,13 @@ def reduce_shard(
         first, end = a.key_range(ctx, name, lo, hi)
         pieces = itertools.chain(
             (read_keyed_range(p, name, fields, first, end) for p in spills),
-            (_key_range_of(k[name], first, end) for k in kept),
+            (to_host(slice_keyed(k[name], first, end)) for k in kept),
         )
-        if dense is not None and name in dense.dense:
+        if len(kept) == 1 and not spills and not isinstance(kept[0][name]["key"], np.ndarray):
+            # one partition's keyed partial left on the device: nothing to merge; its range as a
+            # study's in-memory finalize takes it (gpuclust.parted.finalize_in_memory)
+            keyed[name] = slice_keyed(kept[0][name], first, end)
+        elif dense is not None and name in dense.dense:
             if spills:
                 raise RuntimeError(f"{a.label}: keyed partials both spilled and merged in memory")
             keyed[name] = dense.dense[name].take(first, end)

@@ -14,6 +14,7 @@ from strategies import assert_results_same, random_cell, write_dataset
 
 from gpuclust import cli, load_results
 from gpuclust.analyses.registry import create, names
+from gpuclust.optimize import optimize
 from gpuclust.parted import PartedTable
 
 
@@ -39,24 +40,32 @@ def test_analyze_backend_gpu_equals_cpu(tmp_path, monkeypatch):
 
 def test_analyze_backend_gpu_keeps_partials_on_the_device(tmp_path, monkeypatch):
     """With its default partitions a gpu run takes each table as one partition (as large as the
-    device's memory allows), so the partials of the analyses that finalize on the device and
-    write no parted table reach their finalize in device memory, never copied out and back in
-    (issue 34); with several partitions they are merged on the host.  (The parted analyses' keyed
-    partials go to the host, to be spilled and reduced by shards.)"""
-
+    device's memory allows), so the partials of the analyses that finalize on the device reach
+    their finalize in device memory, never copied out and back in (issue 34): whole, or for a
+    parted analysis its keyed partials, which its shards take there; with several partitions
+    they are merged on the host."""
     resolve_gpu_to_device(monkeypatch)
-    kept = [a for a in names() if create(a).device_partial and not create(a).sharded]
-    assert {"usage-distribution", "usage-vs-request"} <= set(kept)
+    kept = [a for a in names() if create(a).device_partial]
+    assert {"usage-distribution", "usage-vs-request", "cpi", "overcommit", "peak-prediction"} <= set(kept)
     where: dict[str, set[str]] = {}
     for a in kept:
-        cls, real = type(create(a)), type(create(a)).finalize
+        cls = type(create(a))
+        if create(a).sharded:  # the keyed partials a shard is given
 
-        def spy(self, partial, ctx, _real=real):
-            where.setdefault(self.name, set()).update(_kinds(partial))
-            return _real(self, partial, ctx)
+            def spy_shard(self, keyed, rest, ctx, lo, hi, _real=cls.finalize_shard):
+                where.setdefault(self.name, set()).update(_kinds(keyed))
+                return _real(self, keyed, rest, ctx, lo, hi)
 
-        monkeypatch.setattr(cls, "finalize", spy)
+            monkeypatch.setattr(cls, "finalize_shard", spy_shard)
+        else:
+
+            def spy(self, partial, ctx, _real=cls.finalize):
+                where.setdefault(self.name, set()).update(_kinds(partial))
+                return _real(self, partial, ctx)
+
+            monkeypatch.setattr(cls, "finalize", spy)
     ds = write_dataset(tmp_path / "cell", random_cell(31, n_windows=4000), files=3, row_group_size=500)
+    optimize(ds, buckets=4)  # laid out by key: overcommit's intervals come with the partitions (no client partial)
     for parts, kind in ((["--partitions", "3"], "host"), ([], "device")):
         where.clear()
         args = ["analyze", str(ds), *kept, "--no-plots", "--quiet", "--out", str(tmp_path / kind), *parts]
