@@ -105,17 +105,12 @@ def copy_bandwidth(backend: Any, nbytes: int, repeat: int) -> float:
     return 2 * src.nbytes / t
 
 
-_UNIFORM: dict[tuple[int, int, int], Any] = {}
-
-
+@functools.cache
 def _uniform(xp: Any, n: int, k: int = 0) -> Any:
     """``n`` uniform draws in [0, 1) in ``xp``'s memory, stream ``k``: drawn on the host and
     copied once per size (drawing 10^8 values per case took most of the device check's kernels
     step, before any kernel ran); the cases derive their inputs from them on the device."""
-    key = (id(xp), int(n), int(k))
-    if key not in _UNIFORM:
-        _UNIFORM[key] = xp.asarray(np.random.default_rng([n, k]).random(n))
-    return _UNIFORM[key]
+    return xp.asarray(np.random.default_rng([n, k]).random(n))
 
 
 def _intervals(xp: Any, n: int, n_groups: int, n_buckets: int, width: int, contention: bool) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from gpuclust.engine.finish import received
 from gpuclust.engine.planning import auto_rows_of, device_rows_of, plan_tables
 from gpuclust.engine.progress import PassProgress
 from gpuclust.engine.staging import LOAD_THREADS
-from gpuclust.engine.tasks import MergeTree, merge_lists, partition_columns, partition_partials
+from gpuclust.engine.tasks import MergeTree, kept_in_memory, merge_lists, partition_columns, partition_partials, staying
 from gpuclust.engine.timing import phase
 from gpuclust.parted import PartedTable
 from gpuclust.tables import check_kind, convert
@@ -343,8 +343,8 @@ def _merge_here(
         ctxs, spills = _contexts_and_spills(src, ans, plans, st, progress, run_pass, folders)
         # merged here in partition order: small keyed partials stay in memory
         spills = [_shards.dense_target(a, unbound(c), f) for a, c, f in zip(ans, ctxs, spills, strict=True)]
-        spills = _kept_in_memory(plans, spills, st.be)
-        keep = _staying(plans, ans, spills, st.be)
+        spills = kept_in_memory(plans, spills, st.be)
+        keep = set() if st.be.name == "cpu" else staying(plans.values(), ans, spills)
         merged = merge_local(
             plans,
             ans,
@@ -369,39 +369,6 @@ def _merge_here(
         if prefetch is not None:
             prefetch.close()
     return ctxs, spills, merged
-
-
-def _kept_in_memory(
-    plans: dict[str, tuple[list[int], list[_partition.PartitionSpec]]], spills: list[Any], be: Backend
-) -> list[Any]:
-    """On a device backend, the spill targets with a table of one partition replaced by
-    :class:`gpuclust.engine.shards.KeptKeys`: nothing merges that partition's keyed partials, so
-    they stay in memory for the shards instead of being written to files and read back."""
-    if be.name == "cpu":
-        return spills
-    single = {k for idx, specs in plans.values() if len(specs) == 1 for k in idx}
-    return [_shards.KeptKeys() if k in single and isinstance(f, Path) else f for k, f in enumerate(spills)]
-
-
-def _staying(
-    plans: dict[str, tuple[list[int], list[_partition.PartitionSpec]]],
-    ans: list[Analysis],
-    spills: list[Any],
-    be: Backend,
-) -> set[int]:
-    """The ids of the analyses whose partials stay in device memory, as in a study
-    (``Analysis.device_partial``): their table is one partition, so nothing merges them, and
-    their partials are not spilled to files (kept whole, or their keyed partials kept for the
-    shards: :class:`gpuclust.engine.shards.KeptKeys`); the finalize takes them there."""
-    if be.name == "cpu":
-        return set()
-    return {
-        id(ans[k])
-        for idx, specs in plans.values()
-        if len(specs) == 1
-        for k in idx
-        if ans[k].device_partial and (spills[k] is None or isinstance(spills[k], _shards.KeptKeys))
-    }
 
 
 def _merge_on_dask(

@@ -22,22 +22,24 @@ def auto_rows_of(ans: Sequence[Analysis], memory_limit: int, in_flight: int, sou
     """Rows per partition of each streamed table so that ``in_flight`` partitions fit the budget
     (:func:`gpuclust.engine.memory.partition_rows`; ``source``: what the analyses may size their
     preference by, see :meth:`gpuclust.analyses.base.Analysis.auto_rows`)."""
-    by_table: dict[str, list[Analysis]] = {}
-    for a in ans:
-        by_table.setdefault(a.table, []).append(a)
     return {
         t: _memory.partition_rows(memory_limit, in_flight, sub, t, _partition.AUTO_PARTITION_ROWS, source)
-        for t, sub in by_table.items()
+        for t, sub in _by_table(ans).items()
     }
 
 
 def device_rows_of(ans: Sequence[Analysis], free: int, in_flight: int) -> dict[str, int]:
     """Rows per partition of each streamed table on a device with ``free`` bytes
     (:func:`gpuclust.engine.memory.device_partition_rows`)."""
+    return {t: _memory.device_partition_rows(free, in_flight, sub, t) for t, sub in _by_table(ans).items()}
+
+
+def _by_table(ans: Sequence[Analysis]) -> dict[str, list[Analysis]]:
+    """The analyses by the table they stream."""
     by_table: dict[str, list[Analysis]] = {}
     for a in ans:
         by_table.setdefault(a.table, []).append(a)
-    return {t: _memory.device_partition_rows(free, in_flight, sub, t) for t, sub in by_table.items()}
+    return by_table
 
 
 def plan_tables(

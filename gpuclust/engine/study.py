@@ -54,6 +54,7 @@ from gpuclust.engine.memory import (
 )
 from gpuclust.engine.staging import LOAD_THREADS, column_dtypes, load_partitions
 from gpuclust.engine.study_workers import WorkerResidency, partials_of
+from gpuclust.engine.tasks import staying
 from gpuclust.schema import SCHEMAS
 from gpuclust.tables import convert
 
@@ -520,12 +521,9 @@ class Study:
         """The ids of the analyses whose partials stay in device memory: partials nothing merges
         (their table is one resident partition) of the analyses whose finalize takes them there
         (``Analysis.device_partial``)."""
-        stay: set[int] = set()
         if self._remote is None and self.backend.xp is not np:
-            for idx, specs in (*plans.values(), *whole.values()):
-                if len(specs) == 1:
-                    stay.update(id(ans[k]) for k in idx if ans[k].device_partial)
-        return stay
+            return staying((*plans.values(), *whole.values()), ans)
+        return set()
 
     def _reduce_remote(
         self,

@@ -8,7 +8,8 @@ by the run's time selection and returns each analysis' partial on the host; :fun
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 from gpuclust._memory import tune_allocator
@@ -22,7 +23,7 @@ from gpuclust.engine import staging as _staging
 from gpuclust.engine.contexts import bind_partition
 from gpuclust.engine.timing import phase
 
-__all__ = ["MergeTree", "merge_lists", "partition_columns", "partition_partials"]
+__all__ = ["MergeTree", "kept_in_memory", "merge_lists", "partition_columns", "partition_partials", "staying"]
 
 
 def partition_columns(spec: _partition.PartitionSpec, analyses: Sequence[Analysis]) -> list[str]:
@@ -76,6 +77,40 @@ def partition_partials(
         if folder is not None:
             out[k] = _shards.spill(analyses[k], out[k], folder)
     return out
+
+
+def _one_partition(plans: dict[str, tuple[list[int], list[_partition.PartitionSpec]]]) -> set[int]:
+    """The indices of the analyses whose table is one partition (nothing merges their partials)."""
+    return {k for idx, specs in plans.values() if len(specs) == 1 for k in idx}
+
+
+def kept_in_memory(
+    plans: dict[str, tuple[list[int], list[_partition.PartitionSpec]]], spills: list[Any], be: Backend
+) -> list[Any]:
+    """On a device backend, the spill targets with a table of one partition replaced by
+    :class:`gpuclust.engine.shards.KeptKeys`: nothing merges that partition's keyed partials, so
+    they stay in memory for the shards instead of being written to files and read back."""
+    if be.name == "cpu":
+        return spills
+    single = _one_partition(plans)
+    return [_shards.KeptKeys() if k in single and isinstance(f, Path) else f for k, f in enumerate(spills)]
+
+
+def staying(
+    plans: Iterable[tuple[list[int], Sequence[Any]]], ans: Sequence[Analysis], spills: Sequence[Any] | None = None
+) -> set[int]:
+    """The ids of the analyses whose partials stay in device memory until their finalize
+    (``Analysis.device_partial``): their table is one partition (``plans``: the analyses by
+    index and the partitions of each table), so nothing merges them, and they are not spilled to
+    files (``spills``: the local path's targets; kept whole, or their keyed partials kept for the
+    shards, :class:`gpuclust.engine.shards.KeptKeys`).  For a device backend (its callers check)."""
+    return {
+        id(ans[k])
+        for idx, specs in plans
+        if len(specs) == 1
+        for k in idx
+        if ans[k].device_partial and (spills is None or spills[k] is None or isinstance(spills[k], _shards.KeptKeys))
+    }
 
 
 def merge_lists(analyses: Sequence[Analysis], *lists: list[Any]) -> list[Any]:
