@@ -60,7 +60,7 @@ def measure(n_parts: int, keys: int, repeat: int) -> dict[str, Any]:
     def fold() -> dict[str, np.ndarray]:
         acc = parts[0]
         for p in parts[1:]:
-            acc = a.merge(acc, p)
+            acc = a.kinds.merge(acc, p)
         return acc
 
     def tree() -> dict[str, np.ndarray]:

@@ -258,12 +258,12 @@ def finalize_in_memory(a: Any, partial: Any, ctx: Any, *, client: bool = True) -
     caller has already added the analysis' :meth:`client_partial` to ``partial``."""
     cp = a.client_partial(ctx) if client else None
     if cp is not None:
-        partial = a.merge(partial, cp)
-    rest, keyed = a.split(partial)
+        partial = a.kinds.merge(partial, cp)
+    rest, keyed = a.kinds.split(partial)
 
     def shard(bounds: tuple[int, int]) -> tuple[dict[str, list[Any]], Any]:
         lo, hi = bounds
-        sub = {name: slice_keyed(k, *a.key_range(ctx, name, lo, hi)) for name, k in keyed.items()}
+        sub = {name: slice_keyed(k, *a.kinds.key_range(ctx, name, lo, hi)) for name, k in keyed.items()}
         rows, extra = a.finalize_shard(sub, rest, ctx, lo, hi)
         # the rows consumed here, on the shard's thread: the extra is complete once they are
         return {t: [f] if _one_part(f) else list(f) for t, f in rows.items()}, extra

@@ -242,6 +242,12 @@ class Analysis:
     def partial(self, cols: dict[str, Any], ctx: Any, backend: Any) -> Any:
         raise NotImplementedError
 
+    @property
+    def kinds(self) -> Any:
+        """How its partial merges, splits and shards, declared field by field (a
+        :class:`gpuclust.analyses.kinds.Fields`)."""
+        return _Methods(self)
+
     def merge(self, a: Any, b: Any) -> Any:
         raise NotImplementedError
 
@@ -312,3 +318,27 @@ class Analysis:
         from gpuclust.analyses.options import label_of
 
         return label_of(self)
+
+
+class _Methods:
+    """The :attr:`Analysis.kinds` of an analysis that still implements ``merge`` / ``split`` /
+    ``merge_rest`` / ``key_range`` / ``dense_keys`` / ``keyed_rows`` itself (transitional)."""
+
+    def __init__(self, a: Analysis):
+        self.a = a
+        self.rows = a.keyed_rows
+
+    def merge(self, x: Any, y: Any) -> Any:
+        return self.a.merge(x, y)
+
+    def split(self, p: Any) -> Any:
+        return self.a.split(p)
+
+    def merge_rest(self, x: Any, y: Any) -> Any:
+        return self.a.merge_rest(x, y)
+
+    def key_range(self, ctx: Any, name: str, lo: int, hi: int) -> tuple[int, int]:
+        return self.a.key_range(ctx, name, lo, hi)
+
+    def dense_keys(self, ctx: Any) -> Any:
+        return self.a.dense_keys(ctx)

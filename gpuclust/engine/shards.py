@@ -105,7 +105,7 @@ class DenseKeys:
     (:func:`merge_spilled`), into a :class:`_Dense` each instead of being written to files."""
 
     def __init__(self, a: Analysis, ranges: dict[str, tuple[int, int]]):
-        empty = a.split(a.empty())[1]
+        empty = a.kinds.split(a.empty())[1]
         self.dense = {name: _Dense(empty[name], int(first), int(end)) for name, (first, end) in ranges.items()}
 
     def add(self, keyed: dict[str, dict[str, np.ndarray]]) -> None:
@@ -128,11 +128,11 @@ SpillTarget = Path | DenseKeys | KeptKeys
 
 def dense_target(a: Analysis, ctx: Any, folder: SpillTarget | None) -> SpillTarget | None:
     """The local path's spill target of analysis ``a``: :class:`DenseKeys` when ``a`` opts in
-    (``a.dense_keys(ctx)``: the key range ``(first, end)`` of each of its keyed partials, or
+    (``a.kinds.dense_keys(ctx)``: the key range ``(first, end)`` of each of its keyed partials, or
     None) with summed keyed partials only, at most :data:`DENSE_KEYS` keys in all; else
     ``folder`` (only where the client merges partials in partition order)."""
-    ranges = a.dense_keys(ctx) if folder is not None else None
-    if not ranges or set(ranges) & set(a.keyed_rows) or set(ranges) != set(a.split(a.empty())[1]):
+    ranges = a.kinds.dense_keys(ctx) if folder is not None else None
+    if not ranges or set(ranges) & set(a.kinds.rows) or set(ranges) != set(a.kinds.split(a.empty())[1]):
         return folder
     if sum(max(0, end - first) for first, end in ranges.values()) > DENSE_KEYS:
         return folder
@@ -157,7 +157,7 @@ class Spilled:
 def spill(a: Analysis, partial: Any, folder: SpillTarget) -> Spilled:
     """Split a host partial and save its keyed partials under ``folder`` (a :class:`DenseKeys`:
     kept, to be merged into it by :func:`merge_spilled`)."""
-    rest, keyed = a.split(partial)
+    rest, keyed = a.kinds.split(partial)
     if isinstance(folder, DenseKeys):
         return Spilled(rest, dense=folder, pending=keyed)
     if isinstance(folder, KeptKeys):
@@ -169,7 +169,7 @@ def as_spilled(a: Analysis, p: Any) -> Spilled:
     """``p`` as a :class:`Spilled` (an empty partial, the merge identity, has nothing to spill)."""
     if isinstance(p, Spilled):
         return p
-    rest, keyed = a.split(p)
+    rest, keyed = a.kinds.split(p)
     if any(k["key"].shape[0] for k in keyed.values()):
         raise RuntimeError(f"{a.label}: a partial with keyed rows reached the merge without being spilled")
     return Spilled(rest)
@@ -183,7 +183,7 @@ def merge_spilled(a: Analysis, x: Any, y: Any) -> Spilled:
         if s.pending is not None and s.dense is not None:
             s.dense.add(s.pending)
             s.pending = None
-    return Spilled(a.merge_rest(x.rest, y.rest), x.spills + y.spills, x.dense or y.dense, kept=x.kept + y.kept)
+    return Spilled(a.kinds.merge_rest(x.rest, y.rest), x.spills + y.spills, x.dense or y.dense, kept=x.kept + y.kept)
 
 
 def _merge_dense(
@@ -216,10 +216,10 @@ def reduce_shard(
     memory), finalized, each parted table's rows written as part ``index`` under
     ``out/<table>/``; returns ``({table: (file name, rows)}, extra)``."""
     keyed = {}
-    empty = a.split(a.empty())[1]  # the keyed partials' names, fields and dtypes
+    empty = a.kinds.split(a.empty())[1]  # the keyed partials' names, fields and dtypes
     for name in empty:
         fields = [f for f in empty[name] if f != "key"]
-        first, end = a.key_range(ctx, name, lo, hi)
+        first, end = a.kinds.key_range(ctx, name, lo, hi)
         pieces = itertools.chain(
             (read_keyed_range(p, name, fields, first, end) for p in spills),
             (to_host(slice_keyed(k[name], first, end)) for k in kept),
@@ -232,7 +232,7 @@ def reduce_shard(
             if spills:
                 raise RuntimeError(f"{a.label}: keyed partials both spilled and merged in memory")
             keyed[name] = dense.dense[name].take(first, end)
-        elif name in a.keyed_rows:  # disjoint rows: concatenated in partition order
+        elif name in a.kinds.rows:  # disjoint rows: concatenated in partition order
             got = [empty[name], *pieces]
             keyed[name] = {f: np.concatenate([g[f] for g in got]) for f in empty[name]}
         elif end - first <= DENSE_KEYS:

@@ -120,7 +120,7 @@ def merge_lists(analyses: Sequence[Analysis], *lists: list[Any]) -> list[Any]:
         out = [
             _shards.merge_spilled(a, x, y)
             if isinstance(x, _shards.Spilled) or isinstance(y, _shards.Spilled)
-            else a.merge(x, y)
+            else a.kinds.merge(x, y)
             for a, x, y in zip(analyses, out, lst, strict=False)
         ]
     return out

@@ -1,0 +1,289 @@
+"""Partial kinds: how an analysis' partial merges, splits and shards, declared as data.
+
+An analysis declares its partial field by field (:attr:`gpuclust.analyses.base.Analysis.kinds`,
+a :class:`Fields`), and the engine merges, splits and shards partials from that declaration; no
+analysis writes a ``merge``.  The kinds:
+
+:class:`Sum`, :class:`Min`, :class:`Max`
+    Dense arrays (or counters) merged elementwise.
+:class:`Label`
+    The name of the backend a partial was computed on (``gpu`` if either was).
+:class:`Concat`
+    1-D arrays concatenated (a sample of keys, rows of a regression).
+:class:`Keyed`
+    A keyed partial, ``{"key": sorted unique int64, field: values}``, merged by
+    :func:`gpuclust.partials.merge_keyed` (sums, or maxima for the fields named so); with
+    ``rows``, disjoint rows with sorted (possibly repeated) keys, merged by a stable merge of
+    the keys.  With ``per`` it is *sharded*: the engine spills it per partition and reduces it
+    one shard at a time (:mod:`gpuclust.engine.shards`), its keys being ``coordinate x per(ctx)
+    + offset`` so that a shard ``[lo, hi)`` of coordinates is the keys ``[lo x per, hi x per)``.
+:class:`Merged`
+    A field with a merge of its own (a mixture summary, grouped moments, distinct pairs).
+:class:`Flat`
+    Any of these whose arrays sit at the partial's top level under a prefix (``w_key``,
+    ``w_n``, ...) instead of in one dict.
+
+Partials are merged on the host (the engine moves them there first; see
+:mod:`gpuclust.analyses.base`); :meth:`Fields.split` leaves the sharded keyed partials, and the
+fields named in ``stays``, where they are (a device partial's, :attr:`Analysis.device_partial`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from gpuclust.backends import merged_backend
+from gpuclust.keys import pack
+from gpuclust.partials import merge_keyed
+
+__all__ = ["Concat", "Fields", "Flat", "Keyed", "Kind", "Label", "Max", "Merged", "Min", "Sum"]
+
+#: A partial field's value: an array, a dict of arrays, a label, ...
+Value = Any
+
+
+def _to_host(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _to_host(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_host(v) for v in obj)
+    if hasattr(obj, "__cuda_array_interface__") and hasattr(obj, "get"):
+        return obj.get()
+    return obj
+
+
+def _where_it_is(v: Any) -> Any:
+    return v if hasattr(v, "__cuda_array_interface__") else np.asarray(v)
+
+
+class Kind:
+    """How one field of a partial merges (a subclass per kind)."""
+
+    def merge(self, a: Value, b: Value) -> Value:
+        raise NotImplementedError
+
+    @property
+    def keyed(self) -> Keyed | None:
+        """The :class:`Keyed` this kind is (directly or stored :class:`Flat`), else None."""
+        return None
+
+    def take(self, p: Mapping[str, Any], name: str) -> Value:
+        """Field ``name``'s value in partial ``p``."""
+        return p[name]
+
+    def put(self, name: str, v: Value) -> dict[str, Any]:
+        """The partial entries that hold value ``v`` of field ``name``."""
+        return {name: v}
+
+
+@dataclass(frozen=True)
+class Sum(Kind):
+    """Elementwise sum (dense blocks, counters); ``ragged``: arrays whose last axis may differ in
+    length, the entries one lacks counted as 0 (sums over a range that grows as partitions see
+    more of it)."""
+
+    ragged: bool = False
+
+    def merge(self, a: Value, b: Value) -> Value:
+        if not self.ragged:
+            return a + b
+        a, b = np.asarray(a), np.asarray(b)
+        if a.shape[-1] < b.shape[-1]:
+            a, b = b, a
+        if not b.shape[-1]:
+            return a
+        out = a.copy()
+        out[..., : b.shape[-1]] += b
+        return out
+
+
+@dataclass(frozen=True)
+class Min(Kind):
+    """Elementwise minimum."""
+
+    def merge(self, a: Value, b: Value) -> Value:
+        return np.minimum(a, b)
+
+
+@dataclass(frozen=True)
+class Max(Kind):
+    """Elementwise maximum."""
+
+    def merge(self, a: Value, b: Value) -> Value:
+        return np.maximum(a, b)
+
+
+@dataclass(frozen=True)
+class Label(Kind):
+    """The backend a partial was computed on: ``gpu`` if either was, so that its finalize runs on
+    the device where there is one (:func:`gpuclust.backends.merged_backend`)."""
+
+    def merge(self, a: Value, b: Value) -> Value:
+        return merged_backend(a, b)
+
+
+@dataclass(frozen=True)
+class Concat(Kind):
+    """1-D arrays concatenated in merge order."""
+
+    def merge(self, a: Value, b: Value) -> Value:
+        return np.concatenate([np.asarray(a), np.asarray(b)])
+
+
+@dataclass(frozen=True)
+class Merged(Kind):
+    """A field merged by ``fn(a, b)`` (associative; its own module carries the proof)."""
+
+    fn: Callable[[Value, Value], Value]
+
+    def merge(self, a: Value, b: Value) -> Value:
+        return self.fn(a, b)
+
+
+@dataclass(frozen=True)
+class Keyed(Kind):
+    """A keyed partial (see the module docstring).
+
+    ``maxima``: fields merged by maximum, not summed; ``cast``: ``{field: dtype}`` each field
+    is widened to before a merge (counts kept narrow in a partition); ``rows``: disjoint sorted
+    rows, merged by a stable merge of their keys; ``per``: keys per shard coordinate, from the
+    context (a sharded keyed partial); ``dense``: the number of keys it can span, from the
+    context, when the local engine may merge it in memory into dense accumulators instead of
+    spilling it (None there, or no ``dense``: spilled)."""
+
+    maxima: tuple[str, ...] = ()
+    cast: Mapping[str, Any] = field(default_factory=dict)
+    rows: bool = False
+    per: Callable[[Any], int] | None = None
+    dense: Callable[[Any], int | None] | None = None
+
+    @property
+    def keyed(self) -> Keyed:
+        return self
+
+    def merge(self, a: Value, b: Value) -> Value:
+        a, b = self._cast(a), self._cast(b)
+        if not self.rows:
+            return merge_keyed(a, b, maxima=self.maxima)
+        if not b["key"].shape[0]:
+            return a
+        if not a["key"].shape[0]:
+            return b
+        cat = {f: np.concatenate([np.asarray(a[f]), np.asarray(b[f])]) for f in a}
+        order = np.argsort(cat["key"], kind="stable")
+        return {f: v[order] for f, v in cat.items()}
+
+    def _cast(self, p: dict[str, Any]) -> dict[str, Any]:
+        if not self.cast:
+            return p
+        return {f: np.asarray(v).astype(self.cast[f], copy=False) if f in self.cast else v for f, v in p.items()}
+
+
+@dataclass(frozen=True)
+class Flat(Kind):
+    """Kind ``inner`` of a dict whose entries sit at the partial's top level, each named
+    ``prefix + entry`` (``entries``: the entry names, ``key`` first for a keyed partial)."""
+
+    inner: Kind
+    prefix: str
+    entries: tuple[str, ...]
+
+    @property
+    def keyed(self) -> Keyed | None:
+        return self.inner.keyed
+
+    def merge(self, a: Value, b: Value) -> Value:
+        return self.inner.merge(a, b)
+
+    def take(self, p: Mapping[str, Any], name: str) -> Value:
+        return {e: p[self.prefix + e] for e in self.entries}
+
+    def put(self, name: str, v: Value) -> dict[str, Any]:
+        return {self.prefix + e: v[e] for e in self.entries}
+
+
+@dataclass(frozen=True)
+class Fields:
+    """A partial declared field by field: ``kinds`` maps each field's name to its :class:`Kind`;
+    ``stays`` names the top-level entries of the rest a split leaves where they are (on the
+    device: a finalize reduces them there) instead of moving them to the host.
+
+    The engine's operations on partials: :meth:`merge`, and for a sharded analysis :meth:`split`
+    (rest and keyed partials), :meth:`merge_rest`, :meth:`key_range`, :meth:`dense_keys` and
+    :attr:`rows`."""
+
+    kinds: Mapping[str, Kind]
+    stays: tuple[str, ...] = ()
+
+    def merge(self, a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
+        """Two partials merged field by field (associative and commutative up to float rounding)."""
+        return self._merge(a, b, self.kinds)
+
+    @property
+    def sharded(self) -> tuple[str, ...]:
+        """The sharded keyed partials' names (:class:`Keyed` with ``per``), in declaration order."""
+        return tuple(n for n, k in self.kinds.items() if k.keyed is not None and k.keyed.per is not None)
+
+    @property
+    def rows(self) -> tuple[str, ...]:
+        """The sharded keyed partials that are disjoint rows (concatenated, not summed)."""
+        return tuple(n for n in self.sharded if self._keyed(n).rows)
+
+    def split(self, p: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+        """``(rest, keyed)``: the other fields (on the host, but for :attr:`stays`) and the sharded
+        keyed partials, ``{name: {"key": ..., field: values}}``, left where they are."""
+        rest: dict[str, Any] = {}
+        keyed: dict[str, dict[str, Any]] = {}
+        for name, kind in self.kinds.items():
+            v = kind.take(p, name)
+            if name in self.sharded:
+                keyed[name] = {f: _where_it_is(x) for f, x in v.items()}
+            else:
+                for k, x in kind.put(name, v).items():
+                    rest[k] = x if k in self.stays else _to_host(x)
+        return rest, keyed
+
+    def merge_rest(self, a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
+        """Two rests of :meth:`split` merged."""
+        sharded = self.sharded
+        return self._merge(a, b, {n: k for n, k in self.kinds.items() if n not in sharded})
+
+    def key_range(self, ctx: Any, name: str, lo: int, hi: int) -> tuple[int, int]:
+        """The keys ``[first, end)`` of sharded keyed partial ``name`` in the shard of coordinates
+        ``[lo, hi)``."""
+        per = self._per(name, ctx)
+        return int(pack(lo, 0, per)), int(pack(hi, 0, per))
+
+    def dense_keys(self, ctx: Any) -> dict[str, tuple[int, int]] | None:
+        """``{name: (0, keys)}`` for the sharded keyed partials when every one may be merged into
+        dense accumulators (see :class:`Keyed`), else None."""
+        out = {}
+        for name in self.sharded:
+            kd = self._keyed(name)
+            n = kd.dense(ctx) if kd.dense is not None and not kd.rows else None
+            if n is None:
+                return None
+            out[name] = (0, int(n))
+        return out or None
+
+    def _keyed(self, name: str) -> Keyed:
+        kd = self.kinds[name].keyed
+        assert kd is not None
+        return kd
+
+    def _per(self, name: str, ctx: Any) -> int:
+        per = self._keyed(name).per
+        if per is None:
+            raise KeyError(f"{name!r} is not a sharded keyed partial")
+        return int(per(ctx))
+
+    @staticmethod
+    def _merge(a: Mapping[str, Any], b: Mapping[str, Any], kinds: Mapping[str, Kind]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name, kind in kinds.items():
+            out.update(kind.put(name, kind.merge(kind.take(a, name), kind.take(b, name))))
+        return out
