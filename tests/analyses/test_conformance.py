@@ -123,14 +123,14 @@ def test_merge_laws_and_partition_invariance(analysis, backend, tables, data):
     full = host_frames(analysis.finalize(whole, ctx))  # converted once, compared five times
     e = to_host(analysis.empty(backend))
     # identity
-    assert_results_equal(analysis.finalize(analysis.merge(e, whole), ctx), full)
-    assert_results_equal(analysis.finalize(analysis.merge(whole, e), ctx), full)
+    assert_results_equal(analysis.finalize(analysis.kinds.merge(e, whole), ctx), full)
+    assert_results_equal(analysis.finalize(analysis.kinds.merge(whole, e), ctx), full)
     # partition invariance, commutativity, associativity
     c1, c2 = sorted(data.draw(st.lists(st.sampled_from(cuts), min_size=2, max_size=2)))
     pa_, pb, pc = (partial_of(analysis, t.slice(lo, hi - lo), ctx, backend) for lo, hi in ((0, c1), (c1, c2), (c2, n)))
-    left = analysis.merge(analysis.merge(pa_, pb), pc)
-    right = analysis.merge(pa_, analysis.merge(pb, pc))
-    swapped = analysis.merge(pc, analysis.merge(pb, pa_))
+    left = analysis.kinds.merge(analysis.kinds.merge(pa_, pb), pc)
+    right = analysis.kinds.merge(pa_, analysis.kinds.merge(pb, pc))
+    swapped = analysis.kinds.merge(pc, analysis.kinds.merge(pb, pa_))
     for p in (left, right, swapped):
         assert_results_equal(analysis.finalize(p, ctx), full)
 
@@ -170,7 +170,7 @@ def test_single_rows(analysis, edge_backend, tables):
     t, cuts = cuttable(analysis, tables[analysis.table])
     acc = to_host(analysis.empty(edge_backend))
     for lo, hi in zip(cuts, cuts[1:], strict=False):
-        acc = analysis.merge(acc, partial_of(analysis, t.slice(lo, hi - lo), ctx, edge_backend))
+        acc = analysis.kinds.merge(acc, partial_of(analysis, t.slice(lo, hi - lo), ctx, edge_backend))
     assert_results_equal(
         analysis.finalize(acc, ctx), analysis.finalize(partial_of(analysis, t, ctx, edge_backend), ctx)
     )
