@@ -26,6 +26,7 @@ import numpy as np
 from gpuclust._lazy import pandas as pd
 from gpuclust._xp import bincount
 from gpuclust.analyses.base import Analysis
+from gpuclust.analyses.kinds import Fields, Sum
 from gpuclust.partials import log_bins
 from gpuclust.schema import TIME_AFTER_TRACE
 from gpuclust.stats import CpiFilter
@@ -157,8 +158,10 @@ class CpiHistograms(Analysis):
             for var, v, edges in (("cpi", cpi, ctx.cpi_edges), ("mai", mai, ctx.mai_edges))
         }
 
-    def merge(self, a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return {k: a[k] + b[k] for k in ("cpi", "mai")}
+    @property
+    def kinds(self) -> Fields:
+        """Two histograms of row counts, summed."""
+        return Fields({"cpi": Sum(), "mai": Sum()})
 
     def finalize(self, partial: dict[str, np.ndarray], ctx: HistogramsContext) -> dict[str, pd.DataFrame]:
         return {"hist": pd.DataFrame({"cpi": np.asarray(partial["cpi"]), "mai": np.asarray(partial["mai"])})}

@@ -34,6 +34,7 @@ import pyarrow.parquet as pq
 from gpuclust._xp import bincount
 from gpuclust.analyses.base import Analysis, is_null_int
 from gpuclust.analyses.grouping import distinct_sorted, instance_order
+from gpuclust.analyses.kinds import Fields, Sum
 from gpuclust.analyses.lifecycle import EXPECTED, STATE_AFTER
 from gpuclust.arrow_numpy import schema_table
 from gpuclust.schema import (
@@ -281,8 +282,10 @@ class TableProfile(Analysis):
         out["counts"] = xp.asarray(cnt)
         return out
 
-    def merge(self, a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return {k: a[k] + b[k] for k in a}
+    @property
+    def kinds(self) -> Fields:
+        """Dense counters, summed."""
+        return Fields({"nulls": Sum(), "counts": Sum(), "codes": Sum()})
 
     def finalize(self, partial: dict[str, np.ndarray], ctx: Any) -> dict[str, pa.Table]:
         p = {k: np.asarray(v) for k, v in partial.items()}

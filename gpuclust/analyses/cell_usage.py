@@ -34,10 +34,11 @@ from gpuclust._xp import bincount
 from gpuclust.analyses._lookup import EVENT_COLUMNS, InstanceLookup, machine_capacities, tier_lookup, triple_hash
 from gpuclust.analyses.base import Analysis, fmt, is_null_int, nan_sum, null_int
 from gpuclust.analyses.grouping import HOUR_US, bucket_span
+from gpuclust.analyses.kinds import Fields, Flat, Keyed, Sum
 from gpuclust.analyses.options import CELL_USAGE_MODE, CELL_USAGE_MODES, tier_map_option
 from gpuclust.arrow_numpy import table, table_from_rows
 from gpuclust.keys import pack, pack_bits, unpack, unpack_bits
-from gpuclust.partials import keyed_reduce, merge_keyed
+from gpuclust.partials import keyed_reduce
 from gpuclust.schema import TIME_AFTER_TRACE, TierMap
 from gpuclust.tables import as_arrow, column
 from gpuclust.tiers import TierNames, check_tier_slots, resolve_tier_map
@@ -62,6 +63,8 @@ STATS = (
     "unbounded_windows",
     "used_windows",
 )
+#: The fields of the keyed (hour, tier) partial, ``key`` first.
+_KEYED = ("key", "cpu", "mem", "cpu_n", "mem_n", "windows")
 
 
 @dataclass(frozen=True)
@@ -189,7 +192,7 @@ class CellUsage(Analysis):
         )
         return replace(ctx, lookup=lk)
 
-    # ---------------------------------------------------------------- partial / merge
+    # ---------------------------------------------------------------- partial / kinds
     def empty(self, backend: Any = None) -> dict[str, np.ndarray]:
         return {
             "key": np.zeros(0, np.int64),
@@ -359,12 +362,10 @@ class CellUsage(Analysis):
             "windows": dwin[idx][order],
         }
 
-    def merge(self, a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        ka = {k: v for k, v in a.items() if k != "stats"}
-        kb = {k: v for k, v in b.items() if k != "stats"}
-        out = merge_keyed(ka, kb)
-        out["stats"] = a["stats"] + b["stats"]
-        return out
+    @property
+    def kinds(self) -> Fields:
+        """The (hour, tier) sums, a keyed partial at the partial's top level, and the counters."""
+        return Fields({"usage": Flat(Keyed(), "", _KEYED), "stats": Sum()})
 
     # ---------------------------------------------------------------- finalize
     def finalize(self, partial: dict[str, np.ndarray], ctx: CellUsageContext) -> dict[str, pa.Table]:

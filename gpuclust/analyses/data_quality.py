@@ -49,6 +49,7 @@ from gpuclust.analyses._quality import (
 )
 from gpuclust.analyses.base import Analysis, fmt
 from gpuclust.analyses.grouping import instance_order
+from gpuclust.analyses.kinds import Fields, Sum
 from gpuclust.analyses.options import option
 from gpuclust.arrow_numpy import schema_table, table_from_rows, to_numpy
 from gpuclust.partials import bin_quantile_edges, bin_rows, log_bins
@@ -193,7 +194,7 @@ class DataQuality(Analysis):
         # the lookup sorts its keys by hash: its codes are the positions in end
         return replace(ctx, lookup=lk, end_us=end, per_partition=grain is not None)
 
-    # ---------------------------------------------------------------- partial / merge
+    # ---------------------------------------------------------------- partial / kinds
     def empty(self, backend: Any = None) -> dict[str, np.ndarray]:
         return {
             "nulls": np.zeros(len(self.columns), np.int64),
@@ -224,8 +225,10 @@ class DataQuality(Analysis):
         out["counts"] = xp.asarray(cnt)
         return out
 
-    def merge(self, a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return {k: a[k] + b[k] for k in a}
+    @property
+    def kinds(self) -> Fields:
+        """Dense counters, summed."""
+        return Fields({"nulls": Sum(), "counts": Sum(), "ratio": Sum()})
 
     # ---------------------------------------------------------------- finalize
     def finalize(self, partial: dict[str, np.ndarray], ctx: DataQualityContext) -> dict[str, pa.Table]:

@@ -48,6 +48,7 @@ from gpuclust.analyses._job_groups import group_windows, key_table
 from gpuclust.analyses._lookup import EVENT_COLUMNS, TierLookupContext, priority_lookup
 from gpuclust.analyses.base import Analysis, fmt, is_null_int
 from gpuclust.analyses.grouping import unique_codes
+from gpuclust.analyses.kinds import Fields, Flat, Keyed, Merged, Sum
 from gpuclust.analyses.options import option, tier_map_option
 from gpuclust.arrow_numpy import labels, rows_table, table, table_from_rows
 from gpuclust.partials import merge_keyed
@@ -208,6 +209,16 @@ def _merge_same_keys(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict
     return out
 
 
+def _merge_collections(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Two per-collection partials (:data:`_FIELDS`) merged: sums by :func:`merge_keyed`, the
+    priority by maximum; partials over the same lookup's collections (the cpu path's dense
+    arrays, one per code) add elementwise (:func:`_merge_same_keys`: the same values, without
+    merge_keyed's NaN passes)."""
+    fa, fb = ({f: np.asarray(p[f]) for f in _FIELDS} for p in (a, b))
+    out = _merge_same_keys(fa, fb)
+    return merge_keyed(fa, fb, maxima=("prio",)) if out is None else out
+
+
 def _pearson(a: np.ndarray, b: np.ndarray) -> float:
     if a.shape[0] < 2 or np.ptp(a) == 0 or np.ptp(b) == 0:
         return np.nan
@@ -277,7 +288,7 @@ class JobUsage(Analysis):
         collections, key_collection = unique_codes(lookup.collection)
         return replace(ctx, lookup=lookup, collections=collections, key_collection=key_collection)
 
-    # ---------------------------------------------------------------- partial / merge
+    # ---------------------------------------------------------------- partial / kinds
     def empty(self, backend: Any = None) -> dict[str, np.ndarray]:
         return {
             **_empty_keyed(),
@@ -412,17 +423,18 @@ class JobUsage(Analysis):
         out["prio"] = run_max[last] - xp.arange(G, dtype=xp.int64) * width - 1
         return out
 
-    def merge(self, a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        # sums by merge_keyed, the priority by maximum: partials over the same lookup's
-        # collections (the cpu path's dense arrays, one per code) add elementwise there
-        fa, fb = ({f: np.asarray(p[f]) for f in _FIELDS} for p in (a, b))
-        out = _merge_same_keys(fa, fb)
-        if out is None:
-            out = merge_keyed(fa, fb, maxima=("prio",))
-        xa, xb = ({f: np.asarray(p["x" + f]) for f in _FIELDS} for p in (a, b))
-        out.update({"x" + k: v for k, v in merge_keyed(xa, xb, maxima=("prio",)).items()})
-        out["stats"] = a["stats"] + b["stats"]
-        return out
+    @property
+    def kinds(self) -> Fields:
+        """The per-collection partial at the top level (:func:`_merge_collections`: merge_keyed's
+        sums, the priority by maximum, with the same-keys fast path), the collections without
+        events beside it (``x*``, keyed), and the counters."""
+        return Fields(
+            {
+                "collections": Flat(Merged(_merge_collections), "", _FIELDS),
+                "extra": Flat(Keyed(maxima=("prio",)), "x", _FIELDS),
+                "stats": Sum(),
+            }
+        )
 
     # ---------------------------------------------------------------- finalize
     def finalize(self, partial: dict[str, np.ndarray], ctx: JobUsageContext) -> dict[str, pa.Table]:

@@ -92,9 +92,9 @@ from gpuclust.analyses._lifecycle_tables import (
     delay_bins,
 )
 from gpuclust.analyses.base import Analysis
+from gpuclust.analyses.kinds import Fields, Keyed, Max, Min, Sum
 from gpuclust.analyses.options import option, tier_map_option
 from gpuclust.keys import hash64
-from gpuclust.partials import merge_keyed
 from gpuclust.schema import TierMap
 from gpuclust.tiers import TierNames, check_tier_slots, resolve_tier_map
 
@@ -155,7 +155,7 @@ class Lifecycle(Analysis):
     key_columns: ClassVar[tuple[str, ...]] = ("collection_id", "instance_index")
     thing: ClassVar[str] = "instance"
     #: The names of the kinds of thing, by ``collection_type`` (0, 1, NULL or other).
-    kinds: ClassVar[tuple[str, str, str]] = ("task", "alloc_instance", "unknown")
+    thing_kinds: ClassVar[tuple[str, str, str]] = ("task", "alloc_instance", "unknown")
 
     @property
     def columns(self) -> tuple[str, ...]:
@@ -169,7 +169,7 @@ class Lifecycle(Analysis):
         tm = check_tier_slots("lifecycle", resolve_tier_map(self.tier_map, source))
         return LifecycleContext(tm, max_finite(source, self.table, "time"))
 
-    # ---------------------------------------------------------------- partial / merge
+    # ---------------------------------------------------------------- partial / kinds
     def empty(self, backend: Any = None) -> dict[str, Any]:
         """The empty partial, its dense arrays in ``backend``'s memory (made there: nothing is
         copied to a device); the keyed series stay host arrays."""
@@ -208,7 +208,7 @@ class Lifecycle(Analysis):
                 threads=min(2, threads()),
             )
         )
-        return self.merge(parts[0], parts[1])
+        return self.kinds.merge(parts[0], parts[1])
 
     def _replay(self, cols: dict[str, Any], ctx: LifecycleContext, backend: Any) -> dict[str, Any]:
         """The partial of one set of whole instances' events: each step a few whole-array
@@ -248,20 +248,30 @@ class Lifecycle(Analysis):
         out["counters"] = xp.asarray(np.array([counters[c] for c in _COUNTERS], np.int64))
         return out
 
-    def merge(self, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-        out = {
-            k: a[k] + b[k] for k in ("events", "transitions", "episodes", "hist", "dur_sum", "instances", "counters")
-        }
-        out["dur_min"] = np.minimum(a["dur_min"], b["dur_min"])
-        out["dur_max"] = np.maximum(a["dur_max"], b["dur_max"])
-        out["series"] = merge_keyed(a["series"], b["series"])
-        return out
+    @property
+    def kinds(self) -> Fields:
+        """Dense counts and duration sums (summed), the durations' minima and maxima, and the
+        series, a keyed partial (summed)."""
+        return Fields(
+            {
+                "events": Sum(),
+                "transitions": Sum(),
+                "episodes": Sum(),
+                "hist": Sum(),
+                "dur_sum": Sum(),
+                "dur_min": Min(),
+                "dur_max": Max(),
+                "instances": Sum(),
+                "series": Keyed(),
+                "counters": Sum(),
+            }
+        )
 
     # ---------------------------------------------------------------- finalize
     def finalize(self, partial: dict[str, Any], ctx: LifecycleContext) -> dict[str, pa.Table]:
         """Arrow tables, built without pandas (see :mod:`gpuclust.tables`)."""
         return result_tables(
-            partial, ctx, name=self.name, kinds=self.kinds, thing=self.thing, bucket_s=int(self.bucket_s)
+            partial, ctx, name=self.name, kinds=self.thing_kinds, thing=self.thing, bucket_s=int(self.bucket_s)
         )
 
     def summary(self, result: dict[str, Any]) -> str:
@@ -285,7 +295,7 @@ class CollectionLifecycle(Lifecycle):
     requires = ("collection_events",)
     key_columns = ("collection_id",)
     thing = "collection"
-    kinds = ("job", "alloc_set", "unknown")
+    thing_kinds = ("job", "alloc_set", "unknown")
 
     @property
     def side_inputs(self) -> dict[str, tuple[str, ...]]:

@@ -23,6 +23,7 @@ import pyarrow as pa
 
 from gpuclust.analyses.base import Analysis, fmt
 from gpuclust.analyses.grouping import unique_counts
+from gpuclust.analyses.kinds import Fields, Flat, Merged
 from gpuclust.arrow_numpy import table
 from gpuclust.keys import pack_bits, unpack_bits
 from gpuclust.tables import as_arrow
@@ -49,6 +50,13 @@ def _distinct_pairs(xp: Any, shape: Any, machine: Any) -> dict[str, Any]:
     keep = xp.ones(s.shape[0], dtype=bool)
     keep[1:] = (s[1:] != s[:-1]) | (m[1:] != m[:-1])
     return {"shape": s[keep], "machine_id": m[keep]}
+
+
+def _merge_pairs(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The union of two host partials' sorted distinct (shape, machine) pairs."""
+    return _distinct_pairs(
+        np, np.concatenate([a["shape"], b["shape"]]), np.concatenate([a["machine_id"], b["machine_id"]])
+    )
 
 
 @dataclass(frozen=True)
@@ -78,10 +86,11 @@ class MachineShapes(Analysis):
         shape = pack_bits(_bits(xp, cols["cap_cpu"]), _bits(xp, cols["cap_mem"]), 32)
         return _distinct_pairs(xp, shape, cols["machine_id"])
 
-    def merge(self, a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return _distinct_pairs(
-            np, np.concatenate([a["shape"], b["shape"]]), np.concatenate([a["machine_id"], b["machine_id"]])
-        )
+    @property
+    def kinds(self) -> Fields:
+        """The distinct (shape, machine) pairs, at the partial's top level, merged as a union
+        (:func:`_merge_pairs`)."""
+        return Fields({"pairs": Flat(Merged(_merge_pairs), "", ("shape", "machine_id"))})
 
     def finalize(self, partial: dict[str, np.ndarray], ctx: Any) -> dict[str, pa.Table]:
         """The shapes table (an Arrow table, built without pandas)."""

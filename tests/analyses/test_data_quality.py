@@ -401,8 +401,8 @@ def test_table_profiles_merge_laws(seed, row_order):
         p1, p2, p3 = part(t.slice(0, c1)), part(t.slice(c1, c2 - c1)), part(t.slice(c2))
         whole = a.finalize(part(t), ctx)
         for merged in (
-            a.merge(a.merge(p1, p2), p3),
-            a.merge(p3, a.merge(p2, p1)),
-            a.merge(a.empty(), a.merge(p1, a.merge(p2, p3))),
+            a.kinds.merge(a.kinds.merge(p1, p2), p3),
+            a.kinds.merge(p3, a.kinds.merge(p2, p1)),
+            a.kinds.merge(a.empty(), a.kinds.merge(p1, a.kinds.merge(p2, p3))),
         ):
             assert_results_same({"p": a.finalize(merged, ctx)}, {"p": whole})

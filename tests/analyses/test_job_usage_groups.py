@@ -176,19 +176,21 @@ def test_dense_partials_merge_and_finalize_as_keyed_ones():
     slow = [a.partial(p, ctx, GENERIC) for p in parts]
     want = a.empty()
     for p in slow:
-        want = a.merge(want, p)
+        want = a.kinds.merge(want, p)
     want = convert({"r": a.finalize(want, ctx)}, "pandas")["r"]
     for seq in (fast, fast[::-1], [fast[0], slow[1], fast[2], slow[3]], [slow[0], fast[1], slow[2], fast[3]]):
         acc = a.empty()
         for p in seq:
-            acc = a.merge(acc, p)
+            acc = a.kinds.merge(acc, p)
         got = convert({"r": a.finalize(acc, ctx)}, "pandas")["r"]
         for k in want:
             pd.testing.assert_frame_equal(got[k], want[k], check_exact=False, rtol=1e-12)
-    # in partition order, as the engine merges: bit for bit
+    # in partition order, as the engine merges: bit for bit, the dense partials added elementwise
+    # (their key array kept: not merge_keyed's copy)
     acc = a.empty()
     for p in fast:
-        acc = a.merge(acc, p)
+        acc = a.kinds.merge(acc, p)
+    assert acc["key"] is ctx.collections and acc["xkey"].shape[0] > 0
     got = convert({"r": a.finalize(acc, ctx)}, "pandas")["r"]
     for k in want:
         pd.testing.assert_frame_equal(got[k], want[k], check_exact=True)
