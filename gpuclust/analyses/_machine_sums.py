@@ -1,7 +1,8 @@
 """The keyed sums of ``machine-utilization``'s partials: per machine-bucket key the float64 sums of
 CPU and memory usage, the windows and the values that are not finite (:func:`keyed_sums`), summed
 densely (``bincount`` over every machine-bucket) or over the used rows sorted by key, and the
-counts' dtypes for spilling (:func:`narrow`) and merging (:func:`widen`).
+counts' dtypes for spilling (:func:`narrow`) and merging (:data:`COUNTS`, which the keyed sums are
+widened to before a merge: ``Keyed(cast=COUNTS)``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import numpy as np
 from gpuclust._xp import bincount
 from gpuclust.keys import pack_bits, unpack_bits
 
-__all__ = ["COUNTS", "NULL_BITS", "keyed_sums", "narrow", "widen"]
+__all__ = ["COUNTS", "NULL_BITS", "keyed_sums", "narrow"]
 
 #: The keyed sums' integer fields and their dtypes: ``windows`` and ``nulls``, the values per key
 #: that are not finite (SQL NULLs; an infinite value is summed but not counted as known), CPU's
@@ -34,11 +35,6 @@ def narrow(xp: Any, c: Any) -> Any:
     return c.astype(
         xp.uint8 if top < 1 << 8 else xp.uint16 if top < 1 << 16 else xp.int32 if top < 1 << 31 else xp.int64
     )
-
-
-def widen(u: dict[str, Any]) -> dict[str, Any]:
-    """A keyed partial with its counts in the dtypes of :data:`COUNTS` (so merges add in them)."""
-    return {f: (np.asarray(v).astype(COUNTS[f], copy=False) if f in COUNTS else v) for f, v in u.items()}
 
 
 def keyed_sums(backend: Any, key: Any, cells: int, cpu: Any, mem: Any) -> dict[str, Any]:

@@ -43,16 +43,16 @@ import pyarrow as pa
 from gpuclust.analyses._extent import max_finite, to_f64, to_i64
 from gpuclust.analyses._intervals import capacity_intervals
 from gpuclust.analyses._lookup import MachineHash, machine_capacities
-from gpuclust.analyses._machine_sums import COUNTS, NULL_BITS, keyed_sums, widen
+from gpuclust.analyses._machine_sums import COUNTS, NULL_BITS, keyed_sums
 from gpuclust.analyses._machine_up import min_start, up_grid
 from gpuclust.analyses.base import Analysis, fmt, null_int
 from gpuclust.analyses.grouping import bucket_pieces
+from gpuclust.analyses.kinds import Fields, Keyed, Label, Sum
 from gpuclust.analyses.options import option
 from gpuclust.arrow_numpy import schema_table, table, table_from_rows
-from gpuclust.backends import finalize_backend, merged_backend
+from gpuclust.backends import finalize_backend
 from gpuclust.keys import pack, unpack, unpack_bits
 from gpuclust.parted import column_batches, finalize_in_memory
-from gpuclust.partials import merge_keyed
 from gpuclust.schema import TIME_AFTER_TRACE
 from gpuclust.tables import as_arrow
 
@@ -65,7 +65,7 @@ MODES = ("time-weighted", "notebook")
 QUANTILES = tuple(np.round(np.arange(101) / 100, 2).tolist())
 #: Machine-buckets per shard of the machine table (one Parquet part).
 SHARD_CELLS = 1 << 18
-#: Most machine-buckets merged in memory by the local engine (:meth:`MachineUtilization.dense_keys`):
+#: Most machine-buckets merged in memory by the local engine (:func:`_dense_cells`):
 #: 8 Mi, 240 MiB of accumulators (a 2019 cell, ~12,000 machines x 8,928 buckets, spills).
 DENSE_CELLS = 1 << 23
 RESOURCES = (("cpu", "avg_cpu", "cap_cpu"), ("mem", "avg_mem", "cap_mem"))
@@ -107,6 +107,21 @@ class MachineUtilizationContext:
     #: arrays sorted by code; from :func:`capacity_intervals`) and the window ``(w0, w1)``
     up: dict[str, np.ndarray] | None = None
     window: tuple[int, int] = (0, 0)
+
+
+def _span(ctx: MachineUtilizationContext) -> int:
+    """Keys per machine code in the keyed sums: the bucket span."""
+    return ctx.span
+
+
+def _dense_cells(ctx: MachineUtilizationContext) -> int | None:
+    """The keys of the keyed sums, every machine-bucket, when there are at most
+    :data:`DENSE_CELLS`: the local engine then merges each partition's sums in memory, in
+    partition order, into dense accumulators (29 B a machine-bucket) instead of spilling them
+    (:mod:`gpuclust.engine.shards`; at 6.4e7 windows a partition of 1 Mi rows touches 0.9 M
+    of the 5.3 M machine-buckets: 1.5 GB of spill files, 2-3 s of system time)."""
+    cells = int(ctx.machine_ids.shape[0]) * ctx.span
+    return cells if cells <= DENSE_CELLS else None
 
 
 @dataclass(frozen=True)
@@ -258,41 +273,20 @@ class MachineUtilization(Analysis):
         out["u"] = keyed_sums(backend, key, cells, cpu, mem)
         return out
 
-    def merge(self, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "u": merge_keyed(widen(a["u"]), widen(b["u"])),
-            "stats": a["stats"] + b["stats"],
-            "backend": merged_backend(a["backend"], b["backend"]),
-        }
+    @property
+    def kinds(self) -> Fields:
+        """The keyed sums ``u`` per machine-bucket (counts widened to :data:`COUNTS` before they
+        add; sharded by machine, :attr:`MachineUtilizationContext.span` keys a machine; merged in
+        memory when there are few, :func:`_dense_cells`), the counters and the backend."""
+        return Fields({"u": Keyed(cast=COUNTS, per=_span, dense=_dense_cells), "stats": Sum(), "backend": Label()})
 
     # ---------------------------------------------------------------- shards
-    def split(self, partial: dict[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, np.ndarray]]]:
-        return (
-            {"stats": partial["stats"], "backend": partial["backend"]},
-            {"u": {f: np.asarray(v) for f, v in partial["u"].items()}},
-        )
-
-    def merge_rest(self, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-        return {"stats": a["stats"] + b["stats"], "backend": merged_backend(a["backend"], b["backend"])}
-
     def shards(self, ctx: MachineUtilizationContext, rest: dict[str, Any]) -> list[tuple[int, int]]:
         """Ranges of machine codes of at most about :data:`SHARD_CELLS` machine-buckets each, of
         equal size."""
         M = int(ctx.machine_ids.shape[0])
         k = -(-M // max(1, SHARD_CELLS // max(ctx.span, 1)))  # shards, of equal size (no small last one)
         return [(M * i // k, M * (i + 1) // k) for i in range(k)] or [(0, 0)]
-
-    def key_range(self, ctx: MachineUtilizationContext, name: str, lo: int, hi: int) -> tuple[int, int]:
-        return pack(lo, 0, ctx.span), pack(hi, 0, ctx.span)
-
-    def dense_keys(self, ctx: MachineUtilizationContext) -> dict[str, tuple[int, int]] | None:
-        """The keys of the keyed sums, every machine-bucket, when there are at most
-        :data:`DENSE_CELLS`: the local engine then merges each partition's sums in memory, in
-        partition order, into dense accumulators (29 B a machine-bucket) instead of spilling them
-        (:mod:`gpuclust.engine.shards`; at 6.4e7 windows a partition of 1 Mi rows touches 0.9 M
-        of the 5.3 M machine-buckets: 1.5 GB of spill files, 2-3 s of system time)."""
-        cells = int(ctx.machine_ids.shape[0]) * ctx.span
-        return {"u": (0, cells)} if cells <= DENSE_CELLS else None
 
     def finalize(self, partial: dict[str, Any], ctx: MachineUtilizationContext) -> dict[str, Any]:
         return finalize_in_memory(self, partial, ctx)

@@ -72,14 +72,14 @@ from gpuclust.analyses._overcommit_partial import (
     interval_partial,
     usage_sums,
 )
-from gpuclust.analyses.base import Analysis, host_or_device, is_null_int, to_host
+from gpuclust.analyses.base import Analysis, is_null_int, to_host
 from gpuclust.analyses.grouping import bucket_grid, isin_sorted, unique_sorted
+from gpuclust.analyses.kinds import Fields, Keyed, Label, Sum
 from gpuclust.analyses.options import Relation, option, tier_map_option
 from gpuclust.arrow_numpy import table, table_from_rows
-from gpuclust.backends import finalize_backend, merged_backend
+from gpuclust.backends import finalize_backend
 from gpuclust.keys import pack
 from gpuclust.parted import finalize_in_memory
-from gpuclust.partials import merge_keyed
 from gpuclust.schema import TIME_AFTER_TRACE, TierMap
 from gpuclust.tiers import TierNames, resolve_tier_map
 
@@ -172,6 +172,16 @@ class OvercommitContext(TierNames):
     @property
     def n_tiers(self) -> int:
         return len(self.tier_names)
+
+
+def _tier_buckets(ctx: OvercommitContext) -> int:
+    """Keys per machine code of the usage and request sums: (tier, bucket)."""
+    return ctx.n_tiers * ctx.n_buckets
+
+
+def _buckets(ctx: OvercommitContext) -> int:
+    """Keys per machine code of the instance sums: the buckets."""
+    return ctx.n_buckets
 
 
 @dataclass(frozen=True)
@@ -372,27 +382,23 @@ class Overcommit(Analysis):
         part["stats"] = xp.asarray(np.array([st[k] for k in STATS], dtype=np.int64))
         return part
 
-    def merge(self, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "usage": merge_keyed(a["usage"], b["usage"]),
-            "req": merge_keyed(a["req"], b["req"]),
-            "inst": merge_keyed(a["inst"], b["inst"]),
-            **self.merge_rest(a, b),
-        }
+    @property
+    def kinds(self) -> Fields:
+        """The keyed usage sums and requests per (machine, tier, bucket) and instances per
+        (machine, bucket), sharded by machine; the usage and interval counters; the backend."""
+        return Fields(
+            {
+                "usage": Keyed(per=_tier_buckets),
+                "req": Keyed(per=_tier_buckets),
+                "inst": Keyed(per=_buckets),
+                "stats": Sum(),
+                "istats": Sum(),
+                "backend": Label(),
+            }
+        )
 
     # ---------------------------------------------------------------- finalize
     parted = ("machine",)
-
-    def split(self, partial: dict[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, np.ndarray]]]:
-        rest = {"stats": to_host(partial["stats"]), "istats": to_host(partial["istats"]), "backend": partial["backend"]}
-        return rest, {k: {f: host_or_device(v) for f, v in partial[k].items()} for k in ("usage", "req", "inst")}
-
-    def merge_rest(self, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "stats": a["stats"] + b["stats"],
-            "istats": a["istats"] + b["istats"],
-            "backend": merged_backend(a["backend"], b["backend"]),
-        }
 
     def shards(self, ctx: OvercommitContext, rest: dict[str, Any]) -> list[tuple[int, int]]:
         """Ranges of machine codes of about :data:`SHARD_CELLS` machine-buckets each (x
@@ -401,10 +407,6 @@ class Overcommit(Analysis):
         cells = SHARD_CELLS * (DEVICE_SHARD_FACTOR if rest.get("backend", "cpu") != "cpu" else 1)
         step = max(1, cells // per_machine)
         return [(m0, min(M, m0 + step)) for m0 in range(0, M, step)] or [(0, 0)]
-
-    def key_range(self, ctx: OvercommitContext, name: str, lo: int, hi: int) -> tuple[int, int]:
-        per = (ctx.n_tiers if name in ("usage", "req") else 1) * ctx.n_buckets
-        return pack(lo, 0, per), pack(hi, 0, per)
 
     def client_partial(self, ctx: OvercommitContext, backend: Any = None) -> dict[str, Any] | None:
         """The interval partial of a flat source's instances, built on ``backend`` (default: the
@@ -428,7 +430,7 @@ class Overcommit(Analysis):
         cp = self.client_partial(ctx, finalize_backend(partial["backend"]))
         if cp is not None:
             if any(int(partial[k]["key"].shape[0]) for k in ("req", "inst")):
-                partial = self.merge(to_host(partial), to_host(cp))  # intervals on both sides: merged on the host
+                partial = self.kinds.merge(to_host(partial), to_host(cp))  # intervals on both sides: merged on the host
             else:
                 # a flat source: its partitions carry no intervals, the client's take their place
                 # (what the merge gives), and the sums stay where they were built (device_partial)

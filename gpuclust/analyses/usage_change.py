@@ -55,6 +55,7 @@ from gpuclust.analyses._lookup import EVENT_COLUMNS, TierLookupContext, tier_loo
 from gpuclust.analyses._machine_sums import NULL_BITS
 from gpuclust.analyses.base import Analysis, fmt, null_int
 from gpuclust.analyses.grouping import bucket_pieces, instance_order
+from gpuclust.analyses.kinds import Fields, Sum
 from gpuclust.analyses.machine_utilization import BUCKET_US, MachineUtilization, MachineUtilizationContext
 from gpuclust.analyses.options import option, tier_map_option
 from gpuclust.arrow_numpy import bin_table, rows_table, table_from_rows
@@ -309,33 +310,20 @@ class UsageChange(Analysis):
         windows = bincount(xp, bucket, minlength=span).astype(xp.float64)
         return {"sums": xp.stack([*total, windows, *nulls]), "stats": xp.asarray(stats)}
 
-    def merge(self, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    @property
+    def kinds(self) -> Fields:
+        """Machine level: machine-utilization's (its keyed sums sharded by machine); cluster: the
+        per-period sums (ragged: :meth:`empty`'s have no period) and the counters; instance: the
+        dense counts, summed."""
         if self.level == "machine":
-            return _MACHINE_SUMS.merge(a, b)
+            return _MACHINE_SUMS.kinds
         if self.level == "cluster":
-            sa, sb = np.asarray(a["sums"]), np.asarray(b["sums"])
-            if sa.shape[1] < sb.shape[1]:
-                sa, sb = sb, sa
-            out = sa.copy()
-            out[:, : sb.shape[1]] += sb
-            return {"sums": out, "stats": a["stats"] + b["stats"]}
-        return {k: a[k] + b[k] for k in a}
+            return Fields({"sums": Sum(ragged=True), "stats": Sum()})
+        return Fields(dict.fromkeys(("counts", "within", "hist", "rsum", "stats"), Sum()))
 
     # ---------------------------------------------------------------- machine level: shards
-    def split(self, partial: dict[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, np.ndarray]]]:
-        return _MACHINE_SUMS.split(partial)
-
-    def merge_rest(self, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-        return _MACHINE_SUMS.merge_rest(a, b)
-
     def shards(self, ctx: MachineUtilizationContext, rest: dict[str, Any]) -> list[tuple[int, int]]:
         return _MACHINE_SUMS.shards(ctx, rest)
-
-    def key_range(self, ctx: MachineUtilizationContext, name: str, lo: int, hi: int) -> tuple[int, int]:
-        return _MACHINE_SUMS.key_range(ctx, name, lo, hi)
-
-    def dense_keys(self, ctx: Any) -> dict[str, tuple[int, int]] | None:
-        return _MACHINE_SUMS.dense_keys(ctx) if self.level == "machine" else None
 
     def finalize_shard(
         self,

@@ -185,6 +185,24 @@ def test_dense_and_sorted_sums(monkeypatch, dense_ratio, row_bits):
     assert_results_same(run(src, a, partitions=4), run(src, a, partitions=1), rtol=1e-12)
 
 
+def test_narrow_counts_are_widened_before_a_merge():
+    """A spilled partition keeps its counts narrow (uint8: 200 windows a machine-bucket); merged
+    partials add them in the dtypes of ``COUNTS`` (int32 windows, int64 nulls), not wrapping around."""
+    a = MachineUtilization()
+    p = a.empty()
+    p["u"] = {
+        "key": np.array([3, 7], np.int64),
+        "cpu": np.array([1.0, 2.0]),
+        "mem": np.array([0.5, np.nan]),
+        "windows": np.array([200, 1], np.uint8),
+        "nulls": np.array([0, 1], np.uint8),
+    }
+    m = a.kinds.merge(p, p)
+    assert (m["u"]["windows"].dtype, m["u"]["nulls"].dtype) == (np.int32, np.int64)
+    assert m["u"]["windows"].tolist() == [400, 2] and m["u"]["nulls"].tolist() == [0, 2]
+    assert m["u"]["cpu"].tolist() == [2.0, 4.0] and m["u"]["mem"].tolist() == [1.0, 0.0]
+
+
 @pytest.mark.parametrize("n", [0, 1, 2, 37, 3000])
 def test_machine_hash(n):
     """The perfect hash finds exactly the machine ids (any int64, negative too) and their positions."""

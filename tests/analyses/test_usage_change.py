@@ -348,6 +348,21 @@ def test_partitions_and_shards_give_the_same_tables(tmp_path, monkeypatch):
     assert_results_same(sharded, run(TableSource(tables), UsageChange(level="machine")), rtol=1e-9)
 
 
+def test_cluster_sums_of_different_spans_merge_padded():
+    """The cluster level's per-period sums: the empty partial spans no period, and partials of
+    different spans merge as if the shorter one were padded with zeros."""
+    kinds = UsageChange().kinds
+    short = {"sums": np.arange(10.0).reshape(5, 2), "stats": np.arange(5)}
+    long = {"sums": np.ones((5, 3)), "stats": np.ones(5, np.int64)}
+    want = np.ones((5, 3))
+    want[:, :2] += short["sums"]
+    for x, y in ((short, long), (long, short)):
+        m = kinds.merge(x, y)
+        assert np.array_equal(m["sums"], want) and m["stats"].tolist() == [1, 2, 3, 4, 5]
+    m = kinds.merge(UsageChange().empty(), short)
+    assert np.array_equal(m["sums"], short["sums"]) and m["stats"].tolist() == [0, 1, 2, 3, 4]
+
+
 def test_level_option_and_tables():
     assert UsageChange().label == "usage-change" and UsageChange().level == "cluster"
     assert UsageChange(level="machine").label == "usage-change[level=machine]"

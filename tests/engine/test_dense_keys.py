@@ -1,5 +1,5 @@
 """The local engine's in-memory merge of small keyed partials (``gpuclust.engine.shards.DenseKeys``):
-an analysis that declares ``dense_keys`` (machine-utilization) gets the same tables as when its
+an analysis whose kinds declare ``dense`` keyed partials (machine-utilization) gets the same tables as when its
 keyed partials are spilled to files and merged by the shards, whatever the partitioning; the
 spilled path is the one whose results carry the independent references (DuckDB, slow code) of
 tests/analyses/test_machine_utilization.py, and that file's random cells now run the dense path."""
@@ -54,7 +54,7 @@ def test_dense_merge_equals_the_spilled_merge(monkeypatch: pytest.MonkeyPatch, t
 
 def test_keys_outside_the_declared_range_are_refused() -> None:
     a = MachineUtilization()
-    empty = a.split(a.empty())[1]["u"]
+    empty = a.kinds.split(a.empty())[1]["u"]
     acc = _shards.DenseKeys(a, {"u": (10, 20)})
     piece = {f: np.zeros(2, v.dtype) for f, v in empty.items()}
     piece["key"] = np.array([12, 25], np.int64)
