@@ -1,7 +1,9 @@
 """``usage-distribution``'s partial pieces (:mod:`gpuclust.analyses.usage_distribution`): the
 (window, bucket) pieces of ``time`` groups (:func:`expand_pieces`), the per-group extras of a
-partial (:func:`group_extras`), the merge of two partials (:func:`merge_partials`) and their
-split into keyed rows of finished groups for the parted tables (:func:`split_partial`).
+partial (:func:`group_extras`), the merge of two partials (:func:`merge_partials`), their
+split into keyed rows of finished groups for the parted tables (:func:`split_partial`), and the
+partial's kinds (:class:`UsageFields`: a :class:`~gpuclust.analyses.kinds.Fields` whose whole
+partials merge and split by those two).
 
 The tunable the split reads (``SAMPLE_EVERY``) stays in :mod:`gpuclust.analyses.usage_distribution`,
 which passes it in.
@@ -9,6 +11,8 @@ which passes it in.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -18,6 +22,7 @@ from gpuclust.analyses import _hybrid_summary as hs
 from gpuclust.analyses._usage_distribution_tables import _merge_groups
 from gpuclust.analyses._usage_distribution_two_pass import merge_two_pass
 from gpuclust.analyses.grouping import bucket_span
+from gpuclust.analyses.kinds import Fields
 from gpuclust.backends import merged_backend
 
 #: Most (window, bucket) pieces one partition may produce with ``time`` grouping (guards against a
@@ -166,3 +171,32 @@ def split_partial(
     err = np.asarray(d["err_bound"], np.float64)
     rest.update(n=G, err_max=float(err.max()) if G else 0.0, sample=rows["key"][::sample_every].copy())
     return rest, {"rows": rows}
+
+
+def none_aware(merge: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    """``merge`` of two optional values: one that is None is the identity (a rest's ``full``)."""
+
+    def merged(a: Any, b: Any) -> Any:
+        return a if b is None else b if a is None else merge(a, b)
+
+    return merged
+
+
+@dataclass(frozen=True)
+class UsageFields(Fields):
+    """The partial's kinds: its ``kinds`` declare the *rest* of a split (and its keyed ``rows``),
+    which :meth:`Fields.merge_rest` merges field by field; a whole partial (finished groups or
+    open mixture states, not a field-by-field merge) merges by ``whole`` (:func:`merge_partials`,
+    or the first pass's merge) and splits by :func:`split_partial` (``n_components`` key
+    components, ``n_levels`` levels, every ``sample_every``-th key sampled)."""
+
+    whole: Callable[[Any, Any], Any] = merge_partials
+    n_components: int = 0
+    n_levels: int = 0
+    sample_every: int = 1
+
+    def merge(self, a: Any, b: Any) -> Any:
+        return self.whole(a, b)
+
+    def split(self, p: Any) -> tuple[dict[str, Any], dict[str, dict[str, np.ndarray]]]:
+        return split_partial(p, self.n_components, self.n_levels, self.sample_every)

@@ -26,13 +26,15 @@ or its groups are whole in each partition, else exact-two-pass; decided once on 
 reported in ``info``).
 
 The group tables and the text summary are built in :mod:`gpuclust.analyses._usage_distribution_tables`;
-the time pieces, the group extras, the merge and the split of partials in
+the time pieces, the group extras, the merge and the split of partials (the partial's kinds,
+:class:`~gpuclust.analyses._usage_distribution_parts.UsageFields`) in
 :mod:`gpuclust.analyses._usage_distribution_parts`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import partial as bound
 from typing import Any
 
 import numpy as np
@@ -44,11 +46,12 @@ from gpuclust.analyses import mixture_summary as ms
 from gpuclust.analyses._lookup import EVENT_COLUMNS, InstanceLookup, tier_lookup
 from gpuclust.analyses._usage_distribution_parts import (
     _DONE_FIELDS,
+    UsageFields,
     empty_groups,
     expand_pieces,
     group_extras,
     merge_partials,
-    split_partial,
+    none_aware,
 )
 from gpuclust.analyses._usage_distribution_tables import (
     _STD_LEVELS,
@@ -59,8 +62,9 @@ from gpuclust.analyses._usage_distribution_tables import (
 )
 from gpuclust.analyses.base import Analysis, is_null_int, to_host
 from gpuclust.analyses.grouping import KEY_COLUMNS, group_key
+from gpuclust.analyses.kinds import Concat, Keyed, Label, Merged, Sum
 from gpuclust.analyses.options import option, tier_map_option
-from gpuclust.backends import finalize_backend, merged_backend
+from gpuclust.backends import finalize_backend
 from gpuclust.layout import key_name
 from gpuclust.parted import finalize_in_memory
 from gpuclust.schema import (
@@ -426,35 +430,36 @@ class UsageDistribution(Analysis):
         return {"ms": None, "done": {f: res[f] for f in _DONE_FIELDS}}
 
     # ---------------------------------------------------------------- merge
-    def merge(self, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-        return merge_partials(a, b)
+    @property
+    def kinds(self) -> UsageFields:
+        """Whole partials merge by :func:`merge_partials` (finished groups concatenated, open
+        mixture states merged) and split by :func:`split_partial`; the rest of a split merges
+        field by field, ``full`` (the whole merged partial, or None) by that merge; its keyed
+        ``rows`` (finished groups, keyed by their leading key component) are sharded, one key
+        per coordinate, when the group tables are parted."""
+        return self._fields(merge_partials)
+
+    def _fields(self, whole: Any) -> UsageFields:
+        kinds = {
+            "backend": Label(),
+            "stats": Sum(),
+            "full": Merged(none_aware(whole)),
+            "n": Sum(),
+            "err_max": Merged(max),  # a Python float, as split_partial makes it (Max: a NumPy one)
+            "sample": Concat(),
+            "rows": Keyed(rows=True, per=(lambda ctx: 1) if self.sharded else None),
+        }
+        n_levels = int(self.level_values.shape[0])
+        return UsageFields(kinds, (), whole, self._n_components(), n_levels, SAMPLE_EVERY)
 
     # ---------------------------------------------------------------- finalize
     # With ``instance`` in ``by`` the group tables grow with the cell (a row per instance): they
     # are parted (gpuclust/parted.py).  On an instance-bucketed source each partition's finished
     # groups are spilled as rows and a shard is a range of the leading key (collection_id, ...);
     # otherwise (flat source, or not instance) the merged partial is finalized in one shard.
-    keyed_rows = ("rows",)
-
     @property
     def parted(self) -> tuple[str, ...]:  # type: ignore[override]
         return ("quantiles", "naive") if "instance" in self.by else ()
-
-    def split(self, partial: dict[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, np.ndarray]]]:
-        """Finished groups (a bucketed source) become rows keyed by their leading key component,
-        sorted; anything else stays whole in ``full`` (merged by the tree, one shard)."""
-        return split_partial(partial, self._n_components(), int(self.level_values.shape[0]), SAMPLE_EVERY)
-
-    def merge_rest(self, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-        full = a["full"] if b["full"] is None else b["full"] if a["full"] is None else self.merge(a["full"], b["full"])
-        return {
-            "backend": merged_backend(a["backend"], b["backend"]),
-            "stats": a["stats"] + b["stats"],
-            "full": full,
-            "n": a["n"] + b["n"],
-            "err_max": max(a["err_max"], b["err_max"]),
-            "sample": np.concatenate([a["sample"], b["sample"]]),
-        }
 
     def shards(self, ctx: UsageDistributionContext, rest: dict[str, Any]) -> list[tuple[int, int]]:
         """Ranges of the leading key of about :data:`SHARD_GROUPS` groups each, placed by the
@@ -468,9 +473,6 @@ class UsageDistribution(Analysis):
         bounds = [lo, *(int(c) for c in cuts if lo < int(c) < hi), hi]
         return list(zip(bounds[:-1], bounds[1:], strict=True))
 
-    def key_range(self, ctx: UsageDistributionContext, name: str, lo: int, hi: int) -> tuple[int, int]:
-        return lo, hi
-
     #: its partial's mixture state is ~170 B a window (the exact strategy keeps every window's
     #: percentiles): 1.7 GB at 10^7 windows, which a gpu study would otherwise copy to the host
     #: and back to the device for the inversion
@@ -482,7 +484,7 @@ class UsageDistribution(Analysis):
         partial = {k: v if k == "ms" and not self.parted else to_host(v) for k, v in partial.items()}
         if self.parted:
             return finalize_in_memory(self, partial, ctx)
-        rest, keyed = self.split(partial)
+        rest, keyed = self.kinds.split(partial)
         tables, extra = self.finalize_shard(keyed, rest, ctx, 0, 0)
         return {**tables, **self.finalize_parted(rest, ctx, {}, [extra])}
 
@@ -583,8 +585,11 @@ class UsageDistributionBrackets(UsageDistribution):
         out = super().partial(cols, ctx, backend)
         return {**out, "ms": None, "stack": [(1, out["ms"])]}  # a leaf: see tp.carry
 
-    def merge(self, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-        return tp.first_pass_merge(a, b, merge_partials)
+    @property
+    def kinds(self) -> UsageFields:
+        """As :attr:`UsageDistribution.kinds`, whole partials merged by the first pass's merge
+        (:func:`~gpuclust.analyses._usage_distribution_two_pass.first_pass_merge`)."""
+        return self._fields(bound(tp.first_pass_merge, merge_rest=merge_partials))
 
     def finalize(self, partial: dict[str, Any], ctx: UsageDistributionContext) -> dict[str, pd.DataFrame]:
         return {"brackets": tp.brackets_of_partial(to_host(partial), int(self.k), ctx.strategy, ctx.levels)}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 
 import by_path
@@ -20,8 +21,13 @@ from strategies import table
 import gpuclust.engine as engine
 from gpuclust.analyses import create
 from gpuclust.analyses._hybrid_summary import spill_threshold
-from gpuclust.analyses.usage_distribution import UsageDistribution, level_name
+from gpuclust.analyses._usage_distribution_parts import merge_partials
+from gpuclust.analyses.base import to_host
+from gpuclust.analyses.usage_distribution import UsageDistribution, UsageDistributionBrackets, level_name
+from gpuclust.backends import get_backend
 from gpuclust.engine import TableSource
+from gpuclust.engine.local import context_of
+from gpuclust.engine.partition import column_to_numpy
 from gpuclust.report.analyze import analyze
 from gpuclust.schema import CPU_PERCENTILE_COLUMNS, CPU_PERCENTILE_LEVELS_SORTED, TIME_AFTER_TRACE
 
@@ -372,6 +378,64 @@ def test_exact_partition_invariance(cell1, by):
     ]
     for kw in runs:
         _assert_same(engine.run(src, [a], **kw)[a.name], whole)
+
+
+def _partials(a, tables, cuts, **ctx_kw):
+    """``a``'s host partials of the usage rows ``[cuts[i], cuts[i + 1])`` (context fields ``ctx_kw``)."""
+    ctx = replace(context_of(a, TableSource(tables), partitions=1), **ctx_kw)
+    t, cpu = tables["instance_usage"], get_backend("cpu")
+    out = []
+    for lo, hi in zip(cuts[:-1], cuts[1:], strict=True):
+        s = t.slice(lo, hi - lo)
+        out.append(to_host(a.partial({c: column_to_numpy(s.column(c)) for c in a.columns}, ctx, cpu)))
+    return out
+
+
+def test_partial_kinds(cell1):
+    """The declared kinds: the rows of finished groups sharded (one key per leading key component)
+    only when the group tables are parted; the rests of a split merged field by field (``n`` an int
+    and ``err_max`` a Python float, as the split makes them; ``full`` None-aware, by the whole
+    partials' merge); whole partials merged by ``merge_partials`` (the first pass: its own merge)."""
+    n = cell1["instance_usage"].num_rows
+    inst = UsageDistribution(by="instance", strategy="exact")
+    assert inst.kinds.sharded == ("rows",) and inst.kinds.rows == ("rows",)
+    lo, hi = int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).max)
+    assert inst.kinds.key_range(None, "rows", lo, hi) == (lo, hi)
+    assert inst.kinds.key_range(None, "rows", -3, 17) == (-3, 17)
+    assert inst.kinds.dense_keys(None) is None
+    for other in (UsageDistribution(by="tier"), UsageDistributionBrackets(by="instance", strategy="bounded")):
+        assert other.kinds.sharded == () and other.kinds.rows == ()
+
+    # finished groups (an instance-bucketed source): rows, and a rest with counts and a sample
+    p1, p2 = _partials(inst, cell1, [0, n // 3, n], local_groups=True)
+    (r1, k1), (r2, k2) = inst.kinds.split(p1), inst.kinds.split(p2)
+    m = inst.kinds.merge_rest(r1, {**r2, "backend": "gpu"})
+    assert list(m) == ["backend", "stats", "full", "n", "err_max", "sample"]
+    assert m["backend"] == "gpu" and m["full"] is None
+    assert type(m["n"]) is int and m["n"] == k1["rows"]["key"].shape[0] + k2["rows"]["key"].shape[0] > 0
+    assert type(m["err_max"]) is float and m["err_max"] == max(r1["err_max"], r2["err_max"])
+    assert m["sample"].tolist() == [*r1["sample"].tolist(), *r2["sample"].tolist()]
+    assert m["stats"].tolist() == (np.asarray(p1["stats"]) + np.asarray(p2["stats"])).tolist()
+    whole = inst.kinds.merge(p1, p2)  # finished groups concatenated
+    assert whole["done"]["key"].tolist() == [*p1["done"]["key"].tolist(), *p2["done"]["key"].tolist()]
+
+    # open groups (a flat source): the whole partial in ``full``, merged by merge_partials, None
+    # (the empty partial's) the identity
+    q1, q2 = _partials(inst, cell1, [0, n // 2, n])
+    (s1, _), (s2, _), (s0, _) = (inst.kinds.split(q) for q in (q1, q2, inst.empty()))
+    assert s0["full"] is None and inst.kinds.merge_rest(s0, s1)["full"] is q1
+    assert inst.kinds.merge_rest(s2, s0)["full"] is q2
+    got, want = inst.kinds.merge_rest(s1, s2)["full"], merge_partials(q1, q2)
+    for x, y in ((got["stats"], want["stats"]), (got["ms"]["exact"]["key"], want["ms"]["exact"]["key"])):
+        np.testing.assert_array_equal(x, y)
+    for f in want["groups"]:
+        np.testing.assert_array_equal(got["groups"][f], want["groups"][f])
+
+    # the first pass: summaries stacked by its own merge
+    br = UsageDistributionBrackets(by="tier", strategy="bounded", k=64)
+    b1, b2 = _partials(br, cell1, [0, n // 2, n])
+    merged = br.kinds.merge(b1, b2)
+    assert merged["ms"] is None and [r for r, _ in merged["stack"]] == [2]
 
 
 @pytest.mark.parametrize(

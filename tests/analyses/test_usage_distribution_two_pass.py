@@ -158,7 +158,7 @@ def _merged_partial(a, tables, parts):
     out = a.empty(cpu)
     for lo, hi in zip(cuts[:-1], cuts[1:], strict=True):
         s = t.slice(lo, hi - lo)
-        out = a.merge(out, to_host(a.partial({c: column_to_numpy(s.column(c)) for c in a.columns}, ctx, cpu)))
+        out = a.kinds.merge(out, to_host(a.partial({c: column_to_numpy(s.column(c)) for c in a.columns}, ctx, cpu)))
     return out
 
 
