@@ -39,12 +39,13 @@ import pyarrow as pa
 from gpuclust._xp import bincount
 from gpuclust.analyses._requests import _key
 from gpuclust.analyses.base import to_host
+from gpuclust.analyses.kinds import Flat, Keyed
 from gpuclust.analyses.usage_change import RATIO_EDGES
 from gpuclust.arrow_numpy import bin_table, rows_table
-from gpuclust.partials import bin_quantile_edges, merge_keyed
+from gpuclust.partials import bin_quantile_edges
 from gpuclust.schema import TIME_AFTER_TRACE
 
-__all__ = ["BANDS", "TASK_COLUMNS", "TASK_MEASURES", "TaskAccumulator", "empty_tasks", "merge_tasks", "task_tables"]
+__all__ = ["BANDS", "TASK_COLUMNS", "TASK_MEASURES", "TaskAccumulator", "TASKS", "empty_tasks", "task_tables"]
 
 #: (measure, usage column, limit: 0 CPU / 1 memory, kind): ``mean`` time-weighted, ``peak`` the maximum.
 TASK_MEASURES = (
@@ -75,10 +76,9 @@ def empty_tasks() -> dict[str, np.ndarray]:
     return out
 
 
-def merge_tasks(a: dict[str, Any], b: dict[str, Any]) -> dict[str, np.ndarray]:
-    """Two per-task partials (host arrays) merged by key: sums and counts added, maxima kept."""
-    fa, fb = ({f: np.asarray(p["task_" + f]) for f in _FIELDS} for p in (a, b))
-    return {"task_" + k: v for k, v in merge_keyed(fa, fb, maxima=_MAXIMA).items()}
+#: How per-task partials merge (:mod:`gpuclust.analyses.kinds`): by key, sums and counts added,
+#: maxima kept.
+TASKS = Flat(Keyed(maxima=_MAXIMA), "task_", _FIELDS)
 
 
 class TaskAccumulator:

@@ -34,11 +34,12 @@ from gpuclust.analyses._lookup import id_index
 from gpuclust.analyses._peak_metrics import shard_sums, summary_table
 from gpuclust.analyses._peak_sim import SimParams, simulate
 from gpuclust.analyses._requests import REQUEST_COLUMNS, RequestTimeline, asof_events
-from gpuclust.analyses.base import Analysis, fmt, host_or_device, is_null_int, to_host
+from gpuclust.analyses.base import Analysis, fmt, is_null_int, to_host
 from gpuclust.analyses.grouping import unique_codes
+from gpuclust.analyses.kinds import Fields, Keyed, Label, Sum
 from gpuclust.analyses.options import option
 from gpuclust.arrow_numpy import table, table_from_rows
-from gpuclust.backends import finalize_backend, merged_backend
+from gpuclust.backends import finalize_backend
 from gpuclust.keys import hash64, pack, unpack
 from gpuclust.parted import finalize_in_memory
 from gpuclust.schema import CPU_PERCENTILES_SOURCE_ORDER, TIME_AFTER_TRACE
@@ -155,6 +156,11 @@ def horizon_note(info: Mapping[str, Any]) -> str | None:
     )
 
 
+def _steps(ctx: PeakPredictionContext) -> int:
+    """Keys per machine code of the rows (the step span)."""
+    return ctx.span
+
+
 #: The check of a ``LO,HI`` option.
 _RANGE = (lambda r: len(r) == 2 and r[0] <= r[1], "two integers LO,HI with LO <= HI")
 
@@ -229,7 +235,6 @@ class PeakPrediction(Analysis):
     table = "instance_usage"
     requires = ("instance_usage", "instance_events", "machine_events")
     parted = ("machine",)
-    keyed_rows = ("rows",)
     row_bytes = 320
     auto_partition_rows = 1 << 20
 
@@ -367,34 +372,16 @@ class PeakPrediction(Analysis):
         out["count"] = bincount(xp, code, minlength=M).astype(xp.int64)
         return out
 
-    def merge(self, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-        ra, rb = a["rows"], b["rows"]
-        if not rb["key"].shape[0]:
-            rows = ra
-        elif not ra["key"].shape[0]:
-            rows = rb
-        else:
-            cat = {f: np.concatenate([np.asarray(ra[f]), np.asarray(rb[f])]) for f in ra}
-            o = np.argsort(cat["key"], kind="stable")
-            rows = {f: v[o] for f, v in cat.items()}
-        return {"rows": rows, **self.merge_rest(a, b)}
-
-    # ---------------------------------------------------------------- shards
-    def split(self, partial: dict[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, np.ndarray]]]:
-        return (
-            {"count": to_host(partial["count"]), "stats": to_host(partial["stats"]), "backend": partial["backend"]},
-            {"rows": {f: host_or_device(v) for f, v in partial["rows"].items()}},
+    @property
+    def kinds(self) -> Fields:
+        """The keyed rows (disjoint, sorted by key = machine code x steps + step: sharded by
+        machine code), the per-machine sample counts (empty before a partition counts: ragged)
+        and the counters."""
+        return Fields(
+            {"rows": Keyed(rows=True, per=_steps), "count": Sum(ragged=True), "stats": Sum(), "backend": Label()}
         )
 
-    def merge_rest(self, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-        ca, cb = np.asarray(a["count"]), np.asarray(b["count"])
-        count = cb if not ca.shape[0] else ca if not cb.shape[0] else ca + cb
-        return {
-            "count": count,
-            "stats": np.asarray(a["stats"]) + np.asarray(b["stats"]),
-            "backend": merged_backend(a["backend"], b["backend"]),
-        }
-
+    # ---------------------------------------------------------------- shards
     def shards(self, ctx: PeakPredictionContext, rest: dict[str, Any]) -> list[tuple[int, int]]:
         """Ranges of machine codes of about :data:`SHARD_ROWS` samples each (a machine whole; x
         :data:`DEVICE_SHARD_FACTOR` where the partials were computed on a device)."""
@@ -412,9 +399,6 @@ class PeakPrediction(Analysis):
             bounds.append((lo, hi))
             lo = hi
         return bounds
-
-    def key_range(self, ctx: PeakPredictionContext, name: str, lo: int, hi: int) -> tuple[int, int]:
-        return pack(lo, 0, ctx.span), pack(hi, 0, ctx.span)
 
     #: its rows are ~11 B a window (110 MB at 10^7), which a gpu study would otherwise copy to the
     #: host and back to the device for the simulation

@@ -48,18 +48,19 @@ from gpuclust.analyses._requests import (
 )
 from gpuclust.analyses._task_ratios import (
     TASK_COLUMNS,
+    TASKS,
     TaskAccumulator,
     empty_tasks,
-    merge_tasks,
     ratio_schemas,
     task_tables,
 )
 from gpuclust.analyses.base import Analysis, fmt, to_host
 from gpuclust.analyses.grouping import FloatBins
+from gpuclust.analyses.kinds import Fields, Label, Sum
 from gpuclust.analyses.options import tier_map_option
 from gpuclust.analyses.usage_change import RATIO_EDGES
 from gpuclust.arrow_numpy import bin_table, rows_table, table_from_rows
-from gpuclust.backends import finalize_backend, merged_backend
+from gpuclust.backends import finalize_backend
 from gpuclust.partials import bin_quantile_edges
 from gpuclust.tables import as_arrow
 from gpuclust.tiers import TIER_SLOTS, check_tier_slots, resolve_tier_map
@@ -377,9 +378,11 @@ class UsageVsRequest(Analysis):
             weights[:_T] = rsum[k]
             rsum[k] = bincount(xp, tiers, weights=weights, minlength=_T)  # + 0.0 per other window
 
-    def merge(self, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-        dense = {k: a[k] + b[k] for k in ("counts", "hist", "rsum")}
-        return {**dense, **merge_tasks(a, b), "backend": merged_backend(a["backend"], b["backend"])}
+    @property
+    def kinds(self) -> Fields:
+        """The per-window counts, bins and ratio sums (dense: tier slots x measures) and the
+        per-task partial (:data:`~gpuclust.analyses._task_ratios.TASKS`, keyed by task)."""
+        return Fields({"counts": Sum(), "hist": Sum(), "rsum": Sum(), "task": TASKS, "backend": Label()})
 
     #: its per-task partial is a row per task (~140 B each: 17 MiB at 4x10^6 windows), which a gpu
     #: study would otherwise copy to the host to reduce to tables of a few hundred rows

@@ -180,7 +180,7 @@ def test_k_and_util_match_sql(synth_ds):
         a.partial({c: column_to_numpy(t.slice(lo, hi - lo).column(c)) for c in a.columns}, ctx, be)
         for lo, hi in ((0, half), (half, t.num_rows))
     ]
-    _, keyed = a.split(a.merge(*parts))
+    _, keyed = a.kinds.split(a.kinds.merge(*parts))
     got = a.machine_cells(keyed["c"], ctx)
     con = duckdb.connect()
     us = [str(f) for f in ds.files("instance_usage")]
@@ -197,6 +197,46 @@ def test_k_and_util_match_sql(synth_ds):
     assert got["cell"].tolist() == ref["cell"].tolist()
     assert got["k"].tolist() == ref["k"].tolist()
     np.testing.assert_allclose(got["util"], ref["util"], rtol=1e-9)  # 6 h: every cell is 300 s long
+
+
+def test_split_of_a_device_partial_and_rests_merged_on_the_host(synth_ds):
+    """A device partial's split (as a one-partition gpu run leaves it: tests/device_backend.py):
+    the keyed (machine, cell) sums and the Spearman grid stay where they are, the rest goes to the
+    host; a rest whose grid is still on the device merges with another on the host, into what
+    the host partials' rests merge into."""
+    from device_backend import DEVICE
+
+    from gpuclust.backends import get_backend
+    from gpuclust.engine.partition import as_source
+
+    def on_device(v):
+        return hasattr(v, "__cuda_array_interface__")
+
+    ds = Dataset(synth_ds)
+    a = Cpi(by="machine")
+    ctx = context_of(a, ds)
+    t = as_source(ds).read("instance_usage", list(a.columns))
+    cpu, half = get_backend("cpu"), t.num_rows // 2
+
+    def partial(lo, hi, be):
+        return a.partial({c: be.asarray(column_to_numpy(t.slice(lo, hi - lo).column(c))) for c in a.columns}, ctx, be)
+
+    rest, keyed = a.kinds.split(partial(0, half, DEVICE))
+    assert set(keyed) == {"c", "w"} and all(on_device(v) for k in keyed.values() for v in k.values())
+    assert on_device(rest["g_grid"]) and not any(on_device(v) for k, v in rest.items() if k != "g_grid")
+    assert not any(k.startswith(("c_", "w_")) for k in rest)
+    other = a.kinds.split(to_host(partial(half, t.num_rows, cpu)))[0]
+    want = a.kinds.merge_rest(a.kinds.split(to_host(partial(0, half, cpu)))[0], other)
+    got = a.kinds.merge_rest(rest, other)
+    assert list(got) == list(want) and not any(on_device(v) for v in got.values())
+    assert got["g_grid"].shape[0] > 100  # a grid per machine
+    for k, v in want.items():
+        if isinstance(v, np.ndarray) and v.dtype.kind == "f":
+            np.testing.assert_allclose(got[k], v, rtol=1e-12, atol=1e-300, err_msg=k)
+        elif isinstance(v, np.ndarray):
+            np.testing.assert_array_equal(got[k], v, err_msg=k)
+        else:
+            assert got[k] == v, k
 
 
 @pytest.mark.parametrize("by", ["platform", "machine", "collection", "cell"])
@@ -500,14 +540,14 @@ def test_merge_laws_with_cpi(tables, data):
     whole = _partial(a, t, ctx, be)
     full = a.finalize(whole, ctx)
     e = to_host(a.empty(be))
-    _assert_results(a.finalize(a.merge(e, whole), ctx), full, 1e-9)
+    _assert_results(a.finalize(a.kinds.merge(e, whole), ctx), full, 1e-9)
     c1, c2 = sorted(data.draw(st.lists(st.integers(0, n), min_size=2, max_size=2)))
     p = [_partial(a, t.slice(lo, hi - lo), ctx, be) for lo, hi in ((0, c1), (c1, c2), (c2, n))]
-    for m in (a.merge(a.merge(p[0], p[1]), p[2]), a.merge(p[2], a.merge(p[1], p[0]))):
+    for m in (a.kinds.merge(a.kinds.merge(p[0], p[1]), p[2]), a.kinds.merge(p[2], a.kinds.merge(p[1], p[0]))):
         _assert_results(a.finalize(m, ctx), full, 1e-9)
     acc = e
     for k in range(n):
-        acc = a.merge(acc, _partial(a, t.slice(k, 1), ctx, be))
+        acc = a.kinds.merge(acc, _partial(a, t.slice(k, 1), ctx, be))
     _assert_results(a.finalize(acc, ctx), full, 1e-9)
     f = full["filter"]
     if len(f):

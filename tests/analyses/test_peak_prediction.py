@@ -486,7 +486,11 @@ def test_merge_laws_with_requests():
     n = t.num_rows
     for c1, c2 in ((0, n), (n // 3, 2 * n // 3), (1, n - 1), (17, 18)):
         p1, p2, p3 = (partial_of(a, t.slice(lo, hi - lo), ctx, be) for lo, hi in ((0, c1), (c1, c2), (c2, n)))
-        for p in (a.merge(a.merge(p1, p2), p3), a.merge(p1, a.merge(p2, p3)), a.merge(p3, a.merge(e, a.merge(p2, p1)))):
+        for p in (
+            a.kinds.merge(a.kinds.merge(p1, p2), p3),
+            a.kinds.merge(p1, a.kinds.merge(p2, p3)),
+            a.kinds.merge(p3, a.kinds.merge(e, a.kinds.merge(p2, p1))),
+        ):
             assert_results_same({"r": a.finalize(p, ctx)}, {"r": full})
 
 

@@ -50,7 +50,7 @@ from gpuclust.analyses._machine_cells import (
     grid_cuts,
     hist_edges,
 )
-from gpuclust.analyses.base import Analysis, host_or_device, is_null_int, to_host
+from gpuclust.analyses.base import Analysis, is_null_int, to_host
 from gpuclust.analyses.cpi.context import (
     _STATS,
     BY,
@@ -65,7 +65,7 @@ from gpuclust.analyses.cpi.context import (
     _platform_lookup,
     _trace_window,
 )
-from gpuclust.analyses.cpi.keyed import _merge_keyed_moments, _moments_fields
+from gpuclust.analyses.cpi.keyed import GROUP_FIELDS, _merge_keyed_moments, _moments_fields, merge_groups
 from gpuclust.analyses.cpi.partial_steps import (
     _counts_array,
     _group_keys,
@@ -76,8 +76,9 @@ from gpuclust.analyses.cpi.partial_steps import (
 from gpuclust.analyses.cpi.shards import cell_util, shard_sums
 from gpuclust.analyses.cpi.tables import result_tables, summary_text
 from gpuclust.analyses.grouping import bucket_index
+from gpuclust.analyses.kinds import Concat, Fields, Flat, Keyed, Label, Merged, Sum
 from gpuclust.analyses.options import Relation, option, tier_map_option
-from gpuclust.backends import finalize_backend, merged_backend
+from gpuclust.backends import finalize_backend
 from gpuclust.keys import pack
 from gpuclust.parted import finalize_in_memory
 from gpuclust.partials import keyed_reduce, merge_keyed
@@ -86,6 +87,16 @@ from gpuclust.tables import column
 from gpuclust.tiers import resolve_tier_map
 
 __all__ = ["BY", "COUNTERS", "Cpi", "CpiContext", "REGRESSIONS", "SPEARMAN"]
+
+
+def _cells(ctx: CpiContext) -> int:
+    """Keys per capacity machine of the (machine, cell) sums ``c``."""
+    return ctx.cell_span
+
+
+def _cell_platforms(ctx: CpiContext) -> int:
+    """Keys per capacity machine of the (machine, cell, platform) sums ``w``."""
+    return ctx.cell_span * ctx.n_platforms
 
 
 @dataclass(frozen=True)
@@ -391,47 +402,35 @@ class Cpi(Analysis):
             )
         return m2, known, cp, has_cap
 
-    def merge(self, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-        a, b = to_host(a), to_host(b)  # merged on the host (a rest may hold its grid on the device: split)
-        out: dict[str, Any] = _merge_keyed_moments(a, b, "g_", ("g_grid",))
-        out.update({k: np.concatenate([a[k], b[k]]) for k in ("s_key", "s_x", "s_y", "s_w")})
-        for pre in KEYED:
-            if pre + "_key" in a:  # not in a split's rest
-                ka, kb = self._keyed(a, pre), self._keyed(b, pre)
-                out.update({f"{pre}_{k}": v for k, v in merge_keyed(ka, kb).items()})
-        out["counts"] = a["counts"] + b["counts"]
-        out["stats"] = a["stats"] + b["stats"]
-        out["backend"] = merged_backend(a["backend"], b["backend"])
-        return out
+    @property
+    def kinds(self) -> Fields:
+        """The per-group moments and Spearman grid (``g_*``, :func:`merge_groups`: merged on the
+        host), the carried rows (``s_*``, concatenated), the regression's keyed (machine, cell)
+        and (machine, cell, platform) sums (``c_*``, ``w_*``: sharded by capacity machine when the
+        regression runs) and the counters.  A split leaves the Spearman grid (groups x bins x
+        bins: 8 KiB a machine under ``by=machine``) where it is: its finalize reduces it there to
+        two values a group (:func:`~gpuclust.analyses.cpi.tables.grid_spearman`)."""
+        per = {"c": _cells, "w": _cell_platforms} if self.sharded else {}
+        keyed = {pre: Flat(Keyed(per=per.get(pre)), pre + "_", ("key", *fields)) for pre, fields in KEYED.items()}
+        return Fields(
+            {
+                "g": Flat(Merged(merge_groups), "g_", GROUP_FIELDS),
+                **{k: Concat() for k in ("s_key", "s_x", "s_y", "s_w")},
+                **keyed,
+                "counts": Sum(),
+                "stats": Sum(),
+                "backend": Label(),
+            },
+            stays=("g_grid",),
+        )
 
     # ---------------------------------------------------------------- shards (regression)
-    @staticmethod
-    def _keyed(p: dict[str, Any], pre: str) -> dict[str, Any]:
-        return {"key": p[pre + "_key"], **{f: p[f"{pre}_{f}"] for f in KEYED[pre]}}
-
-    def split(self, partial: dict[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, np.ndarray]]]:
-        """The rest on the host, but for the Spearman grid (groups x bins x bins: 8 KiB a machine
-        under ``by=machine``), left where it is: its finalize reduces it there to two values a
-        group (:func:`~gpuclust.analyses.cpi.tables.grid_spearman`); the keyed sums where they are."""
-        keyed = tuple(pre + "_" for pre in KEYED)
-        rest = {
-            k: host_or_device(v) if k == "g_grid" else to_host(v) for k, v in partial.items() if not k.startswith(keyed)
-        }
-        return rest, {pre: {f: host_or_device(v) for f, v in self._keyed(partial, pre).items()} for pre in KEYED}
-
-    def merge_rest(self, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-        return self.merge(a, b)
-
     def shards(self, ctx: CpiContext, rest: dict[str, Any]) -> list[tuple[int, int]]:
         """Ranges of capacity-machine indices of about :data:`SHARD_KEYS` (machine, cell,
         platform) keys each."""
         M = int(ctx.cap_ids.shape[0])
         step = max(1, SHARD_KEYS // max(ctx.cell_span * ctx.n_platforms, 1))
         return [(lo, min(lo + step, M)) for lo in range(0, M, step)] or [(0, 0)]
-
-    def key_range(self, ctx: CpiContext, name: str, lo: int, hi: int) -> tuple[int, int]:
-        per = ctx.cell_span * (ctx.n_platforms if name == "w" else 1)
-        return pack(lo, 0, per), pack(hi, 0, per)
 
     def machine_cells(self, c: dict[str, np.ndarray], ctx: CpiContext) -> pd.DataFrame:
         """The machine-cell table of merged ``c`` sums: ``machine_id``, ``cell``, ``k``, ``util``."""

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from gpuclust._xp import bincount
+from gpuclust.analyses.base import to_host
 from gpuclust.backends.moments_cpu import regroup_moments
 from gpuclust.partials import Moments
 
@@ -69,6 +70,17 @@ def _merge_keyed_moments(
         np.add.at(acc, inv, cat)
         out[k] = acc
     return out
+
+
+#: The per-group partial's entries (``g_``-prefixed in a partial): the keyed CPI/MAI moments and
+#: the groups' Spearman grids.
+GROUP_FIELDS = ("key", "n", "W", "mean", "C", "grid")
+
+
+def merge_groups(a: dict[str, Any], b: dict[str, Any]) -> dict[str, np.ndarray]:
+    """Two per-group partials (:data:`GROUP_FIELDS`) merged on the host (a split's rest may hold
+    its grid on the device): moments regrouped by key, grids summed per key."""
+    return _merge_keyed_moments(to_host(a), to_host(b), "", ("grid",))
 
 
 def _keyed_comoments(

@@ -190,7 +190,7 @@ def binned_table(p: dict[str, np.ndarray], ctx: CpiContext) -> pd.DataFrame:
 def grid_spearman(partial: dict[str, Any]) -> dict[str, Any]:
     """``partial`` with the Spearman ``(rho, bound)`` of its grid per group (``g_rho``, ``g_bound``:
     host arrays) in place of ``g_grid``, computed where the grid is: a grid left on the device (a
-    gpu run's partial, :meth:`gpuclust.analyses.cpi.Cpi.split`) is reduced there, on the backend
+    gpu run's partial, ``stays`` of :attr:`gpuclust.analyses.cpi.Cpi.kinds`) is reduced there, on the backend
     :func:`~gpuclust.backends.finalize_backend` gives (on the host under ``finalizing_on_host``),
     so that two values per group leave it instead of its ``bins x bins``; a host grid on the host."""
     out = {k: v for k, v in partial.items() if k != "g_grid"}
