@@ -33,38 +33,44 @@ An analysis is declared **once**, as a small frozen dataclass (never a CPU class
     The partial result of one partition.  ``cols`` maps column name -> 1-D ``backend.xp`` array;
     NULLs arrive as NaN (float columns) or the dtype's minimum (integer columns, see
     :func:`null_int`).  Only ``backend.xp`` and ``backend.ops`` may be used.
-``merge(a, b)``
-    Combine two partials.  Partials are small and *host-resident*: the engine moves each
-    partition's partial to NumPy (:func:`to_host`) before it is merged or crosses workers, so
-    ``merge`` works on NumPy arrays.  It must be associative and commutative (up to float
-    rounding: float sums are not bitwise order-invariant).
+``kinds``
+    How the partial merges, declared field by field (a :class:`gpuclust.analyses.kinds.Fields`
+    of :class:`~gpuclust.analyses.kinds.Sum`, :class:`~gpuclust.analyses.kinds.Keyed`,
+    :class:`~gpuclust.analyses.kinds.Merged`, ...): the engine merges, splits and shards
+    partials from it, so no analysis writes a merge.  Partials are *host-resident* when merged:
+    the engine moves each partition's partial to NumPy (:func:`to_host`) before it is merged or
+    crosses workers.  Every kind's merge is associative and commutative (up to float rounding:
+    float sums are not bitwise order-invariant).
 ``finalize(partial, ctx) -> dict[str, pandas.DataFrame]``
     Named result tables.
 
 ``parted`` tables (results that grow with the data, e.g. a row per machine x bucket)
-    Not finalized whole: ``split`` separates a partial's keyed partials from the rest; the engine
-    spills each partition's keyed partials, merges the rest by its tree, then reduces the keyed
-    partials one *shard* (``shards``, ``key_range``) at a time with ``finalize_shard``, writing
-    each shard's rows as one Parquet part, and ends with ``finalize_parted`` (streams the parted
-    tables for summaries).  ``finalize`` of such an analysis is the same in memory
-    (:func:`gpuclust.parted.finalize_in_memory`).  See :mod:`gpuclust.parted`.
+    Not finalized whole: the partial's *sharded* keyed partials (a ``Keyed`` with ``per``: keys
+    per shard coordinate) are spilled per partition while the rest merges by the tree; the
+    engine then reduces them one *shard* (``shards``: ranges of the coordinate) at a time with
+    ``finalize_shard``, writing each shard's rows as one Parquet part, and ends with
+    ``finalize_parted`` (streams the parted tables for summaries).  ``finalize`` of such an
+    analysis is the same in memory (:func:`gpuclust.parted.finalize_in_memory`).  See
+    :mod:`gpuclust.parted`.
 
-Partial shapes: *dense* (fixed-shape arrays when the key space is known) merge elementwise;
-*keyed* (sorted unique int64 keys + value arrays) merge by concatenate + group
-(:func:`gpuclust.partials.keyed_reduce` / :func:`gpuclust.partials.merge_keyed`); moments merge as
-``(n, mean, M2)`` (:func:`gpuclust.partials.merge_moments`, or :class:`gpuclust.partials.Moments`
-for grouped co-moments), never as raw sums of squares.  Those pieces live in :mod:`gpuclust.partials`.
+Partial shapes and their merges (:func:`gpuclust.partials.keyed_reduce`,
+:func:`gpuclust.partials.merge_keyed`, moments as ``(n, mean, M2)`` or
+:class:`gpuclust.partials.Moments`, never raw sums of squares) live in :mod:`gpuclust.partials`;
+the kinds that declare them in :mod:`gpuclust.analyses.kinds`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from gpuclust._lazy import pandas as pd
 from gpuclust.analyses.options import Relation, check_options, with_parameters_doc
+
+if TYPE_CHECKING:
+    from gpuclust.analyses.kinds import Fields
 
 __all__ = [
     "Analysis",
@@ -124,7 +130,7 @@ def to_host(obj: Any) -> Any:
 
 def host_or_device(v: Any) -> Any:
     """``v`` as a NumPy array, unless it is a device array (left where it is): the fields of a
-    keyed partial that :meth:`Analysis.split` hands to the shards, which may still be on the device
+    sharded keyed partial that a split hands to the shards, which may still be on the device
     (:attr:`Analysis.device_partial`)."""
     return v if hasattr(v, "__cuda_array_interface__") else np.asarray(v)
 
@@ -149,12 +155,10 @@ class Analysis:
     #: windows, NumPy backend; sizes partitions to a memory budget, see gpuclust/engine/memory.py).
     row_bytes: ClassVar[int] = 512
     #: Result tables that grow with the data (a row per machine x bucket, ...), written part by
-    #: part (:mod:`gpuclust.parted`): an analysis listing any implements :meth:`split`,
-    #: :meth:`shards`, :meth:`key_range`, :meth:`finalize_shard` and :meth:`finalize_parted`.
+    #: part (:mod:`gpuclust.parted`): an analysis listing any declares their keyed partials
+    #: sharded in :attr:`kinds` and implements :meth:`shards`, :meth:`finalize_shard` and
+    #: :meth:`finalize_parted`.
     parted: ClassVar[tuple[str, ...]] = ()
-    #: Keyed partials of :meth:`split` that hold disjoint *rows* (sorted, possibly repeated keys;
-    #: e.g. finished groups): a shard concatenates them in partition order instead of summing.
-    keyed_rows: ClassVar[tuple[str, ...]] = ()
     #: Whether :meth:`partial` needs every row of each instance it sees (per-instance sequences,
     #: e.g. ``lifecycle``): the engine then streams :attr:`table` by the buckets of an
     #: instance-bucketed dataset, or as one partition of a flat one (never cut: see
@@ -201,11 +205,12 @@ class Analysis:
 
     @property
     def sharded(self) -> bool:
-        """Whether the engine spills the keyed part of the partials (:meth:`split`) and reduces it
-        by shards (:mod:`gpuclust.engine.shards`): analyses with :attr:`parted` tables, and those
-        whose keyed partials grow with the cell but reduce to small tables (cpi's machine-cell
-        sums; then :meth:`finalize_shard` returns no rows, only its extra)."""
-        return bool(self.parted)
+        """Whether the engine spills the sharded keyed partials of :attr:`kinds` (a ``Keyed`` with
+        ``per``) and reduces them by shards (:mod:`gpuclust.engine.shards`): analyses with
+        :attr:`parted` tables, and those whose keyed partials grow with the cell but reduce to
+        small tables (cpi's machine-cell sums; then :meth:`finalize_shard` returns no rows, only
+        its extra)."""
+        return bool(self.kinds.sharded)
 
     @property
     def columns(self) -> tuple[str, ...]:
@@ -243,42 +248,20 @@ class Analysis:
         raise NotImplementedError
 
     @property
-    def kinds(self) -> Any:
-        """How its partial merges, splits and shards, declared field by field (a
-        :class:`gpuclust.analyses.kinds.Fields`)."""
-        return _Methods(self)
-
-    def merge(self, a: Any, b: Any) -> Any:
+    def kinds(self) -> Fields:
+        """How its partial merges, splits and shards, declared field by field (the engine's only
+        way to combine partials; see :mod:`gpuclust.analyses.kinds`)."""
         raise NotImplementedError
 
     def finalize(self, partial: Any, ctx: Any) -> dict[str, pd.DataFrame]:
         raise NotImplementedError
 
     # ------------------------------------------------ parted results (only with ``parted`` tables)
-    def split(self, partial: Any) -> tuple[Any, dict[str, dict[str, np.ndarray]]]:
-        """``(rest, keyed)``: a host partial's small part (merged by the engine's tree) and its keyed
-        partials (``{name: {"key": sorted unique int64, field: values}}``), which are spilled per
-        partition and reduced one shard at a time."""
-        raise NotImplementedError
-
     def shards(self, ctx: Any, rest: Any) -> list[tuple[int, int]]:
         """The shards: ranges ``[lo, hi)`` of a coordinate the keys are ordered by (machine code,
         ...), each small enough to finalize in memory; at least one (``rest``: the merged small
-        part of :meth:`split`, e.g. a sample of the keys to place the boundaries)."""
-        raise NotImplementedError
-
-    def key_range(self, ctx: Any, name: str, lo: int, hi: int) -> tuple[int, int]:
-        """The keys ``[first, end)`` of keyed partial ``name`` in shard ``[lo, hi)``."""
-        raise NotImplementedError
-
-    def dense_keys(self, ctx: Any) -> dict[str, tuple[int, int]] | None:
-        """The key range ``(first, end)`` of each summed keyed partial when they are few, so the
-        local engine merges them in memory instead of spilling them
-        (:func:`gpuclust.engine.shards.dense_target`); None (the default): spill."""
-        return None
-
-    def merge_rest(self, a: Any, b: Any) -> Any:
-        """Merge two ``rest`` parts of :meth:`split`."""
+        part, the fields of :attr:`kinds` that are not sharded, e.g. a sample of the keys to place
+        the boundaries)."""
         raise NotImplementedError
 
     def client_partial(self, ctx: Any) -> Any:
@@ -318,27 +301,3 @@ class Analysis:
         from gpuclust.analyses.options import label_of
 
         return label_of(self)
-
-
-class _Methods:
-    """The :attr:`Analysis.kinds` of an analysis that still implements ``merge`` / ``split`` /
-    ``merge_rest`` / ``key_range`` / ``dense_keys`` / ``keyed_rows`` itself (transitional)."""
-
-    def __init__(self, a: Analysis):
-        self.a = a
-        self.rows = a.keyed_rows
-
-    def merge(self, x: Any, y: Any) -> Any:
-        return self.a.merge(x, y)
-
-    def split(self, p: Any) -> Any:
-        return self.a.split(p)
-
-    def merge_rest(self, x: Any, y: Any) -> Any:
-        return self.a.merge_rest(x, y)
-
-    def key_range(self, ctx: Any, name: str, lo: int, hi: int) -> tuple[int, int]:
-        return self.a.key_range(ctx, name, lo, hi)
-
-    def dense_keys(self, ctx: Any) -> Any:
-        return self.a.dense_keys(ctx)

@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from gpuclust.analyses.base import host_or_device, to_host
 from gpuclust.backends import merged_backend
 from gpuclust.keys import pack
 from gpuclust.partials import merge_keyed
@@ -44,20 +45,6 @@ __all__ = ["Concat", "Fields", "Flat", "Keyed", "Kind", "Label", "Max", "Merged"
 
 #: A partial field's value: an array, a dict of arrays, a label, ...
 Value = Any
-
-
-def _to_host(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        return {k: _to_host(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_to_host(v) for v in obj)
-    if hasattr(obj, "__cuda_array_interface__") and hasattr(obj, "get"):
-        return obj.get()
-    return obj
-
-
-def _where_it_is(v: Any) -> Any:
-    return v if hasattr(v, "__cuda_array_interface__") else np.asarray(v)
 
 
 class Kind:
@@ -241,10 +228,10 @@ class Fields:
         for name, kind in self.kinds.items():
             v = kind.take(p, name)
             if name in self.sharded:
-                keyed[name] = {f: _where_it_is(x) for f, x in v.items()}
+                keyed[name] = {f: host_or_device(x) for f, x in v.items()}
             else:
                 for k, x in kind.put(name, v).items():
-                    rest[k] = x if k in self.stays else _to_host(x)
+                    rest[k] = x if k in self.stays else to_host(x)
         return rest, keyed
 
     def merge_rest(self, a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:

@@ -147,11 +147,6 @@ class UsageChange(Analysis):
         """Pairs of an instance's windows need all of them in one partition (level=instance only)."""
         return self.level == "instance"
 
-    @property
-    def sharded(self) -> bool:
-        """The machine level's keyed (machine, period) sums are reduced by shards of machines."""
-        return self.level == "machine"
-
     def needed_tables(self) -> tuple[dict[str, str], dict[str, str]]:
         required = {"instance_usage": ""}
         if self.level == "instance":

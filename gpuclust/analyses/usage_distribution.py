@@ -447,7 +447,7 @@ class UsageDistribution(Analysis):
             "n": Sum(),
             "err_max": Merged(max),  # a Python float, as split_partial makes it (Max: a NumPy one)
             "sample": Concat(),
-            "rows": Keyed(rows=True, per=(lambda ctx: 1) if self.sharded else None),
+            "rows": Keyed(rows=True, per=(lambda ctx: 1) if self.parted else None),
         }
         n_levels = int(self.level_values.shape[0])
         return UsageFields(kinds, (), whole, self._n_components(), n_levels, SAMPLE_EVERY)

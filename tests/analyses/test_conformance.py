@@ -23,7 +23,8 @@ from hypothesis import strategies as st
 from strategies import cell, examples
 
 from gpuclust.analyses import REGISTRY, create
-from gpuclust.analyses.base import to_host
+from gpuclust.analyses.base import Analysis, to_host
+from gpuclust.analyses.kinds import Fields, Kind
 from gpuclust.backends import get_backend
 from gpuclust.engine import TableSource
 from gpuclust.engine.local import context_of
@@ -109,6 +110,28 @@ def edge_backend(request):  # type: ignore[no-untyped-def]
 
 def test_registry_covers_instances():
     assert {a.name for a in INSTANCES.values()} == set(REGISTRY)
+
+
+#: The merge-side methods an analysis no longer writes: the engine derives them from ``kinds``.
+RETIRED = ("merge", "merge_rest", "split", "key_range", "dense_keys", "keyed_rows")
+
+
+def test_partials_are_declared_as_kinds():
+    """Every analysis (each option choice) declares its partial as a ``Fields`` whose every entry
+    is a known kind; it writes none of the retired merge methods; its tables that grow with the
+    cell (``parted``) come with sharded keyed partials, and the empty partial splits into them."""
+    for label, a in INSTANCES.items():
+        f = a.kinds
+        assert isinstance(f, Fields) and f.kinds, label
+        assert all(isinstance(k, Kind) for k in f.kinds.values()), label
+        for cls in type(a).__mro__[:-1]:
+            if cls is not Analysis and issubclass(cls, Analysis):
+                assert not set(RETIRED) & set(vars(cls)), (label, cls, set(RETIRED) & set(vars(cls)))
+        assert not a.parted or a.sharded, label
+        if a.sharded:
+            rest, keyed = f.split(a.empty())
+            assert set(keyed) == set(f.sharded) and all("key" in k for k in keyed.values()), label
+            assert not set(keyed) & set(rest), label
 
 
 @SETTINGS

@@ -182,12 +182,6 @@ class Cpi(Analysis):
         return self.spearman == "grid"
 
     @property
-    def sharded(self) -> bool:
-        """The regression's keyed (machine, cell) sums are spilled and reduced by machine-range
-        shards (:mod:`gpuclust.engine.shards`)."""
-        return self.regression != "none"
-
-    @property
     def columns(self) -> tuple[str, ...]:
         cols = ["start_time", "end_time"]
         if self.by in ("collection", "tier"):
@@ -410,7 +404,7 @@ class Cpi(Analysis):
         regression runs) and the counters.  A split leaves the Spearman grid (groups x bins x
         bins: 8 KiB a machine under ``by=machine``) where it is: its finalize reduces it there to
         two values a group (:func:`~gpuclust.analyses.cpi.tables.grid_spearman`)."""
-        per = {"c": _cells, "w": _cell_platforms} if self.sharded else {}
+        per = {"c": _cells, "w": _cell_platforms} if self.regression != "none" else {}
         keyed = {pre: Flat(Keyed(per=per.get(pre)), pre + "_", ("key", *fields)) for pre, fields in KEYED.items()}
         return Fields(
             {
