@@ -242,7 +242,8 @@ class Analysis:
         return ctx
 
     def empty(self, backend: Any = None) -> Any:
-        raise NotImplementedError
+        """The merge identity, from :attr:`kinds` (host arrays; the backend's name as its label)."""
+        return self.kinds.empty(backend)
 
     def partial(self, cols: dict[str, Any], ctx: Any, backend: Any) -> Any:
         raise NotImplementedError

@@ -23,6 +23,10 @@ analysis writes a ``merge``.  The kinds:
     Any of these whose arrays sit at the partial's top level under a prefix (``w_key``,
     ``w_n``, ...) instead of in one dict.
 
+Each kind also declares its merge identity (a dense block's shape and dtype, a keyed partial's
+fields and dtypes, a ``Merged`` field's ``empty``), so the empty partial is derived
+(:meth:`Fields.empty`), never written by an analysis.
+
 Partials are merged on the host (the engine moves them there first; see
 :mod:`gpuclust.analyses.base`); :meth:`Fields.split` leaves the sharded keyed partials, and the
 fields named in ``stays``, where they are (a device partial's, :attr:`Analysis.device_partial`).
@@ -47,10 +51,26 @@ __all__ = ["Concat", "Fields", "Flat", "Keyed", "Kind", "Label", "Max", "Merged"
 Value = Any
 
 
+def _extreme(dtype: Any, fill: Any, top: bool) -> Any:
+    """``fill``, or the largest (``top``) or smallest value of ``dtype``."""
+    if fill is not None:
+        return fill
+    dt = np.dtype(dtype)
+    if dt.kind == "f":
+        return np.inf if top else -np.inf
+    info = np.iinfo(dt)
+    return info.max if top else info.min
+
+
 class Kind:
-    """How one field of a partial merges (a subclass per kind)."""
+    """How one field of a partial merges, and its merge identity (a subclass per kind)."""
 
     def merge(self, a: Value, b: Value) -> Value:
+        raise NotImplementedError
+
+    def identity(self, xp: Any, backend: str) -> Value:
+        """The field's value in the empty partial, its arrays made by ``xp`` (``backend``: the
+        name of the backend the partial is for)."""
         raise NotImplementedError
 
     @property
@@ -73,7 +93,12 @@ class Sum(Kind):
     length, the entries one lacks counted as 0 (sums over a range that grows as partitions see
     more of it)."""
 
+    shape: tuple[int, ...] = ()
+    dtype: Any = np.float64
     ragged: bool = False
+
+    def identity(self, xp: Any, backend: str) -> Value:
+        return xp.zeros(self.shape, self.dtype)
 
     def merge(self, a: Value, b: Value) -> Value:
         if not self.ragged:
@@ -90,7 +115,14 @@ class Sum(Kind):
 
 @dataclass(frozen=True)
 class Min(Kind):
-    """Elementwise minimum."""
+    """Elementwise minimum (identity: ``fill``, by default the dtype's largest value)."""
+
+    shape: tuple[int, ...] = ()
+    dtype: Any = np.float64
+    fill: Any = None
+
+    def identity(self, xp: Any, backend: str) -> Value:
+        return xp.full(self.shape, _extreme(self.dtype, self.fill, top=True), self.dtype)
 
     def merge(self, a: Value, b: Value) -> Value:
         return np.minimum(a, b)
@@ -98,7 +130,14 @@ class Min(Kind):
 
 @dataclass(frozen=True)
 class Max(Kind):
-    """Elementwise maximum."""
+    """Elementwise maximum (identity: ``fill``, by default the dtype's smallest value)."""
+
+    shape: tuple[int, ...] = ()
+    dtype: Any = np.float64
+    fill: Any = None
+
+    def identity(self, xp: Any, backend: str) -> Value:
+        return xp.full(self.shape, _extreme(self.dtype, self.fill, top=False), self.dtype)
 
     def merge(self, a: Value, b: Value) -> Value:
         return np.maximum(a, b)
@@ -109,13 +148,23 @@ class Label(Kind):
     """The backend a partial was computed on: ``gpu`` if either was, so that its finalize runs on
     the device where there is one (:func:`gpuclust.backends.merged_backend`)."""
 
+    def identity(self, xp: Any, backend: str) -> Value:
+        return backend
+
     def merge(self, a: Value, b: Value) -> Value:
         return merged_backend(a, b)
 
 
 @dataclass(frozen=True)
 class Concat(Kind):
-    """1-D arrays concatenated in merge order."""
+    """Arrays concatenated along their first axis in merge order (identity: no rows of
+    ``dtype``, each row of shape ``row``)."""
+
+    dtype: Any = np.float64
+    row: tuple[int, ...] = ()
+
+    def identity(self, xp: Any, backend: str) -> Value:
+        return xp.zeros((0, *self.row), self.dtype)
 
     def merge(self, a: Value, b: Value) -> Value:
         return np.concatenate([np.asarray(a), np.asarray(b)])
@@ -123,9 +172,16 @@ class Concat(Kind):
 
 @dataclass(frozen=True)
 class Merged(Kind):
-    """A field merged by ``fn(a, b)`` (associative; its own module carries the proof)."""
+    """A field merged by ``fn(a, b)`` (associative; its own module carries the proof), whose
+    identity is ``empty(xp)``."""
 
     fn: Callable[[Value, Value], Value]
+    empty: Callable[[Any], Value] | None = None
+
+    def identity(self, xp: Any, backend: str) -> Value:
+        if self.empty is None:
+            raise TypeError("a Merged kind without an identity (empty=)")
+        return self.empty(xp)
 
     def merge(self, a: Value, b: Value) -> Value:
         return self.fn(a, b)
@@ -142,6 +198,7 @@ class Keyed(Kind):
     context, when the local engine may merge it in memory into dense accumulators instead of
     spilling it (None there, or no ``dense``: spilled)."""
 
+    fields: Mapping[str, Any] = field(default_factory=dict)
     maxima: tuple[str, ...] = ()
     cast: Mapping[str, Any] = field(default_factory=dict)
     rows: bool = False
@@ -151,6 +208,13 @@ class Keyed(Kind):
     @property
     def keyed(self) -> Keyed:
         return self
+
+    def identity(self, xp: Any, backend: str) -> Value:
+        out = {"key": xp.zeros(0, np.int64)}
+        for f, dt in self.fields.items():
+            dtype, row = dt if isinstance(dt, tuple) else (dt, ())
+            out[f] = xp.zeros((0, *row), dtype)
+        return out
 
     def merge(self, a: Value, b: Value) -> Value:
         a, b = self._cast(a), self._cast(b)
@@ -186,6 +250,9 @@ class Flat(Kind):
     def merge(self, a: Value, b: Value) -> Value:
         return self.inner.merge(a, b)
 
+    def identity(self, xp: Any, backend: str) -> Value:
+        return self.inner.identity(xp, backend)
+
     def take(self, p: Mapping[str, Any], name: str) -> Value:
         return {e: p[self.prefix + e] for e in self.entries}
 
@@ -209,6 +276,17 @@ class Fields:
     def merge(self, a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
         """Two partials merged field by field (associative and commutative up to float rounding)."""
         return self._merge(a, b, self.kinds)
+
+    def empty(self, backend: Any = None, *, on_backend: bool = False) -> dict[str, Any]:
+        """The merge identity, labelled with ``backend``'s name (``cpu`` for None): host arrays,
+        or with ``on_backend`` arrays made in ``backend``'s memory (a partial that starts from it
+        there: nothing is copied to a device)."""
+        xp = backend.xp if on_backend and backend is not None else np
+        name = getattr(backend, "name", "cpu")
+        out: dict[str, Any] = {}
+        for n, kind in self.kinds.items():
+            out.update(kind.put(n, kind.identity(xp, name)))
+        return out
 
     @property
     def sharded(self) -> tuple[str, ...]:

@@ -151,3 +151,45 @@ def test_key_ranges_and_dense_keys():
     )
     assert g.dense_keys(12) == {"w": (0, 12), "u": (0, 9)}
     assert g.dense_keys(None) is None  # one of them too large (its dense says None): spilled
+
+
+def test_identities_are_merge_identities_on_the_host_and_the_backend():
+    f = Fields(
+        {
+            "dense": Sum((2, 3), np.int64),
+            "lo": Min((4,), np.int64),
+            "hi": Max((4,), np.int64, fill=-1),
+            "flo": Min((2,)),
+            "backend": Label(),
+            "sample": Concat(np.int64),
+            "pairs": Merged(lambda x, y: sorted(set(x) | set(y)), empty=lambda xp: []),
+            "w": Flat(Keyed({"s": np.float64, "n": np.int32, "m": np.int64}), "w_", ("key", "s", "n", "m")),
+            "rows": Keyed({"v": np.float64, "q": (np.float64, (3,))}, rows=True),
+        }
+    )
+    e = f.empty()
+    assert e["backend"] == "cpu" and e["pairs"] == [] and e["hi"].tolist() == [-1] * 4
+    assert e["lo"].tolist() == [np.iinfo(np.int64).max] * 4 and e["flo"].tolist() == [np.inf] * 2
+    assert e["rows"]["q"].shape == (0, 3) and e["w_n"].dtype == np.int32 and e["w_key"].dtype == np.int64
+    assert not any(hasattr(v, "__cuda_array_interface__") for v in e.values())
+    d = f.empty(DEVICE, on_backend=True)
+    assert hasattr(d["dense"], "__cuda_array_interface__") and hasattr(d["rows"]["v"], "__cuda_array_interface__")
+    assert d["backend"] == DEVICE.name
+    p = _partial(5, "gpu")
+    p = {
+        **p,
+        "dense": p["dense"].astype(np.int64),
+        "flo": np.array([1.5, -2.0]),
+        "sample": p["sample"].astype(np.int64),
+        "rows": {**p["rows"], "q": np.ones((5, 3))},
+        "w_n": p["w_n"].astype(np.int32),
+        "pairs": sorted(p["pairs"]),
+    }
+    del p["small"]
+    for got in (f.merge(e, p), f.merge(p, e)):
+        assert set(got) == set(p)
+        for k, v in p.items():
+            if isinstance(v, dict):
+                assert all(np.array_equal(got[k][c], v[c]) for c in v), k
+            else:
+                assert np.array_equal(np.asarray(got[k]), np.asarray(v)), k
