@@ -3,7 +3,8 @@
 partial (:func:`group_extras`), the merge of two partials (:func:`merge_partials`), their
 split into keyed rows of finished groups for the parted tables (:func:`split_partial`), and the
 partial's kinds (:class:`UsageFields`: a :class:`~gpuclust.analyses.kinds.Fields` whose whole
-partials merge and split by those two).
+partials merge and split by those two, and whose empty partial is derived from the declaration
+of an open partial's fields, :func:`open_fields`).
 
 The tunable the split reads (``SAMPLE_EVERY``) stays in :mod:`gpuclust.analyses.usage_distribution`,
 which passes it in.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial as bound
 from typing import Any
 
 import numpy as np
@@ -22,7 +24,7 @@ from gpuclust.analyses import _hybrid_summary as hs
 from gpuclust.analyses._usage_distribution_tables import _merge_groups
 from gpuclust.analyses._usage_distribution_two_pass import merge_two_pass
 from gpuclust.analyses.grouping import bucket_span
-from gpuclust.analyses.kinds import Fields
+from gpuclust.analyses.kinds import Fields, Label, Merged, Sum
 from gpuclust.backends import merged_backend
 
 #: Most (window, bucket) pieces one partition may produce with ``time`` grouping (guards against a
@@ -182,21 +184,42 @@ def none_aware(merge: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
     return merged
 
 
+def open_fields(n_components: int, n_stats: int) -> Fields:
+    """The fields of an open partial (neither finished groups, ``done``, nor second-pass states,
+    ``tp``), which :func:`merge_partials` merges field by field as declared here: the backend's
+    name, the mixture states (None: none yet), the group extras (``n_components`` key
+    components) and the ``n_stats`` global counters.  Its identity is the empty partial."""
+    return Fields(
+        {
+            "backend": Label(),
+            "ms": Merged(none_aware(hs.merge), empty=lambda xp: None),
+            "groups": Merged(_merge_groups, empty=bound(empty_groups, n_components=n_components)),
+            "stats": Sum((n_stats,), np.int64),
+        }
+    )
+
+
 @dataclass(frozen=True)
 class UsageFields(Fields):
     """The partial's kinds: its ``kinds`` declare the *rest* of a split (and its keyed ``rows``),
     which :meth:`Fields.merge_rest` merges field by field; a whole partial (finished groups or
     open mixture states, not a field-by-field merge) merges by ``whole`` (:func:`merge_partials`,
     or the first pass's merge) and splits by :func:`split_partial` (``n_components`` key
-    components, ``n_levels`` levels, every ``sample_every``-th key sampled)."""
+    components, ``n_levels`` levels, every ``sample_every``-th key sampled); the empty partial is
+    the identity of an open one (:func:`open_fields`, ``n_stats`` counters)."""
 
     whole: Callable[[Any, Any], Any] = merge_partials
     n_components: int = 0
     n_levels: int = 0
     sample_every: int = 1
+    n_stats: int = 0
 
     def merge(self, a: Any, b: Any) -> Any:
         return self.whole(a, b)
 
     def split(self, p: Any) -> tuple[dict[str, Any], dict[str, dict[str, np.ndarray]]]:
         return split_partial(p, self.n_components, self.n_levels, self.sample_every)
+
+    def empty(self, backend: Any = None, *, on_backend: bool = False) -> dict[str, Any]:
+        """The empty whole partial (not a rest): :func:`open_fields`' identity."""
+        return open_fields(self.n_components, self.n_stats).empty(backend, on_backend=on_backend)

@@ -47,7 +47,6 @@ from gpuclust.analyses._lookup import EVENT_COLUMNS, InstanceLookup, tier_lookup
 from gpuclust.analyses._usage_distribution_parts import (
     _DONE_FIELDS,
     UsageFields,
-    empty_groups,
     expand_pieces,
     group_extras,
     merge_partials,
@@ -329,15 +328,8 @@ class UsageDistribution(Analysis):
         return replace(ctx, lookup=lk, local_groups=local)
 
     # ---------------------------------------------------------------- partial
-    def empty(self, backend: Any = None) -> dict[str, Any]:
-        name = getattr(backend, "name", "cpu")
-        return {"backend": name, "ms": None, "groups": self._empty_groups(), "stats": np.zeros(len(STATS), np.int64)}
-
     def _n_components(self) -> int:
         return sum(len(KEY_COLUMNS[b]) for b in self.by)
-
-    def _empty_groups(self, xp: Any = np) -> dict[str, Any]:
-        return empty_groups(xp, self._n_components())
 
     def _tier(self, backend: Any, ctx: UsageDistributionContext, c: Any, i: Any, m: Any) -> Any:
         found, code = ctx.lookup.find(backend, c, i, m)
@@ -436,7 +428,8 @@ class UsageDistribution(Analysis):
         mixture states merged) and split by :func:`split_partial`; the rest of a split merges
         field by field, ``full`` (the whole merged partial, or None) by that merge; its keyed
         ``rows`` (finished groups, keyed by their leading key component) are sharded, one key
-        per coordinate, when the group tables are parted."""
+        per coordinate, when the group tables are parted.  The empty partial is an open one's
+        identity (:func:`~gpuclust.analyses._usage_distribution_parts.open_fields`)."""
         return self._fields(merge_partials)
 
     def _fields(self, whole: Any) -> UsageFields:
@@ -450,7 +443,7 @@ class UsageDistribution(Analysis):
             "rows": Keyed(rows=True, per=(lambda ctx: 1) if self.parted else None),
         }
         n_levels = int(self.level_values.shape[0])
-        return UsageFields(kinds, (), whole, self._n_components(), n_levels, SAMPLE_EVERY)
+        return UsageFields(kinds, (), whole, self._n_components(), n_levels, SAMPLE_EVERY, len(STATS))
 
     # ---------------------------------------------------------------- finalize
     # With ``instance`` in ``by`` the group tables grow with the cell (a row per instance): they

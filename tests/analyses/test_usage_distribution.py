@@ -21,9 +21,9 @@ from strategies import table
 import gpuclust.engine as engine
 from gpuclust.analyses import create
 from gpuclust.analyses._hybrid_summary import spill_threshold
-from gpuclust.analyses._usage_distribution_parts import merge_partials
+from gpuclust.analyses._usage_distribution_parts import merge_partials, open_fields
 from gpuclust.analyses.base import to_host
-from gpuclust.analyses.usage_distribution import UsageDistribution, UsageDistributionBrackets, level_name
+from gpuclust.analyses.usage_distribution import STATS, UsageDistribution, UsageDistributionBrackets, level_name
 from gpuclust.backends import get_backend
 from gpuclust.engine import TableSource
 from gpuclust.engine.local import context_of
@@ -436,6 +436,26 @@ def test_partial_kinds(cell1):
     b1, b2 = _partials(br, cell1, [0, n // 2, n])
     merged = br.kinds.merge(b1, b2)
     assert merged["ms"] is None and [r for r, _ in merged["stack"]] == [2]
+
+
+def test_empty_partial(cell1):
+    """The empty partial is the identity of an open partial's fields (``open_fields``: no mixture
+    state, no groups, zero counters), declared as those fields merge in ``merge_partials``."""
+    n = cell1["instance_usage"].num_rows
+    a = UsageDistribution(by="machine,time", strategy="exact")
+    nc = len(a.key_columns()) - 1  # time: one key component, two columns
+    e = a.empty()
+    assert list(e) == ["backend", "ms", "groups", "stats"] and e["backend"] == "cpu" and e["ms"] is None
+    assert e["groups"]["kc"].shape == (0, nc) and e["groups"]["wq"].shape == (0, 20)
+    assert e["stats"].dtype == np.int64 and e["stats"].tolist() == [0] * len(STATS)
+    q1, q2 = _partials(a, cell1, [0, n // 2, n])
+    got, want = open_fields(nc, len(STATS)).merge(q1, q2), merge_partials(q1, q2)
+    assert got.keys() == want.keys() and got["backend"] == want["backend"]
+    np.testing.assert_array_equal(got["stats"], want["stats"])
+    np.testing.assert_array_equal(got["ms"]["exact"]["key"], want["ms"]["exact"]["key"])
+    for f in want["groups"]:
+        np.testing.assert_array_equal(got["groups"][f], want["groups"][f])
+        np.testing.assert_array_equal(merge_partials(e, q1)["groups"][f], q1["groups"][f])
 
 
 @pytest.mark.parametrize(
