@@ -1,7 +1,7 @@
 """``overcommit``'s partial side (:mod:`gpuclust.analyses.overcommit`): the first pass over
 instance_events (:func:`event_pass`), the keyed usage sums of a partition's windows
 (:func:`usage_sums`, ``bucket_overlap`` on the chosen backend) and the keyed sums of the running
-pieces of its instances (:func:`interval_partial`), with their empty forms and counters.
+pieces of its instances (:func:`interval_partial`), with their fields' dtypes and counters.
 
 The tunable the usage sums read (``CELL_LIMIT``) stays in :mod:`gpuclust.analyses.overcommit`,
 which passes it in.
@@ -20,6 +20,7 @@ from gpuclust.analyses._intervals import SCHEDULE, RunningIntervals, distinct_ke
 from gpuclust.analyses._lookup import id_index
 from gpuclust.analyses._overcommit_finalize import _KNOWN_FIELDS, _PARTIAL_FIELDS
 from gpuclust.analyses.grouping import bucket_span, unique_sorted
+from gpuclust.analyses.kinds import Keyed
 from gpuclust.keys import pack, unpack
 from gpuclust.partials import keyed_reduce
 from gpuclust.tiers import tier_codes
@@ -90,20 +91,12 @@ def keyed(xp: Any, key: Any, **fields: Any) -> dict[str, Any]:
     return {"key": key.astype(xp.int64), **fields}
 
 
-def empty_usage() -> dict[str, np.ndarray]:
-    """The empty usage partial (host arrays)."""
-    out = {"key": np.zeros(0, np.int64)}
-    out.update({f: np.zeros(0, np.float64) for f in _PARTIAL_FIELDS})
-    return out
-
-
-def empty_intervals() -> dict[str, Any]:
-    """The empty interval partial (host arrays)."""
-    return {
-        "req": keyed(np, np.zeros(0, np.int64), req_cpu=np.zeros(0), req_mem=np.zeros(0)),
-        "inst": keyed(np, np.zeros(0, np.int64), inst=np.zeros(0), distinct=np.zeros(0, np.int64)),
-        "istats": np.zeros(len(ISTATS), np.int64),
-    }
+#: The keyed partials' fields and their dtypes (each with an int64 ``key``): the usage sums per
+#: (machine, tier, bucket), the request-seconds per (machine, tier, bucket), the piece-seconds
+#: and distinct instances per (machine, bucket).
+USAGE_FIELDS = dict.fromkeys(_PARTIAL_FIELDS, np.float64)
+REQ_FIELDS = {"req_cpu": np.float64, "req_mem": np.float64}
+INST_FIELDS = {"inst": np.float64, "distinct": np.int64}
 
 
 def usage_sums(
@@ -124,7 +117,7 @@ def usage_sums(
     per row, 2^16 at least, for a small partition), so wide bucket ranges are cut into chunks."""
     xp = backend.xp
     if s.shape[0] == 0:
-        return {k: xp.asarray(v) for k, v in empty_usage().items()}
+        return Keyed(fields=USAGE_FIELDS).identity(xp, backend.name)
     b0, b1 = bucket_span(xp, s, e, width, w0)
     # dense codes of the (machine, tier) pairs present: a bincount, not a sort
     present = bincount(xp, g, minlength=n_codes) > 0

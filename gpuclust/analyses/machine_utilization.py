@@ -71,8 +71,9 @@ DENSE_CELLS = 1 << 23
 RESOURCES = (("cpu", "avg_cpu", "cap_cpu"), ("mem", "avg_mem", "cap_mem"))
 #: Counters of the usage rows, in this order.
 STATS = ("rows", "alloc_rows", "short_rows", "unbounded_rows", "unplaced_rows", "unknown_machine_rows", "used_rows")
-#: The keyed sums' fields (:data:`gpuclust.analyses._machine_sums.COUNTS`: the integer ones).
-_FIELDS = ("cpu", "mem", *COUNTS)
+#: The keyed sums' fields and their dtypes (:data:`gpuclust.analyses._machine_sums.COUNTS`: the
+#: integer ones).
+_FIELDS = {"cpu": np.float64, "mem": np.float64, **COUNTS}
 _MACHINE_COLUMNS = [
     "machine_id",
     "bucket",
@@ -189,13 +190,6 @@ class MachineUtilization(Analysis):
         return MachineUtilizationContext(ids, cpu, mem, span, MachineHash.build(ids), up, window)
 
     # ---------------------------------------------------------------- partial / merge
-    def empty(self, backend: Any = None) -> dict[str, Any]:
-        return {
-            "u": {"key": np.zeros(0, np.int64), **{f: np.zeros(0, COUNTS.get(f, np.float64)) for f in _FIELDS}},
-            "stats": np.zeros(len(STATS), np.int64),
-            "backend": getattr(backend, "name", "cpu"),
-        }
-
     def partial(self, cols: dict[str, Any], ctx: MachineUtilizationContext, backend: Any) -> dict[str, Any]:
         """Per (machine, bucket) key ``code * span + bucket``: the sums, known counts and windows.
 
@@ -278,7 +272,13 @@ class MachineUtilization(Analysis):
         """The keyed sums ``u`` per machine-bucket (counts widened to :data:`COUNTS` before they
         add; sharded by machine, :attr:`MachineUtilizationContext.span` keys a machine; merged in
         memory when there are few, :func:`_dense_cells`), the counters and the backend."""
-        return Fields({"u": Keyed(cast=COUNTS, per=_span, dense=_dense_cells), "stats": Sum(), "backend": Label()})
+        return Fields(
+            {
+                "u": Keyed(fields=_FIELDS, cast=COUNTS, per=_span, dense=_dense_cells),
+                "stats": Sum((len(STATS),), np.int64),
+                "backend": Label(),
+            }
+        )
 
     # ---------------------------------------------------------------- shards
     def shards(self, ctx: MachineUtilizationContext, rest: dict[str, Any]) -> list[tuple[int, int]]:

@@ -65,9 +65,10 @@ from gpuclust.analyses._overcommit_finalize import (
 )
 from gpuclust.analyses._overcommit_partial import (
     _NULL,
+    INST_FIELDS,
     ISTATS,
-    empty_intervals,
-    empty_usage,
+    REQ_FIELDS,
+    USAGE_FIELDS,
     event_pass,
     interval_partial,
     usage_sums,
@@ -317,15 +318,6 @@ class Overcommit(Analysis):
         return interval_partial(running_intervals(backend, ecols, ctx.window_start, ctx.window_end), ctx, backend)
 
     # ---------------------------------------------------------------- partial / merge
-    def empty(self, backend: Any = None) -> dict[str, Any]:
-        # ``backend``: where the partials were computed, so finalize builds the tables there too
-        return {
-            "usage": empty_usage(),
-            "stats": np.zeros(len(STATS), np.int64),
-            **empty_intervals(),
-            "backend": getattr(backend, "name", "cpu"),
-        }
-
     def _tiers(self, backend: Any, c: Any, i: Any, m: Any, ctx: OvercommitContext) -> tuple[Any, Any]:
         found, code = ctx.lookup.find(backend, c, i, m)
         return found, backend.xp.where(found, code, ctx.n_tiers - 1).astype(backend.xp.int64)
@@ -373,26 +365,27 @@ class Overcommit(Analysis):
             B,
             CELL_LIMIT,
         )
-        # the running pieces of this partition's instances (bucketed source: bind gave their events)
+        # the running pieces of this partition's instances (bucketed source: bind gave their events;
+        # else the empty partial's, host arrays)
+        part = self.empty(backend)
         if ctx.events is not None:
-            intervals = self._intervals(backend, {c: backend.asarray(v) for c, v in ctx.events.items()}, ctx)
-        else:
-            intervals = empty_intervals()
-        part = {"usage": usage, **intervals, "backend": backend.name}
+            part.update(self._intervals(backend, {c: backend.asarray(v) for c, v in ctx.events.items()}, ctx))
+        part["usage"] = usage
         part["stats"] = xp.asarray(np.array([st[k] for k in STATS], dtype=np.int64))
         return part
 
     @property
     def kinds(self) -> Fields:
         """The keyed usage sums and requests per (machine, tier, bucket) and instances per
-        (machine, bucket), sharded by machine; the usage and interval counters; the backend."""
+        (machine, bucket), sharded by machine; the usage and interval counters; the backend (where
+        the partials were computed, so that finalize builds the tables there too)."""
         return Fields(
             {
-                "usage": Keyed(per=_tier_buckets),
-                "req": Keyed(per=_tier_buckets),
-                "inst": Keyed(per=_buckets),
-                "stats": Sum(),
-                "istats": Sum(),
+                "usage": Keyed(fields=USAGE_FIELDS, per=_tier_buckets),
+                "stats": Sum((len(STATS),), np.int64),
+                "req": Keyed(fields=REQ_FIELDS, per=_tier_buckets),
+                "inst": Keyed(fields=INST_FIELDS, per=_buckets),
+                "istats": Sum((len(ISTATS),), np.int64),
                 "backend": Label(),
             }
         )

@@ -198,26 +198,13 @@ class UsageChange(Analysis):
         return replace(ctx, lookup=lk)
 
     # ---------------------------------------------------------------- partial / merge
-    def empty(self, backend: Any = None) -> dict[str, Any]:
-        if self.level == "machine":
-            return _MACHINE_SUMS.empty(backend)
-        if self.level == "cluster":
-            return {"sums": np.zeros((5, 0)), "stats": np.zeros(len(_CSTATS), np.int64)}
-        return {
-            "counts": np.zeros((_T, _R, len(_COUNTS)), np.int64),
-            "within": np.zeros((_T, _R, _H), np.int64),
-            "hist": np.zeros((_T, _R, _B), np.int64),
-            "rsum": np.zeros((_T, _R)),
-            "stats": np.zeros(len(_STATS), np.int64),
-        }
-
     def partial(self, cols: dict[str, Any], ctx: Any, backend: Any) -> dict[str, Any]:
         if self.level == "machine":
             return _MACHINE_SUMS.partial(cols, ctx, backend)
         if self.level == "cluster":
             return self._cluster_partial(cols, ctx, backend)
         xp = backend.xp
-        out = {k: xp.asarray(v) for k, v in self.empty().items()}
+        out = self.kinds.empty(backend, on_backend=True)
         s, e = cols["start_time"], cols["end_time"]
         n = int(s.shape[0])
         stats = dict.fromkeys(_STATS, 0)
@@ -308,13 +295,22 @@ class UsageChange(Analysis):
     @property
     def kinds(self) -> Fields:
         """Machine level: machine-utilization's (its keyed sums sharded by machine); cluster: the
-        per-period sums (ragged: :meth:`empty`'s have no period) and the counters; instance: the
-        dense counts, summed."""
+        per-period sums ``[cpu, mem, windows, cpu_nulls, mem_nulls]`` x period (ragged: the empty
+        partial's have no period) and the counters; instance: the dense counts per (tier, resource),
+        summed."""
         if self.level == "machine":
             return _MACHINE_SUMS.kinds
         if self.level == "cluster":
-            return Fields({"sums": Sum(ragged=True), "stats": Sum()})
-        return Fields(dict.fromkeys(("counts", "within", "hist", "rsum", "stats"), Sum()))
+            return Fields({"sums": Sum((5, 0), ragged=True), "stats": Sum((len(_CSTATS),), np.int64)})
+        return Fields(
+            {
+                "counts": Sum((_T, _R, len(_COUNTS)), np.int64),
+                "within": Sum((_T, _R, _H), np.int64),
+                "hist": Sum((_T, _R, _B), np.int64),
+                "rsum": Sum((_T, _R)),
+                "stats": Sum((len(_STATS),), np.int64),
+            }
+        )
 
     # ---------------------------------------------------------------- machine level: shards
     def shards(self, ctx: MachineUtilizationContext, rest: dict[str, Any]) -> list[tuple[int, int]]:
