@@ -45,7 +45,7 @@ from gpuclust.arrow_numpy import bin_table, rows_table
 from gpuclust.partials import bin_quantile_edges
 from gpuclust.schema import TIME_AFTER_TRACE
 
-__all__ = ["BANDS", "TASK_COLUMNS", "TASK_MEASURES", "TaskAccumulator", "TASKS", "empty_tasks", "task_tables"]
+__all__ = ["BANDS", "TASK_COLUMNS", "TASK_MEASURES", "TaskAccumulator", "TASKS", "task_tables"]
 
 #: (measure, usage column, limit: 0 CPU / 1 memory, kind): ``mean`` time-weighted, ``peak`` the maximum.
 TASK_MEASURES = (
@@ -65,20 +65,15 @@ _COUNTS = ("windows", "lim_cpu", "lim_mem", *(f"n_{m}" for m, *_ in TASK_MEASURE
 _PEAKS = tuple(f"pk_{m}" for m, _, _, k in TASK_MEASURES if k == "peak")
 _IDS = ("tier", "cid", "ncid", "idx", "nidx")
 _MAXIMA = (*_PEAKS, *_IDS)
-_FIELDS = ("key", *_SUMS, *_COUNTS, *_MAXIMA)
-
-
-def empty_tasks() -> dict[str, np.ndarray]:
-    """The per-task partial of no window (``task_``-prefixed fields)."""
-    out: dict[str, np.ndarray] = {"task_key": np.zeros(0, np.int64)}
-    out.update({f"task_{f}": np.zeros(0) for f in (*_SUMS, *_PEAKS)})
-    out.update({f"task_{f}": np.zeros(0, np.int64) for f in (*_COUNTS, *_IDS)})
-    return out
-
+_FIELDS = ("key", *_SUMS, *_PEAKS, *_COUNTS, *_IDS)
 
 #: How per-task partials merge (:mod:`gpuclust.analyses.kinds`): by key, sums and counts added,
-#: maxima kept.
-TASKS = Flat(Keyed(maxima=_MAXIMA), "task_", _FIELDS)
+#: maxima kept; its identity has float sums and peaks, int64 counts and ids.
+TASKS = Flat(
+    Keyed({f: np.float64 if f in (*_SUMS, *_PEAKS) else np.int64 for f in _FIELDS[1:]}, maxima=_MAXIMA),
+    "task_",
+    _FIELDS,
+)
 
 
 class TaskAccumulator:

@@ -295,24 +295,6 @@ class PeakPrediction(Analysis):
         return replace(ctx, requests=RequestTimeline.build(side["instance_events"], _EXTRA_EVENT_COLUMNS))
 
     # ---------------------------------------------------------------- partial / merge
-    @staticmethod
-    def _empty_rows() -> dict[str, np.ndarray]:
-        return {
-            "key": np.zeros(0, np.int64),
-            "inst": np.zeros(0, np.int64),
-            "usage": np.zeros(0, np.float32),
-            "limit": np.zeros(0, np.float32),
-        }
-
-    def empty(self, backend: Any = None) -> dict[str, Any]:
-        # ``backend``: where the partials were computed, so the simulation runs there too
-        return {
-            "rows": self._empty_rows(),
-            "count": np.zeros(0, np.int64),
-            "stats": np.zeros(len(STATS), np.int64),
-            "backend": getattr(backend, "name", "cpu"),
-        }
-
     def partial(self, cols: dict[str, Any], ctx: PeakPredictionContext, backend: Any) -> dict[str, Any]:
         xp = backend.xp
         s = cols["start_time"]
@@ -320,8 +302,7 @@ class PeakPrediction(Analysis):
         M = int(ctx.machine_ids.shape[0])
         stats = dict.fromkeys(STATS, 0)
         stats["rows"] = n
-        out = self.empty(backend)  # its arrays on the backend, as a partial with rows has them
-        out["rows"] = {k: xp.asarray(v) for k, v in out["rows"].items()}
+        out = self.kinds.empty(backend, on_backend=True)  # its arrays on the backend, as a partial with rows has them
         out["count"] = xp.zeros(M, xp.int64)
         alloc = cols["alloc_collection_id"]
         keep = (alloc == 0) | is_null_int(xp, alloc)
@@ -377,8 +358,15 @@ class PeakPrediction(Analysis):
         """The keyed rows (disjoint, sorted by key = machine code x steps + step: sharded by
         machine code), the per-machine sample counts (empty before a partition counts: ragged)
         and the counters."""
+        # float32: the trace's usage and request columns are float32 (see :meth:`partial`)
+        rows = {"inst": np.int64, "usage": np.float32, "limit": np.float32}
         return Fields(
-            {"rows": Keyed(rows=True, per=_steps), "count": Sum(ragged=True), "stats": Sum(), "backend": Label()}
+            {
+                "rows": Keyed(rows, rows=True, per=_steps),
+                "count": Sum((0,), np.int64, ragged=True),
+                "stats": Sum((len(STATS),), np.int64),
+                "backend": Label(),
+            }
         )
 
     # ---------------------------------------------------------------- shards

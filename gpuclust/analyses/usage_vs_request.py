@@ -50,7 +50,6 @@ from gpuclust.analyses._task_ratios import (
     TASK_COLUMNS,
     TASKS,
     TaskAccumulator,
-    empty_tasks,
     ratio_schemas,
     task_tables,
 )
@@ -212,22 +211,12 @@ class UsageVsRequest(Analysis):
         return rq, limits
 
     # ---------------------------------------------------------------- partial / merge
-    def empty(self, backend: Any = None) -> dict[str, Any]:
-        # ``backend``: where the partials were computed, so the per-task tables are reduced there too
-        return {
-            "counts": np.zeros((_T, _M, len(_COUNTS)), np.int64),
-            "hist": np.zeros((_T, _M, _B), np.int64),
-            "rsum": np.zeros((_T, _M)),
-            **empty_tasks(),
-            "backend": getattr(backend, "name", "cpu"),
-        }
-
     def partial(self, cols: dict[str, Any], ctx: UsageVsRequestContext, backend: Any) -> dict[str, Any]:
         xp = backend.xp
         s = cols["start_time"]
         n = int(s.shape[0])
         if n == 0:
-            return {k: v if k == "backend" else xp.asarray(v) for k, v in self.empty(backend).items()}
+            return self.kinds.empty(backend, on_backend=True)
         # a block of rows at a time where the backend asks for it (the cpu backend: every
         # intermediate stays in cache)
         block = backend.ops.lookup_block_rows or n
@@ -382,7 +371,15 @@ class UsageVsRequest(Analysis):
     def kinds(self) -> Fields:
         """The per-window counts, bins and ratio sums (dense: tier slots x measures) and the
         per-task partial (:data:`~gpuclust.analyses._task_ratios.TASKS`, keyed by task)."""
-        return Fields({"counts": Sum(), "hist": Sum(), "rsum": Sum(), "task": TASKS, "backend": Label()})
+        return Fields(
+            {
+                "counts": Sum((_T, _M, len(_COUNTS)), np.int64),
+                "hist": Sum((_T, _M, _B), np.int64),
+                "rsum": Sum((_T, _M)),
+                "task": TASKS,
+                "backend": Label(),
+            }
+        )
 
     #: its per-task partial is a row per task (~140 B each: 17 MiB at 4x10^6 windows), which a gpu
     #: study would otherwise copy to the host to reduce to tables of a few hundred rows

@@ -65,7 +65,7 @@ from gpuclust.analyses.cpi.context import (
     _platform_lookup,
     _trace_window,
 )
-from gpuclust.analyses.cpi.keyed import GROUP_FIELDS, _merge_keyed_moments, _moments_fields, merge_groups
+from gpuclust.analyses.cpi.keyed import GROUP_FIELDS, _merge_keyed_moments, _moments_fields, empty_groups, merge_groups
 from gpuclust.analyses.cpi.partial_steps import (
     _counts_array,
     _group_keys,
@@ -278,18 +278,6 @@ class Cpi(Analysis):
         )
 
     # ---------------------------------------------------------------- partial / merge
-    def empty(self, backend: Any = None) -> dict[str, Any]:
-        b = self.spearman_bins
-        out: dict[str, np.ndarray] = {**_moments_fields("g_", 2)}
-        out["g_grid"] = np.zeros((0, b, b)) if self.spearman == "grid" else np.zeros((0, 0, 0))
-        out.update({"s_key": np.zeros(0, np.int64), "s_x": np.zeros(0), "s_y": np.zeros(0), "s_w": np.zeros(0)})
-        for pre, fields in KEYED.items():
-            out[pre + "_key"] = np.zeros(0, np.int64)
-            out.update({f"{pre}_{f}": np.zeros(0, np.int64) if f in ("k", "bad", "n") else np.zeros(0) for f in fields})
-        out["counts"] = np.zeros(len(COUNTERS), np.int64)
-        out["stats"] = np.zeros(len(_STATS), np.int64)
-        return out | {"backend": getattr(backend, "name", "cpu")}
-
     @staticmethod
     def _machine_index(backend: Any, ctx: CpiContext, mid: Any) -> tuple[Any, Any] | None:
         """Per row: index into ``ctx.pm_ids`` (0 where absent) and whether the machine is there."""
@@ -327,7 +315,7 @@ class Cpi(Analysis):
         idx, y, z, w, fc = filter_rows(xp, ctx.filter, cols)
         counts = dict.fromkeys(COUNTERS, 0)
         counts.update(fc)
-        out: dict[str, Any] = {k: v if k == "backend" else xp.asarray(v) for k, v in self.empty(backend).items()}
+        out = self.kinds.empty(backend, on_backend=True)
         regress = self.regression != "none"
         # the regression's machine-cell sums run over every top-level row, kept or not
         mall = self._cell_sums(cols, ctx, backend, out) if regress else None
@@ -405,14 +393,22 @@ class Cpi(Analysis):
         bins: 8 KiB a machine under ``by=machine``) where it is: its finalize reduces it there to
         two values a group (:func:`~gpuclust.analyses.cpi.tables.grid_spearman`)."""
         per = {"c": _cells, "w": _cell_platforms} if self.regression != "none" else {}
-        keyed = {pre: Flat(Keyed(per=per.get(pre)), pre + "_", ("key", *fields)) for pre, fields in KEYED.items()}
+        keyed = {
+            pre: Flat(
+                Keyed({f: np.int64 if f in ("k", "bad", "n") else np.float64 for f in fields}, per=per.get(pre)),
+                pre + "_",
+                ("key", *fields),
+            )
+            for pre, fields in KEYED.items()
+        }
+        bins = self.spearman_bins if self.spearman == "grid" else 0
         return Fields(
             {
-                "g": Flat(Merged(merge_groups), "g_", GROUP_FIELDS),
-                **{k: Concat() for k in ("s_key", "s_x", "s_y", "s_w")},
+                "g": Flat(Merged(merge_groups, empty=lambda xp: empty_groups(xp, bins)), "g_", GROUP_FIELDS),
+                **{k: Concat(np.int64 if k == "s_key" else np.float64) for k in ("s_key", "s_x", "s_y", "s_w")},
                 **keyed,
-                "counts": Sum(),
-                "stats": Sum(),
+                "counts": Sum((len(COUNTERS),), np.int64),
+                "stats": Sum((len(_STATS),), np.int64),
                 "backend": Label(),
             },
             stays=("g_grid",),

@@ -30,13 +30,14 @@ def _dense_groups(xp: Any, code: Any, span: int, keys: Any) -> tuple[Any, Any, i
 # ------------------------------------------------------------------------------ keyed moments
 
 
-def _moments_fields(prefix: str, d: int) -> dict[str, np.ndarray]:
+def _moments_fields(prefix: str, d: int, xp: Any = np) -> dict[str, Any]:
+    """Keyed ``d``-variate moments of no key (``xp`` arrays)."""
     return {
-        prefix + "key": np.zeros(0, np.int64),
-        prefix + "n": np.zeros(0, np.int64),
-        prefix + "W": np.zeros(0),
-        prefix + "mean": np.zeros((0, d)),
-        prefix + "C": np.zeros((0, d, d)),
+        prefix + "key": xp.zeros(0, np.int64),
+        prefix + "n": xp.zeros(0, np.int64),
+        prefix + "W": xp.zeros(0),
+        prefix + "mean": xp.zeros((0, d)),
+        prefix + "C": xp.zeros((0, d, d)),
     }
 
 
@@ -75,6 +76,12 @@ def _merge_keyed_moments(
 #: The per-group partial's entries (``g_``-prefixed in a partial): the keyed CPI/MAI moments and
 #: the groups' Spearman grids.
 GROUP_FIELDS = ("key", "n", "W", "mean", "C", "grid")
+
+
+def empty_groups(xp: Any, bins: int) -> dict[str, Any]:
+    """The per-group partial of no group (:data:`GROUP_FIELDS`, ``xp`` arrays): its grids
+    ``bins`` x ``bins`` (0 without the Spearman grid)."""
+    return {**_moments_fields("", 2, xp), "grid": xp.zeros((0, bins, bins))}
 
 
 def merge_groups(a: dict[str, Any], b: dict[str, Any]) -> dict[str, np.ndarray]:
