@@ -147,9 +147,6 @@ class CpiHistograms(Analysis):
             self.filter, hist_edges("cpi", self.filter.cpi_max), hist_edges("mai", self.filter.mai_max)
         )
 
-    def empty(self, backend: Any = None) -> dict[str, np.ndarray]:
-        return {"cpi": np.zeros(FINE_BINS, np.int64), "mai": np.zeros(FINE_BINS, np.int64)}
-
     def partial(self, cols: dict[str, Any], ctx: HistogramsContext, backend: Any) -> dict[str, Any]:
         xp = backend.xp
         _, cpi, mai, _, _ = filter_rows(xp, ctx.filter, cols)
@@ -161,7 +158,7 @@ class CpiHistograms(Analysis):
     @property
     def kinds(self) -> Fields:
         """Two histograms of row counts, summed."""
-        return Fields({"cpi": Sum(), "mai": Sum()})
+        return Fields({"cpi": Sum((FINE_BINS,), np.int64), "mai": Sum((FINE_BINS,), np.int64)})
 
     def finalize(self, partial: dict[str, np.ndarray], ctx: HistogramsContext) -> dict[str, pd.DataFrame]:
         return {"hist": pd.DataFrame({"cpi": np.asarray(partial["cpi"]), "mai": np.asarray(partial["mai"])})}

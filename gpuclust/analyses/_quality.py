@@ -216,16 +216,9 @@ class TableProfile(Analysis):
     def context(self, source: Any) -> dict[str, int | None]:
         return string_nulls(source, self.table)
 
-    def empty(self, backend: Any = None) -> dict[str, np.ndarray]:
-        return {
-            "nulls": np.zeros(len(self.columns), np.int64),
-            "counts": np.zeros(len(CHECKS), np.int64),
-            "codes": np.zeros((len(self.code_columns), CODE_SLOTS), np.int64),
-        }
-
     def partial(self, cols: dict[str, Any], ctx: Any, backend: Any) -> dict[str, Any]:
         xp = backend.xp
-        out = {k: xp.asarray(v) for k, v in self.empty().items()}
+        out = self.kinds.empty(backend, on_backend=True)
         n = int(cols["time"].shape[0])
         if n == 0:
             return out
@@ -284,8 +277,14 @@ class TableProfile(Analysis):
 
     @property
     def kinds(self) -> Fields:
-        """Dense counters, summed."""
-        return Fields({"nulls": Sum(), "counts": Sum(), "codes": Sum()})
+        """Dense counters, summed: NULLs per column, the :data:`CHECKS` and rows per code slot."""
+        return Fields(
+            {
+                "nulls": Sum((len(self.columns),), np.int64),
+                "counts": Sum((len(CHECKS),), np.int64),
+                "codes": Sum((len(self.code_columns), CODE_SLOTS), np.int64),
+            }
+        )
 
     def finalize(self, partial: dict[str, np.ndarray], ctx: Any) -> dict[str, pa.Table]:
         p = {k: np.asarray(v) for k, v in partial.items()}

@@ -65,6 +65,10 @@ STATS = (
 )
 #: The fields of the keyed (hour, tier) partial, ``key`` first.
 _KEYED = ("key", "cpu", "mem", "cpu_n", "mem_n", "windows")
+#: The keyed (hour, tier) partial's kind: the sums and known-coverage (float64), the windows (int64).
+_USAGE = Keyed(
+    fields={"cpu": np.float64, "mem": np.float64, "cpu_n": np.float64, "mem_n": np.float64, "windows": np.int64}
+)
 
 
 @dataclass(frozen=True)
@@ -193,17 +197,6 @@ class CellUsage(Analysis):
         return replace(ctx, lookup=lk)
 
     # ---------------------------------------------------------------- partial / kinds
-    def empty(self, backend: Any = None) -> dict[str, np.ndarray]:
-        return {
-            "key": np.zeros(0, np.int64),
-            "cpu": np.zeros(0, np.float64),
-            "mem": np.zeros(0, np.float64),
-            "cpu_n": np.zeros(0, np.float64),
-            "mem_n": np.zeros(0, np.float64),
-            "windows": np.zeros(0, np.int64),
-            "stats": np.zeros(len(STATS), np.int64),
-        }
-
     def partial(self, cols: dict[str, Any], ctx: CellUsageContext, backend: Any) -> dict[str, Any]:
         xp = backend.xp
         start, end = cols["start_time"], cols["end_time"]
@@ -320,7 +313,7 @@ class CellUsage(Analysis):
     ) -> dict[str, Any]:
         xp, ops = backend.xp, backend.ops
         if start.shape[0] == 0:
-            return {k: xp.asarray(v) for k, v in self.empty().items() if k != "stats"}
+            return _USAGE.identity(xp, backend.name)
         hs, he = bucket_span(xp, start, end, HOUR_US)
         h0 = int(hs.min())
         h1 = int(xp.maximum(he, hs).max()) + 1
@@ -365,7 +358,7 @@ class CellUsage(Analysis):
     @property
     def kinds(self) -> Fields:
         """The (hour, tier) sums, a keyed partial at the partial's top level, and the counters."""
-        return Fields({"usage": Flat(Keyed(), "", _KEYED), "stats": Sum()})
+        return Fields({"usage": Flat(_USAGE, "", _KEYED), "stats": Sum((len(STATS),), np.int64)})
 
     # ---------------------------------------------------------------- finalize
     def finalize(self, partial: dict[str, np.ndarray], ctx: CellUsageContext) -> dict[str, pa.Table]:

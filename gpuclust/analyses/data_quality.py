@@ -195,16 +195,9 @@ class DataQuality(Analysis):
         return replace(ctx, lookup=lk, end_us=end, per_partition=grain is not None)
 
     # ---------------------------------------------------------------- partial / kinds
-    def empty(self, backend: Any = None) -> dict[str, np.ndarray]:
-        return {
-            "nulls": np.zeros(len(self.columns), np.int64),
-            "counts": np.zeros(len(USAGE_CHECKS), np.int64),
-            "ratio": np.zeros(_B, np.int64),
-        }
-
     def partial(self, cols: dict[str, Any], ctx: DataQualityContext, backend: Any) -> dict[str, Any]:
         xp = backend.xp
-        out = {k: xp.asarray(v) for k, v in self.empty().items()}
+        out = self.kinds.empty(backend, on_backend=True)
         n = int(cols["start_time"].shape[0])
         cnt = np.zeros(len(USAGE_CHECKS), np.int64)
         if ctx.per_partition:  # every partition task counts its own events' instances, usage or not
@@ -227,8 +220,14 @@ class DataQuality(Analysis):
 
     @property
     def kinds(self) -> Fields:
-        """Dense counters, summed."""
-        return Fields({"nulls": Sum(), "counts": Sum(), "ratio": Sum()})
+        """Dense counters, summed: NULLs per column, the :data:`USAGE_CHECKS` and the ratio histogram."""
+        return Fields(
+            {
+                "nulls": Sum((len(self.columns),), np.int64),
+                "counts": Sum((len(USAGE_CHECKS),), np.int64),
+                "ratio": Sum((_B,), np.int64),
+            }
+        )
 
     # ---------------------------------------------------------------- finalize
     def finalize(self, partial: dict[str, np.ndarray], ctx: DataQualityContext) -> dict[str, pa.Table]:

@@ -88,14 +88,13 @@ _FIELDS = ("key", "cpu", "mem", "windows", "prio")
 _MAX_TABLE_KEYS = (1 << 31) - 1
 
 
-def _empty_keyed() -> dict[str, np.ndarray]:
-    return {
-        "key": np.zeros(0, np.int64),
-        "cpu": np.zeros(0),
-        "mem": np.zeros(0),
-        "windows": np.zeros(0, np.int64),
-        "prio": np.zeros(0, np.int64),
-    }
+#: The per-collection fields' dtypes (``key``, int64, implied).
+_DTYPES = {"cpu": np.float64, "mem": np.float64, "windows": np.int64, "prio": np.int64}
+
+
+def _empty_keyed(xp: Any = np) -> dict[str, Any]:
+    """No collections: the per-collection partial's merge identity, made by ``xp``."""
+    return {"key": xp.zeros(0, np.int64), **{f: xp.zeros(0, dt) for f, dt in _DTYPES.items()}}
 
 
 @dataclass(frozen=True)
@@ -289,13 +288,6 @@ class JobUsage(Analysis):
         return replace(ctx, lookup=lookup, collections=collections, key_collection=key_collection)
 
     # ---------------------------------------------------------------- partial / kinds
-    def empty(self, backend: Any = None) -> dict[str, np.ndarray]:
-        return {
-            **_empty_keyed(),
-            **{"x" + k: v for k, v in _empty_keyed().items()},
-            "stats": np.zeros(len(_STATS), np.int64),
-        }
-
     def partial(self, cols: dict[str, Any], ctx: JobUsageContext, backend: Any) -> dict[str, Any]:
         xp = backend.xp
         s, e = cols["start_time"], cols["end_time"]
@@ -313,7 +305,7 @@ class JobUsage(Analysis):
         stats["bad_duration_rows"] = int(xp.count_nonzero(use)) - used
         stats["used_rows"] = used
         if used == 0:
-            out = {k: xp.asarray(v) for k, v in self.empty().items()}
+            out = self.kinds.empty(backend, on_backend=True)
             out["stats"] = xp.asarray(np.array([stats[k] for k in _STATS], np.int64))
             return out
         # every row counts: no gathers (the lookup probes the columns as they are)
@@ -351,7 +343,7 @@ class JobUsage(Analysis):
                 backend, cols["collection_id"], cols["instance_index"], cols["machine_id"], rows=r
             )
             out = self._by_sort(backend, c, xp.where(found, p, -1).astype(xp.int64), vals)
-        out.update({"x" + k: xp.asarray(v) for k, v in _empty_keyed().items()})
+        out.update({"x" + k: v for k, v in _empty_keyed(xp).items()})
         out["stats"] = xp.asarray(np.array([stats[k] for k in _STATS], np.int64))
         return out
 
@@ -430,9 +422,9 @@ class JobUsage(Analysis):
         events beside it (``x*``, keyed), and the counters."""
         return Fields(
             {
-                "collections": Flat(Merged(_merge_collections), "", _FIELDS),
-                "extra": Flat(Keyed(maxima=("prio",)), "x", _FIELDS),
-                "stats": Sum(),
+                "collections": Flat(Merged(_merge_collections, empty=_empty_keyed), "", _FIELDS),
+                "extra": Flat(Keyed(fields=_DTYPES, maxima=("prio",)), "x", _FIELDS),
+                "stats": Sum((len(_STATS),), np.int64),
             }
         )
 

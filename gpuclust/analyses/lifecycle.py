@@ -113,6 +113,8 @@ __all__ = [
 
 #: Rows of a partition from which the cpu path replays it as two halves (see ``Lifecycle.partial``).
 SPLIT_ROWS = 1 << 19
+#: The series' kind: per (bucket, tier) key, the :data:`SERIES_FIELDS` counts and level changes.
+_SERIES = Keyed(fields=dict.fromkeys(SERIES_FIELDS, np.int64))
 
 
 @dataclass(frozen=True)
@@ -170,24 +172,6 @@ class Lifecycle(Analysis):
         return LifecycleContext(tm, max_finite(source, self.table, "time"))
 
     # ---------------------------------------------------------------- partial / kinds
-    def empty(self, backend: Any = None) -> dict[str, Any]:
-        """The empty partial, its dense arrays in ``backend``'s memory (made there: nothing is
-        copied to a device); the keyed series stay host arrays."""
-        t = _NS  # kind x tier slots, trimmed to the context's tiers at finalize
-        xp = np if backend is None else backend.xp
-        return {
-            "events": xp.zeros((t, _NE), np.int64),
-            "transitions": xp.zeros((t, _NE, _NE), np.int64),
-            "episodes": xp.zeros((t, _D), np.int64),
-            "hist": xp.zeros((t, _D, _B), np.int64),
-            "dur_sum": xp.zeros((t, _D)),
-            "dur_min": xp.full((t, _D), I64_MAX, np.int64),
-            "dur_max": xp.full((t, _D), -1, np.int64),
-            "instances": xp.zeros(t, np.int64),
-            "series": {"key": np.zeros(0, np.int64), **{f: np.zeros(0, np.int64) for f in SERIES_FIELDS}},
-            "counters": xp.zeros(len(_COUNTERS), np.int64),
-        }
-
     def partial(self, cols: dict[str, Any], ctx: LifecycleContext, backend: Any) -> dict[str, Any]:
         """The replay of a partition's events; on host arrays (the cpu backend) from
         :data:`SPLIT_ROWS` rows on, of its two halves by instance hash (each instance whole in one,
@@ -214,7 +198,10 @@ class Lifecycle(Analysis):
         """The partial of one set of whole instances' events: each step a few whole-array
         operations (:mod:`gpuclust.analyses._lifecycle_replay`), no loop over events."""
         xp, ops = backend.xp, backend.ops
-        out: dict[str, Any] = self.empty(backend)
+        # the empty partial's dense arrays made in the backend's memory (nothing is copied to a device), its
+        # series on the host (series_counts replaces it once there are events)
+        out: dict[str, Any] = self.kinds.empty(backend, on_backend=True)
+        out["series"] = _SERIES.identity(np, backend.name)
         counters = dict.fromkeys(_COUNTERS, 0)
         got = instance_rows(xp, cols, self.key_columns, counters)
         if got is None:
@@ -252,18 +239,19 @@ class Lifecycle(Analysis):
     def kinds(self) -> Fields:
         """Dense counts and duration sums (summed), the durations' minima and maxima, and the
         series, a keyed partial (summed)."""
+        t = _NS  # kind x tier slots, trimmed to the context's tiers at finalize
         return Fields(
             {
-                "events": Sum(),
-                "transitions": Sum(),
-                "episodes": Sum(),
-                "hist": Sum(),
-                "dur_sum": Sum(),
-                "dur_min": Min(),
-                "dur_max": Max(),
-                "instances": Sum(),
-                "series": Keyed(),
-                "counters": Sum(),
+                "events": Sum((t, _NE), np.int64),
+                "transitions": Sum((t, _NE, _NE), np.int64),
+                "episodes": Sum((t, _D), np.int64),
+                "hist": Sum((t, _D, _B), np.int64),
+                "dur_sum": Sum((t, _D), np.float64),
+                "dur_min": Min((t, _D), np.int64, fill=I64_MAX),
+                "dur_max": Max((t, _D), np.int64, fill=-1),
+                "instances": Sum((t,), np.int64),
+                "series": _SERIES,
+                "counters": Sum((len(_COUNTERS),), np.int64),
             }
         )
 

@@ -41,10 +41,15 @@ def _bits(xp: Any, x: Any) -> Any:
     return xp.where(xp.isnan(x), xp.uint64(_NAN32_BITS), b)
 
 
+def _no_pairs(xp: Any) -> dict[str, Any]:
+    """No (shape, machine) pairs: the merge identity."""
+    return {"shape": xp.zeros(0, xp.uint64), "machine_id": xp.zeros(0, xp.int64)}
+
+
 def _distinct_pairs(xp: Any, shape: Any, machine: Any) -> dict[str, Any]:
     """Sorted distinct (shape, machine) pairs."""
     if shape.shape[0] == 0:
-        return {"shape": xp.zeros(0, xp.uint64), "machine_id": xp.zeros(0, xp.int64)}
+        return _no_pairs(xp)
     order = xp.lexsort(xp.stack([machine.astype(xp.int64), shape.view(xp.int64)]))
     s, m = shape[order], machine[order].astype(xp.int64)
     keep = xp.ones(s.shape[0], dtype=bool)
@@ -78,9 +83,6 @@ class MachineShapes(Analysis):
     def columns(self) -> tuple[str, ...]:
         return ("machine_id", "cap_cpu", "cap_mem")
 
-    def empty(self, backend: Any = None) -> dict[str, np.ndarray]:
-        return {"shape": np.zeros(0, np.uint64), "machine_id": np.zeros(0, np.int64)}
-
     def partial(self, cols: dict[str, Any], ctx: Any, backend: Any) -> dict[str, Any]:
         xp = backend.xp
         shape = pack_bits(_bits(xp, cols["cap_cpu"]), _bits(xp, cols["cap_mem"]), 32)
@@ -90,7 +92,7 @@ class MachineShapes(Analysis):
     def kinds(self) -> Fields:
         """The distinct (shape, machine) pairs, at the partial's top level, merged as a union
         (:func:`_merge_pairs`)."""
-        return Fields({"pairs": Flat(Merged(_merge_pairs), "", ("shape", "machine_id"))})
+        return Fields({"pairs": Flat(Merged(_merge_pairs, empty=_no_pairs), "", ("shape", "machine_id"))})
 
     def finalize(self, partial: dict[str, np.ndarray], ctx: Any) -> dict[str, pa.Table]:
         """The shapes table (an Arrow table, built without pandas)."""
