@@ -27,8 +27,6 @@ An analysis is declared **once**, as a small frozen dataclass (never a CPU class
     instance it holds, so per-instance groups are complete in it); otherwise once on the client
     with the whole tables and ``grain=None``.  Nothing proportional to the data is then built on
     the client or shipped in a task graph for a bucketed dataset.
-``empty(backend)``
-    The merge identity.
 ``partial(cols, ctx, backend)``
     The partial result of one partition.  ``cols`` maps column name -> 1-D ``backend.xp`` array;
     NULLs arrive as NaN (float columns) or the dtype's minimum (integer columns, see
@@ -37,10 +35,11 @@ An analysis is declared **once**, as a small frozen dataclass (never a CPU class
     How the partial merges, declared field by field (a :class:`gpuclust.analyses.kinds.Fields`
     of :class:`~gpuclust.analyses.kinds.Sum`, :class:`~gpuclust.analyses.kinds.Keyed`,
     :class:`~gpuclust.analyses.kinds.Merged`, ...): the engine merges, splits and shards
-    partials from it, so no analysis writes a merge.  Partials are *host-resident* when merged:
-    the engine moves each partition's partial to NumPy (:func:`to_host`) before it is merged or
-    crosses workers.  Every kind's merge is associative and commutative (up to float rounding:
-    float sums are not bitwise order-invariant).
+    partials from it, so no analysis writes a merge; the kinds also declare the merge identity
+    (shapes, dtypes), so :meth:`Analysis.empty` is derived too.  Partials are *host-resident*
+    when merged: the engine moves each partition's partial to NumPy (:func:`to_host`) before it
+    is merged or crosses workers.  Every kind's merge is associative and commutative (up to
+    float rounding: float sums are not bitwise order-invariant).
 ``finalize(partial, ctx) -> dict[str, pandas.DataFrame]``
     Named result tables.
 
