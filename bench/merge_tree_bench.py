@@ -9,7 +9,7 @@ partition's keys are new to the merge.  A running fold (``acc = merge(acc, p)`` 
 the local path before 2026-11-27) moves the whole accumulator at every partition, O(keys x
 partitions); :class:`gpuclust.engine.tasks.MergeTree` (the dask path's tree, fan-in 8) moves
 each key about log8(partitions) times.  Each row here: ``--keys`` distinct collection keys spread
-over the partitions, job-usage's ``merge`` (its partial fields), both ways in one process (the
+over the partitions, job-usage's ``kinds.merge`` (its partial fields), both ways in one process (the
 best of ``--repeat`` runs); the two results are checked equal.
 """
 
@@ -64,7 +64,7 @@ def measure(n_parts: int, keys: int, repeat: int) -> dict[str, Any]:
         return acc
 
     def tree() -> dict[str, np.ndarray]:
-        t = MergeTree(a.merge, 8)
+        t = MergeTree(a.kinds.merge, 8)
         for p in parts:
             t.add(p)
         return t.result()
