@@ -185,6 +185,16 @@ def _buckets(ctx: OvercommitContext) -> int:
     return ctx.n_buckets
 
 
+def _tier_bucket_keys(ctx: OvercommitContext) -> int:
+    """Keys of the usage and request sums: machines x tiers x buckets."""
+    return int(ctx.machine_ids.shape[0]) * _tier_buckets(ctx)
+
+
+def _bucket_keys(ctx: OvercommitContext) -> int:
+    """Keys of the instance sums: machines x buckets."""
+    return int(ctx.machine_ids.shape[0]) * _buckets(ctx)
+
+
 @dataclass(frozen=True)
 class Overcommit(Analysis):
     """Capacity vs. requests vs. usage per machine and time bucket (overcommitment).
@@ -381,10 +391,10 @@ class Overcommit(Analysis):
         the partials were computed, so that finalize builds the tables there too)."""
         return Fields(
             {
-                "usage": Keyed(fields=USAGE_FIELDS, per=_tier_buckets),
+                "usage": Keyed(fields=USAGE_FIELDS, per=_tier_buckets, dense=_tier_bucket_keys),
                 "stats": Sum((len(STATS),), np.int64),
-                "req": Keyed(fields=REQ_FIELDS, per=_tier_buckets),
-                "inst": Keyed(fields=INST_FIELDS, per=_buckets),
+                "req": Keyed(fields=REQ_FIELDS, per=_tier_buckets, dense=_tier_bucket_keys),
+                "inst": Keyed(fields=INST_FIELDS, per=_buckets, dense=_bucket_keys),
                 "istats": Sum((len(ISTATS),), np.int64),
                 "backend": Label(),
             }

@@ -3,7 +3,8 @@
 For an analysis with ``parted`` tables (:mod:`gpuclust.parted`, e.g. overcommit's machine x
 bucket table) the engine never gathers the keyed partials or the parted rows on the client:
 
-1. each partition task splits its partial (``Analysis.split``): the keyed partials are saved as
+1. each partition task splits its partial (``Analysis.kinds``: its sharded ``Keyed`` fields): the
+   keyed partials are saved as
    ``.npy`` files in the run's spill folder (:func:`spill`), only the small rest and the spill
    folder's path travel back and through the merge tree (:class:`Spilled`);
 2. after the merge, one task per shard (``Analysis.shards``) memory-maps its key range of every
@@ -17,13 +18,17 @@ bucket table) the engine never gathers the keyed partials or the parted rows on 
 Shards run on the local thread pool or as dask tasks (the spill folder must then be visible to
 every worker: the same machine for ``local:N``, a shared file system for a remote cluster).
 
-On the local path an analysis whose keyed partials span few keys (``dense_keys(ctx)``, e.g.
+On the local path an analysis whose keyed partials span few keys (``Keyed(dense=...)``, e.g.
 machine-utilization's machines x buckets up to a few million) is not spilled: the client merges
 each partition's keyed partials, in partition order as they come back, into dense accumulators
 over their key ranges (:class:`DenseKeys`), and the shards read their ranges from those.  The
 sums are those of the spilled path (the same additions in the same order, see :class:`_Dense`);
 what it saves is writing every partition's keyed partials to files and reading them back (at
-6.4e7 windows, machine-utilization spilled 1.5 GB: 2-3 s of system time on the dev VM).
+6.4e7 windows, machine-utilization spilled 1.5 GB: 2-3 s of system time on the dev VM).  On a
+device backend the accumulators of an analysis that finalizes on the device
+(``Analysis.device_partial``: overcommit's and cpi's keyed sums) are in device memory, within
+:data:`DEVICE_DENSE_SHARE` of it: each partition's keyed partials are added there without
+leaving the device, and the shards take their ranges there (:func:`dense_target`).
 """
 
 from __future__ import annotations
@@ -44,9 +49,13 @@ from gpuclust.partials import merge_keyed
 
 #: Largest key range of a shard merged into dense accumulators (else by insertion).
 DENSE_KEYS = 1 << 24
+#: Most of the device's free memory that device-resident dense accumulators may take (the rest
+#: is the partitions' working memory).
+DEVICE_DENSE_SHARE = 0.1
 
 __all__ = [
     "DENSE_KEYS",
+    "DEVICE_DENSE_SHARE",
     "DenseKeys",
     "KeptKeys",
     "SpillFolders",
@@ -64,35 +73,44 @@ __all__ = [
 class _Dense:
     """One keyed partial merged into dense accumulators over its keys ``[first, end)``, a piece
     at a time: per key the values add in piece order, NaN as 0 (as
-    :func:`gpuclust.partials.merge_keyed`); :meth:`take` gives the keys present in a range."""
+    :func:`gpuclust.partials.merge_keyed`); :meth:`take` gives the keys present in a range.  The
+    accumulators are ``xp``'s arrays (a device's: pieces are added where they are, a host piece
+    copied there first)."""
 
-    def __init__(self, empty: dict[str, np.ndarray], first: int, end: int):
+    def __init__(self, empty: dict[str, np.ndarray], first: int, end: int, xp: Any = np):
         n = end - first
-        self.first, self.end = first, end
-        self.seen = np.zeros(n, dtype=bool)
+        self.xp, self.first, self.end = xp, first, end
+        self.seen = xp.zeros(n, dtype=bool)
         self.sums = {
-            f: np.zeros(n, dtype=np.float64 if v.dtype.kind == "f" else v.dtype) for f, v in empty.items() if f != "key"
+            f: xp.zeros(n, dtype=np.float64 if v.dtype.kind == "f" else v.dtype) for f, v in empty.items() if f != "key"
         }
 
-    def add(self, piece: dict[str, np.ndarray]) -> None:
+    def add(self, piece: dict[str, Any]) -> None:
+        xp = self.xp
+        if xp is not np:
+            piece = {f: xp.asarray(v) for f, v in piece.items()}
         off = piece["key"] - self.first
         if off.shape[0] == 0:
             return
-        if int(off[0]) < 0 or int(off[-1]) >= self.seen.shape[0]:  # sorted keys: the ends suffice
+        ends = to_host(off[xp.asarray([0, -1])]) if xp is not np else off[[0, -1]]  # one copy out
+        if int(ends[0]) < 0 or int(ends[1]) >= self.seen.shape[0]:  # sorted keys: the ends suffice
             raise ValueError(f"keyed partial: keys outside [{self.first}, {self.end})")
         self.seen[off] = True
         for f, acc in self.sums.items():  # keys are unique within a piece: an indexed add is exact
             v = piece[f]
+            if xp is not np:  # on a device without asking first (a sync): the same values
+                acc[off] += xp.nan_to_num(v, nan=0.0).astype(acc.dtype, copy=False) if v.dtype.kind == "f" else v
+                continue
             if v.dtype.kind == "f" and not bool(np.isfinite(v).all()):
                 v = np.nan_to_num(v, nan=0.0)
             # acc[off] += v, the same additions; ``add.at`` of one dtype is twice as fast
             np.add.at(acc, off, v.astype(acc.dtype, copy=False))
 
-    def take(self, first: int, end: int, release: bool = False) -> dict[str, np.ndarray]:
+    def take(self, first: int, end: int, release: bool = False) -> dict[str, Any]:
         """The keys present in ``[first, end)`` and their sums (``release``: drop each
         accumulator once copied, one accumulator and its compacted copy alive at a time)."""
         a, b = first - self.first, end - self.first
-        idx = np.flatnonzero(self.seen[a:b])
+        idx = self.xp.flatnonzero(self.seen[a:b])
         out = {"key": (idx + first).astype(np.int64)}
         for f in list(self.sums):
             out[f] = (self.sums.pop(f) if release else self.sums[f])[a:b][idx]
@@ -104,9 +122,10 @@ class DenseKeys:
     keys (:func:`dense_target`): the keyed partials are merged in memory, in partition order
     (:func:`merge_spilled`), into a :class:`_Dense` each instead of being written to files."""
 
-    def __init__(self, a: Analysis, ranges: dict[str, tuple[int, int]]):
+    def __init__(self, a: Analysis, ranges: dict[str, tuple[int, int]], xp: Any = np):
         empty = a.kinds.split(a.empty())[1]
-        self.dense = {name: _Dense(empty[name], int(first), int(end)) for name, (first, end) in ranges.items()}
+        self.on_device = xp is not np
+        self.dense = {name: _Dense(empty[name], int(first), int(end), xp) for name, (first, end) in ranges.items()}
 
     def add(self, keyed: dict[str, dict[str, np.ndarray]]) -> None:
         for name, piece in keyed.items():
@@ -126,17 +145,29 @@ class KeptKeys:
 SpillTarget = Path | DenseKeys | KeptKeys
 
 
-def dense_target(a: Analysis, ctx: Any, folder: SpillTarget | None) -> SpillTarget | None:
+def dense_target(a: Analysis, ctx: Any, folder: SpillTarget | None, backend: Any = None) -> SpillTarget | None:
     """The local path's spill target of analysis ``a``: :class:`DenseKeys` when ``a`` opts in
     (``a.kinds.dense_keys(ctx)``: the key range ``(first, end)`` of each of its keyed partials, or
-    None) with summed keyed partials only, at most :data:`DENSE_KEYS` keys in all; else
-    ``folder`` (only where the client merges partials in partition order)."""
-    ranges = a.kinds.dense_keys(ctx) if folder is not None else None
+    None) with summed keyed partials only; else ``folder`` (only where the client merges partials
+    in partition order).  The accumulators are where ``a``'s finalize takes its partials: on a
+    device ``backend``'s memory for an analysis that finalizes there
+    (:attr:`~gpuclust.analyses.base.Analysis.device_partial`), within :data:`DEVICE_DENSE_SHARE`
+    of what the device can give; else on the host, at most :data:`DENSE_KEYS` keys in all (an
+    analysis that finalizes on the device spills on a cpu run)."""
+    ranges = a.kinds.dense_keys(ctx) if isinstance(folder, Path) else None
     if not ranges or set(ranges) & set(a.kinds.rows) or set(ranges) != set(a.kinds.split(a.empty())[1]):
         return folder
-    if sum(max(0, end - first) for first, end in ranges.values()) > DENSE_KEYS:
+    device = backend is not None and backend.name != "cpu"
+    if a.device_partial != device:
         return folder
-    return DenseKeys(a, ranges)
+    keys = sum(max(0, end - first) for first, end in ranges.values())
+    if not device:
+        return folder if keys > DENSE_KEYS else DenseKeys(a, ranges)
+    from gpuclust.engine.memory import device_free_bytes
+
+    empty = a.kinds.split(a.empty())[1]
+    need = sum((end - first) * (1 + 8 * (len(empty[n]) - 1)) for n, (first, end) in ranges.items())
+    return DenseKeys(a, ranges, backend.xp) if need <= DEVICE_DENSE_SHARE * device_free_bytes(backend) else folder
 
 
 @dataclass

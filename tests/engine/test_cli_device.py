@@ -42,8 +42,9 @@ def test_analyze_backend_gpu_keeps_partials_on_the_device(tmp_path, monkeypatch)
     """With its default partitions a gpu run takes each table as one partition (as large as the
     device's memory allows), so the partials of the analyses that finalize on the device reach
     their finalize in device memory, never copied out and back in (issue 34): whole, or for a
-    parted analysis its keyed partials, which its shards take there; with several partitions
-    they are merged on the host."""
+    parted analysis its keyed partials, which its shards take there.  With several partitions
+    the partials are merged on the host, but for the keyed sums that are merged into device
+    accumulators (overcommit's and cpi's, ``Keyed(dense=...)``)."""
     resolve_gpu_to_device(monkeypatch)
     kept = [a for a in names() if create(a).device_partial]
     assert {"usage-distribution", "usage-vs-request", "cpi", "overcommit", "peak-prediction"} <= set(kept)
@@ -66,11 +67,47 @@ def test_analyze_backend_gpu_keeps_partials_on_the_device(tmp_path, monkeypatch)
             monkeypatch.setattr(cls, "finalize", spy)
     ds = write_dataset(tmp_path / "cell", random_cell(31, n_windows=4000), files=3, row_group_size=500)
     optimize(ds, buckets=4)  # laid out by key: overcommit's intervals come with the partitions (no client partial)
+    dense = {"cpi", "overcommit"}
     for parts, kind in ((["--partitions", "3"], "host"), ([], "device")):
         where.clear()
         args = ["analyze", str(ds), *kept, "--no-plots", "--quiet", "--out", str(tmp_path / kind), *parts]
         assert cli.main([*args, "--backend", "gpu"]) == 0
-        assert where == dict.fromkeys(kept, {kind}), (parts, where)
+        assert where == {a: {"device" if a in dense else kind} for a in kept}, (parts, where)
+
+
+def test_analyze_backend_gpu_merges_keyed_sums_on_the_device(tmp_path, monkeypatch):
+    """In several partitions, overcommit's and cpi's keyed sums are added into accumulators in
+    device memory, partition by partition: no spill files, and the copies out of the device are
+    the partials' small rests and the results, not each partition's keyed sums (which the same
+    run with the device accumulators refused copies out and spills); the results are the cpu
+    run's."""
+    import gpuclust.engine.shards as shards
+
+    ds = write_dataset(tmp_path / "cell", random_cell(41, n_windows=6000), files=3, row_group_size=500)
+    optimize(ds, buckets=4)  # laid out by key: overcommit's intervals come with the partitions, on the device
+    args = ["analyze", str(ds), "overcommit", "cpi", "--no-plots", "--quiet", "--partitions", "3"]
+    assert cli.main([*args, "--out", str(tmp_path / "cpu"), "--backend", "cpu"]) == 0
+    resolve_gpu_to_device(monkeypatch)
+    written = []  # the bytes of each partition's keyed partials written to a spill
+    real = shards.write_keyed
+
+    def spy(folder, keyed):
+        written.append(sum(v.nbytes for k in keyed.values() for v in k.values()))
+        return real(folder, keyed)
+
+    monkeypatch.setattr(shards, "write_keyed", spy)
+    d2h, spilled, on = {}, 0, shards.DEVICE_DENSE_SHARE
+    for share in (on, 0.0):
+        monkeypatch.setattr(shards, "DEVICE_DENSE_SHARE", share)
+        written.clear()
+        with counting_device_work() as w:
+            assert cli.main([*args, "--out", str(tmp_path / f"gpu-{share}"), "--backend", "gpu"]) == 0
+        d2h[share], spilled = w["d2h_bytes"], spilled + sum(written)
+        assert bool(written) == (share == 0.0), share
+        res = _tables(load_results(tmp_path / f"gpu-{share}"))
+        assert_results_same(_tables(load_results(tmp_path / "cpu")), res, rtol=1e-9)
+    # what is no longer copied out: each partition's keyed sums (the spills' bytes)
+    assert spilled > 0 and d2h[0.0] - d2h[on] >= 0.9 * spilled, (d2h, spilled)
 
 
 def test_analyze_backend_gpu_writes_no_spill_for_a_table_of_one_partition(tmp_path, monkeypatch):

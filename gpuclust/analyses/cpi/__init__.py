@@ -99,6 +99,16 @@ def _cell_platforms(ctx: CpiContext) -> int:
     return ctx.cell_span * ctx.n_platforms
 
 
+def _cell_keys(ctx: CpiContext) -> int:
+    """Keys of the (machine, cell) sums: capacity machines x cells."""
+    return int(ctx.cap_ids.shape[0]) * _cells(ctx)
+
+
+def _cell_platform_keys(ctx: CpiContext) -> int:
+    """Keys of the (machine, cell, platform) sums: capacity machines x cells x platforms."""
+    return int(ctx.cap_ids.shape[0]) * _cell_platforms(ctx)
+
+
 @dataclass(frozen=True)
 class Cpi(Analysis):
     """CPI/MAI per group and the Borg §5.2 CPI interference regression.
@@ -393,9 +403,14 @@ class Cpi(Analysis):
         bins: 8 KiB a machine under ``by=machine``) where it is: its finalize reduces it there to
         two values a group (:func:`~gpuclust.analyses.cpi.tables.grid_spearman`)."""
         per = {"c": _cells, "w": _cell_platforms} if self.regression != "none" else {}
+        dense = {"c": _cell_keys, "w": _cell_platform_keys} if per else {}
         keyed = {
             pre: Flat(
-                Keyed({f: np.int64 if f in ("k", "bad", "n") else np.float64 for f in fields}, per=per.get(pre)),
+                Keyed(
+                    {f: np.int64 if f in ("k", "bad", "n") else np.float64 for f in fields},
+                    per=per.get(pre),
+                    dense=dense.get(pre),
+                ),
                 pre + "_",
                 ("key", *fields),
             )
