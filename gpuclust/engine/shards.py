@@ -92,7 +92,8 @@ class _Dense:
         off = piece["key"] - self.first
         if off.shape[0] == 0:
             return
-        ends = to_host(off[xp.asarray([0, -1])]) if xp is not np else off[[0, -1]]  # one copy out
+        n = int(off.shape[0])
+        ends = to_host(off[xp.asarray([0, n - 1])]) if xp is not np else off[[0, n - 1]]  # one copy out
         if int(ends[0]) < 0 or int(ends[1]) >= self.seen.shape[0]:  # sorted keys: the ends suffice
             raise ValueError(f"keyed partial: keys outside [{self.first}, {self.end})")
         self.seen[off] = True
