@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -114,33 +114,32 @@ class Sum(Kind):
 
 
 @dataclass(frozen=True)
-class Min(Kind):
-    """Elementwise minimum (identity: ``fill``, by default the dtype's largest value)."""
+class _Extreme(Kind):
+    """Elementwise minimum (``top``: its identity is the largest value) or maximum."""
 
     shape: tuple[int, ...] = ()
     dtype: Any = np.float64
+    #: the identity's value (default: the dtype's largest value for a minimum, smallest for a maximum)
     fill: Any = None
+    top: ClassVar[bool] = True
 
     def identity(self, xp: Any, backend: str) -> Value:
-        return xp.full(self.shape, _extreme(self.dtype, self.fill, top=True), self.dtype)
+        return xp.full(self.shape, _extreme(self.dtype, self.fill, top=self.top), self.dtype)
 
     def merge(self, a: Value, b: Value) -> Value:
-        return np.minimum(a, b)
+        return np.minimum(a, b) if self.top else np.maximum(a, b)
 
 
 @dataclass(frozen=True)
-class Max(Kind):
+class Min(_Extreme):
+    """Elementwise minimum (identity: ``fill``, by default the dtype's largest value)."""
+
+
+@dataclass(frozen=True)
+class Max(_Extreme):
     """Elementwise maximum (identity: ``fill``, by default the dtype's smallest value)."""
 
-    shape: tuple[int, ...] = ()
-    dtype: Any = np.float64
-    fill: Any = None
-
-    def identity(self, xp: Any, backend: str) -> Value:
-        return xp.full(self.shape, _extreme(self.dtype, self.fill, top=False), self.dtype)
-
-    def merge(self, a: Value, b: Value) -> Value:
-        return np.maximum(a, b)
+    top: ClassVar[bool] = False
 
 
 @dataclass(frozen=True)
