@@ -249,6 +249,32 @@ def last_frames(e: BaseException, n: int = 6) -> list[str]:
     ]
 
 
+def _load_with_every_core(ds: Path, backend_name: str, default_threads: int, floor: float) -> dict[str, Any]:
+    """The same load in a second study, decoding on every usable core (the default stops at 12,
+    ``engine.staging.LOAD_THREADS``): whether more threads reach more of the ceiling; ``{}`` when
+    the default already uses every core."""
+    import gpuclust
+    from gpuclust._parallel import usable_cores
+
+    n = usable_cores()
+    if n <= default_threads:
+        return {}
+    study = gpuclust.open(ds, backend=backend_name, load_threads=n)
+    t = time.perf_counter()
+    study.persist()
+    _sync(study.backend)
+    s = time.perf_counter() - t
+    rec = {
+        "threads": n,
+        "s": s,
+        "gb_s": study.loaded_bytes / s / 1e9,
+        "vs_ceiling": study.loaded_bytes / s / 1e9 / floor,
+    }
+    study.release()
+    study.close()
+    return rec
+
+
 def study_step(ds: Path, out: Path, ref: Path, backend_name: str, budget_frac: float, repeat: int) -> None:
     import gpuclust
     from gpuclust.analyses.registry import names
@@ -278,6 +304,9 @@ def study_step(ds: Path, out: Path, ref: Path, backend_name: str, budget_frac: f
         floor = rec["ceilings"]["decode_gbs"]
     rec["windows"] = rec["windows"] or rec["ceilings"]["rows"]
     rec["load"]["vs_ceiling"] = rec["load"]["gb_s"] / floor
+    rec["load"]["threads"] = study.load_threads
+    _dump(out, rec)
+    rec["load_all_cores"] = _load_with_every_core(ds, backend_name, study.load_threads, floor)
     _dump(out, rec)
     t = time.perf_counter()
     study.run(every)
@@ -493,6 +522,8 @@ def assemble(work: Path, logs: Path, out: Path) -> dict[str, Any]:
         "decode_ceiling_gb_s": c.get("decode_gbs"),
         "h2d_pinned_gb_s": c.get("h2d_pinned_gbs"),
         "vs_ceiling": study.get("load", {}).get("vs_ceiling"),
+        "threads": study.get("load", {}).get("threads"),
+        **({"all_cores": study["load_all_cores"]} if study.get("load_all_cores") else {}),
     }
     rec["out_of_core"] = {
         "device_budget_bytes": ooc.get("device_budget_bytes"),

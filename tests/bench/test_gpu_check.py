@@ -230,3 +230,23 @@ def test_a_failure_is_recorded_with_its_innermost_frames(check) -> None:
     assert len(frames) == 6
     assert " in inner: raise MemoryError(" in frames[-1] and frames[-1].startswith(__file__)
     assert all(" in outer: " in f for f in frames[:-1])
+
+
+def test_load_with_every_core_is_measured_only_beyond_the_default(check, tmp_path, monkeypatch) -> None:
+    """The study step's second load, on every usable core: measured when the default load uses
+    fewer threads (the device node's 16 cores against 12), skipped when it already uses them all;
+    the assembled record carries it beside the default's."""
+    import gpuclust._parallel
+
+    ds = check.make_data(tmp_path, 20_000, 2, machines=40)
+    assert check._load_with_every_core(ds, "cpu", gpuclust._parallel.usable_cores(), 1.0) == {}
+    monkeypatch.setattr(gpuclust._parallel, "usable_cores", lambda: 3)
+    got = check._load_with_every_core(ds, "cpu", 2, 4.0)
+    assert got["threads"] == 3 and got["s"] > 0 and got["gb_s"] == pytest.approx(4.0 * got["vs_ceiling"])
+    work, logs = tmp_path / "work", tmp_path / "logs"
+    work.mkdir()
+    logs.mkdir()
+    study = {"load": {"gb_s": 1.0, "vs_ceiling": 0.25, "threads": 2}, "load_all_cores": got}
+    (work / "study.json").write_text(json.dumps(study))
+    rec = check.assemble(work, logs, tmp_path / "gpu-latest.json")
+    assert rec["load"]["threads"] == 2 and rec["load"]["all_cores"] == got
