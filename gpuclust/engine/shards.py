@@ -25,10 +25,9 @@ over their key ranges (:class:`DenseKeys`), and the shards read their ranges fro
 sums are those of the spilled path (the same additions in the same order, see :class:`_Dense`);
 what it saves is writing every partition's keyed partials to files and reading them back (at
 6.4e7 windows, machine-utilization spilled 1.5 GB: 2-3 s of system time on the dev VM).  On a
-device backend the accumulators of an analysis that finalizes on the device
-(``Analysis.device_partial``: overcommit's and cpi's keyed sums) are in device memory, within
-:data:`DEVICE_DENSE_SHARE` of it: each partition's keyed partials are added there without
-leaving the device, and the shards take their ranges there (:func:`dense_target`).
+device backend the accumulators are in device memory, within :data:`DEVICE_DENSE_SHARE` of it:
+each partition's keyed partials are added there without leaving the device, and the shards take
+their ranges there (copied out for an analysis that finalizes on the host; :func:`dense_target`).
 """
 
 from __future__ import annotations
@@ -150,25 +149,24 @@ def dense_target(a: Analysis, ctx: Any, folder: SpillTarget | None, backend: Any
     """The local path's spill target of analysis ``a``: :class:`DenseKeys` when ``a`` opts in
     (``a.kinds.dense_keys(ctx)``: the key range ``(first, end)`` of each of its keyed partials, or
     None) with summed keyed partials only; else ``folder`` (only where the client merges partials
-    in partition order).  The accumulators are where ``a``'s finalize takes its partials: on a
-    device ``backend``'s memory for an analysis that finalizes there
-    (:attr:`~gpuclust.analyses.base.Analysis.device_partial`), within :data:`DEVICE_DENSE_SHARE`
-    of what the device can give; else on the host, at most :data:`DENSE_KEYS` keys in all (an
-    analysis that finalizes on the device spills on a cpu run)."""
+    in partition order).  On a device ``backend`` the accumulators are in its memory, within
+    :data:`DEVICE_DENSE_SHARE` of what it can give (the partials' keyed sums never leave it;
+    the shards of an analysis that finalizes on the host copy their ranges out); else on the
+    host, at most :data:`DENSE_KEYS` keys in all, but not for an analysis that finalizes on the
+    device (:attr:`~gpuclust.analyses.base.Analysis.device_partial`: spilled)."""
     ranges = a.kinds.dense_keys(ctx) if isinstance(folder, Path) else None
     if not ranges or set(ranges) & set(a.kinds.rows) or set(ranges) != set(a.kinds.split(a.empty())[1]):
         return folder
-    device = backend is not None and backend.name != "cpu"
-    if a.device_partial != device:
-        return folder
-    keys = sum(max(0, end - first) for first, end in ranges.values())
-    if not device:
-        return folder if keys > DENSE_KEYS else DenseKeys(a, ranges)
-    from gpuclust.engine.memory import device_free_bytes
+    if backend is not None and backend.name != "cpu":
+        from gpuclust.engine.memory import device_free_bytes
 
-    empty = a.kinds.split(a.empty())[1]
-    need = sum((end - first) * (1 + 8 * (len(empty[n]) - 1)) for n, (first, end) in ranges.items())
-    return DenseKeys(a, ranges, backend.xp) if need <= DEVICE_DENSE_SHARE * device_free_bytes(backend) else folder
+        empty = a.kinds.split(a.empty())[1]
+        need = sum((end - first) * (1 + 8 * (len(empty[n]) - 1)) for n, (first, end) in ranges.items())
+        if need <= DEVICE_DENSE_SHARE * device_free_bytes(backend):
+            return DenseKeys(a, ranges, backend.xp)
+    if a.device_partial or sum(max(0, end - first) for first, end in ranges.values()) > DENSE_KEYS:
+        return folder
+    return DenseKeys(a, ranges)
 
 
 @dataclass
@@ -263,7 +261,8 @@ def reduce_shard(
         elif dense is not None and name in dense.dense:
             if spills:
                 raise RuntimeError(f"{a.label}: keyed partials both spilled and merged in memory")
-            keyed[name] = dense.dense[name].take(first, end)
+            got = dense.dense[name].take(first, end)
+            keyed[name] = got if a.device_partial else to_host(got)
         elif name in a.kinds.rows:  # disjoint rows: concatenated in partition order
             got = [empty[name], *pieces]
             keyed[name] = {f: np.concatenate([g[f] for g in got]) for f in empty[name]}

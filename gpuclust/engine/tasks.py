@@ -103,19 +103,17 @@ def staying(
     (``Analysis.device_partial``): their table is one partition (``plans``: the analyses by
     index and the partitions of each table), so nothing merges them, and they are not spilled to
     files (``spills``: the local path's targets; kept whole, or their keyed partials kept for the
-    shards, :class:`gpuclust.engine.shards.KeptKeys`); or, in any number of partitions, their
-    keyed partials are merged into device accumulators (a :class:`gpuclust.engine.shards.DenseKeys`
-    on the device; the rest of each partial goes to the host).  For a device backend (its callers
-    check)."""
+    shards, :class:`gpuclust.engine.shards.KeptKeys`); or, in any number of partitions and for
+    any analysis, their keyed partials are merged into device accumulators (a
+    :class:`gpuclust.engine.shards.DenseKeys` on the device; the rest of each partial goes to
+    the host).  For a device backend (its callers check)."""
     out = set()
     for idx, specs in plans:
         for k in idx:
             target = None if spills is None else spills[k]
-            if not ans[k].device_partial:
-                continue
             if isinstance(target, _shards.DenseKeys) and target.on_device:
                 out.add(id(ans[k]))
-            elif len(specs) == 1 and (target is None or isinstance(target, _shards.KeptKeys)):
+            elif ans[k].device_partial and len(specs) == 1 and (target is None or isinstance(target, _shards.KeptKeys)):
                 out.add(id(ans[k]))
     return out
 

@@ -76,18 +76,37 @@ def test_analyze_backend_gpu_keeps_partials_on_the_device(tmp_path, monkeypatch)
 
 
 def test_analyze_backend_gpu_merges_keyed_sums_on_the_device(tmp_path, monkeypatch):
-    """In several partitions, overcommit's and cpi's keyed sums are added into accumulators in
-    device memory, partition by partition: no spill files, and the copies out of the device are
-    the partials' small rests and the results, not each partition's keyed sums (which the same
-    run with the device accumulators refused copies out and spills); the results are the cpu
-    run's."""
+    """In several partitions, the keyed sums of overcommit, cpi and machine-utilization are added
+    into accumulators in device memory, partition by partition: no spill files, and the copies
+    out of the device are the partials' small rests and the results (machine-utilization's
+    shards copy their merged ranges out: it finalizes on the host), not each partition's keyed
+    sums (which the same run with the device accumulators refused copies out: overcommit and cpi
+    spill, machine-utilization merges on the host); the results are the cpu run's."""
     import gpuclust.engine.shards as shards
 
     ds = write_dataset(tmp_path / "cell", random_cell(41, n_windows=6000), files=3, row_group_size=500)
     optimize(ds, buckets=4)  # laid out by key: overcommit's intervals come with the partitions, on the device
-    args = ["analyze", str(ds), "overcommit", "cpi", "--no-plots", "--quiet", "--partitions", "3"]
+    args = [
+        "analyze",
+        str(ds),
+        "overcommit",
+        "cpi",
+        "machine-utilization",
+        "--no-plots",
+        "--quiet",
+        "--partitions",
+        "3",
+    ]
     assert cli.main([*args, "--out", str(tmp_path / "cpu"), "--backend", "cpu"]) == 0
     resolve_gpu_to_device(monkeypatch)
+    where = {}  # per analysis: whether its accumulators were in device memory
+    real_dense = shards.DenseKeys.__init__
+
+    def spy_dense(self, a, ranges, xp=np):
+        real_dense(self, a, ranges, xp)
+        where[a.name] = self.on_device
+
+    monkeypatch.setattr(shards.DenseKeys, "__init__", spy_dense)
     written = []  # the bytes of each partition's keyed partials written to a spill
     real = shards.write_keyed
 
@@ -100,10 +119,15 @@ def test_analyze_backend_gpu_merges_keyed_sums_on_the_device(tmp_path, monkeypat
     for share in (on, 0.0):
         monkeypatch.setattr(shards, "DEVICE_DENSE_SHARE", share)
         written.clear()
+        where.clear()
         with counting_device_work() as w:
             assert cli.main([*args, "--out", str(tmp_path / f"gpu-{share}"), "--backend", "gpu"]) == 0
         d2h[share], spilled = w["d2h_bytes"], spilled + sum(written)
         assert bool(written) == (share == 0.0), share
+        want = (
+            {"overcommit": True, "cpi": True, "machine-utilization": True} if share else {"machine-utilization": False}
+        )
+        assert where == want, (share, where)
         res = _tables(load_results(tmp_path / f"gpu-{share}"))
         assert_results_same(_tables(load_results(tmp_path / "cpu")), res, rtol=1e-9)
     # what is no longer copied out: each partition's keyed sums (the spills' bytes)
