@@ -261,8 +261,8 @@ def reduce_shard(
         elif dense is not None and name in dense.dense:
             if spills:
                 raise RuntimeError(f"{a.label}: keyed partials both spilled and merged in memory")
-            got = dense.dense[name].take(first, end)
-            keyed[name] = got if a.device_partial else to_host(got)
+            merged = dense.dense[name].take(first, end)
+            keyed[name] = merged if a.device_partial else to_host(merged)
         elif name in a.kinds.rows:  # disjoint rows: concatenated in partition order
             got = [empty[name], *pieces]
             keyed[name] = {f: np.concatenate([g[f] for g in got]) for f in empty[name]}
