@@ -302,9 +302,10 @@ class Fields:
         keyed partials, ``{name: {"key": ..., field: values}}``, left where they are."""
         rest: dict[str, Any] = {}
         keyed: dict[str, dict[str, Any]] = {}
+        sharded = self.sharded
         for name, kind in self.kinds.items():
             v = kind.take(p, name)
-            if name in self.sharded:
+            if name in sharded:
                 keyed[name] = {f: host_or_device(x) for f, x in v.items()}
             else:
                 for k, x in kind.put(name, v).items():
