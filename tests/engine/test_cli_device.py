@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 from device_backend import DeviceArray, counting_device_work, resolve_gpu_to_device
 from strategies import assert_results_same, random_cell, write_dataset
 
@@ -132,6 +133,41 @@ def test_analyze_backend_gpu_merges_keyed_sums_on_the_device(tmp_path, monkeypat
         assert_results_same(_tables(load_results(tmp_path / "cpu")), res, rtol=1e-9)
     # what is no longer copied out: each partition's keyed sums (the spills' bytes)
     assert spilled > 0 and d2h[0.0] - d2h[on] >= 0.9 * spilled, (d2h, spilled)
+
+
+@pytest.mark.gpu
+def test_analyze_on_a_device_merges_keyed_sums_there_as_the_cpu(tmp_path, gpu_backend):
+    """The same on a real device (CuPy): in 3 partitions the keyed sums of overcommit, cpi and
+    machine-utilization are added into device accumulators, the results the cpu run's."""
+    import gpuclust.engine.shards as shards
+
+    ds = write_dataset(tmp_path / "cell", random_cell(43, n_windows=6000), files=3, row_group_size=500)
+    optimize(ds, buckets=4)
+    args = [
+        "analyze",
+        str(ds),
+        "overcommit",
+        "cpi",
+        "machine-utilization",
+        "--no-plots",
+        "--quiet",
+        "--partitions",
+        "3",
+    ]
+    assert cli.main([*args, "--out", str(tmp_path / "cpu"), "--backend", "cpu"]) == 0
+    seen = []
+    real = shards.DenseKeys.__init__
+
+    def spy(self, a, ranges, xp=np):
+        real(self, a, ranges, xp)
+        seen.append((a.name, self.on_device))
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(shards.DenseKeys, "__init__", spy)
+        assert cli.main([*args, "--out", str(tmp_path / "gpu"), "--backend", "gpu"]) == 0
+    assert sorted(seen) == [("cpi", True), ("machine-utilization", True), ("overcommit", True)]
+    res = [_tables(load_results(tmp_path / b)) for b in ("cpu", "gpu")]
+    assert_results_same(res[0], res[1], rtol=1e-9)
 
 
 def test_analyze_backend_gpu_writes_no_spill_for_a_table_of_one_partition(tmp_path, monkeypatch):
