@@ -15,18 +15,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from gpuclust.analyses.base import fmt, to_host
-from gpuclust.arrow_numpy import schema_table, table
+from gpuclust.analyses._overcommit_summary import _full, chunk_sums, req_columns
+from gpuclust.analyses.base import to_host
+from gpuclust.arrow_numpy import table
 from gpuclust.keys import pack
-from gpuclust.parted import array_batches, key_bounds
-from gpuclust.tables import as_arrow
+from gpuclust.parted import key_bounds
 
 if TYPE_CHECKING:
     from gpuclust.analyses.overcommit import OvercommitContext
 
-#: A ratio counts as "over capacity" when it exceeds 1 by more than this (float rounding).
-OVER_EPS = 1e-9
-QUANTILES = (0.5, 0.9, 0.99, 1.0)
 _USAGE_FIELDS = ("use_cpu", "use_mem", "max_cpu", "max_mem", "windows")
 #: per usage field: how many overlapping windows carry a non-NULL value (0 with windows > 0: unknown)
 _KNOWN_FIELDS = ("n_use_cpu", "n_use_mem", "n_max_cpu", "n_max_mem")
@@ -94,6 +91,7 @@ def _machine_rows(
     tiers = list(ctx.tier_names)
     bucket, _, L = _grid(ctx, xp)
     step = max(1, cells // max(ctx.n_buckets, 1))
+    req_col = req_columns(tiers)
     if hi <= lo:  # no machines: one empty frame (the columns)
         yield table(
             {
@@ -139,6 +137,7 @@ def _machine_rows(
                 cols[f"{col}_{t}"] = d[col][mi, k, bi]
         acc.add(d, pres)
         acc.add_ratios(cols, tiers)
+        acc.full.append(chunk_sums(xp, cols, req_col, has_usage))  # the summary's, where the chunk is
         del d
         n_rows = int(mi.shape[0])
         host = {c: be.to_host(cols[c]) for c in _machine_columns(tiers)}
@@ -273,169 +272,6 @@ def _usage_rates(xp: Any, U: dict[str, Any], L: Any) -> dict[str, Any]:
         }
 
 
-def _summary_text(label: str, result: dict[str, Any]) -> str:
-    """The text summary of an overcommit result (:meth:`Overcommit.summary`)."""
-    info = as_arrow(result["info"]).to_pylist()[0]
-    values = {(r["metric"], r["resource"], r["tier"]): r["value"] for r in as_arrow(result["summary"]).to_pylist()}
-    lines = [
-        f"{label}: tier map {info['tier_map']!r}, {info['machines']} machines x {info['buckets']} "
-        f"buckets of {info['bucket_s']} s, window [{info['window_start_us']}, {info['window_end_us']}) us",
-        f"  instances {info['instances']}, running pieces {info['pieces']} (unplaced {info['pieces_unplaced']},"
-        f" dedicated {info['pieces_dedicated']}, running at end {info['running_at_end']}, terminal without"
-        f" SCHEDULE {info['terminal_without_schedule']}); usage rows used {info['usage_used']} of"
-        f" {info['usage_rows']}",
-    ]
-
-    def get(metric: str, r: str, t: str = "all") -> float:
-        v = values.get((metric, r, t))
-        return float("nan") if v is None else float(v)
-
-    for r in ("cpu", "mem"):
-        if not any(k[1] == r for k in values):
-            continue
-        lines.append(
-            f"  {r}: {int(get('machine_buckets', r))} full machine-buckets; requested/capacity mean "
-            f"{fmt(get('alloc_ratio_mean', r), '.3f')}, p50 {fmt(get('alloc_ratio_p50', r), '.3f')}, "
-            f"p99 {fmt(get('alloc_ratio_p99', r), '.3f')}, max {fmt(get('alloc_ratio_max', r), '.3f')}; "
-            f"over capacity by request {fmt(get('share_over_capacity_request', r), '.2f', 100, '%')}"
-            f" of machine-time, by usage {fmt(get('share_over_capacity_usage', r), '.2f', 100, '%')}; "
-            f"usage/capacity mean {fmt(get('usage_ratio_mean', r), '.3f')}"
-        )
-    return "\n".join(lines)
-
-
-#: The ``summary`` table's columns and types (an empty table keeps them).
-_SUMMARY_SCHEMA = pa.schema(
-    [("metric", pa.string()), ("resource", pa.string()), ("tier", pa.string()), ("value", pa.float64())]
-)
-
-
-def _full(up_s: Any, covered_s: Any, cap: Any) -> Any:
-    """The *full* machine-buckets: up the whole bucket, known capacity > 0 (any array module)."""
-    return (up_s >= covered_s * (1 - 1e-12)) & (cap > 0) & (cap < np.inf)  # (NaN compares false)
-
-
-def _summary(
-    be: Any, machine: Any, tiers: list[str], has_usage: bool, ratios: dict[tuple[str, str], list[Any]] | None = None
-) -> pa.Table:
-    """Statistics over *full* machine-buckets: available the whole bucket, known capacity > 0.
-    Usage statistics are NaN when the dataset has no instance_usage rows (e.g. 2011 events only).
-
-    ``machine`` is the machine table (a parted table, a DataFrame or an Arrow table), read a batch
-    at a time without pandas (:func:`gpuclust.parted.array_batches`): the sums in one pass, and
-    the exact ratio quantiles of every (resource, tier) together in a few more
-    (:func:`gpuclust.stream_quantiles.stream_quantiles_many`), so nothing grows with the table.
-    On a device backend ``be`` (the partials' backend) the quantiles take one sort a series of
-    ``ratios``, the ratios the finalize left on the device (:meth:`_CellSums.add_ratios`), or
-    else of the ratios copied there (:func:`gpuclust.stream_quantiles.backend_quantiles_many`)."""
-    series = [(r, t) for r in ("cpu", "mem") for t in ("all", *tiers)]
-    req_col = {(r, t): f"req_{r}" if t == "all" else f"req_{r}_{t}" for r, t in series}
-    avail, z, reqw = _full_sums(machine, req_col)
-    # the ratios of the resources with full machine-buckets, every tier's in the same passes
-    quantiled = [(r, t) for r, t in series if z[r]["n"] > 0]
-    qrow = dict(zip(quantiled, _ratio_quantiles(be, machine, quantiled, req_col, ratios), strict=True))
-    rows: list[dict[str, Any]] = []
-
-    def add(metric: str, r: str, t: str, v: float) -> None:
-        rows.append({"metric": metric, "resource": r, "tier": t, "value": float(v)})
-
-    for r in ("cpu", "mem"):
-        a = z[r]
-        if a["n"] == 0:
-            continue
-        add("machine_buckets", r, "all", float(a["n"]))
-        add("machine_time_share", r, "all", a["tw"] / avail if avail > 0 else np.nan)
-        for kind in ("request", "usage", "peak"):
-            tk = a[f"tk_{kind}"]
-            share = a[f"over_{kind}"] / tk if tk > 0 else np.nan
-            add(f"share_over_capacity_{kind}", r, "all", share if has_usage or kind == "request" else np.nan)
-        mean_use = a["num"] / a["den"] if a["den"] > 0 else np.nan
-        add("usage_ratio_mean", r, "all", mean_use if has_usage else np.nan)
-        for t in ("all", *tiers):
-            num, den = reqw[(r, t)]
-            add("alloc_ratio_mean", r, t, num / den)
-            for q, v in zip(QUANTILES, qrow[(r, t)], strict=True):
-                add("alloc_ratio_max" if q == 1.0 else f"alloc_ratio_p{round(q * 100)}", r, t, v)
-    return schema_table(rows, _SUMMARY_SCHEMA)
-
-
-def _full_of(b: dict[str, np.ndarray], r: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Of a batch ``b`` of the machine table, for resource ``r``: the mask of full machine-buckets
-    and their seconds and capacity."""
-    L, cap = b["covered_s"], b[f"cap_{r}"]
-    full = _full(b["up_s"], L, cap)
-    return full, L[full], cap[full]
-
-
-def _full_sums(
-    machine: Any, req_col: dict[tuple[str, str], str]
-) -> tuple[float, dict[str, Any], dict[Any, list[float]]]:
-    """One pass over the machine table: the machine-seconds up; per resource the full
-    machine-buckets, their seconds, the seconds with a known and an over-capacity request / usage
-    / peak, and the capacity- and usage-seconds of known usage; per (resource, tier) of
-    ``req_col`` (its request column) the request- and capacity-seconds."""
-    cols = sorted(
-        {
-            "covered_s",
-            "up_s",
-            *{c for r in ("cpu", "mem") for c in (f"cap_{r}", f"use_{r}", f"max_{r}_sum")},
-            *req_col.values(),
-        }
-    )
-    avail = 0.0
-    keys = ("n", "tw", "den", "num", *[f"{p}_{x}" for p in ("tk", "over") for x in ("request", "usage", "peak")])
-    z = {r: dict.fromkeys(keys, 0.0) for r in ("cpu", "mem")}
-    reqw = {k: [0.0, 0.0] for k in req_col}  # sum(req * w), sum(cap * w)
-    for b in array_batches(machine, cols):
-        b = {c: np.asarray(v, np.float64) for c, v in b.items()}
-        avail += float(b["up_s"].sum())
-        for r in ("cpu", "mem"):
-            full, w, c = _full_of(b, r)
-            a = z[r]
-            a["n"] += int(full.sum())
-            a["tw"] += float(w.sum())
-            for kind, col in (("request", f"req_{r}"), ("usage", f"use_{r}"), ("peak", f"max_{r}_sum")):
-                v = b[col][full]
-                kn = np.isfinite(v)  # usage statistics over the machine-buckets whose usage is known
-                a[f"tk_{kind}"] += float(w[kn].sum())
-                a[f"over_{kind}"] += float(w[kn & (v > c * (1 + OVER_EPS))].sum())
-            u = b[f"use_{r}"][full]
-            kn = np.isfinite(u)
-            a["den"] += float((c[kn] * w[kn]).sum())
-            a["num"] += float((u[kn] * w[kn]).sum())
-            for (rr, t), col in req_col.items():
-                if rr == r:
-                    req = b[col][full]
-                    reqw[(r, t)][0] += float((req * w).sum())
-                    reqw[(r, t)][1] += float((c * w).sum())
-    return avail, z, reqw
-
-
-def _ratio_quantiles(
-    be: Any,
-    machine: Any,
-    quantiled: list[tuple[str, str]],
-    req_col: dict[tuple[str, str], str],
-    ratios: dict[tuple[str, str], list[Any]] | None,
-) -> Any:
-    """The :data:`QUANTILES` of the request / capacity ratios of the full machine-buckets, per
-    (resource, tier) of ``quantiled``: of the ``ratios`` left on the device by the finalize, or
-    else read from the machine table a batch at a time."""
-    from gpuclust.stream_quantiles import backend_quantiles_many, device_quantiles_many
-
-    def batch_ratios() -> Any:
-        for b in array_batches(machine, ["covered_s", "up_s", "cap_cpu", "cap_mem", *{req_col[k] for k in quantiled}]):
-            b = {c: np.asarray(v, np.float64) for c, v in b.items()}
-            full = {r: _full_of(b, r) for r in {r for r, _ in quantiled}}
-            yield [b[req_col[(r, t)]][full[r][0]] / full[r][2] for r, t in quantiled]
-
-    if not quantiled:
-        return np.zeros((0, len(QUANTILES)))
-    if ratios is not None:  # left on the device by the finalize
-        return device_quantiles_many(be, [ratios.get(k, []) for k in quantiled], QUANTILES)
-    return backend_quantiles_many(be, batch_ratios, len(quantiled), QUANTILES)
-
-
 def _ratio(xp: Any, num: Any, den: Any) -> Any:
     """num / den; 0/0 and anything / NaN -> NaN, x/0 (x > 0) -> inf."""
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -467,11 +303,16 @@ class _CellSums:
         #: machine-buckets of each chunk, left on the device for the summary's quantiles (which
         #: would otherwise read the written machine table back and copy the ratios over again)
         self.ratios: dict[tuple[str, str], list[Any]] | None = {} if keep_ratios else None
+        #: the summary's sums of each chunk of the machine table (:func:`chunk_sums`), in order;
+        #: after :meth:`to_host`, one host matrix a shard (a row a chunk)
+        self.full: list[Any] = []
 
     def to_host(self) -> None:
-        """Every sum as a NumPy array (in place); the ratios stay where they are."""
+        """Every sum as a NumPy array (in place; the chunks' summary sums in one copy); the ratios
+        stay where they are."""
+        self.full = [to_host(self.xp.stack(self.full))] if self.full else []
         for k, v in list(vars(self).items()):
-            if k != "ratios":
+            if k not in ("ratios", "full"):
                 setattr(self, k, to_host(v))
         self.xp = np
 
@@ -504,7 +345,8 @@ class _CellSums:
         self.windows += d["windows"].sum(axis=0)
 
     def add_sums(self, o: _CellSums) -> None:
-        """Add another shard's sums."""
+        """Add another shard's sums (the next shard's: its chunks' summary sums follow these)."""
+        self.full = self.full + o.full
         self.machines += o.machines
         self.machines_up += o.machines_up
         self.machines_cap_unknown += o.machines_cap_unknown

@@ -53,16 +53,7 @@ import pyarrow as pa
 from gpuclust.analyses._extent import max_finite, to_f64, to_i64
 from gpuclust.analyses._intervals import capacity_intervals, running_intervals
 from gpuclust.analyses._lookup import InstanceLookup, id_index, tier_lookup
-from gpuclust.analyses._overcommit_finalize import (
-    _USAGE_PREFIXES,
-    OVER_EPS,  # noqa: F401 (re-exported)
-    QUANTILES,  # noqa: F401 (re-exported)
-    _CellSums,
-    _grid,
-    _machine_rows,
-    _summary,
-    _summary_text,
-)
+from gpuclust.analyses._overcommit_finalize import _USAGE_PREFIXES, _CellSums, _grid, _machine_rows
 from gpuclust.analyses._overcommit_partial import (
     _NULL,
     INST_FIELDS,
@@ -72,6 +63,12 @@ from gpuclust.analyses._overcommit_partial import (
     event_pass,
     interval_partial,
     usage_sums,
+)
+from gpuclust.analyses._overcommit_summary import (
+    OVER_EPS,  # noqa: F401 (re-exported)
+    QUANTILES,  # noqa: F401 (re-exported)
+    _summary,
+    _summary_text,
 )
 from gpuclust.analyses.base import Analysis, is_null_int, to_host
 from gpuclust.analyses.grouping import bucket_grid, isin_sorted, unique_sorted
@@ -489,7 +486,12 @@ class Overcommit(Analysis):
                 if c.startswith(_USAGE_PREFIXES):
                     cell[c] = np.full(ctx.n_buckets, np.nan)
         summary = _summary(
-            finalize_backend(rest["backend"]), tables["machine"], tiers, has_usage=has_usage, ratios=acc.ratios
+            finalize_backend(rest["backend"]),
+            tables["machine"],
+            tiers,
+            has_usage=has_usage,
+            ratios=acc.ratios,
+            sums=(row for m in acc.full for row in m),  # the finalize's: the machine table is not read again
         )
         info = table_from_rows(
             [

@@ -222,3 +222,24 @@ def test_device_free_bytes_within_the_pool_limit():
         assert device_free_bytes(DEVICE_GPU) == (64 << 20) - held.data.nbytes
         rows = device_partition_rows(device_free_bytes(DEVICE_GPU), 1, [CellUsage()], "instance_usage")
         assert rows == int(0.8 * ((64 << 20) - (8 << 20))) // 200  # cell-usage: 200 B a row
+
+
+def test_overcommit_on_a_device_does_not_read_its_machine_table_back(tmp_path, monkeypatch):
+    """The summary of overcommit's machine table is made of what its finalize computed where the
+    table's chunks were (their sums, and on a device their ratios for the quantiles): a gpu run
+    never reads the written table back (issue 34); a cpu run reads it only for the quantiles."""
+    import gpuclust.analyses._overcommit_summary as summary
+
+    reads: list[str] = []
+    real = summary.array_batches
+    monkeypatch.setattr(summary, "array_batches", lambda t, cols: reads.append(",".join(cols)) or real(t, cols))
+    ds = write_dataset(tmp_path / "cell", random_cell(47, n_windows=3000), files=2, row_group_size=500)
+    args = ["analyze", str(ds), "overcommit", "--no-plots", "--quiet"]
+    assert cli.main([*args, "--out", str(tmp_path / "cpu"), "--backend", "cpu"]) == 0
+    assert reads and all("use_cpu" not in r for r in reads), reads  # the quantiles' columns only
+    reads.clear()
+    resolve_gpu_to_device(monkeypatch)
+    assert cli.main([*args, "--out", str(tmp_path / "gpu"), "--backend", "gpu"]) == 0
+    assert reads == []
+    res = [_tables(load_results(tmp_path / b)) for b in ("cpu", "gpu")]
+    assert_results_same(res[0], res[1], rtol=1e-9)
