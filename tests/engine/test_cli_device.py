@@ -85,29 +85,9 @@ def test_analyze_backend_gpu_merges_keyed_sums_on_the_device(tmp_path, monkeypat
     spill, machine-utilization merges on the host); the results are the cpu run's."""
     import gpuclust.engine.shards as shards
 
-    ds = write_dataset(tmp_path / "cell", random_cell(41, n_windows=6000), files=3, row_group_size=500)
-    optimize(ds, buckets=4)  # laid out by key: overcommit's intervals come with the partitions, on the device
-    args = [
-        "analyze",
-        str(ds),
-        "overcommit",
-        "cpi",
-        "machine-utilization",
-        "--no-plots",
-        "--quiet",
-        "--partitions",
-        "3",
-    ]
-    assert cli.main([*args, "--out", str(tmp_path / "cpu"), "--backend", "cpu"]) == 0
+    args = _dense_run_on_cpu(tmp_path, 41)
     resolve_gpu_to_device(monkeypatch)
-    where = {}  # per analysis: whether its accumulators were in device memory
-    real_dense = shards.DenseKeys.__init__
-
-    def spy_dense(self, a, ranges, xp=np):
-        real_dense(self, a, ranges, xp)
-        where[a.name] = self.on_device
-
-    monkeypatch.setattr(shards.DenseKeys, "__init__", spy_dense)
+    where = _dense_spy(monkeypatch)
     written = []  # the bytes of each partition's keyed partials written to a spill
     real = shards.write_keyed
 
@@ -139,33 +119,11 @@ def test_analyze_backend_gpu_merges_keyed_sums_on_the_device(tmp_path, monkeypat
 def test_analyze_on_a_device_merges_keyed_sums_there_as_the_cpu(tmp_path, gpu_backend):
     """The same on a real device (CuPy): in 3 partitions the keyed sums of overcommit, cpi and
     machine-utilization are added into device accumulators, the results the cpu run's."""
-    import gpuclust.engine.shards as shards
-
-    ds = write_dataset(tmp_path / "cell", random_cell(43, n_windows=6000), files=3, row_group_size=500)
-    optimize(ds, buckets=4)
-    args = [
-        "analyze",
-        str(ds),
-        "overcommit",
-        "cpi",
-        "machine-utilization",
-        "--no-plots",
-        "--quiet",
-        "--partitions",
-        "3",
-    ]
-    assert cli.main([*args, "--out", str(tmp_path / "cpu"), "--backend", "cpu"]) == 0
-    seen = []
-    real = shards.DenseKeys.__init__
-
-    def spy(self, a, ranges, xp=np):
-        real(self, a, ranges, xp)
-        seen.append((a.name, self.on_device))
-
+    args = _dense_run_on_cpu(tmp_path, 43)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(shards.DenseKeys, "__init__", spy)
+        seen = _dense_spy(mp)
         assert cli.main([*args, "--out", str(tmp_path / "gpu"), "--backend", "gpu"]) == 0
-    assert sorted(seen) == [("cpi", True), ("machine-utilization", True), ("overcommit", True)]
+    assert seen == {"cpi": True, "machine-utilization": True, "overcommit": True}
     res = [_tables(load_results(tmp_path / b)) for b in ("cpu", "gpu")]
     assert_results_same(res[0], res[1], rtol=1e-9)
 
@@ -243,3 +201,30 @@ def test_overcommit_on_a_device_does_not_read_its_machine_table_back(tmp_path, m
     assert reads == []
     res = [_tables(load_results(tmp_path / b)) for b in ("cpu", "gpu")]
     assert_results_same(res[0], res[1], rtol=1e-9)
+
+
+def _dense_run_on_cpu(tmp_path, seed: int) -> list[str]:
+    """A 6,000-window cell laid out by key (overcommit's intervals come with the partitions),
+    overcommit, cpi and machine-utilization on it in 3 partitions on the cpu into ``cpu``; the
+    command's arguments but ``--out`` and ``--backend``."""
+    ds = write_dataset(tmp_path / "cell", random_cell(seed, n_windows=6000), files=3, row_group_size=500)
+    optimize(ds, buckets=4)
+    args = ["analyze", str(ds), "overcommit", "cpi", "machine-utilization", "--no-plots", "--quiet"]
+    args += ["--partitions", "3"]
+    assert cli.main([*args, "--out", str(tmp_path / "cpu"), "--backend", "cpu"]) == 0
+    return args
+
+
+def _dense_spy(monkeypatch) -> dict[str, bool]:
+    """Per analysis, whether the dense accumulators made for it are in device memory."""
+    import gpuclust.engine.shards as shards
+
+    where: dict[str, bool] = {}
+    real = shards.DenseKeys.__init__
+
+    def spy(self, a, ranges, xp=np):
+        real(self, a, ranges, xp)
+        where[a.name] = self.on_device
+
+    monkeypatch.setattr(shards.DenseKeys, "__init__", spy)
+    return where
