@@ -68,9 +68,9 @@ def nullable_int(name: str) -> pa.Field:
     """An int64 field that may hold NULLs: a pandas ``Int64`` column in :func:`as_pandas`, whatever
     the rows.
 
-    >>> t = pa.Table.from_arrays([pa.array([1, 2], pa.int64())], schema=pa.schema([nullable_int("n")]))
-    >>> str(as_pandas(t)["n"].dtype)
-    'Int64'
+    >>> t = pa.Table.from_arrays([pa.array([1, None], pa.int64())], schema=pa.schema([nullable_int("n")]))
+    >>> str(as_pandas(t)["n"].dtype), as_pandas(t)["n"].isna().tolist()
+    ('Int64', [False, True])
     """
     return pa.field(name, pa.int64(), metadata={_PANDAS_DTYPE: b"Int64"})
 
@@ -86,7 +86,7 @@ def as_pandas(t: Any) -> Any:
         if pa.types.is_string(f.type) or pa.types.is_large_string(f.type):
             df[f.name] = df[f.name].astype(object)
         elif (f.metadata or {}).get(_PANDAS_DTYPE) == b"Int64":
-            df[f.name] = pd.array(t.column(f.name).to_pylist(), dtype="Int64")
+            df[f.name] = t.column(f.name).to_pandas(types_mapper={f.type: pd.Int64Dtype()}.get).array
     return df
 
 

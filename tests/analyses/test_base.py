@@ -32,6 +32,7 @@ DOCTEST_MODULES = [
     "gpuclust.partials",
     "gpuclust.analyses.grouping",
     "gpuclust.backends.array_cpu",
+    "gpuclust.tables",
 ]
 
 
