@@ -155,12 +155,12 @@ def dense_target(a: Analysis, ctx: Any, folder: SpillTarget | None, backend: Any
     host, at most :data:`DENSE_KEYS` keys in all, but not for an analysis that finalizes on the
     device (:attr:`~gpuclust.analyses.base.Analysis.device_partial`: spilled)."""
     ranges = a.kinds.dense_keys(ctx) if isinstance(folder, Path) else None
-    if not ranges or set(ranges) & set(a.kinds.rows) or set(ranges) != set(a.kinds.split(a.empty())[1]):
+    empty = a.kinds.split(a.empty())[1] if ranges else {}  # the keyed partials' names and fields
+    if not ranges or set(ranges) & set(a.kinds.rows) or set(ranges) != set(empty):
         return folder
     if backend is not None and backend.name != "cpu":
         from gpuclust.engine.memory import device_free_bytes
 
-        empty = a.kinds.split(a.empty())[1]
         need = sum((end - first) * (1 + 8 * (len(empty[n]) - 1)) for n, (first, end) in ranges.items())
         if need <= DEVICE_DENSE_SHARE * device_free_bytes(backend):
             return DenseKeys(a, ranges, backend.xp)
