@@ -270,7 +270,7 @@ def finalize_in_memory(a: Any, partial: Any, ctx: Any, *, client: bool = True) -
 
     tables = {t: FrameParts() for t in a.parted}
     extras = []
-    for rows, extra in map_ordered(shard, a.shards(ctx, rest), threads(), name="gpuclust-finalize"):
+    for rows, extra in map_ordered(shard, a.kinds.shards(ctx, rest), threads(), name="gpuclust-finalize"):
         for t, parts in rows.items():
             tables[t].parts.extend(parts)
         extras.append(extra)

@@ -46,7 +46,8 @@ An analysis is declared **once**, as a small frozen dataclass (never a CPU class
 ``parted`` tables (results that grow with the data, e.g. a row per machine x bucket)
     Not finalized whole: the partial's *sharded* keyed partials (a ``Keyed`` with ``per``: keys
     per shard coordinate) are spilled per partition while the rest merges by the tree; the
-    engine then reduces them one *shard* (``shards``: ranges of the coordinate) at a time with
+    engine then reduces them one *shard* (ranges of the coordinate, cut as ``kinds.shard_by``
+    declares: :class:`~gpuclust.analyses.kinds.Even`, ...) at a time with
     ``finalize_shard``, writing each shard's rows as one Parquet part, and ends with
     ``finalize_parted`` (streams the parted tables for summaries).  ``finalize`` of such an
     analysis is the same in memory (:func:`gpuclust.parted.finalize_in_memory`).  See
@@ -155,8 +156,8 @@ class Analysis:
     row_bytes: ClassVar[int] = 512
     #: Result tables that grow with the data (a row per machine x bucket, ...), written part by
     #: part (:mod:`gpuclust.parted`): an analysis listing any declares their keyed partials
-    #: sharded in :attr:`kinds` and implements :meth:`shards`, :meth:`finalize_shard` and
-    #: :meth:`finalize_parted`.
+    #: sharded in :attr:`kinds` (with their ``shard_by``) and implements :meth:`finalize_shard`
+    #: and :meth:`finalize_parted`.
     parted: ClassVar[tuple[str, ...]] = ()
     #: Whether :meth:`partial` needs every row of each instance it sees (per-instance sequences,
     #: e.g. ``lifecycle``): the engine then streams :attr:`table` by the buckets of an
@@ -256,14 +257,7 @@ class Analysis:
     def finalize(self, partial: Any, ctx: Any) -> dict[str, pd.DataFrame]:
         raise NotImplementedError
 
-    # ------------------------------------------------ parted results (only with ``parted`` tables)
-    def shards(self, ctx: Any, rest: Any) -> list[tuple[int, int]]:
-        """The shards: ranges ``[lo, hi)`` of a coordinate the keys are ordered by (machine code,
-        ...), each small enough to finalize in memory; at least one (``rest``: the merged small
-        part, the fields of :attr:`kinds` that are not sharded, e.g. a sample of the keys to place
-        the boundaries)."""
-        raise NotImplementedError
-
+    # ------------------------------------------------ sharded partials (cut by ``kinds.shard_by``)
     def client_partial(self, ctx: Any) -> Any:
         """A partial computed on the client by :meth:`bind` (a flat source), merged with the
         partitions' before shards are reduced; default: none."""

@@ -25,7 +25,8 @@ analysis writes a ``merge``.  The kinds:
 
 Each kind also declares its merge identity (a dense block's shape and dtype, a keyed partial's
 fields and dtypes, a ``Merged`` field's ``empty``), so the empty partial is derived
-(:meth:`Fields.empty`), never written by an analysis.
+(:meth:`Fields.empty`), never written by an analysis.  A sharded partial also declares where its
+shards are cut (:attr:`Fields.shard_by`: :class:`Even`, :class:`Counted` or :class:`Sampled`).
 
 Partials are merged on the host (the engine moves them there first; see
 :mod:`gpuclust.analyses.base`); :meth:`Fields.split` leaves the sharded keyed partials, and the
@@ -41,11 +42,26 @@ from typing import Any, ClassVar
 import numpy as np
 
 from gpuclust.analyses.base import host_or_device, to_host
-from gpuclust.backends import merged_backend
+from gpuclust.backends import backend_of, merged_backend
 from gpuclust.keys import pack
 from gpuclust.partials import merge_keyed
 
-__all__ = ["Concat", "Fields", "Flat", "Keyed", "Kind", "Label", "Max", "Merged", "Min", "Sum"]
+__all__ = [
+    "Concat",
+    "Counted",
+    "Even",
+    "Fields",
+    "Flat",
+    "Keyed",
+    "Kind",
+    "Label",
+    "Max",
+    "Merged",
+    "Min",
+    "Sampled",
+    "Shards",
+    "Sum",
+]
 
 #: A partial field's value: an array, a dict of arrays, a label, ...
 Value = Any
@@ -103,7 +119,7 @@ class Sum(Kind):
     def merge(self, a: Value, b: Value) -> Value:
         if not self.ragged:
             return a + b
-        a, b = np.asarray(a), np.asarray(b)
+        a, b = host_or_device(a), host_or_device(b)  # each on its own module (a device's stays there)
         if a.shape[-1] < b.shape[-1]:
             a, b = b, a
         if not b.shape[-1]:
@@ -166,7 +182,12 @@ class Concat(Kind):
         return xp.zeros((0, *self.row), self.dtype)
 
     def merge(self, a: Value, b: Value) -> Value:
-        return np.concatenate([np.asarray(a), np.asarray(b)])
+        a, b = host_or_device(a), host_or_device(b)
+        if not b.shape[0]:  # an empty side (an identity on the host) dropped, whatever its module
+            return a
+        if not a.shape[0]:
+            return b
+        return backend_of(a).xp.concatenate([a, b])
 
 
 @dataclass(frozen=True)
@@ -223,14 +244,26 @@ class Keyed(Kind):
             return a
         if not a["key"].shape[0]:
             return b
-        cat = {f: np.concatenate([np.asarray(a[f]), np.asarray(b[f])]) for f in a}
-        order = np.argsort(cat["key"], kind="stable")
-        return {f: v[order] for f, v in cat.items()}
+        # two runs sorted by key merged as a stable sort of their concatenation orders them (a
+        # key's rows of a before b's), without a sort: a row of b goes after a's rows with keys up
+        # to its own, one of a after b's rows with smaller keys; on the arrays' own module, with
+        # no value read on the host
+        a, b = {f: host_or_device(v) for f, v in a.items()}, {f: host_or_device(v) for f, v in b.items()}
+        xp = backend_of(a["key"]).xp
+        na, nb = int(a["key"].shape[0]), int(b["key"].shape[0])
+        to_a = xp.arange(na, dtype=xp.int64) + xp.searchsorted(b["key"], a["key"], side="left")
+        to_b = xp.arange(nb, dtype=xp.int64) + xp.searchsorted(a["key"], b["key"], side="right")
+        out = {}
+        for f, va in a.items():
+            v = xp.empty((na + nb, *va.shape[1:]), dtype=np.result_type(va.dtype, b[f].dtype))
+            v[to_a], v[to_b] = va, b[f]
+            out[f] = v
+        return out
 
     def _cast(self, p: dict[str, Any]) -> dict[str, Any]:
         if not self.cast:
             return p
-        return {f: np.asarray(v).astype(self.cast[f], copy=False) if f in self.cast else v for f, v in p.items()}
+        return {f: host_or_device(v).astype(self.cast[f], copy=False) if f in self.cast else v for f, v in p.items()}
 
 
 @dataclass(frozen=True)
@@ -266,11 +299,13 @@ class Fields:
     device: a finalize reduces them there) instead of moving them to the host.
 
     The engine's operations on partials: :meth:`merge`, and for a sharded analysis :meth:`split`
-    (rest and keyed partials), :meth:`merge_rest`, :meth:`key_range`, :meth:`dense_keys` and
-    :attr:`rows`."""
+    (rest and keyed partials), :meth:`merge_rest`, :meth:`shards`, :meth:`key_range`,
+    :meth:`dense_keys` and :attr:`rows`."""
 
     kinds: Mapping[str, Kind]
     stays: tuple[str, ...] = ()
+    #: where the shards of its sharded keyed partials are cut (required when it has any)
+    shard_by: Shards | None = None
 
     def merge(self, a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
         """Two partials merged field by field (associative and commutative up to float rounding)."""
@@ -317,6 +352,16 @@ class Fields:
         sharded = self.sharded
         return self._merge(a, b, {n: k for n, k in self.kinds.items() if n not in sharded})
 
+    def shards(self, ctx: Any, rest: Mapping[str, Any]) -> list[tuple[int, int]]:
+        """The shards, ranges ``[lo, hi)`` of the coordinate the sharded keys are ordered by, cut
+        by :attr:`shard_by` (``rest``: the merged rest of :meth:`split`; its :class:`Label` says
+        whether the partials were computed on a device, where a shard may be larger)."""
+        if self.shard_by is None:
+            raise TypeError("a sharded partial without a shard rule (shard_by=)")
+        label = next((n for n, k in self.kinds.items() if isinstance(k, Label)), None)
+        on_device = label is not None and rest.get(label, "cpu") != "cpu"
+        return self.shard_by.ranges(ctx, rest, on_device)
+
     def key_range(self, ctx: Any, name: str, lo: int, hi: int) -> tuple[int, int]:
         """The keys ``[first, end)`` of sharded keyed partial ``name`` in the shard of coordinates
         ``[lo, hi)``."""
@@ -352,3 +397,102 @@ class Fields:
         for name, kind in kinds.items():
             out.update(kind.put(name, kind.merge(kind.take(a, name), kind.take(b, name))))
         return out
+
+
+class Shards:
+    """Where the engine cuts a sharded partial (:attr:`Fields.shard_by`): ranges ``[lo, hi)`` of
+    the coordinate its keys are ordered by (a machine code, a key's leading component), each small
+    enough to finalize in memory, at least one; ``device``: the factor a shard's size grows by
+    where the partials were computed on a device (its memory and launches favour fewer, larger
+    shards)."""
+
+    device: int = 1
+
+    def ranges(self, ctx: Any, rest: Mapping[str, Any], on_device: bool) -> list[tuple[int, int]]:
+        raise NotImplementedError
+
+    def _size(self, size: int, on_device: bool) -> int:
+        return size * (self.device if on_device else 1)
+
+
+@dataclass(frozen=True)
+class Even(Shards):
+    """The coordinates ``[0, count(ctx))`` in ranges of equal size (no small last one), each of at
+    most about ``size`` keys, ``weight(ctx)`` keys a coordinate (at least one coordinate a shard).
+
+    >>> Even(lambda ctx: 10, lambda ctx: 3, size=9).ranges(None, {}, False)
+    [(0, 2), (2, 5), (5, 7), (7, 10)]
+    >>> Even(lambda ctx: 0, lambda ctx: 3, size=9).ranges(None, {}, False)
+    [(0, 0)]
+    """
+
+    count: Callable[[Any], int]
+    weight: Callable[[Any], int]
+    size: int
+    device: int = 1
+
+    def ranges(self, ctx: Any, rest: Mapping[str, Any], on_device: bool) -> list[tuple[int, int]]:
+        n = int(self.count(ctx))
+        per_shard = max(1, self._size(self.size, on_device) // max(int(self.weight(ctx)), 1))
+        k = -(-n // per_shard)
+        return [(n * i // k, n * (i + 1) // k) for i in range(k)] or [(0, 0)]
+
+
+@dataclass(frozen=True)
+class Counted(Shards):
+    """The coordinates ``[0, count(ctx))`` in ranges of about ``size`` rows each, a coordinate
+    whole, by the rows per coordinate in the rest's ``field`` (shorter than ``count``: the rest
+    have none); one range when there are none.
+
+    >>> Counted(lambda ctx: 5, "n", size=4).ranges(None, {"n": [3, 2, 0, 4]}, False)
+    [(0, 1), (1, 3), (3, 5)]
+    >>> Counted(lambda ctx: 4, "n", size=1).ranges(None, {"n": [1]}, False)
+    [(0, 4)]
+    """
+
+    count: Callable[[Any], int]
+    field: str
+    size: int
+    device: int = 1
+
+    def ranges(self, ctx: Any, rest: Mapping[str, Any], on_device: bool) -> list[tuple[int, int]]:
+        n, size = int(self.count(ctx)), self._size(self.size, on_device)
+        counted = np.asarray(rest[self.field])[:n]
+        if not n or not int(counted.sum()):
+            return [(0, n)]
+        rows = np.zeros(n, np.int64)
+        rows[: counted.shape[0]] = counted  # the coordinates past the counted ones: none
+        cum = np.cumsum(rows)
+        bounds, lo = [], 0
+        while lo < n:
+            base = int(cum[lo - 1]) if lo else 0
+            hi = min(n, max(int(np.searchsorted(cum, base + size, side="right")), lo + 1))
+            bounds.append((lo, hi))
+            lo = hi
+        return bounds
+
+
+@dataclass(frozen=True)
+class Sampled(Shards):
+    """The whole int64 range of the coordinate in ranges of about ``size`` keys each, cut at
+    quantiles of the rest's ``sample`` of the keys (``n``: how many keys in all); one range when
+    there are few, or when the rest's ``whole`` is set (a partial kept whole, nothing to cut).
+
+    >>> Sampled(size=2).ranges(None, {"n": 6, "sample": np.array([9, 1, 5])}, False)[1:]
+    [(5, 9), (9, 9223372036854775807)]
+    """
+
+    size: int
+    sample: str = "sample"
+    n: str = "n"
+    whole: str | None = None
+
+    def ranges(self, ctx: Any, rest: Mapping[str, Any], on_device: bool) -> list[tuple[int, int]]:
+        lo, hi = np.iinfo(np.int64).min, np.iinfo(np.int64).max
+        k = -(-int(rest[self.n]) // self._size(self.size, on_device))
+        if k <= 1 or (self.whole is not None and rest[self.whole] is not None):
+            return [(lo, hi)]
+        sample = np.sort(rest[self.sample])
+        cuts = np.unique(sample[(np.arange(1, k) * sample.shape[0]) // k])
+        bounds = [lo, *(int(c) for c in cuts if lo < int(c) < hi), hi]
+        return list(zip(bounds[:-1], bounds[1:], strict=True))

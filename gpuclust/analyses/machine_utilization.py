@@ -47,7 +47,7 @@ from gpuclust.analyses._machine_sums import COUNTS, NULL_BITS, keyed_sums
 from gpuclust.analyses._machine_up import min_start, up_grid
 from gpuclust.analyses.base import Analysis, fmt, null_int
 from gpuclust.analyses.grouping import bucket_pieces
-from gpuclust.analyses.kinds import Fields, Keyed, Label, Sum
+from gpuclust.analyses.kinds import Even, Fields, Keyed, Label, Sum
 from gpuclust.analyses.options import option
 from gpuclust.arrow_numpy import schema_table, table, table_from_rows
 from gpuclust.backends import finalize_backend
@@ -113,6 +113,11 @@ class MachineUtilizationContext:
 def _span(ctx: MachineUtilizationContext) -> int:
     """Keys per machine code in the keyed sums: the bucket span."""
     return ctx.span
+
+
+def _machines(ctx: MachineUtilizationContext) -> int:
+    """Machine codes: the coordinate the keyed sums are sharded by."""
+    return int(ctx.machine_ids.shape[0])
 
 
 def _dense_cells(ctx: MachineUtilizationContext) -> int | None:
@@ -277,16 +282,9 @@ class MachineUtilization(Analysis):
                 "u": Keyed(fields=_FIELDS, cast=COUNTS, per=_span, dense=_dense_cells),
                 "stats": Sum((len(STATS),), np.int64),
                 "backend": Label(),
-            }
+            },
+            shard_by=Even(_machines, _span, SHARD_CELLS),
         )
-
-    # ---------------------------------------------------------------- shards
-    def shards(self, ctx: MachineUtilizationContext, rest: dict[str, Any]) -> list[tuple[int, int]]:
-        """Ranges of machine codes of at most about :data:`SHARD_CELLS` machine-buckets each, of
-        equal size."""
-        M = int(ctx.machine_ids.shape[0])
-        k = -(-M // max(1, SHARD_CELLS // max(ctx.span, 1)))  # shards, of equal size (no small last one)
-        return [(M * i // k, M * (i + 1) // k) for i in range(k)] or [(0, 0)]
 
     def finalize(self, partial: dict[str, Any], ctx: MachineUtilizationContext) -> dict[str, Any]:
         return finalize_in_memory(self, partial, ctx)

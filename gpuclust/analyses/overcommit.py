@@ -72,7 +72,7 @@ from gpuclust.analyses._overcommit_summary import (
 )
 from gpuclust.analyses.base import Analysis, is_null_int, to_host
 from gpuclust.analyses.grouping import bucket_grid, isin_sorted, unique_sorted
-from gpuclust.analyses.kinds import Fields, Keyed, Label, Sum
+from gpuclust.analyses.kinds import Even, Fields, Keyed, Label, Sum
 from gpuclust.analyses.options import Relation, option, tier_map_option
 from gpuclust.arrow_numpy import table, table_from_rows
 from gpuclust.backends import finalize_backend
@@ -185,6 +185,11 @@ def _buckets(ctx: OvercommitContext) -> int:
 def _tier_bucket_keys(ctx: OvercommitContext) -> int:
     """Keys of the usage and request sums: machines x tiers x buckets."""
     return int(ctx.machine_ids.shape[0]) * _tier_buckets(ctx)
+
+
+def _machines(ctx: OvercommitContext) -> int:
+    """Machine codes: the coordinate the keyed sums are sharded by."""
+    return int(ctx.machine_ids.shape[0])
 
 
 def _bucket_keys(ctx: OvercommitContext) -> int:
@@ -394,19 +399,12 @@ class Overcommit(Analysis):
                 "inst": Keyed(fields=INST_FIELDS, per=_buckets, dense=_bucket_keys),
                 "istats": Sum((len(ISTATS),), np.int64),
                 "backend": Label(),
-            }
+            },
+            shard_by=Even(_machines, _buckets, SHARD_CELLS, device=DEVICE_SHARD_FACTOR),
         )
 
     # ---------------------------------------------------------------- finalize
     parted = ("machine",)
-
-    def shards(self, ctx: OvercommitContext, rest: dict[str, Any]) -> list[tuple[int, int]]:
-        """Ranges of machine codes of about :data:`SHARD_CELLS` machine-buckets each (x
-        :data:`DEVICE_SHARD_FACTOR` where the partials were computed on a device)."""
-        M, per_machine = int(ctx.machine_ids.shape[0]), max(int(ctx.n_buckets), 1)
-        cells = SHARD_CELLS * (DEVICE_SHARD_FACTOR if rest.get("backend", "cpu") != "cpu" else 1)
-        step = max(1, cells // per_machine)
-        return [(m0, min(M, m0 + step)) for m0 in range(0, M, step)] or [(0, 0)]
 
     def client_partial(self, ctx: OvercommitContext, backend: Any = None) -> dict[str, Any] | None:
         """The interval partial of a flat source's instances, built on ``backend`` (default: the

@@ -36,7 +36,7 @@ from gpuclust.analyses._peak_sim import SimParams, simulate
 from gpuclust.analyses._requests import REQUEST_COLUMNS, RequestTimeline, asof_events
 from gpuclust.analyses.base import Analysis, fmt, is_null_int, to_host
 from gpuclust.analyses.grouping import unique_codes
-from gpuclust.analyses.kinds import Fields, Keyed, Label, Sum
+from gpuclust.analyses.kinds import Counted, Fields, Keyed, Label, Sum
 from gpuclust.analyses.options import option
 from gpuclust.arrow_numpy import table, table_from_rows
 from gpuclust.backends import finalize_backend
@@ -159,6 +159,11 @@ def horizon_note(info: Mapping[str, Any]) -> str | None:
 def _steps(ctx: PeakPredictionContext) -> int:
     """Keys per machine code of the rows (the step span)."""
     return ctx.span
+
+
+def _machines(ctx: PeakPredictionContext) -> int:
+    """Machine codes: the coordinate the rows are sharded by."""
+    return int(ctx.machine_ids.shape[0])
 
 
 #: The check of a ``LO,HI`` option.
@@ -366,28 +371,11 @@ class PeakPrediction(Analysis):
                 "count": Sum((0,), np.int64, ragged=True),
                 "stats": Sum((len(STATS),), np.int64),
                 "backend": Label(),
-            }
+            },
+            shard_by=Counted(_machines, "count", SHARD_ROWS, device=DEVICE_SHARD_FACTOR),
         )
 
-    # ---------------------------------------------------------------- shards
-    def shards(self, ctx: PeakPredictionContext, rest: dict[str, Any]) -> list[tuple[int, int]]:
-        """Ranges of machine codes of about :data:`SHARD_ROWS` samples each (a machine whole; x
-        :data:`DEVICE_SHARD_FACTOR` where the partials were computed on a device)."""
-        M = int(ctx.machine_ids.shape[0])
-        size = SHARD_ROWS * (DEVICE_SHARD_FACTOR if rest.get("backend", "cpu") != "cpu" else 1)
-        count = np.asarray(rest["count"])
-        if not M or not count.shape[0] or not int(count.sum()):
-            return [(0, M)]
-        cum = np.cumsum(count)
-        bounds, lo = [], 0
-        while lo < M:
-            base = int(cum[lo - 1]) if lo else 0
-            hi = int(np.searchsorted(cum, base + size, side="right"))
-            hi = min(M, max(hi, lo + 1))
-            bounds.append((lo, hi))
-            lo = hi
-        return bounds
-
+    # ---------------------------------------------------------------- finalize
     #: its rows are ~11 B a window (110 MB at 10^7), which a gpu study would otherwise copy to the
     #: host and back to the device for the simulation
     device_partial = True

@@ -312,10 +312,7 @@ class UsageChange(Analysis):
             }
         )
 
-    # ---------------------------------------------------------------- machine level: shards
-    def shards(self, ctx: MachineUtilizationContext, rest: dict[str, Any]) -> list[tuple[int, int]]:
-        return _MACHINE_SUMS.shards(ctx, rest)
-
+    # ---------------------------------------------------------------- machine level: shards (machine-utilization's)
     def finalize_shard(
         self,
         keyed: dict[str, dict[str, np.ndarray]],

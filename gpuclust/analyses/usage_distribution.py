@@ -61,7 +61,7 @@ from gpuclust.analyses._usage_distribution_tables import (
 )
 from gpuclust.analyses.base import Analysis, is_null_int, to_host
 from gpuclust.analyses.grouping import KEY_COLUMNS, group_key
-from gpuclust.analyses.kinds import Concat, Keyed, Label, Merged, Sum
+from gpuclust.analyses.kinds import Concat, Keyed, Label, Merged, Sampled, Sum
 from gpuclust.analyses.options import option, tier_map_option
 from gpuclust.backends import finalize_backend
 from gpuclust.layout import key_name
@@ -443,7 +443,15 @@ class UsageDistribution(Analysis):
             "rows": Keyed(rows=True, per=(lambda ctx: 1) if self.parted else None),
         }
         n_levels = int(self.level_values.shape[0])
-        return UsageFields(kinds, (), whole, self._n_components(), n_levels, SAMPLE_EVERY, len(STATS))
+        return UsageFields(
+            kinds,
+            shard_by=Sampled(SHARD_GROUPS, whole="full") if self.parted else None,
+            whole=whole,
+            n_components=self._n_components(),
+            n_levels=n_levels,
+            sample_every=SAMPLE_EVERY,
+            n_stats=len(STATS),
+        )
 
     # ---------------------------------------------------------------- finalize
     # With ``instance`` in ``by`` the group tables grow with the cell (a row per instance): they
@@ -453,18 +461,6 @@ class UsageDistribution(Analysis):
     @property
     def parted(self) -> tuple[str, ...]:  # type: ignore[override]
         return ("quantiles", "naive") if "instance" in self.by else ()
-
-    def shards(self, ctx: UsageDistributionContext, rest: dict[str, Any]) -> list[tuple[int, int]]:
-        """Ranges of the leading key of about :data:`SHARD_GROUPS` groups each, placed by the
-        partitions' key samples (one shard when nothing was spilled)."""
-        lo, hi = np.iinfo(np.int64).min, np.iinfo(np.int64).max
-        k = -(-int(rest["n"]) // SHARD_GROUPS)
-        if rest["full"] is not None or k <= 1:
-            return [(lo, hi)]
-        sample = np.sort(rest["sample"])
-        cuts = np.unique(sample[(np.arange(1, k) * sample.shape[0]) // k])
-        bounds = [lo, *(int(c) for c in cuts if lo < int(c) < hi), hi]
-        return list(zip(bounds[:-1], bounds[1:], strict=True))
 
     #: its partial's mixture state is ~170 B a window (the exact strategy keeps every window's
     #: percentiles): 1.7 GB at 10^7 windows, which a gpu study would otherwise copy to the host

@@ -297,7 +297,7 @@ def finalize_parted(
     cp = a.client_partial(ctx)
     if cp is not None:
         sp = merge_spilled(a, sp, spill(a, cp, spill_folder))
-    shards = a.shards(ctx, sp.rest)
+    shards = a.kinds.shards(ctx, sp.rest)
     if progress is not None:
         progress.phase(f"{a.label}: {len(shards)} shard(s) of {', '.join(a.parted) or 'keyed partials'}")
     results = run_tasks(

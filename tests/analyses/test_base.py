@@ -31,6 +31,7 @@ DOCTEST_MODULES = [
     "gpuclust._cache",
     "gpuclust.partials",
     "gpuclust.analyses.grouping",
+    "gpuclust.analyses.kinds",
     "gpuclust.backends.array_cpu",
     "gpuclust.tables",
 ]

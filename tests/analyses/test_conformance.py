@@ -24,7 +24,7 @@ from strategies import cell, examples
 
 from gpuclust.analyses import REGISTRY, create
 from gpuclust.analyses.base import Analysis, to_host
-from gpuclust.analyses.kinds import Fields, Kind
+from gpuclust.analyses.kinds import Fields, Kind, Shards
 from gpuclust.backends import get_backend
 from gpuclust.engine import TableSource
 from gpuclust.engine.local import context_of
@@ -113,13 +113,14 @@ def test_registry_covers_instances():
 
 
 #: The merge-side methods an analysis no longer writes: the engine derives them from ``kinds``.
-RETIRED = ("merge", "merge_rest", "split", "key_range", "dense_keys", "keyed_rows", "empty")
+RETIRED = ("merge", "merge_rest", "split", "key_range", "dense_keys", "keyed_rows", "empty", "shards")
 
 
 def test_partials_are_declared_as_kinds():
     """Every analysis (each option choice) declares its partial as a ``Fields`` whose every entry
     is a known kind; it writes none of the retired merge methods; its tables that grow with the
-    cell (``parted``) come with sharded keyed partials, and the empty partial splits into them."""
+    cell (``parted``) come with sharded keyed partials and a rule that cuts their shards, and the
+    empty partial splits into them."""
     for label, a in INSTANCES.items():
         f = a.kinds
         assert isinstance(f, Fields) and f.kinds, label
@@ -128,6 +129,7 @@ def test_partials_are_declared_as_kinds():
             if cls is not Analysis and issubclass(cls, Analysis):
                 assert not set(RETIRED) & set(vars(cls)), (label, cls, set(RETIRED) & set(vars(cls)))
         assert not a.parted or a.sharded, label
+        assert isinstance(f.shard_by, Shards) == bool(a.sharded), label
         e = a.empty()
         if a.sharded:
             rest, keyed = f.split(e)

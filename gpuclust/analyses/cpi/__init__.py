@@ -76,7 +76,7 @@ from gpuclust.analyses.cpi.partial_steps import (
 from gpuclust.analyses.cpi.shards import cell_util, shard_sums
 from gpuclust.analyses.cpi.tables import result_tables, summary_text
 from gpuclust.analyses.grouping import bucket_index
-from gpuclust.analyses.kinds import Concat, Fields, Flat, Keyed, Label, Merged, Sum
+from gpuclust.analyses.kinds import Concat, Even, Fields, Flat, Keyed, Label, Merged, Sum
 from gpuclust.analyses.options import Relation, option, tier_map_option
 from gpuclust.backends import finalize_backend
 from gpuclust.keys import pack
@@ -97,6 +97,11 @@ def _cells(ctx: CpiContext) -> int:
 def _cell_platforms(ctx: CpiContext) -> int:
     """Keys per capacity machine of the (machine, cell, platform) sums ``w``."""
     return ctx.cell_span * ctx.n_platforms
+
+
+def _cap_machines(ctx: CpiContext) -> int:
+    """Capacity machines: the coordinate the regression's sums are sharded by."""
+    return int(ctx.cap_ids.shape[0])
 
 
 def _cell_keys(ctx: CpiContext) -> int:
@@ -427,16 +432,10 @@ class Cpi(Analysis):
                 "backend": Label(),
             },
             stays=("g_grid",),
+            shard_by=Even(_cap_machines, _cell_platforms, SHARD_KEYS) if per else None,
         )
 
-    # ---------------------------------------------------------------- shards (regression)
-    def shards(self, ctx: CpiContext, rest: dict[str, Any]) -> list[tuple[int, int]]:
-        """Ranges of capacity-machine indices of about :data:`SHARD_KEYS` (machine, cell,
-        platform) keys each."""
-        M = int(ctx.cap_ids.shape[0])
-        step = max(1, SHARD_KEYS // max(ctx.cell_span * ctx.n_platforms, 1))
-        return [(lo, min(lo + step, M)) for lo in range(0, M, step)] or [(0, 0)]
-
+    # ---------------------------------------------------------------- finalize (regression)
     def machine_cells(self, c: dict[str, np.ndarray], ctx: CpiContext) -> pd.DataFrame:
         """The machine-cell table of merged ``c`` sums: ``machine_id``, ``cell``, ``k``, ``util``."""
         m, cell, u = cell_util(c, ctx, finalize_backend("cpu"))
