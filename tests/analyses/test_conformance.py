@@ -137,6 +137,29 @@ def test_partials_are_declared_as_kinds():
             assert not set(keyed) & set(rest), label
 
 
+#: The protocol (issue 34: at most 8 hooks).  What an analysis declares (data, or a function of
+#: its options and the source that returns data) ...
+DECLARATIONS = ("columns", "context_columns", "side_inputs", "needed_tables", "auto_rows", "prerequisites", "kinds")
+#: ... and what it does: the behaviour hooks the engine calls.
+HOOKS = ("context", "bind", "partial", "finalize", "client_partial", "finalize_shard", "finalize_parted", "summary")
+
+
+def test_analyses_define_only_the_protocol():
+    """An analysis overrides of :class:`Analysis` only its class variables, the declarations and
+    at most 8 behaviour hooks; what the engine derives (``empty``, ``sharded``, ``label``, the
+    options' checks) it never overrides."""
+    assert len(HOOKS) <= 8
+    base = {n for n in vars(Analysis) if not n.startswith("__")}
+    class_vars = set(Analysis.__annotations__)
+    assert set(DECLARATIONS) | set(HOOKS) <= base
+    allowed = class_vars | set(DECLARATIONS) | set(HOOKS)
+    for label, a in INSTANCES.items():
+        for cls in type(a).__mro__[:-1]:
+            if cls is not Analysis and issubclass(cls, Analysis):
+                over = (set(vars(cls)) & (base | {"__post_init__"})) - allowed
+                assert not over, (label, cls, over)
+
+
 @SETTINGS
 @given(tables=cell(), data=st.data())
 def test_merge_laws_and_partition_invariance(analysis, backend, tables, data):
