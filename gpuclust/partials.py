@@ -2,8 +2,8 @@
 ../shared/DESIGN.md "The analysis kit" and gpuclust/analyses/base.py for the protocol).
 
 * **keyed** partials: sorted unique int64 ``key`` plus value arrays; built by
-  :func:`keyed_reduce` on any backend, merged on the host by :func:`merge_keyed` (float fields
-  summed with NULL/NaN ignored, integer fields exactly);
+  :func:`keyed_reduce` on any backend, merged by :func:`merge_keyed` where their arrays are (float
+  fields summed with NULL/NaN ignored, integer fields exactly);
 * **moments**: ``(n, mean, M2)`` triples merged by :func:`merge_moments` (Chan et al.), and
   per-group weighted co-moments :class:`Moments` (``(n, W, mean, C)``), whose grouped builds and
   merges are the backends' ops (``gpuclust.backends.moments_cpu`` / ``moments_gpu``);
@@ -69,34 +69,158 @@ def _sorted_unique(k: np.ndarray) -> bool:
 
 
 def merge_keyed(
-    a: dict[str, np.ndarray], b: dict[str, np.ndarray], maxima: tuple[str, ...] = ()
+    a: dict[str, np.ndarray], b: dict[str, np.ndarray], maxima: tuple[str, ...] = (), xp: Any = None
 ) -> dict[str, np.ndarray]:
-    """Merge two host keyed partials (same fields): one row per key, float fields summed (NaN
-    ignored, as SQL's SUM), integer fields summed exactly, the fields named in ``maxima`` merged
-    by maximum instead; keys sorted.
+    """Merge two keyed partials (same fields): one row per key, float fields summed (NaN ignored,
+    as SQL's SUM), integer fields summed exactly, the fields named in ``maxima`` merged by maximum
+    instead; keys sorted.
 
     Partials from :func:`keyed_reduce` (and merges of them) have sorted unique keys; two such are
     merged elementwise when their keys are the same, else in O(n + m log n) by placing every row
     once in the union of the keys (no sort; :func:`_merge_sorted`); anything else is grouped by
     concatenate + unique.  Every path gives the same sums (``a + b`` per shared key).
+
+    The arrays' own module does the work: NumPy arrays on the host, device arrays on the device
+    (:func:`_merge_device`: nothing leaves it but one scalar, the size of the union), the same
+    values bit for bit on the sorted paths.  ``xp`` is that module, needed for device arrays
+    (``gpuclust.backends.backend_of(key).xp``: the backends are a layer above this module);
+    an empty side is dropped whatever its module, and two non-empty sides of different modules
+    are refused.
     """
 
     if a["key"].shape[0] == 0:
         return {k: v.copy() for k, v in b.items()}
     if b["key"].shape[0] == 0:
         return {k: v.copy() for k, v in a.items()}
+    host = isinstance(a["key"], np.ndarray), isinstance(b["key"], np.ndarray)
+    if host[0] != host[1]:
+        raise TypeError("merge_keyed: one partial on the host, the other on a device (move one first)")
+    if not host[0]:
+        if xp is None or xp is np:
+            raise TypeError("merge_keyed of device arrays: pass their module (xp=backend_of(key).xp)")
+        return _merge_device(xp, a, b, maxima)
     ka, kb = a["key"].astype(np.int64, copy=False), b["key"].astype(np.int64, copy=False)
     if _sorted_unique(ka) and _sorted_unique(kb):
         if ka.shape == kb.shape and (ka is kb or np.array_equal(ka, kb)):
-            # the same keys (e.g. dense partials over one lookup's collections): elementwise
-            same: dict[str, np.ndarray] = {"key": ka.copy()}
-            for k in a:
-                if k != "key":
-                    va, vb = _summable(a[k]), _summable(b[k])
-                    same[k] = (np.maximum(va, vb) if k in maxima else va + vb).astype(va.dtype, copy=False)
-            return same
+            return _elementwise(np, a, b, ka, maxima)  # the same keys (e.g. dense partials over one lookup)
         return _merge_sorted(a, b, ka, kb, maxima)
     return _group_keyed({k: np.concatenate([a[k], b[k]]) for k in a}, maxima)
+
+
+def _elementwise(xp: Any, a: dict[str, Any], b: dict[str, Any], key: Any, maxima: tuple[str, ...]) -> dict[str, Any]:
+    """:func:`merge_keyed` of two partials with the same keys ``key``: field by field."""
+    same = {"key": key.copy()}
+    for k in a:
+        if k != "key":
+            va, vb = _summable(a[k], xp), _summable(b[k], xp)
+            same[k] = (xp.maximum(va, vb) if k in maxima else va + vb).astype(va.dtype, copy=False)
+    return same
+
+
+def _merge_device(xp: Any, a: dict[str, Any], b: dict[str, Any], maxima: tuple[str, ...]) -> dict[str, Any]:
+    """:func:`merge_keyed` of two non-empty partials of device arrays, on the device (their
+    module's functions: CuPy's).  One value is read on the host: the number of shared keys, or -1
+    when a side's keys are not sorted unique, which sizes the union (and tells the paths apart:
+    the same keys when every key is shared); the test of the keys' order and the search for b's
+    keys in a's run before it, whichever path it then takes.  The sorted paths give the host's
+    values bit for bit (sums of the same two numbers); the grouped one sums floats by ``bincount``
+    as the host does, the same values on NumPy (up to float rounding on a device, whose
+    ``bincount`` adds in any order)."""
+    ka, kb = a["key"].astype(xp.int64, copy=False), b["key"].astype(xp.int64, copy=False)
+    na, nb = int(ka.shape[0]), int(kb.shape[0])
+    pos = xp.searchsorted(ka, kb)  # where b's keys go in a's (left: a shared key's own row)
+    hit = (pos < na) & (ka[xp.minimum(pos, na - 1)] == kb)
+    ordered = xp.all(ka[1:] > ka[:-1]) & xp.all(kb[1:] > kb[:-1])
+    n_hit = int(xp.where(ordered, hit.sum(), -1))  # the merge's one sync
+    if n_hit < 0:
+        return _group_device(xp, {k: xp.concatenate([a[k], b[k]]) for k in a}, maxima)
+    if n_hit == na == nb:
+        return _elementwise(xp, a, b, ka, maxima)
+    return _merge_sorted_device(xp, a, b, ka, kb, pos, hit, na + nb - n_hit, maxima)
+
+
+def _merge_sorted_device(
+    xp: Any,
+    a: dict[str, Any],
+    b: dict[str, Any],
+    ka: Any,
+    kb: Any,
+    pos: Any,
+    hit: Any,
+    n_out: int,
+    maxima: tuple[str, ...],
+) -> dict[str, Any]:
+    """:func:`_merge_sorted` without compressing b's rows into new and shared ones (whose count
+    a device reads on the host): every b row has its place in the union, ``pos`` plus the new
+    keys before it (a shared key's is its a row's), and every a row its index plus the new keys
+    below it.  A field starts as its merge's identity (``-0.0``, 0, or the smallest value for a
+    maximum: ``x`` merged with it is ``x`` bit for bit), a's rows are put in place and b's rows
+    merged into theirs; floats made summable first (:func:`_summable`), as on the host."""
+    new = ~hit
+    cnew = xp.cumsum(new, dtype=xp.int64)  # new keys among b[: j + 1]
+    to_b = pos + (cnew - new)
+    before = xp.concatenate([xp.zeros(1, dtype=xp.int64), cnew])  # new keys among b[:m]
+    to_a = xp.arange(ka.shape[0], dtype=xp.int64) + before[xp.searchsorted(kb, ka)]
+    key = xp.empty(n_out, dtype=xp.int64)
+    key[to_a] = ka
+    key[to_b] = kb
+    out = {"key": key}
+    for k in a:
+        if k == "key":
+            continue
+        va, vb = a[k], b[k]
+        if "f" in (va.dtype.kind, vb.dtype.kind):
+            va, vb = _summable(va, xp), _summable(vb, xp)
+        dtype = np.dtype(np.float64) if va.dtype.kind == "f" else np.dtype(va.dtype)
+        top = k in maxima
+        if dtype.kind == "f":
+            fill = -np.inf if top else -0.0
+        else:
+            fill = np.iinfo(dtype).min if top else 0
+        v = xp.full((n_out, *va.shape[1:]), fill, dtype=dtype)
+        v[to_a] = va
+        at = v[to_b]
+        v[to_b] = xp.maximum(at, vb) if top else at + vb
+        out[k] = v
+    return out
+
+
+def _group_device(xp: Any, cat: dict[str, Any], maxima: tuple[str, ...]) -> dict[str, Any]:
+    """:func:`_group_keyed` on the device, without scatters (CuPy's ``add.at`` lacks int64):
+    float fields summed by ``bincount`` as on the host (NaN as 0: the same sums), integer ones
+    exactly by ``add.reduceat`` over the rows ordered by key, and maxima by the last row of each
+    key in a sort by key then value (NaN: the maximum's NaN, as ``maximum.at``)."""
+    uniq, inv, counts = xp.unique(cat["key"], return_inverse=True, return_counts=True)
+    inv = inv.reshape(-1).astype(xp.int64)
+    order = xp.argsort(inv)
+    ends = xp.cumsum(counts)
+    starts = ends - counts
+    out = {"key": uniq.astype(xp.int64)}
+    for k, v in cat.items():
+        if k == "key" or (k not in maxima and v.dtype.kind not in "fiu"):
+            continue
+        if k in maxima:
+            out[k] = _group_max(xp, v, inv, starts, ends)
+        elif v.dtype.kind == "f":
+            v = v.astype(xp.float64, copy=False)
+            out[k] = bincount(xp, inv, weights=xp.where(xp.isnan(v), 0.0, v), minlength=int(uniq.shape[0]))
+        else:
+            out[k] = xp.add.reduceat(v[order], starts, dtype=v.dtype)
+    return out
+
+
+def _group_max(xp: Any, v: Any, inv: Any, starts: Any, ends: Any) -> Any:
+    """Per run of a key (``starts``, ``ends`` of the rows sorted by ``inv``): the maximum of ``v``
+    (NaN when the run has one), as the host's ``maximum.at``."""
+    if v.dtype.kind != "f":
+        wide = v.astype(xp.int64) if v.dtype != np.uint64 else v
+        order = xp.lexsort(xp.stack([wide, inv.astype(wide.dtype)]))
+        return v[order][ends - 1]
+    nan = xp.isnan(v)
+    clean = xp.where(nan, -np.inf, v).astype(xp.float64)
+    order = xp.lexsort(xp.stack([clean, inv.astype(xp.float64)]))
+    has_nan = xp.add.reduceat(nan[order].astype(xp.int64), starts) > 0
+    return xp.where(has_nan, np.nan, clean[order][ends - 1]).astype(v.dtype)
 
 
 def _merge_sorted(
@@ -144,10 +268,11 @@ def _merge_sorted(
     return out
 
 
-def _summable(v: np.ndarray) -> np.ndarray:
-    """A keyed field as merged: floats as float64 with NaN as 0 (SQL's SUM ignores NULL)."""
+def _summable(v: np.ndarray, xp: Any = np) -> np.ndarray:
+    """A keyed field as merged: floats as float64 with NaN as 0 (SQL's SUM ignores NULL) and
+    infinities clipped to the largest finite values of their own type; ``xp``: the arrays' module."""
     if v.dtype.kind == "f":
-        return np.nan_to_num(v, nan=0.0).astype(np.float64, copy=False)
+        return xp.nan_to_num(v, nan=0.0).astype(xp.float64, copy=False)
     return v
 
 

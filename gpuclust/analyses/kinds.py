@@ -183,10 +183,10 @@ class Concat(Kind):
 
     def merge(self, a: Value, b: Value) -> Value:
         a, b = host_or_device(a), host_or_device(b)
-        if not b.shape[0]:  # an empty side (an identity on the host) dropped, whatever its module
-            return a
-        if not a.shape[0]:
+        if not a.shape[0]:  # an empty side (an identity on the host) dropped, whatever its module
             return b
+        if not b.shape[0]:
+            return a
         return backend_of(a).xp.concatenate([a, b])
 
 
@@ -239,7 +239,8 @@ class Keyed(Kind):
     def merge(self, a: Value, b: Value) -> Value:
         a, b = self._cast(a), self._cast(b)
         if not self.rows:
-            return merge_keyed(a, b, maxima=self.maxima)
+            key = b["key"] if isinstance(a["key"], np.ndarray) else a["key"]  # a device side's, if any
+            return merge_keyed(a, b, maxima=self.maxima, xp=backend_of(key).xp)
         if not b["key"].shape[0]:
             return a
         if not a["key"].shape[0]:
