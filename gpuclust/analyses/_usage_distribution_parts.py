@@ -217,6 +217,10 @@ class UsageFields(Fields):
     def merge(self, a: Any, b: Any) -> Any:
         return self.whole(a, b)
 
+    @property
+    def merges_on_device(self) -> bool:
+        return False  # ``whole`` is host code
+
     def split(self, p: Any) -> tuple[dict[str, Any], dict[str, dict[str, np.ndarray]]]:
         return split_partial(p, self.n_components, self.n_levels, self.sample_every)
 

@@ -28,9 +28,12 @@ fields and dtypes, a ``Merged`` field's ``empty``), so the empty partial is deri
 (:meth:`Fields.empty`), never written by an analysis.  A sharded partial also declares where its
 shards are cut (:attr:`Fields.shard_by`: :class:`Even`, :class:`Counted` or :class:`Sampled`).
 
-Partials are merged on the host (the engine moves them there first; see
-:mod:`gpuclust.analyses.base`); :meth:`Fields.split` leaves the sharded keyed partials, and the
-fields named in ``stays``, where they are (a device partial's, :attr:`Analysis.device_partial`).
+Every kind but :class:`Merged` merges on the arrays' own module: two partials on a device merge
+there (:attr:`Fields.merges_on_device`; a ``Merged`` says whether its function does).  The engine
+merges partials on the host (it moves them there first; see :mod:`gpuclust.analyses.base`) but
+for the analyses whose finalize takes device arrays (:attr:`Analysis.device_partial`) in a local
+device run (:func:`gpuclust.engine.tasks.staying`); :meth:`Fields.split` leaves the sharded keyed
+partials, and the fields named in ``stays``, where they are.
 """
 
 from __future__ import annotations
@@ -93,6 +96,11 @@ class Kind:
     def keyed(self) -> Keyed | None:
         """The :class:`Keyed` this kind is (directly or stored :class:`Flat`), else None."""
         return None
+
+    @property
+    def on_device(self) -> bool:
+        """Whether its merge runs on the arrays' own module (two device values merge there)."""
+        return True
 
     def take(self, p: Mapping[str, Any], name: str) -> Value:
         """Field ``name``'s value in partial ``p``."""
@@ -197,6 +205,12 @@ class Merged(Kind):
 
     fn: Callable[[Value, Value], Value]
     empty: Callable[[Any], Value] | None = None
+    #: whether ``fn`` merges device arrays on the device (most such merges are host code)
+    device: bool = False
+
+    @property
+    def on_device(self) -> bool:
+        return self.device
 
     def identity(self, xp: Any, backend: str) -> Value:
         if self.empty is None:
@@ -280,6 +294,10 @@ class Flat(Kind):
     def keyed(self) -> Keyed | None:
         return self.inner.keyed
 
+    @property
+    def on_device(self) -> bool:
+        return self.inner.on_device
+
     def merge(self, a: Value, b: Value) -> Value:
         return self.inner.merge(a, b)
 
@@ -322,6 +340,12 @@ class Fields:
         for n, kind in self.kinds.items():
             out.update(kind.put(n, kind.identity(xp, name)))
         return out
+
+    @property
+    def merges_on_device(self) -> bool:
+        """Whether two partials on a device merge there, every field by a merge that runs on the
+        arrays' own module (:attr:`Kind.on_device`)."""
+        return all(k.on_device for k in self.kinds.values())
 
     @property
     def sharded(self) -> tuple[str, ...]:

@@ -103,18 +103,22 @@ def staying(
     (``Analysis.device_partial``): their table is one partition (``plans``: the analyses by
     index and the partitions of each table), so nothing merges them, and they are not spilled to
     files (``spills``: the local path's targets; kept whole, or their keyed partials kept for the
-    shards, :class:`gpuclust.engine.shards.KeptKeys`); or, in any number of partitions and for
-    any analysis, their keyed partials are merged into device accumulators (a
-    :class:`gpuclust.engine.shards.DenseKeys` on the device; the rest of each partial goes to
-    the host).  For a device backend (its callers check)."""
+    shards, :class:`gpuclust.engine.shards.KeptKeys`); on the local path (``spills`` given), in
+    any number of partitions, when nothing is spilled and every field merges on the device
+    (``kinds.merges_on_device``: the merge tree merges them there, a per-task partial by a device
+    sort-merge); or, in any number of partitions and for any analysis, their keyed partials are
+    merged into device accumulators (a :class:`gpuclust.engine.shards.DenseKeys` on the device;
+    the rest of each partial goes to the host).  For a device backend (its callers check)."""
     out = set()
     for idx, specs in plans:
         for k in idx:
-            target = None if spills is None else spills[k]
+            a, target = ans[k], None if spills is None else spills[k]
             if isinstance(target, _shards.DenseKeys) and target.on_device:
-                out.add(id(ans[k]))
-            elif ans[k].device_partial and len(specs) == 1 and (target is None or isinstance(target, _shards.KeptKeys)):
-                out.add(id(ans[k]))
+                out.add(id(a))
+            elif a.device_partial and len(specs) == 1 and (target is None or isinstance(target, _shards.KeptKeys)):
+                out.add(id(a))
+            elif a.device_partial and spills is not None and target is None and a.kinds.merges_on_device:
+                out.add(id(a))
     return out
 
 

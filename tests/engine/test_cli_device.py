@@ -68,12 +68,43 @@ def test_analyze_backend_gpu_keeps_partials_on_the_device(tmp_path, monkeypatch)
             monkeypatch.setattr(cls, "finalize", spy)
     ds = write_dataset(tmp_path / "cell", random_cell(31, n_windows=4000), files=3, row_group_size=500)
     optimize(ds, buckets=4)  # laid out by key: overcommit's intervals come with the partitions (no client partial)
-    dense = {"cpi", "overcommit"}
+    dense = {"cpi", "overcommit"}  # keyed sums merged into device accumulators
+    merged_there = {a for a in kept if not create(a).sharded and create(a).kinds.merges_on_device}
+    assert merged_there == {"usage-vs-request"}  # (its per-task partial: merged by a device sort-merge)
     for parts, kind in ((["--partitions", "3"], "host"), ([], "device")):
         where.clear()
         args = ["analyze", str(ds), *kept, "--no-plots", "--quiet", "--out", str(tmp_path / kind), *parts]
         assert cli.main([*args, "--backend", "gpu"]) == 0
-        assert where == {a: {"device" if a in dense else kind} for a in kept}, (parts, where)
+        assert where == {a: {"device" if a in dense | merged_there else kind} for a in kept}, (parts, where)
+
+
+def test_analyze_backend_gpu_merges_per_task_partials_on_the_device(tmp_path, monkeypatch):
+    """usage-vs-request's per-task partial (a row per task) merges on the device across partitions
+    (its kinds all merge there): a run in 4 partitions copies out what a run in one does, its
+    result tables, not each partition's task rows; and its tables are the cpu run's."""
+    ds = write_dataset(tmp_path / "cell", random_cell(53, n_windows=8000), files=4, row_group_size=500)
+    args = ["analyze", str(ds), "usage-vs-request", "--no-plots", "--quiet"]
+    assert cli.main([*args, "--out", str(tmp_path / "cpu"), "--backend", "cpu"]) == 0
+    resolve_gpu_to_device(monkeypatch)
+    d2h = {}
+    for parts in (1, 4):
+        with counting_device_work() as w:
+            out = tmp_path / f"gpu-{parts}"
+            assert cli.main([*args, "--partitions", str(parts), "--out", str(out), "--backend", "gpu"]) == 0
+        d2h[parts] = w["d2h_bytes"]
+        assert_results_same(_tables(load_results(tmp_path / "cpu")), _tables(load_results(out)), rtol=1e-9)
+    assert d2h[4] <= d2h[1] + 1024, d2h  # a few merges' key counts more
+
+
+@pytest.mark.gpu
+def test_per_task_partials_merged_on_a_device_as_the_cpu(tmp_path, gpu_backend):
+    """The same on a real device (CuPy's searchsorted placement): 4 partitions, the cpu's tables."""
+    ds = write_dataset(tmp_path / "cell", random_cell(59, n_windows=8000), files=4, row_group_size=500)
+    args = ["analyze", str(ds), "usage-vs-request", "--no-plots", "--quiet", "--partitions", "4"]
+    for b in ("cpu", "gpu"):
+        assert cli.main([*args, "--out", str(tmp_path / b), "--backend", b]) == 0
+    res = [_tables(load_results(tmp_path / b)) for b in ("cpu", "gpu")]
+    assert_results_same(res[0], res[1], rtol=1e-9)
 
 
 def test_analyze_backend_gpu_merges_keyed_sums_on_the_device(tmp_path, monkeypatch):
