@@ -374,29 +374,23 @@ def cli_step(ds: Path, out: Path, backend: str, timeout_s: float) -> None:
     from gpuclust.analyses.registry import names
 
     dest = out.parent / f"cli-{backend}"  # beside the step records, removed with them
+    samples = out.parent / f"cli-{backend}-samples.json"
     shutil.rmtree(dest, ignore_errors=True)
-    cmd = [
-        sys.executable,
-        "-m",
-        "gpuclust",
-        "analyze",
-        str(ds),
-        *names(),
-        "--out",
-        str(dest),
-        "--backend",
-        backend,
-        "--quiet",
-    ]
-    m = run_measured(cmd, timeout_s=timeout_s)
+    samples.unlink(missing_ok=True)
+    cmd = ["gpuclust", "analyze", str(ds), *names(), "--out", str(dest), "--backend", backend, "--quiet"]
+    # run as `python -m gpuclust ...`, its threads' stacks sampled at 20 Hz (bench/sampled.py: where
+    # the host time goes, which a device run cannot profile otherwise)
+    sampled = [sys.executable, str(Path(__file__).with_name("sampled.py")), "--out", str(samples), "-m"]
+    m = run_measured([*sampled, *cmd], timeout_s=timeout_s)
     rec = {
         "backend": backend,
-        "cmd": " ".join(cmd[1:]),
+        "cmd": " ".join(cmd),
         "wall_s": m.wall_s,
         "peak_rss_mib": m.peak_rss_bytes / 2**20,
         "returncode": m.returncode,
         **m.extra,
         **_run_phases(dest),
+        "samples": _read(samples) or None,
         "tail": m.stdout_tail[-1500:],
     }
     _dump(out, rec)

@@ -16,7 +16,8 @@
 #   kernels    bench/kernels_bench.py --backend gpu                              -> kernels_gpu.json
 #   study      load rate vs its ceilings, warm analyses on resident data, out of core with the
 #              device pool capped at 1/4 of the data, compared with the resident results
-#   cli        gpuclust analyze DS <all 13> --backend gpu, then --backend cpu, whole process
+#   cli        gpuclust analyze DS <all 13> --backend gpu, then --backend cpu, whole process, each
+#              with its threads' stacks sampled at 20 Hz (bench/sampled.py: where the host time goes)
 #   dask       the study on a LocalCUDACluster, compared with the local results
 # STEPS (default "tests sanitize kernels study cli dask") picks steps, e.g. for a rerun on the
 # time left.  After every step bench/gpu_check.py assembles $OUT/gpu-latest.json (issue 34's record) from what

@@ -163,11 +163,14 @@ def test_cli_step_records_the_phases_of_its_run_json(check, tmp_path, monkeypatc
 
     def fake_run(cmd, timeout_s):
         ran.append(cmd)
-        dest = Path(cmd[cmd.index("--out") + 1])
+        # bench/sampled.py --out SAMPLES -m gpuclust analyze DS ... --out DEST ...
+        assert cmd[1].endswith("sampled.py") and cmd[4:7] == ["-m", "gpuclust", "analyze"], cmd
+        samples, dest = Path(cmd[3]), Path(cmd[cmd.index("--out", 5) + 1])
         if len(ran) == 1:
             dest.mkdir(parents=True)
             run = {"seconds": 4.0, "phases": phases, "phases_by_analysis": {"cpi": {"read": 2.0}}}
             (dest / "_run.json").write_text(json.dumps(run))
+            samples.write_text(json.dumps({"hz": 20.0, "main": {"samples": 80}}))
         return _harness.Measured(wall_s=5.0, peak_rss_bytes=2**20, returncode=0 if len(ran) == 1 else 1)
 
     monkeypatch.setattr(_harness, "run_measured", fake_run)
@@ -175,9 +178,10 @@ def test_cli_step_records_the_phases_of_its_run_json(check, tmp_path, monkeypatc
     rec = json.loads((tmp_path / "cli_gpu.json").read_text())
     assert rec["phases"] == phases and rec["run_s"] == 4.0 and rec["wall_s"] == 5.0
     assert rec["phases_by_analysis"] == {"cpi": {"read": 2.0}} and "phases_other_threads" not in rec
+    assert rec["samples"] == {"hz": 20.0, "main": {"samples": 80}} and rec["cmd"].startswith("gpuclust analyze ")
     check.cli_step(tmp_path / "ds", tmp_path / "cli_gpu.json", "gpu", 60)  # the folder is removed first
     rec = json.loads((tmp_path / "cli_gpu.json").read_text())
-    assert rec["returncode"] == 1 and "phases" not in rec and "run_s" not in rec
+    assert rec["returncode"] == 1 and "phases" not in rec and "run_s" not in rec and rec["samples"] is None
 
 
 @pytest.mark.slow

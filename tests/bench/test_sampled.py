@@ -1,0 +1,44 @@
+"""bench/sampled.py: a module run as ``python -m`` would, its threads' stacks sampled; the
+samples land on the functions that took the time, and the module's exit status is kept."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+SAMPLED = Path(__file__).resolve().parents[2] / "bench" / "sampled.py"
+
+BUSY = """
+import sys, threading, time
+
+def spin(s):
+    end = time.perf_counter() + s
+    while time.perf_counter() < end:
+        pass
+
+def sleepy():
+    time.sleep(0.6)
+
+t = threading.Thread(target=sleepy)
+t.start()
+spin(0.8)
+t.join()
+sys.exit(3)
+"""
+
+
+def test_samples_land_on_the_busy_function_and_the_status_is_kept(tmp_path):
+    (tmp_path / "busymod.py").write_text(BUSY)
+    out = tmp_path / "s.json"
+    cmd = [sys.executable, str(SAMPLED), "--out", str(out), "--hz", "50", "-m", "busymod"]
+    r = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 3, r.stderr
+    d = json.loads(out.read_text())
+    assert d["hz"] == 50.0 and d["seconds"] >= 0.8
+    main = {f.split(" ", 1)[1]: share for f, _, share in d["main"]["exclusive"]}
+    assert main.get("spin", 0) >= 0.6, d["main"]  # ~0.8 s of a ~0.85 s run spinning
+    other = {f.split(" ", 1)[1] for f, _, _ in d["other"]["inclusive"]}
+    assert "sleepy" in other, d["other"]  # the other thread, waiting in C, on the frame that called
+    assert 20 <= d["main"]["samples"] <= 60
