@@ -342,7 +342,7 @@ def _merge_here(
     try:
         ctxs, spills = _contexts_and_spills(src, ans, plans, st, progress, run_pass, folders)
         # merged here in partition order: small keyed partials stay in memory
-        spills = kept_in_memory(plans, spills, st.be)  # (one partition on a device: nothing to merge)
+        spills = kept_in_memory(plans, spills, st.be, ans)  # (one partition on a device: nothing to merge)
         spills = [_shards.dense_target(a, unbound(c), f, st.be) for a, c, f in zip(ans, ctxs, spills, strict=True)]
         keep = set() if st.be.name == "cpu" else staying(plans.values(), ans, spills)
         merged = merge_local(

@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from gpuclust.analyses.base import Analysis, to_host
+from gpuclust.backends import backend_of
 from gpuclust.parted import PartedTable, read_keyed_range, slice_keyed, write_keyed, write_part
 from gpuclust.partials import merge_keyed
 
@@ -62,6 +63,7 @@ __all__ = [
     "Spilled",
     "as_spilled",
     "dense_target",
+    "rows_fit_on_device",
     "finalize_parted",
     "merge_spilled",
     "reduce_shard",
@@ -137,7 +139,28 @@ class KeptKeys:
     is one partition: nothing merges its keyed partials, so they stay in memory as the partition
     task split them (no files written and read back; in device memory for an analysis whose
     partial stays there, ``Analysis.device_partial``) and each shard takes its key ranges of
-    them (:func:`reduce_shard`)."""
+    them (:func:`reduce_shard`).  ``across``: its table is several partitions, the keyed partials
+    all disjoint rows that fit in device memory (:func:`rows_fit_on_device`): each partition's
+    stay on the device, and a shard concatenates its ranges of them there, in partition order."""
+
+    def __init__(self, across: bool = False):
+        self.across = across
+
+
+def rows_fit_on_device(a: Analysis, rows: int, backend: Any) -> bool:
+    """Whether the sharded keyed partials of ``a`` over ``rows`` rows read may all stay in the
+    device memory of ``backend`` until the shards (a table of several partitions): ``a``
+    finalizes on the device, every one of them is disjoint rows (``Keyed(rows=True)``: at most a
+    row per row read, concatenated, never summed), and at that bound their bytes are within
+    :data:`DEVICE_DENSE_SHARE` of what the device can give."""
+    names = a.kinds.sharded
+    if not a.device_partial or not names or set(names) != set(a.kinds.rows):
+        return False
+    from gpuclust.engine.memory import device_free_bytes
+
+    keyed = a.kinds.split(a.empty())[1]
+    per_row = sum(v.dtype.itemsize * int(np.prod(v.shape[1:])) for k in keyed.values() for v in k.values())
+    return rows * per_row <= DEVICE_DENSE_SHARE * device_free_bytes(backend)
 
 
 #: Where a partition task puts a parted analysis' keyed partials: a spill folder or, on the
@@ -254,10 +277,15 @@ def reduce_shard(
             (read_keyed_range(p, name, fields, first, end) for p in spills),
             (to_host(slice_keyed(k[name], first, end)) for k in kept),
         )
-        if len(kept) == 1 and not spills and not isinstance(kept[0][name]["key"], np.ndarray):
+        on_device = bool(kept) and not spills and not any(isinstance(k[name]["key"], np.ndarray) for k in kept)
+        if len(kept) == 1 and on_device:
             # one partition's keyed partial left on the device: nothing to merge; its range as a
             # study's in-memory finalize takes it (gpuclust.parted.finalize_in_memory)
             keyed[name] = slice_keyed(kept[0][name], first, end)
+        elif on_device and name in a.kinds.rows:  # several partitions' rows: concatenated there, in order
+            got = [slice_keyed(k[name], first, end) for k in kept]
+            xp = backend_of(got[0]["key"]).xp
+            keyed[name] = {f: xp.concatenate([g[f] for g in got]) for f in empty[name]}
         elif dense is not None and name in dense.dense:
             if spills:
                 raise RuntimeError(f"{a.label}: keyed partials both spilled and merged in memory")

@@ -79,21 +79,31 @@ def partition_partials(
     return out
 
 
-def _one_partition(plans: dict[str, tuple[list[int], list[_partition.PartitionSpec]]]) -> set[int]:
-    """The indices of the analyses whose table is one partition (nothing merges their partials)."""
-    return {k for idx, specs in plans.values() if len(specs) == 1 for k in idx}
-
-
 def kept_in_memory(
-    plans: dict[str, tuple[list[int], list[_partition.PartitionSpec]]], spills: list[Any], be: Backend
+    plans: dict[str, tuple[list[int], list[_partition.PartitionSpec]]],
+    spills: list[Any],
+    be: Backend,
+    analyses: Sequence[Analysis],
 ) -> list[Any]:
     """On a device backend, the spill targets with a table of one partition replaced by
     :class:`gpuclust.engine.shards.KeptKeys`: nothing merges that partition's keyed partials, so
-    they stay in memory for the shards instead of being written to files and read back."""
+    they stay in memory for the shards instead of being written to files and read back; and those
+    with a table of several partitions whose keyed partials are rows that fit in device memory
+    (:func:`gpuclust.engine.shards.rows_fit_on_device`: peak-prediction's), by one that keeps
+    every partition's there."""
     if be.name == "cpu":
         return spills
-    single = _one_partition(plans)
-    return [_shards.KeptKeys() if k in single and isinstance(f, Path) else f for k, f in enumerate(spills)]
+    out = list(spills)
+    for idx, specs in plans.values():
+        rows = sum(int(s.num_rows) for s in specs)
+        for k in idx:
+            if not isinstance(out[k], Path):
+                continue
+            if len(specs) == 1:
+                out[k] = _shards.KeptKeys()
+            elif _shards.rows_fit_on_device(analyses[k], rows, be):
+                out[k] = _shards.KeptKeys(across=True)
+    return out
 
 
 def staying(
@@ -116,6 +126,8 @@ def staying(
             if isinstance(target, _shards.DenseKeys) and target.on_device:
                 out.add(id(a))
             elif a.device_partial and len(specs) == 1 and (target is None or isinstance(target, _shards.KeptKeys)):
+                out.add(id(a))
+            elif isinstance(target, _shards.KeptKeys) and target.across:
                 out.add(id(a))
             elif a.device_partial and spills is not None and target is None and a.kinds.merges_on_device:
                 out.add(id(a))

@@ -71,11 +71,12 @@ def test_analyze_backend_gpu_keeps_partials_on_the_device(tmp_path, monkeypatch)
     dense = {"cpi", "overcommit"}  # keyed sums merged into device accumulators
     merged_there = {a for a in kept if not create(a).sharded and create(a).kinds.merges_on_device}
     assert merged_there == {"usage-vs-request"}  # (its per-task partial: merged by a device sort-merge)
+    rows = {"peak-prediction"}  # its keyed rows kept there, every partition's (shards.KeptKeys(across=True))
     for parts, kind in ((["--partitions", "3"], "host"), ([], "device")):
         where.clear()
         args = ["analyze", str(ds), *kept, "--no-plots", "--quiet", "--out", str(tmp_path / kind), *parts]
         assert cli.main([*args, "--backend", "gpu"]) == 0
-        assert where == {a: {"device" if a in dense | merged_there else kind} for a in kept}, (parts, where)
+        assert where == {a: {"device" if a in dense | merged_there | rows else kind} for a in kept}, (parts, where)
 
 
 def test_analyze_backend_gpu_merges_per_task_partials_on_the_device(tmp_path, monkeypatch):
@@ -97,10 +98,12 @@ def test_analyze_backend_gpu_merges_per_task_partials_on_the_device(tmp_path, mo
 
 
 @pytest.mark.gpu
-def test_per_task_partials_merged_on_a_device_as_the_cpu(tmp_path, gpu_backend):
-    """The same on a real device (CuPy's searchsorted placement): 4 partitions, the cpu's tables."""
-    ds = write_dataset(tmp_path / "cell", random_cell(59, n_windows=8000), files=4, row_group_size=500)
-    args = ["analyze", str(ds), "usage-vs-request", "--no-plots", "--quiet", "--partitions", "4"]
+def test_partials_kept_on_a_device_across_partitions_as_the_cpu(tmp_path, gpu_backend, synth_cell_40):
+    """The same on a real device (CuPy): in 4 partitions, usage-vs-request's per-task partials
+    merged there (searchsorted placement) and peak-prediction's keyed rows kept there and
+    concatenated by its shards; the cpu's tables."""
+    ds = synth_cell_40 / "ds"
+    args = ["analyze", str(ds), "usage-vs-request", "peak-prediction", "--no-plots", "--quiet", "--partitions", "4"]
     for b in ("cpu", "gpu"):
         assert cli.main([*args, "--out", str(tmp_path / b), "--backend", b]) == 0
     res = [_tables(load_results(tmp_path / b)) for b in ("cpu", "gpu")]
@@ -159,9 +162,12 @@ def test_analyze_on_a_device_merges_keyed_sums_there_as_the_cpu(tmp_path, gpu_ba
     assert_results_same(res[0], res[1], rtol=1e-9)
 
 
-def test_analyze_backend_gpu_writes_no_spill_for_a_table_of_one_partition(tmp_path, monkeypatch):
-    """A parted analysis' keyed partials are spilled to files to be merged across partitions;
-    with one partition a table (a gpu run's default here) they stay in memory for the shards."""
+def test_analyze_backend_gpu_spills_only_where_the_device_has_no_room(tmp_path, monkeypatch):
+    """A parted analysis' keyed partials are spilled to files to be merged across partitions
+    where the device has no room for them (no share of its memory for them here); with room,
+    in several partitions they stay there (device accumulators, or peak-prediction's rows kept),
+    and with one partition a table (a gpu run's default here) they stay in memory for the
+    shards.  The results are the same in every case."""
     import gpuclust.engine.shards as shards
 
     resolve_gpu_to_device(monkeypatch)
@@ -171,13 +177,58 @@ def test_analyze_backend_gpu_writes_no_spill_for_a_table_of_one_partition(tmp_pa
     sharded = [a for a in names() if create(a).sharded]
     assert {"overcommit", "cpi", "peak-prediction"} <= set(sharded)
     ds = write_dataset(tmp_path / "cell", random_cell(37, n_windows=3000), files=3, row_group_size=500)
-    for parts, spilled in ((["--partitions", "3"], True), ([], False)):
+    room = shards.DEVICE_DENSE_SHARE
+    for name, parts, share, spilled in (
+        ("none", ["--partitions", "3"], 0.0, True),
+        ("room", ["--partitions", "3"], room, False),
+        ("one", [], 0.0, False),
+    ):
         written.clear()
-        args = ["analyze", str(ds), *sharded, "--no-plots", "--quiet", "--out", str(tmp_path / str(spilled)), *parts]
+        monkeypatch.setattr(shards, "DEVICE_DENSE_SHARE", share)
+        args = ["analyze", str(ds), *sharded, "--no-plots", "--quiet", "--out", str(tmp_path / name), *parts]
         assert cli.main([*args, "--backend", "gpu"]) == 0
-        assert bool(written) == spilled, (parts, len(written))
-    same = [_tables(load_results(tmp_path / str(b))) for b in (True, False)]
+        assert bool(written) == spilled, (name, len(written))
+    same = [_tables(load_results(tmp_path / b)) for b in ("none", "room", "one")]
     assert_results_same(same[0], same[1], rtol=1e-9)
+    assert_results_same(same[0], same[2], rtol=1e-9)
+
+
+def test_analyze_backend_gpu_keeps_keyed_rows_on_the_device_across_partitions(tmp_path, monkeypatch, synth_cell_40):
+    """peak-prediction's keyed rows (a row per used window, 24 B) stay on the device in every
+    partition when the device has room for them (shards.rows_fit_on_device), and its shards
+    concatenate their ranges there: a run in 4 partitions copies out about what a run in one does
+    (each partition's counters apart), against the rows it copied out to spill without room; the
+    tables are the cpu run's either way."""
+    import gpuclust.engine.shards as shards
+
+    args = ["analyze", str(synth_cell_40 / "ds"), "peak-prediction", "--no-plots", "--quiet"]
+    assert cli.main([*args, "--out", str(tmp_path / "cpu"), "--backend", "cpu"]) == 0
+    cpu = _tables(load_results(tmp_path / "cpu"))
+    resolve_gpu_to_device(monkeypatch)
+    written = []
+    real = shards.write_keyed
+    monkeypatch.setattr(
+        shards,
+        "write_keyed",
+        lambda f, k: written.append(sum(v.nbytes for x in k.values() for v in x.values())) or real(f, k),
+    )
+    d2h = {}
+    for name, parts, share in (
+        ("one", 1, shards.DEVICE_DENSE_SHARE),
+        ("kept", 4, shards.DEVICE_DENSE_SHARE),
+        ("spilled", 4, 0.0),
+    ):
+        monkeypatch.setattr(shards, "DEVICE_DENSE_SHARE", share)
+        written.clear()
+        with counting_device_work() as w:
+            cmd = [*args, "--partitions", str(parts), "--out", str(tmp_path / name), "--backend", "gpu"]
+            assert cli.main(cmd) == 0
+        d2h[name] = w["d2h_bytes"]
+        assert bool(written) == (name == "spilled"), name
+        assert_results_same(cpu, _tables(load_results(tmp_path / name)), rtol=1e-9)
+    rows = sum(written)
+    assert rows > 0 and d2h["spilled"] - d2h["kept"] >= 0.9 * rows, (d2h, rows)
+    assert d2h["kept"] <= d2h["one"] + 64 * 1024, d2h  # 3 more partitions' counters and stats
 
 
 def _kinds(x) -> set[str]:
