@@ -227,7 +227,8 @@ class Keyed(Kind):
 
     ``maxima``: fields merged by maximum, not summed; ``cast``: ``{field: dtype}`` each field
     is widened to before a merge (counts kept narrow in a partition); ``rows``: disjoint sorted
-    rows, merged by a stable merge of their keys; ``per``: keys per shard coordinate, from the
+    rows, at most one per row read (the bound by which the engine keeps them on a device), merged
+    by a stable merge of their keys; ``per``: keys per shard coordinate, from the
     context (a sharded keyed partial); ``dense``: the number of keys it can span, from the
     context, when the local engine may merge it in memory into dense accumulators instead of
     spilling it (None there, or no ``dense``: spilled)."""
