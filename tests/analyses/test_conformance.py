@@ -168,9 +168,8 @@ def test_merge_laws_and_partition_invariance(analysis, backend, tables, data):
     t = tables[analysis.table]
     n = t.num_rows
     whole = partial_of(analysis, t, ctx, backend)
-    for (
-        name
-    ) in analysis.kinds.rows:  # keyed rows: at most one per row read (the engine's bound, shards.rows_fit_on_device)
+    # keyed rows: at most one per row read (the bound the engine keeps them on a device by)
+    for name in analysis.kinds.rows:
         assert analysis.kinds.split(to_host(whole))[1][name]["key"].shape[0] <= n, name
     t, cuts = cuttable(analysis, t)
     full = host_frames(analysis.finalize(whole, ctx))  # converted once, compared five times
