@@ -550,7 +550,14 @@ def assemble(work: Path, logs: Path, out: Path) -> dict[str, Any]:
         "first_run_s": study.get("first_run_s"),
         "all_at_once_s": study.get("all_at_once_s"),
     }
-    rec["steps"] = {"optimize": opt, "study": study, "cli_gpu": cli_gpu, "cli_cpu": cli_cpu, "dask": dask}
+    rec["steps"] = {
+        "optimize": opt,
+        "study": study,
+        "cli_gpu": cli_gpu,
+        "cli_cpu": cli_cpu,
+        "dask": dask,
+        "profile": _read(work / "profile.json"),
+    }
     _dump(out, rec)
     return rec
 
@@ -612,6 +619,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ref", type=Path, required=True)
     p.add_argument("--backend", default="gpu")
     p.add_argument("--scheduler", default="cuda")
+    p = sub.add_parser("profile")
+    p.add_argument("ds", type=Path)
+    p.add_argument("--json", type=Path, required=True)
+    p.add_argument("--backend", default="gpu")
+    p.add_argument("--hz", type=float, default=200.0)
+    p.add_argument("--top", type=int, default=12)
     p = sub.add_parser("assemble")
     p.add_argument("work", type=Path)
     p.add_argument("--logs", type=Path, required=True)
@@ -629,6 +642,10 @@ def main(argv: list[str] | None = None) -> int:
         cli_step(a.ds, a.json, a.backend, a.timeout)
     elif a.cmd == "dask":
         dask_step(a.ds, a.json, a.ref, a.backend, a.scheduler)
+    elif a.cmd == "profile":
+        from gpu_profile import PROFILED, profile_step
+
+        profile_step(a.ds, a.json, a.backend, PROFILED, a.hz, a.top)
     else:
         print(json.dumps(assemble(a.work, a.logs, a.out), indent=1))
     return 0

@@ -19,11 +19,13 @@
 #   cli        gpuclust analyze DS <all 13> --backend gpu, then --backend cpu, whole process, each
 #              with its threads' stacks sampled at 20 Hz (bench/sampled.py: where the host time goes)
 #   dask       the study on a LocalCUDACluster, compared with the local results
-# STEPS (default "tests sanitize kernels study cli dask") picks steps, e.g. for a rerun on the
+#   profile    the slowest analyses warm, sampled at 200 Hz under CUDA_LAUNCH_BLOCKING=1: the lines
+#              of gpuclust their time (kernels included) went to (bench/gpu_profile.py profile_step)
+# STEPS (default "tests sanitize kernels study cli dask profile") picks steps, e.g. for a rerun on the
 # time left.  After every step bench/gpu_check.py assembles $OUT/gpu-latest.json (issue 34's record) from what
 # the steps wrote so far, so a call cut off still returns a valid record.  At most 8 files come back:
 # gpu-latest.json, check.log, tests.log, memcheck.log, racecheck.log, kernels.log, kernels_gpu.json,
-# steps.log (data, study, cli, dask).
+# steps.log (data, study, cli, dask, profile).
 set -u
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -73,7 +75,7 @@ step() {  # step NAME LOGFILE MAX_S FLOOR_S CMD...: run CMD for min(MAX_S, time 
 
 say "check: backend $BACKEND, $COPIES x $BASE windows, deadline $((DEADLINE - T0)) s"
 $PY "${CHECK[@]}" env --json "$WORK/env.json" --commit "${COMMIT:-}" >>"$LOGS/check.log" 2>&1
-STEPS=" ${STEPS:-tests sanitize kernels study cli dask} "
+STEPS=" ${STEPS:-tests sanitize kernels study cli dask profile} "
 has() { [[ "$STEPS" == *" $1 "* ]]; }
 ( timeout -k 5 240 $PY "${CHECK[@]}" data "$WORK/data" --base "$BASE" --copies "$COPIES" --machines "$MACHINES" \
     >>"$LOGS/steps.log" 2>&1 && \
@@ -115,6 +117,8 @@ if [ -f "$DS/manifest.json" ]; then
         step dask steps.log 120 20 $PY "${CHECK[@]}" dask "$DS" --json "$WORK/dask.json" --ref "$WORK/ref.pkl" \
             --backend cpu --scheduler local:2
     fi
+    has profile && step profile steps.log 90 30 env CUDA_LAUNCH_BLOCKING=1 $PY "${CHECK[@]}" profile "$DS" \
+        --json "$WORK/profile.json" --backend "$BACKEND"
 fi
 assemble
 rm -rf "$WORK"

@@ -131,6 +131,59 @@ def profile_analyses(ds: Path, top: int) -> dict[str, dict[str, object]]:
     return res
 
 
+#: The analyses the device check profiles, slowest first on the H200 (bench/results/gpu-latest.json).
+PROFILED = (
+    "usage-distribution",
+    "peak-prediction",
+    "overcommit",
+    "usage-vs-request",
+    "job-usage",
+    "machine-utilization",
+    "cpi",
+)
+
+
+def profile_step(ds: Path, out: Path, backend_name: str, analyses: tuple[str, ...], hz: float, top: int) -> None:
+    """The device check's ``profile`` step: each of ``analyses`` on a resident study, warm, its
+    threads sampled at ``hz`` (bench/sampled.py) in a second run: its wall time, phases, and the
+    lines of gpuclust its main thread was at (``lines``).  gpu_check.sh runs it under
+    ``CUDA_LAUNCH_BLOCKING=1``: each kernel then returns when done, so its time lands on the line
+    that launched it, and ``lines`` says where a gpu run's time goes, kernels included (the
+    blocking launches slow the run: its ``s`` is not the warm time).  Written to ``out`` after
+    each analysis, so a step cut short keeps what it measured."""
+    from sampled import Sampler
+
+    import gpuclust
+
+    rec: dict[str, object] = {
+        "backend": backend_name,
+        "hz": hz,
+        "launch_blocking": os.environ.get("CUDA_LAUNCH_BLOCKING") == "1",
+        "analyses": {},
+    }
+    study = gpuclust.open(ds, backend=backend_name).persist()
+    done: dict[str, object] = {}
+    rec["analyses"] = done
+    for n in analyses:
+        study.run(n)  # kernels compiled (or read from CuPy's cache), contexts cached
+        sampler = Sampler(hz).start()
+        t = time.perf_counter()
+        study.run(n)
+        wall = time.perf_counter() - t
+        sampler.stop()
+        main = sampler.summary(top)["main"]
+        done[n] = {
+            "s": wall,
+            "phases": dict(study.last_run_seconds),
+            "samples": main["samples"],
+            "lines": main["lines"],
+            "exclusive": main["exclusive"],
+        }
+        out.write_text(json.dumps(rec, default=str))
+        print(f"{n}: {wall:.3f} s, {main['samples']} samples; top: {main['lines'][:1]}", flush=True)
+    study.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--windows", type=float, default=1e7)

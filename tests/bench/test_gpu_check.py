@@ -206,9 +206,11 @@ def test_rehearsal_as_docs_print_it(tmp_path) -> None:
         ("cli-gpu", "0"),
         ("cli-cpu", "0"),
         ("dask", "0"),
+        ("profile", "0"),
     ], log
     rec = json.loads((tmp_path / "gpu-latest.json").read_text())
     assert rec["windows"] > 0 and rec["cli"]["gpu_s"] > 0 and rec["cli"]["cpu_s"] > 0
+    assert rec["steps"]["profile"]["launch_blocking"] is True and len(rec["steps"]["profile"]["analyses"]) == 7
     assert rec["out_of_core"]["equal"] is True and rec["dask_cuda"]["equal"] is True
     assert len(rec["analyses"]) == 13 and rec["projection_cell_min"] > 0
     assert not list(tmp_path.glob("gpucheck-*")), "the work folder is removed"
@@ -254,3 +256,20 @@ def test_load_with_every_core_is_measured_only_beyond_the_default(check, tmp_pat
     (work / "study.json").write_text(json.dumps(study))
     rec = check.assemble(work, logs, tmp_path / "gpu-latest.json")
     assert rec["load"]["threads"] == 2 and rec["load"]["all_cores"] == got
+
+
+def test_profile_step_says_which_lines_each_analysis_ran(check, tmp_path, synth_cell_40) -> None:
+    """The profile step: per analysis its wall time, phases and the gpuclust lines its main thread
+    was at (bench/sampled.py), written after each analysis."""
+    from gpu_profile import profile_step
+
+    out = tmp_path / "profile.json"
+    profile_step(synth_cell_40 / "ds", out, "cpu", ("usage-distribution", "cell-usage"), 500.0, 5)
+    rec = json.loads(out.read_text())
+    assert (
+        rec["backend"] == "cpu" and rec["hz"] == 500.0 and list(rec["analyses"]) == ["usage-distribution", "cell-usage"]
+    )
+    ud = rec["analyses"]["usage-distribution"]
+    assert ud["s"] > 0 and ud["samples"] > 0 and "finalize" in ud["phases"]
+    assert all(line.startswith("gpuclust/") or line == "(no gpuclust frame)" for line, _, _ in ud["lines"])
+    assert sum(c for _, c, _ in ud["lines"]) <= ud["samples"]

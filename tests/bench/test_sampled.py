@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 SAMPLED = Path(__file__).resolve().parents[2] / "bench" / "sampled.py"
@@ -42,3 +43,26 @@ def test_samples_land_on_the_busy_function_and_the_status_is_kept(tmp_path):
     other = {f.split(" ", 1)[1] for f, _, _ in d["other"]["inclusive"]}
     assert "sleepy" in other, d["other"]  # the other thread, waiting in C, on the frame that called
     assert 20 <= d["main"]["samples"] <= 60
+
+
+def test_lines_name_the_gpuclust_line_that_ran(monkeypatch):
+    """``lines``: the innermost frame of gpuclust's own code, at its current line (a NumPy call
+    made there counts for that line)."""
+    import numpy as np
+
+    monkeypatch.syspath_prepend(str(SAMPLED.parent))
+    from sampled import Sampler
+
+    from gpuclust.backends.mixture_cpu import _radix_argsort
+
+    x = np.random.default_rng(0).random(2_000_000)
+    s = Sampler(200).start()
+    end = time.perf_counter() + 0.5
+    while time.perf_counter() < end:
+        _radix_argsort(x)
+    s.stop()
+    lines = s.summary(5)["main"]["lines"]
+    ours = [(line, share) for line, _, share in lines if line.endswith(" _radix_argsort")]
+    assert all(line.startswith("gpuclust/backends/mixture_cpu.py:") for line, _ in ours), lines
+    assert all(int(line.split(":")[1].split()[0]) > 454 for line, _ in ours), lines  # lines inside it, not its def
+    assert sum(share for _, share in ours) >= 0.8, lines
