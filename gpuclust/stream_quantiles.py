@@ -20,6 +20,7 @@ __all__ = [
     "backend_quantiles",
     "backend_quantiles_many",
     "device_quantiles_many",
+    "ranked_quantiles",
     "sorted_quantiles",
     "stream_quantiles",
     "stream_quantiles_many",
@@ -372,8 +373,19 @@ def sorted_quantiles(asc: np.ndarray, qs: Sequence[float]) -> np.ndarray:
     [1.0, 3.0, 6.800000000000001, 8.0]
     """
     asc = np.asarray(asc, dtype=np.float64)
-    n = int(asc.shape[0])
+    return ranked_quantiles(lambda ranks: asc[ranks], int(asc.shape[0]), qs)
+
+
+def ranked_quantiles(take: Callable[[np.ndarray], Any], n: int, qs: Sequence[float]) -> np.ndarray:
+    """:func:`sorted_quantiles` of ``n`` values sorted ascending, reading only the order
+    statistics it needs: ``take(ranks)`` gives the values at those ranks (on the host; a device's
+    sorted values are gathered there and only these copied back).  Float64 results.
+
+    >>> ranked_quantiles(lambda r: np.array([1.0, 2.0, 4.0, 8.0])[r], 4, [0.5, 0.9]).tolist()
+    [3.0, 6.800000000000001]
+    """
     if n == 0:
         raise ValueError("sorted_quantiles: no values")
     lo, hi, gamma = _linear_ranks(n, np.asarray(qs, dtype=np.float64))
-    return _lerp(asc[lo], asc[hi], gamma)
+    a, b = (np.asarray(take(r), dtype=np.float64) for r in (lo, hi))
+    return _lerp(a, b, gamma)

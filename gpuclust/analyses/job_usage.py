@@ -45,15 +45,16 @@ import pyarrow as pa
 
 from gpuclust._xp import bincount
 from gpuclust.analyses._job_groups import group_windows, key_table
+from gpuclust.analyses._job_stats import STAT_COLUMNS, by_usage, job_stats, pearson
 from gpuclust.analyses._lookup import EVENT_COLUMNS, TierLookupContext, priority_lookup
-from gpuclust.analyses.base import Analysis, fmt, is_null_int
+from gpuclust.analyses.base import Analysis, fmt, is_null_int, to_host
 from gpuclust.analyses.grouping import unique_codes
 from gpuclust.analyses.kinds import Fields, Flat, Keyed, Merged, Sum
 from gpuclust.analyses.options import option, tier_map_option
 from gpuclust.arrow_numpy import labels, rows_table, table, table_from_rows
+from gpuclust.backends import backend_of
 from gpuclust.partials import merge_keyed
 from gpuclust.schema import TIME_AFTER_TRACE, CollectionType
-from gpuclust.stream_quantiles import sorted_quantiles
 from gpuclust.tables import as_arrow
 from gpuclust.tiers import resolve_tier_map, tier_codes
 
@@ -62,25 +63,6 @@ __all__ = ["JobUsage", "ROWS", "STAT_COLUMNS", "job_stats"]
 ROWS = ("jobs", "top-level")
 _HOUR_US = 3.6e9
 _STATS = ("rows", "used_rows", "unknown_cpu_rows", "unknown_mem_rows", "bad_duration_rows")
-#: Columns of the ``stats`` table after ``tier`` and ``resource``.
-STAT_COLUMNS = (
-    "jobs",
-    "zero_jobs",
-    "total_hours",
-    "mean",
-    "variance",
-    "median",
-    "p90",
-    "p99",
-    "p999",
-    "max",
-    "top1pct_share",
-    "top01pct_share",
-    "scv",
-    "tail_jobs",
-    "pareto_alpha",
-    "pareto_r2",
-)
 
 
 _FIELDS = ("key", "cpu", "mem", "windows", "prio")
@@ -105,79 +87,6 @@ class JobUsageContext(TierLookupContext):
 
     collections: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     key_collection: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-
-
-def _top_share(x: np.ndarray, share: float, desc: np.ndarray | None = None) -> float:
-    """Share of ``x.sum()`` held by its largest ``max(1, ceil(share * n))`` values (``desc``:
-    ``x`` sorted in descending order, when the caller has it)."""
-    k = max(1, int(np.ceil(share * x.shape[0])))
-    if desc is None:
-        desc = np.sort(x)[::-1]
-    return float(desc[:k].sum() / x.sum())
-
-
-def job_stats(x: np.ndarray, tail: float) -> dict[str, float]:
-    """The :data:`STAT_COLUMNS` (from ``jobs`` on) of positive per-collection totals ``x``."""
-    n = int(x.shape[0])
-    out: dict[str, float] = dict.fromkeys(STAT_COLUMNS[1:], np.nan)
-    out["jobs"] = n
-    if n == 0:
-        out["total_hours"] = 0.0
-        return out
-    mean = float(x.mean())
-    var = float(x.var())
-    asc = np.sort(x)  # one sort for the quantiles, the top shares and the tail
-    desc = asc[::-1]
-    q = sorted_quantiles(asc, (0.5, 0.9, 0.99, 0.999))
-    out.update(
-        total_hours=float(x.sum()),
-        mean=mean,
-        variance=var,
-        median=float(q[0]),
-        p90=float(q[1]),
-        p99=float(q[2]),
-        p999=float(q[3]),
-        max=float(x.max()),
-        top1pct_share=_top_share(x, 0.01, desc),
-        top01pct_share=_top_share(x, 0.001, desc),
-        scv=var / mean**2 if mean > 0 else np.nan,
-    )
-    m = max(2, int(np.ceil(tail * n)))
-    if n >= 2:
-        m = min(m, n)
-        top = desc[:m]
-        lx = np.log10(top)
-        ly = np.log10(np.arange(1, m + 1) / n)
-        out["tail_jobs"] = m
-        if np.ptp(lx) > 0:
-            slope, icept = np.polyfit(lx, ly, 1)
-            resid = ly - (slope * lx + icept)
-            ss = float(((ly - ly.mean()) ** 2).sum())
-            out["pareto_alpha"] = -float(slope)
-            out["pareto_r2"] = 1.0 - float((resid**2).sum()) / ss if ss > 0 else np.nan
-    return out
-
-
-def _by_usage(cpu: np.ndarray, key: np.ndarray) -> np.ndarray:
-    """The order of the collections by ``cpu`` descending, then ``key`` ascending (pandas'
-    ``sort_values(["ncu_hours", "collection_id"], ascending=[False, True])``): an unstable
-    sort of ``cpu``, then the runs of equal values put in key order.
-
-    >>> _by_usage(np.array([1.0, 3.0, 1.0, 0.0, 1.0]), np.array([5, 1, 2, 9, 3])).tolist()
-    [1, 2, 4, 0, 3]
-    """
-    order = np.argsort(-cpu)
-    v = cpu[order]
-    tie = np.zeros(v.shape[0], dtype=bool)
-    eq = (v[1:] == v[:-1]) | (np.isnan(v[1:]) & np.isnan(v[:-1]))  # (NaN last, in key order too)
-    tie[1:] |= eq
-    tie[:-1] |= eq
-    at = np.flatnonzero(tie)
-    if at.shape[0]:
-        run = np.cumsum(np.concatenate([[True], ~eq]))[at]  # the run of equal values of each tied row
-        sub = order[at]
-        order[at] = sub[np.lexsort((key[sub], run))]
-    return order
 
 
 def _merge_same_keys(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray] | None:
@@ -216,12 +125,6 @@ def _merge_collections(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> di
     fa, fb = ({f: np.asarray(p[f]) for f in _FIELDS} for p in (a, b))
     out = _merge_same_keys(fa, fb)
     return merge_keyed(fa, fb, maxima=("prio",)) if out is None else out
-
-
-def _pearson(a: np.ndarray, b: np.ndarray) -> float:
-    if a.shape[0] < 2 or np.ptp(a) == 0 or np.ptp(b) == 0:
-        return np.nan
-    return float(np.corrcoef(a, b)[0, 1])
 
 
 @dataclass(frozen=True)
@@ -429,30 +332,44 @@ class JobUsage(Analysis):
         )
 
     # ---------------------------------------------------------------- finalize
-    def finalize(self, partial: dict[str, np.ndarray], ctx: JobUsageContext) -> dict[str, pa.Table]:
-        """Arrow tables, built from the NumPy arrays without pandas (see :mod:`gpuclust.tables`)."""
-        p = {k: np.asarray(v) for k, v in partial.items()}
+    #: its finalize sorts the collections (a row each, ~40 B) and their tiers' totals, which a gpu
+    #: run does on the device, where a partial of one partition stays (only the tables come back)
+    device_partial = True
+
+    def finalize(self, partial: dict[str, Any], ctx: JobUsageContext) -> dict[str, pa.Table]:
+        """Arrow tables, built from the arrays without pandas (see :mod:`gpuclust.tables`); the
+        sorts, sums and fits on the partial's backend (:mod:`~gpuclust.analyses._job_stats`)."""
+        p = dict(partial)
+        xp = backend_of(p["key"]).xp
         # the collections with windows (the cpu path's dense partials hold every code of the
         # lookup), and those of windows whose collection has no events
         keep = p["windows"] > 0
         main = {f: p[f][keep] for f in _FIELDS}
-        if p["xkey"].shape[0]:
-            main = merge_keyed(main, {f: p["x" + f] for f in _FIELDS}, maxima=("prio",))
+        if int(p["xkey"].shape[0]):
+            main = merge_keyed(main, {f: p["x" + f] for f in _FIELDS}, maxima=("prio",), xp=xp)
         p.update(main)
         names = ctx.tier_names
-        prio = p["prio"].astype(np.int64)
-        code = tier_codes(np, ctx.tier_map, prio, len(names) - 1)  # -1 (no priority known): unknown
-        key, cpu = p["key"].astype(np.int64), p["cpu"].astype(np.float64)
-        order = _by_usage(cpu, key)  # NCU-hours descending, then collection_id
+        prio = p["prio"].astype(xp.int64)
+        code = tier_codes(xp, ctx.tier_map, prio, len(names) - 1)  # -1 (no priority known): unknown
+        key, cpu = p["key"].astype(xp.int64), p["cpu"].astype(xp.float64)
+        order = by_usage(cpu, key)  # NCU-hours descending, then collection_id
         key, cpu, code = key[order], cpu[order], code[order]
-        mem, windows = p["mem"].astype(np.float64)[order], p["windows"].astype(np.int64)[order]
+        mem, windows = p["mem"].astype(xp.float64)[order], p["windows"].astype(xp.int64)[order]
+        host_code = to_host(code)
         jobs = table(
-            {"collection_id": key, "tier": labels(names, code), "ncu_hours": cpu, "nmu_hours": mem, "windows": windows}
+            {
+                "collection_id": to_host(key),
+                "tier": labels(names, host_code),
+                "ncu_hours": to_host(cpu),
+                "nmu_hours": to_host(mem),
+                "windows": to_host(windows),
+            }
         )
         rows, corr = [], []
-        for t in (*names, "all"):
-            sel = None if t == "all" else np.array([nm == t for nm in names])[code]  # the rows of tier t
-            if (key.shape[0] if sel is None else int(np.count_nonzero(sel))) == 0:
+        counts = np.bincount(host_code, minlength=len(names))
+        for i, t in enumerate((*names, "all")):
+            sel = None if t == "all" else code == i  # the rows of tier t
+            if (key.shape[0] if sel is None else int(counts[i])) == 0:
                 continue
             xs = {res: x if sel is None else x[sel] for res, x in (("cpu", cpu), ("mem", mem))}
             for res, x in xs.items():
@@ -465,11 +382,11 @@ class JobUsage(Analysis):
                 {
                     "tier": t,
                     "jobs": int(a.shape[0]),
-                    "pearson_r": _pearson(a, b),
-                    "log_pearson_r": _pearson(np.log10(a), np.log10(b)) if a.size else np.nan,
+                    "pearson_r": pearson(a, b),
+                    "log_pearson_r": pearson(xp.log10(a), xp.log10(b)) if a.size else np.nan,
                 }
             )
-        st = dict(zip(_STATS, (int(v) for v in p["stats"]), strict=True))
+        st = dict(zip(_STATS, (int(v) for v in to_host(p["stats"])), strict=True))
         info = table_from_rows(
             [
                 {

@@ -277,3 +277,61 @@ def test_grouping_by_lookup_codes_equals_grouping_by_sort(seed):
             "prio"
         ].tolist()
     )
+
+
+@pytest.mark.parametrize("rows", ["jobs", "top-level"])
+def test_finalize_on_the_device_equals_the_host(synth_cell_40, rows, monkeypatch):
+    """A gpu run's one-partition partial stays on the device (``device_partial``), and the
+    finalize sorts, sums and fits there: on the device-shaped backend (tests/device_backend.py:
+    device arrays that refuse host ones) it gives the host's tables, and copies out the jobs
+    table's columns and a few scalars a statistic, not the partial."""
+    from device_backend import DEVICE, counting_device_work, resolve_gpu_to_device
+
+    from gpuclust.analyses.base import to_host
+    from gpuclust.backends import get_backend
+    from gpuclust.engine.local import context_of
+    from gpuclust.engine.partition import column_to_numpy
+    from gpuclust.tables import as_pandas
+
+    a = JobUsage(rows=rows)
+    d = Dataset(synth_cell_40 / "ds")
+    ctx = context_of(a, d)
+    t = d.read(a.table, columns=list(a.columns))
+    cols = {c: column_to_numpy(t.column(c)) for c in a.columns}
+    host = a.finalize(to_host(a.partial(cols, ctx, get_backend("cpu"))), ctx)
+    resolve_gpu_to_device(monkeypatch)  # (the device arrays' backend)
+    p = a.partial({c: DEVICE.asarray(v) for c, v in cols.items()}, ctx, DEVICE)
+    assert type(p["key"]).__name__ == "DeviceArray"
+    with counting_device_work() as w:
+        dev = a.finalize(p, ctx)
+    for name in host:
+        assert_results_same({"t": {"x": as_pandas(host[name])}}, {"t": {"x": as_pandas(dev[name])}}, rtol=1e-12)
+    jobs = dev["jobs"].num_rows
+    assert jobs > 100
+    # the sorts and statistics ran on the device (hundreds of operations: 425 here), and what
+    # came out is the jobs table's columns (and the tier codes: 40 B a job) and the scalars read
+    assert w["ops"] >= 200, w
+    assert w["d2h_bytes"] <= jobs * 40 + 8 * w["syncs"] + 1024, (w["d2h_bytes"], jobs, w["syncs"])
+
+
+@pytest.mark.gpu
+def test_finalize_on_a_device_equals_the_host(synth_cell_40, gpu_backend):
+    """The same on a real device (CuPy's sorts, polyfit, corrcoef): the host's tables."""
+    from gpuclust.analyses.base import to_host
+    from gpuclust.backends import get_backend
+    from gpuclust.engine.local import context_of
+    from gpuclust.engine.partition import column_to_numpy
+    from gpuclust.tables import as_pandas
+
+    a = JobUsage()
+    d = Dataset(synth_cell_40 / "ds")
+    ctx = context_of(a, d)
+    t = d.read(a.table, columns=list(a.columns))
+    cols = {c: column_to_numpy(t.column(c)) for c in a.columns}
+    host = a.finalize(to_host(a.partial(cols, ctx, get_backend("cpu"))), ctx)
+    dev = a.finalize(a.partial({c: gpu_backend.asarray(v) for c, v in cols.items()}, ctx, gpu_backend), ctx)
+    for name in host:
+        h, g = as_pandas(host[name]), as_pandas(dev[name])
+        if name == "jobs":  # (collections whose totals tie to the last bits may swap: atomics add in any order)
+            h, g = (f.sort_values("collection_id") for f in (h, g))
+        assert_results_same({"t": {"x": h}}, {"t": {"x": g}}, rtol=1e-9)

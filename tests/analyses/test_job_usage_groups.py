@@ -15,6 +15,7 @@ from strategies import examples, random_cell, write_dataset
 
 import gpuclust.analyses._job_groups as jg
 from gpuclust.analyses import job_usage as ju
+from gpuclust.analyses._job_stats import by_usage
 from gpuclust.analyses._lookup import InstanceLookup
 from gpuclust.analyses.job_usage import JobUsage, JobUsageContext
 from gpuclust.dataset import Dataset
@@ -250,7 +251,13 @@ def test_order_by_usage_is_pandas_sort(rows):
     cpu = np.array([r[0] for r in rows], np.float64)
     key = np.array([r[1] for r in rows], np.int64)
     want = pd.DataFrame({"k": key, "x": cpu}).sort_values(["x", "k"], ascending=[False, True], kind="stable")
-    assert ju._by_usage(cpu, key).tolist() == want.index.tolist()
+    assert by_usage(cpu, key).tolist() == want.index.tolist()
+    from device_backend import DEVICE, resolve_gpu_to_device
+
+    with pytest.MonkeyPatch.context() as mp:
+        resolve_gpu_to_device(mp)  # (the device arrays' backend)
+        on_device = by_usage(DEVICE.asarray(cpu), DEVICE.asarray(key))  # the same order where a gpu run sorts
+    assert on_device.get().tolist() == want.index.tolist()
 
 
 def test_columns_follow_the_rows_rule():

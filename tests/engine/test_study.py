@@ -132,7 +132,7 @@ def test_device_partials_stay_on_the_device_when_nothing_merges_them(dataset, re
     mark_partials_gpu(monkeypatch)  # so they finalize on the device-shaped backend, as a gpu study's
     study = gpuclust.open(dataset, backend=DEVICE, partitions=partitions, workers=1).persist()
     got = study.run(names())
-    stay = {"cpi", "overcommit", "peak-prediction", "usage-distribution", "usage-vs-request"}
+    stay = {"cpi", "job-usage", "overcommit", "peak-prediction", "usage-distribution", "usage-vs-request"}
     assert {n for n in names() if create(n).device_partial} == stay
     assert seen == {n: partitions == 1 and n in stay for n in names()}
     # the keyed sums reach the shards where they were left (overcommit's too, on this flat
