@@ -404,13 +404,22 @@ def _merge_on_dask(
     )
 
 
+#: Shards a local run on a device reduces at once (each holds its keyed ranges and a chunk of
+#: rows in device memory): one's rows are encoded and written as Parquet on the host while the
+#: others' are computed (one at a time, the device waited for the writer and the writer for it).
+DEVICE_SHARD_THREADS = 4
+
+
 def _shard_runner(st: _Settings) -> Any:
-    """How the run's shard reductions are run: on the engine threads, or as dask tasks."""
-    scheduler, nthreads = st.scheduler, st.nthreads
+    """How the run's shard reductions are run: on the engine threads (cpu backend), on
+    :data:`DEVICE_SHARD_THREADS` of the client's threads (a device, whose engine runs one), or as
+    dask tasks."""
+    scheduler = st.scheduler
+    threads = st.nthreads if st.be.name == "cpu" else min(st.client, DEVICE_SHARD_THREADS)
     if scheduler is None:
 
         def run_tasks(args: list[tuple[Any, ...]]) -> list[Any]:
-            return list(_map_in_order(lambda t: _shards.reduce_shard(*t), args, nthreads))
+            return list(_map_in_order(lambda t: _shards.reduce_shard(*t), args, threads))
     else:
 
         def run_tasks(args: list[tuple[Any, ...]]) -> list[Any]:

@@ -310,3 +310,32 @@ def _dense_spy(monkeypatch) -> dict[str, bool]:
 
     monkeypatch.setattr(shards.DenseKeys, "__init__", spy)
     return where
+
+
+def test_analyze_backend_gpu_reduces_shards_on_several_threads(tmp_path, monkeypatch):
+    """A gpu run's engine is one thread, but its shards are reduced on up to
+    ``DEVICE_SHARD_THREADS`` of the client's threads (a shard's rows are encoded and written while
+    another's are computed); the tables are the cpu run's."""
+    import threading
+
+    import gpuclust.analyses.overcommit as oc
+    import gpuclust.engine.local as local
+    import gpuclust.engine.shards as shards
+    from gpuclust.engine.local import default_workers
+
+    monkeypatch.setattr(oc, "SHARD_CELLS", 64)  # many shards
+    ds = write_dataset(tmp_path / "cell", random_cell(67, n_windows=4000), files=2, row_group_size=500)
+    args = ["analyze", str(ds), "overcommit", "--no-plots", "--quiet", "--partitions", "2"]
+    assert cli.main([*args, "--out", str(tmp_path / "cpu"), "--backend", "cpu"]) == 0
+    resolve_gpu_to_device(monkeypatch)
+    seen, real = set(), shards.reduce_shard
+
+    def spy(*a, **k):
+        seen.add(threading.current_thread().name)
+        return real(*a, **k)
+
+    monkeypatch.setattr(shards, "reduce_shard", spy)
+    assert cli.main([*args, "--out", str(tmp_path / "gpu"), "--backend", "gpu"]) == 0
+    assert len(seen) == min(default_workers("cpu"), local.DEVICE_SHARD_THREADS), seen
+    res = [_tables(load_results(tmp_path / b)) for b in ("cpu", "gpu")]
+    assert_results_same(res[0], res[1], rtol=1e-9)
