@@ -625,6 +625,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--backend", default="gpu")
     p.add_argument("--hz", type=float, default=200.0)
     p.add_argument("--top", type=int, default=12)
+    p.add_argument("--analyses", default="", help="comma-separated (default: gpu_profile.PROFILED)")
     p = sub.add_parser("assemble")
     p.add_argument("work", type=Path)
     p.add_argument("--logs", type=Path, required=True)
@@ -645,7 +646,7 @@ def main(argv: list[str] | None = None) -> int:
     elif a.cmd == "profile":
         from gpu_profile import PROFILED, profile_step
 
-        profile_step(a.ds, a.json, a.backend, PROFILED, a.hz, a.top)
+        profile_step(a.ds, a.json, a.backend, tuple(a.analyses.split(",")) if a.analyses else PROFILED, a.hz, a.top)
     else:
         print(json.dumps(assemble(a.work, a.logs, a.out), indent=1))
     return 0

@@ -36,8 +36,10 @@ WORK=${WORK:-${TMPDIR:-/tmp}/gpucheck-$$}
 mkdir -p "$LOGS"
 rm -f "$LOGS"/*.log "$LOGS"/*.json
 rm -rf "$WORK" && mkdir -p "$WORK"
+PROFILED=()  # the profile step's analyses: its default, the seven slowest
 if [ -n "${REHEARSE:-}" ]; then
     BACKEND=cpu BASE=${BASE:-3e4} COPIES=${COPIES:-3} JOBS=${JOBS:-2} MACHINES=${MACHINES:-60}
+    PROFILED=(--analyses usage-distribution,job-usage)
 else
     BACKEND=gpu BASE=${BASE:-1e6} COPIES=${COPIES:-35} JOBS=${JOBS:-12} MACHINES=${MACHINES:-1000}
     export GPUCLUST_REQUIRE_GPU=1
@@ -118,7 +120,7 @@ if [ -f "$DS/manifest.json" ]; then
             --backend cpu --scheduler local:2
     fi
     has profile && step profile steps.log 90 30 env CUDA_LAUNCH_BLOCKING=1 $PY "${CHECK[@]}" profile "$DS" \
-        --json "$WORK/profile.json" --backend "$BACKEND"
+        --json "$WORK/profile.json" --backend "$BACKEND" ${PROFILED[@]+"${PROFILED[@]}"}
 fi
 assemble
 rm -rf "$WORK"

@@ -317,14 +317,15 @@ def test_analyze_backend_gpu_reduces_shards_on_several_threads(tmp_path, monkeyp
     ``DEVICE_SHARD_THREADS`` of the client's threads (a shard's rows are encoded and written while
     another's are computed); the tables are the cpu run's."""
     import threading
+    import time
 
     import gpuclust.analyses.overcommit as oc
     import gpuclust.engine.local as local
     import gpuclust.engine.shards as shards
     from gpuclust.engine.local import default_workers
 
-    monkeypatch.setattr(oc, "SHARD_CELLS", 64)  # many shards
-    ds = write_dataset(tmp_path / "cell", random_cell(67, n_windows=4000), files=2, row_group_size=500)
+    monkeypatch.setattr(oc, "SHARD_CELLS", 1 << 15)  # several shards (3 machines each; 15 on a device)
+    ds = write_dataset(tmp_path / "cell", random_cell(67, n_windows=2000), files=2, row_group_size=500)
     args = ["analyze", str(ds), "overcommit", "--no-plots", "--quiet", "--partitions", "2"]
     assert cli.main([*args, "--out", str(tmp_path / "cpu"), "--backend", "cpu"]) == 0
     resolve_gpu_to_device(monkeypatch)
@@ -332,6 +333,7 @@ def test_analyze_backend_gpu_reduces_shards_on_several_threads(tmp_path, monkeyp
 
     def spy(*a, **k):
         seen.add(threading.current_thread().name)
+        time.sleep(0.05)  # (a shard long enough that the others start meanwhile)
         return real(*a, **k)
 
     monkeypatch.setattr(shards, "reduce_shard", spy)
