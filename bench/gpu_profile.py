@@ -155,15 +155,14 @@ def profile_step(ds: Path, out: Path, backend_name: str, analyses: tuple[str, ..
 
     import gpuclust
 
+    done: dict[str, object] = {}
     rec: dict[str, object] = {
         "backend": backend_name,
         "hz": hz,
         "launch_blocking": os.environ.get("CUDA_LAUNCH_BLOCKING") == "1",
-        "analyses": {},
+        "analyses": done,
     }
     study = gpuclust.open(ds, backend=backend_name).persist()
-    done: dict[str, object] = {}
-    rec["analyses"] = done
     for n in analyses:
         study.run(n)  # kernels compiled (or read from CuPy's cache), contexts cached
         sampler = Sampler(hz).start()

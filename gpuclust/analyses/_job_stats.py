@@ -50,12 +50,10 @@ def _quantiles(asc: Any, qs: tuple[float, ...]) -> np.ndarray:
     return ranked_quantiles(lambda ranks: to_host(asc[xp.asarray(ranks)]), int(asc.shape[0]), qs)
 
 
-def top_share(x: Any, share: float, desc: Any = None) -> float:
+def top_share(x: Any, share: float, desc: Any) -> float:
     """Share of ``x.sum()`` held by its largest ``max(1, ceil(share * n))`` values (``desc``:
-    ``x`` sorted in descending order, when the caller has it)."""
+    ``x`` sorted in descending order)."""
     k = max(1, int(np.ceil(share * x.shape[0])))
-    if desc is None:
-        desc = backend_of(x).xp.sort(x)[::-1]
     return float(desc[:k].sum() / x.sum())
 
 

@@ -63,10 +63,10 @@ __all__ = [
     "Spilled",
     "as_spilled",
     "dense_target",
-    "rows_fit_on_device",
     "finalize_parted",
     "merge_spilled",
     "reduce_shard",
+    "rows_fit_on_device",
     "spill",
 ]
 

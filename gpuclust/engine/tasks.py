@@ -113,7 +113,8 @@ def staying(
     (``Analysis.device_partial``): their table is one partition (``plans``: the analyses by
     index and the partitions of each table), so nothing merges them, and they are not spilled to
     files (``spills``: the local path's targets; kept whole, or their keyed partials kept for the
-    shards, :class:`gpuclust.engine.shards.KeptKeys`); on the local path (``spills`` given), in
+    shards, :class:`gpuclust.engine.shards.KeptKeys`), or keyed rows kept there in every partition
+    of a table of several (``KeptKeys(across=True)``); on the local path (``spills`` given), in
     any number of partitions, when nothing is spilled and every field merges on the device
     (``kinds.merges_on_device``: the merge tree merges them there, a per-task partial by a device
     sort-merge); or, in any number of partitions and for any analysis, their keyed partials are
