@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
+from gpuclust.analyses._kept import KeptValues
 from gpuclust.analyses._overcommit_summary import _full, chunk_sums, req_columns
 from gpuclust.analyses.base import to_host
 from gpuclust.arrow_numpy import table
@@ -285,8 +286,8 @@ class _CellSums:
 
     COLS = ("req_cpu", "req_mem", "use_cpu", "use_mem", "max_cpu_sum", "max_mem_sum")
 
-    def __init__(self, xp: Any, B: int, T: int, keep_ratios: bool = False) -> None:
-        self.xp = xp
+    def __init__(self, be: Any, B: int, T: int) -> None:
+        xp = self.xp = be.xp
         z = lambda *s: xp.zeros(s, xp.float64)  # noqa: E731
         self.machines = xp.zeros(B, xp.int64)
         self.machines_up = xp.zeros(B, xp.int64)
@@ -300,9 +301,9 @@ class _CellSums:
         self.instances = z(B)
         self.windows = xp.zeros(B, xp.int64)
         #: on a device: per (resource, tier), the request / capacity ratios of the full
-        #: machine-buckets of each chunk, left on the device for the summary's quantiles (which
-        #: would otherwise read the written machine table back and copy the ratios over again)
-        self.ratios: dict[tuple[str, str], list[Any]] | None = {} if keep_ratios else None
+        #: machine-buckets of each chunk, kept there for the summary's quantiles (which would
+        #: otherwise read the written machine table back and copy the ratios over again)
+        self.ratios = KeptValues(be)
         #: the summary's sums of each chunk of the machine table (:func:`chunk_sums`), in order;
         #: after :meth:`to_host`, one host matrix a shard (a row a chunk)
         self.full: list[Any] = []
@@ -318,14 +319,14 @@ class _CellSums:
 
     def add_ratios(self, cols: dict[str, Any], tiers: list[str]) -> None:
         """Keep the chunk's ratios of full machine-buckets (:func:`_full`), on a device only."""
-        if self.ratios is None:
+        if not self.ratios.kept:
             return
         for r in ("cpu", "mem"):
             full = _full(cols["up_s"], cols["covered_s"], cols[f"cap_{r}"])
             cap = cols[f"cap_{r}"][full]
             for t in ("all", *tiers):
                 req = cols[f"req_{r}" if t == "all" else f"req_{r}_{t}"]
-                self.ratios.setdefault((r, t), []).append(req[full].astype(self.xp.float64) / cap)
+                self.ratios.add((r, t), req[full].astype(self.xp.float64) / cap)
 
     def add(self, d: dict[str, Any], present: Any) -> None:
         xp = self.xp
@@ -360,9 +361,7 @@ class _CellSums:
             self.known[k] += o.known[k]
         self.instances += o.instances
         self.windows += o.windows
-        if self.ratios is not None and o.ratios is not None:
-            for k, v in o.ratios.items():
-                self.ratios.setdefault(k, []).extend(v)
+        self.ratios.extend(o.ratios)
 
     def columns(self, bucket: np.ndarray, bstart: np.ndarray, L: np.ndarray, tiers: list[str]) -> dict[str, np.ndarray]:
         """The ``cell`` table's columns, in order."""

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from gpuclust.analyses._kept import KeptValues, kept_quantiles
 from gpuclust.analyses.base import fmt
 from gpuclust.arrow_numpy import schema_table
 from gpuclust.parted import array_batches
@@ -136,7 +137,7 @@ def _summary(
     machine: Any,
     tiers: list[str],
     has_usage: bool,
-    ratios: dict[tuple[str, str], list[Any]] | None = None,
+    ratios: KeptValues | None = None,
     sums: Iterable[Any] | None = None,
 ) -> pa.Table:
     """Statistics over *full* machine-buckets: available the whole bucket, known capacity > 0.
@@ -147,8 +148,8 @@ def _summary(
     the exact ratio quantiles of every (resource, tier) together in a few more
     (:func:`gpuclust.stream_quantiles.stream_quantiles_many`), so nothing grows with the table.
     On a device backend ``be`` (the partials' backend) the quantiles take one sort a series of
-    ``ratios``, the ratios the finalize left on the device (:meth:`_CellSums.add_ratios`), or
-    else of the ratios copied there (:func:`gpuclust.stream_quantiles.backend_quantiles_many`).
+    ``ratios``, the ratios the finalize kept on the device (:meth:`_CellSums.add_ratios`), or
+    else of the ratios copied there (:func:`gpuclust.analyses._kept.kept_quantiles`).
     ``sums``: the finalize's :func:`chunk_sums` of the machine table's chunks, in table order
     (then the table is not read for them)."""
     series = [(r, t) for r in ("cpu", "mem") for t in ("all", *tiers)]
@@ -205,12 +206,11 @@ def _ratio_quantiles(
     machine: Any,
     quantiled: list[tuple[str, str]],
     req_col: dict[tuple[str, str], str],
-    ratios: dict[tuple[str, str], list[Any]] | None,
+    ratios: KeptValues | None,
 ) -> Any:
     """The :data:`QUANTILES` of the request / capacity ratios of the full machine-buckets, per
-    (resource, tier) of ``quantiled``: of the ``ratios`` left on the device by the finalize, or
+    (resource, tier) of ``quantiled``: of the ``ratios`` kept on the device by the finalize, or
     else read from the machine table a batch at a time."""
-    from gpuclust.stream_quantiles import backend_quantiles_many, device_quantiles_many
 
     def batch_ratios() -> Any:
         for b in array_batches(machine, ["covered_s", "up_s", "cap_cpu", "cap_mem", *{req_col[k] for k in quantiled}]):
@@ -220,6 +220,4 @@ def _ratio_quantiles(
 
     if not quantiled:
         return np.zeros((0, len(QUANTILES)))
-    if ratios is not None:  # left on the device by the finalize
-        return device_quantiles_many(be, [ratios.get(k, []) for k in quantiled], QUANTILES)
-    return backend_quantiles_many(be, batch_ratios, len(quantiled), QUANTILES)
+    return kept_quantiles(be, [] if ratios is None else [ratios], quantiled, batch_ratios, QUANTILES)

@@ -24,8 +24,10 @@ Two named modes (docs/analyses/machine-utilization.md):
 
 The distribution's quantiles (0, 1, ..., 100%, linear interpolation as ``numpy.quantile``, each
 machine-bucket once) are exact: the machine table is a parted table (a row per machine-bucket,
-written part by part) and :func:`gpuclust.stream_quantiles.stream_quantiles` reads it a few times,
-so memory does not grow with the cell.  A per-bucket series gives the mean over machines.  The
+written part by part); on the host :func:`gpuclust.stream_quantiles.stream_quantiles_many` reads
+its two util columns a few times, so memory does not grow with the cell; on a device each shard
+keeps its utilizations there (:class:`gpuclust.analyses._kept.KeptValues`, within a share of
+the device's memory) and the quantiles are one sort a resource, without reading the table back.  A per-bucket series gives the mean over machines.  The
 partials are keyed usage sums per machine-bucket in both modes; the time-weighted mode's up time is
 not a partial: each shard of machines sweeps its machines' up pieces
 (:func:`gpuclust.analyses._machine_up.up_grid`), so no machine x bucket grid of the whole cell is
@@ -42,6 +44,7 @@ import pyarrow as pa
 
 from gpuclust.analyses._extent import max_finite, to_f64, to_i64
 from gpuclust.analyses._intervals import capacity_intervals
+from gpuclust.analyses._kept import KeptValues, kept_quantiles
 from gpuclust.analyses._lookup import MachineHash, machine_capacities
 from gpuclust.analyses._machine_sums import COUNTS, NULL_BITS, keyed_sums
 from gpuclust.analyses._machine_up import min_start, up_grid
@@ -52,7 +55,7 @@ from gpuclust.analyses.options import option
 from gpuclust.arrow_numpy import schema_table, table, table_from_rows
 from gpuclust.backends import finalize_backend
 from gpuclust.keys import pack, unpack, unpack_bits
-from gpuclust.parted import column_batches, finalize_in_memory
+from gpuclust.parted import array_batches, finalize_in_memory
 from gpuclust.schema import TIME_AFTER_TRACE
 from gpuclust.tables import as_arrow
 
@@ -308,7 +311,7 @@ class MachineUtilization(Analysis):
         known = {"cpu": windows - cpu_nulls, "mem": windows - mem_nulls}
         use = {r: np.where(known[r] > 0, np.asarray(u[r], np.float64), np.nan) for r, _, _ in RESOURCES}
         notebook = self.mode == "notebook"
-        extra: dict[str, Any] = {}
+        extra: dict[str, Any] = {"kept": KeptValues(finalize_backend(rest["backend"]))}
         if notebook:
             code, bucket = unpack(key, ctx.span)
             cap = {r: getattr(ctx, cap_name)[code] for r, _, cap_name in RESOURCES}
@@ -360,6 +363,7 @@ class MachineUtilization(Analysis):
             util = np.where(ratio > 1.0, 1.0, ratio) if notebook else ratio
             cols[f"{r}_usage"], cols[f"cap_{r}"], cols[f"{r}_util"] = use[r], cap[r], util
             kn = np.isfinite(util)
+            extra["kept"].add(r, util[kn])  # on a device: for the summary's quantiles
             extra[r] = {
                 "known": np.bincount(bucket[kn], minlength=ctx.span),
                 "sum": np.bincount(bucket[kn], weights=util[kn], minlength=ctx.span),
@@ -373,29 +377,28 @@ class MachineUtilization(Analysis):
         self, rest: dict[str, Any], ctx: MachineUtilizationContext, tables: dict[str, Any], extras: list[dict[str, Any]]
     ) -> dict[str, pa.Table]:
         """The summary, quantile, series and info tables, as Arrow tables (see
-        :mod:`gpuclust.tables`): the quantiles read the machine table a column at a time
-        (:func:`gpuclust.parted.column_batches`), so a run without plots never imports pandas."""
-        from gpuclust.stream_quantiles import backend_quantiles
-
+        :mod:`gpuclust.tables`): the quantiles of the utilizations the shards kept on a device,
+        else read from the machine table a batch at a time (:func:`gpuclust.parted.array_batches`),
+        so a run without plots never imports pandas."""
         be = finalize_backend(rest["backend"])  # the exact quantiles: a sort on the device, where there is one
         machine = tables["machine"]
+        names = [r for r, _, _ in RESOURCES]
+
+        def batches() -> Any:
+            for b in array_batches(machine, [f"{r}_util" for r in names]):
+                yield [v[np.isfinite(v)] for v in (np.asarray(b[f"{r}_util"], np.float64) for r in names)]
+
+        quantiles = kept_quantiles(be, [e["kept"] for e in extras], names, batches, QUANTILES)
         rows, qrows = [], []
         series: dict[str, Any] = {"bucket": np.arange(ctx.span, dtype=np.int64)}
         series["bucket_start_us"] = series["bucket"] * BUCKET_US
-        for r, _, _ in RESOURCES:
+        for r, qs in zip(names, quantiles, strict=True):
             known = sum((e[r]["known"] for e in extras), np.zeros(ctx.span, np.int64))
             total = sum((e[r]["sum"] for e in extras), np.zeros(ctx.span))
             n = int(known.sum())
-
-            def values(r: str = r) -> Any:
-                for v in column_batches(machine, f"{r}_util"):
-                    v = np.asarray(v, np.float64)
-                    yield v[np.isfinite(v)]
-
             series[f"{r}_machines"] = known
             unknown = sum(e[r]["unknown"] for e in extras)
             if n + unknown:  # no rows for a resource without machine-buckets (an empty input)
-                qs = backend_quantiles(be, values, QUANTILES) if n else np.full(len(QUANTILES), np.nan)
                 qrows += [{"resource": r, "quantile": q, "util": float(v)} for q, v in zip(QUANTILES, qs, strict=True)]
                 over = sum(e[r]["over"] for e in extras)
                 rows.append(

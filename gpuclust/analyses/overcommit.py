@@ -456,7 +456,7 @@ class Overcommit(Analysis):
             if int(key.shape[0]) and (int(key.max()) >= M * per * B or int(key.min()) < 0):
                 raise ValueError(f"overcommit: {k} partial does not match the context (key out of range)")
         be = finalize_backend(rest["backend"])
-        acc = _CellSums(be.xp, B, T, keep_ratios=be.name != "cpu")  # on a device: the summary's ratios stay there
+        acc = _CellSums(be, B, T)  # on a device: the summary's ratios stay there
         has_usage = int(rest["stats"][STATS.index("usage_rows")]) > 0
         # chunks sized by where the partials were computed, not where they are finalized: the cell
         # sums add chunk by chunk, so a gpu study's partials give the same bits on the host

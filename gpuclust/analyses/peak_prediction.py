@@ -30,6 +30,7 @@ import numpy as np
 
 from gpuclust._xp import bincount
 from gpuclust.analyses._extent import has_values, max_finite
+from gpuclust.analyses._kept import KeptValues
 from gpuclust.analyses._lookup import id_index
 from gpuclust.analyses._peak_metrics import shard_sums, summary_table
 from gpuclust.analyses._peak_sim import SimParams, simulate
@@ -417,7 +418,7 @@ class PeakPrediction(Analysis):
             "instances": sim["instances"].astype(np.int64),
             **{c: np.asarray(sim[c], np.float64) for c in _MACHINE_COLUMNS[4:]},
         }
-        extra = shard_sums(cols, sim["code"], PREDICTORS)
+        extra = shard_sums(cols, sim["code"], PREDICTORS, KeptValues(be))
         return {"machine": table({c: cols[c] for c in _MACHINE_COLUMNS})}, extra
 
     def finalize_parted(
@@ -426,7 +427,7 @@ class PeakPrediction(Analysis):
         n_rows = sum(e["rows"] for e in extras)
         censored = sum(e["censored"] for e in extras)
         firsts = [e["first_step"] for e in extras if e.get("first_step") is not None]
-        summary = summary_table(tables["machine"], extras, PREDICTORS)
+        summary = summary_table(finalize_backend(rest["backend"]), tables["machine"], extras, PREDICTORS)
         stats = dict(zip(STATS, (int(x) for x in np.asarray(rest["stats"])), strict=True))
         prm = self.params
 

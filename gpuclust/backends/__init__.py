@@ -33,6 +33,7 @@ __all__ = [
     "OP_NAMES",
     "available_backend",
     "backend_of",
+    "device_free_bytes",
     "finalize_backend",
     "finalizing_on_host",
     "merged_backend",
@@ -263,3 +264,15 @@ def merged_backend(a: str, b: str) -> str:
     ('gpu', 'cpu')
     """
     return "gpu" if "gpu" in (a, b) else "cpu"
+
+
+def device_free_bytes(backend: Any) -> int:
+    """Memory ``backend``'s device can still give: CUDA's free memory (``cudaMemGetInfo``) plus
+    the blocks CuPy's pool holds for reuse, within the pool's limit (``CUPY_GPU_MEMORY_LIMIT`` /
+    ``set_limit``) where one is set."""
+    xp = backend.xp
+    free, _ = xp.cuda.Device().mem_info
+    pool = xp.get_default_memory_pool()
+    free = int(free) + int(pool.free_bytes())
+    limit = int(pool.get_limit())
+    return max(0, min(free, limit - int(pool.used_bytes()))) if limit else free

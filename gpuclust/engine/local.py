@@ -19,7 +19,7 @@ from typing import Any
 from gpuclust._memory import tune_allocator
 from gpuclust._parallel import client_threads, map_ordered, usable_cores
 from gpuclust.analyses.base import Analysis, to_host
-from gpuclust.backends import ENGINE_THREAD_PREFIX, Backend, get_backend
+from gpuclust.backends import ENGINE_THREAD_PREFIX, Backend, device_free_bytes, get_backend
 from gpuclust.engine import memory as _memory
 from gpuclust.engine import partition as _partition
 from gpuclust.engine import reading as _reading
@@ -185,7 +185,7 @@ def run(
                 rows=(
                     (lambda pre, s: auto_rows_of(pre, limit, nthreads, s))
                     if be.name == "cpu"  # on a device: as large as its memory allows
-                    else (lambda pre, s: device_rows_of(pre, _memory.device_free_bytes(be), nthreads))
+                    else (lambda pre, s: device_rows_of(pre, device_free_bytes(be), nthreads))
                 ),
                 limit=limit,
             )

@@ -33,7 +33,6 @@ __all__ = [
     "array_bytes",
     "available_memory",
     "default_limit",
-    "device_free_bytes",
     "device_partition_rows",
     "machine_memory",
     "parse_size",
@@ -184,18 +183,6 @@ def preferred_rows(analyses: Sequence[Any], cap: int, source: Any = None) -> int
 DEVICE_PARTITION_ROWS = 1 << 26
 #: Share of the device's free memory a device run's partitions may take.
 DEVICE_SHARE = 0.8
-
-
-def device_free_bytes(backend: Any) -> int:
-    """Memory ``backend``'s device can still give: CUDA's free memory (``cudaMemGetInfo``) plus
-    the blocks CuPy's pool holds for reuse, within the pool's limit (``CUPY_GPU_MEMORY_LIMIT`` /
-    ``set_limit``) where one is set."""
-    xp = backend.xp
-    free, _ = xp.cuda.Device().mem_info
-    pool = xp.get_default_memory_pool()
-    free = int(free) + int(pool.free_bytes())
-    limit = int(pool.get_limit())
-    return max(0, min(free, limit - int(pool.used_bytes()))) if limit else free
 
 
 def device_partition_rows(free: int, in_flight: int, analyses: Sequence[Any], table: str) -> int:

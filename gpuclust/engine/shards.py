@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from gpuclust.analyses.base import Analysis, to_host
-from gpuclust.backends import backend_of
+from gpuclust.backends import backend_of, device_free_bytes
 from gpuclust.parted import PartedTable, read_keyed_range, slice_keyed, write_keyed, write_part
 from gpuclust.partials import merge_keyed
 
@@ -156,8 +156,6 @@ def rows_fit_on_device(a: Analysis, rows: int, backend: Any) -> bool:
     names = a.kinds.sharded
     if not a.device_partial or not names or set(names) != set(a.kinds.rows):
         return False
-    from gpuclust.engine.memory import device_free_bytes
-
     keyed = a.kinds.split(a.empty())[1]
     per_row = sum(v.dtype.itemsize * int(np.prod(v.shape[1:])) for k in keyed.values() for v in k.values())
     return rows * per_row <= DEVICE_DENSE_SHARE * device_free_bytes(backend)
@@ -182,8 +180,6 @@ def dense_target(a: Analysis, ctx: Any, folder: SpillTarget | None, backend: Any
     if not ranges or set(ranges) & set(a.kinds.rows) or set(ranges) != set(empty):
         return folder
     if backend is not None and backend.name != "cpu":
-        from gpuclust.engine.memory import device_free_bytes
-
         need = sum((end - first) * (1 + 8 * (len(empty[n]) - 1)) for n, (first, end) in ranges.items())
         if need <= DEVICE_DENSE_SHARE * device_free_bytes(backend):
             return DenseKeys(a, ranges, backend.xp)

@@ -41,7 +41,7 @@ import pyarrow as pa
 from gpuclust._lazy import pandas as pd
 from gpuclust._memory import tune_allocator
 from gpuclust.analyses.base import Analysis
-from gpuclust.backends import Backend, finalizing_on_host, get_backend
+from gpuclust.backends import Backend, device_free_bytes, finalizing_on_host, get_backend
 from gpuclust.engine import partition as _partition
 from gpuclust.engine.contexts import contexts, resolve_analyses
 from gpuclust.engine.local import _announce, default_workers, finalize_all, host_threads, merge_local
@@ -49,7 +49,6 @@ from gpuclust.engine.memory import (
     DEVICE_PARTITION_ROWS,
     array_bytes,
     available_memory,
-    device_free_bytes,
     parse_size,
 )
 from gpuclust.engine.staging import LOAD_THREADS, column_dtypes, load_partitions

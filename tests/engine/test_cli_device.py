@@ -254,7 +254,8 @@ def test_device_free_bytes_within_the_pool_limit():
     from device_backend import DEVICE_GPU, device_memory
 
     from gpuclust.analyses import CellUsage
-    from gpuclust.engine.memory import device_free_bytes, device_partition_rows
+    from gpuclust.backends import device_free_bytes
+    from gpuclust.engine.memory import device_partition_rows
 
     assert device_free_bytes(DEVICE_GPU) == 16 << 30  # the test device, nothing live
     with device_memory(cap=64 << 20):
@@ -264,23 +265,100 @@ def test_device_free_bytes_within_the_pool_limit():
         assert rows == int(0.8 * ((64 << 20) - (8 << 20))) // 200  # cell-usage: 200 B a row
 
 
-def test_overcommit_on_a_device_does_not_read_its_machine_table_back(tmp_path, monkeypatch):
-    """The summary of overcommit's machine table is made of what its finalize computed where the
-    table's chunks were (their sums, and on a device their ratios for the quantiles): a gpu run
-    never reads the written table back (issue 34); a cpu run reads it only for the quantiles."""
-    import gpuclust.analyses._overcommit_summary as summary
+#: The analyses whose summaries take exact quantiles of a parted table's values.
+QUANTILED = {"machine-utilization", "overcommit", "peak-prediction"}
 
-    reads: list[str] = []
-    real = summary.array_batches
-    monkeypatch.setattr(summary, "array_batches", lambda t, cols: reads.append(",".join(cols)) or real(t, cols))
-    ds = write_dataset(tmp_path / "cell", random_cell(47, n_windows=3000), files=2, row_group_size=500)
-    args = ["analyze", str(ds), "overcommit", "--no-plots", "--quiet"]
+
+def _spy_table_reads(monkeypatch, *outs) -> list[str]:
+    """The Parquet files of results folders ``outs`` (or of their staging folders while the runs
+    write them) opened from now on, as ``analysis/table/...``."""
+    from pathlib import Path
+
+    import pyarrow.parquet as pq
+
+    opened: list[str] = []
+    real = pq.ParquetFile.__init__
+
+    def spy(self, source, *args, **kwargs):
+        parts = Path(str(source)).parts
+        for out in outs:
+            i = len(out.parent.parts)
+            if parts[:i] == out.parent.parts and len(parts) > i + 1:
+                if parts[i] == out.name or parts[i].startswith(f".{out.name}.gpuclust-tmp-"):
+                    opened.append("/".join(parts[i + 1 :]))
+        real(self, source, *args, **kwargs)
+
+    monkeypatch.setattr(pq.ParquetFile, "__init__", spy)
+    # the summaries' streamed passes over their tables, on disk or in memory
+    import gpuclust.analyses._overcommit_summary as oc
+    import gpuclust.analyses._peak_metrics as pk
+    import gpuclust.analyses.machine_utilization as mu
+
+    for name, module in (("overcommit", oc), ("peak-prediction", pk), ("machine-utilization", mu)):
+        real_batches = module.array_batches
+        monkeypatch.setattr(
+            module, "array_batches", lambda t, c, _n=name, _r=real_batches: opened.append(f"{_n} pass") or _r(t, c)
+        )
+    return opened
+
+
+def test_a_gpu_run_never_reads_its_written_tables_back(tmp_path, monkeypatch, synth_cell_40):
+    """Outputs are written once (issue 34): the summaries of the parted tables are made of what
+    the finalizes computed where the rows were (sums; on a device the values of their quantiles,
+    ``gpuclust.analyses._kept.KeptValues``), so a gpu run of every analysis opens no table it
+    wrote and passes over none; a cpu run streams only the three tables whose values it takes
+    quantiles of (bounded memory).  Both runs' results are the same; nothing stays kept after."""
+    from gpuclust.analyses import _kept
+
+    # (a horizon within the cell's 3 h, so that peak-prediction scores its predictors)
+    args = ["analyze", str(synth_cell_40 / "ds"), *names(), "-O", "horizon_s=5400", "--no-plots", "--quiet"]
+    seen = _spy_table_reads(monkeypatch, tmp_path / "cpu", tmp_path / "gpu")
     assert cli.main([*args, "--out", str(tmp_path / "cpu"), "--backend", "cpu"]) == 0
-    assert reads and all("use_cpu" not in r for r in reads), reads  # the quantiles' columns only
-    reads.clear()
+    assert {f"{a} pass" for a in QUANTILED} <= set(seen) and {f.split(" ")[0].split("/")[0] for f in seen} == QUANTILED
+    seen.clear()
     resolve_gpu_to_device(monkeypatch)
     assert cli.main([*args, "--out", str(tmp_path / "gpu"), "--backend", "gpu"]) == 0
-    assert reads == []
+    assert seen == []
+    assert _kept._kept[0] == 0
+    res = [_tables(load_results(tmp_path / b)) for b in ("cpu", "gpu")]
+    assert_results_same(res[0], res[1], rtol=1e-9)
+
+
+@pytest.mark.gpu
+def test_a_run_on_a_device_never_reads_its_written_tables_back(tmp_path, monkeypatch, gpu_backend, synth_cell_40):
+    """The same on a real device (CuPy): the three summaries' quantiles of the values kept there,
+    no written table opened, the cpu's results."""
+    args = ["analyze", str(synth_cell_40 / "ds"), *sorted(QUANTILED), "-O", "horizon_s=5400", "--no-plots", "--quiet"]
+    assert cli.main([*args, "--out", str(tmp_path / "cpu"), "--backend", "cpu"]) == 0
+    seen = _spy_table_reads(monkeypatch, tmp_path / "gpu")
+    assert cli.main([*args, "--out", str(tmp_path / "gpu"), "--backend", "gpu"]) == 0
+    assert seen == []
+    res = [_tables(load_results(tmp_path / b)) for b in ("cpu", "gpu")]
+    assert_results_same(res[0], res[1], rtol=1e-9)
+
+
+def test_values_the_device_cannot_spare_are_read_back(tmp_path, monkeypatch, synth_cell_40):
+    """Where the device cannot spare the memory (``KEEP_SHARE`` 0 here) a gpu run's summaries read
+    their tables back, with the same results; a kept value pickled (a shard's extra from a dask
+    worker) arrives empty."""
+    import pickle
+
+    from device_backend import DEVICE_GPU
+
+    from gpuclust.analyses import _kept
+
+    kept = _kept.KeptValues(DEVICE_GPU)
+    kept.add("x", np.arange(3.0))
+    assert kept.kept and not pickle.loads(pickle.dumps(kept)).kept
+    kept.release()
+    monkeypatch.setattr(_kept, "KEEP_SHARE", 0.0)
+    args = ["analyze", str(synth_cell_40 / "ds"), *sorted(QUANTILED), "-O", "horizon_s=5400", "--no-plots", "--quiet"]
+    assert cli.main([*args, "--out", str(tmp_path / "cpu"), "--backend", "cpu"]) == 0
+    opened = _spy_table_reads(monkeypatch, tmp_path / "gpu")
+    resolve_gpu_to_device(monkeypatch)
+    assert cli.main([*args, "--out", str(tmp_path / "gpu"), "--backend", "gpu"]) == 0
+    assert {f"{a} pass" for a in QUANTILED} <= set(opened), opened
+    assert _kept._kept[0] == 0
     res = [_tables(load_results(tmp_path / b)) for b in ("cpu", "gpu")]
     assert_results_same(res[0], res[1], rtol=1e-9)
 
