@@ -16,6 +16,12 @@
 
 namespace gpuclust {
 
+// Rows each thread loads per step of a grid-stride loop before it aggregates any of them (rows
+// base + u * stride + threadIdx.x for u < ROWS_IN_FLIGHT): a warp keeps this many loads of each
+// input in flight instead of one, so the memory latency is hidden with the grid's 8 blocks per SM.
+// Trip counts stay block-uniform; a warp still aggregates 32 consecutive rows at a time.
+enum { ROWS_IN_FLIGHT = 4 };  // (an enumerator: no unused-variable warning where a file does not use it)
+
 __device__ __forceinline__ int lane_id() { return threadIdx.x & 31; }
 
 // The lanes of the warp whose key equals this lane's key (a bit mask), and whether this lane is

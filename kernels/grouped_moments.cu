@@ -13,6 +13,7 @@
 // T: float or double input (x); weights are double; C: int or long long group codes; D: 1..4.
 // All accumulation is in double.
 //
+// Each thread loads ROWS_IN_FLIGHT rows of its grid-stride loop before it adds any (accumulate.cuh).
 // Contention strategy: each warp handles 32 consecutive rows per step; lanes with equal group
 // are combined in registers (moments_warp.cuh: one __match_any_sync per step, butterfly when the
 // warp is uniform) and the leader issues one atomicAdd per quantity.  The *_shared variants keep
@@ -60,20 +61,26 @@ __device__ __forceinline__ void comoments_sums_body(const T* __restrict__ x, con
                                                     double* __restrict__ acc) {
     constexpr int K = 2 + D;
     const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long base = (long long)blockIdx.x * blockDim.x; base < n; base += stride) {
-        double xv[D];
-        double wi;
-        const long long key = comoments_load<T, C, D>(x, w, group, n, n_groups, base + threadIdx.x, xv, &wi);
-        const WarpPeers p = warp_peers(key);
-        double v[K];
-        v[0] = key >= 0 ? 1.0 : 0.0;
-        v[1] = wi;
+    for (long long base = (long long)blockIdx.x * blockDim.x; base < n; base += stride * ROWS_IN_FLIGHT) {
+        double xv[ROWS_IN_FLIGHT][D];
+        double wi[ROWS_IN_FLIGHT];
+        long long key[ROWS_IN_FLIGHT];
 #pragma unroll
-        for (int k = 0; k < D; ++k) v[2 + k] = wi * xv[k];
-        peer_sums<K>(p, v);
-        if (p.leader && key >= 0) {
+        for (int u = 0; u < ROWS_IN_FLIGHT; ++u)  // every row's loads first
+            key[u] = comoments_load<T, C, D>(x, w, group, n, n_groups, base + u * stride + threadIdx.x, xv[u], &wi[u]);
 #pragma unroll
-            for (int k = 0; k < K; ++k) atomicAdd(acc + key * K + k, v[k]);
+        for (int u = 0; u < ROWS_IN_FLIGHT; ++u) {
+            const WarpPeers p = warp_peers(key[u]);
+            double v[K];
+            v[0] = key[u] >= 0 ? 1.0 : 0.0;
+            v[1] = wi[u];
+#pragma unroll
+            for (int k = 0; k < D; ++k) v[2 + k] = wi[u] * xv[u][k];
+            peer_sums<K>(p, v);
+            if (p.leader && key[u] >= 0) {
+#pragma unroll
+                for (int k = 0; k < K; ++k) atomicAdd(acc + key[u] * K + k, v[k]);
+            }
         }
     }
 }
@@ -84,27 +91,35 @@ __device__ __forceinline__ void comoments_centered_body(const T* __restrict__ x,
                                                         long long n, long long n_groups, double* __restrict__ acc) {
     constexpr int K = D + D * (D + 1) / 2;
     const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long base = (long long)blockIdx.x * blockDim.x; base < n; base += stride) {
-        double xv[D];
-        double wi;
-        const long long key = comoments_load<T, C, D>(x, w, group, n, n_groups, base + threadIdx.x, xv, &wi);
-        const WarpPeers p = warp_peers(key);
-        double dv[D];
+    for (long long base = (long long)blockIdx.x * blockDim.x; base < n; base += stride * ROWS_IN_FLIGHT) {
+        double dv[ROWS_IN_FLIGHT][D];
+        double wi[ROWS_IN_FLIGHT];
+        long long key[ROWS_IN_FLIGHT];
 #pragma unroll
-        for (int k = 0; k < D; ++k) dv[k] = key >= 0 ? xv[k] - m0[key * D + k] : 0.0;
-        double v[K];
+        for (int u = 0; u < ROWS_IN_FLIGHT; ++u)  // every row's loads first (x into dv)
+            key[u] = comoments_load<T, C, D>(x, w, group, n, n_groups, base + u * stride + threadIdx.x, dv[u], &wi[u]);
 #pragma unroll
-        for (int k = 0; k < D; ++k) v[k] = wi * dv[k];
-        int t = D;
+        for (int u = 0; u < ROWS_IN_FLIGHT; ++u) {  // then the group means they need
 #pragma unroll
-        for (int a = 0; a < D; ++a) {
-#pragma unroll
-            for (int b = a; b < D; ++b) v[t++] = wi * dv[a] * dv[b];
+            for (int k = 0; k < D; ++k) dv[u][k] = key[u] >= 0 ? dv[u][k] - m0[key[u] * D + k] : 0.0;
         }
-        peer_sums<K>(p, v);
-        if (p.leader && key >= 0) {
 #pragma unroll
-            for (int k = 0; k < K; ++k) atomicAdd(acc + key * K + k, v[k]);
+        for (int u = 0; u < ROWS_IN_FLIGHT; ++u) {
+            const WarpPeers p = warp_peers(key[u]);
+            double v[K];
+#pragma unroll
+            for (int k = 0; k < D; ++k) v[k] = wi[u] * dv[u][k];
+            int t = D;
+#pragma unroll
+            for (int a = 0; a < D; ++a) {
+#pragma unroll
+                for (int b = a; b < D; ++b) v[t++] = wi[u] * dv[u][a] * dv[u][b];
+            }
+            peer_sums<K>(p, v);
+            if (p.leader && key[u] >= 0) {
+#pragma unroll
+                for (int k = 0; k < K; ++k) atomicAdd(acc + key[u] * K + k, v[k]);
+            }
         }
     }
 }

@@ -1,7 +1,8 @@
 // Grouped sum: out[codes[i]] += (double)values[i] for codes in [0, n_groups); NaN values and
 // out-of-range codes add nothing.  Same contention strategy as bucket_overlap.cu: warp
 // aggregation of equal codes, then either a block-local shared-memory copy of the output
-// (grouped_sum_shared, small n_groups) or global atomics (grouped_sum_global).
+// (grouped_sum_shared, small n_groups) or global atomics (grouped_sum_global).  Each thread loads
+// ROWS_IN_FLIGHT rows of its grid-stride loop before it adds any (accumulate.cuh).
 #include "accumulate.cuh"
 
 namespace gpuclust {
@@ -10,16 +11,25 @@ template <typename C, typename T>
 __device__ __forceinline__ void grouped_sum_body(const C* __restrict__ codes, const T* __restrict__ values,
                                                  long long n, long long n_groups, double* __restrict__ acc) {
     const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long base = (long long)blockIdx.x * blockDim.x; base < n; base += stride) {
-        const long long i = base + threadIdx.x;
-        long long key = -1;
-        double v = 0.0;
-        if (i < n) {
-            const long long c = (long long)codes[i];
-            v = (double)values[i];
-            if (c >= 0 && c < n_groups && !(v != v)) key = c;
+    for (long long base = (long long)blockIdx.x * blockDim.x; base < n; base += stride * ROWS_IN_FLIGHT) {
+        long long key[ROWS_IN_FLIGHT];
+        double v[ROWS_IN_FLIGHT];
+#pragma unroll
+        for (int u = 0; u < ROWS_IN_FLIGHT; ++u) {  // every load first
+            const long long i = base + u * stride + threadIdx.x;
+            key[u] = -1;
+            v[u] = 0.0;
+            if (i < n) {
+                const long long c = (long long)codes[i];
+                const double x = (double)values[i];
+                if (c >= 0 && c < n_groups && !(x != x)) {
+                    key[u] = c;
+                    v[u] = x;
+                }
+            }
         }
-        warp_aggregated_add(acc, key, key >= 0 ? v : 0.0);
+#pragma unroll
+        for (int u = 0; u < ROWS_IN_FLIGHT; ++u) warp_aggregated_add(acc, key[u], v[u]);
     }
 }
 
