@@ -11,7 +11,7 @@ contiguity (raising, never converting) and launch with *named* arguments ordered
 parameter lists below.
 
 The instantiations are the loader's table entry ``gpuclust._kernels.INSTANTIATIONS["mixture.cu"]``
-(:data:`INSTANTIATIONS`); kernels come from the loader (one module per file per device).  CuPy is
+(:data:`INSTANTIATIONS`); kernels come from the loader (one module per file, template arguments and device).  CuPy is
 imported lazily, inside functions.
 """
 

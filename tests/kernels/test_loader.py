@@ -38,6 +38,20 @@ def test_undeclared_instantiation_rejected():
         _kernels.get_function("bucket_overlap.cu", "gpuclust::bucket_overlap_shared", ("int",))
 
 
+@pytest.mark.parametrize("filename", _kernels.kernel_files())
+def test_a_module_holds_the_kernels_of_one_set_of_template_arguments(filename):
+    """Modules are compiled per file and template arguments: every declared instantiation is in
+    exactly one, with every other template of the file declared with its arguments."""
+    decl = _kernels.INSTANTIATIONS[filename]
+    modules = {a: _kernels.module_expressions(filename, a) for args in decl.values() for a in args}
+    got = [e for exprs in modules.values() for e in exprs]
+    assert sorted(got) == sorted(_kernels.name_expressions(filename))
+    for a, exprs in modules.items():
+        assert exprs == [_kernels.name_expression(t, a) for t in decl if a in decl[t]]
+    with pytest.raises(_kernels.KernelSourceError, match="no kernel"):
+        _kernels.module_expressions(filename, ("no-such-type",))
+
+
 def _cuda_params(src: str) -> dict[str, list[tuple[str, str]]]:
     """``{kernel name: [(parameter name, "ptr" or its C scalar type)]}`` of every ``__global__``
     function in ``src`` (a kernel file as NVRTC compiles it)."""
