@@ -32,6 +32,7 @@ from gpuclust.engine.local import context_of
 from gpuclust.engine.partition import column_to_numpy
 
 # the sibling test module's make_cell
+mix_ref = by_path.load("gpuclust_mixture_reference", Path(__file__).resolve().parents[1] / "mixture" / "reference.py")
 make_cell = by_path.load(
     "gpuclust_test_usage_distribution", Path(__file__).with_name("test_usage_distribution.py")
 ).make_cell
@@ -245,4 +246,13 @@ def test_resolve_equals_the_exact_inversion(seed, k, n, parts):
     got = tp.resolve(state, br, lv)
     want = ms.finalize(ms.exact_partial(q, w, keys), lv)
     assert br["key"].tolist() == want["key"].tolist()
-    np.testing.assert_allclose(got, want["quantiles"], rtol=1e-9, atol=1e-300, equal_nan=True)
+    exact = want["quantiles"]
+    close = np.isclose(got, exact, rtol=1e-9, atol=1e-300, equal_nan=True)
+    # where a quantile is ill-conditioned (almost no mass near it, so the last bits of F move x:
+    # a median between a heavy point mass at 0 and a heavy window further up), the answer is to be
+    # the exact quantile of a level within 1e-12 of p, by the reference CDF, as in docs/analyses/mixture.md
+    for gi, li in zip(*np.nonzero(~close), strict=True):
+        sel = keys == want["key"][gi]
+        x = got[gi, li : li + 1]
+        f, fl = (float(mix_ref.mixture_cdf_np(q[sel], w[sel], x, left=left)[0]) for left in (False, True))
+        assert f >= lv[li] - 1e-12 and fl <= lv[li] + 1e-12, (gi, lv[li], got[gi, li], exact[gi, li], f, fl)
