@@ -50,35 +50,34 @@ def min_start(source: Any) -> int | None:
 
 
 def up_grid(
-    up: dict[str, np.ndarray] | None, lo: int, hi: int, span: int, width: int
-) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    up: dict[str, np.ndarray] | None, lo: int, hi: int, span: int, width: int, be: Any = None
+) -> tuple[Any, dict[str, Any]]:
     """Dense over machine codes ``[lo, hi)`` x the ``span`` buckets of ``width`` µs (flat,
     machine-major): the seconds each machine is up, and per resource (``cpu``, ``mem``) its
     capacity-seconds there (NaN where an up piece has an unknown capacity), swept from the shard's
-    up pieces (``up``: the context's code, start, end, cap_cpu, cap_mem, sorted by code) by the cpu
-    backend's ``bucket_overlap`` (what ``overcommit`` sweeps its capacity with).  A shard holds at
+    up pieces (``up``: the context's code, start, end, cap_cpu, cap_mem, sorted by code) by
+    backend ``be``'s ``bucket_overlap`` (default the cpu's; what ``overcommit`` sweeps its
+    capacity with), as arrays of that backend (the pieces are copied there).  A shard holds at
     most about ``machine_utilization.SHARD_CELLS`` machine-buckets (or one machine), so nothing
     here grows with the cell."""
+    be = finalize_backend("cpu") if be is None else be
+    xp = be.xp
     cells = (hi - lo) * span
     if up is None:
         raise RuntimeError("machine-utilization: the time-weighted mode needs the context's up pieces")
     i0, i1 = np.searchsorted(up["code"], [lo, hi])
     if cells == 0 or i1 == i0:
-        return np.zeros(cells), {r: np.zeros(cells) for r in ("cpu", "mem")}
+        return xp.zeros(cells), {r: xp.zeros(cells) for r in ("cpu", "mem")}
     cc, cm = up["cap_cpu"][i0:i1], up["cap_mem"][i0:i1]
     vals = np.stack([np.ones(i1 - i0), cc, cm, np.isnan(cc).astype(np.float64), np.isnan(cm).astype(np.float64)])
-    sw = (
-        finalize_backend("cpu")
-        .ops.bucket_overlap(  # host arrays: the shard's up pieces
-            up["start"][i0:i1],
-            up["end"][i0:i1],
-            vals,
-            (up["code"][i0:i1] - lo).astype(np.int32),
-            n_groups=hi - lo,
-            n_buckets=span,
-            origin=0,
-            width=width,
-        )
-        .reshape(5, cells)
-    )
-    return sw[0], {"cpu": np.where(sw[3] > 0, np.nan, sw[1]), "mem": np.where(sw[4] > 0, np.nan, sw[2])}
+    sw = be.ops.bucket_overlap(  # the shard's up pieces
+        be.asarray(np.ascontiguousarray(up["start"][i0:i1])),
+        be.asarray(np.ascontiguousarray(up["end"][i0:i1])),
+        be.asarray(vals),
+        be.asarray((up["code"][i0:i1] - lo).astype(np.int32)),
+        n_groups=hi - lo,
+        n_buckets=span,
+        origin=0,
+        width=width,
+    ).reshape(5, cells)
+    return sw[0], {"cpu": xp.where(sw[3] > 0, np.nan, sw[1]), "mem": xp.where(sw[4] > 0, np.nan, sw[2])}

@@ -231,7 +231,9 @@ class Keyed(Kind):
     by a stable merge of their keys; ``per``: keys per shard coordinate, from the
     context (a sharded keyed partial); ``dense``: the number of keys it can span, from the
     context, when the local engine may merge it in memory into dense accumulators instead of
-    spilling it (None there, or no ``dense``: spilled)."""
+    spilling it (None there, or no ``dense``: spilled); ``dense_host``: whether those
+    accumulators may be in host memory too (False: only in a device's, within a share of it:
+    overcommit's machines x tiers x buckets grow with the cell)."""
 
     fields: Mapping[str, Any] = field(default_factory=dict)
     maxima: tuple[str, ...] = ()
@@ -239,6 +241,7 @@ class Keyed(Kind):
     rows: bool = False
     per: Callable[[Any], int] | None = None
     dense: Callable[[Any], int | None] | None = None
+    dense_host: bool = True
 
     @property
     def keyed(self) -> Keyed:
@@ -394,13 +397,14 @@ class Fields:
         per = self._per(name, ctx)
         return int(pack(lo, 0, per)), int(pack(hi, 0, per))
 
-    def dense_keys(self, ctx: Any) -> dict[str, tuple[int, int]] | None:
+    def dense_keys(self, ctx: Any, on_device: bool = True) -> dict[str, tuple[int, int]] | None:
         """``{name: (0, keys)}`` for the sharded keyed partials when every one may be merged into
-        dense accumulators (see :class:`Keyed`), else None."""
+        dense accumulators (see :class:`Keyed`) on a device (``on_device``) or in host memory,
+        else None."""
         out = {}
         for name in self.sharded:
             kd = self._keyed(name)
-            n = kd.dense(ctx) if kd.dense is not None and not kd.rows else None
+            n = kd.dense(ctx) if kd.dense is not None and not kd.rows and (on_device or kd.dense_host) else None
             if n is None:
                 return None
             out[name] = (0, int(n))

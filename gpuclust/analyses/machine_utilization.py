@@ -42,13 +42,14 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from gpuclust._xp import bincount
 from gpuclust.analyses._extent import max_finite, to_f64, to_i64
 from gpuclust.analyses._intervals import capacity_intervals
 from gpuclust.analyses._kept import KeptValues, kept_quantiles
 from gpuclust.analyses._lookup import MachineHash, machine_capacities
 from gpuclust.analyses._machine_sums import COUNTS, NULL_BITS, keyed_sums
 from gpuclust.analyses._machine_up import min_start, up_grid
-from gpuclust.analyses.base import Analysis, fmt, null_int
+from gpuclust.analyses.base import Analysis, fmt, null_int, to_host
 from gpuclust.analyses.grouping import bucket_pieces
 from gpuclust.analyses.kinds import Even, Fields, Keyed, Label, Sum
 from gpuclust.analyses.options import option
@@ -66,8 +67,10 @@ BUCKET_US = 300_000_000
 MODES = ("time-weighted", "notebook")
 #: The quantiles of the distribution table: 0, 0.01, ..., 1 (the notebook's APPROX_QUANTILES(x, 100)).
 QUANTILES = tuple(np.round(np.arange(101) / 100, 2).tolist())
-#: Machine-buckets per shard of the machine table (one Parquet part).
+#: Machine-buckets per shard of the machine table (one Parquet part); shards of a device's
+#: partials take this many times more (fewer launches).
 SHARD_CELLS = 1 << 18
+DEVICE_SHARD_FACTOR = 4
 #: Most machine-buckets merged in memory by the local engine (:func:`_dense_cells`):
 #: 8 Mi, 240 MiB of accumulators (a 2019 cell, ~12,000 machines x 8,928 buckets, spills).
 DENSE_CELLS = 1 << 23
@@ -286,8 +289,11 @@ class MachineUtilization(Analysis):
                 "stats": Sum((len(STATS),), np.int64),
                 "backend": Label(),
             },
-            shard_by=Even(_machines, _span, SHARD_CELLS),
+            shard_by=Even(_machines, _span, SHARD_CELLS, device=DEVICE_SHARD_FACTOR),
         )
+
+    #: its keyed sums (~33 B a machine-bucket) stay on the device for :meth:`finalize_shard`
+    device_partial = True
 
     def finalize(self, partial: dict[str, Any], ctx: MachineUtilizationContext) -> dict[str, Any]:
         return finalize_in_memory(self, partial, ctx)
@@ -302,74 +308,73 @@ class MachineUtilization(Analysis):
     ) -> tuple[dict[str, Any], dict[str, Any]]:
         """The machine-buckets of machine codes ``[lo, hi)`` and the shard's per-bucket sums for the
         series: notebook, those with a used window; time-weighted, those in which the machine is
-        up (:func:`gpuclust.analyses._machine_up.up_grid`, swept for the shard's machines only)."""
-        u = keyed["u"]
-        key = np.asarray(u["key"], np.int64)
-        windows = np.asarray(u["windows"], np.int64)
-        nulls = np.asarray(u["nulls"], np.int64)
-        mem_nulls, cpu_nulls = unpack_bits(nulls, NULL_BITS)
+        up (:func:`gpuclust.analyses._machine_up.up_grid`, swept for the shard's machines only).
+        Computed on the backend the partials were computed on (:func:`finalize_backend`: the
+        device under ``backend="gpu"``); the table's columns and the sums come back to the host."""
+        be = finalize_backend(rest["backend"])
+        xp = be.xp
+        u = {f: be.asarray(v) for f, v in keyed["u"].items()}
+        key = u["key"].astype(xp.int64, copy=False)
+        windows = u["windows"].astype(xp.int64, copy=False)
+        mem_nulls, cpu_nulls = unpack_bits(u["nulls"].astype(xp.int64, copy=False), NULL_BITS)
         known = {"cpu": windows - cpu_nulls, "mem": windows - mem_nulls}
-        use = {r: np.where(known[r] > 0, np.asarray(u[r], np.float64), np.nan) for r, _, _ in RESOURCES}
+        use = {r: xp.where(known[r] > 0, u[r].astype(xp.float64, copy=False), np.nan) for r, _, _ in RESOURCES}
         notebook = self.mode == "notebook"
-        extra: dict[str, Any] = {"kept": KeptValues(finalize_backend(rest["backend"]))}
+        extra: dict[str, Any] = {"kept": KeptValues(be)}
+        counts: list[Any] = []  # the shard's counters, read on the host at once
         if notebook:
             code, bucket = unpack(key, ctx.span)
-            cap = {r: getattr(ctx, cap_name)[code] for r, _, cap_name in RESOURCES}
-            cols: dict[str, Any] = {
-                "machine_id": ctx.machine_ids[code],
-                "bucket": bucket,
-                "bucket_start_us": bucket * BUCKET_US,
-                "windows": windows,
-            }
+            cap = {r: be.stage(getattr(ctx, cap_name))[code] for r, _, cap_name in RESOURCES}
+            cols: dict[str, Any] = {"bucket": bucket, "bucket_start_us": bucket * BUCKET_US, "windows": windows}
             use_s = use
             cap_s = cap
         else:
-            up, cs = up_grid(ctx.up, lo, hi, ctx.span, BUCKET_US)  # dense over the shard: (hi - lo) x span
+            up, cs = up_grid(ctx.up, lo, hi, ctx.span, BUCKET_US, be)  # dense over the shard: (hi - lo) x span
             local = key - pack(lo, 0, ctx.span)
-            cells = np.flatnonzero(up > 0)
-            at = np.searchsorted(local, cells)  # the keyed sums of each up machine-bucket, if any
+            cells = xp.flatnonzero(up > 0)
+            at = xp.searchsorted(local, cells)  # the keyed sums of each up machine-bucket, if any
             has = at < local.shape[0]
             has[has] = local[at[has]] == cells[has]
             code, bucket = unpack(cells, ctx.span)
             code += lo
             up_s = up[cells]
-            w = np.zeros(cells.shape[0], np.int64)
+            w = xp.zeros(cells.shape[0], xp.int64)
             w[has] = windows[at[has]]
-            cols = {
-                "machine_id": ctx.machine_ids[code],
-                "bucket": bucket,
-                "bucket_start_us": bucket * BUCKET_US,
-                "up_s": up_s,
-                "windows": w,
-            }
+            cols = {"bucket": bucket, "bucket_start_us": bucket * BUCKET_US, "up_s": up_s, "windows": w}
             use_s, cap_s, cap = {}, {}, {}
             for r, _, _ in RESOURCES:
-                v = np.zeros(cells.shape[0])
+                v = xp.zeros(cells.shape[0])
                 v[has] = use[r][at[has]] * (BUCKET_US / 1e6)  # the keyed sums are usage x overlap / 300 s
                 use_s[r] = v
                 cap_s[r] = cs[r][cells]
                 cap[r] = cap_s[r] / up_s
                 use[r] = v / up_s
-            n_keys = int(local.shape[0])
-            extra["up"] = {
-                "idle_machine_buckets": int(np.count_nonzero(w == 0)),
-                "partial_machine_buckets": int(np.count_nonzero(up_s < BUCKET_US / 1e6)),
-                "usage_buckets_not_up": n_keys - int(np.count_nonzero(has)),
-            }
+            counts += [
+                xp.count_nonzero(w == 0),
+                xp.count_nonzero(up_s < BUCKET_US / 1e6),
+                local.shape[0] - xp.count_nonzero(has),
+            ]
         for r, _, _ in RESOURCES:
             c = cap_s[r]
             with np.errstate(invalid="ignore", divide="ignore"):
-                ratio = np.where(c > 0, use_s[r] / np.where(c > 0, c, 1.0), np.nan)
-            util = np.where(ratio > 1.0, 1.0, ratio) if notebook else ratio
+                ratio = xp.where(c > 0, use_s[r] / xp.where(c > 0, c, 1.0), np.nan)
+            util = xp.where(ratio > 1.0, 1.0, ratio) if notebook else ratio
             cols[f"{r}_usage"], cols[f"cap_{r}"], cols[f"{r}_util"] = use[r], cap[r], util
-            kn = np.isfinite(util)
+            kn = xp.isfinite(util)
             extra["kept"].add(r, util[kn])  # on a device: for the summary's quantiles
             extra[r] = {
-                "known": np.bincount(bucket[kn], minlength=ctx.span),
-                "sum": np.bincount(bucket[kn], weights=util[kn], minlength=ctx.span),
-                "over": int(np.count_nonzero(ratio > 1.0)),
-                "unknown": int(np.count_nonzero(~kn)),
+                "known": bincount(xp, bucket[kn], minlength=ctx.span),
+                "sum": bincount(xp, bucket[kn], weights=util[kn], minlength=ctx.span),
             }
+            counts += [xp.count_nonzero(ratio > 1.0), xp.count_nonzero(~kn)]
+        n = [int(x) for x in to_host(xp.stack([xp.asarray(c, xp.int64) for c in counts]))]
+        if not notebook:
+            extra["up"] = dict(zip(UP_STATS, n[:3], strict=True))
+        for r, _, _ in RESOURCES:
+            extra[r] = {k: to_host(v) for k, v in extra[r].items()}
+            extra[r]["over"], extra[r]["unknown"] = n[-4:-2] if r == "cpu" else n[-2:]
+        cols = {c: to_host(v) for c, v in cols.items()}
+        cols["machine_id"] = ctx.machine_ids[to_host(code)]
         # one Arrow table in the table's column order, built from the arrays without pandas
         return {"machine": table({c: cols[c] for c in (_MACHINE_COLUMNS if notebook else _UP_COLUMNS)})}, extra
 

@@ -393,10 +393,10 @@ class Overcommit(Analysis):
         the partials were computed, so that finalize builds the tables there too)."""
         return Fields(
             {
-                "usage": Keyed(fields=USAGE_FIELDS, per=_tier_buckets, dense=_tier_bucket_keys),
+                "usage": Keyed(fields=USAGE_FIELDS, per=_tier_buckets, dense=_tier_bucket_keys, dense_host=False),
                 "stats": Sum((len(STATS),), np.int64),
-                "req": Keyed(fields=REQ_FIELDS, per=_tier_buckets, dense=_tier_bucket_keys),
-                "inst": Keyed(fields=INST_FIELDS, per=_buckets, dense=_bucket_keys),
+                "req": Keyed(fields=REQ_FIELDS, per=_tier_buckets, dense=_tier_bucket_keys, dense_host=False),
+                "inst": Keyed(fields=INST_FIELDS, per=_buckets, dense=_bucket_keys, dense_host=False),
                 "istats": Sum((len(ISTATS),), np.int64),
                 "backend": Label(),
             },

@@ -173,19 +173,25 @@ def dense_target(a: Analysis, ctx: Any, folder: SpillTarget | None, backend: Any
     in partition order).  On a device ``backend`` the accumulators are in its memory, within
     :data:`DEVICE_DENSE_SHARE` of what it can give (the partials' keyed sums never leave it;
     the shards of an analysis that finalizes on the host copy their ranges out); else on the
-    host, at most :data:`DENSE_KEYS` keys in all, but not for an analysis that finalizes on the
-    device (:attr:`~gpuclust.analyses.base.Analysis.device_partial`: spilled)."""
-    ranges = a.kinds.dense_keys(ctx) if isinstance(folder, Path) else None
-    empty = a.kinds.split(a.empty())[1] if ranges else {}  # the keyed partials' names and fields
-    if not ranges or set(ranges) & set(a.kinds.rows) or set(ranges) != set(empty):
+    host, at most :data:`DENSE_KEYS` keys in all, where its kinds allow accumulators there
+    (``Keyed(dense_host=...)``: overcommit's and cpi's grow with the cell, and are spilled)."""
+    if not isinstance(folder, Path):
         return folder
-    if backend is not None and backend.name != "cpu":
-        need = sum((end - first) * (1 + 8 * (len(empty[n]) - 1)) for n, (first, end) in ranges.items())
-        if need <= DEVICE_DENSE_SHARE * device_free_bytes(backend):
-            return DenseKeys(a, ranges, backend.xp)
-    if a.device_partial or sum(max(0, end - first) for first, end in ranges.values()) > DENSE_KEYS:
-        return folder
-    return DenseKeys(a, ranges)
+    on_device = backend is not None and backend.name != "cpu"
+    for device in (True, False) if on_device else (False,):
+        ranges = a.kinds.dense_keys(ctx, on_device=device)
+        if not ranges:
+            continue
+        empty = a.kinds.split(a.empty())[1]  # the keyed partials' names and fields
+        if set(ranges) & set(a.kinds.rows) or set(ranges) != set(empty):
+            return folder
+        if device:
+            need = sum((end - first) * (1 + 8 * (len(empty[n]) - 1)) for n, (first, end) in ranges.items())
+            if need <= DEVICE_DENSE_SHARE * device_free_bytes(backend):
+                return DenseKeys(a, ranges, backend.xp)
+        elif sum(max(0, end - first) for first, end in ranges.values()) <= DENSE_KEYS:
+            return DenseKeys(a, ranges)
+    return folder
 
 
 @dataclass

@@ -151,6 +151,24 @@ def test_key_ranges_and_dense_keys():
     )
     assert g.dense_keys(12) == {"w": (0, 12), "u": (0, 9)}
     assert g.dense_keys(None) is None  # one of them too large (its dense says None): spilled
+    # accumulators that may only be in a device's memory (they grow with the cell)
+    h = Fields({"w": Keyed(per=lambda ctx: 4, dense=lambda ctx: ctx, dense_host=False)})
+    assert h.dense_keys(12) == h.dense_keys(12, on_device=True) == {"w": (0, 12)}
+    assert h.dense_keys(12, on_device=False) is None and g.dense_keys(12, on_device=False) == g.dense_keys(12)
+
+
+def test_which_analyses_merge_keyed_sums_in_host_memory():
+    """On the host only machine-utilization's (and usage-change's by machine) keyed sums go into
+    dense accumulators, within their own cap; overcommit's and cpi's only on a device."""
+    from gpuclust.analyses.registry import create
+
+    dense = {n: create(n).kinds for n in ("cpi", "machine-utilization", "overcommit")}
+    assert all(any(f.kinds[k].keyed.dense is not None for k in f.sharded) for f in dense.values())
+    assert {n for n, f in dense.items() if _host_dense(f)} == {"machine-utilization"}
+
+
+def _host_dense(f: Fields) -> bool:
+    return any(f.kinds[n].keyed.dense is not None and f.kinds[n].keyed.dense_host for n in f.sharded)
 
 
 def test_identities_are_merge_identities_on_the_host_and_the_backend():

@@ -45,10 +45,17 @@ def test_analyze_backend_gpu_keeps_partials_on_the_device(tmp_path, monkeypatch)
     their finalize in device memory, never copied out and back in (issue 34): whole, or for a
     parted analysis its keyed partials, which its shards take there.  With several partitions
     the partials are merged on the host, but for the keyed sums that are merged into device
-    accumulators (overcommit's and cpi's, ``Keyed(dense=...)``)."""
+    accumulators (overcommit's, cpi's and machine-utilization's, ``Keyed(dense=...)``)."""
     resolve_gpu_to_device(monkeypatch)
     kept = [a for a in names() if create(a).device_partial]
-    assert {"usage-distribution", "usage-vs-request", "cpi", "overcommit", "peak-prediction"} <= set(kept)
+    assert {
+        "usage-distribution",
+        "usage-vs-request",
+        "cpi",
+        "overcommit",
+        "peak-prediction",
+        "machine-utilization",
+    } <= set(kept)
     where: dict[str, set[str]] = {}
     for a in kept:
         cls = type(create(a))
@@ -68,7 +75,7 @@ def test_analyze_backend_gpu_keeps_partials_on_the_device(tmp_path, monkeypatch)
             monkeypatch.setattr(cls, "finalize", spy)
     ds = write_dataset(tmp_path / "cell", random_cell(31, n_windows=4000), files=3, row_group_size=500)
     optimize(ds, buckets=4)  # laid out by key: overcommit's intervals come with the partitions (no client partial)
-    dense = {"cpi", "overcommit"}  # keyed sums merged into device accumulators
+    dense = {"cpi", "overcommit", "machine-utilization"}  # keyed sums merged into device accumulators
     merged_there = {a for a in kept if not create(a).sharded and create(a).kinds.merges_on_device}
     assert merged_there == {"usage-vs-request"}  # (its per-task partial: merged by a device sort-merge)
     rows = {"peak-prediction"}  # its keyed rows kept there, every partition's (shards.KeptKeys(across=True))
@@ -320,6 +327,25 @@ def test_a_gpu_run_never_reads_its_written_tables_back(tmp_path, monkeypatch, sy
     assert cli.main([*args, "--out", str(tmp_path / "gpu"), "--backend", "gpu"]) == 0
     assert seen == []
     assert _kept._kept[0] == 0
+    res = [_tables(load_results(tmp_path / b)) for b in ("cpu", "gpu")]
+    assert_results_same(res[0], res[1], rtol=1e-9)
+
+
+@pytest.mark.parametrize("mode", ["time-weighted", "notebook"])
+def test_machine_utilization_finalizes_on_the_device(tmp_path, monkeypatch, synth_cell_40, mode):
+    """machine-utilization's shards compute their machine-buckets where the partials were (the
+    up-time sweep by the device's ``bucket_overlap``, the ratios, the series sums), and only
+    the table's columns and the sums come back; the cpu's results in both modes."""
+    import gpuclust.analyses.machine_utilization as mu
+
+    args = ["analyze", str(synth_cell_40 / "ds"), "machine-utilization", "-O", f"mode={mode}", "--no-plots", "--quiet"]
+    assert cli.main([*args, "--out", str(tmp_path / "cpu"), "--backend", "cpu"]) == 0
+    resolve_gpu_to_device(monkeypatch)
+    on: list[bool] = []
+    real = mu.bincount
+    monkeypatch.setattr(mu, "bincount", lambda xp, x, **kw: on.append(isinstance(x, DeviceArray)) or real(xp, x, **kw))
+    assert cli.main([*args, "--out", str(tmp_path / "gpu"), "--backend", "gpu"]) == 0
+    assert on and all(on)
     res = [_tables(load_results(tmp_path / b)) for b in ("cpu", "gpu")]
     assert_results_same(res[0], res[1], rtol=1e-9)
 

@@ -105,8 +105,8 @@ def _on_device(obj) -> bool:
 @pytest.mark.parametrize("partitions", [1, 3])
 def test_device_partials_stay_on_the_device_when_nothing_merges_them(dataset, reference, monkeypatch, partitions):
     """On a device (the device-shaped backend), the partials of the analyses with
-    ``Analysis.device_partial`` (cpi, overcommit, peak-prediction, usage-distribution,
-    usage-vs-request) reach finalize in device memory when their table is one resident partition,
+    ``Analysis.device_partial`` (cpi, job-usage, machine-utilization, overcommit, peak-prediction,
+    usage-distribution, usage-vs-request) reach finalize in device memory when their table is one resident partition,
     and in host memory when partitions are merged; every other analysis' always in host memory;
     the results are ``run``'s on the cpu either way."""
     from device_backend import DEVICE, mark_partials_gpu, resolve_gpu_to_device
@@ -132,7 +132,15 @@ def test_device_partials_stay_on_the_device_when_nothing_merges_them(dataset, re
     mark_partials_gpu(monkeypatch)  # so they finalize on the device-shaped backend, as a gpu study's
     study = gpuclust.open(dataset, backend=DEVICE, partitions=partitions, workers=1).persist()
     got = study.run(names())
-    stay = {"cpi", "job-usage", "overcommit", "peak-prediction", "usage-distribution", "usage-vs-request"}
+    stay = {
+        "cpi",
+        "job-usage",
+        "machine-utilization",
+        "overcommit",
+        "peak-prediction",
+        "usage-distribution",
+        "usage-vs-request",
+    }
     assert {n for n in names() if create(n).device_partial} == stay
     assert seen == {n: partitions == 1 and n in stay for n in names()}
     # the keyed sums reach the shards where they were left (overcommit's too, on this flat
@@ -140,7 +148,8 @@ def test_device_partials_stay_on_the_device_when_nothing_merges_them(dataset, re
     # not); usage-distribution's mixture state alone stays on the device, its group rows come to
     # the host
     device_shards = {n for n, on in shards.items() if all(on)}
-    assert device_shards == ({"cpi", "overcommit", "peak-prediction"} if partitions == 1 else {"overcommit"})
+    one = {"cpi", "machine-utilization", "overcommit", "peak-prediction"}
+    assert device_shards == (one if partitions == 1 else {"overcommit"})
     assert_same(got, reference, rtol=1e-9)
 
 

@@ -415,6 +415,7 @@ class Cpi(Analysis):
                     {f: np.int64 if f in ("k", "bad", "n") else np.float64 for f in fields},
                     per=per.get(pre),
                     dense=dense.get(pre),
+                    dense_host=False,  # on the host they are spilled (they grow with the cell)
                 ),
                 pre + "_",
                 ("key", *fields),
