@@ -98,11 +98,11 @@ def kept_quantiles(
     shard), one sort a stream there; else :func:`backend_quantiles_many` of ``batches()``, which
     yields per batch the streams' values in the order of ``keys`` (every stream in the same
     passes).  The same result either way."""
-    if kept and all(k.kept for k in kept):
-        out = device_quantiles_many(
-            kept[0].be, [[a for k in kept for a in (k.parts or {}).get(key, ())] for key in keys], qs
-        )
-        for k in kept:
-            k.release()
-        return out
+    every = bool(kept) and all(k.kept for k in kept)
+    device = kept[0].be if every else None
+    parts = [[a for k in kept for a in (k.parts or {}).get(key, ())] for key in keys] if every else []
+    for k in kept:  # (what they hold lives on in ``parts``; where one was refused, freed now)
+        k.release()
+    if every:
+        return device_quantiles_many(device, parts, qs)
     return backend_quantiles_many(be, batches, len(keys), qs)
