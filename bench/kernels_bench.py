@@ -20,7 +20,10 @@ move*.  Definitions used here (both sides count bytes read + bytes written):
 
 Cases cover the shapes the analyses produce: few cells with heavy contention (cell-usage's
 tier x hour), many cells (overcommit's machine x 5-min bucket), all intervals in one cell; groups
-of a few hundred windows (mixture per machine-hour) and of tens of thousands (per machine).
+of a few hundred windows (mixture per machine-hour) and of tens of thousands (per machine).  The
+many-cell and many-group cases draw every row's cell at random (no two rows of a warp share one:
+each atomic its own memory sector), and again with rows in runs of 30 of one cell or group, as an
+instance's consecutive windows on its machine follow each other in an instance-ordered layout.
 
 Shared against global atomics: the ops keep a block-local float64 copy of a small output in shared
 memory (``backends/gpu.py``: ``SHARED_BYTES``); a shared-memory float64 ``atomicAdd`` may compile
@@ -113,9 +116,25 @@ def _uniform(xp: Any, n: int, k: int = 0) -> Any:
     return xp.asarray(np.random.default_rng([n, k]).random(n))
 
 
-def _intervals(xp: Any, n: int, n_groups: int, n_buckets: int, width: int, contention: bool) -> dict[str, Any]:
+def _run_draws(xp: Any, n: int, runs: int, k: int) -> Any:
+    """Uniform draws in [0, 1) a run of ``runs`` consecutive rows (``n`` rows): row ``i`` takes
+    its run's draw (stream ``k``)."""
+    return _uniform(xp, -(-n // runs), k)[xp.arange(n) // runs]
+
+
+def _intervals(
+    xp: Any, n: int, n_groups: int, n_buckets: int, width: int, contention: bool, runs: int = 0
+) -> dict[str, Any]:
     """``n`` intervals of 300 s starting uniformly over ``n_buckets`` buckets of ``width``, in
-    ``n_groups`` groups (``contention``: every one in the first bucket of group 0)."""
+    ``n_groups`` groups (``contention``: every one in the first bucket of group 0; ``runs``: in
+    runs of that many consecutive 300 s windows of one group, as an instance's windows on its
+    machine follow each other in an instance-ordered layout)."""
+    if runs:
+        i = xp.arange(n, dtype=xp.int64)
+        first = (_run_draws(xp, n, runs, 0) * ((n_buckets - runs) * width)).astype(xp.int64)
+        start = first + (i % runs) * (300 * US)
+        group = (_run_draws(xp, n, runs, 1) * n_groups).astype(xp.int32)
+        return {"start": start, "end": start + 300 * US, "value": _uniform(xp, n, 2), "group": group}
     if contention:
         start = xp.full(n, width // 4, dtype=xp.int64)
         return {
@@ -150,6 +169,16 @@ def cases(scale: float) -> list[dict[str, Any]]:
             "n_buckets": 8_928,
             "width": 300 * US,
             "contention": False,
+        },
+        {
+            "op": "bucket_overlap",
+            "name": "machine x 5 min, windows in runs of 30 of one instance (an instance-ordered layout)",
+            "n": n,
+            "n_groups": max(10, int(12_500 * min(scale, 1.0))),
+            "n_buckets": 8_928,
+            "width": 300 * US,
+            "contention": False,
+            "runs": 30,
         },
         {
             "op": "bucket_overlap",
@@ -202,6 +231,13 @@ def cases(scale: float) -> list[dict[str, Any]]:
             "per_series": True,
         },
         {"op": "grouped_sum", "name": "10^5 groups", "n": n, "n_groups": 100_000},
+        {
+            "op": "grouped_sum",
+            "name": "10^5 groups, rows in runs of 30 (an instance's windows)",
+            "n": n,
+            "n_groups": 100_000,
+            "runs": 30,
+        },
         {"op": "grouped_sum", "name": "1,000 groups (shared-memory variant)", "n": n, "n_groups": 1_000},
         {
             "op": "grouped_sum",
@@ -219,6 +255,14 @@ def cases(scale: float) -> list[dict[str, Any]]:
         },
         {"op": "bincount", "name": "1,000 bins: the array module's weighted bincount", "n": n, "n_groups": 1_000},
         {"op": "grouped_comoments", "name": "d=2, 12,500 groups (cpi by machine)", "n": n, "n_groups": 12_500, "d": 2},
+        {
+            "op": "grouped_comoments",
+            "name": "d=2, 12,500 groups, rows in runs of 30 (an instance's windows on its machine)",
+            "n": n,
+            "n_groups": 12_500,
+            "d": 2,
+            "runs": 30,
+        },
         {
             "op": "sort",
             "name": "the mixture's event sort: argsort of packed (group, float32 value) keys, ~300 windows per group",
@@ -273,7 +317,7 @@ def run_case(backend: Any, c: dict[str, Any], repeat: int, rng: np.random.Genera
     xp, ops = backend.xp, backend.ops
     op, n, G = c["op"], c["n"], c["n_groups"]
     if op == "bucket_overlap":
-        d = _intervals(xp, n, G, c["n_buckets"], c["width"], c["contention"])
+        d = _intervals(xp, n, G, c["n_buckets"], c["width"], c["contention"], c.get("runs", 0))
         k = c.get("series", 1)
         if k > 1:  # k value series over the same intervals: one 2-D sweep
             d["value"] = _uniform(xp, k * n, 3).reshape(k, n)
@@ -286,7 +330,7 @@ def run_case(backend: Any, c: dict[str, Any], repeat: int, rng: np.random.Genera
 
         nbytes = n * (8 + 8 + 4 + 8 * k) + k * G * c["n_buckets"] * 8
     elif op in ("grouped_sum", "bincount"):
-        codes = (_uniform(xp, n, 0) * G).astype(xp.int64)
+        codes = ((_run_draws(xp, n, c["runs"], 0) if "runs" in c else _uniform(xp, n, 0)) * G).astype(xp.int64)
         vals = _uniform(xp, n, 2)
 
         def fn() -> Any:
@@ -299,7 +343,7 @@ def run_case(backend: Any, c: dict[str, Any], repeat: int, rng: np.random.Genera
         dd = c["d"]
         x = xp.ascontiguousarray(xp.stack([_uniform(xp, n, j) for j in range(dd)], axis=1))
         w = 0.1 + 299.9 * _uniform(xp, n, 2)
-        g = (_uniform(xp, n, 4) * G).astype(xp.int64)
+        g = ((_run_draws(xp, n, c["runs"], 4) if "runs" in c else _uniform(xp, n, 4)) * G).astype(xp.int64)
 
         def fn() -> Any:
             return ops.grouped_comoments(x, w, g, G)

@@ -6,6 +6,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
@@ -34,7 +35,8 @@ def _run(mod, tmp_path, backend):
         assert r["gb_per_s"] == pytest.approx(r["bytes"] / r["seconds"] / 1e9)
         assert r["fraction_of_copy"] == pytest.approx(r["gb_per_s"] * 1e9 / res["copy_bytes_per_s"])
     md = (tmp_path / "k.md").read_text()
-    assert md.count("| bucket_overlap |") == 7 and md.count("| grouped_sum |") == 4 and "Copy bandwidth" in md
+    assert md.count("| bucket_overlap |") == 8 and md.count("| grouped_sum |") == 5 and "Copy bandwidth" in md
+    assert md.count("runs of 30") == 3
     assert md.count("| bincount |") == 2
     assert md.count("7 series") == 2 and md.count("| mixture_quantiles |") == 5
     assert md.count("global variant forced") == 3
@@ -44,6 +46,16 @@ def _run(mod, tmp_path, backend):
     share = sorts[False]["items_per_s"] / sorts[True]["items_per_s"]
     assert f"runs at **{100 * share:.0f}%** of the plain sort's keys per second" in md
     return res
+
+
+def test_rows_in_runs_share_their_cell(kernels_bench):
+    """The layout-ordered cases: 30 consecutive rows a run, one group and consecutive 300 s windows."""
+    d = kernels_bench._intervals(np, 95, 7, 100, 300 * 10**6, False, runs=30)
+    for r in range(4):
+        run = slice(30 * r, 30 * r + 30)
+        assert len(set(d["group"][run].tolist())) == 1
+        assert (np.diff(d["start"][run]) == 300 * 10**6).all() and (d["end"] - d["start"] == 300 * 10**6).all()
+    assert len(set(d["group"][::30].tolist())) > 1
 
 
 def test_cpu(kernels_bench, tmp_path):
