@@ -21,15 +21,23 @@ from gpuclust.parted import PartedTable
 
 def test_analyze_backend_gpu_equals_cpu(tmp_path, monkeypatch):
     """In three partitions a table (partials merged on the host) and in its default partitions (one
-    a table here: device partials kept on the device, see the next test)."""
+    a table here: device partials kept on the device, see the next test).  Outputs are written
+    once (issue 34): a gpu run opens no table it wrote and streams none (the summaries' quantiles
+    are of values the shards kept on the device, :mod:`gpuclust.analyses._kept`); a cpu run
+    streams only the tables whose values it takes quantiles of, in bounded memory."""
     ds = write_dataset(tmp_path / "cell", random_cell(29, n_windows=6000), files=3, row_group_size=500)
     args = ["analyze", str(ds), *names(), "--no-plots", "--quiet"]
+    seen = _spy_table_reads(monkeypatch, *(tmp_path / b for b in ("cpu", "gpu", "gpu-auto")))
     assert cli.main([*args, "--partitions", "3", "--out", str(tmp_path / "cpu"), "--backend", "cpu"]) == 0
+    # (peak-prediction scores no machine-step on this cell: its summary takes no quantile)
+    assert {"machine-utilization", "overcommit"} <= {f.split(" ")[0].split("/")[0] for f in seen} <= QUANTILED
+    seen.clear()
     resolve_gpu_to_device(monkeypatch)
     with counting_device_work() as w:
         assert cli.main([*args, "--partitions", "3", "--out", str(tmp_path / "gpu"), "--backend", "gpu"]) == 0
     assert w["ops"] > 1000 and w["kernels"] > 0 and w["h2d_bytes"] > 0
     assert cli.main([*args, "--out", str(tmp_path / "gpu-auto"), "--backend", "gpu"]) == 0
+    assert seen == []
     res = {b: _tables(load_results(tmp_path / b)) for b in ("cpu", "gpu", "gpu-auto")}
     for b in ("gpu", "gpu-auto"):
         assert json.loads((tmp_path / b / "_run.json").read_text())["backend"] == "gpu"
@@ -309,28 +317,6 @@ def _spy_table_reads(monkeypatch, *outs) -> list[str]:
     return opened
 
 
-def test_a_gpu_run_never_reads_its_written_tables_back(tmp_path, monkeypatch, synth_cell_40):
-    """Outputs are written once (issue 34): the summaries of the parted tables are made of what
-    the finalizes computed where the rows were (sums; on a device the values of their quantiles,
-    ``gpuclust.analyses._kept.KeptValues``), so a gpu run of every analysis opens no table it
-    wrote and passes over none; a cpu run streams only the three tables whose values it takes
-    quantiles of (bounded memory).  Both runs' results are the same; nothing stays kept after."""
-    from gpuclust.analyses import _kept
-
-    # (a horizon within the cell's 3 h, so that peak-prediction scores its predictors)
-    args = ["analyze", str(synth_cell_40 / "ds"), *names(), "-O", "horizon_s=5400", "--no-plots", "--quiet"]
-    seen = _spy_table_reads(monkeypatch, tmp_path / "cpu", tmp_path / "gpu")
-    assert cli.main([*args, "--out", str(tmp_path / "cpu"), "--backend", "cpu"]) == 0
-    assert {f"{a} pass" for a in QUANTILED} <= set(seen) and {f.split(" ")[0].split("/")[0] for f in seen} == QUANTILED
-    seen.clear()
-    resolve_gpu_to_device(monkeypatch)
-    assert cli.main([*args, "--out", str(tmp_path / "gpu"), "--backend", "gpu"]) == 0
-    assert seen == []
-    assert _kept._kept[0] == 0
-    res = [_tables(load_results(tmp_path / b)) for b in ("cpu", "gpu")]
-    assert_results_same(res[0], res[1], rtol=1e-9)
-
-
 @pytest.mark.parametrize("mode", ["time-weighted", "notebook"])
 def test_machine_utilization_finalizes_on_the_device(tmp_path, monkeypatch, synth_cell_40, mode):
     """machine-utilization's shards compute their machine-buckets where the partials were (the
@@ -363,10 +349,13 @@ def test_a_run_on_a_device_never_reads_its_written_tables_back(tmp_path, monkeyp
     assert_results_same(res[0], res[1], rtol=1e-9)
 
 
-def test_values_the_device_cannot_spare_are_read_back(tmp_path, monkeypatch, synth_cell_40):
-    """Where the device cannot spare the memory (``KEEP_SHARE`` 0 here) a gpu run's summaries read
-    their tables back, with the same results; a kept value pickled (a shard's extra from a dask
-    worker) arrives empty."""
+def test_summaries_keep_their_values_on_the_device_or_read_their_tables_back(tmp_path, monkeypatch, synth_cell_40):
+    """machine-utilization's, overcommit's and peak-prediction's summaries (a horizon within the
+    3 h cell, so that peak-prediction scores its predictors): a cpu run streams their tables; a
+    gpu run keeps the values on the device and reads nothing back, and nothing stays kept after
+    it; where the device cannot spare the memory (``KEEP_SHARE`` 0 here) it reads the tables
+    back; the same results every way.  A kept value pickled (a shard's extra from a dask worker)
+    arrives empty."""
     import pickle
 
     from device_backend import DEVICE_GPU
@@ -377,16 +366,22 @@ def test_values_the_device_cannot_spare_are_read_back(tmp_path, monkeypatch, syn
     kept.add("x", np.arange(3.0))
     assert kept.kept and not pickle.loads(pickle.dumps(kept)).kept
     kept.release()
-    monkeypatch.setattr(_kept, "KEEP_SHARE", 0.0)
     args = ["analyze", str(synth_cell_40 / "ds"), *sorted(QUANTILED), "-O", "horizon_s=5400", "--no-plots", "--quiet"]
+    seen = _spy_table_reads(monkeypatch, *(tmp_path / b for b in ("cpu", "gpu", "gpu-refused")))
+    passes = {f"{a} pass" for a in QUANTILED}
     assert cli.main([*args, "--out", str(tmp_path / "cpu"), "--backend", "cpu"]) == 0
-    opened = _spy_table_reads(monkeypatch, tmp_path / "gpu")
+    assert passes <= set(seen), seen
+    seen.clear()
     resolve_gpu_to_device(monkeypatch)
     assert cli.main([*args, "--out", str(tmp_path / "gpu"), "--backend", "gpu"]) == 0
-    assert {f"{a} pass" for a in QUANTILED} <= set(opened), opened
+    assert seen == [] and _kept._kept[0] == 0
+    monkeypatch.setattr(_kept, "KEEP_SHARE", 0.0)
+    assert cli.main([*args, "--out", str(tmp_path / "gpu-refused"), "--backend", "gpu"]) == 0
+    assert passes <= set(seen), seen
     assert _kept._kept[0] == 0
-    res = [_tables(load_results(tmp_path / b)) for b in ("cpu", "gpu")]
+    res = [_tables(load_results(tmp_path / b)) for b in ("cpu", "gpu", "gpu-refused")]
     assert_results_same(res[0], res[1], rtol=1e-9)
+    assert_results_same(res[0], res[2], rtol=1e-9)
 
 
 def _dense_run_on_cpu(tmp_path, seed: int) -> list[str]:
