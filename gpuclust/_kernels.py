@@ -149,7 +149,7 @@ def get_module(filename: str, args: tuple[str, ...]) -> Any:
     """The compiled :class:`cupy.RawModule` of ``filename``'s kernels with template arguments
     ``args`` (:func:`module_expressions`) on the current device (memoised).  A run compiles only
     the instantiations it uses: NVRTC's time grows with the kernels in a module (nvcc, sm_90: all
-    64 of grouped_moments.cu 8.6 s, the four of one ``(T, C, D)`` 0.7 s), which a process with a
+    64 of grouped_moments.cu 4.9 s, the four of one ``(T, C, D)`` 0.5 s), which a process with a
     cold kernel cache pays on first use."""
     import cupy
 

@@ -13,7 +13,9 @@
 // T: float or double input (x); weights are double; C: int or long long group codes; D: 1..4.
 // All accumulation is in double.
 //
-// Each thread loads ROWS_IN_FLIGHT rows of its grid-stride loop before it adds any (accumulate.cuh).
+// Each thread loads MOMENT_ROWS rows of its grid-stride loop before it adds any (accumulate.cuh's
+// ROWS_IN_FLIGHT, 2 here: its unrolled passes make the 64 instantiations' compile time grow with
+// it, 3.0 s at 1 row, 5.0 s at 2, 9.1 s at 4 with nvcc for sm_90).
 // Contention strategy: each warp handles 32 consecutive rows per step; lanes with equal group
 // are combined in registers (moments_warp.cuh: one __match_any_sync per step, butterfly when the
 // warp is uniform) and the leader issues one atomicAdd per quantity.  The *_shared variants keep
@@ -26,6 +28,8 @@
 #include "moments_warp.cuh"
 
 namespace gpuclust {
+
+enum { MOMENT_ROWS = 2 };
 
 template <typename T, typename C, int D>
 __device__ __forceinline__ long long comoments_load(const T* __restrict__ x, const double* __restrict__ w,
@@ -61,15 +65,15 @@ __device__ __forceinline__ void comoments_sums_body(const T* __restrict__ x, con
                                                     double* __restrict__ acc) {
     constexpr int K = 2 + D;
     const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long base = (long long)blockIdx.x * blockDim.x; base < n; base += stride * ROWS_IN_FLIGHT) {
-        double xv[ROWS_IN_FLIGHT][D];
-        double wi[ROWS_IN_FLIGHT];
-        long long key[ROWS_IN_FLIGHT];
+    for (long long base = (long long)blockIdx.x * blockDim.x; base < n; base += stride * MOMENT_ROWS) {
+        double xv[MOMENT_ROWS][D];
+        double wi[MOMENT_ROWS];
+        long long key[MOMENT_ROWS];
 #pragma unroll
-        for (int u = 0; u < ROWS_IN_FLIGHT; ++u)  // every row's loads first
+        for (int u = 0; u < MOMENT_ROWS; ++u)  // every row's loads first
             key[u] = comoments_load<T, C, D>(x, w, group, n, n_groups, base + u * stride + threadIdx.x, xv[u], &wi[u]);
 #pragma unroll
-        for (int u = 0; u < ROWS_IN_FLIGHT; ++u) {
+        for (int u = 0; u < MOMENT_ROWS; ++u) {
             const WarpPeers p = warp_peers(key[u]);
             double v[K];
             v[0] = key[u] >= 0 ? 1.0 : 0.0;
@@ -91,20 +95,20 @@ __device__ __forceinline__ void comoments_centered_body(const T* __restrict__ x,
                                                         long long n, long long n_groups, double* __restrict__ acc) {
     constexpr int K = D + D * (D + 1) / 2;
     const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long base = (long long)blockIdx.x * blockDim.x; base < n; base += stride * ROWS_IN_FLIGHT) {
-        double dv[ROWS_IN_FLIGHT][D];
-        double wi[ROWS_IN_FLIGHT];
-        long long key[ROWS_IN_FLIGHT];
+    for (long long base = (long long)blockIdx.x * blockDim.x; base < n; base += stride * MOMENT_ROWS) {
+        double dv[MOMENT_ROWS][D];
+        double wi[MOMENT_ROWS];
+        long long key[MOMENT_ROWS];
 #pragma unroll
-        for (int u = 0; u < ROWS_IN_FLIGHT; ++u)  // every row's loads first (x into dv)
+        for (int u = 0; u < MOMENT_ROWS; ++u)  // every row's loads first (x into dv)
             key[u] = comoments_load<T, C, D>(x, w, group, n, n_groups, base + u * stride + threadIdx.x, dv[u], &wi[u]);
 #pragma unroll
-        for (int u = 0; u < ROWS_IN_FLIGHT; ++u) {  // then the group means they need
+        for (int u = 0; u < MOMENT_ROWS; ++u) {  // then the group means they need
 #pragma unroll
             for (int k = 0; k < D; ++k) dv[u][k] = key[u] >= 0 ? dv[u][k] - m0[key[u] * D + k] : 0.0;
         }
 #pragma unroll
-        for (int u = 0; u < ROWS_IN_FLIGHT; ++u) {
+        for (int u = 0; u < MOMENT_ROWS; ++u) {
             const WarpPeers p = warp_peers(key[u]);
             double v[K];
 #pragma unroll
