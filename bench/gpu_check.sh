@@ -38,7 +38,7 @@ rm -f "$LOGS"/*.log "$LOGS"/*.json
 rm -rf "$WORK" && mkdir -p "$WORK"
 PROFILED=()  # the profile step's analyses: its default, the seven slowest
 if [ -n "${REHEARSE:-}" ]; then
-    BACKEND=cpu BASE=${BASE:-3e4} COPIES=${COPIES:-3} JOBS=${JOBS:-2} MACHINES=${MACHINES:-60}
+    BACKEND=cpu BASE=${BASE:-3e4} COPIES=${COPIES:-3} JOBS=${JOBS:-0} MACHINES=${MACHINES:-60}  # (-n 0: no xdist workers to start for skips)
     PROFILED=(--analyses usage-distribution,job-usage)
 else
     BACKEND=gpu BASE=${BASE:-1e6} COPIES=${COPIES:-35} JOBS=${JOBS:-12} MACHINES=${MACHINES:-1000}
