@@ -361,10 +361,11 @@ class MachineUtilization(Analysis):
             util = xp.where(ratio > 1.0, 1.0, ratio) if notebook else ratio
             cols[f"{r}_usage"], cols[f"cap_{r}"], cols[f"{r}_util"] = use[r], cap[r], util
             kn = xp.isfinite(util)
-            extra["kept"].add(r, util[kn])  # on a device: for the summary's quantiles
+            known_util, known_bucket = util[kn], bucket[kn]
+            extra["kept"].add(r, known_util)  # on a device: for the summary's quantiles
             extra[r] = {
-                "known": bincount(xp, bucket[kn], minlength=ctx.span),
-                "sum": bincount(xp, bucket[kn], weights=util[kn], minlength=ctx.span),
+                "known": bincount(xp, known_bucket, minlength=ctx.span),
+                "sum": bincount(xp, known_bucket, weights=known_util, minlength=ctx.span),
             }
             counts += [xp.count_nonzero(ratio > 1.0), xp.count_nonzero(~kn)]
         n = [int(x) for x in to_host(xp.stack([xp.asarray(c, xp.int64) for c in counts]))]

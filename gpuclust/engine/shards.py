@@ -178,11 +178,12 @@ def dense_target(a: Analysis, ctx: Any, folder: SpillTarget | None, backend: Any
     if not isinstance(folder, Path):
         return folder
     on_device = backend is not None and backend.name != "cpu"
+    empty: dict[str, Any] | None = None  # the keyed partials' names and fields, made once
     for device in (True, False) if on_device else (False,):
         ranges = a.kinds.dense_keys(ctx, on_device=device)
         if not ranges:
             continue
-        empty = a.kinds.split(a.empty())[1]  # the keyed partials' names and fields
+        empty = empty or a.kinds.split(a.empty())[1]
         if set(ranges) & set(a.kinds.rows) or set(ranges) != set(empty):
             return folder
         if device:
