@@ -44,7 +44,8 @@ import numpy as np
 
 from gpuclust._xp import bincount
 from gpuclust.analyses import mixture_summary as ms
-from gpuclust.backends import backend_of
+from gpuclust.analyses.base import to_host
+from gpuclust.backends import backend_of, device_free_bytes
 from gpuclust.schema import CPU_PERCENTILE_LEVELS_SORTED
 
 __all__ = [
@@ -65,6 +66,7 @@ __all__ = [
     "resolve",
     "second_partial",
     "second_partial_of",
+    "step_rows",
 ]
 
 #: Added to the first pass's bound when its knots bracket a quantile (in probability).
@@ -73,8 +75,15 @@ BRACKET_MARGIN = 1e-9
 SUMS = ("f_lo", "f_lo_left", "f_hi", "s", "a_hi")
 _PIECES = ("p_pid", "p_a", "p_b", "p_m")
 _LV = np.asarray(CPU_PERCENTILE_LEVELS_SORTED, dtype=np.float64)
-#: Windows a second-pass step handles at once (bounds its temporaries: about 1.2 kB a window).
+#: Windows a second-pass step handles at once on the host (bounds its temporaries: about 1.2 kB a
+#: window, cache-sized).
 BLOCK_ROWS = 1 << 16
+#: Device bytes a step's temporaries take per window (peak on the device-shaped backend: ~625 B;
+#: a sort's scratch is not seen there) and the share of the device's free memory they may take:
+#: a device step takes all of a level's windows that fit, so its launches and syncs do not grow
+#: with the partition (:func:`step_rows`).
+STEP_BYTES = 1280
+DEVICE_STEP_SHARE = 0.25
 #: Fewest pieces a merge sums identical ones at (:func:`merge_state`).
 SUM_PIECES_AT = 1 << 16
 #: Relative slack of the check that a bracket holds its quantile (rounding of the sums).
@@ -198,20 +207,34 @@ def _level_pieces(xp: Any, y: Any, ww: Any, lo: Any, hi: Any) -> tuple[Any, Any,
     return idx // 19, pa.reshape(-1)[idx], pb.reshape(-1)[idx], part.reshape(-1)[idx]
 
 
-def _blocks(xp: Any, is_open: Any, code: Any, w: Any) -> Any:
+def step_rows(be: Any) -> int:
+    """Windows a second-pass step takes at once on backend ``be``: :data:`BLOCK_ROWS` on the host
+    (where the backend looks rows up a block at a time, ``ops.lookup_block_rows``), else as many
+    as :data:`DEVICE_STEP_SHARE` of the device's free memory holds at :data:`STEP_BYTES` a window
+    (at least :data:`BLOCK_ROWS`)."""
+    if be.ops.lookup_block_rows is not None:
+        return BLOCK_ROWS
+    return max(BLOCK_ROWS, int(DEVICE_STEP_SHARE * device_free_bytes(be)) // STEP_BYTES)
+
+
+def _blocks(xp: Any, is_open: Any, code: Any, w: Any, rows: int) -> Any:
     """``(level index, windows)``: per level, its windows with weight in an open bracket, at most
-    :data:`BLOCK_ROWS` at a time (the temporaries of a step stay that size)."""
+    ``rows`` at a time (the temporaries of a step stay that size)."""
     for j in range(int(is_open.shape[1])):
         sel = xp.flatnonzero(is_open[code, j] & (w > 0))
         n = int(sel.shape[0])
-        for i in range(0, n, BLOCK_ROWS):
-            yield j, sel if n <= BLOCK_ROWS else sel[i : i + BLOCK_ROWS]
+        for i in range(0, n, rows):
+            yield j, sel if n <= rows else sel[i : i + rows]
 
 
-def second_partial(xp: Any, ops: Any, qr: Any, w: Any, key: Any, br: dict[str, Any]) -> dict[str, Any]:
+def second_partial(
+    xp: Any, ops: Any, qr: Any, w: Any, key: Any, br: dict[str, Any], rows: int | None = None
+) -> dict[str, Any]:
     """The second-pass state of one partition: repaired rows ``qr`` (``(n, 20)``), weights ``w``
     and group keys ``key`` of its windows; ``br`` the brackets (:func:`brackets`, arrays on the
-    backend).  Pair id = ``code * L + level index``, ``code`` the group's row in ``br``."""
+    backend); ``rows``: windows a step takes at once (:func:`step_rows`; default
+    :data:`BLOCK_ROWS`).  Pair id = ``code * L + level index``, ``code`` the group's row in
+    ``br``."""
     bkey, lo, hi = br["key"], br["lo"], br["hi"]
     L = int(lo.shape[1])
     G = int(bkey.shape[0])
@@ -222,7 +245,7 @@ def second_partial(xp: Any, ops: Any, qr: Any, w: Any, key: Any, br: dict[str, A
     pids: list[Any] = []
     sums: list[list[Any]] = [[] for _ in SUMS]
     pieces: list[list[Any]] = [[] for _ in _PIECES]
-    for j, sel in _blocks(xp, is_open, code, w) if G else ():
+    for j, sel in _blocks(xp, is_open, code, w, rows or BLOCK_ROWS) if G else ():
         c = code[sel]  # sorted, as ``key``
         every = int(sel.shape[0]) == int(w.shape[0])
         y, ww, a, b = qr if every else qr[sel], w if every else w[sel], lo[c, j], hi[c, j]
@@ -260,56 +283,60 @@ def merge_state(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     return {**out, **{p: cat[p] for p in _PIECES}, "p_summed": base}
 
 
-def resolve(state: dict[str, Any], br: dict[str, np.ndarray], levels: Any) -> np.ndarray:
-    """The exact quantiles ``(G, L)`` of the groups of ``br`` from a merged (host) second-pass
-    state: closed brackets are their value; an open pair's is its restricted mixture's quantile."""
+def resolve(state: dict[str, Any], br: dict[str, np.ndarray], levels: Any, be: Any) -> np.ndarray:
+    """The exact quantiles ``(G, L)`` (host) of the groups of ``br`` (host brackets) from a merged
+    second-pass state, computed on backend ``be`` (the state is copied there if it is not;
+    only the pair ids and the quantiles cross): closed brackets are their value; an open pair's
+    is its restricted mixture's quantile."""
+    xp, ops = be.xp, be.ops
     lv = np.asarray(levels, dtype=np.float64).reshape(-1)
-    lo, hi = br["lo"], br["hi"]
+    lo, hi = np.asarray(br["lo"]), np.asarray(br["hi"])
     L = int(lv.shape[0])
     out = np.array(lo, dtype=np.float64, copy=True)
     is_open = lo < hi
-    pid = np.asarray(state["pid"])
+    pid = np.asarray(to_host(state["pid"]), dtype=np.int64)
     want = np.flatnonzero(is_open.reshape(-1))
     if not np.array_equal(pid, want):
         raise RuntimeError("usage-distribution: second-pass pairs differ from the open brackets (internal error)")
     if not pid.shape[0]:
         return out
     g, j = pid // L, pid % L
-    plo, phi = lo[g, j], hi[g, j]
-    f_lo, f_lo_left, f_hi, s, a_hi = (np.asarray(state[f], dtype=np.float64) for f in SUMS)
-    p_row = np.searchsorted(pid, np.asarray(state["p_pid"]))
-    ops = backend_of(plo).ops
+    plo, phi = be.stage(np.ascontiguousarray(lo[g, j])), be.stage(np.ascontiguousarray(hi[g, j]))
+    f_lo, f_lo_left, f_hi, s, a_hi = (xp.asarray(state[f], dtype=xp.float64) for f in SUMS)
+    p_a, p_b, p_m = (xp.asarray(state[f], dtype=xp.float64) for f in ("p_a", "p_b", "p_m"))
+    p_row = xp.searchsorted(be.stage(pid), xp.asarray(state["p_pid"]))
+    unit = be.stage(np.asarray([0.0, 1.0]))
     for jj in range(L):
-        sel = np.flatnonzero(j == jj)
-        if not sel.shape[0]:
+        sel_h = np.flatnonzero(j == jj)
+        n = int(sel_h.shape[0])
+        if not n:
             continue
-        rank = np.full(pid.shape[0], -1, np.int64)
-        rank[sel] = np.arange(sel.shape[0])
-        pr = np.flatnonzero(rank[p_row] >= 0)
-        q = np.concatenate(
+        sel = be.stage(sel_h)
+        rank = xp.full(pid.shape[0], -1, dtype=xp.int64)
+        rank[sel] = xp.arange(n, dtype=xp.int64)
+        p_rank = rank[p_row]
+        pr = xp.flatnonzero(p_rank >= 0)
+        a, b = plo[sel], phi[sel]
+        q = xp.concatenate(
             [
-                np.stack([plo[sel], plo[sel]], axis=1),
-                np.stack([plo[sel], phi[sel]], axis=1),
-                np.stack([phi[sel], phi[sel]], axis=1),
-                np.stack([np.asarray(state["p_a"])[pr], np.asarray(state["p_b"])[pr]], axis=1),
+                xp.stack([a, a], axis=1),
+                xp.stack([a, b], axis=1),
+                xp.stack([b, b], axis=1),
+                xp.stack([p_a[pr], p_b[pr]], axis=1),
             ]
         )
-        wt = np.concatenate([f_lo[sel], s[sel] * (phi[sel] - plo[sel]), a_hi[sel], np.asarray(state["p_m"])[pr]])
-        codes = np.concatenate([np.tile(np.arange(sel.shape[0]), 3), rank[p_row[pr]]])
-        total = np.bincount(codes, weights=wt, minlength=sel.shape[0])
-        t = lv[jj] * total
+        wt = xp.concatenate([f_lo[sel], s[sel] * (b - a), a_hi[sel], p_m[pr]])
+        rows = xp.arange(n, dtype=xp.int64)
+        codes = xp.concatenate([rows, rows, rows, p_rank[pr]])
+        total = bincount(xp, codes, weights=wt, minlength=n)
+        t = float(lv[jj]) * total
         slack = _CHECK_REL * total
         if bool(((f_lo_left[sel] > t + slack) | (f_hi[sel] < t - slack)).any()):
             raise RuntimeError("usage-distribution: a first-pass bracket misses its quantile (internal error)")
         res = ops.mixture_quantiles(
-            np.ascontiguousarray(q),
-            np.ascontiguousarray(wt),
-            np.ascontiguousarray(codes.astype(np.int64)),
-            int(sel.shape[0]),
-            np.asarray([lv[jj]]),
-            q_levels=np.asarray([0.0, 1.0]),
+            xp.ascontiguousarray(q), xp.ascontiguousarray(wt), codes, n, be.stage(lv[jj : jj + 1]), q_levels=unit
         )
-        out[g[sel], jj] = res[:, 0]
+        out[g[sel_h], jj] = to_host(res[:, 0])
     return out
 
 
@@ -385,7 +412,7 @@ def second_partial_of(be: Any, qr: Any, w: Any, key: Any, bkey: Any, lo: Any, hi
     xp, ops = be.xp, be.ops
     stats, _, _, _ = ms._group_stats(xp, ops, qr, w, key, True)
     br = {"key": be.stage(bkey), "lo": be.stage(lo), "hi": be.stage(hi)}
-    return {"stats": stats, "state": second_partial(xp, ops, qr, w.astype(xp.float64), key, br)}
+    return {"stats": stats, "state": second_partial(xp, ops, qr, w.astype(xp.float64), key, br, step_rows(be))}
 
 
 def merge_two_pass(a: dict[str, Any] | None, b: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -396,13 +423,14 @@ def merge_two_pass(a: dict[str, Any] | None, b: dict[str, Any] | None) -> dict[s
     return {"stats": stats, "state": merge_state(a["state"], b["state"])}
 
 
-def finalize_two_pass(part: dict[str, Any], bkey: Any, lo: Any, hi: Any, levels: Any) -> dict[str, Any]:
-    """Per group of a merged (host) two-pass partial: ``key``, ``n_windows``, ``weight``, ``mean``,
-    exact ``quantiles`` and ``err_bound`` (0), as :func:`mixture_summary.finalize` gives them."""
-    st = part["stats"]
+def finalize_two_pass(part: dict[str, Any], bkey: Any, lo: Any, hi: Any, levels: Any, be: Any) -> dict[str, Any]:
+    """Per group of a merged two-pass partial: ``key``, ``n_windows``, ``weight``, ``mean``, exact
+    ``quantiles`` and ``err_bound`` (0), as :func:`mixture_summary.finalize` gives them (host
+    arrays); the quantiles resolved on backend ``be`` (:func:`resolve`)."""
+    st = to_host(part["stats"])
     key = np.asarray(st["key"], dtype=np.int64)
     bkey = np.asarray(bkey)
-    q = resolve(part["state"], {"key": bkey, "lo": np.asarray(lo), "hi": np.asarray(hi)}, levels)
+    q = resolve(part["state"], {"key": bkey, "lo": np.asarray(lo), "hi": np.asarray(hi)}, levels, be)
     rows = np.clip(np.searchsorted(bkey, key), 0, max(bkey.shape[0] - 1, 0))
     if key.shape[0] and (bkey.shape[0] == 0 or not np.array_equal(bkey[rows], key)):
         raise RuntimeError("usage-distribution: a group the first pass did not see (internal error)")

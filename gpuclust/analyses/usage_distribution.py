@@ -468,9 +468,10 @@ class UsageDistribution(Analysis):
     device_partial = True
 
     def finalize(self, partial: dict[str, Any], ctx: UsageDistributionContext) -> dict[str, pd.DataFrame]:
-        # a partial left on the device (device_partial): all but the mixture state to the host (the
-        # state stays for _finalize_mixture, unless the parted path merges and splits it)
-        partial = {k: v if k == "ms" and not self.parted else to_host(v) for k, v in partial.items()}
+        # a partial left on the device (device_partial): all but the mixture state or the second
+        # pass's to the host (they stay for _finalize_mixture / _finalize_two_pass, unless the
+        # parted path merges and splits them)
+        partial = {k: v if k in ("ms", "tp") and not self.parted else to_host(v) for k, v in partial.items()}
         if self.parted:
             return finalize_in_memory(self, partial, ctx)
         rest, keyed = self.kinds.split(partial)
@@ -489,7 +490,8 @@ class UsageDistribution(Analysis):
         finished rows; the extra is ``(groups, max CDF error bound)``."""
         full = rest["full"]
         if full is not None and "tp" in full:
-            res = tp.finalize_two_pass(full["tp"], ctx.br_key, ctx.br_lo, ctx.br_hi, ctx.levels)
+            be = finalize_backend(full["backend"])  # where the partials were (a device, if here)
+            res = tp.finalize_two_pass(full["tp"], ctx.br_key, ctx.br_lo, ctx.br_hi, ctx.levels, be)
             g = full["groups"]
             if not np.array_equal(np.asarray(res["key"]), np.asarray(g["key"])):
                 raise RuntimeError("usage-distribution: second pass and group tables disagree (internal error)")

@@ -31,6 +31,8 @@ from gpuclust.engine import TableSource
 from gpuclust.engine.local import context_of
 from gpuclust.engine.partition import column_to_numpy
 
+CPU = get_backend("cpu")
+
 # the sibling test module's make_cell
 mix_ref = by_path.load("gpuclust_mixture_reference", Path(__file__).resolve().parents[1] / "mixture" / "reference.py")
 make_cell = by_path.load(
@@ -206,7 +208,7 @@ def test_merges_sum_identical_pieces_once_they_have_doubled(monkeypatch):
         acc = tp.merge_state(acc, one)
         sizes.append(int(acc["p_pid"].shape[0]))
     assert max(sizes) <= 3 * d and min(sizes[1:]) >= d  # summed now and then, never one copy per merge
-    np.testing.assert_allclose(tp.resolve(acc, br, lv), tp.resolve(one, br, lv), rtol=1e-12)
+    np.testing.assert_allclose(tp.resolve(acc, br, lv, CPU), tp.resolve(one, br, lv, CPU), rtol=1e-12)
     np.testing.assert_allclose(acc["f_lo"], 16 * one["f_lo"], rtol=1e-12)
 
 
@@ -243,7 +245,7 @@ def test_resolve_equals_the_exact_inversion(seed, k, n, parts):
     for r in pieces:
         o = r[np.argsort(keys[r], kind="stable")]
         state = tp.merge_state(state, tp.second_partial(np, cpu.ops, q[o], w[o], keys[o], br))
-    got = tp.resolve(state, br, lv)
+    got = tp.resolve(state, br, lv, CPU)
     want = ms.finalize(ms.exact_partial(q, w, keys), lv)
     assert br["key"].tolist() == want["key"].tolist()
     exact = want["quantiles"]
@@ -256,3 +258,32 @@ def test_resolve_equals_the_exact_inversion(seed, k, n, parts):
         x = got[gi, li : li + 1]
         f, fl = (float(mix_ref.mixture_cdf_np(q[sel], w[sel], x, left=left)[0]) for left in (False, True))
         assert f >= lv[li] - 1e-12 and fl <= lv[li] + 1e-12, (gi, lv[li], got[gi, li], exact[gi, li], f, fl)
+
+
+@pytest.mark.parametrize("by", [("tier",), ("machine", "time")])
+def test_on_a_device_the_work_does_not_grow_with_the_windows(by, monkeypatch):
+    """On a device (a gpu run on the device-shaped backend, one partition) a
+    level's windows are one step of the second pass (:func:`tp.step_rows`) and the quantiles are
+    resolved where the second pass's state is: 4x the windows make the same launches and syncs,
+    only the result tables' bytes come back, and the tables are the cpu's."""
+    from device_backend import DEVICE_GPU, counting_device_work, mark_partials_gpu, resolve_gpu_to_device, result_bytes
+
+    a = UsageDistribution(by=by, bucket_s=1800, strategy="exact-two-pass", bracket_k=8)
+    cells = {n: TableSource(make_cell(5, n_windows=n, n_instances=n // 8)) for n in (3000, 12000)}
+    want = {n: _run(src, a, partitions=1) for n, src in cells.items()}
+    resolve_gpu_to_device(monkeypatch)  # the gpu backend: the device-shaped one, counted
+    monkeypatch.setattr(tp, "BLOCK_ROWS", 1000)  # the host's steps: a device's are not bound by them
+    mark_partials_gpu(monkeypatch)
+    work = {}
+    for n, src in cells.items():
+        with counting_device_work() as w:
+            got = _run(src, a, partitions=1, backend=DEVICE_GPU)
+        assert_same(got, want[n])
+        assert got["info"]["strategy"].iloc[0] == "exact-two-pass"
+        work[n] = {**w, "result": result_bytes(got)}
+    small, large = work[3000], work[12000]
+    assert large["ops"] > 1000  # the second pass ran, a level at a time
+    for kind in ("ops", "kernels", "syncs"):
+        assert large[kind] == small[kind], (kind, small, large)
+    growth = max(1.0, large["result"] / small["result"])
+    assert large["d2h_bytes"] <= 1.2 * growth * small["d2h_bytes"] + (64 << 10), (small, large)
