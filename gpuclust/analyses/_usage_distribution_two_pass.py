@@ -78,12 +78,12 @@ _LV = np.asarray(CPU_PERCENTILE_LEVELS_SORTED, dtype=np.float64)
 #: Windows a second-pass step handles at once on the host (bounds its temporaries: about 1.2 kB a
 #: window, cache-sized).
 BLOCK_ROWS = 1 << 16
-#: Device bytes a step's temporaries take per window (peak on the device-shaped backend: ~625 B;
+#: Device bytes a step's temporaries take per window (twice the peak on the device-shaped backend, ~625 B;
 #: a sort's scratch is not seen there) and the share of the device's free memory they may take:
 #: a device step takes all of a level's windows that fit, so its launches and syncs do not grow
 #: with the partition (:func:`step_rows`).
 STEP_BYTES = 1280
-DEVICE_STEP_SHARE = 0.25
+DEVICE_STEP_SHARE = 0.5
 #: Fewest pieces a merge sums identical ones at (:func:`merge_state`).
 SUM_PIECES_AT = 1 << 16
 #: Relative slack of the check that a bracket holds its quantile (rounding of the sums).
@@ -163,29 +163,42 @@ def _segment(xp: Any, yf: Any, base: Any, c: Any) -> tuple[Any, Any, Any, Any]:
     return k, yf[base + kc], yf[base + kc + 1], (lvx[kc], lvx[kc + 1])
 
 
-def _cdf(xp: Any, yf: Any, base: Any, x: Any, c: Any) -> Any:
-    """``F_i(x)`` of each row given ``c``, its knots ``<= x`` (or ``< x`` for the left limit): the
-    formula of :func:`mixture_summary._cdf_at_sorted_points`, by flat gathers."""
-    k, ya, yb, (la, lb) = _segment(xp, yf, base, c)
+def _cdf_on(xp: Any, x: Any, k: Any, ya: Any, yb: Any, la: Any, lb: Any) -> Any:
+    """``F_i(x)`` from the segment :func:`_segment` gives: the formula of
+    :func:`mixture_summary._cdf_at_sorted_points`."""
     inner = la + (lb - la) * (x - ya) / xp.where(yb > ya, yb - ya, 1.0)
     return xp.where(k < 0, 0.0, xp.where(k >= 19, 1.0, inner))
 
 
+def _cdf(xp: Any, yf: Any, base: Any, x: Any, c: Any) -> Any:
+    """``F_i(x)`` of each row given ``c``, its knots ``<= x`` (or ``< x`` for the left limit), by
+    flat gathers."""
+    k, ya, yb, (la, lb) = _segment(xp, yf, base, c)
+    return _cdf_on(xp, x, k, ya, yb, la, lb)
+
+
 def _level_rows(xp: Any, y: Any, ww: Any, lo: Any, hi: Any) -> tuple[list[Any], Any]:
     """One level's sums per window (rows ``y`` with weights ``ww`` and their brackets ``lo``,
-    ``hi``) and the mask of windows with a knot strictly inside their bracket."""
+    ``hi``) and the mask of windows with a knot strictly inside their bracket.
+
+    ``F_i`` is continuous at ``x`` unless knots equal ``x``; where they do, ``F_i(lo-)`` is the
+    level of the first knot equal to ``lo`` and ``F_i(hi)`` that of the last equal to ``hi``
+    (what the segment formula gives there), so two segments are evaluated, not four."""
     a, b = lo[:, None], hi[:, None]
     c_lo = (y <= a).sum(axis=1)
+    c_lo_left = (y < a).sum(axis=1)
     c_hi = (y < b).sum(axis=1)
+    c_hi_right = (y <= b).sum(axis=1)
     yf = y.reshape(-1)
     base = xp.arange(y.shape[0], dtype=xp.int64) * 20
-    f_lo = _cdf(xp, yf, base, lo, c_lo)
-    f_lo_left = _cdf(xp, yf, base, lo, (y < a).sum(axis=1))
-    f_hi = _cdf(xp, yf, base, hi, (y <= b).sum(axis=1))
-    f_hi_left = _cdf(xp, yf, base, hi, c_hi)
-    inside = c_hi > c_lo
-    # a segment spanning the bracket: the one starting at the last knot <= lo, when no knot is inside
+    lvx = xp.asarray(_LV)
+    # the segment after the last knot <= lo: F(lo), and the one spanning the bracket if no knot is inside
     k, ya, yb, (la, lb) = _segment(xp, yf, base, c_lo)
+    f_lo = _cdf_on(xp, lo, k, ya, yb, la, lb)
+    f_hi_left = _cdf(xp, yf, base, hi, c_hi)
+    f_lo_left = xp.where(c_lo_left < c_lo, lvx[xp.minimum(c_lo_left, 19)], f_lo)
+    f_hi = xp.where(c_hi_right > c_hi, lvx[xp.maximum(c_hi_right - 1, 0)], f_hi_left)
+    inside = c_hi > c_lo
     span = ~inside & (k >= 0) & (k <= 18) & (yb > ya)
     s = xp.where(span, ww * (lb - la) / xp.where(span, yb - ya, 1.0), 0.0)
     return [ww * f_lo, ww * f_lo_left, ww * f_hi, s, ww * (1.0 - f_hi_left)], inside
