@@ -22,8 +22,12 @@ to what a SQL peer computes), in a fresh study of the canonical dataset:
   copies on a device) and ``host_s``, the rest (Python, host NumPy, Arrow, pandas), which a gpu
   run pays whatever the device, with the run's phases.
 
+Besides the bench's analyses, it counts :data:`DEVICE_VARIANTS`: what a gpu run takes at a
+cell's size that the defaults do not take at these sizes (usage-distribution's ``exact-two-pass``,
+``auto``'s strategy above 5·10^6 rows).
+
 The other child runs the cpu backend on the same data and options (``study_bench.py``'s child,
-all usable cores).  ``cpu / host`` bounds a gpu run's speed-up over the cpu backend by the host
+all usable cores; the variants in a cpu study of this script's, timed the same way).  ``cpu / host`` bounds a gpu run's speed-up over the cpu backend by the host
 work alone (target 20x).  The device-shaped child uses one worker thread, and asks glibc to keep
 freed memory for reuse (``MALLOC_MMAP_THRESHOLD_`` at its 32 MiB maximum, trim and top pad large),
 as a device pool keeps device memory: freeing large temporaries would otherwise count as host
@@ -67,6 +71,48 @@ POOL_LIKE_MALLOC = {
 }
 
 
+#: Options a gpu run over a cell takes that the defaults do not take at the bench's sizes.
+DEVICE_VARIANTS: dict[str, list[dict[str, Any]]] = {
+    "usage-distribution": [{"strategy": "exact-two-pass"}],  # auto's strategy above 5e6 rows
+}
+
+
+def budget_analyses() -> dict[str, Any]:
+    """``{label: analysis}``: the bench's analyses (``study_bench.bench_analyses``) and
+    :data:`DEVICE_VARIANTS` (with the bench's options)."""
+    from analyses_bench import BENCH_OPTIONS, variant_label
+    from study_bench import bench_analyses
+
+    from gpuclust.analyses.registry import create
+
+    out = bench_analyses()
+    for n, variants in DEVICE_VARIANTS.items():
+        for v in variants:
+            out[variant_label(n, v)] = create(n, **{**BENCH_OPTIONS.get(n, {}), **v})
+    return out
+
+
+def cpu_child(ds_path: Path, only: list[str], repeat: int, result: Path) -> None:
+    """The cpu backend's best warm time of each analysis in ``only``, in one study of all cores
+    (as ``study_bench.py``'s child times the bench's analyses)."""
+    import gpuclust
+
+    study = gpuclust.open(ds_path, backend="cpu")
+    study.persist()
+    out: dict[str, float] = {}
+    for label, a in budget_analyses().items():
+        if label not in only:
+            continue
+        best = float("inf")
+        for _ in range(repeat):
+            t = time.perf_counter()
+            study.run(a)
+            best = min(best, time.perf_counter() - t)
+        out[label] = best
+    study.close()
+    result.write_text(json.dumps(out))
+
+
 def child(ds_path: Path, only: list[str], repeat: int, result: Path) -> None:
     sys.path.insert(0, str(HERE.parent / "tests"))
     import pytest
@@ -78,7 +124,6 @@ def child(ds_path: Path, only: list[str], repeat: int, result: Path) -> None:
         resolve_gpu_to_device,
         result_bytes,
     )
-    from study_bench import bench_analyses
 
     import gpuclust
     from gpuclust.dataset import Dataset
@@ -88,7 +133,7 @@ def child(ds_path: Path, only: list[str], repeat: int, result: Path) -> None:
     mark_partials_gpu(mp)
     ds = Dataset(ds_path)
     out: dict[str, Any] = {}
-    for label, a in bench_analyses().items():
+    for label, a in budget_analyses().items():
         if only and label not in only:
             continue
         study = gpuclust.open(ds, backend=DEVICE, workers=1)
@@ -126,14 +171,14 @@ def _failed(m: Any, what: str) -> SystemExit:
     return SystemExit(f"{what} failed (exit {m.returncode})")
 
 
-def _device_shaped(ds: Path, only: list[str], repeat: int, what: str) -> dict[str, Any]:
+def _in_child(ds: Path, only: list[str], repeat: int, what: str, mode: str = "--child") -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
         m = run_measured(
             [
                 sys.executable,
                 __file__,
-                "--child",
+                mode,
                 str(ds),
                 "--analyses",
                 ",".join(only),
@@ -142,7 +187,7 @@ def _device_shaped(ds: Path, only: list[str], repeat: int, what: str) -> dict[st
                 "--result",
                 str(out),
             ],
-            env={**os.environ, **POOL_LIKE_MALLOC},
+            env={**os.environ, **(POOL_LIKE_MALLOC if mode == "--child" else {})},
         )
         if m.returncode != 0 or not out.exists():
             raise _failed(m, what)
@@ -268,17 +313,25 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--name", default="device_budget")
     ap.add_argument("--child", metavar="DATASET", help=argparse.SUPPRESS)
+    ap.add_argument("--cpu-child", metavar="DATASET", help=argparse.SUPPRESS)
     ap.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     only = [a for a in args.analyses.split(",") if a]
     if args.child:
         child(Path(args.child), only, args.repeat, args.result)
         return 0
+    if args.cpu_child:
+        cpu_child(Path(args.cpu_child), only, args.repeat, args.result)
+        return 0
     by_size: dict[int, dict[str, Any]] = {}
     for size in [int(float(s)) for s in args.sizes.split(",")]:
         ds = bench_dataset(size)
-        rows = _device_shaped(ds, only, args.repeat, f"device-shaped run at {size:,}")
+        rows = _in_child(ds, only, args.repeat, f"device-shaped run at {size:,}")
         cpu = None if args.no_cpu else _cpu(ds, args.repeat, f"cpu run at {size:,}")["analyses"]
+        rest = [n for n in rows if cpu is not None and n not in cpu]
+        if rest:  # the device variants
+            assert cpu is not None
+            cpu.update(_in_child(ds, rest, args.repeat, f"cpu run of {rest} at {size:,}", "--cpu-child"))
         for name, r in rows.items():
             c = None if cpu is None else cpu.get(name)
             r["cpu_s"] = c

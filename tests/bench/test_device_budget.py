@@ -6,12 +6,13 @@ import pytest
 
 
 def test_device_budget_tiny(tiny_bench):
+    two_pass = "usage-distribution[strategy=exact-two-pass]"  # a device variant: its cpu time from the cpu child
     res, md = tiny_bench(
-        "device_budget", ["--sizes", "2e4,4e4", "--repeat", "1", "--analyses", "cell-usage,overcommit"]
+        "device_budget", ["--sizes", "2e4,4e4", "--repeat", "1", "--analyses", f"cell-usage,overcommit,{two_pass}"]
     )
     assert set(res["sizes"]) == {"20000", "40000"}
     for rows in res["sizes"].values():
-        assert set(rows) == {"cell-usage", "overcommit"}
+        assert set(rows) == {"cell-usage", "overcommit", two_pass}
         for r in rows.values():
             assert 0 < r["device_s"] < r["wall_s"] and r["host_s"] == pytest.approx(r["wall_s"] - r["device_s"])
             assert r["launches"] > 0 and r["syncs"] > 0 and r["d2h_bytes"] > 0
