@@ -185,10 +185,11 @@ def _level_rows(xp: Any, y: Any, ww: Any, lo: Any, hi: Any) -> tuple[list[Any], 
     level of the first knot equal to ``lo`` and ``F_i(hi)`` that of the last equal to ``hi``
     (what the segment formula gives there), so two segments are evaluated, not four."""
     a, b = lo[:, None], hi[:, None]
-    c_lo = (y <= a).sum(axis=1)
-    c_lo_left = (y < a).sum(axis=1)
-    c_hi = (y < b).sum(axis=1)
-    c_hi_right = (y <= b).sum(axis=1)
+
+    def count(m: Any) -> Any:  # a row's true values (at most 20: summed as bytes, 1.5x faster on the host)
+        return m.sum(axis=1, dtype=xp.uint8).astype(xp.int64)
+
+    c_lo, c_lo_left, c_hi, c_hi_right = count(y <= a), count(y < a), count(y < b), count(y <= b)
     yf = y.reshape(-1)
     base = xp.arange(y.shape[0], dtype=xp.int64) * 20
     lvx = xp.asarray(_LV)
