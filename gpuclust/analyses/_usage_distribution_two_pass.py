@@ -177,6 +177,21 @@ def _cdf(xp: Any, yf: Any, base: Any, x: Any, c: Any) -> Any:
     return _cdf_on(xp, x, k, ya, yb, la, lb)
 
 
+def _count(xp: Any, m: Any) -> Any:
+    """Each row's true values of the ``(n, 20)`` mask ``m`` (summed as bytes: 1.5x faster on the host)."""
+    return m.sum(axis=1, dtype=xp.uint8).astype(xp.int64)
+
+
+def _recount(xp: Any, y: Any, x: Any, c: Any, again: Any, strict: bool) -> Any:
+    """Counts ``c``, where rows ``again`` have their knots ``< x`` (``strict``) or ``<= x``
+    counted instead (``x``: a column)."""
+    r = xp.flatnonzero(again)
+    yr, xr = y[r], x[r]
+    out = c.copy()
+    out[r] = _count(xp, yr < xr if strict else yr <= xr)
+    return out
+
+
 def _level_rows(xp: Any, y: Any, ww: Any, lo: Any, hi: Any) -> tuple[list[Any], Any]:
     """One level's sums per window (rows ``y`` with weights ``ww`` and their brackets ``lo``,
     ``hi``) and the mask of windows with a knot strictly inside their bracket.
@@ -185,13 +200,13 @@ def _level_rows(xp: Any, y: Any, ww: Any, lo: Any, hi: Any) -> tuple[list[Any], 
     level of the first knot equal to ``lo`` and ``F_i(hi)`` that of the last equal to ``hi``
     (what the segment formula gives there), so two segments are evaluated, not four."""
     a, b = lo[:, None], hi[:, None]
-
-    def count(m: Any) -> Any:  # a row's true values (at most 20: summed as bytes, 1.5x faster on the host)
-        return m.sum(axis=1, dtype=xp.uint8).astype(xp.int64)
-
-    c_lo, c_lo_left, c_hi, c_hi_right = count(y <= a), count(y < a), count(y < b), count(y <= b)
+    c_lo, c_hi = _count(xp, y <= a), _count(xp, y < b)
     yf = y.reshape(-1)
     base = xp.arange(y.shape[0], dtype=xp.int64) * 20
+    # the knots < lo (<= hi) are those <= lo (< hi) but where a knot equals lo (hi): the one before
+    # c_lo (at c_hi), as the rows are sorted; only those rows are counted again
+    c_lo_left = _recount(xp, y, a, c_lo, (c_lo > 0) & (yf[base + xp.maximum(c_lo - 1, 0)] == lo), True)
+    c_hi_right = _recount(xp, y, b, c_hi, (c_hi < 20) & (yf[base + xp.minimum(c_hi, 19)] == hi), False)
     lvx = xp.asarray(_LV)
     # the segment after the last knot <= lo: F(lo), and the one spanning the bracket if no knot is inside
     k, ya, yb, (la, lb) = _segment(xp, yf, base, c_lo)
