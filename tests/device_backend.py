@@ -56,7 +56,9 @@ __all__ = [
 #: (ufuncs, array functions and methods, array creation, gathers and scatters: each one kernel
 #: launch or more on CuPy, ~10 us of host time apiece); ``kernels``, the backend's ops (custom
 #: kernels); ``syncs``, device values read on the host (``bool`` / ``int`` / ``float`` / an index
-#: of a device array, ``get``: each waits for the device); ``device_s``, the seconds spent
+#: of a device array, ``get``: each waits for the device), and operations whose result is sized
+#: by the data (``nonzero``, ``flatnonzero``, ``argwhere``, ``unique``, ``compress``, ``extract``,
+#: a boolean mask as an index: CuPy reads a count back to size it); ``device_s``, the seconds spent
 #: inside those operations here (on NumPy: what a device would do, the copies included), so that
 #: the rest of a run's time is what stays on the host; ``h2d_bytes``, host arrays copied to the
 #: device (``asarray`` / ``stage`` of a host array, a host array assigned into a device one, used
@@ -133,6 +135,7 @@ def device_memory(cap: int = 0) -> Iterator[Counter[str]]:
         with _live_lock:
             _tracking[0] = False
             _live.clear()
+            MEMORY["live_bytes"] = 0  # untracked from here: arrays still alive would stay counted
 
 
 def _freed(key: int) -> None:
@@ -179,6 +182,22 @@ def _host_bytes(x: Any) -> int:
     if isinstance(x, dict):
         return sum(_host_bytes(v) for v in x.values())
     return 0
+
+
+#: Operations whose result's size depends on the data: CuPy reads a count back to size it (a sync).
+_SIZED_BY_DATA = frozenset(("nonzero", "flatnonzero", "argwhere", "unique", "compress", "extract"))
+
+
+def _sized_by_data() -> None:
+    """An operation sized by the data: its size (a count) read on the host first, as CuPy does."""
+    _count("syncs")
+    _count("d2h_bytes", 8)
+
+
+def _has_mask(key: Any) -> bool:
+    """Whether an index holds a boolean device array (a selection sized by its true values)."""
+    keys = key if isinstance(key, tuple) else (key,)
+    return any(isinstance(k, DeviceArray) and k.data.dtype == np.bool_ for k in keys)
 
 
 def _basic(key: Any) -> bool:
@@ -275,6 +294,8 @@ class DeviceArray(np.lib.mixins.NDArrayOperatorsMixin):
 
     def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
         where = getattr(func, "__name__", str(func))
+        if where in _SIZED_BY_DATA:
+            _sized_by_data()
         with _op("ops"):
             return _dev(func(*_data(args, where), **_data(kwargs, where)))
 
@@ -286,6 +307,8 @@ class DeviceArray(np.lib.mixins.NDArrayOperatorsMixin):
         if callable(attr):
 
             def method(*args: Any, **kw: Any) -> Any:
+                if name in _SIZED_BY_DATA:
+                    _sized_by_data()
                 with _op("ops"):
                     return _dev(attr(*_data(args), **_data(kw)))
 
@@ -296,6 +319,8 @@ class DeviceArray(np.lib.mixins.NDArrayOperatorsMixin):
         if _basic(key):  # a view
             return _dev(self.data[_data(key)])
         _count("h2d_bytes", _host_bytes(key))
+        if _has_mask(key):
+            _sized_by_data()
         with _op("ops"):  # a gather
             return _dev(self.data[_data(key)])
 

@@ -195,7 +195,7 @@ def test_merge_keyed_of_unsorted_rows_on_the_device_is_the_host_grouping(ka, kb,
     with counting_device_work() as w:
         dev = merge_keyed(da, db, maxima=MAXIMA, xp=backend_of(da["key"]).xp)
     assert all(isinstance(v, DeviceArray) for v in dev.values())
-    assert (w["syncs"], w["h2d_bytes"]) == (1, 0)
+    assert (w["syncs"], w["h2d_bytes"]) == (2, 0)  # the merge's one read, and unique's size
     _assert_bits(_host(dev), host)
 
 

@@ -277,7 +277,9 @@ def test_device_work_per_chunk_is_a_few_launches_and_no_sync(monkeypatch, oracle
         out[cells] = {k: DEVICE_GPU.to_host(v) for k, v in got.items()}
     (one, sync_one, n_one), (many, sync_many, n_many) = work[1 << 20], work[2048]
     assert (n_one, n_many) == (2, 165)
-    assert sync_many == sync_one <= 2, (sync_one, sync_many)
+    # the same syncs in 2 and 165 chunks: the bounds' read, and the selections sized by the data
+    # (flatnonzero: CuPy reads their sizes; 42 today) outside the chunk loops, none in them
+    assert sync_many == sync_one <= 48, (sync_one, sync_many)
     assert many - one <= 12 * (n_many - n_one), (one, many)
     want = _peak_sim.simulate(CPU, *args, 1 << 10, n_t - 1, prm)
     assert np.isfinite(want["oracle"]).sum() > 1000 and (want["instance_percentile"] < want["limit"]).any()
