@@ -330,17 +330,17 @@ def resolve(state: dict[str, Any], br: dict[str, np.ndarray], levels: Any, be: A
     if not pid.shape[0]:
         return out
     g, j = pid // L, pid % L
-    plo, phi = be.stage(np.ascontiguousarray(lo[g, j])), be.stage(np.ascontiguousarray(hi[g, j]))
+    plo, phi = be.asarray(np.ascontiguousarray(lo[g, j])), be.asarray(np.ascontiguousarray(hi[g, j]))
     f_lo, f_lo_left, f_hi, s, a_hi = (xp.asarray(state[f], dtype=xp.float64) for f in SUMS)
     p_a, p_b, p_m = (xp.asarray(state[f], dtype=xp.float64) for f in ("p_a", "p_b", "p_m"))
-    p_row = xp.searchsorted(be.stage(pid), xp.asarray(state["p_pid"]))
-    unit = be.stage(np.asarray([0.0, 1.0]))
+    p_row = xp.searchsorted(be.asarray(pid), xp.asarray(state["p_pid"]))
+    unit = be.asarray(np.asarray([0.0, 1.0]))
     for jj in range(L):
         sel_h = np.flatnonzero(j == jj)
         n = int(sel_h.shape[0])
         if not n:
             continue
-        sel = be.stage(sel_h)
+        sel = be.asarray(sel_h)
         rank = xp.full(pid.shape[0], -1, dtype=xp.int64)
         rank[sel] = xp.arange(n, dtype=xp.int64)
         p_rank = rank[p_row]
@@ -363,7 +363,7 @@ def resolve(state: dict[str, Any], br: dict[str, np.ndarray], levels: Any, be: A
         if bool(((f_lo_left[sel] > t + slack) | (f_hi[sel] < t - slack)).any()):
             raise RuntimeError("usage-distribution: a first-pass bracket misses its quantile (internal error)")
         res = ops.mixture_quantiles(
-            xp.ascontiguousarray(q), xp.ascontiguousarray(wt), codes, n, be.stage(lv[jj : jj + 1]), q_levels=unit
+            xp.ascontiguousarray(q), xp.ascontiguousarray(wt), codes, n, be.asarray(lv[jj : jj + 1]), q_levels=unit
         )
         out[g[sel_h], jj] = to_host(res[:, 0])
     return out
