@@ -16,7 +16,7 @@ from gpuclust.parted import frames
 from gpuclust.schema import CPU_PERCENTILE_LEVELS_SORTED
 
 if TYPE_CHECKING:
-    from gpuclust.analyses.usage_distribution import UsageDistributionContext
+    from gpuclust.analyses._usage_distribution_context import UsageDistributionContext
 
 _STD_LEVELS = np.asarray(CPU_PERCENTILE_LEVELS_SORTED, dtype=np.float64)
 
@@ -173,3 +173,31 @@ def _merge_groups(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[st
     wq = np.zeros((G, 20))
     np.add.at(wq, inv, np.concatenate([a["wq"], b["wq"]])[order])
     return {"key": ks[first], "frac": frac, "wq": wq, "kc": kc_u}
+
+
+def info_table(a: Any, ctx: UsageDistributionContext, stats: dict[str, int], extras: list[Any]) -> pd.DataFrame:
+    """The one-row ``info`` table of analysis ``a`` (its options), its context ``ctx``, its global
+    counters ``stats`` and the shards' extras ``(groups, max CDF error bound)``."""
+    two = ctx.strategy == "exact-two-pass"
+    return pd.DataFrame(
+        [
+            {
+                "analysis": a.name,
+                "by": ",".join(a.by),
+                "rows": ctx.rows,
+                "rows_option": a.rows,
+                "strategy": ctx.strategy,
+                "strategy_option": a.strategy,
+                "k": {"bounded": int(a.k), "exact-two-pass": int(ctx.bracket_k)}.get(ctx.strategy, 0),
+                "refine": int(ctx.refine) if two else 0,
+                "exact_max_windows": int(a.exact_max_windows),
+                "total_rows": int(ctx.total_rows),
+                "bucket_s": float(a.bucket_s) if "time" in a.by else float("nan"),
+                "tier_map": ctx.tier_map.name if ctx.tier_map else "",
+                "levels": ",".join(f"{x:g}" for x in ctx.levels),
+                **stats,
+                "groups": int(sum(n for n, _ in extras)),
+                "max_cdf_error_bound": max([e for _, e in extras], default=0.0),
+            }
+        ]
+    )

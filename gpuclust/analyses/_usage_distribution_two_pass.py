@@ -59,6 +59,7 @@ __all__ = [
     "brackets_table",
     "carry",
     "first_pass_merge",
+    "level_steps",
     "empty_state",
     "finalize_two_pass",
     "merge_state",
@@ -256,25 +257,21 @@ def _blocks(xp: Any, is_open: Any, code: Any, w: Any, rows: int) -> Any:
             yield j, sel if n <= rows else sel[i : i + rows]
 
 
-def second_partial(
-    xp: Any, ops: Any, qr: Any, w: Any, key: Any, br: dict[str, Any], rows: int | None = None
-) -> dict[str, Any]:
-    """The second-pass state of one partition: repaired rows ``qr`` (``(n, 20)``), weights ``w``
-    and group keys ``key`` of its windows; ``br`` the brackets (:func:`brackets`, arrays on the
-    backend); ``rows``: windows a step takes at once (:func:`step_rows`; default
-    :data:`BLOCK_ROWS`).  Pair id = ``code * L + level index``, ``code`` the group's row in
-    ``br``."""
+def level_steps(xp: Any, qr: Any, w: Any, key: Any, br: dict[str, Any], rows: int) -> Any:
+    """The per-window work both later passes share: per step of :func:`_blocks` (a level's
+    windows in an open bracket, at most ``rows`` at a time), ``(pid, run, vals, pieces)``: the
+    step's pair ids (``code * L + level index``, ``code`` the group's row in ``br``; one a run of
+    its windows, ascending), each window's run, its sums (:func:`_level_rows`, in :data:`SUMS`
+    order) and the pieces of its windows with a knot inside the bracket (pair id, ``a``, ``b``,
+    mass; None when none).  ``qr``, ``w``, ``key``: repaired rows, weights (float64) and sorted
+    group keys of the partition's windows; ``br``: the brackets on the backend."""
     bkey, lo, hi = br["key"], br["lo"], br["hi"]
     L = int(lo.shape[1])
     G = int(bkey.shape[0])
     code = xp.clip(xp.searchsorted(bkey, key), 0, max(G - 1, 0))
     if int(key.shape[0]) and (G == 0 or bool((bkey[code] != key).any())):
         raise RuntimeError("usage-distribution: a group the first pass did not see (internal error)")
-    is_open = lo < hi
-    pids: list[Any] = []
-    sums: list[list[Any]] = [[] for _ in SUMS]
-    pieces: list[list[Any]] = [[] for _ in _PIECES]
-    for j, sel in _blocks(xp, is_open, code, w, rows or BLOCK_ROWS) if G else ():
+    for j, sel in _blocks(xp, lo < hi, code, w, rows) if G else ():
         c = code[sel]  # sorted, as ``key``
         every = int(sel.shape[0]) == int(w.shape[0])
         y, ww, a, b = qr if every else qr[sel], w if every else w[sel], lo[c, j], hi[c, j]
@@ -283,14 +280,31 @@ def second_partial(
         first = xp.ones(pid.shape[0], dtype=bool)
         first[1:] = c[1:] != c[:-1]
         run = xp.cumsum(first.astype(xp.int64)) - 1
-        pids.append(pid[first])
-        for acc, v in zip(sums, vals, strict=True):
-            acc.append(bincount(xp, run, weights=v, minlength=int(run[-1]) + 1))
         r = xp.flatnonzero(inside)
+        pieces = None
         if int(r.shape[0]):
             row, pa, pb, pm = _level_pieces(xp, y[r], ww[r], a[r], b[r])
-            for acc, v in zip(pieces, (pid[r][row], pa, pb, pm), strict=True):
-                acc.append(v)
+            pieces = (pid[r][row], pa, pb, pm)
+        yield pid[first], run, vals, pieces
+
+
+def second_partial(
+    xp: Any, ops: Any, qr: Any, w: Any, key: Any, br: dict[str, Any], rows: int | None = None
+) -> dict[str, Any]:
+    """The second-pass state of one partition: repaired rows ``qr`` (``(n, 20)``), weights ``w``
+    and group keys ``key`` of its windows; ``br`` the brackets (:func:`brackets`, arrays on the
+    backend); ``rows``: windows a step takes at once (:func:`step_rows`; default
+    :data:`BLOCK_ROWS`).  Pair id = ``code * L + level index``, ``code`` the group's row in
+    ``br``."""
+    pids: list[Any] = []
+    sums: list[list[Any]] = [[] for _ in SUMS]
+    pieces: list[list[Any]] = [[] for _ in _PIECES]
+    for pid, run, vals, pcs in level_steps(xp, qr, w, key, br, rows or BLOCK_ROWS):
+        pids.append(pid)
+        for acc, v in zip(sums, vals, strict=True):
+            acc.append(bincount(xp, run, weights=v, minlength=int(pid.shape[0])))
+        for acc, v in zip(pieces, pcs or (), strict=False):
+            acc.append(v)
     e = empty_state(xp)
     cat = [xp.concatenate(v) if v else e[f] for f, v in zip(SUMS, sums, strict=True)]
     pcat = [xp.concatenate(v) if v else e[f] for f, v in zip(_PIECES, pieces, strict=True)]

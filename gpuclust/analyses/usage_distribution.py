@@ -17,13 +17,11 @@ Rows (option ``rows``): ``auto`` keeps every row when ``by`` contains ``instance
 top-level rows (alloc_collection_id NULL or 0): machine / tier / cell / time groups would
 otherwise count a task's usage twice, once in its own rows and once in its alloc instance's.
 
-Strategies (option ``strategy``): ``exact`` (partials carry every window; merge concatenates),
-``exact-two-pass`` (a ``bounded`` first pass brackets every quantile, a second pass carries only
-what lies inside the brackets: :mod:`gpuclust.analyses._usage_distribution_two_pass`), ``bounded``
-(per group a fixed-size summary with a tracked Kolmogorov-distance bound, reported as
-``cdf_error_bound``), ``auto`` (exact when the usage table has at most ``exact_max_windows`` rows
-or its groups are whole in each partition, else exact-two-pass; decided once on the client,
-reported in ``info``).
+Strategies (option ``strategy``): ``exact`` (partials carry every window), ``exact-two-pass``
+(passes that bracket every quantile, then one that carries only what lies inside:
+:mod:`gpuclust.analyses._usage_distribution_two_pass`), ``bounded`` (a fixed-size summary per
+group, with a tracked bound), ``auto`` (exact up to ``exact_max_windows`` rows or when groups are
+whole in each partition, else exact-two-pass).
 
 The group tables and the text summary are built in :mod:`gpuclust.analyses._usage_distribution_tables`;
 the time pieces, the group extras, the merge and the split of partials (the partial's kinds,
@@ -41,9 +39,11 @@ import numpy as np
 
 from gpuclust._lazy import pandas as pd
 from gpuclust.analyses import _hybrid_summary as hs
+from gpuclust.analyses import _usage_distribution_refine as rf
 from gpuclust.analyses import _usage_distribution_two_pass as tp
 from gpuclust.analyses import mixture_summary as ms
-from gpuclust.analyses._lookup import EVENT_COLUMNS, InstanceLookup, tier_lookup
+from gpuclust.analyses._lookup import EVENT_COLUMNS, tier_lookup
+from gpuclust.analyses._usage_distribution_context import UsageDistributionContext
 from gpuclust.analyses._usage_distribution_parts import (
     _DONE_FIELDS,
     UsageFields,
@@ -57,6 +57,7 @@ from gpuclust.analyses._usage_distribution_tables import (
     _group_tables,
     _summary_text,
     heaviest_groups,  # noqa: F401 (re-exported)
+    info_table,
     level_name,
 )
 from gpuclust.analyses.base import Analysis, is_null_int, to_host
@@ -69,11 +70,19 @@ from gpuclust.parted import finalize_in_memory
 from gpuclust.schema import (
     CPU_PERCENTILE_COLUMNS_SORTED,
     TIME_AFTER_TRACE,
-    TierMap,
 )
-from gpuclust.tiers import TierNames, resolve_tier_map
+from gpuclust.tiers import resolve_tier_map
 
-__all__ = ["BY", "ROWS", "STRATEGIES", "STATS", "UsageDistribution", "UsageDistributionBrackets", "level_name"]
+__all__ = [
+    "BY",
+    "ROWS",
+    "STRATEGIES",
+    "STATS",
+    "UsageDistribution",
+    "UsageDistributionBrackets",
+    "UsageDistributionRefine",
+    "level_name",
+]
 
 #: Grouping keys (option ``by``), in the order the registry lists them.
 BY = ("tier", "time", "instance", "collection", "machine", "cell")
@@ -104,27 +113,6 @@ SHARD_GROUPS = 1 << 18
 #: Every SAMPLE_EVERY-th leading key of a partition's finished groups places the shard bounds.
 SAMPLE_EVERY = 64
 US = 1_000_000
-
-
-@dataclass(frozen=True)
-class UsageDistributionContext(TierNames):
-    strategy: str
-    rows: str
-    total_rows: int
-    levels: np.ndarray
-    cell: str
-    tier_map: TierMap | None
-    #: (collection_id, instance_index, machine_id) -> tier code (``tier`` in ``by`` only; set by ``bind``)
-    lookup: InstanceLookup = InstanceLookup.empty()
-    #: every group's windows are in one partition (``by`` has ``instance`` and the layout buckets
-    #: usage by instance): each partial finalizes its own groups (``bind`` sets it per partition)
-    local_groups: bool = False
-    #: ``exact-two-pass``: the first pass's groups (sorted keys) and their quantile brackets (G, L)
-    br_key: np.ndarray | None = None
-    br_lo: np.ndarray | None = None
-    br_hi: np.ndarray | None = None
-    #: the first pass's summary size (``exact-two-pass``)
-    bracket_k: int = 0
 
 
 def _by_ok(by: tuple[str, ...]) -> bool:
@@ -187,6 +175,12 @@ class UsageDistribution(Analysis):
         0,
         "first-pass summary size of exact-two-pass; 0 = 32768 when by is within tier/cell, else 4096",
         ge=0,
+    )
+    refine: int = option(
+        -1,
+        "refinement passes of exact-two-pass before its exact pass (each narrows the brackets to one "
+        "of 64-1024 sub-bins); -1 = as many as keep its pieces near 4M",
+        ge=-1,
     )
     exact_max_windows: int = option(DEFAULT_EXACT_MAX_WINDOWS, "row budget of strategy=auto for exact", ge=0)
     tier_map: str | None = tier_map_option("tier map for by=tier; default: the dataset's")
@@ -267,21 +261,28 @@ class UsageDistribution(Analysis):
             return int(self.bracket_k)
         return BRACKET_K_FEW_GROUPS if set(self.by) <= {"tier", "cell"} else BRACKET_K_MANY_GROUPS
 
+    def refine_passes(self, source: Any, total: int | None = None) -> int:
+        """Refinement passes of ``exact-two-pass`` (option ``refine``; -1: :func:`rf.rounds_for`
+        the usage table's rows, ``total`` when the caller has counted them)."""
+        if int(self.refine) >= 0:
+            return int(self.refine)
+        n = self._total_rows(source) if total is None else total
+        return rf.rounds_for(n, int(self.level_values.shape[0]), self.first_pass_k)
+
     def prerequisites(self, source: Any) -> dict[str, Analysis]:
-        """``exact-two-pass``: the bounded first pass of the same grouping, whose result is each
-        group's quantile brackets (:class:`UsageDistributionBrackets`)."""
+        """``exact-two-pass``: the pass whose result is each group's quantile brackets -- the
+        bounded first pass (:class:`UsageDistributionBrackets`) or the last refinement pass
+        (:class:`UsageDistributionRefine`, whose passes before it are its prerequisites)."""
         if self.resolved_strategy(source) != "exact-two-pass":
             return {}
-        first = UsageDistributionBrackets(
-            by=self.by,
-            bucket_s=self.bucket_s,
-            levels=self.levels,
-            rows=self.rows,
-            strategy="bounded",
-            k=self.first_pass_k,
-            tier_map=self.tier_map,
-        )
-        return {"brackets": first}
+        return {"brackets": self._pass_before(self.refine_passes(source))}
+
+    def _pass_before(self, r: int) -> Analysis:
+        """The first pass (``r`` = 0) or refinement pass ``r`` of this grouping."""
+        same = dict(by=self.by, bucket_s=self.bucket_s, levels=self.levels, rows=self.rows, tier_map=self.tier_map)
+        if r == 0:
+            return UsageDistributionBrackets(**same, strategy="bounded", k=self.first_pass_k)  # type: ignore[arg-type]
+        return UsageDistributionRefine(**same, strategy="exact-two-pass", bracket_k=self.first_pass_k, refine=r)  # type: ignore[arg-type]
 
     def context(self, source: Any, prior: dict[str, dict[str, Any]] | None = None) -> UsageDistributionContext:
         total = self._total_rows(source)
@@ -297,7 +298,10 @@ class UsageDistribution(Analysis):
                 "usage-distribution: exact-two-pass needs its first pass (the engine runs prerequisites)"
             )
         key, lo, hi = tp.brackets_of_table(prior["brackets"]["brackets"], int(ctx.levels.shape[0]))
-        return replace(ctx, br_key=key, br_lo=lo, br_hi=hi, bracket_k=self.first_pass_k)
+        rounds, bins = self.refine_passes(source, total), rf.bins_for(int((lo < hi).sum()))
+        return replace(
+            ctx, br_key=key, br_lo=lo, br_hi=hi, bracket_k=self.first_pass_k, refine=rounds, refine_bins=bins
+        )
 
     def _groups_local(self, source: Any) -> bool:
         """``by`` has ``instance`` and the source's usage table is bucketed by instance."""
@@ -515,29 +519,7 @@ class UsageDistribution(Analysis):
         self, rest: dict[str, Any], ctx: UsageDistributionContext, tables: dict[str, Any], extras: list[Any]
     ) -> dict[str, pd.DataFrame]:
         stats = dict(zip(STATS, (int(x) for x in np.asarray(rest["stats"])), strict=False))
-        lv = ctx.levels
-        info = pd.DataFrame(
-            [
-                {
-                    "analysis": self.name,
-                    "by": ",".join(self.by),
-                    "rows": ctx.rows,
-                    "rows_option": self.rows,
-                    "strategy": ctx.strategy,
-                    "strategy_option": self.strategy,
-                    "k": {"bounded": int(self.k), "exact-two-pass": int(ctx.bracket_k)}.get(ctx.strategy, 0),
-                    "exact_max_windows": int(self.exact_max_windows),
-                    "total_rows": int(ctx.total_rows),
-                    "bucket_s": float(self.bucket_s) if "time" in self.by else float("nan"),
-                    "tier_map": ctx.tier_map.name if ctx.tier_map else "",
-                    "levels": ",".join(f"{x:g}" for x in lv),
-                    **stats,
-                    "groups": int(sum(n for n, _ in extras)),
-                    "max_cdf_error_bound": max([e for _, e in extras], default=0.0),
-                }
-            ]
-        )
-        return {"info": info}
+        return {"info": info_table(self, ctx, stats, extras)}
 
     def _group_tables(
         self, res: dict[str, Any], g: dict[str, Any], ctx: UsageDistributionContext
@@ -560,17 +542,25 @@ class UsageDistribution(Analysis):
 
 
 @dataclass(frozen=True)
-class UsageDistributionBrackets(UsageDistribution):
-    """The first pass of ``exact-two-pass`` (not registered; :meth:`UsageDistribution.prerequisites`
-    creates it): the ``bounded`` strategy of the same grouping (``k``: the first pass's summary
-    size; summaries merged as a binary counter, :func:`~gpuclust.analyses._usage_distribution_two_pass.carry`),
-    finalized as one table, ``brackets``."""
-
-    name = "usage-distribution-brackets"
+class _BracketsPass(UsageDistribution):
+    """A pass of ``exact-two-pass`` before its exact one (not registered): its result is one
+    table, ``brackets`` (:func:`~gpuclust.analyses._usage_distribution_two_pass.brackets_table`)."""
 
     @property
     def parted(self) -> tuple[str, ...]:  # type: ignore[override]
         return ()  # groups x levels x 2 numbers, whatever the grouping
+
+    def summary(self, result: dict[str, pd.DataFrame], top: int = 12) -> str:
+        return f"{self.label}: brackets of {len(result['brackets'])} groups"
+
+
+@dataclass(frozen=True)
+class UsageDistributionBrackets(_BracketsPass):
+    """The first pass of ``exact-two-pass``: the ``bounded`` strategy of the same grouping (``k``:
+    the first pass's summary size; summaries merged as a binary counter,
+    :func:`~gpuclust.analyses._usage_distribution_two_pass.carry`)."""
+
+    name = "usage-distribution-brackets"
 
     def partial(self, cols: dict[str, Any], ctx: UsageDistributionContext, backend: Any) -> dict[str, Any]:
         out = super().partial(cols, ctx, backend)
@@ -585,5 +575,24 @@ class UsageDistributionBrackets(UsageDistribution):
     def finalize(self, partial: dict[str, Any], ctx: UsageDistributionContext) -> dict[str, pd.DataFrame]:
         return {"brackets": tp.brackets_of_partial(to_host(partial), int(self.k), ctx.strategy, ctx.levels)}
 
-    def summary(self, result: dict[str, pd.DataFrame], top: int = 12) -> str:
-        return f"{self.label}: brackets of {len(result['brackets'])} groups"
+
+@dataclass(frozen=True)
+class UsageDistributionRefine(_BracketsPass):
+    """Refinement pass ``refine`` (>= 1) of ``exact-two-pass``: it narrows each open bracket of
+    the pass before it to a sub-bin (:mod:`gpuclust.analyses._usage_distribution_refine`)."""
+
+    name = "usage-distribution-refine"
+
+    def prerequisites(self, source: Any) -> dict[str, Analysis]:
+        return {"brackets": self._pass_before(int(self.refine) - 1)}
+
+    def _summaries(self, qr: Any, w: Any, key: Any, ctx: UsageDistributionContext, backend: Any) -> dict[str, Any]:
+        return {"rf": rf.refine_partial_of(backend, qr, w, key, ctx.br_key, ctx.br_lo, ctx.br_hi, ctx.refine_bins)}
+
+    @property
+    def kinds(self) -> UsageFields:
+        """As :attr:`UsageDistribution.kinds`, the refinement states merged by :func:`rf.merge_partials`."""
+        return self._fields(bound(rf.merge_partials, merge_rest=merge_partials))
+
+    def finalize(self, partial: dict[str, Any], ctx: UsageDistributionContext) -> dict[str, pd.DataFrame]:
+        return {"brackets": rf.refined_table(partial.get("rf"), ctx.br_key, ctx.br_lo, ctx.br_hi, ctx.levels)}

@@ -260,15 +260,15 @@ def test_resolve_equals_the_exact_inversion(seed, k, n, parts):
         assert f >= lv[li] - 1e-12 and fl <= lv[li] + 1e-12, (gi, lv[li], got[gi, li], exact[gi, li], f, fl)
 
 
-@pytest.mark.parametrize("by", [("tier",), ("machine",)])
-def test_on_a_device_the_work_does_not_grow_with_the_windows(by, monkeypatch):
+@pytest.mark.parametrize(("by", "refine"), [(("tier",), 0), (("machine",), 0), (("machine",), 1)])
+def test_on_a_device_the_work_does_not_grow_with_the_windows(by, refine, monkeypatch):
     """On a device (a gpu run on the device-shaped backend, one partition) a
-    level's windows are one step of the second pass (:func:`tp.step_rows`) and the quantiles are
-    resolved where the second pass's state is: 4x the windows make the same launches and syncs,
-    only the result tables' bytes come back, and the tables are the cpu's."""
+    level's windows are one step of the second pass (:func:`tp.step_rows`), and of a refinement
+    pass, and the quantiles are resolved where the second pass's state is: 4x the windows make
+    the same launches and syncs, only the result tables' bytes come back, and the tables are the cpu's."""
     from device_backend import DEVICE_GPU, counting_device_work, mark_partials_gpu, resolve_gpu_to_device, result_bytes
 
-    a = UsageDistribution(by=by, bucket_s=1800, strategy="exact-two-pass", bracket_k=8)
+    a = UsageDistribution(by=by, bucket_s=1800, strategy="exact-two-pass", bracket_k=8, refine=refine)
     cells = {n: TableSource(make_cell(5, n_windows=n, n_instances=n // 8)) for n in (2000, 8000)}
     want = {n: _run(src, a, partitions=1) for n, src in cells.items()}
     resolve_gpu_to_device(monkeypatch)  # the gpu backend: the device-shaped one, counted
