@@ -80,9 +80,9 @@ def test_auto_adds_refinement_passes_as_the_rows_grow(cell, monkeypatch):
     n = cell["instance_usage"].num_rows
     a = UsageDistribution(by="machine", exact_max_windows=0)
     assert a.refine_passes(src) == 0  # a small table: the exact pass's pieces are few
-    # the estimate: rows x levels x 200 / bracket_k pieces, cut 16-fold a pass, within the budget
+    # the estimate: rows x levels x 200 / bracket_k pieces, cut 32-fold a pass, within the budget
     est = n * 20 * rf.PIECES_PER_WINDOW_LEVEL_K / a.first_pass_k
-    monkeypatch.setattr(rf, "PIECE_BUDGET", est / 20)
+    monkeypatch.setattr(rf, "PIECE_BUDGET", est / (rf.ASSUMED_CUT + 8))
     assert a.refine_passes(src) == 2
     assert rf.rounds_for(10**9, 20, 4096) > rf.rounds_for(10**7, 20, 4096) >= 1
     got = _run(src, a, partitions=3)
