@@ -554,10 +554,14 @@ def test_options():
 # --------------------------------------------------------------------------------------------
 # GPU parity (the gpu case is marked ``gpu`` by the backend fixture)
 # --------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("strategy", ["exact", "bounded", "exact-two-pass"])
+@pytest.mark.parametrize("strategy", ["exact", "bounded", "exact-two-pass", "exact-two-pass+refine"])
 def test_backend_parity(cell1, backend, strategy):
-    # bracket_k=8 (exact-two-pass): wide first-pass brackets, many pieces, resolved on the backend
-    a = UsageDistribution(by=("tier", "time"), bucket_s=1800, strategy=strategy, k=128, bracket_k=8)
+    # bracket_k=8 (exact-two-pass): wide first-pass brackets, many pieces, resolved on the backend;
+    # +refine: a refinement pass's sub-bins on the backend first
+    strategy, _, refine = strategy.partition("+")
+    a = UsageDistribution(
+        by=("tier", "time"), bucket_s=1800, strategy=strategy, k=128, bracket_k=8, refine=1 if refine else 0
+    )
     src = TableSource(cell1)
     cpu = engine.run(src, [a], backend="cpu", partitions=3)[a.name]
     got = engine.run(src, [a], backend=backend.name, partitions=3)[a.name]
