@@ -25,7 +25,7 @@ pair, whatever the windows.  Then ``F(x_k) = f_lo + s (x_k - lo) + Σ_{i<=k} m_i
 raises).  Where ``F`` crosses ``t`` steeply it is one sub-bin; where ``F`` stays within ``τW`` of
 ``t`` (a plateau at ``t``) it keeps the whole plateau, whose left end the exact pass returns.  A
 bracket narrower than :data:`MIN_REL_WIDTH` of its ends is kept as it is (its sub-bins would be a
-few floats wide).
+few floats wide), and so is one whose sub-bins would have no float width.
 """
 
 from __future__ import annotations
@@ -102,6 +102,12 @@ def empty_state(xp: Any, S: int) -> dict[str, Any]:
         **{f: xp.zeros(0, dtype=xp.float64) for f in _SUMS},
         "m": xp.zeros((0, S), dtype=xp.float64),
     }
+
+
+def _cuttable(xp: Any, lo: Any, hi: Any, S: int) -> Any:
+    """Brackets whose ``S`` sub-bins are cut: wider than :data:`MIN_REL_WIDTH` of their ends, and
+    with sub-bins of a nonzero float width."""
+    return ((hi - lo) > MIN_REL_WIDTH * xp.maximum(xp.abs(lo), xp.abs(hi))) & ((hi - lo) / S > 0)
 
 
 def _grid(xp: Any, lo: Any, hi: Any, k: Any, S: int) -> Any:
@@ -181,7 +187,7 @@ def refine_partial(
             ms.append(xp.zeros((n, S), dtype=xp.float64))
             continue
         rlo, rhi = lo_f[pid], hi_f[pid]
-        wide = (rhi - rlo) > MIN_REL_WIDTH * xp.maximum(xp.abs(rlo), xp.abs(rhi))
+        wide = _cuttable(xp, rlo, rhi, S)
         prun = xp.searchsorted(pid, pcs[0])
         keep = xp.flatnonzero(wide[prun])
         pa, pb, pm = (v[keep] for v in pcs[1:])
@@ -235,7 +241,7 @@ def refine(state: dict[str, Any], br: dict[str, np.ndarray], levels: Any) -> tup
     above = (F > (t + tol)[:, None]).sum(axis=1)  # a suffix
     ia = np.maximum(below - 1, 0)
     ib = np.where(above > 0, S + 1 - above, S)
-    wide = (b - a) > MIN_REL_WIDTH * np.maximum(np.abs(a), np.abs(b))
+    wide = _cuttable(np, a, b, S)
     rows = np.arange(pid.shape[0])
     lo[g, j] = np.where(wide, x[rows, ia], a)
     hi[g, j] = np.where(wide, x[rows, ib], b)

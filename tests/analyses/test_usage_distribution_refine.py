@@ -224,3 +224,24 @@ def test_refinement_on_the_gpu_shaped_backends(cell, backend_name, monkeypatch):
     src = TableSource(cell)
     a = UsageDistribution(by=("machine", "time"), bucket_s=1800, strategy="exact-two-pass", bracket_k=8, refine=1)
     assert_same(_run(src, a, partitions=3, backend=be), _run(src, a, partitions=3))
+
+
+@pytest.mark.parametrize("scale", [1e-45, 1e-300, 1e300])
+def test_refinement_at_the_ends_of_the_float_range(scale):
+    """Values at float32's smallest (the trace's percentiles are float32) and near float64's
+    smallest normal and largest numbers: the refined brackets hold the exact quantile, the exact
+    pass on them gives it."""
+    rng = np.random.default_rng(4)
+    n = 200
+    q = np.sort(rng.gamma(0.7, 1.0, (n, 20)), axis=1) * scale
+    q[:40, :5] = 0.0
+    w, keys = rng.random(n) + 0.1, np.repeat(np.arange(2, dtype=np.int64), n // 2)
+    lv = np.array([0.0, 0.25, 0.5, 0.9, 1.0])
+    br = tp.brackets(hs.leaf(q, w, keys, 8, repaired=True), lv)
+    assert (br["lo"] < br["hi"]).any()
+    lo, hi = rf.refine(rf.refine_partial(np, CPU.ops, q, w, keys, br, 64), br, lv)
+    exact = ms.finalize(ms.exact_partial(q, w, keys), lv)["quantiles"]
+    assert ((lo <= exact) & (exact <= hi)).all()
+    br1 = {"key": br["key"], "lo": lo, "hi": hi}
+    got = tp.resolve(tp.second_partial(np, CPU.ops, q, w, keys, br1), br1, lv, CPU)
+    np.testing.assert_allclose(got, exact, rtol=1e-9, atol=0)
