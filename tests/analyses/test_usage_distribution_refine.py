@@ -245,3 +245,23 @@ def test_refinement_at_the_ends_of_the_float_range(scale):
     br1 = {"key": br["key"], "lo": lo, "hi": hi}
     got = tp.resolve(tp.second_partial(np, CPU.ops, q, w, keys, br1), br1, lv, CPU)
     np.testing.assert_allclose(got, exact, rtol=1e-9, atol=0)
+
+
+def test_a_study_runs_the_passes_resident_and_out_of_core(tmp_path):
+    """A study (what a gpu node runs) runs the chain of passes on its resident partitions, and
+    with an eighth of the memory on partitions it streams: the tables of a plain run."""
+    import gpuclust
+    from strategies import write_dataset
+
+    ds = write_dataset(tmp_path, make_cell(6, n_windows=3000, n_instances=150), files=2, row_group_size=250)
+    a = UsageDistribution(by="machine", strategy="exact-two-pass", bracket_k=16, refine=2)
+    want = _run(ds, a, partitions=8)
+    assert want["info"]["refine"].iloc[0] == 2
+    with gpuclust.open(ds, partitions=8, workers=1).persist() as study:
+        assert not study.streamed_partitions
+        got = study.run([a])[a.name]
+        data = study.resident_bytes
+    assert_same(got, want)
+    with gpuclust.open(ds, partitions=8, workers=1, memory_budget=data // 8).persist() as study:
+        assert study.streamed_partitions["instance_usage"] >= 6
+        assert_same(study.run([a])[a.name], want)
