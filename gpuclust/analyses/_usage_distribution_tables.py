@@ -168,11 +168,16 @@ def _merge_groups(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[st
     if kc.shape[1] and bool((kcs != kc_u[inv]).any()):
         raise RuntimeError("usage-distribution: 64-bit hash collision between group keys (please report)")
     G = kc_u.shape[0]
-    frac = np.zeros(G)
-    np.add.at(frac, inv, np.concatenate([a["frac"], b["frac"]])[order])
-    wq = np.zeros((G, 20))
-    np.add.at(wq, inv, np.concatenate([a["wq"], b["wq"]])[order])
-    return {"key": ks[first], "frac": frac, "wq": wq, "kc": kc_u}
+    # each side's keys are distinct: its rows add by one fancy-indexed add each, a's first (the
+    # additions of ``np.add.at`` over the stably sorted concatenation, without its per-element loop)
+    row = np.empty_like(inv)
+    row[order] = inv
+    na = a["key"].shape[0]
+    out = {"key": ks[first], "frac": np.zeros(G), "wq": np.zeros((G, 20)), "kc": kc_u}
+    for f in ("frac", "wq"):
+        out[f][row[:na]] += a[f]
+        out[f][row[na:]] += b[f]
+    return out
 
 
 def info_table(a: Any, ctx: UsageDistributionContext, stats: dict[str, int], extras: list[Any]) -> pd.DataFrame:
