@@ -31,8 +31,10 @@ class UsageDistributionContext(TierNames):
     br_key: np.ndarray | None = None
     br_lo: np.ndarray | None = None
     br_hi: np.ndarray | None = None
-    #: the first pass's summary size and the refinement passes (``exact-two-pass``)
-    bracket_k: int = 0
+    #: the exact pass's pieces estimated per bracket (G, L), and the refinement passes that cut them
+    br_est: np.ndarray | None = None
     refine: int = 0
-    #: a refinement pass's sub-bins per open bracket
+    #: the first pass's summary size (``exact-two-pass``)
+    bracket_k: int = 0
+    #: a refinement pass's sub-bins per open bracket (0: it does not cut)
     refine_bins: int = 0

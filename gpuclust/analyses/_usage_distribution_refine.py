@@ -13,9 +13,11 @@ bracket ``[lo, hi]``, cuts the bracket into ``S`` equal sub-bins ``(x_{k-1}, x_k
     bracket -- each of their pieces (a segment clipped to the bracket, or a point mass) adds its
     overlap with each sub-bin: its end sub-bins directly, the sub-bins it covers whole its density
     times their width (through a difference array of densities, whose summed densities are at most
-    a piece's mass over a sub-bin's width: no cancellation of large terms).
+    a piece's mass over a sub-bin's width: no cancellation of large terms);
+``e``
+    ``(pairs, S)``: the window knots in each sub-bin (the ends of those pieces inside the bracket).
 
-All are sums: partials merge by adding per pair, and their size is ``(S + 5) x 8`` bytes per open
+All are sums: partials merge by adding per pair, and their size is ``(2S + 5) x 8`` bytes per open
 pair, whatever the windows.  Then ``F(x_k) = f_lo + s (x_k - lo) + Σ_{i<=k} m_i`` (``F(hi)`` =
 ``f_hi``) and, with ``t = p W`` (``W`` the group's weight) and a tolerance ``τ W`` for rounding
 (:data:`TOL`), the new bracket is ``[x_a, x_b]``: ``a`` the last grid point with
@@ -25,7 +27,11 @@ pair, whatever the windows.  Then ``F(x_k) = f_lo + s (x_k - lo) + Σ_{i<=k} m_i
 raises).  Where ``F`` crosses ``t`` steeply it is one sub-bin; where ``F`` stays within ``τW`` of
 ``t`` (a plateau at ``t``) it keeps the whole plateau, whose left end the exact pass returns.  A
 bracket narrower than :data:`MIN_REL_WIDTH` of its ends is kept as it is (its sub-bins would be a
-few floats wide), and so is one whose sub-bins would have no float width.
+few floats wide), and so is one whose sub-bins would have no float width.  The knots in
+``[x_a, x_b]`` bound the exact pass's pieces there (``est`` of the new brackets table).
+
+A pass cuts only while the brackets it reads are estimated to leave the exact pass more than
+:data:`PIECE_BUDGET` pieces (:func:`bins_for`); otherwise it passes them on unchanged.
 """
 
 from __future__ import annotations
@@ -70,11 +76,16 @@ PIECE_BUDGET = 1 << 22
 #: sub-bins (canonical 10^6 windows: 68x by machine, 55x by tier; about 850x at 1,024).
 PIECES_PER_WINDOW_LEVEL_K = 200.0
 ASSUMED_CUT = 32.0
+#: The most refinement passes ``refine`` = -1 plans (five cut a cell's estimate below the budget
+#: at the assumed cut, whatever the grouping).
+MAX_ROUNDS = 5
 #: Rounding tolerance of the new brackets, relative to the group's weight.
 TOL = 1e-7
 #: Brackets narrower than this (relative to their largest end) are not cut.
 MIN_REL_WIDTH = 1e-9
 _SUMS = tp.SUMS
+#: The ``(pairs, S)`` fields of a state: sub-bin masses and window knots.
+_MATS = ("m", "e")
 
 
 def rounds_for(total_rows: int, n_levels: int, k: int) -> int:
@@ -83,16 +94,19 @@ def rounds_for(total_rows: int, n_levels: int, k: int) -> int:
     cut by :data:`ASSUMED_CUT` a pass) are within :data:`PIECE_BUDGET`."""
     est = float(total_rows) * n_levels * PIECES_PER_WINDOW_LEVEL_K / max(int(k), 1)
     r = 0
-    while est > PIECE_BUDGET:
+    while est > PIECE_BUDGET and r < MAX_ROUNDS:
         est /= ASSUMED_CUT
         r += 1
     return r
 
 
-def bins_for(open_pairs: int) -> int:
-    """Sub-bins per open pair: :data:`STATE_BYTES` over the open pairs' 8-byte sums, within
-    [:data:`MIN_BINS`, :data:`MAX_BINS`]."""
-    return int(min(MAX_BINS, max(MIN_BINS, STATE_BYTES // (8 * max(int(open_pairs), 1)))))
+def bins_for(open_pairs: int, est_pieces: float) -> int:
+    """Sub-bins per open pair of a refinement pass: 0 (the pass does not cut) where the exact pass
+    is estimated to keep at most :data:`PIECE_BUDGET` pieces, else :data:`STATE_BYTES` over the
+    open pairs' 16 bytes a sub-bin, within [:data:`MIN_BINS`, :data:`MAX_BINS`]."""
+    if est_pieces <= PIECE_BUDGET:
+        return 0
+    return int(min(MAX_BINS, max(MIN_BINS, STATE_BYTES // (16 * max(int(open_pairs), 1)))))
 
 
 def empty_state(xp: Any, S: int) -> dict[str, Any]:
@@ -100,7 +114,7 @@ def empty_state(xp: Any, S: int) -> dict[str, Any]:
     return {
         "pid": xp.zeros(0, dtype=xp.int64),
         **{f: xp.zeros(0, dtype=xp.float64) for f in _SUMS},
-        "m": xp.zeros((0, S), dtype=xp.float64),
+        **{f: xp.zeros((0, S), dtype=xp.float64) for f in _MATS},
     }
 
 
@@ -129,9 +143,10 @@ def _bin(xp: Any, y: Any, lo: Any, hi: Any, S: int, right: bool) -> Any:
     return k
 
 
-def _bin_masses(xp: Any, prun: Any, pa: Any, pb: Any, pm: Any, rlo: Any, rhi: Any, S: int) -> Any:
-    """``(n, S)``: the masses in each run's sub-bins of pieces ``(pa, pb, pm)`` of runs ``prun``
-    (a run's bracket: ``rlo``, ``rhi``, ``n`` runs)."""
+def _bin_masses(xp: Any, prun: Any, pa: Any, pb: Any, pm: Any, rlo: Any, rhi: Any, S: int) -> tuple[Any, Any]:
+    """``(n, S)`` twice: the masses in each run's sub-bins of pieces ``(pa, pb, pm)`` of runs
+    ``prun`` (a run's bracket: ``rlo``, ``rhi``, ``n`` runs), and the piece ends inside the
+    bracket in each (window knots: a start in the sub-bin it opens, an end in the one it closes)."""
     n = int(rlo.shape[0])
     lo, hi = rlo[prun], rhi[prun]
     point = pa == pb
@@ -144,6 +159,8 @@ def _bin_masses(xp: Any, prun: Any, pa: Any, pb: Any, pm: Any, rlo: Any, rhi: An
     base = prun * S - 1  # sub-bin k of run r: r * S + k - 1
     codes = xp.concatenate([base + ia, base + ib])
     m = bincount(xp, codes, weights=xp.concatenate([end_a, end_b]), minlength=n * S).reshape(n, S)
+    knots = xp.concatenate([pa > lo, pb < hi]).astype(xp.float64)
+    e = bincount(xp, codes, weights=knots, minlength=n * S).reshape(n, S)
     inner = xp.flatnonzero(ib > ia + 1)  # sub-bins ia+1 .. ib-1 covered whole: density d
     if int(inner.shape[0]):
         bi, di = base[inner], d[inner]
@@ -151,12 +168,13 @@ def _bin_masses(xp: Any, prun: Any, pa: Any, pb: Any, pm: Any, rlo: Any, rhi: An
         dd = bincount(xp, codes, weights=xp.concatenate([di, -di]), minlength=n * S).reshape(n, S)
         width = xp.diff(_grid(xp, rlo[:, None], rhi[:, None], xp.arange(S + 1, dtype=xp.int64)[None, :], S), axis=1)
         m = m + xp.cumsum(dd, axis=1) * width
-    return m
+    return m, e
 
 
-def _rows_summed(xp: Any, ops: Any, pid: Any, sums: list[Any], m: Any) -> dict[str, Any]:
-    """Rows of the same pair id summed: the state, sorted by pair id."""
-    S = int(m.shape[1])
+def _rows_summed(xp: Any, ops: Any, pid: Any, sums: list[Any], mats: list[Any]) -> dict[str, Any]:
+    """Rows of the same pair id summed: the state, sorted by pair id (``mats``: its
+    :data:`_MATS`)."""
+    S = int(mats[0].shape[1])
     if int(pid.shape[0]) == 0:
         return empty_state(xp, S)
     uniq, inv = tp._unique_inverse(xp, ops, pid)
@@ -165,7 +183,10 @@ def _rows_summed(xp: Any, ops: Any, pid: Any, sums: list[Any], m: Any) -> dict[s
     return {
         "pid": uniq,
         **{f: bincount(xp, inv, weights=v, minlength=P) for f, v in zip(_SUMS, sums, strict=True)},
-        "m": bincount(xp, cells, weights=m.reshape(-1), minlength=P * S).reshape(P, S),
+        **{
+            f: bincount(xp, cells, weights=v.reshape(-1), minlength=P * S).reshape(P, S)
+            for f, v in zip(_MATS, mats, strict=True)
+        },
     }
 
 
@@ -177,24 +198,27 @@ def refine_partial(
     lo_f, hi_f = br["lo"].reshape(-1), br["hi"].reshape(-1)
     pids: list[Any] = []
     sums: list[list[Any]] = [[] for _ in _SUMS]
-    ms: list[Any] = []
+    mats: list[list[Any]] = [[] for _ in _MATS]
     for pid, run, vals, pcs in tp.level_steps(xp, qr, w, key, br, rows or tp.BLOCK_ROWS):
         n = int(pid.shape[0])
         pids.append(pid)
         for acc, v in zip(sums, vals, strict=True):
             acc.append(bincount(xp, run, weights=v, minlength=n))
         if pcs is None:
-            ms.append(xp.zeros((n, S), dtype=xp.float64))
+            for acc in mats:
+                acc.append(xp.zeros((n, S), dtype=xp.float64))
             continue
         rlo, rhi = lo_f[pid], hi_f[pid]
         wide = _cuttable(xp, rlo, rhi, S)
         prun = xp.searchsorted(pid, pcs[0])
         keep = xp.flatnonzero(wide[prun])
         pa, pb, pm = (v[keep] for v in pcs[1:])
-        ms.append(_bin_masses(xp, prun[keep], pa, pb, pm, rlo, rhi, S))
+        for acc, v in zip(mats, _bin_masses(xp, prun[keep], pa, pb, pm, rlo, rhi, S), strict=True):
+            acc.append(v)
     if not pids:
         return empty_state(xp, S)
-    return _rows_summed(xp, ops, xp.concatenate(pids), [xp.concatenate(v) for v in sums], xp.concatenate(ms))
+    cat = [xp.concatenate(v) for v in mats]
+    return _rows_summed(xp, ops, xp.concatenate(pids), [xp.concatenate(v) for v in sums], cat)
 
 
 def merge_state(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
@@ -202,24 +226,27 @@ def merge_state(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     be = backend_of(a["pid"])
     xp = be.xp
     if a["pid"].shape == b["pid"].shape and bool((a["pid"] == b["pid"]).all()):  # the same pairs (the usual case)
-        return {"pid": a["pid"], **{f: a[f] + b[f] for f in (*_SUMS, "m")}}
-    cat = {f: xp.concatenate([a[f], b[f]]) for f in ("pid", *_SUMS, "m")}
-    return _rows_summed(xp, be.ops, cat["pid"], [cat[f] for f in _SUMS], cat["m"])
+        return {"pid": a["pid"], **{f: a[f] + b[f] for f in (*_SUMS, *_MATS)}}
+    cat = {f: xp.concatenate([a[f], b[f]]) for f in ("pid", *_SUMS, *_MATS)}
+    return _rows_summed(xp, be.ops, cat["pid"], [cat[f] for f in _SUMS], [cat[f] for f in _MATS])
 
 
-def refine(state: dict[str, Any], br: dict[str, np.ndarray], levels: Any) -> tuple[np.ndarray, np.ndarray]:
-    """The narrowed brackets ``(lo, hi)`` (host, ``(G, L)``) of the groups of ``br`` (host
-    brackets) from a merged refinement state: each open pair's ``[x_a, x_b]`` (module docstring);
-    closed pairs, and brackets too narrow to cut, as they were."""
+def refine(state: dict[str, Any], br: dict[str, np.ndarray], levels: Any) -> dict[str, np.ndarray]:
+    """The narrowed brackets (host, ``key``, ``lo``, ``hi``, ``est``: ``(G, L)``) of the groups
+    of ``br`` (host brackets, with their estimated pieces ``est``) from a merged refinement
+    state: each open pair's ``[x_a, x_b]`` (module docstring), its estimate the window knots
+    inside it (an upper bound of the exact pass's pieces); closed pairs, and brackets too narrow
+    to cut, as they were."""
     st = {f: np.asarray(to_host(v)) for f, v in state.items()}
     lv = np.asarray(levels, dtype=np.float64).reshape(-1)
     lo, hi = np.array(br["lo"], dtype=np.float64), np.array(br["hi"], dtype=np.float64)
+    est = np.array(br["est"], dtype=np.float64)
     L = int(lv.shape[0])
     pid = st["pid"].astype(np.int64)
     if not np.array_equal(pid, np.flatnonzero((lo < hi).reshape(-1))):
         raise RuntimeError("usage-distribution: refinement pairs differ from the open brackets (internal error)")
     if not pid.shape[0]:
-        return lo, hi
+        return {"key": br["key"], "lo": lo, "hi": hi, "est": est}
     S = int(st["m"].shape[1])
     g, j = pid // L, pid % L
     a, b = lo[g, j], hi[g, j]
@@ -245,7 +272,10 @@ def refine(state: dict[str, Any], br: dict[str, np.ndarray], levels: Any) -> tup
     rows = np.arange(pid.shape[0])
     lo[g, j] = np.where(wide, x[rows, ia], a)
     hi[g, j] = np.where(wide, x[rows, ib], b)
-    return lo, hi
+    # each knot strictly inside ends one piece and starts the next: ends >= 2 x knots >= pieces
+    E = np.concatenate([np.zeros((pid.shape[0], 1)), np.cumsum(st["e"], axis=1)], axis=1)
+    est[g, j] = np.where(wide, E[rows, ib] - E[rows, ia], est[g, j])
+    return {"key": br["key"], "lo": lo, "hi": hi, "est": np.where(lo < hi, est, 0.0)}
 
 
 def refine_partial_of(be: Any, qr: Any, w: Any, key: Any, bkey: Any, lo: Any, hi: Any, S: int) -> dict[str, Any]:
@@ -264,9 +294,11 @@ def merge_partials(a: dict[str, Any], b: dict[str, Any], merge_rest: Any) -> dic
     return out
 
 
-def refined_table(state: dict[str, Any] | None, key: Any, lo: Any, hi: Any, levels: Any) -> Any:
-    """A refinement pass's result: the brackets table of groups ``key`` with brackets ``lo``,
-    ``hi`` narrowed by the merged ``state`` (None: no windows, the brackets as they were)."""
-    if state is not None:
-        lo, hi = refine(state, {"key": key, "lo": lo, "hi": hi}, levels)
-    return tp.brackets_table({"key": key, "lo": lo, "hi": hi})
+def refined_table(state: dict[str, Any] | None, ctx: Any) -> Any:
+    """A refinement pass's result: the brackets of the pass before it (its context ``ctx``:
+    ``br_key``, ``br_lo``, ``br_hi``, ``br_est``, after ``refine`` cutting passes) narrowed by the
+    merged ``state`` (None: this pass did not cut, :func:`bins_for`; the brackets as they were)."""
+    br = {"key": ctx.br_key, "lo": ctx.br_lo, "hi": ctx.br_hi, "est": ctx.br_est}
+    if state is None:
+        return tp.brackets_table(br, cuts=ctx.refine)
+    return tp.brackets_table(refine(state, br, ctx.levels), cuts=ctx.refine + 1)

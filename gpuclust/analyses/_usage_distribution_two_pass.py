@@ -61,6 +61,8 @@ __all__ = [
     "first_pass_merge",
     "level_steps",
     "empty_state",
+    "estimate_of_table",
+    "cuts_of_table",
     "finalize_two_pass",
     "merge_state",
     "merge_two_pass",
@@ -89,11 +91,17 @@ DEVICE_STEP_SHARE = 0.5
 SUM_PIECES_AT = 1 << 16
 #: Relative slack of the check that a bracket holds its quantile (rounding of the sums).
 _CHECK_REL = 1e-9
+#: The first pass's estimate of a pair's pieces in the exact pass: this many per window knot the
+#: group's summary puts inside the bracket (``n_windows x 20 x (jhi - jlo) / K``); the pieces
+#: measured on the canonical 10^6-window cell were 2.5-3.4 times that estimate's knots, by
+#: machine, tier, collection and machine x time.
+EST_PIECES_PER_KNOT = 4.0
 
 
 def brackets(h: dict[str, Any], levels: Any, margin: float = BRACKET_MARGIN) -> dict[str, np.ndarray]:
-    """Per group of a merged first-pass (hybrid, host) partial ``h``: ``key`` (sorted) and the
-    brackets ``lo``, ``hi`` (``(G, L)``) of its quantiles at ``levels``."""
+    """Per group of a merged first-pass (hybrid, host) partial ``h``: ``key`` (sorted), the
+    brackets ``lo``, ``hi`` (``(G, L)``) of its quantiles at ``levels`` and ``est``, the pieces
+    the exact pass is estimated to keep per bracket (:data:`EST_PIECES_PER_KNOT`; 0 if closed)."""
     lv = np.asarray(levels, dtype=np.float64).reshape(-1)
     L = int(lv.shape[0])
     e = ms.finalize(h["exact"], lv)
@@ -108,7 +116,10 @@ def brackets(h: dict[str, Any], levels: Any, margin: float = BRACKET_MARGIN) -> 
     order = np.argsort(key, kind="stable")
     lo = np.concatenate([qe, np.take_along_axis(kn, jlo, axis=1)])[order]
     hi = np.concatenate([qe, np.take_along_axis(kn, jhi, axis=1)])[order]
-    return {"key": key[order], "lo": np.ascontiguousarray(lo), "hi": np.ascontiguousarray(hi)}
+    n = np.asarray(b["n_windows"], dtype=np.float64)[:, None]
+    est = np.concatenate([np.zeros_like(qe), EST_PIECES_PER_KNOT * n * 20.0 * (jhi - jlo) / max(K, 1)])[order]
+    est = np.where(lo < hi, est, 0.0)
+    return {"key": key[order], "lo": np.ascontiguousarray(lo), "hi": np.ascontiguousarray(hi), "est": est}
 
 
 def empty_state(xp: Any = np) -> dict[str, Any]:
@@ -384,14 +395,16 @@ def resolve(state: dict[str, Any], br: dict[str, np.ndarray], levels: Any, be: A
 
 
 # ------------------------------------------------------------------ the analysis' side (usage_distribution.py)
-def brackets_table(br: dict[str, np.ndarray]) -> Any:
-    """The first pass's result table: ``key``, then ``lo<j>`` and ``hi<j>`` per level ``j``."""
+def brackets_table(br: dict[str, np.ndarray], cuts: int = 0) -> Any:
+    """The first pass's (and a refinement pass's) result table: ``key``, then ``lo<j>``,
+    ``hi<j>`` and ``est<j>`` (the exact pass's estimated pieces, :func:`brackets`) per level
+    ``j``, and ``cuts``: the refinement passes that narrowed them."""
     from gpuclust._lazy import pandas as pd
 
     L = int(br["lo"].shape[1])
-    cols: dict[str, np.ndarray] = {"key": br["key"]}
-    cols.update({f"lo{j}": br["lo"][:, j] for j in range(L)})
-    cols.update({f"hi{j}": br["hi"][:, j] for j in range(L)})
+    cols: dict[str, np.ndarray] = {"key": br["key"], "cuts": np.full(br["key"].shape[0], cuts, np.int64)}
+    for s in ("lo", "hi", "est"):
+        cols.update({f"{s}{j}": br[s][:, j] for j in range(L)})
     return pd.DataFrame(cols)
 
 
@@ -435,18 +448,34 @@ def brackets_of_partial(p: dict[str, Any], k: int, strategy: str, levels: Any) -
     return brackets_table(brackets(h, levels))
 
 
+def _block(t: Any, name: str, n_levels: int) -> np.ndarray:
+    """The ``(G, L)`` block ``name<j>`` of :func:`brackets_table`'s table (a DataFrame or an Arrow table)."""
+    from gpuclust.tables import column
+
+    G = len(t)
+    if n_levels == 0 or G == 0:
+        return np.zeros((G, n_levels))
+    return np.ascontiguousarray(np.stack([column(t, f"{name}{j}") for j in range(n_levels)], axis=1), np.float64)
+
+
 def brackets_of_table(t: Any, n_levels: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(key, lo, hi)`` from :func:`brackets_table`'s table (a DataFrame or an Arrow table)."""
+    """``(key, lo, hi)`` from :func:`brackets_table`'s table."""
     from gpuclust.tables import column
 
     key = np.ascontiguousarray(column(t, "key"), dtype=np.int64)
+    return key, _block(t, "lo", n_levels), _block(t, "hi", n_levels)
 
-    def side(s: str) -> np.ndarray:
-        if n_levels == 0 or key.shape[0] == 0:
-            return np.zeros((key.shape[0], n_levels))
-        return np.ascontiguousarray(np.stack([column(t, f"{s}{j}") for j in range(n_levels)], axis=1), np.float64)
 
-    return key, side("lo"), side("hi")
+def estimate_of_table(t: Any, n_levels: int) -> np.ndarray:
+    """The exact pass's pieces per bracket, estimated in :func:`brackets_table`'s table (``est``)."""
+    return _block(t, "est", n_levels)
+
+
+def cuts_of_table(t: Any) -> int:
+    """The refinement passes that narrowed :func:`brackets_table`'s table."""
+    from gpuclust.tables import column
+
+    return int(np.max(column(t, "cuts"), initial=0)) if len(t) else 0
 
 
 def second_partial_of(be: Any, qr: Any, w: Any, key: Any, bkey: Any, lo: Any, hi: Any) -> dict[str, Any]:

@@ -178,8 +178,8 @@ class UsageDistribution(Analysis):
     )
     refine: int = option(
         -1,
-        "refinement passes of exact-two-pass before its exact pass (each narrows the brackets to one "
-        "of 64-1024 sub-bins); -1 = as many as keep its pieces near 4M",
+        "most refinement passes of exact-two-pass before its exact pass (each narrows the brackets to "
+        "one of 64-1024 sub-bins while they leave over 4M pieces); -1 = by the rows",
         ge=-1,
     )
     exact_max_windows: int = option(DEFAULT_EXACT_MAX_WINDOWS, "row budget of strategy=auto for exact", ge=0)
@@ -261,13 +261,11 @@ class UsageDistribution(Analysis):
             return int(self.bracket_k)
         return BRACKET_K_FEW_GROUPS if set(self.by) <= {"tier", "cell"} else BRACKET_K_MANY_GROUPS
 
-    def refine_passes(self, source: Any, total: int | None = None) -> int:
-        """Refinement passes of ``exact-two-pass`` (option ``refine``; -1: :func:`rf.rounds_for`
-        the usage table's rows, ``total`` when the caller has counted them)."""
+    def refine_passes(self, source: Any) -> int:
+        """At most this many refinement passes (option ``refine``; -1: :func:`rf.rounds_for` the rows)."""
         if int(self.refine) >= 0:
             return int(self.refine)
-        n = self._total_rows(source) if total is None else total
-        return rf.rounds_for(n, int(self.level_values.shape[0]), self.first_pass_k)
+        return rf.rounds_for(self._total_rows(source), int(self.level_values.shape[0]), self.first_pass_k)
 
     def prerequisites(self, source: Any) -> dict[str, Analysis]:
         """``exact-two-pass``: the pass whose result is each group's quantile brackets -- the
@@ -297,11 +295,11 @@ class UsageDistribution(Analysis):
             raise RuntimeError(
                 "usage-distribution: exact-two-pass needs its first pass (the engine runs prerequisites)"
             )
-        key, lo, hi = tp.brackets_of_table(prior["brackets"]["brackets"], int(ctx.levels.shape[0]))
-        rounds, bins = self.refine_passes(source, total), rf.bins_for(int((lo < hi).sum()))
-        return replace(
-            ctx, br_key=key, br_lo=lo, br_hi=hi, bracket_k=self.first_pass_k, refine=rounds, refine_bins=bins
-        )
+        t, L = prior["brackets"]["brackets"], int(ctx.levels.shape[0])
+        (key, lo, hi), est = tp.brackets_of_table(t, L), tp.estimate_of_table(t, L)
+        bins = rf.bins_for(int((lo < hi).sum()), float(est.sum()))
+        kw = dict(br_key=key, br_lo=lo, br_hi=hi, br_est=est, refine=tp.cuts_of_table(t), refine_bins=bins)
+        return replace(ctx, bracket_k=self.first_pass_k, **kw)  # type: ignore[arg-type]
 
     def _groups_local(self, source: Any) -> bool:
         """``by`` has ``instance`` and the source's usage table is bucketed by instance."""
@@ -578,13 +576,17 @@ class UsageDistributionBrackets(_BracketsPass):
 
 @dataclass(frozen=True)
 class UsageDistributionRefine(_BracketsPass):
-    """Refinement pass ``refine`` (>= 1) of ``exact-two-pass``: it narrows each open bracket of
-    the pass before it to a sub-bin (:mod:`gpuclust.analyses._usage_distribution_refine`)."""
+    """Refinement pass ``refine`` (>= 1) of ``exact-two-pass`` (:mod:`~gpuclust.analyses._usage_distribution_refine`)."""
 
     name = "usage-distribution-refine"
 
     def prerequisites(self, source: Any) -> dict[str, Analysis]:
         return {"brackets": self._pass_before(int(self.refine) - 1)}
+
+    def partial(self, cols: dict[str, Any], ctx: UsageDistributionContext, backend: Any) -> dict[str, Any]:
+        if not ctx.refine_bins:  # the brackets already promise few pieces: this pass does not cut
+            return {**self.kinds.empty(backend), "rf": None}
+        return super().partial(cols, ctx, backend)
 
     def _summaries(self, qr: Any, w: Any, key: Any, ctx: UsageDistributionContext, backend: Any) -> dict[str, Any]:
         return {"rf": rf.refine_partial_of(backend, qr, w, key, ctx.br_key, ctx.br_lo, ctx.br_hi, ctx.refine_bins)}
@@ -595,4 +597,4 @@ class UsageDistributionRefine(_BracketsPass):
         return self._fields(bound(rf.merge_partials, merge_rest=merge_partials))
 
     def finalize(self, partial: dict[str, Any], ctx: UsageDistributionContext) -> dict[str, pd.DataFrame]:
-        return {"brackets": rf.refined_table(partial.get("rf"), ctx.br_key, ctx.br_lo, ctx.br_hi, ctx.levels)}
+        return {"brackets": rf.refined_table(partial.get("rf"), ctx)}

@@ -555,9 +555,12 @@ def test_options():
 # GPU parity (the gpu case is marked ``gpu`` by the backend fixture)
 # --------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("strategy", ["exact", "bounded", "exact-two-pass", "exact-two-pass+refine"])
-def test_backend_parity(cell1, backend, strategy):
+def test_backend_parity(cell1, backend, strategy, monkeypatch):
     # bracket_k=8 (exact-two-pass): wide first-pass brackets, many pieces, resolved on the backend;
-    # +refine: a refinement pass's sub-bins on the backend first
+    # +refine: a refinement pass's sub-bins on the backend first (it cuts, whatever the pieces)
+    from gpuclust.analyses import _usage_distribution_refine as rf
+
+    monkeypatch.setattr(rf, "PIECE_BUDGET", 0)
     strategy, _, refine = strategy.partition("+")
     a = UsageDistribution(
         by=("tier", "time"), bucket_s=1800, strategy=strategy, k=128, bracket_k=8, refine=1 if refine else 0

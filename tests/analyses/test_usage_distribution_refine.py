@@ -1,7 +1,8 @@
 """``usage-distribution``'s refinement passes (``exact-two-pass`` with ``refine`` >= 1): the same
 tables as one-pass ``exact``; refined brackets that hold the exact quantile, lie inside the ones
 they refine, and leave the exact pass far fewer pieces; sub-bin masses equal to a slow reference;
-``refine`` = -1 adds passes as the rows grow.
+``refine`` = -1 plans passes as the rows grow, and a pass cuts only while the pieces it is
+estimated to leave pass the budget (here 0, so that every pass cuts, unless a test says otherwise).
 """
 
 from __future__ import annotations
@@ -40,6 +41,11 @@ make_cell, assert_same, pool_cell, merged_partial = (
 mix_ref = _two.mix_ref
 
 
+@pytest.fixture(autouse=True)
+def every_pass_cuts(monkeypatch):
+    monkeypatch.setattr(rf, "PIECE_BUDGET", 0)
+
+
 @pytest.fixture(scope="module")
 def cell():
     return make_cell(2, n_windows=400, n_instances=40)
@@ -75,10 +81,11 @@ def test_the_passes_chain_as_prerequisites(cell):
     assert not UsageDistribution(by="machine", strategy="exact").prerequisites(src)
 
 
-def test_auto_adds_refinement_passes_as_the_rows_grow(cell, monkeypatch):
+def test_auto_plans_refinement_passes_as_the_rows_grow(cell, monkeypatch):
     src = TableSource(cell)
     n = cell["instance_usage"].num_rows
     a = UsageDistribution(by="machine", exact_max_windows=0)
+    monkeypatch.setattr(rf, "PIECE_BUDGET", 1 << 22)
     assert a.refine_passes(src) == 0  # a small table: the exact pass's pieces are few
     # the estimate: rows x levels x 200 / bracket_k pieces, cut 32-fold a pass, within the budget
     est = n * 20 * rf.PIECES_PER_WINDOW_LEVEL_K / a.first_pass_k
@@ -86,7 +93,34 @@ def test_auto_adds_refinement_passes_as_the_rows_grow(cell, monkeypatch):
     assert a.refine_passes(src) == 2
     assert rf.rounds_for(10**9, 20, 4096) > rf.rounds_for(10**7, 20, 4096) >= 1
     got = _run(src, a, partitions=3)
-    assert got["info"]["refine"].iloc[0] == 2
+    assert got["info"]["refine"].iloc[0] <= 2  # the passes that cut
+    assert_same(got, _run(src, UsageDistribution(by="machine", strategy="exact"), partitions=2))
+
+
+def test_a_pass_cuts_only_while_its_brackets_promise_too_many_pieces(monkeypatch):
+    """The first pass estimates the exact pass's pieces, a cutting pass bounds them (the window
+    knots left inside, at least the pieces); a pass whose brackets promise no more than the budget
+    leaves them as they are (and does not compute), and the run is still exact."""
+    tables = pool_cell(3000, seed=12)
+    src = TableSource(tables)
+    first = _run(src, UsageDistributionBrackets(by="machine", strategy="bounded", k=256), partitions=3)["brackets"]
+    est0 = tp.estimate_of_table(first, 20).sum()
+    pieces = {}
+    tables_of = {}
+    for r in (0, 1):
+        a = UsageDistribution(by="machine", strategy="exact-two-pass", bracket_k=256, refine=r)
+        pieces[r] = int(merged_partial(a, tables, 3)["tp"]["state"]["p_pid"].shape[0])
+        if r:
+            one = UsageDistributionRefine(by="machine", strategy="exact-two-pass", bracket_k=256, refine=1)
+            tables_of[r] = _run(src, one, partitions=3)["brackets"]
+    est1 = tp.estimate_of_table(tables_of[1], 20).sum()
+    assert pieces[1] <= est1 < est0 and pieces[1] * 10 <= pieces[0]
+    assert tp.cuts_of_table(first) == 0 and tp.cuts_of_table(tables_of[1]) == 1
+    monkeypatch.setattr(rf, "PIECE_BUDGET", est0)  # the first pass's brackets already do
+    a = UsageDistribution(by="machine", strategy="exact-two-pass", bracket_k=256, refine=2)
+    assert int(merged_partial(a, tables, 3)["tp"]["state"]["p_pid"].shape[0]) == pieces[0]
+    got = _run(src, a, partitions=3)
+    assert got["info"]["refine"].iloc[0] == 0
     assert_same(got, _run(src, UsageDistribution(by="machine", strategy="exact"), partitions=2))
 
 
@@ -146,17 +180,35 @@ def test_sub_bin_masses_equal_a_slow_reference(seed, S, n):
     a, b = np.sort(rng.choice(ends, (n, 2)), axis=1).T
     point = rng.random(n) < 0.3
     b = np.where(point, a, b)
-    a = np.where(point & (a <= lo), (lo + hi) / 2, a)  # point masses strictly inside
+    a = np.where(point & ((a <= lo) | (a >= hi)), (lo + hi) / 2, a)  # point masses strictly inside
     b = np.where(point, a, b)
     keep = point | (a < b)
     a, b, m = a[keep], b[keep], rng.random(int(keep.sum())) + 0.1
     if not a.shape[0]:
         return
     run = np.zeros(a.shape[0], np.int64)
-    got = rf._bin_masses(np, run, a, b, m, np.array([lo]), np.array([hi]), S)[0]
+    masses, ends = rf._bin_masses(np, run, a, b, m, np.array([lo]), np.array([hi]), S)
+    got = masses[0]
     want = _slow_bins(list(zip(a, b, m, strict=True)), lo, hi, S)
     np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12 * m.sum())
     assert abs(got.sum() - m.sum()) <= 1e-12 * m.sum()
+    # the window knots: a segment's start above lo in the sub-bin it opens [x_{k-1}, x_k), its end
+    # below hi in the one it closes (x_{k-1}, x_k]; a point mass's two in (x_{k-1}, x_k]
+    g = np.asarray(grid)
+
+    def sub_bin(x, closed_right):  # 1..S
+        return min(max(int(np.searchsorted(g, x, side="left" if closed_right else "right")), 1), S)
+
+    want_ends = np.zeros(S)
+    for x, y in zip(a, b, strict=True):
+        if x == y:
+            want_ends[sub_bin(x, True) - 1] += 2
+            continue
+        if x > lo:
+            want_ends[sub_bin(x, False) - 1] += 1
+        if y < hi:
+            want_ends[sub_bin(y, True) - 1] += 1
+    np.testing.assert_array_equal(ends[0], want_ends)
 
 
 @settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -190,7 +242,8 @@ def test_refined_brackets_hold_the_exact_quantile(seed, k, S, n, parts):
     state = rf.empty_state(np, S)
     for o in sorted_parts:
         state = rf.merge_state(state, rf.refine_partial(np, CPU.ops, q[o], w[o], keys[o], br, S))
-    lo, hi = rf.refine(state, br, lv)
+    ref = rf.refine(state, br, lv)
+    lo, hi = ref["lo"], ref["hi"]
     nan = np.isnan(br["lo"])  # groups without weight
     assert (np.isnan(lo) == nan).all() and (lo[~nan] >= br["lo"][~nan]).all() and (hi[~nan] <= br["hi"][~nan]).all()
     closed = ~(br["lo"] < br["hi"])
@@ -204,6 +257,10 @@ def test_refined_brackets_hold_the_exact_quantile(seed, k, S, n, parts):
     st2 = tp.empty_state()
     for o in sorted_parts:
         st2 = tp.merge_state(st2, tp.second_partial(np, CPU.ops, q[o], w[o], keys[o], br1))
+    # a cut bracket's estimate bounds the exact pass's pieces in it
+    cut = (br["lo"] < br["hi"]) & rf._cuttable(np, br["lo"], br["hi"], S)
+    per_pair = np.bincount(st2["p_pid"], minlength=lo.size).reshape(lo.shape)
+    assert (per_pair[cut] <= ref["est"][cut]).all()
     got = tp.resolve(st2, br1, lv, CPU)
     close = np.isclose(got, exact, rtol=1e-9, atol=1e-300, equal_nan=True)
     for gi, li in zip(*np.nonzero(~close), strict=True):  # ill-conditioned: a level within 1e-12 of p
@@ -239,7 +296,7 @@ def test_refinement_at_the_ends_of_the_float_range(scale):
     lv = np.array([0.0, 0.25, 0.5, 0.9, 1.0])
     br = tp.brackets(hs.leaf(q, w, keys, 8, repaired=True), lv)
     assert (br["lo"] < br["hi"]).any()
-    lo, hi = rf.refine(rf.refine_partial(np, CPU.ops, q, w, keys, br, 64), br, lv)
+    lo, hi = (rf.refine(rf.refine_partial(np, CPU.ops, q, w, keys, br, 64), br, lv)[f] for f in ("lo", "hi"))
     exact = ms.finalize(ms.exact_partial(q, w, keys), lv)["quantiles"]
     assert ((lo <= exact) & (exact <= hi)).all()
     br1 = {"key": br["key"], "lo": lo, "hi": hi}
@@ -250,8 +307,9 @@ def test_refinement_at_the_ends_of_the_float_range(scale):
 def test_a_study_runs_the_passes_resident_and_out_of_core(tmp_path):
     """A study (what a gpu node runs) runs the chain of passes on its resident partitions, and
     with an eighth of the memory on partitions it streams: the tables of a plain run."""
-    import gpuclust
     from strategies import write_dataset
+
+    import gpuclust
 
     ds = write_dataset(tmp_path, make_cell(6, n_windows=3000, n_instances=150), files=2, row_group_size=250)
     a = UsageDistribution(by="machine", strategy="exact-two-pass", bracket_k=16, refine=2)

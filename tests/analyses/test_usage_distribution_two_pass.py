@@ -22,6 +22,7 @@ from strategies import examples, table
 
 import gpuclust.engine as engine
 from gpuclust.analyses import _hybrid_summary as hs
+from gpuclust.analyses import _usage_distribution_refine as rf
 from gpuclust.analyses import _usage_distribution_two_pass as tp
 from gpuclust.analyses import mixture_summary as ms
 from gpuclust.analyses.base import to_host
@@ -268,6 +269,7 @@ def test_on_a_device_the_work_does_not_grow_with_the_windows(by, refine, monkeyp
     the same launches and syncs, only the result tables' bytes come back, and the tables are the cpu's."""
     from device_backend import DEVICE_GPU, counting_device_work, mark_partials_gpu, resolve_gpu_to_device, result_bytes
 
+    monkeypatch.setattr(rf, "PIECE_BUDGET", 0)  # the refinement pass cuts, whatever the pieces
     a = UsageDistribution(by=by, bucket_s=1800, strategy="exact-two-pass", bracket_k=8, refine=refine)
     cells = {n: TableSource(make_cell(5, n_windows=n, n_instances=n // 8)) for n in (2000, 8000)}
     want = {n: _run(src, a, partitions=1) for n, src in cells.items()}
