@@ -63,12 +63,14 @@ __all__ = [
     "rounds_for",
 ]
 
-#: Sub-bins per open pair: as many as :data:`STATE_BYTES` holds for the open pairs, within these.
+#: Sub-bins per open pair: as many as :data:`STATE_BYTES` holds for the open pairs (16 bytes a
+#: sub-bin: its mass and its knots), within these.
 MIN_BINS = 64
 MAX_BINS = 1024
 STATE_BYTES = 1 << 26
-#: Pieces the exact pass may keep before ``refine`` = -1 (auto) adds a refinement pass (about
-#: 32 bytes each merged, a few times that in a merge's temporaries).
+#: Pieces the exact pass may keep (about 32 bytes each merged, a few times that in a merge's
+#: temporaries): ``refine`` = -1 plans passes until the estimate is within it, and a pass cuts
+#: only while its brackets' estimate is above it.
 PIECE_BUDGET = 1 << 22
 #: Pieces the exact pass keeps per window and level times ``bracket_k`` (measured by machine on
 #: the canonical cells: 0.9-1.14 a window at 20 levels and ``bracket_k`` 4,096), and the factor a
