@@ -33,7 +33,9 @@ same op, ``mixture_quantiles`` (rows of two knots at levels 0 and 1), so the con
 masses, plateaus and the support ends are the one-pass exact strategy's.
 
 Memory of pass 2: per open pair 6 numbers, plus 4 per distinct piece; pieces number at most twice
-the window knots strictly inside the pair's bracket.  See docs/analyses/usage-distribution.md.
+the window knots strictly inside the pair's bracket.  Refinement passes between the two
+(:mod:`gpuclust.analyses._usage_distribution_refine`) narrow the brackets while pass 1's estimate
+of the pieces (``est`` of :func:`brackets`) is large.  See docs/analyses/usage-distribution.md.
 """
 
 from __future__ import annotations
