@@ -98,6 +98,9 @@ _CHECK_REL = 1e-9
 #: measured on the canonical 10^6-window cell were 2.5-3.4 times that estimate's knots, by
 #: machine, tier, collection and machine x time.
 EST_PIECES_PER_KNOT = 4.0
+#: Windows of the first pass's exact groups inverted at once (:func:`brackets`): the inversion's
+#: temporaries (about 0.5 kB a window) stay this size, not the size of every small group's windows.
+EXACT_ROWS = 1 << 20
 
 
 def brackets(h: dict[str, Any], levels: Any, margin: float = BRACKET_MARGIN) -> dict[str, np.ndarray]:
@@ -106,8 +109,8 @@ def brackets(h: dict[str, Any], levels: Any, margin: float = BRACKET_MARGIN) -> 
     the exact pass is estimated to keep per bracket (:data:`EST_PIECES_PER_KNOT`; 0 if closed)."""
     lv = np.asarray(levels, dtype=np.float64).reshape(-1)
     L = int(lv.shape[0])
-    e = ms.finalize(h["exact"], lv)
-    qe = np.asarray(e["quantiles"], dtype=np.float64).reshape(-1, L)
+    e = h["exact"]
+    qe = _exact_quantiles(e, lv).reshape(-1, L)
     b = h["bounded"]
     kn = np.asarray(b["knots"], dtype=np.float64)
     err = np.asarray(b["err"], dtype=np.float64)[:, None]
@@ -122,6 +125,28 @@ def brackets(h: dict[str, Any], levels: Any, margin: float = BRACKET_MARGIN) -> 
     est = np.concatenate([np.zeros_like(qe), EST_PIECES_PER_KNOT * n * 20.0 * (jhi - jlo) / max(K, 1)])[order]
     est = np.where(lo < hi, est, 0.0)
     return {"key": key[order], "lo": np.ascontiguousarray(lo), "hi": np.ascontiguousarray(hi), "est": est}
+
+
+def _exact_quantiles(e: dict[str, Any], lv: np.ndarray) -> np.ndarray:
+    """``mixture_summary.finalize(e, lv)["quantiles"]`` of a host exact partial ``e``, a range of
+    groups at a time (at most :data:`EXACT_ROWS` windows, or one group): the same values, as
+    groups are inverted independently (a group's windows keep their order)."""
+    G, n = int(e["key"].shape[0]), int(e["row_key"].shape[0])
+    if n <= EXACT_ROWS:
+        return np.asarray(ms.finalize(e, lv)["quantiles"], dtype=np.float64)
+    order = np.argsort(e["row_key"], kind="stable")
+    ends = np.searchsorted(e["row_key"][order], e["key"], side="right")  # rows of the groups up to each
+    out = np.empty((G, int(lv.shape[0])))
+    g0 = 0
+    while g0 < G:
+        start = int(ends[g0 - 1]) if g0 else 0
+        g1 = max(g0 + 1, int(np.searchsorted(ends, start + EXACT_ROWS, side="right")))
+        rows = order[start : int(ends[g1 - 1])]
+        sub = {f: v[g0:g1] if f != "kind" else v for f, v in e.items() if f not in ("row_key", "q", "w")}
+        sub.update(row_key=e["row_key"][rows], q=e["q"][rows], w=e["w"][rows])
+        out[g0:g1] = np.asarray(ms.finalize(sub, lv)["quantiles"]).reshape(g1 - g0, -1)
+        g0 = g1
+    return out
 
 
 def empty_state(xp: Any = np) -> dict[str, Any]:

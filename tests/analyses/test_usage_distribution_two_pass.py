@@ -289,3 +289,25 @@ def test_on_a_device_the_work_does_not_grow_with_the_windows(by, refine, monkeyp
         assert large[kind] == small[kind], (kind, small, large)
     growth = max(1.0, large["result"] / small["result"])
     assert large["d2h_bytes"] <= 1.2 * growth * small["d2h_bytes"] + (64 << 10), (small, large)
+
+
+def test_the_first_pass_inverts_its_exact_groups_a_range_at_a_time(monkeypatch):
+    """The first pass's small groups (kept exact) are inverted a range of groups at a time
+    (``EXACT_ROWS`` windows, or one group): the same brackets, bit for bit."""
+    rng = np.random.default_rng(3)
+    n = 6000
+    keys = np.sort(rng.integers(0, 600, n)).astype(np.int64) * 7
+    q = np.sort(rng.gamma(0.7, 1.0, (n, 20)), axis=1)
+    q[rng.random(n) < 0.2, :6] = 0.0
+    w = rng.choice([1.0, 30.0, 0.0, 300.0], n)
+    h = hs.empty(256)
+    for r in np.array_split(np.arange(n), 3):
+        h = hs.merge(h, hs.leaf(q[r], w[r], keys[r], 256, repaired=True))
+    lv = np.array([0.0, 0.1, 0.5, 0.9, 0.99, 1.0])
+    assert h["exact"]["row_key"].shape[0] > 1000  # many windows in exact groups
+    want = tp.brackets(h, lv)
+    for rows in (1000, 7):
+        monkeypatch.setattr(tp, "EXACT_ROWS", rows)
+        got = tp.brackets(h, lv)
+        for f in ("key", "lo", "hi", "est"):
+            np.testing.assert_array_equal(got[f], want[f])
