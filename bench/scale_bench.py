@@ -57,7 +57,7 @@ DEFAULT_LONG_SPAN = "1e7,2000,31"
 RATIO_SMALL, RATIO_BIG, RSS_TARGET = 4_000_000, 16_000_000, 1.5
 #: Per analysis the -O options of its benchmarked variants (label -> options).
 VARIANT_OPTIONS: dict[str, list[dict[str, str]]] = {
-    "usage-distribution": [{"by": "machine"}, {"by": "instance"}],
+    "usage-distribution": [{"by": "machine"}, {"by": "instance"}, {"by": "collection"}],
 }
 
 
