@@ -64,17 +64,19 @@ __all__ = [
 ]
 
 #: Sub-bins per open pair: as many as :data:`STATE_BYTES` holds for the open pairs (16 bytes a
-#: sub-bin: its mass and its knots), within these.
-MIN_BINS = 64
+#: sub-bin: its mass and its knots), at most :data:`MAX_BINS`; a pass that would get fewer than
+#: :data:`MIN_BINS` does not cut (by collection with ``bracket_k`` 512 at 1.6e7 windows, 64
+#: sub-bins for every one of its millions of open pairs took 18 GB).
+MIN_BINS = 8
 MAX_BINS = 1024
-STATE_BYTES = 1 << 26
+STATE_BYTES = 1 << 28
 #: Pieces the exact pass may keep (about 32 bytes each merged, a few times that in a merge's
 #: temporaries): ``refine`` = -1 plans passes until the estimate is within it, and a pass cuts
 #: only while its brackets' estimate is above it.
 PIECE_BUDGET = 1 << 22
 #: Pieces the exact pass keeps per window and level times ``bracket_k`` (measured by machine on
 #: the canonical cells: 0.9-1.14 a window at 20 levels and ``bracket_k`` 4,096), and the factor a
-#: refinement pass is assumed to cut them by: half the least measured at :data:`MIN_BINS`
+#: refinement pass is assumed to cut them by: half the least measured at 64
 #: sub-bins (canonical 10^6 windows: 68x by machine, 55x by tier; about 850x at 1,024).
 PIECES_PER_WINDOW_LEVEL_K = 200.0
 ASSUMED_CUT = 32.0
@@ -103,12 +105,11 @@ def rounds_for(total_rows: int, n_levels: int, k: int) -> int:
 
 
 def bins_for(open_pairs: int, est_pieces: float) -> int:
-    """Sub-bins per open pair of a refinement pass: 0 (the pass does not cut) where the exact pass
-    is estimated to keep at most :data:`PIECE_BUDGET` pieces, else :data:`STATE_BYTES` over the
-    open pairs' 16 bytes a sub-bin, within [:data:`MIN_BINS`, :data:`MAX_BINS`]."""
-    if est_pieces <= PIECE_BUDGET:
-        return 0
-    return int(min(MAX_BINS, max(MIN_BINS, STATE_BYTES // (16 * max(int(open_pairs), 1)))))
+    """Sub-bins per open pair of a refinement pass: :data:`STATE_BYTES` over the open pairs' 16
+    bytes a sub-bin, at most :data:`MAX_BINS`; 0 (the pass does not cut) where the exact pass is
+    estimated to keep at most :data:`PIECE_BUDGET` pieces or where that is under :data:`MIN_BINS`."""
+    S = min(MAX_BINS, STATE_BYTES // (16 * max(int(open_pairs), 1)))
+    return 0 if est_pieces <= PIECE_BUDGET or S < MIN_BINS else int(S)
 
 
 def empty_state(xp: Any, S: int) -> dict[str, Any]:

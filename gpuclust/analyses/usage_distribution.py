@@ -179,7 +179,7 @@ class UsageDistribution(Analysis):
     refine: int = option(
         -1,
         "most refinement passes of exact-two-pass before its exact pass (each narrows the brackets to "
-        "one of 64-1024 sub-bins while they leave over 4M pieces); -1 = by the rows",
+        "one of 8-1024 sub-bins while they leave over 4M pieces); -1 = by the rows",
         ge=-1,
     )
     exact_max_windows: int = option(DEFAULT_EXACT_MAX_WINDOWS, "row budget of strategy=auto for exact", ge=0)

@@ -323,3 +323,13 @@ def test_a_study_runs_the_passes_resident_and_out_of_core(tmp_path):
     with gpuclust.open(ds, partitions=8, workers=1, memory_budget=data // 8).persist() as study:
         assert study.streamed_partitions["instance_usage"] >= 6
         assert_same(study.run([a])[a.name], want)
+
+
+def test_the_sub_bins_fit_the_state_budget():
+    """At most MAX_BINS sub-bins a pair, all pairs' within STATE_BYTES; a pass that would get fewer
+    than MIN_BINS, or whose brackets already promise few pieces, does not cut."""
+    assert rf.bins_for(10, 1e9) == rf.MAX_BINS
+    S = rf.bins_for(262_144, 1e9)
+    assert S == 64 and 16 * S * 262_144 <= rf.STATE_BYTES
+    assert rf.bins_for(4_000_000, 1e9) == 0
+    assert rf.bins_for(10, float(rf.PIECE_BUDGET)) == 0
