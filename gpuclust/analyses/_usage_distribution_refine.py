@@ -65,8 +65,7 @@ __all__ = [
 
 #: Sub-bins per open pair: as many as :data:`STATE_BYTES` holds for the open pairs (16 bytes a
 #: sub-bin: its mass and its knots), at most :data:`MAX_BINS`; a pass that would get fewer than
-#: :data:`MIN_BINS` does not cut (by collection with ``bracket_k`` 512 at 1.6e7 windows, 64
-#: sub-bins for every one of its millions of open pairs took 18 GB).
+#: :data:`MIN_BINS` does not cut (a cut that small would not pay for its read of the data).
 MIN_BINS = 8
 MAX_BINS = 1024
 STATE_BYTES = 1 << 28
