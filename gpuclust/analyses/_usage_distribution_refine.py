@@ -68,7 +68,7 @@ __all__ = [
 #: :data:`MIN_BINS` does not cut (a cut that small would not pay for its read of the data).
 MIN_BINS = 8
 MAX_BINS = 1024
-STATE_BYTES = 1 << 28
+STATE_BYTES = 1 << 26
 #: Pieces the exact pass may keep (about 32 bytes each merged, a few times that in a merge's
 #: temporaries): ``refine`` = -1 plans passes until the estimate is within it, and a pass cuts
 #: only while its brackets' estimate is above it.

@@ -329,7 +329,7 @@ def test_the_sub_bins_fit_the_state_budget():
     """At most MAX_BINS sub-bins a pair, all pairs' within STATE_BYTES; a pass that would get fewer
     than MIN_BINS, or whose brackets already promise few pieces, does not cut."""
     assert rf.bins_for(10, 1e9) == rf.MAX_BINS
-    S = rf.bins_for(262_144, 1e9)
-    assert S == 64 and 16 * S * 262_144 <= rf.STATE_BYTES
-    assert rf.bins_for(4_000_000, 1e9) == 0
+    S = rf.bins_for(65_536, 1e9)
+    assert rf.MIN_BINS <= S < rf.MAX_BINS and 16 * S * 65_536 <= rf.STATE_BYTES
+    assert rf.bins_for(4_000_000, 1e9) == 0  # 4 sub-bins a pair: no cut
     assert rf.bins_for(10, float(rf.PIECE_BUDGET)) == 0
