@@ -173,25 +173,6 @@ def _bin_masses(xp: Any, prun: Any, pa: Any, pb: Any, pm: Any, rlo: Any, rhi: An
     return m, e
 
 
-def _rows_summed(xp: Any, ops: Any, pid: Any, sums: list[Any], mats: list[Any]) -> dict[str, Any]:
-    """Rows of the same pair id summed: the state, sorted by pair id (``mats``: its
-    :data:`_MATS`)."""
-    S = int(mats[0].shape[1])
-    if int(pid.shape[0]) == 0:
-        return empty_state(xp, S)
-    uniq, inv = tp._unique_inverse(xp, ops, pid)
-    P = int(uniq.shape[0])
-    cells = (inv[:, None] * S + xp.arange(S, dtype=xp.int64)[None, :]).reshape(-1)
-    return {
-        "pid": uniq,
-        **{f: bincount(xp, inv, weights=v, minlength=P) for f, v in zip(_SUMS, sums, strict=True)},
-        **{
-            f: bincount(xp, cells, weights=v.reshape(-1), minlength=P * S).reshape(P, S)
-            for f, v in zip(_MATS, mats, strict=True)
-        },
-    }
-
-
 def refine_partial(
     xp: Any, ops: Any, qr: Any, w: Any, key: Any, br: dict[str, Any], S: int, rows: int | None = None
 ) -> dict[str, Any]:
@@ -219,8 +200,8 @@ def refine_partial(
             acc.append(v)
     if not pids:
         return empty_state(xp, S)
-    cat = [xp.concatenate(v) for v in mats]
-    return _rows_summed(xp, ops, xp.concatenate(pids), [xp.concatenate(v) for v in sums], cat)
+    cat = {f: xp.concatenate(v) for f, v in zip(_MATS, mats, strict=True)}
+    return tp._pair_sums(xp, ops, xp.concatenate(pids), [xp.concatenate(v) for v in sums], cat)
 
 
 def merge_state(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
@@ -230,7 +211,7 @@ def merge_state(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     if a["pid"].shape == b["pid"].shape and bool((a["pid"] == b["pid"]).all()):  # the same pairs (the usual case)
         return {"pid": a["pid"], **{f: a[f] + b[f] for f in (*_SUMS, *_MATS)}}
     cat = {f: xp.concatenate([a[f], b[f]]) for f in ("pid", *_SUMS, *_MATS)}
-    return _rows_summed(xp, be.ops, cat["pid"], [cat[f] for f in _SUMS], [cat[f] for f in _MATS])
+    return tp._pair_sums(xp, be.ops, cat["pid"], [cat[f] for f in _SUMS], {f: cat[f] for f in _MATS})
 
 
 def refine(state: dict[str, Any], br: dict[str, np.ndarray], levels: Any) -> dict[str, np.ndarray]:
@@ -256,9 +237,7 @@ def refine(state: dict[str, Any], br: dict[str, np.ndarray], levels: Any) -> dic
     m = st["m"]
     total = f_lo + s * (b - a) + m.sum(axis=1) + a_hi
     t = lv[j] * total
-    slack = tp._CHECK_REL * total
-    if bool(((f_lo_left > t + slack) | (f_hi < t - slack)).any()):
-        raise RuntimeError("usage-distribution: a bracket misses its quantile (internal error)")
+    tp.check_brackets_hold(np, f_lo_left, f_hi, t, total)
     x = _grid(np, a[:, None], b[:, None], np.arange(S + 1)[None, :], S)
     F = np.empty((pid.shape[0], S + 1))
     F[:, 0] = f_lo

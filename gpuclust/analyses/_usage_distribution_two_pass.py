@@ -60,6 +60,7 @@ __all__ = [
     "brackets_of_table",
     "brackets_table",
     "carry",
+    "check_brackets_hold",
     "first_pass_merge",
     "level_steps",
     "empty_state",
@@ -156,13 +157,29 @@ def empty_state(xp: Any = np) -> dict[str, Any]:
     return out
 
 
-def _pair_sums(xp: Any, ops: Any, pid: Any, sums: list[Any]) -> dict[str, Any]:
-    """Sums per pair id (sorted unique ``pid``)."""
+def _pair_sums(xp: Any, ops: Any, pid: Any, sums: list[Any], rows: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Sums per pair id (sorted unique ``pid``): :data:`SUMS`, and ``rows`` (``{name: (n, S)}``,
+    a refinement pass's sub-bins) summed row by row."""
+    rows = rows or {}
     if int(pid.shape[0]) == 0:
-        return {f: v for f, v in empty_state(xp).items() if f == "pid" or f in SUMS}
+        out = {f: v for f, v in empty_state(xp).items() if f == "pid" or f in SUMS}
+        return {**out, **{f: xp.zeros((0, int(v.shape[1])), dtype=xp.float64) for f, v in rows.items()}}
     uniq, inv = _unique_inverse(xp, ops, pid)
     P = int(uniq.shape[0])
-    return {"pid": uniq, **{s: bincount(xp, inv, weights=v, minlength=P) for s, v in zip(SUMS, sums, strict=True)}}
+    out = {"pid": uniq, **{s: bincount(xp, inv, weights=v, minlength=P) for s, v in zip(SUMS, sums, strict=True)}}
+    for f, v in rows.items():
+        S = int(v.shape[1])
+        cells = (inv[:, None] * S + xp.arange(S, dtype=xp.int64)[None, :]).reshape(-1)
+        out[f] = bincount(xp, cells, weights=v.reshape(-1), minlength=P * S).reshape(P, S)
+    return out
+
+
+def check_brackets_hold(xp: Any, f_lo_left: Any, f_hi: Any, t: Any, total: Any) -> None:
+    """Raise unless every bracket holds its quantile: ``F(lo-) <= t <= F(hi)`` up to the rounding
+    of the sums (:data:`_CHECK_REL` of the group's weight ``total``)."""
+    slack = _CHECK_REL * total
+    if bool(xp.any((f_lo_left > t + slack) | (f_hi < t - slack))):
+        raise RuntimeError("usage-distribution: a bracket misses its quantile (internal error)")
 
 
 def _summed_pieces(xp: Any, pieces: list[Any]) -> dict[str, Any]:
@@ -411,9 +428,7 @@ def resolve(state: dict[str, Any], br: dict[str, np.ndarray], levels: Any, be: A
         codes = xp.concatenate([rows, rows, rows, p_rank[pr]])
         total = bincount(xp, codes, weights=wt, minlength=n)
         t = float(lv[jj]) * total
-        slack = _CHECK_REL * total
-        if bool(((f_lo_left[sel] > t + slack) | (f_hi[sel] < t - slack)).any()):
-            raise RuntimeError("usage-distribution: a first-pass bracket misses its quantile (internal error)")
+        check_brackets_hold(xp, f_lo_left[sel], f_hi[sel], t, total)
         res = ops.mixture_quantiles(
             xp.ascontiguousarray(q), xp.ascontiguousarray(wt), codes, n, be.asarray(lv[jj : jj + 1]), q_levels=unit
         )
