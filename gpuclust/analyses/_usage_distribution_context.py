@@ -38,3 +38,7 @@ class UsageDistributionContext(TierNames):
     bracket_k: int = 0
     #: a refinement pass's sub-bins per open bracket (0: it does not cut)
     refine_bins: int = 0
+    #: a first pass in slices: ``(part, slices)``, the collections it reads (None: all); the
+    #: exact pass's: the slices its first pass ran in
+    slice_of: tuple[int, int] | None = None
+    slices: int = 1

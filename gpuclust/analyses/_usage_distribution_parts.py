@@ -1,6 +1,6 @@
 """``usage-distribution``'s partial pieces (:mod:`gpuclust.analyses.usage_distribution`): the
-(window, bucket) pieces of ``time`` groups (:func:`expand_pieces`), the per-group extras of a
-partial (:func:`group_extras`), the merge of two partials (:func:`merge_partials`), their
+windows a partial uses (:func:`used_windows`), the (window, bucket) pieces of ``time`` groups
+(:func:`expand_pieces`), the rows' group key components (:func:`group_components`), the per-group extras of a partial (:func:`group_extras`), the merge of two partials (:func:`merge_partials`), their
 split into keyed rows of finished groups for the parted tables (:func:`split_partial`), and the
 partial's kinds (:class:`UsageFields`: a :class:`~gpuclust.analyses.kinds.Fields` whose whole
 partials merge and split by those two, and whose empty partial is derived from the declaration
@@ -21,15 +21,20 @@ import numpy as np
 
 from gpuclust._xp import bincount
 from gpuclust.analyses import _hybrid_summary as hs
+from gpuclust.analyses import mixture_summary as ms
+from gpuclust.analyses._usage_distribution_slices import in_slice
 from gpuclust.analyses._usage_distribution_tables import _merge_groups
 from gpuclust.analyses._usage_distribution_two_pass import merge_two_pass
+from gpuclust.analyses.base import is_null_int
 from gpuclust.analyses.grouping import bucket_span
 from gpuclust.analyses.kinds import Fields, Label, Merged, Sum
 from gpuclust.backends import merged_backend
+from gpuclust.schema import CPU_PERCENTILE_COLUMNS_SORTED, TIME_AFTER_TRACE
 
 #: Most (window, bucket) pieces one partition may produce with ``time`` grouping (guards against a
 #: tiny ``bucket_s`` or corrupt times; about 1.3 GB of exact partial).
 MAX_PIECES = 1 << 23
+US = 1_000_000
 #: What a partial keeps of each group it finalized itself (``local_groups``).
 _DONE_FIELDS = ("key", "n_windows", "weight", "mean", "quantiles", "err_bound")
 
@@ -64,6 +69,61 @@ def expand_pieces(xp: Any, s: Any, e: Any, B: int) -> tuple[Any, Any, Any]:
     length = e[row] - s[row]
     frac = xp.where(length > 0, (hi - lo).astype(xp.float64) / xp.where(length > 0, length, 1).astype(xp.float64), 1.0)
     return row, bucket, frac
+
+
+def used_windows(
+    backend: Any, cols: dict[str, Any], rows: str, slice_of: tuple[int, int] | None, stats: dict[str, int]
+) -> tuple[Any, Any, Any, Any]:
+    """The windows a partial uses: ``rows`` (``top-level``: not in an alloc), of the slice
+    ``slice_of`` (:mod:`~gpuclust.analyses._usage_distribution_slices`; None: all), with valid
+    times and percentiles.  Returns their rows ``idx`` in ``cols``, their rows ``use`` in the
+    repaired percentiles ``qr`` (``(len(idx), 20)``) and their weights ``w``; counts into ``stats``."""
+    xp, ops = backend.xp, backend.ops
+    start, end = cols["start_time"], cols["end_time"]
+    n = int(start.shape[0])
+    stats["windows_read"] = n
+    keep = xp.ones(n, dtype=bool)
+    if rows == "top-level":
+        alloc = cols["alloc_collection_id"]
+        top = (alloc == 0) | is_null_int(xp, alloc)
+        stats["alloc_task_windows"] = n - int(top.sum())
+        keep = top
+    if slice_of is not None:
+        keep &= in_slice(xp, cols["collection_id"], *slice_of)
+    bad = keep & ((end == TIME_AFTER_TRACE) | (end < start))
+    stats["bad_time_windows"] = int(bad.sum())
+    idx = xp.flatnonzero(keep & ~bad)
+    pcols = [cols[c] for c in CPU_PERCENTILE_COLUMNS_SORTED]
+    # the only repair: the leaf gets repaired rows
+    qr, repaired, null = ops.gather_repair_percentiles(pcols, idx)
+    stats["skipped_no_percentiles"] = int(null.sum())
+    stats["repaired"] = int(repaired.sum())
+    use = xp.flatnonzero(~null)
+    idx = idx[use]
+    dur = (end[idx] - start[idx]).astype(xp.float64) / US
+    w = ms.window_weights(dur, cols["sample_rate"][idx].astype(xp.float64))
+    stats["used_windows"] = int(idx.shape[0])
+    stats["zero_weight_windows"] = int((w <= 0).sum())
+    return idx, use, qr, w
+
+
+def group_components(cols: dict[str, Any], idx: Any, by: tuple[str, ...], tier: Callable[..., Any]) -> list[Any]:
+    """The key components of rows ``idx`` in ``by`` order: ``instance`` two (collection_id,
+    instance_index), ``tier`` ``tier(collection_id, instance_index, machine_id)``, ``time`` None
+    (its buckets are per piece, :func:`expand_pieces`), the others their column."""
+    comps: list[Any] = []
+    for b in by:
+        if b == "instance":
+            comps += [cols["collection_id"][idx], cols["instance_index"][idx]]
+        elif b == "collection":
+            comps.append(cols["collection_id"][idx])
+        elif b == "machine":
+            comps.append(cols["machine_id"][idx])
+        elif b == "tier":
+            comps.append(tier(cols["collection_id"][idx], cols["instance_index"][idx], cols["machine_id"][idx]))
+        elif b == "time":
+            comps.append(None)
+    return comps
 
 
 def group_extras(xp: Any, ops: Any, key: Any, kc: Any, frac: Any, w: Any, qr: Any) -> dict[str, Any]:

@@ -477,9 +477,9 @@ def first_pass_merge(a: dict[str, Any], b: dict[str, Any], merge_rest: Any) -> d
     return out
 
 
-def brackets_of_partial(p: dict[str, Any], k: int, strategy: str, levels: Any) -> Any:
-    """The first pass's result table from its merged host partial (the bounded strategy): its
-    summaries merged smallest first (depth at most ``log2(partitions) + 1``), then bracketed."""
+def brackets_of_partial(p: dict[str, Any], k: int, strategy: str, levels: Any) -> dict[str, np.ndarray]:
+    """The first pass's brackets (:func:`brackets`) from its merged host partial (the bounded
+    strategy): its summaries merged smallest first (depth at most ``log2(partitions) + 1``)."""
     from gpuclust.analyses import _hybrid_summary as hs
 
     if strategy != "bounded" or "done" in p:
@@ -487,7 +487,7 @@ def brackets_of_partial(p: dict[str, Any], k: int, strategy: str, levels: Any) -
     h = hs.empty(int(k))
     for _, g in carry(list(p.get("stack", []))):
         h = hs.merge(h, g) if int(h["exact"]["key"].shape[0]) + int(h["bounded"]["key"].shape[0]) else g
-    return brackets_table(brackets(h, levels))
+    return brackets(h, levels)
 
 
 def _block(t: Any, name: str, n_levels: int) -> np.ndarray:

@@ -40,6 +40,7 @@ import numpy as np
 from gpuclust._lazy import pandas as pd
 from gpuclust.analyses import _hybrid_summary as hs
 from gpuclust.analyses import _usage_distribution_refine as rf
+from gpuclust.analyses import _usage_distribution_slices as sl
 from gpuclust.analyses import _usage_distribution_two_pass as tp
 from gpuclust.analyses import mixture_summary as ms
 from gpuclust.analyses._lookup import EVENT_COLUMNS, tier_lookup
@@ -48,9 +49,11 @@ from gpuclust.analyses._usage_distribution_parts import (
     _DONE_FIELDS,
     UsageFields,
     expand_pieces,
+    group_components,
     group_extras,
     merge_partials,
     none_aware,
+    used_windows,
 )
 from gpuclust.analyses._usage_distribution_tables import (
     _STD_LEVELS,
@@ -60,7 +63,7 @@ from gpuclust.analyses._usage_distribution_tables import (
     info_table,
     level_name,
 )
-from gpuclust.analyses.base import Analysis, is_null_int, to_host
+from gpuclust.analyses.base import Analysis, to_host
 from gpuclust.analyses.grouping import KEY_COLUMNS, group_key
 from gpuclust.analyses.kinds import Concat, Keyed, Label, Merged, Sampled, Sum
 from gpuclust.analyses.options import option, tier_map_option
@@ -69,7 +72,6 @@ from gpuclust.layout import key_name
 from gpuclust.parted import finalize_in_memory
 from gpuclust.schema import (
     CPU_PERCENTILE_COLUMNS_SORTED,
-    TIME_AFTER_TRACE,
 )
 from gpuclust.tiers import resolve_tier_map
 
@@ -182,6 +184,12 @@ class UsageDistribution(Analysis):
         "one of 8-1024 sub-bins while they leave over 4M pieces); -1 = by the rows",
         ge=-1,
     )
+    slices: int = option(
+        -1,
+        "exact-two-pass by instance or collection: run its first pass once per slice of the collections "
+        "(each holds that share of its state, each reads the data); -1 = by the rows",
+        ge=-1,
+    )
     exact_max_windows: int = option(DEFAULT_EXACT_MAX_WINDOWS, "row budget of strategy=auto for exact", ge=0)
     tier_map: str | None = tier_map_option("tier map for by=tier; default: the dataset's")
 
@@ -273,14 +281,22 @@ class UsageDistribution(Analysis):
         (:class:`UsageDistributionRefine`, whose passes before it are its prerequisites)."""
         if self.resolved_strategy(source) != "exact-two-pass":
             return {}
-        return {"brackets": self._pass_before(self.refine_passes(source))}
+        return {"brackets": self._pass_before(self.refine_passes(source), source)}
 
-    def _pass_before(self, r: int) -> Analysis:
-        """The first pass (``r`` = 0) or refinement pass ``r`` of this grouping."""
+    def slices_of(self, source: Any) -> int:
+        """The first pass's slices (:func:`sl.slices_for` option ``slices``, ``by`` and the rows)."""
+        return sl.slices_for(self._total_rows(source) if int(self.slices) < 1 else 0, self.by, int(self.slices))
+
+    def _pass_before(self, r: int, source: Any) -> Analysis:
+        """The first pass (``r`` = 0: its last slice, whose slices before it are its prerequisites)
+        or refinement pass ``r`` of this grouping."""
         same = dict(by=self.by, bucket_s=self.bucket_s, levels=self.levels, rows=self.rows, tier_map=self.tier_map)
         if r == 0:
-            return UsageDistributionBrackets(**same, strategy="bounded", k=self.first_pass_k)  # type: ignore[arg-type]
-        return UsageDistributionRefine(**same, strategy="exact-two-pass", bracket_k=self.first_pass_k, refine=r)  # type: ignore[arg-type]
+            n = self.slices_of(source)
+            cut = dict(slices=n, part=n - 1) if n > 1 else {}
+            return UsageDistributionBrackets(**same, **cut, strategy="bounded", k=self.first_pass_k)  # type: ignore[arg-type]
+        k, s = self.first_pass_k, self.slices
+        return UsageDistributionRefine(**same, strategy="exact-two-pass", bracket_k=k, refine=r, slices=s)  # type: ignore[arg-type]
 
     def context(self, source: Any, prior: dict[str, dict[str, Any]] | None = None) -> UsageDistributionContext:
         total = self._total_rows(source)
@@ -299,7 +315,7 @@ class UsageDistribution(Analysis):
         (key, lo, hi), est = tp.brackets_of_table(t, L), tp.estimate_of_table(t, L)
         bins = rf.bins_for(int((lo < hi).sum()), float(est.sum()))
         kw = dict(br_key=key, br_lo=lo, br_hi=hi, br_est=est, refine=tp.cuts_of_table(t), refine_bins=bins)
-        return replace(ctx, bracket_k=self.first_pass_k, **kw)  # type: ignore[arg-type]
+        return replace(ctx, bracket_k=self.first_pass_k, slices=self.slices_of(source), **kw)  # type: ignore[arg-type]
 
     def _groups_local(self, source: Any) -> bool:
         """``by`` has ``instance`` and the source's usage table is bucketed by instance."""
@@ -339,46 +355,10 @@ class UsageDistribution(Analysis):
 
     def partial(self, cols: dict[str, Any], ctx: UsageDistributionContext, backend: Any) -> dict[str, Any]:
         xp, ops = backend.xp, backend.ops
-        start, end = cols["start_time"], cols["end_time"]
-        n = int(start.shape[0])
         stats = dict.fromkeys(STATS, 0)
-        stats["windows_read"] = n
-        keep = xp.ones(n, dtype=bool)
-        if ctx.rows == "top-level":
-            alloc = cols["alloc_collection_id"]
-            top = (alloc == 0) | is_null_int(xp, alloc)
-            stats["alloc_task_windows"] = n - int(top.sum())
-            keep = top
-        bad = keep & ((end == TIME_AFTER_TRACE) | (end < start))
-        stats["bad_time_windows"] = int(bad.sum())
-        idx = xp.flatnonzero(keep & ~bad)
-        pcols = [cols[c] for c in CPU_PERCENTILE_COLUMNS_SORTED]
-        # the only repair: the leaf gets repaired rows
-        qr, repaired, null = ops.gather_repair_percentiles(pcols, idx)
-        stats["skipped_no_percentiles"] = int(null.sum())
-        stats["repaired"] = int(repaired.sum())
-        use = xp.flatnonzero(~null)
-        idx = idx[use]
-        s, e = start[idx], end[idx]
-        w = ms.window_weights((e - s).astype(xp.float64) / US, cols["sample_rate"][idx].astype(xp.float64))
-        stats["used_windows"] = int(idx.shape[0])
-        stats["zero_weight_windows"] = int((w <= 0).sum())
-        comps: list[Any] = []
-        for b in self.by:
-            if b == "instance":
-                comps += [cols["collection_id"][idx], cols["instance_index"][idx]]
-            elif b == "collection":
-                comps.append(cols["collection_id"][idx])
-            elif b == "machine":
-                comps.append(cols["machine_id"][idx])
-            elif b == "tier":
-                comps.append(
-                    self._tier(
-                        backend, ctx, cols["collection_id"][idx], cols["instance_index"][idx], cols["machine_id"][idx]
-                    )
-                )
-            elif b == "time":
-                comps.append(None)  # filled per piece below
+        idx, use, qr, w = used_windows(backend, cols, ctx.rows, ctx.slice_of, stats)  # counts into stats
+        s, e = cols["start_time"][idx], cols["end_time"][idx]
+        comps = group_components(cols, idx, self.by, bound(self._tier, backend, ctx))  # time: None, filled below
         src = use  # row of ``qr`` of each piece
         if "time" in self.by:
             row, bucket, frac = expand_pieces(xp, s, e, self.bucket_us)
@@ -556,9 +536,25 @@ class _BracketsPass(UsageDistribution):
 class UsageDistributionBrackets(_BracketsPass):
     """The first pass of ``exact-two-pass``: the ``bounded`` strategy of the same grouping (``k``:
     the first pass's summary size; summaries merged as a binary counter,
-    :func:`~gpuclust.analyses._usage_distribution_two_pass.carry`)."""
+    :func:`~gpuclust.analyses._usage_distribution_two_pass.carry`); with ``slices`` > 1, its slice
+    ``part`` of the collections (:mod:`~gpuclust.analyses._usage_distribution_slices`), the
+    slices before it its prerequisites, their brackets added to its own."""
 
     name = "usage-distribution-brackets"
+    part: int = option(0, "the slice of the collections this first pass reads (0 to slices - 1)", ge=0)
+
+    def prerequisites(self, source: Any) -> dict[str, Analysis]:
+        return {"brackets": replace(self, part=int(self.part) - 1)} if int(self.part) > 0 else {}
+
+    def context(self, source: Any, prior: dict[str, dict[str, Any]] | None = None) -> UsageDistributionContext:
+        ctx, n = super().context(source), sl.slices_for(0, self.by, int(self.slices))  # -1: not sliced
+        if n <= 1:
+            return ctx
+        if not prior:  # the first slice
+            return replace(ctx, slice_of=(0, n))
+        t, L = prior["brackets"]["brackets"], int(ctx.levels.shape[0])
+        (key, lo, hi), est = tp.brackets_of_table(t, L), tp.estimate_of_table(t, L)
+        return replace(ctx, slice_of=(int(self.part), n), br_key=key, br_lo=lo, br_hi=hi, br_est=est)
 
     def partial(self, cols: dict[str, Any], ctx: UsageDistributionContext, backend: Any) -> dict[str, Any]:
         out = super().partial(cols, ctx, backend)
@@ -571,7 +567,9 @@ class UsageDistributionBrackets(_BracketsPass):
         return self._fields(bound(tp.first_pass_merge, merge_rest=merge_partials))
 
     def finalize(self, partial: dict[str, Any], ctx: UsageDistributionContext) -> dict[str, pd.DataFrame]:
-        return {"brackets": tp.brackets_of_partial(to_host(partial), int(self.k), ctx.strategy, ctx.levels)}
+        own = tp.brackets_of_partial(to_host(partial), int(self.k), ctx.strategy, ctx.levels)
+        before = None if ctx.br_key is None else dict(key=ctx.br_key, lo=ctx.br_lo, hi=ctx.br_hi, est=ctx.br_est)
+        return {"brackets": tp.brackets_table(sl.joined(before, own))}
 
 
 @dataclass(frozen=True)
@@ -581,7 +579,7 @@ class UsageDistributionRefine(_BracketsPass):
     name = "usage-distribution-refine"
 
     def prerequisites(self, source: Any) -> dict[str, Analysis]:
-        return {"brackets": self._pass_before(int(self.refine) - 1)}
+        return {"brackets": self._pass_before(int(self.refine) - 1, source)}
 
     def partial(self, cols: dict[str, Any], ctx: UsageDistributionContext, backend: Any) -> dict[str, Any]:
         if not ctx.refine_bins:  # the brackets already promise few pieces: this pass does not cut

@@ -554,16 +554,20 @@ def test_options():
 # --------------------------------------------------------------------------------------------
 # GPU parity (the gpu case is marked ``gpu`` by the backend fixture)
 # --------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("strategy", ["exact", "bounded", "exact-two-pass", "exact-two-pass+refine"])
+@pytest.mark.parametrize(
+    "strategy", ["exact", "bounded", "exact-two-pass", "exact-two-pass+refine", "exact-two-pass+slices"]
+)
 def test_backend_parity(cell1, backend, strategy, monkeypatch):
     # bracket_k=8 (exact-two-pass): wide first-pass brackets, many pieces, resolved on the backend;
-    # +refine: a refinement pass's sub-bins on the backend first (it cuts, whatever the pieces)
+    # +refine: a refinement pass's sub-bins on the backend first (it cuts, whatever the pieces);
+    # +slices: by collection, its first pass in three slices of the collections
     from gpuclust.analyses import _usage_distribution_refine as rf
 
     monkeypatch.setattr(rf, "PIECE_BUDGET", 0)
-    strategy, _, refine = strategy.partition("+")
+    strategy, _, more = strategy.partition("+")
+    by = ("collection", "time") if more == "slices" else ("tier", "time")
     a = UsageDistribution(
-        by=("tier", "time"), bucket_s=1800, strategy=strategy, k=128, bracket_k=8, refine=1 if refine else 0
+        by=by, bucket_s=1800, strategy=strategy, k=128, bracket_k=8, refine=int(more == "refine"), slices=3
     )
     src = TableSource(cell1)
     cpu = engine.run(src, [a], backend="cpu", partitions=3)[a.name]
