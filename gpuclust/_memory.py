@@ -23,16 +23,49 @@ system time instead of 2.4-3.5 s (wall 7.7-8.6 s against 9.1-10.8 s), and every 
 measured less system time (git show 74d5fa5:bench/results/cpu_vs_duckdb_hugepages.md).  Results do not depend on it;
 a process keeps its peak heap after a run.  ``GPUCLUST_MALLOC_TUNING=0`` turns it off; the glibc
 part does nothing where the C library is not glibc.
+
+:func:`run_memory` also holds the memory budget of the run in progress (``--memory-limit``, or
+its default share of the machine), a context variable the engine sets around a run, so that an
+analysis deciding on the client how to run (usage-distribution's ``auto`` strategy) can keep
+within it; :func:`memory_budget` is ``None`` outside a run.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import ctypes
 import os
 import sys
 import threading
+from collections.abc import Iterator
 
-__all__ = ["tune_allocator"]
+__all__ = ["memory_budget", "run_memory", "tune_allocator"]
+
+_budget: contextvars.ContextVar[int | None] = contextvars.ContextVar("gpuclust_run_memory", default=None)
+
+
+@contextlib.contextmanager
+def run_memory(limit: int | None) -> Iterator[None]:
+    """Within the block, :func:`memory_budget` is ``limit`` (bytes) in this thread.
+
+    >>> with run_memory(2 << 30):
+    ...     memory_budget()
+    2147483648
+    >>> memory_budget() is None
+    True
+    """
+    token = _budget.set(None if limit is None else int(limit))
+    try:
+        yield
+    finally:
+        _budget.reset(token)
+
+
+def memory_budget() -> int | None:
+    """The memory budget of the run in progress, in bytes (``None``: no run has set one)."""
+    return _budget.get()
+
 
 _M_TRIM_THRESHOLD = -1
 _M_TOP_PAD = -2

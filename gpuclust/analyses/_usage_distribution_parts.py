@@ -1,8 +1,10 @@
 """``usage-distribution``'s partial pieces (:mod:`gpuclust.analyses.usage_distribution`): the
 windows a partial uses (:func:`used_windows`), the (window, bucket) pieces of ``time`` groups
-(:func:`expand_pieces`), the rows' group key components (:func:`group_components`), the per-group extras of a partial (:func:`group_extras`), the merge of two partials (:func:`merge_partials`), their
-split into keyed rows of finished groups for the parted tables (:func:`split_partial`), and the
-partial's kinds (:class:`UsageFields`: a :class:`~gpuclust.analyses.kinds.Fields` whose whole
+(:func:`expand_pieces`), the rows' group key components (:func:`group_components`), the
+per-group extras of a partial (:func:`group_extras`), the finalize of a hybrid summary where the
+partials were (:func:`finalize_mixture`), the merge of two partials (:func:`merge_partials`),
+their split into keyed rows of finished groups for the parted tables (:func:`split_partial`), and
+the partial's kinds (:class:`UsageFields`: a :class:`~gpuclust.analyses.kinds.Fields` whose whole
 partials merge and split by those two, and whose empty partial is derived from the declaration
 of an open partial's fields, :func:`open_fields`).
 
@@ -25,10 +27,10 @@ from gpuclust.analyses import mixture_summary as ms
 from gpuclust.analyses._usage_distribution_slices import in_slice
 from gpuclust.analyses._usage_distribution_tables import _merge_groups
 from gpuclust.analyses._usage_distribution_two_pass import merge_two_pass
-from gpuclust.analyses.base import is_null_int
+from gpuclust.analyses.base import is_null_int, to_host
 from gpuclust.analyses.grouping import bucket_span
 from gpuclust.analyses.kinds import Fields, Label, Merged, Sum
-from gpuclust.backends import merged_backend
+from gpuclust.backends import finalize_backend, merged_backend
 from gpuclust.schema import CPU_PERCENTILE_COLUMNS_SORTED, TIME_AFTER_TRACE
 
 #: Most (window, bucket) pieces one partition may produce with ``time`` grouping (guards against a
@@ -147,6 +149,17 @@ def group_extras(xp: Any, ops: Any, key: Any, kc: Any, frac: Any, w: Any, qr: An
         "wq": wq.reshape(G, 20),
         "kc": kc_u,
     }
+
+
+def finalize_mixture(mp: dict[str, Any], levels: np.ndarray, backend_name: str) -> dict[str, Any]:
+    """:func:`mixture_summary.finalize` of the hybrid summary ``mp`` on the backend the partials
+    were computed on (when that backend is available in this process; the exact strategy's
+    inversion is the heavy step)."""
+    if backend_name == "gpu" and int(mp["exact"]["key"].shape[0]) + int(mp["bounded"]["key"].shape[0]):
+        be = finalize_backend("gpu")  # the host where there is no device, or an out-of-core study's
+        if be.name != "cpu":
+            return to_host(hs.finalize(hs.to_backend(mp, be), levels))
+    return hs.finalize(to_host(mp), levels)
 
 
 def merge_partials(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:

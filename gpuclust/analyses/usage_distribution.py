@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from gpuclust._lazy import pandas as pd
+from gpuclust._memory import memory_budget
 from gpuclust.analyses import _hybrid_summary as hs
 from gpuclust.analyses import _usage_distribution_refine as rf
 from gpuclust.analyses import _usage_distribution_slices as sl
@@ -49,6 +50,7 @@ from gpuclust.analyses._usage_distribution_parts import (
     _DONE_FIELDS,
     UsageFields,
     expand_pieces,
+    finalize_mixture,
     group_components,
     group_extras,
     merge_partials,
@@ -105,6 +107,9 @@ STATS = (
 #: 180 bytes per window, and ``finalize`` peaks at about 0.5 kB (many groups) to 2.9 kB (one
 #: group) per window (measured, NumPy), i.e. about 2.5-15 GB at this budget.
 DEFAULT_EXACT_MAX_WINDOWS = 5_000_000
+#: ``auto`` runs the exact strategy only where that peak, at this many bytes a row, fits the run's
+#: memory budget (``--memory-limit``, :func:`gpuclust._memory.memory_budget`).
+EXACT_BYTES_PER_ROW = 3000
 #: First-pass summary size of ``exact-two-pass`` (option ``bracket_k`` = 0): few groups (``by`` within
 #: tier / cell, at most 17 groups) afford large summaries, whose tight brackets keep the second pass
 #: small; many groups keep their small ones exact in the first pass up to ``(k + 1) // 22`` windows.
@@ -258,9 +263,9 @@ class UsageDistribution(Analysis):
             return self.strategy
         if total is None:
             total = self._total_rows(source)
-        if total <= int(self.exact_max_windows) or self._groups_local(source):
-            return "exact"
-        return "exact-two-pass"
+        budget = memory_budget()
+        fits = total <= int(self.exact_max_windows) and (budget is None or total * EXACT_BYTES_PER_ROW <= budget)
+        return "exact" if fits or self._groups_local(source) else "exact-two-pass"
 
     @property
     def first_pass_k(self) -> int:
@@ -451,7 +456,7 @@ class UsageDistribution(Analysis):
 
     def finalize(self, partial: dict[str, Any], ctx: UsageDistributionContext) -> dict[str, pd.DataFrame]:
         # a partial left on the device (device_partial): all but the mixture state or the second
-        # pass's to the host (they stay for _finalize_mixture / _finalize_two_pass, unless the
+        # pass's to the host (they stay for finalize_mixture / _finalize_two_pass, unless the
         # parted path merges and splits them)
         partial = {k: v if k in ("ms", "tp") and not self.parted else to_host(v) for k, v in partial.items()}
         if self.parted:
@@ -481,7 +486,7 @@ class UsageDistribution(Analysis):
             mp = full["ms"]
             if mp is None:
                 mp = hs.empty(None if ctx.strategy == "exact" else int(self.k))
-            res = self._finalize_mixture(mp, ctx.levels, full["backend"])
+            res = finalize_mixture(mp, ctx.levels, full["backend"])
             g = full["groups"]
             if not np.array_equal(np.asarray(res["key"]), np.asarray(g["key"])):
                 raise RuntimeError("usage-distribution: summary and group tables disagree (internal error)")
@@ -504,15 +509,6 @@ class UsageDistribution(Analysis):
     ) -> tuple[pd.DataFrame, pd.DataFrame]:
         """The ``quantiles`` and ``naive`` rows of groups ``res`` / ``g`` (aligned), sorted by key."""
         return _group_tables(self.by, self.bucket_us, self._n_components(), res, g, ctx)
-
-    def _finalize_mixture(self, mp: dict[str, Any], levels: np.ndarray, backend_name: str) -> dict[str, Any]:
-        """:func:`mixture_summary.finalize` on the backend the partials were computed on (when that
-        backend is available in this process; the exact strategy's inversion is the heavy step)."""
-        if backend_name == "gpu" and int(mp["exact"]["key"].shape[0]) + int(mp["bounded"]["key"].shape[0]):
-            be = finalize_backend("gpu")  # the host where there is no device, or an out-of-core study's
-            if be.name != "cpu":
-                return to_host(hs.finalize(hs.to_backend(mp, be), levels))
-        return hs.finalize(to_host(mp), levels)
 
     # ---------------------------------------------------------------- summary
     def summary(self, result: dict[str, pd.DataFrame], top: int = 12) -> str:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuclust._memory import tune_allocator
+from gpuclust._memory import run_memory, tune_allocator
 from gpuclust._parallel import client_threads, map_ordered, usable_cores
 from gpuclust.analyses.base import Analysis, to_host
 from gpuclust.backends import ENGINE_THREAD_PREFIX, Backend, device_free_bytes, get_backend
@@ -174,45 +174,47 @@ def run(
     limit = _memory.parse_size(memory_limit) or _memory.default_limit()
     folders = _shards.SpillFolders(parts_dir)  # spills of parted analyses, large context arrays
     try:
-        if scheduler is None:
-            st = _Settings(
-                be,
-                partitions,
-                None,
-                cut_points,
-                split_every,
-                nthreads,
-                rows=(
-                    (lambda pre, s: auto_rows_of(pre, limit, nthreads, s))
-                    if be.name == "cpu"  # on a device: as large as its memory allows
-                    else (lambda pre, s: device_rows_of(pre, device_free_bytes(be), nthreads))
-                ),
-                limit=limit,
-            )
-            res = _run(src, ans, st, progress, folders=folders)
-        else:
-            from gpuclust.engine.dask import open_scheduler, workers_of
-
-            with open_scheduler(scheduler, be.name, memory_limit=limit) as kw:  # one cluster for every pass of the run
-                in_flight = workers_of(kw["scheduler"], nthreads)
+        with run_memory(limit):  # the budget an analysis' own choices keep within (usage-distribution's auto)
+            if scheduler is None:
                 st = _Settings(
                     be,
                     partitions,
-                    kw["scheduler"],
+                    None,
                     cut_points,
                     split_every,
                     nthreads,
-                    label=scheduler if isinstance(scheduler, str) else type(scheduler).__name__,
-                    rows=lambda pre, s: auto_rows_of(pre, limit, in_flight, s),
+                    rows=(
+                        (lambda pre, s: auto_rows_of(pre, limit, nthreads, s))
+                        if be.name == "cpu"  # on a device: as large as its memory allows
+                        else (lambda pre, s: device_rows_of(pre, device_free_bytes(be), nthreads))
+                    ),
                     limit=limit,
                 )
-                res = _run(src, ans, st, progress, folders=folders, writer=writer)
-        if folders.own:  # no parts_dir: parted tables come back as DataFrames
-            res = {
-                key: {t: v.read() if isinstance(v, PartedTable) else v for t, v in tabs.items()}
-                for key, tabs in res.items()
-            }
-        return convert(res, tables)
+                res = _run(src, ans, st, progress, folders=folders)
+            else:
+                from gpuclust.engine.dask import open_scheduler, workers_of
+
+                # one cluster for every pass of the run
+                with open_scheduler(scheduler, be.name, memory_limit=limit) as kw:
+                    in_flight = workers_of(kw["scheduler"], nthreads)
+                    st = _Settings(
+                        be,
+                        partitions,
+                        kw["scheduler"],
+                        cut_points,
+                        split_every,
+                        nthreads,
+                        label=scheduler if isinstance(scheduler, str) else type(scheduler).__name__,
+                        rows=lambda pre, s: auto_rows_of(pre, limit, in_flight, s),
+                        limit=limit,
+                    )
+                    res = _run(src, ans, st, progress, folders=folders, writer=writer)
+            if folders.own:  # no parts_dir: parted tables come back as DataFrames
+                res = {
+                    key: {t: v.read() if isinstance(v, PartedTable) else v for t, v in tabs.items()}
+                    for key, tabs in res.items()
+                }
+            return convert(res, tables)
     finally:
         folders.close()
 

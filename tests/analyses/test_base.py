@@ -34,6 +34,8 @@ DOCTEST_MODULES = [
     "gpuclust.analyses.kinds",
     "gpuclust.backends.array_cpu",
     "gpuclust.tables",
+    "gpuclust._memory",
+    "gpuclust.analyses._usage_distribution_slices",
 ]
 
 

@@ -503,6 +503,26 @@ def test_auto_strategy_budget(cell1):
         assert info["strategy"] == want and info["strategy_option"] == "auto" and info["total_rows"] == n
 
 
+def test_auto_keeps_the_exact_strategy_within_the_run_memory_budget(cell1):
+    # exact peaks at about EXACT_BYTES_PER_ROW a row: under a smaller --memory-limit, auto takes
+    # the passes whose memory does not grow with the windows, for the same tables
+    from gpuclust._memory import memory_budget, run_memory
+    from gpuclust.analyses.usage_distribution import EXACT_BYTES_PER_ROW
+
+    src = TableSource(cell1)
+    n = cell1["instance_usage"].num_rows
+    a = UsageDistribution(by=("tier", "time"), bucket_s=1800)
+    assert memory_budget() is None and a.resolved_strategy(src) == "exact"  # outside a run: the rows decide
+    for limit, want in ((n * EXACT_BYTES_PER_ROW, "exact"), (n * EXACT_BYTES_PER_ROW - 1, "exact-two-pass")):
+        with run_memory(limit):
+            assert a.resolved_strategy(src) == want and bool(a.prerequisites(src)) == (want != "exact")
+        got = engine.run(src, [a], partitions=3, memory_limit=limit)[a.name]
+        assert got["info"]["strategy"].iloc[0] == want and memory_budget() is None
+    want = engine.run(src, [a], partitions=3)[a.name]
+    _assert_same({**got, "info": want["info"]}, want, rtol_q=1e-9)  # the tables; info says the strategy
+    assert UsageDistribution(exact_max_windows=n - 1).resolved_strategy(src) == "exact-two-pass"  # either rule
+
+
 # --------------------------------------------------------------------------------------------
 # inputs without percentiles, options
 # --------------------------------------------------------------------------------------------
