@@ -252,6 +252,27 @@ def _level_rows(xp: Any, y: Any, ww: Any, lo: Any, hi: Any) -> tuple[list[Any], 
     """One level's sums per window (rows ``y`` with weights ``ww`` and their brackets ``lo``,
     ``hi``) and the mask of windows with a knot strictly inside their bracket.
 
+    On the host, a window wholly below its bracket (its last knot ``< lo``) has ``F = 1`` on it
+    and one wholly above (its first knot ``> hi``) ``F = 0``: their sums are ``ww`` or 0, the
+    values :func:`_level_rows_of` gives them, without comparing their knots (on the canonical
+    cells about 62% of a level's windows by machine or tier).  On a device every row is compared
+    (one step, no data-sized gather)."""
+    if xp is not np:
+        return _level_rows_of(xp, y, ww, lo, hi)
+    below, above = y[:, 19] < lo, y[:, 0] > hi
+    r = np.flatnonzero(~(below | above))
+    got, inside_r = _level_rows_of(xp, y[r], ww[r], lo[r], hi[r])
+    vals = [np.where(below, ww, 0.0) for _ in range(3)] + [np.zeros_like(ww), np.where(above, ww, 0.0)]
+    for v, g in zip(vals, got, strict=True):
+        v[r] = g
+    inside = np.zeros(y.shape[0], dtype=bool)
+    inside[r] = inside_r
+    return vals, inside
+
+
+def _level_rows_of(xp: Any, y: Any, ww: Any, lo: Any, hi: Any) -> tuple[list[Any], Any]:
+    """:func:`_level_rows` comparing every row's knots with its bracket.
+
     ``F_i`` is continuous at ``x`` unless knots equal ``x``; where they do, ``F_i(lo-)`` is the
     level of the first knot equal to ``lo`` and ``F_i(hi)`` that of the last equal to ``hi``
     (what the segment formula gives there), so two segments are evaluated, not four."""

@@ -311,3 +311,29 @@ def test_the_first_pass_inverts_its_exact_groups_a_range_at_a_time(monkeypatch):
         got = tp.brackets(h, lv)
         for f in ("key", "lo", "hi", "est"):
             np.testing.assert_array_equal(got[f], want[f])
+
+
+@settings(max_examples=examples(25), deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 300))
+def test_windows_wholly_beside_their_bracket_are_summed_without_their_knots(seed, n):
+    # on the host a level's windows wholly below (last knot < lo) or above (first knot > hi) their
+    # bracket take ww or 0 directly: the same bits as comparing every knot, brackets at knots,
+    # between them and beyond them, point masses (equal knots) and ends equal to a bracket's
+    rng = np.random.default_rng(seed)
+    pool = np.round(rng.gamma(0.7, 1.0, 40), 1)  # few distinct values: knots equal to bracket ends
+    y = np.sort(rng.choice(pool, (n, 20)), axis=1)
+    ww = rng.choice([0.5, 1.0, 3e5, 7e-3], n)
+    ends = np.sort(rng.choice(np.concatenate([pool, [-1.0, 99.0]]), (n, 2)), axis=1)
+    lo, hi = ends[:, 0], ends[:, 1]
+    side = rng.integers(0, 5, n)  # brackets just past a row's last knot, at it, at its first, before it
+    lo = np.where(side == 1, y[:, 19] + 0.1, np.where(side == 2, y[:, 19], lo))
+    hi = np.where(side == 1, lo + 1.0, np.where(side == 2, lo + 0.5, hi))
+    hi = np.where(side == 3, y[:, 0], np.where(side == 4, y[:, 0] - 0.1, hi))
+    lo = np.where(side == 3, hi - 0.5, np.where(side == 4, hi - 1.0, lo))
+    got, inside = tp._level_rows(np, y, ww, lo, hi)
+    want, inside_all = tp._level_rows_of(np, y, ww, lo, hi)
+    assert np.array_equal(inside, inside_all)
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype and np.array_equal(g, w) and np.array_equal(np.signbit(g), np.signbit(w))
+    beside = (y[:, 19] < lo) | (y[:, 0] > hi)
+    assert beside.any() or not np.isin(side, (1, 4)).any()  # the shortcut is exercised
