@@ -182,7 +182,8 @@ def refine_partial(
     pids: list[Any] = []
     sums: list[list[Any]] = [[] for _ in _SUMS]
     mats: list[list[Any]] = [[] for _ in _MATS]
-    for pid, run, vals, pcs in tp.level_steps(xp, qr, w, key, br, rows or tp.BLOCK_ROWS):
+    on_host = ops.lookup_block_rows is not None
+    for pid, run, vals, pcs in tp.level_steps(xp, qr, w, key, br, rows or tp.BLOCK_ROWS, beside=on_host):
         n = int(pid.shape[0])
         pids.append(pid)
         for acc, v in zip(sums, vals, strict=True):

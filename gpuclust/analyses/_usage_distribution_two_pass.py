@@ -248,24 +248,24 @@ def _recount(xp: Any, y: Any, x: Any, c: Any, again: Any, strict: bool) -> Any:
     return out
 
 
-def _level_rows(xp: Any, y: Any, ww: Any, lo: Any, hi: Any) -> tuple[list[Any], Any]:
+def _level_rows(xp: Any, y: Any, ww: Any, lo: Any, hi: Any, beside: bool) -> tuple[list[Any], Any]:
     """One level's sums per window (rows ``y`` with weights ``ww`` and their brackets ``lo``,
     ``hi``) and the mask of windows with a knot strictly inside their bracket.
 
-    On the host, a window wholly below its bracket (its last knot ``< lo``) has ``F = 1`` on it
-    and one wholly above (its first knot ``> hi``) ``F = 0``: their sums are ``ww`` or 0, the
-    values :func:`_level_rows_of` gives them, without comparing their knots (on the canonical
-    cells about 62% of a level's windows by machine or tier).  On a device every row is compared
-    (one step, no data-sized gather)."""
-    if xp is not np:
+    With ``beside`` (the host), a window wholly below its bracket (its last knot ``< lo``) has
+    ``F = 1`` on it and one wholly above (its first knot ``> hi``) ``F = 0``: their sums are
+    ``ww`` or 0, the values :func:`_level_rows_of` gives them, without comparing their knots (on
+    the canonical cells about 62% of a level's windows by machine or tier).  On a device every
+    row is compared (one step, no data-sized gather)."""
+    if not beside:
         return _level_rows_of(xp, y, ww, lo, hi)
     below, above = y[:, 19] < lo, y[:, 0] > hi
-    r = np.flatnonzero(~(below | above))
+    r = xp.flatnonzero(~(below | above))
     got, inside_r = _level_rows_of(xp, y[r], ww[r], lo[r], hi[r])
-    vals = [np.where(below, ww, 0.0) for _ in range(3)] + [np.zeros_like(ww), np.where(above, ww, 0.0)]
+    vals = [xp.where(below, ww, 0.0) for _ in range(3)] + [xp.zeros_like(ww), xp.where(above, ww, 0.0)]
     for v, g in zip(vals, got, strict=True):
         v[r] = g
-    inside = np.zeros(y.shape[0], dtype=bool)
+    inside = xp.zeros(y.shape[0], dtype=bool)
     inside[r] = inside_r
     return vals, inside
 
@@ -333,14 +333,15 @@ def _blocks(xp: Any, is_open: Any, code: Any, w: Any, rows: int) -> Any:
             yield j, sel if n <= rows else sel[i : i + rows]
 
 
-def level_steps(xp: Any, qr: Any, w: Any, key: Any, br: dict[str, Any], rows: int) -> Any:
+def level_steps(xp: Any, qr: Any, w: Any, key: Any, br: dict[str, Any], rows: int, beside: bool = False) -> Any:
     """The per-window work both later passes share: per step of :func:`_blocks` (a level's
     windows in an open bracket, at most ``rows`` at a time), ``(pid, run, vals, pieces)``: the
     step's pair ids (``code * L + level index``, ``code`` the group's row in ``br``; one a run of
     its windows, ascending), each window's run, its sums (:func:`_level_rows`, in :data:`SUMS`
     order) and the pieces of its windows with a knot inside the bracket (pair id, ``a``, ``b``,
     mass; None when none).  ``qr``, ``w``, ``key``: repaired rows, weights (float64) and sorted
-    group keys of the partition's windows; ``br``: the brackets on the backend."""
+    group keys of the partition's windows; ``br``: the brackets on the backend; ``beside``: sum
+    the windows wholly beside their bracket without their knots (:func:`_level_rows`; the host)."""
     bkey, lo, hi = br["key"], br["lo"], br["hi"]
     L = int(lo.shape[1])
     G = int(bkey.shape[0])
@@ -351,7 +352,7 @@ def level_steps(xp: Any, qr: Any, w: Any, key: Any, br: dict[str, Any], rows: in
         c = code[sel]  # sorted, as ``key``
         every = int(sel.shape[0]) == int(w.shape[0])
         y, ww, a, b = qr if every else qr[sel], w if every else w[sel], lo[c, j], hi[c, j]
-        vals, inside = _level_rows(xp, y, ww, a, b)
+        vals, inside = _level_rows(xp, y, ww, a, b, beside)
         pid = c * L + j
         first = xp.ones(pid.shape[0], dtype=bool)
         first[1:] = c[1:] != c[:-1]
@@ -375,7 +376,8 @@ def second_partial(
     pids: list[Any] = []
     sums: list[list[Any]] = [[] for _ in SUMS]
     pieces: list[list[Any]] = [[] for _ in _PIECES]
-    for pid, run, vals, pcs in level_steps(xp, qr, w, key, br, rows or BLOCK_ROWS):
+    on_host = ops.lookup_block_rows is not None
+    for pid, run, vals, pcs in level_steps(xp, qr, w, key, br, rows or BLOCK_ROWS, beside=on_host):
         pids.append(pid)
         for acc, v in zip(sums, vals, strict=True):
             acc.append(bincount(xp, run, weights=v, minlength=int(pid.shape[0])))

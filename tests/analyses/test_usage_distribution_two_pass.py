@@ -330,7 +330,7 @@ def test_windows_wholly_beside_their_bracket_are_summed_without_their_knots(seed
     hi = np.where(side == 1, lo + 1.0, np.where(side == 2, lo + 0.5, hi))
     hi = np.where(side == 3, y[:, 0], np.where(side == 4, y[:, 0] - 0.1, hi))
     lo = np.where(side == 3, hi - 0.5, np.where(side == 4, hi - 1.0, lo))
-    got, inside = tp._level_rows(np, y, ww, lo, hi)
+    got, inside = tp._level_rows(np, y, ww, lo, hi, beside=True)
     want, inside_all = tp._level_rows_of(np, y, ww, lo, hi)
     assert np.array_equal(inside, inside_all)
     for g, w in zip(got, want, strict=True):
