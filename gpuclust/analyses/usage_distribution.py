@@ -72,9 +72,7 @@ from gpuclust.analyses.options import option, tier_map_option
 from gpuclust.backends import finalize_backend
 from gpuclust.layout import key_name
 from gpuclust.parted import finalize_in_memory
-from gpuclust.schema import (
-    CPU_PERCENTILE_COLUMNS_SORTED,
-)
+from gpuclust.schema import CPU_PERCENTILE_COLUMNS_SORTED
 from gpuclust.tiers import resolve_tier_map
 
 __all__ = [
