@@ -75,11 +75,12 @@ def expand_pieces(xp: Any, s: Any, e: Any, B: int) -> tuple[Any, Any, Any]:
 
 def used_windows(
     backend: Any, cols: dict[str, Any], rows: str, slice_of: tuple[int, int] | None, stats: dict[str, int]
-) -> tuple[Any, Any, Any, Any]:
+) -> tuple[Any, Any, Any, Any, Any, Any]:
     """The windows a partial uses: ``rows`` (``top-level``: not in an alloc), of the slice
     ``slice_of`` (:mod:`~gpuclust.analyses._usage_distribution_slices`; None: all), with valid
     times and percentiles.  Returns their rows ``idx`` in ``cols``, their rows ``use`` in the
-    repaired percentiles ``qr`` (``(len(idx), 20)``) and their weights ``w``; counts into ``stats``."""
+    repaired percentiles ``qr`` (``(len(idx), 20)``), their weights ``w``, starts and ends; counts
+    into ``stats``."""
     xp, ops = backend.xp, backend.ops
     start, end = cols["start_time"], cols["end_time"]
     n = int(start.shape[0])
@@ -102,11 +103,11 @@ def used_windows(
     stats["repaired"] = int(repaired.sum())
     use = xp.flatnonzero(~null)
     idx = idx[use]
-    dur = (end[idx] - start[idx]).astype(xp.float64) / US
-    w = ms.window_weights(dur, cols["sample_rate"][idx].astype(xp.float64))
+    s, e = start[idx], end[idx]
+    w = ms.window_weights((e - s).astype(xp.float64) / US, cols["sample_rate"][idx].astype(xp.float64))
     stats["used_windows"] = int(idx.shape[0])
     stats["zero_weight_windows"] = int((w <= 0).sum())
-    return idx, use, qr, w
+    return idx, use, qr, w, s, e
 
 
 def group_components(cols: dict[str, Any], idx: Any, by: tuple[str, ...], tier: Callable[..., Any]) -> list[Any]:

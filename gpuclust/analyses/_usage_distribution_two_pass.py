@@ -248,26 +248,31 @@ def _recount(xp: Any, y: Any, x: Any, c: Any, again: Any, strict: bool) -> Any:
     return out
 
 
-def _level_rows(xp: Any, y: Any, ww: Any, lo: Any, hi: Any, beside: bool) -> tuple[list[Any], Any]:
-    """One level's sums per window (rows ``y`` with weights ``ww`` and their brackets ``lo``,
-    ``hi``) and the mask of windows with a knot strictly inside their bracket.
+def _level_rows(xp: Any, qr: Any, sel: Any, ww: Any, lo: Any, hi: Any, beside: bool) -> tuple[list[Any], Any, Any]:
+    """One level's sums per window (rows ``sel`` of ``qr``, all of them for None, with weights
+    ``ww`` and their brackets ``lo``, ``hi``), the windows with a knot strictly inside their
+    bracket (their positions in ``sel``) and their rows (None: there are none).
 
     With ``beside`` (the host), a window wholly below its bracket (its last knot ``< lo``) has
     ``F = 1`` on it and one wholly above (its first knot ``> hi``) ``F = 0``: their sums are
-    ``ww`` or 0, the values :func:`_level_rows_of` gives them, without comparing their knots (on
-    the canonical cells about 62% of a level's windows by machine or tier).  On a device every
-    row is compared (one step, no data-sized gather)."""
+    ``ww`` or 0, the values :func:`_level_rows_of` gives them, and only the other windows' rows
+    are gathered and compared (on the canonical cells about 38% of a level's windows by machine
+    or tier).  On a device every row is gathered and compared (one step, no data-sized filter)."""
     if not beside:
-        return _level_rows_of(xp, y, ww, lo, hi)
-    below, above = y[:, 19] < lo, y[:, 0] > hi
+        y = qr if sel is None else qr[sel]
+        vals, inside = _level_rows_of(xp, y, ww, lo, hi)
+        r = xp.flatnonzero(inside)
+        return vals, r, y[r] if int(r.shape[0]) else None
+    last, first = (qr[:, 19], qr[:, 0]) if sel is None else (qr[sel, 19], qr[sel, 0])
+    below, above = last < lo, first > hi
     r = xp.flatnonzero(~(below | above))
-    got, inside_r = _level_rows_of(xp, y[r], ww[r], lo[r], hi[r])
+    y = qr[r] if sel is None else qr[sel[r]]
+    got, inside = _level_rows_of(xp, y, ww[r], lo[r], hi[r])
     vals = [xp.where(below, ww, 0.0) for _ in range(3)] + [xp.zeros_like(ww), xp.where(above, ww, 0.0)]
     for v, g in zip(vals, got, strict=True):
         v[r] = g
-    inside = xp.zeros(y.shape[0], dtype=bool)
-    inside[r] = inside_r
-    return vals, inside
+    k = xp.flatnonzero(inside)
+    return vals, r[k], y[k] if int(k.shape[0]) else None
 
 
 def _level_rows_of(xp: Any, y: Any, ww: Any, lo: Any, hi: Any) -> tuple[list[Any], Any]:
@@ -351,16 +356,15 @@ def level_steps(xp: Any, qr: Any, w: Any, key: Any, br: dict[str, Any], rows: in
     for j, sel in _blocks(xp, lo < hi, code, w, rows) if G else ():
         c = code[sel]  # sorted, as ``key``
         every = int(sel.shape[0]) == int(w.shape[0])
-        y, ww, a, b = qr if every else qr[sel], w if every else w[sel], lo[c, j], hi[c, j]
-        vals, inside = _level_rows(xp, y, ww, a, b, beside)
+        ww, a, b = w if every else w[sel], lo[c, j], hi[c, j]
+        vals, r, y = _level_rows(xp, qr, None if every else sel, ww, a, b, beside)
         pid = c * L + j
         first = xp.ones(pid.shape[0], dtype=bool)
         first[1:] = c[1:] != c[:-1]
         run = xp.cumsum(first.astype(xp.int64)) - 1
-        r = xp.flatnonzero(inside)
         pieces = None
         if int(r.shape[0]):
-            row, pa, pb, pm = _level_pieces(xp, y[r], ww[r], a[r], b[r])
+            row, pa, pb, pm = _level_pieces(xp, y, ww[r], a[r], b[r])
             pieces = (pid[r][row], pa, pb, pm)
         yield pid[first], run, vals, pieces
 

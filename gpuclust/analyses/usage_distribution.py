@@ -359,8 +359,7 @@ class UsageDistribution(Analysis):
     def partial(self, cols: dict[str, Any], ctx: UsageDistributionContext, backend: Any) -> dict[str, Any]:
         xp, ops = backend.xp, backend.ops
         stats = dict.fromkeys(STATS, 0)
-        idx, use, qr, w = used_windows(backend, cols, ctx.rows, ctx.slice_of, stats)  # counts into stats
-        s, e = cols["start_time"][idx], cols["end_time"][idx]
+        idx, use, qr, w, s, e = used_windows(backend, cols, ctx.rows, ctx.slice_of, stats)  # counts into stats
         comps = group_components(cols, idx, self.by, bound(self._tier, backend, ctx))  # time: None, filled below
         src = use  # row of ``qr`` of each piece
         if "time" in self.by:

@@ -330,10 +330,19 @@ def test_windows_wholly_beside_their_bracket_are_summed_without_their_knots(seed
     hi = np.where(side == 1, lo + 1.0, np.where(side == 2, lo + 0.5, hi))
     hi = np.where(side == 3, y[:, 0], np.where(side == 4, y[:, 0] - 0.1, hi))
     lo = np.where(side == 3, hi - 0.5, np.where(side == 4, hi - 1.0, lo))
-    got, inside = tp._level_rows(np, y, ww, lo, hi, beside=True)
-    want, inside_all = tp._level_rows_of(np, y, ww, lo, hi)
-    assert np.array_equal(inside, inside_all)
-    for g, w in zip(got, want, strict=True):
-        assert g.dtype == w.dtype and np.array_equal(g, w) and np.array_equal(np.signbit(g), np.signbit(w))
+    sel = np.arange(0, 2 * n, 2)  # the rows a level selects: every other one of the partition's
+    qr = np.empty((2 * n, 20))
+    qr[sel], qr[sel + 1] = y, y[::-1] + 1.0
+    for s in (sel, None):
+        q = qr if s is not None else y
+        got, r, yr = tp._level_rows(np, q, s, ww, lo, hi, beside=True)
+        want, r_all, yr_all = tp._level_rows(np, q, s, ww, lo, hi, beside=False)
+        full, inside = tp._level_rows_of(np, y, ww, lo, hi)
+        assert np.array_equal(r, r_all) and np.array_equal(r, np.flatnonzero(inside))
+        assert (yr is None) == (yr_all is None) == (r.shape[0] == 0)
+        assert yr is None or (np.array_equal(yr, yr_all) and np.array_equal(yr, y[r]))
+        for g, w, f in zip(got, want, full, strict=True):
+            assert g.dtype == w.dtype and np.array_equal(g, w) and np.array_equal(np.signbit(g), np.signbit(w))
+            assert np.array_equal(w, f) and np.array_equal(np.signbit(w), np.signbit(f))
     beside = (y[:, 19] < lo) | (y[:, 0] > hi)
     assert beside.any() or not np.isin(side, (1, 4)).any()  # the shortcut is exercised
