@@ -105,9 +105,12 @@ STATS = (
 #: 180 bytes per window, and ``finalize`` peaks at about 0.5 kB (many groups) to 2.9 kB (one
 #: group) per window (measured, NumPy), i.e. about 2.5-15 GB at this budget.
 DEFAULT_EXACT_MAX_WINDOWS = 5_000_000
-#: ``auto`` runs the exact strategy only where that peak, at this many bytes a row, fits the run's
-#: memory budget (``--memory-limit``, :func:`gpuclust._memory.memory_budget`).
-EXACT_BYTES_PER_ROW = 3000
+#: ``auto`` runs the exact strategy only where its peak, at this many bytes a row, fits the run's
+#: memory budget (``--memory-limit``, :func:`gpuclust._memory.memory_budget`): few groups (``by``
+#: within tier / cell), whose inversion holds a group's windows at once, and many (measured at
+#: 4e6 windows under 4 GiB: by tier 5.63 GB, 1.4 kB a row; by machine 2.17 GB, 0.54 kB).
+EXACT_BYTES_PER_ROW_FEW_GROUPS = 3000
+EXACT_BYTES_PER_ROW_MANY_GROUPS = 1000
 #: First-pass summary size of ``exact-two-pass`` (option ``bracket_k`` = 0): few groups (``by`` within
 #: tier / cell, at most 17 groups) afford large summaries, whose tight brackets keep the second pass
 #: small; many groups keep their small ones exact in the first pass up to ``(k + 1) // 22`` windows.
@@ -262,8 +265,14 @@ class UsageDistribution(Analysis):
         if total is None:
             total = self._total_rows(source)
         budget = memory_budget()
-        fits = total <= int(self.exact_max_windows) and (budget is None or total * EXACT_BYTES_PER_ROW <= budget)
+        fits = total <= int(self.exact_max_windows) and (budget is None or total * self.exact_bytes_per_row <= budget)
         return "exact" if fits or self._groups_local(source) else "exact-two-pass"
+
+    @property
+    def exact_bytes_per_row(self) -> int:
+        """The exact strategy's peak a row that ``auto`` assumes (few groups or many, by ``by``)."""
+        few = set(self.by) <= {"tier", "cell"}
+        return EXACT_BYTES_PER_ROW_FEW_GROUPS if few else EXACT_BYTES_PER_ROW_MANY_GROUPS
 
     @property
     def first_pass_k(self) -> int:

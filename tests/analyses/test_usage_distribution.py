@@ -504,16 +504,20 @@ def test_auto_strategy_budget(cell1):
 
 
 def test_auto_keeps_the_exact_strategy_within_the_run_memory_budget(cell1):
-    # exact peaks at about EXACT_BYTES_PER_ROW a row: under a smaller --memory-limit, auto takes
+    # exact peaks at about exact_bytes_per_row a row: under a smaller --memory-limit, auto takes
     # the passes whose memory does not grow with the windows, for the same tables
     from gpuclust._memory import memory_budget, run_memory
-    from gpuclust.analyses.usage_distribution import EXACT_BYTES_PER_ROW
+    from gpuclust.analyses import usage_distribution as ud
 
     src = TableSource(cell1)
     n = cell1["instance_usage"].num_rows
+    assert UsageDistribution(by="tier").exact_bytes_per_row == UsageDistribution(by="cell").exact_bytes_per_row
+    assert UsageDistribution(by="tier").exact_bytes_per_row == ud.EXACT_BYTES_PER_ROW_FEW_GROUPS
+    assert UsageDistribution(by="tier,time").exact_bytes_per_row == ud.EXACT_BYTES_PER_ROW_MANY_GROUPS
     a = UsageDistribution(by=("tier", "time"), bucket_s=1800)
+    per = a.exact_bytes_per_row
     assert memory_budget() is None and a.resolved_strategy(src) == "exact"  # outside a run: the rows decide
-    for limit, want in ((n * EXACT_BYTES_PER_ROW, "exact"), (n * EXACT_BYTES_PER_ROW - 1, "exact-two-pass")):
+    for limit, want in ((n * per, "exact"), (n * per - 1, "exact-two-pass")):
         with run_memory(limit):
             assert a.resolved_strategy(src) == want and bool(a.prerequisites(src)) == (want != "exact")
         got = engine.run(src, [a], partitions=3, memory_limit=limit)[a.name]
