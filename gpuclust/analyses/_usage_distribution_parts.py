@@ -31,12 +31,11 @@ from gpuclust.analyses.base import is_null_int, to_host
 from gpuclust.analyses.grouping import bucket_span
 from gpuclust.analyses.kinds import Fields, Label, Merged, Sum
 from gpuclust.backends import finalize_backend, merged_backend
-from gpuclust.schema import CPU_PERCENTILE_COLUMNS_SORTED, TIME_AFTER_TRACE
+from gpuclust.schema import CPU_PERCENTILE_COLUMNS_SORTED, TIME_AFTER_TRACE, US_PER_S
 
 #: Most (window, bucket) pieces one partition may produce with ``time`` grouping (guards against a
 #: tiny ``bucket_s`` or corrupt times; about 1.3 GB of exact partial).
 MAX_PIECES = 1 << 23
-US = 1_000_000
 #: What a partial keeps of each group it finalized itself (``local_groups``).
 _DONE_FIELDS = ("key", "n_windows", "weight", "mean", "quantiles", "err_bound")
 
@@ -104,7 +103,7 @@ def used_windows(
     use = xp.flatnonzero(~null)
     idx = idx[use]
     s, e = start[idx], end[idx]
-    w = ms.window_weights((e - s).astype(xp.float64) / US, cols["sample_rate"][idx].astype(xp.float64))
+    w = ms.window_weights((e - s).astype(xp.float64) / US_PER_S, cols["sample_rate"][idx].astype(xp.float64))
     stats["used_windows"] = int(idx.shape[0])
     stats["zero_weight_windows"] = int((w <= 0).sum())
     return idx, use, qr, w, s, e
