@@ -55,9 +55,10 @@ DEFAULT_SIZES = "4e6,1.6e7"
 DEFAULT_LONG_SPAN = "1e7,2000,31"
 #: The sizes of the memory goal (issue 33): peak RSS at BIG within RSS_TARGET x of SMALL (4x the windows).
 RATIO_SMALL, RATIO_BIG, RSS_TARGET = 4_000_000, 16_000_000, 1.5
-#: Per analysis the -O options of its benchmarked variants (label -> options).
+#: Per analysis the -O options of its benchmarked variants (label -> options); usage-distribution's
+#: first is its default grouping, named, so that its label differs from the analysis's name.
 VARIANT_OPTIONS: dict[str, list[dict[str, str]]] = {
-    "usage-distribution": [{"by": "machine"}, {"by": "instance"}, {"by": "collection"}],
+    "usage-distribution": [{"by": "tier"}, {"by": "machine"}, {"by": "instance"}, {"by": "collection"}],
 }
 
 
