@@ -20,12 +20,12 @@ otherwise count a task's usage twice, once in its own rows and once in its alloc
 Strategies (option ``strategy``): ``exact`` (partials carry every window), ``exact-two-pass``
 (passes that bracket every quantile, then one that carries only what lies inside:
 :mod:`gpuclust.analyses._usage_distribution_two_pass`), ``bounded`` (a fixed-size summary per
-group, with a tracked bound), ``auto`` (exact up to ``exact_max_windows`` rows or when groups are
-whole in each partition, else exact-two-pass).
+group, with a tracked bound), ``auto`` (exact up to ``exact_max_windows`` rows, by default 2e6 by
+tier / cell and 5e6 otherwise, within the run's memory budget, or when groups are whole in each
+partition; else exact-two-pass).
 
-The group tables and the text summary are built in :mod:`gpuclust.analyses._usage_distribution_tables`;
-the time pieces, the group extras, the merge and the split of partials (the partial's kinds,
-:class:`~gpuclust.analyses._usage_distribution_parts.UsageFields`) in
+The group tables and the text summary: :mod:`gpuclust.analyses._usage_distribution_tables`; the
+time pieces, group extras, merge and split of partials (their kinds, ``UsageFields``):
 :mod:`gpuclust.analyses._usage_distribution_parts`.
 """
 
@@ -72,7 +72,7 @@ from gpuclust.analyses.options import option, tier_map_option
 from gpuclust.backends import finalize_backend
 from gpuclust.layout import key_name
 from gpuclust.parted import finalize_in_memory
-from gpuclust.schema import CPU_PERCENTILE_COLUMNS_SORTED
+from gpuclust.schema import CPU_PERCENTILE_COLUMNS_SORTED, US_PER_S
 from gpuclust.tiers import resolve_tier_map
 
 __all__ = [
@@ -101,26 +101,21 @@ STATS = (
     "zero_weight_windows",
     "pieces",
 )
-#: Default row budget of ``strategy="auto"`` for the exact strategy: the merged partial holds about
-#: 180 bytes per window, and ``finalize`` peaks at about 0.5 kB (many groups) to 2.9 kB (one
-#: group) per window (measured, NumPy), i.e. about 2.5-15 GB at this budget.
-DEFAULT_EXACT_MAX_WINDOWS = 5_000_000
-#: ``auto`` runs the exact strategy only where its peak, at this many bytes a row, fits the run's
-#: memory budget (``--memory-limit``, :func:`gpuclust._memory.memory_budget`): few groups (``by``
-#: within tier / cell), whose inversion holds a group's windows at once, and many (measured at
-#: 4e6 windows under 4 GiB: by tier 5.63 GB, 1.4 kB a row; by machine 2.17 GB, 0.54 kB).
-EXACT_BYTES_PER_ROW_FEW_GROUPS = 3000
-EXACT_BYTES_PER_ROW_MANY_GROUPS = 1000
-#: First-pass summary size of ``exact-two-pass`` (option ``bracket_k`` = 0): few groups (``by`` within
-#: tier / cell, at most 17 groups) afford large summaries, whose tight brackets keep the second pass
-#: small; many groups keep their small ones exact in the first pass up to ``(k + 1) // 22`` windows.
-BRACKET_K_FEW_GROUPS = 32768
-BRACKET_K_MANY_GROUPS = 4096
+#: ``auto``'s defaults by grouping: few groups (``by`` within tier / cell, each group inverted at
+#: once on one core), many (any other ``by``).  The exact strategy's row limit (option
+#: ``exact_max_windows`` = -1; by tier, whole `analyze` on 2 cores at 1e6 / 2e6 / 4e6 rows: exact
+#: 4.5 / 10 / 25 s, 1.4 / 2.9 / 5.5 GB; exact-two-pass 6.7 / 13.5 / 26 s, 1.3 / 2.3 / 2.6 GB); its
+#: peak a row, which ``auto`` also keeps within the run's memory budget (:func:`memory_budget`;
+#: measured at 4e6: by tier 1.4 kB, by machine 0.54 kB); the first-pass summary size of
+#: exact-two-pass (option ``bracket_k`` = 0: few groups afford large ones, whose tight brackets keep
+#: the second pass small; many keep small groups exact up to ``(k + 1) // 22`` windows).
+EXACT_MAX_WINDOWS = (2_000_000, 5_000_000)
+EXACT_BYTES_PER_ROW = (3000, 1000)
+BRACKET_K = (32768, 4096)
 #: Groups of one shard of the parted group tables (``instance`` in ``by``): one Parquet part.
 SHARD_GROUPS = 1 << 18
 #: Every SAMPLE_EVERY-th leading key of a partition's finished groups places the shard bounds.
 SAMPLE_EVERY = 64
-US = 1_000_000
 
 
 def _by_ok(by: tuple[str, ...]) -> bool:
@@ -157,7 +152,7 @@ class UsageDistribution(Analysis):
         3600,
         "time bucket width in seconds (by=time)",
         gt=0,
-        check=(lambda s: round(s * US) >= 1, "at least one microsecond"),
+        check=(lambda s: round(s * US_PER_S) >= 1, "at least one microsecond"),
         fmt="g",
     )
     levels: tuple[float, ...] | None = option(
@@ -173,16 +168,14 @@ class UsageDistribution(Analysis):
     rows: str = option("auto", "auto = all rows for instance/collection groups, top-level rows otherwise", choices=ROWS)
     strategy: str = option(
         "auto",
-        "exact = partials carry the windows; exact-two-pass = a bounded first pass brackets the "
-        "quantiles, a second carries what lies inside; bounded = fixed-size summary with an error "
-        "bound; auto = exact up to exact_max_windows usage rows, else exact-two-pass",
+        "exact = partials carry the windows; exact-two-pass = a bounded first pass brackets the quantiles, a "
+        "second carries what lies inside; bounded = fixed-size summary with an error bound; auto = exact up "
+        "to exact_max_windows usage rows (within the memory budget), else exact-two-pass",
         choices=STRATEGIES,
     )
     k: int = option(ms.DEFAULT_K, "bounded summary size (CDF error <= (1 + merge depth) / k)", ge=1)
     bracket_k: int = option(
-        0,
-        "first-pass summary size of exact-two-pass; 0 = 32768 when by is within tier/cell, else 4096",
-        ge=0,
+        0, "first-pass summary size of exact-two-pass; 0 = 32768 when by is within tier/cell, else 4096", ge=0
     )
     refine: int = option(
         -1,
@@ -196,7 +189,9 @@ class UsageDistribution(Analysis):
         "(each holds that share of its state, each reads the data); -1 = by the rows",
         ge=-1,
     )
-    exact_max_windows: int = option(DEFAULT_EXACT_MAX_WINDOWS, "row budget of strategy=auto for exact", ge=0)
+    exact_max_windows: int = option(
+        -1, "row budget of strategy=auto for exact; -1 = 2e6 when by is within tier/cell, else 5e6", ge=-1
+    )
     tier_map: str | None = tier_map_option("tier map for by=tier; default: the dataset's")
 
     name = "usage-distribution"
@@ -217,7 +212,7 @@ class UsageDistribution(Analysis):
 
     @property
     def bucket_us(self) -> int:
-        return int(round(float(self.bucket_s) * US))
+        return int(round(float(self.bucket_s) * US_PER_S))
 
     @property
     def level_values(self) -> np.ndarray:
@@ -265,21 +260,25 @@ class UsageDistribution(Analysis):
         if total is None:
             total = self._total_rows(source)
         budget = memory_budget()
-        fits = total <= int(self.exact_max_windows) and (budget is None or total * self.exact_bytes_per_row <= budget)
+        fits = total <= self.exact_rows_limit and (budget is None or total * self.exact_bytes_per_row <= budget)
         return "exact" if fits or self._groups_local(source) else "exact-two-pass"
 
     @property
-    def exact_bytes_per_row(self) -> int:
-        """The exact strategy's peak a row that ``auto`` assumes (few groups or many, by ``by``)."""
-        few = set(self.by) <= {"tier", "cell"}
-        return EXACT_BYTES_PER_ROW_FEW_GROUPS if few else EXACT_BYTES_PER_ROW_MANY_GROUPS
+    def _many(self) -> int:  # index of ``by``'s column in the per-grouping defaults: 0 few groups, 1 many
+        return int(not set(self.by) <= {"tier", "cell"})
 
     @property
-    def first_pass_k(self) -> int:
-        """The first pass's summary size of ``exact-two-pass`` (option ``bracket_k``, 0: by ``by``)."""
-        if int(self.bracket_k):
-            return int(self.bracket_k)
-        return BRACKET_K_FEW_GROUPS if set(self.by) <= {"tier", "cell"} else BRACKET_K_MANY_GROUPS
+    def exact_rows_limit(self) -> int:
+        """``auto``'s row limit of the exact strategy (option ``exact_max_windows``; -1: by ``by``)."""
+        return int(self.exact_max_windows) if int(self.exact_max_windows) >= 0 else EXACT_MAX_WINDOWS[self._many]
+
+    @property
+    def exact_bytes_per_row(self) -> int:  # the exact strategy's peak a row that ``auto`` assumes
+        return EXACT_BYTES_PER_ROW[self._many]
+
+    @property
+    def first_pass_k(self) -> int:  # the first pass's summary size (option ``bracket_k``; 0: by ``by``)
+        return int(self.bracket_k) or BRACKET_K[self._many]
 
     def refine_passes(self, source: Any) -> int:
         """At most this many refinement passes (option ``refine``; -1: :func:`rf.rounds_for` the rows)."""

@@ -503,6 +503,31 @@ def test_auto_strategy_budget(cell1):
         assert info["strategy"] == want and info["strategy_option"] == "auto" and info["total_rows"] == n
 
 
+def test_auto_row_limit_of_the_exact_strategy_follows_the_grouping():
+    # by tier / cell a group's windows are inverted at once on one core: past 2e6 rows exact is no
+    # faster than two passes and holds twice their memory; with many groups the limit is 5e6 rows
+    from gpuclust.analyses import usage_distribution as ud
+
+    class Rows:
+        def __init__(self, n: int) -> None:
+            self.n = n
+
+        def num_rows(self, table: str) -> int:
+            return self.n
+
+    few, many = ud.EXACT_MAX_WINDOWS
+    assert (few, many) == (2_000_000, 5_000_000)
+    for by, limit in (("tier", few), ("cell", few), ("tier,cell", few), ("machine", many), ("tier,time", many)):
+        a = UsageDistribution(by=by)
+        assert a.exact_max_windows == -1 and a.exact_rows_limit == limit
+        assert a.resolved_strategy(Rows(limit)) == "exact" and not a.prerequisites(Rows(limit))
+        assert a.resolved_strategy(Rows(limit + 1)) == "exact-two-pass" and a.prerequisites(Rows(limit + 1))
+        assert UsageDistribution(by=by, exact_max_windows=3).exact_rows_limit == 3  # the option, given, decides
+        assert UsageDistribution(by=by, exact_max_windows=0).resolved_strategy(Rows(1)) == "exact-two-pass"
+    with pytest.raises(ValueError, match="exact_max_windows"):
+        UsageDistribution(exact_max_windows=-2)
+
+
 def test_auto_keeps_the_exact_strategy_within_the_run_memory_budget(cell1):
     # exact peaks at about exact_bytes_per_row a row: under a smaller --memory-limit, auto takes
     # the passes whose memory does not grow with the windows, for the same tables
@@ -512,8 +537,8 @@ def test_auto_keeps_the_exact_strategy_within_the_run_memory_budget(cell1):
     src = TableSource(cell1)
     n = cell1["instance_usage"].num_rows
     assert UsageDistribution(by="tier").exact_bytes_per_row == UsageDistribution(by="cell").exact_bytes_per_row
-    assert UsageDistribution(by="tier").exact_bytes_per_row == ud.EXACT_BYTES_PER_ROW_FEW_GROUPS
-    assert UsageDistribution(by="tier,time").exact_bytes_per_row == ud.EXACT_BYTES_PER_ROW_MANY_GROUPS
+    assert UsageDistribution(by="tier").exact_bytes_per_row == ud.EXACT_BYTES_PER_ROW[0]
+    assert UsageDistribution(by="tier,time").exact_bytes_per_row == ud.EXACT_BYTES_PER_ROW[1]
     a = UsageDistribution(by=("tier", "time"), bucket_s=1800)
     per = a.exact_bytes_per_row
     assert memory_budget() is None and a.resolved_strategy(src) == "exact"  # outside a run: the rows decide
