@@ -248,22 +248,24 @@ def _recount(xp: Any, y: Any, x: Any, c: Any, again: Any, strict: bool) -> Any:
     return out
 
 
-def _level_rows(xp: Any, qr: Any, sel: Any, ww: Any, lo: Any, hi: Any, beside: bool) -> tuple[list[Any], Any, Any]:
+def _level_rows(xp: Any, qr: Any, sel: Any, ww: Any, lo: Any, hi: Any, edges: Any) -> tuple[list[Any], Any, Any]:
     """One level's sums per window (rows ``sel`` of ``qr``, all of them for None, with weights
     ``ww`` and their brackets ``lo``, ``hi``), the windows with a knot strictly inside their
     bracket (their positions in ``sel``) and their rows (None: there are none).
 
-    With ``beside`` (the host), a window wholly below its bracket (its last knot ``< lo``) has
-    ``F = 1`` on it and one wholly above (its first knot ``> hi``) ``F = 0``: their sums are
-    ``ww`` or 0, the values :func:`_level_rows_of` gives them, and only the other windows' rows
-    are gathered and compared (on the canonical cells about 38% of a level's windows by machine
-    or tier).  On a device every row is gathered and compared (one step, no data-sized filter)."""
-    if not beside:
+    With ``edges`` (the host: the first and last knots of every row of ``qr``, contiguous copies
+    made once a partition, gathered faster than ``qr``'s columns), a window wholly below its
+    bracket (its last knot ``< lo``) has ``F = 1`` on it and one wholly above (its first knot
+    ``> hi``) ``F = 0``: their sums are ``ww`` or 0, the values :func:`_level_rows_of` gives them,
+    and only the other windows' rows are gathered and compared (on the canonical cells about 38%
+    of a level's windows by machine or tier).  Without (a device) every row is gathered and
+    compared (one step, no data-sized filter)."""
+    if edges is None:
         y = qr if sel is None else qr[sel]
         vals, inside = _level_rows_of(xp, y, ww, lo, hi)
         r = xp.flatnonzero(inside)
         return vals, r, y[r] if int(r.shape[0]) else None
-    last, first = (qr[:, 19], qr[:, 0]) if sel is None else (qr[sel, 19], qr[sel, 0])
+    first, last = edges if sel is None else (edges[0][sel], edges[1][sel])
     below, above = last < lo, first > hi
     r = xp.flatnonzero(~(below | above))
     y = xp.take(qr, r if sel is None else sel[r], axis=0)  # a row gather (faster than fancy indexing)
@@ -354,11 +356,12 @@ def level_steps(xp: Any, qr: Any, w: Any, key: Any, br: dict[str, Any], rows: in
     code = xp.clip(xp.searchsorted(bkey, key), 0, max(G - 1, 0))
     if int(key.shape[0]) and (G == 0 or bool((bkey[code] != key).any())):
         raise RuntimeError("usage-distribution: a group the first pass did not see (internal error)")
+    edges = (xp.ascontiguousarray(qr[:, 0]), xp.ascontiguousarray(qr[:, 19])) if beside and G else None
     for j, sel in _blocks(xp, lo < hi, code, w, rows) if G else ():
         c = code[sel]  # sorted, as ``key``
         every = int(sel.shape[0]) == int(w.shape[0])
         ww, a, b = w if every else w[sel], lo[c, j], hi[c, j]
-        vals, r, y = _level_rows(xp, qr, None if every else sel, ww, a, b, beside)
+        vals, r, y = _level_rows(xp, qr, None if every else sel, ww, a, b, edges)
         pid = c * L + j
         first = xp.ones(pid.shape[0], dtype=bool)
         first[1:] = c[1:] != c[:-1]

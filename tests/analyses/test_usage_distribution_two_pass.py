@@ -335,8 +335,9 @@ def test_windows_wholly_beside_their_bracket_are_summed_without_their_knots(seed
     qr[sel], qr[sel + 1] = y, y[::-1] + 1.0
     for s in (sel, None):
         q = qr if s is not None else y
-        got, r, yr = tp._level_rows(np, q, s, ww, lo, hi, beside=True)
-        want, r_all, yr_all = tp._level_rows(np, q, s, ww, lo, hi, beside=False)
+        edges = (np.ascontiguousarray(q[:, 0]), np.ascontiguousarray(q[:, 19]))
+        got, r, yr = tp._level_rows(np, q, s, ww, lo, hi, edges=edges)
+        want, r_all, yr_all = tp._level_rows(np, q, s, ww, lo, hi, edges=None)
         full, inside = tp._level_rows_of(np, y, ww, lo, hi)
         assert np.array_equal(r, r_all) and np.array_equal(r, np.flatnonzero(inside))
         assert (yr is None) == (yr_all is None) == (r.shape[0] == 0)
