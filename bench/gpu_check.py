@@ -275,6 +275,34 @@ def _load_with_every_core(ds: Path, backend_name: str, default_threads: int, flo
     return rec
 
 
+def _strategy_variants(study: Any, gpu: bool) -> dict[str, Any]:
+    """usage-distribution's one-pass ``exact`` strategy, warm, on the resident study: ``auto`` takes
+    ``exact-two-pass`` above 2e6 rows by tier (a rule measured on 2 host cores, where one core
+    inverts a tier and the memory is the host's), whose first pass sorts the same events as exact
+    and then reads every window again.  Its time beside the default's (``analyses``) and, on a
+    device, the bytes CuPy's pool grew by during the run (a bound on its device peak) say whether
+    ``auto`` should take exact on a device where it fits."""
+    from gpuclust.analyses.registry import create
+
+    out: dict[str, Any] = {}
+    a = create("usage-distribution", strategy="exact")
+    pool = study.backend.xp.get_default_memory_pool() if gpu else None
+    before = 0
+    if pool is not None:
+        pool.free_all_blocks()
+        before = int(pool.total_bytes())
+    t = time.perf_counter()
+    try:
+        study.run([a])
+        out["s"] = time.perf_counter() - t
+    except Exception as e:  # recorded (a device out of memory says what exact needs there)
+        out["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+    if pool is not None:
+        out["pool_growth_bytes"] = int(pool.total_bytes()) - before
+        pool.free_all_blocks()
+    return {"usage-distribution[strategy=exact]": out}
+
+
 def study_step(ds: Path, out: Path, ref: Path, backend_name: str, budget_frac: float, repeat: int) -> None:
     import gpuclust
     from gpuclust.analyses.registry import names
@@ -321,6 +349,8 @@ def study_step(ds: Path, out: Path, ref: Path, backend_name: str, budget_frac: f
             best = min(best, time.perf_counter() - t)
         rec["analyses"][n] = {"s": best, "phases": dict(study.last_run_seconds)}
         _dump(out, rec)
+    rec["variants"] = _strategy_variants(study, gpu)
+    _dump(out, rec)
     t = time.perf_counter()
     res = study.run(every)
     rec["all_at_once_s"] = time.perf_counter() - t

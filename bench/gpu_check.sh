@@ -14,8 +14,9 @@
 #   tests      GPUCLUST_REQUIRE_GPU=1 pytest -m gpu -n $JOBS                         -> tests.log
 #   sanitize   compute-sanitizer memcheck + racecheck on our kernels           -> memcheck/racecheck.log
 #   kernels    bench/kernels_bench.py --backend gpu                              -> kernels_gpu.json
-#   study      load rate vs its ceilings, warm analyses on resident data, out of core with the
-#              device pool capped at 1/4 of the data, compared with the resident results
+#   study      load rate vs its ceilings, warm analyses on resident data (and usage-distribution's
+#              one-pass exact strategy beside auto's two passes), out of core with the device pool
+#              capped at 1/4 of the data, compared with the resident results
 #   cli        gpuclust analyze DS <all 13> --backend gpu, then --backend cpu, whole process, each
 #              with its threads' stacks sampled at 20 Hz (bench/sampled.py: where the host time goes)
 #   dask       the study on a LocalCUDACluster, compared with the local results
