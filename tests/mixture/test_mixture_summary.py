@@ -9,11 +9,13 @@ import gpuclust_mixture_reference as ref
 import gpuclust_mixture_strategies as strat
 import numpy as np
 import pytest
+from device_backend import DEVICE, DeviceArray, resolve_gpu_to_device
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from strategies import examples
 
 from gpuclust.analyses import mixture_summary as ms
+from gpuclust.analyses.base import to_host
 from gpuclust.backends import mixture_cpu as mx
 
 STD = np.asarray(mx.SOURCE_LEVELS)
@@ -259,6 +261,19 @@ def test_tabulation_error_is_the_exact_sup(k: int, seed: int) -> None:
             )
             want = max(want, float(np.abs(ref.window_cdf_np(kn[r], pts, lv, left=left) - h).max()))
         assert abs(got[r] - want) <= 1e-12, (r, got[r], want)
+
+
+def test_tabulation_error_on_the_device_shaped_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a device's refusals (no host array beside a device one): the host's bits, ties included
+    resolve_gpu_to_device(monkeypatch)
+    rng = np.random.default_rng(5)
+    for k in (1, 7, 64):
+        pool = np.round(rng.random(6) * 10, 1)
+        ka, kb, kn = (np.sort(rng.choice(pool, (4, k + 1)), axis=1) for _ in range(3))
+        alpha, lv = rng.random(4), ms.summary_levels(k)
+        dev = ms.tabulation_error(*(DEVICE.asarray(x) for x in (ka, kb, alpha, kn)), lv)
+        assert isinstance(dev, DeviceArray)
+        assert np.array_equal(to_host(dev), ms.tabulation_error(ka, kb, alpha, kn, lv)), k
 
 
 def test_to_frame_uses_schema_column_names() -> None:
