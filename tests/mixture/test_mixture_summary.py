@@ -271,7 +271,8 @@ def test_tabulation_error_on_the_device_shaped_backend(monkeypatch: pytest.Monke
         pool = np.round(rng.random(6) * 10, 1)
         ka, kb, kn = (np.sort(rng.choice(pool, (4, k + 1)), axis=1) for _ in range(3))
         alpha, lv = rng.random(4), ms.summary_levels(k)
-        dev = ms.tabulation_error(*(DEVICE.asarray(x) for x in (ka, kb, alpha, kn)), lv)
+        d = [DEVICE.asarray(x) for x in (ka, kb, alpha, kn)]
+        dev = ms.tabulation_error(d[0], d[1], d[2], d[3], lv)
         assert isinstance(dev, DeviceArray)
         assert np.array_equal(to_host(dev), ms.tabulation_error(ka, kb, alpha, kn, lv)), k
 
