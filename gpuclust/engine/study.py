@@ -220,7 +220,11 @@ class Study:
                 f"a study's scheduler keeps partitions on workers: use 'cuda', 'local:N', an address "
                 f"or a distributed.Client, not {scheduler!r}"
             )
-        return WorkerResidency(client)
+        try:
+            return WorkerResidency(client)
+        except BaseException:
+            self._exit.close()
+            raise
 
     def close(self) -> None:
         """Release everything and close the cluster the study started (if any)."""

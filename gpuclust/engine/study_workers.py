@@ -36,6 +36,9 @@ from gpuclust.backends import get_backend
 from gpuclust.engine import partition as _partition
 from gpuclust.engine.staging import load_partitions
 
+#: How long a study waits for a cluster with no workers yet to get its first one.
+WORKERS_WAIT_S = 60.0
+
 __all__ = ["WorkerResidency", "partials_of"]
 
 
@@ -79,14 +82,25 @@ def _partials(cols: Any, analyses: Sequence[Analysis], ctxs: Sequence[Any], back
 class WorkerResidency:
     """The futures of a study's resident partitions on a ``distributed.Client``'s workers."""
 
-    def __init__(self, client: Any):
+    def __init__(self, client: Any, wait_s: float = WORKERS_WAIT_S):
         self.client = client
         self.futures: dict[str, list[Any]] = {}
+        if not self.workers:  # a cluster whose workers are still starting
+            try:
+                client.wait_for_workers(1, timeout=wait_s)
+            except TimeoutError:
+                raise ValueError(
+                    f"the scheduler at {client.scheduler.address} has no workers after {wait_s:g} s"
+                ) from None
 
     @property
     def workers(self) -> list[str]:
-        """Worker addresses, sorted (the round robin's order)."""
-        return sorted(self.client.scheduler_info()["workers"])
+        """Worker addresses, sorted (the round robin's order).
+
+        Asked of the scheduler each time (``Client.nthreads``): ``scheduler_info()`` may answer
+        from the client's cache, whose periodic refresh carries no workers, when its own query
+        fails."""
+        return sorted(self.client.nthreads())
 
     def worker_of(self, table: str, index: int) -> str:
         """The worker resident partition ``index`` is sent to (round robin)."""

@@ -10,7 +10,7 @@ def test_cluster_bench_tiny(tiny_bench):
     assert row["equal"] is True and row["differ"] == []
     for mode in ("local", "local:2"):
         m = row["median"][mode]
-        assert m["wall_s"] > 0 and 50 < m["client_hwm_mib"] <= m["tree_peak_mib"] + 1
+        assert m["wall_s"] > 0 and 50 < m["client_hwm_mib"] <= m["tree_peak_mib"]
     # the workers are processes of their own: the tree's peak is above the client's alone
     assert row["median"]["local:2"]["tree_peak_mib"] > row["median"]["local:2"]["client_hwm_mib"]
     assert row["client_growth"] == 1.0 and "| 20,000 | local:2 |" in md and "Environment:" in md

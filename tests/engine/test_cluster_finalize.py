@@ -181,3 +181,28 @@ def test_analyze_cells_on_a_cluster_finalizes_on_the_workers(ds, client, tmp_pat
     got = analyze(tmp_path / "cells", SMALL, cells="a,b", partitions=3, plots=False, scheduler=client)
     assert where == {n: [True, True] for n in SMALL}  # a run per cell, each finalized on a worker
     assert_results_same(ref, got, rtol=1e-9)
+
+
+def test_a_study_lists_the_workers_from_the_scheduler_not_the_clients_cache(client, monkeypatch):
+    """The client's ``scheduler_info()`` answers from a cache whose periodic refresh carries no
+    workers when its own query fails (a CI run: ``workers must be >= 1, got 0``); the study asks
+    the scheduler."""
+    from gpuclust.engine.study_workers import WorkerResidency
+
+    monkeypatch.setattr(type(client), "scheduler_info", lambda self, *a, **k: {"workers": {}})
+    assert len(WorkerResidency(client).workers) == 2
+
+
+def test_a_cluster_without_workers_is_waited_for_then_refused_by_name():
+    distributed = pytest.importorskip("distributed")
+    from gpuclust.engine.study_workers import WorkerResidency
+
+    with (
+        distributed.LocalCluster(n_workers=0, processes=False, dashboard_address=":0") as c,
+        distributed.Client(c) as cl,
+    ):
+        with pytest.raises(ValueError, match=r"has no workers after 0.2 s"):
+            WorkerResidency(cl, wait_s=0.2)
+        c.scale(1)
+        assert len(WorkerResidency(cl, wait_s=30).workers) == 1
+    gc.collect()
