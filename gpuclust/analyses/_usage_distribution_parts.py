@@ -27,10 +27,10 @@ from gpuclust.analyses import mixture_summary as ms
 from gpuclust.analyses._usage_distribution_slices import in_slice
 from gpuclust.analyses._usage_distribution_tables import _merge_groups
 from gpuclust.analyses._usage_distribution_two_pass import merge_two_pass
-from gpuclust.analyses.base import is_null_int, to_host
+from gpuclust.analyses.base import host_or_device, is_null_int, to_host
 from gpuclust.analyses.grouping import bucket_span
 from gpuclust.analyses.kinds import Fields, Label, Merged, Sum
-from gpuclust.backends import finalize_backend, merged_backend
+from gpuclust.backends import backend_of, finalize_backend, merged_backend
 from gpuclust.schema import CPU_PERCENTILE_COLUMNS_SORTED, TIME_AFTER_TRACE, US_PER_S
 
 #: Most (window, bucket) pieces one partition may produce with ``time`` grouping (guards against a
@@ -172,14 +172,16 @@ def merge_partials(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         if any(p["ms"] is not None for p in (a, b)):
             raise RuntimeError("usage-distribution: finalized and open partials mixed (internal error)")
         cat = (
-            (lambda f, d: np.concatenate([p[d][f] for p in parts])) if len(parts) > 1 else (lambda f, d: parts[0][d][f])
+            (lambda f, d: backend_of(parts[0][d][f]).xp.concatenate([p[d][f] for p in parts]))
+            if len(parts) > 1
+            else (lambda f, d: parts[0][d][f])
         )
         return {
             "backend": be,
             "ms": None,
             "done": {f: cat(f, "done") for f in _DONE_FIELDS},
             "groups": {f: cat(f, "groups") for f in parts[0]["groups"]},
-            "stats": np.asarray(a["stats"]) + np.asarray(b["stats"]),
+            "stats": _add(a["stats"], b["stats"]),
         }
     if a["ms"] is None or b["ms"] is None:
         mp = b["ms"] if a["ms"] is None else a["ms"]
@@ -189,11 +191,17 @@ def merge_partials(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         "backend": be,
         "ms": mp,
         "groups": _merge_groups(a["groups"], b["groups"]),
-        "stats": np.asarray(a["stats"]) + np.asarray(b["stats"]),
+        "stats": _add(a["stats"], b["stats"]),
     }
     if "tp" in a or "tp" in b:  # exact-two-pass: second-pass states
         out["tp"] = merge_two_pass(a.get("tp"), b.get("tp"))
     return out
+
+
+def _add(a: Any, b: Any) -> Any:
+    """Two partials' counters added where they are (on the host when one is there)."""
+    a, b = host_or_device(a), host_or_device(b)
+    return a + b if type(a) is type(b) else to_host(a) + to_host(b)
 
 
 def empty_rows(n_levels: int, n_components: int) -> dict[str, np.ndarray]:
@@ -286,13 +294,16 @@ class UsageFields(Fields):
     n_levels: int = 0
     sample_every: int = 1
     n_stats: int = 0
+    #: whether two whole partials on a device merge there (``whole`` runs on either; False where a
+    #: partial holds every window: the one-pass exact strategy's, merged in host memory)
+    device: bool = False
 
     def merge(self, a: Any, b: Any) -> Any:
         return self.whole(a, b)
 
     @property
     def merges_on_device(self) -> bool:
-        return False  # ``whole`` is host code
+        return self.device
 
     def split(self, p: Any) -> tuple[dict[str, Any], dict[str, dict[str, np.ndarray]]]:
         return split_partial(p, self.n_components, self.n_levels, self.sample_every)

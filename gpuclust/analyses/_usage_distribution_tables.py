@@ -12,6 +12,7 @@ import numpy as np
 from gpuclust._lazy import pandas as pd
 from gpuclust.analyses.base import fmt
 from gpuclust.analyses.grouping import KEY_COLUMNS
+from gpuclust.backends import backend_of
 from gpuclust.parted import frames
 from gpuclust.schema import CPU_PERCENTILE_LEVELS_SORTED
 
@@ -149,20 +150,21 @@ def heaviest_groups(result: dict[str, Any], top: int) -> tuple[pd.DataFrame, pd.
     return q.iloc[pick].reset_index(drop=True), n.iloc[pick].reset_index(drop=True)
 
 
-def _merge_groups(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Union of two host group tables: fractional counts and ``w x q`` sums add; key components
-    must agree for equal keys (else a hash collision: raise)."""
+def _merge_groups(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Union of two group tables (host or device arrays, both sides on one): fractional counts and
+    ``w x q`` sums add; key components must agree for equal keys (else a hash collision: raise)."""
     if a["key"].shape[0] == 0:
-        return {k: np.array(v, copy=True) for k, v in b.items()}
+        return {k: v.copy() for k, v in b.items()}
     if b["key"].shape[0] == 0:
-        return {k: np.array(v, copy=True) for k, v in a.items()}
-    key = np.concatenate([a["key"], b["key"]])
-    kc = np.concatenate([a["kc"], b["kc"]])
-    order = np.argsort(key, kind="stable")
+        return {k: v.copy() for k, v in a.items()}
+    xp = backend_of(a["key"]).xp
+    key = xp.concatenate([a["key"], b["key"]])
+    kc = xp.concatenate([a["kc"], b["kc"]])
+    order = xp.argsort(key, kind="stable")
     ks = key[order]
-    first = np.ones(ks.shape[0], dtype=bool)
+    first = xp.ones(ks.shape[0], dtype=bool)
     first[1:] = ks[1:] != ks[:-1]
-    inv = np.cumsum(first) - 1
+    inv = xp.cumsum(first) - 1
     kcs = kc[order]
     kc_u = kcs[first]
     if kc.shape[1] and bool((kcs != kc_u[inv]).any()):
@@ -170,10 +172,10 @@ def _merge_groups(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[st
     G = kc_u.shape[0]
     # each side's keys are distinct: its rows add by one fancy-indexed add each, a's first (the
     # additions of ``np.add.at`` over the stably sorted concatenation, without its per-element loop)
-    row = np.empty_like(inv)
+    row = xp.empty_like(inv)
     row[order] = inv
     na = a["key"].shape[0]
-    out = {"key": ks[first], "frac": np.zeros(G), "wq": np.zeros((G, 20)), "kc": kc_u}
+    out = {"key": ks[first], "frac": xp.zeros(G), "wq": xp.zeros((G, 20)), "kc": kc_u}
     for f in ("frac", "wq"):
         out[f][row[:na]] += a[f]
         out[f][row[na:]] += b[f]

@@ -517,16 +517,16 @@ def first_pass_merge(a: dict[str, Any], b: dict[str, Any], merge_rest: Any) -> d
 
 
 def brackets_of_partial(p: dict[str, Any], k: int, strategy: str, levels: Any) -> dict[str, np.ndarray]:
-    """The first pass's brackets (:func:`brackets`) from its merged host partial (the bounded
-    strategy): its summaries merged smallest first (depth at most ``log2(partitions) + 1``)."""
+    """The first pass's brackets (:func:`brackets`, on the host) from its merged partial (the bounded
+    strategy): its summaries merged where they are, smallest first (depth <= ``log2(partitions) + 1``)."""
     from gpuclust.analyses import _hybrid_summary as hs
 
     if strategy != "bounded" or "done" in p:
         raise RuntimeError("usage-distribution-brackets: not a bounded first pass (internal error)")
-    h = hs.empty(int(k))
+    h = None
     for _, g in carry(list(p.get("stack", []))):
-        h = hs.merge(h, g) if int(h["exact"]["key"].shape[0]) + int(h["bounded"]["key"].shape[0]) else g
-    return brackets(h, levels)
+        h = g if h is None else hs.merge(h, g)
+    return brackets(hs.empty(int(k)) if h is None else to_host(h), levels)
 
 
 def _block(t: Any, name: str, n_levels: int) -> np.ndarray:
@@ -569,10 +569,10 @@ def second_partial_of(be: Any, qr: Any, w: Any, key: Any, bkey: Any, lo: Any, hi
 
 
 def merge_two_pass(a: dict[str, Any] | None, b: dict[str, Any] | None) -> dict[str, Any] | None:
-    """Two host two-pass partials merged (``None``: a partial without one, the identity)."""
+    """Two two-pass partials merged where they are (``None``: a partial without one, the identity)."""
     if a is None or b is None:
         return b if a is None else a
-    stats, _, _ = ms._merge_stats(np, a["stats"], b["stats"])
+    stats, _, _ = ms._merge_stats(backend_of(a["stats"]["weight"]).xp, a["stats"], b["stats"])
     return {"stats": stats, "state": merge_state(a["state"], b["state"])}
 
 

@@ -421,10 +421,11 @@ class UsageDistribution(Analysis):
         field by field, ``full`` (the whole merged partial, or None) by that merge; its keyed
         ``rows`` (finished groups, keyed by their leading key component) are sharded, one key
         per coordinate, when the group tables are parted.  The empty partial is an open one's
-        identity (:func:`~gpuclust.analyses._usage_distribution_parts.open_fields`)."""
-        return self._fields(merge_partials)
+        identity (:func:`~gpuclust.analyses._usage_distribution_parts.open_fields`).  Two partials on
+        a device merge there, but the one-pass exact strategy's, which hold every window."""
+        return self._fields(merge_partials, device=self.strategy != "exact")
 
-    def _fields(self, whole: Any) -> UsageFields:
+    def _fields(self, whole: Any, device: bool = True) -> UsageFields:
         kinds = {
             "backend": Label(),
             "stats": Sum(),
@@ -434,13 +435,13 @@ class UsageDistribution(Analysis):
             "sample": Concat(),
             "rows": Keyed(rows=True, per=(lambda ctx: 1) if self.parted else None),
         }
-        n_levels = int(self.level_values.shape[0])
         return UsageFields(
             kinds,
             shard_by=Sampled(SHARD_GROUPS, whole="full") if self.parted else None,
             whole=whole,
+            device=device,
             n_components=self._n_components(),
-            n_levels=n_levels,
+            n_levels=int(self.level_values.shape[0]),
             sample_every=SAMPLE_EVERY,
             n_stats=len(STATS),
         )
@@ -568,7 +569,7 @@ class UsageDistributionBrackets(_BracketsPass):
         return self._fields(bound(tp.first_pass_merge, merge_rest=merge_partials))
 
     def finalize(self, partial: dict[str, Any], ctx: UsageDistributionContext) -> dict[str, pd.DataFrame]:
-        own = tp.brackets_of_partial(to_host(partial), int(self.k), ctx.strategy, ctx.levels)
+        own = tp.brackets_of_partial(partial, int(self.k), ctx.strategy, ctx.levels)
         before = None if ctx.br_key is None else dict(key=ctx.br_key, lo=ctx.br_lo, hi=ctx.br_hi, est=ctx.br_est)
         return {"brackets": tp.brackets_table(sl.joined(before, own))}
 

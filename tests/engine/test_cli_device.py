@@ -53,7 +53,9 @@ def test_analyze_backend_gpu_keeps_partials_on_the_device(tmp_path, monkeypatch)
     their finalize in device memory, never copied out and back in (issue 34): whole, or for a
     parted analysis its keyed partials, which its shards take there.  With several partitions
     the partials are merged on the host, but for the keyed sums that are merged into device
-    accumulators (overcommit's, cpi's and machine-utilization's, ``Keyed(dense=...)``)."""
+    accumulators (overcommit's, cpi's and machine-utilization's, ``Keyed(dense=...)``) and the
+    partials whose every field merges there (usage-vs-request's per-task rows, usage-distribution's
+    mixture summaries)."""
     resolve_gpu_to_device(monkeypatch)
     kept = [a for a in names() if create(a).device_partial]
     assert {
@@ -85,7 +87,9 @@ def test_analyze_backend_gpu_keeps_partials_on_the_device(tmp_path, monkeypatch)
     optimize(ds, buckets=4)  # laid out by key: overcommit's intervals come with the partitions (no client partial)
     dense = {"cpi", "overcommit", "machine-utilization"}  # keyed sums merged into device accumulators
     merged_there = {a for a in kept if not create(a).sharded and create(a).kinds.merges_on_device}
-    assert merged_there == {"usage-vs-request"}  # (its per-task partial: merged by a device sort-merge)
+    # (usage-vs-request's per-task partial: merged by a device sort-merge; usage-distribution's
+    # summaries by their merge, which runs where they are)
+    assert merged_there == {"usage-vs-request", "usage-distribution"}
     rows = {"peak-prediction"}  # its keyed rows kept there, every partition's (shards.KeptKeys(across=True))
     for parts, kind in ((["--partitions", "3"], "host"), ([], "device")):
         where.clear()
