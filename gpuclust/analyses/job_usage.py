@@ -47,7 +47,7 @@ from gpuclust._xp import bincount
 from gpuclust.analyses._job_groups import group_windows, key_table
 from gpuclust.analyses._job_stats import STAT_COLUMNS, by_usage, job_stats, pearson
 from gpuclust.analyses._lookup import EVENT_COLUMNS, TierLookupContext, priority_lookup
-from gpuclust.analyses.base import Analysis, fmt, is_null_int, to_host
+from gpuclust.analyses.base import Analysis, fmt, host_or_device, is_null_int, to_host
 from gpuclust.analyses.grouping import unique_codes
 from gpuclust.analyses.kinds import Fields, Flat, Keyed, Merged, Sum
 from gpuclust.analyses.options import option, tier_map_option
@@ -89,7 +89,7 @@ class JobUsageContext(TierLookupContext):
     key_collection: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
 
-def _merge_same_keys(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray] | None:
+def _merge_same_keys(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any] | None:
     """:func:`merge_keyed` of two partials (:data:`_FIELDS`) in its cheapest case: the same
     ``key`` array object (the cpu path's dense partials over one lookup's collections, and their
     merges, which keep it), or one partial without keys; ``None`` otherwise.
@@ -102,29 +102,30 @@ def _merge_same_keys(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict
         return dict(b if a["key"].shape[0] == 0 else a)
     if a["key"] is not b["key"]:
         return None
+    xp = backend_of(a["key"]).xp
     out = {"key": a["key"]}
     for f in _FIELDS[1:]:
         va, vb = a[f], b[f]
         if f == "prio":
-            out[f] = va if va is vb else np.maximum(va, vb)
+            out[f] = va if va is vb else xp.maximum(va, vb)
             continue
         with np.errstate(invalid="ignore", over="ignore"):
             s = va + vb
-            bad = s.dtype.kind == "f" and not np.isfinite(np.add.reduce(s))
+            bad = s.dtype.kind == "f" and not bool(xp.isfinite(s.sum()))
         if bad:
-            s = merge_keyed({"key": a["key"], f: va}, {"key": b["key"], f: vb})[f]
+            s = merge_keyed({"key": a["key"], f: va}, {"key": b["key"], f: vb}, xp=xp)[f]
         out[f] = s
     return out
 
 
-def _merge_collections(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Two per-collection partials (:data:`_FIELDS`) merged: sums by :func:`merge_keyed`, the
-    priority by maximum; partials over the same lookup's collections (the cpu path's dense
-    arrays, one per code) add elementwise (:func:`_merge_same_keys`: the same values, without
-    merge_keyed's NaN passes)."""
-    fa, fb = ({f: np.asarray(p[f]) for f in _FIELDS} for p in (a, b))
+def _merge_collections(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Two per-collection partials (:data:`_FIELDS`) merged where they are (host or device):
+    sums by :func:`merge_keyed`, the priority by maximum; partials over the same lookup's
+    collections (the cpu path's dense arrays, one per code) add elementwise
+    (:func:`_merge_same_keys`: the same values, without merge_keyed's NaN passes)."""
+    fa, fb = ({f: host_or_device(p[f]) for f in _FIELDS} for p in (a, b))
     out = _merge_same_keys(fa, fb)
-    return merge_keyed(fa, fb, maxima=("prio",)) if out is None else out
+    return merge_keyed(fa, fb, maxima=("prio",), xp=backend_of(fa["key"]).xp) if out is None else out
 
 
 @dataclass(frozen=True)
@@ -325,7 +326,7 @@ class JobUsage(Analysis):
         events beside it (``x*``, keyed), and the counters."""
         return Fields(
             {
-                "collections": Flat(Merged(_merge_collections, empty=_empty_keyed), "", _FIELDS),
+                "collections": Flat(Merged(_merge_collections, empty=_empty_keyed, device=True), "", _FIELDS),
                 "extra": Flat(Keyed(fields=_DTYPES, maxima=("prio",)), "x", _FIELDS),
                 "stats": Sum((len(_STATS),), np.int64),
             }

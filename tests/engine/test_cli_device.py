@@ -55,7 +55,7 @@ def test_analyze_backend_gpu_keeps_partials_on_the_device(tmp_path, monkeypatch)
     the partials are merged on the host, but for the keyed sums that are merged into device
     accumulators (overcommit's, cpi's and machine-utilization's, ``Keyed(dense=...)``) and the
     partials whose every field merges there (usage-vs-request's per-task rows, usage-distribution's
-    mixture summaries)."""
+    mixture summaries, job-usage's per-collection sums)."""
     resolve_gpu_to_device(monkeypatch)
     kept = [a for a in names() if create(a).device_partial]
     assert {
@@ -87,9 +87,9 @@ def test_analyze_backend_gpu_keeps_partials_on_the_device(tmp_path, monkeypatch)
     optimize(ds, buckets=4)  # laid out by key: overcommit's intervals come with the partitions (no client partial)
     dense = {"cpi", "overcommit", "machine-utilization"}  # keyed sums merged into device accumulators
     merged_there = {a for a in kept if not create(a).sharded and create(a).kinds.merges_on_device}
-    # (usage-vs-request's per-task partial: merged by a device sort-merge; usage-distribution's
-    # summaries by their merge, which runs where they are)
-    assert merged_there == {"usage-vs-request", "usage-distribution"}
+    # (usage-vs-request's per-task partial and job-usage's per-collection sums: merged by a device
+    # sort-merge; usage-distribution's summaries by their merge, which runs where they are)
+    assert merged_there == {"usage-vs-request", "usage-distribution", "job-usage"}
     rows = {"peak-prediction"}  # its keyed rows kept there, every partition's (shards.KeptKeys(across=True))
     for parts, kind in ((["--partitions", "3"], "host"), ([], "device")):
         where.clear()
@@ -116,13 +116,42 @@ def test_analyze_backend_gpu_merges_per_task_partials_on_the_device(tmp_path, mo
     assert d2h[4] <= d2h[1] + 1024, d2h  # a few merges' key counts more
 
 
+def test_analyze_backend_gpu_merges_per_collection_sums_on_the_device(tmp_path, monkeypatch):
+    """job-usage's per-collection sums merge on the device across partitions (a device
+    sort-merge): a run in 4 partitions copies out what a run in one does (42.4 against 42.2 kB;
+    148.7 kB when they were merged on the host), and its tables are the cpu run's."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    try:
+        import gen_canonical
+    finally:
+        sys.path.pop(0)
+    monkeypatch.setattr(gen_canonical, "ROW_GROUP", 4096)  # partitions snap to row groups
+    ds = gen_canonical.make_dataset(tmp_path / "cell", 40_000, seed=3)
+    args = ["analyze", str(ds), "job-usage", "--no-plots", "--quiet"]
+    assert cli.main([*args, "--out", str(tmp_path / "cpu"), "--backend", "cpu", "--partitions", "4"]) == 0
+    resolve_gpu_to_device(monkeypatch)
+    d2h = {}
+    for parts in (1, 4):
+        with counting_device_work() as w:
+            out = tmp_path / f"gpu-{parts}"
+            assert cli.main([*args, "--partitions", str(parts), "--out", str(out), "--backend", "gpu"]) == 0
+        d2h[parts] = w["d2h_bytes"]
+        assert_results_same(_tables(load_results(tmp_path / "cpu")), _tables(load_results(out)), rtol=1e-9)
+    assert 0 < d2h[4] <= d2h[1] + 1024, d2h
+
+
 @pytest.mark.gpu
 def test_partials_kept_on_a_device_across_partitions_as_the_cpu(tmp_path, gpu_backend, synth_cell_40):
-    """The same on a real device (CuPy): in 4 partitions, usage-vs-request's per-task partials
-    merged there (searchsorted placement) and peak-prediction's keyed rows kept there and
-    concatenated by its shards; the cpu's tables."""
+    """The same on a real device (CuPy): in 4 partitions, usage-vs-request's per-task partials and
+    job-usage's per-collection sums merged there (searchsorted placement), usage-distribution's
+    mixture states merged there, and peak-prediction's keyed rows kept there and concatenated by
+    its shards; the cpu's tables."""
     ds = synth_cell_40 / "ds"
-    args = ["analyze", str(ds), "usage-vs-request", "peak-prediction", "--no-plots", "--quiet", "--partitions", "4"]
+    kept = ["usage-vs-request", "peak-prediction", "job-usage", "usage-distribution"]
+    args = ["analyze", str(ds), *kept, "--no-plots", "--quiet", "--partitions", "4"]
     for b in ("cpu", "gpu"):
         assert cli.main([*args, "--out", str(tmp_path / b), "--backend", b]) == 0
     res = [_tables(load_results(tmp_path / b)) for b in ("cpu", "gpu")]
