@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from gpuclust._xp import bincount
 from gpuclust.partials import Moments
 
 __all__ = [
@@ -236,7 +237,7 @@ def merge_moments(a: Moments, b: Moments) -> Moments:
     return merge_moments_xp(np, a, b)
 
 
-def regroup_moments(m: Moments, mapping: np.ndarray, n_out: int) -> Moments:
+def regroup_moments(m: Moments, mapping: Any, n_out: int, xp: Any = np) -> Moments:
     """Merge groups into coarser groups: output group ``mapping[g]`` receives group ``g``.
 
     The k-way form of Chan's formula, with the corrected-two-pass term: for an output group,
@@ -244,7 +245,7 @@ def regroup_moments(m: Moments, mapping: np.ndarray, n_out: int) -> Moments:
     ``C = sum C_g + sum W_g (m_g - mean)(m_g - mean)^T - s s^T / W`` with
     ``s = sum W_g (m_g - mean)``.  Groups mapped outside ``[0, n_out)`` are dropped.  Use it to
     merge keyed partials (concatenate, then regroup by key) or to roll machines up to cells.
-    Host (NumPy) only.
+    ``xp``: the arrays' module (NumPy by default; CuPy for device arrays).
 
     Examples
     --------
@@ -255,31 +256,31 @@ def regroup_moments(m: Moments, mapping: np.ndarray, n_out: int) -> Moments:
     >>> r.n.tolist(), r.mean.tolist(), round(float(r.C[0, 0, 0]), 12)
     ([3], [[2.3333333333333335]], 4.666666666667)
     """
-    mapping = np.asarray(mapping)
+    mapping = xp.asarray(mapping)
     if mapping.shape != (m.n_groups,):
         raise ValueError(f"mapping must have shape ({m.n_groups},), got {mapping.shape}")
     d = m.d
     keep = (mapping >= 0) & (mapping < n_out) & (m.W > 0)
-    g = mapping[keep].astype(np.int64)
+    g = mapping[keep].astype(xp.int64)
     Wg, mg, Cg, ng = m.W[keep], m.mean[keep], m.C[keep], m.n[keep]
-    out = Moments.empty(n_out, d)
+    out = Moments.empty(n_out, d, xp)
     if g.shape[0] == 0:
         return out
-    W = np.bincount(g, weights=Wg, minlength=n_out)
-    n = np.bincount(g, weights=ng.astype(np.float64), minlength=n_out)
+    W = bincount(xp, g, weights=Wg, minlength=n_out)
+    n = bincount(xp, g, weights=ng.astype(xp.float64), minlength=n_out)
     has = W > 0
-    Wsafe = np.where(has, W, 1.0)
-    mean = np.stack([np.bincount(g, weights=Wg * mg[:, k], minlength=n_out) for k in range(d)], axis=1)
-    mean = np.where(has[:, None], mean / Wsafe[:, None], 0.0)
+    Wsafe = xp.where(has, W, 1.0)
+    mean = xp.stack([bincount(xp, g, weights=Wg * mg[:, k], minlength=n_out) for k in range(d)], axis=1)
+    mean = xp.where(has[:, None], mean / Wsafe[:, None], 0.0)
     dev = mg - mean[g]
-    s = np.stack([np.bincount(g, weights=Wg * dev[:, k], minlength=n_out) for k in range(d)], axis=1)
-    C = np.zeros((n_out, d, d))
+    s = xp.stack([bincount(xp, g, weights=Wg * dev[:, k], minlength=n_out) for k in range(d)], axis=1)
+    C = xp.zeros((n_out, d, d))
     for i in range(d):
         for j in range(i, d):
-            v = np.bincount(g, weights=Cg[:, i, j] + Wg * dev[:, i] * dev[:, j], minlength=n_out)
+            v = bincount(xp, g, weights=Cg[:, i, j] + Wg * dev[:, i] * dev[:, j], minlength=n_out)
             C[:, i, j] = v
             C[:, j, i] = v
     C = C - s[:, :, None] * s[:, None, :] / Wsafe[:, None, None]
-    mean = np.where(has[:, None], mean + s / Wsafe[:, None], 0.0)
-    C = np.where(has[:, None, None], C, 0.0)
-    return Moments(np.rint(n).astype(np.int64), np.where(has, W, 0.0), mean, C)
+    mean = xp.where(has[:, None], mean + s / Wsafe[:, None], 0.0)
+    C = xp.where(has[:, None, None], C, 0.0)
+    return Moments(xp.rint(n).astype(xp.int64), xp.where(has, W, 0.0), mean, C)

@@ -199,15 +199,18 @@ def test_k_and_util_match_sql(synth_ds):
     np.testing.assert_allclose(got["util"], ref["util"], rtol=1e-9)  # 6 h: every cell is 300 s long
 
 
-def test_split_of_a_device_partial_and_rests_merged_on_the_host(synth_ds):
+def test_split_of_a_device_partial_and_rests_merged_on_the_host(synth_ds, monkeypatch):
     """A device partial's split (as a one-partition gpu run leaves it: tests/device_backend.py):
-    the keyed (machine, cell) sums and the Spearman grid stay where they are, the rest goes to the
-    host; a rest whose grid is still on the device merges with another on the host, into what
-    the host partials' rests merge into."""
-    from device_backend import DEVICE
+    the keyed (machine, cell) sums and the per-group fields (moments, Spearman grid) stay where
+    they are, the rest goes to the host; a rest whose per-group fields are on the device merges
+    with a host one on the host, and with another device one on the device, into what the host
+    partials' rests merge into."""
+    from device_backend import DEVICE, resolve_gpu_to_device
 
     from gpuclust.backends import get_backend
     from gpuclust.engine.partition import as_source
+
+    resolve_gpu_to_device(monkeypatch)  # backend_of(a device array): the device-shaped backend
 
     def on_device(v):
         return hasattr(v, "__cuda_array_interface__")
@@ -223,20 +226,23 @@ def test_split_of_a_device_partial_and_rests_merged_on_the_host(synth_ds):
 
     rest, keyed = a.kinds.split(partial(0, half, DEVICE))
     assert set(keyed) == {"c", "w"} and all(on_device(v) for k in keyed.values() for v in k.values())
-    assert on_device(rest["g_grid"]) and not any(on_device(v) for k, v in rest.items() if k != "g_grid")
+    assert all(on_device(v) == k.startswith("g_") for k, v in rest.items() if k != "backend")
     assert not any(k.startswith(("c_", "w_")) for k in rest)
     other = a.kinds.split(to_host(partial(half, t.num_rows, cpu)))[0]
     want = a.kinds.merge_rest(a.kinds.split(to_host(partial(0, half, cpu)))[0], other)
     got = a.kinds.merge_rest(rest, other)
     assert list(got) == list(want) and not any(on_device(v) for v in got.values())
+    on_dev = a.kinds.merge_rest(rest, a.kinds.split(partial(half, t.num_rows, DEVICE))[0])
+    assert all(on_device(v) == k.startswith("g_") for k, v in on_dev.items() if k != "backend")
     assert got["g_grid"].shape[0] > 100  # a grid per machine
-    for k, v in want.items():
-        if isinstance(v, np.ndarray) and v.dtype.kind == "f":
-            np.testing.assert_allclose(got[k], v, rtol=1e-12, atol=1e-300, err_msg=k)
-        elif isinstance(v, np.ndarray):
-            np.testing.assert_array_equal(got[k], v, err_msg=k)
-        else:
-            assert got[k] == v, k
+    for merged in (got, to_host(on_dev)):
+        for k, v in want.items():
+            if isinstance(v, np.ndarray) and v.dtype.kind == "f":
+                np.testing.assert_allclose(merged[k], v, rtol=1e-12, atol=1e-300, err_msg=k)
+            elif isinstance(v, np.ndarray):
+                np.testing.assert_array_equal(merged[k], v, err_msg=k)
+            else:
+                assert merged[k] == v, k
 
 
 @pytest.mark.parametrize("by", ["platform", "machine", "collection", "cell"])

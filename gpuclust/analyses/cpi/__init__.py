@@ -401,12 +401,13 @@ class Cpi(Analysis):
 
     @property
     def kinds(self) -> Fields:
-        """The per-group moments and Spearman grid (``g_*``, :func:`merge_groups`: merged on the
-        host), the carried rows (``s_*``, concatenated), the regression's keyed (machine, cell)
+        """The per-group moments and Spearman grid (``g_*``, :func:`merge_groups`: merged where
+        they are), the carried rows (``s_*``, concatenated), the regression's keyed (machine, cell)
         and (machine, cell, platform) sums (``c_*``, ``w_*``: sharded by capacity machine when the
-        regression runs) and the counters.  A split leaves the Spearman grid (groups x bins x
-        bins: 8 KiB a machine under ``by=machine``) where it is: its finalize reduces it there to
-        two values a group (:func:`~gpuclust.analyses.cpi.tables.grid_spearman`)."""
+        regression runs) and the counters.  A split leaves the per-group fields where they are
+        (the grid: groups x bins x bins, 8 KiB a machine under ``by=machine``): a gpu run merges
+        them on the device, and its finalize reduces the grid there to two values a group
+        (:func:`~gpuclust.analyses.cpi.tables.grid_spearman`)."""
         per = {"c": _cells, "w": _cell_platforms} if self.regression != "none" else {}
         dense = {"c": _cell_keys, "w": _cell_platform_keys} if per else {}
         keyed = {
@@ -425,14 +426,16 @@ class Cpi(Analysis):
         bins = self.spearman_bins if self.spearman == "grid" else 0
         return Fields(
             {
-                "g": Flat(Merged(merge_groups, empty=lambda xp: empty_groups(xp, bins)), "g_", GROUP_FIELDS),
+                "g": Flat(
+                    Merged(merge_groups, empty=lambda xp: empty_groups(xp, bins), device=True), "g_", GROUP_FIELDS
+                ),
                 **{k: Concat(np.int64 if k == "s_key" else np.float64) for k in ("s_key", "s_x", "s_y", "s_w")},
                 **keyed,
                 "counts": Sum((len(COUNTERS),), np.int64),
                 "stats": Sum((len(_STATS),), np.int64),
                 "backend": Label(),
             },
-            stays=("g_grid",),
+            stays=tuple("g_" + f for f in GROUP_FIELDS),
             shard_by=Even(_cap_machines, _cell_platforms, SHARD_KEYS) if per else None,
         )
 

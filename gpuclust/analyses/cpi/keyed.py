@@ -1,5 +1,5 @@
 """The ``cpi`` analysis' keyed partials: dense group codes and per-key co-moments (computed on
-the backend, merged on the host)."""
+the backend, merged where they are)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from typing import Any
 import numpy as np
 
 from gpuclust._xp import bincount
-from gpuclust.analyses.base import to_host
+from gpuclust.analyses.base import host_or_device, to_host
+from gpuclust.backends import backend_of
 from gpuclust.backends.moments_cpu import regroup_moments
 from gpuclust.partials import Moments
 
@@ -46,20 +47,24 @@ def _moments_of(p: dict[str, Any], prefix: str) -> Moments:
 
 
 def _merge_keyed_moments(
-    a: dict[str, np.ndarray], b: dict[str, np.ndarray], prefix: str, extra: tuple[str, ...] = ()
-) -> dict[str, np.ndarray]:
-    """Concatenate + regroup two keyed moment partials (and sum keyed ``extra`` arrays)."""
+    a: dict[str, Any], b: dict[str, Any], prefix: str, extra: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """Concatenate + regroup two keyed moment partials (and sum keyed ``extra`` arrays), where
+    they are: host arrays, or both sides' on one device."""
     names = (prefix + "key", prefix + "n", prefix + "W", prefix + "mean", prefix + "C", *extra)
     if a[prefix + "key"].shape[0] == 0:
         return {k: b[k].copy() for k in names}
     if b[prefix + "key"].shape[0] == 0:
         return {k: a[k].copy() for k in names}
-    key = np.concatenate([a[prefix + "key"], b[prefix + "key"]])
-    uniq, inv = np.unique(key, return_inverse=True)
+    xp = backend_of(a[prefix + "key"]).xp
+    key = xp.concatenate([a[prefix + "key"], b[prefix + "key"]])
+    uniq, inv = xp.unique(key, return_inverse=True)
     inv = inv.reshape(-1)
-    m = regroup_moments(_moments_of(a, prefix).concat(_moments_of(b, prefix)), inv, uniq.shape[0])
+    ma, mb = _moments_of(a, prefix), _moments_of(b, prefix)
+    cat = Moments(*(xp.concatenate([u, v]) for u, v in zip(ma.astuple(), mb.astuple(), strict=True)))
+    m = regroup_moments(cat, inv, int(uniq.shape[0]), xp)
     out = {
-        prefix + "key": uniq.astype(np.int64),
+        prefix + "key": uniq.astype(xp.int64),
         prefix + "n": m.n,
         prefix + "W": m.W,
         prefix + "mean": m.mean,
@@ -70,7 +75,7 @@ def _merge_keyed_moments(
         # each side's keys are distinct, so its rows add by one fancy-indexed add (the order of
         # ``np.add.at`` over the concatenation, without its per-element loop: 0.58 s -> ~0.1 s for
         # 12,500 groups' 32 x 32 grids)
-        acc = np.zeros((uniq.shape[0],) + a[k].shape[1:], dtype=np.result_type(a[k], b[k]))
+        acc = xp.zeros((uniq.shape[0],) + a[k].shape[1:], dtype=np.result_type(a[k].dtype, b[k].dtype))
         acc[inv[:na]] += a[k]
         acc[inv[na:]] += b[k]
         out[k] = acc
@@ -88,10 +93,14 @@ def empty_groups(xp: Any, bins: int) -> dict[str, Any]:
     return {**_moments_fields("", 2, xp), "grid": xp.zeros((0, bins, bins))}
 
 
-def merge_groups(a: dict[str, Any], b: dict[str, Any]) -> dict[str, np.ndarray]:
-    """Two per-group partials (:data:`GROUP_FIELDS`) merged on the host (a split's rest may hold
-    its grid on the device): moments regrouped by key, grids summed per key."""
-    return _merge_keyed_moments(to_host(a), to_host(b), "", ("grid",))
+def merge_groups(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Two per-group partials (:data:`GROUP_FIELDS`) merged where they are (both on a device: there;
+    else on the host): moments regrouped by key, grids summed per key."""
+    a, b = {k: host_or_device(v) for k, v in a.items()}, {k: host_or_device(v) for k, v in b.items()}
+    mixed = len({isinstance(v, np.ndarray) for v in (*a.values(), *b.values())}) > 1
+    if mixed and a["key"].shape[0] and b["key"].shape[0]:
+        a, b = to_host(a), to_host(b)
+    return _merge_keyed_moments(a, b, "", ("grid",))
 
 
 def _keyed_comoments(

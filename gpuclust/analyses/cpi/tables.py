@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from gpuclust._lazy import pandas as pd
-from gpuclust.analyses.base import fmt
+from gpuclust.analyses.base import fmt, to_host
 from gpuclust.analyses.cpi.binning import spearman_from_grid
 from gpuclust.analyses.cpi.context import _BIN_BITS, _BY_COLUMN, COUNTERS, K_BINS, UTIL_BIN, UTIL_BINS, CpiContext
 from gpuclust.analyses.cpi.correlation import cpi_mai_summary, spearman_exact
@@ -205,11 +205,11 @@ def grid_spearman(partial: dict[str, Any]) -> dict[str, Any]:
 
 
 def result_tables(a: Cpi, partial: dict[str, Any], ctx: CpiContext) -> dict[str, pd.DataFrame]:
-    """The result tables of a merged partial: host arrays but for ``g_grid``, which may be on the
-    device (:func:`grid_spearman`)."""
+    """The result tables of a merged partial, whose per-group fields (``g_*``) may be on the device
+    (the grid reduced there, :func:`grid_spearman`; the others copied out)."""
     if a.spearman == "grid":
         partial = grid_spearman(partial)
-    p = {k: np.asarray(v) for k, v in partial.items() if k not in ("backend", "g_grid")}  # the grid: reduced above
+    p = {k: np.asarray(to_host(v)) for k, v in partial.items() if k not in ("backend", "g_grid")}  # grid: reduced above
     counts = dict(zip(COUNTERS, (int(x) for x in p["counts"]), strict=True))
     groups = groups_table(a, p, ctx)
     regression = regression_table(a, p, ctx)
