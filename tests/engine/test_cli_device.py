@@ -159,10 +159,10 @@ def test_analyze_backend_gpu_merges_per_group_partials_on_the_device(tmp_path, m
 def test_partials_kept_on_a_device_across_partitions_as_the_cpu(tmp_path, gpu_backend, synth_cell_40):
     """The same on a real device (CuPy): in 4 partitions, usage-vs-request's per-task partials and
     job-usage's per-collection sums merged there (searchsorted placement), usage-distribution's
-    mixture states merged there, and peak-prediction's keyed rows kept there and concatenated by
-    its shards; the cpu's tables."""
+    mixture states and cpi's per-group moments merged there, and peak-prediction's keyed rows
+    kept there and concatenated by its shards; the cpu's tables."""
     ds = synth_cell_40 / "ds"
-    kept = ["usage-vs-request", "peak-prediction", "job-usage", "usage-distribution"]
+    kept = ["usage-vs-request", "peak-prediction", "job-usage", "usage-distribution", "cpi"]
     args = ["analyze", str(ds), *kept, "--no-plots", "--quiet", "--partitions", "4"]
     for b in ("cpu", "gpu"):
         assert cli.main([*args, "--out", str(tmp_path / b), "--backend", b]) == 0
