@@ -97,9 +97,9 @@ class WorkerResidency:
     def workers(self) -> list[str]:
         """Worker addresses, sorted (the round robin's order).
 
-        Asked of the scheduler each time (``Client.nthreads``): ``scheduler_info()`` may answer
-        from the client's cache, whose periodic refresh carries no workers, when its own query
-        fails."""
+        Asked of the scheduler each time (``Client.nthreads``): ``scheduler_info()`` answers from
+        the client's cache, which its periodic refresh (no workers listed) may overwrite between
+        the query and the read."""
         return sorted(self.client.nthreads())
 
     def worker_of(self, table: str, index: int) -> str:
