@@ -27,7 +27,7 @@ from gpuclust.analyses import mixture_summary as ms
 from gpuclust.analyses._usage_distribution_slices import in_slice
 from gpuclust.analyses._usage_distribution_tables import _merge_groups
 from gpuclust.analyses._usage_distribution_two_pass import merge_two_pass
-from gpuclust.analyses.base import host_or_device, is_null_int, to_host
+from gpuclust.analyses.base import colocated, host_or_device, is_null_int, to_host
 from gpuclust.analyses.grouping import bucket_span
 from gpuclust.analyses.kinds import Fields, Label, Merged, Sum
 from gpuclust.backends import backend_of, finalize_backend, merged_backend
@@ -200,8 +200,8 @@ def merge_partials(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
 
 def _add(a: Any, b: Any) -> Any:
     """Two partials' counters added where they are (on the host when one is there)."""
-    a, b = host_or_device(a), host_or_device(b)
-    return a + b if type(a) is type(b) else to_host(a) + to_host(b)
+    a, b = colocated(host_or_device(a), host_or_device(b))
+    return a + b
 
 
 def empty_rows(n_levels: int, n_components: int) -> dict[str, np.ndarray]:

@@ -128,6 +128,20 @@ def to_host(obj: Any) -> Any:
     return obj
 
 
+def colocated(a: Any, b: Any) -> tuple[Any, Any]:
+    """``a`` and ``b`` (arrays, or dicts of them) on one module to merge: as they are where every
+    non-empty array of both is on the host, or every one on the device; else both on the host
+    (an empty array, a merge identity's, does not count).
+
+    >>> a, b = colocated(np.ones(2), {"k": np.zeros(0)})
+    >>> type(a).__name__, type(b["k"]).__name__
+    ('ndarray', 'ndarray')
+    """
+    values = [v for x in (a, b) for v in (x.values() if isinstance(x, dict) else (x,))]
+    places = {hasattr(v, "__cuda_array_interface__") for v in values if int(getattr(v, "size", 1))}
+    return (to_host(a), to_host(b)) if len(places) > 1 else (a, b)
+
+
 def host_or_device(v: Any) -> Any:
     """``v`` as a NumPy array, unless it is a device array (left where it is): the fields of a
     sharded keyed partial that a split hands to the shards, which may still be on the device

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from gpuclust._xp import bincount
-from gpuclust.analyses.base import host_or_device, to_host
+from gpuclust.analyses.base import colocated, host_or_device
 from gpuclust.backends import backend_of
 from gpuclust.backends.moments_cpu import regroup_moments
 from gpuclust.partials import Moments
@@ -96,10 +96,7 @@ def empty_groups(xp: Any, bins: int) -> dict[str, Any]:
 def merge_groups(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     """Two per-group partials (:data:`GROUP_FIELDS`) merged where they are (both on a device: there;
     else on the host): moments regrouped by key, grids summed per key."""
-    a, b = {k: host_or_device(v) for k, v in a.items()}, {k: host_or_device(v) for k, v in b.items()}
-    mixed = len({isinstance(v, np.ndarray) for v in (*a.values(), *b.values())}) > 1
-    if mixed and a["key"].shape[0] and b["key"].shape[0]:
-        a, b = to_host(a), to_host(b)
+    a, b = colocated({k: host_or_device(v) for k, v in a.items()}, {k: host_or_device(v) for k, v in b.items()})
     return _merge_keyed_moments(a, b, "", ("grid",))
 
 
