@@ -30,7 +30,16 @@ from gpuclust.engine.finish import received
 from gpuclust.engine.planning import auto_rows_of, device_rows_of, plan_tables
 from gpuclust.engine.progress import PassProgress
 from gpuclust.engine.staging import LOAD_THREADS
-from gpuclust.engine.tasks import MergeTree, kept_in_memory, merge_lists, partition_columns, partition_partials, staying
+from gpuclust.engine.tasks import (
+    DeviceHold,
+    MergeTree,
+    device_hold,
+    kept_in_memory,
+    merge_lists,
+    partition_columns,
+    partition_partials,
+    staying,
+)
 from gpuclust.engine.timing import phase
 from gpuclust.parted import PartedTable
 from gpuclust.tables import check_kind, convert
@@ -347,6 +356,7 @@ def _merge_here(
         spills = kept_in_memory(plans, spills, st.be, ans)  # (one partition on a device: nothing to merge)
         spills = [_shards.dense_target(a, unbound(c), f, st.be) for a, c, f in zip(ans, ctxs, spills, strict=True)]
         keep = set() if st.be.name == "cpu" else staying(plans.values(), ans, spills)
+        hold = None if st.be.name == "cpu" else device_hold(plans.values(), ans, spills, st.be)
         merged = merge_local(
             plans,
             ans,
@@ -363,9 +373,11 @@ def _merge_here(
                 host=None if prefetch is None else prefetch.pop(spec),
                 load_threads=load_threads,
                 keep=keep,
+                hold=hold,
             ),
             spills,
             st.split_every,
+            hold,
         )
     finally:
         if prefetch is not None:
@@ -502,10 +514,12 @@ def merge_local(
     partials: Any,
     spills: Sequence[_shards.SpillTarget | None] | None = None,
     split_every: int = 8,
+    hold: DeviceHold | None = None,
 ) -> list[Any]:
     """The local path: ``partials(spec, analyses, ctxs, spills)`` per partition on ``nthreads``
     threads, merged in partition order by dask's tree (:class:`MergeTree` of fan-in
-    ``split_every``): bit-for-bit the result of one thread, and of the dask schedulers."""
+    ``split_every``): bit-for-bit the result of one thread, and of the dask schedulers.  ``hold``
+    bounds the device memory the trees hold in partials merged there."""
     merged: list[Any] = [None] * len(ans)
     for idx, specs in plans.values():
         sub = [ans[k] for k in idx]
@@ -527,7 +541,10 @@ def merge_local(
         with phase("stream"):
             for spec, parts in zip(specs, _map_in_order(run_partials, specs, nthreads), strict=True):
                 with phase("merge"):
-                    tree.add(parts)
+                    if hold is None:
+                        tree.add(parts)
+                    else:
+                        hold.add(tree, sub, parts)
                 if progress is not None:
                     progress.partition_done(spec.table, spec.num_rows)
             with phase("merge"):

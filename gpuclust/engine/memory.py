@@ -29,10 +29,12 @@ __all__ = [
     "DEFAULT_SHARE",
     "DEVICE_PARTITION_ROWS",
     "DEVICE_SHARE",
+    "HOLD_SHARE",
     "MIN_PARTITION_ROWS",
     "array_bytes",
     "available_memory",
     "default_limit",
+    "device_bytes",
     "device_partition_rows",
     "machine_memory",
     "parse_size",
@@ -183,6 +185,10 @@ def preferred_rows(analyses: Sequence[Any], cap: int, source: Any = None) -> int
 DEVICE_PARTITION_ROWS = 1 << 26
 #: Share of the device's free memory a device run's partitions may take.
 DEVICE_SHARE = 0.8
+#: Share of the device's free memory (at a run's start) that a device run's merge trees may hold
+#: in partials merged on the device (:class:`gpuclust.engine.tasks.DeviceHold`); past it, the
+#: analyses holding most are merged on the host.
+HOLD_SHARE = 0.1
 
 
 def device_partition_rows(free: int, in_flight: int, analyses: Sequence[Any], table: str) -> int:
@@ -226,17 +232,31 @@ def array_bytes(objs: Sequence[Any], depth: int = 4) -> int:
     >>> array_bytes([{"a": np.zeros(4), "b": (np.zeros(2, np.int32),)}])
     40
     """
+    return _bytes_of(objs, lambda x: isinstance(x, np.ndarray), depth)
+
+
+def device_bytes(objs: Sequence[Any], depth: int = 8) -> int:
+    """Bytes of the device arrays (``__cuda_array_interface__``) in ``objs`` (partials: dataclass
+    fields, dicts, lists, tuples, ``depth`` levels down), each counted once.
+
+    >>> device_bytes([{"a": np.zeros(4)}])  # host arrays do not count
+    0
+    """
+    return _bytes_of(objs, lambda x: hasattr(x, "__cuda_array_interface__") and hasattr(x, "nbytes"), depth)
+
+
+def _bytes_of(objs: Sequence[Any], is_array: Any, depth: int) -> int:
     import dataclasses
 
     seen: set[int] = set()
 
     def walk(x: Any, left: int) -> int:
-        if isinstance(x, np.ndarray):
+        if is_array(x):
             if id(x) in seen:
                 return 0
             seen.add(id(x))
             return int(x.nbytes)
-        if left <= 0:
+        if left <= 0 or isinstance(x, (str, bytes, np.ndarray)):
             return 0
         if dataclasses.is_dataclass(x) and not isinstance(x, type):
             return sum(walk(getattr(x, f.name), left - 1) for f in dataclasses.fields(x))

@@ -25,6 +25,7 @@ from gpuclust.layout import HASH_NAME, KEYS, ORDER, bucket_ids, key_name
 from gpuclust.schema import SCHEMAS
 
 __all__ = [
+    "CachingSource",
     "PartitionSpec",
     "Piece",
     "TableSource",
@@ -367,3 +368,22 @@ def with_side(source: Any, specs: Sequence[PartitionSpec], tables: Sequence[str]
 def column_to_numpy(arr: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """An Arrow column as a contiguous NumPy array; NULL -> NaN (floats) / dtype minimum (ints)."""
     return np.ascontiguousarray(to_numpy(arr))
+
+
+class CachingSource:
+    """A source whose ``read(table, columns)`` results are kept: contexts read side tables once
+    per study.  Other attributes (``tier_map_name``, ``files``, ...) are the wrapped source's."""
+
+    def __init__(self, source: Any):
+        self.inner = source
+        self._reads: dict[tuple[str, tuple[str, ...] | None], pa.Table] = {}
+
+    def read(self, table: str, columns: Sequence[str] | None = None) -> pa.Table:
+        key = (table, None if columns is None else tuple(columns))
+        t = self._reads.get(key)
+        if t is None:
+            t = self._reads[key] = self.inner.read(table, columns)
+        return t
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)

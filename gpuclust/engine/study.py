@@ -36,7 +36,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
 from gpuclust._lazy import pandas as pd
 from gpuclust._memory import tune_allocator
@@ -47,13 +46,14 @@ from gpuclust.engine.contexts import contexts, resolve_analyses
 from gpuclust.engine.local import _announce, default_workers, finalize_all, host_threads, merge_local
 from gpuclust.engine.memory import (
     DEVICE_PARTITION_ROWS,
+    HOLD_SHARE,
     array_bytes,
     available_memory,
     parse_size,
 )
 from gpuclust.engine.staging import LOAD_THREADS, column_dtypes, load_partitions
 from gpuclust.engine.study_workers import WorkerResidency, partials_of
-from gpuclust.engine.tasks import staying
+from gpuclust.engine.tasks import device_hold, staying
 from gpuclust.schema import SCHEMAS
 from gpuclust.tables import convert
 
@@ -68,25 +68,6 @@ MEMORY_SHARE = 0.8
 class StudyMemoryError(MemoryError):
     """A run cannot go out of core: its analyses need a flat table's rows in one piece (whole
     instances) and that table's partitions do not all fit in the memory budget."""
-
-
-class CachingSource:
-    """A source whose ``read(table, columns)`` results are kept: contexts read side tables once
-    per study.  Other attributes (``tier_map_name``, ``files``, ...) are the wrapped source's."""
-
-    def __init__(self, source: Any):
-        self.inner = source
-        self._reads: dict[tuple[str, tuple[str, ...] | None], pa.Table] = {}
-
-    def read(self, table: str, columns: Sequence[str] | None = None) -> pa.Table:
-        key = (table, None if columns is None else tuple(columns))
-        t = self._reads.get(key)
-        if t is None:
-            t = self._reads[key] = self.inner.read(table, columns)
-        return t
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
 
 
 def _row_bytes(table: str, work: bool = False) -> int:
@@ -181,7 +162,7 @@ class Study:
         memory_budget: int | str | None = None,
     ):
         tune_allocator()
-        self.source = CachingSource(_partition.as_source(source))
+        self.source = _partition.CachingSource(_partition.as_source(source))
         self.backend = get_backend(backend)
         self._exit = contextlib.ExitStack()
         self._remote: WorkerResidency | None = None
@@ -330,14 +311,15 @@ class Study:
     def _device_extra(self, ctxs: Sequence[Any] = ()) -> int:
         """Device memory beside the partitions, counted against an explicit :attr:`memory_budget`
         on a device backend: the arrays of the contexts (cached and ``ctxs``), which the partials
-        copy there for the study's life, and the partials' transient arrays, ``Analysis.row_bytes``
-        a row of the largest partition (per engine thread; of the table whose analyses take most)."""
+        copy there for the study's life, the partials' transient arrays, ``Analysis.row_bytes``
+        a row of the largest partition (per engine thread; of the table whose analyses take most),
+        and :data:`HOLD_SHARE` of the budget for the partials merged on the device (:meth:`_hold`)."""
         if self.memory_budget is None or self._remote is not None or self.backend.xp is np:
             return 0
         at_once = self.workers if self.backend.name == "cpu" else 1
         rows = {t: max((sum(s.num_rows for s in g) for g in gs), default=0) for t, gs in self._groups.items()}
         work = max((at_once * n * _row_bytes(t, work=True) for t, n in rows.items()), default=0)
-        return work + array_bytes([*self._contexts.values(), *ctxs])
+        return work + array_bytes([*self._contexts.values(), *ctxs]) + int(HOLD_SHARE * self.memory_budget)
 
     def _stream_beyond_budget(self, table: str, columns: list[str], extra: int = 0) -> None:
         """Mark the last resident partitions of ``table`` streamed (dropping what they hold)
@@ -365,6 +347,13 @@ class Study:
             streamed.add(i)
             total -= int(sum(int(a.nbytes) for a in self._resident[table][i].values())) + rows[i] * new_bytes
             self._resident[table][i] = {}
+
+    def _hold(self, ans: list[Analysis], plans: list[tuple[list[int], list[Any]]]) -> Any:
+        """What the merge trees of a run on a device may hold there (:func:`device_hold`):
+        :data:`HOLD_SHARE` of :attr:`memory_budget` (kept out of the resident partitions' room,
+        :meth:`_device_extra`), else of the device's free memory now."""
+        room = None if self.memory_budget is None else int(HOLD_SHARE * self.memory_budget)
+        return device_hold(plans, ans, [None] * len(ans), self.backend, room)
 
     def _load(self, table: str, columns: list[str]) -> None:
         groups = self._plan(table)
@@ -404,7 +393,7 @@ class Study:
             self._remote.release()
             self._remote_columns.clear()
         self._contexts.clear()
-        self.source = CachingSource(self.source.inner)
+        self.source = _partition.CachingSource(self.source.inner)
 
     # -- running --------------------------------------------------------------------------
     def _context(self, a: Analysis) -> Any:
@@ -443,6 +432,7 @@ class Study:
         streamed = {t: set(v) for t, v in self._streamed.items() if v}
         load_threads = max(1, self.load_threads // max(1, self.workers))
         stay = self._staying(ans, plans, whole)
+        hold = None if remote is not None or be.xp is np else self._hold(ans, [*plans.values(), *whole.values()])
         shipped = {} if remote is None else dict(zip(map(id, ctxs), remote.scatter(ctxs), strict=True))
 
         def partials(
@@ -456,11 +446,11 @@ class Study:
                 loaded = load_partitions([group], sorted(need[spec.table]), be, threads=load_threads)[0]
                 with lock:
                     self.partition_reads[spec.table] = self.partition_reads.get(spec.table, 0) + len(group)
-                out = partials_of(loaded, sub, sub_ctxs, be, [id(a) in stay for a in sub])
+                out = partials_of(loaded, sub, sub_ctxs, be, [id(a) in stay for a in sub], hold)
                 del loaded
             else:  # index -1: the table's resident partitions as one (whole instances on a flat table)
                 cols = resident[spec.table][spec.index] if spec.index >= 0 else list(resident[spec.table])
-                out = partials_of(cols, sub, sub_ctxs, be, [id(a) in stay for a in sub])
+                out = partials_of(cols, sub, sub_ctxs, be, [id(a) in stay for a in sub], hold)
             with lock:
                 seconds["partials"] += time.perf_counter() - start
             return out
@@ -472,9 +462,9 @@ class Study:
             )
             seconds["partials"] = time.perf_counter() - clock
         else:
-            merged = merge_local(plans, ans, ctxs, be, self.workers, progress, partials)
+            merged = merge_local(plans, ans, ctxs, be, self.workers, progress, partials, hold=hold)
             if whole:
-                extra = merge_local(whole, ans, ctxs, be, 1, progress, partials)
+                extra = merge_local(whole, ans, ctxs, be, 1, progress, partials, hold=hold)
                 merged = [m if e is None else e for m, e in zip(merged, extra, strict=True)]
         seconds["merge"] = max(0.0, time.perf_counter() - clock - seconds["partials"])
         clock = time.perf_counter()
@@ -521,11 +511,11 @@ class Study:
     def _staying(
         self, ans: list[Analysis], plans: dict[str, tuple[list[int], list[Any]]], whole: dict[Any, Any]
     ) -> set[int]:
-        """The ids of the analyses whose partials stay in device memory: partials nothing merges
-        (their table is one resident partition) of the analyses whose finalize takes them there
-        (``Analysis.device_partial``)."""
+        """The ids of the analyses whose partials stay in device memory (:func:`staying`; a study
+        spills nothing): partials nothing merges (their table is one partition) of the analyses
+        whose finalize takes them there (``Analysis.device_partial``), and those merged on the device."""
         if self._remote is None and self.backend.xp is not np:
-            return staying((*plans.values(), *whole.values()), ans)
+            return staying((*plans.values(), *whole.values()), ans, [None] * len(ans))
         return set()
 
     def _reduce_remote(

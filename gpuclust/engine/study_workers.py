@@ -43,10 +43,16 @@ __all__ = ["WorkerResidency", "partials_of"]
 
 
 def partials_of(
-    cols: Any, analyses: Sequence[Analysis], ctxs: Sequence[Any], backend: Any, keep: Sequence[bool] | None = None
+    cols: Any,
+    analyses: Sequence[Analysis],
+    ctxs: Sequence[Any],
+    backend: Any,
+    keep: Sequence[bool] | None = None,
+    hold: Any = None,
 ) -> list[Any]:
     """Each analysis' partial over resident columns, moved to host memory (but where ``keep``
-    says to leave it in backend memory: see :attr:`Analysis.device_partial`).  ``cols``: one
+    says to leave it in backend memory: see :attr:`Analysis.device_partial`; as far as ``hold``, a
+    :class:`gpuclust.engine.tasks.DeviceHold`, admits those merged there).  ``cols``: one
     resident partition's ``{column: array}``, or a list of them, joined first (whole instances on a
     flat table: the partitions as one)."""
     if isinstance(cols, list):
@@ -56,7 +62,7 @@ def partials_of(
     out = []
     for a, ctx, stay in zip(analyses, ctxs, keep, strict=True):
         p = a.partial({c: cols[c] for c in a.columns}, ctx, backend)
-        out.append(p if stay else to_host(p))
+        out.append(to_host(p) if not stay else p if hold is None else hold.admit(a, p))
     return out
 
 

@@ -8,22 +8,34 @@ by the run's time selection and returns each analysis' partial on the host; :fun
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import threading
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from gpuclust._memory import tune_allocator
 from gpuclust.analyses.base import Analysis, to_host
-from gpuclust.backends import Backend, get_backend
+from gpuclust.backends import Backend, device_free_bytes, get_backend
 from gpuclust.engine import partition as _partition
 from gpuclust.engine import reading as _reading
 from gpuclust.engine import selection as _selection
 from gpuclust.engine import shards as _shards
 from gpuclust.engine import staging as _staging
 from gpuclust.engine.contexts import bind_partition
+from gpuclust.engine.memory import HOLD_SHARE, device_bytes
 from gpuclust.engine.timing import phase
 
-__all__ = ["MergeTree", "kept_in_memory", "merge_lists", "partition_columns", "partition_partials", "staying"]
+__all__ = [
+    "DeviceHold",
+    "MergeTree",
+    "device_hold",
+    "kept_in_memory",
+    "merge_lists",
+    "merged_on_device",
+    "partition_columns",
+    "partition_partials",
+    "staying",
+]
 
 
 def partition_columns(spec: _partition.PartitionSpec, analyses: Sequence[Analysis]) -> list[str]:
@@ -40,6 +52,7 @@ def partition_partials(
     host: dict[str, Any] | None = None,
     load_threads: int = 1,
     keep: set[int] | frozenset[int] = frozenset(),
+    hold: DeviceHold | None = None,
 ) -> list[Any]:
     """Read one partition once (the union of the analyses' columns) and return each analysis'
     partial, moved to host memory so it can be merged or shipped to another worker (``spills``:
@@ -48,7 +61,8 @@ def partition_partials(
     the local path's read-ahead, :func:`gpuclust.engine.reading.read_partition`; ``load_threads``:
     on a device backend, the threads that decode its Parquet row groups and copy them to the
     device, as a study loads; ``keep``: the ids of the analyses whose partials stay in backend
-    memory, see :attr:`gpuclust.analyses.base.Analysis.device_partial`)."""
+    memory, see :attr:`gpuclust.analyses.base.Analysis.device_partial`, as far as ``hold``
+    admits those merged on the device)."""
     be = get_backend(backend)
     tune_allocator()  # once per process (dask workers too); see gpuclust/_memory.py
     columns = partition_columns(spec, analyses)
@@ -72,7 +86,7 @@ def partition_partials(
     for a, ctx in zip(analyses, bound, strict=True):
         with phase("partials", a.label):
             p = a.partial(_selection.columns_for(spec, a, cols, be, masks), ctx, be)
-            out.append(p if id(a) in keep else to_host(p))
+            out.append(to_host(p) if id(a) not in keep else p if hold is None else hold.admit(a, p))
     for k, folder in enumerate(spills or ()):
         if folder is not None:
             out[k] = _shards.spill(analyses[k], out[k], folder)
@@ -112,15 +126,13 @@ def staying(
     """The ids of the analyses whose partials stay in device memory until their finalize
     (``Analysis.device_partial``): their table is one partition (``plans``: the analyses by
     index and the partitions of each table), so nothing merges them, and they are not spilled to
-    files (``spills``: the local path's targets; kept whole, or their keyed partials kept for the
-    shards, :class:`gpuclust.engine.shards.KeptKeys`), or keyed rows kept there in every partition
-    of a table of several (``KeptKeys(across=True)``); on the local path (``spills`` given), in
-    any number of partitions, when nothing is spilled and every field merges on the device
-    (``kinds.merges_on_device``: the merge tree merges them there, a per-task partial by a device
-    sort-merge); or, in any number of partitions and for any analysis, their keyed partials are
-    merged into device accumulators (a :class:`gpuclust.engine.shards.DenseKeys` on the device;
-    the rest of each partial goes to the host).  For a device backend (its callers check)."""
-    out = set()
+    files (``spills``: the run's spill targets, ``None`` each where it has none, as in a study;
+    kept whole, or their keyed partials kept for the shards, :class:`gpuclust.engine.shards.KeptKeys`),
+    or keyed rows kept there in every partition of a table of several (``KeptKeys(across=True)``);
+    or those :func:`merged_on_device`; or, in any number of partitions and for any analysis, their
+    keyed partials are merged into device accumulators (a :class:`gpuclust.engine.shards.DenseKeys`
+    on the device; the rest of each partial goes to the host).  For a device backend (its callers check)."""
+    out = merged_on_device(plans, ans, spills)
     for idx, specs in plans:
         for k in idx:
             a, target = ans[k], None if spills is None else spills[k]
@@ -130,9 +142,100 @@ def staying(
                 out.add(id(a))
             elif isinstance(target, _shards.KeptKeys) and target.across:
                 out.add(id(a))
-            elif a.device_partial and spills is not None and target is None and a.kinds.merges_on_device:
-                out.add(id(a))
     return out
+
+
+def merged_on_device(
+    plans: Iterable[tuple[list[int], Sequence[Any]]], ans: Sequence[Analysis], spills: Sequence[Any] | None
+) -> set[int]:
+    """The ids of the analyses whose partials a merge tree merges in device memory: in a table of
+    several partitions, with nothing spilled (``spills`` given, ``None`` for the analysis), and
+    every field merging on the device (``kinds.merges_on_device``: a per-task partial by a device
+    sort-merge).  How much of them the tree holds there is bounded by a :class:`DeviceHold`."""
+    if spills is None:
+        return set()
+    return {
+        id(ans[k])
+        for idx, specs in plans
+        if len(specs) > 1
+        for k in idx
+        if spills[k] is None and ans[k].device_partial and ans[k].kinds.merges_on_device
+    }
+
+
+class DeviceHold:
+    """How much a merge tree holds in device memory: the partials of the analyses ``ids`` (see
+    :func:`merged_on_device`) are merged there while the device bytes of them that the tree holds
+    and the partitions' partials on their way to it take stay within ``allowance`` (bytes, or a
+    function giving them, asked once any is held).  An analysis whose partial does not fit beside
+    them is moved to the host: that partial and its held ones are copied there, and its later
+    ones as they are made, so its merges run on the host from then on (the same merges; on a GPU
+    the host's sums may differ from the device's in the last bits, as cpu and gpu runs do).
+    ``moved``: the labels of the analyses moved; ``peak``: the most device bytes the tree held
+    after a merge."""
+
+    def __init__(self, ids: Iterable[int], allowance: int | Callable[[], int]):
+        self.ids, self._allowance = set(ids), allowance
+        self.moved: list[str] = []
+        self.peak = 0
+        self._host: set[int] = set()
+        self._taken = 0  # device bytes held by the tree after its last merge, and made since
+        self._lock = threading.Lock()
+
+    def allowance(self) -> int:
+        if callable(self._allowance):
+            self._allowance = self._allowance()
+        return max(0, int(self._allowance))
+
+    def admit(self, a: Analysis, p: Any) -> Any:
+        """``a``'s partial of a partition as it is made: left on the device where it fits, else
+        copied to the host (and ``a`` moved there)."""
+        if id(a) not in self.ids:
+            return p
+        with self._lock:
+            if id(a) not in self._host:
+                n = device_bytes([p])
+                if not n or self._taken + n <= self.allowance():
+                    self._taken += n
+                    return p
+                self._host.add(id(a))
+                self.moved.append(a.label)
+        return to_host(p)
+
+    def add(self, tree: MergeTree, sub: Sequence[Analysis], item: list[Any]) -> None:
+        """``tree.add(item)`` (a partition's partials of ``sub``), those of the analyses moved to
+        the host copied there first, with what the tree holds of them; then what the tree holds
+        on the device counted (the partials made next are admitted beside it)."""
+        with self._lock:
+            moved = {k for k, a in enumerate(sub) if id(a) in self._host}
+
+        def host(item: list[Any]) -> list[Any]:
+            return [to_host(p) if k in moved else p for k, p in enumerate(item)]
+
+        if moved:
+            tree.map_held(host)
+        tree.add(host(item))
+        kept = [k for k, a in enumerate(sub) if id(a) in self.ids and k not in moved]
+        total = device_bytes([item[k] for item in tree.held() for k in kept])
+        with self._lock:
+            self.peak = max(self.peak, total)
+            self._taken = total
+
+
+def device_hold(
+    plans: Iterable[tuple[list[int], Sequence[Any]]],
+    ans: Sequence[Analysis],
+    spills: Sequence[Any] | None,
+    be: Backend,
+    allowance: int | None = None,
+) -> DeviceHold | None:
+    """The :class:`DeviceHold` of a device run's merge trees (``None`` where none merges on the
+    device): ``allowance`` bytes, by default :data:`gpuclust.engine.memory.HOLD_SHARE` of the
+    device's free memory when the trees first hold device arrays."""
+    ids = merged_on_device(plans, ans, spills)
+    if not ids:
+        return None
+    return DeviceHold(ids, (lambda: int(HOLD_SHARE * device_free_bytes(be))) if allowance is None else allowance)
 
 
 def merge_lists(analyses: Sequence[Analysis], *lists: list[Any]) -> list[Any]:
@@ -181,6 +284,16 @@ class MergeTree:
                 return
             item, lv[0], lv[1], lv[2] = lv[0], None, 0, True  # a full group: one item of the next level
             level += 1
+
+    def held(self) -> list[Any]:
+        """The items the tree holds now (each level's fold of its open group)."""
+        return [lv[0] for lv in self._levels if lv[1]]
+
+    def map_held(self, f: Any) -> None:
+        """Replace each held item by ``f(item)``."""
+        for lv in self._levels:
+            if lv[1]:
+                lv[0] = f(lv[0])
 
     def result(self) -> Any:
         """The root (``None`` for no item): each level's open group closes and goes up as the

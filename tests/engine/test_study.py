@@ -103,12 +103,13 @@ def _on_device(obj) -> bool:
 
 
 @pytest.mark.parametrize("partitions", [1, 3])
-def test_device_partials_stay_on_the_device_when_nothing_merges_them(dataset, reference, monkeypatch, partitions):
+def test_device_partials_stay_on_the_device_to_their_finalize(dataset, reference, monkeypatch, partitions):
     """On a device (the device-shaped backend), the partials of the analyses with
     ``Analysis.device_partial`` (cpi, job-usage, machine-utilization, overcommit, peak-prediction,
-    usage-distribution, usage-vs-request) reach finalize in device memory when their table is one resident partition,
-    and in host memory when partitions are merged; every other analysis' always in host memory;
-    the results are ``run``'s on the cpu either way."""
+    usage-distribution, usage-vs-request) reach finalize in device memory, whether their table is
+    one resident partition or several whose partials the merge tree merges there (every field of
+    theirs merges on the device: ``kinds.merges_on_device``); every other analysis' in host
+    memory; the results are ``run``'s on the cpu either way."""
     from device_backend import DEVICE, mark_partials_gpu, resolve_gpu_to_device
 
     from gpuclust.analyses.registry import create
@@ -142,15 +143,91 @@ def test_device_partials_stay_on_the_device_when_nothing_merges_them(dataset, re
         "usage-vs-request",
     }
     assert {n for n in names() if create(n).device_partial} == stay
-    assert seen == {n: partitions == 1 and n in stay for n in names()}
-    # the keyed sums reach the shards where they were left (overcommit's too, on this flat
-    # source, whose running intervals its finalize builds on the device, merged partitions or
-    # not); usage-distribution's mixture state alone stays on the device, its group rows come to
-    # the host
+    assert all(create(n).kinds.merges_on_device for n in stay)
+    assert seen == {n: n in stay for n in names()}
+    # the keyed sums reach the shards where they were left; usage-distribution's mixture state
+    # alone stays on the device, its group rows come to the host
     device_shards = {n for n, on in shards.items() if all(on)}
-    one = {"cpi", "machine-utilization", "overcommit", "peak-prediction"}
-    assert device_shards == (one if partitions == 1 else {"overcommit"})
+    assert device_shards == {"cpi", "machine-utilization", "overcommit", "peak-prediction"}
     assert_same(got, reference, rtol=1e-9)
+
+
+#: The analyses whose partials a device study merges on the device (``kinds.merges_on_device``).
+MERGED_THERE = [
+    "cpi",
+    "job-usage",
+    "machine-utilization",
+    "overcommit",
+    "peak-prediction",
+    "usage-distribution",
+    "usage-vs-request",
+]
+
+
+def _d2h_per_analysis(dataset, monkeypatch, partitions: int, **kw) -> tuple[dict[str, int], dict]:
+    """Device bytes read on the host by a study's run of each analysis (device-shaped backend),
+    and the results of all of them."""
+    from device_backend import DEVICE, counting_device_work, mark_partials_gpu, resolve_gpu_to_device
+
+    resolve_gpu_to_device(monkeypatch)
+    mark_partials_gpu(monkeypatch)
+    d2h, got = {}, {}
+    with gpuclust.open(dataset, backend=DEVICE, partitions=partitions, workers=1, **kw).persist() as study:
+        for n in MERGED_THERE:
+            with counting_device_work() as w:
+                got.update(study.run(n))
+            d2h[n] = w["d2h_bytes"]
+    return d2h, got
+
+
+def test_a_device_study_in_partitions_copies_out_what_one_partition_does(dataset, reference, monkeypatch):
+    """Issue 34, item 3, for studies: a study on a device in 4 resident partitions merges the
+    partials of the analyses whose every field merges on the device there, as one partition
+    leaves them there, so it copies to the host what one partition does (the results' rows), not
+    4 partials' worth.  cpi's first pass (the Spearman grid's histograms, 32 KiB a partition) is
+    still merged on the host.  Before: the partials were copied out and merged on the host (on the
+    4e5-window replicas: usage-vs-request 7.2 MB against 0.34 MB in one partition, cpi 10.9 MB
+    against 38 kB, overcommit 38.5 against 14.2 MB)."""
+    one, _ = _d2h_per_analysis(dataset, monkeypatch, 1)
+    four, got = _d2h_per_analysis(dataset, monkeypatch, 4)
+    for n in MERGED_THERE:
+        histograms = 4 * 32 * 1024 if n == "cpi" else 0
+        assert four[n] <= 1.2 * one[n] + histograms + 4096, (n, four[n], one[n])
+    assert_same(got, {n: reference[n] for n in got}, rtol=1e-9)
+
+
+def test_a_device_study_past_its_hold_merges_on_the_host_with_the_same_results(dataset, monkeypatch):
+    """What the merge trees hold on the device is bounded (``engine.tasks.DeviceHold``: a tenth
+    of the memory budget or of the free device memory): with none allowed, every partial is
+    copied to the host as it is made and merged there, and the results are the same bits; with
+    a budget, the device bytes held stay within its tenth."""
+    from device_backend import device_memory
+
+    from gpuclust.engine import tasks
+
+    held, real = [], tasks.DeviceHold.add
+
+    def spy(self, tree, sub, item):
+        real(self, tree, sub, item)
+        held.append((self.peak, self.allowance(), list(self.moved)))
+
+    monkeypatch.setattr(tasks.DeviceHold, "add", spy)
+    there, want = _d2h_per_analysis(dataset, monkeypatch, 4)
+    assert held and all(not moved for _, _, moved in held)
+    monkeypatch.setattr(tasks, "HOLD_SHARE", 0.0)
+    held.clear()
+    host, got = _d2h_per_analysis(dataset, monkeypatch, 4)
+    assert {m for _, _, moved in held for m in moved} == set(MERGED_THERE)
+    assert all(host[n] > there[n] for n in MERGED_THERE), (host, there)
+    assert_same(got, want)
+    # under a memory budget: a tenth of it
+    monkeypatch.undo()
+    monkeypatch.setattr(tasks.DeviceHold, "add", spy)
+    held.clear()
+    with device_memory() as mem:
+        _d2h_per_analysis(dataset, monkeypatch, 4, memory_budget=1 << 22)
+    assert all(peak <= allowance == (1 << 22) // 10 for peak, allowance, _ in held), held
+    assert mem["peak_live_bytes"] > 0
 
 
 def test_each_partition_read_once_whatever_the_number_of_analyses(dataset, read_log):
