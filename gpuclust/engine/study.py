@@ -41,12 +41,12 @@ from gpuclust._lazy import pandas as pd
 from gpuclust._memory import tune_allocator
 from gpuclust.analyses.base import Analysis
 from gpuclust.backends import Backend, device_free_bytes, finalizing_on_host, get_backend
+from gpuclust.engine import memory as _memory
 from gpuclust.engine import partition as _partition
 from gpuclust.engine.contexts import contexts, resolve_analyses
 from gpuclust.engine.local import _announce, default_workers, finalize_all, host_threads, merge_local
 from gpuclust.engine.memory import (
     DEVICE_PARTITION_ROWS,
-    HOLD_SHARE,
     array_bytes,
     available_memory,
     parse_size,
@@ -313,13 +313,13 @@ class Study:
         on a device backend: the arrays of the contexts (cached and ``ctxs``), which the partials
         copy there for the study's life, the partials' transient arrays, ``Analysis.row_bytes``
         a row of the largest partition (per engine thread; of the table whose analyses take most),
-        and :data:`HOLD_SHARE` of the budget for the partials merged on the device (:meth:`_hold`)."""
+        and :data:`~gpuclust.engine.memory.HOLD_SHARE` of the budget for the partials merged on the device (:meth:`_hold`)."""
         if self.memory_budget is None or self._remote is not None or self.backend.xp is np:
             return 0
         at_once = self.workers if self.backend.name == "cpu" else 1
         rows = {t: max((sum(s.num_rows for s in g) for g in gs), default=0) for t, gs in self._groups.items()}
         work = max((at_once * n * _row_bytes(t, work=True) for t, n in rows.items()), default=0)
-        return work + array_bytes([*self._contexts.values(), *ctxs]) + int(HOLD_SHARE * self.memory_budget)
+        return work + array_bytes([*self._contexts.values(), *ctxs]) + int(_memory.HOLD_SHARE * self.memory_budget)
 
     def _stream_beyond_budget(self, table: str, columns: list[str], extra: int = 0) -> None:
         """Mark the last resident partitions of ``table`` streamed (dropping what they hold)
@@ -350,9 +350,9 @@ class Study:
 
     def _hold(self, ans: list[Analysis], plans: list[tuple[list[int], list[Any]]]) -> Any:
         """What the merge trees of a run on a device may hold there (:func:`device_hold`):
-        :data:`HOLD_SHARE` of :attr:`memory_budget` (kept out of the resident partitions' room,
+        :data:`~gpuclust.engine.memory.HOLD_SHARE` of :attr:`memory_budget` (kept out of the resident partitions' room,
         :meth:`_device_extra`), else of the device's free memory now."""
-        room = None if self.memory_budget is None else int(HOLD_SHARE * self.memory_budget)
+        room = None if self.memory_budget is None else int(_memory.HOLD_SHARE * self.memory_budget)
         return device_hold(plans, ans, [None] * len(ans), self.backend, room)
 
     def _load(self, table: str, columns: list[str]) -> None:

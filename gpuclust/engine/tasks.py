@@ -16,13 +16,14 @@ from typing import Any
 from gpuclust._memory import tune_allocator
 from gpuclust.analyses.base import Analysis, to_host
 from gpuclust.backends import Backend, device_free_bytes, get_backend
+from gpuclust.engine import memory as _memory
 from gpuclust.engine import partition as _partition
 from gpuclust.engine import reading as _reading
 from gpuclust.engine import selection as _selection
 from gpuclust.engine import shards as _shards
 from gpuclust.engine import staging as _staging
 from gpuclust.engine.contexts import bind_partition
-from gpuclust.engine.memory import HOLD_SHARE, device_bytes
+from gpuclust.engine.memory import device_bytes
 from gpuclust.engine.timing import phase
 
 __all__ = [
@@ -235,7 +236,9 @@ def device_hold(
     ids = merged_on_device(plans, ans, spills)
     if not ids:
         return None
-    return DeviceHold(ids, (lambda: int(HOLD_SHARE * device_free_bytes(be))) if allowance is None else allowance)
+    return DeviceHold(
+        ids, (lambda: int(_memory.HOLD_SHARE * device_free_bytes(be))) if allowance is None else allowance
+    )
 
 
 def merge_lists(analyses: Sequence[Analysis], *lists: list[Any]) -> list[Any]:

@@ -55,7 +55,7 @@ def test_analyze_backend_gpu_keeps_partials_on_the_device(tmp_path, monkeypatch)
     the partials are merged on the host, but for the keyed sums that are merged into device
     accumulators (overcommit's, cpi's and machine-utilization's, ``Keyed(dense=...)``) and the
     partials whose every field merges there (usage-vs-request's per-task rows, usage-distribution's
-    mixture summaries, job-usage's per-collection sums)."""
+    mixture summaries, job-usage's per-collection sums, the lifecycles' replay counts)."""
     resolve_gpu_to_device(monkeypatch)
     kept = [a for a in names() if create(a).device_partial]
     assert {
@@ -89,7 +89,8 @@ def test_analyze_backend_gpu_keeps_partials_on_the_device(tmp_path, monkeypatch)
     merged_there = {a for a in kept if not create(a).sharded and create(a).kinds.merges_on_device}
     # (usage-vs-request's per-task partial and job-usage's per-collection sums: merged by a device
     # sort-merge; usage-distribution's summaries by their merge, which runs where they are)
-    assert merged_there == {"usage-vs-request", "usage-distribution", "job-usage"}
+    # (and the lifecycles' replay counts, elementwise and by a device sort-merge of their series)
+    assert merged_there == {"usage-vs-request", "usage-distribution", "job-usage", "lifecycle", "collection-lifecycle"}
     rows = {"peak-prediction"}  # its keyed rows kept there, every partition's (shards.KeptKeys(across=True))
     for parts, kind in ((["--partitions", "3"], "host"), ([], "device")):
         where.clear()
@@ -109,9 +110,9 @@ def test_analyze_backend_gpu_merges_per_task_partials_on_the_device(tmp_path, mo
     assert d2h[4] <= d2h[1] + 1024, d2h  # a few merges' key counts more
     # the merge tree may hold nothing on the device (engine.tasks.DeviceHold): each partition's
     # task rows are copied out and merged on the host, to the same tables
-    from gpuclust.engine import tasks
+    from gpuclust.engine import memory
 
-    monkeypatch.setattr(tasks, "HOLD_SHARE", 0.0)
+    monkeypatch.setattr(memory, "HOLD_SHARE", 0.0)
     held = _d2h_in_1_and_4_partitions(tmp_path, monkeypatch, args, "held")
     assert held[4] > 2 * d2h[4], (held, d2h)
 

@@ -105,8 +105,8 @@ def _on_device(obj) -> bool:
 @pytest.mark.parametrize("partitions", [1, 3])
 def test_device_partials_stay_on_the_device_to_their_finalize(dataset, reference, monkeypatch, partitions):
     """On a device (the device-shaped backend), the partials of the analyses with
-    ``Analysis.device_partial`` (cpi, job-usage, machine-utilization, overcommit, peak-prediction,
-    usage-distribution, usage-vs-request) reach finalize in device memory, whether their table is
+    ``Analysis.device_partial`` (the lifecycles, cpi, job-usage, machine-utilization, overcommit,
+    peak-prediction, usage-distribution, usage-vs-request) reach finalize in device memory, whether their table is
     one resident partition or several whose partials the merge tree merges there (every field of
     theirs merges on the device: ``kinds.merges_on_device``); every other analysis' in host
     memory; the results are ``run``'s on the cpu either way."""
@@ -134,8 +134,10 @@ def test_device_partials_stay_on_the_device_to_their_finalize(dataset, reference
     study = gpuclust.open(dataset, backend=DEVICE, partitions=partitions, workers=1).persist()
     got = study.run(names())
     stay = {
+        "collection-lifecycle",
         "cpi",
         "job-usage",
+        "lifecycle",
         "machine-utilization",
         "overcommit",
         "peak-prediction",
@@ -154,8 +156,10 @@ def test_device_partials_stay_on_the_device_to_their_finalize(dataset, reference
 
 #: The analyses whose partials a device study merges on the device (``kinds.merges_on_device``).
 MERGED_THERE = [
+    "collection-lifecycle",
     "cpi",
     "job-usage",
+    "lifecycle",
     "machine-utilization",
     "overcommit",
     "peak-prediction",
@@ -186,8 +190,8 @@ def test_a_device_study_in_partitions_copies_out_what_one_partition_does(dataset
     leaves them there, so it copies to the host what one partition does (the results' rows), not
     4 partials' worth.  cpi's first pass (the Spearman grid's histograms, 32 KiB a partition) is
     still merged on the host.  Before: the partials were copied out and merged on the host (on the
-    4e5-window replicas: usage-vs-request 7.2 MB against 0.34 MB in one partition, cpi 10.9 MB
-    against 38 kB, overcommit 38.5 against 14.2 MB)."""
+    4e5-window replicas in 8 partitions: usage-vs-request 7.2 MB against 0.34 MB in one partition,
+    cpi 10.9 MB against 38 kB, overcommit 38.5 against 14.2 MB, the lifecycles 46 against 5.8 MB)."""
     one, _ = _d2h_per_analysis(dataset, monkeypatch, 1)
     four, got = _d2h_per_analysis(dataset, monkeypatch, 4)
     for n in MERGED_THERE:
@@ -203,7 +207,7 @@ def test_a_device_study_past_its_hold_merges_on_the_host_with_the_same_results(d
     a budget, the device bytes held stay within its tenth."""
     from device_backend import device_memory
 
-    from gpuclust.engine import tasks
+    from gpuclust.engine import memory, tasks
 
     held, real = [], tasks.DeviceHold.add
 
@@ -214,11 +218,12 @@ def test_a_device_study_past_its_hold_merges_on_the_host_with_the_same_results(d
     monkeypatch.setattr(tasks.DeviceHold, "add", spy)
     there, want = _d2h_per_analysis(dataset, monkeypatch, 4)
     assert held and all(not moved for _, _, moved in held)
-    monkeypatch.setattr(tasks, "HOLD_SHARE", 0.0)
+    monkeypatch.setattr(memory, "HOLD_SHARE", 0.0)
     held.clear()
     host, got = _d2h_per_analysis(dataset, monkeypatch, 4)
-    assert {m for _, _, moved in held for m in moved} == set(MERGED_THERE)
-    assert all(host[n] > there[n] for n in MERGED_THERE), (host, there)
+    merged = set(MERGED_THERE) - {"lifecycle", "collection-lifecycle"}  # one partition here: a flat table
+    assert {m for _, _, moved in held for m in moved} == merged
+    assert all(host[n] > there[n] for n in merged), (host, there)
     assert_same(got, want)
     # under a memory budget: a tenth of it
     monkeypatch.undo()

@@ -82,6 +82,45 @@ def test_an_eighth_of_the_memory_gives_the_same_bits(bucketed, backend, monkeypa
     study.close()
 
 
+def test_a_device_study_merges_the_buckets_partials_on_the_device(bucketed, monkeypatch):
+    """On a by-key layout the analyses run per bucket (16 partitions); a study on a device merges
+    their partials there (``kinds.merges_on_device``), resident or streamed while they fit in its
+    share of the budget (``HOLD_SHARE``), so it copies out what a study in one partition does,
+    the lifecycles' replay counts (5.8 MB whatever the events) included: before, 16 of them
+    (93 MB); the cpu's bits (the device-shaped backend)."""
+    from device_backend import DEVICE, counting_device_work, mark_partials_gpu, resolve_gpu_to_device
+
+    resolve_gpu_to_device(monkeypatch)
+    mark_partials_gpu(monkeypatch)
+    want = _data_and_results(bucketed, "cpu")[1]
+    some = ["lifecycle", "collection-lifecycle", "usage-vs-request", "job-usage"]
+    with gpuclust.open(bucketed, backend=DEVICE, partitions=1, workers=1).persist() as study:
+        data = study.resident_bytes
+        with counting_device_work() as w:
+            study.run(some)
+        one = w["d2h_bytes"]
+    with gpuclust.open(bucketed, backend=DEVICE, partitions=PARTITIONS, workers=1) as study:
+        with counting_device_work() as w:
+            got = study.persist().run(some)
+    assert w["d2h_bytes"] <= 1.2 * one, (w["d2h_bytes"], one)
+    _exactly_equal(got, {n: want[n] for n in some})
+    # half of the partitions streamed (a budget of twice the data, half of it for the merges), the
+    # per-task rows and per-collection sums merged on the device, or (none allowed) on the host
+    from gpuclust.engine import memory
+
+    d2h = {}
+    for share in (0.5, 0.0):
+        monkeypatch.setattr(memory, "HOLD_SHARE", share)
+        with gpuclust.open(bucketed, backend=DEVICE, partitions=PARTITIONS, workers=1, memory_budget=2 * data) as study:
+            study.persist()
+            with counting_device_work() as w:
+                got = study.run(some[2:])
+            assert share == 0.0 or study.streamed_partitions["instance_usage"] >= PARTITIONS // 4
+        d2h[share] = w["d2h_bytes"]
+        _exactly_equal(got, {n: want[n] for n in some[2:]})
+    assert d2h[0.5] <= 1.2 * one and d2h[0.0] > 10 * d2h[0.5], (d2h, one)
+
+
 def test_the_default_budget_streams_what_the_free_memory_cannot_hold(bucketed, monkeypatch):
     """Without a budget the study takes a share of the free memory: with little free, it streams
     instead of refusing."""
