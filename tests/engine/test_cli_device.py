@@ -131,22 +131,17 @@ def _d2h_in_1_and_4_partitions(tmp_path, monkeypatch, args: list[str], name: str
     return d2h
 
 
-#: cpi's first pass (its CPI and MAI histograms, 2 x 2,048 counts) is merged on the host: 32 KiB a partition
 @pytest.mark.parametrize(
-    ("analysis", "per_partition"),
-    [
-        (["job-usage"], 0),
-        (["cpi", "-O", "by=machine"], 32768),
-        (["cpi", "-O", "by=machine", "-O", "regression=none"], 32768),
-    ],
+    "analysis",
+    [["job-usage"], ["cpi", "-O", "by=machine"], ["cpi", "-O", "by=machine", "-O", "regression=none"]],
     ids=["job-usage", "cpi-by-machine", "cpi-by-machine-unsharded"],
 )
-def test_analyze_backend_gpu_merges_per_group_partials_on_the_device(tmp_path, monkeypatch, analysis, per_partition):
+def test_analyze_backend_gpu_merges_per_group_partials_on_the_device(tmp_path, monkeypatch, analysis):
     """job-usage's per-collection sums (a device sort-merge) and cpi's per-group moments and
     Spearman grids (regrouped by key) merge on the device across partitions: a run in 4
     partitions copies out what a run in one does (job-usage 42.4 against 42.2 kB, 148.7 kB when
-    they were merged on the host; cpi by machine 140 against 40 kB, its first pass's histograms
-    apart, 1.1 MB when merged on the host), and its tables are the cpu run's."""
+    they were merged on the host; cpi by machine 41.7 against 40.1 kB, 1.1 MB when merged on the
+    host, 140 kB while its first pass's histograms were), and its tables are the cpu run's."""
     import sys
     from pathlib import Path
 
@@ -160,7 +155,7 @@ def test_analyze_backend_gpu_merges_per_group_partials_on_the_device(tmp_path, m
     args = ["analyze", str(ds), *analysis, "--no-plots", "--quiet"]
     assert cli.main([*args, "--out", str(tmp_path / "cpu"), "--backend", "cpu", "--partitions", "4"]) == 0
     d2h = _d2h_in_1_and_4_partitions(tmp_path, monkeypatch, args)
-    assert 0 < d2h[4] <= d2h[1] + 3 * per_partition + 2048, d2h  # (and a few counters a partition)
+    assert 0 < d2h[4] <= d2h[1] + 2048, d2h  # (and a few counters a partition)
 
 
 @pytest.mark.gpu
