@@ -102,6 +102,20 @@ def _on_device(obj) -> bool:
     return hasattr(obj, "__cuda_array_interface__")
 
 
+#: The analyses whose partials a device study merges on the device (``kinds.merges_on_device``).
+MERGED_THERE = [
+    "collection-lifecycle",
+    "cpi",
+    "job-usage",
+    "lifecycle",
+    "machine-utilization",
+    "overcommit",
+    "peak-prediction",
+    "usage-distribution",
+    "usage-vs-request",
+]
+
+
 @pytest.mark.parametrize("partitions", [1, 3])
 def test_device_partials_stay_on_the_device_to_their_finalize(dataset, reference, monkeypatch, partitions):
     """On a device (the device-shaped backend), the partials of the analyses with
@@ -133,17 +147,7 @@ def test_device_partials_stay_on_the_device_to_their_finalize(dataset, reference
     mark_partials_gpu(monkeypatch)  # so they finalize on the device-shaped backend, as a gpu study's
     study = gpuclust.open(dataset, backend=DEVICE, partitions=partitions, workers=1).persist()
     got = study.run(names())
-    stay = {
-        "collection-lifecycle",
-        "cpi",
-        "job-usage",
-        "lifecycle",
-        "machine-utilization",
-        "overcommit",
-        "peak-prediction",
-        "usage-distribution",
-        "usage-vs-request",
-    }
+    stay = set(MERGED_THERE)
     assert {n for n in names() if create(n).device_partial} == stay
     assert all(create(n).kinds.merges_on_device for n in stay)
     assert seen == {n: n in stay for n in names()}
@@ -152,20 +156,6 @@ def test_device_partials_stay_on_the_device_to_their_finalize(dataset, reference
     device_shards = {n for n, on in shards.items() if all(on)}
     assert device_shards == {"cpi", "machine-utilization", "overcommit", "peak-prediction"}
     assert_same(got, reference, rtol=1e-9)
-
-
-#: The analyses whose partials a device study merges on the device (``kinds.merges_on_device``).
-MERGED_THERE = [
-    "collection-lifecycle",
-    "cpi",
-    "job-usage",
-    "lifecycle",
-    "machine-utilization",
-    "overcommit",
-    "peak-prediction",
-    "usage-distribution",
-    "usage-vs-request",
-]
 
 
 def _d2h_per_analysis(dataset, monkeypatch, partitions: int, **kw) -> tuple[dict[str, int], dict]:
