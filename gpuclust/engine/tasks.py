@@ -180,7 +180,8 @@ class DeviceHold:
         self.moved: list[str] = []
         self.peak = 0
         self._host: set[int] = set()
-        self._taken = 0  # device bytes held by the tree after its last merge, and made since
+        self._held = 0  # device bytes the tree held after its last merge
+        self._made = 0  # device bytes of the partials admitted and not yet added to the tree
         self._lock = threading.Lock()
 
     def allowance(self) -> int:
@@ -196,8 +197,8 @@ class DeviceHold:
         with self._lock:
             if id(a) not in self._host:
                 n = device_bytes([p])
-                if not n or self._taken + n <= self.allowance():
-                    self._taken += n
+                if not n or self._held + self._made + n <= self.allowance():
+                    self._made += n
                     return p
                 self._host.add(id(a))
                 self.moved.append(a.label)
@@ -209,6 +210,8 @@ class DeviceHold:
         on the device counted (the partials made next are admitted beside it)."""
         with self._lock:
             moved = {k for k, a in enumerate(sub) if id(a) in self._host}
+            ours = [k for k, a in enumerate(sub) if id(a) in self.ids]
+            self._made = max(0, self._made - device_bytes([item[k] for k in ours]))
 
         def host(item: list[Any]) -> list[Any]:
             return [to_host(p) if k in moved else p for k, p in enumerate(item)]
@@ -220,7 +223,7 @@ class DeviceHold:
         total = device_bytes([item[k] for item in tree.held() for k in kept])
         with self._lock:
             self.peak = max(self.peak, total)
-            self._taken = total
+            self._held = total
 
 
 def device_hold(
