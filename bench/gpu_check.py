@@ -380,6 +380,7 @@ def study_step(ds: Path, out: Path, ref: Path, backend_name: str, budget_frac: f
         ooc["resident_bytes"] = ooc_study.resident_bytes
         ooc["streamed_partitions"] = ooc_study.streamed_partitions
         got = ooc_study.run(every)
+        ooc["hold"] = ooc_study.last_run_hold  # what merged on the device, what on the host
         ooc_study.close()
         ooc["s"] = time.perf_counter() - t
         ooc.update(compare(load_ref(ref), frames(got)))
@@ -555,6 +556,7 @@ def assemble(work: Path, logs: Path, out: Path) -> dict[str, Any]:
         "equal": ooc.get("equal"),
         "bit_equal": ooc.get("bit_equal"),
         "streamed_partitions": ooc.get("streamed_partitions"),
+        "hold": ooc.get("hold"),
         "gpu_s": ooc.get("s") if "error" not in ooc else None,
         **({"error": ooc["error"]} if "error" in ooc else {}),
         **({"unequal": ooc["unequal"]} if ooc.get("unequal") else {}),

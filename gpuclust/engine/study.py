@@ -146,6 +146,10 @@ class Study:
         host included, summed over the engine threads), ``merge`` (the merge phase's wall time
         less ``partials``: exact with one engine thread, as on the gpu backend), ``finalize`` and
         ``convert`` (to pandas).
+    last_run_hold
+        On a device, what the last :meth:`run`'s merge trees held there
+        (:class:`gpuclust.engine.tasks.DeviceHold`): ``allowance`` and ``peak`` bytes, and the
+        analyses ``merged_on_host`` for want of room; ``{}`` where none merged on the device.
     """
 
     def __init__(
@@ -180,6 +184,7 @@ class Study:
         self.load_seconds = 0.0
         self.loaded_bytes = 0
         self.last_run_seconds: dict[str, float] = {}
+        self.last_run_hold: dict[str, Any] = {}
         self._groups: dict[str, list[list[_partition.PartitionSpec]]] = {}
         self._resident: dict[str, list[dict[str, Any]]] = {}
         self._remote_columns: dict[str, set[str]] = {}
@@ -478,6 +483,7 @@ class Study:
         out = convert(done, "pandas")  # as engine.run's default
         seconds["convert"] = time.perf_counter() - clock
         self.last_run_seconds = seconds
+        self.last_run_hold = {} if hold is None else hold.summary()
         return out
 
     def _table_plans(self, ans: list[Analysis]) -> dict[str, tuple[list[int], list[_partition.PartitionSpec]]]:

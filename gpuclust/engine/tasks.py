@@ -189,6 +189,12 @@ class DeviceHold:
             self._allowance = self._allowance()
         return max(0, int(self._allowance))
 
+    def summary(self) -> dict[str, Any]:
+        """``allowance`` (bytes; ``None`` if never asked: nothing was held), ``peak`` and
+        ``merged_on_host`` (:attr:`moved`)."""
+        asked = not callable(self._allowance)
+        return {"allowance": self.allowance() if asked else None, "peak": self.peak, "merged_on_host": list(self.moved)}
+
     def admit(self, a: Analysis, p: Any) -> Any:
         """``a``'s partial of a partition as it is made: left on the device where it fits, else
         copied to the host (and ``a`` moved there)."""

@@ -116,6 +116,9 @@ def test_a_device_study_merges_the_buckets_partials_on_the_device(bucketed, monk
             with counting_device_work() as w:
                 got = study.run(some[2:])
             assert share == 0.0 or study.streamed_partitions["instance_usage"] >= PARTITIONS // 4
+            hold = study.last_run_hold  # what the merge trees held on the device, and what went to the host
+            assert hold["allowance"] == int(share * 2 * data) and hold["peak"] <= hold["allowance"], hold
+            assert sorted(hold["merged_on_host"]) == ([] if share else sorted(some[2:])), hold
         d2h[share] = w["d2h_bytes"]
         _exactly_equal(got, {n: want[n] for n in some[2:]})
     assert d2h[0.5] <= 1.2 * one and d2h[0.0] > 10 * d2h[0.5], (d2h, one)
