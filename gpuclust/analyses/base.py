@@ -179,9 +179,10 @@ class Analysis:
     #: :func:`gpuclust.engine.partition.whole_instance_plan`).
     whole_instances: ClassVar[bool] = False
     #: Whether :meth:`finalize` takes a partial whose arrays are still in device memory (it moves
-    #: to the host what it reads there).  A local study on a device keeps such an analysis'
-    #: partial on the device when nothing merges it (its table is one resident partition),
-    #: instead of copying it to the host and, for a finalize on the device, back again.
+    #: to the host what it reads there).  A device run or study keeps such an analysis' partial
+    #: on the device when nothing merges it (its table is one partition), or while it fits when
+    #: every field of it merges there (:attr:`kinds`' ``merges_on_device``), instead of copying
+    #: it to the host and, for a finalize on the device, back again.
     device_partial: ClassVar[bool] = False
     #: Rows per partition it prefers for ``partitions="auto"`` (None: the engine's target; see
     #: :func:`gpuclust.engine.memory.preferred_rows` and :meth:`auto_rows`).
