@@ -27,7 +27,7 @@ from gpuclust.analyses import mixture_summary as ms
 from gpuclust.analyses._usage_distribution_slices import in_slice
 from gpuclust.analyses._usage_distribution_tables import _merge_groups
 from gpuclust.analyses._usage_distribution_two_pass import merge_two_pass
-from gpuclust.analyses.base import colocated, host_or_device, is_null_int, to_host
+from gpuclust.analyses.base import colocated, is_null_int, to_host
 from gpuclust.analyses.grouping import bucket_span
 from gpuclust.analyses.kinds import Fields, Label, Merged, Sum
 from gpuclust.backends import backend_of, finalize_backend, merged_backend
@@ -200,7 +200,7 @@ def merge_partials(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
 
 def _add(a: Any, b: Any) -> Any:
     """Two partials' counters added where they are (on the host when one is there)."""
-    a, b = colocated(host_or_device(a), host_or_device(b))
+    a, b = colocated(a, b)
     return a + b
 
 

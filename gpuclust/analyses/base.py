@@ -129,14 +129,15 @@ def to_host(obj: Any) -> Any:
 
 
 def colocated(a: Any, b: Any) -> tuple[Any, Any]:
-    """``a`` and ``b`` (arrays, or dicts of them) on one module to merge: as they are where every
-    non-empty array of both is on the host, or every one on the device; else both on the host
-    (an empty array, a merge identity's, does not count).
+    """``a`` and ``b`` (arrays, or dicts of them; :func:`host_or_device` each) on one module to
+    merge: where they are when every non-empty array of both is on the host, or every one on the
+    device; else both on the host (an empty array, a merge identity's, does not count).
 
-    >>> a, b = colocated(np.ones(2), {"k": np.zeros(0)})
+    >>> a, b = colocated([1.0, 2.0], {"k": np.zeros(0)})
     >>> type(a).__name__, type(b["k"]).__name__
     ('ndarray', 'ndarray')
     """
+    a, b = ({k: host_or_device(v) for k, v in x.items()} if isinstance(x, dict) else host_or_device(x) for x in (a, b))
     values = [v for x in (a, b) for v in (x.values() if isinstance(x, dict) else (x,))]
     places = {hasattr(v, "__cuda_array_interface__") for v in values if int(getattr(v, "size", 1))}
     return (to_host(a), to_host(b)) if len(places) > 1 else (a, b)

@@ -47,7 +47,7 @@ from gpuclust._xp import bincount
 from gpuclust.analyses._job_groups import group_windows, key_table
 from gpuclust.analyses._job_stats import STAT_COLUMNS, by_usage, job_stats, pearson
 from gpuclust.analyses._lookup import EVENT_COLUMNS, TierLookupContext, priority_lookup
-from gpuclust.analyses.base import Analysis, colocated, fmt, host_or_device, is_null_int, to_host
+from gpuclust.analyses.base import Analysis, colocated, fmt, is_null_int, to_host
 from gpuclust.analyses.grouping import unique_codes
 from gpuclust.analyses.kinds import Fields, Flat, Keyed, Merged, Sum
 from gpuclust.analyses.options import option, tier_map_option
@@ -123,7 +123,7 @@ def _merge_collections(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     sums by :func:`merge_keyed`, the priority by maximum; partials over the same lookup's
     collections (the cpu path's dense arrays, one per code) add elementwise
     (:func:`_merge_same_keys`: the same values, without merge_keyed's NaN passes)."""
-    fa, fb = colocated(*({f: host_or_device(p[f]) for f in _FIELDS} for p in (a, b)))
+    fa, fb = colocated(*({f: p[f] for f in _FIELDS} for p in (a, b)))
     out = _merge_same_keys(fa, fb)
     return merge_keyed(fa, fb, maxima=("prio",), xp=backend_of(fa["key"]).xp) if out is None else out
 

@@ -151,6 +151,9 @@ class Lifecycle(Analysis):
     #: (docs/user/scale.md); the per-partition cost of a replay is small beside it
     auto_partition_rows = 1 << 17
     whole_instances: ClassVar[bool] = True
+    #: The replay's counts (a few MB whatever the events) merge where they are made, so a device
+    #: run's partitions add them there; finalize reads the merged one on the host.
+    device_partial = True
 
     #: The columns that name one thing whose events are replayed (an instance here), and its name
     #: in summaries (``info.instances`` counts them).
@@ -256,10 +259,6 @@ class Lifecycle(Analysis):
         )
 
     # ---------------------------------------------------------------- finalize
-    #: The replay's counts (a few MB whatever the events) merge where they are made, so a device
-    #: run's partitions add them there; finalize reads the merged one on the host.
-    device_partial = True
-
     def finalize(self, partial: dict[str, Any], ctx: LifecycleContext) -> dict[str, pa.Table]:
         """Arrow tables, built without pandas (see :mod:`gpuclust.tables`)."""
         return result_tables(

@@ -53,7 +53,7 @@ from gpuclust.engine.memory import (
 )
 from gpuclust.engine.staging import LOAD_THREADS, column_dtypes, load_partitions
 from gpuclust.engine.study_workers import WorkerResidency, partials_of
-from gpuclust.engine.tasks import device_hold, staying
+from gpuclust.engine.tasks import DeviceHold, device_hold, staying
 from gpuclust.schema import SCHEMAS
 from gpuclust.tables import convert
 
@@ -318,7 +318,8 @@ class Study:
         on a device backend: the arrays of the contexts (cached and ``ctxs``), which the partials
         copy there for the study's life, the partials' transient arrays, ``Analysis.row_bytes``
         a row of the largest partition (per engine thread; of the table whose analyses take most),
-        and :data:`~gpuclust.engine.memory.HOLD_SHARE` of the budget for the partials merged on the device (:meth:`_hold`)."""
+        and :data:`~gpuclust.engine.memory.HOLD_SHARE` of the budget for the partials merged on
+        the device (:meth:`_hold`)."""
         if self.memory_budget is None or self._remote is not None or self.backend.xp is np:
             return 0
         at_once = self.workers if self.backend.name == "cpu" else 1
@@ -353,10 +354,10 @@ class Study:
             total -= int(sum(int(a.nbytes) for a in self._resident[table][i].values())) + rows[i] * new_bytes
             self._resident[table][i] = {}
 
-    def _hold(self, ans: list[Analysis], plans: list[tuple[list[int], list[Any]]]) -> Any:
+    def _hold(self, ans: list[Analysis], plans: list[tuple[list[int], list[Any]]]) -> DeviceHold | None:
         """What the merge trees of a run on a device may hold there (:func:`device_hold`):
-        :data:`~gpuclust.engine.memory.HOLD_SHARE` of :attr:`memory_budget` (kept out of the resident partitions' room,
-        :meth:`_device_extra`), else of the device's free memory now."""
+        :data:`~gpuclust.engine.memory.HOLD_SHARE` of :attr:`memory_budget` (kept out of the
+        resident partitions' room, :meth:`_device_extra`), else of the device's free memory."""
         room = None if self.memory_budget is None else int(_memory.HOLD_SHARE * self.memory_budget)
         return device_hold(plans, ans, [None] * len(ans), self.backend, room)
 

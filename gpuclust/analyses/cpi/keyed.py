@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from gpuclust._xp import bincount
-from gpuclust.analyses.base import colocated, host_or_device
+from gpuclust.analyses.base import colocated
 from gpuclust.backends import backend_of
 from gpuclust.backends.moments_cpu import regroup_moments
 from gpuclust.partials import Moments
@@ -96,8 +96,7 @@ def empty_groups(xp: Any, bins: int) -> dict[str, Any]:
 def merge_groups(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     """Two per-group partials (:data:`GROUP_FIELDS`) merged where they are (both on a device: there;
     else on the host): moments regrouped by key, grids summed per key."""
-    a, b = colocated({k: host_or_device(v) for k, v in a.items()}, {k: host_or_device(v) for k, v in b.items()})
-    return _merge_keyed_moments(a, b, "", ("grid",))
+    return _merge_keyed_moments(*colocated(a, b), "", ("grid",))
 
 
 def _keyed_comoments(
