@@ -7,7 +7,11 @@ written as Parquet parts, as ``gpuclust analyze --out`` does) and reports its RS
 phase and its peak (VmHWM, reset before finalize through ``/proc/self/clear_refs`` so finalize's
 own peak is seen even below the partials' peak); ``finalize_growth_per_mb`` = (peak after
 finalize - RSS before it) / machine-buckets (M x B), ``finalize_temp_per_mb`` the same less the
-tables returned in memory (the machine table is on disk).
+tables returned in memory (the machine table is on disk).  Before that baseline the allocators
+(glibc's and pyarrow's pool) give their free memory back to the system, so the growth is what
+finalize allocates: otherwise it reuses what the partials phase left free, which hides all of it
+or none of it depending on which thread's arena freed what (measured on a flat source: 24-32 MiB
+usually, 193 MiB once; 200-206 MiB every time with the release).
 
     python bench/overcommit_memory.py --windows 2000000 --machines 4000 --bucket-s 10 [--buckets 7]
 """
@@ -40,6 +44,22 @@ def _maxrss() -> int:
     except OSError:
         pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _release_free_memory() -> None:
+    """Give the allocators' free memory back to the system: pyarrow's pool, then glibc's arenas
+    (``malloc_trim``; a no-op where there is no glibc)."""
+    import ctypes
+    import ctypes.util
+
+    import pyarrow as pa
+
+    pa.default_memory_pool().release_unused()
+    libc = ctypes.util.find_library("c")
+    if libc:
+        trim = getattr(ctypes.CDLL(libc), "malloc_trim", None)
+        if trim is not None:
+            trim(0)
 
 
 def _reset_peak() -> bool:
@@ -96,7 +116,9 @@ def child(
     merged = L.merge_local(
         plans, [a], ctxs, be, 2, None, lambda spec, sub, sc, sp: L.partition_partials(spec, sub, sc, be, sp), spills
     )
-    out["rss_before_finalize"], out["peak_before_finalize"] = _rss(), _maxrss()
+    out["peak_before_finalize"] = _maxrss()
+    _release_free_memory()  # so finalize's growth is what it allocates, not what it reuses
+    out["rss_before_finalize"] = _rss()
     out["partials_s"] = time.perf_counter() - t0
     out["peak_reset"] = _reset_peak()  # so the peak below is finalize's own
     t1 = time.perf_counter()
