@@ -549,6 +549,8 @@ def merge_local(
                     progress.partition_done(spec.table, spec.num_rows)
             with phase("merge"):
                 acc = tree.result()
+        if hold is not None:
+            hold.finish(sub, acc)
         if acc is None:
             acc = [to_host(a.empty(be)) for a in sub]
         for k, p in zip(idx, acc, strict=False):

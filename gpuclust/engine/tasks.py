@@ -172,15 +172,18 @@ class DeviceHold:
     them is moved to the host: that partial and its held ones are copied there, and its later
     ones as they are made, so its merges run on the host from then on (the same merges; on a GPU
     the host's sums may differ from the device's in the last bits, as cpu and gpu runs do).
-    ``moved``: the labels of the analyses moved; ``peak``: the most device bytes the tree held
-    after a merge."""
+    One hold serves a run's trees, one table after another: the merged partials of a finished
+    tree stay on the device until finalize (:meth:`finish`), so they count against the trees
+    after it.  ``moved``: the labels of the analyses moved; ``peak``: the most device bytes held
+    after a merge (the current tree's and the finished trees' results)."""
 
     def __init__(self, ids: Iterable[int], allowance: int | Callable[[], int]):
         self.ids, self._allowance = set(ids), allowance
         self.moved: list[str] = []
         self.peak = 0
         self._host: set[int] = set()
-        self._held = 0  # device bytes the tree held after its last merge
+        self._held = 0  # device bytes held after the last merge: the tree's and ``_kept``
+        self._kept = 0  # device bytes of the finished trees' merged partials (kept until finalize)
         self._made = 0  # device bytes of the partials admitted and not yet added to the tree
         self._lock = threading.Lock()
 
@@ -228,8 +231,18 @@ class DeviceHold:
         kept = [k for k, a in enumerate(sub) if id(a) in self.ids and k not in moved]
         total = device_bytes([item[k] for item in tree.held() for k in kept])
         with self._lock:
-            self.peak = max(self.peak, total)
-            self._held = total
+            self._held = self._kept + total
+            self.peak = max(self.peak, self._held)
+
+    def finish(self, sub: Sequence[Analysis], merged: Sequence[Any] | None) -> None:
+        """A tree of the analyses ``sub`` is done: its ``merged`` partials stay where they are
+        until finalize, and those on the device count against the trees after it."""
+        with self._lock:
+            if merged is not None:
+                ours = [p for a, p in zip(sub, merged, strict=True) if id(a) in self.ids and id(a) not in self._host]
+                self._kept += device_bytes(ours)
+            self._held = self._kept
+            self.peak = max(self.peak, self._held)
 
 
 def device_hold(
