@@ -181,9 +181,10 @@ class Analysis:
     whole_instances: ClassVar[bool] = False
     #: Whether :meth:`finalize` takes a partial whose arrays are still in device memory (it moves
     #: to the host what it reads there).  A device run or study keeps such an analysis' partial
-    #: on the device when nothing merges it (its table is one partition), or while it fits when
-    #: every field of it merges there (:attr:`kinds`' ``merges_on_device``), instead of copying
-    #: it to the host and, for a finalize on the device, back again.
+    #: on the device when nothing merges it (its table is one partition), instead of copying it
+    #: to the host and, for a finalize on the device, back again.  (Any analysis whose every
+    #: field merges on the device, :attr:`kinds`' ``merges_on_device``, is merged there while it
+    #: fits; without this flag the engine copies the merged partial to the host for finalize.)
     device_partial: ClassVar[bool] = False
     #: Rows per partition it prefers for ``partitions="auto"`` (None: the engine's target; see
     #: :func:`gpuclust.engine.memory.preferred_rows` and :meth:`auto_rows`).

@@ -29,11 +29,11 @@ fields and dtypes, a ``Merged`` field's ``empty``), so the empty partial is deri
 shards are cut (:attr:`Fields.shard_by`: :class:`Even`, :class:`Counted` or :class:`Sampled`).
 
 Every kind but :class:`Merged` merges on the arrays' own module: two partials on a device merge
-there (:attr:`Fields.merges_on_device`; a ``Merged`` says whether its function does).  The engine
-merges partials on the host (it moves them there first; see :mod:`gpuclust.analyses.base`) but
-for the analyses whose finalize takes device arrays (:attr:`Analysis.device_partial`) in a local
-device run (:func:`gpuclust.engine.tasks.staying`); :meth:`Fields.split` leaves the sharded keyed
-partials, and the fields named in ``stays``, where they are.
+there (:attr:`Fields.merges_on_device`; a ``Merged`` says whether its function does).  A device
+run or study merges such partials on the device while they fit (:func:`gpuclust.engine.tasks.merged_on_device`),
+the others on the host (it moves them there first; see :mod:`gpuclust.analyses.base`);
+:meth:`Fields.split` leaves the sharded keyed partials, and the fields named in ``stays``, where
+they are.
 """
 
 from __future__ import annotations

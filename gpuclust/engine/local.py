@@ -590,7 +590,8 @@ def finalize_all(
                 out[key] = _shards.finalize_parted(a, ctx, p, folders.root / key, folder, run_tasks, progress)
         else:
             with client_threads(threads), phase("finalize", a.label):
-                out[key] = a.finalize(p, ctx)
+                # merged on a device (tasks.merged_on_device): on the host for a finalize that reads it there
+                out[key] = a.finalize(p if a.device_partial else to_host(p), ctx)
     if progress is not None:
         progress.finish()
     return out

@@ -152,7 +152,9 @@ def merged_on_device(
     """The ids of the analyses whose partials a merge tree merges in device memory: in a table of
     several partitions, with nothing spilled (``spills`` given, ``None`` for the analysis), and
     every field merging on the device (``kinds.merges_on_device``: a per-task partial by a device
-    sort-merge).  How much of them the tree holds there is bounded by a :class:`DeviceHold`."""
+    sort-merge).  How much of them the tree holds there is bounded by a :class:`DeviceHold`; the
+    merged partial of one whose finalize takes host arrays (not ``Analysis.device_partial``) is
+    copied to the host once, for its finalize (:func:`gpuclust.engine.local.finalize_all`)."""
     if spills is None:
         return set()
     return {
@@ -160,7 +162,7 @@ def merged_on_device(
         for idx, specs in plans
         if len(specs) > 1
         for k in idx
-        if spills[k] is None and ans[k].device_partial and ans[k].kinds.merges_on_device
+        if spills[k] is None and ans[k].kinds.merges_on_device
     }
 
 

@@ -117,6 +117,20 @@ def test_analyze_backend_gpu_merges_per_task_partials_on_the_device(tmp_path, mo
     assert held[4] > 2 * d2h[4], (held, d2h)
 
 
+def test_analyze_backend_gpu_merges_on_the_device_for_a_finalize_on_the_host(tmp_path, monkeypatch):
+    """cell-usage's (hour, tier) sums and usage-change's counts merge on the device too (every
+    field of theirs does), though their finalize reads host arrays: the engine copies the merged
+    partial out once (``engine.local.finalize_all``), so 4 partitions copy out what one does (before:
+    each partition's partial, cell-usage 4x and usage-change 4x here); the cpu run's tables."""
+    ds = write_dataset(tmp_path / "cell", random_cell(59, n_windows=8000), files=4, row_group_size=500)
+    names_ = ["cell-usage", "usage-change"]
+    assert not any(create(a).device_partial for a in names_) and all(create(a).kinds.merges_on_device for a in names_)
+    args = ["analyze", str(ds), *names_, "--no-plots", "--quiet"]
+    assert cli.main([*args, "--out", str(tmp_path / "cpu"), "--backend", "cpu"]) == 0
+    d2h = _d2h_in_1_and_4_partitions(tmp_path, monkeypatch, args)
+    assert d2h[4] <= d2h[1] + 1024, d2h
+
+
 def _d2h_in_1_and_4_partitions(tmp_path, monkeypatch, args: list[str], name: str = "gpu") -> dict[int, int]:
     """The device-to-host bytes of ``gpuclust analyze *args`` on the device-shaped backend in 1 and
     in 4 partitions, each run's tables checked against the cpu run's in ``tmp_path / "cpu"``."""

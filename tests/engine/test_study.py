@@ -114,6 +114,9 @@ MERGED_THERE = [
     "usage-distribution",
     "usage-vs-request",
 ]
+#: Merged on the device as well (every field of theirs merges there), their finalize reading host
+#: arrays: the engine copies the merged partial to the host once, for it.
+MERGED_FOR_THE_HOST = ["cell-usage", "data-quality", "usage-change"]
 
 
 @pytest.mark.parametrize("partitions", [1, 3])
@@ -149,7 +152,7 @@ def test_device_partials_stay_on_the_device_to_their_finalize(dataset, reference
     got = study.run(names())
     stay = set(MERGED_THERE)
     assert {n for n in names() if create(n).device_partial} == stay
-    assert all(create(n).kinds.merges_on_device for n in stay)
+    assert {n for n in names() if create(n).kinds.merges_on_device} == stay | set(MERGED_FOR_THE_HOST)
     assert seen == {n: n in stay for n in names()}
     # the keyed sums reach the shards where they were left; usage-distribution's mixture state
     # alone stays on the device, its group rows come to the host
@@ -167,7 +170,7 @@ def _d2h_per_analysis(dataset, monkeypatch, partitions: int, **kw) -> tuple[dict
     mark_partials_gpu(monkeypatch)
     d2h, got = {}, {}
     with gpuclust.open(dataset, backend=DEVICE, partitions=partitions, workers=1, **kw).persist() as study:
-        for n in MERGED_THERE:
+        for n in [*MERGED_THERE, *MERGED_FOR_THE_HOST]:
             with counting_device_work() as w:
                 got.update(study.run(n))
             d2h[n] = w["d2h_bytes"]
@@ -180,10 +183,13 @@ def test_a_device_study_in_partitions_copies_out_what_one_partition_does(dataset
     leaves them there, so it copies to the host what one partition does (the results' rows), not
     4 partials' worth (cpi's first pass too: the Spearman grid's histograms, 32 KiB).  Before: the partials were copied out and merged on the host (on the
     4e5-window replicas in 8 partitions: usage-vs-request 7.2 MB against 0.34 MB in one partition,
-    cpi 10.9 MB against 38 kB, overcommit 38.5 against 14.2 MB, the lifecycles 46 against 5.8 MB)."""
+    cpi 10.9 MB against 38 kB, overcommit 38.5 against 14.2 MB, the lifecycles 46 against 5.8 MB;
+    and, before the engine merged those whose finalize reads host arrays there too, cell-usage
+    342 kB against 43 kB and usage-change 855 against 107 kB).  data-quality's partials read
+    their counters (a few bytes each) as they are made, ~1 kB a partition."""
     one, _ = _d2h_per_analysis(dataset, monkeypatch, 1)
     four, got = _d2h_per_analysis(dataset, monkeypatch, 4)
-    for n in MERGED_THERE:
+    for n in [*MERGED_THERE, *MERGED_FOR_THE_HOST]:
         assert four[n] <= 1.2 * one[n] + 4096, (n, four[n], one[n])
     assert_same(got, {n: reference[n] for n in got}, rtol=1e-9)
 
@@ -209,8 +215,10 @@ def test_a_device_study_past_its_hold_merges_on_the_host_with_the_same_results(d
     monkeypatch.setattr(memory, "HOLD_SHARE", 0.0)
     held.clear()
     host, got = _d2h_per_analysis(dataset, monkeypatch, 4)
-    merged = set(MERGED_THERE) - {"lifecycle", "collection-lifecycle"}  # one partition here: a flat table
-    assert {m for _, _, moved in held for m in moved} == merged | {"_cpi-histograms"}  # (cpi's first pass)
+    # (one partition here, whole instances of a flat table: the lifecycles, data-quality)
+    merged = {*MERGED_THERE, *MERGED_FOR_THE_HOST} - {"lifecycle", "collection-lifecycle", "data-quality"}
+    labels = {create(n).label: n for n in merged}
+    assert {m for _, _, moved in held for m in moved} == set(labels) | {"_cpi-histograms"}  # (cpi's first pass)
     assert all(host[n] > there[n] for n in merged), (host, there)
     assert_same(got, want)
     # under a memory budget: a tenth of it
