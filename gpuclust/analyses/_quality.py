@@ -59,6 +59,7 @@ __all__ = [
     "TableProfile",
     "check_rows",
     "code_rows",
+    "column_null_count",
     "fixed_width_columns",
     "null_rows",
     "string_nulls",
@@ -179,9 +180,9 @@ def code_counts(xp: Any, v: Any) -> Any:
     return bincount(xp, slot, minlength=CODE_SLOTS).astype(xp.int64)
 
 
-def column_nulls(xp: Any, a: Any) -> int:
-    """NULLs of one column as a partial reads it."""
-    return int(xp.count_nonzero(xp.isnan(a) if a.dtype.kind == "f" else is_null_int(xp, a)))
+def column_null_count(xp: Any, a: Any) -> Any:
+    """NULLs of one column as a partial reads it, a 0-d array of ``xp`` (on a device: not read)."""
+    return xp.count_nonzero(xp.isnan(a) if a.dtype.kind == "f" else is_null_int(xp, a))
 
 
 @dataclass(frozen=True)
@@ -222,18 +223,18 @@ class TableProfile(Analysis):
         n = int(cols["time"].shape[0])
         if n == 0:
             return out
-        cnt = np.zeros(len(CHECKS), np.int64)
+        cnt = xp.zeros(len(CHECKS), dtype=xp.int64)  # counted where the rows are (no read per count)
         cnt[_C["rows"]] = n
-        out["nulls"] = xp.asarray(np.array([column_nulls(xp, cols[c]) for c in self.columns], np.int64))
+        out["nulls"] = xp.stack([column_null_count(xp, cols[c]) for c in self.columns]).astype(xp.int64)
         if self.code_columns:
             out["codes"] = xp.stack([code_counts(xp, cols[c]) for c, _ in self.code_columns])
         t = cols["time"]
-        cnt[_C["time_zero"]] = int(xp.count_nonzero(t == 0))
-        cnt[_C["time_after_trace"]] = int(xp.count_nonzero(t == TIME_AFTER_TRACE))
+        cnt[_C["time_zero"]] = xp.count_nonzero(t == 0)
+        cnt[_C["time_after_trace"]] = xp.count_nonzero(t == TIME_AFTER_TRACE)
         if "machine_id" in cols:
             m = cols["machine_id"]
-            cnt[_C["machine_zero"]] = int(xp.count_nonzero(m == 0))
-            cnt[_C["machine_dedicated"]] = int(xp.count_nonzero(m == -1))
+            cnt[_C["machine_zero"]] = xp.count_nonzero(m == 0)
+            cnt[_C["machine_dedicated"]] = xp.count_nonzero(m == -1)
         keys = [cols[k].astype(xp.int64) for k in self.key_columns]
         # ---- row order within each thing (a stable sort by the key: ties keep the row order)
         zero = xp.zeros(n, dtype=xp.int64)
@@ -243,7 +244,7 @@ class TableProfile(Analysis):
         same = xp.ones(n - 1, dtype=bool)
         for k in ks:
             same &= k[1:] == k[:-1]
-        cnt[_C["things"]] = n - int(xp.count_nonzero(same))
+        cnt[_C["things"]] = n - xp.count_nonzero(same)
         first = xp.ones(n, dtype=bool)
         first[1:] = ~same
         seg = xp.cumsum(first) - 1
@@ -254,7 +255,7 @@ class TableProfile(Analysis):
         # ---- time order within each thing (ties keep the row order; seg is sorted already)
         by_time = instance_order(xp, seg, zero, ts)
         tt = ts[by_time]
-        cnt[_C["time_ties"]] = int(xp.count_nonzero(same & (tt[1:] == tt[:-1])))
+        cnt[_C["time_ties"]] = xp.count_nonzero(same & (tt[1:] == tt[:-1]))
         # ---- out of order: an event the life cycle does not allow after the previous one
         e = cols["type"].astype(xp.int64)[order][by_time]
         allowed = xp.asarray(ALLOWED[self.allowed])
@@ -267,12 +268,12 @@ class TableProfile(Analysis):
         cnt[_C["out_of_order_things"]] = distinct_sorted(xp, seg[at])
         if "cap_cpu" in cols:
             nocap = (xp.isnan(cols["cap_cpu"]) | xp.isnan(cols["cap_mem"]))[order]
-            cnt[_C["null_capacity_rows"]] = int(xp.count_nonzero(nocap))
+            cnt[_C["null_capacity_rows"]] = xp.count_nonzero(nocap)
             per = bincount(xp, seg, weights=nocap.astype(xp.float64))
             size = bincount(xp, seg)
-            cnt[_C["null_capacity_machines"]] = int(xp.count_nonzero(per > 0))
-            cnt[_C["never_capacity_machines"]] = int(xp.count_nonzero(per == size))
-        out["counts"] = xp.asarray(cnt)
+            cnt[_C["null_capacity_machines"]] = xp.count_nonzero(per > 0)
+            cnt[_C["never_capacity_machines"]] = xp.count_nonzero(per == size)
+        out["counts"] = cnt
         return out
 
     @property

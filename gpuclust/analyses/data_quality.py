@@ -43,7 +43,7 @@ from gpuclust.analyses._quality import (
     InstanceEventsProfile,
     MachineEventsProfile,
     check_rows,
-    column_nulls,
+    column_null_count,
     fixed_width_columns,
     null_rows,
 )
@@ -199,23 +199,24 @@ class DataQuality(Analysis):
         xp = backend.xp
         out = self.kinds.empty(backend, on_backend=True)
         n = int(cols["start_time"].shape[0])
-        cnt = np.zeros(len(USAGE_CHECKS), np.int64)
+        # the counts are written where the rows are (a device's: no read per count), the ones the
+        # host knows (rows, bound instances) with them
+        cnt = xp.zeros(len(USAGE_CHECKS), dtype=xp.int64)
         if ctx.per_partition:  # every partition task counts its own events' instances, usage or not
             cnt[_U["bound_instances"]] = len(ctx.lookup)
-        out["counts"] = xp.asarray(cnt)
+        out["counts"] = cnt
         if n == 0:
             return out
         cnt[_U["rows"]] = n
         finite, dur = _window_checks(xp, cols, ctx.short_us, cnt)
         nulls = _percentile_checks(xp, cols, cnt)
-        out["nulls"] = xp.asarray(
-            np.array([nulls[c] if c in nulls else column_nulls(xp, cols[c]) for c in self.columns], np.int64)
-        )
+        out["nulls"] = xp.stack(
+            [nulls[c] if c in nulls else column_null_count(xp, cols[c]) for c in self.columns]
+        ).astype(xp.int64)
         out["ratio"] = _p100_max_checks(xp, cols, cnt)
         _cpi_mai_checks(xp, cols, finite, dur, cnt)
         del finite, dur
         _instance_checks(backend, cols, ctx, cnt)
-        out["counts"] = xp.asarray(cnt)
         return out
 
     @property
@@ -331,12 +332,12 @@ def _rows_of(t: dict[str, list[dict[str, Any]]] | None) -> int:
     return next((int(r["count"]) for r in (t or {}).get("checks", []) if r["check"] == "rows"), 0)
 
 
-def _count(xp: Any, cnt: np.ndarray, name: str, mask: Any) -> None:
-    """The count of usage check ``name``: the rows ``mask`` holds."""
-    cnt[_U[name]] = int(xp.count_nonzero(mask))
+def _count(xp: Any, cnt: Any, name: str, mask: Any) -> None:
+    """The count of usage check ``name``: the rows ``mask`` holds (written on ``cnt``'s device)."""
+    cnt[_U[name]] = xp.count_nonzero(mask)
 
 
-def _window_checks(xp: Any, cols: dict[str, Any], short_us: int, cnt: np.ndarray) -> tuple[Any, Any]:
+def _window_checks(xp: Any, cols: dict[str, Any], short_us: int, cnt: Any) -> tuple[Any, Any]:
     """Counts the rows' odd times and machines and their window lengths (both times below
     2^63-1); returns whether each row's times are finite and its length (0 where not)."""
     s, e, m = cols["start_time"], cols["end_time"], cols["machine_id"]
@@ -358,18 +359,18 @@ def _window_checks(xp: Any, cols: dict[str, Any], short_us: int, cnt: np.ndarray
     return finite, dur
 
 
-def _percentile_checks(xp: Any, cols: dict[str, Any], cnt: np.ndarray) -> dict[str, int]:
+def _percentile_checks(xp: Any, cols: dict[str, Any], cnt: Any) -> dict[str, Any]:
     """Counts the CPU percentile vectors all NULL, partly NULL and not monotone (in level order);
-    returns the NULLs of each percentile column (counted here, once)."""
+    returns the NULLs of each percentile column (counted here, once; 0-d arrays of ``xp``)."""
     n = int(cols["start_time"].shape[0])
-    nulls: dict[str, int] = {}
+    nulls: dict[str, Any] = {}
     any_null, all_null = xp.zeros(n, dtype=bool), xp.ones(n, dtype=bool)
     bad = xp.zeros(n, dtype=bool)
     run = None
     for c in CPU_PERCENTILE_COLUMNS_SORTED:
         v = cols[c]
         null = xp.isnan(v)
-        nulls[c] = int(xp.count_nonzero(null))
+        nulls[c] = xp.count_nonzero(null)
         any_null |= null
         all_null &= null
         if run is not None:
@@ -383,7 +384,7 @@ def _percentile_checks(xp: Any, cols: dict[str, Any], cnt: np.ndarray) -> dict[s
     return nulls
 
 
-def _p100_max_checks(xp: Any, cols: dict[str, Any], cnt: np.ndarray) -> Any:
+def _p100_max_checks(xp: Any, cols: dict[str, Any], cnt: Any) -> Any:
     """Counts rows with both the CPU p100 and max_cpu, and the p100 below and above it; returns the
     histogram of max_cpu / p100 (:data:`RATIO_EDGES`, int64)."""
     p100, mx = cols["cpu_p100"], cols["max_cpu"]
@@ -396,7 +397,7 @@ def _p100_max_checks(xp: Any, cols: dict[str, Any], cnt: np.ndarray) -> Any:
     return bincount(xp, log_bins(xp, xp.asarray(RATIO_EDGES), ratio), minlength=_B).astype(xp.int64)
 
 
-def _cpi_mai_checks(xp: Any, cols: dict[str, Any], finite: Any, dur: Any, cnt: np.ndarray) -> None:
+def _cpi_mai_checks(xp: Any, cols: dict[str, Any], finite: Any, dur: Any, cnt: Any) -> None:
     """Counts CPI / MAI present and failing cpi's plausibility rule (CPU-seconds from the window's
     length)."""
     secs = xp.where(finite, dur, -1).astype(xp.float64) / 1e6
@@ -407,7 +408,7 @@ def _cpi_mai_checks(xp: Any, cols: dict[str, Any], finite: Any, dur: Any, cnt: n
     cnt[_U["mai_out_of_range"]] = fc["mai_range"]
 
 
-def _instance_checks(backend: Any, cols: dict[str, Any], ctx: DataQualityContext, cnt: np.ndarray) -> None:
+def _instance_checks(backend: Any, cols: dict[str, Any], ctx: DataQualityContext, cnt: Any) -> None:
     """Counts per instance: rows without events, rows after or past the instance's final terminal
     event, and the distinct instances (with events, without, with rows after the end)."""
     xp = backend.xp
@@ -427,10 +428,10 @@ def _instance_checks(backend: Any, cols: dict[str, Any], ctx: DataQualityContext
     # without by a sort of their rows alone (every row of an instance is in this partition)
     seen = xp.zeros(len(ctx.lookup) + 1, dtype=bool)
     seen[code[found]] = True
-    matched = int(xp.count_nonzero(seen))
+    matched = xp.count_nonzero(seen)
     seen[:] = False
     seen[code[after]] = True  # (after: found)
-    cnt[_U["after_end_instances"]] = int(xp.count_nonzero(seen))
+    cnt[_U["after_end_instances"]] = xp.count_nonzero(seen)
     miss = xp.nonzero(~found)[0]
     lone = 0
     if int(miss.shape[0]):

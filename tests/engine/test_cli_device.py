@@ -131,6 +131,36 @@ def test_analyze_backend_gpu_merges_on_the_device_for_a_finalize_on_the_host(tmp
     assert d2h[4] <= d2h[1] + 1024, d2h
 
 
+def test_data_quality_counts_where_the_rows_are(tmp_path, monkeypatch):
+    """data-quality's checks, and its event tables' profiles, are counted into a device array
+    where the rows are: a partition's partial reads back only what sizes its work (key ranges,
+    the CPI filter's counts, the rows without events), not a value per check (before: 79 syncs
+    for a usage partial, 31-36 for a profile's); the cpu run's tables, in 1 and 4 partitions."""
+    import device_backend
+
+    from gpuclust.analyses import _quality
+    from gpuclust.analyses.data_quality import DataQuality
+
+    syncs: dict[str, list[int]] = {}
+    for cls in (DataQuality, _quality.TableProfile):
+
+        def spy(self, cols, ctx, be, _real=cls.partial, _name=cls.__name__):
+            before = device_backend.WORK["syncs"]
+            out = _real(self, cols, ctx, be)
+            syncs.setdefault(_name, []).append(device_backend.WORK["syncs"] - before)
+            return out
+
+        monkeypatch.setattr(cls, "partial", spy)
+    ds = write_dataset(tmp_path / "cell", random_cell(31, n_windows=8000), files=4, row_group_size=500)
+    optimize(ds, buckets=4)  # (whole instances in each partition)
+    args = ["analyze", str(ds), "data-quality", "--no-plots", "--quiet"]
+    assert cli.main([*args, "--out", str(tmp_path / "cpu"), "--backend", "cpu"]) == 0
+    syncs.clear()
+    _d2h_in_1_and_4_partitions(tmp_path, monkeypatch, args)
+    assert len(syncs["DataQuality"]) == 5 and len(syncs["TableProfile"]) >= 12, syncs
+    assert max(syncs["DataQuality"]) <= 24 and max(syncs["TableProfile"]) <= 24, syncs
+
+
 def _d2h_in_1_and_4_partitions(tmp_path, monkeypatch, args: list[str], name: str = "gpu") -> dict[int, int]:
     """The device-to-host bytes of ``gpuclust analyze *args`` on the device-shaped backend in 1 and
     in 4 partitions, each run's tables checked against the cpu run's in ``tmp_path / "cpu"``."""
