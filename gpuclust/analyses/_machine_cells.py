@@ -25,7 +25,7 @@ import numpy as np
 
 from gpuclust._lazy import pandas as pd
 from gpuclust._xp import bincount
-from gpuclust.analyses.base import Analysis, to_host
+from gpuclust.analyses.base import Analysis
 from gpuclust.analyses.kinds import Fields, Sum
 from gpuclust.partials import log_bins
 from gpuclust.schema import TIME_AFTER_TRACE
@@ -137,8 +137,6 @@ class CpiHistograms(Analysis):
     row_bytes = 96
     #: rows per partition for partitions="auto": a few cheap passes per row, as cpi's own pass
     auto_partition_rows = 1 << 20
-    #: the histograms (32 KiB) are summed where they are made; finalize reads the sum on the host
-    device_partial = True
 
     @property
     def columns(self) -> tuple[str, ...]:
@@ -163,5 +161,4 @@ class CpiHistograms(Analysis):
         return Fields({"cpi": Sum((FINE_BINS,), np.int64), "mai": Sum((FINE_BINS,), np.int64)})
 
     def finalize(self, partial: dict[str, np.ndarray], ctx: HistogramsContext) -> dict[str, pd.DataFrame]:
-        partial = to_host(partial)
         return {"hist": pd.DataFrame({"cpi": np.asarray(partial["cpi"]), "mai": np.asarray(partial["mai"])})}

@@ -91,7 +91,7 @@ from gpuclust.analyses._lifecycle_tables import (
     STATE_AFTER,
     delay_bins,
 )
-from gpuclust.analyses.base import Analysis, to_host
+from gpuclust.analyses.base import Analysis
 from gpuclust.analyses.kinds import Fields, Keyed, Max, Min, Sum
 from gpuclust.analyses.options import option, tier_map_option
 from gpuclust.keys import hash64
@@ -151,9 +151,6 @@ class Lifecycle(Analysis):
     #: (docs/user/scale.md); the per-partition cost of a replay is small beside it
     auto_partition_rows = 1 << 17
     whole_instances: ClassVar[bool] = True
-    #: The replay's counts (a few MB whatever the events) merge where they are made, so a device
-    #: run's partitions add them there; finalize reads the merged one on the host.
-    device_partial = True
 
     #: The columns that name one thing whose events are replayed (an instance here), and its name
     #: in summaries (``info.instances`` counts them).
@@ -262,7 +259,7 @@ class Lifecycle(Analysis):
     def finalize(self, partial: dict[str, Any], ctx: LifecycleContext) -> dict[str, pa.Table]:
         """Arrow tables, built without pandas (see :mod:`gpuclust.tables`)."""
         return result_tables(
-            to_host(partial), ctx, name=self.name, kinds=self.thing_kinds, thing=self.thing, bucket_s=int(self.bucket_s)
+            partial, ctx, name=self.name, kinds=self.thing_kinds, thing=self.thing, bucket_s=int(self.bucket_s)
         )
 
     def summary(self, result: dict[str, Any]) -> str:

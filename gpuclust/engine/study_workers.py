@@ -31,10 +31,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from gpuclust.analyses.base import Analysis, to_host
+from gpuclust.analyses.base import Analysis
 from gpuclust.backends import get_backend
 from gpuclust.engine import partition as _partition
 from gpuclust.engine.staging import load_partitions
+from gpuclust.engine.tasks import placed
 
 #: How long a study waits for a cluster with no workers yet to get its first one.
 WORKERS_WAIT_S = 60.0
@@ -62,7 +63,7 @@ def partials_of(
     out = []
     for a, ctx, stay in zip(analyses, ctxs, keep, strict=True):
         p = a.partial({c: cols[c] for c in a.columns}, ctx, backend)
-        out.append(to_host(p) if not stay else p if hold is None else hold.admit(a, p))
+        out.append(placed(a, p, stay, hold))
     return out
 
 

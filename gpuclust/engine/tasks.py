@@ -35,6 +35,7 @@ __all__ = [
     "merged_on_device",
     "partition_columns",
     "partition_partials",
+    "placed",
     "staying",
 ]
 
@@ -87,7 +88,7 @@ def partition_partials(
     for a, ctx in zip(analyses, bound, strict=True):
         with phase("partials", a.label):
             p = a.partial(_selection.columns_for(spec, a, cols, be, masks), ctx, be)
-            out.append(to_host(p) if id(a) not in keep else p if hold is None else hold.admit(a, p))
+            out.append(placed(a, p, id(a) in keep, hold))
     for k, folder in enumerate(spills or ()):
         if folder is not None:
             out[k] = _shards.spill(analyses[k], out[k], folder)
@@ -245,6 +246,14 @@ class DeviceHold:
                 self._kept += device_bytes(ours)
             self._held = self._kept
             self.peak = max(self.peak, self._held)
+
+
+def placed(a: Analysis, p: Any, stay: bool, hold: DeviceHold | None) -> Any:
+    """``a``'s partial ``p`` as a partition task returns it: left in backend memory if ``stay``
+    (:func:`staying`) and as far as ``hold`` admits it, else copied to the host."""
+    if not stay:
+        return to_host(p)
+    return p if hold is None else hold.admit(a, p)
 
 
 def device_hold(

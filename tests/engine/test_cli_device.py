@@ -55,7 +55,7 @@ def test_analyze_backend_gpu_keeps_partials_on_the_device(tmp_path, monkeypatch)
     the partials are merged on the host, but for the keyed sums that are merged into device
     accumulators (overcommit's, cpi's and machine-utilization's, ``Keyed(dense=...)``) and the
     partials whose every field merges there (usage-vs-request's per-task rows, usage-distribution's
-    mixture summaries, job-usage's per-collection sums, the lifecycles' replay counts)."""
+    mixture summaries, job-usage's per-collection sums)."""
     resolve_gpu_to_device(monkeypatch)
     kept = [a for a in names() if create(a).device_partial]
     assert {
@@ -89,8 +89,7 @@ def test_analyze_backend_gpu_keeps_partials_on_the_device(tmp_path, monkeypatch)
     merged_there = {a for a in kept if not create(a).sharded and create(a).kinds.merges_on_device}
     # (usage-vs-request's per-task partial and job-usage's per-collection sums: merged by a device
     # sort-merge; usage-distribution's summaries by their merge, which runs where they are)
-    # (and the lifecycles' replay counts, elementwise and by a device sort-merge of their series)
-    assert merged_there == {"usage-vs-request", "usage-distribution", "job-usage", "lifecycle", "collection-lifecycle"}
+    assert merged_there == {"usage-vs-request", "usage-distribution", "job-usage"}
     rows = {"peak-prediction"}  # its keyed rows kept there, every partition's (shards.KeptKeys(across=True))
     for parts, kind in ((["--partitions", "3"], "host"), ([], "device")):
         where.clear()
@@ -129,6 +128,18 @@ def test_analyze_backend_gpu_merges_on_the_device_for_a_finalize_on_the_host(tmp
     assert cli.main([*args, "--out", str(tmp_path / "cpu"), "--backend", "cpu"]) == 0
     d2h = _d2h_in_1_and_4_partitions(tmp_path, monkeypatch, args)
     assert d2h[4] <= d2h[1] + 1024, d2h
+
+
+def test_analyze_backend_gpu_merges_the_lifecycles_on_the_device(tmp_path, monkeypatch):
+    """The lifecycles' replay counts (a few MB whatever the events) merge on the device across
+    the buckets of a by-key layout, and the merged one is copied out once for their finalize: 4
+    partitions copy out what one does (before, one replay partial a bucket); the cpu's tables."""
+    ds = write_dataset(tmp_path / "cell", random_cell(61, n_windows=8000), files=4, row_group_size=500)
+    optimize(ds, buckets=4)  # (whole instances in each partition)
+    args = ["analyze", str(ds), "lifecycle", "collection-lifecycle", "--no-plots", "--quiet"]
+    assert cli.main([*args, "--out", str(tmp_path / "cpu"), "--backend", "cpu"]) == 0
+    d2h = _d2h_in_1_and_4_partitions(tmp_path, monkeypatch, args)
+    assert d2h[1] > 1 << 20 and d2h[4] <= d2h[1] + 4096, d2h  # (a few merges' key counts more)
 
 
 def test_data_quality_counts_where_the_rows_are(tmp_path, monkeypatch):

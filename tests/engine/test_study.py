@@ -104,10 +104,8 @@ def _on_device(obj) -> bool:
 
 #: The analyses whose partials a device study merges on the device (``kinds.merges_on_device``).
 MERGED_THERE = [
-    "collection-lifecycle",
     "cpi",
     "job-usage",
-    "lifecycle",
     "machine-utilization",
     "overcommit",
     "peak-prediction",
@@ -116,13 +114,13 @@ MERGED_THERE = [
 ]
 #: Merged on the device as well (every field of theirs merges there), their finalize reading host
 #: arrays: the engine copies the merged partial to the host once, for it.
-MERGED_FOR_THE_HOST = ["cell-usage", "data-quality", "usage-change"]
+MERGED_FOR_THE_HOST = ["cell-usage", "collection-lifecycle", "data-quality", "lifecycle", "usage-change"]
 
 
 @pytest.mark.parametrize("partitions", [1, 3])
 def test_device_partials_stay_on_the_device_to_their_finalize(dataset, reference, monkeypatch, partitions):
     """On a device (the device-shaped backend), the partials of the analyses with
-    ``Analysis.device_partial`` (the lifecycles, cpi, job-usage, machine-utilization, overcommit,
+    ``Analysis.device_partial`` (cpi, job-usage, machine-utilization, overcommit,
     peak-prediction, usage-distribution, usage-vs-request) reach finalize in device memory, whether their table is
     one resident partition or several whose partials the merge tree merges there (every field of
     theirs merges on the device: ``kinds.merges_on_device``); every other analysis' in host
