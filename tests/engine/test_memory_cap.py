@@ -28,11 +28,6 @@ one partition's worth  ``IN_FLIGHT`` (2 workers) x 125,000 rows x 149 B (a whole
                        row in memory: 8 int64/int32/int8 keys and times = 41 B, 27 float32 =
                        108 B) x ``AMPLIFY`` 4 (decoded Arrow buffers, NumPy copies, float64
                        temporaries) = 149 MB = 142 MiB
-working set           ``WORKING_MIB``, where an analysis holds more of a row than 4x amplifies:
-                       usage-distribution's exact partial on a bucketed set holds the 20 CPU
-                       percentiles of each row in flight as float64 twice (repaired, then in
-                       group order), one more 160 B copy than the generic 4x: 2 x 125,000 x 160 B
-                       = 38 MiB
 output                 2 x the result tables (the frame and what it was built from): overcommit
                        100 machines x 1,666 buckets x 53 columns x 8 B = 70.6 MB -> 135 MiB
                        (its machine table is written by shard tasks now: the allowance covers
@@ -90,12 +85,8 @@ OUTPUT_MIB = {
 }
 
 
-#: A partition's working set beyond the generic 4x of a row, MiB (see the module docstring).
-WORKING_MIB = {"usage-distribution[by=instance]": IN_FLIGHT * (WINDOWS // PARTITIONS) * 20 * 8 / MIB}
-
-
 def cap_mib(label: str) -> float:
-    return BASE_MIB + PARTITION_MIB + OUTPUT_MIB.get(label, 0.0) + WORKING_MIB.get(label, 0.0)
+    return BASE_MIB + PARTITION_MIB + OUTPUT_MIB.get(label, 0.0)
 
 
 def _xfail(what: str) -> pytest.MarkDecorator:
@@ -146,9 +137,20 @@ BUCKETED_CASES = [
     # fits since the machine table is written by the shard tasks, a chunk of rows at a time, and
     # the spills are merged into dense accumulators (569 MiB before)
     pytest.param("overcommit", {}, id="overcommit"),
-    # its per-instance rows are written by the shard tasks; its peak is a partition's working set
-    # (WORKING_MIB): 309-355 MiB VmHWM across runs against 377 (339 without the working set)
-    pytest.param("usage-distribution", {"by": "instance"}, id="usage-distribution[by=instance]"),
+    # within a few MiB of its cap since the analyses import only what they use (pandas lazily):
+    # one fresh-clone CI run measured it under the cap (a strict xfail then fails), the next above
+    pytest.param(
+        "usage-distribution",
+        {"by": "instance"},
+        id="usage-distribution[by=instance]",
+        marks=pytest.mark.xfail(
+            strict=False,
+            reason="issue 8: the per-instance rows are written by the shard tasks now (355 -> 351 MiB "
+            "against 339, at the cap since the lazy imports), but the peak is a partition's working set: 20 "
+            "percentile columns as float64 and their repaired copy per row, above the cap's generic 4x "
+            "amplification of a row",
+        ),
+    ),
 ]
 
 CHILD = r"""
