@@ -9,7 +9,10 @@ Built only from public dask API (``dask.delayed``, ``dask.compute``, ``distribut
 never reaches into graph internals.  Contexts are wrapped in one delayed object so they are
 shipped to each worker once, not embedded in every task.  Partials are host (NumPy) objects by the
 time they leave a partition task (see :func:`gpuclust.analyses.base.to_host`), so they serialise
-with pickle between processes and machines.
+with pickle between processes and machines; on a device backend, those of the analyses whose
+partials merge in device memory (:func:`gpuclust.engine.tasks.staying`) stay on the worker's
+device instead, are merged there by the tree (dask-cuda moves them between workers, and to host
+memory past its ``device_memory_limit``), and leave it as the finalized result.
 """
 
 from __future__ import annotations
@@ -173,6 +176,16 @@ def _done_callback(keys: dict[Any, Any], on_done: Any) -> Any:
     return Callback(posttask=posttask)
 
 
+def _partials(
+    spec: Any, analyses: list[Any], ctxs: list[Any], backend_name: str, spills: list[Any], stay: list[bool]
+) -> list[Any]:
+    """A partition task: :func:`gpuclust.engine.tasks.partition_partials`, the partials of the
+    analyses marked in ``stay`` left in the worker's backend memory (the analyses are this task's
+    copies, so they are named by position, not by the client's ids)."""
+    keep = {id(a) for a, s in zip(analyses, stay, strict=True) if s}
+    return partition_partials(spec, analyses, ctxs, backend_name, spills, keep=keep)
+
+
 def compute_tasks(fn: Any, args: list[tuple[Any, ...]], scheduler: Any) -> list[Any]:
     """``[fn(*a) for a in args]`` as dask tasks on ``scheduler`` (results in order)."""
     import dask
@@ -193,6 +206,7 @@ def compute_merged(
     finalize: list[bool] | None = None,
     keys: list[str] | None = None,
     writer: Any = None,
+    stay: list[bool] | None = None,
 ) -> list[Any]:
     """Build one merge tree per table and compute all of them in one ``dask.compute`` call.
 
@@ -207,7 +221,9 @@ def compute_merged(
     the merged partials); it comes back as a :class:`gpuclust.engine.finish.Finalized`.
     ``keys``: the analyses' result keys; ``writer``: called there on each finalized result,
     ``writer(key, analysis, tables) -> (tables, note)`` (:class:`gpuclust.report.writer.AnalysisWriter`:
-    the tables written into the results folder, handles on the files returned).
+    the tables written into the results folder, handles on the files returned).  ``stay``: per
+    analysis, whether its partials stay in the backend's (device) memory, merged there
+    (:func:`_partials`; default: all copied to the host).
     """
     import dask
 
@@ -222,8 +238,11 @@ def compute_merged(
         sub_d = dask.delayed(sub, traverse=False)
         ctx_d = dask.delayed([ctxs[k] for k in idx], traverse=False)
         sub_spills = [spills[k] if spills else None for k in idx]
+        sub_stay = [bool(stay[k]) if stay else False for k in idx]
         level = [
-            dask.delayed(partition_partials)(dask.delayed(spec, traverse=False), sub_d, ctx_d, backend_name, sub_spills)
+            dask.delayed(_partials)(
+                dask.delayed(spec, traverse=False), sub_d, ctx_d, backend_name, sub_spills, sub_stay
+            )
             for spec in specs
         ]
         task_spec.update((d.key, spec) for d, spec in zip(level, specs, strict=True))

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Finalized", "finalize_root", "received"]
+__all__ = ["Finalized", "finalize_root", "finalized", "received"]
 
 
 @dataclass
@@ -52,10 +52,19 @@ def finalize_root(
         if not finalize[j]:
             out.append(p)
             continue
-        tables = a.finalize(p, unbound(ctxs[j]))
+        tables = finalized(a, p, unbound(ctxs[j]))
         del p
         out.append(Finalized(tables) if writer is None else Finalized(*writer(keys[j], a, tables)))
     return out
+
+
+def finalized(a: Any, p: Any, ctx: Any) -> dict[str, Any]:
+    """``a.finalize`` of its merged partial ``p``: as it is for an analysis whose finalize takes
+    device arrays (``Analysis.device_partial``), else copied to the host first (``p`` may have been
+    merged in device memory, :func:`gpuclust.engine.tasks.merged_on_device`)."""
+    from gpuclust.analyses.base import to_host
+
+    return a.finalize(p if a.device_partial else to_host(p), ctx)
 
 
 def received(key: str, p: Any, writer: Any) -> dict[str, Any] | None:

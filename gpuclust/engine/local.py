@@ -26,7 +26,7 @@ from gpuclust.engine import reading as _reading
 from gpuclust.engine import selection as _selection
 from gpuclust.engine import shards as _shards
 from gpuclust.engine.contexts import contexts, per_partition, resolve_analyses, result_keys, unbound
-from gpuclust.engine.finish import received
+from gpuclust.engine.finish import finalized, received
 from gpuclust.engine.planning import auto_rows_of, device_rows_of, plan_tables
 from gpuclust.engine.progress import PassProgress
 from gpuclust.engine.staging import LOAD_THREADS
@@ -397,6 +397,7 @@ def _merge_on_dask(
     """The merged partials computed on the dask scheduler (finalized on the workers where distributed)."""
     from gpuclust.engine.dask import compute_merged
 
+    keep = set() if st.be.name == "cpu" else staying(plans.values(), ans, spills)
     specs = [sp for _, table_specs in plans.values() for sp in table_specs]
     if progress is not None:
         progress.phase(f"dask ({st.label}): {len(specs)} partition(s), {sum(sp.num_rows for sp in specs):,} rows")
@@ -415,6 +416,7 @@ def _merge_on_dask(
         finalize=[not isinstance(st.scheduler, str) and s is None for s in spills],
         keys=result_keys(ans),
         writer=writer,
+        stay=None if st.be.name == "cpu" else [id(a) in keep for a in ans],
     )
 
 
@@ -590,8 +592,7 @@ def finalize_all(
                 out[key] = _shards.finalize_parted(a, ctx, p, folders.root / key, folder, run_tasks, progress)
         else:
             with client_threads(threads), phase("finalize", a.label):
-                # merged on a device (tasks.merged_on_device): on the host for a finalize that reads it there
-                out[key] = a.finalize(p if a.device_partial else to_host(p), ctx)
+                out[key] = finalized(a, p, ctx)
     if progress is not None:
         progress.finish()
     return out
