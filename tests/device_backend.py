@@ -543,7 +543,7 @@ def resolve_gpu_to_device(monkeypatch: Any) -> None:
     so ``backend_of`` of a device array), ``available_backend("gpu")`` and ``finalize_backend("gpu")``
     (so partials marked as computed on the gpu finalize on it)."""
     import gpuclust.backends as backends
-    from gpuclust.engine import tasks
+    from gpuclust.engine import study_workers, tasks
 
     real, real_available = backends.get_backend, backends.available_backend
 
@@ -555,8 +555,9 @@ def resolve_gpu_to_device(monkeypatch: Any) -> None:
 
     monkeypatch.setattr(backends, "get_backend", get_backend)
     monkeypatch.setattr(backends, "available_backend", available_backend)
-    # the dask path's partition tasks name their backend ("gpu": a worker resolves it itself)
+    # the dask paths' tasks name their backend ("gpu": a worker resolves it itself)
     monkeypatch.setattr(tasks, "get_backend", get_backend)
+    monkeypatch.setattr(study_workers, "get_backend", get_backend)
 
 
 def column_bytes(ds: Any, analysis: Any) -> int:

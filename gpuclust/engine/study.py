@@ -464,7 +464,7 @@ class Study:
         clock = time.perf_counter()
         if remote is not None:  # reduced and finalized on the workers: result tables come back (sharded: partials)
             merged = self._reduce_remote(
-                {**plans, **{("whole", t): v for t, v in whole.items()}}, ans, shipped, ctxs, progress
+                {**plans, **{("whole", t): v for t, v in whole.items()}}, ans, shipped, ctxs, progress, stay
             )
             seconds["partials"] = time.perf_counter() - clock
         else:
@@ -520,10 +520,12 @@ class Study:
     ) -> set[int]:
         """The ids of the analyses whose partials stay in device memory (:func:`staying`; a study
         spills nothing): partials nothing merges (their table is one partition) of the analyses
-        whose finalize takes them there (``Analysis.device_partial``), and those merged on the device."""
-        if self._remote is None and self.backend.xp is not np:
-            return staying((*plans.values(), *whole.values()), ans, [None] * len(ans))
-        return set()
+        whose finalize takes them there (``Analysis.device_partial``), and those merged on the device.
+        On the workers of a cluster, those finalized there (not ``sharded``), on the workers' devices."""
+        if self.backend.xp is np:
+            return set()
+        out = staying((*plans.values(), *whole.values()), ans, [None] * len(ans))
+        return out if self._remote is None else {id(a) for a in ans if id(a) in out and not a.sharded}
 
     def _reduce_remote(
         self,
@@ -532,9 +534,11 @@ class Study:
         shipped: dict[int, Any],
         ctxs: list[Any],
         progress: Any,
+        stay: set[int],
     ) -> list[Any]:
         """Each plan's partials reduced and finalized on the workers holding its partitions
-        (:meth:`WorkerResidency.reduce`); per analysis, its result as a worker finalized it
+        (:meth:`WorkerResidency.reduce`; ``stay``: the ids of the analyses whose partials stay in
+        the workers' device memory); per analysis, its result as a worker finalized it
         (:class:`gpuclust.engine.finish.Finalized`, taken as it is by :func:`finalize_all`), or
         a sharded analysis' merged partial."""
         assert self._remote is not None
@@ -544,9 +548,8 @@ class Study:
             table = specs[0].table
             if progress is not None:
                 _announce(progress, specs)
-            acc = self._remote.reduce(
-                table, [s.index for s in specs], sub, [shipped[id(ctxs[k])] for k in idx], self.backend.name
-            )
+            sub_ctxs, sub_stay = [shipped[id(ctxs[k])] for k in idx], [id(a) in stay for a in sub]
+            acc = self._remote.reduce(table, [s.index for s in specs], sub, sub_ctxs, self.backend.name, stay=sub_stay)
             for k, p in zip(idx, acc, strict=True):
                 merged[k] = p
             if progress is not None:

@@ -9,7 +9,8 @@ worker's memory as the task's result; the client holds only its future.  Residen
 to the workers round robin, and a run's partial task of a partition is pinned to the worker
 holding it (left to itself, dask's scheduler was seen to run loads elsewhere and to copy
 partitions between workers: twice the device memory); the contexts travel once per run,
-scattered.  The workers merge the host partials in the local path's tree and finalize at its root
+scattered.  The workers merge the partials in the local path's tree (on a device backend, those
+the in-process study keeps on the device stay in the worker's device memory) and finalize at its root
 (:func:`gpuclust.engine.finish.finalize_root`, the task a distributed run's tree ends with): the
 client receives result tables, not partials (but for the ``sharded`` analyses', which it
 finalizes, as a run does), and the results are those of a local study with the same partitions.
@@ -82,8 +83,10 @@ def _select(cols: dict[str, Any], names: Sequence[str]) -> dict[str, Any]:
     return {c: cols[c] for c in names}
 
 
-def _partials(cols: Any, analyses: Sequence[Analysis], ctxs: Sequence[Any], backend_name: str) -> list[Any]:
-    return partials_of(cols, analyses, ctxs, get_backend(backend_name))
+def _partials(
+    cols: Any, analyses: Sequence[Analysis], ctxs: Sequence[Any], backend_name: str, stay: Sequence[bool] | None = None
+) -> list[Any]:
+    return partials_of(cols, analyses, ctxs, get_backend(backend_name), stay)
 
 
 class WorkerResidency:
@@ -162,6 +165,7 @@ class WorkerResidency:
         ctxs: Sequence[Any],
         backend_name: str,
         split_every: int = 8,
+        stay: Sequence[bool] | None = None,
     ) -> list[Any]:
         """The results of ``analyses`` over the resident partitions ``indices`` of ``table``: each
         partition's partials on the worker holding it, merged there by the engine's tree
@@ -171,11 +175,12 @@ class WorkerResidency:
         a worker (:func:`gpuclust.engine.finish.finalize_root`, as a distributed run's tree ends):
         per analysis, a :class:`gpuclust.engine.finish.Finalized` (its tables), or a sharded
         one's merged partial (finalized on the client: overcommit's context holds events bound
-        there), all that comes to the client."""
+        there), all that comes to the client.  ``stay``: per analysis, whether its partials stay in
+        the worker's device memory, merged there by the tree (finalized there: not sharded)."""
         from gpuclust.engine.finish import finalize_root
         from gpuclust.engine.tasks import merge_lists
 
-        level = [self._partials_future(table, i, analyses, ctxs, backend_name) for i in indices]
+        level = [self._partials_future(table, i, analyses, ctxs, backend_name, stay) for i in indices]
         if not level:
             raise ValueError("no partitions to reduce")
         while len(level) > split_every:  # the root's merge is finalize_root's: the same groups
@@ -189,7 +194,13 @@ class WorkerResidency:
         return root.result()
 
     def _partials_future(
-        self, table: str, index: int, analyses: Sequence[Analysis], ctxs: Sequence[Any], backend_name: str
+        self,
+        table: str,
+        index: int,
+        analyses: Sequence[Analysis],
+        ctxs: Sequence[Any],
+        backend_name: str,
+        stay: Sequence[bool] | None = None,
     ) -> Any:
         parts = self.futures[table]
         at = {}
@@ -208,7 +219,7 @@ class WorkerResidency:
             need = sorted({c for a in analyses for c in a.columns})
             cols = [self.client.submit(_select, parts[k], need, **at[k]) for k in range(len(parts))]
             where = {"pure": False}
-        return self.client.submit(_partials, cols, list(analyses), list(ctxs), backend_name, **where)
+        return self.client.submit(_partials, cols, list(analyses), list(ctxs), backend_name, stay, **where)
 
     def release(self) -> None:
         for futs in self.futures.values():
