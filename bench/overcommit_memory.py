@@ -73,7 +73,13 @@ def _reset_peak() -> bool:
 
 
 def child(
-    path: str, bucket_s: int, buckets: int | None, partitions: int, finalize_cells: int = 0, shard_cells: int = 0
+    path: str,
+    bucket_s: int,
+    buckets: int | None,
+    partitions: int,
+    finalize_cells: int = 0,
+    shard_cells: int = 0,
+    client_cells: int = 0,
 ) -> dict:
     import tempfile
 
@@ -93,6 +99,10 @@ def child(
         import gpuclust.analyses.overcommit as oc
 
         oc.SHARD_CELLS = shard_cells
+    if client_cells:
+        import gpuclust.analyses.overcommit as oc
+
+        oc.CLIENT_CELLS = client_cells
 
     if buckets:
         ds = Dataset(path)
@@ -166,6 +176,12 @@ def main() -> None:
     p.add_argument("--partitions", type=int, default=4)
     p.add_argument("--finalize-cells", type=int, default=0, help="machine-buckets per finalize chunk (0: default)")
     p.add_argument("--shard-cells", type=int, default=0, help="machine-buckets per shard (0: default)")
+    p.add_argument(
+        "--client-cells",
+        type=int,
+        default=0,
+        help="machine-buckets per chunk of a flat source's intervals (0: default)",
+    )
     p.add_argument("--data", default="/tmp/overcommit_mem")
     p.add_argument("--child", action="store_true")
     args = p.parse_args()
@@ -180,6 +196,7 @@ def main() -> None:
                     args.partitions,
                     args.finalize_cells,
                     args.shard_cells,
+                    args.client_cells,
                 )
             )
         )
@@ -207,6 +224,8 @@ def main() -> None:
         str(args.finalize_cells),
         "--shard-cells",
         str(args.shard_cells),
+        "--client-cells",
+        str(args.client_cells),
         "--data",
         args.data,
     ]

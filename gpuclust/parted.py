@@ -38,6 +38,7 @@ from gpuclust.tables import as_arrow, as_pandas, column, is_frame, parquet_optio
 
 __all__ = [
     "FrameParts",
+    "KeyedAppender",
     "MappedArray",
     "PartedTable",
     "array_batches",
@@ -213,6 +214,62 @@ def write_keyed(folder: Path, keyed: dict[str, dict[str, np.ndarray]]) -> Path:
     return out
 
 
+class KeyedAppender:
+    """Keyed partials written chunk by chunk into one spill (what :func:`write_keyed` writes at
+    once, read by :func:`read_keyed_range`): the chunks' keys of each name in ascending, disjoint
+    ranges, so that their concatenation is sorted.  ``empty``: the keyed partials' names, fields
+    and dtypes (every file exists, if empty).  Each ``.npy`` file is written with a header for no
+    rows, the chunks' rows appended as they come, and its header rewritten for the rows at
+    :meth:`close` (NumPy's headers leave room for the row count to grow); the folder appears
+    under its name only then."""
+
+    def __init__(self, folder: Path, empty: dict[str, dict[str, np.ndarray]]):
+        self.out = folder / secrets.token_hex(8)
+        self.tmp = folder / f".{self.out.name}.tmp"
+        self.tmp.mkdir(parents=True)
+        self.files: dict[tuple[str, str], tuple[Any, np.dtype, tuple[int, ...]]] = {}
+        self.header = 0
+        self.rows = dict.fromkeys(empty, 0)
+        self.last: dict[str, int | None] = dict.fromkeys(empty, None)
+        for name, arrays in empty.items():
+            for f, v in arrays.items():
+                fh = open(self.tmp / f"{name}.{f}.npy", "wb")  # noqa: SIM115 (closed in close())
+                self.files[name, f] = (fh, np.dtype(v.dtype), tuple(v.shape[1:]))
+                self._header(name, f, 0)
+
+    def _header(self, name: str, f: str, rows: int) -> None:
+        fh, dt, rest = self.files[name, f]
+        fh.seek(0)
+        np.lib.format.write_array_header_1_0(
+            fh, {"descr": np.lib.format.dtype_to_descr(dt), "fortran_order": False, "shape": (rows, *rest)}
+        )
+        if rows == 0:
+            self.header = fh.tell()
+        elif fh.tell() != self.header:  # (NumPy pads a header for 21 digits of rows)
+            raise RuntimeError(f"the header of {fh.name} changed size")
+        fh.seek(0, os.SEEK_END)
+
+    def add(self, keyed: dict[str, dict[str, np.ndarray]]) -> None:
+        for name, arrays in keyed.items():
+            key = arrays["key"]
+            if key.shape[0] == 0:
+                continue
+            if self.last[name] is not None and int(key[0]) <= int(self.last[name]):  # type: ignore[arg-type]
+                raise ValueError(f"keyed chunk {name}: keys not above the previous chunk's")
+            self.last[name] = int(key[-1])
+            self.rows[name] += int(key.shape[0])
+            for f, v in arrays.items():
+                fh, dt, _ = self.files[name, f]
+                fh.write(np.ascontiguousarray(v, dtype=dt).tobytes())
+
+    def close(self) -> Path:
+        for (name, f), (fh, _, _) in self.files.items():
+            self._header(name, f, self.rows[name])
+            fh.close()
+        os.replace(self.tmp, self.out)
+        return self.out
+
+
 def read_keyed_range(spill: Path, name: str, fields: Sequence[str], lo: int, hi: int) -> dict[str, np.ndarray]:
     """The rows of keyed partial ``name`` saved in ``spill`` whose key is in ``[lo, hi)`` (files
     memory-mapped: only the range is read)."""
@@ -256,8 +313,7 @@ def finalize_in_memory(a: Any, partial: Any, ctx: Any, *, client: bool = True) -
     the caller with ``client_threads``; one by default), their parts and extras kept in shard
     order, so the result is the same bits on any number of threads.  ``client=False``: the
     caller has already added the analysis' :meth:`client_partial` to ``partial``."""
-    cp = a.client_partial(ctx) if client else None
-    if cp is not None:
+    for cp in a.client_partial(ctx) if client else ():
         partial = a.kinds.merge(partial, cp)
     rest, keyed = a.kinds.split(partial)
 

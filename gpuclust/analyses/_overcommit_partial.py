@@ -9,6 +9,8 @@ which passes it in.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -19,6 +21,7 @@ from gpuclust.analyses._extent import max_below, to_i64
 from gpuclust.analyses._intervals import SCHEDULE, RunningIntervals, distinct_keyed, overlap_keyed
 from gpuclust.analyses._lookup import id_index
 from gpuclust.analyses._overcommit_finalize import _KNOWN_FIELDS, _PARTIAL_FIELDS
+from gpuclust.analyses.base import to_host
 from gpuclust.analyses.grouping import bucket_span, unique_sorted
 from gpuclust.analyses.kinds import Keyed
 from gpuclust.keys import pack, unpack
@@ -240,3 +243,37 @@ def interval_partial(run: RunningIntervals, ctx: OvercommitContext, backend: Any
         "inst": keyed(xp, ik, inst=iss[0], distinct=distinct),
         "istats": xp.asarray(np.array([st[k] for k in ISTATS], dtype=np.int64)),
     }
+
+
+def interval_partials(
+    run: RunningIntervals, ctx: OvercommitContext, backend: Any, machines: int
+) -> Iterator[dict[str, Any]]:
+    """:func:`interval_partial` of ``run``'s pieces, ``machines`` machine codes at a time, in
+    ascending code order (so each keyed field's keys come in ascending, disjoint ranges): the
+    expansion into machine-buckets of one chunk at a time, not of every piece at once.  The first
+    chunk also takes the pieces on no machine (unplaced, dedicated), those on a machine missing
+    from the list (which :func:`interval_partial` refuses) and the running intervals' counters;
+    merged, the chunks are the partial of all the pieces, the same bits (each (machine, bucket)
+    sum is one chunk's)."""
+    xp = backend.xp
+    placed = run.machine_id > 0
+    on = xp.nonzero(placed)[0]
+    code, known = id_index(backend, ctx.machine_ids, run.machine_id[on])
+    code = xp.where(known, code, -1).astype(xp.int64)
+    order = xp.argsort(code, kind="stable")
+    on, code = on[order], code[order]
+    step = max(1, int(machines))
+    edges = np.arange(0, max(int(ctx.machine_ids.shape[0]), 1) + step, step, dtype=np.int64)
+    # piece index bounds of each chunk's codes (one copy out: a few integers a chunk)
+    cuts = to_host(xp.searchsorted(code, xp.asarray(edges))).tolist()
+    fields = ("instance", "machine_id", "start", "end", "req_cpu", "req_mem", "priority")
+    zeros = dict.fromkeys(run.stats, 0)
+    for j in range(len(edges) - 1):
+        if j == 0:  # + the pieces on no machine and on unknown ones (code -1, sorted first)
+            idx = xp.concatenate([xp.nonzero(~placed)[0], on[: cuts[1]]])
+        else:
+            idx = on[cuts[j] : cuts[j + 1]]
+        sub = dataclasses.replace(
+            run, **{f: getattr(run, f)[idx] for f in fields}, stats=run.stats if j == 0 else zeros
+        )
+        yield interval_partial(sub, ctx, backend)

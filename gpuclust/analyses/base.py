@@ -61,6 +61,7 @@ the kinds that declare them in :mod:`gpuclust.analyses.kinds`.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -275,10 +276,12 @@ class Analysis:
         raise NotImplementedError
 
     # ------------------------------------------------ sharded partials (cut by ``kinds.shard_by``)
-    def client_partial(self, ctx: Any) -> Any:
-        """A partial computed on the client by :meth:`bind` (a flat source), merged with the
-        partitions' before shards are reduced; default: none."""
-        return None
+    def client_partial(self, ctx: Any) -> Iterable[Any]:
+        """Partials computed on the client from what :meth:`bind` bound there (a flat source),
+        merged with the partitions' before shards are reduced: chunks whose keyed rows come in
+        ascending, disjoint key ranges, so that the engine spills each as it comes (none need be
+        whole in memory); default: none."""
+        return ()
 
     def finalize_shard(
         self, keyed: dict[str, dict[str, np.ndarray]], rest: Any, ctx: Any, lo: int, hi: int

@@ -62,6 +62,7 @@ from gpuclust.analyses._overcommit_partial import (
     USAGE_FIELDS,
     event_pass,
     interval_partial,
+    interval_partials,
     usage_sums,
 )
 from gpuclust.analyses._overcommit_summary import (
@@ -93,6 +94,9 @@ CELL_LIMIT = 1 << 20
 #: :data:`DEVICE_SHARD_FACTOR` where the partials were computed on a device.
 SHARD_CELLS = 1 << 18
 DEVICE_SHARD_FACTOR = 4
+#: Machine-buckets of a flat source's interval partial built at once (:meth:`Overcommit.client_partial`:
+#: ~260 B each while built), x :data:`DEVICE_SHARD_FACTOR` on a device.
+CLIENT_CELLS = 1 << 18
 #: Machine-buckets finalize handles at a time, one row group of the machine table (its dense
 #: temporaries and rows are ~2 KB per one of these), per backend: cache-sized on the host; on a
 #: device a whole shard at once (2 GB of temporaries), a few large launches (~500 operations a
@@ -406,26 +410,35 @@ class Overcommit(Analysis):
     # ---------------------------------------------------------------- finalize
     parted = ("machine",)
 
-    def client_partial(self, ctx: OvercommitContext, backend: Any = None) -> dict[str, Any] | None:
+    def client_partial(self, ctx: OvercommitContext, backend: Any = None) -> Iterator[dict[str, Any]]:
         """The interval partial of a flat source's instances, built on ``backend`` (default: the
         host's; a gpu finalize's on the device, so that only the event columns are copied there,
-        not the keyed sums they expand into)."""
+        not the keyed sums they expand into), in chunks of :data:`CLIENT_CELLS` machine-buckets
+        (ascending machine codes): the running pieces of every instance (a few per instance) are
+        built at once, their expansion into machine-buckets a chunk at a time."""
         if ctx.client_events is None:  # bucketed source: the partitions carry the intervals
-            return None
+            return
         if isinstance(ctx.client_events, str):
             raise RuntimeError(
                 "overcommit: this context was pickled without the events bound on the client; "
                 "finalize with the client's context"
             )
         be = finalize_backend("cpu") if backend is None else backend
-        return {**self.empty(be), **self._intervals(be, {k: be.stage(v) for k, v in ctx.client_events.items()}, ctx)}
+        ecols = {k: be.stage(v) for k, v in ctx.client_events.items()}
+        run = running_intervals(be, ecols, ctx.window_start, ctx.window_end)
+        del ecols
+        cells = CLIENT_CELLS * (1 if be.name == "cpu" else DEVICE_SHARD_FACTOR)
+        for chunk in interval_partials(run, ctx, be, cells // max(ctx.n_buckets, 1)):
+            yield {**self.empty(be), **chunk}
 
     #: its keyed sums are ~24 B a window (240 MB at 10^7), which a gpu study would otherwise copy
     #: to the host and back to the device for the dense tables of :meth:`finalize_shard`
     device_partial = True
 
     def finalize(self, partial: dict[str, Any], ctx: OvercommitContext) -> dict[str, Any]:
-        cp = self.client_partial(ctx, finalize_backend(partial["backend"]))
+        cp = None
+        for chunk in self.client_partial(ctx, finalize_backend(partial["backend"])):  # (in memory: small data)
+            cp = chunk if cp is None else self.kinds.merge(cp, chunk)
         if cp is not None:
             if any(int(partial[k]["key"].shape[0]) for k in ("req", "inst")):
                 partial = self.kinds.merge(to_host(partial), to_host(cp))  # intervals on both sides: merged on the host

@@ -44,7 +44,7 @@ import numpy as np
 
 from gpuclust.analyses.base import Analysis, to_host
 from gpuclust.backends import backend_of, device_free_bytes
-from gpuclust.parted import PartedTable, read_keyed_range, slice_keyed, write_keyed, write_part
+from gpuclust.parted import KeyedAppender, PartedTable, read_keyed_range, slice_keyed, write_keyed, write_part
 from gpuclust.partials import merge_keyed
 
 #: Largest key range of a shard merged into dense accumulators (else by insertion).
@@ -221,6 +221,23 @@ def spill(a: Analysis, partial: Any, folder: SpillTarget) -> Spilled:
     return Spilled(rest, [write_keyed(folder, keyed)])
 
 
+def _spill_client(a: Analysis, sp: Spilled, chunks: Iterable[Any], folder: SpillTarget) -> Spilled:
+    """``sp`` merged with the client's partial (a flat source; :meth:`Analysis.client_partial`),
+    chunk by chunk: into one spill written as the chunks come (a folder: no chunk is kept), or
+    each chunk as a partition's (a target in memory)."""
+    if not isinstance(folder, Path):
+        for cp in chunks:
+            sp = merge_spilled(a, sp, spill(a, cp, folder))
+        return sp
+    out, rest = None, None
+    for cp in chunks:
+        r, keyed = a.kinds.split(cp)
+        out = out or KeyedAppender(folder, a.kinds.split(a.empty())[1])
+        out.add(to_host(keyed))
+        rest = r if rest is None else a.kinds.merge_rest(rest, r)
+    return sp if out is None else merge_spilled(a, sp, Spilled(rest, [out.close()]))
+
+
 def as_spilled(a: Analysis, p: Any) -> Spilled:
     """``p`` as a :class:`Spilled` (an empty partial, the merge identity, has nothing to spill)."""
     if isinstance(p, Spilled):
@@ -325,9 +342,7 @@ def finalize_parted(
     if sp.pending is not None and sp.dense is not None:  # (a partition's partial that was never merged)
         sp.dense.add(sp.pending)
         sp.pending = None
-    cp = a.client_partial(ctx)
-    if cp is not None:
-        sp = merge_spilled(a, sp, spill(a, cp, spill_folder))
+    sp = _spill_client(a, sp, a.client_partial(ctx), spill_folder)
     shards = a.kinds.shards(ctx, sp.rest)
     if progress is not None:
         progress.phase(f"{a.label}: {len(shards)} shard(s) of {', '.join(a.parted) or 'keyed partials'}")

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 from strategies import assert_results_same, random_cell, table
 
@@ -73,6 +74,57 @@ def test_bucketed_equals_flat(canonical: dict, which: str, partitions: int) -> N
     got = run(TableSource(tables, tier_map="notebook", buckets=N_BUCKETS), [a], partitions=partitions)
     assert ref["overcommit"]["info"].iloc[0]["pieces"] > 0
     assert_results_same(ref, got, rtol=1e-9)
+
+
+def _unplaced_cell(seed: int) -> dict:
+    """:func:`_lifecycle_cell` with some events on no machine (NULL) or a dedicated one (-1)."""
+    tables = _lifecycle_cell(seed)
+    ev = tables["instance_events"]
+    m = ev.column("machine_id").to_pylist()
+    m = [None if k % 13 == 1 else -1 if k % 17 == 2 else v for k, v in enumerate(m)]
+    tables["instance_events"] = ev.set_column(
+        ev.schema.get_field_index("machine_id"), "machine_id", pa.array(m, ev.schema.field("machine_id").type)
+    )
+    return tables
+
+
+@pytest.mark.parametrize(("which", "machines"), [("canonical", 5), ("unplaced", 1)])
+def test_flat_source_intervals_in_chunks_equal_bucketed(
+    canonical: dict, monkeypatch: pytest.MonkeyPatch, which: str, machines: int
+) -> None:
+    """A flat source's interval partial (built on the client at finalize) comes in chunks of
+    ``CLIENT_CELLS`` machine-buckets, each spilled as it comes into one spill: with chunks of 5
+    machines (of 100) and of 1 (of 12, with pieces on no machine and dedicated ones, which the
+    first chunk counts), the engine's result (spilled shards) and an in-memory finalize are the
+    bucketed source's, whose partitions build the intervals."""
+    import gpuclust.analyses.overcommit as oc
+
+    tables = canonical if which == "canonical" else _unplaced_cell(4)
+    a = Overcommit(bucket_s=600)
+    ref = run(TableSource(tables, tier_map="notebook", buckets=N_BUCKETS), [a], partitions=3)
+    info = ref["overcommit"]["info"].iloc[0]
+    if which == "unplaced":
+        assert info["pieces_unplaced"] > 0 and info["pieces_dedicated"] > 0
+    monkeypatch.setattr(oc, "CLIENT_CELLS", machines * int(info["buckets"]))
+    flat = TableSource(tables, tier_map="notebook")
+    chunks = list(a.client_partial(contexts([a], flat)[0]))
+    assert len(chunks) == -(-int(info["machines"]) // machines) > 1
+    assert_results_same(ref, run(flat, [a], partitions=3), rtol=1e-9)
+    from gpuclust.engine.local import finalize_all
+
+    plans = plan_tables(flat, [a], 3)
+    ctx = contexts([a], flat, per_partition=per_partition(flat, [a], plans))[0]
+    in_memory = finalize_all([a], [run_partial(flat, a, ctx)], [ctx])
+    assert_results_same(ref, in_memory, rtol=1e-9)
+
+
+def run_partial(src: TableSource, a: Overcommit, ctx: OvercommitContext) -> dict:
+    """``a``'s partial over the whole usage table of ``src``, in memory (no spill)."""
+    from gpuclust.backends import get_backend
+    from gpuclust.engine.partition import column_to_numpy
+
+    usage = src.tables["instance_usage"]
+    return a.partial({c: column_to_numpy(usage.column(c)) for c in a.columns}, ctx, get_backend("cpu"))
 
 
 def test_bucketed_with_dask_threads_equals_flat() -> None:
@@ -149,44 +201,30 @@ def test_finalize_memory_per_machine_bucket(tmp_path: Path) -> None:
     table as parts, a shard of 2^16 machine-buckets at a time, so its peak growth is a shard's
     keyed partials and a chunk of rows, not the table (~420 bytes a row; docs/analyses/overcommit.md,
     "Memory").  On a source bucketed by instance (here in memory, 2 buckets), whose partitions
-    build the request intervals: a flat source's are built whole on the client at finalize.  The
-    child measures from the live memory (allocators' free memory released first), so the growth
-    is what finalize allocates whatever the partials phase left free."""
+    build the request intervals, and on the flat source, whose intervals the client builds at
+    finalize a chunk of 2^16 machine-buckets at a time.  The child measures from the live memory
+    (allocators' free memory released first), so the growth is what finalize allocates whatever
+    the partials phase left free."""
     windows, machines = 200_000, 2000
     make_dataset(tmp_path / f"w{windows}_m{machines}", windows, machines=machines, seed=2)
-    out = subprocess.run(
-        [
-            sys.executable,
-            str(BENCH / "overcommit_memory.py"),
-            "--child",
-            "--windows",
-            str(windows),
-            "--machines",
-            str(machines),
-            "--bucket-s",
-            "10",
-            "--partitions",
-            "2",
-            "--finalize-cells",
-            str(1 << 15),
-            "--shard-cells",
-            str(1 << 16),
-            "--data",
-            str(tmp_path),
-            "--buckets",
-            "2",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    m = json.loads(out.stdout.strip().splitlines()[-1])
-    assert m["machine_buckets"] >= 700_000 and m["machine_parts"] >= 10
-    # the machine table (~420 B a row, ~300 MB here) never is in memory: growth is a constant
-    # (summary passes, pyarrow's writer; ~40 MiB) plus a shard's keyed partials while they are
-    # merged (~365 B per machine-bucket of the shard): measured 60-67 MiB here with 2^16, 47 with
-    # 2^14, 129 with 2^18 (a flat source: 200-206 MiB, the client's intervals of the whole table)
-    growth = m["finalize_growth_per_mb"] * m["machine_buckets"]
-    why = f"finalize grew {growth / 2**20:.1f} MiB: {m}"
-    assert growth < 64 * 2**20 + (1 << 16) * 800, why
-    assert growth < 0.4 * m["machine_rows"] * 420, why
+    cells = ["--finalize-cells", str(1 << 15), "--shard-cells", str(1 << 16), "--client-cells", str(1 << 16)]
+    for layout in (["--buckets", "2"], []):
+        out = subprocess.run(
+            [sys.executable, str(BENCH / "overcommit_memory.py"), "--child", "--windows", str(windows)]
+            + ["--machines", str(machines), "--bucket-s", "10", "--partitions", "2", *cells, "--data", str(tmp_path)]
+            + layout,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        m = json.loads(out.stdout.strip().splitlines()[-1])
+        assert m["machine_buckets"] >= 700_000 and m["machine_parts"] >= 10
+        # the machine table (~420 B a row, ~300 MB here) never is in memory: growth is a constant
+        # (summary passes, pyarrow's writer; ~40 MiB) plus a shard's keyed partials while they are
+        # merged (~365 B per machine-bucket of the shard): measured 55-67 MiB here with 2^16, 47
+        # with 2^14, 129 with 2^18; a flat source adds a chunk of its intervals (~200 B per
+        # machine-bucket of the chunk): 73-74 MiB with chunks of 2^16 (207 built whole)
+        growth = m["finalize_growth_per_mb"] * m["machine_buckets"]
+        why = f"{layout or 'flat'}: finalize grew {growth / 2**20:.1f} MiB: {m}"
+        assert growth < 64 * 2**20 + (1 << 16) * (800 if layout else 1100), why
+        assert growth < 0.4 * m["machine_rows"] * 420, why

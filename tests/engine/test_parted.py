@@ -307,3 +307,38 @@ def test_array_batches_read_every_kind_of_table_alike(tmp_path: Path) -> None:
         assert np.array_equal(x, [0.5, np.nan, 2.0, np.nan], equal_nan=True)
         assert np.array_equal(np.concatenate(list(column_batches(t, "x"))), x, equal_nan=True)
     assert len(list(array_batches(written, ["a"]))) == 2  # a row group at a time
+
+
+def test_keyed_chunks_appended_read_as_one_spill(tmp_path: Path) -> None:
+    """:class:`gpuclust.parted.KeyedAppender` writes chunks of keyed partials (ascending, disjoint
+    keys) into one spill that reads as :func:`gpuclust.parted.write_keyed` of their concatenation
+    (a 2-D field too); the folder appears only at ``close``; keys not above the previous chunk's
+    are refused."""
+    import numpy as np
+
+    from gpuclust.parted import KeyedAppender, read_keyed_range, write_keyed
+
+    rng = np.random.default_rng(3)
+    empty = {
+        "a": {"key": np.zeros(0, np.int64), "x": np.zeros(0), "m": np.zeros((0, 3), np.int32)},
+        "b": {"key": np.zeros(0, np.int64)},
+    }
+    keys = np.sort(rng.choice(10**6, 5000, replace=False)).astype(np.int64)
+    whole = {
+        "a": {"key": keys, "x": rng.random(5000), "m": rng.integers(0, 9, (5000, 3), dtype=np.int32)},
+        "b": empty["b"],
+    }
+    w = KeyedAppender(tmp_path, empty)
+    for lo, hi in [(0, 1200), (1200, 1200), (1200, 4999), (4999, 5000)]:
+        w.add({"a": {f: v[lo:hi] for f, v in whole["a"].items()}, "b": empty["b"]})
+    assert [p.name for p in tmp_path.iterdir() if not p.name.startswith(".")] == []
+    with pytest.raises(ValueError, match="not above"):
+        w.add({"a": {f: v[10:20] for f, v in whole["a"].items()}})
+    got, want = w.close(), write_keyed(tmp_path, whole)
+    for lo, hi in [(0, 10**6), (keys[7], keys[4000])]:
+        for name, fields in (("a", ["x", "m"]), ("b", [])):
+            g, e = (
+                read_keyed_range(got, name, fields, int(lo), int(hi)),
+                read_keyed_range(want, name, fields, int(lo), int(hi)),
+            )
+            assert g.keys() == e.keys() and all(np.array_equal(g[f], e[f]) and g[f].dtype == e[f].dtype for f in g)
