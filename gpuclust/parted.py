@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -268,6 +269,12 @@ class KeyedAppender:
             fh.close()
         os.replace(self.tmp, self.out)
         return self.out
+
+    def discard(self) -> None:
+        """Close the files and remove what was written (a chunk failed: nothing is left behind)."""
+        for fh, _, _ in self.files.values():
+            fh.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 def read_keyed_range(spill: Path, name: str, fields: Sequence[str], lo: int, hi: int) -> dict[str, np.ndarray]:

@@ -230,11 +230,16 @@ def _spill_client(a: Analysis, sp: Spilled, chunks: Iterable[Any], folder: Spill
             sp = merge_spilled(a, sp, spill(a, cp, folder))
         return sp
     out, rest = None, None
-    for cp in chunks:
-        r, keyed = a.kinds.split(cp)
-        out = out or KeyedAppender(folder, a.kinds.split(a.empty())[1])
-        out.add(to_host(keyed))
-        rest = r if rest is None else a.kinds.merge_rest(rest, r)
+    try:
+        for cp in chunks:
+            r, keyed = a.kinds.split(cp)
+            out = out or KeyedAppender(folder, a.kinds.split(a.empty())[1])
+            out.add(to_host(keyed))
+            rest = r if rest is None else a.kinds.merge_rest(rest, r)
+    except BaseException:
+        if out is not None:
+            out.discard()
+        raise
     return sp if out is None else merge_spilled(a, sp, Spilled(rest, [out.close()]))
 
 

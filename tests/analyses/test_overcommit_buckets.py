@@ -118,6 +118,23 @@ def test_flat_source_intervals_in_chunks_equal_bucketed(
     assert_results_same(ref, in_memory, rtol=1e-9)
 
 
+def test_a_chunk_that_fails_leaves_no_spill(canonical: dict, tmp_path: Path) -> None:
+    """A flat source's client chunks are appended to one spill as they come: when one fails, the
+    error reaches the caller and the half-written spill is removed (nothing left in the folder)."""
+    from gpuclust.engine import shards
+
+    a = Overcommit(bucket_s=600)
+    first = next(iter(a.client_partial(contexts([a], TableSource(canonical, tier_map="notebook"))[0])))
+
+    def chunks():  # type: ignore[no-untyped-def]
+        yield first
+        raise RuntimeError("chunk 2 failed")
+
+    with pytest.raises(RuntimeError, match="chunk 2 failed"):
+        shards._spill_client(a, shards.as_spilled(a, a.empty()), chunks(), tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
 def run_partial(src: TableSource, a: Overcommit, ctx: OvercommitContext) -> dict:
     """``a``'s partial over the whole usage table of ``src``, in memory (no spill)."""
     from gpuclust.backends import get_backend

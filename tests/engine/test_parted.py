@@ -313,7 +313,7 @@ def test_keyed_chunks_appended_read_as_one_spill(tmp_path: Path) -> None:
     """:class:`gpuclust.parted.KeyedAppender` writes chunks of keyed partials (ascending, disjoint
     keys) into one spill that reads as :func:`gpuclust.parted.write_keyed` of their concatenation
     (a 2-D field too); the folder appears only at ``close``; keys not above the previous chunk's
-    are refused."""
+    are refused; ``discard`` leaves nothing behind."""
     import numpy as np
 
     from gpuclust.parted import KeyedAppender, read_keyed_range, write_keyed
@@ -342,3 +342,7 @@ def test_keyed_chunks_appended_read_as_one_spill(tmp_path: Path) -> None:
                 read_keyed_range(want, name, fields, int(lo), int(hi)),
             )
             assert g.keys() == e.keys() and all(np.array_equal(g[f], e[f]) and g[f].dtype == e[f].dtype for f in g)
+    gone = KeyedAppender(tmp_path / "gone", empty)
+    gone.add({"a": {f: v[:5] for f, v in whole["a"].items()}})
+    gone.discard()
+    assert list((tmp_path / "gone").iterdir()) == []
