@@ -44,7 +44,7 @@ from gpuclust.backends import Backend, device_free_bytes, finalizing_on_host, ge
 from gpuclust.engine import memory as _memory
 from gpuclust.engine import partition as _partition
 from gpuclust.engine.contexts import contexts, resolve_analyses
-from gpuclust.engine.local import _announce, default_workers, finalize_all, host_threads, merge_local
+from gpuclust.engine.local import default_workers, finalize_all, host_threads, merge_local
 from gpuclust.engine.memory import (
     DEVICE_PARTITION_ROWS,
     array_bytes,
@@ -463,9 +463,8 @@ class Study:
 
         clock = time.perf_counter()
         if remote is not None:  # reduced and finalized on the workers: result tables come back (sharded: partials)
-            merged = self._reduce_remote(
-                {**plans, **{("whole", t): v for t, v in whole.items()}}, ans, shipped, ctxs, progress, stay
-            )
+            every: dict[Any, Any] = {**plans, **{("whole", t): v for t, v in whole.items()}}
+            merged = remote.reduce_plans(every, ans, [shipped[id(c)] for c in ctxs], be.name, stay, progress)
             seconds["partials"] = time.perf_counter() - clock
         else:
             merged = merge_local(plans, ans, ctxs, be, self.workers, progress, partials, hold=hold)
@@ -526,36 +525,6 @@ class Study:
             return set()
         out = staying((*plans.values(), *whole.values()), ans, [None] * len(ans))
         return out if self._remote is None else {id(a) for a in ans if id(a) in out and not a.sharded}
-
-    def _reduce_remote(
-        self,
-        plans: dict[Any, tuple[list[int], list[Any]]],
-        ans: list[Analysis],
-        shipped: dict[int, Any],
-        ctxs: list[Any],
-        progress: Any,
-        stay: set[int],
-    ) -> list[Any]:
-        """Each plan's partials reduced and finalized on the workers holding its partitions
-        (:meth:`WorkerResidency.reduce`; ``stay``: the ids of the analyses whose partials stay in
-        the workers' device memory); per analysis, its result as a worker finalized it
-        (:class:`gpuclust.engine.finish.Finalized`, taken as it is by :func:`finalize_all`), or
-        a sharded analysis' merged partial."""
-        assert self._remote is not None
-        merged: list[Any] = [None] * len(ans)
-        for idx, specs in plans.values():
-            sub = [ans[k] for k in idx]
-            table = specs[0].table
-            if progress is not None:
-                _announce(progress, specs)
-            sub_ctxs, sub_stay = [shipped[id(ctxs[k])] for k in idx], [id(a) in stay for a in sub]
-            acc = self._remote.reduce(table, [s.index for s in specs], sub, sub_ctxs, self.backend.name, stay=sub_stay)
-            for k, p in zip(idx, acc, strict=True):
-                merged[k] = p
-            if progress is not None:
-                for s in specs:
-                    progress.partition_done(s.table, s.num_rows)
-        return merged
 
     def _whole_instance_plans(
         self, ans: list[Analysis], plans: dict[str, tuple[list[int], list[Any]]]

@@ -193,6 +193,40 @@ class WorkerResidency:
         root = self.client.submit(finalize_root, list(analyses), list(ctxs), fin, keys, None, *level, pure=False)
         return root.result()
 
+    def reduce_plans(
+        self,
+        plans: dict[Any, tuple[list[int], list[Any]]],
+        analyses: Sequence[Analysis],
+        ctxs: Sequence[Any],
+        backend_name: str,
+        stay: set[int],
+        progress: Any = None,
+    ) -> list[Any]:
+        """Each plan's partials reduced and finalized on the workers holding its partitions
+        (:meth:`reduce`; ``ctxs``: the analyses' contexts as scattered; ``stay``: the ids of the
+        analyses whose partials stay in the workers' device memory); per analysis, its result as a
+        worker finalized it (:class:`gpuclust.engine.finish.Finalized`, taken as it is by
+        :func:`gpuclust.engine.local.finalize_all`), or a sharded analysis' merged partial."""
+        merged: list[Any] = [None] * len(analyses)
+        for idx, specs in plans.values():
+            sub = [analyses[k] for k in idx]
+            if progress is not None:
+                progress.partitions(specs[0].table, len(specs), sum(sp.num_rows for sp in specs))
+            acc = self.reduce(
+                specs[0].table,
+                [s.index for s in specs],
+                sub,
+                [ctxs[k] for k in idx],
+                backend_name,
+                stay=[id(a) in stay for a in sub],
+            )
+            for k, p in zip(idx, acc, strict=True):
+                merged[k] = p
+            if progress is not None:
+                for s in specs:
+                    progress.partition_done(s.table, s.num_rows)
+        return merged
+
     def _partials_future(
         self,
         table: str,
