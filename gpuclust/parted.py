@@ -14,6 +14,7 @@ This module holds what analyses and the engine share:
 * :func:`frames`: the batches of a DataFrame or of either of the above;
 * the spill of keyed partials (:func:`write_keyed`, :func:`read_keyed_range`): each partition's
   keyed arrays saved as ``.npy`` files, later memory-mapped so a shard reads only its key range;
+  :class:`KeyedAppender` writes one such spill chunk by chunk (a flat source's client partial);
 * :func:`write_part`: one part file, written to a temporary name and renamed (a reader never sees
   half a part).
 """
