@@ -249,8 +249,9 @@ def interval_partials(
     run: RunningIntervals, ctx: OvercommitContext, backend: Any, machines: int
 ) -> Iterator[dict[str, Any]]:
     """:func:`interval_partial` of ``run``'s pieces, ``machines`` machine codes at a time, in
-    ascending code order (so each keyed field's keys come in ascending, disjoint ranges): the
-    expansion into machine-buckets of one chunk at a time, not of every piece at once.  The first
+    ascending code order (so each keyed field's keys come in ascending, disjoint ranges; chunks
+    without a piece are skipped): the expansion into machine-buckets of one chunk at a time, not
+    of every piece at once.  The first
     chunk also takes the pieces on no machine (unplaced, dedicated), those on a machine missing
     from the list (which :func:`interval_partial` refuses) and the running intervals' counters;
     merged, the chunks are the partial of all the pieces, the same bits (each (machine, bucket)
@@ -271,6 +272,8 @@ def interval_partials(
     for j in range(len(edges) - 1):
         if j == 0:  # + the pieces on no machine and on unknown ones (code -1, sorted first)
             idx = xp.concatenate([xp.nonzero(~placed)[0], on[: cuts[1]]])
+        elif cuts[j] == cuts[j + 1]:  # no piece on these machines
+            continue
         else:
             idx = on[cuts[j] : cuts[j + 1]]
         sub = dataclasses.replace(
