@@ -88,7 +88,20 @@ def _unplaced_cell(seed: int) -> dict:
     return tables
 
 
-@pytest.mark.parametrize(("which", "machines"), [("canonical", 5), ("unplaced", 1)])
+def _sparse_cell(seed: int) -> dict:
+    """:func:`_unplaced_cell` whose instances run on half of the machines only."""
+    import pyarrow.compute as pc
+
+    tables = _unplaced_cell(seed)
+    ev = tables["instance_events"]
+    m = ev.column("machine_id")
+    half = sorted(set(m.drop_null().to_pylist()) - {-1})[::2]
+    keep = pc.or_(pc.is_null(m), pc.is_in(m, value_set=pa.array([-1, *half], m.type)))
+    tables["instance_events"] = ev.filter(keep)
+    return tables
+
+
+@pytest.mark.parametrize(("which", "machines"), [("canonical", 5), ("unplaced", 1), ("sparse", 1)])
 def test_flat_source_intervals_in_chunks_equal_bucketed(
     canonical: dict, monkeypatch: pytest.MonkeyPatch, which: str, machines: int
 ) -> None:
@@ -99,16 +112,18 @@ def test_flat_source_intervals_in_chunks_equal_bucketed(
     bucketed source's, whose partitions build the intervals."""
     import gpuclust.analyses.overcommit as oc
 
-    tables = canonical if which == "canonical" else _unplaced_cell(4)
+    tables = canonical if which == "canonical" else _unplaced_cell(4) if which == "unplaced" else _sparse_cell(4)
     a = Overcommit(bucket_s=600)
     ref = run(TableSource(tables, tier_map="notebook", buckets=N_BUCKETS), [a], partitions=3)
     info = ref["overcommit"]["info"].iloc[0]
-    if which == "unplaced":
+    if which != "canonical":
         assert info["pieces_unplaced"] > 0 and info["pieces_dedicated"] > 0
     monkeypatch.setattr(oc, "CLIENT_CELLS", machines * int(info["buckets"]))
     flat = TableSource(tables, tier_map="notebook")
     chunks = list(a.client_partial(contexts([a], flat)[0]))
-    assert 1 < len(chunks) <= -(-int(info["machines"]) // machines)  # (machines without pieces: none)
+    assert 1 < len(chunks) <= -(-int(info["machines"]) // machines)  # (no chunk without a piece)
+    if which == "sparse":
+        assert len(chunks) < int(info["machines"])
     assert_results_same(ref, run(flat, [a], partitions=3), rtol=1e-9)
     from gpuclust.engine.local import finalize_all
 
