@@ -230,7 +230,7 @@ class KeyedAppender:
         self.tmp = folder / f".{self.out.name}.tmp"
         self.tmp.mkdir(parents=True)
         self.files: dict[tuple[str, str], tuple[Any, np.dtype, tuple[int, ...]]] = {}
-        self.header = 0
+        self.header: dict[tuple[str, str], int] = {}  # each file's header length, as first written
         self.rows = dict.fromkeys(empty, 0)
         self.last: dict[str, int | None] = dict.fromkeys(empty, None)
         for name, arrays in empty.items():
@@ -245,9 +245,7 @@ class KeyedAppender:
         np.lib.format.write_array_header_1_0(
             fh, {"descr": np.lib.format.dtype_to_descr(dt), "fortran_order": False, "shape": (rows, *rest)}
         )
-        if rows == 0:
-            self.header = fh.tell()
-        elif fh.tell() != self.header:  # (NumPy pads a header for 21 digits of rows)
+        if self.header.setdefault((name, f), fh.tell()) != fh.tell():  # (NumPy pads for 21 digits of rows)
             raise RuntimeError(f"the header of {fh.name} changed size")
         fh.seek(0, os.SEEK_END)
 

@@ -35,6 +35,7 @@ from typing import Any
 from gpuclust.analyses.base import Analysis
 from gpuclust.backends import get_backend
 from gpuclust.engine import partition as _partition
+from gpuclust.engine.local import _announce
 from gpuclust.engine.staging import load_partitions
 from gpuclust.engine.tasks import placed
 
@@ -211,7 +212,7 @@ class WorkerResidency:
         for idx, specs in plans.values():
             sub = [analyses[k] for k in idx]
             if progress is not None:
-                progress.partitions(specs[0].table, len(specs), sum(sp.num_rows for sp in specs))
+                _announce(progress, specs)
             acc = self.reduce(
                 specs[0].table,
                 [s.index for s in specs],
