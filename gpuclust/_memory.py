@@ -25,9 +25,10 @@ a process keeps its peak heap after a run.  ``GPUCLUST_MALLOC_TUNING=0`` turns i
 part does nothing where the C library is not glibc.
 
 :func:`run_memory` also holds the memory budget of the run in progress (``--memory-limit``, or
-its default share of the machine), a context variable the engine sets around a run, so that an
-analysis deciding on the client how to run (usage-distribution's ``auto`` strategy) can keep
-within it; :func:`memory_budget` is ``None`` outside a run.
+its default share of the machine; on a device, the device's free memory) and whether its arrays
+live on a device, context variables the engine sets around a run, so that an analysis deciding on
+the client how to run (usage-distribution's ``auto`` strategy) can keep within it;
+:func:`memory_budget` is ``None`` and :func:`run_on_device` false outside a run.
 """
 
 from __future__ import annotations
@@ -40,31 +41,40 @@ import sys
 import threading
 from collections.abc import Iterator
 
-__all__ = ["memory_budget", "run_memory", "tune_allocator"]
+__all__ = ["memory_budget", "run_memory", "run_on_device", "tune_allocator"]
 
 _budget: contextvars.ContextVar[int | None] = contextvars.ContextVar("gpuclust_run_memory", default=None)
+_device: contextvars.ContextVar[bool] = contextvars.ContextVar("gpuclust_run_on_device", default=False)
 
 
 @contextlib.contextmanager
-def run_memory(limit: int | None) -> Iterator[None]:
-    """Within the block, :func:`memory_budget` is ``limit`` (bytes) in this thread.
+def run_memory(limit: int | None, device: bool = False) -> Iterator[None]:
+    """Within the block, :func:`memory_budget` is ``limit`` (bytes) and :func:`run_on_device` is
+    ``device`` (the run's arrays live on a device, ``limit`` is its memory) in this thread.
 
     >>> with run_memory(2 << 30):
-    ...     memory_budget()
-    2147483648
+    ...     memory_budget(), run_on_device()
+    (2147483648, False)
     >>> memory_budget() is None
     True
     """
     token = _budget.set(None if limit is None else int(limit))
+    on = _device.set(bool(device))
     try:
         yield
     finally:
+        _device.reset(on)
         _budget.reset(token)
 
 
 def memory_budget() -> int | None:
     """The memory budget of the run in progress, in bytes (``None``: no run has set one)."""
     return _budget.get()
+
+
+def run_on_device() -> bool:
+    """Whether the run in progress keeps its arrays on a device (false outside a run)."""
+    return _device.get()
 
 
 _M_TRIM_THRESHOLD = -1

@@ -42,3 +42,5 @@ class UsageDistributionContext(TierNames):
     #: exact pass's: the slices its first pass ran in
     slice_of: tuple[int, int] | None = None
     slices: int = 1
+    #: ``auto``'s row limit of the exact strategy in force when the context was made (-1: none)
+    row_limit: int = -1

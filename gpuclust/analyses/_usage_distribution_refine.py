@@ -111,6 +111,17 @@ def bins_for(open_pairs: int, est_pieces: float) -> int:
     return 0 if est_pieces <= PIECE_BUDGET or S < MIN_BINS else int(S)
 
 
+def bracket_fields(table: Any, n_levels: int, cuts: bool = True) -> dict[str, Any]:
+    """A pass's context fields from the brackets table ``table`` of the pass before it: the groups'
+    keys, brackets and estimated pieces; with ``cuts``, the passes that cut them and this pass's
+    sub-bins (:func:`bins_for`)."""
+    (key, lo, hi), est = tp.brackets_of_table(table, n_levels), tp.estimate_of_table(table, n_levels)
+    out: dict[str, Any] = dict(br_key=key, br_lo=lo, br_hi=hi, br_est=est)
+    if cuts:
+        out.update(refine=tp.cuts_of_table(table), refine_bins=bins_for(int((lo < hi).sum()), float(est.sum())))
+    return out
+
+
 def empty_state(xp: Any, S: int) -> dict[str, Any]:
     """The merge identity of a refinement state of ``S`` sub-bins."""
     return {

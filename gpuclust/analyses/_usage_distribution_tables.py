@@ -198,7 +198,7 @@ def info_table(a: Any, ctx: UsageDistributionContext, stats: dict[str, int], ext
                 "k": {"bounded": int(a.k), "exact-two-pass": int(ctx.bracket_k)}.get(ctx.strategy, 0),
                 "refine": int(ctx.refine) if two else 0,
                 "slices": int(ctx.slices) if two else 1,
-                "exact_max_windows": a.exact_rows_limit,
+                "exact_max_windows": int(ctx.row_limit),
                 "total_rows": int(ctx.total_rows),
                 "bucket_s": float(a.bucket_s) if "time" in a.by else float("nan"),
                 "tier_map": ctx.tier_map.name if ctx.tier_map else "",

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from gpuclust._lazy import pandas as pd
-from gpuclust._memory import memory_budget
+from gpuclust._memory import memory_budget, run_on_device
 from gpuclust.analyses import _hybrid_summary as hs
 from gpuclust.analyses import _usage_distribution_refine as rf
 from gpuclust.analyses import _usage_distribution_slices as sl
@@ -259,8 +259,8 @@ class UsageDistribution(Analysis):
             return self.strategy
         if total is None:
             total = self._total_rows(source)
-        budget = memory_budget()
-        fits = total <= self.exact_rows_limit and (budget is None or total * self.exact_bytes_per_row <= budget)
+        budget, limit = memory_budget(), self.exact_rows_limit
+        fits = (limit < 0 or total <= limit) and (budget is None or total * self.exact_bytes_per_row <= budget)
         return "exact" if fits or self._groups_local(source) else "exact-two-pass"
 
     @property
@@ -269,8 +269,11 @@ class UsageDistribution(Analysis):
 
     @property
     def exact_rows_limit(self) -> int:
-        """``auto``'s row limit of the exact strategy (option ``exact_max_windows``; -1: by ``by``)."""
-        return int(self.exact_max_windows) if int(self.exact_max_windows) >= 0 else EXACT_MAX_WINDOWS[self._many]
+        """``auto``'s row limit of the exact strategy (option ``exact_max_windows``; -1: by ``by``,
+        or none (-1) in a run on a device, where only the memory budget bounds it)."""
+        if int(self.exact_max_windows) >= 0:
+            return int(self.exact_max_windows)
+        return -1 if run_on_device() else EXACT_MAX_WINDOWS[self._many]
 
     @property
     def exact_bytes_per_row(self) -> int:  # the exact strategy's peak a row that ``auto`` assumes
@@ -315,18 +318,16 @@ class UsageDistribution(Analysis):
         manifest = getattr(source, "manifest", None)
         cell = str(manifest.get("cell") or "all") if isinstance(manifest, dict) else "all"
         tm = resolve_tier_map(self.tier_map, source) if "tier" in self.by else None
-        ctx = UsageDistributionContext(strategy, self.resolved_rows(), total, self.level_values, cell, tm)
+        rows, limit = self.resolved_rows(), self.exact_rows_limit
+        ctx = UsageDistributionContext(strategy, rows, total, self.level_values, cell, tm, row_limit=limit)
         if strategy != "exact-two-pass":
             return ctx
         if prior is None or "brackets" not in prior:
             raise RuntimeError(
                 "usage-distribution: exact-two-pass needs its first pass (the engine runs prerequisites)"
             )
-        t, L = prior["brackets"]["brackets"], int(ctx.levels.shape[0])
-        (key, lo, hi), est = tp.brackets_of_table(t, L), tp.estimate_of_table(t, L)
-        bins = rf.bins_for(int((lo < hi).sum()), float(est.sum()))
-        kw = dict(br_key=key, br_lo=lo, br_hi=hi, br_est=est, refine=tp.cuts_of_table(t), refine_bins=bins)
-        return replace(ctx, bracket_k=self.first_pass_k, slices=self.slices_of(source), **kw)  # type: ignore[arg-type]
+        kw = rf.bracket_fields(prior["brackets"]["brackets"], int(ctx.levels.shape[0]))
+        return replace(ctx, bracket_k=self.first_pass_k, slices=self.slices_of(source), **kw)
 
     def _groups_local(self, source: Any) -> bool:
         """``by`` has ``instance`` and the source's usage table is bucketed by instance."""
@@ -554,9 +555,8 @@ class UsageDistributionBrackets(_BracketsPass):
             return ctx
         if not prior:  # the first slice
             return replace(ctx, slice_of=(0, n))
-        t, L = prior["brackets"]["brackets"], int(ctx.levels.shape[0])
-        (key, lo, hi), est = tp.brackets_of_table(t, L), tp.estimate_of_table(t, L)
-        return replace(ctx, slice_of=(int(self.part), n), br_key=key, br_lo=lo, br_hi=hi, br_est=est)
+        kw = rf.bracket_fields(prior["brackets"]["brackets"], int(ctx.levels.shape[0]), cuts=False)
+        return replace(ctx, slice_of=(int(self.part), n), **kw)
 
     def partial(self, cols: dict[str, Any], ctx: UsageDistributionContext, backend: Any) -> dict[str, Any]:
         out = super().partial(cols, ctx, backend)

@@ -183,7 +183,8 @@ def run(
     limit = _memory.parse_size(memory_limit) or _memory.default_limit()
     folders = _shards.SpillFolders(parts_dir)  # spills of parted analyses, large context arrays
     try:
-        with run_memory(limit):  # the budget an analysis' own choices keep within (usage-distribution's auto)
+        on_device = scheduler is None and be.name != "cpu"  # (a dask run's arrays are on its workers)
+        with run_memory(device_free_bytes(be) if on_device else limit, on_device):  # for analyses' own choices
             if scheduler is None:
                 st = _Settings(
                     be,

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from gpuclust._lazy import pandas as pd
-from gpuclust._memory import tune_allocator
+from gpuclust._memory import run_memory, tune_allocator
 from gpuclust.analyses.base import Analysis
 from gpuclust.backends import Backend, device_free_bytes, finalizing_on_host, get_backend
 from gpuclust.engine import memory as _memory
@@ -413,8 +413,16 @@ class Study:
 
     def run(self, analyses: Analysis | str | Iterable[Analysis | str]) -> dict[str, dict[str, pd.DataFrame]]:
         """Run analyses over the resident columns (persisting any column they need that is not
-        resident yet); returns what :func:`gpuclust.engine.run` returns."""
-        return self._run(resolve_analyses(analyses), self.progress)
+        resident yet); returns what :func:`gpuclust.engine.run` returns.  The analyses' own choices
+        (usage-distribution's ``auto``) keep within :attr:`memory_budget` and the memory free now,
+        the device's on a device backend (a cluster's workers': the host defaults)."""
+        if self._remote is not None:
+            choices = run_memory(None)
+        else:
+            free = _available_bytes(self.backend)
+            choices = run_memory(min(free, self.memory_budget or free), self.backend.name != "cpu")
+        with choices:
+            return self._run(resolve_analyses(analyses), self.progress)
 
     def _stream(self, analyses: list[Analysis]) -> dict[str, dict[str, pd.DataFrame]]:
         return self._run(resolve_analyses(analyses), None)

@@ -127,6 +127,46 @@ def test_auto_is_exact_at_any_size_and_bounded_is_a_choice(cell):
     assert info["strategy"] == "bounded" and info["max_cdf_error_bound"] > 0
 
 
+def test_auto_on_a_device_has_no_row_limit_only_its_memory(cell, monkeypatch):
+    """The row limit of ``auto``'s exact strategy was measured on 2 host cores (a tier inverted on
+    one); on an H200 one pass took 2.10 s where auto's two passes took 8.87 s (3.05e7 windows by
+    tier, warm).  A run on a device has no row limit: only its memory budget, the device's free
+    memory, bounds the exact strategy; an ``exact_max_windows`` given still decides.  The engine
+    and a study say so to the analysis (on the device-shaped backend under the gpu's name); the
+    info table gives the limit in force (-1: none)."""
+    from device_backend import DEVICE_GPU, mark_partials_gpu, resolve_gpu_to_device
+
+    import gpuclust
+    from gpuclust._memory import run_memory
+    from gpuclust.analyses import usage_distribution as ud
+
+    class Rows:
+        def num_rows(self, table: str) -> int:
+            return 30_529_240
+
+    a, rows = UsageDistribution(), Rows()
+    with run_memory(200 << 30, device=True):
+        assert a.exact_rows_limit == -1 and a.resolved_strategy(rows) == "exact"
+        assert UsageDistribution(exact_max_windows=5).resolved_strategy(rows) == "exact-two-pass"
+    with run_memory(30_529_240 * a.exact_bytes_per_row - 1, device=True):  # its peak would not fit
+        assert a.resolved_strategy(rows) == "exact-two-pass"
+    with run_memory(200 << 30):  # on the host: the row limit
+        assert a.exact_rows_limit == 2_000_000 and a.resolved_strategy(rows) == "exact-two-pass"
+
+    monkeypatch.setattr(ud, "EXACT_MAX_WINDOWS", (10, 10))  # the small cell is "large" on the host
+    src = TableSource(cell)
+    host = _run(src, a, partitions=2)["info"].iloc[0]
+    assert (host["strategy"], host["exact_max_windows"]) == ("exact-two-pass", 10)
+    resolve_gpu_to_device(monkeypatch)
+    mark_partials_gpu(monkeypatch)
+    dev = _run(src, a, partitions=2, backend=DEVICE_GPU)["info"].iloc[0]
+    assert (dev["strategy"], dev["exact_max_windows"]) == ("exact", -1)
+    with gpuclust.open(src, backend=DEVICE_GPU) as study:
+        assert study.run([a])[a.name]["info"].iloc[0]["strategy"] == "exact"
+    with gpuclust.open(src, backend="cpu") as study:
+        assert study.run([a])[a.name]["info"].iloc[0]["strategy"] == "exact-two-pass"
+
+
 # --------------------------------------------------------------------------------------------
 # memory: the second pass grows with the knots inside the brackets, not with the windows
 # --------------------------------------------------------------------------------------------
