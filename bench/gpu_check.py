@@ -226,6 +226,18 @@ def save_ref(res: dict[str, Any], ref: Path) -> None:
     ref.write_bytes(pickle.dumps(frames(res)))
 
 
+def compare_runs(ref: Path, got: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """:func:`compare` of a run's results with the reference run's, on the analyses the run has,
+    but usage-distribution's ``info``: it says how each ran (``auto`` takes one pass on a resident
+    device, two within a memory cap or on a cluster's workers), as ``usage_distribution_strategy``."""
+    how, mine = "usage-distribution/info", frames(got)
+    theirs = {k: v for k, v in load_ref(ref).items() if k.split("/")[0] in got and k != how}
+    return {
+        "usage_distribution_strategy": str(mine[how]["strategy"].iloc[0]) if how in mine else None,
+        **compare(theirs, {k: v for k, v in mine.items() if k != how}),
+    }
+
+
 def load_ref(ref: Path) -> dict[str, Any]:
     import pickle
 
@@ -390,12 +402,7 @@ def study_step(ds: Path, out: Path, ref: Path, backend_name: str, budget_frac: f
             _dump(out, rec)
         ooc_study.close()
         ooc["s"] = time.perf_counter() - t
-        # usage-distribution's info says how it ran: one pass resident, two within the cap
-        how = "usage-distribution/info"
-        mine = frames(got)
-        ooc["usage_distribution_strategy"] = str(mine[how]["strategy"].iloc[0]) if how in mine else None
-        theirs = {k: v for k, v in load_ref(ref).items() if k.split("/")[0] in got and k != how}
-        ooc.update(compare(theirs, {k: v for k, v in mine.items() if k != how}))
+        ooc.update(compare_runs(ref, got))
     except Exception as e:  # recorded: the step's purpose is to say what happens
         ooc["s"] = time.perf_counter() - t
         ooc["error"] = f"{type(e).__name__}: {str(e)[:500]}"
@@ -474,7 +481,7 @@ def dask_step(ds: Path, out: Path, ref: Path, backend: str, scheduler: str) -> N
             t1 = time.perf_counter()
             res = study.run(list(names()))
             rec["gpu_s"] = time.perf_counter() - t1
-            rec.update(compare(load_ref(ref), frames(res)))
+            rec.update(compare_runs(ref, res))
             rec["worker_allocators"] = _worker_allocators()
     except Exception as e:
         rec["error"] = f"{type(e).__name__}: {str(e)[:500]}"
