@@ -21,8 +21,8 @@ Strategies (option ``strategy``): ``exact`` (partials carry every window), ``exa
 (passes that bracket every quantile, then one that carries only what lies inside:
 :mod:`gpuclust.analyses._usage_distribution_two_pass`), ``bounded`` (a fixed-size summary per
 group, with a tracked bound), ``auto`` (exact up to ``exact_max_windows`` rows, by default 2e6 by
-tier / cell and 5e6 otherwise, within the run's memory budget, or when groups are whole in each
-partition; else exact-two-pass).
+tier / cell and 5e6 otherwise and none on a device, within the run's memory budget, or when groups
+are whole in each partition; else exact-two-pass).
 
 The group tables and the text summary: :mod:`gpuclust.analyses._usage_distribution_tables`; the
 time pieces, group extras, merge and split of partials (their kinds, ``UsageFields``):
@@ -190,7 +190,7 @@ class UsageDistribution(Analysis):
         ge=-1,
     )
     exact_max_windows: int = option(
-        -1, "row budget of strategy=auto for exact; -1 = 2e6 when by is within tier/cell, else 5e6", ge=-1
+        -1, "row budget of strategy=auto for exact; -1 = 2e6 by tier/cell, else 5e6; none on a device", ge=-1
     )
     tier_map: str | None = tier_map_option("tier map for by=tier; default: the dataset's")
 

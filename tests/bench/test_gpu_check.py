@@ -214,7 +214,10 @@ def test_rehearsal_as_docs_print_it(tmp_path) -> None:
     assert prof["launch_blocking"] is True and list(prof["analyses"]) == ["usage-distribution", "job-usage"]
     assert rec["out_of_core"]["equal"] is True and rec["dask_cuda"]["equal"] is True
     assert len(rec["analyses"]) == 13 and rec["projection_cell_min"] > 0
-    assert rec["steps"]["study"]["variants"]["usage-distribution[strategy=exact]"]["s"] > 0
+    assert rec["steps"]["study"]["variants"]["usage-distribution[strategy=exact-two-pass]"]["s"] > 0
+    ooc = rec["steps"]["study"]["out_of_core"]  # the analyses one at a time, each recorded
+    assert set(ooc["analyses"]) == set(rec["analyses"]) and ooc["usage_distribution_strategy"] == "exact-two-pass"
+    assert set(rec["out_of_core"]["analyses"]) == set(rec["analyses"])
     assert not list(tmp_path.glob("gpucheck-*")), "the work folder is removed"
 
 
