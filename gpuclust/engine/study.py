@@ -413,14 +413,13 @@ class Study:
 
     def run(self, analyses: Analysis | str | Iterable[Analysis | str]) -> dict[str, dict[str, pd.DataFrame]]:
         """Run analyses over the resident columns (persisting any column they need that is not
-        resident yet); returns what :func:`gpuclust.engine.run` returns.  The analyses' own choices
-        (usage-distribution's ``auto``) keep within :attr:`memory_budget` and the memory free now,
-        the device's on a device backend (a cluster's workers': the host defaults)."""
-        if self._remote is not None:
-            choices = run_memory(None)
-        else:
+        resident yet); returns what :func:`gpuclust.engine.run` returns.  On a device backend the
+        analyses' own choices (usage-distribution's ``auto``) keep within the device memory free
+        now and :attr:`memory_budget`; on the host and a cluster's workers, their defaults."""
+        choices = run_memory(None)
+        if self._remote is None and self.backend.name != "cpu":
             free = _available_bytes(self.backend)
-            choices = run_memory(min(free, self.memory_budget or free), self.backend.name != "cpu")
+            choices = run_memory(min(free, self.memory_budget or free), device=True)
         with choices:
             return self._run(resolve_analyses(analyses), self.progress)
 
