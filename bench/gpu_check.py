@@ -599,7 +599,8 @@ def assemble(work: Path, logs: Path, out: Path) -> dict[str, Any]:
     )
     rec["projection_cell_min"] = per_window * CELL_WINDOWS / 60 if per_window else None
     rec["notes"] = {
-        "projection": "out-of-core (streamed) seconds per window x 2.7e9 windows",
+        "projection": "out-of-core (streamed) seconds per window x 2.7e9 windows; the analyses run one at a "
+        "time, each streaming the data itself: an upper bound of a run of all 13 at once",
         "analyses.cpu_s": "not measured on the node (a 16-core cpu study at this size outruns the check)",
         "first_run_s": study.get("first_run_s"),
         "all_at_once_s": study.get("all_at_once_s"),
