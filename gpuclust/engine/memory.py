@@ -185,9 +185,10 @@ def preferred_rows(analyses: Sequence[Any], cap: int, source: Any = None) -> int
 DEVICE_PARTITION_ROWS = 1 << 26
 #: Share of the device's free memory a device run's partitions may take.
 DEVICE_SHARE = 0.8
-#: Share of the device's free memory (or of a study's memory budget) that a device run's merge
-#: trees may hold in partials merged on the device (:class:`gpuclust.engine.tasks.DeviceHold`);
-#: an analysis whose partial does not fit is merged on the host from then on.
+#: Share of the device's free memory (or of a study's memory budget, with what the run leaves of
+#: the rest) that a device run's merge trees may hold in partials merged on the device
+#: (:class:`gpuclust.engine.tasks.DeviceHold`); an analysis whose partial does not fit is merged
+#: on the host from then on.
 HOLD_SHARE = 0.1
 
 

@@ -313,18 +313,22 @@ class Study:
             return self.memory_budget
         return int(MEMORY_SHARE * _available_bytes(self.backend)) + self.resident_bytes
 
-    def _device_extra(self, ctxs: Sequence[Any] = ()) -> int:
+    def _device_extra(self, ctxs: Sequence[Any] = (), ans: Sequence[Analysis] | None = None) -> int:
         """Device memory beside the partitions, counted against an explicit :attr:`memory_budget`
         on a device backend: the arrays of the contexts (cached and ``ctxs``), which the partials
         copy there for the study's life, the partials' transient arrays, ``Analysis.row_bytes``
-        a row of the largest partition (per engine thread; of the table whose analyses take most),
-        and :data:`~gpuclust.engine.memory.HOLD_SHARE` of the budget for the partials merged on
-        the device (:meth:`_hold`)."""
+        a row of the largest partition (per engine thread; of the table whose analyses take most:
+        the registered ones, or ``ans``), and :data:`~gpuclust.engine.memory.HOLD_SHARE` of the
+        budget for the partials merged on the device (:meth:`_hold`)."""
         if self.memory_budget is None or self._remote is not None or self.backend.xp is np:
             return 0
         at_once = self.workers if self.backend.name == "cpu" else 1
         rows = {t: max((sum(s.num_rows for s in g) for g in gs), default=0) for t, gs in self._groups.items()}
-        work = max((at_once * n * _row_bytes(t, work=True) for t, n in rows.items()), default=0)
+        if ans is None:
+            per_row = {t: _row_bytes(t, work=True) for t in rows}
+        else:
+            per_row = {t: max((int(a.row_bytes) for a in ans if a.table == t), default=0) for t in rows}
+        work = max((at_once * n * per_row[t] for t, n in rows.items()), default=0)
         return work + array_bytes([*self._contexts.values(), *ctxs]) + int(_memory.HOLD_SHARE * self.memory_budget)
 
     def _stream_beyond_budget(self, table: str, columns: list[str], extra: int = 0) -> None:
@@ -341,24 +345,35 @@ class Study:
         resident = [i for i in range(len(groups)) if i not in streamed]
         total = self.resident_bytes + sum(rows[i] for i in resident) * new_bytes
         budget = self._budget()
-        at_once = self.workers if self.backend.name == "cpu" else 1
-
-        def reserve() -> int:  # the largest partitions streamed at once
-            if not streamed:
-                return 0
-            return sum(sorted((rows[i] for i in streamed), reverse=True)[:at_once]) * row_bytes
-
-        while resident and total + reserve() + extra > budget:
+        while resident and total + self._reserve(table, row_bytes) + extra > budget:
             i = resident.pop()
             streamed.add(i)
             total -= int(sum(int(a.nbytes) for a in self._resident[table][i].values())) + rows[i] * new_bytes
             self._resident[table][i] = {}
 
-    def _hold(self, ans: list[Analysis], plans: list[tuple[list[int], list[Any]]]) -> DeviceHold | None:
-        """What the merge trees of a run on a device may hold there (:func:`device_hold`):
-        :data:`~gpuclust.engine.memory.HOLD_SHARE` of :attr:`memory_budget` (kept out of the
-        resident partitions' room, :meth:`_device_extra`), else of the device's free memory."""
-        room = None if self.memory_budget is None else int(_memory.HOLD_SHARE * self.memory_budget)
+    def _reserve(self, table: str, row_bytes: int) -> int:
+        """Bytes of the largest partitions of ``table`` streamed at once (one per engine thread on
+        the host, one on a device), at ``row_bytes`` a row."""
+        streamed, groups = self._streamed.get(table, set()), self._plan(table)
+        at_once = self.workers if self.backend.name == "cpu" else 1
+        return sum(sorted((sum(s.num_rows for s in groups[i]) for i in streamed), reverse=True)[:at_once]) * row_bytes
+
+    def _hold(
+        self, ans: list[Analysis], plans: list[tuple[list[int], list[Any]]], ctxs: Sequence[Any]
+    ) -> DeviceHold | None:
+        """What the merge trees of a run on a device may hold there (:func:`device_hold`): with a
+        :attr:`memory_budget`, :data:`~gpuclust.engine.memory.HOLD_SHARE` of it (kept out of the
+        resident partitions' room, :meth:`_device_extra`) and what the resident partitions, the
+        partitions streamed at once (tables stream one after another) and the other device bytes
+        beside them leave of the rest (out of core, most of it: the partials of cpi,
+        machine-utilization and overcommit merge on the device instead of the host); else a share of
+        the device's free memory."""
+        room = None
+        if self.memory_budget is not None:
+            bytes_of = lambda t: sum(d.itemsize for d in column_dtypes(t, sorted(self._columns.get(t, ()))).values())  # noqa: E731
+            streaming = max((self._reserve(t, bytes_of(t)) for t, v in self._streamed.items() if v), default=0)
+            left = self.memory_budget - self.resident_bytes - streaming - self._device_extra(ctxs, ans)
+            room = int(_memory.HOLD_SHARE * self.memory_budget) + max(0, left)
         return device_hold(plans, ans, [None] * len(ans), self.backend, room)
 
     def _load(self, table: str, columns: list[str]) -> None:
@@ -445,7 +460,7 @@ class Study:
         streamed = {t: set(v) for t, v in self._streamed.items() if v}
         load_threads = max(1, self.load_threads // max(1, self.workers))
         stay = self._staying(ans, plans, whole)
-        hold = None if remote is not None or be.xp is np else self._hold(ans, [*plans.values(), *whole.values()])
+        hold = None if remote is not None or be.xp is np else self._hold(ans, [*plans.values(), *whole.values()], ctxs)
         shipped = {} if remote is None else dict(zip(map(id, ctxs), remote.scatter(ctxs), strict=True))
 
         def partials(
