@@ -228,8 +228,8 @@ def save_ref(res: dict[str, Any], ref: Path) -> None:
 
 def compare_runs(ref: Path, got: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """:func:`compare` of a run's results with the reference run's, on the analyses the run has,
-    but usage-distribution's ``info``: it says how each ran (``auto`` takes one pass on a resident
-    device, two within a memory cap or on a cluster's workers), as ``usage_distribution_strategy``."""
+    but usage-distribution's ``info``: it says how each ran (``auto`` takes one pass where the
+    device's memory holds it, two within a memory cap), as ``usage_distribution_strategy``."""
     how, mine = "usage-distribution/info", frames(got)
     theirs = {k: v for k, v in load_ref(ref).items() if k.split("/")[0] in got and k != how}
     return {

@@ -430,10 +430,12 @@ class Study:
         """Run analyses over the resident columns (persisting any column they need that is not
         resident yet); returns what :func:`gpuclust.engine.run` returns.  On a device backend the
         analyses' own choices (usage-distribution's ``auto``) keep within the device memory free
-        now and :attr:`memory_budget`; on the host and a cluster's workers, their defaults."""
+        now (the least of a cluster's workers') and :attr:`memory_budget`; on the host, their
+        defaults."""
         choices = run_memory(None)
-        if self._remote is None and self.backend.name != "cpu":
-            free = _available_bytes(self.backend)
+        if self.backend.name != "cpu":
+            remote = self._remote
+            free = _available_bytes(self.backend) if remote is None else remote.device_free(self.backend.name)
             choices = run_memory(min(free, self.memory_budget or free), device=True)
         with choices:
             return self._run(resolve_analyses(analyses), self.progress)

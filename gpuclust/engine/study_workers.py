@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpuclust.analyses.base import Analysis
-from gpuclust.backends import get_backend
+from gpuclust.backends import device_free_bytes, get_backend
 from gpuclust.engine import partition as _partition
 from gpuclust.engine.local import _announce
 from gpuclust.engine.staging import load_partitions
@@ -256,7 +256,17 @@ class WorkerResidency:
             where = {"pure": False}
         return self.client.submit(_partials, cols, list(analyses), list(ctxs), backend_name, stay, **where)
 
+    def device_free(self, backend_name: str) -> int:
+        """The least memory any worker's device can still give (a tree's merged partial reaches
+        one worker): the budget of a device study's own choices on the cluster."""
+        return min(self.client.run(_device_free, backend_name).values())
+
     def release(self) -> None:
         for futs in self.futures.values():
             self.client.cancel(futs)
         self.futures.clear()
+
+
+def _device_free(backend_name: str) -> int:
+    """On a worker: what its device can still give (:func:`gpuclust.backends.device_free_bytes`)."""
+    return device_free_bytes(get_backend(backend_name))

@@ -167,6 +167,37 @@ def test_auto_on_a_device_has_no_row_limit_only_its_memory(cell, monkeypatch):
         assert study.run([a])[a.name]["info"].iloc[0]["strategy"] == "exact-two-pass"
 
 
+def test_auto_on_cluster_workers_devices_keeps_within_the_least_of_their_memory(cell, monkeypatch):
+    """A device study on a cluster's workers (an in-process ``distributed.LocalCluster``, sharing
+    the device-shaped backend) decides as a device run, within the least free device memory of its
+    workers (a tree's merged partial reaches one): on the H200 the dask step took two passes
+    under the host limit and did not finish inside the check.  Too little there: two passes."""
+    distributed = pytest.importorskip("distributed")
+    from device_backend import DEVICE_GPU, mark_partials_gpu, resolve_gpu_to_device
+
+    import gpuclust
+    from gpuclust.analyses import usage_distribution as ud
+    from gpuclust.engine import study_workers
+
+    monkeypatch.setattr(ud, "EXACT_MAX_WINDOWS", (10, 10))  # the small cell is "large" on the host
+    resolve_gpu_to_device(monkeypatch)
+    mark_partials_gpu(monkeypatch)
+    a, src = UsageDistribution(), TableSource(cell)
+    want = _run(src, UsageDistribution(strategy="exact"), partitions=2)
+    with (
+        distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0") as c,
+        distributed.Client(c) as client,
+    ):
+        with gpuclust.open(src, backend=DEVICE_GPU, partitions=2, scheduler=client) as study:
+            got = study.run([a])[a.name]
+            assert (got["info"].iloc[0]["strategy"], got["info"].iloc[0]["exact_max_windows"]) == ("exact", -1)
+            assert_same(got, want)
+            rows = cell["instance_usage"].num_rows
+            monkeypatch.setattr(study_workers, "device_free_bytes", lambda be: rows * a.exact_bytes_per_row - 1)
+            b = UsageDistribution(k=100)  # (another analysis: the study caches a context per analysis)
+            assert study.run([b])[b.name]["info"].iloc[0]["strategy"] == "exact-two-pass"
+
+
 # --------------------------------------------------------------------------------------------
 # memory: the second pass grows with the knots inside the brackets, not with the windows
 # --------------------------------------------------------------------------------------------
