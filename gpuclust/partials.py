@@ -187,7 +187,7 @@ def _merge_sorted_device(
 
 def _group_device(xp: Any, cat: dict[str, Any], maxima: tuple[str, ...]) -> dict[str, Any]:
     """:func:`_group_keyed` on the device, without scatters (CuPy's ``add.at`` lacks int64):
-    float fields summed by ``bincount`` as on the host (NaN as 0: the same sums), integer ones
+    float fields summed by ``bincount`` as on the host (:func:`_summable`: the same sums), integer ones
     exactly by ``add.reduceat`` over the rows ordered by key, and maxima by the last row of each
     key in a sort by key then value (NaN: the maximum's NaN, as ``maximum.at``)."""
     uniq, inv, counts = xp.unique(cat["key"], return_inverse=True, return_counts=True)
@@ -202,11 +202,20 @@ def _group_device(xp: Any, cat: dict[str, Any], maxima: tuple[str, ...]) -> dict
         if k in maxima:
             out[k] = _group_max(xp, v, inv, starts, ends)
         elif v.dtype.kind == "f":
-            v = v.astype(xp.float64, copy=False)
-            out[k] = bincount(xp, inv, weights=xp.where(xp.isnan(v), 0.0, v), minlength=int(uniq.shape[0]))
+            out[k] = _column_sums(xp, _summable(v, xp), inv, int(uniq.shape[0]))
         else:
             out[k] = xp.add.reduceat(v[order], starts, dtype=v.dtype)
     return out
+
+
+def _column_sums(xp: Any, v: Any, inv: Any, n: int) -> Any:
+    """Per group ``inv`` (of ``n``): the sums of float64 field ``v``, each column of a 2-D field
+    by its own ``bincount``."""
+    if v.ndim == 1:
+        return bincount(xp, inv, weights=v, minlength=n)
+    flat = v.reshape(v.shape[0], -1)
+    cols = [bincount(xp, inv, weights=xp.ascontiguousarray(flat[:, j]), minlength=n) for j in range(flat.shape[1])]
+    return xp.stack(cols, axis=1).reshape((n, *v.shape[1:]))
 
 
 def _group_max(xp: Any, v: Any, inv: Any, starts: Any, ends: Any) -> Any:
@@ -277,8 +286,10 @@ def _summable(v: np.ndarray, xp: Any = np) -> np.ndarray:
 
 
 def _group_keyed(cat: dict[str, np.ndarray], maxima: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
-    """Group concatenated keyed rows by key: float fields summed (NaN ignored), integers exactly,
-    ``maxima`` by maximum (on the host, as the cpu backend's ``grouped_sum``: one ``bincount``)."""
+    """Group concatenated keyed rows by key: float fields summed as the sorted paths sum them
+    (:func:`_summable`: NaN as 0, as SQL's SUM ignores NULL, infinities clipped), integers
+    exactly, ``maxima`` by maximum (on the host, as the cpu backend's ``grouped_sum``: one
+    ``bincount`` a column)."""
     fsum = {k: v for k, v in cat.items() if k != "key" and k not in maxima and v.dtype.kind == "f"}
     isum = {k: v for k, v in cat.items() if k != "key" and k not in maxima and v.dtype.kind in "iu"}
     uniq, inv = np.unique(cat["key"], return_inverse=True)
@@ -286,16 +297,15 @@ def _group_keyed(cat: dict[str, np.ndarray], maxima: tuple[str, ...] = ()) -> di
     n = uniq.shape[0]
     out = {"key": uniq.astype(np.int64)}
     for k, v in fsum.items():
-        v = v.astype(np.float64, copy=False)
-        keep = ~np.isnan(v)
-        out[k] = np.bincount(inv[keep], weights=v[keep], minlength=n).astype(np.float64)
+        out[k] = _column_sums(np, _summable(v), inv, n)
     for k, v in isum.items():
-        acc = np.zeros(n, dtype=v.dtype)
+        acc = np.zeros((n, *v.shape[1:]), dtype=v.dtype)
         np.add.at(acc, inv, v)
         out[k] = acc
     for k in maxima:
         v = cat[k]
-        acc = np.full(n, np.iinfo(v.dtype).min if v.dtype.kind in "iu" else -np.inf, dtype=v.dtype)
+        low = np.iinfo(v.dtype).min if v.dtype.kind in "iu" else -np.inf
+        acc = np.full((n, *v.shape[1:]), low, dtype=v.dtype)
         np.maximum.at(acc, inv, v)
         out[k] = acc
     return out
