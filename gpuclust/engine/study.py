@@ -78,8 +78,12 @@ def _row_bytes(table: str, work: bool = False) -> int:
     ans = [a for n in names() for a in [create(n)] if a.table == table]
     if work:
         return max((int(a.row_bytes) for a in ans), default=0)
-    cols = {c for a in ans for c in (*a.columns, *a.context_columns)}
-    return max(1, sum(d.itemsize for d in column_dtypes(table, sorted(cols)).values()))
+    return max(1, _column_bytes(table, {c for a in ans for c in (*a.columns, *a.context_columns)}))
+
+
+def _column_bytes(table: str, columns: Iterable[str]) -> int:
+    """Bytes of a row of ``columns`` of ``table`` in backend memory."""
+    return sum(d.itemsize for d in column_dtypes(table, sorted(columns)).values())
 
 
 def _available_bytes(backend: Backend) -> int:
@@ -337,10 +341,8 @@ class Study:
         once (one per engine thread) and ``extra`` bytes, fit in the budget."""
         groups = self._plan(table)
         streamed = self._streamed.setdefault(table, set())
-        row_bytes = sum(
-            d.itemsize for d in column_dtypes(table, sorted({*self._columns.get(table, ()), *columns})).values()
-        )
-        new_bytes = sum(d.itemsize for d in column_dtypes(table, columns).values())
+        row_bytes = _column_bytes(table, {*self._columns.get(table, ()), *columns})
+        new_bytes = _column_bytes(table, columns)
         rows = [sum(s.num_rows for s in g) for g in groups]
         resident = [i for i in range(len(groups)) if i not in streamed]
         total = self.resident_bytes + sum(rows[i] for i in resident) * new_bytes
@@ -364,14 +366,14 @@ class Study:
         """What the merge trees of a run on a device may hold there (:func:`device_hold`): with a
         :attr:`memory_budget`, :data:`~gpuclust.engine.memory.HOLD_SHARE` of it (kept out of the
         resident partitions' room, :meth:`_device_extra`) and what the resident partitions, the
-        partitions streamed at once (tables stream one after another) and the other device bytes
-        beside them leave of the rest (out of core, most of it: the partials of cpi,
-        machine-utilization and overcommit merge on the device instead of the host); else a share of
-        the device's free memory."""
+        partitions streamed at once (tables stream one after another) and the work and contexts
+        of ``ans`` leave of the rest; else a share of the device's free memory."""
         room = None
         if self.memory_budget is not None:
-            bytes_of = lambda t: sum(d.itemsize for d in column_dtypes(t, sorted(self._columns.get(t, ()))).values())  # noqa: E731
-            streaming = max((self._reserve(t, bytes_of(t)) for t, v in self._streamed.items() if v), default=0)
+            streaming = max(
+                (self._reserve(t, _column_bytes(t, self._columns.get(t, ()))) for t, v in self._streamed.items() if v),
+                default=0,
+            )
             left = self.memory_budget - self.resident_bytes - streaming - self._device_extra(ctxs, ans)
             room = int(_memory.HOLD_SHARE * self.memory_budget) + max(0, left)
         return device_hold(plans, ans, [None] * len(ans), self.backend, room)
@@ -384,7 +386,7 @@ class Study:
         keep = [i for i in range(len(groups)) if i not in streamed]
         groups = [groups[i] for i in keep]
         rows = sum(s.num_rows for g in groups for s in g)
-        need = rows * sum(d.itemsize for d in column_dtypes(table, columns).values())
+        need = rows * _column_bytes(table, columns)
         self._columns.setdefault(table, set()).update(columns)
         if not groups:
             return
