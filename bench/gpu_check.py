@@ -395,7 +395,11 @@ def study_step(ds: Path, out: Path, ref: Path, backend_name: str, budget_frac: f
             t1 = time.perf_counter()
             try:
                 got.update(ooc_study.run(n))
-                ooc["analyses"][n] = {"s": time.perf_counter() - t1, "hold": ooc_study.last_run_hold}
+                ooc["analyses"][n] = {
+                    "s": time.perf_counter() - t1,
+                    "hold": ooc_study.last_run_hold,
+                    "phases": dict(ooc_study.last_run_seconds),
+                }
             except Exception as e:  # (a device out of memory: which analysis, where)
                 ooc["analyses"][n] = {"s": time.perf_counter() - t1, "error": f"{type(e).__name__}: {str(e)[:300]}"}
                 ooc["analyses"][n]["traceback"] = last_frames(e)

@@ -322,7 +322,7 @@ class Fields:
     device: a finalize reduces them there) instead of moving them to the host.
 
     The engine's operations on partials: :meth:`merge`, and for a sharded analysis :meth:`split`
-    (rest and keyed partials), :meth:`merge_rest`, :meth:`shards`, :meth:`key_range`,
+    (rest and keyed partials) and its inverse :meth:`join`, :meth:`merge_rest`, :meth:`shards`, :meth:`key_range`,
     :meth:`dense_keys` and :attr:`rows`."""
 
     kinds: Mapping[str, Kind]
@@ -375,6 +375,13 @@ class Fields:
                 for k, x in kind.put(name, v).items():
                     rest[k] = x if k in self.stays else to_host(x)
         return rest, keyed
+
+    def join(self, rest: Mapping[str, Any], keyed: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+        """The partial :meth:`split` made ``(rest, keyed)`` of (the arrays where they are)."""
+        out = dict(rest)
+        for name, v in keyed.items():
+            out.update(self.kinds[name].put(name, dict(v)))
+        return out
 
     def merge_rest(self, a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
         """Two rests of :meth:`split` merged."""

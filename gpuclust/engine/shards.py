@@ -44,6 +44,7 @@ import numpy as np
 
 from gpuclust.analyses.base import Analysis, to_host
 from gpuclust.backends import backend_of, device_free_bytes
+from gpuclust.engine.memory import available_memory, default_limit
 from gpuclust.parted import KeyedAppender, PartedTable, read_keyed_range, slice_keyed, write_keyed, write_part
 from gpuclust.partials import merge_keyed
 
@@ -52,10 +53,14 @@ DENSE_KEYS = 1 << 24
 #: Most of the device's free memory that device-resident dense accumulators may take (the rest
 #: is the partitions' working memory).
 DEVICE_DENSE_SHARE = 0.1
+#: Most of the host's available memory that a device study's dense accumulators may take there
+#: (:func:`study_dense`: where they do not fit in the device's room).
+HOST_DENSE_SHARE = 0.25
 
 __all__ = [
     "DENSE_KEYS",
     "DEVICE_DENSE_SHARE",
+    "HOST_DENSE_SHARE",
     "DenseKeys",
     "KeptKeys",
     "SpillFolders",
@@ -64,10 +69,13 @@ __all__ = [
     "as_spilled",
     "dense_target",
     "finalize_parted",
+    "joined",
     "merge_spilled",
     "reduce_shard",
     "rows_fit_on_device",
     "spill",
+    "study_dense",
+    "study_targets",
 ]
 
 
@@ -133,6 +141,11 @@ class DenseKeys:
         for name, piece in keyed.items():
             self.dense[name].add(piece)
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the accumulators."""
+        return sum(int(d.seen.nbytes) + sum(int(v.nbytes) for v in d.sums.values()) for d in self.dense.values())
+
 
 class KeptKeys:
     """The spill target of a parted analysis on the local path of a device backend when its table
@@ -166,6 +179,20 @@ def rows_fit_on_device(a: Analysis, rows: int, backend: Any) -> bool:
 SpillTarget = Path | DenseKeys | KeptKeys
 
 
+def _dense_plan(a: Analysis, ctx: Any, on_device: bool) -> tuple[dict[str, tuple[int, int]], int] | None:
+    """The key ranges of ``a``'s keyed partials merged into dense accumulators (``a.kinds.dense_keys``,
+    ``on_device`` or on the host) and the bytes of those accumulators (a byte a key seen, 8 a
+    field); None where ``a`` has none, or where some keyed partial could not be merged there
+    (rows, or one without a range)."""
+    ranges = a.kinds.dense_keys(ctx, on_device=on_device)
+    if not ranges:
+        return None
+    empty = a.kinds.split(a.empty())[1]
+    if set(ranges) & set(a.kinds.rows) or set(ranges) != set(empty):
+        return None
+    return ranges, sum((end - first) * (1 + 8 * (len(empty[n]) - 1)) for n, (first, end) in ranges.items())
+
+
 def dense_target(a: Analysis, ctx: Any, folder: SpillTarget | None, backend: Any = None) -> SpillTarget | None:
     """The local path's spill target of analysis ``a``: :class:`DenseKeys` when ``a`` opts in
     (``a.kinds.dense_keys(ctx)``: the key range ``(first, end)`` of each of its keyed partials, or
@@ -178,21 +205,69 @@ def dense_target(a: Analysis, ctx: Any, folder: SpillTarget | None, backend: Any
     if not isinstance(folder, Path):
         return folder
     on_device = backend is not None and backend.name != "cpu"
-    empty: dict[str, Any] | None = None  # the keyed partials' names and fields, made once
     for device in (True, False) if on_device else (False,):
-        ranges = a.kinds.dense_keys(ctx, on_device=device)
-        if not ranges:
+        plan = _dense_plan(a, ctx, device)
+        if plan is None:
             continue
-        empty = empty or a.kinds.split(a.empty())[1]
-        if set(ranges) & set(a.kinds.rows) or set(ranges) != set(empty):
-            return folder
+        ranges, need = plan
         if device:
-            need = sum((end - first) * (1 + 8 * (len(empty[n]) - 1)) for n, (first, end) in ranges.items())
             if need <= DEVICE_DENSE_SHARE * device_free_bytes(backend):
                 return DenseKeys(a, ranges, backend.xp)
         elif sum(max(0, end - first) for first, end in ranges.values()) <= DENSE_KEYS:
             return DenseKeys(a, ranges)
     return folder
+
+
+def study_dense(a: Analysis, ctx: Any, backend: Any, device_room: int) -> DenseKeys | None:
+    """Where a study on a device ``backend`` merges ``a``'s keyed partials (a parted analysis
+    whose keyed sums have dense key ranges, in a table of several partitions): dense
+    accumulators in device memory when they take at most ``device_room`` bytes, else in host
+    memory within :data:`HOST_DENSE_SHARE` of what it has available (a study has no spill
+    folder: its alternative is the merge tree's sort-merges, on the host once the partials
+    outgrow the device's hold, whose merged partial is as large), else None (the merge tree).
+    Per key the values add in partition order wherever the accumulators are: the same bits."""
+    plan = _dense_plan(a, ctx, True)
+    if plan is None:
+        return None
+    ranges, need = plan
+    if need <= device_room:
+        return DenseKeys(a, ranges, backend.xp)
+    if need <= HOST_DENSE_SHARE * (available_memory() or default_limit()):
+        return DenseKeys(a, ranges)
+    return None
+
+
+def study_targets(
+    plans: Iterable[tuple[list[int], Sequence[Any]]],
+    ans: Sequence[Analysis],
+    ctxs: Sequence[Any],
+    backend: Any,
+    room: int,
+) -> list[DenseKeys | None]:
+    """Per analysis of a study's local run on a device ``backend``: its :func:`study_dense`
+    accumulators (a parted analysis in a table of several partitions: ``plans``, the analyses by
+    index and the partitions of each table), those on the device within ``room`` bytes in all."""
+    out: list[DenseKeys | None] = [None] * len(ans)
+    left = room
+    for idx, specs in plans:
+        for k in idx if len(specs) > 1 else ():
+            if ans[k].sharded:
+                out[k] = d = study_dense(ans[k], ctxs[k], backend, left)
+                left -= d.nbytes if d is not None and d.on_device else 0
+    return out
+
+
+def joined(a: Analysis, merged: Any) -> Any:
+    """A study's merged partial of ``a`` whole again: a :class:`Spilled` whose keyed partials were
+    merged into a :class:`DenseKeys` (:func:`study_dense`) gives its rest and the keys present
+    in the accumulators (dropped as they are taken); anything else as it is."""
+    if not isinstance(merged, Spilled) or merged.dense is None:
+        return merged
+    if merged.pending is not None:  # (a partition's partial that was never merged)
+        merged.dense.add(merged.pending)
+        merged.pending = None
+    keyed = {name: d.take(d.first, d.end, release=True) for name, d in merged.dense.dense.items()}
+    return a.kinds.join(merged.rest, keyed)
 
 
 @dataclass

@@ -45,15 +45,11 @@ from gpuclust.engine import memory as _memory
 from gpuclust.engine import partition as _partition
 from gpuclust.engine.contexts import contexts, resolve_analyses
 from gpuclust.engine.local import default_workers, finalize_all, host_threads, merge_local
-from gpuclust.engine.memory import (
-    DEVICE_PARTITION_ROWS,
-    array_bytes,
-    available_memory,
-    parse_size,
-)
+from gpuclust.engine.memory import DEVICE_PARTITION_ROWS, array_bytes, available_memory, parse_size
+from gpuclust.engine.shards import DEVICE_DENSE_SHARE, joined, spill, study_targets
 from gpuclust.engine.staging import LOAD_THREADS, column_dtypes, load_partitions
 from gpuclust.engine.study_workers import WorkerResidency, partials_of
-from gpuclust.engine.tasks import DeviceHold, device_hold, staying
+from gpuclust.engine.tasks import device_hold, staying
 from gpuclust.schema import SCHEMAS
 from gpuclust.tables import convert
 
@@ -151,9 +147,9 @@ class Study:
         less ``partials``: exact with one engine thread, as on the gpu backend), ``finalize`` and
         ``convert`` (to pandas).
     last_run_hold
-        On a device, what the last :meth:`run`'s merge trees held there
-        (:class:`gpuclust.engine.tasks.DeviceHold`): ``allowance`` and ``peak`` bytes, and the
-        analyses ``merged_on_host`` for want of room; ``{}`` where none merged on the device.
+        On a device, what the last :meth:`run`'s merge trees held there (``DeviceHold``):
+        ``allowance`` and ``peak`` bytes, the analyses ``merged_on_host`` for want of room, and
+        ``dense``: ``{label: on the device}`` of those whose keyed sums went to dense accumulators.
     """
 
     def __init__(
@@ -360,23 +356,19 @@ class Study:
         at_once = self.workers if self.backend.name == "cpu" else 1
         return sum(sorted((sum(s.num_rows for s in groups[i]) for i in streamed), reverse=True)[:at_once]) * row_bytes
 
-    def _hold(
-        self, ans: list[Analysis], plans: list[tuple[list[int], list[Any]]], ctxs: Sequence[Any]
-    ) -> DeviceHold | None:
-        """What the merge trees of a run on a device may hold there (:func:`device_hold`): with a
-        :attr:`memory_budget`, :data:`~gpuclust.engine.memory.HOLD_SHARE` of it (kept out of the
-        resident partitions' room, :meth:`_device_extra`) and what the resident partitions, the
-        partitions streamed at once (tables stream one after another) and the work and contexts
-        of ``ans`` leave of the rest; else a share of the device's free memory."""
-        room = None
-        if self.memory_budget is not None:
-            streaming = max(
-                (self._reserve(t, _column_bytes(t, self._columns.get(t, ()))) for t, v in self._streamed.items() if v),
-                default=0,
-            )
-            left = self.memory_budget - self.resident_bytes - streaming - self._device_extra(ctxs, ans)
-            room = int(_memory.HOLD_SHARE * self.memory_budget) + max(0, left)
-        return device_hold(plans, ans, [None] * len(ans), self.backend, room)
+    def _room(self, ans: list[Analysis], ctxs: Sequence[Any]) -> int | None:
+        """Device bytes a run may keep beside its partitions (merged partials and dense
+        accumulators, see :meth:`_run`): with a :attr:`memory_budget`,
+        :data:`~gpuclust.engine.memory.HOLD_SHARE` of it (kept out of the resident partitions'
+        room, :meth:`_device_extra`) and what the resident partitions, the partitions streamed at
+        once (tables stream one after another) and the work and contexts of ``ans`` leave of the
+        rest; else None (a share of the device's free memory)."""
+        if self.memory_budget is None:
+            return None
+        streamed = [t for t, v in self._streamed.items() if v]
+        streaming = max((self._reserve(t, _column_bytes(t, self._columns.get(t, ()))) for t in streamed), default=0)
+        left = self.memory_budget - self.resident_bytes - streaming - self._device_extra(ctxs, ans)
+        return int(_memory.HOLD_SHARE * self.memory_budget) + max(0, left)
 
     def _load(self, table: str, columns: list[str]) -> None:
         groups = self._plan(table)
@@ -463,8 +455,16 @@ class Study:
         self._check_whole_fits(ans, whole)
         streamed = {t: set(v) for t, v in self._streamed.items() if v}
         load_threads = max(1, self.load_threads // max(1, self.workers))
-        stay = self._staying(ans, plans, whole)
-        hold = None if remote is not None or be.xp is np else self._hold(ans, [*plans.values(), *whole.values()], ctxs)
+        # on a device: parted analyses' keyed sums into dense accumulators (on the device within the
+        # room, else the host), the rest by merge trees, on the device within what is left (DeviceHold)
+        here = remote is None and be.xp is not np  # a local run on a device
+        room = self._room(ans, ctxs) if here else None
+        at_most = int(DEVICE_DENSE_SHARE * _available_bytes(be)) if here and room is None else room
+        dense = study_targets(plans.values(), ans, ctxs, be, at_most or 0) if here else [None] * len(ans)
+        stay = self._staying(ans, plans, whole, dense)
+        kept = sum(d.nbytes for d in dense if d is not None and d.on_device)
+        trees = [*plans.values(), *whole.values()]
+        hold = device_hold(trees, ans, dense, be, None if room is None else max(0, room - kept)) if here else None
         shipped = {} if remote is None else dict(zip(map(id, ctxs), remote.scatter(ctxs), strict=True))
 
         def partials(
@@ -485,7 +485,10 @@ class Study:
                 out = partials_of(cols, sub, sub_ctxs, be, [id(a) in stay for a in sub], hold)
             with lock:
                 seconds["partials"] += time.perf_counter() - start
-            return out
+            return [
+                p if t is None else spill(a, p, t)
+                for a, p, t in zip(sub, out, _spills or [None] * len(sub), strict=True)
+            ]
 
         clock = time.perf_counter()
         if remote is not None:  # reduced and finalized on the workers: result tables come back (sharded: partials)
@@ -493,7 +496,8 @@ class Study:
             merged = remote.reduce_plans(every, ans, [shipped[id(c)] for c in ctxs], be.name, stay, progress)
             seconds["partials"] = time.perf_counter() - clock
         else:
-            merged = merge_local(plans, ans, ctxs, be, self.workers, progress, partials, hold=hold)
+            merged = merge_local(plans, ans, ctxs, be, self.workers, progress, partials, dense, hold=hold)
+            merged = [joined(a, m) for a, m in zip(ans, merged, strict=True)]
             if whole:
                 extra = merge_local(whole, ans, ctxs, be, 1, progress, partials, hold=hold)
                 merged = [m if e is None else e for m, e in zip(merged, extra, strict=True)]
@@ -510,6 +514,8 @@ class Study:
         seconds["convert"] = time.perf_counter() - clock
         self.last_run_seconds = seconds
         self.last_run_hold = {} if hold is None else hold.summary()
+        if any(d is not None for d in dense):  # where each one's dense accumulators were
+            self.last_run_hold["dense"] = {a.label: d.on_device for a, d in zip(ans, dense, strict=True) if d}
         return out
 
     def _table_plans(self, ans: list[Analysis]) -> dict[str, tuple[list[int], list[_partition.PartitionSpec]]]:
@@ -541,15 +547,16 @@ class Study:
                 )
 
     def _staying(
-        self, ans: list[Analysis], plans: dict[str, tuple[list[int], list[Any]]], whole: dict[Any, Any]
+        self, ans: list[Analysis], plans: dict[str, tuple[list[int], list[Any]]], whole: dict[Any, Any], dense: Any
     ) -> set[int]:
         """The ids of the analyses whose partials stay in device memory (:func:`staying`; a study
-        spills nothing): partials nothing merges (their table is one partition) of the analyses
-        whose finalize takes them there (``Analysis.device_partial``), and those merged on the device.
+        spills nothing, ``dense``: its dense accumulators): partials nothing merges (their table is
+        one partition) of the analyses whose finalize takes them there (``Analysis.device_partial``),
+        those merged on the device, and those whose keyed sums are added to accumulators there.
         On the workers of a cluster, those finalized there (not ``sharded``), on the workers' devices."""
         if self.backend.xp is np:
             return set()
-        out = staying((*plans.values(), *whole.values()), ans, [None] * len(ans))
+        out = staying((*plans.values(), *whole.values()), ans, dense)
         return out if self._remote is None else {id(a) for a in ans if id(a) in out and not a.sharded}
 
     def _whole_instance_plans(

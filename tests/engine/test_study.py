@@ -159,9 +159,9 @@ def test_device_partials_stay_on_the_device_to_their_finalize(dataset, reference
     assert_same(got, reference, rtol=1e-9)
 
 
-def _d2h_per_analysis(dataset, monkeypatch, partitions: int, **kw) -> tuple[dict[str, int], dict]:
+def _d2h_per_analysis(dataset, monkeypatch, partitions: int, holds=None, **kw) -> tuple[dict[str, int], dict]:
     """Device bytes read on the host by a study's run of each analysis (device-shaped backend),
-    and the results of all of them."""
+    and the results of all of them (``holds``: filled with each run's ``last_run_hold``)."""
     from device_backend import DEVICE, counting_device_work, mark_partials_gpu, resolve_gpu_to_device
 
     resolve_gpu_to_device(monkeypatch)
@@ -172,6 +172,8 @@ def _d2h_per_analysis(dataset, monkeypatch, partitions: int, **kw) -> tuple[dict
             with counting_device_work() as w:
                 got.update(study.run(n))
             d2h[n] = w["d2h_bytes"]
+            if holds is not None:
+                holds[n] = study.last_run_hold
     return d2h, got
 
 
@@ -226,7 +228,10 @@ def test_a_device_study_past_its_hold_merges_on_the_host_with_the_same_results(d
     """What the merge trees hold on the device is bounded (``engine.tasks.DeviceHold``: a tenth
     of the memory budget or of the free device memory): with none allowed, every partial is
     copied to the host as it is made and merged there, and the results are the same bits; with
-    a budget, the device bytes held stay within its tenth."""
+    a budget, the device bytes held stay within its tenth.  The parted analyses' keyed sums go to
+    dense accumulators instead (``engine.shards.study_dense``): on the device, or on the host
+    where the device has no room for them, the same bits either way (the same additions in
+    partition order)."""
     from device_backend import device_memory
 
     from gpuclust.engine import memory, tasks
@@ -238,15 +243,21 @@ def test_a_device_study_past_its_hold_merges_on_the_host_with_the_same_results(d
         held.append((self.peak, self.allowance(), list(self.moved)))
 
     monkeypatch.setattr(tasks.DeviceHold, "add", spy)
-    there, want = _d2h_per_analysis(dataset, monkeypatch, 4)
+    holds: dict[str, dict] = {}
+    there, want = _d2h_per_analysis(dataset, monkeypatch, 4, holds)
     assert held and all(not moved for _, _, moved in held)
+    dense = {"cpi", "machine-utilization", "overcommit"}
+    assert {n for n, h in holds.items() if h.get("dense")} == dense
+    assert all(holds[n]["dense"] == {create(n).label: True} for n in dense), holds
     monkeypatch.setattr(memory, "HOLD_SHARE", 0.0)
+    monkeypatch.setattr(study_mod, "DEVICE_DENSE_SHARE", 0.0)
     held.clear()
-    host, got = _d2h_per_analysis(dataset, monkeypatch, 4)
+    host, got = _d2h_per_analysis(dataset, monkeypatch, 4, holds)
     # (one partition here, whole instances of a flat table: the lifecycles, data-quality)
     merged = {*MERGED_THERE, *MERGED_FOR_THE_HOST} - {"lifecycle", "collection-lifecycle", "data-quality"}
-    labels = {create(n).label: n for n in merged}
+    labels = {create(n).label: n for n in merged - dense}
     assert {m for _, _, moved in held for m in moved} == set(labels) | {"_cpi-histograms"}  # (cpi's first pass)
+    assert all(holds[n]["dense"] == {create(n).label: False} for n in dense), holds
     assert all(host[n] > there[n] for n in merged), (host, there)
     assert_same(got, want)
     # under a memory budget: a tenth of it

@@ -18,7 +18,7 @@ import pytest
 from strategies import random_cell, write_dataset
 
 import gpuclust
-from gpuclust.analyses.registry import names
+from gpuclust.analyses.registry import create, names
 from gpuclust.dataset import Dataset
 from gpuclust.engine.study import StudyMemoryError
 from gpuclust.optimize import optimize
@@ -77,6 +77,10 @@ def test_an_eighth_of_the_memory_gives_the_same_bits(bucketed, backend, monkeypa
     assert streamed >= PARTITIONS - 2  # an eighth of the data: one or two partitions stay
     reads = study.partition_reads["instance_usage"]
     _exactly_equal(got, want)
+    if backend != "cpu":  # the parted analyses' keyed sums: into dense accumulators, not the merge trees
+        hold = study.last_run_hold
+        assert set(hold["dense"]) == {create(n).label for n in ("cpi", "machine-utilization", "overcommit")}, hold
+        assert not set(hold["dense"]) & set(hold["merged_on_host"]), hold
     study.run("cell-usage")  # every run reads the streamed partitions again, and only those
     assert study.partition_reads["instance_usage"] == reads + streamed
     study.close()
