@@ -8,12 +8,13 @@ a bucketed source, in each partition task (:class:`PerPartition`, :func:`bind_pa
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
-from gpuclust._parallel import client_threads
+from gpuclust._parallel import client_threads, map_ordered
 from gpuclust.analyses.base import Analysis
 from gpuclust.engine import partition as _partition
 from gpuclust.engine import reading as _reading
@@ -21,6 +22,7 @@ from gpuclust.engine.timing import phase
 from gpuclust.parted import map_large_arrays
 
 __all__ = [
+    "THREADS_PER_CONTEXT",
     "PerPartition",
     "bind_partition",
     "contexts",
@@ -29,6 +31,11 @@ __all__ = [
     "result_keys",
     "unbound",
 ]
+
+
+#: Client threads each context has at least where a run computes several at once
+#: (:func:`contexts`' ``at_once``: a device run, whose engine leaves the host's cores to spare).
+THREADS_PER_CONTEXT = 4
 
 
 def resolve_analyses(analyses: Analysis | str | Iterable[Analysis | str]) -> list[Analysis]:
@@ -97,6 +104,7 @@ def contexts(
     run_pass: Any = None,
     scratch: Path | None = None,
     threads: int = 1,
+    at_once: bool = False,
 ) -> list[Any]:
     """Each analysis' context, in order: its prerequisite passes run by ``run_pass(analyses) ->
     results`` (the caller's engine: same backend, partitions and scheduler), the context computed
@@ -106,11 +114,18 @@ def contexts(
     tables), or wrapped in :class:`PerPartition` for the analyses in ``per_partition`` (bound in
     each partition task to its buckets).  The context and its binding may use ``threads``
     threads (:func:`gpuclust._parallel.client_threads`: e.g. the instance lookups sort their
-    events a row group per thread)."""
-    ctxs = []
-    for k, a in enumerate(ans):
+    events a row group per thread).  ``at_once``: the contexts of the analyses without
+    prerequisite passes are computed several at a time, on threads of their own
+    (:data:`THREADS_PER_CONTEXT` of ``threads`` each); those with passes after them, one at a
+    time (their passes run the engine)."""
+    many = threads // THREADS_PER_CONTEXT if at_once else 1
+    free = [k for k, a in enumerate(ans) if not a.prerequisites(src)] if many > 1 else []
+
+    def one(k: int, threads: int) -> Any:
+        a = ans[k]
         with phase("contexts", a.label):  # a prerequisite pass's own phases apart
             pre = a.prerequisites(src)
+            prior = None
             if pre:
                 if run_pass is None:
                     raise ValueError(
@@ -120,21 +135,25 @@ def contexts(
                     progress.phase(f"pass: {', '.join(p.label for p in pre.values())} (for {a.label})")
                 res = run_pass(list(pre.values()))
                 keys = result_keys(list(pre.values()))
-                if progress is not None:
-                    progress.phase(f"context: {a.label}")
-                with client_threads(threads):  # an analysis with prerequisites takes their results as `prior`
-                    ctx = cast(Any, a).context(src, {name: res[key] for name, key in zip(pre, keys, strict=True)})
-            else:
-                if progress is not None:
-                    progress.phase(f"context: {a.label}")
-                with client_threads(threads):
-                    ctx = a.context(src)
+                prior = {name: res[key] for name, key in zip(pre, keys, strict=True)}
+            if progress is not None:
+                progress.phase(f"context: {a.label}")
+            with client_threads(threads):  # an analysis with prerequisites takes their results as `prior`
+                ctx = a.context(src) if prior is None else cast(Any, a).context(src, prior)
             if scratch is not None:
                 ctx = map_large_arrays(ctx, scratch)
             if per_partition is not None and k in per_partition:
-                ctxs.append(PerPartition(ctx))
-            else:
-                side = {t: _reading.side_table(src, t) for t in a.side_inputs}
-                with client_threads(threads):
-                    ctxs.append(a.bind(ctx, side, None))
-    return ctxs
+                return PerPartition(ctx)
+            side = {t: _reading.side_table(src, t) for t in a.side_inputs}
+            with client_threads(threads):
+                return a.bind(ctx, side, None)
+
+    out: dict[int, Any] = {}
+    if len(free) > 1:
+        each = max(THREADS_PER_CONTEXT, threads // len(free))
+        # each thread in a copy of this one's context variables (the run's memory, see gpuclust._memory)
+        copies = {k: contextvars.copy_context() for k in free}
+        with phase("contexts"):  # (the threads' own phases are theirs, by analysis)
+            done = map_ordered(lambda k: copies[k].run(one, k, each), free, many, name="gpuclust-contexts")
+            out.update(zip(free, done, strict=True))
+    return [out[k] if k in out else one(k, threads) for k in range(len(ans))]

@@ -329,6 +329,7 @@ def _contexts_and_spills(
         run_pass=run_pass,
         scratch=None if folders is None else folders.spill / "context",
         threads=st.client,
+        at_once=st.be.name != "cpu",  # (a device run: the host's cores are the contexts' to use)
     )
     spills: list[_shards.SpillTarget | None] = [
         folders.for_analysis(k) if a.sharded and folders is not None else None for k, a in enumerate(ans)

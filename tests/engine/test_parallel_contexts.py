@@ -160,3 +160,44 @@ def test_usable_cores_follow_the_affinity_mask_else_the_machine(monkeypatch):
     monkeypatch.setattr(os, "cpu_count", lambda: None)
     assert _parallel.usable_cores() == 1
     assert 2 <= staging.LOAD_THREADS <= 12
+
+
+def test_a_device_run_computes_its_contexts_several_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run on a device leaves the host's cores to its client: the contexts of the analyses
+    without a prerequisite pass are computed several at a time (``contexts(at_once=True)``: at
+    least ``THREADS_PER_CONTEXT`` client threads each), each in the run's context variables
+    (usage-distribution's, in a thread of its own, still sees the device's memory: exact, no row
+    limit, where the host's limit would take two passes), with the results of one at a time.
+    The device CLI's contexts took 4.7 s one after another on the H200 (2026-11-29, 3.05e7
+    windows; usage-vs-request 1.5 s the longest)."""
+    from device_backend import DEVICE_GPU, mark_partials_gpu, resolve_gpu_to_device
+    from strategies import assert_results_same, random_cell, write_dataset
+
+    from gpuclust.analyses import usage_distribution as ud
+    from gpuclust.analyses.registry import create, names
+    from gpuclust.engine import local, run
+    from gpuclust.engine.contexts import THREADS_PER_CONTEXT
+
+    ds = write_dataset(tmp_path, random_cell(5, n_instances=80, n_windows=3000), files=2)
+    resolve_gpu_to_device(monkeypatch)
+    mark_partials_gpu(monkeypatch)
+    monkeypatch.setattr(ud, "EXACT_MAX_WINDOWS", (10, 10))  # the host's limit would take two passes
+    seen: dict[str, set[str]] = {}
+    for cls in {type(create(n)) for n in names()}:
+
+        def spy(self, *args, real=cls.context, **kw):
+            seen.setdefault(self.label, set()).add(threading.current_thread().name)
+            return real(self, *args, **kw)
+
+        monkeypatch.setattr(cls, "context", spy)
+    one = run(ds, names(), backend=DEVICE_GPU, partitions=2)
+    assert {t for s in seen.values() for t in s} == {"MainThread"}  # 2 cores: one at a time
+    seen.clear()
+    monkeypatch.setattr(local, "default_workers", lambda backend="cpu": 4 * THREADS_PER_CONTEXT)
+    many = run(ds, names(), backend=DEVICE_GPU, partitions=2)
+    on_threads = {label for label, s in seen.items() if all(t.startswith("gpuclust-contexts") for t in s)}
+    assert {"overcommit", "usage-vs-request", "usage-distribution"} <= on_threads, seen
+    assert seen["cpi"] == {"MainThread"}  # (its pass over the data first, then its context: one at a time)
+    info = many["usage-distribution"]["info"].iloc[0]
+    assert (info["strategy"], info["exact_max_windows"]) == ("exact", -1)
+    assert_results_same(many, one, rtol=0)
