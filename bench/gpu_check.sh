@@ -23,7 +23,7 @@
 #   profile    the slowest analyses warm, sampled at 200 Hz under CUDA_LAUNCH_BLOCKING=1: the lines
 #              of gpuclust their time (kernels included) went to (bench/gpu_profile.py profile_step)
 # STEPS (default "tests sanitize kernels study cli dask profile") picks steps, e.g. for a rerun on the
-# time left.  After every step bench/gpu_check.py assembles $OUT/gpu-latest.json (issue 34's record) from what
+# time left; CLI_CPU_S (default 70) is the cpu CLI run's limit (STEPS=cli CLI_CPU_S=400: to its end).  After every step bench/gpu_check.py assembles $OUT/gpu-latest.json (issue 34's record) from what
 # the steps wrote so far, so a call cut off still returns a valid record.  At most 8 files come back:
 # gpu-latest.json, check.log, tests.log, memcheck.log, racecheck.log, kernels.log, kernels_gpu.json,
 # steps.log (data, study, cli, dask, profile).
@@ -79,6 +79,7 @@ step() {  # step NAME LOGFILE MAX_S FLOOR_S CMD...: run CMD for min(MAX_S, time 
 say "check: backend $BACKEND, $COPIES x $BASE windows, deadline $((DEADLINE - T0)) s"
 $PY "${CHECK[@]}" env --json "$WORK/env.json" --commit "${COMMIT:-}" >>"$LOGS/check.log" 2>&1
 STEPS=" ${STEPS:-tests sanitize kernels study cli dask profile} "
+CLI_CPU_S=${CLI_CPU_S:-70}
 has() { [[ "$STEPS" == *" $1 "* ]]; }
 ( timeout -k 5 240 $PY "${CHECK[@]}" data "$WORK/data" --base "$BASE" --copies "$COPIES" --machines "$MACHINES" \
     >>"$LOGS/steps.log" 2>&1 && \
@@ -111,8 +112,10 @@ if [ -f "$DS/manifest.json" ]; then
     has study && step study steps.log 210 30 $PY "${CHECK[@]}" study "$DS" --json "$WORK/study.json" --ref "$WORK/ref.pkl" --backend "$BACKEND"
     has cli && step cli-gpu steps.log 60 20 $PY "${CHECK[@]}" cli "$DS" --json "$WORK/cli_gpu.json" --backend "$BACKEND" --timeout 55
     # the cpu run does not finish at this size inside the check (over 110 s on 2026-11-29): its cut
-    # is a lower bound, and the study's out of core and dask keep their slots
-    has cli && step cli-cpu steps.log 70 20 $PY "${CHECK[@]}" cli "$DS" --json "$WORK/cli_cpu.json" --backend cpu --timeout 65
+    # is a lower bound, and the study's out of core and dask keep their slots (CLI_CPU_S: a call of
+    # STEPS=cli alone gives it the rest, e.g. CLI_CPU_S=400)
+    has cli && step cli-cpu steps.log "$CLI_CPU_S" 20 $PY "${CHECK[@]}" cli "$DS" --json "$WORK/cli_cpu.json" --backend cpu \
+        --timeout $((CLI_CPU_S - 5))
     if ! has dask; then
         :
     elif [ -z "${REHEARSE:-}" ]; then
