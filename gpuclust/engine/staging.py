@@ -14,7 +14,7 @@ fraction of the bus's rate (8 against 55 GB/s measured on an H100 node; bench/re
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -28,7 +28,7 @@ from gpuclust.engine import partition as _partition
 from gpuclust.engine import reading as _reading
 from gpuclust.schema import SCHEMAS
 
-__all__ = ["LOAD_THREADS", "STAGING_BYTES", "column_dtypes", "fill_nulls", "load_partitions"]
+__all__ = ["LOAD_THREADS", "STAGING_BYTES", "column_bytes", "column_dtypes", "fill_nulls", "load_partitions"]
 
 #: Host threads that decode Parquet row groups at once (each also drives its own copy stream and
 #: pair of pinned buffers): the usable cores, at most 12.  Decoding is CPU-bound and runs without
@@ -162,6 +162,11 @@ def column_dtypes(table: str, columns: Sequence[str]) -> dict[str, np.dtype]:
     """The NumPy dtype each canonical column has in backend memory."""
     schema = SCHEMAS[table]
     return {c: np.dtype(schema.field(c).type.to_pandas_dtype()) for c in columns}
+
+
+def column_bytes(table: str, columns: Iterable[str]) -> int:
+    """Bytes of a row of ``columns`` of ``table`` in backend memory."""
+    return sum(d.itemsize for d in column_dtypes(table, sorted(columns)).values())
 
 
 def load_partitions(

@@ -47,7 +47,7 @@ from gpuclust.engine.contexts import contexts, resolve_analyses
 from gpuclust.engine.local import default_workers, finalize_all, host_threads, merge_local
 from gpuclust.engine.memory import DEVICE_PARTITION_ROWS, array_bytes, available_memory, parse_size
 from gpuclust.engine.shards import DEVICE_DENSE_SHARE, joined, spill, study_targets
-from gpuclust.engine.staging import LOAD_THREADS, column_dtypes, load_partitions
+from gpuclust.engine.staging import LOAD_THREADS, column_bytes, load_partitions
 from gpuclust.engine.study_workers import WorkerResidency, partials_of
 from gpuclust.engine.tasks import device_hold, staying
 from gpuclust.schema import SCHEMAS
@@ -74,12 +74,14 @@ def _row_bytes(table: str, work: bool = False) -> int:
     ans = [a for n in names() for a in [create(n)] if a.table == table]
     if work:
         return max((int(a.row_bytes) for a in ans), default=0)
-    return max(1, _column_bytes(table, {c for a in ans for c in (*a.columns, *a.context_columns)}))
+    return max(1, column_bytes(table, {c for a in ans for c in (*a.columns, *a.context_columns)}))
 
 
-def _column_bytes(table: str, columns: Iterable[str]) -> int:
-    """Bytes of a row of ``columns`` of ``table`` in backend memory."""
-    return sum(d.itemsize for d in column_dtypes(table, sorted(columns)).values())
+def _kept(contexts: dict[Analysis, Any], a: Analysis) -> bool:
+    try:
+        return a in contexts
+    except TypeError:  # options that are not hashable
+        return False
 
 
 def _available_bytes(backend: Backend) -> int:
@@ -268,11 +270,8 @@ class Study:
     def resident_bytes(self) -> int:
         """Bytes of resident columns."""
         if self._remote is not None:
-            return sum(
-                sum(s.num_rows for g in self._groups[t] for s in g) * d.itemsize
-                for t, cols in self._remote_columns.items()
-                for d in column_dtypes(t, sorted(cols)).values()
-            )
+            rows = {t: sum(s.num_rows for g in self._groups[t] for s in g) for t in self._remote_columns}
+            return sum(rows[t] * column_bytes(t, cols) for t, cols in self._remote_columns.items())
         return sum(int(a.nbytes) for parts in self._resident.values() for p in parts for a in p.values())
 
     def persist(self, columns: Sequence[str] | Mapping[str, Sequence[str]] | None = None) -> Study:
@@ -337,8 +336,8 @@ class Study:
         once (one per engine thread) and ``extra`` bytes, fit in the budget."""
         groups = self._plan(table)
         streamed = self._streamed.setdefault(table, set())
-        row_bytes = _column_bytes(table, {*self._columns.get(table, ()), *columns})
-        new_bytes = _column_bytes(table, columns)
+        row_bytes = column_bytes(table, {*self._columns.get(table, ()), *columns})
+        new_bytes = column_bytes(table, columns)
         rows = [sum(s.num_rows for s in g) for g in groups]
         resident = [i for i in range(len(groups)) if i not in streamed]
         total = self.resident_bytes + sum(rows[i] for i in resident) * new_bytes
@@ -366,7 +365,7 @@ class Study:
         if self.memory_budget is None:
             return None
         streamed = [t for t, v in self._streamed.items() if v]
-        streaming = max((self._reserve(t, _column_bytes(t, self._columns.get(t, ()))) for t in streamed), default=0)
+        streaming = max((self._reserve(t, column_bytes(t, self._columns.get(t, ()))) for t in streamed), default=0)
         left = self.memory_budget - self.resident_bytes - streaming - self._device_extra(ctxs, ans)
         return int(_memory.HOLD_SHARE * self.memory_budget) + max(0, left)
 
@@ -378,7 +377,7 @@ class Study:
         keep = [i for i in range(len(groups)) if i not in streamed]
         groups = [groups[i] for i in keep]
         rows = sum(s.num_rows for g in groups for s in g)
-        need = rows * _column_bytes(table, columns)
+        need = rows * column_bytes(table, columns)
         self._columns.setdefault(table, set()).update(columns)
         if not groups:
             return
@@ -411,14 +410,18 @@ class Study:
         self.source = _partition.CachingSource(self.source.inner)
 
     # -- running --------------------------------------------------------------------------
-    def _context(self, a: Analysis) -> Any:
-        try:
-            hash(a)
-        except TypeError:  # options that are not hashable: computed each time
-            return contexts([a], self.source, self.progress, run_pass=self._stream)[0]
-        if a not in self._contexts:
-            self._contexts[a] = contexts([a], self.source, self.progress, run_pass=self._stream)[0]
-        return self._contexts[a]
+    def _contexts_of(self, ans: list[Analysis]) -> list[Any]:
+        """Each analysis' context, kept for the study's life (but where its options are not
+        hashable); those not kept yet computed together on the host's threads (several at a time
+        on a device: :func:`gpuclust.engine.contexts.contexts`)."""
+        todo = [a for a in ans if not _kept(self._contexts, a)]
+        threads, device = host_threads(self.backend, self.workers), self.backend.name != "cpu"
+        new = contexts(todo, self.source, self.progress, run_pass=self._stream, threads=threads, at_once=device)
+        made = {id(a): c for a, c in zip(todo, new, strict=True)}
+        for a, c in zip(todo, new, strict=True):
+            with contextlib.suppress(TypeError):  # (options that are not hashable: computed each time)
+                self._contexts[a] = c
+        return [made[id(a)] if id(a) in made else self._contexts[a] for a in ans]
 
     def run(self, analyses: Analysis | str | Iterable[Analysis | str]) -> dict[str, dict[str, pd.DataFrame]]:
         """Run analyses over the resident columns (persisting any column they need that is not
@@ -443,7 +446,7 @@ class Study:
             need.setdefault(a.table, set()).update(a.columns, a.context_columns)
         self.persist({t: sorted(c) for t, c in need.items()})
         clock = time.perf_counter()
-        ctxs = [self._context(a) for a in ans]
+        ctxs = self._contexts_of(ans)
         seconds = {"contexts": time.perf_counter() - clock, "partials": 0.0}
         if beside := self._device_extra(ctxs):  # the contexts known now: streams more where they do not fit
             for table in sorted(need, key=lambda t: -sum(s.num_rows for g in self._plan(t) for s in g)):
@@ -522,17 +525,13 @@ class Study:
         """Per table: the analyses (by index) that read it and one partition per resident group."""
         plans: dict[str, tuple[list[int], list[_partition.PartitionSpec]]] = {}
         for k, a in enumerate(ans):
-            idx, _ = plans.setdefault(
-                a.table,
-                (
+            if a.table not in plans:
+                groups = enumerate(self._plan(a.table))
+                plans[a.table] = (
                     [],
-                    [
-                        _partition.PartitionSpec(a.table, i, tuple(p for s in g for p in s.pieces))
-                        for i, g in enumerate(self._plan(a.table))
-                    ],
-                ),
-            )
-            idx.append(k)
+                    [_partition.PartitionSpec(a.table, i, tuple(p for s in g for p in s.pieces)) for i, g in groups],
+                )
+            plans[a.table][0].append(k)
         return plans
 
     def _check_whole_fits(self, ans: list[Analysis], whole: dict[str, tuple[list[int], list[Any]]]) -> None:

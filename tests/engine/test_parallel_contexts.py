@@ -167,12 +167,14 @@ def test_a_device_run_computes_its_contexts_several_at_once(tmp_path: Path, monk
     without a prerequisite pass are computed several at a time (``contexts(at_once=True)``: at
     least ``THREADS_PER_CONTEXT`` client threads each), each in the run's context variables
     (usage-distribution's, in a thread of its own, still sees the device's memory: exact, no row
-    limit, where the host's limit would take two passes), with the results of one at a time.
+    limit, where the host's limit would take two passes), with the results of one at a time; a
+    study's first run as well.
     The device CLI's contexts took 4.7 s one after another on the H200 (2026-11-29, 3.05e7
     windows; usage-vs-request 1.5 s the longest)."""
     from device_backend import DEVICE_GPU, mark_partials_gpu, resolve_gpu_to_device
     from strategies import assert_results_same, random_cell, write_dataset
 
+    import gpuclust
     from gpuclust.analyses import usage_distribution as ud
     from gpuclust.analyses.registry import create, names
     from gpuclust.engine import local, run
@@ -201,3 +203,8 @@ def test_a_device_run_computes_its_contexts_several_at_once(tmp_path: Path, monk
     info = many["usage-distribution"]["info"].iloc[0]
     assert (info["strategy"], info["exact_max_windows"]) == ("exact", -1)
     assert_results_same(many, one, rtol=0)
+    seen.clear()  # a study's first run: the same
+    with gpuclust.open(ds, backend=DEVICE_GPU, partitions=2) as study:
+        got = study.run(names())
+    assert {label for label, s in seen.items() if all(t.startswith("gpuclust-contexts") for t in s)} == on_threads
+    assert_results_same(got, one, rtol=1e-12)
