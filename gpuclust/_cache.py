@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from typing import Any
 
-__all__ = ["PerArrayCache"]
+__all__ = ["PerArrayCache", "forget"]
+
+#: Every cache made, so that :func:`forget` reaches them all.
+_ALL: weakref.WeakSet[PerArrayCache] = weakref.WeakSet()
 
 
 class PerArrayCache:
@@ -30,6 +33,14 @@ class PerArrayCache:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._entries: dict[tuple[Hashable, ...], tuple[Any, Any]] = {}
+        _ALL.add(self)
+
+    def forget(self, arrays: Iterable[Any]) -> None:
+        """Drop what was made of ``arrays`` (made again on the next :meth:`get`)."""
+        ids: dict[Any, Any] = {id(a): a for a in arrays}
+        with self._lock:
+            for key in [k for k, (ref, _) in self._entries.items() if ref() is ids.get(k[0], self)]:
+                del self._entries[key]
 
     def get(self, a: Any, make: Callable[[Any], Any], extra_key: tuple[Hashable, ...] = ()) -> Any:
         key = (id(a), *extra_key)
@@ -49,3 +60,11 @@ class PerArrayCache:
                 return value
             self._entries[key] = (ref, value)
             return value
+
+
+def forget(arrays: Iterable[Any]) -> None:
+    """Drop what every cache made of ``arrays``: e.g. the device copies of a study's contexts not
+    in its next run (:meth:`gpuclust.backends.Backend.stage`), so that their device memory is freed."""
+    arrays = list(arrays)
+    for cache in list(_ALL):
+        cache.forget(arrays)

@@ -36,6 +36,7 @@ __all__ = [
     "default_limit",
     "device_bytes",
     "device_partition_rows",
+    "host_arrays",
     "machine_memory",
     "parse_size",
     "partition_rows",
@@ -246,25 +247,35 @@ def device_bytes(objs: Sequence[Any], depth: int = 8) -> int:
     return _bytes_of(objs, lambda x: hasattr(x, "__cuda_array_interface__") and hasattr(x, "nbytes"), depth)
 
 
+def host_arrays(objs: Sequence[Any], depth: int = 4) -> list[np.ndarray]:
+    """The NumPy arrays in ``objs`` (as :func:`array_bytes` finds them), each once."""
+    return _arrays_in(objs, lambda x: isinstance(x, np.ndarray), depth)
+
+
 def _bytes_of(objs: Sequence[Any], is_array: Any, depth: int) -> int:
+    return sum(int(x.nbytes) for x in _arrays_in(objs, is_array, depth))
+
+
+def _arrays_in(objs: Sequence[Any], is_array: Any, depth: int) -> list[Any]:
     import dataclasses
 
-    seen: set[int] = set()
+    seen: dict[int, Any] = {}
 
-    def walk(x: Any, left: int) -> int:
+    def walk(x: Any, left: int) -> None:
         if is_array(x):
-            if id(x) in seen:
-                return 0
-            seen.add(id(x))
-            return int(x.nbytes)
-        if left <= 0 or isinstance(x, (str, bytes, np.ndarray)):
-            return 0
-        if dataclasses.is_dataclass(x) and not isinstance(x, type):
-            return sum(walk(getattr(x, f.name), left - 1) for f in dataclasses.fields(x))
-        if isinstance(x, dict):
-            return sum(walk(v, left - 1) for v in x.values())
-        if isinstance(x, (list, tuple)):
-            return sum(walk(v, left - 1) for v in x)
-        return 0
+            seen.setdefault(id(x), x)
+        elif left <= 0 or isinstance(x, (str, bytes, np.ndarray)):
+            return
+        elif dataclasses.is_dataclass(x) and not isinstance(x, type):
+            for f in dataclasses.fields(x):
+                walk(getattr(x, f.name), left - 1)
+        elif isinstance(x, dict):
+            for v in x.values():
+                walk(v, left - 1)
+        elif isinstance(x, (list, tuple)):
+            for v in x:
+                walk(v, left - 1)
 
-    return sum(walk(o, depth) for o in objs)
+    for o in objs:
+        walk(o, depth)
+    return list(seen.values())

@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from gpuclust._cache import forget
 from gpuclust._lazy import pandas as pd
 from gpuclust._memory import run_memory, tune_allocator
 from gpuclust.analyses.base import Analysis
@@ -45,7 +46,7 @@ from gpuclust.engine import memory as _memory
 from gpuclust.engine import partition as _partition
 from gpuclust.engine.contexts import contexts, resolve_analyses
 from gpuclust.engine.local import default_workers, finalize_all, host_threads, merge_local
-from gpuclust.engine.memory import DEVICE_PARTITION_ROWS, array_bytes, available_memory, parse_size
+from gpuclust.engine.memory import DEVICE_PARTITION_ROWS, array_bytes, available_memory, host_arrays, parse_size
 from gpuclust.engine.shards import DEVICE_DENSE_SHARE, joined, spill, study_targets
 from gpuclust.engine.staging import LOAD_THREADS, column_bytes, load_partitions
 from gpuclust.engine.study_workers import WorkerResidency, partials_of
@@ -314,11 +315,12 @@ class Study:
 
     def _device_extra(self, ctxs: Sequence[Any] = (), ans: Sequence[Analysis] | None = None) -> int:
         """Device memory beside the partitions, counted against an explicit :attr:`memory_budget`
-        on a device backend: the arrays of the contexts (cached and ``ctxs``), which the partials
-        copy there for the study's life, the partials' transient arrays, ``Analysis.row_bytes``
-        a row of the largest partition (per engine thread; of the table whose analyses take most:
-        the registered ones, or ``ans``), and :data:`~gpuclust.engine.memory.HOLD_SHARE` of the
-        budget for the partials merged on the device (:meth:`_hold`)."""
+        on a device backend: the arrays of the contexts (``ctxs``, a run's, else every one kept),
+        which the partials copy there (those of the analyses not in a run are dropped there,
+        :meth:`_contexts_of`), the partials' transient arrays, ``Analysis.row_bytes`` a row of
+        the largest partition (per engine thread; of the table whose analyses take most: the
+        registered ones, or ``ans``), and :data:`~gpuclust.engine.memory.HOLD_SHARE` of the
+        budget for the partials merged on the device (:meth:`_room`)."""
         if self.memory_budget is None or self._remote is not None or self.backend.xp is np:
             return 0
         at_once = self.workers if self.backend.name == "cpu" else 1
@@ -328,7 +330,8 @@ class Study:
         else:
             per_row = {t: max((int(a.row_bytes) for a in ans if a.table == t), default=0) for t in rows}
         work = max((at_once * n * per_row[t] for t, n in rows.items()), default=0)
-        return work + array_bytes([*self._contexts.values(), *ctxs]) + int(_memory.HOLD_SHARE * self.memory_budget)
+        held = ctxs or list(self._contexts.values())  # (a run's own: the others' device copies are dropped)
+        return work + array_bytes(held) + int(_memory.HOLD_SHARE * self.memory_budget)
 
     def _stream_beyond_budget(self, table: str, columns: list[str], extra: int = 0) -> None:
         """Mark the last resident partitions of ``table`` streamed (dropping what they hold)
@@ -356,12 +359,10 @@ class Study:
         return sum(sorted((sum(s.num_rows for s in groups[i]) for i in streamed), reverse=True)[:at_once]) * row_bytes
 
     def _room(self, ans: list[Analysis], ctxs: Sequence[Any]) -> int | None:
-        """Device bytes a run may keep beside its partitions (merged partials and dense
-        accumulators, see :meth:`_run`): with a :attr:`memory_budget`,
-        :data:`~gpuclust.engine.memory.HOLD_SHARE` of it (kept out of the resident partitions'
-        room, :meth:`_device_extra`) and what the resident partitions, the partitions streamed at
-        once (tables stream one after another) and the work and contexts of ``ans`` leave of the
-        rest; else None (a share of the device's free memory)."""
+        """Device bytes a run may keep beside its partitions (merged partials, dense accumulators):
+        with a :attr:`memory_budget`, :data:`~gpuclust.engine.memory.HOLD_SHARE` of it (kept out of
+        the resident partitions' room, :meth:`_device_extra`) and what the resident partitions, the
+        partitions streamed at once and the work and contexts of ``ans`` leave of the rest; else None."""
         if self.memory_budget is None:
             return None
         streamed = [t for t, v in self._streamed.items() if v]
@@ -411,9 +412,8 @@ class Study:
 
     # -- running --------------------------------------------------------------------------
     def _contexts_of(self, ans: list[Analysis]) -> list[Any]:
-        """Each analysis' context, kept for the study's life (but where its options are not
-        hashable); those not kept yet computed together on the host's threads (several at a time
-        on a device: :func:`gpuclust.engine.contexts.contexts`)."""
+        """Each analysis' context, kept for the study's life where its options are hashable; those
+        not kept yet computed together on the host's threads (several at once on a device)."""
         todo = [a for a in ans if not _kept(self._contexts, a)]
         threads, device = host_threads(self.backend, self.workers), self.backend.name != "cpu"
         new = contexts(todo, self.source, self.progress, run_pass=self._stream, threads=threads, at_once=device)
@@ -421,6 +421,8 @@ class Study:
         for a, c in zip(todo, new, strict=True):
             with contextlib.suppress(TypeError):  # (options that are not hashable: computed each time)
                 self._contexts[a] = c
+        if self.memory_budget is not None and self._remote is None and self.backend.xp is not np:  # (device)
+            forget(host_arrays([c for a, c in self._contexts.items() if a not in ans]))  # others' device copies
         return [made[id(a)] if id(a) in made else self._contexts[a] for a in ans]
 
     def run(self, analyses: Analysis | str | Iterable[Analysis | str]) -> dict[str, dict[str, pd.DataFrame]]:
@@ -571,10 +573,8 @@ class Study:
             # buckets of the table's own key hold whole instances (whole collections for collection events)
             if not need or len(groups) <= 1 or all(s.grain is not None for g in groups for s in g):
                 continue
-            rest = [k for k in idx if k not in need]
-            if rest:
-                plans[table] = (rest, specs)
-            else:
+            plans[table] = ([k for k in idx if k not in need], specs)
+            if not plans[table][0]:
                 del plans[table]
             out[table] = (need, [_partition.PartitionSpec(table, -1, tuple(p for sp in specs for p in sp.pieces))])
         return out

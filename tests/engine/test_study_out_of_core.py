@@ -206,3 +206,25 @@ def test_a_device_of_a_quarter_of_the_data_holds_the_study(replicas, monkeypatch
         assert 0 < mem["peak_live_bytes"] <= cap, (mem["peak_live_bytes"], cap)
         study.close()
     assert set(got) == set(names()) and all(got.values())
+
+
+def test_a_budgeted_device_study_keeps_on_the_device_only_its_runs_contexts(replicas, monkeypatch):
+    """Under a memory budget on a device, a run keeps there the copies of its own analyses'
+    contexts only (``Backend.stage``): those of the analyses run before it are dropped (staged
+    again when used), so a study that runs its analyses one at a time, as the H200 check does,
+    does not pile them up, and the budget counts the run's own alone.  Without a budget they stay."""
+    from device_backend import DEVICE, device_memory, mark_partials_gpu, resolve_gpu_to_device
+
+    resolve_gpu_to_device(monkeypatch)
+    mark_partials_gpu(monkeypatch)
+    big, small = "usage-vs-request", "machine-shapes"  # (a context of ~1.5 MB here; one of ~50 kB)
+    for budget in (1 << 20, None):
+        with device_memory() as mem, gpuclust.open(replicas, backend=DEVICE, partitions=32, memory_budget=budget) as st:
+            st.persist()
+            before = mem["live_bytes"]
+            st.run(big)
+            kept = mem["live_bytes"] - before
+            st.run(small)
+            left = mem["live_bytes"] - before
+        assert kept > 500_000, kept
+        assert (left < kept / 10) if budget else (left >= kept), (budget, kept, left)
