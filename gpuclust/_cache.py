@@ -35,6 +35,11 @@ class PerArrayCache:
         self._entries: dict[tuple[Hashable, ...], tuple[Any, Any]] = {}
         _ALL.add(self)
 
+    def __contains__(self, a: Any) -> bool:
+        """Whether something made of ``a`` is kept."""
+        with self._lock:
+            return any(ref() is a for k, (ref, _) in self._entries.items() if k[0] == id(a))
+
     def forget(self, arrays: Iterable[Any]) -> None:
         """Drop what was made of ``arrays`` (made again on the next :meth:`get`)."""
         ids: dict[Any, Any] = {id(a): a for a in arrays}

@@ -32,6 +32,7 @@ import contextlib
 import math
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -49,6 +50,15 @@ from gpuclust.engine.local import default_workers, finalize_all, host_threads, m
 from gpuclust.engine.memory import DEVICE_PARTITION_ROWS, array_bytes, available_memory, host_arrays, parse_size
 from gpuclust.engine.shards import DEVICE_DENSE_SHARE, joined, spill, study_targets
 from gpuclust.engine.staging import LOAD_THREADS, column_bytes, load_partitions
+from gpuclust.engine.study_plans import (
+    StudyMemoryError,
+    budget_groups,
+    check_whole_fits,
+    combined_hold,
+    run_in_groups,
+    table_plans,
+    whole_plans,
+)
 from gpuclust.engine.study_workers import WorkerResidency, partials_of
 from gpuclust.engine.tasks import device_hold, staying
 from gpuclust.schema import SCHEMAS
@@ -60,11 +70,6 @@ __all__ = ["GPU_RUN_ROWS", "Study", "StudyMemoryError", "open_study"]
 GPU_RUN_ROWS = DEVICE_PARTITION_ROWS
 #: Share of free memory (device memory on gpu, available RAM on cpu) a persist may take.
 MEMORY_SHARE = 0.8
-
-
-class StudyMemoryError(MemoryError):
-    """A run cannot go out of core: its analyses need a flat table's rows in one piece (whole
-    instances) and that table's partitions do not all fit in the memory budget."""
 
 
 def _row_bytes(table: str, work: bool = False) -> int:
@@ -132,7 +137,8 @@ class Study:
         results.  Default: :data:`MEMORY_SHARE` of the backend's free memory when a column is
         first persisted (device memory on gpu, available RAM on cpu).  Given, on a device, it
         also covers the contexts' device copies and the partials' working memory
-        (:meth:`_device_extra`); a run that streams finalizes on the host.
+        (:meth:`_device_extra`): a run's analyses that do not fit in it at once run in groups,
+        each streaming the data (:meth:`_budget_groups`); a run that streams finalizes on the host.
 
     Attributes
     ----------
@@ -437,7 +443,40 @@ class Study:
             free = _available_bytes(self.backend) if remote is None else remote.device_free(self.backend.name)
             choices = run_memory(min(free, self.memory_budget or free), device=True)
         with choices:
-            return self._run(resolve_analyses(analyses), self.progress)
+            ans = resolve_analyses(analyses)
+            groups = self._budget_groups(ans)
+            if len(groups) == 1:
+                return self._run(ans, self.progress)
+            seconds: Counter[str] = Counter()
+            holds: list[dict[str, Any]] = []
+
+            def one(sub: list[Analysis]) -> dict[str, dict[str, pd.DataFrame]]:
+                res = self._run(sub, self.progress)
+                seconds.update(self.last_run_seconds)
+                holds.append(self.last_run_hold)
+                return res
+
+            out = run_in_groups(ans, groups, one)
+            self.last_run_seconds, self.last_run_hold = dict(seconds), combined_hold(holds)
+            return out
+
+    def _budget_groups(self, ans: list[Analysis]) -> list[list[int]]:
+        """``ans`` (by index) in groups run one after another, each streaming its tables: on a
+        device under a :attr:`memory_budget`, as many at once as their contexts and work fit in it
+        beside the largest partition of their tables' columns; else all in one."""
+        if self.memory_budget is None or self._remote is not None or self.backend.xp is np or len(ans) < 2:
+            return [list(range(len(ans)))]
+        ctxs, budget = self._contexts_of(ans), self.memory_budget
+
+        def fits(idx: list[int]) -> bool:
+            cols: dict[str, set[str]] = {}
+            for k in idx:
+                cols.setdefault(ans[k].table, set()).update(ans[k].columns, ans[k].context_columns)
+            rows = {t: max((sum(s.num_rows for s in g) for g in self._plan(t)), default=0) for t in cols}
+            part = max(rows[t] * column_bytes(t, c) for t, c in cols.items())
+            return part + self._device_extra([ctxs[k] for k in idx], [ans[k] for k in idx]) <= budget
+
+        return budget_groups(len(ans), fits)
 
     def _stream(self, analyses: list[Analysis]) -> dict[str, dict[str, pd.DataFrame]]:
         return self._run(resolve_analyses(analyses), None)
@@ -454,10 +493,10 @@ class Study:
             for table in sorted(need, key=lambda t: -sum(s.num_rows for g in self._plan(t) for s in g)):
                 self._stream_beyond_budget(table, [], beside)
         lock = threading.Lock()
-        plans = self._table_plans(ans)
+        plans = table_plans(ans, self._plan)
         be, resident, remote = self.backend, self._resident, self._remote
-        whole = self._whole_instance_plans(ans, plans)
-        self._check_whole_fits(ans, whole)
+        whole = whole_plans(ans, plans, self._plan)
+        check_whole_fits(ans, whole, self._streamed, self._plan)
         streamed = {t: set(v) for t, v in self._streamed.items() if v}
         load_threads = max(1, self.load_threads // max(1, self.workers))
         # on a device: parted analyses' keyed sums into dense accumulators (on the device within the
@@ -523,30 +562,6 @@ class Study:
             self.last_run_hold["dense"] = {a.label: d.on_device for a, d in zip(ans, dense, strict=True) if d}
         return out
 
-    def _table_plans(self, ans: list[Analysis]) -> dict[str, tuple[list[int], list[_partition.PartitionSpec]]]:
-        """Per table: the analyses (by index) that read it and one partition per resident group."""
-        plans: dict[str, tuple[list[int], list[_partition.PartitionSpec]]] = {}
-        for k, a in enumerate(ans):
-            if a.table not in plans:
-                groups = enumerate(self._plan(a.table))
-                plans[a.table] = (
-                    [],
-                    [_partition.PartitionSpec(a.table, i, tuple(p for s in g for p in s.pieces)) for i, g in groups],
-                )
-            plans[a.table][0].append(k)
-        return plans
-
-    def _check_whole_fits(self, ans: list[Analysis], whole: dict[str, tuple[list[int], list[Any]]]) -> None:
-        """Raise :class:`StudyMemoryError` where a whole-instance plan's table is partly streamed."""
-        for table in whole:
-            if self._streamed.get(table):
-                raise StudyMemoryError(
-                    f"{', '.join(ans[k].name for k in whole[table][0])} need(s) every row of an instance in one piece, "
-                    f"and {len(self._streamed[table])} of the {len(self._plan(table))} partitions of {table} (a flat "
-                    "table: instances spread over its partitions) do not fit in the study's memory budget. Lay the "
-                    "dataset out by key (`gpuclust optimize DATASET`), or give the study more memory (memory_budget=)"
-                )
-
     def _staying(
         self, ans: list[Analysis], plans: dict[str, tuple[list[int], list[Any]]], whole: dict[Any, Any], dense: Any
     ) -> set[int]:
@@ -559,25 +574,6 @@ class Study:
             return set()
         out = staying((*plans.values(), *whole.values()), ans, dense)
         return out if self._remote is None else {id(a) for a in ans if id(a) in out and not a.sharded}
-
-    def _whole_instance_plans(
-        self, ans: list[Analysis], plans: dict[str, tuple[list[int], list[Any]]]
-    ) -> dict[str, tuple[list[int], list[Any]]]:
-        """Take the analyses that need whole instances (``Analysis.whole_instances``) out of
-        ``plans`` where their table's resident partitions are not whole instance buckets: they
-        run over the table's partitions joined into one (index -1)."""
-        out = {}
-        for table, (idx, specs) in list(plans.items()):
-            need = [k for k in idx if ans[k].whole_instances]
-            groups = self._plan(table)
-            # buckets of the table's own key hold whole instances (whole collections for collection events)
-            if not need or len(groups) <= 1 or all(s.grain is not None for g in groups for s in g):
-                continue
-            plans[table] = ([k for k in idx if k not in need], specs)
-            if not plans[table][0]:
-                del plans[table]
-            out[table] = (need, [_partition.PartitionSpec(table, -1, tuple(p for sp in specs for p in sp.pieces))])
-        return out
 
     def __repr__(self) -> str:
         res = {t: self.resident_columns(t) for t in self._resident}

@@ -1,0 +1,125 @@
+"""How a study's run is planned: each table's partitions, the analyses that need whole instances,
+and the groups of analyses a device's memory budget holds at once (:mod:`gpuclust.engine.study`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from gpuclust.analyses.base import Analysis
+from gpuclust.engine import partition as _partition
+from gpuclust.engine.contexts import result_keys
+
+__all__ = [
+    "StudyMemoryError",
+    "budget_groups",
+    "check_whole_fits",
+    "combined_hold",
+    "run_in_groups",
+    "table_plans",
+    "whole_plans",
+]
+
+#: ``{table: ([analysis index], [partition])}``
+Plans = dict[str, tuple[list[int], list[_partition.PartitionSpec]]]
+#: A table's resident groups of pieces (``Study._plan``).
+Groups = Callable[[str], list[list[_partition.PartitionSpec]]]
+
+
+class StudyMemoryError(MemoryError):
+    """A run cannot go out of core: its analyses need a flat table's rows in one piece (whole
+    instances) and that table's partitions do not all fit in the memory budget."""
+
+
+def table_plans(ans: Sequence[Analysis], groups: Groups) -> Plans:
+    """Per table: the analyses (by index) that read it and one partition per resident group."""
+    plans: Plans = {}
+    for k, a in enumerate(ans):
+        if a.table not in plans:
+            specs = [
+                _partition.PartitionSpec(a.table, i, tuple(p for s in g for p in s.pieces))
+                for i, g in enumerate(groups(a.table))
+            ]
+            plans[a.table] = ([], specs)
+        plans[a.table][0].append(k)
+    return plans
+
+
+def whole_plans(ans: Sequence[Analysis], plans: Plans, groups: Groups) -> Plans:
+    """Take the analyses that need whole instances (``Analysis.whole_instances``) out of
+    ``plans`` where their table's resident partitions are not whole instance buckets: they run
+    over the table's partitions joined into one (index -1)."""
+    out: Plans = {}
+    for table, (idx, specs) in list(plans.items()):
+        need = [k for k in idx if ans[k].whole_instances]
+        parts = groups(table)
+        # buckets of the table's own key hold whole instances (whole collections for collection events)
+        if not need or len(parts) <= 1 or all(s.grain is not None for g in parts for s in g):
+            continue
+        plans[table] = ([k for k in idx if k not in need], specs)
+        if not plans[table][0]:
+            del plans[table]
+        out[table] = (need, [_partition.PartitionSpec(table, -1, tuple(p for sp in specs for p in sp.pieces))])
+    return out
+
+
+def check_whole_fits(ans: Sequence[Analysis], whole: Plans, streamed: dict[str, set[int]], groups: Groups) -> None:
+    """Raise :class:`StudyMemoryError` where a whole-instance plan's table is partly streamed."""
+    for table in whole:
+        if streamed.get(table):
+            raise StudyMemoryError(
+                f"{', '.join(ans[k].name for k in whole[table][0])} need(s) every row of an instance in one piece, "
+                f"and {len(streamed[table])} of the {len(groups(table))} partitions of {table} (a flat "
+                "table: instances spread over its partitions) do not fit in the study's memory budget. Lay the "
+                "dataset out by key (`gpuclust optimize DATASET`), or give the study more memory (memory_budget=)"
+            )
+
+
+def budget_groups(n: int, fits: Callable[[list[int]], bool]) -> list[list[int]]:
+    """The indices ``0 .. n-1`` in order, in groups that grow while ``fits(group)`` (one that does
+    not fit alone is a group of its own).
+
+    >>> budget_groups(5, lambda g: len(g) <= 2)
+    [[0, 1], [2, 3], [4]]
+    """
+    out: list[list[int]] = []
+    for k in range(n):
+        if out and fits([*out[-1], k]):
+            out[-1].append(k)
+        else:
+            out.append([k])
+    return out
+
+
+def run_in_groups(
+    ans: Sequence[Analysis], groups: list[list[int]], run: Callable[[list[Analysis]], dict[str, Any]]
+) -> dict[str, Any]:
+    """``run`` of each group of ``ans`` (indices, :func:`budget_groups`) in turn, their results
+    under the keys a run of all of them has (:func:`gpuclust.engine.contexts.result_keys`)."""
+    keys = result_keys(ans)
+    out: dict[str, Any] = {}
+    for idx in groups:
+        sub = [ans[k] for k in idx]
+        res = run(sub)
+        for k, key in zip(idx, result_keys(sub), strict=True):
+            out[keys[k]] = res[key]
+    return {key: out[key] for key in keys}
+
+
+def combined_hold(holds: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The ``last_run_hold`` of a run in groups, from each group's: the largest ``allowance`` and
+    ``peak``, every ``merged_on_host`` and ``dense`` entry, and ``groups``, their number.
+
+    >>> combined_hold([{"allowance": 4, "peak": 1, "merged_on_host": ["a"]}, {"dense": {"b": True}}, {}])
+    {'groups': 3, 'allowance': 4, 'peak': 1, 'merged_on_host': ['a'], 'dense': {'b': True}}
+    """
+    out: dict[str, Any] = {"groups": len(holds)}
+    for h in holds:
+        for k in ("allowance", "peak"):
+            if h.get(k) is not None:
+                out[k] = max(out.get(k, 0), h[k])
+        if "merged_on_host" in h:
+            out["merged_on_host"] = [*out.get("merged_on_host", []), *h["merged_on_host"]]
+        if "dense" in h:
+            out["dense"] = {**out.get("dense", {}), **h["dense"]}
+    return out
