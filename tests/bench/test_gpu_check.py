@@ -220,6 +220,7 @@ def test_rehearsal_as_docs_print_it(tmp_path) -> None:
         set(ooc["analyses"]) == set(rec["analyses"]) and ooc["usage_distribution_strategy"] == "exact"
     )  # (cpu: no cap)
     assert set(rec["out_of_core"]["analyses"]) == set(rec["analyses"])
+    assert all(v["phases"]["partials"] > 0 and "hold" in v for v in ooc["analyses"].values())  # where time went
     assert not list(tmp_path.glob("gpucheck-*")), "the work folder is removed"
 
 
