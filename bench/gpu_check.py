@@ -406,6 +406,8 @@ def study_step(ds: Path, out: Path, ref: Path, backend_name: str, budget_frac: f
             _dump(out, rec)
         ooc_study.close()
         ooc["s"] = time.perf_counter() - t
+        if failed := [n for n, v in ooc["analyses"].items() if "error" in v]:  # (compared without them)
+            ooc["failed"] = failed
         ooc.update(compare_runs(ref, got))
     except Exception as e:  # recorded: the step's purpose is to say what happens
         ooc["s"] = time.perf_counter() - t
@@ -579,11 +581,13 @@ def assemble(work: Path, logs: Path, out: Path) -> dict[str, Any]:
     rec["out_of_core"] = {
         "device_budget_bytes": ooc.get("device_budget_bytes"),
         "data_bytes": ooc.get("data_bytes"),
-        "equal": ooc.get("equal"),
-        "bit_equal": ooc.get("bit_equal"),
+        # every analysis or none: one that failed is neither equal nor timed (no projection from the rest)
+        "equal": False if ooc.get("failed") else ooc.get("equal"),
+        "bit_equal": False if ooc.get("failed") else ooc.get("bit_equal"),
         "streamed_partitions": ooc.get("streamed_partitions"),
         "analyses": {n: v.get("error") or v["s"] for n, v in ooc.get("analyses", {}).items()},  # one at a time
-        "gpu_s": ooc.get("s") if "error" not in ooc else None,
+        "gpu_s": ooc.get("s") if "error" not in ooc and not ooc.get("failed") else None,
+        **({"failed": ooc["failed"]} if ooc.get("failed") else {}),
         **({"error": ooc["error"]} if "error" in ooc else {}),
         **({"unequal": ooc["unequal"]} if ooc.get("unequal") else {}),
     }

@@ -151,6 +151,15 @@ def test_assemble_reports_what_ran_and_nothing_it_did_not(check, tmp_path) -> No
     assert rec["projection_cell_min"] == pytest.approx(2.0 / 1000 * 2.7e9 / 60)
     assert rec["analyses"]["cell-usage"] == {"gpu_s": 0.5, "cpu_s": None, "duckdb_s": None}
     assert rec["dask_cuda"] == {"gpu_s": None, "equal": None, "bit_equal": None, "worker_allocators": None}
+    # an analysis that failed out of core: the others compared equal, but the step is neither equal nor timed
+    study = json.loads((work / "study.json").read_text())
+    study["out_of_core"]["analyses"] = {"cell-usage": {"s": 1.0}, "cpi": {"s": 0.1, "error": "OutOfMemoryError: ..."}}
+    study["out_of_core"]["failed"] = ["cpi"]
+    (work / "study.json").write_text(json.dumps(study))
+    rec = check.assemble(work, logs, tmp_path / "gpu-latest.json")
+    ooc = rec["out_of_core"]
+    assert ooc["equal"] is False and ooc["gpu_s"] is None and ooc["failed"] == ["cpi"], ooc
+    assert rec["projection_cell_min"] is None
 
 
 def test_cli_step_records_the_phases_of_its_run_json(check, tmp_path, monkeypatch) -> None:
