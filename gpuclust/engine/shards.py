@@ -263,9 +263,7 @@ def joined(a: Analysis, merged: Any) -> Any:
     in the accumulators (dropped as they are taken); anything else as it is."""
     if not isinstance(merged, Spilled) or merged.dense is None:
         return merged
-    if merged.pending is not None:  # (a partition's partial that was never merged)
-        merged.dense.add(merged.pending)
-        merged.pending = None
+    merged.flush()  # (a partition's partial that was never merged)
     keyed = {name: d.take(d.first, d.end, release=True) for name, d in merged.dense.dense.items()}
     return a.kinds.join(merged.rest, keyed)
 
@@ -283,6 +281,12 @@ class Spilled:
     pending: dict[str, dict[str, np.ndarray]] | None = None
     #: keyed partials kept in memory (:class:`KeptKeys`), in partition order
     kept: list[dict[str, dict[str, np.ndarray]]] = field(default_factory=list)
+
+    def flush(self) -> None:
+        """Add the ``pending`` keyed partials to the :class:`DenseKeys` they wait for."""
+        if self.pending is not None and self.dense is not None:
+            self.dense.add(self.pending)
+            self.pending = None
 
 
 def spill(a: Analysis, partial: Any, folder: SpillTarget) -> Spilled:
@@ -332,10 +336,8 @@ def merge_spilled(a: Analysis, x: Any, y: Any) -> Spilled:
     """``x`` then ``y`` (keyed partials kept for a :class:`DenseKeys` are added to it here, ``x``'s
     first: the local path merges in partition order)."""
     x, y = as_spilled(a, x), as_spilled(a, y)
-    for s in (x, y):
-        if s.pending is not None and s.dense is not None:
-            s.dense.add(s.pending)
-            s.pending = None
+    x.flush()
+    y.flush()
     return Spilled(a.kinds.merge_rest(x.rest, y.rest), x.spills + y.spills, x.dense or y.dense, kept=x.kept + y.kept)
 
 
@@ -419,9 +421,7 @@ def finalize_parted(
     of :func:`reduce_shard` argument tuples -> their results, in order), the parted tables as
     :class:`gpuclust.parted.PartedTable` under ``out``."""
     sp = as_spilled(a, merged)
-    if sp.pending is not None and sp.dense is not None:  # (a partition's partial that was never merged)
-        sp.dense.add(sp.pending)
-        sp.pending = None
+    sp.flush()  # (a partition's partial that was never merged)
     sp = _spill_client(a, sp, a.client_partial(ctx), spill_folder)
     shards = a.kinds.shards(ctx, sp.rest)
     if progress is not None:
