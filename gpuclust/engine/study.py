@@ -503,10 +503,8 @@ class Study:
         # room, else the host), the rest by merge trees, on the device within what is left (DeviceHold)
         here = remote is None and be.xp is not np  # a local run on a device
         room = self._room(ans, ctxs) if here else None
-        dense: list[Any] = [None] * len(ans)
-        if here:  # (no budget: a share of the device's free memory, as the local path's)
-            at_most = int(DEVICE_DENSE_SHARE * _available_bytes(be)) if room is None else room
-            dense = study_targets(plans.values(), ans, ctxs, be, at_most)
+        at_most = int(DEVICE_DENSE_SHARE * _available_bytes(be)) if here and room is None else room
+        dense = study_targets(plans.values(), ans, ctxs, be, at_most or 0) if here else [None] * len(ans)
         stay = self._staying(ans, plans, whole, dense)
         kept = sum(d.nbytes for d in dense if d is not None and d.on_device)
         trees = [*plans.values(), *whole.values()]
