@@ -12,7 +12,8 @@ move*.  Definitions used here (both sides count bytes read + bytes written):
 * an op's bytes: its inputs read once plus its output written once -- ``bucket_overlap``: start,
   end (8 B each), value (8 B), group (4 B) per interval + 8 B per output cell; ``grouped_sum``:
   code + value per row + 8 B per group (``bincount``, the array module's weighted
-  ``bincount`` -- CuPy's: one global ``atomicAdd`` per row -- on the same inputs, the same);
+  ``bincount`` -- CuPy's: one global ``atomicAdd`` per row -- and ``gpuclust._xp.bincount``,
+  grouped_sum.cu's bincount kernel on CuPy, on the same inputs, the same);
   ``grouped_comoments``: d x 8 + 8 + 8 B per row + the
   partial; ``mixture_quantiles``: 20 x 8 (percentiles) + 8 (weight) + 8 (group) B per window +
   the (groups x 20) result.  Work the op does beyond one pass (e.g. the mixture's sort) is not
@@ -63,6 +64,8 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 from _harness import best_of, environment, write_results  # noqa: E402
+
+from gpuclust._xp import bincount  # noqa: E402
 
 US = 1_000_000
 HOUR = 3600 * US
@@ -254,6 +257,29 @@ def cases(scale: float) -> list[dict[str, Any]]:
             "n_groups": 16,
         },
         {"op": "bincount", "name": "1,000 bins: the array module's weighted bincount", "n": n, "n_groups": 1_000},
+        {
+            "op": "bincount",
+            "name": "4 bins, rows sorted by bin: the array module's (usage-distribution's level step by tier)",
+            "n": n // 10,
+            "n_groups": 4,
+            "sorted": True,
+        },
+        {
+            "op": "bincount",
+            "via": "_xp",
+            "name": "16 bins: gpuclust._xp.bincount (grouped_sum.cu)",
+            "n": n,
+            "n_groups": 16,
+        },
+        {"op": "bincount", "via": "_xp", "name": "1,000 bins: gpuclust._xp.bincount", "n": n, "n_groups": 1_000},
+        {
+            "op": "bincount",
+            "via": "_xp",
+            "name": "4 bins, rows sorted by bin: gpuclust._xp.bincount",
+            "n": n // 10,
+            "n_groups": 4,
+            "sorted": True,
+        },
         {"op": "grouped_comoments", "name": "d=2, 12,500 groups (cpi by machine)", "n": n, "n_groups": 12_500, "d": 2},
         {
             "op": "grouped_comoments",
@@ -331,9 +357,13 @@ def run_case(backend: Any, c: dict[str, Any], repeat: int, rng: np.random.Genera
         nbytes = n * (8 + 8 + 4 + 8 * k) + k * G * c["n_buckets"] * 8
     elif op in ("grouped_sum", "bincount"):
         codes = ((_run_draws(xp, n, c["runs"], 0) if "runs" in c else _uniform(xp, n, 0)) * G).astype(xp.int64)
+        if c.get("sorted"):
+            codes = xp.sort(codes)
         vals = _uniform(xp, n, 2)
 
         def fn() -> Any:
+            if op == "bincount" and c.get("via") == "_xp":
+                return bincount(xp, codes, weights=vals, minlength=G)
             if op == "bincount":
                 return xp.bincount(codes, weights=vals, minlength=G)
             return ops.grouped_sum(codes, vals, n_groups=G)

@@ -1,13 +1,21 @@
-// Grouped sum: out[codes[i]] += (double)values[i] for codes in [0, n_groups); NaN values and
-// out-of-range codes add nothing.  Same contention strategy as bucket_overlap.cu: warp
-// aggregation of equal codes, then either a block-local shared-memory copy of the output
-// (grouped_sum_shared, small n_groups) or global atomics (grouped_sum_global).  Each thread loads
-// ROWS_IN_FLIGHT rows of its grid-stride loop before it adds any (accumulate.cuh).
+// Grouped sums into n_groups double accumulators, in three modes of one body:
+//   grouped_sum_*:   out[codes[i]] += (double)values[i] for codes in [0, n_groups); NaN values and
+//                    out-of-range codes add nothing (the backends' ops.grouped_sum);
+//   bincount_*:      out[codes[i]] += (double)values[i], NaN included (numpy.bincount with
+//                    weights; the caller sizes n_groups past the largest code);
+//   bincount_count_*: out[codes[i]] += 1 (numpy.bincount without weights, counted in doubles:
+//                    exact below 2^53 rows; `values` is not read).
+// Same contention strategy as bucket_overlap.cu: warp aggregation of equal codes, then either a
+// block-local shared-memory copy of the output (*_shared, small n_groups) or global atomics
+// (*_global).  Each thread loads ROWS_IN_FLIGHT rows of its grid-stride loop before it adds any
+// (accumulate.cuh).
 #include "accumulate.cuh"
 
 namespace gpuclust {
 
-template <typename C, typename T>
+enum { SUM_SKIP_NAN = 0, SUM_ALL = 1, SUM_COUNT = 2 };
+
+template <int MODE, typename C, typename T>
 __device__ __forceinline__ void grouped_sum_body(const C* __restrict__ codes, const T* __restrict__ values,
                                                  long long n, long long n_groups, double* __restrict__ acc) {
     const long long stride = (long long)gridDim.x * blockDim.x;
@@ -21,8 +29,9 @@ __device__ __forceinline__ void grouped_sum_body(const C* __restrict__ codes, co
             v[u] = 0.0;
             if (i < n) {
                 const long long c = (long long)codes[i];
-                const double x = (double)values[i];
-                if (c >= 0 && c < n_groups && !(x != x)) {
+                double x = 1.0;
+                if constexpr (MODE != SUM_COUNT) x = (double)values[i];
+                if (c >= 0 && c < n_groups && (MODE != SUM_SKIP_NAN || !(x != x))) {
                     key[u] = c;
                     v[u] = x;
                 }
@@ -33,19 +42,49 @@ __device__ __forceinline__ void grouped_sum_body(const C* __restrict__ codes, co
     }
 }
 
+template <int MODE, typename C, typename T>
+__device__ __forceinline__ void grouped_sum_shared_body(const C* __restrict__ codes, const T* __restrict__ values,
+                                                        long long n, long long n_groups, double* __restrict__ out) {
+    extern __shared__ double acc[];
+    block_zero(acc, n_groups);
+    grouped_sum_body<MODE, C, T>(codes, values, n, n_groups, acc);
+    block_flush(acc, out, n_groups);
+}
+
 template <typename C, typename T>
 __global__ void grouped_sum_global(const C* __restrict__ codes, const T* __restrict__ values, long long n,
                                    long long n_groups, double* __restrict__ out) {
-    grouped_sum_body<C, T>(codes, values, n, n_groups, out);
+    grouped_sum_body<SUM_SKIP_NAN, C, T>(codes, values, n, n_groups, out);
 }
 
 template <typename C, typename T>
 __global__ void grouped_sum_shared(const C* __restrict__ codes, const T* __restrict__ values, long long n,
                                    long long n_groups, double* __restrict__ out) {
-    extern __shared__ double acc[];
-    block_zero(acc, n_groups);
-    grouped_sum_body<C, T>(codes, values, n, n_groups, acc);
-    block_flush(acc, out, n_groups);
+    grouped_sum_shared_body<SUM_SKIP_NAN, C, T>(codes, values, n, n_groups, out);
+}
+
+template <typename C, typename T>
+__global__ void bincount_global(const C* __restrict__ codes, const T* __restrict__ values, long long n,
+                                long long n_groups, double* __restrict__ out) {
+    grouped_sum_body<SUM_ALL, C, T>(codes, values, n, n_groups, out);
+}
+
+template <typename C, typename T>
+__global__ void bincount_shared(const C* __restrict__ codes, const T* __restrict__ values, long long n,
+                                long long n_groups, double* __restrict__ out) {
+    grouped_sum_shared_body<SUM_ALL, C, T>(codes, values, n, n_groups, out);
+}
+
+template <typename C, typename T>
+__global__ void bincount_count_global(const C* __restrict__ codes, const T* __restrict__ values, long long n,
+                                      long long n_groups, double* __restrict__ out) {
+    grouped_sum_body<SUM_COUNT, C, T>(codes, values, n, n_groups, out);
+}
+
+template <typename C, typename T>
+__global__ void bincount_count_shared(const C* __restrict__ codes, const T* __restrict__ values, long long n,
+                                      long long n_groups, double* __restrict__ out) {
+    grouped_sum_shared_body<SUM_COUNT, C, T>(codes, values, n, n_groups, out);
 }
 
 }  // namespace gpuclust

@@ -9,11 +9,14 @@ CuPy is imported lazily: importing this module never needs CuPy.
 
 from __future__ import annotations
 
-from functools import cache
 from typing import Any
 
 import numpy as np
 
+from gpuclust._kernels import CTYPE as _CTYPE
+from gpuclust._kernels import GROUPED_SUM_PARAMS, SHARED_BYTES, sm_count
+from gpuclust._kernels import PTR as _PTR
+from gpuclust._kernels import launch as _launch
 from gpuclust.backends.cpu import check_bucket_overlap, check_grouped_sum, check_hash_index
 
 __all__ = [
@@ -36,13 +39,7 @@ lookup_block_rows: int | None = None
 #: host arrays probe a slot table instead).
 lookup_slot_tables = False
 
-#: Threads per block (a multiple of 32: kernels aggregate across whole warps).
-BLOCK = 256
-#: Shared-memory budget for block-local accumulators, in bytes (48 KiB is always available
-#: without opting in to larger dynamic shared memory).
-SHARED_BYTES = 48 * 1024
-
-_PTR = "ptr"
+# (BLOCK, SHARED_BYTES, the parameter lists' PTR and the launch: gpuclust._kernels)
 #: Declared kernel parameter lists: (name, numpy scalar type or "ptr").  Kept next to the
 #: wrappers and in the order of the CUDA signatures in kernels/*.cu.
 BUCKET_OVERLAP_PARAMS: tuple[tuple[str, Any], ...] = (
@@ -58,20 +55,6 @@ BUCKET_OVERLAP_PARAMS: tuple[tuple[str, Any], ...] = (
     ("width", np.int64),
     ("out", _PTR),
 )
-GROUPED_SUM_PARAMS: tuple[tuple[str, Any], ...] = (
-    ("codes", _PTR),
-    ("values", _PTR),
-    ("n", np.int64),
-    ("n_groups", np.int64),
-    ("out", _PTR),
-)
-
-_CTYPE = {
-    np.dtype(np.float32): "float",
-    np.dtype(np.float64): "double",
-    np.dtype(np.int32): "int",
-    np.dtype(np.int64): "long long",
-}
 
 
 def _cupy() -> Any:
@@ -128,17 +111,6 @@ def cupy_distributions() -> list[str]:
     return sorted(names)
 
 
-@cache
-def _sm_count(device_id: int) -> int:
-    cp = _cupy()
-    return int(cp.cuda.runtime.getDeviceProperties(device_id)["multiProcessorCount"])
-
-
-def sm_count() -> int:
-    """Multiprocessors of the current device (queried once per device, not per launch)."""
-    return _sm_count(_cupy().cuda.Device().id)
-
-
 def require_device(**arrays: Any) -> None:
     """Raise ``TypeError`` naming the argument when one of ``arrays`` is not a CuPy array (the
     gpu ops never copy host arrays implicitly)."""
@@ -149,17 +121,6 @@ def require_device(**arrays: Any) -> None:
                 f"{name} must be a CuPy (device) array, got {type(a).__module__}.{type(a).__name__}; "
                 f"pass cupy.asarray({name})"
             )
-
-
-def _launch(kernel: Any, n_items: int, params: tuple[tuple[str, Any], ...], shared_mem: int = 0, **named: Any) -> None:
-    missing = [p for p, _ in params if p not in named]
-    extra = sorted(set(named) - {p for p, _ in params})
-    if missing or extra:
-        raise TypeError(f"kernel arguments: missing {missing}, unexpected {extra}")
-    args = tuple(named[p] if t is _PTR else t(named[p]) for p, t in params)
-    sms = sm_count()
-    blocks = max(1, min(-(-n_items // BLOCK), sms * 8))
-    kernel((blocks,), (BLOCK,), args, shared_mem=shared_mem)
 
 
 def bucket_overlap(

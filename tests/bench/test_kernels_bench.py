@@ -37,7 +37,7 @@ def _run(mod, tmp_path, backend):
     md = (tmp_path / "k.md").read_text()
     assert md.count("| bucket_overlap |") == 8 and md.count("| grouped_sum |") == 5 and "Copy bandwidth" in md
     assert md.count("runs of 30") == 3
-    assert md.count("| bincount |") == 2
+    assert md.count("| bincount |") == 6 and md.count("gpuclust._xp.bincount") == 3
     assert md.count("7 series") == 2 and md.count("| mixture_quantiles |") == 5
     assert md.count("global variant forced") == 3
     # the mixture's event sort against a plain sort of as many keys (issue 34: >= 25% of its rate)

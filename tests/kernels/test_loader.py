@@ -82,7 +82,11 @@ def test_wrapper_parameter_lists_match_the_cuda_signatures():
             "bucket_overlap_shared": gpu.BUCKET_OVERLAP_PARAMS,
             "bucket_overlap_global": gpu.BUCKET_OVERLAP_PARAMS,
         },
-        "grouped_sum.cu": {"grouped_sum_shared": gpu.GROUPED_SUM_PARAMS, "grouped_sum_global": gpu.GROUPED_SUM_PARAMS},
+        "grouped_sum.cu": {
+            f"{k}_{v}": _kernels.GROUPED_SUM_PARAMS
+            for k in ("grouped_sum", "bincount", "bincount_count")
+            for v in ("shared", "global")
+        },
         "grouped_moments.cu": {
             f"comoments_{p}_{v}": params
             for p, params in (("sums", moments_gpu.SUMS_PARAMS), ("centered", moments_gpu.CENTERED_PARAMS))

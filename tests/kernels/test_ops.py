@@ -242,6 +242,112 @@ def test_grouped_sum_gpu_parity(gpu_backend, cdt, vdt, n, n_groups):
     np.testing.assert_allclose(cp.asnumpy(got), want, rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("cdt", [np.int32, np.int64, np.uint8])
+@pytest.mark.parametrize("wdt", [None, np.float32, np.float64, np.int64])
+@pytest.mark.parametrize(
+    ("n", "top", "minlength", "order"),
+    [
+        (1, 0, 0, "random"),
+        (100_000, 6, 0, "random"),
+        (100_000, 6, 40, "random"),  # minlength past the largest code
+        (300_000, 4, 2, "sorted"),  # runs of a few codes (usage-distribution's level steps)
+        (300_000, 0, 0, "random"),  # one bin: every row contends
+        (200_000, 99_999, 0, "random"),  # past shared memory: the global variant
+        (200_000, 9_000, 10, "sorted"),
+    ],
+)
+def test_bincount_on_cupy_is_numpys(gpu_backend, cdt, wdt, n, top, minlength, order):
+    """``gpuclust._xp.bincount`` on CuPy (grouped_sum.cu's bincount kernels) gives NumPy's
+    ``bincount``: the length, the dtype (int64 counts, float64 sums), NaN weights kept, every
+    code of a sorted or random order, in the shared-memory and the global variant."""
+    from gpuclust._xp import bincount
+
+    cp = gpu_backend.xp
+    rng = np.random.default_rng(n + top)
+    codes = rng.integers(0, min(top, np.iinfo(cdt).max) + 1, n).astype(cdt)
+    if order == "sorted":
+        codes.sort()
+    w = None if wdt is None else (rng.random(n) * 100).astype(wdt)
+    if wdt in (np.float32, np.float64):
+        w[rng.random(n) < 0.001] = np.nan  # a NaN makes its bin NaN, as NumPy's does
+    want = np.bincount(codes, weights=w, minlength=minlength)
+    got = bincount(cp, cp.asarray(codes), None if w is None else cp.asarray(w), minlength)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    if w is None:
+        np.testing.assert_array_equal(cp.asnumpy(got), want)
+    else:
+        np.testing.assert_allclose(cp.asnumpy(got), want, rtol=1e-9, equal_nan=True)
+
+
+def test_bincount_wrapper_launches_the_kernel_numpy_would_need(monkeypatch):
+    """Without a device: ``gpuclust._kernels.bincount``'s host side (sizes, dtypes, the kernel
+    and variant, its arguments in the declared order) against NumPy, with CuPy stood in for by
+    NumPy and each kernel by a loop doing what its grouped_sum.cu mode says (the kernels
+    themselves: nvcc here, ``test_bincount_on_cupy_is_numpys`` on a device)."""
+    import sys
+    import types
+
+    from gpuclust import _kernels
+    from gpuclust._xp import bincount
+
+    class _Dev(np.ndarray):
+        def get(self):
+            return np.asarray(self)
+
+    fake = types.ModuleType("cupy")
+    fake.__dict__.update(
+        stack=lambda a: np.stack(a).view(_Dev), zeros=np.zeros, ascontiguousarray=np.ascontiguousarray, bincount=None
+    )
+    launched = []
+
+    def get_function(filename, template, targs):
+        assert filename == "grouped_sum.cu"
+        assert _kernels.name_expression(template, targs) in _kernels.name_expressions(filename)
+
+        def kernel(grid, block, args, shared_mem=0):
+            codes, values, n, n_groups, out = args
+            launched.append((template.split("::")[1], shared_mem))
+            assert isinstance(n, np.int64) and isinstance(n_groups, np.int64) and out.shape == (n_groups,)
+            x = np.ones(n) if "bincount_count" in template else values.astype(np.float64)
+            np.add.at(out, codes, x)
+
+        return kernel
+
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    monkeypatch.setattr(_kernels, "get_function", get_function)
+    monkeypatch.setattr(_kernels, "sm_count", lambda: 2)
+    rng = np.random.default_rng(5)
+    for codes, minlength in ((rng.integers(0, 7, 500), 0), (rng.integers(0, 3, 50).astype(np.uint8), 9)):
+        w = rng.random(codes.shape[0])
+        w[3] = np.nan
+        for weights in (None, w, w.astype(np.float32), np.arange(codes.shape[0], dtype=np.int32) % 3):
+            want = np.bincount(codes, weights=weights, minlength=minlength)
+            got = bincount(fake, codes, weights, minlength)
+            assert got.dtype == want.dtype
+            np.testing.assert_array_equal(got, want)
+    assert {k for k, _ in launched} == {"bincount_shared", "bincount_count_shared"}
+    monkeypatch.setattr(_kernels, "SHARED_BYTES", 8)
+    np.testing.assert_array_equal(bincount(fake, np.array([0, 5, 5])), [1, 0, 0, 0, 0, 2])
+    assert launched[-1] == ("bincount_count_global", 0)
+    with pytest.raises(ValueError, match="non-negative"):
+        bincount(fake, np.array([0, -1]))
+
+
+@pytest.mark.gpu
+def test_bincount_on_cupy_refuses_what_numpy_refuses(gpu_backend):
+    from gpuclust._xp import bincount
+
+    cp = gpu_backend.xp
+    with pytest.raises(ValueError, match="non-negative"):
+        bincount(cp, cp.asarray(np.array([0, -1, 2])))
+    with pytest.raises(ValueError, match="weights"):
+        bincount(cp, cp.asarray(np.array([0, 1])), cp.ones(3))
+    with pytest.raises(TypeError, match="integer"):
+        bincount(cp, cp.asarray(np.array([0.0, 1.0])))
+    np.testing.assert_array_equal(cp.asnumpy(bincount(cp, cp.zeros(0, dtype=cp.int64), minlength=3)), [0, 0, 0])
+
+
 # ------------------------------------------------------------------------------------------ hash_index
 def slow_hash_index(keys, queries):
     where = {int(k): p for p, k in enumerate(keys.tolist())}
