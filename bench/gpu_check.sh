@@ -22,11 +22,15 @@
 #   dask       the study on a LocalCUDACluster, compared with the local results
 #   profile    the slowest analyses warm, sampled at 200 Hz under CUDA_LAUNCH_BLOCKING=1: the lines
 #              of gpuclust their time (kernels included) went to (bench/gpu_profile.py profile_step)
-# STEPS (default "tests sanitize kernels study cli dask profile") picks steps, e.g. for a rerun on the
-# time left; CLI_CPU_S (default 70) is the cpu CLI run's limit (STEPS=cli CLI_CPU_S=400: to its end).  After every step bench/gpu_check.py assembles $OUT/gpu-latest.json (issue 34's record) from what
+#   reference  the same data in DuckDB (resident tables, the SQL peers' cases) beside the device,
+#              and the 13 analyses on the 16-core cpu backend, resident (bench/gpu_reference.py):
+#              the per-analysis ratios; last, so a whole check leaves it no time (STEPS=reference)
+# STEPS (default "tests sanitize kernels study cli dask profile reference") picks steps, e.g. for a
+# rerun on the time left; CLI_CPU_S (default 70) is the cpu CLI run's limit (STEPS=cli CLI_CPU_S=400:
+# to its end).  After every step bench/gpu_check.py assembles $OUT/gpu-latest.json (issue 34's record) from what
 # the steps wrote so far, so a call cut off still returns a valid record.  At most 8 files come back:
 # gpu-latest.json, check.log, tests.log, memcheck.log, racecheck.log, kernels.log, kernels_gpu.json,
-# steps.log (data, study, cli, dask, profile).
+# steps.log (data, study, cli, dask, profile, reference).
 set -u
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -78,7 +82,7 @@ step() {  # step NAME LOGFILE MAX_S FLOOR_S CMD...: run CMD for min(MAX_S, time 
 
 say "check: backend $BACKEND, $COPIES x $BASE windows, deadline $((DEADLINE - T0)) s"
 $PY "${CHECK[@]}" env --json "$WORK/env.json" --commit "${COMMIT:-}" >>"$LOGS/check.log" 2>&1
-STEPS=" ${STEPS:-tests sanitize kernels study cli dask profile} "
+STEPS=" ${STEPS:-tests sanitize kernels study cli dask profile reference} "
 CLI_CPU_S=${CLI_CPU_S:-70}
 has() { [[ "$STEPS" == *" $1 "* ]]; }
 ( timeout -k 5 240 $PY "${CHECK[@]}" data "$WORK/data" --base "$BASE" --copies "$COPIES" --machines "$MACHINES" \
@@ -126,6 +130,8 @@ if [ -f "$DS/manifest.json" ]; then
     fi
     has profile && step profile steps.log 90 30 env CUDA_LAUNCH_BLOCKING=1 $PY "${CHECK[@]}" profile "$DS" \
         --json "$WORK/profile.json" --backend "$BACKEND" ${PROFILED[@]+"${PROFILED[@]}"}
+    has reference && step reference steps.log 420 60 $PY "${CHECK[@]}" reference "$DS" --json "$WORK/reference.json" \
+        --ref "$WORK/ref.pkl" --backend "$BACKEND"
 fi
 assemble
 rm -rf "$WORK"

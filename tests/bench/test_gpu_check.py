@@ -35,7 +35,15 @@ def test_script_parses_and_names_the_issue_steps_in_priority_order() -> None:
     body = body[body.index("else\n    has tests") :]
     order = [
         body.index(s)
-        for s in ("step tests ", "step memcheck ", "step kernels ", "step study ", "step cli-gpu ", "step dask ")
+        for s in (
+            "step tests ",
+            "step memcheck ",
+            "step kernels ",
+            "step study ",
+            "step cli-gpu ",
+            "step dask ",
+            "step reference ",
+        )
     ]
     assert order == sorted(order)
 
@@ -160,6 +168,28 @@ def test_assemble_reports_what_ran_and_nothing_it_did_not(check, tmp_path) -> No
     ooc = rec["out_of_core"]
     assert ooc["equal"] is False and ooc["gpu_s"] is None and ooc["failed"] == ["cpi"], ooc
     assert rec["projection_cell_min"] is None
+    # the reference step: the cpu backend's warm seconds, and DuckDB's of the analysis' first SQL case
+    # against the device's seconds on that case (its options), not on the analysis' defaults
+    ref = {
+        "backend": "gpu",
+        "analyses": {"cell-usage": {"cpu_s": 20.0, "first_s": 21.0}, "cpi": {"cpu_s": 8.0}},
+        "cases": {"cpi (SQL subset)": {"duckdb_s": 3.0, "gpu_s": 0.2}, "cell-usage": {"duckdb_s": 4.0}},
+    }
+    (work / "reference.json").write_text(json.dumps(ref))
+    rec = check.assemble(work, logs, tmp_path / "gpu-latest.json")
+    assert rec["analyses"]["cell-usage"] == {
+        "gpu_s": 0.5,
+        "cpu_s": 20.0,
+        "duckdb_s": 4.0,
+        "duckdb_case": {"case": "cell-usage", "gpu_s": None, "ratio": None},  # (no device time of the case)
+    }
+    assert rec["analyses"]["cpi"] == {
+        "gpu_s": None,
+        "cpu_s": 8.0,
+        "duckdb_s": 3.0,
+        "duckdb_case": {"case": "cpi (SQL subset)", "gpu_s": 0.2, "ratio": pytest.approx(15.0)},
+    }
+    assert rec["steps"]["reference"] == ref
 
 
 def test_cli_step_records_the_phases_of_its_run_json(check, tmp_path, monkeypatch) -> None:
@@ -216,6 +246,7 @@ def test_rehearsal_as_docs_print_it(tmp_path) -> None:
         ("cli-cpu", "0"),
         ("dask", "0"),
         ("profile", "0"),
+        ("reference", "0"),
     ], log
     rec = json.loads((tmp_path / "gpu-latest.json").read_text())
     assert rec["windows"] > 0 and rec["cli"]["gpu_s"] > 0 and rec["cli"]["cpu_s"] > 0
@@ -230,6 +261,12 @@ def test_rehearsal_as_docs_print_it(tmp_path) -> None:
     )  # (cpu: no cap)
     assert set(rec["out_of_core"]["analyses"]) == set(rec["analyses"])
     assert all(v["phases"]["partials"] > 0 and "hold" in v for v in ooc["analyses"].values())  # where time went
+    # the reference step: every analysis on the cpu backend, the SQL cases in DuckDB beside the device
+    assert all(v["cpu_s"] > 0 for v in rec["analyses"].values())
+    duck = {n: v["duckdb_case"] for n, v in rec["analyses"].items() if v["duckdb_s"]}
+    assert len(duck) == 8 and all(c["ratio"] > 0 for c in duck.values()), duck
+    ref = rec["steps"]["reference"]
+    assert ref["equal_to_study"]["equal"] is True and "peak-prediction (SQL part)" in ref["left_out"]
     assert not list(tmp_path.glob("gpucheck-*")), "the work folder is removed"
 
 
