@@ -403,6 +403,9 @@ def study_step(ds: Path, out: Path, ref: Path, backend_name: str, budget_frac: f
             except Exception as e:  # (a device out of memory: which analysis, where)
                 ooc["analyses"][n] = {"s": time.perf_counter() - t1, "error": f"{type(e).__name__}: {str(e)[:300]}"}
                 ooc["analyses"][n]["traceback"] = last_frames(e)
+            if gpu:  # the pool's size after the run (it keeps its blocks: its peak), then emptied
+                ooc["analyses"][n]["pool_peak_bytes"] = int(pool.total_bytes())
+                pool.free_all_blocks()
             _dump(out, rec)
         ooc_study.close()
         ooc["s"] = time.perf_counter() - t
@@ -415,7 +418,7 @@ def study_step(ds: Path, out: Path, ref: Path, backend_name: str, budget_frac: f
         ooc["traceback"] = last_frames(e)
     finally:
         if gpu:
-            ooc["pool_peak_note"] = "CuPy pool limit (set_limit) was the cap"
+            ooc["pool_peak_note"] = "CuPy pool limit (set_limit) was the cap; pool_peak_bytes: its size after each run"
             pool.set_limit(size=0)
     _dump(out, rec)
     print(json.dumps(rec, default=str)[:4000], flush=True)
