@@ -292,7 +292,6 @@ class UsageVsRequest(Analysis):
             backend.stage(_RATIO_BINS.edges),
             counts,
             rsum,
-            backend.ops,
         )
         acc.add(sl, tier, nt, limit[:, 0], limit[:, 1])
 
@@ -335,25 +334,17 @@ class UsageVsRequest(Analysis):
         cell_edges: Any,
         counts: Any,
         rsum: Any,
-        ops: Any = None,
     ) -> None:
         """Rows ``sl`` (``tier``: each row's tier code, ``limits``: its CPU and memory limit, NaN
         for none): their codes counted into ``counts`` and their ratios (0 where not defined)
         summed per tier into ``rsum``, in row order after the sums so far: each ``bincount`` starts
         with one row per tier weighted by its sum so far, so the sums are the same bits whatever
-        the blocks.  With a device's ``ops``, the counts and sums are its ``grouped_sum``, which
-        sums a thread block's rows in shared memory where the bins fit (the ``_T`` ratio sums;
-        CuPy's ``bincount`` is one global atomic a row: into 16 bins, 0.9% of the copy bandwidth
-        on an H200)."""
+        the blocks (on a device, :func:`gpuclust._xp.bincount` sums a thread block's rows in
+        shared memory where the bins fit, as the ``_T`` ratio sums do)."""
         m = int(tier.shape[0])
-        ones = None if ops is None else xp.ones(m, dtype=xp.float32)
 
         def tally(codes: Any, n: int, w: Any = None) -> Any:
-            if ops is None:
-                return bincount(xp, codes, weights=w, minlength=n)
-            if w is None:  # counts: sums of ones (exact in float64)
-                return ops.grouped_sum(codes, ones, n_groups=n).astype(xp.int64)
-            return ops.grouped_sum(codes, w, n_groups=n)
+            return bincount(xp, codes, weights=w, minlength=n)
 
         tiers = xp.empty(_T + m, dtype=xp.int64)  # the tier slots, then the rows' tiers
         tiers[:_T] = xp.arange(_T)
