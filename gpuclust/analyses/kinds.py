@@ -417,6 +417,12 @@ class Fields:
             out[name] = (0, int(n))
         return out or None
 
+    def coordinates(self, ctx: Any) -> int:
+        """How many shard coordinates the dense key ranges span (:meth:`dense_keys`, on a device):
+        the most of any sharded keyed partial's keys over its keys per coordinate, rounded up."""
+        ranges = self.dense_keys(ctx) or {}
+        return max((-(-end // self._per(name, ctx)) for name, (_, end) in ranges.items()), default=0)
+
     def _keyed(self, name: str) -> Keyed:
         kd = self.kinds[name].keyed
         assert kd is not None

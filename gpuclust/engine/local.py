@@ -11,7 +11,6 @@ task does and the merge tree in :mod:`gpuclust.engine.tasks`.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,21 +21,21 @@ from gpuclust.analyses.base import Analysis, to_host
 from gpuclust.backends import ENGINE_THREAD_PREFIX, Backend, device_free_bytes, get_backend
 from gpuclust.engine import memory as _memory
 from gpuclust.engine import partition as _partition
-from gpuclust.engine import reading as _reading
 from gpuclust.engine import selection as _selection
 from gpuclust.engine import shards as _shards
 from gpuclust.engine.contexts import contexts, per_partition, resolve_analyses, result_keys, unbound
 from gpuclust.engine.finish import finalized, received
+from gpuclust.engine.key_passes import KeyPasses, key_passes
 from gpuclust.engine.planning import auto_rows_of, device_rows_of, plan_tables
 from gpuclust.engine.progress import PassProgress
 from gpuclust.engine.staging import LOAD_THREADS
 from gpuclust.engine.tasks import (
     DeviceHold,
     MergeTree,
+    Prefetch,
     device_hold,
     kept_in_memory,
     merge_lists,
-    partition_columns,
     partition_partials,
     staying,
 )
@@ -347,8 +346,8 @@ def _merge_here(
     folders: _shards.SpillFolders | None,
 ) -> tuple[list[Any], list[_shards.SpillTarget | None], list[Any]]:
     """The local path's contexts, spills and merged partials (:func:`merge_local`); its first
-    partitions are read while the contexts are computed (see :class:`_Prefetch`)."""
-    prefetch = _Prefetch.start(plans, ans, src, st.be, st.nthreads)
+    partitions are read while the contexts are computed (see :class:`~gpuclust.engine.tasks.Prefetch`)."""
+    prefetch = Prefetch.start(plans, ans, src, st.be, st.nthreads)
     # a device backend's engine threads (one by default) leave the host's cores to decode their
     # partitions' row groups (as a study loads; one thread decoded a partition at a time before)
     load_threads = 1 if st.be.name == "cpu" else max(1, min(LOAD_THREADS, usable_cores() // st.nthreads))
@@ -357,30 +356,40 @@ def _merge_here(
         # merged here in partition order: small keyed partials stay in memory
         spills = kept_in_memory(plans, spills, st.be, ans)  # (one partition on a device: nothing to merge)
         spills = [_shards.dense_target(a, unbound(c), f, st.be) for a, c, f in zip(ans, ctxs, spills, strict=True)]
-        keep = set() if st.be.name == "cpu" else staying(plans.values(), ans, spills)
-        hold = None if st.be.name == "cpu" else device_hold(plans.values(), ans, spills, st.be)
-        merged = merge_local(
-            plans,
-            ans,
-            ctxs,
-            st.be,
-            st.nthreads,
-            progress,
-            lambda spec, sub, sub_ctxs, sub_spills: partition_partials(
-                spec,
-                sub,
-                sub_ctxs,
+
+        def merge(plans: dict[str, tuple[list[int], list[Any]]], spills: list[Any]) -> list[Any]:
+            keep = set() if st.be.name == "cpu" else staying(plans.values(), ans, spills)
+            hold = None if st.be.name == "cpu" else device_hold(plans.values(), ans, spills, st.be)
+            return merge_local(
+                plans,
+                ans,
+                ctxs,
                 st.be,
-                sub_spills,
-                host=None if prefetch is None else prefetch.pop(spec),
-                load_threads=load_threads,
-                keep=keep,
-                hold=hold,
-            ),
-            spills,
-            st.split_every,
-            hold,
-        )
+                st.nthreads,
+                progress,
+                lambda spec, sub, sub_ctxs, sub_spills: partition_partials(
+                    spec,
+                    sub,
+                    sub_ctxs,
+                    st.be,
+                    sub_spills,
+                    host=None if prefetch is None else prefetch.pop(spec),
+                    load_threads=load_threads,
+                    keep=keep,
+                    hold=hold,
+                ),
+                spills,
+                st.split_every,
+                hold,
+            )
+
+        def one_pass(k: int, target: Any) -> Any:  # analysis k alone, its keyed partials into target
+            alone = {t: ([k], specs) for t, (idx, specs) in plans.items() if k in idx}
+            return merge(alone, [target if j == k else s for j, s in enumerate(spills)])[k]
+
+        spills = key_passes(ans, [unbound(c) for c in ctxs], spills, st.be, one_pass)
+        # (an analysis in key passes: its keyed sums dropped here, added by its passes at its finalize)
+        merged = merge(plans, [s.probe if isinstance(s, KeyPasses) else s for s in spills])
     finally:
         if prefetch is not None:
             prefetch.close()
@@ -446,54 +455,6 @@ def _shard_runner(st: _Settings) -> Any:
             return compute_tasks(_shards.reduce_shard, args, scheduler)
 
     return run_tasks
-
-
-class _Prefetch:
-    """The local path's first partitions, read while the client computes the contexts.
-
-    The contexts (capacities, the instance lookups of cell-usage and cpi: a read of
-    instance_events, a sort, a hash table) are computed on one core before any partial can run;
-    meanwhile the other threads read the first partition each (Arrow's reader holds no GIL), so
-    that work is off the partition phase.  At most ``threads`` partitions are read ahead: the
-    partitions in flight that the memory budget already counts (``auto_rows_of``).  Only on the
-    cpu backend, with more than one thread, and when no analysis has a prerequisite pass (which
-    runs its own partitions before the contexts are done)."""
-
-    def __init__(self, pool: ThreadPoolExecutor, futures: dict[int, Any]):
-        self._pool = pool
-        self._futures = futures
-
-    @classmethod
-    def start(
-        cls,
-        plans: dict[str, tuple[list[int], list[_partition.PartitionSpec]]],
-        ans: Sequence[Analysis],
-        src: Any,
-        be: Backend,
-        threads: int,
-    ) -> _Prefetch | None:
-        if be.name != "cpu" or threads < 2 or not plans or any(a.prerequisites(src) for a in ans):
-            return None
-        idx, specs = next(iter(plans.values()))  # merge_local runs the first table first
-        ahead = specs[:threads]
-        if len(specs) < 2 or not ahead:
-            return None
-        sub = [ans[k] for k in idx]
-        pool = ThreadPoolExecutor(max_workers=len(ahead), thread_name_prefix="gpuclust-prefetch")
-        futures = {id(sp): pool.submit(_reading.read_partition, sp, partition_columns(sp, sub)) for sp in ahead}
-        return cls(pool, futures)
-
-    def pop(self, spec: _partition.PartitionSpec) -> dict[str, Any] | None:
-        """The partition ``spec`` as read ahead (once), else None."""
-        f = self._futures.pop(id(spec), None)
-        return None if f is None else f.result()
-
-    def close(self) -> None:
-        """Drop what was not used (an error before the partitions ran) and end the threads."""
-        for f in self._futures.values():
-            f.cancel()
-        self._futures.clear()
-        self._pool.shutdown(wait=True)
 
 
 def context_of(a: Analysis, source: Any, **run_kw: Any) -> Any:
@@ -589,6 +550,9 @@ def finalize_all(
         done = received(key, p, writer)
         if done is not None:
             out[key] = done
+        elif isinstance(folder, KeyPasses) and folders is not None:
+            with phase("finalize", a.label):
+                out[key] = folder.finalize(a, ctx, p, folders.root / key, run_tasks, progress)
         elif folder is not None and folders is not None:
             with phase("finalize", a.label):
                 out[key] = _shards.finalize_parted(a, ctx, p, folders.root / key, folder, run_tasks, progress)

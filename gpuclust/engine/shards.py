@@ -67,11 +67,14 @@ __all__ = [
     "SpillTarget",
     "Spilled",
     "as_spilled",
+    "dense_plan",
     "dense_target",
     "finalize_parted",
     "joined",
     "merge_spilled",
+    "parted_tables",
     "reduce_shard",
+    "reduce_shards",
     "rows_fit_on_device",
     "spill",
     "study_dense",
@@ -86,9 +89,9 @@ class _Dense:
     accumulators are ``xp``'s arrays (a device's: pieces are added where they are, a host piece
     copied there first)."""
 
-    def __init__(self, empty: dict[str, np.ndarray], first: int, end: int, xp: Any = np):
+    def __init__(self, empty: dict[str, np.ndarray], first: int, end: int, xp: Any = np, clip: bool = False):
         n = end - first
-        self.xp, self.first, self.end = xp, first, end
+        self.xp, self.first, self.end, self.clip = xp, first, end, clip
         self.seen = xp.zeros(n, dtype=bool)
         self.sums = {
             f: xp.zeros(n, dtype=np.float64 if v.dtype.kind == "f" else v.dtype) for f, v in empty.items() if f != "key"
@@ -98,6 +101,8 @@ class _Dense:
         xp = self.xp
         if xp is not np:
             piece = {f: xp.asarray(v) for f, v in piece.items()}
+        if self.clip:  # (key passes) only the piece's keys in range: a slice of its sorted keys
+            piece = slice_keyed(piece, self.first, self.end)
         off = piece["key"] - self.first
         if off.shape[0] == 0:
             return
@@ -130,12 +135,16 @@ class _Dense:
 class DenseKeys:
     """The spill target of a parted analysis on the local path when its keyed partials span few
     keys (:func:`dense_target`): the keyed partials are merged in memory, in partition order
-    (:func:`merge_spilled`), into a :class:`_Dense` each instead of being written to files."""
+    (:func:`merge_spilled`), into a :class:`_Dense` each instead of being written to files.
+    ``clip``: each holds a part of its keys' range and takes only those of every partial (a pass
+    of :mod:`gpuclust.engine.key_passes`)."""
 
-    def __init__(self, a: Analysis, ranges: dict[str, tuple[int, int]], xp: Any = np):
+    def __init__(self, a: Analysis, ranges: dict[str, tuple[int, int]], xp: Any = np, clip: bool = False):
         empty = a.kinds.split(a.empty())[1]
         self.on_device = xp is not np
-        self.dense = {name: _Dense(empty[name], int(first), int(end), xp) for name, (first, end) in ranges.items()}
+        self.dense = {
+            name: _Dense(empty[name], int(first), int(end), xp, clip) for name, (first, end) in ranges.items()
+        }
 
     def add(self, keyed: dict[str, dict[str, np.ndarray]]) -> None:
         for name, piece in keyed.items():
@@ -179,7 +188,7 @@ def rows_fit_on_device(a: Analysis, rows: int, backend: Any) -> bool:
 SpillTarget = Path | DenseKeys | KeptKeys
 
 
-def _dense_plan(a: Analysis, ctx: Any, on_device: bool) -> tuple[dict[str, tuple[int, int]], int] | None:
+def dense_plan(a: Analysis, ctx: Any, on_device: bool) -> tuple[dict[str, tuple[int, int]], int] | None:
     """The key ranges of ``a``'s keyed partials merged into dense accumulators (``a.kinds.dense_keys``,
     ``on_device`` or on the host) and the bytes of those accumulators (a byte a key seen, 8 a
     field); None where ``a`` has none, or where some keyed partial could not be merged there
@@ -206,7 +215,7 @@ def dense_target(a: Analysis, ctx: Any, folder: SpillTarget | None, backend: Any
         return folder
     on_device = backend is not None and backend.name != "cpu"
     for device in (True, False) if on_device else (False,):
-        plan = _dense_plan(a, ctx, device)
+        plan = dense_plan(a, ctx, device)
         if plan is None:
             continue
         ranges, need = plan
@@ -226,7 +235,7 @@ def study_dense(a: Analysis, ctx: Any, backend: Any, device_room: int) -> DenseK
     folder: its alternative is the merge tree's sort-merges, on the host once the partials
     outgrow the device's hold, whose merged partial is as large), else None (the merge tree).
     Per key the values add in partition order wherever the accumulators are: the same bits."""
-    plan = _dense_plan(a, ctx, True)
+    plan = dense_plan(a, ctx, True)
     if plan is None:
         return None
     ranges, need = plan
@@ -420,15 +429,35 @@ def finalize_parted(
     (``spill_folder``: the partitions' spill target), the shards reduced by ``run_tasks`` (a list
     of :func:`reduce_shard` argument tuples -> their results, in order), the parted tables as
     :class:`gpuclust.parted.PartedTable` under ``out``."""
+    rest, _, results = reduce_shards(a, ctx, merged, out, spill_folder, run_tasks, progress)
+    return parted_tables(a, ctx, rest, out, results)
+
+
+def reduce_shards(
+    a: Analysis,
+    ctx: Any,
+    merged: Any,
+    out: Path,
+    spill_folder: SpillTarget,
+    run_tasks: Callable[[list[tuple[Any, ...]]], list[Any]],
+    progress: Any = None,
+    within: tuple[int, int] | None = None,
+) -> tuple[Any, list[tuple[int, int]], list[Any]]:
+    """The merged rest, ``a``'s shards and the :func:`reduce_shard` results of those whose
+    coordinates lie ``within`` a range (default: all of them), in order (part ``i`` is shard ``i``)."""
     sp = as_spilled(a, merged)
     sp.flush()  # (a partition's partial that was never merged)
     sp = _spill_client(a, sp, a.client_partial(ctx), spill_folder)
     shards = a.kinds.shards(ctx, sp.rest)
+    picked = [(i, lo, hi) for i, (lo, hi) in enumerate(shards) if within is None or within[0] <= lo <= hi <= within[1]]
     if progress is not None:
-        progress.phase(f"{a.label}: {len(shards)} shard(s) of {', '.join(a.parted) or 'keyed partials'}")
-    results = run_tasks(
-        [(a, ctx, sp.rest, i, lo, hi, sp.spills, out, sp.dense, sp.kept) for i, (lo, hi) in enumerate(shards)]
-    )
+        progress.phase(f"{a.label}: {len(picked)} shard(s) of {', '.join(a.parted) or 'keyed partials'}")
+    args = [(a, ctx, sp.rest, i, lo, hi, sp.spills, out, sp.dense, sp.kept) for i, lo, hi in picked]
+    return sp.rest, shards, run_tasks(args)
+
+
+def parted_tables(a: Analysis, ctx: Any, rest: Any, out: Path, results: Sequence[Any]) -> dict[str, Any]:
+    """A parted analysis' tables from its merged ``rest`` and its shards' ``results``, in order."""
     tables = {t: PartedTable(out / t) for t in a.parted}
     extras = []
     for files, extra in results:
@@ -436,7 +465,7 @@ def finalize_parted(
             tables[t].files.append(name)
             tables[t].num_rows += rows
         extras.append(extra)
-    return {**tables, **a.finalize_parted(sp.rest, ctx, tables, extras)}
+    return {**tables, **a.finalize_parted(rest, ctx, tables, extras)}
 
 
 class SpillFolders:

@@ -3,13 +3,15 @@
 :func:`partition_partials` reads one partition once (the union of the analyses' columns), filters it
 by the run's time selection and returns each analysis' partial on the host; :func:`merge_lists` and
 :class:`MergeTree` merge those lists in partition order, by the same tree on the local path
-(:mod:`gpuclust.engine.local`) and on dask (:mod:`gpuclust.engine.dask`).
+(:mod:`gpuclust.engine.local`) and on dask (:mod:`gpuclust.engine.dask`); :class:`Prefetch` reads
+the local path's first partitions while its contexts are computed.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,7 @@ from gpuclust.engine.timing import phase
 
 __all__ = [
     "DeviceHold",
+    "Prefetch",
     "MergeTree",
     "device_hold",
     "kept_in_memory",
@@ -343,3 +346,51 @@ class MergeTree:
             if not lv[2] and k == len(self._levels) - 1:
                 break
         return item
+
+
+class Prefetch:
+    """The local path's first partitions, read while the client computes the contexts.
+
+    The contexts (capacities, the instance lookups of cell-usage and cpi: a read of
+    instance_events, a sort, a hash table) are computed on one core before any partial can run;
+    meanwhile the other threads read the first partition each (Arrow's reader holds no GIL), so
+    that work is off the partition phase.  At most ``threads`` partitions are read ahead: the
+    partitions in flight that the memory budget already counts (``auto_rows_of``).  Only on the
+    cpu backend, with more than one thread, and when no analysis has a prerequisite pass (which
+    runs its own partitions before the contexts are done)."""
+
+    def __init__(self, pool: ThreadPoolExecutor, futures: dict[int, Any]):
+        self._pool = pool
+        self._futures = futures
+
+    @classmethod
+    def start(
+        cls,
+        plans: dict[str, tuple[list[int], list[_partition.PartitionSpec]]],
+        ans: Sequence[Analysis],
+        src: Any,
+        be: Backend,
+        threads: int,
+    ) -> Prefetch | None:
+        if be.name != "cpu" or threads < 2 or not plans or any(a.prerequisites(src) for a in ans):
+            return None
+        idx, specs = next(iter(plans.values()))  # merge_local runs the first table first
+        ahead = specs[:threads]
+        if len(specs) < 2 or not ahead:
+            return None
+        sub = [ans[k] for k in idx]
+        pool = ThreadPoolExecutor(max_workers=len(ahead), thread_name_prefix="gpuclust-prefetch")
+        futures = {id(sp): pool.submit(_reading.read_partition, sp, partition_columns(sp, sub)) for sp in ahead}
+        return cls(pool, futures)
+
+    def pop(self, spec: _partition.PartitionSpec) -> dict[str, Any] | None:
+        """The partition ``spec`` as read ahead (once), else None."""
+        f = self._futures.pop(id(spec), None)
+        return None if f is None else f.result()
+
+    def close(self) -> None:
+        """Drop what was not used (an error before the partitions ran) and end the threads."""
+        for f in self._futures.values():
+            f.cancel()
+        self._futures.clear()
+        self._pool.shutdown(wait=True)

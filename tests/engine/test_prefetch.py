@@ -1,5 +1,5 @@
 """The local path reads its first partitions while the contexts are computed
-(gpuclust/engine/local.py ``_Prefetch``): each partition still read once, same results."""
+(gpuclust/engine/tasks.py ``Prefetch``): each partition still read once, same results."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from strategies import assert_results_same, random_cell, write_dataset
 
 from gpuclust.dataset import Dataset
-from gpuclust.engine import local, planning, reading, run
+from gpuclust.engine import local, planning, reading, run, tasks
 from gpuclust.engine import partition as P
 
 
@@ -25,7 +25,7 @@ def test_each_partition_is_read_once_and_results_match(dataset: Dataset, monkeyp
     want = run(dataset, names, partitions=6, workers=1)
     reads: list[tuple[str, int]] = []
     popped: list[bool] = []
-    read, pop = reading.read_partition, local._Prefetch.pop
+    read, pop = reading.read_partition, tasks.Prefetch.pop
 
     def counting_read(spec, columns):  # type: ignore[no-untyped-def]
         reads.append((spec.table, spec.index))
@@ -37,7 +37,7 @@ def test_each_partition_is_read_once_and_results_match(dataset: Dataset, monkeyp
         return got
 
     monkeypatch.setattr(reading, "read_partition", counting_read)
-    monkeypatch.setattr(local._Prefetch, "pop", counting_pop)
+    monkeypatch.setattr(tasks.Prefetch, "pop", counting_pop)
     got = run(dataset, names, partitions=6, workers=2)
     assert_results_same(got, want)
     assert len(set(reads)) == len(reads)  # every partition read once
@@ -53,18 +53,18 @@ def test_no_prefetch_with_one_thread_or_a_prerequisite_pass(dataset: Dataset) ->
     be = get_backend("cpu")
     ans = [create("cell-usage")]
     plans = planning.plan_tables(src, ans, 4)
-    assert local._Prefetch.start(plans, ans, src, be, 1) is None
+    assert tasks.Prefetch.start(plans, ans, src, be, 1) is None
     pre = [a for a in (create("cpi"), create("data-quality")) if a.prerequisites(src)]
     assert pre
-    assert local._Prefetch.start(planning.plan_tables(src, pre, 4), pre, src, be, 2) is None
-    pf = local._Prefetch.start(plans, ans, src, be, 2)
+    assert tasks.Prefetch.start(planning.plan_tables(src, pre, 4), pre, src, be, 2) is None
+    pf = tasks.Prefetch.start(plans, ans, src, be, 2)
     assert pf is not None
     pf.close()  # unused reads dropped, threads ended
 
 
 def test_an_error_in_the_contexts_ends_the_prefetch(dataset: Dataset, monkeypatch: pytest.MonkeyPatch) -> None:
     closed: list[bool] = []
-    close = local._Prefetch.close
+    close = tasks.Prefetch.close
 
     def counting_close(self):  # type: ignore[no-untyped-def]
         closed.append(True)
@@ -73,7 +73,7 @@ def test_an_error_in_the_contexts_ends_the_prefetch(dataset: Dataset, monkeypatc
     def boom(*a, **k):  # type: ignore[no-untyped-def]
         raise RuntimeError("context failed")
 
-    monkeypatch.setattr(local._Prefetch, "close", counting_close)
+    monkeypatch.setattr(tasks.Prefetch, "close", counting_close)
     monkeypatch.setattr(local, "contexts", boom)
     with pytest.raises(RuntimeError, match="context failed"):
         run(dataset, "cell-usage", partitions=4, workers=2)

@@ -1,0 +1,136 @@
+"""Parted analyses in passes over key ranges: a device run whose dense keyed sums outgrow its memory.
+
+A parted analysis whose keyed sums have a dense key range (``Keyed(dense=...)``: overcommit's
+machines x tiers x buckets, cpi's, machine-utilization's) merges them on the local path into
+dense accumulators where they fit (:func:`gpuclust.engine.shards.dense_target`); past that its
+keyed partials are spilled to files, whose bytes grow with the windows, not with the result
+(overcommit: ~78 B a window, about 210 GB for a 2019 cell, past the scratch disk of many GPU
+nodes; its accumulators for a cell, ~61 GB, past a device's share).  On a device the engine runs
+such an analysis in passes instead (:func:`key_passes`): each pass streams the analysis'
+partitions again, adds only the keys of one range of the shard coordinate (machine codes) into
+dense accumulators in device memory (a clipping :class:`~gpuclust.engine.shards.DenseKeys`),
+then reduces and writes that range's shards (:func:`~gpuclust.engine.shards.reduce_shards`); the
+accumulators take that range's memory, whatever the data's size, and nothing is spilled.  Per
+key the values add in partition order, as in one pass: the same bits.  The price is a read of
+the analysis' columns per pass.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from gpuclust.analyses.base import Analysis
+from gpuclust.backends import Backend, device_free_bytes
+from gpuclust.engine import shards as _shards
+
+__all__ = ["MAX_PASSES", "KeyPasses", "key_passes"]
+
+#: Most passes an analysis' keyed sums are split into (beyond: spilled to files).
+MAX_PASSES = 64
+
+
+class KeyPasses:
+    """The spill target of a parted analysis run in passes: ``step`` coordinates a pass (or one
+    shard's), ``probe``, the target of the run's own stream (its partials' keyed sums dropped:
+    the stream gives the merged rest, hence the shards), and ``stream(target)``, which streams
+    the analysis' partitions again with its keyed partials merged into ``target`` and returns the
+    merged partial; ``passes``: how many ran."""
+
+    def __init__(self, a: Analysis, ctx: Any, step: int, xp: Any, stream: Callable[[Any], Any]):
+        self.step, self.xp, self.stream = step, xp, stream
+        self.probe = _shards.DenseKeys(a, _key_ranges(a, ctx, a.kinds.dense_keys(ctx) or {}, 0, 0), xp, clip=True)
+        self.passes = 0
+
+    def finalize(
+        self,
+        a: Analysis,
+        ctx: Any,
+        merged: Any,
+        out: Path,
+        run_tasks: Callable[[list[tuple[Any, ...]]], list[Any]],
+        progress: Any = None,
+    ) -> dict[str, Any]:
+        """``a``'s result from the run's stream (``merged``: its rest, so its shards, as in one
+        pass), then a pass per run of consecutive shards of at most ``step`` coordinates (at least
+        one shard): its accumulators, its partitions streamed, those shards reduced and written;
+        then the parted tables.  Every pass merges the same rest, and the shards, their parts and
+        extras are those of one pass: the same bits."""
+        dense = a.kinds.dense_keys(ctx) or {}
+        rest, shards, _ = _shards.reduce_shards(a, ctx, merged, out, self.probe, run_tasks, within=_NONE)
+        results: list[Any] = []
+        for start, end in _runs(shards, self.step):
+            target = _shards.DenseKeys(a, _key_ranges(a, ctx, dense, start, end), self.xp, clip=True)
+            self.passes += 1
+            if progress is not None:
+                progress.phase(f"{a.label}: keys pass {self.passes} (coordinates {start}-{end} of {shards[-1][1]})")
+            again, cut, got = _shards.reduce_shards(
+                a, ctx, self.stream(target), out, target, run_tasks, progress, within=(start, end)
+            )
+            if cut != shards:
+                raise RuntimeError(f"{a.label}: a pass over its keys cut other shards (internal error)")
+            results += got
+            rest = again
+            del target  # (this pass' accumulators freed before the next's)
+        return _shards.parted_tables(a, ctx, rest, out, results)
+
+
+#: An empty coordinate range: no shard lies within it.
+_NONE = (1, 0)
+
+
+def _runs(shards: list[tuple[int, int]], step: int) -> list[tuple[int, int]]:
+    """Consecutive ``shards`` joined into ranges of at most ``step`` coordinates (a wider shard
+    alone).
+
+    >>> _runs([(0, 3), (3, 5), (5, 9), (9, 20), (20, 21)], 6)
+    [(0, 5), (5, 9), (9, 20), (20, 21)]
+    """
+    out: list[tuple[int, int]] = []
+    for lo, hi in shards:
+        if out and hi - out[-1][0] <= step:
+            out[-1] = (out[-1][0], hi)
+        else:
+            out.append((lo, hi))
+    return out
+
+
+def _key_ranges(
+    a: Analysis, ctx: Any, dense: dict[str, tuple[int, int]], start: int, end: int
+) -> dict[str, tuple[int, int]]:
+    """Each dense keyed partial's keys of the coordinates ``[start, end)``, within its range."""
+    out = {}
+    for name, (first, last) in dense.items():
+        lo, hi = a.kinds.key_range(ctx, name, start, end)
+        lo = min(max(first, lo), last)
+        out[name] = (lo, max(lo, min(last, hi)))
+    return out
+
+
+def key_passes(
+    ans: Sequence[Analysis],
+    ctxs: Sequence[Any],
+    spills: Sequence[Any],
+    be: Backend,
+    stream: Callable[[int, Any], Any],
+) -> list[Any]:
+    """The local path's spill targets, a :class:`KeyPasses` in place of a spill folder where an
+    analysis' dense keyed sums (:func:`~gpuclust.engine.shards.dense_plan`) take at most
+    :data:`MAX_PASSES` times the device's room for them
+    (:data:`~gpuclust.engine.shards.DEVICE_DENSE_SHARE` of its free memory; a device backend
+    only).  ``stream(k, target)``: analysis ``k``'s partitions streamed into ``target``."""
+    out = list(spills)
+    if be.name == "cpu":
+        return out
+    room = _shards.DEVICE_DENSE_SHARE * device_free_bytes(be)
+    for k, (a, ctx, target) in enumerate(zip(ans, ctxs, spills, strict=True)):
+        plan = _shards.dense_plan(a, ctx, True) if isinstance(target, Path) else None
+        coords = a.kinds.coordinates(ctx) if plan is not None else 0
+        n = math.ceil(plan[1] / room) if plan is not None and room > 0 else MAX_PASSES + 1
+        if plan is None or n > MAX_PASSES or n > coords:
+            continue
+        out[k] = KeyPasses(a, ctx, -(-coords // n), be.xp, functools.partial(stream, k))
+    return out

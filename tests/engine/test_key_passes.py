@@ -1,0 +1,80 @@
+"""Parted analyses in passes over key ranges (gpuclust/engine/key_passes.py): on a device whose
+room for dense keyed sums is a fraction of what they need, the local path runs each such analysis
+in passes of one range of machines each, spills nothing, and gives the bits of one pass."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from device_backend import DEVICE_GPU, resolve_gpu_to_device
+from strategies import assert_results_same, random_cell, write_dataset
+
+from gpuclust.analyses import cpi, overcommit
+from gpuclust.analyses.registry import create
+from gpuclust.engine import key_passes, shards
+from gpuclust.engine.local import context_of, run
+from gpuclust.parted import PartedTable
+
+DENSE = ("overcommit", "cpi", "machine-utilization")
+
+
+def _read(res):
+    return {a: {t: v.read() if isinstance(v, PartedTable) else v for t, v in tabs.items()} for a, tabs in res.items()}
+
+
+@pytest.fixture
+def cell(tmp_path):
+    return write_dataset(tmp_path / "cell", random_cell(41, n_windows=6000), files=3, row_group_size=500)
+
+
+@pytest.mark.parametrize(("name", "parts"), [("overcommit", 5), ("cpi", 4)])
+def test_dense_sums_past_the_device_room_run_in_passes_with_the_same_bits(cell, tmp_path, monkeypatch, name, parts):
+    """The device's room for dense sums (a tenth of its free memory) made a ``parts``-th of what
+    ``name``'s need (overcommit's 157 MB, cpi's 1.3 MB here): ``name`` runs in that many passes
+    (the others as before: on the device where they fit, machine-utilization's on the host,
+    overcommit's spilled where it would take more than the most passes), nothing of it spilled,
+    and every table has the bits of a run with room for them all."""
+    resolve_gpu_to_device(monkeypatch)
+    monkeypatch.setattr(overcommit, "SHARD_CELLS", 1)  # a machine a shard (40; 1 << 18 cells by default)
+    monkeypatch.setattr(cpi, "SHARD_KEYS", 1)
+    one = _read(run(cell, list(DENSE), backend=DEVICE_GPU, partitions=3, parts_dir=tmp_path / "one"))
+    a = create(name)
+    free = int(shards.dense_plan(a, context_of(a, cell), True)[1] / parts / shards.DEVICE_DENSE_SHARE) + 1
+    for mod in (shards, key_passes):
+        monkeypatch.setattr(mod, "device_free_bytes", lambda be: free)
+    passes, spilled = {}, []
+    real_finalize, real_write = key_passes.KeyPasses.finalize, shards.write_keyed
+
+    def spy_finalize(self, a, *args, **kw):
+        real_stream = self.stream
+        self.stream = lambda target: streamed.append(target) or real_stream(target)
+        try:
+            return real_finalize(self, a, *args, **kw)
+        finally:
+            passes[a.name] = self.passes
+
+    monkeypatch.setattr(key_passes.KeyPasses, "finalize", spy_finalize)
+    monkeypatch.setattr(shards, "write_keyed", lambda *a: spilled.append(a) or real_write(*a))
+    streamed = []
+    got = _read(run(cell, list(DENSE), backend=DEVICE_GPU, partitions=3, parts_dir=tmp_path / "passes"))
+    assert passes == {name: parts}
+    # nothing of it spilled (with cpi's room, overcommit's partials would take 471 passes: spilled)
+    assert [sorted(keyed) for _, keyed in spilled] == ([] if name == "overcommit" else [["inst", "req", "usage"]] * 3)
+    assert len(streamed) == parts and all(t.dense and all(d.clip for d in t.dense.values()) for t in streamed)
+    assert_results_same(one, got, rtol=0.0)
+    for t in a.parted:  # its parted tables in machine order across the passes, as in one pass
+        x, y = (np.asarray(r[name][t]["machine_id"]) for r in (one, got))
+        np.testing.assert_array_equal(x, y)
+
+
+def test_past_the_most_passes_the_keyed_partials_are_spilled(cell, tmp_path, monkeypatch):
+    resolve_gpu_to_device(monkeypatch)
+    for mod in (shards, key_passes):
+        monkeypatch.setattr(mod, "device_free_bytes", lambda be: 80)  # room for 8 bytes
+    spilled = []
+    real_write = shards.write_keyed
+    monkeypatch.setattr(shards, "write_keyed", lambda *a: spilled.append(a) or real_write(*a))
+    got = _read(run(cell, ["overcommit"], backend=DEVICE_GPU, partitions=3, parts_dir=tmp_path / "spilled"))
+    assert len(spilled) == 3
+    want = _read(run(cell, ["overcommit"], backend="cpu", partitions=3, parts_dir=tmp_path / "cpu"))
+    assert_results_same(want, got, rtol=1e-9)
