@@ -204,7 +204,9 @@ def test_label_derived_from_fields():
     assert Overcommit(window_end_us=7_200_000_000).label == "overcommit[window_end_us=7200000000]"
 
 
-@pytest.mark.parametrize("modname", ["gpuclust.analyses.options", "gpuclust.engine.checks"])
+@pytest.mark.parametrize(
+    "modname", ["gpuclust.analyses.options", "gpuclust.engine.checks", "gpuclust.engine.key_passes", "gpuclust._xp"]
+)
 def test_doctests(modname):
     res = doctest.testmod(importlib.import_module(modname), optionflags=doctest.ELLIPSIS)
     assert res.failed == 0
