@@ -27,17 +27,29 @@ def cell(tmp_path):
     return write_dataset(tmp_path / "cell", random_cell(41, n_windows=6000), files=3, row_group_size=500)
 
 
+@pytest.fixture(params=["device-shaped", pytest.param("gpu", marks=pytest.mark.gpu)])
+def device(request, monkeypatch):
+    """The device backend and how close its two runs' tables must be: the device-shaped one's
+    are the same bits; a GPU's kernels add with atomics, in no set order."""
+    if request.param == "gpu":
+        return request.getfixturevalue("gpu_backend"), 1e-9
+    resolve_gpu_to_device(monkeypatch)
+    return DEVICE_GPU, 0.0
+
+
 @pytest.mark.parametrize(("name", "parts"), [("overcommit", 5), ("cpi", 4)])
-def test_dense_sums_past_the_device_room_run_in_passes_with_the_same_bits(cell, tmp_path, monkeypatch, name, parts):
+def test_dense_sums_past_the_device_room_run_in_passes_with_the_same_bits(
+    cell, tmp_path, monkeypatch, device, name, parts
+):
     """The device's room for dense sums (a tenth of its free memory) made a ``parts``-th of what
     ``name``'s need (overcommit's 157 MB, cpi's 1.3 MB here): ``name`` runs in that many passes
     (the others as before: on the device where they fit, machine-utilization's on the host,
     overcommit's spilled where it would take more than the most passes), nothing of it spilled,
-    and every table has the bits of a run with room for them all."""
-    resolve_gpu_to_device(monkeypatch)
+    and every table has the bits of a run with room for them all (on a GPU: to 1e-9)."""
+    be, rtol = device
     monkeypatch.setattr(overcommit, "SHARD_CELLS", 1)  # a machine a shard (40; 1 << 18 cells by default)
     monkeypatch.setattr(cpi, "SHARD_KEYS", 1)
-    one = _read(run(cell, list(DENSE), backend=DEVICE_GPU, partitions=3, parts_dir=tmp_path / "one"))
+    one = _read(run(cell, list(DENSE), backend=be, partitions=3, parts_dir=tmp_path / "one"))
     a = create(name)
     free = int(shards.dense_plan(a, context_of(a, cell), True)[1] / parts / shards.DEVICE_DENSE_SHARE) + 1
     for mod in (shards, key_passes):
@@ -56,12 +68,12 @@ def test_dense_sums_past_the_device_room_run_in_passes_with_the_same_bits(cell, 
     monkeypatch.setattr(key_passes.KeyPasses, "finalize", spy_finalize)
     monkeypatch.setattr(shards, "write_keyed", lambda *a: spilled.append(a) or real_write(*a))
     streamed = []
-    got = _read(run(cell, list(DENSE), backend=DEVICE_GPU, partitions=3, parts_dir=tmp_path / "passes"))
+    got = _read(run(cell, list(DENSE), backend=be, partitions=3, parts_dir=tmp_path / "passes"))
     assert passes == {name: parts}
     # nothing of it spilled (with cpi's room, overcommit's partials would take 471 passes: spilled)
     assert [sorted(keyed) for _, keyed in spilled] == ([] if name == "overcommit" else [["inst", "req", "usage"]] * 3)
     assert len(streamed) == parts and all(t.dense and all(d.clip for d in t.dense.values()) for t in streamed)
-    assert_results_same(one, got, rtol=0.0)
+    assert_results_same(one, got, rtol=rtol)
     for t in a.parted:  # its parted tables in machine order across the passes, as in one pass
         x, y = (np.asarray(r[name][t]["machine_id"]) for r in (one, got))
         np.testing.assert_array_equal(x, y)
