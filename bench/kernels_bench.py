@@ -26,6 +26,10 @@ many-cell and many-group cases draw every row's cell at random (no two rows of a
 each atomic its own memory sector), and again with rows in runs of 30 of one cell or group, as an
 instance's consecutive windows on its machine follow each other in an instance-ordered layout.
 
+Warp aggregation: the cases marked "warp runs" run grouped_sum with ``gpu.WARP_RUNS`` (a warp's
+runs of equal consecutive codes added by a segmented scan, not every lane of a code found by
+``__match_any_sync``), so each pair of rows measures one aggregation against the other.
+
 Shared against global atomics: the ops keep a block-local float64 copy of a small output in shared
 memory (``backends/gpu.py``: ``SHARED_BYTES``); a shared-memory float64 ``atomicAdd`` may compile
 to a compare-and-swap loop.  The cases marked "global variant forced" run the same inputs with
@@ -250,6 +254,16 @@ def cases(scale: float) -> list[dict[str, Any]]:
             "force_global": True,
         },
         {"op": "grouped_sum", "name": "16 groups (shared-memory variant; a tier per group)", "n": n, "n_groups": 16},
+        {"op": "grouped_sum", "name": "10^5 groups, warp runs", "n": n, "n_groups": 100_000, "warp_runs": True},
+        {
+            "op": "grouped_sum",
+            "name": "10^5 groups, rows in runs of 30, warp runs",
+            "n": n,
+            "n_groups": 100_000,
+            "runs": 30,
+            "warp_runs": True,
+        },
+        {"op": "grouped_sum", "name": "16 groups, warp runs", "n": n, "n_groups": 16, "warp_runs": True},
         {
             "op": "bincount",
             "name": "16 bins: the array module's weighted bincount (usage-vs-request's tier sums)",
@@ -313,18 +327,20 @@ def cases(scale: float) -> list[dict[str, Any]]:
 @contextlib.contextmanager
 def _variant(c: dict[str, Any]) -> Iterator[None]:
     """Inside: the GPU ops use their global-memory variant if the case forces it (``SHARED_BYTES``
-    set to 0), and the mixture the sweep it names (``TILED_SWEEP``); both restored after."""
+    set to 0), grouped_sum the warp aggregation it names (``WARP_RUNS``), and the mixture the
+    sweep it names (``TILED_SWEEP``); all restored after."""
     from gpuclust.backends import gpu, mixture_gpu
 
-    saved = gpu.SHARED_BYTES, mixture_gpu.TILED_SWEEP
+    saved = gpu.SHARED_BYTES, mixture_gpu.TILED_SWEEP, gpu.WARP_RUNS
     if c.get("force_global"):
         gpu.SHARED_BYTES = 0
     if "tiled" in c:
         mixture_gpu.TILED_SWEEP = c["tiled"]
+    gpu.WARP_RUNS = bool(c.get("warp_runs", gpu.WARP_RUNS))
     try:
         yield
     finally:
-        gpu.SHARED_BYTES, mixture_gpu.TILED_SWEEP = saved
+        gpu.SHARED_BYTES, mixture_gpu.TILED_SWEEP, gpu.WARP_RUNS = saved
 
 
 @functools.cache

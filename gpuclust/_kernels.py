@@ -46,6 +46,8 @@ INSTANTIATIONS: dict[str, dict[str, list[tuple[str, ...]]]] = {
     "grouped_sum.cu": {
         "gpuclust::grouped_sum_shared": list(itertools.product(_CODES, _FLOATS)),
         "gpuclust::grouped_sum_global": list(itertools.product(_CODES, _FLOATS)),
+        "gpuclust::grouped_sum_runs_shared": list(itertools.product(_CODES, _FLOATS)),
+        "gpuclust::grouped_sum_runs_global": list(itertools.product(_CODES, _FLOATS)),
         "gpuclust::bincount_shared": list(itertools.product(_CODES, _FLOATS)),
         "gpuclust::bincount_global": list(itertools.product(_CODES, _FLOATS)),
         # (the values are not read: the codes stand in for them)

@@ -66,6 +66,37 @@ __device__ __forceinline__ void warp_aggregated_add(double* out, long long key, 
     if (leader && key >= 0) atomicAdd(out + key, s);
 }
 
+// The sum of `v` over this lane's run: the lanes before it, in lane order, whose keys equal its own
+// with no other key between (consecutive rows of one key, as an instance-ordered layout gives),
+// valid in the run's last lane, reported through `is_tail`.  A segmented inclusive scan of five
+// shuffles (Hillis-Steele within the run) and no __match_any_sync: where equal keys come in runs
+// it aggregates as warp_key_sum does at a fixed cost; scattered equal keys are not aggregated.
+// All lanes must call.
+__device__ __forceinline__ double warp_run_sum(long long key, double v, bool* is_tail) {
+    const unsigned full = 0xffffffffu;
+    const int lane = lane_id();
+    const long long prev = __shfl_up_sync(full, key, 1);
+    const long long next = __shfl_down_sync(full, key, 1);
+    *is_tail = lane == 31 || next != key;
+    const unsigned heads = __ballot_sync(full, lane == 0 || prev != key);
+    const int start = 31 - __clz(heads & (full >> (31 - lane)));  // the run's first lane
+    double s = v;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+        const double t = __shfl_up_sync(full, s, d);
+        if (lane - d >= start) s += t;
+    }
+    return s;
+}
+
+// Run-aggregated atomic add of `v` into out[key] (warp_run_sum); key < 0: this lane adds nothing.
+// Must be called by all 32 lanes of the warp.
+__device__ __forceinline__ void warp_run_add(double* out, long long key, double v) {
+    bool tail;
+    const double s = warp_run_sum(key, v, &tail);
+    if (tail && key >= 0) atomicAdd(out + key, s);
+}
+
 // Maximum of a non-negative long long over the warp (all lanes must call).
 __device__ __forceinline__ long long warp_max(long long x) {
     const unsigned full = 0xffffffffu;

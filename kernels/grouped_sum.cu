@@ -15,7 +15,7 @@ namespace gpuclust {
 
 enum { SUM_SKIP_NAN = 0, SUM_ALL = 1, SUM_COUNT = 2 };
 
-template <int MODE, typename C, typename T>
+template <int MODE, typename C, typename T, bool RUNS = false>
 __device__ __forceinline__ void grouped_sum_body(const C* __restrict__ codes, const T* __restrict__ values,
                                                  long long n, long long n_groups, double* __restrict__ acc) {
     const long long stride = (long long)gridDim.x * blockDim.x;
@@ -38,16 +38,22 @@ __device__ __forceinline__ void grouped_sum_body(const C* __restrict__ codes, co
             }
         }
 #pragma unroll
-        for (int u = 0; u < ROWS_IN_FLIGHT; ++u) warp_aggregated_add(acc, key[u], v[u]);
+        for (int u = 0; u < ROWS_IN_FLIGHT; ++u) {
+            if constexpr (RUNS) {
+                warp_run_add(acc, key[u], v[u]);
+            } else {
+                warp_aggregated_add(acc, key[u], v[u]);
+            }
+        }
     }
 }
 
-template <int MODE, typename C, typename T>
+template <int MODE, typename C, typename T, bool RUNS = false>
 __device__ __forceinline__ void grouped_sum_shared_body(const C* __restrict__ codes, const T* __restrict__ values,
                                                         long long n, long long n_groups, double* __restrict__ out) {
     extern __shared__ double acc[];
     block_zero(acc, n_groups);
-    grouped_sum_body<MODE, C, T>(codes, values, n, n_groups, acc);
+    grouped_sum_body<MODE, C, T, RUNS>(codes, values, n, n_groups, acc);
     block_flush(acc, out, n_groups);
 }
 
@@ -61,6 +67,21 @@ template <typename C, typename T>
 __global__ void grouped_sum_shared(const C* __restrict__ codes, const T* __restrict__ values, long long n,
                                    long long n_groups, double* __restrict__ out) {
     grouped_sum_shared_body<SUM_SKIP_NAN, C, T>(codes, values, n, n_groups, out);
+}
+
+// grouped_sum_* adding the runs of equal consecutive codes of a warp together (warp_run_add), not
+// every lane of a code (warp_aggregated_add): for rows ordered by their code (backends/gpu.py:
+// WARP_RUNS; bench/kernels_bench.py measures the two)
+template <typename C, typename T>
+__global__ void grouped_sum_runs_global(const C* __restrict__ codes, const T* __restrict__ values, long long n,
+                                        long long n_groups, double* __restrict__ out) {
+    grouped_sum_body<SUM_SKIP_NAN, C, T, true>(codes, values, n, n_groups, out);
+}
+
+template <typename C, typename T>
+__global__ void grouped_sum_runs_shared(const C* __restrict__ codes, const T* __restrict__ values, long long n,
+                                        long long n_groups, double* __restrict__ out) {
+    grouped_sum_shared_body<SUM_SKIP_NAN, C, T, true>(codes, values, n, n_groups, out);
 }
 
 template <typename C, typename T>

@@ -39,6 +39,11 @@ lookup_block_rows: int | None = None
 #: host arrays probe a slot table instead).
 lookup_slot_tables = False
 
+#: How ``grouped_sum`` adds a warp's rows of one code together before its atomics: False, every
+#: lane of a code (``__match_any_sync``, then a shuffle per lane that shares its code); True, the
+#: runs of equal consecutive codes only (five shuffles of a segmented scan, accumulate.cuh's
+#: ``warp_run_sum``).  bench/kernels_bench.py measures both on a device.
+WARP_RUNS = False
 # (BLOCK, SHARED_BYTES, the parameter lists' PTR and the launch: gpuclust._kernels)
 #: Declared kernel parameter lists: (name, numpy scalar type or "ptr").  Kept next to the
 #: wrappers and in the order of the CUDA signatures in kernels/*.cu.
@@ -176,7 +181,7 @@ def grouped_sum(codes: Any, values: Any, *, n_groups: int) -> Any:
     if n == 0 or n_groups == 0:
         return out
     small = n_groups * 8 <= SHARED_BYTES
-    tmpl = "gpuclust::grouped_sum_shared" if small else "gpuclust::grouped_sum_global"
+    tmpl = f"gpuclust::grouped_sum{'_runs' if WARP_RUNS else ''}_{'shared' if small else 'global'}"
     kernel = _kernels.get_function("grouped_sum.cu", tmpl, (_CTYPE[codes.dtype], _CTYPE[values.dtype]))
     _launch(
         kernel,

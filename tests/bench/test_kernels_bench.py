@@ -35,8 +35,8 @@ def _run(mod, tmp_path, backend):
         assert r["gb_per_s"] == pytest.approx(r["bytes"] / r["seconds"] / 1e9)
         assert r["fraction_of_copy"] == pytest.approx(r["gb_per_s"] * 1e9 / res["copy_bytes_per_s"])
     md = (tmp_path / "k.md").read_text()
-    assert md.count("| bucket_overlap |") == 8 and md.count("| grouped_sum |") == 5 and "Copy bandwidth" in md
-    assert md.count("runs of 30") == 3
+    assert md.count("| bucket_overlap |") == 8 and md.count("| grouped_sum |") == 8 and "Copy bandwidth" in md
+    assert md.count("runs of 30") == 4 and md.count("warp runs") == 3
     assert md.count("| bincount |") == 6 and md.count("gpuclust._xp.bincount") == 3
     assert md.count("7 series") == 2 and md.count("| mixture_quantiles |") == 5
     assert md.count("global variant forced") == 3

@@ -84,7 +84,7 @@ def test_wrapper_parameter_lists_match_the_cuda_signatures():
         },
         "grouped_sum.cu": {
             f"{k}_{v}": _kernels.GROUPED_SUM_PARAMS
-            for k in ("grouped_sum", "bincount", "bincount_count")
+            for k in ("grouped_sum", "grouped_sum_runs", "bincount", "bincount_count")
             for v in ("shared", "global")
         },
         "grouped_moments.cu": {

@@ -228,13 +228,21 @@ def test_bucket_overlap_gpu_parity_2d(
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cdt", [np.int32, np.int64])
-@pytest.mark.parametrize("vdt", [np.float32, np.float64])
+@pytest.mark.parametrize(("cdt", "vdt"), [(np.int32, np.float32), (np.int64, np.float64)])
 @pytest.mark.parametrize(("n", "n_groups"), [(0, 4), (1, 1), (100_000, 7), (500_000, 1), (200_000, 100_000)])
-def test_grouped_sum_gpu_parity(gpu_backend, cdt, vdt, n, n_groups):
+@pytest.mark.parametrize(("runs", "ordered"), [(False, False), (True, False), (False, True), (True, True)])
+def test_grouped_sum_gpu_parity(gpu_backend, monkeypatch, cdt, vdt, n, n_groups, runs, ordered):
+    """The kernels against the twin: codes out of range and NaN values add nothing; each warp's
+    rows of a code added together by every lane of the code or by runs of consecutive rows
+    (``gpu.WARP_RUNS``), on random and ordered codes."""
+    from gpuclust.backends import gpu
+
+    monkeypatch.setattr(gpu, "WARP_RUNS", runs)
     cp = gpu_backend.xp
     rng = np.random.default_rng(n + n_groups)
     codes = rng.integers(-1, n_groups + 1, n).astype(cdt)
+    if ordered:
+        codes.sort()
     values = rng.random(n).astype(vdt)
     values[rng.random(n) < 0.01] = np.nan
     want = cpu.grouped_sum(codes, values, n_groups=n_groups)
@@ -243,8 +251,9 @@ def test_grouped_sum_gpu_parity(gpu_backend, cdt, vdt, n, n_groups):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cdt", [np.int32, np.int64, np.uint8])
-@pytest.mark.parametrize("wdt", [None, np.float32, np.float64, np.int64])
+@pytest.mark.parametrize(
+    ("cdt", "wdt"), [(np.int64, None), (np.int32, np.float32), (np.int64, np.float64), (np.uint8, np.int64)]
+)
 @pytest.mark.parametrize(
     ("n", "top", "minlength", "order"),
     [
