@@ -27,7 +27,8 @@
 #              the per-analysis ratios; last, so a whole check leaves it no time (STEPS=reference)
 # STEPS (default "tests sanitize kernels study cli dask profile reference") picks steps, e.g. for a
 # rerun on the time left; CLI_CPU_S (default 70) is the cpu CLI run's limit (STEPS=cli CLI_CPU_S=400:
-# to its end).  After every step bench/gpu_check.py assembles $OUT/gpu-latest.json (issue 34's record) from what
+# to its end), DASK_S (default 120) the dask step's (STEPS="study dask" DASK_S=300: to its end;
+# the dask step compares with the study step's results).  After every step bench/gpu_check.py assembles $OUT/gpu-latest.json (issue 34's record) from what
 # the steps wrote so far, so a call cut off still returns a valid record.  At most 8 files come back:
 # gpu-latest.json, check.log, tests.log, memcheck.log, racecheck.log, kernels.log, kernels_gpu.json,
 # steps.log (data, study, cli, dask, profile, reference).
@@ -125,7 +126,7 @@ if [ -f "$DS/manifest.json" ]; then
     if ! has dask; then
         :
     elif [ -z "${REHEARSE:-}" ]; then
-        step dask steps.log 120 40 $PY "${CHECK[@]}" dask "$DS" --json "$WORK/dask.json" --ref "$WORK/ref.pkl"
+        step dask steps.log "${DASK_S:-120}" 40 $PY "${CHECK[@]}" dask "$DS" --json "$WORK/dask.json" --ref "$WORK/ref.pkl"
     else
         step dask steps.log 120 20 $PY "${CHECK[@]}" dask "$DS" --json "$WORK/dask.json" --ref "$WORK/ref.pkl" \
             --backend cpu --scheduler local:2

@@ -31,12 +31,13 @@ from gpuclust.schema import SCHEMAS
 __all__ = ["LOAD_THREADS", "STAGING_BYTES", "column_bytes", "column_dtypes", "fill_nulls", "load_partitions"]
 
 #: Host threads that decode Parquet row groups at once (each also drives its own copy stream and
-#: pair of pinned buffers): the usable cores, at most 12.  Decoding is CPU-bound and runs without
+#: pair of pinned buffers): the usable cores, at most 16.  Decoding is CPU-bound and runs without
 #: the GIL, so threads beyond the cores only hold more row groups in memory: on the 2-core VM, 2
 #: threads persisted 1.6e7 windows as fast as 6 (3.9-4.8 against 4.6-6.1 s) in 1.5 GiB less
-#: RSS.  (The H100 node's 3 / 6 / 12-thread loads of 2026-11-23 were decoding whole
-#: partitions, 2-3 of them, so they could not tell.)
-LOAD_THREADS = min(12, max(2, usable_cores()))
+#: RSS.  On the 16-core H200 node (2026-11-29, 3.05e7 windows, 5.39 GB of columns, one load
+#: each) 16 threads loaded at 3.65 GB/s where 12 did at 2.72 (57% and 43% of the node's decode
+#: ceiling); 16 threads pin 512 MiB.
+LOAD_THREADS = min(16, max(2, usable_cores()))
 #: Size of each of a loading thread's two page-locked staging buffers: a row group's column of
 #: 2^20 int64 / float64 rows (8 MiB) in one copy, larger chunks in several.  Pinning is paid once
 #: per process, and costs more than a partition's copies (H100 node, 2026-11-23): 12 threads x

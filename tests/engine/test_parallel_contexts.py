@@ -159,7 +159,7 @@ def test_usable_cores_follow_the_affinity_mask_else_the_machine(monkeypatch):
     assert _parallel.usable_cores() == 7
     monkeypatch.setattr(os, "cpu_count", lambda: None)
     assert _parallel.usable_cores() == 1
-    assert 2 <= staging.LOAD_THREADS <= 12
+    assert 2 <= staging.LOAD_THREADS <= 16
 
 
 def test_a_device_run_computes_its_contexts_several_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
