@@ -392,13 +392,14 @@ def study_step(ds: Path, out: Path, ref: Path, backend_name: str, budget_frac: f
         ooc["analyses"], got = {}, {}
         _dump(out, rec)
         for n in every:  # one at a time, each recorded as it ends: a cut step says how far it got
-            t1 = time.perf_counter()
+            t1, b1 = time.perf_counter(), ooc_study.streamed_bytes
             try:
                 got.update(ooc_study.run(n))
                 ooc["analyses"][n] = {
                     "s": time.perf_counter() - t1,
                     "hold": ooc_study.last_run_hold,
                     "phases": dict(ooc_study.last_run_seconds),
+                    "read_bytes": ooc_study.streamed_bytes - b1,  # (its read time: phases["read"])
                 }
             except Exception as e:  # (a device out of memory: which analysis, where)
                 ooc["analyses"][n] = {"s": time.perf_counter() - t1, "error": f"{type(e).__name__}: {str(e)[:300]}"}
@@ -545,6 +546,16 @@ def sanitizer_counts(memcheck: str, racecheck: str) -> dict[str, Any]:
     }
 
 
+def ooc_load_rate(ooc: dict[str, Any], ceiling: float) -> dict[str, Any]:
+    """The out-of-core runs' load rate: the bytes their streamed partitions took over the seconds
+    spent loading them (``phases.read``), and its share of the lower ceiling; ``{}`` without."""
+    runs = [v for v in ooc.get("analyses", {}).values() if v.get("read_bytes") and v.get("phases", {}).get("read")]
+    if not runs:
+        return {}
+    gb_s = sum(v["read_bytes"] for v in runs) / sum(v["phases"]["read"] for v in runs) / 1e9
+    return {"load_gb_s": gb_s, "load_vs_ceiling": gb_s / ceiling if ceiling != float("inf") else None}
+
+
 def assemble(work: Path, logs: Path, out: Path) -> dict[str, Any]:
     """The issue's record from the steps' JSON files in ``work`` and their logs in ``logs``."""
     env = _read(work / "env.json")
@@ -585,6 +596,7 @@ def assemble(work: Path, logs: Path, out: Path) -> dict[str, Any]:
     rec["out_of_core"] = {
         "device_budget_bytes": ooc.get("device_budget_bytes"),
         "data_bytes": ooc.get("data_bytes"),
+        **ooc_load_rate(ooc, min(c.get("h2d_pinned_gbs") or float("inf"), c.get("decode_gbs") or float("inf"))),
         # every analysis or none: one that failed is neither equal nor timed (no projection from the rest)
         "equal": False if ooc.get("failed") else ooc.get("equal"),
         "bit_equal": False if ooc.get("failed") else ooc.get("bit_equal"),

@@ -152,7 +152,8 @@ class Study:
     last_run_seconds
         Where the wall time of the last :meth:`run` went: ``contexts`` (built on first use),
         ``partials`` (the analyses' partials over the resident partitions, their copy back to the
-        host included, summed over the engine threads), ``merge`` (the merge phase's wall time
+        host included, summed over the engine threads; of it ``read``, loading the streamed
+        partitions, whose bytes :attr:`streamed_bytes` counts), ``merge`` (the merge phase's wall time
         less ``partials``: exact with one engine thread, as on the gpu backend), ``finalize`` and
         ``convert`` (to pandas).
     last_run_hold
@@ -191,6 +192,7 @@ class Study:
         self.progress = progress
         self.partition_reads: dict[str, int] = {}
         self.load_seconds = 0.0
+        self.streamed_bytes = 0  # read by runs from streamed partitions, in all
         self.loaded_bytes = 0
         self.last_run_seconds: dict[str, float] = {}
         self.last_run_hold: dict[str, Any] = {}
@@ -488,7 +490,7 @@ class Study:
         self.persist({t: sorted(c) for t, c in need.items()})
         clock = time.perf_counter()
         ctxs = self._contexts_of(ans)
-        seconds = {"contexts": time.perf_counter() - clock, "partials": 0.0}
+        seconds = {"contexts": time.perf_counter() - clock, "partials": 0.0, "read": 0.0}
         if beside := self._device_extra(ctxs):  # the contexts known now: streams more where they do not fit
             for table in sorted(need, key=lambda t: -sum(s.num_rows for g in self._plan(t) for s in g)):
                 self._stream_beyond_budget(table, [], beside)
@@ -522,6 +524,8 @@ class Study:
                 loaded = load_partitions([group], sorted(need[spec.table]), be, threads=load_threads)[0]
                 with lock:
                     self.partition_reads[spec.table] = self.partition_reads.get(spec.table, 0) + len(group)
+                    self.streamed_bytes += sum(int(a.nbytes) for a in loaded.values())
+                    seconds["read"] += time.perf_counter() - start
                 out = partials_of(loaded, sub, sub_ctxs, be, [id(a) in stay for a in sub], hold)
                 del loaded
             else:  # index -1: the table's resident partitions as one (whole instances on a flat table)

@@ -192,6 +192,19 @@ def test_assemble_reports_what_ran_and_nothing_it_did_not(check, tmp_path) -> No
     assert rec["steps"]["reference"] == ref
 
 
+def test_out_of_core_load_rate_is_the_streamed_bytes_over_their_read_time(check) -> None:
+    ooc = {
+        "analyses": {
+            "a": {"read_bytes": 6e9, "phases": {"read": 2.0}},
+            "b": {"read_bytes": 2e9, "phases": {"read": 2.0}},
+            "c": {"read_bytes": 0, "phases": {"read": 0.0}},  # (nothing streamed)
+            "d": {"error": "OutOfMemoryError"},
+        }
+    }
+    assert check.ooc_load_rate(ooc, 4.0) == {"load_gb_s": 2.0, "load_vs_ceiling": 0.5}
+    assert check.ooc_load_rate({}, 4.0) == {}
+
+
 def test_cli_step_records_the_phases_of_its_run_json(check, tmp_path, monkeypatch) -> None:
     """The CLI step's record carries where the command's time went, from DIR/_run.json; a
     command that wrote none (it failed) leaves them out."""
@@ -260,6 +273,7 @@ def test_rehearsal_as_docs_print_it(tmp_path) -> None:
         set(ooc["analyses"]) == set(rec["analyses"]) and ooc["usage_distribution_strategy"] == "exact"
     )  # (cpu: no cap)
     assert set(rec["out_of_core"]["analyses"]) == set(rec["analyses"])
+    assert rec["out_of_core"]["load_gb_s"] > 0 and rec["out_of_core"]["load_vs_ceiling"] > 0  # (streamed loads)
     assert all(v["phases"]["partials"] > 0 and "hold" in v for v in ooc["analyses"].values())  # where time went
     # the reference step: every analysis on the cpu backend, the SQL cases in DuckDB beside the device
     assert all(v["cpu_s"] > 0 for v in rec["analyses"].values())

@@ -20,6 +20,7 @@ from strategies import random_cell, write_dataset
 import gpuclust
 from gpuclust.analyses.registry import create, names
 from gpuclust.dataset import Dataset
+from gpuclust.engine.staging import column_bytes
 from gpuclust.engine.study import StudyMemoryError
 from gpuclust.optimize import optimize
 
@@ -82,8 +83,14 @@ def test_an_eighth_of_the_memory_gives_the_same_bits(bucketed, backend, monkeypa
         assert hold["groups"] > 1, hold  # (in groups within the budget: the same bits)
         assert set(hold["dense"]) == {create(n).label for n in ("cpi", "machine-utilization", "overcommit")}, hold
         assert not set(hold["dense"]) & set(hold["merged_on_host"]), hold
+    before = study.streamed_bytes
     study.run("cell-usage")  # every run reads the streamed partitions again, and only those
     assert study.partition_reads["instance_usage"] == reads + streamed
+    # ... its read time (of its partials) and bytes counted: the streamed rows of its columns
+    rows = sum(s.num_rows for i in study._streamed["instance_usage"] for s in study._plan("instance_usage")[i])
+    a = create("cell-usage")
+    assert study.streamed_bytes - before == rows * column_bytes("instance_usage", {*a.columns, *a.context_columns})
+    assert 0 < study.last_run_seconds["read"] <= study.last_run_seconds["partials"]
     study.close()
 
 
