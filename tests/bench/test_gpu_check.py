@@ -157,6 +157,19 @@ def test_assemble_reports_what_ran_and_nothing_it_did_not(check, tmp_path) -> No
     assert rec["cli"]["gpu_s"] == 3.0 and rec["cli"]["cpu_s"] is None and rec["cli"]["cpu_cut_at_s"] == 110.0
     assert rec["out_of_core"]["equal"] is True and rec["out_of_core"]["gpu_s"] == 2.0
     assert rec["projection_cell_min"] == pytest.approx(2.0 / 1000 * 2.7e9 / 60)
+    # all 13 at once out of core, equal to the resident run: the projection's rate
+    study = json.loads((work / "study.json").read_text())
+    study["out_of_core"]["all_at_once"] = {"s": 0.5, "equal": True}
+    (work / "study.json").write_text(json.dumps(study))
+    rec = check.assemble(work, logs, tmp_path / "gpu-latest.json")
+    assert rec["out_of_core"]["all_at_once_s"] == 0.5
+    assert rec["projection_cell_min"] == pytest.approx(0.5 / 1000 * 2.7e9 / 60)
+    study["out_of_core"]["all_at_once"] = {"s": 0.5, "equal": False}  # (unequal: not a rate)
+    (work / "study.json").write_text(json.dumps(study))
+    rec = check.assemble(work, logs, tmp_path / "gpu-latest.json")
+    assert "all_at_once_s" not in rec["out_of_core"] and rec["projection_cell_min"] == pytest.approx(
+        2.0 / 1000 * 2.7e9 / 60
+    )
     assert rec["analyses"]["cell-usage"] == {"gpu_s": 0.5, "cpu_s": None, "duckdb_s": None}
     assert rec["dask_cuda"] == {"gpu_s": None, "equal": None, "bit_equal": None, "worker_allocators": None}
     # an analysis that failed out of core: the others compared equal, but the step is neither equal nor timed
@@ -267,6 +280,8 @@ def test_rehearsal_as_docs_print_it(tmp_path) -> None:
     assert prof["launch_blocking"] is True and list(prof["analyses"]) == ["usage-distribution", "job-usage"]
     assert rec["out_of_core"]["equal"] is True and rec["dask_cuda"]["equal"] is True
     assert len(rec["analyses"]) == 13 and rec["projection_cell_min"] > 0
+    # all 13 at once out of core (in groups within the budget): equal, and the projection's rate
+    assert rec["out_of_core"]["all_at_once_s"] == rec["steps"]["study"]["out_of_core"]["all_at_once"]["s"]
     assert rec["steps"]["study"]["variants"]["usage-distribution[strategy=exact-two-pass]"]["s"] > 0
     ooc = rec["steps"]["study"]["out_of_core"]  # the analyses one at a time, each recorded
     assert (
