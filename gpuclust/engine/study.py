@@ -55,6 +55,7 @@ from gpuclust.engine.study_plans import (
     budget_groups,
     check_whole_fits,
     combined_hold,
+    read_again,
     run_in_groups,
     table_plans,
     whole_plans,
@@ -494,9 +495,8 @@ class Study:
         if beside := self._device_extra(ctxs):  # the contexts known now: streams more where they do not fit
             for table in sorted(need, key=lambda t: -sum(s.num_rows for g in self._plan(t) for s in g)):
                 self._stream_beyond_budget(table, [], beside)
-        lock = threading.Lock()
         plans = table_plans(ans, self._plan)
-        be, resident, remote = self.backend, self._resident, self._remote
+        be, resident, remote, lock = self.backend, self._resident, self._remote, threading.Lock()
         whole = whole_plans(ans, plans, self._plan)
         check_whole_fits(ans, whole, self._streamed, self._plan)
         streamed = {t: set(v) for t, v in self._streamed.items() if v}
@@ -520,10 +520,9 @@ class Study:
             if remote is not None:  # on the worker holding the partition
                 out = remote.partials(spec.table, spec.index, sub, [shipped[id(c)] for c in sub_ctxs], be.name)
             elif spec.index in streamed.get(spec.table, ()):  # out of core: read again, dropped after
-                group = self._plan(spec.table)[spec.index]
-                loaded = load_partitions([group], sorted(need[spec.table]), be, threads=load_threads)[0]
+                loaded, parts = read_again(self._plan(spec.table)[spec.index], need[spec.table], be, load_threads)
                 with lock:
-                    self.partition_reads[spec.table] = self.partition_reads.get(spec.table, 0) + len(group)
+                    self.partition_reads[spec.table] = self.partition_reads.get(spec.table, 0) + parts
                     self.streamed_bytes += sum(int(a.nbytes) for a in loaded.values())
                     seconds["read"] += time.perf_counter() - start
                 out = partials_of(loaded, sub, sub_ctxs, be, [id(a) in stay for a in sub], hold)

@@ -1,5 +1,6 @@
 """How a study's run is planned: each table's partitions, the analyses that need whole instances,
-and the groups of analyses a device's memory budget holds at once (:mod:`gpuclust.engine.study`)."""
+and the groups of analyses a device's memory budget holds at once; and how a run reads a streamed
+partition again (:mod:`gpuclust.engine.study`)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,14 @@ from typing import Any
 from gpuclust.analyses.base import Analysis
 from gpuclust.engine import partition as _partition
 from gpuclust.engine.contexts import result_keys
+from gpuclust.engine.staging import load_partitions
 
 __all__ = [
     "StudyMemoryError",
     "budget_groups",
     "check_whole_fits",
     "combined_hold",
+    "read_again",
     "run_in_groups",
     "table_plans",
     "whole_plans",
@@ -123,3 +126,11 @@ def combined_hold(holds: Sequence[dict[str, Any]]) -> dict[str, Any]:
         if "dense" in h:
             out["dense"] = {**out.get("dense", {}), **h["dense"]}
     return out
+
+
+def read_again(
+    group: list[_partition.PartitionSpec], columns: set[str], be: Any, threads: int
+) -> tuple[dict[str, Any], int]:
+    """A streamed partition (its resident ``group`` of pieces) read again for a run: its
+    ``columns`` in ``be``'s memory, and how many pieces were read."""
+    return load_partitions([group], sorted(columns), be, threads=threads)[0], len(group)

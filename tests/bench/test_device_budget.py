@@ -18,7 +18,7 @@ def test_device_budget_tiny(tiny_bench):
             assert r["launches"] > 0 and r["syncs"] > 0 and r["d2h_bytes"] > 0
             assert r["column_bytes"] > 0 and r["h2d_bytes"] >= r["column_bytes"]  # the load copies its columns at least
             assert r["cpu_s"] > 0 and r["cpu_over_host"] == pytest.approx(r["cpu_s"] / r["host_s"])
-            assert set(r["phases"]) == {"contexts", "partials", "merge", "finalize", "convert"}
+            assert set(r["phases"]) == {"contexts", "partials", "read", "merge", "finalize", "convert"}
     v = res["verdicts"]["cell-usage"]
     assert set(v["ok"]) == {"d2h", "h2d", "syncs", "launches"} and v["syncs_growth"] == 1.0  # (the same dataset)
     assert "| 20,000 | overcommit |" in md and "cpu / host" in md and "targets" in md and "Environment:" in md

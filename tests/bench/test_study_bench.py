@@ -30,7 +30,7 @@ def test_study_bench_tiny_cpu(tiny_bench):
     for r in (local, cluster):  # each analysis' phases (partials are summed over threads: not bounded by the wall)
         assert r["phases"].keys() == r["analyses"].keys()
         for a, ph in r["phases"].items():
-            assert set(ph) == {"contexts", "partials", "merge", "finalize", "convert"}
+            assert set(ph) == {"contexts", "partials", "read", "merge", "finalize", "convert"}
             rest = ph["contexts"] + ph["merge"] + ph["finalize"] + ph["convert"]
             assert 0 < ph["partials"] and rest <= r["analyses"][a] + 1e-3, (a, ph)
 
