@@ -145,7 +145,7 @@ def group_extras(xp: Any, ops: Any, key: Any, kc: Any, frac: Any, w: Any, qr: An
     wq = ops.run_weighted_sums(first, inv, G, ws, qr)  # sequential per run on the cpu
     return {
         "key": key[first],
-        "frac": bincount(xp, inv, weights=frac, minlength=G),
+        "frac": bincount(xp, inv, weights=frac, minlength=G, bounded=True),
         "wq": wq.reshape(G, 20),
         "kc": kc_u,
     }

@@ -198,7 +198,7 @@ def refine_partial(
         n = int(pid.shape[0])
         pids.append(pid)
         for acc, v in zip(sums, vals, strict=True):
-            acc.append(bincount(xp, run, weights=v, minlength=n))
+            acc.append(bincount(xp, run, weights=v, minlength=n, bounded=True))
         if pcs is None:
             for acc in mats:
                 acc.append(xp.zeros((n, S), dtype=xp.float64))

@@ -166,11 +166,11 @@ def _pair_sums(xp: Any, ops: Any, pid: Any, sums: list[Any], rows: dict[str, Any
         return {**out, **{f: xp.zeros((0, int(v.shape[1])), dtype=xp.float64) for f, v in rows.items()}}
     uniq, inv = _unique_inverse(xp, ops, pid)
     P = int(uniq.shape[0])
-    out = {"pid": uniq, **{s: bincount(xp, inv, weights=v, minlength=P) for s, v in zip(SUMS, sums, strict=True)}}
+    out = {"pid": uniq, **{s: bincount(xp, inv, v, P, bounded=True) for s, v in zip(SUMS, sums, strict=True)}}
     for f, v in rows.items():
         S = int(v.shape[1])
         cells = (inv[:, None] * S + xp.arange(S, dtype=xp.int64)[None, :]).reshape(-1)
-        out[f] = bincount(xp, cells, weights=v.reshape(-1), minlength=P * S).reshape(P, S)
+        out[f] = bincount(xp, cells, v.reshape(-1), P * S, bounded=True).reshape(P, S)
     return out
 
 
@@ -194,7 +194,7 @@ def _summed_pieces(xp: Any, pieces: list[Any]) -> dict[str, Any]:
     first[1:] = (p_pid[1:] != p_pid[:-1]) | (p_a[1:] != p_a[:-1]) | (p_b[1:] != p_b[:-1])
     inv = xp.cumsum(first.astype(xp.int64)) - 1
     k = int(inv[-1]) + 1
-    m = bincount(xp, inv, weights=p_m, minlength=k)
+    m = bincount(xp, inv, weights=p_m, minlength=k, bounded=True)
     return {"p_pid": p_pid[first], "p_a": p_a[first], "p_b": p_b[first], "p_m": m, "p_summed": k}
 
 
@@ -396,7 +396,7 @@ def second_partial(
     for pid, run, vals, pcs in level_steps(xp, qr, w, key, br, rows or BLOCK_ROWS, beside=on_host):
         pids.append(pid)
         for acc, v in zip(sums, vals, strict=True):
-            acc.append(bincount(xp, run, weights=v, minlength=int(pid.shape[0])))
+            acc.append(bincount(xp, run, weights=v, minlength=int(pid.shape[0]), bounded=True))
         for acc, v in zip(pieces, pcs or (), strict=False):
             acc.append(v)
     e = empty_state(xp)
@@ -465,7 +465,7 @@ def resolve(state: dict[str, Any], br: dict[str, np.ndarray], levels: Any, be: A
         wt = xp.concatenate([f_lo[sel], s[sel] * (b - a), a_hi[sel], p_m[pr]])
         rows = xp.arange(n, dtype=xp.int64)
         codes = xp.concatenate([rows, rows, rows, p_rank[pr]])
-        total = bincount(xp, codes, weights=wt, minlength=n)
+        total = bincount(xp, codes, weights=wt, minlength=n, bounded=True)
         t = float(lv[jj]) * total
         check_brackets_hold(xp, f_lo_left[sel], f_hi[sel], t, total)
         res = ops.mixture_quantiles(

@@ -344,7 +344,7 @@ class UsageVsRequest(Analysis):
         m = int(tier.shape[0])
 
         def tally(codes: Any, n: int, w: Any = None) -> Any:
-            return bincount(xp, codes, weights=w, minlength=n)
+            return bincount(xp, codes, weights=w, minlength=n, bounded=True)
 
         tiers = xp.empty(_T + m, dtype=xp.int64)  # the tier slots, then the rows' tiers
         tiers[:_T] = xp.arange(_T)

@@ -118,7 +118,7 @@ def repeat_index(counts: Any) -> Any:
 def run_weighted_sums(first: Any, inv: Any, n_runs: int, w: Any, q: Any) -> Any:
     """``(n_runs, d)`` sums of ``w[:, None] * q`` per run of rows (``inv``: each row's run)."""
     cp = _cp()
-    return cp.stack([bincount(cp, inv, weights=w * q[:, j], minlength=n_runs) for j in range(q.shape[1])], axis=1)
+    return cp.stack([bincount(cp, inv, w * q[:, j], n_runs, bounded=True) for j in range(q.shape[1])], axis=1)
 
 
 def gather_repair_percentiles(cols: list[Any], idx: Any) -> tuple[Any, Any, Any]:

@@ -341,6 +341,15 @@ def test_bincount_wrapper_launches_the_kernel_numpy_would_need(monkeypatch):
     assert launched[-1] == ("bincount_count_global", 0)
     with pytest.raises(ValueError, match="non-negative"):
         bincount(fake, np.array([0, -1]))
+    # bounded (codes made in [0, minlength)): no read of their range, minlength bins
+    monkeypatch.setattr(_kernels, "SHARED_BYTES", 48 * 1024)
+    read = []
+    fake.stack = lambda a: read.append(a) or np.stack(a).view(_Dev)
+    np.testing.assert_array_equal(bincount(fake, np.array([0, 2, 2]), minlength=4, bounded=True), [1, 0, 2, 0])
+    assert not read and launched[-1] == ("bincount_count_shared", 32)
+    np.testing.assert_array_equal(bincount(np, np.array([0, 2, 2]), minlength=4, bounded=True), [1, 0, 2, 0])
+    with pytest.raises(ValueError, match="bounded"):  # NumPy checks the word
+        bincount(np, np.array([0, 5]), minlength=3, bounded=True)
 
 
 @pytest.mark.gpu
