@@ -123,13 +123,17 @@ def _group_stats(
     usable = ~null & xp.isfinite(w) & (w > 0)
     wu = xp.where(usable, w, 0.0)
     means = ops.window_means(qr)
+
+    def per_key(v: Any) -> Any:  # (inv: each row's key code, in [0, G))
+        return bincount(xp, inv, weights=v, minlength=G, bounded=True)
+
     stats = {
         "key": uniq.astype(xp.int64),
-        "n_windows": bincount(xp, inv, weights=(~null).astype(xp.float64), minlength=G).round().astype(xp.int64),
-        "n_repaired": bincount(xp, inv, weights=repaired.astype(xp.float64), minlength=G).round().astype(xp.int64),
-        "n_null": bincount(xp, inv, weights=null.astype(xp.float64), minlength=G).round().astype(xp.int64),
-        "weight": bincount(xp, inv, weights=wu, minlength=G),
-        "wmean": bincount(xp, inv, weights=xp.where(usable, wu * xp.where(usable, means, 0.0), 0.0), minlength=G),
+        "n_windows": per_key((~null).astype(xp.float64)).round().astype(xp.int64),
+        "n_repaired": per_key(repaired.astype(xp.float64)).round().astype(xp.int64),
+        "n_null": per_key(null.astype(xp.float64)).round().astype(xp.int64),
+        "weight": per_key(wu),
+        "wmean": per_key(xp.where(usable, wu * xp.where(usable, means, 0.0), 0.0)),
     }
     return stats, inv, qr, usable
 
