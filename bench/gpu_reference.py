@@ -33,17 +33,14 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from gpu_check import _dump, compare_runs  # noqa: E402  (the check's record, written whole or not at all)
+
 #: An SQL peer's read of a whole table (what becomes the resident table's name).
 _WHOLE_TABLE = re.compile(r"read_parquet\('[^']*/(\w+)/\*\*/\*\.parquet', hive_partitioning=false\)")
 #: case -> (SQL on resident tables, analysis, its options, the tables the SQL reads)
 Cases = dict[str, tuple[str, str, dict[str, str], set[str]]]
 #: The cpu backend's analyses in the order they run: the slow one last (a cut step keeps the rest).
 _LAST = ("usage-distribution",)
-
-
-def _dump(out: Path, rec: dict[str, Any]) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(rec, indent=1, default=str))
 
 
 def resident_sql(sql: str) -> tuple[str, set[str]] | None:
@@ -124,8 +121,6 @@ def gpuclust_part(ds: Path, backend: str, cases: Cases, rec: dict[str, Any], out
 
 def cpu_part(ds: Path, ref: Path | None, rec: dict[str, Any], out: Path) -> None:
     """The 13 analyses at their defaults on the cpu backend, resident, every core, one at a time."""
-    from gpu_check import compare_runs
-
     import gpuclust
     from gpuclust.analyses.registry import names
 

@@ -54,8 +54,8 @@ from gpuclust.engine.study_plans import (
     StudyMemoryError,
     budget_groups,
     check_whole_fits,
+    columns_by_table,
     combined_hold,
-    read_again,
     run_in_groups,
     table_plans,
     whole_plans,
@@ -472,9 +472,7 @@ class Study:
         ctxs, budget = self._contexts_of(ans), self.memory_budget
 
         def fits(idx: list[int]) -> bool:
-            cols: dict[str, set[str]] = {}
-            for k in idx:
-                cols.setdefault(ans[k].table, set()).update(ans[k].columns, ans[k].context_columns)
+            cols = columns_by_table([ans[k] for k in idx])
             rows = {t: max((sum(s.num_rows for s in g) for g in self._plan(t)), default=0) for t in cols}
             part = max(rows[t] * column_bytes(t, c) for t, c in cols.items())
             return part + self._device_extra([ctxs[k] for k in idx], [ans[k] for k in idx]) <= budget
@@ -485,9 +483,7 @@ class Study:
         return self._run(resolve_analyses(analyses), None)
 
     def _run(self, ans: list[Analysis], progress: Any) -> dict[str, dict[str, pd.DataFrame]]:
-        need: dict[str, set[str]] = {}
-        for a in ans:
-            need.setdefault(a.table, set()).update(a.columns, a.context_columns)
+        need = columns_by_table(ans)
         self.persist({t: sorted(c) for t, c in need.items()})
         clock = time.perf_counter()
         ctxs = self._contexts_of(ans)
@@ -520,9 +516,10 @@ class Study:
             if remote is not None:  # on the worker holding the partition
                 out = remote.partials(spec.table, spec.index, sub, [shipped[id(c)] for c in sub_ctxs], be.name)
             elif spec.index in streamed.get(spec.table, ()):  # out of core: read again, dropped after
-                loaded, parts = read_again(self._plan(spec.table)[spec.index], need[spec.table], be, load_threads)
+                group = self._plan(spec.table)[spec.index]
+                loaded = load_partitions([group], sorted(need[spec.table]), be, threads=load_threads)[0]
                 with lock:
-                    self.partition_reads[spec.table] = self.partition_reads.get(spec.table, 0) + parts
+                    self.partition_reads[spec.table] = self.partition_reads.get(spec.table, 0) + len(group)
                     self.streamed_bytes += sum(int(a.nbytes) for a in loaded.values())
                     seconds["read"] += time.perf_counter() - start
                 out = partials_of(loaded, sub, sub_ctxs, be, [id(a) in stay for a in sub], hold)

@@ -1,6 +1,5 @@
 """How a study's run is planned: each table's partitions, the analyses that need whole instances,
-and the groups of analyses a device's memory budget holds at once; and how a run reads a streamed
-partition again (:mod:`gpuclust.engine.study`)."""
+and the groups of analyses a device's memory budget holds at once (:mod:`gpuclust.engine.study`)."""
 
 from __future__ import annotations
 
@@ -10,14 +9,13 @@ from typing import Any
 from gpuclust.analyses.base import Analysis
 from gpuclust.engine import partition as _partition
 from gpuclust.engine.contexts import result_keys
-from gpuclust.engine.staging import load_partitions
 
 __all__ = [
     "StudyMemoryError",
     "budget_groups",
     "check_whole_fits",
+    "columns_by_table",
     "combined_hold",
-    "read_again",
     "run_in_groups",
     "table_plans",
     "whole_plans",
@@ -32,6 +30,14 @@ Groups = Callable[[str], list[list[_partition.PartitionSpec]]]
 class StudyMemoryError(MemoryError):
     """A run cannot go out of core: its analyses need a flat table's rows in one piece (whole
     instances) and that table's partitions do not all fit in the memory budget."""
+
+
+def columns_by_table(ans: Sequence[Analysis]) -> dict[str, set[str]]:
+    """The columns ``ans`` read, their contexts' passes included, per table."""
+    out: dict[str, set[str]] = {}
+    for a in ans:
+        out.setdefault(a.table, set()).update(a.columns, a.context_columns)
+    return out
 
 
 def table_plans(ans: Sequence[Analysis], groups: Groups) -> Plans:
@@ -126,11 +132,3 @@ def combined_hold(holds: Sequence[dict[str, Any]]) -> dict[str, Any]:
         if "dense" in h:
             out["dense"] = {**out.get("dense", {}), **h["dense"]}
     return out
-
-
-def read_again(
-    group: list[_partition.PartitionSpec], columns: set[str], be: Any, threads: int
-) -> tuple[dict[str, Any], int]:
-    """A streamed partition (its resident ``group`` of pieces) read again for a run: its
-    ``columns`` in ``be``'s memory, and how many pieces were read."""
-    return load_partitions([group], sorted(columns), be, threads=threads)[0], len(group)
