@@ -194,34 +194,36 @@ def test_every_section_states_what_it_shows() -> None:
     assert re.match(r"^[a-z-]+$", "".join(keys))
 
 
-def test_machine_heatmap_is_the_mean_per_machine_and_bucket() -> None:
-    """The overcommit heatmap against a plain pandas pivot: machines sorted by their mean, NaN
-    where a machine has no finite value in a bucket; the same whether the table comes whole or in
-    parts."""
-    import pandas as pd
+def test_machine_heatmap_draws_the_heatmap_table_and_the_histogram_its_bins() -> None:
+    """The figure takes overcommit's ``heatmap`` table as its image (bands x columns, in row
+    order) with the columns' edges from their first bucket and width, and adds ``ratio_hist``'s
+    0.01-wide bins into bars of whole bins up to the 99.9th percentile's bin (2 at least)."""
+    import pyarrow as pa
 
-    from gpuclust.parted import FrameParts
-    from gpuclust.report.overcommit_plots import machine_heatmap
+    from gpuclust.report.overcommit_plots import machine_heatmap, ratio_bars
 
-    rng = np.random.default_rng(7)
-    rows = [(m, b) for m in (11, 5, 40, 7) for b in range(6) if rng.random() > 0.15]
-    df = pd.DataFrame(
+    w = 300_000_000
+    heat = pa.table(
         {
-            "machine_id": np.array([r[0] for r in rows], np.int64),
-            "bucket_start_us": np.array([600_000_000 + r[1] * 300_000_000 for r in rows], np.int64),
-            "alloc_ratio_cpu": rng.random(len(rows)) * 1.5,
+            "band": [0, 0, 0, 1, 1, 1],
+            "machines": [3, 3, 3, 2, 2, 2],
+            "bucket": [4, 6, 8, 4, 6, 8],
+            "bucket_start_us": [4 * w, 6 * w, 8 * w, 4 * w, 6 * w, 8 * w],
+            "buckets": [2, 2, 1, 2, 2, 1],
+            "alloc_ratio_cpu": [0.5, None, 0.7, 1.5, 1.25, None],
+            "machine_buckets": [4, 0, 2, 3, 1, 0],
         }
     )
-    df.loc[3, "alloc_ratio_cpu"] = np.nan
-    pivot = df.pivot_table(index="machine_id", columns="bucket_start_us", values="alloc_ratio_cpu", aggfunc="mean")
-    means = df.groupby("machine_id")["alloc_ratio_cpu"].mean()
-    want = pivot.reindex(sorted(means.index, key=lambda m: (means[m], m))).to_numpy()
-    for table in (df, FrameParts([df.iloc[:7], df.iloc[7:]])):
-        image, edges, machines = machine_heatmap(table)
-        assert machines == 4 and len(edges) == 7
-        np.testing.assert_allclose(image, want, rtol=1e-12, equal_nan=True)
-    small, edges, _ = machine_heatmap(df, max_rows=2, max_cols=3)
-    assert small.shape == (2, 3) and edges[-1] - edges[0] == 6 * 300_000_000
+    image, edges, machines = machine_heatmap(heat, w)
+    np.testing.assert_array_equal(image, [[0.5, np.nan, 0.7], [1.5, 1.25, np.nan]])
+    assert edges.tolist() == [4 * w, 6 * w, 8 * w, 9 * w] and machines == 5
+    assert machine_heatmap(heat.slice(0, 0), w) is None
+    # 1,000 ratios: the 99.9th percentile's bin is [3.07, 3.08): bars of 4 fine bins up to 3.08
+    lo = np.array([0.0, 0.99, 1.0, 3.07, 41.0])
+    count = np.array([500, 300, 198, 1, 1])
+    edges, bars = ratio_bars(lo, count)
+    assert len(edges) == 78 and edges[1] == 0.04 and edges[-1] == 3.08
+    assert bars[0] == 500 and bars[24] == 300 and bars[25] == 198 and bars[-1] == 1 and bars.sum() == 999  # 41 beyond
 
 
 def test_a_figure_too_large_for_vectors_is_embedded_as_png(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 
 from gpuclust.analyses._kept import KeptValues
+from gpuclust.analyses._overcommit_figure import FigureSums
 from gpuclust.analyses._overcommit_summary import _full, chunk_sums, req_columns
 from gpuclust.analyses.base import to_host
 from gpuclust.arrow_numpy import table
@@ -138,6 +139,7 @@ def _machine_rows(
                 cols[f"{col}_{t}"] = d[col][mi, k, bi]
         acc.add(d, pres)
         acc.add_ratios(cols, tiers)
+        acc.figures[0].add(cols, m0 + mi, bi)
         acc.full.append(chunk_sums(xp, cols, req_col, has_usage))  # the summary's, where the chunk is
         del d
         n_rows = int(mi.shape[0])
@@ -286,7 +288,7 @@ class _CellSums:
 
     COLS = ("req_cpu", "req_mem", "use_cpu", "use_mem", "max_cpu_sum", "max_mem_sum")
 
-    def __init__(self, be: Any, B: int, T: int) -> None:
+    def __init__(self, be: Any, B: int, T: int, lo: int = 0, hi: int = 0) -> None:
         xp = self.xp = be.xp
         z = lambda *s: xp.zeros(s, xp.float64)  # noqa: E731
         self.machines = xp.zeros(B, xp.int64)
@@ -307,14 +309,19 @@ class _CellSums:
         #: the summary's sums of each chunk of the machine table (:func:`chunk_sums`), in order;
         #: after :meth:`to_host`, one host matrix a shard (a row a chunk)
         self.full: list[Any] = []
+        #: the sums of the figure tables of the shard's machines ``[lo, hi)``; after
+        #: :meth:`add_sums`, every shard's
+        self.figures = [FigureSums(be, B, lo, hi)]
 
     def to_host(self) -> None:
         """Every sum as a NumPy array (in place; the chunks' summary sums in one copy); the ratios
         stay where they are."""
         self.full = [to_host(self.xp.stack(self.full))] if self.full else []
         for k, v in list(vars(self).items()):
-            if k not in ("ratios", "full"):
+            if k not in ("ratios", "full", "figures"):
                 setattr(self, k, to_host(v))
+        for f in self.figures:
+            f.to_host()
         self.xp = np
 
     def add_ratios(self, cols: dict[str, Any], tiers: list[str]) -> None:
@@ -348,6 +355,7 @@ class _CellSums:
     def add_sums(self, o: _CellSums) -> None:
         """Add another shard's sums (the next shard's: its chunks' summary sums follow these)."""
         self.full = self.full + o.full
+        self.figures = self.figures + o.figures
         self.machines += o.machines
         self.machines_up += o.machines_up
         self.machines_cap_unknown += o.machines_cap_unknown

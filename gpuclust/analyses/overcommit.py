@@ -53,6 +53,7 @@ import pyarrow as pa
 from gpuclust.analyses._extent import max_finite, to_f64, to_i64
 from gpuclust.analyses._intervals import capacity_intervals, running_intervals
 from gpuclust.analyses._lookup import InstanceLookup, id_index, tier_lookup
+from gpuclust.analyses._overcommit_figure import figure_tables
 from gpuclust.analyses._overcommit_finalize import _USAGE_PREFIXES, _CellSums, _grid, _machine_rows
 from gpuclust.analyses._overcommit_partial import (
     _NULL,
@@ -469,7 +470,7 @@ class Overcommit(Analysis):
             if int(key.shape[0]) and (int(key.max()) >= M * per * B or int(key.min()) < 0):
                 raise ValueError(f"overcommit: {k} partial does not match the context (key out of range)")
         be = finalize_backend(rest["backend"])
-        acc = _CellSums(be, B, T)  # on a device: the summary's ratios stay there
+        acc = _CellSums(be, B, T, lo, hi)  # on a device: the summary's ratios stay there
         has_usage = int(rest["stats"][STATS.index("usage_rows")]) > 0
         # chunks sized by where the partials were computed, not where they are finalized: the cell
         # sums add chunk by chunk, so a gpu study's partials give the same bits on the host
@@ -479,9 +480,9 @@ class Overcommit(Analysis):
     def finalize_parted(
         self, rest: dict[str, Any], ctx: OvercommitContext, tables: dict[str, Any], extras: list[_CellSums]
     ) -> dict[str, pa.Table]:
-        """The cell series (the shards' cell sums, added in shard order), the summary (streamed
-        from the machine table) and the run's counters, as Arrow tables (a run without plots never
-        imports pandas)."""
+        """The cell series (the shards' cell sums, added in shard order), the summary, the figure
+        tables (:func:`figure_tables`: the shards' sums) and the run's counters, as Arrow tables (a
+        run without plots never imports pandas)."""
         tiers = list(ctx.tier_names)
         stats = dict(ctx.stats)
         stats.update(zip(ISTATS, (int(x) for x in rest["istats"]), strict=True))
@@ -519,7 +520,8 @@ class Overcommit(Analysis):
                 }
             ]
         )
-        return {"cell": table(cell), "summary": summary, "info": info}
+        figure = figure_tables(acc.figures, bucket, ctx.width)
+        return {"cell": table(cell), "summary": summary, **figure, "info": info}
 
     def summary(self, result: dict[str, Any]) -> str:
         return _summary_text(self.label, result)

@@ -7,76 +7,31 @@ matplotlib, no pandas), written atomically.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from gpuclust.parted import array_batches
-from gpuclust.stream_quantiles import stream_quantiles
-
-__all__ = ["machine_heatmap", "plot_overcommit"]
+__all__ = ["machine_heatmap", "plot_overcommit", "ratio_bars"]
 
 
-def machine_heatmap(
-    machine: object, column: str = "alloc_ratio_cpu", *, max_rows: int = 160, max_cols: int = 240
-) -> tuple[np.ndarray, np.ndarray, int] | None:
-    """``column`` per machine x time bucket as a small image: machines sorted by their mean value
-    (bottom: lowest) and grouped into at most ``max_rows`` bands, buckets into at most ``max_cols``
-    columns, each cell the mean of its finite values (NaN where none).  Two passes over a parted
-    table, a part at a time; returns ``(image, bucket starts of the columns' left edges plus the
-    right edge, machines)`` or ``None`` when there is no finite value."""
-    sums: dict[int, list[float]] = {}
-    lo = hi = None
-    step = None
-    for b in array_batches(machine, ["machine_id", "bucket_start_us", column]):
-        v = np.asarray(b[column], dtype=np.float64)
-        ok = np.isfinite(v)
-        m = np.asarray(b["machine_id"])[ok].astype(np.int64)
-        order = np.argsort(m, kind="stable")
-        m, vs = m[order], v[ok][order]
-        if m.size:
-            starts = np.flatnonzero(np.r_[True, m[1:] != m[:-1]])
-            for mid, sm, n in zip(
-                m[starts].tolist(),
-                np.add.reduceat(vs, starts).tolist(),
-                np.diff(np.r_[starts, m.size]).tolist(),
-                strict=True,
-            ):
-                acc = sums.setdefault(int(mid), [0.0, 0.0])
-                acc[0] += sm
-                acc[1] += n
-        t = np.sort(np.asarray(b["bucket_start_us"], dtype=np.float64))
-        if t.size:
-            lo = float(t[0]) if lo is None else min(lo, float(t[0]))
-            hi = float(t[-1]) if hi is None else max(hi, float(t[-1]))
-            d = np.diff(t)
-            d = d[d > 0]
-            if d.size:
-                step = float(d.min()) if step is None else min(step, float(d.min()))
-    if not sums or lo is None or hi is None:
+def machine_heatmap(heatmap: Any, width_us: float) -> tuple[np.ndarray, np.ndarray, int] | None:
+    """The ``heatmap`` table (bands of machines sorted by their mean ratio x columns of buckets)
+    as an image: ``(image, the columns' left edges plus the right edge in trace µs, machines)``,
+    or ``None`` when it has no finite value."""
+    from gpuclust.report.draw import numbers
+
+    if len(heatmap) == 0:
         return None
-    ids = np.array(sorted(sums, key=lambda m: (sums[m][0] / sums[m][1], m)), dtype=np.int64)
-    rows = min(max_rows, ids.size)
-    order = np.argsort(ids)
-    sorted_ids, band_of = ids[order], (np.arange(ids.size) * rows // ids.size)[order]
-    step = step or 1.0
-    n_buckets = int(round((hi - lo) / step)) + 1
-    per_col = -(-n_buckets // max_cols)
-    cols = -(-n_buckets // per_col)
-    total, count = np.zeros((rows, cols)), np.zeros((rows, cols))
-    for b in array_batches(machine, ["machine_id", "bucket_start_us", column]):
-        v = np.asarray(b[column], dtype=np.float64)
-        ok = np.isfinite(v)
-        r = band_of[np.searchsorted(sorted_ids, np.asarray(b["machine_id"])[ok].astype(np.int64))]
-        c = np.round((np.asarray(b["bucket_start_us"], dtype=np.float64)[ok] - lo) / step).astype(np.int64) // per_col
-        np.add.at(total, (r, c), v[ok])
-        np.add.at(count, (r, c), 1.0)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        image = total / count
-    edges = lo + np.arange(cols + 1) * per_col * step
-    return image, edges, int(ids.size)
+    band = numbers(heatmap, "band").astype(np.int64)
+    rows = int(band.max()) + 1
+    values = numbers(heatmap, "alloc_ratio_cpu").reshape(rows, -1)
+    if not np.isfinite(values).any():
+        return None
+    starts = numbers(heatmap, "bucket_start_us")[: values.shape[1]]
+    last = starts[-1] + numbers(heatmap, "buckets")[values.shape[1] - 1] * width_us
+    machines = int(numbers(heatmap, "machines")[:: values.shape[1]].sum())
+    return values, np.append(starts, last), machines
 
 
 def plot_overcommit(result: dict[str, Any], path: Path, *, title: str = "overcommit") -> bool:
@@ -88,7 +43,7 @@ def plot_overcommit(result: dict[str, Any], path: Path, *, title: str = "overcom
     from gpuclust.report.axes import TIME_LABEL, nothing_to_plot, trace_hours
     from gpuclust.report.draw import Figure, first, numbers
 
-    cell, machine, info = result["cell"], result["machine"], result["info"]
+    cell, info = result["cell"], result["info"]
     if len(cell) == 0:
         return False
     fig = Figure(10, 12)
@@ -107,8 +62,8 @@ def plot_overcommit(result: dict[str, Any], path: Path, *, title: str = "overcom
     axes[0].title = "cell-level ratios by tier (capacity-weighted)"
     axes[1].xlabel = TIME_LABEL
     axes[2].xlabel = TIME_LABEL
-    _draw_heatmap(axes[2], machine, hours)
-    _draw_ratio_histogram(axes[3], machine)
+    _draw_heatmap(axes[2], result["heatmap"], hours, width_us)
+    _draw_ratio_histogram(axes[3], result["ratio_hist"])
     fig.set_title(
         title,
         f"overcommitment: requested and used CPU against capacity per {width_us / 6e7:g}-min "
@@ -162,23 +117,21 @@ def _draw_cell_ratios(ax: Any, kind: str, label: str, cell: Any, info: Any, hour
     ax.legend(loc="upper left", outside=True, size="small")
 
 
-def _draw_ratio_histogram(ax: Any, machine: Any) -> None:
-    """Histograms of the machine-bucket CPU and memory allocation ratios (known, positive capacity),
-    up to their 99.9th percentile (at least 2), with the capacity line."""
-    for r, color in (("cpu", "C0"), ("mem", "C1")):
+def _draw_ratio_histogram(ax: Any, hist: Any) -> None:
+    """Histograms of the machine-bucket CPU and memory allocation ratios (known, positive
+    capacity) from the ``ratio_hist`` table: its 0.01-wide bins added up into at most 100 bars up
+    to the bin of their 99.9th percentile (at least 2), with the capacity line."""
+    from gpuclust.report.draw import numbers, strings
 
-        def ratios(r: str = r) -> Iterator[np.ndarray]:
-            for b in array_batches(machine, [f"alloc_ratio_{r}", f"cap_{r}"]):  # a parted table: a part at a time
-                v = np.asarray(b[f"alloc_ratio_{r}"], dtype=np.float64)
-                cap = np.asarray(b[f"cap_{r}"], dtype=np.float64)
-                yield v[np.isfinite(v) & np.isfinite(cap) & (cap > 0)]
-
-        n = sum(int(v.size) for v in ratios())
-        if n:
-            hi = max(2.0, float(stream_quantiles(ratios, [0.999])[0]))
-            counts = sum(np.histogram(v, bins=100, range=(0.0, hi))[0] for v in ratios())
-            edges = np.linspace(0.0, hi, 101)
-            ax.stairs(counts, edges, color=color, lw=1.0, label=f"{r} ({n} machine-buckets)")
+    if len(hist):
+        resource = strings(hist, "resource")
+        lo, count = numbers(hist, "ratio_lo"), numbers(hist, "machine_buckets")
+        for r, color in (("cpu", "C0"), ("mem", "C1")):
+            at = resource == r
+            if not at.any():
+                continue
+            edges, bars = ratio_bars(lo[at], count[at])
+            ax.stairs(bars, edges, color=color, lw=1.0, label=f"{r} ({int(count[at].sum())} machine-buckets)")
     ax.axvline(1.0, color="r", lw=0.8)
     ax.ylim = (0.0, None)
     ax.xlabel = "requested / capacity per machine-bucket"
@@ -186,12 +139,31 @@ def _draw_ratio_histogram(ax: Any, machine: Any) -> None:
     ax.title = "allocation ratio per machine and bucket"
 
 
-def _draw_heatmap(ax: Any, machine: Any, hours: np.ndarray) -> None:
+def ratio_bars(lo: np.ndarray, count: np.ndarray, bars: int = 100, q: float = 0.999) -> tuple[np.ndarray, np.ndarray]:
+    """Of fine bins (lower edges ``lo``, multiples of 0.01; ``count`` each): ``(edges, counts)`` of
+    at most ``bars`` bars of equal width, a whole number of fine bins each, up to the upper edge
+    of the fine bin that holds the ``q`` quantile (2 at least); what lies beyond is not drawn.
+
+    >>> edges, c = ratio_bars(np.array([0.5, 1.0, 2.3]), np.array([10, 5, 1]))
+    >>> len(edges) - 1, float(edges[1]), float(edges[-1]), int(c.sum())
+    (77, 0.03, 2.31, 16)
+    """
+    k = np.rint(lo * 100).astype(np.int64)
+    top = int(k[np.searchsorted(np.cumsum(count), q * count.sum())]) + 1  # fine bins up to the quantile's
+    top = max(top, 200)
+    per = -(-top // bars)
+    n = -(-top // per)
+    inside = k < n * per
+    out = np.bincount(k[inside] // per, weights=count[inside], minlength=n).astype(np.int64)
+    return np.arange(n + 1) * per / 100, out
+
+
+def _draw_heatmap(ax: Any, heatmap: Any, hours: np.ndarray, width_us: float) -> None:
     """CPU requested / capacity per machine (sorted by its mean) and time: where and when the
     cell is overcommitted."""
     from gpuclust.report.axes import nothing_to_plot, trace_hours
 
-    hm = machine_heatmap(machine)
+    hm = machine_heatmap(heatmap, width_us)
     if hm is None:
         nothing_to_plot(ax, "no machine-bucket with a known capacity: no allocation ratio to map")
         return

@@ -233,3 +233,56 @@ def usage_sql(
                sum(max_cpu::DOUBLE) AS max_cpu, sum(max_mem::DOUBLE) AS max_mem,
                count(*) AS windows
         FROM x WHERE ov > 0 GROUP BY ALL ORDER BY ALL""").df()
+
+
+def figure_reference(machine: Any, info: dict[str, Any], rows: int = 160, cols: int = 240) -> dict[str, Any]:
+    """The figure tables from the written machine table, with pandas: ``heatmap`` (machines with a
+    finite ``alloc_ratio_cpu`` sorted by their mean, ties by id, cut into at most ``rows`` bands
+    of equal count; buckets of the grid grouped ``ceil(buckets / cols)`` a column; each cell the
+    mean of its finite values) and ``ratio_hist`` (per resource, the ratios of machine-buckets
+    with a finite, positive capacity, in bins ``[k / 100, (k + 1) / 100)`` below 100 and one from
+    100 up), as DataFrames in the analysis' row order."""
+    import numpy as np
+    import pandas as pd
+
+    width = int(info["bucket_s"]) * 1_000_000
+    n_buckets = int(info["buckets"])
+    first = int(info["window_start_us"]) // width
+    per = max(1, -(-n_buckets // cols))
+    n_cols = max(1, -(-n_buckets // per))
+    m = machine[np.isfinite(machine["alloc_ratio_cpu"])]
+    heat = pd.DataFrame()
+    if len(m):
+        mean = m.groupby("machine_id")["alloc_ratio_cpu"].mean()
+        ids = sorted(mean.index, key=lambda i: (mean[i], i))
+        n = len(ids)
+        bands = min(rows, n)
+        band = pd.Series([k * bands // n for k in range(n)], index=ids)
+        g = pd.DataFrame(
+            {"band": band[m["machine_id"]].to_numpy(), "col": (m["bucket"] - first) // per, "v": m["alloc_ratio_cpu"]}
+        )
+        agg = g.groupby(["band", "col"])["v"].agg(["mean", "count"])
+        full = pd.MultiIndex.from_product([range(bands), range(n_cols)], names=["band", "col"])
+        agg = agg.reindex(full)
+        heat = pd.DataFrame(
+            {
+                "band": full.get_level_values(0),
+                "machines": band.value_counts().reindex(full.get_level_values(0)).to_numpy(),
+                "bucket": first + full.get_level_values(1) * per,
+                "alloc_ratio_cpu": agg["mean"].to_numpy(),
+                "machine_buckets": agg["count"].fillna(0).astype(np.int64).to_numpy(),
+            }
+        )
+    hist = []
+    for r in ("cpu", "mem"):
+        v, cap = machine[f"alloc_ratio_{r}"].to_numpy(float), machine[f"cap_{r}"].to_numpy(float)
+        v = v[np.isfinite(v) & np.isfinite(cap) & (cap > 0) & (v >= 0)]
+        counts, _ = np.histogram(v[v < 100], bins=np.arange(10_001) / 100)
+        for k in np.flatnonzero(counts):
+            hist.append((r, k / 100, (k + 1) / 100, int(counts[k])))
+        if (v >= 100).any():
+            hist.append((r, 100.0, np.inf, int((v >= 100).sum())))
+    return {
+        "heatmap": heat,
+        "ratio_hist": pd.DataFrame(hist, columns=["resource", "ratio_lo", "ratio_hi", "machine_buckets"]),
+    }

@@ -36,6 +36,8 @@ DOCTEST_MODULES = [
     "gpuclust.tables",
     "gpuclust._memory",
     "gpuclust.analyses._usage_distribution_slices",
+    "gpuclust.analyses._overcommit_figure",
+    "gpuclust.report.overcommit_plots",
 ]
 
 

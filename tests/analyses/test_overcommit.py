@@ -32,7 +32,7 @@ from gpuclust.schema import SCHEMAS, TIER_MAPS
 from gpuclust.tables import as_pandas
 
 _ref = by_path.load("gpuclust_overcommit_reference", Path(__file__).with_name("overcommit_reference.py"))
-replay, usage_sql = _ref.replay, _ref.usage_sql
+replay, usage_sql, figure_reference = _ref.replay, _ref.usage_sql, _ref.figure_reference
 S = 1_000_000
 T0 = 600 * S
 MAXT = 2**63 - 1
@@ -115,7 +115,30 @@ def check_against_reference(tables, res, a: Overcommit, tm=NB):
         if not measured:
             for c in ("usage_ratio_cpu", "usage_ratio_mem", "peak_ratio_cpu", "peak_ratio_mem"):
                 assert math.isnan(r[c]), (c, mid, b)
+    check_figure_tables(res)
     return ref
+
+
+def check_figure_tables(res) -> None:
+    """The heatmap and the ratio histogram, summed by the finalize, against pandas over the
+    written machine table (``figure_reference``)."""
+    want = figure_reference(as_pandas(res["machine"]), as_pandas(res["info"]).iloc[0])
+    heat, hist = as_pandas(res["heatmap"]), as_pandas(res["ratio_hist"])
+    assert len(heat) == len(want["heatmap"])
+    for c in want["heatmap"].columns:
+        got, exp = heat[c].to_numpy(), want["heatmap"][c].to_numpy()
+        if c == "alloc_ratio_cpu":
+            np.testing.assert_allclose(got, exp.astype(float), rtol=1e-12, equal_nan=True)
+        else:
+            assert got.tolist() == exp.tolist(), c
+    if len(heat):
+        width = int(as_pandas(res["info"]).iloc[0]["bucket_s"]) * S
+        assert (heat["bucket_start_us"] == heat["bucket"] * width).all()
+        m = as_pandas(res["machine"])
+        assert (
+            heat.groupby("band")["machines"].first().sum() == m[np.isfinite(m["alloc_ratio_cpu"])].machine_id.nunique()
+        )
+    assert hist.to_dict("records") == want["ratio_hist"].to_dict("records")
 
 
 # ------------------------------------------------------------------------------------ hand-written
@@ -425,6 +448,21 @@ def test_matches_replay_on_shared_strategy(tables):
     check_against_reference(tables, _run(tables, a), a)
 
 
+@settings(max_examples=examples(200), deadline=None)
+@given(k=st.integers(0, 10_050), ulps=st.integers(-3, 3))
+def test_ratio_hist_bins_are_the_edges_of_searchsorted(k, ulps):
+    """A ratio at (or a few ulps off) an edge ``k / 100`` falls in the bin searchsorted gives over
+    the edges (where ``v * 100`` rounds across it), from 100 up in the last one."""
+    from gpuclust.analyses._overcommit_figure import HIST_BINS, hist_bins
+
+    v = k / 100
+    for _ in range(abs(ulps)):
+        v = np.nextafter(v, np.inf if ulps > 0 else -np.inf)
+    edges = np.arange(HIST_BINS + 1) / 100
+    want = min(int(np.searchsorted(edges, v, side="right")) - 1, HIST_BINS)
+    assert hist_bins(np, np.array([v])).tolist() == [want if v >= 0 else HIST_BINS + 1]
+
+
 # ------------------------------------------------------------------------------------ partitions, dask
 def _assert_same(r1, r2, rtol=1e-9):
     for k in r1:
@@ -561,6 +599,7 @@ def test_synth_recovers_planted_overcommit(synth_cell):
     s = res["summary"]
     over = s[(s.metric == "share_over_capacity_request") & (s.resource == "cpu")]["value"].iloc[0]
     assert 0.0 < over < 1.0
+    check_figure_tables(res)
 
 
 def test_report_plots(synth_cell, tmp_path):
@@ -599,6 +638,8 @@ def test_real_2011_sanity(real_2011):
     assert s[("alloc_ratio_mean", "cpu", "prod")] > s[("alloc_ratio_mean", "cpu", "free")]
     cell = res["cell"]
     assert (cell["machines_up"] > 12_000).all() and np.isfinite(cell["alloc_ratio_cpu"]).all()
+    check_figure_tables(res)  # 160 bands of ~78 machines
+    assert res["heatmap"]["band"].nunique() == 160
 
 
 def test_real_2011_subset_matches_replay(real_2011):
