@@ -5,9 +5,10 @@
 A thread wakes ``--hz`` times a second and records every other thread's stack
 (``sys._current_frames``): per thread kind (``main``, ``other``), how many samples each function
 was on the stack (``inclusive``) and on top of it (``exclusive``), as ``file:line function``
-(the line of its ``def``; paths shortened to ``gpuclust/...``, ``site/<package>/...``), and
-which line of gpuclust's own code ran (``lines``: the innermost ``gpuclust/`` frame's current
-line: under ``CUDA_LAUNCH_BLOCKING=1`` a kernel's time lands on the line that launched it).  At 20 Hz
+(the line of its ``def``; paths shortened to ``gpuclust/...``, ``site/<package>/...``), which
+line of gpuclust's own code ran (``lines``: the innermost ``gpuclust/`` frame's current line:
+under ``CUDA_LAUNCH_BLOCKING=1`` a kernel's time lands on the line that launched it), and the
+most frequent innermost stacks (``stacks``: who called a library function that took the time).  At 20 Hz
 the sampler costs well under 1% of a run: it takes the GIL 20 times a second for a few hundred
 microseconds.  A sample of a thread waiting in C (a CUDA synchronize, a Parquet decode, a lock)
 lands on the Python frame that called it, so ``exclusive`` says which call waited.  The summary
@@ -46,6 +47,10 @@ def where(code: Any, line: int | None = None) -> str:
     return f"{path}:{code.co_firstlineno if line is None else line} {code.co_name}"
 
 
+#: Frames of a sample's stack kept in ``stacks``.
+STACK_DEPTH = 8
+
+
 class Sampler:
     """Samples the stacks of every thread but its own, ``hz`` times a second, until :meth:`stop`."""
 
@@ -55,6 +60,9 @@ class Sampler:
         self.inclusive: dict[str, Counter[str]] = {"main": Counter(), "other": Counter()}
         self.exclusive: dict[str, Counter[str]] = {"main": Counter(), "other": Counter()}
         self.lines: dict[str, Counter[str]] = {"main": Counter(), "other": Counter()}
+        #: the innermost :data:`STACK_DEPTH` frames (``file:line function``, innermost first): who
+        #: called what the time went to (a library function's ``exclusive`` samples name no caller)
+        self.stacks: dict[str, Counter[str]] = {"main": Counter(), "other": Counter()}
         self._stop, self._done = threading.Event(), threading.Event()
         self._main = threading.main_thread().ident
         self.seconds = 0.0
@@ -81,15 +89,18 @@ class Sampler:
                 kind = "main" if ident == self._main else "other"
                 self.samples[kind] += 1
                 self.exclusive[kind][where(frame.f_code)] += 1
-                seen, line = set(), None
+                seen, line, stack = set(), None, []
                 f: Any = frame
                 while f is not None:
                     seen.add(where(f.f_code))
+                    if len(stack) < STACK_DEPTH:
+                        stack.append(where(f.f_code, f.f_lineno))
                     if line is None and "/gpuclust/" in f.f_code.co_filename:
                         line = where(f.f_code, f.f_lineno)
                     f = f.f_back
                 self.inclusive[kind].update(seen)
                 self.lines[kind][line or "(no gpuclust frame)"] += 1
+                self.stacks[kind][" < ".join(stack)] += 1
 
     def stop(self) -> None:
         if not self._stop.is_set():
@@ -110,6 +121,7 @@ class Sampler:
                         ("inclusive", self.inclusive),
                         ("exclusive", self.exclusive),
                         ("lines", self.lines),
+                        ("stacks", self.stacks),
                     )
                 },
             }

@@ -43,6 +43,10 @@ def test_samples_land_on_the_busy_function_and_the_status_is_kept(tmp_path):
     other = {f.split(" ", 1)[1] for f, _, _ in d["other"]["inclusive"]}
     assert "sleepy" in other, d["other"]  # the other thread, waiting in C, on the frame that called
     assert 20 <= d["main"]["samples"] <= 60
+    # stacks: the innermost frames, innermost first: spin's own line, called from the module
+    top, n, _ = d["main"]["stacks"][0]
+    frames = top.split(" < ")
+    assert frames[0].endswith(" spin") and frames[1].endswith(" <module>") and n >= 0.6 * d["main"]["samples"], top
 
 
 def test_lines_name_the_gpuclust_line_that_ran(monkeypatch):
