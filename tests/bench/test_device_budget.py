@@ -35,3 +35,17 @@ def test_load_bench_tiny(tiny_bench, monkeypatch):
     assert row["ratio"] == pytest.approx(row["gb_s"]["gpuclust"] / row["gb_s"]["pyarrow"])
     assert "| 20,000 |" in md and "Environment:" in md
     assert "load_bench" not in sys.modules
+
+
+def test_key_passes_bench_tiny(tiny_bench):
+    """bench/key_passes_bench.py: on a device too small for overcommit's dense sums the run takes
+    passes, spills nothing, and its tables are the uncapped run's."""
+    res, md = tiny_bench(
+        "key_passes_bench", ["--sizes", "2e4", "--device-mib", "5", "--partition-rows", "5000", "--shard-cells", "200"]
+    )
+    (row,) = res["rows"]
+    c, u = row["capped"], row["uncapped"]
+    assert row["equal"] and row["partitions"] == 4
+    assert c["passes"].get("overcommit", 0) >= 2 and u["passes"] == {} and c["spilled"] == u["spilled"] == 0
+    assert 0 < c["device_peak_bytes"] < u["device_peak_bytes"] and c["device_peak_bytes"] <= 5 << 20
+    assert c["peak_rss_bytes"] > 0 and "| 20,000 | 4 |" in md and "Environment:" in md
