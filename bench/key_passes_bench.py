@@ -10,7 +10,9 @@ thousands), each run in a child process.  A pass holds whole shards of the table
 2^20 machine-buckets on a device), so the passes are at most the shards:
 
 * **capped**: a device of ``--device-mib`` (an allocation past it fails, as CUDA's would): the
-  passes each analysis took, the device's peak bytes, the process tree's peak RSS and the wall;
+  passes each analysis took (``streams``: those that read the data again; the run's own stream
+  takes the first where the room has it), the device's peak bytes, the process tree's peak RSS
+  and the wall;
 * **uncapped**: a device of 16 GiB, where every dense sum fits at once: its peak and wall.
 
 The two runs' tables are compared bit for bit (a hash of each table).  Target: the capped device
@@ -71,13 +73,14 @@ def child(ds: str, cap_mib: int, partitions: int, result: str, shard_cells: int 
     if shard_cells:
         mp.setattr(overcommit, "SHARD_CELLS", shard_cells)
     passes: dict[str, int] = {}
+    streams: dict[str, int] = {}
     real = key_passes.KeyPasses.finalize
 
     def counted(self: Any, a: Any, *args: Any, **kw: Any) -> Any:
         try:
             return real(self, a, *args, **kw)
         finally:
-            passes[a.name] = self.passes
+            passes[a.name], streams[a.name] = self.passes, self.streams
 
     mp.setattr(key_passes.KeyPasses, "finalize", counted)
     spilled: list[Any] = []
@@ -98,7 +101,14 @@ def child(ds: str, cap_mib: int, partitions: int, result: str, shard_cells: int 
     mp.undo()
     Path(result).write_text(
         json.dumps(
-            {"wall_s": wall, "device_peak_bytes": peak, "passes": passes, "spilled": len(spilled), "digest": digest}
+            {
+                "wall_s": wall,
+                "device_peak_bytes": peak,
+                "passes": passes,
+                "streams": streams,
+                "spilled": len(spilled),
+                "digest": digest,
+            }
         )
     )
 
@@ -173,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     for r in rows:
         c, u = r["capped"], r["uncapped"]
-        passes = ", ".join(f"{k} {v}" for k, v in sorted(c["passes"].items())) or "none"
+        passes = ", ".join(f"{k} {v} ({c['streams'][k]} streamed)" for k, v in sorted(c["passes"].items())) or "none"
         md.append(
             f"| {r['windows']:,} | {r['partitions']} | {passes} | {mib(c['device_peak_bytes'])} | "
             f"{mib(u['device_peak_bytes'])} | {mib(c['peak_rss_bytes'])} | {mib(u['peak_rss_bytes'])} | "

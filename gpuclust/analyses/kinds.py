@@ -398,6 +398,13 @@ class Fields:
         on_device = label is not None and rest.get(label, "cpu") != "cpu"
         return self.shard_by.ranges(ctx, rest, on_device)
 
+    def context_shards(self, ctx: Any, on_device: bool) -> list[tuple[int, int]] | None:
+        """The shards :meth:`shards` will cut where they follow from the context alone
+        (``on_device``: the partials computed on a device), before any partial; else None."""
+        if self.shard_by is None or not self.shard_by.from_context:
+            return None
+        return self.shard_by.ranges(ctx, {}, on_device)
+
     def key_range(self, ctx: Any, name: str, lo: int, hi: int) -> tuple[int, int]:
         """The keys ``[first, end)`` of sharded keyed partial ``name`` in the shard of coordinates
         ``[lo, hi)``."""
@@ -450,6 +457,8 @@ class Shards:
     shards)."""
 
     device: int = 1
+    #: whether :meth:`ranges` reads nothing of the rest (the shards are known from the context)
+    from_context: ClassVar[bool] = False
 
     def ranges(self, ctx: Any, rest: Mapping[str, Any], on_device: bool) -> list[tuple[int, int]]:
         raise NotImplementedError
@@ -473,6 +482,7 @@ class Even(Shards):
     weight: Callable[[Any], int]
     size: int
     device: int = 1
+    from_context: ClassVar[bool] = True
 
     def ranges(self, ctx: Any, rest: Mapping[str, Any], on_device: bool) -> list[tuple[int, int]]:
         n = int(self.count(ctx))

@@ -6,13 +6,14 @@ dense accumulators where they fit (:func:`gpuclust.engine.shards.dense_target`);
 keyed partials are spilled to files, whose bytes grow with the windows, not with the result
 (overcommit: ~78 B a window, about 210 GB for a 2019 cell, past the scratch disk of many GPU
 nodes; its accumulators for a cell, ~61 GB, past a device's share).  On a device the engine runs
-such an analysis in passes instead (:func:`key_passes`): each pass streams the analysis'
-partitions again, adds only the keys of one range of the shard coordinate (machine codes) into
-dense accumulators in device memory (a clipping :class:`~gpuclust.engine.shards.DenseKeys`),
-then reduces and writes that range's shards (:func:`~gpuclust.engine.shards.reduce_shards`); the
-accumulators take that range's memory, whatever the data's size, and nothing is spilled.  Per
-key the values add in partition order, as in one pass: the same bits.  The price is a read of
-the analysis' columns per pass.
+such an analysis in passes instead (:func:`key_passes`): each pass adds only the keys of one
+range of the shard coordinate (machine codes) into dense accumulators in device memory (a
+clipping :class:`~gpuclust.engine.shards.DenseKeys`), then reduces and writes that range's shards
+(:func:`~gpuclust.engine.shards.reduce_shards`); the accumulators take that range's memory,
+whatever the data's size, and nothing is spilled.  The run's own stream is the first pass where
+the shards follow from the context; each further pass streams the analysis' partitions again.
+Per key the values add in partition order, as in one pass: the same bits.  The price is a read
+of the analysis' columns per further pass.
 """
 
 from __future__ import annotations
@@ -35,15 +36,26 @@ MAX_PASSES = 64
 
 class KeyPasses:
     """The spill target of a parted analysis run in passes: ``step`` coordinates a pass (or one
-    shard's), ``probe``, the target of the run's own stream (its partials' keyed sums dropped:
-    the stream gives the merged rest, hence the shards), and ``stream(target)``, which streams
+    shard's), ``probe``, the target of the run's own stream, and ``stream(target)``, which streams
     the analysis' partitions again with its keyed partials merged into ``target`` and returns the
-    merged partial; ``passes``: how many ran."""
+    merged partial.  Where the shards follow from the context (``first``: the coordinates of the
+    first pass) the run's own stream is the first pass (``probe`` takes its keys); else ``probe``
+    takes none and the stream gives the merged rest, hence the shards.  ``passes``: the key
+    ranges taken, ``streams``: the streams run again for them."""
 
-    def __init__(self, a: Analysis, ctx: Any, step: int, xp: Any, stream: Callable[[Any], Any]):
-        self.step, self.xp, self.stream = step, xp, stream
-        self.probe = _shards.DenseKeys(a, _key_ranges(a, ctx, a.kinds.dense_keys(ctx) or {}, 0, 0), xp, clip=True)
-        self.passes = 0
+    def __init__(
+        self,
+        a: Analysis,
+        ctx: Any,
+        step: int,
+        xp: Any,
+        stream: Callable[[Any], Any],
+        first: tuple[int, int] | None = None,
+    ):
+        self.step, self.xp, self.stream, self.first = step, xp, stream, first
+        dense = a.kinds.dense_keys(ctx) or {}
+        self.probe = _shards.DenseKeys(a, _key_ranges(a, ctx, dense, *(first or (0, 0))), xp, clip=True)
+        self.passes = self.streams = 0
 
     def finalize(
         self,
@@ -55,16 +67,25 @@ class KeyPasses:
         progress: Any = None,
     ) -> dict[str, Any]:
         """``a``'s result from the run's stream (``merged``: its rest, so its shards, as in one
-        pass), then a pass per run of consecutive shards of at most ``step`` coordinates (at least
-        one shard): its accumulators, its partitions streamed, those shards reduced and written;
-        then the parted tables.  Every pass merges the same rest, and the shards, their parts and
-        extras are those of one pass: the same bits."""
+        pass; and the first pass' keys where ``first`` is set), then a pass per further run of
+        consecutive shards of at most ``step`` coordinates (at least one shard): its
+        accumulators, its partitions streamed, those shards reduced and written; then the parted
+        tables.  Every pass merges the same rest, and the shards, their parts and extras are those
+        of one pass: the same bits."""
         dense = a.kinds.dense_keys(ctx) or {}
-        rest, shards, _ = _shards.reduce_shards(a, ctx, merged, out, self.probe, run_tasks, within=_NONE)
-        results: list[Any] = []
-        for start, end in _runs(shards, self.step):
+        rest, shards, results = _shards.reduce_shards(
+            a, ctx, merged, out, self.probe, run_tasks, progress, within=self.first or _NONE
+        )
+        runs = _runs(shards, self.step)
+        if self.first is not None:
+            if not runs or runs[0] != self.first:
+                raise RuntimeError(f"{a.label}: its shards are not those of its context (internal error)")
+            self.passes, runs = 1, runs[1:]
+        self.probe.release()  # (the first pass' accumulators freed before the next's)
+        for start, end in runs:
             target = _shards.DenseKeys(a, _key_ranges(a, ctx, dense, start, end), self.xp, clip=True)
             self.passes += 1
+            self.streams += 1
             if progress is not None:
                 progress.phase(f"{a.label}: keys pass {self.passes} (coordinates {start}-{end} of {shards[-1][1]})")
             again, cut, got = _shards.reduce_shards(
@@ -126,11 +147,22 @@ def key_passes(
     if be.name == "cpu":
         return out
     room = _shards.DEVICE_DENSE_SHARE * device_free_bytes(be)
+    left = room  # (the run's own stream: the first passes it takes share the room)
     for k, (a, ctx, target) in enumerate(zip(ans, ctxs, spills, strict=True)):
         plan = _shards.dense_plan(a, ctx, True) if isinstance(target, Path) else None
         coords = a.kinds.coordinates(ctx) if plan is not None else 0
         n = math.ceil(plan[1] / room) if plan is not None and room > 0 else MAX_PASSES + 1
         if plan is None or n > MAX_PASSES or n > coords:
             continue
-        out[k] = KeyPasses(a, ctx, -(-coords // n), be.xp, functools.partial(stream, k))
+        step = -(-coords // n)
+        shards = a.kinds.context_shards(ctx, on_device=True)
+        runs = None if shards is None else _runs(shards, step)
+        if runs is not None and len(runs) == 1:  # one shard holds every key: a pass would take them all
+            out[k] = _shards.DenseKeys(a, plan[0], be.xp)
+            continue
+        first = None
+        if runs is not None:  # the run's stream takes the first pass where the room has it
+            need = _shards.dense_bytes(a, _key_ranges(a, ctx, plan[0], *runs[0]))
+            first, left = (runs[0], left - need) if need <= left else (None, left)
+        out[k] = KeyPasses(a, ctx, step, be.xp, functools.partial(stream, k), first)
     return out

@@ -158,6 +158,11 @@ class DenseKeys:
         """Bytes of the accumulators."""
         return sum(int(d.seen.nbytes) + sum(int(v.nbytes) for v in d.sums.values()) for d in self.dense.values())
 
+    def release(self) -> None:
+        """Free the accumulators (their shards taken: a key pass' range done)."""
+        for d in self.dense.values():
+            d.sums, d.seen = {}, d.seen[:0]
+
 
 class KeptKeys:
     """The spill target of a parted analysis on the local path of a device backend when its table
@@ -202,7 +207,14 @@ def dense_plan(a: Analysis, ctx: Any, on_device: bool) -> tuple[dict[str, tuple[
     empty = a.kinds.split(a.empty())[1]
     if set(ranges) & set(a.kinds.rows) or set(ranges) != set(empty):
         return None
-    return ranges, sum((end - first) * (1 + 8 * (len(empty[n]) - 1)) for n, (first, end) in ranges.items())
+    return ranges, dense_bytes(a, ranges)
+
+
+def dense_bytes(a: Analysis, ranges: dict[str, tuple[int, int]]) -> int:
+    """The bytes of :class:`DenseKeys` over ``ranges`` of ``a``'s keyed partials (a byte a key
+    seen, 8 a field)."""
+    empty = a.kinds.split(a.empty())[1]
+    return sum((end - first) * (1 + 8 * (len(empty[n]) - 1)) for n, (first, end) in ranges.items())
 
 
 def dense_target(a: Analysis, ctx: Any, folder: SpillTarget | None, backend: Any = None) -> SpillTarget | None:

@@ -10,8 +10,9 @@ from device_backend import DEVICE_GPU, resolve_gpu_to_device
 from strategies import assert_results_same, random_cell, write_dataset
 
 from gpuclust.analyses import cpi, overcommit
+from gpuclust.analyses.kinds import Fields
 from gpuclust.analyses.registry import create
-from gpuclust.engine import key_passes, shards
+from gpuclust.engine import key_passes, local, shards
 from gpuclust.engine.local import context_of, run
 from gpuclust.parted import PartedTable
 
@@ -37,24 +38,30 @@ def device(request, monkeypatch):
     return DEVICE_GPU, 0.0
 
 
+@pytest.mark.parametrize("from_context", [True, False])
 @pytest.mark.parametrize(("name", "parts"), [("overcommit", 5), ("cpi", 4)])
 def test_dense_sums_past_the_device_room_run_in_passes_with_the_same_bits(
-    cell, tmp_path, monkeypatch, device, name, parts
+    cell, tmp_path, monkeypatch, device, name, parts, from_context
 ):
     """The device's room for dense sums (a tenth of its free memory) made a ``parts``-th of what
     ``name``'s need (overcommit's 157 MB, cpi's 1.3 MB here): ``name`` runs in that many passes
     (the others as before: on the device where they fit, machine-utilization's on the host,
     overcommit's spilled where it would take more than the most passes), nothing of it spilled,
-    and every table has the bits of a run with room for them all (on a GPU: to 1e-9)."""
+    and every table has the bits of a run with room for them all (on a GPU: to 1e-9).  Its shards
+    follow from its context, so the run's own stream takes the first pass' keys: ``parts - 1``
+    streams run again.  (``from_context``: a shard rule that reads the rest, where the run's
+    stream takes no key and every pass streams again.)"""
     be, rtol = device
     monkeypatch.setattr(overcommit, "SHARD_CELLS", 1)  # a machine a shard (40; 1 << 18 cells by default)
     monkeypatch.setattr(cpi, "SHARD_KEYS", 1)
+    if not from_context:
+        monkeypatch.setattr(Fields, "context_shards", lambda self, ctx, on_device: None)
     one = _read(run(cell, list(DENSE), backend=be, partitions=3, parts_dir=tmp_path / "one"))
     a = create(name)
     free = int(shards.dense_plan(a, context_of(a, cell), True)[1] / parts / shards.DEVICE_DENSE_SHARE) + 1
     for mod in (shards, key_passes):
         monkeypatch.setattr(mod, "device_free_bytes", lambda be: free)
-    passes, spilled = {}, []
+    passes, streams, spilled = {}, {}, []
     real_finalize, real_write = key_passes.KeyPasses.finalize, shards.write_keyed
 
     def spy_finalize(self, a, *args, **kw):
@@ -63,16 +70,18 @@ def test_dense_sums_past_the_device_room_run_in_passes_with_the_same_bits(
         try:
             return real_finalize(self, a, *args, **kw)
         finally:
-            passes[a.name] = self.passes
+            passes[a.name], streams[a.name] = self.passes, self.streams
 
     monkeypatch.setattr(key_passes.KeyPasses, "finalize", spy_finalize)
     monkeypatch.setattr(shards, "write_keyed", lambda *a: spilled.append(a) or real_write(*a))
     streamed = []
     got = _read(run(cell, list(DENSE), backend=be, partitions=3, parts_dir=tmp_path / "passes"))
-    assert passes == {name: parts}
+    assert passes == {name: parts} and streams == {name: parts - from_context}
     # nothing of it spilled (with cpi's room, overcommit's partials would take 471 passes: spilled)
     assert [sorted(keyed) for _, keyed in spilled] == ([] if name == "overcommit" else [["inst", "req", "usage"]] * 3)
-    assert len(streamed) == parts and all(t.dense and all(d.clip for d in t.dense.values()) for t in streamed)
+    assert len(streamed) == parts - from_context and all(
+        t.dense and all(d.clip for d in t.dense.values()) for t in streamed
+    )
     assert_results_same(one, got, rtol=rtol)
     for t in a.parted:  # its parted tables in machine order across the passes, as in one pass
         x, y = (np.asarray(r[name][t]["machine_id"]) for r in (one, got))
@@ -90,3 +99,71 @@ def test_past_the_most_passes_the_keyed_partials_are_spilled(cell, tmp_path, mon
     assert len(spilled) == 3
     want = _read(run(cell, ["overcommit"], backend="cpu", partitions=3, parts_dir=tmp_path / "cpu"))
     assert_results_same(want, got, rtol=1e-9)
+
+
+def test_where_one_shard_holds_every_key_the_sums_stay_dense_on_the_device(cell, tmp_path, monkeypatch):
+    """A room short of overcommit's need, but its keys in one shard (its default size here): a
+    pass would take them all, so they are added on the device as where they fit, in the run's
+    one stream (no key passes, nothing spilled), with the same bits."""
+    resolve_gpu_to_device(monkeypatch)
+    one = _read(run(cell, ["overcommit"], backend=DEVICE_GPU, partitions=3, parts_dir=tmp_path / "one"))
+    a = create("overcommit")
+    ctx = context_of(a, cell)
+    assert len(a.kinds.context_shards(ctx, on_device=True)) == 1
+    free = int(shards.dense_plan(a, ctx, True)[1] / 3 / shards.DEVICE_DENSE_SHARE)
+    for mod in (shards, key_passes):
+        monkeypatch.setattr(mod, "device_free_bytes", lambda be: free)
+    targets = []
+    real = key_passes.key_passes
+
+    def spy(*args):
+        out = real(*args)
+        targets.extend(out)
+        return out
+
+    monkeypatch.setattr(local, "key_passes", spy)
+    spilled = []
+    real_write = shards.write_keyed
+    monkeypatch.setattr(shards, "write_keyed", lambda *a: spilled.append(a) or real_write(*a))
+    got = _read(run(cell, ["overcommit"], backend=DEVICE_GPU, partitions=3, parts_dir=tmp_path / "dense"))
+    (target,) = [t for t in targets if t is not None]
+    assert isinstance(target, shards.DenseKeys) and target.on_device and not spilled
+    assert_results_same(one, got, rtol=0)
+
+
+def test_the_shards_of_the_context_are_those_of_the_run():
+    """``Fields.context_shards``: an ``Even`` rule's shards from the context alone are those
+    ``shards`` cuts from a merged rest; a rule that reads the rest gives None."""
+    from gpuclust.analyses.kinds import Counted, Even
+
+    rule = Even(lambda ctx: 10, lambda ctx: 3, size=9, device=4)
+    assert rule.ranges(None, {}, True) == rule.ranges(None, {"n": [1, 2]}, True) != rule.ranges(None, {}, False)
+    assert Even.from_context and not Counted.from_context
+    for name in DENSE:
+        a = create(name)
+        assert a.kinds.shard_by is not None and a.kinds.shard_by.from_context, name
+
+
+def test_the_first_passes_the_runs_stream_takes_share_the_room(cell, tmp_path, monkeypatch):
+    """Two analyses in passes (overcommit twice, 300 s and 301 s buckets: about the same need,
+    3.5 rooms): the run's own stream takes the first pass of the first (7/8 of the room), not of
+    the second (no room left): it streams every one of its passes.  The tables are those of a run
+    with room for both, bit for bit."""
+    from pathlib import Path
+
+    from gpuclust.analyses.overcommit import Overcommit
+
+    resolve_gpu_to_device(monkeypatch)
+    monkeypatch.setattr(overcommit, "SHARD_CELLS", 1)
+    ans = [Overcommit(), Overcommit(bucket_s=301)]
+    one = _read(run(cell, ans, backend=DEVICE_GPU, partitions=3, parts_dir=tmp_path / "one"))
+    ctxs = [context_of(a, cell) for a in ans]
+    need = shards.dense_plan(ans[0], ctxs[0], True)[1]
+    free = int(need / 3.5 / shards.DEVICE_DENSE_SHARE)
+    for mod in (shards, key_passes):
+        monkeypatch.setattr(mod, "device_free_bytes", lambda be: free)
+    targets = key_passes.key_passes(ans, ctxs, [Path("x"), Path("y")], DEVICE_GPU, lambda k, t: None)
+    assert [type(t).__name__ for t in targets] == ["KeyPasses", "KeyPasses"]
+    assert targets[0].first is not None and targets[1].first is None
+    got = _read(run(cell, ans, backend=DEVICE_GPU, partitions=3, parts_dir=tmp_path / "passes"))
+    assert_results_same(one, got, rtol=0)
