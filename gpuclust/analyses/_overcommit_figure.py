@@ -77,9 +77,10 @@ class FigureSums:
         xp = self.xp = be.xp
         self.lo, self.n = int(lo), max(0, int(hi) - int(lo))
         self.per, self.cols = heat_columns(B)
-        self.heat_sum = xp.zeros(self.n * self.cols, xp.float64)
-        self.heat_n = xp.zeros(self.n * self.cols, xp.int64)
-        self.hist = {r: xp.zeros(HIST_BINS + 1, xp.int64) for r in ("cpu", "mem")}
+        #: per (machine, column): the sum and the count of the finite ratios (two rows: one copy out)
+        self.heat = xp.zeros((2, self.n * self.cols), xp.float64)
+        #: per resource (cpu, mem): the fine bins' counts
+        self.hist = xp.zeros((2, HIST_BINS + 1), xp.int64)
 
     def add(self, cols: dict[str, Any], machine: Any, bucket: Any) -> None:
         """A chunk's rows: ``cols`` (the machine table's columns), ``machine`` (each row's machine
@@ -88,17 +89,16 @@ class FigureSums:
         v = cols["alloc_ratio_cpu"]
         ok = xp.isfinite(v)
         cell = xp.where(ok, (machine - self.lo) * self.cols + bucket // self.per, size)  # size: dropped
-        self.heat_sum += bincount(xp, cell, xp.where(ok, v, 0.0), size + 1, bounded=True)[:size]
-        self.heat_n += bincount(xp, cell, None, size + 1, bounded=True)[:size]
-        for r in ("cpu", "mem"):
+        self.heat[0] += bincount(xp, cell, xp.where(ok, v, 0.0), size + 1, bounded=True)[:size]
+        self.heat[1] += bincount(xp, cell, None, size + 1, bounded=True)[:size]
+        for i, r in enumerate(("cpu", "mem")):
             v, cap = cols[f"alloc_ratio_{r}"], cols[f"cap_{r}"]
             ok = xp.isfinite(v) & xp.isfinite(cap) & (cap > 0)
             k = xp.where(ok, hist_bins(xp, xp.where(ok, v, 0.0)), HIST_BINS + 1)
-            self.hist[r] += bincount(xp, k, None, HIST_BINS + 2, bounded=True)[: HIST_BINS + 1]
+            self.hist[i] += bincount(xp, k, None, HIST_BINS + 2, bounded=True)[: HIST_BINS + 1]
 
     def to_host(self) -> None:
-        self.heat_sum, self.heat_n = to_host(self.heat_sum), to_host(self.heat_n)
-        self.hist = {r: to_host(h) for r, h in self.hist.items()}
+        self.heat, self.hist = to_host(self.heat), to_host(self.hist)
         self.xp = np
 
 
@@ -106,7 +106,7 @@ def figure_tables(shards: list[FigureSums], bucket: np.ndarray, width: int) -> d
     """``heatmap`` and ``ratio_hist`` of the shards' sums (host arrays; ``bucket``: the grid's
     bucket numbers, ``width``: a bucket's µs)."""
     shards = sorted(shards, key=lambda s: s.lo)
-    hist = {r: sum((s.hist[r] for s in shards), np.zeros(HIST_BINS + 1, np.int64)) for r in ("cpu", "mem")}
+    hist = sum((s.hist for s in shards), np.zeros((2, HIST_BINS + 1), np.int64))
     return {"heatmap": _heatmap(shards, bucket, width), "ratio_hist": _ratio_hist(hist)}
 
 
@@ -117,8 +117,8 @@ def _heatmap(shards: list[FigureSums], bucket: np.ndarray, width: int) -> pa.Tab
     per, C = heat_columns(int(bucket.shape[0]))
     if not shards or not sum(s.n for s in shards):
         return schema_table([], _HEAT_SCHEMA)
-    S = np.concatenate([s.heat_sum.reshape(s.n, C) for s in shards])
-    N = np.concatenate([s.heat_n.reshape(s.n, C) for s in shards])
+    S = np.concatenate([s.heat[0].reshape(s.n, C) for s in shards])
+    N = np.concatenate([s.heat[1].reshape(s.n, C) for s in shards]).astype(np.int64)
     total_n = N.sum(axis=1)
     has = np.flatnonzero(total_n > 0)
     if not has.size:
@@ -148,10 +148,10 @@ def _heatmap(shards: list[FigureSums], bucket: np.ndarray, width: int) -> pa.Tab
     )
 
 
-def _ratio_hist(hist: dict[str, np.ndarray]) -> pa.Table:
-    """The fine bins that hold a machine-bucket, per resource."""
+def _ratio_hist(hist: np.ndarray) -> pa.Table:
+    """The fine bins that hold a machine-bucket, per resource (``hist``: cpu's row, mem's)."""
     parts = []
-    for r, h in hist.items():
+    for r, h in zip(("cpu", "mem"), hist, strict=True):
         k = np.flatnonzero(h)
         lo = k / _HIST_SCALE
         hi = np.where(k < HIST_BINS, (k + 1) / _HIST_SCALE, np.inf)

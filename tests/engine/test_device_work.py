@@ -43,7 +43,7 @@ from gpuclust.analyses.registry import create, names
 from gpuclust.dataset import Dataset
 
 #: Per analysis run: device-array operations (launches) and host syncs.  The most any analysis
-#: makes today: 1,564 operations and 283 syncs, 102 of them the counts that size data-sized
+#: makes today: 1,662 operations and 288 syncs, 102 of them the counts that size data-sized
 #: selections (overcommit: its finalize builds a flat source's running intervals on the device,
 #: then the dense chunks a column and a tier column at a time).
 OPS_BUDGET = 2000
@@ -123,6 +123,34 @@ def test_device_to_host_bytes_follow_the_results(work, analysis):
     small, large = (work[n][analysis] for n in SIZES)
     growth = max(1.0, large["result"] / max(1, small["result"]))
     assert large["d2h_bytes"] <= COPY_RATIO * growth * small["d2h_bytes"] + FIXED_BYTES, (small, large)
+
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "user" / "gpu.md"
+DOC_HEADER = (
+    "| analysis | array operations | custom kernels | host syncs | h2d / columns, bytes | d2h 12,000 | d2h 48,000 |"
+)
+
+
+def counts_table(work: dict[int, dict[str, dict[str, int]]]) -> list[str]:
+    """The rows of docs/user/gpu.md's table of counts ("Launches, syncs and copies")."""
+    rows = []
+    for a in names():
+        small, large = (work[n][a] for n in SIZES)
+        rows.append(
+            f"| {a} | {large.get('ops', 0):,} | {large.get('kernels', 0):,} | {large.get('syncs', 0):,} | "
+            f"{large['h2d_cold']:,} / {large['columns']:,} | {small['d2h_bytes']:,} | {large['d2h_bytes']:,} |"
+        )
+    return rows
+
+
+def test_the_documented_counts_are_the_measured_ones(work):
+    """docs/user/gpu.md's table of counts is what this module measures (else the message is the
+    table to paste there)."""
+    lines = DOC.read_text().splitlines()
+    at = lines.index(DOC_HEADER) + 2
+    documented = lines[at : at + len(names())]
+    measured = counts_table(work)
+    assert documented == measured, "docs/user/gpu.md's counts, as measured now:\n" + "\n".join(measured)
 
 
 def test_counting_sees_a_python_loop_over_rows():
