@@ -159,6 +159,7 @@ def key_passes(
         runs = None if shards is None else _runs(shards, step)
         if runs is not None and len(runs) == 1:  # one shard holds every key: a pass would take them all
             out[k] = _shards.DenseKeys(a, plan[0], be.xp)
+            left -= plan[1]
             continue
         first = None
         if runs is not None:  # the run's stream takes the first pass where the room has it
