@@ -651,7 +651,11 @@ def assemble(work: Path, logs: Path, out: Path) -> dict[str, Any]:
     rec["notes"] = {
         "projection": "out-of-core (streamed) seconds per window x 2.7e9 windows: of the run of all 13 at once "
         "(out_of_core.all_at_once_s, equal to the resident results) where it ran, else of the analyses one at "
-        "a time, each streaming the data itself (out_of_core.gpu_s: an upper bound)",
+        "a time, each streaming the data itself (out_of_core.gpu_s: an upper bound). Not in it: at a cell's "
+        "size overcommit's and cpi's dense sums (~50-62 GB by the tier map's tiers, and ~24 GB, for 12,500 machines x "
+        "8,928 buckets, scaled from bench/results/key_passes.md's 1,000 machines x 8 days) pass "
+        "the device's room for them (a tenth of its memory), and a run takes them in key passes, each a read "
+        "of their columns (docs/user/scale.md); at this check's size they fit",
         "analyses.cpu_s": "the reference step's cpu backend, resident, every core, warm (a second run: its "
         "contexts cached, as the device's warm runs'); duckdb_s: the first SQL case of the analysis, on resident tables (duckdb_case: the "
         "device's time of that case, its options, and the ratio)",
