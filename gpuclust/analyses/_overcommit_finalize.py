@@ -288,7 +288,7 @@ class _CellSums:
 
     COLS = ("req_cpu", "req_mem", "use_cpu", "use_mem", "max_cpu_sum", "max_mem_sum")
 
-    def __init__(self, be: Any, B: int, T: int, lo: int = 0, hi: int = 0) -> None:
+    def __init__(self, be: Any, B: int, T: int, lo: int, hi: int) -> None:
         xp = self.xp = be.xp
         z = lambda *s: xp.zeros(s, xp.float64)  # noqa: E731
         self.machines = xp.zeros(B, xp.int64)

@@ -37,8 +37,9 @@ Design (engine fit; docs/analyses/overcommit.md "Design").
   the usage sums and the interval partial are in :mod:`gpuclust.analyses._overcommit_partial`.
 * ``finalize`` builds the machine table a chunk of machines at a time (dense only over the chunk:
   keyed sums + capacity intervals swept for the chunk's machines) into one preallocated float
-  block, and the cell series from per-bucket running sums
-  (:mod:`gpuclust.analyses._overcommit_finalize`).
+  block, the cell series from per-bucket running sums
+  (:mod:`gpuclust.analyses._overcommit_finalize`), and the figure tables from per-shard sums
+  taken as the rows are built (:mod:`gpuclust.analyses._overcommit_figure`).
 """
 
 from __future__ import annotations
