@@ -42,6 +42,7 @@ __all__ = [
     "DEVICE",
     "DEVICE_GPU",
     "MEMORY",
+    "OPS_CALLED",
     "WORK",
     "DeviceArray",
     "DeviceOutOfMemoryError",
@@ -54,8 +55,8 @@ __all__ = [
 
 #: Device work counted inside :func:`counting_device_work`: ``ops``, the device-array operations
 #: (ufuncs, array functions and methods, array creation, gathers and scatters: each one kernel
-#: launch or more on CuPy, ~10 us of host time apiece); ``kernels``, the backend's ops (custom
-#: kernels); ``syncs``, device values read on the host (``bool`` / ``int`` / ``float`` / an index
+#: launch or more on CuPy, ~10 us of host time apiece); ``kernels``, the backend's ops (gpuclust's
+#: kernels and CuPy-composed ops, :data:`OPS_CALLED` by name); ``syncs``, device values read on the host (``bool`` / ``int`` / ``float`` / an index
 #: of a device array, ``get``: each waits for the device), and operations whose result is sized
 #: by the data (``nonzero``, ``flatnonzero``, ``argwhere``, ``unique``, ``compress``, ``extract``,
 #: a boolean mask as an index: CuPy reads a count back to size it); ``device_s``, the seconds spent
@@ -65,6 +66,10 @@ __all__ = [
 #: as an index or given to a kernel); and ``d2h_bytes``, device bytes read on the host (``get`` /
 #: ``to_host`` and the scalar syncs).
 WORK: Counter[str] = Counter()
+#: The backend's ops called inside :func:`counting_device_work`, by name (cleared with
+#: :data:`WORK`), and ``bincount``: every ``xp.bincount`` of device arrays, which on CuPy is
+#: :func:`gpuclust._xp.bincount`'s kernel (the code rules keep bare calls out).
+OPS_CALLED: Counter[str] = Counter()
 _counting = [False]
 _nesting = threading.local()
 
@@ -73,6 +78,7 @@ _nesting = threading.local()
 def counting_device_work() -> Iterator[Counter[str]]:
     """Count the device work done inside (:data:`WORK`, cleared first)."""
     WORK.clear()
+    OPS_CALLED.clear()
     _counting[0] = True
     try:
         yield WORK
@@ -296,6 +302,8 @@ class DeviceArray(np.lib.mixins.NDArrayOperatorsMixin):
         where = getattr(func, "__name__", str(func))
         if where in _SIZED_BY_DATA:
             _sized_by_data()
+        if where == "bincount" and _counting[0]:
+            OPS_CALLED[where] += 1
         with _op("ops"):
             return _dev(func(*_data(args, where), **_data(kwargs, where)))
 
@@ -492,6 +500,8 @@ class _DeviceOps:
             return op
 
         def call(*args: Any, **kw: Any) -> Any:
+            if _counting[0]:
+                OPS_CALLED[name] += 1
             _count("h2d_bytes", _host_bytes(args) + _host_bytes(kw))
             with _op("kernels"):
                 return _dev(op(*_data(args), **_data(kw)))

@@ -20,6 +20,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 from gpuclust.dataset import new_manifest, write_json_atomic
+from gpuclust.schema import CPU_PERCENTILE_COLUMNS_SORTED as _SORTED_P
 from gpuclust.schema import SCHEMAS, TABLES, TIME_AFTER_TRACE
 
 HOUR = 3_600_000_000
@@ -207,8 +208,14 @@ def cell(draw: Any, max_instances: int = 8, max_windows: int = 30) -> dict[str, 
     }
 
 
-def random_cell(seed: int, n_machines: int = 40, n_instances: int = 300, n_windows: int = 5000) -> dict[str, pa.Table]:
-    """A larger random cell (numpy RNG) for partition / dask / reference tests."""
+def random_cell(
+    seed: int, n_machines: int = 40, n_instances: int = 300, n_windows: int = 5000, *, measures: bool = False
+) -> dict[str, pa.Table]:
+    """A larger random cell (numpy RNG) for partition / dask / reference tests.  ``measures``: the
+    usage windows also carry maxima, assigned memory, CPI / MAI, sample rates and percentile
+    vectors, and the events requests and scheduling classes (for the analyses that read them:
+    cpi, usage-distribution, peak-prediction, overcommit, usage-vs-request, data-quality), drawn after the rest from their own
+    generator, so the other columns are those of the same cell without them."""
     rng = np.random.default_rng(seed)
     mids = rng.choice(np.array([*BIG_IDS, *range(100, 100 + n_machines)], dtype=np.int64), n_machines, replace=False)
     shapes = np.array([[0.5, 0.25], [0.25, 0.125], [1.0, 1.0], [0.5, 0.5]], dtype=np.float32)
@@ -263,9 +270,45 @@ def random_cell(seed: int, n_machines: int = 40, n_instances: int = 300, n_windo
             "avg_mem": rng.random(n_windows).astype(np.float32),
         },
     )
+    if measures:
+        ev, us = _with_measures(np.random.default_rng([seed, 1]), ev, us)
     coll = ev.select(["time", "type", "collection_id", "priority", "alloc_collection_id"])
     coll = table("collection_events", {k: coll.column(k).to_pylist() for k in coll.column_names})
     return {"machine_events": me, "instance_events": ev, "instance_usage": us, "collection_events": coll}
+
+
+def _with_measures(rng: np.random.Generator, ev: pa.Table, us: pa.Table) -> tuple[pa.Table, pa.Table]:
+    """``random_cell``'s events with scheduling classes and its windows with the measures (a few
+    NULLs in each; percentile vectors sorted, some idle, some NULL)."""
+    n = us.num_rows
+    avg = np.nan_to_num(us.column("avg_cpu").to_numpy(zero_copy_only=False).astype(float))
+    q = np.sort(rng.gamma(0.7, 1.0, (n, 20)), axis=1) * np.exp(rng.normal(-2, 1.0, n))[:, None]
+    q[rng.random(n) < 0.2, :8] = 0.0
+    null_q = rng.random(n) < 0.05
+
+    def nulls(v: np.ndarray, share: float) -> list[float | None]:
+        return [None if r < share else float(x) for r, x in zip(rng.random(v.size), v, strict=True)]
+
+    cols = {
+        "max_cpu": nulls(avg * (1 + rng.random(n)), 0.02),
+        "max_mem": nulls(rng.random(n), 0.02),
+        "assigned_mem": nulls(rng.random(n) * 0.5, 0.02),
+        "cpi": nulls(np.exp(rng.normal(0.3, 0.4, n)), 0.1),
+        "mai": nulls(np.exp(rng.normal(-6, 1.0, n)), 0.1),
+        "sample_rate": nulls(rng.choice(np.array([1.0, 1.0, 0.5]), n), 0.02),
+        **{c: [None if z else float(x) for z, x in zip(null_q, q[:, k], strict=True)] for k, c in enumerate(_SORTED_P)},
+    }
+    for c, v in cols.items():
+        us = _set(us, c, v)
+    m = ev.num_rows
+    ev = _set(ev, "req_cpu", nulls(rng.gamma(1.0, 0.05, m), 0.03))
+    ev = _set(ev, "req_mem", nulls(rng.gamma(1.0, 0.03, m), 0.03))
+    return _set(ev, "scheduling_class", rng.integers(0, 4, m).tolist()), us
+
+
+def _set(t: pa.Table, name: str, values: list[Any]) -> pa.Table:
+    i = t.schema.get_field_index(name)
+    return t.set_column(i, t.schema.field(i), pa.array(values, type=t.schema.field(i).type))
 
 
 #: Columns that say how a run went on its backend, not what it found: usage-distribution's row

@@ -4,8 +4,8 @@ An analysis' options are its dataclass fields (declared with
 :func:`gpuclust.analyses.options.option`); the tables it reads are its ``requires`` and
 ``optional_tables`` class attributes (``table_uses`` names the options that read a table only
 some options read; per instance, :meth:`~gpuclust.analyses.base.Analysis.needed_tables`).  The
-registry only adds what the class cannot say about itself: a one-line summary, the GPU kernels
-its partial uses, where it runs.
+registry only adds what the class cannot say about itself: a one-line summary, the kernel
+sources its gpu run launches, where it runs.
 
 ``docs/analyses/README.md`` embeds :func:`capability_table` between the markers
 ``<!-- capability-table:start -->`` and ``<!-- capability-table:end -->``; a test checks that the
@@ -35,7 +35,9 @@ class AnalysisEntry:
     #: one analysis does not import the others (docs/user/scale.md, "Start-up").
     target: str
     summary: str
-    #: Custom-kernel ops (``backend.ops``) its partial uses on the GPU.
+    #: The ``kernels/*.cu`` files whose kernels its gpu run launches, under any of its options
+    #: (none: CuPy's own kernels only).  tests/analyses/test_registry_kernels.py checks them
+    #: against the ops a gpu run calls and the files those ops reach.
     kernels: tuple[str, ...] = ()
     backends: tuple[str, ...] = ("cpu", "gpu")
     dask: bool = True
@@ -65,13 +67,13 @@ REGISTRY: dict[str, AnalysisEntry] = {
             "cell-usage",
             "gpuclust.analyses.cell_usage:CellUsage",
             "Hourly CPU and memory usage by priority tier, normalised by cell capacity",
-            kernels=("grouped_sum", "bucket_overlap", "hash_index"),
+            kernels=("bucket_overlap.cu", "grouped_sum.cu"),
         ),
         AnalysisEntry(
             "cpi",
             "gpuclust.analyses.cpi:Cpi",
             "CPI/MAI per group (CPU-second weighted) and the Borg §5.2 CPI interference regression",
-            kernels=("grouped_comoments", "grouped_sum", "hash_index"),
+            kernels=("grouped_moments.cu", "grouped_sum.cu"),
         ),
         AnalysisEntry(
             "data-quality",
@@ -79,26 +81,28 @@ REGISTRY: dict[str, AnalysisEntry] = {
             "Per table: rows, NULLs per column, codes, sentinels, short windows, "
             "non-monotone percentiles, p100 vs max, implausible CPI/MAI, out-of-order events, usage "
             "after the final terminal event, usage without events and vice versa",
-            kernels=("hash_index",),
+            kernels=("grouped_sum.cu",),
         ),
         AnalysisEntry(
             "job-usage",
             "gpuclust.analyses.job_usage:JobUsage",
             "Per-collection NCU-hours and NMU-hours and their heavy tail by tier: quantiles, top "
             "1% / 0.1% shares, C², Pareto alpha of the CCDF tail, NCU-NMU correlation",
-            kernels=("hash_index",),
+            kernels=("grouped_sum.cu",),
         ),
         AnalysisEntry(
             "collection-lifecycle",
             "gpuclust.analyses.lifecycle:CollectionLifecycle",
             "Collection (job) life cycles from collection_events: the same tables as "
             "lifecycle, one thing per collection",
+            kernels=("grouped_sum.cu",),
         ),
         AnalysisEntry(
             "lifecycle",
             "gpuclust.analyses.lifecycle:Lifecycle",
             "Instance life cycles: events and transitions by tier, submissions / queue / running "
             "series, scheduling delays and execution times (censored at the data's end)",
+            kernels=("grouped_sum.cu",),
         ),
         AnalysisEntry(
             "machine-shapes",
@@ -110,12 +114,13 @@ REGISTRY: dict[str, AnalysisEntry] = {
             "gpuclust.analyses.machine_utilization:MachineUtilization",
             "Per machine x 5 minutes: usage / capacity, CPU and memory (Google's "
             "notebook query, or time-weighted and uncapped), its exact quantiles and mean series",
+            kernels=("bucket_overlap.cu", "grouped_sum.cu"),
         ),
         AnalysisEntry(
             "overcommit",
             "gpuclust.analyses.overcommit:Overcommit",
             "Per machine x time bucket: capacity vs. requested (by tier) vs. usage, ratios, cell series, summary",
-            kernels=("bucket_overlap", "grouped_sum", "hash_index"),
+            kernels=("bucket_overlap.cu", "grouped_sum.cu"),
         ),
         AnalysisEntry(
             "peak-prediction",
@@ -124,7 +129,7 @@ REGISTRY: dict[str, AnalysisEntry] = {
             "cluster-resource-forecast semantics): per machine x 5 minutes limits, usage, the oracle peak and "
             "borg-default / N-sigma / per-instance and per-machine percentile / max / avg predictions; per "
             "predictor violation rate, severity and savings",
-            kernels=("hash_index",),
+            kernels=("grouped_sum.cu",),
         ),
         AnalysisEntry(
             "usage-change",
@@ -132,20 +137,20 @@ REGISTRY: dict[str, AnalysisEntry] = {
             "Relative change of CPU and memory usage between consecutive 300 s periods of the "
             "cluster (default, seed 003 Figure 10) or of each machine, or between consecutive windows of "
             "one instance (by tier): exact shares within ±5/10/20/50%, binned distribution",
-            kernels=("hash_index",),
+            kernels=("grouped_sum.cu",),
         ),
         AnalysisEntry(
             "usage-vs-request",
             "gpuclust.analyses.usage_vs_request:UsageVsRequest",
             "Usage / limit per window (average and maximum, CPU and memory), the limit "
             "joined as of the window's start, by tier; and per task (Borg Figure 11: CDFs over tasks)",
-            kernels=("hash_index",),
+            kernels=("grouped_sum.cu",),
         ),
         AnalysisEntry(
             "usage-distribution",
             "gpuclust.analyses.usage_distribution:UsageDistribution",
             "Exact CPU usage distributions (mixtures of per-window percentile CDFs) per group: mean and quantiles",
-            kernels=("repair_percentiles", "window_means", "mixture_quantiles", "hash_index"),
+            kernels=("grouped_sum.cu", "mixture.cu"),
         ),
     )
 }
@@ -213,6 +218,6 @@ def capability_table() -> str:
         rows.append(
             f"| `{n}` | {'yes' if 'cpu' in e.backends else 'no'} | {'yes' if 'gpu' in e.backends else 'no'} "
             f"| {'yes' if e.dask else 'no'} | {opts} | {_reads(e.cls)} "
-            f"| {', '.join(e.kernels) or 'CuPy only'} |"
+            f"| {', '.join(f'`{k}`' for k in e.kernels) or 'CuPy only'} |"
         )
     return "\n".join(rows) + "\n"
