@@ -40,8 +40,6 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-#: a 2019 cell's usage windows (the projection's size)
-CELL_WINDOWS = 2.7e9
 US = 1_000_000
 
 
@@ -314,6 +312,8 @@ def _strategy_variants(study: Any, gpu: bool) -> dict[str, Any]:
 
 
 def study_step(ds: Path, out: Path, ref: Path, backend_name: str, budget_frac: float, repeat: int) -> None:
+    from gpu_projection import dense_record
+
     import gpuclust
     from gpuclust.analyses.registry import names
 
@@ -349,6 +349,10 @@ def study_step(ds: Path, out: Path, ref: Path, backend_name: str, budget_frac: f
     t = time.perf_counter()
     study.run(every)
     rec["first_run_s"] = time.perf_counter() - t  # kernels compiled (or read from CuPy's cache)
+    try:  # (the projection's key passes at a cell's size: the dense plans, here)
+        rec["dense"] = dense_record(study, every)
+    except Exception as e:
+        rec["dense"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
     _dump(out, rec)
     rec["analyses"] = {}
     for n in every:
@@ -631,6 +635,7 @@ def assemble(work: Path, logs: Path, out: Path) -> dict[str, Any]:
         **({"error": ooc["error"]} if "error" in ooc else {}),
         **({"unequal": ooc["unequal"]} if ooc.get("unequal") else {}),
     }
+    from gpu_projection import CELL_WINDOWS, key_passes_at_cell
     from gpu_reference import analyses_record
 
     rec["analyses"] = analyses_record(study.get("analyses", {}), _read(work / "reference.json"))
@@ -648,14 +653,22 @@ def assemble(work: Path, logs: Path, out: Path) -> dict[str, Any]:
     ooc_s = rec["out_of_core"].get("all_at_once_s") or rec["out_of_core"]["gpu_s"]
     per_window = ooc_s / rec["windows"] if ooc_s and rec["windows"] else None
     rec["projection_cell_min"] = per_window * CELL_WINDOWS / 60 if per_window else None
+    one_at_a_time = {n: v for n, v in rec["out_of_core"]["analyses"].items() if isinstance(v, (int, float))}
+    kp = key_passes_at_cell(study.get("dense", {}), one_at_a_time, rec["windows"])
+    rec["projection_key_passes"] = kp
+    with_passes = None if kp is None or kp["extra_min"] is None else kp["extra_min"]
+    rec["projection_cell_min_with_key_passes"] = (
+        rec["projection_cell_min"] + with_passes if rec["projection_cell_min"] and with_passes is not None else None
+    )
     rec["notes"] = {
         "projection": "out-of-core (streamed) seconds per window x 2.7e9 windows: of the run of all 13 at once "
         "(out_of_core.all_at_once_s, equal to the resident results) where it ran, else of the analyses one at "
-        "a time, each streaming the data itself (out_of_core.gpu_s: an upper bound). Not in it: at a cell's "
-        "size overcommit's and cpi's dense sums (~50-62 GB by the tier map's tiers, and ~24 GB, for 12,500 machines x "
-        "8,928 buckets, scaled from bench/results/key_passes.md's 1,000 machines x 8 days) pass "
-        "the device's room for them (a tenth of its memory), and a run takes them in key passes, each a read "
-        "of their columns (docs/user/scale.md); at this check's size they fit",
+        "a time, each streaming the data itself (out_of_core.gpu_s: an upper bound). At a cell's size (12,500 "
+        "machines, 31 days) the dense sums of overcommit, cpi and machine-utilization pass the device's room for "
+        "them (a tenth of its memory) and a run takes them in key passes, each a further read of their columns: "
+        "projection_key_passes scales the plans measured here (steps.study.dense) to a cell and counts the "
+        "passes, each further one taken as the analysis' own out-of-core time; "
+        "projection_cell_min_with_key_passes adds them (bench/gpu_projection.py)",
         "analyses.cpu_s": "the reference step's cpu backend, resident, every core, warm (a second run: its "
         "contexts cached, as the device's warm runs'); duckdb_s: the first SQL case of the analysis, on resident tables (duckdb_case: the "
         "device's time of that case, its options, and the ratio)",

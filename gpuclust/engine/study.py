@@ -434,6 +434,11 @@ class Study:
             forget(host_arrays([c for a, c in self._contexts.items() if a not in ans]))  # others' device copies
         return [made[id(a)] if id(a) in made else self._contexts[a] for a in ans]
 
+    def context(self, analysis: Analysis | str) -> Any:
+        """The context ``analysis`` runs with in this study: computed as a run computes it (its
+        prerequisite passes over the resident columns) and kept, or the one a run kept."""
+        return self._contexts_of(resolve_analyses(analysis))[0]
+
     def run(self, analyses: Analysis | str | Iterable[Analysis | str]) -> dict[str, dict[str, pd.DataFrame]]:
         """Run analyses over the resident columns (persisting any column they need that is not
         resident yet); returns what :func:`gpuclust.engine.run` returns.  On a device backend the

@@ -83,6 +83,22 @@ def test_cpu_study_is_bit_identical_to_run(dataset, reference):
     assert_same(study.run(names()), reference)
 
 
+def test_a_studys_context_is_the_one_its_runs_keep(dataset):
+    """``Study.context``: what a run of the analysis computed and kept (the same object), by name
+    or instance; before any run, computed and kept the same way (cpi's prerequisite pass run)."""
+    from gpuclust.engine.local import context_of
+    from gpuclust.engine.shards import dense_plan
+
+    study = gpuclust.open(dataset, backend="cpu", partitions=4, workers=2)
+    study.run("overcommit")
+    kept = study.context("overcommit")
+    assert study.context(create("overcommit")) is kept and study.context("overcommit") is kept
+    cpi = study.context("cpi")  # (no run yet)
+    assert study.context(create("cpi")) is cpi
+    for n, ctx in (("overcommit", kept), ("cpi", cpi)):  # the plans of the contexts a run computes
+        assert dense_plan(create(n), ctx, True) == dense_plan(create(n), context_of(create(n), dataset), True)
+
+
 def test_study_on_the_generic_backend_matches_run(dataset, reference):
     """Every analysis of a study on the generic backend (the gpu backend's code paths on NumPy
     shaped like CuPy: tests/generic_backend.py) against ``run`` on the cpu: what CuPy would refuse
