@@ -61,6 +61,17 @@ def _float_to_int64(arr: pa.Array, mark: np.ndarray) -> pa.Array:
     return pa.array(np.where(whole, f, 0).astype(np.int64), pa.int64(), mask=~whole)
 
 
+def _unsigned_to_int64(arr: pa.Array, mark: np.ndarray) -> pa.Array:
+    """Unsigned integers as int64 (some exports write the times and ids unsigned): values above
+    2**63 - 1 become null, marked (the row is rejected, not the input)."""
+    over = pc.fill_null(pc.greater(arr, pa.scalar(2**63 - 1, arr.type)), False)
+    over_np = np.asarray(over.to_numpy(zero_copy_only=False), dtype=bool)
+    if not over_np.any():
+        return pc.cast(arr, pa.int64())
+    mark |= over_np
+    return pc.cast(pc.if_else(over, pa.scalar(None, arr.type), arr), pa.int64())
+
+
 def _narrow_int(as64: pa.Array, target: pa.DataType, mark: np.ndarray) -> pa.Array:
     """int64 values as the narrower integer ``target``; values outside its range become null, marked."""
     info = np.iinfo(target.to_pandas_dtype())
@@ -80,6 +91,8 @@ def _to_int(arr: pa.Array, target: pa.DataType, col: str, mark: np.ndarray) -> p
         as64 = _text_to_int64(arr, mark)
     elif pa.types.is_floating(src):
         as64 = _float_to_int64(arr, mark)
+    elif pa.types.is_uint64(src):
+        as64 = _unsigned_to_int64(arr, mark)
     elif pa.types.is_integer(src) or pa.types.is_boolean(src):
         as64 = pc.cast(arr, pa.int64())
     else:

@@ -104,6 +104,36 @@ def test_extra_and_missing_columns(tmp_path: Path) -> None:
     }
 
 
+def test_unsigned_times_and_ids_read_as_int64_and_past_int64_a_row_is_rejected(tmp_path: Path) -> None:
+    """An export that writes times and ids unsigned (TRACE_NOTES: "treat both as int64"): values up
+    to 2^63-1 (the "after the trace" sentinel) read exactly; one above is its row's reject, with
+    the column and the value, and the other rows stay."""
+    big = 2**63 - 1
+    t = pa.table(
+        {
+            "time": pa.array([0, big, 2**63, 5], pa.uint64()),
+            "machine_id": pa.array([3, 2**62 + 1, 4, 2**64 - 1], pa.uint64()),
+            "type": pa.array([1, 2, 1, 3], pa.uint8()),
+        }
+    )
+    f = tmp_path / "machine_events-000000000000.parquet"
+    pq.write_table(t, f)
+    chunks = list(read(detect(f), ReadOptions()))
+    got = pa.concat_tables([c.tables["machine_events"] for c in chunks])
+    assert got.schema.field("time").type == pa.int64() and got.schema.field("machine_id").type == pa.int64()
+    assert got.select(["time", "machine_id", "type"]).to_pylist() == [
+        {"time": 0, "machine_id": 3, "type": 1},
+        {"time": big, "machine_id": 2**62 + 1, "type": 2},
+    ]
+    rejects = [r for c in chunks for r in c.rejects]
+    assert [r.row for r in rejects] == [2, 3]
+    assert "column time" in rejects[0].reason and str(2**63) in rejects[0].reason
+    assert "column machine_id" in rejects[1].reason and str(2**64 - 1) in rejects[1].reason
+    rep = ingest([f], tmp_path / "ds", max_reject_rate=0.5)  # (the good rows published beside the rejects)
+    assert rep.rows_rejected == 2 and not rep.failed
+    assert pq.read_table(tmp_path / "ds" / "machine_events").num_rows == 2
+
+
 def test_unreadable_parquet(tmp_path: Path) -> None:
     f = tmp_path / "machine_events-000000000000.parquet"
     f.write_bytes(b"PAR1" + b"\0" * 100)
