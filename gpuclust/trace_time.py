@@ -64,8 +64,9 @@ class SelectionError(ValueError):
 
 
 def cell_time_zone(source: Any) -> str:
-    """The IANA zone of the source's cell (manifest ``cell`` ``a``..``h`` or ``2019-05-a``); a
-    :class:`SelectionError` saying why when there is none."""
+    """The IANA zone of the source's cell (manifest ``cell`` ``a``..``h``, or as the v3 document
+    names the traces, ``2019-05-a``, or their Cloud Storage buckets and BigQuery datasets,
+    ``clusterdata_2019_a``); a :class:`SelectionError` saying why when there is none."""
     version = getattr(source, "trace_version", None)
     manifest = getattr(source, "manifest", None) or {}
     cell = manifest.get("cell") if isinstance(manifest, dict) else None
@@ -75,7 +76,7 @@ def cell_time_zone(source: Any) -> str:
             f"(this dataset's trace version: {version or 'unknown'}); give trace time (e.g. 1d, 86400s) or a "
             "time with a UTC offset (e.g. 2011-05-02T00:00-04:00)"
         )
-    key = str(cell).lower().rsplit("-", 1)[-1] if cell else None
+    key = re.split(r"[-_]", str(cell).lower())[-1] if cell else None
     if key not in CELL_TIME_ZONES:
         raise SelectionError(
             f"wall-clock time needs the cell's time zone, but the dataset's manifest names "

@@ -141,6 +141,7 @@ def test_wall_clock_in_the_cells_time_zone():
     # cell a (America/New_York, EDT = UTC-4): local midnight of 2 May is 21 h after the start
     assert parse_time("2019-05-02", _cell_src("a")) == 600 * US + 21 * HOUR
     assert parse_time("2019-05-02T08:00", _cell_src("2019-05-a")) == 600 * US + 29 * HOUR
+    assert parse_time("2019-05-02T08:00", _cell_src("clusterdata_2019_a")) == 600 * US + 29 * HOUR  # (its bucket)
     # cell g (Asia/Singapore, UTC+8): 2 May 00:00 is 1 May 16:00 UTC, 9 h after the start
     assert parse_time("2019-05-02", _cell_src("g")) == 600 * US + 9 * HOUR
     # cell e (Europe/Helsinki, EEST = UTC+3)
@@ -154,6 +155,8 @@ def test_wall_clock_without_a_known_zone_is_a_clear_error():
         parse_time("2019-05-02", _cell_src(None))
     with pytest.raises(SelectionError, match="cell 'bench', not one of a-h"):
         parse_time("2019-05-02", _cell_src("bench"))
+    with pytest.raises(SelectionError, match="cell 'clusterdata_2019_x', not one of a-h"):
+        parse_time("2019-05-02", _cell_src("clusterdata_2019_x"))
     with pytest.raises(SelectionError, match="only the v3"):
         parse_time("2011-05-02", _cell_src("x", "v2"))
     # the v2 trace start is known: an explicit offset works (1 May 2011 19:00 EDT)
