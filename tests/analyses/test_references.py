@@ -169,6 +169,29 @@ def test_random_cell_matches_duckdb(tmp_path, seed):
     _check(ds, partitions=4)
 
 
+def test_windows_that_never_end_match_duckdb(tmp_path):
+    """Windows whose end is the "after the trace" sentinel (2^63-1, TRACE_NOTES): the exact mode
+    cannot place them in time and leaves them out, as the SQL reference does (``end_time <>
+    9223372036854775807``), counting the top-level ones in ``info.unbounded_windows``; the notebook
+    mode keeps them (Google's query reads no end)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from gpuclust.schema import TIME_AFTER_TRACE
+
+    tables = random_cell(5, n_windows=3000)
+    us = tables["instance_usage"]
+    never = np.random.default_rng(5).random(us.num_rows) < 0.03
+    end = np.where(never, TIME_AFTER_TRACE, us.column("end_time").to_numpy())
+    i = us.schema.get_field_index("end_time")
+    tables["instance_usage"] = us.set_column(i, us.schema.field(i), pa.array(end, pa.int64()))
+    ds = Dataset(write_dataset(tmp_path / "ds", tables, files=3, row_group_size=700))
+    _check(ds, partitions=4)
+    top = pc.fill_null(pc.equal(us.column("alloc_collection_id"), 0), True).to_numpy(zero_copy_only=False)
+    info = run(ds, CellUsage(mode="exact"), partitions=3)["cell-usage"]["info"].iloc[0]
+    assert int(info["unbounded_windows"]) == int((never & top).sum()) > 0
+
+
 @pytest.mark.parametrize("tm", ["seed-002", "v3-doc"])
 def test_other_tier_maps_match_duckdb(tmp_path, tm):
     ds = Dataset(write_dataset(tmp_path / "ds", random_cell(7, n_windows=1500)))
