@@ -4,6 +4,7 @@ dataset's Parquet files, the slow usage-change replay), on the real 2011 parts a
 
 from __future__ import annotations
 
+import json
 import math
 import pickle
 import sys
@@ -190,10 +191,73 @@ def test_synthetic_cell_usage_claims_match_references(tmp_path):
         assert f"of {want['defined']:,} tasks" in rows[cid]["dataset"]
 
 
+def test_borg_cpi_claims_match_a_weighted_fit_and_sql(tmp_path):
+    """Borg §5.2 on a synthetic cell: the per-task and per-10%-utilisation effects and R² against a
+    weighted least-squares fit by NumPy (platform dummies on CPI over its platform's weighted mean)
+    of the windows DuckDB joins to their machine-cell's task count and utilisation; the prod mean
+    and σ against SQL over the windows whose instance's highest priority is prod (notebook map)."""
+    import by_path
+    import numpy as np
+
+    from gpuclust.tiers import tier_map
+
+    here = Path(__file__).resolve().parent
+    t_cpi = by_path.load("t_cpi", here / "analyses" / "test_cpi.py")
+    cli_cell(tmp_path, machines=40, hours=4, seed=11)
+    ds = Dataset(tmp_path / "ds")
+    res, _ = _results(str(tmp_path / "ds"), quiet=True)
+    rows = _by_id(evaluate(res, DatasetFacts.of(tmp_path / "ds")))
+    win_end = json.loads((tmp_path / "raw" / "synth_truth.json").read_text())["trace_window_us"][1]
+    df = t_cpi.duckdb_windows(tmp_path / "ds", win_end)
+    y, w = df["cpi"].to_numpy(), df["w"].to_numpy()
+    ok = df["util"].notna().to_numpy() & df["k"].notna().to_numpy() & df["platform_id"].notna().to_numpy()
+    df, y, w = df[ok], y[ok], w[ok]
+    plats = sorted(df["platform_id"].unique())
+    ybar = {
+        p: np.average(y[(df["platform_id"] == p).to_numpy()], weights=w[(df["platform_id"] == p).to_numpy()])
+        for p in plats
+    }
+    yr = y / df["platform_id"].map(ybar).to_numpy()
+    dummies = np.column_stack([(df["platform_id"] == p).to_numpy(float) for p in plats])
+    coef, _, r2 = t_cpi._wls(np.column_stack([df["util"], df["k"] - 1.0, dummies]), yr, w)
+    assert rows["borg-cpi-per-task"]["value"] == pytest.approx(100 * coef[1], rel=1e-9)
+    assert rows["borg-cpi-per-10pct-util"]["value"] == pytest.approx(10 * coef[0], rel=1e-9)
+    assert rows["borg-cpi-variance-explained"]["value"] == pytest.approx(r2, rel=1e-9)
+    assert f"{len(df):,} windows of every tier" in rows["borg-cpi-per-task"]["rests_on"]
+    # the prod tier's CPU-second-weighted mean and standard deviation
+    tm = tier_map(ds.tier_map_name or "notebook")
+    prod = tm.bounds[list(tm.names).index("prod")]
+    ev = [str(f) for f in ds.files("instance_events")]
+    top = (
+        duckdb.connect()
+        .execute(f"""
+        SELECT collection_id, instance_index, machine_id, MAX(priority) AS p FROM read_parquet({ev})
+        WHERE machine_id IS NOT NULL AND priority IS NOT NULL GROUP BY ALL""")
+        .df()
+    )
+    d = duckdb.connect()
+    d.register("win", t_cpi.duckdb_windows(tmp_path / "ds", win_end))
+    d.register("top", top)
+    mean, std, n = d.execute(f"""
+        WITH x AS (SELECT cpi, w FROM win JOIN top USING (collection_id, instance_index, machine_id) WHERE p >= {prod}),
+             m AS (SELECT SUM(w * cpi) / SUM(w) AS mu FROM x)
+        SELECT ANY_VALUE(mu), SQRT(SUM(w * (cpi - mu) ^ 2) / SUM(w)), COUNT(*) FROM x, m""").fetchone()
+    assert list(tm.names)[-1] == "prod"  # (the highest tier: p >= its bound)
+    assert rows["borg-cpi-mean"]["value"] == pytest.approx(mean, rel=1e-9)
+    assert (
+        f"{mean:.2f} (σ {std:.2f})" == rows["borg-cpi-mean"]["dataset"]
+        and f"{n:,} prod windows" in rows["borg-cpi-mean"]["rests_on"]
+    )
+    # (ingested from its raw export, the cell is not marked synthetic: support is the windows' count)
+    assert rows["borg-cpi-per-task"]["supported"] is (len(df) >= 10_000) and rows["borg-cpi-mean"]["supported"] is (
+        n >= 10_000
+    )
+
+
 def test_every_claim_names_its_source_and_paper_value():
     for c in claims():
         assert c.sentence.endswith(".") and c.source and c.paper and c.analyses, c.id
-    assert set(needed_analyses()) <= {"lifecycle", "usage-change", "overcommit", "job-usage", "usage-vs-request"}
+    assert set(needed_analyses()) <= {"lifecycle", "usage-change", "overcommit", "job-usage", "usage-vs-request", "cpi"}
 
 
 @pytest.fixture(scope="module")

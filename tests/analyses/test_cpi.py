@@ -5,6 +5,8 @@ hypothesis tables *with* CPI/MAI (the shared conformance tables have none), repo
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -60,11 +62,21 @@ def synth_result(synth_ds):
 @pytest.fixture(scope="session")
 def synth_rows(synth_ds):
     """The filtered windows joined to k and util, computed with DuckDB SQL over the Parquet parts."""
-    duckdb = pytest.importorskip("duckdb")
-    ds = Dataset(synth_ds)
+    pytest.importorskip("duckdb")
+    return duckdb_windows(synth_ds)
+
+
+def duckdb_windows(ds_path: Any, win_end: int | None = None) -> pd.DataFrame:
+    """A synthetic cell's windows that pass cpi's filter, each with its CPU-seconds ``w`` and its
+    machine-cell's ``k`` (top-level windows) and ``util`` (their CPU-seconds over the cell's
+    capacity-seconds; ``win_end``: the trace window's end, by default the one the synthesizer
+    wrote in the manifest), by DuckDB SQL over the Parquet parts (tests/test_claims.py uses it too)."""
+    import duckdb
+
+    ds = Dataset(ds_path)
     us = [str(f) for f in ds.files("instance_usage")]
     me = [str(f) for f in ds.files("machine_events")]
-    win_end = ds.manifest["synthetic"]["trace_window_us"][1]
+    win_end = ds.manifest["synthetic"]["trace_window_us"][1] if win_end is None else win_end
     con = duckdb.connect()
     con.execute("SET threads TO 2")
     q = f"""
@@ -76,8 +88,9 @@ def synth_rows(synth_ds):
              WHERE platform_id IS NOT NULL GROUP BY machine_id),
     mc AS (SELECT machine_id, cell, COUNT(*) AS k, SUM(cs) AS scs FROM u
            WHERE COALESCE(alloc_collection_id, 0) = 0 GROUP BY machine_id, cell)
-    SELECT u.machine_id, u.collection_id, plat.platform_id, CAST(u.cpi AS DOUBLE) AS cpi, CAST(u.mai AS DOUBLE) AS mai,
-           u.cs AS w, mc.k, mc.scs / ((LEAST((u.cell + 1) * 300000000, {win_end}) - GREATEST(u.cell * 300000000, 600000000)) / 1e6 * cap.cap) AS util
+    SELECT u.machine_id, u.collection_id, u.instance_index, plat.platform_id, CAST(u.cpi AS DOUBLE) AS cpi,
+           CAST(u.mai AS DOUBLE) AS mai, u.cs AS w, mc.k,
+           mc.scs / ((LEAST((u.cell + 1) * 300000000, {win_end}) - GREATEST(u.cell * 300000000, 600000000)) / 1e6 * cap.cap) AS util
     FROM u LEFT JOIN mc USING (machine_id, cell) LEFT JOIN cap USING (machine_id) LEFT JOIN plat USING (machine_id)
     WHERE u.cpi IS NOT NULL AND u.mai IS NOT NULL AND u.cpi > 0 AND u.cpi <= 100 AND u.mai >= 0 AND u.mai <= 1
           AND u.cs >= 0.01 AND u.cs > 0
