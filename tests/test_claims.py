@@ -100,6 +100,36 @@ def test_2011_production_share_matches_duckdb(v2):
     assert "consecutive hours" in r["why"]
 
 
+def test_2011_steady_rates_match_duckdb(v2):
+    """Seed 003's steady rates: per trace hour (every hour from the first event's to the last's),
+    the tasks whose first SUBMIT falls in it and the FINISH events, cumulated; R² of NumPy's
+    least-squares line through each, and completions over new submissions."""
+    import numpy as np
+
+    ds, rows = v2
+    lo, hi, firsts, fins = (
+        duckdb.connect()
+        .execute(f"""
+        WITH e AS (SELECT * FROM {_events_sql(ds)} WHERE time < 9223372036854775807),
+             f AS (SELECT MIN(time) AS t FROM e WHERE type = {SUBMIT} GROUP BY collection_id, instance_index)
+        SELECT (SELECT MIN(time) // 3600000000 FROM e), (SELECT MAX(time) // 3600000000 FROM e),
+               (SELECT LIST(t // 3600000000) FROM f), (SELECT LIST(time // 3600000000) FROM e WHERE type = {FINISH})""")
+        .fetchone()
+    )
+    hours = np.arange(lo, hi + 1)
+    for cid, events in (("submissions-steady", firsts), ("completions-steady", fins)):
+        c = np.cumsum(np.bincount(np.asarray(events) - lo, minlength=len(hours))).astype(float)
+        slope, icpt = np.polyfit(hours.astype(float), c, 1)
+        r2 = 1 - np.sum((c - slope * hours - icpt) ** 2) / np.sum((c - c.mean()) ** 2)
+        assert rows[cid]["value"] == pytest.approx(r2, rel=1e-9), cid
+        assert f"{int(c[-1]):,}" in rows[cid]["rests_on"] and f"{len(hours):,} hourly buckets" in rows[cid]["rests_on"]
+        assert not rows[cid]["supported"] and "the data spans 7.1 h" in rows[cid]["why"], cid
+    r = rows["completions-below-submissions"]
+    assert r["value"] == pytest.approx(len(fins) / len(firsts), rel=1e-12)
+    assert f"{len(fins):,} completions for {len(firsts):,} new task submissions" in r["dataset"]
+    assert not r["supported"]
+
+
 def test_2011_what_the_parts_cannot_support_says_why(v2):
     _, rows = v2
     for cid in ("short-30min", "short-5min", "queue-trend", "running-trend"):

@@ -9,7 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from gpuclust.claims.model import Claim, DatasetFacts, Verdict
+from gpuclust.claims.borg import BORG, BORG_CPI, cpi_effect, cpi_mean, fig11_above, fig11_median
+from gpuclust.claims.model import Claim, DatasetFacts, Verdict, pct
 
 __all__ = ["CLAIMS"]
 
@@ -17,10 +18,6 @@ SEED3 = "Zhu, Wang, Wang, 10 Observations on Google Cluster Trace (seed 003)"
 LIFECYCLE: tuple[tuple[str, dict[str, Any]], ...] = (("lifecycle", {}),)
 #: a trend or a month's distribution needs the month: the 2011 trace spans 29 days
 MONTH_H = 28 * 24
-
-
-def _pct(x: float) -> str:
-    return f"{100 * x:.1f}%"
 
 
 def _transitions(r: Mapping[str, Any]) -> dict[tuple[str, str], int]:
@@ -102,7 +99,7 @@ def _production_share(r: Mapping[str, Any], f: DatasetFacts) -> Verdict:
     share = prod / total if total else float("nan")
     return Verdict(
         share,
-        f"{prod:,} production tasks, {_pct(share)} of {total:,}" if total else "no tasks",
+        f"{prod:,} production tasks, {pct(share)} of {total:,}" if total else "no tasks",
         f"{total:,} tasks (first submissions)",
         whole and total > 0,
         "" if whole else f"the trace's part files are consecutive hours, not a sample of tasks; {why}",
@@ -132,7 +129,7 @@ def _execution_share(limit_s: float) -> Any:
         )
         return Verdict(
             share,
-            f"{_pct(share)} of {n:,} finished runs shorter than {edge:,.2f} s" if n else "no finished run",
+            f"{pct(share)} of {n:,} finished runs shorter than {edge:,.2f} s" if n else "no finished run",
             f"{n:,} finished runs (their execution-time histogram; the bin edge nearest {limit_s:,.0f} s)",
             ok,
             why,
@@ -162,6 +159,51 @@ def _trend(column: str) -> Any:
     return compute
 
 
+def _hourly(r: Mapping[str, Any], column: str) -> Any:
+    """The lifecycle series' ``column`` summed over tiers per bucket, in bucket order (seed 003's
+    new task submissions for ``new_submissions``)."""
+    s = r["lifecycle"]["series"]
+    y = _first_submissions(s) if column == "new_submissions" else s[column]
+    return y.groupby(s["bucket"]).sum().sort_index()
+
+
+def _steady(column: str, what: str) -> Any:
+    def compute(r: Mapping[str, Any], f: DatasetFacts) -> Verdict:
+        per = _hourly(r, column)
+        c = per.cumsum().to_numpy(np.float64)
+        t = per.index.to_numpy(np.float64)
+        if len(c) < 3 or c[-1] <= c[0]:
+            return Verdict(None, f"no {what} to fit", "", False, f"fewer than 3 buckets or no {what} after the first")
+        slope, icpt = np.polyfit(t, c, 1)
+        r2 = 1.0 - float(np.sum((c - (slope * t + icpt)) ** 2) / np.sum((c - c.mean()) ** 2))
+        hours = f.hours("instance_events")
+        ok = hours >= MONTH_H
+        return Verdict(
+            r2,
+            f"R² {r2:.4f} of a straight line through the cumulative {what} ({slope:,.0f} an hour)",
+            f"{int(c[-1]):,} {what} over {len(c):,} hourly buckets",
+            ok,
+            "" if ok else f"the data spans {hours:.1f} h, not the month the rate is about",
+        )
+
+    compute.__doc__ = f"How straight the cumulative {what} are: R² of a least-squares line through them."
+    return compute
+
+
+def _completions_below_submissions(r: Mapping[str, Any], f: DatasetFacts) -> Verdict:
+    new, done = int(_hourly(r, "new_submissions").sum()), int(_hourly(r, "finishes").sum())
+    ratio = done / new if new else float("nan")
+    hours = f.hours("instance_events")
+    ok = new > 0 and hours >= MONTH_H
+    return Verdict(
+        ratio if new else None,
+        f"{done:,} completions for {new:,} new task submissions ({pct(ratio)})" if new else "no new submission",
+        f"{len(_hourly(r, 'finishes')):,} hourly buckets",
+        ok,
+        "" if ok else f"the data spans {hours:.1f} h, not the month the rates are about",
+    )
+
+
 def _cluster_changes(r: Mapping[str, Any], f: DatasetFacts) -> Verdict:
     s = r["usage-change"]["summary"]
     s = s[s["tier"] == "all"].set_index("resource")
@@ -171,7 +213,7 @@ def _cluster_changes(r: Mapping[str, Any], f: DatasetFacts) -> Verdict:
     pairs = int(s.loc["cpu", "defined"])
     return Verdict(
         cpu,
-        f"CPU {_pct(cpu)}, memory {_pct(mem)} of {pairs:,} consecutive 300 s periods",
+        f"CPU {pct(cpu)}, memory {pct(mem)} of {pairs:,} consecutive 300 s periods",
         f"{pairs:,} pairs of consecutive periods of the cluster's usage",
         pairs > 0,
         "" if pairs > 0 else "fewer than two sampling periods",
@@ -188,7 +230,7 @@ def _prod_usage_over_allocation(r: Mapping[str, Any], f: DatasetFacts) -> Verdic
     ratio = use / req if req > 0 else float("nan")
     return Verdict(
         ratio,
-        f"{_pct(ratio)} (CPU-seconds used / requested by production)",
+        f"{pct(ratio)} (CPU-seconds used / requested by production)",
         f"{len(cell):,} cell buckets",
         req > 0,
         "" if req > 0 else "no production request",
@@ -208,118 +250,13 @@ def _job_tail(resource: str) -> Any:
         unit = {"cpu": "NCU", "mem": "NMU"}[resource]
         return Verdict(
             share,
-            f"{_pct(share)} of the {unit}-hours by the top 1% of {jobs:,} jobs",
+            f"{pct(share)} of the {unit}-hours by the top 1% of {jobs:,} jobs",
             f"{jobs:,} jobs",
             ok,
             "" if ok else (why or f"the data spans {hours:.1f} h of the month"),
         )
 
     return compute
-
-
-BORG = "Verma et al., Large-scale cluster management at Google with Borg (EuroSys 2015, seed 004)"
-#: Borg's Figure 11 is over 15 cells' tasks at one checkpoint (2014), not a trace; a cell of the
-#: 2019 trace is the closest data, and a claim about its CDF's shape needs enough tasks
-MIN_TASKS = 1000
-
-
-def _task_row(r: Mapping[str, Any], measure: str, band: str = "all") -> Any:
-    t = r["usage-vs-request"]["task_summary"]
-    row = t[(t["band"] == band) & (t["measure"] == measure)]
-    return None if row.empty else row.iloc[0]
-
-
-def _tasks_support(f: DatasetFacts, row: Any) -> tuple[bool, str]:
-    if not f.rows.get("instance_usage"):
-        return False, "the dataset has no usage windows (instance_usage)"
-    n = 0 if row is None else int(row["defined"])
-    if n < MIN_TASKS:
-        return False, f"{n:,} tasks with a limit and usage: too few for a CDF over tasks (at least {MIN_TASKS:,})"
-    return True, ""
-
-
-def _borg(measure: str, text: Any, column: str) -> Any:
-    """A Figure 11 claim: ``column`` of the task_summary row of ``measure`` (band all), shown by
-    ``text(value, row)``."""
-
-    def compute(r: Mapping[str, Any], f: DatasetFacts) -> Verdict:
-        row = _task_row(r, measure)
-        ok, why = _tasks_support(f, row)
-        if row is None or not int(row["defined"]):
-            return Verdict(None, "no task with a limit and usage", "", False, why or "no task")
-        v = float(row[column])
-        return Verdict(
-            v, text(v, row), f"{int(row['defined']):,} tasks (usage-vs-request task_summary, band all)", ok, why
-        )
-
-    return compute
-
-
-def _borg_median(measure: str, what: str) -> Any:
-    return _borg(
-        measure,
-        lambda v, row: (
-            f"median {v:.2f} ({what}), over {int(row['defined']):,} tasks; p90 {float(row['p90_ratio']):.2f}"
-        ),
-        "p50_ratio",
-    )
-
-
-def _borg_above(measure: str) -> Any:
-    return _borg(
-        measure, lambda v, row: f"{_pct(v)} of {int(row['defined']):,} tasks above their limit", "above_limit_share"
-    )
-
-
-#: Borg §5.2 is over ~12,000 prod tasks of shared cells over a week (5-minute samples, each
-#: CPU-second counted equally); its CPI claims read ``cpi`` grouped by tier (the prod row) and its
-#: interference regression, and rest on at least this many windows
-BORG_CPI = (("cpi", {"by": "tier"}),)
-MIN_CPI_WINDOWS = 10_000
-
-
-def _cpi_support(f: DatasetFacts, n: int, what: str) -> tuple[bool, str]:
-    if not f.rows.get("instance_usage"):
-        return False, "the dataset has no usage windows (instance_usage)"
-    if n < MIN_CPI_WINDOWS:
-        return False, f"{n:,} {what}: too few (at least {MIN_CPI_WINDOWS:,})"
-    return True, ""
-
-
-def _borg_cpi(column: str, text: Any) -> Any:
-    """A §5.2 regression claim: ``column`` of ``cpi``'s primary fit, shown by ``text(value)``."""
-
-    def compute(r: Mapping[str, Any], f: DatasetFacts) -> Verdict:
-        reg = r["cpi"]["regression"]
-        fit = reg[reg["primary"].astype(bool)] if len(reg) else reg
-        n = int(fit["n"].iloc[0]) if len(fit) else 0
-        v = float(fit[column].iloc[0]) if len(fit) else float("nan")
-        if not np.isfinite(v):
-            return Verdict(None, "no fit", "", False, "no windows with CPI on machines of known load and capacity")
-        ok, why = _cpi_support(f, n, "windows in the fit")
-        rests = (
-            f"{n:,} windows of every tier, each CPU-second counted equally ({fit['fit'].iloc[0]} fit of `cpi`; "
-            "the paper: ~12,000 prod tasks over a week)"
-        )
-        return Verdict(v, text(v), rests, ok, why)
-
-    return compute
-
-
-def _borg_cpi_mean(r: Mapping[str, Any], f: DatasetFacts) -> Verdict:
-    g = r["cpi"]["groups"]
-    prod = g[g["tier"] == "prod"] if "tier" in g.columns else g.iloc[:0]
-    if prod.empty:
-        return Verdict(None, "no prod windows with CPI", "", False, "no window of tier prod passed the CPI filter")
-    row = prod.iloc[0]
-    ok, why = _cpi_support(f, int(row["n"]), "prod windows with CPI")
-    return Verdict(
-        float(row["cpi_mean"]),
-        f"{float(row['cpi_mean']):.2f} (σ {float(row['cpi_std']):.2f})",
-        f"{int(row['n']):,} prod windows, {float(row['cpu_seconds']):,.0f} CPU-seconds, each counted equally",
-        ok,
-        why,
-    )
 
 
 CLAIMS = (
@@ -413,6 +350,30 @@ CLAIMS = (
         _trend("running"),
     ),
     Claim(
+        "submissions-steady",
+        "New task submissions come at a steady rate over the month: their cumulative count is almost a straight line.",
+        f"{SEED3}, Fig. 3",
+        "almost linear",
+        LIFECYCLE,
+        _steady("new_submissions", "new task submissions"),
+    ),
+    Claim(
+        "completions-steady",
+        "Task completions come at a steady rate over the month: their cumulative count is almost a straight line.",
+        f"{SEED3}, Obs. 5, Fig. 3",
+        "almost linear",
+        LIFECYCLE,
+        _steady("finishes", "completions"),
+    ),
+    Claim(
+        "completions-below-submissions",
+        "Tasks complete at a lower rate than new tasks are submitted: unfinished tasks accumulate.",
+        f"{SEED3}, Obs. 5",
+        "18,217,975 for 25,424,731 (71.7%)",
+        LIFECYCLE,
+        _completions_below_submissions,
+    ),
+    Claim(
         "cluster-change-20pct",
         "For more than 90% of 300 s sampling moments the cluster's CPU and memory "
         "consumption changes by less than 20%.",
@@ -435,7 +396,7 @@ CLAIMS = (
         f"{BORG}, Fig. 11",
         "most tasks well below 1",
         (("usage-vs-request", {}),),
-        _borg_median("cpu_mean", "a task's time-weighted mean CPU usage / limit"),
+        fig11_median("cpu_mean", "a task's time-weighted mean CPU usage / limit"),
         trace="v3",
     ),
     Claim(
@@ -444,7 +405,7 @@ CLAIMS = (
         f"{BORG}, Fig. 11",
         "most tasks well below 1",
         (("usage-vs-request", {}),),
-        _borg_median("mem_mean", "a task's time-weighted mean memory usage / limit"),
+        fig11_median("mem_mean", "a task's time-weighted mean memory usage / limit"),
         trace="v3",
     ),
     Claim(
@@ -453,7 +414,7 @@ CLAIMS = (
         f"{BORG}, Fig. 11",
         "a few",
         (("usage-vs-request", {}),),
-        _borg_above("cpu_mean"),
+        fig11_above("cpu_mean"),
         trace="v3",
     ),
     Claim(
@@ -462,7 +423,7 @@ CLAIMS = (
         f"{BORG}, §5.5 and Fig. 11",
         "rare",
         (("usage-vs-request", {}),),
-        _borg_above("mem_peak"),
+        fig11_above("mem_peak"),
         trace="v3",
     ),
     Claim(
@@ -471,7 +432,7 @@ CLAIMS = (
         f"{BORG}, Fig. 11",
         "closer to 100%",
         (("usage-vs-request", {}),),
-        _borg_median("mem_reservation", "a task's time-weighted mean assigned memory / limit"),
+        fig11_median("mem_reservation", "a task's time-weighted mean assigned memory / limit"),
         trace="v3",
     ),
     Claim(
@@ -480,7 +441,7 @@ CLAIMS = (
         f"{BORG}, §5.2",
         "+0.3%",
         BORG_CPI,
-        _borg_cpi("pct_per_task_vs_mean", lambda v: f"{v:+.2f}% per task (of the mean CPI)"),
+        cpi_effect("pct_per_task_vs_mean", lambda v: f"{v:+.2f}% per task (of the mean CPI)"),
         trace="v3",
     ),
     Claim(
@@ -489,7 +450,9 @@ CLAIMS = (
         f"{BORG}, §5.2",
         "< 2%",
         BORG_CPI,
-        _borg_cpi("pct_per_10pct_util_vs_mean", lambda v: f"{v:+.2f}% per +10% of the machine's CPU (of the mean CPI)"),
+        cpi_effect(
+            "pct_per_10pct_util_vs_mean", lambda v: f"{v:+.2f}% per +10% of the machine's CPU (of the mean CPI)"
+        ),
         trace="v3",
     ),
     Claim(
@@ -498,7 +461,7 @@ CLAIMS = (
         f"{BORG}, §5.2",
         "~5%",
         BORG_CPI,
-        _borg_cpi("r2", lambda v: f"{_pct(v)} (R² of the fit)"),
+        cpi_effect("r2", lambda v: f"{pct(v)} (R² of the fit)"),
         trace="v3",
     ),
     Claim(
@@ -507,7 +470,7 @@ CLAIMS = (
         f"{BORG}, §5.2",
         "1.58 (σ 0.35)",
         BORG_CPI,
-        _borg_cpi_mean,
+        cpi_mean,
         trace="v3",
     ),
     Claim(

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Claim", "DatasetFacts", "Verdict"]
+__all__ = ["Claim", "DatasetFacts", "Verdict", "pct"]
 
 
 @dataclass(frozen=True)
@@ -98,3 +98,12 @@ class Claim:
     compute: Callable[[Mapping[str, Mapping[str, Any]], DatasetFacts], Verdict]
     #: traces the paper's observation is about ("v2": the 2011 trace, "v3": 2019)
     trace: str = "v2"
+
+
+def pct(x: float) -> str:
+    """A share as a percentage with one decimal, for a claim's text.
+
+    >>> pct(0.7165)
+    '71.7%'
+    """
+    return f"{100 * x:.1f}%"

@@ -38,6 +38,7 @@ DOCTEST_MODULES = [
     "gpuclust.analyses._usage_distribution_slices",
     "gpuclust.analyses._overcommit_figure",
     "gpuclust.report.overcommit_plots",
+    "gpuclust.claims.model",
 ]
 
 
