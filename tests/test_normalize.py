@@ -61,6 +61,38 @@ def test_null_means_defaults_and_narrowing() -> None:
     assert t.column("priority").to_pylist() == [None, None]
 
 
+def test_measures_without_a_none_value_stay_null() -> None:
+    """TRACE_NOTES: an omitted field is NULL unless the spec gives it a "none" value; a CPI, MAI,
+    capacity, request or usage that is missing is unknown, never 0 (averages would count it)."""
+    usage = {
+        "start_time": pa.array([1, 2], pa.int64()),
+        "end_time": pa.array([3, 4], pa.int64()),
+        "collection_id": pa.array([1, 2], pa.int64()),
+        "instance_index": pa.array([0, 1], pa.int64()),
+        "machine_id": pa.array([5, 6], pa.int64()),
+        "cpi": pa.array([1.5, None], pa.float64()),  # one present, one NULL; mai, avg_cpu, ... omitted
+    }
+    t, bad, _ = conform("instance_usage", usage, 2)
+    assert not bad.any()
+    assert t.column("cpi").to_pylist() == [1.5, None]
+    for c in ("mai", "avg_cpu", "avg_mem", "max_cpu", "assigned_mem", "sample_rate", "cpu_p90"):
+        assert t.column(c).null_count == 2, c
+    t, bad, _ = conform(
+        "machine_events", {"time": pa.array([1]), "machine_id": pa.array([5]), "type": pa.array([1])}, 1
+    )
+    assert (
+        t.column("cap_cpu").null_count == 1
+        and t.column("cap_mem").null_count == 1
+        and t.column("platform_id").null_count == 1
+    )
+    t, bad, _ = conform(
+        "instance_events",
+        {"time": pa.array([1]), "type": pa.array([0]), "collection_id": pa.array([1]), "instance_index": pa.array([0])},
+        1,
+    )
+    assert t.column("req_cpu").null_count == 1 and t.column("req_mem").null_count == 1
+
+
 def test_whole_floats_accepted_as_ints_fractional_rejected() -> None:
     cols = {"time": pa.array([1.0, 2.5]), "machine_id": pa.array([3.0, 4.0]), "type": pa.array([1.0, 1.0])}
     t, bad, why = conform("machine_events", cols, 2)

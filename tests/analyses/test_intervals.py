@@ -158,3 +158,33 @@ def test_running_intervals_and_sums_gpu_equal_cpu(gpu_backend):
     d2, c2 = distinct_keyed(gpu_backend, x(code), x(want.instance), x(want.start), x(want.end), **kw)
     np.testing.assert_array_equal(gpu_backend.to_host(d2), d1)
     np.testing.assert_array_equal(gpu_backend.to_host(c2), c1)
+
+
+def test_machine_events_of_unknown_type_change_no_capacity() -> None:
+    """A v3 machine event of type 0 (UNKNOWN, TRACE_NOTES: accepted at ingest) neither adds,
+    removes nor resizes a machine: the pieces are those of the same events without it, and it is
+    counted as ignored.  Worked by hand: machine 7 added at 10 s with 0.5 CPU, updated to 0.25 at
+    30 s, removed at 40 s; the UNKNOWN at 20 s (0.9 CPU) and the one at 50 s (a re-add it is not)."""
+    from gpuclust.analyses._intervals import capacity_intervals
+
+    def cols(rows):
+        t, m, typ, c = (np.array(x) for x in zip(*rows, strict=True))
+        return {
+            "time": t * S,
+            "machine_id": m,
+            "type": typ,
+            "cap_cpu": c.astype(float),
+            "cap_mem": np.full(len(t), 0.5),
+        }
+
+    known = [(10, 7, 1, 0.5), (30, 7, 3, 0.25), (40, 7, 2, np.nan)]
+    unknown = [(20, 7, 0, 0.9), (50, 7, 0, 1.0)]
+    got = capacity_intervals(cols(sorted(known + unknown)), 0, 100 * S)
+    want = capacity_intervals(cols(known), 0, 100 * S)
+    for f in ("machine_id", "start", "end", "cap_cpu"):
+        assert getattr(got, f).tolist() == getattr(want, f).tolist(), f
+    assert [(int(a) // S, int(b) // S, float(c)) for a, b, c in zip(got.start, got.end, got.cap_cpu, strict=True)] == [
+        (10, 30, 0.5),
+        (30, 40, 0.25),
+    ]
+    assert got.stats["machine_events_ignored"] == 2
