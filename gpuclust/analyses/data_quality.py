@@ -91,10 +91,12 @@ USAGE_CHECKS = (
     "past_end_rows",
     "matched_instances",
     "bound_instances",
+    "matched_dedicated",
+    "bound_dedicated",
 )
 #: Internal counters (not reported as checks): usage instances with events; event instances bound
-#: in partition tasks.
-_INTERNAL = ("matched_instances", "bound_instances")
+#: in partition tasks; the same of the instances with an event on a dedicated machine.
+_INTERNAL = ("matched_instances", "bound_instances", "matched_dedicated", "bound_dedicated")
 _U = {c: k for k, c in enumerate(USAGE_CHECKS)}
 #: Lower edges of the ``max_cpu / cpu_p100`` bins 1, 2, ...: 10^(k/20), k = -80..80 (20 per decade);
 #: bin 0 holds ratios below 10^-4 (0 included), the last one ratios from 10^4 on.
@@ -104,7 +106,7 @@ _B = int(RATIO_EDGES.shape[0]) + 1
 TABLE_ORDER = ("instance_usage", "instance_events", "collection_events", "machine_events")
 #: Checks that are the denominators of others, not findings (left out of the summary and the plot).
 DENOMINATORS = ("rows", "instances", "collections", "machines", "p100_and_max", "cpi_mai_present")
-_EVENT_SIDE = ("collection_id", "instance_index", "time", "type")
+_EVENT_SIDE = ("collection_id", "instance_index", "time", "type", "machine_id")
 _AFTER_S = 300
 
 
@@ -119,6 +121,9 @@ class DataQualityContext:
     #: Whether :attr:`lookup` holds one partition's instances (bound in its task), not every instance.
     per_partition: bool = False
     end_us: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    #: Per code of :attr:`lookup`: the instance has an event on a dedicated machine (machine_id
+    #: -1), where the trace has no usage windows.
+    dedicated: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
 
 
 @dataclass(frozen=True)
@@ -182,17 +187,19 @@ class DataQuality(Analysis):
         ev = side["instance_events"].read(list(_EVENT_SIDE))
         if ev.num_rows == 0:
             return ctx
-        c, i, t, e = (to_numpy(ev.column(k), np.int64) for k in _EVENT_SIDE)
+        c, i, t, e, m = (to_numpy(ev.column(k), np.int64) for k in _EVENT_SIDE)
         order = np.lexsort((t, i, c))  # stable: ties keep row order
-        c, i, t, e = c[order], i[order], t[order], e[order]
+        c, i, t, e, m = c[order], i[order], t[order], e[order], m[order]
         last = np.ones(c.shape[0], dtype=bool)
         last[:-1] = (c[1:] != c[:-1]) | (i[1:] != i[:-1])
+        first = np.flatnonzero(np.concatenate(([True], last[:-1])))
+        dedicated = np.logical_or.reduceat(m == -1, first) if first.shape[0] else np.zeros(0, bool)
         c, i, t, e = c[last], i[last], t[last], e[last]
         terminal = np.isin(e, np.asarray(TERMINAL_EVENTS, np.int64)) & (t != TIME_AFTER_TRACE)
         end = np.where(terminal, t, TIME_AFTER_TRACE).astype(np.int64)
         lk = InstanceLookup.build(c, i, np.zeros_like(c), np.arange(c.shape[0]), what="data-quality instance lookup")
         # the lookup sorts its keys by hash: its codes are the positions in end
-        return replace(ctx, lookup=lk, end_us=end, per_partition=grain is not None)
+        return replace(ctx, lookup=lk, end_us=end, per_partition=grain is not None, dedicated=dedicated)
 
     # ---------------------------------------------------------------- partial / kinds
     def partial(self, cols: dict[str, Any], ctx: DataQualityContext, backend: Any) -> dict[str, Any]:
@@ -204,6 +211,7 @@ class DataQuality(Analysis):
         cnt = xp.zeros(len(USAGE_CHECKS), dtype=xp.int64)
         if ctx.per_partition:  # every partition task counts its own events' instances, usage or not
             cnt[_U["bound_instances"]] = len(ctx.lookup)
+            cnt[_U["bound_dedicated"]] = int(ctx.dedicated.sum())
         out["counts"] = cnt
         if n == 0:
             return out
@@ -260,10 +268,21 @@ class DataQuality(Analysis):
             }
         ev_checks = tables.get("instance_events", {}).get("checks")
         if rows and ev_checks:
-            # the instances the usage was joined with: bound in the partition tasks, or on the client
+            # the instances the usage was joined with: bound in the partition tasks, or on the client;
+            # those with an event on a dedicated machine apart (the trace has no usage there)
             n_ev = u["bound_instances"] + (0 if ctx.per_partition else len(ctx.lookup))
+            n_ded = u["bound_dedicated"] + (0 if ctx.per_partition else int(ctx.dedicated.sum()))
             ev_checks += check_rows(
-                "instance_events", [("instances_without_usage", n_ev - u["matched_instances"], "instances", n_ev)]
+                "instance_events",
+                [
+                    (
+                        "instances_without_usage",
+                        n_ev - n_ded - (u["matched_instances"] - u["matched_dedicated"]),
+                        "instances",
+                        n_ev - n_ded,
+                    ),
+                    ("dedicated_instances_without_usage", n_ded - u["matched_dedicated"], "instances", n_ded),
+                ],
             )
 
         def cat(name: str, schema: pa.Schema) -> pa.Table:
@@ -429,6 +448,8 @@ def _instance_checks(backend: Any, cols: dict[str, Any], ctx: DataQualityContext
     seen = xp.zeros(len(ctx.lookup) + 1, dtype=bool)
     seen[code[found]] = True
     matched = xp.count_nonzero(seen)
+    if bool(ctx.dedicated.any()):
+        cnt[_U["matched_dedicated"]] = xp.count_nonzero(seen[:-1] & backend.stage(ctx.dedicated))
     seen[:] = False
     seen[code[after]] = True  # (after: found)
     cnt[_U["after_end_instances"]] = xp.count_nonzero(seen)

@@ -152,6 +152,40 @@ def test_a_worked_instance():
     assert "time_backwards" not in set(run(TableSource(t), DataQuality())["data-quality"]["checks"]["check"])
 
 
+def test_instances_on_dedicated_machines_are_apart_from_the_missing_usage(tmp_path):
+    """TRACE_NOTES: instances on dedicated machines (machine_id -1) have events but no usage rows.
+    (7, 0) is scheduled on -1 and has none: expected, counted apart; (7, 1) on machine 5 has none:
+    missing usage; (7, 2) on 5 has a window; (7, 3), once on -1, has one too (counted as matched)."""
+    us = {
+        "start_time": [10**9, 2 * 10**9],
+        "end_time": [13 * 10**8, 23 * 10**8],
+        "collection_id": [7, 7],
+        "instance_index": [2, 3],
+        "machine_id": [5, -1],
+    }
+    ev = {
+        "time": [10**8] * 5,
+        "type": [3] * 5,
+        "collection_id": [7] * 5,
+        "instance_index": [0, 1, 2, 3, 3],
+        "machine_id": [-1, 5, 5, 5, -1],
+    }
+    t = {"instance_usage": table("instance_usage", us), "instance_events": table("instance_events", ev)}
+    res = run(TableSource(t), DataQuality())["data-quality"]
+    got = {r.check: (r.count, r.of) for r in res["checks"].itertuples() if r.table == "instance_events"}
+    assert got["instances_without_usage"] == (1, 2)  # (7, 1) of (7, 1), (7, 2)
+    assert got["dedicated_instances_without_usage"] == (1, 2)  # (7, 0) of (7, 0), (7, 3)
+    check(res, t)
+    # bound in the partition tasks of a bucketed dataset (each counts its own instances): the same
+    from gpuclust.optimize import optimize
+
+    ds = write_dataset(tmp_path / "flat", t)
+    optimize(ds, buckets=3, out=tmp_path / "opt", progress=False)
+    res_b = run(Dataset(tmp_path / "opt"), DataQuality(), partitions=3)["data-quality"]
+    got_b = {r.check: (r.count, r.of) for r in res_b["checks"].itertuples() if r.table == "instance_events"}
+    assert got_b["instances_without_usage"] == (1, 2) and got_b["dedicated_instances_without_usage"] == (1, 2)
+
+
 def test_events_only_dataset_and_cli(tmp_path):
     """A dataset without instance_usage (as the real 2011 events): the events and machine profiles,
     no usage rows, no "instances without usage" (not measurable); the CLI runs it."""

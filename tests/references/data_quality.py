@@ -237,8 +237,15 @@ def _usage_profile(usage: pa.Table, events: pa.Table, short_s: int) -> tuple[dic
     checks[("instance_usage", "rows")] = (n, "rows", n)
     checks[("instance_usage", "instances")] = (inst, "instances", inst)
     ev_keys = set(ends)
-    if events.num_rows:
-        checks[("instance_events", "instances_without_usage")] = (len(ev_keys - keys), "instances", len(ev_keys))
+    if events.num_rows:  # instances with an event on a dedicated machine (-1) apart: no usage there
+        ded = {(r["collection_id"], r["instance_index"]) for r in events.to_pylist() if r["machine_id"] == -1}
+        other = ev_keys - ded
+        checks[("instance_events", "instances_without_usage")] = (len(other - keys), "instances", len(other))
+        checks[("instance_events", "dedicated_instances_without_usage")] = (
+            len((ev_keys & ded) - keys),
+            "instances",
+            len(ev_keys & ded),
+        )
     return checks, nulls, ratios
 
 
