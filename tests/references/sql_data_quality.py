@@ -220,8 +220,9 @@ def data_quality_full_sql(ds: Path | str, out: Path | str, short_window_s: int =
     guess = "CAST(LEAST(GREATEST(floor(20 * log10(ratio)) + 81, 0), 161) AS INT)"
     instances_stmt = f"""
     CREATE TEMP TABLE ui AS
-      SELECT COUNT(*) AS instances, {n_if("no_ev")} AS no_events_instances, {n_if("ae")} AS after_end_instances
-      FROM (SELECT bool_or(ei.c IS NULL) AS no_ev, bool_or(start_time >= ei.tt) AS ae
+      SELECT COUNT(*) AS instances, {n_if("no_ev")} AS no_events_instances, {n_if("ae")} AS after_end_instances,
+             {n_if("ded")} AS matched_dedicated
+      FROM (SELECT bool_or(ei.c IS NULL) AS no_ev, bool_or(start_time >= ei.tt) AS ae, bool_or(ei.ded) AS ded
             FROM (SELECT collection_id, instance_index, start_time FROM {usage}) u
             LEFT JOIN ei ON u.collection_id = ei.c AND u.instance_index = ei.i
             GROUP BY u.collection_id, u.instance_index);
@@ -285,7 +286,11 @@ def data_quality_full_sql(ds: Path | str, out: Path | str, short_window_s: int =
       SELECT COUNT(*) AS rows, {nulls(table)}, {", ".join(f"histogram({code(c)}) AS h_{c}" for c, _ in codes)}
       FROM {table_scan(ds, table)}""")
     # the instances' final terminal events, then the usage scan that joins them
-    stmts.append("CREATE TEMP TABLE ei AS SELECT collection_id AS c, instance_index AS i, tt FROM ie_k")
+    # (ded: an event on a dedicated machine, -1, where the trace has no usage)
+    stmts.append(
+        "CREATE TEMP TABLE ei AS SELECT collection_id AS c, instance_index AS i, tt, machine_dedicated > 0 AS ded FROM ie_k"
+    )
+    stmts.append("CREATE TEMP TABLE ed AS SELECT COUNT(*) FILTER (WHERE ded) AS dedicated FROM ei")
     stmts += [instances_stmt, usage_stmt]
 
     # -- checks ----------------------------------------------------------------------------------
@@ -316,9 +321,19 @@ def data_quality_full_sql(ds: Path | str, out: Path | str, short_window_s: int =
                 (
                     table,
                     "instances_without_usage",
-                    "ie_s.instances - (ui.instances - ui.no_events_instances)",
+                    "ie_s.instances - ed.dedicated - (ui.instances - ui.no_events_instances - ui.matched_dedicated)",
                     "instances",
-                    "ie_s.instances",
+                    "ie_s.instances - ed.dedicated",
+                    "ie_n.rows > 0 AND us.rows > 0",
+                )
+            )
+            entries.append(
+                (
+                    table,
+                    "dedicated_instances_without_usage",
+                    "ed.dedicated - ui.matched_dedicated",
+                    "instances",
+                    "ed.dedicated",
                     "ie_n.rows > 0 AND us.rows > 0",
                 )
             )
@@ -327,7 +342,7 @@ def data_quality_full_sql(ds: Path | str, out: Path | str, short_window_s: int =
         f"'of': CAST({of} AS BIGINT), 'keep': {keep}}}"
         for k, (t, c, cnt, cu, of, keep) in enumerate(entries)
     )
-    one_row = "us, ui, ie_s, ie_n, ce_s, ce_n, me_s, me_n"
+    one_row = "us, ui, ed, ie_s, ie_n, ce_s, ce_n, me_s, me_n"
     stmts.append(f"""
     COPY (SELECT e.t AS "table", e.c AS "check", e.n AS count, e.u AS unit, e.of AS of,
                  CASE WHEN e.of = 0 THEN 'NaN'::DOUBLE ELSE e.n / e.of END AS share
