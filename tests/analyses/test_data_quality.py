@@ -176,6 +176,10 @@ def test_instances_on_dedicated_machines_are_apart_from_the_missing_usage(tmp_pa
     assert got["instances_without_usage"] == (1, 2)  # (7, 1) of (7, 1), (7, 2)
     assert got["dedicated_instances_without_usage"] == (1, 2)  # (7, 0) of (7, 0), (7, 3)
     check(res, t)
+    # the gpu's code path on the device-shaped backend (its refusals of host operands): the same
+    from device_backend import DEVICE
+
+    assert_results_same(run(TableSource(t), DataQuality(), backend=DEVICE), {"data-quality": res})
     # bound in the partition tasks of a bucketed dataset (each counts its own instances): the same
     from gpuclust.optimize import optimize
 
