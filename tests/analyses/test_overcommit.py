@@ -60,6 +60,9 @@ def check_against_reference(tables, res, a: Overcommit, tm=NB):
     )
     info = res["info"].iloc[0]
     assert info["window_end_us"] == end and info["buckets"] == ref["n_buckets"]
+    # the running pieces in no machine row: not placed (machine 0 / NULL) and on dedicated machines
+    assert info["pieces_unplaced"] == sum(p[1] in (0, None) for p in ref["pieces"])
+    assert info["pieces_dedicated"] == sum(p[1] == -1 for p in ref["pieces"])
     tiers = [*tm.names, "unknown"]
     use = {}
     for r in udf.itertuples(index=False):
