@@ -656,9 +656,9 @@ def assemble(work: Path, logs: Path, out: Path) -> dict[str, Any]:
     one_at_a_time = {n: v for n, v in rec["out_of_core"]["analyses"].items() if isinstance(v, (int, float))}
     kp = key_passes_at_cell(study.get("dense", {}), one_at_a_time, rec["windows"])
     rec["projection_key_passes"] = kp
-    with_passes = None if kp is None or kp["extra_min"] is None else kp["extra_min"]
+    extra = None if kp is None else kp["extra_min"]
     rec["projection_cell_min_with_key_passes"] = (
-        rec["projection_cell_min"] + with_passes if rec["projection_cell_min"] and with_passes is not None else None
+        rec["projection_cell_min"] + extra if rec["projection_cell_min"] and extra is not None else None
     )
     rec["notes"] = {
         "projection": "out-of-core (streamed) seconds per window x 2.7e9 windows: of the run of all 13 at once "

@@ -37,9 +37,10 @@ def dense_record(study: Any, names: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {"analyses": {}}
     for n in names:
         a = create(n)
-        plan = dense_plan(a, study.context(a), True)
+        ctx = study.context(a)
+        plan = dense_plan(a, ctx, True)
         if plan is not None:
-            out["analyses"][n] = {"bytes": int(plan[1]), "machines": int(a.kinds.coordinates(study.context(a)))}
+            out["analyses"][n] = {"bytes": int(plan[1]), "machines": int(a.kinds.coordinates(ctx))}
     span = data_span(study.source, "instance_usage")
     out["days"] = (span["max"] - span["min"]) / DAY_US if span else None
     xp = study.backend.xp

@@ -86,14 +86,15 @@ def cpi_effect(column: str, text: Any) -> Any:
 
     def compute(r: Mapping[str, Any], f: DatasetFacts) -> Verdict:
         reg = r["cpi"]["regression"]
-        fit = reg[reg["primary"].astype(bool)] if len(reg) else reg
-        n = int(fit["n"].iloc[0]) if len(fit) else 0
-        v = float(fit[column].iloc[0]) if len(fit) else float("nan")
-        if not np.isfinite(v):
+        fit = reg[reg["primary"].astype(bool)]
+        row = fit.iloc[0] if len(fit) else None
+        v = float("nan") if row is None else float(row[column])
+        if row is None or not np.isfinite(v):
             return Verdict(None, "no fit", "", False, "no windows with CPI on machines of known load and capacity")
+        n = int(row["n"])
         ok, why = cpi_support(f, n, "windows in the fit")
         rests = (
-            f"{n:,} windows of every tier, each CPU-second counted equally ({fit['fit'].iloc[0]} fit of `cpi`; "
+            f"{n:,} windows of every tier, each CPU-second counted equally ({row['fit']} fit of `cpi`; "
             "the paper: ~12,000 prod tasks over a week)"
         )
         return Verdict(v, text(v), rests, ok, why)

@@ -191,14 +191,15 @@ def _steady(column: str, what: str) -> Any:
 
 
 def _completions_below_submissions(r: Mapping[str, Any], f: DatasetFacts) -> Verdict:
-    new, done = int(_hourly(r, "new_submissions").sum()), int(_hourly(r, "finishes").sum())
+    finishes = _hourly(r, "finishes")
+    new, done = int(_hourly(r, "new_submissions").sum()), int(finishes.sum())
     ratio = done / new if new else float("nan")
     hours = f.hours("instance_events")
     ok = new > 0 and hours >= MONTH_H
     return Verdict(
         ratio if new else None,
         f"{done:,} completions for {new:,} new task submissions ({pct(ratio)})" if new else "no new submission",
-        f"{len(_hourly(r, 'finishes')):,} hourly buckets",
+        f"{len(finishes):,} hourly buckets",
         ok,
         "" if ok else f"the data spans {hours:.1f} h, not the month the rates are about",
     )

@@ -50,7 +50,7 @@ def _module(name: str) -> tuple[dict[str, ast.FunctionDef], dict[str, Ref], dict
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("gpuclust"):
             for a in node.names:
                 sub = f"{node.module}.{a.name}"
-                if importlib.util.find_spec(node.module) and _is_module(sub):
+                if _is_module(sub):
                     aliases[a.asname or a.name] = sub
                 else:
                     names_[a.asname or a.name] = (node.module, a.name)
