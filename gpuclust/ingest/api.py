@@ -29,13 +29,14 @@ from typing import Any
 from gpuclust.ingest.base import ReadOptions, SourceFile
 from gpuclust.ingest.detect import detect, expand_sources
 from gpuclust.ingest.inputs import read_listing
-from gpuclust.ingest.manifest import KILL_AFTER_MANIFESTS_ENV, _load_manifest
+from gpuclust.ingest.manifest import KILL_AFTER_MANIFESTS_ENV, KILL_MID_PUBLISH_ENV, _load_manifest
 from gpuclust.ingest.outcome import FileReport, IngestReport, IngestUsageError
 from gpuclust.ingest.progress import Progress
 from gpuclust.ingest.runner import _run
 
 __all__ = [
     "KILL_AFTER_MANIFESTS_ENV",
+    "KILL_MID_PUBLISH_ENV",
     "LAYOUTS",
     "LOCK_FILE",
     "FileReport",

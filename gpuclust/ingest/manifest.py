@@ -20,6 +20,9 @@ from gpuclust.schema import DATASET_FORMAT_VERSION, TABLES
 
 #: Test hook: SIGKILL the ingest right after its N-th manifest update.
 KILL_AFTER_MANIFESTS_ENV = "GPUCLUST_TEST_KILL_AFTER_MANIFESTS"
+#: Test hook: SIGKILL the ingest in the middle of its N-th publish (half its parts renamed into
+#: the table folders, the manifest listing them not yet in place).
+KILL_MID_PUBLISH_ENV = "GPUCLUST_TEST_KILL_MID_PUBLISH"
 
 
 def _listed(manifest: dict[str, Any]) -> set[str]:
@@ -94,7 +97,10 @@ class _ManifestWriter:
                     f.unlink()
                 except FileNotFoundError:
                     pass
-            for src, dst in moves:
+            mid = os.environ.get(KILL_MID_PUBLISH_ENV)
+            for i, (src, dst) in enumerate(moves):
+                if mid and self.writes + 1 >= int(mid) and i == max(1, len(moves) // 2):
+                    os.kill(os.getpid(), signal.SIGKILL)
                 os.replace(src, dst)
 
         # unchanged content (a re-ingest with nothing new) leaves the file and its mtime alone

@@ -20,7 +20,7 @@ import pytest
 
 from gpuclust.dataset import MANIFEST, Dataset
 from gpuclust.ingest import ingest
-from gpuclust.ingest.api import KILL_AFTER_MANIFESTS_ENV
+from gpuclust.ingest.api import KILL_AFTER_MANIFESTS_ENV, KILL_MID_PUBLISH_ENV
 from gpuclust.ingest.base import ReadOptions
 from gpuclust.ingest.writer import KILL_AFTER_PARTS_ENV
 from gpuclust.schema import TABLES
@@ -60,7 +60,11 @@ def _snapshot(out: Path) -> tuple[dict[str, list[str]], dict[str, int]]:
 
 
 def _run(out: Path, files: list[Path], workers: int, env_extra: dict[str, str], kill_after: float | None = None) -> int:
-    env = {k: v for k, v in os.environ.items() if k not in (KILL_AFTER_PARTS_ENV, KILL_AFTER_MANIFESTS_ENV)}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in (KILL_AFTER_PARTS_ENV, KILL_AFTER_MANIFESTS_ENV, KILL_MID_PUBLISH_ENV)
+    }
     env.update(env_extra)
     p = subprocess.Popen(
         [sys.executable, "-c", SCRIPT, str(out), str(workers), *map(str, files)],
@@ -80,18 +84,37 @@ def _run(out: Path, files: list[Path], workers: int, env_extra: dict[str, str], 
     return p.returncode
 
 
-def _check_glob_matches_manifest(out: Path) -> None:
-    """What a glob reader sees in the table folders is what the manifest lists, row for row."""
+def _check_glob_matches_manifest(out: Path) -> set[str]:
+    """What a glob reader sees in the table folders is what the manifest lists, row for row.
+
+    The one exception is the documented one (docs/user/ingest.md): a kill inside the few renames
+    that publish one input's parts, just before the manifest listing them replaces the old one.
+    Then the folders hold, besides every listed part, complete parts of that one input only (one
+    ``part-<input key>-`` stem, an input the manifest does not list as done); the next run removes
+    them."""
     duckdb = pytest.importorskip("duckdb")
     m = json.loads((out / MANIFEST).read_text()) if (out / MANIFEST).exists() else None
     con = duckdb.connect()
+    unlisted: set[str] = set()
     for t in TABLES:
         on_disk = sorted(p.name for p in (out / t).glob("*.parquet")) if (out / t).is_dir() else []
         listed = sorted(f.split("/", 1)[1] for f in m["tables"][t]["files"]) if m else []
-        assert on_disk == listed, t
+        assert set(listed) <= set(on_disk), t
+        extra = set(on_disk) - set(listed)
+        unlisted |= extra
         want = m["tables"][t]["rows"] if m else 0
-        got = con.execute(f"select count(*) from '{out / t}/*.parquet'").fetchone()[0] if on_disk else 0
+        paths = [str(out / t / f) for f in listed]
+        got = con.execute("select count(*) from read_parquet(?)", [paths]).fetchone()[0] if paths else 0
         assert got == want, (t, got, want)
+        if not extra:
+            glob = con.execute(f"select count(*) from '{out / t}/*.parquet'").fetchone()[0] if on_disk else 0
+            assert glob == want, (t, glob, want)
+    stems = {f.rsplit("-", 1)[0] for f in unlisted}
+    assert len(stems) <= 1, sorted(unlisted)  # a kill mid-publish: one input's parts, no more
+    inputs = (m or {}).get("inputs", {}).values()
+    done = {f.split("/", 1)[1].rsplit("-", 1)[0] for i in inputs if i.get("status") == "done" for f in i["outputs"]}
+    assert not stems & done, stems
+    return unlisted
 
 
 def _check_no_strays(out: Path) -> None:
@@ -122,9 +145,10 @@ CHAINS = {
         (1, {KILL_AFTER_MANIFESTS_ENV: "3"}, None),
         (1, {KILL_AFTER_PARTS_ENV: "2"}, None),
     ],
+    "mid-publish": [(1, {KILL_MID_PUBLISH_ENV: "1"}, None), (2, {KILL_MID_PUBLISH_ENV: "3"}, None)],
     "random-delay": [(2, {}, "rand"), (1, {}, "rand")],
 }
-FINAL_WORKERS = {"parts": 1, "manifest": 2, "random-delay": 1}
+FINAL_WORKERS = {"parts": 1, "manifest": 2, "mid-publish": 2, "random-delay": 1}
 
 
 @pytest.mark.parametrize("chain", sorted(CHAINS))
@@ -139,7 +163,9 @@ def test_kill_and_resume(tmp_path: Path, clean: tuple[list[Path], tuple], chain:
         killed += rc == -signal.SIGKILL
         if (out / MANIFEST).exists():  # whatever the kill point, the manifest is whole JSON
             Dataset(out, allow_incomplete=True)
-        _check_glob_matches_manifest(out)
+        unlisted = _check_glob_matches_manifest(out)
+        if chain == "mid-publish":  # the documented moment: one input's parts out, not yet listed
+            assert unlisted
     if chain != "random-delay":
         assert killed == len(CHAINS[chain])
     time.sleep(0.05)
