@@ -345,7 +345,34 @@ TIER_MAP_TRACE = {"notebook": "v3", "v3-doc": "v3", "seed-002": "v3", "v2": "v2"
 
 
 def tier_map(name: str) -> TierMap:
-    """Look up a tier map by name, with a clear error listing the choices."""
+    """Look up a tier map (how priorities group into tiers) by name.
+
+    Parameters
+    ----------
+    name : str
+        One of :data:`TIER_MAPS`: ``notebook`` (the default for 2019 datasets), ``v3-doc``,
+        ``seed-002`` or ``v2`` (the default for 2011 datasets).
+
+    Returns
+    -------
+    TierMap
+        Its tier ``names`` and the lowest priority of each (``bounds``), with its ``source``.
+
+    Raises
+    ------
+    ValueError
+        For an unknown name; the message lists the choices.
+
+    Examples
+    --------
+    >>> tm = tier_map("notebook")
+    >>> tm.names, tm.bounds
+    (('free', 'beb', 'mid', 'prod'), (0, 100, 116, 120))
+    >>> tier_map("prod")
+    Traceback (most recent call last):
+    ...
+    ValueError: unknown tier map 'prod'; choose one of ['notebook', 'seed-002', 'v2', 'v3-doc']
+    """
     try:
         return TIER_MAPS[name]
     except KeyError:

@@ -237,3 +237,17 @@ def test_load_results_is_public(ds, tmp_path, capsys):
         gpuclust.load_results(tmp_path / "nope")
     with pytest.raises(ValueError, match="not a gpuclust results folder"):
         gpuclust.load_results(ds)
+
+
+def test_the_public_functions_document_their_parameters_with_examples():
+    """Every function ``gpuclust`` exports has numpydoc ``Parameters`` and ``Examples`` sections
+    (shared/DESIGN.md); the runnable examples run in tests/analyses/test_base.py."""
+    import inspect
+
+    missing = []
+    for name in gpuclust.__all__:
+        obj = getattr(gpuclust, name)
+        if inspect.isfunction(obj) or inspect.isclass(obj):
+            doc = inspect.getdoc(obj) or ""
+            missing += [f"{name}: {sec}" for sec in ("Parameters\n---", "Examples\n---") if sec not in doc]
+    assert not missing, missing

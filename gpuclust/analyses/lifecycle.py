@@ -281,6 +281,8 @@ class CollectionLifecycle(Lifecycle):
     name = "collection-lifecycle"
     table = "collection_events"
     requires = ("collection_events",)
+    optional_tables = ("instance_events",)
+    table_uses = {"instance_events": "priorities of collections without their own"}
     key_columns = ("collection_id",)
     thing = "collection"
     thing_kinds = ("job", "alloc_set", "unknown")

@@ -11,9 +11,8 @@ context.
 
 On the gpu backend the resident partitions are large (up to :data:`GPU_RUN_ROWS` rows: each is
 filled by several smaller loads, so decode and copies still overlap), so an analysis runs as few,
-large kernel launches and its host-side merges are few.  Results are those of
-:func:`gpuclust.engine.run` over the same data (the cpu study with the same partitions gives the
-same bits).
+large kernel launches and its host-side merges are few.  Results are those of :func:`gpuclust.engine.run`
+over the same data (the cpu study with the same partitions gives the same bits).
 
 Residency is a policy, not a promise: the study keeps partitions resident while its memory
 budget allows (``memory_budget``; by default a share of the backend's free memory) and streams
@@ -21,9 +20,8 @@ the rest, each run reading those partitions again into backend memory one at a t
 core).  A streamed partition is the same partition a resident one would be, loaded the same way,
 so the results are the same bits whatever the budget.
 
-With ``scheduler=`` the resident partitions live on a dask cluster's workers (a
-``LocalCUDACluster``: one per GPU), each loaded and kept by one worker
-(:mod:`gpuclust.engine.study_workers`); the results are the same.
+With ``scheduler=`` the resident partitions live on a dask cluster's workers (a ``LocalCUDACluster``:
+one per GPU), each loaded and kept by one worker (:mod:`gpuclust.engine.study_workers`); same results.
 """
 
 from __future__ import annotations
@@ -42,20 +40,23 @@ from gpuclust._cache import forget
 from gpuclust._lazy import pandas as pd
 from gpuclust._memory import run_memory, tune_allocator
 from gpuclust.analyses.base import Analysis
-from gpuclust.backends import Backend, device_free_bytes, finalizing_on_host, get_backend
+from gpuclust.backends import Backend, finalizing_on_host, get_backend
 from gpuclust.engine import memory as _memory
 from gpuclust.engine import partition as _partition
 from gpuclust.engine.contexts import contexts, resolve_analyses
 from gpuclust.engine.local import default_workers, finalize_all, host_threads, merge_local
-from gpuclust.engine.memory import DEVICE_PARTITION_ROWS, array_bytes, available_memory, host_arrays, parse_size
+from gpuclust.engine.memory import DEVICE_PARTITION_ROWS, array_bytes, host_arrays, parse_size
 from gpuclust.engine.shards import DEVICE_DENSE_SHARE, joined, spill, study_targets
 from gpuclust.engine.staging import LOAD_THREADS, column_bytes, load_partitions
 from gpuclust.engine.study_plans import (
     StudyMemoryError,
+    available_bytes,
     budget_groups,
     check_whole_fits,
     columns_by_table,
     combined_hold,
+    context_kept,
+    row_bytes_of,
     run_in_groups,
     table_plans,
     whole_plans,
@@ -71,31 +72,6 @@ __all__ = ["GPU_RUN_ROWS", "Study", "StudyMemoryError", "open_study"]
 GPU_RUN_ROWS = DEVICE_PARTITION_ROWS
 #: Share of free memory (device memory on gpu, available RAM on cpu) a persist may take.
 MEMORY_SHARE = 0.8
-
-
-def _row_bytes(table: str, work: bool = False) -> int:
-    """Bytes of a row of ``table`` in backend memory, in the columns the registered analyses read
-    (``work``: the most any of them allocates a row in its partial, ``Analysis.row_bytes``)."""
-    from gpuclust.analyses.registry import create, names
-
-    ans = [a for n in names() for a in [create(n)] if a.table == table]
-    if work:
-        return max((int(a.row_bytes) for a in ans), default=0)
-    return max(1, column_bytes(table, {c for a in ans for c in (*a.columns, *a.context_columns)}))
-
-
-def _kept(contexts: dict[Analysis, Any], a: Analysis) -> bool:
-    try:
-        return a in contexts
-    except TypeError:  # options that are not hashable
-        return False
-
-
-def _available_bytes(backend: Backend) -> int:
-    if backend.name != "cpu":
-        return device_free_bytes(backend)
-    avail = available_memory()
-    return 1 << 62 if avail is None else avail  # not on Linux: no check
 
 
 class Study:
@@ -243,7 +219,7 @@ class Study:
             auto_rows = _partition.AUTO_PARTITION_ROWS
             cap = self.run_rows
             if self.memory_budget is not None:  # partitions of at most a quarter of the budget
-                fit = max(1, self.memory_budget // (4 * _row_bytes(table)))
+                fit = max(1, self.memory_budget // (4 * row_bytes_of(table)))
                 auto_rows = min(auto_rows, fit)
                 cap = min(cap, fit) if cap > 0 else 0
             specs = _partition.plan_partitions(
@@ -285,12 +261,18 @@ class Study:
         return sum(int(a.nbytes) for parts in self._resident.values() for p in parts for a in p.values())
 
     def persist(self, columns: Sequence[str] | Mapping[str, Sequence[str]] | None = None) -> Study:
-        """Make columns resident in backend memory, reading each partition once per call.
+        """Make columns resident in backend memory, reading each partition once per call; returns
+        this study.  Partitions beyond the memory budget are streamed instead (see :class:`Study`).
 
-        ``columns``: a list of ``instance_usage`` columns, ``{table: columns}``, or ``None`` for
-        every column any registered analysis (or a pass it runs first) streams from the tables they stream.  Columns
-        already resident are not read again.  Partitions beyond the memory budget are streamed
-        instead (see :class:`Study`): their columns are read by each run.
+        Parameters
+        ----------
+        columns : list of str, {table: list of str} or None
+            ``instance_usage`` columns, ``{table: columns}``, or ``None`` for every column any
+            registered analysis (or a pass it runs first) streams.  Resident ones are not read again.
+
+        Examples
+        --------
+        >>> study = open_study("cell/ds").persist(["start_time", "end_time", "avg_cpu"])  # doctest: +SKIP
         """
         from gpuclust.analyses.registry import create, names
 
@@ -320,7 +302,7 @@ class Study:
         free memory now, resident bytes counted as free)."""
         if self.memory_budget is not None:
             return self.memory_budget
-        return int(MEMORY_SHARE * _available_bytes(self.backend)) + self.resident_bytes
+        return int(MEMORY_SHARE * available_bytes(self.backend)) + self.resident_bytes
 
     def _device_extra(self, ctxs: Sequence[Any] = (), ans: Sequence[Analysis] | None = None) -> int:
         """Device memory beside the partitions, counted against an explicit :attr:`memory_budget`
@@ -335,7 +317,7 @@ class Study:
         at_once = self.workers if self.backend.name == "cpu" else 1
         rows = {t: max((sum(s.num_rows for s in g) for g in gs), default=0) for t, gs in self._groups.items()}
         if ans is None:
-            per_row = {t: _row_bytes(t, work=True) for t in rows}
+            per_row = {t: row_bytes_of(t, work=True) for t in rows}
         else:
             per_row = {t: max((int(a.row_bytes) for a in ans if a.table == t), default=0) for t in rows}
         work = max((at_once * n * per_row[t] for t, n in rows.items()), default=0)
@@ -423,7 +405,7 @@ class Study:
     def _contexts_of(self, ans: list[Analysis]) -> list[Any]:
         """Each analysis' context, kept for the study's life where its options are hashable; those
         not kept yet computed together on the host's threads (several at once on a device)."""
-        todo = [a for a in ans if not _kept(self._contexts, a)]
+        todo = [a for a in ans if not context_kept(self._contexts, a)]
         threads, device = host_threads(self.backend, self.workers), self.backend.name != "cpu"
         new = contexts(todo, self.source, self.progress, run_pass=self._stream, threads=threads, at_once=device)
         made = {id(a): c for a, c in zip(todo, new, strict=True)}
@@ -440,15 +422,24 @@ class Study:
         return self._contexts_of(resolve_analyses(analysis))[0]
 
     def run(self, analyses: Analysis | str | Iterable[Analysis | str]) -> dict[str, dict[str, pd.DataFrame]]:
-        """Run analyses over the resident columns (persisting any column they need that is not
-        resident yet); returns what :func:`gpuclust.engine.run` returns.  On a device backend the
-        analyses' own choices (usage-distribution's ``auto``) keep within the device memory free
-        now (the least of a cluster's workers') and :attr:`memory_budget`; on the host, their
-        defaults."""
+        """Run analyses over the resident columns (persisting any they need that is not resident
+        yet); returns what :func:`gpuclust.engine.run` returns, ``{name: {table: DataFrame}}``.
+        On a device the analyses' own choices (usage-distribution's ``auto``) keep within the
+        device memory free now (the least of a cluster's workers') and :attr:`memory_budget`.
+
+        Parameters
+        ----------
+        analyses : Analysis, str or iterable of them
+            Registry names (``"cell-usage"``) or configured analyses (``create("cpi", by="tier")``).
+
+        Examples
+        --------
+        >>> res = open_study("cell/ds").run(["cell-usage", "cpi"])["cell-usage"]["usage"]  # doctest: +SKIP
+        """
         choices = run_memory(None)
         if self.backend.name != "cpu":
             remote = self._remote
-            free = _available_bytes(self.backend) if remote is None else remote.device_free(self.backend.name)
+            free = available_bytes(self.backend) if remote is None else remote.device_free(self.backend.name)
             choices = run_memory(min(free, self.memory_budget or free), device=True)
         with choices:
             ans = resolve_analyses(analyses)
@@ -506,7 +497,7 @@ class Study:
         # room, else the host), the rest by merge trees, on the device within what is left (DeviceHold)
         here = remote is None and be.xp is not np  # a local run on a device
         room = self._room(ans, ctxs) if here else None
-        at_most = int(DEVICE_DENSE_SHARE * _available_bytes(be)) if here and room is None else room
+        at_most = int(DEVICE_DENSE_SHARE * available_bytes(be)) if here and room is None else room
         dense = study_targets(plans.values(), ans, ctxs, be, at_most or 0) if here else [None] * len(ans)
         stay = self._staying(ans, plans, whole, dense)
         kept = sum(d.nbytes for d in dense if d is not None and d.on_device)
@@ -591,6 +582,15 @@ class Study:
 def open_study(source: Any, *, backend: str | Backend = "cpu", **kw: Any) -> Study:
     """Open a dataset for a study: ``gpuclust.open(ds, backend="gpu").persist()`` then any
     number of ``.run(...)`` calls (see :class:`Study`).
+
+    Parameters
+    ----------
+    source : path, Dataset, dict of Arrow tables or TableSource
+        The data, as :class:`Study` takes it (nothing is read until a persist or run).
+    backend : {"cpu", "gpu", "auto"} or Backend
+        Where the columns are kept and the analyses run.
+    **kw
+        The rest of :class:`Study`'s parameters (``memory_budget``, ``scheduler``, ...).
 
     Examples
     --------

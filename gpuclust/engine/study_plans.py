@@ -7,15 +7,21 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from gpuclust.analyses.base import Analysis
+from gpuclust.backends import Backend, device_free_bytes
 from gpuclust.engine import partition as _partition
 from gpuclust.engine.contexts import result_keys
+from gpuclust.engine.memory import available_memory
+from gpuclust.engine.staging import column_bytes
 
 __all__ = [
     "StudyMemoryError",
+    "available_bytes",
     "budget_groups",
     "check_whole_fits",
     "columns_by_table",
     "combined_hold",
+    "context_kept",
+    "row_bytes_of",
     "run_in_groups",
     "table_plans",
     "whole_plans",
@@ -25,6 +31,34 @@ __all__ = [
 Plans = dict[str, tuple[list[int], list[_partition.PartitionSpec]]]
 #: A table's resident groups of pieces (``Study._plan``).
 Groups = Callable[[str], list[list[_partition.PartitionSpec]]]
+
+
+def row_bytes_of(table: str, work: bool = False) -> int:
+    """Bytes of a row of ``table`` in backend memory, in the columns the registered analyses read
+    (``work``: the most any of them allocates a row in its partial, ``Analysis.row_bytes``)."""
+    from gpuclust.analyses.registry import create, names
+
+    ans = [a for n in names() for a in [create(n)] if a.table == table]
+    if work:
+        return max((int(a.row_bytes) for a in ans), default=0)
+    return max(1, column_bytes(table, {c for a in ans for c in (*a.columns, *a.context_columns)}))
+
+
+def context_kept(contexts: dict[Analysis, Any], a: Analysis) -> bool:
+    """Whether a study keeps ``a``'s context (an analysis with unhashable options: never)."""
+    try:
+        return a in contexts
+    except TypeError:
+        return False
+
+
+def available_bytes(backend: Backend) -> int:
+    """Free memory of the backend: the device's, or the host's available RAM (no check where
+    that is not known)."""
+    if backend.name != "cpu":
+        return device_free_bytes(backend)
+    avail = available_memory()
+    return 1 << 62 if avail is None else avail
 
 
 class StudyMemoryError(MemoryError):

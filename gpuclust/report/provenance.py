@@ -52,10 +52,19 @@ def load_results(folder: str | Path, run: dict[str, Any] | None = None) -> dict[
     (``<key>/<table>/part-*.parquet``) is a :class:`gpuclust.parted.PartedTable`, read lazily
     (``.read()``, ``.batches()``).  Public as ``gpuclust.load_results(path)``.
 
-    Only the files the folder's ``_run.json`` lists are read (``run``: that file's content, when
-    the caller has it already).  A path that is not there is a :class:`FileNotFoundError` (not a
-    folder: :class:`NotADirectoryError`); a folder without a readable ``_run.json`` a
-    :class:`ValueError`.
+    Parameters
+    ----------
+    folder : str or Path
+        The results folder.  Only the files its ``_run.json`` lists are read.
+    run : dict, optional
+        That file's content, when the caller has it already.
+
+    Raises
+    ------
+    FileNotFoundError
+        A path that is not there (not a folder: :class:`NotADirectoryError`).
+    ValueError
+        A folder without a readable ``_run.json``.
 
     Examples
     --------

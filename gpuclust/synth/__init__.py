@@ -32,34 +32,33 @@ from typing import Any
 import numpy as np
 
 from gpuclust.schema import TRACE_OFFSET_US, CollectionType
-from gpuclust.tiers import tier_codes
-
-from . import model as _model
-from . import usage as _usage
+from gpuclust.synth import model as _model
+from gpuclust.synth import usage as _usage
 
 # the pieces live in their own modules (issue 36); the names are re-exported here
-from .blocks import _FMT_ROWS as _FMT_ROWS
-from .blocks import _KEEP, _usage_blocks
-from .blocks import _SUMMARY as _SUMMARY
-from .blocks import _block_job as _block_job
-from .blocks import _init_worker as _init_worker
-from .config import MALFORMED_KINDS, TRUTH_FILE, USAGE_TABLES, SynthConfig, SynthResult
-from .config import MALFORMED_TABLES as MALFORMED_TABLES
-from .config import TRUTH_VERSION as TRUTH_VERSION
-from .export import F as F
-from .export import LineBuilder as LineBuilder
-from .export import ShardWriter
-from .export import _value as _value
-from .export import fmt_float as fmt_float
-from .export import json_line as json_line
-from .malformed import _Malformer
-from .malformed import corrupt_line as corrupt_line
-from .tables import _attr_lines, _coll_lines, _inst_lines, _machine_lines
-from .tables import _res as _res
-from .tables import format_usage as format_usage
-from .truth import _planted_laws, _truth
-from .truth import _share_within as _share_within
-from .truth import _tier_totals as _tier_totals
+from gpuclust.synth.blocks import _FMT_ROWS as _FMT_ROWS
+from gpuclust.synth.blocks import _KEEP, _usage_blocks
+from gpuclust.synth.blocks import _SUMMARY as _SUMMARY
+from gpuclust.synth.blocks import _block_job as _block_job
+from gpuclust.synth.blocks import _init_worker as _init_worker
+from gpuclust.synth.config import MALFORMED_KINDS, TRUTH_FILE, USAGE_TABLES, SynthConfig, SynthResult
+from gpuclust.synth.config import MALFORMED_TABLES as MALFORMED_TABLES
+from gpuclust.synth.config import TRUTH_VERSION as TRUTH_VERSION
+from gpuclust.synth.export import F as F
+from gpuclust.synth.export import LineBuilder as LineBuilder
+from gpuclust.synth.export import ShardWriter
+from gpuclust.synth.export import _value as _value
+from gpuclust.synth.export import fmt_float as fmt_float
+from gpuclust.synth.export import json_line as json_line
+from gpuclust.synth.malformed import _Malformer
+from gpuclust.synth.malformed import corrupt_line as corrupt_line
+from gpuclust.synth.tables import _attr_lines, _coll_lines, _inst_lines, _machine_lines
+from gpuclust.synth.tables import _res as _res
+from gpuclust.synth.tables import format_usage as format_usage
+from gpuclust.synth.truth import _planted_laws, _truth
+from gpuclust.synth.truth import _share_within as _share_within
+from gpuclust.synth.truth import _tier_totals as _tier_totals
+from gpuclust.tiers import tier_codes
 
 __all__ = ["SynthConfig", "SynthResult", "synthesize", "USAGE_TABLES", "MALFORMED_KINDS"]
 

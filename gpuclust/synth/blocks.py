@@ -6,8 +6,8 @@ from typing import Any
 
 import numpy as np
 
-from . import usage as _usage
-from .tables import format_usage
+from gpuclust.synth import usage as _usage
+from gpuclust.synth.tables import format_usage
 
 _KEEP = (
     "k",

@@ -6,7 +6,7 @@ import re
 
 import numpy as np
 
-from .config import MALFORMED_KINDS, MALFORMED_TABLES
+from gpuclust.synth.config import MALFORMED_KINDS, MALFORMED_TABLES
 
 _RE_CID = re.compile(r'"collection_id":"(-?\d+)"')
 _RE_DIST = re.compile(r'("cpu_usage_distribution":\[[^\]]*),[^,\]]*\]')

@@ -31,7 +31,7 @@ import numpy as np
 from gpuclust.schema import TRACE_OFFSET_US, CollectionType, EventType, MissingType
 
 # the parameters, records and state live in their own modules (issue 36); re-exported here
-from .params import (
+from gpuclust.synth.params import (
     CAPACITY_SHAPES,
     CELL_US,
     PLANT_TIERS,
@@ -51,8 +51,8 @@ from .params import (
     pareto_capped_mean,
     tier_of,
 )
-from .scheduler import Scheduler
-from .state import ModelState
+from gpuclust.synth.scheduler import Scheduler
+from gpuclust.synth.state import ModelState
 
 __all__ = [
     "CAPACITY_SHAPES",

@@ -11,9 +11,8 @@ from __future__ import annotations
 import numpy as np
 
 from gpuclust.schema import TRACE_OFFSET_US, CollectionType, EventType, MachineEventType
-
-from .params import PRODUCTION_PRIORITY, UNIT, US, WORKLOAD, Coll, Inst, tier_of
-from .state import ModelState
+from gpuclust.synth.params import PRODUCTION_PRIORITY, UNIT, US, WORKLOAD, Coll, Inst, tier_of
+from gpuclust.synth.state import ModelState
 
 
 class Scheduler(ModelState):

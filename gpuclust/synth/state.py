@@ -13,8 +13,7 @@ import heapq
 import numpy as np
 
 from gpuclust.schema import TRACE_OFFSET_US, CollectionType, MachineEventType, Relation
-
-from .params import (
+from gpuclust.synth.params import (
     CAPACITY_SHAPES,
     CELL_US,
     PLANT_TIERS,

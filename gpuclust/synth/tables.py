@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import model as _model
-from . import usage as _usage
-from .export import F, LineBuilder, _value, fmt_float, json_line
+from gpuclust.synth import model as _model
+from gpuclust.synth import usage as _usage
+from gpuclust.synth.export import F, LineBuilder, _value, fmt_float, json_line
 
 # ---------------------------------------------------------------------------------------------
 # event tables

@@ -9,11 +9,10 @@ import dataclasses
 import numpy as np
 
 from gpuclust.schema import TIER_MAPS, TRACE_OFFSET_US, CollectionType, EventType, MachineEventType
+from gpuclust.synth import model as _model
+from gpuclust.synth import usage as _usage
+from gpuclust.synth.config import TRUTH_VERSION
 from gpuclust.tiers import tier_codes
-
-from . import model as _model
-from . import usage as _usage
-from .config import TRUTH_VERSION
 
 
 def _tier_totals(prio: np.ndarray, values: np.ndarray) -> dict[str, dict[str, float]]:

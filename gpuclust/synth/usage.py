@@ -27,8 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from gpuclust.schema import TRACE_OFFSET_US
-
-from .export import quantize
+from gpuclust.synth.export import quantize
 
 US = 1_000_000
 CELL_S = 300

@@ -39,6 +39,8 @@ DOCTEST_MODULES = [
     "gpuclust.analyses._overcommit_figure",
     "gpuclust.report.overcommit_plots",
     "gpuclust.claims.model",
+    "gpuclust.schema",
+    "gpuclust.engine.study",
 ]
 
 

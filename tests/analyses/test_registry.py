@@ -39,3 +39,16 @@ def test_analyses_are_frozen_and_hashable():
     with pytest.raises(AttributeError):
         a.mode = "exact"  # type: ignore[misc]
     assert hash(a) == hash(CellUsage())
+
+
+def test_every_table_an_analysis_reads_is_declared():
+    """The side inputs of every analysis, under each choice of each option, are among the tables
+    it declares (``table``, ``requires``, ``optional_tables``): the capability table's "reads"
+    column and ``gpuclust analyze``'s notes about absent tables come from those."""
+    for name, entry in REGISTRY.items():
+        declared = {entry.cls.table, *entry.cls.requires, *entry.cls.optional_tables}
+        variants = [create(name)] + [
+            create(name, **{o.name: c}) for o in entry.options for c in (o.choices or ()) if o.name != "tier_map"
+        ]
+        for a in variants:
+            assert set(a.side_inputs) <= declared, (a.label, set(a.side_inputs) - declared)
