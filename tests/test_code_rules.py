@@ -48,6 +48,28 @@ def test_analyses_do_not_probe_backend_capabilities():
     assert not bad, "declare the attribute on every backend's ops instead:\n" + "\n".join(bad)
 
 
+#: The analyses' comparisons of a backend's name, each about placement or sizing
+#: (docs/developer/engine.md, "Where an analysis looks at the backend").
+BACKEND_NAME_CHECKS = {
+    "_kept.py": 1,
+    "_task_ratios.py": 1,
+    "_peak_sim.py": 1,
+    "_usage_distribution_parts.py": 2,
+    "overcommit.py": 1,
+}
+
+
+def test_analyses_compare_backend_names_only_where_the_docs_say():
+    import re
+
+    found: dict[str, int] = {}
+    for f in sorted((ROOT / "analyses").rglob("*.py")):
+        for _, line in _code_lines(f):
+            if re.search(r"""(\.name|backend_name)\s*[!=]=\s*["'](cpu|gpu)["']""", line):
+                found[f.name] = found.get(f.name, 0) + 1
+    assert found == BACKEND_NAME_CHECKS, "say why in docs/developer/engine.md and list it here"
+
+
 def test_both_backends_declare_the_same_lookup_attributes():
     from gpuclust.backends import cpu, gpu
 
