@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from gpuclust.analyses.grouping import instance_order, isin_sorted, segmented_last
+from gpuclust.analyses.grouping import bucket_span, instance_order, isin_sorted, segmented_last
 from gpuclust.keys import pack, unpack
 from gpuclust.partials import keyed_reduce
 
@@ -324,8 +324,7 @@ def overlap_keyed(
     g, s, e = group[ok].astype(xp.int64), start[ok].astype(xp.int64), end[ok].astype(xp.int64)
     v = xp.nan_to_num(values[:, ok].astype(xp.float64), nan=0.0)
     B = n_buckets
-    b0 = (s - origin) // width
-    b1 = (e - 1 - origin) // width
+    b0, b1 = bucket_span(xp, s, e, width, origin)
     ends = xp.minimum(e, origin + (b0 + 1) * width)
     keys = [pack(g, b0, B)]
     vals = [v * ((ends - s) / 1e6)]
@@ -356,8 +355,7 @@ def distinct_keyed(
     n = int(code.shape[0])
     if n == 0 or n_buckets == 0:
         return xp.zeros(0, xp.int64), xp.zeros(0, xp.int64)
-    b0 = (start - origin) // width
-    b1 = (end - 1 - origin) // width
+    b0, b1 = bucket_span(xp, start, end, width, origin)
     order = instance_order(xp, code, instance, b0)  # lexsort((b0, instance, code))
     code, instance, b0, b1 = code[order], instance[order], b0[order], b1[order]
     new = xp.ones(n, dtype=bool)
