@@ -330,6 +330,79 @@ def test_cudf_device_read_matches_host_read(gpu_backend, dataset, tables):
             np.testing.assert_array_equal(got, host[c], err_msg=c)
 
 
+class _CudfStandIn:
+    """The few cuDF calls :func:`reading.read_partition_device` makes, on Arrow (cuDF's semantics:
+    ``read_parquet(row_groups=...)`` reads those row groups in order, columns keep their NULLs
+    through ``astype`` until ``fillna``, ``to_cupy`` gives a device array), so that the path's own
+    logic (which row groups, the offsets into them, the joins, dtypes and fills) runs on a machine
+    without RAPIDS."""
+
+    class Series:
+        def __init__(self, arr: pa.ChunkedArray) -> None:
+            self.arr = arr
+
+        def astype(self, dt: np.dtype) -> _CudfStandIn.Series:
+            return _CudfStandIn.Series(self.arr.cast(pa.from_numpy_dtype(dt), safe=False))
+
+        def fillna(self, v: float) -> _CudfStandIn.Series:
+            return _CudfStandIn.Series(self.arr.fill_null(pa.scalar(v, self.arr.type)))
+
+        def to_cupy(self):
+            from device_backend import XP
+
+            assert self.arr.null_count == 0  # as cuDF: a column with NULLs has no CuPy view
+            return XP.asarray(self.arr.to_numpy())
+
+    class Frame:
+        def __init__(self, t: pa.Table) -> None:
+            self.t = t
+            self.iloc = self
+
+        def __getitem__(self, k):
+            if isinstance(k, slice):
+                a, b = k.start or 0, self.t.num_rows if k.stop is None else k.stop
+                return _CudfStandIn.Frame(self.t.slice(a, b - a))
+            return _CudfStandIn.Series(self.t.column(k))
+
+    @staticmethod
+    def read_parquet(path, columns, row_groups):
+        import pyarrow.parquet as pq
+
+        return _CudfStandIn.Frame(pq.ParquetFile(path).read_row_groups(row_groups, columns=columns))
+
+    @staticmethod
+    def concat(frames, ignore_index):
+        assert ignore_index
+        return _CudfStandIn.Frame(pa.concat_tables([f.t for f in frames]))
+
+
+def test_the_cudf_read_path_on_a_stand_in_gives_the_host_arrays(dataset, monkeypatch):
+    """The thin cuDF path's logic, without RAPIDS: on partitions cut inside and across row groups
+    and files (450-row groups), its arrays (NULLs filled) are the Arrow path's, bit for bit."""
+    import sys
+    import types
+
+    from device_backend import DEVICE_GPU
+
+    monkeypatch.setitem(
+        sys.modules, "cudf", types.SimpleNamespace(**{k: getattr(_CudfStandIn, k) for k in ("read_parquet", "concat")})
+    )
+    monkeypatch.delenv("GPUCLUST_NO_CUDF", raising=False)
+    cols = ["start_time", "end_time", "alloc_collection_id", "avg_cpu", "instance_index", "cpi", "machine_id"]
+    specs = plan_partitions(dataset, "instance_usage", cut_points=[1, 451, 899, 900, 3000, 5999])
+    assert any(len(s.pieces) > 1 for s in specs)  # a partition across files
+    for spec in specs:
+        dev = reading.read_partition_device(spec, cols, DEVICE_GPU)
+        host = read_partition(spec, cols)
+        assert dev is not None and set(dev) == set(host)
+        for c in cols:
+            got = dev[c].get()
+            assert got.dtype == host[c].dtype, c
+            np.testing.assert_array_equal(got, host[c], err_msg=f"{c} of partition {spec.index}")
+    monkeypatch.setenv("GPUCLUST_NO_CUDF", "1")  # asked not to: the Arrow path
+    assert reading.read_partition_device(specs[0], cols, DEVICE_GPU) is None
+
+
 def test_progress_terminal_mode_redraws_one_line(dataset):
     import io
 
