@@ -66,7 +66,7 @@ _ROW_BLOCK = 1 << 12
 #: Events per block of :func:`_event_table` and of the scans' compensation (temporaries stay in cache).
 _PAYLOAD_BLOCK = 1 << 14
 #: An unpadded row (one group wider than a chunk) with at least this many events is sorted by
-#: :func:`_radix_argsort` (4x faster than ``argsort`` on float32-valued data) instead of ``argsort``.
+#: :func:`_radix_argsort` (on float32-valued data 10-20x faster than ``argsort``) instead of ``argsort``.
 _RADIX_MIN_EVENTS = 1 << 16
 #: Threads of :func:`mixture_quantiles` over its independent chunks of groups (``None``: the usable
 #: CPU cores); calls with fewer than :data:`_PARALLEL_MIN_EVENTS` events stay on one thread.
@@ -452,13 +452,23 @@ def packed_event_keys(xp: Any, x: Any, group: Any, n_groups: int) -> Any:
 
 
 def _radix_argsort(x: np.ndarray) -> np.ndarray:
-    """Stable ``argsort`` of a 1-D float64 array without NaN: an LSD radix sort of its
-    order-preserving integer keys, 16 bits per pass (NumPy's stable sort of uint16 is a radix sort);
-    2 passes when every value is a float32 (trace percentiles are), else 4.  ``-0.0`` sorts
-    before ``0.0`` (equal values: either order is a valid sort)."""
+    """Stable ``argsort`` of a 1-D float64 array without NaN, by its order-preserving integer
+    keys.  When every value is a float32 (trace percentiles are): one sort of ``key << 32 |
+    index`` as uint64 (the index makes the keys unique, so their order is the stable one; NumPy
+    sorts uint64 with SIMD, 3-5x faster than two radix passes on 2·10^7 keys); else an LSD radix
+    sort, 16 bits per pass (NumPy's stable sort of uint16 is a radix sort), 4 passes.  ``-0.0``
+    sorts before ``0.0`` (equal values: either order is a valid sort)."""
     with np.errstate(over="ignore"):  # values beyond the float32 range: not float32 (inf != x)
         x32 = x.astype(np.float32)
-    key = order_key(np, x32.view(np.uint32) if np.array_equal(x32, x) else x.view(np.uint64))
+    if np.array_equal(x32, x) and x.shape[0] < 1 << 32:
+        packed = order_key(np, x32.view(np.uint32)).astype(np.uint64)
+        del x32
+        packed <<= np.uint64(32)
+        packed |= np.arange(x.shape[0], dtype=np.uint64)
+        packed.sort()
+        packed &= np.uint64(0xFFFFFFFF)  # the indices, in place: < 2**32, the same bits as int64
+        return packed.view(np.int64)
+    key = order_key(np, x.view(np.uint64))
     passes = key.itemsize // 2
     digits = key.view(np.uint16).reshape(-1, passes)  # the 16-bit digits of each key, in memory order
     cols = list(range(passes)) if np.little_endian else list(range(passes - 1, -1, -1))  # least significant first
