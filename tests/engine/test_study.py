@@ -364,7 +364,7 @@ def test_joined_partitions_give_the_same_result(dataset, reference):
 def test_persist_streams_what_does_not_fit(dataset, monkeypatch):
     """Nothing fits in 1,000 bytes: nothing is read at persist, every partition is streamed (read
     by each run; tests/engine/test_study_out_of_core.py checks the results)."""
-    monkeypatch.setattr(study_mod, "_available_bytes", lambda backend: 1000)
+    monkeypatch.setattr(study_mod, "available_bytes", lambda backend: 1000)
     study = gpuclust.open(dataset)
     study.persist(["avg_cpu", "machine_id"])
     assert study.resident_bytes == 0 and study.partition_reads == {}

@@ -147,7 +147,7 @@ def test_the_default_budget_streams_what_the_free_memory_cannot_hold(bucketed, m
     import gpuclust.engine.study as study_mod
 
     _, want = _data_and_results(bucketed, "cpu")
-    monkeypatch.setattr(study_mod, "_available_bytes", lambda backend: 200_000)
+    monkeypatch.setattr(study_mod, "available_bytes", lambda backend: 200_000)
     study = gpuclust.open(bucketed, partitions=PARTITIONS, workers=1).persist()
     assert study.resident_bytes <= 0.8 * 200_000 and study.streamed_partitions["instance_usage"] > 0
     _exactly_equal(study.run(names()), want)
