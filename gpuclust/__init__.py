@@ -31,6 +31,12 @@ def _as_program() -> bool:
 if _as_program() and "numpy" not in _sys.modules:
     _os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
+# One malloc arena (glibc), set before pyarrow's import starts a thread that would make a second
+# one (gpuclust/_memory.py); GPUCLUST_MALLOC_TUNING=0 leaves the allocator alone.
+from gpuclust._memory import cap_arenas as _cap_arenas  # noqa: E402
+
+_cap_arenas()
+
 from gpuclust.schema import DATASET_FORMAT_VERSION, SCHEMAS, TABLES, TIER_MAPS, tier_map  # noqa: E402
 
 __version__ = "0.1.0"

@@ -12,7 +12,13 @@ time (2-3 s of system time per 10^7 windows).
 default every engine thread allocates from an arena of its own, and memory one thread freed (the
 context's temporaries, another thread's last partition) is not reused by the others, which cost
 ~350 MB of peak RSS on cell-usage at 1.6e7 windows on 2 threads (a few large allocations per
-partition: no lock contention to speak of).  And it routes Arrow's allocations to the system
+partition: no lock contention to speak of).  The cap is set when gpuclust is imported
+(:func:`cap_arenas`), before it imports pyarrow: pyarrow's import starts a thread that makes a
+second arena, to which glibc then hands every other new thread (an engine thread among them)
+whatever the cap set later; with both arenas keeping freed memory, peak RSS varied by ~100 MiB
+from run to run (usage-distribution by instance, 2e6 windows: 307-429 MiB over 14 runs, against
+304-352 with one arena).  A program that imports pyarrow before gpuclust keeps that second arena
+(``MALLOC_ARENA_MAX=1`` in its environment caps it from the start).  And it routes Arrow's allocations to the system
 allocator (unless ``ARROW_DEFAULT_MEMORY_POOL`` chooses one): Arrow's default pool (mimalloc)
 hands the decoded row groups' pages back to the kernel, about 1 s of system time per 1.6e7
 windows in page faults, where glibc, tuned as above, reuses them.  And it stops NumPy asking for
@@ -41,7 +47,7 @@ import sys
 import threading
 from collections.abc import Iterator
 
-__all__ = ["memory_budget", "run_memory", "run_on_device", "tune_allocator"]
+__all__ = ["cap_arenas", "memory_budget", "run_memory", "run_on_device", "tune_allocator"]
 
 _budget: contextvars.ContextVar[int | None] = contextvars.ContextVar("gpuclust_run_memory", default=None)
 _device: contextvars.ContextVar[bool] = contextvars.ContextVar("gpuclust_run_on_device", default=False)
@@ -101,26 +107,41 @@ def _numpy_hugepages(on: bool) -> None:
         switch(bool(on))
 
 
+def _tuning_on() -> bool:
+    return os.environ.get("GPUCLUST_MALLOC_TUNING", "1") != "0" and sys.platform.startswith("linux")
+
+
+def _glibc() -> ctypes.CDLL | None:
+    """The C library when it is glibc (the process' own symbols: ctypes.util.find_library would
+    import subprocess & co. and run ldconfig, ~15 ms of every start), else None."""
+    try:
+        libc = ctypes.CDLL(None)
+    except OSError:
+        return None
+    return libc if hasattr(libc, "gnu_get_libc_version") and hasattr(libc, "mallopt") else None
+
+
+def cap_arenas() -> bool:
+    """Cap glibc at one malloc arena, for the threads made from now on (``import gpuclust`` calls
+    it first thing; see the module docstring); returns whether the cap is set."""
+    libc = _glibc() if _tuning_on() else None
+    return bool(libc is not None and libc.mallopt(_M_ARENA_MAX, 1))
+
+
 def tune_allocator() -> bool:
     """Apply the tuning once per process; returns whether it is in effect."""
     with _lock:
         if _done:
             return _done[0]
         ok = False
-        if os.environ.get("GPUCLUST_MALLOC_TUNING", "1") != "0" and sys.platform.startswith("linux"):
-            try:
-                # the process' own symbols (libc's among them): ctypes.util.find_library would
-                # import subprocess & co. and run ldconfig, ~15 ms of every start
-                libc = ctypes.CDLL(None)
-                if hasattr(libc, "gnu_get_libc_version") and hasattr(libc, "mallopt"):
-                    ok = bool(
-                        libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
-                        & libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
-                        & libc.mallopt(_M_TOP_PAD, TOP_PAD)
-                        & libc.mallopt(_M_ARENA_MAX, 1)
-                    )
-            except OSError:
-                ok = False
+        libc = _glibc() if _tuning_on() else None
+        if libc is not None:
+            ok = bool(
+                libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+                & libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+                & libc.mallopt(_M_TOP_PAD, TOP_PAD)
+                & libc.mallopt(_M_ARENA_MAX, 1)
+            )
             if ok and not os.environ.get("ARROW_DEFAULT_MEMORY_POOL"):
                 import pyarrow as pa
 

@@ -415,6 +415,38 @@ def test_progress_terminal_mode_redraws_one_line(dataset):
     assert text.endswith("\n") and text.rstrip("\n").split("\r")[-1].startswith("analyze: done, ")
 
 
+_ARENAS = (
+    "import ctypes, os, tempfile; import gpuclust, numpy, pandas, pyarrow.parquet; "
+    "from concurrent.futures import ThreadPoolExecutor as T; "
+    "list(T(4).map(lambda k: numpy.ones(1 << 12).sum() + len(bytearray(1 << 10)), range(8))); "
+    "libc = ctypes.CDLL(None); libc.fopen.restype = ctypes.c_void_p; "
+    "libc.fopen.argtypes = [ctypes.c_char_p, ctypes.c_char_p]; "
+    "libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]; libc.fclose.argtypes = [ctypes.c_void_p]; "
+    "fd, p = tempfile.mkstemp(); os.close(fd); f = libc.fopen(p.encode(), b'w'); libc.malloc_info(0, f); "
+    "libc.fclose(f); print(open(p).read().count('<heap nr=')); os.unlink(p)"
+)
+
+
+def test_import_caps_malloc_at_one_arena_before_pyarrow_makes_a_second():
+    """``import gpuclust`` caps glibc at one malloc arena before it imports pyarrow, whose import
+    starts a thread that makes a second arena (gpuclust/_memory.py): with the cap, imports and
+    threads after it leave one arena; without the tuning, pyarrow's thread and the others have their own."""
+    import platform
+    import subprocess
+    import sys
+
+    if platform.libc_ver()[0] != "glibc":
+        pytest.skip("malloc arenas are glibc's")
+    import os
+
+    base = {k: v for k, v in os.environ.items() if k not in ("MALLOC_ARENA_MAX", "GPUCLUST_MALLOC_TUNING")}
+    count = lambda env: subprocess.run(  # noqa: E731
+        [sys.executable, "-c", _ARENAS], capture_output=True, text=True, check=True, env=env
+    ).stdout.strip()
+    assert count(base) == "1"
+    assert int(count({**base, "GPUCLUST_MALLOC_TUNING": "0"})) > 1  # (pyarrow's thread and the pool's: their own)
+
+
 def test_allocator_tuning_is_once_and_can_be_turned_off():
     import subprocess
     import sys
