@@ -8,17 +8,20 @@ transparent huge pages on ``madvise`` (NumPy asks for them), compaction.  With t
 time (2-3 s of system time per 10^7 windows).
 
 :func:`tune_allocator` raises the mmap threshold to its maximum (32 MiB on 64-bit) and keeps up to
-1 GiB of freed heap for reuse, once per process.  It also caps glibc at one malloc arena: by
-default every engine thread allocates from an arena of its own, and memory one thread freed (the
-context's temporaries, another thread's last partition) is not reused by the others, which cost
-~350 MB of peak RSS on cell-usage at 1.6e7 windows on 2 threads (a few large allocations per
-partition: no lock contention to speak of).  The cap is set when gpuclust is imported
-(:func:`cap_arenas`), before it imports pyarrow: pyarrow's import starts a thread that makes a
-second arena, to which glibc then hands every other new thread (an engine thread among them)
-whatever the cap set later; with both arenas keeping freed memory, peak RSS varied by ~100 MiB
-from run to run (usage-distribution by instance, 2e6 windows: 307-429 MiB over 14 runs, against
-304-352 with one arena).  A program that imports pyarrow before gpuclust keeps that second arena
-(``MALLOC_ARENA_MAX=1`` in its environment caps it from the start).  And it routes Arrow's allocations to the system
+1 GiB of freed heap for reuse, once per process. It also caps glibc at one malloc arena: by default
+every engine thread allocates from an arena of its own, and memory one thread freed (the context's
+temporaries, another thread's last partition) is not reused by the others, which cost ~350 MB of
+peak RSS on cell-usage at 1.6e7 windows on 2 threads (a few large allocations per partition: no
+lock contention to speak of). The cap is set when gpuclust is imported (:func:`cap_arenas`), before
+it imports pyarrow: pyarrow's import starts a thread that makes a second arena, to which glibc then
+hands every other new thread (an engine thread among them) whatever the cap set later; with both
+arenas keeping freed memory, peak RSS varied by ~100 MiB from run to run (usage-distribution by
+instance, 2e6 windows, beside a busy core: 307-429 MiB over 14 runs, 300-345 over 16 with one). pyarrow's
+decoding threads then share that arena's lock: on the 2-core VM, 23 usage columns of 8e6 windows
+decoded at 0.91 GB/s against 0.96 with two arenas (medians of 11 interleaved runs; whole analysis
+runs measured no slower). A program that imports pyarrow before gpuclust keeps that second arena
+(``MALLOC_ARENA_MAX=1`` in its environment caps it from the start; a ``MALLOC_ARENA_MAX`` in the
+environment is glibc's and left alone).  And it routes Arrow's allocations to the system
 allocator (unless ``ARROW_DEFAULT_MEMORY_POOL`` chooses one): Arrow's default pool (mimalloc)
 hands the decoded row groups' pages back to the kernel, about 1 s of system time per 1.6e7
 windows in page faults, where glibc, tuned as above, reuses them.  And it stops NumPy asking for
@@ -124,7 +127,7 @@ def _glibc() -> ctypes.CDLL | None:
 def cap_arenas() -> bool:
     """Cap glibc at one malloc arena, for the threads made from now on (``import gpuclust`` calls
     it first thing; see the module docstring); returns whether the cap is set."""
-    libc = _glibc() if _tuning_on() else None
+    libc = _glibc() if _tuning_on() and not os.environ.get("MALLOC_ARENA_MAX") else None
     return bool(libc is not None and libc.mallopt(_M_ARENA_MAX, 1))
 
 
@@ -140,7 +143,7 @@ def tune_allocator() -> bool:
                 libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
                 & libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
                 & libc.mallopt(_M_TOP_PAD, TOP_PAD)
-                & libc.mallopt(_M_ARENA_MAX, 1)
+                & (bool(os.environ.get("MALLOC_ARENA_MAX")) or libc.mallopt(_M_ARENA_MAX, 1))
             )
             if ok and not os.environ.get("ARROW_DEFAULT_MEMORY_POOL"):
                 import pyarrow as pa

@@ -445,6 +445,7 @@ def test_import_caps_malloc_at_one_arena_before_pyarrow_makes_a_second():
     ).stdout.strip()
     assert count(base) == "1"
     assert int(count({**base, "GPUCLUST_MALLOC_TUNING": "0"})) > 1  # (pyarrow's thread and the pool's: their own)
+    assert count({**base, "MALLOC_ARENA_MAX": "3"}) == "3"  # the user's word, glibc's variable, kept
 
 
 def test_allocator_tuning_is_once_and_can_be_turned_off():
