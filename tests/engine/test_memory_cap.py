@@ -41,7 +41,7 @@ one partition's worth is clearly below the data's.  Measured today (whole run, 1
 VmHWM): cell-usage 230-239 MiB, machine-shapes 124, cpi 487-501 before its first pass became a
 prerequisite run on the same partitions (now within the cap), overcommit 643-682,
 usage-distribution by=machine 1,081-1,345, by=instance 1,357-1,541 (one-pass exact), by=tier
-(default) 2,860-3,369 with one-pass exact and 609-711 with the two passes ``auto`` takes since
+(default) 2,860-3,369 with one-pass exact and 528-605 with the two passes ``auto`` takes since
 its exact limit by tier is 2e6 rows (these are 2,008,179; live heap at most ~360 MiB, the rest
 memory the allocator keeps for reuse).  The analyses above their cap are ``xfail(strict=True)``:
 the day one is bounded the test XPASSes, fails, and its mark must go.
