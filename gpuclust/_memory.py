@@ -8,7 +8,7 @@ transparent huge pages on ``madvise`` (NumPy asks for them), compaction.  With t
 time (2-3 s of system time per 10^7 windows).
 
 :func:`tune_allocator` raises the mmap threshold to its maximum (32 MiB on 64-bit) and keeps up to
-1 GiB of freed heap for reuse, once per process. It also caps glibc at one malloc arena: by default
+1 GiB of freed heap for reuse, once per process. gpuclust also caps glibc at one malloc arena: by default
 every engine thread allocates from an arena of its own, and memory one thread freed (the context's
 temporaries, another thread's last partition) is not reused by the others, which cost ~350 MB of
 peak RSS on cell-usage at 1.6e7 windows on 2 threads (a few large allocations per partition: no
@@ -143,8 +143,7 @@ def tune_allocator() -> bool:
                 libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
                 & libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
                 & libc.mallopt(_M_TOP_PAD, TOP_PAD)
-                & (bool(os.environ.get("MALLOC_ARENA_MAX")) or libc.mallopt(_M_ARENA_MAX, 1))
-            )
+            )  # (the arena cap: :func:`cap_arenas`, at import)
             if ok and not os.environ.get("ARROW_DEFAULT_MEMORY_POOL"):
                 import pyarrow as pa
 
