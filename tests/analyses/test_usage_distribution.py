@@ -627,7 +627,29 @@ def test_backend_parity(cell1, backend, strategy, monkeypatch):
         backend = DEVICE_GPU
     got = engine.run(src, [a], backend=backend, partitions=3)[a.name]
     assert got["info"]["exact_max_windows"].tolist() == [-1]  # (no row limit on a device)
-    _assert_same(got, cpu, rtol_q=1e-9)
+    if strategy == "bounded":
+        _assert_bounded_alike(got, cpu, cell1, by, k=128, partitions=3)
+    else:
+        _assert_same(got, cpu, rtol_q=1e-9)
+
+
+def _assert_bounded_alike(got, want, cell, by, *, k, partitions):
+    """A bounded run on another backend: the same groups, counts, weights and means; quantiles
+    within the bound each reports (against the exact mixture), bounds within the merge depth's,
+    and most quantiles as the other's.  Not bit for bit: a sum in another order moves a knot at a
+    gap of a group's CDF (where its level is reached within rounding) across the gap, and the
+    merges after it re-tabulate another piecewise-linear CDF (an H200 run: 5 of 68 bounds off by
+    up to 24%, the device's per-key weights summed by its warp kernel)."""
+    q, w = got["quantiles"], want["quantiles"]
+    qcols = [c for c in q.columns if c.startswith("q")]
+    loose = {"quantiles": qcols + ["cdf_error_bound"], "info": ["max_cdf_error_bound"], "naive": []}
+    _assert_same({n: got[n].drop(columns=loose[n]) for n in loose}, {n: want[n].drop(columns=loose[n]) for n in loose})
+    groups, _ = expected_groups(cell, by, bucket_s=1800)
+    check_against_reference(got, groups, by, list(STD), bounded=True)
+    eb = q.loc[q["weight"] > 0, "cdf_error_bound"]
+    assert (eb <= (1 + partitions) / k + 1e-12).all() and (eb > 1 / k).sum() > 3  # small groups: exact
+    same = np.isclose(q[qcols].to_numpy(), w[qcols].to_numpy(), rtol=1e-9, atol=0.0, equal_nan=True)
+    assert same.mean() > 0.9, same.mean()
 
 
 # --------------------------------------------------------------------------------------------

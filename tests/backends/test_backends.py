@@ -124,6 +124,20 @@ def test_gpu_tests_collect_with_only_the_device_image_packages():
     assert "collected" in summary and "error" not in summary, r.stdout[-2000:]
 
 
+def test_a_usable_cupy_is_checked_once_a_process(monkeypatch):
+    """The mixture ops ask for CuPy on every call; the checks read every installed distribution's
+    metadata (0.4 s of a 0.8 s usage-distribution run on an H200 went there)."""
+    from importlib import metadata
+    from types import SimpleNamespace
+
+    scans = []
+    monkeypatch.setattr(metadata, "distributions", lambda: scans.append(1) or iter(()))
+    fake = SimpleNamespace(cuda=SimpleNamespace(runtime=SimpleNamespace(getDeviceCount=lambda: 1)))
+    monkeypatch.setattr(gpu, "_cupy", lambda: fake)
+    monkeypatch.setattr(gpu, "_REQUIRED", None)
+    assert gpu.require() is fake and gpu.require() is fake and len(scans) == 1
+
+
 def test_two_cupy_distributions_are_refused_with_the_way_out(monkeypatch):
     from importlib import metadata
 
@@ -133,6 +147,7 @@ def test_two_cupy_distributions_are_refused_with_the_way_out(monkeypatch):
 
     fake = [Dist("numpy"), Dist("cupy-cuda12x"), Dist("cupy_cuda13x"), Dist("cupyx-helpers")]
     monkeypatch.setattr(metadata, "distributions", lambda: iter(fake))
+    monkeypatch.setattr(gpu, "_REQUIRED", None)  # (a usable CuPy found earlier in the process)
     assert gpu.cupy_distributions() == ["cupy-cuda12x", "cupy-cuda13x"]
     with pytest.raises(
         BackendUnavailable,
