@@ -459,6 +459,9 @@ class _MemoryPool:
     def free_bytes(self) -> int:
         return 0
 
+    def free_all_blocks(self) -> None:
+        POOL_RELEASES[0] += 1  # (nothing cached to give back)
+
 
 def _memcpy_async(dst: int, src: int, nbytes: int, kind: int, stream: int) -> None:
     """``cudaMemcpyAsync`` host to device: the bytes at ``src`` written at ``dst`` (a device
@@ -473,6 +476,8 @@ _STREAM = type("Stream", (_Stream,), {"null": _Stream()})
 #: What the engine's gpu load path (gpuclust/engine/staging.py) uses of ``cupy.cuda``: devices,
 #: streams, events, pinned buffers and the runtime's asynchronous copy.
 _POOL = _MemoryPool()
+#: Calls of the pool's ``free_all_blocks`` (what the engine gives back after running out of memory).
+POOL_RELEASES = [0]
 XP.get_default_memory_pool = lambda: _POOL
 XP.cuda = types.SimpleNamespace(
     Device=_Device,

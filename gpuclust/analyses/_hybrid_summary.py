@@ -34,12 +34,17 @@ from gpuclust._xp import bincount
 from gpuclust.analyses import mixture_summary as ms
 from gpuclust.backends import backend_of
 
-__all__ = ["MERGE_CHUNK_GROUPS", "empty", "finalize", "leaf", "merge", "spill_threshold", "to_backend"]
+__all__ = ["MERGE_CHUNK_GROUPS", "TABULATE_ROWS", "empty", "finalize", "leaf", "merge", "spill_threshold", "to_backend"]
 
 _STATS = ("n_windows", "n_repaired", "n_null", "weight", "wmean")
 #: Groups per :func:`mixture_summary.merge` call when merging bounded summaries (bounds the
 #: merge's temporaries -- about 40 arrays of ``(groups, 3 (K + 1))`` -- to a few hundred MB).
 MERGE_CHUNK_GROUPS = 1024
+#: Most rows a spill tabulates at once (:func:`_tabulate`): the mixture's sort and sweep take about
+#: 1.1-1.4 kB a window on a device (72 B an event on the host), so a 10^6-window partition of a few
+#: large groups (usage-distribution by tier's first pass) took ~1.3 GB at once, which ran a device
+#: capped at a quarter of the data out of memory (bench/results/h200-2026-11-30).
+TABULATE_ROWS = 1 << 18
 
 
 def _xp_of(a: Any) -> ModuleType:
@@ -97,16 +102,7 @@ def _spill(h: dict[str, Any]) -> dict[str, Any]:
     # mixture_summary.bounded_partial tabulates; NaN for a group without usable rows) and the leaf
     # bound 1/K, their stats -- zero-weight windows included -- kept from ``em``; the exact part
     # holds repaired, usable rows only: no second repair, no second pass for the stats
-    Gm = int(em["key"].shape[0])
-    codes_m = xp.searchsorted(em["key"], em["row_key"]).astype(xp.int64)
-    knots = backend_of(em["q"]).ops.mixture_quantiles(
-        xp.ascontiguousarray(em["q"]),
-        xp.ascontiguousarray(em["w"]),
-        xp.ascontiguousarray(codes_m),
-        Gm,
-        xp.asarray(ms.summary_levels(int(k))),
-    )
-    err = xp.where(em["weight"] > 0, 1.0 / float(k), 0.0)
+    knots, err = _tabulate(xp, em, int(k))
     bm = {"kind": "bounded", "k": int(k), "key": em["key"], **{s: em[s] for s in _STATS}, "knots": knots, "err": err}
     return {
         "kind": "hybrid",
@@ -114,6 +110,37 @@ def _spill(h: dict[str, Any]) -> dict[str, Any]:
         "exact": _take_exact(xp, e, ~move),
         "bounded": bm if Gb == 0 else _merge_bounded(b, bm),
     }
+
+
+def _tabulate(xp: ModuleType, em: dict[str, Any], k: int) -> tuple[Any, Any]:
+    """The knots and bounds of the groups of the exact part ``em`` (sorted, usable rows): one leaf
+    (bound ``1/K``) when it holds at most :data:`TABULATE_ROWS` rows, else a leaf per slice of that
+    many rows (cutting across groups: any subset of a group's windows tabulates as a leaf) merged
+    pairwise, a balanced tree (bound ``(1 + ceil(log2 slices)) / K``); a group without weight gets
+    NaN knots and bound 0."""
+    lv = xp.asarray(ms.summary_levels(k))
+    n, keys = int(em["q"].shape[0]), em["key"]
+    if n <= TABULATE_ROWS:
+        codes = xp.searchsorted(keys, em["row_key"]).astype(xp.int64)
+        knots = backend_of(em["q"]).ops.mixture_quantiles(
+            xp.ascontiguousarray(em["q"]), xp.ascontiguousarray(em["w"]), codes, int(keys.shape[0]), lv
+        )
+        return knots, xp.where(em["weight"] > 0, 1.0 / float(k), 0.0)
+    parts = [
+        ms.bounded_partial(em["q"][lo : lo + TABULATE_ROWS], em["w"][lo : lo + TABULATE_ROWS],
+                           em["row_key"][lo : lo + TABULATE_ROWS], k, repaired=True)
+        for lo in range(0, n, TABULATE_ROWS)
+    ]  # fmt: skip
+    while len(parts) > 1:
+        parts = [ms.merge(*parts[i : i + 2]) if i + 1 < len(parts) else parts[i] for i in range(0, len(parts), 2)]
+    p = parts[0]
+    at = xp.searchsorted(p["key"], keys)
+    has = at < int(p["key"].shape[0])
+    has[has] = p["key"][at[has]] == keys[has]
+    knots = xp.full((int(keys.shape[0]), k + 1), xp.nan)
+    err = xp.zeros(int(keys.shape[0]))
+    knots[has], err[has] = p["knots"][at[has]], p["err"][at[has]]
+    return knots, xp.where(em["weight"] > 0, err, 0.0)
 
 
 def _merge_bounded(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:

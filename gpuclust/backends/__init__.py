@@ -36,6 +36,7 @@ __all__ = [
     "device_free_bytes",
     "finalize_backend",
     "finalizing_on_host",
+    "release_pool",
     "merged_backend",
     "get_backend",
     "gpu_available",
@@ -243,8 +244,9 @@ _on_host_lock = threading.Lock()
 @contextlib.contextmanager
 def finalizing_on_host() -> Iterator[None]:
     """Inside, :func:`finalize_backend` gives the cpu backend whatever the partials were computed
-    on: an out-of-core study on a device finalizes on the host, since some finalizes take device
-    memory in proportion to the data (:mod:`gpuclust.engine.study`).  The partials keep their
+    on: an out-of-core study on a device finalizes on the host what runs out of device memory,
+    since some finalizes take it in proportion to the data
+    (:func:`gpuclust.engine.finish.finalized_or_on_host`).  The partials keep their
     ``backend``, so the finalizes cut their work as they would on the device (the same results).
     Process-wide: a finalize running meanwhile in another thread goes to the host too."""
     with _on_host_lock:
@@ -264,6 +266,13 @@ def merged_backend(a: str, b: str) -> str:
     ('gpu', 'cpu')
     """
     return "gpu" if "gpu" in (a, b) else "cpu"
+
+
+def release_pool(backend: Any) -> None:
+    """Give the blocks ``backend``'s device memory pool caches back to the device (after running
+    out of memory there, before another try); nothing on the cpu backend."""
+    if backend.xp is not np:
+        backend.xp.get_default_memory_pool().free_all_blocks()
 
 
 def device_free_bytes(backend: Any) -> int:

@@ -24,7 +24,7 @@ from gpuclust.engine import partition as _partition
 from gpuclust.engine import selection as _selection
 from gpuclust.engine import shards as _shards
 from gpuclust.engine.contexts import contexts, per_partition, resolve_analyses, result_keys, unbound
-from gpuclust.engine.finish import finalized, received
+from gpuclust.engine.finish import finalized, finalized_or_on_host, received
 from gpuclust.engine.key_passes import KeyPasses, key_passes
 from gpuclust.engine.planning import auto_rows_of, device_rows_of, plan_tables
 from gpuclust.engine.progress import PassProgress
@@ -533,14 +533,17 @@ def finalize_all(
     spills: Sequence[_shards.SpillTarget | None] | None = None,
     threads: int = 1,
     writer: Any = None,
+    on_host: tuple[Backend, list[str]] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """``{result key: finalized tables}`` (see :func:`result_keys`); an analysis whose partials
     were spilled (``spills``) gets its shards reduced by ``run_tasks`` and its parted tables
     written under ``folders.root`` (:func:`gpuclust.engine.shards.finalize_parted`).  The others'
     ``finalize`` may use ``threads`` host threads (``client_threads``: the shards of an in-memory
-    parted finalize, :func:`gpuclust.parted.finalize_in_memory`); one finalized on a worker
-    (:class:`gpuclust.engine.finish.Finalized`) is taken as it is (``writer``: told what its
-    worker wrote, see :func:`gpuclust.engine.finish.received`)."""
+    parted finalize, :func:`gpuclust.parted.finalize_in_memory`); with ``on_host`` (a device
+    backend and a list) they run again on the host where they run out of its memory, their
+    labels added to the list (:func:`gpuclust.engine.finish.finalized_or_on_host`).  One
+    finalized on a worker (:class:`gpuclust.engine.finish.Finalized`) is taken as it is
+    (``writer``: told what its worker wrote, see :func:`gpuclust.engine.finish.received`)."""
     keys = result_keys(ans)
     if progress is not None:
         progress.phase("finalize")
@@ -558,7 +561,7 @@ def finalize_all(
                 out[key] = _shards.finalize_parted(a, ctx, p, folders.root / key, folder, run_tasks, progress)
         else:
             with client_threads(threads), phase("finalize", a.label):
-                out[key] = finalized(a, p, ctx)
+                out[key] = finalized(a, p, ctx) if on_host is None else finalized_or_on_host(a, p, ctx, *on_host)
     if progress is not None:
         progress.finish()
     return out

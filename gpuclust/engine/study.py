@@ -40,7 +40,7 @@ from gpuclust._cache import forget
 from gpuclust._lazy import pandas as pd
 from gpuclust._memory import run_memory, tune_allocator
 from gpuclust.analyses.base import Analysis
-from gpuclust.backends import Backend, finalizing_on_host, get_backend
+from gpuclust.backends import Backend, get_backend
 from gpuclust.engine import memory as _memory
 from gpuclust.engine import partition as _partition
 from gpuclust.engine.contexts import contexts, resolve_analyses
@@ -57,6 +57,7 @@ from gpuclust.engine.study_plans import (
     combined_hold,
     context_kept,
     row_bytes_of,
+    run_hold,
     run_in_groups,
     table_plans,
     whole_plans,
@@ -115,7 +116,8 @@ class Study:
         first persisted (device memory on gpu, available RAM on cpu).  Given, on a device, it
         also covers the contexts' device copies and the partials' working memory
         (:meth:`_device_extra`): a run's analyses that do not fit in it at once run in groups,
-        each streaming the data (:meth:`_budget_groups`); a run that streams finalizes on the host.
+        each streaming the data (:meth:`_budget_groups`); a run that streams finalizes on the host what
+        runs out of device memory.
 
     Attributes
     ----------
@@ -543,19 +545,17 @@ class Study:
                 merged = [m if e is None else e for m, e in zip(merged, extra, strict=True)]
         seconds["merge"] = max(0.0, time.perf_counter() - clock - seconds["partials"])
         clock = time.perf_counter()
-        # out of core on a device: finalized on the host, where the finalizes whose memory grows
-        # with the data (peak-prediction, usage-distribution) do not meet the resident partitions
-        host = remote is None and be.xp is not np and any(streamed.get(a.table) for a in ans)
-        with finalizing_on_host() if host else contextlib.nullcontext():
-            done = finalize_all(ans, merged, ctxs, progress, threads=host_threads(be, self.workers))
+        # out of core on a device: a finalize whose memory grows with the data (overcommit's) runs
+        # again on the host where it runs out of the device's
+        on_host: list[str] = []
+        fallback = (be, on_host) if here and any(streamed.get(a.table) for a in ans) else None
+        done = finalize_all(ans, merged, ctxs, progress, threads=host_threads(be, self.workers), on_host=fallback)
         seconds["finalize"] = time.perf_counter() - clock
         clock = time.perf_counter()
         out = convert(done, "pandas")  # as engine.run's default
         seconds["convert"] = time.perf_counter() - clock
         self.last_run_seconds = seconds
-        self.last_run_hold = {} if hold is None else hold.summary()
-        if any(d is not None for d in dense):  # where each one's dense accumulators were
-            self.last_run_hold["dense"] = {a.label: d.on_device for a, d in zip(ans, dense, strict=True) if d}
+        self.last_run_hold = run_hold(hold, on_host, ans, dense)
         return out
 
     def _staying(

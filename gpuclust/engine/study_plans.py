@@ -22,6 +22,7 @@ __all__ = [
     "combined_hold",
     "context_kept",
     "row_bytes_of",
+    "run_hold",
     "run_in_groups",
     "table_plans",
     "whole_plans",
@@ -149,9 +150,22 @@ def run_in_groups(
     return {key: out[key] for key in keys}
 
 
+def run_hold(hold: Any, on_host: Sequence[str], ans: Sequence[Analysis], dense: Sequence[Any]) -> dict[str, Any]:
+    """A run's ``last_run_hold``: its :class:`~gpuclust.engine.tasks.DeviceHold`'s summary (none:
+    nothing held), the analyses ``finalized_on_host`` for want of device memory, and where each
+    one's ``dense`` accumulators were (on the device or not)."""
+    out: dict[str, Any] = {} if hold is None else hold.summary()
+    if on_host:
+        out["finalized_on_host"] = list(on_host)
+    if any(d is not None for d in dense):
+        out["dense"] = {a.label: d.on_device for a, d in zip(ans, dense, strict=True) if d}
+    return out
+
+
 def combined_hold(holds: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The ``last_run_hold`` of a run in groups, from each group's: the largest ``allowance`` and
-    ``peak``, every ``merged_on_host`` and ``dense`` entry, and ``groups``, their number.
+    ``peak``, every ``merged_on_host``, ``finalized_on_host`` and ``dense`` entry, and ``groups``,
+    their number.
 
     >>> combined_hold([{"allowance": 4, "peak": 1, "merged_on_host": ["a"]}, {"dense": {"b": True}}, {}])
     {'groups': 3, 'allowance': 4, 'peak': 1, 'merged_on_host': ['a'], 'dense': {'b': True}}
@@ -161,8 +175,9 @@ def combined_hold(holds: Sequence[dict[str, Any]]) -> dict[str, Any]:
         for k in ("allowance", "peak"):
             if h.get(k) is not None:
                 out[k] = max(out.get(k, 0), h[k])
-        if "merged_on_host" in h:
-            out["merged_on_host"] = [*out.get("merged_on_host", []), *h["merged_on_host"]]
+        for k in ("merged_on_host", "finalized_on_host"):
+            if k in h:
+                out[k] = [*out.get(k, []), *h[k]]
         if "dense" in h:
             out["dense"] = {**out.get("dense", {}), **h["dense"]}
     return out

@@ -203,13 +203,15 @@ def test_a_device_of_a_quarter_of_the_data_holds_the_study(replicas, monkeypatch
     of the data the study ran out of device memory all at once; at a quarter its peak was 99% of the
     cap, 84% in groups; the same bits: test_an_eighth_of_the_memory_gives_the_same_bits).  Before: 1.56x the cap in the
     partials, 14x in peak-prediction's finalize."""
-    from device_backend import DEVICE, device_memory, mark_partials_gpu, resolve_gpu_to_device
+    from device_backend import DEVICE, POOL_RELEASES, device_memory, mark_partials_gpu, resolve_gpu_to_device
 
     resolve_gpu_to_device(monkeypatch)
     mark_partials_gpu(monkeypatch)
     with gpuclust.open(replicas, backend=DEVICE, partitions=32, workers=1).persist() as study:
         data = study.resident_bytes
+        want = study.run(names())
     cap = data // 4
+    released = POOL_RELEASES[0]
     with device_memory(cap) as mem:
         study = gpuclust.open(replicas, backend=DEVICE, partitions=32, workers=1, memory_budget=cap // 2).persist()
         got = study.run(names())
@@ -217,8 +219,14 @@ def test_a_device_of_a_quarter_of_the_data_holds_the_study(replicas, monkeypatch
         assert 0 < mem["peak_live_bytes"] <= cap, (mem["peak_live_bytes"], cap)
         # the analyses whose contexts and work do not fit the budget at once run in groups
         assert study.last_run_hold["groups"] > 1, study.last_run_hold
+        # finalized on the device but where that runs out of its memory: then on the host, the
+        # pool's cached blocks given back first (at this cap, 17 MB, peak-prediction's oracle
+        # chunk of 2^23 cells on a device does not fit either; the other ten finalize there)
+        on_host = study.last_run_hold["finalized_on_host"]
+        assert sorted(on_host) == ["overcommit", "peak-prediction", "usage-distribution"], on_host
+        assert POOL_RELEASES[0] - released == len(on_host)
         study.close()
-    assert set(got) == set(names()) and all(got.values())
+    _exactly_equal(got, want)
 
 
 def test_a_budgeted_device_study_keeps_on_the_device_only_its_runs_contexts(replicas, monkeypatch):
@@ -243,3 +251,39 @@ def test_a_budgeted_device_study_keeps_on_the_device_only_its_runs_contexts(repl
             st.run("machine-shapes")
             assert any(a in _staged for a in arrays) == (budget is None), budget
             st.run(big)  # staged again, the same results
+
+
+def test_a_finalize_that_runs_out_of_device_memory_runs_again_on_the_host(monkeypatch):
+    """``finish.finalized_or_on_host``: a finalize that fits stays on the device; one that runs
+    out of device memory there (CuPy's OutOfMemoryError is a MemoryError) runs again, from the
+    same partial, on the host (``finalize_backend`` gives the cpu), after the pool's cached blocks
+    are given back, and is named in the list the study reports (``finalized_on_host``)."""
+    from device_backend import DEVICE, POOL_RELEASES, resolve_gpu_to_device
+
+    from gpuclust.analyses.base import to_host
+    from gpuclust.backends import finalize_backend
+    from gpuclust.engine.finish import finalized_or_on_host
+
+    resolve_gpu_to_device(monkeypatch)
+    tries = []
+
+    class Finalize:
+        device_partial = True
+
+        def __init__(self, label, device_bytes):
+            self.label, self.device_bytes = label, device_bytes
+
+        def finalize(self, p, ctx):
+            be = finalize_backend("gpu")
+            tries.append((self.label, be.name))
+            if be.xp is not np and self.device_bytes > ctx:
+                raise MemoryError("out of device memory")
+            return {"sum": float(to_host(p).sum()), "on": be.name}
+
+    on_host, released = [], POOL_RELEASES[0]
+    p = DEVICE.asarray(np.arange(4.0))
+    fits = finalized_or_on_host(Finalize("fits", 10), p, 100, DEVICE, on_host)
+    grows = finalized_or_on_host(Finalize("grows", 1000), p, 100, DEVICE, on_host)
+    assert fits == {"sum": 6.0, "on": "gpu"} and grows == {"sum": 6.0, "on": "cpu"}
+    assert tries == [("fits", "gpu"), ("grows", "gpu"), ("grows", "cpu")]
+    assert on_host == ["grows"] and POOL_RELEASES[0] == released + 1
