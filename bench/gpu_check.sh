@@ -20,8 +20,9 @@
 #   cli        gpuclust analyze DS <all 13> --backend gpu, then --backend cpu, whole process, each
 #              with its threads' stacks sampled at 20 Hz (bench/sampled.py: where the host time goes)
 #   dask       the study on a LocalCUDACluster, compared with the local results
-#   profile    the slowest analyses warm, sampled at 200 Hz under CUDA_LAUNCH_BLOCKING=1: the lines
-#              of gpuclust their time (kernels included) went to (bench/gpu_profile.py profile_step)
+#   profile    the study's load (every thread sampled), then the slowest analyses warm, sampled at
+#              200 Hz under CUDA_LAUNCH_BLOCKING=1: the lines of gpuclust their time (kernels
+#              included) went to (bench/gpu_profile.py profile_step)
 #   reference  the same data in DuckDB (resident tables, the SQL peers' cases) beside the device,
 #              and the 13 analyses on the 16-core cpu backend, resident (bench/gpu_reference.py):
 #              the per-analysis ratios; last, so a whole check leaves it no time (STEPS=reference)

@@ -26,6 +26,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -144,7 +145,8 @@ PROFILED = (
 
 
 def profile_step(ds: Path, out: Path, backend_name: str, analyses: tuple[str, ...], hz: float, top: int) -> None:
-    """The device check's ``profile`` step: each of ``analyses`` on a resident study, warm, its
+    """The device check's ``profile`` step: the study's load, its threads sampled
+    (:func:`_sampled_load`), then each of ``analyses`` on the resident study, warm, its
     threads sampled at ``hz`` (bench/sampled.py) in a second run: its wall time, phases, and the
     lines of gpuclust its main thread was at (``lines``).  gpu_check.sh runs it under
     ``CUDA_LAUNCH_BLOCKING=1``: each kernel then returns when done, so its time lands on the line
@@ -162,7 +164,9 @@ def profile_step(ds: Path, out: Path, backend_name: str, analyses: tuple[str, ..
         "launch_blocking": os.environ.get("CUDA_LAUNCH_BLOCKING") == "1",
         "analyses": done,
     }
-    study = gpuclust.open(ds, backend=backend_name).persist()
+    study = gpuclust.open(ds, backend=backend_name)
+    rec["load"] = _sampled_load(study, hz, top)
+    out.write_text(json.dumps(rec, default=str))
     for n in analyses:
         study.run(n)  # kernels compiled (or read from CuPy's cache), contexts cached
         sampler = Sampler(hz).start()
@@ -181,6 +185,30 @@ def profile_step(ds: Path, out: Path, backend_name: str, analyses: tuple[str, ..
         out.write_text(json.dumps(rec, default=str))
         print(f"{n}: {wall:.3f} s, {main['samples']} samples; top: {main['lines'][:1]}", flush=True)
     study.close()
+
+
+def _sampled_load(study: Any, hz: float, top: int) -> dict[str, object]:  # (a Study)
+    """``study.persist()`` with every thread sampled at ``hz``: its wall time and rate, and where
+    the main thread and the loader threads (``other``) were: the load ran at 42% of the host's
+    decode rate on the H200 (bench/results/h200-2026-11-30), and this says which of decode, the
+    copies into pinned buffers, the transfers or a wait takes the rest (sampling 17 threads at
+    200 Hz slows the load a little)."""
+    from sampled import Sampler
+
+    sampler = Sampler(hz).start()
+    t = time.perf_counter()
+    study.persist()
+    wall = time.perf_counter() - t
+    sampler.stop()
+    s = sampler.summary(top)
+    keep = ("samples", "lines", "exclusive", "stacks")
+    print(f"load: {wall:.3f} s, {study.loaded_bytes / wall / 1e9:.2f} GB/s", flush=True)
+    return {
+        "s": wall,
+        "gb_s": study.loaded_bytes / wall / 1e9,
+        "threads": study.load_threads,
+        **{kind: {k: s[kind][k] for k in keep} for kind in ("main", "other")},
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +49,7 @@ __all__ = [
     "finalize_in_memory",
     "key_bounds",
     "map_large_arrays",
+    "mapped_npy",
     "frames",
     "part_name",
     "read_keyed_range",
@@ -276,14 +278,27 @@ class KeyedAppender:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
+#: Held while NumPy reads a ``.npy`` header (:func:`mapped_npy`): it parses the header with
+#: ``ast.literal_eval``, and CPython 3.11 before 3.11.8 can raise a spurious ``SystemError: AST
+#: constructor recursion depth mismatch`` when threads build ASTs at once (python/cpython#106905;
+#: seen in a shard reduction's threads).  Only the header is parsed under it, not the data read.
+_NPY_HEADER = threading.Lock()
+
+
+def mapped_npy(path: Path | str) -> np.memmap:
+    """The ``.npy`` file ``path`` memory-mapped read-only, its header parsed under :data:`_NPY_HEADER`."""
+    with _NPY_HEADER:
+        return np.load(path, mmap_mode="r")
+
+
 def read_keyed_range(spill: Path, name: str, fields: Sequence[str], lo: int, hi: int) -> dict[str, np.ndarray]:
     """The rows of keyed partial ``name`` saved in ``spill`` whose key is in ``[lo, hi)`` (files
     memory-mapped: only the range is read)."""
-    key = np.load(spill / f"{name}.key.npy", mmap_mode="r")
+    key = mapped_npy(spill / f"{name}.key.npy")
     a, b = (int(x) for x in np.searchsorted(key, [lo, hi]))
     out = {"key": np.array(key[a:b])}
     for f in fields:
-        out[f] = np.array(np.load(spill / f"{name}.{f}.npy", mmap_mode="r")[a:b])
+        out[f] = np.array(mapped_npy(spill / f"{name}.{f}.npy")[a:b])
     return out
 
 
@@ -359,7 +374,7 @@ class MappedArray(np.memmap):
 
 
 def _open_mapped(path: str) -> MappedArray:
-    arr = np.load(path, mmap_mode="r").view(MappedArray)
+    arr = mapped_npy(path).view(MappedArray)
     arr._gpuclust_path = path
     return arr
 

@@ -346,3 +346,30 @@ def test_keyed_chunks_appended_read_as_one_spill(tmp_path: Path) -> None:
     gone.add({"a": {f: v[:5] for f, v in whole["a"].items()}})
     gone.discard()
     assert list((tmp_path / "gone").iterdir()) == []
+
+
+def test_npy_headers_are_parsed_one_thread_at_a_time(tmp_path, monkeypatch):
+    """NumPy parses a ``.npy`` header with ``ast.literal_eval``, which CPython 3.11 (before 3.11.8)
+    can fail with a spurious ``SystemError`` when threads build ASTs at once (python/cpython#106905:
+    seen once in a fresh-clone CI run of test_analyze_writes_parts_and_returns_them_in_place, in a
+    shard thread's ``read_keyed_range``): every ``np.load`` of the parted tables' spill files and
+    mapped context arrays holds one lock."""
+    import numpy as np
+
+    import gpuclust.parted as parted
+
+    held = []
+    load = np.load
+
+    def checked(*a, **kw):
+        held.append(parted._NPY_HEADER.locked())
+        return load(*a, **kw)
+
+    monkeypatch.setattr(np, "load", checked)
+    for f in ("key", "v"):
+        np.save(tmp_path / f"p.{f}.npy", np.arange(10, dtype=np.int64) * (2 if f == "v" else 1))
+    got = parted.read_keyed_range(tmp_path, "p", ["v"], 3, 7)
+    assert got["key"].tolist() == [3, 4, 5, 6] and got["v"].tolist() == [6, 8, 10, 12]
+    np.save(tmp_path / "ctx.npy", np.arange(1 << 14, dtype=np.float64))
+    assert float(parted._open_mapped(str(tmp_path / "ctx.npy"))[5]) == 5.0  # (a mapped context array)
+    assert held and all(held), held
