@@ -245,11 +245,12 @@ def mixture_quantiles(q: Any, w: Any, group: Any, n_groups: int, levels: Any, *,
     nv = int(idx.shape[0])
     if nv == 0:
         return out
-    gv = group[idx].astype(cp.int64)
-    wv = w[idx]
+    every = nv == int(q.shape[0])  # (no gathered copies of the rows when every one is valid)
+    gv = (group if every else group[idx]).astype(cp.int64, copy=False)
+    wv = w if every else w[idx]
     wsum = bincount(cp, gv, weights=wv, minlength=G)
     v = cp.ascontiguousarray(wv / wsum[gv])
-    qv = cp.ascontiguousarray(q[idx])
+    qv = cp.ascontiguousarray(q if every else q[idx])
     if bool(cp.any(qv[:, 1:] < qv[:, :-1])):
         raise ValueError("q rows must be non-decreasing; repair them with repair_percentiles first")
     # events sorted by (group, x); ids are i * nl + k into qv: one radix argsort of a packed uint64
@@ -261,7 +262,7 @@ def mixture_quantiles(q: Any, w: Any, group: Any, n_groups: int, levels: Any, *,
     else:
         ev = cp.lexsort(cp.stack([qv.reshape(-1), eg.astype(cp.float64)]))
     del eg, packed
-    ev = cp.ascontiguousarray(ev.astype(cp.int64))
+    ev = cp.ascontiguousarray(ev.astype(cp.int64, copy=False))
     row_start = cp.zeros(G + 1, dtype=cp.int64)
     row_start[1:] = cp.cumsum(bincount(cp, gv, minlength=G) * nl)
     E = nv * nl
