@@ -16,7 +16,8 @@
 #   kernels    bench/kernels_bench.py --backend gpu                              -> kernels_gpu.json
 #   study      load rate vs its ceilings, warm analyses on resident data (and usage-distribution's
 #              exact-two-pass beside auto's one pass), out of core with the device pool capped at
-#              1/4 of the data, one analysis at a time, compared with the resident results
+#              1/4 of the data, all 13 at once, then one analysis at a time, compared with the
+#              resident results
 #   cli        gpuclust analyze DS <all 13> --backend gpu, then --backend cpu, whole process, each
 #              with its threads' stacks sampled at 20 Hz (bench/sampled.py: where the host time goes)
 #   dask       the study on a LocalCUDACluster, compared with the local results

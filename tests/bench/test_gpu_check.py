@@ -181,6 +181,12 @@ def test_assemble_reports_what_ran_and_nothing_it_did_not(check, tmp_path) -> No
     ooc = rec["out_of_core"]
     assert ooc["equal"] is False and ooc["gpu_s"] is None and ooc["failed"] == ["cpi"], ooc
     assert rec["projection_cell_min"] is None
+    # ... while all 13 at once (run first: the run a user makes) equal the resident run: its rate
+    study["out_of_core"]["all_at_once"] = {"s": 0.5, "equal": True}
+    (work / "study.json").write_text(json.dumps(study))
+    rec = check.assemble(work, logs, tmp_path / "gpu-latest.json")
+    assert rec["out_of_core"]["equal"] is False and rec["out_of_core"]["all_at_once_s"] == 0.5
+    assert rec["projection_cell_min"] == pytest.approx(0.5 / 1000 * 2.7e9 / 60)
     # the reference step: the cpu backend's warm seconds, and DuckDB's of the analysis' first SQL case
     # against the device's seconds on that case (its options), not on the analysis' defaults
     ref = {
