@@ -94,3 +94,22 @@ def test_slices_merge_as_a_balanced_tree(monkeypatch, n_slices):
     monkeypatch.setattr(ms, "merge", counted)
     hs.leaf(q, w, keys, 64, repaired=True)
     assert len(depth) == n_slices - 1 and max(depth) == math.ceil(math.log2(n_slices))
+
+
+def test_sliced_spill_on_the_device_shaped_backend_is_the_hosts(monkeypatch):
+    """The slices and their merges on device arrays (the device-shaped backend: arrays that refuse
+    host operands and implicit copies, as CuPy's do): the host's leaf, bit for bit."""
+    from device_backend import DEVICE, resolve_gpu_to_device
+
+    from gpuclust.analyses.base import to_host
+
+    resolve_gpu_to_device(monkeypatch)
+    monkeypatch.setattr(hs, "TABULATE_ROWS", 37)
+    q, w, keys = _rows(7, [300, 2, 180, 50])
+    want = hs.leaf(q, w, keys, 64, repaired=True)
+    got = to_host(hs.leaf(DEVICE.asarray(q), DEVICE.asarray(w), DEVICE.asarray(keys), 64, repaired=True))
+    for part in ("exact", "bounded"):
+        assert set(got[part]) == set(want[part])
+        for f, v in want[part].items():
+            if isinstance(v, np.ndarray):
+                np.testing.assert_array_equal(got[part][f], v, err_msg=f"{part} {f}")
