@@ -28,7 +28,7 @@
 #              and the 13 analyses on the 16-core cpu backend, resident (bench/gpu_reference.py):
 #              the per-analysis ratios; last, so a whole check leaves it no time (STEPS=reference)
 # STEPS (default "tests sanitize kernels study cli dask profile reference") picks steps, e.g. for a
-# rerun on the time left; CLI_CPU_S (default 70) is the cpu CLI run's limit (STEPS=cli CLI_CPU_S=400:
+# rerun on the time left; CLI_CPU_S (default 40) is the cpu CLI run's limit (STEPS=cli CLI_CPU_S=400:
 # to its end), DASK_S (default 120) the dask step's (STEPS="study dask" DASK_S=300: to its end;
 # the dask step compares with the study step's results).  After every step bench/gpu_check.py assembles $OUT/gpu-latest.json (issue 34's record) from what
 # the steps wrote so far, so a call cut off still returns a valid record.  At most 8 files come back:
@@ -86,7 +86,7 @@ step() {  # step NAME LOGFILE MAX_S FLOOR_S CMD...: run CMD for min(MAX_S, time 
 say "check: backend $BACKEND, $COPIES x $BASE windows, deadline $((DEADLINE - T0)) s"
 $PY "${CHECK[@]}" env --json "$WORK/env.json" --commit "${COMMIT:-}" >>"$LOGS/check.log" 2>&1
 STEPS=" ${STEPS:-tests sanitize kernels study cli dask profile reference} "
-CLI_CPU_S=${CLI_CPU_S:-70}
+CLI_CPU_S=${CLI_CPU_S:-40}
 has() { [[ "$STEPS" == *" $1 "* ]]; }
 ( timeout -k 5 240 $PY "${CHECK[@]}" data "$WORK/data" --base "$BASE" --copies "$COPIES" --machines "$MACHINES" \
     >>"$LOGS/steps.log" 2>&1 && \
@@ -119,7 +119,7 @@ fi
 wait "$DATA_PID"
 say "data: exit $(cat "$WORK/data.rc" 2>/dev/null || echo '?'); $(tail -n 1 "$LOGS/steps.log")"
 if [ -f "$DS/manifest.json" ]; then
-    has study && step study steps.log 210 30 $PY "${CHECK[@]}" study "$DS" --json "$WORK/study.json" --ref "$WORK/ref.pkl" --backend "$BACKEND"
+    has study && step study steps.log 240 30 $PY "${CHECK[@]}" study "$DS" --json "$WORK/study.json" --ref "$WORK/ref.pkl" --backend "$BACKEND"
     has cli && step cli-gpu steps.log 60 20 $PY "${CHECK[@]}" cli "$DS" --json "$WORK/cli_gpu.json" --backend "$BACKEND" --timeout 55
     # the cpu run does not finish at this size inside the check (over 110 s on 2026-11-29): its cut
     # is a lower bound, and the study's out of core and dask keep their slots (CLI_CPU_S: a call of
