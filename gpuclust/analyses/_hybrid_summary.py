@@ -16,7 +16,8 @@ two disjoint parts:
 
 A group moves ("spills") from ``exact`` to ``bounded`` when its usable windows exceed ``T`` or
 when it is already bounded on the other side of a merge: its windows are tabulated as a leaf
-(what ``mixture_summary.bounded_partial`` computes, error ``1/K``; the stats are kept from the
+(what ``mixture_summary.bounded_partial`` computes, error ``1/K``; more than
+:data:`TABULATE_ROWS` rows as a leaf a slice, merged pairwise; the stats are kept from the
 exact part) and merged into the bounded part with the
 proven bound (``docs/analyses/mixture.md``): tabulating any subset of a group's windows is a leaf of the
 same theorem, so every group's tracked bound stays valid.  Memory per group is at most about
@@ -98,10 +99,9 @@ def _spill(h: dict[str, Any]) -> dict[str, Any]:
     if not bool(move.any()):
         return h
     em = e if bool(move.all()) else _take_exact(xp, e, move)  # no copy when every group moves
-    # a leaf of the moved groups: the mixture's quantiles at j / K (what
-    # mixture_summary.bounded_partial tabulates; NaN for a group without usable rows) and the leaf
-    # bound 1/K, their stats -- zero-weight windows included -- kept from ``em``; the exact part
-    # holds repaired, usable rows only: no second repair, no second pass for the stats
+    # the moved groups tabulated (:func:`_tabulate`: the mixture's quantiles at j / K and their
+    # bounds), their stats -- zero-weight windows included -- kept from ``em``; the exact part
+    # holds repaired, usable rows only: no second repair
     knots, err = _tabulate(xp, em, int(k))
     bm = {"kind": "bounded", "k": int(k), "key": em["key"], **{s: em[s] for s in _STATS}, "knots": knots, "err": err}
     return {
