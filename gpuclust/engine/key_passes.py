@@ -5,7 +5,7 @@ machines x tiers x buckets, cpi's, machine-utilization's) merges them on the loc
 dense accumulators where they fit (:func:`gpuclust.engine.shards.dense_target`); past that its
 keyed partials are spilled to files, whose bytes grow with the windows, not with the result
 (overcommit: ~78 B a window, about 210 GB for a 2019 cell, past the scratch disk of many GPU
-nodes; its accumulators for a cell, ~61 GB, past a device's share).  On a device the engine runs
+nodes; its accumulators for a cell, ~52 GB, and cpi's, ~25 GB, past an H200's room for both).  On a device the engine runs
 such an analysis in passes instead (:func:`key_passes`): each pass adds only the keys of one
 range of the shard coordinate (machine codes) into dense accumulators in device memory (a
 clipping :class:`~gpuclust.engine.shards.DenseKeys`), then reduces and writes that range's shards
@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from gpuclust.analyses.base import Analysis
-from gpuclust.backends import Backend, device_free_bytes
+from gpuclust.backends import Backend
 from gpuclust.engine import shards as _shards
 
-__all__ = ["MAX_PASSES", "KeyPasses", "key_passes"]
+__all__ = ["MAX_PASSES", "KeyPasses", "finalize_order", "key_passes"]
 
 #: Most passes an analysis' keyed sums are split into (beyond: spilled to files).
 MAX_PASSES = 64
@@ -137,33 +137,49 @@ def key_passes(
     spills: Sequence[Any],
     be: Backend,
     stream: Callable[[int, Any], Any],
+    room: _shards.DeviceRoom | None = None,
 ) -> list[Any]:
     """The local path's spill targets, a :class:`KeyPasses` in place of a spill folder where an
     analysis' dense keyed sums (:func:`~gpuclust.engine.shards.dense_plan`) take at most
-    :data:`MAX_PASSES` times the device's room for them
-    (:data:`~gpuclust.engine.shards.DEVICE_DENSE_SHARE` of its free memory; a device backend
-    only).  ``stream(k, target)``: analysis ``k``'s partitions streamed into ``target``."""
+    :data:`MAX_PASSES` times the device's room for them (``room``, the run's
+    :class:`~gpuclust.engine.shards.DeviceRoom`: its ``total`` a pass; a device backend only).
+    The run's own stream takes an analysis' first pass where what is left of the room holds it
+    (all its keys, where one pass takes them: plain accumulators); its other passes stream its
+    partitions again at its finalize, after the other analyses' (:func:`finalize_order`), whose
+    accumulators are freed by then.  ``stream(k, target)``: analysis ``k``'s partitions streamed
+    into ``target``."""
     out = list(spills)
     if be.name == "cpu":
         return out
-    room = _shards.DEVICE_DENSE_SHARE * device_free_bytes(be)
-    left = room  # (the run's own stream: the first passes it takes share the room)
+    room = room if room is not None else _shards.DeviceRoom(be)
     for k, (a, ctx, target) in enumerate(zip(ans, ctxs, spills, strict=True)):
         plan = _shards.dense_plan(a, ctx, True) if isinstance(target, Path) else None
         coords = a.kinds.coordinates(ctx) if plan is not None else 0
-        n = math.ceil(plan[1] / room) if plan is not None and room > 0 else MAX_PASSES + 1
+        n = math.ceil(plan[1] / room.total) if plan is not None and room.total > 0 else MAX_PASSES + 1
         if plan is None or n > MAX_PASSES or n > coords:
             continue
         step = -(-coords // n)
         shards = a.kinds.context_shards(ctx, on_device=True)
         runs = None if shards is None else _runs(shards, step)
-        if runs is not None and len(runs) == 1:  # one shard holds every key: a pass would take them all
-            out[k] = _shards.DenseKeys(a, plan[0], be.xp)
-            left -= plan[1]
-            continue
         first = None
-        if runs is not None:  # the run's stream takes the first pass where the room has it
-            need = _shards.dense_bytes(a, _key_ranges(a, ctx, plan[0], *runs[0]))
-            first, left = (runs[0], left - need) if need <= left else (None, left)
+        if runs is not None:  # the run's stream takes the first pass where what is left has it
+            whole = len(runs) == 1  # one pass takes every key
+            need = plan[1] if whole else _shards.dense_bytes(a, _key_ranges(a, ctx, plan[0], *runs[0]))
+            took = room.take(need)
+            if whole and (took or n > 1):  # n > 1: one shard wider than a pass, whose pass takes every
+                room.left = room.left if took else 0  # key: the run's stream takes them, past the room
+                out[k] = _shards.DenseKeys(a, plan[0], be.xp)
+                continue
+            first = runs[0] if took and not whole else None
         out[k] = KeyPasses(a, ctx, step, be.xp, functools.partial(stream, k), first)
     return out
+
+
+def finalize_order(spills: Sequence[Any]) -> list[int]:
+    """The order a run finalizes its analyses in (by index): those in :class:`KeyPasses` last,
+    so that their further passes find the other analyses' accumulators freed.
+
+    >>> finalize_order([None, KeyPasses.__new__(KeyPasses), None])
+    [0, 2, 1]
+    """
+    return sorted(range(len(spills)), key=lambda k: isinstance(spills[k], KeyPasses))

@@ -25,7 +25,7 @@ from gpuclust.engine import selection as _selection
 from gpuclust.engine import shards as _shards
 from gpuclust.engine.contexts import contexts, per_partition, resolve_analyses, result_keys, unbound
 from gpuclust.engine.finish import finalized, finalized_or_on_host, received
-from gpuclust.engine.key_passes import KeyPasses, key_passes
+from gpuclust.engine.key_passes import KeyPasses, finalize_order, key_passes
 from gpuclust.engine.planning import auto_rows_of, device_rows_of, plan_tables
 from gpuclust.engine.progress import PassProgress
 from gpuclust.engine.staging import LOAD_THREADS
@@ -353,9 +353,11 @@ def _merge_here(
     load_threads = 1 if st.be.name == "cpu" else max(1, min(LOAD_THREADS, usable_cores() // st.nthreads))
     try:
         ctxs, spills = _contexts_and_spills(src, ans, plans, st, progress, run_pass, folders)
-        # merged here in partition order: small keyed partials stay in memory
-        spills = kept_in_memory(plans, spills, st.be, ans)  # (one partition on a device: nothing to merge)
-        spills = [_shards.dense_target(a, unbound(c), f, st.be) for a, c, f in zip(ans, ctxs, spills, strict=True)]
+        # merged here in partition order: small keyed partials stay in memory; on a device, within
+        # one room for all the run's analyses (rows kept, then dense sums, the largest first)
+        room = None if st.be.name == "cpu" else _shards.DeviceRoom(st.be)
+        spills = kept_in_memory(plans, spills, st.be, ans, room)  # (one partition on a device: nothing to merge)
+        spills = _shards.dense_targets(ans, [unbound(c) for c in ctxs], spills, st.be, room)
 
         def merge(plans: dict[str, tuple[list[int], list[Any]]], spills: list[Any]) -> list[Any]:
             keep = set() if st.be.name == "cpu" else staying(plans.values(), ans, spills)
@@ -387,7 +389,7 @@ def _merge_here(
             alone = {t: ([k], specs) for t, (idx, specs) in plans.items() if k in idx}
             return merge(alone, [target if j == k else s for j, s in enumerate(spills)])[k]
 
-        spills = key_passes(ans, [unbound(c) for c in ctxs], spills, st.be, one_pass)
+        spills = key_passes(ans, [unbound(c) for c in ctxs], spills, st.be, one_pass, room)
         # (an analysis in key passes: its keyed sums dropped here, added by its passes at its finalize)
         merged = merge(plans, [s.probe if isinstance(s, KeyPasses) else s for s in spills])
     finally:
@@ -548,7 +550,9 @@ def finalize_all(
     if progress is not None:
         progress.phase("finalize")
     out = {}
-    for k, (key, a, p, ctx) in enumerate(zip(keys, ans, merged, ctxs, strict=False)):
+    n = min(len(ans), len(merged), len(ctxs))
+    for k in finalize_order((spills or [None] * n)[:n]):  # (key passes last: the others' accumulators freed)
+        key, a, p, ctx = keys[k], ans[k], merged[k], ctxs[k]
         folder = spills[k] if spills else None
         done = received(key, p, writer)
         if done is not None:
@@ -564,4 +568,4 @@ def finalize_all(
                 out[key] = finalized(a, p, ctx) if on_host is None else finalized_or_on_host(a, p, ctx, *on_host)
     if progress is not None:
         progress.finish()
-    return out
+    return {key: out[key] for key in keys if key in out}

@@ -184,8 +184,11 @@ def preferred_rows(analyses: Sequence[Any], cap: int, source: Any = None) -> int
 #: Most rows of a partition on a device backend.  A partition costs the same launches and syncs
 #: at any size, so a device run takes its partitions as large as its memory allows, up to this.
 DEVICE_PARTITION_ROWS = 1 << 26
-#: Share of the device's free memory a device run's partitions may take.
-DEVICE_SHARE = 0.8
+#: Share of the device's free memory a device run's partitions may take (beside its accumulators,
+#: :data:`gpuclust.engine.shards.DEVICE_DENSE_SHARE`, and its merge trees' hold,
+#: :data:`HOLD_SHARE`): on an H200, 2.3e7 rows of all 13 analyses' instance_usage columns a
+#: partition (~3 kB a row at their peak, :func:`row_bytes`).
+DEVICE_SHARE = 0.5
 #: Share of the device's free memory (or of a study's memory budget, with what the run leaves of
 #: the rest) that a device run's merge trees may hold in partials merged on the device
 #: (:class:`gpuclust.engine.tasks.DeviceHold`); an analysis whose partial does not fit is merged
@@ -203,7 +206,7 @@ def device_partition_rows(free: int, in_flight: int, analyses: Sequence[Any], ta
     >>> device_partition_rows(80 << 30, 1, [CellUsage()], "instance_usage") == DEVICE_PARTITION_ROWS
     True
     >>> device_partition_rows(1 << 30, 1, [CellUsage()], "instance_usage")
-    4294967
+    2684354
     """
     per = max(1, row_bytes(analyses, table)) * max(1, int(in_flight))
     return int(min(DEVICE_PARTITION_ROWS, max(MIN_PARTITION_ROWS, int(DEVICE_SHARE * free) // per)))

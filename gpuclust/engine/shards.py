@@ -25,9 +25,10 @@ over their key ranges (:class:`DenseKeys`), and the shards read their ranges fro
 sums are those of the spilled path (the same additions in the same order, see :class:`_Dense`);
 what it saves is writing every partition's keyed partials to files and reading them back (at
 6.4e7 windows, machine-utilization spilled 1.5 GB: 2-3 s of system time on the dev VM).  On a
-device backend the accumulators are in device memory, within :data:`DEVICE_DENSE_SHARE` of it:
-each partition's keyed partials are added there without leaving the device, and the shards take
-their ranges there (copied out for an analysis that finalizes on the host; :func:`dense_target`).
+device backend the accumulators are in device memory, all the run's together within
+:data:`DEVICE_DENSE_SHARE` of it (a :class:`DeviceRoom`): each partition's keyed partials are added
+there without leaving the device, and the shards take their ranges there (copied out for an
+analysis that finalizes on the host; :func:`dense_target`).
 """
 
 from __future__ import annotations
@@ -50,9 +51,15 @@ from gpuclust.partials import merge_keyed
 
 #: Largest key range of a shard merged into dense accumulators (else by insertion).
 DENSE_KEYS = 1 << 24
-#: Most of the device's free memory that device-resident dense accumulators may take (the rest
-#: is the partitions' working memory).
-DEVICE_DENSE_SHARE = 0.1
+#: Most of the device's free memory that a local device run's device-resident accumulators may
+#: take, all its analyses' together (:class:`DeviceRoom`; the rest: its partitions,
+#: :data:`gpuclust.engine.memory.DEVICE_SHARE`, and its merge trees' hold,
+#: :data:`~gpuclust.engine.memory.HOLD_SHARE`).  A dense sum that does not fit runs in key passes
+#: (:mod:`gpuclust.engine.key_passes`), each a further read of its columns, where a smaller
+#: partition costs only its launches: at a 2019 cell's size (12,500 machines, 31 days)
+#: overcommit's accumulators take ~52 GB and cpi's ~25 GB, which four tenths of an H200 hold
+#: in one pass and one more.
+DEVICE_DENSE_SHARE = 0.4
 #: Most of the host's available memory that a device study's dense accumulators may take there
 #: (:func:`study_dense`: where they do not fit in the device's room).
 HOST_DENSE_SHARE = 0.25
@@ -62,6 +69,7 @@ __all__ = [
     "DEVICE_DENSE_SHARE",
     "HOST_DENSE_SHARE",
     "DenseKeys",
+    "DeviceRoom",
     "KeptKeys",
     "SpillFolders",
     "SpillTarget",
@@ -69,6 +77,7 @@ __all__ = [
     "as_spilled",
     "dense_plan",
     "dense_target",
+    "dense_targets",
     "finalize_parted",
     "joined",
     "merge_spilled",
@@ -177,18 +186,41 @@ class KeptKeys:
         self.across = across
 
 
-def rows_fit_on_device(a: Analysis, rows: int, backend: Any) -> bool:
+class DeviceRoom:
+    """What a local device run's accumulators kept in device memory may take, all its analyses'
+    together: :data:`DEVICE_DENSE_SHARE` of the device's free memory when the run places them
+    (``total``); each placement takes its bytes from ``left``, in the analyses' order, and one
+    that does not fit in what is left goes elsewhere (the host, key passes, spill files).
+
+    >>> room = DeviceRoom(total=100)
+    >>> room.take(60), room.take(50), room.take(40), room.left
+    (True, False, True, 0)
+    """
+
+    def __init__(self, backend: Any = None, total: int | None = None):
+        self.total = int(DEVICE_DENSE_SHARE * device_free_bytes(backend)) if total is None else int(total)
+        self.left = self.total
+
+    def take(self, nbytes: int) -> bool:
+        """Whether ``nbytes`` fit in what is left (then taken)."""
+        if nbytes > self.left:
+            return False
+        self.left -= int(nbytes)
+        return True
+
+
+def rows_fit_on_device(a: Analysis, rows: int, room: DeviceRoom) -> bool:
     """Whether the sharded keyed partials of ``a`` over ``rows`` rows read may all stay in the
     device memory of ``backend`` until the shards (a table of several partitions): ``a``
     finalizes on the device, every one of them is disjoint rows (``Keyed(rows=True)``: at most a
-    row per row read, concatenated, never summed), and at that bound their bytes are within
-    :data:`DEVICE_DENSE_SHARE` of what the device can give."""
+    row per row read, concatenated, never summed), and at that bound their bytes fit in what is
+    left of the run's ``room`` (then taken from it)."""
     names = a.kinds.sharded
     if not a.device_partial or not names or set(names) != set(a.kinds.rows):
         return False
     keyed = a.kinds.split(a.empty())[1]
     per_row = sum(v.dtype.itemsize * int(np.prod(v.shape[1:])) for k in keyed.values() for v in k.values())
-    return rows * per_row <= DEVICE_DENSE_SHARE * device_free_bytes(backend)
+    return room.take(rows * per_row)
 
 
 #: Where a partition task puts a parted analysis' keyed partials: a spill folder or, on the
@@ -217,15 +249,18 @@ def dense_bytes(a: Analysis, ranges: dict[str, tuple[int, int]]) -> int:
     return sum((end - first) * (1 + 8 * (len(empty[n]) - 1)) for n, (first, end) in ranges.items())
 
 
-def dense_target(a: Analysis, ctx: Any, folder: SpillTarget | None, backend: Any = None) -> SpillTarget | None:
+def dense_target(
+    a: Analysis, ctx: Any, folder: SpillTarget | None, backend: Any = None, room: DeviceRoom | None = None
+) -> SpillTarget | None:
     """The local path's spill target of analysis ``a``: :class:`DenseKeys` when ``a`` opts in
     (``a.kinds.dense_keys(ctx)``: the key range ``(first, end)`` of each of its keyed partials, or
     None) with summed keyed partials only; else ``folder`` (only where the client merges partials
-    in partition order).  On a device ``backend`` the accumulators are in its memory, within
-    :data:`DEVICE_DENSE_SHARE` of what it can give (the partials' keyed sums never leave it;
-    the shards of an analysis that finalizes on the host copy their ranges out); else on the
-    host, at most :data:`DENSE_KEYS` keys in all, where its kinds allow accumulators there
-    (``Keyed(dense_host=...)``: overcommit's and cpi's grow with the cell, and are spilled)."""
+    in partition order).  On a device ``backend`` the accumulators are in its memory where they
+    fit in what is left of the run's ``room`` (the partials' keyed sums never leave it; the
+    shards of an analysis that finalizes on the host copy their ranges out); else on the host,
+    at most :data:`DENSE_KEYS` keys in all, where its kinds allow accumulators there
+    (``Keyed(dense_host=...)``: overcommit's and cpi's grow with the cell: key passes, else
+    spilled)."""
     if not isinstance(folder, Path):
         return folder
     on_device = backend is not None and backend.name != "cpu"
@@ -235,11 +270,34 @@ def dense_target(a: Analysis, ctx: Any, folder: SpillTarget | None, backend: Any
             continue
         ranges, need = plan
         if device:
-            if need <= DEVICE_DENSE_SHARE * device_free_bytes(backend):
+            if (room if room is not None else DeviceRoom(backend)).take(need):
                 return DenseKeys(a, ranges, backend.xp)
         elif sum(max(0, end - first) for first, end in ranges.values()) <= DENSE_KEYS:
             return DenseKeys(a, ranges)
     return folder
+
+
+def dense_targets(
+    ans: Sequence[Analysis],
+    ctxs: Sequence[Any],
+    folders: Sequence[SpillTarget | None],
+    backend: Any,
+    room: DeviceRoom | None,
+) -> list[SpillTarget | None]:
+    """:func:`dense_target` of each analysis, on a device those with the largest accumulators
+    placed first in ``room`` (an analysis that does not fit in what is left runs in key passes,
+    each a further read of its columns: the largest are the analyses with the most to read, and
+    what is left is best filled by the smaller ones)."""
+    on_device = backend is not None and backend.name != "cpu"
+
+    def need(k: int) -> int:
+        plan = dense_plan(ans[k], ctxs[k], True) if on_device and isinstance(folders[k], Path) else None
+        return 0 if plan is None else plan[1]
+
+    out = list(folders)
+    for k in sorted(range(len(ans)), key=lambda k: -need(k)):
+        out[k] = dense_target(ans[k], ctxs[k], folders[k], backend, room)
+    return out
 
 
 def study_dense(a: Analysis, ctx: Any, backend: Any, device_room: int) -> DenseKeys | None:

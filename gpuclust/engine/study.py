@@ -9,10 +9,9 @@ without reading Parquet again.  Side inputs are computed once per study as well:
 ``source.read(table, columns)`` an analysis' context makes is cached, and so is each analysis'
 context.
 
-On the gpu backend the resident partitions are large (up to :data:`GPU_RUN_ROWS` rows: each is
-filled by several smaller loads, so decode and copies still overlap), so an analysis runs as few,
-large kernel launches and its host-side merges are few.  Results are those of :func:`gpuclust.engine.run`
-over the same data (the cpu study with the same partitions gives the same bits).
+On the gpu backend the resident partitions are large (up to :data:`GPU_RUN_ROWS` rows, filled by
+smaller loads whose decode and copies overlap): an analysis runs as few, large kernel launches.
+Results are :func:`gpuclust.engine.run`'s over the same data (a cpu study's: the same bits).
 
 Residency is a policy, not a promise: the study keeps partitions resident while its memory
 budget allows (``memory_budget``; by default a share of the backend's free memory) and streams
@@ -46,7 +45,7 @@ from gpuclust.engine import partition as _partition
 from gpuclust.engine.contexts import contexts, resolve_analyses
 from gpuclust.engine.local import default_workers, finalize_all, host_threads, merge_local
 from gpuclust.engine.memory import DEVICE_PARTITION_ROWS, array_bytes, host_arrays, parse_size
-from gpuclust.engine.shards import DEVICE_DENSE_SHARE, joined, spill, study_targets
+from gpuclust.engine.shards import joined, spill, study_targets
 from gpuclust.engine.staging import LOAD_THREADS, column_bytes, load_partitions
 from gpuclust.engine.study_plans import (
     StudyMemoryError,
@@ -56,6 +55,7 @@ from gpuclust.engine.study_plans import (
     columns_by_table,
     combined_hold,
     context_kept,
+    dense_room,
     row_bytes_of,
     run_hold,
     run_in_groups,
@@ -499,7 +499,7 @@ class Study:
         # room, else the host), the rest by merge trees, on the device within what is left (DeviceHold)
         here = remote is None and be.xp is not np  # a local run on a device
         room = self._room(ans, ctxs) if here else None
-        at_most = int(DEVICE_DENSE_SHARE * available_bytes(be)) if here and room is None else room
+        at_most = dense_room(be, room) if here else None
         dense = study_targets(plans.values(), ans, ctxs, be, at_most or 0) if here else [None] * len(ans)
         stay = self._staying(ans, plans, whole, dense)
         kept = sum(d.nbytes for d in dense if d is not None and d.on_device)

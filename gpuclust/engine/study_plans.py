@@ -14,12 +14,14 @@ from gpuclust.engine.memory import available_memory
 from gpuclust.engine.staging import column_bytes
 
 __all__ = [
+    "STUDY_DENSE_SHARE",
     "StudyMemoryError",
     "available_bytes",
     "budget_groups",
     "check_whole_fits",
     "columns_by_table",
     "combined_hold",
+    "dense_room",
     "context_kept",
     "row_bytes_of",
     "run_hold",
@@ -53,6 +55,12 @@ def context_kept(contexts: dict[Analysis, Any], a: Analysis) -> bool:
         return False
 
 
+#: Share of the device's free memory after a persist (a study without a memory budget) that a
+#: run's dense accumulators may take there, all its analyses' together (the rest: the resident
+#: partitions' partials as they are computed and the merge trees' hold).
+STUDY_DENSE_SHARE = 0.1
+
+
 def available_bytes(backend: Backend) -> int:
     """Free memory of the backend: the device's, or the host's available RAM (no check where
     that is not known)."""
@@ -60,6 +68,13 @@ def available_bytes(backend: Backend) -> int:
         return device_free_bytes(backend)
     avail = available_memory()
     return 1 << 62 if avail is None else avail
+
+
+def dense_room(backend: Backend, room: int | None) -> int:
+    """The device bytes a study's run may give its dense accumulators, all its analyses' together:
+    ``room`` (what its memory budget leaves, :meth:`gpuclust.engine.study.Study._room`), or
+    without a budget :data:`STUDY_DENSE_SHARE` of the device's free memory."""
+    return int(STUDY_DENSE_SHARE * available_bytes(backend)) if room is None else room
 
 
 class StudyMemoryError(MemoryError):

@@ -103,15 +103,17 @@ def kept_in_memory(
     spills: list[Any],
     be: Backend,
     analyses: Sequence[Analysis],
+    room: _shards.DeviceRoom | None = None,
 ) -> list[Any]:
     """On a device backend, the spill targets with a table of one partition replaced by
     :class:`gpuclust.engine.shards.KeptKeys`: nothing merges that partition's keyed partials, so
     they stay in memory for the shards instead of being written to files and read back; and those
-    with a table of several partitions whose keyed partials are rows that fit in device memory
-    (:func:`gpuclust.engine.shards.rows_fit_on_device`: peak-prediction's), by one that keeps
-    every partition's there."""
+    with a table of several partitions whose keyed partials are rows that fit in what is left of
+    the run's ``room`` (:func:`gpuclust.engine.shards.rows_fit_on_device`: peak-prediction's), by
+    one that keeps every partition's there."""
     if be.name == "cpu":
         return spills
+    room = room if room is not None else _shards.DeviceRoom(be)
     out = list(spills)
     for idx, specs in plans.values():
         rows = sum(int(s.num_rows) for s in specs)
@@ -120,7 +122,7 @@ def kept_in_memory(
                 continue
             if len(specs) == 1:
                 out[k] = _shards.KeptKeys()
-            elif _shards.rows_fit_on_device(analyses[k], rows, be):
+            elif _shards.rows_fit_on_device(analyses[k], rows, room):
                 out[k] = _shards.KeptKeys(across=True)
     return out
 

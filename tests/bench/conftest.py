@@ -24,10 +24,12 @@ def tiny_bench(tmp_path, monkeypatch):
     monkeypatch.setattr(_harness, "RESULTS", tmp_path)
     ds = make_dataset(tmp_path / "ds", 20_000, seed=1)
 
-    def run(script: str, args: list[str]) -> tuple[dict[str, Any], str]:
+    def run(script: str, args: list[str], **data: Any) -> tuple[dict[str, Any], str]:
+        """(``data``: the dataset's ``machines`` / ``days``, where not the default's)"""
+        own = make_dataset(tmp_path / "ds-own", 20_000, seed=1, **data) if data else ds
         try:
             mod = __import__(script)
-            monkeypatch.setattr(mod, "bench_dataset", lambda size: ds)
+            monkeypatch.setattr(mod, "bench_dataset", lambda size: own)
             assert mod.main([*args, "--name", "out"]) == 0
         finally:
             sys.modules.pop(script, None)

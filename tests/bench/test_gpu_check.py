@@ -213,8 +213,9 @@ def test_assemble_reports_what_ran_and_nothing_it_did_not(check, tmp_path) -> No
 
 def test_the_projection_adds_the_key_passes_a_cells_dense_sums_take(check, tmp_path) -> None:
     """The dense plans measured on the node, scaled to a cell (12,500 machines, 31 days): the passes
-    the device's room takes, each further one the analysis' own out-of-core seconds per window
-    times a cell's windows; nothing without a device's room or an analysis' time."""
+    the device's room takes (one room for all, as the engine places them), each read more the
+    analysis' own out-of-core seconds per window times a cell's windows; nothing without a
+    device's room or an analysis' time."""
     import doctest
 
     import gpu_projection as gp
@@ -232,10 +233,11 @@ def test_the_projection_adds_the_key_passes_a_cells_dense_sums_take(check, tmp_p
     assert kp["analyses"]["overcommit"] == {
         "cell_bytes": 38_750_000_000,
         "passes": 4,
-        "extra_min": pytest.approx(540.0),
+        "reads": 4,  # cpi's accumulators placed first: no room left for a first pass in the run's stream
+        "extra_min": pytest.approx(720.0),
     }
-    assert kp["analyses"]["cpi"] == {"cell_bytes": 3_875_000_000, "passes": 1, "extra_min": 0.0}
-    assert kp["extra_min"] == pytest.approx(540.0)  # 3 further passes x 4e-6 s x 2.7e9 / 60
+    assert kp["analyses"]["cpi"] == {"cell_bytes": 3_875_000_000, "passes": 1, "reads": 0, "extra_min": 0.0}
+    assert kp["extra_min"] == pytest.approx(720.0)  # 4 reads x 4e-6 s x 2.7e9 / 60
     assert gp.key_passes_at_cell({**dense, "room_bytes": None}, {"overcommit": 4.0, "cpi": 1.0}, 10**6) is None
     assert gp.key_passes_at_cell(dense, {"cpi": 1.0}, 10**6)["extra_min"] is None  # overcommit not timed
     # in the record: beside the projection, and added to it
@@ -247,7 +249,7 @@ def test_the_projection_adds_the_key_passes_a_cells_dense_sums_take(check, tmp_p
     rec = check.assemble(work, logs, tmp_path / "gpu-latest.json")
     assert rec["projection_cell_min"] == pytest.approx(5.0 / 10**6 * 2.7e9 / 60)
     assert rec["projection_key_passes"]["analyses"]["overcommit"]["passes"] == 4
-    assert rec["projection_cell_min_with_key_passes"] == pytest.approx(225.0 + 540.0)
+    assert rec["projection_cell_min_with_key_passes"] == pytest.approx(225.0 + 720.0)
     (work / "study.json").write_text(json.dumps({"windows": 10**6, "out_of_core": ooc}))  # (no dense plans)
     rec = check.assemble(work, logs, tmp_path / "gpu-latest.json")
     assert rec["projection_key_passes"] is None and rec["projection_cell_min_with_key_passes"] is None

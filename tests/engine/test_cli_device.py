@@ -415,14 +415,14 @@ def test_device_free_bytes_within_the_pool_limit():
 
     from gpuclust.analyses import CellUsage
     from gpuclust.backends import device_free_bytes
-    from gpuclust.engine.memory import device_partition_rows
+    from gpuclust.engine.memory import DEVICE_SHARE, device_partition_rows
 
     assert device_free_bytes(DEVICE_GPU) == 16 << 30  # the test device, nothing live
     with device_memory(cap=64 << 20):
         held = DEVICE_GPU.xp.zeros(1 << 20)  # 8 MiB live
         assert device_free_bytes(DEVICE_GPU) == (64 << 20) - held.data.nbytes
         rows = device_partition_rows(device_free_bytes(DEVICE_GPU), 1, [CellUsage()], "instance_usage")
-        assert rows == int(0.8 * ((64 << 20) - (8 << 20))) // 200  # cell-usage: 200 B a row
+        assert rows == int(DEVICE_SHARE * ((64 << 20) - (8 << 20))) // 200  # cell-usage: 200 B a row
 
 
 #: The analyses whose summaries take exact quantiles of a parted table's values.

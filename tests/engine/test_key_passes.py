@@ -43,10 +43,11 @@ def device(request, monkeypatch):
 def test_dense_sums_past_the_device_room_run_in_passes_with_the_same_bits(
     cell, tmp_path, monkeypatch, device, name, parts, from_context
 ):
-    """The device's room for dense sums (a tenth of its free memory) made a ``parts``-th of what
-    ``name``'s need (overcommit's 157 MB, cpi's 1.3 MB here): ``name`` runs in that many passes
-    (the others as before: on the device where they fit, machine-utilization's on the host,
-    overcommit's spilled where it would take more than the most passes), nothing of it spilled,
+    """The device's room for dense sums (four tenths of its free memory) made a ``parts``-th of
+    what ``name``'s need (overcommit's 157 MB, cpi's 1.3 MB here) beside the smaller accumulators
+    placed before it (overcommit's: cpi's and machine-utilization's): ``name`` runs in that many passes
+    (the others on the device where they fit, else machine-utilization's on the host and
+    overcommit's spilled, where it would take more than the most passes), nothing of it spilled,
     and every table has the bits of a run with room for them all (on a GPU: to 1e-9).  Its shards
     follow from its context, so the run's own stream takes the first pass' keys: ``parts - 1``
     streams run again.  (``from_context``: a shard rule that reads the rest, where the run's
@@ -58,9 +59,11 @@ def test_dense_sums_past_the_device_room_run_in_passes_with_the_same_bits(
         monkeypatch.setattr(Fields, "context_shards", lambda self, ctx, on_device: None)
     one = _read(run(cell, list(DENSE), backend=be, partitions=3, parts_dir=tmp_path / "one"))
     a = create(name)
-    free = int(shards.dense_plan(a, context_of(a, cell), True)[1] / parts / shards.DEVICE_DENSE_SHARE) + 1
-    for mod in (shards, key_passes):
-        monkeypatch.setattr(mod, "device_free_bytes", lambda be: free)
+    need = {n: shards.dense_plan(create(n), context_of(create(n), cell), True)[1] for n in DENSE}
+    # the room: a parts-th of name's need, beside the smaller accumulators placed before its first pass
+    beside = sum(v for n, v in need.items() if n != name and v <= need[name] / parts)
+    free = int((need[name] / parts + beside) / shards.DEVICE_DENSE_SHARE) + 1
+    monkeypatch.setattr(shards, "device_free_bytes", lambda be: free)
     passes, streams, spilled = {}, {}, []
     real_finalize, real_write = key_passes.KeyPasses.finalize, shards.write_keyed
 
@@ -90,8 +93,7 @@ def test_dense_sums_past_the_device_room_run_in_passes_with_the_same_bits(
 
 def test_past_the_most_passes_the_keyed_partials_are_spilled(cell, tmp_path, monkeypatch):
     resolve_gpu_to_device(monkeypatch)
-    for mod in (shards, key_passes):
-        monkeypatch.setattr(mod, "device_free_bytes", lambda be: 80)  # room for 8 bytes
+    monkeypatch.setattr(shards, "device_free_bytes", lambda be: 20)  # room for 8 bytes
     spilled = []
     real_write = shards.write_keyed
     monkeypatch.setattr(shards, "write_keyed", lambda *a: spilled.append(a) or real_write(*a))
@@ -111,8 +113,7 @@ def test_where_one_shard_holds_every_key_the_sums_stay_dense_on_the_device(cell,
     ctx = context_of(a, cell)
     assert len(a.kinds.context_shards(ctx, on_device=True)) == 1
     free = int(shards.dense_plan(a, ctx, True)[1] / 3 / shards.DEVICE_DENSE_SHARE)
-    for mod in (shards, key_passes):
-        monkeypatch.setattr(mod, "device_free_bytes", lambda be: free)
+    monkeypatch.setattr(shards, "device_free_bytes", lambda be: free)
     targets = []
     real = key_passes.key_passes
 
@@ -160,8 +161,7 @@ def test_the_first_passes_the_runs_stream_takes_share_the_room(cell, tmp_path, m
     ctxs = [context_of(a, cell) for a in ans]
     need = shards.dense_plan(ans[0], ctxs[0], True)[1]
     free = int(need / 3.5 / shards.DEVICE_DENSE_SHARE)
-    for mod in (shards, key_passes):
-        monkeypatch.setattr(mod, "device_free_bytes", lambda be: free)
+    monkeypatch.setattr(shards, "device_free_bytes", lambda be: free)
     targets = key_passes.key_passes(ans, ctxs, [Path("x"), Path("y")], DEVICE_GPU, lambda k, t: None)
     assert [type(t).__name__ for t in targets] == ["KeyPasses", "KeyPasses"]
     assert targets[0].first is not None and targets[1].first is None

@@ -23,7 +23,7 @@ from strategies import assert_results_same, random_cell, write_dataset
 import gpuclust
 from gpuclust.analyses.registry import create, names
 from gpuclust.dataset import Dataset
-from gpuclust.engine import run
+from gpuclust.engine import run, study_plans
 from gpuclust.engine import study as study_mod
 from gpuclust.engine.partition import plan_partitions
 from gpuclust.engine.reading import read_partition, row_group_pieces
@@ -266,7 +266,7 @@ def test_a_device_study_past_its_hold_merges_on_the_host_with_the_same_results(d
     assert {n for n, h in holds.items() if h.get("dense")} == dense
     assert all(holds[n]["dense"] == {create(n).label: True} for n in dense), holds
     monkeypatch.setattr(memory, "HOLD_SHARE", 0.0)
-    monkeypatch.setattr(study_mod, "DEVICE_DENSE_SHARE", 0.0)
+    monkeypatch.setattr(study_plans, "STUDY_DENSE_SHARE", 0.0)
     held.clear()
     host, got = _d2h_per_analysis(dataset, monkeypatch, 4, holds)
     # (one partition here, whole instances of a flat table: the lifecycles, data-quality)
