@@ -167,3 +167,43 @@ def test_the_first_passes_the_runs_stream_takes_share_the_room(cell, tmp_path, m
     assert targets[0].first is not None and targets[1].first is None
     got = _read(run(cell, ans, backend=DEVICE_GPU, partitions=3, parts_dir=tmp_path / "passes"))
     assert_results_same(one, got, rtol=0)
+
+
+def test_one_room_holds_every_dense_sum_the_largest_first(cell, tmp_path, monkeypatch):
+    """The run's dense sums share one room: made to hold overcommit's and machine-utilization's
+    but not cpi's beside them, the largest (overcommit's) is placed first, machine-utilization's
+    in what is left, and cpi (which alone would fit) runs in a pass of its own, streamed again at
+    its finalize, after the others have finalized.  The accumulators on the device never pass the
+    room, and the tables are those of a run with room for all, bit for bit."""
+    resolve_gpu_to_device(monkeypatch)
+    ans = list(reversed(DENSE))  # (the smallest first: placed in that order, cpi's would take overcommit's room)
+    one = _read(run(cell, ans, backend=DEVICE_GPU, partitions=3, parts_dir=tmp_path / "one"))
+    need = {n: shards.dense_plan(create(n), context_of(create(n), cell), True)[1] for n in DENSE}
+    total = need["overcommit"] + need["machine-utilization"] + (need["cpi"] - need["machine-utilization"]) // 2
+    assert need["cpi"] < total and need["overcommit"] > need["cpi"] > need["machine-utilization"]
+    free = int(total / shards.DEVICE_DENSE_SHARE) + 1
+    monkeypatch.setattr(shards, "device_free_bytes", lambda be: free)
+    targets, finalized = {}, []
+    real_kp = local.key_passes
+
+    def spy_kp(ans, ctxs, spills, be, stream, room):
+        out = real_kp(ans, ctxs, spills, be, stream, room)
+        if {a.name for a in ans} == set(DENSE):  # (not cpi's prerequisite pass)
+            targets.update({a.name: t for a, t in zip(ans, out, strict=True)})
+            assert room.total <= total and 0 <= room.left < need["cpi"]
+        return out
+
+    monkeypatch.setattr(local, "key_passes", spy_kp)
+    for name in DENSE:  # the order the analyses finalize in
+        cls = type(create(name))
+        real = cls.finalize_shard
+        monkeypatch.setattr(
+            cls, "finalize_shard", lambda self, *a, _r=real, **k: finalized.append(self.name) or _r(self, *a, **k)
+        )
+    got = _read(run(cell, ans, backend=DEVICE_GPU, partitions=3, parts_dir=tmp_path / "room"))
+    on_device = {n for n, t in targets.items() if isinstance(t, shards.DenseKeys) and t.on_device}
+    assert on_device == {"overcommit", "machine-utilization"}
+    assert isinstance(targets["cpi"], key_passes.KeyPasses) and targets["cpi"].first is None
+    assert sum(targets[n].nbytes for n in on_device) <= total
+    assert finalized and finalized[-1] == "cpi" and set(finalized[: finalized.index("cpi")]) == on_device
+    assert_results_same(one, got, rtol=0)
