@@ -132,7 +132,8 @@ def fill_nulls(xp: Any, dest: Any, bits: Any, first_bit: int) -> None:
     """
     n = int(dest.shape[0])
     valid = xp.unpackbits(bits, bitorder="little")[first_bit : first_bit + n].view(bool)
-    dest[~valid] = null_value(dest.dtype)
+    # one elementwise write (a masked assignment would count the mask's rows first: a sync on a device)
+    xp.copyto(dest, dest.dtype.type(null_value(dest.dtype)), where=~valid)
 
 
 def _fill(
