@@ -171,6 +171,26 @@ def column_bytes(table: str, columns: Iterable[str]) -> int:
     return sum(d.itemsize for d in column_dtypes(table, sorted(columns)).values())
 
 
+def column_sets(columns: Sequence[str], dtypes: dict[str, np.dtype], parts: int) -> list[list[str]]:
+    """``columns`` in at most ``parts`` sets of about equal bytes a row (each column, the widest
+    first, to the lightest set so far), each in the order of ``columns``: what one decode task
+    reads of a row group (Parquet's column chunks decode apart).
+
+    >>> d = {c: np.dtype(t) for c, t in zip("abcd", ["i8", "f8", "i4", "u1"])}
+    >>> column_sets(list("abcd"), d, 2), column_sets(list("abcd"), d, 1), len(column_sets(list("ab"), d, 9))
+    ([['a', 'c'], ['b', 'd']], [['a', 'b', 'c', 'd']], 2)
+    """
+    parts = max(1, min(int(parts), len(columns)))
+    sets: list[list[str]] = [[] for _ in range(parts)]
+    width = [0] * parts
+    for c in sorted(columns, key=lambda c: -dtypes[c].itemsize):
+        k = width.index(min(width))
+        sets[k].append(c)
+        width[k] += dtypes[c].itemsize
+    order = {c: i for i, c in enumerate(columns)}
+    return [sorted(s, key=order.__getitem__) for s in sets if s]
+
+
 def load_partitions(
     groups: Sequence[Sequence[_partition.PartitionSpec]],
     columns: Sequence[str],
@@ -182,10 +202,12 @@ def load_partitions(
     """Read ``columns`` once into ``backend`` memory: one dict of arrays per group of partitions
     (the partitions of a group, consecutive, fill consecutive rows of the group's arrays).
 
-    ``threads`` Parquet row groups (of any partitions) are decoded at once; on the gpu backend each thread copies what it
-    decoded to the device through its own pinned buffers and stream (see the module docstring),
-    so decode, the host->device copies and the next decode overlap.  ``on_done(spec)`` is called
-    as each partition's rows are all in place.  Every array is complete when this returns.
+    ``threads`` Parquet row groups (of any partitions) are decoded at once, each in as many sets
+    of its columns (:func:`column_sets`) as give every thread two tasks (a streamed partition is a
+    few row groups); on the gpu backend each thread copies what it decoded to the device through
+    its own pinned buffers and stream (see the module docstring), so decode, the host->device
+    copies and the next decode overlap.  ``on_done(spec)`` is called as each partition's rows are
+    all in place.  Every array is complete when this returns.
     """
     columns = list(columns)
     xp = backend.xp
@@ -193,19 +215,23 @@ def load_partitions(
         return []
     dtypes = column_dtypes(groups[0][0].table, columns)
     out = [{c: xp.empty(sum(s.num_rows for s in g), dtype=dtypes[c]) for c in columns} for g in groups]
-    # one task per Parquet row group: a study's few large partitions would otherwise leave all
-    # but a few threads idle (10^7 windows are 2-3 partitions; 16 cores on a device node)
-    tasks: list[tuple[int, int, _partition.PartitionSpec, _partition.Piece]] = []
-    left: dict[int, int] = {}  # a partition's row groups still to load
+    # one task per Parquet row group and set of columns: a study's few large partitions would
+    # otherwise leave all but a few threads idle (10^7 windows are 2-3 partitions; 16 cores on a
+    # device node), and a streamed partition's few row groups all but a few
+    pieces = [_reading.row_group_pieces(spec.pieces) for g in groups for spec in g]
+    sets = column_sets(columns, dtypes, -(-2 * threads // max(1, sum(map(len, pieces)))) if threads > 1 else 1)
+    tasks: list[tuple[int, int, _partition.PartitionSpec, _partition.Piece, list[str]]] = []
+    left: dict[int, int] = {}  # a partition's tasks still to do
+    it = iter(pieces)
     for gi, g in enumerate(groups):
         off = 0
         for spec in g:
-            pieces = _reading.row_group_pieces(spec.pieces)
-            left[id(spec)] = len(pieces)
-            for p in pieces:
-                tasks.append((gi, off, spec, p))
+            mine = next(it)
+            left[id(spec)] = len(mine) * len(sets)
+            for p in mine:
+                tasks.extend((gi, off, spec, p, cols) for cols in sets)
                 off += p.stop - p.start
-            if not pieces and on_done is not None:
+            if not mine and on_done is not None:
                 on_done(spec)
     left_lock = threading.Lock()
 
@@ -214,11 +240,12 @@ def load_partitions(
     def host_copy(arr: np.ndarray, off: int, host: np.ndarray) -> None:
         arr[off : off + host.shape[0]] = host
 
-    def one(task: tuple[int, int, _partition.PartitionSpec, _partition.Piece]) -> None:
-        gi, off, spec, piece = task
-        t = _reading.read_piece(piece, spec.table, columns)
+    def one(task: tuple[int, int, _partition.PartitionSpec, _partition.Piece, list[str]]) -> None:
+        gi, off, spec, piece, cols = task
+        t = _reading.read_piece(piece, spec.table, cols)
+        dest = {c: out[gi][c] for c in cols}
         if backend.name == "cpu":  # (xp is NumPy, or in tests an array module posing as a device's)
-            for arr, o, n, bits, first in _fill(t, out[gi], off, host_copy):
+            for arr, o, n, bits, first in _fill(t, dest, off, host_copy):
                 fill_nulls(xp, arr[o : o + n], xp.asarray(bits), first)
         else:
             assert device is not None  # set for every backend but cpu
@@ -226,14 +253,15 @@ def load_partitions(
                 st = _borrow(xp, device)
                 try:
                     nulls = _fill(
-                        t, out[gi], off, lambda arr, o, host: st.copy(_address(arr) + o * arr.dtype.itemsize, host)
+                        t, dest, off, lambda arr, o, host: st.copy(_address(arr) + o * arr.dtype.itemsize, host)
                     )
                     st.finish()  # this partition's copies have landed: the NULL fills may follow
                 finally:
                     _give_back(device, st)
                 for arr, o, n, bits, first in nulls:  # only the validity bytes travel: n / 8 of them
                     fill_nulls(xp, arr[o : o + n], xp.asarray(bits), first)
-                xp.cuda.Stream.null.synchronize()
+                if nulls:  # (the fills, on this thread's stream, done before the rows count as loaded)
+                    xp.cuda.Stream.null.synchronize()
         with left_lock:
             left[id(spec)] -= 1
             done = left[id(spec)] == 0

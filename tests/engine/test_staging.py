@@ -10,11 +10,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from strategies import examples, random_cell
+from strategies import examples, random_cell, write_dataset
 
+import gpuclust.engine.reading as reading
 from gpuclust.backends import get_backend
+from gpuclust.dataset import Dataset
 from gpuclust.engine.partition import TableSource, column_to_numpy, plan_partitions
-from gpuclust.engine.staging import fill_nulls, load_partitions
+from gpuclust.engine.staging import column_dtypes, fill_nulls, load_partitions
 
 CPU = get_backend("cpu")
 
@@ -91,3 +93,23 @@ def test_device_load_path_through_pinned_buffers(monkeypatch):
         np.testing.assert_array_equal(got[c], column_to_numpy(t.column(c)), err_msg=c)
     values = sum(got[c].nbytes for c in cols)
     assert values <= w["h2d_bytes"] <= values + len(a) // 8 + 64 * len(specs) * len(cols)  # + the validity bytes
+
+
+def test_a_partition_of_few_row_groups_is_decoded_by_sets_of_its_columns(tmp_path, monkeypatch):
+    """A streamed partition is a few Parquet row groups: with more threads than that, each row
+    group is read in sets of its columns (every thread two tasks), each task reading only its
+    set, and the arrays are those of a load on one thread, bit for bit."""
+
+    ds = Dataset(write_dataset(tmp_path / "ds", random_cell(3, n_windows=4000), files=1, row_group_size=2000))
+    (spec,) = plan_partitions(ds, "instance_usage", 1)
+    cols = sorted(
+        column_dtypes("instance_usage", ["avg_cpu", "max_cpu", "cpi", "machine_id", "start_time", "end_time"])
+    )
+    one = load_partitions([[spec]], cols, CPU, threads=1)[0]
+    reads = []
+    real = reading.read_piece
+    monkeypatch.setattr(reading, "read_piece", lambda p, table, c: reads.append(list(c)) or real(p, table, c))
+    got = load_partitions([[spec]], cols, CPU, threads=4)[0]
+    assert len(reads) == 8 and sorted(c for r in reads for c in r) == sorted(cols * 2)  # 2 row groups x 4 sets
+    for c in cols:
+        np.testing.assert_array_equal(got[c], one[c], err_msg=c)
