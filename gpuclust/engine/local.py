@@ -195,7 +195,7 @@ def run(
                     rows=(
                         (lambda pre, s: auto_rows_of(pre, limit, nthreads, s))
                         if be.name == "cpu"  # on a device: as large as its memory allows
-                        else (lambda pre, s: device_rows_of(pre, device_free_bytes(be), nthreads))
+                        else (lambda pre, s: device_rows_of(pre, device_free_bytes(be), nthreads, s))
                     ),
                     limit=limit,
                 )

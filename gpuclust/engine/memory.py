@@ -28,6 +28,7 @@ from gpuclust.schema import SCHEMAS
 __all__ = [
     "DEFAULT_SHARE",
     "DEVICE_PARTITION_ROWS",
+    "DEVICE_DENSE_SHARE",
     "DEVICE_SHARE",
     "HOLD_SHARE",
     "MIN_PARTITION_ROWS",
@@ -184,11 +185,19 @@ def preferred_rows(analyses: Sequence[Any], cap: int, source: Any = None) -> int
 #: Most rows of a partition on a device backend.  A partition costs the same launches and syncs
 #: at any size, so a device run takes its partitions as large as its memory allows, up to this.
 DEVICE_PARTITION_ROWS = 1 << 26
-#: Share of the device's free memory a device run's partitions may take (beside its accumulators,
-#: :data:`gpuclust.engine.shards.DEVICE_DENSE_SHARE`, and its merge trees' hold,
-#: :data:`HOLD_SHARE`): on an H200, 2.3e7 rows of all 13 analyses' instance_usage columns a
-#: partition (~3 kB a row at their peak, :func:`row_bytes`).
+#: Share of the device's free memory a device run's partitions may take, beside its accumulators
+#: (:data:`DEVICE_DENSE_SHARE`) and its merge trees' hold (:data:`HOLD_SHARE`): on an H200, 2.3e7
+#: rows of all 13 analyses' instance_usage columns a partition (~3 kB a row at their peak,
+#: :func:`row_bytes`).  A table whose rows all fit in the first two shares together is one
+#: partition, which neither merges nor keeps accumulators (:func:`device_partition_rows`).
 DEVICE_SHARE = 0.5
+#: Most of the device's free memory that a local device run's accumulators kept across its
+#: partitions may take, all its analyses' together (:class:`gpuclust.engine.shards.DeviceRoom`).
+#: A dense sum past what is left of it runs in key passes (:mod:`gpuclust.engine.key_passes`),
+#: each a further read of its columns, where a smaller partition costs only its launches: at a
+#: 2019 cell's size (12,500 machines, 31 days) overcommit's accumulators take ~52 GB and cpi's
+#: ~25 GB, of which four tenths of an H200 hold overcommit's (cpi's: a read more).
+DEVICE_DENSE_SHARE = 0.4
 #: Share of the device's free memory (or of a study's memory budget, with what the run leaves of
 #: the rest) that a device run's merge trees may hold in partials merged on the device
 #: (:class:`gpuclust.engine.tasks.DeviceHold`); an analysis whose partial does not fit is merged
@@ -196,10 +205,14 @@ DEVICE_SHARE = 0.5
 HOLD_SHARE = 0.1
 
 
-def device_partition_rows(free: int, in_flight: int, analyses: Sequence[Any], table: str) -> int:
+def device_partition_rows(
+    free: int, in_flight: int, analyses: Sequence[Any], table: str, table_rows: int | None = None
+) -> int:
     """Rows per partition of ``table`` on a device with ``free`` bytes: ``in_flight`` partitions,
     at :func:`row_bytes` each row, within :data:`DEVICE_SHARE` of them (the host holds no more
-    than a row group of a partition: it is decoded straight into the device's arrays); at most
+    than a row group of a partition: it is decoded straight into the device's arrays), or the
+    whole table (``table_rows``) where it fits within that share and :data:`DEVICE_DENSE_SHARE`
+    together (one partition keeps no accumulators across partitions); at most
     :data:`DEVICE_PARTITION_ROWS`, at least :data:`MIN_PARTITION_ROWS`.
 
     >>> from gpuclust.analyses import CellUsage
@@ -207,9 +220,14 @@ def device_partition_rows(free: int, in_flight: int, analyses: Sequence[Any], ta
     True
     >>> device_partition_rows(1 << 30, 1, [CellUsage()], "instance_usage")
     2684354
+    >>> device_partition_rows(1 << 30, 1, [CellUsage()], "instance_usage", table_rows=4_000_000)
+    4000000
     """
     per = max(1, row_bytes(analyses, table)) * max(1, int(in_flight))
-    return int(min(DEVICE_PARTITION_ROWS, max(MIN_PARTITION_ROWS, int(DEVICE_SHARE * free) // per)))
+    rows = int(DEVICE_SHARE * free) // per
+    if table_rows is not None and int(table_rows) * per <= (DEVICE_SHARE + DEVICE_DENSE_SHARE) * free:
+        rows = max(rows, int(table_rows))
+    return int(min(DEVICE_PARTITION_ROWS, max(MIN_PARTITION_ROWS, rows)))
 
 
 def partition_rows(

@@ -28,10 +28,12 @@ def auto_rows_of(ans: Sequence[Analysis], memory_limit: int, in_flight: int, sou
     }
 
 
-def device_rows_of(ans: Sequence[Analysis], free: int, in_flight: int) -> dict[str, int]:
+def device_rows_of(ans: Sequence[Analysis], free: int, in_flight: int, source: Any = None) -> dict[str, int]:
     """Rows per partition of each streamed table on a device with ``free`` bytes
-    (:func:`gpuclust.engine.memory.device_partition_rows`)."""
-    return {t: _memory.device_partition_rows(free, in_flight, sub, t) for t, sub in _by_table(ans).items()}
+    (:func:`gpuclust.engine.memory.device_partition_rows`; ``source``: the tables' rows, where
+    a whole table may be one partition)."""
+    rows = (lambda t: None) if source is None else source.num_rows
+    return {t: _memory.device_partition_rows(free, in_flight, sub, t, rows(t)) for t, sub in _by_table(ans).items()}
 
 
 def _by_table(ans: Sequence[Analysis]) -> dict[str, list[Analysis]]:

@@ -45,21 +45,12 @@ import numpy as np
 
 from gpuclust.analyses.base import Analysis, to_host
 from gpuclust.backends import backend_of, device_free_bytes
-from gpuclust.engine.memory import available_memory, default_limit
+from gpuclust.engine.memory import DEVICE_DENSE_SHARE, available_memory, default_limit
 from gpuclust.parted import KeyedAppender, PartedTable, read_keyed_range, slice_keyed, write_keyed, write_part
 from gpuclust.partials import merge_keyed
 
 #: Largest key range of a shard merged into dense accumulators (else by insertion).
 DENSE_KEYS = 1 << 24
-#: Most of the device's free memory that a local device run's device-resident accumulators may
-#: take, all its analyses' together (:class:`DeviceRoom`; the rest: its partitions,
-#: :data:`gpuclust.engine.memory.DEVICE_SHARE`, and its merge trees' hold,
-#: :data:`~gpuclust.engine.memory.HOLD_SHARE`).  A dense sum that does not fit runs in key passes
-#: (:mod:`gpuclust.engine.key_passes`), each a further read of its columns, where a smaller
-#: partition costs only its launches: at a 2019 cell's size (12,500 machines, 31 days)
-#: overcommit's accumulators take ~52 GB and cpi's ~25 GB, which four tenths of an H200 hold
-#: in one pass and one more.
-DEVICE_DENSE_SHARE = 0.4
 #: Most of the host's available memory that a device study's dense accumulators may take there
 #: (:func:`study_dense`: where they do not fit in the device's room).
 HOST_DENSE_SHARE = 0.25

@@ -425,6 +425,40 @@ def test_device_free_bytes_within_the_pool_limit():
         assert rows == int(DEVICE_SHARE * ((64 << 20) - (8 << 20))) // 200  # cell-usage: 200 B a row
 
 
+def test_a_table_within_the_partitions_and_the_rooms_shares_is_one_partition(tmp_path, monkeypatch):
+    """A device run's partitions take half its free memory, its accumulators kept across
+    partitions four tenths; a table whose rows fit in both together is one partition (which keeps
+    none), one row more and it is cut at the partitions' half.  ``gpuclust.run(partitions="auto")``
+    on the device-shaped backend plans so: 3,000 windows of cell-usage (200 B a row) on a device
+    whose free memory holds them within 0.9 but not within 0.5 are one partition, and the results
+    are those of the cpu backend."""
+    from device_backend import DEVICE_GPU, device_memory
+
+    import gpuclust.engine.memory as memory
+    import gpuclust.engine.partition as partition
+    from gpuclust.analyses import CellUsage
+    from gpuclust.engine.local import run
+    from gpuclust.engine.memory import DEVICE_DENSE_SHARE, DEVICE_SHARE, device_partition_rows
+
+    free = 64 << 20
+    half, both = int(DEVICE_SHARE * free) // 200, int((DEVICE_SHARE + DEVICE_DENSE_SHARE) * free) // 200
+    assert device_partition_rows(free, 1, [CellUsage()], "instance_usage", both) == both > half
+    assert device_partition_rows(free, 1, [CellUsage()], "instance_usage", both + 1) == half
+    resolve_gpu_to_device(monkeypatch)
+    monkeypatch.setattr(memory, "MIN_PARTITION_ROWS", 100)  # (65,536 rows at least, else)
+    ds = write_dataset(tmp_path / "cell", random_cell(29, n_windows=3000), files=3, row_group_size=500)
+    planned = []
+    real = partition.plan_partitions
+    monkeypatch.setattr(
+        partition, "plan_partitions", lambda *a, **k: planned.append(k.get("auto_rows")) or real(*a, **k)
+    )
+    cap = int(3000 * 200 / 0.7)  # the table takes 0.7 of it: past the partitions' half, within 0.9
+    with device_memory(cap=cap):
+        got = run(ds, ["cell-usage"], backend=DEVICE_GPU, partitions="auto")
+    assert planned == [3000], planned
+    assert_results_same(run(ds, ["cell-usage"], backend="cpu"), got, rtol=1e-12)
+
+
 #: The analyses whose summaries take exact quantiles of a parted table's values.
 QUANTILED = {"machine-utilization", "overcommit", "peak-prediction"}
 
