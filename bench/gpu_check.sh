@@ -10,13 +10,14 @@
 #   data       (in the background from the start) a 10^6-window canonical dataset replicated
 #              in time to $COPIES x (default 35: 3.05*10^7 windows) with pyarrow, then laid out by
 #              instance (`gpuclust optimize`: data-quality and usage-change refuse a flat layout
-#              this size)
+#              this size); kept in $TMPDIR for a next call of the same commit on this machine
 #   tests      GPUCLUST_REQUIRE_GPU=1 pytest -m gpu -n $JOBS                         -> tests.log
 #   sanitize   compute-sanitizer memcheck + racecheck on our kernels           -> memcheck/racecheck.log
 #   kernels    bench/kernels_bench.py --backend gpu                              -> kernels_gpu.json
 #   study      load rate vs its ceilings, warm analyses on resident data (and usage-distribution's
 #              exact-two-pass beside auto's one pass), out of core with the device pool capped at
-#              1/4 of the data, all 13 at once, then one analysis at a time, compared with the
+#              1/4 of the data, all 13 at once, then analyses alone (those with dense sums where
+#              all at once equal the resident run, else each), compared with the
 #              resident results
 #   cli        gpuclust analyze DS <all 13> --backend gpu, then --backend cpu, whole process, each
 #              with its threads' stacks sampled at 20 Hz (bench/sampled.py: where the host time goes)
@@ -61,7 +62,6 @@ export PYTHONPATH=$PWD:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1
 TIMEOUT=(); $PY -c "import pytest_timeout" 2>/dev/null && TIMEOUT=(--timeout 150)
 CHECK=(bench/gpu_check.py)
-DS=$WORK/data/opt
 
 say() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$LOGS/check.log"; }
 assemble() { $PY "${CHECK[@]}" assemble "$WORK" --logs "$LOGS" --out "$LOGS/gpu-latest.json" >/dev/null 2>>"$LOGS/check.log"; }
@@ -88,11 +88,21 @@ $PY "${CHECK[@]}" env --json "$WORK/env.json" --commit "${COMMIT:-}" >>"$LOGS/ch
 STEPS=" ${STEPS:-tests sanitize kernels study cli dask profile reference} "
 CLI_CPU_S=${CLI_CPU_S:-40}
 has() { [[ "$STEPS" == *" $1 "* ]]; }
-( timeout -k 5 240 $PY "${CHECK[@]}" data "$WORK/data" --base "$BASE" --copies "$COPIES" --machines "$MACHINES" \
-    >>"$LOGS/steps.log" 2>&1 && \
-  timeout -k 5 200 $PY "${CHECK[@]}" optimize "$WORK/data/ds" --out "$WORK/data/opt" --json "$WORK/optimize.json" \
-    >>"$LOGS/steps.log" 2>&1; echo $? >"$WORK/data.rc" ) &
-DATA_PID=$!
+# the data, kept for the next call on the same machine (a warm one keeps /tmp): made once per commit
+DATA=${TMPDIR:-/tmp}/gpucheck-data-$BASE-$COPIES-$MACHINES-${COMMIT:-uncommitted}${REHEARSE:+-rehearsal}
+DS=$DATA/opt
+if [ -f "$DS/manifest.json" ] && [ -f "$DATA/optimize.json" ]; then
+    cp "$DATA/optimize.json" "$WORK/" && echo 0 >"$WORK/data.rc"
+    echo "data: reused $DATA (made by an earlier call on this machine)" >>"$LOGS/steps.log"
+    DATA_PID=
+else
+    rm -rf "$DATA"
+    ( timeout -k 5 240 $PY "${CHECK[@]}" data "$DATA" --base "$BASE" --copies "$COPIES" --machines "$MACHINES" \
+        >>"$LOGS/steps.log" 2>&1 && \
+      timeout -k 5 200 $PY "${CHECK[@]}" optimize "$DATA/ds" --out "$DS" --json "$WORK/optimize.json" \
+        >>"$LOGS/steps.log" 2>&1; rc=$?; [ "$rc" = 0 ] && cp "$WORK/optimize.json" "$DATA/"; echo $rc >"$WORK/data.rc" ) &
+    DATA_PID=$!
+fi
 
 if [ -n "${REHEARSE:-}" ]; then
     has tests && step tests tests.log 170 20 $PY -m pytest -m gpu -q -n "$JOBS" "${TIMEOUT[@]}" tests/kernels/test_ops.py
@@ -116,7 +126,7 @@ else
     [ -f bench/results/kernels_gpu.json ] && cp bench/results/kernels_gpu.json "$LOGS/"
 fi
 
-wait "$DATA_PID"
+[ -n "$DATA_PID" ] && wait "$DATA_PID"
 say "data: exit $(cat "$WORK/data.rc" 2>/dev/null || echo '?'); $(tail -n 1 "$LOGS/steps.log")"
 if [ -f "$DS/manifest.json" ]; then
     has study && step study steps.log 240 30 $PY "${CHECK[@]}" study "$DS" --json "$WORK/study.json" --ref "$WORK/ref.pkl" --backend "$BACKEND"

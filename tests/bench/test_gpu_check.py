@@ -347,7 +347,8 @@ def test_rehearsal_as_docs_print_it(tmp_path) -> None:
     assert len(duck) == 8 and all(c["ratio"] > 0 for c in duck.values()), duck
     ref = rec["steps"]["reference"]
     assert ref["equal_to_study"]["equal"] is True and "peak-prediction (SQL part)" in ref["left_out"]
-    assert not list(tmp_path.glob("gpucheck-*")), "the work folder is removed"
+    kept = [p.name for p in tmp_path.glob("gpucheck-*")]  # the work folder removed, the data kept for a next call
+    assert kept == ["gpucheck-data-3e4-3-60-uncommitted-rehearsal"], kept
 
 
 def test_a_failure_is_recorded_with_its_innermost_frames(check) -> None:
@@ -407,3 +408,32 @@ def test_profile_step_says_which_lines_each_analysis_ran(check, tmp_path, synth_
     assert ud["s"] > 0 and ud["samples"] > 0 and "finalize" in ud["phases"]
     assert all(line.startswith("gpuclust/") or line == "(no gpuclust frame)" for line, _, _ in ud["lines"])
     assert sum(c for _, c, _ in ud["lines"]) <= ud["samples"]
+
+
+def test_a_second_call_on_the_same_machine_reuses_the_data(tmp_path) -> None:
+    """The check's data (made, then laid out by instance: 90 s on the H200) is kept beside the
+    call's work folder, keyed by its size and commit: a second call on a warm machine (a rerun of
+    some STEPS) takes it as it is, a call of another commit makes its own."""
+    import os
+
+    env = {**os.environ, "REHEARSE": "1", "STEPS": "none", "PYTHON": sys.executable, "TMPDIR": str(tmp_path)}
+    env.pop("GPUCLUST_REQUIRE_GPU", None)
+    logs = []
+    for k, commit in enumerate(["a" * 40, "a" * 40, "b" * 40]):
+        out = tmp_path / f"out{k}"
+        r = subprocess.run(
+            ["bash", "bench/gpu_check.sh"],
+            cwd=ROOT,
+            env={**env, "OUT": str(out), "COMMIT": commit},
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        assert "data: exit 0" in (out / "check.log").read_text()
+        logs.append((out / "steps.log").read_text())
+        assert json.loads((out / "gpu-latest.json").read_text())["steps"]["optimize"]["returncode"] == 0
+    assert ["data: reused" in s for s in logs] == [False, True, False]
+    assert sorted(p.name for p in tmp_path.glob("gpucheck-data-*")) == [
+        f"gpucheck-data-3e4-3-60-{c * 40}-rehearsal" for c in "ab"
+    ]
