@@ -400,7 +400,7 @@ def study_step(ds: Path, out: Path, ref: Path, backend_name: str, budget_frac: f
         # a cell takes, bench/gpu_projection.py), else each (which one fails, where the time goes);
         # each recorded as it ends: a step cut at its limit says how far it got
         ooc["all_at_once"] = _ooc_all_at_once(ooc_study, every, ref, pool if gpu else None)
-        whole = "error" not in ooc["all_at_once"] and bool(ooc["all_at_once"].get("equal"))
+        whole = _at_once_equal(ooc["all_at_once"])
         dense = sorted(rec.get("dense", {}).get("analyses", {})) or ["cpi", "machine-utilization", "overcommit"]
         ooc["alone"] = [n for n in every if n in dense] if whole else every
         _dump(out, rec)
@@ -441,6 +441,11 @@ def study_step(ds: Path, out: Path, ref: Path, backend_name: str, budget_frac: f
     print(json.dumps(rec, default=str)[:4000], flush=True)
 
 
+def _at_once_equal(at_once: dict[str, Any]) -> bool:
+    """Whether the out-of-core run of all 13 at once ran and equalled the resident run."""
+    return "error" not in at_once and bool(at_once.get("equal"))
+
+
 def _ooc_seconds(ooc: dict[str, Any]) -> float | None:
     """The out-of-core study's seconds for all 13 analyses: its run of all at once where that
     equalled the resident run, else its runs of each alone (every one of them then: their sum).
@@ -451,9 +456,7 @@ def _ooc_seconds(ooc: dict[str, Any]) -> float | None:
     9.0
     """
     at_once = ooc.get("all_at_once", {})
-    if at_once.get("equal") and "error" not in at_once:
-        return at_once["s"]
-    return ooc.get("s")
+    return at_once["s"] if _at_once_equal(at_once) else ooc.get("s")
 
 
 def _ooc_all_at_once(study: Any, every: list[str], ref: Path, pool: Any) -> dict[str, Any]:
@@ -675,7 +678,7 @@ def assemble(work: Path, logs: Path, out: Path) -> dict[str, Any]:
     }
     # a whole cell cannot be resident (~150 B a window: 400 GB), so it streams: the out-of-core rate
     at_once = ooc.get("all_at_once", {})
-    if at_once.get("equal") and "error" not in at_once:
+    if _at_once_equal(at_once):
         rec["out_of_core"]["all_at_once_s"] = at_once["s"]
     ooc_s = rec["out_of_core"].get("all_at_once_s") or rec["out_of_core"]["gpu_s"]
     per_window = ooc_s / rec["windows"] if ooc_s and rec["windows"] else None

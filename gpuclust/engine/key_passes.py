@@ -167,7 +167,8 @@ def key_passes(
             need = plan[1] if whole else _shards.dense_bytes(a, _key_ranges(a, ctx, plan[0], *runs[0]))
             took = room.take(need)
             if whole and (took or n > 1):  # n > 1: one shard wider than a pass, whose pass takes every
-                room.left = room.left if took else 0  # key: the run's stream takes them, past the room
+                if not took:  # key: the run's stream takes them, past the room (none left)
+                    room.left = 0
                 out[k] = _shards.DenseKeys(a, plan[0], be.xp)
                 continue
             first = runs[0] if took and not whole else None

@@ -356,8 +356,9 @@ def _merge_here(
         # merged here in partition order: small keyed partials stay in memory; on a device, within
         # one room for all the run's analyses (rows kept, then dense sums, the largest first)
         room = None if st.be.name == "cpu" else _shards.DeviceRoom(st.be)
+        bare = [unbound(c) for c in ctxs]
         spills = kept_in_memory(plans, spills, st.be, ans, room)  # (one partition on a device: nothing to merge)
-        spills = _shards.dense_targets(ans, [unbound(c) for c in ctxs], spills, st.be, room)
+        spills = _shards.dense_targets(ans, bare, spills, st.be, room)
 
         def merge(plans: dict[str, tuple[list[int], list[Any]]], spills: list[Any]) -> list[Any]:
             keep = set() if st.be.name == "cpu" else staying(plans.values(), ans, spills)
@@ -389,7 +390,7 @@ def _merge_here(
             alone = {t: ([k], specs) for t, (idx, specs) in plans.items() if k in idx}
             return merge(alone, [target if j == k else s for j, s in enumerate(spills)])[k]
 
-        spills = key_passes(ans, [unbound(c) for c in ctxs], spills, st.be, one_pass, room)
+        spills = key_passes(ans, bare, spills, st.be, one_pass, room)
         # (an analysis in key passes: its keyed sums dropped here, added by its passes at its finalize)
         merged = merge(plans, [s.probe if isinstance(s, KeyPasses) else s for s in spills])
     finally:

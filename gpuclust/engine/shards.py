@@ -201,8 +201,8 @@ class DeviceRoom:
 
 
 def rows_fit_on_device(a: Analysis, rows: int, room: DeviceRoom) -> bool:
-    """Whether the sharded keyed partials of ``a`` over ``rows`` rows read may all stay in the
-    device memory of ``backend`` until the shards (a table of several partitions): ``a``
+    """Whether the sharded keyed partials of ``a`` over ``rows`` rows read may all stay in device
+    memory until the shards (a table of several partitions): ``a``
     finalizes on the device, every one of them is disjoint rows (``Keyed(rows=True)``: at most a
     row per row read, concatenated, never summed), and at that bound their bytes fit in what is
     left of the run's ``room`` (then taken from it)."""
