@@ -5,8 +5,8 @@ consult pyarrow's pandas compatibility layer, and the first time they do, it imp
 ~0.17 s of the GIL at the start of every ingest process, while the pipeline is filling (ingest
 never uses pandas otherwise).  These helpers read and build primitive arrays from their buffers
 (zero-copy for numeric values) and never touch that layer; ``tests/ingest/test_arrays.py``
-checks them against pyarrow's own conversions and that an InstanceUsage ingest does not import
-pandas.
+checks them against pyarrow's own conversions and that no ingest imports pandas (InstanceUsage,
+the event tables as v2 CSV, v3 JSON and v3 Parquet).
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from gpuclust.arrow_numpy import strings
 from gpuclust.ingest import arrays
 from gpuclust.ingest.domain import check_domain
 from gpuclust.schema import CODE_RANGES, MACHINE_EVENT_TYPE_RANGE, NULL_MEANS, SCHEMAS
@@ -31,8 +32,8 @@ def _text_to_int64(arr: pa.Array, mark: np.ndarray) -> pa.Array:
     stripped = pc.utf8_trim_whitespace(arr)
     ok = pc.match_substring_regex(stripped, _INT_RE)
     notok = pc.and_(pc.is_valid(stripped), pc.invert(ok))
-    mark |= np.asarray(notok.to_numpy(zero_copy_only=False), dtype=bool)
-    arr = pc.if_else(notok, pa.scalar(None, stripped.type), stripped)
+    mark |= arrays.values(notok, fill=False)
+    arr = pc.if_else(notok, pa.nulls(1, stripped.type)[0], stripped)
     try:
         return pc.cast(arr, pa.int64())
     except pa.ArrowInvalid:
@@ -54,34 +55,33 @@ def _text_to_int64(arr: pa.Array, mark: np.ndarray) -> pa.Array:
 
 def _float_to_int64(arr: pa.Array, mark: np.ndarray) -> pa.Array:
     """Whole floats below 2**53 as int64; fractional or too large values become null, marked."""
-    f = arr.to_numpy(zero_copy_only=False).astype(np.float64)
-    valid = ~np.isnan(f) & np.asarray(pc.is_valid(arr).to_numpy(zero_copy_only=False), dtype=bool)
+    f = arrays.values(arr, fill=np.nan).astype(np.float64)
+    valid = ~np.isnan(f) & arrays.valid(arr)
     whole = valid & (np.floor(f) == f) & (np.abs(f) < 2.0**53)
     mark |= valid & ~whole
-    return pa.array(np.where(whole, f, 0).astype(np.int64), pa.int64(), mask=~whole)
+    return arrays.from_numpy(np.where(whole, f, 0).astype(np.int64), pa.int64(), mask=~whole)
 
 
 def _unsigned_to_int64(arr: pa.Array, mark: np.ndarray) -> pa.Array:
     """Unsigned integers as int64 (some exports write the times and ids unsigned): values above
     2**63 - 1 become null, marked (the row is rejected, not the input)."""
-    over = pc.fill_null(pc.greater(arr, pa.scalar(2**63 - 1, arr.type)), False)
-    over_np = np.asarray(over.to_numpy(zero_copy_only=False), dtype=bool)
+    over_np = arrays.values(arr) > 2**63 - 1
+    over_np &= arrays.valid(arr)
     if not over_np.any():
         return pc.cast(arr, pa.int64())
     mark |= over_np
-    return pc.cast(pc.if_else(over, pa.scalar(None, arr.type), arr), pa.int64())
+    return arrays.from_numpy(arrays.values(arr).astype(np.int64), pa.int64(), mask=over_np | ~arrays.valid(arr))
 
 
 def _narrow_int(as64: pa.Array, target: pa.DataType, mark: np.ndarray) -> pa.Array:
     """int64 values as the narrower integer ``target``; values outside its range become null, marked."""
     info = np.iinfo(target.to_pandas_dtype())
-    v = as64.to_numpy(zero_copy_only=False)
-    valid = np.asarray(pc.is_valid(as64).to_numpy(zero_copy_only=False), dtype=bool)
-    vv = np.where(valid, v, 0).astype(np.int64)
+    valid = arrays.valid(as64)
+    vv = arrays.values(as64, fill=0).astype(np.int64)
     inr = (vv >= info.min) & (vv <= info.max)
     mark |= valid & ~inr
     keep = valid & inr
-    return pa.array(np.where(keep, vv, 0).astype(target.to_pandas_dtype()), target, mask=~keep)
+    return arrays.from_numpy(np.where(keep, vv, 0).astype(target.to_pandas_dtype()), target, mask=~keep)
 
 
 def _to_int(arr: pa.Array, target: pa.DataType, col: str, mark: np.ndarray) -> pa.Array:
@@ -127,12 +127,12 @@ def _to_bool(arr: pa.Array, mark: np.ndarray) -> pa.Array:
     if not pa.types.is_string(arr.type):
         return pc.cast(arr, pa.bool_())
     low = pc.utf8_lower(pc.utf8_trim_whitespace(arr))
-    t = pc.is_in(low, pa.array(["1", "true"]))
-    fl = pc.is_in(low, pa.array(["0", "false"]))
+    t = pc.is_in(low, strings(["1", "true"]))
+    fl = pc.is_in(low, strings(["0", "false"]))
     valid = pc.is_valid(low)
     badb = pc.and_(valid, pc.invert(pc.or_(t, fl)))
-    mark |= np.asarray(badb.to_numpy(zero_copy_only=False), dtype=bool)
-    return pc.if_else(pc.or_(t, fl), t, pa.scalar(None, pa.bool_()))
+    mark |= arrays.values(badb, fill=False)
+    return pc.if_else(pc.or_(t, fl), t, pa.nulls(1, pa.bool_())[0])
 
 
 def _cast_isolating(arr: pa.Array, target: pa.DataType, col: str, bad: np.ndarray, why: list[str | None]) -> pa.Array:
@@ -155,7 +155,7 @@ def _cast_isolating(arr: pa.Array, target: pa.DataType, col: str, bad: np.ndarra
         raise TypeError(f"column {col}: unsupported target type {target}")
     if mark.any():
         idx = np.flatnonzero(mark & ~bad)
-        pyvals = arr.take(pa.array(idx)).to_pylist() if len(idx) else []
+        pyvals = arr.take(arrays.from_numpy(idx)).to_pylist() if len(idx) else []
         for row, v in zip(idx, pyvals, strict=True):
             why[row] = f"column {col}: cannot convert {_fmt(v)} to {target}"
         bad |= mark

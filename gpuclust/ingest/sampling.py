@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from gpuclust.ingest import arrays
 from gpuclust.keys import splitmix64
 
 __all__ = ["HASH_NAME", "SAMPLE_KEYS", "IngestSelection", "SelectionSpecError", "int_values", "sample_hash"]
@@ -71,13 +72,8 @@ def sample_hash(ids: np.ndarray) -> np.ndarray:
 
 def int_values(arr: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
     """An integer Arrow column as (int64 values, NULL 0; valid) NumPy arrays, for :meth:`IngestSelection.mask`."""
-    valid = (
-        np.ones(len(arr), bool)
-        if not arr.null_count
-        else np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
-    )
-    vals = arr.fill_null(0).to_numpy() if arr.null_count else arr.to_numpy()
-    return np.asarray(vals).astype(np.int64, copy=False), valid
+    arr = arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
+    return arrays.values(arr, fill=0).astype(np.int64, copy=False), arrays.valid(arr)
 
 
 @dataclass(frozen=True)
@@ -222,4 +218,4 @@ class IngestSelection:
         keep = self.mask(table, lambda name: int_values(tbl.column(name)) if name in tbl.column_names else None)
         if keep is None or bool(keep.all()):
             return tbl, 0
-        return tbl.filter(pa.array(keep)), int(tbl.num_rows - np.count_nonzero(keep))
+        return tbl.filter(arrays.from_numpy(keep)), int(tbl.num_rows - np.count_nonzero(keep))

@@ -16,7 +16,7 @@ from strategies import examples
 
 from gpuclust.ingest import arrays
 
-from .conftest import records, write_json
+from .conftest import REAL, records, write_json
 
 TYPES = [pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.float32(), pa.float64(), pa.bool_()]
 
@@ -76,3 +76,30 @@ def test_usage_ingest_does_not_import_pandas(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip().splitlines()[-1] == "no pandas True"  # the compiled reader did the work
+
+
+def test_event_ingests_do_not_import_pandas(tmp_path: Path) -> None:
+    """The event tables' ingests (v2 CSV, v3 JSON with constraint and id lists, v3 Parquet) never
+    import pandas either: one process ingests each source in turn into its own dataset and says,
+    after each, whether pandas has been imported (so a failure names the first ingest that did)."""
+    if not (REAL / "2011").is_dir():
+        pytest.skip(f"real trace files not found under {REAL}")
+    cell = REAL / "2019-cell-a"
+    sources = {
+        "v2 csv": [REAL / "2011" / "job_events" / "part-00001-of-00500.csv.gz", REAL / "2011" / "machine_events"],
+        "v3 json": [
+            write_json(tmp_path / "instance_events-000000000000.json.gz", records("instance_events", 400, seed=1)),
+            write_json(tmp_path / "collection_events-000000000000.json.gz", records("collection_events", 400, seed=2)),
+            cell / "machine_events-000000000000.json.gz",
+        ],
+        "v3 parquet": [cell / "machine_events-000000000000.parquet.gz"],
+    }
+    code = ["import sys; from gpuclust.cli import main"]
+    for i, (what, srcs) in enumerate(sources.items()):
+        args = [*map(str, srcs), "--out", str(tmp_path / f"ds{i}"), "--no-progress", "--layout", "flat"]
+        code.append(f"rc = main(['ingest', *{args!r}]); assert rc == 0, {what!r}")
+        code.append(f"print({what!r}, 'PANDAS' if 'pandas' in sys.modules else 'no pandas')")
+    r = subprocess.run([sys.executable, "-c", "\n".join(code)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    said = [line for line in r.stdout.splitlines() if line.lower().endswith("pandas")]
+    assert said == [f"{w} no pandas" for w in sources], r.stdout

@@ -9,6 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from gpuclust.ingest import arrays
 from gpuclust.schema import (
     NO_ALLOC_COLLECTION,
     NO_ALLOC_INDEX,
@@ -41,11 +42,11 @@ def parse_code(
     """
     stripped = pc.utf8_trim_whitespace(arr)
     ok = pc.match_substring_regex(stripped, _INT_TEXT)
-    valid = np.asarray(pc.is_valid(stripped).to_numpy(zero_copy_only=False), dtype=bool)
-    okn = np.asarray(pc.fill_null(ok, False).to_numpy(zero_copy_only=False), dtype=bool)
+    valid = arrays.valid(stripped)
+    okn = arrays.values(ok, fill=False)
     notint = valid & ~okn
-    ints = pc.cast(pc.if_else(ok, stripped, pa.scalar(None, pa.string())), pa.int64())
-    v = np.asarray(pc.fill_null(ints, -1).to_numpy(zero_copy_only=False), dtype=np.int64)
+    ints = pc.cast(pc.if_else(ok, stripped, pa.nulls(1, pa.string())[0]), pa.int64())
+    v = arrays.values(ints)  # (read only where isint: not NULL there)
     isint = valid & okn
     oor = isint & ((v < 0) | (v >= len(code_map)))
     good = isint & ~oor
@@ -58,11 +59,11 @@ def parse_code(
                 why[i] = f"column {col}: v2 {what} code {int(v[i])} outside 0..{len(code_map) - 1}"
         bad |= notint | oor
     mapped = code_map[np.where(good, v, 0)].astype(np.int8)
-    return pa.array(mapped, pa.int8(), mask=~good)
+    return arrays.from_numpy(mapped, pa.int8(), mask=~good)
 
 
 def _const(value: int, typ: pa.DataType, n: int) -> pa.Array:
-    return pa.array(np.full(n, value), typ)
+    return arrays.from_numpy(np.full(n, value), typ)
 
 
 # ---------------------------------------------------------------------------------------------

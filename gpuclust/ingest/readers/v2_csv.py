@@ -37,7 +37,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
-from gpuclust.ingest import inflate
+from gpuclust.ingest import arrays, inflate
 from gpuclust.ingest.base import Chunk, ReadOptions, Reject, SourceError, SourceFile, clip_raw
 from gpuclust.ingest.normalize import conform
 from gpuclust.ingest.readers.v2_columns import MAPPERS
@@ -185,7 +185,7 @@ def conform_rows(
     if pre_bad.any():
         keep = ~pre_bad[~bad]
         if not keep.all():
-            tbl = tbl.filter(pa.array(keep))
+            tbl = tbl.filter(arrays.from_numpy(keep))
         why = [pw if pb else w for pw, pb, w in zip(pre_why, pre_bad, why, strict=True)]
     return tbl, all_bad, why
 

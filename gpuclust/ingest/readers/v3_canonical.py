@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from gpuclust.arrow_numpy import strings
 from gpuclust.ingest import arrays
 from gpuclust.ingest.normalize import conform
 from gpuclust.ingest.readers.v3_fields import (
@@ -38,10 +39,10 @@ def _prep_int(arr: pa.Array, enum: type[Any] | None) -> pa.Array:
     if not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
         return arr
     if enum is not None and arr.null_count < len(arr):
-        names = pa.array([m.name for m in enum], arr.type)
+        names = strings([m.name for m in enum]).cast(arr.type)
         idx = pc.index_in(arr, value_set=names)
         if idx.null_count < len(idx):
-            codes = pa.array([str(int(m)) for m in enum], arr.type)
+            codes = strings([str(int(m)) for m in enum]).cast(arr.type)
             arr = pc.coalesce(pc.take(codes, idx), arr)
     try:
         out = pc.cast(arr, pa.int64())
@@ -130,21 +131,20 @@ def _ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
 def _int_list(arr: pa.Array | None, field: str, n: int, bad: np.ndarray, why: list[str | None]) -> pa.Array:
     """A list of (quoted) int64 -> list<int64>; absent = empty list; a bad element rejects the row."""
     if arr is None or pa.types.is_null(arr.type):
-        return pa.ListArray.from_arrays(pa.array(np.zeros(n + 1, np.int32)), pa.array([], pa.int64()))
+        return pa.ListArray.from_arrays(
+            arrays.from_numpy(np.zeros(n + 1, np.int32)), arrays.from_numpy(np.zeros(0, np.int64))
+        )
     arr = _combine(arr)
     offs, values, valid = _list_offsets_values(arr)
     counts = np.where(valid, np.diff(offs), 0)
     sel = _ranges(offs[:-1], counts)
-    values = values.take(pa.array(sel))
+    values = values.take(arrays.from_numpy(sel))
     new_offs = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
     row_of = np.repeat(np.arange(n), counts)
     ints = _prep_int(values, None)
     if not pa.types.is_integer(ints.type):
         s = pc.utf8_trim_whitespace(ints.cast(pa.string()))
-        ok = np.asarray(
-            pc.fill_null(pc.match_substring_regex(s, r"^[+-]?[0-9]+$"), False).to_numpy(zero_copy_only=False),
-            dtype=bool,
-        )
+        ok = arrays.values(pc.match_substring_regex(s, r"^[+-]?[0-9]+$"), fill=False)
         py = s.to_pylist()
         vals: list[int | None] = []
         elem_bad = np.zeros(len(py), dtype=bool)
@@ -162,13 +162,13 @@ def _int_list(arr: pa.Array | None, field: str, n: int, bad: np.ndarray, why: li
                 why[r] = f"{field}: cannot convert {py[e]!r} to int64"
             bad[r] = True
     elif ints.null_count:
-        for e in np.flatnonzero(~np.asarray(ints.is_valid().to_numpy(zero_copy_only=False), dtype=bool)):
+        for e in np.flatnonzero(~arrays.valid(ints)):
             r = int(row_of[e])
             if not bad[r]:
                 why[r] = f"{field}: null element"
             bad[r] = True
     # NULL (absent) repeated field = empty list.
-    return pa.ListArray.from_arrays(pa.array(new_offs), ints.cast(pa.int64()))
+    return pa.ListArray.from_arrays(arrays.from_numpy(new_offs), ints.cast(pa.int64()))
 
 
 def _to_target(table: str, cols: dict[str, pa.Array]) -> dict[str, pa.Array]:
@@ -244,8 +244,8 @@ def _constraints(
     if not len(parent):
         return None
     sel = _ranges(offs[:-1], counts)
-    items = values.take(pa.array(sel))
-    pidx = pa.array(parent)
+    items = values.take(arrays.from_numpy(sel))
+    pidx = arrays.from_numpy(parent)
     ccols: dict[str, pa.Array] = {}
     for c in ("time", "collection_id", "instance_index"):
         if c in cols:
@@ -305,7 +305,7 @@ def to_canonical(source_table: str, raw: pa.Table) -> tuple[dict[str, pa.Table],
         tables["instance_events"] = good
         if constraints is not None:
             ctable, cparent = constraints
-            tables["instance_constraints"] = ctable.filter(pa.array(~bad[cparent])) if bad.any() else ctable
+            tables["instance_constraints"] = ctable.filter(arrays.from_numpy(~bad[cparent])) if bad.any() else ctable
         return tables, bad, why
     good, bad, why = _finish(source_table, cols, n, pre_bad, pre_why)
     tables[source_table] = good

@@ -35,6 +35,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.json as pj
 
+from gpuclust.ingest import arrays
 from gpuclust.ingest.base import Chunk, ReadOptions, Reject, SourceError, SourceFile, clip_raw
 from gpuclust.ingest.readers import _fast_usage
 from gpuclust.ingest.readers.text_pieces import Piece, ordered_map, pieces, release, threaded
@@ -284,7 +285,7 @@ def _finish_piece(src: SourceFile, parsed: _Parsed, opts: ReadOptions) -> Chunk:
     if keep is not None and not bool(keep.all()):
         rows = np.flatnonzero(keep)
         skipped = raw.num_rows - len(rows)
-        raw = raw.take(pa.array(rows))
+        raw = raw.take(arrays.from_numpy(rows))
         line_idx = rows if line_idx is None else line_idx[rows]
     tables, bad, why = to_canonical_batches(src.source_table, raw)
     if bad.any():

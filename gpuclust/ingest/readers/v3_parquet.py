@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from gpuclust.ingest import inflate
+from gpuclust.ingest import arrays, inflate
 from gpuclust.ingest.base import Chunk, ReadOptions, Reject, SourceError, SourceFile, clip_raw
 from gpuclust.ingest.readers.v3_json import SOURCE_FIELDS, preselect, to_canonical
 
@@ -101,7 +101,7 @@ def read(src: SourceFile, opts: ReadOptions) -> Iterator[Chunk]:
             keep = preselect(src.source_table, raw, opts.select)
             if keep is not None and not bool(keep.all()):
                 rows = np.flatnonzero(keep)
-                raw = raw.take(pa.array(rows))
+                raw = raw.take(arrays.from_numpy(rows))
             tables, bad, why = to_canonical(src.source_table, raw)
             rejects = [
                 Reject(
