@@ -20,6 +20,7 @@ from strategies import assert_results_same, cell, examples, random_cell, table, 
 from gpuclust.analyses.data_quality import RATIO_EDGES, DataQuality
 from gpuclust.dataset import Dataset
 from gpuclust.engine import TableSource, run
+from gpuclust.optimize import optimize
 from gpuclust.schema import CPU_PERCENTILE_COLUMNS, TIME_AFTER_TRACE
 
 REAL = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "real"
@@ -181,8 +182,6 @@ def test_instances_on_dedicated_machines_are_apart_from_the_missing_usage(tmp_pa
 
     assert_results_same(run(TableSource(t), DataQuality(), backend=DEVICE), {"data-quality": res})
     # bound in the partition tasks of a bucketed dataset (each counts its own instances): the same
-    from gpuclust.optimize import optimize
-
     ds = write_dataset(tmp_path / "flat", t)
     optimize(ds, buckets=3, out=tmp_path / "opt", progress=False)
     res_b = run(Dataset(tmp_path / "opt"), DataQuality(), partitions=3)["data-quality"]
@@ -229,12 +228,7 @@ def test_bucketed_equals_flat_and_schedulers(tmp_path):
     a = DataQuality()
     r_flat = run(Dataset(flat), a, partitions="auto")["data-quality"]
     check(r_flat, tables)
-    r = subprocess.run(
-        [sys.executable, "-m", "gpuclust.cli", "optimize", str(flat), "--out", str(tmp_path / "opt"), "--buckets", "8"],
-        capture_output=True,
-        text=True,
-    )
-    assert r.returncode == 0, r.stderr
+    optimize(flat, buckets=8, out=tmp_path / "opt", progress=False)  # (the command: tests/test_layout.py)
 
     for parts, scheduler in ((3, None), ("auto", None), (3, "threads"), (2, "sync")):
         r_opt = run(Dataset(tmp_path / "opt"), a, partitions=parts, workers=2, scheduler=scheduler)["data-quality"]
@@ -358,7 +352,6 @@ def test_the_graph_and_the_client_do_not_grow_with_the_data(tmp_path):
 
     from gpuclust.engine.contexts import contexts, per_partition
     from gpuclust.engine.planning import plan_tables
-    from gpuclust.optimize import optimize
 
     sizes = []
     for k, (inst, win) in enumerate(((300, 4000), (1200, 16000))):

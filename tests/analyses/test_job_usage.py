@@ -4,7 +4,9 @@ plain-Python statistics of those, and the synthetic cell's planted top-1% share.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
+import by_path
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -16,6 +18,7 @@ from gpuclust.engine import run
 from gpuclust.schema import tier_map
 
 duckdb = pytest.importorskip("duckdb")
+_cells = by_path.load("gpuclust_planted_cells", Path(__file__).with_name("planted_cells.py"))
 
 
 def cell_with_types(seed: int, n_windows: int = 6000) -> dict[str, pa.Table]:
@@ -152,17 +155,13 @@ def test_planted_top_share_of_a_synthetic_cell(synth_cell_40):
 
 
 def test_bucketed_equals_flat(tmp_path):
-    import subprocess
-    import sys
+    """A flat dataset and its `gpuclust optimize`d copy in 8 buckets (optimized in this process:
+    the command's own tests are in tests/test_layout.py) give one result, on either scheduler."""
+    from gpuclust.optimize import optimize
 
     tables = cell_with_types(4)
     flat = write_dataset(tmp_path / "flat", tables, files=2)
-    r = subprocess.run(
-        [sys.executable, "-m", "gpuclust.cli", "optimize", str(flat), "--out", str(tmp_path / "opt"), "--buckets", "8"],
-        capture_output=True,
-        text=True,
-    )
-    assert r.returncode == 0, r.stderr
+    optimize(flat, buckets=8, out=tmp_path / "opt", progress=False)
     a = JobUsage()
     want = run(Dataset(flat), a, partitions=3)["job-usage"]
     for sched in (None, "threads"):
@@ -170,7 +169,7 @@ def test_bucketed_equals_flat(tmp_path):
         assert_results_same({"job-usage": got}, {"job-usage": want}, rtol=1e-9)
 
 
-def test_planted_pareto_tail_of_job_sizes(tmp_path):
+def test_planted_pareto_tail_of_job_sizes(tmp_path_factory):
     """`gpuclust synth` plants the sizes of the batch and free jobs outside alloc sets (instances x
     CPU request x expected task work ~ Pareto with tail index ``job_size_alpha``; synth_truth.json
     planted.job_sizes), so their NCU-hours have that tail; job-usage's Pareto fit of the CCDF
@@ -182,22 +181,16 @@ def test_planted_pareto_tail_of_job_sizes(tmp_path):
     tail=0.5 (N = 300: 0.11 alpha, 600: 0.08, 1200: 0.055), so |alpha_hat / alpha - 1| <=
     0.06 + 3 x 2 / sqrt(N).  Seed 1, 150 machines x 4 h, alpha 1.5: free 1.22 (346 jobs), beb 1.47
     (652), both 1.40 (998), R^2 >= 0.985 (seeds 2, 3: both 1.49, 1.65).  Free jobs run longer (median
-    30 min), so the trace end and preemption cut more of them short: their fit comes out lower."""
+    30 min), so the trace end and preemption cut more of them short: their fit comes out lower.
+    The cell is the one test_cpi.py and test_overcommit.py read too (tests/analyses/planted_cells.py),
+    built once per run."""
     from gpuclust.analyses.job_usage import job_stats
-    from gpuclust.synth import SynthConfig, synthesize
 
-    alpha = 1.5
-    syn = synthesize(
-        SynthConfig(machines=150, hours=4, seed=1, job_size_alpha=alpha),
-        tmp_path / "raw",
-        dataset=tmp_path / "ds",
-        progress=None,
-    )
-    planted = syn.truth["planted"]["job_sizes"]
-    assert planted["alpha"] == alpha and planted["tiers"] == ["free", "beb"]
-    res = run(Dataset(tmp_path / "ds"), JobUsage(rows="top-level", tail=0.5, tier_map="notebook"), partitions="auto")[
-        "job-usage"
-    ]
+    alpha = _cells.JOB_SIZE_ALPHA
+    ds = Dataset(_cells.synth_150x4(tmp_path_factory))
+    planted = ds.manifest["synthetic"]["planted"]["job_sizes"]
+    assert planted["alpha"] == alpha == 1.5 and planted["tiers"] == ["free", "beb"]
+    res = run(ds, JobUsage(rows="top-level", tail=0.5, tier_map="notebook"), partitions="auto")["job-usage"]
     stats = res["stats"].set_index(["tier", "resource"])
     jobs = res["jobs"]
     x = jobs.loc[jobs["tier"].isin(planted["tiers"]), "ncu_hours"].to_numpy()

@@ -304,6 +304,8 @@ def test_a_worked_sequence():
 def test_every_layout_gives_the_same_result(tmp_path):
     """A flat dataset (one partition), its `gpuclust optimize`d copy cut into several bucket
     partitions, and in-memory tables give one result."""
+    from gpuclust.optimize import optimize
+
     rng = np.random.default_rng(3)
     n = 3000
     rows = [
@@ -327,12 +329,7 @@ def test_every_layout_gives_the_same_result(tmp_path):
     a = Lifecycle(bucket_s=600)
     r_flat = run(Dataset(flat), a, partitions="auto")["lifecycle"]
     check(r_flat, rows, bucket_s=600)
-    r = subprocess.run(
-        [sys.executable, "-m", "gpuclust.cli", "optimize", str(flat), "--out", str(tmp_path / "opt"), "--buckets", "8"],
-        capture_output=True,
-        text=True,
-    )
-    assert r.returncode == 0, r.stderr
+    optimize(flat, buckets=8, out=tmp_path / "opt", progress=False)  # (the command: tests/test_layout.py)
     for parts, scheduler in ((1, None), (3, None), ("auto", None), (3, "threads"), (3, "local:2")):
         r_opt = run(Dataset(tmp_path / "opt"), a, partitions=parts, workers=2, scheduler=scheduler)["lifecycle"]
         for k in r_flat:
@@ -414,19 +411,17 @@ def test_real_2011_task_events(real_2011):
     assert set(NAMES) >= set(res["events"]["event"])
 
 
-def test_planted_life_cycles_of_a_synthetic_cell(tmp_path):
+def test_planted_life_cycles_of_a_synthetic_cell(synth_cell_40):
     """`gpuclust synth` plants its instance life cycles and writes what it planted
-    (synth_truth.json: events by type, resubmissions, instances still running or never placed at
-    the end, running intervals); lifecycle recovers them exactly from the ingested dataset (the
-    pending ones bounded: the truth counts only those never placed)."""
-    from gpuclust.synth import SynthConfig, synthesize
-
-    syn = synthesize(
-        SynthConfig(machines=30, hours=3, seed=7), tmp_path / "raw", dataset=tmp_path / "ds", progress=None
-    )
-    assert syn.truth["counts"]["instance_events"]["malformed_total"] == 0
-    w = syn.truth["workload"]
-    res = run(Dataset(tmp_path / "ds"), Lifecycle(), partitions="auto")["lifecycle"]
+    (synth_truth.json, and the dataset's manifest: events by type, resubmissions, instances still
+    running or never placed at the end, running intervals); lifecycle recovers them exactly from
+    the ingested dataset (the pending ones bounded: the truth counts only those never placed).  The
+    session's 40-machine x 3 h cell (``synth_cell_40``)."""
+    ds = Dataset(synth_cell_40 / "ds")
+    truth = ds.manifest["synthetic"]
+    assert truth["counts"]["instance_events"]["malformed_total"] == 0
+    w = truth["workload"]
+    res = run(ds, Lifecycle(), partitions="auto")["lifecycle"]
     assert res["events"].groupby("event")["count"].sum().to_dict() == w["instance_event_types"]
     s = res["series"]
     assert int(s["resubmissions"].sum()) == w["resubmissions"]

@@ -22,6 +22,7 @@ from gpuclust.analyses.machine_utilization import QUANTILES, MachineHash, Machin
 from gpuclust.backends import get_backend
 from gpuclust.dataset import Dataset
 from gpuclust.engine import TableSource, run
+from gpuclust.optimize import optimize
 from gpuclust.schema import TIME_AFTER_TRACE
 
 duckdb = pytest.importorskip("duckdb")
@@ -327,12 +328,7 @@ def test_layouts_schedulers_and_the_results_folder(tmp_path):
     a = MachineUtilization(mode="time-weighted")
     ref = run(Dataset(flat), a, partitions=1)
     check(ref[a.name], *time_weighted_reference(tables), capped=False)
-    r = subprocess.run(
-        [sys.executable, "-m", "gpuclust.cli", "optimize", str(flat), "--out", str(tmp_path / "opt"), "--buckets", "8"],
-        capture_output=True,
-        text=True,
-    )
-    assert r.returncode == 0, r.stderr
+    optimize(flat, buckets=8, out=tmp_path / "opt", progress=False)  # (the command: tests/test_layout.py)
     for ds, parts, scheduler in (
         (flat, 5, "threads"),
         (tmp_path / "opt", 3, None),

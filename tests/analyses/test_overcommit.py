@@ -33,10 +33,10 @@ from gpuclust.tables import as_pandas
 
 _ref = by_path.load("gpuclust_overcommit_reference", Path(__file__).with_name("overcommit_reference.py"))
 replay, usage_sql, figure_reference = _ref.replay, _ref.usage_sql, _ref.figure_reference
+_cells = by_path.load("gpuclust_planted_cells", Path(__file__).with_name("planted_cells.py"))
 S = 1_000_000
 T0 = 600 * S
 MAXT = 2**63 - 1
-REAL_2011 = Path(__file__).resolve().parents[2].parent / "shared/data/real/2011"
 NB = TIER_MAPS["notebook"]
 
 
@@ -573,11 +573,13 @@ def test_gpu_parity(backend):
 # ------------------------------------------------------------------------------------ synth
 @pytest.fixture(scope="module")
 def synth_cell(tmp_path_factory):
-    from gpuclust.synth import SynthConfig, synthesize
+    """A synthetic cell with the default planted overcommit (1.25 CPU, 1.0 memory) and what it
+    planted: the 150-machine x 4 h cell test_cpi.py and test_job_usage.py read too
+    (tests/analyses/planted_cells.py), built once per run."""
+    from gpuclust.dataset import Dataset
 
-    d = tmp_path_factory.mktemp("synth")
-    res = synthesize(SynthConfig(machines=100, hours=4, seed=3), d / "raw", dataset=d / "ds", progress=None)
-    return d / "ds", res.truth
+    ds = _cells.synth_150x4(tmp_path_factory)
+    return ds, Dataset(ds).manifest["synthetic"]
 
 
 def test_synth_recovers_planted_overcommit(synth_cell):
@@ -616,16 +618,8 @@ def test_report_plots(synth_cell, tmp_path):
 
 
 # ------------------------------------------------------------------------------------ real 2011
-@pytest.fixture(scope="module")
-def real_2011(tmp_path_factory):
-    if not (REAL_2011 / "machine_events").is_dir() or not (REAL_2011 / "task_events").is_dir():
-        pytest.skip(f"real 2011 trace not present at {REAL_2011}")
-    from gpuclust.ingest import ingest
-
-    out = tmp_path_factory.mktemp("real2011") / "ds"
-    rep = ingest([REAL_2011 / "machine_events", REAL_2011 / "task_events"], out, progress=False)
-    assert rep.complete
-    return out
+# ``real_2011`` (tests/conftest.py): the real 2011 machine, task and job events, ingested once per
+# run; overcommit reads no job events (its tables are those of the machine and task events alone).
 
 
 def test_real_2011_sanity(real_2011):
