@@ -92,11 +92,15 @@ def test_import_without_cupy():
 
 @pytest.mark.skipif(gpu_available(), reason="a GPU is present")
 def test_require_gpu_env_turns_skip_into_failure():
-    """With GPUCLUST_REQUIRE_GPU=1 a gpu-marked test fails on a machine without a GPU."""
+    """With GPUCLUST_REQUIRE_GPU=1 a gpu-marked test fails on a machine without a GPU.
+
+    (``--assert=plain``: the skip or failure comes from the gpu fixture, not from an assert; without
+    a bytecode cache, rewriting the module's asserts took half of each run.)"""
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
-    cmd = [sys.executable, "-m", "pytest", "-q", "tests/kernels/test_ops.py", "-k", "test_argument_checks and gpu"]
+    cmd = [sys.executable, "-m", "pytest", "-q", "--assert=plain", "tests/kernels/test_ops.py"]
+    cmd += ["-k", "test_argument_checks and gpu"]
     env = dict(os.environ, GPUCLUST_REQUIRE_GPU="1")
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=root, timeout=120)
     assert r.returncode == 1 and "GPUCLUST_REQUIRE_GPU=1" in r.stdout, r.stdout + r.stderr
@@ -107,14 +111,18 @@ def test_require_gpu_env_turns_skip_into_failure():
 
 def test_gpu_tests_collect_with_only_the_device_image_packages():
     """The device image has no duckdb, cuDF or dask-cuda: `pytest -m gpu` must still collect every
-    test module (a module-level import of one of them stops the whole GPU run at collection)."""
+    test module (a module-level import of one of them stops the whole GPU run at collection).
+
+    (``--assert=plain``: the modules import as they do under assert rewriting, which, without a
+    bytecode cache (``PYTHONDONTWRITEBYTECODE``), took two thirds of the collection's time.)"""
     code = textwrap.dedent(
         """
         import sys
         for m in ("duckdb", "cudf", "dask_cudf", "dask_cuda"):
             sys.modules[m] = None  # makes `import duckdb` raise ImportError
         import pytest
-        sys.exit(pytest.main(["--collect-only", "-q", "-m", "gpu", "-p", "no:cacheprovider", "tests"]))
+        args = ["--collect-only", "-q", "-m", "gpu", "-p", "no:cacheprovider", "--assert=plain", "tests"]
+        sys.exit(pytest.main(args))
         """
     )
     root = Path(__file__).resolve().parents[2]

@@ -66,6 +66,16 @@ def cli_run(dataset: Dataset, tmp_path_factory: pytest.TempPathFactory) -> CliRu
     return CliRun(dataset, tmp_path_factory.mktemp("cli"))
 
 
+@pytest.fixture(scope="module")
+def bucketed(dataset: Dataset, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The dataset's `gpuclust optimize`d copy (4 buckets)."""
+    from gpuclust.optimize import optimize
+
+    out = tmp_path_factory.mktemp("bucketed") / "ds"
+    optimize(dataset.path, buckets=4, out=out)
+    return out
+
+
 Want = Callable[[str, list[str]], dict]
 
 
@@ -275,13 +285,9 @@ def test_from_the_command_line_never_imports_pandas(
         "machine-shapes",
     ],
 )
-def test_a_run_never_imports_numpy_ma(cli_run: CliRun, tmp_path: Path, name: str) -> None:
+def test_a_run_never_imports_numpy_ma(cli_run: CliRun, bucketed: Path, name: str) -> None:
     """``np.unique`` imports ``numpy.ma`` (~20-30 ms of start-up): the engine's bucket plan and
     these analyses' runs, on a flat and on an optimized (bucketed) dataset, do without it."""
-    from gpuclust.optimize import optimize
-
-    bucketed = tmp_path / "bucketed"
-    optimize(cli_run.dataset.path, buckets=4, out=bucketed)
     for ds in (None, bucketed):
         doc, _out = cli_run(ds, name, [])
         assert {"rc": doc["rc"], "ma": doc["ma"]} == {"rc": 0, "ma": False}, ds
