@@ -43,11 +43,15 @@ def pytest_configure(config: pytest.Config) -> None:
     installed package is: an editable install under ``PYTHONDONTWRITEBYTECODE`` (CI's
     environment) has no ``.pyc``, so each of the suite's few hundred ``python -m gpuclust``
     subprocesses (the documents' commands, the benches, the device-check rehearsal) compiled
-    the modules it imports again (0.15-0.3 s each, 0.4 s for all of gpuclust)."""
+    the modules it imports again (0.15-0.3 s each, 0.4 s for all of gpuclust).  The benches'
+    modules (which their child processes import) and the tests' references, likewise."""
     if not hasattr(config, "workerinput"):
         import compileall
 
-        compileall.compile_dir(str(Path(__file__).resolve().parents[1] / "gpuclust"), quiet=1)
+        root = Path(__file__).resolve().parents[1]
+        compileall.compile_dir(str(root / "gpuclust"), quiet=1)
+        compileall.compile_dir(str(root / "bench"), maxlevels=0, quiet=1)
+        compileall.compile_dir(str(root / "tests" / "references"), quiet=1)
 
 
 def pytest_report_header(config: pytest.Config) -> str:
