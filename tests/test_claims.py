@@ -11,8 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from cli_cells import cli_cell, gpuclust
+from cli_cells import gpuclust
 from run_once import once_per_run
+from small_cell import linked, small_cell
 
 from gpuclust.claims import DatasetFacts, claims, evaluate, needed_analyses
 from gpuclust.claims.command import _results
@@ -167,17 +168,32 @@ def test_2011_execution_shares_match_duckdb(v2):
         assert r["value"] == pytest.approx(below / len(durs), abs=2 / len(durs)), (cid, r["dataset"])
 
 
-def test_synthetic_cell_usage_claims_match_references(tmp_path):
+@pytest.fixture(scope="module")
+def synth(synth_cell_40, tmp_path_factory):
+    """A 2019-format synthetic cell ingested from its raw export (conftest's ``synth_cell_40``:
+    40 machines x 3 h, its ``raw`` shards ingested as ``ds``, once per run, read-only; ingested
+    from the export it is not marked synthetic), and the claims evaluated on it in this process
+    (``not_run``, rows by id)."""
+
+    def build(d: Path) -> Path:
+        rep = ingest([synth_cell_40 / "raw"], d / "ds", progress=False)
+        assert rep.exit_status == 0, rep.summary()
+        return d / "ds"
+
+    ds = once_per_run(tmp_path_factory, "claims-synth-40", build, read_only=True)
+    res, not_run = _results(str(ds), quiet=True)
+    return ds, not_run, _by_id(evaluate(res, DatasetFacts.of(ds)))
+
+
+def test_synthetic_cell_usage_claims_match_references(synth):
     """A 2019-format synthetic cell: the cluster-level change shares against the slow replay, the
     top-1% job shares against DuckDB; a synthetic cell supports no comparison with the paper."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from references.usage_change import THRESHOLDS, describe, period_pairs, period_usage
 
-    cli_cell(tmp_path, machines=40, hours=4, seed=11)
-    ds = Dataset(tmp_path / "ds")
-    res, not_run = _results(str(tmp_path / "ds"), quiet=True)
+    path, not_run, rows = synth
+    ds = Dataset(path)
     assert not_run == {}
-    rows = _by_id(evaluate(res, DatasetFacts.of(tmp_path / "ds")))
     usage = ds.read(
         "instance_usage", ["start_time", "end_time", "alloc_collection_id", "machine_id", "avg_cpu", "avg_mem"]
     ).to_pylist()
@@ -190,7 +206,7 @@ def test_synthetic_cell_usage_claims_match_references(tmp_path):
     assert 0.20 in THRESHOLDS and r["value"] == pytest.approx(share["cpu"], rel=1e-12)
     assert f"memory {100 * share['mem']:.1f}%" in r["dataset"] and r["supported"] is False
     assert "v2" not in r["why"] and "2011 trace" in r["why"]  # a 2019 dataset, a 2011 observation
-    files = f"read_parquet('{tmp_path}/ds/instance_usage/**/*.parquet')"
+    files = f"read_parquet('{path}/instance_usage/**/*.parquet')"
     for cid, col in (("job-tail-cpu", "avg_cpu"), ("job-tail-mem", "avg_mem")):
         share = (
             duckdb.connect()
@@ -208,7 +224,7 @@ def test_synthetic_cell_usage_claims_match_references(tmp_path):
     import by_path
 
     uvr = by_path.load("uvr_tasks", Path(__file__).resolve().parent / "analyses" / "test_usage_vs_request_tasks.py")
-    ref, _ = uvr.summarize(uvr.duckdb_tasks(tmp_path / "ds", ds.tier_map_name or "notebook"))
+    ref, _ = uvr.summarize(uvr.duckdb_tasks(path, ds.tier_map_name or "notebook"))
     for cid, measure, col in (
         ("borg-cpu-below-limit", "cpu_mean", "p50_ratio"),
         ("borg-mem-below-limit", "mem_mean", "p50_ratio"),
@@ -221,7 +237,7 @@ def test_synthetic_cell_usage_claims_match_references(tmp_path):
         assert f"of {want['defined']:,} tasks" in rows[cid]["dataset"]
 
 
-def test_borg_cpi_claims_match_a_weighted_fit_and_sql(tmp_path):
+def test_borg_cpi_claims_match_a_weighted_fit_and_sql(synth, synth_cell_40):
     """Borg §5.2 on a synthetic cell: the per-task and per-10%-utilisation effects and R² against a
     weighted least-squares fit by NumPy (platform dummies on CPI over its platform's weighted mean)
     of the windows DuckDB joins to their machine-cell's task count and utilisation; the prod mean
@@ -233,12 +249,10 @@ def test_borg_cpi_claims_match_a_weighted_fit_and_sql(tmp_path):
 
     here = Path(__file__).resolve().parent
     t_cpi = by_path.load("t_cpi", here / "analyses" / "test_cpi.py")
-    cli_cell(tmp_path, machines=40, hours=4, seed=11)
-    ds = Dataset(tmp_path / "ds")
-    res, _ = _results(str(tmp_path / "ds"), quiet=True)
-    rows = _by_id(evaluate(res, DatasetFacts.of(tmp_path / "ds")))
-    win_end = json.loads((tmp_path / "raw" / "synth_truth.json").read_text())["trace_window_us"][1]
-    df = t_cpi.duckdb_windows(tmp_path / "ds", win_end)
+    path, _, rows = synth
+    ds = Dataset(path)
+    win_end = json.loads((synth_cell_40 / "raw" / "synth_truth.json").read_text())["trace_window_us"][1]
+    df = t_cpi.duckdb_windows(path, win_end)
     y, w = df["cpi"].to_numpy(), df["w"].to_numpy()
     ok = df["util"].notna().to_numpy() & df["k"].notna().to_numpy() & df["platform_id"].notna().to_numpy()
     df, y, w = df[ok], y[ok], w[ok]
@@ -266,7 +280,7 @@ def test_borg_cpi_claims_match_a_weighted_fit_and_sql(tmp_path):
         .df()
     )
     d = duckdb.connect()
-    d.register("win", t_cpi.duckdb_windows(tmp_path / "ds", win_end))
+    d.register("win", t_cpi.duckdb_windows(path, win_end))
     d.register("top", top)
     mean, std, n = d.execute(f"""
         WITH x AS (SELECT cpi, w FROM win JOIN top USING (collection_id, instance_index, machine_id) WHERE p >= {prod}),
@@ -292,17 +306,14 @@ def test_every_claim_names_its_source_and_paper_value():
 
 @pytest.fixture(scope="module")
 def cell_ds(tmp_path_factory):
-    """A synthetic 20-machine, 2 h cell made by the CLI (``cli_cell``) once per run
-    (:func:`run_once.once_per_run`), read-only: the command tests link it as ``ds`` in their own
-    folder."""
-    return once_per_run(
-        tmp_path_factory, "claims-cell", lambda d: cli_cell(d, machines=20, hours=2, seed=3) / "ds", read_only=True
-    )
+    """A synthetic 12-machine, 1 h cell made by the CLI once per run (``small_cell``), read-only:
+    the command tests link it as ``ds`` in their own folder."""
+    return small_cell(tmp_path_factory)
 
 
 def test_claims_command_as_docs_print_it(cell_ds, tmp_path):
     """``gpuclust claims DATASET --csv FILE`` on a synthetic cell: one block per claim, the CSV."""
-    (tmp_path / "ds").symlink_to(cell_ds, target_is_directory=True)
+    linked(cell_ds, tmp_path)
     r = gpuclust("claims", "ds", "--csv", "claims.csv", "--quiet", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.count("\n[") + r.stdout.startswith("[") == len(claims())
@@ -321,7 +332,7 @@ def test_claims_command_as_docs_print_it(cell_ds, tmp_path):
 def test_report_has_the_claims_its_analyses_support(cell_ds, tmp_path):
     """``gpuclust report``'s page shows the claims whose analyses it holds (with the options they
     ask for), and points to ``gpuclust claims`` for the rest."""
-    (tmp_path / "ds").symlink_to(cell_ds, target_is_directory=True)
+    linked(cell_ds, tmp_path)
     r = gpuclust("report", "ds", "lifecycle", "job-usage", "--out", "r.html", "--quiet", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     page = (tmp_path / "r.html").read_text()

@@ -4,11 +4,15 @@ Independent checks: the rows of every table are the same multiset before and aft
 over both folders), every row is in the bucket a slow pure-Python splitmix64 gives its key, rows
 are time-ordered and row groups bounded, DuckDB's hive read sees the folder's bucket, every
 registered analysis gives the same result on both layouts, and SIGKILLs at four points leave a
-readable dataset that a re-run turns into exactly a clean run's.
+readable dataset that a re-run turns into exactly a clean run's.  (The killed runs are
+``gpuclust`` processes of their own; the re-runs and clean runs are the same commands, run in the
+test's process by ``gpuclust.cli.main``.)
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -77,13 +81,24 @@ def _files(ds: Path, table: str) -> list[str]:
     return [str(f) for f in Dataset(ds).files(table)]
 
 
+_DUCKDB: list[duckdb.DuckDBPyConnection] = []
+
+
+def _duckdb() -> duckdb.DuckDBPyConnection:
+    """One in-memory DuckDB connection for this module's checks (each new one cost ~50 ms), with
+    no cache of file contents: every query reads the files as they are now."""
+    if not _DUCKDB:
+        _DUCKDB.append(duckdb.connect(config={"enable_external_file_cache": False}))
+    return _DUCKDB[0]
+
+
 def _same_rows(a: Path, b: Path, table: str) -> None:
     fa, fb = _files(a, table), _files(b, table)
     assert len(fa) > 0 or len(fb) == 0
     if not fa:
         assert Dataset(b).num_rows(table) == 0
         return
-    con = duckdb.connect()
+    con = _duckdb()
     q = "select count(*) from (select * from read_parquet({x}, hive_partitioning=false) except all select * from read_parquet({y}, hive_partitioning=false))"
     assert con.sql(q.format(x=fa, y=fb)).fetchall()[0] == (0,), table
     assert con.sql(q.format(x=fb, y=fa)).fetchall()[0] == (0,), table
@@ -105,9 +120,10 @@ def _listed_only(ds: Path) -> None:
 
 
 def _snapshot(ds: Path) -> dict[str, object]:
-    """The tables entries of the manifest and every listed part's content."""
+    """The tables entries of the manifest and every listed part's content (Arrow tables: equal
+    when their schemas and values are)."""
     m = json.loads((ds / MANIFEST).read_text())
-    content = {f: pq.read_table(ds / f).to_pylist() for e in m["tables"].values() for f in e["files"]}
+    content = {f: pq.read_table(ds / f) for e in m["tables"].values() for f in e["files"]}
     return {"tables": m["tables"], "content": content}
 
 
@@ -292,20 +308,20 @@ def test_in_place_idempotent_and_rebucket(flat: Path, tmp_path: Path, capsys: py
     _listed_only(d)
 
 
-def test_ingest_adds_to_a_bucketed_dataset_and_lays_it_out_again(flat: Path, tmp_path: Path) -> None:
+def test_ingest_adds_to_a_bucketed_dataset_and_lays_it_out_again(flat: Path, ingested: Path, tmp_path: Path) -> None:
     """A bucketed dataset (what ingest writes) takes new files: they are ingested, then the four
-    key-partitioned tables are laid out again, as one ingest of every file lays them out."""
+    key-partitioned tables are laid out again, as one ingest of every file lays them out (the
+    ``ingested`` fixture's)."""
     from gpuclust.ingest import ingest
 
     raw = sorted(p for p in (flat.parent / "raw").iterdir() if p.name.endswith(".json.gz"))
     usage = [p for p in raw if p.name.startswith("instance_usage")]
     rest = [p for p in raw if p not in usage]
-    d, once = tmp_path / "ds", tmp_path / "once"
+    d, once = tmp_path / "ds", ingested
     assert ingest(rest, d, workers=1).layout == "bucketed"
     assert Dataset(d).num_rows("instance_usage") == 0 and Dataset(d).layout("instance_usage") is not None
     rep = ingest(raw, d, workers=1)  # the usage shards are new, the rest is skipped
     assert rep.layout == "bucketed" and {f.status for f in rep.files} == {"done", "skipped"}
-    ingest(raw, once, workers=1)
     for t in TABLES:
         _same_rows(d, once, t)
     assert Dataset(d).layout("instance_usage") == Dataset(once).layout("instance_usage")
@@ -320,6 +336,15 @@ def test_ingest_adds_to_a_bucketed_dataset_and_lays_it_out_again(flat: Path, tmp
 # --------------------------------------------------------------------------------------------
 # Crashes
 # --------------------------------------------------------------------------------------------
+def _rerun(*args: str) -> int:
+    """``gpuclust ARGS`` (the run after a kill, or a clean run to compare with) in this process:
+    its exit status; no kill point is set here."""
+    from gpuclust.cli import main
+
+    assert KILL_ENV not in os.environ
+    return main(list(args))
+
+
 def _cli(args: list[str], kill: str | None = None) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != KILL_ENV}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
@@ -334,8 +359,7 @@ def _cli(args: list[str], kill: str | None = None) -> subprocess.CompletedProces
 def clean_in_place(flat: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     d = tmp_path_factory.mktemp("clean") / "ds"
     shutil.copytree(flat, d)
-    r = _cli([str(d), "--buckets", "3", "--no-progress"])
-    assert r.returncode == 0, r.stderr
+    assert _rerun("optimize", str(d), "--buckets", "3", "--no-progress") == 0
     return _snapshot(d)
 
 
@@ -353,27 +377,26 @@ def test_kill_then_rerun_in_place(flat: Path, tmp_path: Path, clean_in_place: di
     if kill != "swap:1":  # a flat glob still counts exactly what the manifest lists
         n = duckdb.sql(f"select count(*) from '{d}/instance_usage/*.parquet'").fetchall()[0]
         assert n == (after.num_rows("instance_usage"),)
-    r = _cli([str(d), "--buckets", "3", "--no-progress"])
-    assert r.returncode == 0, r.stderr
+    assert _rerun("optimize", str(d), "--buckets", "3", "--no-progress") == 0
     assert _snapshot(d) == clean_in_place
     _listed_only(d)
 
 
 @pytest.mark.slow
-def test_kill_then_rerun_out(flat: Path, opt: Path, tmp_path: Path) -> None:
+def test_kill_then_rerun_out(flat: Path, opt: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "o"
     r = _cli([str(flat), "--buckets", "4", "--out", str(out), "--no-progress"], kill="move:3")
     assert r.returncode == -signal.SIGKILL
     with pytest.raises(DatasetError):
         Dataset(out)  # no manifest yet: not presented as a dataset
-    r = _cli([str(flat), "--buckets", "4", "--out", str(out), "--no-progress"])
-    assert r.returncode == 0, r.stderr
+    assert _rerun("optimize", str(flat), "--buckets", "4", "--out", str(out), "--no-progress") == 0
     for t in TABLES:
         _same_rows(flat, out, t)
     _listed_only(out)
     # same run again: nothing to do
-    r = _cli([str(flat), "--buckets", "4", "--out", str(out), "--no-progress"])
-    assert r.returncode == 0 and "nothing to do" in r.stdout, r.stderr
+    capsys.readouterr()
+    assert _rerun("optimize", str(flat), "--buckets", "4", "--out", str(out), "--no-progress") == 0
+    assert "nothing to do" in capsys.readouterr().out
 
 
 # --------------------------------------------------------------------------------------------
@@ -420,10 +443,13 @@ def _ingest_cli(raw: Path, out: Path, kill: str | None = None) -> subprocess.Com
 
 @pytest.fixture(scope="module")
 def ingested(flat: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The flat fixture's raw files ingested as `gpuclust ingest` does by default: laid out."""
+    """The flat fixture's raw files ingested as `gpuclust ingest` does by default (the command, in
+    this process): laid out."""
     out = tmp_path_factory.mktemp("ingested") / "ds"
-    r = _ingest_cli(flat.parent / "raw", out)
-    assert r.returncode == 0 and "laid out by instance and machine" in r.stdout, r.stdout + r.stderr
+    said = io.StringIO()
+    with contextlib.redirect_stdout(said):
+        assert _rerun("ingest", str(flat.parent / "raw"), "--out", str(out), "--no-progress") == 0
+    assert "laid out by instance and machine" in said.getvalue(), said.getvalue()
     return out
 
 
@@ -436,8 +462,7 @@ def test_ingest_killed_in_its_layout_step_then_rerun_equals_a_clean_run(
     d = tmp_path / "ds"
     r = _ingest_cli(flat.parent / "raw", d, kill)
     assert r.returncode == -signal.SIGKILL, r.stdout + r.stderr
-    r = _ingest_cli(flat.parent / "raw", d)
-    assert r.returncode == 0, r.stdout + r.stderr
+    assert _rerun("ingest", str(flat.parent / "raw"), "--out", str(d), "--no-progress") == 0
     for t in TABLES:
         assert Dataset(d).layout(t) == Dataset(ingested).layout(t)
         _same_rows(d, ingested, t)

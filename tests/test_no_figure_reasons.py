@@ -10,16 +10,17 @@ import re
 from pathlib import Path
 
 import pytest
-from cli_cells import cli_cell
 from cli_cells import gpuclust as _gpuclust
+from small_cell import linked, small_cell
 
 NO_ROWS = "the dataset has no rows"
 
 
 @pytest.fixture(scope="module")
 def cell(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A one-hour synthetic cell (usage windows start from 600 s of trace time), ingested as ``ds``."""
-    return cli_cell(tmp_path_factory.mktemp("cell"), machines=8, hours=1, seed=3)
+    """A one-hour synthetic cell (usage windows start from 600 s of trace time), ingested as ``ds``
+    (``small_cell``'s, made once per run and linked into this module's folder)."""
+    return linked(small_cell(tmp_path_factory), tmp_path_factory.mktemp("cell"))
 
 
 def _section(page: str, key: str) -> str:

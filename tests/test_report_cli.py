@@ -7,6 +7,7 @@ import csv
 import io
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -15,19 +16,31 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from cli_cells import cli_cell
 from cli_cells import gpuclust as _gpuclust
+from small_cell import small_cell, writable_copy
 
 
 @pytest.fixture(scope="module")
 def cell(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return cli_cell(tmp_path_factory.mktemp("cell"), machines=12, hours=1, seed=4)
+    """A 12-machine, 1 h synthetic cell (``raw``, ingested as ``ds``): this module's own copy of
+    ``small_cell``'s, made once per run (the tests write beside it, re-ingest it, touch it)."""
+    return writable_copy(small_cell(tmp_path_factory), tmp_path_factory.mktemp("cell") / "cell")
 
 
-def test_reuses_matching_results_and_reruns_otherwise(cell: Path) -> None:
-    first = _gpuclust("report", "ds", "cell-usage", "machine-shapes", "--out", "r/page.html", "--quiet", cwd=cell)
+@pytest.fixture(scope="module")
+def first_report(cell: Path) -> Path:
+    """``gpuclust report ds cell-usage machine-shapes --out first/page.html``: the folder with the
+    page and its results (``page-results``), which the tests below copy as their first report."""
+    first = _gpuclust("report", "ds", "cell-usage", "machine-shapes", "--out", "first/page.html", "--quiet", cwd=cell)
     assert first.returncode == 0, first.stderr[-2000:]
-    assert (cell / "r" / "page-results" / "_run.json").is_file() and (cell / "r" / "page.html").is_file()
+    assert (cell / "first" / "page-results" / "_run.json").is_file() and (cell / "first" / "page.html").is_file()
+    return cell / "first"
+
+
+def test_reuses_matching_results_and_reruns_otherwise(cell: Path, first_report: Path) -> None:
+    """A report over the results of one with more analyses reuses them; other options, ``--rerun``
+    or a dataset written after them run anew."""
+    shutil.copytree(first_report, cell / "r")  # the first report, as if made with --out r/page.html
     again = _gpuclust("report", "ds", "machine-shapes", "--out", "r/page.html", "--quiet", cwd=cell)
     assert again.returncode == 0 and "reusing the results" in again.stderr, again.stderr
     page = (cell / "r" / "page.html").read_text()
@@ -94,7 +107,7 @@ def test_csv_export_matches_the_parquet_results(cell: Path) -> None:
 
 
 def test_a_report_over_valid_results_reuses_results_and_figures(
-    cell: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    cell: Path, first_report: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Issue 33: a second report over results that are still valid neither runs an analysis nor
     draws a figure (the page keeps its figures in <results>/_figures); a re-ingest that ingests
@@ -104,8 +117,7 @@ def test_a_report_over_valid_results_reuses_results_and_figures(
     from gpuclust.cli import main
     from gpuclust.report import plots
 
-    first = _gpuclust("report", "ds", "cell-usage", "machine-shapes", "--out", "reuse/page.html", "--quiet", cwd=cell)
-    assert first.returncode == 0, first.stderr[-2000:]
+    shutil.copytree(first_report, cell / "reuse")  # the first report, as if made with --out reuse/page.html
     page = cell / "reuse" / "page.html"
     drawn = re.findall(r'<figure class="plot" data-figure="[^"]+">.*?</figure>', page.read_text(), re.S)
     assert len(drawn) == 2

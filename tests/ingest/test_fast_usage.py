@@ -9,6 +9,8 @@ silently falling back.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import os
 import random
@@ -129,19 +131,35 @@ def _same_bits(a: pa.Table, b: pa.Table) -> None:
             assert x.equals(y), name
 
 
+#: The Arrow path's reads (``_read`` with ``GPUCLUST_FAST_JSON=0``) by file name, content and
+#: options: the same bytes read the same way under the other kernel's run of a test are not read
+#: again (no kernel takes part in that path).
+_ARROW_READS: dict[tuple[str, str, str], tuple[pa.Table, list[tuple[int | None, str, str]], int]] = {}
+
+
 def both(path: Path, monkeypatch: pytest.MonkeyPatch, opts: ReadOptions | None = None) -> tuple[Spy, Any]:
     """Read ``path`` with the fast reader and without; assert identical results; return the spy."""
     opts = opts or ReadOptions(chunk_bytes=4096, threads=1)
     with monkeypatch.context() as m:
         m.setenv("GPUCLUST_FAST_JSON", "0")
         assert not _fast_usage.available()
-        ref = _read(path, opts)
+        key = (path.name, hashlib.sha256(path.read_bytes()).hexdigest(), repr(opts))
+        if key not in _ARROW_READS:
+            _ARROW_READS[key] = _read(path, opts)
+        ref = _ARROW_READS[key]
     spy = Spy(monkeypatch)
     got = _read(path, opts)
     _same_bits(got[0], ref[0])
     assert got[1] == ref[1]  # rejects: line, reason, raw
     assert got[2] == ref[2]  # rows read
     return spy, got
+
+
+@functools.cache
+def _usage_lines(n: int, seed: int) -> tuple[str, ...]:
+    """``records("instance_usage", n, seed=seed)`` in the export encoding (as ``write_json`` writes
+    them), made once per process: several tests and both kernels' runs read the same lines."""
+    return tuple(bq_json_line(r) for r in records("instance_usage", n, seed=seed))
 
 
 def _write(
@@ -156,9 +174,9 @@ def _write(
 # --------------------------------------------------------------------------------------------
 # Number conversion
 # --------------------------------------------------------------------------------------------
-def test_numbers_are_correctly_rounded() -> None:
-    """Every number the kernel converts itself equals Python's correctly rounded float() bit for
-    bit; the rest (ok False) are converted from their text by the caller."""
+@pytest.fixture(scope="module")
+def number_texts() -> tuple[list[bytes], np.ndarray]:
+    """Number texts of every kind, and Python's float() of each (once for both kernels)."""
     rng = np.random.default_rng(1)
     bits = rng.integers(0, 2**63, size=100_000, dtype=np.uint64) & np.uint64(0x7FEFFFFFFFFFFFFF)
     doubles = bits.view(np.float64)
@@ -173,8 +191,14 @@ def test_numbers_are_correctly_rounded() -> None:
         b"9007199254740993", b"9007199254740992", b"1.7976931348623157e308", b"2.2250738585072014e-308",
         b"0.30000000000000004", b"5e-324", b"1e400", b"1e-400",
     ]  # fmt: skip
+    return texts, np.array([float(t) for t in texts])
+
+
+def test_numbers_are_correctly_rounded(number_texts: tuple[list[bytes], np.ndarray]) -> None:
+    """Every number the kernel converts itself equals Python's correctly rounded float() bit for
+    bit; the rest (ok False) are converted from their text by the caller."""
+    texts, ref = number_texts
     out, ok = _fast_usage.parse_numbers(texts)
-    ref = np.array([float(t) for t in texts])
     assert np.array_equal(out[ok].view(np.uint64), ref[ok].view(np.uint64))
     assert ok.mean() > 0.99  # Eisel-Lemire decides nearly all
     ok_of = dict(zip(texts[-16:], ok[-16:].tolist(), strict=True))
@@ -198,8 +222,7 @@ def test_pieces_read_while_the_reader_loads_go_to_arrow(tmp_path: Path, monkeypa
     """A process reads its first pieces while numba still loads: those go to the Arrow path
     (``_fast_usage.ready`` is False), the rest to the compiled reader, and the result is the
     Arrow path's exactly."""
-    recs = records("instance_usage", 2000, seed=12)
-    f = write_json(tmp_path / "instance_usage-000000000000.json.gz", recs)
+    f = write_json(tmp_path / "instance_usage-000000000000.json.gz", _usage_lines(2000, 12))
     calls = []
 
     def ready(wait: float = 0.0) -> bool:
@@ -233,8 +256,7 @@ def test_ready_waits_for_a_load_in_progress(monkeypatch: pytest.MonkeyPatch) -> 
 def test_generated_records_all_pieces_fast(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The test generator's records (big ids, sentinels, omitted keys, whole floats, empty and
     missing arrays, 12-digit floats) -- in real export encoding, gzipped, several threads."""
-    recs = records("instance_usage", 3000, seed=11)
-    f = write_json(tmp_path / "instance_usage-000000000000.json.gz", recs)
+    f = write_json(tmp_path / "instance_usage-000000000000.json.gz", _usage_lines(3000, 11))
     spy, (tbl, rejects, rows) = both(f, monkeypatch, ReadOptions(chunk_bytes=64 << 10, threads=2))
     assert spy.took > 5 and spy.refused == 0
     assert rows == 3000
@@ -248,7 +270,7 @@ def test_halves_parsed_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, 
     cuts: list[int] = []
     orig = _fast_usage._middle_line_end
     monkeypatch.setattr(_fast_usage, "_middle_line_end", lambda buf: cuts.append(orig(buf)) or cuts[-1])
-    lines = [bq_json_line(r) for r in records("instance_usage", 3000, seed=4)]
+    lines = list(_usage_lines(3000, 4))
     if bad_at is not None:
         lines[bad_at] = _line(EDGE_FALLBACK["quoted float"])
     f = write_json(tmp_path / "instance_usage-000000000000.json.gz", lines)
@@ -258,20 +280,34 @@ def test_halves_parsed_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, 
     assert len(cuts) >= 3 and all(c > 0 for c in cuts)
 
 
-def test_synth_shard(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A `gpuclust synth` InstanceUsage shard ingests to byte-identical Parquet both ways."""
+SHARD_OPTS = ReadOptions(chunk_bytes=256 << 10, threads=2)
+
+
+@pytest.fixture(scope="module")
+def synth_shard(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A `gpuclust synth` InstanceUsage shard (6 machines x 2 h), and its ingest by the Arrow path
+    (``GPUCLUST_FAST_JSON=0``: no kernel takes part), once for both kernels' runs."""
     from gpuclust.synth import SynthConfig, synthesize
 
-    res = synthesize(SynthConfig(machines=6, hours=2, seed=3), tmp_path / "raw", progress=None)
+    d = tmp_path_factory.mktemp("synth")
+    res = synthesize(SynthConfig(machines=6, hours=2, seed=3), d / "raw", progress=None)
     (shard,) = res.shards["instance_usage"]
+    with pytest.MonkeyPatch.context() as m:
+        m.setenv("GPUCLUST_FAST_JSON", "0")
+        assert not _fast_usage.available()
+        rep = ingest([shard], d / "ds0", opts=SHARD_OPTS, workers=1)
+    assert rep.exit_status == 0 and rep.rows_rejected == 0
+    return shard, d / "ds0"
+
+
+def test_synth_shard(synth_shard: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A `gpuclust synth` InstanceUsage shard ingests to byte-identical Parquet both ways."""
+    shard, arrow = synth_shard
     spy = Spy(monkeypatch)
-    outs = {}
-    for flag in ("0", "1"):
-        monkeypatch.setenv("GPUCLUST_FAST_JSON", flag)
-        out = tmp_path / f"ds{flag}"
-        rep = ingest([shard], out, opts=ReadOptions(chunk_bytes=256 << 10, threads=2), workers=1)
-        assert rep.exit_status == 0 and rep.rows_rejected == 0
-        outs[flag] = out
+    monkeypatch.setenv("GPUCLUST_FAST_JSON", "1")
+    rep = ingest([shard], tmp_path / "ds1", opts=SHARD_OPTS, workers=1)
+    assert rep.exit_status == 0 and rep.rows_rejected == 0
+    outs = {"0": arrow, "1": tmp_path / "ds1"}
     assert spy.took > 1 and spy.refused == 0
     a, b = Dataset(outs["0"]), Dataset(outs["1"])
     assert a.read("instance_usage").equals(b.read("instance_usage"))
@@ -456,25 +492,34 @@ def test_big_floats_repr_piece_is_fast(tmp_path: Path, monkeypatch: pytest.Monke
     assert re.search(r"\d{15}", lines[0])
 
 
-def test_without_numba_the_arrow_path_reads(tmp_path: Path) -> None:
-    """Where neither the extension nor numba can be imported, the reader is off and ingest gives
-    the same dataset."""
+@pytest.fixture(scope="module")
+def without_numba(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A shard, and its ingest by a process where neither the extension nor numba can be imported
+    (which finds the reader off), once for both kernels' runs."""
     import subprocess
     import sys
 
-    f = write_json(tmp_path / "instance_usage-000000000000.json.gz", [GOOD_LINE] * 20)
+    d = tmp_path_factory.mktemp("without-numba")
+    f = write_json(d / "instance_usage-000000000000.json.gz", [GOOD_LINE] * 20)
     code = (
         "import os, sys; sys.modules['numba'] = None; sys.modules['gpuclust.ingest.readers._fast_usage_c'] = None\n"
         "from gpuclust.ingest import ingest\n"
         "from gpuclust.ingest.readers import _fast_usage\n"
-        f"rep = ingest([{str(f)!r}], {str(tmp_path / 'ds')!r}, workers=1)\n"
+        f"rep = ingest([{str(f)!r}], {str(d / 'ds')!r}, workers=1)\n"
         "assert rep.exit_status == 0 and rep.rows_read == 20, rep.summary()\n"
         "assert not _fast_usage.available()\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+    return f, d / "ds"
+
+
+def test_without_numba_the_arrow_path_reads(without_numba: tuple[Path, Path], tmp_path: Path) -> None:
+    """Where neither the extension nor numba can be imported, the reader is off and ingest gives
+    the same dataset."""
+    f, ds = without_numba
     with_numba = ingest([f], tmp_path / "ds2", workers=1)
     assert with_numba.exit_status == 0
-    assert Dataset(tmp_path / "ds").read("instance_usage").equals(Dataset(tmp_path / "ds2").read("instance_usage"))
+    assert Dataset(ds).read("instance_usage").equals(Dataset(tmp_path / "ds2").read("instance_usage"))
 
 
 def test_without_the_extension_numba_stands_in_and_caches_outside_the_package(tmp_path: Path, kernel: str) -> None:

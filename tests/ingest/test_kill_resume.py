@@ -3,6 +3,9 @@
 After every kill, a reader that globs the table folders (DuckDB ``'ds/<table>/*.parquet'``) must
 see exactly the rows the manifest lists: parts are staged in ``ds/_staging/`` and move into the
 table folders only together with the manifest that lists them.
+
+The runs that are killed are processes of their own (``SCRIPT``, SIGKILLed by a kill point or a
+timer); the resume that follows is the same ingest call, made in the test's process.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -59,12 +63,11 @@ def _snapshot(out: Path) -> tuple[dict[str, list[str]], dict[str, int]]:
     return rows, counts
 
 
+KILL_POINTS = (KILL_AFTER_PARTS_ENV, KILL_AFTER_MANIFESTS_ENV, KILL_MID_PUBLISH_ENV)
+
+
 def _run(out: Path, files: list[Path], workers: int, env_extra: dict[str, str], kill_after: float | None = None) -> int:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in (KILL_AFTER_PARTS_ENV, KILL_AFTER_MANIFESTS_ENV, KILL_MID_PUBLISH_ENV)
-    }
+    env = {k: v for k, v in os.environ.items() if k not in KILL_POINTS}
     env.update(env_extra)
     p = subprocess.Popen(
         [sys.executable, "-c", SCRIPT, str(out), str(workers), *map(str, files)],
@@ -84,6 +87,18 @@ def _run(out: Path, files: list[Path], workers: int, env_extra: dict[str, str], 
     return p.returncode
 
 
+_DUCKDB: list[Any] = []
+
+
+def _duckdb() -> Any:
+    """One in-memory DuckDB connection for this module's checks (each new one cost ~50 ms), with
+    no cache of file contents: every query reads the files as they are now."""
+    if not _DUCKDB:
+        duckdb = pytest.importorskip("duckdb")
+        _DUCKDB.append(duckdb.connect(config={"enable_external_file_cache": False}))
+    return _DUCKDB[0]
+
+
 def _check_glob_matches_manifest(out: Path) -> set[str]:
     """What a glob reader sees in the table folders is what the manifest lists, row for row.
 
@@ -92,9 +107,8 @@ def _check_glob_matches_manifest(out: Path) -> set[str]:
     Then the folders hold, besides every listed part, complete parts of that one input only (one
     ``part-<input key>-`` stem, an input the manifest does not list as done); the next run removes
     them."""
-    duckdb = pytest.importorskip("duckdb")
+    con = _duckdb()
     m = json.loads((out / MANIFEST).read_text()) if (out / MANIFEST).exists() else None
-    con = duckdb.connect()
     unlisted: set[str] = set()
     for t in TABLES:
         on_disk = sorted(p.name for p in (out / t).glob("*.parquet")) if (out / t).is_dir() else []
@@ -115,6 +129,13 @@ def _check_glob_matches_manifest(out: Path) -> set[str]:
     done = {f.split("/", 1)[1].rsplit("-", 1)[0] for i in inputs if i.get("status") == "done" for f in i["outputs"]}
     assert not stems & done, stems
     return unlisted
+
+
+def _resume(out: Path, files: list[Path], workers: int) -> int:
+    """The run after the kills: what ``SCRIPT`` runs, in this process (no kill point set)."""
+    assert not any(k in os.environ for k in KILL_POINTS)
+    rep = ingest(files, out, opts=ReadOptions(chunk_bytes=CHUNK, threads=1), workers=workers, layout="flat")
+    return rep.exit_status
 
 
 def _check_no_strays(out: Path) -> None:
@@ -169,7 +190,7 @@ def test_kill_and_resume(tmp_path: Path, clean: tuple[list[Path], tuple], chain:
     if chain != "random-delay":
         assert killed == len(CHAINS[chain])
     time.sleep(0.05)
-    assert _run(out, files, FINAL_WORKERS[chain], {}) == 0
+    assert _resume(out, files, FINAL_WORKERS[chain]) == 0
     assert _snapshot(out) == want
     _check_no_strays(out)
     _check_glob_matches_manifest(out)
@@ -205,7 +226,7 @@ def test_random_kills_glob_matches_manifest(tmp_path: Path, clean: tuple[list[Pa
     outs.append(out)
     assert kills >= 5
     for o in outs:
-        assert _run(o, files, 2, {}) == 0
+        assert _resume(o, files, 2) == 0
         _check_glob_matches_manifest(o)
         assert _snapshot(o) == want
         _check_no_strays(o)

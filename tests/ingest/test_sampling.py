@@ -5,6 +5,7 @@ full ingest of the same files), and a sample is consistent across tables."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -14,7 +15,7 @@ import pyarrow as pa
 import pytest
 
 from gpuclust.dataset import Dataset
-from gpuclust.ingest import ingest
+from gpuclust.ingest import IngestReport, ingest
 from gpuclust.ingest.api import IngestUsageError
 from gpuclust.schema import TABLES
 
@@ -72,15 +73,32 @@ def full_rows(cell: tuple[Path, Path]) -> FullRows:
     return rows
 
 
+Sampled = Callable[[str], tuple[IngestReport, Path]]
+
+
+@pytest.fixture(scope="module")
+def sampled(cell: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Sampled:
+    """The ingest of the cell's raw shards with ``--sample SPEC``: its report and its dataset,
+    once per spec in this module (per worker); read them, copy the dataset to change it."""
+    got: dict[str, tuple[IngestReport, Path]] = {}
+
+    def run(spec: str) -> tuple[IngestReport, Path]:
+        if spec not in got:
+            out = tmp_path_factory.mktemp("sampled") / "ds"
+            got[spec] = ingest([cell[0]], out, sample=spec, workers=1), out
+        return got[spec]
+
+    return run
+
+
 @pytest.mark.parametrize(
     "key,column,fraction", [("machines", "machine_id", 0.3), ("collections", "collection_id", 0.25)]
 )
 def test_sample_is_the_documented_rule_in_every_table(
-    cell: tuple[Path, Path], full_rows: FullRows, tmp_path: Path, key: str, column: str, fraction: float
+    cell: tuple[Path, Path], full_rows: FullRows, sampled: Sampled, key: str, column: str, fraction: float
 ) -> None:
     raw, full = cell
-    out = tmp_path / "ds"
-    rep = ingest([raw], out, sample=f"{key}={fraction * 100:g}%", workers=1)
+    rep, out = sampled(f"{key}={fraction * 100:g}%")
     assert rep.exit_status == 0 and rep.selection and rep.rows_skipped > 0
     ds = Dataset(out)
     assert ds.manifest["selection"]["sample"] == {
@@ -100,10 +118,10 @@ def test_sample_is_the_documented_rule_in_every_table(
             assert 0 < len(got) < fds.num_rows(table), table  # a real sample, not all or nothing
 
 
-def test_sample_is_consistent_across_tables(cell: tuple[Path, Path], tmp_path: Path) -> None:
+def test_sample_is_consistent_across_tables(cell: tuple[Path, Path], sampled: Sampled) -> None:
     """Collections sample: every kept usage window's instance has all its events kept, and every
     kept event's instance has all its usage windows kept; machines sample: the same per
-    (instance, machine)."""
+    (instance, machine).  (The samples of the test above.)"""
     raw, full = cell
 
     def keys(ds: Path, table: str, cols: tuple[str, ...]) -> dict[tuple, int]:
@@ -114,11 +132,11 @@ def test_sample_is_consistent_across_tables(cell: tuple[Path, Path], tmp_path: P
         return out
 
     for spec, cols in (
-        ("collections=40%", ("collection_id", "instance_index")),
-        ("machines=40%", ("collection_id", "instance_index", "machine_id")),
+        ("collections=25%", ("collection_id", "instance_index")),
+        ("machines=30%", ("collection_id", "instance_index", "machine_id")),
     ):
-        out = tmp_path / spec.split("=")[0]
-        assert ingest([raw], out, sample=spec, workers=1).exit_status == 0
+        rep, out = sampled(spec)
+        assert rep.exit_status == 0
         full_u, full_e = keys(full, "instance_usage", cols), keys(full, "instance_events", cols)
         got_u, got_e = keys(out, "instance_usage", cols), keys(out, "instance_events", cols)
         assert got_u and got_e
@@ -156,17 +174,19 @@ def test_time_range_keeps_overlapping_windows_and_earlier_events(
         assert _rows(out, table) == want, table
 
 
-def test_extending_needs_the_same_selection(cell: tuple[Path, Path], tmp_path: Path) -> None:
+def test_extending_needs_the_same_selection(cell: tuple[Path, Path], sampled: Sampled, tmp_path: Path) -> None:
     raw, _ = cell
+    rep, first = sampled("machines=30%")
+    assert rep.exit_status == 0
     out = tmp_path / "ds"
-    assert ingest([raw], out, sample="machines=10%", workers=1).exit_status == 0
-    again = ingest([raw], out, sample="machines=0.1", workers=1)  # the same sample, written differently
+    shutil.copytree(first, out)  # that ingest, extended here
+    again = ingest([raw], out, sample="machines=0.3", workers=1)  # the same sample, written differently
     assert again.exit_status == 0 and all(f.status == "skipped" for f in again.files)
     for kw in (
         {},
         {"sample": "machines=20%"},
-        {"sample": "collections=10%"},
-        {"sample": "machines=10%", "time_to": "1h"},
+        {"sample": "collections=30%"},
+        {"sample": "machines=30%", "time_to": "1h"},
     ):
         with pytest.raises(IngestUsageError, match="was ingested with selection"):
             ingest([raw], out, workers=1, **kw)
