@@ -31,7 +31,7 @@ N_BUCKETS = 7
 @pytest.fixture(scope="module")
 def tables(tmp_path_factory: pytest.TempPathFactory) -> dict:
     d = tmp_path_factory.mktemp("canon")
-    make_dataset(d, 60_000, seed=3)
+    make_dataset(d, 30_000, seed=3)
     ds = Dataset(d)
     return {
         "tables": {t: ds.read(t) for t in TABLES if ds.num_rows(t)},
@@ -90,13 +90,16 @@ def _analyses() -> list:
     ]
 
 
+@pytest.fixture(scope="module")
+def flat_results(tables: dict) -> dict:
+    """:func:`_analyses` on the flat layout in 3 partitions: the reference of the bucketed runs."""
+    return run(_source(tables, None), _analyses(), partitions=3)
+
+
 @pytest.mark.parametrize("partitions", [1, 2, 7])
-def test_bucketed_results_equal_flat_results(tables: dict, partitions: int) -> None:
-    flat, bucketed = _source(tables, None), _source(tables, N_BUCKETS)
-    ans = _analyses()
-    ref = run(flat, ans, partitions=3)
-    got = run(bucketed, ans, partitions=partitions)
-    assert_results_same(ref, got, rtol=1e-9)
+def test_bucketed_results_equal_flat_results(tables: dict, flat_results: dict, partitions: int) -> None:
+    got = run(_source(tables, N_BUCKETS), _analyses(), partitions=partitions)
+    assert_results_same(flat_results, got, rtol=1e-9)
 
 
 def test_dask_on_a_bucketed_source_equals_local(tables: dict) -> None:

@@ -25,7 +25,7 @@ def test_analyze_backend_gpu_equals_cpu(tmp_path, monkeypatch):
     once (issue 34): a gpu run opens no table it wrote and streams none (the summaries' quantiles
     are of values the shards kept on the device, :mod:`gpuclust.analyses._kept`); a cpu run
     streams only the tables whose values it takes quantiles of, in bounded memory."""
-    ds = write_dataset(tmp_path / "cell", random_cell(29, n_windows=6000), files=3, row_group_size=500)
+    ds = write_dataset(tmp_path / "cell", random_cell(29, n_machines=12, n_windows=6000), files=3, row_group_size=500)
     args = ["analyze", str(ds), *names(), "--no-plots", "--quiet"]
     seen = _spy_table_reads(monkeypatch, *(tmp_path / b for b in ("cpu", "gpu", "gpu-auto")))
     assert cli.main([*args, "--partitions", "3", "--out", str(tmp_path / "cpu"), "--backend", "cpu"]) == 0
@@ -83,7 +83,7 @@ def test_analyze_backend_gpu_keeps_partials_on_the_device(tmp_path, monkeypatch)
                 return _real(self, partial, ctx)
 
             monkeypatch.setattr(cls, "finalize", spy)
-    ds = write_dataset(tmp_path / "cell", random_cell(31, n_windows=4000), files=3, row_group_size=500)
+    ds = write_dataset(tmp_path / "cell", random_cell(31, n_machines=12, n_windows=4000), files=3, row_group_size=500)
     optimize(ds, buckets=4)  # laid out by key: overcommit's intervals come with the partitions (no client partial)
     dense = {"cpi", "overcommit", "machine-utilization"}  # keyed sums merged into device accumulators
     merged_there = {a for a in kept if not create(a).sharded and create(a).kinds.merges_on_device}
@@ -153,7 +153,7 @@ def test_dask_workers_merge_on_their_devices_and_finalize_there(tmp_path, monkey
 
     from gpuclust.engine import run
 
-    ds = write_dataset(tmp_path / "cell", random_cell(53, n_windows=8000), files=4, row_group_size=500)
+    ds = write_dataset(tmp_path / "cell", random_cell(53, n_machines=12, n_windows=8000), files=4, row_group_size=500)
     ans = ["usage-vs-request", "cell-usage", "job-usage"]
     assert not create("cell-usage").device_partial
     ref = run(ds, names(), backend="cpu", partitions=4)
@@ -336,7 +336,7 @@ def test_analyze_backend_gpu_spills_only_where_the_device_has_no_room(tmp_path, 
     monkeypatch.setattr(shards, "write_keyed", lambda *a: written.append(1) or real(*a))
     sharded = [a for a in names() if create(a).sharded]
     assert {"overcommit", "cpi", "peak-prediction"} <= set(sharded)
-    ds = write_dataset(tmp_path / "cell", random_cell(37, n_windows=3000), files=3, row_group_size=500)
+    ds = write_dataset(tmp_path / "cell", random_cell(37, n_machines=12, n_windows=3000), files=3, row_group_size=500)
     room = shards.DEVICE_DENSE_SHARE
     for name, parts, share, spilled in (
         ("none", ["--partitions", "3"], 0.0, True),
@@ -564,10 +564,10 @@ def test_summaries_keep_their_values_on_the_device_or_read_their_tables_back(tmp
 
 
 def _dense_run_on_cpu(tmp_path, seed: int) -> list[str]:
-    """A 6,000-window cell laid out by key (overcommit's intervals come with the partitions),
-    overcommit, cpi and machine-utilization on it in 3 partitions on the cpu into ``cpu``; the
-    command's arguments but ``--out`` and ``--backend``."""
-    ds = write_dataset(tmp_path / "cell", random_cell(seed, n_windows=6000), files=3, row_group_size=500)
+    """A 6,000-window cell of 12 machines laid out by key (overcommit's intervals come with the
+    partitions), overcommit, cpi and machine-utilization on it in 3 partitions on the cpu into
+    ``cpu``; the command's arguments but ``--out`` and ``--backend``."""
+    ds = write_dataset(tmp_path / "cell", random_cell(seed, n_machines=12, n_windows=6000), files=3, row_group_size=500)
     optimize(ds, buckets=4)
     args = ["analyze", str(ds), "overcommit", "cpi", "machine-utilization", "--no-plots", "--quiet"]
     args += ["--partitions", "3"]

@@ -23,9 +23,30 @@ def _read(res):
     return {a: {t: v.read() if isinstance(v, PartedTable) else v for t, v in tabs.items()} for a, tabs in res.items()}
 
 
-@pytest.fixture
-def cell(tmp_path):
-    return write_dataset(tmp_path / "cell", random_cell(41, n_windows=6000), files=3, row_group_size=500)
+def _cell(tmp_path_factory, machines: int):
+    cell = random_cell(41, n_machines=machines, n_windows=6000)
+    return write_dataset(tmp_path_factory.mktemp("cell"), cell, files=3, row_group_size=500)
+
+
+@pytest.fixture(scope="module")
+def cell(tmp_path_factory):
+    """The cell the tests read (each run writes its tables under its own folder): 8 machines, so
+    that 4 passes of whole machines each take a 4th of them."""
+    return _cell(tmp_path_factory, 8)
+
+
+@pytest.fixture(scope="module")
+def cell_20(tmp_path_factory):
+    """A cell of 20 machines: 5 passes of whole machines take a 5th of them each, 4 passes a 4th
+    (so that a first pass fits beside the room's other accumulators)."""
+    return _cell(tmp_path_factory, 20)
+
+
+@pytest.fixture(scope="module")
+def one_pass():
+    """The tables of a run with room for every dense sum, by the settings it ran with: the same run
+    is the reference of the cases that differ only in the room they are given."""
+    return {}
 
 
 @pytest.fixture(params=["device-shaped", pytest.param("gpu", marks=pytest.mark.gpu)])
@@ -41,10 +62,10 @@ def device(request, monkeypatch):
 @pytest.mark.parametrize("from_context", [True, False])
 @pytest.mark.parametrize(("name", "parts"), [("overcommit", 5), ("cpi", 4)])
 def test_dense_sums_past_the_device_room_run_in_passes_with_the_same_bits(
-    cell, tmp_path, monkeypatch, device, name, parts, from_context
+    cell_20, one_pass, tmp_path, monkeypatch, device, name, parts, from_context, request
 ):
     """The device's room for dense sums (four tenths of its free memory) made a ``parts``-th of
-    what ``name``'s need (overcommit's 157 MB, cpi's 1.3 MB here) beside the smaller accumulators
+    what ``name``'s need (overcommit's 78 MB, cpi's 0.67 MB here) beside the smaller accumulators
     placed before it (overcommit's: cpi's and machine-utilization's): ``name`` runs in that many passes
     (the others on the device where they fit, else machine-utilization's on the host and
     overcommit's spilled, where it would take more than the most passes), nothing of it spilled,
@@ -53,13 +74,16 @@ def test_dense_sums_past_the_device_room_run_in_passes_with_the_same_bits(
     streams run again.  (``from_context``: a shard rule that reads the rest, where the run's
     stream takes no key and every pass streams again.)"""
     be, rtol = device
-    monkeypatch.setattr(overcommit, "SHARD_CELLS", 1)  # a machine a shard (40; 1 << 18 cells by default)
+    monkeypatch.setattr(overcommit, "SHARD_CELLS", 1)  # a machine a shard (20; 1 << 18 cells by default)
     monkeypatch.setattr(cpi, "SHARD_KEYS", 1)
     if not from_context:
         monkeypatch.setattr(Fields, "context_shards", lambda self, ctx, on_device: None)
-    one = _read(run(cell, list(DENSE), backend=be, partitions=3, parts_dir=tmp_path / "one"))
+    key = (request.node.callspec.params["device"], from_context)  # (the run does not depend on name or parts)
+    if key not in one_pass:
+        one_pass[key] = _read(run(cell_20, list(DENSE), backend=be, partitions=3, parts_dir=tmp_path / "one"))
+    one = one_pass[key]
     a = create(name)
-    need = {n: shards.dense_plan(create(n), context_of(create(n), cell), True)[1] for n in DENSE}
+    need = {n: shards.dense_plan(create(n), context_of(create(n), cell_20), True)[1] for n in DENSE}
     # the room: a parts-th of name's need, beside the smaller accumulators placed before its first pass
     beside = sum(v for n, v in need.items() if n != name and v <= need[name] / parts)
     free = int((need[name] / parts + beside) / shards.DEVICE_DENSE_SHARE) + 1
@@ -78,9 +102,9 @@ def test_dense_sums_past_the_device_room_run_in_passes_with_the_same_bits(
     monkeypatch.setattr(key_passes.KeyPasses, "finalize", spy_finalize)
     monkeypatch.setattr(shards, "write_keyed", lambda *a: spilled.append(a) or real_write(*a))
     streamed = []
-    got = _read(run(cell, list(DENSE), backend=be, partitions=3, parts_dir=tmp_path / "passes"))
+    got = _read(run(cell_20, list(DENSE), backend=be, partitions=3, parts_dir=tmp_path / "passes"))
     assert passes == {name: parts} and streams == {name: parts - from_context}
-    # nothing of it spilled (with cpi's room, overcommit's partials would take 471 passes: spilled)
+    # nothing of it spilled (with cpi's room, overcommit's partials would take 470 passes: spilled)
     assert [sorted(keyed) for _, keyed in spilled] == ([] if name == "overcommit" else [["inst", "req", "usage"]] * 3)
     assert len(streamed) == parts - from_context and all(
         t.dense and all(d.clip for d in t.dense.values()) for t in streamed

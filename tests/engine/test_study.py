@@ -40,7 +40,7 @@ def assert_same(r1, r2, rtol=0.0):
 
 @pytest.fixture(scope="module")
 def tables():
-    return random_cell(23, n_windows=9000)
+    return random_cell(23, n_machines=12, n_windows=9000)
 
 
 @pytest.fixture(scope="module")

@@ -32,13 +32,20 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 def bucketed(tmp_path_factory):
     flat = write_dataset(
         tmp_path_factory.mktemp("flat"),
-        random_cell(41, n_instances=600, n_windows=24_000),
+        random_cell(41, n_machines=12, n_instances=600, n_windows=24_000),
         files=4,
         row_group_size=1000,
     )
     out = tmp_path_factory.mktemp("bucketed") / "ds"
     optimize(flat, buckets=PARTITIONS, out=out, progress=False, row_group_rows=1000)
     return Dataset(out)
+
+
+@pytest.fixture(scope="module")
+def on_cpu(bucketed):
+    """The data's resident bytes and every analysis' results of a study on the cpu holding it all
+    in memory (:func:`_data_and_results`): computed once, the reference of the tests below."""
+    return _data_and_results(bucketed, "cpu")
 
 
 def _exactly_equal(got: dict, want: dict) -> None:
@@ -63,14 +70,14 @@ def _out_of_core(ds: Dataset, backend, budget: int) -> tuple[gpuclust.engine.stu
 
 
 @pytest.mark.parametrize("backend", ["cpu", "device-shaped"])
-def test_an_eighth_of_the_memory_gives_the_same_bits(bucketed, backend, monkeypatch):
+def test_an_eighth_of_the_memory_gives_the_same_bits(bucketed, on_cpu, backend, monkeypatch):
     if backend == "device-shaped":
         from device_backend import DEVICE, mark_partials_gpu, resolve_gpu_to_device
 
         resolve_gpu_to_device(monkeypatch)
         mark_partials_gpu(monkeypatch)  # the finalizes that run on a device run on the device-shaped backend
         backend = DEVICE
-    data, want = _data_and_results(bucketed, backend)
+    data, want = on_cpu if backend == "cpu" else _data_and_results(bucketed, backend)
     budget = data // 8
     study, got = _out_of_core(bucketed, backend, budget)
     assert study.resident_bytes <= budget
@@ -94,7 +101,7 @@ def test_an_eighth_of_the_memory_gives_the_same_bits(bucketed, backend, monkeypa
     study.close()
 
 
-def test_a_device_study_merges_the_buckets_partials_on_the_device(bucketed, monkeypatch):
+def test_a_device_study_merges_the_buckets_partials_on_the_device(bucketed, on_cpu, monkeypatch):
     """On a by-key layout the analyses run per bucket (16 partitions); a study on a device merges
     their partials there (``kinds.merges_on_device``), resident or streamed while they fit in its
     share of the budget (``HOLD_SHARE``), so it copies out what a study in one partition does,
@@ -104,7 +111,7 @@ def test_a_device_study_merges_the_buckets_partials_on_the_device(bucketed, monk
 
     resolve_gpu_to_device(monkeypatch)
     mark_partials_gpu(monkeypatch)
-    want = _data_and_results(bucketed, "cpu")[1]
+    want = on_cpu[1]
     some = ["lifecycle", "collection-lifecycle", "usage-vs-request", "job-usage"]
     with gpuclust.open(bucketed, backend=DEVICE, partitions=1, workers=1).persist() as study:
         data = study.resident_bytes
@@ -141,12 +148,12 @@ def test_a_device_study_merges_the_buckets_partials_on_the_device(bucketed, monk
     assert d2h["share"] <= 1.2 * one and d2h["left"] <= 1.2 * one and d2h["none"] > 10 * d2h["share"], (d2h, one)
 
 
-def test_the_default_budget_streams_what_the_free_memory_cannot_hold(bucketed, monkeypatch):
+def test_the_default_budget_streams_what_the_free_memory_cannot_hold(bucketed, on_cpu, monkeypatch):
     """Without a budget the study takes a share of the free memory: with little free, it streams
     instead of refusing."""
     import gpuclust.engine.study as study_mod
 
-    _, want = _data_and_results(bucketed, "cpu")
+    _, want = on_cpu
     monkeypatch.setattr(study_mod, "available_bytes", lambda backend: 200_000)
     study = gpuclust.open(bucketed, partitions=PARTITIONS, workers=1).persist()
     assert study.resident_bytes <= 0.8 * 200_000 and study.streamed_partitions["instance_usage"] > 0
@@ -229,7 +236,7 @@ def test_a_device_of_a_quarter_of_the_data_holds_the_study(replicas, monkeypatch
     _exactly_equal(got, want)
 
 
-def test_a_budgeted_device_study_keeps_on_the_device_only_its_runs_contexts(replicas, monkeypatch):
+def test_a_budgeted_device_study_keeps_on_the_device_only_its_runs_contexts(bucketed, monkeypatch):
     """Under a memory budget on a device, a run keeps there the copies of its own analyses'
     contexts only (``Backend.stage``): those of the analyses run before it are dropped (staged
     again when used), so a study that runs its analyses one at a time, as the H200 check does,
@@ -244,7 +251,7 @@ def test_a_budgeted_device_study_keeps_on_the_device_only_its_runs_contexts(repl
     mark_partials_gpu(monkeypatch)
     big = create("usage-vs-request")
     for budget in (1 << 20, None):
-        with gpuclust.open(replicas, backend=DEVICE, partitions=32, memory_budget=budget) as st:
+        with gpuclust.open(bucketed, backend=DEVICE, partitions=PARTITIONS, memory_budget=budget) as st:
             st.run(big)
             arrays = host_arrays([st._contexts[big]])
             assert any(a in _staged for a in arrays)  # its device copies, while it runs and after
