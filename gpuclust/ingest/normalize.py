@@ -65,12 +65,12 @@ def _float_to_int64(arr: pa.Array, mark: np.ndarray) -> pa.Array:
 def _unsigned_to_int64(arr: pa.Array, mark: np.ndarray) -> pa.Array:
     """Unsigned integers as int64 (some exports write the times and ids unsigned): values above
     2**63 - 1 become null, marked (the row is rejected, not the input)."""
-    over_np = arrays.values(arr) > 2**63 - 1
-    over_np &= arrays.valid(arr)
-    if not over_np.any():
+    v, valid = arrays.values(arr), arrays.valid(arr)
+    over = valid & (v > 2**63 - 1)
+    if not over.any():
         return pc.cast(arr, pa.int64())
-    mark |= over_np
-    return arrays.from_numpy(arrays.values(arr).astype(np.int64), pa.int64(), mask=over_np | ~arrays.valid(arr))
+    mark |= over
+    return arrays.from_numpy(v.astype(np.int64), pa.int64(), mask=over | ~valid)
 
 
 def _narrow_int(as64: pa.Array, target: pa.DataType, mark: np.ndarray) -> pa.Array:
