@@ -48,8 +48,8 @@ def synth_ds(tmp_path_factory):
     """The synthetic cell with planted CPI slopes (150 machines x 4 h, seed 1: tests/analyses/
     planted_cells.py, which says how well it recovers them), synthesized once per pytest run
     (whatever the xdist workers: :func:`run_once.once_per_run`; test_overcommit.py and
-    test_job_usage.py read it too); the tests only read it.  (docs/analyses/cpi.md's figures are
-    of another cell: 6 h, seed 3.)"""
+    test_job_usage.py read it too); the tests only read it; docs/analyses/cpi.md quotes its
+    result."""
     return _cells.synth_150x4(tmp_path_factory)
 
 
@@ -151,6 +151,35 @@ def test_synth_recovers_planted_slopes(synth_ds, synth_result):
     assert set(per["platform_id"]) == with_counters
     for _, r in per.iterrows():
         assert abs(r["intercept"] / planted["platforms"][r["platform_id"]]["cpi_base"] - 1) < 0.05
+
+
+def test_the_documented_result_is_the_planted_cells(synth_ds, synth_result):
+    """docs/analyses/cpi.md's "Result on the synthetic cell" is this run's, to its digits."""
+    doc = " ".join((Path(__file__).resolve().parents[2] / "docs" / "analyses" / "cpi.md").read_text().split())
+    planted = Dataset(synth_ds).manifest["synthetic"]["planted"]
+    info, reg = synth_result["info"].iloc[0], synth_result["regression"]
+    task, util = "pct_per_task_vs_intercept", "pct_per_10pct_util_vs_intercept"
+    fe, pooled = (reg[reg["fit"] == f].iloc[0] for f in ("platform-fixed-effects", "pooled"))
+    bases = {p: v["cpi_base"] for p, v in planted["platforms"].items() if v["has_counters"]}
+    per = reg[reg["fit"] == "per-platform"].set_index("platform_id").loc[sorted(bases, key=bases.get)]
+    a, b = 100 * planted["cpi_per_task"], 10 * planted["cpi_per_util"]
+
+    def off(x: float, want: float, digits: int) -> str:
+        return f"{100 * (x / want - 1):+.{digits}f} %".replace("-", "−")
+
+    def slash(values: Any, fmt: str) -> str:
+        return " / ".join(format(v, fmt) for v in values)
+
+    for line in (
+        f"{info['windows_total']:,} windows, {info['windows_kept']:,} pass the filter",
+        f"| **platform-fixed-effects** | {fe[task]:.3f} ± {fe[task + '_se']:.3f} ({off(fe[task], a, 1)}) "
+        f"| {fe[util]:.3f} ± {fe[util + '_se']:.3f} ({off(fe[util], b, 1)}) |",
+        f"| per-platform (bases {slash(sorted(bases.values()), '.2f')}) | {slash(per[task], '.3f')} "
+        f"| {slash(per[util], '.2f')} |",
+        f"| pooled | {pooled[task]:.3f} ({off(pooled[task], a, 0)}) | {pooled[util]:.2f} ({off(pooled[util], b, 0)}) |",
+        f"Per-platform intercepts {slash(per['intercept'], '.3f')} vs planted bases",
+    ):
+        assert line in doc, line
 
 
 def test_filter_drops_exactly_the_planted_outliers(synth_ds):

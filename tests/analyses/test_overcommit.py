@@ -590,9 +590,12 @@ def test_synth_recovers_planted_overcommit(synth_cell):
     known = np.isfinite(m["cap_cpu"]) & (m["cap_cpu"] > 0)
     r_cpu = m.loc[known, "alloc_ratio_cpu"].to_numpy()
     r_mem = m.loc[known & np.isfinite(m["cap_mem"]), "alloc_ratio_mem"].to_numpy()
-    # no machine-bucket exceeds the planted factor by request; the placement binds, so the max is close
-    assert r_cpu.max() <= oc_cpu * (1 + 1e-9) and r_cpu.max() >= oc_cpu - 0.02
-    assert r_mem.max() <= oc_mem * (1 + 1e-9) and r_mem.max() >= oc_mem - 0.02
+    # no machine-bucket exceeds the planted factor by request; the placement binds, so the max is close.
+    # The synthesizer places requests in float64, the trace stores them and the capacities as float32:
+    # each rounds by at most 2**-24 relative, so a ratio of their sums may exceed the factor by ~2**-23.
+    f32 = 4 * 2.0**-24
+    assert r_cpu.max() <= oc_cpu * (1 + f32) and r_cpu.max() >= oc_cpu - 0.02
+    assert r_mem.max() <= oc_mem * (1 + f32) and r_mem.max() >= oc_mem - 0.02
     info = res["info"].iloc[0]
     assert info["window_end_us"] == truth["trace_window_us"][1]
     # usage totals (CPU-seconds by tier) agree with the truth for ingested (valid) rows

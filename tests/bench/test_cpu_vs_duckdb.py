@@ -74,6 +74,12 @@ def test_cpu_vs_duckdb_tiny(tmp_path, monkeypatch):
     }
     for r in res["rows"]:
         assert r["wall_s"] > 0 and r["peak_rss_mib"] > 0 and len(r["runs"]) == 1
+    # the same gpuclust command (and floor) against other SQL: measured once a round, shared; DuckDB's differ
+    runs = {(r["case"], r["contender"]): r["runs"] for r in res["rows"]}
+    for who in ("gpuclust", "floor"):
+        assert runs[("job-usage", who)] == runs[("job-usage (tiers)", who)] == runs[("job-usage (all tables)", who)]
+    assert runs[("job-usage", "duckdb")] != runs[("job-usage (tiers)", "duckdb")]
+    assert runs[("cell-usage", "gpuclust")] != runs[("cpi (SQL subset)", "gpuclust")]
     assert {(r["case"], r["contender"]) for r in res["ratios"]} == {
         (c, w) for c in cpu_vs_duckdb_cases() for w in ("gpuclust", "floor")
     }
