@@ -136,3 +136,11 @@ def synth_cell_40(tmp_path_factory: pytest.TempPathFactory) -> Path:
         return folder
 
     return once_per_run(tmp_path_factory, "synth-cell-40", build)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The tests marked ``slow`` first, then the rest, each in collection order: with ``--dist
+    worksteal`` a run ends on short tests, not with one worker idle while the other finishes a long
+    one (2-core VM, whole suite, two pairs of runs: 464 s against 480, 501 against 516).  Moving
+    whole modules with a slow test instead measured no better (490 s)."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
