@@ -58,6 +58,7 @@ from gpuclust._optimize_passes import (
     spill_table,
     write_buckets,
 )
+from gpuclust._progress import StatusLine, bar, si
 from gpuclust.dataset import MANIFEST, Dataset, DatasetError, fsync_dir, write_json_atomic
 from gpuclust.layout import HASH_NAME, KEYS, layout_entry
 from gpuclust.schema import SCHEMAS
@@ -128,36 +129,27 @@ def default_buckets(usage_rows: int) -> int:
 # --------------------------------------------------------------------------------------------
 # Progress
 # --------------------------------------------------------------------------------------------
-def _si(x: float) -> str:
-    for unit, div in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(x) >= div:
-            return f"{x / div:.1f}{unit}"
-    return f"{x:.0f}"
-
-
-class Progress:
+class Progress(StatusLine):
     """Progress of an optimize on ``stream`` (stderr): a redrawn bar on a terminal, else a line per
     table and pass and a status line about every ``log_interval`` seconds (ingest's style)."""
 
     def __init__(self, stream: TextIO | None = None, *, tty: bool | None = None, log_interval: float = 10.0):
-        self.stream = stream if stream is not None else sys.stderr
-        self.tty = bool(tty if tty is not None else getattr(self.stream, "isatty", lambda: False)())
+        super().__init__(stream, tty)
         self.log_interval = log_interval
         self.total = 0
         self.done = 0
         self.phase = ""
         self._t0 = self._last = time.monotonic()
-        self._width = 0
 
     def start(self, total_rows: int, buckets: int) -> None:
         self.total = 2 * total_rows  # every row is spilled once and written once
         self._t0 = self._last = time.monotonic()
-        self._line(f"optimize: {total_rows:,} rows into {buckets} bucket(s) (pass 1 spills, pass 2 sorts and writes)")
+        self.line(f"optimize: {total_rows:,} rows into {buckets} bucket(s) (pass 1 spills, pass 2 sorts and writes)")
 
     def begin(self, phase: str) -> None:
         self.phase = phase
         if not self.tty:
-            self._line(f"optimize: {phase}")
+            self.line(f"optimize: {phase}")
         else:
             self._draw()
 
@@ -170,36 +162,18 @@ class Progress:
             self._status()
 
     def close(self) -> None:
-        if self.tty:
-            self._clear()
         self._status()
 
     def _status(self) -> None:
         self._last = time.monotonic()
         dt = max(self._last - self._t0, 1e-9)
         pct = 100 * self.done / self.total if self.total else 100.0
-        self._line(f"optimize: {pct:5.1f}% ({self.phase}), {_si(self.done / dt)} rows/s, {dt:.1f} s")
+        self.line(f"optimize: {pct:5.1f}% ({self.phase}), {si(self.done / dt)} rows/s, {dt:.1f} s")
 
     def _draw(self) -> None:
         self._last = time.monotonic()
         frac = min(1.0, self.done / self.total) if self.total else 0.0
-        bar = "#" * int(frac * 24) + "." * (24 - int(frac * 24))
-        text = f"[{bar}] {frac * 100:5.1f}% {self.phase}"[: max(10, shutil.get_terminal_size((100, 20)).columns - 1)]
-        self.stream.write("\r" + text + " " * max(0, self._width - len(text)))
-        self.stream.flush()
-        self._width = len(text)
-
-    def _clear(self) -> None:
-        if self._width:
-            self.stream.write("\r" + " " * self._width + "\r")
-            self.stream.flush()
-            self._width = 0
-
-    def _line(self, text: str) -> None:
-        if self.tty:
-            self._clear()
-        self.stream.write(text + "\n")
-        self.stream.flush()
+        self.redraw(f"{bar(frac)} {frac * 100:5.1f}% {self.phase}")
 
 
 # --------------------------------------------------------------------------------------------

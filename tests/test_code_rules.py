@@ -244,6 +244,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "gpuclust._cache",
         "gpuclust._memory",
         "gpuclust._parallel",
+        "gpuclust._progress",
         "gpuclust._kernels",
         "gpuclust.arrow_numpy",
         "gpuclust.stats",

@@ -7,22 +7,16 @@ every ``log_interval`` seconds while partitions stream.
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from typing import Any, TextIO
 
+from gpuclust._progress import StatusLine, si
+
 __all__ = ["PassProgress", "RunProgress"]
 
 
-def _si(x: float) -> str:
-    for unit, div in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(x) >= div:
-            return f"{x / div:.1f}{unit}"
-    return f"{x:.0f}"
-
-
-class RunProgress:
+class RunProgress(StatusLine):
     """Progress reporter for :func:`gpuclust.engine.run` (``progress=RunProgress()``).
 
     The engine calls :meth:`phase` when it starts a context or the finalize step,
@@ -50,14 +44,12 @@ class RunProgress:
         min_interval: float = 0.2,
         log_interval: float = 10.0,
     ):
-        self.stream = stream if stream is not None else sys.stderr
-        self.tty = bool(tty if tty is not None else getattr(self.stream, "isatty", lambda: False)())
+        super().__init__(stream, tty)
         self.min_interval = min_interval
         self.log_interval = log_interval
         self._lock = threading.Lock()
         self._t0 = time.monotonic()
         self._last = 0.0
-        self._width = 0
         #: table -> [partitions total, partitions done, rows total, rows done, start time]
         self._tables: dict[str, list[float]] = {}
         self._all_rows = 0
@@ -89,7 +81,7 @@ class RunProgress:
                 pct = 100.0 * st[3] / st[2] if st[2] else 100.0
                 self._emit(
                     f"analyze: {table}: partition {int(st[1])}/{int(st[0])}, "
-                    f"{_si(st[3])} rows ({pct:.0f}%), {_si(rate)} rows/s",
+                    f"{si(st[3])} rows ({pct:.0f}%), {si(rate)} rows/s",
                     final=not self.tty,
                 )
 
@@ -98,15 +90,12 @@ class RunProgress:
             dt = time.monotonic() - self._t0
             self._emit(f"analyze: done, {self._all_rows:,} rows in {dt:.1f} s", final=True)
 
-    # -- output ------------------------------------------------------------------------------
     def _emit(self, text: str, final: bool) -> None:
-        if self.tty:
-            pad = " " * max(0, self._width - len(text))
-            self.stream.write("\r" + text + pad + ("\n" if final else ""))
-            self._width = 0 if final else len(text)
+        """A permanent line (``final``), or the terminal's redrawn one."""
+        if final:
+            self.line(text)
         else:
-            self.stream.write(text + "\n")
-        self.stream.flush()
+            self.redraw(text)
 
 
 class PassProgress:

@@ -7,24 +7,13 @@ every 10 seconds.
 
 from __future__ import annotations
 
-import shutil
-import sys
 import time
 from typing import Any, TextIO
 
-
-def _si(x: float) -> str:
-    for unit, div in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(x) >= div:
-            return f"{x / div:.1f}{unit}"
-    return f"{x:.0f}"
+from gpuclust._progress import StatusLine, bar, mb, si
 
 
-def _mb(b: float) -> str:
-    return f"{b / 1e6:,.1f} MB"
-
-
-class Progress:
+class Progress(StatusLine):
     """Progress reporter for :func:`gpuclust.ingest.ingest`.
 
     Parameters
@@ -53,8 +42,7 @@ class Progress:
         min_interval: float = 0.2,
         log_interval: float = 10.0,
     ):
-        self.stream = stream if stream is not None else sys.stderr
-        self.tty = bool(tty if tty is not None else getattr(self.stream, "isatty", lambda: False)())
+        super().__init__(stream, tty)
         self.min_interval = min_interval
         self.log_interval = log_interval
         self.files_total = 0
@@ -64,7 +52,6 @@ class Progress:
         self._bytes: dict[str, int] = {}
         self._t0 = time.monotonic()
         self._last = 0.0
-        self._width = 0
 
     # -- events ------------------------------------------------------------------------------
     def start(self, files: int, total_bytes: int) -> None:
@@ -73,7 +60,7 @@ class Progress:
         self._t0 = time.monotonic()
         self._last = self._t0
         if not self.tty:
-            self._line(f"ingest: {files} file(s), {_mb(total_bytes)} to read")
+            self.line(f"ingest: {files} file(s), {mb(total_bytes)} to read")
 
     def update(self, path: str, rows: int, bytes_done: int) -> None:
         self._rows[path] = rows
@@ -89,21 +76,16 @@ class Progress:
             f"ingest: [{self.files_done}/{self.files_total}] {result.path}: {result.rows_read:,} read, "
             f"{sum(result.rows_written.values()):,} written, {result.rows_rejected:,} rejected ({status})"
         )
+        self.line(msg)
         if self.tty:
-            self._clear()
-            self._line(msg)
-            self._draw(force=True)
-        else:
-            self._line(msg)
+            self._draw()
 
     def warn(self, msg: str) -> None:
-        if self.tty:
-            self._clear()
-        self._line(f"ingest: warning: {msg}")
+        self.line(f"ingest: warning: {msg}")
 
     def close(self) -> None:
         if self.tty:
-            self._clear()
+            self.clear()
         else:
             self._status()
 
@@ -124,38 +106,20 @@ class Progress:
     def _status(self) -> None:
         rows, done, dt = self._rates()
         self._last = time.monotonic()
-        self._line(
-            f"ingest: {self.files_done}/{self.files_total} files, {rows:,} rows, {_mb(done)} of {_mb(self.bytes_total)}, "
-            f"{_si(rows / dt)} rows/s, {done / dt / 1e6:.1f} MB/s"
+        self.line(
+            f"ingest: {self.files_done}/{self.files_total} files, {rows:,} rows, {mb(done)} of {mb(self.bytes_total)}, "
+            f"{si(rows / dt)} rows/s, {done / dt / 1e6:.1f} MB/s"
         )
 
-    def _draw(self, force: bool = False) -> None:
+    def _draw(self) -> None:
         rows, done, dt = self._rates()
         self._last = time.monotonic()
         frac = min(1.0, done / self.bytes_total) if self.bytes_total else 0.0
-        width = 24
-        bar = "#" * int(frac * width) + "." * (width - int(frac * width))
         eta = ""
         if 0 < frac < 1:
             left = dt * (1 - frac) / frac
             eta = f" ETA {int(left // 60)}:{int(left % 60):02d}"
-        text = (
-            f"[{bar}] {frac * 100:5.1f}% {self.files_done}/{self.files_total} files "
-            f"{_si(rows)} rows {_si(rows / dt)} rows/s {done / dt / 1e6:.1f} MB/s{eta}"
+        self.redraw(
+            f"{bar(frac)} {frac * 100:5.1f}% {self.files_done}/{self.files_total} files "
+            f"{si(rows)} rows {si(rows / dt)} rows/s {done / dt / 1e6:.1f} MB/s{eta}"
         )
-        cols = shutil.get_terminal_size((100, 20)).columns
-        text = text[: max(10, cols - 1)]
-        pad = max(0, self._width - len(text))
-        self.stream.write("\r" + text + " " * pad)
-        self.stream.flush()
-        self._width = len(text)
-
-    def _clear(self) -> None:
-        if self._width:
-            self.stream.write("\r" + " " * self._width + "\r")
-            self.stream.flush()
-            self._width = 0
-
-    def _line(self, text: str) -> None:
-        self.stream.write(text + "\n")
-        self.stream.flush()
