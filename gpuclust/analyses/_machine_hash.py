@@ -153,7 +153,8 @@ _id_hashes = PerArrayCache()
 def machine_capacities(me: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Sorted machine ids of a machine_events table and, per machine, ``MAX(cap_cpu)`` and
     ``MAX(cap_mem)`` over its events (NULLs ignored; NaN when every value is NULL): Google's
-    notebook's capacity of a machine, as cell-usage, cpi and machine-utilization use it."""
+    notebook's capacity of a machine, as cell-usage, cpi and machine-utilization's notebook mode use
+    it (its default time-weighted mode follows each machine's capacity over time instead)."""
     from gpuclust.analyses._extent import to_f64, to_i64
 
     m = to_i64(me.column("machine_id"))

@@ -274,3 +274,36 @@ def test_docs_list_the_result_columns(synth_ds):
         assert f"`{c}`" in text["analyses/cell-usage.md"], c
     for c in ud.key_columns():
         assert f"`{c}`" in text["analyses/usage-distribution.md"], c
+
+
+#: The analyses that split by priority tier (those with the ``tier_map`` option), and the options
+#: that make one split by tier where its default grouping does not.
+TIERED = sorted(n for n, e in REGISTRY.items() if any(o.name == "tier_map" for o in e.options))
+BY_TIER = {"cpi": {"by": "tier"}, "usage-change": {"level": "instance"}}
+
+
+def test_every_tiered_result_names_its_tier_map(synth_ds):
+    """TRACE_NOTES: a result split by priority tier says which tier map it used.  Every analysis
+    with the ``tier_map`` option writes the map in its ``info`` table, the dataset's default
+    (``notebook`` on a 2019 cell) and one asked for (``v3-doc``), and its ``tier`` columns hold
+    only that map's names (besides ``all`` and ``unknown``)."""
+    from gpuclust.schema import TIER_MAPS
+
+    assert len(TIERED) >= 9, TIERED  # a new tiered analysis is checked here by itself
+    runs = {
+        (n, m): create(n, **BY_TIER.get(n, {}), **({} if m == "notebook" else {"tier_map": m}))
+        for n in TIERED
+        for m in ("notebook", "v3-doc")
+    }
+    res = run(synth_ds, list(runs.values()), partitions=2)
+    seen: dict[tuple[str, str], set[str]] = {}
+    for (name, m), a in runs.items():
+        tables = {t: v if hasattr(v, "columns") else v.read() for t, v in _pick(res, a).items()}
+        assert tables["info"]["tier_map"].tolist() == [m], (name, m)
+        got = set().union(*(set(df["tier"].dropna().astype(str)) for df in tables.values() if "tier" in df.columns))
+        assert got <= {*TIER_MAPS[m].names, "all", "unknown"}, (name, m, got)
+        seen[name, m] = got
+    for name in TIERED:  # the map asked for is the one applied: the 2019 notebook's "beb" tier is not v3-doc's
+        if "beb" in seen[name, "notebook"]:
+            assert "beb" not in seen[name, "v3-doc"] and seen[name, "v3-doc"] & {"mid", "free"}, name
+    assert sum("beb" in seen[n, "notebook"] for n in TIERED) >= 5, seen

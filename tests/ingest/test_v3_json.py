@@ -76,6 +76,30 @@ def test_exact_int64(tmp_path: Path) -> None:
     assert got[0]["cap_cpu"] == 1.0
 
 
+@pytest.mark.parametrize("fast", ["1", "0"], ids=["fast-reader", "arrow-reader"])
+def test_omitted_usage_keys_are_their_none_values(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fast: str) -> None:
+    """TRACE_NOTES: the export omits NULL fields.  Where the spec defines a "none" value a missing
+    key is that value: a usage window without ``alloc_collection_id`` is stored with 0 (not in an
+    alloc set) and without ``alloc_instance_index`` with -1; every other omitted field stays NULL
+    (``collection_type``, CPI, MAI, maximum usage, sample rate).  Through the whole ingest, with
+    the compiled usage reader and without it (GPUCLUST_FAST_JSON=0: the Arrow path)."""
+    monkeypatch.setenv("GPUCLUST_FAST_JSON", fast)
+    base = '"start_time":"600000000","end_time":"900000000","instance_index":"3","machine_id":"32434369549"'
+    lines = [
+        "{" + base + ',"collection_id":"11","average_usage":{"cpus":0.25,"memory":0.5}}',
+        "{" + base + ',"collection_id":"12","alloc_collection_id":"77","collection_type":"1"}',
+    ]
+    f = write_json(tmp_path / "instance_usage-000000000000.json.gz", lines)
+    assert ingest([f], tmp_path / "ds", workers=1).exit_status == 0
+    t = Dataset(tmp_path / "ds").read("instance_usage").sort_by("collection_id")
+    assert t.column("alloc_collection_id").to_pylist() == [0, 77]
+    assert t.column("alloc_instance_index").to_pylist() == [-1, -1]
+    assert t.column("collection_type").to_pylist() == [None, 1]
+    assert t.column("avg_cpu").to_pylist() == [0.25, None]
+    for c in ("cpi", "mai", "max_cpu", "sample_rate"):
+        assert t.column(c).to_pylist() == [None, None], c
+
+
 def test_int64_overflow_rejected(tmp_path: Path) -> None:
     f = write_json(
         tmp_path / "machine_events-000000000000.json",
