@@ -37,7 +37,7 @@ from gpuclust.synth import usage as _usage
 
 # the pieces live in their own modules (issue 36); the names are re-exported here
 from gpuclust.synth.blocks import _FMT_ROWS as _FMT_ROWS
-from gpuclust.synth.blocks import _KEEP, _usage_blocks
+from gpuclust.synth.blocks import _KEEP, _usage_blocks, block_starts, windows_per_cell
 from gpuclust.synth.blocks import _SUMMARY as _SUMMARY
 from gpuclust.synth.blocks import _block_job as _block_job
 from gpuclust.synth.blocks import _init_worker as _init_worker
@@ -222,7 +222,7 @@ def _write_usage(
     lines malformed); their paths and rows, their tally and (``keep_windows``) the window arrays."""
     g_first = TRACE_OFFSET_US // _usage.CELL_US
     g_last = -(-md.t_end // _usage.CELL_US)
-    blocks = list(range(g_first, g_last, cfg.block_cells))
+    blocks = block_starts(windows_per_cell(ctx.iv, g_first, g_last, md.t_end), g_first, cfg.block_cells)
     usage_seeds = s_usage.spawn(len(blocks))
     w_usage = ShardWriter(out, "instance_usage", cfg.shard_rows, cfg.compresslevel, say)
     tally = _UsageTally(cfg, md, ctx.iv["coll"].size)
