@@ -204,6 +204,52 @@ def peak_rss_mib() -> float:
     return float("nan")
 
 
+def release_free_memory() -> None:
+    """Give the allocators' free memory back to the system: pyarrow's pool, then glibc's arenas
+    (``malloc_trim``; a no-op where there is no glibc)."""
+    import ctypes
+    import ctypes.util
+
+    import pyarrow as pa
+
+    pa.default_memory_pool().release_unused()
+    libc = ctypes.util.find_library("c")
+    if libc:
+        trim = getattr(ctypes.CDLL(libc), "malloc_trim", None)
+        if trim is not None:
+            trim(0)
+
+
+def working_set(fn: Any, poll_s: float = 0.005) -> tuple[Any, float]:
+    """Call ``fn()`` in this process: its result and how far the process's RSS rose above where it
+    started, MiB (the peak sampled every ``poll_s`` during the call, less the RSS before it).  Freed
+    memory is handed back to the system first (:func:`release_free_memory`), so what an earlier call left
+    in the allocator does not hide this call's working memory.  For in-process benchmarks whose
+    contenders share the data already in memory (a whole process's peak would be the data's).  The
+    sampler is a Python thread: it sees the memory of the stretches that release the GIL (NumPy's,
+    pandas', DuckDB's heavy loops do) and what is left at the end, not a peak held only under it."""
+    release_free_memory()
+    me = psutil.Process()
+    start = me.memory_info().rss
+    peak = [start]
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            peak[0] = max(peak[0], me.memory_info().rss)
+            stop.wait(poll_s)
+
+    th = threading.Thread(target=sample, daemon=True)
+    th.start()
+    try:
+        out = fn()
+    finally:
+        stop.set()
+        th.join()
+    peak[0] = max(peak[0], me.memory_info().rss)
+    return out, (peak[0] - start) / 2**20
+
+
 def best_of(fn: Any, repeat: int) -> float:
     """Best wall seconds of ``repeat`` calls of ``fn`` (host clock; synchronise inside ``fn``)."""
     best = float("inf")

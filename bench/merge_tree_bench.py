@@ -10,7 +10,8 @@ the local path before 2026-11-27) moves the whole accumulator at every partition
 partitions); :class:`gpuclust.engine.tasks.MergeTree` (the dask path's tree, fan-in 8) moves
 each key about log8(partitions) times.  Each row here: ``--keys`` distinct collection keys spread
 over the partitions, job-usage's ``kinds.merge`` (its partial fields), both ways in one process (the
-best of ``--repeat`` runs); the two results are checked equal.
+best of ``--repeat`` runs, after a first, untimed run of each that measures its working memory);
+the two results are checked equal.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from _harness import publish  # noqa: E402
+from _harness import publish, working_set  # noqa: E402
 
 
 def partials(n_parts: int, keys: int, seed: int = 0) -> list[dict[str, np.ndarray]]:
@@ -71,6 +72,7 @@ def measure(n_parts: int, keys: int, repeat: int) -> dict[str, Any]:
 
     best: dict[str, float] = {}
     got: dict[str, dict[str, np.ndarray]] = {}
+    work = {name: working_set(fn)[1] for name, fn in (("fold", fold), ("tree", tree))}  # first calls, untimed
     for _ in range(repeat):
         for name, fn in (("fold", fold), ("tree", tree)):
             t0 = time.perf_counter()
@@ -90,6 +92,8 @@ def measure(n_parts: int, keys: int, repeat: int) -> dict[str, Any]:
         "fold_s": round(best["fold"], 4),
         "tree_s": round(best["tree"], 4),
         "fold_over_tree": round(best["fold"] / best["tree"], 2),
+        "fold_work_mib": round(work["fold"], 1),
+        "tree_work_mib": round(work["tree"], 1),
     }
 
 
@@ -101,9 +105,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name", default="merge_tree")
     args = ap.parse_args(argv)
     rows = [measure(int(p), args.keys, args.repeat) for p in args.partitions.split(",")]
-    md = ["| partitions | keys | running fold s | tree of 8 s | fold / tree |", "|---:|---:|---:|---:|---:|"]
+    md = [
+        "# Merging keyed partials: a running fold against the tree of 8",
+        "",
+        f"`python bench/merge_tree_bench.py --partitions {args.partitions} --keys {args.keys}`: job-usage partials, "
+        f"best of {args.repeat} wall seconds; work MiB = how far the process's RSS rose above the partials' during a "
+        "first, untimed merge (`bench/_harness.working_set`).",
+        "",
+        "| partitions | keys | running fold s | tree of 8 s | fold / tree | fold work MiB | tree work MiB |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     md += [
-        f"| {r['partitions']:,} | {r['keys']:,} | {r['fold_s']:.3f} | {r['tree_s']:.3f} | {r['fold_over_tree']:.1f} |"
+        f"| {r['partitions']:,} | {r['keys']:,} | {r['fold_s']:.3f} | {r['tree_s']:.3f} | {r['fold_over_tree']:.1f} | "
+        f"{r['fold_work_mib']:,.0f} | {r['tree_work_mib']:,.0f} |"
         for r in rows
     ]
     publish(args.name, {"rows": rows}, md)

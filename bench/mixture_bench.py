@@ -16,7 +16,9 @@ Contenders (all on the CPU; ``--gpu`` adds the CuPy op when a device is present)
 
 Prints windows/s for each and the speed-up; ``--save`` writes bench/results/mixture_bench.{json,md}.
 
-Run: ``python bench/mixture_bench.py [--windows 1000000 --groups 10000]``.
+Run: ``python bench/mixture_bench.py [--windows 250000,1000000 --groups 10000] [--save]``; each
+contender's ``work MiB``: how far the process's RSS rose above the data's during a first, untimed
+call.
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ import numpy as np
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _harness import publish, working_set  # noqa: E402
 
 from gpuclust.backends import mixture_cpu  # noqa: E402
 from gpuclust.schema import CPU_PERCENTILE_COLUMNS_SORTED, CPU_PERCENTILE_LEVELS_SORTED  # noqa: E402
@@ -79,49 +84,34 @@ def timeit(fn: Any, repeat: int) -> float:
 CPU_TIMES: list[float] = []
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--windows", type=int, default=1_000_000)
-    ap.add_argument("--groups", type=int, default=10_000)
-    ap.add_argument("--grid", type=int, default=2049, help="grid points of the per-group loop")
-    ap.add_argument(
-        "--baseline-groups",
-        type=int,
-        default=0,
-        help="time the loop on this many groups only and extrapolate (0 = all groups)",
-    )
-    ap.add_argument("--repeat", type=int, default=2)
-    ap.add_argument("--gpu", action="store_true", help="also time the CuPy op (needs a device)")
-    ap.add_argument("--save", action="store_true", help="write bench/results/mixture_bench.{json,md}")
-    args = ap.parse_args(argv)
-
-    q, w, g = make_data(args.windows, args.groups)
-    n = q.shape[0]
+def _one_size(n: int, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The contenders on ``n`` windows in ``args.groups`` groups."""
+    q, w, g = make_data(n, args.groups)
     rows: list[dict[str, Any]] = []
 
-    mixture_cpu.mixture_quantiles(q[:1000], w[:1000], g[:1000], args.groups, LEVELS)  # warm-up
-    t_np = timeit(lambda: mixture_cpu.mixture_quantiles(q, w, g, args.groups, LEVELS), args.repeat)
+    def run_np() -> Any:
+        return mixture_cpu.mixture_quantiles(q, w, g, args.groups, LEVELS)
+
+    work = working_set(run_np)[1]  # the first call: what it allocates (and a warm-up)
+    t_np = timeit(run_np, args.repeat)
     rows.append(
-        {
-            "contender": "gpuclust numpy (exact)",
-            "seconds": t_np,
-            "cpu_seconds": CPU_TIMES[-1],
-            "windows_per_s": n / t_np,
-        }
+        {"contender": "gpuclust numpy (exact)", "seconds": t_np, "cpu_seconds": CPU_TIMES[-1], "work_mib": work}
     )
 
     df = pd.DataFrame(q, columns=list(CPU_PERCENTILE_COLUMNS_SORTED))
     df["w"], df["group"] = w, g
     if args.baseline_groups and args.baseline_groups < args.groups:
         sub = df[df["group"] < args.baseline_groups]
+        work = working_set(lambda: per_group_loop(sub, args.grid))[1]
         t_sub = timeit(lambda: per_group_loop(sub, args.grid), 1)
         t_loop = t_sub * n / len(sub)
         CPU_TIMES[-1] *= n / len(sub)
         label = f"per-group loop (grid {args.grid}; timed on {args.baseline_groups} groups, extrapolated)"
     else:
+        work = working_set(lambda: per_group_loop(df, args.grid))[1]
         t_loop = timeit(lambda: per_group_loop(df, args.grid), 1)
         label = f"per-group loop (grid {args.grid})"
-    rows.append({"contender": label, "seconds": t_loop, "cpu_seconds": CPU_TIMES[-1], "windows_per_s": n / t_loop})
+    rows.append({"contender": label, "seconds": t_loop, "cpu_seconds": CPU_TIMES[-1], "work_mib": work})
 
     if args.gpu:
         import cupy as cp
@@ -136,53 +126,71 @@ def main(argv: list[str] | None = None) -> int:
 
         run_gpu()
         t_gpu = timeit(run_gpu, max(args.repeat, 3))
-        rows.append(
-            {
-                "contender": "gpuclust cupy (exact)",
-                "seconds": t_gpu,
-                "cpu_seconds": CPU_TIMES[-1],
-                "windows_per_s": n / t_gpu,
-            }
-        )
+        rows.append({"contender": "gpuclust cupy (exact)", "seconds": t_gpu, "cpu_seconds": CPU_TIMES[-1]})
+        rows[-1]["work_mib"] = float("nan")  # device memory: not the process's RSS
         got = cp.asnumpy(mixture_gpu.mixture_quantiles(qd, wd, gd, args.groups, lv))
-        ref = mixture_cpu.mixture_quantiles(q, w, g, args.groups, LEVELS)
+        ref = run_np()
         rel = np.nanmax(np.abs(got - ref) / np.maximum(np.abs(ref), 1e-300))
         print(f"gpu vs numpy: max relative difference {rel:.3g}")
-
-    print(f"{n} windows, {args.groups} groups, 20 levels")
     for r in rows:
-        print(
-            f"  {r['contender']:<75s} {r['seconds']:9.3f} s wall {r['cpu_seconds']:9.3f} s cpu"
-            f"  {r['windows_per_s']:14,.0f} windows/s"
-        )
-    print(
-        f"  speed-up of gpuclust numpy over the per-group loop: {t_loop / t_np:.1f}x wall, "
-        f"{rows[1]['cpu_seconds'] / rows[0]['cpu_seconds']:.1f}x cpu"
+        r.update(windows=n, groups=args.groups, windows_per_s=n / r["seconds"])
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--windows", default="250000,1000000", help="comma-separated sizes (default 250000,1000000)")
+    ap.add_argument("--groups", type=int, default=10_000)
+    ap.add_argument("--grid", type=int, default=2049, help="grid points of the per-group loop")
+    ap.add_argument(
+        "--baseline-groups",
+        type=int,
+        default=0,
+        help="time the loop on this many groups only and extrapolate (0 = all groups)",
     )
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--gpu", action="store_true", help="also time the CuPy op (needs a device)")
+    ap.add_argument("--save", action="store_true", help="write bench/results/mixture_bench.{json,md}")
+    args = ap.parse_args(argv)
+
+    rows: list[dict[str, Any]] = []
+    for n in (int(float(x)) for x in args.windows.split(",")):
+        got = _one_size(n, args)
+        rows += got
+        print(f"{n:,} windows, {args.groups:,} groups, 20 levels")
+        for r in got:
+            print(
+                f"  {r['contender']:<75s} {r['seconds']:9.3f} s wall {r['cpu_seconds']:9.3f} s cpu"
+                f"  {r['windows_per_s']:14,.0f} windows/s  {r['work_mib']:7.0f} MiB working set"
+            )
+        print(
+            f"  speed-up of gpuclust numpy over the per-group loop: {got[1]['seconds'] / got[0]['seconds']:.1f}x wall, "
+            f"{got[1]['cpu_seconds'] / got[0]['cpu_seconds']:.1f}x cpu"
+        )
 
     if args.save:
-        from bench._harness import environment, write_results
-
-        env = environment()
-        md = "\n".join(
-            [
-                f"# Mixture merge: {n:,} windows in {args.groups:,} groups, 20 levels",
-                "",
-                "| contender | wall s | cpu s | windows/s |",
-                "|---|---:|---:|---:|",
-            ]
-            + [
-                f"| {r['contender']} | {r['seconds']:.3f} | {r['cpu_seconds']:.3f} | {r['windows_per_s']:,.0f} |"
-                for r in rows
-            ]
-            + [
-                "",
-                f"Speed-up over the per-group loop: {t_loop / t_np:.1f}x wall.",
-                "",
-                "Environment: " + ", ".join(f"{k}={v}" for k, v in env.items()),
-            ]
-        )
-        write_results("mixture_bench", {"args": vars(args), "rows": rows, "env": env}, md + "\n")
+        md = [
+            f"# Mixture merge: exact per-group quantiles of 20-level windows in {args.groups:,} groups",
+            "",
+            f"`python bench/mixture_bench.py --windows {args.windows} --save`: best-of-{args.repeat} wall seconds "
+            "(the per-group loop: one run), the data in memory; work MiB = how far the process's RSS rose above "
+            "the data's during a first, untimed call (`bench/_harness.working_set`).",
+            "",
+            "| windows | contender | wall s | cpu s | windows/s | work MiB |",
+            "|---:|---|---:|---:|---:|---:|",
+        ]
+        md += [
+            f"| {r['windows']:,} | {r['contender']} | {r['seconds']:.3f} | {r['cpu_seconds']:.3f} | "
+            f"{r['windows_per_s']:,.0f} | {r['work_mib']:,.0f} |"
+            for r in rows
+        ]
+        md.append("")
+        for i in range(0, len(rows), 2 + bool(args.gpu)):
+            md.append(
+                f"- {rows[i]['windows']:,} windows: speed-up over the per-group loop "
+                f"{rows[i + 1]['seconds'] / rows[i]['seconds']:.1f}x wall"
+            )
+        publish("mixture_bench", {"args": vars(args), "rows": rows}, md)
     return 0
 
 

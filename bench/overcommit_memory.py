@@ -26,6 +26,10 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _harness import release_free_memory  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -44,22 +48,6 @@ def _maxrss() -> int:
     except OSError:
         pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-def _release_free_memory() -> None:
-    """Give the allocators' free memory back to the system: pyarrow's pool, then glibc's arenas
-    (``malloc_trim``; a no-op where there is no glibc)."""
-    import ctypes
-    import ctypes.util
-
-    import pyarrow as pa
-
-    pa.default_memory_pool().release_unused()
-    libc = ctypes.util.find_library("c")
-    if libc:
-        trim = getattr(ctypes.CDLL(libc), "malloc_trim", None)
-        if trim is not None:
-            trim(0)
 
 
 def _reset_peak() -> bool:
@@ -127,7 +115,7 @@ def child(
         plans, [a], ctxs, be, 2, None, lambda spec, sub, sc, sp: L.partition_partials(spec, sub, sc, be, sp), spills
     )
     out["peak_before_finalize"] = _maxrss()
-    _release_free_memory()  # so finalize's growth is what it allocates, not what it reuses
+    release_free_memory()  # so finalize's growth is what it allocates, not what it reuses
     out["rss_before_finalize"] = _rss()
     out["partials_s"] = time.perf_counter() - t0
     out["peak_reset"] = _reset_peak()  # so the peak below is finalize's own

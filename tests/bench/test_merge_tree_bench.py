@@ -22,5 +22,7 @@ def test_merge_tree_bench_tiny(tmp_path, monkeypatch):
         sys.modules.pop("merge_tree_bench", None)
     res = json.loads((tmp_path / "m.json").read_text())
     assert [r["partitions"] for r in res["rows"]] == [3, 20]
-    assert all(r["fold_s"] > 0 and r["tree_s"] > 0 for r in res["rows"])
+    assert all(
+        r["fold_s"] > 0 and r["tree_s"] > 0 and r["fold_work_mib"] >= 0 <= r["tree_work_mib"] for r in res["rows"]
+    )
     assert "| 20 | 5,000 |" in (tmp_path / "m.md").read_text()
