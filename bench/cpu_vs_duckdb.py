@@ -4,6 +4,7 @@
     python bench/cpu_vs_duckdb.py --sizes 4e6 --repeat 5
     python bench/cpu_vs_duckdb.py --before bench/results/<an earlier run>.json
     python bench/cpu_vs_duckdb.py --merge A.json B.json --name cpu_vs_duckdb   # runs of one layout -> one result
+    python bench/cpu_vs_duckdb.py --merge bench/results/cpu_vs_duckdb.json NEW.json --name cpu_vs_duckdb  # add a run
 
 Every measurement is a fresh process over the same canonical Parquet (`bench/gen_canonical.py`,
 cached under bench/data/), timed from spawn to exit, with the peak RSS of its process tree sampled
@@ -465,13 +466,13 @@ def markdown(
     if runs:
         md += [
             "Runs (merged: per size and case the rows of the latest run that measured it; ratios and marginal "
-            "costs within a run; every run's rows and environment are in the JSON):",
+            "costs within a run; every run's rows, environment and source file are in the JSON):",
             "",
         ]
         for k, run in enumerate(runs):
             e = run["environment"]
             md.append(
-                f"* {k}: `{run['source']}`, {e['date']}, commit {str(e['commit'])[:7]}{' (dirty)' if e.get('dirty') else ''}, "
+                f"* {k}: {e['date']}, commit {str(e['commit'])[:7]}{' (dirty)' if e.get('dirty') else ''}, "
                 f"medians of {run['repeat']}, {e['affinity_cores']} cores, {e['cpu']}, load {e['load_avg_1m']}, "
                 + ", ".join(f"{v}={e[v]}" for v in ("python", "numpy", "pyarrow", "duckdb", "gpuclust") if v in e)
             )
@@ -481,11 +482,33 @@ def markdown(
     return "\n".join(md)
 
 
+def _runs_of(path: Path) -> list[tuple[dict[str, Any], str]]:
+    """The runs one JSON file holds, each as a run's payload and its source: a run's own file is one;
+    a merged result (``runs``) gives back each of its runs with the rows and refusals it kept."""
+    payload = json.loads(path.read_text())
+    if "runs" not in payload:
+        rel = path.resolve()
+        return [(payload, str(rel.relative_to(ROOT)) if rel.is_relative_to(ROOT) else str(path))]
+    return [
+        (
+            {
+                "repeat": run["repeat"],
+                "layout": payload.get("layout", "flat"),
+                "environment": run["environment"],
+                "rows": [r for r in payload["rows"] if r["run"] == k],
+                "refused": [r for r in payload.get("refused") or [] if r["run"] == k],
+            },
+            run["source"],
+        )
+        for k, run in enumerate(payload["runs"])
+    ]
+
+
 def merge_runs(sources: list[Path]) -> dict[str, Any]:
-    """One result from earlier runs of one layout (their JSON files): per (size, case) the rows of
-    the latest run (by its date) that measured it, each with ``run``, its index in ``runs`` (the
-    source, its rounds and its environment, oldest first)."""
-    loaded = sorted(((json.loads(p.read_text()), p) for p in sources), key=lambda x: x[0]["environment"]["date"])
+    """One result from earlier runs of one layout (their JSON files, or a merged result to add runs
+    to): per (size, case) the rows of the latest run (by its date) that measured it, each with
+    ``run``, its index in ``runs`` (the source, its rounds and its environment, oldest first)."""
+    loaded = sorted((r for p in sources for r in _runs_of(p)), key=lambda x: x[0]["environment"]["date"])
     layouts = {p.get("layout", "flat") for p, _ in loaded}
     if len(layouts) != 1:
         raise ValueError(f"runs of different layouts: {sorted(layouts)}")
@@ -502,13 +525,10 @@ def merge_runs(sources: list[Path]) -> dict[str, Any]:
         if latest.get((r["size"], r["case"]), -1) < k
     ]
 
-    def source(p: Path) -> str:
-        return str(p.resolve().relative_to(ROOT)) if p.resolve().is_relative_to(ROOT) else str(p)
-
     return {
         "benchmark": "cpu_vs_duckdb",
         "layout": layouts.pop(),
-        "runs": [{"source": source(f), "repeat": p["repeat"], "environment": p["environment"]} for p, f in loaded],
+        "runs": [{"source": f, "repeat": p["repeat"], "environment": p["environment"]} for p, f in loaded],
         "rows": rows,
         "refused": refused,
         "marginal": marginal(rows),
