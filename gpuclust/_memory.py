@@ -29,7 +29,7 @@ transparent huge pages for its arrays (``madvise(MADV_HUGEPAGE)`` on every alloc
 or more; unless ``NUMPY_MADVISE_HUGEPAGE`` says otherwise): with THP on ``madvise`` each fault
 then zeroes 2 MiB and may compact memory; without it job-usage at 6.4e7 windows took 1.1 s of
 system time instead of 2.4-3.5 s (wall 7.7-8.6 s against 9.1-10.8 s), and every case at 1.6e7
-measured less system time (git show 74d5fa5:bench/results/cpu_vs_duckdb_hugepages.md).  Results do not depend on it;
+measured less system time (bench/cpu_vs_duckdb.py, interleaved runs with and without it).  Results do not depend on it;
 a process keeps its peak heap after a run.  ``GPUCLUST_MALLOC_TUNING=0`` turns it off; the glibc
 part does nothing where the C library is not glibc.
 
@@ -50,7 +50,7 @@ import sys
 import threading
 from collections.abc import Iterator
 
-__all__ = ["cap_arenas", "memory_budget", "run_memory", "run_on_device", "tune_allocator"]
+__all__ = ["cap_arenas", "memory_budget", "run_memory", "run_on_device", "tune_allocator", "worker_environ"]
 
 _budget: contextvars.ContextVar[int | None] = contextvars.ContextVar("gpuclust_run_memory", default=None)
 _device: contextvars.ContextVar[bool] = contextvars.ContextVar("gpuclust_run_on_device", default=False)
@@ -129,6 +129,21 @@ def cap_arenas() -> bool:
     it first thing; see the module docstring); returns whether the cap is set."""
     libc = _glibc() if _tuning_on() and not os.environ.get("MALLOC_ARENA_MAX") else None
     return bool(libc is not None and libc.mallopt(_M_ARENA_MAX, 1))
+
+
+def worker_environ() -> dict[str, str]:
+    """The environment a worker process gpuclust spawns (``scheduler="local:N"``) starts with, so
+    that it keeps one malloc arena as the client does: ``MALLOC_ARENA_MAX=1``.  A worker imports
+    distributed, and pyarrow with it, before its first task imports gpuclust, so :func:`cap_arenas`
+    comes too late there; glibc reads the variable when the process starts.  Empty where the
+    tuning is off or the variable is set already (the user's choice, inherited).  Measured on
+    usage-distribution, job-usage and overcommit over 4e6 windows with ``local:2`` (3 interleaved
+    runs each way): worker peaks 975-1,022 MiB against 950-1,041 with the 4 arenas a worker has
+    without it, the same within the runs' spread; it is there so that a worker's allocator is the
+    one the engine is tuned and measured with."""
+    if not _tuning_on() or os.environ.get("MALLOC_ARENA_MAX") or _glibc() is None:
+        return {}
+    return {"MALLOC_ARENA_MAX": "1"}
 
 
 def tune_allocator() -> bool:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -102,7 +103,10 @@ def open_scheduler(scheduler: Any, backend_name: str, memory_limit: int | None =
     if isinstance(scheduler, str) and scheduler in ("threads", "sync", "synchronous", "single-threaded"):
         yield {"scheduler": scheduler}
         return
+    import dask
     import distributed
+
+    from gpuclust._memory import worker_environ
 
     if isinstance(scheduler, distributed.Client):
         yield {"scheduler": scheduler}
@@ -120,18 +124,27 @@ def open_scheduler(scheduler: Any, backend_name: str, memory_limit: int | None =
         # dashboard_address=":0": the scheduler's HTTP server on a free port.  With None it still
         # listens, on 8787; a second cluster (another run, another process) then finds the port
         # taken, and distributed retries on another port but leaves the failed socket open.
-        with (
-            distributed.LocalCluster(
-                n_workers=n,
-                threads_per_worker=1,
-                processes=True,
-                memory_limit=per_worker,
-                dashboard_address=FREE_PORT,
-                silence_logs=logging.CRITICAL,
-            ) as cluster,
-            distributed.Client(cluster) as client,
-        ):
-            yield {"scheduler": client}
+        # each worker process starts with one malloc arena, as the client has (gpuclust._memory);
+        # the nannies read distributed's pre-spawn environment when the cluster makes them, and
+        # put it in this process' environment too, where it is taken out again afterwards
+        spawn_env = worker_environ()
+        try:
+            with (
+                dask.config.set({f"distributed.nanny.pre-spawn-environ.{k}": v for k, v in spawn_env.items()}),
+                distributed.LocalCluster(
+                    n_workers=n,
+                    threads_per_worker=1,
+                    processes=True,
+                    memory_limit=per_worker,
+                    dashboard_address=FREE_PORT,
+                    silence_logs=logging.CRITICAL,
+                ) as cluster,
+                distributed.Client(cluster) as client,
+            ):
+                yield {"scheduler": client}
+        finally:
+            for k in spawn_env:
+                os.environ.pop(k, None)
         return
     if scheduler == "cuda":
         try:

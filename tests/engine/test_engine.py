@@ -448,6 +448,30 @@ def test_import_caps_malloc_at_one_arena_before_pyarrow_makes_a_second():
     assert count({**base, "MALLOC_ARENA_MAX": "3"}) == "3"  # the user's word, glibc's variable, kept
 
 
+@pytest.mark.slow
+def test_local_cluster_workers_start_with_one_arena():
+    """The workers of ``scheduler="local:N"`` import distributed and pyarrow before gpuclust, so
+    :func:`gpuclust._memory.cap_arenas` comes too late there: they are spawned with
+    ``MALLOC_ARENA_MAX=1`` instead, and after pyarrow's threads and a pool's a worker has one arena
+    (seen to have 4 when its environment was left as distributed sets it)."""
+    import platform
+
+    if platform.libc_ver()[0] != "glibc":
+        pytest.skip("malloc arenas are glibc's")
+    pytest.importorskip("distributed")
+    import os
+
+    from gpuclust.engine.dask import open_scheduler
+
+    if os.environ.get("MALLOC_ARENA_MAX") or os.environ.get("GPUCLUST_MALLOC_TUNING") == "0":
+        pytest.skip("the arena count is the user's choice here")
+    count = "(lambda ns: (exec(" + repr(_ARENAS.replace("print(", "n = (")) + ", ns), ns['n'])[1])({})"
+    with open_scheduler("local:1", "cpu") as kw:
+        got = kw["scheduler"].run(eval, count)
+    assert list(got.values()) == [1]
+    assert "MALLOC_ARENA_MAX" not in os.environ  # distributed put it here to spawn; taken out again
+
+
 def test_allocator_tuning_is_once_and_can_be_turned_off():
     import subprocess
     import sys
