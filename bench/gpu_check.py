@@ -497,7 +497,13 @@ def cli_step(ds: Path, out: Path, backend: str, timeout_s: float) -> None:
     cmd = ["gpuclust", "analyze", str(ds), *names(), "--out", str(dest), "--backend", backend, "--quiet"]
     # run as `python -m gpuclust ...`, its threads' stacks sampled at 20 Hz (bench/sampled.py: where
     # the host time goes, which a device run cannot profile otherwise)
-    sampled = [sys.executable, str(Path(__file__).with_name("sampled.py")), "--out", str(samples), "-m"]
+    # a run past the step's time is ended by the sampler itself (status 124) after it wrote what it
+    # saw, a few seconds before the outer timeout's kill: a cut run still says where its time went
+    stop_after = max(1.0, timeout_s - 5.0)
+    sampled = [
+        *(sys.executable, str(Path(__file__).with_name("sampled.py")), "--out", str(samples)),
+        *("--stop-after", str(stop_after), "-m"),
+    ]
     m = run_measured([*sampled, *cmd], timeout_s=timeout_s)
     rec = {
         "backend": backend,
@@ -506,6 +512,7 @@ def cli_step(ds: Path, out: Path, backend: str, timeout_s: float) -> None:
         "peak_rss_mib": m.peak_rss_bytes / 2**20,
         "returncode": m.returncode,
         **m.extra,
+        **({"timed_out": True} if m.returncode == 124 else {}),
         **_run_phases(dest),
         "samples": _read(samples) or None,
         "tail": m.stdout_tail[-1500:],

@@ -13,7 +13,9 @@ the sampler costs well under 1% of a run: it takes the GIL 20 times a second for
 microseconds.  A sample of a thread waiting in C (a CUDA synchronize, a Parquet decode, a lock)
 lands on the Python frame that called it, so ``exclusive`` says which call waited.  The summary
 (top ``--top`` functions of each) is written at exit, whatever the module's exit status, and the
-module's status is kept.  The device check (bench/gpu_check.py ``cli``) runs the gpu command
+module's status is kept.  ``--stop-after S``: after ``S`` seconds the sampler writes the summary so
+far (``cut_after_s``) and ends the process with status 124, so that a run cut by a deadline still
+says where its time went (a ``kill -9`` from outside would lose it).  The device check (bench/gpu_check.py ``cli``) runs the gpu command
 this way, so a device run says where its host time went without a profiler on the device.
 """
 
@@ -54,8 +56,10 @@ STACK_DEPTH = 8
 class Sampler:
     """Samples the stacks of every thread but its own, ``hz`` times a second, until :meth:`stop`."""
 
-    def __init__(self, hz: float = 20.0):
+    def __init__(self, hz: float = 20.0, stop_after: float = 0.0, on_deadline: Any = None):
         self.period = 1.0 / hz
+        #: seconds after :meth:`start` at which the sampler stops and calls ``on_deadline`` (0: never)
+        self.stop_after, self.on_deadline = stop_after, on_deadline
         self.samples = Counter()  # type: Counter[str]
         self.inclusive: dict[str, Counter[str]] = {"main": Counter(), "other": Counter()}
         self.exclusive: dict[str, Counter[str]] = {"main": Counter(), "other": Counter()}
@@ -83,6 +87,12 @@ class Sampler:
     def _sample(self) -> None:
         me = threading.get_ident()
         while not self._stop.wait(self.period):
+            if self.stop_after and time.perf_counter() - self.started >= self.stop_after:
+                self.seconds = time.perf_counter() - self.started
+                self._stop.set()
+                if self.on_deadline is not None:
+                    self.on_deadline()
+                return
             for ident, frame in sys._current_frames().items():
                 if ident == me:
                     continue
@@ -131,15 +141,21 @@ class Sampler:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if "-m" not in argv:
-        raise SystemExit("usage: sampled.py [--out F] [--hz N] [--top K] -m MODULE ARGS...")
+        raise SystemExit("usage: sampled.py [--out F] [--hz N] [--top K] [--stop-after S] -m MODULE ARGS...")
     i = argv.index("-m")
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=Path("samples.json"))
     p.add_argument("--hz", type=float, default=20.0)
     p.add_argument("--top", type=int, default=40)
+    p.add_argument("--stop-after", type=float, default=0.0, help="end the run after this many seconds (0: never)")
     a = p.parse_args(argv[:i])
     module, rest = argv[i + 1], argv[i + 2 :]
-    sampler = Sampler(a.hz).start()
+
+    def cut() -> None:  # on the sampler's thread, at the deadline: the summary so far, then the end
+        a.out.write_text(json.dumps({**sampler.summary(a.top), "cut_after_s": round(sampler.seconds, 3)}))
+        os._exit(124)
+
+    sampler = Sampler(a.hz, a.stop_after, cut).start()
 
     def write() -> None:  # at exit, also one that skips the interpreter's teardown (os._exit after atexit)
         if not sampler._stop.is_set():

@@ -278,15 +278,18 @@ def test_cli_step_records_the_phases_of_its_run_json(check, tmp_path, monkeypatc
 
     def fake_run(cmd, timeout_s):
         ran.append(cmd)
-        # bench/sampled.py --out SAMPLES -m gpuclust analyze DS ... --out DEST ...
-        assert cmd[1].endswith("sampled.py") and cmd[4:7] == ["-m", "gpuclust", "analyze"], cmd
-        samples, dest = Path(cmd[3]), Path(cmd[cmd.index("--out", 5) + 1])
+        # bench/sampled.py --out SAMPLES --stop-after S -m gpuclust analyze DS ... --out DEST ...
+        assert cmd[1].endswith("sampled.py") and cmd[6:9] == ["-m", "gpuclust", "analyze"], cmd
+        assert cmd[4:6] == ["--stop-after", str(timeout_s - 5.0)], cmd  # before the outer kill
+        samples, dest = Path(cmd[3]), Path(cmd[cmd.index("--out", 7) + 1])
         if len(ran) == 1:
             dest.mkdir(parents=True)
             run = {"seconds": 4.0, "phases": phases, "phases_by_analysis": {"cpi": {"read": 2.0}}}
             (dest / "_run.json").write_text(json.dumps(run))
             samples.write_text(json.dumps({"hz": 20.0, "main": {"samples": 80}}))
-        return _harness.Measured(wall_s=5.0, peak_rss_bytes=2**20, returncode=0 if len(ran) == 1 else 1)
+        if len(ran) == 3:  # cut by its deadline: the sampler wrote what it saw and ended the run
+            samples.write_text(json.dumps({"hz": 20.0, "main": {"samples": 40}, "cut_after_s": 55.0}))
+        return _harness.Measured(wall_s=5.0, peak_rss_bytes=2**20, returncode=[0, 1, 124][len(ran) - 1])
 
     monkeypatch.setattr(_harness, "run_measured", fake_run)
     check.cli_step(tmp_path / "ds", tmp_path / "cli_gpu.json", "gpu", 60)
@@ -297,6 +300,10 @@ def test_cli_step_records_the_phases_of_its_run_json(check, tmp_path, monkeypatc
     check.cli_step(tmp_path / "ds", tmp_path / "cli_gpu.json", "gpu", 60)  # the folder is removed first
     rec = json.loads((tmp_path / "cli_gpu.json").read_text())
     assert rec["returncode"] == 1 and "phases" not in rec and "run_s" not in rec and rec["samples"] is None
+    assert "timed_out" not in rec
+    check.cli_step(tmp_path / "ds", tmp_path / "cli_gpu.json", "gpu", 60)
+    rec = json.loads((tmp_path / "cli_gpu.json").read_text())
+    assert rec["timed_out"] is True and rec["samples"]["cut_after_s"] == 55.0
 
 
 @pytest.mark.slow

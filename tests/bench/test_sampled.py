@@ -49,6 +49,23 @@ def test_samples_land_on_the_busy_function_and_the_status_is_kept(tmp_path):
     assert frames[0].endswith(" spin") and frames[1].endswith(" <module>") and n >= 0.6 * d["main"]["samples"], top
 
 
+def test_a_run_past_its_deadline_is_ended_with_its_samples_written(tmp_path):
+    """``--stop-after``: the sampler writes what it saw and ends the process with status 124 (a run
+    cut from outside with SIGKILL would write nothing)."""
+    (tmp_path / "forever.py").write_text(
+        "import time\ndef spin():\n    while True:\n        time.perf_counter()\nspin()\n"
+    )
+    out = tmp_path / "s.json"
+    cmd = [sys.executable, str(SAMPLED), "--out", str(out), "--hz", "50", "--stop-after", "0.6", "-m", "forever"]
+    t0 = time.perf_counter()
+    r = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 124 and time.perf_counter() - t0 < 30, r.stderr
+    d = json.loads(out.read_text())
+    assert d["cut_after_s"] >= 0.6 and d["seconds"] >= 0.6
+    main = {f.split(" ", 1)[1]: share for f, _, share in d["main"]["exclusive"]}
+    assert main.get("spin", 0) >= 0.6, d["main"]
+
+
 def test_lines_name_the_gpuclust_line_that_ran(monkeypatch):
     """``lines``: the innermost frame of gpuclust's own code, at its current line (a NumPy call
     made there counts for that line)."""
