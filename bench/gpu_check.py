@@ -44,7 +44,7 @@ US = 1_000_000
 
 
 def _dump(path: Path, obj: dict[str, Any]) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp = path.with_suffix(f"{path.suffix}.{os.getpid()}.tmp")  # steps that run at once assemble apart
     tmp.write_text(json.dumps(obj, indent=1, default=str))
     os.replace(tmp, path)
 

@@ -12,7 +12,8 @@
 #              instance (`gpuclust optimize`: data-quality and usage-change refuse a flat layout
 #              this size); kept in $TMPDIR for a next call of the same commit on this machine
 #   tests      GPUCLUST_REQUIRE_GPU=1 pytest -m gpu -n $JOBS                         -> tests.log
-#   sanitize   compute-sanitizer memcheck + racecheck on our kernels           -> memcheck/racecheck.log
+#   sanitize   compute-sanitizer memcheck + racecheck on our kernels, in the background beside the
+#              tests (both end before the kernels' timings start)      -> memcheck/racecheck.log
 #   kernels    bench/kernels_bench.py --backend gpu                              -> kernels_gpu.json
 #   study      load rate vs its ceilings, warm analyses on resident data (and usage-distribution's
 #              exact-two-pass beside auto's one pass), out of core with the device pool capped at
@@ -104,24 +105,42 @@ else
     DATA_PID=$!
 fi
 
+# The sanitizers check correctness, not speed: they run beside the tests, in the background, both
+# done before the kernels' timings start (each step's limit counts from its own start).
+SAN_PID=
 if [ -n "${REHEARSE:-}" ]; then
+    if has sanitize; then  # stubbed: the same background pair, without compute-sanitizer
+        ( step memcheck memcheck.log 40 5 $PY -c "print('memcheck: stubbed in the rehearsal')"
+          step racecheck racecheck.log 150 5 $PY -c "print('racecheck: stubbed in the rehearsal')" ) &
+        SAN_PID=$!
+    fi
     has tests && step tests tests.log 170 20 $PY -m pytest -m gpu -q -n "$JOBS" "${TIMEOUT[@]}" tests/kernels/test_ops.py
-    say "sanitize: stubbed in the rehearsal"
+else
+    if has sanitize; then
+        # CuPy's own cupy_nonzero_kernel_incomplete_scan reports racecheck warnings under CuPy 14.2: not
+        # ours; the bincount kernels share grouped_sum's body and shared-memory code, which racecheck
+        # covers; the large grouped_sum cases run on 32-bit codes only (65 tests passed 64 in 50 s on
+        # the H200, alone); beside the tests either may take longer than alone, as its limit allows
+        ( step memcheck memcheck.log 60 20 compute-sanitizer --tool memcheck --error-exitcode 9 --target-processes all \
+              $PY -m pytest -q -m gpu tests/kernels/test_ops.py tests/moments/test_moments_gpu.py \
+              tests/mixture/test_mixture_gpu.py::test_tiled_sweep_agrees_with_the_per_group_sweep
+          step racecheck racecheck.log 150 15 compute-sanitizer --tool racecheck --kernel-name-exclude kns=cupy_nonzero \
+              --error-exitcode 9 --target-processes all $PY -m pytest -q -m gpu \
+              -k "not bincount_on_cupy and not 500000-1-int64 and not 200000-100000-int64" tests/kernels/test_ops.py \
+              tests/mixture/test_mixture_gpu.py::test_tiled_sweep_agrees_with_the_per_group_sweep ) &
+        SAN_PID=$!
+    fi
+    has tests && step tests tests.log 170 30 $PY -m pytest -m gpu -q -n "$JOBS" "${TIMEOUT[@]}"
+fi
+if [ -n "$SAN_PID" ]; then
+    wait "$SAN_PID"
+    assemble
+fi
+if [ -n "${REHEARSE:-}" ]; then
     mkdir -p bench/results/tmp  # git-ignored: not in a fresh clone
     has kernels && step kernels kernels.log 60 15 $PY bench/kernels_bench.py --backend cpu --scale 0.001 --only grouped_sum --copy-gib 0.01 --repeat 1 \
         --name tmp/kernels_rehearsal
 else
-    has tests && step tests tests.log 170 30 $PY -m pytest -m gpu -q -n "$JOBS" "${TIMEOUT[@]}"
-    has sanitize && step memcheck memcheck.log 40 20 compute-sanitizer --tool memcheck --error-exitcode 9 --target-processes all \
-        $PY -m pytest -q -m gpu tests/kernels/test_ops.py tests/moments/test_moments_gpu.py \
-        tests/mixture/test_mixture_gpu.py::test_tiled_sweep_agrees_with_the_per_group_sweep
-    # CuPy's own cupy_nonzero_kernel_incomplete_scan reports racecheck warnings under CuPy 14.2: not ours;
-    # the bincount kernels share grouped_sum's body and shared-memory code, which racecheck covers; the
-    # large grouped_sum cases run on 32-bit codes only (65 tests passed 64 in 50 s on the H200)
-    has sanitize && step racecheck racecheck.log 65 15 compute-sanitizer --tool racecheck --kernel-name-exclude kns=cupy_nonzero \
-        --error-exitcode 9 --target-processes all $PY -m pytest -q -m gpu \
-        -k "not bincount_on_cupy and not 500000-1-int64 and not 200000-100000-int64" tests/kernels/test_ops.py \
-        tests/mixture/test_mixture_gpu.py::test_tiled_sweep_agrees_with_the_per_group_sweep
     has kernels && step kernels kernels.log 60 20 $PY bench/kernels_bench.py --backend gpu
     [ -f bench/results/kernels_gpu.json ] && cp bench/results/kernels_gpu.json "$LOGS/"
 fi

@@ -32,12 +32,16 @@ def test_script_parses_and_names_the_issue_steps_in_priority_order() -> None:
     assert r.returncode == 0, r.stderr
     text = (BENCH / "gpu_check.sh").read_text()
     body = text[text.index("GPUCLUST_REQUIRE_GPU=1 pytest") :]  # the device branch, after the rehearsal's
-    body = body[body.index("else\n    has tests") :]
+    body = body[body.index("else\n    if has sanitize") :]
+    # the sanitizers run beside the tests, in the background, and both end before the kernels' timings
     order = [
         body.index(s)
         for s in (
-            "step tests ",
             "step memcheck ",
+            "step racecheck ",
+            ") &\n        SAN_PID=$!",
+            "step tests ",
+            'wait "$SAN_PID"',
             "step kernels ",
             "step study ",
             "step cli-gpu ",
@@ -320,7 +324,13 @@ def test_rehearsal_as_docs_print_it(tmp_path) -> None:
     r = subprocess.run(["bash", "-c", cmd], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     log = (tmp_path / "check.log").read_text()
-    assert re.findall(r"\] (\S+): exit (\d+)", log) == [
+    ends = re.findall(r"\] (\S+): exit (\d+)", log)
+    # the (stubbed) sanitizers ran beside the tests, in their order, and ended before the kernels' timings
+    sanitize = [e for e in ends if e[0] in ("memcheck", "racecheck")]
+    assert sanitize == [("memcheck", "0"), ("racecheck", "0")], log
+    assert ends.index(("racecheck", "0")) < ends.index(("kernels", "0")), log
+    assert "racecheck: stubbed in the rehearsal" in (tmp_path / "racecheck.log").read_text()
+    assert [e for e in ends if e not in sanitize] == [
         ("tests", "0"),
         ("kernels", "0"),
         ("data", "0"),
