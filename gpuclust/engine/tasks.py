@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuclust._memory import tune_allocator
+from gpuclust._parallel import threads
 from gpuclust.analyses.base import Analysis, to_host
 from gpuclust.backends import Backend, device_free_bytes, get_backend
 from gpuclust.engine import memory as _memory
@@ -24,7 +25,7 @@ from gpuclust.engine import reading as _reading
 from gpuclust.engine import selection as _selection
 from gpuclust.engine import shards as _shards
 from gpuclust.engine import staging as _staging
-from gpuclust.engine.contexts import bind_partition
+from gpuclust.engine.contexts import bind_all
 from gpuclust.engine.memory import device_bytes
 from gpuclust.engine.timing import phase
 
@@ -71,10 +72,8 @@ def partition_partials(
     be = get_backend(backend)
     tune_allocator()  # once per process (dask workers too); see gpuclust/_memory.py
     columns = partition_columns(spec, analyses)
-    bound = []
-    for a, ctx in zip(analyses, ctxs, strict=True):
-        with phase("contexts", a.label):
-            bound.append(bind_partition(a, ctx, spec))
+    # on a device backend the task's host threads (its loaders') bind its analyses too
+    bound = bind_all(analyses, ctxs, spec, 0 if be.name == "cpu" else max(threads(), load_threads))
     with phase("read"):
         cols = None if host is not None else _reading.read_partition_device(spec, columns, be)  # cuDF (RAPIDS)
         if cols is None and host is None and be.name != "cpu":

@@ -208,3 +208,44 @@ def test_a_device_run_computes_its_contexts_several_at_once(tmp_path: Path, monk
         got = study.run(names())
     assert {label for label, s in seen.items() if all(t.startswith("gpuclust-contexts") for t in s)} == on_threads
     assert_results_same(got, one, rtol=1e-12)
+
+
+def test_a_device_partition_binds_its_analyses_several_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a bucketed dataset each partition task binds the analyses to its buckets' side inputs.
+    On a device the task's host threads (its loaders', ``load_threads``) do it several analyses at
+    a time (``contexts.bind_all``: ``THREADS_PER_CONTEXT`` threads each, on threads of their own),
+    with the results of one at a time; on the cpu, and with fewer threads, one at a time."""
+    from device_backend import DEVICE_GPU, mark_partials_gpu, resolve_gpu_to_device
+    from strategies import assert_results_same, random_cell, write_dataset
+
+    from gpuclust.analyses.registry import create, names
+    from gpuclust.engine import local, run
+    from gpuclust.engine.contexts import THREADS_PER_CONTEXT
+    from gpuclust.optimize import optimize
+
+    ds = write_dataset(tmp_path, random_cell(7, n_instances=80, n_windows=3000), files=2)
+    optimize(ds, buckets=2, progress=False)
+    resolve_gpu_to_device(monkeypatch)
+    mark_partials_gpu(monkeypatch)
+    seen: dict[str, set[str]] = {}
+    for cls in {type(create(n)) for n in names()}:
+
+        def spy(self, *args, real=cls.bind, **kw):
+            seen.setdefault(self.label, set()).add(threading.current_thread().name)
+            return real(self, *args, **kw)
+
+        monkeypatch.setattr(cls, "bind", spy)
+    one = run(ds, names(), backend=DEVICE_GPU, workers=1)
+    bound = {"overcommit", "usage-vs-request", "cell-usage[mode=notebook]", "peak-prediction"}  # (side inputs)
+    assert all(seen[label] == {"MainThread"} for label in bound), seen  # (2 cores: one at a time)
+    seen.clear()
+    monkeypatch.setattr(local, "usable_cores", lambda: 4 * THREADS_PER_CONTEXT)
+    monkeypatch.setattr(local, "LOAD_THREADS", 4 * THREADS_PER_CONTEXT)
+    many = run(ds, names(), backend=DEVICE_GPU, workers=1)
+    on_threads = {label for label, s in seen.items() if all(t.startswith("gpuclust-bind") for t in s)}
+    assert bound <= on_threads, seen
+    assert_results_same(many, one, rtol=0)
+    seen.clear()
+    cpu = run(ds, names(), backend="cpu", workers=1)  # the cpu: its engine threads are its cores
+    assert not any(t.startswith("gpuclust-bind") for s in seen.values() for t in s), seen
+    assert_results_same(cpu, one, rtol=1e-9)
