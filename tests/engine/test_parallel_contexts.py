@@ -162,6 +162,23 @@ def test_usable_cores_follow_the_affinity_mask_else_the_machine(monkeypatch):
     assert 2 <= staging.LOAD_THREADS <= 16
 
 
+def _threads_of(monkeypatch: pytest.MonkeyPatch, method: str) -> dict[str, set[str]]:
+    """Per analysis label, the names of the threads its ``method`` (``context``, ``bind``) runs
+    on from now on (every registered analysis class spied on)."""
+    from gpuclust.analyses.registry import create, names
+
+    seen: dict[str, set[str]] = {}
+    for cls in {type(create(n)) for n in names()}:
+        real = getattr(cls, method)
+
+        def spy(self, *args, real=real, **kw):
+            seen.setdefault(self.label, set()).add(threading.current_thread().name)
+            return real(self, *args, **kw)
+
+        monkeypatch.setattr(cls, method, spy)
+    return seen
+
+
 def test_a_device_run_computes_its_contexts_several_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A run on a device leaves the host's cores to its client: the contexts of the analyses
     without a prerequisite pass are computed several at a time (``contexts(at_once=True)``: at
@@ -176,7 +193,7 @@ def test_a_device_run_computes_its_contexts_several_at_once(tmp_path: Path, monk
 
     import gpuclust
     from gpuclust.analyses import usage_distribution as ud
-    from gpuclust.analyses.registry import create, names
+    from gpuclust.analyses.registry import names
     from gpuclust.engine import local, run
     from gpuclust.engine.contexts import THREADS_PER_CONTEXT
 
@@ -184,14 +201,7 @@ def test_a_device_run_computes_its_contexts_several_at_once(tmp_path: Path, monk
     resolve_gpu_to_device(monkeypatch)
     mark_partials_gpu(monkeypatch)
     monkeypatch.setattr(ud, "EXACT_MAX_WINDOWS", (10, 10))  # the host's limit would take two passes
-    seen: dict[str, set[str]] = {}
-    for cls in {type(create(n)) for n in names()}:
-
-        def spy(self, *args, real=cls.context, **kw):
-            seen.setdefault(self.label, set()).add(threading.current_thread().name)
-            return real(self, *args, **kw)
-
-        monkeypatch.setattr(cls, "context", spy)
+    seen = _threads_of(monkeypatch, "context")
     one = run(ds, names(), backend=DEVICE_GPU, partitions=2)
     assert {t for s in seen.values() for t in s} == {"MainThread"}  # 2 cores: one at a time
     seen.clear()
@@ -218,7 +228,7 @@ def test_a_device_partition_binds_its_analyses_several_at_once(tmp_path: Path, m
     from device_backend import DEVICE_GPU, mark_partials_gpu, resolve_gpu_to_device
     from strategies import assert_results_same, random_cell, write_dataset
 
-    from gpuclust.analyses.registry import create, names
+    from gpuclust.analyses.registry import names
     from gpuclust.engine import local, run
     from gpuclust.engine.contexts import THREADS_PER_CONTEXT
     from gpuclust.optimize import optimize
@@ -227,14 +237,7 @@ def test_a_device_partition_binds_its_analyses_several_at_once(tmp_path: Path, m
     optimize(ds, buckets=2, progress=False)
     resolve_gpu_to_device(monkeypatch)
     mark_partials_gpu(monkeypatch)
-    seen: dict[str, set[str]] = {}
-    for cls in {type(create(n)) for n in names()}:
-
-        def spy(self, *args, real=cls.bind, **kw):
-            seen.setdefault(self.label, set()).add(threading.current_thread().name)
-            return real(self, *args, **kw)
-
-        monkeypatch.setattr(cls, "bind", spy)
+    seen = _threads_of(monkeypatch, "bind")
     one = run(ds, names(), backend=DEVICE_GPU, workers=1)
     bound = {"overcommit", "usage-vs-request", "cell-usage[mode=notebook]", "peak-prediction"}  # (side inputs)
     assert all(seen[label] == {"MainThread"} for label in bound), seen  # (2 cores: one at a time)
