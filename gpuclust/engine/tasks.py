@@ -9,6 +9,7 @@ the local path's first partitions while its contexts are computed.
 
 from __future__ import annotations
 
+import contextvars
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -25,7 +26,7 @@ from gpuclust.engine import reading as _reading
 from gpuclust.engine import selection as _selection
 from gpuclust.engine import shards as _shards
 from gpuclust.engine import staging as _staging
-from gpuclust.engine.contexts import bind_all
+from gpuclust.engine.contexts import PerPartition, bind_all
 from gpuclust.engine.memory import device_bytes
 from gpuclust.engine.timing import phase
 
@@ -72,19 +73,27 @@ def partition_partials(
     be = get_backend(backend)
     tune_allocator()  # once per process (dask workers too); see gpuclust/_memory.py
     columns = partition_columns(spec, analyses)
-    # on a device backend the task's host threads (its loaders') bind its analyses too
-    bound = bind_all(analyses, ctxs, spec, 0 if be.name == "cpu" else max(threads(), load_threads))
-    with phase("read"):
-        cols = None if host is not None else _reading.read_partition_device(spec, columns, be)  # cuDF (RAPIDS)
-        if cols is None and host is None and be.name != "cpu":
-            # decoded on the host and copied through pinned buffers on a copy stream, as a study loads
-            # (a pageable copy runs at a fraction of the bus's rate: 8 against 55 GB/s on an H100 node)
-            cols = _staging.load_partitions([[spec]], columns, be, threads=load_threads)[0]
-        if cols is None:
-            if host is None:
-                host = _reading.read_partition(spec, columns)
-            cols = {c: be.asarray(v) for c, v in host.items()}
-            del host
+
+    def read() -> dict[str, Any]:
+        nonlocal host
+        with phase("read"):
+            cols = None if host is not None else _reading.read_partition_device(spec, columns, be)  # cuDF (RAPIDS)
+            if cols is None and host is None and be.name != "cpu":
+                # decoded on the host and copied through pinned buffers on a copy stream, as a study loads
+                # (a pageable copy runs at a fraction of the bus's rate: 8 against 55 GB/s on an H100 node)
+                cols = _staging.load_partitions([[spec]], columns, be, threads=load_threads)[0]
+            if cols is None:
+                if host is None:
+                    host = _reading.read_partition(spec, columns)
+                cols = {c: be.asarray(v) for c, v in host.items()}
+                host = None
+            return cols
+
+    if be.name == "cpu" or host is not None or not any(isinstance(c, PerPartition) for c in ctxs):
+        bound = bind_all(analyses, ctxs, spec)
+        cols = read()
+    else:  # a device: the partition loads while the task's host threads bind its analyses
+        cols, bound = _read_beside(be, read, lambda: bind_all(analyses, ctxs, spec, max(threads(), load_threads)))
     masks: dict[str, Any] = {}  # selection (--from/--to): rows filtered per analysis rule, one mask per rule
     out = []
     for a, ctx in zip(analyses, bound, strict=True):
@@ -95,6 +104,25 @@ def partition_partials(
         if folder is not None:
             out[k] = _shards.spill(analyses[k], out[k], folder)
     return out
+
+
+def _read_beside(be: Backend, read: Callable[[], Any], bind: Callable[[], Any]) -> tuple[Any, Any]:
+    """``(read(), bind())``, ``read`` on a thread of its own (on this thread's device, in a copy of
+    its context variables) while this thread runs ``bind``: a device task's load (decode on its
+    loading threads, copies on their streams) overlaps its analyses' binds (side tables read and
+    sorted on the host).  An error in ``bind`` waits for the read to end, then is raised."""
+    device = be.xp.cuda.Device().id
+    ctx = contextvars.copy_context()
+
+    def on_device() -> Any:
+        with be.xp.cuda.Device(device):
+            return read()
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuclust-read") as pool:
+        fut = pool.submit(ctx.run, on_device)
+        bound = bind()
+        with phase("read"):  # (the wait; the read's own time is its thread's)
+            return fut.result(), bound
 
 
 def kept_in_memory(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -224,12 +225,14 @@ def test_a_device_partition_binds_its_analyses_several_at_once(tmp_path: Path, m
     """On a bucketed dataset each partition task binds the analyses to its buckets' side inputs.
     On a device the task's host threads (its loaders', ``load_threads``) do it several analyses at
     a time (``contexts.bind_all``: ``THREADS_PER_CONTEXT`` threads each, on threads of their own),
-    with the results of one at a time; on the cpu, and with fewer threads, one at a time."""
+    while the partition loads on a thread of its own (each waits, here, until the other has begun:
+    one after the other, neither would begin), with the results of one at a time; on the cpu, and
+    with fewer threads, one at a time."""
     from device_backend import DEVICE_GPU, mark_partials_gpu, resolve_gpu_to_device
     from strategies import assert_results_same, random_cell, write_dataset
 
     from gpuclust.analyses.registry import names
-    from gpuclust.engine import local, run
+    from gpuclust.engine import local, run, tasks
     from gpuclust.engine.contexts import THREADS_PER_CONTEXT
     from gpuclust.optimize import optimize
 
@@ -238,7 +241,21 @@ def test_a_device_partition_binds_its_analyses_several_at_once(tmp_path: Path, m
     resolve_gpu_to_device(monkeypatch)
     mark_partials_gpu(monkeypatch)
     seen = _threads_of(monkeypatch, "bind")
+    met: dict[str, list[bool]] = {"bind": [], "load": []}
+    begun = {k: threading.Event() for k in met}
+
+    def meeting(name: str, other: str, real: Any) -> Any:
+        def spy(*args: Any, **kw: Any) -> Any:  # (the partition tasks' binds and loads only)
+            begun[name].set()
+            met[name].append(begun[other].wait(timeout=5))
+            return real(*args, **kw)
+
+        return spy
+
+    monkeypatch.setattr(tasks, "bind_all", meeting("bind", "load", tasks.bind_all))
+    monkeypatch.setattr(tasks._staging, "load_partitions", meeting("load", "bind", tasks._staging.load_partitions))
     one = run(ds, names(), backend=DEVICE_GPU, workers=1)
+    assert met["bind"] and all(met["bind"]) and met["load"] and all(met["load"]), met  # at once
     bound = {"overcommit", "usage-vs-request", "cell-usage[mode=notebook]", "peak-prediction"}  # (side inputs)
     assert all(seen[label] == {"MainThread"} for label in bound), seen  # (2 cores: one at a time)
     seen.clear()
