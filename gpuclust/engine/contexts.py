@@ -99,8 +99,8 @@ def bind_all(
     todo = [k for k, c in enumerate(ctxs) if isinstance(c, PerPartition)]
     many = n // THREADS_PER_CONTEXT
 
-    def one(k: int, threads: int) -> Any:
-        with phase("contexts", analyses[k].label), client_threads(threads):
+    def one(k: int, n_threads: int) -> Any:
+        with phase("contexts", analyses[k].label), client_threads(n_threads):
             return bind_partition(analyses[k], ctxs[k], spec)
 
     if many <= 1 or len(todo) <= 1:
