@@ -72,6 +72,11 @@ _RADIX_MIN_EVENTS = 1 << 16
 #: CPU cores); calls with fewer than :data:`_PARALLEL_MIN_EVENTS` events stay on one thread.
 THREADS: int | None = None
 _PARALLEL_MIN_EVENTS = 1 << 18
+#: NumPy releases the GIL in an ``accumulate`` along one axis only when the other axes hold more
+#: than 500 elements (``NPY_BEGIN_THREADS_THRESHOLDED`` over the iterator's outer size), so a scan
+#: of a few long rows would hold it throughout; :func:`_scan_rows` scans up to this many rows one
+#: at a time (1-D scans of more than 500 elements release it).
+_ROW_SCAN_MAX_ROWS = 500
 
 
 # --------------------------------------------------------------------------------------------
@@ -228,7 +233,7 @@ def _dd_cumsum_rows(hi: np.ndarray, lo: np.ndarray | None) -> np.ndarray:
     ``np.cumsum`` (``add.accumulate``) is sequential, so ``s_j == fl(s_{j-1} + hi_j)`` and the
     TwoSum error of every step can be recomputed exactly afterwards, then summed in a second pass.
     """
-    s = np.cumsum(hi, axis=1)
+    s = _scan_rows(np.add, hi)
     err = np.empty_like(s)
     err[:, 0] = 0.0
     W = s.shape[1]
@@ -238,8 +243,33 @@ def _dd_cumsum_rows(hi: np.ndarray, lo: np.ndarray | None) -> np.ndarray:
         _two_sum_err(s[:, c0 - 1 : c1 - 1], hi[:, c0:c1], s[:, c0:c1], out=err[:, c0:c1])
     if lo is not None:
         err += lo
-    s += np.cumsum(err, axis=1, out=err)
+    s += _scan_rows(np.add, err, out=err)
     return s
+
+
+def _scan_rows(ufunc: np.ufunc, a: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """``ufunc.accumulate(a, axis=1, out=out)`` of a 2-D ``a``, with the same additions in the same
+    order (a scan is sequential), but row by row when there are at most
+    :data:`_ROW_SCAN_MAX_ROWS` rows, so that each long row's scan runs without the GIL and the
+    engine's other partition threads run meanwhile.
+
+    >>> a = np.arange(6.0).reshape(2, 3)
+    >>> _scan_rows(np.add, a).tolist(), _scan_rows(np.maximum, a[:, ::-1]).tolist()
+    ([[0.0, 1.0, 3.0], [3.0, 7.0, 12.0]], [[2.0, 2.0, 2.0], [5.0, 5.0, 5.0]])
+    """
+    if a.shape[0] > _ROW_SCAN_MAX_ROWS:
+        return ufunc.accumulate(a, axis=1, out=out)
+    if out is None:
+        out = np.empty(a.shape, dtype=np.result_type(a))
+    # (a scan in place keeps the GIL too: such a row is scanned into a scratch row, then copied)
+    row = np.empty(a.shape[1], dtype=out.dtype) if np.may_share_memory(a, out) else None
+    for r in range(a.shape[0]):
+        if row is None:
+            ufunc.accumulate(a[r], out=out[r])
+        else:
+            ufunc.accumulate(a[r], out=row)
+            out[r] = row
+    return out
 
 
 def _event_table(q: np.ndarray, v: np.ndarray, src: np.ndarray) -> np.ndarray:
@@ -398,7 +428,7 @@ def mixture_quantiles(
     if threads <= 1 or len(chunks) <= 1:
         for c in chunks:
             run(c)
-    else:  # NumPy releases the GIL in the heavy steps (sorts, gathers, prefix sums)
+    else:  # NumPy releases the GIL in the heavy steps (sorts, gathers, prefix sums: _scan_rows)
         with ThreadPoolExecutor(max_workers=min(threads, len(chunks))) as pool:
             list(pool.map(run, chunks))
     return out
@@ -541,7 +571,7 @@ def _chunk_quantiles(
     dx *= S[:, :-1]
     inc[:, 1:] += dx
     F = _dd_cumsum_rows(inc, None)
-    np.maximum.accumulate(F, axis=1, out=F)
+    _scan_rows(np.maximum, F, out=F)
 
     rows = np.arange(R)[:, None]
     last = (n_events - 1)[:, None]
