@@ -131,7 +131,8 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
         type=scheduler_arg,
         default=None,
         metavar="SCHED",
-        help="threads | local:N | cuda | ADDRESS (tcp://host:port); default: run locally in-process",
+        help="threads | local:N | cuda | ADDRESS (tcp://host:port); default: run locally in-process "
+        "(its threads keep about 6 cores busy: local:N, N processes, uses more; docs/developer/engine.md)",
     )
     p.add_argument(
         "--partitions",
